@@ -1,0 +1,30 @@
+# embnic — the two commands users need:  make demo   and   make test
+PYTHON ?= python3
+STEPS ?= 40
+OUT ?= out/demo
+
+.PHONY: all deps dataplane demo test clean fuzz bench
+
+all: dataplane
+
+deps:
+	./scripts/install-deps.sh
+
+dataplane: deps
+	$(MAKE) -C dataplane
+
+demo: dataplane
+	$(PYTHON) -m embnic demo --steps $(STEPS) --out $(OUT)
+
+test: dataplane
+	$(PYTHON) -m pytest -q tests
+
+fuzz: deps
+	$(MAKE) -C dataplane fuzz
+
+bench: dataplane
+	$(PYTHON) -m embnic bench all --out out/bench
+
+clean:
+	$(MAKE) -C dataplane clean
+	rm -rf out .deps-stamp

@@ -1,0 +1,1 @@
+"""embnic client library: what a training job links (protocol, batches, transport)."""

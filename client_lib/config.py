@@ -1,0 +1,315 @@
+"""The cluster config: one TOML file every command reads (see ``docs/config.md``).
+
+Example: ``examples/cluster.toml``. :func:`load_config` parses and validates it and raises
+:class:`ConfigError` naming the offending field (``tables[2].dim: must be 1..4096``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from . import consts
+
+_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+SHARDING_POLICIES = ("hash", "table")
+OPTIMIZERS = ("sgd", "adagrad")
+
+
+class ConfigError(ValueError):
+    """A config field is missing or invalid; ``field`` is its dotted path."""
+
+    def __init__(self, field: str, message: str, path: str | os.PathLike | None = None):
+        self.field = field
+        self.message = message
+        self.path = str(path) if path else None
+        where = f"{self.path}: " if self.path else ""
+        super().__init__(f"{where}{field}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    id: int
+    name: str
+    rows: int
+    dim: int
+    dtype: str = "fp32"
+    optimizer: str = "adagrad"
+    lr: float = 0.05
+    eps: float = 1e-8
+    init_scale: float = 0.01
+    shard: int | None = None  #: placement under the "table" policy
+
+    @property
+    def wire_dtype(self) -> consts.DType:
+        return consts.DTYPE_BY_NAME[self.dtype]
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """A client or shard: id, IPv4 address, UDP port, optional MAC, card port it hangs off."""
+
+    id: int
+    ip: str
+    port: int
+    mac: str | None = None
+    card_port: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CardPort:
+    id: int
+    ip: str
+    mac: str | None = None
+    name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CardConfig:
+    enabled: bool
+    ports: tuple[CardPort, ...]
+    ring_size: int = 4096
+    state_size: int = 65536
+    state_timeout_ms: int = 5000
+    lcores: str = "0,1"
+
+    def port(self, port_id: int) -> CardPort:
+        for p in self.ports:
+            if p.id == port_id:
+                return p
+        raise KeyError(port_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """A parsed, validated cluster config. ``path`` is where it came from (or None)."""
+
+    name: str
+    udp_port: int
+    mtu: int
+    sharding: str
+    seed: int
+    timeout_ms: int
+    retries: int
+    tables: tuple[TableConfig, ...]
+    shards: tuple[Endpoint, ...]
+    clients: tuple[Endpoint, ...]
+    card: CardConfig | None
+    path: str | None = None
+    raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def table(self, table_id: int) -> TableConfig:
+        for t in self.tables:
+            if t.id == table_id:
+                return t
+        raise KeyError(f"no table with id {table_id}")
+
+    def shard(self, shard_id: int) -> Endpoint:
+        for s in self.shards:
+            if s.id == shard_id:
+                return s
+        raise KeyError(f"no shard with id {shard_id}")
+
+    def client(self, client_id: int) -> Endpoint:
+        for c in self.clients:
+            if c.id == client_id:
+                return c
+        raise KeyError(f"no client with id {client_id}")
+
+    def request_destination(self, client_id: int, shard_id: int) -> tuple[str, int]:
+        """(IPv4, UDP port) a client sends a request for ``shard_id`` to.
+
+        Through the card when ``[card] enabled`` (the card's address on the client's port),
+        else straight to the shard.
+        """
+        if self.card is not None and self.card.enabled:
+            c = self.client(client_id)
+            if c.card_port is None:
+                raise ConfigError(f"clients[id={client_id}].card_port", "required when the card is enabled")
+            return self.card.port(c.card_port).ip, self.udp_port
+        s = self.shard(shard_id)
+        return s.ip, s.port
+
+
+def _get(d: dict, key: str, where: str, typ, default: Any = dataclasses.MISSING, path=None):
+    if key not in d:
+        if default is dataclasses.MISSING:
+            raise ConfigError(f"{where}{key}", "missing (required)", path)
+        return default
+    v = d[key]
+    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if typ is int and isinstance(v, bool) or not isinstance(v, typ):
+        tname = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise ConfigError(f"{where}{key}", f"must be {tname}, got {type(v).__name__} {v!r}", path)
+    return v
+
+
+def _check_ip(v: str, field: str, path) -> str:
+    try:
+        ipaddress.IPv4Address(v)
+    except ValueError:
+        raise ConfigError(field, f"{v!r} is not an IPv4 address (write e.g. 10.0.0.2)", path) from None
+    return v
+
+
+def _check_mac(v: str | None, field: str, path) -> str | None:
+    if v is not None and not _MAC_RE.match(v):
+        raise ConfigError(field, f"{v!r} is not a MAC address (write e.g. 02:00:00:00:00:01)", path)
+    return v.lower() if v else v
+
+
+def _check_range(v: int, lo: int, hi: int, field: str, path) -> int:
+    if not lo <= v <= hi:
+        raise ConfigError(field, f"must be {lo}..{hi}, got {v}", path)
+    return v
+
+
+def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, ...]:
+    items = raw.get(key)
+    if not isinstance(items, list) or not items:
+        raise ConfigError(key, f"at least one [[{key}]] entry is required", path)
+    out, seen = [], set()
+    for i, e in enumerate(items):
+        w = f"{key}[{i}]."
+        if not isinstance(e, dict):
+            raise ConfigError(f"{key}[{i}]", "must be a table", path)
+        eid = _check_range(_get(e, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
+        if eid in seen:
+            raise ConfigError(w + "id", f"duplicate id {eid}", path)
+        seen.add(eid)
+        ip = _check_ip(_get(e, "ip", w, str, path=path), w + "ip", path)
+        port = _check_range(_get(e, "port", w, int, default_port, path), 1, 65535, w + "port", path)
+        mac = _check_mac(_get(e, "mac", w, str, None, path), w + "mac", path)
+        cp = _get(e, "card_port", w, int, None, path)
+        out.append(Endpoint(eid, ip, port, mac, cp))
+    return tuple(out)
+
+
+def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterConfig:
+    """Validate a config already parsed from TOML into a dict.
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
+    cl = raw.get("cluster", {})
+    if not isinstance(cl, dict):
+        raise ConfigError("cluster", "must be a table [cluster]", path)
+    w = "cluster."
+    name = _get(cl, "name", w, str, "embnic", path)
+    udp_port = _check_range(_get(cl, "udp_port", w, int, consts.UDP_PORT, path), 1, 65535, w + "udp_port", path)
+    mtu = _check_range(_get(cl, "mtu", w, int, consts.DEFAULT_MTU, path), 576, 9000, w + "mtu", path)
+    sharding = _get(cl, "sharding", w, str, "hash", path)
+    if sharding not in SHARDING_POLICIES:
+        raise ConfigError(w + "sharding", f"must be one of {', '.join(SHARDING_POLICIES)}, got {sharding!r}", path)
+    seed = _check_range(_get(cl, "seed", w, int, 0, path), 0, 2**63 - 1, w + "seed", path)
+    timeout_ms = _check_range(_get(cl, "timeout_ms", w, int, 200, path), 1, 600_000, w + "timeout_ms", path)
+    retries = _check_range(_get(cl, "retries", w, int, 5, path), 1, 1000, w + "retries", path)
+
+    tabs = raw.get("tables")
+    if not isinstance(tabs, list) or not tabs:
+        raise ConfigError("tables", "at least one [[tables]] entry is required", path)
+    tables, seen = [], set()
+    for i, t in enumerate(tabs):
+        w = f"tables[{i}]."
+        if not isinstance(t, dict):
+            raise ConfigError(f"tables[{i}]", "must be a table", path)
+        tid = _check_range(_get(t, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
+        if tid in seen:
+            raise ConfigError(w + "id", f"duplicate table id {tid}", path)
+        seen.add(tid)
+        dtype = _get(t, "dtype", w, str, "fp32", path)
+        if dtype not in consts.DTYPE_BY_NAME:
+            raise ConfigError(w + "dtype", f"must be fp32 or fp16, got {dtype!r}", path)
+        opt = _get(t, "optimizer", w, str, "adagrad", path)
+        if opt not in OPTIMIZERS:
+            raise ConfigError(w + "optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {opt!r}", path)
+        lr = _get(t, "lr", w, float, 0.05, path)
+        if not lr > 0:
+            raise ConfigError(w + "lr", f"must be > 0, got {lr}", path)
+        tables.append(TableConfig(
+            id=tid,
+            name=_get(t, "name", w, str, f"t{tid}", path),
+            rows=_check_range(_get(t, "rows", w, int, path=path), 1, 2**40, w + "rows", path),
+            dim=_check_range(_get(t, "dim", w, int, path=path), 1, 4096, w + "dim", path),
+            dtype=dtype,
+            optimizer=opt,
+            lr=lr,
+            eps=_get(t, "eps", w, float, 1e-8, path),
+            init_scale=_get(t, "init_scale", w, float, 0.01, path),
+            shard=_get(t, "shard", w, int, None, path),
+        ))
+    shards = _endpoints(raw, "shards", path, udp_port)
+    clients = _endpoints(raw, "clients", path, 40000)
+    shard_ids = {s.id for s in shards}
+    for i, t in enumerate(tables):
+        if t.shard is not None and t.shard not in shard_ids:
+            raise ConfigError(f"tables[{i}].shard", f"no shard with id {t.shard} (shards: {sorted(shard_ids)})", path)
+
+    card = None
+    if "card" in raw:
+        c = raw["card"]
+        w = "card."
+        if not isinstance(c, dict):
+            raise ConfigError("card", "must be a table [card]", path)
+        ports, pseen = [], set()
+        for i, p in enumerate(_get(c, "ports", w, list, [], path)):
+            pw = f"card.ports[{i}]."
+            if not isinstance(p, dict):
+                raise ConfigError(f"card.ports[{i}]", "must be a table", path)
+            pid = _check_range(_get(p, "id", pw, int, path=path), 0, 1023, pw + "id", path)
+            if pid in pseen:
+                raise ConfigError(pw + "id", f"duplicate card port {pid}", path)
+            pseen.add(pid)
+            ports.append(CardPort(pid, _check_ip(_get(p, "ip", pw, str, path=path), pw + "ip", path),
+                                  _check_mac(_get(p, "mac", pw, str, None, path), pw + "mac", path),
+                                  _get(p, "name", pw, str, None, path)))
+        enabled = _get(c, "enabled", w, bool, True, path)
+        ring = _get(c, "ring_size", w, int, 4096, path)
+        if ring < 2 or ring & (ring - 1):
+            raise ConfigError(w + "ring_size", f"must be a power of two >= 2, got {ring}", path)
+        card = CardConfig(
+            enabled=enabled, ports=tuple(ports), ring_size=ring,
+            state_size=_check_range(_get(c, "state_size", w, int, 65536, path), 64, 1 << 24, w + "state_size", path),
+            state_timeout_ms=_check_range(_get(c, "state_timeout_ms", w, int, 5000, path), 1, 3_600_000,
+                                          w + "state_timeout_ms", path),
+            lcores=_get(c, "lcores", w, str, "0,1", path),
+        )
+        if enabled:
+            if not ports:
+                raise ConfigError("card.ports", "at least one port is required when the card is enabled", path)
+            for kind, eps in (("shards", shards), ("clients", clients)):
+                for i, e in enumerate(eps):
+                    if e.card_port is None:
+                        raise ConfigError(f"{kind}[{i}].card_port", "required when [card] is enabled", path)
+                    if e.card_port not in pseen:
+                        raise ConfigError(f"{kind}[{i}].card_port",
+                                          f"no card port {e.card_port} (ports: {sorted(pseen)})", path)
+    return ClusterConfig(name, udp_port, mtu, sharding, seed, timeout_ms, retries, tuple(tables),
+                         shards, clients, card, str(path) if path else None, raw)
+
+
+def load_config(path: str | os.PathLike) -> ClusterConfig:
+    """Read and validate a cluster config file (TOML).
+
+    Raises:
+        ConfigError: file missing, not TOML, or a field invalid (the message names it).
+    """
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot read config: {e.strerror}", p) from None
+    try:
+        raw = tomllib.loads(data.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("<file>", f"not valid TOML: {e}", p) from None
+    return parse_config(raw, p)

@@ -1,0 +1,1 @@
+"""The embnic command line and pipeline targets."""

@@ -1,0 +1,3 @@
+from embnic.control.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Parameter-server shards, namespace testbed, training job and benchmarks."""
