@@ -1,0 +1,117 @@
+"""The embnic v1 header as a Scapy layer, bound to UDP port 7878.
+
+Spec: ``docs/protocol.md``; constants: :mod:`embnic.client_lib.consts`. After importing this
+module, ``rdpcap`` of a capture dissects embnic frames::
+
+    >>> from scapy.all import Ether, IP, UDP, Raw
+    >>> from embnic.client_lib.protocol import Embnic
+    >>> pkt = IP()/UDP(sport=40000, dport=7878)/Embnic(msg_type="LOOKUP_REQ", msg_id=7,
+    ...        client_id=1, table_id=3, shard_id=0)/Raw(b"\\x01" + b"\\0" * 7)
+    >>> Embnic(bytes(pkt[Embnic])).num_keys   # length fields filled in post_build
+    1
+
+The fast path (:mod:`embnic.client_lib.codec`) builds byte-identical frames without Scapy.
+"""
+from __future__ import annotations
+
+import struct
+
+from scapy.fields import (
+    ByteEnumField,
+    ByteField,
+    FlagsField,
+    IntField,
+    ShortEnumField,
+    ShortField,
+    XShortField,
+)
+from scapy.layers.inet import UDP
+from scapy.packet import Packet, Raw, bind_layers
+
+from . import consts
+
+_TYPES = {int(t): t.name for t in consts.MsgType}
+_DTYPES = {0: "none", 1: "fp32", 2: "fp16"}
+_STATUS = {int(s): s.name for s in consts.Status}
+_FLAGS = ["RETRANSMIT", "F1", "F2", "F3", "F4", "F5", "F6", "F7"]
+_REPLY_OF = {
+    consts.MsgType.LOOKUP_REPLY: (consts.MsgType.LOOKUP_REQ,),
+    consts.MsgType.UPDATE_ACK: (consts.MsgType.UPDATE_REQ,),
+    consts.MsgType.ERROR: (consts.MsgType.LOOKUP_REQ, consts.MsgType.UPDATE_REQ),
+}
+
+
+class Embnic(Packet):
+    """embnic v1 header (40 bytes, network byte order); the body follows as payload.
+
+    ``num_keys``, ``msg_len``, ``frag_count`` and ``frag_len`` default to ``None`` and are
+    filled in :meth:`post_build` for a single-fragment message: ``frag_len`` = payload
+    length, ``msg_len`` = ``frag_len``, ``frag_count`` = 1, ``num_keys`` derived from
+    ``msg_len`` by the message type's body formula.
+    """
+
+    name = "embnic"
+    fields_desc = [
+        XShortField("magic", consts.MAGIC),
+        ByteField("version", consts.VERSION),
+        ByteEnumField("msg_type", consts.MsgType.LOOKUP_REQ, _TYPES),
+        FlagsField("flags", 0, 8, _FLAGS),
+        ByteEnumField("dtype", consts.DType.FP32, _DTYPES),
+        ShortEnumField("status", 0, _STATUS),
+        IntField("msg_id", 0),
+        ShortField("client_id", 0),
+        ShortField("table_id", 0),
+        ShortField("shard_id", 0),
+        ShortField("dim", 0),
+        IntField("num_keys", None),
+        IntField("msg_len", None),
+        IntField("frag_offset", 0),
+        ShortField("frag_index", 0),
+        ShortField("frag_count", None),
+        ShortField("frag_len", None),
+        ShortField("reserved", 0),
+    ]
+
+    def post_build(self, p: bytes, pay: bytes) -> bytes:
+        frag_len = self.frag_len if self.frag_len is not None else len(pay)
+        msg_len = self.msg_len if self.msg_len is not None else frag_len
+        frag_count = self.frag_count if self.frag_count is not None else 1
+        num_keys = self.num_keys
+        if num_keys is None:
+            esize = consts.DTYPE_SIZE.get(self.dtype, 0) if self.dtype in (0, 1, 2) else 0
+            per_key = {
+                consts.MsgType.LOOKUP_REQ: consts.KEY_SIZE,
+                consts.MsgType.LOOKUP_REPLY: self.dim * esize,
+                consts.MsgType.UPDATE_REQ: consts.KEY_SIZE + self.dim * esize,
+            }.get(self.msg_type, 0)
+            num_keys = msg_len // per_key if per_key else 0
+        p = (p[:20] + struct.pack("!II", num_keys, msg_len) + p[28:34]
+             + struct.pack("!HH", frag_count, frag_len) + p[38:])
+        return p + pay
+
+    def mysummary(self) -> str:
+        return self.sprintf(
+            "embnic %msg_type% id=%msg_id% client=%client_id% table=%table_id% "
+            "shard=%shard_id% keys=%num_keys% frag=%frag_index%/%frag_count%"
+        )
+
+    def hashret(self) -> bytes:
+        return struct.pack("!HI", self.client_id, self.msg_id)
+
+    def answers(self, other: Packet) -> int:
+        """True when ``self`` is a reply (2, 4, 5) to request ``other`` (same client and msg id)."""
+        if not isinstance(other, Embnic):
+            return 0
+        try:
+            wanted = _REPLY_OF[consts.MsgType(self.msg_type)]
+        except (KeyError, ValueError):
+            return 0
+        return int(other.msg_type in wanted and other.client_id == self.client_id
+                   and other.msg_id == self.msg_id)
+
+    def guess_payload_class(self, payload: bytes):
+        return Raw
+
+
+bind_layers(UDP, Embnic, dport=consts.UDP_PORT)
+bind_layers(UDP, Embnic, sport=consts.UDP_PORT)

@@ -1,0 +1,154 @@
+"""Reassembly of fragmented embnic messages (docs/protocol.md, "Fragmentation").
+
+Fragments are keyed by ``(client_id, msg_id, msg_type)``; any order and duplicates are
+tolerated, fragments contradicting the message's first-seen header are rejected
+(``frag_mismatch``), and incomplete messages expire after ``timeout_s``.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+from . import consts
+from .codec import FrameError, Header, parse_header
+
+# header fields that must be equal in every fragment of one message (flags may differ: a
+# retransmission's fragments mix with the original's)
+_SAME = ("dtype", "status", "table_id", "shard_id", "dim", "num_keys", "msg_len", "frag_count")
+
+
+@dataclasses.dataclass
+class Message:
+    """A complete message: ``header`` of its first fragment seen (fragment fields describe
+    that fragment), the whole ``body`` (bytes, ``header.msg_len`` long) and the sender."""
+
+    header: Header
+    body: bytes
+    addr: tuple | None = None
+    frames: int = 1
+
+
+@dataclasses.dataclass
+class _Pending:
+    header: Header
+    buf: bytearray
+    seen: bytearray  # one byte per fragment index
+    got: int
+    p: int  # body bytes per non-last fragment, 0 until known
+    t_last: float
+    addr: tuple | None
+
+
+def _geometry(h: Header) -> int:
+    """Check a fragment's offset/length against its index; returns P (0 if unknown).
+
+    Raises FrameError('frag_mismatch') when they disagree with the fragmentation rule.
+    """
+    last = h.frag_index == h.frag_count - 1
+    if h.frag_count == 1:
+        if h.frag_offset != 0 or h.frag_len != h.msg_len:
+            raise FrameError("frag_mismatch", "single fragment must carry the whole body")
+        return 0
+    if not last:
+        p = h.frag_len
+        if p == 0 or h.frag_offset != h.frag_index * p or -(-h.msg_len // p) != h.frag_count:
+            raise FrameError("frag_mismatch", f"fragment {h.frag_index}/{h.frag_count} at offset "
+                                              f"{h.frag_offset} len {h.frag_len}")
+        return p
+    if h.frag_offset % h.frag_index or h.frag_offset + h.frag_len != h.msg_len or h.frag_len == 0:
+        raise FrameError("frag_mismatch", f"last fragment at offset {h.frag_offset} len {h.frag_len}")
+    p = h.frag_offset // h.frag_index
+    if h.frag_len > p:
+        raise FrameError("frag_mismatch", "last fragment longer than the others")
+    return p
+
+
+class Reassembler:
+    """Collects fragments into messages.
+
+    Args:
+        max_pending: incomplete messages kept at once; the oldest is evicted beyond it
+            (counted as ``evicted``).
+        timeout_s: an incomplete message untouched this long is dropped (``expired``).
+        expect: ``"request"``, ``"reply"`` or None — passed to :func:`parse_header`.
+
+    Attributes:
+        drops: ``collections.Counter`` of dropped frames by reason (consts.DROP_REASONS).
+        stats: Counter of ``frames``, ``duplicates``, ``messages``, ``evicted``, ``expired``.
+    """
+
+    def __init__(self, max_pending: int = 4096, timeout_s: float = 5.0, expect: str | None = None):
+        self.max_pending = max_pending
+        self.timeout_s = timeout_s
+        self.expect = expect
+        self.drops: collections.Counter = collections.Counter()
+        self.stats: collections.Counter = collections.Counter()
+        self._pending: collections.OrderedDict[tuple, _Pending] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def feed(self, payload: bytes, addr: tuple | None = None, now: float | None = None) -> Message | None:
+        """Add one UDP payload; return the :class:`Message` it completes, else None.
+
+        Never raises on bad input: invalid frames are counted in :attr:`drops`.
+        """
+        self.stats["frames"] += 1
+        try:
+            h = parse_header(payload, expect=self.expect)
+            p = _geometry(h)
+        except FrameError as e:
+            self.drops[e.reason] += 1
+            return None
+        if h.frag_count == 1:
+            self.stats["messages"] += 1
+            return Message(h, bytes(payload[consts.HDR_LEN:]), addr, 1)
+        now = time.monotonic() if now is None else now
+        key = (h.client_id, h.msg_id, h.msg_type)
+        ent = self._pending.get(key)
+        if ent is None:
+            if len(self._pending) >= self.max_pending:
+                self.expire(now)
+                if len(self._pending) >= self.max_pending:
+                    self._pending.popitem(last=False)
+                    self.stats["evicted"] += 1
+            ent = _Pending(h, bytearray(h.msg_len), bytearray(h.frag_count), 0, p, now, addr)
+            self._pending[key] = ent
+        else:
+            f = ent.header
+            if any(getattr(f, n) != getattr(h, n) for n in _SAME) or (p and ent.p and p != ent.p):
+                self.drops["frag_mismatch"] += 1
+                return None
+            if p and not ent.p:
+                ent.p = p
+            self._pending.move_to_end(key)
+        if ent.seen[h.frag_index]:
+            self.stats["duplicates"] += 1
+            return None
+        ent.seen[h.frag_index] = 1
+        ent.got += 1
+        ent.t_last = now
+        ent.buf[h.frag_offset:h.frag_offset + h.frag_len] = payload[consts.HDR_LEN:]
+        if ent.got < h.frag_count:
+            return None
+        del self._pending[key]
+        self.stats["messages"] += 1
+        return Message(ent.header, bytes(ent.buf), ent.addr, h.frag_count)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop incomplete messages idle longer than ``timeout_s``; returns how many."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        while self._pending:
+            key, ent = next(iter(self._pending.items()))
+            if now - ent.t_last < self.timeout_s:
+                break
+            del self._pending[key]
+            n += 1
+        self.stats["expired"] += n
+        return n
+
+    def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
+        """Forget a pending message (e.g. one the caller no longer waits for)."""
+        self._pending.pop((client_id, msg_id, msg_type), None)
