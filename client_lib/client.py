@@ -1,0 +1,309 @@
+"""The client transport: lookups and updates as embnic messages over UDP.
+
+:class:`EmbeddingClient` turns ``{table_id: unique keys}`` into one variable-length message per
+(shard, table) — routed by :mod:`embnic.client_lib.routing`, fragmented to the cluster MTU by
+:mod:`embnic.client_lib.codec` — sends them all at once (one round), reassembles the replies
+and puts every row back at its key's position. Lookups whose reply is incomplete after
+``timeout_ms`` are re-sent with the ``RETRANSMIT`` flag; updates likewise until acked (the
+servers apply each update exactly once). After ``retries`` tries the client raises
+:class:`ShardUnavailableError` naming the shard.
+
+It talks to the shards directly, or through the card when the config's ``[card]`` is enabled
+(see :meth:`embnic.client_lib.config.ClusterConfig.request_destination`).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import select
+import socket
+import time
+from typing import Callable
+
+import numpy as np
+
+from . import codec, consts
+from .config import ClusterConfig
+from .consts import MsgType
+from .reassembly import Message, Reassembler
+from .routing import split_by_shard
+
+_SOCK_BUF = 16 << 20  # bytes
+
+
+class EmbnicError(RuntimeError):
+    """Base class of client errors."""
+
+
+class ShardUnavailableError(EmbnicError):
+    """A shard did not answer after every try.
+
+    Attributes: ``shard_id``, ``address`` (ip, port) the requests went to, ``tries``.
+    """
+
+    def __init__(self, shard_id: int, address: tuple[str, int], tries: int, waited_s: float, what: str):
+        self.shard_id, self.address, self.tries = shard_id, address, tries
+        super().__init__(
+            f"shard {shard_id} did not answer {what} after {tries} tries over {waited_s:.1f} s "
+            f"(sent to {address[0]}:{address[1]}); is `embnic server --shard {shard_id}` running "
+            f"and reachable?")
+
+
+class ShardError(EmbnicError):
+    """A shard answered with an ERROR message; ``status`` is the :class:`consts.Status`."""
+
+    def __init__(self, shard_id: int, table_id: int, status: int):
+        self.shard_id, self.table_id = shard_id, table_id
+        try:
+            self.status = consts.Status(status)
+            name = self.status.name
+        except ValueError:
+            self.status, name = status, str(status)
+        super().__init__(f"shard {shard_id} refused a request for table {table_id}: {name}")
+
+
+@dataclasses.dataclass
+class ClientStats:
+    """Counters of one client. Latencies in µs, one entry per completed lookup message."""
+
+    messages_sent: int = 0
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    messages_received: int = 0
+    frames_received: int = 0
+    bytes_received: int = 0
+    retransmits: int = 0
+    rounds: int = 0
+    stale_replies: int = 0
+    lookup_latency_us: list = dataclasses.field(default_factory=list)
+    drops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["drops"] = dict(self.drops)
+        d.pop("lookup_latency_us")
+        return d
+
+
+@dataclasses.dataclass
+class _Out:
+    msg_id: int
+    msg_type: int
+    shard_id: int
+    table_id: int
+    num_keys: int
+    dest: tuple[str, int]
+    frames: list
+    on_reply: Callable[[Message], None]
+    t_first: float = 0.0
+    tries: int = 0
+
+
+def _set_bufs(sock: socket.socket, size: int) -> None:
+    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
+                         (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
+        try:
+            if force is None:
+                raise PermissionError
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+class EmbeddingClient:
+    """Embedding lookups and updates against the parameter-server shards of a cluster.
+
+    Args:
+        cfg: the cluster config.
+        client_id: this client's id (must be in ``cfg.clients``).
+        bind: (ip, port) to bind; default the config's address of this client. Port 0 picks one.
+        timeout_ms, retries, mtu: override the config's ``[cluster]`` values.
+
+    Raises:
+        KeyError: unknown ``client_id``.
+        OSError: the address cannot be bound.
+    """
+
+    def __init__(self, cfg: ClusterConfig, client_id: int, *, bind: tuple[str, int] | None = None,
+                 timeout_ms: int | None = None, retries: int | None = None, mtu: int | None = None):
+        self.cfg = cfg
+        self.client_id = client_id
+        me = cfg.client(client_id)
+        self.timeout_s = (timeout_ms or cfg.timeout_ms) / 1000.0
+        self.retries = retries or cfg.retries
+        self.mtu = mtu or cfg.mtu
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        _set_bufs(self.sock, _SOCK_BUF)
+        self.sock.bind(bind if bind is not None else (me.ip, me.port))
+        self.sock.setblocking(False)
+        self.address = self.sock.getsockname()
+        self.stats = ClientStats()
+        self._reasm = Reassembler(max_pending=65536, timeout_s=max(1.0, 4 * self.timeout_s), expect="reply")
+        self._next_id = 1
+        self._buf = bytearray(65536)
+        self._dest = {s.id: cfg.request_destination(client_id, s.id) for s in cfg.shards}
+
+    # -- public API -------------------------------------------------------------------------
+
+    def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """Fetch rows for every table in one round.
+
+        Args:
+            requests: ``{table_id: keys}``, keys uint64 (N_t,) (typically the sorted value array).
+
+        Returns:
+            ``{table_id: rows}``, rows float32 (N_t, dim_t) in the order of the keys.
+
+        Raises:
+            ShardUnavailableError: a shard did not answer after ``retries`` tries.
+            ShardError: a shard answered ERROR.
+        """
+        out: dict[int, np.ndarray] = {}
+        msgs: list[_Out] = []
+        for table_id, keys in requests.items():
+            t = self.cfg.table(table_id)
+            keys = np.asarray(keys, dtype=np.uint64)
+            rows = np.empty((len(keys), t.dim), dtype=np.float32)
+            out[table_id] = rows
+            dt = t.wire_dtype
+            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
+                msg_id = self._alloc_id()
+                frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
+                                             shard_id=shard_id, dim=t.dim, dtype=dt, keys=skeys, mtu=self.mtu)
+
+                def fill(m: Message, rows=rows, pos=pos, dim=t.dim, dt=dt) -> None:
+                    rows[pos] = codec.body_to_rows(m.body, len(pos), dim, dt)
+
+                msgs.append(_Out(msg_id, MsgType.LOOKUP_REQ, shard_id, table_id, len(skeys),
+                                 self._dest[shard_id], frames, fill))
+        self._round(msgs, MsgType.LOOKUP_REPLY, record_latency=True)
+        return out
+
+    def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Push gradients for every table in one round; returns once every shard acked.
+
+        Args:
+            updates: ``{table_id: (keys uint64 (N,), grads float32 (N, dim))}``; keys unique.
+
+        Raises:
+            ShardUnavailableError, ShardError: as :meth:`lookup`.
+        """
+        msgs: list[_Out] = []
+        for table_id, (keys, grads) in updates.items():
+            t = self.cfg.table(table_id)
+            keys = np.asarray(keys, dtype=np.uint64)
+            grads = np.asarray(grads, dtype=np.float32)
+            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
+                msg_id = self._alloc_id()
+                frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
+                                             shard_id=shard_id, dtype=t.wire_dtype, keys=skeys,
+                                             grads=grads[pos], mtu=self.mtu)
+                msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, table_id, len(skeys),
+                                 self._dest[shard_id], frames, lambda m: None))
+        self._round(msgs, MsgType.UPDATE_ACK, record_latency=False)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def __enter__(self) -> "EmbeddingClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _alloc_id(self) -> int:
+        i = self._next_id
+        self._next_id = (i + 1) & 0xFFFFFFFF or 1
+        return i
+
+    def _send(self, m: _Out, retransmit: bool) -> None:
+        for f in m.frames:
+            if retransmit:
+                f = f[:4] + bytes([f[4] | consts.Flags.RETRANSMIT]) + f[5:]
+            while True:
+                try:
+                    self.sock.sendto(f, m.dest)
+                    break
+                except BlockingIOError:
+                    select.select([], [self.sock], [], self.timeout_s)
+                except OSError as e:
+                    if e.errno in (errno.ENOBUFS, errno.EAGAIN):
+                        time.sleep(0.0005)
+                        continue
+                    raise
+            self.stats.frames_sent += 1
+            self.stats.bytes_sent += len(f)
+        m.tries += 1
+        if retransmit:
+            self.stats.retransmits += 1
+
+    def _round(self, msgs: list[_Out], reply_type: int, record_latency: bool) -> None:
+        if not msgs:
+            return
+        self.stats.rounds += 1
+        pending = {m.msg_id: m for m in msgs}
+        now = time.monotonic()
+        for m in msgs:
+            m.t_first = now
+            self._send(m, retransmit=False)
+            self.stats.messages_sent += 1
+        deadline = time.monotonic() + self.timeout_s
+        t0 = now
+        while pending:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                self._reasm.expire()
+                lost = [m for m in pending.values() if m.tries >= self.retries]
+                if lost:
+                    m = lost[0]
+                    what = ("lookups" if m.msg_type == MsgType.LOOKUP_REQ else "updates")
+                    n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
+                    raise ShardUnavailableError(m.shard_id, m.dest, m.tries, time.monotonic() - t0,
+                                                f"{n} {what}")
+                for m in pending.values():
+                    self._send(m, retransmit=True)
+                deadline = time.monotonic() + self.timeout_s
+                continue
+            r, _, _ = select.select([self.sock], [], [], timeout)
+            if not r:
+                continue
+            self._drain(pending, reply_type, record_latency)
+
+    def _drain(self, pending: dict, reply_type: int, record_latency: bool) -> None:
+        buf = self._buf
+        while True:
+            try:
+                n, addr = self.sock.recvfrom_into(buf)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.stats.frames_received += 1
+            self.stats.bytes_received += n
+            msg = self._reasm.feed(bytes(buf[:n]), addr)
+            if msg is None:
+                continue
+            h = msg.header
+            m = pending.get(h.msg_id)
+            if m is None or h.client_id != self.client_id:
+                self.stats.stale_replies += 1
+                continue
+            if h.msg_type == MsgType.ERROR:
+                raise ShardError(m.shard_id, m.table_id, h.status)
+            if h.msg_type != reply_type or h.num_keys != m.num_keys or h.table_id != m.table_id:
+                self.stats.drops["mismatched_reply"] += 1
+                continue
+            self.stats.messages_received += 1
+            m.on_reply(msg)
+            del pending[h.msg_id]
+            if record_latency:
+                self.stats.lookup_latency_us.append((time.monotonic() - m.t_first) * 1e6)
+
+    @property
+    def drops(self) -> collections.Counter:
+        """Frames dropped by the reassembler by reason, plus mismatched replies."""
+        c = collections.Counter(self._reasm.drops)
+        c.update(self.stats.drops)
+        return c

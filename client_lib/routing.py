@@ -1,0 +1,103 @@
+"""Routing of embedding ids to parameter-server shards (the target address of a message).
+
+Policies (``[cluster] sharding`` in the config, docs/config.md):
+
+- ``hash`` (row-wise, hash-modulo): key ``k`` of table ``t`` lives on shard
+  ``splitmix64((t << 48) ^ k) mod S``. splitmix64 is the finaliser of Steele, Lea & Flood,
+  "Fast splittable pseudorandom number generators" (OOPSLA 2014), as in Vigna's
+  ``splitmix64.c``; it spreads sequential and hashed ids evenly.
+- ``table`` (table-wise): every key of table ``t`` lives on shard ``tables[t].shard`` if set,
+  else ``t mod S``.
+
+``S`` is the number of shards; shard index ``i`` means ``cfg.shards[i]`` (so shard ids in the
+config need not be dense).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ClusterConfig
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser of ``x + golden`` on uint64 (N,) → uint64 (N,), wrapping arithmetic.
+
+    Example: ``splitmix64(np.array([0], np.uint64))`` → ``[0xE220A8397B1DCDAF]``.
+    """
+    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def shard_index_of(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> np.ndarray:
+    """Index into ``cfg.shards`` of the shard owning every key.
+
+    Args:
+        cfg: cluster config (policy and shard list).
+        table_id: the table the keys belong to.
+        keys: uint64 (N,) ids.
+
+    Returns:
+        int64 (N,) shard indices in ``[0, len(cfg.shards))``.
+    """
+    s = len(cfg.shards)
+    keys = np.asarray(keys, dtype=np.uint64)
+    if cfg.sharding == "table":
+        t = cfg.table(table_id)
+        if t.shard is not None:
+            idx = next(i for i, sh in enumerate(cfg.shards) if sh.id == t.shard)
+        else:
+            idx = table_id % s
+        return np.full(keys.shape, idx, dtype=np.int64)
+    h = splitmix64(keys ^ np.uint64(table_id << 48))
+    return (h % np.uint64(s)).astype(np.int64)
+
+
+def shard_of(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> np.ndarray:
+    """Shard id (as in the config) owning every key: int64 (N,). See :func:`shard_index_of`."""
+    ids = np.array([sh.id for sh in cfg.shards], dtype=np.int64)
+    return ids[shard_index_of(cfg, table_id, keys)]
+
+
+def owned_keys(cfg: ClusterConfig, table_id: int, shard_id: int) -> np.ndarray:
+    """Sorted uint64 array of every key of ``table_id`` that ``shard_id`` owns.
+
+    Materialises ``rows`` ids of the table (8 bytes each) to test them; for very large tables
+    prefer :func:`owns` on the keys at hand.
+    """
+    rows = cfg.table(table_id).rows
+    keys = np.arange(rows, dtype=np.uint64)
+    return keys[shard_of(cfg, table_id, keys) == shard_id]
+
+
+def owns(cfg: ClusterConfig, table_id: int, shard_id: int, keys: np.ndarray) -> np.ndarray:
+    """bool (N,): whether ``shard_id`` owns each key of ``table_id``."""
+    return shard_of(cfg, table_id, keys) == shard_id
+
+
+def split_by_shard(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Group keys by owning shard, keeping their order within each shard.
+
+    Args:
+        keys: uint64 (N,), typically the sorted unique value array of one table.
+
+    Returns:
+        ``[(shard_id, positions int64 (n_s,), keys uint64 (n_s,)), ...]`` for every shard that
+        owns at least one key, where ``keys[positions] == shard_keys``. ``positions`` is where the
+        shard's reply rows go back in the table's value array.
+    """
+    idx = shard_index_of(cfg, table_id, keys)
+    order = np.argsort(idx, kind="stable")
+    counts = np.bincount(idx, minlength=len(cfg.shards))
+    out, start = [], 0
+    for i, n in enumerate(counts.tolist()):
+        if n:
+            pos = order[start:start + n]
+            out.append((cfg.shards[i].id, pos, keys[pos]))
+            start += n
+    return out
