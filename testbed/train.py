@@ -1,0 +1,181 @@
+"""The training loop: a CTR model whose embedding rows live on parameter-server shards.
+
+Every step: take a batch of samples → :func:`~embnic.client_lib.batch.prepare_batch`
+(value/index/offset arrays per table) → one lookup round for all tables (a message per
+(shard, table)) → pool → forward/backward → aggregate the gradient per unique id → one update
+round. The ``backend`` decides where rows live: an
+:class:`~embnic.client_lib.client.EmbeddingClient` (UDP shards, directly or through the card)
+or :class:`~embnic.client_lib.tables.LocalBackend` (in process, the reference). Given the
+same config, data and seed both give the same losses (bit-identical floats).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Protocol
+
+import numpy as np
+
+from embnic.client_lib.batch import KeyedJaggedBatch, pool, pool_backward, prepare_batch
+from embnic.client_lib.config import ClusterConfig
+
+from . import model
+
+
+class Backend(Protocol):
+    """Where embedding rows live. Keys are each table's sorted unique ids."""
+
+    def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]: ...
+
+    def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None: ...
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """Outcome of :func:`train`.
+
+    Attributes:
+        loss: per-step training loss (mean BCE), length ``steps``.
+        auc: ROC AUC on the evaluation rows (None without eval data).
+        eval_loss: mean BCE on the evaluation rows.
+        ids, unique_ids: sparse ids seen and unique (per table, per batch) over all steps.
+        step_time_s: wall time per step.
+        params: the trained dense parameters.
+    """
+
+    loss: list
+    auc: float | None
+    eval_loss: float | None
+    ids: int
+    unique_ids: int
+    step_time_s: list
+    params: model.DenseParams
+
+    @property
+    def dedup_ratio(self) -> float:
+        """unique ids / all ids over the run's batches."""
+        return self.unique_ids / self.ids if self.ids else 1.0
+
+
+class PerTableAdapter:
+    """Wraps a backend with per-table ``lookup(table_id, keys)``/``update(table_id, keys, grads)``
+    (e.g. :class:`~embnic.client_lib.tables.LocalBackend`) into the batched :class:`Backend`."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        return {t: self.inner.lookup(t, k) for t, k in requests.items()}
+
+    def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        for t, (k, g) in updates.items():
+            self.inner.update(t, k, g)
+
+
+def as_backend(obj) -> Backend:
+    """``obj`` itself if it speaks the batched :class:`Backend` interface, else wrapped in
+    :class:`PerTableAdapter`."""
+    from embnic.client_lib.tables import LocalBackend
+
+    return PerTableAdapter(obj) if isinstance(obj, LocalBackend) else obj
+
+
+def feature_tables(cfg: ClusterConfig, n_features: int) -> list[int]:
+    """Table id of every sparse feature: the table named ``C{j+1}`` if the config has one,
+    else the ``j mod T``-th table in config order (features then share tables)."""
+    by_name = {t.name: t.id for t in cfg.tables}
+    return [by_name.get(f"C{j + 1}", cfg.tables[j % len(cfg.tables)].id) for j in range(n_features)]
+
+
+def _embeddings(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray, ftab: list[int]):
+    """Look up and pool: returns (pooled float32 (B, F, dim), prepared batch, rows by table)."""
+    b, f = sparse.shape
+    names = [f"C{j + 1}" for j in range(f)]
+    prep = prepare_batch(KeyedJaggedBatch.from_dense(names, sparse), ftab)
+    rows = backend.lookup({t: p.unique for t, p in prep.tables.items()})
+    dims = {cfg.table(t).dim for t in prep.tables}
+    if len(dims) != 1:
+        raise ValueError(f"the FM model needs one embedding dim for every table, got {sorted(dims)}")
+    dim = dims.pop()
+    emb = np.empty((b, f, dim), dtype=np.float32)
+    for t, p in prep.tables.items():
+        pooled = pool(rows[t], p).reshape(len(p.features), b, dim)
+        emb[:, p.features, :] = pooled.transpose(1, 0, 2)
+    return emb, prep, rows
+
+
+def evaluate(backend: Backend, cfg: ClusterConfig, params: model.DenseParams, data,
+             batch_size: int = 1024) -> tuple[float, float]:
+    """(ROC AUC, mean BCE) of the model on ``data`` (lookups only, no updates)."""
+    from sklearn.metrics import roc_auc_score
+
+    backend = as_backend(backend)
+    ftab = feature_tables(cfg, data.sparse.shape[1])
+    logits = []
+    for s in range(0, len(data.labels), batch_size):
+        sl = slice(s, s + batch_size)
+        emb, _, _ = _embeddings(backend, cfg, data.sparse[sl], ftab)
+        logits.append(model.forward(params, data.dense[sl], emb))
+    z = np.concatenate(logits)
+    y = data.labels
+    auc = float(roc_auc_score(y, z)) if 0 < y.sum() < len(y) else float("nan")
+    return auc, model.bce_loss(z, y)
+
+
+def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backend: Backend,
+          eval_data=None, lr_dense: float = 0.1, seed: int | None = None,
+          progress: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train the FM CTR model for ``steps`` steps.
+
+    Args:
+        cfg: cluster config (tables; the Criteo column ``j`` uses :func:`feature_tables`).
+        data: training rows with ``labels`` float32 (N,), ``dense`` float32 (N, 13) and
+            ``sparse`` uint64 (N, 26) (see :mod:`embnic.testbed.criteo`); batches are taken in
+            order and wrap around.
+        steps: optimizer steps.
+        batch_size: samples per step (B).
+        backend: where rows live (see :class:`Backend`).
+        eval_data: rows for the final AUC (same layout), or None.
+        lr_dense: SGD learning rate of the client-side dense parameters.
+        seed: seed of the dense parameters (default ``cfg.seed``).
+        progress: called after every step with (step index, loss).
+
+    Returns:
+        :class:`TrainResult`.
+
+    Raises:
+        embnic.client_lib.client.EmbnicError: a shard failed (from the backend).
+    """
+    backend = as_backend(backend)
+    n = len(data.labels)
+    if n == 0:
+        raise ValueError("no training rows")
+    ftab = feature_tables(cfg, data.sparse.shape[1])
+    dim = cfg.table(ftab[0]).dim
+    params = model.DenseParams.init(data.dense.shape[1], data.sparse.shape[1], dim,
+                                    cfg.seed if seed is None else seed)
+    losses, times, ids, uniq = [], [], 0, 0
+    for step in range(steps):
+        t0 = time.perf_counter()
+        idx = (np.arange(batch_size) + step * batch_size) % n
+        emb, prep, _ = _embeddings(backend, cfg, data.sparse[idx], ftab)
+        dense, labels = data.dense[idx], data.labels[idx]
+        logits = model.forward(params, dense, emb)
+        loss = model.bce_loss(logits, labels)
+        g_params, g_emb = model.backward(params, dense, emb, logits, labels)
+        updates = {}
+        for t, p in prep.tables.items():
+            g_bags = g_emb[:, p.features, :].transpose(1, 0, 2).reshape(-1, dim)
+            updates[t] = (p.unique, pool_backward(g_bags, p))
+        backend.update(updates)
+        model.sgd_step(params, g_params, lr_dense)
+        ids += prep.num_ids
+        uniq += prep.num_unique
+        losses.append(loss)
+        times.append(time.perf_counter() - t0)
+        if progress is not None:
+            progress(step, loss)
+    auc = ev_loss = None
+    if eval_data is not None and len(eval_data.labels):
+        auc, ev_loss = evaluate(backend, cfg, params, eval_data)
+    return TrainResult(losses, auc, ev_loss, ids, uniq, times, params)
