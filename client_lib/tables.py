@@ -1,0 +1,402 @@
+"""Embedding-table numerics shared by the parameter-server shards and the in-process reference.
+
+One code path computes every row value, so a table trained through UDP shards and the same
+table trained in process (:class:`LocalBackend`) are **bit-identical**: the server
+(``embnic.testbed.server``) and :class:`LocalBackend` both hold :class:`TableShard` objects
+and call exactly the same numpy code on the same float32 values in the same order.
+
+Row initialisation
+    ``init_rows(seed, table_id, keys, dim, scale)`` is a pure function of
+    (seed, table, key, column): a counter-based hash (SplitMix64, below), not a stateful RNG,
+    so a row's initial value does not depend on which shard owns it, on the number of shards,
+    or on the order rows are first touched.
+
+Storage (:class:`TableShard`)
+    Rows are materialised lazily, on their first *update*: memory is proportional to the rows
+    updated, not to ``rows`` of the table (tables may have 2^40 rows). A lookup of a row never
+    updated computes its initial value on the fly (and stores nothing). Materialised rows live
+    in an append-only arena (``(capacity, dim)`` float32, doubled when full, plus one float32
+    Adagrad accumulator per row); a sorted ``uint64`` key index with the arena slot of each key
+    finds them with ``np.searchsorted`` (O(N log M) per batch of N keys; inserting k new keys
+    costs one O(M) ``np.insert`` of 16 bytes per row, never a move of the rows themselves).
+
+Optimizers (row-wise, one row's result never depends on another row)
+    * ``sgd``: ``w -= lr * g``.
+    * ``adagrad``: row-wise Adagrad as FBGEMM's ``OptimType.EXACT_ROWWISE_ADAGRAD``
+      (TorchRec's default for embedding tables; FBGEMM ``fbgemm_gpu`` ``split_table_batched_
+      embeddings_ops_training.py`` and the kernel template in
+      ``fbgemm_gpu/codegen/genscript/optimizers.py::rowwise_adagrad``)::
+
+          acc[r] += mean_j(g[r, j] ** 2)                  # one accumulator per row
+          multiplier[r] = lr / (sqrt(acc[r]) + eps)
+          w[r, :] -= multiplier[r] * g[r, :]
+
+      The mean is summed column by column, left to right, in float32 (a loop over ``dim``
+      vectorised over rows) so the result for a row never depends on how many rows are in the
+      batch (numpy's ``sum(axis=1)`` may pick pairwise or sequential order by array shape).
+
+fp16 tables
+    Master rows and accumulators are always stored in **float32**; ``dtype = "fp16"`` is the
+    *wire* type. A lookup reply carries the rows rounded to fp16 and an update carries fp16
+    gradients, which the server widens to float32 before applying. :func:`wire_round` is that
+    rounding; :class:`LocalBackend` applies it on both directions so it matches the network
+    path bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import consts
+from .config import ClusterConfig, TableConfig
+
+# ---- SplitMix64 ---------------------------------------------------------------------------
+# Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014; constants
+# from Vigna's reference splitmix64.c (https://prng.di.unimi.it/splitmix64.c).
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 output for state ``x``: ``mix(x + 0x9E3779B97F4A7C15)``, element-wise.
+
+    ``mix(z)``: ``z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB;
+    z ^= z >> 31`` (all mod 2^64). Equals ``next()`` of Vigna's ``splitmix64.c`` started from
+    state ``x``: ``splitmix64(np.array([0], np.uint64))`` is ``0xE220A8397B1DCDAF``.
+
+    Args:
+        x: uint64 array of any shape (other integer arrays are converted; wraps mod 2^64).
+
+    Returns:
+        uint64 array, same shape.
+    """
+    z = np.asarray(x, dtype=np.uint64) + _GAMMA
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+def _u64(v: int) -> np.ndarray:
+    return np.array([int(v) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+
+
+def init_rows(seed: int, table_id: int, keys: np.ndarray, dim: int, scale: float) -> np.ndarray:
+    """Initial values of rows ``keys`` of table ``table_id``: uniform in ``[-scale, scale)``.
+
+    A pure function of (seed, table, key, column), independent of the number of shards::
+
+        t      = splitmix64(seed ^ splitmix64(table_id))           # per table
+        h[k]   = splitmix64(key ^ t)                               # per row
+        c[j]   = splitmix64(0x5EED0000_00000000 + j)               # per column
+        u[k,j] = (splitmix64(h[k] ^ c[j]) >> 40) / 2^24            # 24 bits, exact in float32
+        w[k,j] = float32(2 * u - 1) * float32(scale)
+
+    Args:
+        seed: cluster seed (``[cluster] seed``), 0..2^63-1.
+        table_id: table id.
+        keys: uint64 (N,).
+        dim: values per row.
+        scale: half-width of the interval (``init_scale``).
+
+    Returns:
+        float32 (N, dim), C-contiguous.
+    """
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    t = splitmix64(_u64(seed) ^ splitmix64(_u64(table_id)))
+    h = splitmix64(keys ^ t)
+    c = splitmix64(np.arange(dim, dtype=np.uint64) + np.uint64(0x5EED000000000000))
+    bits = splitmix64(h[:, None] ^ c[None, :]) >> np.uint64(40)
+    u = bits.astype(np.float32) * np.float32(2.0 ** -24)
+    return (u * np.float32(2.0) - np.float32(1.0)) * np.float32(scale)
+
+
+def wire_round(values: np.ndarray, dtype: int | str) -> np.ndarray:
+    """What ``values`` become after a trip over the wire as ``dtype``, as float32.
+
+    fp32 → unchanged (as float32); fp16 → rounded to nearest float16, widened back.
+
+    Args:
+        values: float array (N, dim).
+        dtype: ``consts.DType`` or ``"fp32"``/``"fp16"``.
+
+    Returns:
+        float32 (N, dim) (a new array for fp16; possibly the input itself for fp32).
+    """
+    if isinstance(dtype, str):
+        dtype = consts.DTYPE_BY_NAME[dtype]
+    v = np.asarray(values, dtype=np.float32)
+    if dtype == consts.DType.FP16:
+        return v.astype(np.float16).astype(np.float32)
+    return v
+
+
+def rowwise_mean_square(g: np.ndarray) -> np.ndarray:
+    """``mean(g**2, axis=1)`` in float32, summed column by column left to right.
+
+    The order is fixed, so a row's result does not depend on the other rows in ``g``.
+
+    Args:
+        g: float32 (N, dim).
+
+    Returns:
+        float32 (N,).
+    """
+    n, dim = g.shape
+    s = np.zeros(n, dtype=np.float32)
+    for j in range(dim):  # loop over columns, vectorised over rows
+        col = g[:, j]
+        s += col * col
+    return s / np.float32(dim)
+
+
+class TableShard:
+    """The rows of one table that one process holds (all rows, or one shard's).
+
+    Lazily materialised: see the module docstring for the layout. The fast path does not
+    validate; call :func:`validate_keys` / :func:`validate_update` first.
+
+    Args:
+        table: the table's config (``rows``, ``dim``, ``optimizer``, ``lr``, ``eps``,
+            ``init_scale``).
+        seed: the cluster seed.
+        capacity: initial arena capacity (rows); grows by doubling.
+    """
+
+    def __init__(self, table: TableConfig, seed: int, capacity: int = 1024):
+        self.table = table
+        self.seed = int(seed)
+        self.dim = int(table.dim)
+        self.adagrad = table.optimizer == "adagrad"
+        self._lr = np.float32(table.lr)
+        self._eps = np.float32(table.eps)
+        self._keys = np.empty(0, dtype=np.uint64)  # sorted materialised keys (M,)
+        self._slots = np.empty(0, dtype=np.int64)  # arena slot of each key in _keys (M,)
+        cap = max(1, int(capacity))
+        self._rows = np.empty((cap, self.dim), dtype=np.float32)
+        self._acc = np.zeros(cap if self.adagrad else 0, dtype=np.float32)
+        self._n = 0  # arena slots in use
+
+    def __len__(self) -> int:
+        """Materialised (ever updated) rows."""
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arena and the index."""
+        return self._rows.nbytes + self._acc.nbytes + self._keys.nbytes + self._slots.nbytes
+
+    def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slot int64 (N,), found bool (N,)); slot is -1 where not materialised."""
+        m = self._keys.size
+        if m == 0:
+            return np.full(keys.size, -1, dtype=np.int64), np.zeros(keys.size, dtype=bool)
+        pos = np.searchsorted(self._keys, keys)
+        pos_c = np.minimum(pos, m - 1)
+        found = self._keys[pos_c] == keys
+        slot = np.where(found, self._slots[pos_c], -1)
+        return slot, found
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Current rows of ``keys``.
+
+        Args:
+            keys: uint64 (N,), any order, duplicates allowed, all ``< rows`` (not checked).
+
+        Returns:
+            float32 (N, dim), a new array (master values; round with :func:`wire_round`
+            for what a client receives).
+        """
+        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        slot, found = self._find(keys)
+        out = np.empty((keys.size, self.dim), dtype=np.float32)
+        if found.all():
+            np.take(self._rows, slot, axis=0, out=out)
+            return out
+        out[found] = self._rows[slot[found]]
+        miss = ~found
+        out[miss] = init_rows(self.seed, self.table.id, keys[miss], self.dim, self.table.init_scale)
+        return out
+
+    def _grow(self, need: int) -> None:
+        cap = self._rows.shape[0]
+        if need <= cap:
+            return
+        while cap < need:
+            cap *= 2
+        rows = np.empty((cap, self.dim), dtype=np.float32)
+        rows[:self._n] = self._rows[:self._n]
+        self._rows = rows
+        if self.adagrad:
+            acc = np.zeros(cap, dtype=np.float32)
+            acc[:self._n] = self._acc[:self._n]
+            self._acc = acc
+
+    def _materialise(self, keys: np.ndarray) -> np.ndarray:
+        """Slots of ``keys`` (unique uint64 (N,)), creating initial rows for new ones."""
+        slot, found = self._find(keys)
+        if found.all():
+            return slot
+        new = np.sort(keys[~found])
+        k = new.size
+        self._grow(self._n + k)
+        new_slots = np.arange(self._n, self._n + k, dtype=np.int64)
+        self._rows[self._n:self._n + k] = init_rows(self.seed, self.table.id, new, self.dim,
+                                                    self.table.init_scale)
+        if self.adagrad:
+            self._acc[self._n:self._n + k] = 0
+        self._n += k
+        ins = np.searchsorted(self._keys, new)
+        self._keys = np.insert(self._keys, ins, new)
+        self._slots = np.insert(self._slots, ins, new_slots)
+        slot[~found] = new_slots[np.searchsorted(new, keys[~found])]
+        return slot
+
+    def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
+        """Apply one gradient per row with the table's optimizer (SGD or row-wise Adagrad).
+
+        Args:
+            keys_unique: uint64 (N,), **no duplicates**, all ``< rows`` (not checked; a
+                duplicate would lose all but one of its gradients).
+            grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``.
+        """
+        keys = np.asarray(keys_unique, dtype=np.uint64).reshape(-1)
+        if keys.size == 0:
+            return
+        g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, self.dim)
+        slot = self._materialise(keys)
+        w = self._rows[slot]
+        if self.adagrad:
+            acc = self._acc[slot] + rowwise_mean_square(g)
+            self._acc[slot] = acc
+            mult = self._lr / (np.sqrt(acc) + self._eps)
+            w -= mult[:, None] * g
+        else:
+            w -= self._lr * g
+        self._rows[slot] = w
+
+    def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Materialised rows, for comparison and checkpoints.
+
+        Returns:
+            (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,)) — copies;
+            ``acc`` is all zeros for SGD tables.
+        """
+        rows = self._rows[self._slots]
+        acc = self._acc[self._slots] if self.adagrad else np.zeros(self._keys.size, dtype=np.float32)
+        return self._keys.copy(), rows, acc
+
+
+def validate_keys(table: TableConfig, keys: np.ndarray, *, unique: bool = False) -> np.ndarray:
+    """Check keys for ``table``; returns them as uint64 (N,).
+
+    Raises:
+        ValueError: not 1-D integers, a key ``>= table.rows`` (or negative), or a duplicate
+            when ``unique``.
+    """
+    k = np.asarray(keys)
+    if k.ndim != 1 or not np.issubdtype(k.dtype, np.integer):
+        raise ValueError(f"table {table.id}: keys must be a 1-D integer array, got {k.dtype} {k.shape}")
+    if k.size and np.issubdtype(k.dtype, np.signedinteger) and int(k.min()) < 0:
+        raise ValueError(f"table {table.id}: negative key {int(k.min())}")
+    k = k.astype(np.uint64, copy=False)
+    if k.size and int(k.max()) >= table.rows:
+        raise ValueError(f"table {table.id}: key {int(k.max())} >= rows {table.rows}")
+    if unique and k.size > 1 and not is_unique(k):
+        raise ValueError(f"table {table.id}: duplicate keys in an update (send unique keys)")
+    return k
+
+
+def is_unique(keys: np.ndarray) -> bool:
+    """True if ``keys`` (1-D) has no duplicates; O(N) when sorted, O(N log N) otherwise."""
+    if keys.size < 2:
+        return True
+    if bool(np.all(keys[1:] > keys[:-1])):
+        return True
+    return np.unique(keys).size == keys.size
+
+
+def validate_update(table: TableConfig, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Check an update for ``table``; returns (keys uint64 (N,), grads float32 (N, dim)).
+
+    Raises:
+        ValueError: bad keys (see :func:`validate_keys`, uniqueness required) or grads not
+            of shape (N, table.dim).
+    """
+    k = validate_keys(table, keys, unique=True)
+    g = np.asarray(grads)
+    if g.shape != (k.size, table.dim):
+        raise ValueError(f"table {table.id}: grads shape {g.shape}, expected ({k.size}, {table.dim})")
+    return k, g.astype(np.float32, copy=False)
+
+
+class LocalBackend:
+    """The in-process reference: every table whole in this process, same interface as the
+    network client (``lookup``/``update``), same numerics as the servers, bit for bit.
+
+    Values make the same round trip as over the wire (:func:`wire_round` for fp16 tables).
+
+    Args:
+        cfg: the cluster config (tables, seed).
+    """
+
+    def __init__(self, cfg: ClusterConfig):
+        self.cfg = cfg
+        self.tables = {t.id: TableShard(t, cfg.seed) for t in cfg.tables}
+
+    def _table(self, table_id: int) -> TableShard:
+        try:
+            return self.tables[table_id]
+        except KeyError:
+            raise ValueError(f"unknown table {table_id} (tables: {sorted(self.tables)})") from None
+
+    def lookup(self, table_id: int, keys_unique: np.ndarray) -> np.ndarray:
+        """Rows of ``keys_unique`` (uint64 (N,)) of table ``table_id`` → float32 (N, dim).
+
+        Raises:
+            ValueError: unknown table or a key out of range.
+        """
+        ts = self._table(table_id)
+        k = validate_keys(ts.table, keys_unique)
+        return wire_round(ts.lookup(k), ts.table.dtype)
+
+    def update(self, table_id: int, keys_unique: np.ndarray, grads: np.ndarray) -> None:
+        """Apply gradients float32 (N, dim) to rows ``keys_unique`` uint64 (N,) (no duplicates).
+
+        Raises:
+            ValueError: unknown table, a key out of range, duplicate keys, wrong shape.
+        """
+        ts = self._table(table_id)
+        k, g = validate_update(ts.table, keys_unique, grads)
+        ts.apply(k, wire_round(g, ts.table.dtype))
+
+    def state_dict(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``{table_id: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,))}``
+        of every table's updated rows."""
+        return {tid: ts.state() for tid, ts in self.tables.items()}
+
+
+def merge_states(states: list[dict]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Merge per-shard ``state_dict()`` results into one (keys sorted per table).
+
+    Args:
+        states: dicts ``{table_id: (keys, rows, acc)}``, e.g. one per server shard.
+
+    Returns:
+        ``{table_id: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,))}``.
+
+    Raises:
+        ValueError: a key appears in two states (two shards own the same row).
+    """
+    out = {}
+    for tid in sorted({t for s in states for t in s}):
+        parts = [s[tid] for s in states if tid in s]
+        keys = np.concatenate([p[0] for p in parts])
+        rows = np.concatenate([p[1] for p in parts])
+        acc = np.concatenate([p[2] for p in parts])
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError(f"table {tid}: a key is held by more than one shard")
+        out[tid] = (keys, rows[order], acc[order])
+    return out

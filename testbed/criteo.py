@@ -1,0 +1,388 @@
+"""Criteo click logs (Kaggle Display Advertising Challenge, 2014): a vectorised TSV loader.
+
+Format of every line (``train.txt``; LF or CRLF endings, no header), tab-separated::
+
+    label  I1 .. I13  C1 .. C26          (40 fields; ``test.txt`` has no label: 39 fields)
+
+``label`` is 0/1, ``I*`` are integers (may be negative, empty when missing), ``C*`` are
+32-bit hashes written as 8 lowercase hex digits (empty when missing).
+
+What the loader returns (:class:`CriteoData`):
+
+* ``labels`` float32 (N,) — NaN when the file has no label column;
+* ``dense`` float32 (N, 13) — ``log1p(max(I, 0))``, missing → 0 (the usual DLRM transform);
+* ``sparse`` uint64 (N, 26) — column ``j`` (``C{j+1}``) hashed into table ``j``'s id space
+  ``[0, rows[j])`` by :func:`hash_categorical`: ``splitmix64((j << 40) | v) mod rows[j]``,
+  where ``v`` is the 32-bit value and a missing value is ``v = 2**32`` (a fixed id per column,
+  distinct from every real value before the modulo).
+
+Parsing is numpy on the raw bytes (no per-line Python): newline and tab positions give every
+field's start and end; hex and decimal fields are decoded by a loop over character positions
+(≤ 8 for hex, ≤ 19 for decimal) vectorised over all fields of a block. Files are read in
+chunks (``chunk_bytes``), so the full public ``train.txt`` (~11 GB, 45,840,617 lines) streams
+through :func:`iter_criteo` in bounded memory; :func:`load_criteo` concatenates.
+
+The repository ships a 6435-line sample (``testbed/data/``, see its README for source and
+licence); :func:`sample_path` finds it in the installed package.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from embnic.client_lib.tables import splitmix64
+
+NUM_DENSE = 13
+NUM_SPARSE = 26
+DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
+SPARSE_NAMES = tuple(f"C{i}" for i in range(1, NUM_SPARSE + 1))
+MISSING_CAT = 1 << 32  #: value a missing categorical takes before hashing
+SAMPLE_FILES = {
+    "train": "criteo_kaggle_train_sample.tsv",
+    "test": "criteo_kaggle_test_sample.tsv",
+}
+
+_HEX = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _HEX[_c] = 10 + _i
+_DEC = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate(b"0123456789"):
+    _DEC[_c] = _i
+_MAX_DEC = 18  # digits; |x| < 10^18 fits int64
+
+
+@dataclasses.dataclass
+class CriteoData:
+    """A block of Criteo samples (rows in file order).
+
+    Attributes:
+        labels: float32 (N,), 0/1; NaN if the file had no label column.
+        dense: float32 (N, 13), ``log1p(max(I, 0))``, missing → 0.
+        sparse: uint64 (N, 26), column j in ``[0, rows[j])``.
+        rows: the 26 id-space sizes ``sparse`` was hashed into.
+        first_line: 0-based line number (in the file) of the first sample.
+    """
+
+    labels: np.ndarray
+    dense: np.ndarray
+    sparse: np.ndarray
+    rows: tuple[int, ...]
+    first_line: int = 0
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def has_labels(self) -> bool:
+        return not (len(self) and bool(np.isnan(self.labels[0])))
+
+    def __getitem__(self, idx) -> CriteoData:
+        """Rows ``idx`` (a slice or an index array) as a new :class:`CriteoData`."""
+        first = self.first_line + (idx.indices(len(self))[0] if isinstance(idx, slice) else 0)
+        return CriteoData(self.labels[idx], self.dense[idx], self.sparse[idx], self.rows, first)
+
+    def batches(self, batch_size: int, *, drop_last: bool = False) -> Iterator[CriteoData]:
+        """Consecutive batches of ``batch_size`` samples (the last may be shorter)."""
+        n = len(self)
+        for s in range(0, n, batch_size):
+            if drop_last and s + batch_size > n:
+                return
+            yield self[s:s + batch_size]
+
+    def jagged(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sparse features as a TorchRec KeyedJaggedTensor ``(values, lengths)``.
+
+        Feature-major like ``KeyedJaggedTensor``: keys are ``C1..C26``, stride ``B = len(self)``,
+        every bag holds exactly one id. ``values[f*B + b] = sparse[b, f]``.
+
+        Returns:
+            values uint64 (26*B,), lengths int32 (26*B,) (all ones).
+        """
+        return sparse_to_jagged(self.sparse)
+
+
+def sparse_to_jagged(sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint64 (B, F) one-id-per-bag features → (values uint64 (F*B,), lengths int32 (F*B,)),
+    feature-major (``values[f*B + b] = sparse[b, f]``). Example: ``[[1, 2], [3, 4]]`` →
+    values ``[1, 3, 2, 4]``, lengths ``[1, 1, 1, 1]``."""
+    s = np.asarray(sparse, dtype=np.uint64)
+    return np.ascontiguousarray(s.T).reshape(-1), np.ones(s.size, dtype=np.int32)
+
+
+def hash_categorical(column: int, values: np.ndarray, rows: int) -> np.ndarray:
+    """Id of categorical values of column ``column`` (0-based: C1 is 0) in ``[0, rows)``.
+
+    ``id = splitmix64((column << 40) | v) mod rows`` with ``v`` the 32-bit value, or
+    :data:`MISSING_CAT` (2^32) for a missing one.
+
+    Args:
+        column: 0..25.
+        values: uint64 (N,), each ``<= 2**32``.
+        rows: id-space size of the column's table.
+
+    Returns:
+        uint64 (N,).
+    """
+    x = np.asarray(values, dtype=np.uint64) | (np.uint64(column) << np.uint64(40))
+    return splitmix64(x) % np.uint64(rows)
+
+
+def default_tables(rows: int | Sequence[int] = 65536, dim: int = 8, **fields) -> list[dict]:
+    """The 26 ``[[tables]]`` entries (one per categorical column) for a cluster config.
+
+    Table ``j`` (id ``j``) is named ``C{j+1}`` and holds the ids of that column.
+
+    Args:
+        rows: id-space size of every table, or 26 sizes.
+        dim: embedding dimension.
+        **fields: further fields for every table (``dtype``, ``optimizer``, ``lr``, ``eps``,
+            ``init_scale``, ...; see docs/config.md).
+
+    Returns:
+        list of 26 dicts, ready for ``raw["tables"]`` of :func:`~embnic.client_lib.config.parse_config`.
+
+    Raises:
+        ValueError: ``rows`` is a sequence whose length is not 26.
+    """
+    r = _rows_tuple(rows)
+    return [{"id": j, "name": SPARSE_NAMES[j], "rows": r[j], "dim": int(dim), **fields}
+            for j in range(NUM_SPARSE)]
+
+
+def _rows_tuple(rows: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(rows, (int, np.integer)):
+        r = (int(rows),) * NUM_SPARSE
+    else:
+        r = tuple(int(x) for x in rows)
+    if len(r) != NUM_SPARSE:
+        raise ValueError(f"rows: need one size per categorical column ({NUM_SPARSE}), got {len(r)}")
+    if min(r) < 1:
+        raise ValueError(f"rows: every size must be >= 1, got {min(r)}")
+    return r
+
+
+def sample_path(which: str = "train") -> Path:
+    """Path of the Criteo sample shipped in the package (``"train"``: 6435 labelled lines,
+    ``"test"``: 1999 unlabelled lines).
+
+    Raises:
+        ValueError: unknown ``which``.
+    """
+    if which not in SAMPLE_FILES:
+        raise ValueError(f"unknown sample {which!r} (one of {', '.join(SAMPLE_FILES)})")
+    return Path(str(importlib.resources.files("embnic.testbed").joinpath("data", SAMPLE_FILES[which])))
+
+
+def time_split(data: CriteoData, valid_fraction: float = 0.2) -> tuple[CriteoData, CriteoData]:
+    """Split by position: the first ``1 - valid_fraction`` for training, the rest (later in
+    time: Criteo files are in chronological order) for validation.
+
+    Raises:
+        ValueError: ``valid_fraction`` not in (0, 1).
+    """
+    if not 0.0 < valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
+    cut = int(round(len(data) * (1.0 - valid_fraction)))
+    return data[:cut], data[cut:]
+
+
+# ---- parsing -------------------------------------------------------------------------------
+
+class CriteoFormatError(ValueError):
+    """A line does not follow the Criteo TSV format; the message names file and line."""
+
+
+def _decode_hex(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hex fields → (uint64 values, bad bool mask), same shape as ``start``."""
+    v = np.zeros(start.shape, dtype=np.uint64)
+    bad = length > 8
+    last = buf.size - 1
+    for p in range(8):
+        live = p < length
+        if not live.any():
+            break
+        d = _HEX[buf[np.minimum(start + p, last)]]
+        bad |= live & (d == 255)
+        v = np.where(live, (v << np.uint64(4)) | d.astype(np.uint64), v)
+    return v, bad
+
+
+def _decode_dec(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal fields ``-?[0-9]+`` → (int64 values, bad bool mask); empty → 0 (not bad)."""
+    last = buf.size - 1
+    neg = (length > 0) & (buf[np.minimum(start, last)] == ord("-"))
+    s = start + neg
+    n = length - neg
+    bad = (n > _MAX_DEC) | (neg & (n == 0))
+    v = np.zeros(start.shape, dtype=np.int64)
+    width = int(n.max()) if n.size else 0
+    for p in range(min(width, _MAX_DEC)):
+        live = p < n
+        d = _DEC[buf[np.minimum(s + p, last)]]
+        bad |= live & (d == 255)
+        v = np.where(live, v * 10 + d, v)
+    return np.where(neg, -v, v), bad
+
+
+def _parse_block(data: bytes, nfields: int | None, rows: tuple[int, ...], where: str,
+                 first_line: int) -> tuple[CriteoData, int]:
+    """Parse complete lines (``data`` ends with a newline). Returns (data, nfields)."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    line_start = np.concatenate(([0], nl[:-1] + 1))
+    line_end = nl - (buf[np.maximum(nl - 1, 0)] == 13) * (nl > line_start)  # strip CR
+    tabs = np.flatnonzero(buf == 9)
+    ntabs = np.searchsorted(tabs, nl) - np.searchsorted(tabs, line_start)
+    keep = line_end > line_start  # skip empty lines
+    if nfields is None:
+        if not keep.any():
+            return _empty(rows, first_line), 0
+        nfields = int(ntabs[np.argmax(keep)]) + 1
+        if nfields not in (NUM_DENSE + NUM_SPARSE + 1, NUM_DENSE + NUM_SPARSE):
+            raise CriteoFormatError(f"{where}:{first_line + int(np.argmax(keep)) + 1}: {nfields} fields, "
+                                    f"expected 40 (label, I1..I13, C1..C26) or 39 (no label)")
+    wrong = keep & (ntabs != nfields - 1)
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise CriteoFormatError(f"{where}:{first_line + i + 1}: {int(ntabs[i]) + 1} fields, expected {nfields}")
+    line_no = first_line + np.flatnonzero(keep)
+    line_start, line_end = line_start[keep], line_end[keep]
+    n = line_start.size
+    if n == 0:
+        return _empty(rows, first_line), nfields
+    # all tabs belong to kept lines (empty lines have none), in order
+    t = tabs.reshape(n, nfields - 1)
+    starts = np.empty((n, nfields), dtype=np.int64)
+    ends = np.empty((n, nfields), dtype=np.int64)
+    starts[:, 0] = line_start
+    starts[:, 1:] = t + 1
+    ends[:, :-1] = t
+    ends[:, -1] = line_end
+    lengths = ends - starts
+    has_label = nfields == NUM_DENSE + NUM_SPARSE + 1
+    o = 1 if has_label else 0
+
+    ints, bad_i = _decode_dec(buf, starts[:, :o + NUM_DENSE], lengths[:, :o + NUM_DENSE])
+    cats, bad_c = _decode_hex(buf, starts[:, o + NUM_DENSE:], lengths[:, o + NUM_DENSE:])
+    bad = bad_i.any(axis=1) | bad_c.any(axis=1)
+    if has_label:
+        lab = ints[:, 0]
+        bad |= (lengths[:, 0] == 0) | ((lab != 0) & (lab != 1))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise CriteoFormatError(f"{where}:{int(line_no[i]) + 1}: a field is not a label 0/1, an integer "
+                                f"or 1..8 hex digits")
+    labels = ints[:, 0].astype(np.float32) if has_label else np.full(n, np.nan, dtype=np.float32)
+    dense = np.log1p(np.maximum(ints[:, o:], 0).astype(np.float64)).astype(np.float32)
+    cats = np.where(lengths[:, o + NUM_DENSE:] == 0, np.uint64(MISSING_CAT), cats)
+    sparse = np.empty((n, NUM_SPARSE), dtype=np.uint64)
+    for j in range(NUM_SPARSE):  # per column (26), vectorised over rows
+        sparse[:, j] = hash_categorical(j, cats[:, j], rows[j])
+    return CriteoData(labels, dense, sparse, rows, int(line_no[0])), nfields
+
+
+def _empty(rows: tuple[int, ...], first_line: int) -> CriteoData:
+    return CriteoData(np.empty(0, np.float32), np.empty((0, NUM_DENSE), np.float32),
+                      np.empty((0, NUM_SPARSE), np.uint64), rows, first_line)
+
+
+def iter_criteo(path: str | os.PathLike, *, rows: int | Sequence[int] = 65536, batch_lines: int = 65536,
+                skip_rows: int = 0, max_rows: int | None = None,
+                chunk_bytes: int = 16 << 20) -> Iterator[CriteoData]:
+    """Stream a Criteo TSV file as blocks of at most ``batch_lines`` samples.
+
+    Args:
+        path: a ``train.txt``-style (40 fields) or ``test.txt``-style (39 fields) file.
+        rows: id-space size of every categorical table, or 26 sizes.
+        batch_lines: lines per yielded block (empty lines are skipped, so a block may be
+            shorter).
+        skip_rows: lines to skip at the start of the file.
+        max_rows: stop after this many lines (after ``skip_rows``); None reads to the end.
+        chunk_bytes: bytes read from the file at a time (bounds memory with ``batch_lines``).
+
+    Yields:
+        :class:`CriteoData` blocks in file order.
+
+    Raises:
+        OSError: the file cannot be read.
+        CriteoFormatError: a line is malformed (the message names file and line number).
+    """
+    r = _rows_tuple(rows)
+    where = os.fspath(path)
+    nfields: int | None = None
+    line = 0  # 0-based number of the next line in the file
+    remaining = None if max_rows is None else int(max_rows)
+    to_skip = int(skip_rows)
+    pending = b""
+    with open(path, "rb") as f:
+        eof = False
+        while not eof and (remaining is None or remaining > 0):
+            chunk = f.read(chunk_bytes)
+            if not chunk:
+                eof = True
+                if not pending:
+                    break
+                data, pending = pending + b"\n", b""
+            else:
+                data = pending + chunk
+                cut = data.rfind(b"\n") + 1
+                data, pending = data[:cut], data[cut:]
+                if not data:
+                    continue
+            buf = np.frombuffer(data, dtype=np.uint8)
+            nl = np.flatnonzero(buf == 10)
+            base = 0
+            if to_skip:
+                k = min(to_skip, nl.size)
+                to_skip -= k
+                line += k
+                base = int(nl[k - 1]) + 1
+                nl = nl[k:]
+            pos = base
+            for s in range(0, nl.size, batch_lines):
+                take = min(batch_lines, nl.size - s)
+                if remaining is not None:
+                    take = min(take, remaining)
+                if take <= 0:
+                    break
+                end = int(nl[s + take - 1]) + 1
+                block, nfields = _parse_block(data[pos:end], nfields, r, where, line)
+                pos = end
+                line += take
+                if remaining is not None:
+                    remaining -= take
+                if len(block):
+                    yield block
+
+
+def load_criteo(path: str | os.PathLike, *, rows: int | Sequence[int] = 65536, skip_rows: int = 0,
+                max_rows: int | None = None, chunk_bytes: int = 16 << 20) -> CriteoData:
+    """Read a Criteo TSV file (or a window of it) into one :class:`CriteoData`.
+
+    Memory: about 264 bytes per sample (plus one chunk); bound it with ``max_rows`` on the
+    full dataset, or stream with :func:`iter_criteo`.
+
+    Args:
+        path: the file (``sample_path()`` for the shipped sample).
+        rows, skip_rows, max_rows, chunk_bytes: as in :func:`iter_criteo`.
+
+    Raises:
+        OSError: the file cannot be read.
+        CriteoFormatError: a line is malformed (names file and line).
+    """
+    r = _rows_tuple(rows)
+    blocks = list(iter_criteo(path, rows=r, skip_rows=skip_rows, max_rows=max_rows,
+                              chunk_bytes=chunk_bytes, batch_lines=1 << 18))
+    if not blocks:
+        return _empty(r, int(skip_rows))
+    if len(blocks) == 1:
+        return blocks[0]
+    return CriteoData(np.concatenate([b.labels for b in blocks]), np.concatenate([b.dense for b in blocks]),
+                      np.concatenate([b.sparse for b in blocks]), r, blocks[0].first_line)
