@@ -263,7 +263,7 @@ class EmbeddingClient:
                     what = ("lookups" if m.msg_type == MsgType.LOOKUP_REQ else "updates")
                     n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
                     raise ShardUnavailableError(m.shard_id, m.dest, m.tries, time.monotonic() - t0,
-                                                f"{n} {what}")
+                                                f"{n} {what} messages")
                 for m in pending.values():
                     self._send(m, retransmit=True)
                 deadline = time.monotonic() + self.timeout_s

@@ -179,3 +179,25 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
     if eval_data is not None and len(eval_data.labels):
         auc, ev_loss = evaluate(backend, cfg, params, eval_data)
     return TrainResult(losses, auc, ev_loss, ids, uniq, times, params)
+
+
+def load_training_data(cfg: ClusterConfig, path=None, *, valid_fraction: float = 0.2,
+                       max_rows: int | None = None):
+    """Criteo rows for :func:`train`: (train, valid) split by time.
+
+    Column ``Cj`` is hashed into the id space of the table :func:`feature_tables` gives it.
+
+    Args:
+        path: a Criteo TSV file (raw Kaggle ``train.txt`` layout); default the shipped sample.
+        valid_fraction: the last fraction of rows (later in time) held out for the AUC.
+        max_rows: read at most this many rows (for the full public dataset).
+
+    Raises:
+        OSError, embnic.testbed.criteo.CriteoFormatError: unreadable or malformed file.
+    """
+    from . import criteo
+
+    ftab = feature_tables(cfg, criteo.NUM_SPARSE)
+    rows = [cfg.table(t).rows for t in ftab]
+    data = criteo.load_criteo(path or criteo.sample_path("train"), rows=rows, max_rows=max_rows)
+    return criteo.time_split(data, valid_fraction)

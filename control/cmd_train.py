@@ -1,0 +1,87 @@
+"""``embnic train``: train the CTR model with its embeddings on the cluster's shards."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from embnic.control.errors import OperationalError
+from embnic.control.options import config_option, load_cluster
+
+
+@click.command("train")
+@config_option(required=True)
+@click.option("--data", "data_path", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Criteo TSV (Kaggle train.txt layout). Default: the sample shipped with embnic.")
+@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Training steps.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per step.")
+@click.option("--client-id", type=int, default=None, help="This client's id (default: the config's first client).")
+@click.option("--local", is_flag=True, help="Keep the tables in this process (the reference run) instead of the shards.")
+@click.option("--max-rows", type=click.IntRange(min=2), default=None, help="Read at most this many rows of --data.")
+@click.option("--valid-fraction", type=click.FloatRange(0.01, 0.99), default=0.2, show_default=True,
+              help="Last fraction of rows held out for the AUC.")
+@click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write losses, AUC and client counters to this JSON file.")
+def train(config, data_path, steps, batch_size, client_id, local, max_rows, valid_fraction, json_out):
+    """Train the factorisation-machine CTR model on Criteo data; every embedding row is looked
+    up from and updated on the parameter-server shards (directly, or through the card when the
+    config's [card] is enabled). Prints the loss of every step and the final AUC.
+
+    \b
+    Example:
+      embnic server --shard 0 -c examples/cluster.toml &
+      embnic server --shard 1 -c examples/cluster.toml &
+      embnic train -c examples/cluster.toml --steps 40
+    """
+    if config is None:
+        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
+    cfg = load_cluster(config)
+    from embnic.client_lib.client import EmbnicError, EmbeddingClient
+    from embnic.client_lib.tables import LocalBackend
+    from embnic.testbed.criteo import CriteoFormatError
+    from embnic.testbed.train import load_training_data, train as run_train
+
+    if client_id is None:
+        client_id = cfg.clients[0].id
+    elif client_id not in {c.id for c in cfg.clients}:
+        raise click.BadParameter(f"no client {client_id} in {config} (clients: "
+                                 f"{', '.join(str(c.id) for c in cfg.clients)})", param_hint="--client-id")
+    try:
+        tr, va = load_training_data(cfg, data_path, valid_fraction=valid_fraction, max_rows=max_rows)
+    except (OSError, CriteoFormatError) as e:
+        raise OperationalError(f"cannot read training data: {e}") from None
+    click.echo(f"training on {len(tr.labels)} rows, evaluating on {len(va.labels)}; "
+               f"{'in-process tables' if local else f'{len(cfg.shards)} shards'}")
+
+    def progress(step, loss):
+        click.echo(f"step {step + 1:5d}  loss {loss:.6f}")
+
+    client = None
+    try:
+        if local:
+            backend = LocalBackend(cfg)
+        else:
+            try:
+                client = backend = EmbeddingClient(cfg, client_id)
+            except OSError as e:
+                me = cfg.client(client_id)
+                raise OperationalError(f"cannot bind client {client_id} to {me.ip}:{me.port}: {e.strerror}; "
+                                       f"fix clients[id={client_id}] in {config}") from None
+        res = run_train(cfg, tr, steps=steps, batch_size=batch_size, backend=backend, eval_data=va,
+                        progress=progress)
+    except EmbnicError as e:
+        raise OperationalError(str(e)) from None
+    finally:
+        if client is not None:
+            client.close()
+    click.echo(f"final AUC {res.auc:.4f}  eval loss {res.eval_loss:.6f}  dedup ratio {res.dedup_ratio:.3f}")
+    if client is not None:
+        s = client.stats
+        click.echo(f"messages {s.messages_sent}  frames {s.frames_sent}  rounds {s.rounds}  "
+                   f"retransmits {s.retransmits}")
+    if json_out:
+        out = {"steps": steps, "loss": res.loss, "auc": res.auc, "eval_loss": res.eval_loss,
+               "dedup_ratio": res.dedup_ratio,
+               "client": client.stats.as_dict() if client is not None else None}
+        with open(json_out, "w") as f:
+            json.dump(out, f, indent=2)
