@@ -1,0 +1,86 @@
+"""``embnic bench``: speed benchmarks, each against a baseline measured in the same run."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import click
+
+from embnic.control.errors import OperationalError
+
+_out = click.option("--out", "out", type=click.Path(file_okay=False), default="out/bench", show_default=True,
+                    help="Directory for bench.json (results are merged into it).")
+
+
+@click.group("bench")
+def bench():
+    """Speed benchmarks; results are merged into DIR/bench.json with ratios to baselines run alongside.
+
+    \b
+    Example:
+      embnic bench prep --out out/bench
+      embnic bench dataplane --out out/bench
+    """
+
+
+def _show(name: str, res: dict) -> None:
+    click.echo(f"{name}:")
+    for k, v in res.items():
+        if isinstance(v, float):
+            click.echo(f"  {k:24s} {v:,.3f}" if abs(v) < 1000 else f"  {k:24s} {v:,.0f}")
+        elif not isinstance(v, (dict, list)):
+            click.echo(f"  {k:24s} {v}")
+
+
+@bench.command("prep")
+@_out
+@click.option("--batch-size", type=click.IntRange(min=1), default=4096, show_default=True, help="Samples per batch.")
+@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True, help="Timed repetitions (median).")
+def prep(out, batch_size, repeats):
+    """Batch preparation (sort → value/index/offset arrays, routing) on Criteo batches of
+    BATCH_SIZE × 26 features, against a bare np.unique(return_inverse=True) on the same ids.
+
+    \b
+    Example:
+      embnic bench prep --out out/bench
+    """
+    from embnic.testbed import bench_prep
+
+    res = bench_prep.run(Path(out), batch_size=batch_size, repeats=repeats)
+    _show("prep", res)
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
+@bench.command("dataplane")
+@_out
+@click.option("--seconds", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
+              help="Measurement time per configuration.")
+def dataplane(out, seconds):
+    """The card against dpdk-testpmd (io and macswap) on the same vdevs and lcores: net_pcap
+    in-memory replay into net_null, and net_af_packet over a veth pair.
+
+    \b
+    Example:
+      embnic bench dataplane --out out/bench --seconds 5
+    """
+    try:
+        mod = importlib.import_module("embnic.testbed.bench_dataplane")
+    except ImportError as e:
+        raise OperationalError(f"the dataplane benchmark is not available: {e}") from None
+    res = mod.run(Path(out), seconds=seconds)
+    _show("dataplane", res)
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
+@bench.command("all")
+@_out
+@click.pass_context
+def all_(ctx, out):
+    """Every benchmark in turn.
+
+    \b
+    Example:
+      embnic bench all --out out/bench
+    """
+    ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
+    ctx.invoke(dataplane, out=out, seconds=5.0)
