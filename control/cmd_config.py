@@ -1,0 +1,124 @@
+"""``embnic config check|show``: validate and print the cluster config."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from embnic.client_lib import consts
+from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.control.options import ConfigFileError, control_section, json_option, load_cluster
+from embnic.control.target import clients_from_config, routes_from_config
+
+
+def _file_arg(file: str | None) -> str:
+    if file:
+        return file
+    import os
+
+    env = os.environ.get("EMBNIC_CONFIG")
+    if not env:
+        raise click.UsageError("no config file: give FILE or set EMBNIC_CONFIG")
+    return env
+
+
+def card_warnings(cfg: ClusterConfig) -> list[str]:
+    """What ``pipeline load`` would still need from a valid config (e.g. MACs), one line each."""
+    if cfg.card is None or not cfg.card.enabled:
+        return []
+    out = []
+    for fn in (routes_from_config, clients_from_config):
+        try:
+            fn(cfg)
+        except ConfigError as e:
+            out.append(f"{e.field}: {e.message}")
+    return out
+
+
+def summary(cfg: ClusterConfig) -> str:
+    """One paragraph describing a config."""
+    card = "none (clients talk to shards directly)"
+    if cfg.card is not None:
+        ports = ", ".join(f"{p.id}={p.ip}" for p in cfg.card.ports) or "no ports"
+        card = (f"{'enabled' if cfg.card.enabled else 'disabled'}, ports {ports}, ring {cfg.card.ring_size}, "
+                f"state {cfg.card.state_size}, lcores {cfg.card.lcores}")
+    lines = [
+        f"cluster {cfg.name!r}: {len(cfg.tables)} table(s), {len(cfg.shards)} shard(s), {len(cfg.clients)} "
+        f"client(s), sharding {cfg.sharding}, UDP port {cfg.udp_port}, MTU {cfg.mtu} "
+        f"({consts.max_body_per_frame(cfg.mtu)} body bytes/frame)",
+        f"card: {card}",
+    ]
+    return "\n".join(lines)
+
+
+@click.group()
+def config():
+    """Check and show the cluster config (one TOML file, docs/config.md).
+
+    \b
+    Examples:
+      embnic config check examples/cluster.toml
+      embnic config show --json examples/cluster.toml
+    """
+
+
+@config.command("check")
+@click.argument("file", required=False, metavar="FILE")
+@click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs).")
+def check(file, strict):
+    """Validate FILE (default $EMBNIC_CONFIG): exit 0 if valid, 2 with the offending field if not.
+
+    Also checks the optional [control] section and warns about what loading the card would
+    still need (every shard and client needs `mac` and `card_port` when [card] is enabled).
+
+    \b
+    Example:
+      embnic config check examples/cluster.toml
+    """
+    path = _file_arg(file)
+    cfg = load_cluster(path)
+    control_section(cfg)
+    warns = card_warnings(cfg)
+    if strict and warns:
+        raise ConfigFileError(f"{path}: {warns[0]}")
+    for w in warns:
+        click.echo(f"warning: {path}: {w}", err=True)
+    click.echo(f"{path}: ok")
+    click.echo(summary(cfg))
+
+
+def _as_dict(cfg: ClusterConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d.pop("raw", None)
+    d["control"] = control_section(cfg)
+    return d
+
+
+@config.command("show")
+@click.argument("file", required=False, metavar="FILE")
+@json_option
+def show(file, as_json):
+    """Print the parsed config FILE (default $EMBNIC_CONFIG) with every default filled in.
+
+    \b
+    Example:
+      embnic config show --json examples/cluster.toml
+    """
+    cfg = load_cluster(_file_arg(file))
+    if as_json:
+        click.echo(json.dumps(_as_dict(cfg), indent=2, default=list))
+        return
+    click.echo(summary(cfg))
+    click.echo("tables:")
+    for t in cfg.tables:
+        where = f", shard {t.shard}" if t.shard is not None else ""
+        click.echo(f"  {t.id:>3} {t.name:<10} rows {t.rows:<10} dim {t.dim:<4} {t.dtype} {t.optimizer} lr {t.lr:g}{where}")
+    for kind, eps in (("shards", cfg.shards), ("clients", cfg.clients)):
+        click.echo(f"{kind}:")
+        for e in eps:
+            via = f" via card port {e.card_port}" if e.card_port is not None else ""
+            click.echo(f"  {e.id:>3} {e.ip}:{e.port} mac {e.mac or '-'}{via}")
+    ctl = control_section(cfg)
+    if ctl:
+        click.echo("control: " + ", ".join(f"{k} = {v!r}" for k, v in ctl.items()))

@@ -1,0 +1,167 @@
+"""``embnic pipeline load|unload|status``: start, stop and look at the card pipeline on a target."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from embnic.control.ctlsock import CtlClient, CtlError
+from embnic.control.errors import OperationalError
+from embnic.control.options import (config_errors, config_option, ctl_option, json_option, name_option,
+                                    open_target, resolve, target_option)
+from embnic.control.target import describe_state, pid_matches, read_state, state_path
+
+
+@click.group()
+def pipeline():
+    """Load the embnic pipeline onto a target, unload it, show its status.
+
+    The dpdk target runs dataplane/build/embnic-dp; its pid, control socket and log are
+    recorded in RUN_DIR/NAME.json (RUN_DIR: $EMBNIC_RUN_DIR or /run/embnic).
+
+    \b
+    Examples:
+      embnic pipeline load --config examples/testbed.toml --vdev net_ring0 --vdev net_ring1
+      embnic pipeline status
+      embnic pipeline unload
+    """
+
+
+def _ports_line(info: dict) -> str:
+    ports = info.get("ports") or []
+    return ", ".join(f"{p.get('port')}: {p.get('name', '?')} {p.get('mac', '?')} {p.get('ip') or '-'}" for p in ports)
+
+
+@pipeline.command("load")
+@config_option(required=True)
+@target_option
+@name_option
+@ctl_option
+@click.option("--binary", metavar="PATH", default=None,
+              help="embnic-dp to run (default: $EMBNIC_DP, else dataplane/build/embnic-dp).")
+@click.option("--eal-args", metavar="ARGS", default=None,
+              help="EAL arguments replacing the defaults '-l LCORES --no-huge --no-pci -m 256 "
+                   "--file-prefix embnic-NAME' (one shell-quoted string). Env: EMBNIC_EAL_ARGS.")
+@click.option("--vdev", "vdevs", metavar="SPEC", multiple=True,
+              help="A DPDK vdev, one per card port in port order (net_ring0, net_null0, "
+                   "net_af_packet0,iface=veth0, ...). Repeatable.")
+@click.option("--lcores", metavar="LIST", default=None, help="EAL lcore list (default: card.lcores of the config).")
+@click.option("--netns", metavar="NS", default=None,
+              help="Run the card inside this network namespace (needs root). Env: EMBNIC_NETNS.")
+@click.option("--timeout", "ready_timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
+              help="Seconds to wait for the control socket to answer.")
+@click.option("--no-program", is_flag=True, help="Do not install the config's routes and clients.")
+@json_option
+def load(config, target, name, ctl, binary, eal_args, vdevs, lcores, netns, ready_timeout, no_program, as_json):
+    """Start the pipeline on a target and program the config's routes and clients.
+
+    For the dpdk target: refuses an embnic-dp whose ELF build info does not match the client
+    library (protocol version, header layout), starts it, waits until its control socket
+    answers `ping`, then installs one route per [[shards]] and one client per [[clients]]
+    (each needs `mac` and `card_port` in the config: the card does not resolve MACs).
+    A second load under the same --name says what is already running.
+
+    \b
+    Example:
+      embnic pipeline load --config examples/testbed.toml --vdev net_ring0 --vdev net_ring1
+    """
+    s = resolve(config, target, name, ctl, binary, eal_args, vdevs, netns, require_config=True)
+    with config_errors():
+        t = open_target(s, lcores=lcores, ready_timeout=ready_timeout)
+        res = t.load(program=not no_program)
+    if as_json:
+        click.echo(json.dumps(res, indent=2, default=str))
+        return
+    info = res.get("info", {})
+    click.echo(f"loaded pipeline {s.name!r} on {s.target}: pid {res['pid']}, {len(info.get('ports', []))} port(s), "
+               f"mode {info.get('mode', '?')}, {res['routes']} route(s), {res['clients']} client(s)")
+    click.echo(f"  ports {_ports_line(info)}")
+    click.echo(f"  ctl {res['ctl']}  log {res['log']}")
+
+
+@pipeline.command("unload")
+@target_option
+@name_option
+@click.option("--timeout", "stop_timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+              help="Seconds to wait after SIGTERM before SIGKILL.")
+@json_option
+def unload(target, name, stop_timeout, as_json):
+    """Stop the pipeline NAME cleanly (SIGTERM, wait, SIGKILL only if it hangs) and remove its state.
+
+    \b
+    Example:
+      embnic pipeline unload --name embnic
+    """
+    s = resolve(None, target, name)
+    st = read_state(s.run_dir, s.name)
+    if target is None and st and isinstance(st.get("target"), str):
+        s.target = st["target"]
+    t = open_target(s, stop_timeout=stop_timeout)
+    res = t.unload()
+    if as_json:
+        click.echo(json.dumps(res, indent=2, default=str))
+        return
+    if res.get("corrupt"):
+        click.echo(f"pipeline {s.name!r}: removed an unreadable state file")
+    elif not res["was_running"]:
+        click.echo(f"pipeline {s.name!r} was not running (pid {res['pid']} gone); removed its stale state file")
+    elif res["killed"]:
+        click.echo(f"unloaded pipeline {s.name!r}: pid {res['pid']} did not stop within {stop_timeout:g}s of "
+                   f"SIGTERM and was killed (SIGKILL); see its log {res['log']}")
+    else:
+        ex = f", exit code {res['exit']}" if res.get("exit") is not None else ""
+        click.echo(f"unloaded pipeline {s.name!r}: pid {res['pid']} stopped{ex}")
+
+
+@pipeline.command("status")
+@target_option
+@name_option
+@ctl_option
+@json_option
+def status(target, name, ctl, as_json):
+    """Say whether pipeline NAME runs: pid, control socket, log, ports, mode (exit 1 if not running).
+
+    For counters and drops use `embnic status`.
+
+    \b
+    Example:
+      embnic pipeline status --json
+    """
+    s = resolve(None, target, name, ctl)
+    st = read_state(s.run_dir, s.name)
+    path = s.ctl or (st or {}).get("ctl") or str(s.run_dir / f"{s.name}.sock")
+    out = {"name": s.name, "state_file": str(state_path(s.run_dir, s.name)) if st else None,
+           "state": st, "ctl": path, "running": False, "answers": False, "info": None}
+    if st and not st.get("corrupt"):
+        out["running"] = pid_matches(st)
+    try:
+        out["info"] = {k: v for k, v in CtlClient(path, timeout=2.0).call("info").items() if k != "ok"}
+        out["answers"] = True
+    except CtlError as e:
+        out["error"] = str(e.message)
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+    if not out["answers"]:
+        if as_json:
+            raise click.exceptions.Exit(1)
+        if st and not st.get("corrupt") and not out["running"]:
+            raise OperationalError(f"pipeline {s.name!r} is not running: pid {st.get('pid')} is gone (see its log "
+                                   f"{st.get('log')}); `embnic pipeline unload --name {s.name}` removes the stale state")
+        if st and out["running"]:
+            raise OperationalError(f"pipeline {s.name!r} runs (pid {st.get('pid')}) but {out.get('error')}")
+        raise OperationalError(f"pipeline {s.name!r} is not loaded: run `embnic pipeline load --config FILE"
+                               f"{'' if s.name == 'embnic' else ' --name ' + s.name}`")
+    if as_json:
+        return
+    info = out["info"]
+    if st:
+        up = time.time() - st.get("started", time.time())
+        click.echo(f"pipeline {s.name!r}: running ({describe_state(st)}, up {up:.0f}s)")
+        click.echo(f"  log {st.get('log')}")
+    else:
+        click.echo(f"pipeline {s.name!r}: a card answers on {path} (no state file: not started by `pipeline load`)")
+    b = info.get("build") or {}
+    click.echo(f"  mode {info.get('mode', '?')}, lcores {info.get('lcores', '?')}, protocol v{b.get('proto_version', '?')}, "
+               f"git {str(b.get('git_rev', '?'))[:12]}")
+    click.echo(f"  ports {_ports_line(info)}")

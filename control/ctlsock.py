@@ -1,0 +1,172 @@
+"""Client of the card's control socket: JSON lines over a UNIX stream socket.
+
+Protocol (docs/control-socket.md): one JSON object per line each way; every request has
+``"cmd"``, every response ``"ok"`` and, when false, ``"error"``. One connection per request
+(connect, send one line, read one line, close), so several tools (the CLI, the testbed, a
+``status --watch``) can talk to the same card in turn.
+
+Example::
+
+    from embnic.control.ctlsock import CtlClient
+    ctl = CtlClient("/run/embnic/embnic.sock")
+    ctl.call("ping")                       # {'ok': True, 'pid': 4242}
+    ctl.call("route_add", shard=0, port=1, mac="02:00:00:00:01:01", ip="10.0.1.2", udp_port=7878)
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from embnic.control.errors import OperationalError
+
+#: largest response accepted (bytes); a state dump of 100k entries is ~20 MB
+MAX_RESPONSE = 256 << 20
+
+
+class CtlError(OperationalError):
+    """Base of control-socket failures (exit code 1)."""
+
+
+class CtlNotLoaded(CtlError):
+    """No card behind the socket: the path is absent or nobody accepts on it."""
+
+
+class CtlPermission(CtlError):
+    """The socket exists but this user may not connect (it is created mode 0600 by root)."""
+
+
+class CtlTimeout(CtlError):
+    """The card accepted but did not answer in time."""
+
+
+class CtlProtocolError(CtlError):
+    """The card answered something that is not one JSON object with ``ok``."""
+
+
+class CtlCommandError(CtlError):
+    """The card answered ``{"ok": false, "error": ...}``; ``card_error`` holds its text."""
+
+    def __init__(self, message: str, cmd: str, card_error: str):
+        super().__init__(message)
+        self.cmd = cmd
+        self.card_error = card_error
+
+
+class CtlClient:
+    """Talks to one card's control socket at ``path``.
+
+    Args:
+        path: filesystem path of the UNIX socket (reachable from any network namespace).
+        timeout: seconds to wait for each response.
+        load_hint: the command line to suggest when no card answers.
+    """
+
+    def __init__(self, path: str | os.PathLike, timeout: float = 5.0,
+                 load_hint: str = "embnic pipeline load --config FILE"):
+        self.path = os.fspath(path)
+        self.timeout = float(timeout)
+        self.load_hint = load_hint
+
+    def __repr__(self) -> str:
+        return f"CtlClient({self.path!r})"
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.path)
+        except FileNotFoundError:
+            s.close()
+            raise CtlNotLoaded(f"pipeline not loaded: no control socket at {self.path}; "
+                               f"run `{self.load_hint}` (or pass --ctl PATH)") from None
+        except ConnectionRefusedError:
+            s.close()
+            raise CtlNotLoaded(f"pipeline not loaded: nothing answers on {self.path} (stale socket); "
+                               f"run `{self.load_hint}`") from None
+        except PermissionError:
+            s.close()
+            raise CtlPermission(f"permission denied on control socket {self.path}: run as root "
+                                "(sudo embnic ...)") from None
+        except socket.timeout:
+            s.close()
+            raise CtlTimeout(f"control socket {self.path} did not accept within {self.timeout:g}s: "
+                             "is embnic-dp stuck? see its log") from None
+        except OSError as e:
+            s.close()
+            if e.errno in (errno.ENOTSOCK, errno.ECONNREFUSED, errno.ENOENT):
+                raise CtlNotLoaded(f"pipeline not loaded: {self.path} is not a live socket; "
+                                   f"run `{self.load_hint}`") from None
+            raise CtlError(f"cannot connect to control socket {self.path}: {e.strerror}") from None
+        return s
+
+    def call(self, cmd: str, **fields: Any) -> dict:
+        """Send ``{"cmd": cmd, **fields}`` and return the card's response object.
+
+        Returns:
+            the response dict (``ok`` is True).
+        Raises:
+            CtlNotLoaded: no socket / nobody listening ("pipeline not loaded: run ...").
+            CtlPermission: not allowed to connect (run as root).
+            CtlTimeout: no complete response within ``timeout`` seconds.
+            CtlProtocolError: the response is not one JSON object with ``ok``.
+            CtlCommandError: the card answered ``ok: false`` (its ``error`` text is kept).
+        """
+        req = json.dumps({"cmd": cmd, **fields}, separators=(",", ":")).encode() + b"\n"
+        s = self._connect()
+        try:
+            try:
+                s.sendall(req)
+                line = self._read_line(s, cmd)
+            except socket.timeout:
+                raise CtlTimeout(f"control socket {self.path} did not answer `{cmd}` within "
+                                 f"{self.timeout:g}s: is embnic-dp stuck? see its log") from None
+            except (BrokenPipeError, ConnectionResetError):
+                raise CtlProtocolError(f"card closed the control connection during `{cmd}`: "
+                                       "did embnic-dp exit? see its log") from None
+        finally:
+            s.close()
+        try:
+            resp = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CtlProtocolError(f"card answered `{cmd}` with something that is not JSON: "
+                                   f"{line[:80]!r}") from None
+        if not isinstance(resp, dict) or "ok" not in resp:
+            raise CtlProtocolError(f"card answered `{cmd}` without an \"ok\" field: {line[:80]!r}")
+        if not resp["ok"]:
+            err = str(resp.get("error") or "no reason given")
+            raise CtlCommandError(f"card refused {cmd}: {err}", cmd, err)
+        return resp
+
+    def _read_line(self, s: socket.socket, cmd: str) -> bytes:
+        buf = bytearray()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            i = buf.find(b"\n")
+            if i >= 0:
+                return bytes(buf[:i])
+            s.settimeout(max(0.001, deadline - time.monotonic()))
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                if buf.strip():
+                    return bytes(buf)  # tolerate a last line without newline
+                raise CtlProtocolError(f"card closed the control connection without answering `{cmd}`: "
+                                       "did embnic-dp exit? see its log")
+            buf += chunk
+            if len(buf) > MAX_RESPONSE:
+                raise CtlProtocolError(f"response to `{cmd}` exceeds {MAX_RESPONSE} bytes")
+
+    def ping(self) -> int:
+        """Return the card's pid; raises like :meth:`call`."""
+        return int(self.call("ping").get("pid", 0))
+
+    def alive(self) -> bool:
+        """True if the card answers ``ping`` (no exception)."""
+        try:
+            self.call("ping")
+            return True
+        except CtlError:
+            return False

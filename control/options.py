@@ -1,0 +1,255 @@
+"""Shared click options and settings resolution, defined once for every ``embnic`` command.
+
+Precedence of every setting: built-in default < the config file's ``[control]`` section <
+environment (``EMBNIC_*``) < command-line flag. Options therefore default to ``None`` and
+:func:`resolve` fills in what the user did not say.
+
+``[control]`` section of the cluster config (optional, all fields optional)::
+
+    [control]
+    target  = "dpdk"                      # pipeline target (EMBNIC_TARGET, --target)
+    name    = "embnic"                    # pipeline instance name (EMBNIC_NAME, --name)
+    ctl     = "/run/embnic/embnic.sock"   # control socket (EMBNIC_CTL, --ctl)
+    binary  = "dataplane/build/embnic-dp" # card binary (EMBNIC_DP, --binary)
+    eal_args = "-l 0,1 --no-huge ..."     # replaces the default EAL args (EMBNIC_EAL_ARGS, --eal-args)
+    vdevs   = ["net_ring0", "net_ring1"]  # one DPDK port per vdev, in port order (--vdev)
+    netns   = "card"                      # run the card in this network namespace (EMBNIC_NETNS, --netns)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from embnic.client_lib.config import ClusterConfig, ConfigError, load_config
+
+DEFAULT_RUN_DIR = "/run/embnic"
+DEFAULT_NAME = "embnic"
+DEFAULT_TARGET = "dpdk"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+
+def run_dir() -> Path:
+    """Directory of pid/state files, control sockets and card logs (``EMBNIC_RUN_DIR`` or /run/embnic)."""
+    return Path(os.environ.get("EMBNIC_RUN_DIR") or DEFAULT_RUN_DIR)
+
+
+class ConfigFileError(click.ClickException):
+    """The cluster config given to a command is invalid (exit 2: fix the file)."""
+
+    exit_code = 2
+
+
+def load_cluster(path: str | os.PathLike) -> ClusterConfig:
+    """Load and validate the cluster config at ``path``.
+
+    Raises:
+        ConfigFileError: one line naming the file and the field (exit code 2).
+    """
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise ConfigFileError(str(e)) from None
+
+
+@contextlib.contextmanager
+def config_errors():
+    """Turn a :class:`ConfigError` raised inside the block into :class:`ConfigFileError` (exit 2)."""
+    try:
+        yield
+    except ConfigError as e:
+        raise ConfigFileError(str(e)) from None
+
+
+# --------------------------------------------------------------------------- param types
+class MacType(click.ParamType):
+    """An Ethernet MAC address ``aa:bb:cc:dd:ee:ff`` (normalised to lower case)."""
+
+    name = "MAC"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and _MAC_RE.match(value):
+            return value.lower()
+        self.fail(f"{value!r} is not a MAC address (write e.g. 02:00:00:00:00:01)", param, ctx)
+
+
+class IPv4Type(click.ParamType):
+    """A dotted-quad IPv4 address."""
+
+    name = "IPV4"
+
+    def convert(self, value, param, ctx):
+        try:
+            return str(ipaddress.IPv4Address(value))
+        except (ValueError, TypeError):
+            self.fail(f"{value!r} is not an IPv4 address (write e.g. 10.0.0.2)", param, ctx)
+
+
+class NameType(click.ParamType):
+    """A pipeline instance name (used in file names under the run directory)."""
+
+    name = "NAME"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and _NAME_RE.match(value):
+            return value
+        self.fail(f"{value!r} is not a valid name (letters, digits, '_', '.', '-'; at most 64)", param, ctx)
+
+
+MAC = MacType()
+IPV4 = IPv4Type()
+NAME = NameType()
+UDP_PORT = click.IntRange(1, 65535)
+U16 = click.IntRange(0, 0xFFFF)
+
+
+# --------------------------------------------------------------------------- options
+def _compose(*decorators: Callable) -> Callable:
+    def apply(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+def config_option(required: bool = False) -> Callable:
+    """``--config/-c FILE`` (env ``EMBNIC_CONFIG``): the cluster config (docs/config.md)."""
+    help_ = "Cluster config (TOML, docs/config.md). Env: EMBNIC_CONFIG."
+    if required:
+        help_ += " Required."
+    return click.option("--config", "-c", "config", metavar="FILE", envvar="EMBNIC_CONFIG",
+                        type=click.Path(dir_okay=False), default=None, help=help_)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+name_option = click.option("--name", "name", type=NAME, envvar="EMBNIC_NAME", default=None,
+                           help=f"Pipeline instance name (default {DEFAULT_NAME!r}). Env: EMBNIC_NAME.")
+ctl_option = click.option("--ctl", "ctl", metavar="PATH", envvar="EMBNIC_CTL", default=None,
+                          help="Control socket of the running card (default: from the pipeline's "
+                               "state file, else RUN_DIR/NAME.sock). Env: EMBNIC_CTL.")
+target_option = click.option("--target", "target", envvar="EMBNIC_TARGET", default=None,
+                             type=click.Choice(["dpdk", "bmv2"]),
+                             help=f"Pipeline target (default {DEFAULT_TARGET!r}). Env: EMBNIC_TARGET.")
+
+#: options of every command that talks to a loaded pipeline
+pipeline_options = _compose(config_option(), target_option, name_option, ctl_option)
+
+
+# --------------------------------------------------------------------------- settings
+@dataclasses.dataclass
+class Settings:
+    """Resolved settings of one command (see the module docstring for precedence)."""
+
+    config: ClusterConfig | None = None
+    config_path: str | None = None
+    target: str = DEFAULT_TARGET
+    name: str = DEFAULT_NAME
+    ctl: str | None = None  #: None: from the state file, else RUN_DIR/NAME.sock
+    binary: str | None = None
+    eal_args: list[str] | None = None
+    vdevs: tuple[str, ...] = ()
+    netns: str | None = None
+    run_dir: Path = dataclasses.field(default_factory=run_dir)
+
+
+def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
+    """The validated ``[control]`` section of ``cfg`` (empty dict when absent).
+
+    Raises:
+        ConfigFileError: naming the field (``control.vdevs: must be a list of strings``).
+    """
+    if cfg is None:
+        return {}
+    sec = cfg.raw.get("control", {})
+    where = f"{cfg.path}: " if cfg.path else ""
+    if not isinstance(sec, dict):
+        raise ConfigFileError(f"{where}control: must be a table [control]")
+    out: dict[str, Any] = {}
+    for key in ("target", "name", "ctl", "binary", "netns"):
+        if key in sec:
+            if not isinstance(sec[key], str) or not sec[key]:
+                raise ConfigFileError(f"{where}control.{key}: must be a non-empty string, got {sec[key]!r}")
+            out[key] = sec[key]
+    if "target" in out and out["target"] not in ("dpdk", "bmv2"):
+        raise ConfigFileError(f"{where}control.target: must be dpdk or bmv2, got {out['target']!r}")
+    if "name" in out and not _NAME_RE.match(out["name"]):
+        raise ConfigFileError(f"{where}control.name: {out['name']!r} is not a valid name "
+                              "(letters, digits, '_', '.', '-')")
+    if "eal_args" in sec:
+        v = sec["eal_args"]
+        if isinstance(v, str):
+            out["eal_args"] = shlex.split(v)
+        elif isinstance(v, list) and all(isinstance(a, str) for a in v):
+            out["eal_args"] = list(v)
+        else:
+            raise ConfigFileError(f"{where}control.eal_args: must be a string or a list of strings")
+    if "vdevs" in sec:
+        v = sec["vdevs"]
+        if not isinstance(v, list) or not all(isinstance(a, str) and a for a in v):
+            raise ConfigFileError(f"{where}control.vdevs: must be a list of strings like \"net_ring0\"")
+        out["vdevs"] = tuple(v)
+    unknown = sorted(set(sec) - {"target", "name", "ctl", "binary", "netns", "eal_args", "vdevs"})
+    if unknown:
+        raise ConfigFileError(f"{where}control.{unknown[0]}: unknown field (known: target, name, ctl, "
+                              "binary, eal_args, vdevs, netns)")
+    return out
+
+
+def resolve(config: str | None = None, target: str | None = None, name: str | None = None,
+            ctl: str | None = None, binary: str | None = None, eal_args: str | None = None,
+            vdevs: tuple[str, ...] | None = None, netns: str | None = None,
+            require_config: bool = False, **_ignored: Any) -> Settings:
+    """Resolve settings from flags/env (the arguments; ``None`` = not given), the config file, defaults.
+
+    Raises:
+        click.UsageError: ``require_config`` and no config given (exit 2).
+        ConfigFileError: the config file is invalid (exit 2).
+    """
+    cfg = None
+    if config is None and require_config:
+        raise click.UsageError("no cluster config: pass --config FILE or set EMBNIC_CONFIG "
+                               "(example: examples/testbed.toml)")
+    if config is not None:
+        cfg = load_cluster(config)
+    sec = control_section(cfg)
+    s = Settings(config=cfg, config_path=config)
+    s.target = target or sec.get("target") or DEFAULT_TARGET
+    s.name = name or sec.get("name") or DEFAULT_NAME
+    s.ctl = ctl or sec.get("ctl")
+    if binary or os.environ.get("EMBNIC_DP"):
+        s.binary = binary or os.environ["EMBNIC_DP"]
+    elif sec.get("binary"):
+        # a relative path in the config file is relative to the file
+        b = Path(sec["binary"])
+        s.binary = str(b if b.is_absolute() or not cfg.path else Path(cfg.path).parent / b)
+    if eal_args is not None:
+        s.eal_args = shlex.split(eal_args)
+    elif os.environ.get("EMBNIC_EAL_ARGS"):
+        s.eal_args = shlex.split(os.environ["EMBNIC_EAL_ARGS"])
+    else:
+        s.eal_args = sec.get("eal_args")
+    s.vdevs = tuple(vdevs) if vdevs else tuple(sec.get("vdevs", ()))
+    s.netns = netns or os.environ.get("EMBNIC_NETNS") or sec.get("netns")
+    return s
+
+
+def open_target(s: Settings, **opts: Any):
+    """Construct the :class:`~embnic.control.target.Target` named by ``s.target`` for ``s``.
+
+    Raises:
+        click.UsageError: an option the target does not take.
+    """
+    from embnic.control.target import get_target_class
+
+    cls = get_target_class(s.target)
+    return cls.from_settings(s, **opts)

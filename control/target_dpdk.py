@@ -1,0 +1,411 @@
+"""The ``dpdk`` target: runs ``embnic-dp`` (dataplane/) as a process and drives its control socket.
+
+``load`` = check the binary's build info against the client library → start
+``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ...``
+(output to ``RUN_DIR/NAME.log``) → write the state file → wait until the socket answers
+``ping`` → check every ``[card.ports]`` entry has a DPDK port → program the config's routes and
+clients. ``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only
+if it does not stop, remove state file and socket.
+
+Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
+
+    -l <card.lcores> --no-huge --no-pci -m 256 --file-prefix embnic-<NAME> [--vdev V ...]
+
+``eal_args`` replaces them all (the ``vdevs`` are still appended). Example from Python::
+
+    from embnic.client_lib.config import load_config
+    from embnic.control.target_dpdk import DpdkTarget
+    t = DpdkTarget(load_config("examples/testbed.toml"), vdevs=["net_af_packet0,iface=veth-c0"],
+                   netns="enT42card", name="enT42")
+    t.load(); print(t.counters()["drops"]); t.unload()
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.control import buildinfo
+from embnic.control.ctlsock import CtlClient, CtlError, CtlNotLoaded
+from embnic.control.errors import OperationalError
+from embnic.control.target import (Entry, Target, clients_from_config, describe_state, ensure_run_dir,
+                                   entries_from_dicts, pid_matches, proc_starttime, read_state,
+                                   remove_state, require_root, routes_from_config, state_path, write_state)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: where `make -C dataplane` puts the card binary
+REPO_BINARY = REPO_ROOT / "dataplane" / "build" / "embnic-dp"
+
+
+def find_binary(binary: str | os.PathLike | None = None) -> Path:
+    """The embnic-dp binary to run: ``binary``, else ``$EMBNIC_DP``, else the repo's
+    dataplane/build/embnic-dp, else ``embnic-dp`` on PATH.
+
+    Raises:
+        OperationalError: none of them exists (names the build command).
+    """
+    if binary:
+        p = Path(binary)
+        if not p.is_file():
+            raise OperationalError(f"no embnic-dp binary at {p}: build it with `make -C dataplane` "
+                                   "or give the right --binary")
+        return p
+    if os.environ.get("EMBNIC_DP"):
+        p = Path(os.environ["EMBNIC_DP"])
+        if not p.is_file():
+            raise OperationalError(f"EMBNIC_DP={p} does not exist: build it with `make -C dataplane` "
+                                   "or fix EMBNIC_DP")
+        return p
+    if REPO_BINARY.is_file():
+        return REPO_BINARY
+    on_path = shutil.which("embnic-dp")
+    if on_path:
+        return Path(on_path)
+    raise OperationalError(f"no embnic-dp binary (looked at {REPO_BINARY} and PATH): build it with "
+                           "`make -C dataplane` or pass --binary")
+
+
+def _tail(log: Path, n: int = 1) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[:300]
+
+
+class DpdkTarget(Target):
+    """The embnic pipeline as the DPDK program ``embnic-dp``.
+
+    Args:
+        config: cluster config; its ``[card]`` gives ports (``--port-ip``), ring/state sizes, lcores.
+        binary: path of embnic-dp (default: see :func:`find_binary`).
+        eal_args: EAL arguments replacing the defaults (list, or a string split like a shell).
+        ctl_path: control socket path (default: the state file's, else ``RUN_DIR/NAME.sock``).
+        netns: run the card inside this network namespace (``ip netns exec``; needs root).
+        name: pipeline instance name (state file ``RUN_DIR/NAME.json``, log ``RUN_DIR/NAME.log``).
+        run_dir: default ``EMBNIC_RUN_DIR`` or /run/embnic.
+        vdevs: ``--vdev`` specs, one DPDK port each in this order (``net_ring0``, ``net_null0``,
+            ``net_af_packet0,iface=veth0``, ...).
+        lcores: EAL lcore list (default ``card.lcores`` of the config, else ``0,1``).
+        ready_timeout: seconds to wait for the control socket to answer ``ping``.
+        stop_timeout: seconds to wait after SIGTERM before SIGKILL.
+        check_build: refuse a binary whose build info does not match (leave True).
+        timeout: seconds to wait for each control-socket response.
+    """
+
+    name = "dpdk"
+    OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
+                         "stop_timeout", "check_build", "timeout"})
+
+    def __init__(self, config: ClusterConfig | None = None, binary: str | os.PathLike | None = None,
+                 eal_args: Sequence[str] | str | None = None, ctl_path: str | os.PathLike | None = None,
+                 netns: str | None = None, *, name: str = "embnic", run_dir: str | os.PathLike | None = None,
+                 vdevs: Sequence[str] = (), lcores: str | None = None, ready_timeout: float = 30.0,
+                 stop_timeout: float = 10.0, check_build: bool = True, timeout: float = 5.0):
+        super().__init__(config, name=name, run_dir=run_dir)
+        self.binary = binary
+        if isinstance(eal_args, str):
+            import shlex
+
+            eal_args = shlex.split(eal_args)
+        self.eal_args = list(eal_args) if eal_args is not None else None
+        self._ctl_path = os.fspath(ctl_path) if ctl_path else None
+        self.netns = netns
+        self.vdevs = tuple(vdevs or ())
+        self.lcores = lcores
+        self.ready_timeout = float(ready_timeout)
+        self.stop_timeout = float(stop_timeout)
+        self.check_build = check_build
+        self.timeout = float(timeout)
+        self._proc: subprocess.Popen | None = None
+
+    @classmethod
+    def from_settings(cls, s, **opts: Any) -> "DpdkTarget":
+        """Build from resolved CLI settings (``--binary``, ``--eal-args``, ``--vdev``, ``--netns``, ``--ctl``)."""
+        return cls(s.config, binary=s.binary, eal_args=s.eal_args, ctl_path=s.ctl, netns=s.netns,
+                   vdevs=s.vdevs, name=s.name, run_dir=s.run_dir,
+                   **{k: v for k, v in opts.items() if v is not None})
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def ctl_path(self) -> str:
+        """The control socket: explicit, else the state file's, else ``RUN_DIR/NAME.sock``."""
+        if self._ctl_path:
+            return self._ctl_path
+        st = read_state(self.run_dir, self.instance)
+        if st and isinstance(st.get("ctl"), str):
+            return st["ctl"]
+        return str(self.run_dir / f"{self.instance}.sock")
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.instance}.log"
+
+    def ctl(self, timeout: float | None = None) -> CtlClient:
+        """A :class:`CtlClient` for this pipeline's control socket."""
+        hint = "embnic pipeline load --config FILE" + (f" --name {self.instance}" if self.instance != "embnic" else "")
+        return CtlClient(self.ctl_path, timeout=self.timeout if timeout is None else timeout, load_hint=hint)
+
+    # ------------------------------------------------------------------ command line
+    def eal_argv(self) -> list[str]:
+        """EAL arguments: ``eal_args`` or the defaults, then one ``--vdev`` per vdev."""
+        if self.eal_args is not None:
+            args = list(self.eal_args)
+        else:
+            card = self.config.card if self.config is not None else None
+            lcores = self.lcores or (card.lcores if card is not None else "0,1")
+            args = ["-l", lcores, "--no-huge", "--no-pci", "-m", "256", "--file-prefix", f"embnic-{self.instance}"]
+        for v in self.vdevs:
+            args += ["--vdev", v]
+        return args
+
+    def card_argv(self, ctl: str) -> list[str]:
+        """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
+        args = ["--ctl", ctl]
+        card = self.config.card
+        for p in card.ports:
+            args += ["--port-ip", f"{p.id}={p.ip}"]
+        args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
+                 "--state-timeout-ms", str(card.state_timeout_ms)]
+        return args
+
+    def argv(self, binary: str | os.PathLike, ctl: str) -> list[str]:
+        """The whole command line, with ``ip netns exec NS`` in front when ``netns`` is set."""
+        pre = ["ip", "netns", "exec", self.netns] if self.netns else []
+        return pre + [os.fspath(binary)] + self.eal_argv() + ["--"] + self.card_argv(ctl)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _check_config(self, program: bool) -> tuple[list[Entry], list[Entry]]:
+        cfg = self.config
+        if cfg is None:
+            raise click.UsageError("loading the dpdk target needs the cluster config: pass --config FILE")
+        if cfg.card is None or not cfg.card.enabled:
+            raise ConfigError("card", "the dpdk target needs a [card] section (enabled = true) with its "
+                              "ports; see docs/config.md and examples/testbed.toml", cfg.path)
+        if self.eal_args is None and not self.vdevs:
+            raise click.UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
+                                   "--vdev net_ring1), `vdevs` in [control] of the config, or --eal-args")
+        if self.eal_args is None:
+            for i, p in enumerate(cfg.card.ports):
+                if p.id >= len(self.vdevs):
+                    raise click.UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {len(self.vdevs)} "
+                                           "vdev(s) given: give one --vdev per card port, in port order")
+        if not program:
+            return [], []
+        return routes_from_config(cfg), clients_from_config(cfg)
+
+    def load(self, program: bool = True) -> dict:
+        """Start embnic-dp, wait until it answers, program routes and clients (see module doc).
+
+        Returns:
+            the state file contents plus ``routes``/``clients`` counts and the card's ``info``.
+        Raises:
+            click.UsageError: no config / no ports given (exit 2).
+            ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
+            BuildInfoError: the binary's build info does not match the client library.
+            OperationalError: already running, no root for netns, cannot start, not ready in time.
+        """
+        routes, clients = self._check_config(program)
+        if self.netns:
+            require_root("running the card in a network namespace (--netns)")
+            if not Path("/run/netns", self.netns).exists():
+                raise OperationalError(f"network namespace {self.netns!r} does not exist: create it "
+                                       f"(ip netns add {self.netns}) or drop --netns")
+        ensure_run_dir(self.run_dir)
+        old = read_state(self.run_dir, self.instance)
+        if old is not None:
+            if not old.get("corrupt") and pid_matches(old):
+                raise OperationalError(f"pipeline {self.instance!r} is already running ({describe_state(old)}); "
+                                       f"run `embnic pipeline unload --name {self.instance}` first, or load "
+                                       "another one with --name")
+            remove_state(self.run_dir, self.instance)  # stale: its process is gone
+        binary = find_binary(self.binary)
+        bi = buildinfo.require_compatible(binary, udp_port=self.config.udp_port) if self.check_build else None
+        ctl = self._ctl_path or str(self.run_dir / f"{self.instance}.sock")
+        if os.path.exists(ctl):
+            probe = CtlClient(ctl, timeout=1.0)
+            try:
+                pid = probe.ping()
+            except CtlError:
+                os.unlink(ctl)  # stale socket of a card that died
+            else:
+                raise OperationalError(f"a card (pid {pid}) already answers on {ctl}: unload it "
+                                       "(`embnic pipeline unload`) or choose another --ctl/--name")
+        Path(ctl).parent.mkdir(parents=True, exist_ok=True)
+        argv = self.argv(binary, ctl)
+        log = self.log_path
+        with open(log, "wb") as logf:
+            logf.write(("# " + " ".join(argv) + "\n").encode())
+            logf.flush()
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                        start_new_session=True, close_fds=True)
+            except OSError as e:
+                raise OperationalError(f"cannot start {argv[0]}: {e.strerror}") from None
+        self._proc = proc
+        state = {
+            "target": self.name, "name": self.instance, "pid": proc.pid, "starttime": proc_starttime(proc.pid),
+            "ctl": ctl, "log": str(log), "binary": os.fspath(binary), "argv": argv, "netns": self.netns,
+            "config": self.config.path, "started": time.time(),
+            "build": {"proto_version": bi.proto_version, "git_rev": bi.git_rev} if bi else None,
+        }
+        write_state(self.run_dir, self.instance, state)
+        try:
+            self._wait_ready(proc, ctl, log)
+            info = self.info()
+            have = {int(p["port"]) for p in info.get("ports", [])}
+            for i, p in enumerate(self.config.card.ports):
+                if p.id not in have:
+                    raise OperationalError(f"card.ports[{i}] is DPDK port {p.id} but embnic-dp has ports "
+                                           f"{sorted(have)}: give one --vdev per card port")
+            for r in routes:
+                self.route_add(r)
+            for c in clients:
+                self.client_add(c)
+        except BaseException:
+            self._stop(state)
+            remove_state(self.run_dir, self.instance)
+            raise
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
+
+    def _wait_ready(self, proc: subprocess.Popen, ctl: str, log: Path) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        probe = CtlClient(ctl, timeout=1.0)
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                how = f"signal {-rc}" if rc < 0 else f"code {rc}"
+                last = _tail(log)
+                raise OperationalError(f"embnic-dp exited with {how} while starting"
+                                       f"{': ' + last if last else ''} (full log: {log})")
+            if os.path.exists(ctl):
+                try:
+                    probe.call("ping")
+                    return
+                except CtlNotLoaded:
+                    pass
+                except CtlError:
+                    pass
+            if time.monotonic() >= deadline:
+                raise OperationalError(f"embnic-dp (pid {proc.pid}) did not answer `ping` on {ctl} within "
+                                       f"{self.ready_timeout:g}s, stopped it again; see its log {log}")
+            time.sleep(0.05)
+
+    def _stop(self, state: dict) -> dict:
+        """SIGTERM the recorded process, wait ``stop_timeout``, SIGKILL if needed; returns what happened."""
+        pid = state["pid"]
+        res = {"pid": pid, "was_running": False, "killed": False, "exit": None}
+        if not pid_matches(state):
+            if self._proc is not None and self._proc.pid == pid:
+                res["exit"] = self._proc.wait()
+            return res
+        res["was_running"] = True
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return res
+        if not self._wait_gone(state, self.stop_timeout):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            res["killed"] = True
+            self._wait_gone(state, 5.0)
+        if self._proc is not None and self._proc.pid == pid:
+            res["exit"] = self._proc.poll()
+        return res
+
+    def _wait_gone(self, state: dict, timeout: float) -> bool:
+        pid = state["pid"]
+        if self._proc is not None and self._proc.pid == pid:
+            try:
+                self._proc.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout
+        while pid_matches(state):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def unload(self) -> dict:
+        """Stop the card (SIGTERM, then SIGKILL after ``stop_timeout``), remove state file and socket.
+
+        Returns:
+            ``{pid, was_running, killed, exit, ctl, log}``.
+        Raises:
+            OperationalError: no state file for this name (nothing loaded).
+        """
+        st = read_state(self.run_dir, self.instance)
+        if st is None:
+            raise OperationalError(f"pipeline {self.instance!r} is not loaded (no {state_path(self.run_dir, self.instance)}); "
+                                   "nothing to unload")
+        if st.get("corrupt") or not isinstance(st.get("pid"), int):
+            remove_state(self.run_dir, self.instance)
+            return {"pid": None, "was_running": False, "killed": False, "exit": None, "ctl": None,
+                    "log": None, "corrupt": True}
+        res = self._stop(st)
+        remove_state(self.run_dir, self.instance)
+        ctl = st.get("ctl")
+        if ctl and os.path.exists(ctl) and not CtlClient(ctl, timeout=0.5).alive():
+            try:
+                os.unlink(ctl)
+            except OSError:
+                pass
+        return {**res, "ctl": ctl, "log": st.get("log")}
+
+    def is_loaded(self) -> bool:
+        """True if the state file's process runs and the control socket answers ``ping``."""
+        st = read_state(self.run_dir, self.instance)
+        if st is not None and not st.get("corrupt") and not pid_matches(st):
+            return False
+        return self.ctl(timeout=1.0).alive()
+
+    # ------------------------------------------------------------------ tables
+    def route_add(self, e: Entry) -> None:
+        self.ctl().call("route_add", **e.route_fields())
+
+    def route_del(self, shard: int) -> None:
+        self.ctl().call("route_del", shard=int(shard))
+
+    def route_list(self) -> list[Entry]:
+        return entries_from_dicts(self.ctl().call("route_list").get("routes", []), "shard")
+
+    def client_add(self, e: Entry) -> None:
+        self.ctl().call("client_add", **e.client_fields())
+
+    def client_del(self, client: int) -> None:
+        self.ctl().call("client_del", client=int(client))
+
+    def client_list(self) -> list[Entry]:
+        return entries_from_dicts(self.ctl().call("client_list").get("clients", []), "client")
+
+    # ------------------------------------------------------------------ observation
+    @staticmethod
+    def _strip(resp: dict) -> dict:
+        return {k: v for k, v in resp.items() if k != "ok"}
+
+    def counters(self) -> dict:
+        """The card's counters (docs/control-socket.md ``counters``): ports, types, drops, ring, mempool, state."""
+        return self._strip(self.ctl().call("counters"))
+
+    def state_summary(self) -> dict:
+        return self._strip(self.ctl().call("state_summary"))
+
+    def state_dump(self, limit: int = 1000) -> list[dict]:
+        return list(self.ctl(timeout=max(self.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))
+
+    def info(self) -> dict:
+        return self._strip(self.ctl().call("info"))
+
+    def reset_counters(self) -> None:
+        self.ctl().call("reset_counters")
