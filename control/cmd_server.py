@@ -1,0 +1,54 @@
+"""``embnic server``: run one parameter-server shard in the foreground."""
+from __future__ import annotations
+
+import logging
+
+import click
+
+from embnic.control.errors import OperationalError
+from embnic.control.options import IPV4, config_option, load_cluster
+
+
+@click.command("server")
+@click.option("--shard", "shard_id", type=click.IntRange(0, 0xFFFF), required=True,
+              help="Id of the shard to serve (one of the config's [[shards]]).")
+@config_option(required=True)
+@click.option("--bind", type=IPV4, default=None,
+              help="IPv4 address to listen on (default: the shard's ip in the config).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="UDP port (default: the shard's port in the config; 0 picks a free one).")
+@click.option("--dedup-window", type=click.IntRange(min=1), default=65536, show_default=True,
+              help="Applied updates remembered to apply each exactly once.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="Log verbosity (stderr).")
+def server(shard_id, config, bind, port, dedup_window, log_level):
+    """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C.
+
+    Answers lookups, applies updates (SGD or row-wise Adagrad, per table) exactly once, answers
+    bad requests with an ERROR status and drops frames that do not parse, counting both. Rows
+    start from (seed, table, id), so results do not depend on the number of shards. At exit it
+    logs its counters as one JSON line and exits 0.
+
+    \b
+    Examples:
+      embnic server --shard 0 --config examples/cluster.toml
+      embnic server --shard 1 -c examples/cluster.toml --bind 127.0.0.1 --port 17881
+    """
+    if config is None:
+        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
+    cfg = load_cluster(config)
+    ids = [s.id for s in cfg.shards]
+    if shard_id not in ids:
+        raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
+    from embnic.testbed.server import bind_error_message, run_server
+
+    me = cfg.shard(shard_id)
+    ip = bind or me.ip
+    p = me.port if port is None else port
+    logging.basicConfig(level=getattr(logging, log_level.upper()),
+                        format="%(asctime)s embnic-server[%(process)d] %(levelname)s %(message)s")
+    try:
+        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window)
+    except OSError as e:
+        raise OperationalError(bind_error_message(e, ip, p)) from None
+    raise SystemExit(code) if code else None

@@ -1,0 +1,576 @@
+"""A parameter-server shard: asyncio UDP server owning its rows of every embedding table.
+
+Started as ``embnic server --shard I --config F`` (or in process with :class:`ServerThread` /
+:class:`ServerCluster`). Wiring::
+
+    client ──UDP (LOOKUP_REQ / UPDATE_REQ, fragmented)──▶ shard I  (bind ip:port, config)
+       ▲                                                     │ Reassembler → handle → TableShard
+       └──────────UDP (LOOKUP_REPLY / UPDATE_ACK / ERROR)────┘ to the request's source address
+
+What it does with every datagram (docs/protocol.md):
+
+1. **Validate** the header (:func:`~embnic.client_lib.codec.parse_header`, requests only). A
+   frame that does not parse is dropped and counted by reason (``too_short``, ``bad_magic``,
+   ``bad_version``, ``bad_type``, ``bad_dtype``, ``bad_length``, ``frag_mismatch``); if its
+   magic, version and type are right (a request whose lengths or dtype do not add up) the
+   server also answers ``ERROR MALFORMED`` — once per message, on fragment 0. Requests
+   larger than ``max_msg_bytes`` are dropped as ``too_large`` (answered MALFORMED), before any
+   buffer is allocated for them.
+2. **Header checks** on every fragment, answered on fragment 0 only (so a bad message of many
+   fragments draws one ERROR): ``WRONG_SHARD`` (``shard_id`` is not this shard),
+   ``UNKNOWN_TABLE``, ``DIM_MISMATCH`` (``dim`` or ``dtype`` differs from the table's).
+3. **Reassemble** (:class:`~embnic.client_lib.reassembly.Reassembler`, any order, duplicates).
+4. **Body checks** on the whole message: ``KEY_OUT_OF_RANGE`` (a key ``>= rows``),
+   ``NOT_OWNER`` (a key another shard owns under the cluster's sharding policy,
+   :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys in an update).
+5. **Serve**: LOOKUP_REQ → LOOKUP_REPLY with the rows in key order; UPDATE_REQ → apply with
+   the table's optimizer (:class:`~embnic.client_lib.tables.TableShard`: SGD or row-wise
+   Adagrad, the same code as the in-process reference) → UPDATE_ACK. Replies are fragmented
+   to the cluster MTU and sent to the request's source address and port.
+
+**Exactly once.** The server remembers the last ``dedup_window`` (default 65536) applied updates
+as ``(client_id, msg_id) → fingerprint`` in an ordered dict (oldest evicted first). An update
+whose pair is remembered *with the same fingerprint* — (table, num_keys, dim, dtype, CRC-32 of
+the body) — is a duplicate: re-acked, not applied. Same pair, different fingerprint means a new
+message that reuses the id (e.g. a restarted client counting from 1 again): it is applied and
+replaces the entry. Updates that were refused (ERROR) are not remembered.
+
+**Never crashes.** Any exception while handling one datagram is counted (``internal_errors``)
+and answered ``ERROR INTERNAL`` when the header was readable; the server keeps serving.
+SIGTERM/SIGINT (CLI) stop it cleanly: counters are logged as one JSON line and it exits 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import errno
+import json
+import logging
+import signal
+import socket
+import struct
+import threading
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from embnic.client_lib import codec, consts
+from embnic.client_lib.codec import FrameError, Header
+from embnic.client_lib.config import ClusterConfig
+from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.reassembly import Message, Reassembler
+from embnic.client_lib.routing import owns
+from embnic.client_lib.tables import TableShard, is_unique, merge_states
+
+log = logging.getLogger("embnic.server")
+
+DEFAULT_DEDUP_WINDOW = 65536  #: remembered applied updates (docs/protocol.md, "Reliability")
+DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
+_SOCK_BUF = 16 << 20  #: bytes of kernel socket buffer asked for
+_HDR = struct.Struct("!HBB")  # magic, version, msg_type
+_FULL_HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")  # the 40-byte header, unvalidated
+#: extra drop reasons of the server (besides consts.DROP_REASONS)
+SERVER_DROP_REASONS = ("too_large",)
+
+
+def _set_bufs(sock: socket.socket, size: int) -> None:
+    """Ask for ``size``-byte kernel buffers (``*BUFFORCE`` as root, else capped by rmem_max)."""
+    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
+                         (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
+        try:
+            if force is None:
+                raise PermissionError
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except OSError:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, plain, size)
+            except OSError:
+                pass
+
+
+class _Refused(Exception):
+    """A request is answered with ERROR ``status``."""
+
+    def __init__(self, status: Status):
+        self.status = status
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, server: ShardServer):
+        self.server = server
+
+    def connection_made(self, transport):
+        self.server._transport = transport
+
+    def datagram_received(self, data, addr):
+        self.server.handle_datagram(data, addr)
+
+    def error_received(self, exc):
+        # ICMP errors for earlier sends (e.g. a client that went away): count, keep serving
+        self.server._c["send_errors"] += 1
+
+
+class ShardServer:
+    """One parameter-server shard (see the module docstring for the protocol behaviour).
+
+    Args:
+        cfg: the cluster config (tables, sharding policy, seed, MTU).
+        shard_id: this shard's id; must be one of ``cfg.shards``.
+        bind: IPv4 address to bind; default the shard's ``ip`` in the config.
+        port: UDP port; default the shard's ``port`` in the config; 0 picks a free one.
+        dedup_window: applied updates remembered for exactly-once (entries).
+        max_msg_bytes: largest request body accepted (bytes); larger are dropped ``too_large``.
+        reassembly_timeout_s: incomplete requests are forgotten after this long (s).
+
+    Raises:
+        KeyError: ``shard_id`` is not in the config.
+    """
+
+    def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
+                 dedup_window: int = DEFAULT_DEDUP_WINDOW, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
+                 reassembly_timeout_s: float = 2.0):
+        me = cfg.shard(shard_id)
+        self.cfg = cfg
+        self.shard_id = int(shard_id)
+        self.bind = bind if bind is not None else me.ip
+        self.port = int(port) if port is not None else me.port
+        self.mtu = cfg.mtu
+        self.dedup_window = int(dedup_window)
+        self.max_msg_bytes = int(max_msg_bytes)
+        self.tables: dict[int, TableShard] = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
+        self._reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
+        self._applied: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
+        self._transport: asyncio.DatagramTransport | None = None
+        self._expire_handle: asyncio.TimerHandle | None = None
+        self._c: collections.Counter = collections.Counter()
+        self._drops: collections.Counter = collections.Counter({r: 0 for r in consts.DROP_REASONS + SERVER_DROP_REASONS})
+        self._errors: collections.Counter = collections.Counter()
+        self._requests: collections.Counter = collections.Counter()
+        self.started_at: float | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(ip, port) actually bound (after :meth:`start`)."""
+        if self._transport is None:
+            return self.bind, self.port
+        return self._transport.get_extra_info("sockname")[:2]
+
+    async def start(self) -> tuple[str, int]:
+        """Bind the UDP socket and start serving on the running loop.
+
+        Returns:
+            (ip, port) bound.
+
+        Raises:
+            OSError: the address cannot be bound (``EADDRINUSE``, ``EADDRNOTAVAIL``).
+        """
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            _set_bufs(sock, _SOCK_BUF)
+            sock.bind((self.bind, self.port))
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
+        self.started_at = time.monotonic()
+        self._schedule_expire(loop)
+        return self.address
+
+    def _schedule_expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        def tick():
+            try:
+                self._reasm.expire()
+            finally:
+                self._expire_handle = loop.call_later(0.5, tick)
+
+        self._expire_handle = loop.call_later(0.5, tick)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (call on the server's loop). Idempotent."""
+        if self._expire_handle is not None:
+            self._expire_handle.cancel()
+            self._expire_handle = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    # -- observability ------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, Any]:
+        """Counters of this shard (a snapshot; JSON-serialisable).
+
+        Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
+        payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
+        ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
+        ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
+        present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
+        ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
+        per table id).
+        """
+        c = self._c
+        drops = collections.Counter(self._drops)
+        drops.update(self._reasm.drops)
+        rs = self._reasm.stats
+        return {
+            "shard": self.shard_id,
+            "rx_frames": c["rx_frames"], "rx_bytes": c["rx_bytes"],
+            "tx_frames": c["tx_frames"], "tx_bytes": c["tx_bytes"],
+            "requests": {t.name: self._requests[t] for t in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ)},
+            "lookup_keys": c["lookup_keys"],
+            "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
+            "duplicates": c["duplicates"],
+            "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
+            "drops": dict(drops),
+            "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
+                           "duplicate_frames": rs["duplicates"]},
+            "internal_errors": c["internal_errors"], "send_errors": c["send_errors"],
+            "dedup_entries": len(self._applied),
+            "rows": {str(tid): len(ts) for tid, ts in self.tables.items()},
+        }
+
+    def state_dict(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``{table_id: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,))}`` of the
+        rows this shard has updated (see :meth:`TableShard.state`)."""
+        return {tid: ts.state() for tid, ts in self.tables.items()}
+
+    # -- data path ----------------------------------------------------------------------------
+
+    def _send(self, frames: list[bytes], addr) -> None:
+        tr = self._transport
+        if tr is None:
+            return
+        for f in frames:
+            tr.sendto(f, addr)
+            self._c["tx_frames"] += 1
+            self._c["tx_bytes"] += len(f)
+
+    def _reply_error(self, h: Header, status: Status, addr) -> None:
+        """ERROR reply to request header ``h`` (copies what is valid of its fields)."""
+        dtype = h.dtype if h.dtype <= 2 else 0
+        frames = codec.encode_message(MsgType.ERROR, msg_id=h.msg_id, client_id=h.client_id,
+                                      table_id=h.table_id, shard_id=self.shard_id, dim=h.dim, dtype=dtype,
+                                      num_keys=h.num_keys, status=int(status), mtu=self.mtu)
+        self._errors[status] += 1
+        self._send(frames, addr)
+
+    def handle_datagram(self, data: bytes, addr) -> None:
+        """Process one UDP payload from ``addr``. Never raises."""
+        self._c["rx_frames"] += 1
+        self._c["rx_bytes"] += len(data)
+        h = None
+        try:
+            try:
+                h = codec.parse_header(data, expect="request")
+            except FrameError as e:
+                self._drops[e.reason] += 1
+                self._answer_malformed(data, addr)
+                return
+            if h.msg_len > self.max_msg_bytes:
+                self._drops["too_large"] += 1
+                if h.frag_index == 0:
+                    self._reply_error(h, Status.MALFORMED, addr)
+                return
+            status = self._check_header(h)
+            if status is not None:
+                if h.frag_index == 0:
+                    self._reply_error(h, status, addr)
+                return
+            msg = self._reasm.feed(data, addr)
+            if msg is not None:
+                self._handle_message(msg)
+        except Exception:  # noqa: BLE001 - one bad datagram must not stop the shard
+            self._c["internal_errors"] += 1
+            log.exception("shard %d: internal error handling a frame from %s", self.shard_id, addr)
+            if h is not None:
+                try:
+                    self._reply_error(h, Status.INTERNAL, addr)
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def _answer_malformed(self, data: bytes, addr) -> None:
+        """Answer MALFORMED to a request that failed validation but whose magic, version and
+        type are right (fragment 0 only); anything else is only dropped."""
+        if len(data) < consts.HDR_LEN:
+            return
+        magic, version, t = _HDR.unpack_from(data)
+        if magic != consts.MAGIC or version != consts.VERSION or t not in consts.REQUEST_TYPES:
+            return
+        h = Header._make(_FULL_HDR.unpack_from(data))
+        if h.frag_index == 0:
+            self._reply_error(h, Status.MALFORMED, addr)
+
+    def _check_header(self, h: Header) -> Status | None:
+        if h.shard_id != self.shard_id:
+            return Status.WRONG_SHARD
+        ts = self.tables.get(h.table_id)
+        if ts is None:
+            return Status.UNKNOWN_TABLE
+        if h.dim != ts.dim or h.dtype != ts.table.wire_dtype:
+            return Status.DIM_MISMATCH
+        return None
+
+    def _check_keys(self, ts: TableShard, keys: np.ndarray) -> None:
+        if int(keys.max()) >= ts.table.rows:
+            raise _Refused(Status.KEY_OUT_OF_RANGE)
+        if not bool(owns(self.cfg, ts.table.id, self.shard_id, keys).all()):
+            raise _Refused(Status.NOT_OWNER)
+
+    def _handle_message(self, msg: Message) -> None:
+        h = msg.header
+        self._requests[MsgType(h.msg_type)] += 1
+        ts = self.tables[h.table_id]
+        try:
+            if h.msg_type == MsgType.LOOKUP_REQ:
+                self._lookup(ts, msg)
+            else:
+                self._update(ts, msg)
+        except _Refused as r:
+            self._reply_error(h, r.status, msg.addr)
+
+    def _lookup(self, ts: TableShard, msg: Message) -> None:
+        h = msg.header
+        keys = codec.body_to_keys(msg.body, h.num_keys)
+        self._check_keys(ts, keys)
+        rows = ts.lookup(keys)
+        self._c["lookup_keys"] += h.num_keys
+        self._send(codec.encode_reply(h, MsgType.LOOKUP_REPLY, shard_id=self.shard_id,
+                                      body=codec.rows_to_body(rows, h.dtype), mtu=self.mtu), msg.addr)
+
+    def _update(self, ts: TableShard, msg: Message) -> None:
+        h = msg.header
+        key = (h.client_id, h.msg_id)
+        fp = (h.table_id, h.num_keys, h.dim, h.dtype, zlib.crc32(msg.body))
+        if self._applied.get(key) == fp:
+            self._c["duplicates"] += 1
+            self._applied.move_to_end(key)
+        else:
+            keys, grads = codec.split_update_body(msg.body, h.num_keys, h.dim, h.dtype)
+            self._check_keys(ts, keys)
+            if not is_unique(keys):
+                raise _Refused(Status.MALFORMED)
+            ts.apply(keys, grads.astype(np.float32))
+            self._c["updates_applied"] += 1
+            self._c["update_keys"] += h.num_keys
+            self._applied[key] = fp
+            self._applied.move_to_end(key)
+            while len(self._applied) > self.dedup_window:
+                self._applied.popitem(last=False)
+        self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), msg.addr)
+
+
+# ---- running it -------------------------------------------------------------------------------
+
+class ServerThread:
+    """Run a :class:`ShardServer` on its own event loop in a background thread (for tests and
+    in-process clusters). A context manager; ``port`` is the bound port once entered.
+
+    Args:
+        cfg, shard_id, bind, port, **kwargs: as :class:`ShardServer` (``bind`` defaults to
+            127.0.0.1 and ``port`` to 0 — a free port — here).
+
+    Raises:
+        OSError: (on ``start``/enter) the address cannot be bound.
+    """
+
+    def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str = "127.0.0.1", port: int = 0, **kwargs):
+        self.server = ShardServer(cfg, shard_id, bind, port, **kwargs)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.address: tuple[str, int] | None = None
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def start(self, timeout_s: float = 10.0) -> "ServerThread":
+        """Start the thread and wait until the socket is bound.
+
+        Raises:
+            OSError: the bind failed. RuntimeError: the loop did not start in ``timeout_s``.
+        """
+        ready = threading.Event()
+        err: list[BaseException] = []
+
+        def run():
+            loop = asyncio.new_event_loop()
+            self.loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                self.address = loop.run_until_complete(self.server.start())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                err.append(e)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                self.server.stop()
+                loop.run_until_complete(asyncio.sleep(0))
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"embnic-shard-{self.server.shard_id}", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout_s):
+            raise RuntimeError(f"shard {self.server.shard_id} did not start within {timeout_s} s")
+        if err:
+            self._thread.join()
+            raise err[0]
+        return self
+
+    def call(self, fn, *args, timeout_s: float = 10.0):
+        """Run ``fn(*args)`` on the server's loop and return its result (thread-safe access)."""
+        async def go():
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(timeout_s)
+
+    def counters(self) -> dict[str, Any]:
+        """:meth:`ShardServer.counters`, read on the server's loop."""
+        return self.call(self.server.counters)
+
+    def state_dict(self) -> dict:
+        """:meth:`ShardServer.state_dict`, read on the server's loop."""
+        return self.call(self.server.state_dict)
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread. Idempotent."""
+        if self._thread is None:
+            return
+        if self.loop is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10.0)
+        self._thread = None
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ServerCluster:
+    """Every shard of ``cfg`` as a :class:`ServerThread` on ``bind`` with free ports.
+
+    ``cluster.cfg`` is ``cfg`` with each shard's ``ip``/``port`` replaced by where it really
+    listens and the card disabled, so an :class:`~embnic.client_lib.client.EmbeddingClient`
+    built from it talks to these servers directly.
+
+    Example::
+
+        with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+            rows = c.lookup({0: np.arange(10, dtype=np.uint64)})
+        state = cl.state_dict()      # merged over shards, after the servers stopped
+    """
+
+    def __init__(self, cfg: ClusterConfig, bind: str = "127.0.0.1", **kwargs):
+        self.base_cfg = cfg
+        self.threads = [ServerThread(cfg, s.id, bind, 0, **kwargs) for s in cfg.shards]
+        self.cfg: ClusterConfig | None = None
+        self._final_state: dict | None = None
+        self._final_counters: list | None = None
+
+    def start(self) -> "ServerCluster":
+        try:
+            for t in self.threads:
+                t.start()
+        except BaseException:
+            self.stop()
+            raise
+        shards = tuple(dataclasses.replace(s, ip=t.address[0], port=t.port)
+                       for s, t in zip(self.base_cfg.shards, self.threads))
+        self.cfg = dataclasses.replace(self.base_cfg, shards=shards, card=None)
+        return self
+
+    def counters(self) -> list[dict]:
+        """Counters of every shard (live, or as they were at stop)."""
+        if self._final_counters is not None:
+            return self._final_counters
+        return [t.counters() for t in self.threads]
+
+    def state_dict(self) -> dict:
+        """Updated rows of every shard merged (:func:`~embnic.client_lib.tables.merge_states`)."""
+        if self._final_state is not None:
+            return self._final_state
+        return merge_states([t.state_dict() for t in self.threads])
+
+    def stop(self) -> None:
+        """Snapshot state and counters, then stop every shard (reverse order)."""
+        live = [t for t in self.threads if t._thread is not None]
+        if live and len(live) == len(self.threads) and self._final_state is None:
+            self._final_state = merge_states([t.state_dict() for t in self.threads])
+            self._final_counters = [t.counters() for t in self.threads]
+        for t in reversed(self.threads):
+            t.stop()
+
+    def __enter__(self) -> "ServerCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None,
+               **kwargs) -> int:
+    """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
+
+    Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
+
+    Returns:
+        0 after a clean stop.
+
+    Raises:
+        KeyError: unknown shard. OSError: the address cannot be bound.
+    """
+    server = ShardServer(cfg, shard_id, bind, port, **kwargs)
+
+    async def main() -> None:
+        ip, p = await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        t = sorted(server.tables)
+        log.info("shard %d listening on %s:%d (%d tables %s, sharding %s over %d shards, MTU %d)",
+                 shard_id, ip, p, len(t), _ranges(t), cfg.sharding, cfg.num_shards, cfg.mtu)
+        try:
+            await stop.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            server.stop()
+        log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
+
+    asyncio.run(main())
+    return 0
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+    out, i = [], 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def bind_error_message(e: OSError, ip: str, port: int) -> str:
+    """One line explaining a failed bind, naming the fix."""
+    if e.errno == errno.EADDRINUSE:
+        return (f"cannot bind {ip}:{port}: address already in use; stop the process holding it "
+                f"(ss -ulpn | grep :{port}) or pick another --port")
+    if e.errno == errno.EADDRNOTAVAIL:
+        return (f"cannot bind {ip}:{port}: {ip} is not an address of this host (or network namespace); "
+                f"run inside the shard's namespace or pass --bind")
+    return f"cannot bind {ip}:{port}: {e.strerror or e}"
