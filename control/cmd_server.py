@@ -51,4 +51,5 @@ def server(shard_id, config, bind, port, dedup_window, log_level):
         code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window)
     except OSError as e:
         raise OperationalError(bind_error_message(e, ip, p)) from None
-    raise SystemExit(code) if code else None
+    if code:
+        raise SystemExit(code)
