@@ -1,0 +1,97 @@
+"""``embnic state dump|summary``: the card's message state map."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from embnic.client_lib import consts
+from embnic.control.options import U16, json_option, open_target, pipeline_options, resolve
+
+STATES = ("receiving", "forwarded", "answered", "expired")
+
+
+def _type_name(v) -> str:
+    if isinstance(v, int):
+        try:
+            return consts.MsgType(v).name
+        except ValueError:
+            return str(v)
+    return str(v)
+
+
+def table(entries: list[dict]) -> str:
+    """Fixed-width text table of state-map entries (durations in µs from the card's ns timestamps)."""
+    head = (f"{'CLIENT':>6} {'MSG_ID':>10} {'TYPE':<12} {'STATE':<9} {'TABLE':>5} {'SHARD':>5} "
+            f"{'FR_IN':>6} {'BYTES_IN':>10} {'FR_OUT':>6} {'BYTES_OUT':>10} {'SPAN_US':>9}")
+    rows = [head]
+    for e in entries:
+        span = (e.get("last_ns", 0) - e.get("first_ns", 0)) / 1000.0
+        rows.append(f"{e.get('client', '?'):>6} {e.get('msg_id', '?'):>10} {_type_name(e.get('type')):<12} "
+                    f"{e.get('state', '?'):<9} {e.get('table', '?'):>5} {e.get('shard', '?'):>5} "
+                    f"{e.get('frames_in', 0):>6} {e.get('bytes_in', 0):>10} {e.get('frames_out', 0):>6} "
+                    f"{e.get('bytes_out', 0):>10} {span:>9.1f}")
+    return "\n".join(rows)
+
+
+@click.group()
+def state():
+    """Look at the card's message state map (one entry per message in flight or recently done).
+
+    \b
+    Examples:
+      embnic state dump --limit 20
+      embnic state summary --json
+    """
+
+
+@state.command("dump")
+@pipeline_options
+@json_option
+@click.option("--limit", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
+              help="At most this many entries.")
+@click.option("--client", "client_id", type=U16, default=None, help="Only this client's messages.")
+@click.option("--state", "state_name", type=click.Choice(STATES), default=None, help="Only entries in this state.")
+def dump(config, target, name, ctl, as_json, limit, client_id, state_name):
+    """Print the message state map: client, msg id, type, state, table, shard, frames and bytes
+    in and out, time from first to last frame.
+
+    \b
+    Example:
+      embnic state dump --state forwarded --limit 50
+    """
+    t = open_target(resolve(config, target, name, ctl))
+    entries = t.state_dump(limit)
+    if client_id is not None:
+        entries = [e for e in entries if e.get("client") == client_id]
+    if state_name is not None:
+        entries = [e for e in entries if e.get("state") == state_name]
+    if as_json:
+        click.echo(json.dumps(entries, indent=1))
+    elif not entries:
+        click.echo("state map: no entries" + (" matching" if client_id is not None or state_name else ""))
+    else:
+        click.echo(table(entries))
+        click.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+
+
+@state.command("summary")
+@pipeline_options
+@json_option
+def summary(config, target, name, ctl, as_json):
+    """Print the state map's size, capacity, overflow/expiry counts and entries per state.
+
+    \b
+    Example:
+      embnic state summary
+    """
+    t = open_target(resolve(config, target, name, ctl))
+    st = t.state_summary()
+    if as_json:
+        click.echo(json.dumps(st, indent=1))
+        return
+    by = st.get("by_state", {})
+    click.echo(f"state map: {st.get('entries', 0)}/{st.get('capacity', 0)} entries, overflow {st.get('overflow', 0)}, "
+               f"expired {st.get('expired', 0)}")
+    for k in STATES:
+        click.echo(f"  {k:<10} {by.get(k, 0)}")

@@ -1,0 +1,108 @@
+"""``embnic status``: counters, drops by reason, ring occupancy and high-water mark, state-map summary."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from embnic.client_lib import consts
+from embnic.control.options import json_option, open_target, pipeline_options, resolve
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{100.0 * n / d:.1f}%" if d else "-"
+
+
+def _rate(cur: int, prev: int | None, dt: float | None) -> str:
+    if prev is None or not dt:
+        return ""
+    return f" ({(cur - prev) / dt:,.0f}/s)"
+
+
+def sample(t) -> dict:
+    """One status sample of target ``t``: ``{"t": unix seconds, "counters": {...}, "state": {...}}``."""
+    return {"t": time.time(), "counters": t.counters(), "state": t.state_summary()}
+
+
+def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: str = "") -> str:
+    """Text view of a :func:`sample` (rates per second against ``prev`` when given)."""
+    c, st = cur["counters"], cur["state"]
+    pc = (prev or {}).get("counters") or {}
+    dt = (cur["t"] - prev["t"]) if prev else None
+    out = [title] if title else []
+    prev_ports = {p.get("port"): p for p in pc.get("ports", [])}
+    out.append(f"{'port':>4}  {'rx frames':>14} {'rx bytes':>16}  {'tx frames':>14} {'tx bytes':>16}")
+    for p in c.get("ports", []):
+        pp = prev_ports.get(p.get("port"), {})
+        out.append(f"{p.get('port'):>4}  {p.get('rx_frames', 0):>14,} {p.get('rx_bytes', 0):>16,}  "
+                   f"{p.get('tx_frames', 0):>14,} {p.get('tx_bytes', 0):>16,}"
+                   f"{_rate(p.get('rx_frames', 0), pp.get('rx_frames'), dt)}")
+    types = c.get("types", {})
+    names = [t.name for t in consts.MsgType] + sorted(set(types) - {t.name for t in consts.MsgType})
+    ptypes = pc.get("types", {})
+    out.append("messages  " + "  ".join(f"{n} {types.get(n, 0):,}{_rate(types.get(n, 0), ptypes.get(n), dt)}"
+                                        for n in names if n in types or show_all))
+    drops = c.get("drops", {})
+    total = sum(drops.values())
+    shown = {k: v for k, v in drops.items() if v or show_all}
+    pdrops = pc.get("drops", {})
+    out.append(f"drops     total {total:,}" + (": " + ", ".join(
+        f"{k} {v:,}{_rate(v, pdrops.get(k), dt)}" for k, v in sorted(shown.items(), key=lambda kv: -kv[1]))
+        if shown else ""))
+    r = c.get("ring", {})
+    size = r.get("size", 0)
+    out.append(f"ring      {r.get('count', 0):,}/{size:,} ({_pct(r.get('count', 0), size)}), "
+               f"high water {r.get('high_water', 0):,} ({_pct(r.get('high_water', 0), size)})")
+    m = c.get("mempool")
+    if m:
+        out.append(f"mempool   in use {m.get('in_use', 0):,}/{m.get('size', 0):,} ({_pct(m.get('in_use', 0), m.get('size', 0))}), "
+                   f"available {m.get('available', 0):,}")
+    by = st.get("by_state", {})
+    out.append(f"state     {st.get('entries', 0):,}/{st.get('capacity', 0):,} entries "
+               f"({', '.join(f'{k} {v:,}' for k, v in by.items())}); overflow {st.get('overflow', 0):,}, "
+               f"expired {st.get('expired', 0):,}")
+    return "\n".join(out)
+
+
+@click.command()
+@pipeline_options
+@json_option
+@click.option("--watch", "watch", type=click.FloatRange(0.0, 3600), is_flag=False, flag_value=1.0, default=None,
+              metavar="[SEC]", help="Redraw every SEC seconds (default 1) until Ctrl-C; with --json, one JSON line per sample.")
+@click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after N samples.")
+@click.option("--all", "show_all", is_flag=True, help="Show zero counters too (every drop reason).")
+def status(config, target, name, ctl, as_json, watch, count, show_all):
+    """Show the card's counters: frames per port, messages per type, drops by reason, header-ring
+    occupancy and high-water mark, mempool use, message-state-map summary.
+
+    \b
+    Examples:
+      embnic status
+      embnic status --json
+      embnic status --watch 2
+    """
+    s = resolve(config, target, name, ctl)
+    t = open_target(s)
+    title = f"pipeline {s.name!r} ({s.target})"
+    if watch is None:
+        cur = sample(t)
+        click.echo(json.dumps(cur, indent=2) if as_json else render(cur, show_all=show_all, title=title))
+        return
+    prev, n = None, 0
+    try:
+        while True:
+            cur = sample(t)
+            n += 1
+            if as_json:
+                click.echo(json.dumps(cur, separators=(",", ":")))
+            else:
+                click.clear()
+                click.echo(render(cur, prev, show_all, f"{title} — every {watch:g}s, "
+                                  f"{time.strftime('%H:%M:%S')} (Ctrl-C to stop)"))
+            if count is not None and n >= count:
+                return
+            prev = cur
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return

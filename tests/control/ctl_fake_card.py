@@ -1,0 +1,199 @@
+"""A stand-in for embnic-dp's control socket (docs/control-socket.md), for CLI tests without DPDK.
+
+In-process: ``FakeCard(path).start()`` serves the JSON-lines protocol on a thread, keeps routes
+and clients in dicts, and records every request in ``.requests``.
+
+As a program (what the test's fake ``embnic-dp`` ELF wrapper execs)::
+
+    python3 ctl_fake_card.py [EAL args] -- --ctl PATH [--port-ip P=IP ...] [--ring-size N] ...
+
+it parses the card's command line like the real one, serves until SIGTERM/SIGINT, removes its
+socket and exits 0. ``--vdev`` EAL args become its ports.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+
+DROP_REASONS = ("too_short", "bad_ether", "bad_ip", "ip_options", "not_udp", "bad_udp", "bad_port", "bad_magic",
+                "bad_version", "bad_type", "bad_dtype", "bad_length", "unknown_client", "unknown_server",
+                "unknown_shard", "ring_full", "no_mbuf", "tx_full", "state_full", "arp_ignored")
+TYPES = ("LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR")
+
+
+class FakeCard:
+    def __init__(self, path: str, ports=None, ring_size: int = 4096, state_size: int = 65536):
+        self.path = path
+        self.ports = ports if ports is not None else [
+            {"port": 0, "name": "net_ring0", "mac": "02:00:00:00:00:10", "ip": "10.0.0.1"},
+            {"port": 1, "name": "net_ring1", "mac": "02:00:00:00:00:11", "ip": "10.0.1.1"},
+        ]
+        self.ring_size = ring_size
+        self.state_size = state_size
+        self.routes: dict[int, dict] = {}
+        self.clients: dict[int, dict] = {}
+        self.requests: list[dict] = []
+        self.drops = {r: 0 for r in DROP_REASONS}
+        self.drops["unknown_shard"] = 3
+        self.drops["bad_magic"] = 1
+        self.entries = [
+            {"client": 1, "msg_id": 7, "state": "answered", "table": 0, "shard": 0, "type": "LOOKUP_REQ",
+             "frames_in": 2, "bytes_in": 2900, "frames_out": 2, "bytes_out": 2900, "first_ns": 1000, "last_ns": 51000},
+            {"client": 2, "msg_id": 9, "state": "forwarded", "table": 1, "shard": 1, "type": "UPDATE_REQ",
+             "frames_in": 1, "bytes_in": 300, "frames_out": 1, "bytes_out": 300, "first_ns": 2000, "last_ns": 3000},
+        ]
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- protocol
+    def handle(self, req: dict) -> dict:
+        self.requests.append(req)
+        cmd = req.get("cmd")
+        fn = getattr(self, f"do_{cmd}", None)
+        if fn is None:
+            return {"ok": False, "error": f"unknown command {cmd!r}"}
+        try:
+            return {"ok": True, **(fn(req) or {})}
+        except KeyError as e:
+            return {"ok": False, "error": f"missing field {e}"}
+        except LookupError as e:
+            return {"ok": False, "error": str(e)}
+
+    def do_ping(self, req):
+        return {"pid": os.getpid()}
+
+    def do_info(self, req):
+        return {"build": {"proto_version": 1, "hdr_len": 40, "git_rev": "fake"}, "ports": self.ports,
+                "lcores": 2, "mode": "pipeline"}
+
+    def _entry(self, req, key):
+        port = int(req["port"])
+        if port not in {p["port"] for p in self.ports}:
+            raise LookupError(f"no port {port}")
+        return {key: int(req[key]), "port": port, "mac": req["mac"], "ip": req["ip"], "udp_port": int(req["udp_port"])}
+
+    def do_route_add(self, req):
+        self.routes[int(req["shard"])] = self._entry(req, "shard")
+
+    def do_route_del(self, req):
+        if self.routes.pop(int(req["shard"]), None) is None:
+            raise LookupError(f"no route for shard {req['shard']}")
+
+    def do_route_list(self, req):
+        return {"routes": [self.routes[k] for k in sorted(self.routes)]}
+
+    def do_client_add(self, req):
+        self.clients[int(req["client"])] = self._entry(req, "client")
+
+    def do_client_del(self, req):
+        if self.clients.pop(int(req["client"]), None) is None:
+            raise LookupError(f"no client {req['client']}")
+
+    def do_client_list(self, req):
+        return {"clients": [self.clients[k] for k in sorted(self.clients)]}
+
+    def do_counters(self, req):
+        return {"ports": [{"port": p["port"], "rx_frames": 10 * (i + 1), "rx_bytes": 1000 * (i + 1),
+                           "tx_frames": 9 * (i + 1), "tx_bytes": 900 * (i + 1)} for i, p in enumerate(self.ports)],
+                "types": {t: i for i, t in enumerate(TYPES)}, "drops": dict(self.drops),
+                "ring": {"size": self.ring_size, "count": 5, "high_water": 1024},
+                "mempool": {"size": 8191, "available": 8000, "in_use": 191},
+                "state": {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4}}
+
+    def do_state_summary(self, req):
+        return {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4,
+                "by_state": {"receiving": 0, "forwarded": 1, "answered": 1, "expired": 0}}
+
+    def do_state_dump(self, req):
+        return {"entries": self.entries[: int(req.get("limit", 1000))]}
+
+    def do_ring_stats(self, req):
+        return {"size": self.ring_size, "count": 5, "high_water": 1024}
+
+    def do_reset_counters(self, req):
+        self.drops = {r: 0 for r in DROP_REASONS}
+
+    # -- server
+    def start(self) -> "FakeCard":
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.path)
+        os.chmod(self.path, 0o600)
+        self._sock.listen(8)
+        self._sock.settimeout(0.1)
+        self._thread = threading.Thread(target=self.serve, daemon=True)
+        self._thread.start()
+        return self
+
+    def serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                f = conn.makefile("rwb")
+                try:
+                    for line in f:
+                        try:
+                            req = json.loads(line)
+                            resp = self.handle(req) if isinstance(req, dict) else {"ok": False, "error": "not an object"}
+                        except json.JSONDecodeError:
+                            resp = {"ok": False, "error": "bad json"}
+                        f.write(json.dumps(resp).encode() + b"\n")
+                        f.flush()
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            self._sock.close()
+        if self._thread is not None:
+            self._thread.join(5)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    """Behave like embnic-dp: parse ``EAL -- card args``, serve until SIGTERM."""
+    eal, card = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else ([], argv)
+    vdevs = [eal[i + 1] for i, a in enumerate(eal) if a == "--vdev"]
+    opts: dict[str, list[str]] = {}
+    i = 0
+    while i < len(card):
+        opts.setdefault(card[i], []).append(card[i + 1])
+        i += 2
+    ctl = opts["--ctl"][0]
+    ips = dict(a.split("=", 1) for a in opts.get("--port-ip", []))
+    ports = [{"port": i, "name": v.split(",")[0], "mac": f"02:00:00:00:00:{i:02x}", "ip": ips.get(str(i))}
+             for i, v in enumerate(vdevs)]
+    if os.environ.get("FAKE_CARD_FAIL"):
+        print("EAL: fake failure: " + os.environ["FAKE_CARD_FAIL"], flush=True)
+        return 1
+    print(f"fake embnic-dp: {len(ports)} ports, ctl {ctl}", flush=True)
+    card_ = FakeCard(ctl, ports, ring_size=int(opts.get("--ring-size", ["4096"])[0]))
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    if os.environ.get("FAKE_CARD_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    card_.start()
+    while not done.wait(0.1):
+        pass
+    card_.stop()
+    print("fake embnic-dp: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""Build info from the ELF section `.embnic_buildinfo` (pyelftools) and `embnic inspect`.
+
+Uses small ELF programs compiled here with gcc (tests/control/ctl_elf.py); the real
+embnic-dp is covered in test_dataplane_real.py.
+Run alone: python3 -m pytest -q tests/control/test_buildinfo.py
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+
+from embnic.client_lib import consts
+from embnic.control import buildinfo
+
+
+def test_parse_roundtrip_and_size():
+    assert buildinfo.SIZE == 597
+    fields = b"".join(struct.pack("<16sHH", n.encode(), o, s) for n, o, s in consts.HEADER_FIELDS)
+    fields += b"\0" * (20 * (24 - len(consts.HEADER_FIELDS)))
+    data = struct.pack("<8s9I", b"EMBNICBI", 1, 1, 40, 7878, 4096, 256, 512, 65536, len(consts.HEADER_FIELDS))
+    data += fields + struct.pack("<41s32s", b"abc", b"DPDK 22.11.1")
+    bi = buildinfo.parse(data)
+    assert bi.fields == consts.HEADER_FIELDS
+    assert (bi.route_table_size, bi.client_table_size, bi.git_rev, bi.dpdk_version) == (256, 512, "abc", "DPDK 22.11.1")
+    assert buildinfo.check(bi) == []
+    with pytest.raises(buildinfo.BuildInfoError, match="magic"):
+        buildinfo.parse(b"XXXXXXXX" + data[8:])
+    with pytest.raises(buildinfo.BuildInfoError, match="596 bytes, expected 597"):
+        buildinfo.parse(data[:-1])
+
+
+def test_read_matching_binary(fake_dp_factory):
+    bi = buildinfo.read(fake_dp_factory())
+    assert (bi.proto_version, bi.hdr_len, bi.udp_port) == (consts.VERSION, consts.HDR_LEN, consts.UDP_PORT)
+    assert bi.fields == consts.HEADER_FIELDS
+    assert buildinfo.check(bi) == []
+    assert buildinfo.check(bi, udp_port=9999) == ["udp_port 7878 != cluster.udp_port 9999"]
+
+
+def test_check_lists_every_mismatch(fake_dp_factory):
+    fields = list(consts.HEADER_FIELDS)
+    fields[6] = ("msg_id", 9, 4)
+    bi = buildinfo.read(fake_dp_factory(proto_version=2, hdr_len=44, fields=tuple(fields[:-1])))
+    diffs = buildinfo.check(bi)
+    assert "proto_version 2 != client library's 1" in diffs
+    assert "hdr_len 44 != client library's 40" in diffs
+    assert "header field msg_id at offset 9 size 4 != client library's offset 8 size 4" in diffs
+    assert "header field reserved missing from the binary" in diffs
+    with pytest.raises(buildinfo.BuildInfoError, match="refusing .*proto_version 2.*make -C dataplane"):
+        buildinfo.require_compatible(bi.path)
+
+
+def test_inspect_text_and_json(invoke, fake_dp_factory):
+    p = fake_dp_factory()
+    r = invoke("inspect", p)
+    assert r.exit_code == 0, r.output
+    assert "protocol:      v1, header 40 bytes, UDP port 7878" in r.output
+    assert "compatible:    yes" in r.output
+    assert "DPDK 22.11.fake" in r.output and "msg_id@8/4" in r.output
+    d = json.loads(invoke("inspect", "--json", p).output)
+    assert d["compatible"] is True and d["proto_version"] == 1 and len(d["fields"]) == len(consts.HEADER_FIELDS)
+    assert d["git_rev"] == "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_inspect_wrong_version(invoke, fake_dp_factory):
+    p = fake_dp_factory(proto_version=2)
+    r = invoke("inspect", p)
+    assert r.exit_code == 0
+    assert "compatible:    NO: proto_version 2 != client library's 1" in r.output
+    assert json.loads(invoke("inspect", "--json", p).output)["compatible"] is False
+    r = invoke("inspect", "--check", p)
+    assert r.exit_code == 1 and "does not match the client library" in r.output
+
+
+def test_inspect_errors(invoke, tmp_path):
+    r = invoke("inspect", tmp_path / "none")
+    assert r.exit_code == 1 and "no such file" in r.output
+    txt = tmp_path / "t.txt"
+    txt.write_text("hello")
+    r = invoke("inspect", txt)
+    assert r.exit_code == 1 and "not an ELF binary" in r.output
+    r = invoke("inspect", shutil.which("true") or "/bin/true")
+    assert r.exit_code == 1 and "no .embnic_buildinfo section" in r.output
+    r = invoke("inspect", tmp_path)
+    assert r.exit_code == 1 and "is a directory" in r.output
+
+
+def test_inspect_default_binary(invoke, fake_dp_factory, monkeypatch):
+    monkeypatch.setenv("EMBNIC_DP", str(fake_dp_factory()))
+    r = invoke("inspect")
+    assert r.exit_code == 0 and "compatible:    yes" in r.output
+    monkeypatch.setenv("EMBNIC_DP", "/nonexistent/embnic-dp")
+    r = invoke("inspect")
+    assert r.exit_code == 1 and "EMBNIC_DP=/nonexistent/embnic-dp does not exist" in r.output

@@ -1,0 +1,131 @@
+"""`embnic config check|show` and settings precedence (defaults < config < env < flags).
+
+Run alone: python3 -m pytest -q tests/control/test_cli_config.py
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from embnic.control import options
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_check_example_ok(invoke):
+    r = invoke("config", "check", REPO / "examples" / "cluster.toml")
+    assert r.exit_code == 0, r.output
+    assert "cluster.toml: ok" in r.output
+    assert "2 shard(s)" in r.output
+
+
+def test_check_names_the_field(invoke, tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text((REPO / "examples" / "cluster.toml").read_text().replace("dim = 8", "dim = 0", 1))
+    r = invoke("config", "check", p)
+    assert r.exit_code == 2
+    assert "tables[0].dim: must be 1..4096, got 0" in r.output
+    assert "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_check_missing_file_and_bad_toml(invoke, tmp_path):
+    r = invoke("config", "check", tmp_path / "nope.toml")
+    assert r.exit_code == 2 and "cannot read config" in r.output
+    p = tmp_path / "x.toml"
+    p.write_text("[cluster\n")
+    r = invoke("config", "check", p)
+    assert r.exit_code == 2 and "not valid TOML" in r.output
+
+
+def test_check_without_file(invoke):
+    r = invoke("config", "check")
+    assert r.exit_code == 2
+    assert "EMBNIC_CONFIG" in r.output
+
+
+def test_check_uses_env(invoke, monkeypatch):
+    monkeypatch.setenv("EMBNIC_CONFIG", str(REPO / "examples" / "cluster.toml"))
+    r = invoke("config", "check")
+    assert r.exit_code == 0 and ": ok" in r.output
+
+
+def test_check_control_section(invoke, card_config):
+    card_config.write_text(card_config.read_text() + '\n[control]\nvdevs = "net_ring0"\n')
+    r = invoke("config", "check", card_config)
+    assert r.exit_code == 2
+    assert "control.vdevs: must be a list of strings" in r.output
+    card_config.write_text(card_config.read_text().replace('vdevs = "net_ring0"', 'colour = "red"'))
+    r = invoke("config", "check", card_config)
+    assert r.exit_code == 2 and "control.colour: unknown field" in r.output
+
+
+def test_check_warns_about_missing_mac(invoke, card_config):
+    card_config.write_text(card_config.read_text().replace('mac = "02:00:00:00:01:02"\n', ""))
+    r = invoke("config", "check", card_config)
+    assert r.exit_code == 0
+    assert "warning:" in r.output and "shards[0].mac: required to program the card" in r.output
+    r = invoke("config", "check", "--strict", card_config)
+    assert r.exit_code == 2
+    assert "shards[0].mac" in r.output
+
+
+def test_show_json(invoke, card_config):
+    r = invoke("config", "show", "--json", card_config)
+    assert r.exit_code == 0
+    d = json.loads(r.output)
+    assert [s["id"] for s in d["shards"]] == [0, 1]
+    assert d["card"]["ring_size"] == 1024
+    r = invoke("config", "show", card_config)
+    assert r.exit_code == 0 and "10.0.1.2:7878 mac 02:00:00:00:01:02 via card port 1" in r.output
+
+
+def test_precedence_default_config_env_flag(env, card_config, monkeypatch):
+    s = options.resolve(None)
+    assert (s.target, s.name, s.ctl, s.netns) == ("dpdk", "embnic", None, None)
+    card_config.write_text(card_config.read_text() + '\n[control]\nname = "fromcfg"\nctl = "/cfg.sock"\n'
+                           'vdevs = ["net_null0"]\nbinary = "bin/dp"\neal_args = "-l 0 --no-huge"\n')
+    s = options.resolve(str(card_config))
+    assert (s.name, s.ctl, s.vdevs, s.eal_args) == ("fromcfg", "/cfg.sock", ("net_null0",), ["-l", "0", "--no-huge"])
+    assert s.binary == str(card_config.parent / "bin" / "dp")  # relative to the config file
+    monkeypatch.setenv("EMBNIC_DP", "/env/dp")
+    monkeypatch.setenv("EMBNIC_EAL_ARGS", "-l 1")
+    monkeypatch.setenv("EMBNIC_NETNS", "envns")
+    s = options.resolve(str(card_config))
+    assert (s.binary, s.eal_args, s.netns) == ("/env/dp", ["-l", "1"], "envns")
+    s = options.resolve(str(card_config), name="flag", ctl="/flag.sock", binary="/flag/dp", eal_args="-l 2",
+                        vdevs=("net_ring0",), netns="flagns")
+    assert (s.name, s.ctl, s.binary, s.eal_args, s.vdevs, s.netns) == \
+        ("flag", "/flag.sock", "/flag/dp", ["-l", "2"], ("net_ring0",), "flagns")
+
+
+def test_env_beats_config_through_click(invoke, card_config, env, monkeypatch):
+    """EMBNIC_CTL (env) wins over [control] ctl; --ctl wins over EMBNIC_CTL."""
+    from ctl_fake_card import FakeCard
+
+    a, b = FakeCard(str(env / "a.sock")).start(), FakeCard(str(env / "b.sock")).start()
+    try:
+        card_config.write_text(card_config.read_text() + f'\n[control]\nctl = "{env / "nobody.sock"}"\n')
+        r = invoke("route", "list", "--config", card_config)
+        assert r.exit_code == 1 and "nobody.sock" in r.output
+        monkeypatch.setenv("EMBNIC_CTL", a.path)
+        r = invoke("route", "list", "--config", card_config)
+        assert r.exit_code == 0 and len(a.requests) == 1 and not b.requests
+        r = invoke("route", "list", "--config", card_config, "--ctl", b.path)
+        assert r.exit_code == 0 and len(a.requests) == 1 and len(b.requests) == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_bad_config_on_any_command(invoke, tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text('[cluster]\nmtu = "big"\n')
+    r = invoke("route", "list", "--config", p)
+    assert r.exit_code == 2
+    assert "cluster.mtu: must be int" in r.output
+
+
+def test_bad_name(invoke):
+    r = invoke("route", "list", "--name", "../etc")
+    assert r.exit_code == 2 and "not a valid name" in r.output

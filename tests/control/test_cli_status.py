@@ -1,0 +1,94 @@
+"""`embnic status` and `embnic state dump|summary` against a fake card socket.
+
+Run alone: python3 -m pytest -q tests/control/test_cli_status.py
+"""
+from __future__ import annotations
+
+import json
+
+
+def test_status_text(invoke, card):
+    r = invoke("status")
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "pipeline 'embnic' (dpdk)" in out
+    assert "drops     total 4: unknown_shard 3, bad_magic 1" in out
+    assert "ring      5/4,096 (0.1%), high water 1,024 (25.0%)" in out
+    assert "state     2/65,536 entries (receiving 0, forwarded 1, answered 1, expired 0)" in out
+    assert "mempool   in use 191/8,191" in out
+    assert "LOOKUP_REQ 0" in out and "ERROR 4" in out
+    assert "bad_ip" not in out  # zero reasons hidden by default
+    ports = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("0 ", "1 "))]
+    assert ports == [["0", "10", "1,000", "9", "900"], ["1", "20", "2,000", "18", "1,800"]]
+
+
+def test_status_all_shows_every_reason(invoke, card):
+    r = invoke("status", "--all")
+    for reason in card.drops:
+        assert f"{reason} " in r.output
+
+
+def test_status_json(invoke, card):
+    r = invoke("status", "--json")
+    assert r.exit_code == 0
+    d = json.loads(r.output)
+    assert d["counters"]["drops"]["unknown_shard"] == 3
+    assert d["counters"]["ring"]["high_water"] == 1024
+    assert d["state"]["by_state"]["forwarded"] == 1
+    assert [q["cmd"] for q in card.requests] == ["counters", "state_summary"]
+
+
+def test_status_watch_json_lines(invoke, card):
+    r = invoke("status", "--watch", "0", "--count", "3", "--json")
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 3
+    assert all(json.loads(ln)["counters"]["drops"]["bad_magic"] == 1 for ln in lines)
+
+
+def test_status_watch_text_with_rates(invoke, card):
+    r = invoke("status", "--watch", "0", "--count", "2")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("Ctrl-C to stop") == 2
+    assert "(0/s)" in r.output  # second sample shows rates
+
+
+def test_status_watch_default_interval_parses(invoke, card):
+    r = invoke("status", "--watch", "--count", "1", "--json")
+    assert r.exit_code == 0, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_status_not_loaded(invoke, env):
+    r = invoke("status")
+    assert r.exit_code == 1 and "pipeline not loaded" in r.output
+
+
+def test_state_dump(invoke, card):
+    r = invoke("state", "dump")
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert lines[0].split()[:4] == ["CLIENT", "MSG_ID", "TYPE", "STATE"]
+    assert lines[1].split() == ["1", "7", "LOOKUP_REQ", "answered", "0", "0", "2", "2900", "2", "2900", "50.0"]
+    assert lines[-1] == "2 entries"
+    assert card.requests[-1] == {"cmd": "state_dump", "limit": 1000}
+
+
+def test_state_dump_filters_and_json(invoke, card):
+    d = json.loads(invoke("state", "dump", "--json", "--limit", "5").output)
+    assert [e["msg_id"] for e in d] == [7, 9] and card.requests[-1]["limit"] == 5
+    d = json.loads(invoke("state", "dump", "--json", "--state", "forwarded").output)
+    assert [e["msg_id"] for e in d] == [9]
+    d = json.loads(invoke("state", "dump", "--json", "--client", "1").output)
+    assert [e["msg_id"] for e in d] == [7]
+    r = invoke("state", "dump", "--client", "3")
+    assert "no entries matching" in r.output
+    r = invoke("state", "dump", "--state", "lost")
+    assert r.exit_code == 2
+
+
+def test_state_summary(invoke, card):
+    r = invoke("state", "summary")
+    assert r.exit_code == 0
+    assert "2/65536 entries, overflow 0, expired 4" in r.output
+    assert json.loads(invoke("state", "summary", "--json").output)["by_state"]["answered"] == 1
