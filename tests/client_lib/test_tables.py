@@ -1,0 +1,269 @@
+"""Embedding-table numerics: SplitMix64, row init, SGD and row-wise Adagrad, LocalBackend.
+
+Run alone: python3 -m pytest -q tests/client_lib/test_tables.py
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embnic.client_lib import routing
+from embnic.client_lib.config import TableConfig, parse_config
+from embnic.client_lib.tables import (LocalBackend, TableShard, init_rows, is_unique, merge_states,
+                                      rowwise_mean_square, splitmix64, wire_round)
+
+M64 = (1 << 64) - 1
+
+
+def _splitmix64_py(x: int) -> int:
+    """Vigna's splitmix64.c next(), from state x, in plain Python ints."""
+    z = (x + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def _cfg(tables, shards=1, sharding="hash", seed=11):
+    return parse_config({
+        "cluster": {"seed": seed, "sharding": sharding},
+        "tables": tables,
+        "shards": [{"id": i, "ip": "127.0.0.1", "port": 20000 + i} for i in range(shards)],
+        "clients": [{"id": 1, "ip": "127.0.0.1"}],
+    })
+
+
+def _ref_step(w, acc, g, opt, lr, eps):
+    """One optimizer step on one row, scalar float32 Python (the independent reference)."""
+    lr, eps = np.float32(lr), np.float32(eps)
+    w = w.copy()
+    if opt == "sgd":
+        for j in range(w.size):
+            w[j] = np.float32(w[j] - np.float32(lr * g[j]))
+        return w, acc
+    s = np.float32(0)
+    for j in range(g.size):
+        s = np.float32(s + np.float32(g[j] * g[j]))
+    acc = np.float32(acc + np.float32(s / np.float32(g.size)))
+    mult = np.float32(lr / np.float32(np.sqrt(acc) + eps))
+    for j in range(w.size):
+        w[j] = np.float32(w[j] - np.float32(mult * g[j]))
+    return w, acc
+
+
+# ---- SplitMix64 and init ---------------------------------------------------------------------
+
+def test_splitmix64_known_values():
+    # first two outputs of splitmix64.c seeded with 0: states 0 and 0x9E3779B97F4A7C15
+    got = splitmix64(np.array([0, 0x9E3779B97F4A7C15], dtype=np.uint64))
+    assert [int(v) for v in got] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, M64), min_size=1, max_size=50))
+def test_splitmix64_matches_python(xs):
+    got = splitmix64(np.array(xs, dtype=np.uint64))
+    assert [int(v) for v in got] == [_splitmix64_py(x) for x in xs]
+
+
+def test_splitmix64_is_routing_hash():
+    x = np.arange(1000, dtype=np.uint64) * np.uint64(0x1234567)
+    assert np.array_equal(splitmix64(x), routing.splitmix64(x))
+
+
+def test_init_rows_deterministic_and_in_range():
+    keys = np.array([0, 1, 2, 2**40 - 1, 123456789], dtype=np.uint64)
+    a = init_rows(7, 3, keys, 16, 0.05)
+    b = init_rows(7, 3, keys, 16, 0.05)
+    assert a.dtype == np.float32 and a.shape == (5, 16) and a.flags.c_contiguous
+    assert np.array_equal(a, b)
+    assert np.all(a >= -0.05) and np.all(a < 0.05)
+    # a row does not depend on which other rows are initialised with it
+    for i, k in enumerate(keys):
+        assert np.array_equal(init_rows(7, 3, keys[i:i + 1], 16, 0.05)[0], a[i])
+    # a narrower row is a prefix of the wider one (column hash independent of dim)
+    assert np.array_equal(init_rows(7, 3, keys, 4, 0.05), a[:, :4])
+
+
+def test_init_rows_differs_by_seed_table_key_column():
+    keys = np.arange(64, dtype=np.uint64)
+    base = init_rows(1, 0, keys, 8, 1.0)
+    assert not np.array_equal(base, init_rows(2, 0, keys, 8, 1.0))
+    assert not np.array_equal(base, init_rows(1, 1, keys, 8, 1.0))
+    assert np.unique(base).size == base.size  # no repeated values across keys/columns
+
+
+def test_init_rows_uniform_statistics():
+    v = init_rows(0, 0, np.arange(200_000, dtype=np.uint64), 4, 1.0).ravel()
+    # U[-1, 1): mean 0, variance 1/3; 800k samples -> std error of mean ~0.00065
+    assert abs(float(v.mean())) < 0.005
+    assert abs(float(v.var()) - 1 / 3) < 0.005
+    hist = np.histogram(v, bins=10, range=(-1, 1))[0] / v.size
+    assert np.all(np.abs(hist - 0.1) < 0.005)
+
+
+def test_init_independent_of_number_of_shards():
+    tabs = [{"id": 5, "rows": 10_000, "dim": 8}]
+    keys = np.arange(0, 10_000, 7, dtype=np.uint64)
+    want = LocalBackend(_cfg(tabs)).lookup(5, keys)
+    for s in (2, 3, 5):
+        cfg = _cfg(tabs, shards=s)
+        owner = routing.shard_of(cfg, 5, keys)
+        got = np.empty_like(want)
+        for sh in cfg.shards:
+            ts = TableShard(cfg.table(5), cfg.seed)
+            m = owner == sh.id
+            got[m] = ts.lookup(keys[m])
+        assert np.array_equal(got, want)
+
+
+# ---- optimizers ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad"])
+def test_optimizer_matches_scalar_reference(opt):
+    t = TableConfig(id=2, name="t", rows=50, dim=5, optimizer=opt, lr=0.3, eps=1e-6, init_scale=0.1)
+    ts = TableShard(t, seed=3, capacity=1)
+    rng = np.random.default_rng(1)
+    ref_w = {k: init_rows(3, 2, np.array([k], np.uint64), 5, 0.1)[0] for k in range(50)}
+    ref_a = {k: np.float32(0) for k in range(50)}
+    for _ in range(20):
+        keys = rng.choice(50, size=rng.integers(1, 20), replace=False).astype(np.uint64)
+        g = rng.standard_normal((keys.size, 5)).astype(np.float32)
+        ts.apply(keys, g)
+        for i, k in enumerate(keys.tolist()):
+            ref_w[k], ref_a[k] = _ref_step(ref_w[k], ref_a[k], g[i], opt, 0.3, 1e-6)
+    keys, rows, acc = ts.state()
+    assert keys.tolist() == sorted(keys.tolist()) and len(keys) == len(ts)
+    for i, k in enumerate(keys.tolist()):
+        assert np.array_equal(rows[i], ref_w[k]), k
+        assert acc[i] == (ref_a[k] if opt == "adagrad" else 0)
+    # untouched rows are still at their initial value
+    untouched = np.setdiff1d(np.arange(50, dtype=np.uint64), keys)
+    assert np.array_equal(ts.lookup(untouched), init_rows(3, 2, untouched, 5, 0.1))
+
+
+def test_adagrad_closed_form_float64():
+    """Row-wise Adagrad on one row with a constant gradient, against the float64 closed form."""
+    t = TableConfig(id=0, name="t", rows=4, dim=3, optimizer="adagrad", lr=0.1, eps=1e-8, init_scale=0.0)
+    ts = TableShard(t, seed=0)
+    g = np.array([[1.0, -2.0, 2.0]], dtype=np.float32)  # mean g^2 = 3
+    w = np.zeros(3)
+    for n in range(1, 11):
+        ts.apply(np.array([1], np.uint64), g)
+        w -= 0.1 / (np.sqrt(3.0 * n) + 1e-8) * g[0].astype(np.float64)
+    _, rows, acc = ts.state()
+    np.testing.assert_allclose(acc, [30.0], rtol=1e-6)
+    np.testing.assert_allclose(rows[0], w, rtol=1e-5)
+
+
+def test_rows_independent_of_batch_composition():
+    t = TableConfig(id=0, name="t", rows=1000, dim=16, optimizer="adagrad", lr=0.05)
+    rng = np.random.default_rng(2)
+    keys = rng.choice(1000, 300, replace=False).astype(np.uint64)
+    g = rng.standard_normal((300, 16)).astype(np.float32)
+    whole = TableShard(t, 9)
+    whole.apply(keys, g)
+    parts = TableShard(t, 9)
+    for sl in (slice(0, 1), slice(1, 17), slice(17, 300)):
+        parts.apply(keys[sl][::-1], g[sl][::-1])
+    for a, b in zip(whole.state(), parts.state()):
+        assert np.array_equal(a, b)
+
+
+def test_rowwise_mean_square_order_fixed():
+    g = np.random.default_rng(0).standard_normal((1000, 37)).astype(np.float32)
+    full = rowwise_mean_square(g)
+    assert full.dtype == np.float32
+    for i in (0, 1, 500, 999):
+        assert full[i] == rowwise_mean_square(g[i:i + 1])[0]
+    np.testing.assert_allclose(full, np.mean(g.astype(np.float64) ** 2, axis=1), rtol=1e-5)
+
+
+# ---- storage ---------------------------------------------------------------------------------
+
+def test_lazy_storage_is_proportional_to_rows_updated():
+    t = TableConfig(id=0, name="t", rows=2**40, dim=4)
+    ts = TableShard(t, 0, capacity=2)
+    big = np.array([2**40 - 1, 2**39, 5], dtype=np.uint64)
+    ts.lookup(big)
+    assert len(ts) == 0  # lookups do not materialise
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        k = np.unique(rng.integers(0, 2**40, 100, dtype=np.uint64))
+        ts.apply(k, np.ones((k.size, 4), np.float32))
+    assert 990 <= len(ts) <= 1000
+    assert ts.nbytes < 4 * 1024 * (16 + 4 + 8 + 8)  # arena at most 2x the rows, plus index
+    keys, rows, acc = ts.state()
+    assert np.all(keys[1:] > keys[:-1])
+    assert np.array_equal(ts.lookup(keys), rows)
+
+
+def test_is_unique():
+    assert is_unique(np.array([], np.uint64)) and is_unique(np.array([3, 1, 2], np.uint64))
+    assert not is_unique(np.array([1, 2, 2], np.uint64)) and not is_unique(np.array([2, 1, 2], np.uint64))
+
+
+# ---- LocalBackend ----------------------------------------------------------------------------
+
+def test_local_backend_fp16_wire_rounding():
+    cfg = _cfg([{"id": 0, "rows": 100, "dim": 8, "dtype": "fp16", "optimizer": "sgd", "lr": 1.0,
+                 "init_scale": 0.3}])
+    lb = LocalBackend(cfg)
+    keys = np.arange(10, dtype=np.uint64)
+    rows = lb.lookup(0, keys)
+    assert rows.dtype == np.float32
+    assert np.array_equal(rows, rows.astype(np.float16).astype(np.float32))
+    master = lb.tables[0].lookup(keys)
+    assert not np.array_equal(rows, master)  # fp32 master kept on the server side
+    g = np.full((10, 8), 1e-4 + 1e-8, np.float32)
+    lb.update(0, keys, g)
+    _, w, _ = lb.state_dict()[0]
+    assert np.array_equal(w, master - wire_round(g, "fp16"))
+
+
+def test_local_backend_validation():
+    cfg = _cfg([{"id": 0, "rows": 100, "dim": 4}])
+    lb = LocalBackend(cfg)
+    with pytest.raises(ValueError, match="unknown table 9"):
+        lb.lookup(9, np.array([1], np.uint64))
+    with pytest.raises(ValueError, match="key 100 >= rows 100"):
+        lb.lookup(0, np.array([1, 100], np.uint64))
+    with pytest.raises(ValueError, match="negative"):
+        lb.lookup(0, np.array([-1], np.int64))
+    with pytest.raises(ValueError, match="duplicate"):
+        lb.update(0, np.array([1, 1], np.uint64), np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        lb.update(0, np.array([1, 2], np.uint64), np.zeros((2, 5), np.float32))
+    assert lb.state_dict()[0][0].size == 0
+
+
+@pytest.mark.parametrize("sharding,shards", [("hash", 2), ("hash", 3), ("table", 2)])
+def test_sharded_tables_equal_local_backend(sharding, shards):
+    tabs = [{"id": 0, "rows": 500, "dim": 8, "optimizer": "adagrad"},
+            {"id": 1, "rows": 300, "dim": 4, "optimizer": "sgd", "lr": 0.5}]
+    cfg = _cfg(tabs, shards=shards, sharding=sharding)
+    lb = LocalBackend(cfg)
+    parts = [{t.id: TableShard(t, cfg.seed) for t in cfg.tables} for _ in cfg.shards]
+    rng = np.random.default_rng(5)
+    for _ in range(15):
+        for t in cfg.tables:
+            keys = np.unique(rng.integers(0, t.rows, 64)).astype(np.uint64)
+            g = rng.standard_normal((keys.size, t.dim)).astype(np.float32)
+            owner = routing.shard_index_of(cfg, t.id, keys)
+            rows = np.empty((keys.size, t.dim), np.float32)
+            for i, p in enumerate(parts):
+                m = owner == i
+                rows[m] = p[t.id].lookup(keys[m])
+                p[t.id].apply(keys[m], g[m])
+            assert np.array_equal(rows, lb.lookup(t.id, keys))
+            lb.update(t.id, keys, g)
+    merged = merge_states([{tid: ts.state() for tid, ts in p.items()} for p in parts])
+    ref = lb.state_dict()
+    for tid in ref:
+        for a, b in zip(merged[tid], ref[tid]):
+            assert np.array_equal(a, b)
+
+
+def test_merge_states_rejects_overlap():
+    s = (np.array([1, 2], np.uint64), np.zeros((2, 1), np.float32), np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="more than one shard"):
+        merge_states([{0: s}, {0: s}])
