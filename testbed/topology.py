@@ -1,0 +1,995 @@
+"""The namespace testbed: clients, the card and parameter-server shards on veth pairs.
+
+The topology is *declared* from the cluster config (:meth:`Topology.from_config`), then
+*started* (:meth:`Testbed.up`) and *stopped in reverse order* (:func:`down`). Every name it
+creates starts with the testbed name ``N`` (1-8 letters/digits) and is written to the state file
+``RUN_DIR/testbed-N.json`` *before* it is created, so ``embnic testbed down --name N`` removes
+everything also after a crash. One log per node in ``RUN_DIR/testbed-N/`` (``card.log``,
+``s0.log``, ``c1.log``, ...; kept after ``down`` for post-mortems). RUN_DIR is
+``$EMBNIC_RUN_DIR`` or ``/run/embnic``.
+
+Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPDK port ``i``)::
+
+    netns N-c1                   netns N-card                            netns N-s0
+   +----------------+      +-----------------------------------+      +----------------+
+   | training job   |      |  embnic-dp (DPDK, net_af_packet)  |      | embnic server  |
+   | client 1       | veth | port 0            port 2          | veth | shard 0        |
+   | Nc1 10.77.0.2 =|======|= Np0 10.77.0.1    Np2 10.77.2.1 =|======|= Ns0 10.77.2.2 |
+   +----------------+      |                                   |      +----------------+
+    netns N-c2             |                                   |       netns N-s1
+   +----------------+      |                                   |      +----------------+
+   | client 2       | veth | port 1            port 3          | veth | shard 1        |
+   | Nc2 10.77.1.2 =|======|= Np1 10.77.1.1    Np3 10.77.3.1 =|======|= Ns1 10.77.3.2 |
+   +----------------+      +-----------------------------------+      +----------------+
+
+* one namespace per client (``N-c<id>``), one for the card (``N-card``), one per shard
+  (``N-s<id>``); one veth pair per client/shard: ``N{c,s}<id>`` in its namespace, ``Np<port>``
+  in the card's. The card's end of the link of card port ``i`` is DPDK port ``i``
+  (``--vdev net_af_packet<i>,iface=Np<i>``, in port order: card port ids must be ``0..n-1``
+  and every client/shard needs a ``card_port`` of its own).
+* addresses come from the config: the card port's ``ip`` on its side (the card owns it; the
+  kernel in ``N-card`` has no addresses), the client's/shard's ``ip`` on the other, with the
+  longest prefix (at most /30) that holds both — one small subnet per link. The peer's
+  default route points at the card port, with a permanent neighbour entry for the card's MAC,
+  so nobody needs ARP (the card answers ARP too).
+* MACs are set explicitly: from the config when given, else derived from (kind, id)
+  (:func:`derived_mac`) — the same for every testbed of a config, so a trace recorded in one
+  replays in another. The card's routes and client table name these MACs; the testbed writes
+  an *effective config* (the user's plus every MAC and a ``[control]`` section) to
+  ``RUN_DIR/testbed-N/cluster.toml`` that the servers, the card and the clients all read.
+* checksum offloads are off on both ends (``ethtool -K tx off rx off``): a veth otherwise
+  hands af_packet partial checksums, which the card drops as ``bad_ip``/``bad_udp``. IPv6 is
+  off in every namespace so no ND/MLD frames reach the card.
+
+Processes: ``embnic server --shard I --config EFFECTIVE --bind IP`` in each shard namespace,
+``embnic-dp`` (:class:`embnic.control.target_dpdk.DpdkTarget`) in the card namespace, the
+training job (:func:`in_netns`) in a client namespace. Readiness: a shard is up when its UDP
+socket is bound (``/proc/PID/net/udp``), the card when its control socket answers; the
+testbed is up when a probe lookup from every client reaches every shard through the card
+and comes back (:meth:`Testbed.probe`). Timeouts name the log to read.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import ipaddress
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from embnic.client_lib import codec, consts
+from embnic.client_lib.config import ClusterConfig, ConfigError, load_config, parse_config
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
+DEFAULT_NAME = "emb"
+CAP_NET_ADMIN = 12
+CAP_SYS_ADMIN = 21
+_CLONE_NEWNET = 0x40000000
+PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
+
+
+class TestbedError(RuntimeError):
+    """The testbed could not be brought up, inspected or torn down (the message names the fix)."""
+
+    __test__ = False  # not a pytest test class
+
+
+class NeedsRoot(TestbedError):
+    """The caller lacks CAP_NET_ADMIN/CAP_SYS_ADMIN (network namespaces need root)."""
+
+
+# --------------------------------------------------------------------------- small helpers
+def run_dir() -> Path:
+    """Directory of state files and logs: ``$EMBNIC_RUN_DIR`` or ``/run/embnic``."""
+    return Path(os.environ.get("EMBNIC_RUN_DIR") or "/run/embnic")
+
+
+def has_net_admin() -> bool:
+    """True if this process may create network namespaces and links (CAP_NET_ADMIN and
+    CAP_SYS_ADMIN in its effective set, i.e. root)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+                return bool(caps >> CAP_NET_ADMIN & 1) and bool(caps >> CAP_SYS_ADMIN & 1)
+    except OSError:
+        pass
+    return os.geteuid() == 0
+
+
+def require_net_admin(what: str = "the testbed") -> None:
+    """Raise :class:`NeedsRoot` unless :func:`has_net_admin`."""
+    if not has_net_admin():
+        raise NeedsRoot(f"{what} needs root (CAP_NET_ADMIN, to create network namespaces and veth "
+                        "pairs): run it as root, e.g. `sudo embnic testbed up --config examples/testbed.toml`")
+
+
+def check_name(name: str) -> str:
+    """Validate a testbed name (the prefix of every namespace and interface).
+
+    Raises:
+        ValueError: not 1-8 letters/digits starting with a letter.
+    """
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(f"testbed name {name!r}: use 1-8 letters or digits, starting with a letter "
+                         "(it prefixes every namespace and interface, which Linux limits to 15 characters)")
+    return name
+
+
+def derived_mac(kind: str, num: int) -> str:
+    """Locally administered MAC of a testbed node when the config gives none.
+
+    ``02:ee:KK:00:HH:LL`` with ``KK`` = 00 card port, 01 client, 02 shard and ``HHLL`` = the
+    port/client/shard id (big-endian u16). Depends only on (kind, id).
+    """
+    k = {"card": 0, "client": 1, "shard": 2}[kind]
+    return f"02:ee:{k:02x}:00:{num >> 8 & 0xFF:02x}:{num & 0xFF:02x}"
+
+
+def link_prefix(a: str, b: str) -> int:
+    """Longest prefix length (≤ 30) whose subnet holds IPv4 ``a`` and ``b`` as host addresses.
+
+    Example: 10.77.0.1 and 10.77.0.2 → 30 (10.77.0.0/30).
+
+    Raises:
+        ValueError: the two are equal or no subnet holds both as hosts.
+    """
+    ia, ib = ipaddress.IPv4Address(a), ipaddress.IPv4Address(b)
+    if ia == ib:
+        raise ValueError(f"both ends of a link have address {a}")
+    for plen in range(30, 0, -1):
+        net = ipaddress.IPv4Network(f"{a}/{plen}", strict=False)
+        if ib in net and not {ia, ib} & {net.network_address, net.broadcast_address}:
+            return plen
+    raise ValueError(f"{a} and {b} fit in no common subnet")
+
+
+def _run(argv: list[str], *, check: bool = True, log=None, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """Run a command (iproute2, ethtool, tc), logging it; raise :class:`TestbedError` on failure."""
+    if log is not None:
+        log.write("+ " + " ".join(argv) + "\n")
+        log.flush()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise TestbedError(f"{argv[0]} is not installed: apt-get install "
+                           f"{'iproute2' if argv[0] in ('ip', 'tc') else argv[0]}") from None
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout:g} s") from None
+    if log is not None and (p.stdout or p.stderr):
+        log.write(p.stdout + p.stderr)
+    if check and p.returncode != 0:
+        raise TestbedError(f"`{' '.join(argv)}` failed: {(p.stderr or p.stdout).strip()}")
+    return p
+
+
+def netns_exists(ns: str) -> bool:
+    """True if the named network namespace exists (``/run/netns/NS``)."""
+    return Path("/run/netns", ns).exists()
+
+
+def netns_list() -> list[str]:
+    """Names of all named network namespaces."""
+    try:
+        return sorted(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return []
+
+
+def netns_pids(ns: str) -> list[int]:
+    """Pids of the processes whose network namespace is ``ns`` (``ip netns pids``)."""
+    p = _run(["ip", "netns", "pids", ns], check=False)
+    return [int(x) for x in p.stdout.split() if x.isdigit()]
+
+
+def proc_starttime(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks since boot, ``/proc/PID/stat`` field 22); None if gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = stat.rsplit(")", 1)[1].split()
+    if rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])
+
+
+def proc_alive(rec: dict) -> bool:
+    """True if the process of a state record (``pid``, ``starttime``) still runs."""
+    pid = rec.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    st = proc_starttime(pid)
+    return st is not None and (rec.get("starttime") is None or st == rec["starttime"])
+
+
+def stop_process(rec: dict, timeout: float = 5.0) -> bool:
+    """SIGTERM the process group of a state record, SIGKILL after ``timeout`` s.
+
+    Only if pid *and* start time still match (a recycled pid is left alone).
+
+    Returns:
+        True if it was running.
+    """
+    if not proc_alive(rec):
+        return False
+    pid = rec["pid"]
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pid, sig) if rec.get("pgid", True) else os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            os.kill(pid, sig)
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            _reap(pid)
+            if not proc_alive(rec):
+                return True
+            time.sleep(0.02)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+_libc = None
+
+
+def _setns(fd: int) -> None:
+    global _libc
+    if hasattr(os, "setns"):
+        os.setns(fd, _CLONE_NEWNET)
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+@contextlib.contextmanager
+def in_netns(ns: str) -> Iterator[None]:
+    """Run the body with the *calling thread* in network namespace ``ns``.
+
+    Sockets created inside stay in ``ns`` after the block (that is how the training job's
+    :class:`~embnic.client_lib.client.EmbeddingClient` lives in a client namespace while the
+    rest of the process does not). Threads started inside inherit ``ns``.
+
+    Raises:
+        TestbedError: no such namespace; NeedsRoot: not allowed.
+    """
+    try:
+        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    except FileNotFoundError:
+        raise TestbedError(f"network namespace {ns!r} does not exist: is the testbed up? "
+                           "(`embnic testbed status`)") from None
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        try:
+            _setns(fd)
+        except PermissionError:
+            raise NeedsRoot(f"entering network namespace {ns!r} needs root (CAP_SYS_ADMIN)") from None
+        try:
+            yield
+        finally:
+            _setns(home)
+    finally:
+        os.close(fd)
+        os.close(home)
+
+
+# --------------------------------------------------------------------------- TOML writer
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if v in (float("inf"), float("-inf")):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
+
+
+def dump_toml(data: dict) -> str:
+    """Serialise a dict as parsed by ``tomllib`` (tables, arrays of tables, scalars, lists) to TOML."""
+    out: list[str] = []
+
+    def table(d: dict, path: list[str]) -> None:
+        scal = {k: v for k, v in d.items() if not isinstance(v, dict)
+                and not (isinstance(v, list) and v and all(isinstance(x, dict) for x in v))}
+        for k, v in scal.items():
+            out.append(f"{_toml_key(k)} = {_toml_value(v)}")
+        for k, v in d.items():
+            if k in scal:
+                continue
+            p = path + [_toml_key(k)]
+            if isinstance(v, dict):
+                out.append(f"\n[{'.'.join(p)}]")
+                table(v, p)
+            else:
+                for item in v:
+                    out.append(f"\n[[{'.'.join(p)}]]")
+                    table(item, p)
+
+    table(data, [])
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
+# --------------------------------------------------------------------------- declaration
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One namespace of the testbed: ``name`` is ``c<id>``, ``s<id>`` or ``card``."""
+
+    name: str
+    kind: str  #: "client", "shard" or "card"
+    id: int | None
+    netns: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """The veth pair between card port ``port`` and one client or shard.
+
+    ``card_if``/``card_mac``/``card_ip``: the card's end (DPDK port ``port``); ``peer_*``: the
+    client's or shard's end in namespace ``peer_ns``; ``prefix_len``: the link's subnet.
+    """
+
+    port: int
+    card_if: str
+    card_mac: str
+    card_ip: str
+    peer: str  #: node name, c<id> or s<id>
+    peer_kind: str
+    peer_id: int
+    peer_ns: str
+    peer_if: str
+    peer_mac: str
+    peer_ip: str
+    peer_port: int  #: UDP port of the client/shard
+    prefix_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The declared testbed: namespaces and links derived from a cluster config.
+
+    Build with :meth:`from_config`; nothing is created until :meth:`Testbed.up`.
+    """
+
+    name: str
+    cfg: ClusterConfig
+    nodes: tuple[Node, ...]
+    links: tuple[Link, ...]  #: in card port order
+
+    @classmethod
+    def from_config(cls, cfg: ClusterConfig, name: str = DEFAULT_NAME) -> "Topology":
+        """Declare the testbed of ``cfg`` under ``name``.
+
+        Raises:
+            ValueError: bad ``name``.
+            ConfigError: no enabled ``[card]``, card port ids not ``0..n-1``, a client/shard
+                without a card port of its own, or addresses that cannot form a link (names the field).
+        """
+        check_name(name)
+        where = cfg.path
+        if cfg.card is None or not cfg.card.enabled:
+            raise ConfigError("card", "the testbed needs a [card] section with enabled = true and its ports "
+                              "(see examples/testbed.toml)", where)
+        ids = sorted(p.id for p in cfg.card.ports)
+        if ids != list(range(len(ids))):
+            raise ConfigError("card.ports", f"port ids must be 0..{len(ids) - 1} (card port i is DPDK port i, "
+                              f"the i-th --vdev), got {ids}", where)
+        nodes = [Node("card", "card", None, f"{name}-card")]
+        links: list[Link] = []
+        used: dict[int, str] = {}
+        for kind, key, eps in (("client", "clients", cfg.clients), ("shard", "shards", cfg.shards)):
+            for i, e in enumerate(eps):
+                node = f"{kind[0]}{e.id}"
+                field = f"{key}[{i}]"
+                if e.card_port is None:
+                    raise ConfigError(f"{field}.card_port", "required: the card port this "
+                                      f"{kind} hangs off", where)
+                if e.card_port in used:
+                    raise ConfigError(f"{field}.card_port", f"card port {e.card_port} is already the link of "
+                                      f"{used[e.card_port]}; in the testbed every client and shard needs "
+                                      "a card port of its own", where)
+                used[e.card_port] = node
+                cp = cfg.card.port(e.card_port)
+                try:
+                    plen = link_prefix(cp.ip, e.ip)
+                except ValueError as err:
+                    raise ConfigError(f"{field}.ip", f"{err} (card port {cp.id} has {cp.ip}); give each "
+                                      "link its own small subnet, e.g. 10.77.<port>.1 and .2", where) from None
+                ns = f"{name}-{node}"
+                nodes.append(Node(node, kind, e.id, ns))
+                links.append(Link(
+                    port=cp.id, card_if=f"{name}p{cp.id}", card_mac=cp.mac or derived_mac("card", cp.id),
+                    card_ip=cp.ip, peer=node, peer_kind=kind, peer_id=e.id, peer_ns=ns,
+                    peer_if=f"{name}{node}", peer_mac=e.mac or derived_mac(kind, e.id), peer_ip=e.ip,
+                    peer_port=e.port, prefix_len=plen))
+        for p in cfg.card.ports:
+            if p.id not in used:
+                raise ConfigError(f"card.ports[{cfg.card.ports.index(p)}]", f"card port {p.id} has no client "
+                                  "or shard (set card_port on one, or remove the port)", where)
+        for link in links:
+            for ifname in (link.card_if, link.peer_if):
+                if len(ifname) > 15:
+                    raise ConfigError("clients/shards.id", f"interface name {ifname!r} is longer than 15 "
+                                      "characters: use a shorter testbed name or smaller ids", where)
+        links.sort(key=lambda lk: lk.port)
+        return cls(name, cfg, tuple(nodes), tuple(links))
+
+    # -- lookups
+    @property
+    def card_ns(self) -> str:
+        return f"{self.name}-card"
+
+    def node(self, name: str) -> Node:
+        """The node called ``name`` (``card``, ``c<id>``, ``s<id>``)."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node {name!r} in testbed {self.name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def link(self, peer: str) -> Link:
+        """The link of node ``peer`` (``c<id>`` or ``s<id>``)."""
+        for lk in self.links:
+            if lk.peer == peer:
+                return lk
+        raise KeyError(f"no link for {peer!r}")
+
+    def client_ns(self, client_id: int) -> str:
+        """Namespace of client ``client_id``."""
+        return self.node(f"c{client_id}").netns
+
+    def shard_ns(self, shard_id: int) -> str:
+        """Namespace of shard ``shard_id``."""
+        return self.node(f"s{shard_id}").netns
+
+    def vdevs(self) -> list[str]:
+        """``--vdev`` specs of the card, one per card port in port order:
+        ``net_af_packet<i>,iface=<name>p<i>``."""
+        return [f"net_af_packet{lk.port},iface={lk.card_if}" for lk in self.links]
+
+    def eal_args(self) -> list[str]:
+        """EAL arguments of the card (before the ``--vdev``s): ``[card].lcores``, no hugepages,
+        no PCI, 256 MB, and a file prefix unique to this testbed so testbeds run side by side."""
+        return ["-l", self.cfg.card.lcores, "--no-huge", "--no-pci", "-m", "256",
+                "--file-prefix", f"embnic-tb-{self.name}"]
+
+    def effective_raw(self, rdir: Path) -> dict:
+        """The user's config dict with every MAC filled in and a ``[control]`` section for the card
+        (name ``card``, control socket, log and state file in ``rdir``, netns, vdevs)."""
+        raw = json.loads(json.dumps(self.cfg.raw))  # deep copy
+        by_port = {lk.port: lk for lk in self.links}
+        for key in ("clients", "shards"):
+            for e in raw.get(key, []):
+                lk = by_port[e["card_port"]]
+                e["mac"] = lk.peer_mac
+        for p in raw["card"]["ports"]:
+            p["mac"] = by_port[p["id"]].card_mac
+            p.setdefault("name", by_port[p["id"]].card_if)
+        ctl = dict(raw.get("control", {}))
+        ctl.update({"name": "card", "ctl": str(rdir / "card.sock"), "netns": self.card_ns,
+                    "vdevs": self.vdevs(), "target": "dpdk", "eal_args": self.eal_args()})
+        if "binary" in ctl and self.cfg.path and not os.path.isabs(ctl["binary"]):
+            ctl["binary"] = str((Path(self.cfg.path).parent / ctl["binary"]).resolve())
+        raw["control"] = ctl
+        return raw
+
+    def diagram(self) -> str:
+        """A text picture of the declared wiring (one line per link)."""
+        lines = [f"testbed {self.name}: card in netns {self.card_ns}"]
+        for lk in self.links:
+            lines.append(f"  card port {lk.port} {lk.card_if} {lk.card_ip:<15} {lk.card_mac}  <==veth==>  "
+                         f"{lk.peer_kind} {lk.peer_id} {lk.peer_if} {lk.peer_ip}/{lk.prefix_len} "
+                         f"{lk.peer_mac} (netns {lk.peer_ns})")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- state file
+def state_path(name: str, rdir: Path | None = None) -> Path:
+    """``RUN_DIR/testbed-NAME.json``."""
+    return (rdir or run_dir()) / f"testbed-{name}.json"
+
+
+def node_dir(name: str, rdir: Path | None = None) -> Path:
+    """``RUN_DIR/testbed-NAME/``: logs, effective config, card socket."""
+    return (rdir or run_dir()) / f"testbed-{name}"
+
+
+def read_state(name: str, rdir: Path | None = None) -> dict | None:
+    """The state of testbed ``name`` (None if there is none)."""
+    p = state_path(name, rdir)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):
+        return {"name": name, "corrupt": True}
+
+
+def write_state(state: dict, rdir: Path | None = None) -> None:
+    """Write the state file atomically."""
+    p = state_path(state["name"], rdir)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    os.replace(tmp, p)
+
+
+def list_testbeds(rdir: Path | None = None) -> list[str]:
+    """Names of the testbeds that have a state file."""
+    d = rdir or run_dir()
+    try:
+        return sorted(p.name[len("testbed-"):-len(".json")] for p in d.glob("testbed-*.json"))
+    except OSError:
+        return []
+
+
+# --------------------------------------------------------------------------- runtime
+class Testbed:
+    """A testbed being brought up, used and torn down.
+
+    Args:
+        topo: the declaration (:meth:`Topology.from_config`).
+        rdir: run directory (default :func:`run_dir`).
+
+    Use as a context manager (``with Testbed(topo).up() as tb: ...``) or call :meth:`up` and
+    :func:`down` yourself.
+    """
+
+    __test__ = False
+
+    def __init__(self, topo: Topology, rdir: Path | None = None):
+        self.topo = topo
+        self.name = topo.name
+        self.rdir = Path(rdir) if rdir else run_dir()
+        self.dir = node_dir(self.name, self.rdir)
+        self.config_path = self.dir / "cluster.toml"
+        self.state: dict = {}
+        self._log = None
+        self.target = None  #: the DpdkTarget once the card runs
+        self._cfg: ClusterConfig | None = None
+
+    # -- paths and config
+    def log_path(self, node: str) -> Path:
+        """One log per node: ``RUN_DIR/testbed-NAME/<node>.log`` (``testbed`` for the testbed's own)."""
+        return self.dir / f"{node}.log"
+
+    @property
+    def cfg(self) -> ClusterConfig:
+        """The effective cluster config (every MAC filled in) every testbed process reads."""
+        if self._cfg is None:
+            self._cfg = load_config(self.config_path)
+        return self._cfg
+
+    def _save(self) -> None:
+        write_state(self.state, self.rdir)
+
+    def _tlog(self):
+        if self._log is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path("testbed"), "a")
+        return self._log
+
+    def __enter__(self) -> "Testbed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    # -- up
+    def up(self, *, servers: bool = True, card: bool = True, probe: bool = True,
+           ready_timeout: float = 20.0, server_argv=None) -> "Testbed":
+        """Create namespaces and links, start the shards and the card, probe the path.
+
+        Args:
+            servers: start ``embnic server`` in every shard namespace.
+            card: start the card (``embnic-dp``) in the card namespace and program it.
+            probe: check that every client reaches every shard through the card.
+            ready_timeout: seconds each readiness probe may take.
+            server_argv: ``f(shard_id, config_path, ip) -> argv`` instead of ``embnic server``
+                (tests use it to run plain processes).
+
+        Returns:
+            self (a context manager that tears the testbed down).
+
+        Raises:
+            NeedsRoot: not root.
+            TestbedError: already up, a command failed, a node did not become ready in time
+                (the message names its log). The testbed is torn down again before raising.
+        """
+        require_net_admin(f"testbed up ({self.name})")
+        old = read_state(self.name, self.rdir)
+        if old is not None:
+            live = [ns for ns in old.get("netns", []) if netns_exists(ns)]
+            procs = [p for p in old.get("procs", []) if proc_alive(p)]
+            if live or procs:
+                raise TestbedError(f"testbed {self.name!r} is already up ({len(live)} namespaces, {len(procs)} "
+                                   f"processes; state {state_path(self.name, self.rdir)}): run `embnic testbed "
+                                   f"down --name {self.name}` first, or pick another --name")
+        clash = [ns for ns in netns_list() if ns.startswith(f"{self.name}-")]
+        if clash:
+            raise TestbedError(f"namespaces {', '.join(clash)} exist but no testbed {self.name!r} is recorded: "
+                               f"remove them with `embnic testbed down --name {self.name}`")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for f in self.dir.glob("*.log"):
+            f.unlink()
+        raw = self.topo.effective_raw(self.dir)
+        text = dump_toml(raw)
+        parse_config(json.loads(json.dumps(raw)), self.config_path)  # validate before writing
+        self.config_path.write_text("# written by `embnic testbed up` from "
+                                    f"{self.topo.cfg.path or '<dict>'}: every MAC filled in, [control] for the card\n"
+                                    + text)
+        self.state = {
+            "name": self.name, "phase": "starting",
+            "config": os.path.abspath(self.topo.cfg.path) if self.topo.cfg.path else None,
+            "effective_config": str(self.config_path), "dir": str(self.dir), "created": time.time(),
+            "creator_pid": os.getpid(), "netns": [], "links": [], "procs": [], "card": None, "netem": None,
+        }
+        self._save()
+        try:
+            self._create()
+            if servers:
+                self._start_servers(ready_timeout, server_argv)
+            if card:
+                self._start_card(ready_timeout)
+            if probe and card and servers:
+                self.probe(timeout=ready_timeout)
+            self.state["phase"] = "up"
+            self._save()
+        except BaseException:
+            self._tlog().write("up failed; tearing down\n")
+            down(self.name, self.rdir)
+            raise
+        return self
+
+    def _create(self) -> None:
+        log = self._tlog()
+        topo = self.topo
+        mtu = str(topo.cfg.mtu)
+        for node in topo.nodes:
+            self.state["netns"].append(node.netns)
+            self._save()
+            _run(["ip", "netns", "add", node.netns], log=log)
+            for key in ("all", "default"):
+                _run(["ip", "netns", "exec", node.netns, "sysctl", "-qw",
+                      f"net.ipv6.conf.{key}.disable_ipv6=1"], log=log, check=False)
+            _run(["ip", "-n", node.netns, "link", "set", "lo", "up"], log=log)
+        for lk in topo.links:
+            self.state["links"].append({"port": lk.port, "card_if": lk.card_if, "peer_if": lk.peer_if,
+                                        "peer_ns": lk.peer_ns, "peer": lk.peer})
+            self._save()
+            _run(["ip", "link", "add", lk.card_if, "netns", topo.card_ns, "address", lk.card_mac, "mtu", mtu,
+                  "type", "veth", "peer", "name", lk.peer_if, "netns", lk.peer_ns, "address", lk.peer_mac,
+                  "mtu", mtu], log=log)
+            for ns, ifname in ((topo.card_ns, lk.card_if), (lk.peer_ns, lk.peer_if)):
+                _run(["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off"], log=log)
+                _run(["ip", "-n", ns, "link", "set", ifname, "up"], log=log)
+            ns = lk.peer_ns
+            _run(["ip", "-n", ns, "addr", "add", f"{lk.peer_ip}/{lk.prefix_len}", "dev", lk.peer_if], log=log)
+            _run(["ip", "-n", ns, "neigh", "replace", lk.card_ip, "lladdr", lk.card_mac, "dev", lk.peer_if,
+                  "nud", "permanent"], log=log)
+            _run(["ip", "-n", ns, "route", "add", "default", "via", lk.card_ip, "dev", lk.peer_if], log=log)
+
+    def _spawn(self, node: str, role: str, argv: list[str]) -> dict:
+        """Start ``argv`` in its own session with output to the node's log; record it."""
+        logp = self.log_path(node)
+        with open(logp, "ab") as logf:
+            logf.write(("# " + " ".join(argv) + "\n").encode())
+            logf.flush()
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                        start_new_session=True, close_fds=True, env=env)
+            except OSError as e:
+                raise TestbedError(f"cannot start {argv[0]}: {e.strerror}") from None
+        rec = {"node": node, "role": role, "pid": proc.pid, "starttime": proc_starttime(proc.pid),
+               "argv": argv, "log": str(logp)}
+        self.state["procs"].append(rec)
+        self._save()
+        rec_proc = dict(rec)
+        rec_proc["_popen"] = proc
+        return rec_proc
+
+    def _start_servers(self, timeout: float, server_argv) -> None:
+        cfg = self.cfg
+        started = []
+        for s in cfg.shards:
+            ns = self.topo.shard_ns(s.id)
+            if server_argv is not None:
+                cmd = list(server_argv(s.id, str(self.config_path), s.ip))
+            else:
+                cmd = [sys.executable, "-m", "embnic", "server", "--shard", str(s.id),
+                       "--config", str(self.config_path), "--bind", s.ip]
+            started.append((s, self._spawn(f"s{s.id}", "server", ["ip", "netns", "exec", ns] + cmd)))
+        for s, rec in started:
+            if server_argv is None:
+                self._wait_udp(rec, s.port, f"shard {s.id}", timeout)
+
+    def _wait_udp(self, rec: dict, port: int, what: str, timeout: float) -> None:
+        """Wait until process ``rec`` has a UDP socket bound to ``port`` (in its namespace)."""
+        deadline = time.monotonic() + timeout
+        want = f":{port:04X} "
+        while True:
+            proc = rec["_popen"]
+            rc = proc.poll()
+            if rc is not None:
+                raise TestbedError(f"{what} exited with code {rc} while starting: {_tail(rec['log'])} "
+                                   f"(log: {rec['log']})")
+            try:
+                for line in Path(f"/proc/{rec['pid']}/net/udp").read_text().splitlines()[1:]:
+                    if want in line.split()[1] + " ":
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TestbedError(f"{what} did not bind UDP port {port} within {timeout:g} s; see its log "
+                                   f"{rec['log']}")
+            time.sleep(0.05)
+
+    def _start_card(self, timeout: float) -> None:
+        from embnic.control.target_dpdk import DpdkTarget
+
+        cfg = self.cfg
+        ctl = cfg.raw["control"]
+        self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"], netns=self.topo.card_ns,
+                                 name="card", run_dir=self.dir, vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"],
+                                 ready_timeout=timeout)
+        # record before starting so `down` finds it even if we crash inside load()
+        self.state["card"] = {"run_dir": str(self.dir), "name": "card", "ctl": ctl["ctl"],
+                              "log": str(self.dir / "card.log")}
+        self._save()
+        try:
+            st = self.target.load()
+        except Exception as e:  # OperationalError, ConfigError, BuildInfoError
+            raise TestbedError(f"the card did not start: {getattr(e, 'message', None) or e} "
+                               f"(log: {self.dir / 'card.log'})") from None
+        self.state["card"].update({"pid": st.get("pid"), "starttime": st.get("starttime"),
+                                   "log": st.get("log", self.state["card"]["log"])})
+        self.state["procs"].append({"node": "card", "role": "card", "pid": st.get("pid"),
+                                    "starttime": st.get("starttime"), "argv": st.get("argv"),
+                                    "log": st.get("log")})
+        self._save()
+
+    # -- probe
+    def probe(self, timeout: float = 10.0) -> dict:
+        """Send a one-key lookup from every client to every shard through the card; wait for replies.
+
+        Any reply (a row or an ``ERROR``) proves the path client → card → shard → card → client.
+
+        Returns:
+            ``{"c1->s0": rtt_us, ...}``.
+
+        Raises:
+            TestbedError: a client got no reply in ``timeout`` s (names the card and shard logs).
+        """
+        cfg = self.cfg
+        t0 = cfg.tables[0]
+        out = {}
+        for c in cfg.clients:
+            with in_netns(self.topo.client_ns(c.id)):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.bind((c.ip, c.port))
+                dest = cfg.request_destination(c.id, cfg.shards[0].id)
+                for i, s in enumerate(cfg.shards):
+                    msg_id = PROBE_MSG_ID_BASE + i
+                    frames = codec.encode_lookup(msg_id=msg_id, client_id=c.id, table_id=t0.id, shard_id=s.id,
+                                                 dim=t0.dim, dtype=t0.wire_dtype, keys=_probe_keys(), mtu=cfg.mtu)
+                    start = time.monotonic()
+                    deadline = start + timeout
+                    got = None
+                    while got is None and time.monotonic() < deadline:
+                        for f in frames:
+                            sock.sendto(f, dest)
+                        end = min(deadline, time.monotonic() + 0.5)
+                        while time.monotonic() < end:
+                            r, _, _ = select.select([sock], [], [], max(0.0, end - time.monotonic()))
+                            if not r:
+                                break
+                            data = sock.recv(65536)
+                            try:
+                                h = codec.parse_header(data, expect="reply")
+                            except codec.FrameError:
+                                continue
+                            if h.msg_id == msg_id and h.client_id == c.id:
+                                got = time.monotonic() - start
+                                break
+                    if got is None:
+                        raise TestbedError(
+                            f"probe: client {c.id} got no reply from shard {s.id} through the card within "
+                            f"{timeout:g} s; see {self.dir / 'card.log'}, {self.log_path(f's{s.id}')} and "
+                            f"`embnic testbed status --name {self.name}` (card drops)")
+                    out[f"c{c.id}->s{s.id}"] = round(got * 1e6, 1)
+            finally:
+                sock.close()
+        self.state["probe_rtt_us"] = out
+        self._save()
+        return out
+
+    # -- use
+    def server_record(self, shard_id: int) -> dict:
+        """The state record of shard ``shard_id``'s server process."""
+        for p in self.state.get("procs", []):
+            if p.get("role") == "server" and p.get("node") == f"s{shard_id}":
+                return p
+        raise KeyError(f"no server for shard {shard_id}")
+
+    def kill_server(self, shard_id: int, sig: int = signal.SIGKILL) -> None:
+        """Kill shard ``shard_id``'s server (fault injection). It stays recorded; ``down`` copes."""
+        rec = self.server_record(shard_id)
+        if proc_alive(rec):
+            os.killpg(rec["pid"], sig)
+            for _ in range(200):
+                _reap(rec["pid"])
+                if not proc_alive(rec):
+                    break
+                time.sleep(0.01)
+
+    def card_counters(self) -> dict | None:
+        """The card's counters (docs/control-socket.md ``counters``), or None without a card."""
+        if self.target is None:
+            return None
+        return self.target.counters()
+
+    def down(self) -> dict:
+        """Tear this testbed down (:func:`down`)."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return down(self.name, self.rdir)
+
+
+def _probe_keys():
+    import numpy as np
+
+    return np.zeros(1, dtype=np.uint64)
+
+
+def _tail(path: str | Path, n: int = 2) -> str:
+    try:
+        lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln and not ln.startswith("# ")]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+# --------------------------------------------------------------------------- down / status
+def _pattern(name: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(name)}-(card|c\d+|s\d+)$")
+
+
+def down(name: str, rdir: Path | None = None) -> dict:
+    """Remove everything testbed ``name`` made, in reverse order of :meth:`Testbed.up`.
+
+    Works from the state file alone (also after a crash): impairment helpers, the card,
+    the servers, any other process left in the testbed's namespaces (``ip netns pids``,
+    never by name), the namespaces (which takes their veths along), then the state file.
+    Namespaces matching ``NAME-{card,c<id>,s<id>}`` are removed even if unrecorded. Logs stay
+    in ``RUN_DIR/testbed-NAME/``.
+
+    Returns:
+        ``{"processes": [...stopped...], "netns": [...removed...], "found": bool}``.
+
+    Raises:
+        NeedsRoot: not root.
+    """
+    require_net_admin(f"testbed down ({name})")
+    rdir = Path(rdir) if rdir else run_dir()
+    state = read_state(name, rdir) or {}
+    stopped, removed = [], []
+    procs = state.get("procs", []) if isinstance(state.get("procs"), list) else []
+    order = {"impair": 0, "client": 1, "card": 2, "server": 3}
+    # the card through its target (clean DPDK shutdown, removes its socket and state file)
+    card = state.get("card")
+    if isinstance(card, dict):
+        try:
+            from embnic.control.target_dpdk import DpdkTarget
+
+            t = DpdkTarget(None, name=card.get("name", "card"), run_dir=card.get("run_dir", str(node_dir(name, rdir))))
+            if t.state() is not None:
+                t.unload()
+                stopped.append("card")
+        except Exception:  # noqa: BLE001 - fall back to the pid below
+            pass
+    for rec in sorted(reversed(procs), key=lambda r: order.get(r.get("role"), 9)):
+        if stop_process(rec):
+            stopped.append(f"{rec.get('node')}:{rec.get('role')}:{rec.get('pid')}")
+    pat = _pattern(name)
+    nss = [ns for ns in state.get("netns", []) if isinstance(ns, str)]
+    nss += [ns for ns in netns_list() if pat.match(ns) and ns not in nss]
+    me = os.getpid()
+    for ns in reversed(nss):
+        if not netns_exists(ns):
+            continue
+        for pid in netns_pids(ns):
+            if pid == me:
+                continue
+            rec = {"pid": pid, "starttime": proc_starttime(pid), "pgid": False}
+            if stop_process(rec, timeout=2.0):
+                stopped.append(f"{ns}:{pid}")
+    for ns in reversed(nss):
+        if netns_exists(ns):
+            _run(["ip", "netns", "del", ns], check=False)
+            removed.append(ns)
+    # veths live only inside the namespaces; a crashed `ip link add` cannot leave one in the
+    # root namespace, but check anyway
+    for lk in state.get("links", []):
+        for ifname in (lk.get("card_if"), lk.get("peer_if")):
+            if ifname and Path(f"/sys/class/net/{ifname}").exists():
+                _run(["ip", "link", "del", ifname], check=False)
+    try:
+        state_path(name, rdir).unlink()
+    except FileNotFoundError:
+        pass
+    for f in ("card.sock", "card.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (node_dir(name, rdir) / f).unlink()
+    return {"found": bool(state) or bool(removed), "processes": stopped, "netns": removed}
+
+
+def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
+    """What runs in testbed ``name``: namespaces, links, processes (alive or not), netem, card counters.
+
+    Raises:
+        NeedsRoot: not root.
+        TestbedError: no such testbed.
+    """
+    require_net_admin(f"testbed status ({name})")
+    rdir = Path(rdir) if rdir else run_dir()
+    state = read_state(name, rdir)
+    if state is None:
+        have = list_testbeds(rdir)
+        raise TestbedError(f"no testbed {name!r} (state {state_path(name, rdir)} absent); "
+                           + (f"running: {', '.join(have)}" if have else "start one with `embnic testbed up "
+                              "--config examples/testbed.toml`"))
+    out = {"name": name, "phase": state.get("phase"), "config": state.get("config"),
+           "effective_config": state.get("effective_config"), "dir": state.get("dir"),
+           "netns": {ns: netns_exists(ns) for ns in state.get("netns", [])},
+           "links": state.get("links", []),
+           "processes": [{"node": p.get("node"), "role": p.get("role"), "pid": p.get("pid"),
+                          "alive": proc_alive(p), "log": p.get("log")} for p in state.get("procs", [])],
+           "netem": state.get("netem"), "probe_rtt_us": state.get("probe_rtt_us")}
+    card = state.get("card")
+    if counters and isinstance(card, dict):
+        try:
+            from embnic.control.target_dpdk import DpdkTarget
+
+            t = DpdkTarget(None, name="card", run_dir=card.get("run_dir"))
+            c = t.counters()
+            out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"),
+                           "drops": {k: v for k, v in c.get("drops", {}).items() if v},
+                           "types": c.get("types"), "ring": c.get("ring"), "ports": c.get("ports"),
+                           "state": c.get("state")}
+        except Exception as e:  # noqa: BLE001 - status shows what it can
+            out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"), "error": str(e)}
+    return out
