@@ -1,0 +1,258 @@
+"""`embnic pipeline load|unload|status` and `DpdkTarget` driving a stand-in embnic-dp.
+
+The stand-in is an ELF with a real `.embnic_buildinfo` section whose main execs a Python
+control-socket server (ctl_fake_card.py), so start, build-info check, readiness wait,
+programming, state file, second-load refusal, SIGTERM/SIGKILL and cleanup are exercised
+without DPDK. The real binary: test_dataplane_real.py.
+Run alone: python3 -m pytest -q tests/control/test_pipeline_fake.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from embnic.client_lib.config import load_config
+from embnic.control.errors import OperationalError
+from embnic.control.target import pid_matches, read_state
+from embnic.control.target_dpdk import DpdkTarget
+
+VDEVS = ["--vdev", "net_ring0", "--vdev", "net_ring1"]
+
+
+@pytest.fixture
+def dp(fake_dp_factory):
+    return fake_dp_factory()
+
+
+@pytest.fixture
+def loaded(invoke, env, dp, card_config):
+    """A stand-in card loaded under the default name; unloaded (or killed) afterwards."""
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 0, r.output
+    st = read_state(env, "embnic")
+    yield st
+    st2 = read_state(env, "embnic")
+    if st2 and pid_matches(st2):
+        os.kill(st2["pid"], signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_load_programs_routes_and_clients(invoke, env, loaded, card_config):
+    st = loaded
+    assert st["target"] == "dpdk" and pid_matches(st)
+    assert st["ctl"] == str(env / "embnic.sock")
+    argv = st["argv"]
+    eal = argv[1:argv.index("--")]
+    assert eal[:8] == ["-l", "0", "--no-huge", "--no-pci", "-m", "256", "--file-prefix", "embnic-embnic"]
+    assert argv[argv.index("--"):] == ["--", "--ctl", st["ctl"], "--port-ip", "0=10.0.0.1", "--port-ip", "1=10.0.1.1",
+                                       "--ring-size", "1024", "--state-size", "4096", "--state-timeout-ms", "5000"]
+    r = invoke("route", "list", "--json")
+    assert [(x["shard"], x["port"], x["mac"], x["ip"], x["udp_port"]) for x in json.loads(r.output)] == \
+        [(0, 1, "02:00:00:00:01:02", "10.0.1.2", 7878), (1, 1, "02:00:00:00:01:03", "10.0.1.3", 7879)]
+    r = invoke("client", "list", "--json")
+    assert [x["client"] for x in json.loads(r.output)] == [1]
+    assert "fake embnic-dp: 2 ports" in open(st["log"]).read()
+
+
+def test_second_load_says_what_runs(invoke, loaded, dp, card_config):
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1
+    assert f"pipeline 'embnic' is already running (dpdk target, pid {loaded['pid']}" in r.output
+    assert "embnic pipeline unload --name embnic" in r.output
+    assert pid_matches(loaded)
+
+
+def test_status_and_unload(invoke, env, loaded):
+    r = invoke("pipeline", "status")
+    assert r.exit_code == 0, r.output
+    assert f"pid {loaded['pid']}" in r.output and "mode pipeline" in r.output and "net_ring1" in r.output
+    assert json.loads(invoke("pipeline", "status", "--json").output)["answers"] is True
+    assert invoke("status").exit_code == 0
+    r = invoke("pipeline", "unload")
+    assert r.exit_code == 0, r.output
+    assert f"unloaded pipeline 'embnic': pid {loaded['pid']} stopped" in r.output
+    assert _gone(loaded["pid"])
+    assert read_state(env, "embnic") is None
+    assert not os.path.exists(loaded["ctl"])
+    assert "fake embnic-dp: stopped" in open(loaded["log"]).read()  # SIGTERM, clean exit
+    r = invoke("pipeline", "unload")
+    assert r.exit_code == 1 and "pipeline 'embnic' is not loaded" in r.output
+    r = invoke("pipeline", "status")
+    assert r.exit_code == 1 and "is not loaded: run `embnic pipeline load" in r.output
+
+
+def test_load_refuses_wrong_protocol(invoke, env, fake_dp_factory, card_config):
+    bad = fake_dp_factory(proto_version=2)
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", bad, *VDEVS)
+    assert r.exit_code == 1
+    assert f"refusing {bad}: built for another protocol (proto_version 2 != client library's 1)" in r.output
+    assert read_state(env, "embnic") is None and not (env / "embnic.log").exists()
+
+
+def test_load_refuses_udp_port_mismatch(invoke, env, dp, card_config):
+    card_config.write_text(card_config.read_text().replace("udp_port = 7878", "udp_port = 9000"))
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1 and "udp_port 7878 != cluster.udp_port 9000" in r.output
+
+
+def test_load_needs_mac(invoke, env, dp, card_config):
+    card_config.write_text(card_config.read_text().replace('mac = "02:00:00:00:00:02"\n', ""))
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 2
+    assert "clients[0].mac: required to program the card, which does not resolve MACs by ARP" in r.output
+    assert read_state(env, "embnic") is None
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--no-program", "--name", "np")
+    assert r.exit_code == 0, r.output
+    assert "0 route(s), 0 client(s)" in r.output
+    assert invoke("pipeline", "unload", "--name", "np").exit_code == 0
+
+
+def test_load_usage_errors(invoke, env, dp, card_config, tmp_path):
+    r = invoke("pipeline", "load", "--binary", dp, *VDEVS)
+    assert r.exit_code == 2 and "no cluster config" in r.output
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp)
+    assert r.exit_code == 2 and "no DPDK ports: give one --vdev per card port" in r.output
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, "--vdev", "net_ring0")
+    assert r.exit_code == 2 and "card.ports[1] is DPDK port 1 but only 1 vdev(s) given" in r.output
+    nocard = tmp_path / "nocard.toml"
+    nocard.write_text(card_config.read_text().split("[card]")[0].replace("card_port", "#"))
+    r = invoke("pipeline", "load", "-c", nocard, "--binary", dp, *VDEVS)
+    assert r.exit_code == 2 and "card: the dpdk target needs a [card] section" in r.output
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", tmp_path / "nope", *VDEVS)
+    assert r.exit_code == 1 and "no embnic-dp binary at" in r.output and "make -C dataplane" in r.output
+    r = invoke("pipeline", "load", "-c", card_config, "--target", "bmv2", *VDEVS)
+    assert r.exit_code == 2 and "no target 'bmv2'" in r.output
+
+
+def test_eal_args_replace_defaults(invoke, env, dp, card_config):
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, "--eal-args",
+               "-l 0 --no-huge --no-pci -m 128 --file-prefix x --vdev net_null0 --vdev net_null1")
+    assert r.exit_code == 0, r.output
+    st = read_state(env, "embnic")
+    assert st["argv"][1:st["argv"].index("--")] == ["-l", "0", "--no-huge", "--no-pci", "-m", "128", "--file-prefix",
+                                                    "x", "--vdev", "net_null0", "--vdev", "net_null1"]
+    assert invoke("pipeline", "unload").exit_code == 0
+
+
+def test_card_exits_during_start(invoke, env, dp, card_config, monkeypatch):
+    monkeypatch.setenv("FAKE_CARD_FAIL", "no ports")
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1
+    assert "embnic-dp exited with code 1 while starting: EAL: fake failure: no ports" in r.output
+    assert f"(full log: {env / 'embnic.log'})" in r.output
+    assert read_state(env, "embnic") is None
+
+
+def test_port_missing_on_card(invoke, env, dp, card_config):
+    """The card came up with fewer ports than the config names: load fails and stops it."""
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, "--eal-args", "-l 0 --vdev net_ring0")
+    assert r.exit_code == 1
+    assert "card.ports[1] is DPDK port 1 but embnic-dp has ports [0]" in r.output
+    assert read_state(env, "embnic") is None
+
+
+def test_stale_state_and_socket_are_replaced(invoke, env, dp, card_config):
+    (env / "embnic.json").write_text(json.dumps({"target": "dpdk", "pid": 2**22 + 7, "ctl": str(env / "embnic.sock")}))
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(env / "embnic.sock"))
+    s.close()
+    r = invoke("pipeline", "status")
+    assert r.exit_code == 1 and "is not running: pid 4194311 is gone" in r.output
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 0, r.output
+    assert invoke("pipeline", "unload").exit_code == 0
+
+
+def test_unload_stale(invoke, env):
+    (env / "embnic.json").write_text(json.dumps({"target": "dpdk", "pid": 2**22 + 7, "ctl": str(env / "x.sock")}))
+    r = invoke("pipeline", "unload")
+    assert r.exit_code == 0 and "was not running (pid 4194311 gone); removed its stale state file" in r.output
+    assert not (env / "embnic.json").exists()
+
+
+def test_unload_kills_a_card_that_ignores_sigterm(invoke, env, dp, card_config, monkeypatch):
+    monkeypatch.setenv("FAKE_CARD_IGNORE_TERM", "1")
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 0, r.output
+    pid = read_state(env, "embnic")["pid"]
+    r = invoke("pipeline", "unload", "--timeout", "0.3")
+    assert r.exit_code == 0
+    assert "did not stop within 0.3s of SIGTERM and was killed (SIGKILL)" in r.output
+    assert _gone(pid)
+
+
+def test_two_pipelines_by_name(invoke, env, dp, card_config):
+    for n in ("a", "b"):
+        r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--name", n)
+        assert r.exit_code == 0, r.output
+    a, b = read_state(env, "a"), read_state(env, "b")
+    assert a["pid"] != b["pid"] and a["ctl"] != b["ctl"]
+    assert "--file-prefix" in a["argv"] and a["argv"][a["argv"].index("--file-prefix") + 1] == "embnic-a"
+    assert invoke("route", "del", "0", "--name", "a").exit_code == 0
+    assert len(json.loads(invoke("route", "list", "--json", "--name", "a").output)) == 1
+    assert len(json.loads(invoke("route", "list", "--json", "--name", "b").output)) == 2
+    for n in ("a", "b"):
+        assert invoke("pipeline", "unload", "--name", n).exit_code == 0
+
+
+def test_python_api(env, dp, card_config):
+    """The API the testbed uses: DpdkTarget(config, binary, eal_args, ctl_path, netns).load()/counters()/unload()."""
+    cfg = load_config(card_config)
+    ctl = str(env / "api.sock")
+    t = DpdkTarget(cfg, binary=dp, ctl_path=ctl, name="api", vdevs=["net_ring0", "net_ring1"])
+    res = t.load()
+    try:
+        assert res["routes"] == 2 and res["clients"] == 1 and res["ctl"] == ctl
+        assert t.is_loaded()
+        assert t.counters()["ring"]["size"] == 1024
+        assert [e.id for e in t.route_list()] == [0, 1]
+        assert t.state_summary()["capacity"] == 65536
+        assert len(t.state_dump(1)) == 1
+        assert t.info()["mode"] == "pipeline"
+        from embnic.control.ctlsock import CtlClient
+
+        assert CtlClient(ctl).call("ping")["pid"] == res["pid"]
+    finally:
+        out = t.unload()
+    assert out["was_running"] and not out["killed"] and out["exit"] == 0
+    assert not t.is_loaded()
+
+
+def test_netns_needs_root(env, dp, card_config, monkeypatch):
+    t = DpdkTarget(load_config(card_config), binary=dp, netns="enTnope", vdevs=["net_ring0", "net_ring1"])
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(OperationalError, match=r"needs root: run as root \(sudo embnic \.\.\.\)"):
+        t.load()
+    monkeypatch.undo()
+    if os.geteuid() == 0:
+        with pytest.raises(OperationalError, match="network namespace 'enTnope' does not exist"):
+            t.load()
+
+
+def test_netns_argv(card_config):
+    t = DpdkTarget(load_config(card_config), netns="enT1card", vdevs=["net_ring0"], name="x")
+    argv = t.argv("/bin/dp", "/run/x.sock")
+    assert argv[:5] == ["ip", "netns", "exec", "enT1card", "/bin/dp"]
+
+
+def test_no_root_for_run_dir(invoke, env, dp, card_config, monkeypatch):
+    monkeypatch.setenv("EMBNIC_RUN_DIR", str(env / "ro"))
+    (env / "ro").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p).endswith("/ro") else real_access(p, m))
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1
+    assert "run as root (sudo embnic ...) or set EMBNIC_RUN_DIR" in r.output
