@@ -1,0 +1,260 @@
+"""``embnic testbed up|down|status|netem``: the network-namespace testbed (testbed/topology.py)."""
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from embnic.control.errors import OperationalError
+from embnic.control.options import config_option, load_cluster
+
+DEFAULT_NAME = "emb"
+
+
+class NeedsRootError(click.ClickException):
+    """A testbed command run without root (CAP_NET_ADMIN): exit code 2, one line naming the fix."""
+
+    exit_code = 2
+
+
+def require_root(what: str) -> None:
+    """Raise :class:`NeedsRootError` unless this process may create namespaces and veths."""
+    from embnic.testbed.topology import has_net_admin
+
+    if not has_net_admin():
+        raise NeedsRootError(f"{what} needs root (CAP_NET_ADMIN, for network namespaces and veth pairs): "
+                             f"run it as root, e.g. `sudo embnic {what} ...`")
+
+
+def needs_root(what: str):
+    """Decorator: the command checks for root (CAP_NET_ADMIN) first and exits 2 without it."""
+
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            require_root(what)
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+def translate_errors(f):
+    """Turn testbed errors into one-line CLI errors (exit 1; NeedsRoot exit 2)."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        from embnic.client_lib.config import ConfigError
+        from embnic.testbed.topology import NeedsRoot, TestbedError
+
+        try:
+            return f(*args, **kwargs)
+        except NeedsRoot as e:
+            raise NeedsRootError(str(e)) from None
+        except TestbedError as e:
+            raise OperationalError(str(e)) from None
+        except ConfigError as e:
+            from embnic.control.options import ConfigFileError
+
+            raise ConfigFileError(str(e)) from None
+
+    return wrapper
+
+
+name_option = click.option("--name", "-n", "name", default=DEFAULT_NAME, envvar="EMBNIC_TESTBED", show_default=True,
+                           help="Testbed name: prefix of every namespace and interface (1-8 letters/digits). "
+                                "Env: EMBNIC_TESTBED.")
+
+
+@click.group("testbed")
+def testbed():
+    """Bring the namespace testbed (clients, card, parameter-server shards on veth pairs) up and down.
+
+    Every client and shard gets its own network namespace and one veth pair to the card's
+    namespace, where embnic-dp runs on net_af_packet vdevs. All commands need root.
+
+    \b
+    Examples:
+      sudo embnic testbed up --config examples/testbed.toml
+      sudo embnic testbed status
+      sudo embnic testbed netem --loss 1 --reorder 5 --duplicate 1
+      sudo embnic testbed down
+    """
+
+
+@testbed.command("up")
+@config_option(required=True)
+@name_option
+@click.option("--no-card", is_flag=True, help="Only namespaces, links and shards (no embnic-dp).")
+@click.option("--timeout", type=click.FloatRange(1, 600), default=20.0, show_default=True,
+              help="Seconds each readiness probe may take.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@needs_root("testbed up")
+@translate_errors
+def up(config, name, no_card, timeout, as_json):
+    """Create the namespaces and veth pairs of the config, start a shard in each shard namespace
+    and the card in the card namespace, program its routes and clients, and probe that every
+    client reaches every shard through the card.
+
+    The wiring, state file and logs are described in testbed/topology.py;
+    `embnic testbed down` removes everything again (also after a crash).
+
+    \b
+    Examples:
+      sudo embnic testbed up --config examples/testbed.toml
+      sudo embnic testbed up -c examples/testbed.toml --name tb2
+    """
+    if config is None:
+        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
+    from embnic.client_lib.config import ConfigError
+    from embnic.testbed import topology as T
+
+    cfg = load_cluster(config)
+    try:
+        topo = T.Topology.from_config(cfg, name)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--name") from None
+    click.echo(topo.diagram(), err=True)
+    tb = T.Testbed(topo).up(card=not no_card, probe=not no_card, ready_timeout=timeout)
+    st = T.status(name, counters=False)
+    if as_json:
+        click.echo(json.dumps(st, indent=1))
+    else:
+        rtt = st.get("probe_rtt_us") or {}
+        probe = ", ".join(f"{k} {v:.0f} µs" for k, v in rtt.items()) or "skipped"
+        click.echo(f"testbed {name} is up: {len(st['netns'])} namespaces, {len(st['links'])} links, "
+                   f"{len(st['processes'])} processes; probe {probe}")
+        click.echo(f"config for clients: {tb.config_path}   logs: {tb.dir}/   down: embnic testbed down --name {name}")
+
+
+@testbed.command("down")
+@name_option
+@needs_root("testbed down")
+@translate_errors
+def down_cmd(name):
+    """Stop everything testbed NAME started, in reverse order, and delete its namespaces and veths.
+
+    Works from the state file (RUN_DIR/testbed-NAME.json), also after a crash; namespaces named
+    NAME-card, NAME-c<id>, NAME-s<id> go even if unrecorded. Logs stay in RUN_DIR/testbed-NAME/.
+
+    \b
+    Examples:
+      sudo embnic testbed down
+      sudo embnic testbed down --name tb2
+    """
+    from embnic.testbed import topology as T
+
+    res = T.down(name)
+    if not res["found"]:
+        click.echo(f"testbed {name}: nothing to remove")
+        return
+    click.echo(f"testbed {name} is down: stopped {len(res['processes'])} processes, "
+               f"removed {len(res['netns'])} namespaces")
+
+
+def _print_status(st: dict) -> None:
+    click.echo(f"testbed {st['name']}: {st.get('phase')}   config {st.get('config')}")
+    click.echo(f"  effective config: {st.get('effective_config')}   logs: {st.get('dir')}/")
+    for ns, ok in st["netns"].items():
+        click.echo(f"  netns {ns:<14} {'present' if ok else 'MISSING'}")
+    for lk in st["links"]:
+        click.echo(f"  link  card port {lk['port']} {lk['card_if']} <-> {lk['peer_if']} ({lk['peer']})")
+    for p in st["processes"]:
+        click.echo(f"  proc  {p['node']:<5} {p['role']:<7} pid {p['pid']!s:<8} "
+                   f"{'running' if p['alive'] else 'NOT RUNNING'}  {p['log']}")
+    card = st.get("card")
+    if card:
+        if "error" in card:
+            click.echo(f"  card  ctl {card.get('ctl')}: {card['error']}")
+        else:
+            drops = ", ".join(f"{k} {v}" for k, v in sorted(card["drops"].items())) or "none"
+            ring = card.get("ring") or {}
+            click.echo(f"  card  ctl {card.get('ctl')}  types {card.get('types')}")
+            click.echo(f"  card  drops: {drops}   ring {ring.get('count')}/{ring.get('size')} "
+                       f"(high water {ring.get('high_water')})")
+    ne = st.get("netem")
+    if ne:
+        imp = ne.get("impairment", {})
+        click.echo(f"  netem {ne.get('backend')}: loss {imp.get('loss')}% reorder {imp.get('reorder')}% "
+                   f"duplicate {imp.get('duplicate')}% on {', '.join(ne.get('links', []))}")
+        for link, c in (ne.get("counters") or {}).items():
+            if c:
+                click.echo(f"  netem {link}: " + "   ".join(
+                    f"{d} {c[d]['in']} frames -> {c[d]['out']} (dropped {c[d]['dropped']}, duplicated "
+                    f"{c[d]['duplicated']}, reordered {c[d]['reordered']})" for d in ("out", "in")))
+
+
+@testbed.command("status")
+@name_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@needs_root("testbed status")
+@translate_errors
+def status_cmd(name, as_json):
+    """Show what testbed NAME runs: namespaces, links, processes, card counters, netem.
+
+    \b
+    Examples:
+      sudo embnic testbed status
+      sudo embnic testbed status --name tb2 --json
+    """
+    from embnic.testbed import netem as N
+    from embnic.testbed import topology as T
+
+    st = T.status(name)
+    if st.get("netem"):
+        st["netem"] = N.show(name)
+    if as_json:
+        click.echo(json.dumps(st, indent=1))
+    else:
+        _print_status(st)
+
+
+@testbed.command("netem")
+@name_option
+@click.option("--loss", type=click.FloatRange(0, 100), default=0.0, show_default=True, help="% of frames dropped.")
+@click.option("--reorder", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+              help="% of frames reordered.")
+@click.option("--duplicate", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+              help="% of frames duplicated.")
+@click.option("--delay", "delay_ms", type=click.FloatRange(0, 10000), default=0.0, show_default=True,
+              help="Delay in ms (tc: every frame; user: longest hold of a reordered frame).")
+@click.option("--link", "links", multiple=True, metavar="NODE",
+              help="Impair only this node's link (c1, s0, ...); repeatable. Default: every link.")
+@click.option("--backend", type=click.Choice(["auto", "tc", "user"]), default="auto", show_default=True,
+              help="tc netem, or the user-space helper for kernels without sch_netem.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the user-space helper.")
+@click.option("--clear", "clear_", is_flag=True, help="Remove every impairment.")
+@needs_root("testbed netem")
+@translate_errors
+def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, clear_):
+    """Impair the testbed's veth links (both directions): loss, reordering, duplicates.
+
+    Uses Linux `tc netem` where the kernel has it, else a user-space helper per link doing the
+    same (see testbed/netem.py). All zeros, or --clear, removes the impairment.
+
+    \b
+    Examples:
+      sudo embnic testbed netem --loss 1 --reorder 5 --duplicate 1
+      sudo embnic testbed netem --loss 2 --link s1
+      sudo embnic testbed netem --clear
+    """
+    from embnic.testbed import netem as N
+
+    if clear_:
+        res = N.clear(name)
+        click.echo(f"testbed {name}: netem cleared" if res else f"testbed {name}: no impairment was set")
+        return
+    try:
+        imp = N.Impairment(loss, reorder, duplicate, delay_ms, seed)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    rec = N.apply(name, imp, backend=backend, links=list(links) or None)
+    if not rec.get("backend"):
+        click.echo(f"testbed {name}: netem cleared")
+        return
+    click.echo(f"testbed {name}: {rec['backend']} netem loss {loss:g}% reorder {reorder:g}% duplicate "
+               f"{duplicate:g}% on {', '.join(rec['links'])}")
