@@ -42,7 +42,7 @@ def _ports_line(info: dict) -> str:
               help="embnic-dp to run (default: $EMBNIC_DP, else dataplane/build/embnic-dp).")
 @click.option("--eal-args", metavar="ARGS", default=None,
               help="EAL arguments replacing the defaults '-l LCORES --no-huge --no-pci -m 256 "
-                   "--file-prefix embnic-NAME' (one shell-quoted string). Env: EMBNIC_EAL_ARGS.")
+                   "--file-prefix embnic-NAME-…' (one shell-quoted string). Env: EMBNIC_EAL_ARGS.")
 @click.option("--vdev", "vdevs", metavar="SPEC", multiple=True,
               help="A DPDK vdev, one per card port in port order (net_ring0, net_null0, "
                    "net_af_packet0,iface=veth0, ...). Repeatable.")

@@ -9,7 +9,7 @@ if it does not stop, remove state file and socket.
 
 Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
 
-    -l <card.lcores> --no-huge --no-pci -m 256 --file-prefix embnic-<NAME> [--vdev V ...]
+    -l <card.lcores> --no-huge --no-pci -m 256 --file-prefix embnic-<NAME>-<crc(RUN_DIR)> [--vdev V ...]
 
 ``eal_args`` replaces them all (the ``vdevs`` are still appended). Example from Python::
 
@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -145,6 +146,12 @@ class DpdkTarget(Target):
         return str(self.run_dir / f"{self.instance}.sock")
 
     @property
+    def file_prefix(self) -> str:
+        """Default EAL ``--file-prefix``: ``embnic-NAME-<crc of RUN_DIR>``, unique per running instance
+        (the state file allows one per name and run directory)."""
+        return f"embnic-{self.instance}-{zlib.crc32(str(self.run_dir.resolve()).encode()) & 0xFFFFFF:06x}"
+
+    @property
     def log_path(self) -> Path:
         return self.run_dir / f"{self.instance}.log"
 
@@ -161,7 +168,7 @@ class DpdkTarget(Target):
         else:
             card = self.config.card if self.config is not None else None
             lcores = self.lcores or (card.lcores if card is not None else "0,1")
-            args = ["-l", lcores, "--no-huge", "--no-pci", "-m", "256", "--file-prefix", f"embnic-{self.instance}"]
+            args = ["-l", lcores, "--no-huge", "--no-pci", "-m", "256", "--file-prefix", self.file_prefix]
         for v in self.vdevs:
             args += ["--vdev", v]
         return args
@@ -355,6 +362,7 @@ class DpdkTarget(Target):
                     "log": None, "corrupt": True}
         res = self._stop(st)
         remove_state(self.run_dir, self.instance)
+        self._remove_dpdk_runtime(st.get("argv") or [])
         ctl = st.get("ctl")
         if ctl and os.path.exists(ctl) and not CtlClient(ctl, timeout=0.5).alive():
             try:
@@ -362,6 +370,15 @@ class DpdkTarget(Target):
             except OSError:
                 pass
         return {**res, "ctl": ctl, "log": st.get("log")}
+
+    @staticmethod
+    def _remove_dpdk_runtime(argv: list[str]) -> None:
+        """Remove EAL's runtime directory ``/var/run/dpdk/PREFIX`` of a stopped card (our own prefixes only)."""
+        if "--file-prefix" not in argv:
+            return
+        prefix = argv[argv.index("--file-prefix") + 1]
+        if prefix.startswith("embnic-") and "/" not in prefix:
+            shutil.rmtree(Path("/var/run/dpdk") / prefix, ignore_errors=True)
 
     def is_loaded(self) -> bool:
         """True if the state file's process runs and the control socket answers ``ping``."""

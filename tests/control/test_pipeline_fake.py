@@ -54,7 +54,8 @@ def test_load_programs_routes_and_clients(invoke, env, loaded, card_config):
     assert st["ctl"] == str(env / "embnic.sock")
     argv = st["argv"]
     eal = argv[1:argv.index("--")]
-    assert eal[:8] == ["-l", "0", "--no-huge", "--no-pci", "-m", "256", "--file-prefix", "embnic-embnic"]
+    assert eal[:7] == ["-l", "0", "--no-huge", "--no-pci", "-m", "256", "--file-prefix"]
+    assert eal[7].startswith("embnic-embnic-") and eal[8:] == VDEVS
     assert argv[argv.index("--"):] == ["--", "--ctl", st["ctl"], "--port-ip", "0=10.0.0.1", "--port-ip", "1=10.0.1.1",
                                        "--ring-size", "1024", "--state-size", "4096", "--state-timeout-ms", "5000"]
     r = invoke("route", "list", "--json")
@@ -200,7 +201,8 @@ def test_two_pipelines_by_name(invoke, env, dp, card_config):
         assert r.exit_code == 0, r.output
     a, b = read_state(env, "a"), read_state(env, "b")
     assert a["pid"] != b["pid"] and a["ctl"] != b["ctl"]
-    assert "--file-prefix" in a["argv"] and a["argv"][a["argv"].index("--file-prefix") + 1] == "embnic-a"
+    pa, pb = (x["argv"][x["argv"].index("--file-prefix") + 1] for x in (a, b))
+    assert pa.startswith("embnic-a-") and pb.startswith("embnic-b-")
     assert invoke("route", "del", "0", "--name", "a").exit_code == 0
     assert len(json.loads(invoke("route", "list", "--json", "--name", "a").output)) == 1
     assert len(json.loads(invoke("route", "list", "--json", "--name", "b").output)) == 2
