@@ -617,7 +617,7 @@ class Testbed:
             probe: check that every client reaches every shard through the card.
             ready_timeout: seconds each readiness probe may take.
             server_argv: ``f(shard_id, config_path, ip) -> argv`` instead of ``embnic server``
-                (tests use it to run plain processes).
+                (run in the shard's namespace; must bind the shard's UDP port to be ready).
 
         Returns:
             self (a context manager that tears the testbed down).
@@ -732,8 +732,7 @@ class Testbed:
                        "--config", str(self.config_path), "--bind", s.ip]
             started.append((s, self._spawn(f"s{s.id}", "server", ["ip", "netns", "exec", ns] + cmd)))
         for s, rec in started:
-            if server_argv is None:
-                self._wait_udp(rec, s.port, f"shard {s.id}", timeout)
+            self._wait_udp(rec, s.port, f"shard {s.id}", timeout)
 
     def _wait_udp(self, rec: dict, port: int, what: str, timeout: float) -> None:
         """Wait until process ``rec`` has a UDP socket bound to ``port`` (in its namespace)."""
