@@ -32,12 +32,15 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
     dt = (cur["t"] - prev["t"]) if prev else None
     out = [title] if title else []
     prev_ports = {p.get("port"): p for p in pc.get("ports", [])}
-    out.append(f"{'port':>4}  {'rx frames':>14} {'rx bytes':>16}  {'tx frames':>14} {'tx bytes':>16}")
+    head = f"{'port':>4}  {'rx frames':>14} {'rx bytes':>16}  {'tx frames':>14} {'tx bytes':>16}"
+    out.append(head + (f"  {'rx frames/s':>12} {'tx frames/s':>12}" if dt else ""))
     for p in c.get("ports", []):
         pp = prev_ports.get(p.get("port"), {})
-        out.append(f"{p.get('port'):>4}  {p.get('rx_frames', 0):>14,} {p.get('rx_bytes', 0):>16,}  "
-                   f"{p.get('tx_frames', 0):>14,} {p.get('tx_bytes', 0):>16,}"
-                   f"{_rate(p.get('rx_frames', 0), pp.get('rx_frames'), dt)}")
+        line = (f"{p.get('port'):>4}  {p.get('rx_frames', 0):>14,} {p.get('rx_bytes', 0):>16,}  "
+                f"{p.get('tx_frames', 0):>14,} {p.get('tx_bytes', 0):>16,}")
+        if dt:
+            line += "".join(f"  {(p.get(k, 0) - pp.get(k, p.get(k, 0))) / dt:>12,.0f}" for k in ("rx_frames", "tx_frames"))
+        out.append(line)
     types = c.get("types", {})
     names = [t.name for t in consts.MsgType] + sorted(set(types) - {t.name for t in consts.MsgType})
     ptypes = pc.get("types", {})

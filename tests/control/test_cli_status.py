@@ -50,7 +50,7 @@ def test_status_watch_text_with_rates(invoke, card):
     r = invoke("status", "--watch", "0", "--count", "2")
     assert r.exit_code == 0, r.output
     assert r.output.count("Ctrl-C to stop") == 2
-    assert "(0/s)" in r.output  # second sample shows rates
+    assert "(0/s)" in r.output and "rx frames/s" in r.output  # second sample shows rates
 
 
 def test_status_watch_default_interval_parses(invoke, card):
