@@ -2,7 +2,7 @@
 
 Builds the card with `make -C dataplane` (skips when DPDK is absent) and, for the refusal test,
 a second copy built with `make EMBNIC_PROTO_VERSION=2` (dataplane/README.md). Needs root (EAL).
-Run alone: sudo python3 -m pytest -q tests/control/test_dataplane_real.py
+Run alone: sudo python3 -m pytest -q tests/control/test_control_dataplane_real.py
 """
 from __future__ import annotations
 

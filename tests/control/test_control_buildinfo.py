@@ -1,8 +1,8 @@
 """Build info from the ELF section `.embnic_buildinfo` (pyelftools) and `embnic inspect`.
 
 Uses small ELF programs compiled here with gcc (tests/control/ctl_elf.py); the real
-embnic-dp is covered in test_dataplane_real.py.
-Run alone: python3 -m pytest -q tests/control/test_buildinfo.py
+embnic-dp is covered in test_control_dataplane_real.py.
+Run alone: python3 -m pytest -q tests/control/test_control_buildinfo.py
 """
 from __future__ import annotations
 

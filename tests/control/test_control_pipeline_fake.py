@@ -3,8 +3,8 @@
 The stand-in is an ELF with a real `.embnic_buildinfo` section whose main execs a Python
 control-socket server (ctl_fake_card.py), so start, build-info check, readiness wait,
 programming, state file, second-load refusal, SIGTERM/SIGKILL and cleanup are exercised
-without DPDK. The real binary: test_dataplane_real.py.
-Run alone: python3 -m pytest -q tests/control/test_pipeline_fake.py
+without DPDK. The real binary: test_control_dataplane_real.py.
+Run alone: python3 -m pytest -q tests/control/test_control_pipeline_fake.py
 """
 from __future__ import annotations
 
