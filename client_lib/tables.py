@@ -127,7 +127,8 @@ def wire_round(values: np.ndarray, dtype: int | str) -> np.ndarray:
         dtype = consts.DTYPE_BY_NAME[dtype]
     v = np.asarray(values, dtype=np.float32)
     if dtype == consts.DType.FP16:
-        return v.astype(np.float16).astype(np.float32)
+        with np.errstate(over="ignore"):  # |x| > 65504 becomes inf, as on the wire
+            return v.astype(np.float16).astype(np.float32)
     return v
 
 
@@ -258,7 +259,8 @@ class TableShard:
         Args:
             keys_unique: uint64 (N,), **no duplicates**, all ``< rows`` (not checked; a
                 duplicate would lose all but one of its gradients).
-            grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``.
+            grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``; finite
+                (not checked: a NaN would poison its row).
         """
         keys = np.asarray(keys_unique, dtype=np.uint64).reshape(-1)
         if keys.size == 0:
@@ -266,13 +268,14 @@ class TableShard:
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, self.dim)
         slot = self._materialise(keys)
         w = self._rows[slot]
-        if self.adagrad:
-            acc = self._acc[slot] + rowwise_mean_square(g)
-            self._acc[slot] = acc
-            mult = self._lr / (np.sqrt(acc) + self._eps)
-            w -= mult[:, None] * g
-        else:
-            w -= self._lr * g
+        with np.errstate(over="ignore"):  # huge finite g: acc -> inf, multiplier -> 0
+            if self.adagrad:
+                acc = self._acc[slot] + rowwise_mean_square(g)
+                self._acc[slot] = acc
+                mult = self._lr / (np.sqrt(acc) + self._eps)
+                w -= mult[:, None] * g
+            else:
+                w -= self._lr * g
         self._rows[slot] = w
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -320,14 +323,18 @@ def validate_update(table: TableConfig, keys: np.ndarray, grads: np.ndarray) -> 
     """Check an update for ``table``; returns (keys uint64 (N,), grads float32 (N, dim)).
 
     Raises:
-        ValueError: bad keys (see :func:`validate_keys`, uniqueness required) or grads not
-            of shape (N, table.dim).
+        ValueError: bad keys (see :func:`validate_keys`, uniqueness required), grads not
+            of shape (N, table.dim), or a gradient that is NaN or inf (after the wire's
+            rounding: fp16 overflows above 65504) — the servers refuse those too.
     """
     k = validate_keys(table, keys, unique=True)
     g = np.asarray(grads)
     if g.shape != (k.size, table.dim):
         raise ValueError(f"table {table.id}: grads shape {g.shape}, expected ({k.size}, {table.dim})")
-    return k, g.astype(np.float32, copy=False)
+    g = g.astype(np.float32, copy=False)
+    if not bool(np.isfinite(wire_round(g, table.dtype)).all()):
+        raise ValueError(f"table {table.id}: non-finite gradient (NaN or inf{' in fp16' if table.dtype == 'fp16' else ''})")
+    return k, g
 
 
 class LocalBackend:

@@ -22,7 +22,8 @@ What it does with every datagram (docs/protocol.md):
 3. **Reassemble** (:class:`~embnic.client_lib.reassembly.Reassembler`, any order, duplicates).
 4. **Body checks** on the whole message: ``KEY_OUT_OF_RANGE`` (a key ``>= rows``),
    ``NOT_OWNER`` (a key another shard owns under the cluster's sharding policy,
-   :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys in an update).
+   :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys or a NaN/inf
+   gradient in an update: refused rather than poisoning rows).
 5. **Serve**: LOOKUP_REQ → LOOKUP_REPLY with the rows in key order; UPDATE_REQ → apply with
    the table's optimizer (:class:`~embnic.client_lib.tables.TableShard`: SGD or row-wise
    Adagrad, the same code as the in-process reference) → UPDATE_ACK. Replies are fragmented
@@ -353,9 +354,10 @@ class ShardServer:
         else:
             keys, grads = codec.split_update_body(msg.body, h.num_keys, h.dim, h.dtype)
             self._check_keys(ts, keys)
-            if not is_unique(keys):
+            g = grads.astype(np.float32)
+            if not is_unique(keys) or not bool(np.isfinite(g).all()):
                 raise _Refused(Status.MALFORMED)
-            ts.apply(keys, grads.astype(np.float32))
+            ts.apply(keys, g)
             self._c["updates_applied"] += 1
             self._c["update_keys"] += h.num_keys
             self._applied[key] = fp

@@ -214,6 +214,8 @@ def test_local_backend_fp16_wire_rounding():
     assert np.array_equal(rows, rows.astype(np.float16).astype(np.float32))
     master = lb.tables[0].lookup(keys)
     assert not np.array_equal(rows, master)  # fp32 master kept on the server side
+    with pytest.raises(ValueError, match="non-finite.*fp16"):
+        lb.update(0, keys, np.full((10, 8), 7e4, np.float32))  # finite in fp32, inf in fp16
     g = np.full((10, 8), 1e-4 + 1e-8, np.float32)
     lb.update(0, keys, g)
     _, w, _ = lb.state_dict()[0]
@@ -231,6 +233,8 @@ def test_local_backend_validation():
         lb.lookup(0, np.array([-1], np.int64))
     with pytest.raises(ValueError, match="duplicate"):
         lb.update(0, np.array([1, 1], np.uint64), np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="non-finite"):
+        lb.update(0, np.array([1, 2], np.uint64), np.array([[0, 0, 0, np.inf], [0] * 4], np.float32))
     with pytest.raises(ValueError, match="shape"):
         lb.update(0, np.array([1, 2], np.uint64), np.zeros((2, 5), np.float32))
     assert lb.state_dict()[0][0].size == 0

@@ -1,0 +1,456 @@
+"""Parameter-server shard: numerics against the in-process reference over real UDP on loopback,
+exactly-once updates, ERROR statuses, counted drops of malformed frames, the ``embnic server``
+command (errors, SIGTERM/SIGINT → exit 0 with counters).
+
+Run alone: python3 -m pytest -q tests/testbed/test_server.py
+"""
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from embnic.client_lib import codec, consts, routing
+from embnic.client_lib.client import EmbeddingClient, ShardError
+from embnic.client_lib.config import parse_config
+from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.reassembly import Reassembler
+from embnic.client_lib.tables import LocalBackend, init_rows
+from embnic.control.cli import cli
+from embnic.testbed.server import ServerCluster, ServerThread, ShardServer
+
+TABLES = [
+    {"id": 0, "rows": 2000, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
+    {"id": 1, "rows": 5000, "dim": 16, "optimizer": "sgd", "lr": 0.3},
+    {"id": 3, "rows": 1000, "dim": 12, "optimizer": "adagrad", "dtype": "fp16"},
+]
+
+
+def make_cfg(shards=2, sharding="hash", mtu=1500, tables=TABLES, seed=42, **cluster):
+    return parse_config({
+        "cluster": {"seed": seed, "sharding": sharding, "mtu": mtu, "timeout_ms": 200, "retries": 10, **cluster},
+        "tables": tables,
+        "shards": [{"id": i, "ip": "127.0.0.1", "port": 7900 + i} for i in range(shards)],
+        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7990}, {"id": 2, "ip": "127.0.0.1", "port": 7991}],
+    })
+
+
+class Raw:
+    """A bare UDP client socket that speaks frames, for protocol-level tests."""
+
+    def __init__(self, dest):
+        self.dest = dest
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(10.0)  # a safety bound for a lost server, not a timing assertion
+        self.reasm = Reassembler(expect="reply")
+        self.frames = []
+
+    def send(self, frames):
+        for f in frames:
+            self.sock.sendto(f, self.dest)
+
+    def recv(self):
+        """The next complete reply message."""
+        while True:
+            data, addr = self.sock.recvfrom(65536)
+            self.frames.append(data)
+            m = self.reasm.feed(data, addr)
+            if m is not None:
+                return m
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def shard0():
+    """Shard 0 of a 2-shard hash cluster, in a thread, and a raw client pointed at it."""
+    cfg = make_cfg()
+    with ServerThread(cfg, 0) as st_:
+        raw = Raw(st_.address)
+        yield cfg, st_, raw
+        raw.close()
+
+
+def owned_keys(cfg, table_id, shard_id, n, rng):
+    keys = routing.owned_keys(cfg, table_id, shard_id)
+    return np.sort(rng.choice(keys, size=n, replace=False)).astype(np.uint64)
+
+
+def lookup_frames(cfg, table_id, keys, msg_id, shard_id=0, client_id=1, **over):
+    t = cfg.table(table_id)
+    kw = dict(msg_id=msg_id, client_id=client_id, table_id=table_id, shard_id=shard_id, dim=t.dim,
+              dtype=t.wire_dtype, keys=keys, mtu=cfg.mtu)
+    kw.update(over)
+    return codec.encode_lookup(**kw)
+
+
+def update_frames(cfg, table_id, keys, grads, msg_id, shard_id=0, client_id=1, flags=0):
+    t = cfg.table(table_id)
+    return codec.encode_update(msg_id=msg_id, client_id=client_id, table_id=table_id, shard_id=shard_id,
+                               dtype=t.wire_dtype, keys=keys, grads=grads, mtu=cfg.mtu, flags=flags)
+
+
+def probe(raw, cfg, msg_id=999_999):
+    """Send a valid lookup and return the next reply: proves the server is alive and, since
+    replies come back in order, that nothing was answered to what was sent before."""
+    keys = routing.owned_keys(cfg, 0, 0)[:1]
+    raw.send(lookup_frames(cfg, 0, keys, msg_id))
+    return raw.recv()
+
+
+# ---- numerics through UDP vs the in-process reference ---------------------------------------
+
+@pytest.mark.parametrize("sharding,shards,mtu", [("hash", 2, 1500), ("hash", 3, 576), ("table", 2, 9000)])
+def test_server_numerics_equal_local_backend(sharding, shards, mtu):
+    cfg = make_cfg(shards, sharding, mtu)
+    ref = LocalBackend(cfg)
+    rng = np.random.default_rng(7)
+    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+        for _ in range(6):
+            req = {t.id: np.unique(rng.integers(0, t.rows, 400)).astype(np.uint64) for t in cfg.tables}
+            got = c.lookup(req)
+            for tid, keys in req.items():
+                assert np.array_equal(got[tid], ref.lookup(tid, keys)), tid
+            upd = {tid: (k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32))
+                   for tid, k in req.items()}
+            c.update(upd)
+            for tid, (k, g) in upd.items():
+                ref.update(tid, k, g)
+        counters = cl.counters()
+    state, want = cl.state_dict(), ref.state_dict()
+    for tid in want:
+        assert len(want[tid][0]) > 0
+        for a, b in zip(state[tid], want[tid]):
+            assert np.array_equal(a, b)
+    assert sum(x["updates_applied"] for x in counters) == c.stats.messages_sent // 2
+    if sharding == "table":  # whole tables on one shard each
+        assert all(sum(int(x["rows"][str(t.id)]) > 0 for x in counters) == 1 for t in cfg.tables)
+
+
+def test_lookup_reply_fragmented_to_mtu_and_sent_to_source(shard0):
+    cfg, st_, raw = shard0
+    rng = np.random.default_rng(0)
+    keys = owned_keys(cfg, 1, 0, 500, rng)  # 500 keys x 16 fp32 = 32000 bytes of rows
+    other = Raw(st_.address)
+    try:
+        raw.send(lookup_frames(cfg, 1, keys, 10))
+        other.send(lookup_frames(cfg, 1, keys[:3], 11, client_id=2))
+        m = raw.recv()
+        m2 = other.recv()
+    finally:
+        other.close()
+    assert m.header.msg_type == MsgType.LOOKUP_REPLY and m.header.msg_id == 10 and m.header.shard_id == 0
+    assert (m.header.num_keys, m.header.dim, m.header.table_id) == (500, 16, 1)
+    assert m.frames == -(-500 * 16 * 4 // consts.max_body_per_frame(cfg.mtu))
+    assert all(len(f) <= cfg.mtu - 28 for f in raw.frames)
+    rows = codec.body_to_rows(m.body, 500, 16, consts.DType.FP32)
+    assert np.array_equal(rows, init_rows(cfg.seed, 1, keys, 16, cfg.table(1).init_scale))
+    assert m2.header.msg_id == 11 and m2.header.client_id == 2 and m2.header.num_keys == 3
+
+
+# ---- exactly once ----------------------------------------------------------------------------
+
+def test_duplicate_update_is_reacked_not_reapplied(shard0):
+    cfg, st_, raw = shard0
+    rng = np.random.default_rng(1)
+    keys = owned_keys(cfg, 0, 0, 300, rng)  # 300 x (8 + 32) bytes: 9 fragments
+    g = rng.standard_normal((300, 8)).astype(np.float32)
+    frames = update_frames(cfg, 0, keys, g, msg_id=5)
+    assert len(frames) > 1
+    raw.send(frames)
+    a1 = raw.recv()
+    retrans = update_frames(cfg, 0, keys, g, msg_id=5, flags=consts.Flags.RETRANSMIT)
+    random.Random(3).shuffle(retrans)
+    raw.send(retrans + retrans[:2])  # reordered, two fragments duplicated
+    a2 = raw.recv()
+    for a in (a1, a2):
+        assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 5 and a.header.status == 0
+    c = st_.counters()
+    assert c["updates_applied"] == 1 and c["duplicates"] == 1 and c["dedup_entries"] == 1
+    ref = LocalBackend(cfg)
+    ref.update(0, keys, g)
+    for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
+        assert np.array_equal(x, y)
+
+
+def test_same_ids_different_body_is_a_new_update(shard0):
+    cfg, st_, raw = shard0
+    keys = routing.owned_keys(cfg, 0, 0)[:4]
+    g = np.ones((4, 8), np.float32)
+    raw.send(update_frames(cfg, 0, keys, g, msg_id=1))
+    raw.recv()
+    raw.send(update_frames(cfg, 0, keys, 2 * g, msg_id=1))  # e.g. a restarted client
+    raw.recv()
+    ref = LocalBackend(cfg)
+    ref.update(0, keys, g)
+    ref.update(0, keys, 2 * g)
+    assert st_.counters()["updates_applied"] == 2
+    assert np.array_equal(st_.state_dict()[0][1], ref.state_dict()[0][1])
+
+
+def test_dedup_window_is_bounded():
+    cfg = make_cfg()
+    with ServerThread(cfg, 0, dedup_window=2) as st_:
+        raw = Raw(st_.address)
+        keys = routing.owned_keys(cfg, 0, 0)[:2]
+        g = np.ones((2, 8), np.float32)
+        for mid in (1, 2, 3, 1):  # 1 has left the 2-entry window when it comes again
+            raw.send(update_frames(cfg, 0, keys, g, msg_id=mid))
+            assert raw.recv().header.msg_type == MsgType.UPDATE_ACK
+        raw.send(update_frames(cfg, 0, keys, g, msg_id=3))  # still remembered
+        raw.recv()
+        c = st_.counters()
+        raw.close()
+    assert c["updates_applied"] == 4 and c["duplicates"] == 1 and c["dedup_entries"] == 2
+
+
+# ---- refused requests: ERROR with a status ---------------------------------------------------
+
+def _err(raw):
+    m = raw.recv()
+    assert m.header.msg_type == MsgType.ERROR, MsgType(m.header.msg_type).name
+    return m.header
+
+
+def test_error_statuses(shard0):
+    cfg, st_, raw = shard0
+    mine = routing.owned_keys(cfg, 0, 0)
+    theirs = routing.owned_keys(cfg, 0, 1)
+    g2 = np.ones((2, 8), np.float32)
+    with np.errstate(over="ignore"):
+        fp16_inf = update_frames(cfg, 3, routing.owned_keys(cfg, 3, 0)[:1], np.full((1, 12), 1e5, np.float32), 111)
+    cases = [
+        (lookup_frames(cfg, 0, mine[:2], 101, shard_id=1), Status.WRONG_SHARD),
+        ([_mutate(lookup_frames(cfg, 0, mine[:2], 102)[0], table_id=2)], Status.UNKNOWN_TABLE),
+        (lookup_frames(cfg, 0, mine[:2], 103, dim=9), Status.DIM_MISMATCH),
+        (lookup_frames(cfg, 0, mine[:2], 104, dtype=consts.DType.FP16), Status.DIM_MISMATCH),
+        (lookup_frames(cfg, 0, np.array([mine[0], 2000], np.uint64), 105), Status.KEY_OUT_OF_RANGE),
+        (lookup_frames(cfg, 0, np.array([mine[0], theirs[0]], np.uint64), 106), Status.NOT_OWNER),
+        (update_frames(cfg, 0, np.array([mine[0], theirs[0]], np.uint64), g2, 107), Status.NOT_OWNER),
+        (update_frames(cfg, 0, np.array([mine[1], mine[1]], np.uint64), g2, 108), Status.MALFORMED),
+        (update_frames(cfg, 0, np.array([mine[1], 2**63], np.uint64), g2, 109), Status.KEY_OUT_OF_RANGE),
+        (update_frames(cfg, 0, mine[:2], np.array([[1] * 8, [np.nan] * 8], np.float32), 110), Status.MALFORMED),
+        (fp16_inf, Status.MALFORMED),  # 1e5 overflows fp16 on the wire: inf
+    ]
+    for frames, status in cases:
+        raw.send(frames)
+        h = _err(raw)
+        assert (h.status, h.msg_id, h.client_id, h.shard_id) == (status, codec.parse_header(frames[0]).msg_id, 1, 0)
+    c = st_.counters()
+    assert c["errors"]["DIM_MISMATCH"] == 2 and c["errors"]["NOT_OWNER"] == 2 and c["errors"]["MALFORMED"] == 3
+    assert c["updates_applied"] == 0 and c["rows"]["0"] == 0 and c["rows"]["3"] == 0  # nothing applied
+    assert probe(raw, cfg).header.msg_type == MsgType.LOOKUP_REPLY
+
+
+def test_multi_fragment_refusal_answered_once(shard0):
+    cfg, st_, raw = shard0
+    keys = routing.owned_keys(cfg, 1, 0)[:300]
+    frames = lookup_frames(cfg, 1, keys, 7, shard_id=1)  # wrong shard, 2 fragments
+    assert len(frames) == 2
+    raw.send(frames[::-1])
+    assert _err(raw).status == Status.WRONG_SHARD
+    assert probe(raw, cfg).header.msg_id == 999_999  # no second ERROR in between
+    assert st_.counters()["errors"]["WRONG_SHARD"] == 1
+
+
+def test_client_sees_shard_error():
+    cfg = make_cfg()
+    with ServerCluster(cfg) as cl:
+        bad = parse_config({**cl.cfg.raw, "tables": [{**TABLES[0], "dim": 4}],
+                            "shards": [{"id": s.id, "ip": s.ip, "port": s.port} for s in cl.cfg.shards]})
+        with EmbeddingClient(bad, 1, bind=("127.0.0.1", 0)) as c:
+            with pytest.raises(ShardError, match="DIM_MISMATCH"):
+                c.lookup({0: np.arange(10, dtype=np.uint64)})
+
+
+# ---- malformed frames: counted, answered or dropped, server lives on -------------------------
+
+def _good_lookup(cfg):
+    return lookup_frames(cfg, 0, routing.owned_keys(cfg, 0, 0)[:2], 77)[0]
+
+
+def _mutate(frame, **fields):
+    h = codec.parse_header(frame)._replace(**fields)
+    return h.pack() + frame[consts.HDR_LEN:]
+
+
+@pytest.mark.parametrize("name,make,reason,answered", [
+    ("truncated", lambda f: f[:39], "too_short", False),
+    ("empty", lambda f: b"", "too_short", False),
+    ("bad_magic", lambda f: b"\x12\x34" + f[2:], "bad_magic", False),
+    ("bad_version", lambda f: f[:2] + b"\x02" + f[3:], "bad_version", False),
+    ("unknown_type", lambda f: f[:3] + b"\x09" + f[4:], "bad_type", False),
+    ("reply_type", lambda f: _mutate(f, msg_type=MsgType.LOOKUP_REPLY, msg_len=0, frag_len=0)[:40], "bad_type", False),
+    ("truncated_body", lambda f: f[:-3], "bad_length", True),
+    ("length_too_big", lambda f: _mutate(f, num_keys=1000), "bad_length", True),
+    ("frag_beyond_msg", lambda f: _mutate(f, frag_offset=8), "bad_length", True),
+    ("frag_count_zero", lambda f: _mutate(f, frag_count=0), "bad_length", True),
+    ("bad_dtype", lambda f: _mutate(f, dtype=7), "bad_dtype", True),
+    ("frag_mismatch", lambda f: _mutate(f, frag_count=2, frag_index=1, frag_offset=0), "frag_mismatch", False),
+])
+def test_malformed_frame_counted_and_server_lives(shard0, name, make, reason, answered):
+    cfg, st_, raw = shard0
+    raw.send([make(_good_lookup(cfg))])
+    m = probe(raw, cfg)  # replies come back in order: an answer to the bad frame comes first
+    if answered:
+        assert m.header.msg_type == MsgType.ERROR and m.header.status == Status.MALFORMED
+        assert m.header.msg_id == 77 and m.header.dtype <= 2
+        m = raw.recv()
+    assert m.header.msg_id == 999_999  # alive; nothing else was answered
+    c = st_.counters()
+    assert c["drops"][reason] == 1 and sum(c["drops"].values()) == 1
+    assert c["errors"]["MALFORMED"] == (1 if answered else 0)
+    assert c["internal_errors"] == 0 and c["requests"]["LOOKUP_REQ"] == 1
+
+
+def test_oversized_request_dropped_before_buffering():
+    cfg = make_cfg()
+    with ServerThread(cfg, 0, max_msg_bytes=1000) as st_:
+        raw = Raw(st_.address)
+        keys = routing.owned_keys(cfg, 0, 0)[:200]  # 1600 bytes of keys
+        raw.send(lookup_frames(cfg, 0, keys, 3))
+        h = _err(raw)
+        assert h.status == Status.MALFORMED
+        c = st_.counters()
+        raw.close()
+    assert c["drops"]["too_large"] == 2 and c["reassembly"]["pending"] == 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_fuzz_handle_datagram_never_raises(data):
+    """Random bytes and randomly corrupted valid frames straight into the handler."""
+    srv = _FUZZ_SERVER
+    before = srv.counters()["rx_frames"]
+    kind = data.draw(st.sampled_from(["random", "flip", "field"]))
+    base = _FUZZ_FRAMES[data.draw(st.integers(0, len(_FUZZ_FRAMES) - 1))]
+    if kind == "random":
+        frame = data.draw(st.binary(max_size=200))
+    elif kind == "flip":
+        b = bytearray(base)
+        for _ in range(data.draw(st.integers(1, 4))):
+            b[data.draw(st.integers(0, len(b) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+        frame = bytes(b)
+    else:
+        name, off, size = data.draw(st.sampled_from(consts.HEADER_FIELDS))
+        v = data.draw(st.integers(0, (1 << (8 * size)) - 1))
+        frame = base[:off] + v.to_bytes(size, "big") + base[off + size:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. NaN arithmetic in an optimizer
+        srv.handle_datagram(frame, ("127.0.0.1", 9))
+    c = srv.counters()
+    assert c["rx_frames"] == before + 1 and c["internal_errors"] == 0
+    for keys, rows, acc in srv.state_dict().values():
+        assert np.isfinite(rows).all() and np.isfinite(acc).all()  # nothing poisoned a row
+
+
+_FUZZ_CFG = make_cfg()
+_FUZZ_SERVER = ShardServer(_FUZZ_CFG, 0, port=0)  # never started: replies go nowhere
+_FUZZ_FRAMES = (lookup_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:3], 1)
+                + update_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:40],
+                                np.ones((40, 8), np.float32), 2)
+                + update_frames(_FUZZ_CFG, 3, routing.owned_keys(_FUZZ_CFG, 3, 0)[:5],
+                                np.ones((5, 12), np.float32), 3))
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+def _write_cfg(tmp_path, port=0):
+    p = tmp_path / "c.toml"
+    p.write_text(f"""
+[cluster]
+seed = 1
+[[tables]]
+id = 0
+rows = 100
+dim = 4
+[[shards]]
+id = 0
+ip = "127.0.0.1"
+port = {port or 17880}
+[[shards]]
+id = 3
+ip = "127.0.0.1"
+port = 17883
+[[clients]]
+id = 1
+ip = "127.0.0.1"
+""")
+    return p
+
+
+def test_cli_unknown_shard_and_bad_config(tmp_path):
+    p = _write_cfg(tmp_path)
+    r = CliRunner().invoke(cli, ["server", "--shard", "2", "--config", str(p)])
+    assert r.exit_code == 2 and "no shard 2" in r.output and "shards: 0, 3" in r.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[tables]]\nid = 0\nrows = 10\ndim = 0\n")
+    r = CliRunner().invoke(cli, ["server", "--shard", "0", "--config", str(bad)])
+    assert r.exit_code == 2 and "tables[0].dim" in r.output
+    r = CliRunner().invoke(cli, ["server", "--shard", "0"], env={"EMBNIC_CONFIG": ""})
+    assert r.exit_code == 2 and "--config" in r.output
+
+
+def _spawn(args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "embnic", "server", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_cli_port_in_use(tmp_path):
+    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    try:
+        p = _spawn(["--shard", "0", "--config", str(_write_cfg(tmp_path)), "--port", str(port)])
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            pytest.fail("server started on a port that is in use")
+    finally:
+        holder.close()
+    assert p.returncode == 1, err
+    assert f"cannot bind 127.0.0.1:{port}: address already in use" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_serves_and_stops_cleanly(tmp_path, sig):
+    p = _spawn(["--shard", "0", "--config", str(_write_cfg(tmp_path)), "--port", "0"])
+    try:
+        line = p.stderr.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        assert m, line
+        cfg = parse_config({"cluster": {"seed": 1}, "tables": [{"id": 0, "rows": 100, "dim": 4}],
+                            "shards": [{"id": 0, "ip": "127.0.0.1", "port": int(m.group(1))},
+                                       {"id": 3, "ip": "127.0.0.1", "port": 17883}],
+                            "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+        keys = routing.owned_keys(cfg, 0, 0)[:5]
+        raw = Raw(("127.0.0.1", int(m.group(1))))
+        raw.send([b"garbage"])
+        raw.send(lookup_frames(cfg, 0, keys, 1))
+        reply = raw.recv()
+        raw.close()
+        assert np.array_equal(codec.body_to_rows(reply.body, 5, 4), LocalBackend(cfg).lookup(0, keys))
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err
+    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
+    assert counters["requests"]["LOOKUP_REQ"] == 1 and counters["drops"]["too_short"] == 1
