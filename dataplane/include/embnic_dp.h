@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * embnic-dp: shared structs, constants and the functions each file exports.
+ *
+ * Files by role (like DPDK's examples/l3fwd):
+ *   main.c      EAL init, arguments, mempool, ports, lcore roles, shutdown
+ *   rx.c        RX stage: burst, parse/validate, ARP, header ring enqueue
+ *   tx.c        TX stage: ring dequeue, authorise, route, state, rewrite, TX
+ *   parse.c     frame parse/validate (pure, fuzzed)
+ *   route.c     route table (shard -> peer) and client table (client -> peer)
+ *   state.c     message state map
+ *   counters.c  per-lcore counters, their sum, reset, DPDK telemetry
+ *   ctl.c       control socket (UNIX stream, JSON lines)
+ *   buildinfo.c the .embnic_buildinfo ELF section
+ */
+#ifndef EMBNIC_DP_H
+#define EMBNIC_DP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <rte_common.h>
+#include <rte_ether.h>
+#include <rte_mbuf.h>
+
+#include "embnic_parse.h"
+#include "embnic_proto.h"
+
+#define EMBNIC_MAX_PORTS		8
+#define EMBNIC_MAX_BURST		64	/* = RTE_HASH_LOOKUP_BULK_MAX */
+#define EMBNIC_DEFAULT_BURST		32
+#define EMBNIC_DEFAULT_RING_SIZE	4096
+#define EMBNIC_ROUTE_TABLE_SIZE		4096
+#define EMBNIC_CLIENT_TABLE_SIZE	4096
+#define EMBNIC_DEFAULT_STATE_SIZE	65536
+#define EMBNIC_DEFAULT_STATE_TIMEOUT_MS	5000
+#define EMBNIC_DEFAULT_CTL_PATH		"/run/embnic/embnic-dp.sock"
+#define EMBNIC_RX_DESC			1024
+#define EMBNIC_TX_DESC			1024
+#define EMBNIC_CARD_TTL			64
+
+extern volatile bool force_quit;
+
+/* A card port: DPDK port id, its MAC and the card's IPv4 on it. */
+struct embnic_port {
+	uint16_t id;
+	struct rte_ether_addr mac;
+	uint32_t ip;			/* network order, 0 = none */
+	char name[64];
+};
+
+/* Where a shard (route table) or a client (client table) is reached. */
+struct embnic_peer {
+	uint32_t id;			/* shard id or client id */
+	uint16_t port;			/* card port to send on */
+	rte_be16_t udp_port;		/* network order */
+	uint32_t ip;			/* network order */
+	struct rte_ether_addr mac;
+};
+
+/* A header ring descriptor: the parsed header and the mbuf holding the body. */
+enum embnic_desc_kind {
+	EMBNIC_DESC_MSG = 0,		/* an embnic frame to route */
+	EMBNIC_DESC_ARP = 1,		/* an ARP reply to send back on in_port */
+};
+
+struct embnic_desc {
+	struct rte_mbuf *m;
+	struct embnic_pkt_info info;
+	uint16_t in_port;
+	uint8_t kind;
+	uint8_t pad;
+};
+static_assert(sizeof(struct embnic_desc) % 4 == 0, "rte_ring elem size");
+static_assert(sizeof(struct embnic_desc) <= RTE_CACHE_LINE_SIZE,
+	      "a descriptor fits one cache line");
+
+/*
+ * Counters of one lcore; only that lcore writes them, the control path sums
+ * them (counters.c). Cache aligned so lcores never share a line.
+ */
+struct embnic_lcore_stats {
+	uint64_t rx_frames[EMBNIC_MAX_PORTS];
+	uint64_t rx_bytes[EMBNIC_MAX_PORTS];
+	uint64_t tx_frames[EMBNIC_MAX_PORTS];
+	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
+	uint64_t types[EMBNIC_NB_TYPES];	/* frames forwarded, by type */
+	uint64_t drops[EMBNIC_DROP_MAX];
+	uint64_t arp_replies;
+	uint64_t state_overflow;	/* state map adds that found it full */
+	uint64_t state_expired;		/* entries that timed out unanswered */
+	uint64_t ring_high_water;	/* gauge: max ring count seen */
+} __rte_cache_aligned;
+
+/* What the control path reports: the sum over lcores minus the reset base. */
+struct embnic_totals {
+	uint64_t rx_frames[EMBNIC_MAX_PORTS];
+	uint64_t rx_bytes[EMBNIC_MAX_PORTS];
+	uint64_t tx_frames[EMBNIC_MAX_PORTS];
+	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
+	uint64_t types[EMBNIC_NB_TYPES];
+	uint64_t drops[EMBNIC_DROP_MAX];
+	uint64_t arp_replies;
+	uint64_t state_overflow;
+	uint64_t state_expired;
+	uint64_t ring_high_water;
+	uint64_t rx_nombuf[EMBNIC_MAX_PORTS];	/* from ethdev stats */
+};
+
+struct embnic_state;
+struct embnic_table;
+struct embnic_ctl;
+
+/* Options from the command line (docs/control-socket.md). */
+struct embnic_opts {
+	const char *ctl_path;
+	uint32_t port_ip[EMBNIC_MAX_PORTS];	/* network order */
+	uint32_t ring_size;
+	uint32_t state_size;
+	uint32_t state_timeout_ms;
+	uint32_t burst;
+	uint32_t idle_us;
+	uint32_t nb_mbufs;
+	bool paused;
+};
+
+/* The whole card. One instance, built by main(). */
+struct embnic_app {
+	struct embnic_opts opts;
+	uint16_t nb_ports;
+	struct embnic_port ports[EMBNIC_MAX_PORTS];
+	struct rte_mempool *pool;
+	struct rte_ring *ring;		/* the header ring of embnic_desc */
+	struct embnic_table *routes;	/* shard -> peer */
+	struct embnic_table *clients;	/* client -> peer */
+	struct embnic_state *state;
+	struct embnic_ctl *ctl;
+	struct rte_rcu_qsbr *qsbr;	/* readers of routes/clients */
+	struct embnic_lcore_stats *stats;	/* [RTE_MAX_LCORE] */
+	struct embnic_totals base;	/* counters at the last reset */
+	unsigned int rx_lcore, tx_lcore, main_lcore, nb_lcores;
+	volatile bool paused;		/* RX stage does not poll */
+	uint64_t tsc_hz;
+	uint64_t start_tsc, start_ns;	/* for Unix-time timestamps */
+};
+
+/* Unix time in ns from a TSC value. */
+static inline uint64_t
+embnic_tsc_to_ns(const struct embnic_app *app, uint64_t tsc)
+{
+	return app->start_ns +
+		(uint64_t)((double)(tsc - app->start_tsc) * 1e9 /
+			   (double)app->tsc_hz);
+}
+
+/* rx.c */
+unsigned int embnic_rx_stage(struct embnic_app *app,
+			     struct embnic_lcore_stats *st);
+
+/* tx.c */
+unsigned int embnic_tx_stage(struct embnic_app *app,
+			     struct embnic_lcore_stats *st);
+void embnic_ring_drain(struct embnic_app *app);
+
+/* route.c: route and client tables share one implementation. */
+struct embnic_table *embnic_table_create(const char *name, uint32_t size,
+					 struct rte_rcu_qsbr *qsbr);
+void embnic_table_free(struct embnic_table *t);
+int embnic_table_add(struct embnic_table *t, const struct embnic_peer *p);
+int embnic_table_del(struct embnic_table *t, uint32_t id);
+void embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
+			      unsigned int n, const struct embnic_peer **out);
+/* Calls fn for every entry (control path only); returns entries visited. */
+unsigned int embnic_table_walk(struct embnic_table *t,
+			       void (*fn)(const struct embnic_peer *, void *),
+			       void *arg);
+uint32_t embnic_table_count(const struct embnic_table *t);
+uint32_t embnic_table_size(const struct embnic_table *t);
+
+/* state.c */
+enum embnic_msg_state {
+	EMBNIC_ST_FREE = 0,
+	EMBNIC_ST_RECEIVING = 1,
+	EMBNIC_ST_FORWARDED = 2,
+	EMBNIC_ST_ANSWERED = 3,
+	EMBNIC_ST_EXPIRED = 4,
+};
+#define EMBNIC_NB_STATES 5
+const char *embnic_state_name(unsigned int s);
+
+/* One message as the control path sees it (a copy). */
+struct embnic_state_view {
+	uint16_t client_id, table_id, shard_id;
+	uint8_t state, msg_type;
+	uint32_t msg_id;
+	uint32_t frames_in, frames_out;
+	uint64_t bytes_in, bytes_out;
+	uint64_t first_ns, last_ns;
+};
+
+struct embnic_state_summary {
+	uint32_t entries, capacity;
+	uint32_t by_state[EMBNIC_NB_STATES];
+};
+
+struct embnic_state *embnic_state_create(uint32_t size, uint32_t timeout_ms);
+void embnic_state_free(struct embnic_state *s);
+/*
+ * Account a burst of validated, routed frames (TX stage lcore only).
+ * verdict[i] is set to 0 (send) or a drop reason (state_full,
+ * frag_mismatch). Expired/overflow counters go to st.
+ */
+void embnic_state_update_burst(struct embnic_state *s,
+			       const struct embnic_msg *const *msgs,
+			       unsigned int n, uint64_t now_ns, int *verdict,
+			       struct embnic_lcore_stats *st);
+/* Expire a slice of the map; call often from the TX stage lcore. */
+void embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
+			      struct embnic_lcore_stats *st);
+void embnic_state_summarise(const struct embnic_state *s,
+			    struct embnic_state_summary *sum);
+/* Copies up to max live entries into out; returns how many. */
+unsigned int embnic_state_dump(const struct embnic_state *s,
+			       struct embnic_state_view *out, unsigned int max);
+
+/* counters.c */
+const char *embnic_type_name(unsigned int t);	/* "LOOKUP_REQ", ... */
+void embnic_counters_sum(const struct embnic_app *app,
+			 struct embnic_totals *t);
+void embnic_counters_reset(struct embnic_app *app);
+int embnic_telemetry_init(struct embnic_app *app);
+
+/* ctl.c: the control socket behind an opaque struct. */
+struct embnic_ctl;
+struct embnic_ctl *embnic_ctl_init(struct embnic_app *app, const char *path);
+/* Serve pending connections and requests; waits up to timeout_ms. */
+void embnic_ctl_poll(struct embnic_ctl *ctl, int timeout_ms);
+void embnic_ctl_free(struct embnic_ctl *ctl);
+
+#endif /* EMBNIC_DP_H */

@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Parse and validate one received frame (parse.c): Ethernet / IPv4 / UDP /
+ * embnic header, and answer ARP for the card's address. Pure functions on a
+ * byte buffer (no mbuf, no EAL) so the libFuzzer target links parse.c alone.
+ */
+#ifndef EMBNIC_PARSE_H
+#define EMBNIC_PARSE_H
+
+#include <stdint.h>
+
+#include "embnic_proto.h"
+
+/*
+ * X(ENUM, name): every drop reason, in the order of docs/control-socket.md.
+ * The name is the counter name on the control socket and in telemetry.
+ */
+#define EMBNIC_DROP_REASONS(X) \
+	X(TOO_SHORT, too_short) \
+	X(BAD_ETHER, bad_ether) \
+	X(BAD_IP, bad_ip) \
+	X(IP_OPTIONS, ip_options) \
+	X(NOT_UDP, not_udp) \
+	X(BAD_UDP, bad_udp) \
+	X(BAD_PORT, bad_port) \
+	X(BAD_MAGIC, bad_magic) \
+	X(BAD_VERSION, bad_version) \
+	X(BAD_TYPE, bad_type) \
+	X(BAD_DTYPE, bad_dtype) \
+	X(BAD_LENGTH, bad_length) \
+	X(UNKNOWN_CLIENT, unknown_client) \
+	X(UNKNOWN_SERVER, unknown_server) \
+	X(UNKNOWN_SHARD, unknown_shard) \
+	X(RING_FULL, ring_full) \
+	X(NO_MBUF, no_mbuf) \
+	X(TX_FULL, tx_full) \
+	X(STATE_FULL, state_full) \
+	X(ARP_IGNORED, arp_ignored) \
+	X(WRONG_DST, wrong_dst) \
+	X(FRAG_MISMATCH, frag_mismatch)
+
+enum embnic_drop {
+	EMBNIC_DROP_NONE = 0,
+#define EMBNIC_DROP_ENUM(e, n) EMBNIC_DROP_##e,
+	EMBNIC_DROP_REASONS(EMBNIC_DROP_ENUM)
+#undef EMBNIC_DROP_ENUM
+	EMBNIC_DROP_MAX
+};
+
+/* Counter name of a drop reason ("too_short", ...); NULL if out of range. */
+const char *embnic_drop_name(unsigned int reason);
+
+/* Return values of embnic_parse() besides a drop reason (> 0). */
+#define EMBNIC_PARSE_OK		0	/* an embnic frame; info filled */
+#define EMBNIC_PARSE_ARP	(-1)	/* an ARP frame: see embnic_arp_reply() */
+
+/* IPv4 header checksum state known from the NIC (mbuf ol_flags). */
+enum embnic_csum_hint {
+	EMBNIC_CSUM_UNKNOWN = 0,	/* verify in software */
+	EMBNIC_CSUM_GOOD = 1,
+	EMBNIC_CSUM_BAD = 2,
+};
+
+/* What parse extracts from a valid embnic frame. */
+struct embnic_pkt_info {
+	struct embnic_msg msg;	/* header, host byte order */
+	uint32_t src_ip;	/* sender IPv4, network order */
+	uint16_t src_port;	/* sender UDP port, network order */
+	uint16_t frame_len;	/* 14 + IPv4 total length: bytes to send on */
+};
+
+/*
+ * Parse and validate one frame (docs/protocol.md, "Validity").
+ *
+ * data: the first segment, seg_len bytes of it readable; pkt_len: bytes of
+ * the whole frame (>= seg_len). All headers must lie in the first segment.
+ * port_ip: the card's IPv4 address on the receiving port (network order);
+ * frames to another address are dropped as wrong_dst; 0 accepts any.
+ *
+ * Returns EMBNIC_PARSE_OK (info filled), EMBNIC_PARSE_ARP, or the drop
+ * reason (enum embnic_drop, > 0). Never reads past data[seg_len - 1].
+ */
+int embnic_parse(const uint8_t *data, uint32_t seg_len, uint32_t pkt_len,
+		 enum embnic_csum_hint csum, uint32_t port_ip,
+		 struct embnic_pkt_info *info);
+
+/*
+ * Turn an ARP request for port_ip (network order) into the reply in place,
+ * from port_mac. Returns 0 when the frame is now a reply to send back on
+ * the receiving port, EMBNIC_DROP_ARP_IGNORED otherwise (not a request,
+ * not for us, malformed, or port_ip is 0).
+ */
+int embnic_arp_reply(uint8_t *data, uint32_t seg_len, uint32_t port_ip,
+		     const uint8_t port_mac[6]);
+
+#endif /* EMBNIC_PARSE_H */

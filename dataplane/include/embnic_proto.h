@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * embnic wire protocol v1 in C: the 40-byte header, message types, dtypes.
+ *
+ * Source of truth: docs/protocol.md. This header has no DPDK dependency so
+ * the fuzz target and tools can include it alone. The layout is pinned by
+ * static_assert below and exported in the .embnic_buildinfo ELF section,
+ * which tests/dataplane/test_buildinfo.py compares with
+ * embnic.client_lib.consts.HEADER_FIELDS.
+ */
+#ifndef EMBNIC_PROTO_H
+#define EMBNIC_PROTO_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define EMBNIC_MAGIC		0x454D	/* "EM" */
+#ifndef EMBNIC_PROTO_VERSION
+#define EMBNIC_PROTO_VERSION	1	/* override: make EMBNIC_PROTO_VERSION=N */
+#endif
+#define EMBNIC_UDP_PORT		7878
+#define EMBNIC_HDR_LEN		40
+#define EMBNIC_KEY_SIZE		8	/* bytes per key (u64 LE in bodies) */
+
+/* Ethernet + IPv4 (no options) + UDP + embnic header, bytes */
+#define EMBNIC_ETH_LEN		14
+#define EMBNIC_IPV4_LEN		20
+#define EMBNIC_UDP_LEN		8
+#define EMBNIC_MIN_FRAME \
+	(EMBNIC_ETH_LEN + EMBNIC_IPV4_LEN + EMBNIC_UDP_LEN + EMBNIC_HDR_LEN)
+
+enum embnic_msg_type {
+	EMBNIC_LOOKUP_REQ = 1,
+	EMBNIC_LOOKUP_REPLY = 2,
+	EMBNIC_UPDATE_REQ = 3,
+	EMBNIC_UPDATE_ACK = 4,
+	EMBNIC_ERROR = 5,
+};
+#define EMBNIC_NB_TYPES 6	/* index 0 unused */
+
+#define EMBNIC_FLAG_RETRANSMIT	0x01
+
+enum embnic_dtype {
+	EMBNIC_DTYPE_NONE = 0,
+	EMBNIC_DTYPE_FP32 = 1,
+	EMBNIC_DTYPE_FP16 = 2,
+};
+
+enum embnic_status {
+	EMBNIC_STATUS_OK = 0,
+	EMBNIC_STATUS_MALFORMED = 1,
+	EMBNIC_STATUS_UNKNOWN_TABLE = 2,
+	EMBNIC_STATUS_WRONG_SHARD = 3,
+	EMBNIC_STATUS_DIM_MISMATCH = 4,
+	EMBNIC_STATUS_KEY_OUT_OF_RANGE = 5,
+	EMBNIC_STATUS_NOT_OWNER = 6,
+	EMBNIC_STATUS_INTERNAL = 7,
+};
+
+static inline int
+embnic_is_request(uint8_t t)
+{
+	return t == EMBNIC_LOOKUP_REQ || t == EMBNIC_UPDATE_REQ;
+}
+
+/* The header as on the wire: every multi-byte field big-endian. */
+struct embnic_hdr {
+	uint16_t magic;
+	uint8_t version;
+	uint8_t msg_type;
+	uint8_t flags;
+	uint8_t dtype;
+	uint16_t status;
+	uint32_t msg_id;
+	uint16_t client_id;
+	uint16_t table_id;
+	uint16_t shard_id;
+	uint16_t dim;
+	uint32_t num_keys;
+	uint32_t msg_len;
+	uint32_t frag_offset;
+	uint16_t frag_index;
+	uint16_t frag_count;
+	uint16_t frag_len;
+	uint16_t reserved;
+} __attribute__((packed));
+
+/*
+ * X(name, offset, size) for every field, in wire order, as in the table of
+ * docs/protocol.md. Used for the static_asserts below and the build info.
+ */
+#define EMBNIC_HDR_FIELDS(X) \
+	X(magic, 0, 2) \
+	X(version, 2, 1) \
+	X(msg_type, 3, 1) \
+	X(flags, 4, 1) \
+	X(dtype, 5, 1) \
+	X(status, 6, 2) \
+	X(msg_id, 8, 4) \
+	X(client_id, 12, 2) \
+	X(table_id, 14, 2) \
+	X(shard_id, 16, 2) \
+	X(dim, 18, 2) \
+	X(num_keys, 20, 4) \
+	X(msg_len, 24, 4) \
+	X(frag_offset, 28, 4) \
+	X(frag_index, 32, 2) \
+	X(frag_count, 34, 2) \
+	X(frag_len, 36, 2) \
+	X(reserved, 38, 2)
+
+#define EMBNIC_NB_HDR_FIELDS 18
+
+static_assert(sizeof(struct embnic_hdr) == EMBNIC_HDR_LEN,
+	      "embnic header must be 40 bytes");
+#define EMBNIC_ASSERT_FIELD(f, off, sz) \
+	static_assert(offsetof(struct embnic_hdr, f) == (off), \
+		      "offset of embnic_hdr." #f); \
+	static_assert(sizeof(((struct embnic_hdr *)0)->f) == (sz), \
+		      "size of embnic_hdr." #f);
+EMBNIC_HDR_FIELDS(EMBNIC_ASSERT_FIELD)
+#undef EMBNIC_ASSERT_FIELD
+
+/* The header in host byte order, as carried in a ring descriptor. */
+struct embnic_msg {
+	uint32_t msg_id;
+	uint32_t num_keys;
+	uint32_t msg_len;
+	uint32_t frag_offset;
+	uint16_t client_id;
+	uint16_t table_id;
+	uint16_t shard_id;
+	uint16_t dim;
+	uint16_t frag_index;
+	uint16_t frag_count;
+	uint16_t frag_len;
+	uint16_t status;
+	uint8_t msg_type;
+	uint8_t flags;
+	uint8_t dtype;
+	uint8_t version;
+};
+static_assert(sizeof(struct embnic_msg) == 36, "embnic_msg is 36 bytes");
+
+/* Bytes per element of a dtype (0 for none or unknown). */
+static inline uint32_t
+embnic_dtype_size(uint8_t dtype)
+{
+	return dtype == EMBNIC_DTYPE_FP32 ? 4 : dtype == EMBNIC_DTYPE_FP16 ? 2 : 0;
+}
+
+/*
+ * Body length (bytes) a message must have (docs/protocol.md, "Body").
+ * 64-bit so that no field combination overflows.
+ */
+static inline uint64_t
+embnic_expected_msg_len(uint8_t type, uint32_t num_keys, uint16_t dim,
+			uint8_t dtype)
+{
+	uint64_t row = (uint64_t)dim * embnic_dtype_size(dtype);
+
+	switch (type) {
+	case EMBNIC_LOOKUP_REQ:
+		return (uint64_t)EMBNIC_KEY_SIZE * num_keys;
+	case EMBNIC_LOOKUP_REPLY:
+		return (uint64_t)num_keys * row;
+	case EMBNIC_UPDATE_REQ:
+		return (uint64_t)num_keys * (EMBNIC_KEY_SIZE + row);
+	default:
+		return 0;
+	}
+}
+
+#endif /* EMBNIC_PROTO_H */

@@ -1,0 +1,455 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * embnic-dp: the embnic accelerator card as a DPDK application.
+ *
+ *   port 0..N-1 --rx--> [RX stage: parse/validate, ARP]
+ *                          | header ring (rte_ring of embnic_desc)
+ *                          v
+ *                       [TX stage: authorise, route/client table, state
+ *                        map, rewrite] --tx--> port 0..N-1
+ *   main lcore: control socket (ctl.c); telemetry runs on its own thread.
+ *
+ * Lcores (EAL -l): one lcore runs RX, TX and the control socket to
+ * completion; with two, RX runs on the worker and TX with the control
+ * socket on the main lcore; with three or more, RX and TX each get a worker
+ * and the main lcore only serves the control socket.
+ *
+ * main() is a fixed sequence: EAL init -> own arguments -> mempool ->
+ * port_init() per port -> tables, ring, control socket -> launch lcores ->
+ * stop and close ports -> rte_eal_cleanup(). Only main() calls rte_exit().
+ *
+ * Usage: docs/control-socket.md ("Command line of the card").
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <rte_common.h>
+#include <rte_cycles.h>
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+#include <rte_rcu_qsbr.h>
+#include <rte_ring.h>
+#include <rte_ring_elem.h>
+
+#include "embnic_dp.h"
+
+#define MBUF_CACHE_SIZE	256
+#define CTL_PERIOD_US	1000	/* control socket poll period on a busy lcore */
+
+volatile bool force_quit;
+
+static struct embnic_app app;
+
+static void
+signal_handler(int signum)
+{
+	if (signum == SIGINT || signum == SIGTERM)
+		force_quit = true;
+}
+
+static void
+usage(const char *prog)
+{
+	fprintf(stderr,
+		"Usage: %s [EAL args] -- [--ctl PATH] [--port-ip P=A.B.C.D ...]\n"
+		"       [--ring-size N] [--state-size N] [--state-timeout-ms T]\n"
+		"       [--burst N] [--idle-us U] [--mbufs N] [--paused]\n"
+		"  --ctl PATH            control socket (default %s)\n"
+		"  --port-ip P=IP        the card's IPv4 on DPDK port P (repeat)\n"
+		"  --ring-size N         header ring entries, power of 2 (%u)\n"
+		"  --state-size N        message state map entries (%u)\n"
+		"  --state-timeout-ms T  message state expiry (%u)\n"
+		"  --burst N             RX/TX burst, 1..%u (%u)\n"
+		"  --idle-us U           sleep U us when a poll finds nothing (0)\n"
+		"  --mbufs N             mempool size (default: sized from ports)\n"
+		"  --paused              start with RX stopped until 'resume'\n",
+		prog, EMBNIC_DEFAULT_CTL_PATH, EMBNIC_DEFAULT_RING_SIZE,
+		EMBNIC_DEFAULT_STATE_SIZE, EMBNIC_DEFAULT_STATE_TIMEOUT_MS,
+		EMBNIC_MAX_BURST, EMBNIC_DEFAULT_BURST);
+}
+
+/* An unsigned decimal in [lo, hi]; 0 or -EINVAL. */
+static int
+parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	unsigned long v;
+	char *end;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+		return -EINVAL;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+/* "P=A.B.C.D" */
+static int
+parse_port_ip(const char *s, struct embnic_opts *o)
+{
+	char buf[64], *eq;
+	uint32_t port;
+	struct in_addr a;
+
+	if (strlen(s) >= sizeof(buf))
+		return -EINVAL;
+	strcpy(buf, s);
+	eq = strchr(buf, '=');
+	if (eq == NULL)
+		return -EINVAL;
+	*eq = '\0';
+	if (parse_u32(buf, 0, EMBNIC_MAX_PORTS - 1, &port) ||
+	    inet_pton(AF_INET, eq + 1, &a) != 1)
+		return -EINVAL;
+	o->port_ip[port] = a.s_addr;
+	return 0;
+}
+
+/* The card's own arguments (after "--"); 0 or -EINVAL. */
+static int
+parse_args(int argc, char **argv, struct embnic_opts *o)
+{
+	enum { O_CTL = 256, O_PORT_IP, O_RING, O_STATE, O_TIMEOUT, O_BURST,
+	       O_IDLE, O_MBUFS, O_PAUSED, O_HELP };
+	static const struct option lopts[] = {
+		{ "ctl", required_argument, NULL, O_CTL },
+		{ "port-ip", required_argument, NULL, O_PORT_IP },
+		{ "ring-size", required_argument, NULL, O_RING },
+		{ "state-size", required_argument, NULL, O_STATE },
+		{ "state-timeout-ms", required_argument, NULL, O_TIMEOUT },
+		{ "burst", required_argument, NULL, O_BURST },
+		{ "idle-us", required_argument, NULL, O_IDLE },
+		{ "mbufs", required_argument, NULL, O_MBUFS },
+		{ "paused", no_argument, NULL, O_PAUSED },
+		{ "help", no_argument, NULL, O_HELP },
+		{ NULL, 0, NULL, 0 },
+	};
+	int opt, ret = 0;
+
+	o->ctl_path = EMBNIC_DEFAULT_CTL_PATH;
+	o->ring_size = EMBNIC_DEFAULT_RING_SIZE;
+	o->state_size = EMBNIC_DEFAULT_STATE_SIZE;
+	o->state_timeout_ms = EMBNIC_DEFAULT_STATE_TIMEOUT_MS;
+	o->burst = EMBNIC_DEFAULT_BURST;
+
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
+		switch (opt) {
+		case O_CTL:
+			o->ctl_path = optarg;
+			break;
+		case O_PORT_IP:
+			ret = parse_port_ip(optarg, o);
+			break;
+		case O_RING:
+			ret = parse_u32(optarg, 64, 1u << 24, &o->ring_size);
+			if (ret == 0 && !rte_is_power_of_2(o->ring_size))
+				ret = -EINVAL;
+			break;
+		case O_STATE:
+			ret = parse_u32(optarg, 64, 1u << 24, &o->state_size);
+			break;
+		case O_TIMEOUT:
+			ret = parse_u32(optarg, 1, 86400000,
+					&o->state_timeout_ms);
+			break;
+		case O_BURST:
+			ret = parse_u32(optarg, 1, EMBNIC_MAX_BURST, &o->burst);
+			break;
+		case O_IDLE:
+			ret = parse_u32(optarg, 0, 1000000, &o->idle_us);
+			break;
+		case O_MBUFS:
+			ret = parse_u32(optarg, 1024, 1u << 24, &o->nb_mbufs);
+			break;
+		case O_PAUSED:
+			o->paused = true;
+			break;
+		default:	/* --help, or getopt already said what is wrong */
+			return -EINVAL;
+		}
+		if (ret != 0) {
+			fprintf(stderr, "embnic-dp: bad value for "
+					"--%s: '%s'\n", lopts[opt - O_CTL].name,
+					optarg ? optarg : "");
+			return -EINVAL;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "embnic-dp: unexpected argument '%s'\n",
+			argv[optind]);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Configure and start one port: 1 RX and 1 TX queue (examples/skeleton). */
+static int
+port_init(struct embnic_app *a, uint16_t port)
+{
+	struct rte_eth_conf conf = { 0 };
+	struct rte_eth_dev_info info;
+	struct embnic_port *p = &a->ports[port];
+	uint16_t nb_rxd = EMBNIC_RX_DESC, nb_txd = EMBNIC_TX_DESC;
+	int socket = rte_eth_dev_socket_id(port);
+	int ret;
+
+	if (socket < 0)
+		socket = (int)rte_socket_id();
+	ret = rte_eth_dev_info_get(port, &info);
+	if (ret != 0)
+		return ret;
+	if (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM)
+		conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
+	ret = rte_eth_dev_configure(port, 1, 1, &conf);
+	if (ret != 0)
+		return ret;
+	ret = rte_eth_dev_adjust_nb_rx_tx_desc(port, &nb_rxd, &nb_txd);
+	if (ret != 0)
+		return ret;
+	ret = rte_eth_rx_queue_setup(port, 0, nb_rxd, socket, NULL, a->pool);
+	if (ret < 0)
+		return ret;
+	ret = rte_eth_tx_queue_setup(port, 0, nb_txd, socket, NULL);
+	if (ret < 0)
+		return ret;
+	ret = rte_eth_dev_start(port);
+	if (ret < 0)
+		return ret;
+	ret = rte_eth_macaddr_get(port, &p->mac);
+	if (ret != 0)
+		return ret;
+	p->id = port;
+	p->ip = a->opts.port_ip[port];
+	if (rte_eth_dev_get_name_by_port(port, p->name) != 0)
+		snprintf(p->name, sizeof(p->name), "port%u", port);
+	return 0;
+}
+
+/* Ring, tables, state map: 0 or -errno. */
+static int
+tables_init(struct embnic_app *a)
+{
+	size_t sz = rte_rcu_qsbr_get_memsize(RTE_MAX_LCORE);
+
+	a->qsbr = rte_zmalloc("embnic_qsbr", sz, RTE_CACHE_LINE_SIZE);
+	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
+		return -ENOMEM;
+	a->ring = rte_ring_create_elem("embnic_hdr_ring",
+				       sizeof(struct embnic_desc),
+				       a->opts.ring_size, (int)rte_socket_id(),
+				       RING_F_SP_ENQ | RING_F_SC_DEQ |
+				       RING_F_EXACT_SZ);
+	a->routes = embnic_table_create("embnic_routes",
+					EMBNIC_ROUTE_TABLE_SIZE, a->qsbr);
+	a->clients = embnic_table_create("embnic_clients",
+					 EMBNIC_CLIENT_TABLE_SIZE, a->qsbr);
+	a->state = embnic_state_create(a->opts.state_size,
+				       a->opts.state_timeout_ms);
+	a->stats = rte_zmalloc("embnic_stats",
+			       sizeof(a->stats[0]) * RTE_MAX_LCORE,
+			       RTE_CACHE_LINE_SIZE);
+	if (a->ring == NULL || a->routes == NULL || a->clients == NULL ||
+	    a->state == NULL || a->stats == NULL)
+		return -ENOMEM;
+	return 0;
+}
+
+static void
+tables_free(struct embnic_app *a)
+{
+	embnic_state_free(a->state);
+	embnic_table_free(a->clients);
+	embnic_table_free(a->routes);
+	rte_ring_free(a->ring);
+	rte_free(a->stats);
+	rte_free(a->qsbr);
+}
+
+/* RX on the first worker, TX on the second (or main), control on main. */
+static void
+assign_lcores(struct embnic_app *a)
+{
+	unsigned int lc, w[2], nw = 0;
+
+	a->main_lcore = rte_get_main_lcore();
+	a->nb_lcores = rte_lcore_count();
+	RTE_LCORE_FOREACH_WORKER(lc) {
+		if (nw < 2)
+			w[nw++] = lc;
+	}
+	a->rx_lcore = nw >= 1 ? w[0] : a->main_lcore;
+	a->tx_lcore = nw >= 2 ? w[1] : a->main_lcore;
+}
+
+/* The loop of every lcore; what it runs depends on its role. */
+static int
+lcore_main(void *arg)
+{
+	struct embnic_app *a = arg;
+	unsigned int lc = rte_lcore_id();
+	struct embnic_lcore_stats *st = &a->stats[lc];
+	bool do_rx = lc == a->rx_lcore, do_tx = lc == a->tx_lcore;
+	bool do_ctl = lc == a->main_lcore;
+	/* the main lcore writes the tables, so it never waits for itself */
+	bool reader = do_tx && lc != a->main_lcore;
+	uint64_t ctl_period = a->tsc_hz / 1000000 * CTL_PERIOD_US;
+	uint64_t next_ctl = 0, now;
+	unsigned int work;
+
+	if (!do_rx && !do_tx && !do_ctl)
+		return 0;
+	if (reader) {
+		rte_rcu_qsbr_thread_register(a->qsbr, lc);
+		rte_rcu_qsbr_thread_online(a->qsbr, lc);
+	}
+	printf("embnic-dp: lcore %u:%s%s%s\n", lc, do_rx ? " rx" : "",
+	       do_tx ? " tx" : "", do_ctl ? " ctl" : "");
+	fflush(stdout);
+
+	while (!force_quit) {
+		work = 0;
+		if (do_rx)
+			work += embnic_rx_stage(a, st);
+		if (do_tx)
+			work += embnic_tx_stage(a, st);
+		if (reader)
+			rte_rcu_qsbr_quiescent(a->qsbr, lc);
+		if (do_ctl) {
+			if (!do_rx && !do_tx) {
+				embnic_ctl_poll(a->ctl, 10);
+			} else {
+				now = rte_rdtsc();
+				if (now >= next_ctl) {
+					embnic_ctl_poll(a->ctl, 0);
+					next_ctl = now + ctl_period;
+				}
+			}
+		}
+		if (work == 0 && a->opts.idle_us > 0)
+			rte_delay_us_sleep(a->opts.idle_us);
+	}
+
+	if (reader) {
+		rte_rcu_qsbr_thread_offline(a->qsbr, lc);
+		rte_rcu_qsbr_thread_unregister(a->qsbr, lc);
+	}
+	return 0;
+}
+
+static uint32_t
+default_nb_mbufs(const struct embnic_app *a)
+{
+	uint32_t n = a->nb_ports * (EMBNIC_RX_DESC + EMBNIC_TX_DESC) +
+		a->opts.ring_size + a->nb_lcores *
+		(MBUF_CACHE_SIZE + 4 * EMBNIC_MAX_BURST) + 8192;
+
+	return n;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct timespec ts;
+	uint16_t port;
+	unsigned int lc;
+	int ret;
+
+	ret = rte_eal_init(argc, argv);
+	if (ret < 0)
+		rte_exit(EXIT_FAILURE, "EAL init failed: %s\n",
+			 rte_strerror(rte_errno));
+	argc -= ret;
+	argv += ret;
+	if (parse_args(argc, argv, &app.opts) != 0) {
+		usage(argv[0]);
+		rte_exit(2, "invalid arguments\n");
+	}
+	force_quit = false;
+	signal(SIGINT, signal_handler);
+	signal(SIGTERM, signal_handler);
+
+	app.nb_ports = rte_eth_dev_count_avail();
+	if (app.nb_ports == 0 || app.nb_ports > EMBNIC_MAX_PORTS)
+		rte_exit(EXIT_FAILURE, "need 1..%u ports, found %u (add "
+			 "--vdev or bind a NIC)\n", EMBNIC_MAX_PORTS,
+			 app.nb_ports);
+	RTE_ETH_FOREACH_DEV(port)
+		if (port >= app.nb_ports)
+			rte_exit(EXIT_FAILURE, "port ids must be 0..%u, got "
+				 "%u\n", app.nb_ports - 1, port);
+	for (port = app.nb_ports; port < EMBNIC_MAX_PORTS; port++)
+		if (app.opts.port_ip[port] != 0)
+			rte_exit(2, "--port-ip names port %u but there are "
+				 "only %u ports\n", port, app.nb_ports);
+	assign_lcores(&app);
+	app.tsc_hz = rte_get_tsc_hz();
+	clock_gettime(CLOCK_REALTIME, &ts);
+	app.start_tsc = rte_rdtsc();
+	app.start_ns = (uint64_t)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+	app.paused = app.opts.paused;
+
+	app.pool = rte_pktmbuf_pool_create("embnic_mbufs",
+		app.opts.nb_mbufs ? app.opts.nb_mbufs : default_nb_mbufs(&app),
+		MBUF_CACHE_SIZE, 0, RTE_MBUF_DEFAULT_BUF_SIZE,
+		(int)rte_socket_id());
+	if (app.pool == NULL)
+		rte_exit(EXIT_FAILURE, "cannot create the mbuf pool: %s\n",
+			 rte_strerror(rte_errno));
+
+	for (port = 0; port < app.nb_ports; port++) {
+		ret = port_init(&app, port);
+		if (ret != 0)
+			rte_exit(EXIT_FAILURE, "cannot init port %u: %s\n",
+				 port, rte_strerror(-ret));
+	}
+
+	ret = tables_init(&app);
+	if (ret != 0)
+		rte_exit(EXIT_FAILURE, "cannot create ring and tables: %s\n",
+			 rte_strerror(-ret));
+	if (embnic_telemetry_init(&app) != 0)
+		printf("embnic-dp: telemetry commands not registered\n");
+	app.ctl = embnic_ctl_init(&app, app.opts.ctl_path);
+	if (app.ctl == NULL)
+		rte_exit(EXIT_FAILURE, "cannot serve the control socket %s: "
+			 "%s\n", app.opts.ctl_path, strerror(errno));
+
+	printf("embnic-dp: %u ports, %u lcores (%s), ring %u, state %u, "
+	       "mbufs %u, ctl %s%s\n", app.nb_ports, app.nb_lcores,
+	       app.rx_lcore == app.tx_lcore ? "run to completion" :
+	       "pipeline", app.opts.ring_size, app.opts.state_size,
+	       app.pool->size, app.opts.ctl_path,
+	       app.paused ? ", paused" : "");
+	fflush(stdout);
+
+	RTE_LCORE_FOREACH_WORKER(lc)
+		rte_eal_remote_launch(lcore_main, &app, lc);
+	lcore_main(&app);
+	rte_eal_mp_wait_lcore();
+
+	embnic_ring_drain(&app);
+	for (port = 0; port < app.nb_ports; port++) {
+		ret = rte_eth_dev_stop(port);
+		if (ret != 0)
+			printf("embnic-dp: port %u stop: %s\n", port,
+			       rte_strerror(-ret));
+		rte_eth_dev_close(port);
+	}
+	embnic_ctl_free(app.ctl);
+	tables_free(&app);
+	rte_mempool_free(app.pool);
+	rte_eal_cleanup();
+	printf("embnic-dp: bye\n");
+	return 0;
+}

@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Parse and validate Ethernet / IPv4 / UDP / embnic; answer ARP.
+ *
+ * The checks and their order follow docs/protocol.md ("Validity",
+ * "Fragmentation") and the drop reasons of docs/control-socket.md. Every
+ * read is bounded by the segment length; header reads go through packed
+ * structs, so any alignment is fine.
+ */
+#include <string.h>
+
+#include <rte_arp.h>
+#include <rte_byteorder.h>
+#include <rte_ether.h>
+#include <rte_ip.h>
+#include <rte_udp.h>
+
+#include "embnic_parse.h"
+
+static const char *const drop_names[EMBNIC_DROP_MAX] = {
+	[EMBNIC_DROP_NONE] = "none",
+#define EMBNIC_DROP_NAME(e, n) [EMBNIC_DROP_##e] = #n,
+	EMBNIC_DROP_REASONS(EMBNIC_DROP_NAME)
+#undef EMBNIC_DROP_NAME
+};
+
+const char *
+embnic_drop_name(unsigned int reason)
+{
+	return reason < EMBNIC_DROP_MAX ? drop_names[reason] : NULL;
+}
+
+static inline void
+hdr_to_msg(const struct embnic_hdr *h, struct embnic_msg *m)
+{
+	m->msg_id = rte_be_to_cpu_32(h->msg_id);
+	m->num_keys = rte_be_to_cpu_32(h->num_keys);
+	m->msg_len = rte_be_to_cpu_32(h->msg_len);
+	m->frag_offset = rte_be_to_cpu_32(h->frag_offset);
+	m->client_id = rte_be_to_cpu_16(h->client_id);
+	m->table_id = rte_be_to_cpu_16(h->table_id);
+	m->shard_id = rte_be_to_cpu_16(h->shard_id);
+	m->dim = rte_be_to_cpu_16(h->dim);
+	m->frag_index = rte_be_to_cpu_16(h->frag_index);
+	m->frag_count = rte_be_to_cpu_16(h->frag_count);
+	m->frag_len = rte_be_to_cpu_16(h->frag_len);
+	m->status = rte_be_to_cpu_16(h->status);
+	m->msg_type = h->msg_type;
+	m->flags = h->flags;
+	m->dtype = h->dtype;
+	m->version = h->version;
+}
+
+/*
+ * Lengths of one fragment against its own header (docs/protocol.md):
+ * bad_length for what does not fit, frag_mismatch for offsets that
+ * disagree with frag_index under "fragment i carries [i*P, (i+1)*P)".
+ * payload: UDP payload bytes after the embnic header.
+ */
+static int
+check_lengths(const struct embnic_msg *m, uint32_t payload)
+{
+	uint64_t end = (uint64_t)m->frag_offset + m->frag_len;
+	uint64_t p;
+	uint32_t last;
+
+	if (m->frag_len != payload || m->frag_count == 0 ||
+	    m->frag_index >= m->frag_count || end > m->msg_len)
+		return EMBNIC_DROP_BAD_LENGTH;
+	if (m->num_keys == 0 && m->msg_type != EMBNIC_UPDATE_ACK &&
+	    m->msg_type != EMBNIC_ERROR)
+		return EMBNIC_DROP_BAD_LENGTH;
+	if (embnic_expected_msg_len(m->msg_type, m->num_keys, m->dim,
+				    m->dtype) != m->msg_len)
+		return EMBNIC_DROP_BAD_LENGTH;
+
+	last = (uint32_t)m->frag_count - 1;
+	if (last == 0) {
+		/* one fragment: the whole body */
+		if (m->frag_offset != 0 || end != m->msg_len)
+			return EMBNIC_DROP_FRAG_MISMATCH;
+	} else if (m->frag_index < last) {
+		/* a full fragment: P = frag_len, offset i*P, ceil(len/P) = n */
+		p = m->frag_len;
+		if (p == 0 || (uint64_t)m->frag_index * p != m->frag_offset ||
+		    (uint64_t)last * p >= m->msg_len ||
+		    (uint64_t)m->frag_count * p < m->msg_len)
+			return EMBNIC_DROP_FRAG_MISMATCH;
+	} else {
+		/* the last fragment: offset (n-1)*P, 0 < frag_len <= P */
+		if (end != m->msg_len || m->frag_offset % last != 0)
+			return EMBNIC_DROP_FRAG_MISMATCH;
+		p = m->frag_offset / last;
+		if (m->frag_len == 0 || m->frag_len > p)
+			return EMBNIC_DROP_FRAG_MISMATCH;
+	}
+	return EMBNIC_DROP_NONE;
+}
+
+static int
+check_embnic(const struct embnic_hdr *h, uint32_t payload,
+	     struct embnic_msg *m)
+{
+	if (rte_be_to_cpu_16(h->magic) != EMBNIC_MAGIC)
+		return EMBNIC_DROP_BAD_MAGIC;
+	if (h->version != EMBNIC_PROTO_VERSION)
+		return EMBNIC_DROP_BAD_VERSION;
+	if (h->msg_type < EMBNIC_LOOKUP_REQ || h->msg_type > EMBNIC_ERROR)
+		return EMBNIC_DROP_BAD_TYPE;
+	if (h->dtype > EMBNIC_DTYPE_FP16 ||
+	    (h->dtype == EMBNIC_DTYPE_NONE &&
+	     (h->msg_type == EMBNIC_LOOKUP_REPLY ||
+	      h->msg_type == EMBNIC_UPDATE_REQ)))
+		return EMBNIC_DROP_BAD_DTYPE;
+	hdr_to_msg(h, m);
+	return check_lengths(m, payload);
+}
+
+int
+embnic_parse(const uint8_t *data, uint32_t seg_len, uint32_t pkt_len,
+	     enum embnic_csum_hint csum, uint32_t port_ip,
+	     struct embnic_pkt_info *info)
+{
+	const struct rte_ether_hdr *eth;
+	const struct rte_ipv4_hdr *ip;
+	const struct rte_udp_hdr *udp;
+	uint16_t ether_type, tot, udp_len, frag;
+	uint32_t ihl;
+
+	if (seg_len > pkt_len)
+		seg_len = pkt_len;
+	if (seg_len < EMBNIC_ETH_LEN)
+		return EMBNIC_DROP_TOO_SHORT;
+	eth = (const struct rte_ether_hdr *)data;
+	ether_type = rte_be_to_cpu_16(eth->ether_type);
+	if (ether_type == RTE_ETHER_TYPE_ARP)
+		return EMBNIC_PARSE_ARP;
+	if (ether_type != RTE_ETHER_TYPE_IPV4)
+		return EMBNIC_DROP_BAD_ETHER;
+
+	/* IPv4: version, IHL, total length vs frame, checksum, no fragments */
+	if (seg_len < EMBNIC_ETH_LEN + EMBNIC_IPV4_LEN)
+		return EMBNIC_DROP_TOO_SHORT;
+	ip = (const struct rte_ipv4_hdr *)(data + EMBNIC_ETH_LEN);
+	if ((ip->version_ihl >> 4) != 4)
+		return EMBNIC_DROP_BAD_IP;
+	ihl = (uint32_t)(ip->version_ihl & 0x0f) * 4;
+	if (ihl < EMBNIC_IPV4_LEN)
+		return EMBNIC_DROP_BAD_IP;
+	if (ihl > EMBNIC_IPV4_LEN)
+		return EMBNIC_DROP_IP_OPTIONS;
+	tot = rte_be_to_cpu_16(ip->total_length);
+	if (tot < EMBNIC_IPV4_LEN || tot > pkt_len - EMBNIC_ETH_LEN)
+		return EMBNIC_DROP_BAD_IP;
+	if (csum == EMBNIC_CSUM_BAD ||
+	    (csum == EMBNIC_CSUM_UNKNOWN &&
+	     rte_raw_cksum(ip, EMBNIC_IPV4_LEN) != 0xffff))
+		return EMBNIC_DROP_BAD_IP;
+	frag = rte_be_to_cpu_16(ip->fragment_offset);
+	if (frag & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))
+		return EMBNIC_DROP_BAD_IP;
+	if (port_ip != 0 && ip->dst_addr != port_ip)
+		return EMBNIC_DROP_WRONG_DST;
+	if (ip->next_proto_id != IPPROTO_UDP)
+		return EMBNIC_DROP_NOT_UDP;
+
+	/* UDP: its length must be the IPv4 payload; our port */
+	if (tot < EMBNIC_IPV4_LEN + EMBNIC_UDP_LEN)
+		return EMBNIC_DROP_BAD_UDP;
+	if (seg_len < EMBNIC_ETH_LEN + EMBNIC_IPV4_LEN + EMBNIC_UDP_LEN)
+		return EMBNIC_DROP_TOO_SHORT;
+	udp = (const struct rte_udp_hdr *)(data + EMBNIC_ETH_LEN +
+					   EMBNIC_IPV4_LEN);
+	udp_len = rte_be_to_cpu_16(udp->dgram_len);
+	if (udp_len != tot - EMBNIC_IPV4_LEN)
+		return EMBNIC_DROP_BAD_UDP;
+	if (rte_be_to_cpu_16(udp->dst_port) != EMBNIC_UDP_PORT)
+		return EMBNIC_DROP_BAD_PORT;
+	if (udp_len < EMBNIC_UDP_LEN + EMBNIC_HDR_LEN ||
+	    seg_len < EMBNIC_MIN_FRAME)
+		return EMBNIC_DROP_TOO_SHORT;
+
+	info->src_ip = ip->src_addr;
+	info->src_port = udp->src_port;
+	info->frame_len = (uint16_t)(EMBNIC_ETH_LEN + tot);
+	return check_embnic((const struct embnic_hdr *)
+			    (data + EMBNIC_ETH_LEN + EMBNIC_IPV4_LEN +
+			     EMBNIC_UDP_LEN),
+			    udp_len - EMBNIC_UDP_LEN - EMBNIC_HDR_LEN,
+			    &info->msg);
+}
+
+int
+embnic_arp_reply(uint8_t *data, uint32_t seg_len, uint32_t port_ip,
+		 const uint8_t port_mac[6])
+{
+	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)data;
+	struct rte_arp_hdr *arp;
+	struct rte_arp_ipv4 *a;
+
+	if (port_ip == 0 ||
+	    seg_len < sizeof(struct rte_ether_hdr) + sizeof(struct rte_arp_hdr))
+		return EMBNIC_DROP_ARP_IGNORED;
+	arp = (struct rte_arp_hdr *)(data + sizeof(struct rte_ether_hdr));
+	a = &arp->arp_data;
+	if (arp->arp_hardware != rte_cpu_to_be_16(RTE_ARP_HRD_ETHER) ||
+	    arp->arp_protocol != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
+	    arp->arp_hlen != RTE_ETHER_ADDR_LEN || arp->arp_plen != 4 ||
+	    arp->arp_opcode != rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) ||
+	    a->arp_tip != port_ip)
+		return EMBNIC_DROP_ARP_IGNORED;
+
+	arp->arp_opcode = rte_cpu_to_be_16(RTE_ARP_OP_REPLY);
+	a->arp_tha = a->arp_sha;
+	a->arp_tip = a->arp_sip;
+	memcpy(&a->arp_sha, port_mac, RTE_ETHER_ADDR_LEN);
+	a->arp_sip = port_ip;
+	eth->dst_addr = eth->src_addr;
+	memcpy(&eth->src_addr, port_mac, RTE_ETHER_ADDR_LEN);
+	return 0;
+}

@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * The route table (shard id -> peer) and the client table (client id ->
+ * peer): one implementation, two instances.
+ *
+ * An rte_hash with lock-free readers (RW_CONCURRENCY_LF): the TX stage
+ * looks up from its lcore while the main lcore adds and deletes. Each key's
+ * data is a pointer to an immutable struct embnic_peer. A changed entry is
+ * replaced by a new peer, and an old peer is freed only after every reader
+ * has passed a quiescent state (RCU QSBR; for deletes through the hash's
+ * own integration, rte_hash_rcu_qsbr_add in SYNC mode). Readers never lock.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <rte_hash.h>
+#include <rte_hash_crc.h>
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_rcu_qsbr.h>
+
+#include "embnic_dp.h"
+
+struct embnic_table {
+	struct rte_hash *h;
+	struct rte_rcu_qsbr *qsbr;
+	uint32_t size;
+};
+
+static void
+peer_free(void *p __rte_unused, void *key_data)
+{
+	rte_free(key_data);
+}
+
+struct embnic_table *
+embnic_table_create(const char *name, uint32_t size, struct rte_rcu_qsbr *qsbr)
+{
+	struct rte_hash_parameters hp = {
+		.name = name,
+		.entries = size,
+		.key_len = sizeof(uint32_t),
+		.hash_func = rte_hash_crc,
+		.hash_func_init_val = 0,
+		.socket_id = (int)rte_socket_id(),
+		.extra_flag = RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF |
+			      RTE_HASH_EXTRA_FLAGS_EXT_TABLE,
+	};
+	struct rte_hash_rcu_config rcu = {
+		.v = qsbr,
+		.mode = RTE_HASH_QSBR_MODE_SYNC,
+		.free_key_data_func = peer_free,
+	};
+	struct embnic_table *t;
+
+	t = rte_zmalloc(name, sizeof(*t), RTE_CACHE_LINE_SIZE);
+	if (t == NULL)
+		return NULL;
+	t->size = size;
+	t->qsbr = qsbr;
+	t->h = rte_hash_create(&hp);
+	if (t->h == NULL) {
+		rte_free(t);
+		return NULL;
+	}
+	rcu.key_data_ptr = t;
+	if (rte_hash_rcu_qsbr_add(t->h, &rcu) != 0) {
+		rte_hash_free(t->h);
+		rte_free(t);
+		return NULL;
+	}
+	return t;
+}
+
+void
+embnic_table_free(struct embnic_table *t)
+{
+	const void *key;
+	void *data;
+	uint32_t next = 0;
+
+	if (t == NULL)
+		return;
+	/* readers are gone: free the peers, then the hash */
+	while (rte_hash_iterate(t->h, &key, &data, &next) >= 0)
+		rte_free(data);
+	rte_hash_free(t->h);
+	rte_free(t);
+}
+
+int
+embnic_table_add(struct embnic_table *t, const struct embnic_peer *p)
+{
+	struct embnic_peer *n;
+	void *old = NULL;
+	uint32_t key = p->id;
+	int ret;
+
+	if (rte_hash_lookup_data(t->h, &key, &old) < 0) {
+		old = NULL;
+		if ((uint32_t)rte_hash_count(t->h) >= t->size)
+			return -ENOSPC;
+	}
+	n = rte_malloc("embnic_peer", sizeof(*n), 0);
+	if (n == NULL)
+		return -ENOMEM;
+	*n = *p;
+	ret = rte_hash_add_key_data(t->h, &key, n);
+	if (ret < 0) {
+		rte_free(n);
+		return ret;
+	}
+	if (old != NULL) {
+		/* readers may still hold the old peer: wait them out */
+		rte_rcu_qsbr_synchronize(t->qsbr, RTE_QSBR_THRID_INVALID);
+		rte_free(old);
+	}
+	return 0;
+}
+
+int
+embnic_table_del(struct embnic_table *t, uint32_t id)
+{
+	int32_t ret = rte_hash_del_key(t->h, &id);
+
+	return ret < 0 ? ret : 0;
+}
+
+void
+embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
+			 unsigned int n, const struct embnic_peer **out)
+{
+	const void *keys[EMBNIC_MAX_BURST];
+	void *data[EMBNIC_MAX_BURST];
+	uint64_t hits = 0;
+	unsigned int i;
+
+	if (n == 0)
+		return;
+	for (i = 0; i < n; i++)
+		keys[i] = &ids[i];
+	rte_hash_lookup_bulk_data(t->h, keys, n, &hits, data);
+	for (i = 0; i < n; i++)
+		out[i] = (hits >> i) & 1 ? data[i] : NULL;
+}
+
+unsigned int
+embnic_table_walk(struct embnic_table *t,
+		  void (*fn)(const struct embnic_peer *, void *), void *arg)
+{
+	const void *key;
+	void *data;
+	uint32_t next = 0;
+	unsigned int n = 0;
+
+	while (rte_hash_iterate(t->h, &key, &data, &next) >= 0) {
+		fn(data, arg);
+		n++;
+	}
+	return n;
+}
+
+uint32_t
+embnic_table_count(const struct embnic_table *t)
+{
+	int32_t n = rte_hash_count(t->h);
+
+	return n < 0 ? 0 : (uint32_t)n;
+}
+
+uint32_t
+embnic_table_size(const struct embnic_table *t)
+{
+	return t->size;
+}
