@@ -1,0 +1,193 @@
+"""Report helpers of the main job and trace replay: JSON report, PNG plots, progress bar, summary.
+
+Plots use matplotlib's ``Agg`` backend (no display needed). The progress bar is tqdm on
+stderr (disabled when stderr is not a terminal unless forced).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def percentiles(values_us: Sequence[float] | np.ndarray) -> dict:
+    """Latency summary of ``values_us`` (µs): ``{p50, p90, p99, max, mean, n}`` (None when empty).
+
+    Percentiles use numpy's default (linear interpolation between closest ranks).
+    """
+    a = np.asarray(values_us, dtype=np.float64)
+    if a.size == 0:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None, "n": 0}
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"p50": round(float(p50), 1), "p90": round(float(p90), 1), "p99": round(float(p99), 1),
+            "max": round(float(a.max()), 1), "mean": round(float(a.mean()), 1), "n": int(a.size)}
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def write_json(path: str | os.PathLike, report: dict) -> Path:
+    """Write ``report`` as indented JSON (numpy scalars/arrays converted; NaN/inf → null)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_jsonable(report), indent=2) + "\n")
+    os.replace(tmp, p)
+    return p
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_loss(path: str | os.PathLike, series: dict[str, Sequence[float]], title: str = "training loss") -> Path:
+    """Loss per step of one or more runs (``{label: losses}``) as a PNG."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    styles = ["-", "--", ":", "-."]
+    for i, (label, ys) in enumerate(series.items()):
+        ax.plot(np.arange(1, len(ys) + 1), ys, styles[i % len(styles)], label=label, linewidth=1.6)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean BCE)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_cdf(path: str | os.PathLike, series: dict[str, Sequence[float]], title: str,
+             xlabel: str = "lookup latency (µs)") -> Path:
+    """Empirical CDF of one or more samples (``{label: values}``) as a PNG, log-scaled x."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for label, vs in series.items():
+        v = np.sort(np.asarray(vs, dtype=np.float64))
+        if v.size == 0:
+            continue
+        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=f"{label} (n={v.size})")
+        for q in (50, 99):
+            x = np.percentile(v, q)
+            ax.axvline(x, linestyle=":", alpha=0.5)
+            ax.annotate(f"p{q} {x:.0f}", (x, q / 100), fontsize=8, xytext=(4, -10), textcoords="offset points")
+    if any(len(vs) for vs in series.values()):
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction ≤ x")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_bars(path: str | os.PathLike, bars: dict[str, float], title: str, ylabel: str) -> Path:
+    """A bar chart (``{label: value}``) as a PNG."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    labels = list(bars)
+    ax.bar(range(len(labels)), [bars[k] for k in labels])
+    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 6 else 0, ha="right" if len(labels) > 6 else "center")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+class Progress:
+    """A tqdm progress bar (stderr) with a rate in the postfix; a no-op when disabled.
+
+    Args:
+        total: number of steps/frames.
+        desc: label.
+        unit: tqdm unit.
+        enabled: None = only when stderr is a terminal.
+    """
+
+    def __init__(self, total: int, desc: str, unit: str = "step", enabled: bool | None = None):
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=True)
+        self.t0 = time.monotonic()
+
+    def update(self, n: int = 1, **postfix) -> None:
+        if self.bar is not None:
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(n)
+
+    def set(self, value: int, **postfix) -> None:
+        """Move the bar to ``value``."""
+        if self.bar is not None:
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+            self.bar.n = value
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def nonzero(d: dict | None) -> dict:
+    """The entries of ``d`` whose value is not 0."""
+    return {k: v for k, v in (d or {}).items() if v}
+
+
+def fmt_drops(d: dict | None) -> str:
+    """``"bad_ip 3, unknown_client 1"`` or ``"none"``."""
+    nz = nonzero(d)
+    return ", ".join(f"{k} {v}" for k, v in sorted(nz.items())) or "none"
+
+
+def table_lines(rows: Iterable[tuple[str, str]]) -> list[str]:
+    """Aligned ``label  value`` lines."""
+    rows = list(rows)
+    w = max((len(k) for k, _ in rows), default=0)
+    return [f"  {k:<{w}}  {v}" for k, v in rows]
