@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import errno
+import os
 import select
 import socket
 import time
@@ -140,7 +141,9 @@ class EmbeddingClient:
         self.address = self.sock.getsockname()
         self.stats = ClientStats()
         self._reasm = Reassembler(max_pending=65536, timeout_s=max(1.0, 4 * self.timeout_s), expect="reply")
-        self._next_id = 1
+        # a random first id: a restarted client does not reuse the ids of its last life,
+        # which the servers' exactly-once window still remembers
+        self._next_id = int.from_bytes(os.urandom(4), "little") or 1
         self._buf = bytearray(65536)
         self._dest = {s.id: cfg.request_destination(client_id, s.id) for s in cfg.shards}
 

@@ -75,6 +75,17 @@ class FrameError(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
+def unpack_header(payload: bytes | bytearray | memoryview) -> Header:
+    """Decode the 40 header bytes without any validation.
+
+    Raises:
+        FrameError: ``too_short`` if fewer than 40 bytes.
+    """
+    if len(payload) < consts.HDR_LEN:
+        raise FrameError("too_short", f"{len(payload)} bytes < {consts.HDR_LEN}")
+    return Header._make(_HDR.unpack_from(payload))
+
+
 def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None = None) -> Header:
     """Decode and validate the header of one UDP payload (docs/protocol.md, "Validity").
 

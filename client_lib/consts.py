@@ -90,6 +90,7 @@ DROP_REASONS = (
     "bad_dtype",
     "bad_length",
     "frag_mismatch",
+    "too_large",
 )
 
 

@@ -70,6 +70,8 @@ class Reassembler:
     Args:
         max_pending: incomplete messages kept at once; the oldest is evicted beyond it
             (counted as ``evicted``).
+        max_msg_len: largest message body accepted (bytes); larger ones are dropped as
+            ``too_large`` before any buffer is allocated (a header may claim up to 4 GiB).
         timeout_s: an incomplete message untouched this long is dropped (``expired``).
         expect: ``"request"``, ``"reply"`` or None — passed to :func:`parse_header`.
 
@@ -78,8 +80,10 @@ class Reassembler:
         stats: Counter of ``frames``, ``duplicates``, ``messages``, ``evicted``, ``expired``.
     """
 
-    def __init__(self, max_pending: int = 4096, timeout_s: float = 5.0, expect: str | None = None):
+    def __init__(self, max_pending: int = 4096, timeout_s: float = 5.0, expect: str | None = None,
+                 max_msg_len: int = 64 << 20):
         self.max_pending = max_pending
+        self.max_msg_len = max_msg_len
         self.timeout_s = timeout_s
         self.expect = expect
         self.drops: collections.Counter = collections.Counter()
@@ -89,17 +93,28 @@ class Reassembler:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def feed(self, payload: bytes, addr: tuple | None = None, now: float | None = None) -> Message | None:
+    def feed(self, payload: bytes, addr: tuple | None = None, now: float | None = None,
+             header: Header | None = None) -> Message | None:
         """Add one UDP payload; return the :class:`Message` it completes, else None.
+
+        Args:
+            payload: embnic header + body fragment.
+            addr: sender, kept in the message.
+            now: monotonic time (s), for tests.
+            header: the payload's header if the caller already validated it with
+                :func:`parse_header` (saves parsing twice).
 
         Never raises on bad input: invalid frames are counted in :attr:`drops`.
         """
         self.stats["frames"] += 1
         try:
-            h = parse_header(payload, expect=self.expect)
+            h = header if header is not None else parse_header(payload, expect=self.expect)
             p = _geometry(h)
         except FrameError as e:
             self.drops[e.reason] += 1
+            return None
+        if h.msg_len > self.max_msg_len:
+            self.drops["too_large"] += 1
             return None
         if h.frag_count == 1:
             self.stats["messages"] += 1
