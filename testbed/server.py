@@ -50,7 +50,6 @@ import json
 import logging
 import signal
 import socket
-import struct
 import threading
 import time
 import zlib
@@ -71,8 +70,6 @@ log = logging.getLogger("embnic.server")
 DEFAULT_DEDUP_WINDOW = 65536  #: remembered applied updates (docs/protocol.md, "Reliability")
 DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
 _SOCK_BUF = 16 << 20  #: bytes of kernel socket buffer asked for
-_HDR = struct.Struct("!HBB")  # magic, version, msg_type
-_FULL_HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")  # the 40-byte header, unvalidated
 #: extra drop reasons of the server (besides consts.DROP_REASONS)
 SERVER_DROP_REASONS = ("too_large",)
 
@@ -283,7 +280,7 @@ class ShardServer:
                 if h.frag_index == 0:
                     self._reply_error(h, status, addr)
                 return
-            msg = self._reasm.feed(data, addr)
+            msg = self._reasm.feed(data, addr, header=h)
             if msg is not None:
                 self._handle_message(msg)
         except Exception:  # noqa: BLE001 - one bad datagram must not stop the shard
@@ -300,10 +297,9 @@ class ShardServer:
         type are right (fragment 0 only); anything else is only dropped."""
         if len(data) < consts.HDR_LEN:
             return
-        magic, version, t = _HDR.unpack_from(data)
-        if magic != consts.MAGIC or version != consts.VERSION or t not in consts.REQUEST_TYPES:
+        h = codec.unpack_header(data)
+        if h.magic != consts.MAGIC or h.version != consts.VERSION or h.msg_type not in consts.REQUEST_TYPES:
             return
-        h = Header._make(_FULL_HDR.unpack_from(data))
         if h.frag_index == 0:
             self._reply_error(h, Status.MALFORMED, addr)
 
