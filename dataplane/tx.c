@@ -165,15 +165,14 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	struct rte_mbuf *dropped[EMBNIC_MAX_BURST];
 	const struct embnic_peer *routes[EMBNIC_MAX_BURST];
 	const struct embnic_peer *clients[EMBNIC_MAX_BURST];
-	const struct embnic_peer *dsts[EMBNIC_MAX_BURST];
+	const struct embnic_peer *dst[EMBNIC_MAX_BURST];
 	const struct embnic_msg *msgs[EMBNIC_MAX_BURST];
 	uint32_t shard_ids[EMBNIC_MAX_BURST], client_ids[EMBNIC_MAX_BURST];
 	uint16_t idx[EMBNIC_MAX_BURST], fwd[EMBNIC_MAX_BURST];
-	int verdict[EMBNIC_MAX_BURST];
+	int verdict[EMBNIC_MAX_BURST], res[EMBNIC_MAX_BURST];
 	unsigned int n, nm = 0, nfwd = 0, nf = 0, i, j;
 	uint64_t now_ns;
 	uint16_t p;
-	int r;
 
 	now_ns = embnic_tsc_to_ns(app, rte_rdtsc());
 	embnic_state_expire_step(app->state, now_ns, st);
@@ -185,13 +184,11 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	for (p = 0; p < app->nb_ports; p++)
 		qs[p].n = 0;
 
-	/* ARP replies go straight back; embnic frames get bulk lookups */
+	/* bulk route and client lookups for the embnic frames of the burst */
 	for (i = 0; i < n; i++) {
-		if (descs[i].kind == EMBNIC_DESC_ARP) {
-			txq_add(&qs[descs[i].in_port], descs[i].m);
-			st->arp_replies++;
+		res[i] = 0;
+		if (descs[i].kind == EMBNIC_DESC_ARP)
 			continue;
-		}
 		shard_ids[nm] = descs[i].info.msg.shard_id;
 		client_ids[nm] = descs[i].info.msg.client_id;
 		idx[nm++] = (uint16_t)i;
@@ -200,32 +197,33 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	embnic_table_lookup_bulk(app->clients, client_ids, nm, clients);
 
 	for (j = 0; j < nm; j++) {
-		const struct embnic_desc *d = &descs[idx[j]];
-
-		r = authorise(d, clients[j], routes[j], &dsts[nfwd]);
-		if (r != 0) {
-			st->drops[r]++;
-			dropped[nf++] = d->m;
-			continue;
+		i = idx[j];
+		res[i] = authorise(&descs[i], clients[j], routes[j], &dst[i]);
+		if (res[i] == 0) {
+			msgs[nfwd] = &descs[i].info.msg;
+			fwd[nfwd++] = (uint16_t)i;
 		}
-		msgs[nfwd] = &d->info.msg;
-		fwd[nfwd++] = idx[j];
 	}
 
 	embnic_state_update_burst(app->state, msgs, nfwd, now_ns, verdict, st);
+	for (j = 0; j < nfwd; j++)
+		res[fwd[j]] = verdict[j];
 
-	for (j = 0; j < nfwd; j++) {
-		const struct embnic_desc *d = &descs[fwd[j]];
-		const struct embnic_peer *dst = dsts[j];
+	/* in ring order, so frames from one port leave in the order they came */
+	for (i = 0; i < n; i++) {
+		const struct embnic_desc *d = &descs[i];
 
-		if (verdict[j] != 0) {
-			st->drops[verdict[j]]++;
+		if (res[i] != 0) {
+			st->drops[res[i]]++;
 			dropped[nf++] = d->m;
-			continue;
+		} else if (d->kind == EMBNIC_DESC_ARP) {
+			st->arp_replies++;
+			txq_add(&qs[d->in_port], d->m);
+		} else {
+			rewrite(d->m, d, dst[i], &app->ports[dst[i]->port]);
+			st->types[d->info.msg.msg_type]++;
+			txq_add(&qs[dst[i]->port], d->m);
 		}
-		rewrite(d->m, d, dst, &app->ports[dst->port]);
-		st->types[d->info.msg.msg_type]++;
-		txq_add(&qs[dst->port], d->m);
 	}
 
 	txq_flush(app, qs, st);
