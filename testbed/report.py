@@ -160,8 +160,8 @@ class Progress:
         if self.bar is not None:
             if postfix:
                 self.bar.set_postfix(postfix, refresh=False)
-            self.bar.n = value
-            self.bar.refresh()
+            if value != self.bar.n:
+                self.bar.update(value - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

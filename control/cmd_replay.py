@@ -1,0 +1,49 @@
+"""``embnic replay``: replay a recorded trace into the card of a testbed with tcpreplay (testbed/trace.py)."""
+from __future__ import annotations
+
+import click
+
+from embnic.control.cmd_testbed import needs_root, translate_errors
+from embnic.control.errors import OperationalError
+from embnic.control.options import config_option
+
+
+@click.command("replay")
+@click.argument("pcap", type=click.Path(dir_okay=False, exists=True))
+@config_option(required=True)
+@click.option("--rate", type=click.FloatRange(min=1), default=None, metavar="PPS",
+              help="Total frames/s over all clients (default: the recorded timing).")
+@click.option("--topspeed", is_flag=True, help="As fast as tcpreplay can (overrides --rate).")
+@click.option("--out", "out", type=click.Path(file_okay=False), default="out/replay", show_default=True,
+              help="Directory for report.json and the PNG plots.")
+@click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds to wait for missing replies after the last frame.")
+@click.option("--name", default="embrpl", show_default=True, help="Testbed name (namespace/interface prefix).")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@needs_root("replay")
+@translate_errors
+def replay(pcap, config, rate, topspeed, out, wait_s, name, progress):
+    """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
+    tcpreplay, one per client on the client's veth, with real shards answering; count the
+    replies in the client namespaces and report frames/s, messages completed, replies per
+    client, drops by reason and latency percentiles (OUT/report.json + PNG plots).
+
+    Exits 1 if a recorded request got no reply.
+
+    \b
+    Examples:
+      sudo embnic replay out/t.pcap -c examples/testbed.toml
+      sudo embnic replay out/t.pcap -c examples/testbed.toml --rate 5000 --out out/replay5k
+    """
+    if config is None:
+        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
+    from embnic.testbed import trace as TR
+
+    try:
+        rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
+                        wait_s=wait_s, log=click.echo)
+    except TR.TraceError as e:
+        raise OperationalError(str(e)) from None
+    if not rep["all_replied"]:
+        raise OperationalError(f"{rep['requests'] - rep['messages_completed']} of {rep['requests']} replayed "
+                               f"requests got no reply (report: {out}/report.json)")

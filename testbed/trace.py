@@ -1,0 +1,630 @@
+"""Trace record and replay: the client frames of K training batches as a pcap, replayed into the card.
+
+**Record** (:func:`record`, ``embnic trace record``): bring the testbed up, train K batches
+from every client (client ``j`` starts at batch ``j*K`` of the data) with real shards answering
+through the card, and capture every frame each client puts on its veth (an ``AF_PACKET``
+socket in the client's namespace, kernel timestamps via ``SO_TIMESTAMPNS``, drop-checked with
+``PACKET_STATISTICS``). The request frames go to ``T.pcap`` (written with Scapy, so ``rdpcap``
+dissects them down to the ``Embnic`` layer) and a sidecar ``T.json`` describes the run:
+config (and its sha256), data, K, batch size, clients, frames and messages by type and client,
+duration, MTU, protocol version.
+
+**Replay** (:func:`replay`, ``embnic replay``) uses **tcpreplay** (Debian's ``tcpreplay``),
+not the DPDK ``net_pcap`` vdev, because:
+
+* tcpreplay injects the recorded frames on each client's veth *inside the running testbed*,
+  so they take exactly the path live traffic takes (veth → ``net_af_packet`` → card → shard →
+  card → client namespace), with the card started unchanged, the same EAL arguments and
+  ports, and any ``testbed netem`` faults on the links;
+* the replies reach the client namespaces, where they are counted and matched to the
+  recorded requests per client with kernel timestamps on the same socket as the requests
+  (latency = last reply fragment − first request fragment). With ``net_pcap`` the card would
+  need a pcap RX port in place of the client's port and would write its replies to a file:
+  no client sees them, and the card is no longer the one the testbed runs;
+* tcpreplay paces (``--pps``, the recorded timing, or ``--topspeed``); ``net_pcap`` reads as
+  fast as the lcore polls.
+
+Replay brings up its own testbed (fresh shards, so updates apply once), resets the card's
+counters, runs one tcpreplay per client in the client's namespace, waits for the replies,
+tears the testbed down and reports frames/s, messages completed, replies per client, drops
+by reason (card counters, client-side reassembly, requests left without a reply), lookup and
+update latency percentiles: ``OUT/report.json``, ``OUT/replay_latency_cdf.png``,
+``OUT/replay_replies.png``.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import hashlib
+import os
+import re
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from embnic.client_lib import codec, consts
+from embnic.client_lib.config import load_config
+from embnic.client_lib.consts import MsgType
+
+from . import report as R
+from . import topology as T
+
+TRACE_FORMAT = "embnic-trace/1"
+_ETH_P_ALL = 0x0003
+_SOL_PACKET = 263
+_PACKET_STATISTICS = 6
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_PACKET_OUTGOING = 4
+_RCVBUF = 256 << 20
+
+
+class TraceError(RuntimeError):
+    """A trace cannot be recorded or replayed (the message names the fix)."""
+
+
+# --------------------------------------------------------------------------- capture
+def udp_payload(frame: bytes) -> tuple[int, int, bytes] | None:
+    """(UDP source port, destination port, payload) of an Ethernet/IPv4/UDP frame, else None."""
+    if len(frame) < 42 or frame[12:14] != b"\x08\x00" or frame[23] != 17:
+        return None
+    ihl = (frame[14] & 0x0F) * 4
+    u = 14 + ihl
+    if len(frame) < u + 8:
+        return None
+    sport, dport, ulen = struct.unpack_from("!HHH", frame, u)
+    return sport, dport, frame[u + 8:u + ulen] if ulen >= 8 else b""
+
+
+class Capture:
+    """Every frame on one interface (both directions) with kernel timestamps, read by a thread.
+
+    Create it inside the interface's namespace (:func:`~embnic.testbed.topology.in_netns`);
+    the socket stays there. ``frames`` holds ``(t_ns, outgoing, frame)`` for embnic frames
+    (UDP to or from port ``udp_port``); ``on_frame`` (optional) is called with each.
+
+    Raises:
+        OSError: the interface does not exist here.
+    """
+
+    def __init__(self, ifname: str, udp_port: int = consts.UDP_PORT, on_frame: Callable | None = None):
+        self.ifname = ifname
+        self.port = udp_port
+        self.on_frame = on_frame
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), _RCVBUF)
+        except PermissionError:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
+        self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        self.sock.bind((ifname, _ETH_P_ALL))
+        self.sock.setblocking(False)
+        self._stats()  # reset the kernel's counters
+        self.frames: list[tuple[int, bool, bytes]] = []
+        self.kernel_drops = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"capture-{ifname}", daemon=True)
+
+    def _stats(self) -> tuple[int, int]:
+        raw = self.sock.getsockopt(_SOL_PACKET, _PACKET_STATISTICS, 8)
+        return struct.unpack("II", raw)
+
+    def start(self) -> "Capture":
+        self._thread.start()
+        return self
+
+    def _read_available(self) -> int:
+        n = 0
+        cms = socket.CMSG_SPACE(16)
+        while True:
+            try:
+                data, anc, _flags, addr = self.sock.recvmsg(65536, cms)
+            except (BlockingIOError, InterruptedError):
+                return n
+            u = udp_payload(data)
+            if u is None or (u[0] != self.port and u[1] != self.port):
+                continue
+            t_ns = time.time_ns()
+            for level, typ, cdata in anc:
+                if level == socket.SOL_SOCKET and typ == _SO_TIMESTAMPNS and len(cdata) >= 16:
+                    sec, nsec = struct.unpack_from("qq", cdata)
+                    t_ns = sec * 1_000_000_000 + nsec
+            rec = (t_ns, addr[2] == _PACKET_OUTGOING, data)
+            self.frames.append(rec)
+            if self.on_frame is not None:
+                self.on_frame(rec)
+            n += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            r, _, _ = select.select([self.sock], [], [], 0.05)
+            if r:
+                self._read_available()
+
+    def stop(self) -> list[tuple[int, bool, bytes]]:
+        """Stop the reader, read what is left; returns ``frames``. ``kernel_drops`` counts frames
+        the kernel dropped because the socket buffer was full."""
+        self._stop.set()
+        self._thread.join()
+        self._read_available()
+        self.kernel_drops += self._stats()[1]
+        self.sock.close()
+        return self.frames
+
+
+# --------------------------------------------------------------------------- pcap I/O
+def write_pcap(path: str | os.PathLike, frames: list[tuple[int, bytes]]) -> int:
+    """Write ``(t_ns, frame)`` Ethernet frames to a pcap with Scapy (timestamps kept, µs precision)."""
+    from scapy.layers.l2 import Ether
+    from scapy.utils import PcapWriter
+
+    import embnic.client_lib.protocol  # noqa: F401 - binds the Embnic layer to UDP 7878
+
+    w = PcapWriter(str(path), linktype=1, sync=False)
+    try:
+        for t_ns, f in frames:
+            p = Ether(f)
+            p.time = t_ns / 1e9
+            w.write(p)
+    finally:
+        w.close()
+    return len(frames)
+
+
+def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
+    """``(timestamp s, frame bytes)`` of every packet in a pcap (Scapy's raw reader: no dissection)."""
+    from scapy.utils import RawPcapReader
+
+    out = []
+    try:
+        with RawPcapReader(str(path)) as rd:
+            for data, meta in rd:
+                ts = getattr(meta, "sec", 0) + getattr(meta, "usec", 0) / 1e6
+                out.append((ts, bytes(data)))
+    except (OSError, EOFError) as e:
+        raise TraceError(f"cannot read {path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - Scapy raises Scapy_Exception for non-pcap files
+        raise TraceError(f"{path} is not a pcap file ({e})") from None
+    return out
+
+
+def parse_requests(frames: list[tuple[float, bytes]]) -> tuple[dict, dict, int]:
+    """Group the embnic request frames of a trace.
+
+    Returns:
+        (requests ``{(client_id, msg_id): {"type", "shard", "table", "frags", "frag_count",
+        "keys"}}``, frames per client ``{client_id: [(ts, frame), ...]}``, #frames that are
+        not embnic requests).
+    """
+    reqs: dict = {}
+    per_client: dict = collections.defaultdict(list)
+    other = 0
+    for ts, f in frames:
+        u = udp_payload(f)
+        if u is None or u[1] != consts.UDP_PORT:
+            other += 1
+            continue
+        try:
+            h = codec.parse_header(u[2], expect="request")
+        except codec.FrameError:
+            other += 1
+            continue
+        key = (h.client_id, h.msg_id)
+        r = reqs.setdefault(key, {"type": h.msg_type, "shard": h.shard_id, "table": h.table_id, "frags": set(),
+                                  "frag_count": h.frag_count, "keys": h.num_keys})
+        r["frags"].add(h.frag_index)
+        per_client[h.client_id].append((ts, f))
+    return reqs, dict(per_client), other
+
+
+# --------------------------------------------------------------------------- record
+def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, data: str | os.PathLike | None = None,
+           batch_size: int = 256, clients: list[int] | None = None, name: str = "embrec",
+           rdir: Path | None = None, progress: bool | None = None, log: Callable[[str], None] = print) -> dict:
+    """Record the client frames of ``batches`` training batches per client to ``out`` (pcap) and
+    the sidecar ``out`` with suffix ``.json``; see the module docstring.
+
+    Returns:
+        the sidecar dict.
+
+    Raises:
+        NeedsRoot, TestbedError: as :meth:`Testbed.up`.
+        TraceError: a client id not in the config, training failed, the capture lost frames.
+    """
+    from embnic.client_lib.client import EmbeddingClient, EmbnicError
+
+    from .train import load_training_data, train
+
+    T.require_net_admin("trace record (it brings the namespace testbed up)")
+    cfg = load_config(config)
+    ids = [c.id for c in cfg.clients]
+    clients = list(clients) if clients else ids
+    bad = [c for c in clients if c not in ids]
+    if bad:
+        raise TraceError(f"no client {bad[0]} in {config} (clients: {', '.join(map(str, ids))})")
+    topo = T.Topology.from_config(cfg, name)
+    tr, _ = load_training_data(cfg, data)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tb = T.Testbed(topo, rdir)
+    tb.up()
+    caps: dict[int, Capture] = {}
+    stats = {}
+    t0 = time.monotonic()
+    try:
+        for cid in clients:
+            with T.in_netns(topo.client_ns(cid)):
+                caps[cid] = Capture(topo.link(f"c{cid}").peer_if, cfg.udp_port).start()
+        with R.Progress(batches * len(clients), "record", enabled=progress) as bar:
+            for j, cid in enumerate(clients):
+                with T.in_netns(topo.client_ns(cid)):
+                    client = EmbeddingClient(tb.cfg, cid)
+                with client:
+                    start = (j * batches * batch_size) % len(tr.labels)
+                    try:
+                        train(tb.cfg, tr[start:], steps=batches, batch_size=batch_size, backend=client,
+                              progress=lambda i, loss, cid=cid: bar.update(1, client=cid, loss=f"{loss:.4f}"))
+                    except EmbnicError as e:
+                        raise TraceError(f"client {cid} failed while recording: {e}") from None
+                stats[cid] = client.stats.as_dict()
+        time.sleep(0.05)
+        captured = {cid: cap.stop() for cid, cap in caps.items()}
+        drops = {cid: cap.kernel_drops for cid, cap in caps.items()}
+    finally:
+        for cap in caps.values():
+            if not cap._stop.is_set():
+                cap.stop()
+        tb.down()
+    duration = time.monotonic() - t0
+    if any(drops.values()):
+        raise TraceError(f"the capture lost frames ({drops}); record fewer --batches")
+    frames = sorted((t, f) for cid in clients for (t, outgoing, f) in captured[cid] if outgoing)
+    reqs, per_client, other = parse_requests([(t, f) for t, f in frames])
+    frames = [(t, f) for t, f in frames if (u := udp_payload(f)) is not None and u[1] == cfg.udp_port]
+    write_pcap(out, frames)
+    by_type = collections.Counter(MsgType(r["type"]).name for r in reqs.values())
+    sidecar = {
+        "format": TRACE_FORMAT,
+        "pcap": out.name,
+        "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": str(Path(config).resolve()),
+        "config_sha256": hashlib.sha256(Path(config).read_bytes()).hexdigest(),
+        "data": str(data or "shipped Criteo sample (testbed/data)"),
+        "batches": batches,
+        "batch_size": batch_size,
+        "clients": clients,
+        "protocol_version": consts.VERSION,
+        "udp_port": cfg.udp_port,
+        "mtu": cfg.mtu,
+        "frames": len(frames),
+        "bytes": sum(len(f) for _, f in frames),
+        "messages": len(reqs),
+        "messages_by_type": dict(by_type),
+        "by_client": {str(c): {"frames": len(per_client.get(c, [])),
+                               "messages": sum(1 for (cc, _) in reqs if cc == c)} for c in clients},
+        "retransmits": sum(s.get("retransmits", 0) for s in stats.values()),
+        "incomplete_messages": sum(1 for r in reqs.values() if len(r["frags"]) < r["frag_count"]),
+        "duration_s": round(frames[-1][0] / 1e9 - frames[0][0] / 1e9, 3) if frames else 0.0,
+        "wall_s": round(duration, 2),
+        "client_stats": {str(c): s for c, s in stats.items()},
+        "testbed": name,
+    }
+    R.write_json(out.with_suffix(".json"), sidecar)
+    log(f"recorded {len(frames)} frames ({len(reqs)} request messages: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(by_type.items()))
+        + f") from client(s) {', '.join(map(str, clients))} to {out} (+ {out.with_suffix('.json').name})")
+    return sidecar
+
+
+# --------------------------------------------------------------------------- replay
+_REPLY_FOR = {MsgType.LOOKUP_REQ: (MsgType.LOOKUP_REPLY, MsgType.ERROR),
+              MsgType.UPDATE_REQ: (MsgType.UPDATE_ACK, MsgType.ERROR)}
+
+
+class _ReplyTracker:
+    """Per-client reply reassembly and matching against the trace's requests (thread-safe enough:
+    one capture thread per client feeds one tracker)."""
+
+    def __init__(self, cid: int, reqs: dict):
+        from embnic.client_lib.reassembly import Reassembler
+
+        self.cid = cid
+        self.reqs = {k: v for k, v in reqs.items() if k[0] == cid}
+        self.reasm = Reassembler(max_pending=1 << 16, timeout_s=30.0, expect="reply")
+        self.first_sent: dict[int, int] = {}
+        self.done: dict[int, tuple[int, int, int]] = {}  # msg_id -> (t_ns, reply type, status)
+        self.sent_frames = 0
+        self.sent_t: list[int] = []
+        self.reply_frames = 0
+        self.unexpected = 0
+        self.mismatched = 0
+
+    def feed(self, rec) -> None:
+        t_ns, outgoing, frame = rec
+        u = udp_payload(frame)
+        if u is None:
+            return
+        if outgoing:
+            try:
+                h = codec.parse_header(u[2], expect="request")
+            except codec.FrameError:
+                return
+            self.sent_frames += 1
+            self.sent_t.append(t_ns)
+            self.first_sent.setdefault(h.msg_id, t_ns)
+            return
+        self.reply_frames += 1
+        try:
+            msg = self.reasm.feed(u[2])
+        except Exception:  # noqa: BLE001 - counted by the reassembler's drops
+            return
+        if msg is None:
+            return
+        h = msg.header
+        r = self.reqs.get((h.client_id, h.msg_id))
+        if r is None or h.client_id != self.cid:
+            self.unexpected += 1
+            return
+        if h.msg_type not in _REPLY_FOR[MsgType(r["type"])]:
+            self.mismatched += 1
+            return
+        self.done.setdefault(h.msg_id, (t_ns, h.msg_type, h.status))
+
+
+def _tcpreplay_argv(ns: str, ifname: str, pcap: Path, pps: float | None, topspeed: bool) -> list[str]:
+    argv = ["ip", "netns", "exec", ns, "tcpreplay", "--intf1", ifname, "--preload-pcap"]
+    if topspeed:
+        argv.append("--topspeed")
+    elif pps:
+        argv.append(f"--pps={pps:g}")
+    return argv + [str(pcap)]
+
+
+def _parse_tcpreplay(text: str) -> dict:
+    out = {}
+    m = re.search(r"Actual:\s+(\d+) packets \((\d+) bytes\) sent in ([\d.]+) seconds", text)
+    if m:
+        out.update(packets=int(m.group(1)), bytes=int(m.group(2)), seconds=float(m.group(3)))
+    m = re.search(r"Rated:.*?([\d.]+) pps", text)
+    if m:
+        out["pps"] = float(m.group(1))
+    m = re.search(r"Failed packets:\s+(\d+)", text)
+    if m:
+        out["failed"] = int(m.group(1))
+    return out
+
+
+def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | None = None,
+           topspeed: bool = False, out: str | os.PathLike = "out/replay", name: str = "embrpl",
+           rdir: Path | None = None, progress: bool | None = None, wait_s: float = 5.0,
+           log: Callable[[str], None] = print) -> dict:
+    """Replay a recorded trace into the card of a fresh testbed and measure (module docstring).
+
+    Args:
+        rate: total frames/s over all clients (split evenly; None: the recorded timing).
+        topspeed: as fast as tcpreplay can.
+        wait_s: how long to wait for missing replies after the last frame was sent.
+
+    Returns:
+        the report (also ``OUT/report.json``): ``pcap``, ``frames_sent``, ``frames_per_s``,
+        ``requests``, ``messages_completed``, ``all_replied``, ``replies_per_client``,
+        ``requests_per_client``, ``reply_types``, ``error_statuses``, ``drops`` (``card`` by
+        reason, ``client_reassembly``, ``no_reply``), ``lookup_latency_us``,
+        ``update_latency_us``, ``card``, ``tcpreplay``, ``plots``.
+
+    Raises:
+        NeedsRoot, TestbedError: as :meth:`Testbed.up`.
+        TraceError: unreadable pcap, no embnic requests in it, a client the config lacks,
+            tcpreplay missing or failing.
+    """
+    T.require_net_admin("replay (it brings the namespace testbed up)")
+    if shutil.which("tcpreplay") is None:
+        raise TraceError("tcpreplay is not installed: apt-get install tcpreplay")
+    pcap = Path(pcap)
+    frames = read_pcap(pcap)
+    reqs, per_client, other = parse_requests(frames)
+    if not reqs:
+        raise TraceError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "
+                         "record one with `embnic trace record`")
+    cfg = load_config(config)
+    ids = {c.id for c in cfg.clients}
+    missing_clients = sorted(set(per_client) - ids)
+    if missing_clients:
+        raise TraceError(f"the trace has frames of client {missing_clients[0]}, which {config} does not have "
+                         f"(clients: {', '.join(map(str, sorted(ids)))}); replay with the config it was recorded with")
+    sidecar_path = pcap.with_suffix(".json")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    topo = T.Topology.from_config(cfg, name)
+    clients = sorted(per_client)
+    split_dir = out / "replay-pcaps"
+    split_dir.mkdir(exist_ok=True)
+    split = {}
+    for cid in clients:
+        p = split_dir / f"client{cid}.pcap"
+        write_raw_pcap(p, per_client[cid])
+        split[cid] = p
+    pps = (rate / len(clients)) if rate else None
+    total = len(reqs)
+    trackers = {cid: _ReplyTracker(cid, reqs) for cid in clients}
+    tb = T.Testbed(topo, rdir)
+    tb.up()
+    caps: dict[int, Capture] = {}
+    sinks = []
+    tcpr: dict = {}
+    try:
+        for cid in clients:
+            me = tb.cfg.client(cid)
+            with T.in_netns(topo.client_ns(cid)):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # swallows replies (no ICMP back)
+                caps[cid] = Capture(topo.link(f"c{cid}").peer_if, cfg.udp_port, on_frame=trackers[cid].feed)
+            s.bind((me.ip, me.port))
+            sinks.append(s)
+        tb.target.reset_counters()
+        for cap in caps.values():
+            cap.start()
+        log(f"replaying {len(frames) - other} frames ({total} request messages) of {pcap.name} from client(s) "
+            f"{', '.join(map(str, clients))} with tcpreplay "
+            + ("at top speed" if topspeed else f"at {rate:g} frames/s" if rate else "at the recorded timing"))
+        procs = {cid: subprocess.Popen(_tcpreplay_argv(topo.client_ns(cid), topo.link(f"c{cid}").peer_if,
+                                                       split[cid], pps, topspeed),
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for cid in clients}
+        t_start = time.monotonic()
+        deadline = None
+        with R.Progress(total, "replay: replies", unit="msg", enabled=progress) as bar:
+            while True:
+                done = sum(len(t.done) for t in trackers.values())
+                sent = sum(t.sent_frames for t in trackers.values())
+                el = max(time.monotonic() - t_start, 1e-9)
+                bar.set(done, frames_s=f"{sent / el:.0f}")
+                running = [p for p in procs.values() if p.poll() is None]
+                if not running and deadline is None:
+                    deadline = time.monotonic() + wait_s
+                if done >= total or (deadline is not None and time.monotonic() > deadline):
+                    break
+                time.sleep(0.05)
+        for cid, p in procs.items():
+            text = p.communicate()[0]
+            tcpr[cid] = {"exit": p.returncode, **_parse_tcpreplay(text)}
+            if p.returncode != 0:
+                raise TraceError(f"tcpreplay for client {cid} failed (exit {p.returncode}): "
+                                 f"{text.strip().splitlines()[-1] if text.strip() else ''}")
+        time.sleep(0.05)
+        for cap in caps.values():
+            cap.stop()
+        counters = tb.target.counters()
+        state_summary = tb.target.state_summary()
+    finally:
+        for cap in caps.values():
+            if not cap._stop.is_set():
+                cap.stop()
+        for s in sinks:
+            s.close()
+        tb.down()
+
+    rep = _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
+                         other, out)
+    for line in replay_summary(rep):
+        log(line)
+    return rep
+
+
+def write_raw_pcap(path: Path, frames: list[tuple[float, bytes]]) -> None:
+    """Write ``(ts s, frame)`` to a pcap unchanged (Scapy's raw writer)."""
+    from scapy.utils import PcapWriter
+
+    w = PcapWriter(str(path), linktype=1, sync=False)
+    try:
+        w.write_header(None)
+        for ts, f in frames:
+            sec = int(ts)
+            usec = int(round((ts - sec) * 1e6))
+            w.write_packet(f, sec=sec, usec=usec, caplen=len(f), wirelen=len(f))
+    finally:
+        w.close()
+
+
+def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
+                   out: Path) -> dict:
+    lat = {"LOOKUP_REQ": [], "UPDATE_REQ": []}
+    reply_types = collections.Counter()
+    statuses = collections.Counter()
+    replies_per_client, requests_per_client, missing = {}, {}, []
+    sent_t = []
+    reasm_drops = collections.Counter()
+    for cid, t in trackers.items():
+        requests_per_client[str(cid)] = len(t.reqs)
+        replies_per_client[str(cid)] = len(t.done)
+        sent_t += t.sent_t
+        reasm_drops.update(getattr(t.reasm, "drops", {}) or {})
+        for (c, mid), r in t.reqs.items():
+            d = t.done.get(mid)
+            if d is None:
+                missing.append({"client": c, "msg_id": mid, "type": MsgType(r["type"]).name, "shard": r["shard"]})
+                continue
+            reply_types[MsgType(d[1]).name] += 1
+            if d[1] == MsgType.ERROR:
+                try:
+                    statuses[consts.Status(d[2]).name] += 1
+                except ValueError:
+                    statuses[str(d[2])] += 1
+            if mid in t.first_sent:
+                lat[MsgType(r["type"]).name].append((d[0] - t.first_sent[mid]) / 1e3)
+    sent_t.sort()
+    span = (sent_t[-1] - sent_t[0]) / 1e9 if len(sent_t) > 1 else 0.0
+    completed = sum(replies_per_client.values())
+    sidecar = None
+    if sidecar_path.exists():
+        import json
+
+        try:
+            sidecar = json.loads(sidecar_path.read_text())
+        except (OSError, ValueError):
+            sidecar = None
+    rep = {
+        "target": "dpdk",
+        "pcap": str(pcap.resolve()),
+        "sidecar": sidecar,
+        "replayer": "tcpreplay",
+        "rate_pps": rate,
+        "topspeed": topspeed,
+        "frames_in_trace": sum(len(r["frags"]) for r in reqs.values()),
+        "frames_sent": len(sent_t),
+        "duration_s": round(span, 4),
+        "frames_per_s": round(len(sent_t) / span, 1) if span > 0 else None,
+        "requests": len(reqs),
+        "messages_completed": completed,
+        "all_replied": completed == len(reqs),
+        "requests_per_client": requests_per_client,
+        "replies_per_client": replies_per_client,
+        "reply_types": dict(reply_types),
+        "error_statuses": dict(statuses),
+        "drops": {"card": counters.get("drops", {}), "client_reassembly": dict(reasm_drops),
+                  "no_reply": len(missing), "unexpected_replies": sum(t.unexpected for t in trackers.values()),
+                  "mismatched_replies": sum(t.mismatched for t in trackers.values()),
+                  "non_embnic_frames_in_trace": other},
+        "missing": missing[:100],
+        "lookup_latency_us": R.percentiles(lat["LOOKUP_REQ"]),
+        "update_latency_us": R.percentiles(lat["UPDATE_REQ"]),
+        "card": {"types": counters.get("types"), "ports": counters.get("ports"), "ring": counters.get("ring"),
+                 "mempool": counters.get("mempool"), "state": state_summary},
+        "tcpreplay": {str(k): v for k, v in tcpr.items()},
+    }
+    rep["plots"] = {
+        "latency_cdf": str(R.plot_cdf(out / "replay_latency_cdf.png",
+                                      {"lookup": lat["LOOKUP_REQ"], "update": lat["UPDATE_REQ"]},
+                                      "replayed requests: latency to the complete reply",
+                                      "latency (µs, first request frame → last reply frame)")),
+        "replies": str(R.plot_bars(out / "replay_replies.png",
+                                   {**{f"client {c} requests": n for c, n in requests_per_client.items()},
+                                    **{f"client {c} replies": n for c, n in replies_per_client.items()}},
+                                   "requests replayed vs replies received", "messages")),
+    }
+    R.write_json(out / "report.json", rep)
+    return rep
+
+
+def replay_summary(rep: dict) -> list[str]:
+    """The short summary printed after a replay."""
+    lk, up = rep["lookup_latency_us"], rep["update_latency_us"]
+    rows = [
+        ("frames", f"{rep['frames_sent']} sent in {rep['duration_s']:.3f} s"
+                   + (f" = {rep['frames_per_s']:.0f} frames/s" if rep["frames_per_s"] else "")),
+        ("messages", f"{rep['messages_completed']}/{rep['requests']} completed"
+                     f" ({'every request got its reply' if rep['all_replied'] else 'SOME REQUESTS UNANSWERED'})"),
+        ("replies per client", ", ".join(f"client {c}: {n}/{rep['requests_per_client'][c]}"
+                                         for c, n in rep["replies_per_client"].items())),
+        ("lookup latency", f"p50 {lk['p50']} µs, p99 {lk['p99']} µs (n={lk['n']})"),
+        ("update latency", f"p50 {up['p50']} µs, p99 {up['p99']} µs (n={up['n']})"),
+        ("card drops", R.fmt_drops(rep["drops"]["card"])),
+        ("other drops", f"no reply {rep['drops']['no_reply']}, reassembly "
+                        f"{R.fmt_drops(rep['drops']['client_reassembly'])}"),
+        ("report", str(Path(rep["plots"]["latency_cdf"]).parent / "report.json")),
+    ]
+    return ["replay summary:"] + R.table_lines(rows)
