@@ -64,3 +64,13 @@ def run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBNIC_RUN_DIR", str(d))
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def cleanup(run_dir):  # noqa: F811
+    """A list of testbed names to tear down after the test whatever happened (``cleanup.append(name)``)."""
+    names: list[str] = []
+    yield names
+    for n in names:
+        if T.has_net_admin():
+            T.down(n, run_dir)

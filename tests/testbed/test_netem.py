@@ -19,7 +19,7 @@ from embnic.client_lib.config import load_config
 from embnic.testbed import netem as N
 from embnic.testbed import topology as T
 
-from tbutil import TESTBED_TOML, assert_gone, needs_root, run_dir, tb_name  # noqa: F401
+from tbutil import TESTBED_TOML, assert_gone, cleanup, needs_root, run_dir, tb_name  # noqa: F401
 
 ECHO = """
 import socket
@@ -70,8 +70,9 @@ def _inversions(xs):
 
 @needs_root
 @pytest.mark.parametrize("backend", ["user", "tc"])
-def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend):  # noqa: F811
+def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend, cleanup):  # noqa: F811
     name = tb_name("m")
+    cleanup.append(name)
     topo = T.Topology.from_config(load_config(TESTBED_TOML), name)
     T.Testbed(topo).up(servers=False, card=False, probe=False)
     echo = None
@@ -132,8 +133,9 @@ def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend):  # noqa: 
 
 
 @needs_root
-def test_down_stops_the_netem_helpers(run_dir):  # noqa: F811
+def test_down_stops_the_netem_helpers(run_dir, cleanup):  # noqa: F811
     name = tb_name("h")
+    cleanup.append(name)
     topo = T.Topology.from_config(load_config(TESTBED_TOML), name)
     T.Testbed(topo).up(servers=False, card=False, probe=False)
     try:

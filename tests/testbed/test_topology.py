@@ -18,7 +18,7 @@ import pytest
 from embnic.client_lib.config import ConfigError, load_config, parse_config
 from embnic.testbed import topology as T
 
-from tbutil import TESTBED_TOML, assert_gone, leftovers, needs_root, run_dir, tb_name  # noqa: F401
+from tbutil import TESTBED_TOML, assert_gone, leftovers, cleanup, needs_root, run_dir, tb_name  # noqa: F401
 
 
 def _raw():
@@ -103,8 +103,9 @@ def _ns_exec(ns, *argv):
 
 
 @needs_root
-def test_up_down_leaves_no_namespace_veth_or_process(run_dir):  # noqa: F811
+def test_up_down_leaves_no_namespace_veth_or_process(run_dir, cleanup):  # noqa: F811
     name = tb_name("u")
+    cleanup.append(name)
     topo = T.Topology.from_config(load_config(TESTBED_TOML), name)
     tb = T.Testbed(topo).up(card=False, probe=False)
     pids = []
@@ -140,9 +141,10 @@ def test_up_down_leaves_no_namespace_veth_or_process(run_dir):  # noqa: F811
 
 
 @needs_root
-def test_down_cleans_up_after_the_creator_was_killed(run_dir):  # noqa: F811
+def test_down_cleans_up_after_the_creator_was_killed(run_dir, cleanup):  # noqa: F811
     """`up` in a process that is then SIGKILLed: the state file alone lets `down` remove everything."""
     name = tb_name("k")
+    cleanup.append(name)
     code = textwrap.dedent(f"""
         import sys, time
         from embnic.client_lib.config import load_config
@@ -171,22 +173,29 @@ def test_down_cleans_up_after_the_creator_was_killed(run_dir):  # noqa: F811
 
 
 @needs_root
-def test_a_failing_node_names_its_log_and_up_cleans_up(run_dir):  # noqa: F811
+def test_a_failing_node_names_its_log_and_up_cleans_up(run_dir, cleanup):  # noqa: F811
     name = tb_name("f")
+    cleanup.append(name)
     topo = T.Topology.from_config(load_config(TESTBED_TOML), name)
     # a "server" that exits at once: the readiness probe must say so and point at the log
-    with pytest.raises(T.TestbedError) as ei:
-        T.Testbed(topo).up(card=False, probe=False, ready_timeout=5,
-                           server_argv=lambda i, cfg, ip: [sys.executable, "-m", "embnic", "server", "--shard",
-                                                           str(i), "--config", cfg, "--bind", "192.0.2.99"])
+    try:
+        with pytest.raises(T.TestbedError) as ei:
+            T.Testbed(topo).up(card=False, probe=False, ready_timeout=5,
+                               server_argv=lambda i, cfg, ip: [sys.executable, "-m", "embnic", "server", "--shard",
+                                                               str(i), "--config", cfg, "--bind", "192.0.2.99"])
+    finally:
+        left = leftovers(name)
+        T.down(name)
+    assert left["netns"] == [], "up did not clean up after the failure"
     msg = str(ei.value)
     assert "shard 0" in msg and "s0.log" in msg
     assert_gone(name)
 
 
 @needs_root
-def test_in_netns_puts_sockets_in_the_namespace_and_comes_back(run_dir):  # noqa: F811
+def test_in_netns_puts_sockets_in_the_namespace_and_comes_back(run_dir, cleanup):  # noqa: F811
     name = tb_name("n")
+    cleanup.append(name)
     topo = T.Topology.from_config(load_config(TESTBED_TOML), name)
     T.Testbed(topo).up(servers=False, card=False, probe=False)
     try:

@@ -1,0 +1,84 @@
+"""CLI of the testbed commands: root required (exit 2, one line), argument errors, help with examples.
+
+The no-root cases run the real CLI without CAP_NET_ADMIN/CAP_SYS_ADMIN (as root: dropped from
+the capability bounding set with setpriv; as a normal user: as is).
+
+Run alone: python3 -m pytest -q tests/testbed/test_cli_testbed.py
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from embnic.control.cli import cli
+from embnic.testbed import topology as T
+
+from tbutil import TESTBED_TOML, run_dir  # noqa: F401
+
+COMMANDS = [
+    ["testbed", "up", "-c", str(TESTBED_TOML)],
+    ["testbed", "down"],
+    ["testbed", "status"],
+    ["testbed", "netem", "--loss", "1", "--reorder", "5", "--duplicate", "1"],
+    ["trace", "record", "-c", str(TESTBED_TOML), "--batches", "1", "--out", "OUT/t.pcap"],
+    ["replay", "PCAP", "-c", str(TESTBED_TOML)],
+    ["demo", "--steps", "1", "--out", "OUT/demo"],
+]
+
+
+def _unprivileged(argv: list[str]) -> list[str]:
+    if os.geteuid() != 0 and not T.has_net_admin():
+        return argv
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root and setpriv (util-linux) is missing to drop CAP_NET_ADMIN")
+    return ["setpriv", "--bounding-set=-net_admin,-sys_admin", "--inh-caps=-net_admin,-sys_admin"] + argv
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_testbed_command_needs_root_and_exits_2(args, tmp_path, run_dir):  # noqa: F811
+    pcap = tmp_path / "t.pcap"
+    pcap.write_bytes(b"")
+    args = [str(pcap) if a == "PCAP" else a.replace("OUT", str(tmp_path)) for a in args]
+    r = subprocess.run(_unprivileged([sys.executable, "-m", "embnic", *args]), capture_output=True, text=True,
+                       env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)), timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "needs root (CAP_NET_ADMIN" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["testbed"], ["testbed", "up"], ["testbed", "down"], ["testbed", "status"],
+                                  ["testbed", "netem"], ["trace"], ["trace", "record"], ["replay"], ["demo"]])
+def test_help_says_what_and_gives_an_example(args):
+    r = CliRunner().invoke(cli, [*args, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "Example" in r.output and "embnic " in r.output
+
+
+@pytest.mark.skipif(not T.has_net_admin(), reason="argument checks run after the root check")
+@pytest.mark.parametrize("args, needle", [
+    (["testbed", "up"], "--config FILE is required"),
+    (["testbed", "up", "-c", str(TESTBED_TOML), "--name", "9-bad"], "testbed name"),
+    (["testbed", "netem", "--loss", "200"], "200"),
+    (["demo", "--kill-shard", "7", "--steps", "1"], "no shard 7"),
+    (["trace", "record", "-c", str(TESTBED_TOML), "--out", "x.pcap"], "--batches"),
+])
+def test_usage_errors_exit_2(args, needle, run_dir, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("EMBNIC_CONFIG", raising=False)
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+
+
+@pytest.mark.skipif(not T.has_net_admin(), reason="needs root")
+def test_status_and_netem_of_a_testbed_that_is_not_up_exit_1(run_dir):  # noqa: F811
+    for args in (["testbed", "status", "--name", "enZ0"], ["testbed", "netem", "--name", "enZ0", "--loss", "1"]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 1, r.output
+        assert "no testbed 'enZ0'" in r.output
+    r = CliRunner().invoke(cli, ["testbed", "down", "--name", "enZ0"])
+    assert r.exit_code == 0 and "nothing to remove" in r.output

@@ -1,0 +1,60 @@
+"""The main job: a short `embnic demo` through the card (real embnic-dp, namespaces, shards).
+
+Asserts report.json's fields, the loss match against the in-process run (≤ 1e-6), identical
+final tables, the PNGs, and that nothing of the testbed is left afterwards.
+
+Run alone: python3 -m pytest -q tests/testbed/test_demo.py   (needs root and DPDK)
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tbutil import assert_gone, build_dataplane, leftovers, cleanup, needs_root, run_dir, tb_name  # noqa: F401
+
+STEPS = 4
+FIELDS = ("target", "steps", "loss", "auc", "messages", "frames", "rounds_per_step", "dedup_ratio",
+          "lookup_latency_us", "card_drops")
+
+
+@needs_root
+def test_short_demo_report_and_loss_match(run_dir, tmp_path, cleanup):  # noqa: F811
+    build_dataplane()
+    name = tb_name("d")
+    cleanup.append(name)
+    out = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "embnic", "demo", "--steps", str(STEPS), "--out", str(out),
+                        "--name", name, "--batch-size", "128", "--no-progress"],
+                       capture_output=True, text=True, env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)),
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "demo summary:" in r.stdout and "match" in r.stdout
+    rep = json.loads((out / "report.json").read_text())
+    for f in FIELDS:
+        assert f in rep, f
+    assert rep["target"] == "dpdk" and rep["steps"] == STEPS
+    assert len(rep["loss"]) == STEPS and len(rep["loss_reference"]) == STEPS
+    assert max(abs(a - b) for a, b in zip(rep["loss"], rep["loss_reference"])) <= 1e-6
+    assert rep["loss_match"] is True
+    assert 0.5 < rep["auc"] <= 1.0 and abs(rep["auc"] - rep["auc_reference"]) < 1e-9
+    # one lookup round and one update round per step; every message was answered
+    assert rep["rounds_per_step"] == 2.0
+    md = rep["messages_detail"]
+    assert md["requests_sent"] == md["replies_received"] > 0
+    assert rep["messages"] == md["requests_sent"] + md["replies_received"]
+    assert rep["frames"] >= rep["messages"]
+    assert 0.0 < rep["dedup_ratio"] < 1.0
+    lat = rep["lookup_latency_us"]
+    assert lat["n"] == md["requests_sent"] // 2 and 0 < lat["p50"] <= lat["p99"]
+    # the card saw the traffic and dropped nothing; drops are listed by reason
+    assert "unknown_client" in rep["card_drops"] and sum(rep["card_drops"].values()) == 0
+    assert rep["card"]["types"]["LOOKUP_REQ"] > 0 and rep["card"]["types"]["UPDATE_ACK"] == md["requests_sent"] // 2
+    assert rep["tables"]["equal"] is True and rep["tables"]["rows"] > 0
+    for k in ("loss", "latency_cdf"):
+        with open(rep["plots"][k], "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert_gone(name)
