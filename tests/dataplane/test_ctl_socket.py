@@ -1,0 +1,236 @@
+"""The card's control socket (docs/control-socket.md), its command line and DPDK telemetry.
+
+Runs embnic-dp on net_null vdevs (no traffic). Run alone:
+sudo python3 -m pytest -q tests/dataplane/test_ctl_socket.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from embnic.testbed.bench_dataplane import EAL_BASE, CardProcess, DpdkProcError, file_prefix, remove_runtime_dir
+
+pytestmark = [pytest.mark.dataplane, pytest.mark.root]
+NULLS = ["net_null0,no-rx=1", "net_null1,no-rx=1"]
+
+
+@pytest.fixture(scope="module")
+def card(card_bin):
+    c = CardProcess(card_bin, NULLS, lcores="0", port_ips={0: "10.9.0.1", 1: "10.9.1.1"})
+    c.start()
+    yield c
+    c.cleanup()
+
+
+def raw(card: CardProcess, data: bytes, lines: int = 1, timeout: float = 5.0) -> list[str]:
+    """Send raw bytes on one connection, read ``lines`` response lines."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(card.ctl_path))
+        s.sendall(data)
+        buf = b""
+        while buf.count(b"\n") < lines:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.decode().splitlines()
+
+
+def test_socket_mode_0600(card):
+    st = os.stat(card.ctl_path)
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+
+
+def test_ping_pid(card):
+    assert card.call("ping")["pid"] == card.proc.pid
+
+
+def test_info(card, card_bin):
+    info = card.call("info")
+    assert info["mode"] == "run_to_completion" and info["lcores"] == 1
+    assert [(p["port"], p["ip"]) for p in info["ports"]] == [(0, "10.9.0.1"), (1, "10.9.1.1")]
+    assert all(len(p["mac"]) == 17 for p in info["ports"])
+    b = info["build"]
+    with open(card_bin, "rb") as f:
+        sec = ELFFile(f).get_section_by_name(".embnic_buildinfo").data()
+    assert b["magic"] == sec[:8].decode()
+    assert b["proto_version"] == 1 and b["hdr_len"] == 40 and b["udp_port"] == 7878
+    assert b["n_fields"] == len(b["fields"]) == 18
+    assert b["git_rev"] in sec.decode(errors="replace")
+
+
+def test_route_add_list_update_del(card):
+    card.call("route_add", shard=5, port=1, mac="02:00:00:00:00:05", ip="10.9.1.5", udp_port=7878)
+    card.call("route_add", shard=3, port=0, mac="02:00:00:00:00:03", ip="10.9.0.3", udp_port=7000)
+    card.call("route_add", shard=5, port=0, mac="02:00:00:00:00:55", ip="10.9.0.55")  # update, default port
+    routes = card.call("route_list")["routes"]
+    assert routes == [
+        {"shard": 3, "port": 0, "mac": "02:00:00:00:00:03", "ip": "10.9.0.3", "udp_port": 7000},
+        {"shard": 5, "port": 0, "mac": "02:00:00:00:00:55", "ip": "10.9.0.55", "udp_port": 7878},
+    ]
+    card.call("route_del", shard=3)
+    card.call("route_del", shard=5)
+    assert card.call("route_list")["routes"] == []
+    r = card.call("route_del", shard=5, check=False)
+    assert r["ok"] is False and "no shard 5" in r["error"]
+
+
+def test_client_add_list_del(card):
+    card.call("client_add", client=7, port=0, mac="02:00:00:00:07:07", ip="10.9.0.7", udp_port=40007)
+    assert card.call("client_list")["clients"] == [
+        {"client": 7, "port": 0, "mac": "02:00:00:00:07:07", "ip": "10.9.0.7", "udp_port": 40007}]
+    r = card.call("client_add", client=8, port=0, mac="02:00:00:00:07:08", ip="10.9.0.8", check=False)
+    assert r["ok"] is False and "udp_port" in r["error"]
+    card.call("client_del", client=7)
+    assert card.call("client_list")["clients"] == []
+    assert not card.call("client_del", client=7, check=False)["ok"]
+
+
+@pytest.mark.parametrize("fields,word", [
+    ({"port": 0, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1"}, "shard"),
+    ({"shard": 70000, "port": 0, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1"}, "shard"),
+    ({"shard": 1, "port": 2, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1"}, "port"),
+    ({"shard": 1, "port": 0, "mac": "zz:00:00:00:00:01", "ip": "10.0.0.1"}, "mac"),
+    ({"shard": 1, "port": 0, "mac": "02:00:00:00:00:01", "ip": "10.0.0.300"}, "ip"),
+    ({"shard": 1, "port": 0, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1", "udp_port": 0}, "udp_port"),
+    ({"shard": "1", "port": 0, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1"}, "shard"),
+])
+def test_route_add_rejects(card, fields, word):
+    r = card.call("route_add", check=False, **fields)
+    assert r["ok"] is False and word in r["error"], r
+    assert card.call("route_list")["routes"] == []
+
+
+def test_counters_shape(card):
+    c = card.call("counters")
+    assert [p["port"] for p in c["ports"]] == [0, 1]
+    assert set(c["types"]) == {"LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR"}
+    assert set(c["ring"]) == {"size", "count", "high_water"} and c["ring"]["size"] == 4096
+    assert set(c["mempool"]) == {"size", "available", "in_use"}
+    assert set(c["state"]) == {"entries", "capacity", "overflow", "expired"}
+    assert c["state"]["capacity"] == 65536
+    assert card.call("ring_stats") == {"size": 4096, "count": 0, "high_water": 0, "ok": True}
+    assert card.call("reset_counters") == {"ok": True}
+
+
+def test_state_commands_empty(card):
+    s = card.call("state_summary")
+    assert s["entries"] == 0 and set(s["by_state"]) == {"receiving", "forwarded", "answered", "expired"}
+    assert card.call("state_dump", limit=5)["entries"] == []
+    assert not card.call("state_dump", limit=-1, check=False)["ok"]
+
+
+def test_errors_and_pipelining(card):
+    lines = raw(card, b'{"cmd":"ping","id":1}\n\nnot json\n[1,2]\n{"cmd":"nope"}\n{"cmd":"ping","id":"x"}\n',
+                lines=5)
+    resp = [json.loads(x) for x in lines]
+    assert resp[0]["ok"] and resp[0]["id"] == 1
+    assert not resp[1]["ok"] and "invalid JSON" in resp[1]["error"]
+    assert not resp[2]["ok"] and "cmd" in resp[2]["error"]
+    assert not resp[3]["ok"] and "unknown cmd 'nope'" in resp[3]["error"]
+    assert resp[4]["ok"] and resp[4]["id"] == "x"
+
+
+def test_request_split_across_writes(card):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(card.ctl_path))
+        s.sendall(b'{"cmd":')
+        time.sleep(0.1)
+        s.sendall(b'"ping"}\n')
+        assert json.loads(s.recv(4096))["ok"]
+
+
+def test_overlong_line_closes(card):
+    lines = raw(card, b"x" * 70000, lines=1)
+    assert lines and "longer than" in json.loads(lines[0])["error"]
+    assert card.call("ping")["ok"]  # still serving
+
+
+def test_pause_resume(card):
+    card.call("pause")
+    assert card.call("info")["paused"] is True
+    card.call("resume")
+    assert card.call("info")["paused"] is False
+
+
+def test_telemetry(card):
+    """/embnic/counters, /embnic/ring and /embnic/state answer on DPDK's telemetry socket."""
+    path = Path("/var/run/dpdk") / card.prefix / "dpdk_telemetry.v2"
+    assert path.exists(), f"no telemetry socket at {path}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(5)
+        s.connect(str(path))
+        json.loads(s.recv(16384))  # greeting
+        s.send(b"/")
+        assert "/embnic/counters" in json.loads(s.recv(16384))["/"]
+        s.send(b"/embnic/counters")
+        c = json.loads(s.recv(65536))["/embnic/counters"]
+        assert set(c) >= {"port0", "port1", "types", "drops", "ring", "mempool", "state"}
+        assert "unknown_shard" in c["drops"] and c["ring"]["size"] == 4096
+        s.send(b"/embnic/ring")
+        assert json.loads(s.recv(16384))["/embnic/ring"]["size"] == 4096
+        s.send(b"/embnic/state")
+        assert json.loads(s.recv(16384))["/embnic/state"]["capacity"] == 65536
+
+
+def test_second_card_on_same_socket_refused(card, card_bin):
+    prefix = file_prefix("d")
+    r = subprocess.run([str(card_bin), *EAL_BASE, "-l", "0", "--file-prefix", prefix, "--vdev", "net_null0",
+                        "--", "--ctl", str(card.ctl_path)], capture_output=True, text=True, timeout=60)
+    remove_runtime_dir(prefix)
+    assert r.returncode != 0
+    assert "control socket" in (r.stdout + r.stderr)
+    assert card.call("ping")["ok"]
+
+
+@pytest.mark.parametrize("args,word", [
+    (["--ring-size", "1000"], "ring-size"),
+    (["--burst", "65"], "burst"),
+    (["--port-ip", "0=10.0.0.300"], "port-ip"),
+    (["--port-ip", "5=10.0.0.1"], "port 5"),
+    (["--bogus"], "Usage"),
+    (["extra"], "unexpected argument"),
+])
+def test_bad_command_line(card_bin, tmp_path, args, word):
+    prefix = file_prefix("a")
+    r = subprocess.run([str(card_bin), *EAL_BASE, "-l", "0", "--file-prefix", prefix, "--vdev",
+                        "net_null0,no-rx=1", "--", "--ctl", str(tmp_path / "s"), *args],
+                       capture_output=True, text=True, timeout=60)
+    remove_runtime_dir(prefix)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert word in r.stdout + r.stderr
+
+
+def test_quit_command_exits_cleanly(card_bin):
+    c = CardProcess(card_bin, NULLS[:1], lcores="0")
+    c.start()
+    try:
+        assert c.call("quit")["ok"]
+        assert c.proc.wait(20) == 0
+        assert not c.ctl_path.exists(), "socket not removed on exit"
+    finally:
+        c.cleanup()
+
+
+def test_sigterm_in_pipeline_mode(card_bin):
+    c = CardProcess(card_bin, NULLS, lcores="0,1")
+    c.start()
+    try:
+        assert c.call("info")["mode"] == "pipeline"
+    finally:
+        rc = c.stop()
+        log = c.log()
+        c.cleanup()
+    assert rc == 0
+    assert "embnic-dp: bye" in log
