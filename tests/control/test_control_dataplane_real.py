@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -51,12 +50,12 @@ def real_dp() -> Path:
 
 @pytest.fixture(scope="session")
 def wrong_dp(real_dp, tmp_path_factory) -> Path:
-    """embnic-dp built from a copy of dataplane/ with EMBNIC_PROTO_VERSION=2."""
-    d = tmp_path_factory.mktemp("dp-v2") / "dataplane"
-    shutil.copytree(DP, d, ignore=shutil.ignore_patterns("build"))
-    _make(["-C", str(d), "EMBNIC_PROTO_VERSION=2"], "building the dataplane with EMBNIC_PROTO_VERSION=2")
-    out = d / "build" / "embnic-dp"
-    assert out.is_file()
+    """embnic-dp built with EMBNIC_PROTO_VERSION=2 into a directory of its own (dataplane/Makefile)."""
+    d = tmp_path_factory.mktemp("dp-v2")
+    _make(["-C", str(DP), f"BUILD={d}", "EMBNIC_PROTO_VERSION=2"],
+          "building the dataplane with EMBNIC_PROTO_VERSION=2")
+    out = d / "embnic-dp"
+    assert out.is_file(), f"make BUILD={d} did not produce {out}"
     return out
 
 
