@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import needs_root, translate_errors
+from embnic.control.cmd_testbed import needs_root, sigterm_as_interrupt, translate_errors
 from embnic.control.errors import OperationalError
 
 
@@ -63,7 +63,8 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
                                      param_hint="--kill-shard")
     if loss or reorder or duplicate:
         opts.impairment = Impairment(loss, reorder, duplicate)
-    try:
-        D.run_demo(opts, log=click.echo)
-    except D.DemoError as e:
-        raise OperationalError(str(e)) from None
+    with sigterm_as_interrupt():
+        try:
+            D.run_demo(opts, log=click.echo)
+        except D.DemoError as e:
+            raise OperationalError(str(e)) from None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import needs_root, translate_errors
+from embnic.control.cmd_testbed import needs_root, sigterm_as_interrupt, translate_errors
 from embnic.control.errors import OperationalError
 from embnic.control.options import config_option
 
@@ -39,11 +39,12 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, progress):
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     from embnic.testbed import trace as TR
 
-    try:
-        rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
-                        wait_s=wait_s, log=click.echo)
-    except TR.TraceError as e:
-        raise OperationalError(str(e)) from None
+    with sigterm_as_interrupt():
+        try:
+            rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
+                            wait_s=wait_s, log=click.echo)
+        except TR.TraceError as e:
+            raise OperationalError(str(e)) from None
     if not rep["all_replied"]:
         raise OperationalError(f"{rep['requests'] - rep['messages_completed']} of {rep['requests']} replayed "
                                f"requests got no reply (report: {out}/report.json)")

@@ -1,8 +1,10 @@
 """``embnic testbed up|down|status|netem``: the network-namespace testbed (testbed/topology.py)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 
 import click
 
@@ -39,6 +41,20 @@ def needs_root(what: str):
         return wrapper
 
     return deco
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within the block SIGTERM raises KeyboardInterrupt, so ``finally`` blocks (testbed down) run."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def translate_errors(f):
@@ -128,7 +144,11 @@ def up(config, name, no_card, timeout, as_json):
         probe = ", ".join(f"{k} {v:.0f} µs" for k, v in rtt.items()) or "skipped"
         click.echo(f"testbed {name} is up: {len(st['netns'])} namespaces, {len(st['links'])} links, "
                    f"{len(st['processes'])} processes; probe {probe}")
-        click.echo(f"config for clients: {tb.config_path}   logs: {tb.dir}/   down: embnic testbed down --name {name}")
+        c = tb.cfg.clients[0]
+        click.echo(f"logs: {tb.dir}/   config every node reads: {tb.config_path}")
+        click.echo(f"train as client {c.id}: sudo ip netns exec {topo.client_ns(c.id)} embnic train -c "
+                   f"{tb.config_path} --client-id {c.id}")
+        click.echo(f"tear down: sudo embnic testbed down --name {name}")
 
 
 @testbed.command("down")

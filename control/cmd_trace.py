@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import needs_root, translate_errors
+from embnic.control.cmd_testbed import needs_root, sigterm_as_interrupt, translate_errors
 from embnic.control.errors import OperationalError
 from embnic.control.options import config_option
 
@@ -48,8 +48,9 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     from embnic.testbed import trace as TR
 
-    try:
-        TR.record(config, out, batches=batches, data=data, batch_size=batch_size, clients=list(clients) or None,
-                  name=name, progress=progress, log=click.echo)
-    except TR.TraceError as e:
-        raise OperationalError(str(e)) from None
+    with sigterm_as_interrupt():
+        try:
+            TR.record(config, out, batches=batches, data=data, batch_size=batch_size, clients=list(clients) or None,
+                      name=name, progress=progress, log=click.echo)
+        except TR.TraceError as e:
+            raise OperationalError(str(e)) from None

@@ -167,7 +167,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     tb = T.Testbed(topo, opts.rdir)
     timing = {"reference_s": round(t_ref, 2)}
     t_up = time.monotonic()
-    tb.up()
+    tb.up(owner="demo")
     timing["up_s"] = round(time.monotonic() - t_up, 2)
     rep: dict = {}
     try:

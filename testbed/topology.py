@@ -66,7 +66,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from embnic.client_lib import codec, consts
+from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, ConfigError, load_config, parse_config
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
@@ -608,7 +608,7 @@ class Testbed:
 
     # -- up
     def up(self, *, servers: bool = True, card: bool = True, probe: bool = True,
-           ready_timeout: float = 20.0, server_argv=None) -> "Testbed":
+           ready_timeout: float = 20.0, server_argv=None, owner: str | None = None) -> "Testbed":
         """Create namespaces and links, start the shards and the card, probe the path.
 
         Args:
@@ -618,6 +618,9 @@ class Testbed:
             ready_timeout: seconds each readiness probe may take.
             server_argv: ``f(shard_id, config_path, ip) -> argv`` instead of ``embnic server``
                 (run in the shard's namespace; must bind the shard's UDP port to be ready).
+            owner: the job that owns this testbed (``"demo"``, ...). A testbed of the same name
+                and owner whose creating process is gone (a crashed run) is torn down first;
+                any other existing testbed of this name is an error.
 
         Returns:
             self (a context manager that tears the testbed down).
@@ -629,6 +632,12 @@ class Testbed:
         """
         require_net_admin(f"testbed up ({self.name})")
         old = read_state(self.name, self.rdir)
+        if old is not None and owner is not None and old.get("owner") == owner and not proc_alive(
+                {"pid": old.get("creator_pid"), "starttime": old.get("creator_starttime")}):
+            # left behind by a crashed run of the same job (demo, trace record, replay): remove it
+            self._tlog().write(f"removing testbed {self.name} left by {owner} pid {old.get('creator_pid')}\n")
+            down(self.name, self.rdir)
+            old = None
         if old is not None:
             live = [ns for ns in old.get("netns", []) if netns_exists(ns)]
             procs = [p for p in old.get("procs", []) if proc_alive(p)]
@@ -653,7 +662,8 @@ class Testbed:
             "name": self.name, "phase": "starting",
             "config": os.path.abspath(self.topo.cfg.path) if self.topo.cfg.path else None,
             "effective_config": str(self.config_path), "dir": str(self.dir), "created": time.time(),
-            "creator_pid": os.getpid(), "netns": [], "links": [], "procs": [], "card": None, "netem": None,
+            "creator_pid": os.getpid(), "creator_starttime": proc_starttime(os.getpid()), "owner": owner,
+            "netns": [], "links": [], "procs": [], "card": None, "netem": None,
         }
         self._save()
         try:

@@ -252,7 +252,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tb = T.Testbed(topo, rdir)
-    tb.up()
+    tb.up(owner="trace record")
     caps: dict[int, Capture] = {}
     stats = {}
     t0 = time.monotonic()
@@ -453,7 +453,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     total = len(reqs)
     trackers = {cid: _ReplyTracker(cid, reqs) for cid in clients}
     tb = T.Testbed(topo, rdir)
-    tb.up()
+    tb.up(owner="replay")
     caps: dict[int, Capture] = {}
     sinks = []
     tcpr: dict = {}
