@@ -290,8 +290,10 @@ class DpdkTarget(Target):
             if rc is not None:
                 how = f"signal {-rc}" if rc < 0 else f"code {rc}"
                 last = _tail(log)
+                root = "; embnic-dp (DPDK EAL) usually needs root: run as root (sudo embnic ...)" \
+                    if os.geteuid() != 0 else ""
                 raise OperationalError(f"embnic-dp exited with {how} while starting"
-                                       f"{': ' + last if last else ''} (full log: {log})")
+                                       f"{': ' + last if last else ''} (full log: {log}){root}")
             if os.path.exists(ctl):
                 try:
                     probe.call("ping")
@@ -318,6 +320,9 @@ class DpdkTarget(Target):
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return res
+        except PermissionError:
+            raise OperationalError(f"not allowed to stop pid {pid} (started by another user): run as root "
+                                   "(sudo embnic ...)") from None
         if not self._wait_gone(state, self.stop_timeout):
             try:
                 os.kill(pid, signal.SIGKILL)

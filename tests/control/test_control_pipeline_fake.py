@@ -153,6 +153,23 @@ def test_card_exits_during_start(invoke, env, dp, card_config, monkeypatch):
     assert "embnic-dp exited with code 1 while starting: EAL: fake failure: no ports" in r.output
     assert f"(full log: {env / 'embnic.log'})" in r.output
     assert read_state(env, "embnic") is None
+    assert "needs root" not in r.output
+    with monkeypatch.context() as m:
+        m.setattr(os, "geteuid", lambda: 1000)
+        r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1 and "usually needs root: run as root (sudo embnic ...)" in r.output
+
+
+def test_unload_not_permitted(invoke, env, loaded, monkeypatch):
+    def deny(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "kill", deny)
+        r = invoke("pipeline", "unload")
+    assert r.exit_code == 1
+    assert f"not allowed to stop pid {loaded['pid']} (started by another user): run as root" in r.output
+    assert invoke("pipeline", "unload").exit_code == 0
 
 
 def test_port_missing_on_card(invoke, env, dp, card_config):
@@ -235,10 +252,10 @@ def test_python_api(env, dp, card_config):
 
 def test_netns_needs_root(env, dp, card_config, monkeypatch):
     t = DpdkTarget(load_config(card_config), binary=dp, netns="enTnope", vdevs=["net_ring0", "net_ring1"])
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(OperationalError, match=r"needs root: run as root \(sudo embnic \.\.\.\)"):
-        t.load()
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(os, "geteuid", lambda: 1000)
+        with pytest.raises(OperationalError, match=r"needs root: run as root \(sudo embnic \.\.\.\)"):
+            t.load()
     if os.geteuid() == 0:
         with pytest.raises(OperationalError, match="network namespace 'enTnope' does not exist"):
             t.load()
