@@ -46,6 +46,10 @@ def _ports_line(info: dict) -> str:
 @click.option("--vdev", "vdevs", metavar="SPEC", multiple=True,
               help="A DPDK vdev, one per card port in port order (net_ring0, net_null0, "
                    "net_af_packet0,iface=veth0, ...). Repeatable.")
+@click.option("--card-args", metavar="ARGS", default=None,
+              help="More embnic-dp arguments after '--' (one shell-quoted string), e.g. '--burst 16'.")
+@click.option("--idle-us", type=click.IntRange(0, 1_000_000), default=None,
+              help="Card sleeps this many µs when a poll finds nothing (cores shared with servers/clients).")
 @click.option("--lcores", metavar="LIST", default=None, help="EAL lcore list (default: card.lcores of the config).")
 @click.option("--netns", metavar="NS", default=None,
               help="Run the card inside this network namespace (needs root). Env: EMBNIC_NETNS.")
@@ -53,7 +57,8 @@ def _ports_line(info: dict) -> str:
               help="Seconds to wait for the control socket to answer.")
 @click.option("--no-program", is_flag=True, help="Do not install the config's routes and clients.")
 @json_option
-def load(config, target, name, ctl, binary, eal_args, vdevs, lcores, netns, ready_timeout, no_program, as_json):
+def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us, lcores, netns, ready_timeout,
+         no_program, as_json):
     """Start the pipeline on a target and program the config's routes and clients.
 
     For the dpdk target: refuses an embnic-dp whose ELF build info does not match the client
@@ -66,7 +71,9 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, lcores, netns, read
     Example:
       embnic pipeline load --config examples/testbed.toml --vdev net_ring0 --vdev net_ring1
     """
-    s = resolve(config, target, name, ctl, binary, eal_args, vdevs, netns, require_config=True)
+    s = resolve(config, target, name, ctl, binary, eal_args, vdevs, netns, card_args, require_config=True)
+    if idle_us is not None:
+        s.card_args += ["--idle-us", str(idle_us)]
     with config_errors():
         t = open_target(s, lcores=lcores, ready_timeout=ready_timeout)
         res = t.load(program=not no_program)

@@ -12,6 +12,7 @@ environment (``EMBNIC_*``) < command-line flag. Options therefore default to ``N
     ctl     = "/run/embnic/embnic.sock"   # control socket (EMBNIC_CTL, --ctl)
     binary  = "dataplane/build/embnic-dp" # card binary (EMBNIC_DP, --binary)
     eal_args = "-l 0,1 --no-huge ..."     # replaces the default EAL args (EMBNIC_EAL_ARGS, --eal-args)
+    card_args = ["--idle-us", "50"]       # more embnic-dp arguments after `--` (--card-args)
     vdevs   = ["net_ring0", "net_ring1"]  # one DPDK port per vdev, in port order (--vdev)
     netns   = "card"                      # run the card in this network namespace (EMBNIC_NETNS, --netns)
 """
@@ -157,6 +158,7 @@ class Settings:
     ctl: str | None = None  #: None: from the state file, else RUN_DIR/NAME.sock
     binary: str | None = None
     eal_args: list[str] | None = None
+    card_args: list[str] = dataclasses.field(default_factory=list)
     vdevs: tuple[str, ...] = ()
     netns: str | None = None
     run_dir: Path = dataclasses.field(default_factory=run_dir)
@@ -185,30 +187,31 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
     if "name" in out and not _NAME_RE.match(out["name"]):
         raise ConfigFileError(f"{where}control.name: {out['name']!r} is not a valid name "
                               "(letters, digits, '_', '.', '-')")
-    if "eal_args" in sec:
-        v = sec["eal_args"]
-        if isinstance(v, str):
-            out["eal_args"] = shlex.split(v)
-        elif isinstance(v, list) and all(isinstance(a, str) for a in v):
-            out["eal_args"] = list(v)
-        else:
-            raise ConfigFileError(f"{where}control.eal_args: must be a string or a list of strings")
+    for key in ("eal_args", "card_args"):
+        if key in sec:
+            v = sec[key]
+            if isinstance(v, str):
+                out[key] = shlex.split(v)
+            elif isinstance(v, list) and all(isinstance(a, str) for a in v):
+                out[key] = list(v)
+            else:
+                raise ConfigFileError(f"{where}control.{key}: must be a string or a list of strings")
     if "vdevs" in sec:
         v = sec["vdevs"]
         if not isinstance(v, list) or not all(isinstance(a, str) and a for a in v):
             raise ConfigFileError(f"{where}control.vdevs: must be a list of strings like \"net_ring0\"")
         out["vdevs"] = tuple(v)
-    unknown = sorted(set(sec) - {"target", "name", "ctl", "binary", "netns", "eal_args", "vdevs"})
+    known = ("target", "name", "ctl", "binary", "eal_args", "card_args", "vdevs", "netns")
+    unknown = sorted(set(sec) - set(known))
     if unknown:
-        raise ConfigFileError(f"{where}control.{unknown[0]}: unknown field (known: target, name, ctl, "
-                              "binary, eal_args, vdevs, netns)")
+        raise ConfigFileError(f"{where}control.{unknown[0]}: unknown field (known: {', '.join(known)})")
     return out
 
 
 def resolve(config: str | None = None, target: str | None = None, name: str | None = None,
             ctl: str | None = None, binary: str | None = None, eal_args: str | None = None,
             vdevs: tuple[str, ...] | None = None, netns: str | None = None,
-            require_config: bool = False, **_ignored: Any) -> Settings:
+            card_args: str | None = None, require_config: bool = False, **_ignored: Any) -> Settings:
     """Resolve settings from flags/env (the arguments; ``None`` = not given), the config file, defaults.
 
     Raises:
@@ -238,6 +241,7 @@ def resolve(config: str | None = None, target: str | None = None, name: str | No
         s.eal_args = shlex.split(os.environ["EMBNIC_EAL_ARGS"])
     else:
         s.eal_args = sec.get("eal_args")
+    s.card_args = shlex.split(card_args) if card_args is not None else list(sec.get("card_args", []))
     s.vdevs = tuple(vdevs) if vdevs else tuple(sec.get("vdevs", ()))
     s.netns = netns or os.environ.get("EMBNIC_NETNS") or sec.get("netns")
     return s

@@ -1,10 +1,10 @@
 """The ``dpdk`` target: runs ``embnic-dp`` (dataplane/) as a process and drives its control socket.
 
 ``load`` = check the binary's build info against the client library → start
-``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ...``
+``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ... --paused``
 (output to ``RUN_DIR/NAME.log``) → write the state file → wait until the socket answers
 ``ping`` → check every ``[card.ports]`` entry has a DPDK port → program the config's routes and
-clients. ``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only
+clients → ``resume`` (the card starts paused, so no frame is read before its tables are set). ``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only
 if it does not stop, remove state file and socket.
 
 Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
@@ -22,6 +22,7 @@ Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -99,23 +100,28 @@ class DpdkTarget(Target):
         stop_timeout: seconds to wait after SIGTERM before SIGKILL.
         check_build: refuse a binary whose build info does not match (leave True).
         timeout: seconds to wait for each control-socket response.
+        card_args: more card arguments after the generated ones (e.g. ``["--idle-us", "50"]``,
+            ``["--burst", "16"]``; docs/control-socket.md).
+        start_paused: start with ``--paused`` and send ``resume`` once routes and clients are
+            programmed, so no frame is read (and dropped as unknown) before the tables are set.
     """
 
     name = "dpdk"
     OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
-                         "stop_timeout", "check_build", "timeout"})
+                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused"})
 
     def __init__(self, config: ClusterConfig | None = None, binary: str | os.PathLike | None = None,
                  eal_args: Sequence[str] | str | None = None, ctl_path: str | os.PathLike | None = None,
                  netns: str | None = None, *, name: str = "embnic", run_dir: str | os.PathLike | None = None,
                  vdevs: Sequence[str] = (), lcores: str | None = None, ready_timeout: float = 30.0,
-                 stop_timeout: float = 10.0, check_build: bool = True, timeout: float = 5.0):
+                 stop_timeout: float = 10.0, check_build: bool = True, timeout: float = 5.0,
+                 card_args: Sequence[str] | str = (), start_paused: bool = True):
         super().__init__(config, name=name, run_dir=run_dir)
         self.binary = binary
         if isinstance(eal_args, str):
-            import shlex
-
             eal_args = shlex.split(eal_args)
+        self.card_args = shlex.split(card_args) if isinstance(card_args, str) else list(card_args or ())
+        self.start_paused = bool(start_paused)
         self.eal_args = list(eal_args) if eal_args is not None else None
         self._ctl_path = os.fspath(ctl_path) if ctl_path else None
         self.netns = netns
@@ -131,7 +137,7 @@ class DpdkTarget(Target):
     def from_settings(cls, s, **opts: Any) -> "DpdkTarget":
         """Build from resolved CLI settings (``--binary``, ``--eal-args``, ``--vdev``, ``--netns``, ``--ctl``)."""
         return cls(s.config, binary=s.binary, eal_args=s.eal_args, ctl_path=s.ctl, netns=s.netns,
-                   vdevs=s.vdevs, name=s.name, run_dir=s.run_dir,
+                   vdevs=s.vdevs, name=s.name, run_dir=s.run_dir, card_args=s.card_args,
                    **{k: v for k, v in opts.items() if v is not None})
 
     # ------------------------------------------------------------------ paths
@@ -181,7 +187,9 @@ class DpdkTarget(Target):
             args += ["--port-ip", f"{p.id}={p.ip}"]
         args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
                  "--state-timeout-ms", str(card.state_timeout_ms)]
-        return args
+        if self.start_paused:
+            args.append("--paused")
+        return args + self.card_args
 
     def argv(self, binary: str | os.PathLike, ctl: str) -> list[str]:
         """The whole command line, with ``ip netns exec NS`` in front when ``netns`` is set."""
@@ -276,6 +284,8 @@ class DpdkTarget(Target):
                 self.route_add(r)
             for c in clients:
                 self.client_add(c)
+            if self.start_paused:
+                self.ctl().call("resume")
         except BaseException:
             self._stop(state)
             remove_state(self.run_dir, self.instance)

@@ -46,6 +46,8 @@ class FakeCard:
             {"client": 2, "msg_id": 9, "state": "forwarded", "table": 1, "shard": 1, "type": "UPDATE_REQ",
              "frames_in": 1, "bytes_in": 300, "frames_out": 1, "bytes_out": 300, "first_ns": 2000, "last_ns": 3000},
         ]
+        self.paused = False
+        self.quit: threading.Event | None = None
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -69,7 +71,17 @@ class FakeCard:
 
     def do_info(self, req):
         return {"build": {"proto_version": 1, "hdr_len": 40, "git_rev": "fake"}, "ports": self.ports,
-                "lcores": 2, "mode": "pipeline"}
+                "lcores": 2, "mode": "pipeline", "paused": self.paused}
+
+    def do_pause(self, req):
+        self.paused = True
+
+    def do_resume(self, req):
+        self.paused = False
+
+    def do_quit(self, req):
+        if self.quit is not None:
+            self.quit.set()
 
     def _entry(self, req, key):
         port = int(req["port"])
@@ -171,8 +183,12 @@ def main(argv: list[str]) -> int:
     opts: dict[str, list[str]] = {}
     i = 0
     while i < len(card):
-        opts.setdefault(card[i], []).append(card[i + 1])
-        i += 2
+        if i + 1 < len(card) and not card[i + 1].startswith("--"):
+            opts.setdefault(card[i], []).append(card[i + 1])
+            i += 2
+        else:  # a flag (--paused)
+            opts.setdefault(card[i], []).append("")
+            i += 1
     ctl = opts["--ctl"][0]
     ips = dict(a.split("=", 1) for a in opts.get("--port-ip", []))
     ports = [{"port": i, "name": v.split(",")[0], "mac": f"02:00:00:00:00:{i:02x}", "ip": ips.get(str(i))}
@@ -182,7 +198,8 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"fake embnic-dp: {len(ports)} ports, ctl {ctl}", flush=True)
     card_ = FakeCard(ctl, ports, ring_size=int(opts.get("--ring-size", ["4096"])[0]))
-    done = threading.Event()
+    card_.paused = "--paused" in opts
+    card_.quit = done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     if os.environ.get("FAKE_CARD_IGNORE_TERM"):

@@ -106,6 +106,7 @@ def test_load_programs_the_card(invoke, loaded):
     info = json.loads(invoke("pipeline", "status", "--json").output)["info"]
     assert [p["port"] for p in info["ports"]] == [0, 1]
     assert info["build"]["proto_version"] == consts.VERSION
+    assert info["paused"] is False  # started --paused, resumed once programmed
     routes = json.loads(invoke("route", "list", "--json").output)
     assert [(r["shard"], r["port"], r["mac"], r["ip"], r["udp_port"]) for r in routes] == \
         [(0, 1, "02:00:00:00:01:02", "10.0.1.2", 7878), (1, 1, "02:00:00:00:01:03", "10.0.1.3", 7879)]

@@ -57,7 +57,10 @@ def test_load_programs_routes_and_clients(invoke, env, loaded, card_config):
     assert eal[:7] == ["-l", "0", "--no-huge", "--no-pci", "-m", "256", "--file-prefix"]
     assert eal[7].startswith("embnic-embnic-") and eal[8:] == VDEVS
     assert argv[argv.index("--"):] == ["--", "--ctl", st["ctl"], "--port-ip", "0=10.0.0.1", "--port-ip", "1=10.0.1.1",
-                                       "--ring-size", "1024", "--state-size", "4096", "--state-timeout-ms", "5000"]
+                                       "--ring-size", "1024", "--state-size", "4096", "--state-timeout-ms", "5000",
+                                       "--paused"]
+    # started paused, resumed after the tables were programmed
+    assert json.loads(invoke("pipeline", "status", "--json").output)["info"]["paused"] is False
     r = invoke("route", "list", "--json")
     assert [(x["shard"], x["port"], x["mac"], x["ip"], x["udp_port"]) for x in json.loads(r.output)] == \
         [(0, 1, "02:00:00:00:01:02", "10.0.1.2", 7878), (1, 1, "02:00:00:00:01:03", "10.0.1.3", 7879)]
@@ -143,6 +146,19 @@ def test_eal_args_replace_defaults(invoke, env, dp, card_config):
     st = read_state(env, "embnic")
     assert st["argv"][1:st["argv"].index("--")] == ["-l", "0", "--no-huge", "--no-pci", "-m", "128", "--file-prefix",
                                                     "x", "--vdev", "net_null0", "--vdev", "net_null1"]
+    assert invoke("pipeline", "unload").exit_code == 0
+
+
+def test_card_args_and_idle_us(invoke, env, dp, card_config):
+    card_config.write_text(card_config.read_text() + '\n[control]\ncard_args = ["--burst", "16"]\n')
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--idle-us", "50")
+    assert r.exit_code == 0, r.output
+    argv = read_state(env, "embnic")["argv"]
+    assert argv[-5:] == ["--paused", "--burst", "16", "--idle-us", "50"]
+    assert invoke("pipeline", "unload").exit_code == 0
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--card-args", "--burst 8")
+    assert r.exit_code == 0, r.output
+    assert read_state(env, "embnic")["argv"][-3:] == ["--paused", "--burst", "8"]  # the flag replaces [control]
     assert invoke("pipeline", "unload").exit_code == 0
 
 
