@@ -41,6 +41,44 @@ def test_impairment_validation_and_netem_args():
     assert N.Impairment(loss=0.5).netem_args() == ["loss", "0.5%"]
 
 
+def _direction(**kw):
+    sent = []
+    d = N._Direction("out", N.Impairment(**kw), seed=7, send=sent.append)
+    return d, sent
+
+
+def test_user_backend_decisions_per_frame():
+    d, sent = _direction(loss=100)
+    for i in range(50):
+        d.frame(bytes([i]), 0.0)
+    assert sent == [] and d.c["dropped"] == 50
+    d, sent = _direction(duplicate=100)
+    for i in range(5):
+        d.frame(bytes([i]), 0.0)
+    assert sent == [bytes([i]) for i in range(5) for _ in range(2)] and d.c["duplicated"] == 5
+    # reorder 100%: every frame that is not released by a later one is held, so pairs swap
+    d, sent = _direction(reorder=100)
+    for i in range(6):
+        d.frame(bytes([i]), 0.0)
+    assert sent == [bytes([i]) for i in (1, 0, 3, 2, 5, 4)] and d.c["reordered"] == 3
+    # a held frame with no successor goes out when its hold time is up
+    d, sent = _direction(reorder=100, delay_ms=5)
+    d.frame(b"x", 1.0)
+    assert d.tick(1.001) is not None and sent == []
+    assert d.tick(1.006) is None and sent == [b"x"]
+    # the same seed makes the same decisions; counters add up
+    runs = []
+    for _ in range(2):
+        d, sent = _direction(loss=10, reorder=20, duplicate=10)
+        for i in range(2000):
+            d.frame(i.to_bytes(2, "big"), i * 1e-4)
+        d.tick(10.0)
+        runs.append(sent)
+        assert d.c["out"] == d.c["in"] - d.c["dropped"] + d.c["duplicated"]
+        assert 150 < d.c["dropped"] < 250 and 150 < d.c["duplicated"] < 260
+    assert runs[0] == runs[1]
+
+
 def _echo_round(sock) -> list[int]:
     """Send FRAMES numbered datagrams to the echo (paced, in chunks) and return what comes back."""
     got = []

@@ -16,6 +16,86 @@ from tbutil import TESTBED_TOML, assert_gone, build_dataplane, cleanup, needs_ro
 
 BATCHES = 2
 
+TCPREPLAY_OUT = """Actual: 457 packets (401602 bytes) sent in 0.456003 seconds
+Rated: 880700.3 Bps, 7.04 Mbps, 1002.18 pps
+Flows: 1 flows, 2.19 fps, 457 unique flow packets, 0 unique non-flow packets
+Statistics for network device: qa
+\tSuccessful packets:        457
+\tFailed packets:            0
+"""
+
+
+def _frame(payload: bytes, outgoing: bool, client_ip="10.77.0.2", card_ip="10.77.0.1", port=7878) -> bytes:
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    if outgoing:
+        p = Ether(src="02:ee:01:00:00:01", dst="02:ee:00:00:00:00") / IP(src=client_ip, dst=card_ip) / \
+            UDP(sport=40000, dport=port) / payload
+    else:
+        p = Ether(src="02:ee:00:00:00:00", dst="02:ee:01:00:00:01") / IP(src=card_ip, dst=client_ip) / \
+            UDP(sport=7878, dport=40000) / payload
+    return bytes(p)
+
+
+def _lookup(msg_id, keys=3, mtu=1500):
+    import numpy as np
+
+    from embnic.client_lib import codec
+
+    return codec.encode_lookup(msg_id=msg_id, client_id=1, table_id=0, shard_id=1, dim=8, dtype=1,
+                               keys=np.arange(keys, dtype=np.uint64), mtu=mtu)
+
+
+def test_trace_helpers_parse_group_and_match(tmp_path):
+    import numpy as np
+
+    from embnic.client_lib import codec
+    from embnic.client_lib.consts import MsgType
+    from embnic.testbed import trace as TR
+
+    assert TR._parse_tcpreplay(TCPREPLAY_OUT) == {"packets": 457, "bytes": 401602, "seconds": 0.456003,
+                                                   "pps": 1002.18, "failed": 0}
+    # requests: a 1-fragment lookup, a 3-fragment lookup, an update; plus a non-embnic frame
+    reqs_frames = _lookup(1) + _lookup(2, keys=400) + codec.encode_update(
+        msg_id=3, client_id=1, table_id=0, shard_id=0, dtype=1, keys=np.arange(2, dtype=np.uint64),
+        grads=np.ones((2, 8), np.float32))
+    frames = [(i * 1e-3, _frame(p, True)) for i, p in enumerate(reqs_frames)]
+    frames.append((1.0, _frame(b"not embnic", True, port=53)))
+    assert TR.udp_payload(frames[0][1])[:2] == (40000, 7878)
+    p = tmp_path / "t.pcap"
+    TR.write_raw_pcap(p, frames)
+    back = TR.read_pcap(p)
+    assert [f for _, f in back] == [f for _, f in frames]
+    assert abs(back[1][0] - 1e-3) < 1e-6
+    reqs, per_client, other = TR.parse_requests(back)
+    assert other == 1 and list(per_client) == [1] and len(per_client[1]) == 5
+    assert {k: (v["type"], v["frag_count"], len(v["frags"])) for k, v in reqs.items()} == {
+        (1, 1): (MsgType.LOOKUP_REQ, 1, 1), (1, 2): (MsgType.LOOKUP_REQ, 3, 3), (1, 3): (MsgType.UPDATE_REQ, 1, 1)}
+
+    # replies: msg 2's reply fragments out of order and one duplicated; msg 3 acked; msg 1 gets
+    # nothing; a reply for an unknown msg_id is counted as unexpected
+    t = TR._ReplyTracker(1, reqs)
+    for i, (ts, f) in enumerate(frames[:5]):
+        t.feed((int(ts * 1e9), True, f))
+    h2 = codec.parse_header(reqs_frames[1])
+    rows = np.zeros((400, 8), np.float32).tobytes()
+    reply2 = codec.encode_reply(h2, MsgType.LOOKUP_REPLY, shard_id=1, body=rows)
+    assert len(reply2) > 2
+    h3 = codec.parse_header(reqs_frames[-1])
+    ack3 = codec.encode_reply(h3, MsgType.UPDATE_ACK, shard_id=0)
+    stray = codec.encode_reply(codec.parse_header(_lookup(99)[0]), MsgType.LOOKUP_REPLY, shard_id=1,
+                               body=np.zeros((3, 8), np.float32).tobytes())
+    rev = reply2[::-1]  # last fragment first
+    order = rev[:-1] + [rev[0], ack3[0], stray[0], rev[-1]]  # one duplicate; fragment 0 completes it
+    for j, pl in enumerate(order):
+        t.feed((10_000_000 + j * 1_000_000, False, _frame(pl, False)))
+    assert set(t.done) == {2, 3} and t.unexpected == 1 and t.sent_frames == 5
+    assert t.done[2][1] == MsgType.LOOKUP_REPLY and t.done[3][1] == MsgType.UPDATE_ACK
+    # latency of msg 2: the reply fragment that completed it - the first request fragment (t=1 ms)
+    assert t.done[2][0] - t.first_sent[2] == (10 + len(order) - 1) * 1_000_000 - 1_000_000
+    assert t.reasm.stats["duplicates"] == 1
+
 
 @needs_root
 @pytest.mark.skipif(shutil.which("tcpreplay") is None, reason="tcpreplay is not installed (apt-get install tcpreplay)")
