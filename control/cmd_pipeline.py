@@ -22,7 +22,7 @@ def pipeline():
 
     \b
     Examples:
-      embnic pipeline load --config examples/testbed.toml --vdev net_ring0 --vdev net_ring1
+      embnic pipeline load -c examples/testbed.toml --vdev net_ring0 --vdev net_ring1 --vdev net_ring2 --vdev net_ring3
       embnic pipeline status
       embnic pipeline unload
     """
@@ -69,7 +69,7 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
 
     \b
     Example:
-      embnic pipeline load --config examples/testbed.toml --vdev net_ring0 --vdev net_ring1
+      embnic pipeline load -c examples/testbed.toml --vdev net_ring0 --vdev net_ring1 --vdev net_ring2 --vdev net_ring3
     """
     s = resolve(config, target, name, ctl, binary, eal_args, vdevs, netns, card_args, require_config=True)
     if idle_us is not None:

@@ -335,6 +335,6 @@ class Target(abc.ABC):
 
 
 def entries_from_dicts(items: Iterable[dict], key: str) -> list[Entry]:
-    """Entries from control-socket dicts (``key`` = ``"shard"`` or ``"client"``), sorted by id."""
-    out = [Entry(int(d[key]), int(d["port"]), str(d["mac"]), str(d["ip"]), int(d["udp_port"])) for d in items]
+    """Entries from control-socket dicts (``key`` = ``"shard"`` or ``"client"``), sorted by id, MACs in lower case."""
+    out = [Entry(int(d[key]), int(d["port"]), str(d["mac"]).lower(), str(d["ip"]), int(d["udp_port"])) for d in items]
     return sorted(out, key=lambda e: e.id)

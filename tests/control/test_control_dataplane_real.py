@@ -116,12 +116,12 @@ def test_load_programs_the_card(invoke, loaded):
 
 
 def test_route_add_list_del(invoke, loaded):
-    r = invoke("route", "add", "7", "--port", "0", "--mac", "02:00:00:00:07:07", "--ip", "10.0.0.7", "--udp-port", "7001")
+    r = invoke("route", "add", "7", "--port", "0", "--mac", "02:ab:cd:00:07:07", "--ip", "10.0.0.7", "--udp-port", "7001")
     assert r.exit_code == 0, r.output
     routes = {x["shard"]: x for x in json.loads(invoke("route", "list", "--json").output)}
-    assert routes[7] == {"shard": 7, "port": 0, "mac": "02:00:00:00:07:07", "ip": "10.0.0.7", "udp_port": 7001}
+    assert routes[7] == {"shard": 7, "port": 0, "mac": "02:ab:cd:00:07:07", "ip": "10.0.0.7", "udp_port": 7001}
     r = invoke("route", "list")
-    assert any(ln.split() == ["7", "0", "02:00:00:00:07:07", "10.0.0.7", "7001"] for ln in r.output.splitlines())
+    assert any(ln.split() == ["7", "0", "02:ab:cd:00:07:07", "10.0.0.7", "7001"] for ln in r.output.splitlines())
     assert invoke("route", "del", "7").exit_code == 0
     assert 7 not in {x["shard"] for x in json.loads(invoke("route", "list", "--json").output)}
     r = invoke("route", "del", "7")
