@@ -772,7 +772,7 @@ class Testbed:
         ctl = cfg.raw["control"]
         self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"], netns=self.topo.card_ns,
                                  name="card", run_dir=self.dir, vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"],
-                                 ready_timeout=timeout)
+                                 ready_timeout=timeout, card_args=ctl.get("card_args", ()))
         # record before starting so `down` finds it even if we crash inside load()
         self.state["card"] = {"run_dir": str(self.dir), "name": "card", "ctl": ctl["ctl"],
                               "log": str(self.dir / "card.log")}
