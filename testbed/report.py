@@ -87,18 +87,19 @@ def plot_loss(path: str | os.PathLike, series: dict[str, Sequence[float]], title
 
 def plot_cdf(path: str | os.PathLike, series: dict[str, Sequence[float]], title: str,
              xlabel: str = "lookup latency (µs)") -> Path:
-    """Empirical CDF of one or more samples (``{label: values}``) as a PNG, log-scaled x."""
+    """Empirical CDF of one or more samples (``{label: values}``) as a PNG, log-scaled x; the
+    legend gives each sample's p50/p99, dotted lines mark them."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for label, vs in series.items():
         v = np.sort(np.asarray(vs, dtype=np.float64))
         if v.size == 0:
             continue
-        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=f"{label} (n={v.size})")
-        for q in (50, 99):
-            x = np.percentile(v, q)
-            ax.axvline(x, linestyle=":", alpha=0.5)
-            ax.annotate(f"p{q} {x:.0f}", (x, q / 100), fontsize=8, xytext=(4, -10), textcoords="offset points")
+        p50, p99 = np.percentile(v, [50, 99])
+        (line,) = ax.step(v, np.arange(1, v.size + 1) / v.size, where="post",
+                          label=f"{label}: n={v.size}, p50 {p50:,.0f}, p99 {p99:,.0f}")
+        for x in (p50, p99):
+            ax.axvline(x, linestyle=":", alpha=0.6, color=line.get_color())
     if any(len(vs) for vs in series.values()):
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
@@ -106,7 +107,30 @@ def plot_cdf(path: str | os.PathLike, series: dict[str, Sequence[float]], title:
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_grouped_bars(path: str | os.PathLike, groups: dict[str, dict[str, float]], title: str,
+                      ylabel: str) -> Path:
+    """Bars grouped by category: ``{series: {category: value}}`` (e.g. requests and replies per client)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    cats = sorted({c for g in groups.values() for c in g}, key=str)
+    width = 0.8 / max(1, len(groups))
+    x = np.arange(len(cats))
+    for i, (name, vals) in enumerate(groups.items()):
+        ys = [vals.get(c, 0) for c in cats]
+        bars = ax.bar(x + (i - (len(groups) - 1) / 2) * width, ys, width, label=name)
+        ax.bar_label(bars, fontsize=8)
+    ax.set_xticks(x, cats)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -601,10 +601,10 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
                                       {"lookup": lat["LOOKUP_REQ"], "update": lat["UPDATE_REQ"]},
                                       "replayed requests: latency to the complete reply",
                                       "latency (µs, first request frame → last reply frame)")),
-        "replies": str(R.plot_bars(out / "replay_replies.png",
-                                   {**{f"client {c} requests": n for c, n in requests_per_client.items()},
-                                    **{f"client {c} replies": n for c, n in replies_per_client.items()}},
-                                   "requests replayed vs replies received", "messages")),
+        "replies": str(R.plot_grouped_bars(out / "replay_replies.png",
+                                           {"requests replayed": {f"client {c}": n for c, n in requests_per_client.items()},
+                                            "replies received": {f"client {c}": n for c, n in replies_per_client.items()}},
+                                           "requests replayed vs replies received, per client", "messages")),
     }
     R.write_json(out / "report.json", rep)
     return rep
