@@ -148,6 +148,7 @@ def up(config, name, no_card, timeout, as_json):
         click.echo(f"logs: {tb.dir}/   config every node reads: {tb.config_path}")
         click.echo(f"train as client {c.id}: sudo ip netns exec {topo.client_ns(c.id)} embnic train -c "
                    f"{tb.config_path} --client-id {c.id}")
+        click.echo(f"the card: sudo embnic status -c {tb.config_path}   (route list, state dump, ... likewise)")
         click.echo(f"tear down: sudo embnic testbed down --name {name}")
 
 
