@@ -58,6 +58,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -963,6 +964,8 @@ def down(name: str, rdir: Path | None = None) -> dict:
     for f in ("card.sock", "card.json"):
         with contextlib.suppress(FileNotFoundError):
             (node_dir(name, rdir) / f).unlink()
+    # the card's DPDK runtime directory (its --file-prefix is ours), left behind if it was killed
+    shutil.rmtree(Path("/var/run/dpdk") / f"embnic-tb-{name}", ignore_errors=True)
     return {"found": bool(state) or bool(removed), "processes": stopped, "netns": removed}
 
 

@@ -29,16 +29,18 @@ def tb_name(tag: str) -> str:
 
 
 def leftovers(name: str) -> dict:
-    """What of testbed ``name`` still exists: namespaces, interfaces in the root namespace, state file."""
+    """What of testbed ``name`` still exists: namespaces, interfaces in the root namespace, state
+    file, the card's DPDK runtime directory."""
     ns = [n for n in T.netns_list() if n.startswith(f"{name}-")]
     links = [n for n in os.listdir("/sys/class/net") if n.startswith(name)]
-    return {"netns": ns, "links": links, "state": T.state_path(name).exists()}
+    return {"netns": ns, "links": links, "state": T.state_path(name).exists(),
+            "dpdk_runtime": Path(f"/var/run/dpdk/embnic-tb-{name}").exists()}
 
 
 def assert_gone(name: str, pids=()) -> None:
     """Fail unless nothing of testbed ``name`` is left (namespaces, veths, state, the given pids)."""
     left = leftovers(name)
-    assert left == {"netns": [], "links": [], "state": False}, left
+    assert left == {"netns": [], "links": [], "state": False, "dpdk_runtime": False}, left
     alive = [p for p in pids if T.proc_starttime(p) is not None]
     assert not alive, f"processes still running: {alive}"
 
