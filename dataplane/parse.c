@@ -154,7 +154,7 @@ embnic_parse(const uint8_t *data, uint32_t seg_len, uint32_t pkt_len,
 		return EMBNIC_DROP_BAD_IP;
 	if (csum == EMBNIC_CSUM_BAD ||
 	    (csum == EMBNIC_CSUM_UNKNOWN &&
-	     rte_raw_cksum(ip, EMBNIC_IPV4_LEN) != 0xffff))
+	     embnic_ipv4_sum20(ip) != 0xffff))
 		return EMBNIC_DROP_BAD_IP;
 	frag = rte_be_to_cpu_16(ip->fragment_offset);
 	if (frag & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))

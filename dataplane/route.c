@@ -22,6 +22,21 @@
 
 #include "embnic_dp.h"
 
+/*
+ * 16-byte keys: rte_hash compares 16-byte keys with a vector compare; other
+ * small lengths fall back to memcmp().
+ */
+struct table_key {
+	uint32_t id;
+	uint32_t zero[3];
+};
+
+static inline struct table_key
+table_key(uint32_t id)
+{
+	return (struct table_key){ .id = id };
+}
+
 struct embnic_table {
 	struct rte_hash *h;
 	struct rte_rcu_qsbr *qsbr;
@@ -40,7 +55,7 @@ embnic_table_create(const char *name, uint32_t size, struct rte_rcu_qsbr *qsbr)
 	struct rte_hash_parameters hp = {
 		.name = name,
 		.entries = size,
-		.key_len = sizeof(uint32_t),
+		.key_len = sizeof(struct table_key),
 		.hash_func = rte_hash_crc,
 		.hash_func_init_val = 0,
 		.socket_id = (int)rte_socket_id(),
@@ -94,7 +109,7 @@ embnic_table_add(struct embnic_table *t, const struct embnic_peer *p)
 {
 	struct embnic_peer *n;
 	void *old = NULL;
-	uint32_t key = p->id;
+	struct table_key key = table_key(p->id);
 	int ret;
 
 	if (rte_hash_lookup_data(t->h, &key, &old) < 0) {
@@ -122,7 +137,8 @@ embnic_table_add(struct embnic_table *t, const struct embnic_peer *p)
 int
 embnic_table_del(struct embnic_table *t, uint32_t id)
 {
-	int32_t ret = rte_hash_del_key(t->h, &id);
+	struct table_key key = table_key(id);
+	int32_t ret = rte_hash_del_key(t->h, &key);
 
 	return ret < 0 ? ret : 0;
 }
@@ -131,6 +147,7 @@ void
 embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
 			 unsigned int n, const struct embnic_peer **out)
 {
+	struct table_key k[EMBNIC_MAX_BURST];
 	const void *keys[EMBNIC_MAX_BURST];
 	void *data[EMBNIC_MAX_BURST];
 	uint64_t hits = 0;
@@ -138,8 +155,10 @@ embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
 
 	if (n == 0)
 		return;
-	for (i = 0; i < n; i++)
-		keys[i] = &ids[i];
+	for (i = 0; i < n; i++) {
+		k[i] = table_key(ids[i]);
+		keys[i] = &k[i];
+	}
 	rte_hash_lookup_bulk_data(t->h, keys, n, &hits, data);
 	for (i = 0; i < n; i++)
 		out[i] = (hits >> i) & 1 ? data[i] : NULL;

@@ -23,6 +23,7 @@
 #include <rte_hash_crc.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
+#include <rte_prefetch.h>
 
 #include "embnic_dp.h"
 
@@ -66,10 +67,17 @@ embnic_state_name(unsigned int s)
 	return s < EMBNIC_NB_STATES ? state_names[s] : "unknown";
 }
 
-static inline uint64_t
+/* 16 bytes so rte_hash compares keys with a vector compare, not memcmp() */
+struct state_key {
+	uint64_t key;		/* client_id << 32 | msg_id */
+	uint64_t zero;
+};
+
+static inline struct state_key
 state_key(const struct embnic_msg *m)
 {
-	return (uint64_t)m->client_id << 32 | m->msg_id;
+	return (struct state_key){ .key = (uint64_t)m->client_id << 32 |
+					  m->msg_id };
 }
 
 struct embnic_state *
@@ -78,7 +86,7 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms)
 	struct rte_hash_parameters hp = {
 		.name = "embnic_state",
 		.entries = size,
-		.key_len = sizeof(uint64_t),
+		.key_len = sizeof(struct state_key),
 		.hash_func = rte_hash_crc,
 		.hash_func_init_val = 0,
 		.socket_id = (int)rte_socket_id(),
@@ -202,7 +210,7 @@ embnic_state_update_burst(struct embnic_state *s,
 			  uint64_t now_ns, int *verdict,
 			  struct embnic_lcore_stats *st)
 {
-	uint64_t keys[EMBNIC_MAX_BURST];
+	struct state_key keys[EMBNIC_MAX_BURST];
 	const void *kp[EMBNIC_MAX_BURST];
 	int32_t pos[EMBNIC_MAX_BURST];
 	bool added = false;
@@ -215,6 +223,9 @@ embnic_state_update_burst(struct embnic_state *s,
 		kp[i] = &keys[i];
 	}
 	rte_hash_lookup_bulk(s->h, kp, n, pos);
+	for (i = 0; i < n; i++)
+		if (pos[i] >= 0)
+			rte_prefetch0(&s->e[pos[i]]);
 
 	for (i = 0; i < n; i++) {
 		const struct embnic_msg *m = msgs[i];
@@ -237,7 +248,7 @@ embnic_state_update_burst(struct embnic_state *s,
 				continue;
 			}
 			added = true;
-			entry_init(&s->e[p], keys[i], m, now_ns);
+			entry_init(&s->e[p], keys[i].key, m, now_ns);
 			s->entries++;
 		}
 		e = &s->e[p];
@@ -280,7 +291,9 @@ embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
 			break;
 		}
 		if (remove) {
-			rte_hash_del_key(s->h, &e->key);
+			struct state_key k = { .key = e->key };
+
+			rte_hash_del_key(s->h, &k);
 			e->state = EMBNIC_ST_FREE;
 			s->entries--;
 		}

@@ -18,6 +18,7 @@
 #include <rte_ethdev.h>
 #include <rte_ip.h>
 #include <rte_mbuf.h>
+#include <rte_prefetch.h>
 #include <rte_ring.h>
 #include <rte_ring_elem.h>
 #include <rte_udp.h>
@@ -31,22 +32,21 @@ struct tx_queue {
 };
 
 /*
- * One's-complement checksum update (RFC 1624, eqn. 3):
- * HC' = ~(~HC + ~m + m') over the 16-bit words that changed.
+ * One's-complement checksum update (RFC 1624, eqn. 3): HC' = ~(~HC + ~m + m')
+ * with m, m' the old and new values of the changed words. Summing 32-bit
+ * words and folding gives the same 16-bit one's-complement sum, and ~x of a
+ * 32-bit word complements both of its 16-bit halves.
  */
 static inline uint16_t
-csum_replace(uint16_t check, const uint16_t *old, const uint16_t *new,
-	     unsigned int nwords)
+csum_replace3(uint16_t check, uint32_t o1, uint32_t o2, uint32_t o3,
+	      uint32_t n1, uint32_t n2, uint32_t n3)
 {
-	uint32_t sum = (uint16_t)~check;
-	unsigned int i;
+	uint64_t sum = (uint16_t)~check;
 
-	for (i = 0; i < nwords; i++)
-		sum += (uint16_t)~old[i] + (uint32_t)new[i];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	check = (uint16_t)~sum;
-	return check == 0 ? 0xffff : check;
+	sum += (uint64_t)(uint32_t)~o1 + (uint32_t)~o2 + (uint32_t)~o3;
+	sum += (uint64_t)n1 + n2 + n3;
+	check = (uint16_t)~embnic_csum_fold(sum);
+	return check == 0 ? 0xffff : check;	/* 0 means "no checksum" */
 }
 
 /*
@@ -54,6 +54,10 @@ csum_replace(uint16_t check, const uint16_t *old, const uint16_t *new,
  * addresses, IPv4 addresses (TTL reset, header checksum recomputed), UDP
  * ports (source = 7878); the UDP checksum is updated incrementally, so it
  * stays correct if it was, and stays 0 (none) if it was 0.
+ *
+ * The IPv4 words are read once and the new header is summed in registers
+ * before it is stored: summing it back from memory right after narrow
+ * stores would stall on store forwarding.
  */
 static inline void
 rewrite(struct rte_mbuf *m, const struct embnic_desc *d,
@@ -61,36 +65,40 @@ rewrite(struct rte_mbuf *m, const struct embnic_desc *d,
 {
 	uint8_t *p = rte_pktmbuf_mtod(m, uint8_t *);
 	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)p;
-	struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(p + EMBNIC_ETH_LEN);
+	embnic_u32u *ipw = (embnic_u32u *)(p + EMBNIC_ETH_LEN);
 	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)
 		(p + EMBNIC_ETH_LEN + EMBNIC_IPV4_LEN);
-	uint16_t old[6], new[6];
+	uint32_t w0 = ipw[0], w1 = ipw[1], w2 = ipw[2];
+	uint32_t old_src = ipw[3], old_dst = ipw[4];
+	uint32_t old_ports = *(const embnic_u32u *)udp, new_ports;
+	union {
+		uint32_t w;
+		uint8_t b[4];	/* ttl, protocol, checksum (2) */
+	} ttl_proto;
 
 	rte_ether_addr_copy(&dst->mac, &eth->dst_addr);
 	rte_ether_addr_copy(&out->mac, &eth->src_addr);
 
-	memcpy(&old[0], &ip->src_addr, 4);
-	memcpy(&old[2], &ip->dst_addr, 4);
-	old[4] = udp->src_port;
-	old[5] = udp->dst_port;
+	ttl_proto.w = w2;
+	ttl_proto.b[0] = EMBNIC_CARD_TTL;
+	ttl_proto.b[2] = 0;
+	ttl_proto.b[3] = 0;
+	w2 = ttl_proto.w;
+	w2 |= (uint32_t)(uint16_t)~embnic_csum_fold((uint64_t)w0 + w1 + w2 +
+						    out->ip + dst->ip) << 16;
+	ipw[2] = w2;
+	ipw[3] = out->ip;
+	ipw[4] = dst->ip;
 
-	ip->src_addr = out->ip;
-	ip->dst_addr = dst->ip;
-	ip->time_to_live = EMBNIC_CARD_TTL;
-	ip->hdr_checksum = 0;
-	ip->hdr_checksum = rte_ipv4_cksum(ip);
 	udp->src_port = rte_cpu_to_be_16(EMBNIC_UDP_PORT);
 	udp->dst_port = dst->udp_port;
-
-	if (udp->dgram_cksum != 0) {
-		memcpy(&new[0], &ip->src_addr, 4);
-		memcpy(&new[2], &ip->dst_addr, 4);
-		new[4] = udp->src_port;
-		new[5] = udp->dst_port;
-		udp->dgram_cksum = csum_replace(udp->dgram_cksum, old, new, 6);
-	}
+	new_ports = *(const embnic_u32u *)udp;
+	if (udp->dgram_cksum != 0)
+		udp->dgram_cksum = csum_replace3(udp->dgram_cksum, old_src,
+						 old_dst, old_ports, out->ip,
+						 dst->ip, new_ports);
 	/* Ethernet padding or trailer after the IPv4 datagram is not sent on */
-	if (rte_pktmbuf_pkt_len(m) > d->info.frame_len)
+	if (unlikely(rte_pktmbuf_pkt_len(m) > d->info.frame_len))
 		rte_pktmbuf_trim(m, rte_pktmbuf_pkt_len(m) - d->info.frame_len);
 }
 
@@ -125,6 +133,46 @@ txq_flush(struct embnic_app *app, struct tx_queue *qs,
 		}
 		q->n = 0;
 	}
+}
+
+/*
+ * The distinct ids of a burst (few: a card serves a handful of shards and
+ * clients), so each is looked up once. uniq gets them, slot[i] the index of
+ * ids[i] in uniq; returns how many.
+ */
+static inline unsigned int
+dedup_ids(const uint32_t *ids, unsigned int n, uint32_t *uniq, uint8_t *slot)
+{
+	unsigned int u = 0, i, k;
+
+	for (i = 0; i < n; i++) {
+		if (i > 0 && ids[i] == ids[i - 1]) {
+			slot[i] = slot[i - 1];
+			continue;
+		}
+		for (k = 0; k < u && uniq[k] != ids[i]; k++)
+			;
+		if (k == u)
+			uniq[u++] = ids[i];
+		slot[i] = (uint8_t)k;
+	}
+	return u;
+}
+
+/* Look up the peers of n ids with one bulk lookup of their distinct values. */
+static inline void
+lookup_peers(struct embnic_table *t, const uint32_t *ids, unsigned int n,
+	     const struct embnic_peer **out)
+{
+	const struct embnic_peer *found[EMBNIC_MAX_BURST];
+	uint32_t uniq[EMBNIC_MAX_BURST];
+	uint8_t slot[EMBNIC_MAX_BURST];
+	unsigned int u, i;
+
+	u = dedup_ids(ids, n, uniq, slot);
+	embnic_table_lookup_bulk(t, uniq, u, found);
+	for (i = 0; i < n; i++)
+		out[i] = found[slot[i]];
 }
 
 /*
@@ -183,6 +231,9 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 		return 0;
 	for (p = 0; p < app->nb_ports; p++)
 		qs[p].n = 0;
+	/* the headers are rewritten last: start fetching them now */
+	for (i = 0; i < n; i++)
+		rte_prefetch0(rte_pktmbuf_mtod(descs[i].m, void *));
 
 	/* bulk route and client lookups for the embnic frames of the burst */
 	for (i = 0; i < n; i++) {
@@ -193,8 +244,8 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 		client_ids[nm] = descs[i].info.msg.client_id;
 		idx[nm++] = (uint16_t)i;
 	}
-	embnic_table_lookup_bulk(app->routes, shard_ids, nm, routes);
-	embnic_table_lookup_bulk(app->clients, client_ids, nm, clients);
+	lookup_peers(app->routes, shard_ids, nm, routes);
+	lookup_peers(app->clients, client_ids, nm, clients);
 
 	for (j = 0; j < nm; j++) {
 		i = idx[j];

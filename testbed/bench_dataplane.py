@@ -1,6 +1,24 @@
-"""Run DPDK processes (the card ``embnic-dp``, ``dpdk-testpmd``) for tests and benchmarks.
+"""Benchmark of the card (``embnic bench dataplane``), and the DPDK process runners it uses.
 
-:class:`CardProcess` starts ``embnic-dp`` on the vdevs you give, waits until its control socket
+**Benchmark** (:func:`run`): a pcap of embnic request frames with a realistic size mix, built
+with the client library's codec (lookups of 1..179 keys, 2-fragment fp32 updates), is fed
+through the card by the ``net_pcap`` vdev's in-memory replay (``infinite_rx=1``) into a
+``net_null`` port, and, in the same run, on the same vdevs and the same EAL lcore list,
+through ``dpdk-testpmd`` in ``io`` and ``macswap`` forwarding modes. Then the same on
+``net_af_packet`` over a veth pair in a network namespace (the testbed's path), the frames
+coming from a second testpmd that replays the pcap into the other end of the veth pair::
+
+    netns enB<pid>:  [testpmd io: net_pcap(infinite) -> net_af_packet(iface=eBa<pid>)]
+                          ==veth==  [DUT: net_af_packet(iface=eBb<pid>) -> net_null]
+
+Rates are taken from the DUT's own TX counters (card: control socket ``counters``; testpmd:
+``show port stats all``) at two instants ``seconds`` apart, after a warm-up. ``mpps`` = frames
+sent per µs; ``gbps`` = Ethernet bytes (no preamble/FCS) × 8 / s; ``msgs_per_s`` = mpps ×
+messages/frames of the pcap. Ratios = card / testpmd; the targets are ``ratio_io >= 0.5`` and
+``ratio_macswap >= 0.8``. Results are merged into ``DIR/bench.json`` under ``dataplane``.
+Needs root (EAL, netns).
+
+**Runners**: :class:`CardProcess` starts ``embnic-dp`` on the vdevs you give, waits until its control socket
 answers, talks JSON lines to it (docs/control-socket.md) and stops it with SIGTERM, tracking
 only its own pid. Every EAL process gets a unique ``--file-prefix`` (``enT<pid>x<n>``) and its
 runtime directory ``/var/run/dpdk/<prefix>`` is removed after it exits.
@@ -25,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from embnic.control.errors import OperationalError
+
 REPO = Path(__file__).resolve().parents[1]
 DATAPLANE = REPO / "dataplane"
 CARD_BINARY = DATAPLANE / "build" / "embnic-dp"
@@ -33,7 +53,7 @@ EAL_BASE = ("--no-huge", "--no-pci", "-m", "256")
 _seq = itertools.count()
 
 
-class DpdkProcError(RuntimeError):
+class DpdkProcError(OperationalError):
     """A DPDK process failed to build, start, answer or stop (the message names its log)."""
 
 
@@ -233,3 +253,384 @@ def wait_drained(card: CardProcess, n_frames: int, timeout: float = 30.0) -> dic
             raise DpdkProcError(f"card did not drain {n_frames} frames within {timeout:g}s: rx={rx} "
                                 f"accounted={done} counters={json.dumps(c)}")
         time.sleep(0.05)
+
+
+# ====================================================================== testpmd
+class TestpmdProcess:
+    """``dpdk-testpmd -i`` driven through its stdin; stats parsed from its output.
+
+    Args:
+        vdevs: ``--vdev`` specs in port order.
+        lcores: EAL lcore list (testpmd forwards on all but the main lcore).
+        mode: forwarding mode (``io``, ``macswap``, ...).
+        netns: run inside this network namespace.
+        log: output file.
+    """
+
+    __test__ = False
+
+    def __init__(self, vdevs: Sequence[str], *, lcores: str = "0,1", mode: str = "io",
+                 netns: str | None = None, log: str | os.PathLike | None = None,
+                 binary: str = "dpdk-testpmd", mbufs: int = 16384):
+        self.vdevs, self.lcores, self.mode, self.netns = list(vdevs), lcores, mode, netns
+        self.prefix = file_prefix("t")
+        self._dir = Path(tempfile.mkdtemp(prefix="enT"))
+        self.log_path = Path(log) if log else self._dir / "testpmd.log"
+        self.binary, self.mbufs = binary, mbufs
+        self.proc: subprocess.Popen | None = None
+        self._logf = None
+
+    def argv(self) -> list[str]:
+        pre = ["ip", "netns", "exec", self.netns] if self.netns else []
+        eal = [*EAL_BASE, "-l", self.lcores, "--file-prefix", self.prefix]
+        for v in self.vdevs:
+            eal += ["--vdev", v]
+        nb_cores = max(1, len(_lcore_list(self.lcores)) - 1)
+        # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
+        return pre + ["stdbuf", "-oL", self.binary, *eal, "--", "-i", f"--forward-mode={self.mode}",
+                      f"--total-num-mbufs={self.mbufs}", f"--nb-cores={nb_cores}"]
+
+    def start(self, timeout: float = 30.0) -> "TestpmdProcess":
+        """Start, wait for the prompt, ``start`` forwarding.
+
+        Raises:
+            DpdkProcError: it exited or never showed its prompt (names its log).
+        """
+        if shutil.which(self.binary) is None:
+            raise DpdkProcError(f"{self.binary} not found: install Debian's `dpdk` package (make deps)")
+        self._logf = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=self._logf,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_for(lambda t: "testpmd>" in t, timeout, "its prompt")
+        self.send("start")
+        self._wait_for(lambda t: "io packet forwarding" in t or "packet forwarding - ports=" in t, timeout,
+                       "forwarding to start")
+        return self
+
+    def _text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _wait_for(self, pred, timeout: float, what: str) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            t = self._text()
+            if pred(t):
+                return t
+            if self.proc.poll() is not None:
+                raise DpdkProcError(f"dpdk-testpmd exited ({self.proc.returncode}) waiting for {what}; "
+                                    f"log {self.log_path}:\n{t[-1500:]}")
+            if time.monotonic() > deadline:
+                raise DpdkProcError(f"dpdk-testpmd: no {what} within {timeout:g}s; log {self.log_path}")
+            time.sleep(0.02)
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write((line + "\n").encode())
+        self.proc.stdin.flush()
+
+    def tx_packets(self, port: int, timeout: float = 10.0) -> int:
+        """TX-packets of ``port`` now (``show port stats <port>``)."""
+        marker = f"NIC statistics for port {port} "
+        before = self._text().count(marker)
+        self.send(f"show port stats {port}")
+        t = self._wait_for(lambda t: t.count(marker) > before and
+                           "Tx-pps" in t[t.rindex(marker):], timeout, "port stats")
+        block = t[t.rindex(marker):]
+        return int(block.split("TX-packets:")[1].split()[0])
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """``quit``, then SIGTERM/SIGKILL if it lingers; returns the exit code."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.send("stop")
+                self.send("quit")
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(5)
+        if self._logf is not None:
+            self._logf.close()
+        remove_runtime_dir(self.prefix)
+        return self.proc.returncode if self.proc is not None else None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _lcore_list(spec: str) -> list[int]:
+    """Lcore ids of an EAL ``-l`` list (``0,1`` or ``0-2``)."""
+    out = []
+    for part in spec.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out += range(int(a), int(b) + 1)
+        else:
+            out.append(int(part))
+    return out
+
+
+# ====================================================================== the benchmark pcap
+BENCH_CARD_IP = "10.99.0.1"
+BENCH_CLIENTS = ({"client": 1, "ip": "10.99.0.2", "mac": "02:00:00:99:00:02", "udp_port": 40001},
+                 {"client": 2, "ip": "10.99.0.3", "mac": "02:00:00:99:00:03", "udp_port": 40002})
+BENCH_SHARDS = tuple({"shard": i, "ip": f"10.99.1.{10 + i}", "mac": f"02:00:00:99:01:{10 + i:02x}",
+                      "udp_port": 7878} for i in range(4))
+
+
+def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
+    """Write a pcap of embnic request frames with a realistic size mix; returns its stats.
+
+    Mix (by message): 75% LOOKUP_REQ with ``1 + Geometric(1/32)`` keys capped at 179 (one
+    frame, 48..1472 B of UDP payload), 25% UPDATE_REQ of 30 fp32 rows of dim 16 (2160 B body:
+    2 fragments, 1432 + 728 B). Clients 1-2 → shards 0-3, unique msg ids. Frames are built by
+    :func:`embnic.client_lib.codec.encode_lookup`/``encode_update``; Ethernet/IPv4/UDP with
+    correct checksums.
+
+    Returns:
+        ``{frames, messages, bytes, avg_frame_bytes}`` (bytes = Ethernet bytes of all frames).
+    """
+    import numpy as np
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    from embnic.client_lib import codec
+    from embnic.client_lib.consts import DType
+
+    rng = np.random.default_rng(seed)
+    frames: list[bytes] = []
+    msgs = 0
+    msg_id = 1
+    while len(frames) < n_frames:
+        c = BENCH_CLIENTS[msgs % len(BENCH_CLIENTS)]
+        shard = int(rng.integers(0, len(BENCH_SHARDS)))
+        if rng.random() < 0.75:
+            n = int(min(179, 1 + rng.geometric(1 / 32)))
+            keys = rng.integers(0, 1 << 40, n, dtype=np.uint64)
+            payloads = codec.encode_lookup(msg_id=msg_id, client_id=c["client"], table_id=shard, shard_id=shard,
+                                           dim=16, dtype=DType.FP32, keys=keys)
+        else:
+            keys = rng.integers(0, 1 << 40, 30, dtype=np.uint64)
+            grads = rng.standard_normal((30, 16)).astype(np.float32)
+            payloads = codec.encode_update(msg_id=msg_id, client_id=c["client"], table_id=shard, shard_id=shard,
+                                           dtype=DType.FP32, keys=keys, grads=grads)
+        for pl in payloads:
+            frames.append(bytes(Ether(src=c["mac"], dst="02:00:00:99:00:01")
+                                / IP(src=c["ip"], dst=BENCH_CARD_IP, flags="DF")
+                                / UDP(sport=c["udp_port"], dport=7878) / Raw(pl)))
+        msgs += 1
+        msg_id += 1
+    _write_pcap(path, frames)
+    total = sum(len(f) for f in frames)
+    return {"frames": len(frames), "messages": msgs, "bytes": total, "avg_frame_bytes": total / len(frames)}
+
+
+def _write_pcap(path: Path, frames: list[bytes]) -> None:
+    import struct
+
+    with open(path, "wb") as f:
+        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        for i, d in enumerate(frames):
+            f.write(struct.pack("<IIII", 1, i, len(d), len(d)) + d)
+
+
+# ====================================================================== measurements
+def _program_card(card: CardProcess, out_port: int, in_port: int = 0) -> None:
+    for sh in BENCH_SHARDS:
+        card.call("route_add", port=out_port, **sh)
+    for cl in BENCH_CLIENTS:
+        card.call("client_add", port=in_port, **cl)
+
+
+def _rate(sample, seconds: float, warmup: float) -> tuple[float, int]:
+    """(frames per second, frames) of a monotone TX counter between two samples."""
+    time.sleep(warmup)
+    t0, n0 = time.monotonic(), sample()
+    time.sleep(seconds)
+    t1, n1 = time.monotonic(), sample()
+    return (n1 - n0) / (t1 - t0), n1 - n0
+
+
+def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
+                 netns: str | None = None, out_port: int = 1, log_dir: Path | None = None) -> dict:
+    """Card rates from its own counters: ``{mpps, gbps, drops, frames}``."""
+    card = CardProcess(binary, vdevs, lcores=lcores, port_ips={0: BENCH_CARD_IP}, netns=netns,
+                       args=["--paused"], log=(log_dir / f"card-{file_prefix('l')}.log") if log_dir else None)
+    card.start()
+    try:
+        _program_card(card, out_port)
+        card.call("resume")
+        last: dict = {}
+
+        def sample() -> int:
+            last["c"] = card.counters()
+            return last["c"]["ports"][out_port]["tx_frames"]
+
+        b0 = None
+        time.sleep(warmup)
+        t0 = time.monotonic()
+        n0 = sample()
+        b0 = last["c"]["ports"][out_port]["tx_bytes"]
+        time.sleep(seconds)
+        t1 = time.monotonic()
+        n1 = sample()
+        b1 = last["c"]["ports"][out_port]["tx_bytes"]
+        drops = {k: v for k, v in last["c"]["drops"].items() if v}
+        state = last["c"]["state"]
+    finally:
+        card.stop()
+        card.cleanup()
+    dt = t1 - t0
+    return {"mpps": (n1 - n0) / dt / 1e6, "gbps": (b1 - b0) * 8 / dt / 1e9, "frames": n1 - n0,
+            "drops": drops, "state_entries": state["entries"]}
+
+
+def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, warmup: float,
+                    netns: str | None = None, out_port: int = 1) -> dict:
+    """testpmd rate from its port stats: ``{mpps, frames}``."""
+    tp = TestpmdProcess(vdevs, lcores=lcores, mode=mode, netns=netns)
+    tp.start()
+    try:
+        rate, n = _rate(lambda: tp.tx_packets(out_port), seconds, warmup)
+    finally:
+        tp.cleanup()
+    return {"mpps": rate / 1e6, "frames": n}
+
+
+def _figures(card: dict, io: dict, macswap: dict, pcap: dict) -> dict:
+    per_msg = pcap["messages"] / pcap["frames"]
+    return {
+        "card_mpps": card["mpps"],
+        "card_msgs_per_s": card["mpps"] * 1e6 * per_msg,
+        "card_gbps": card["gbps"],
+        "testpmd_io_mpps": io["mpps"],
+        "testpmd_macswap_mpps": macswap["mpps"],
+        "ratio_io": card["mpps"] / io["mpps"] if io["mpps"] else 0.0,
+        "ratio_macswap": card["mpps"] / macswap["mpps"] if macswap["mpps"] else 0.0,
+        "card_drops": card["drops"],
+    }
+
+
+class _Netns:
+    """A network namespace with one veth pair, both ends in it; deleted on exit."""
+
+    def __init__(self):
+        tag = f"{os.getpid() % 100000}"
+        self.name = f"enB{tag}"
+        self.a, self.b = f"eBa{tag}", f"eBb{tag}"
+
+    def _ip(self, *args: str, check: bool = True) -> None:
+        r = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise DpdkProcError(f"`ip {' '.join(args)}` failed: {r.stderr.strip()}")
+
+    def __enter__(self) -> "_Netns":
+        self._ip("netns", "add", self.name)
+        try:
+            ns = ["-n", self.name]
+            self._ip(*ns, "link", "add", self.a, "type", "veth", "peer", "name", self.b)
+            subprocess.run(["ip", "netns", "exec", self.name, "sysctl", "-qw",
+                            "net.ipv6.conf.all.disable_ipv6=1"], capture_output=True)
+            for dev in (self.a, self.b):
+                self._ip(*ns, "link", "set", dev, "up")
+                subprocess.run(["ip", "netns", "exec", self.name, "ethtool", "-K", dev, "tx", "off", "rx",
+                                "off"], capture_output=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ip("netns", "del", self.name, check=False)
+
+
+def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
+    """Run the dataplane benchmark and merge it into ``out_dir/bench.json`` under ``dataplane``.
+
+    Args:
+        out_dir: where bench.json is read, updated and written (also the pcap and logs).
+        seconds: measurement time per configuration (s), after ``warmup`` (default 1 s).
+        lcores: EAL lcore list used for the card and testpmd alike (default ``"0,1"``).
+        frames: frames in the replayed pcap (default 2048).
+        af_packet: also measure on net_af_packet over a veth pair (default True).
+        binary: the embnic-dp binary (default: build dataplane/).
+    Returns:
+        the ``dataplane`` dict: ``card_mpps, card_msgs_per_s, card_gbps, testpmd_io_mpps,
+        testpmd_macswap_mpps, ratio_io, ratio_macswap`` (net_pcap → net_null), ``af_packet``
+        with the same figures, and the setup (``lcores``, ``pcap``, ``seconds``).
+    Raises:
+        DpdkProcError: not root, testpmd missing, or a process failed (names its log).
+    """
+    if os.geteuid() != 0:
+        raise DpdkProcError("the dataplane benchmark runs DPDK (EAL) and network namespaces: run it as root")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lcores = kw.get("lcores", "0,1")
+    warmup = float(kw.get("warmup", 1.0))
+    binary = Path(kw["binary"]) if kw.get("binary") else build_card()
+    pcap_path = out_dir / "bench_dataplane.pcap"
+    pcap = make_bench_pcap(pcap_path, int(kw.get("frames", 2048)))
+    src = f"net_pcap0,rx_pcap={pcap_path},infinite_rx=1"
+    sink = "net_null0,no-rx=1"
+
+    res: dict[str, Any] = {}
+    card = measure_card(binary, [src, sink], lcores, seconds, warmup, log_dir=out_dir)
+    io = measure_testpmd([src, sink], lcores, "io", seconds, warmup)
+    mac = measure_testpmd([src, sink], lcores, "macswap", seconds, warmup)
+    res.update(_figures(card, io, mac, pcap))
+
+    if kw.get("af_packet", True):
+        with _Netns() as ns:
+            gen_vdevs = [src, f"net_af_packet0,iface={ns.a}"]
+            dut = [f"net_af_packet0,iface={ns.b}", sink]
+            gen = TestpmdProcess(gen_vdevs, lcores=lcores, mode="io", netns=ns.name)
+            gen.start()
+            try:
+                c2 = measure_card(binary, dut, lcores, seconds, warmup, netns=ns.name, log_dir=out_dir)
+                io2 = measure_testpmd(dut, lcores, "io", seconds, warmup, netns=ns.name)
+                mac2 = measure_testpmd(dut, lcores, "macswap", seconds, warmup, netns=ns.name)
+            finally:
+                gen.cleanup()
+        res["af_packet"] = _figures(c2, io2, mac2, pcap)
+
+    res.update({"lcores": lcores, "seconds": seconds, "pcap": pcap,
+                "setup": "net_pcap infinite_rx -> net_null; af_packet: testpmd replay -> veth -> DUT -> net_null"})
+    _merge_json(out_dir / "bench.json", "dataplane", res)
+    return res
+
+
+def _merge_json(path: Path, key: str, value: dict) -> None:
+    """Read-modify-write ``path`` (a JSON object) setting ``key``, under an flock."""
+    import fcntl
+
+    lock = path.with_suffix(".lock")
+    with open(lock, "w") as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)
+        data = {}
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                data = {}
+        data[key] = value
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(run(Path(sys.argv[1] if len(sys.argv) > 1 else "out/bench"),
+                         float(sys.argv[2]) if len(sys.argv) > 2 else 5.0), indent=2))
