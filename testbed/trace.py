@@ -508,8 +508,10 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
             s.close()
         tb.down()
 
+    capture_drops = {str(cid): cap.kernel_drops for cid, cap in caps.items()}
+    ports = {cid: cfg.client(cid).card_port for cid in clients}
     rep = _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
-                         other, out)
+                         other, out, ports, capture_drops)
     for line in replay_summary(rep):
         log(line)
     return rep
@@ -531,7 +533,7 @@ def write_raw_pcap(path: Path, frames: list[tuple[float, bytes]]) -> None:
 
 
 def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
-                   out: Path) -> dict:
+                   out: Path, ports: dict | None = None, capture_drops: dict | None = None) -> dict:
     lat = {"LOOKUP_REQ": [], "UPDATE_REQ": []}
     reply_types = collections.Counter()
     statuses = collections.Counter()
@@ -589,6 +591,8 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
                   "no_reply": len(missing), "unexpected_replies": sum(t.unexpected for t in trackers.values()),
                   "mismatched_replies": sum(t.mismatched for t in trackers.values()),
                   "non_embnic_frames_in_trace": other},
+        "frames_lost": _hop_losses(trackers, counters, ports or {}),
+        "capture_drops": capture_drops or {},
         "missing": missing[:100],
         "lookup_latency_us": R.percentiles(lat["LOOKUP_REQ"]),
         "update_latency_us": R.percentiles(lat["UPDATE_REQ"]),
@@ -610,6 +614,27 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
     return rep
 
 
+def _hop_losses(trackers: dict, counters: dict, ports: dict) -> dict:
+    """Frames lost per hop and client, from the client-side capture and the card's port counters:
+    ``client_to_card`` = frames the client sent − frames the card received on its port (e.g. the
+    af_packet RX ring overflowed), ``card_to_client`` = frames the card sent on that port − reply
+    frames the client saw."""
+    by_port = {int(p["port"]): p for p in counters.get("ports", []) or []}
+    out = {"client_to_card": {}, "card_to_client": {}}
+    for cid, t in trackers.items():
+        p = by_port.get(ports.get(cid, -1))
+        if p is None:
+            continue
+        out["client_to_card"][str(cid)] = max(0, t.sent_frames - int(p.get("rx_frames", 0)))
+        out["card_to_client"][str(cid)] = max(0, int(p.get("tx_frames", 0)) - t.reply_frames)
+    return out
+
+
+def _per_client(d: dict) -> str:
+    nz = {k: v for k, v in d.items() if v}
+    return ", ".join(f"client {k}: {v}" for k, v in sorted(nz.items())) or "none"
+
+
 def replay_summary(rep: dict) -> list[str]:
     """The short summary printed after a replay."""
     lk, up = rep["lookup_latency_us"], rep["update_latency_us"]
@@ -625,6 +650,9 @@ def replay_summary(rep: dict) -> list[str]:
         ("card drops", R.fmt_drops(rep["drops"]["card"])),
         ("other drops", f"no reply {rep['drops']['no_reply']}, reassembly "
                         f"{R.fmt_drops(rep['drops']['client_reassembly'])}"),
+        ("frames lost", "client→card " + _per_client(rep["frames_lost"]["client_to_card"])
+                        + "; card→client " + _per_client(rep["frames_lost"]["card_to_client"])
+                        + " (capture vs the card's port counters)"),
         ("report", str(Path(rep["plots"]["latency_cdf"]).parent / "report.json")),
     ]
     return ["replay summary:"] + R.table_lines(rows)
