@@ -145,6 +145,8 @@ def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  
     assert rep["lookup_latency_us"]["n"] == side["messages_by_type"]["LOOKUP_REQ"]
     assert rep["card"]["types"]["LOOKUP_REQ"] + rep["card"]["types"]["UPDATE_REQ"] == side["frames"]
     assert sum(rep["drops"]["card"].values()) == 0
+    assert rep["frames_lost"] == {"client_to_card": {"1": 0, "2": 0}, "card_to_client": {"1": 0, "2": 0}}
+    assert rep["capture_drops"] == {"1": 0, "2": 0}
     for k in ("latency_cdf", "replies"):
         assert open(rep["plots"][k], "rb").read(4) == b"\x89PNG"
     assert_gone(rpl_name)
