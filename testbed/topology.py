@@ -679,7 +679,7 @@ class Testbed:
             self._save()
         except BaseException:
             self._tlog().write("up failed; tearing down\n")
-            down(self.name, self.rdir)
+            self.down()
             raise
         return self
 
