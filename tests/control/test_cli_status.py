@@ -92,3 +92,15 @@ def test_state_summary(invoke, card):
     assert r.exit_code == 0
     assert "2/65536 entries, overflow 0, expired 4" in r.output
     assert json.loads(invoke("state", "summary", "--json").output)["by_state"]["answered"] == 1
+
+
+def test_status_watch_stops_on_ctrl_c(invoke, card, monkeypatch):
+    import embnic.control.cmd_status as cs
+
+    def interrupt(_sec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cs.time, "sleep", interrupt)
+    r = invoke("status", "--watch", "5")
+    assert r.exit_code == 0
+    assert r.output.count("Ctrl-C to stop") == 1
