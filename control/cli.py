@@ -59,6 +59,8 @@ def cli(ctx, debug):
       embnic config check examples/cluster.toml
       embnic server --shard 0 --config examples/cluster.toml
       embnic train --config examples/cluster.toml --data criteo.tsv --steps 50
+      embnic pipeline load --target dpdk --config examples/testbed.toml --vdev net_ring0 ...
+      embnic status --watch
       embnic demo --steps 20 --out out/demo
     """
     ctx.ensure_object(dict)

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import click
 
 from embnic.client_lib.config import ClusterConfig, ConfigError
-from embnic.control.errors import OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError
 
 # --------------------------------------------------------------------------- registry
 _REGISTRY: dict[str, str | type] = {
@@ -194,10 +194,10 @@ def require_root(what: str) -> None:
     """Raise unless running as root.
 
     Raises:
-        OperationalError: ``"<what> needs root: run as root (sudo embnic ...)"``.
+        NeedsRootError: ``"<what> needs root: run as root (sudo embnic ...)"`` (exit code 2).
     """
     if os.geteuid() != 0:
-        raise OperationalError(f"{what} needs root: run as root (sudo embnic ...)")
+        raise NeedsRootError(f"{what} needs root: run as root (sudo embnic ...)")
 
 
 def describe_state(state: dict) -> str:
