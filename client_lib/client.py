@@ -263,7 +263,7 @@ class EmbeddingClient:
                 lost = [m for m in pending.values() if m.tries >= self.retries]
                 if lost:
                     m = lost[0]
-                    what = ("lookups" if m.msg_type == MsgType.LOOKUP_REQ else "updates")
+                    what = ("lookup" if m.msg_type == MsgType.LOOKUP_REQ else "update")
                     n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
                     raise ShardUnavailableError(m.shard_id, m.dest, m.tries, time.monotonic() - t0,
                                                 f"{n} {what} messages")

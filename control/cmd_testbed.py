@@ -8,16 +8,10 @@ import signal
 
 import click
 
-from embnic.control.errors import OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.options import config_option, load_cluster
 
 DEFAULT_NAME = "emb"
-
-
-class NeedsRootError(click.ClickException):
-    """A testbed command run without root (CAP_NET_ADMIN): exit code 2, one line naming the fix."""
-
-    exit_code = 2
 
 
 def require_root(what: str) -> None:
