@@ -1,6 +1,6 @@
 # embnic — the two commands users need:  make demo   and   make test
 PYTHON ?= python3
-STEPS ?= 200
+STEPS ?= 60
 OUT ?= out/demo
 
 .PHONY: all deps dataplane demo test clean fuzz bench

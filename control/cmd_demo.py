@@ -8,7 +8,7 @@ from embnic.control.errors import OperationalError
 
 
 @click.command("demo")
-@click.option("--steps", type=click.IntRange(min=1), default=40, show_default=True, help="Training steps.")
+@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="Training steps.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default="out/demo", show_default=True,
               help="Directory for report.json and the PNG plots.")
 @click.option("--config", "-c", "config", type=click.Path(dir_okay=False, exists=True), default=None,

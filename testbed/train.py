@@ -123,7 +123,7 @@ def evaluate(backend: Backend, cfg: ClusterConfig, params: model.DenseParams, da
 
 
 def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backend: Backend,
-          eval_data=None, lr_dense: float = 0.1, seed: int | None = None,
+          eval_data=None, lr_dense: float = 0.05, seed: int | None = None,
           progress: Callable[[int, float], None] | None = None) -> TrainResult:
     """Train the FM CTR model for ``steps`` steps.
 
