@@ -249,13 +249,12 @@ class EmbeddingClient:
             return
         self.stats.rounds += 1
         pending = {m.msg_id: m for m in msgs}
-        now = time.monotonic()
+        t0 = time.monotonic()
         for m in msgs:
-            m.t_first = now
+            m.t_first = time.monotonic()  # latency: from this message's first frame to its reply
             self._send(m, retransmit=False)
             self.stats.messages_sent += 1
         deadline = time.monotonic() + self.timeout_s
-        t0 = now
         while pending:
             timeout = deadline - time.monotonic()
             if timeout <= 0:
