@@ -43,10 +43,13 @@ classify(const struct embnic_port *port, struct rte_mbuf *m,
 		r = embnic_arp_reply(data, rte_pktmbuf_data_len(m), port->ip,
 				     port->mac.addr_bytes);
 		d->kind = EMBNIC_DESC_ARP;
+		d->info.frame_len = (uint16_t)rte_pktmbuf_pkt_len(m);
 	} else {
 		d->kind = EMBNIC_DESC_MSG;
+		d->trim = rte_pktmbuf_pkt_len(m) > d->info.frame_len;
 	}
 	d->m = m;
+	d->data = data;
 	d->in_port = port->id;
 	return r;
 }

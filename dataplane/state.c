@@ -27,7 +27,7 @@
 
 #include "embnic_dp.h"
 
-#define SCAN_PERIOD_NS	1000000ULL	/* expiry scan every 1 ms ... */
+#define SCAN_PERIOD_NS	1000000ULL	/* expiry scan at most every 1 ms ... */
 #define SCAN_SWEEP	100		/* ... covering the map in 100 scans */
 
 struct state_entry {

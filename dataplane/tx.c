@@ -63,7 +63,7 @@ static inline void
 rewrite(struct rte_mbuf *m, const struct embnic_desc *d,
 	const struct embnic_peer *dst, const struct embnic_port *out)
 {
-	uint8_t *p = rte_pktmbuf_mtod(m, uint8_t *);
+	uint8_t *p = d->data;
 	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)p;
 	embnic_u32u *ipw = (embnic_u32u *)(p + EMBNIC_ETH_LEN);
 	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)
@@ -98,14 +98,14 @@ rewrite(struct rte_mbuf *m, const struct embnic_desc *d,
 						 old_dst, old_ports, out->ip,
 						 dst->ip, new_ports);
 	/* Ethernet padding or trailer after the IPv4 datagram is not sent on */
-	if (unlikely(rte_pktmbuf_pkt_len(m) > d->info.frame_len))
+	if (unlikely(d->trim))
 		rte_pktmbuf_trim(m, rte_pktmbuf_pkt_len(m) - d->info.frame_len);
 }
 
 static inline void
-txq_add(struct tx_queue *q, struct rte_mbuf *m)
+txq_add(struct tx_queue *q, struct rte_mbuf *m, uint32_t len)
 {
-	q->len[q->n] = rte_pktmbuf_pkt_len(m);
+	q->len[q->n] = len;
 	q->m[q->n++] = m;
 }
 
@@ -219,21 +219,32 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	uint16_t idx[EMBNIC_MAX_BURST], fwd[EMBNIC_MAX_BURST];
 	int verdict[EMBNIC_MAX_BURST], res[EMBNIC_MAX_BURST];
 	unsigned int n, nm = 0, nfwd = 0, nf = 0, i, j;
-	uint64_t now_ns;
+	uint64_t now_ns, tsc;
 	uint16_t p;
-
-	now_ns = embnic_tsc_to_ns(app, rte_rdtsc());
-	embnic_state_expire_step(app->state, now_ns, st);
 
 	n = rte_ring_dequeue_burst_elem(app->ring, descs, sizeof(descs[0]),
 					app->opts.burst, NULL);
+	tsc = rte_rdtsc();
+	if (unlikely(tsc >= app->next_expire_tsc)) {
+		/* the state map ages in slices, every millisecond */
+		app->next_expire_tsc = tsc + app->tsc_hz / 1000;
+		embnic_state_expire_step(app->state, embnic_tsc_to_ns(app, tsc),
+					 st);
+	}
 	if (n == 0)
 		return 0;
+	now_ns = embnic_tsc_to_ns(app, tsc);
 	for (p = 0; p < app->nb_ports; p++)
 		qs[p].n = 0;
-	/* the headers are rewritten last: start fetching them now */
-	for (i = 0; i < n; i++)
-		rte_prefetch0(rte_pktmbuf_mtod(descs[i].m, void *));
+	/*
+	 * The headers are rewritten last and the PMD frees the mbufs after
+	 * TX: start fetching both now (with the RX stage on another lcore
+	 * they are in its cache).
+	 */
+	for (i = 0; i < n; i++) {
+		rte_prefetch0(descs[i].data);
+		rte_prefetch0(descs[i].m);
+	}
 
 	/* bulk route and client lookups for the embnic frames of the burst */
 	for (i = 0; i < n; i++) {
@@ -269,11 +280,11 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 			dropped[nf++] = d->m;
 		} else if (d->kind == EMBNIC_DESC_ARP) {
 			st->arp_replies++;
-			txq_add(&qs[d->in_port], d->m);
+			txq_add(&qs[d->in_port], d->m, d->info.frame_len);
 		} else {
 			rewrite(d->m, d, dst[i], &app->ports[dst[i]->port]);
 			st->types[d->info.msg.msg_type]++;
-			txq_add(&qs[dst[i]->port], d->m);
+			txq_add(&qs[dst[i]->port], d->m, d->info.frame_len);
 		}
 	}
 

@@ -271,8 +271,9 @@ class TestpmdProcess:
 
     def __init__(self, vdevs: Sequence[str], *, lcores: str = "0,1", mode: str = "io",
                  netns: str | None = None, log: str | os.PathLike | None = None,
-                 binary: str = "dpdk-testpmd", mbufs: int = 16384):
+                 binary: str = "dpdk-testpmd", mbufs: int = 16384, main_lcore: int | None = None):
         self.vdevs, self.lcores, self.mode, self.netns = list(vdevs), lcores, mode, netns
+        self.main_lcore = main_lcore
         self.prefix = file_prefix("t")
         self._dir = Path(tempfile.mkdtemp(prefix="enT"))
         self.log_path = Path(log) if log else self._dir / "testpmd.log"
@@ -283,6 +284,8 @@ class TestpmdProcess:
     def argv(self) -> list[str]:
         pre = ["ip", "netns", "exec", self.netns] if self.netns else []
         eal = [*EAL_BASE, "-l", self.lcores, "--file-prefix", self.prefix]
+        if self.main_lcore is not None:
+            eal += ["--main-lcore", str(self.main_lcore)]
         for v in self.vdevs:
             eal += ["--vdev", v]
         nb_cores = max(1, len(_lcore_list(self.lcores)) - 1)
@@ -497,9 +500,9 @@ def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, wa
 
 
 def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, warmup: float,
-                    netns: str | None = None, out_port: int = 1) -> dict:
+                    netns: str | None = None, out_port: int = 1, main_lcore: int | None = None) -> dict:
     """testpmd rate from its port stats: ``{mpps, frames}``."""
-    tp = TestpmdProcess(vdevs, lcores=lcores, mode=mode, netns=netns)
+    tp = TestpmdProcess(vdevs, lcores=lcores, mode=mode, netns=netns, main_lcore=main_lcore)
     tp.start()
     try:
         rate, n = _rate(lambda: tp.tx_packets(out_port), seconds, warmup)
@@ -508,18 +511,54 @@ def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, wa
     return {"mpps": rate / 1e6, "frames": n}
 
 
-def _figures(card: dict, io: dict, macswap: dict, pcap: dict) -> dict:
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _measure_all(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
+                 repeats: int, netns: str | None, log_dir: Path, one_lcore: str | None = "0",
+                 testpmd_lcores: str | None = None, testpmd_main: int | None = None) -> dict:
+    """The card (EAL ``-l lcores``, and ``-l one_lcore``), testpmd io and macswap (``-l
+    testpmd_lcores`` or ``lcores``, main lcore ``testpmd_main``), interleaved ``repeats``
+    times; medians (load from other processes hits all of them alike)."""
+    runs: dict[str, list[dict]] = {"card": [], "card_1lcore": [], "io": [], "macswap": []}
+    for _ in range(repeats):
+        runs["card"].append(measure_card(binary, vdevs, lcores, seconds, warmup, netns=netns, log_dir=log_dir))
+        if one_lcore is not None and one_lcore != lcores:
+            runs["card_1lcore"].append(measure_card(binary, vdevs, one_lcore, seconds, warmup, netns=netns,
+                                                    log_dir=log_dir))
+        for mode in ("io", "macswap"):
+            runs[mode].append(measure_testpmd(vdevs, testpmd_lcores or lcores, mode, seconds, warmup,
+                                              netns=netns, main_lcore=testpmd_main))
+    med = {k: {"mpps": _median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v]}
+           for k, v in runs.items() if v}
+    med["card"]["gbps"] = _median([r["gbps"] for r in runs["card"]])
+    med["card"]["drops"] = runs["card"][-1]["drops"]
+    return med
+
+
+def _figures(m: dict, pcap: dict) -> dict:
     per_msg = pcap["messages"] / pcap["frames"]
-    return {
+    card, io, mac = m["card"], m["io"], m["macswap"]
+    out = {
         "card_mpps": card["mpps"],
         "card_msgs_per_s": card["mpps"] * 1e6 * per_msg,
         "card_gbps": card["gbps"],
         "testpmd_io_mpps": io["mpps"],
-        "testpmd_macswap_mpps": macswap["mpps"],
+        "testpmd_macswap_mpps": mac["mpps"],
         "ratio_io": card["mpps"] / io["mpps"] if io["mpps"] else 0.0,
-        "ratio_macswap": card["mpps"] / macswap["mpps"] if macswap["mpps"] else 0.0,
-        "card_drops": card["drops"],
+        "ratio_macswap": card["mpps"] / mac["mpps"] if mac["mpps"] else 0.0,
+        "runs_mpps": {k: v["all_mpps"] for k, v in m.items()},
+        "card_drops_last_run": card["drops"],
     }
+    if "card_1lcore" in m:
+        one = m["card_1lcore"]["mpps"]
+        out.update({"card_1lcore_mpps": one,
+                    "ratio_io_1lcore": one / io["mpps"] if io["mpps"] else 0.0,
+                    "ratio_macswap_1lcore": one / mac["mpps"] if mac["mpps"] else 0.0})
+    return out
 
 
 class _Netns:
@@ -561,14 +600,18 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     Args:
         out_dir: where bench.json is read, updated and written (also the pcap and logs).
         seconds: measurement time per configuration (s), after ``warmup`` (default 1 s).
-        lcores: EAL lcore list used for the card and testpmd alike (default ``"0,1"``).
+        lcores: EAL lcore list used for the card and testpmd alike (default ``"0,1"``); the card
+            is also measured on one lcore (``card_1lcore_mpps``, run to completion).
+        repeats: interleaved repetitions of every configuration; medians are reported (3).
         frames: frames in the replayed pcap (default 2048).
         af_packet: also measure on net_af_packet over a veth pair (default True).
         binary: the embnic-dp binary (default: build dataplane/).
     Returns:
         the ``dataplane`` dict: ``card_mpps, card_msgs_per_s, card_gbps, testpmd_io_mpps,
-        testpmd_macswap_mpps, ratio_io, ratio_macswap`` (net_pcap → net_null), ``af_packet``
-        with the same figures, and the setup (``lcores``, ``pcap``, ``seconds``).
+        testpmd_macswap_mpps, ratio_io, ratio_macswap`` (net_pcap → net_null; medians),
+        ``card_1lcore_mpps, ratio_io_1lcore, ratio_macswap_1lcore``, ``runs_mpps`` (every
+        run), ``af_packet`` with the same figures, and the setup (``lcores``, ``pcap``,
+        ``seconds``, ``repeats``).
     Raises:
         DpdkProcError: not root, testpmd missing, or a process failed (names its log).
     """
@@ -578,6 +621,9 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     lcores = kw.get("lcores", "0,1")
     warmup = float(kw.get("warmup", 1.0))
+    repeats = int(kw.get("repeats", 3))
+    logs = out_dir / "bench_dataplane_logs"
+    logs.mkdir(exist_ok=True)
     binary = Path(kw["binary"]) if kw.get("binary") else build_card()
     pcap_path = out_dir / "bench_dataplane.pcap"
     pcap = make_bench_pcap(pcap_path, int(kw.get("frames", 2048)))
@@ -585,26 +631,27 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     sink = "net_null0,no-rx=1"
 
     res: dict[str, Any] = {}
-    card = measure_card(binary, [src, sink], lcores, seconds, warmup, log_dir=out_dir)
-    io = measure_testpmd([src, sink], lcores, "io", seconds, warmup)
-    mac = measure_testpmd([src, sink], lcores, "macswap", seconds, warmup)
-    res.update(_figures(card, io, mac, pcap))
+    res.update(_figures(_measure_all(binary, [src, sink], lcores, seconds, warmup, repeats, None, logs), pcap))
 
     if kw.get("af_packet", True):
+        # 2 vCPUs here: the generator forwards on CPU 1, each DUT on CPU 0 (the card run to
+        # completion on lcore 0; testpmd forwarding on lcore 0 with its idle main lcore on 1)
         with _Netns() as ns:
-            gen_vdevs = [src, f"net_af_packet0,iface={ns.a}"]
-            dut = [f"net_af_packet0,iface={ns.b}", sink]
-            gen = TestpmdProcess(gen_vdevs, lcores=lcores, mode="io", netns=ns.name)
+            gen = TestpmdProcess([src, f"net_af_packet0,iface={ns.a}"], lcores="0,1", main_lcore=0, mode="io",
+                                 netns=ns.name)
             gen.start()
             try:
-                c2 = measure_card(binary, dut, lcores, seconds, warmup, netns=ns.name, log_dir=out_dir)
-                io2 = measure_testpmd(dut, lcores, "io", seconds, warmup, netns=ns.name)
-                mac2 = measure_testpmd(dut, lcores, "macswap", seconds, warmup, netns=ns.name)
+                dut = [f"net_af_packet0,iface={ns.b}", sink]
+                res["af_packet"] = _figures(_measure_all(binary, dut, "0", seconds, warmup, repeats, ns.name, logs,
+                                                         one_lcore=None, testpmd_lcores="0,1", testpmd_main=1),
+                                            pcap)
+                res["af_packet"]["setup"] = ("generator dpdk-testpmd io (net_pcap infinite_rx -> net_af_packet, "
+                                             "forwarding on CPU 1) -> veth -> DUT on CPU 0 -> net_null; card "
+                                             "-l 0 (run to completion), testpmd -l 0,1 --main-lcore 1")
             finally:
                 gen.cleanup()
-        res["af_packet"] = _figures(c2, io2, mac2, pcap)
 
-    res.update({"lcores": lcores, "seconds": seconds, "pcap": pcap,
+    res.update({"lcores": lcores, "seconds": seconds, "repeats": repeats, "pcap": pcap,
                 "setup": "net_pcap infinite_rx -> net_null; af_packet: testpmd replay -> veth -> DUT -> net_null"})
     _merge_json(out_dir / "bench.json", "dataplane", res)
     return res

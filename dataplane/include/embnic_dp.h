@@ -66,14 +66,17 @@ enum embnic_desc_kind {
 
 struct embnic_desc {
 	struct rte_mbuf *m;
+	uint8_t *data;			/* the frame (rte_pktmbuf_mtod(m)), so the
+					 * TX stage reaches the headers without
+					 * first reading the mbuf */
 	struct embnic_pkt_info info;
 	uint16_t in_port;
 	uint8_t kind;
-	uint8_t pad;
+	uint8_t trim;			/* frame longer than frame_len (padding) */
 };
 static_assert(sizeof(struct embnic_desc) % 4 == 0, "rte_ring elem size");
-static_assert(sizeof(struct embnic_desc) <= RTE_CACHE_LINE_SIZE,
-	      "a descriptor fits one cache line");
+static_assert(sizeof(struct embnic_desc) == RTE_CACHE_LINE_SIZE,
+	      "a descriptor is one cache line");
 
 /*
  * Counters of one lcore; only that lcore writes them, the control path sums
@@ -142,6 +145,7 @@ struct embnic_app {
 	volatile bool paused;		/* RX stage does not poll */
 	uint64_t tsc_hz;
 	uint64_t start_tsc, start_ns;	/* for Unix-time timestamps */
+	uint64_t next_expire_tsc;	/* TX stage: next state map expiry step */
 };
 
 /* Unix time in ns from a TSC value. */
