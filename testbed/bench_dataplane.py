@@ -661,7 +661,7 @@ def _merge_json(path: Path, key: str, value: dict) -> None:
     """Read-modify-write ``path`` (a JSON object) setting ``key``, under an flock."""
     import fcntl
 
-    lock = path.with_suffix(".lock")
+    lock = path.parent / f".{path.name}.lock"
     with open(lock, "w") as lf:
         fcntl.flock(lf, fcntl.LOCK_EX)
         data = {}
