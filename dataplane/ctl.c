@@ -400,7 +400,7 @@ cmd_counters(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 				    json_integer((json_int_t)t.drops[i]));
 	size = app->pool->size;
 	avail = rte_mempool_avail_count(app->pool);
-	embnic_state_summarise(app->state, &ss);
+	embnic_state_count(app->state, &ss);
 
 	json_object_set_new(resp, "ports", ports);
 	json_object_set_new(resp, "types", types);

@@ -301,14 +301,21 @@ embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
 }
 
 void
+embnic_state_count(const struct embnic_state *s,
+		   struct embnic_state_summary *sum)
+{
+	memset(sum, 0, sizeof(*sum));
+	sum->capacity = s->capacity;
+	sum->entries = s->entries;
+}
+
+void
 embnic_state_summarise(const struct embnic_state *s,
 		       struct embnic_state_summary *sum)
 {
 	uint32_t i;
 
-	memset(sum, 0, sizeof(*sum));
-	sum->capacity = s->capacity;
-	sum->entries = s->entries;
+	embnic_state_count(s, sum);
 	for (i = 0; i < s->capacity; i++) {
 		uint8_t st = s->e[i].state;
 

@@ -221,6 +221,10 @@ void embnic_state_update_burst(struct embnic_state *s,
 /* Expire a slice of the map; call often from the TX stage lcore. */
 void embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
 			      struct embnic_lcore_stats *st);
+/* Entries in use and capacity only (cheap: no scan). */
+void embnic_state_count(const struct embnic_state *s,
+			struct embnic_state_summary *sum);
+/* Also the count per state (scans the whole map: control path only). */
 void embnic_state_summarise(const struct embnic_state *s,
 			    struct embnic_state_summary *sum);
 /* Copies up to max live entries into out; returns how many. */
