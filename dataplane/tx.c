@@ -71,6 +71,8 @@ rewrite(struct rte_mbuf *m, const struct embnic_desc *d,
 	uint32_t w0 = ipw[0], w1 = ipw[1], w2 = ipw[2];
 	uint32_t old_src = ipw[3], old_dst = ipw[4];
 	uint32_t old_ports = *(const embnic_u32u *)udp, new_ports;
+	const uint16_t src_port = rte_cpu_to_be_16(EMBNIC_UDP_PORT);
+	uint16_t ports[2];
 	union {
 		uint32_t w;
 		uint8_t b[4];	/* ttl, protocol, checksum (2) */
@@ -90,9 +92,11 @@ rewrite(struct rte_mbuf *m, const struct embnic_desc *d,
 	ipw[3] = out->ip;
 	ipw[4] = dst->ip;
 
-	udp->src_port = rte_cpu_to_be_16(EMBNIC_UDP_PORT);
-	udp->dst_port = dst->udp_port;
-	new_ports = *(const embnic_u32u *)udp;
+	/* both ports in one store (source port first in memory) */
+	memcpy(&ports[0], &src_port, 2);
+	memcpy(&ports[1], &dst->udp_port, 2);
+	memcpy(&new_ports, ports, 4);
+	*(embnic_u32u *)udp = new_ports;
 	if (udp->dgram_cksum != 0)
 		udp->dgram_cksum = csum_replace3(udp->dgram_cksum, old_src,
 						 old_dst, old_ports, out->ip,
