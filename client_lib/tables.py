@@ -268,7 +268,7 @@ class TableShard:
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, self.dim)
         slot = self._materialise(keys)
         w = self._rows[slot]
-        with np.errstate(over="ignore"):  # huge finite g: acc -> inf, multiplier -> 0
+        with np.errstate(over="ignore"):  # callers refuse g whose square overflows (gradient_ok)
             if self.adagrad:
                 acc = self._acc[slot] + rowwise_mean_square(g)
                 self._acc[slot] = acc
@@ -332,9 +332,26 @@ def validate_update(table: TableConfig, keys: np.ndarray, grads: np.ndarray) -> 
     if g.shape != (k.size, table.dim):
         raise ValueError(f"table {table.id}: grads shape {g.shape}, expected ({k.size}, {table.dim})")
     g = g.astype(np.float32, copy=False)
-    if not bool(np.isfinite(wire_round(g, table.dtype)).all()):
-        raise ValueError(f"table {table.id}: non-finite gradient (NaN or inf{' in fp16' if table.dtype == 'fp16' else ''})")
+    if not gradient_ok(table, wire_round(g, table.dtype)):
+        raise ValueError(f"table {table.id}: non-finite gradient (NaN or inf{' in fp16' if table.dtype == 'fp16' else ''}, "
+                         "or so large that its square overflows float32)")
     return k, g
+
+
+def gradient_ok(table: TableConfig, g: np.ndarray) -> bool:
+    """Whether gradients float32 (N, dim) (as the server sees them) are safe to apply.
+
+    False for NaN or inf, and for an Adagrad table also when a row's mean square overflows
+    float32 (|g| above ~1.8e19): that would set the row's accumulator to inf and freeze the
+    row forever. The servers refuse such updates (MALFORMED) and :class:`LocalBackend`
+    raises, so a corrupt gradient never poisons a row.
+    """
+    if not bool(np.isfinite(g).all()):
+        return False
+    if table.optimizer == "adagrad" and g.size:
+        with np.errstate(over="ignore"):
+            return bool(np.isfinite(rowwise_mean_square(g)).all())
+    return True
 
 
 class LocalBackend:

@@ -63,7 +63,7 @@ from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.routing import owns
-from embnic.client_lib.tables import TableShard, is_unique, merge_states
+from embnic.client_lib.tables import TableShard, gradient_ok, is_unique, merge_states
 
 log = logging.getLogger("embnic.server")
 
@@ -351,7 +351,7 @@ class ShardServer:
             keys, grads = codec.split_update_body(msg.body, h.num_keys, h.dim, h.dtype)
             self._check_keys(ts, keys)
             g = grads.astype(np.float32)
-            if not is_unique(keys) or not bool(np.isfinite(g).all()):
+            if not is_unique(keys) or not gradient_ok(ts.table, g):
                 raise _Refused(Status.MALFORMED)
             ts.apply(keys, g)
             self._c["updates_applied"] += 1

@@ -271,3 +271,19 @@ def test_merge_states_rejects_overlap():
     s = (np.array([1, 2], np.uint64), np.zeros((2, 1), np.float32), np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="more than one shard"):
         merge_states([{0: s}, {0: s}])
+
+
+def test_gradient_whose_square_overflows_is_refused():
+    """|g| ~ 1e20 is finite but g**2 is not: Adagrad would set acc = inf and freeze the row."""
+    from embnic.client_lib.config import parse_config
+    from embnic.client_lib.tables import LocalBackend
+
+    cfg = parse_config({"tables": [{"id": 0, "rows": 10, "dim": 2, "optimizer": "adagrad"},
+                                   {"id": 1, "rows": 10, "dim": 2, "optimizer": "sgd"}],
+                        "shards": [{"id": 0, "ip": "127.0.0.1"}], "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+    b = LocalBackend(cfg)
+    g = np.array([[1e20, 0.0]], dtype=np.float32)
+    with pytest.raises(ValueError, match="overflows"):
+        b.update(0, np.array([3], np.uint64), g)
+    assert b.state_dict()[0][0].size == 0  # nothing applied
+    b.update(1, np.array([3], np.uint64), g)  # SGD: finite result, accepted
