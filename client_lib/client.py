@@ -101,15 +101,24 @@ class _Out:
     tries: int = 0
 
 
-def _set_bufs(sock: socket.socket, size: int) -> None:
+def set_socket_buffers(sock: socket.socket, size: int = _SOCK_BUF) -> None:
+    """Ask for ``size``-byte kernel receive and send buffers (bytes) on a UDP socket.
+
+    As root ``SO_RCVBUFFORCE``/``SO_SNDBUFFORCE`` go past ``net.core.rmem_max``; otherwise
+    the plain options are capped by it. Never raises: a smaller buffer only means more
+    retransmissions under bursts.
+    """
     for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
                          (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
         try:
             if force is None:
                 raise PermissionError
             sock.setsockopt(socket.SOL_SOCKET, force, size)
-        except PermissionError:
-            sock.setsockopt(socket.SOL_SOCKET, plain, size)
+        except OSError:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, plain, size)
+            except OSError:
+                pass
 
 
 class EmbeddingClient:
@@ -135,7 +144,7 @@ class EmbeddingClient:
         self.retries = retries or cfg.retries
         self.mtu = mtu or cfg.mtu
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        _set_bufs(self.sock, _SOCK_BUF)
+        set_socket_buffers(self.sock, _SOCK_BUF)
         self.sock.bind(bind if bind is not None else (me.ip, me.port))
         self.sock.setblocking(False)
         self.address = self.sock.getsockname()

@@ -59,6 +59,7 @@ import numpy as np
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import FrameError, Header
+from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
@@ -72,21 +73,6 @@ DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
 _SOCK_BUF = 16 << 20  #: bytes of kernel socket buffer asked for
 #: extra drop reasons of the server (besides consts.DROP_REASONS)
 SERVER_DROP_REASONS = ("too_large",)
-
-
-def _set_bufs(sock: socket.socket, size: int) -> None:
-    """Ask for ``size``-byte kernel buffers (``*BUFFORCE`` as root, else capped by rmem_max)."""
-    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
-                         (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
-        try:
-            if force is None:
-                raise PermissionError
-            sock.setsockopt(socket.SOL_SOCKET, force, size)
-        except OSError:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, plain, size)
-            except OSError:
-                pass
 
 
 class _Refused(Exception):
@@ -170,7 +156,7 @@ class ShardServer:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            _set_bufs(sock, _SOCK_BUF)
+            set_socket_buffers(sock, _SOCK_BUF)
             sock.bind((self.bind, self.port))
             sock.setblocking(False)
         except OSError:
