@@ -32,9 +32,8 @@ class Message:
 @dataclasses.dataclass
 class _Pending:
     header: Header
-    buf: bytearray
-    seen: bytearray  # one byte per fragment index
-    got: int
+    parts: dict  # fragment index -> body bytes; memory is what arrived, not what msg_len claims
+    nbytes: int
     p: int  # body bytes per non-last fragment, 0 until known
     t_last: float
     addr: tuple | None
@@ -71,7 +70,10 @@ class Reassembler:
         max_pending: incomplete messages kept at once; the oldest is evicted beyond it
             (counted as ``evicted``).
         max_msg_len: largest message body accepted (bytes); larger ones are dropped as
-            ``too_large`` before any buffer is allocated (a header may claim up to 4 GiB).
+            ``too_large`` (a header may claim up to 4 GiB).
+        max_pending_bytes: body bytes held by incomplete messages at most; beyond it the
+            least recently touched messages are evicted (``evicted``). Fragments are kept as
+            they arrive, so memory follows the bytes received, never a header's claims.
         timeout_s: an incomplete message untouched this long is dropped (``expired``).
         expect: ``"request"``, ``"reply"`` or None — passed to :func:`parse_header`.
 
@@ -81,9 +83,11 @@ class Reassembler:
     """
 
     def __init__(self, max_pending: int = 4096, timeout_s: float = 5.0, expect: str | None = None,
-                 max_msg_len: int = 64 << 20):
+                 max_msg_len: int = 64 << 20, max_pending_bytes: int = 256 << 20):
         self.max_pending = max_pending
         self.max_msg_len = max_msg_len
+        self.max_pending_bytes = max_pending_bytes
+        self.pending_bytes = 0
         self.timeout_s = timeout_s
         self.expect = expect
         self.drops: collections.Counter = collections.Counter()
@@ -125,10 +129,9 @@ class Reassembler:
         if ent is None:
             if len(self._pending) >= self.max_pending:
                 self.expire(now)
-                if len(self._pending) >= self.max_pending:
-                    self._pending.popitem(last=False)
-                    self.stats["evicted"] += 1
-            ent = _Pending(h, bytearray(h.msg_len), bytearray(h.frag_count), 0, p, now, addr)
+                while len(self._pending) >= self.max_pending:
+                    self._evict_oldest()
+            ent = _Pending(h, {}, 0, p, now, addr)
             self._pending[key] = ent
         else:
             f = ent.header
@@ -138,18 +141,28 @@ class Reassembler:
             if p and not ent.p:
                 ent.p = p
             self._pending.move_to_end(key)
-        if ent.seen[h.frag_index]:
+        if h.frag_index in ent.parts:
             self.stats["duplicates"] += 1
             return None
-        ent.seen[h.frag_index] = 1
-        ent.got += 1
+        body = bytes(payload[consts.HDR_LEN:])
+        ent.parts[h.frag_index] = body
+        ent.nbytes += len(body)
         ent.t_last = now
-        ent.buf[h.frag_offset:h.frag_offset + h.frag_len] = payload[consts.HDR_LEN:]
-        if ent.got < h.frag_count:
+        self.pending_bytes += len(body)
+        if len(ent.parts) < h.frag_count:
+            while self.pending_bytes > self.max_pending_bytes and len(self._pending) > 1:
+                self._evict_oldest()
             return None
         del self._pending[key]
+        self.pending_bytes -= ent.nbytes
         self.stats["messages"] += 1
-        return Message(ent.header, bytes(ent.buf), ent.addr, h.frag_count)
+        parts = ent.parts
+        return Message(ent.header, b"".join([parts[i] for i in range(h.frag_count)]), ent.addr, h.frag_count)
+
+    def _evict_oldest(self) -> None:
+        _, ent = self._pending.popitem(last=False)
+        self.pending_bytes -= ent.nbytes
+        self.stats["evicted"] += 1
 
     def expire(self, now: float | None = None) -> int:
         """Drop incomplete messages idle longer than ``timeout_s``; returns how many."""
@@ -160,10 +173,13 @@ class Reassembler:
             if now - ent.t_last < self.timeout_s:
                 break
             del self._pending[key]
+            self.pending_bytes -= ent.nbytes
             n += 1
         self.stats["expired"] += n
         return n
 
     def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
         """Forget a pending message (e.g. one the caller no longer waits for)."""
-        self._pending.pop((client_id, msg_id, msg_type), None)
+        ent = self._pending.pop((client_id, msg_id, msg_type), None)
+        if ent is not None:
+            self.pending_bytes -= ent.nbytes

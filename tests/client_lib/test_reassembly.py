@@ -102,3 +102,35 @@ def test_expect_reply_drops_requests():
     assert r.feed(frames[0]) is None and r.drops["bad_type"] == 1
     ack = codec.encode_message(MsgType.UPDATE_ACK, msg_id=1, client_id=1, num_keys=3)[0]
     assert r.feed(ack) is not None
+
+
+def test_memory_follows_bytes_received_not_claims():
+    """A 48-byte last fragment claiming 65535 fragments / 64 MiB must not cost 64 MiB."""
+    import tracemalloc
+
+    p = 1024
+    count = 65535
+    msg_len = (count - 1) * p + 8
+    body = b"\x00" * 8
+    r = Reassembler(max_msg_len=1 << 30)
+    tracemalloc.start()
+    for i in range(8):
+        h = Header(0x454D, 1, MsgType.LOOKUP_REQ, 0, 1, 0, i, 1, 0, 0, 1, msg_len // 8, msg_len,
+                   (count - 1) * p, count - 1, count, len(body), 0)
+        assert r.feed(h.pack() + body) is None
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(r) == 8 and r.pending_bytes == 64
+    assert peak < 1 << 20
+
+
+def test_pending_bytes_budget_evicts_oldest():
+    r = Reassembler(max_pending_bytes=5000)
+    for i in range(5):
+        _, frames = _frames(1000, msg_id=i)  # 3 fragments, 8000 bytes each message
+        r.feed(frames[0])  # 1432 bytes held per message
+    assert r.pending_bytes <= 5000 and r.stats["evicted"] == 2
+    _, frames = _frames(1000, msg_id=4)
+    done = [r.feed(f) for f in frames[1:]]
+    assert done[-1] is not None  # the newest message still completes
+    assert r.pending_bytes == sum(e.nbytes for e in r._pending.values())
