@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 operational failure (:class:`~embnic.control.errors.Operatio
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -49,7 +50,8 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, envvar="EMBNIC_DEBUG", help="Show tracebacks on errors.")
+@click.option("--debug", is_flag=True, envvar="EMBNIC_DEBUG",
+              help="Show tracebacks on errors (also after the subcommand, or EMBNIC_DEBUG=1).")
 @click.pass_context
 def cli(ctx, debug):
     """embnic: program and drive the embnic SmartNIC pipeline for embedding training.
@@ -69,9 +71,15 @@ def cli(ctx, debug):
 
 def main() -> None:
     """Console-script entry point."""
-    debug = "--debug" in sys.argv[1:]
+    args = sys.argv[1:]
+    # --debug is accepted anywhere before a "--" (also after the subcommand), and as EMBNIC_DEBUG=1
+    end = args.index("--") if "--" in args else len(args)
+    debug = "--debug" in args[:end] or os.environ.get("EMBNIC_DEBUG", "") not in ("", "0")
+    args = [a for a in args[:end] if a != "--debug"] + args[end:]
+    if debug:
+        os.environ["EMBNIC_DEBUG"] = "1"
     try:
-        cli.main(standalone_mode=False, prog_name="embnic")
+        cli.main(args=args, standalone_mode=False, prog_name="embnic")
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.Abort:

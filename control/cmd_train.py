@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 
 import click
 
@@ -41,6 +43,11 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
     from embnic.testbed.criteo import CriteoFormatError
     from embnic.testbed.train import load_training_data, train as run_train
 
+    if json_out:
+        parent = os.path.dirname(os.path.abspath(json_out))
+        if not os.path.isdir(parent):
+            raise click.BadParameter(f"directory {parent} does not exist; create it or pick another path",
+                                     param_hint="--json-out")
     if client_id is None:
         client_id = cfg.clients[0].id
     elif client_id not in {c.id for c in cfg.clients}:
@@ -74,13 +81,21 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
     finally:
         if client is not None:
             client.close()
-    click.echo(f"final AUC {res.auc:.4f}  eval loss {res.eval_loss:.6f}  dedup ratio {res.dedup_ratio:.3f}")
+    if res.auc is None:
+        auc = "n/a (no held-out rows)"
+    elif math.isnan(res.auc):
+        auc = "n/a (held-out rows have one class only)"
+    else:
+        auc = f"{res.auc:.4f}"
+    ev = f"{res.eval_loss:.6f}" if res.eval_loss is not None else "n/a"
+    click.echo(f"final AUC {auc}  eval loss {ev}  dedup ratio {res.dedup_ratio:.3f}")
     if client is not None:
         s = client.stats
         click.echo(f"messages {s.messages_sent}  frames {s.frames_sent}  rounds {s.rounds}  "
                    f"retransmits {s.retransmits}")
     if json_out:
-        out = {"steps": steps, "loss": res.loss, "auc": res.auc, "eval_loss": res.eval_loss,
+        out = {"steps": steps, "loss": res.loss,
+               "auc": None if res.auc is None or math.isnan(res.auc) else res.auc, "eval_loss": res.eval_loss,
                "dedup_ratio": res.dedup_ratio,
                "client": client.stats.as_dict() if client is not None else None}
         with open(json_out, "w") as f:

@@ -193,11 +193,19 @@ def load_training_data(cfg: ClusterConfig, path=None, *, valid_fraction: float =
         max_rows: read at most this many rows (for the full public dataset).
 
     Raises:
-        OSError, embnic.testbed.criteo.CriteoFormatError: unreadable or malformed file.
+        OSError: unreadable file.
+        embnic.testbed.criteo.CriteoFormatError: malformed, unlabelled, or fewer than 2 rows.
     """
     from . import criteo
 
     ftab = feature_tables(cfg, criteo.NUM_SPARSE)
     rows = [cfg.table(t).rows for t in ftab]
-    data = criteo.load_criteo(path or criteo.sample_path("train"), rows=rows, max_rows=max_rows)
+    path = path or criteo.sample_path("train")
+    data = criteo.load_criteo(path, rows=rows, max_rows=max_rows)
+    if len(data) and not data.has_labels:
+        raise criteo.CriteoFormatError(f"{path} has no label column ({criteo.NUM_DENSE + criteo.NUM_SPARSE} "
+                                       f"fields: the Kaggle test.txt layout); training needs labelled rows "
+                                       f"({criteo.NUM_DENSE + criteo.NUM_SPARSE + 1} fields, train.txt layout)")
+    if len(data) < 2:
+        raise criteo.CriteoFormatError(f"{path} has {len(data)} rows; training and evaluation need at least 2")
     return criteo.time_split(data, valid_fraction)

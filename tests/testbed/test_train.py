@@ -237,3 +237,35 @@ def test_cli_train_with_server_processes(tmp_path):
     b = json.loads((tmp_path / "loc.json").read_text())
     assert a["loss"] == b["loss"]
     assert a["client"]["messages_sent"] > 0 and b["client"] is None
+
+
+def _run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "embnic", *args], capture_output=True, text=True, timeout=120)
+
+
+CFG = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "cluster.toml")
+
+
+def test_cli_train_refuses_unlabelled_data():
+    r = _run_cli("train", "-c", CFG, "--local", "--steps", "1", "--data",
+                 str(criteo.sample_path("test")))
+    assert r.returncode == 1
+    assert "has no label column" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_train_tiny_inputs_and_bad_json_out(tmp_path):
+    r = _run_cli("train", "-c", CFG, "--local", "--steps", "1", "--max-rows", "2")
+    assert r.returncode == 0, r.stderr
+    assert "final AUC n/a" in r.stdout
+    r = _run_cli("train", "-c", CFG, "--local", "--steps", "1", "--json-out", str(tmp_path / "no" / "x.json"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    assert "step" not in r.stdout  # refused before training
+
+
+def test_cli_debug_flag_anywhere(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[cluster\n")
+    for args in (("--debug", "config", "check", str(bad)), ("config", "check", str(bad), "--debug")):
+        r = _run_cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "No such option" not in r.stderr
