@@ -1,7 +1,8 @@
 """Protocol constants of the embnic wire protocol v1, defined once.
 
-Source of truth: ``docs/protocol.md``. The C header (``dataplane/include/embnic_proto.h``)
-and the P4 header (``p4/headers.p4``) are checked against :data:`HEADER_FIELDS` by tests.
+Source of truth: ``docs/protocol.md``. The Scapy layer, the fast codec and the C header
+(``dataplane/include/embnic_proto.h``, through the binary's build info) are checked against
+:data:`HEADER_FIELDS` by tests.
 """
 from __future__ import annotations
 
