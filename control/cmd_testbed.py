@@ -191,16 +191,8 @@ def _print_status(st: dict) -> None:
             click.echo(f"  card  ctl {card.get('ctl')}  types {card.get('types')}")
             click.echo(f"  card  drops: {drops}   ring {ring.get('count')}/{ring.get('size')} "
                        f"(high water {ring.get('high_water')})")
-    ne = st.get("netem")
-    if ne:
-        imp = ne.get("impairment", {})
-        click.echo(f"  netem {ne.get('backend')}: loss {imp.get('loss')}% reorder {imp.get('reorder')}% "
-                   f"duplicate {imp.get('duplicate')}% on {', '.join(ne.get('links', []))}")
-        for link, c in (ne.get("counters") or {}).items():
-            if c:
-                click.echo(f"  netem {link}: " + "   ".join(
-                    f"{d} {c[d]['in']} frames -> {c[d]['out']} (dropped {c[d]['dropped']}, duplicated "
-                    f"{c[d]['duplicated']}, reordered {c[d]['reordered']})" for d in ("out", "in")))
+    if st.get("netem"):
+        _print_netem(st["netem"], [lk["peer"] for lk in st["links"]])
 
 
 @testbed.command("status")
@@ -238,38 +230,83 @@ def status_cmd(name, as_json):
 @click.option("--delay", "delay_ms", type=click.FloatRange(0, 10000), default=0.0, show_default=True,
               help="Delay in ms (tc: every frame; user: longest hold of a reordered frame).")
 @click.option("--link", "links", multiple=True, metavar="NODE",
-              help="Impair only this node's link (c1, s0, ...); repeatable. Default: every link.")
+              help="Set (or with --clear remove) only this node's link (c1, s0, ...), leaving the other "
+                   "links' impairments as they are; repeatable. Default: every link.")
 @click.option("--backend", type=click.Choice(["auto", "tc", "user"]), default="auto", show_default=True,
               help="tc netem, or the user-space helper for kernels without sch_netem.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the user-space helper.")
-@click.option("--clear", "clear_", is_flag=True, help="Remove every impairment.")
+@click.option("--clear", "clear_", is_flag=True, help="Remove the impairment (of every link, or of the --link ones).")
 @needs_root("testbed netem")
 @translate_errors
 def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, clear_):
     """Impair the testbed's veth links (both directions): loss, reordering, duplicates.
 
-    Uses Linux `tc netem` where the kernel has it, else a user-space helper per link doing the
-    same (see testbed/netem.py). All zeros, or --clear, removes the impairment.
+    Impairments are per link. Without --link every link gets the new impairment; with
+    --link NODE only that link's is set, replacing its own earlier one while the other links
+    keep theirs. --clear (or all zeros) removes the impairment of every link, or with --link
+    of those links only. Every argument is checked before anything changes: a failing call
+    leaves the impairment as it was. Uses Linux `tc netem` where the kernel has it, else a
+    user-space helper per link doing the same (see testbed/netem.py).
 
     \b
     Examples:
-      sudo embnic testbed netem --loss 1 --reorder 5 --duplicate 1
-      sudo embnic testbed netem --loss 2 --link s1
-      sudo embnic testbed netem --clear
+      sudo embnic testbed netem --loss 1 --reorder 5 --duplicate 1   # every link
+      sudo embnic testbed netem --loss 2 --link s1                    # s1 only; the rest keep 1%
+      sudo embnic testbed netem --clear --link s1                     # s1 unimpaired again
+      sudo embnic testbed netem --clear                               # every link
     """
     from embnic.testbed import netem as N
 
-    if clear_:
-        res = N.clear(name)
-        click.echo(f"testbed {name}: netem cleared" if res else f"testbed {name}: no impairment was set")
-        return
+    links = list(links) or None
+    if clear_ and (loss or reorder or duplicate or delay_ms):
+        raise click.UsageError("--clear removes impairments: give it no --loss/--reorder/--duplicate/--delay")
     try:
-        imp = N.Impairment(loss, reorder, duplicate, delay_ms, seed)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    rec = N.apply(name, imp, backend=backend, links=list(links) or None)
-    if not rec.get("backend"):
-        click.echo(f"testbed {name}: netem cleared")
-        return
-    click.echo(f"testbed {name}: {rec['backend']} netem loss {loss:g}% reorder {reorder:g}% duplicate "
-               f"{duplicate:g}% on {', '.join(rec['links'])}")
+        if clear_:
+            res = N.clear(name, links=links)
+            click.echo(f"testbed {name}: netem cleared on {', '.join(res['links'])}" if res else
+                       f"testbed {name}: no impairment was set on {', '.join(links) if links else 'any link'}")
+        else:
+            try:
+                imp = N.Impairment(loss, reorder, duplicate, delay_ms, seed)
+            except ValueError as e:
+                raise click.UsageError(str(e)) from None
+            rec = N.apply(name, imp, backend=backend, links=links)
+            if not rec.get("backend"):
+                click.echo(f"testbed {name}: netem cleared on {', '.join(rec['links'])}")
+            else:
+                click.echo(f"testbed {name}: {rec['backend']} netem {fmt_impairment(rec['impairment'])} on "
+                           f"{', '.join(rec['links'])}")
+    except N.UnknownLink as e:
+        raise click.BadParameter(str(e), param_hint="--link") from None
+    _print_netem(N.show(name), _link_names(name), counters=False)
+
+
+def _link_names(name: str) -> list[str]:
+    from embnic.testbed import topology as T
+
+    st = T.read_state(name) or {}
+    return [lk["peer"] for lk in sorted(st.get("links", []), key=lambda lk: lk.get("port", 0))]
+
+
+def fmt_impairment(imp: dict | None) -> str:
+    """``loss 1% reorder 5% duplicate 1%`` (+ ``delay D ms`` when set)."""
+    imp = imp or {}
+    s = f"loss {imp.get('loss', 0):g}% reorder {imp.get('reorder', 0):g}% duplicate {imp.get('duplicate', 0):g}%"
+    return s + (f" delay {imp['delay_ms']:g} ms" if imp.get("delay_ms") else "")
+
+
+def _print_netem(ne: dict | None, links: list[str], counters: bool = True) -> None:
+    """One line per link: its backend and impairment (or none), and the helper's counters."""
+    per = (ne or {}).get("per_link", {})
+    counts = (ne or {}).get("counters") or {} if counters else {}
+    for link in links or list(per):
+        r = per.get(link)
+        if r is None:
+            click.echo(f"  netem {link:<4} none")
+            continue
+        click.echo(f"  netem {link:<4} {r.get('backend')}: {fmt_impairment(r.get('impairment'))}")
+        c = counts.get(link)
+        if c:
+            click.echo(f"  netem {link:<4} " + "   ".join(
+                f"{d} {c[d]['in']} frames -> {c[d]['out']} (dropped {c[d]['dropped']}, duplicated "
+                f"{c[d]['duplicated']}, reordered {c[d]['reordered']})" for d in ("out", "in")))

@@ -1,7 +1,17 @@
 """Fault injection on the testbed's veth links: loss, reordering and duplicates.
 
 ``embnic testbed netem --loss P --reorder Q --duplicate R`` impairs every link of a running
-testbed (or the ones named with ``--link``), in both directions. Two backends:
+testbed, in both directions. Impairments are kept *per link*:
+
+* without ``--link`` every link gets the new impairment (whatever each had before);
+* ``--link s1`` (repeatable) sets the impairment of that link only, replacing only its own
+  earlier one: ``netem --loss 1`` then ``netem --link s1 --loss 5`` leaves 1% on c1, c2, s0
+  and 5% on s1;
+* ``--clear`` removes every link's impairment, ``--clear --link s1`` only s1's; all-zero
+  options do the same as ``--clear``.
+
+Every argument is checked (link names, backend, kernel netem) before anything is changed, so a
+failing call leaves the impairment in place as it was. Two backends:
 
 ``tc`` — Linux ``tc netem``, the standard tool: ``tc qdisc replace dev IF root netem loss P%
 duplicate R% delay D reorder Q% 50%`` on *both* ends of each veth pair (the card's end too:
@@ -115,8 +125,16 @@ def _tap_names(peer_if: str) -> tuple[str, str]:
     return peer_if + "o", peer_if + "i"
 
 
+class UnknownLink(TestbedError):
+    """``--link`` named a node that has no link in the testbed (a usage error: the CLI exits 2)."""
+
+
 def kernel_has_netem(ns: str, ifname: str) -> bool:
-    """Try a netem qdisc on ``ifname`` in ``ns`` (and remove it): True if the kernel has ``sch_netem``."""
+    """Try a netem qdisc on ``ifname`` in ``ns`` (and remove it): True if the kernel has ``sch_netem``.
+
+    Replaces the root qdisc of ``ifname`` for a moment: never call it on an impaired link
+    (:func:`apply` probes on the card namespace's ``lo``).
+    """
     p = _run(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem", "delay", "0ms"], check=False)
     if p.returncode == 0:
         _run(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
@@ -124,105 +142,254 @@ def kernel_has_netem(ns: str, ifname: str) -> bool:
     return False
 
 
+# --------------------------------------------------------------------------- state
+# state["netem"] = {"per_link": {peer: {"backend": "tc"|"user", "impairment": {...}, "applied": t,
+#                                       "helper": {...} | None}}}  (None when nothing is impaired)
+def _per_link(state: dict) -> dict[str, dict]:
+    """The per-link impairment records of a testbed state (also from the older one-record layout)."""
+    rec = state.get("netem")
+    if not rec:
+        return {}
+    if "per_link" in rec:
+        return dict(rec["per_link"])
+    helpers = {h.get("link"): h for h in rec.get("helpers", []) or []}
+    return {peer: {"backend": rec.get("backend"), "impairment": rec.get("impairment"),
+                   "applied": rec.get("applied"), "helper": helpers.get(peer)} for peer in rec.get("links", [])}
+
+
+def _set_per_link(state: dict, per_link: dict[str, dict]) -> None:
+    state["netem"] = {"per_link": per_link} if per_link else None
+
+
+def _resolve_links(name: str, state: dict, links: list[str] | None) -> list[dict]:
+    """The link records named by ``links`` (node names), in card port order; every link if None.
+
+    Raises:
+        UnknownLink: a name that is not a link of the testbed.
+    """
+    all_links = sorted(state.get("links", []), key=lambda lk: lk.get("port", 0))
+    if not links:
+        return all_links
+    have = [lk["peer"] for lk in all_links]
+    unknown = [x for x in links if x not in have]
+    if unknown:
+        raise UnknownLink(f"no link {unknown[0]!r} in testbed {name!r} (links: {', '.join(have)})")
+    return [lk for lk in all_links if lk["peer"] in links]
+
+
+def _netem_available(name: str) -> bool:
+    """Whether the kernel has ``sch_netem``, probed on ``lo`` of the card namespace (which no
+    impairment ever touches, so an existing impairment stays as it is)."""
+    ns = f"{name}-card"
+    if not topo_mod.netns_exists(ns):
+        raise TestbedError(f"namespace {ns} of testbed {name!r} is missing: the testbed is broken; run "
+                           f"`embnic testbed down --name {name}` and `up` again")
+    return kernel_has_netem(ns, "lo")
+
+
+# --------------------------------------------------------------------------- apply / clear
 def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str] | None = None,
           rdir: Path | None = None, ready_timeout: float = 10.0) -> dict:
-    """Impair the links of running testbed ``name`` (replacing any earlier impairment).
+    """Impair links of running testbed ``name``.
+
+    Semantics: without ``links`` every link gets ``imp`` (whatever each had before); with
+    ``links`` only those links get it, replacing only their own earlier impairment — the other
+    links keep theirs. An all-zero ``imp`` removes the impairment of the chosen links
+    (:func:`clear`).
+
+    Everything is checked before anything is changed (link names, backend, kernel netem,
+    interface name lengths), so a call that fails on them leaves the impairment as it was. If
+    setting up a link fails later (a helper that does not start), the chosen links get their
+    earlier impairment back before the error is raised.
 
     Args:
-        imp: the impairment; all zeros = :func:`clear`.
+        imp: the impairment.
         backend: ``auto``, ``tc`` or ``user`` (see the module docstring).
         links: node names whose link to impair (``c1``, ``s0``, ...); default every link.
 
     Returns:
-        the ``netem`` record written to the testbed's state (backend, impairment, links).
+        what this call set: ``{"backend", "impairment", "links": [...], "helpers": [...]}``
+        (:func:`show` gives the whole testbed's).
 
     Raises:
         NeedsRoot: not root.
-        TestbedError: no such testbed, unknown link, ``tc`` backend without kernel netem, a helper
-            that does not start (names its log).
+        ValueError: unknown backend.
+        UnknownLink: a link name the testbed does not have.
+        TestbedError: no such testbed, ``tc`` backend without kernel netem, a helper that does
+            not start (names its log).
     """
     require_net_admin(f"testbed netem ({name})")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    clear(name, rdir=rdir)
-    if imp.clear:
-        return {"backend": None, "impairment": imp.as_dict(), "links": []}
     rdir = Path(rdir) if rdir else topo_mod.run_dir()
     state = _need_state(name, rdir)
-    all_links = state.get("links", [])
-    if links:
-        unknown = sorted(set(links) - {lk["peer"] for lk in all_links})
-        if unknown:
-            raise TestbedError(f"no link {unknown[0]!r} in testbed {name!r} (links: "
-                               f"{', '.join(lk['peer'] for lk in all_links)})")
-        chosen = [lk for lk in all_links if lk["peer"] in links]
-    else:
-        chosen = list(all_links)
-    card_ns = f"{name}-card"
-    first = chosen[0]
-    has = kernel_has_netem(first["peer_ns"], first["peer_if"])
-    if backend == "auto":
+    chosen = _resolve_links(name, state, links)
+    if imp.clear:
+        clear(name, links=links, rdir=rdir)
+        return {"backend": None, "impairment": imp.as_dict(), "links": [lk["peer"] for lk in chosen], "helpers": []}
+    if not chosen:
+        raise TestbedError(f"testbed {name!r} has no links to impair")
+    if backend in ("auto", "tc"):
+        has = _netem_available(name)
+        if backend == "tc" and not has:
+            raise TestbedError("this kernel has no netem qdisc (`tc ... netem`: Specified qdisc kind is unknown); "
+                               "use --backend user (or auto)")
         backend = "tc" if has else "user"
-    if backend == "tc" and not has:
-        raise TestbedError("this kernel has no netem qdisc (`tc ... netem`: Specified qdisc kind is unknown); "
-                           "use --backend user (or auto)")
-    rec = {"backend": backend, "impairment": imp.as_dict(), "links": [lk["peer"] for lk in chosen],
-           "applied": time.time(), "helpers": []}
-    state["netem"] = rec
-    write_state(state, rdir)
+    if backend == "user":
+        for lk in chosen:
+            tap_o, _ = _tap_names(lk["peer_if"])
+            if len(tap_o) > 15:
+                raise TestbedError(f"interface {lk['peer_if']} is too long for the user-space netem taps; use a "
+                                   "shorter testbed name")
+        if not os.path.exists("/dev/net/tun"):
+            raise TestbedError("/dev/net/tun is missing (the user-space netem needs taps): modprobe tun")
+    # -- validated; now change the chosen links, remembering what they had
+    old = _per_link(state)
+    previous = {lk["peer"]: old.get(lk["peer"]) for lk in chosen}
+    try:
+        new = _setup_links(name, state, rdir, chosen, backend, imp, ready_timeout, replacing=previous)
+    except BaseException as e:
+        restored = _restore(name, state, rdir, chosen, previous, ready_timeout)
+        if isinstance(e, TestbedError):
+            raise TestbedError(f"{e} ({restored})") from None
+        raise
+    return {"backend": backend, "impairment": imp.as_dict(), "links": [lk["peer"] for lk in chosen],
+            "helpers": [new[lk["peer"]]["helper"] for lk in chosen if new[lk["peer"]].get("helper")]}
+
+
+def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend: str, imp: Impairment,
+                 ready_timeout: float, replacing: dict) -> dict[str, dict]:
+    """Replace the impairment of each ``chosen`` link by ``imp`` with ``backend``; saves the state
+    after every step (so ``down`` finds every helper). Returns the new per-link records."""
+    card_ns = f"{name}-card"
+    new: dict[str, dict] = {}
+    for lk in chosen:
+        prev = replacing.get(lk["peer"])
+        if prev and not (prev.get("backend") == "tc" and backend == "tc"):  # tc → tc: `replace` is atomic
+            _teardown_link(state, rdir, lk, prev)
     if backend == "tc":
         for lk in chosen:
             for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
                 _run(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem"] + imp.netem_args())
-        return rec
-    d = node_dir(name, rdir)
+            new[lk["peer"]] = {"backend": "tc", "impairment": imp.as_dict(), "applied": time.time(), "helper": None}
+            per = _per_link(state)
+            per[lk["peer"]] = new[lk["peer"]]
+            _set_per_link(state, per)
+            write_state(state, rdir)
+        return new
     started = []
-    for i, lk in enumerate(chosen):
-        ns, ifname = lk["peer_ns"], lk["peer_if"]
-        tap_o, tap_i = _tap_names(ifname)
-        if len(tap_o) > 15:
-            raise TestbedError(f"interface {ifname} is too long for the user-space netem taps; use a shorter "
-                               "testbed name")
-        mac = _ns_mac(ns, ifname)
-        mtu = _ns_mtu(ns, ifname)
-        for tap in (tap_o, tap_i):
-            _run(["ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"])
-            _run(["ip", "-n", ns, "link", "set", tap, "mtu", str(mtu), "txqueuelen", "10000", "arp", "off", "up"])
-        _run(["ip", "-n", ns, "link", "set", tap_i, "address", mac])
-        _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{tap_i}.rp_filter=0"], check=False)
-        stats = d / f"{lk['peer']}-netem.json"
-        stats.unlink(missing_ok=True)
-        log = d / f"{lk['peer']}-netem.log"
-        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "embnic.testbed.netem", "--iface", ifname,
-                "--tap-out", tap_o, "--tap-in", tap_i, "--mac", mac, "--loss", str(imp.loss),
-                "--reorder", str(imp.reorder), "--duplicate", str(imp.duplicate),
-                "--delay", str(imp.delay_ms or 5.0), "--seed", str(imp.seed * 1000 + i), "--stats", str(stats)]
-        with open(log, "ab") as lf:
-            lf.write(("# " + " ".join(argv) + "\n").encode())
-            lf.flush()
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        prec = {"node": lk["peer"], "role": "impair", "pid": proc.pid, "starttime": proc_starttime(proc.pid),
-                "argv": argv, "log": str(log)}
-        state["procs"].append(prec)
-        rec["helpers"].append({"link": lk["peer"], "ns": ns, "iface": ifname, "taps": [tap_o, tap_i],
-                               "pid": proc.pid, "stats": str(stats), "log": str(log)})
+    for lk in chosen:
+        h, proc = _start_helper(name, state, rdir, lk, imp)
+        new[lk["peer"]] = {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(), "helper": h}
+        per = _per_link(state)
+        per[lk["peer"]] = new[lk["peer"]]
+        _set_per_link(state, per)
         write_state(state, rdir)
-        started.append((lk, proc, stats, log))
-    for lk, proc, stats, log in started:
-        deadline = time.monotonic() + ready_timeout
-        while not stats.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise TestbedError(f"the netem helper of link {lk['peer']} did not start; see its log {log}")
-            time.sleep(0.02)
-        ns, ifname = lk["peer_ns"], lk["peer_if"]
-        tap_o, tap_i = _tap_names(ifname)
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "clsact"])
-        _run(["tc", "-n", ns, "filter", "add", "dev", ifname, "egress", "protocol", "all", "prio", "1", "u32",
-              "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_o])
-        _run(["tc", "-n", ns, "filter", "add", "dev", ifname, "ingress", "protocol", "all", "prio", "1", "u32",
-              "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_i])
-    return rec
+        started.append((lk, h, proc))
+    for lk, h, proc in started:
+        _redirect_to_helper(lk, h, proc, ready_timeout)
+    return new
+
+
+def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment):
+    """Create the link's taps and start its user-space helper (recorded as an ``impair`` process)."""
+    d = node_dir(name, rdir)
+    ns, ifname = lk["peer_ns"], lk["peer_if"]
+    tap_o, tap_i = _tap_names(ifname)
+    h = {"link": lk["peer"], "ns": ns, "iface": ifname, "taps": [tap_o, tap_i], "pid": None,
+         "stats": str(d / f"{lk['peer']}-netem.json"), "log": str(d / f"{lk['peer']}-netem.log")}
+    per = _per_link(state)
+    per[lk["peer"]] = {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(), "helper": h}
+    _set_per_link(state, per)
+    write_state(state, rdir)  # the taps are recorded before they exist
+    mac = _ns_mac(ns, ifname)
+    mtu = _ns_mtu(ns, ifname)
+    for tap in (tap_o, tap_i):
+        _run(["ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"])
+        _run(["ip", "-n", ns, "link", "set", tap, "mtu", str(mtu), "txqueuelen", "10000", "arp", "off", "up"])
+    _run(["ip", "-n", ns, "link", "set", tap_i, "address", mac])
+    _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{tap_i}.rp_filter=0"], check=False)
+    stats = Path(h["stats"])
+    stats.unlink(missing_ok=True)
+    argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "embnic.testbed.netem", "--iface", ifname,
+            "--tap-out", tap_o, "--tap-in", tap_i, "--mac", mac, "--loss", str(imp.loss),
+            "--reorder", str(imp.reorder), "--duplicate", str(imp.duplicate),
+            "--delay", str(imp.delay_ms or 5.0), "--seed", str(imp.seed * 1000 + int(lk.get("port", 0))),
+            "--stats", str(stats)]
+    with open(h["log"], "ab") as lf:
+        lf.write(("# " + " ".join(argv) + "\n").encode())
+        lf.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    h.update(pid=proc.pid, starttime=proc_starttime(proc.pid))
+    state["procs"].append({"node": lk["peer"], "role": "impair", "pid": proc.pid, "starttime": h["starttime"],
+                           "argv": argv, "log": h["log"]})
+    return h, proc
+
+
+def _redirect_to_helper(lk: dict, h: dict, proc, ready_timeout: float) -> None:
+    """Wait until the helper is ready (its stats file exists), then redirect the link's frames to its taps."""
+    stats = Path(h["stats"])
+    deadline = time.monotonic() + ready_timeout
+    while not stats.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise TestbedError(f"the netem helper of link {lk['peer']} did not start: "
+                               f"{topo_mod._tail(h['log'])} (log: {h['log']})")
+        time.sleep(0.02)
+    ns, ifname = lk["peer_ns"], lk["peer_if"]
+    tap_o, tap_i = h["taps"]
+    _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "clsact"])
+    _run(["tc", "-n", ns, "filter", "add", "dev", ifname, "egress", "protocol", "all", "prio", "1", "u32",
+          "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_o])
+    _run(["tc", "-n", ns, "filter", "add", "dev", ifname, "ingress", "protocol", "all", "prio", "1", "u32",
+          "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_i])
+
+
+def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
+    """Remove one link's impairment (tc qdiscs, or clsact + helper + taps); saves the state.
+    Returns the helper's final counters (user backend)."""
+    card_ns = f"{state['name']}-card"
+    counters = None
+    if rec.get("backend") == "tc":
+        for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
+            _run(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
+    else:
+        h = rec.get("helper") or {}
+        ns, ifname = h.get("ns", lk["peer_ns"]), h.get("iface", lk["peer_if"])
+        _run(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "clsact"], check=False)
+        mine = [p for p in state.get("procs", []) if p.get("role") == "impair" and p.get("node") == lk["peer"]]
+        for p in mine:
+            topo_mod.stop_process(p)
+        for tap in h.get("taps", []):
+            _run(["ip", "-n", ns, "link", "del", tap], check=False)
+        counters = read_stats(h.get("stats"))
+        state["procs"] = [p for p in state.get("procs", []) if p not in mine]
+    per = _per_link(state)
+    per.pop(lk["peer"], None)
+    _set_per_link(state, per)
+    write_state(state, rdir)
+    return counters
+
+
+def _restore(name: str, state: dict, rdir: Path, chosen: list[dict], previous: dict, ready_timeout: float) -> str:
+    """After a failed :func:`apply`: remove what it set on ``chosen`` and put back each link's
+    ``previous`` impairment. Returns a clause for the error message."""
+    try:
+        cur = _per_link(state)
+        for lk in chosen:
+            if lk["peer"] in cur:
+                _teardown_link(state, rdir, lk, cur[lk["peer"]])
+        back = []
+        for lk in chosen:
+            prev = previous.get(lk["peer"])
+            if prev:
+                _setup_links(name, state, rdir, [lk], prev["backend"], Impairment(**prev["impairment"]),
+                             ready_timeout, replacing={})
+                back.append(lk["peer"])
+    except Exception as e:  # noqa: BLE001 - report it with the original error
+        return f"and the earlier impairment could not be restored: {e}"
+    return ("the earlier impairment of " + ", ".join(back) + " is back") if back else \
+        "the links are unimpaired, as before"
 
 
 def _ns_mac(ns: str, ifname: str) -> str:
@@ -242,39 +409,41 @@ def _need_state(name: str, rdir: Path) -> dict:
     return state
 
 
-def clear(name: str, *, rdir: Path | None = None) -> dict | None:
-    """Remove every impairment from testbed ``name``; returns the final helper counters (user backend).
+def _common(values: list):
+    """The one value of a list if all are equal, else None."""
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def clear(name: str, *, links: list[str] | None = None, rdir: Path | None = None) -> dict | None:
+    """Remove the impairment of the named links (default: every link) of testbed ``name``.
+
+    Returns:
+        None if none of them was impaired, else ``{"links": [...cleared], "backend": the
+        backend ("mixed" if they differed), "impairment": the common one (None if they
+        differed), "helpers": {link: final counters} (user backend)}``.
 
     Raises:
-        NeedsRoot: not root. TestbedError: no such testbed.
+        NeedsRoot: not root. UnknownLink: a link name the testbed does not have (nothing is
+        cleared). TestbedError: no such testbed.
     """
     require_net_admin(f"testbed netem ({name})")
     rdir = Path(rdir) if rdir else topo_mod.run_dir()
     state = _need_state(name, rdir)
-    rec = state.get("netem")
-    if not rec:
+    chosen = _resolve_links(name, state, links)
+    per = _per_link(state)
+    todo = [lk for lk in chosen if lk["peer"] in per]
+    if not todo:
+        if state.get("netem") and not per:
+            _set_per_link(state, {})
+            write_state(state, rdir)
         return None
-    card_ns = f"{name}-card"
-    by_peer = {lk["peer"]: lk for lk in state.get("links", [])}
-    out = {"backend": rec.get("backend"), "impairment": rec.get("impairment"), "helpers": {}}
-    if rec.get("backend") == "tc":
-        for peer in rec.get("links", []):
-            lk = by_peer[peer]
-            for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
-                _run(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
-    else:
-        for h in rec.get("helpers", []):
-            _run(["tc", "-n", h["ns"], "qdisc", "del", "dev", h["iface"], "clsact"], check=False)
-        helpers = [p for p in state.get("procs", []) if p.get("role") == "impair"]
-        for p in helpers:
-            topo_mod.stop_process(p)
-        for h in rec.get("helpers", []):
-            for tap in h.get("taps", []):
-                _run(["ip", "-n", h["ns"], "link", "del", tap], check=False)
-            out["helpers"][h["link"]] = read_stats(h.get("stats"))
-        state["procs"] = [p for p in state.get("procs", []) if p.get("role") != "impair"]
-    state["netem"] = None
-    write_state(state, rdir)
+    backends = [per[lk["peer"]].get("backend") for lk in todo]
+    out = {"links": [lk["peer"] for lk in todo], "backend": _common(backends) or "mixed",
+           "impairment": _common([per[lk["peer"]].get("impairment") for lk in todo]), "helpers": {}}
+    for lk in todo:
+        c = _teardown_link(state, rdir, lk, per[lk["peer"]])
+        if per[lk["peer"]].get("backend") == "user":
+            out["helpers"][lk["peer"]] = c
     return out
 
 
@@ -289,15 +458,30 @@ def read_stats(path: str | None) -> dict | None:
 
 
 def show(name: str, *, rdir: Path | None = None) -> dict | None:
-    """The impairment of testbed ``name`` with the helpers' live counters (None if none)."""
+    """The impairment of testbed ``name`` (None if no link is impaired).
+
+    Returns:
+        ``{"links": [impaired links, port order], "backend": common backend or "mixed",
+        "impairment": common impairment or None when the links differ, "per_link": {link:
+        {"backend", "impairment", "pid"}}, "counters": {link: helper counters} (user backend,
+        live)}``.
+    """
     rdir = Path(rdir) if rdir else topo_mod.run_dir()
     state = _need_state(name, rdir)
-    rec = state.get("netem")
-    if not rec:
+    per = _per_link(state)
+    if not per:
         return None
-    rec = dict(rec)
-    rec["counters"] = {h["link"]: read_stats(h.get("stats")) for h in rec.get("helpers", [])}
-    return rec
+    order = {lk["peer"]: lk.get("port", 0) for lk in state.get("links", [])}
+    links = sorted(per, key=lambda p: order.get(p, 1 << 30))
+    return {
+        "links": links,
+        "backend": _common([per[p].get("backend") for p in links]) or "mixed",
+        "impairment": _common([per[p].get("impairment") for p in links]),
+        "per_link": {p: {"backend": per[p].get("backend"), "impairment": per[p].get("impairment"),
+                         "pid": (per[p].get("helper") or {}).get("pid")} for p in links},
+        "counters": {p: read_stats((per[p].get("helper") or {}).get("stats")) for p in links
+                     if per[p].get("backend") == "user"},
+    }
 
 
 # --------------------------------------------------------------------------- the helper

@@ -183,3 +183,148 @@ def test_down_stops_the_netem_helpers(run_dir, cleanup):  # noqa: F811
     finally:
         T.down(name)
     assert_gone(name, pids)
+
+
+# --------------------------------------------------------------------------- per-link semantics
+def _helpers(name) -> dict:
+    """{link: (pid, loss)} of the running user-space helpers, from the state file and /proc."""
+    per = N._per_link(T.read_state(name))
+    out = {}
+    for link, r in per.items():
+        pid = r["helper"]["pid"]
+        assert T.proc_starttime(pid) is not None, f"helper of {link} (pid {pid}) is not running"
+        out[link] = (pid, r["impairment"]["loss"])
+    return out
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+@needs_root
+def test_a_failing_netem_call_leaves_the_impairment_as_it_was(run_dir, cleanup):  # noqa: F811
+    name = tb_name("e")
+    cleanup.append(name)
+    T.Testbed(T.Topology.from_config(load_config(TESTBED_TOML), name)).up(servers=False, card=False, probe=False)
+    try:
+        r = _cli("testbed", "netem", "--name", name, "--loss", "1", "--backend", "user")
+        assert r.exit_code == 0, r.output
+        before = _helpers(name)
+        assert sorted(before) == ["c1", "c2", "s0", "s1"]
+        # an unknown link is a usage error and changes nothing (it used to remove every helper)
+        for args in (["--link", "s7", "--loss", "1"], ["--link", "s1", "--link", "s7", "--loss", "3"],
+                     ["--clear", "--link", "s7"]):
+            r = _cli("testbed", "netem", "--name", name, *args)
+            assert r.exit_code == 2, r.output
+            assert "no link 's7'" in r.output and "c1, c2, s0, s1" in r.output
+            assert _helpers(name) == before
+        r = _cli("testbed", "netem", "--name", name, "--clear", "--loss", "1")
+        assert r.exit_code == 2 and _helpers(name) == before
+        if not N._netem_available(name):  # --backend tc on a kernel without netem: exit 1, nothing changed
+            r = _cli("testbed", "netem", "--name", name, "--loss", "2", "--backend", "tc")
+            assert r.exit_code == 1 and "no netem qdisc" in r.output, r.output
+            assert _helpers(name) == before
+        # a helper that fails to start: the link gets its earlier impairment back
+        real = N._redirect_to_helper
+
+        calls = []
+
+        def broken(lk, h, proc, timeout):  # the new helper fails; restoring the old one works
+            calls.append(lk["peer"])
+            if len(calls) == 1:
+                raise T.TestbedError(f"the netem helper of link {lk['peer']} did not start (test)")
+            real(lk, h, proc, timeout)
+
+        N._redirect_to_helper = broken
+        try:
+            with pytest.raises(T.TestbedError, match="earlier impairment of s1 is back"):
+                N.apply(name, N.Impairment(loss=7), backend="user", links=["s1"])
+        finally:
+            N._redirect_to_helper = real
+        after = _helpers(name)
+        assert {k: v for k, v in after.items() if k != "s1"} == {k: v for k, v in before.items() if k != "s1"}
+        assert after["s1"][1] == 1.0 and after["s1"][0] != before["s1"][0]
+        roles = [p["role"] for p in T.read_state(name)["procs"]]
+        assert roles.count("impair") == 4
+    finally:
+        T.down(name)
+    assert_gone(name, [p for p, _ in before.values()])
+
+
+@needs_root
+def test_link_sets_and_clears_only_that_links_impairment(run_dir, cleanup):  # noqa: F811
+    name = tb_name("g")
+    cleanup.append(name)
+    T.Testbed(T.Topology.from_config(load_config(TESTBED_TOML), name)).up(servers=False, card=False, probe=False)
+    pids = []
+    try:
+        assert _cli("testbed", "netem", "--name", name, "--loss", "1", "--backend", "user").exit_code == 0
+        before = _helpers(name)
+        pids += [p for p, _ in before.values()]
+        r = _cli("testbed", "netem", "--name", name, "--link", "s1", "--loss", "5", "--backend", "user")
+        assert r.exit_code == 0, r.output
+        assert "on s1" in r.output and "c1   user: loss 1%" in r.output and "s1   user: loss 5%" in r.output
+        now = _helpers(name)
+        pids.append(now["s1"][0])
+        assert {k: now[k] for k in ("c1", "c2", "s0")} == {k: before[k] for k in ("c1", "c2", "s0")}
+        assert now["s1"][1] == 5.0 and now["s1"][0] != before["s1"][0]
+        assert T.proc_starttime(before["s1"][0]) is None  # the replaced helper was stopped
+        sh = N.show(name)
+        assert sh["links"] == ["c1", "c2", "s0", "s1"] and sh["impairment"] is None and sh["backend"] == "user"
+        # the status shows each link's own impairment
+        r = _cli("testbed", "status", "--name", name)
+        assert "netem s0   user: loss 1%" in r.output and "netem s1   user: loss 5%" in r.output, r.output
+        # --clear --link s1: s1 only (its taps go), the others keep 1%
+        r = _cli("testbed", "netem", "--name", name, "--clear", "--link", "s1")
+        assert r.exit_code == 0 and "cleared on s1" in r.output and "s1   none" in r.output, r.output
+        assert _helpers(name) == {k: before[k] for k in ("c1", "c2", "s0")}
+        ifs = json.loads(subprocess.run(["ip", "-n", f"{name}-s1", "-j", "link"], capture_output=True, text=True,
+                                        check=True).stdout)
+        assert sorted(i["ifname"] for i in ifs) == sorted(["lo", f"{name}s1"])
+        # all zeros on one link = clear that link
+        assert _cli("testbed", "netem", "--name", name, "--link", "c2").exit_code == 0
+        assert sorted(_helpers(name)) == ["c1", "s0"]
+        r = _cli("testbed", "netem", "--name", name, "--clear")
+        assert r.exit_code == 0 and "cleared on c1, s0" in r.output
+        st = T.read_state(name)
+        assert st["netem"] is None and "impair" not in [p["role"] for p in st["procs"]]
+        assert N.show(name) is None
+    finally:
+        T.down(name)
+    assert_gone(name, pids)
+
+
+def test_tc_backend_changes_only_the_named_links(run_dir, monkeypatch):  # noqa: F811
+    """The tc commands of per-link impairments (this machine may lack sch_netem, so `tc` is faked)."""
+    name = "enT1"
+    links = [{"port": i, "card_if": f"{name}p{i}", "peer_if": f"{name}{p}", "peer_ns": f"{name}-{p}", "peer": p}
+             for i, p in enumerate(["c1", "c2", "s0", "s1"])]
+    T.write_state({"name": name, "links": links, "procs": [], "netem": None}, run_dir)
+    cmds = []
+    monkeypatch.setattr(N, "_run", lambda argv, **kw: cmds.append(argv) or subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(N, "require_net_admin", lambda what: None)
+    monkeypatch.setattr(N, "_netem_available", lambda name: True)
+
+    def devs(verb):
+        return sorted(c[c.index("dev") + 1] for c in cmds if c[:2] == ["tc", "-n"] and c[4] == verb)
+
+    N.apply(name, N.Impairment(loss=1), backend="tc", rdir=run_dir)
+    assert devs("replace") == sorted([f"{name}p{i}" for i in range(4)] + [f"{name}{p}" for p in
+                                                                          ("c1", "c2", "s0", "s1")])
+    cmds.clear()
+    N.apply(name, N.Impairment(loss=5), backend="tc", links=["s1"], rdir=run_dir)
+    assert devs("replace") == [f"{name}p3", f"{name}s1"] and devs("del") == []
+    assert [c for c in cmds if "replace" in c][0][-2:] == ["loss", "5%"]
+    sh = N.show(name, rdir=run_dir)
+    assert {k: v["impairment"]["loss"] for k, v in sh["per_link"].items()} == {"c1": 1, "c2": 1, "s0": 1, "s1": 5}
+    cmds.clear()
+    with pytest.raises(N.UnknownLink):
+        N.clear(name, links=["s1", "x9"], rdir=run_dir)
+    assert cmds == []
+    res = N.clear(name, links=["s1"], rdir=run_dir)
+    assert res["links"] == ["s1"] and devs("del") == [f"{name}p3", f"{name}s1"]
+    assert sorted(N.show(name, rdir=run_dir)["links"]) == ["c1", "c2", "s0"]
