@@ -183,7 +183,9 @@ def _print_status(st: dict) -> None:
                    f"{'running' if p['alive'] else 'NOT RUNNING'}  {p['log']}")
     card = st.get("card")
     if card:
-        if "error" in card:
+        if card.get("running") is False:
+            click.echo(f"  card  {card['error']}")
+        elif "error" in card:
             click.echo(f"  card  ctl {card.get('ctl')}: {card['error']}")
         else:
             drops = ", ".join(f"{k} {v}" for k, v in sorted(card["drops"].items())) or "none"
@@ -203,6 +205,9 @@ def _print_status(st: dict) -> None:
 def status_cmd(name, as_json):
     """Show what testbed NAME runs: namespaces, links, processes, card counters, netem.
 
+    Exits 1 if a node died (the card, a shard's server, a netem helper) or a namespace is
+    missing, naming it and its log; the fix is `embnic testbed down` and `up` again.
+
     \b
     Examples:
       sudo embnic testbed status
@@ -218,6 +223,14 @@ def status_cmd(name, as_json):
         click.echo(json.dumps(st, indent=1))
     else:
         _print_status(st)
+    if not st["healthy"]:
+        what = T.describe_dead(st["dead"])
+        missing = [ns for ns, ok in st["netns"].items() if not ok]
+        if missing:
+            what = "; ".join(filter(None, [what, f"namespace(s) {', '.join(missing)} missing"]))
+        cfg = st.get("config") or "FILE"
+        raise OperationalError(f"testbed {name} is broken: {what}. Restart it: `embnic testbed down --name {name}` "
+                               f"then `embnic testbed up --config {cfg} --name {name}`")
 
 
 @testbed.command("netem")

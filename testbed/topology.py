@@ -869,6 +869,10 @@ class Testbed:
                     break
                 time.sleep(0.01)
 
+    def dead_nodes(self) -> list[dict]:
+        """The card, servers and netem helpers of this testbed that no longer run (:func:`dead_nodes`)."""
+        return dead_nodes(self.state)
+
     def card_counters(self) -> dict | None:
         """The card's counters (docs/control-socket.md ``counters``), or None without a card."""
         if self.target is None:
@@ -895,6 +899,44 @@ def _tail(path: str | Path, n: int = 2) -> str:
     except OSError:
         return ""
     return " | ".join(lines[-n:])
+
+
+# --------------------------------------------------------------------------- dead nodes
+_ROLE_ORDER = {"card": 0, "server": 1, "impair": 2}
+
+
+def node_label(rec: dict) -> str:
+    """How a process record is named to users: ``the card``, ``shard 1's server``, ``the netem
+    helper of link c1``."""
+    role, node = rec.get("role"), str(rec.get("node"))
+    if role == "card":
+        return "the card"
+    if role == "server" and node.startswith("s"):
+        return f"shard {node[1:]}'s server"
+    if role == "impair":
+        return f"the netem helper of link {node}"
+    return f"{node} ({role})"
+
+
+def dead_nodes(state: dict) -> list[dict]:
+    """The recorded card, server and netem-helper processes of a testbed state that no longer
+    run (pid gone, or recycled: start time differs), card first.
+
+    Returns:
+        ``[{"node", "role", "pid", "log", "what"}]`` (``what``: :func:`node_label`).
+    """
+    out = []
+    for rec in state.get("procs", []) or []:
+        if rec.get("role") in _ROLE_ORDER and not proc_alive(rec):
+            out.append({"node": rec.get("node"), "role": rec.get("role"), "pid": rec.get("pid"),
+                        "log": rec.get("log"), "what": node_label(rec)})
+    return sorted(out, key=lambda d: (_ROLE_ORDER[d["role"]], str(d["node"])))
+
+
+def describe_dead(dead: list[dict]) -> str:
+    """``the card, pid 123, is not running: see /run/embnic/testbed-emb/card.log`` (``; ``-joined
+    for several), or ``""`` if none."""
+    return "; ".join(f"{d['what']}, pid {d['pid']}, is not running: see {d['log']}" for d in dead)
 
 
 # --------------------------------------------------------------------------- down / status
@@ -976,6 +1018,10 @@ def down(name: str, rdir: Path | None = None) -> dict:
 def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
     """What runs in testbed ``name``: namespaces, links, processes (alive or not), netem, card counters.
 
+    ``dead`` lists the card, servers and netem helpers that no longer run (:func:`dead_nodes`);
+    ``healthy`` is False if any did or a namespace is missing. A dead card is not asked for
+    counters (``card.running`` False).
+
     Raises:
         NeedsRoot: not root.
         TestbedError: no such testbed.
@@ -988,15 +1034,20 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
         raise TestbedError(f"no testbed {name!r} (state {state_path(name, rdir)} absent); "
                            + (f"running: {', '.join(have)}" if have else "start one with `embnic testbed up "
                               "--config examples/testbed.toml`"))
+    dead = dead_nodes(state)
     out = {"name": name, "phase": state.get("phase"), "config": state.get("config"),
            "effective_config": state.get("effective_config"), "dir": state.get("dir"),
            "netns": {ns: netns_exists(ns) for ns in state.get("netns", [])},
            "links": state.get("links", []),
            "processes": [{"node": p.get("node"), "role": p.get("role"), "pid": p.get("pid"),
                           "alive": proc_alive(p), "log": p.get("log")} for p in state.get("procs", [])],
-           "netem": state.get("netem"), "probe_rtt_us": state.get("probe_rtt_us")}
+           "netem": state.get("netem"), "probe_rtt_us": state.get("probe_rtt_us"),
+           "dead": dead, "healthy": not dead and all(netns_exists(ns) for ns in state.get("netns", []))}
     card = state.get("card")
-    if counters and isinstance(card, dict):
+    if isinstance(card, dict) and any(d["role"] == "card" for d in dead):
+        out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"), "running": False,
+                       "error": f"the card (pid {card.get('pid')}) is not running; see {card.get('log')}"}
+    elif counters and isinstance(card, dict):
         try:
             from embnic.control.target_dpdk import DpdkTarget
 

@@ -7,10 +7,13 @@ Run alone: python3 -m pytest -q tests/testbed/test_cli_testbed.py
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -18,7 +21,7 @@ from click.testing import CliRunner
 from embnic.control.cli import cli
 from embnic.testbed import topology as T
 
-from tbutil import TESTBED_TOML, run_dir  # noqa: F401
+from tbutil import TESTBED_TOML, assert_gone, build_dataplane, cleanup, run_dir, tb_name  # noqa: F401
 
 COMMANDS = [
     ["testbed", "up", "-c", str(TESTBED_TOML)],
@@ -82,3 +85,48 @@ def test_status_and_netem_of_a_testbed_that_is_not_up_exit_1(run_dir):  # noqa: 
         assert "no testbed 'enZ0'" in r.output
     r = CliRunner().invoke(cli, ["testbed", "down", "--name", "enZ0"])
     assert r.exit_code == 0 and "nothing to remove" in r.output
+
+
+def _embnic(run_dir, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "embnic", *args], capture_output=True, text=True,
+                          env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)), timeout=timeout)
+
+
+@pytest.mark.skipif(not T.has_net_admin(), reason="needs root")
+def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # noqa: F811
+    """The card and a shard killed: status says which (with logs), advises down + up, exits 1."""
+    build_dataplane()
+    name = tb_name("s")
+    cleanup.append(name)
+    r = _embnic(run_dir, "testbed", "up", "-c", str(TESTBED_TOML), "--name", name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _embnic(run_dir, "testbed", "status", "--name", name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = T.read_state(name)
+    card = next(p for p in st["procs"] if p["role"] == "card")
+    s1 = next(p for p in st["procs"] if p["node"] == "s1")
+    for p in (card, s1):
+        os.kill(p["pid"], signal.SIGKILL)
+    for p in (card, s1):
+        for _ in range(200):
+            if not T.proc_alive(p):
+                break
+            time.sleep(0.01)
+    r = _embnic(run_dir, "testbed", "status", "--name", name)
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in r.stderr
+    assert f"the card, pid {card['pid']}, is not running: see {card['log']}" in err[0]
+    assert f"shard 1's server, pid {s1['pid']}, is not running: see {s1['log']}" in err[0]
+    assert f"embnic testbed down --name {name}` then `embnic testbed up" in err[0]
+    assert "pipeline load" not in r.stdout + r.stderr
+    assert "NOT RUNNING" in r.stdout
+    # --json says the same
+    r = _embnic(run_dir, "testbed", "status", "--name", name, "--json")
+    assert r.returncode == 1
+    js = json.loads(r.stdout)
+    assert js["healthy"] is False and [d["what"] for d in js["dead"]] == ["the card", "shard 1's server"]
+    assert js["card"]["running"] is False
+    r = _embnic(run_dir, "testbed", "down", "--name", name)
+    assert r.returncode == 0, r.stderr
+    assert_gone(name)
