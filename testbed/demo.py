@@ -61,7 +61,8 @@ class DemoOptions:
         data: Criteo TSV (default: the shipped sample).
         impairment: netem faults on every link during training (None: none).
         netem_backend: ``auto``, ``tc`` or ``user``.
-        kill_shard, kill_at_step: kill that shard's server after that step (fault injection).
+        kill_shard, kill_at_step: kill that shard's server after that step (fault injection;
+            ``kill_at_step`` defaults to 1 and must be below ``steps``, see :func:`check_options`).
         check_tables: read every updated row back through the card and compare.
         progress: show progress bars (None: when stderr is a terminal).
         rdir: run directory (default ``$EMBNIC_RUN_DIR`` or /run/embnic).
@@ -76,7 +77,7 @@ class DemoOptions:
     impairment: object | None = None
     netem_backend: str = "auto"
     kill_shard: int | None = None
-    kill_at_step: int = 1
+    kill_at_step: int | None = None
     check_tables: bool = True
     progress: bool | None = None
     rdir: Path | None = None
@@ -128,24 +129,79 @@ def compare_tables(client, local, tables_per_round: int = 2) -> dict:
     return {"rows": n, "tables": len(ids), "max_abs_diff": worst, "equal": equal}
 
 
+class DemoUsageError(ValueError):
+    """Options that contradict each other or the config (``param``: the CLI option to blame)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def check_options(opts: DemoOptions, cfg: ClusterConfig) -> int | None:
+    """Check the fault options against each other and the config, before anything runs.
+
+    Returns:
+        the step after which ``kill_shard`` is killed (``kill_at_step``, default 1), or None.
+
+    Raises:
+        DemoUsageError: ``kill_shard`` not a shard of ``cfg``; ``kill_at_step`` without
+            ``kill_shard``; ``kill_at_step`` not in ``1..steps-1`` (a kill after the last step
+            would hit nothing).
+    """
+    if opts.steps < 1:
+        raise DemoUsageError(f"--steps must be at least 1, got {opts.steps}", "--steps")
+    if opts.kill_shard is None:
+        if opts.kill_at_step is not None:
+            raise DemoUsageError("--kill-at-step needs --kill-shard ID (the shard to kill)", "--kill-at-step")
+        return None
+    ids = [sh.id for sh in cfg.shards]
+    if opts.kill_shard not in ids:
+        raise DemoUsageError(f"no shard {opts.kill_shard} in {cfg.path or 'the config'} (shards: "
+                             f"{', '.join(map(str, ids))})", "--kill-shard")
+    at = 1 if opts.kill_at_step is None else opts.kill_at_step
+    if not 1 <= at < opts.steps:
+        raise DemoUsageError(f"--kill-at-step {at} must be between 1 and --steps - 1 = {opts.steps - 1}: the shard "
+                             "is killed after that step and a later step must run into it", "--kill-at-step")
+    return at
+
+
+def _try(f, default=None):
+    """``f()``, or ``default`` if it raises (the card may be dead when a failure is reported)."""
+    try:
+        return f()
+    except Exception:  # noqa: BLE001
+        return default
+
+
 def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     """Run the main job (see the module docstring) and write its report.
 
     Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``testbed``, ``config``,
-    ``steps``, ``batch_size``, ``loss`` (per step, through the card), ``loss_reference``,
-    ``loss_max_abs_diff``, ``loss_match`` (≤ 1e-6), ``auc``, ``auc_reference``, ``messages``
-    (requests sent + replies received by the client during the training steps),
-    ``messages_detail``, ``frames`` (frames sent + received), ``frames_detail``,
-    ``rounds_per_step``, ``dedup_ratio`` (unique ids / ids), ``dedup_savings`` (1 − ratio),
-    ``lookup_latency_us`` (``p50``, ``p90``, ``p99``, ``max``, ``mean``, ``n``),
-    ``card_drops`` (every reason), ``card`` (per-type frames, ports, ring, state map),
-    ``tables`` (rows read back, max |Δ|, equal), ``netem``, ``timing``, ``plots``.
+    ``steps``, ``steps_completed``, ``batch_size``, ``loss`` (per completed step, through the
+    card), ``loss_reference``, ``loss_max_abs_diff`` (over the completed steps), ``loss_match``
+    (≤ 1e-6), ``auc``, ``auc_reference``, ``messages`` (requests sent + replies received by the
+    client during the training steps), ``messages_detail``, ``frames`` (frames sent + received),
+    ``frames_detail``, ``rounds_per_step``, ``dedup_ratio`` (unique ids / ids),
+    ``dedup_savings`` (1 − ratio), ``lookup_latency_us`` (``p50``, ``p90``, ``p99``, ``max``,
+    ``mean``, ``n``), ``card_drops`` (every reason), ``card`` (``frames_by_type``: frames the
+    card forwarded per message type; ports, ring, state map; ``messages_in_state_map``:
+    messages — not frames — in the card's state map at the end of training, ``entries`` and by
+    state ``receiving``/``forwarded``/``answered``/``expired``; it also holds the testbed's
+    readiness probes, and an answered message leaves it ``state_timeout_ms`` after its reply,
+    so over a longer run it holds only the recent ones),
+    ``tables`` (rows read back, max |Δ|, equal), ``netem``, ``kill_shard``, ``kill_at_step``,
+    ``error`` (None, or what failed: ``message``, ``phase``, ``failed_at_step``,
+    ``failing_shard``, ``dead_nodes``), ``timing``, ``plots``.
+
+    A failure during training (a shard or the card dead) still writes the report of what ran
+    (losses so far, messages, latencies, plots) before :class:`DemoError` is raised.
 
     Raises:
         NeedsRoot: not root.
+        DemoUsageError: contradictory fault options (:func:`check_options`).
         TestbedError: the testbed did not come up (names the log).
-        DemoError: training failed (e.g. a shard died: the message names it), or the losses
-            or tables do not match (the report is written first).
+        DemoError: training failed (a shard or the card died: the message names the dead node
+            and its log), or the losses or tables do not match (the report is written first).
     """
     from embnic.client_lib.client import EmbeddingClient, EmbnicError
 
@@ -153,10 +209,11 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     from .train import load_training_data, train
 
     T.require_net_admin("the demo (it brings the namespace testbed up)")
+    user_cfg = load_config(opts.config)
+    kill_at = check_options(opts, user_cfg)
+    topo = T.Topology.from_config(user_cfg, opts.name)  # validate before the slow parts
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    user_cfg = load_config(opts.config)
-    topo = T.Topology.from_config(user_cfg, opts.name)  # validate before the slow parts
     tr, va = load_training_data(user_cfg, opts.data)
     log(f"data: {len(tr.labels)} training rows, {len(va.labels)} held out for the AUC "
         f"({opts.data or 'shipped Criteo sample'}); {len(user_cfg.tables)} tables, {len(user_cfg.shards)} shards")
@@ -169,13 +226,17 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     t_up = time.monotonic()
     tb.up(owner="demo")
     timing["up_s"] = round(time.monotonic() - t_up, 2)
-    rep: dict = {}
+    losses: list[float] = []
+    snap: dict = {}
+    card_at_end: dict = {}
+    state_at_end: dict | None = None
+    card_final: dict | None = None
+    res = tables = netem_rec = failure = client = None
     try:
         cfg = tb.cfg
         cid = cfg.clients[0].id
         log(f"testbed {opts.name} up in {timing['up_s']:.1f} s: probe RTT "
             + ", ".join(f"{k} {v:.0f} µs" for k, v in tb.state.get("probe_rtt_us", {}).items()))
-        netem_rec = None
         if opts.impairment is not None and not opts.impairment.clear:
             netem_rec = N.apply(opts.name, opts.impairment, backend=opts.netem_backend, rdir=tb.rdir)
             imp = opts.impairment
@@ -184,45 +245,101 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         tb.target.reset_counters()
         with T.in_netns(topo.client_ns(cid)):
             client = EmbeddingClient(cfg, cid)
-        snap: dict = {}
-        card_at_end: dict = {}
         t0 = time.monotonic()
         with client, R.Progress(opts.steps, f"train through the card (client {cid})", enabled=opts.progress) as bar:
             def progress(i: int, loss: float) -> None:
+                nonlocal state_at_end
+                losses.append(float(loss))
                 s = client.stats
                 el = max(time.monotonic() - t0, 1e-9)
                 bar.update(1, loss=f"{loss:.4f}", msg_s=f"{(s.messages_sent + s.messages_received) / el:.0f}")
-                if opts.kill_shard is not None and i + 1 == opts.kill_at_step:
+                if kill_at is not None and i + 1 == kill_at:
                     log(f"fault: killing shard {opts.kill_shard}'s server after step {i + 1}")
                     tb.kill_server(opts.kill_shard)
                 if i + 1 == opts.steps:
                     snap.update(_snapshot(client), elapsed=el)
                     card_at_end.update(tb.target.counters())
+                    state_at_end = _try(tb.target.state_summary)
 
+            phase = "training"
             try:
                 res = train(cfg, tr, steps=opts.steps, batch_size=opts.batch_size, backend=client,
                             eval_data=va, progress=progress)
+                timing["train_s"] = round(time.monotonic() - t0, 2)
+                if opts.check_tables:
+                    phase = "table read-back"
+                    tables = compare_tables(client, local)
             except EmbnicError as e:
-                raise DemoError(f"training through the card failed: {e}") from None
-            timing["train_s"] = round(time.monotonic() - t0, 2)
-            tables = None
-            if opts.check_tables:
-                tables = compare_tables(client, local)
+                if phase == "training" and len(losses) == opts.steps:
+                    phase = "evaluation"
+                failure = _failure(e, phase, tb, client, losses, opts, kill_at)
+                if not snap:
+                    snap.update(_snapshot(client), elapsed=max(time.monotonic() - t0, 1e-9))
+                    if not failure["card_dead"]:
+                        card_at_end.update(_try(tb.target.counters, {}))
+                        state_at_end = _try(tb.target.state_summary)
         if netem_rec is not None:
             netem_rec = N.show(opts.name, rdir=tb.rdir)
-        card_final = tb.target.counters()
-        state_summary = tb.target.state_summary()
+        if failure is None or not failure["card_dead"]:
+            card_final = _try(tb.target.counters)
     finally:
         t_down = time.monotonic()
         tb.down()
         timing["down_s"] = round(time.monotonic() - t_down, 2)
 
+    rep = _report(opts, cid, ref, res, losses, snap, card_at_end, state_at_end, card_final, tables, netem_rec,
+                  timing, client.stats.lookup_latency_us[:snap["latencies"]], kill_at, failure, out)
+    if failure is not None:
+        for line in failure_summary(rep):
+            log(line)
+        raise DemoError(f"{failure['message']} (report of what ran: {out / 'report.json'})", rep)
+    for line in summary(rep):
+        log(line)
+    problems = []
+    if not rep["loss_match"]:
+        problems.append(f"losses differ from the in-process run by up to {rep['loss_max_abs_diff']:.3g} "
+                        f"(> {LOSS_TOL:g})")
+    if tables is not None and not tables["equal"]:
+        problems.append(f"final tables differ from the in-process run (max |Δ| {tables['max_abs_diff']:.3g})")
+    if problems:
+        raise DemoError("; ".join(problems) + f" (report: {out / 'report.json'})", rep)
+    return rep
+
+
+def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, opts: DemoOptions,
+             kill_at: int | None) -> dict:
+    """What failed, checked while the testbed still runs: the client's error plus which of the
+    card and the servers are dead (the client alone cannot tell a dead card from a dead shard)."""
+    dead = tb.dead_nodes()
+    done = len(losses)
+    where = (f"after {done} of {opts.steps} steps" if phase == "training" else
+             f"in the {phase} after all {opts.steps} steps")
+    msg = f"{phase} through the card failed {where}: {e}"
+    if dead:
+        msg += f" ({T.describe_dead(dead)}"
+        if kill_at is not None and any(d["node"] == f"s{opts.kill_shard}" for d in dead):
+            msg += f"; shard {opts.kill_shard} was killed on purpose by --kill-shard after step {kill_at}"
+        msg += ")"
+    else:
+        msg += f" (the card and every shard still run; see the logs in {tb.dir})"
+    return {"message": msg, "client_error": str(e), "phase": phase, "steps_completed": done,
+            "failed_at_step": done + 1 if phase == "training" else None,
+            "failing_shard": getattr(e, "shard_id", None), "dead_nodes": dead,
+            "card_dead": any(d["role"] == "card" for d in dead)}
+
+
+def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, card_at_end: dict,
+            state_at_end: dict | None, card_final: dict | None, tables: dict | None, netem_rec: dict | None,
+            timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path) -> dict:
+    """The report dict (fields in :func:`run_demo`), written to ``out/report.json`` with its plots."""
+    done = len(losses)
     steps = opts.steps
-    loss_diff = float(np.max(np.abs(np.asarray(res.loss, np.float64) - np.asarray(ref.loss, np.float64))))
-    lat = client.stats.lookup_latency_us[:snap["latencies"]]
+    ref_part = np.asarray(ref.loss[:done], np.float64)
+    loss_diff = float(np.max(np.abs(np.asarray(losses, np.float64) - ref_part))) if done else None
     el = snap["elapsed"]
     msgs = snap["messages_sent"] + snap["messages_received"]
     frames = snap["frames_sent"] + snap["frames_received"]
+    state_sum = state_at_end or {}
     rep = {
         "target": "dpdk",
         "testbed": opts.name,
@@ -230,56 +347,75 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         "data": str(opts.data or "shipped Criteo sample (testbed/data)"),
         "client": cid,
         "steps": steps,
+        "steps_completed": done,
         "batch_size": opts.batch_size,
-        "loss": res.loss,
+        "error": None if failure is None else {k: v for k, v in failure.items() if k != "card_dead"},
+        "loss": losses,
         "loss_reference": ref.loss,
         "loss_max_abs_diff": loss_diff,
-        "loss_match": loss_diff <= LOSS_TOL,
-        "auc": res.auc,
+        "loss_match": loss_diff is not None and loss_diff <= LOSS_TOL,
+        "auc": res.auc if res is not None else None,
         "auc_reference": ref.auc,
-        "eval_loss": res.eval_loss,
+        "eval_loss": res.eval_loss if res is not None else None,
         "messages": msgs,
         "messages_detail": {"requests_sent": snap["messages_sent"], "replies_received": snap["messages_received"],
                             "retransmits": snap["retransmits"], "stale_replies": snap["stale_replies"],
-                            "per_step": round(msgs / steps, 2), "per_s": round(msgs / el, 1)},
+                            "per_step": round(msgs / max(done, 1), 2), "per_s": round(msgs / el, 1)},
         "frames": frames,
         "frames_detail": {"sent": snap["frames_sent"], "received": snap["frames_received"],
                           "bytes_sent": snap["bytes_sent"], "bytes_received": snap["bytes_received"],
                           "per_s": round(frames / el, 1)},
-        "rounds_per_step": snap["rounds"] / steps,
-        "dedup_ratio": res.dedup_ratio,
-        "dedup_savings": 1.0 - res.dedup_ratio,
-        "ids": res.ids,
-        "unique_ids": res.unique_ids,
+        "rounds_per_step": snap["rounds"] / max(done, 1),
+        "dedup_ratio": res.dedup_ratio if res is not None else None,
+        "dedup_savings": 1.0 - res.dedup_ratio if res is not None else None,
+        "ids": res.ids if res is not None else None,
+        "unique_ids": res.unique_ids if res is not None else None,
         "lookup_latency_us": R.percentiles(lat),
         "card_drops": card_at_end.get("drops", {}),
-        "card": {"types": card_at_end.get("types"), "ports": card_at_end.get("ports"),
+        "card": {"frames_by_type": card_at_end.get("types"), "ports": card_at_end.get("ports"),
                  "ring": card_at_end.get("ring"), "mempool": card_at_end.get("mempool"),
-                 "state": card_at_end.get("state"), "state_summary_at_end": state_summary,
-                 "drops_incl_eval_and_readback": card_final.get("drops", {})},
+                 "state": card_at_end.get("state"),
+                 "messages_in_state_map": ({"entries": state_sum.get("entries"), **(state_sum.get("by_state") or {})}
+                                           if state_sum else None),
+                 "drops_incl_eval_and_readback": (card_final or {}).get("drops", {})},
         "client_drops": snap["drops"],
         "tables": tables,
         "netem": netem_rec,
         "kill_shard": opts.kill_shard,
-        "timing": {**timing, "train_steps_s": round(el, 2), "steps_per_s": round(steps / el, 2)},
+        "kill_at_step": kill_at,
+        "timing": {**timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
     }
+    title = f"FM CTR model on Criteo, {steps} steps × {opts.batch_size}"
+    if failure is not None:
+        title += f" (failed after {done} steps)"
     rep["plots"] = {
-        "loss": str(R.plot_loss(out / "loss.png", {"through the card": res.loss, "in-process reference": ref.loss},
-                                f"FM CTR model on Criteo, {steps} steps × {opts.batch_size}")),
+        "loss": str(R.plot_loss(out / "loss.png", {"through the card": losses, "in-process reference": ref.loss},
+                                title)),
         "latency_cdf": str(R.plot_cdf(out / "latency_cdf.png", {"lookup message": lat},
                                       "lookup latency through the card (per message, client-measured)")),
     }
     R.write_json(out / "report.json", rep)
-    for line in summary(rep):
-        log(line)
-    problems = []
-    if not rep["loss_match"]:
-        problems.append(f"losses differ from the in-process run by up to {loss_diff:.3g} (> {LOSS_TOL:g})")
-    if tables is not None and not tables["equal"]:
-        problems.append(f"final tables differ from the in-process run (max |Δ| {tables['max_abs_diff']:.3g})")
-    if problems:
-        raise DemoError("; ".join(problems) + f" (report: {out / 'report.json'})", rep)
     return rep
+
+
+def failure_summary(rep: dict) -> list[str]:
+    """The short summary printed when the demo failed: what ran before the failure."""
+    err = rep["error"]
+    lat = rep["lookup_latency_us"]
+    loss = rep["loss"]
+    rows = [
+        ("failed", f"{err['phase']}, after {rep['steps_completed']} of {rep['steps']} steps"
+                   + (f" (shard {err['failing_shard']} did not answer)" if err.get("failing_shard") is not None
+                      else "")),
+        ("dead nodes", ", ".join(f"{d['what']} (pid {d['pid']})" for d in err["dead_nodes"]) or "none"),
+        ("loss", (f"{loss[0]:.4f} → {loss[-1]:.4f}   max |Δ| vs in-process {rep['loss_max_abs_diff']:.2g}"
+                  if loss else "no step completed")),
+        ("messages", f"{rep['messages']}, frames {rep['frames']}, "
+                     f"{rep['messages_detail']['retransmits']} retransmits"),
+        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
+        ("report", f"{Path(rep['plots']['loss']).parent / 'report.json'}, loss.png, latency_cdf.png"),
+    ]
+    return ["demo summary (FAILED):"] + R.table_lines(rows)
 
 
 def summary(rep: dict) -> list[str]:

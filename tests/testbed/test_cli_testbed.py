@@ -67,7 +67,11 @@ def test_help_says_what_and_gives_an_example(args):
     (["testbed", "up"], "--config FILE is required"),
     (["testbed", "up", "-c", str(TESTBED_TOML), "--name", "9-bad"], "testbed name"),
     (["testbed", "netem", "--loss", "200"], "200"),
-    (["demo", "--kill-shard", "7", "--steps", "1"], "no shard 7"),
+    (["demo", "--kill-shard", "7", "--steps", "2"], "no shard 7"),
+    (["demo", "--kill-shard", "1", "--kill-at-step", "50", "--steps", "5"], "--kill-at-step 50 must be between 1"),
+    (["demo", "--kill-shard", "1", "--kill-at-step", "5", "--steps", "5"], "--kill-at-step 5 must be between 1"),
+    (["demo", "--kill-shard", "1", "--steps", "1"], "--kill-at-step 1 must be between 1"),
+    (["demo", "--kill-at-step", "2", "--steps", "5"], "--kill-at-step needs --kill-shard"),
     (["trace", "record", "-c", str(TESTBED_TOML), "--out", "x.pcap"], "--batches"),
 ])
 def test_usage_errors_exit_2(args, needle, run_dir, monkeypatch):  # noqa: F811

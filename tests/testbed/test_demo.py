@@ -52,7 +52,15 @@ def test_short_demo_report_and_loss_match(run_dir, tmp_path, cleanup):  # noqa: 
     assert lat["n"] == md["requests_sent"] // 2 and 0 < lat["p50"] <= lat["p99"]
     # the card saw the traffic and dropped nothing; drops are listed by reason
     assert "unknown_client" in rep["card_drops"] and sum(rep["card_drops"].values()) == 0
-    assert rep["card"]["types"]["LOOKUP_REQ"] > 0 and rep["card"]["types"]["UPDATE_ACK"] == md["requests_sent"] // 2
+    # the card's per-type counters count frames (and say so); messages come from its state map
+    assert "types" not in rep["card"]
+    fbt = rep["card"]["frames_by_type"]
+    assert fbt["LOOKUP_REQ"] > 0 and fbt["UPDATE_ACK"] == md["requests_sent"] // 2
+    assert fbt["LOOKUP_REQ"] + fbt["UPDATE_REQ"] == rep["frames_detail"]["sent"]
+    sm = rep["card"]["messages_in_state_map"]
+    # every request of the run, plus the testbed's 4 readiness probes unless they timed out already
+    assert md["requests_sent"] <= sm["answered"] == sm["entries"] <= md["requests_sent"] + 4, sm
+    assert rep["error"] is None and rep["steps_completed"] == STEPS and rep["kill_shard"] is None
     assert rep["tables"]["equal"] is True and rep["tables"]["rows"] > 0
     for k in ("loss", "latency_cdf"):
         with open(rep["plots"][k], "rb") as f:
