@@ -19,21 +19,27 @@ from embnic.control.options import config_option
 @click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
               help="Seconds to wait for missing replies after the last frame.")
 @click.option("--name", default="embrpl", show_default=True, help="Testbed name (namespace/interface prefix).")
+@click.option("--force", is_flag=True,
+              help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @needs_root("replay")
 @translate_errors
-def replay(pcap, config, rate, topspeed, out, wait_s, name, progress):
+def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
     """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
     tcpreplay, one per client on the client's veth, with real shards answering; count the
     replies in the client namespaces and report frames/s, messages completed, replies per
     client, drops by reason and latency percentiles (OUT/report.json + PNG plots).
 
-    Exits 1 if a recorded request got no reply.
+    The config must be the one the trace was recorded with (its hash is in the sidecar
+    PCAP.json; comments and formatting do not count): otherwise it exits 2 naming that config,
+    unless --force. Exits 1 if a recorded request got no reply, naming the card or shard
+    server that died, if one did.
 
     \b
     Examples:
       sudo embnic replay out/t.pcap -c examples/testbed.toml
       sudo embnic replay out/t.pcap -c examples/testbed.toml --rate 5000 --out out/replay5k
+      sudo embnic replay out/t.pcap -c other.toml --force   # not the config it was recorded with
     """
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
@@ -42,9 +48,14 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, progress):
     with sigterm_as_interrupt():
         try:
             rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
-                            wait_s=wait_s, log=click.echo)
+                            wait_s=wait_s, force=force, log=click.echo)
+        except TR.ConfigMismatch as e:
+            raise click.UsageError(str(e)) from None
         except TR.TraceError as e:
             raise OperationalError(str(e)) from None
     if not rep["all_replied"]:
+        from embnic.testbed.topology import describe_dead
+
+        why = f" ({describe_dead(rep['dead_nodes'])})" if rep.get("dead_nodes") else ""
         raise OperationalError(f"{rep['requests'] - rep['messages_completed']} of {rep['requests']} replayed "
-                               f"requests got no reply (report: {out}/report.json)")
+                               f"requests got no reply{why} (report: {out}/report.json)")

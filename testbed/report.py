@@ -102,12 +102,14 @@ def plot_cdf(path: str | os.PathLike, series: dict[str, Sequence[float]], title:
             ax.axvline(x, linestyle=":", alpha=0.6, color=line.get_color())
     if any(len(vs) for vs in series.values()):
         ax.set_xscale("log")
+        ax.legend(loc="upper left", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center", va="center")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction ≤ x")
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

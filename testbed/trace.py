@@ -6,8 +6,9 @@ through the card, and capture every frame each client puts on its veth (an ``AF_
 socket in the client's namespace, kernel timestamps via ``SO_TIMESTAMPNS``, drop-checked with
 ``PACKET_STATISTICS``). The request frames go to ``T.pcap`` (written with Scapy, so ``rdpcap``
 dissects them down to the ``Embnic`` layer) and a sidecar ``T.json`` describes the run:
-config (and its sha256), data, K, batch size, clients, frames and messages by type and client,
-duration, MTU, protocol version.
+config (its path, the file's sha256 and ``config_digest``, a hash of its content that replay
+checks), data, K, batch size, clients, frames and messages by type and client, duration, MTU,
+protocol version.
 
 **Replay** (:func:`replay`, ``embnic replay``) uses **tcpreplay** (Debian's ``tcpreplay``),
 not the DPDK ``net_pcap`` vdev, because:
@@ -24,7 +25,8 @@ not the DPDK ``net_pcap`` vdev, because:
 * tcpreplay paces (``--pps``, the recorded timing, or ``--topspeed``); ``net_pcap`` reads as
   fast as the lcore polls.
 
-Replay brings up its own testbed (fresh shards, so updates apply once), resets the card's
+Replay first checks that the config is the one the trace was recorded with (:func:`check_config`;
+``--force`` replays anyway), then brings up its own testbed (fresh shards, so updates apply once), resets the card's
 counters, runs one tcpreplay per client in the client's namespace, waits for the replies,
 tears the testbed down and reports frames/s, messages completed, replies per client, drops
 by reason (card counters, client-side reassembly, requests left without a reply), lookup and
@@ -36,6 +38,7 @@ from __future__ import annotations
 import collections
 import datetime
 import hashlib
+import json
 import os
 import re
 import select
@@ -222,6 +225,57 @@ def parse_requests(frames: list[tuple[float, bytes]]) -> tuple[dict, dict, int]:
     return reqs, dict(per_client), other
 
 
+# --------------------------------------------------------------------------- config check
+class ConfigMismatch(TraceError):
+    """The trace was recorded with another config (a usage error: the CLI exits 2)."""
+
+
+def config_digest(cfg) -> str:
+    """sha256 of the config's content that shapes the traffic: every section except
+    ``[control]`` (deployment details), as canonical JSON — comments and formatting do not count."""
+    raw = {k: v for k, v in cfg.raw.items() if k != "control"}
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def read_sidecar(pcap: str | os.PathLike) -> dict | None:
+    """The sidecar ``T.json`` of trace ``T.pcap`` (None if there is none or it is unreadable)."""
+    try:
+        return json.loads(Path(pcap).with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_config(sidecar: dict | None, config: str | os.PathLike, cfg) -> dict:
+    """Compare the config a trace was recorded with (its sidecar) with ``config``.
+
+    Uses the sidecar's ``config_digest`` (:func:`config_digest`) when it has one, else its
+    ``config_sha256`` (sha256 of the file's bytes, older traces).
+
+    Returns:
+        ``{"recorded_with", "match": bool or None (no sidecar or no hash), "compared": "digest" |
+        "file_sha256" | None}``.
+    """
+    if not sidecar:
+        return {"recorded_with": None, "match": None, "compared": None}
+    rec = sidecar.get("config")
+    if sidecar.get("config_digest"):
+        return {"recorded_with": rec, "match": sidecar["config_digest"] == config_digest(cfg), "compared": "digest"}
+    if sidecar.get("config_sha256"):
+        mine = hashlib.sha256(Path(config).read_bytes()).hexdigest()
+        return {"recorded_with": rec, "match": sidecar["config_sha256"] == mine, "compared": "file_sha256"}
+    return {"recorded_with": rec, "match": None, "compared": None}
+
+
+def why_no_answer(tb) -> str:
+    """Which of the card and the shard servers of running testbed ``tb`` are dead (pids, logs),
+    or that all still run. The client only knows that a shard did not answer; through the card
+    that is as likely a dead card."""
+    dead = tb.dead_nodes()
+    if dead:
+        return T.describe_dead(dead)
+    return f"the card and every shard still run; see the logs in {tb.dir}"
+
+
 # --------------------------------------------------------------------------- record
 def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, data: str | os.PathLike | None = None,
            batch_size: int = 256, clients: list[int] | None = None, name: str = "embrec",
@@ -270,7 +324,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
                         train(tb.cfg, tr[start:], steps=batches, batch_size=batch_size, backend=client,
                               progress=lambda i, loss, cid=cid: bar.update(1, client=cid, loss=f"{loss:.4f}"))
                     except EmbnicError as e:
-                        raise TraceError(f"client {cid} failed while recording: {e}") from None
+                        raise TraceError(f"client {cid} failed while recording: {e} ({why_no_answer(tb)})") from None
                 stats[cid] = client.stats.as_dict()
         time.sleep(0.05)
         captured = {cid: cap.stop() for cid, cap in caps.items()}
@@ -294,6 +348,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
         "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config": str(Path(config).resolve()),
         "config_sha256": hashlib.sha256(Path(config).read_bytes()).hexdigest(),
+        "config_digest": config_digest(cfg),
         "data": str(data or "shipped Criteo sample (testbed/data)"),
         "batches": batches,
         "batch_size": batch_size,
@@ -401,7 +456,7 @@ def _parse_tcpreplay(text: str) -> dict:
 
 def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | None = None,
            topspeed: bool = False, out: str | os.PathLike = "out/replay", name: str = "embrpl",
-           rdir: Path | None = None, progress: bool | None = None, wait_s: float = 5.0,
+           rdir: Path | None = None, progress: bool | None = None, wait_s: float = 5.0, force: bool = False,
            log: Callable[[str], None] = print) -> dict:
     """Replay a recorded trace into the card of a fresh testbed and measure (module docstring).
 
@@ -409,16 +464,21 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         rate: total frames/s over all clients (split evenly; None: the recorded timing).
         topspeed: as fast as tcpreplay can.
         wait_s: how long to wait for missing replies after the last frame was sent.
+        force: replay even if the trace's sidecar says it was recorded with another config.
 
     Returns:
         the report (also ``OUT/report.json``): ``pcap``, ``frames_sent``, ``frames_per_s``,
         ``requests``, ``messages_completed``, ``all_replied``, ``replies_per_client``,
         ``requests_per_client``, ``reply_types``, ``error_statuses``, ``drops`` (``card`` by
         reason, ``client_reassembly``, ``no_reply``), ``lookup_latency_us``,
-        ``update_latency_us``, ``card``, ``tcpreplay``, ``plots``.
+        ``update_latency_us``, ``card`` (``frames_by_type``, ports, ring, ``state``: the state
+        map summary, ``messages_in_state_map``), ``config_check``, ``dead_nodes`` (the card or
+        servers found dead after the replay, with pids and logs), ``tcpreplay``, ``plots``.
 
     Raises:
         NeedsRoot, TestbedError: as :meth:`Testbed.up`.
+        ConfigMismatch: the sidecar says the trace was recorded with another config (unless
+            ``force``); checked before the testbed comes up.
         TraceError: unreadable pcap, no embnic requests in it, a client the config lacks,
             tcpreplay missing or failing.
     """
@@ -432,12 +492,24 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         raise TraceError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "
                          "record one with `embnic trace record`")
     cfg = load_config(config)
+    sidecar_path = pcap.with_suffix(".json")
+    cc = check_config(read_sidecar(pcap), config, cfg)
+    cc["forced"] = False
+    if cc["match"] is False:
+        what = f"{pcap} was recorded with config {cc['recorded_with']}, whose content differs from {config}"
+        if not force:
+            raise ConfigMismatch(f"{what}: replay it with `-c {cc['recorded_with']}` (the card and shards of "
+                                 "another config answer with errors or not at all), or pass --force to replay anyway")
+        cc["forced"] = True
+        log(f"warning: {what}; replaying anyway (--force)")
+    elif cc["match"] is None:
+        log(f"note: no config hash for {pcap.name} ({sidecar_path.name} missing or without one); the config is "
+            "not checked")
     ids = {c.id for c in cfg.clients}
     missing_clients = sorted(set(per_client) - ids)
     if missing_clients:
         raise TraceError(f"the trace has frames of client {missing_clients[0]}, which {config} does not have "
                          f"(clients: {', '.join(map(str, sorted(ids)))}); replay with the config it was recorded with")
-    sidecar_path = pcap.with_suffix(".json")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     topo = T.Topology.from_config(cfg, name)
@@ -498,8 +570,12 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         time.sleep(0.05)
         for cap in caps.values():
             cap.stop()
-        counters = tb.target.counters()
-        state_summary = tb.target.state_summary()
+        dead = tb.dead_nodes()
+        if any(d["role"] == "card" for d in dead):
+            counters, state_summary = {}, None
+        else:
+            counters = tb.target.counters()
+            state_summary = tb.target.state_summary()
     finally:
         for cap in caps.values():
             if not cap._stop.is_set():
@@ -512,6 +588,9 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     ports = {cid: cfg.client(cid).card_port for cid in clients}
     rep = _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
                          other, out, ports, capture_drops)
+    rep["config_check"] = cc
+    rep["dead_nodes"] = dead
+    R.write_json(out / "report.json", rep)
     for line in replay_summary(rep):
         log(line)
     return rep
@@ -563,8 +642,6 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
     completed = sum(replies_per_client.values())
     sidecar = None
     if sidecar_path.exists():
-        import json
-
         try:
             sidecar = json.loads(sidecar_path.read_text())
         except (OSError, ValueError):
@@ -596,8 +673,10 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
         "missing": missing[:100],
         "lookup_latency_us": R.percentiles(lat["LOOKUP_REQ"]),
         "update_latency_us": R.percentiles(lat["UPDATE_REQ"]),
-        "card": {"types": counters.get("types"), "ports": counters.get("ports"), "ring": counters.get("ring"),
-                 "mempool": counters.get("mempool"), "state": state_summary},
+        "card": {"frames_by_type": counters.get("types"), "ports": counters.get("ports"),
+                 "ring": counters.get("ring"), "mempool": counters.get("mempool"), "state": state_summary,
+                 "messages_in_state_map": ({"entries": state_summary.get("entries"),
+                                            **(state_summary.get("by_state") or {})} if state_summary else None)},
         "tcpreplay": {str(k): v for k, v in tcpr.items()},
     }
     rep["plots"] = {
@@ -655,4 +734,6 @@ def replay_summary(rep: dict) -> list[str]:
                         + " (capture vs the card's port counters)"),
         ("report", str(Path(rep["plots"]["latency_cdf"]).parent / "report.json")),
     ]
+    if rep.get("dead_nodes"):
+        rows.insert(2, ("dead nodes", T.describe_dead(rep["dead_nodes"])))
     return ["replay summary:"] + R.table_lines(rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -143,13 +144,120 @@ def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  
         side["messages_by_type"]["LOOKUP_REQ"]
     assert rep["reply_types"]["UPDATE_ACK"] == side["messages_by_type"]["UPDATE_REQ"]
     assert rep["lookup_latency_us"]["n"] == side["messages_by_type"]["LOOKUP_REQ"]
-    assert rep["card"]["types"]["LOOKUP_REQ"] + rep["card"]["types"]["UPDATE_REQ"] == side["frames"]
+    fbt = rep["card"]["frames_by_type"]
+    assert fbt["LOOKUP_REQ"] + fbt["UPDATE_REQ"] == side["frames"]
     assert sum(rep["drops"]["card"].values()) == 0
     assert rep["frames_lost"] == {"client_to_card": {"1": 0, "2": 0}, "card_to_client": {"1": 0, "2": 0}}
     assert rep["capture_drops"] == {"1": 0, "2": 0}
+    assert "types" not in rep["card"]
+    sm = rep["card"]["messages_in_state_map"]  # the replayed messages plus the readiness probes
+    assert side["messages"] <= sm["answered"] == sm["entries"] <= side["messages"] + 4, sm
+    assert rep["config_check"] == {"recorded_with": str(TESTBED_TOML.resolve()), "match": True,
+                                   "compared": "digest", "forced": False}
+    assert rep["dead_nodes"] == []
     for k in ("latency_cdf", "replies"):
         assert open(rep["plots"][k], "rb").read(4) == b"\x89PNG"
     assert_gone(rpl_name)
+
+    # another config: refused before anything starts (exit 2, naming the recorded config) ...
+    other = tmp_path / "other.toml"
+    other.write_text(TESTBED_TOML.read_text().replace("seed = 2024", "seed = 2025"))
+    r = subprocess.run([sys.executable, "-m", "embnic", "replay", str(pcap), "-c", str(other), "--out", str(out),
+                        "--name", rpl_name, "--no-progress"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"recorded with config {TESTBED_TOML.resolve()}" in r.stderr and "--force" in r.stderr, r.stderr
+    assert_gone(rpl_name)
+    # ... unless --force
+    r = subprocess.run([sys.executable, "-m", "embnic", "replay", str(pcap), "-c", str(other), "--out", str(out),
+                        "--name", rpl_name, "--no-progress", "--force", "--rate", "2000"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "replaying anyway (--force)" in r.stdout
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["config_check"]["match"] is False and rep["config_check"]["forced"] is True
+    assert_gone(rpl_name)
+
+    # the card dies before the replay: the error names the card, not a shard
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+    from embnic.testbed import topology as T
+    from embnic.testbed import trace as TR
+
+    real_argv = TR._tcpreplay_argv
+    killed = {}
+
+    def kill_card_first(*a, **kw):
+        if not killed:
+            rec = next(p for p in T.read_state(rpl_name, run_dir)["procs"] if p["role"] == "card")
+            os.kill(rec["pid"], signal.SIGKILL)
+            killed.update(rec)
+        return real_argv(*a, **kw)
+
+    TR._tcpreplay_argv = kill_card_first
+    try:
+        r = CliRunner().invoke(cli, ["replay", str(pcap), "-c", str(TESTBED_TOML), "--out", str(out), "--name",
+                                     rpl_name, "--no-progress", "--wait", "0.5", "--rate", "5000"])
+    finally:
+        TR._tcpreplay_argv = real_argv
+    assert r.exit_code == 1, r.output
+    assert f"got no reply (the card, pid {killed['pid']}, is not running: see {killed['log']})" in r.output
+    rep = json.loads((out / "report.json").read_text())
+    assert [d["what"] for d in rep["dead_nodes"]] == ["the card"] and rep["all_replied"] is False
+    assert_gone(rpl_name, [killed["pid"]])
+
+
+def test_config_digest_ignores_comments_and_control_and_check_config(tmp_path):
+    from embnic.client_lib.config import load_config
+    from embnic.testbed import trace as TR
+
+    text = TESTBED_TOML.read_text()
+    a = load_config(TESTBED_TOML)
+    p = tmp_path / "b.toml"
+    p.write_text("# another comment\n" + text + "\n[control]\nctl = \"/tmp/x.sock\"\n")
+    assert TR.config_digest(load_config(p)) == TR.config_digest(a)
+    p.write_text(text.replace("seed = 2024", "seed = 7"))
+    assert TR.config_digest(load_config(p)) != TR.config_digest(a)
+    side = {"config": "/x/testbed.toml", "config_digest": TR.config_digest(a)}
+    assert TR.check_config(side, TESTBED_TOML, a)["match"] is True
+    assert TR.check_config(side, p, load_config(p)) == {"recorded_with": "/x/testbed.toml", "match": False,
+                                                         "compared": "digest"}
+    # older sidecars only have the file's sha256
+    import hashlib
+
+    old = {"config": "/x/testbed.toml", "config_sha256": hashlib.sha256(TESTBED_TOML.read_bytes()).hexdigest()}
+    assert TR.check_config(old, TESTBED_TOML, a)["match"] is True
+    assert TR.check_config(old, p, load_config(p))["match"] is False
+    assert TR.check_config(None, p, load_config(p))["match"] is None
+
+
+@needs_root
+def test_record_names_a_dead_card(run_dir, tmp_path, cleanup, monkeypatch):  # noqa: F811
+    """The card dies while recording: the error names the card, not only the shard that did not answer."""
+    from embnic.testbed import topology as T
+    from embnic.testbed import trace as TR
+    from embnic.testbed import train as TRN
+
+    build_dataplane()
+    name = tb_name("q")
+    cleanup.append(name)
+    real_train = TRN.train
+    killed = {}
+
+    def train_after_killing_the_card(*a, **kw):
+        if not killed:
+            rec = next(p for p in T.read_state(name, run_dir)["procs"] if p["role"] == "card")
+            os.kill(rec["pid"], signal.SIGKILL)
+            killed.update(rec)
+        return real_train(*a, **kw)
+
+    monkeypatch.setattr(TRN, "train", train_after_killing_the_card)
+    with pytest.raises(TR.TraceError) as ei:
+        TR.record(TESTBED_TOML, tmp_path / "t.pcap", batches=1, batch_size=64, name=name, rdir=run_dir,
+                  progress=False, log=lambda s: None)
+    msg = str(ei.value)
+    assert "did not answer" in msg and f"(the card, pid {killed['pid']}, is not running: see {killed['log']})" in msg
+    assert_gone(name, [killed["pid"]])
 
 
 @needs_root
@@ -163,3 +271,14 @@ def test_replay_refuses_a_file_without_embnic_requests(run_dir, tmp_path):  # no
     r = subprocess.run([sys.executable, "-m", "embnic", "replay", str(p), "-c", str(TESTBED_TOML)],
                        capture_output=True, text=True, env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)))
     assert r.returncode == 1 and "no embnic request frames" in r.stderr
+
+
+def test_latency_cdf_of_a_run_without_samples_is_drawn_without_warnings(tmp_path):
+    import warnings
+
+    from embnic.testbed import report as R
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # matplotlib: "No artists with labels found"
+        p = R.plot_cdf(tmp_path / "cdf.png", {"lookup": [], "update": []}, "nothing answered")
+    assert p.read_bytes()[:4] == b"\x89PNG"
