@@ -140,9 +140,14 @@ def up(config, name, no_card, timeout, as_json):
                    f"{len(st['processes'])} processes; probe {probe}")
         c = tb.cfg.clients[0]
         click.echo(f"logs: {tb.dir}/   config every node reads: {tb.config_path}")
-        click.echo(f"train as client {c.id}: sudo ip netns exec {topo.client_ns(c.id)} embnic train -c "
-                   f"{tb.config_path} --client-id {c.id}")
-        click.echo(f"the card: sudo embnic status -c {tb.config_path}   (route list, state dump, ... likewise)")
+        if no_card:
+            click.echo(f"no card (--no-card): the clients reach no shard until one runs in netns {topo.card_ns}: "
+                       f"sudo embnic pipeline load -c {tb.config_path}   (and `sudo embnic pipeline unload -c "
+                       f"{tb.config_path}` before `testbed down`)")
+        else:
+            click.echo(f"train as client {c.id}: sudo ip netns exec {topo.client_ns(c.id)} embnic train -c "
+                       f"{tb.config_path} --client-id {c.id}")
+            click.echo(f"the card: sudo embnic status -c {tb.config_path}   (route list, state dump, ... likewise)")
         click.echo(f"tear down: sudo embnic testbed down --name {name}")
 
 
@@ -182,7 +187,9 @@ def _print_status(st: dict) -> None:
         click.echo(f"  proc  {p['node']:<5} {p['role']:<7} pid {p['pid']!s:<8} "
                    f"{'running' if p['alive'] else 'NOT RUNNING'}  {p['log']}")
     card = st.get("card")
-    if card:
+    if card is None:
+        click.echo("  card  none (up --no-card)")
+    else:
         if card.get("running") is False:
             click.echo(f"  card  {card['error']}")
         elif "error" in card:
@@ -190,7 +197,9 @@ def _print_status(st: dict) -> None:
         else:
             drops = ", ".join(f"{k} {v}" for k, v in sorted(card["drops"].items())) or "none"
             ring = card.get("ring") or {}
-            click.echo(f"  card  ctl {card.get('ctl')}  types {card.get('types')}")
+            fbt = ", ".join(f"{k} {v}" for k, v in (card.get("frames_by_type") or {}).items()) or "none"
+            click.echo(f"  card  ctl {card.get('ctl')}")
+            click.echo(f"  card  frames by type: {fbt}")
             click.echo(f"  card  drops: {drops}   ring {ring.get('count')}/{ring.get('size')} "
                        f"(high water {ring.get('high_water')})")
     if st.get("netem"):

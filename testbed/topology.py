@@ -1055,7 +1055,7 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
             c = t.counters()
             out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"),
                            "drops": {k: v for k, v in c.get("drops", {}).items() if v},
-                           "types": c.get("types"), "ring": c.get("ring"), "ports": c.get("ports"),
+                           "frames_by_type": c.get("types"), "ring": c.get("ring"), "ports": c.get("ports"),
                            "state": c.get("state")}
         except Exception as e:  # noqa: BLE001 - status shows what it can
             out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"), "error": str(e)}

@@ -104,8 +104,12 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
     cleanup.append(name)
     r = _embnic(run_dir, "testbed", "up", "-c", str(TESTBED_TOML), "--name", name)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "the card: sudo embnic status" in r.stdout and "no card" not in r.stdout
     r = _embnic(run_dir, "testbed", "status", "--name", name)
     assert r.returncode == 0, r.stdout + r.stderr
+    # the card's counters are formatted (the probes went through it), not a Python dict
+    assert "card  frames by type: LOOKUP_REQ 4, LOOKUP_REPLY" in r.stdout, r.stdout
+    assert "{" not in r.stdout and "'" not in r.stdout
     st = T.read_state(name)
     card = next(p for p in st["procs"] if p["role"] == "card")
     s1 = next(p for p in st["procs"] if p["node"] == "s1")
@@ -133,4 +137,18 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
     assert js["card"]["running"] is False
     r = _embnic(run_dir, "testbed", "down", "--name", name)
     assert r.returncode == 0, r.stderr
+    assert_gone(name)
+
+
+@pytest.mark.skipif(not T.has_net_admin(), reason="needs root")
+def test_up_without_a_card_does_not_point_at_one(run_dir, cleanup):  # noqa: F811
+    name = tb_name("o")
+    cleanup.append(name)
+    r = _embnic(run_dir, "testbed", "up", "-c", str(TESTBED_TOML), "--name", name, "--no-card")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the card: sudo embnic status" not in r.stdout and "train as client" not in r.stdout
+    assert f"no card (--no-card): the clients reach no shard until one runs in netns {name}-card" in r.stdout
+    r = _embnic(run_dir, "testbed", "status", "--name", name)
+    assert r.returncode == 0 and "\n  card  none (up --no-card)\n" in r.stdout, r.stdout + r.stderr
+    assert _embnic(run_dir, "testbed", "down", "--name", name).returncode == 0
     assert_gone(name)
