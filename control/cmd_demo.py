@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import needs_root, sigterm_as_interrupt, translate_errors
+from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
 from embnic.control.errors import OperationalError
 
 
@@ -16,7 +16,8 @@ from embnic.control.errors import OperationalError
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per step.")
 @click.option("--data", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Criteo TSV (Kaggle train.txt layout). Default: the sample shipped with embnic.")
-@click.option("--name", default="embdemo", show_default=True, help="Testbed name (namespace/interface prefix).")
+@click.option("--name", default="embdemo", show_default=True, callback=check_name_param,
+              help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
 @click.option("--loss", type=click.FloatRange(0, 100), default=0.0, help="Fault: % of frames lost on every link.")
 @click.option("--reorder", type=click.FloatRange(0, 100), default=0.0, help="Fault: % of frames reordered.")
 @click.option("--duplicate", type=click.FloatRange(0, 100), default=0.0, help="Fault: % of frames duplicated.")

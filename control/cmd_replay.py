@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import needs_root, sigterm_as_interrupt, translate_errors
+from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
 from embnic.control.errors import OperationalError
 from embnic.control.options import config_option
 
@@ -18,7 +18,8 @@ from embnic.control.options import config_option
               help="Directory for report.json and the PNG plots.")
 @click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
               help="Seconds to wait for missing replies after the last frame.")
-@click.option("--name", default="embrpl", show_default=True, help="Testbed name (namespace/interface prefix).")
+@click.option("--name", default="embrpl", show_default=True, callback=check_name_param,
+              help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
 @click.option("--force", is_flag=True,
               help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")

@@ -73,7 +73,18 @@ def translate_errors(f):
     return wrapper
 
 
+def check_name_param(ctx, param, value):
+    """Click callback: a testbed name must be 1-8 letters/digits starting with a letter (exit 2 otherwise)."""
+    from embnic.testbed.topology import check_name
+
+    try:
+        return check_name(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 name_option = click.option("--name", "-n", "name", default=DEFAULT_NAME, envvar="EMBNIC_TESTBED", show_default=True,
+                           callback=check_name_param,
                            help="Testbed name: prefix of every namespace and interface (1-8 letters/digits). "
                                 "Env: EMBNIC_TESTBED.")
 

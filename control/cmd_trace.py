@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import needs_root, sigterm_as_interrupt, translate_errors
+from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
 from embnic.control.errors import OperationalError
 from embnic.control.options import config_option
 
@@ -30,7 +30,8 @@ def trace():
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per batch.")
 @click.option("--client", "clients", type=int, multiple=True,
               help="Record this client (repeatable). Default: every client of the config.")
-@click.option("--name", default="embrec", show_default=True, help="Testbed name (namespace/interface prefix).")
+@click.option("--name", default="embrec", show_default=True, callback=check_name_param,
+              help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @needs_root("trace record")
 @translate_errors

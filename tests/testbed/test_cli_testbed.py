@@ -66,6 +66,10 @@ def test_help_says_what_and_gives_an_example(args):
 @pytest.mark.parametrize("args, needle", [
     (["testbed", "up"], "--config FILE is required"),
     (["testbed", "up", "-c", str(TESTBED_TOML), "--name", "9-bad"], "testbed name"),
+    (["demo", "--name", "9bad", "--steps", "2"], "testbed name '9bad'"),
+    (["trace", "record", "-c", str(TESTBED_TOML), "--batches", "1", "--out", "x.pcap", "--name", "9bad"],
+     "testbed name '9bad'"),
+    (["replay", str(TESTBED_TOML), "-c", str(TESTBED_TOML), "--name", "waytoolongname"], "testbed name"),
     (["testbed", "netem", "--loss", "200"], "200"),
     (["demo", "--kill-shard", "7", "--steps", "2"], "no shard 7"),
     (["demo", "--kill-shard", "1", "--kill-at-step", "50", "--steps", "5"], "--kill-at-step 50 must be between 1"),
