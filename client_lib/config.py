@@ -6,6 +6,7 @@ Example: ``examples/cluster.toml``. :func:`load_config` parses and validates it 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import os
 import re
@@ -16,8 +17,19 @@ from typing import Any
 from . import consts
 
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+_CORELIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 SHARDING_POLICIES = ("hash", "table")
 OPTIMIZERS = ("sgd", "adagrad")
+#: highest lcore id + 1 DPDK accepts in ``-l`` (RTE_MAX_LCORE of the default build)
+MAX_LCORE = 128
+
+#: the known keys of every section (anything else is an error naming the closest known key)
+SECTIONS = ("cluster", "tables", "shards", "clients", "card", "control")
+CLUSTER_KEYS = ("name", "udp_port", "mtu", "sharding", "seed", "timeout_ms", "retries")
+TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard")
+ENDPOINT_KEYS = ("id", "ip", "port", "mac", "card_port")
+CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores")
+CARD_PORT_KEYS = ("id", "ip", "mac", "name")
 
 
 class ConfigError(ValueError):
@@ -29,6 +41,52 @@ class ConfigError(ValueError):
         self.path = str(path) if path else None
         where = f"{self.path}: " if self.path else ""
         super().__init__(f"{where}{field}: {message}")
+
+
+def did_you_mean(word: str, known) -> str:
+    """``" (did you mean 'udp_port'?)"`` for the closest of ``known`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_keys(d: dict, known, where: str, path=None) -> None:
+    """Raise :class:`ConfigError` naming the first key of ``d`` not in ``known``.
+
+    ``where`` is the dotted prefix of the field (``"cluster."``, ``"tables[0]."``); the message
+    suggests the closest known key and lists them all.
+    """
+    for key in d:
+        if key not in known:
+            raise ConfigError(f"{where}{key}", f"unknown field{did_you_mean(key, known)}; known: "
+                              f"{', '.join(known)}", path)
+
+
+def parse_lcores(v: str) -> list[int]:
+    """The lcore ids of a DPDK core list (EAL ``-l``): ``"0"``, ``"0,1"``, ``"0-3,6"``.
+
+    Returns:
+        sorted, de-duplicated lcore ids (each ``0 <= id < MAX_LCORE``).
+    Raises:
+        ValueError: not ``c1[-c2][,c3[-c4]...]`` with ``c1 <= c2``, or an id >= ``MAX_LCORE``.
+    """
+    s = v.replace(" ", "") if isinstance(v, str) else ""
+    if not _CORELIST_RE.match(s):
+        raise ValueError(f"{v!r} is not a DPDK core list (write e.g. \"0\", \"0,1\" or \"0-3\")")
+    out: set[int] = set()
+    for part in s.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if a > b:
+            raise ValueError(f"{v!r}: range {part} goes backwards (write {b}-{a})")
+        if b >= MAX_LCORE:
+            raise ValueError(f"{v!r}: lcore {b} is out of range (DPDK takes 0..{MAX_LCORE - 1})")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def is_multicast_mac(mac: str) -> bool:
+    """True for a group (multicast or broadcast) MAC: the low bit of the first octet is set."""
+    return bool(int(mac[:2], 16) & 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +222,9 @@ def _check_ip(v: str, field: str, path) -> str:
 def _check_mac(v: str | None, field: str, path) -> str | None:
     if v is not None and not _MAC_RE.match(v):
         raise ConfigError(field, f"{v!r} is not a MAC address (write e.g. 02:00:00:00:00:01)", path)
+    if v is not None and is_multicast_mac(v):
+        raise ConfigError(field, f"{v} is a multicast/broadcast MAC (low bit of the first octet set): "
+                          "give the node's own unicast MAC, e.g. 02:00:00:00:00:01", path)
     return v.lower() if v else v
 
 
@@ -177,21 +238,40 @@ def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, 
     items = raw.get(key)
     if not isinstance(items, list) or not items:
         raise ConfigError(key, f"at least one [[{key}]] entry is required", path)
-    out, seen = [], set()
+    out, seen, addrs = [], set(), {}
     for i, e in enumerate(items):
         w = f"{key}[{i}]."
         if not isinstance(e, dict):
             raise ConfigError(f"{key}[{i}]", "must be a table", path)
+        check_keys(e, ENDPOINT_KEYS, w, path)
         eid = _check_range(_get(e, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
         if eid in seen:
             raise ConfigError(w + "id", f"duplicate id {eid}", path)
         seen.add(eid)
         ip = _check_ip(_get(e, "ip", w, str, path=path), w + "ip", path)
         port = _check_range(_get(e, "port", w, int, default_port, path), 1, 65535, w + "port", path)
+        if (ip, port) in addrs:
+            j, other = addrs[(ip, port)]
+            raise ConfigError(w + "port", f"{ip}:{port} is already the address of {key}[{j}] (id {other}); "
+                              f"every {key[:-1]} needs an ip:port of its own", path)
+        addrs[(ip, port)] = (i, eid)
         mac = _check_mac(_get(e, "mac", w, str, None, path), w + "mac", path)
         cp = _get(e, "card_port", w, int, None, path)
         out.append(Endpoint(eid, ip, port, mac, cp))
     return tuple(out)
+
+
+def _check_unique_macs(shards, clients, ports, path) -> None:
+    """No MAC twice across shards, clients and card ports (the card's tables name peers by MAC)."""
+    owner: dict[str, str] = {}
+    for key, items in (("card.ports", ports), ("shards", shards), ("clients", clients)):
+        for i, e in enumerate(items):
+            if e.mac is None:
+                continue
+            if e.mac in owner:
+                raise ConfigError(f"{key}[{i}].mac", f"{e.mac} is already the MAC of {owner[e.mac]}; "
+                                  "every shard, client and card port needs a MAC of its own", path)
+            owner[e.mac] = f"{key}[{i}] (id {e.id})"
 
 
 def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterConfig:
@@ -200,10 +280,15 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
     Raises:
         ConfigError: naming the first invalid field.
     """
+    for sec in raw:
+        if sec not in SECTIONS:
+            raise ConfigError(sec, f"unknown section{did_you_mean(sec, SECTIONS)}; known: "
+                              f"{', '.join(SECTIONS)}", path)
     cl = raw.get("cluster", {})
     if not isinstance(cl, dict):
         raise ConfigError("cluster", "must be a table [cluster]", path)
     w = "cluster."
+    check_keys(cl, CLUSTER_KEYS, w, path)
     name = _get(cl, "name", w, str, "embnic", path)
     udp_port = _check_range(_get(cl, "udp_port", w, int, consts.UDP_PORT, path), 1, 65535, w + "udp_port", path)
     mtu = _check_range(_get(cl, "mtu", w, int, consts.DEFAULT_MTU, path), 576, 9000, w + "mtu", path)
@@ -222,6 +307,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
         w = f"tables[{i}]."
         if not isinstance(t, dict):
             raise ConfigError(f"tables[{i}]", "must be a table", path)
+        check_keys(t, TABLE_KEYS, w, path)
         tid = _check_range(_get(t, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
         if tid in seen:
             raise ConfigError(w + "id", f"duplicate table id {tid}", path)
@@ -260,11 +346,13 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
         w = "card."
         if not isinstance(c, dict):
             raise ConfigError("card", "must be a table [card]", path)
+        check_keys(c, CARD_KEYS, w, path)
         ports, pseen = [], set()
         for i, p in enumerate(_get(c, "ports", w, list, [], path)):
             pw = f"card.ports[{i}]."
             if not isinstance(p, dict):
                 raise ConfigError(f"card.ports[{i}]", "must be a table", path)
+            check_keys(p, CARD_PORT_KEYS, pw, path)
             pid = _check_range(_get(p, "id", pw, int, path=path), 0, 1023, pw + "id", path)
             if pid in pseen:
                 raise ConfigError(pw + "id", f"duplicate card port {pid}", path)
@@ -283,9 +371,14 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
                                           w + "state_timeout_ms", path),
             lcores=_get(c, "lcores", w, str, "0,1", path),
         )
+        try:
+            parse_lcores(card.lcores)
+        except ValueError as e:
+            raise ConfigError(w + "lcores", str(e), path) from None
         if enabled:
             if not ports:
                 raise ConfigError("card.ports", "at least one port is required when the card is enabled", path)
+            link: dict[int, str] = {}
             for kind, eps in (("shards", shards), ("clients", clients)):
                 for i, e in enumerate(eps):
                     if e.card_port is None:
@@ -293,6 +386,12 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
                     if e.card_port not in pseen:
                         raise ConfigError(f"{kind}[{i}].card_port",
                                           f"no card port {e.card_port} (ports: {sorted(pseen)})", path)
+                    if e.card_port in link:
+                        raise ConfigError(f"{kind}[{i}].card_port", f"card port {e.card_port} is already the link "
+                                          f"of {link[e.card_port]}; every client and shard needs a card port of "
+                                          "its own (one link per node)", path)
+                    link[e.card_port] = f"{kind}[{i}] (id {e.id})"
+    _check_unique_macs(shards, clients, card.ports if card is not None else (), path)
     return ClusterConfig(name, udp_port, mtu, sharding, seed, timeout_ms, retries, tuple(tables),
                          shards, clients, card, str(path) if path else None, raw)
 

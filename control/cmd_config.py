@@ -24,10 +24,16 @@ def _file_arg(file: str | None) -> str:
 
 
 def card_warnings(cfg: ClusterConfig) -> list[str]:
-    """What ``pipeline load`` would still need from a valid config (e.g. MACs), one line each."""
+    """What ``pipeline load`` would still need from a valid config (MACs, card ports, lcores this
+    machine has), one line each."""
     if cfg.card is None or not cfg.card.enabled:
         return []
+    from embnic.control.target_dpdk import lcores_problem
+
     out = []
+    bad = lcores_problem(cfg.card.lcores)
+    if bad:
+        out.append(f"card.lcores: {bad}")
     for fn in (routes_from_config, clients_from_config):
         try:
             fn(cfg)
@@ -65,12 +71,15 @@ def config():
 
 @config.command("check")
 @click.argument("file", required=False, metavar="FILE")
-@click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs).")
+@click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
+                                             "lcores this machine has).")
 def check(file, strict):
     """Validate FILE (default $EMBNIC_CONFIG): exit 0 if valid, 2 with the offending field if not.
 
-    Also checks the optional [control] section and warns about what loading the card would
-    still need (every shard and client needs `mac` and `card_port` when [card] is enabled).
+    Unknown sections and fields are errors (with the closest valid name). Also checks the
+    optional [control] section and warns about what loading the card would still need: every
+    shard and client needs `mac` and `card_port` when [card] is enabled, and card.lcores must
+    name cores this machine has (--strict makes these errors).
 
     \b
     Example:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import click
 
-from embnic.client_lib.config import ClusterConfig, ConfigError, load_config
+from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, is_multicast_mac, load_config
 
 DEFAULT_RUN_DIR = "/run/embnic"
 DEFAULT_NAME = "embnic"
@@ -77,9 +77,12 @@ class MacType(click.ParamType):
     name = "MAC"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, str) and _MAC_RE.match(value):
-            return value.lower()
-        self.fail(f"{value!r} is not a MAC address (write e.g. 02:00:00:00:00:01)", param, ctx)
+        if not (isinstance(value, str) and _MAC_RE.match(value)):
+            self.fail(f"{value!r} is not a MAC address (write e.g. 02:00:00:00:00:01)", param, ctx)
+        if is_multicast_mac(value):
+            self.fail(f"{value} is a multicast/broadcast MAC (low bit of the first octet set): give the "
+                      "peer's own unicast MAC, e.g. 02:00:00:00:00:01", param, ctx)
+        return value.lower()
 
 
 class IPv4Type(click.ParamType):
@@ -204,7 +207,8 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
     known = ("target", "name", "ctl", "binary", "eal_args", "card_args", "vdevs", "netns")
     unknown = sorted(set(sec) - set(known))
     if unknown:
-        raise ConfigFileError(f"{where}control.{unknown[0]}: unknown field (known: {', '.join(known)})")
+        raise ConfigFileError(f"{where}control.{unknown[0]}: unknown field{did_you_mean(unknown[0], known)}; "
+                              f"known: {', '.join(known)}")
     return out
 
 

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import click
 
-from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
 from embnic.control import buildinfo
 from embnic.control.ctlsock import CtlClient, CtlError, CtlNotLoaded
 from embnic.control.errors import OperationalError
@@ -44,6 +44,42 @@ from embnic.control.target import (Entry, Target, clients_from_config, describe_
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: where `make -C dataplane` puts the card binary
 REPO_BINARY = REPO_ROOT / "dataplane" / "build" / "embnic-dp"
+#: where the EAL keeps a primary process's runtime files (``PREFIX/config``, ``mp_socket``, ...) as root
+DPDK_RUNTIME_DIR = Path("/var/run/dpdk")
+
+
+def core_ranges(cores) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"`` (a DPDK core list)."""
+    out, run = [], []
+    for c in sorted(set(cores)):
+        if run and c == run[-1] + 1:
+            run.append(c)
+        else:
+            if run:
+                out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def lcores_problem(lcores: str) -> str | None:
+    """Why the EAL would refuse the core list ``lcores`` on this machine, or None if it would not.
+
+    Checks the syntax (:func:`~embnic.client_lib.config.parse_lcores`) and that every core is
+    one this process may run on (``os.sched_getaffinity``; the card inherits it).
+    """
+    try:
+        want = parse_lcores(lcores)
+    except ValueError as e:
+        return str(e)
+    have = os.sched_getaffinity(0)
+    missing = [c for c in want if c not in have]
+    if missing:
+        return (f"{lcores!r} names core(s) {core_ranges(missing)} but this machine has core(s) "
+                f"{core_ranges(have)} (the EAL would refuse: 'lcore {missing[0]} unavailable'); "
+                f"use e.g. lcores = \"{min(have)}\"")
+    return None
 
 
 def find_binary(binary: str | os.PathLike | None = None) -> Path:
@@ -208,6 +244,10 @@ class DpdkTarget(Target):
             raise click.UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
                                    "--vdev net_ring1), `vdevs` in [control] of the config, or --eal-args")
         if self.eal_args is None:
+            bad = lcores_problem(self.lcores or cfg.card.lcores)
+            if bad:
+                src = "--lcores" if self.lcores else f"card.lcores in {cfg.path or 'the config'}"
+                raise click.UsageError(f"{src}: {bad}")
             for i, p in enumerate(cfg.card.ports):
                 if p.id >= len(self.vdevs):
                     raise click.UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {len(self.vdevs)} "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.client_lib.config import ConfigError, load_config, parse_config
+from embnic.client_lib.config import ConfigError, load_config, parse_config, parse_lcores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,3 +66,86 @@ def test_request_destination_direct_and_card():
     raw["clients"][0]["card_port"] = 0
     cfg = parse_config(raw)
     assert cfg.request_destination(1, 0) == ("10.1.0.1", 7878)
+
+
+def _card_raw(**card):
+    """Two shards, two clients, each on a card port of its own (the testbed shape)."""
+    raw = _raw(shards=[{"id": 0, "ip": "10.0.2.2", "card_port": 2, "mac": "02:00:00:00:02:02"},
+                       {"id": 1, "ip": "10.0.3.2", "card_port": 3, "mac": "02:00:00:00:03:02"}],
+               clients=[{"id": 1, "ip": "10.0.0.2", "card_port": 0, "mac": "02:00:00:00:00:02"},
+                        {"id": 2, "ip": "10.0.1.2", "card_port": 1, "mac": "02:00:00:00:01:02"}])
+    raw["card"] = {"ports": [{"id": i, "ip": f"10.0.{i}.1", "mac": f"02:ee:00:00:00:0{i}"} for i in range(4)],
+                   **card}
+    return raw
+
+
+@pytest.mark.parametrize("mutate,field,hint", [
+    (lambda r: r.update(clustr=r.pop("cluster")), "clustr", "did you mean 'cluster'?"),
+    (lambda r: r.update(table=r.pop("tables")), "table", "did you mean 'tables'?"),
+    (lambda r: r["cluster"].update(udpport=7000), "cluster.udpport", "did you mean 'udp_port'?"),
+    (lambda r: r["tables"][0].update(optimiser="sgd"), "tables[0].optimiser", "did you mean 'optimizer'?"),
+    (lambda r: r["shards"][1].update(card_prt=3), "shards[1].card_prt", "did you mean 'card_port'?"),
+    (lambda r: r["clients"][0].update(mca="02:00:00:00:00:09"), "clients[0].mca", "did you mean 'mac'?"),
+    (lambda r: r["card"].update(lcore="0"), "card.lcore", "did you mean 'lcores'?"),
+    (lambda r: r["card"]["ports"][2].update(nmae="x"), "card.ports[2].nmae", "did you mean 'name'?"),
+    (lambda r: r["cluster"].update(colour="red"), "cluster.colour", "known: name, udp_port"),
+])
+def test_unknown_sections_and_fields_suggest_the_closest(mutate, field, hint):
+    raw = _card_raw()
+    mutate(raw)
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert e.value.field == field
+    assert "unknown" in e.value.message and hint in e.value.message
+
+
+@pytest.mark.parametrize("mutate,field,text", [
+    (lambda r: r["shards"][1].update(ip="10.0.2.2"), "shards[1].port",
+     "10.0.2.2:7878 is already the address of shards[0] (id 0)"),
+    (lambda r: r["clients"][1].update(ip="10.0.0.2"), "clients[1].port",
+     "10.0.0.2:40000 is already the address of clients[0] (id 1)"),
+    (lambda r: r["shards"][1].update(card_port=2), "shards[1].card_port",
+     "card port 2 is already the link of shards[0] (id 0)"),
+    (lambda r: r["clients"][0].update(card_port=3), "clients[0].card_port",
+     "card port 3 is already the link of shards[1] (id 1)"),
+    (lambda r: r["clients"][1].update(mac="02:00:00:00:02:02"), "clients[1].mac",
+     "02:00:00:00:02:02 is already the MAC of shards[0] (id 0)"),
+    (lambda r: r["shards"][0].update(mac="02:EE:00:00:00:01"), "shards[0].mac",
+     "02:ee:00:00:00:01 is already the MAC of card.ports[1] (id 1)"),
+    (lambda r: r["card"]["ports"][3].update(mac="02:ee:00:00:00:00"), "card.ports[3].mac", "already the MAC of"),
+    (lambda r: r["shards"][0].update(mac="ff:ff:ff:ff:ff:ff"), "shards[0].mac", "multicast/broadcast"),
+    (lambda r: r["clients"][0].update(mac="01:00:5e:00:00:01"), "clients[0].mac", "multicast/broadcast"),
+    (lambda r: r["card"]["ports"][0].update(mac="33:33:00:00:00:01"), "card.ports[0].mac", "multicast/broadcast"),
+    (lambda r: r["card"].update(lcores="banana"), "card.lcores", "is not a DPDK core list"),
+    (lambda r: r["card"].update(lcores="3-1"), "card.lcores", "goes backwards"),
+    (lambda r: r["card"].update(lcores="0,200"), "card.lcores", "out of range"),
+])
+def test_clashes_and_bad_addresses_name_the_field(mutate, field, text):
+    raw = _card_raw()
+    parse_config(raw)  # valid before the mutation
+    mutate(raw)
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert e.value.field == field
+    assert text in e.value.message
+
+
+def test_shared_card_port_is_fine_without_the_card():
+    raw = _card_raw(enabled=False)
+    raw["shards"][1]["card_port"] = 2
+    assert parse_config(raw).shard(1).card_port == 2
+
+
+def test_same_ip_different_ports_is_fine():
+    raw = _raw(shards=[{"id": 0, "ip": "127.0.0.1", "port": 7000}, {"id": 1, "ip": "127.0.0.1", "port": 7001}],
+               clients=[{"id": 1, "ip": "127.0.0.1", "port": 7000}])  # a client may share a shard's address
+    assert parse_config(raw).num_shards == 2
+
+
+def test_parse_lcores():
+    assert parse_lcores("0") == [0]
+    assert parse_lcores("0,1") == [0, 1]
+    assert parse_lcores("0-3,6,2") == [0, 1, 2, 3, 6]
+    for bad in ("", "banana", "0,", "-1", "1-", "0;1", "0x1"):
+        with pytest.raises(ValueError):
+            parse_lcores(bad)

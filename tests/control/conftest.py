@@ -39,7 +39,7 @@ id = 1
 ip = "10.0.1.3"
 port = 7879
 mac = "02:00:00:00:01:03"
-card_port = 1
+card_port = 2
 
 [[clients]]
 id = 1
@@ -49,7 +49,7 @@ mac = "02:00:00:00:00:02"
 card_port = 0
 
 [card]
-ports = [ { id = 0, ip = "10.0.0.1" }, { id = 1, ip = "10.0.1.1" } ]
+ports = [ { id = 0, ip = "10.0.0.1" }, { id = 1, ip = "10.0.1.1" }, { id = 2, ip = "10.0.2.1" } ]
 ring_size = 1024
 state_size = 4096
 lcores = "0"

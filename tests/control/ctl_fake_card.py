@@ -31,6 +31,7 @@ class FakeCard:
         self.ports = ports if ports is not None else [
             {"port": 0, "name": "net_ring0", "mac": "02:00:00:00:00:10", "ip": "10.0.0.1"},
             {"port": 1, "name": "net_ring1", "mac": "02:00:00:00:00:11", "ip": "10.0.1.1"},
+            {"port": 2, "name": "net_ring2", "mac": "02:00:00:00:00:12", "ip": "10.0.2.1"},
         ]
         self.ring_size = ring_size
         self.state_size = state_size

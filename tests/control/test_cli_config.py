@@ -5,6 +5,7 @@ Run alone: python3 -m pytest -q tests/control/test_cli_config.py
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from embnic.control import options
@@ -58,6 +59,9 @@ def test_check_control_section(invoke, card_config):
     card_config.write_text(card_config.read_text().replace('vdevs = "net_ring0"', 'colour = "red"'))
     r = invoke("config", "check", card_config)
     assert r.exit_code == 2 and "control.colour: unknown field" in r.output
+    card_config.write_text(card_config.read_text().replace('colour = "red"', 'vdev = ["net_ring0"]'))
+    r = invoke("config", "check", card_config)
+    assert r.exit_code == 2 and "control.vdev: unknown field (did you mean 'vdevs'?)" in r.output
 
 
 def test_check_warns_about_missing_mac(invoke, card_config):
@@ -129,3 +133,51 @@ def test_bad_config_on_any_command(invoke, tmp_path):
 def test_bad_name(invoke):
     r = invoke("route", "list", "--name", "../etc")
     assert r.exit_code == 2 and "not a valid name" in r.output
+
+
+def test_check_misspelled_section_and_fields(invoke, card_config):
+    """A misspelled section or key used to pass silently (only [control] was checked)."""
+    good = card_config.read_text()
+    for old, new, want in [
+        ("[cluster]", "[clustr]", "clustr: unknown section (did you mean 'cluster'?)"),
+        ("udp_port = 7878\n", "udpport = 7878\n", "cluster.udpport: unknown field (did you mean 'udp_port'?)"),
+        ("rows = 100", "rows = 100\nlearning_rate = 0.1", "tables[0].learning_rate: unknown field"),
+        ('card_port = 2', 'card_prot = 2', "shards[1].card_prot: unknown field (did you mean 'card_port'?)"),
+        ("port = 40000", "prot = 40000", "clients[0].prot: unknown field (did you mean 'port'?)"),
+        ("ring_size = 1024", "ringsize = 1024", "card.ringsize: unknown field (did you mean 'ring_size'?)"),
+    ]:
+        assert old in good, old
+        card_config.write_text(good.replace(old, new, 1))
+        r = invoke("config", "check", card_config)
+        assert r.exit_code == 2, (new, r.output)
+        assert f"{card_config}: {want}" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
+
+
+def test_check_clashes(invoke, card_config):
+    good = card_config.read_text()
+    for old, new, want in [
+        ('ip = "10.0.1.3"\nport = 7879', 'ip = "10.0.1.2"\nport = 7878',
+         "shards[1].port: 10.0.1.2:7878 is already the address of shards[0] (id 0)"),
+        ("card_port = 2", "card_port = 1", "shards[1].card_port: card port 1 is already the link of shards[0] (id 0)"),
+        ('mac = "02:00:00:00:01:03"', 'mac = "02:00:00:00:00:02"',
+         "clients[0].mac: 02:00:00:00:00:02 is already the MAC of shards[1] (id 1)"),
+        ('mac = "02:00:00:00:01:03"', 'mac = "ff:ff:ff:ff:ff:ff"', "shards[1].mac: ff:ff:ff:ff:ff:ff is a multicast"),
+        ('lcores = "0"', 'lcores = "banana"', "card.lcores: 'banana' is not a DPDK core list"),
+    ]:
+        assert old in good, old
+        card_config.write_text(good.replace(old, new, 1))
+        r = invoke("config", "check", card_config)
+        assert r.exit_code == 2, (new, r.output)
+        assert want in r.output, r.output
+
+
+def test_check_warns_about_cores_this_machine_lacks(invoke, card_config):
+    lacking = max(os.sched_getaffinity(0)) + 1
+    card_config.write_text(card_config.read_text().replace('lcores = "0"', f'lcores = "0,{lacking}"'))
+    r = invoke("config", "check", card_config)
+    assert r.exit_code == 0, r.output
+    assert f"warning: {card_config}: card.lcores: '0,{lacking}' names core(s) {lacking} but this machine has" \
+        in r.stderr
+    r = invoke("config", "check", "--strict", card_config)
+    assert r.exit_code == 2 and f"names core(s) {lacking}" in r.output

@@ -21,7 +21,7 @@ def test_route_add_with_flags(invoke, card):
 def test_route_add_from_config_and_override(invoke, card, card_config):
     r = invoke("route", "add", "1", "--config", card_config)
     assert r.exit_code == 0, r.output
-    assert card.routes[1] == {"shard": 1, "port": 1, "mac": "02:00:00:00:01:03", "ip": "10.0.1.3", "udp_port": 7879}
+    assert card.routes[1] == {"shard": 1, "port": 2, "mac": "02:00:00:00:01:03", "ip": "10.0.1.3", "udp_port": 7879}
     r = invoke("route", "add", "1", "--config", card_config, "--mac", "02:AA:00:00:01:03")
     assert r.exit_code == 0
     assert card.routes[1]["mac"] == "02:aa:00:00:01:03"
@@ -42,7 +42,7 @@ def test_route_list_text_and_json(invoke, card, card_config):
     lines = r.output.strip().splitlines()
     assert lines[0].split() == ["SHARD", "PORT", "MAC", "IP", "UDP"]
     assert lines[1].split() == ["0", "1", "02:00:00:00:01:02", "10.0.1.2", "7878"]
-    assert lines[2].split() == ["1", "1", "02:00:00:00:01:03", "10.0.1.3", "7879"]
+    assert lines[2].split() == ["1", "2", "02:00:00:00:01:03", "10.0.1.3", "7879"]
     d = json.loads(invoke("route", "list", "--json").output)
     assert d == [card.routes[0], card.routes[1]]
 
@@ -67,6 +67,10 @@ def test_route_to_unknown_shard(invoke, card, card_config):
 def test_malformed_addresses(invoke, card):
     r = invoke("route", "add", "5", "--port", "1", "--mac", "02:00:00:00:01", "--ip", "10.0.1.9")
     assert r.exit_code == 2 and "is not a MAC address (write e.g. 02:00:00:00:00:01)" in r.output
+    for group in ("ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "33:33:00:00:00:01"):
+        for kind in ("route", "client"):
+            r = invoke(kind, "add", "5", *ROUTE[:2], "--mac", group, *ROUTE[4:])
+            assert r.exit_code == 2 and "is a multicast/broadcast MAC" in r.output, (kind, group, r.output)
     r = invoke("route", "add", "5", "--port", "1", "--mac", "02:00:00:00:01:09", "--ip", "10.0.1.300")
     assert r.exit_code == 2 and "is not an IPv4 address" in r.output
     r = invoke("route", "add", "5", *ROUTE[:-2], "--udp-port", "70000")

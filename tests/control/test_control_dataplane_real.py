@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
 REPO = Path(__file__).resolve().parents[2]
 DP = REPO / "dataplane"
-# port 0: a ring (loops back what the card sends), port 1: null (receives zero-filled frames)
-VDEVS = ["net_ring0", "net_null0"]
+# port 0: a ring (loops back what the card sends), port 1: null (receives zero-filled frames), port 2: a ring
+VDEVS = ["net_ring0", "net_null0", "net_ring1"]
 
 
 def _make(args: list[str], what: str) -> None:
@@ -96,7 +96,7 @@ def test_inspect_and_refuse_wrong_version(invoke, env, wrong_dp, real_config):
     assert r.exit_code == 0
     assert "compatible:    NO: proto_version 2 != client library's 1" in r.output
     assert invoke("inspect", "--check", wrong_dp).exit_code == 1
-    r = invoke("pipeline", "load", "-c", real_config, "--binary", wrong_dp, "--vdev", VDEVS[0], "--vdev", VDEVS[1])
+    r = invoke("pipeline", "load", "-c", real_config, "--binary", wrong_dp, *sum((["--vdev", v] for v in VDEVS), []))
     assert r.exit_code == 1
     assert f"refusing {wrong_dp}: built for another protocol (proto_version 2" in r.output
     assert read_state(env, "embnic") is None
@@ -104,12 +104,12 @@ def test_inspect_and_refuse_wrong_version(invoke, env, wrong_dp, real_config):
 
 def test_load_programs_the_card(invoke, loaded):
     info = json.loads(invoke("pipeline", "status", "--json").output)["info"]
-    assert [p["port"] for p in info["ports"]] == [0, 1]
+    assert [p["port"] for p in info["ports"]] == [0, 1, 2]
     assert info["build"]["proto_version"] == consts.VERSION
     assert info["paused"] is False  # started --paused, resumed once programmed
     routes = json.loads(invoke("route", "list", "--json").output)
     assert [(r["shard"], r["port"], r["mac"], r["ip"], r["udp_port"]) for r in routes] == \
-        [(0, 1, "02:00:00:00:01:02", "10.0.1.2", 7878), (1, 1, "02:00:00:00:01:03", "10.0.1.3", 7879)]
+        [(0, 1, "02:00:00:00:01:02", "10.0.1.2", 7878), (1, 2, "02:00:00:00:01:03", "10.0.1.3", 7879)]
     clients = json.loads(invoke("client", "list", "--json").output)
     assert [(c["client"], c["port"], c["mac"], c["ip"], c["udp_port"]) for c in clients] == \
         [(1, 0, "02:00:00:00:00:02", "10.0.0.2", 40000)]
@@ -161,7 +161,7 @@ def test_status_and_state_dump(invoke, loaded):
 
 
 def test_second_load_and_unload(invoke, env, loaded, real_dp, real_config):
-    r = invoke("pipeline", "load", "-c", real_config, "--binary", real_dp, "--vdev", VDEVS[0], "--vdev", VDEVS[1])
+    r = invoke("pipeline", "load", "-c", real_config, "--binary", real_dp, *sum((["--vdev", v] for v in VDEVS), []))
     assert r.exit_code == 1 and "is already running" in r.output
     r = invoke("pipeline", "unload")
     assert r.exit_code == 0, r.output

@@ -20,7 +20,7 @@ from embnic.control.errors import OperationalError
 from embnic.control.target import pid_matches, read_state
 from embnic.control.target_dpdk import DpdkTarget
 
-VDEVS = ["--vdev", "net_ring0", "--vdev", "net_ring1"]
+VDEVS = ["--vdev", "net_ring0", "--vdev", "net_ring1", "--vdev", "net_ring2"]
 
 
 @pytest.fixture
@@ -57,16 +57,17 @@ def test_load_programs_routes_and_clients(invoke, env, loaded, card_config):
     assert eal[:7] == ["-l", "0", "--no-huge", "--no-pci", "-m", "256", "--file-prefix"]
     assert eal[7].startswith("embnic-embnic-") and eal[8:] == VDEVS
     assert argv[argv.index("--"):] == ["--", "--ctl", st["ctl"], "--port-ip", "0=10.0.0.1", "--port-ip", "1=10.0.1.1",
+                                       "--port-ip", "2=10.0.2.1",
                                        "--ring-size", "1024", "--state-size", "4096", "--state-timeout-ms", "5000",
                                        "--paused"]
     # started paused, resumed after the tables were programmed
     assert json.loads(invoke("pipeline", "status", "--json").output)["info"]["paused"] is False
     r = invoke("route", "list", "--json")
     assert [(x["shard"], x["port"], x["mac"], x["ip"], x["udp_port"]) for x in json.loads(r.output)] == \
-        [(0, 1, "02:00:00:00:01:02", "10.0.1.2", 7878), (1, 1, "02:00:00:00:01:03", "10.0.1.3", 7879)]
+        [(0, 1, "02:00:00:00:01:02", "10.0.1.2", 7878), (1, 2, "02:00:00:00:01:03", "10.0.1.3", 7879)]
     r = invoke("client", "list", "--json")
     assert [x["client"] for x in json.loads(r.output)] == [1]
-    assert "fake embnic-dp: 2 ports" in open(st["log"]).read()
+    assert "fake embnic-dp: 3 ports" in open(st["log"]).read()
 
 
 def test_second_load_says_what_runs(invoke, loaded, dp, card_config):
@@ -141,11 +142,12 @@ def test_load_usage_errors(invoke, env, dp, card_config, tmp_path):
 
 def test_eal_args_replace_defaults(invoke, env, dp, card_config):
     r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, "--eal-args",
-               "-l 0 --no-huge --no-pci -m 128 --file-prefix x --vdev net_null0 --vdev net_null1")
+               "-l 0 --no-huge --no-pci -m 128 --file-prefix x --vdev net_null0 --vdev net_null1 --vdev net_null2")
     assert r.exit_code == 0, r.output
     st = read_state(env, "embnic")
     assert st["argv"][1:st["argv"].index("--")] == ["-l", "0", "--no-huge", "--no-pci", "-m", "128", "--file-prefix",
-                                                    "x", "--vdev", "net_null0", "--vdev", "net_null1"]
+                                                    "x", "--vdev", "net_null0", "--vdev", "net_null1",
+                                                    "--vdev", "net_null2"]
     assert invoke("pipeline", "unload").exit_code == 0
 
 
@@ -247,7 +249,7 @@ def test_python_api(env, dp, card_config):
     """The API the testbed uses: DpdkTarget(config, binary, eal_args, ctl_path, netns).load()/counters()/unload()."""
     cfg = load_config(card_config)
     ctl = str(env / "api.sock")
-    t = DpdkTarget(cfg, binary=dp, ctl_path=ctl, name="api", vdevs=["net_ring0", "net_ring1"])
+    t = DpdkTarget(cfg, binary=dp, ctl_path=ctl, name="api", vdevs=["net_ring0", "net_ring1", "net_ring2"])
     res = t.load()
     try:
         assert res["routes"] == 2 and res["clients"] == 1 and res["ctl"] == ctl
@@ -267,7 +269,7 @@ def test_python_api(env, dp, card_config):
 
 
 def test_netns_needs_root(env, dp, card_config, monkeypatch):
-    t = DpdkTarget(load_config(card_config), binary=dp, netns="enTnope", vdevs=["net_ring0", "net_ring1"])
+    t = DpdkTarget(load_config(card_config), binary=dp, netns="enTnope", vdevs=["net_ring0", "net_ring1", "net_ring2"])
     with monkeypatch.context() as m:
         m.setattr(os, "geteuid", lambda: 1000)
         with pytest.raises(OperationalError, match=r"needs root: run as root \(sudo embnic \.\.\.\)"):
@@ -291,3 +293,14 @@ def test_no_root_for_run_dir(invoke, env, dp, card_config, monkeypatch):
     r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
     assert r.exit_code == 1
     assert "run as root (sudo embnic ...) or set EMBNIC_RUN_DIR" in r.output
+
+
+def test_lcores_checked_before_start(invoke, env, dp, card_config):
+    for bad, why in (("banana", "is not a DPDK core list"), ("4095", "out of range"),
+                     (str(max(os.sched_getaffinity(0)) + 1), "but this machine has core(s)")):
+        r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--lcores", bad)
+        assert r.exit_code == 2 and f"--lcores: '{bad}'" in r.output and why in r.output, r.output
+        assert not (env / "embnic.log").exists()
+    card_config.write_text(card_config.read_text().replace('lcores = "0"', 'lcores = "0-127"'))
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 2 and "card.lcores in " in r.output and "but this machine has core(s)" in r.output
