@@ -249,6 +249,9 @@ def status_cmd(name, as_json):
         if missing:
             what = "; ".join(filter(None, [what, f"namespace(s) {', '.join(missing)} missing"]))
         cfg = st.get("config") or "FILE"
+        if not missing and all(d["role"] == "impair" for d in st["dead"]):
+            raise OperationalError(f"testbed {name}: {what}. Remove the impairment with `embnic testbed netem "
+                                   f"--clear --name {name}` (and set it again if you want it)")
         raise OperationalError(f"testbed {name} is broken: {what}. Restart it: `embnic testbed down --name {name}` "
                                f"then `embnic testbed up --config {cfg} --name {name}`")
 

@@ -8,6 +8,8 @@ Run alone: python3 -m pytest -q tests/testbed/test_netem.py   (needs root)
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -278,6 +280,16 @@ def test_link_sets_and_clears_only_that_links_impairment(run_dir, cleanup):  # n
         # the status shows each link's own impairment
         r = _cli("testbed", "status", "--name", name)
         assert "netem s0   user: loss 1%" in r.output and "netem s1   user: loss 5%" in r.output, r.output
+        # a dead helper: status names it and says how to get rid of it
+        os.kill(now["s1"][0], signal.SIGKILL)
+        for _ in range(200):
+            if T.proc_starttime(now["s1"][0]) is None:
+                break
+            time.sleep(0.01)
+        r = _cli("testbed", "status", "--name", name)
+        assert r.exit_code == 1, r.output
+        assert f"the netem helper of link s1, pid {now['s1'][0]}, is not running" in r.output
+        assert f"embnic testbed netem --clear --name {name}" in r.output
         # --clear --link s1: s1 only (its taps go), the others keep 1%
         r = _cli("testbed", "netem", "--name", name, "--clear", "--link", "s1")
         assert r.exit_code == 0 and "cleared on s1" in r.output and "s1   none" in r.output, r.output
