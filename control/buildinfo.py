@@ -22,7 +22,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from embnic.client_lib import consts
-from embnic.control.errors import OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError
 
 SECTION = ".embnic_buildinfo"
 MAGIC = b"EMBNICBI"
@@ -34,7 +34,17 @@ SIZE = _HEAD.size + MAX_FIELDS * _FIELD.size + _TAIL.size  #: 597 bytes
 
 
 class BuildInfoError(OperationalError):
-    """The binary is missing, not ELF, has no/invalid build info, or does not match (exit 1)."""
+    """The binary is not ELF, damaged, has no/invalid build info, or does not match (exit 1)."""
+
+
+class BinaryArgumentError(BuildInfoError):
+    """The binary given does not exist or is a directory: a usage error (exit 2)."""
+
+    exit_code = 2
+
+
+class BinaryPermissionError(BuildInfoError, NeedsRootError):
+    """This user may not read the binary: run as root (exit 2, like every "needs root")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +103,9 @@ def read(path: str | Path) -> BuildInfo:
     """Read the build info of the ELF binary at ``path`` (with pyelftools).
 
     Raises:
-        BuildInfoError: file missing/unreadable, not ELF, or no ``.embnic_buildinfo`` section.
+        BinaryArgumentError: no such file, or a directory (exit 2: give the right path).
+        BinaryPermissionError: not allowed to read it (exit 2).
+        BuildInfoError: not ELF, a damaged/truncated ELF, or no ``.embnic_buildinfo`` section.
     """
     p = str(path)
     try:
@@ -109,11 +121,12 @@ def read(path: str | Path) -> BuildInfo:
                                      "without build info; rebuild with `make -C dataplane`")
             data = sec.data()
     except FileNotFoundError:
-        raise BuildInfoError(f"{p}: no such file: build it with `make -C dataplane` or give its path") from None
+        raise BinaryArgumentError(f"{p}: no such file: build it with `make -C dataplane` or give its path") from None
     except IsADirectoryError:
-        raise BuildInfoError(f"{p}: is a directory: give the path of the embnic-dp binary") from None
+        raise BinaryArgumentError(f"{p}: is a directory: give the path of the embnic-dp binary") from None
     except PermissionError:
-        raise BuildInfoError(f"{p}: permission denied: run as root or fix the file's mode") from None
+        raise BinaryPermissionError(f"{p}: permission denied: run as root (sudo embnic ...) or fix the "
+                                    "file's mode") from None
     return parse(data, p)
 
 

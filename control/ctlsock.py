@@ -21,7 +21,7 @@ import socket
 import time
 from typing import Any
 
-from embnic.control.errors import OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError
 
 #: largest response accepted (bytes); a state dump of 100k entries is ~20 MB
 MAX_RESPONSE = 256 << 20
@@ -35,8 +35,8 @@ class CtlNotLoaded(CtlError):
     """No card behind the socket: the path is absent or nobody accepts on it."""
 
 
-class CtlPermission(CtlError):
-    """The socket exists but this user may not connect (it is created mode 0600 by root)."""
+class CtlPermission(NeedsRootError, CtlError):
+    """The socket exists but this user may not connect (it is created mode 0600 by root): exit 2."""
 
 
 class CtlTimeout(CtlError):
@@ -110,7 +110,7 @@ class CtlClient:
             the response dict (``ok`` is True).
         Raises:
             CtlNotLoaded: no socket / nobody listening ("pipeline not loaded: run ...").
-            CtlPermission: not allowed to connect (run as root).
+            CtlPermission: not allowed to connect (run as root; exit code 2).
             CtlTimeout: no complete response within ``timeout`` seconds.
             CtlProtocolError: the response is not one JSON object with ``ok``.
             CtlCommandError: the card answered ``ok: false`` (its ``error`` text is kept).

@@ -12,13 +12,15 @@ import click
 
 from embnic.client_lib import consts
 from embnic.client_lib.config import ClusterConfig
+from embnic.control.ctlsock import CtlCommandError
 from embnic.control.options import IPV4, MAC, U16, UDP_PORT, Settings, json_option, open_target, pipeline_options, resolve
 from embnic.control.target import Entry
 
+# "what": how messages name one entry ("route for shard 0", "client 1")
 _KIND = {
-    "route": {"noun": "shard", "plural": "shards", "peer": "parameter-server shard",
+    "route": {"noun": "shard", "plural": "shards", "peer": "parameter-server shard", "what": "route for shard",
               "add": "route_add", "del": "route_del", "list": "route_list"},
-    "client": {"noun": "client", "plural": "clients", "peer": "training client",
+    "client": {"noun": "client", "plural": "clients", "peer": "training client", "what": "client",
                "add": "client_add", "del": "client_del", "list": "client_list"},
 }
 
@@ -117,7 +119,7 @@ def make_group(kind: str) -> click.Group:
         else:
             click.echo(f"{kind} {noun} {e.id} → port {e.port}, {e.mac}, {e.ip}:{e.udp_port}")
 
-    @group.command("del", help=f"""Delete the {kind} for {NOUN} (exit 1 if the card has none).
+    @group.command("del", help=f"""Delete the {kind} for {NOUN} (exit 2 if the card has none).
 
     \b
     Example:
@@ -127,8 +129,13 @@ def make_group(kind: str) -> click.Group:
     @pipeline_options
     def delete(config, target, name, ctl, **kw):
         _, t = _target(config, target, name, ctl)
-        getattr(t, k["del"])(kw[idkey])
-        click.echo(f"deleted {kind} for {noun} {kw[idkey]}")
+        id_ = kw[idkey]
+        try:
+            getattr(t, k["del"])(id_)
+        except CtlCommandError as e:  # the only refusal of a well-formed del: no such entry
+            raise click.UsageError(f"unknown {noun} {id_}: the card has no {k['what']} {id_} ({e.card_error}); "
+                                   f"`embnic {kind} list` shows the {kind}s") from None
+        click.echo(f"deleted {kind} for {noun} {id_}")
 
     @group.command("list", help=f"""List the card's {kind} table.
 

@@ -175,7 +175,8 @@ def ensure_run_dir(run_dir: str | Path) -> Path:
     """Create the run directory (mode 0755) if needed.
 
     Raises:
-        OperationalError: cannot create or write it (names root and ``EMBNIC_RUN_DIR`` as fixes).
+        NeedsRootError: not root and not allowed to write it (names root and ``EMBNIC_RUN_DIR``; exit 2).
+        OperationalError: cannot create or write it although root (read-only file system, ...).
     """
     p = Path(run_dir)
     try:
@@ -183,8 +184,11 @@ def ensure_run_dir(run_dir: str | Path) -> Path:
         if not os.access(p, os.W_OK | os.X_OK):
             raise PermissionError
     except PermissionError:
-        raise OperationalError(f"cannot write {p}: run as root (sudo embnic ...) or set EMBNIC_RUN_DIR "
-                               "to a directory you own") from None
+        if os.geteuid() != 0:
+            raise NeedsRootError(f"cannot write {p}: run as root (sudo embnic ...) or set EMBNIC_RUN_DIR "
+                                 "to a directory you own") from None
+        raise OperationalError(f"cannot write {p} (even as root): set EMBNIC_RUN_DIR to a writable "
+                               "directory") from None
     except OSError as e:
         raise OperationalError(f"cannot create {p}: {e.strerror}; set EMBNIC_RUN_DIR to another directory") from None
     return p

@@ -36,7 +36,7 @@ import click
 from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
 from embnic.control import buildinfo
 from embnic.control.ctlsock import CtlClient, CtlError, CtlNotLoaded
-from embnic.control.errors import OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.target import (Entry, Target, clients_from_config, describe_state, ensure_run_dir,
                                    entries_from_dicts, pid_matches, proc_starttime, read_state,
                                    remove_state, require_root, routes_from_config, state_path, write_state)
@@ -87,19 +87,20 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
     dataplane/build/embnic-dp, else ``embnic-dp`` on PATH.
 
     Raises:
-        OperationalError: none of them exists (names the build command).
+        BinaryArgumentError: ``binary`` or ``$EMBNIC_DP`` names no file (exit 2).
+        OperationalError: nothing given and none of the defaults exists (names the build command).
     """
     if binary:
         p = Path(binary)
         if not p.is_file():
-            raise OperationalError(f"no embnic-dp binary at {p}: build it with `make -C dataplane` "
-                                   "or give the right --binary")
+            raise buildinfo.BinaryArgumentError(f"no embnic-dp binary at {p}: build it with `make -C dataplane` "
+                                                "or give the right --binary")
         return p
     if os.environ.get("EMBNIC_DP"):
         p = Path(os.environ["EMBNIC_DP"])
         if not p.is_file():
-            raise OperationalError(f"EMBNIC_DP={p} does not exist: build it with `make -C dataplane` "
-                                   "or fix EMBNIC_DP")
+            raise buildinfo.BinaryArgumentError(f"EMBNIC_DP={p} does not exist: build it with `make -C dataplane` "
+                                                "or fix EMBNIC_DP")
         return p
     if REPO_BINARY.is_file():
         return REPO_BINARY
@@ -143,6 +144,9 @@ class DpdkTarget(Target):
     """
 
     name = "dpdk"
+    #: ``load`` refuses to run without root: the EAL needs it here (runtime dir, af_packet/tap vdevs).
+    #: Tests of a stand-in binary (no EAL) set it False.
+    NEEDS_ROOT = True
     OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
                          "stop_timeout", "check_build", "timeout", "card_args", "start_paused"})
 
@@ -268,6 +272,8 @@ class DpdkTarget(Target):
             OperationalError: already running, no root for netns, cannot start, not ready in time.
         """
         routes, clients = self._check_config(program)
+        if self.NEEDS_ROOT:
+            require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
         if self.netns:
             require_root("running the card in a network namespace (--netns)")
             if not Path("/run/netns", self.netns).exists():
@@ -340,10 +346,8 @@ class DpdkTarget(Target):
             if rc is not None:
                 how = f"signal {-rc}" if rc < 0 else f"code {rc}"
                 last = _tail(log)
-                root = "; embnic-dp (DPDK EAL) usually needs root: run as root (sudo embnic ...)" \
-                    if os.geteuid() != 0 else ""
                 raise OperationalError(f"embnic-dp exited with {how} while starting"
-                                       f"{': ' + last if last else ''} (full log: {log}){root}")
+                                       f"{': ' + last if last else ''} (full log: {log})")
             if os.path.exists(ctl):
                 try:
                     probe.call("ping")
@@ -371,8 +375,8 @@ class DpdkTarget(Target):
         except ProcessLookupError:
             return res
         except PermissionError:
-            raise OperationalError(f"not allowed to stop pid {pid} (started by another user): run as root "
-                                   "(sudo embnic ...)") from None
+            raise NeedsRootError(f"not allowed to stop pid {pid} (started by another user): run as root "
+                                 "(sudo embnic ...)") from None
         if not self._wait_gone(state, self.stop_timeout):
             try:
                 os.kill(pid, signal.SIGKILL)

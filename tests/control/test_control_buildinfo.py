@@ -77,7 +77,7 @@ def test_inspect_wrong_version(invoke, fake_dp_factory):
 
 def test_inspect_errors(invoke, tmp_path):
     r = invoke("inspect", tmp_path / "none")
-    assert r.exit_code == 1 and "no such file" in r.output
+    assert r.exit_code == 2 and "no such file" in r.output  # a missing input file is a usage error
     txt = tmp_path / "t.txt"
     txt.write_text("hello")
     r = invoke("inspect", txt)
@@ -85,7 +85,7 @@ def test_inspect_errors(invoke, tmp_path):
     r = invoke("inspect", shutil.which("true") or "/bin/true")
     assert r.exit_code == 1 and "no .embnic_buildinfo section" in r.output
     r = invoke("inspect", tmp_path)
-    assert r.exit_code == 1 and "is a directory" in r.output
+    assert r.exit_code == 2 and "is a directory" in r.output
 
 
 def test_inspect_default_binary(invoke, fake_dp_factory, monkeypatch):
@@ -94,4 +94,4 @@ def test_inspect_default_binary(invoke, fake_dp_factory, monkeypatch):
     assert r.exit_code == 0 and "compatible:    yes" in r.output
     monkeypatch.setenv("EMBNIC_DP", "/nonexistent/embnic-dp")
     r = invoke("inspect")
-    assert r.exit_code == 1 and "EMBNIC_DP=/nonexistent/embnic-dp does not exist" in r.output
+    assert r.exit_code == 2 and "EMBNIC_DP=/nonexistent/embnic-dp does not exist" in r.output

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from embnic.client_lib.config import load_config
-from embnic.control.errors import OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.target import pid_matches, read_state
 from embnic.control.target_dpdk import DpdkTarget
 
@@ -24,7 +24,10 @@ VDEVS = ["--vdev", "net_ring0", "--vdev", "net_ring1", "--vdev", "net_ring2"]
 
 
 @pytest.fixture
-def dp(fake_dp_factory):
+def dp(fake_dp_factory, monkeypatch):
+    """The stand-in embnic-dp. It has no EAL, so it runs without root: let the tests load it as any user."""
+    if os.geteuid() != 0:
+        monkeypatch.setattr(DpdkTarget, "NEEDS_ROOT", False)
     return fake_dp_factory()
 
 
@@ -135,7 +138,7 @@ def test_load_usage_errors(invoke, env, dp, card_config, tmp_path):
     r = invoke("pipeline", "load", "-c", nocard, "--binary", dp, *VDEVS)
     assert r.exit_code == 2 and "card: the dpdk target needs a [card] section" in r.output
     r = invoke("pipeline", "load", "-c", card_config, "--binary", tmp_path / "nope", *VDEVS)
-    assert r.exit_code == 1 and "no embnic-dp binary at" in r.output and "make -C dataplane" in r.output
+    assert r.exit_code == 2 and "no embnic-dp binary at" in r.output and "make -C dataplane" in r.output
     r = invoke("pipeline", "load", "-c", card_config, "--target", "bmv2", *VDEVS)
     assert r.exit_code == 2 and "no target 'bmv2'" in r.output
 
@@ -172,10 +175,19 @@ def test_card_exits_during_start(invoke, env, dp, card_config, monkeypatch):
     assert f"(full log: {env / 'embnic.log'})" in r.output
     assert read_state(env, "embnic") is None
     assert "needs root" not in r.output
-    with monkeypatch.context() as m:
-        m.setattr(os, "geteuid", lambda: 1000)
-        r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
-    assert r.exit_code == 1 and "usually needs root: run as root (sudo embnic ...)" in r.output
+
+
+def test_load_as_non_root_is_refused_up_front(invoke, env, dp, card_config, monkeypatch):
+    """Not root exits 2 everywhere; `pipeline load` used to start the card and report it died (exit 1)."""
+    monkeypatch.setattr(DpdkTarget, "NEEDS_ROOT", True)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 2, r.output
+    assert "loading the dpdk target (embnic-dp and its DPDK EAL) needs root: run as root (sudo embnic ...)" in r.output
+    assert "exited" not in r.output
+    assert read_state(env, "embnic") is None and not (env / "embnic.log").exists()
+    with pytest.raises(NeedsRootError):
+        DpdkTarget(load_config(card_config), binary=dp, vdevs=["net_ring0", "net_ring1", "net_ring2"]).load()
 
 
 def test_unload_not_permitted(invoke, env, loaded, monkeypatch):
@@ -185,7 +197,7 @@ def test_unload_not_permitted(invoke, env, loaded, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(os, "kill", deny)
         r = invoke("pipeline", "unload")
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # not root: exit 2 everywhere
     assert f"not allowed to stop pid {loaded['pid']} (started by another user): run as root" in r.output
     assert invoke("pipeline", "unload").exit_code == 0
 
@@ -290,9 +302,15 @@ def test_no_root_for_run_dir(invoke, env, dp, card_config, monkeypatch):
     (env / "ro").mkdir()
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, m: False if str(p).endswith("/ro") else real_access(p, m))
+    monkeypatch.setattr(DpdkTarget, "NEEDS_ROOT", False)  # get as far as the run dir
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # not root: exit 2
     assert "run as root (sudo embnic ...) or set EMBNIC_RUN_DIR" in r.output
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1  # root and still not writable: operational
+    assert "(even as root): set EMBNIC_RUN_DIR" in r.output
 
 
 def test_lcores_checked_before_start(invoke, env, dp, card_config):
