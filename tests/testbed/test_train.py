@@ -35,7 +35,7 @@ def _cfg(tables=None, n_shards=2, sharding="hash", mtu=1500, **cluster):
     return parse_config({
         "cluster": {"seed": 7, "sharding": sharding, "mtu": mtu, "timeout_ms": 100, "retries": 30, **cluster},
         "tables": tables,
-        "shards": [{"id": i, "ip": "127.0.0.1", "port": 1} for i in range(n_shards)],
+        "shards": [{"id": i, "ip": "127.0.0.1", "port": 1 + i} for i in range(n_shards)],
         "clients": [{"id": 3, "ip": "127.0.0.1", "port": 1}],
     })
 
