@@ -22,6 +22,7 @@ Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -111,12 +112,50 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
                            "`make -C dataplane` or pass --binary")
 
 
-def _tail(log: Path, n: int = 1) -> str:
+
+# A line of the card's log that says why it did not start: specific reasons first.
+_SPECIFIC = re.compile(r"failed to|unrecognized option|invalid option|unknown option|bad value|invalid core|"
+                       r"lcore \d+ unavailable|cannot|can't|unable|no such|not found|permission denied|"
+                       r"not permitted|already|need \d|must|invalid|failed|error", re.I)
+# Lines that say only that something failed (EAL's epilogue): used when nothing better is there.
+_GENERIC = re.compile(r"Error - exiting with code|Unregistering with invalid input parameter|"
+                      r"Invalid 'command line' arguments|^Cause: (invalid arguments|EAL init failed|"
+                      r"Cannot init EAL)", re.I)
+# Informational EAL lines that happen to contain an error word.
+_BENIGN = re.compile(r"Physical addresses are unavailable|No legacy callbacks|^EAL: Detected|"
+                     r"^EAL: Selected IOVA|Multi-process socket", re.I)
+
+
+def _usage_text(line: str) -> bool:
+    """True for a line of EAL's or embnic-dp's usage text (``Usage:``, ``... options:``, indented help)."""
+    return (line.startswith(("Usage:", "usage:")) or line.rstrip().endswith("options:")
+            or (line[:1].isspace() and not line.strip().startswith("Cause:")))
+
+
+def start_failure_reason(log: Path | str) -> str:
+    """The most informative line of a card log that ends in a failed start ("" if none).
+
+    Skips the command-line header written by :meth:`DpdkTarget.load` and EAL/embnic-dp usage
+    text, then prefers the first specific error (``failed to parse device "net_bogus0"``,
+    ``invalid core list syntax``, ``unrecognized option '--bogus-flag'``, ``bad value for
+    --burst: '0'``, ``Cause: need 1..8 ports ...``) over EAL's generic epilogue (``Cause: invalid
+    arguments``, ``Error - exiting with code: 1``); else the last line. At most 300 characters.
+    """
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        text = Path(log).read_text(errors="replace")
     except OSError:
         return ""
-    return " | ".join(lines[-n:])[:300]
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln.strip() and not ln.startswith("# ") and not _usage_text(ln)]
+    lines = [ln.strip() for ln in lines]
+    cands = [ln for ln in lines if not _BENIGN.search(ln)]
+    specific = [ln for ln in cands if _SPECIFIC.search(ln) and not _GENERIC.search(ln)]
+    generic = [ln for ln in cands if _GENERIC.search(ln)]
+    causes = [ln for ln in generic if ln.startswith("Cause:")]
+    for group in (specific, causes, generic):
+        if group:
+            return group[0][:300]
+    return lines[-1][:300] if lines else ""
 
 
 class DpdkTarget(Target):
@@ -301,6 +340,8 @@ class DpdkTarget(Target):
                                        "(`embnic pipeline unload`) or choose another --ctl/--name")
         Path(ctl).parent.mkdir(parents=True, exist_ok=True)
         argv = self.argv(binary, ctl)
+        runtime = self._dpdk_runtime(argv)
+        runtime_was_there = runtime is not None and runtime.exists()
         log = self.log_path
         with open(log, "wb") as logf:
             logf.write(("# " + " ".join(argv) + "\n").encode())
@@ -335,6 +376,8 @@ class DpdkTarget(Target):
         except BaseException:
             self._stop(state)
             remove_state(self.run_dir, self.instance)
+            if runtime is not None and not runtime_was_there:
+                shutil.rmtree(runtime, ignore_errors=True)  # the failed start's EAL runtime dir
             raise
         return {**state, "routes": len(routes), "clients": len(clients), "info": info}
 
@@ -345,9 +388,9 @@ class DpdkTarget(Target):
             rc = proc.poll()
             if rc is not None:
                 how = f"signal {-rc}" if rc < 0 else f"code {rc}"
-                last = _tail(log)
+                why = start_failure_reason(log)
                 raise OperationalError(f"embnic-dp exited with {how} while starting"
-                                       f"{': ' + last if last else ''} (full log: {log})")
+                                       f"{': ' + why if why else ''} (full log: {log})")
             if os.path.exists(ctl):
                 try:
                     probe.call("ping")
@@ -431,13 +474,22 @@ class DpdkTarget(Target):
         return {**res, "ctl": ctl, "log": st.get("log")}
 
     @staticmethod
-    def _remove_dpdk_runtime(argv: list[str]) -> None:
-        """Remove EAL's runtime directory ``/var/run/dpdk/PREFIX`` of a stopped card (our own prefixes only)."""
-        if "--file-prefix" not in argv:
-            return
+    def _dpdk_runtime(argv: list[str]) -> Path | None:
+        """EAL's runtime directory ``/var/run/dpdk/PREFIX`` of a card started with ``argv``, when
+        its ``--file-prefix`` is one of ours (``embnic-...``); else None."""
+        if "--file-prefix" not in argv[:-1]:
+            return None
         prefix = argv[argv.index("--file-prefix") + 1]
-        if prefix.startswith("embnic-") and "/" not in prefix:
-            shutil.rmtree(Path("/var/run/dpdk") / prefix, ignore_errors=True)
+        if prefix.startswith("embnic-") and "/" not in prefix and prefix not in (".", ".."):
+            return DPDK_RUNTIME_DIR / prefix
+        return None
+
+    @classmethod
+    def _remove_dpdk_runtime(cls, argv: list[str]) -> None:
+        """Remove EAL's runtime directory of a stopped card (our own prefixes only)."""
+        d = cls._dpdk_runtime(argv)
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
 
     def is_loaded(self) -> bool:
         """True if the state file's process runs and the control socket answers ``ping``."""

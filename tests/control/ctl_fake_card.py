@@ -194,9 +194,18 @@ def main(argv: list[str]) -> int:
     ips = dict(a.split("=", 1) for a in opts.get("--port-ip", []))
     ports = [{"port": i, "name": v.split(",")[0], "mac": f"02:00:00:00:00:{i:02x}", "ip": ips.get(str(i))}
              for i, v in enumerate(vdevs)]
+    if os.environ.get("FAKE_CARD_RUNTIME_DIR") and "--file-prefix" in eal:
+        # what the EAL does first: create its runtime dir RUNTIME/PREFIX (a failed start leaves it behind)
+        rt = os.path.join(os.environ["FAKE_CARD_RUNTIME_DIR"], eal[eal.index("--file-prefix") + 1])
+        os.makedirs(rt, exist_ok=True)
+        open(os.path.join(rt, "config"), "w").close()
     if os.environ.get("FAKE_CARD_FAIL"):
         print("EAL: fake failure: " + os.environ["FAKE_CARD_FAIL"], flush=True)
         return 1
+    if os.environ.get("FAKE_CARD_LOG"):  # replay a real failed start's output (tests/control/eal_logs/)
+        with open(os.environ["FAKE_CARD_LOG"]) as f:
+            sys.stdout.write("".join(ln for ln in f if not ln.startswith("# ")))
+        return int(os.environ.get("FAKE_CARD_RC", "1"))
     print(f"fake embnic-dp: {len(ports)} ports, ctl {ctl}", flush=True)
     card_ = FakeCard(ctl, ports, ring_size=int(opts.get("--ring-size", ["4096"])[0]))
     card_.paused = "--paused" in opts

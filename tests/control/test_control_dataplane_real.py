@@ -18,7 +18,7 @@ from embnic.client_lib import consts
 from embnic.client_lib.config import load_config
 from embnic.control import buildinfo
 from embnic.control.target import read_state
-from embnic.control.target_dpdk import REPO_BINARY, DpdkTarget
+from embnic.control.target_dpdk import DPDK_RUNTIME_DIR, REPO_BINARY, DpdkTarget
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
@@ -186,3 +186,28 @@ def test_python_api_exit_code(env, real_dp, real_config):
         res = t.unload()
     assert res["was_running"] and not res["killed"]
     assert res["exit"] == 0, (env / "api.log").read_text(errors="replace")[-3000:]
+
+
+@pytest.mark.parametrize("lcores,eal_extra,vdev_extra,card_args,line", [
+    ("0", "", ["--vdev", "net_bogus0"], "", 'failed to parse device "net_bogus0"'),
+    ("banana", "", [], "", "invalid core list syntax"),
+    ("0", "--bogus-flag", [], "", "unrecognized option '--bogus-flag'"),
+    ("0", "", [], "--burst 0", "bad value for --burst: '0'"),
+], ids=["vdev", "lcores", "eal-flag", "card-arg"])
+def test_failed_start_shows_the_cause_and_leaves_no_runtime_dir(invoke, env, real_dp, real_config, lcores, eal_extra,
+                                                                vdev_extra, card_args, line):
+    """The message shows the log line that says why, not EAL's usage text or generic epilogue."""
+    prefix = f"embnic-t{os.getpid()}-{env.name[-6:]}"
+    eal = f"-l {lcores} --no-huge --no-pci -m 256 --file-prefix {prefix} {eal_extra}"
+    args = ["--eal-args", eal, *sum((["--vdev", v] for v in VDEVS), []), *vdev_extra]
+    if card_args:
+        args += ["--card-args", card_args]
+    try:
+        r = invoke("pipeline", "load", "-c", real_config, "--binary", real_dp, *args)
+        assert r.exit_code == 1, r.output
+        assert "embnic-dp exited with code" in r.output and line in r.output, r.output + _log(env)
+        assert "Usage" not in r.output and "Unregistering" not in r.output and "Cause: invalid" not in r.output
+        assert read_state(env, "embnic") is None
+        assert not (DPDK_RUNTIME_DIR / prefix).exists(), "the failed start left its EAL runtime dir behind"
+    finally:
+        subprocess.run(["rm", "-rf", str(DPDK_RUNTIME_DIR / prefix)])

@@ -15,10 +15,15 @@ import time
 
 import pytest
 
+from pathlib import Path
+
 from embnic.client_lib.config import load_config
+from embnic.control import target_dpdk
 from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.target import pid_matches, read_state
-from embnic.control.target_dpdk import DpdkTarget
+from embnic.control.target_dpdk import DpdkTarget, start_failure_reason
+
+EAL_LOGS = Path(__file__).resolve().parent / "eal_logs"
 
 VDEVS = ["--vdev", "net_ring0", "--vdev", "net_ring1", "--vdev", "net_ring2"]
 
@@ -311,6 +316,60 @@ def test_no_root_for_run_dir(invoke, env, dp, card_config, monkeypatch):
     r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
     assert r.exit_code == 1  # root and still not writable: operational
     assert "(even as root): set EMBNIC_RUN_DIR" in r.output
+
+
+# --------------------------------------------------------------------------- failed starts
+# Logs of the real embnic-dp failing to start (DPDK 22.11), and the line `pipeline load` must show.
+FAILED_STARTS = [
+    ("bogus_vdev.log", 'EAL: failed to parse device "net_bogus0"'),  # not "Unregistering with invalid input ..."
+    ("banana_lcores.log", "EAL: invalid core list syntax"),  # not a line of EAL's usage text
+    ("bogus_eal_flag.log", "embnic-dp: unrecognized option '--bogus-flag'"),
+    ("missing_lcore.log", "EAL: lcore 5 unavailable"),
+    ("burst_zero.log", "embnic-dp: bad value for --burst: '0'"),  # not "Cause: invalid arguments"
+]
+
+
+@pytest.mark.parametrize("log,line", FAILED_STARTS, ids=[x[0] for x in FAILED_STARTS])
+def test_failure_reason_picks_the_informative_line(log, line):
+    assert start_failure_reason(EAL_LOGS / log) == line
+
+
+def test_failure_reason_fallbacks(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text("# embnic-dp ...\nEAL: Detected CPU lcores: 2\nEAL: Error - exiting with code: 1\n"
+                 "  Cause: invalid arguments\n")
+    assert start_failure_reason(p) == "Cause: invalid arguments"  # generic, but the best there is
+    p.write_text("# embnic-dp ...\nEAL: Selected IOVA mode 'VA'\n  Cause: need 1..8 ports, found 0 (add --vdev)\n")
+    assert start_failure_reason(p) == "Cause: need 1..8 ports, found 0 (add --vdev)"
+    p.write_text("# embnic-dp ...\nEAL: Physical addresses are unavailable, selecting IOVA as VA mode.\nsomething\n")
+    assert start_failure_reason(p) == "something"
+    assert start_failure_reason(tmp_path / "none.log") == ""
+
+
+@pytest.mark.parametrize("log,line", FAILED_STARTS, ids=[x[0] for x in FAILED_STARTS])
+def test_failed_start_shows_the_reason_and_removes_the_runtime_dir(invoke, env, dp, card_config, monkeypatch,
+                                                                    tmp_path, log, line):
+    rt = tmp_path / "dpdk"
+    monkeypatch.setattr(target_dpdk, "DPDK_RUNTIME_DIR", rt)
+    monkeypatch.setenv("FAKE_CARD_RUNTIME_DIR", str(rt))
+    monkeypatch.setenv("FAKE_CARD_LOG", str(EAL_LOGS / log))
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1
+    assert f"embnic-dp exited with code 1 while starting: {line} (full log: {env / 'embnic.log'})" in r.output
+    assert read_state(env, "embnic") is None
+    assert not rt.exists() or list(rt.iterdir()) == [], "the failed start's EAL runtime dir was left behind"
+
+
+def test_failed_start_keeps_a_runtime_dir_it_did_not_create(invoke, env, dp, card_config, monkeypatch, tmp_path):
+    """A runtime dir that was there before the start may belong to a running EAL process: not ours to remove."""
+    rt = tmp_path / "dpdk"
+    monkeypatch.setattr(target_dpdk, "DPDK_RUNTIME_DIR", rt)
+    monkeypatch.setenv("FAKE_CARD_FAIL", "x")
+    prefix = DpdkTarget(load_config(card_config), run_dir=env).file_prefix
+    (rt / prefix).mkdir(parents=True)
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 1
+    assert (rt / prefix).is_dir()
 
 
 def test_lcores_checked_before_start(invoke, env, dp, card_config):
