@@ -43,12 +43,17 @@ class ShardUnavailableError(EmbnicError):
     Attributes: ``shard_id``, ``address`` (ip, port) the requests went to, ``tries``.
     """
 
-    def __init__(self, shard_id: int, address: tuple[str, int], tries: int, waited_s: float, what: str):
-        self.shard_id, self.address, self.tries = shard_id, address, tries
-        super().__init__(
-            f"shard {shard_id} did not answer {what} after {tries} tries over {waited_s:.1f} s "
-            f"(sent to {address[0]}:{address[1]}); is `embnic server --shard {shard_id}` running "
-            f"and reachable?")
+    def __init__(self, shard_id: int, address: tuple[str, int], tries: int, waited_s: float, what: str,
+                 via_card: bool = False):
+        self.shard_id, self.address, self.tries, self.via_card = shard_id, address, tries, via_card
+        if via_card:
+            hint = (f"sent through the card at {address[0]}:{address[1]}); is the card loaded and routing "
+                    f"shard {shard_id} (`embnic status`, `embnic route list`) and `embnic server --shard "
+                    f"{shard_id}` running?")
+        else:
+            hint = (f"sent to {address[0]}:{address[1]}); is `embnic server --shard {shard_id}` running "
+                    f"and reachable?")
+        super().__init__(f"shard {shard_id} did not answer {what} after {tries} tries over {waited_s:.1f} s ({hint}")
 
 
 class ShardError(EmbnicError):
@@ -155,6 +160,7 @@ class EmbeddingClient:
         self._next_id = int.from_bytes(os.urandom(4), "little") or 1
         self._buf = bytearray(65536)
         self._dest = {s.id: cfg.request_destination(client_id, s.id) for s in cfg.shards}
+        self.via_card = cfg.card is not None and cfg.card.enabled
 
     # -- public API -------------------------------------------------------------------------
 
@@ -274,7 +280,7 @@ class EmbeddingClient:
                     what = ("lookup" if m.msg_type == MsgType.LOOKUP_REQ else "update")
                     n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
                     raise ShardUnavailableError(m.shard_id, m.dest, m.tries, time.monotonic() - t0,
-                                                f"{n} {what} messages")
+                                                f"{n} {what} messages", via_card=self.via_card)
                 for m in pending.values():
                     self._send(m, retransmit=True)
                 deadline = time.monotonic() + self.timeout_s
