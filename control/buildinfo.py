@@ -112,14 +112,17 @@ def read(path: str | Path) -> BuildInfo:
         with open(p, "rb") as f:
             try:
                 elf = ELFFile(f)
-            except ELFError:
-                raise BuildInfoError(f"{p}: not an ELF binary: give the path of embnic-dp "
-                                     "(built by `make -C dataplane`)") from None
-            sec = elf.get_section_by_name(SECTION)
+                sec = elf.get_section_by_name(SECTION)
+                data = sec.data() if sec is not None else None
+            except (ELFError, struct.error, ValueError, EOFError) as e:
+                if not _has_elf_magic(p):
+                    raise BuildInfoError(f"{p}: not an ELF binary: give the path of embnic-dp "
+                                         "(built by `make -C dataplane`)") from None
+                raise BuildInfoError(f"{p} is not a valid ELF binary ({e or type(e).__name__}; truncated or "
+                                     "damaged?): rebuild with `make -C dataplane`") from None
             if sec is None:
                 raise BuildInfoError(f"{p}: no {SECTION} section: not an embnic-dp binary, or built "
                                      "without build info; rebuild with `make -C dataplane`")
-            data = sec.data()
     except FileNotFoundError:
         raise BinaryArgumentError(f"{p}: no such file: build it with `make -C dataplane` or give its path") from None
     except IsADirectoryError:
@@ -128,6 +131,14 @@ def read(path: str | Path) -> BuildInfo:
         raise BinaryPermissionError(f"{p}: permission denied: run as root (sudo embnic ...) or fix the "
                                     "file's mode") from None
     return parse(data, p)
+
+
+def _has_elf_magic(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def check(bi: BuildInfo, udp_port: int | None = None) -> list[str]:

@@ -143,7 +143,8 @@ def status(target, name, ctl, as_json):
     if st and not st.get("corrupt"):
         out["running"] = pid_matches(st)
     try:
-        out["info"] = {k: v for k, v in CtlClient(path, timeout=2.0).call("info").items() if k != "ok"}
+        owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
+        out["info"] = {k: v for k, v in CtlClient(path, timeout=2.0, owner=owner).call("info").items() if k != "ok"}
         out["answers"] = True
     except CtlError as e:
         out["error"] = str(e.message)

@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ from embnic.control.errors import NeedsRootError, OperationalError
 
 #: largest response accepted (bytes); a state dump of 100k entries is ~20 MB
 MAX_RESPONSE = 256 << 20
+#: connections embnic-dp serves at a time (dataplane/ctl.c CTL_MAX_CONNS); it closes the ones beyond
+MAX_CONNECTIONS = 16
 
 
 class CtlError(OperationalError):
@@ -47,6 +50,10 @@ class CtlProtocolError(CtlError):
     """The card answered something that is not one JSON object with ``ok``."""
 
 
+class CtlClosed(CtlProtocolError):
+    """The card accepted the connection and closed it without answering (at its connection limit, or exited)."""
+
+
 class CtlCommandError(CtlError):
     """The card answered ``{"ok": false, "error": ...}``; ``card_error`` holds its text."""
 
@@ -63,13 +70,45 @@ class CtlClient:
         path: filesystem path of the UNIX socket (reachable from any network namespace).
         timeout: seconds to wait for each response.
         load_hint: the command line to suggest when no card answers.
+        owner: the state file of the pipeline serving ``path`` (``pid``, ``starttime``, ``log``), if
+            known: errors then say whether that process still runs.
     """
 
     def __init__(self, path: str | os.PathLike, timeout: float = 5.0,
-                 load_hint: str = "embnic pipeline load --config FILE"):
+                 load_hint: str = "embnic pipeline load --config FILE", owner: dict | None = None):
         self.path = os.fspath(path)
         self.timeout = float(timeout)
         self.load_hint = load_hint
+        self.owner = owner if isinstance(owner, dict) and isinstance(owner.get("pid"), int) else None
+
+    def _not_a_socket(self) -> str | None:
+        """``"is a regular file"`` (etc.) when ``path`` exists but is no socket; None otherwise."""
+        try:
+            mode = os.stat(self.path).st_mode
+        except OSError:
+            return None
+        if stat.S_ISSOCK(mode):
+            return None
+        kind = "a regular file" if stat.S_ISREG(mode) else "a directory" if stat.S_ISDIR(mode) else "not a socket"
+        return (f"{self.path} is not a socket ({kind}): give the card's control socket with --ctl "
+                "(default: from the pipeline's state file, else RUN_DIR/NAME.sock)")
+
+    def _closed(self, cmd: str) -> CtlClosed:
+        """The error for a connection the card closed without answering ``cmd``."""
+        what = f"the card closed the control connection without answering `{cmd}`"
+        if self.owner is not None:
+            from embnic.control.target import pid_matches
+
+            pid, log = self.owner["pid"], self.owner.get("log") or "its log"
+            if pid_matches(self.owner):
+                return CtlClosed(f"{what}, although it runs (pid {pid}): it serves at most {MAX_CONNECTIONS} "
+                                 "control connections at a time and is probably at that limit; close idle "
+                                 f"`embnic status --watch` or other tools using {self.path} and retry (log: {log})")
+            return CtlClosed(f"{what}: the card (pid {pid}) has exited; see {log}, then "
+                             "`embnic pipeline unload` removes its stale state")
+        return CtlClosed(f"{what}: it refused the connection, probably at its limit of {MAX_CONNECTIONS} "
+                         "control connections (close idle `embnic status --watch` or other tools and retry); "
+                         "if that does not help, check that embnic-dp still runs (`embnic pipeline status`)")
 
     def __repr__(self) -> str:
         return f"CtlClient({self.path!r})"
@@ -85,6 +124,9 @@ class CtlClient:
                                f"run `{self.load_hint}` (or pass --ctl PATH)") from None
         except ConnectionRefusedError:
             s.close()
+            bad = self._not_a_socket()
+            if bad:
+                raise CtlNotLoaded(bad) from None
             raise CtlNotLoaded(f"pipeline not loaded: nothing answers on {self.path} (stale socket); "
                                f"run `{self.load_hint}`") from None
         except PermissionError:
@@ -97,6 +139,9 @@ class CtlClient:
                              "is embnic-dp stuck? see its log") from None
         except OSError as e:
             s.close()
+            bad = self._not_a_socket()
+            if bad:
+                raise CtlNotLoaded(bad) from None
             if e.errno in (errno.ENOTSOCK, errno.ECONNREFUSED, errno.ENOENT):
                 raise CtlNotLoaded(f"pipeline not loaded: {self.path} is not a live socket; "
                                    f"run `{self.load_hint}`") from None
@@ -111,6 +156,7 @@ class CtlClient:
         Raises:
             CtlNotLoaded: no socket / nobody listening ("pipeline not loaded: run ...").
             CtlPermission: not allowed to connect (run as root; exit code 2).
+            CtlClosed: the card closed the connection without answering (connection limit, or it exited).
             CtlTimeout: no complete response within ``timeout`` seconds.
             CtlProtocolError: the response is not one JSON object with ``ok``.
             CtlCommandError: the card answered ``ok: false`` (its ``error`` text is kept).
@@ -125,8 +171,7 @@ class CtlClient:
                 raise CtlTimeout(f"control socket {self.path} did not answer `{cmd}` within "
                                  f"{self.timeout:g}s: is embnic-dp stuck? see its log") from None
             except (BrokenPipeError, ConnectionResetError):
-                raise CtlProtocolError(f"card closed the control connection during `{cmd}`: "
-                                       "did embnic-dp exit? see its log") from None
+                raise self._closed(cmd) from None
         finally:
             s.close()
         try:
@@ -153,8 +198,7 @@ class CtlClient:
             if not chunk:
                 if buf.strip():
                     return bytes(buf)  # tolerate a last line without newline
-                raise CtlProtocolError(f"card closed the control connection without answering `{cmd}`: "
-                                       "did embnic-dp exit? see its log")
+                raise self._closed(cmd)
             buf += chunk
             if len(buf) > MAX_RESPONSE:
                 raise CtlProtocolError(f"response to `{cmd}` exceeds {MAX_RESPONSE} bytes")

@@ -241,9 +241,13 @@ class DpdkTarget(Target):
         return self.run_dir / f"{self.instance}.log"
 
     def ctl(self, timeout: float | None = None) -> CtlClient:
-        """A :class:`CtlClient` for this pipeline's control socket."""
+        """A :class:`CtlClient` for this pipeline's control socket (knowing the pid that serves it,
+        when the state file names this socket)."""
         hint = "embnic pipeline load --config FILE" + (f" --name {self.instance}" if self.instance != "embnic" else "")
-        return CtlClient(self.ctl_path, timeout=self.timeout if timeout is None else timeout, load_hint=hint)
+        path = self.ctl_path
+        st = read_state(self.run_dir, self.instance)
+        owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
+        return CtlClient(path, timeout=self.timeout if timeout is None else timeout, load_hint=hint, owner=owner)
 
     # ------------------------------------------------------------------ command line
     def eal_argv(self) -> list[str]:

@@ -95,3 +95,19 @@ def test_inspect_default_binary(invoke, fake_dp_factory, monkeypatch):
     monkeypatch.setenv("EMBNIC_DP", "/nonexistent/embnic-dp")
     r = invoke("inspect")
     assert r.exit_code == 2 and "EMBNIC_DP=/nonexistent/embnic-dp does not exist" in r.output
+
+
+@pytest.mark.parametrize("size", [30, 100, 5000])
+def test_truncated_elf_names_the_file_and_the_fix(invoke, fake_dp_factory, tmp_path, size):
+    """pyelftools' ELFParseError ("Reading section 0 at offset ... past EOF 100") became a bare
+    "Error: ELFParseError: ..." without the file name."""
+    cut = tmp_path / "embnic-dp"
+    cut.write_bytes(fake_dp_factory().read_bytes()[:size])
+    with pytest.raises(buildinfo.BuildInfoError) as e:
+        buildinfo.read(cut)
+    assert str(e.value.message).startswith(f"{cut} is not a valid ELF binary (")
+    assert e.value.message.endswith("rebuild with `make -C dataplane`")
+    r = invoke("inspect", cut)
+    assert r.exit_code == 1
+    assert f"{cut} is not a valid ELF binary" in r.output and "ELFParseError" not in r.output
+    assert len(r.output.strip().splitlines()) == 1

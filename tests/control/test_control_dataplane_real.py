@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -211,3 +212,24 @@ def test_failed_start_shows_the_cause_and_leaves_no_runtime_dir(invoke, env, rea
         assert not (DPDK_RUNTIME_DIR / prefix).exists(), "the failed start left its EAL runtime dir behind"
     finally:
         subprocess.run(["rm", "-rf", str(DPDK_RUNTIME_DIR / prefix)])
+
+
+def test_status_at_the_connection_limit_says_so(invoke, env, loaded):
+    """16 idle control connections (the card's limit) make the card close the 17th: it did not exit."""
+    idle = []
+    try:
+        for _ in range(16):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(loaded["ctl"])
+            idle.append(c)
+        r = invoke("status")  # its connection is the 17th in the card's accept queue: closed
+        assert r.exit_code == 1
+        assert "although it runs (pid" in r.output and "at most 16 control connections" in r.output, r.output
+        assert "exit" not in r.output.split("although")[0]
+    finally:
+        for c in idle:
+            c.close()
+    deadline = time.monotonic() + 10
+    while invoke("status").exit_code != 0:
+        assert time.monotonic() < deadline, "the card did not serve again after the idle connections closed"
+        time.sleep(0.05)
