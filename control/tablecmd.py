@@ -16,11 +16,16 @@ from embnic.control.ctlsock import CtlCommandError
 from embnic.control.options import IPV4, MAC, U16, UDP_PORT, Settings, json_option, open_target, pipeline_options, resolve
 from embnic.control.target import Entry
 
-# "what": how messages name one entry ("route for shard 0", "client 1")
+# "what": how messages name one entry ("route for shard 0", "client 1");
+# "ex", "ex2" (with "ex2_fields"), "ex_mac": entries of examples/testbed.toml used in the help examples
 _KIND = {
     "route": {"noun": "shard", "plural": "shards", "peer": "parameter-server shard", "what": "route for shard",
+              "ex": 0, "ex_mac": "02:ee:02:00:00:09",
+              "ex2": 1, "ex2_fields": "--port 3 --mac 02:ee:02:00:00:01 --ip 10.77.3.2 --udp-port 7878",
               "add": "route_add", "del": "route_del", "list": "route_list"},
     "client": {"noun": "client", "plural": "clients", "peer": "training client", "what": "client",
+               "ex": 1, "ex_mac": "02:ee:01:00:00:09",
+               "ex2": 2, "ex2_fields": "--port 1 --mac 02:ee:01:00:00:02 --ip 10.77.1.2 --udp-port 40000",
                "add": "client_add", "del": "client_del", "list": "client_list"},
 }
 
@@ -86,22 +91,23 @@ def make_group(kind: str) -> click.Group:
 
     \b
     Examples:
-      embnic {kind} add 0 --config examples/testbed.toml
-      embnic {kind} add 1 --port 1 --mac 02:00:00:00:01:02 --ip 10.0.1.3 --udp-port 7878
+      embnic {kind} add {k['ex']} --config examples/testbed.toml
+      embnic {kind} add {k['ex2']} {k['ex2_fields']}
       embnic {kind} list
-      embnic {kind} del 1
+      embnic {kind} del {k['ex2']}
     """)
     def group():
         pass
 
-    @group.command("add", help=f"""Add (or replace) the {kind} for {NOUN}, a {k['peer']} id.
+    @group.command("add", help=f"""Add (or replace) the {k['what']} {NOUN} (a {k['peer']} id).
 
     Without --config every field must be given{' (--udp-port defaults to 7878)' if kind == 'route' else ''};
-    with it, the options override the {noun}'s entry and an id the config does not know is refused.
+    with it, the options override the {noun}'s entry and an id the config does not know is refused
+    (exit 2). The MAC must be the {noun}'s own unicast address (the card does not resolve MACs).
 
     \b
     Example:
-      embnic {kind} add 0 --config examples/testbed.toml --mac 02:00:00:00:01:02
+      embnic {kind} add {k['ex']} --config examples/testbed.toml --mac {k['ex_mac']}
     """)
     @click.argument(noun, metavar=NOUN, type=U16)
     @click.option("--port", "port", type=click.IntRange(0, 1023), default=None, help="Card (DPDK) port it hangs off.")
@@ -117,13 +123,13 @@ def make_group(kind: str) -> click.Group:
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(e)))
         else:
-            click.echo(f"{kind} {noun} {e.id} → port {e.port}, {e.mac}, {e.ip}:{e.udp_port}")
+            click.echo(f"{k['what']} {e.id} → port {e.port}, {e.mac}, {e.ip}:{e.udp_port}")
 
-    @group.command("del", help=f"""Delete the {kind} for {NOUN} (exit 2 if the card has none).
+    @group.command("del", help=f"""Delete the {k['what']} {NOUN} (exit 2 if the card has none).
 
     \b
     Example:
-      embnic {kind} del 1
+      embnic {kind} del {k['ex2']}
     """)
     @click.argument(noun, metavar=NOUN, type=U16)
     @pipeline_options
@@ -135,7 +141,7 @@ def make_group(kind: str) -> click.Group:
         except CtlCommandError as e:  # the only refusal of a well-formed del: no such entry
             raise click.UsageError(f"unknown {noun} {id_}: the card has no {k['what']} {id_} ({e.card_error}); "
                                    f"`embnic {kind} list` shows the {kind}s") from None
-        click.echo(f"deleted {kind} for {noun} {id_}")
+        click.echo(f"deleted {k['what']} {id_}")
 
     @group.command("list", help=f"""List the card's {kind} table.
 

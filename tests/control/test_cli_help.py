@@ -1,13 +1,22 @@
-"""Every control-plane command says what it does, with an example, under --help.
+"""Every control-plane command says what it does, with an example, under --help; the examples run.
 
 Run alone: python3 -m pytest -q tests/control/test_cli_help.py
 """
 from __future__ import annotations
 
+import os
+import shlex
+from pathlib import Path
+
 import click
 import pytest
 
+from embnic.client_lib.config import load_config
 from embnic.control.cli import cli
+from embnic.control.target import read_state
+from embnic.control.target_dpdk import DpdkTarget
+
+REPO = Path(__file__).resolve().parents[2]
 
 MINE = ("config", "pipeline", "route", "client", "status", "state", "inspect")
 
@@ -49,3 +58,89 @@ def test_unknown_option_is_usage_error(invoke):
     r = invoke("route", "list", "--bogus")
     assert r.exit_code == 2
     assert "No such option" in r.output
+
+
+# --------------------------------------------------------------------------- the examples run
+def _examples():
+    """(command path, argv) of every `embnic ...` line in the help of my commands."""
+    out, seen = [], set()
+    for path, cmd in _all():
+        for line in (cmd.help or "").splitlines():
+            line = line.strip()
+            if not line.startswith(f"embnic {path[0]}") or "..." in line or line in seen:
+                continue
+            seen.add(line)
+            out.append((path, shlex.split(line)[1:]))
+    return out
+
+
+EXAMPLES = _examples()
+TESTBED = REPO / "examples" / "testbed.toml"
+TESTBED_VDEVS = [a for i in range(4) for a in ("--vdev", f"net_ring{i}")]
+
+
+def test_examples_were_found():
+    assert len(EXAMPLES) >= 20
+    assert {p[0] for p, _ in EXAMPLES} == set(MINE)
+
+
+@pytest.mark.parametrize("argv", [a for _, a in EXAMPLES], ids=lambda a: " ".join(a))
+def test_example_ids_exist_in_the_example_config(argv):
+    """`embnic client add 0 --config examples/testbed.toml` failed: testbed.toml has clients 1 and 2."""
+    for a in argv:
+        if a.startswith("examples/"):
+            assert (REPO / a).is_file(), a
+    if argv[0] in ("route", "client") and argv[1] in ("add", "del"):
+        cfg = load_config(TESTBED)
+        ids = {e.id for e in (cfg.shards if argv[0] == "route" else cfg.clients)}
+        assert int(argv[2]) in ids, f"{argv[0]} id {argv[2]} is not in examples/testbed.toml ({sorted(ids)})"
+
+
+@pytest.fixture
+def example_env(env, monkeypatch, fake_dp_factory):
+    """cwd = the repo (examples name repo paths); the stand-in embnic-dp as EMBNIC_DP (it runs as any user)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("EMBNIC_DP", str(fake_dp_factory()))
+    monkeypatch.setattr(DpdkTarget, "NEEDS_ROOT", False)
+    return env
+
+
+@pytest.mark.parametrize("argv", [a for _, a in EXAMPLES], ids=lambda a: " ".join(a))
+def test_example_runs(invoke, example_env, argv, monkeypatch):
+    """Every help example runs: against a fake card programmed from examples/testbed.toml, or
+    (pipeline) the stand-in embnic-dp loaded with that config."""
+    from ctl_fake_card import FakeCard
+
+    env = example_env
+    if "--watch" in argv:  # Ctrl-C after the first sample
+        import embnic.control.cmd_status as cs
+
+        def ctrl_c(_sec):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(cs.time, "sleep", ctrl_c)
+    if argv[0] == "inspect" and not (REPO / "dataplane" / "build" / "embnic-dp").is_file():
+        pytest.skip("dataplane/build/embnic-dp not built (make -C dataplane)")
+    if argv[0] == "pipeline":
+        try:
+            if argv[1] != "load":
+                r = invoke("pipeline", "load", "-c", TESTBED, *TESTBED_VDEVS)
+                assert r.exit_code == 0, r.output
+            r = invoke(*argv)
+            assert r.exit_code == 0, r.output
+        finally:
+            if read_state(env, "embnic") is not None:
+                invoke("pipeline", "unload")
+        return
+    cfg = load_config(TESTBED)
+    card = FakeCard(str(env / "embnic.sock"), ports=[
+        {"port": p.id, "name": f"net_ring{p.id}", "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]).start()
+    try:
+        for kind, eps in (("shard", cfg.shards), ("client", cfg.clients)):
+            for e in eps:
+                (card.routes if kind == "shard" else card.clients)[e.id] = {
+                    kind: e.id, "port": e.card_port, "mac": e.mac, "ip": e.ip, "udp_port": e.port}
+        r = invoke(*argv)
+        assert r.exit_code == 0, r.output
+    finally:
+        card.stop()

@@ -15,7 +15,7 @@ def test_route_add_with_flags(invoke, card):
     assert r.exit_code == 0, r.output
     assert card.requests[-1] == {"cmd": "route_add", "shard": 5, "port": 1, "mac": "02:00:00:00:01:09",
                                  "ip": "10.0.1.9", "udp_port": 7900}
-    assert "route shard 5" in r.output
+    assert r.output.startswith("route for shard 5 → port 1, 02:00:00:00:01:09, 10.0.1.9:7900")
 
 
 def test_route_add_from_config_and_override(invoke, card, card_config):
@@ -104,6 +104,7 @@ def test_card_refusal_is_operational(invoke, card):
 def test_client_add_list_del(invoke, card, card_config):
     r = invoke("client", "add", "1", "-c", card_config)
     assert r.exit_code == 0, r.output
+    assert r.output.startswith("client 1 → port 0, 02:00:00:00:00:02, 10.0.0.2:40000")  # not "client client 1"
     assert card.requests[-1] == {"cmd": "client_add", "client": 1, "port": 0, "mac": "02:00:00:00:00:02",
                                  "ip": "10.0.0.2", "udp_port": 40000}
     r = invoke("client", "list")
@@ -114,7 +115,7 @@ def test_client_add_list_del(invoke, card, card_config):
     r = invoke("client", "add", "4", "--port", "0", "--mac", "02:00:00:00:00:04", "--ip", "10.0.0.4")
     assert r.exit_code == 2 and "give --udp-port" in r.output
     r = invoke("client", "del", "1")
-    assert r.exit_code == 0
+    assert r.exit_code == 0 and r.output.strip() == "deleted client 1"  # not "deleted client for client 1"
     r = invoke("client", "del", "1")
     assert r.exit_code == 2 and "unknown client 1: the card has no client 1" in r.output
 
