@@ -108,9 +108,31 @@ class NameType(click.ParamType):
         self.fail(f"{value!r} is not a valid name (letters, digits, '_', '.', '-'; at most 64)", param, ctx)
 
 
+class TargetType(click.ParamType):
+    """A registered pipeline target name (:func:`embnic.control.target.target_names`), checked when used
+    so a target registered after import (``register_target``) is accepted too."""
+
+    name = "TARGET"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        from embnic.control.target import target_names
+
+        return "[" + "|".join(target_names()) + "]"
+
+    def convert(self, value, param, ctx):
+        from embnic.control.target import get_target_class
+
+        try:
+            get_target_class(value)
+        except click.UsageError as e:
+            self.fail(e.message, param, ctx)
+        return value
+
+
 MAC = MacType()
 IPV4 = IPv4Type()
 NAME = NameType()
+TARGET = TargetType()
 UDP_PORT = click.IntRange(1, 65535)
 U16 = click.IntRange(0, 0xFFFF)
 
@@ -141,9 +163,9 @@ name_option = click.option("--name", "name", type=NAME, envvar="EMBNIC_NAME", de
 ctl_option = click.option("--ctl", "ctl", metavar="PATH", envvar="EMBNIC_CTL", default=None,
                           help="Control socket of the running card (default: from the pipeline's "
                                "state file, else RUN_DIR/NAME.sock). Env: EMBNIC_CTL.")
-target_option = click.option("--target", "target", envvar="EMBNIC_TARGET", default=None,
-                             type=click.Choice(["dpdk", "bmv2"]),
-                             help=f"Pipeline target (default {DEFAULT_TARGET!r}). Env: EMBNIC_TARGET.")
+target_option = click.option("--target", "target", envvar="EMBNIC_TARGET", default=None, type=TARGET,
+                             help=f"Pipeline target (default {DEFAULT_TARGET!r}; bmv2 comes with the P4 "
+                                  "program and is listed once registered). Env: EMBNIC_TARGET.")
 
 #: options of every command that talks to a loaded pipeline
 pipeline_options = _compose(config_option(), target_option, name_option, ctl_option)
@@ -185,8 +207,13 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
             if not isinstance(sec[key], str) or not sec[key]:
                 raise ConfigFileError(f"{where}control.{key}: must be a non-empty string, got {sec[key]!r}")
             out[key] = sec[key]
-    if "target" in out and out["target"] not in ("dpdk", "bmv2"):
-        raise ConfigFileError(f"{where}control.target: must be dpdk or bmv2, got {out['target']!r}")
+    if "target" in out:
+        from embnic.control.target import target_names
+
+        if out["target"] not in target_names():
+            later = " (bmv2 comes with the P4 program)" if out["target"] == "bmv2" else ""
+            raise ConfigFileError(f"{where}control.target: no target {out['target']!r}{later}; available: "
+                                  f"{', '.join(target_names())}")
     if "name" in out and not _NAME_RE.match(out["name"]):
         raise ConfigFileError(f"{where}control.name: {out['name']!r} is not a valid name "
                               "(letters, digits, '_', '.', '-')")

@@ -60,6 +60,28 @@ def test_unknown_option_is_usage_error(invoke):
     assert "No such option" in r.output
 
 
+def test_target_choices_are_the_registered_targets(invoke):
+    """`--target bmv2` was listed everywhere but answered "no target 'bmv2'"."""
+    from embnic.control.target import target_names
+
+    for path in (["pipeline", "load"], ["route", "list"], ["status"], ["state", "dump"]):
+        out = " ".join(invoke(*path, "--help").output.split())
+        assert f"--target [{'|'.join(target_names())}]" in out, path
+        assert "bmv2 comes with the P4 program" in out
+        assert "[dpdk|bmv2]" not in out
+
+
+def test_target_registered_later_is_accepted(invoke, card, monkeypatch):
+    from embnic.control import target as T
+    from embnic.control.target_dpdk import DpdkTarget
+
+    monkeypatch.setitem(T._REGISTRY, "other", DpdkTarget)
+    assert "--target [dpdk|other]" in invoke("status", "--help").output
+    assert invoke("status", "--target", "other").exit_code == 0
+    r = invoke("status", "--target", "bmv2")
+    assert r.exit_code == 2 and "no target 'bmv2' (it comes with the P4 program); available: dpdk, other" in r.output
+
+
 # --------------------------------------------------------------------------- the examples run
 def _examples():
     """(command path, argv) of every `embnic ...` line in the help of my commands."""
