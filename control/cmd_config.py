@@ -70,7 +70,7 @@ def config():
 
 
 @config.command("check")
-@click.argument("file", required=False, metavar="FILE")
+@click.argument("file", required=False, metavar="[FILE]")
 @click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
                                              "lcores this machine has).")
 def check(file, strict):
@@ -105,7 +105,7 @@ def _as_dict(cfg: ClusterConfig) -> dict:
 
 
 @config.command("show")
-@click.argument("file", required=False, metavar="FILE")
+@click.argument("file", required=False, metavar="[FILE]")
 @json_option
 def show(file, as_json):
     """Print the parsed config FILE (default $EMBNIC_CONFIG) with every default filled in.

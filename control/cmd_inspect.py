@@ -12,7 +12,7 @@ from embnic.control.options import json_option
 
 
 @click.command()
-@click.argument("binary", required=False, metavar="BINARY")
+@click.argument("binary", required=False, metavar="[BINARY]")
 @json_option
 @click.option("--check", is_flag=True, help="Exit 1 if the binary does not match the client library.")
 def inspect(binary, as_json, check):

@@ -44,8 +44,9 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
     types = c.get("types", {})
     names = [t.name for t in consts.MsgType] + sorted(set(types) - {t.name for t in consts.MsgType})
     ptypes = pc.get("types", {})
-    out.append("messages  " + "  ".join(f"{n} {types.get(n, 0):,}{_rate(types.get(n, 0), ptypes.get(n), dt)}"
-                                        for n in names if n in types or show_all))
+    # the card counts frames per message type (a message of N fragments counts N); messages: the state map below
+    out.append("frames by message type  " + "  ".join(
+        f"{n} {types.get(n, 0):,}{_rate(types.get(n, 0), ptypes.get(n), dt)}" for n in names if n in types or show_all))
     drops = c.get("drops", {})
     total = sum(drops.values())
     shown = {k: v for k, v in drops.items() if v or show_all}
@@ -62,7 +63,7 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
         out.append(f"mempool   in use {m.get('in_use', 0):,}/{m.get('size', 0):,} ({_pct(m.get('in_use', 0), m.get('size', 0))}), "
                    f"available {m.get('available', 0):,}")
     by = st.get("by_state", {})
-    out.append(f"state     {st.get('entries', 0):,}/{st.get('capacity', 0):,} entries "
+    out.append(f"state     {st.get('entries', 0):,}/{st.get('capacity', 0):,} messages in the state map "
                f"({', '.join(f'{k} {v:,}' for k, v in by.items())}); overflow {st.get('overflow', 0):,}, "
                f"expired {st.get('expired', 0):,}")
     return "\n".join(out)
@@ -71,13 +72,15 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
 @click.command()
 @pipeline_options
 @json_option
-@click.option("--watch", "watch", type=click.FloatRange(0.0, 3600), is_flag=False, flag_value=1.0, default=None,
-              metavar="[SEC]", help="Redraw every SEC seconds (default 1) until Ctrl-C; with --json, one JSON line per sample.")
+@click.option("--watch", "watch", type=click.FloatRange(0.1, 3600), is_flag=False, flag_value=1.0, default=None,
+              metavar="[SEC]", help="Redraw every SEC seconds (0.1..3600, default 1) until Ctrl-C; with --json, "
+                                    "one JSON line per sample.")
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after N samples.")
 @click.option("--all", "show_all", is_flag=True, help="Show zero counters too (every drop reason).")
 def status(config, target, name, ctl, as_json, watch, count, show_all):
-    """Show the card's counters: frames per port, messages per type, drops by reason, header-ring
-    occupancy and high-water mark, mempool use, message-state-map summary.
+    """Show the card's counters: frames per port, frames by message type (a message of N
+    fragments counts N), drops by reason, header-ring occupancy and high-water mark, mempool
+    use, and the message state map (messages in flight or recently done, by state).
 
     \b
     Examples:

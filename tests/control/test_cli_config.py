@@ -185,3 +185,9 @@ def test_check_warns_about_cores_this_machine_lacks(invoke, card_config):
         in r.stderr
     r = invoke("config", "check", "--strict", card_config)
     assert r.exit_code == 2 and f"names core(s) {lacking}" in r.output
+
+
+def test_file_is_optional_in_the_usage_line(invoke):
+    for sub in ("check", "show"):
+        r = invoke("config", sub, "--help")
+        assert f"Usage: cli config {sub} [OPTIONS] [FILE]" in r.output

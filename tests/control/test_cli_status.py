@@ -14,9 +14,11 @@ def test_status_text(invoke, card):
     assert "pipeline 'embnic' (dpdk)" in out
     assert "drops     total 4: unknown_shard 3, bad_magic 1" in out
     assert "ring      5/4,096 (0.1%), high water 1,024 (25.0%)" in out
-    assert "state     2/65,536 entries (receiving 0, forwarded 1, answered 1, expired 0)" in out
+    assert "state     2/65,536 messages in the state map (receiving 0, forwarded 1, answered 1, expired 0)" in out
     assert "mempool   in use 191/8,191" in out
     assert "LOOKUP_REQ 0" in out and "ERROR 4" in out
+    # the card counts frames per type (a 3-fragment message counts 3): the label says so
+    assert "frames by message type  LOOKUP_REQ 0" in out and "messages  LOOKUP_REQ" not in out
     assert "bad_ip" not in out  # zero reasons hidden by default
     ports = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("0 ", "1 "))]
     assert ports == [["0", "10", "1,000", "9", "900"], ["1", "20", "2,000", "18", "1,800"]]
@@ -39,7 +41,7 @@ def test_status_json(invoke, card):
 
 
 def test_status_watch_json_lines(invoke, card):
-    r = invoke("status", "--watch", "0", "--count", "3", "--json")
+    r = invoke("status", "--watch", "0.1", "--count", "3", "--json")
     assert r.exit_code == 0, r.output
     lines = r.output.strip().splitlines()
     assert len(lines) == 3
@@ -47,10 +49,18 @@ def test_status_watch_json_lines(invoke, card):
 
 
 def test_status_watch_text_with_rates(invoke, card):
-    r = invoke("status", "--watch", "0", "--count", "2")
+    r = invoke("status", "--watch", "0.1", "--count", "2")
     assert r.exit_code == 0, r.output
     assert r.output.count("Ctrl-C to stop") == 2
     assert "(0/s)" in r.output and "rx frames/s" in r.output  # second sample shows rates
+
+
+def test_status_watch_needs_a_sane_interval(invoke, card):
+    """--watch 0 polled the card ~200 times a second: at least 0.1 s."""
+    for bad in ("0", "0.05"):
+        r = invoke("status", f"--watch={bad}", "--count", "1")
+        assert r.exit_code == 2 and "0.1" in r.output, (bad, r.output)
+    assert not card.requests
 
 
 def test_status_watch_default_interval_parses(invoke, card):

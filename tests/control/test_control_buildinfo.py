@@ -111,3 +111,8 @@ def test_truncated_elf_names_the_file_and_the_fix(invoke, fake_dp_factory, tmp_p
     assert r.exit_code == 1
     assert f"{cut} is not a valid ELF binary" in r.output and "ELFParseError" not in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_inspect_usage_shows_binary_as_optional(invoke):
+    r = invoke("inspect", "--help")
+    assert "Usage: cli inspect [OPTIONS] [BINARY]" in r.output
