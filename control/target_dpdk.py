@@ -359,7 +359,7 @@ class DpdkTarget(Target):
         state = {
             "target": self.name, "name": self.instance, "pid": proc.pid, "starttime": proc_starttime(proc.pid),
             "ctl": ctl, "log": str(log), "binary": os.fspath(binary), "argv": argv, "netns": self.netns,
-            "config": self.config.path, "started": time.time(),
+            "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time(),
             "build": {"proto_version": bi.proto_version, "git_rev": bi.git_rev} if bi else None,
         }
         write_state(self.run_dir, self.instance, state)

@@ -381,3 +381,15 @@ def test_lcores_checked_before_start(invoke, env, dp, card_config):
     card_config.write_text(card_config.read_text().replace('lcores = "0"', 'lcores = "0-127"'))
     r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
     assert r.exit_code == 2 and "card.lcores in " in r.output and "but this machine has core(s)" in r.output
+
+
+def test_state_file_has_the_absolute_config_path(invoke, env, dp, card_config, monkeypatch):
+    monkeypatch.chdir(card_config.parent)
+    r = invoke("pipeline", "load", "-c", card_config.name, "--binary", dp, *VDEVS)
+    assert r.exit_code == 0, r.output
+    try:
+        assert read_state(env, "embnic")["config"] == str(card_config.resolve())
+        monkeypatch.chdir("/")
+        assert f"config {card_config.resolve()}," in invoke("pipeline", "status").output
+    finally:
+        assert invoke("pipeline", "unload").exit_code == 0
