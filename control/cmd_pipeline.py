@@ -50,7 +50,8 @@ def _ports_line(info: dict) -> str:
               help="More embnic-dp arguments after '--' (one shell-quoted string), e.g. '--burst 16'.")
 @click.option("--idle-us", type=click.IntRange(0, 1_000_000), default=None,
               help="Card sleeps this many µs when a poll finds nothing (cores shared with servers/clients).")
-@click.option("--lcores", metavar="LIST", default=None, help="EAL lcore list (default: card.lcores of the config).")
+@click.option("--lcores", metavar="LIST", default=None,
+              help="EAL lcore list, e.g. 0 or 0,1 (default: card.lcores of the config).")
 @click.option("--netns", metavar="NS", default=None,
               help="Run the card inside this network namespace (needs root). Env: EMBNIC_NETNS.")
 @click.option("--timeout", "ready_timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
@@ -66,6 +67,11 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
     answers `ping`, then installs one route per [[shards]] and one client per [[clients]]
     (each needs `mac` and `card_port` in the config: the card does not resolve MACs).
     A second load under the same --name says what is already running.
+
+    Needs root (the DPDK EAL; exit 2 otherwise). The lcores must be cores this machine has.
+    If the card does not start, the error quotes the line of its log that says why, and
+    the EAL's runtime directory is removed again. embnic-dp cannot set a port's MAC: a
+    [card].ports[].mac that differs from the port's real MAC is reported as a warning.
 
     \b
     Example:
@@ -85,6 +91,8 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
                f"mode {info.get('mode', '?')}, {res['routes']} route(s), {res['clients']} client(s)")
     click.echo(f"  ports {_ports_line(info)}")
     click.echo(f"  ctl {res['ctl']}  log {res['log']}")
+    for w in res.get("warnings", []):
+        click.echo(f"warning: {w}", err=True)
 
 
 @pipeline.command("unload")

@@ -383,7 +383,25 @@ class DpdkTarget(Target):
             if runtime is not None and not runtime_was_there:
                 shutil.rmtree(runtime, ignore_errors=True)  # the failed start's EAL runtime dir
             raise
-        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info,
+                "warnings": self._port_mac_warnings(info)}
+
+    def _port_mac_warnings(self, info: dict) -> list[str]:
+        """One line per ``[card].ports`` entry whose ``mac`` differs from the DPDK port's real MAC.
+
+        embnic-dp cannot set a port's MAC (docs/control-socket.md), so the config's ``mac`` is
+        only a statement of what the port has; peers that were told the config's MAC would send
+        to the wrong address.
+        """
+        real = {int(p["port"]): str(p.get("mac", "")).lower() for p in info.get("ports", []) if "port" in p}
+        out = []
+        for i, p in enumerate(self.config.card.ports):
+            have = real.get(p.id)
+            if p.mac and have and have != p.mac:
+                out.append(f"card.ports[{i}].mac is {p.mac} but DPDK port {p.id} has {have}; embnic-dp cannot "
+                           "set a port's MAC: give the port that MAC (for af_packet: `ip link set dev IF address "
+                           f"{p.mac}`) or write mac = \"{have}\" in the config")
+        return out
 
     def _wait_ready(self, proc: subprocess.Popen, ctl: str, log: Path) -> None:
         deadline = time.monotonic() + self.ready_timeout

@@ -393,3 +393,25 @@ def test_state_file_has_the_absolute_config_path(invoke, env, dp, card_config, m
         assert f"config {card_config.resolve()}," in invoke("pipeline", "status").output
     finally:
         assert invoke("pipeline", "unload").exit_code == 0
+
+
+def test_port_mac_that_differs_from_the_card_is_warned(invoke, env, dp, card_config):
+    """embnic-dp cannot set a port's MAC: a different [card].ports[].mac is a warning, not silently ignored."""
+    # the stand-in's port i has MAC 02:00:00:00:00:0i; port 1 matches, port 2 does not
+    card_config.write_text(card_config.read_text().replace(
+        '{ id = 1, ip = "10.0.1.1" }, { id = 2, ip = "10.0.2.1" }',
+        '{ id = 1, ip = "10.0.1.1", mac = "02:00:00:00:00:01" }, { id = 2, ip = "10.0.2.1", mac = "02:aa:00:00:00:02" }'))
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    try:
+        assert r.exit_code == 0, r.output
+        warns = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+        assert warns == ["warning: card.ports[2].mac is 02:aa:00:00:00:02 but DPDK port 2 has 02:00:00:00:00:02; "
+                         "embnic-dp cannot set a port's MAC: give the port that MAC (for af_packet: `ip link set "
+                         "dev IF address 02:aa:00:00:00:02`) or write mac = \"02:00:00:00:00:02\" in the config"]
+    finally:
+        assert invoke("pipeline", "unload").exit_code == 0
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--json")
+    try:
+        assert len(json.loads(r.stdout)["warnings"]) == 1
+    finally:
+        assert invoke("pipeline", "unload").exit_code == 0
