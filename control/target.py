@@ -151,7 +151,7 @@ def proc_starttime(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), None if gone or a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    except OSError:
         return None
     rest = stat.rsplit(")", 1)[1].split()
     if rest[0] in ("Z", "X"):

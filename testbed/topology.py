@@ -69,6 +69,7 @@ from typing import Any, Iterator
 
 from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, ConfigError, load_config, parse_config
+from embnic.control.target import pid_matches, proc_starttime
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
 DEFAULT_NAME = "emb"
@@ -192,25 +193,9 @@ def netns_pids(ns: str) -> list[int]:
     return [int(x) for x in p.stdout.split() if x.isdigit()]
 
 
-def proc_starttime(pid: int) -> int | None:
-    """Start time of ``pid`` (clock ticks since boot, ``/proc/PID/stat`` field 22); None if gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = stat.rsplit(")", 1)[1].split()
-    if rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])
-
-
-def proc_alive(rec: dict) -> bool:
-    """True if the process of a state record (``pid``, ``starttime``) still runs."""
-    pid = rec.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    st = proc_starttime(pid)
-    return st is not None and (rec.get("starttime") is None or st == rec["starttime"])
+# pid + start time identify a process across pid reuse; one definition for the control plane
+# and the testbed (a state record has ``pid`` and ``starttime``)
+proc_alive = pid_matches
 
 
 def stop_process(rec: dict, timeout: float = 5.0) -> bool:
