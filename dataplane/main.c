@@ -3,7 +3,8 @@
  * embnic-dp: the embnic accelerator card as a DPDK application.
  *
  *   port 0..N-1 --rx--> [RX stage: parse/validate, ARP]
- *                          | header ring (rte_ring of embnic_desc)
+ *                          | header ring (rte_ring of mbuf pointers;
+ *                          |  parse result in the mbuf: embnic_rx_meta)
  *                          v
  *                       [TX stage: authorise, route/client table, state
  *                        map, rewrite] --tx--> port 0..N-1
@@ -39,7 +40,6 @@
 #include <rte_mempool.h>
 #include <rte_rcu_qsbr.h>
 #include <rte_ring.h>
-#include <rte_ring_elem.h>
 
 #include "embnic_dp.h"
 
@@ -245,11 +245,9 @@ tables_init(struct embnic_app *a)
 	a->qsbr = rte_zmalloc("embnic_qsbr", sz, RTE_CACHE_LINE_SIZE);
 	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
 		return -ENOMEM;
-	a->ring = rte_ring_create_elem("embnic_hdr_ring",
-				       sizeof(struct embnic_desc),
-				       a->opts.ring_size, (int)rte_socket_id(),
-				       RING_F_SP_ENQ | RING_F_SC_DEQ |
-				       RING_F_EXACT_SZ);
+	a->ring = rte_ring_create("embnic_hdr_ring", a->opts.ring_size,
+				  (int)rte_socket_id(),
+				  RING_F_SP_ENQ | RING_F_SC_DEQ | RING_F_EXACT_SZ);
 	a->routes = embnic_table_create("embnic_routes",
 					EMBNIC_ROUTE_TABLE_SIZE, a->qsbr);
 	a->clients = embnic_table_create("embnic_clients",
@@ -413,6 +411,16 @@ main(int argc, char **argv)
 			rte_exit(EXIT_FAILURE, "cannot init port %u: %s\n",
 				 port, rte_strerror(-ret));
 	}
+
+	/* after the ports, so the PMDs' own dynamic fields come first */
+	app.meta_off = rte_mbuf_dynfield_register(&(const struct
+		rte_mbuf_dynfield){ .name = EMBNIC_RX_META_NAME,
+				    .size = sizeof(struct embnic_rx_meta),
+				    .align = __alignof__(struct embnic_rx_meta) });
+	if (app.meta_off < 0)
+		rte_exit(EXIT_FAILURE, "no room in the mbuf for the card's "
+			 "%zu-byte dynamic field: %s\n",
+			 sizeof(struct embnic_rx_meta), rte_strerror(rte_errno));
 
 	ret = tables_init(&app);
 	if (ret != 0)

@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * RX stage: receive a burst on every port, parse and validate each frame,
- * answer ARP for the card's address, and enqueue one descriptor per valid
- * frame (parsed header + mbuf pointer) on the header ring. The body stays
- * in its mbuf. Whatever is dropped is counted by reason and freed in bulk;
- * a full ring drops (ring_full), it never blocks.
+ * answer ARP for the card's address, and enqueue each valid frame's mbuf on
+ * the header ring, the parse result travelling with the mbuf (struct
+ * embnic_rx_meta in a dynfield, the rest in the frame's first cache line;
+ * embnic_dp.h). The body stays in its mbuf. Whatever is dropped is counted
+ * by reason and freed in bulk; a full ring drops (ring_full), it never
+ * blocks.
  */
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
 #include <rte_ring.h>
-#include <rte_ring_elem.h>
 
 #include "embnic_dp.h"
 
@@ -29,28 +30,33 @@ csum_hint(const struct rte_mbuf *m)
 	}
 }
 
-/* Fill d for m; returns 0 to enqueue it or a drop reason. */
+/* Parse m and leave what the TX stage needs in its meta; 0 or a drop reason. */
 static inline int
-classify(const struct embnic_port *port, struct rte_mbuf *m,
-	 struct embnic_desc *d)
+classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off)
 {
+	struct embnic_rx_meta *meta = embnic_rx_meta(m, meta_off);
 	uint8_t *data = rte_pktmbuf_mtod(m, uint8_t *);
+	struct embnic_pkt_info info;
 	int r;
 
 	r = embnic_parse(data, rte_pktmbuf_data_len(m), rte_pktmbuf_pkt_len(m),
-			 csum_hint(m), port->ip, &d->info);
-	if (r == EMBNIC_PARSE_ARP) {
+			 csum_hint(m), port->ip, &info);
+	if (likely(r == EMBNIC_PARSE_OK)) {
+		meta->num_keys = info.msg.num_keys;
+		meta->msg_len = info.msg.msg_len;
+		meta->frag_count = info.msg.frag_count;
+		meta->frag_len = info.msg.frag_len;
+		meta->frame_len = info.frame_len;
+		meta->kind = EMBNIC_DESC_MSG;
+		meta->trim = rte_pktmbuf_pkt_len(m) > info.frame_len;
+	} else if (r == EMBNIC_PARSE_ARP) {
 		r = embnic_arp_reply(data, rte_pktmbuf_data_len(m), port->ip,
 				     port->mac.addr_bytes);
-		d->kind = EMBNIC_DESC_ARP;
-		d->info.frame_len = (uint16_t)rte_pktmbuf_pkt_len(m);
-	} else {
-		d->kind = EMBNIC_DESC_MSG;
-		d->trim = rte_pktmbuf_pkt_len(m) > d->info.frame_len;
+		meta->frame_len = (uint16_t)rte_pktmbuf_pkt_len(m);
+		meta->kind = EMBNIC_DESC_ARP;
+		meta->trim = 0;
+		m->port = port->id;	/* the reply leaves where it came */
 	}
-	d->m = m;
-	d->data = data;
-	d->in_port = port->id;
 	return r;
 }
 
@@ -58,9 +64,10 @@ static void
 rx_port(struct embnic_app *app, const struct embnic_port *port,
 	struct embnic_lcore_stats *st, struct rte_mbuf **pkts, uint16_t nb_rx)
 {
-	struct embnic_desc descs[EMBNIC_MAX_BURST];
+	struct rte_mbuf *ok[EMBNIC_MAX_BURST];
 	struct rte_mbuf *dropped[EMBNIC_MAX_BURST];
 	unsigned int nd = 0, nf = 0, sent, free_space, count, i;
+	int meta_off = app->meta_off;
 	uint64_t bytes = 0;
 	int r;
 
@@ -71,9 +78,9 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 			rte_prefetch0(rte_pktmbuf_mtod(pkts[i + PREFETCH_OFFSET],
 						       void *));
 		bytes += rte_pktmbuf_pkt_len(pkts[i]);
-		r = classify(port, pkts[i], &descs[nd]);
+		r = classify(port, pkts[i], meta_off);
 		if (r == 0) {
-			nd++;
+			ok[nd++] = pkts[i];
 		} else {
 			st->drops[r]++;
 			dropped[nf++] = pkts[i];
@@ -83,16 +90,15 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 	st->rx_bytes[port->id] += bytes;
 
 	if (nd > 0) {
-		sent = rte_ring_enqueue_burst_elem(app->ring, descs,
-						   sizeof(descs[0]), nd,
-						   &free_space);
+		sent = rte_ring_enqueue_burst(app->ring, (void *const *)ok, nd,
+					      &free_space);
 		count = rte_ring_get_capacity(app->ring) - free_space;
 		if (count > st->ring_high_water)
 			st->ring_high_water = count;
 		if (unlikely(sent < nd)) {
 			st->drops[EMBNIC_DROP_RING_FULL] += nd - sent;
 			for (i = sent; i < nd; i++)
-				dropped[nf++] = descs[i].m;
+				dropped[nf++] = ok[i];
 		}
 	}
 	if (nf > 0)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * TX stage: dequeue a burst of descriptors from the header ring, check the
+ * TX stage: dequeue a burst of mbufs from the header ring, check the
  * sender (requests from registered clients, replies from registered
  * servers), look the destination up (route table by shard for requests,
  * client table by client id for replies), account the message in the state
@@ -20,10 +20,17 @@
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
 #include <rte_ring.h>
-#include <rte_ring_elem.h>
 #include <rte_udp.h>
 
 #include "embnic_dp.h"
+
+/* A frame of the burst being sent, as the RX stage parsed it. */
+struct tx_frame {
+	struct rte_mbuf *m;
+	uint8_t *data;			/* rte_pktmbuf_mtod(m) */
+	struct embnic_pkt_info info;
+	uint8_t kind, trim;
+};
 
 struct tx_queue {
 	uint16_t n;
@@ -60,7 +67,7 @@ csum_replace3(uint16_t check, uint32_t o1, uint32_t o2, uint32_t o3,
  * stores would stall on store forwarding.
  */
 static inline void
-rewrite(struct rte_mbuf *m, const struct embnic_desc *d,
+rewrite(struct rte_mbuf *m, const struct tx_frame *d,
 	const struct embnic_peer *dst, const struct embnic_port *out)
 {
 	uint8_t *p = d->data;
@@ -186,7 +193,7 @@ lookup_peers(struct embnic_table *t, const uint32_t *ids, unsigned int n,
  * then its client registered. Returns 0 and sets *dst, or a drop reason.
  */
 static inline int
-authorise(const struct embnic_desc *d, const struct embnic_peer *client,
+authorise(const struct tx_frame *d, const struct embnic_peer *client,
 	  const struct embnic_peer *route, const struct embnic_peer **dst)
 {
 	const struct embnic_pkt_info *in = &d->info;
@@ -209,10 +216,55 @@ authorise(const struct embnic_desc *d, const struct embnic_peer *client,
 	return 0;
 }
 
+/*
+ * The parse result of f->m: the meta the RX stage left in the mbuf, and the
+ * header fields of the frame's first cache line read back (host order).
+ * frag_offset and frag_index are not carried (0 here): the TX stage does
+ * not use them.
+ */
+static inline void
+read_back(struct tx_frame *f, int meta_off)
+{
+	const struct embnic_rx_meta *meta = embnic_rx_meta(f->m, meta_off);
+	const uint8_t *p = f->data;
+	const struct rte_ipv4_hdr *ip = (const struct rte_ipv4_hdr *)
+		(p + EMBNIC_ETH_LEN);
+	const struct rte_udp_hdr *udp = (const struct rte_udp_hdr *)
+		(p + EMBNIC_ETH_LEN + EMBNIC_IPV4_LEN);
+	const struct embnic_hdr *h = (const struct embnic_hdr *)
+		(p + EMBNIC_ETH_LEN + EMBNIC_IPV4_LEN + EMBNIC_UDP_LEN);
+	struct embnic_msg *m = &f->info.msg;
+
+	f->kind = meta->kind;
+	f->trim = meta->trim;
+	f->info.frame_len = meta->frame_len;
+	if (f->kind != EMBNIC_DESC_MSG)
+		return;
+	f->info.src_ip = ip->src_addr;
+	f->info.src_port = udp->src_port;
+	m->msg_id = rte_be_to_cpu_32(h->msg_id);
+	m->client_id = rte_be_to_cpu_16(h->client_id);
+	m->table_id = rte_be_to_cpu_16(h->table_id);
+	m->shard_id = rte_be_to_cpu_16(h->shard_id);
+	m->dim = rte_be_to_cpu_16(h->dim);
+	m->status = rte_be_to_cpu_16(h->status);
+	m->msg_type = h->msg_type;
+	m->flags = h->flags;
+	m->dtype = h->dtype;
+	m->version = h->version;
+	m->num_keys = meta->num_keys;
+	m->msg_len = meta->msg_len;
+	m->frag_count = meta->frag_count;
+	m->frag_len = meta->frag_len;
+	m->frag_offset = 0;
+	m->frag_index = 0;
+}
+
 unsigned int
 embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 {
-	struct embnic_desc descs[EMBNIC_MAX_BURST];
+	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
+	struct tx_frame fr[EMBNIC_MAX_BURST];
 	struct tx_queue qs[EMBNIC_MAX_PORTS];
 	struct rte_mbuf *dropped[EMBNIC_MAX_BURST];
 	const struct embnic_peer *routes[EMBNIC_MAX_BURST];
@@ -226,8 +278,8 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	uint64_t now_ns, tsc;
 	uint16_t p;
 
-	n = rte_ring_dequeue_burst_elem(app->ring, descs, sizeof(descs[0]),
-					app->opts.burst, NULL);
+	n = rte_ring_dequeue_burst(app->ring, (void **)pkts, app->opts.burst,
+				   NULL);
 	tsc = rte_rdtsc();
 	if (unlikely(tsc >= app->next_expire_tsc)) {
 		/* the state map ages in slices, every millisecond */
@@ -241,22 +293,28 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	for (p = 0; p < app->nb_ports; p++)
 		qs[p].n = 0;
 	/*
-	 * The headers are rewritten last and the PMD frees the mbufs after
-	 * TX: start fetching both now (with the RX stage on another lcore
-	 * they are in its cache).
+	 * With the RX stage on another lcore all of this is in its cache:
+	 * fetch both mbuf lines (data address, meta; the PMD frees the mbuf
+	 * after TX), then each frame's first line, which is rewritten.
 	 */
 	for (i = 0; i < n; i++) {
-		rte_prefetch0(descs[i].data);
-		rte_prefetch0(descs[i].m);
+		rte_prefetch0(pkts[i]);
+		rte_prefetch0(RTE_PTR_ADD(pkts[i], RTE_CACHE_LINE_SIZE));
+	}
+	for (i = 0; i < n; i++) {
+		fr[i].m = pkts[i];
+		fr[i].data = rte_pktmbuf_mtod(pkts[i], uint8_t *);
+		rte_prefetch0(fr[i].data);
 	}
 
 	/* bulk route and client lookups for the embnic frames of the burst */
 	for (i = 0; i < n; i++) {
+		read_back(&fr[i], app->meta_off);
 		res[i] = 0;
-		if (descs[i].kind == EMBNIC_DESC_ARP)
+		if (fr[i].kind == EMBNIC_DESC_ARP)
 			continue;
-		shard_ids[nm] = descs[i].info.msg.shard_id;
-		client_ids[nm] = descs[i].info.msg.client_id;
+		shard_ids[nm] = fr[i].info.msg.shard_id;
+		client_ids[nm] = fr[i].info.msg.client_id;
 		idx[nm++] = (uint16_t)i;
 	}
 	lookup_peers(app->routes, shard_ids, nm, routes);
@@ -264,9 +322,9 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 
 	for (j = 0; j < nm; j++) {
 		i = idx[j];
-		res[i] = authorise(&descs[i], clients[j], routes[j], &dst[i]);
+		res[i] = authorise(&fr[i], clients[j], routes[j], &dst[i]);
 		if (res[i] == 0) {
-			msgs[nfwd] = &descs[i].info.msg;
+			msgs[nfwd] = &fr[i].info.msg;
 			fwd[nfwd++] = (uint16_t)i;
 		}
 	}
@@ -277,14 +335,14 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 
 	/* in ring order, so frames from one port leave in the order they came */
 	for (i = 0; i < n; i++) {
-		const struct embnic_desc *d = &descs[i];
+		const struct tx_frame *d = &fr[i];
 
 		if (res[i] != 0) {
 			st->drops[res[i]]++;
 			dropped[nf++] = d->m;
 		} else if (d->kind == EMBNIC_DESC_ARP) {
 			st->arp_replies++;
-			txq_add(&qs[d->in_port], d->m, d->info.frame_len);
+			txq_add(&qs[d->m->port], d->m, d->info.frame_len);
 		} else {
 			rewrite(d->m, d, dst[i], &app->ports[dst[i]->port]);
 			st->types[d->info.msg.msg_type]++;
@@ -301,12 +359,10 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 void
 embnic_ring_drain(struct embnic_app *app)
 {
-	struct embnic_desc descs[EMBNIC_MAX_BURST];
-	unsigned int n, i;
+	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
+	unsigned int n;
 
-	while ((n = rte_ring_dequeue_burst_elem(app->ring, descs,
-						sizeof(descs[0]),
-						EMBNIC_MAX_BURST, NULL)) > 0)
-		for (i = 0; i < n; i++)
-			rte_pktmbuf_free(descs[i].m);
+	while ((n = rte_ring_dequeue_burst(app->ring, (void **)pkts,
+					   EMBNIC_MAX_BURST, NULL)) > 0)
+		rte_pktmbuf_free_bulk(pkts, n);
 }

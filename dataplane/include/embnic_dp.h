@@ -22,6 +22,7 @@
 #include <rte_common.h>
 #include <rte_ether.h>
 #include <rte_mbuf.h>
+#include <rte_mbuf_dyn.h>
 
 #include "embnic_parse.h"
 #include "embnic_proto.h"
@@ -58,25 +59,42 @@ struct embnic_peer {
 	struct rte_ether_addr mac;
 };
 
-/* A header ring descriptor: the parsed header and the mbuf holding the body. */
+/*
+ * The header ring carries mbuf pointers (8 bytes a frame). What the RX stage
+ * learnt about a frame travels with its mbuf: the fields of the parsed
+ * header that lie past the frame's first cache line, in host order, in an
+ * mbuf dynamic field (struct embnic_rx_meta, 16 bytes in the mbuf's second
+ * cache line, which the PMD's free reads anyway). The TX stage reads the
+ * other parsed fields back from the frame's first 64 bytes (Ethernet, IPv4,
+ * UDP and the embnic header's first 22 bytes), the line it rewrites anyway:
+ * no descriptor is copied, and no extra cache line crosses between the
+ * lcores. The RX stage validated all of it; the TX stage only re-reads.
+ */
 enum embnic_desc_kind {
 	EMBNIC_DESC_MSG = 0,		/* an embnic frame to route */
-	EMBNIC_DESC_ARP = 1,		/* an ARP reply to send back on in_port */
+	EMBNIC_DESC_ARP = 1,		/* an ARP reply to send back on m->port */
 };
 
-struct embnic_desc {
-	struct rte_mbuf *m;
-	uint8_t *data;			/* the frame (rte_pktmbuf_mtod(m)), so the
-					 * TX stage reaches the headers without
-					 * first reading the mbuf */
-	struct embnic_pkt_info info;
-	uint16_t in_port;
-	uint8_t kind;
+struct embnic_rx_meta {
+	uint32_t num_keys;		/* embnic header, host order */
+	uint32_t msg_len;
+	uint16_t frag_count;
+	uint16_t frag_len;
+	uint16_t frame_len;		/* bytes to send on (14 + IPv4 total
+					 * length; pkt_len for ARP) */
+	uint8_t kind;			/* enum embnic_desc_kind */
 	uint8_t trim;			/* frame longer than frame_len (padding) */
 };
-static_assert(sizeof(struct embnic_desc) % 4 == 0, "rte_ring elem size");
-static_assert(sizeof(struct embnic_desc) == RTE_CACHE_LINE_SIZE,
-	      "a descriptor is one cache line");
+static_assert(sizeof(struct embnic_rx_meta) == 16, "rx meta is 16 bytes");
+
+#define EMBNIC_RX_META_NAME	"embnic_dynfield_rx_meta"
+
+/* The meta of m; off is the dynfield offset (app->meta_off). */
+static inline struct embnic_rx_meta *
+embnic_rx_meta(struct rte_mbuf *m, int off)
+{
+	return RTE_MBUF_DYNFIELD(m, off, struct embnic_rx_meta *);
+}
 
 /*
  * Counters of one lcore; only that lcore writes them, the control path sums
@@ -133,7 +151,8 @@ struct embnic_app {
 	uint16_t nb_ports;
 	struct embnic_port ports[EMBNIC_MAX_PORTS];
 	struct rte_mempool *pool;
-	struct rte_ring *ring;		/* the header ring of embnic_desc */
+	struct rte_ring *ring;		/* the header ring: mbuf pointers */
+	int meta_off;			/* mbuf dynfield of struct embnic_rx_meta */
 	struct embnic_table *routes;	/* shard -> peer */
 	struct embnic_table *clients;	/* client -> peer */
 	struct embnic_state *state;
