@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include <rte_debug.h>
 #include <rte_hash.h>
 #include <rte_hash_crc.h>
 #include <rte_lcore.h>
@@ -80,6 +81,17 @@ state_key(const struct embnic_msg *m)
 					  m->msg_id };
 }
 
+/*
+ * The table's hash function, rte_hash_crc(k, 16, 0), inlined: two CRC32C
+ * steps instead of a call through the hash's function pointer per key.
+ * embnic_state_create() checks that both agree.
+ */
+static inline hash_sig_t
+state_hash(const struct state_key *k)
+{
+	return rte_hash_crc_8byte(k->zero, rte_hash_crc_8byte(k->key, 0));
+}
+
 struct embnic_state *
 embnic_state_create(uint32_t size, uint32_t timeout_ms)
 {
@@ -92,6 +104,7 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms)
 		.socket_id = (int)rte_socket_id(),
 		.extra_flag = RTE_HASH_EXTRA_FLAGS_EXT_TABLE,
 	};
+	struct state_key probe = { 0 };
 	struct embnic_state *s;
 
 	s = rte_zmalloc("embnic_state", sizeof(*s), RTE_CACHE_LINE_SIZE);
@@ -107,6 +120,8 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms)
 		embnic_state_free(s);
 		return NULL;
 	}
+	probe.key = 0x123456789abcdefULL;
+	RTE_VERIFY(state_hash(&probe) == rte_hash_crc(&probe, sizeof(probe), 0));
 	return s;
 }
 
@@ -210,45 +225,61 @@ embnic_state_update_burst(struct embnic_state *s,
 			  uint64_t now_ns, int *verdict,
 			  struct embnic_lcore_stats *st)
 {
+	/* one entry per run of frames of one message (fragments come in a row) */
 	struct state_key keys[EMBNIC_MAX_BURST];
 	const void *kp[EMBNIC_MAX_BURST];
+	hash_sig_t sig[EMBNIC_MAX_BURST];
 	int32_t pos[EMBNIC_MAX_BURST];
+	uint8_t run[EMBNIC_MAX_BURST];
 	bool added = false;
-	unsigned int i;
+	unsigned int i, u = 0;
 
 	if (n == 0)
 		return;
 	for (i = 0; i < n; i++) {
-		keys[i] = state_key(msgs[i]);
-		kp[i] = &keys[i];
+		struct state_key k = state_key(msgs[i]);
+
+		if (u > 0 && keys[u - 1].key == k.key) {
+			run[i] = (uint8_t)(u - 1);
+			continue;
+		}
+		keys[u] = k;
+		kp[u] = &keys[u];
+		sig[u] = state_hash(&keys[u]);
+		run[i] = (uint8_t)u++;
 	}
-	rte_hash_lookup_bulk(s->h, kp, n, pos);
-	for (i = 0; i < n; i++)
+	rte_hash_lookup_with_hash_bulk(s->h, kp, sig, u, pos);
+	for (i = 0; i < u; i++)
 		if (pos[i] >= 0)
 			rte_prefetch0(&s->e[pos[i]]);
 
 	for (i = 0; i < n; i++) {
 		const struct embnic_msg *m = msgs[i];
+		unsigned int r = run[i];
 		struct state_entry *e;
-		int32_t p = pos[i];
+		int32_t p = pos[r];
 
-		if (p < 0 && added)	/* added earlier in this burst? */
-			p = rte_hash_lookup(s->h, &keys[i]);
+		if (p < 0 && added)	/* added by an earlier run of the burst? */
+			p = pos[r] = rte_hash_lookup_with_hash(s->h, &keys[r],
+							       sig[r]);
 		if (p < 0 && !embnic_is_request(m->msg_type)) {
 			verdict[i] = 0;	/* a reply to an untracked message */
 			continue;
 		}
 		if (p < 0) {
-			p = rte_hash_add_key(s->h, &keys[i]);
+			p = rte_hash_add_key_with_hash(s->h, &keys[r], sig[r]);
 			if (p < 0 || (uint32_t)p >= s->capacity) {
 				if (p >= 0)
-					rte_hash_del_key(s->h, &keys[i]);
+					rte_hash_del_key_with_hash(s->h,
+								   &keys[r],
+								   sig[r]);
 				st->state_overflow++;
 				verdict[i] = EMBNIC_DROP_STATE_FULL;
 				continue;
 			}
+			pos[r] = p;
 			added = true;
-			entry_init(&s->e[p], keys[i].key, m, now_ns);
+			entry_init(&s->e[p], keys[r].key, m, now_ns);
 			s->entries++;
 		}
 		e = &s->e[p];
@@ -293,7 +324,7 @@ embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
 		if (remove) {
 			struct state_key k = { .key = e->key };
 
-			rte_hash_del_key(s->h, &k);
+			rte_hash_del_key_with_hash(s->h, &k, state_hash(&k));
 			e->state = EMBNIC_ST_FREE;
 			s->entries--;
 		}
