@@ -237,6 +237,8 @@ cmd_info(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	json_object_set_new(resp, "state_timeout_ms",
 			    json_integer(app->opts.state_timeout_ms));
 	json_object_set_new(resp, "burst", json_integer(app->opts.burst));
+	json_object_set_new(resp, "mempool_ops", json_string(
+		rte_mempool_get_ops(app->pool->ops_index)->name));
 	json_object_set_new(resp, "pid", json_integer(getpid()));
 	return 0;
 }

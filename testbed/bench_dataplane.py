@@ -104,13 +104,15 @@ class CardProcess:
         netns: run inside this network namespace (``ip netns exec``).
         log: file for stdout/stderr (default: a temporary file).
         ready_timeout: seconds to wait for the control socket.
+        eal_args: more EAL arguments (before ``--``), e.g. ``["--mbuf-pool-ops-name", "ring_mp_mc"]``.
     """
 
     def __init__(self, binary: str | os.PathLike, vdevs: Sequence[str], *, lcores: str = "0",
                  port_ips: dict[int, str] | None = None, args: Sequence[str] = (),
                  netns: str | None = None, log: str | os.PathLike | None = None,
-                 ready_timeout: float = 30.0):
+                 ready_timeout: float = 30.0, eal_args: Sequence[str] = ()):
         self.binary = Path(binary)
+        self.eal_args = list(eal_args)
         self.vdevs = list(vdevs)
         self.lcores = lcores
         self.port_ips = dict(port_ips or {})
@@ -127,7 +129,7 @@ class CardProcess:
     def argv(self) -> list[str]:
         """The command line."""
         pre = ["ip", "netns", "exec", self.netns] if self.netns else []
-        eal = [*EAL_BASE, "-l", self.lcores, "--file-prefix", self.prefix]
+        eal = [*EAL_BASE, "-l", self.lcores, "--file-prefix", self.prefix, *self.eal_args]
         for v in self.vdevs:
             eal += ["--vdev", v]
         card = ["--ctl", str(self.ctl_path)]

@@ -223,6 +223,23 @@ def test_quit_command_exits_cleanly(card_bin):
         c.cleanup()
 
 
+@pytest.mark.parametrize("lcores, eal_args, ops", [
+    ("0", [], "ring_mp_mc"),                                            # run to completion: the default
+    ("0,1", [], "stack"),                                               # pipeline: LIFO pool
+    ("0,1", ["--mbuf-pool-ops-name", "ring_mp_mc"], "ring_mp_mc"),      # EAL's choice wins
+])
+def test_mempool_ops(card_bin, lcores, eal_args, ops):
+    c = CardProcess(card_bin, NULLS, lcores=lcores, eal_args=eal_args)
+    c.start()
+    try:
+        info = c.call("info")
+        assert info["mempool_ops"] == ops
+        assert c.counters()["mempool"]["in_use"] == 0
+    finally:
+        assert c.stop() == 0
+        c.cleanup()
+
+
 def test_sigterm_in_pipeline_mode(card_bin):
     c = CardProcess(card_bin, NULLS, lcores="0,1")
     c.start()
