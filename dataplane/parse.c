@@ -33,18 +33,18 @@ embnic_drop_name(unsigned int reason)
 static inline void
 hdr_to_msg(const struct embnic_hdr *h, struct embnic_msg *m)
 {
-	m->msg_id = rte_be_to_cpu_32(h->msg_id);
-	m->num_keys = rte_be_to_cpu_32(h->num_keys);
-	m->msg_len = rte_be_to_cpu_32(h->msg_len);
-	m->frag_offset = rte_be_to_cpu_32(h->frag_offset);
-	m->client_id = rte_be_to_cpu_16(h->client_id);
-	m->table_id = rte_be_to_cpu_16(h->table_id);
-	m->shard_id = rte_be_to_cpu_16(h->shard_id);
-	m->dim = rte_be_to_cpu_16(h->dim);
-	m->frag_index = rte_be_to_cpu_16(h->frag_index);
-	m->frag_count = rte_be_to_cpu_16(h->frag_count);
-	m->frag_len = rte_be_to_cpu_16(h->frag_len);
-	m->status = rte_be_to_cpu_16(h->status);
+	m->msg_id = embnic_ntoh32(h->msg_id);
+	m->num_keys = embnic_ntoh32(h->num_keys);
+	m->msg_len = embnic_ntoh32(h->msg_len);
+	m->frag_offset = embnic_ntoh32(h->frag_offset);
+	m->client_id = embnic_ntoh16(h->client_id);
+	m->table_id = embnic_ntoh16(h->table_id);
+	m->shard_id = embnic_ntoh16(h->shard_id);
+	m->dim = embnic_ntoh16(h->dim);
+	m->frag_index = embnic_ntoh16(h->frag_index);
+	m->frag_count = embnic_ntoh16(h->frag_count);
+	m->frag_len = embnic_ntoh16(h->frag_len);
+	m->status = embnic_ntoh16(h->status);
 	m->msg_type = h->msg_type;
 	m->flags = h->flags;
 	m->dtype = h->dtype;
@@ -101,7 +101,7 @@ static int
 check_embnic(const struct embnic_hdr *h, uint32_t payload,
 	     struct embnic_msg *m)
 {
-	if (rte_be_to_cpu_16(h->magic) != EMBNIC_MAGIC)
+	if (embnic_ntoh16(h->magic) != EMBNIC_MAGIC)
 		return EMBNIC_DROP_BAD_MAGIC;
 	if (h->version != EMBNIC_PROTO_VERSION)
 		return EMBNIC_DROP_BAD_VERSION;
@@ -132,7 +132,7 @@ embnic_parse(const uint8_t *data, uint32_t seg_len, uint32_t pkt_len,
 	if (seg_len < EMBNIC_ETH_LEN)
 		return EMBNIC_DROP_TOO_SHORT;
 	eth = (const struct rte_ether_hdr *)data;
-	ether_type = rte_be_to_cpu_16(eth->ether_type);
+	ether_type = embnic_ntoh16(eth->ether_type);
 	if (ether_type == RTE_ETHER_TYPE_ARP)
 		return EMBNIC_PARSE_ARP;
 	if (ether_type != RTE_ETHER_TYPE_IPV4)
@@ -149,14 +149,14 @@ embnic_parse(const uint8_t *data, uint32_t seg_len, uint32_t pkt_len,
 		return EMBNIC_DROP_BAD_IP;
 	if (ihl > EMBNIC_IPV4_LEN)
 		return EMBNIC_DROP_IP_OPTIONS;
-	tot = rte_be_to_cpu_16(ip->total_length);
+	tot = embnic_ntoh16(ip->total_length);
 	if (tot < EMBNIC_IPV4_LEN || tot > pkt_len - EMBNIC_ETH_LEN)
 		return EMBNIC_DROP_BAD_IP;
 	if (csum == EMBNIC_CSUM_BAD ||
 	    (csum == EMBNIC_CSUM_UNKNOWN &&
 	     embnic_ipv4_sum20(ip) != 0xffff))
 		return EMBNIC_DROP_BAD_IP;
-	frag = rte_be_to_cpu_16(ip->fragment_offset);
+	frag = embnic_ntoh16(ip->fragment_offset);
 	if (frag & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))
 		return EMBNIC_DROP_BAD_IP;
 	if (port_ip != 0 && ip->dst_addr != port_ip)
@@ -171,10 +171,10 @@ embnic_parse(const uint8_t *data, uint32_t seg_len, uint32_t pkt_len,
 		return EMBNIC_DROP_TOO_SHORT;
 	udp = (const struct rte_udp_hdr *)(data + EMBNIC_ETH_LEN +
 					   EMBNIC_IPV4_LEN);
-	udp_len = rte_be_to_cpu_16(udp->dgram_len);
+	udp_len = embnic_ntoh16(udp->dgram_len);
 	if (udp_len != tot - EMBNIC_IPV4_LEN)
 		return EMBNIC_DROP_BAD_UDP;
-	if (rte_be_to_cpu_16(udp->dst_port) != EMBNIC_UDP_PORT)
+	if (embnic_ntoh16(udp->dst_port) != EMBNIC_UDP_PORT)
 		return EMBNIC_DROP_BAD_PORT;
 	if (udp_len < EMBNIC_UDP_LEN + EMBNIC_HDR_LEN ||
 	    seg_len < EMBNIC_MIN_FRAME)
