@@ -23,13 +23,25 @@ def bench():
     """
 
 
-def _show(name: str, res: dict) -> None:
-    click.echo(f"{name}:")
+def _fmt(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def _show(name: str, res: dict, indent: int = 0) -> None:
+    """Print a result dict: scalars one per line, nested dicts (e.g. ``af_packet``) indented below
+    their key, short lists of scalars inline; longer lists are left to bench.json."""
+    pad = "  " * indent
+    click.echo(f"{pad}{name}:")
     for k, v in res.items():
-        if isinstance(v, float):
-            click.echo(f"  {k:24s} {v:,.3f}" if abs(v) < 1000 else f"  {k:24s} {v:,.0f}")
-        elif not isinstance(v, (dict, list)):
-            click.echo(f"  {k:24s} {v}")
+        if isinstance(v, dict):
+            _show(k, v, indent + 1)
+        elif isinstance(v, (list, tuple)):
+            if len(v) <= 8 and all(not isinstance(x, (dict, list, tuple)) for x in v):
+                click.echo(f"{pad}  {k:24s} [{', '.join(_fmt(x) for x in v)}]")
+        else:
+            click.echo(f"{pad}  {k:24s} {_fmt(v)}")
 
 
 @bench.command("prep")

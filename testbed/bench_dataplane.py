@@ -18,6 +18,15 @@ messages/frames of the pcap. Ratios = card / testpmd; the targets are ``ratio_io
 ``ratio_macswap >= 0.8``. Results are merged into ``DIR/bench.json`` under ``dataplane``.
 Needs root (EAL, netns).
 
+Like with like: the card and testpmd get the same vdevs, pcap, EAL lcore list, mbuf count
+(``BENCH_MBUFS``), per-lcore mbuf cache (``BENCH_MBCACHE``, the card's fixed size; testpmd's
+``--mbcache``), burst (``--burst``), warm-up and duration, both busy-polling. Every run also
+records ``others_cpu`` (CPU used meanwhile by the rest of the box; a shared VM is noisy) and
+``xcore_rtt_ns``, the cache-line round trip between CPUs 0 and 1 just before it
+(``dataplane/build/xcore-rtt``): the card's RX/TX pipeline (``-l 0,1``) passes each frame's
+cache lines between the two lcores and its rate follows that figure, which on a VM changes with
+where the host places the vCPUs (testpmd's single forwarding lcore does not care).
+
 **Runners**: :class:`CardProcess` starts ``embnic-dp`` on the vdevs you give, waits until its control socket
 answers, talks JSON lines to it (docs/control-socket.md) and stops it with SIGTERM, tracking
 only its own pid. Every EAL process gets a unique ``--file-prefix`` (``enT<pid>x<n>``) and its
@@ -273,13 +282,14 @@ class TestpmdProcess:
 
     def __init__(self, vdevs: Sequence[str], *, lcores: str = "0,1", mode: str = "io",
                  netns: str | None = None, log: str | os.PathLike | None = None,
-                 binary: str = "dpdk-testpmd", mbufs: int = 16384, main_lcore: int | None = None):
+                 binary: str = "dpdk-testpmd", mbufs: int = 16384, main_lcore: int | None = None,
+                 mbcache: int = 256, burst: int = 32):
         self.vdevs, self.lcores, self.mode, self.netns = list(vdevs), lcores, mode, netns
         self.main_lcore = main_lcore
         self.prefix = file_prefix("t")
         self._dir = Path(tempfile.mkdtemp(prefix="enT"))
         self.log_path = Path(log) if log else self._dir / "testpmd.log"
-        self.binary, self.mbufs = binary, mbufs
+        self.binary, self.mbufs, self.mbcache, self.burst = binary, mbufs, mbcache, burst
         self.proc: subprocess.Popen | None = None
         self._logf = None
 
@@ -293,7 +303,8 @@ class TestpmdProcess:
         nb_cores = max(1, len(_lcore_list(self.lcores)) - 1)
         # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
         return pre + ["stdbuf", "-oL", self.binary, *eal, "--", "-i", f"--forward-mode={self.mode}",
-                      f"--total-num-mbufs={self.mbufs}", f"--nb-cores={nb_cores}"]
+                      f"--total-num-mbufs={self.mbufs}", f"--mbcache={self.mbcache}", f"--burst={self.burst}",
+                      f"--nb-cores={nb_cores}"]
 
     def start(self, timeout: float = 30.0) -> "TestpmdProcess":
         """Start, wait for the prompt, ``start`` forwarding.
@@ -458,59 +469,110 @@ def _program_card(card: CardProcess, out_port: int, in_port: int = 0) -> None:
         card.call("client_add", port=in_port, **cl)
 
 
-def _rate(sample, seconds: float, warmup: float) -> tuple[float, int]:
-    """(frames per second, frames) of a monotone TX counter between two samples."""
+#: Both DUTs get the same pool and burst: mbufs, per-lcore mbuf cache (the card's is fixed at
+#: 256, MBUF_CACHE_SIZE in dataplane/main.c; testpmd's default would be 250), RX/TX burst.
+BENCH_MBUFS, BENCH_MBCACHE, BENCH_BURST = 16384, 256, 32
+XCORE_RTT = DATAPLANE / "build" / "xcore-rtt"
+
+
+def xcore_rtt_ns(cpus: tuple[int, int] = (0, 1)) -> float | None:
+    """Cache-line round trip between two CPUs (ns), by ``dataplane/build/xcore-rtt``; None if absent.
+
+    The RX/TX pipeline passes every frame's cache lines between two lcores, so its rate depends
+    on this; on a VM it changes with where the host runs the vCPUs (50..550 ns seen on the
+    development VM), so the benchmark records it next to every run.
+    """
+    if not XCORE_RTT.is_file():
+        return None
+    r = subprocess.run([str(XCORE_RTT), str(cpus[0]), str(cpus[1]), "100000"], capture_output=True, text=True)
+    try:
+        return float(r.stdout.split()[1]) if r.returncode == 0 else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _cpu_seconds(pids: Sequence[int]) -> tuple[float, float]:
+    """(busy CPU seconds of the whole box including steal, CPU seconds of ``pids``) so far."""
+    hz = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    busy = (sum(v[:8]) - v[3] - v[4]) / hz      # all but idle and iowait
+    ours = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ours += (int(fields[11]) + int(fields[12])) / hz
+        except (OSError, IndexError, ValueError):
+            pass
+    return busy, ours
+
+
+def _window(sample, seconds: float, warmup: float, pids: Sequence[int]) -> dict:
+    """Rate of a monotone TX counter over ``seconds`` after ``warmup``, and the CPU the rest of the
+    box used meanwhile (``others_cpu``: CPUs' worth, e.g. 0.3 = 30 % of one CPU; the measured
+    process, its generator and this process excluded)."""
+    pids = [os.getpid(), *pids]
     time.sleep(warmup)
+    c0 = _cpu_seconds(pids)
     t0, n0 = time.monotonic(), sample()
     time.sleep(seconds)
     t1, n1 = time.monotonic(), sample()
-    return (n1 - n0) / (t1 - t0), n1 - n0
+    c1 = _cpu_seconds(pids)
+    dt = t1 - t0
+    return {"rate": (n1 - n0) / dt, "frames": n1 - n0, "dt": dt,
+            "others_cpu": max(0.0, ((c1[0] - c0[0]) - (c1[1] - c0[1])) / dt)}
+
+
+def _rate(sample, seconds: float, warmup: float) -> tuple[float, int]:
+    """(frames per second, frames) of a monotone TX counter between two samples."""
+    w = _window(sample, seconds, warmup, ())
+    return w["rate"], w["frames"]
 
 
 def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
-                 netns: str | None = None, out_port: int = 1, log_dir: Path | None = None) -> dict:
-    """Card rates from its own counters: ``{mpps, gbps, drops, frames}``."""
+                 netns: str | None = None, out_port: int = 1, log_dir: Path | None = None,
+                 other_pids: Sequence[int] = ()) -> dict:
+    """Card rates from its own counters: ``{mpps, gbps, drops, frames, others_cpu, mempool_ops}``."""
     card = CardProcess(binary, vdevs, lcores=lcores, port_ips={0: BENCH_CARD_IP}, netns=netns,
-                       args=["--paused"], log=(log_dir / f"card-{file_prefix('l')}.log") if log_dir else None)
+                       args=["--paused", "--mbufs", str(BENCH_MBUFS), "--burst", str(BENCH_BURST)],
+                       log=(log_dir / f"card-{file_prefix('l')}.log") if log_dir else None)
     card.start()
     try:
         _program_card(card, out_port)
+        ops = card.call("info").get("mempool_ops")
         card.call("resume")
         last: dict = {}
 
         def sample() -> int:
             last["c"] = card.counters()
+            last.setdefault("b0", last["c"]["ports"][out_port]["tx_bytes"])
             return last["c"]["ports"][out_port]["tx_frames"]
 
-        b0 = None
-        time.sleep(warmup)
-        t0 = time.monotonic()
-        n0 = sample()
-        b0 = last["c"]["ports"][out_port]["tx_bytes"]
-        time.sleep(seconds)
-        t1 = time.monotonic()
-        n1 = sample()
+        w = _window(sample, seconds, warmup, [card.proc.pid, *other_pids])
         b1 = last["c"]["ports"][out_port]["tx_bytes"]
         drops = {k: v for k, v in last["c"]["drops"].items() if v}
         state = last["c"]["state"]
     finally:
         card.stop()
         card.cleanup()
-    dt = t1 - t0
-    return {"mpps": (n1 - n0) / dt / 1e6, "gbps": (b1 - b0) * 8 / dt / 1e9, "frames": n1 - n0,
-            "drops": drops, "state_entries": state["entries"]}
+    return {"mpps": w["rate"] / 1e6, "gbps": (b1 - last["b0"]) * 8 / w["dt"] / 1e9, "frames": w["frames"],
+            "drops": drops, "state_entries": state["entries"], "others_cpu": w["others_cpu"],
+            "mempool_ops": ops}
 
 
 def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, warmup: float,
-                    netns: str | None = None, out_port: int = 1, main_lcore: int | None = None) -> dict:
-    """testpmd rate from its port stats: ``{mpps, frames}``."""
-    tp = TestpmdProcess(vdevs, lcores=lcores, mode=mode, netns=netns, main_lcore=main_lcore)
+                    netns: str | None = None, out_port: int = 1, main_lcore: int | None = None,
+                    other_pids: Sequence[int] = ()) -> dict:
+    """testpmd rate from its port stats: ``{mpps, frames, others_cpu}``."""
+    tp = TestpmdProcess(vdevs, lcores=lcores, mode=mode, netns=netns, main_lcore=main_lcore,
+                        mbufs=BENCH_MBUFS, mbcache=BENCH_MBCACHE, burst=BENCH_BURST)
     tp.start()
     try:
-        rate, n = _rate(lambda: tp.tx_packets(out_port), seconds, warmup)
+        w = _window(lambda: tp.tx_packets(out_port), seconds, warmup, [tp.proc.pid, *other_pids])
     finally:
         tp.cleanup()
-    return {"mpps": rate / 1e6, "frames": n}
+    return {"mpps": w["rate"] / 1e6, "frames": w["frames"], "others_cpu": w["others_cpu"]}
 
 
 def _median(xs: list[float]) -> float:
@@ -521,23 +583,39 @@ def _median(xs: list[float]) -> float:
 
 def _measure_all(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
                  repeats: int, netns: str | None, log_dir: Path, one_lcore: str | None = "0",
-                 testpmd_lcores: str | None = None, testpmd_main: int | None = None) -> dict:
+                 testpmd_lcores: str | None = None, testpmd_main: int | None = None,
+                 other_pids: Sequence[int] = ()) -> dict:
     """The card (EAL ``-l lcores``, and ``-l one_lcore``), testpmd io and macswap (``-l
     testpmd_lcores`` or ``lcores``, main lcore ``testpmd_main``), interleaved ``repeats``
-    times; medians (load from other processes hits all of them alike)."""
+    times; medians (load from other processes hits all of them alike). Every run also records
+    the CPU the rest of the box used (``others_cpu``) and the cache-line round trip between
+    CPUs 0 and 1 just before it (``xcore_rtt_ns``)."""
     runs: dict[str, list[dict]] = {"card": [], "card_1lcore": [], "io": [], "macswap": []}
+
+    def run(key: str, fn, *a, **k) -> None:
+        rtt = xcore_rtt_ns()
+        r = fn(*a, **k)
+        r["xcore_rtt_ns"] = rtt
+        runs[key].append(r)
+
     for _ in range(repeats):
-        runs["card"].append(measure_card(binary, vdevs, lcores, seconds, warmup, netns=netns, log_dir=log_dir))
+        run("card", measure_card, binary, vdevs, lcores, seconds, warmup, netns=netns, log_dir=log_dir,
+            other_pids=other_pids)
         if one_lcore is not None and one_lcore != lcores:
-            runs["card_1lcore"].append(measure_card(binary, vdevs, one_lcore, seconds, warmup, netns=netns,
-                                                    log_dir=log_dir))
+            run("card_1lcore", measure_card, binary, vdevs, one_lcore, seconds, warmup, netns=netns,
+                log_dir=log_dir, other_pids=other_pids)
         for mode in ("io", "macswap"):
-            runs[mode].append(measure_testpmd(vdevs, testpmd_lcores or lcores, mode, seconds, warmup,
-                                              netns=netns, main_lcore=testpmd_main))
-    med = {k: {"mpps": _median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v]}
+            run(mode, measure_testpmd, vdevs, testpmd_lcores or lcores, mode, seconds, warmup, netns=netns,
+                main_lcore=testpmd_main, other_pids=other_pids)
+    med = {k: {"mpps": _median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v],
+               "others_cpu": [round(r["others_cpu"], 3) for r in v],
+               "xcore_rtt_ns": [r["xcore_rtt_ns"] for r in v]}
            for k, v in runs.items() if v}
     med["card"]["gbps"] = _median([r["gbps"] for r in runs["card"]])
     med["card"]["drops"] = runs["card"][-1]["drops"]
+    med["card"]["mempool_ops"] = runs["card"][-1]["mempool_ops"]
+    if runs["card_1lcore"]:
+        med["card_1lcore"]["mempool_ops"] = runs["card_1lcore"][-1]["mempool_ops"]
     return med
 
 
@@ -553,7 +631,10 @@ def _figures(m: dict, pcap: dict) -> dict:
         "ratio_io": card["mpps"] / io["mpps"] if io["mpps"] else 0.0,
         "ratio_macswap": card["mpps"] / mac["mpps"] if mac["mpps"] else 0.0,
         "runs_mpps": {k: v["all_mpps"] for k, v in m.items()},
+        "runs_others_cpu": {k: v["others_cpu"] for k, v in m.items()},
+        "runs_xcore_rtt_ns": {k: v["xcore_rtt_ns"] for k, v in m.items()},
         "card_drops_last_run": card["drops"],
+        "card_mempool_ops": card["mempool_ops"],
     }
     if "card_1lcore" in m:
         one = m["card_1lcore"]["mpps"]
@@ -611,9 +692,10 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     Returns:
         the ``dataplane`` dict: ``card_mpps, card_msgs_per_s, card_gbps, testpmd_io_mpps,
         testpmd_macswap_mpps, ratio_io, ratio_macswap`` (net_pcap → net_null; medians),
-        ``card_1lcore_mpps, ratio_io_1lcore, ratio_macswap_1lcore``, ``runs_mpps`` (every
-        run), ``af_packet`` with the same figures, and the setup (``lcores``, ``pcap``,
-        ``seconds``, ``repeats``).
+        ``card_1lcore_mpps, ratio_io_1lcore, ratio_macswap_1lcore``, ``runs_mpps``,
+        ``runs_others_cpu``, ``runs_xcore_rtt_ns`` (every run, by configuration),
+        ``card_mempool_ops``, ``af_packet`` with the same figures, and the setup (``lcores``,
+        ``pcap``, ``seconds``, ``repeats``, ``warmup``, ``mbufs``, ``mbuf_cache``, ``burst``).
     Raises:
         DpdkProcError: not root, testpmd missing, or a process failed (names its log).
     """
@@ -645,7 +727,8 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
             try:
                 dut = [f"net_af_packet0,iface={ns.b}", sink]
                 res["af_packet"] = _figures(_measure_all(binary, dut, "0", seconds, warmup, repeats, ns.name, logs,
-                                                         one_lcore=None, testpmd_lcores="0,1", testpmd_main=1),
+                                                         one_lcore=None, testpmd_lcores="0,1", testpmd_main=1,
+                                                         other_pids=[gen.proc.pid]),
                                             pcap)
                 res["af_packet"]["setup"] = ("generator dpdk-testpmd io (net_pcap infinite_rx -> net_af_packet, "
                                              "forwarding on CPU 1) -> veth -> DUT on CPU 0 -> net_null; card "
@@ -653,8 +736,11 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
             finally:
                 gen.cleanup()
 
-    res.update({"lcores": lcores, "seconds": seconds, "repeats": repeats, "pcap": pcap,
-                "setup": "net_pcap infinite_rx -> net_null; af_packet: testpmd replay -> veth -> DUT -> net_null"})
+    res.update({"lcores": lcores, "seconds": seconds, "repeats": repeats, "warmup": warmup, "pcap": pcap,
+                "mbufs": BENCH_MBUFS, "mbuf_cache": BENCH_MBCACHE, "burst": BENCH_BURST,
+                "setup": "net_pcap infinite_rx -> net_null; af_packet: testpmd replay -> veth -> DUT -> net_null; "
+                         f"card and testpmd alike: {BENCH_MBUFS} mbufs, per-lcore cache {BENCH_MBCACHE}, "
+                         f"burst {BENCH_BURST}, busy polling (no --idle-us)"})
     _merge_json(out_dir / "bench.json", "dataplane", res)
     return res
 

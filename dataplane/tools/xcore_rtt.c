@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * xcore-rtt: the round trip of one cache line between two CPUs, in ns.
+ *
+ *   build/xcore-rtt [CPU_A CPU_B [ROUND_TRIPS]]     (default 0 1 200000)
+ *
+ * Two threads pinned to the two CPUs hand a counter back and forth through
+ * one cache line; prints the mean round trip ("xcore_rtt_ns 123.4"). This
+ * is the price of every cache line the card's RX and TX lcores pass each
+ * other (mbufs, frame headers, ring slots), and on a VM it depends on where
+ * the host runs the two vCPUs at that moment, so the benchmark records it
+ * next to each pipeline measurement (testbed/bench_dataplane.py).
+ * No DPDK: plain pthreads.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() do { } while (0)
+#endif
+
+static volatile uint64_t line[8] __attribute__((aligned(64)));
+static uint64_t rounds = 200000;
+static int cpu_b = 1;
+
+static int
+pin(int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+static void *
+pong(void *arg)
+{
+	uint64_t i;
+
+	(void)arg;
+	if (pin(cpu_b) != 0)
+		return (void *)1;
+	for (i = 1; i < 2 * rounds; i += 2) {
+		while (line[0] != i)
+			cpu_relax();
+		line[0] = i + 1;
+	}
+	return NULL;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct timespec a, b;
+	pthread_t t;
+	uint64_t i;
+	void *ret;
+	int cpu_a = 0;
+
+	if (argc >= 3) {
+		cpu_a = atoi(argv[1]);
+		cpu_b = atoi(argv[2]);
+	}
+	if (argc >= 4)
+		rounds = strtoull(argv[3], NULL, 10);
+	if (rounds == 0 || pin(cpu_a) != 0) {
+		fprintf(stderr, "usage: %s [CPU_A CPU_B [ROUND_TRIPS]]\n",
+			argv[0]);
+		return 2;
+	}
+	if (pthread_create(&t, NULL, pong, NULL) != 0)
+		return 1;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (i = 0; i < 2 * rounds; i += 2) {
+		while (line[0] != i)
+			cpu_relax();
+		line[0] = i + 1;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	pthread_join(t, &ret);
+	if (ret != NULL) {
+		fprintf(stderr, "%s: cannot run on CPU %d\n", argv[0], cpu_b);
+		return 1;
+	}
+	printf("xcore_rtt_ns %.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 +
+				       (b.tv_nsec - a.tv_nsec)) / rounds);
+	return 0;
+}
