@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from embnic.control.errors import OperationalError
+from embnic.testbed.bench_prep import merge_json
 
 REPO = Path(__file__).resolve().parents[1]
 DATAPLANE = REPO / "dataplane"
@@ -741,27 +742,10 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
                 "setup": "net_pcap infinite_rx -> net_null; af_packet: testpmd replay -> veth -> DUT -> net_null; "
                          f"card and testpmd alike: {BENCH_MBUFS} mbufs, per-lcore cache {BENCH_MBCACHE}, "
                          f"burst {BENCH_BURST}, busy polling (no --idle-us)"})
-    _merge_json(out_dir / "bench.json", "dataplane", res)
+    merge_json(out_dir / "bench.json", "dataplane", res)
     return res
 
 
-def _merge_json(path: Path, key: str, value: dict) -> None:
-    """Read-modify-write ``path`` (a JSON object) setting ``key``, under an flock."""
-    import fcntl
-
-    lock = path.parent / f".{path.name}.lock"
-    with open(lock, "w") as lf:
-        fcntl.flock(lf, fcntl.LOCK_EX)
-        data = {}
-        if path.exists():
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                data = {}
-        data[key] = value
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(path)
 
 
 if __name__ == "__main__":

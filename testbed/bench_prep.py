@@ -35,16 +35,28 @@ def bench_config(num_shards: int = 2, rows: int = 65536, dim: int = 8):
 
 
 def merge_json(path: Path, key: str, value: dict) -> dict:
-    """Read-modify-write ``path`` (a JSON object), setting ``key``; returns the whole object."""
-    data = {}
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            data = {}
-    data[key] = value
+    """Read-modify-write ``path`` (a JSON object) setting ``key``, under an flock and with an
+    atomic rename, so benchmarks writing one bench.json never lose each other's results.
+
+    Returns:
+        the whole object as written.
+    """
+    import fcntl
+
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    with open(path.parent / f".{path.name}.lock", "w") as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)
+        data = {}
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                data = {}
+        data[key] = value
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
     return data
 
 
