@@ -35,8 +35,10 @@ def _show(name: str, res: dict, indent: int = 0) -> None:
     pad = "  " * indent
     click.echo(f"{pad}{name}:")
     for k, v in res.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and v:
             _show(k, v, indent + 1)
+        elif isinstance(v, dict):
+            click.echo(f"{pad}  {k:24s} {{}}")
         elif isinstance(v, (list, tuple)):
             if len(v) <= 8 and all(not isinstance(x, (dict, list, tuple)) for x in v):
                 click.echo(f"{pad}  {k:24s} [{', '.join(_fmt(x) for x in v)}]")

@@ -585,18 +585,19 @@ def _median(xs: list[float]) -> float:
 def _measure_all(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
                  repeats: int, netns: str | None, log_dir: Path, one_lcore: str | None = "0",
                  testpmd_lcores: str | None = None, testpmd_main: int | None = None,
-                 other_pids: Sequence[int] = ()) -> dict:
+                 other_pids: Sequence[int] = (), rtt: bool = True) -> dict:
     """The card (EAL ``-l lcores``, and ``-l one_lcore``), testpmd io and macswap (``-l
     testpmd_lcores`` or ``lcores``, main lcore ``testpmd_main``), interleaved ``repeats``
     times; medians (load from other processes hits all of them alike). Every run also records
-    the CPU the rest of the box used (``others_cpu``) and the cache-line round trip between
-    CPUs 0 and 1 just before it (``xcore_rtt_ns``)."""
+    the CPU the rest of the box used (``others_cpu``) and, if ``rtt``, the cache-line round trip
+    between CPUs 0 and 1 just before it (``xcore_rtt_ns``; None otherwise: meaningless while a
+    generator keeps one of the CPUs busy)."""
     runs: dict[str, list[dict]] = {"card": [], "card_1lcore": [], "io": [], "macswap": []}
 
     def run(key: str, fn, *a, **k) -> None:
-        rtt = xcore_rtt_ns()
+        before = xcore_rtt_ns() if rtt else None
         r = fn(*a, **k)
-        r["xcore_rtt_ns"] = rtt
+        r["xcore_rtt_ns"] = before
         runs[key].append(r)
 
     for _ in range(repeats):
@@ -729,7 +730,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
                 dut = [f"net_af_packet0,iface={ns.b}", sink]
                 res["af_packet"] = _figures(_measure_all(binary, dut, "0", seconds, warmup, repeats, ns.name, logs,
                                                          one_lcore=None, testpmd_lcores="0,1", testpmd_main=1,
-                                                         other_pids=[gen.proc.pid]),
+                                                         other_pids=[gen.proc.pid], rtt=False),
                                             pcap)
                 res["af_packet"]["setup"] = ("generator dpdk-testpmd io (net_pcap infinite_rx -> net_af_packet, "
                                              "forwarding on CPU 1) -> veth -> DUT on CPU 0 -> net_null; card "
