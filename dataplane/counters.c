@@ -6,6 +6,8 @@
  * current sums as a base that later reads subtract, so no increment is
  * lost to a race. The ring high-water mark is a gauge and is zeroed.
  *
+ * The counters are written in one place (embnic_counters_emit) through a
+ * writer: JSON for the control socket (ctl.c), DPDK telemetry here.
  * Telemetry commands (dpdk-telemetry.py): /embnic/counters, /embnic/ring,
  * /embnic/state.
  */
@@ -100,111 +102,138 @@ embnic_counters_reset(struct embnic_app *app)
 				 __ATOMIC_RELAXED);
 }
 
-/* ---- DPDK telemetry ---- */
-
-static struct embnic_app *tel_app;
-
-static struct rte_tel_data *
-tel_dict(void)
-{
-	struct rte_tel_data *d = rte_tel_data_alloc();
-
-	if (d != NULL)
-		rte_tel_data_start_dict(d);
-	return d;
-}
-
-static void
-tel_add(struct rte_tel_data *parent, const char *name, struct rte_tel_data *c)
-{
-	if (c != NULL && rte_tel_data_add_dict_container(parent, name, c, 0))
-		rte_tel_data_free(c);
-}
-
-static void
-tel_ring(struct rte_tel_data *d)
-{
-	struct embnic_totals t;
-
-	embnic_counters_sum(tel_app, &t);
-	rte_tel_data_add_dict_u64(d, "size",
-				  rte_ring_get_capacity(tel_app->ring));
-	rte_tel_data_add_dict_u64(d, "count", rte_ring_count(tel_app->ring));
-	rte_tel_data_add_dict_u64(d, "high_water", t.ring_high_water);
-}
-
-static void
-tel_state(struct rte_tel_data *d, const struct embnic_totals *t)
+void
+embnic_state_emit(const struct embnic_app *app, const struct embnic_totals *t,
+		  bool by_state, const struct embnic_emit *e)
 {
 	struct embnic_state_summary s;
 	unsigned int i;
 
-	embnic_state_summarise(tel_app->state, &s);
-	rte_tel_data_add_dict_u64(d, "entries", s.entries);
-	rte_tel_data_add_dict_u64(d, "capacity", s.capacity);
-	rte_tel_data_add_dict_u64(d, "overflow", t->state_overflow);
-	rte_tel_data_add_dict_u64(d, "expired", t->state_expired);
+	if (by_state)
+		embnic_state_summarise(app->state, &s);
+	else
+		embnic_state_count(app->state, &s);
+	e->u64(e->ctx, "entries", s.entries);
+	e->u64(e->ctx, "capacity", s.capacity);
+	e->u64(e->ctx, "overflow", t->state_overflow);
+	e->u64(e->ctx, "expired", t->state_expired);
+	if (!by_state)
+		return;
+	e->record(e->ctx, "by_state");
 	for (i = 1; i < EMBNIC_NB_STATES; i++)
-		rte_tel_data_add_dict_u64(d, embnic_state_name(i),
-					  s.by_state[i]);
+		e->u64(e->ctx, embnic_state_name(i), s.by_state[i]);
+	e->record(e->ctx, NULL);
+}
+
+static void
+ring_emit(const struct embnic_app *app, const struct embnic_totals *t,
+	  const struct embnic_emit *e)
+{
+	e->u64(e->ctx, "size", rte_ring_get_capacity(app->ring));
+	e->u64(e->ctx, "count", rte_ring_count(app->ring));
+	e->u64(e->ctx, "high_water", t->ring_high_water);
+}
+
+void
+embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
+{
+	unsigned int i, size = app->pool->size;
+	unsigned int avail = rte_mempool_avail_count(app->pool);
+	struct embnic_totals t;
+
+	embnic_counters_sum(app, &t);
+	for (i = 0; i < app->nb_ports; i++) {
+		e->item(e->ctx, "ports", "port", i);
+		e->u64(e->ctx, "port", i);
+		e->u64(e->ctx, "rx_frames", t.rx_frames[i]);
+		e->u64(e->ctx, "rx_bytes", t.rx_bytes[i]);
+		e->u64(e->ctx, "tx_frames", t.tx_frames[i]);
+		e->u64(e->ctx, "tx_bytes", t.tx_bytes[i]);
+	}
+	e->record(e->ctx, "types");
+	for (i = 1; i < EMBNIC_NB_TYPES; i++)
+		e->u64(e->ctx, type_names[i], t.types[i]);
+	e->record(e->ctx, "drops");
+	for (i = 1; i < EMBNIC_DROP_MAX; i++)
+		e->u64(e->ctx, embnic_drop_name(i), t.drops[i]);
+	e->record(e->ctx, "ring");
+	ring_emit(app, &t, e);
+	e->record(e->ctx, "mempool");
+	e->u64(e->ctx, "size", size);
+	e->u64(e->ctx, "available", avail);
+	e->u64(e->ctx, "in_use", size - avail);
+	e->record(e->ctx, "state");
+	embnic_state_emit(app, &t, false, e);
+	e->record(e->ctx, "arp");
+	e->u64(e->ctx, "replies", t.arp_replies);
+	e->record(e->ctx, NULL);
+}
+
+/* ---- DPDK telemetry: the writer, and the commands ---- */
+
+static struct embnic_app *tel_app;
+
+/* The top-level dict and the record being written (a dict in top). */
+struct tel_emit {
+	struct rte_tel_data *top, *cur;
+};
+
+static void
+tel_record(void *ctx, const char *name)
+{
+	struct tel_emit *w = ctx;
+	struct rte_tel_data *c;
+
+	w->cur = w->top;
+	if (name == NULL)
+		return;
+	c = rte_tel_data_alloc();
+	if (c == NULL)
+		return;
+	rte_tel_data_start_dict(c);
+	if (rte_tel_data_add_dict_container(w->top, name, c, 0) != 0) {
+		rte_tel_data_free(c);
+		return;
+	}
+	w->cur = c;
+}
+
+static void
+tel_item(void *ctx, const char *list __rte_unused, const char *item,
+	 unsigned int index)
+{
+	char name[RTE_TEL_MAX_STRING_LEN];
+
+	snprintf(name, sizeof(name), "%s%u", item, index);
+	tel_record(ctx, name);
+}
+
+static void
+tel_u64(void *ctx, const char *key, uint64_t v)
+{
+	struct tel_emit *w = ctx;
+
+	rte_tel_data_add_dict_u64(w->cur, key, v);
+}
+
+static void
+tel_emitter(struct rte_tel_data *d, struct tel_emit *w, struct embnic_emit *e)
+{
+	rte_tel_data_start_dict(d);
+	w->top = w->cur = d;
+	*e = (struct embnic_emit){ .record = tel_record, .item = tel_item,
+				   .u64 = tel_u64, .ctx = w };
 }
 
 static int
 tel_counters_cb(const char *cmd __rte_unused, const char *params __rte_unused,
 		struct rte_tel_data *d)
 {
-	struct rte_tel_data *c;
-	struct embnic_totals t;
-	char name[16];
-	unsigned int i;
+	struct embnic_emit e;
+	struct tel_emit w;
 
-	embnic_counters_sum(tel_app, &t);
-	rte_tel_data_start_dict(d);
-	for (i = 0; i < tel_app->nb_ports; i++) {
-		c = tel_dict();
-		if (c == NULL)
-			return -ENOMEM;
-		rte_tel_data_add_dict_u64(c, "rx_frames", t.rx_frames[i]);
-		rte_tel_data_add_dict_u64(c, "rx_bytes", t.rx_bytes[i]);
-		rte_tel_data_add_dict_u64(c, "tx_frames", t.tx_frames[i]);
-		rte_tel_data_add_dict_u64(c, "tx_bytes", t.tx_bytes[i]);
-		snprintf(name, sizeof(name), "port%u", i);
-		tel_add(d, name, c);
-	}
-	c = tel_dict();
-	if (c != NULL) {
-		for (i = 1; i < EMBNIC_NB_TYPES; i++)
-			rte_tel_data_add_dict_u64(c, type_names[i], t.types[i]);
-		tel_add(d, "types", c);
-	}
-	c = tel_dict();
-	if (c != NULL) {
-		for (i = 1; i < EMBNIC_DROP_MAX; i++)
-			rte_tel_data_add_dict_u64(c, embnic_drop_name(i),
-						  t.drops[i]);
-		tel_add(d, "drops", c);
-	}
-	c = tel_dict();
-	if (c != NULL) {
-		tel_ring(c);
-		tel_add(d, "ring", c);
-	}
-	c = tel_dict();
-	if (c != NULL) {
-		unsigned int size = tel_app->pool->size;
-		unsigned int avail = rte_mempool_avail_count(tel_app->pool);
-
-		rte_tel_data_add_dict_u64(c, "size", size);
-		rte_tel_data_add_dict_u64(c, "available", avail);
-		rte_tel_data_add_dict_u64(c, "in_use", size - avail);
-		tel_add(d, "mempool", c);
-	}
-	c = tel_dict();
-	if (c != NULL) {
-		tel_state(c, &t);
-		tel_add(d, "state", c);
-	}
-	rte_tel_data_add_dict_u64(d, "arp_replies", t.arp_replies);
+	tel_emitter(d, &w, &e);
+	embnic_counters_emit(tel_app, &e);
 	return 0;
 }
 
@@ -212,8 +241,13 @@ static int
 tel_ring_cb(const char *cmd __rte_unused, const char *params __rte_unused,
 	    struct rte_tel_data *d)
 {
-	rte_tel_data_start_dict(d);
-	tel_ring(d);
+	struct embnic_totals t;
+	struct embnic_emit e;
+	struct tel_emit w;
+
+	tel_emitter(d, &w, &e);
+	embnic_counters_sum(tel_app, &t);
+	ring_emit(tel_app, &t, &e);
 	return 0;
 }
 
@@ -222,10 +256,12 @@ tel_state_cb(const char *cmd __rte_unused, const char *params __rte_unused,
 	     struct rte_tel_data *d)
 {
 	struct embnic_totals t;
+	struct embnic_emit e;
+	struct tel_emit w;
 
+	tel_emitter(d, &w, &e);
 	embnic_counters_sum(tel_app, &t);
-	rte_tel_data_start_dict(d);
-	tel_state(d, &t);
+	embnic_state_emit(tel_app, &t, true, &e);
 	return 0;
 }
 
@@ -236,7 +272,8 @@ embnic_telemetry_init(struct embnic_app *app)
 
 	tel_app = app;
 	ret = rte_telemetry_register_cmd("/embnic/counters", tel_counters_cb,
-		"embnic card counters: ports, types, drops, ring, mempool, state");
+		"embnic card counters: ports, types, drops, ring, mempool, "
+		"state, arp");
 	if (ret == 0)
 		ret = rte_telemetry_register_cmd("/embnic/ring", tel_ring_cb,
 			"embnic header ring: size, count, high_water");

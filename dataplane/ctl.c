@@ -1,24 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The control socket: a UNIX stream socket (mode 0600) polled by the main
- * lcore, one JSON object per line each way (docs/control-socket.md). Like
- * examples/ip_pipeline/conn.c it sits behind an opaque struct
- * (embnic_ctl_init / embnic_ctl_poll / embnic_ctl_free) and never blocks:
- * sockets are non-blocking, input is split into lines, output is queued
- * and flushed as the peer reads. JSON via jansson.
+ * The control socket's commands: one JSON object per line each way
+ * (docs/control-socket.md), JSON via jansson. The connections themselves
+ * (socket, lines, queued output) are conn.c's, as examples/ip_pipeline
+ * splits its cli.c from its conn.c; this file parses a request, runs its
+ * command and writes the answer. Behind an opaque struct: embnic_ctl_init /
+ * embnic_ctl_poll / embnic_ctl_free.
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -29,27 +23,15 @@
 #include <rte_ring.h>
 
 #include "embnic_buildinfo.h"
+#include "embnic_conn.h"
 #include "embnic_dp.h"
 
-#define CTL_MAX_CONNS	16
-#define CTL_MAX_LINE	(64 * 1024)	/* bytes per request line */
-#define CTL_MAX_OUT	(64u << 20)	/* queued response bytes per conn */
 #define CTL_DUMP_LIMIT	1000		/* default state_dump limit */
-
-struct ctl_conn {
-	int fd;
-	char *in;
-	size_t in_len;
-	char *out;
-	size_t out_len, out_off, out_cap;
-};
 
 struct embnic_ctl {
 	struct embnic_app *app;
-	int lfd;
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	struct embnic_conn *conn;
 	char err[256];
-	struct ctl_conn conns[CTL_MAX_CONNS];
 };
 
 /* ---- request helpers ---- */
@@ -353,67 +335,64 @@ cmd_client_list(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	return table_list(c, c->app->clients, resp, "client", "clients");
 }
 
-static json_t *
-ring_json(const struct embnic_app *app, const struct embnic_totals *t)
+/*
+ * The JSON writer of struct embnic_emit: records and lists of records in
+ * the response object.
+ */
+struct json_emit {
+	json_t *top, *cur;
+};
+
+static void
+json_record(void *ctx, const char *name)
 {
-	return json_pack("{s:I, s:I, s:I}",
-		"size", (json_int_t)rte_ring_get_capacity(app->ring),
-		"count", (json_int_t)rte_ring_count(app->ring),
-		"high_water", (json_int_t)t->ring_high_water);
+	struct json_emit *w = ctx;
+
+	w->cur = w->top;
+	if (name == NULL)
+		return;
+	w->cur = json_object();
+	json_object_set_new(w->top, name, w->cur);
 }
 
-static json_t *
-state_counts_json(const struct embnic_app *app, const struct embnic_totals *t,
-		  const struct embnic_state_summary *s)
+static void
+json_item(void *ctx, const char *list, const char *item __rte_unused,
+	  unsigned int index __rte_unused)
 {
-	json_t *o = json_pack("{s:I, s:I, s:I, s:I}",
-		"entries", (json_int_t)s->entries,
-		"capacity", (json_int_t)s->capacity,
-		"overflow", (json_int_t)t->state_overflow,
-		"expired", (json_int_t)t->state_expired);
+	struct json_emit *w = ctx;
+	json_t *arr = json_object_get(w->top, list);
 
-	RTE_SET_USED(app);
-	return o;
+	if (arr == NULL) {
+		arr = json_array();
+		json_object_set_new(w->top, list, arr);
+	}
+	w->cur = json_object();
+	json_array_append_new(arr, w->cur);
+}
+
+static void
+json_u64(void *ctx, const char *key, uint64_t v)
+{
+	struct json_emit *w = ctx;
+
+	json_object_set_new(w->cur, key, json_integer((json_int_t)v));
+}
+
+static struct embnic_emit
+json_emitter(json_t *resp, struct json_emit *w)
+{
+	w->top = w->cur = resp;
+	return (struct embnic_emit){ .record = json_record, .item = json_item,
+				     .u64 = json_u64, .ctx = w };
 }
 
 static int
 cmd_counters(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 {
-	struct embnic_app *app = c->app;
-	struct embnic_state_summary ss;
-	struct embnic_totals t;
-	json_t *ports = json_array(), *types = json_object();
-	json_t *drops = json_object();
-	unsigned int i, size, avail;
+	struct json_emit w;
+	struct embnic_emit e = json_emitter(resp, &w);
 
-	embnic_counters_sum(app, &t);
-	for (i = 0; i < app->nb_ports; i++)
-		json_array_append_new(ports, json_pack(
-			"{s:I, s:I, s:I, s:I, s:I}", "port", (json_int_t)i,
-			"rx_frames", (json_int_t)t.rx_frames[i],
-			"rx_bytes", (json_int_t)t.rx_bytes[i],
-			"tx_frames", (json_int_t)t.tx_frames[i],
-			"tx_bytes", (json_int_t)t.tx_bytes[i]));
-	for (i = 1; i < EMBNIC_NB_TYPES; i++)
-		json_object_set_new(types, embnic_type_name(i),
-				    json_integer((json_int_t)t.types[i]));
-	for (i = 1; i < EMBNIC_DROP_MAX; i++)
-		json_object_set_new(drops, embnic_drop_name(i),
-				    json_integer((json_int_t)t.drops[i]));
-	size = app->pool->size;
-	avail = rte_mempool_avail_count(app->pool);
-	embnic_state_count(app->state, &ss);
-
-	json_object_set_new(resp, "ports", ports);
-	json_object_set_new(resp, "types", types);
-	json_object_set_new(resp, "drops", drops);
-	json_object_set_new(resp, "ring", ring_json(app, &t));
-	json_object_set_new(resp, "mempool", json_pack("{s:I, s:I, s:I}",
-		"size", (json_int_t)size, "available", (json_int_t)avail,
-		"in_use", (json_int_t)(size - avail)));
-	json_object_set_new(resp, "state", state_counts_json(app, &t, &ss));
-	json_object_set_new(resp, "arp", json_pack("{s:I}", "replies",
-		(json_int_t)t.arp_replies));
+	embnic_counters_emit(c->app, &e);
 	return 0;
 }
 
@@ -421,20 +400,27 @@ static int
 cmd_state_summary(struct embnic_ctl *c, json_t *req __rte_unused,
 		  json_t *resp)
 {
-	struct embnic_state_summary ss;
+	struct json_emit w;
+	struct embnic_emit e = json_emitter(resp, &w);
 	struct embnic_totals t;
-	json_t *by = json_object(), *counts;
-	unsigned int i;
 
 	embnic_counters_sum(c->app, &t);
-	embnic_state_summarise(c->app->state, &ss);
-	for (i = 1; i < EMBNIC_NB_STATES; i++)
-		json_object_set_new(by, embnic_state_name(i),
-				    json_integer(ss.by_state[i]));
-	counts = state_counts_json(c->app, &t, &ss);
-	json_object_update(resp, counts);
-	json_decref(counts);
-	json_object_set_new(resp, "by_state", by);
+	embnic_state_emit(c->app, &t, true, &e);
+	return 0;
+}
+
+static int
+cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
+{
+	struct embnic_totals t;
+
+	embnic_counters_sum(c->app, &t);
+	json_object_set_new(resp, "size", json_integer(
+		rte_ring_get_capacity(c->app->ring)));
+	json_object_set_new(resp, "count", json_integer(
+		rte_ring_count(c->app->ring)));
+	json_object_set_new(resp, "high_water", json_integer(
+		(json_int_t)t.ring_high_water));
 	return 0;
 }
 
@@ -475,18 +461,6 @@ cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 	return 0;
 }
 
-static int
-cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
-{
-	struct embnic_totals t;
-	json_t *ring;
-
-	embnic_counters_sum(c->app, &t);
-	ring = ring_json(c->app, &t);
-	json_object_update(resp, ring);
-	json_decref(ring);
-	return 0;
-}
 
 static int
 cmd_reset_counters(struct embnic_ctl *c, json_t *req __rte_unused,
@@ -583,279 +557,47 @@ out:
 	return resp;
 }
 
-/* ---- connections ---- */
-
-static void
-conn_close(struct ctl_conn *k)
+/* conn.c's handler: one request line in, its answer (malloc'ed) out. */
+static char *
+ctl_line(const char *line, size_t len, void *arg)
 {
-	if (k->fd >= 0)
-		close(k->fd);
-	free(k->in);
-	free(k->out);
-	memset(k, 0, sizeof(*k));
-	k->fd = -1;
-}
-
-static int
-conn_queue(struct ctl_conn *k, const char *s, size_t n)
-{
-	size_t need = k->out_len + n;
-	char *p;
-
-	if (need > CTL_MAX_OUT)
-		return -1;
-	if (need > k->out_cap) {
-		size_t cap = k->out_cap ? k->out_cap : 4096;
-
-		while (cap < need)
-			cap *= 2;
-		p = realloc(k->out, cap);
-		if (p == NULL)
-			return -1;
-		k->out = p;
-		k->out_cap = cap;
-	}
-	memcpy(k->out + k->out_len, s, n);
-	k->out_len += n;
-	return 0;
-}
-
-static int
-conn_flush(struct ctl_conn *k)
-{
-	ssize_t w;
-
-	while (k->out_off < k->out_len) {
-		w = send(k->fd, k->out + k->out_off, k->out_len - k->out_off,
-			 MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (w < 0)
-			return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-		k->out_off += (size_t)w;
-	}
-	k->out_off = k->out_len = 0;
-	return 0;
-}
-
-static int
-conn_respond(struct embnic_ctl *c, struct ctl_conn *k, const char *line,
-	     size_t len)
-{
-	json_t *resp = ctl_handle(c, line, len);
+	json_t *resp = ctl_handle(arg, line, len);
 	char *s = json_dumps(resp, JSON_COMPACT);
-	int ret = -1;
 
 	json_decref(resp);
-	if (s != NULL) {
-		ret = conn_queue(k, s, strlen(s));
-		if (ret == 0)
-			ret = conn_queue(k, "\n", 1);
-		free(s);
-	}
-	return ret;
-}
-
-static bool
-blank(const char *s, size_t n)
-{
-	size_t i;
-
-	for (i = 0; i < n; i++)
-		if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
-			return false;
-	return true;
-}
-
-/* Read what is there and answer every complete line; -1 closes. */
-static int
-conn_read(struct embnic_ctl *c, struct ctl_conn *k)
-{
-	char *nl, *start;
-	size_t rest;
-	ssize_t r;
-
-	for (;;) {
-		r = recv(k->fd, k->in + k->in_len, CTL_MAX_LINE + 1 - k->in_len,
-			 MSG_DONTWAIT);
-		if (r == 0)
-			return -1;
-		if (r < 0)
-			return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-		k->in_len += (size_t)r;
-
-		start = k->in;
-		rest = k->in_len;
-		while ((nl = memchr(start, '\n', rest)) != NULL) {
-			size_t n = (size_t)(nl - start);
-
-			if (!blank(start, n) && conn_respond(c, k, start, n))
-				return -1;
-			rest -= n + 1;
-			start = nl + 1;
-		}
-		memmove(k->in, start, rest);
-		k->in_len = rest;
-		if (k->in_len > CTL_MAX_LINE) {
-			const char *msg = "{\"ok\":false,\"error\":\"request "
-				"line longer than 65536 bytes\"}\n";
-
-			conn_queue(k, msg, strlen(msg));
-			conn_flush(k);
-			return -1;
-		}
-		if (conn_flush(k))
-			return -1;
-	}
-}
-
-static void
-ctl_accept(struct embnic_ctl *c)
-{
-	unsigned int i;
-	int fd;
-
-	while ((fd = accept4(c->lfd, NULL, NULL,
-			     SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
-		for (i = 0; i < CTL_MAX_CONNS; i++)
-			if (c->conns[i].fd < 0)
-				break;
-		if (i == CTL_MAX_CONNS) {
-			close(fd);	/* too many clients */
-			continue;
-		}
-		c->conns[i].fd = fd;
-		c->conns[i].in = malloc(CTL_MAX_LINE + 1);
-		if (c->conns[i].in == NULL)
-			conn_close(&c->conns[i]);
-	}
-}
-
-void
-embnic_ctl_poll(struct embnic_ctl *c, int timeout_ms)
-{
-	struct pollfd pfd[1 + CTL_MAX_CONNS];
-	int map[1 + CTL_MAX_CONNS];
-	unsigned int i, n = 1;
-
-	pfd[0].fd = c->lfd;
-	pfd[0].events = POLLIN;
-	for (i = 0; i < CTL_MAX_CONNS; i++) {
-		struct ctl_conn *k = &c->conns[i];
-
-		if (k->fd < 0)
-			continue;
-		pfd[n].fd = k->fd;
-		pfd[n].events = POLLIN |
-			(k->out_len > k->out_off ? POLLOUT : 0);
-		map[n++] = (int)i;
-	}
-	if (poll(pfd, n, timeout_ms) <= 0)
-		return;
-	for (i = 1; i < n; i++) {
-		struct ctl_conn *k = &c->conns[map[i]];
-
-		if ((pfd[i].revents & POLLOUT) && conn_flush(k)) {
-			conn_close(k);
-			continue;
-		}
-		if ((pfd[i].revents & (POLLIN | POLLHUP | POLLERR)) &&
-		    conn_read(c, k))
-			conn_close(k);
-	}
-	if (pfd[0].revents & POLLIN)
-		ctl_accept(c);
-}
-
-/* Is someone serving path already? */
-static bool
-path_in_use(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	bool used;
-	int fd;
-
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return false;
-	strcpy(sa.sun_path, path);
-	used = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-	close(fd);
-	return used;
+	return s;
 }
 
 struct embnic_ctl *
 embnic_ctl_init(struct embnic_app *app, const char *path)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct embnic_ctl *c;
-	char dir[sizeof(sa.sun_path)];
-	struct stat stt;
-	char *slash;
-	mode_t old;
-	unsigned int i;
+	struct embnic_ctl *c = calloc(1, sizeof(*c));
 	int err;
 
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		errno = ENAMETOOLONG;
-		return NULL;
-	}
-	/* create the parent directory if it is missing (one level) */
-	strcpy(dir, path);
-	slash = strrchr(dir, '/');
-	if (slash != NULL && slash != dir) {
-		*slash = '\0';
-		if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-			return NULL;
-	}
-	if (lstat(path, &stt) == 0) {
-		if (!S_ISSOCK(stt.st_mode)) {
-			errno = EEXIST;
-			return NULL;
-		}
-		if (path_in_use(path)) {
-			errno = EADDRINUSE;
-			return NULL;
-		}
-		unlink(path);	/* stale socket of a dead card */
-	}
-
-	c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return NULL;
 	c->app = app;
-	for (i = 0; i < CTL_MAX_CONNS; i++)
-		c->conns[i].fd = -1;
-	snprintf(c->path, sizeof(c->path), "%s", path);
-	strcpy(sa.sun_path, path);
-
-	c->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (c->lfd < 0)
-		goto fail;
-	old = umask(0177);	/* the socket is born 0600 */
-	err = bind(c->lfd, (struct sockaddr *)&sa, sizeof(sa));
-	umask(old);
-	if (err != 0 || chmod(path, 0600) != 0 || listen(c->lfd, 16) != 0)
-		goto fail;
+	c->conn = embnic_conn_init(path, ctl_line, c);
+	if (c->conn == NULL) {
+		err = errno;
+		free(c);
+		errno = err;
+		return NULL;
+	}
 	return c;
-fail:
-	err = errno;
-	if (c->lfd >= 0)
-		close(c->lfd);
-	free(c);
-	errno = err;
-	return NULL;
+}
+
+void
+embnic_ctl_poll(struct embnic_ctl *c, int timeout_ms)
+{
+	embnic_conn_poll(c->conn, timeout_ms);
 }
 
 void
 embnic_ctl_free(struct embnic_ctl *c)
 {
-	unsigned int i;
-
 	if (c == NULL)
 		return;
-	for (i = 0; i < CTL_MAX_CONNS; i++)
-		if (c->conns[i].fd >= 0)
-			conn_close(&c->conns[i]);
-	close(c->lfd);
-	unlink(c->path);
+	embnic_conn_free(c->conn);
 	free(c);
 }

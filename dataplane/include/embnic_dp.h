@@ -10,7 +10,8 @@
  *   route.c     route table (shard -> peer) and client table (client -> peer)
  *   state.c     message state map
  *   counters.c  per-lcore counters, their sum, reset, DPDK telemetry
- *   ctl.c       control socket (UNIX stream, JSON lines)
+ *   ctl.c       control socket commands (JSON lines)
+ *   conn.c      control socket connections (embnic_conn.h)
  *   buildinfo.c the .embnic_buildinfo ELF section
  */
 #ifndef EMBNIC_DP_H
@@ -250,11 +251,44 @@ void embnic_state_summarise(const struct embnic_state *s,
 unsigned int embnic_state_dump(const struct embnic_state *s,
 			       struct embnic_state_view *out, unsigned int max);
 
+/*
+ * A writer of records of named u64 values, one level deep: the counters are
+ * walked once (counters.c) and written through it as JSON (ctl.c) or as DPDK
+ * telemetry (counters.c), so both say the same thing under the same names.
+ */
+struct embnic_emit {
+	/* Start record name at the top level (NULL: back to the top level). */
+	void (*record)(void *ctx, const char *name);
+	/*
+	 * Start element index of the list list (JSON: an array of records;
+	 * telemetry: a record named item followed by the index, "port0").
+	 */
+	void (*item)(void *ctx, const char *list, const char *item,
+		     unsigned int index);
+	/* A value in the current record. */
+	void (*u64)(void *ctx, const char *key, uint64_t v);
+	void *ctx;
+};
+
 /* counters.c */
 const char *embnic_type_name(unsigned int t);	/* "LOOKUP_REQ", ... */
 void embnic_counters_sum(const struct embnic_app *app,
 			 struct embnic_totals *t);
 void embnic_counters_reset(struct embnic_app *app);
+/*
+ * Write the counters (docs/control-socket.md, "counters"): ports, types,
+ * drops, ring, mempool, state, arp.
+ */
+void embnic_counters_emit(const struct embnic_app *app,
+			  const struct embnic_emit *e);
+/*
+ * Write the state map summary into the current record: entries, capacity,
+ * overflow, expired, and with by_state (a scan of the map) the count per
+ * state in record "by_state".
+ */
+void embnic_state_emit(const struct embnic_app *app,
+		       const struct embnic_totals *t, bool by_state,
+		       const struct embnic_emit *e);
 int embnic_telemetry_init(struct embnic_app *app);
 
 /* ctl.c: the control socket behind an opaque struct. */

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Connections of the control socket (conn.c): a UNIX stream socket polled
+ * without blocking, input split into lines, each line handed to a handler
+ * whose answer is queued and flushed as the peer reads. Knows nothing of
+ * JSON or commands (ctl.c), like examples/ip_pipeline's conn.c knows
+ * nothing of its cli.c.
+ */
+#ifndef EMBNIC_CONN_H
+#define EMBNIC_CONN_H
+
+#include <stddef.h>
+
+#define EMBNIC_CONN_MAX		16		/* connections at a time */
+#define EMBNIC_CONN_MAX_LINE	(64 * 1024)	/* bytes per request line */
+
+/*
+ * Answer one request line (without its '\n', len bytes, not NUL-terminated).
+ * Returns a malloc'ed, NUL-terminated answer without the trailing newline,
+ * or NULL (the connection is closed).
+ */
+typedef char *(*embnic_conn_handler)(const char *line, size_t len, void *arg);
+
+struct embnic_conn;
+
+/*
+ * Listen on path (mode 0600; its parent directory is created if missing, a
+ * stale socket of a dead process replaced). NULL with errno set on failure:
+ * EADDRINUSE if a live process serves path, EEXIST if path is not a socket,
+ * ENAMETOOLONG.
+ */
+struct embnic_conn *embnic_conn_init(const char *path,
+				     embnic_conn_handler handler, void *arg);
+/* Accept, read, answer and flush whatever is ready; waits up to timeout_ms. */
+void embnic_conn_poll(struct embnic_conn *c, int timeout_ms);
+/* Close every connection and the socket, and remove its path. */
+void embnic_conn_free(struct embnic_conn *c);
+
+#endif /* EMBNIC_CONN_H */
