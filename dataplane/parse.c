@@ -30,27 +30,6 @@ embnic_drop_name(unsigned int reason)
 	return reason < EMBNIC_DROP_MAX ? drop_names[reason] : NULL;
 }
 
-static inline void
-hdr_to_msg(const struct embnic_hdr *h, struct embnic_msg *m)
-{
-	m->msg_id = embnic_ntoh32(h->msg_id);
-	m->num_keys = embnic_ntoh32(h->num_keys);
-	m->msg_len = embnic_ntoh32(h->msg_len);
-	m->frag_offset = embnic_ntoh32(h->frag_offset);
-	m->client_id = embnic_ntoh16(h->client_id);
-	m->table_id = embnic_ntoh16(h->table_id);
-	m->shard_id = embnic_ntoh16(h->shard_id);
-	m->dim = embnic_ntoh16(h->dim);
-	m->frag_index = embnic_ntoh16(h->frag_index);
-	m->frag_count = embnic_ntoh16(h->frag_count);
-	m->frag_len = embnic_ntoh16(h->frag_len);
-	m->status = embnic_ntoh16(h->status);
-	m->msg_type = h->msg_type;
-	m->flags = h->flags;
-	m->dtype = h->dtype;
-	m->version = h->version;
-}
-
 /*
  * Lengths of one fragment against its own header (docs/protocol.md):
  * bad_length for what does not fit, frag_mismatch for offsets that
@@ -112,7 +91,7 @@ check_embnic(const struct embnic_hdr *h, uint32_t payload,
 	     (h->msg_type == EMBNIC_LOOKUP_REPLY ||
 	      h->msg_type == EMBNIC_UPDATE_REQ)))
 		return EMBNIC_DROP_BAD_DTYPE;
-	hdr_to_msg(h, m);
+	embnic_hdr_decode(h, m);
 	return check_lengths(m, payload);
 }
 

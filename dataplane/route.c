@@ -16,27 +16,11 @@
 
 #include <rte_debug.h>
 #include <rte_hash.h>
-#include <rte_hash_crc.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_rcu_qsbr.h>
 
 #include "embnic_dp.h"
-
-/*
- * 16-byte keys: rte_hash compares 16-byte keys with a vector compare; other
- * small lengths fall back to memcmp().
- */
-struct table_key {
-	uint32_t id;
-	uint32_t zero[3];
-};
-
-static inline struct table_key
-table_key(uint32_t id)
-{
-	return (struct table_key){ .id = id };
-}
 
 /*
  * The TX stage looks up the distinct ids of a burst: a handful (shards,
@@ -45,20 +29,6 @@ table_key(uint32_t id)
  * of the TX stage's time).
  */
 #define SINGLE_LOOKUPS_MAX	8
-
-/*
- * The table's hash function, rte_hash_crc(k, 16, 0), inlined: no call
- * through the hash's function pointer per key. embnic_table_create()
- * checks that both agree.
- */
-static inline hash_sig_t
-table_hash(const struct table_key *k)
-{
-	uint64_t w[2];
-
-	memcpy(w, k, sizeof(w));
-	return rte_hash_crc_8byte(w[1], rte_hash_crc_8byte(w[0], 0));
-}
 
 struct embnic_table {
 	struct rte_hash *h;
@@ -78,8 +48,8 @@ embnic_table_create(const char *name, uint32_t size, struct rte_rcu_qsbr *qsbr)
 	struct rte_hash_parameters hp = {
 		.name = name,
 		.entries = size,
-		.key_len = sizeof(struct table_key),
-		.hash_func = rte_hash_crc,
+		.key_len = sizeof(struct embnic_key16),
+		.hash_func = EMBNIC_KEY16_HASH_FUNC,
 		.hash_func_init_val = 0,
 		.socket_id = (int)rte_socket_id(),
 		.extra_flag = RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF |
@@ -90,10 +60,9 @@ embnic_table_create(const char *name, uint32_t size, struct rte_rcu_qsbr *qsbr)
 		.mode = RTE_HASH_QSBR_MODE_SYNC,
 		.free_key_data_func = peer_free,
 	};
-	struct table_key probe = table_key(0x89abcdef);
 	struct embnic_table *t;
 
-	RTE_VERIFY(table_hash(&probe) == rte_hash_crc(&probe, sizeof(probe), 0));
+	RTE_VERIFY(embnic_key16_hash_ok());
 	t = rte_zmalloc(name, sizeof(*t), RTE_CACHE_LINE_SIZE);
 	if (t == NULL)
 		return NULL;
@@ -134,7 +103,7 @@ embnic_table_add(struct embnic_table *t, const struct embnic_peer *p)
 {
 	struct embnic_peer *n;
 	void *old = NULL;
-	struct table_key key = table_key(p->id);
+	struct embnic_key16 key = embnic_key16(p->id);
 	int ret;
 
 	if (rte_hash_lookup_data(t->h, &key, &old) < 0) {
@@ -162,7 +131,7 @@ embnic_table_add(struct embnic_table *t, const struct embnic_peer *p)
 int
 embnic_table_del(struct embnic_table *t, uint32_t id)
 {
-	struct table_key key = table_key(id);
+	struct embnic_key16 key = embnic_key16(id);
 	int32_t ret = rte_hash_del_key(t->h, &key);
 
 	return ret < 0 ? ret : 0;
@@ -172,7 +141,7 @@ void
 embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
 			 unsigned int n, const struct embnic_peer **out)
 {
-	struct table_key k[EMBNIC_MAX_BURST];
+	struct embnic_key16 k[EMBNIC_MAX_BURST];
 	const void *keys[EMBNIC_MAX_BURST];
 	hash_sig_t sig[EMBNIC_MAX_BURST];
 	void *data[EMBNIC_MAX_BURST];
@@ -182,9 +151,9 @@ embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
 	if (n == 0)
 		return;
 	for (i = 0; i < n; i++) {
-		k[i] = table_key(ids[i]);
+		k[i] = embnic_key16(ids[i]);
 		keys[i] = &k[i];
-		sig[i] = table_hash(&k[i]);
+		sig[i] = embnic_key16_hash(&k[i]);
 	}
 	if (n <= SINGLE_LOOKUPS_MAX) {
 		for (i = 0; i < n; i++)

@@ -21,7 +21,6 @@
 
 #include <rte_debug.h>
 #include <rte_hash.h>
-#include <rte_hash_crc.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_prefetch.h>
@@ -68,28 +67,11 @@ embnic_state_name(unsigned int s)
 	return s < EMBNIC_NB_STATES ? state_names[s] : "unknown";
 }
 
-/* 16 bytes so rte_hash compares keys with a vector compare, not memcmp() */
-struct state_key {
-	uint64_t key;		/* client_id << 32 | msg_id */
-	uint64_t zero;
-};
-
-static inline struct state_key
+/* The key of a message: client_id << 32 | msg_id. */
+static inline struct embnic_key16
 state_key(const struct embnic_msg *m)
 {
-	return (struct state_key){ .key = (uint64_t)m->client_id << 32 |
-					  m->msg_id };
-}
-
-/*
- * The table's hash function, rte_hash_crc(k, 16, 0), inlined: two CRC32C
- * steps instead of a call through the hash's function pointer per key.
- * embnic_state_create() checks that both agree.
- */
-static inline hash_sig_t
-state_hash(const struct state_key *k)
-{
-	return rte_hash_crc_8byte(k->zero, rte_hash_crc_8byte(k->key, 0));
+	return embnic_key16((uint64_t)m->client_id << 32 | m->msg_id);
 }
 
 struct embnic_state *
@@ -98,13 +80,12 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms)
 	struct rte_hash_parameters hp = {
 		.name = "embnic_state",
 		.entries = size,
-		.key_len = sizeof(struct state_key),
-		.hash_func = rte_hash_crc,
+		.key_len = sizeof(struct embnic_key16),
+		.hash_func = EMBNIC_KEY16_HASH_FUNC,
 		.hash_func_init_val = 0,
 		.socket_id = (int)rte_socket_id(),
 		.extra_flag = RTE_HASH_EXTRA_FLAGS_EXT_TABLE,
 	};
-	struct state_key probe = { 0 };
 	struct embnic_state *s;
 
 	s = rte_zmalloc("embnic_state", sizeof(*s), RTE_CACHE_LINE_SIZE);
@@ -120,8 +101,7 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms)
 		embnic_state_free(s);
 		return NULL;
 	}
-	probe.key = 0x123456789abcdefULL;
-	RTE_VERIFY(state_hash(&probe) == rte_hash_crc(&probe, sizeof(probe), 0));
+	RTE_VERIFY(embnic_key16_hash_ok());
 	return s;
 }
 
@@ -226,7 +206,7 @@ embnic_state_update_burst(struct embnic_state *s,
 			  struct embnic_lcore_stats *st)
 {
 	/* one entry per run of frames of one message (fragments come in a row) */
-	struct state_key keys[EMBNIC_MAX_BURST];
+	struct embnic_key16 keys[EMBNIC_MAX_BURST];
 	const void *kp[EMBNIC_MAX_BURST];
 	hash_sig_t sig[EMBNIC_MAX_BURST];
 	int32_t pos[EMBNIC_MAX_BURST];
@@ -237,15 +217,15 @@ embnic_state_update_burst(struct embnic_state *s,
 	if (n == 0)
 		return;
 	for (i = 0; i < n; i++) {
-		struct state_key k = state_key(msgs[i]);
+		struct embnic_key16 k = state_key(msgs[i]);
 
-		if (u > 0 && keys[u - 1].key == k.key) {
+		if (u > 0 && keys[u - 1].lo == k.lo) {
 			run[i] = (uint8_t)(u - 1);
 			continue;
 		}
 		keys[u] = k;
 		kp[u] = &keys[u];
-		sig[u] = state_hash(&keys[u]);
+		sig[u] = embnic_key16_hash(&keys[u]);
 		run[i] = (uint8_t)u++;
 	}
 	rte_hash_lookup_with_hash_bulk(s->h, kp, sig, u, pos);
@@ -279,7 +259,7 @@ embnic_state_update_burst(struct embnic_state *s,
 			}
 			pos[r] = p;
 			added = true;
-			entry_init(&s->e[p], keys[r].key, m, now_ns);
+			entry_init(&s->e[p], keys[r].lo, m, now_ns);
 			s->entries++;
 		}
 		e = &s->e[p];
@@ -322,9 +302,10 @@ embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
 			break;
 		}
 		if (remove) {
-			struct state_key k = { .key = e->key };
+			struct embnic_key16 k = embnic_key16(e->key);
 
-			rte_hash_del_key_with_hash(s->h, &k, state_hash(&k));
+			rte_hash_del_key_with_hash(s->h, &k,
+						   embnic_key16_hash(&k));
 			e->state = EMBNIC_ST_FREE;
 			s->entries--;
 		}

@@ -242,16 +242,7 @@ read_back(struct tx_frame *f, int meta_off)
 		return;
 	f->info.src_ip = ip->src_addr;
 	f->info.src_port = udp->src_port;
-	m->msg_id = embnic_ntoh32(h->msg_id);
-	m->client_id = embnic_ntoh16(h->client_id);
-	m->table_id = embnic_ntoh16(h->table_id);
-	m->shard_id = embnic_ntoh16(h->shard_id);
-	m->dim = embnic_ntoh16(h->dim);
-	m->status = embnic_ntoh16(h->status);
-	m->msg_type = h->msg_type;
-	m->flags = h->flags;
-	m->dtype = h->dtype;
-	m->version = h->version;
+	embnic_hdr_decode_head(h, m);
 	m->num_keys = meta->num_keys;
 	m->msg_len = meta->msg_len;
 	m->frag_count = meta->frag_count;

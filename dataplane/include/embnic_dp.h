@@ -22,6 +22,8 @@
 
 #include <rte_common.h>
 #include <rte_ether.h>
+#include <rte_hash.h>
+#include <rte_hash_crc.h>
 #include <rte_mbuf.h>
 #include <rte_mbuf_dyn.h>
 
@@ -42,6 +44,43 @@
 #define EMBNIC_CARD_TTL			64
 
 extern volatile bool force_quit;
+
+/*
+ * The key of every hash table of the card (route, client, state map): 16
+ * bytes, because rte_hash compares 16-byte keys with one vector compare and
+ * other small lengths with memcmp(). Unused bytes are 0.
+ */
+struct embnic_key16 {
+	uint64_t lo, hi;
+};
+
+static inline struct embnic_key16
+embnic_key16(uint64_t lo)
+{
+	return (struct embnic_key16){ .lo = lo };
+}
+
+/*
+ * The tables' hash function, rte_hash_crc(k, 16, 0) (EMBNIC_KEY16_HASH_FUNC),
+ * inlined: two CRC32C steps instead of a call through the hash's function
+ * pointer per key. embnic_key16_hash_ok() checks that both agree.
+ */
+#define EMBNIC_KEY16_HASH_FUNC	rte_hash_crc
+
+static inline hash_sig_t
+embnic_key16_hash(const struct embnic_key16 *k)
+{
+	return rte_hash_crc_8byte(k->hi, rte_hash_crc_8byte(k->lo, 0));
+}
+
+static inline bool
+embnic_key16_hash_ok(void)
+{
+	struct embnic_key16 k = { .lo = 0x123456789abcdefULL, .hi = 42 };
+
+	return embnic_key16_hash(&k) ==
+		EMBNIC_KEY16_HASH_FUNC(&k, sizeof(k), 0);
+}
 
 /* A card port: DPDK port id, its MAC and the card's IPv4 on it. */
 struct embnic_port {

@@ -11,31 +11,6 @@
 
 #include "embnic_proto.h"
 
-/*
- * Network to host order with the compiler's byte swaps: DPDK's x86
- * rte_bswap16() is an asm volatile, which the compiler can neither fold
- * into a load nor schedule.
- */
-static inline uint16_t
-embnic_ntoh16(uint16_t x)
-{
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	return __builtin_bswap16(x);
-#else
-	return x;
-#endif
-}
-
-static inline uint32_t
-embnic_ntoh32(uint32_t x)
-{
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	return __builtin_bswap32(x);
-#else
-	return x;
-#endif
-}
-
 /* A 32-bit word at any address (headers after Ethernet are 2-byte aligned). */
 typedef uint32_t embnic_u32u __attribute__((aligned(1), may_alias));
 

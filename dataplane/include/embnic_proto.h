@@ -143,6 +143,66 @@ struct embnic_msg {
 };
 static_assert(sizeof(struct embnic_msg) == 36, "embnic_msg is 36 bytes");
 
+/*
+ * Network to host order with the compiler's byte swaps: DPDK's x86
+ * rte_bswap16() is an asm volatile, which the compiler can neither fold
+ * into a load nor schedule.
+ */
+static inline uint16_t
+embnic_ntoh16(uint16_t x)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	return __builtin_bswap16(x);
+#else
+	return x;
+#endif
+}
+
+static inline uint32_t
+embnic_ntoh32(uint32_t x)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	return __builtin_bswap32(x);
+#else
+	return x;
+#endif
+}
+
+/*
+ * The header's fields in the frame's first cache line (offsets 0..21:
+ * through dim, after 42 bytes of Ethernet/IPv4/UDP) to host order. The one
+ * place, with embnic_hdr_decode(), that swaps header bytes: the RX stage
+ * decodes the whole header, the TX stage re-reads only this part (the rest
+ * travels in the mbuf).
+ */
+static inline void
+embnic_hdr_decode_head(const struct embnic_hdr *h, struct embnic_msg *m)
+{
+	m->msg_id = embnic_ntoh32(h->msg_id);
+	m->client_id = embnic_ntoh16(h->client_id);
+	m->table_id = embnic_ntoh16(h->table_id);
+	m->shard_id = embnic_ntoh16(h->shard_id);
+	m->dim = embnic_ntoh16(h->dim);
+	m->status = embnic_ntoh16(h->status);
+	m->msg_type = h->msg_type;
+	m->flags = h->flags;
+	m->dtype = h->dtype;
+	m->version = h->version;
+}
+
+/* The whole header to host order. */
+static inline void
+embnic_hdr_decode(const struct embnic_hdr *h, struct embnic_msg *m)
+{
+	embnic_hdr_decode_head(h, m);
+	m->num_keys = embnic_ntoh32(h->num_keys);
+	m->msg_len = embnic_ntoh32(h->msg_len);
+	m->frag_offset = embnic_ntoh32(h->frag_offset);
+	m->frag_index = embnic_ntoh16(h->frag_index);
+	m->frag_count = embnic_ntoh16(h->frag_count);
+	m->frag_len = embnic_ntoh16(h->frag_len);
+}
+
 /* Bytes per element of a dtype (0 for none or unknown). */
 static inline uint32_t
 embnic_dtype_size(uint8_t dtype)
