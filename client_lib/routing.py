@@ -3,9 +3,8 @@
 Policies (``[cluster] sharding`` in the config, docs/config.md):
 
 - ``hash`` (row-wise, hash-modulo): key ``k`` of table ``t`` lives on shard
-  ``splitmix64((t << 48) ^ k) mod S``. splitmix64 is the finaliser of Steele, Lea & Flood,
-  "Fast splittable pseudorandom number generators" (OOPSLA 2014), as in Vigna's
-  ``splitmix64.c``; it spreads sequential and hashed ids evenly.
+  ``splitmix64((t << 48) ^ k) mod S`` (:func:`embnic.client_lib.splitmix.splitmix64`); ``k`` is
+  any uint64 id (0..2^64-1) and the formula is fixed (changing it would move every row).
 - ``table`` (table-wise): every key of table ``t`` lives on shard ``tables[t].shard`` if set,
   else ``t mod S``.
 
@@ -17,22 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import ClusterConfig
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser of ``x + golden`` on uint64 (N,) → uint64 (N,), wrapping arithmetic.
-
-    Example: ``splitmix64(np.array([0], np.uint64))`` → ``[0xE220A8397B1DCDAF]``.
-    """
-    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
+from .splitmix import splitmix64
 
 def shard_index_of(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> np.ndarray:
     """Index into ``cfg.shards`` of the shard owning every key.

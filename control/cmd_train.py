@@ -39,7 +39,7 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
     cfg = load_cluster(config)
     from embnic.client_lib.client import EmbnicError, EmbeddingClient
-    from embnic.client_lib.tables import LocalBackend
+    from embnic.client_lib.local import LocalBackend
     from embnic.testbed.criteo import CriteoFormatError
     from embnic.testbed.train import load_training_data, train as run_train
 

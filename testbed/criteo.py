@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embnic.client_lib.tables import splitmix64
+from embnic.client_lib.splitmix import splitmix64
 
 NUM_DENSE = 13
 NUM_SPARSE = 26

@@ -3,7 +3,7 @@
 Sequence (:func:`run_demo`):
 
 1. **reference** — the same training run with the tables in this process
-   (:class:`~embnic.client_lib.tables.LocalBackend`): the losses the card run must reproduce.
+   (:class:`~embnic.client_lib.local.LocalBackend`): the losses the card run must reproduce.
 2. **up** — the namespace testbed of the config (:mod:`embnic.testbed.topology`): a shard in
    each shard namespace, ``embnic-dp`` on ``net_af_packet`` vdevs in the card namespace, routes
    and clients programmed from the config, a probe through every path. Optional faults
@@ -95,7 +95,7 @@ def _snapshot(client) -> dict:
 def reference_run(cfg: ClusterConfig, train_data, valid_data, steps: int, batch_size: int,
                   progress: bool | None = None):
     """Train with in-process tables. Returns (TrainResult, LocalBackend, seconds)."""
-    from embnic.client_lib.tables import LocalBackend
+    from embnic.client_lib.local import LocalBackend
 
     from .train import train
 

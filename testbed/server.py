@@ -25,7 +25,7 @@ What it does with every datagram (docs/protocol.md):
    :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys or a NaN/inf
    gradient in an update: refused rather than poisoning rows).
 5. **Serve**: LOOKUP_REQ → LOOKUP_REPLY with the rows in key order; UPDATE_REQ → apply with
-   the table's optimizer (:class:`~embnic.client_lib.tables.TableShard`: SGD or row-wise
+   the table's optimizer (:class:`~embnic.client_lib.table_numerics.TableShard`: SGD or row-wise
    Adagrad, the same code as the in-process reference) → UPDATE_ACK. Replies are fragmented
    to the cluster MTU and sent to the request's source address and port.
 
@@ -64,7 +64,7 @@ from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.routing import owns
-from embnic.client_lib.tables import TableShard, gradient_ok, is_unique, merge_states
+from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique, merge_states
 
 log = logging.getLogger("embnic.server")
 
@@ -481,7 +481,7 @@ class ServerCluster:
         return [t.counters() for t in self.threads]
 
     def state_dict(self) -> dict:
-        """Updated rows of every shard merged (:func:`~embnic.client_lib.tables.merge_states`)."""
+        """Updated rows of every shard merged (:func:`~embnic.client_lib.table_numerics.merge_states`)."""
         if self._final_state is not None:
             return self._final_state
         return merge_states([t.state_dict() for t in self.threads])

@@ -5,7 +5,7 @@ Every step: take a batch of samples → :func:`~embnic.client_lib.batch.prepare_
 (shard, table)) → pool → forward/backward → aggregate the gradient per unique id → one update
 round. The ``backend`` decides where rows live: an
 :class:`~embnic.client_lib.client.EmbeddingClient` (UDP shards, directly or through the card)
-or :class:`~embnic.client_lib.tables.LocalBackend` (in process, the reference). Given the
+or :class:`~embnic.client_lib.local.LocalBackend` (in process, the reference). Given the
 same config, data and seed both give the same losses (bit-identical floats).
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class TrainResult:
 
 class PerTableAdapter:
     """Wraps a backend with per-table ``lookup(table_id, keys)``/``update(table_id, keys, grads)``
-    (e.g. :class:`~embnic.client_lib.tables.LocalBackend`) into the batched :class:`Backend`."""
+    (e.g. :class:`~embnic.client_lib.local.LocalBackend`) into the batched :class:`Backend`."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -75,7 +75,7 @@ class PerTableAdapter:
 def as_backend(obj) -> Backend:
     """``obj`` itself if it speaks the batched :class:`Backend` interface, else wrapped in
     :class:`PerTableAdapter`."""
-    from embnic.client_lib.tables import LocalBackend
+    from embnic.client_lib.local import LocalBackend
 
     return PerTableAdapter(obj) if isinstance(obj, LocalBackend) else obj
 

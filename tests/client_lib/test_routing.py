@@ -5,7 +5,7 @@ Run alone: python3 -m pytest -q tests/client_lib/test_routing.py
 import numpy as np
 
 from embnic.client_lib.config import parse_config
-from embnic.client_lib.routing import owned_keys, shard_of, split_by_shard, splitmix64
+from embnic.client_lib.routing import owned_keys, shard_of, split_by_shard
 
 
 def _cfg(policy, n_shards=3, shard_ids=None, table_shard=None):
@@ -19,12 +19,6 @@ def _cfg(policy, n_shards=3, shard_ids=None, table_shard=None):
         "shards": [{"id": i, "ip": "127.0.0.1", "port": 20000 + i} for i in ids],
         "clients": [{"id": 1, "ip": "127.0.0.1"}],
     })
-
-
-def test_splitmix64_reference_values():
-    # Vigna's splitmix64.c from state 0: the first outputs
-    x = np.array([0, 0x9E3779B97F4A7C15], dtype=np.uint64)
-    assert [int(v) for v in splitmix64(x)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
 
 
 def test_hash_policy_balanced_and_deterministic():

@@ -25,7 +25,8 @@ from embnic.client_lib.client import EmbeddingClient, ShardError
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Reassembler
-from embnic.client_lib.tables import LocalBackend, init_rows
+from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.table_numerics import init_rows
 from embnic.control.cli import cli
 from embnic.testbed.server import ServerCluster, ServerThread, ShardServer
 

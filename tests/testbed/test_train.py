@@ -21,7 +21,7 @@ import pytest
 
 from embnic.client_lib.client import EmbeddingClient, ShardUnavailableError
 from embnic.client_lib.config import parse_config
-from embnic.client_lib.tables import LocalBackend
+from embnic.client_lib.local import LocalBackend
 from embnic.testbed import criteo
 from embnic.testbed.server import ServerCluster
 from embnic.testbed.train import load_training_data, train

@@ -1,6 +1,6 @@
 """Embedding-table numerics: SplitMix64, row init, SGD and row-wise Adagrad, LocalBackend.
 
-Run alone: python3 -m pytest -q tests/client_lib/test_tables.py
+Run alone: python3 -m pytest -q tests/client_lib/test_table_numerics.py
 """
 import numpy as np
 import pytest
@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from embnic.client_lib import routing
 from embnic.client_lib.config import TableConfig, parse_config
-from embnic.client_lib.tables import (LocalBackend, TableShard, init_rows, is_unique, merge_states,
-                                      rowwise_mean_square, splitmix64, wire_round)
+from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.splitmix import splitmix64
+from embnic.client_lib.table_numerics import (TableShard, init_rows, is_unique, merge_states,
+                                              rowwise_mean_square, wire_round)
 
 M64 = (1 << 64) - 1
 
@@ -65,9 +67,13 @@ def test_splitmix64_matches_python(xs):
     assert [int(v) for v in got] == [_splitmix64_py(x) for x in xs]
 
 
-def test_splitmix64_is_routing_hash():
-    x = np.arange(1000, dtype=np.uint64) * np.uint64(0x1234567)
-    assert np.array_equal(splitmix64(x), routing.splitmix64(x))
+def test_one_splitmix64():
+    """Routing, row init and the Criteo hashing share one definition (no second copy to drift)."""
+    from embnic.client_lib import splitmix, table_numerics
+    from embnic.testbed import criteo
+    assert routing.splitmix64 is splitmix.splitmix64
+    assert table_numerics.splitmix64 is splitmix.splitmix64
+    assert criteo.splitmix64 is splitmix.splitmix64
 
 
 def test_init_rows_deterministic_and_in_range():
@@ -276,7 +282,6 @@ def test_merge_states_rejects_overlap():
 def test_gradient_whose_square_overflows_is_refused():
     """|g| ~ 1e20 is finite but g**2 is not: Adagrad would set acc = inf and freeze the row."""
     from embnic.client_lib.config import parse_config
-    from embnic.client_lib.tables import LocalBackend
 
     cfg = parse_config({"tables": [{"id": 0, "rows": 10, "dim": 2, "optimizer": "adagrad"},
                                    {"id": 1, "rows": 10, "dim": 2, "optimizer": "sgd"}],

@@ -1,20 +1,24 @@
-"""Embedding-table numerics shared by the parameter-server shards and the in-process reference.
+"""Embedding-table numerics: the row store, row initialisation, SGD and row-wise Adagrad.
 
-One code path computes every row value, so a table trained through UDP shards and the same
-table trained in process (:class:`LocalBackend`) are **bit-identical**: the server
-(``embnic.testbed.server``) and :class:`LocalBackend` both hold :class:`TableShard` objects
-and call exactly the same numpy code on the same float32 values in the same order.
+The one home of every computation that produces a row value, shared by the parameter-server
+shards (``embnic.testbed.server``) and the in-process reference
+(:class:`embnic.client_lib.local.LocalBackend`): both hold :class:`TableShard` objects and
+call exactly the same numpy code on the same float32 values in the same order, so a table
+trained through UDP shards and the same table trained in process are **bit-identical**. This
+module needs neither the testbed nor a network.
 
 Row initialisation
     ``init_rows(seed, table_id, keys, dim, scale)`` is a pure function of
-    (seed, table, key, column): a counter-based hash (SplitMix64, below), not a stateful RNG,
-    so a row's initial value does not depend on which shard owns it, on the number of shards,
+    (seed, table, key, column): a counter-based hash (:mod:`embnic.client_lib.splitmix`), not a
+    stateful RNG, so a row's initial value does not depend on which shard owns it, on the number of shards,
     or on the order rows are first touched.
 
 Storage (:class:`TableShard`)
-    Rows are materialised lazily, on their first *update*: memory is proportional to the rows
-    updated, not to ``rows`` of the table (tables may have 2^40 rows). A lookup of a row never
-    updated computes its initial value on the fly (and stores nothing). Materialised rows live
+    A collision-free dynamic table keyed by the raw uint64 id (any of 0..2^64-1; no id is
+    ever folded into a row count, so two ids never share a row). Rows are materialised
+    lazily, on their first *update*: memory is proportional to the rows updated, not to the
+    table's ``rows`` (optional; tables may have 2^40 rows, or no bound at all). A lookup of a
+    row never updated computes its initial value on the fly (and stores nothing). Materialised rows live
     in an append-only arena (``(capacity, dim)`` float32, doubled when full, plus one float32
     Adagrad accumulator per row); a sorted ``uint64`` key index with the arena slot of each key
     finds them with ``np.searchsorted`` (O(N log M) per batch of N keys; inserting k new keys
@@ -39,47 +43,16 @@ fp16 tables
     Master rows and accumulators are always stored in **float32**; ``dtype = "fp16"`` is the
     *wire* type. A lookup reply carries the rows rounded to fp16 and an update carries fp16
     gradients, which the server widens to float32 before applying. :func:`wire_round` is that
-    rounding; :class:`LocalBackend` applies it on both directions so it matches the network
-    path bit for bit.
+    rounding; :class:`~embnic.client_lib.local.LocalBackend` applies it on both directions so it
+    matches the network path bit for bit.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import consts
-from .config import ClusterConfig, TableConfig
-
-# ---- SplitMix64 ---------------------------------------------------------------------------
-# Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014; constants
-# from Vigna's reference splitmix64.c (https://prng.di.unimi.it/splitmix64.c).
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 output for state ``x``: ``mix(x + 0x9E3779B97F4A7C15)``, element-wise.
-
-    ``mix(z)``: ``z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB;
-    z ^= z >> 31`` (all mod 2^64). Equals ``next()`` of Vigna's ``splitmix64.c`` started from
-    state ``x``: ``splitmix64(np.array([0], np.uint64))`` is ``0xE220A8397B1DCDAF``.
-
-    Args:
-        x: uint64 array of any shape (other integer arrays are converted; wraps mod 2^64).
-
-    Returns:
-        uint64 array, same shape.
-    """
-    z = np.asarray(x, dtype=np.uint64) + _GAMMA
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
-
-
-def _u64(v: int) -> np.ndarray:
-    return np.array([int(v) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
-
+from .config import TableConfig
+from .splitmix import splitmix64, u64 as _u64
 
 def init_rows(seed: int, table_id: int, keys: np.ndarray, dim: int, scale: float) -> np.ndarray:
     """Initial values of rows ``keys`` of table ``table_id``: uniform in ``[-scale, scale)``.
@@ -352,52 +325,6 @@ def gradient_ok(table: TableConfig, g: np.ndarray) -> bool:
         with np.errstate(over="ignore"):
             return bool(np.isfinite(rowwise_mean_square(g)).all())
     return True
-
-
-class LocalBackend:
-    """The in-process reference: every table whole in this process, same interface as the
-    network client (``lookup``/``update``), same numerics as the servers, bit for bit.
-
-    Values make the same round trip as over the wire (:func:`wire_round` for fp16 tables).
-
-    Args:
-        cfg: the cluster config (tables, seed).
-    """
-
-    def __init__(self, cfg: ClusterConfig):
-        self.cfg = cfg
-        self.tables = {t.id: TableShard(t, cfg.seed) for t in cfg.tables}
-
-    def _table(self, table_id: int) -> TableShard:
-        try:
-            return self.tables[table_id]
-        except KeyError:
-            raise ValueError(f"unknown table {table_id} (tables: {sorted(self.tables)})") from None
-
-    def lookup(self, table_id: int, keys_unique: np.ndarray) -> np.ndarray:
-        """Rows of ``keys_unique`` (uint64 (N,)) of table ``table_id`` → float32 (N, dim).
-
-        Raises:
-            ValueError: unknown table or a key out of range.
-        """
-        ts = self._table(table_id)
-        k = validate_keys(ts.table, keys_unique)
-        return wire_round(ts.lookup(k), ts.table.dtype)
-
-    def update(self, table_id: int, keys_unique: np.ndarray, grads: np.ndarray) -> None:
-        """Apply gradients float32 (N, dim) to rows ``keys_unique`` uint64 (N,) (no duplicates).
-
-        Raises:
-            ValueError: unknown table, a key out of range, duplicate keys, wrong shape.
-        """
-        ts = self._table(table_id)
-        k, g = validate_update(ts.table, keys_unique, grads)
-        ts.apply(k, wire_round(g, ts.table.dtype))
-
-    def state_dict(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """``{table_id: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,))}``
-        of every table's updated rows."""
-        return {tid: ts.state() for tid, ts in self.tables.items()}
 
 
 def merge_states(states: list[dict]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
