@@ -1,5 +1,10 @@
 """The embnic v1 header as a Scapy layer, bound to UDP port 7878.
 
+Defaults follow the protocol: ``UDP()/Embnic(msg_type="LOOKUP_REQ")`` goes from
+:data:`EPHEMERAL_PORT` (or the ``sport`` given) to 7878, a reply comes from 7878; every
+datagram to or from 7878 dissects as :class:`Embnic` (even from port 53); the length fields
+(``num_keys``, ``msg_len``, ``frag_count``, ``frag_len``) are filled from the payload.
+
 Spec: ``docs/protocol.md``; constants: :mod:`embnic.client_lib.consts`. After importing this
 module, ``rdpcap`` of a capture dissects embnic frames::
 
@@ -26,10 +31,13 @@ from scapy.fields import (
     XShortField,
 )
 from scapy.layers.inet import UDP
-from scapy.packet import Packet, Raw, bind_layers
+from scapy.packet import Packet, Raw, bind_bottom_up, bind_top_down
 
 from . import consts
 
+#: UDP port of the client side when none is given: the first port of the IANA dynamic
+#: (ephemeral) range, RFC 6335. Requests go from it to 7878, replies from 7878 to it.
+EPHEMERAL_PORT = 49152
 _TYPES = {int(t): t.name for t in consts.MsgType}
 _DTYPES = {0: "none", 1: "fp32", 2: "fp16"}
 _STATUS = {int(s): s.name for s in consts.Status}
@@ -72,6 +80,17 @@ class Embnic(Packet):
         ShortField("reserved", 0),
     ]
 
+    def add_underlayer(self, underlayer) -> None:
+        """Under a UDP layer, fill the ports a user did not give: a request (LOOKUP_REQ,
+        UPDATE_REQ) goes from :data:`EPHEMERAL_PORT` to 7878, a reply (LOOKUP_REPLY,
+        UPDATE_ACK, ERROR) from 7878 to :data:`EPHEMERAL_PORT`. Ports given to ``UDP()`` win."""
+        super().add_underlayer(underlayer)
+        if self.msg_type in consts.REQUEST_TYPES:
+            ports = {"sport": EPHEMERAL_PORT, "dport": consts.UDP_PORT}
+        else:
+            ports = {"sport": consts.UDP_PORT, "dport": EPHEMERAL_PORT}
+        self.overload_fields = {**self.overload_fields, UDP: ports}
+
     def post_build(self, p: bytes, pay: bytes) -> bytes:
         frag_len = self.frag_len if self.frag_len is not None else len(pay)
         msg_len = self.msg_len if self.msg_len is not None else frag_len
@@ -113,5 +132,12 @@ class Embnic(Packet):
         return Raw
 
 
-bind_layers(UDP, Embnic, dport=consts.UDP_PORT)
-bind_layers(UDP, Embnic, sport=consts.UDP_PORT)
+# Dissection: a datagram to or from 7878 is embnic, whatever the other port (also 53 or 5353,
+# which Scapy binds to DNS): Packet.guess_payload_class takes the first binding that matches,
+# so the embnic bindings go first.
+bind_bottom_up(UDP, Embnic, dport=consts.UDP_PORT)
+bind_bottom_up(UDP, Embnic, sport=consts.UDP_PORT)
+UDP.payload_guess = ([g for g in UDP.payload_guess if g[1] is Embnic]
+                     + [g for g in UDP.payload_guess if g[1] is not Embnic])
+# Building: the class default is a request's ports; Embnic.add_underlayer picks per message type.
+bind_top_down(UDP, Embnic, sport=EPHEMERAL_PORT, dport=consts.UDP_PORT)

@@ -1,0 +1,83 @@
+"""The Scapy layer's defaults follow the protocol: ports, dissection, length fields.
+
+Run alone: python3 -m pytest -q tests/client_lib/test_protocol.py
+"""
+import struct
+
+import numpy as np
+import pytest
+from scapy.all import IP, UDP, Ether, Raw
+
+from embnic.client_lib import codec, consts
+from embnic.client_lib.consts import MsgType
+from embnic.client_lib.protocol import EPHEMERAL_PORT, Embnic
+
+DIM = 4
+KEYS = np.array([0, 2**31, 2**63, 2**64 - 1], dtype=np.uint64)
+ROWS = np.arange(len(KEYS) * DIM, dtype="<f4").reshape(len(KEYS), DIM)
+
+#: a body of every type, built by hand (docs/protocol.md, "Body"), and the num_keys it implies
+BODIES = {
+    MsgType.LOOKUP_REQ: (KEYS.astype("<u8").tobytes(), 4),
+    MsgType.LOOKUP_REPLY: (ROWS.tobytes(), 4),
+    MsgType.UPDATE_REQ: (KEYS.astype("<u8").tobytes() + ROWS.tobytes(), 4),
+    MsgType.UPDATE_ACK: (b"", 0),
+    MsgType.ERROR: (b"", 0),
+}
+
+
+def test_issue_example_request_goes_to_7878_and_dissects_as_embnic():
+    p = Ether() / IP() / UDP(sport=40000) / Embnic(msg_type=1, num_keys=2) / Raw(b"\x01" * 16)
+    wire = bytes(p)
+    assert struct.unpack_from("!HH", wire, 34) == (40000, 7878)
+    back = Ether(wire)
+    assert Embnic in back and back[Embnic].num_keys == 2 and back[Embnic].msg_type == 1
+    assert back[Raw].load == b"\x01" * 16
+
+
+@pytest.mark.parametrize("t", list(MsgType))
+def test_defaults_ports_lengths_and_round_trip(t):
+    body, nkeys = BODIES[t]
+    p = IP(src="10.0.0.2", dst="10.0.0.1") / UDP() / Embnic(msg_type=t, dim=DIM, msg_id=9, client_id=3) / Raw(body)
+    wire = bytes(p)
+    sport, dport, ulen = struct.unpack_from("!HHH", wire, 20)
+    if t in consts.REQUEST_TYPES:
+        assert (sport, dport) == (EPHEMERAL_PORT, consts.UDP_PORT)
+    else:
+        assert (sport, dport) == (consts.UDP_PORT, EPHEMERAL_PORT)
+    assert ulen == 8 + consts.HDR_LEN + len(body)
+    # every length field is right by default: the fast codec's validation accepts the header
+    h = codec.parse_header(wire[28:])
+    assert (h.msg_type, h.num_keys, h.msg_len, h.frag_len, h.frag_count, h.frag_index, h.frag_offset) == \
+        (t, nkeys, len(body), len(body), 1, 0, 0)
+    # and the codec builds the same bytes for the same message
+    assert codec.encode_message(t, msg_id=9, client_id=3, dim=DIM, num_keys=nkeys, body=body) == [wire[28:]]
+    # round trip: dissected, rebuilt, identical
+    back = IP(wire)
+    assert Embnic in back and bytes(back) == wire
+    assert back[Embnic].msg_type == t and back[Embnic].num_keys == nkeys
+
+
+def test_given_ports_win():
+    p = UDP(sport=40000, dport=9999) / Embnic(msg_type="LOOKUP_REQ")
+    assert (p.sport, p.dport) == (40000, 9999)
+    r = UDP(dport=40000) / Embnic(msg_type="LOOKUP_REPLY")
+    assert (r.sport, r.dport) == (consts.UDP_PORT, 40000)
+
+
+@pytest.mark.parametrize("other", [53, 5353, 4754, 40000])
+def test_any_datagram_to_or_from_7878_dissects_as_embnic(other):
+    """Also when the other port is one Scapy binds to another layer (DNS on 53 and 5353, GRE)."""
+    hdr = Embnic(msg_type="UPDATE_ACK", msg_id=5, client_id=1)
+    for sport, dport in ((other, consts.UDP_PORT), (consts.UDP_PORT, other)):
+        wire = bytes(IP() / UDP(sport=sport, dport=dport) / hdr)
+        back = IP(wire)
+        assert Embnic in back, (sport, dport, back.summary())
+        assert back[Embnic].msg_id == 5
+
+
+def test_request_and_reply_with_defaults_answer_each_other():
+    req = IP(src="10.0.0.2", dst="10.0.0.1") / UDP() / Embnic(msg_type="LOOKUP_REQ", msg_id=7, client_id=2) / \
+        Raw(KEYS[:1].tobytes())
+    rep = IP(src="10.0.0.1", dst="10.0.0.2") / UDP() / Embnic(msg_type="ERROR", msg_id=7, client_id=2, status=6)
+    assert rep.answers(req) and not req.answers(rep)
