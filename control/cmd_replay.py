@@ -34,7 +34,8 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
     The config must be the one the trace was recorded with (its hash is in the sidecar
     PCAP.json; comments and formatting do not count): otherwise it exits 2 naming that config,
     unless --force. Exits 1 if a recorded request got no reply, naming the card or shard
-    server that died, if one did.
+    server that died, if one did, or was answered with ERROR (by status: an ERROR is a
+    failure, never a completed request).
 
     \b
     Examples:
@@ -58,5 +59,9 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
         from embnic.testbed.topology import describe_dead
 
         why = f" ({describe_dead(rep['dead_nodes'])})" if rep.get("dead_nodes") else ""
-        raise OperationalError(f"{rep['requests'] - rep['messages_completed']} of {rep['requests']} replayed "
+        raise OperationalError(f"{rep['requests'] - rep['messages_replied']} of {rep['requests']} replayed "
                                f"requests got no reply{why} (report: {out}/report.json)")
+    if not rep["all_completed"]:
+        st = ", ".join(f"{k} {v}" for k, v in sorted(rep["error_statuses"].items()))
+        raise OperationalError(f"{rep['messages_failed']} of {rep['requests']} replayed requests were answered "
+                               f"with ERROR ({st}) (report: {out}/report.json)")

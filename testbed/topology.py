@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from embnic.client_lib import codec
+from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.config import ClusterConfig, ConfigError, load_config, parse_config
 from embnic.control.target import pid_matches, proc_starttime
 
@@ -783,16 +784,21 @@ class Testbed:
     def probe(self, timeout: float = 10.0) -> dict:
         """Send a one-key lookup from every client to every shard through the card; wait for replies.
 
-        Any reply (a row or an ``ERROR``) proves the path client → card → shard → card → client.
+        Each shard is asked for a key it owns (:func:`probe_key`), so the probe is a lookup the
+        shard serves (``LOOKUP_REPLY``), never one it must refuse: a probe of a key another
+        shard owns drew ``ERROR NOT_OWNER`` and left that error in the shard's counters, where
+        it looked like a fault of whatever ran next (a replay). Only a shard that owns no key
+        at all (the ``table`` policy with no table placed on it) is probed with a key it does
+        not own, and then its ``ERROR NOT_OWNER`` is the expected answer.
 
         Returns:
             ``{"c1->s0": rtt_us, ...}``.
 
         Raises:
-            TestbedError: a client got no reply in ``timeout`` s (names the card and shard logs).
+            TestbedError: a client got no reply in ``timeout`` s (names the card and shard logs),
+                or a shard answered the probe with an ERROR it should not have sent.
         """
         cfg = self.cfg
-        t0 = cfg.tables[0]
         out = {}
         for c in cfg.clients:
             with in_netns(self.topo.client_ns(c.id)):
@@ -802,8 +808,9 @@ class Testbed:
                 dest = cfg.request_destination(c.id, cfg.shards[0].id)
                 for i, s in enumerate(cfg.shards):
                     msg_id = PROBE_MSG_ID_BASE + i
+                    t0, key, owned = probe_key(cfg, s.id)
                     frames = codec.encode_lookup(msg_id=msg_id, client_id=c.id, table_id=t0.id, shard_id=s.id,
-                                                 dim=t0.dim, dtype=t0.wire_dtype, keys=_probe_keys(), mtu=cfg.mtu)
+                                                 dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
                     start = time.monotonic()
                     deadline = start + timeout
                     got = None
@@ -823,6 +830,11 @@ class Testbed:
                             if h.msg_id == msg_id and h.client_id == c.id:
                                 got = time.monotonic() - start
                                 break
+                    if got is not None and h.msg_type == MsgType.ERROR and (
+                            owned or h.status != Status.NOT_OWNER):
+                        raise TestbedError(
+                            f"probe: shard {s.id} answered client {c.id}'s lookup of table {t0.id} key {int(key[0])} "
+                            f"with ERROR {_status_name(h.status)}; see {self.log_path(f's{s.id}')}")
                     if got is None:
                         raise TestbedError(
                             f"probe: client {c.id} got no reply from shard {s.id} through the card within "
@@ -872,10 +884,34 @@ class Testbed:
         return down(self.name, self.rdir)
 
 
-def _probe_keys():
+def probe_key(cfg: ClusterConfig, shard_id: int):
+    """The (table, key, owned) a readiness probe of shard ``shard_id`` looks up.
+
+    The first table (config order) with a key the shard owns among ids ``0 .. min(rows, 4096)-1``
+    and the smallest such key: under the ``hash`` policy a shard of S owns one id in S, so
+    4096 candidates miss with probability (1-1/S)^4096. ``owned`` is False only when the shard
+    owns none of them (``table`` policy, no table on it): then table 0, key 0.
+
+    Returns:
+        (``TableConfig``, keys uint64 (1,), owned bool).
+    """
     import numpy as np
 
-    return np.zeros(1, dtype=np.uint64)
+    from embnic.client_lib.routing import shard_of
+
+    for t in cfg.tables:
+        cand = np.arange(min(t.rows, 4096) if t.rows is not None else 4096, dtype=np.uint64)
+        hit = np.flatnonzero(shard_of(cfg, t.id, cand) == shard_id)
+        if hit.size:
+            return t, cand[hit[:1]], True
+    return cfg.tables[0], np.zeros(1, dtype=np.uint64), False
+
+
+def _status_name(status: int) -> str:
+    try:
+        return Status(status).name
+    except ValueError:
+        return str(status)
 
 
 def _tail(path: str | Path, n: int = 2) -> str:

@@ -468,8 +468,11 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
 
     Returns:
         the report (also ``OUT/report.json``): ``pcap``, ``frames_sent``, ``frames_per_s``,
-        ``requests``, ``messages_completed``, ``all_replied``, ``replies_per_client``,
-        ``requests_per_client``, ``reply_types``, ``error_statuses``, ``drops`` (``card`` by
+        ``requests``, ``messages_replied`` (any reply), ``messages_completed`` (answered, not
+        with ERROR), ``messages_failed`` (answered ERROR; by status in ``error_statuses``),
+        ``all_replied``, ``all_completed``, ``replies_per_client``, ``requests_per_client``,
+        ``reply_types``, ``shards`` (each shard server's counters as it logged them when it
+        stopped: requests, ``errors`` by status, drops), ``drops`` (``card`` by
         reason, ``client_reassembly``, ``no_reply``), ``lookup_latency_us``,
         ``update_latency_us``, ``card`` (``frames_by_type``, ports, ring, ``state``: the state
         map summary, ``messages_in_state_map``), ``config_check``, ``dead_nodes`` (the card or
@@ -588,12 +591,31 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     ports = {cid: cfg.client(cid).card_port for cid in clients}
     rep = _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
                          other, out, ports, capture_drops)
+    rep["shards"] = {str(s.id): shard_counters_from_log(tb.log_path(f"s{s.id}")) for s in cfg.shards}
     rep["config_check"] = cc
     rep["dead_nodes"] = dead
     R.write_json(out / "report.json", rep)
     for line in replay_summary(rep):
         log(line)
     return rep
+
+
+def shard_counters_from_log(path: str | os.PathLike) -> dict | None:
+    """The counters a shard server logged when it stopped (the last ``stopped; counters {...}``
+    line of its log; :meth:`~embnic.testbed.server.ShardServer.counters`), or None if it did
+    not log them (killed, or the log is gone)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for ln in reversed(lines):
+        i = ln.find(" stopped; counters ")
+        if i >= 0:
+            try:
+                return json.loads(ln[i + len(" stopped; counters "):])
+            except ValueError:
+                return None
+    return None
 
 
 def write_raw_pcap(path: Path, frames: list[tuple[float, bytes]]) -> None:
@@ -639,7 +661,9 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
                 lat[MsgType(r["type"]).name].append((d[0] - t.first_sent[mid]) / 1e3)
     sent_t.sort()
     span = (sent_t[-1] - sent_t[0]) / 1e9 if len(sent_t) > 1 else 0.0
-    completed = sum(replies_per_client.values())
+    replied = sum(replies_per_client.values())
+    failed = sum(statuses.values())
+    completed = replied - failed
     sidecar = None
     if sidecar_path.exists():
         try:
@@ -658,8 +682,11 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
         "duration_s": round(span, 4),
         "frames_per_s": round(len(sent_t) / span, 1) if span > 0 else None,
         "requests": len(reqs),
+        "messages_replied": replied,
         "messages_completed": completed,
-        "all_replied": completed == len(reqs),
+        "messages_failed": failed,
+        "all_replied": replied == len(reqs),
+        "all_completed": completed == len(reqs),
         "requests_per_client": requests_per_client,
         "replies_per_client": replies_per_client,
         "reply_types": dict(reply_types),
@@ -714,6 +741,11 @@ def _per_client(d: dict) -> str:
     return ", ".join(f"client {k}: {v}" for k, v in sorted(nz.items())) or "none"
 
 
+def _fmt_counts(d: dict) -> str:
+    nz = {k: v for k, v in d.items() if v}
+    return ", ".join(f"{k} {v}" for k, v in sorted(nz.items())) or "none"
+
+
 def replay_summary(rep: dict) -> list[str]:
     """The short summary printed after a replay."""
     lk, up = rep["lookup_latency_us"], rep["update_latency_us"]
@@ -721,7 +753,9 @@ def replay_summary(rep: dict) -> list[str]:
         ("frames", f"{rep['frames_sent']} sent in {rep['duration_s']:.3f} s"
                    + (f" = {rep['frames_per_s']:.0f} frames/s" if rep["frames_per_s"] else "")),
         ("messages", f"{rep['messages_completed']}/{rep['requests']} completed"
-                     f" ({'every request got its reply' if rep['all_replied'] else 'SOME REQUESTS UNANSWERED'})"),
+                     + (" (every request got its reply)" if rep["all_completed"] else
+                        f" ({rep['messages_failed']} answered ERROR: {_fmt_counts(rep['error_statuses'])}; "
+                        f"{rep['requests'] - rep['messages_replied']} unanswered)")),
         ("replies per client", ", ".join(f"client {c}: {n}/{rep['requests_per_client'][c]}"
                                          for c, n in rep["replies_per_client"].items())),
         ("lookup latency", f"p50 {lk['p50']} µs, p99 {lk['p99']} µs (n={lk['n']})"),
@@ -734,6 +768,10 @@ def replay_summary(rep: dict) -> list[str]:
                         + " (capture vs the card's port counters)"),
         ("report", str(Path(rep["plots"]["latency_cdf"]).parent / "report.json")),
     ]
+    if rep.get("shards"):
+        errs = {f"shard {sid} {st}": n for sid, c in rep["shards"].items() if c
+                for st, n in (c.get("errors") or {}).items() if n}
+        rows.insert(-1, ("shard errors", _fmt_counts(errs)))
     if rep.get("dead_nodes"):
         rows.insert(2, ("dead nodes", T.describe_dead(rep["dead_nodes"])))
     return ["replay summary:"] + R.table_lines(rows)

@@ -282,3 +282,113 @@ def test_latency_cdf_of_a_run_without_samples_is_drawn_without_warnings(tmp_path
         warnings.simplefilter("error", UserWarning)  # matplotlib: "No artists with labels found"
         p = R.plot_cdf(tmp_path / "cdf.png", {"lookup": [], "update": []}, "nothing answered")
     assert p.read_bytes()[:4] == b"\x89PNG"
+
+
+CASE = os.path.join(os.path.dirname(__file__), "cases", "replay-not-owner")
+
+
+def test_error_replies_are_failures_not_completions(tmp_path):
+    """A request answered with ERROR is counted by status as failed, never as completed, and
+    the summary says so."""
+    import numpy as np
+
+    from embnic.client_lib import codec
+    from embnic.client_lib.consts import MsgType, Status
+    from embnic.testbed import trace as TR
+
+    reqs_frames = _lookup(1) + _lookup(2)
+    frames = [(i * 1e-3, _frame(p, True)) for i, p in enumerate(reqs_frames)]
+    reqs, _, _ = TR.parse_requests(frames)
+    t = TR._ReplyTracker(1, reqs)
+    for ts, f in frames:
+        t.feed((int(ts * 1e9), True, f))
+    h1, h2 = (codec.parse_header(f) for f in reqs_frames)
+    t.feed((5_000_000, False, _frame(codec.encode_reply(h1, MsgType.LOOKUP_REPLY, shard_id=1,
+                                                        body=np.zeros((3, 8), np.float32).tobytes())[0], False)))
+    t.feed((6_000_000, False, _frame(codec.encode_message(MsgType.ERROR, msg_id=2, client_id=1, table_id=0,
+                                                          shard_id=1, dim=8, num_keys=3,
+                                                          status=Status.NOT_OWNER)[0], False)))
+    rep = TR._replay_report(tmp_path / "t.pcap", tmp_path / "t.json", reqs, {1: t}, {}, None, {}, None, False, 0,
+                            tmp_path)
+    assert (rep["messages_replied"], rep["messages_completed"], rep["messages_failed"]) == (2, 1, 1)
+    assert rep["all_replied"] is True and rep["all_completed"] is False
+    assert rep["error_statuses"] == {"NOT_OWNER": 1}
+    rep["shards"] = {"1": {"errors": {"NOT_OWNER": 1, "MALFORMED": 0}}, "0": None}
+    text = "\n".join(TR.replay_summary(rep))
+    assert "1/2 completed (1 answered ERROR: NOT_OWNER 1; 0 unanswered)" in text, text
+    assert "shard 1 NOT_OWNER 1" in text, text
+
+
+def test_shard_counters_from_log(tmp_path):
+    from embnic.testbed import trace as TR
+
+    log = tmp_path / "s0.log"
+    log.write_text('# ip netns exec x-s0 python3 -m embnic server --shard 0\n'
+                   '2026-11-30 07:51:51,019 embnic-server[1] INFO shard 0 listening on 10.77.2.2:7878\n'
+                   '2026-11-30 07:51:53,348 embnic-server[1] INFO shard 0 stopped; counters '
+                   '{"errors": {"NOT_OWNER": 2}, "requests": {"LOOKUP_REQ": 386}}\n')
+    assert TR.shard_counters_from_log(log) == {"errors": {"NOT_OWNER": 2}, "requests": {"LOOKUP_REQ": 386}}
+    log.write_text("killed before it stopped\n")
+    assert TR.shard_counters_from_log(log) is None
+    assert TR.shard_counters_from_log(tmp_path / "absent.log") is None
+
+
+def test_probe_asks_each_shard_for_a_key_it_owns():
+    """The readiness probe's lookups are ones the shards serve (the NOT_OWNER of the case)."""
+    import numpy as np
+
+    from embnic.client_lib.config import load_config, parse_config
+    from embnic.client_lib.routing import shard_of
+    from embnic.testbed.topology import probe_key
+
+    cfg = load_config(os.path.join(CASE, "testbed.toml"))
+    # key 0 of table 0 is shard 1's: probing shard 0 with it was the error of the case
+    assert int(shard_of(cfg, 0, np.zeros(1, np.uint64))[0]) == 1
+    for s in cfg.shards:
+        t, key, owned = probe_key(cfg, s.id)
+        assert owned and key.dtype == np.uint64 and key.shape == (1,)
+        assert int(shard_of(cfg, t.id, key)[0]) == s.id
+    # table policy: shard 7 holds only table 1; shard 9 holds nothing
+    raw = {"cluster": {"sharding": "table"},
+           "tables": [{"id": 0, "rows": 10, "dim": 4, "shard": 4}, {"id": 1, "rows": 10, "dim": 4, "shard": 7}],
+           "shards": [{"id": i, "ip": "127.0.0.1", "port": 20000 + i} for i in (4, 7, 9)],
+           "clients": [{"id": 1, "ip": "127.0.0.1"}]}
+    cfg = parse_config(raw)
+    assert [(t.id, int(k[0]), o) for t, k, o in (probe_key(cfg, s) for s in (4, 7, 9))] == \
+        [(0, 0, True), (1, 0, True), (0, 0, False)]
+
+
+@needs_root
+def test_replay_case_not_owner(run_dir, tmp_path, cleanup):  # noqa: F811
+    """The trace of the NOT_OWNER case (tests/testbed/cases/replay-not-owner/README.md), replayed
+    with the config it was recorded with: every request completes, no reply is an ERROR and no
+    shard counts an error (before the fix, each readiness probe drew one NOT_OWNER at shard 0)."""
+    if shutil.which("tcpreplay") is None:
+        pytest.fail("tcpreplay is not installed: scripts/install-deps.sh installs it (scripts/apt-packages.txt)")
+    build_dataplane()
+    env = dict(os.environ, EMBNIC_RUN_DIR=str(run_dir))
+    name = tb_name("o")
+    cleanup.append(name)
+    out = tmp_path / "replay"
+    r = subprocess.run([sys.executable, "-m", "embnic", "replay", os.path.join(CASE, "t.pcap"), "-c",
+                        os.path.join(CASE, "testbed.toml"), "--out", str(out), "--name", name, "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    side = json.loads(open(os.path.join(CASE, "t.json")).read())
+    assert rep["config_check"]["match"] is True
+    assert rep["requests"] == side["messages"] == 1600
+    assert rep["messages_completed"] == 1600 and rep["messages_failed"] == 0 and rep["all_completed"] is True
+    assert "ERROR" not in rep["reply_types"] and rep["error_statuses"] == {}
+    # each shard served exactly the trace's requests for it plus one probe lookup per client
+    from embnic.testbed import trace as TR
+
+    reqs, _, _ = TR.parse_requests(TR.read_pcap(os.path.join(CASE, "t.pcap")))
+    for sid, c in rep["shards"].items():
+        assert c is not None, f"shard {sid} logged no counters"
+        assert {k: v for k, v in c["errors"].items() if v} == {}, (sid, c["errors"])
+        want_lk = sum(1 for q in reqs.values() if q["shard"] == int(sid) and q["type"] == 1)
+        want_up = sum(1 for q in reqs.values() if q["shard"] == int(sid) and q["type"] == 3)
+        assert c["requests"] == {"LOOKUP_REQ": want_lk + 2, "UPDATE_REQ": want_up}, (sid, c["requests"])
+    assert "shard errors        none" in r.stdout, r.stdout
+    assert_gone(name)
