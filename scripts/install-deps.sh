@@ -27,10 +27,24 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Python package (editable, with test extras). PIP_BREAK_SYSTEM_PACKAGES lets Debian's own
-# python3 accept it; a venv or pyenv python ignores it.
-if ! "$PY" -c "import embnic.client_lib, hypothesis, pytest" >/dev/null 2>&1 \
-   || [ "$top/pyproject.toml" -nt "$top/.deps-stamp" ]; then
-    PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check -e "$top[test]"
+# Python package (editable, with the test extras and, unless EMBNIC_TORCH=0, the `torch` extra:
+# torch 2.14.1, fbgemm-gpu-cpu 1.9.0 and torchrec's other runtime dependencies; about 5.5 GB,
+# taken from the local wheel cache where pip has one). torchrec 1.9.2 follows WITHOUT its
+# dependencies: it declares the CUDA fbgemm-gpu, which clashes with fbgemm-gpu-cpu (one import
+# name, fbgemm_gpu). PIP_BREAK_SYSTEM_PACKAGES lets Debian's own python3 accept it; a venv or
+# pyenv python ignores it.
+extras="test"
+probe="import embnic.client_lib, hypothesis, pytest"
+if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
+    extras="test,torch"
+    probe="$probe, torch, torchrec, fbgemm_gpu"
+fi
+if ! "$PY" -c "$probe" >/dev/null 2>&1 || [ "$top/pyproject.toml" -nt "$top/.deps-stamp" ]; then
+    PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check -e "$top[$extras]"
+    if [ "$extras" = "test,torch" ]; then
+        PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check --no-deps torchrec==1.9.2
+        "$PY" -c "import torch, torchrec, fbgemm_gpu" \
+            || { echo "embnic: torch/torchrec/fbgemm_gpu installed but do not import (see above)" >&2; exit 1; }
+    fi
     touch "$top/.deps-stamp"
 fi

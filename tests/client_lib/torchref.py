@@ -1,0 +1,90 @@
+"""TorchRec's own EmbeddingBagCollection with its fused optimizer, as the reference the torch
+tests compare embnic against. Not a test file.
+
+:class:`TorchRecReference` shards a TorchRec ``EmbeddingBagCollection`` with
+``DistributedModelParallel`` on one gloo rank, table-wise (the sharding TorchRec offers on CPU),
+with fbgemm's fused ``EXACT_SGD`` or ``EXACT_ROWWISE_ADAGRAD`` (learning rate and eps from the
+embnic table config), and sets every table's rows to embnic's initial rows
+(:func:`embnic.client_lib.table_numerics.init_rows`), so both start from the same tables.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import ShardingType
+
+from embnic.client_lib.table_numerics import init_rows
+
+OPTIM = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+
+
+@contextlib.contextmanager
+def one_rank_group():
+    """A gloo process group of world size 1 (file rendezvous in a temp dir), destroyed after."""
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + os.path.join(d, "rdv"))
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+class TorchRecReference:
+    """TorchRec's sharded EBC (DMP, 1 rank, table-wise, fused fbgemm optimizer) with embnic's rows.
+
+    Args:
+        cfg: the embnic cluster config; every table must have the same optimizer, lr and eps
+            (one fused optimizer per sharder), fp32.
+        configs: the ``EmbeddingBagConfig`` list (as given to RemoteEmbeddingBagCollection).
+        is_weighted: per-sample weights.
+    """
+
+    def __init__(self, cfg, configs: list[EmbeddingBagConfig], is_weighted: bool = False):
+        by_name = {t.name: t for t in cfg.tables}
+        tabs = [by_name[c.name] for c in configs]
+        opts = {(t.optimizer, t.lr, t.eps) for t in tabs}
+        assert len(opts) == 1, f"one optimizer for every table, got {opts}"
+        opt, lr, eps = opts.pop()
+        self.cfg, self.tabs = cfg, tabs
+        confs = [EmbeddingBagConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
+                                    feature_names=list(c.feature_names), pooling=c.pooling) for c in configs]
+        ebc = EmbeddingBagCollection(tables=confs, is_weighted=is_weighted, device=torch.device("cpu"))
+        sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": OPTIM[opt], "learning_rate": lr, "eps": eps})
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=1, compute_device="cpu"),
+            constraints={c.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value]) for c in confs})
+        with warnings.catch_warnings():  # the planner's advice on dry runs; this is no dry run
+            warnings.simplefilter("ignore", FutureWarning)
+            plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
+        self.plan = plan
+        self.dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+        for t in tabs:
+            self.weight(t.name).copy_(torch.from_numpy(
+                init_rows(cfg.seed, t.id, np.arange(t.rows, dtype=np.uint64), t.dim, t.init_scale)))
+
+    def sharding_types(self) -> set[str]:
+        """Sharding types the planner chose (``{"table_wise"}``)."""
+        return {p.sharding_type for m in self.plan.plan.values() for p in m.values()}
+
+    def weight(self, name: str) -> torch.Tensor:
+        """The table's rows as fbgemm holds them (a view: writes go to the table)."""
+        st = self.dmp.state_dict()[f"embedding_bags.{name}.weight"]
+        return st.local_shards()[0].tensor
+
+    def __call__(self, kjt):
+        """Pooled embeddings (a KeyedTensor)."""
+        return self.dmp(kjt).wait()
