@@ -20,19 +20,78 @@ Worked example (one table, F=2 features, B=2 samples)::
     inverse = [1, 0, 1, 2, 0]
     offsets = [0, 2, 3, 3, 5]     # bags (a,0) (a,1) (b,0) (b,1)
 
-All ids of all tables are sorted in one ``np.unique`` over ``(table << 48) | id``, so the cost is
-one sort of the batch. Pooling (:func:`pool`) and its backward (:func:`pool_backward`) follow
+Ids are full uint64 (0 .. 2^64-1): production systems hash features into 64-bit ids, and
+nothing here folds or tags them. The ids of each table are sorted once (``np.unique`` over the
+concatenated ids of its features), so the cost is one sort of the batch in per-table pieces.
+Pooling (:func:`pool`) and its backward (:func:`pool_backward`) follow
 ``torch.nn.EmbeddingBag`` semantics (``mode="sum"`` / ``"mean"``; an empty bag pools to 0).
-The fast path does not validate; :func:`validate_batch` raises ``ValueError``.
+
+Empty batches work: zero samples (``stride=0``), zero features, all-empty bags and a table
+whose features have no ids all give per-table results with empty ``unique``/``inverse``
+and offsets ``[0, 0, ...]`` (``[0]`` when the table has no bags).
+
+:func:`prepare_batch` validates its input by default (:func:`validate_batch`: O(F·B + n)
+cheap checks, ``ValueError`` naming the problem); trusted inner callers pass
+``validate=False``.
 """
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import numpy as np
 
-_TABLE_SHIFT = 48
-_ID_MASK = np.uint64((1 << _TABLE_SHIFT) - 1)
+_U64_MAX = (1 << 64) - 1
+_MAX_TABLE_ID = 0xFFFF
+
+
+def as_ids(values) -> np.ndarray:
+    """Ids as uint64 (n,), without a float round trip.
+
+    Accepts a 1-D array of unsigned or non-negative signed integers, or a sequence of Python /
+    numpy ints in 0..2^64-1. (For a list mixing ``np.uint64`` with signed ints numpy picks
+    float64, and for ints beyond int64 mixed with others it picks object: both are converted
+    from the original ints exactly, never through a float.)
+
+    Raises:
+        ValueError: not 1-D (a 2-D array is refused, not flattened: a (B, F) matrix is
+            sample-major while ``values`` is feature-major, see
+            :meth:`KeyedJaggedBatch.from_dense`), not integers (floats and bools are refused),
+            or an id outside 0..2^64-1.
+    """
+    v = values if isinstance(values, np.ndarray) else _ids_from_sequence(values)
+    if v.ndim != 1:
+        raise ValueError(f"values must be a 1-D id array, got shape {v.shape} (flatten it feature-major, "
+                         "or use KeyedJaggedBatch.from_dense for a (B, F) matrix)")
+    if v.dtype.kind == "u":
+        return v.astype(np.uint64, copy=False)
+    if v.dtype.kind == "i":
+        if v.size and int(v.min()) < 0:
+            raise ValueError(f"negative id {int(v.min())} (ids must be in 0..2**64-1)")
+        return v.astype(np.uint64, copy=False)
+    raise ValueError(f"ids must be integers (uint64), got dtype {v.dtype}")
+
+
+def _ids_from_sequence(values) -> np.ndarray:
+    try:
+        v = np.asarray(values)
+    except OverflowError:
+        v = np.asarray(values, dtype=object)
+    if v.size == 0:
+        return np.empty(v.shape, dtype=np.uint64)
+    if v.dtype.kind in "iu":
+        return v
+    if v.dtype.kind not in "fO":
+        raise ValueError(f"ids must be integers (uint64), got dtype {v.dtype}")
+    obj = np.asarray(values, dtype=object)
+    try:
+        ints = [operator.index(x) for x in obj.ravel()]
+    except TypeError:
+        raise ValueError("ids must be integers (uint64), got a non-integer value") from None
+    bad = [x for x in ints if not 0 <= x <= _U64_MAX]
+    if bad:
+        raise ValueError(f"{'negative ' if bad[0] < 0 else ''}id {bad[0]} (ids must be in 0..2**64-1)")
+    return np.array(ints, dtype=np.uint64).reshape(obj.shape)
 
 
 @dataclasses.dataclass
@@ -59,10 +118,19 @@ class KeyedJaggedBatch:
 
     @classmethod
     def from_dense(cls, keys: list[str], ids: np.ndarray) -> "KeyedJaggedBatch":
-        """One id per (sample, feature): ``ids`` (B, F) → a batch with all lengths 1."""
-        b, f = ids.shape
-        return cls(list(keys), np.ascontiguousarray(ids.T).reshape(-1).astype(np.uint64),
-                   np.ones(f * b, dtype=np.int32), b)
+        """One id per (sample, feature): ``ids`` (B, F) integers → a batch with all lengths 1.
+
+        ``values`` become feature-major: ``values[f*B + b] == ids[b, f]`` (uint64, see
+        :func:`as_ids`).
+
+        Raises:
+            ValueError: ``ids`` not 2-D integers in 0..2^64-1, or F != len(keys).
+        """
+        a = ids if isinstance(ids, np.ndarray) else _ids_from_sequence(ids)
+        if a.ndim != 2 or a.shape[1] != len(keys):
+            raise ValueError(f"ids must be (B, F={len(keys)}), got shape {a.shape}")
+        b, f = a.shape
+        return cls(list(keys), as_ids(np.ascontiguousarray(a.T).reshape(-1)), np.ones(f * b, dtype=np.int32), b)
 
 
 @dataclasses.dataclass
@@ -101,67 +169,93 @@ class PreparedBatch:
         return self.num_unique / self.num_ids if self.num_ids else 1.0
 
 
-def validate_batch(batch: KeyedJaggedBatch, feature_tables: list[int]) -> None:
-    """Check a batch's shapes and ids.
+def validate_batch(batch: KeyedJaggedBatch, feature_tables: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Check a batch's shapes and ids; returns (values uint64 (n,), lengths int64 (F*B,)).
+
+    Cheap checks, O(F·B + n) (no sort): every id of 0..2^64-1 is valid.
 
     Raises:
-        ValueError: lengths not (F*B,), negative lengths, sum(lengths) != len(values),
-            a feature without a table, or an id >= 2**48.
+        ValueError: naming the problem — ``stride`` not a non-negative int; ``feature_tables``
+            not one table id (0..65535) per feature; ``lengths`` not 1-D integers of shape
+            (F*B,) or negative; ``values`` not 1-D integers in 0..2^64-1 (see :func:`as_ids`);
+            ``sum(lengths) != len(values)``.
     """
-    f, b = len(batch.keys), batch.stride
+    f = len(batch.keys)
+    b = batch.stride
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0:
+        raise ValueError(f"stride must be an int >= 0 (samples in the batch), got {b!r}")
+    b = int(b)
     if len(feature_tables) != f:
         raise ValueError(f"{f} features but {len(feature_tables)} feature→table entries")
-    if batch.lengths.shape != (f * b,):
-        raise ValueError(f"lengths has shape {batch.lengths.shape}, expected ({f}*{b},)")
-    if batch.lengths.size and batch.lengths.min() < 0:
-        raise ValueError("negative length")
-    if int(batch.lengths.sum()) != len(batch.values):
-        raise ValueError(f"sum(lengths)={int(batch.lengths.sum())} != len(values)={len(batch.values)}")
-    if len(batch.values) and int(np.asarray(batch.values, dtype=np.uint64).max()) >> _TABLE_SHIFT:
-        raise ValueError("ids must be < 2**48")
+    for i, t in enumerate(feature_tables):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t <= _MAX_TABLE_ID:
+            raise ValueError(f"feature_tables[{i}] = {t!r}: a table id must be an int in 0..{_MAX_TABLE_ID}")
+    lengths = np.asarray(batch.lengths)
+    if lengths.size == 0 and lengths.dtype.kind == "f":  # np.asarray([]) is float64
+        lengths = lengths.astype(np.int64)
+    if lengths.dtype.kind not in "iu":
+        raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
+    if lengths.shape != (f * b,):
+        raise ValueError(f"lengths has shape {lengths.shape}, expected ({f}*{b},) = ({f * b},): one length per "
+                         "(feature, sample), feature-major")
+    lengths = lengths.astype(np.int64, copy=False)
+    if lengths.size and int(lengths.min()) < 0:
+        raise ValueError(f"negative length {int(lengths.min())} at bag {int(np.argmin(lengths))}")
+    values = as_ids(batch.values)
+    total = int(lengths.sum())
+    if total != values.size:
+        raise ValueError(f"sum(lengths)={total} != len(values)={values.size}")
+    return values, lengths
 
 
-def prepare_batch(batch: KeyedJaggedBatch, feature_tables: list[int]) -> PreparedBatch:
+def prepare_batch(batch: KeyedJaggedBatch, feature_tables: list[int], *, validate: bool = True) -> PreparedBatch:
     """Sort → value, index and index offset arrays for every table (module docstring).
 
     Args:
-        batch: the sparse batch (F features, B samples).
+        batch: the sparse batch (F features, B samples; B or F may be 0).
         feature_tables: table id of every feature (length F); features may share a table.
+        validate: check shapes and ids first (:func:`validate_batch`, the default); a trusted
+            caller whose batches are well-formed by construction may pass False.
 
     Returns:
-        :class:`PreparedBatch` with one :class:`TablePrep` per distinct table id.
+        :class:`PreparedBatch` with one :class:`TablePrep` per distinct table id of
+        ``feature_tables`` (a table whose features have no ids gets empty arrays).
 
-    Cost: one ``np.unique`` (sort) of all ``n`` ids plus O(n) gathers; no per-id Python loop.
+    Raises:
+        ValueError: (with ``validate``) a malformed batch, see :func:`validate_batch`.
+
+    Cost: one ``np.unique`` (sort) per table over its ids, O(n log n) in all, plus O(n)
+    gathers; a Python loop over tables and features only, never over ids.
     """
-    b = batch.stride
-    values = np.asarray(batch.values, dtype=np.uint64)
-    lengths = np.asarray(batch.lengths, dtype=np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    ftab = np.asarray(feature_tables, dtype=np.uint64)
-    # ids per feature → table tag per id, then one sort of (table << 48 | id)
-    feat_len = np.add.reduceat(lengths, np.arange(0, len(lengths), b)) if len(lengths) else lengths
-    tags = np.repeat(ftab << np.uint64(_TABLE_SHIFT), feat_len)
-    uniq_c, inv = np.unique(values | tags, return_inverse=True)
-    inv = inv.reshape(-1)
-    table_of_uniq = uniq_c >> np.uint64(_TABLE_SHIFT)
+    if validate:
+        values, lengths = validate_batch(batch, feature_tables)
+    else:
+        values = np.asarray(batch.values, dtype=np.uint64)
+        lengths = np.asarray(batch.lengths, dtype=np.int64)
+    f, b = len(feature_tables), int(batch.stride)
+    feat_len = lengths.reshape(f, b).sum(axis=1) if f else np.zeros(0, dtype=np.int64)
+    feat_start = np.zeros(f + 1, dtype=np.int64)
+    np.cumsum(feat_len, out=feat_start[1:])
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(feature_tables):
+        groups.setdefault(int(t), []).append(i)
     out: dict[int, TablePrep] = {}
-    feat_start = offsets[np.arange(0, len(lengths), b)] if len(lengths) else offsets[:0]
-    for t in sorted(set(int(x) for x in feature_tables)):
-        lo, hi = np.searchsorted(table_of_uniq, [t, t + 1])
-        feats = [i for i, ft in enumerate(feature_tables) if ft == t]
+    num_unique = 0
+    for t in sorted(groups):
+        feats = groups[t]
         if len(feats) == 1:
-            f = feats[0]
-            sl = slice(int(feat_start[f]), int(feat_start[f] + feat_len[f]))
-            t_inv = inv[sl] - lo
-            t_len = lengths[f * b:(f + 1) * b]
+            i = feats[0]
+            t_vals = values[feat_start[i]:feat_start[i + 1]]
+            t_len = lengths[i * b:(i + 1) * b]
         else:
-            t_inv = np.concatenate([inv[int(feat_start[f]):int(feat_start[f] + feat_len[f])] for f in feats]) - lo
-            t_len = np.concatenate([lengths[f * b:(f + 1) * b] for f in feats])
+            t_vals = np.concatenate([values[feat_start[i]:feat_start[i + 1]] for i in feats])
+            t_len = np.concatenate([lengths[i * b:(i + 1) * b] for i in feats])
+        uniq, inv = np.unique(t_vals, return_inverse=True)
         t_off = np.zeros(len(t_len) + 1, dtype=np.int64)
         np.cumsum(t_len, out=t_off[1:])
-        out[t] = TablePrep(t, feats, uniq_c[lo:hi] & _ID_MASK, t_inv, t_off, t_len)
-    return PreparedBatch(out, b, len(values), len(uniq_c))
+        out[t] = TablePrep(t, feats, uniq, inv.reshape(-1).astype(np.int64, copy=False), t_off, t_len)
+        num_unique += uniq.size
+    return PreparedBatch(out, b, int(values.size), num_unique)
 
 
 def pool(rows: np.ndarray, prep: TablePrep, mode: str = "sum") -> np.ndarray:

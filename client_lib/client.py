@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from . import codec, consts
+from .batch import as_ids
 from .config import ClusterConfig
 from .consts import MsgType
 from .reassembly import Message, Reassembler
@@ -168,7 +169,9 @@ class EmbeddingClient:
         """Fetch rows for every table in one round.
 
         Args:
-            requests: ``{table_id: keys}``, keys uint64 (N_t,) (typically the sorted value array).
+            requests: ``{table_id: keys}``, keys uint64 (N_t,), any of 0..2^64-1 (typically the
+                sorted value array; Python ints are converted exactly, see
+                :func:`~embnic.client_lib.batch.as_ids`).
 
         Returns:
             ``{table_id: rows}``, rows float32 (N_t, dim_t) in the order of the keys.
@@ -176,12 +179,13 @@ class EmbeddingClient:
         Raises:
             ShardUnavailableError: a shard did not answer after ``retries`` tries.
             ShardError: a shard answered ERROR.
+            ValueError: keys not 1-D integers in 0..2^64-1.
         """
         out: dict[int, np.ndarray] = {}
         msgs: list[_Out] = []
         for table_id, keys in requests.items():
             t = self.cfg.table(table_id)
-            keys = np.asarray(keys, dtype=np.uint64)
+            keys = as_ids(keys)
             rows = np.empty((len(keys), t.dim), dtype=np.float32)
             out[table_id] = rows
             dt = t.wire_dtype
@@ -210,7 +214,7 @@ class EmbeddingClient:
         msgs: list[_Out] = []
         for table_id, (keys, grads) in updates.items():
             t = self.cfg.table(table_id)
-            keys = np.asarray(keys, dtype=np.uint64)
+            keys = as_ids(keys)
             grads = np.asarray(grads, dtype=np.float32)
             for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
                 msg_id = self._alloc_id()

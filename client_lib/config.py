@@ -91,9 +91,12 @@ def is_multicast_mac(mac: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class TableConfig:
+    """One ``[[tables]]`` entry. ``rows`` is optional: None means any uint64 id (0..2^64-1) is
+    a row of its own (a collision-free dynamic table); an int bounds the ids to ``< rows``."""
+
     id: int
     name: str
-    rows: int
+    rows: int | None
     dim: int
     dtype: str = "fp32"
     optimizer: str = "adagrad"
@@ -274,6 +277,12 @@ def _check_unique_macs(shards, clients, ports, path) -> None:
             owner[e.mac] = f"{key}[{i}] (id {e.id})"
 
 
+def _rows(t: dict, w: str, path) -> int | None:
+    """``tables[i].rows``: absent means unbounded ids (None); else 1..2^63-1 (TOML's int range)."""
+    v = _get(t, "rows", w, int, None, path)
+    return None if v is None else _check_range(v, 1, 2**63 - 1, w + "rows", path)
+
+
 def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterConfig:
     """Validate a config already parsed from TOML into a dict.
 
@@ -324,7 +333,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
         tables.append(TableConfig(
             id=tid,
             name=_get(t, "name", w, str, f"t{tid}", path),
-            rows=_check_range(_get(t, "rows", w, int, path=path), 1, 2**40, w + "rows", path),
+            rows=_rows(t, w, path),
             dim=_check_range(_get(t, "dim", w, int, path=path), 1, 4096, w + "dim", path),
             dtype=dtype,
             optimizer=opt,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .batch import as_ids
 from .config import ClusterConfig
 from .splitmix import splitmix64
 
@@ -24,13 +25,17 @@ def shard_index_of(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> np.nd
     Args:
         cfg: cluster config (policy and shard list).
         table_id: the table the keys belong to.
-        keys: uint64 (N,) ids.
+        keys: uint64 (N,) ids, any of 0..2^64-1 (or integers :func:`~embnic.client_lib.batch.as_ids`
+            converts exactly).
 
     Returns:
         int64 (N,) shard indices in ``[0, len(cfg.shards))``.
+
+    Raises:
+        ValueError: keys not 1-D integers in 0..2^64-1.
     """
     s = len(cfg.shards)
-    keys = np.asarray(keys, dtype=np.uint64)
+    keys = as_ids(keys)
     if cfg.sharding == "table":
         t = cfg.table(table_id)
         if t.shard is not None:
@@ -53,8 +58,14 @@ def owned_keys(cfg: ClusterConfig, table_id: int, shard_id: int) -> np.ndarray:
 
     Materialises ``rows`` ids of the table (8 bytes each) to test them; for very large tables
     prefer :func:`owns` on the keys at hand.
+
+    Raises:
+        ValueError: the table has no ``rows`` (its ids are all of uint64: use :func:`owns`).
     """
     rows = cfg.table(table_id).rows
+    if rows is None:
+        raise ValueError(f"table {table_id} has no rows bound (any uint64 id): list its keys with owns() "
+                         "on the ids at hand")
     keys = np.arange(rows, dtype=np.uint64)
     return keys[shard_of(cfg, table_id, keys) == shard_id]
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import consts
+from .batch import as_ids
 from .config import TableConfig
 from .splitmix import splitmix64, u64 as _u64
 
@@ -175,7 +176,8 @@ class TableShard:
         """Current rows of ``keys``.
 
         Args:
-            keys: uint64 (N,), any order, duplicates allowed, all ``< rows`` (not checked).
+            keys: uint64 (N,), any order, duplicates allowed, all ``< rows`` if the table has
+                ``rows`` (not checked).
 
         Returns:
             float32 (N, dim), a new array (master values; round with :func:`wire_round`
@@ -230,8 +232,8 @@ class TableShard:
         """Apply one gradient per row with the table's optimizer (SGD or row-wise Adagrad).
 
         Args:
-            keys_unique: uint64 (N,), **no duplicates**, all ``< rows`` (not checked; a
-                duplicate would lose all but one of its gradients).
+            keys_unique: uint64 (N,), **no duplicates**, all ``< rows`` if the table has ``rows``
+                (not checked; a duplicate would lose all but one of its gradients).
             grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``; finite
                 (not checked: a NaN would poison its row).
         """
@@ -267,16 +269,14 @@ def validate_keys(table: TableConfig, keys: np.ndarray, *, unique: bool = False)
     """Check keys for ``table``; returns them as uint64 (N,).
 
     Raises:
-        ValueError: not 1-D integers, a key ``>= table.rows`` (or negative), or a duplicate
-            when ``unique``.
+        ValueError: not 1-D integers, negative, a key ``>= table.rows`` when the table has
+            ``rows`` (without it every uint64 is a key), or a duplicate when ``unique``.
     """
-    k = np.asarray(keys)
-    if k.ndim != 1 or not np.issubdtype(k.dtype, np.integer):
-        raise ValueError(f"table {table.id}: keys must be a 1-D integer array, got {k.dtype} {k.shape}")
-    if k.size and np.issubdtype(k.dtype, np.signedinteger) and int(k.min()) < 0:
-        raise ValueError(f"table {table.id}: negative key {int(k.min())}")
-    k = k.astype(np.uint64, copy=False)
-    if k.size and int(k.max()) >= table.rows:
+    try:
+        k = as_ids(keys)
+    except ValueError as e:
+        raise ValueError(f"table {table.id}: keys: {e}") from None
+    if table.rows is not None and k.size and int(k.max()) >= table.rows:
         raise ValueError(f"table {table.id}: key {int(k.max())} >= rows {table.rows}")
     if unique and k.size > 1 and not is_unique(k):
         raise ValueError(f"table {table.id}: duplicate keys in an update (send unique keys)")

@@ -122,7 +122,7 @@ def show(file, as_json):
     click.echo("tables:")
     for t in cfg.tables:
         where = f", shard {t.shard}" if t.shard is not None else ""
-        click.echo(f"  {t.id:>3} {t.name:<10} rows {t.rows:<10} dim {t.dim:<4} {t.dtype} {t.optimizer} lr {t.lr:g}{where}")
+        click.echo(f"  {t.id:>3} {t.name:<10} rows {t.rows if t.rows is not None else 'any u64':<10} dim {t.dim:<4} {t.dtype} {t.optimizer} lr {t.lr:g}{where}")
     for kind, eps in (("shards", cfg.shards), ("clients", cfg.clients)):
         click.echo(f"{kind}:")
         for e in eps:

@@ -11,10 +11,12 @@ What the loader returns (:class:`CriteoData`):
 
 * ``labels`` float32 (N,) — NaN when the file has no label column;
 * ``dense`` float32 (N, 13) — ``log1p(max(I, 0))``, missing → 0 (the usual DLRM transform);
-* ``sparse`` uint64 (N, 26) — column ``j`` (``C{j+1}``) hashed into table ``j``'s id space
-  ``[0, rows[j])`` by :func:`hash_categorical`: ``splitmix64((j << 40) | v) mod rows[j]``,
+* ``sparse`` uint64 (N, 26) — column ``j`` (``C{j+1}``) hashed by :func:`hash_categorical`
+  into table ``j``'s id space ``[0, rows[j])``: ``splitmix64((j << 40) | v) mod rows[j]``,
   where ``v`` is the 32-bit value and a missing value is ``v = 2**32`` (a fixed id per column,
-  distinct from every real value before the modulo).
+  distinct from every real value before the modulo). With ``rows[j] = None`` the full 64-bit
+  hash ``splitmix64((j << 40) | v)`` is kept (no folding: distinct values of a column never
+  share an id, as with a collision-free table of a config without ``rows``).
 
 Parsing is numpy on the raw bytes (no per-line Python): newline and tab positions give every
 field's start and end; hex and decimal fields are decoded by a loop over character positions
@@ -65,15 +67,16 @@ class CriteoData:
     Attributes:
         labels: float32 (N,), 0/1; NaN if the file had no label column.
         dense: float32 (N, 13), ``log1p(max(I, 0))``, missing → 0.
-        sparse: uint64 (N, 26), column j in ``[0, rows[j])``.
-        rows: the 26 id-space sizes ``sparse`` was hashed into.
+        sparse: uint64 (N, 26), column j in ``[0, rows[j])`` (any uint64 where ``rows[j]``
+            is None).
+        rows: the 26 id-space sizes ``sparse`` was hashed into (None: full 64-bit ids).
         first_line: 0-based line number (in the file) of the first sample.
     """
 
     labels: np.ndarray
     dense: np.ndarray
     sparse: np.ndarray
-    rows: tuple[int, ...]
+    rows: tuple[int | None, ...]
     first_line: int = 0
 
     def __len__(self) -> int:
@@ -116,31 +119,34 @@ def sparse_to_jagged(sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(s.T).reshape(-1), np.ones(s.size, dtype=np.int32)
 
 
-def hash_categorical(column: int, values: np.ndarray, rows: int) -> np.ndarray:
-    """Id of categorical values of column ``column`` (0-based: C1 is 0) in ``[0, rows)``.
+def hash_categorical(column: int, values: np.ndarray, rows: int | None) -> np.ndarray:
+    """Id of categorical values of column ``column`` (0-based: C1 is 0).
 
     ``id = splitmix64((column << 40) | v) mod rows`` with ``v`` the 32-bit value, or
-    :data:`MISSING_CAT` (2^32) for a missing one.
+    :data:`MISSING_CAT` (2^32) for a missing one; with ``rows=None`` the full 64-bit
+    ``splitmix64((column << 40) | v)`` (a bijection of its input: distinct values, distinct ids).
 
     Args:
         column: 0..25.
         values: uint64 (N,), each ``<= 2**32``.
-        rows: id-space size of the column's table.
+        rows: id-space size of the column's table, or None to keep full 64-bit ids.
 
     Returns:
-        uint64 (N,).
+        uint64 (N,), in ``[0, rows)`` (or any uint64).
     """
     x = np.asarray(values, dtype=np.uint64) | (np.uint64(column) << np.uint64(40))
-    return splitmix64(x) % np.uint64(rows)
+    h = splitmix64(x)
+    return h if rows is None else h % np.uint64(rows)
 
 
-def default_tables(rows: int | Sequence[int] = 65536, dim: int = 8, **fields) -> list[dict]:
+def default_tables(rows: int | None | Sequence[int | None] = 65536, dim: int = 8, **fields) -> list[dict]:
     """The 26 ``[[tables]]`` entries (one per categorical column) for a cluster config.
 
     Table ``j`` (id ``j``) is named ``C{j+1}`` and holds the ids of that column.
 
     Args:
-        rows: id-space size of every table, or 26 sizes.
+        rows: id-space size of every table, or 26 sizes; None (for all, or for one) leaves
+            ``rows`` out of the entry: a collision-free table of full 64-bit ids.
         dim: embedding dimension.
         **fields: further fields for every table (``dtype``, ``optimizer``, ``lr``, ``eps``,
             ``init_scale``, ...; see docs/config.md).
@@ -152,19 +158,20 @@ def default_tables(rows: int | Sequence[int] = 65536, dim: int = 8, **fields) ->
         ValueError: ``rows`` is a sequence whose length is not 26.
     """
     r = _rows_tuple(rows)
-    return [{"id": j, "name": SPARSE_NAMES[j], "rows": r[j], "dim": int(dim), **fields}
-            for j in range(NUM_SPARSE)]
+    return [{"id": j, "name": SPARSE_NAMES[j], **({"rows": r[j]} if r[j] is not None else {}), "dim": int(dim),
+             **fields} for j in range(NUM_SPARSE)]
 
 
-def _rows_tuple(rows: int | Sequence[int]) -> tuple[int, ...]:
-    if isinstance(rows, (int, np.integer)):
-        r = (int(rows),) * NUM_SPARSE
+def _rows_tuple(rows: int | None | Sequence[int | None]) -> tuple[int | None, ...]:
+    if rows is None or isinstance(rows, (int, np.integer)):
+        r = (None if rows is None else int(rows),) * NUM_SPARSE
     else:
-        r = tuple(int(x) for x in rows)
+        r = tuple(None if x is None else int(x) for x in rows)
     if len(r) != NUM_SPARSE:
         raise ValueError(f"rows: need one size per categorical column ({NUM_SPARSE}), got {len(r)}")
-    if min(r) < 1:
-        raise ValueError(f"rows: every size must be >= 1, got {min(r)}")
+    small = [x for x in r if x is not None and x < 1]
+    if small:
+        raise ValueError(f"rows: every size must be >= 1 (or None for full 64-bit ids), got {small[0]}")
     return r
 
 
@@ -293,14 +300,16 @@ def _empty(rows: tuple[int, ...], first_line: int) -> CriteoData:
                       np.empty((0, NUM_SPARSE), np.uint64), rows, first_line)
 
 
-def iter_criteo(path: str | os.PathLike, *, rows: int | Sequence[int] = 65536, batch_lines: int = 65536,
+def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | None] = 65536,
+                batch_lines: int = 65536,
                 skip_rows: int = 0, max_rows: int | None = None,
                 chunk_bytes: int = 16 << 20) -> Iterator[CriteoData]:
     """Stream a Criteo TSV file as blocks of at most ``batch_lines`` samples.
 
     Args:
         path: a ``train.txt``-style (40 fields) or ``test.txt``-style (39 fields) file.
-        rows: id-space size of every categorical table, or 26 sizes.
+        rows: id-space size of every categorical table, or 26 sizes; None (all or one):
+            full 64-bit hashed ids, not folded (:func:`hash_categorical`).
         batch_lines: lines per yielded block (empty lines are skipped, so a block may be
             shorter).
         skip_rows: lines to skip at the start of the file.
@@ -362,7 +371,7 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | Sequence[int] = 65536, b
                     yield block
 
 
-def load_criteo(path: str | os.PathLike, *, rows: int | Sequence[int] = 65536, skip_rows: int = 0,
+def load_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | None] = 65536, skip_rows: int = 0,
                 max_rows: int | None = None, chunk_bytes: int = 16 << 20) -> CriteoData:
     """Read a Criteo TSV file (or a window of it) into one :class:`CriteoData`.
 

@@ -20,7 +20,8 @@ What it does with every datagram (docs/protocol.md):
    fragments draws one ERROR): ``WRONG_SHARD`` (``shard_id`` is not this shard),
    ``UNKNOWN_TABLE``, ``DIM_MISMATCH`` (``dim`` or ``dtype`` differs from the table's).
 3. **Reassemble** (:class:`~embnic.client_lib.reassembly.Reassembler`, any order, duplicates).
-4. **Body checks** on the whole message: ``KEY_OUT_OF_RANGE`` (a key ``>= rows``),
+4. **Body checks** on the whole message: ``KEY_OUT_OF_RANGE`` (a key ``>= rows``, for a table
+   with ``rows``; without it every uint64 is a key),
    ``NOT_OWNER`` (a key another shard owns under the cluster's sharding policy,
    :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys or a NaN/inf
    gradient in an update: refused rather than poisoning rows).
@@ -300,7 +301,7 @@ class ShardServer:
         return None
 
     def _check_keys(self, ts: TableShard, keys: np.ndarray) -> None:
-        if int(keys.max()) >= ts.table.rows:
+        if ts.table.rows is not None and int(keys.max()) >= ts.table.rows:
             raise _Refused(Status.KEY_OUT_OF_RANGE)
         if not bool(owns(self.cfg, ts.table.id, self.shard_id, keys).all()):
             raise _Refused(Status.NOT_OWNER)

@@ -105,8 +105,134 @@ def test_validate_batch_errors():
         validate_batch(b, [0])
     with pytest.raises(ValueError, match="feature"):
         validate_batch(KeyedJaggedBatch(["a"], np.array([1], np.uint64), np.array([1]), 1), [0, 1])
-    with pytest.raises(ValueError, match="2\\*\\*48"):
-        validate_batch(KeyedJaggedBatch(["a"], np.array([2**50], np.uint64), np.array([1]), 1), [0])
     with pytest.raises(ValueError, match="pooling mode"):
         pool(np.zeros((1, 2), np.float32), prepare_batch(
             KeyedJaggedBatch(["a"], np.array([1], np.uint64), np.array([1]), 1), [0]).tables[0], "max")
+
+
+# ---- full 64-bit ids ---------------------------------------------------------------------------
+
+#: ids near the boundaries a tag, a sign bit or a float would break
+EDGES = [0, 2**31, 2**32, 2**48, 2**53, 2**63, 2**64 - 1]
+M64 = 2**64 - 1
+
+
+def test_issue_example_ids_of_any_64_bits_keep_their_table():
+    v = np.array([0, 2**31, 2**32 + 1, 2**48 - 1, 2**48, 2**63, 2**64 - 1, 5], dtype=np.uint64)
+    prep = prepare_batch(KeyedJaggedBatch(["f0", "f1"], v, np.array([4, 0, 4, 0]), 2), [0, 1])
+    t1 = prep.tables[1]
+    assert [int(x) for x in t1.unique] == [5, 2**48, 2**63, 2**64 - 1]
+    np.testing.assert_array_equal(t1.unique[t1.inverse], v[4:])
+    np.testing.assert_array_equal(t1.offsets, [0, 4, 4])
+    t0 = prep.tables[0]
+    np.testing.assert_array_equal(t0.unique[t0.inverse], v[:4])
+
+
+near_edge = st.builds(lambda e, d: min(max(e + d, 0), M64), st.sampled_from(EDGES), st.integers(-3, 3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 12), st.data())
+def test_prepare_any_u64_every_table_count(f, b, data):
+    """Ids near 0, 2^31, 2^32, 2^48, 2^53, 2^63, 2^64-1, with 1..F distinct tables."""
+    lengths = np.array(data.draw(st.lists(st.integers(0, 4), min_size=f * b, max_size=f * b)), dtype=np.int64)
+    ids = data.draw(st.lists(near_edge, min_size=int(lengths.sum()), max_size=int(lengths.sum())))
+    ntab = data.draw(st.integers(1, f))
+    ftab = data.draw(st.lists(st.integers(0, ntab - 1), min_size=f, max_size=f))
+    for values in (np.array(ids, dtype=np.uint64), ids):  # an array, and plain Python ints
+        batch = KeyedJaggedBatch([f"f{i}" for i in range(f)], values, lengths, b)
+        prep = prepare_batch(batch, ftab)
+        off = np.r_[0, np.cumsum(lengths)]
+        for t in set(ftab):
+            tp = prep.tables[t]
+            feats = [i for i, x in enumerate(ftab) if x == t]
+            want = [ids[j] for i in feats for j in range(off[i * b], off[(i + 1) * b])]
+            assert tp.unique.dtype == np.uint64 and tp.inverse.dtype == np.int64
+            assert [int(x) for x in tp.unique] == sorted(set(want))  # exact, Python ints
+            assert [int(x) for x in tp.unique[tp.inverse]] == want
+            assert tp.offsets[-1] == len(want) and len(tp.offsets) == len(feats) * b + 1
+        assert prep.num_ids == len(ids)
+
+
+def test_as_ids_exact_without_floats():
+    from embnic.client_lib.batch import as_ids
+
+    # numpy would make float64 of np.uint64 mixed with int, object of ints beyond int64 mixed with others
+    assert [int(x) for x in as_ids([np.uint64(2**64 - 1), 3])] == [2**64 - 1, 3]
+    assert [int(x) for x in as_ids([2**64 - 1, np.int64(0), 2**53 + 1])] == [2**64 - 1, 0, 2**53 + 1]
+    assert as_ids(np.array([7], np.int32)).dtype == np.uint64
+    for bad, msg in (([1.5], "integers"), ([-1], "0..2"), ([2**64], "0..2"), (np.array([-2]), "0..2"),
+                     (np.array([1.0]), "dtype float64"), (np.array([True]), "dtype bool"),
+                     (np.zeros((2, 2), np.uint64), "1-D")):
+        with pytest.raises(ValueError, match=msg):
+            as_ids(bad)
+
+
+# ---- empty and malformed batches ---------------------------------------------------------------
+
+@pytest.mark.parametrize("keys,ftab,stride,lengths,values", [
+    (["a", "b"], [0, 1], 0, [], []),              # zero samples
+    ([], [], 4, [], []),                          # zero features
+    (["a", "b"], [0, 0], 3, [0] * 6, []),         # all bags empty
+])
+def test_empty_batches_give_empty_results(keys, ftab, stride, lengths, values):
+    prep = prepare_batch(KeyedJaggedBatch(keys, np.array(values, np.uint64), np.array(lengths, np.int64), stride),
+                         ftab)
+    assert sorted(prep.tables) == sorted(set(ftab)) and prep.num_ids == prep.num_unique == 0
+    for t, tp in prep.tables.items():
+        nb = len(tp.features) * stride
+        assert tp.unique.size == tp.inverse.size == 0 and tp.unique.dtype == np.uint64
+        np.testing.assert_array_equal(tp.offsets, np.zeros(nb + 1))
+        assert pool(np.zeros((0, 3), np.float32), tp).shape == (nb, 3)
+        assert pool_backward(np.ones((nb, 3), np.float32), tp).shape == (0, 3)
+
+
+def test_zero_samples_with_keys_gives_offsets_zero():
+    prep = prepare_batch(KeyedJaggedBatch(["a", "b", "c"], np.empty(0, np.uint64), np.empty(0, np.int32), 0),
+                         [3, 1, 3])
+    assert {t: tp.offsets.tolist() for t, tp in prep.tables.items()} == {1: [0], 3: [0]}
+
+
+def test_table_without_ids_and_shard_without_ids():
+    from embnic.client_lib.config import parse_config
+    from embnic.client_lib.routing import split_by_shard
+
+    prep = prepare_batch(KeyedJaggedBatch(["a", "b"], np.array([4, 4], np.uint64), np.array([1, 1, 0, 0]), 2),
+                         [0, 1])
+    assert prep.tables[1].unique.size == 0 and prep.tables[1].offsets.tolist() == [0, 0, 0]
+    cfg = parse_config({"cluster": {"sharding": "table"},
+                        "tables": [{"id": 0, "dim": 4, "shard": 0}, {"id": 1, "dim": 4, "shard": 0}],
+                        "shards": [{"id": 0, "ip": "127.0.0.1", "port": 1}, {"id": 1, "ip": "127.0.0.1", "port": 2}],
+                        "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+    assert [s for s, _, _ in split_by_shard(cfg, 0, prep.tables[0].unique)] == [0]  # shard 1 gets none
+    assert split_by_shard(cfg, 1, prep.tables[1].unique) == []
+
+
+@pytest.mark.parametrize("batch,ftab,msg", [
+    # the issue's example: lengths of size 3 for 2 features x 2 samples
+    (KeyedJaggedBatch(["a", "b"], np.arange(3, dtype=np.uint64), np.array([1, 1, 1]), 2), [0, 1],
+     r"lengths has shape \(3,\), expected \(2\*2,\)"),
+    (KeyedJaggedBatch(["a"], np.arange(3, dtype=np.uint64), np.array([1, 1]), 2), [0], r"sum\(lengths\)=2"),
+    (KeyedJaggedBatch(["a"], np.arange(1, dtype=np.uint64), np.array([2, -1]), 2), [0], "negative length"),
+    (KeyedJaggedBatch(["a"], np.arange(2, dtype=np.uint64), np.array([1.0, 1.0]), 2), [0], "lengths must be integers"),
+    (KeyedJaggedBatch(["a"], np.zeros((1, 2), np.uint64), np.array([1, 1]), 2), [0], "1-D id array"),
+    (KeyedJaggedBatch(["a"], np.array([1.0, 2.0]), np.array([1, 1]), 2), [0], "dtype float64"),
+    (KeyedJaggedBatch(["a"], np.array([-1, 2]), np.array([1, 1]), 2), [0], "0..2\\*\\*64-1"),
+    (KeyedJaggedBatch(["a"], np.arange(2, dtype=np.uint64), np.array([1, 1]), -2), [0], "stride"),
+    (KeyedJaggedBatch(["a"], np.arange(2, dtype=np.uint64), np.array([1, 1]), 2), [0, 1], "feature→table"),
+    (KeyedJaggedBatch(["a"], np.arange(2, dtype=np.uint64), np.array([1, 1]), 2), [70000], "table id"),
+])
+def test_malformed_batches_raise_naming_the_problem(batch, ftab, msg):
+    with pytest.raises(ValueError, match=msg):
+        prepare_batch(batch, ftab)
+    with pytest.raises(ValueError, match=msg):
+        validate_batch(batch, ftab)
+
+
+def test_from_dense_refuses_wrong_shapes():
+    with pytest.raises(ValueError, match="ids must be"):
+        KeyedJaggedBatch.from_dense(["a", "b"], np.zeros(4, np.uint64))
+    with pytest.raises(ValueError, match="ids must be"):
+        KeyedJaggedBatch.from_dense(["a", "b"], np.zeros((4, 3), np.uint64))
+    b = KeyedJaggedBatch.from_dense(["a", "b"], [[1, 2**64 - 1], [3, 4]])
+    assert [int(x) for x in b.values] == [1, 3, 2**64 - 1, 4] and b.stride == 2

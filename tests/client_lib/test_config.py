@@ -41,6 +41,8 @@ def test_examples_load(path):
     ({"cluster": {"mtu": "big"}}, "cluster.mtu"),
     ({"card": {"ports": [{"id": 0, "ip": "10.0.0.9"}]}}, "shards[0].card_port"),
     ({"tables": [{"id": 0, "rows": 100, "dim": 4, "shard": 5}]}, "tables[0].shard"),
+    ({"tables": [{"id": 0, "rows": 0, "dim": 4}]}, "tables[0].rows"),
+    ({"tables": [{"id": 0, "rows": "many", "dim": 4}]}, "tables[0].rows"),
 ])
 def test_errors_name_the_field(over, field):
     with pytest.raises(ConfigError) as e:
@@ -149,3 +151,9 @@ def test_parse_lcores():
     for bad in ("", "banana", "0,", "-1", "1-", "0;1", "0x1"):
         with pytest.raises(ValueError):
             parse_lcores(bad)
+
+
+def test_rows_is_optional():
+    """Without rows a table takes any uint64 id (collision-free); with it, ids are < rows."""
+    cfg = parse_config(_raw(tables=[{"id": 0, "dim": 4}, {"id": 1, "rows": 2**63 - 1, "dim": 4}]))
+    assert cfg.table(0).rows is None and cfg.table(1).rows == 2**63 - 1

@@ -56,3 +56,36 @@ def test_owned_keys_cover_table_once():
     owned = [owned_keys(cfg, 0, s) for s in range(3)]
     allk = np.sort(np.concatenate(owned))
     np.testing.assert_array_equal(allk, np.arange(10000, dtype=np.uint64))
+
+
+def _splitmix64_py(x: int) -> int:
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def test_hash_routing_of_any_u64_matches_the_formula():
+    """splitmix64((t << 48) ^ k) mod S in Python ints, for ids at the edges of every width."""
+    import pytest
+
+    edges = [0, 1, 2**31, 2**32, 2**48 - 1, 2**48, 2**53 + 1, 2**63, 2**64 - 2, 2**64 - 1]
+    cfg = _cfg("hash", shard_ids=[4, 7, 9])
+    ids = [4, 7, 9]
+    for t in (0, 1):
+        want = [ids[_splitmix64_py((t << 48) ^ k) % 3] for k in edges]
+        assert shard_of(cfg, t, np.array(edges, np.uint64)).tolist() == want
+        assert shard_of(cfg, t, edges).tolist() == want  # Python ints, no float round trip
+    for bad in ([-1], [0.5]):
+        with pytest.raises(ValueError):
+            shard_of(cfg, 0, bad)
+
+
+def test_owned_keys_needs_rows():
+    import pytest
+
+    cfg = parse_config({"tables": [{"id": 0, "dim": 4}], "shards": [{"id": 0, "ip": "127.0.0.1"}],
+                        "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+    with pytest.raises(ValueError, match="no rows bound"):
+        owned_keys(cfg, 0, 0)

@@ -292,3 +292,47 @@ def test_gradient_whose_square_overflows_is_refused():
         b.update(0, np.array([3], np.uint64), g)
     assert b.state_dict()[0][0].size == 0  # nothing applied
     b.update(1, np.array([3], np.uint64), g)  # SGD: finite result, accepted
+
+
+# ---- tables without rows: collision-free, any uint64 id -------------------------------------
+
+EDGES = [0, 2**31, 2**32, 2**48, 2**53, 2**63, 2**64 - 1]
+near_edge = st.builds(lambda e, d: min(max(e + d, 0), M64), st.sampled_from(EDGES), st.integers(-2, 2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(near_edge, min_size=1, max_size=12, unique=True), min_size=1, max_size=4),
+       st.sampled_from(["sgd", "adagrad"]))
+def test_rowless_table_keys_any_u64_never_collide(steps, opt):
+    """Ids near 0, 2^31, 2^32, 2^48, 2^53, 2^63, 2^64-1 each get a row of their own: after
+    updates, every id holds exactly its own history (a scalar reference per id)."""
+    t = TableConfig(id=2, name="t", rows=None, dim=3, optimizer=opt, lr=0.5)
+    ts = TableShard(t, seed=4, capacity=1)
+    ref = {}  # id -> (row, acc), Python-int keyed
+    for i, ids in enumerate(steps):
+        keys = np.array(ids, dtype=np.uint64)
+        g = (np.arange(keys.size * 3, dtype=np.float32).reshape(keys.size, 3) + i) / 7
+        for k, gk in zip(ids, g):
+            w, acc = ref.get(k, (init_rows(4, 2, np.array([k], np.uint64), 3, t.init_scale)[0], np.float32(0)))
+            ref[k] = _ref_step(w, acc, gk, opt, t.lr, t.eps)
+        ts.apply(keys, g)
+    all_ids = sorted(ref)
+    got = ts.lookup(np.array(all_ids, dtype=np.uint64))
+    for k, row in zip(all_ids, got):
+        assert np.array_equal(row, ref[k][0]), k
+    keys, rows, acc = ts.state()
+    assert [int(x) for x in keys] == all_ids and len(ts) == len(all_ids)
+
+
+def test_rowless_local_backend_accepts_any_u64_and_python_ints():
+    cfg = _cfg([{"id": 0, "dim": 4}, {"id": 1, "rows": 10, "dim": 4}])
+    assert cfg.table(0).rows is None and cfg.table(1).rows == 10
+    lb = LocalBackend(cfg)
+    a = lb.lookup(0, [2**64 - 1, 2**63, 0])
+    assert np.array_equal(a, lb.lookup(0, np.array([2**64 - 1, 2**63, 0], np.uint64)))
+    assert not np.array_equal(a[0], a[1])
+    with pytest.raises(ValueError, match="key 10 >= rows 10"):
+        lb.lookup(1, [10])
+    for bad in ([-1], [1.5], np.zeros((1, 1), np.uint64), [2**64]):
+        with pytest.raises(ValueError, match="table 0: keys"):
+            lb.lookup(0, bad)

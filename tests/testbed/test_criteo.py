@@ -25,6 +25,10 @@ def _splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
+def _fold(h: int, rows):
+    return h if rows is None else h % rows
+
+
 def _reference(path, rows):
     """Straightforward per-line parse (the spec of the loader, written the slow way)."""
     labels, dense, sparse = [], [], []
@@ -38,7 +42,7 @@ def _reference(path, rows):
         else:
             labels.append(math.nan)
         dense.append([math.log1p(max(int(x), 0)) if x else 0.0 for x in f[:13]])
-        sparse.append([_splitmix64((j << 40) | (int(x, 16) if x else MISSING_CAT)) % rows[j]
+        sparse.append([_fold(_splitmix64((j << 40) | (int(x, 16) if x else MISSING_CAT)), rows[j])
                        for j, x in enumerate(f[13:])])
     return (np.array(labels, np.float32), np.array(dense, np.float32).reshape(-1, 13),
             np.array(sparse, np.uint64).reshape(-1, 26))
@@ -161,6 +165,24 @@ def test_first_line_field_count_checked(tmp_path):
 def test_missing_file_raises_oserror(tmp_path):
     with pytest.raises(OSError):
         load_criteo(tmp_path / "nope.tsv")
+
+
+def test_full_64_bit_ids_option():
+    """rows=None keeps the whole 64-bit hash (no folding): per column, or for all columns."""
+    rows = [None] * 13 + ROWS[13:]
+    d = load_criteo(sample_path("train"), rows=rows)
+    _same(d, _reference(sample_path("train"), rows))
+    assert d.rows == tuple(rows)
+    assert int(d.sparse[:, :13].max()) >= 2**63  # ids use the top bits (a few thousand ids: surely)
+    assert np.all(d.sparse[:, 13:] < np.array(ROWS[13:], np.uint64))
+    full = load_criteo(sample_path("train"), rows=None, max_rows=50)
+    np.testing.assert_array_equal(full.sparse[:, :13], d.sparse[:50, :13])
+    # distinct raw values of a column never share an id (splitmix64 is a bijection)
+    raw = [line.split("\t")[14 + 2] for line in sample_path("train").read_text().splitlines()]
+    assert len(set(raw)) == np.unique(d.sparse[:, 2]).size
+    cfg = parse_config({"tables": default_tables(rows=None), "shards": [{"id": 0, "ip": "127.0.0.1"}],
+                        "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+    assert {t.rows for t in cfg.tables} == {None}
 
 
 # ---- helpers --------------------------------------------------------------------------------

@@ -455,3 +455,49 @@ def test_cli_serves_and_stops_cleanly(tmp_path, sig):
     assert p.returncode == 0, err
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
     assert counters["requests"]["LOOKUP_REQ"] == 1 and counters["drops"]["too_short"] == 1
+
+
+# ---- full 64-bit ids, tables without rows ---------------------------------------------------
+
+EDGE_IDS = [0, 1, 2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**48 - 1, 2**48, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 2,
+            2**64 - 1]
+
+
+@pytest.mark.parametrize("sharding", ["hash", "table"])
+def test_u64_ids_through_shards_equal_local_backend(sharding):
+    """Tables without ``rows``: any uint64 id is a row of its own, served by its owner, and the
+    numbers equal the in-process reference bit for bit."""
+    tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 7, "dim": 4, "optimizer": "sgd"},
+              {"id": 3, "rows": 1000, "dim": 12}]
+    cfg = make_cfg(3, sharding, tables=tables)
+    ref = LocalBackend(cfg)
+    rng = np.random.default_rng(5)
+    big = rng.integers(0, 2**64 - 1, 300, dtype=np.uint64, endpoint=True)
+    keys = np.unique(np.r_[np.array(EDGE_IDS, np.uint64), big])
+    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+        for step in range(3):
+            got = c.lookup({0: keys, 7: keys, 3: keys[keys < 1000]})
+            for tid, k in ((0, keys), (7, keys)):
+                assert np.array_equal(got[tid], ref.lookup(tid, k)), (step, tid)
+            g = {tid: rng.standard_normal((keys.size, cfg.table(tid).dim)).astype(np.float32) for tid in (0, 7)}
+            c.update({tid: (keys, g[tid]) for tid in g})
+            for tid in g:
+                ref.update(tid, keys, g[tid])
+        # Python ints near 2^64 reach the right rows too (no float round trip)
+        got = c.lookup({0: [2**64 - 1, 2**63, 5]})[0]
+        assert np.array_equal(got, ref.lookup(0, np.array([2**64 - 1, 2**63, 5], np.uint64)))
+        counters = cl.counters()
+    assert all(sum(v["errors"].values()) == 0 for v in counters), counters
+    state, want = cl.state_dict(), ref.state_dict()
+    for tid in (0, 7):
+        assert np.array_equal(state[tid][0], keys) and np.array_equal(want[tid][0], keys)
+        assert np.array_equal(state[tid][1], want[tid][1]) and np.array_equal(state[tid][2], want[tid][2])
+
+
+def test_rows_bound_still_refused_by_server():
+    cfg = make_cfg(1)
+    with ServerThread(cfg, 0) as st_:
+        raw = Raw(("127.0.0.1", st_.port))
+        raw.send(lookup_frames(cfg, 0, np.array([5, 2**63], np.uint64), 11))
+        m = raw.recv()
+        assert m.header.msg_type == MsgType.ERROR and m.header.status == Status.KEY_OUT_OF_RANGE
