@@ -29,9 +29,7 @@ from embnic.client_lib.local import LocalBackend  # noqa: E402
 from embnic.client_lib.table_numerics import init_rows  # noqa: E402
 from embnic.client_lib.torch import RemoteEmbeddingBagCollection, kjt_from_dense  # noqa: E402
 from embnic.testbed.server import ServerCluster  # noqa: E402
-from torchref import TorchRecReference, one_rank_group  # noqa: E402
-
-TOL = dict(rtol=1e-6, atol=1e-7)
+from torchref import TOL, TorchRecReference, all_rows, configs, one_rank_group, random_kjt, train_both  # noqa: E402
 
 
 def make_cfg(optimizer="adagrad", lr=0.1, shards=2, tables=(("a", 60, 4), ("b", 40, 4), ("c", 25, 4))):
@@ -44,22 +42,6 @@ def make_cfg(optimizer="adagrad", lr=0.1, shards=2, tables=(("a", 60, 4), ("b", 
     })
 
 
-def configs(cfg, pooling=PoolingType.SUM, features=None):
-    features = features or {t.name: [f"f_{t.name}"] for t in cfg.tables}
-    return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
-                               feature_names=list(features[t.name]), pooling=pooling) for t in cfg.tables]
-
-
-def random_kjt(rng, keys, limits, b, weighted=False, max_len=3):
-    """A KJT of ``len(keys)`` features × ``b`` samples, 0..max_len ids per bag (so empty bags too)."""
-    lengths = rng.integers(0, max_len + 1, len(keys) * b)
-    per_feat = lengths.reshape(len(keys), b).sum(axis=1)
-    values = np.concatenate([rng.integers(0, lim, n) for lim, n in zip(limits, per_feat)])
-    w = torch.from_numpy(rng.uniform(0.5, 2.0, values.size).astype(np.float32)) if weighted else None
-    return KeyedJaggedTensor(keys=list(keys), values=torch.from_numpy(values.astype(np.int64)),
-                             lengths=torch.from_numpy(lengths.astype(np.int32)), weights=w, stride=b)
-
-
 def torchrec_ebc_with_rows(cfg, confs, is_weighted=False):
     """TorchRec's unsharded EBC whose rows are embnic's initial rows."""
     ebc = EmbeddingBagCollection(tables=confs, is_weighted=is_weighted)
@@ -70,10 +52,6 @@ def torchrec_ebc_with_rows(cfg, confs, is_weighted=False):
             ebc.embedding_bags[c.name].weight.copy_(torch.from_numpy(
                 init_rows(cfg.seed, t.id, np.arange(t.rows, dtype=np.uint64), t.dim, t.init_scale)))
     return ebc
-
-
-def all_rows(lookup, cfg):
-    return {t.name: torch.from_numpy(np.asarray(lookup(t.id, np.arange(t.rows, dtype=np.uint64)))) for t in cfg.tables}
 
 
 # ---- forward against TorchRec's EmbeddingBagCollection ------------------------------------
@@ -131,18 +109,6 @@ def test_batch_prep_gets_the_kjt_values_without_a_copy(monkeypatch):
 
 
 # ---- training against TorchRec's fused optimizer (DMP, fbgemm) ----------------------------
-
-def train_both(cfg, ours, ref, rng, steps=4, weighted=False, b=32):
-    keys = [f for c in ours.embedding_bag_configs() for f in c.feature_names]
-    limits = [c.num_embeddings for c in ours.embedding_bag_configs() for _ in c.feature_names]
-    for _ in range(steps):
-        kjt = random_kjt(rng, keys, limits, b, weighted)
-        got, want = ours(kjt).values(), ref(kjt).values()
-        torch.testing.assert_close(got, want, **TOL)
-        up = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
-        (got * up).sum().backward()
-        (want * up).sum().backward()
-
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])

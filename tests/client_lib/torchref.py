@@ -1,5 +1,5 @@
 """TorchRec's own EmbeddingBagCollection with its fused optimizer, as the reference the torch
-tests compare embnic against. Not a test file.
+tests compare embnic against. Not a test file; also the batch generator and training loop the comparisons share.
 
 :class:`TorchRecReference` shards a TorchRec ``EmbeddingBagCollection`` with
 ``DistributedModelParallel`` on one gloo rank, table-wise (the sharding TorchRec offers on CPU),
@@ -18,14 +18,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import PoolingType
 
 from embnic.client_lib.table_numerics import init_rows
 
+TOL = dict(rtol=1e-6, atol=1e-7)  #: the tolerance of every comparison with TorchRec
 OPTIM = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
 
 
@@ -64,11 +66,12 @@ class TorchRecReference:
                                     feature_names=list(c.feature_names), pooling=c.pooling) for c in configs]
         ebc = EmbeddingBagCollection(tables=confs, is_weighted=is_weighted, device=torch.device("cpu"))
         sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": OPTIM[opt], "learning_rate": lr, "eps": eps})
-        planner = EmbeddingShardingPlanner(
-            topology=Topology(world_size=1, compute_device="cpu"),
-            constraints={c.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value]) for c in confs})
         with warnings.catch_warnings():  # the planner's advice on dry runs; this is no dry run
             warnings.simplefilter("ignore", FutureWarning)
+            planner = EmbeddingShardingPlanner(
+                topology=Topology(world_size=1, compute_device="cpu"),
+                constraints={c.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
+                             for c in confs})
             plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
         self.plan = plan
         self.dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=[sharder])
@@ -88,3 +91,40 @@ class TorchRecReference:
     def __call__(self, kjt):
         """Pooled embeddings (a KeyedTensor)."""
         return self.dmp(kjt).wait()
+
+
+def configs(cfg, pooling=PoolingType.SUM, features=None) -> list[EmbeddingBagConfig]:
+    """One EmbeddingBagConfig per cluster table; features ``{table name: [feature, ...]}``
+    (default one feature ``f_<table>`` each)."""
+    features = features or {t.name: [f"f_{t.name}"] for t in cfg.tables}
+    return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                               feature_names=list(features[t.name]), pooling=pooling) for t in cfg.tables]
+
+
+def random_kjt(rng, keys, limits, b, weighted=False, max_len=3):
+    """A KJT of ``len(keys)`` features × ``b`` samples, 0..max_len ids per bag (so empty bags too)."""
+    lengths = rng.integers(0, max_len + 1, len(keys) * b)
+    per_feat = lengths.reshape(len(keys), b).sum(axis=1)
+    values = np.concatenate([rng.integers(0, lim, n) for lim, n in zip(limits, per_feat)])
+    w = torch.from_numpy(rng.uniform(0.5, 2.0, values.size).astype(np.float32)) if weighted else None
+    return KeyedJaggedTensor(keys=list(keys), values=torch.from_numpy(values.astype(np.int64)),
+                             lengths=torch.from_numpy(lengths.astype(np.int32)), weights=w, stride=b)
+
+
+def all_rows(lookup, cfg) -> dict:
+    """``{table name: every row as a tensor}`` through ``lookup(table_id, keys)``."""
+    return {t.name: torch.from_numpy(np.asarray(lookup(t.id, np.arange(t.rows, dtype=np.uint64)))) for t in cfg.tables}
+
+
+def train_both(cfg, ours, ref, rng, steps=4, weighted=False, b=32) -> None:
+    """``steps`` training steps of ``ours`` (RemoteEmbeddingBagCollection) and ``ref`` on the same
+    random batches and upstream gradients; pooled embeddings must agree at every step."""
+    keys = [f for c in ours.embedding_bag_configs() for f in c.feature_names]
+    limits = [c.num_embeddings for c in ours.embedding_bag_configs() for _ in c.feature_names]
+    for _ in range(steps):
+        kjt = random_kjt(rng, keys, limits, b, weighted)
+        got, want = ours(kjt).values(), ref(kjt).values()
+        torch.testing.assert_close(got, want, **TOL)
+        up = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
+        (got * up).sum().backward()
+        (want * up).sum().backward()
