@@ -8,7 +8,7 @@ import click
 from embnic.client_lib import consts
 from embnic.control.options import U16, json_option, open_target, pipeline_options, resolve
 
-STATES = ("receiving", "forwarded", "answered", "expired")
+STATES = ("receiving", "forwarded", "replying")
 
 
 def _type_name(v) -> str:
@@ -23,20 +23,22 @@ def _type_name(v) -> str:
 def table(entries: list[dict]) -> str:
     """Fixed-width text table of state-map entries (durations in µs from the card's ns timestamps)."""
     head = (f"{'CLIENT':>6} {'MSG_ID':>10} {'TYPE':<12} {'STATE':<9} {'TABLE':>5} {'SHARD':>5} "
-            f"{'FR_IN':>6} {'BYTES_IN':>10} {'FR_OUT':>6} {'BYTES_OUT':>10} {'SPAN_US':>9}")
+            f"{'FR_IN':>6} {'BYTES_IN':>10} {'FR_OUT':>6} {'BYTES_OUT':>10} {'SPAN_US':>9} {'FRAGS_IN':>9}")
     rows = [head]
     for e in entries:
         span = (e.get("last_ns", 0) - e.get("first_ns", 0)) / 1000.0
         rows.append(f"{e.get('client', '?'):>6} {e.get('msg_id', '?'):>10} {_type_name(e.get('type')):<12} "
                     f"{e.get('state', '?'):<9} {e.get('table', '?'):>5} {e.get('shard', '?'):>5} "
                     f"{e.get('frames_in', 0):>6} {e.get('bytes_in', 0):>10} {e.get('frames_out', 0):>6} "
-                    f"{e.get('bytes_out', 0):>10} {span:>9.1f}")
+                    f"{e.get('bytes_out', 0):>10} {span:>9.1f} "
+                    f"{str(e.get('frags_in', '?')) + '/' + str(e.get('frag_count', '?')):>9}")
     return "\n".join(rows)
 
 
 @click.group()
 def state():
-    """Look at the card's message state map (one entry per message in flight or recently done).
+    """Look at the card's message state map (one entry per message in flight; an answered
+    message leaves it when its whole reply has passed, an unanswered one when it expires).
 
     \b
     Examples:
@@ -54,7 +56,8 @@ def state():
 @click.option("--state", "state_name", type=click.Choice(STATES), default=None, help="Only entries in this state.")
 def dump(config, target, name, ctl, as_json, limit, client_id, state_name):
     """Print the message state map: client, msg id, type, state, table, shard, frames and bytes
-    in and out, time from first to last frame.
+    in and out (frames count duplicates, bytes each fragment once), time from first to last
+    frame, request fragments seen of all.
 
     \b
     Example:

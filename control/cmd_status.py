@@ -20,6 +20,41 @@ def _rate(cur: int, prev: int | None, dt: float | None) -> str:
     return f" ({(cur - prev) / dt:,.0f}/s)"
 
 
+#: latency histogram of the card (docs/control-socket.md): bucket 0 is < 1 µs, bucket i covers
+#: [2^(i-1), 2^i) µs, the last bucket everything from 2^(n-2) µs up
+def latency_bucket_upper_us(i: int, n: int) -> float:
+    """Upper bound (µs) of bucket ``i`` of an ``n``-bucket card latency histogram (inf for the last)."""
+    return float("inf") if i >= n - 1 else float(2 ** i)
+
+
+def latency_quantiles(hist: list[int], qs=(0.5, 0.99)) -> dict[float, float]:
+    """Upper bound (µs) of the bucket holding each quantile of a card latency histogram.
+
+    Args:
+        hist: counts per bucket (``shards[].latency_hist`` of the card's counters).
+        qs: quantiles in (0, 1].
+
+    Returns:
+        ``{q: µs}`` — the quantile is at most that; empty when ``hist`` counts nothing.
+
+    Example: ``latency_quantiles([0, 3, 1], (0.5,))`` → ``{0.5: 2.0}`` (3 of 4 samples < 2 µs).
+    """
+    total = sum(hist)
+    if not total:
+        return {}
+    out, acc, i = {}, 0, 0
+    for q in sorted(qs):
+        while i < len(hist) and acc + hist[i] < q * total:
+            acc += hist[i]
+            i += 1
+        out[q] = latency_bucket_upper_us(min(i, len(hist) - 1), len(hist))
+    return out
+
+
+def _us(v: float) -> str:
+    return "inf" if v == float("inf") else f"{v:,.0f}"
+
+
 def sample(t) -> dict:
     """One status sample of target ``t``: ``{"t": unix seconds, "counters": {...}, "state": {...}}``."""
     return {"t": time.time(), "counters": t.counters(), "state": t.state_summary()}
@@ -63,9 +98,24 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
         out.append(f"mempool   in use {m.get('in_use', 0):,}/{m.get('size', 0):,} ({_pct(m.get('in_use', 0), m.get('size', 0))}), "
                    f"available {m.get('available', 0):,}")
     by = st.get("by_state", {})
-    out.append(f"state     {st.get('entries', 0):,}/{st.get('capacity', 0):,} messages in the state map "
+    out.append(f"state     {st.get('entries', 0):,}/{st.get('capacity', 0):,} messages in flight in the state map "
                f"({', '.join(f'{k} {v:,}' for k, v in by.items())}); overflow {st.get('overflow', 0):,}, "
                f"expired {st.get('expired', 0):,}")
+    done = c.get("completed")
+    if done is not None:
+        pdone = pc.get("completed", {})
+        out.append("completed messages by reply type  " + "  ".join(
+            f"{k} {v:,}{_rate(v, pdone.get(k), dt)}" for k, v in done.items()))
+    for sh in c.get("shards", []):
+        hist = sh.get("latency_hist", [])
+        n = sum(hist)
+        name = "other" if sh.get("shard", -1) < 0 else sh.get("shard")
+        line = (f"shard {name:>5}  completed {n:,}, expired {sh.get('expired', 0):,}")
+        if n:
+            q = latency_quantiles(hist)
+            line += (f"; request->reply on the card: mean {sh.get('latency_sum_ns', 0) / n / 1000:,.1f} µs, "
+                     f"p50 < {_us(q[0.5])} µs, p99 < {_us(q[0.99])} µs")
+        out.append(line)
     return "\n".join(out)
 
 
@@ -80,7 +130,9 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
 def status(config, target, name, ctl, as_json, watch, count, show_all):
     """Show the card's counters: frames per port, frames by message type (a message of N
     fragments counts N), drops by reason, header-ring occupancy and high-water mark, mempool
-    use, and the message state map (messages in flight or recently done, by state).
+    use, the message state map (messages in flight, by state), messages completed by reply
+    type, and per shard the messages completed and expired and the request->reply latency the
+    card measured (mean, p50, p99 as bucket upper bounds).
 
     \b
     Examples:

@@ -56,6 +56,8 @@ raw_sum(const struct embnic_app *app, struct embnic_totals *t)
 			t->types[i] += s->types[i];
 		for (i = 0; i < EMBNIC_DROP_MAX; i++)
 			t->drops[i] += s->drops[i];
+		for (i = 0; i < EMBNIC_NB_TYPES; i++)
+			t->completed[i] += s->completed[i];
 		t->arp_replies += s->arp_replies;
 		t->state_overflow += s->state_overflow;
 		t->state_expired += s->state_expired;
@@ -86,17 +88,58 @@ embnic_counters_sum(const struct embnic_app *app, struct embnic_totals *t)
 		t->types[i] -= b->types[i];
 	for (i = 0; i < EMBNIC_DROP_MAX; i++)
 		t->drops[i] -= b->drops[i];
+	for (i = 0; i < EMBNIC_NB_TYPES; i++)
+		t->completed[i] -= b->completed[i];
 	t->arp_replies -= b->arp_replies;
 	t->state_overflow -= b->state_overflow;
 	t->state_expired -= b->state_expired;
 }
 
+/* The raw statistics of slot (no base subtracted). */
+static void
+shard_raw(const struct embnic_app *app, unsigned int slot,
+	  struct embnic_shard_stats *out)
+{
+	*out = embnic_state_shard_stats(app->state)[slot];
+}
+
+void
+embnic_shard_stats_sum(const struct embnic_app *app, unsigned int slot,
+		       struct embnic_shard_stats *out)
+{
+	const struct embnic_shard_stats *b = &app->shard_base[slot];
+	unsigned int i;
+
+	shard_raw(app, slot, out);
+	for (i = 0; i < EMBNIC_NB_TYPES; i++)
+		out->completed[i] -= b->completed[i];
+	out->expired -= b->expired;
+	out->latency_sum_ns -= b->latency_sum_ns;
+	for (i = 0; i < EMBNIC_LAT_BUCKETS; i++)
+		out->latency_hist[i] -= b->latency_hist[i];
+}
+
+uint16_t
+embnic_shard_slot_assign(struct embnic_app *app, uint32_t id)
+{
+	uint16_t slot = app->shard_slot[id];
+
+	if (slot != 0 || app->nb_slots >= EMBNIC_SHARD_SLOTS)
+		return slot;
+	slot = (uint16_t)app->nb_slots++;
+	app->slot_shard[slot] = id;
+	__atomic_store_n(&app->shard_slot[id], slot, __ATOMIC_RELEASE);
+	return slot;
+}
+
 void
 embnic_counters_reset(struct embnic_app *app)
 {
-	unsigned int lc;
+	unsigned int lc, k;
 
 	raw_sum(app, &app->base);
+	for (k = 0; k < app->nb_slots; k++)
+		shard_raw(app, k, &app->shard_base[k]);
 	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
 		__atomic_store_n(&app->stats[lc].ring_high_water, 0,
 				 __ATOMIC_RELAXED);
@@ -134,6 +177,37 @@ ring_emit(const struct embnic_app *app, const struct embnic_totals *t,
 	e->u64(e->ctx, "high_water", t->ring_high_water);
 }
 
+/*
+ * Per shard: messages completed by reply type, expired, latency sum and
+ * histogram. Slot 0 (shards past the table's size) only when it counted.
+ */
+static void
+shards_emit(const struct embnic_app *app, const struct embnic_emit *e)
+{
+	struct embnic_shard_stats ss;
+	unsigned int k, i, n = 0;
+	uint64_t any;
+
+	for (k = 0; k < app->nb_slots; k++) {
+		embnic_shard_stats_sum(app, k, &ss);
+		any = ss.expired;
+		for (i = 0; i < EMBNIC_NB_TYPES; i++)
+			any |= ss.completed[i];
+		if (k == 0 && any == 0)
+			continue;
+		e->item(e->ctx, "shards", "shard", n++);
+		e->u64(e->ctx, "shard", k == 0 ? UINT64_MAX :
+		       app->slot_shard[k]);
+		for (i = 1; i < EMBNIC_NB_TYPES; i++)
+			if (!embnic_is_request((uint8_t)i))
+				e->u64(e->ctx, type_names[i], ss.completed[i]);
+		e->u64(e->ctx, "expired", ss.expired);
+		e->u64(e->ctx, "latency_sum_ns", ss.latency_sum_ns);
+		e->list(e->ctx, "latency_hist", ss.latency_hist,
+			EMBNIC_LAT_BUCKETS);
+	}
+}
+
 void
 embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 {
@@ -156,6 +230,10 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 	e->record(e->ctx, "drops");
 	for (i = 1; i < EMBNIC_DROP_MAX; i++)
 		e->u64(e->ctx, embnic_drop_name(i), t.drops[i]);
+	e->record(e->ctx, "completed");
+	for (i = 1; i < EMBNIC_NB_TYPES; i++)
+		if (!embnic_is_request((uint8_t)i))
+			e->u64(e->ctx, type_names[i], t.completed[i]);
 	e->record(e->ctx, "ring");
 	ring_emit(app, &t, e);
 	e->record(e->ctx, "mempool");
@@ -166,6 +244,7 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 	embnic_state_emit(app, &t, false, e);
 	e->record(e->ctx, "arp");
 	e->u64(e->ctx, "replies", t.arp_replies);
+	shards_emit(app, e);
 	e->record(e->ctx, NULL);
 }
 
@@ -217,12 +296,38 @@ tel_u64(void *ctx, const char *key, uint64_t v)
 }
 
 static void
+tel_list(void *ctx, const char *key, const uint64_t *v, unsigned int n)
+{
+	struct tel_emit *w = ctx;
+	char name[RTE_TEL_MAX_STRING_LEN];
+	struct rte_tel_data *a;
+	unsigned int i;
+
+	if (w->cur != w->top) {	/* no containers inside containers */
+		for (i = 0; i < n; i++) {
+			snprintf(name, sizeof(name), "%s_%u", key, i);
+			rte_tel_data_add_dict_u64(w->cur, name, v[i]);
+		}
+		return;
+	}
+	a = rte_tel_data_alloc();
+	if (a == NULL)
+		return;
+	rte_tel_data_start_array(a, RTE_TEL_U64_VAL);
+	for (i = 0; i < n; i++)
+		rte_tel_data_add_array_u64(a, v[i]);
+	if (rte_tel_data_add_dict_container(w->top, key, a, 0) != 0)
+		rte_tel_data_free(a);
+}
+
+static void
 tel_emitter(struct rte_tel_data *d, struct tel_emit *w, struct embnic_emit *e)
 {
 	rte_tel_data_start_dict(d);
 	w->top = w->cur = d;
 	*e = (struct embnic_emit){ .record = tel_record, .item = tel_item,
-				   .u64 = tel_u64, .ctx = w };
+				   .u64 = tel_u64, .list = tel_list,
+				   .ctx = w };
 }
 
 static int
@@ -272,8 +377,8 @@ embnic_telemetry_init(struct embnic_app *app)
 
 	tel_app = app;
 	ret = rte_telemetry_register_cmd("/embnic/counters", tel_counters_cb,
-		"embnic card counters: ports, types, drops, ring, mempool, "
-		"state, arp");
+		"embnic card counters: ports, types, drops, completed, ring, "
+		"mempool, state, arp, shards");
 	if (ret == 0)
 		ret = rte_telemetry_register_cmd("/embnic/ring", tel_ring_cb,
 			"embnic header ring: size, count, high_water");

@@ -302,6 +302,13 @@ table_list(struct embnic_ctl *c, struct embnic_table *t, json_t *resp,
 static int
 cmd_route_add(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
 {
+	json_t *id = json_object_get(req, "shard");
+
+	/* the shard's statistics slot exists before its first frame passes */
+	if (json_is_integer(id) && json_integer_value(id) >= 0 &&
+	    json_integer_value(id) <= UINT16_MAX)
+		embnic_shard_slot_assign(c->app,
+					 (uint32_t)json_integer_value(id));
 	return table_add(c, c->app->routes, req, "shard", EMBNIC_UDP_PORT);
 }
 
@@ -378,12 +385,25 @@ json_u64(void *ctx, const char *key, uint64_t v)
 	json_object_set_new(w->cur, key, json_integer((json_int_t)v));
 }
 
+static void
+json_list(void *ctx, const char *key, const uint64_t *v, unsigned int n)
+{
+	struct json_emit *w = ctx;
+	json_t *arr = json_array();
+	unsigned int i;
+
+	for (i = 0; i < n; i++)
+		json_array_append_new(arr, json_integer((json_int_t)v[i]));
+	json_object_set_new(w->cur, key, arr);
+}
+
 static struct embnic_emit
 json_emitter(json_t *resp, struct json_emit *w)
 {
 	w->top = w->cur = resp;
 	return (struct embnic_emit){ .record = json_record, .item = json_item,
-				     .u64 = json_u64, .ctx = w };
+				     .u64 = json_u64, .list = json_list,
+				     .ctx = w };
 }
 
 static int
@@ -442,20 +462,28 @@ cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 	arr = json_array();
 	for (i = 0; i < n; i++)
 		json_array_append_new(arr, json_pack(
-			"{s:I, s:I, s:s, s:I, s:I, s:s?, s:I, s:I, s:I, s:I,"
-			" s:I, s:I}",
+			"{s:I, s:I, s:s, s:I, s:I, s:s?, s:s?, s:I, s:I, s:I,"
+			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 			"client", (json_int_t)v[i].client_id,
 			"msg_id", (json_int_t)v[i].msg_id,
 			"state", embnic_state_name(v[i].state),
 			"table", (json_int_t)v[i].table_id,
 			"shard", (json_int_t)v[i].shard_id,
 			"type", embnic_type_name(v[i].msg_type),
+			"reply_type", embnic_type_name(v[i].rep_type),
+			"msg_len", (json_int_t)v[i].msg_len,
+			"frag_count", (json_int_t)v[i].frag_count,
+			"frags_in", (json_int_t)v[i].frags_in,
 			"frames_in", (json_int_t)v[i].frames_in,
 			"bytes_in", (json_int_t)v[i].bytes_in,
+			"reply_frag_count", (json_int_t)v[i].rep_frag_count,
+			"frags_out", (json_int_t)v[i].frags_out,
 			"frames_out", (json_int_t)v[i].frames_out,
 			"bytes_out", (json_int_t)v[i].bytes_out,
-			"first_ns", (json_int_t)v[i].first_ns,
-			"last_ns", (json_int_t)v[i].last_ns));
+			"first_ns", (json_int_t)embnic_tsc_to_ns(c->app,
+							v[i].first_tsc),
+			"last_ns", (json_int_t)embnic_tsc_to_ns(c->app,
+							v[i].last_tsc)));
 	free(v);
 	json_object_set_new(resp, "entries", arr);
 	return 0;

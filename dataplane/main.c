@@ -253,12 +253,17 @@ tables_init(struct embnic_app *a)
 	a->clients = embnic_table_create("embnic_clients",
 					 EMBNIC_CLIENT_TABLE_SIZE, a->qsbr);
 	a->state = embnic_state_create(a->opts.state_size,
-				       a->opts.state_timeout_ms);
+				       a->opts.state_timeout_ms, a->tsc_hz,
+				       a->shard_slot);
+	a->shard_base = rte_zmalloc("embnic_shard_base",
+				    sizeof(a->shard_base[0]) *
+				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
+	a->nb_slots = 1;	/* slot 0: shards beyond the table's size */
 	a->stats = rte_zmalloc("embnic_stats",
 			       sizeof(a->stats[0]) * RTE_MAX_LCORE,
 			       RTE_CACHE_LINE_SIZE);
 	if (a->ring == NULL || a->routes == NULL || a->clients == NULL ||
-	    a->state == NULL || a->stats == NULL)
+	    a->state == NULL || a->stats == NULL || a->shard_base == NULL)
 		return -ENOMEM;
 	return 0;
 }
@@ -271,6 +276,7 @@ tables_free(struct embnic_app *a)
 	embnic_table_free(a->routes);
 	rte_ring_free(a->ring);
 	rte_free(a->stats);
+	rte_free(a->shard_base);
 	rte_free(a->qsbr);
 }
 

@@ -32,7 +32,8 @@ embnic_drop_name(unsigned int reason)
 
 /*
  * Lengths of one fragment against its own header (docs/protocol.md):
- * bad_length for what does not fit, frag_mismatch for offsets that
+ * bad_length for what does not fit, too_many_frags for more than
+ * EMBNIC_MAX_FRAGS fragments, frag_mismatch for offsets that
  * disagree with frag_index under "fragment i carries [i*P, (i+1)*P)".
  * payload: UDP payload bytes after the embnic header.
  */
@@ -52,6 +53,8 @@ check_lengths(const struct embnic_msg *m, uint32_t payload)
 	if (embnic_expected_msg_len(m->msg_type, m->num_keys, m->dim,
 				    m->dtype) != m->msg_len)
 		return EMBNIC_DROP_BAD_LENGTH;
+	if (m->frag_count > EMBNIC_MAX_FRAGS)
+		return EMBNIC_DROP_TOO_MANY_FRAGS;
 
 	last = (uint32_t)m->frag_count - 1;
 	if (last == 0) {

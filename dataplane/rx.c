@@ -44,15 +44,14 @@ classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off)
 	if (likely(r == EMBNIC_PARSE_OK)) {
 		meta->num_keys = info.msg.num_keys;
 		meta->msg_len = info.msg.msg_len;
+		meta->frag_index = info.msg.frag_index;
 		meta->frag_count = info.msg.frag_count;
 		meta->frag_len = info.msg.frag_len;
-		meta->frame_len = info.frame_len;
 		meta->kind = EMBNIC_DESC_MSG;
 		meta->trim = rte_pktmbuf_pkt_len(m) > info.frame_len;
 	} else if (r == EMBNIC_PARSE_ARP) {
 		r = embnic_arp_reply(data, rte_pktmbuf_data_len(m), port->ip,
 				     port->mac.addr_bytes);
-		meta->frame_len = (uint16_t)rte_pktmbuf_pkt_len(m);
 		meta->kind = EMBNIC_DESC_ARP;
 		meta->trim = 0;
 		m->port = port->id;	/* the reply leaves where it came */

@@ -1,20 +1,26 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The message state map: rte_hash keyed by (client id, message id); the
- * value is the hash's key position, indexing a fixed array of entries.
+ * The message state map: an rte_hash keyed by (client id, message id) whose
+ * key position indexes a fixed array of entries, one per message in flight
+ * (docs/control-socket.md, "State map"; docs/protocol.md, "The card's
+ * state map").
  *
- * Only the TX stage lcore touches the hash and writes entries. The control
- * path reads the entry array (never the hash), so a dump may see an entry
- * mid-update but never freed memory. Capacity is fixed at start; an add
- * that finds it full drops the request (state_full) and counts the overflow.
+ * Only the lcore that runs the TX stage touches the hash and writes the
+ * entries; the control path reads the entry array (never the hash), so a
+ * dump may see an entry mid-update but never freed memory.
  *
- * States: receiving (some request fragments forwarded) -> forwarded (all
- * frag_count forwarded) -> answered (all reply fragments forwarded).
- * receiving/forwarded entries idle for the timeout become expired (counted);
- * answered and expired entries are removed one timeout later. A request
- * with RETRANSMIT set on an answered or expired message starts a new
- * attempt. A fragment whose header contradicts the message's first-seen
- * header (docs/protocol.md, "Fragmentation") is dropped as frag_mismatch.
+ * The first request frame of a message opens an entry. The entry records
+ * which fragments of the request passed (a bitmap of up to
+ * EMBNIC_MAX_FRAGS bits; a single-fragment message needs none): receiving
+ * until every fragment was seen once, then forwarded. A reply passes only if
+ * it answers an entry: same client and message id, from the shard the
+ * request went to, of a type that answers the request; otherwise it is
+ * dropped (unsolicited_reply, wrong_shard_reply, wrong_reply_type). Reply
+ * fragments are tracked the same way (replying); when every fragment of the
+ * reply has passed the entry is freed, and what it leaves behind is counted:
+ * completed messages by reply type, and the request->reply latency into the
+ * shard's histogram. Entries idle for the timeout are freed and counted as
+ * expired. A full map drops the new request (state_full).
  */
 #include <errno.h>
 #include <string.h>
@@ -27,29 +33,49 @@
 
 #include "embnic_dp.h"
 
-#define SCAN_PERIOD_NS	1000000ULL	/* expiry scan at most every 1 ms ... */
-#define SCAN_SWEEP	100		/* ... covering the map in 100 scans */
+#define SCAN_PERIOD_US	1000	/* expiry scan at most every 1 ms ... */
+#define SCAN_SWEEP	100	/* ... covering the map in 100 scans */
+#define BITMAP_WORDS	(EMBNIC_MAX_FRAGS / 64)
 
+/*
+ * One message in flight. The first cache line is all a single-fragment
+ * message touches; the bitmaps of the second are read and written only for
+ * messages of several fragments.
+ */
 struct state_entry {
-	uint64_t key;
-	uint64_t first_ns, last_ns, expired_ns;
-	uint64_t bytes_in, bytes_out;	/* body bytes, request / reply way */
-	uint32_t frames_in, frames_out;
-	uint32_t msg_id, msg_len, num_keys, rep_msg_len;
+	uint64_t first_tsc;		/* the request's first frame */
+	uint64_t last_tsc;		/* the last frame either way */
+	uint32_t msg_id;
+	uint32_t msg_len;		/* request */
+	uint32_t num_keys;
+	uint32_t rep_msg_len;		/* reply, from its first fragment */
+	uint32_t bytes_in, bytes_out;	/* body bytes of distinct fragments */
 	uint16_t client_id, table_id, shard_id, dim;
 	uint16_t frag_count, rep_frag_count;
-	uint16_t cur_in, cur_out;	/* frames of the current attempt */
+	uint16_t frags_in, frags_out;	/* distinct fragments seen */
+	uint16_t frames_in, frames_out;	/* frames passed, duplicates too
+					 * (saturating) */
 	uint8_t msg_type, dtype, rep_type;
-	volatile uint8_t state;
+	volatile uint8_t state;		/* enum embnic_msg_state */
+	/* second cache line */
+	uint64_t seen_in[BITMAP_WORDS] __rte_cache_aligned;
+	uint64_t seen_out[BITMAP_WORDS];
 } __rte_cache_aligned;
+static_assert(offsetof(struct state_entry, seen_in) == RTE_CACHE_LINE_SIZE,
+	      "a single-fragment message touches one cache line");
+static_assert(EMBNIC_MAX_FRAGS % 64 == 0, "bitmap of whole words");
 
 struct embnic_state {
 	struct rte_hash *h;
 	struct state_entry *e;		/* [capacity] */
+	struct embnic_shard_stats *shards;	/* [EMBNIC_SHARD_SLOTS] */
+	const uint16_t *shard_slot;	/* shard id -> slot (app) */
 	uint32_t capacity;
 	volatile uint32_t entries;
-	uint64_t timeout_ns;
-	uint64_t next_scan_ns;
+	uint64_t timeout_tsc;
+	uint64_t tsc_hz;
+	double ns_per_tsc;
+	uint64_t next_scan_tsc, scan_period_tsc;
 	uint32_t cursor, chunk;
 };
 
@@ -57,8 +83,7 @@ static const char *const state_names[EMBNIC_NB_STATES] = {
 	[EMBNIC_ST_FREE] = "free",
 	[EMBNIC_ST_RECEIVING] = "receiving",
 	[EMBNIC_ST_FORWARDED] = "forwarded",
-	[EMBNIC_ST_ANSWERED] = "answered",
-	[EMBNIC_ST_EXPIRED] = "expired",
+	[EMBNIC_ST_REPLYING] = "replying",
 };
 
 const char *
@@ -75,7 +100,8 @@ state_key(const struct embnic_msg *m)
 }
 
 struct embnic_state *
-embnic_state_create(uint32_t size, uint32_t timeout_ms)
+embnic_state_create(uint32_t size, uint32_t timeout_ms, uint64_t tsc_hz,
+		    const uint16_t *shard_slot)
 {
 	struct rte_hash_parameters hp = {
 		.name = "embnic_state",
@@ -88,20 +114,27 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms)
 	};
 	struct embnic_state *s;
 
+	RTE_VERIFY(embnic_key16_hash_ok());
 	s = rte_zmalloc("embnic_state", sizeof(*s), RTE_CACHE_LINE_SIZE);
 	if (s == NULL)
 		return NULL;
 	s->capacity = size;
-	s->timeout_ns = (uint64_t)timeout_ms * 1000000ULL;
+	s->tsc_hz = tsc_hz;
+	s->ns_per_tsc = 1e9 / (double)tsc_hz;
+	s->timeout_tsc = (uint64_t)timeout_ms * (tsc_hz / 1000);
+	s->scan_period_tsc = tsc_hz / 1000000 * SCAN_PERIOD_US;
 	s->chunk = (size + SCAN_SWEEP - 1) / SCAN_SWEEP;
+	s->shard_slot = shard_slot;
 	s->e = rte_zmalloc("embnic_state_entries",
 			   (size_t)size * sizeof(s->e[0]), RTE_CACHE_LINE_SIZE);
+	s->shards = rte_zmalloc("embnic_shard_stats",
+				EMBNIC_SHARD_SLOTS * sizeof(s->shards[0]),
+				RTE_CACHE_LINE_SIZE);
 	s->h = rte_hash_create(&hp);
-	if (s->e == NULL || s->h == NULL) {
+	if (s->e == NULL || s->shards == NULL || s->h == NULL) {
 		embnic_state_free(s);
 		return NULL;
 	}
-	RTE_VERIFY(embnic_key16_hash_ok());
 	return s;
 }
 
@@ -111,32 +144,65 @@ embnic_state_free(struct embnic_state *s)
 	if (s == NULL)
 		return;
 	rte_hash_free(s->h);
+	rte_free(s->shards);
 	rte_free(s->e);
 	rte_free(s);
 }
 
-static void
-entry_init(struct state_entry *e, uint64_t key, const struct embnic_msg *m,
-	   uint64_t now_ns)
+static inline void
+entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 {
-	memset(e, 0, sizeof(*e));
-	e->key = key;
-	e->first_ns = now_ns;
-	e->last_ns = now_ns;
+	e->first_tsc = now;
+	e->last_tsc = now;
 	e->msg_id = m->msg_id;
+	e->msg_len = m->msg_len;
+	e->num_keys = m->num_keys;
+	e->rep_msg_len = 0;
+	e->bytes_in = 0;
+	e->bytes_out = 0;
 	e->client_id = m->client_id;
 	e->table_id = m->table_id;
 	e->shard_id = m->shard_id;
 	e->dim = m->dim;
-	e->dtype = m->dtype;
-	e->msg_type = m->msg_type;
-	e->msg_len = m->msg_len;
-	e->num_keys = m->num_keys;
 	e->frag_count = m->frag_count;
+	e->rep_frag_count = 0;
+	e->frags_in = 0;
+	e->frags_out = 0;
+	e->frames_in = 0;
+	e->frames_out = 0;
+	e->msg_type = m->msg_type;
+	e->dtype = m->dtype;
+	e->rep_type = 0;
+	if (m->frag_count > 1)
+		memset(e->seen_in, 0, sizeof(e->seen_in));
 	e->state = EMBNIC_ST_RECEIVING;
 }
 
-/* Does m contradict the request header the entry was created from? */
+/*
+ * Mark fragment i of n in bitmap b; true if it is the first time. A
+ * message of one fragment needs no bitmap: seen says whether it was.
+ */
+static inline bool
+mark(uint64_t *b, uint16_t i, uint16_t n, uint16_t seen)
+{
+	uint64_t bit;
+
+	if (n == 1)
+		return seen == 0;
+	bit = 1ULL << (i & 63);
+	if (b[i >> 6] & bit)
+		return false;
+	b[i >> 6] |= bit;
+	return true;
+}
+
+static inline uint16_t
+sat_inc(uint16_t v)
+{
+	return v == UINT16_MAX ? v : v + 1;
+}
+
+/* Does request frame m contradict the request the entry was opened by? */
 static inline bool
 request_differs(const struct state_entry *e, const struct embnic_msg *m)
 {
@@ -146,109 +212,175 @@ request_differs(const struct state_entry *e, const struct embnic_msg *m)
 		e->shard_id != m->shard_id || e->frag_count != m->frag_count;
 }
 
-static int
-on_request(struct state_entry *e, const struct embnic_msg *m, uint64_t now_ns)
+static inline int
+on_request(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 {
-	uint8_t st = e->state;
-
-	if (st == EMBNIC_ST_ANSWERED || st == EMBNIC_ST_EXPIRED) {
-		if (request_differs(e, m)) {
-			/* msg_id reused by a new message after the old ended */
-			uint64_t first = now_ns;
-
-			entry_init(e, e->key, m, first);
-		} else if (st == EMBNIC_ST_EXPIRED ||
-			   (m->flags & EMBNIC_FLAG_RETRANSMIT)) {
-			e->state = EMBNIC_ST_RECEIVING;	/* a new attempt */
-			e->cur_in = 0;
-			e->cur_out = 0;
-			e->rep_type = 0;
-		}
-	} else if (request_differs(e, m)) {
+	if (unlikely(request_differs(e, m)))
 		return EMBNIC_DROP_FRAG_MISMATCH;
+	if (mark(e->seen_in, m->frag_index, e->frag_count, e->frags_in)) {
+		e->frags_in++;
+		e->bytes_in += m->frag_len;
+		if (e->frags_in == e->frag_count &&
+		    e->state == EMBNIC_ST_RECEIVING)
+			e->state = EMBNIC_ST_FORWARDED;
 	}
-	e->frames_in++;
-	e->bytes_in += m->frag_len;
-	e->cur_in++;
-	e->last_ns = now_ns;
-	if (e->state == EMBNIC_ST_RECEIVING && e->cur_in >= e->frag_count)
-		e->state = EMBNIC_ST_FORWARDED;
+	e->frames_in = sat_inc(e->frames_in);
+	e->last_tsc = now;
 	return 0;
 }
 
-static int
-on_reply(struct state_entry *e, const struct embnic_msg *m, uint64_t now_ns)
+/* Does reply type r answer request type q? */
+static inline bool
+answers(uint8_t q, uint8_t r)
 {
-	if (e->rep_type == 0 || e->cur_out >= e->rep_frag_count) {
-		/* the first reply fragment of this answer */
+	return r == EMBNIC_ERROR ||
+		(q == EMBNIC_LOOKUP_REQ && r == EMBNIC_LOOKUP_REPLY) ||
+		(q == EMBNIC_UPDATE_REQ && r == EMBNIC_UPDATE_ACK);
+}
+
+/* Latency histogram bucket of ns (docs/control-socket.md). */
+static inline unsigned int
+lat_bucket(uint64_t ns)
+{
+	uint64_t us = ns / 1000;
+	unsigned int b;
+
+	if (us == 0)
+		return 0;
+	b = 64 - (unsigned int)__builtin_clzll(us);
+	return b < EMBNIC_LAT_BUCKETS ? b : EMBNIC_LAT_BUCKETS - 1;
+}
+
+static inline struct embnic_shard_stats *
+shard_stats(struct embnic_state *s, uint16_t shard_id)
+{
+	return &s->shards[__atomic_load_n(&s->shard_slot[shard_id],
+					  __ATOMIC_ACQUIRE)];
+}
+
+/* 0 to send; a drop reason; 1 when the reply is complete (send, free). */
+static inline int
+on_reply(struct embnic_state *s, struct state_entry *e,
+	 const struct embnic_msg *m, uint64_t now)
+{
+	struct embnic_shard_stats *ss;
+	uint64_t ns;
+
+	if (unlikely(e->shard_id != m->shard_id))
+		return EMBNIC_DROP_WRONG_SHARD_REPLY;
+	if (unlikely(!answers(e->msg_type, m->msg_type)))
+		return EMBNIC_DROP_WRONG_REPLY_TYPE;
+	if (e->frags_out == 0 && e->state != EMBNIC_ST_REPLYING) {
+		/* the first reply fragment: what the whole reply is */
 		e->rep_type = m->msg_type;
 		e->rep_msg_len = m->msg_len;
 		e->rep_frag_count = m->frag_count;
-		e->cur_out = 0;
-	} else if (e->rep_type != m->msg_type ||
-		   e->rep_msg_len != m->msg_len ||
-		   e->rep_frag_count != m->frag_count) {
+		if (m->frag_count > 1)
+			memset(e->seen_out, 0, sizeof(e->seen_out));
+		e->state = EMBNIC_ST_REPLYING;
+	} else if (unlikely(e->rep_type != m->msg_type ||
+			    e->rep_msg_len != m->msg_len ||
+			    e->rep_frag_count != m->frag_count)) {
 		return EMBNIC_DROP_FRAG_MISMATCH;
 	}
-	e->frames_out++;
-	e->bytes_out += m->frag_len;
-	e->cur_out++;
-	e->last_ns = now_ns;
-	if (e->cur_out >= e->rep_frag_count)
-		e->state = EMBNIC_ST_ANSWERED;
-	return 0;
+	if (mark(e->seen_out, m->frag_index, e->rep_frag_count,
+		 e->frags_out)) {
+		e->frags_out++;
+		e->bytes_out += m->frag_len;
+	}
+	e->frames_out = sat_inc(e->frames_out);
+	e->last_tsc = now;
+	if (e->frags_out < e->rep_frag_count)
+		return 0;
+	/* the whole reply passed: count what the message leaves behind */
+	ns = (uint64_t)((double)(now - e->first_tsc) * s->ns_per_tsc);
+	ss = shard_stats(s, e->shard_id);
+	ss->completed[e->rep_type]++;
+	ss->latency_sum_ns += ns;
+	ss->latency_hist[lat_bucket(ns)]++;
+	return 1;
+}
+
+static inline void
+entry_free(struct embnic_state *s, struct state_entry *e,
+	   const struct embnic_key16 *k, hash_sig_t sig)
+{
+	rte_hash_del_key_with_hash(s->h, k, sig);
+	e->state = EMBNIC_ST_FREE;
+	s->entries--;
 }
 
 void
 embnic_state_update_burst(struct embnic_state *s,
 			  const struct embnic_msg *const *msgs, unsigned int n,
-			  uint64_t now_ns, int *verdict,
+			  uint64_t now, int *verdict,
 			  struct embnic_lcore_stats *st)
 {
-	/* one entry per run of frames of one message (fragments come in a row) */
+	/*
+	 * One slot per distinct message of the burst: its key, signature and
+	 * position, kept current as entries are opened and freed, so a
+	 * request, its reply and a new request with the same ids may share a
+	 * burst.
+	 */
 	struct embnic_key16 keys[EMBNIC_MAX_BURST];
 	const void *kp[EMBNIC_MAX_BURST];
 	hash_sig_t sig[EMBNIC_MAX_BURST];
 	int32_t pos[EMBNIC_MAX_BURST];
-	uint8_t run[EMBNIC_MAX_BURST];
-	bool added = false;
-	unsigned int i, u = 0;
+	uint8_t slot[EMBNIC_MAX_BURST];
+	unsigned int i, k, u = 0;
 
 	if (n == 0)
 		return;
 	for (i = 0; i < n; i++) {
-		struct embnic_key16 k = state_key(msgs[i]);
+		struct embnic_key16 key = state_key(msgs[i]);
 
-		if (u > 0 && keys[u - 1].lo == k.lo) {
-			run[i] = (uint8_t)(u - 1);
+		/* fragments of one message come in a row: try the last one */
+		if (u > 0 && keys[u - 1].lo == key.lo) {
+			slot[i] = (uint8_t)(u - 1);
 			continue;
 		}
-		keys[u] = k;
+		for (k = 0; k + 1 < u && keys[k].lo != key.lo; k++)
+			;
+		if (k + 1 < u) {
+			slot[i] = (uint8_t)k;
+			continue;
+		}
+		keys[u] = key;
 		kp[u] = &keys[u];
 		sig[u] = embnic_key16_hash(&keys[u]);
-		run[i] = (uint8_t)u++;
+		slot[i] = (uint8_t)u++;
 	}
 	rte_hash_lookup_with_hash_bulk(s->h, kp, sig, u, pos);
-	for (i = 0; i < u; i++)
-		if (pos[i] >= 0)
-			rte_prefetch0(&s->e[pos[i]]);
+	for (k = 0; k < u; k++)
+		if (pos[k] >= 0)
+			rte_prefetch0(&s->e[pos[k]]);
 
 	for (i = 0; i < n; i++) {
 		const struct embnic_msg *m = msgs[i];
-		unsigned int r = run[i];
+		unsigned int r = slot[i];
 		struct state_entry *e;
 		int32_t p = pos[r];
+		int v;
 
-		if (p < 0 && added)	/* added by an earlier run of the burst? */
-			p = pos[r] = rte_hash_lookup_with_hash(s->h, &keys[r],
-							       sig[r]);
-		if (p < 0 && !embnic_is_request(m->msg_type)) {
-			verdict[i] = 0;	/* a reply to an untracked message */
+		if (!embnic_is_request(m->msg_type)) {
+			if (p < 0) {
+				verdict[i] = EMBNIC_DROP_UNSOLICITED_REPLY;
+				continue;
+			}
+			e = &s->e[p];
+			v = on_reply(s, e, m, now);
+			if (v == 1) {
+				st->completed[e->rep_type]++;
+				entry_free(s, e, &keys[r], sig[r]);
+				pos[r] = -1;
+				v = 0;
+			}
+			verdict[i] = v;
 			continue;
 		}
 		if (p < 0) {
 			p = rte_hash_add_key_with_hash(s->h, &keys[r], sig[r]);
-			if (p < 0 || (uint32_t)p >= s->capacity) {
+			if (unlikely(p < 0 || (uint32_t)p >= s->capacity)) {
 				if (p >= 0)
 					rte_hash_del_key_with_hash(s->h,
 								   &keys[r],
@@ -258,57 +390,35 @@ embnic_state_update_burst(struct embnic_state *s,
 				continue;
 			}
 			pos[r] = p;
-			added = true;
-			entry_init(&s->e[p], keys[r].lo, m, now_ns);
+			entry_init(&s->e[p], m, now);
 			s->entries++;
 		}
-		e = &s->e[p];
-		verdict[i] = embnic_is_request(m->msg_type) ?
-			on_request(e, m, now_ns) : on_reply(e, m, now_ns);
+		verdict[i] = on_request(&s->e[p], m, now);
 	}
 }
 
 void
-embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
+embnic_state_expire_step(struct embnic_state *s, uint64_t now,
 			 struct embnic_lcore_stats *st)
 {
 	uint32_t k;
 
-	if (now_ns < s->next_scan_ns)
+	if (now < s->next_scan_tsc)
 		return;
-	s->next_scan_ns = now_ns + SCAN_PERIOD_NS;
+	s->next_scan_tsc = now + s->scan_period_tsc;
 	for (k = 0; k < s->chunk; k++) {
 		struct state_entry *e = &s->e[s->cursor];
-		bool remove = false;
+		struct embnic_key16 key;
 
 		if (++s->cursor >= s->capacity)
 			s->cursor = 0;
-		switch (e->state) {
-		case EMBNIC_ST_RECEIVING:
-		case EMBNIC_ST_FORWARDED:
-			if (now_ns - e->last_ns > s->timeout_ns) {
-				e->state = EMBNIC_ST_EXPIRED;
-				e->expired_ns = now_ns;
-				st->state_expired++;
-			}
-			break;
-		case EMBNIC_ST_EXPIRED:
-			remove = now_ns - e->expired_ns > s->timeout_ns;
-			break;
-		case EMBNIC_ST_ANSWERED:
-			remove = now_ns - e->last_ns > s->timeout_ns;
-			break;
-		default:
-			break;
-		}
-		if (remove) {
-			struct embnic_key16 k = embnic_key16(e->key);
-
-			rte_hash_del_key_with_hash(s->h, &k,
-						   embnic_key16_hash(&k));
-			e->state = EMBNIC_ST_FREE;
-			s->entries--;
-		}
+		if (e->state == EMBNIC_ST_FREE ||
+		    now - e->last_tsc <= s->timeout_tsc)
+			continue;
+		st->state_expired++;
+		shard_stats(s, e->shard_id)->expired++;
+		key = embnic_key16((uint64_t)e->client_id << 32 | e->msg_id);
+		entry_free(s, e, &key, embnic_key16_hash(&key));
 	}
 }
 
@@ -355,13 +465,25 @@ embnic_state_dump(const struct embnic_state *s, struct embnic_state_view *out,
 		v->table_id = e->table_id;
 		v->shard_id = e->shard_id;
 		v->msg_type = e->msg_type;
+		v->rep_type = e->rep_type;
+		v->msg_len = e->msg_len;
+		v->frag_count = e->frag_count;
+		v->rep_frag_count = e->rep_frag_count;
+		v->frags_in = e->frags_in;
+		v->frags_out = e->frags_out;
 		v->frames_in = e->frames_in;
 		v->frames_out = e->frames_out;
 		v->bytes_in = e->bytes_in;
 		v->bytes_out = e->bytes_out;
-		v->first_ns = e->first_ns;
-		v->last_ns = e->last_ns;
+		v->first_tsc = e->first_tsc;
+		v->last_tsc = e->last_tsc;
 		n++;
 	}
 	return n;
+}
+
+const struct embnic_shard_stats *
+embnic_state_shard_stats(const struct embnic_state *s)
+{
+	return s->shards;
 }

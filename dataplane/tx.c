@@ -219,8 +219,7 @@ authorise(const struct tx_frame *d, const struct embnic_peer *client,
 /*
  * The parse result of f->m: the meta the RX stage left in the mbuf, and the
  * header fields of the frame's first cache line read back (host order).
- * frag_offset and frag_index are not carried (0 here): the TX stage does
- * not use them.
+ * frag_offset is not carried (0 here): the TX stage does not use it.
  */
 static inline void
 read_back(struct tx_frame *f, int meta_off)
@@ -237,18 +236,21 @@ read_back(struct tx_frame *f, int meta_off)
 
 	f->kind = meta->kind;
 	f->trim = meta->trim;
-	f->info.frame_len = meta->frame_len;
-	if (f->kind != EMBNIC_DESC_MSG)
+	if (f->kind != EMBNIC_DESC_MSG) {
+		f->info.frame_len = (uint16_t)rte_pktmbuf_pkt_len(f->m);
 		return;
+	}
+	f->info.frame_len = (uint16_t)(EMBNIC_ETH_LEN +
+				       embnic_ntoh16(ip->total_length));
 	f->info.src_ip = ip->src_addr;
 	f->info.src_port = udp->src_port;
 	embnic_hdr_decode_head(h, m);
 	m->num_keys = meta->num_keys;
 	m->msg_len = meta->msg_len;
+	m->frag_index = meta->frag_index;
 	m->frag_count = meta->frag_count;
 	m->frag_len = meta->frag_len;
 	m->frag_offset = 0;
-	m->frag_index = 0;
 }
 
 unsigned int
@@ -266,7 +268,7 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	uint16_t idx[EMBNIC_MAX_BURST], fwd[EMBNIC_MAX_BURST];
 	int verdict[EMBNIC_MAX_BURST], res[EMBNIC_MAX_BURST];
 	unsigned int n, nm = 0, nfwd = 0, nf = 0, i, j;
-	uint64_t now_ns, tsc;
+	uint64_t tsc;
 	uint16_t p;
 
 	n = rte_ring_dequeue_burst(app->ring, (void **)pkts, app->opts.burst,
@@ -275,12 +277,10 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	if (unlikely(tsc >= app->next_expire_tsc)) {
 		/* the state map ages in slices, every millisecond */
 		app->next_expire_tsc = tsc + app->tsc_hz / 1000;
-		embnic_state_expire_step(app->state, embnic_tsc_to_ns(app, tsc),
-					 st);
+		embnic_state_expire_step(app->state, tsc, st);
 	}
 	if (n == 0)
 		return 0;
-	now_ns = embnic_tsc_to_ns(app, tsc);
 	for (p = 0; p < app->nb_ports; p++)
 		qs[p].n = 0;
 	/*
@@ -320,7 +320,7 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 		}
 	}
 
-	embnic_state_update_burst(app->state, msgs, nfwd, now_ns, verdict, st);
+	embnic_state_update_burst(app->state, msgs, nfwd, tsc, verdict, st);
 	for (j = 0; j < nfwd; j++)
 		res[fwd[j]] = verdict[j];
 

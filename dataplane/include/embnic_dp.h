@@ -38,6 +38,9 @@
 #define EMBNIC_CLIENT_TABLE_SIZE	4096
 #define EMBNIC_DEFAULT_STATE_SIZE	65536
 #define EMBNIC_DEFAULT_STATE_TIMEOUT_MS	5000
+/* per-shard statistics: one slot per shard id ever routed, slot 0 the rest */
+#define EMBNIC_SHARD_SLOTS		(EMBNIC_ROUTE_TABLE_SIZE + 1)
+#define EMBNIC_LAT_BUCKETS		24	/* latency histogram buckets */
 #define EMBNIC_DEFAULT_CTL_PATH		"/run/embnic/embnic-dp.sock"
 #define EMBNIC_RX_DESC			1024
 #define EMBNIC_TX_DESC			1024
@@ -118,12 +121,12 @@ enum embnic_desc_kind {
 struct embnic_rx_meta {
 	uint32_t num_keys;		/* embnic header, host order */
 	uint32_t msg_len;
+	uint16_t frag_index;
 	uint16_t frag_count;
 	uint16_t frag_len;
-	uint16_t frame_len;		/* bytes to send on (14 + IPv4 total
-					 * length; pkt_len for ARP) */
 	uint8_t kind;			/* enum embnic_desc_kind */
-	uint8_t trim;			/* frame longer than frame_len (padding) */
+	uint8_t trim;			/* frame longer than 14 + IPv4 total
+					 * length (padding) */
 };
 static_assert(sizeof(struct embnic_rx_meta) == 16, "rx meta is 16 bytes");
 
@@ -147,6 +150,7 @@ struct embnic_lcore_stats {
 	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
 	uint64_t types[EMBNIC_NB_TYPES];	/* frames forwarded, by type */
 	uint64_t drops[EMBNIC_DROP_MAX];
+	uint64_t completed[EMBNIC_NB_TYPES];	/* messages, by reply type */
 	uint64_t arp_replies;
 	uint64_t state_overflow;	/* state map adds that found it full */
 	uint64_t state_expired;		/* entries that timed out unanswered */
@@ -161,6 +165,7 @@ struct embnic_totals {
 	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
 	uint64_t types[EMBNIC_NB_TYPES];
 	uint64_t drops[EMBNIC_DROP_MAX];
+	uint64_t completed[EMBNIC_NB_TYPES];
 	uint64_t arp_replies;
 	uint64_t state_overflow;
 	uint64_t state_expired;
@@ -200,6 +205,11 @@ struct embnic_app {
 	struct rte_rcu_qsbr *qsbr;	/* readers of routes/clients */
 	struct embnic_lcore_stats *stats;	/* [RTE_MAX_LCORE] */
 	struct embnic_totals base;	/* counters at the last reset */
+	struct embnic_shard_stats *shard_base;	/* [EMBNIC_SHARD_SLOTS] */
+	/* shard id -> its statistics slot, assigned by route_add (ctl.c) */
+	uint16_t shard_slot[UINT16_MAX + 1];
+	uint32_t slot_shard[EMBNIC_SHARD_SLOTS];	/* slot -> shard id */
+	uint32_t nb_slots;		/* slots in use, slot 0 included */
 	unsigned int rx_lcore, tx_lcore, main_lcore, nb_lcores;
 	volatile bool paused;		/* RX stage does not poll */
 	uint64_t tsc_hz;
@@ -243,22 +253,36 @@ uint32_t embnic_table_size(const struct embnic_table *t);
 /* state.c */
 enum embnic_msg_state {
 	EMBNIC_ST_FREE = 0,
-	EMBNIC_ST_RECEIVING = 1,
-	EMBNIC_ST_FORWARDED = 2,
-	EMBNIC_ST_ANSWERED = 3,
-	EMBNIC_ST_EXPIRED = 4,
+	EMBNIC_ST_RECEIVING = 1,	/* some request fragments passed */
+	EMBNIC_ST_FORWARDED = 2,	/* every request fragment passed */
+	EMBNIC_ST_REPLYING = 3,		/* some reply fragments passed */
 };
-#define EMBNIC_NB_STATES 5
+#define EMBNIC_NB_STATES 4
 const char *embnic_state_name(unsigned int s);
 
 /* One message as the control path sees it (a copy). */
 struct embnic_state_view {
 	uint16_t client_id, table_id, shard_id;
-	uint8_t state, msg_type;
-	uint32_t msg_id;
-	uint32_t frames_in, frames_out;
-	uint64_t bytes_in, bytes_out;
-	uint64_t first_ns, last_ns;
+	uint8_t state, msg_type, rep_type;
+	uint32_t msg_id, msg_len;
+	uint16_t frag_count, rep_frag_count;
+	uint16_t frags_in, frags_out;	/* distinct fragments seen */
+	uint16_t frames_in, frames_out;	/* frames passed, duplicates too */
+	uint32_t bytes_in, bytes_out;	/* body bytes of distinct fragments */
+	uint64_t first_tsc, last_tsc;
+};
+
+/*
+ * What completed and expired messages leave behind, per shard: messages
+ * completed by reply type, expired ones, and the latency from the request's
+ * first frame to the reply's last (bucket 0: < 1 us; bucket i: [2^(i-1),
+ * 2^i) us; the last: >= 2^(EMBNIC_LAT_BUCKETS-2) us).
+ */
+struct embnic_shard_stats {
+	uint64_t completed[EMBNIC_NB_TYPES];
+	uint64_t expired;
+	uint64_t latency_sum_ns;
+	uint64_t latency_hist[EMBNIC_LAT_BUCKETS];
 };
 
 struct embnic_state_summary {
@@ -266,19 +290,23 @@ struct embnic_state_summary {
 	uint32_t by_state[EMBNIC_NB_STATES];
 };
 
-struct embnic_state *embnic_state_create(uint32_t size, uint32_t timeout_ms);
+/* shard_slot: the app's shard id -> statistics slot table (read only). */
+struct embnic_state *embnic_state_create(uint32_t size, uint32_t timeout_ms,
+					 uint64_t tsc_hz,
+					 const uint16_t *shard_slot);
 void embnic_state_free(struct embnic_state *s);
 /*
- * Account a burst of validated, routed frames (TX stage lcore only).
- * verdict[i] is set to 0 (send) or a drop reason (state_full,
- * frag_mismatch). Expired/overflow counters go to st.
+ * Account a burst of validated, authorised frames in order (TX stage lcore
+ * only); now is the TSC. verdict[i] is set to 0 (send) or a drop reason
+ * (state_full, frag_mismatch, unsolicited_reply, wrong_shard_reply,
+ * wrong_reply_type). Completed/overflow counters go to st.
  */
 void embnic_state_update_burst(struct embnic_state *s,
 			       const struct embnic_msg *const *msgs,
-			       unsigned int n, uint64_t now_ns, int *verdict,
+			       unsigned int n, uint64_t now, int *verdict,
 			       struct embnic_lcore_stats *st);
 /* Expire a slice of the map; call often from the TX stage lcore. */
-void embnic_state_expire_step(struct embnic_state *s, uint64_t now_ns,
+void embnic_state_expire_step(struct embnic_state *s, uint64_t now,
 			      struct embnic_lcore_stats *st);
 /* Entries in use and capacity only (cheap: no scan). */
 void embnic_state_count(const struct embnic_state *s,
@@ -289,6 +317,9 @@ void embnic_state_summarise(const struct embnic_state *s,
 /* Copies up to max live entries into out; returns how many. */
 unsigned int embnic_state_dump(const struct embnic_state *s,
 			       struct embnic_state_view *out, unsigned int max);
+/* The per-shard statistics, [EMBNIC_SHARD_SLOTS] (control path reads). */
+const struct embnic_shard_stats *
+embnic_state_shard_stats(const struct embnic_state *s);
 
 /*
  * A writer of records of named u64 values, one level deep: the counters are
@@ -306,6 +337,12 @@ struct embnic_emit {
 		     unsigned int index);
 	/* A value in the current record. */
 	void (*u64)(void *ctx, const char *key, uint64_t v);
+	/*
+	 * A list of n values in the current record (telemetry, which nests
+	 * one level only, writes key_0 .. key_<n-1> inside a record).
+	 */
+	void (*list)(void *ctx, const char *key, const uint64_t *v,
+		     unsigned int n);
 	void *ctx;
 };
 
@@ -314,9 +351,17 @@ const char *embnic_type_name(unsigned int t);	/* "LOOKUP_REQ", ... */
 void embnic_counters_sum(const struct embnic_app *app,
 			 struct embnic_totals *t);
 void embnic_counters_reset(struct embnic_app *app);
+/* The statistics of slot (since the last reset) into out. */
+void embnic_shard_stats_sum(const struct embnic_app *app, unsigned int slot,
+			    struct embnic_shard_stats *out);
+/*
+ * The statistics slot of shard id (route_add, control path): assigned on
+ * first use, kept for the card's life; 0 (shared) once all are taken.
+ */
+uint16_t embnic_shard_slot_assign(struct embnic_app *app, uint32_t id);
 /*
  * Write the counters (docs/control-socket.md, "counters"): ports, types,
- * drops, ring, mempool, state, arp.
+ * drops, completed, ring, mempool, state, arp, shards.
  */
 void embnic_counters_emit(const struct embnic_app *app,
 			  const struct embnic_emit *e);

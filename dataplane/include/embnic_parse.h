@@ -64,7 +64,11 @@ embnic_ipv4_sum20(const void *hdr)
 	X(STATE_FULL, state_full) \
 	X(ARP_IGNORED, arp_ignored) \
 	X(WRONG_DST, wrong_dst) \
-	X(FRAG_MISMATCH, frag_mismatch)
+	X(FRAG_MISMATCH, frag_mismatch) \
+	X(TOO_MANY_FRAGS, too_many_frags) \
+	X(UNSOLICITED_REPLY, unsolicited_reply) \
+	X(WRONG_SHARD_REPLY, wrong_shard_reply) \
+	X(WRONG_REPLY_TYPE, wrong_reply_type)
 
 enum embnic_drop {
 	EMBNIC_DROP_NONE = 0,

@@ -22,6 +22,7 @@
 #define EMBNIC_UDP_PORT		7878
 #define EMBNIC_HDR_LEN		40
 #define EMBNIC_KEY_SIZE		8	/* bytes per key (u64 LE in bodies) */
+#define EMBNIC_MAX_FRAGS	256	/* fragments per message, at most */
 
 /* Ethernet + IPv4 (no options) + UDP + embnic header, bytes */
 #define EMBNIC_ETH_LEN		14

@@ -42,10 +42,12 @@ class FakeCard:
         self.drops["unknown_shard"] = 3
         self.drops["bad_magic"] = 1
         self.entries = [
-            {"client": 1, "msg_id": 7, "state": "answered", "table": 0, "shard": 0, "type": "LOOKUP_REQ",
-             "frames_in": 2, "bytes_in": 2900, "frames_out": 2, "bytes_out": 2900, "first_ns": 1000, "last_ns": 51000},
+            {"client": 1, "msg_id": 7, "state": "replying", "table": 0, "shard": 0, "type": "LOOKUP_REQ",
+             "frames_in": 2, "bytes_in": 2900, "frames_out": 2, "bytes_out": 2900, "first_ns": 1000, "last_ns": 51000,
+             "frags_in": 2, "frag_count": 2},
             {"client": 2, "msg_id": 9, "state": "forwarded", "table": 1, "shard": 1, "type": "UPDATE_REQ",
-             "frames_in": 1, "bytes_in": 300, "frames_out": 1, "bytes_out": 300, "first_ns": 2000, "last_ns": 3000},
+             "frames_in": 1, "bytes_in": 300, "frames_out": 1, "bytes_out": 300, "first_ns": 2000, "last_ns": 3000,
+             "frags_in": 1, "frag_count": 1},
         ]
         self.paused = False
         self.quit: threading.Event | None = None
@@ -116,11 +118,14 @@ class FakeCard:
                 "types": {t: i for i, t in enumerate(TYPES)}, "drops": dict(self.drops),
                 "ring": {"size": self.ring_size, "count": 5, "high_water": 1024},
                 "mempool": {"size": 8191, "available": 8000, "in_use": 191},
-                "state": {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4}}
+                "state": {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4},
+                "completed": {"LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0},
+                "shards": [{"shard": 0, "LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0, "expired": 4,
+                            "latency_sum_ns": 50 * 150_000, "latency_hist": [0] * 7 + [10, 30, 10] + [0] * 14}]}
 
     def do_state_summary(self, req):
         return {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4,
-                "by_state": {"receiving": 0, "forwarded": 1, "answered": 1, "expired": 0}}
+                "by_state": {"receiving": 0, "forwarded": 1, "replying": 1}}
 
     def do_state_dump(self, req):
         return {"entries": self.entries[: int(req.get("limit", 1000))]}

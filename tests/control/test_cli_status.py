@@ -14,7 +14,12 @@ def test_status_text(invoke, card):
     assert "pipeline 'embnic' (dpdk)" in out
     assert "drops     total 4: unknown_shard 3, bad_magic 1" in out
     assert "ring      5/4,096 (0.1%), high water 1,024 (25.0%)" in out
-    assert "state     2/65,536 messages in the state map (receiving 0, forwarded 1, answered 1, expired 0)" in out
+    assert ("state     2/65,536 messages in flight in the state map (receiving 0, forwarded 1, replying 1)"
+            in out)
+    assert "completed messages by reply type  LOOKUP_REPLY 40  UPDATE_ACK 10  ERROR 0" in out
+    # 10 samples in [64, 128) µs, 30 in [128, 256), 10 in [256, 512): p50 < 256, p99 < 512
+    assert ("shard     0  completed 50, expired 4; request->reply on the card: mean 150.0 µs, p50 < 256 µs, "
+            "p99 < 512 µs") in out
     assert "mempool   in use 191/8,191" in out
     assert "LOOKUP_REQ 0" in out and "ERROR 4" in out
     # the card counts frames per type (a 3-fragment message counts 3): the label says so
@@ -37,6 +42,8 @@ def test_status_json(invoke, card):
     assert d["counters"]["drops"]["unknown_shard"] == 3
     assert d["counters"]["ring"]["high_water"] == 1024
     assert d["state"]["by_state"]["forwarded"] == 1
+    assert d["counters"]["completed"]["LOOKUP_REPLY"] == 40
+    assert sum(d["counters"]["shards"][0]["latency_hist"]) == 50
     assert [q["cmd"] for q in card.requests] == ["counters", "state_summary"]
 
 
@@ -79,7 +86,7 @@ def test_state_dump(invoke, card):
     assert r.exit_code == 0, r.output
     lines = r.output.strip().splitlines()
     assert lines[0].split()[:4] == ["CLIENT", "MSG_ID", "TYPE", "STATE"]
-    assert lines[1].split() == ["1", "7", "LOOKUP_REQ", "answered", "0", "0", "2", "2900", "2", "2900", "50.0"]
+    assert lines[1].split() == ["1", "7", "LOOKUP_REQ", "replying", "0", "0", "2", "2900", "2", "2900", "50.0", "2/2"]
     assert lines[-1] == "2 entries"
     assert card.requests[-1] == {"cmd": "state_dump", "limit": 1000}
 
@@ -101,7 +108,7 @@ def test_state_summary(invoke, card):
     r = invoke("state", "summary")
     assert r.exit_code == 0
     assert "2/65536 entries, overflow 0, expired 4" in r.output
-    assert json.loads(invoke("state", "summary", "--json").output)["by_state"]["answered"] == 1
+    assert json.loads(invoke("state", "summary", "--json").output)["by_state"]["replying"] == 1
 
 
 def test_status_watch_stops_on_ctrl_c(invoke, card, monkeypatch):

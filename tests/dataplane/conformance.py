@@ -18,11 +18,16 @@ Wiring (card port: the card's address; who hangs off it)::
 
     port 0  10.1.0.1  client 1  10.1.0.2:40001
     port 1  10.1.1.1  client 2  10.1.1.2:40002,  shard 0  10.1.1.10:7878
-    port 2  10.1.2.1  shard 1   10.1.2.11:7878,  shard 2  10.1.2.12:7979
+    port 2  10.1.2.1  shard 1   10.1.2.11:7878,  shard 2  10.1.2.12:7979,  client 3  10.1.2.3:40003
 
 Frames on one ingress port keep their order through the card; frames from different ports may
-interleave, so compare each output port as a multiset and check order per ingress port
-(:func:`check_outputs`).
+interleave (net_pcap gives no order across ports), so compare each output port as a multiset and
+check order per ingress port (:func:`check_outputs`). Where order matters — a reply must follow
+its request through the state map (docs/protocol.md, "The card's state map") — the request and
+the reply enter on one card port: client 2 with shard 0 on port 1, client 3 with shards 1 and 2
+on port 2. Client 1's requests are never answered. :class:`StateModel` is the reference state
+map that the expected final state (:meth:`Suite.expected_state`) and completions
+(:meth:`Suite.expected_completed`) come from.
 
 Run as a script to write the pcaps and an ``expected.json`` for another target:
 ``python3 tests/dataplane/conformance.py OUT_DIR``.
@@ -113,7 +118,8 @@ class Suite:
         s = cls(
             [CardPort(0, "10.1.0.1"), CardPort(1, "10.1.1.1"), CardPort(2, "10.1.2.1")],
             [Peer("client", 1, 0, "02:00:00:00:01:01", "10.1.0.2", 40001),
-             Peer("client", 2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
+             Peer("client", 2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002),
+             Peer("client", 3, 2, "02:00:00:00:01:03", "10.1.2.3", 40003)],
             [Peer("shard", 0, 1, "02:00:00:00:02:00", "10.1.1.10", PORT),
              Peer("shard", 1, 2, "02:00:00:00:02:01", "10.1.2.11", PORT),
              Peer("shard", 2, 2, "02:00:00:00:02:02", "10.1.2.12", 7979)],
@@ -121,6 +127,7 @@ class Suite:
         s._add_valid()
         s._add_malformed()
         s._add_unauthorised()
+        s._add_reply_path()
         return s
 
     def msg_id(self) -> int:
@@ -135,8 +142,11 @@ class Suite:
 
     def message(self, src: Peer, msg_type: int, *, msg_id: int, client_id: int, shard_id: int,
                 num_keys: int, dim: int = 4, dtype: int = DType.FP32, table_id: int = 3,
-                flags: int = 0, status: int = 0, seed: int = 0) -> list[bytes]:
-        """Frames of one message from ``src``, fragmented at MTU 1500 (docs/protocol.md)."""
+                flags: int = 0, status: int = 0, seed: int = 0, only: list[int] | None = None) -> list[bytes]:
+        """Frames of one message from ``src``, fragmented at MTU 1500 (docs/protocol.md).
+
+        ``only``: the fragment indexes to return, in that order (repeats allowed), instead of all.
+        """
         msg_len = consts.expected_msg_len(msg_type, num_keys, dim, dtype)
         body = _body(msg_len, seed or msg_id)
         count = max(1, -(-msg_len // P))
@@ -148,7 +158,7 @@ class Suite:
                          num_keys=num_keys, msg_len=msg_len, frag_offset=i * P, frag_index=i,
                          frag_count=count, frag_len=len(chunk))
             out.append(bytes(self._l2l3(src) / hdr / Raw(chunk)))
-        return out
+        return out if only is None else [out[i] for i in only]
 
     def add(self, label: str, port: int, data: bytes, fate: tuple, msg_type: int | None = None) -> None:
         self.frames.append(InFrame(label, port, bytes(data), fate, msg_type))
@@ -178,15 +188,29 @@ class Suite:
                          num_keys=7, dim=8, dtype=DType.FP16)
         self.add_message("c1 lookup s0 retransmit", c1, L, ("fwd", s0), msg_id=m1, client_id=1, shard_id=0,
                          num_keys=3, flags=Flags.RETRANSMIT)
-        # replies from registered servers
-        self.add_message("s0 reply c1", s0, LR, ("fwd", c1), msg_id=m1, client_id=1, shard_id=0, num_keys=3)
-        self.add_message("s2 reply c1 (5 frags)", s2, LR, ("fwd", c1), msg_id=m3, client_id=1, shard_id=2,
+        # replies from registered servers, each on the ingress port of its request
+        c3 = self.clients[3]
+        m6 = self.msg_id()
+        self.add_message("c2 lookup s0", c2, L, ("fwd", s0), msg_id=m6, client_id=2, shard_id=0, num_keys=3)
+        self.add_message("s0 reply c2", s0, LR, ("fwd", c2), msg_id=m6, client_id=2, shard_id=0, num_keys=3)
+        m7 = self.msg_id()
+        self.add_message("c3 lookup s2 (3 frags)", c3, L, ("fwd", s2), msg_id=m7, client_id=3, shard_id=2,
                          num_keys=400)
-        self.add_message("s2 ack c2", s2, UA, ("fwd", c2), msg_id=m4, client_id=2, shard_id=2, num_keys=30,
+        self.add_message("s2 reply c3 (5 frags)", s2, LR, ("fwd", c3), msg_id=m7, client_id=3, shard_id=2,
+                         num_keys=400)
+        m8 = self.msg_id()
+        self.add_message("c2 update s0 (2 frags)", c2, U, ("fwd", s0), msg_id=m8, client_id=2, shard_id=0,
+                         num_keys=30, dim=16)
+        self.add_message("s0 ack c2", s0, UA, ("fwd", c2), msg_id=m8, client_id=2, shard_id=0, num_keys=30,
                          dim=16)
-        self.add_message("s1 error c2", s1, E, ("fwd", c2), msg_id=m2, client_id=2, shard_id=1, num_keys=5,
+        m9 = self.msg_id()
+        self.add_message("c3 lookup s1", c3, L, ("fwd", s1), msg_id=m9, client_id=3, shard_id=1, num_keys=5)
+        self.add_message("s1 error c3", s1, E, ("fwd", c3), msg_id=m9, client_id=3, shard_id=1, num_keys=5,
                          status=Status.WRONG_SHARD)
-        self.add_message("s0 ack c1 (fp16)", s0, UA, ("fwd", c1), msg_id=m5, client_id=1, shard_id=0,
+        m10 = self.msg_id()
+        self.add_message("c3 update fp16 s1", c3, U, ("fwd", s1), msg_id=m10, client_id=3, shard_id=1,
+                         num_keys=7, dim=8, dtype=DType.FP16)
+        self.add_message("s1 ack c3 (fp16)", s1, UA, ("fwd", c3), msg_id=m10, client_id=3, shard_id=1,
                          num_keys=7, dim=8, dtype=DType.FP16)
         # a request with UDP checksum 0 (none): forwarded, still 0
         f = Ether(self.message(c2, L, msg_id=self.msg_id(), client_id=2, shard_id=0, num_keys=2)[0])
@@ -295,6 +319,67 @@ class Suite:
         p[Embnic].table_id = 4
         drop("250-key lookup fragment 1 with another table", bytes(p), "frag_mismatch")
 
+    def _add_reply_path(self) -> None:
+        """The state map owns the reply path and tracks fragments (docs/protocol.md)."""
+        c2, c3 = self.clients[2], self.clients[3]
+        s0, s1, s2 = self.shards[0], self.shards[1], self.shards[2]
+        L, LR, U, UA, E = (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ,
+                           MsgType.UPDATE_ACK, MsgType.ERROR)
+        self.add_message("s0 reply c2, never requested", s0, LR, ("drop", "unsolicited_reply"),
+                         msg_id=self.msg_id(), client_id=2, shard_id=0, num_keys=2)
+        m = self.msg_id()
+        self.add_message("c2 lookup s0 (dup reply)", c2, L, ("fwd", s0), msg_id=m, client_id=2, shard_id=0,
+                         num_keys=2)
+        self.add_message("s0 reply c2 (dup reply)", s0, LR, ("fwd", c2), msg_id=m, client_id=2, shard_id=0,
+                         num_keys=2)
+        self.add_message("s0 reply c2 again, after the whole reply passed", s0, LR,
+                         ("drop", "unsolicited_reply"), msg_id=m, client_id=2, shard_id=0, num_keys=2)
+        # a retransmitted request after the entry was freed opens a new entry, answered again
+        self.add_message("c2 lookup s0 retransmitted after its reply", c2, L, ("fwd", s0), msg_id=m,
+                         client_id=2, shard_id=0, num_keys=2, flags=Flags.RETRANSMIT)
+        self.add_message("s0 reply c2 to the retransmission", s0, LR, ("fwd", c2), msg_id=m, client_id=2,
+                         shard_id=0, num_keys=2)
+        m = self.msg_id()
+        self.add_message("c2 lookup s1 (wrong shard replies)", c2, L, ("fwd", s1), msg_id=m, client_id=2,
+                         shard_id=1, num_keys=3)
+        self.add_message("s0 reply c2 to a request for s1", s0, LR, ("drop", "wrong_shard_reply"), msg_id=m,
+                         client_id=2, shard_id=0, num_keys=3)
+        m = self.msg_id()
+        self.add_message("c2 lookup s0 (wrong reply type)", c2, L, ("fwd", s0), msg_id=m, client_id=2,
+                         shard_id=0, num_keys=4)
+        self.add_message("s0 UPDATE_ACK to a lookup", s0, UA, ("drop", "wrong_reply_type"), msg_id=m,
+                         client_id=2, shard_id=0, num_keys=4)
+        self.add_message("s0 LOOKUP_REPLY to that lookup", s0, LR, ("fwd", c2), msg_id=m, client_id=2,
+                         shard_id=0, num_keys=4)
+        m = self.msg_id()
+        self.add_message("c3 update s2 (wrong reply type)", c3, U, ("fwd", s2), msg_id=m, client_id=3,
+                         shard_id=2, num_keys=2, dim=2)
+        self.add_message("s2 LOOKUP_REPLY to an update", s2, LR, ("drop", "wrong_reply_type"), msg_id=m,
+                         client_id=3, shard_id=2, num_keys=2, dim=2)
+        self.add_message("s2 ERROR to that update", s2, E, ("fwd", c3), msg_id=m, client_id=3, shard_id=2,
+                         num_keys=2, dim=2, status=Status.INTERNAL)
+        # fragments are tracked, not counted: 0 twice and 2 never -> receiving, duplicates passed on
+        m = self.msg_id()
+        self.add_message("c2 lookup s0, fragment 0 twice, 2 missing", c2, L, ("fwd", s0), msg_id=m,
+                         client_id=2, shard_id=0, num_keys=400, only=[0, 0, 1])
+        # every fragment, one twice, out of order -> forwarded (unanswered)
+        m = self.msg_id()
+        self.add_message("c3 lookup s1, fragments 2 1 1 0", c3, L, ("fwd", s1), msg_id=m, client_id=3,
+                         shard_id=1, num_keys=400, only=[2, 1, 1, 0])
+        # a 3-fragment reply with a fragment duplicated: passes only when all 3 passed
+        m = self.msg_id()
+        self.add_message("c3 lookup s2 (partial reply)", c3, L, ("fwd", s2), msg_id=m, client_id=3,
+                         shard_id=2, num_keys=200, dim=4)
+        self.add_message("s2 reply c3, fragments 0 0 1 (of 3)", s2, LR, ("fwd", c3), msg_id=m, client_id=3,
+                         shard_id=2, num_keys=200, dim=4, only=[0, 0, 1])
+        # more than 256 fragments (docs/protocol.md, "Fragmentation"): stateless, any type
+        n = (256 * P) // 8 + 1  # 45825 keys: 366600 bytes, 257 fragments of 1432
+        self.add_message("lookup of 257 fragments (first fragment)", self.clients[1], L,
+                         ("drop", "too_many_frags"), msg_id=self.msg_id(), client_id=1, shard_id=0,
+                         num_keys=n, only=[0])
+        self.add_message("reply of 257 fragments (last fragment)", s0, LR, ("drop", "too_many_frags"),
+                         msg_id=self.msg_id(), client_id=2, shard_id=0, num_keys=n, dim=2, only=[256])
+
     def _zero_key_lookup(self, src: Peer) -> bytes:
         hdr = Embnic(msg_type=MsgType.LOOKUP_REQ, msg_id=self.msg_id(), client_id=src.id, shard_id=0,
                      num_keys=0, msg_len=0, frag_count=1, frag_len=0, dim=4, dtype=1)
@@ -358,6 +443,22 @@ class Suite:
         c = collections.Counter(MsgType(f.msg_type).name for f in self.frames if f.fate[0] == "fwd")
         return {t.name: c.get(t.name, 0) for t in MsgType}
 
+    def state_model(self) -> "StateModel":
+        """The reference state map after every input (ports in order; no message spans ports)."""
+        model = StateModel()
+        for f in self.frames:
+            if f.fate[0] == "fwd":
+                model.frame(Ether(f.data)[Embnic])
+        return model
+
+    def expected_state(self) -> dict:
+        """``{"entries": n, "by_state": {"receiving": .., "forwarded": .., "replying": ..}}`` at the end."""
+        return self.state_model().summary()
+
+    def expected_completed(self) -> dict[str, dict[str, int]]:
+        """Messages whose whole reply passed, by reply type: overall (``"all"``) and per shard id."""
+        return self.state_model().completed
+
     def expected_arp_replies(self) -> int:
         return sum(1 for f in self.frames if f.fate[0] == "arp")
 
@@ -391,6 +492,42 @@ class Suite:
                 port, data = self.expected_frame(f, card_macs)
                 out[port].append((f, data))
         return out
+
+
+class StateModel:
+    """The card's state map as docs/protocol.md states it, for frames the card forwards.
+
+    Keyed by (client_id, msg_id). A request frame opens the entry (or joins it) and marks its
+    fragment; every fragment seen once -> ``forwarded``. A reply frame (already known to match:
+    fates say which are forwarded) marks its fragment (``replying``); once every reply fragment
+    was seen the entry is freed and counted as completed by reply type, per shard.
+    """
+
+    def __init__(self):
+        self.entries: dict[tuple[int, int], dict] = {}
+        self.completed: dict[str, dict[str, int]] = {"all": collections.Counter()}
+
+    def frame(self, h: Embnic) -> None:
+        key = (h.client_id, h.msg_id)
+        if h.msg_type in consts.REQUEST_TYPES:
+            e = self.entries.setdefault(key, {"in": set(), "out": set(), "n_in": h.frag_count,
+                                              "n_out": 0, "shard": h.shard_id})
+            e["in"].add(h.frag_index)
+            return
+        e = self.entries[key]
+        e["n_out"] = h.frag_count
+        e["out"].add(h.frag_index)
+        if len(e["out"]) == e["n_out"]:
+            del self.entries[key]
+            name = MsgType(h.msg_type).name
+            self.completed["all"][name] += 1
+            self.completed.setdefault(str(e["shard"]), collections.Counter())[name] += 1
+
+    def summary(self) -> dict:
+        by = collections.Counter("replying" if e["out"] else "forwarded" if len(e["in"]) == e["n_in"]
+                                 else "receiving" for e in self.entries.values())
+        return {"entries": len(self.entries),
+                "by_state": {k: by.get(k, 0) for k in ("receiving", "forwarded", "replying")}}
 
 
 # ---------------------------------------------------------------------- pcap files
@@ -488,6 +625,7 @@ def main(argv: list[str]) -> int:
         "card_ports": [{"port": p.port, "ip": p.ip, "mac_assumed": macs[p.port]} for p in s.ports.values()],
         "routes": s.route_cmds(), "clients": s.client_cmds(),
         "drops": s.expected_drops(), "types": s.expected_types(), "arp_replies": s.expected_arp_replies(),
+        "state": s.expected_state(), "completed": s.expected_completed(),
         "outputs": {str(p): [{"label": f.label, "in_port": f.port, "hex": d.hex()} for f, d in fr]
                     for p, fr in s.expected_outputs(macs).items()},
         "inputs": [{"label": f.label, "port": f.port, "fate": [f.fate[0], f.fate[1].id if f.fate[0] == "fwd"

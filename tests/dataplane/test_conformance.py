@@ -1,8 +1,9 @@
 """Conformance of embnic-dp through net_pcap vdevs: exact output frames, counters, no leaks.
 
-The cases live in conformance.py (reusable by the P4 target): requests from 2 clients to 3
-shards, replies, multi-fragment messages, ARP, malformed frames of every kind and unauthorised
-senders, on a 3-port card. Each lcore layout runs once (run to completion, RX/TX pipeline).
+The cases live in conformance.py (reusable by the P4 target): requests from 3 clients to 3
+shards, replies, multi-fragment messages, ARP, malformed frames of every kind, unauthorised
+senders, and the reply path through the state map (unsolicited, wrong shard, wrong type,
+duplicates, fragments tracked by bitmap, more than 256 fragments), on a 3-port card. Each lcore layout runs once (run to completion, RX/TX pipeline).
 Run alone: sudo python3 -m pytest -q tests/dataplane/test_conformance.py
 """
 from __future__ import annotations
@@ -79,7 +80,8 @@ def test_every_drop_named(run):
     for reason in ("too_short", "bad_ether", "bad_ip", "ip_options", "not_udp", "bad_udp", "bad_port",
                    "bad_magic", "bad_version", "bad_type", "bad_dtype", "bad_length", "unknown_client",
                    "unknown_server", "unknown_shard", "ring_full", "no_mbuf", "tx_full", "state_full",
-                   "arp_ignored", "wrong_dst", "frag_mismatch"):
+                   "arp_ignored", "wrong_dst", "frag_mismatch", "too_many_frags", "unsolicited_reply",
+                   "wrong_shard_reply", "wrong_reply_type"):
         assert reason in drops, f"drop reason {reason} missing from counters"
     want = run["suite"].expected_drops()
     assert {k: v for k, v in drops.items() if v} == want
@@ -111,12 +113,28 @@ def test_no_mbuf_leak(run):
 
 
 def test_state_map_tracked(run):
-    """Forwarded requests have state entries; nothing overflowed or expired in this short run."""
+    """The map holds exactly the messages in flight, in the states of the reference model.
+
+    Answered messages are gone; a request missing a fragment (or seen twice) stays receiving.
+    """
     st = run["state"]
     assert st["overflow"] == 0 and st["expired"] == 0
-    # distinct request messages forwarded: m1 (+retransmit), m2..m5, cksum-0, trailer, 250-key
-    assert st["entries"] == 8
-    assert sum(st["by_state"].values()) == st["entries"]
+    want = run["suite"].expected_state()
+    assert {"entries": st["entries"], "by_state": st["by_state"]} == want
+
+
+def test_completed_messages(run):
+    """Messages whose whole reply passed are counted by reply type, overall and per shard, with
+    one latency sample each in their shard's histogram."""
+    c, want = run["counters"], run["suite"].expected_completed()
+    assert c["completed"] == {t: want["all"].get(t, 0) for t in ("LOOKUP_REPLY", "UPDATE_ACK", "ERROR")}
+    shards = {str(s["shard"]): s for s in c["shards"]}
+    assert set(shards) == {str(i) for i in run["suite"].shards}
+    for sid, s in shards.items():
+        done = {t: s[t] for t in ("LOOKUP_REPLY", "UPDATE_ACK", "ERROR") if s[t]}
+        assert done == dict(want.get(sid, {})), sid
+        assert sum(s["latency_hist"]) == sum(done.values())
+        assert len(s["latency_hist"]) == 24 and s["expired"] == 0
 
 
 def test_clean_exit(run):

@@ -125,7 +125,7 @@ def test_counters_shape(card):
 
 def test_state_commands_empty(card):
     s = card.call("state_summary")
-    assert s["entries"] == 0 and set(s["by_state"]) == {"receiving", "forwarded", "answered", "expired"}
+    assert s["entries"] == 0 and set(s["by_state"]) == {"receiving", "forwarded", "replying"}
     assert card.call("state_dump", limit=5)["entries"] == []
     assert not card.call("state_dump", limit=-1, check=False)["ok"]
 

@@ -11,7 +11,8 @@ Nobody has static neighbour entries: the client's and shards' kernels ARP for th
 answers. The client (embnic.client_lib.client.EmbeddingClient, in its namespace) looks rows up,
 looks them up again (same rows), sends SGD updates and looks up again (rows moved by -lr·grad),
 with messages large enough to be fragmented both ways. Then the card's counters must show every
-message type, no authorisation or malformed drops, answered state entries, and no leaked mbufs.
+message type, no authorisation or malformed drops, every message completed (its entry freed, its
+latency in its shard's histogram), and no leaked mbufs.
 Run alone: sudo python3 -m pytest -q tests/dataplane/test_live.py
 """
 from __future__ import annotations
@@ -245,10 +246,17 @@ def test_no_authorisation_or_malformed_drops(live):
     assert not bad, bad
 
 
-def test_state_answered(live):
-    st = live["state"]
-    assert st["by_state"]["answered"] >= 4
-    assert st["overflow"] == 0
+def test_every_message_completed(live):
+    """Every request was answered through the card: no entry left, completions counted per shard."""
+    st, c = live["state"], live["counters"]
+    assert st["entries"] == 0, st
+    assert st["overflow"] == 0 and st["expired"] == 0
+    assert c["completed"]["LOOKUP_REPLY"] >= 4 and c["completed"]["UPDATE_ACK"] >= 2
+    shards = {s["shard"]: s for s in c["shards"]}
+    assert set(shards) == {0, 1}
+    for s in shards.values():
+        assert sum(s["latency_hist"]) == s["LOOKUP_REPLY"] + s["UPDATE_ACK"] + s["ERROR"] > 0
+        assert s["latency_sum_ns"] > 0
 
 
 def test_no_mbuf_leak_live(live):

@@ -56,17 +56,22 @@ def lifecycle(card_bin, tmp_path):
     s = _suite()
     L, LR, U, E = MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ, MsgType.ERROR
     frames = []
-    # A: 400-key lookup (3 fragments, 3200 bytes) answered by 5 reply fragments (6400 bytes)
+    # A: 400-key lookup (3 fragments, 3200 bytes) answered by 5 reply fragments -> freed
     frames += s.message(C1, L, msg_id=11, client_id=1, shard_id=0, num_keys=400)
     frames += s.message(S0, LR, msg_id=11, client_id=1, shard_id=0, num_keys=400)
     # B: 2-fragment update, never acked -> forwarded
     frames += s.message(C1, U, msg_id=12, client_id=1, shard_id=1, num_keys=30, dim=16)
     # C: only the first fragment of a 250-key lookup -> receiving
     frames += s.message(C1, L, msg_id=13, client_id=1, shard_id=1, num_keys=250)[:1]
-    # D: 1-key lookup answered with ERROR
+    # D: 1-key lookup answered with ERROR -> freed
     frames += s.message(C1, L, msg_id=14, client_id=1, shard_id=0, num_keys=1)
     frames += s.message(S0, E, msg_id=14, client_id=1, shard_id=0, num_keys=1, status=Status.NOT_OWNER)
-    # a reply to a message the card never saw: forwarded, not tracked
+    # E: 3-fragment lookup whose fragment 0 arrives twice and fragment 2 never -> receiving
+    frames += s.message(C1, L, msg_id=15, client_id=1, shard_id=0, num_keys=400, only=[0, 0, 1])
+    # F: 400-key lookup with 2 of its 5 reply fragments -> replying
+    frames += s.message(C1, L, msg_id=16, client_id=1, shard_id=0, num_keys=400)
+    frames += s.message(S0, LR, msg_id=16, client_id=1, shard_id=0, num_keys=400, only=[3, 1])
+    # a reply to a message the card never saw: dropped, not tracked
     frames += s.message(S1, LR, msg_id=99, client_id=1, shard_id=1, num_keys=2, dtype=DType.FP16)
     t0 = time.time_ns()
     card, _ = _start(card_bin, tmp_path, frames, "--state-timeout-ms", str(TIMEOUT_MS))
@@ -84,24 +89,41 @@ def lifecycle(card_bin, tmp_path):
 
 
 def test_states_after_drain(lifecycle):
-    d, s = lifecycle["dump"], lifecycle["summary"]
-    assert lifecycle["counters"]["drops"] == {k: 0 for k in lifecycle["counters"]["drops"]}
-    assert set(d) == {11, 12, 13, 14}
-    assert {k: v["state"] for k, v in d.items()} == {11: "answered", 12: "forwarded", 13: "receiving",
-                                                      14: "answered"}
-    assert s["entries"] == 4 and s["by_state"] == {"receiving": 1, "forwarded": 1, "answered": 2,
-                                                   "expired": 0}
+    """Answered messages left the map; the rest are in the state their frames say."""
+    d, s, c = lifecycle["dump"], lifecycle["summary"], lifecycle["counters"]
+    assert {k: v for k, v in c["drops"].items() if v} == {"unsolicited_reply": 1}
+    assert {k: v["state"] for k, v in d.items()} == {12: "forwarded", 13: "receiving", 15: "receiving",
+                                                      16: "replying"}
+    assert s["entries"] == 4 and s["by_state"] == {"receiving": 2, "forwarded": 1, "replying": 1}
 
 
-def test_frames_and_bytes_each_way(lifecycle):
+def test_fragments_tracked_not_counted(lifecycle):
+    """Frames count duplicates; fragments and bytes count each fragment once (never > msg_len)."""
     d = lifecycle["dump"]
-    a, b, c, e = d[11], d[12], d[13], d[14]
-    assert (a["frames_in"], a["bytes_in"], a["frames_out"], a["bytes_out"]) == (3, 3200, 5, 6400)
-    assert (b["frames_in"], b["bytes_in"], b["frames_out"], b["bytes_out"]) == (2, 30 * (8 + 64), 0, 0)
-    assert (c["frames_in"], c["bytes_in"], c["frames_out"]) == (1, 1432, 0)
-    assert (e["frames_in"], e["bytes_in"], e["frames_out"], e["bytes_out"]) == (1, 8, 1, 0)
-    assert (a["client"], a["shard"], a["table"], a["type"]) == (1, 0, 3, "LOOKUP_REQ")
-    assert (b["shard"], b["type"]) == (1, "UPDATE_REQ")
+    b, c, e, f = d[12], d[13], d[15], d[16]
+    assert (b["frags_in"], b["frag_count"], b["frames_in"], b["bytes_in"], b["msg_len"]) == (
+        2, 2, 2, 30 * (8 + 64), 30 * (8 + 64))
+    assert (c["frags_in"], c["frag_count"], c["frames_in"], c["bytes_in"]) == (1, 2, 1, 1432)
+    assert (e["frags_in"], e["frag_count"], e["frames_in"], e["bytes_in"], e["msg_len"]) == (
+        2, 3, 3, 2 * 1432, 3200)
+    assert (f["frags_in"], f["frames_in"], f["bytes_in"]) == (3, 3, 3200)
+    assert (f["reply_type"], f["reply_frag_count"], f["frags_out"], f["frames_out"], f["bytes_out"]) == (
+        "LOOKUP_REPLY", 5, 2, 2, 2 * 1432)
+    assert (b["client"], b["shard"], b["table"], b["type"], b["reply_type"]) == (1, 1, 3, "UPDATE_REQ", None)
+
+
+def test_completed_and_latency(lifecycle):
+    """What answered messages leave behind: completed by reply type, per shard, with latencies."""
+    c = lifecycle["counters"]
+    assert c["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 1}
+    shards = {s["shard"]: s for s in c["shards"]}
+    assert set(shards) == {0, 1}
+    s0 = shards[0]
+    assert (s0["LOOKUP_REPLY"], s0["ERROR"], s0["UPDATE_ACK"], s0["expired"]) == (1, 1, 0, 0)
+    assert sum(s0["latency_hist"]) == 2 and len(s0["latency_hist"]) == 24
+    # both answered within the run (a request and its reply in one burst share a TSC: 0 ns)
+    assert 0 <= s0["latency_sum_ns"] <= lifecycle["t1"] - lifecycle["t0"]
+    assert sum(shards[1]["latency_hist"]) == 0
 
 
 def test_timestamps(lifecycle):
@@ -112,15 +134,14 @@ def test_timestamps(lifecycle):
 
 
 def test_expiry(lifecycle):
-    """Unanswered entries expire (counted); answered and expired entries are then removed."""
+    """Entries idle for the timeout are freed and counted as expired, overall and per shard."""
     card = lifecycle["card"]
-    st = _poll(card, lambda s: s["expired"] == 2)
-    assert st["by_state"]["receiving"] == 0 and st["by_state"]["forwarded"] == 0
-    dump = {e["msg_id"]: e["state"] for e in card.call("state_dump")["entries"]}
-    assert all(dump.get(m, "expired") == "expired" for m in (12, 13))
-    _poll(card, lambda s: s["entries"] == 0)
+    st = _poll(card, lambda s: s["entries"] == 0)
+    assert st["expired"] == 4 and st["by_state"] == {"receiving": 0, "forwarded": 0, "replying": 0}
     assert card.call("state_dump")["entries"] == []
-    assert card.counters()["state"]["expired"] == 2
+    c = card.counters()
+    assert c["state"]["expired"] == 4
+    assert {s["shard"]: s["expired"] for s in c["shards"]} == {0: 2, 1: 2}
 
 
 def test_reset_counters_keeps_state(lifecycle):
@@ -130,6 +151,8 @@ def test_reset_counters_keeps_state(lifecycle):
     assert all(p["rx_frames"] == 0 and p["tx_frames"] == 0 for p in c["ports"])
     assert c["ring"]["high_water"] == 0
     assert c["state"]["entries"] == lifecycle["summary"]["entries"]
+    assert sum(c["completed"].values()) == 0
+    assert all(sum(s["latency_hist"]) == 0 and s["LOOKUP_REPLY"] == 0 for s in c["shards"])
 
 
 def test_state_full_drops_and_counts(card_bin, tmp_path):
@@ -152,3 +175,26 @@ def test_state_full_drops_and_counts(card_bin, tmp_path):
     assert c["state"]["overflow"] == n_msgs - size
     assert c["types"]["LOOKUP_REQ"] == size
     assert c["mempool"]["in_use"] == 0
+
+
+def test_capacity_is_messages_in_flight(card_bin, tmp_path):
+    """Answered messages free their entry at once: 1000 messages, 8 in flight at a time, pass a
+    64-entry map with no state_full, and leave it empty."""
+    s = _suite()
+    L, LR = MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY
+    frames = []
+    for w in range(0, 1000, 8):
+        ids = range(5000 + w, 5008 + w)
+        frames += [f for m in ids for f in s.message(C1, L, msg_id=m, client_id=1, shard_id=0, num_keys=1)]
+        frames += [f for m in ids for f in s.message(S0, LR, msg_id=m, client_id=1, shard_id=0, num_keys=1)]
+    card, _ = _start(card_bin, tmp_path, frames, "--state-size", "64")
+    try:
+        card.call("resume")
+        c = wait_drained(card, len(frames))
+        summary = card.call("state_summary")
+    finally:
+        card.stop()
+        card.cleanup()
+    assert c["drops"]["state_full"] == 0 and sum(c["drops"].values()) == 0
+    assert c["completed"]["LOOKUP_REPLY"] == 1000
+    assert summary["entries"] == 0
