@@ -184,11 +184,12 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     ``frames_detail``, ``rounds_per_step``, ``dedup_ratio`` (unique ids / ids),
     ``dedup_savings`` (1 − ratio), ``lookup_latency_us`` (``p50``, ``p90``, ``p99``, ``max``,
     ``mean``, ``n``), ``card_drops`` (every reason), ``card`` (``frames_by_type``: frames the
-    card forwarded per message type; ports, ring, state map; ``messages_in_state_map``:
-    messages — not frames — in the card's state map at the end of training, ``entries`` and by
-    state ``receiving``/``forwarded``/``answered``/``expired``; it also holds the testbed's
-    readiness probes, and an answered message leaves it ``state_timeout_ms`` after its reply,
-    so over a longer run it holds only the recent ones),
+    card forwarded per message type; ports, ring, state map; ``messages_completed``: messages
+    whose whole reply passed the card, by reply type; ``latency_by_shard``: the card's per-shard
+    completions, expiries and request->reply latency histogram; ``messages_in_state_map``:
+    messages — not frames — still in flight in the card's state map at the end of training,
+    ``entries`` and by state ``receiving``/``forwarded``/``replying``: an answered message
+    leaves it when its reply has passed, so after a clean run it is empty),
     ``tables`` (rows read back, max |Δ|, equal), ``netem``, ``kill_shard``, ``kill_at_step``,
     ``error`` (None, or what failed: ``message``, ``phase``, ``failed_at_step``,
     ``failing_shard``, ``dead_nodes``), ``timing``, ``plots``.
@@ -375,6 +376,8 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
         "card": {"frames_by_type": card_at_end.get("types"), "ports": card_at_end.get("ports"),
                  "ring": card_at_end.get("ring"), "mempool": card_at_end.get("mempool"),
                  "state": card_at_end.get("state"),
+                 "messages_completed": card_at_end.get("completed"),
+                 "latency_by_shard": card_at_end.get("shards"),
                  "messages_in_state_map": ({"entries": state_sum.get("entries"), **(state_sum.get("by_state") or {})}
                                            if state_sum else None),
                  "drops_incl_eval_and_readback": (card_final or {}).get("drops", {})},
