@@ -108,7 +108,8 @@ def card_config(tmp_path):
 def fake_dp_factory(tmp_path_factory):
     """``fake_dp_factory(proto_version=2)`` → path of a stand-in embnic-dp ELF (cached per arguments)."""
     if not ctl_elf.have_cc():
-        pytest.skip("gcc not installed: cannot build the stand-in embnic-dp (apt-get install build-essential)")
+        pytest.fail("gcc not installed: cannot build the stand-in embnic-dp (scripts/install-deps.sh installs "
+                    "build-essential)")
     d = tmp_path_factory.mktemp("fakedp")
     cache = {}
 

@@ -14,6 +14,22 @@ from pathlib import Path
 from embnic.client_lib import consts
 
 HERE = Path(__file__).resolve().parent
+DP_INCLUDE = HERE.parents[1] / "dataplane" / "include"
+
+
+def c_layout(decls: str, exprs: list[str], out_dir: Path) -> list[int]:
+    """Compile and run a C program that includes ``dataplane/include/embnic_buildinfo.h`` (the
+    card's header; it needs no DPDK) after ``decls`` and prints each of ``exprs`` (e.g.
+    ``sizeof(struct embnic_buildinfo)``) as an unsigned number: what the C compiler says, not
+    what the Python reader assumes."""
+    src = out_dir / "layout.c"
+    body = "".join(f'    printf("%zu\\n", (size_t)({e}));\n' for e in exprs)
+    src.write_text(f"#include <stddef.h>\n#include <stdio.h>\n{decls}\n#include \"embnic_buildinfo.h\"\n"
+                   f"int main(void)\n{{\n{body}    return 0;\n}}\n")
+    exe = out_dir / "layout"
+    subprocess.run(["gcc", "-O0", "-I", str(DP_INCLUDE), "-o", str(exe), str(src)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
 
 _C = r"""
 #include <stdint.h>
@@ -21,16 +37,7 @@ _C = r"""
 #include <stdlib.h>
 #include <unistd.h>
 
-struct __attribute__((packed)) bi_field { char name[16]; uint16_t offset; uint16_t size; };
-struct __attribute__((packed)) embnic_buildinfo {
-    char magic[8];
-    uint32_t info_version, proto_version, hdr_len, udp_port, ring_size, route_table_size,
-             client_table_size, state_table_size, n_fields;
-    struct bi_field fields[24];
-    char git_rev[41];
-    char dpdk_version[32];
-};
-_Static_assert(sizeof(struct embnic_buildinfo) == 597, "layout");
+#include "embnic_buildinfo.h"   /* the card's own layout (dataplane/include), not a copy */
 
 __attribute__((section(".embnic_buildinfo"), used))
 const struct embnic_buildinfo embnic_buildinfo = {
@@ -67,6 +74,6 @@ def build_fake_dp(out: Path, proto_version: int = consts.VERSION, hdr_len: int =
     defs = {"MAGIC_STR": f'"{magic}"', "PROTO": str(proto_version), "HDRLEN": str(hdr_len),
             "UDPPORT": str(udp_port), "NFIELDS": str(len(fields)), "FIELDS": fl,
             "PYTHON": f'"{sys.executable}"', "SCRIPT": f'"{HERE / "ctl_fake_card.py"}"'}
-    cmd = ["gcc", "-O0", "-o", str(out), str(src)] + [f"-D{k}={v}" for k, v in defs.items()]
+    cmd = ["gcc", "-O0", "-I", str(DP_INCLUDE), "-o", str(out), str(src)] + [f"-D{k}={v}" for k, v in defs.items()]
     subprocess.run(cmd, check=True, capture_output=True)
     return out

@@ -14,14 +14,43 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 
-DROP_REASONS = ("too_short", "bad_ether", "bad_ip", "ip_options", "not_udp", "bad_udp", "bad_port", "bad_magic",
-                "bad_version", "bad_type", "bad_dtype", "bad_length", "unknown_client", "unknown_server",
-                "unknown_shard", "ring_full", "no_mbuf", "tx_full", "state_full", "arp_ignored")
+_DP_INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "dataplane", "include")
+_X_ENTRY = re.compile(r"X\(\s*([A-Z0-9_]+)\s*,\s*([a-z0-9_]+)\s*\)")
+
+
+def card_drop_reasons(include_dir: str = _DP_INCLUDE) -> tuple[str, ...]:
+    """The drop reasons of the real card, in order: the names of the ``EMBNIC_DROP_REASONS(X)``
+    X-macro in ``dataplane/include/*.h`` (the card's one definition; the fake has no list of
+    its own, so a reason added to the card is on the fake's ``counters`` too).
+
+    Raises:
+        RuntimeError: no header defines the X-macro, or it has no entries.
+    """
+    for name in sorted(os.listdir(include_dir)):
+        if not name.endswith(".h"):
+            continue
+        with open(os.path.join(include_dir, name)) as f:
+            lines = f.read().splitlines()
+        for i, ln in enumerate(lines):
+            if re.match(r"\s*#\s*define\s+EMBNIC_DROP_REASONS\s*\(\s*X\s*\)", ln):
+                body = []
+                while lines[i].rstrip().endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    body.append(lines[i])
+                reasons = tuple(m.group(2) for m in _X_ENTRY.finditer("\n".join(body)))
+                if not reasons:
+                    raise RuntimeError(f"{name}: EMBNIC_DROP_REASONS(X) has no X(ENUM, name) entries")
+                return reasons
+    raise RuntimeError(f"no EMBNIC_DROP_REASONS(X) X-macro in {os.path.abspath(include_dir)}/*.h")
+
+
+DROP_REASONS = card_drop_reasons()
 TYPES = ("LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR")
 
 

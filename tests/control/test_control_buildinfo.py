@@ -16,8 +16,22 @@ from embnic.client_lib import consts
 from embnic.control import buildinfo
 
 
+def test_reader_layout_is_the_c_struct(tmp_path):
+    """The Python reader's size and offsets are those gcc gives the card's own header."""
+    import ctl_elf
+
+    if not ctl_elf.have_cc():
+        pytest.fail("gcc not installed: scripts/install-deps.sh installs build-essential")
+    size, nf, fields, git, dpdk, fsize = ctl_elf.c_layout("", [
+        "sizeof(struct embnic_buildinfo)", "offsetof(struct embnic_buildinfo, n_fields)",
+        "offsetof(struct embnic_buildinfo, fields)", "offsetof(struct embnic_buildinfo, git_rev)",
+        "offsetof(struct embnic_buildinfo, dpdk_version)", "sizeof(struct embnic_buildinfo_field)"], tmp_path)
+    assert buildinfo.SIZE == size
+    assert (buildinfo._HEAD.size, buildinfo._FIELD.size) == (fields, fsize) and nf == fields - 4
+    assert fields + buildinfo.MAX_FIELDS * fsize == git and git + buildinfo._TAIL.size - 32 == dpdk
+
+
 def test_parse_roundtrip_and_size():
-    assert buildinfo.SIZE == 597
     fields = b"".join(struct.pack("<16sHH", n.encode(), o, s) for n, o, s in consts.HEADER_FIELDS)
     fields += b"\0" * (20 * (24 - len(consts.HEADER_FIELDS)))
     data = struct.pack("<8s9I", b"EMBNICBI", 1, 1, 40, 7878, 4096, 256, 512, 65536, len(consts.HEADER_FIELDS))
@@ -28,7 +42,8 @@ def test_parse_roundtrip_and_size():
     assert buildinfo.check(bi) == []
     with pytest.raises(buildinfo.BuildInfoError, match="magic"):
         buildinfo.parse(b"XXXXXXXX" + data[8:])
-    with pytest.raises(buildinfo.BuildInfoError, match="596 bytes, expected 597"):
+    assert len(data) == buildinfo.SIZE
+    with pytest.raises(buildinfo.BuildInfoError, match=f"{len(data) - 1} bytes, expected {len(data)}"):
         buildinfo.parse(data[:-1])
 
 

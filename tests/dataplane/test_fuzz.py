@@ -23,10 +23,11 @@ pytestmark = [pytest.mark.slow]
 
 
 def test_fuzz_parse_bounded(tmp_path):
+    # scripts/apt-packages.txt has clang, libclang-rt-14-dev (libFuzzer, ASan) and libdpdk-dev
     if shutil.which("clang") is None:
-        pytest.skip("clang absent (needed for libFuzzer): run `make deps`")
+        pytest.fail("clang absent (needed for libFuzzer): run `make deps`")
     if subprocess.run(["pkg-config", "--exists", "libdpdk"]).returncode != 0:
-        pytest.skip("DPDK headers absent (pkg-config libdpdk): run `make deps`")
+        pytest.fail("DPDK headers absent (pkg-config libdpdk): run `make deps`")
     build = tmp_path / "build"
     r = subprocess.run(["make", "-s", "-C", str(REPO / "dataplane"), "fuzz", f"BUILD={build}",
                         f"FUZZ_SECONDS={SECONDS}"], capture_output=True, text=True, timeout=SECONDS + 300)

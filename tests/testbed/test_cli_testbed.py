@@ -38,7 +38,7 @@ def _unprivileged(argv: list[str]) -> list[str]:
     if os.geteuid() != 0 and not T.has_net_admin():
         return argv
     if shutil.which("setpriv") is None:
-        pytest.skip("running as root and setpriv (util-linux) is missing to drop CAP_NET_ADMIN")
+        pytest.fail("running as root and setpriv (util-linux, essential in Debian) is missing to drop CAP_NET_ADMIN")
     return ["setpriv", "--bounding-set=-net_admin,-sys_admin", "--inh-caps=-net_admin,-sys_admin"] + argv
 
 

@@ -99,8 +99,9 @@ def test_trace_helpers_parse_group_and_match(tmp_path):
 
 
 @needs_root
-@pytest.mark.skipif(shutil.which("tcpreplay") is None, reason="tcpreplay is not installed (apt-get install tcpreplay)")
 def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  # noqa: F811
+    if shutil.which("tcpreplay") is None:
+        pytest.fail("tcpreplay is not installed: scripts/install-deps.sh installs it (scripts/apt-packages.txt)")
     build_dataplane()
     env = dict(os.environ, EMBNIC_RUN_DIR=str(run_dir))
     pcap = tmp_path / "t.pcap"
