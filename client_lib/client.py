@@ -2,8 +2,10 @@
 
 :class:`EmbeddingClient` turns ``{table_id: unique keys}`` into one variable-length message per
 (shard, table) — routed by :mod:`embnic.client_lib.routing`, fragmented to the cluster MTU by
-:mod:`embnic.client_lib.codec` — sends them all at once (one round), reassembles the replies
-and puts every row back at its key's position. Lookups whose reply is incomplete after
+:mod:`embnic.client_lib.codec`, and split into several messages where a message or its reply
+would need more than ``consts.MAX_FRAGS`` (256) fragments — sends them all at once (one round),
+reassembles the replies and puts every row back at its key's position. A reply is taken only
+from the shard its request went to (others are counted as ``wrong_shard_reply``). Lookups whose reply is incomplete after
 ``timeout_ms`` are re-sent with the ``RETRANSMIT`` flag; updates likewise until acked (the
 servers apply each update exactly once). After ``retries`` tries the client raises
 :class:`ShardUnavailableError` naming the shard.
@@ -127,6 +129,18 @@ def set_socket_buffers(sock: socket.socket, size: int = _SOCK_BUF) -> None:
                 pass
 
 
+def _chunks(parts, cap: int):
+    """Split each ``(shard_id, pos, keys)`` of :func:`split_by_shard` into pieces of at most
+    ``cap`` keys (slices, no copies), so every message and its reply fit in
+    :data:`consts.MAX_FRAGS` fragments (docs/protocol.md, "Fragmentation")."""
+    for shard_id, pos, skeys in parts:
+        if len(skeys) <= cap:
+            yield shard_id, pos, skeys
+            continue
+        for a in range(0, len(skeys), cap):
+            yield shard_id, pos[a:a + cap], skeys[a:a + cap]
+
+
 class EmbeddingClient:
     """Embedding lookups and updates against the parameter-server shards of a cluster.
 
@@ -189,7 +203,8 @@ class EmbeddingClient:
             rows = np.empty((len(keys), t.dim), dtype=np.float32)
             out[table_id] = rows
             dt = t.wire_dtype
-            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
+            cap = consts.max_keys_per_message(MsgType.LOOKUP_REQ, t.dim, dt, self.mtu)
+            for shard_id, pos, skeys in _chunks(split_by_shard(self.cfg, table_id, keys), cap):
                 msg_id = self._alloc_id()
                 frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
                                              shard_id=shard_id, dim=t.dim, dtype=dt, keys=skeys, mtu=self.mtu)
@@ -216,7 +231,8 @@ class EmbeddingClient:
             t = self.cfg.table(table_id)
             keys = as_ids(keys)
             grads = np.asarray(grads, dtype=np.float32)
-            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
+            cap = consts.max_keys_per_message(MsgType.UPDATE_REQ, t.dim, t.wire_dtype, self.mtu)
+            for shard_id, pos, skeys in _chunks(split_by_shard(self.cfg, table_id, keys), cap):
                 msg_id = self._alloc_id()
                 frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
                                              shard_id=shard_id, dtype=t.wire_dtype, keys=skeys,
@@ -310,6 +326,9 @@ class EmbeddingClient:
             m = pending.get(h.msg_id)
             if m is None or h.client_id != self.client_id:
                 self.stats.stale_replies += 1
+                continue
+            if h.shard_id != m.shard_id:  # docs/protocol.md, "The card's state map"
+                self.stats.drops["wrong_shard_reply"] += 1
                 continue
             if h.msg_type == MsgType.ERROR:
                 raise ShardError(m.shard_id, m.table_id, h.status)

@@ -98,7 +98,8 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
 
     Raises:
         FrameError: reason ``too_short``, ``bad_magic``, ``bad_version``, ``bad_type``,
-            ``bad_dtype`` or ``bad_length``.
+            ``bad_dtype``, ``bad_length`` or ``too_many_frags`` (``frag_count`` >
+            :data:`consts.MAX_FRAGS`).
     """
     n = len(payload)
     if n < consts.HDR_LEN:
@@ -127,6 +128,8 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
         raise FrameError("bad_length", f"msg_len {h.msg_len} does not fit {h.num_keys} keys of dim {h.dim}")
     if h.num_keys == 0 and t in (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ):
         raise FrameError("bad_length", "num_keys 0")
+    if h.frag_count > consts.MAX_FRAGS:
+        raise FrameError("too_many_frags", f"frag_count {h.frag_count} > {consts.MAX_FRAGS}")
     return h
 
 
@@ -160,13 +163,15 @@ def encode_message(
         list of ``frag_count`` byte strings, each ``40 + frag_len`` bytes.
 
     Raises:
-        ValueError: MTU too small, or the message needs more than 65535 fragments.
+        ValueError: MTU too small, or the message needs more than :data:`consts.MAX_FRAGS`
+            fragments (split it into several messages: :func:`consts.max_keys_per_message`).
     """
     body = memoryview(body).cast("B")
     msg_len = len(body)
     p, count = frag_geometry(msg_len, mtu)
-    if count > 0xFFFF:
-        raise ValueError(f"message of {msg_len} bytes needs {count} fragments at MTU {mtu} (max 65535)")
+    if count > consts.MAX_FRAGS:
+        raise ValueError(f"message of {msg_len} bytes needs {count} fragments at MTU {mtu} "
+                         f"(max {consts.MAX_FRAGS}): split it into several messages")
     if count == 1:
         return [_HDR.pack(consts.MAGIC, consts.VERSION, msg_type, flags, dtype, status, msg_id, client_id,
                           table_id, shard_id, dim, num_keys, msg_len, 0, 0, 1, msg_len, 0) + body]

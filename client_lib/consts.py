@@ -17,6 +17,7 @@ UDP_HDR_LEN = 8
 ETH_HDR_LEN = 14
 KEY_SIZE = 8  #: bytes per key (uint64, little-endian in bodies)
 DEFAULT_MTU = 1500  #: bytes of IPv4 datagram
+MAX_FRAGS = 256  #: fragments of one message at most; receivers drop more as ``too_many_frags``
 
 #: (name, offset, size) of every header field, network byte order.
 HEADER_FIELDS: tuple[tuple[str, int, int], ...] = (
@@ -91,6 +92,7 @@ DROP_REASONS = (
     "bad_dtype",
     "bad_length",
     "frag_mismatch",
+    "too_many_frags",
     "too_large",
 )
 
@@ -107,6 +109,26 @@ def max_body_per_frame(mtu: int) -> int:
     if p <= 0 or p > 0xFFFF:
         raise ValueError(f"MTU {mtu} leaves {p} body bytes per frame; use an MTU in 69..65535")
     return p
+
+
+def max_keys_per_message(msg_type: int, dim: int, dtype: int, mtu: int) -> int:
+    """Most keys one request of ``msg_type`` may carry so that it and its reply each fit in
+    :data:`MAX_FRAGS` fragments at ``mtu`` (docs/protocol.md, "Fragmentation").
+
+    A lookup of ``n`` keys is ``8n`` bytes and its reply ``n·dim·esize``; an update is
+    ``n·(8 + dim·esize)`` and its ack empty. Clients split larger requests into several messages.
+
+    Example: MTU 1500 (P = 1432), dim 64, fp32: lookups 1432 keys, updates 1374 keys.
+
+    Raises:
+        ValueError: ``msg_type`` is not a request type, or the MTU leaves no body room.
+    """
+    if msg_type not in REQUEST_TYPES:
+        raise ValueError(f"max_keys_per_message: {msg_type!r} is not a request type")
+    budget = MAX_FRAGS * max_body_per_frame(mtu)
+    row = dim * DTYPE_SIZE.get(DType(dtype), 0) if dtype in (0, 1, 2) else 0
+    per_key = max(KEY_SIZE, row) if msg_type == MsgType.LOOKUP_REQ else KEY_SIZE + row
+    return max(1, budget // per_key)
 
 
 def expected_msg_len(msg_type: int, num_keys: int, dim: int, dtype: int) -> int:

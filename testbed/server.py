@@ -298,6 +298,9 @@ class ShardServer:
             return Status.UNKNOWN_TABLE
         if h.dim != ts.dim or h.dtype != ts.table.wire_dtype:
             return Status.DIM_MISMATCH
+        if h.msg_type == MsgType.LOOKUP_REQ and h.num_keys > consts.max_keys_per_message(
+                MsgType.LOOKUP_REQ, h.dim, h.dtype, self.mtu):
+            return Status.MALFORMED  # its reply would need more than consts.MAX_FRAGS fragments
         return None
 
     def _check_keys(self, ts: TableShard, keys: np.ndarray) -> None:

@@ -182,3 +182,45 @@ def test_lookup_reply_zero_dtype_rejected():
 def test_mtu_too_small():
     with pytest.raises(ValueError, match="MTU"):
         codec.encode_message(1, msg_id=1, client_id=1, body=b"x" * 8, num_keys=1, mtu=60)
+
+
+# ---- at most 256 fragments a message (docs/protocol.md, "Fragmentation") ------------------------
+
+def test_max_frags_constant():
+    assert consts.MAX_FRAGS == 256
+
+
+def test_more_than_256_fragments_dropped_as_too_many_frags():
+    p = consts.max_body_per_frame(1500)
+    n = 256 * p // 8 + 1  # 45825 keys: 257 fragments
+    frames = codec.encode_message(MsgType.LOOKUP_REQ, msg_id=1, client_id=1, num_keys=n - 1, dim=4,
+                                  body=bytes(8 * (n - 1)), mtu=1500)
+    assert len(frames) == 256  # the largest message that fits
+    h = codec.parse_header(frames[0])._replace(frag_count=257, num_keys=n, msg_len=8 * n)
+    with pytest.raises(FrameError) as e:
+        codec.parse_header(h.pack() + frames[0][consts.HDR_LEN:])
+    assert e.value.reason == "too_many_frags"
+
+
+def test_encode_refuses_more_than_256_fragments():
+    p = consts.max_body_per_frame(1500)
+    with pytest.raises(ValueError, match="257 fragments.*max 256.*several messages"):
+        codec.encode_message(MsgType.LOOKUP_REQ, msg_id=1, client_id=1, num_keys=1, body=bytes(256 * p + 1))
+
+
+@pytest.mark.parametrize("msg_type,dim,dtype,mtu,want", [
+    (MsgType.LOOKUP_REQ, 64, 1, 1500, 256 * 1432 // 256),     # the reply bounds it: 1432
+    (MsgType.UPDATE_REQ, 64, 1, 1500, 256 * 1432 // 264),     # 1388
+    (MsgType.LOOKUP_REQ, 1, 2, 1500, 256 * 1432 // 8),        # the request bounds it: 45824
+    (MsgType.LOOKUP_REQ, 512, 1, 9000, 256 * 8932 // 2048),
+])
+def test_max_keys_per_message(msg_type, dim, dtype, mtu, want):
+    k = consts.max_keys_per_message(msg_type, dim, dtype, mtu)
+    assert k == want
+    p = consts.max_body_per_frame(mtu)
+    for t in (msg_type, MsgType.LOOKUP_REPLY if msg_type == MsgType.LOOKUP_REQ else MsgType.UPDATE_ACK):
+        assert consts.expected_msg_len(t, k, dim, dtype) <= consts.MAX_FRAGS * p          # k fits ...
+    assert max(consts.expected_msg_len(t, k + 1, dim, dtype) for t in (
+        msg_type, MsgType.LOOKUP_REPLY)) > consts.MAX_FRAGS * p or msg_type == MsgType.UPDATE_REQ  # ... k+1 not
+    with pytest.raises(ValueError):
+        consts.max_keys_per_message(MsgType.LOOKUP_REPLY, dim, dtype, mtu)

@@ -105,11 +105,11 @@ def test_expect_reply_drops_requests():
 
 
 def test_memory_follows_bytes_received_not_claims():
-    """A 48-byte last fragment claiming 65535 fragments / 64 MiB must not cost 64 MiB."""
+    """A 48-byte last fragment claiming 256 fragments / 16 MiB must not cost 16 MiB."""
     import tracemalloc
 
-    p = 1024
-    count = 65535
+    p = 65528
+    count = 256
     msg_len = (count - 1) * p + 8
     body = b"\x00" * 8
     r = Reassembler(max_msg_len=1 << 30)
@@ -122,6 +122,18 @@ def test_memory_follows_bytes_received_not_claims():
     tracemalloc.stop()
     assert len(r) == 8 and r.pending_bytes == 64
     assert peak < 1 << 20
+
+
+def test_more_than_256_fragments_dropped():
+    """A fragment claiming 257 or 65535 fragments is dropped as too_many_frags, never held."""
+    r = Reassembler(max_msg_len=1 << 30)
+    for count in (257, 65535):
+        p = 1024
+        msg_len = (count - 1) * p + 8
+        h = Header(0x454D, 1, MsgType.LOOKUP_REQ, 0, 1, 0, count, 1, 0, 0, 1, msg_len // 8, msg_len,
+                   (count - 1) * p, count - 1, count, 8, 0)
+        assert r.feed(h.pack() + b"\x00" * 8) is None
+    assert r.drops["too_many_frags"] == 2 and len(r) == 0 and r.pending_bytes == 0
 
 
 def test_pending_bytes_budget_evicts_oldest():

@@ -118,6 +118,7 @@ def test_c_static_assert_table_matches_python():
     assert rows == consts.HEADER_FIELDS
     assert f"#define EMBNIC_HDR_LEN\t\t{consts.HDR_LEN}" in text
     assert f"#define EMBNIC_UDP_PORT\t\t{consts.UDP_PORT}" in text
+    assert f"#define EMBNIC_MAX_FRAGS\t{consts.MAX_FRAGS}\t" in text
     assert f"#define EMBNIC_MAGIC\t\t0x{consts.MAGIC:04X}" in text
 
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embnic.client_lib import codec, consts, routing
-from embnic.client_lib.client import EmbeddingClient, ShardError
+from embnic.client_lib.client import EmbeddingClient, ShardError, set_socket_buffers
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Reassembler
@@ -300,6 +300,7 @@ def _mutate(frame, **fields):
     ("frag_count_zero", lambda f: _mutate(f, frag_count=0), "bad_length", True),
     ("bad_dtype", lambda f: _mutate(f, dtype=7), "bad_dtype", True),
     ("frag_mismatch", lambda f: _mutate(f, frag_count=2, frag_index=1, frag_offset=0), "frag_mismatch", False),
+    ("too_many_frags", lambda f: _mutate(f, frag_count=257), "too_many_frags", True),
 ])
 def test_malformed_frame_counted_and_server_lives(shard0, name, make, reason, answered):
     cfg, st_, raw = shard0
@@ -314,6 +315,43 @@ def test_malformed_frame_counted_and_server_lives(shard0, name, make, reason, an
     assert c["drops"][reason] == 1 and sum(c["drops"].values()) == 1
     assert c["errors"]["MALFORMED"] == (1 if answered else 0)
     assert c["internal_errors"] == 0 and c["requests"]["LOOKUP_REQ"] == 1
+
+
+BIG_DIM = [{"id": 0, "rows": 4000, "dim": 512, "optimizer": "sgd", "lr": 0.1}]
+
+
+def test_lookup_whose_reply_needs_over_256_fragments_refused():
+    """A lookup whose reply would need more than 256 fragments is answered MALFORMED."""
+    cfg = make_cfg(tables=BIG_DIM)
+    cap = consts.max_keys_per_message(MsgType.LOOKUP_REQ, 512, 1, 1500)  # 179 keys of 2 KiB rows
+    with ServerThread(cfg, 0) as st_:
+        raw = Raw(st_.address)
+        set_socket_buffers(raw.sock)  # a 366 KB reply arrives in one burst
+        keys = routing.owned_keys(cfg, 0, 0)
+        raw.send(lookup_frames(cfg, 0, keys[:cap + 1], 5))
+        assert _err(raw).status == Status.MALFORMED
+        raw.send(lookup_frames(cfg, 0, keys[:cap], 6))
+        m = raw.recv()
+        raw.close()
+    assert m.header.msg_type == MsgType.LOOKUP_REPLY and m.header.frag_count == 256
+
+
+def test_client_splits_what_needs_over_256_fragments():
+    """The client splits a shard's keys into messages whose replies fit 256 fragments; rows and
+    updates equal the in-process reference."""
+    cfg = make_cfg(tables=BIG_DIM)
+    ref = LocalBackend(cfg)
+    keys = np.arange(0, 4000, 3, dtype=np.uint64)  # 1334 keys, ~667 per shard: 4 messages each
+    cap = consts.max_keys_per_message(MsgType.LOOKUP_REQ, 512, 1, 1500)
+    per_shard = [int(routing.owns(cfg, 0, s, keys).sum()) for s in (0, 1)]
+    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+        assert np.array_equal(c.lookup({0: keys})[0], ref.lookup(0, keys))
+        assert c.stats.messages_sent == sum(-(-n // cap) for n in per_shard)
+        g = np.random.default_rng(1).standard_normal((keys.size, 512)).astype(np.float32)
+        c.update({0: (keys, g)})
+        ref.update(0, keys, g)
+        assert np.array_equal(c.lookup({0: keys})[0], ref.lookup(0, keys))
+    assert c.drops.total() == 0
 
 
 def test_oversized_request_dropped_before_buffering():

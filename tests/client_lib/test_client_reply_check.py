@@ -1,0 +1,58 @@
+"""The client takes a reply only from the shard its request went to (docs/protocol.md, "The
+card's state map"): a reply naming another shard is dropped and counted, like the card does.
+
+A bare UDP socket plays shard 0. Run alone: python3 -m pytest -q tests/client_lib/test_client_reply_check.py
+"""
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+
+from embnic.client_lib import codec
+from embnic.client_lib.client import EmbeddingClient
+from embnic.client_lib.config import parse_config
+from embnic.client_lib.consts import MsgType
+from embnic.client_lib.reassembly import Reassembler
+
+
+def test_reply_from_another_shard_dropped_and_counted():
+    shard = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    shard.bind(("127.0.0.1", 0))
+    shard.settimeout(10.0)  # a bound for a broken client, not a timing assertion
+    cfg = parse_config({
+        "cluster": {"seed": 1, "timeout_ms": 2000, "retries": 3},
+        "tables": [{"id": 0, "rows": 100, "dim": 4}],
+        "shards": [{"id": 0, "ip": "127.0.0.1", "port": shard.getsockname()[1]}],
+        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7995}],
+    })
+    keys = np.array([3, 5], dtype=np.uint64)
+    seen = []
+
+    def play_shard():
+        reasm = Reassembler(expect="request")
+        while True:
+            data, addr = shard.recvfrom(65536)
+            m = reasm.feed(data, addr)
+            if m is None:
+                continue
+            seen.append(m.header)
+            rows = np.full((m.header.num_keys, 4), 7.0, dtype=np.float32)
+            body = codec.rows_to_body(rows)
+            for sid in (1, 0):  # first a reply naming shard 1 (not the request's), then the right one
+                for f in codec.encode_reply(m.header, MsgType.LOOKUP_REPLY, shard_id=sid, body=body):
+                    shard.sendto(f, addr)
+            return
+
+    t = threading.Thread(target=play_shard, daemon=True)
+    t.start()
+    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
+        got = c.lookup({0: keys})
+        drops = c.drops
+    t.join(10)
+    shard.close()
+    assert [h.shard_id for h in seen] == [0]
+    assert np.array_equal(got[0], np.full((2, 4), 7.0, dtype=np.float32))
+    assert drops["wrong_shard_reply"] == 1
+    assert c.stats.retransmits == 0
