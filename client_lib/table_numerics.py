@@ -1,7 +1,7 @@
 """Embedding-table numerics: the row store, row initialisation, SGD and row-wise Adagrad.
 
 The one home of every computation that produces a row value, shared by the parameter-server
-shards (``embnic.testbed.server``) and the in-process reference
+shards (``embnic.testbed.server.shard``) and the in-process reference
 (:class:`embnic.client_lib.local.LocalBackend`): both hold :class:`TableShard` objects and
 call exactly the same numpy code on the same float32 values in the same order, so a table
 trained through UDP shards and the same table trained in process are **bit-identical**. This

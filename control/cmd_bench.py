@@ -58,7 +58,7 @@ def prep(out, batch_size, repeats):
     Example:
       embnic bench prep --out out/bench
     """
-    from embnic.testbed import bench_prep
+    from embnic.testbed.bench import prep as bench_prep
 
     res = bench_prep.run(Path(out), batch_size=batch_size, repeats=repeats)
     _show("prep", res)
@@ -78,7 +78,7 @@ def dataplane(out, seconds):
       embnic bench dataplane --out out/bench --seconds 5
     """
     try:
-        mod = importlib.import_module("embnic.testbed.bench_dataplane")
+        mod = importlib.import_module("embnic.testbed.bench.dataplane")
     except ImportError as e:
         raise OperationalError(f"the dataplane benchmark is not available: {e}") from None
     res = mod.run(Path(out), seconds=seconds)

@@ -1,4 +1,4 @@
-"""``embnic demo``: the main job — train on the shipped Criteo sample through the card (testbed/demo.py)."""
+"""``embnic demo``: the main job — train on the shipped Criteo sample through the card (testbed/training/demo.py)."""
 from __future__ import annotations
 
 import click
@@ -53,8 +53,8 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --loss 1 --reorder 5 --duplicate 1    # faults on every link
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3   # fails at step 4, naming shard 1
     """
-    from embnic.testbed import demo as D
-    from embnic.testbed.netem import Impairment
+    from embnic.testbed.training import demo as D
+    from embnic.testbed.net.netem import Impairment
 
     opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
                          netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,

@@ -1,4 +1,4 @@
-"""``embnic replay``: replay a recorded trace into the card of a testbed with tcpreplay (testbed/trace.py)."""
+"""``embnic replay``: replay a recorded trace into the card of a testbed with tcpreplay (testbed/traces/trace.py)."""
 from __future__ import annotations
 
 import click
@@ -45,7 +45,7 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
     """
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
-    from embnic.testbed import trace as TR
+    from embnic.testbed.traces import trace as TR
 
     with sigterm_as_interrupt():
         try:
@@ -56,7 +56,7 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
         except TR.TraceError as e:
             raise OperationalError(str(e)) from None
     if not rep["all_replied"]:
-        from embnic.testbed.topology import describe_dead
+        from embnic.testbed.net.topology import describe_dead
 
         why = f" ({describe_dead(rep['dead_nodes'])})" if rep.get("dead_nodes") else ""
         raise OperationalError(f"{rep['requests'] - rep['messages_replied']} of {rep['requests']} replayed "

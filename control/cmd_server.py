@@ -40,7 +40,7 @@ def server(shard_id, config, bind, port, dedup_window, log_level):
     ids = [s.id for s in cfg.shards]
     if shard_id not in ids:
         raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
-    from embnic.testbed.server import bind_error_message, run_server
+    from embnic.testbed.server.shard import bind_error_message, run_server
 
     me = cfg.shard(shard_id)
     ip = bind or me.ip

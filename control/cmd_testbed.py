@@ -1,4 +1,4 @@
-"""``embnic testbed up|down|status|netem``: the network-namespace testbed (testbed/topology.py)."""
+"""``embnic testbed up|down|status|netem``: the network-namespace testbed (testbed/net/topology.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +16,7 @@ DEFAULT_NAME = "emb"
 
 def require_root(what: str) -> None:
     """Raise :class:`NeedsRootError` unless this process may create namespaces and veths."""
-    from embnic.testbed.topology import has_net_admin
+    from embnic.testbed.net.topology import has_net_admin
 
     if not has_net_admin():
         raise NeedsRootError(f"{what} needs root (CAP_NET_ADMIN, for network namespaces and veth pairs): "
@@ -57,7 +57,7 @@ def translate_errors(f):
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         from embnic.client_lib.config import ConfigError
-        from embnic.testbed.topology import NeedsRoot, TestbedError
+        from embnic.testbed.net.topology import NeedsRoot, TestbedError
 
         try:
             return f(*args, **kwargs)
@@ -75,7 +75,7 @@ def translate_errors(f):
 
 def check_name_param(ctx, param, value):
     """Click callback: a testbed name must be 1-8 letters/digits starting with a letter (exit 2 otherwise)."""
-    from embnic.testbed.topology import check_name
+    from embnic.testbed.net.topology import check_name
 
     try:
         return check_name(value)
@@ -119,7 +119,7 @@ def up(config, name, no_card, timeout, as_json):
     and the card in the card namespace, program its routes and clients, and probe that every
     client reaches every shard through the card.
 
-    The wiring, state file and logs are described in testbed/topology.py;
+    The wiring, state file and logs are described in testbed/net/topology.py;
     `embnic testbed down` removes everything again (also after a crash).
 
     \b
@@ -130,7 +130,7 @@ def up(config, name, no_card, timeout, as_json):
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     from embnic.client_lib.config import ConfigError
-    from embnic.testbed import topology as T
+    from embnic.testbed.net import topology as T
 
     cfg = load_cluster(config)
     try:
@@ -177,7 +177,7 @@ def down_cmd(name):
       sudo embnic testbed down
       sudo embnic testbed down --name tb2
     """
-    from embnic.testbed import topology as T
+    from embnic.testbed.net import topology as T
 
     res = T.down(name)
     if not res["found"]:
@@ -233,8 +233,8 @@ def status_cmd(name, as_json):
       sudo embnic testbed status
       sudo embnic testbed status --name tb2 --json
     """
-    from embnic.testbed import netem as N
-    from embnic.testbed import topology as T
+    from embnic.testbed.net import netem as N
+    from embnic.testbed.net import topology as T
 
     st = T.status(name)
     if st.get("netem"):
@@ -282,7 +282,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
     keep theirs. --clear (or all zeros) removes the impairment of every link, or with --link
     of those links only. Every argument is checked before anything changes: a failing call
     leaves the impairment as it was. Uses Linux `tc netem` where the kernel has it, else a
-    user-space helper per link doing the same (see testbed/netem.py).
+    user-space helper per link doing the same (see testbed/net/netem.py).
 
     \b
     Examples:
@@ -291,7 +291,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
       sudo embnic testbed netem --clear --link s1                     # s1 unimpaired again
       sudo embnic testbed netem --clear                               # every link
     """
-    from embnic.testbed import netem as N
+    from embnic.testbed.net import netem as N
 
     links = list(links) or None
     if clear_ and (loss or reorder or duplicate or delay_ms):
@@ -318,7 +318,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
 
 
 def _link_names(name: str) -> list[str]:
-    from embnic.testbed import topology as T
+    from embnic.testbed.net import topology as T
 
     st = T.read_state(name) or {}
     return [lk["peer"] for lk in sorted(st.get("links", []), key=lambda lk: lk.get("port", 0))]

@@ -1,4 +1,4 @@
-"""``embnic trace record``: record the client frames of K training batches as a pcap (testbed/trace.py)."""
+"""``embnic trace record``: record the client frames of K training batches as a pcap (testbed/traces/trace.py)."""
 from __future__ import annotations
 
 import click
@@ -47,7 +47,7 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
     """
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
-    from embnic.testbed import trace as TR
+    from embnic.testbed.traces import trace as TR
 
     with sigterm_as_interrupt():
         try:

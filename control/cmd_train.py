@@ -40,8 +40,8 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
     cfg = load_cluster(config)
     from embnic.client_lib.client import EmbnicError, EmbeddingClient
     from embnic.client_lib.local import LocalBackend
-    from embnic.testbed.criteo import CriteoFormatError
-    from embnic.testbed.train import load_training_data, train as run_train
+    from embnic.testbed.training.criteo import CriteoFormatError
+    from embnic.testbed.training.train import load_training_data, train as run_train
 
     if json_out:
         parent = os.path.dirname(os.path.abspath(json_out))

@@ -62,7 +62,7 @@ def test_prepare_matches_np_unique(f, b, max_len, id_space, seed, ntab):
 
 
 def test_prepare_on_criteo_batch():
-    from embnic.testbed import criteo
+    from embnic.testbed.training import criteo
 
     data = criteo.load_criteo(criteo.sample_path("train"), rows=65536, max_rows=4096)
     batch = KeyedJaggedBatch.from_dense(list(criteo.SPARSE_NAMES), data.sparse)

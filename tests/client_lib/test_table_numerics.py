@@ -70,7 +70,7 @@ def test_splitmix64_matches_python(xs):
 def test_one_splitmix64():
     """Routing, row init and the Criteo hashing share one definition (no second copy to drift)."""
     from embnic.client_lib import splitmix, table_numerics
-    from embnic.testbed import criteo
+    from embnic.testbed.training import criteo
     assert routing.splitmix64 is splitmix.splitmix64
     assert table_numerics.splitmix64 is splitmix.splitmix64
     assert criteo.splitmix64 is splitmix.splitmix64

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from embnic.testbed.bench_dataplane import EAL_BASE, CardProcess, DpdkProcError, file_prefix, remove_runtime_dir
+from embnic.testbed.bench.dataplane import EAL_BASE, CardProcess, DpdkProcError, file_prefix, remove_runtime_dir
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 NULLS = ["net_null0,no-rx=1", "net_null1,no-rx=1"]

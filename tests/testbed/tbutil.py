@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.testbed import topology as T
+from embnic.testbed.net import topology as T
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_TOML = REPO / "examples" / "testbed.toml"

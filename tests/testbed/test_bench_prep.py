@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.control.cmd_bench import bench
-from embnic.testbed.bench_prep import merge_json
+from embnic.testbed.bench.prep import merge_json
 
 
 def test_bench_prep_merges_into_bench_json(tmp_path):
@@ -23,7 +23,7 @@ def test_bench_prep_merges_into_bench_json(tmp_path):
     assert prep["ids_per_s"] > 0 and prep["np_unique_ids_per_s"] > 0 and prep["batch_size"] == 256
     assert "ratio" in r.output
     # the dedup ratio of the whole sample, counted here column by column (26 tables, one per column)
-    from embnic.testbed import bench_prep, criteo
+    from embnic.testbed.bench import prep as bench_prep, criteo
 
     d = criteo.load_criteo(criteo.sample_path("train"),
                            rows=[t.rows for t in bench_prep.bench_config().tables])
@@ -35,7 +35,7 @@ def test_bench_prep_figures_on_a_known_clock(tmp_path, monkeypatch):
     """With a clock that charges 2 ms per prepared batch and 1 ms per bare np.unique, the
     throughputs are ids/(2 ms) and ids/(1 ms) per batch and the ratio is 0.5: the figures
     measure what they say, whatever formula the code uses."""
-    from embnic.testbed import bench_prep
+    from embnic.testbed.bench import prep as bench_prep
 
     clock = [0.0]
     real_prepare = bench_prep.prepare_batch

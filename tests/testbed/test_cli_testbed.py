@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.control.cli import cli
-from embnic.testbed import topology as T
+from embnic.testbed.net import topology as T
 
 from tbutil import TESTBED_TOML, assert_gone, build_dataplane, cleanup, run_dir, tb_name  # noqa: F401
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from embnic.client_lib.config import parse_config
-from embnic.testbed import criteo
-from embnic.testbed.criteo import (MISSING_CAT, CriteoFormatError, default_tables, iter_criteo, load_criteo,
+from embnic.testbed.training import criteo
+from embnic.testbed.training.criteo import (MISSING_CAT, CriteoFormatError, default_tables, iter_criteo, load_criteo,
                                    sample_path, sparse_to_jagged, time_split)
 
 M64 = (1 << 64) - 1

@@ -87,8 +87,8 @@ def test_a_dead_card_is_named_not_the_shard_the_client_blames(run_dir, tmp_path,
     alone only knows that some shard did not answer)."""
     import signal
 
-    from embnic.testbed import demo as D
-    from embnic.testbed import topology as T
+    from embnic.testbed.training import demo as D
+    from embnic.testbed.net import topology as T
 
     build_dataplane()
     name = tb_name("c")

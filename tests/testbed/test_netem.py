@@ -1,4 +1,4 @@
-"""Fault injection on the testbed links (testbed/netem.py): loss, reordering, duplicates, and clear.
+"""Fault injection on the testbed links (testbed/net/netem.py): loss, reordering, duplicates, and clear.
 
 A kernel UDP echo in the card namespace stands in for the card here (the card itself is in
 test_demo.py / test_faults.py), so this test needs no DPDK.
@@ -18,8 +18,8 @@ import time
 import pytest
 
 from embnic.client_lib.config import load_config
-from embnic.testbed import netem as N
-from embnic.testbed import topology as T
+from embnic.testbed.net import netem as N
+from embnic.testbed.net import topology as T
 
 from tbutil import TESTBED_TOML, assert_gone, cleanup, needs_root, run_dir, tb_name  # noqa: F401
 

@@ -16,7 +16,7 @@ import tomllib
 import pytest
 
 from embnic.client_lib.config import ConfigError, load_config, parse_config
-from embnic.testbed import topology as T
+from embnic.testbed.net import topology as T
 
 from tbutil import TESTBED_TOML, assert_gone, leftovers, cleanup, needs_root, run_dir, tb_name  # noqa: F401
 
@@ -148,7 +148,7 @@ def test_down_cleans_up_after_the_creator_was_killed(run_dir, cleanup):  # noqa:
     code = textwrap.dedent(f"""
         import sys, time
         from embnic.client_lib.config import load_config
-        from embnic.testbed import topology as T
+        from embnic.testbed.net import topology as T
         topo = T.Topology.from_config(load_config({str(TESTBED_TOML)!r}), {name!r})
         T.Testbed(topo).up(card=False, probe=False)
         print("UP", flush=True)

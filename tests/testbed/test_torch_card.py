@@ -32,7 +32,7 @@ from torchrec.modules.embedding_configs import PoolingType  # noqa: E402
 from embnic.client_lib.client import EmbeddingClient  # noqa: E402
 from embnic.client_lib.config import parse_config  # noqa: E402
 from embnic.client_lib.torch import RemoteEmbeddingBagCollection  # noqa: E402
-from embnic.testbed import topology as T  # noqa: E402
+from embnic.testbed.net import topology as T  # noqa: E402
 
 
 def small_testbed_cfg(optimizer: str):

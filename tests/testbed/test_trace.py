@@ -53,7 +53,7 @@ def test_trace_helpers_parse_group_and_match(tmp_path):
 
     from embnic.client_lib import codec
     from embnic.client_lib.consts import MsgType
-    from embnic.testbed import trace as TR
+    from embnic.testbed.traces import trace as TR
 
     assert TR._parse_tcpreplay(TCPREPLAY_OUT) == {"packets": 457, "bytes": 401602, "seconds": 0.456003,
                                                    "pps": 1002.18, "failed": 0}
@@ -185,8 +185,8 @@ def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  
     from click.testing import CliRunner
 
     from embnic.control.cli import cli
-    from embnic.testbed import topology as T
-    from embnic.testbed import trace as TR
+    from embnic.testbed.net import topology as T
+    from embnic.testbed.traces import trace as TR
 
     real_argv = TR._tcpreplay_argv
     killed = {}
@@ -213,7 +213,7 @@ def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  
 
 def test_config_digest_ignores_comments_and_control_and_check_config(tmp_path):
     from embnic.client_lib.config import load_config
-    from embnic.testbed import trace as TR
+    from embnic.testbed.traces import trace as TR
 
     text = TESTBED_TOML.read_text()
     a = load_config(TESTBED_TOML)
@@ -238,9 +238,9 @@ def test_config_digest_ignores_comments_and_control_and_check_config(tmp_path):
 @needs_root
 def test_record_names_a_dead_card(run_dir, tmp_path, cleanup, monkeypatch):  # noqa: F811
     """The card dies while recording: the error names the card, not only the shard that did not answer."""
-    from embnic.testbed import topology as T
-    from embnic.testbed import trace as TR
-    from embnic.testbed import train as TRN
+    from embnic.testbed.net import topology as T
+    from embnic.testbed.traces import trace as TR
+    from embnic.testbed.training import train as TRN
 
     build_dataplane()
     name = tb_name("q")
@@ -280,7 +280,7 @@ def test_replay_refuses_a_file_without_embnic_requests(run_dir, tmp_path):  # no
 def test_latency_cdf_of_a_run_without_samples_is_drawn_without_warnings(tmp_path):
     import warnings
 
-    from embnic.testbed import report as R
+    from embnic.testbed.training import report as R
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # matplotlib: "No artists with labels found"
@@ -298,7 +298,7 @@ def test_error_replies_are_failures_not_completions(tmp_path):
 
     from embnic.client_lib import codec
     from embnic.client_lib.consts import MsgType, Status
-    from embnic.testbed import trace as TR
+    from embnic.testbed.traces import trace as TR
 
     reqs_frames = _lookup(1) + _lookup(2)
     frames = [(i * 1e-3, _frame(p, True)) for i, p in enumerate(reqs_frames)]
@@ -324,7 +324,7 @@ def test_error_replies_are_failures_not_completions(tmp_path):
 
 
 def test_shard_counters_from_log(tmp_path):
-    from embnic.testbed import trace as TR
+    from embnic.testbed.traces import trace as TR
 
     log = tmp_path / "s0.log"
     log.write_text('# ip netns exec x-s0 python3 -m embnic server --shard 0\n'
@@ -343,7 +343,7 @@ def test_probe_asks_each_shard_for_a_key_it_owns():
 
     from embnic.client_lib.config import load_config, parse_config
     from embnic.client_lib.routing import shard_of
-    from embnic.testbed.topology import probe_key
+    from embnic.testbed.net.topology import probe_key
 
     cfg = load_config(os.path.join(CASE, "testbed.toml"))
     # key 0 of table 0 is shard 1's: probing shard 0 with it was the error of the case
@@ -385,7 +385,7 @@ def test_replay_case_not_owner(run_dir, tmp_path, cleanup):  # noqa: F811
     assert rep["messages_completed"] == 1600 and rep["messages_failed"] == 0 and rep["all_completed"] is True
     assert "ERROR" not in rep["reply_types"] and rep["error_statuses"] == {}
     # each shard served exactly the trace's requests for it plus one probe lookup per client
-    from embnic.testbed import trace as TR
+    from embnic.testbed.traces import trace as TR
 
     reqs, _, _ = TR.parse_requests(TR.read_pcap(os.path.join(CASE, "t.pcap")))
     for sid, c in rep["shards"].items():

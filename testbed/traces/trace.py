@@ -55,8 +55,8 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.config import load_config
 from embnic.client_lib.consts import MsgType
 
-from . import report as R
-from . import topology as T
+from embnic.testbed.training import report as R
+from embnic.testbed.net import topology as T
 
 TRACE_FORMAT = "embnic-trace/1"
 _ETH_P_ALL = 0x0003
@@ -87,7 +87,7 @@ def udp_payload(frame: bytes) -> tuple[int, int, bytes] | None:
 class Capture:
     """Every frame on one interface (both directions) with kernel timestamps, read by a thread.
 
-    Create it inside the interface's namespace (:func:`~embnic.testbed.topology.in_netns`);
+    Create it inside the interface's namespace (:func:`~embnic.testbed.net.topology.in_netns`);
     the socket stays there. ``frames`` holds ``(t_ns, outgoing, frame)`` for embnic frames
     (UDP to or from port ``udp_port``); ``on_frame`` (optional) is called with each.
 
@@ -292,7 +292,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
     """
     from embnic.client_lib.client import EmbeddingClient, EmbnicError
 
-    from .train import load_training_data, train
+    from embnic.testbed.training.train import load_training_data, train
 
     T.require_net_admin("trace record (it brings the namespace testbed up)")
     cfg = load_config(config)
@@ -349,7 +349,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
         "config": str(Path(config).resolve()),
         "config_sha256": hashlib.sha256(Path(config).read_bytes()).hexdigest(),
         "config_digest": config_digest(cfg),
-        "data": str(data or "shipped Criteo sample (testbed/data)"),
+        "data": str(data or "shipped Criteo sample (testbed/training/data)"),
         "batches": batches,
         "batch_size": batch_size,
         "clients": clients,

@@ -130,7 +130,7 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
     Args:
         cfg: cluster config (tables; the Criteo column ``j`` uses :func:`feature_tables`).
         data: training rows with ``labels`` float32 (N,), ``dense`` float32 (N, 13) and
-            ``sparse`` uint64 (N, 26) (see :mod:`embnic.testbed.criteo`); batches are taken in
+            ``sparse`` uint64 (N, 26) (see :mod:`embnic.testbed.training.criteo`); batches are taken in
             order and wrap around.
         steps: optimizer steps.
         batch_size: samples per step (B).
@@ -194,7 +194,7 @@ def load_training_data(cfg: ClusterConfig, path=None, *, valid_fraction: float =
 
     Raises:
         OSError: unreadable file.
-        embnic.testbed.criteo.CriteoFormatError: malformed, unlabelled, or fewer than 2 rows.
+        embnic.testbed.training.criteo.CriteoFormatError: malformed, unlabelled, or fewer than 2 rows.
     """
     from . import criteo
 

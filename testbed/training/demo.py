@@ -4,12 +4,12 @@ Sequence (:func:`run_demo`):
 
 1. **reference** — the same training run with the tables in this process
    (:class:`~embnic.client_lib.local.LocalBackend`): the losses the card run must reproduce.
-2. **up** — the namespace testbed of the config (:mod:`embnic.testbed.topology`): a shard in
+2. **up** — the namespace testbed of the config (:mod:`embnic.testbed.net.topology`): a shard in
    each shard namespace, ``embnic-dp`` on ``net_af_packet`` vdevs in the card namespace, routes
    and clients programmed from the config, a probe through every path. Optional faults
-   (:mod:`embnic.testbed.netem`) go on the links now.
+   (:mod:`embnic.testbed.net.netem`) go on the links now.
 3. **train** — the first client's :class:`~embnic.client_lib.client.EmbeddingClient` is
-   created inside its namespace (:func:`~embnic.testbed.topology.in_netns`), so every lookup
+   created inside its namespace (:func:`~embnic.testbed.net.topology.in_netns`), so every lookup
    and update of every step is a variable-length embnic message client → card → shard →
    card → client. A progress bar shows step, loss and messages/s.
 4. **check** — per-step losses against the reference (max |Δ| ≤ 1e-6), and the final
@@ -32,12 +32,12 @@ import numpy as np
 from embnic.client_lib.config import ClusterConfig, load_config
 
 from . import report as R
-from . import topology as T
+from embnic.testbed.net import topology as T
 
 LOSS_TOL = 1e-6
 DEFAULT_OUT = "out/demo"
 DEFAULT_NAME = "embdemo"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "examples" / "testbed.toml"
 
 
@@ -206,7 +206,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     """
     from embnic.client_lib.client import EmbeddingClient, EmbnicError
 
-    from . import netem as N
+    from embnic.testbed.net import netem as N
     from .train import load_training_data, train
 
     T.require_net_admin("the demo (it brings the namespace testbed up)")
@@ -345,7 +345,7 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
         "target": "dpdk",
         "testbed": opts.name,
         "config": str(Path(opts.config).resolve()),
-        "data": str(opts.data or "shipped Criteo sample (testbed/data)"),
+        "data": str(opts.data or "shipped Criteo sample (testbed/training/data)"),
         "client": cid,
         "steps": steps,
         "steps_completed": done,

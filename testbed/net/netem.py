@@ -311,7 +311,7 @@ def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment)
     _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{tap_i}.rp_filter=0"], check=False)
     stats = Path(h["stats"])
     stats.unlink(missing_ok=True)
-    argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "embnic.testbed.netem", "--iface", ifname,
+    argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "embnic.testbed.net.netem", "--iface", ifname,
             "--tap-out", tap_o, "--tap-in", tap_i, "--mac", mac, "--loss", str(imp.loss),
             "--reorder", str(imp.reorder), "--duplicate", str(imp.duplicate),
             "--delay", str(imp.delay_ms or 5.0), "--seed", str(imp.seed * 1000 + int(lk.get("port", 0))),
@@ -616,8 +616,8 @@ def impair_loop(iface: str, tap_out: str, tap_in: str, mac: str, imp: Impairment
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m embnic.testbed.netem --iface IF --tap-out T --tap-in T --mac M ...`` (the helper)."""
-    ap = argparse.ArgumentParser(prog="embnic.testbed.netem", description="user-space netem helper (one link)")
+    """``python -m embnic.testbed.net.netem --iface IF --tap-out T --tap-in T --mac M ...`` (the helper)."""
+    ap = argparse.ArgumentParser(prog="embnic.testbed.net.netem", description="user-space netem helper (one link)")
     ap.add_argument("--iface", required=True)
     ap.add_argument("--tap-out", required=True)
     ap.add_argument("--tap-in", required=True)

@@ -21,7 +21,7 @@ from embnic.client_lib.batch import KeyedJaggedBatch, prepare_batch
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.routing import split_by_shard
 
-from . import criteo
+from embnic.testbed.training import criteo
 
 
 def bench_config(num_shards: int = 2, rows: int = 65536, dim: int = 8):

@@ -24,7 +24,7 @@ field's start and end; hex and decimal fields are decoded by a loop over charact
 chunks (``chunk_bytes``), so the full public ``train.txt`` (~11 GB, 45,840,617 lines) streams
 through :func:`iter_criteo` in bounded memory; :func:`load_criteo` concatenates.
 
-The repository ships a 6435-line sample (``testbed/data/``, see its README for source and
+The repository ships a 6435-line sample (``testbed/training/data/``, see its README for source and
 licence); :func:`sample_path` finds it in the installed package.
 """
 from __future__ import annotations
@@ -184,7 +184,7 @@ def sample_path(which: str = "train") -> Path:
     """
     if which not in SAMPLE_FILES:
         raise ValueError(f"unknown sample {which!r} (one of {', '.join(SAMPLE_FILES)})")
-    return Path(str(importlib.resources.files("embnic.testbed").joinpath("data", SAMPLE_FILES[which])))
+    return Path(str(importlib.resources.files("embnic.testbed.training").joinpath("data", SAMPLE_FILES[which])))
 
 
 def time_split(data: CriteoData, valid_fraction: float = 0.2) -> tuple[CriteoData, CriteoData]:

@@ -53,9 +53,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from embnic.control.errors import OperationalError
-from embnic.testbed.bench_prep import merge_json
+from embnic.testbed.bench.prep import merge_json
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATAPLANE = REPO / "dataplane"
 CARD_BINARY = DATAPLANE / "build" / "embnic-dp"
 EAL_BASE = ("--no-huge", "--no-pci", "-m", "256")

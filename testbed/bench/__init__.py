@@ -1,0 +1,1 @@
+"""Benchmarks: batch preparation (:mod:`.prep`) and the card against dpdk-testpmd (:mod:`.dataplane`)."""

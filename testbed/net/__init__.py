@@ -1,0 +1,1 @@
+"""The network-namespace testbed: topology (namespaces, veths, the card, shards) and faults (netem)."""

@@ -1,0 +1,1 @@
+"""Traces: record the client frames of training batches as a pcap and replay them into the card."""
