@@ -23,7 +23,8 @@ def test_bench_prep_merges_into_bench_json(tmp_path):
     assert prep["ids_per_s"] > 0 and prep["np_unique_ids_per_s"] > 0 and prep["batch_size"] == 256
     assert "ratio" in r.output
     # the dedup ratio of the whole sample, counted here column by column (26 tables, one per column)
-    from embnic.testbed.bench import prep as bench_prep, criteo
+    from embnic.testbed.bench import prep as bench_prep
+    from embnic.testbed.training import criteo
 
     d = criteo.load_criteo(criteo.sample_path("train"),
                            rows=[t.rows for t in bench_prep.bench_config().tables])
