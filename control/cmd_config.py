@@ -7,7 +7,7 @@ import json
 import click
 
 from embnic.client_lib import consts
-from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.client_lib.config import DEFAULT_PLAN_RATE, ClusterConfig, ConfigError, state_map_plan
 from embnic.control.options import ConfigFileError, control_section, json_option, load_cluster
 from embnic.control.target import clients_from_config, routes_from_config
 
@@ -73,17 +73,23 @@ def config():
 @click.argument("file", required=False, metavar="[FILE]")
 @click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
                                              "lcores this machine has).")
-def check(file, strict):
+@click.option("--rate", type=click.FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
+              metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
+                                         "loss tolerance.")
+def check(file, strict, rate):
     """Validate FILE (default $EMBNIC_CONFIG): exit 0 if valid, 2 with the offending field if not.
 
     Unknown sections and fields are errors (with the closest valid name). Also checks the
     optional [control] section and warns about what loading the card would still need: every
     shard and client needs `mac` and `card_port` when [card] is enabled, and card.lcores must
-    name cores this machine has (--strict makes these errors).
+    name cores this machine has (--strict makes these errors). With a [card] it says how many
+    messages in flight the card's state map allows and what fraction of messages may go
+    unanswered at --rate messages/s (unanswered ones hold an entry until they expire).
 
     \b
     Example:
       embnic config check examples/cluster.toml
+      embnic config check --rate 500000 examples/testbed.toml
     """
     path = _file_arg(file)
     cfg = load_cluster(path)
@@ -95,6 +101,8 @@ def check(file, strict):
         click.echo(f"warning: {path}: {w}", err=True)
     click.echo(f"{path}: ok")
     click.echo(summary(cfg))
+    if cfg.card is not None:
+        click.echo(state_map_plan(cfg, rate).describe())
 
 
 def _as_dict(cfg: ClusterConfig) -> dict:

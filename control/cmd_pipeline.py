@@ -1,11 +1,13 @@
 """``embnic pipeline load|unload|status``: start, stop and look at the card pipeline on a target."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 import click
 
+from embnic.client_lib.config import DEFAULT_PLAN_RATE, state_map_plan
 from embnic.control.ctlsock import CtlClient, CtlError
 from embnic.control.errors import OperationalError
 from embnic.control.options import (config_errors, config_option, ctl_option, json_option, name_option,
@@ -57,16 +59,21 @@ def _ports_line(info: dict) -> str:
 @click.option("--timeout", "ready_timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
               help="Seconds to wait for the control socket to answer.")
 @click.option("--no-program", is_flag=True, help="Do not install the config's routes and clients.")
+@click.option("--rate", type=click.FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
+              metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
+                                         "loss tolerance.")
 @json_option
 def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us, lcores, netns, ready_timeout,
-         no_program, as_json):
+         no_program, rate, as_json):
     """Start the pipeline on a target and program the config's routes and clients.
 
     For the dpdk target: refuses an embnic-dp whose ELF build info does not match the client
     library (protocol version, header layout), starts it, waits until its control socket
     answers `ping`, then installs one route per [[shards]] and one client per [[clients]]
     (each needs `mac` and `card_port` in the config: the card does not resolve MACs).
-    A second load under the same --name says what is already running.
+    A second load under the same --name says what is already running. It then says how many
+    messages in flight the card's state map allows and what fraction of messages may go
+    unanswered at --rate messages/s (with --json: `state_map`).
 
     Needs root (the DPDK EAL; exit 2 otherwise). The lcores must be cores this machine has.
     If the card does not start, the error quotes the line of its log that says why, and
@@ -83,14 +90,20 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
     with config_errors():
         t = open_target(s, lcores=lcores, ready_timeout=ready_timeout)
         res = t.load(program=not no_program)
-    if as_json:
-        click.echo(json.dumps(res, indent=2, default=str))
-        return
     info = res.get("info", {})
+    plan = None
+    if s.config is not None and info.get("state_size"):
+        plan = state_map_plan(s.config, rate, info["state_size"], info.get("state_timeout_ms", 5000))
+    if as_json:
+        click.echo(json.dumps({**res, "state_map": dataclasses.asdict(plan) if plan else None}, indent=2,
+                              default=str))
+        return
     click.echo(f"loaded pipeline {s.name!r} on {s.target}: pid {res['pid']}, {len(info.get('ports', []))} port(s), "
                f"mode {info.get('mode', '?')}, {res['routes']} route(s), {res['clients']} client(s)")
     click.echo(f"  ports {_ports_line(info)}")
     click.echo(f"  ctl {res['ctl']}  log {res['log']}")
+    if plan is not None:
+        click.echo(f"  {plan.describe()}")
     for w in res.get("warnings", []):
         click.echo(f"warning: {w}", err=True)
 

@@ -157,3 +157,21 @@ def test_rows_is_optional():
     """Without rows a table takes any uint64 id (collision-free); with it, ids are < rows."""
     cfg = parse_config(_raw(tables=[{"id": 0, "dim": 4}, {"id": 1, "rows": 2**63 - 1, "dim": 4}]))
     assert cfg.table(0).rows is None and cfg.table(1).rows == 2**63 - 1
+
+
+# ---- the card's state map: messages in flight and loss tolerance (docs/control-socket.md) ------
+
+def test_state_map_plan():
+    from embnic.client_lib.config import state_map_plan
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "testbed.toml")
+    p = state_map_plan(cfg, rate=100_000)
+    # 2 clients x 26 tables x 2 shards (hash sharding): one round puts 104 messages in flight
+    assert (p.capacity, p.timeout_s, p.round_messages) == (65536, 5.0, 104)
+    assert p.loss_tolerated == pytest.approx((65536 - 104) / (100_000 * 5.0))
+    assert "65,536 messages in flight" in p.describe() and "13.09% of messages unanswered" in p.describe()
+    # the running card's size and timeout win; a small enough rate tolerates any loss
+    q = state_map_plan(cfg, rate=100, capacity=1024, timeout_ms=1000)
+    assert q.loss_tolerated == pytest.approx(9.2) and "any loss" in q.describe()
+    with pytest.raises(ValueError, match="rate"):
+        state_map_plan(cfg, rate=0)

@@ -191,3 +191,14 @@ def test_file_is_optional_in_the_usage_line(invoke):
     for sub in ("check", "show"):
         r = invoke("config", sub, "--help")
         assert f"Usage: cli config {sub} [OPTIONS] [FILE]" in r.output
+
+
+def test_check_states_the_state_map_capacity(invoke):
+    """With a [card], check says how many messages in flight the map allows and the loss it
+    tolerates at --rate (docs/control-socket.md, "Capacity")."""
+    r = invoke("config", "check", "--rate", "1000000", str(REPO / "examples" / "testbed.toml"))
+    assert r.exit_code == 0, r.output
+    assert "state map: 65,536 messages in flight at once (one round of every client puts 104 in flight)" in r.output
+    assert "at 1,000,000 messages/s it tolerates 1.31% of messages unanswered" in r.output
+    r = invoke("config", "check", "--rate", "0", str(REPO / "examples" / "testbed.toml"))
+    assert r.exit_code == 2
