@@ -8,7 +8,7 @@ import click
 
 from embnic.client_lib import consts
 from embnic.client_lib.config import DEFAULT_PLAN_RATE, ClusterConfig, ConfigError, state_map_plan
-from embnic.control.options import ConfigFileError, control_section, json_option, load_cluster
+from embnic.control.cmd_options import ConfigFileError, control_section, json_option, load_cluster
 from embnic.control.target import clients_from_config, routes_from_config
 
 

@@ -10,7 +10,7 @@ import click
 from embnic.client_lib.config import DEFAULT_PLAN_RATE, state_map_plan
 from embnic.control.ctlsock import CtlClient, CtlError
 from embnic.control.errors import OperationalError
-from embnic.control.options import (config_errors, config_option, ctl_option, json_option, name_option,
+from embnic.control.cmd_options import (config_errors, config_option, ctl_option, json_option, name_option,
                                     open_target, resolve, target_option)
 from embnic.control.target import describe_state, pid_matches, read_state, state_path
 

@@ -5,7 +5,7 @@ import click
 
 from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
 from embnic.control.errors import OperationalError
-from embnic.control.options import config_option
+from embnic.control.cmd_options import config_option
 
 
 @click.command("replay")

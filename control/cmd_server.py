@@ -6,7 +6,7 @@ import logging
 import click
 
 from embnic.control.errors import OperationalError
-from embnic.control.options import IPV4, config_option, load_cluster
+from embnic.control.cmd_options import IPV4, config_option, load_cluster
 
 
 @click.command("server")

@@ -6,7 +6,7 @@ import json
 import click
 
 from embnic.client_lib import consts
-from embnic.control.options import U16, json_option, open_target, pipeline_options, resolve
+from embnic.control.cmd_options import U16, json_option, open_target, pipeline_options, resolve
 
 STATES = ("receiving", "forwarded", "replying")
 

@@ -7,7 +7,7 @@ import time
 import click
 
 from embnic.client_lib import consts
-from embnic.control.options import json_option, open_target, pipeline_options, resolve
+from embnic.control.cmd_options import json_option, open_target, pipeline_options, resolve
 
 
 def _pct(n: int, d: int) -> str:

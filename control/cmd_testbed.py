@@ -9,7 +9,7 @@ import signal
 import click
 
 from embnic.control.errors import NeedsRootError, OperationalError
-from embnic.control.options import config_option, load_cluster
+from embnic.control.cmd_options import config_option, load_cluster
 
 DEFAULT_NAME = "emb"
 
@@ -66,7 +66,7 @@ def translate_errors(f):
         except TestbedError as e:
             raise OperationalError(str(e)) from None
         except ConfigError as e:
-            from embnic.control.options import ConfigFileError
+            from embnic.control.cmd_options import ConfigFileError
 
             raise ConfigFileError(str(e)) from None
 

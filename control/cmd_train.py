@@ -8,7 +8,7 @@ import os
 import click
 
 from embnic.control.errors import OperationalError
-from embnic.control.options import config_option, load_cluster
+from embnic.control.cmd_options import config_option, load_cluster
 
 
 @click.command("train")

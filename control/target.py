@@ -229,7 +229,7 @@ class Target(abc.ABC):
 
     def __init__(self, config: ClusterConfig | None = None, *, name: str = "embnic",
                  run_dir: str | Path | None = None):
-        from embnic.control.options import run_dir as default_run_dir
+        from embnic.control.cmd_options import run_dir as default_run_dir
 
         self.config = config
         self.instance = name
@@ -237,7 +237,7 @@ class Target(abc.ABC):
 
     @classmethod
     def from_settings(cls, s, **opts: Any) -> "Target":
-        """Build from resolved CLI :class:`~embnic.control.options.Settings` plus target options.
+        """Build from resolved CLI :class:`~embnic.control.cmd_options.Settings` plus target options.
 
         Raises:
             click.UsageError: an option this target does not take.

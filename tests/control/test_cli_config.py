@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from embnic.control import options
+from embnic.control import cmd_options as options
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import click
 from embnic.client_lib import consts
 from embnic.client_lib.config import ClusterConfig
 from embnic.control.ctlsock import CtlCommandError
-from embnic.control.options import IPV4, MAC, U16, UDP_PORT, Settings, json_option, open_target, pipeline_options, resolve
+from embnic.control.cmd_options import IPV4, MAC, U16, UDP_PORT, Settings, json_option, open_target, pipeline_options, resolve
 from embnic.control.target import Entry
 
 # "what": how messages name one entry ("route for shard 0", "client 1");
