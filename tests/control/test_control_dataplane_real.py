@@ -67,13 +67,15 @@ def real_config(card_config):
 def loaded(invoke, env, real_dp, real_config):
     r = invoke("pipeline", "load", "-c", real_config, "--binary", real_dp, "--lcores", "0,1",
                *sum((["--vdev", v] for v in VDEVS), []))
-    assert r.exit_code == 0, r.output + "\n" + _log(env)
-    # the running card's map size and timeout, and what they allow (docs/control-socket.md, "Capacity")
-    assert "state map: 4,096 messages in flight at once" in r.output, r.output  # the config's state_size
-    assert "at 100,000 messages/s it tolerates" in r.output
-    yield read_state(env, "embnic")
-    if read_state(env, "embnic") is not None:
-        invoke("pipeline", "unload")
+    try:  # a failed check must not leave the card running
+        assert r.exit_code == 0, r.output + "\n" + _log(env)
+        # the running card's map size and timeout, and what they allow (docs/control-socket.md, "Capacity")
+        assert "state map: 4,096 messages in flight at once" in r.output, r.output  # the config's state_size
+        assert "at 100,000 messages/s it tolerates" in r.output
+        yield read_state(env, "embnic")
+    finally:
+        if read_state(env, "embnic") is not None:
+            invoke("pipeline", "unload")
 
 
 def _log(env: Path) -> str:
