@@ -539,3 +539,20 @@ def test_rows_bound_still_refused_by_server():
         raw.send(lookup_frames(cfg, 0, np.array([5, 2**63], np.uint64), 11))
         m = raw.recv()
         assert m.header.msg_type == MsgType.ERROR and m.header.status == Status.KEY_OUT_OF_RANGE
+
+
+def test_client_empty_requests_and_a_shard_without_ids():
+    """A table with no ids sends nothing and gets (0, dim) rows; ids all on one shard leave
+    the other shard without a message."""
+    cfg = make_cfg(2)
+    ref = LocalBackend(cfg)
+    one_shard = routing.owned_keys(cfg, 0, 1)[:5]
+    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+        got = c.lookup({0: np.empty(0, np.uint64), 1: []})
+        assert got[0].shape == (0, 8) and got[1].shape == (0, 16) and c.stats.messages_sent == 0
+        c.update({0: (np.empty(0, np.uint64), np.empty((0, 8), np.float32))})
+        assert c.stats.messages_sent == 0
+        got = c.lookup({0: one_shard})
+        assert np.array_equal(got[0], ref.lookup(0, one_shard)) and c.stats.messages_sent == 1
+        counters = cl.counters()
+    assert [sum(s["requests"].values()) for s in counters] == [0, 1]
