@@ -100,7 +100,9 @@ class KeyedJaggedBatch:
 
     Attributes:
         keys: feature names, length F.
-        values: uint64 (sum(lengths),) ids, feature-major.
+        values: uint64 (sum(lengths),) ids, feature-major, any of 0..2^64-1; 1-D only (a 2-D
+            id array is refused with ``ValueError``, not flattened: use :meth:`from_dense` for
+            a (B, F) matrix).
         lengths: int32/int64 (F*B,) ids per (feature, sample).
         stride: B, samples in the batch.
     """
