@@ -336,3 +336,19 @@ def test_rowless_local_backend_accepts_any_u64_and_python_ints():
     for bad in ([-1], [1.5], np.zeros((1, 1), np.uint64), [2**64]):
         with pytest.raises(ValueError, match="table 0: keys"):
             lb.lookup(0, bad)
+
+
+def test_one_home_for_the_numerics():
+    """The shard server and the in-process reference hold the same TableShard class; the module
+    imports without the testbed (a training job links only the client library)."""
+    import subprocess
+    import sys
+
+    from embnic.client_lib import local, table_numerics
+    from embnic.testbed import server
+
+    assert server.TableShard is table_numerics.TableShard is local.TableShard
+    code = ("import sys, embnic.client_lib.table_numerics, embnic.client_lib.local; "
+            "print(sorted(m for m in sys.modules if m.startswith('embnic.testbed')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
