@@ -345,9 +345,9 @@ def test_one_home_for_the_numerics():
     import sys
 
     from embnic.client_lib import local, table_numerics
-    from embnic.testbed import server
+    from embnic.testbed.server import shard
 
-    assert server.TableShard is table_numerics.TableShard is local.TableShard
+    assert shard.TableShard is table_numerics.TableShard is local.TableShard
     code = ("import sys, embnic.client_lib.table_numerics, embnic.client_lib.local; "
             "print(sorted(m for m in sys.modules if m.startswith('embnic.testbed')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
