@@ -60,7 +60,7 @@ except ImportError as e:  # one line naming the fix; the CLI maps it to a missin
 from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
 
-__all__ = ["RemoteEmbeddingBagCollection", "INSTALL_HINT", "kjt_from_dense"]
+__all__ = ["RemoteEmbeddingBagCollection", "INSTALL_HINT", "kjt_from_dense", "num_embeddings"]
 
 _MODES = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
 
@@ -85,7 +85,8 @@ def kjt_from_dense(keys: list[str], ids: np.ndarray, weights: np.ndarray | None 
 
     Args:
         keys: F feature names.
-        ids: integer (B, F); column ``f`` is feature ``keys[f]``. Must fit int64.
+        ids: integer (B, F); column ``f`` is feature ``keys[f]``; uint64 ids keep their 64
+            bits (an id >= 2**63 is stored as the negative int64 with the same bits).
         weights: optional float32 (B, F) per-sample weights.
 
     Returns:
@@ -94,11 +95,21 @@ def kjt_from_dense(keys: list[str], ids: np.ndarray, weights: np.ndarray | None 
     """
     ids = np.asarray(ids)
     b, f = ids.shape
-    values = torch.from_numpy(np.ascontiguousarray(ids.T, dtype=np.int64).reshape(-1))
+    flat = np.ascontiguousarray(ids.T).reshape(-1)
+    # uint64 ids keep their bits (ids >= 2**63 become negative int64, read back as uint64)
+    flat = flat.view(np.int64) if flat.dtype == np.uint64 else flat.astype(np.int64)
+    values = torch.from_numpy(flat)
     w = None if weights is None else torch.from_numpy(
         np.ascontiguousarray(np.asarray(weights, dtype=np.float32).T).reshape(-1))
     return KeyedJaggedTensor(keys=list(keys), values=values, weights=w,
                              lengths=torch.ones(f * b, dtype=torch.int32), stride=b)
+
+
+def num_embeddings(table) -> int:
+    """``num_embeddings`` of an ``EmbeddingBagConfig`` for cluster table ``table``: its ``rows``,
+    or ``2**63 - 1`` for a table without rows (any 64-bit id; ids >= 2**63 travel in the KJT's
+    int64 values as negative numbers with the same bits)."""
+    return table.rows if table.rows is not None else 2**63 - 1
 
 
 @dataclasses.dataclass
@@ -173,10 +184,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             if ct.dim != t.embedding_dim:
                 raise ValueError(f"table {t.name!r}: embedding_dim {t.embedding_dim} but cluster table {tid} "
                                  f"has dim {ct.dim}")
-            rows = getattr(ct, "rows", None)
-            if rows is not None and rows != t.num_embeddings:
+            if ct.rows is not None and ct.rows != t.num_embeddings:
                 raise ValueError(f"table {t.name!r}: num_embeddings {t.num_embeddings} but cluster table {tid} "
-                                 f"has rows {rows}")
+                                 f"has rows {ct.rows}")
             if t.pooling not in _MODES:
                 raise ValueError(f"table {t.name!r}: pooling {t.pooling} is not supported (SUM or MEAN)")
             if is_weighted and t.pooling != PoolingType.SUM:
@@ -194,14 +204,20 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         # slots: one per (table, feature) in TorchRec's output order
         self._slot_features = [f for t in tables for f in t.feature_names]
         self._slot_tables = [tid for t, tid in zip(tables, ids) for _ in t.feature_names]
-        self._slot_limit = np.array([t.num_embeddings for t in tables for _ in t.feature_names], dtype=np.int64)
+        # ids of a table with rows are checked against num_embeddings; a table without rows takes
+        # any 64-bit id (the KJT's int64 values are its bit patterns, read back as uint64)
+        bounded = {tid: cfg.table(tid).rows is not None for tid in ids}
+        self._slot_limit = np.array([t.num_embeddings if bounded[tid] else -1
+                                     for t, tid in zip(tables, ids) for _ in t.feature_names], dtype=np.int64)
         self._embedding_names = [n for names in get_embedding_names_by_table(tables) for n in names]
         self._lengths_per_key = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._col = np.concatenate([[0], np.cumsum(self._lengths_per_key)]).astype(np.int64)
         self._mode = {tid: _MODES[t.pooling] for t, tid in zip(tables, ids)}
         self._dim = {tid: t.embedding_dim for t, tid in zip(tables, ids)}
-        self.steps_forward = 0
-        self.steps_updated = 0
+        self.steps_forward = 0  #: forwards run
+        self.steps_updated = 0  #: backwards run (each sent one update round, if any row had an id)
+        self.ids = 0  #: ids looked up, over all forwards
+        self.unique_ids = 0  #: distinct (table, id) pairs looked up, summed over forwards
 
     @classmethod
     def from_cluster(cls, backend, *, table_ids: list[int] | None = None,
@@ -215,17 +231,13 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             pooling: SUM or MEAN for every table.
             kw: passed to the constructor.
 
-        Raises:
-            ValueError: a cluster table without ``rows`` (TorchRec needs ``num_embeddings``).
+        A table without ``rows`` gets ``num_embeddings = 2**63 - 1`` (TorchRec needs a number;
+        ids are not bounded by it, see :func:`num_embeddings`).
         """
         cfg = backend.cfg
         chosen = [cfg.table(i) for i in table_ids] if table_ids is not None else list(cfg.tables)
-        confs = []
-        for t in chosen:
-            if getattr(t, "rows", None) is None:
-                raise ValueError(f"table {t.id} has no rows; TorchRec's EmbeddingBagConfig needs num_embeddings")
-            confs.append(EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
-                                            feature_names=[t.name], pooling=pooling))
+        confs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=num_embeddings(t),
+                                    feature_names=[t.name], pooling=pooling) for t in chosen]
         return cls(confs, backend, **kw)
 
     # -- TorchRec's EmbeddingBagCollection interface ------------------------------------------
@@ -272,7 +284,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         if self._validate:
             self._check(vals, lens, b, weights)
         batch = KeyedJaggedBatch(list(self._slot_features), vals.view(np.uint64), lens, b)
-        prep = prepare_batch(batch, self._slot_tables)
+        prep = prepare_batch(batch, self._slot_tables, validate=False)  # checked above (_check)
+        self.ids += prep.num_ids
+        self.unique_ids += prep.num_unique
         rows = self._lookup({t: p.unique for t, p in prep.tables.items()})
         starts = np.zeros(len(self._slot_features) + 1, dtype=np.int64)
         if len(lens):
@@ -314,7 +328,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         if n:
             per_feat = lens.reshape(nf, b).sum(axis=1)
             limit = np.repeat(self._slot_limit, per_feat)
-            bad = (vals < 0) | (vals >= limit)
+            bad = ((vals < 0) | (vals >= limit)) & (limit >= 0)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 f = int(np.searchsorted(np.cumsum(per_feat), i, side="right"))

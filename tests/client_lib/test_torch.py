@@ -97,9 +97,9 @@ def test_batch_prep_gets_the_kjt_values_without_a_copy(monkeypatch):
     seen = []
     real = batch_mod.prepare_batch
 
-    def spy(batch, ftab):
+    def spy(batch, ftab, **kw):
         seen.append(batch)
-        return real(batch, ftab)
+        return real(batch, ftab, **kw)
 
     monkeypatch.setattr("embnic.client_lib.torch.prepare_batch", spy)
     kjt = random_kjt(np.random.default_rng(3), ["f_a", "f_b", "f_c"], [60, 40, 25], 16)
@@ -247,3 +247,22 @@ def test_errors_name_the_problem():
     w = RemoteEmbeddingBagCollection(configs(cfg), local, is_weighted=True)
     with pytest.raises(ValueError, match="has no weights"):
         w(random_kjt(np.random.default_rng(9), ["f_a", "f_b", "f_c"], [60, 40, 25], 4))
+
+
+def test_table_without_rows_takes_full_64_bit_ids():
+    cfg = parse_config({
+        "cluster": {"seed": 3}, "tables": [{"id": 0, "name": "u", "dim": 4, "optimizer": "sgd", "lr": 0.5}],
+        "shards": [{"id": 0, "ip": "127.0.0.1", "port": 7950}], "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7960}]})
+    local = LocalBackend(cfg)
+    ours = RemoteEmbeddingBagCollection.from_cluster(local)
+    ids = np.array([[2**64 - 1], [2**63 + 5], [7], [2**63 + 5]], dtype=np.uint64)
+    out = ours(kjt_from_dense(["u"], ids)).values()
+    want = local.lookup(0, ids[:, 0])
+    torch.testing.assert_close(out, torch.from_numpy(want), rtol=0, atol=0)
+    out.sum().backward()  # d/d(row) = number of occurrences; SGD lr 0.5
+    keys, rows, _ = local.state_dict()[0]
+    assert keys.tolist() == [7, 2**63 + 5, 2**64 - 1]
+    uniq = np.array([7, 2**63 + 5, 2**64 - 1], dtype=np.uint64)
+    expect = init_rows(cfg.seed, 0, uniq, 4, cfg.table(0).init_scale) - np.float32(0.5) * np.array([[1], [2], [1]], np.float32)
+    np.testing.assert_array_equal(rows, expect)
+    assert ours.ids == 4 and ours.unique_ids == 3
