@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
+from embnic.control.cmd_train import MissingDependencyError
 from embnic.control.errors import OperationalError
 
 
@@ -30,12 +31,16 @@ from embnic.control.errors import OperationalError
               help="Step after which --kill-shard strikes: 1..STEPS-1 (default 1).")
 @click.option("--no-table-check", is_flag=True, help="Skip reading every updated row back through the card.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
+@click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
+              help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
+                   "(needs the embnic[torch] extra).")
 @needs_root("demo")
 @translate_errors
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
-         kill_at_step, no_table_check, progress):
-    """Train the CTR model on the shipped Criteo sample with every embedding lookup and update
-    passing through the card, in a namespace testbed it brings up and down.
+         kill_at_step, no_table_check, progress, model):
+    """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
+    Criteo sample with every embedding lookup and update passing through the card, in a
+    namespace testbed it brings up and down.
 
     Runs the same training with in-process tables first; the per-step losses through the card
     must match it within 1e-6 and the final tables must be identical. Writes OUT/report.json
@@ -50,6 +55,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
     Examples:
       sudo embnic demo                       # what `make demo` runs
       sudo embnic demo --steps 10 --out /tmp/demo
+      sudo embnic demo --model dlrm --steps 10    # TorchRec's DLRM (embnic[torch])
       sudo embnic demo --loss 1 --reorder 5 --duplicate 1    # faults on every link
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3   # fails at step 4, naming shard 1
     """
@@ -58,7 +64,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
 
     opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
                          netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
-                         check_tables=not no_table_check, progress=progress)
+                         check_tables=not no_table_check, progress=progress, model=model)
     if config is not None:
         opts.config = config
     if loss or reorder or duplicate:
@@ -70,3 +76,5 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
             raise click.BadParameter(str(e), param_hint=e.param) from None
         except D.DemoError as e:
             raise OperationalError(str(e)) from None
+        except ImportError as e:  # --model dlrm without embnic[torch]: the message says what to install
+            raise MissingDependencyError(f"--model {model}: {e}") from None

@@ -11,6 +11,23 @@ from embnic.control.errors import OperationalError
 from embnic.control.cmd_options import config_option, load_cluster
 
 
+class MissingDependencyError(click.ClickException):
+    """An optional dependency is not installed: one line naming what to install, exit code 2."""
+
+    exit_code = 2
+
+
+def _trainer(model: str):
+    """:func:`embnic.testbed.training.train.trainer`, with a missing torch extra as
+    :class:`MissingDependencyError` (one line naming what to install, exit 2)."""
+    from embnic.testbed.training.train import trainer
+
+    try:
+        return trainer(model)
+    except ImportError as e:  # embnic.client_lib.torch's message names the extra to install
+        raise MissingDependencyError(f"--model {model}: {e}") from None
+
+
 @click.command("train")
 @config_option(required=True)
 @click.option("--data", "data_path", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -24,24 +41,33 @@ from embnic.control.cmd_options import config_option, load_cluster
               help="Last fraction of rows held out for the AUC.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write losses, AUC and client counters to this JSON file.")
-def train(config, data_path, steps, batch_size, client_id, local, max_rows, valid_fraction, json_out):
-    """Train the factorisation-machine CTR model on Criteo data; every embedding row is looked
-    up from and updated on the parameter-server shards (directly, or through the card when the
-    config's [card] is enabled). Prints the loss of every step and the final AUC.
+@click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
+              help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
+                   "(needs the embnic[torch] extra).")
+def train(config, data_path, steps, batch_size, client_id, local, max_rows, valid_fraction, json_out, model):
+    """Train a CTR model on Criteo data; every embedding row is looked up from and updated on
+    the parameter-server shards (directly, or through the card when the config's [card] is
+    enabled). Prints the loss of every step and the final AUC.
+
+    --model fm (the default) is a factorisation machine in numpy; --model dlrm is TorchRec's
+    DLRM whose EmbeddingBagCollection is embnic.client_lib.torch.RemoteEmbeddingBagCollection
+    (dense layers trained with torch SGD, rows with the tables' optimizer on the shards).
 
     \b
     Example:
       embnic server --shard 0 -c examples/cluster.toml &
       embnic server --shard 1 -c examples/cluster.toml &
       embnic train -c examples/cluster.toml --steps 40
+      embnic train -c examples/cluster.toml --steps 40 --model dlrm
     """
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
+    run_train = _trainer(model)
     cfg = load_cluster(config)
     from embnic.client_lib.client import EmbnicError, EmbeddingClient
     from embnic.client_lib.local import LocalBackend
     from embnic.testbed.training.criteo import CriteoFormatError
-    from embnic.testbed.training.train import load_training_data, train as run_train
+    from embnic.testbed.training.train import load_training_data
 
     if json_out:
         parent = os.path.dirname(os.path.abspath(json_out))
@@ -78,6 +104,8 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
                         progress=progress)
     except EmbnicError as e:
         raise OperationalError(str(e)) from None
+    except ValueError as e:  # the model does not fit the config (e.g. DLRM with tables of several dims)
+        raise click.UsageError(f"{config}: {e}") from None
     finally:
         if client is not None:
             client.close()
@@ -94,7 +122,7 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
         click.echo(f"messages {s.messages_sent}  frames {s.frames_sent}  rounds {s.rounds}  "
                    f"retransmits {s.retransmits}")
     if json_out:
-        out = {"steps": steps, "loss": res.loss,
+        out = {"model": model, "steps": steps, "loss": res.loss,
                "auc": None if res.auc is None or math.isnan(res.auc) else res.auc, "eval_loss": res.eval_loss,
                "dedup_ratio": res.dedup_ratio,
                "client": client.stats.as_dict() if client is not None else None}

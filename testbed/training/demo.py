@@ -66,6 +66,8 @@ class DemoOptions:
         check_tables: read every updated row back through the card and compare.
         progress: show progress bars (None: when stderr is a terminal).
         rdir: run directory (default ``$EMBNIC_RUN_DIR`` or /run/embnic).
+        model: ``"fm"`` (the numpy factorisation machine) or ``"dlrm"`` (TorchRec's DLRM on
+            :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection`, needs embnic[torch]).
     """
 
     config: str | os.PathLike = DEFAULT_CONFIG
@@ -81,6 +83,7 @@ class DemoOptions:
     check_tables: bool = True
     progress: bool | None = None
     rdir: Path | None = None
+    model: str = "fm"
 
 
 def _snapshot(client) -> dict:
@@ -93,11 +96,13 @@ def _snapshot(client) -> dict:
 
 
 def reference_run(cfg: ClusterConfig, train_data, valid_data, steps: int, batch_size: int,
-                  progress: bool | None = None):
-    """Train with in-process tables. Returns (TrainResult, LocalBackend, seconds)."""
+                  progress: bool | None = None, model: str = "fm"):
+    """Train ``model`` with in-process tables. Returns (TrainResult, LocalBackend, seconds)."""
     from embnic.client_lib.local import LocalBackend
 
-    from .train import train
+    from .train import trainer
+
+    train = trainer(model)
 
     local = LocalBackend(cfg)
     t0 = time.monotonic()
@@ -176,7 +181,7 @@ def _try(f, default=None):
 def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     """Run the main job (see the module docstring) and write its report.
 
-    Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``testbed``, ``config``,
+    Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``model`` (``"fm"``/``"dlrm"``), ``testbed``, ``config``,
     ``steps``, ``steps_completed``, ``batch_size``, ``loss`` (per completed step, through the
     card), ``loss_reference``, ``loss_max_abs_diff`` (over the completed steps), ``loss_match``
     (≤ 1e-6), ``auc``, ``auc_reference``, ``messages`` (requests sent + replies received by the
@@ -207,8 +212,9 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     from embnic.client_lib.client import EmbeddingClient, EmbnicError
 
     from embnic.testbed.net import netem as N
-    from .train import load_training_data, train
+    from .train import load_training_data, trainer
 
+    train = trainer(opts.model)  # ImportError (one line: what to install) before anything runs
     T.require_net_admin("the demo (it brings the namespace testbed up)")
     user_cfg = load_config(opts.config)
     kill_at = check_options(opts, user_cfg)
@@ -219,7 +225,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     log(f"data: {len(tr.labels)} training rows, {len(va.labels)} held out for the AUC "
         f"({opts.data or 'shipped Criteo sample'}); {len(user_cfg.tables)} tables, {len(user_cfg.shards)} shards")
 
-    ref, local, t_ref = reference_run(user_cfg, tr, va, opts.steps, opts.batch_size, opts.progress)
+    ref, local, t_ref = reference_run(user_cfg, tr, va, opts.steps, opts.batch_size, opts.progress, opts.model)
     log(f"reference run (in-process tables): final loss {ref.loss[-1]:.6f}, AUC {ref.auc:.4f}, {t_ref:.1f} s")
 
     tb = T.Testbed(topo, opts.rdir)
@@ -343,6 +349,7 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
     state_sum = state_at_end or {}
     rep = {
         "target": "dpdk",
+        "model": opts.model,
         "testbed": opts.name,
         "config": str(Path(opts.config).resolve()),
         "data": str(opts.data or "shipped Criteo sample (testbed/training/data)"),
@@ -388,7 +395,8 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
         "kill_at_step": kill_at,
         "timing": {**timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
     }
-    title = f"FM CTR model on Criteo, {steps} steps × {opts.batch_size}"
+    title = (f"{'TorchRec DLRM' if opts.model == 'dlrm' else 'FM CTR model'} on Criteo, "
+             f"{steps} steps × {opts.batch_size}")
     if failure is not None:
         title += f" (failed after {done} steps)"
     rep["plots"] = {

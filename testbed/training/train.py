@@ -209,3 +209,25 @@ def load_training_data(cfg: ClusterConfig, path=None, *, valid_fraction: float =
     if len(data) < 2:
         raise criteo.CriteoFormatError(f"{path} has {len(data)} rows; training and evaluation need at least 2")
     return criteo.time_split(data, valid_fraction)
+
+
+MODELS = ("fm", "dlrm")  #: ``--model`` choices: the numpy FM, TorchRec's DLRM (embnic[torch])
+
+
+def trainer(model: str) -> Callable:
+    """The training function of ``model``: :func:`train` (``"fm"``) or
+    :func:`embnic.testbed.training.dlrm.train_dlrm` (``"dlrm"``); both take the same arguments and
+    return a :class:`TrainResult`.
+
+    Raises:
+        ValueError: unknown model.
+        ImportError: ``"dlrm"`` without the ``embnic[torch]`` extra; the message says in one
+            line what to install.
+    """
+    if model == "fm":
+        return train
+    if model == "dlrm":
+        from .dlrm import train_dlrm
+
+        return train_dlrm
+    raise ValueError(f"unknown model {model!r} (models: {', '.join(MODELS)})")

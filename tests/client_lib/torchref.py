@@ -28,6 +28,10 @@ from torchrec.modules.embedding_configs import PoolingType
 from embnic.client_lib.table_numerics import init_rows
 
 TOL = dict(rtol=1e-6, atol=1e-7)  #: the tolerance of every comparison with TorchRec
+
+# one intra-op thread: on this 2-core machine, shared with the card and the shards, a 2-thread
+# OpenMP region of a tiny op waits for a busy core (ms instead of µs); results do not change
+torch.set_num_threads(1)
 OPTIM = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
 
 

@@ -68,3 +68,32 @@ def test_short_demo_report_and_loss_match(run_dir, tmp_path, cleanup):  # noqa: 
         with open(rep["plots"][k], "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert_gone(name)
+
+
+@needs_root
+def test_short_dlrm_demo_matches_in_process(run_dir, tmp_path, cleanup):  # noqa: F811
+    """`embnic demo --model dlrm`: TorchRec's DLRM through the card, same report and checks."""
+    pytest.importorskip("torchrec")
+    build_dataplane()
+    name = tb_name("m")
+    cleanup.append(name)
+    out = tmp_path / "dlrm"
+    r = subprocess.run([sys.executable, "-m", "embnic", "demo", "--model", "dlrm", "--steps", "3", "--out", str(out),
+                        "--name", name, "--batch-size", "128", "--no-progress"],
+                       capture_output=True, text=True, env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)),
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    for f in FIELDS:
+        assert f in rep, f
+    assert rep["model"] == "dlrm" and rep["steps_completed"] == 3 and rep["error"] is None
+    assert rep["loss"] == rep["loss_reference"] and rep["loss_match"] is True  # bit-identical
+    assert rep["auc"] == rep["auc_reference"]
+    assert rep["rounds_per_step"] == 2.0 and sum(rep["card_drops"].values()) == 0
+    md = rep["messages_detail"]
+    assert md["requests_sent"] == md["replies_received"] > 0
+    assert rep["tables"]["equal"] is True and rep["tables"]["rows"] > 0
+    for k in ("loss", "latency_cdf"):
+        with open(rep["plots"][k], "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert_gone(name)
