@@ -77,6 +77,9 @@ def test_hash_routing_of_any_u64_matches_the_formula():
         want = [ids[_splitmix64_py((t << 48) ^ k) % 3] for k in edges]
         assert shard_of(cfg, t, np.array(edges, np.uint64)).tolist() == want
         assert shard_of(cfg, t, edges).tolist() == want  # Python ints, no float round trip
+        parts = split_by_shard(cfg, t, edges)
+        assert sorted(int(k) for _, _, ks in parts for k in ks) == edges
+        assert all(want[int(p)] == s for s, pos, _ in parts for p in pos)
     for bad in ([-1], [0.5]):
         with pytest.raises(ValueError):
             shard_of(cfg, 0, bad)

@@ -58,10 +58,14 @@ def _assert_same_state(a, b):
             np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize("optimizer,dtype,mtu", [("adagrad", "fp32", 1500), ("sgd", "fp16", 576)])
-def test_two_udp_shards_match_in_process(optimizer, dtype, mtu):
-    cfg = _cfg(criteo.default_tables(rows=4096, dim=8, optimizer=optimizer, dtype=dtype), mtu=mtu)
+@pytest.mark.parametrize("optimizer,dtype,mtu,rows", [("adagrad", "fp32", 1500, 4096), ("sgd", "fp16", 576, 4096),
+                                                     ("adagrad", "fp32", 1500, None)])
+def test_two_udp_shards_match_in_process(optimizer, dtype, mtu, rows):
+    """rows=None: tables without a row count, the Criteo ids kept as full 64-bit hashes."""
+    cfg = _cfg(criteo.default_tables(rows=rows, dim=8, optimizer=optimizer, dtype=dtype), mtu=mtu)
     tr, va = _data(cfg)
+    if rows is None:
+        assert int(tr.sparse.max()) >= 2**63 and {t.rows for t in cfg.tables} == {None}
     ref, ref_state = _reference(cfg, tr, va)
     with ServerCluster(cfg) as cl:
         with EmbeddingClient(cl.cfg, 3, bind=("127.0.0.1", 0)) as client:
