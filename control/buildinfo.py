@@ -22,7 +22,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from embnic.client_lib import consts
-from embnic.control.errors import NeedsRootError, OperationalError
+from embnic.control.errors import NEEDS_ROOT, USAGE, NeedsRootError, OperationalError
 
 SECTION = ".embnic_buildinfo"
 MAGIC = b"EMBNICBI"
@@ -40,11 +40,13 @@ class BuildInfoError(OperationalError):
 class BinaryArgumentError(BuildInfoError):
     """The binary given does not exist or is a directory: a usage error (exit 2)."""
 
-    exit_code = 2
+    category = USAGE
 
 
 class BinaryPermissionError(BuildInfoError, NeedsRootError):
     """This user may not read the binary: run as root (exit 2, like every "needs root")."""
+
+    category = NEEDS_ROOT
 
 
 @dataclasses.dataclass(frozen=True)

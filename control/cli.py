@@ -1,15 +1,73 @@
 """The ``embnic`` command line: a thin click group; one module per noun registers its commands.
 
-Exit codes: 0 ok, 1 operational failure (:class:`~embnic.control.errors.OperationalError`),
-2 usage error (click's ``UsageError``/``BadParameter``).
+Only this module and the command modules (``cmd_*.py``) know click. Library code raises the
+plain errors of :mod:`embnic.control.errors`; :func:`to_click` is the one place they become
+click errors and exit codes (docs/cli.md "Errors and exit codes"):
+
+- ``usage`` → ``click.UsageError`` (exit 2, with the command's usage line);
+- ``operational`` → ``click.ClickException`` (exit 1);
+- ``needs-root``, ``missing-dependency`` → ``click.ClickException`` with exit 2;
+- a cluster config that does not validate (:class:`~embnic.client_lib.config.ConfigError`) → exit 2.
+
+Every command's callback is wrapped once when the command is loaded (:func:`_map_errors`), so
+a usage error still shows the usage of the command that raised it.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
 
 import click
+
+from embnic.client_lib.config import ConfigError
+from embnic.control.errors import USAGE, ControlError
+
+
+def to_click(e: Exception) -> click.ClickException:
+    """The click error (message and exit code) for a library error.
+
+    Args:
+        e: a :class:`~embnic.control.errors.ControlError` (by its ``category``) or a
+            :class:`~embnic.client_lib.config.ConfigError`.
+    Returns:
+        ``click.UsageError`` for the ``usage`` category (exit 2), else a ``click.ClickException``
+        whose ``exit_code`` is the category's (1 operational; 2 needs-root, missing-dependency,
+        and a config file that does not validate).
+    Raises:
+        TypeError: ``e`` is neither.
+    """
+    if isinstance(e, ControlError):
+        if e.category == USAGE:
+            return click.UsageError(e.message)
+        out = click.ClickException(e.message)
+        out.exit_code = e.exit_code
+        return out
+    if isinstance(e, ConfigError):
+        out = click.ClickException(str(e))
+        out.exit_code = 2
+        return out
+    raise TypeError(f"no CLI mapping for {type(e).__name__}")
+
+
+def _map_errors(cmd: click.Command) -> click.Command:
+    """Wrap the callbacks of ``cmd`` and its subcommands so library errors leave as :func:`to_click`'s."""
+    cb = cmd.callback
+    if cb is not None and not getattr(cb, "_embnic_mapped", False):
+        @functools.wraps(cb)
+        def mapped(*args, **kwargs):
+            try:
+                return cb(*args, **kwargs)
+            except (ControlError, ConfigError) as e:
+                raise to_click(e) from None
+
+        mapped._embnic_mapped = True
+        cmd.callback = mapped
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _map_errors(sub)
+    return cmd
 
 # (module, attribute) of every command or group; each module owns its nouns.
 _COMMANDS = (
@@ -45,7 +103,7 @@ class _Group(click.Group):
             if attr == name:
                 if importlib.util.find_spec(mod) is None:
                     return None
-                return getattr(importlib.import_module(mod), attr)
+                return _map_errors(getattr(importlib.import_module(mod), attr))
         return None
 
 
@@ -88,6 +146,10 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except (ControlError, ConfigError) as e:  # raised outside a command callback (e.g. a parameter type)
+        err = to_click(e)
+        err.show()
+        sys.exit(err.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from embnic.control.errors import OperationalError
+from embnic.control.errors import MissingDependencyError
 
 _out = click.option("--out", "out", type=click.Path(file_okay=False), default="out/bench", show_default=True,
                     help="Directory for bench.json (results are merged into it).")
@@ -80,7 +80,7 @@ def dataplane(out, seconds):
     try:
         mod = importlib.import_module("embnic.testbed.bench.dataplane")
     except ImportError as e:
-        raise OperationalError(f"the dataplane benchmark is not available: {e}") from None
+        raise MissingDependencyError(f"the dataplane benchmark is not available: {e}", dependency=e.name) from None
     res = mod.run(Path(out), seconds=seconds)
     _show("dataplane", res)
     click.echo(f"wrote {Path(out) / 'bench.json'}")

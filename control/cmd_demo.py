@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
-from embnic.control.cmd_train import MissingDependencyError
-from embnic.control.errors import OperationalError
+from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt
+from embnic.control.errors import MissingDependencyError
 
 
 @click.command("demo")
@@ -35,7 +34,6 @@ from embnic.control.errors import OperationalError
               help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
                    "(needs the embnic[torch] extra).")
 @needs_root("demo")
-@translate_errors
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
          kill_at_step, no_table_check, progress, model):
     """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
@@ -74,7 +72,5 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
             D.run_demo(opts, log=click.echo)
         except D.DemoUsageError as e:
             raise click.BadParameter(str(e), param_hint=e.param) from None
-        except D.DemoError as e:
-            raise OperationalError(str(e)) from None
         except ImportError as e:  # --model dlrm without embnic[torch]: the message says what to install
-            raise MissingDependencyError(f"--model {model}: {e}") from None
+            raise MissingDependencyError(f"--model {model}: {e}", dependency=e.name) from None

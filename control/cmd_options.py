@@ -30,17 +30,13 @@ from typing import Any, Callable
 import click
 
 from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, is_multicast_mac, load_config
+from embnic.control.errors import UsageError
+from embnic.control.runstate import run_dir
 
-DEFAULT_RUN_DIR = "/run/embnic"
 DEFAULT_NAME = "embnic"
 DEFAULT_TARGET = "dpdk"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
-
-
-def run_dir() -> Path:
-    """Directory of pid/state files, control sockets and card logs (``EMBNIC_RUN_DIR`` or /run/embnic)."""
-    return Path(os.environ.get("EMBNIC_RUN_DIR") or DEFAULT_RUN_DIR)
 
 
 class ConfigFileError(click.ClickException):
@@ -124,7 +120,7 @@ class TargetType(click.ParamType):
 
         try:
             get_target_class(value)
-        except click.UsageError as e:
+        except UsageError as e:
             self.fail(e.message, param, ctx)
         return value
 
@@ -282,7 +278,7 @@ def open_target(s: Settings, **opts: Any):
     """Construct the :class:`~embnic.control.target.Target` named by ``s.target`` for ``s``.
 
     Raises:
-        click.UsageError: an option the target does not take.
+        UsageError: an option the target does not take.
     """
     from embnic.control.target import get_target_class
 

@@ -12,7 +12,8 @@ from embnic.control.ctlsock import CtlClient, CtlError
 from embnic.control.errors import OperationalError
 from embnic.control.cmd_options import (config_errors, config_option, ctl_option, json_option, name_option,
                                     open_target, resolve, target_option)
-from embnic.control.target import describe_state, pid_matches, read_state, state_path
+from embnic.control.runstate import pid_matches, read_state, state_path
+from embnic.control.target import describe_state
 
 
 @click.group()

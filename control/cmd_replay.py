@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
+from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt
 from embnic.control.errors import OperationalError
 from embnic.control.cmd_options import config_option
 
@@ -24,7 +24,6 @@ from embnic.control.cmd_options import config_option
               help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @needs_root("replay")
-@translate_errors
 def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
     """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
     tcpreplay, one per client on the client's veth, with real shards answering; count the
@@ -48,13 +47,8 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
     from embnic.testbed.traces import trace as TR
 
     with sigterm_as_interrupt():
-        try:
-            rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
-                            wait_s=wait_s, force=force, log=click.echo)
-        except TR.ConfigMismatch as e:
-            raise click.UsageError(str(e)) from None
-        except TR.TraceError as e:
-            raise OperationalError(str(e)) from None
+        rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
+                        wait_s=wait_s, force=force, log=click.echo)
     if not rep["all_replied"]:
         from embnic.testbed.net.topology import describe_dead
 

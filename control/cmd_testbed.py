@@ -8,19 +8,11 @@ import signal
 
 import click
 
-from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.cmd_options import config_option, load_cluster
+from embnic.control.errors import OperationalError
+from embnic.control.runstate import require_root
 
 DEFAULT_NAME = "emb"
-
-
-def require_root(what: str) -> None:
-    """Raise :class:`NeedsRootError` unless this process may create namespaces and veths."""
-    from embnic.testbed.net.topology import has_net_admin
-
-    if not has_net_admin():
-        raise NeedsRootError(f"{what} needs root (CAP_NET_ADMIN, for network namespaces and veth pairs): "
-                             f"run it as root, e.g. `sudo embnic {what} ...`")
 
 
 def needs_root(what: str):
@@ -29,7 +21,8 @@ def needs_root(what: str):
     def deco(f):
         @functools.wraps(f)
         def wrapper(*args, **kwargs):
-            require_root(what)
+            require_root(what, why="CAP_NET_ADMIN, for network namespaces and veth pairs",
+                         example=f"sudo embnic {what} ...")
             return f(*args, **kwargs)
 
         return wrapper
@@ -49,28 +42,6 @@ def sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
-
-
-def translate_errors(f):
-    """Turn testbed errors into one-line CLI errors (exit 1; NeedsRoot exit 2)."""
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        from embnic.client_lib.config import ConfigError
-        from embnic.testbed.net.topology import NeedsRoot, TestbedError
-
-        try:
-            return f(*args, **kwargs)
-        except NeedsRoot as e:
-            raise NeedsRootError(str(e)) from None
-        except TestbedError as e:
-            raise OperationalError(str(e)) from None
-        except ConfigError as e:
-            from embnic.control.cmd_options import ConfigFileError
-
-            raise ConfigFileError(str(e)) from None
-
-    return wrapper
 
 
 def check_name_param(ctx, param, value):
@@ -113,7 +84,6 @@ def testbed():
               help="Seconds each readiness probe may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @needs_root("testbed up")
-@translate_errors
 def up(config, name, no_card, timeout, as_json):
     """Create the namespaces and veth pairs of the config, start a shard in each shard namespace
     and the card in the card namespace, program its routes and clients, and probe that every
@@ -165,7 +135,6 @@ def up(config, name, no_card, timeout, as_json):
 @testbed.command("down")
 @name_option
 @needs_root("testbed down")
-@translate_errors
 def down_cmd(name):
     """Stop everything testbed NAME started, in reverse order, and delete its namespaces and veths.
 
@@ -221,7 +190,6 @@ def _print_status(st: dict) -> None:
 @name_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @needs_root("testbed status")
-@translate_errors
 def status_cmd(name, as_json):
     """Show what testbed NAME runs: namespaces, links, processes, card counters, netem.
 
@@ -273,7 +241,6 @@ def status_cmd(name, as_json):
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the user-space helper.")
 @click.option("--clear", "clear_", is_flag=True, help="Remove the impairment (of every link, or of the --link ones).")
 @needs_root("testbed netem")
-@translate_errors
 def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, clear_):
     """Impair the testbed's veth links (both directions): loss, reordering, duplicates.
 
@@ -320,7 +287,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
 def _link_names(name: str) -> list[str]:
     from embnic.testbed.net import topology as T
 
-    st = T.read_state(name) or {}
+    st = T.testbed_state(name) or {}
     return [lk["peer"] for lk in sorted(st.get("links", []), key=lambda lk: lk.get("port", 0))]
 
 

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt, translate_errors
-from embnic.control.errors import OperationalError
+from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt
 from embnic.control.cmd_options import config_option
 
 
@@ -34,7 +33,6 @@ def trace():
               help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @needs_root("trace record")
-@translate_errors
 def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
     """Bring the testbed up, train K batches from every client through the card with real shards
     answering, capture each client's frames on its veth, write them to OUT (pcap, written with
@@ -50,8 +48,5 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
     from embnic.testbed.traces import trace as TR
 
     with sigterm_as_interrupt():
-        try:
-            TR.record(config, out, batches=batches, data=data, batch_size=batch_size, clients=list(clients) or None,
-                      name=name, progress=progress, log=click.echo)
-        except TR.TraceError as e:
-            raise OperationalError(str(e)) from None
+        TR.record(config, out, batches=batches, data=data, batch_size=batch_size, clients=list(clients) or None,
+                  name=name, progress=progress, log=click.echo)

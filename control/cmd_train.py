@@ -7,14 +7,8 @@ import os
 
 import click
 
-from embnic.control.errors import OperationalError
+from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.cmd_options import config_option, load_cluster
-
-
-class MissingDependencyError(click.ClickException):
-    """An optional dependency is not installed: one line naming what to install, exit code 2."""
-
-    exit_code = 2
 
 
 def _trainer(model: str):
@@ -25,7 +19,7 @@ def _trainer(model: str):
     try:
         return trainer(model)
     except ImportError as e:  # embnic.client_lib.torch's message names the extra to install
-        raise MissingDependencyError(f"--model {model}: {e}") from None
+        raise MissingDependencyError(f"--model {model}: {e}", dependency=e.name) from None
 
 
 @click.command("train")

@@ -22,7 +22,8 @@ import stat
 import time
 from typing import Any
 
-from embnic.control.errors import NeedsRootError, OperationalError
+from embnic.control.errors import NEEDS_ROOT, NeedsRootError, OperationalError
+from embnic.control.runstate import pid_matches
 
 #: largest response accepted (bytes); a state dump of 100k entries is ~20 MB
 MAX_RESPONSE = 256 << 20
@@ -40,6 +41,8 @@ class CtlNotLoaded(CtlError):
 
 class CtlPermission(NeedsRootError, CtlError):
     """The socket exists but this user may not connect (it is created mode 0600 by root): exit 2."""
+
+    category = NEEDS_ROOT
 
 
 class CtlTimeout(CtlError):
@@ -97,8 +100,6 @@ class CtlClient:
         """The error for a connection the card closed without answering ``cmd``."""
         what = f"the card closed the control connection without answering `{cmd}`"
         if self.owner is not None:
-            from embnic.control.target import pid_matches
-
             pid, log = self.owner["pid"], self.owner.get("log") or "its log"
             if pid_matches(self.owner):
                 return CtlClosed(f"{what}, although it runs (pid {pid}): it serves at most {MAX_CONNECTIONS} "

@@ -1,16 +1,115 @@
-"""CLI error types: one line each, naming the fix."""
+"""Errors of the control plane's library code (targets, control socket, build info, testbed).
+
+Plain exception classes, no click: every one carries a :attr:`~ControlError.category` that
+says what the user has to do, and the CLI maps the category to an exit code and a click error
+in one place (:func:`embnic.control.cli.to_click`, docs/cli.md "Errors and exit codes"):
+
+=====================  =========  ======================================================
+category               exit code  meaning
+=====================  =========  ======================================================
+``usage``              2          the request itself is wrong (an option, a name, a file)
+``operational``        1          a valid request could not be carried out
+``needs-root``         2          run it as root (network namespaces, DPDK EAL)
+``missing-dependency`` 2          install something first (``simple_switch``, ``p4c``,
+                                  ``dpdk-testpmd``, an optional Python extra)
+=====================  =========  ======================================================
+
+Messages are one line and name the fix. A library module raises the class of its category
+(or a subclass of it); a subclass may move to another category by setting ``category``.
+
+Example::
+
+    from embnic.control.errors import MissingDependencyError
+    raise MissingDependencyError("simple_switch not found: install BMv2 (apt-get install ...)",
+                                 dependency="simple_switch")
+"""
 from __future__ import annotations
 
-import click
+USAGE = "usage"
+OPERATIONAL = "operational"
+NEEDS_ROOT = "needs-root"
+MISSING_DEPENDENCY = "missing-dependency"
+
+#: category → process exit code of the ``embnic`` command
+EXIT_CODES = {USAGE: 2, OPERATIONAL: 1, NEEDS_ROOT: 2, MISSING_DEPENDENCY: 2}
 
 
-class OperationalError(click.ClickException):
-    """Something the user asked for could not be done (exit code 1)."""
+class ControlError(Exception):
+    """Base of the control plane's errors; ``category`` is one of :data:`EXIT_CODES`' keys.
 
-    exit_code = 1
+    Args:
+        message: one line naming the problem and the fix.
+    """
+
+    category: str = OPERATIONAL
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code of the category (2 usage / needs root / missing dependency, 1 operational)."""
+        return EXIT_CODES[self.category]
+
+    def __str__(self) -> str:
+        return self.message
 
 
-class NeedsRootError(OperationalError):
-    """The command needs root (CAP_NET_ADMIN, DPDK EAL): exit code 2 — run it differently."""
+class UsageError(ControlError):
+    """The request is wrong: a bad option or combination, an unknown name, a file that is no binary (exit 2).
 
-    exit_code = 2
+    Args:
+        message: what is wrong and what to give instead.
+        param: the parameter it concerns (``"vdevs"``, ``"config"``, ...), if one; the CLI may use it.
+    """
+
+    category = USAGE
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class OperationalError(ControlError):
+    """Something the user asked for could not be done (exit 1)."""
+
+    category = OPERATIONAL
+
+
+class NeedsRootError(ControlError):
+    """The operation needs root (CAP_NET_ADMIN, DPDK EAL): exit 2 — run it differently."""
+
+    category = NEEDS_ROOT
+
+
+class MissingDependencyError(ControlError):
+    """A program or Python package the operation needs is not installed (exit 2).
+
+    Args:
+        message: what is missing and how to install it.
+        dependency: its name (``"simple_switch"``, ``"p4c"``, ``"dpdk-testpmd"``, ``"torch"``).
+    """
+
+    category = MISSING_DEPENDENCY
+
+    def __init__(self, message: str, dependency: str | None = None):
+        super().__init__(message)
+        self.dependency = dependency
+
+
+def require_program(name: str, install: str) -> str:
+    """The path of program ``name`` on PATH.
+
+    Args:
+        name: the program (``"tcpreplay"``, ``"dpdk-testpmd"``, ``"simple_switch"``, ``"p4c"``).
+        install: how to get it, e.g. ``"apt-get install tcpreplay"``.
+    Raises:
+        MissingDependencyError: ``"<name> is not installed: <install>"`` (exit 2).
+    """
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        raise MissingDependencyError(f"{name} is not installed: {install}", dependency=name)
+    return path

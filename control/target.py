@@ -18,16 +18,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-import click
-
 from embnic.client_lib.config import ClusterConfig, ConfigError
-from embnic.control.errors import NeedsRootError, OperationalError
+from embnic.control.errors import OperationalError, UsageError
+from embnic.control.runstate import read_state, run_dir as default_run_dir
 
 # --------------------------------------------------------------------------- registry
 _REGISTRY: dict[str, str | type] = {
@@ -49,12 +46,12 @@ def get_target_class(name: str) -> type["Target"]:
     """The target class registered as ``name``.
 
     Raises:
-        click.UsageError: no such target (names the ones there are).
+        UsageError: no such target (names the ones there are).
     """
     spec = _REGISTRY.get(name)
     if spec is None:
         later = " (it comes with the P4 program)" if name == "bmv2" else ""
-        raise click.UsageError(f"no target {name!r}{later}; available: {', '.join(target_names())}")
+        raise UsageError(f"no target {name!r}{later}; available: {', '.join(target_names())}", param="target")
     if isinstance(spec, str):
         mod, attr = spec.split(":")
         spec = getattr(importlib.import_module(mod), attr)
@@ -114,96 +111,6 @@ def clients_from_config(cfg: ClusterConfig) -> list[Entry]:
 
 
 # --------------------------------------------------------------------------- state file
-def state_path(run_dir: str | Path, name: str) -> Path:
-    """``RUN_DIR/NAME.json``: the state file of pipeline ``name``."""
-    return Path(run_dir) / f"{name}.json"
-
-
-def read_state(run_dir: str | Path, name: str) -> dict | None:
-    """The state file of pipeline ``name`` as a dict, or None when there is none (or it is unreadable)."""
-    p = state_path(run_dir, name)
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError):
-        return {"corrupt": True, "path": str(p)}
-
-
-def write_state(run_dir: str | Path, name: str, state: dict) -> Path:
-    """Write the state file atomically (temp file + rename); returns its path."""
-    p = state_path(run_dir, name)
-    tmp = p.with_suffix(f".json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, p)
-    return p
-
-
-def remove_state(run_dir: str | Path, name: str) -> None:
-    """Delete the state file of ``name`` (no error if absent)."""
-    try:
-        state_path(run_dir, name).unlink()
-    except FileNotFoundError:
-        pass
-
-
-def proc_starttime(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), None if gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = stat.rsplit(")", 1)[1].split()
-    if rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])
-
-
-def pid_matches(state: dict) -> bool:
-    """True if the process the state file names still runs (same pid *and* start time)."""
-    pid = state.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    st = proc_starttime(pid)
-    if st is None:
-        return False
-    want = state.get("starttime")
-    return want is None or want == st
-
-
-def ensure_run_dir(run_dir: str | Path) -> Path:
-    """Create the run directory (mode 0755) if needed.
-
-    Raises:
-        NeedsRootError: not root and not allowed to write it (names root and ``EMBNIC_RUN_DIR``; exit 2).
-        OperationalError: cannot create or write it although root (read-only file system, ...).
-    """
-    p = Path(run_dir)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        if not os.access(p, os.W_OK | os.X_OK):
-            raise PermissionError
-    except PermissionError:
-        if os.geteuid() != 0:
-            raise NeedsRootError(f"cannot write {p}: run as root (sudo embnic ...) or set EMBNIC_RUN_DIR "
-                                 "to a directory you own") from None
-        raise OperationalError(f"cannot write {p} (even as root): set EMBNIC_RUN_DIR to a writable "
-                               "directory") from None
-    except OSError as e:
-        raise OperationalError(f"cannot create {p}: {e.strerror}; set EMBNIC_RUN_DIR to another directory") from None
-    return p
-
-
-def require_root(what: str) -> None:
-    """Raise unless running as root.
-
-    Raises:
-        NeedsRootError: ``"<what> needs root: run as root (sudo embnic ...)"`` (exit code 2).
-    """
-    if os.geteuid() != 0:
-        raise NeedsRootError(f"{what} needs root: run as root (sudo embnic ...)")
-
-
 def describe_state(state: dict) -> str:
     """One-line description of a state file for messages ("pid 42, ctl ..., since ...")."""
     since = state.get("started")
@@ -229,8 +136,6 @@ class Target(abc.ABC):
 
     def __init__(self, config: ClusterConfig | None = None, *, name: str = "embnic",
                  run_dir: str | Path | None = None):
-        from embnic.control.cmd_options import run_dir as default_run_dir
-
         self.config = config
         self.instance = name
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
@@ -240,11 +145,11 @@ class Target(abc.ABC):
         """Build from resolved CLI :class:`~embnic.control.cmd_options.Settings` plus target options.
 
         Raises:
-            click.UsageError: an option this target does not take.
+            UsageError: an option this target does not take.
         """
         bad = sorted(k for k, v in opts.items() if v not in (None, (), []) and k not in cls.OPTIONS)
         if bad:
-            raise click.UsageError(f"--{bad[0].replace('_', '-')} is not an option of the {cls.name} target")
+            raise UsageError(f"--{bad[0].replace('_', '-')} is not an option of the {cls.name} target", param=bad[0])
         return cls(s.config, name=s.name, run_dir=s.run_dir,
                    **{k: v for k, v in opts.items() if k in cls.OPTIONS})
 

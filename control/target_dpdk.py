@@ -32,15 +32,13 @@ import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
-import click
-
 from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
 from embnic.control import buildinfo
 from embnic.control.ctlsock import CtlClient, CtlError, CtlNotLoaded
-from embnic.control.errors import NeedsRootError, OperationalError
-from embnic.control.target import (Entry, Target, clients_from_config, describe_state, ensure_run_dir,
-                                   entries_from_dicts, pid_matches, proc_starttime, read_state,
-                                   remove_state, require_root, routes_from_config, state_path, write_state)
+from embnic.control.errors import NeedsRootError, OperationalError, UsageError
+from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
+                                     require_root, state_path, write_state)
+from embnic.control.target import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: where `make -C dataplane` puts the card binary
@@ -283,22 +281,22 @@ class DpdkTarget(Target):
     def _check_config(self, program: bool) -> tuple[list[Entry], list[Entry]]:
         cfg = self.config
         if cfg is None:
-            raise click.UsageError("loading the dpdk target needs the cluster config: pass --config FILE")
+            raise UsageError("loading the dpdk target needs the cluster config: pass --config FILE", param="config")
         if cfg.card is None or not cfg.card.enabled:
             raise ConfigError("card", "the dpdk target needs a [card] section (enabled = true) with its "
                               "ports; see docs/config.md and examples/testbed.toml", cfg.path)
         if self.eal_args is None and not self.vdevs:
-            raise click.UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
-                                   "--vdev net_ring1), `vdevs` in [control] of the config, or --eal-args")
+            raise UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
+                             "--vdev net_ring1), `vdevs` in [control] of the config, or --eal-args", param="vdevs")
         if self.eal_args is None:
             bad = lcores_problem(self.lcores or cfg.card.lcores)
             if bad:
                 src = "--lcores" if self.lcores else f"card.lcores in {cfg.path or 'the config'}"
-                raise click.UsageError(f"{src}: {bad}")
+                raise UsageError(f"{src}: {bad}", param="lcores")
             for i, p in enumerate(cfg.card.ports):
                 if p.id >= len(self.vdevs):
-                    raise click.UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {len(self.vdevs)} "
-                                           "vdev(s) given: give one --vdev per card port, in port order")
+                    raise UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {len(self.vdevs)} "
+                                     "vdev(s) given: give one --vdev per card port, in port order", param="vdevs")
         if not program:
             return [], []
         return routes_from_config(cfg), clients_from_config(cfg)
@@ -309,7 +307,7 @@ class DpdkTarget(Target):
         Returns:
             the state file contents plus ``routes``/``clients`` counts and the card's ``info``.
         Raises:
-            click.UsageError: no config / no ports given (exit 2).
+            UsageError: no config / no ports given (exit 2).
             ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
             BuildInfoError: the binary's build info does not match the client library.
             OperationalError: already running, no root for netns, cannot start, not ready in time.

@@ -52,7 +52,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from embnic.control.errors import OperationalError
+from embnic.control.errors import OperationalError, require_program
+from embnic.control.runstate import require_root
 from embnic.testbed.bench.prep import merge_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -313,8 +314,7 @@ class TestpmdProcess:
         Raises:
             DpdkProcError: it exited or never showed its prompt (names its log).
         """
-        if shutil.which(self.binary) is None:
-            raise DpdkProcError(f"{self.binary} not found: install Debian's `dpdk` package (make deps)")
+        require_program(self.binary, "apt-get install dpdk (or `make deps`)")
         self._logf = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=self._logf,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -699,10 +699,11 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         ``card_mempool_ops``, ``af_packet`` with the same figures, and the setup (``lcores``,
         ``pcap``, ``seconds``, ``repeats``, ``warmup``, ``mbufs``, ``mbuf_cache``, ``burst``).
     Raises:
-        DpdkProcError: not root, testpmd missing, or a process failed (names its log).
+        NeedsRootError: not root. MissingDependencyError: dpdk-testpmd is not installed.
+        DpdkProcError: a process failed (names its log).
     """
-    if os.geteuid() != 0:
-        raise DpdkProcError("the dataplane benchmark runs DPDK (EAL) and network namespaces: run it as root")
+    require_root("the dataplane benchmark", why="it runs DPDK (EAL) and network namespaces",
+                 example="sudo embnic bench dataplane")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lcores = kw.get("lcores", "0,1")

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 from . import topology as topo_mod
-from .topology import TestbedError, _run, node_dir, proc_starttime, read_state, require_net_admin, write_state
+from .topology import TestbedError, _run, node_dir, proc_starttime, require_net_admin, save_testbed_state, testbed_state
 
 BACKENDS = ("auto", "tc", "user")
 _TUNSETIFF = 0x400454CA
@@ -275,7 +275,7 @@ def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend
             per = _per_link(state)
             per[lk["peer"]] = new[lk["peer"]]
             _set_per_link(state, per)
-            write_state(state, rdir)
+            save_testbed_state(state, rdir)
         return new
     started = []
     for lk in chosen:
@@ -284,7 +284,7 @@ def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend
         per = _per_link(state)
         per[lk["peer"]] = new[lk["peer"]]
         _set_per_link(state, per)
-        write_state(state, rdir)
+        save_testbed_state(state, rdir)
         started.append((lk, h, proc))
     for lk, h, proc in started:
         _redirect_to_helper(lk, h, proc, ready_timeout)
@@ -301,7 +301,7 @@ def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment)
     per = _per_link(state)
     per[lk["peer"]] = {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(), "helper": h}
     _set_per_link(state, per)
-    write_state(state, rdir)  # the taps are recorded before they exist
+    save_testbed_state(state, rdir)  # the taps are recorded before they exist
     mac = _ns_mac(ns, ifname)
     mtu = _ns_mtu(ns, ifname)
     for tap in (tap_o, tap_i):
@@ -367,7 +367,7 @@ def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
     per = _per_link(state)
     per.pop(lk["peer"], None)
     _set_per_link(state, per)
-    write_state(state, rdir)
+    save_testbed_state(state, rdir)
     return counters
 
 
@@ -403,7 +403,7 @@ def _ns_mtu(ns: str, ifname: str) -> int:
 
 
 def _need_state(name: str, rdir: Path) -> dict:
-    state = read_state(name, rdir)
+    state = testbed_state(name, rdir)
     if state is None or state.get("corrupt"):
         raise TestbedError(f"no testbed {name!r} is up: start it with `embnic testbed up --config F --name {name}`")
     return state
@@ -435,7 +435,7 @@ def clear(name: str, *, links: list[str] | None = None, rdir: Path | None = None
     if not todo:
         if state.get("netem") and not per:
             _set_per_link(state, {})
-            write_state(state, rdir)
+            save_testbed_state(state, rdir)
         return None
     backends = [per[lk["peer"]].get("backend") for lk in todo]
     out = {"links": [lk["peer"] for lk in todo], "backend": _common(backends) or "mixed",

@@ -70,50 +70,34 @@ from typing import Any, Iterator
 from embnic.client_lib import codec
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.config import ClusterConfig, ConfigError, load_config, parse_config
-from embnic.control.target import pid_matches, proc_starttime
+from embnic.control import runstate
+from embnic.control.errors import NEEDS_ROOT, OperationalError
+from embnic.control.runstate import pid_matches, proc_starttime, run_dir
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
 DEFAULT_NAME = "emb"
-CAP_NET_ADMIN = 12
-CAP_SYS_ADMIN = 21
 _CLONE_NEWNET = 0x40000000
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
 
 
-class TestbedError(RuntimeError):
+class TestbedError(OperationalError):
     """The testbed could not be brought up, inspected or torn down (the message names the fix)."""
 
     __test__ = False  # not a pytest test class
 
 
 class NeedsRoot(TestbedError):
-    """The caller lacks CAP_NET_ADMIN/CAP_SYS_ADMIN (network namespaces need root)."""
+    """The caller lacks CAP_NET_ADMIN/CAP_SYS_ADMIN (network namespaces need root): exit 2."""
+
+    category = NEEDS_ROOT
 
 
 # --------------------------------------------------------------------------- small helpers
-def run_dir() -> Path:
-    """Directory of state files and logs: ``$EMBNIC_RUN_DIR`` or ``/run/embnic``."""
-    return Path(os.environ.get("EMBNIC_RUN_DIR") or "/run/embnic")
-
-
-def has_net_admin() -> bool:
-    """True if this process may create network namespaces and links (CAP_NET_ADMIN and
-    CAP_SYS_ADMIN in its effective set, i.e. root)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                caps = int(line.split()[1], 16)
-                return bool(caps >> CAP_NET_ADMIN & 1) and bool(caps >> CAP_SYS_ADMIN & 1)
-    except OSError:
-        pass
-    return os.geteuid() == 0
-
-
 def require_net_admin(what: str = "the testbed") -> None:
-    """Raise :class:`NeedsRoot` unless :func:`has_net_admin`."""
-    if not has_net_admin():
-        raise NeedsRoot(f"{what} needs root (CAP_NET_ADMIN, to create network namespaces and veth "
-                        "pairs): run it as root, e.g. `sudo embnic testbed up --config examples/testbed.toml`")
+    """Raise :class:`~embnic.control.errors.NeedsRootError` unless :func:`~embnic.control.runstate.is_root`
+    (network namespaces and veth pairs need CAP_NET_ADMIN)."""
+    runstate.require_root(what, why="CAP_NET_ADMIN, to create network namespaces and veth pairs",
+                          example="sudo embnic testbed up --config examples/testbed.toml")
 
 
 def check_name(name: str) -> str:
@@ -196,7 +180,7 @@ def netns_pids(ns: str) -> list[int]:
 
 # pid + start time identify a process across pid reuse; one definition for the control plane
 # and the testbed (a state record has ``pid`` and ``starttime``)
-proc_alive = pid_matches
+proc_alive = pid_matches  # noqa: the one definition is runstate.pid_matches
 
 
 def stop_process(rec: dict, timeout: float = 5.0) -> bool:
@@ -508,7 +492,7 @@ class Topology:
 # --------------------------------------------------------------------------- state file
 def state_path(name: str, rdir: Path | None = None) -> Path:
     """``RUN_DIR/testbed-NAME.json``."""
-    return (rdir or run_dir()) / f"testbed-{name}.json"
+    return runstate.state_path(rdir or run_dir(), f"testbed-{name}")
 
 
 def node_dir(name: str, rdir: Path | None = None) -> Path:
@@ -516,24 +500,15 @@ def node_dir(name: str, rdir: Path | None = None) -> Path:
     return (rdir or run_dir()) / f"testbed-{name}"
 
 
-def read_state(name: str, rdir: Path | None = None) -> dict | None:
-    """The state of testbed ``name`` (None if there is none)."""
-    p = state_path(name, rdir)
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError):
-        return {"name": name, "corrupt": True}
+def testbed_state(name: str, rdir: Path | None = None) -> dict | None:
+    """The state of testbed ``name`` (None if there is none; ``{"name", "corrupt": True, ...}`` if unreadable)."""
+    st = runstate.read_state(rdir or run_dir(), f"testbed-{name}")
+    return {"name": name, **st} if st is not None and st.get("corrupt") else st
 
 
-def write_state(state: dict, rdir: Path | None = None) -> None:
-    """Write the state file atomically."""
-    p = state_path(state["name"], rdir)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=1) + "\n")
-    os.replace(tmp, p)
+def save_testbed_state(state: dict, rdir: Path | None = None) -> None:
+    """Write the state file of testbed ``state["name"]`` atomically."""
+    runstate.write_state(rdir or run_dir(), f"testbed-{state['name']}", state)
 
 
 def list_testbeds(rdir: Path | None = None) -> list[str]:
@@ -583,7 +558,7 @@ class Testbed:
         return self._cfg
 
     def _save(self) -> None:
-        write_state(self.state, self.rdir)
+        save_testbed_state(self.state, self.rdir)
 
     def _tlog(self):
         if self._log is None:
@@ -622,7 +597,7 @@ class Testbed:
                 (the message names its log). The testbed is torn down again before raising.
         """
         require_net_admin(f"testbed up ({self.name})")
-        old = read_state(self.name, self.rdir)
+        old = testbed_state(self.name, self.rdir)
         if old is not None and owner is not None and old.get("owner") == owner and not proc_alive(
                 {"pid": old.get("creator_pid"), "starttime": old.get("creator_starttime")}):
             # left behind by a crashed run of the same job (demo, trace record, replay): remove it
@@ -982,7 +957,7 @@ def down(name: str, rdir: Path | None = None) -> dict:
     """
     require_net_admin(f"testbed down ({name})")
     rdir = Path(rdir) if rdir else run_dir()
-    state = read_state(name, rdir) or {}
+    state = testbed_state(name, rdir) or {}
     stopped, removed = [], []
     procs = state.get("procs", []) if isinstance(state.get("procs"), list) else []
     order = {"impair": 0, "client": 1, "card": 2, "server": 3}
@@ -1049,7 +1024,7 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
     """
     require_net_admin(f"testbed status ({name})")
     rdir = Path(rdir) if rdir else run_dir()
-    state = read_state(name, rdir)
+    state = testbed_state(name, rdir)
     if state is None:
         have = list_testbeds(rdir)
         raise TestbedError(f"no testbed {name!r} (state {state_path(name, rdir)} absent); "

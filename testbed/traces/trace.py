@@ -42,7 +42,6 @@ import json
 import os
 import re
 import select
-import shutil
 import socket
 import struct
 import subprocess
@@ -54,6 +53,7 @@ from typing import Callable
 from embnic.client_lib import codec, consts
 from embnic.client_lib.config import load_config
 from embnic.client_lib.consts import MsgType
+from embnic.control.errors import USAGE, OperationalError, require_program
 
 from embnic.testbed.training import report as R
 from embnic.testbed.net import topology as T
@@ -67,8 +67,8 @@ _PACKET_OUTGOING = 4
 _RCVBUF = 256 << 20
 
 
-class TraceError(RuntimeError):
-    """A trace cannot be recorded or replayed (the message names the fix)."""
+class TraceError(OperationalError):
+    """A trace cannot be recorded or replayed (the message names the fix; exit 1)."""
 
 
 # --------------------------------------------------------------------------- capture
@@ -228,6 +228,8 @@ def parse_requests(frames: list[tuple[float, bytes]]) -> tuple[dict, dict, int]:
 # --------------------------------------------------------------------------- config check
 class ConfigMismatch(TraceError):
     """The trace was recorded with another config (a usage error: the CLI exits 2)."""
+
+    category = USAGE
 
 
 def config_digest(cfg) -> str:
@@ -483,11 +485,11 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         ConfigMismatch: the sidecar says the trace was recorded with another config (unless
             ``force``); checked before the testbed comes up.
         TraceError: unreadable pcap, no embnic requests in it, a client the config lacks,
-            tcpreplay missing or failing.
+            tcpreplay failing.
+        MissingDependencyError: tcpreplay is not installed.
     """
     T.require_net_admin("replay (it brings the namespace testbed up)")
-    if shutil.which("tcpreplay") is None:
-        raise TraceError("tcpreplay is not installed: apt-get install tcpreplay")
+    require_program("tcpreplay", "apt-get install tcpreplay")
     pcap = Path(pcap)
     frames = read_pcap(pcap)
     reqs, per_client, other = parse_requests(frames)

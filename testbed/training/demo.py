@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from embnic.client_lib.config import ClusterConfig, load_config
+from embnic.control.errors import OperationalError
 
 from . import report as R
 from embnic.testbed.net import topology as T
@@ -41,8 +42,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "examples" / "testbed.toml"
 
 
-class DemoError(RuntimeError):
-    """The demo failed (the message says where; ``report`` holds what was measured, if anything)."""
+class DemoError(OperationalError):
+    """The demo failed (the message says where; ``report`` holds what was measured, if anything; exit 1)."""
 
     def __init__(self, message: str, report: dict | None = None):
         super().__init__(message)

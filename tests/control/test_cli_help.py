@@ -13,7 +13,7 @@ import pytest
 
 from embnic.client_lib.config import load_config
 from embnic.control.cli import cli
-from embnic.control.target import read_state
+from embnic.control.runstate import read_state
 from embnic.control.target_dpdk import DpdkTarget
 
 REPO = Path(__file__).resolve().parents[2]

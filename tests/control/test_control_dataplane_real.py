@@ -18,7 +18,7 @@ import pytest
 from embnic.client_lib import consts
 from embnic.client_lib.config import load_config
 from embnic.control import buildinfo
-from embnic.control.target import read_state
+from embnic.control.runstate import read_state
 from embnic.control.target_dpdk import DPDK_RUNTIME_DIR, REPO_BINARY, DpdkTarget
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]

@@ -20,7 +20,7 @@ from pathlib import Path
 from embnic.client_lib.config import load_config
 from embnic.control import target_dpdk
 from embnic.control.errors import NeedsRootError, OperationalError
-from embnic.control.target import pid_matches, read_state
+from embnic.control.runstate import pid_matches, read_state
 from embnic.control.target_dpdk import DpdkTarget, start_failure_reason
 
 EAL_LOGS = Path(__file__).resolve().parent / "eal_logs"
@@ -289,7 +289,7 @@ def test_netns_needs_root(env, dp, card_config, monkeypatch):
     t = DpdkTarget(load_config(card_config), binary=dp, netns="enTnope", vdevs=["net_ring0", "net_ring1", "net_ring2"])
     with monkeypatch.context() as m:
         m.setattr(os, "geteuid", lambda: 1000)
-        with pytest.raises(OperationalError, match=r"needs root: run as root \(sudo embnic \.\.\.\)"):
+        with pytest.raises(NeedsRootError, match=r"needs root: run as root \(sudo embnic \.\.\.\)"):
             t.load()
     if os.geteuid() == 0:
         with pytest.raises(OperationalError, match="network namespace 'enTnope' does not exist"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from embnic.control.ctlsock import CtlClient, CtlClosed, CtlNotLoaded
-from embnic.control.target import proc_starttime
+from embnic.control.runstate import proc_starttime
 
 REPO = Path(__file__).resolve().parents[2]
 

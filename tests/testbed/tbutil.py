@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from embnic.control.runstate import is_root
 from embnic.testbed.net import topology as T
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_TOML = REPO / "examples" / "testbed.toml"
 DP_BINARY = REPO / "dataplane" / "build" / "embnic-dp"
 
-needs_root = pytest.mark.skipif(not T.has_net_admin(),
+needs_root = pytest.mark.skipif(not is_root(),
                                 reason="needs root (CAP_NET_ADMIN) to create network namespaces and veths")
 
 
@@ -73,5 +74,5 @@ def cleanup(run_dir):  # noqa: F811
     names: list[str] = []
     yield names
     for n in names:
-        if T.has_net_admin():
+        if is_root():
             T.down(n, run_dir)

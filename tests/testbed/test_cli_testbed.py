@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.control.cli import cli
+from embnic.control.runstate import is_root
 from embnic.testbed.net import topology as T
 
 from tbutil import TESTBED_TOML, assert_gone, build_dataplane, cleanup, run_dir, tb_name  # noqa: F401
@@ -35,7 +36,7 @@ COMMANDS = [
 
 
 def _unprivileged(argv: list[str]) -> list[str]:
-    if os.geteuid() != 0 and not T.has_net_admin():
+    if os.geteuid() != 0 and not is_root():
         return argv
     if shutil.which("setpriv") is None:
         pytest.fail("running as root and setpriv (util-linux, essential in Debian) is missing to drop CAP_NET_ADMIN")
@@ -62,7 +63,7 @@ def test_help_says_what_and_gives_an_example(args):
     assert "Example" in r.output and "embnic " in r.output
 
 
-@pytest.mark.skipif(not T.has_net_admin(), reason="argument checks run after the root check")
+@pytest.mark.skipif(not is_root(), reason="argument checks run after the root check")
 @pytest.mark.parametrize("args, needle", [
     (["testbed", "up"], "--config FILE is required"),
     (["testbed", "up", "-c", str(TESTBED_TOML), "--name", "9-bad"], "testbed name"),
@@ -85,7 +86,7 @@ def test_usage_errors_exit_2(args, needle, run_dir, monkeypatch):  # noqa: F811
     assert needle in r.output
 
 
-@pytest.mark.skipif(not T.has_net_admin(), reason="needs root")
+@pytest.mark.skipif(not is_root(), reason="needs root")
 def test_status_and_netem_of_a_testbed_that_is_not_up_exit_1(run_dir):  # noqa: F811
     for args in (["testbed", "status", "--name", "enZ0"], ["testbed", "netem", "--name", "enZ0", "--loss", "1"]):
         r = CliRunner().invoke(cli, args)
@@ -100,7 +101,7 @@ def _embnic(run_dir, *args, timeout=120):
                           env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)), timeout=timeout)
 
 
-@pytest.mark.skipif(not T.has_net_admin(), reason="needs root")
+@pytest.mark.skipif(not is_root(), reason="needs root")
 def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # noqa: F811
     """The card and a shard killed: status says which (with logs), advises down + up, exits 1."""
     build_dataplane()
@@ -114,7 +115,7 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
     # the card's counters are formatted (the probes went through it), not a Python dict
     assert "card  frames by type: LOOKUP_REQ 4, LOOKUP_REPLY" in r.stdout, r.stdout
     assert "{" not in r.stdout and "'" not in r.stdout
-    st = T.read_state(name)
+    st = T.testbed_state(name)
     card = next(p for p in st["procs"] if p["role"] == "card")
     s1 = next(p for p in st["procs"] if p["node"] == "s1")
     for p in (card, s1):
@@ -144,7 +145,7 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
     assert_gone(name)
 
 
-@pytest.mark.skipif(not T.has_net_admin(), reason="needs root")
+@pytest.mark.skipif(not is_root(), reason="needs root")
 def test_up_without_a_card_does_not_point_at_one(run_dir, cleanup):  # noqa: F811
     name = tb_name("o")
     cleanup.append(name)

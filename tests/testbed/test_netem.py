@@ -152,7 +152,7 @@ def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend, cleanup): 
             assert c["out"]["in"] >= FRAMES and c["out"]["dropped"] > 0 and c["out"]["duplicated"] > 0
             assert c["out"]["reordered"] > 0 and c["in"]["in"] > 0 and c["in"]["dropped"] > 0
             assert c["out"]["out"] == c["out"]["in"] - c["out"]["dropped"] + c["out"]["duplicated"]
-            st = T.read_state(name)
+            st = T.testbed_state(name)
             assert [p["role"] for p in st["procs"]].count("impair") == 1
 
         res = N.clear(name)
@@ -162,7 +162,7 @@ def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend, cleanup): 
         links = json.loads(subprocess.run(["ip", "-n", f"{name}-c1", "-j", "link"], capture_output=True,
                                           text=True, check=True).stdout)
         assert sorted(lk["ifname"] for lk in links) == sorted(["lo", f"{name}c1"])  # the taps are gone
-        assert "impair" not in [p["role"] for p in T.read_state(name)["procs"]]
+        assert "impair" not in [p["role"] for p in T.testbed_state(name)["procs"]]
         sock.close()
     finally:
         if echo is not None:
@@ -190,7 +190,7 @@ def test_down_stops_the_netem_helpers(run_dir, cleanup):  # noqa: F811
 # --------------------------------------------------------------------------- per-link semantics
 def _helpers(name) -> dict:
     """{link: (pid, loss)} of the running user-space helpers, from the state file and /proc."""
-    per = N._per_link(T.read_state(name))
+    per = N._per_link(T.testbed_state(name))
     out = {}
     for link, r in per.items():
         pid = r["helper"]["pid"]
@@ -250,7 +250,7 @@ def test_a_failing_netem_call_leaves_the_impairment_as_it_was(run_dir, cleanup):
         after = _helpers(name)
         assert {k: v for k, v in after.items() if k != "s1"} == {k: v for k, v in before.items() if k != "s1"}
         assert after["s1"][1] == 1.0 and after["s1"][0] != before["s1"][0]
-        roles = [p["role"] for p in T.read_state(name)["procs"]]
+        roles = [p["role"] for p in T.testbed_state(name)["procs"]]
         assert roles.count("impair") == 4
     finally:
         T.down(name)
@@ -302,7 +302,7 @@ def test_link_sets_and_clears_only_that_links_impairment(run_dir, cleanup):  # n
         assert sorted(_helpers(name)) == ["c1", "s0"]
         r = _cli("testbed", "netem", "--name", name, "--clear")
         assert r.exit_code == 0 and "cleared on c1, s0" in r.output
-        st = T.read_state(name)
+        st = T.testbed_state(name)
         assert st["netem"] is None and "impair" not in [p["role"] for p in st["procs"]]
         assert N.show(name) is None
     finally:
@@ -315,7 +315,7 @@ def test_tc_backend_changes_only_the_named_links(run_dir, monkeypatch):  # noqa:
     name = "enT1"
     links = [{"port": i, "card_if": f"{name}p{i}", "peer_if": f"{name}{p}", "peer_ns": f"{name}-{p}", "peer": p}
              for i, p in enumerate(["c1", "c2", "s0", "s1"])]
-    T.write_state({"name": name, "links": links, "procs": [], "netem": None}, run_dir)
+    T.save_testbed_state({"name": name, "links": links, "procs": [], "netem": None}, run_dir)
     cmds = []
     monkeypatch.setattr(N, "_run", lambda argv, **kw: cmds.append(argv) or subprocess.CompletedProcess(argv, 0))
     monkeypatch.setattr(N, "require_net_admin", lambda what: None)

@@ -161,7 +161,7 @@ def test_down_cleans_up_after_the_creator_was_killed(run_dir, cleanup):  # noqa:
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
-    state = T.read_state(name)
+    state = T.testbed_state(name)
     pids = [r["pid"] for r in state["procs"]]
     assert all(T.proc_starttime(x) is not None for x in pids)  # the shards outlived their creator
     assert len(leftovers(name)["netns"]) == 5

@@ -193,7 +193,7 @@ def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  
 
     def kill_card_first(*a, **kw):
         if not killed:
-            rec = next(p for p in T.read_state(rpl_name, run_dir)["procs"] if p["role"] == "card")
+            rec = next(p for p in T.testbed_state(rpl_name, run_dir)["procs"] if p["role"] == "card")
             os.kill(rec["pid"], signal.SIGKILL)
             killed.update(rec)
         return real_argv(*a, **kw)
@@ -250,7 +250,7 @@ def test_record_names_a_dead_card(run_dir, tmp_path, cleanup, monkeypatch):  # n
 
     def train_after_killing_the_card(*a, **kw):
         if not killed:
-            rec = next(p for p in T.read_state(name, run_dir)["procs"] if p["role"] == "card")
+            rec = next(p for p in T.testbed_state(name, run_dir)["procs"] if p["role"] == "card")
             os.kill(rec["pid"], signal.SIGKILL)
             killed.update(rec)
         return real_train(*a, **kw)

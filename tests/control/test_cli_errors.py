@@ -1,0 +1,90 @@
+"""The CLI maps the library's error categories to click errors and exit codes in one place.
+
+Run alone: python3 -m pytest -q tests/control/test_cli_errors.py
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from embnic.client_lib.config import ConfigError
+from embnic.control import errors as E
+from embnic.control.cli import _map_errors, to_click
+
+CASES = [
+    (E.UsageError("no DPDK ports: give one --vdev per card port", param="vdevs"), click.UsageError, 2),
+    (E.OperationalError("pipeline not loaded: run `embnic pipeline load`"), click.ClickException, 1),
+    (E.NeedsRootError("testbed up needs root: run as root (sudo embnic ...)"), click.ClickException, 2),
+    (E.MissingDependencyError("simple_switch is not installed: apt-get install ...", dependency="simple_switch"),
+     click.ClickException, 2),
+    (ConfigError("card.ports[0].ip", "not an IPv4 address", "t.toml"), click.ClickException, 2),
+]
+
+
+@pytest.mark.parametrize("err,cls,code", CASES, ids=lambda c: getattr(c, "category", None) or type(c).__name__)
+def test_to_click_by_category(err, cls, code):
+    out = to_click(err)
+    assert type(out) is cls and out.exit_code == code
+    assert out.format_message() == str(err)
+
+
+def test_categories_and_exit_codes_are_the_documented_ones():
+    assert E.EXIT_CODES == {"usage": 2, "operational": 1, "needs-root": 2, "missing-dependency": 2}
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cli.md")).read()
+    for cat, code in E.EXIT_CODES.items():
+        assert f"| `{cat}` | `{code}` |" in doc, cat
+
+
+def test_subclasses_keep_or_change_their_category():
+    from embnic.control.buildinfo import BinaryArgumentError, BinaryPermissionError
+    from embnic.control.ctlsock import CtlNotLoaded, CtlPermission
+    from embnic.testbed.net.topology import NeedsRoot, TestbedError
+    from embnic.testbed.traces.trace import ConfigMismatch, TraceError
+    from embnic.testbed.training.demo import DemoError
+
+    assert {c.category for c in (CtlNotLoaded, TestbedError, TraceError, DemoError)} == {"operational"}
+    assert {c.category for c in (CtlPermission, BinaryPermissionError, NeedsRoot)} == {"needs-root"}
+    assert BinaryArgumentError.category == ConfigMismatch.category == "usage"
+
+
+@pytest.mark.parametrize("err,cls,code", CASES, ids=lambda c: getattr(c, "category", None) or type(c).__name__)
+def test_a_command_raising_it_exits_with_its_code(err, cls, code):
+    @click.group()
+    def grp():
+        """group"""
+
+    @grp.command("do")
+    def do():
+        raise err
+
+    r = CliRunner().invoke(_map_errors(grp), ["do"], catch_exceptions=False)
+    assert r.exit_code == code, r.output
+    assert f"Error: {err}" in r.output
+    # a usage error shows the usage of the command that raised it; the others only the message
+    assert ("Usage: grp do" in r.output) == (cls is click.UsageError)
+
+
+def test_library_modules_raise_no_click_errors(invoke, card_config):
+    """A usage error of the dpdk target (no vdevs) reaches the user as exit 2 with the command's usage."""
+    r = invoke("pipeline", "load", "-c", card_config)
+    assert r.exit_code == 2, r.output
+    assert "no DPDK ports: give one --vdev per card port" in r.output and "Usage: cli pipeline load" in r.output
+
+
+def test_operational_error_of_the_control_socket(invoke):
+    r = invoke("route", "list")
+    assert r.exit_code == 1 and "pipeline not loaded: no control socket at" in r.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="replay checks root before its dependencies")
+def test_missing_program_is_a_missing_dependency(invoke, tmp_path, monkeypatch):
+    pcap = tmp_path / "t.pcap"
+    pcap.write_bytes(b"")
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    r = invoke("replay", pcap, "-c", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "testbed.toml"))
+    assert r.exit_code == 2, r.output
+    assert "Error: tcpreplay is not installed: apt-get install tcpreplay" in r.output
