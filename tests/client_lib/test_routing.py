@@ -92,3 +92,29 @@ def test_owned_keys_needs_rows():
                         "clients": [{"id": 1, "ip": "127.0.0.1"}]})
     with pytest.raises(ValueError, match="no rows bound"):
         owned_keys(cfg, 0, 0)
+
+
+def test_split_by_shard_property_any_u64():
+    """hypothesis: ids near 0, 2^31, 2^32, 2^48, 2^53, 2^63, 2^64-1, any table id, 1..5 shards:
+    every id goes to splitmix64((t << 48) ^ k) mod S, once, with its position."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    edges = [0, 2**31, 2**32, 2**48, 2**53, 2**63, 2**64 - 1]
+    near = st.builds(lambda e, d: min(max(e + d, 0), 2**64 - 1), st.sampled_from(edges), st.integers(-2, 2))
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(near, max_size=40, unique=True), st.integers(0, 0xFFFF), st.integers(1, 5))
+    def check(ids, t, n):
+        cfg = parse_config({"tables": [{"id": t, "dim": 4}],
+                            "shards": [{"id": 10 + i, "ip": "127.0.0.1", "port": 20000 + i} for i in range(n)],
+                            "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+        keys = np.array(sorted(ids), dtype=np.uint64)
+        seen = {}
+        for sid, pos, ks in split_by_shard(cfg, t, keys):
+            assert np.array_equal(keys[pos], ks)
+            for p in pos.tolist():
+                seen[p] = sid
+        assert seen == {i: 10 + _splitmix64_py((t << 48) ^ int(k)) % n for i, k in enumerate(keys)}
+
+    check()
