@@ -20,9 +20,11 @@ Storage (:class:`TableShard`)
     table's ``rows`` (optional; tables may have 2^40 rows, or no bound at all). A lookup of a
     row never updated computes its initial value on the fly (and stores nothing). Materialised rows live
     in an append-only arena (``(capacity, dim)`` float32, doubled when full, plus one float32
-    Adagrad accumulator per row); a sorted ``uint64`` key index with the arena slot of each key
-    finds them with ``np.searchsorted`` (O(N log M) per batch of N keys; inserting k new keys
-    costs one O(M) ``np.insert`` of 16 bytes per row, never a move of the rows themselves).
+    Adagrad accumulator per row); sorted ``uint64`` key indexes with the arena slot of each key
+    find them with ``np.searchsorted`` (O(N log M) per batch of N keys). New keys go to a small
+    delta index (an ``np.insert`` of O(D)), folded into the main index when it exceeds
+    max(4096, M/8) keys (one O(M) pass per M/8 new keys: O(1) amortised per key, where one
+    index would copy all M entries on every batch with a new key); rows themselves never move.
 
 Optimizers (row-wise, one row's result never depends on another row)
     * ``sgd``: ``w -= lr * g``.
@@ -138,6 +140,10 @@ class TableShard:
         capacity: initial arena capacity (rows); grows by doubling.
     """
 
+    #: the delta index is merged into the main one when it holds more than
+    #: max(MERGE_MIN, M/8) keys
+    MERGE_MIN = 4096
+
     def __init__(self, table: TableConfig, seed: int, capacity: int = 1024):
         self.table = table
         self.seed = int(seed)
@@ -145,8 +151,10 @@ class TableShard:
         self.adagrad = table.optimizer == "adagrad"
         self._lr = np.float32(table.lr)
         self._eps = np.float32(table.eps)
-        self._keys = np.empty(0, dtype=np.uint64)  # sorted materialised keys (M,)
+        self._keys = np.empty(0, dtype=np.uint64)  # main index: sorted materialised keys (M,)
         self._slots = np.empty(0, dtype=np.int64)  # arena slot of each key in _keys (M,)
+        self._dkeys = np.empty(0, dtype=np.uint64)  # delta index: recently added keys, sorted (D,)
+        self._dslots = np.empty(0, dtype=np.int64)
         cap = max(1, int(capacity))
         self._rows = np.empty((cap, self.dim), dtype=np.float32)
         self._acc = np.zeros(cap if self.adagrad else 0, dtype=np.float32)
@@ -159,17 +167,21 @@ class TableShard:
     @property
     def nbytes(self) -> int:
         """Bytes held by the arena and the index."""
-        return self._rows.nbytes + self._acc.nbytes + self._keys.nbytes + self._slots.nbytes
+        return (self._rows.nbytes + self._acc.nbytes + self._keys.nbytes + self._slots.nbytes
+                + self._dkeys.nbytes + self._dslots.nbytes)
 
     def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(slot int64 (N,), found bool (N,)); slot is -1 where not materialised."""
-        m = self._keys.size
-        if m == 0:
-            return np.full(keys.size, -1, dtype=np.int64), np.zeros(keys.size, dtype=bool)
-        pos = np.searchsorted(self._keys, keys)
-        pos_c = np.minimum(pos, m - 1)
-        found = self._keys[pos_c] == keys
-        slot = np.where(found, self._slots[pos_c], -1)
+        slot = np.full(keys.size, -1, dtype=np.int64)
+        found = np.zeros(keys.size, dtype=bool)
+        for index, slots in ((self._keys, self._slots), (self._dkeys, self._dslots)):
+            m = index.size
+            if m == 0:
+                continue
+            pos = np.minimum(np.searchsorted(index, keys), m - 1)
+            hit = index[pos] == keys
+            slot = np.where(hit, slots[pos], slot)
+            found |= hit
         return slot, found
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
@@ -222,11 +234,23 @@ class TableShard:
         if self.adagrad:
             self._acc[self._n:self._n + k] = 0
         self._n += k
-        ins = np.searchsorted(self._keys, new)
-        self._keys = np.insert(self._keys, ins, new)
-        self._slots = np.insert(self._slots, ins, new_slots)
+        ins = np.searchsorted(self._dkeys, new)
+        self._dkeys = np.insert(self._dkeys, ins, new)
+        self._dslots = np.insert(self._dslots, ins, new_slots)
+        if self._dkeys.size > max(self.MERGE_MIN, self._keys.size >> 3):
+            self._merge()
         slot[~found] = new_slots[np.searchsorted(new, keys[~found])]
         return slot
+
+    def _merge(self) -> None:
+        """Fold the delta index into the main one: one O(M + D) pass per M/8 new keys."""
+        if self._dkeys.size == 0:
+            return
+        ins = np.searchsorted(self._keys, self._dkeys)
+        self._keys = np.insert(self._keys, ins, self._dkeys)
+        self._slots = np.insert(self._slots, ins, self._dslots)
+        self._dkeys = self._dkeys[:0]
+        self._dslots = self._dslots[:0]
 
     def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
         """Apply one gradient per row with the table's optimizer (SGD or row-wise Adagrad).
@@ -260,6 +284,7 @@ class TableShard:
             (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,)) — copies;
             ``acc`` is all zeros for SGD tables.
         """
+        self._merge()
         rows = self._rows[self._slots]
         acc = self._acc[self._slots] if self.adagrad else np.zeros(self._keys.size, dtype=np.float32)
         return self._keys.copy(), rows, acc

@@ -352,3 +352,27 @@ def test_one_home_for_the_numerics():
             "print(sorted(m for m in sys.modules if m.startswith('embnic.testbed')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_delta_index_merges_change_nothing():
+    """Many batches of new keys: a store that folds its delta index every few keys and one
+    that never does hold the same rows (bit for bit) and find every key; the delta stays bounded."""
+    t = TableConfig(id=1, name="t", rows=None, dim=4, optimizer="adagrad", lr=0.3)
+    often, never = TableShard(t, seed=2, capacity=1), TableShard(t, seed=2, capacity=1)
+    often.MERGE_MIN, never.MERGE_MIN = 3, 1 << 40
+    rng = np.random.default_rng(3)
+    seen = np.empty(0, np.uint64)
+    for step in range(40):
+        keys = np.unique(np.r_[rng.integers(0, 2**64 - 1, 20, dtype=np.uint64, endpoint=True),
+                               rng.choice(seen, min(seen.size, 10)) if seen.size else []].astype(np.uint64))
+        g = rng.standard_normal((keys.size, 4)).astype(np.float32)
+        often.apply(keys, g)
+        never.apply(keys, g)
+        seen = np.union1d(seen, keys)
+        assert often._dkeys.size <= max(3, often._keys.size >> 3)
+        probe = np.r_[seen[::3], np.array([12345], np.uint64)]
+        assert np.array_equal(often.lookup(probe), never.lookup(probe)), step
+    assert len(often) == len(never) == seen.size and never._keys.size == 0
+    for a, b in zip(often.state(), never.state()):
+        assert np.array_equal(a, b)
+    assert np.array_equal(often.state()[0], seen)
