@@ -70,8 +70,11 @@ def prep(out, batch_size, repeats):
 @click.option("--seconds", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Measurement time per configuration.")
 def dataplane(out, seconds):
-    """The card against dpdk-testpmd (io and macswap) on the same vdevs and lcores: net_pcap
-    in-memory replay into net_null, and net_af_packet over a veth pair.
+    """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
+    the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and
+    net_af_packet over a veth pair); a workload of distinct messages with their replies
+    (every state-map entry inserted and freed: distinct_msgs_per_s); the card's two-lcore
+    pipeline beside. bench.json's `targets` says which targets are met.
 
     \b
     Example:

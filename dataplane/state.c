@@ -327,33 +327,68 @@ embnic_state_update_burst(struct embnic_state *s,
 	hash_sig_t sig[EMBNIC_MAX_BURST];
 	int32_t pos[EMBNIC_MAX_BURST];
 	uint8_t slot[EMBNIC_MAX_BURST];
+	uint8_t first[EMBNIC_MAX_BURST];	/* a slot's first frame */
+	uint8_t fresh[EMBNIC_MAX_BURST];	/* opened above, not yet set */
+	uint64_t seen[4] = { 0 };	/* a 256-bit filter of the slots' sigs */
 	unsigned int i, k, u = 0;
 
 	if (n == 0)
 		return;
 	for (i = 0; i < n; i++) {
 		struct embnic_key16 key = state_key(msgs[i]);
+		hash_sig_t h;
+		uint64_t bit;
 
 		/* fragments of one message come in a row: try the last one */
 		if (u > 0 && keys[u - 1].lo == key.lo) {
 			slot[i] = (uint8_t)(u - 1);
 			continue;
 		}
-		for (k = 0; k + 1 < u && keys[k].lo != key.lo; k++)
-			;
-		if (k + 1 < u) {
-			slot[i] = (uint8_t)k;
-			continue;
+		h = embnic_key16_hash(&key);
+		bit = 1ULL << (h & 63);
+		if (seen[(h >> 6) & 3] & bit) {	/* maybe seen: look */
+			for (k = 0; k + 1 < u && keys[k].lo != key.lo; k++)
+				;
+			if (k + 1 < u) {
+				slot[i] = (uint8_t)k;
+				continue;
+			}
 		}
+		seen[(h >> 6) & 3] |= bit;
 		keys[u] = key;
 		kp[u] = &keys[u];
-		sig[u] = embnic_key16_hash(&keys[u]);
+		sig[u] = h;
+		first[u] = (uint8_t)i;
 		slot[i] = (uint8_t)u++;
 	}
 	rte_hash_lookup_with_hash_bulk(s->h, kp, sig, u, pos);
-	for (k = 0; k < u; k++)
+	/*
+	 * Open the entries of messages whose first frame in the burst is a
+	 * request now, and fetch every entry's line before the frames are
+	 * handled: a new entry's line is cold (the hash hands out free slots
+	 * in FIFO order), and waiting for one at a time would serialise the
+	 * misses. A failed add is retried in order below.
+	 */
+	for (k = 0; k < u; k++) {
+		fresh[k] = 0;
+		if (pos[k] < 0 && embnic_is_request(msgs[first[k]]->msg_type)) {
+			int32_t p = rte_hash_add_key_with_hash(s->h, &keys[k],
+							       sig[k]);
+
+			if (p >= 0 && (uint32_t)p >= s->capacity) {
+				rte_hash_del_key_with_hash(s->h, &keys[k],
+							   sig[k]);
+				p = -1;
+			}
+			if (p >= 0) {
+				pos[k] = p;
+				fresh[k] = 1;
+				s->entries++;
+			}
+		}
 		if (pos[k] >= 0)
 			rte_prefetch0(&s->e[pos[k]]);
+	}
 
 	for (i = 0; i < n; i++) {
 		const struct embnic_msg *m = msgs[i];
@@ -378,7 +413,10 @@ embnic_state_update_burst(struct embnic_state *s,
 			verdict[i] = v;
 			continue;
 		}
-		if (p < 0) {
+		if (fresh[r]) {
+			fresh[r] = 0;
+			entry_init(&s->e[p], m, now);
+		} else if (p < 0) {
 			p = rte_hash_add_key_with_hash(s->h, &keys[r], sig[r]);
 			if (unlikely(p < 0 || (uint32_t)p >= s->capacity)) {
 				if (p >= 0)

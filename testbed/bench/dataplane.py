@@ -1,10 +1,26 @@
 """Benchmark of the card (``embnic bench dataplane``), and the DPDK process runners it uses.
 
-**Benchmark** (:func:`run`): a pcap of embnic request frames with a realistic size mix, built
-with the client library's codec (lookups of 1..179 keys, 2-fragment fp32 updates), is fed
-through the card by the ``net_pcap`` vdev's in-memory replay (``infinite_rx=1``) into a
-``net_null`` port, and, in the same run, on the same vdevs and the same EAL lcore list,
-through ``dpdk-testpmd`` in ``io`` and ``macswap`` forwarding modes. Then the same on
+**Benchmark** (:func:`run`), like with like: the card on **one lcore** (``-l 0``, run to
+completion) against ``dpdk-testpmd`` forwarding on **one lcore** (``-l 0,1 --main-lcore 1``: it
+forwards on lcore 0; its main lcore only reads the command line), on the same vdevs, pcap,
+mbuf count, per-lcore mbuf cache, burst and mempool driver (DPDK's default ``ring_mp_mc`` for
+both), warm-up and duration, both busy-polling. ``ratio_io`` and ``ratio_macswap`` are those
+one-lcore figures (targets: >= 0.5 and >= 0.8). Two workloads, each replayed from memory by
+the ``net_pcap`` vdev (``infinite_rx=1``) into a ``net_null`` port:
+
+- **main**: embnic request frames with a realistic size mix, built with the client library's
+  codec (lookups of 1..179 keys, 2-fragment fp32 updates); the pcap repeats its ~1,650 message
+  ids, so after the first pass the state map only finds entries.
+- **distinct**: 8,192 messages with distinct (client, msg id), each a lookup request frame and
+  its reply frame: every request inserts a state-map entry and every reply frees it (in every
+  pass). ``distinct_msgs_per_s`` is the card's own count of completed messages per second
+  (target >= 1 M on one lcore); ``repeated_ids_msgs_per_s`` replays the same request frames
+  alone (every request finds its entry), counted the same way (frames/s / 2), and
+  ``ratio_distinct_to_repeated`` compares them (target >= 0.5). testpmd io replays the distinct
+  pcap too (``testpmd_io_distinct_mpps``).
+
+The card on two lcores (RX/TX pipeline, ``-l 0,1``, ``stack`` mempool) is reported beside,
+under its own names (``card_pipeline_2lcores_mpps``). Then the main workload on
 ``net_af_packet`` over a veth pair in a network namespace (the testbed's path), the frames
 coming from a second testpmd that replays the pcap into the other end of the veth pair::
 
@@ -14,18 +30,15 @@ coming from a second testpmd that replays the pcap into the other end of the vet
 Rates are taken from the DUT's own TX counters (card: control socket ``counters``; testpmd:
 ``show port stats all``) at two instants ``seconds`` apart, after a warm-up. ``mpps`` = frames
 sent per µs; ``gbps`` = Ethernet bytes (no preamble/FCS) × 8 / s; ``msgs_per_s`` = mpps ×
-messages/frames of the pcap. Ratios = card / testpmd; the targets are ``ratio_io >= 0.5`` and
-``ratio_macswap >= 0.8``. Results are merged into ``DIR/bench.json`` under ``dataplane``.
-Needs root (EAL, netns).
+messages/frames of the pcap. Note that ``net_pcap``'s in-memory replay copies every frame on
+the DUT's own lcore (about half of the card's time per frame here), for both DUTs alike.
+Results are merged into ``DIR/bench.json`` under ``dataplane``, with ``targets`` saying which
+are met. Needs root (EAL, netns).
 
-Like with like: the card and testpmd get the same vdevs, pcap, EAL lcore list, mbuf count
-(``BENCH_MBUFS``), per-lcore mbuf cache (``BENCH_MBCACHE``, the card's fixed size; testpmd's
-``--mbcache``), burst (``--burst``), warm-up and duration, both busy-polling. Every run also
-records ``others_cpu`` (CPU used meanwhile by the rest of the box; a shared VM is noisy) and
-``xcore_rtt_ns``, the cache-line round trip between CPUs 0 and 1 just before it
+Every run also records ``others_cpu`` (CPU used meanwhile by the rest of the box; a shared VM
+is noisy) and ``xcore_rtt_ns``, the cache-line round trip between CPUs 0 and 1 just before it
 (``dataplane/build/xcore-rtt``): the card's RX/TX pipeline (``-l 0,1``) passes each frame's
-cache lines between the two lcores and its rate follows that figure, which on a VM changes with
-where the host places the vCPUs (testpmd's single forwarding lcore does not care).
+cache lines between the two lcores and its rate follows that figure.
 
 **Runners**: :class:`CardProcess` starts ``embnic-dp`` on the vdevs you give, waits until its control socket
 answers, talks JSON lines to it (docs/control-socket.md) and stops it with SIGTERM, tracking
@@ -453,6 +466,55 @@ def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
     return {"frames": len(frames), "messages": msgs, "bytes": total, "avg_frame_bytes": total / len(frames)}
 
 
+def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
+                       requests_only_path: Path | None = None) -> dict:
+    """Write a pcap of ``n_msgs`` messages with distinct (client, msg id), each a request frame
+    followed by its reply frame; returns its stats.
+
+    Every message is a LOOKUP_REQ of 1..8 keys (uniform) from client 1 or 2 to shard 0..3 and
+    its LOOKUP_REPLY (``n`` fp32 rows of dim 16, one frame) from that shard, both addressed to
+    the card (so the card's map inserts an entry per request and frees it per reply: replayed in
+    a loop, every pass inserts and frees every entry again). With ``requests_only_path``, the
+    same request frames alone are written there too: the repeated-id workload, where after the
+    first pass every request finds its entry (no insert, no free).
+
+    Returns:
+        ``{frames, messages, bytes, avg_frame_bytes}``.
+    """
+    import numpy as np
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    from embnic.client_lib import codec
+    from embnic.client_lib.consts import DType, MsgType
+
+    rng = np.random.default_rng(seed)
+    frames: list[bytes] = []
+    requests: list[bytes] = []
+    for i in range(n_msgs):
+        c = BENCH_CLIENTS[i % len(BENCH_CLIENTS)]
+        sh = BENCH_SHARDS[int(rng.integers(0, len(BENCH_SHARDS)))]
+        n = int(rng.integers(1, 9))
+        keys = rng.integers(0, 1 << 40, n, dtype=np.uint64)
+        req = codec.encode_lookup(msg_id=100 + i, client_id=c["client"], table_id=0, shard_id=sh["shard"],
+                                  dim=16, dtype=DType.FP32, keys=keys)[0]
+        rows = np.zeros((n, 16), dtype=np.float32)
+        rep_ = codec.encode_reply(codec.parse_header(req), MsgType.LOOKUP_REPLY, shard_id=sh["shard"],
+                                  body=codec.rows_to_body(rows))[0]
+        f_req = bytes(Ether(src=c["mac"], dst="02:00:00:99:00:01") / IP(src=c["ip"], dst=BENCH_CARD_IP, flags="DF")
+                      / UDP(sport=c["udp_port"], dport=7878) / Raw(req))
+        f_rep = bytes(Ether(src=sh["mac"], dst="02:00:00:99:00:01") / IP(src=sh["ip"], dst=BENCH_CARD_IP, flags="DF")
+                      / UDP(sport=sh["udp_port"], dport=7878) / Raw(rep_))
+        frames += [f_req, f_rep]
+        requests.append(f_req)
+    _write_pcap(path, frames)
+    if requests_only_path is not None:
+        _write_pcap(requests_only_path, requests)
+    total = sum(len(f) for f in frames)
+    return {"frames": len(frames), "messages": n_msgs, "bytes": total, "avg_frame_bytes": total / len(frames)}
+
+
 def _write_pcap(path: Path, frames: list[bytes]) -> None:
     import struct
 
@@ -463,11 +525,12 @@ def _write_pcap(path: Path, frames: list[bytes]) -> None:
 
 
 # ====================================================================== measurements
-def _program_card(card: CardProcess, out_port: int, in_port: int = 0) -> None:
+def _program_card(card: CardProcess, out_port: int) -> None:
+    """Shards and clients all behind the sink port: requests and replies leave on it."""
     for sh in BENCH_SHARDS:
         card.call("route_add", port=out_port, **sh)
     for cl in BENCH_CLIENTS:
-        card.call("client_add", port=in_port, **cl)
+        card.call("client_add", port=out_port, **cl)
 
 
 #: Both DUTs get the same pool and burst: mbufs, per-lcore mbuf cache (the card's is fixed at
@@ -533,10 +596,11 @@ def _rate(sample, seconds: float, warmup: float) -> tuple[float, int]:
 
 def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
                  netns: str | None = None, out_port: int = 1, log_dir: Path | None = None,
-                 other_pids: Sequence[int] = ()) -> dict:
-    """Card rates from its own counters: ``{mpps, gbps, drops, frames, others_cpu, mempool_ops}``."""
+                 other_pids: Sequence[int] = (), mbufs: int | None = None) -> dict:
+    """Card rates from its own counters: ``{mpps, gbps, drops, frames, completed_per_s,
+    others_cpu, mempool_ops}`` (``completed_per_s``: messages whose whole reply passed, per s)."""
     card = CardProcess(binary, vdevs, lcores=lcores, port_ips={0: BENCH_CARD_IP}, netns=netns,
-                       args=["--paused", "--mbufs", str(BENCH_MBUFS), "--burst", str(BENCH_BURST)],
+                       args=["--paused", "--mbufs", str(mbufs or BENCH_MBUFS), "--burst", str(BENCH_BURST)],
                        log=(log_dir / f"card-{file_prefix('l')}.log") if log_dir else None)
     card.start()
     try:
@@ -548,26 +612,28 @@ def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, wa
         def sample() -> int:
             last["c"] = card.counters()
             last.setdefault("b0", last["c"]["ports"][out_port]["tx_bytes"])
+            last.setdefault("m0", sum(last["c"]["completed"].values()))
             return last["c"]["ports"][out_port]["tx_frames"]
 
         w = _window(sample, seconds, warmup, [card.proc.pid, *other_pids])
         b1 = last["c"]["ports"][out_port]["tx_bytes"]
+        m1 = sum(last["c"]["completed"].values())
         drops = {k: v for k, v in last["c"]["drops"].items() if v}
         state = last["c"]["state"]
     finally:
         card.stop()
         card.cleanup()
     return {"mpps": w["rate"] / 1e6, "gbps": (b1 - last["b0"]) * 8 / w["dt"] / 1e9, "frames": w["frames"],
-            "drops": drops, "state_entries": state["entries"], "others_cpu": w["others_cpu"],
-            "mempool_ops": ops}
+            "completed_per_s": (m1 - last["m0"]) / w["dt"], "drops": drops, "state_entries": state["entries"],
+            "others_cpu": w["others_cpu"], "mempool_ops": ops}
 
 
 def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, warmup: float,
                     netns: str | None = None, out_port: int = 1, main_lcore: int | None = None,
-                    other_pids: Sequence[int] = ()) -> dict:
+                    other_pids: Sequence[int] = (), mbufs: int | None = None) -> dict:
     """testpmd rate from its port stats: ``{mpps, frames, others_cpu}``."""
     tp = TestpmdProcess(vdevs, lcores=lcores, mode=mode, netns=netns, main_lcore=main_lcore,
-                        mbufs=BENCH_MBUFS, mbcache=BENCH_MBCACHE, burst=BENCH_BURST)
+                        mbufs=mbufs or BENCH_MBUFS, mbcache=BENCH_MBCACHE, burst=BENCH_BURST)
     tp.start()
     try:
         w = _window(lambda: tp.tx_packets(out_port), seconds, warmup, [tp.proc.pid, *other_pids])
@@ -582,46 +648,45 @@ def _median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def _measure_all(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
-                 repeats: int, netns: str | None, log_dir: Path, one_lcore: str | None = "0",
-                 testpmd_lcores: str | None = None, testpmd_main: int | None = None,
-                 other_pids: Sequence[int] = (), rtt: bool = True) -> dict:
-    """The card (EAL ``-l lcores``, and ``-l one_lcore``), testpmd io and macswap (``-l
-    testpmd_lcores`` or ``lcores``, main lcore ``testpmd_main``), interleaved ``repeats``
-    times; medians (load from other processes hits all of them alike). Every run also records
-    the CPU the rest of the box used (``others_cpu``) and, if ``rtt``, the cache-line round trip
-    between CPUs 0 and 1 just before it (``xcore_rtt_ns``; None otherwise: meaningless while a
-    generator keeps one of the CPUs busy)."""
-    runs: dict[str, list[dict]] = {"card": [], "card_1lcore": [], "io": [], "macswap": []}
+#: Like with like: the card on one lcore (run to completion: RX, TX and the control socket)
+#: against testpmd forwarding on one lcore (its main lcore, on the other CPU, only reads its
+#: command line); both then use DPDK's default mempool driver (ring_mp_mc).
+CARD_1LCORE, TESTPMD_1FWD, TESTPMD_MAIN = "0", "0,1", 1
 
-    def run(key: str, fn, *a, **k) -> None:
-        before = xcore_rtt_ns() if rtt else None
-        r = fn(*a, **k)
-        r["xcore_rtt_ns"] = before
-        runs[key].append(r)
 
+def _measure_all(runs: dict[str, Any], repeats: int, rtt: bool = True) -> dict:
+    """Run every configuration of ``runs`` (``{name: (fn, args, kwargs)}``) ``repeats`` times,
+    interleaved (load from other processes hits all of them alike); per configuration the median
+    of each figure and every run's rate, ``others_cpu`` (CPU the rest of the box used meanwhile)
+    and, if ``rtt``, the cache-line round trip between CPUs 0 and 1 just before it
+    (``xcore_rtt_ns``; meaningless while a generator keeps one of the CPUs busy)."""
+    got: dict[str, list[dict]] = {k: [] for k in runs}
     for _ in range(repeats):
-        run("card", measure_card, binary, vdevs, lcores, seconds, warmup, netns=netns, log_dir=log_dir,
-            other_pids=other_pids)
-        if one_lcore is not None and one_lcore != lcores:
-            run("card_1lcore", measure_card, binary, vdevs, one_lcore, seconds, warmup, netns=netns,
-                log_dir=log_dir, other_pids=other_pids)
-        for mode in ("io", "macswap"):
-            run(mode, measure_testpmd, vdevs, testpmd_lcores or lcores, mode, seconds, warmup, netns=netns,
-                main_lcore=testpmd_main, other_pids=other_pids)
-    med = {k: {"mpps": _median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v],
-               "others_cpu": [round(r["others_cpu"], 3) for r in v],
-               "xcore_rtt_ns": [r["xcore_rtt_ns"] for r in v]}
-           for k, v in runs.items() if v}
-    med["card"]["gbps"] = _median([r["gbps"] for r in runs["card"]])
-    med["card"]["drops"] = runs["card"][-1]["drops"]
-    med["card"]["mempool_ops"] = runs["card"][-1]["mempool_ops"]
-    if runs["card_1lcore"]:
-        med["card_1lcore"]["mempool_ops"] = runs["card_1lcore"][-1]["mempool_ops"]
+        for key, (fn, a, k) in runs.items():
+            before = xcore_rtt_ns() if rtt else None
+            r = fn(*a, **k)
+            r["xcore_rtt_ns"] = before
+            got[key].append(r)
+    med = {}
+    for key, v in got.items():
+        m = {"mpps": _median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v],
+             "others_cpu": [round(r["others_cpu"], 3) for r in v], "xcore_rtt_ns": [r["xcore_rtt_ns"] for r in v]}
+        if "gbps" in v[0]:
+            m.update(gbps=_median([r["gbps"] for r in v]), drops=v[-1]["drops"], mempool_ops=v[-1]["mempool_ops"],
+                     completed_per_s=_median([r["completed_per_s"] for r in v]),
+                     all_completed_per_s=[round(r["completed_per_s"]) for r in v])
+        med[key] = m
     return med
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
 def _figures(m: dict, pcap: dict) -> dict:
+    """bench.json figures of the main workload: ``card`` on one lcore against testpmd ``io`` and
+    ``macswap`` forwarding on one lcore (the headline ratios), and ``card_pipeline`` (RX and TX
+    on two lcores) when measured."""
     per_msg = pcap["messages"] / pcap["frames"]
     card, io, mac = m["card"], m["io"], m["macswap"]
     out = {
@@ -630,20 +695,40 @@ def _figures(m: dict, pcap: dict) -> dict:
         "card_gbps": card["gbps"],
         "testpmd_io_mpps": io["mpps"],
         "testpmd_macswap_mpps": mac["mpps"],
-        "ratio_io": card["mpps"] / io["mpps"] if io["mpps"] else 0.0,
-        "ratio_macswap": card["mpps"] / mac["mpps"] if mac["mpps"] else 0.0,
+        "ratio_io": _ratio(card["mpps"], io["mpps"]),
+        "ratio_macswap": _ratio(card["mpps"], mac["mpps"]),
+        "card_mempool_ops": card["mempool_ops"],
+        "card_drops_last_run": card["drops"],
         "runs_mpps": {k: v["all_mpps"] for k, v in m.items()},
         "runs_others_cpu": {k: v["others_cpu"] for k, v in m.items()},
         "runs_xcore_rtt_ns": {k: v["xcore_rtt_ns"] for k, v in m.items()},
-        "card_drops_last_run": card["drops"],
-        "card_mempool_ops": card["mempool_ops"],
     }
-    if "card_1lcore" in m:
-        one = m["card_1lcore"]["mpps"]
-        out.update({"card_1lcore_mpps": one,
-                    "ratio_io_1lcore": one / io["mpps"] if io["mpps"] else 0.0,
-                    "ratio_macswap_1lcore": one / mac["mpps"] if mac["mpps"] else 0.0})
+    if "card_pipeline" in m:
+        pl = m["card_pipeline"]
+        out.update({"card_pipeline_2lcores_mpps": pl["mpps"],
+                    "card_pipeline_mempool_ops": pl["mempool_ops"],
+                    "ratio_io_card_pipeline_2lcores_vs_testpmd_1lcore": _ratio(pl["mpps"], io["mpps"])})
     return out
+
+
+def _distinct_figures(m: dict, dpcap: dict) -> dict:
+    """bench.json figures of the distinct-message workload (request + reply per message)."""
+    d, r, io = m["card_distinct"], m["card_repeated"], m["io_distinct"]
+    per_msg = dpcap["frames"] / dpcap["messages"]  # 2: a request frame and its reply frame
+    repeated = r["mpps"] * 1e6 / per_msg
+    return {
+        "distinct_msgs_per_s": d["completed_per_s"],
+        "distinct_frames_mpps": d["mpps"],
+        "repeated_ids_msgs_per_s": repeated,
+        "ratio_distinct_to_repeated": _ratio(d["completed_per_s"], repeated),
+        "testpmd_io_distinct_mpps": io["mpps"],
+        "ratio_io_distinct": _ratio(d["mpps"], io["mpps"]),
+        "distinct_drops_last_run": d["drops"],
+        "distinct_runs": {"card_msgs_per_s": d["all_completed_per_s"], "card_mpps": d["all_mpps"],
+                          "repeated_mpps": r["all_mpps"], "testpmd_io_mpps": io["all_mpps"],
+                          "others_cpu": d["others_cpu"]},
+        "distinct_pcap": dpcap,
+    }
 
 
 class _Netns:
@@ -685,19 +770,22 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     Args:
         out_dir: where bench.json is read, updated and written (also the pcap and logs).
         seconds: measurement time per configuration (s), after ``warmup`` (default 1 s).
-        lcores: EAL lcore list used for the card and testpmd alike (default ``"0,1"``); the card
-            is also measured on one lcore (``card_1lcore_mpps``, run to completion).
+        lcores: EAL lcore list of the card's RX/TX pipeline, reported beside (default ``"0,1"``).
         repeats: interleaved repetitions of every configuration; medians are reported (3).
-        frames: frames in the replayed pcap (default 2048).
+        frames: frames in the main pcap (default 2048).
+        distinct_messages: messages (request + reply) in the distinct pcap (default 8192).
         af_packet: also measure on net_af_packet over a veth pair (default True).
         binary: the embnic-dp binary (default: build dataplane/).
     Returns:
         the ``dataplane`` dict: ``card_mpps, card_msgs_per_s, card_gbps, testpmd_io_mpps,
-        testpmd_macswap_mpps, ratio_io, ratio_macswap`` (net_pcap → net_null; medians),
-        ``card_1lcore_mpps, ratio_io_1lcore, ratio_macswap_1lcore``, ``runs_mpps``,
-        ``runs_others_cpu``, ``runs_xcore_rtt_ns`` (every run, by configuration),
-        ``card_mempool_ops``, ``af_packet`` with the same figures, and the setup (``lcores``,
-        ``pcap``, ``seconds``, ``repeats``, ``warmup``, ``mbufs``, ``mbuf_cache``, ``burst``).
+        testpmd_macswap_mpps, ratio_io, ratio_macswap`` (one lcore each; net_pcap → net_null;
+        medians), ``distinct_msgs_per_s, distinct_frames_mpps, repeated_ids_msgs_per_s,
+        ratio_distinct_to_repeated, testpmd_io_distinct_mpps, ratio_io_distinct``,
+        ``card_pipeline_2lcores_mpps`` (and its mempool driver), ``targets`` (met or not),
+        ``runs_mpps``, ``runs_others_cpu``, ``runs_xcore_rtt_ns``, ``distinct_runs`` (every
+        run), ``af_packet`` with the main figures, and the setup (``lcores``, ``pcap``,
+        ``distinct_pcap``, ``seconds``, ``repeats``, ``warmup``, ``mbufs``, ``mbuf_cache``,
+        ``burst``, ``setup``, ``distinct_workload``).
     Raises:
         NeedsRootError: not root. MissingDependencyError: dpdk-testpmd is not installed.
         DpdkProcError: a process failed (names its log).
@@ -717,8 +805,36 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     src = f"net_pcap0,rx_pcap={pcap_path},infinite_rx=1"
     sink = "net_null0,no-rx=1"
 
+    dpath, rpath = out_dir / "bench_distinct.pcap", out_dir / "bench_repeated_ids.pcap"
+    dpcap = make_distinct_pcap(dpath, int(kw.get("distinct_messages", 8192)), requests_only_path=rpath)
+    dsrc, rsrc = (f"net_pcap0,rx_pcap={dpath},infinite_rx=1", f"net_pcap0,rx_pcap={rpath},infinite_rx=1")
+    # net_pcap's infinite_rx holds the whole pcap in mbufs of the DUT's pool
+    dmbufs = BENCH_MBUFS + dpcap["frames"]
+    card_kw = dict(log_dir=logs)
+    tp_kw = dict(main_lcore=TESTPMD_MAIN)
+    runs: dict[str, Any] = {
+        "card": (measure_card, (binary, [src, sink], CARD_1LCORE, seconds, warmup), card_kw),
+        "io": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "io", seconds, warmup), tp_kw),
+        "macswap": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "macswap", seconds, warmup), tp_kw),
+        "card_distinct": (measure_card, (binary, [dsrc, sink], CARD_1LCORE, seconds, warmup),
+                          dict(card_kw, mbufs=dmbufs)),
+        "card_repeated": (measure_card, (binary, [rsrc, sink], CARD_1LCORE, seconds, warmup),
+                          dict(card_kw, mbufs=dmbufs)),
+        "io_distinct": (measure_testpmd, ([dsrc, sink], TESTPMD_1FWD, "io", seconds, warmup),
+                        dict(tp_kw, mbufs=dmbufs)),
+    }
+    if lcores != CARD_1LCORE:
+        runs["card_pipeline"] = (measure_card, (binary, [src, sink], lcores, seconds, warmup), card_kw)
+    m = _measure_all(runs, repeats)
     res: dict[str, Any] = {}
-    res.update(_figures(_measure_all(binary, [src, sink], lcores, seconds, warmup, repeats, None, logs), pcap))
+    res.update(_figures(m, pcap))
+    res.update(_distinct_figures(m, dpcap))
+    res["targets"] = {
+        "ratio_io >= 0.5": res["ratio_io"] >= 0.5,
+        "ratio_macswap >= 0.8": res["ratio_macswap"] >= 0.8,
+        "distinct_msgs_per_s >= 1e6": res["distinct_msgs_per_s"] >= 1e6,
+        "ratio_distinct_to_repeated >= 0.5": res["ratio_distinct_to_repeated"] >= 0.5,
+    }
 
     if kw.get("af_packet", True):
         # 2 vCPUs here: the generator forwards on CPU 1, each DUT on CPU 0 (the card run to
@@ -729,10 +845,14 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
             gen.start()
             try:
                 dut = [f"net_af_packet0,iface={ns.b}", sink]
-                res["af_packet"] = _figures(_measure_all(binary, dut, "0", seconds, warmup, repeats, ns.name, logs,
-                                                         one_lcore=None, testpmd_lcores="0,1", testpmd_main=1,
-                                                         other_pids=[gen.proc.pid], rtt=False),
-                                            pcap)
+                other = dict(netns=ns.name, other_pids=[gen.proc.pid])
+                af = _measure_all({
+                    "card": (measure_card, (binary, dut, CARD_1LCORE, seconds, warmup), dict(card_kw, **other)),
+                    "io": (measure_testpmd, (dut, TESTPMD_1FWD, "io", seconds, warmup), dict(tp_kw, **other)),
+                    "macswap": (measure_testpmd, (dut, TESTPMD_1FWD, "macswap", seconds, warmup),
+                                dict(tp_kw, **other)),
+                }, repeats, rtt=False)
+                res["af_packet"] = _figures(af, pcap)
                 res["af_packet"]["setup"] = ("generator dpdk-testpmd io (net_pcap infinite_rx -> net_af_packet, "
                                              "forwarding on CPU 1) -> veth -> DUT on CPU 0 -> net_null; card "
                                              "-l 0 (run to completion), testpmd -l 0,1 --main-lcore 1")
@@ -742,8 +862,16 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     res.update({"lcores": lcores, "seconds": seconds, "repeats": repeats, "warmup": warmup, "pcap": pcap,
                 "mbufs": BENCH_MBUFS, "mbuf_cache": BENCH_MBCACHE, "burst": BENCH_BURST,
                 "setup": "net_pcap infinite_rx -> net_null; af_packet: testpmd replay -> veth -> DUT -> net_null; "
-                         f"card and testpmd alike: {BENCH_MBUFS} mbufs, per-lcore cache {BENCH_MBCACHE}, "
-                         f"burst {BENCH_BURST}, busy polling (no --idle-us)"})
+                         f"card -l {CARD_1LCORE} (run to completion) and testpmd -l {TESTPMD_1FWD} --main-lcore "
+                         f"{TESTPMD_MAIN} (one forwarding lcore), both on DPDK's default mempool driver; "
+                         f"{BENCH_MBUFS} mbufs (+ the pcap's frames for the distinct workload), per-lcore "
+                         f"cache {BENCH_MBCACHE}, burst {BENCH_BURST}, busy polling (no --idle-us)",
+                "distinct_workload": "lookups of 1..8 keys with their single-frame replies, distinct (client, "
+                                     "msg id) per message, replayed in a loop: every request inserts a state "
+                                     "entry, every reply frees it; distinct_msgs_per_s is the card's own count "
+                                     "of completed messages per second; repeated_ids_msgs_per_s replays the "
+                                     "same request frames alone (every request finds its entry) counted the same "
+                                     "way, frames/s / 2"})
     merge_json(out_dir / "bench.json", "dataplane", res)
     return res
 
