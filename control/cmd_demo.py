@@ -29,13 +29,15 @@ from embnic.control.errors import MissingDependencyError
 @click.option("--kill-at-step", type=int, default=None, metavar="K",
               help="Step after which --kill-shard strikes: 1..STEPS-1 (default 1).")
 @click.option("--no-table-check", is_flag=True, help="Skip reading every updated row back through the card.")
+@click.option("--all-clients", is_flag=True, help="Every other client of the config looks up its own batches "
+                                                  "through the card while the first one trains (lookups only).")
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
 @click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
               help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
                    "(needs the embnic[torch] extra).")
 @needs_root("demo")
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
-         kill_at_step, no_table_check, progress, model):
+         kill_at_step, no_table_check, all_clients, progress, model):
     """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
     Criteo sample with every embedding lookup and update passing through the card, in a
     namespace testbed it brings up and down.
@@ -56,13 +58,15 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --model dlrm --steps 10    # TorchRec's DLRM (embnic[torch])
       sudo embnic demo --loss 1 --reorder 5 --duplicate 1    # faults on every link
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3   # fails at step 4, naming shard 1
+      sudo embnic demo --batch-size 4096 --all-clients   # every client loads the card (state_full stays 0)
     """
     from embnic.testbed.training import demo as D
     from embnic.testbed.net.netem import Impairment
 
     opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
                          netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
-                         check_tables=not no_table_check, progress=progress, model=model)
+                         check_tables=not no_table_check, all_clients=all_clients, progress=progress,
+                         model=model)
     if config is not None:
         opts.config = config
     if loss or reorder or duplicate:

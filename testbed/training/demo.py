@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -65,6 +66,9 @@ class DemoOptions:
         kill_shard, kill_at_step: kill that shard's server after that step (fault injection;
             ``kill_at_step`` defaults to 1 and must be below ``steps``, see :func:`check_options`).
         check_tables: read every updated row back through the card and compare.
+        all_clients: every other client of the config looks up the embeddings of its own
+            batches of ``batch_size`` samples through the card while the first one trains
+            (lookups only, so the training losses still match the reference run).
         progress: show progress bars (None: when stderr is a terminal).
         rdir: run directory (default ``$EMBNIC_RUN_DIR`` or /run/embnic).
         model: ``"fm"`` (the numpy factorisation machine) or ``"dlrm"`` (TorchRec's DLRM on
@@ -82,9 +86,48 @@ class DemoOptions:
     kill_shard: int | None = None
     kill_at_step: int | None = None
     check_tables: bool = True
+    all_clients: bool = False
     progress: bool | None = None
     rdir: Path | None = None
     model: str = "fm"
+
+
+class _Reader(threading.Thread):
+    """Another client's load during training: lookups of its own batches, no updates."""
+
+    def __init__(self, client, cfg: ClusterConfig, data, batch_size: int, offset: int):
+        super().__init__(daemon=True, name=f"reader-{client.client_id}")
+        self.client, self.cfg, self.data, self.batch_size, self.offset = client, cfg, data, batch_size, offset
+        self.stop = threading.Event()
+        self.rounds = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        from .train import embed_batch
+
+        n = len(self.data.labels)
+        try:
+            while not self.stop.is_set():
+                idx = (self.offset + self.rounds * self.batch_size + np.arange(self.batch_size)) % n
+                embed_batch(self.client, self.cfg, self.data.sparse[idx])
+                self.rounds += 1
+        except Exception as e:  # noqa: BLE001 - reported, the training client decides the run
+            self.error = f"{type(e).__name__}: {e}"
+
+    def result(self) -> dict:
+        s = self.client.stats
+        return {"lookup_rounds": self.rounds, "messages": s.messages_sent + s.messages_received,
+                "requests_sent": s.messages_sent, "frames_sent": s.frames_sent, "retransmits": s.retransmits,
+                "error": self.error}
+
+
+def _stop_readers(readers: list) -> None:
+    for r in readers:
+        r.stop.set()
+    for r in readers:
+        r.join(30)
+        if not r.client.sock._closed:
+            r.client.close()
 
 
 def _snapshot(client) -> dict:
@@ -183,6 +226,9 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     """Run the main job (see the module docstring) and write its report.
 
     Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``model`` (``"fm"``/``"dlrm"``), ``testbed``, ``config``,
+    ``other_clients`` (with ``all_clients``: per client id ``lookup_rounds``, ``messages``,
+    ``requests_sent``, ``frames_sent``, ``retransmits``, ``error``; they stop at the last
+    training step, before the card's counters are read),
     ``steps``, ``steps_completed``, ``batch_size``, ``loss`` (per completed step, through the
     card), ``loss_reference``, ``loss_max_abs_diff`` (over the completed steps), ``loss_match``
     (≤ 1e-6), ``auc``, ``auc_reference``, ``messages`` (requests sent + replies received by the
@@ -240,6 +286,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     state_at_end: dict | None = None
     card_final: dict | None = None
     res = tables = netem_rec = failure = client = None
+    readers: list[_Reader] = []
     try:
         cfg = tb.cfg
         cid = cfg.clients[0].id
@@ -253,6 +300,15 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         tb.target.reset_counters()
         with T.in_netns(topo.client_ns(cid)):
             client = EmbeddingClient(cfg, cid)
+        if opts.all_clients:
+            for k, c in enumerate(cfg.clients[1:], 1):
+                with T.in_netns(topo.client_ns(c.id)):
+                    readers.append(_Reader(EmbeddingClient(cfg, c.id), cfg, tr, opts.batch_size,
+                                           k * len(tr.labels) // len(cfg.clients)))
+            for r in readers:
+                r.start()
+            log(f"clients {', '.join(str(r.client.client_id) for r in readers)} look up their own batches "
+                f"through the card while client {cid} trains")
         t0 = time.monotonic()
         with client, R.Progress(opts.steps, f"train through the card (client {cid})", enabled=opts.progress) as bar:
             def progress(i: int, loss: float) -> None:
@@ -265,6 +321,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                     log(f"fault: killing shard {opts.kill_shard}'s server after step {i + 1}")
                     tb.kill_server(opts.kill_shard)
                 if i + 1 == opts.steps:
+                    _stop_readers(readers)  # their last round completes: the card's counters are whole
                     snap.update(_snapshot(client), elapsed=el)
                     card_at_end.update(tb.target.counters())
                     state_at_end = _try(tb.target.state_summary)
@@ -274,6 +331,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                 res = train(cfg, tr, steps=opts.steps, batch_size=opts.batch_size, backend=client,
                             eval_data=va, progress=progress)
                 timing["train_s"] = round(time.monotonic() - t0, 2)
+                _stop_readers(readers)
                 if opts.check_tables:
                     phase = "table read-back"
                     tables = compare_tables(client, local)
@@ -291,12 +349,14 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         if failure is None or not failure["card_dead"]:
             card_final = _try(tb.target.counters)
     finally:
+        _stop_readers(readers)
         t_down = time.monotonic()
         tb.down()
         timing["down_s"] = round(time.monotonic() - t_down, 2)
 
     rep = _report(opts, cid, ref, res, losses, snap, card_at_end, state_at_end, card_final, tables, netem_rec,
-                  timing, client.stats.lookup_latency_us[:snap["latencies"]], kill_at, failure, out)
+                  timing, client.stats.lookup_latency_us[:snap["latencies"]], kill_at, failure, out,
+                  {str(r.client.client_id): r.result() for r in readers})
     if failure is not None:
         for line in failure_summary(rep):
             log(line)
@@ -338,7 +398,8 @@ def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, op
 
 def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, card_at_end: dict,
             state_at_end: dict | None, card_final: dict | None, tables: dict | None, netem_rec: dict | None,
-            timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path) -> dict:
+            timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path,
+            others: dict | None = None) -> dict:
     """The report dict (fields in :func:`run_demo`), written to ``out/report.json`` with its plots."""
     done = len(losses)
     steps = opts.steps
@@ -355,6 +416,7 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
         "config": str(Path(opts.config).resolve()),
         "data": str(opts.data or "shipped Criteo sample (testbed/training/data)"),
         "client": cid,
+        "other_clients": others or {},
         "steps": steps,
         "steps_completed": done,
         "batch_size": opts.batch_size,

@@ -104,6 +104,20 @@ def _embeddings(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray, ftab: 
     return emb, prep, rows
 
 
+def embed_batch(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray) -> np.ndarray:
+    """Look up and pool the embeddings of one batch, no update.
+
+    Args:
+        backend: where rows live (see :class:`Backend`).
+        cfg: cluster config (feature ``j`` uses :func:`feature_tables`).
+        sparse: uint64 (B, F) sparse ids of the batch.
+
+    Returns:
+        float32 (B, F, dim): pooled embeddings.
+    """
+    return _embeddings(as_backend(backend), cfg, sparse, feature_tables(cfg, sparse.shape[1]))[0]
+
+
 def evaluate(backend: Backend, cfg: ClusterConfig, params: model.DenseParams, data,
              batch_size: int = 1024) -> tuple[float, float]:
     """(ROC AUC, mean BCE) of the model on ``data`` (lookups only, no updates)."""
