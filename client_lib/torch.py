@@ -55,7 +55,7 @@ try:
     from torchrec.modules.embedding_modules import get_embedding_names_by_table
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 except ImportError as e:  # one line naming the fix; the CLI maps it to a missing-dependency error
-    raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    raise ImportError(f"{INSTALL_HINT} ({e})", name=e.name) from e
 
 from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
