@@ -1,0 +1,119 @@
+"""The P4 program's source as data: constants, header layouts and tables of ``p4/``.
+
+The BMv2 target and the tests read the program's own source, so there is one definition of
+each name: the drop reasons (their counter indices), the state map and ring sizes, the
+embnic header's fields. Nothing here needs p4c.
+
+    >>> from embnic.control import p4prog
+    >>> p4prog.drop_reasons()[:3]
+    ['too_short', 'bad_ether', 'bad_ip']
+    >>> [f for f in p4prog.header_fields("embnic_t")][:2]
+    [('magic', 0, 2), ('version', 2, 1)]
+"""
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+#: the P4 sources (the repository's p4/ folder)
+P4_DIR = Path(__file__).resolve().parents[1] / "p4"
+#: the top-level program
+MAIN = P4_DIR / "embnic.p4"
+
+_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_CONST = re.compile(r"\bconst\s+(\w+(?:<\d+>)?)\s+(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;")
+_TYPEDEF = re.compile(r"\btypedef\s+bit<(\d+)>\s+(\w+)\s*;")
+_HEADER = re.compile(r"\bheader\s+(\w+)\s*\{(.*?)\}", re.S)
+_FIELD = re.compile(r"^\s*(bit<(\d+)>|\w+)\s+(\w+)\s*;", re.M)
+_TABLE = re.compile(r"\btable\s+(\w+)\s*\{")
+
+
+class P4SourceError(ValueError):
+    """The P4 source does not have what is looked for (a renamed header, a field of odd width)."""
+
+
+def _source(name: str) -> str:
+    path = P4_DIR / name
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise P4SourceError(f"cannot read {path}: {e.strerror}") from None
+
+
+def strip_comments(text: str) -> str:
+    """``text`` without C-style comments (P4 uses ``/* */`` and ``//``)."""
+    return _COMMENT.sub(" ", text)
+
+
+@functools.lru_cache(maxsize=None)
+def constants() -> dict[str, int]:
+    """Every ``const TYPE NAME = NUMBER;`` of ``p4/types.p4`` as ``{NAME: value}``."""
+    return {m.group(2): int(m.group(3), 0) for m in _CONST.finditer(strip_comments(_source("types.p4")))}
+
+
+@functools.lru_cache(maxsize=None)
+def typedef_widths() -> dict[str, int]:
+    """``typedef bit<N> name_t;`` of ``p4/types.p4`` as ``{name_t: N}`` (bits)."""
+    return {m.group(2): int(m.group(1)) for m in _TYPEDEF.finditer(strip_comments(_source("types.p4")))}
+
+
+def header_fields(header: str, source: str = "headers.p4") -> tuple[tuple[str, int, int], ...]:
+    """Fields of ``header`` (e.g. ``"embnic_t"``) as ``(name, byte offset, byte size)``.
+
+    Widths come from ``bit<N>`` or a typedef of ``types.p4``; every field must be whole bytes
+    on a byte boundary (the embnic header's are).
+
+    Raises:
+        P4SourceError: no such header, an unknown field type, or a field that is not a whole
+            number of bytes or does not start on a byte.
+    """
+    text = strip_comments(_source(source))
+    widths = typedef_widths()
+    for m in _HEADER.finditer(text):
+        if m.group(1) != header:
+            continue
+        out, bit = [], 0
+        for f in _FIELD.finditer(m.group(2)):
+            typ, width, name = f.group(1), f.group(2), f.group(3)
+            w = int(width) if width else widths.get(typ)
+            if w is None:
+                raise P4SourceError(f"{header}.{name}: unknown type {typ}")
+            if bit % 8 or w % 8:
+                raise P4SourceError(f"{header}.{name}: {w} bits at bit {bit} is not whole bytes")
+            out.append((name, bit // 8, w // 8))
+            bit += w
+        return tuple(out)
+    raise P4SourceError(f"no header {header} in p4/{source}")
+
+
+def drop_reasons() -> list[str]:
+    """Drop reason names in counter-index order: ``drop_reasons[i + 1]`` counts ``names[i]``.
+
+    From the ``DROP_*`` constants of ``p4/types.p4`` (``DROP_NONE`` = 0 is left out), lower
+    case like the DPDK card's counter names.
+
+    Raises:
+        P4SourceError: the indices are not 1..N without gaps.
+    """
+    c = constants()
+    reasons = sorted((v, k[5:].lower()) for k, v in c.items() if k.startswith("DROP_") and k != "DROP_NONE")
+    if [v for v, _ in reasons] != list(range(1, len(reasons) + 1)):
+        raise P4SourceError(f"DROP_* constants of p4/types.p4 are not 1..N: {reasons}")
+    if c.get("NB_DROP_REASONS") != len(reasons) + 1:
+        raise P4SourceError(f"NB_DROP_REASONS is {c.get('NB_DROP_REASONS')}, want {len(reasons) + 1}")
+    return [n for _, n in reasons]
+
+
+def tables() -> dict[str, str]:
+    """Every ``table NAME { ... }`` of the program as ``{NAME: body}`` (over all of ``p4/``)."""
+    out = {}
+    for path in sorted(P4_DIR.glob("*.p4")):
+        text = strip_comments(path.read_text())
+        for m in _TABLE.finditer(text):
+            depth, i = 1, m.end()
+            while depth and i < len(text):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            out[m.group(1)] = text[m.end():i - 1]
+    return out

@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Forwarding: who may send this frame and where it goes.
+ *
+ *   sender_allowlist  (request?, client or shard id, source IPv4, source
+ *                      UDP port) of every registered client and server:
+ *                      a request must come from its client's address, a
+ *                      reply from its shard's server
+ *   route_by_shard    shard id -> card port, MAC, IPv4, UDP port (requests)
+ *   client_by_id      client id -> the same (replies)
+ *
+ * Drops, in the DPDK card's order (dataplane/tx.c, authorise): a request
+ * from an unlisted sender is unknown_client, one for a shard without a
+ * route unknown_shard; a reply from an unlisted sender is unknown_server,
+ * one for an unregistered client unknown_client.
+ */
+#ifndef EMBNIC_FORWARDING_P4
+#define EMBNIC_FORWARDING_P4
+
+#include <core.p4>
+#include <v1model.p4>
+
+#include "headers.p4"
+
+control Forwarding(inout headers_t hdr,
+                   inout local_metadata_t meta,
+                   inout standard_metadata_t standard_metadata) {
+
+    @name(".sender_allowlist_counter") direct_counter(CounterType.packets) sender_allowlist_counter;
+    @name(".route_by_shard_counter") direct_counter(CounterType.packets) route_by_shard_counter;
+    @name(".client_by_id_counter") direct_counter(CounterType.packets) client_by_id_counter;
+
+    @name(".allow_sender")
+    action allow_sender() {
+        meta.sender_allowed = 1;
+    }
+
+    @name(".deny_sender")
+    action deny_sender() {
+        meta.sender_allowed = 0;
+    }
+
+    @name(".sender_allowlist")
+    table sender_allowlist {
+        key = {
+            meta.is_request     : exact @name("is_request");
+            meta.sender_id      : exact @name("id");
+            hdr.ipv4.src_addr   : exact @name("ip");
+            hdr.udp.src_port    : exact @name("udp_port");
+        }
+        actions = { allow_sender; deny_sender; }
+        default_action = deny_sender();
+        size = ALLOWLIST_SIZE;
+        counters = sender_allowlist_counter;
+    }
+
+    @name(".forward_to_server")
+    action forward_to_server(port_id_t port, mac_addr_t mac, ipv4_addr_t ip, l4_port_t udp_port) {
+        meta.route_hit = 1;
+        meta.route_port = port;
+        meta.route_mac = mac;
+        meta.route_ip = ip;
+        meta.route_udp_port = udp_port;
+    }
+
+    @name(".no_route")
+    action no_route() {
+        meta.route_hit = 0;
+    }
+
+    @name(".route_by_shard")
+    table route_by_shard {
+        key = {
+            hdr.embnic.shard_id : exact @name("shard");
+        }
+        actions = { forward_to_server; no_route; }
+        default_action = no_route();
+        size = ROUTE_TABLE_SIZE;
+        counters = route_by_shard_counter;
+    }
+
+    @name(".forward_to_client")
+    action forward_to_client(port_id_t port, mac_addr_t mac, ipv4_addr_t ip, l4_port_t udp_port) {
+        meta.client_hit = 1;
+        meta.client_port = port;
+        meta.client_mac = mac;
+        meta.client_ip = ip;
+        meta.client_udp_port = udp_port;
+    }
+
+    @name(".no_client")
+    action no_client() {
+        meta.client_hit = 0;
+    }
+
+    @name(".client_by_id")
+    table client_by_id {
+        key = {
+            hdr.embnic.client_id : exact @name("client");
+        }
+        actions = { forward_to_client; no_client; }
+        default_action = no_client();
+        size = CLIENT_TABLE_SIZE;
+        counters = client_by_id_counter;
+    }
+
+    apply {
+        meta.is_request = (hdr.embnic.msg_type == MSG_LOOKUP_REQ ||
+                           hdr.embnic.msg_type == MSG_UPDATE_REQ) ? 1w1 : 1w0;
+        meta.sender_id = meta.is_request == 1 ? hdr.embnic.client_id : hdr.embnic.shard_id;
+        sender_allowlist.apply();
+        route_by_shard.apply();
+        client_by_id.apply();
+        if (meta.is_request == 1) {
+            if (meta.sender_allowed == 0) {
+                meta.drop_reason = DROP_UNKNOWN_CLIENT;
+            } else if (meta.route_hit == 0) {
+                meta.drop_reason = DROP_UNKNOWN_SHARD;
+            } else {
+                standard_metadata.egress_spec = meta.route_port;
+                meta.peer_mac = meta.route_mac;
+                meta.peer_ip = meta.route_ip;
+                meta.peer_udp_port = meta.route_udp_port;
+            }
+        } else {
+            if (meta.sender_allowed == 0) {
+                meta.drop_reason = DROP_UNKNOWN_SERVER;
+            } else if (meta.client_hit == 0) {
+                meta.drop_reason = DROP_UNKNOWN_CLIENT;
+            } else {
+                standard_metadata.egress_spec = meta.client_port;
+                meta.peer_mac = meta.client_mac;
+                meta.peer_ip = meta.client_ip;
+                meta.peer_udp_port = meta.client_udp_port;
+            }
+        }
+    }
+}
+
+#endif /* EMBNIC_FORWARDING_P4 */

@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Headers the card parses, and the metadata its controls share.
+ */
+#ifndef EMBNIC_HEADERS_P4
+#define EMBNIC_HEADERS_P4
+
+#include "types.p4"
+
+header ethernet_t {
+    mac_addr_t dst_addr;
+    mac_addr_t src_addr;
+    bit<16>    ether_type;
+}
+
+/* ARP for IPv4 over Ethernet (28 bytes) */
+header arp_t {
+    bit<16>     htype;
+    bit<16>     ptype;
+    bit<8>      hlen;
+    bit<8>      plen;
+    bit<16>     oper;
+    mac_addr_t  sha;
+    ipv4_addr_t spa;
+    mac_addr_t  tha;
+    ipv4_addr_t tpa;
+}
+
+/* IPv4 without options (the card drops options as ip_options) */
+header ipv4_t {
+    bit<4>      version;
+    bit<4>      ihl;
+    bit<8>      diffserv;
+    bit<16>     total_len;
+    bit<16>     identification;
+    bit<3>      flags;          /* reserved, DF, MF */
+    bit<13>     frag_offset;
+    bit<8>      ttl;
+    bit<8>      protocol;
+    bit<16>     hdr_checksum;
+    ipv4_addr_t src_addr;
+    ipv4_addr_t dst_addr;
+}
+
+header udp_t {
+    l4_port_t src_port;
+    l4_port_t dst_port;
+    bit<16>   length;
+    bit<16>   checksum;
+}
+
+/*
+ * The embnic header (docs/protocol.md): 40 bytes after UDP, every field
+ * big-endian. The body (keys, rows) stays in the payload: it is never
+ * parsed, so a frame of any size passes through intact.
+ *
+ *  0                   1                   2                   3
+ *  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+ * +-------------------------------+---------------+---------------+
+ * |         magic (0x454D)        |   version=1   |   msg_type    |  0
+ * +---------------+---------------+---------------+---------------+
+ * |     flags     |     dtype     |            status             |  4
+ * +---------------+---------------+-------------------------------+
+ * |                            msg_id                             |  8
+ * +-------------------------------+-------------------------------+
+ * |           client_id           |           table_id            | 12
+ * +-------------------------------+-------------------------------+
+ * |           shard_id            |              dim              | 16
+ * +-------------------------------+-------------------------------+
+ * |                           num_keys                            | 20
+ * +---------------------------------------------------------------+
+ * |                            msg_len                            | 24
+ * +---------------------------------------------------------------+
+ * |                          frag_offset                          | 28
+ * +-------------------------------+-------------------------------+
+ * |           frag_index          |           frag_count          | 32
+ * +-------------------------------+-------------------------------+
+ * |            frag_len           |           reserved            | 36
+ * +-------------------------------+-------------------------------+
+ */
+header embnic_t {
+    bit<16>     magic;
+    bit<8>      version;
+    bit<8>      msg_type;
+    bit<8>      flags;
+    bit<8>      dtype;
+    bit<16>     status;
+    msg_id_t    msg_id;
+    client_id_t client_id;
+    bit<16>     table_id;
+    shard_id_t  shard_id;
+    bit<16>     dim;
+    bit<32>     num_keys;
+    bit<32>     msg_len;
+    bit<32>     frag_offset;
+    bit<16>     frag_index;
+    bit<16>     frag_count;
+    bit<16>     frag_len;
+    bit<16>     reserved;
+}
+
+struct headers_t {
+    ethernet_t ethernet;
+    arp_t      arp;
+    ipv4_t     ipv4;
+    udp_t      udp;
+    embnic_t   embnic;
+}
+
+/* What the controls tell one another about a frame. */
+struct local_metadata_t {
+    drop_reason_t drop_reason;  /* DROP_NONE while the frame may pass */
+    bit<1>        is_request;   /* LOOKUP_REQ or UPDATE_REQ */
+    bit<16>       sender_id;    /* client_id of a request, shard_id of a reply */
+    /* the card's own address on the ingress port (0.0.0.0: none configured) */
+    ipv4_addr_t   port_ip;
+    mac_addr_t    port_mac;
+    /* the route of the header's shard (route_by_shard) */
+    bit<1>        route_hit;
+    port_id_t     route_port;
+    mac_addr_t    route_mac;
+    ipv4_addr_t   route_ip;
+    l4_port_t     route_udp_port;
+    /* the client of the header's client_id (client_by_id) */
+    bit<1>        client_hit;
+    port_id_t     client_port;
+    mac_addr_t    client_mac;
+    ipv4_addr_t   client_ip;
+    l4_port_t     client_udp_port;
+    bit<1>        sender_allowed;   /* sender_allowlist hit */
+    /* where the frame goes, for the rewrite in egress */
+    mac_addr_t    peer_mac;
+    ipv4_addr_t   peer_ip;
+    l4_port_t     peer_udp_port;
+    slot_t        slot;         /* state map slot of (client_id, msg_id) */
+}
+
+#endif /* EMBNIC_HEADERS_P4 */

@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * StateMap: every message in flight, in register arrays indexed by a slot
+ *
+ *     slot = crc32(client_id ++ msg_id) mod STATE_SLOTS
+ *
+ * (v1model hash, HashAlgorithm.crc32, base 0: the CRC-32 of zlib over the
+ * 6 bytes client_id (big-endian u16) ++ msg_id (big-endian u32); the
+ * control plane computes the same slot in Python). A slot holds the full
+ * (client_id, msg_id), so another message hashing to a live slot is seen
+ * and dropped as state_full, never mixed in. The rules are the DPDK card's
+ * (docs/protocol.md, docs/control-socket.md):
+ *
+ * - A request fragment opens the entry (the request's type, shard and
+ *   header fields are kept) or adds to it; a fragment whose header
+ *   contradicts the entry's is frag_mismatch. Fragments seen are a bitmap;
+ *   the entry is forwarded once every fragment has been seen.
+ * - A reply passes only if it answers a live entry: same (client_id,
+ *   msg_id) else unsolicited_reply; the header's shard_id the entry's shard
+ *   (the sender was already checked against that shard's route by
+ *   Forwarding) else wrong_shard_reply; LOOKUP_REPLY or ERROR to a lookup,
+ *   UPDATE_ACK or ERROR to an update, else wrong_reply_type. When every
+ *   fragment of the reply has passed, the entry is freed.
+ * - BMv2 has no timer: an entry idle longer than the timeout is expired
+ *   when a frame next touches its slot (counted in state_expired), and the
+ *   slot is then free.
+ */
+#ifndef EMBNIC_STATE_MAP_P4
+#define EMBNIC_STATE_MAP_P4
+
+#include <core.p4>
+#include <v1model.p4>
+
+#include "headers.p4"
+
+/*
+ * slot_request, the request header an entry was opened with (144 bits):
+ *   [143:136] msg_type  [135:120] shard_id  [119:104] table_id  [103:88] dim
+ *   [87:80] dtype  [79:64] frag_count  [63:32] msg_len  [31:0] num_keys
+ * slot_reply, the first reply fragment's (56 bits):
+ *   [55:48] msg_type  [47:32] frag_count  [31:0] msg_len
+ */
+control StateMap(inout headers_t hdr,
+                 inout local_metadata_t meta,
+                 in standard_metadata_t standard_metadata) {
+
+    @name(".slot_key") register<bit<48>>(STATE_SLOTS) slot_key;         /* client_id ++ msg_id */
+    @name(".slot_state") register<bit<8>>(STATE_SLOTS) slot_state;        /* STATE_* */
+    @name(".slot_request") register<bit<144>>(STATE_SLOTS) slot_request;
+    @name(".slot_request_frags") register<bit<256>>(STATE_SLOTS) slot_request_frags;
+    @name(".slot_reply") register<bit<56>>(STATE_SLOTS) slot_reply;
+    @name(".slot_reply_frags") register<bit<256>>(STATE_SLOTS) slot_reply_frags;
+    @name(".slot_frames_in") register<bit<32>>(STATE_SLOTS) slot_frames_in;
+    @name(".slot_frames_out") register<bit<32>>(STATE_SLOTS) slot_frames_out;
+    @name(".slot_bytes_in") register<bit<64>>(STATE_SLOTS) slot_bytes_in;    /* body bytes */
+    @name(".slot_bytes_out") register<bit<64>>(STATE_SLOTS) slot_bytes_out;
+    @name(".slot_first_us") register<bit<48>>(STATE_SLOTS) slot_first_us;    /* ingress_global_timestamp */
+    @name(".slot_last_us") register<bit<48>>(STATE_SLOTS) slot_last_us;
+    /* entry timeout in microseconds; 0 means STATE_TIMEOUT_US */
+    @name(".state_timeout_us") register<bit<48>>(1) state_timeout_us;
+    @name(".messages_completed") counter(NB_MSG_TYPES, CounterType.packets) messages_completed;  /* by request type */
+    @name(".state_expired") counter(1, CounterType.packets) state_expired;
+
+    apply {
+        hash(meta.slot, HashAlgorithm.crc32, (bit<32>)0,
+             { hdr.embnic.client_id, hdr.embnic.msg_id }, STATE_SLOTS);
+        slot_t s = meta.slot;
+        bit<48> key = hdr.embnic.client_id ++ hdr.embnic.msg_id;
+        bit<48> now = standard_metadata.ingress_global_timestamp;
+        bit<48> timeout;
+        state_timeout_us.read(timeout, 0);
+        if (timeout == 0) {
+            timeout = STATE_TIMEOUT_US;
+        }
+        bit<8> state;
+        bit<48> stored_key;
+        bit<48> last_us;
+        slot_state.read(state, s);
+        slot_key.read(stored_key, s);
+        slot_last_us.read(last_us, s);
+        if (state != STATE_FREE && now - last_us > timeout) {
+            state_expired.count(0);
+            state = STATE_FREE;
+            slot_state.write(s, STATE_FREE);
+        }
+        bit<256> frag_bit = (bit<256>)1 << hdr.embnic.frag_index;
+        /* all frag_count bits set; frag_count <= 256 (1 << 256 is 0 in 256 bits) */
+        bit<256> all_frags = ((bit<256>)1 << hdr.embnic.frag_count) - 1;
+        bit<64> body = (bit<64>)hdr.embnic.frag_len;
+        bit<32> frames;
+        bit<64> bytes;
+
+        if (meta.is_request == 1) {
+            bit<144> request = hdr.embnic.msg_type ++ hdr.embnic.shard_id ++
+                               hdr.embnic.table_id ++ hdr.embnic.dim ++ hdr.embnic.dtype ++
+                               hdr.embnic.frag_count ++ hdr.embnic.msg_len ++
+                               hdr.embnic.num_keys;
+            if (state == STATE_FREE) {
+                slot_key.write(s, key);
+                slot_request.write(s, request);
+                slot_request_frags.write(s, frag_bit);
+                slot_reply.write(s, 0);
+                slot_reply_frags.write(s, 0);
+                slot_frames_in.write(s, 1);
+                slot_frames_out.write(s, 0);
+                slot_bytes_in.write(s, body);
+                slot_bytes_out.write(s, 0);
+                slot_first_us.write(s, now);
+                slot_last_us.write(s, now);
+                slot_state.write(s, frag_bit == all_frags ? STATE_FORWARDED : STATE_RECEIVING);
+            } else if (stored_key != key) {
+                meta.drop_reason = DROP_STATE_FULL;     /* another message holds the slot */
+            } else {
+                bit<144> stored_request;
+                slot_request.read(stored_request, s);
+                if (stored_request != request) {
+                    meta.drop_reason = DROP_FRAG_MISMATCH;
+                } else {
+                    bit<256> frags;
+                    slot_request_frags.read(frags, s);
+                    frags = frags | frag_bit;
+                    slot_request_frags.write(s, frags);
+                    slot_frames_in.read(frames, s);
+                    slot_frames_in.write(s, frames + 1);
+                    slot_bytes_in.read(bytes, s);
+                    slot_bytes_in.write(s, bytes + body);
+                    slot_last_us.write(s, now);
+                    if (frags == all_frags) {
+                        slot_state.write(s, STATE_FORWARDED);
+                    }
+                }
+            }
+        } else {
+            bit<144> stored_request;
+            slot_request.read(stored_request, s);
+            bit<8> request_type = stored_request[143:136];
+            bit<16> request_shard = stored_request[135:120];
+            if (state == STATE_FREE || stored_key != key) {
+                meta.drop_reason = DROP_UNSOLICITED_REPLY;
+            } else if (request_shard != hdr.embnic.shard_id) {
+                meta.drop_reason = DROP_WRONG_SHARD_REPLY;
+            } else if (!(hdr.embnic.msg_type == MSG_ERROR ||
+                         (request_type == MSG_LOOKUP_REQ && hdr.embnic.msg_type == MSG_LOOKUP_REPLY) ||
+                         (request_type == MSG_UPDATE_REQ && hdr.embnic.msg_type == MSG_UPDATE_ACK))) {
+                meta.drop_reason = DROP_WRONG_REPLY_TYPE;
+            } else {
+                bit<56> reply = hdr.embnic.msg_type ++ hdr.embnic.frag_count ++ hdr.embnic.msg_len;
+                bit<56> stored_reply;
+                bit<256> frags;
+                slot_reply.read(stored_reply, s);
+                slot_reply_frags.read(frags, s);
+                if (frags != 0 && stored_reply != reply) {
+                    meta.drop_reason = DROP_FRAG_MISMATCH;
+                } else {
+                    frags = frags | frag_bit;
+                    slot_reply.write(s, reply);
+                    slot_reply_frags.write(s, frags);
+                    slot_frames_out.read(frames, s);
+                    slot_frames_out.write(s, frames + 1);
+                    slot_bytes_out.read(bytes, s);
+                    slot_bytes_out.write(s, bytes + body);
+                    slot_last_us.write(s, now);
+                    if (frags == all_frags) {
+                        /* the whole reply has passed: free the entry */
+                        slot_state.write(s, STATE_FREE);
+                        messages_completed.count((bit<32>)(request_type & 7));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#endif /* EMBNIC_STATE_MAP_P4 */

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Types and constants of the embnic card on v1model. Protocol constants
+ * come from docs/protocol.md (client_lib/consts.py is the Python copy);
+ * the drop reasons follow the DPDK card's list (dataplane/include/
+ * embnic_parse.h, EMBNIC_DROP_REASONS) index for index, so a counter index
+ * means the same reason on both targets. tests/p4/test_p4_source.py checks
+ * both against the Python and C definitions.
+ */
+#ifndef EMBNIC_TYPES_P4
+#define EMBNIC_TYPES_P4
+
+typedef bit<48> mac_addr_t;
+typedef bit<32> ipv4_addr_t;
+typedef bit<16> l4_port_t;
+typedef bit<9>  port_id_t;         /* v1model port number */
+typedef bit<16> shard_id_t;
+typedef bit<16> client_id_t;
+typedef bit<32> msg_id_t;
+typedef bit<8>  drop_reason_t;
+typedef bit<32> slot_t;            /* index of a state map slot */
+
+/* Ethernet, IPv4, UDP, ARP */
+const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<16> ETHERTYPE_ARP  = 0x0806;
+const bit<8>  IP_PROTO_UDP   = 17;
+const bit<16> ARP_HTYPE_ETHERNET = 1;
+const bit<16> ARP_OPER_REQUEST   = 1;
+const bit<16> ARP_OPER_REPLY     = 2;
+const bit<8>  CARD_TTL = 64;       /* TTL of every frame the card sends */
+const bit<16> ETH_HDR_LEN  = 14;
+const bit<16> IPV4_HDR_LEN = 20;
+const bit<16> UDP_HDR_LEN  = 8;
+
+/* embnic wire protocol v1 (docs/protocol.md) */
+const l4_port_t EMBNIC_UDP_PORT = 7878;
+const bit<16> EMBNIC_MAGIC   = 0x454D;
+const bit<8>  EMBNIC_VERSION = 1;
+const bit<16> EMBNIC_HDR_LEN = 40;
+const bit<16> EMBNIC_MAX_FRAGS = 256;   /* fragments per message, at most */
+
+const bit<8> MSG_LOOKUP_REQ   = 1;
+const bit<8> MSG_LOOKUP_REPLY = 2;
+const bit<8> MSG_UPDATE_REQ   = 3;
+const bit<8> MSG_UPDATE_ACK   = 4;
+const bit<8> MSG_ERROR        = 5;
+
+const bit<8> DTYPE_NONE = 0;
+const bit<8> DTYPE_FP32 = 1;
+const bit<8> DTYPE_FP16 = 2;
+
+const bit<8> FLAG_RETRANSMIT = 0x01;
+
+/*
+ * Drop reasons: the index of each reason in the drop_reasons counter.
+ * 0 is "not dropped". ring_full, no_mbuf and tx_full are DPDK-card reasons
+ * a P4 pipeline never has (no header ring to fill, no mempool, no TX
+ * queue): their cells stay 0 on BMv2 (p4/README.md, "Differences").
+ */
+const drop_reason_t DROP_NONE              = 0;
+const drop_reason_t DROP_TOO_SHORT         = 1;
+const drop_reason_t DROP_BAD_ETHER         = 2;
+const drop_reason_t DROP_BAD_IP            = 3;
+const drop_reason_t DROP_IP_OPTIONS        = 4;
+const drop_reason_t DROP_NOT_UDP           = 5;
+const drop_reason_t DROP_BAD_UDP           = 6;
+const drop_reason_t DROP_BAD_PORT          = 7;
+const drop_reason_t DROP_BAD_MAGIC         = 8;
+const drop_reason_t DROP_BAD_VERSION       = 9;
+const drop_reason_t DROP_BAD_TYPE          = 10;
+const drop_reason_t DROP_BAD_DTYPE         = 11;
+const drop_reason_t DROP_BAD_LENGTH        = 12;
+const drop_reason_t DROP_UNKNOWN_CLIENT    = 13;
+const drop_reason_t DROP_UNKNOWN_SERVER    = 14;
+const drop_reason_t DROP_UNKNOWN_SHARD     = 15;
+const drop_reason_t DROP_RING_FULL         = 16;
+const drop_reason_t DROP_NO_MBUF           = 17;
+const drop_reason_t DROP_TX_FULL           = 18;
+const drop_reason_t DROP_STATE_FULL        = 19;
+const drop_reason_t DROP_ARP_IGNORED       = 20;
+const drop_reason_t DROP_WRONG_DST         = 21;
+const drop_reason_t DROP_FRAG_MISMATCH     = 22;
+const drop_reason_t DROP_TOO_MANY_FRAGS    = 23;
+const drop_reason_t DROP_UNSOLICITED_REPLY = 24;
+const drop_reason_t DROP_WRONG_SHARD_REPLY = 25;
+const drop_reason_t DROP_WRONG_REPLY_TYPE  = 26;
+const bit<32> NB_DROP_REASONS = 27;     /* cells of drop_reasons */
+
+/* Message states in the state map (slot_state) */
+const bit<8> STATE_FREE      = 0;
+const bit<8> STATE_RECEIVING = 1;       /* some request fragments seen */
+const bit<8> STATE_FORWARDED = 2;       /* every request fragment seen */
+
+/* Sizes */
+const bit<32> STATE_SLOTS = 4096;       /* state map slots (power of two) */
+const bit<48> STATE_TIMEOUT_US = 5000000;  /* default entry timeout */
+const bit<32> RING_SLOTS = 1024;        /* header ring entries (power of two) */
+const bit<32> NB_PORTS = 512;           /* cells of the per-port counters */
+const bit<32> NB_MSG_TYPES = 8;         /* cells of the per-type counters */
+const int ROUTE_TABLE_SIZE = 4096;
+const int CLIENT_TABLE_SIZE = 4096;
+const int ALLOWLIST_SIZE = 8192;
+const int CARD_PORT_TABLE_SIZE = 512;
+
+#endif /* EMBNIC_TYPES_P4 */

@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * FrameValidation: IPv4 / UDP / embnic checks of docs/protocol.md
+ * ("Validity", "Fragmentation"), in the DPDK card's order (dataplane/
+ * parse.c), so a malformed frame is counted under the same reason on both
+ * targets. Sets meta.drop_reason; never forwards, never drops by itself.
+ * Runs on frames whose Ethernet header was extracted and is not ARP.
+ *
+ * BMv2 has no division at run time (p4c evaluates / and % only at compile
+ * time), so the one check that needs "frag_offset is a multiple of
+ * frag_count - 1" computes the remainder by long division, unrolled (the
+ * divisor is at most EMBNIC_MAX_FRAGS - 1 by then).
+ */
+#ifndef EMBNIC_VALIDATION_P4
+#define EMBNIC_VALIDATION_P4
+
+#include <core.p4>
+#include <v1model.p4>
+
+#include "headers.p4"
+
+/* one step of restoring division: bring down bit i of n, subtract d if it fits */
+#define EMBNIC_REM_STEP(i) \
+    rem = (rem << 1) | ((n >> i) & 1); \
+    if (rem >= d) { rem = rem - d; }
+
+control FrameValidation(in headers_t hdr,
+                        inout local_metadata_t meta,
+                        in standard_metadata_t standard_metadata) {
+
+    /* n mod d for a 32-bit n and 0 < d < 2^16 */
+    bit<32> rem;
+    bit<32> n;
+    bit<32> d;
+
+    apply {
+        bit<32> frame_len = standard_metadata.packet_length;
+        if (hdr.ethernet.ether_type != ETHERTYPE_IPV4) {
+            meta.drop_reason = DROP_BAD_ETHER;
+        } else if (!hdr.ipv4.isValid()) {
+            meta.drop_reason = DROP_TOO_SHORT;
+        } else if (hdr.ipv4.version != 4 || hdr.ipv4.ihl < 5) {
+            meta.drop_reason = DROP_BAD_IP;
+        } else if (hdr.ipv4.ihl > 5) {
+            meta.drop_reason = DROP_IP_OPTIONS;
+        } else if (hdr.ipv4.total_len < IPV4_HDR_LEN ||
+                   (bit<32>)hdr.ipv4.total_len > frame_len - (bit<32>)ETH_HDR_LEN ||
+                   standard_metadata.checksum_error == 1 ||
+                   (hdr.ipv4.flags & 1) != 0 || hdr.ipv4.frag_offset != 0) {
+            meta.drop_reason = DROP_BAD_IP;
+        } else if (meta.port_ip != 0 && hdr.ipv4.dst_addr != meta.port_ip) {
+            meta.drop_reason = DROP_WRONG_DST;
+        } else if (hdr.ipv4.protocol != IP_PROTO_UDP) {
+            meta.drop_reason = DROP_NOT_UDP;
+        } else if (hdr.ipv4.total_len < IPV4_HDR_LEN + UDP_HDR_LEN) {
+            meta.drop_reason = DROP_BAD_UDP;
+        } else if (!hdr.udp.isValid()) {
+            meta.drop_reason = DROP_TOO_SHORT;
+        } else if (hdr.udp.length != hdr.ipv4.total_len - IPV4_HDR_LEN) {
+            meta.drop_reason = DROP_BAD_UDP;
+        } else if (hdr.udp.dst_port != EMBNIC_UDP_PORT) {
+            meta.drop_reason = DROP_BAD_PORT;
+        } else if (hdr.udp.length < UDP_HDR_LEN + EMBNIC_HDR_LEN || !hdr.embnic.isValid()) {
+            meta.drop_reason = DROP_TOO_SHORT;
+        } else if (hdr.embnic.magic != EMBNIC_MAGIC) {
+            meta.drop_reason = DROP_BAD_MAGIC;
+        } else if (hdr.embnic.version != EMBNIC_VERSION) {
+            meta.drop_reason = DROP_BAD_VERSION;
+        } else if (hdr.embnic.msg_type < MSG_LOOKUP_REQ || hdr.embnic.msg_type > MSG_ERROR) {
+            meta.drop_reason = DROP_BAD_TYPE;
+        } else if (hdr.embnic.dtype > DTYPE_FP16 ||
+                   (hdr.embnic.dtype == DTYPE_NONE &&
+                    (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ||
+                     hdr.embnic.msg_type == MSG_UPDATE_REQ))) {
+            meta.drop_reason = DROP_BAD_DTYPE;
+        } else {
+            /* lengths: 64-bit so that no field combination overflows */
+            bit<64> off = (bit<64>)hdr.embnic.frag_offset;
+            bit<64> len = (bit<64>)hdr.embnic.frag_len;
+            bit<64> msg_len = (bit<64>)hdr.embnic.msg_len;
+            bit<64> end = off + len;
+            bit<64> nk = (bit<64>)hdr.embnic.num_keys;
+            bit<64> esize = hdr.embnic.dtype == DTYPE_FP32 ? 64w4 :
+                            (hdr.embnic.dtype == DTYPE_FP16 ? 64w2 : 64w0);
+            bit<64> row = (bit<64>)hdr.embnic.dim * esize;
+            bit<64> want = hdr.embnic.msg_type == MSG_LOOKUP_REQ ? 8 * nk :
+                           (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ? nk * row :
+                           (hdr.embnic.msg_type == MSG_UPDATE_REQ ? nk * (8 + row) : 64w0));
+            bit<16> payload = hdr.udp.length - UDP_HDR_LEN - EMBNIC_HDR_LEN;
+            bit<64> idx = (bit<64>)hdr.embnic.frag_index;
+            bit<64> count = (bit<64>)hdr.embnic.frag_count;
+            bit<64> last = count - 1;
+
+            if (hdr.embnic.frag_len != payload || hdr.embnic.frag_count == 0 ||
+                hdr.embnic.frag_index >= hdr.embnic.frag_count || end > msg_len) {
+                meta.drop_reason = DROP_BAD_LENGTH;
+            } else if (hdr.embnic.frag_count > EMBNIC_MAX_FRAGS) {
+                meta.drop_reason = DROP_TOO_MANY_FRAGS;
+            } else if (hdr.embnic.num_keys == 0 && hdr.embnic.msg_type != MSG_UPDATE_ACK &&
+                       hdr.embnic.msg_type != MSG_ERROR) {
+                meta.drop_reason = DROP_BAD_LENGTH;
+            } else if (want != msg_len) {
+                meta.drop_reason = DROP_BAD_LENGTH;
+            } else if (last == 0) {
+                /* one fragment: the whole body */
+                if (off != 0 || end != msg_len) {
+                    meta.drop_reason = DROP_FRAG_MISMATCH;
+                }
+            } else if (idx < last) {
+                /* a full fragment: P = frag_len, offset i*P, ceil(msg_len/P) = frag_count */
+                if (len == 0 || idx * len != off || last * len >= msg_len ||
+                    count * len < msg_len) {
+                    meta.drop_reason = DROP_FRAG_MISMATCH;
+                }
+            } else if (end != msg_len) {
+                meta.drop_reason = DROP_FRAG_MISMATCH;
+            } else {
+                /* the last fragment: offset (n-1)*P for some P with 0 < frag_len <= P */
+                n = hdr.embnic.frag_offset;
+                d = (bit<32>)last;
+                rem = 0;
+                EMBNIC_REM_STEP(31) EMBNIC_REM_STEP(30) EMBNIC_REM_STEP(29) EMBNIC_REM_STEP(28)
+                EMBNIC_REM_STEP(27) EMBNIC_REM_STEP(26) EMBNIC_REM_STEP(25) EMBNIC_REM_STEP(24)
+                EMBNIC_REM_STEP(23) EMBNIC_REM_STEP(22) EMBNIC_REM_STEP(21) EMBNIC_REM_STEP(20)
+                EMBNIC_REM_STEP(19) EMBNIC_REM_STEP(18) EMBNIC_REM_STEP(17) EMBNIC_REM_STEP(16)
+                EMBNIC_REM_STEP(15) EMBNIC_REM_STEP(14) EMBNIC_REM_STEP(13) EMBNIC_REM_STEP(12)
+                EMBNIC_REM_STEP(11) EMBNIC_REM_STEP(10) EMBNIC_REM_STEP(9)  EMBNIC_REM_STEP(8)
+                EMBNIC_REM_STEP(7)  EMBNIC_REM_STEP(6)  EMBNIC_REM_STEP(5)  EMBNIC_REM_STEP(4)
+                EMBNIC_REM_STEP(3)  EMBNIC_REM_STEP(2)  EMBNIC_REM_STEP(1)  EMBNIC_REM_STEP(0)
+                /* P = frag_offset / last exactly; frag_len <= P <=> frag_len * last <= frag_offset */
+                if (rem != 0 || len == 0 || len * last > off) {
+                    meta.drop_reason = DROP_FRAG_MISMATCH;
+                }
+            }
+        }
+    }
+}
+
+#undef EMBNIC_REM_STEP
+
+#endif /* EMBNIC_VALIDATION_P4 */

@@ -1,0 +1,43 @@
+"""Fixtures of the P4 tests: the compiled program and the BMv2 tools.
+
+Tests that compile or run the program skip, with one reason, where p4c or simple_switch are
+not on PATH (neither is in the package archives these machines reach; p4/README.md says how to
+build them). The source checks (test_p4_source.py) always run.
+Run alone: sudo python3 -m pytest -q tests/p4
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from embnic.control import bmv2
+
+REPO = Path(__file__).resolve().parents[2]
+# the conformance cases are shared with the DPDK card's tests
+sys.path.insert(0, str(REPO / "tests" / "dataplane"))
+
+
+def _skip_without(*tools: str) -> None:
+    missing = bmv2.missing_tools(tools)
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not on PATH: the P4 tools are built from source "
+                    f"(p4lang/p4c, p4lang/behavioral-model; see p4/README.md)")
+
+
+@pytest.fixture(scope="session")
+def p4_json(tmp_path_factory) -> Path:
+    """p4/embnic.p4 compiled for BMv2 (v1model); fails if p4c errs or warns."""
+    _skip_without("p4c")
+    return bmv2.compile_program(tmp_path_factory.mktemp("p4build"))
+
+
+@pytest.fixture(scope="session")
+def bmv2_ready(p4_json) -> Path:
+    """The compiled program, where simple_switch can run it (tools present, root for netns)."""
+    _skip_without("simple_switch", "simple_switch_CLI")
+    if os.geteuid() != 0:
+        pytest.skip("running simple_switch in its own network namespace needs root")
+    return p4_json

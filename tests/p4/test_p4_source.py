@@ -1,0 +1,128 @@
+"""The P4 program's source against the protocol's one definition; runs without p4c.
+
+The embnic header of p4/headers.p4 (field names, offsets, widths) against
+embnic.client_lib.consts.HEADER_FIELDS, like the C header is checked in
+tests/dataplane/test_buildinfo.py; the byte diagram against docs/protocol.md; the constants of
+p4/types.p4 against consts; the drop reasons (counter indices) against the DPDK card's list;
+every table with a size, a default action and a direct counter (STYLE.md).
+Run alone: python3 -m pytest -q tests/p4/test_p4_source.py
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from embnic.client_lib import consts
+from embnic.control import p4prog
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_embnic_header_matches_python():
+    assert p4prog.header_fields("embnic_t") == consts.HEADER_FIELDS
+    fields = p4prog.header_fields("embnic_t")
+    assert fields[-1][1] + fields[-1][2] == consts.HDR_LEN
+
+
+def test_l2_l3_l4_header_sizes():
+    """Ethernet 14, ARP (IPv4 over Ethernet) 28, IPv4 without options 20, UDP 8 bytes."""
+    def size(h):
+        f = p4prog.header_fields(h) if h != "ipv4_t" else None
+        return f[-1][1] + f[-1][2] if f else None
+    assert size("ethernet_t") == consts.ETH_HDR_LEN
+    assert size("arp_t") == 28
+    assert size("udp_t") == consts.UDP_HDR_LEN
+    # ipv4_t has sub-byte fields: sum the widths
+    text = p4prog.strip_comments((p4prog.P4_DIR / "headers.p4").read_text())
+    body = re.search(r"header\s+ipv4_t\s*\{(.*?)\}", text, re.S).group(1)
+    widths = p4prog.typedef_widths()
+    bits = sum(int(w) if w else widths[t] for t, w in re.findall(r"(bit<(\d+)>|\w+)\s+\w+\s*;", body))
+    assert bits == consts.IPV4_HDR_LEN * 8
+
+
+def test_field_width_mismatch_is_caught(tmp_path, monkeypatch):
+    """The check can fail: a header with a 3-byte field where the protocol has 4 is reported."""
+    src = (p4prog.P4_DIR / "headers.p4").read_text().replace("bit<32>     num_keys;", "bit<24>     num_keys;")
+    assert "bit<24>     num_keys;" in src
+    (tmp_path / "headers.p4").write_text(src)
+    (tmp_path / "types.p4").write_text((p4prog.P4_DIR / "types.p4").read_text())
+    monkeypatch.setattr(p4prog, "P4_DIR", tmp_path)
+    p4prog.typedef_widths.cache_clear()
+    try:
+        fields = p4prog.header_fields("embnic_t")
+    finally:
+        p4prog.typedef_widths.cache_clear()
+    assert fields != consts.HEADER_FIELDS
+    assert ("num_keys", 20, 3) in fields
+
+
+def test_byte_diagram_matches_protocol_doc():
+    doc = (REPO / "docs" / "protocol.md").read_text()
+    want = re.search(r"```\n( 0 {19}1.*?)```", doc, re.S).group(1).strip("\n").splitlines()
+    hdr = (p4prog.P4_DIR / "headers.p4").read_text()
+    got = [ln[3:] for ln in hdr.splitlines() if ln.startswith(" * ") and re.match(r" \* [ +|0-9]", ln)]
+    got = [ln for ln in got if ln.strip().startswith(("0", "+", "|"))]
+    assert [ln.rstrip() for ln in got] == [ln.rstrip() for ln in want]
+
+
+def test_protocol_constants():
+    c = p4prog.constants()
+    assert c["EMBNIC_UDP_PORT"] == consts.UDP_PORT
+    assert c["EMBNIC_MAGIC"] == consts.MAGIC
+    assert c["EMBNIC_VERSION"] == consts.VERSION
+    assert c["EMBNIC_HDR_LEN"] == consts.HDR_LEN
+    assert c["ETH_HDR_LEN"] == consts.ETH_HDR_LEN
+    assert c["IPV4_HDR_LEN"] == consts.IPV4_HDR_LEN
+    assert c["UDP_HDR_LEN"] == consts.UDP_HDR_LEN
+    for t in consts.MsgType:
+        assert c[f"MSG_{t.name}"] == t.value
+    for d in consts.DType:
+        assert c[f"DTYPE_{d.name}"] == d.value
+    assert c["FLAG_RETRANSMIT"] == consts.Flags.RETRANSMIT
+    if hasattr(consts, "MAX_FRAGS"):  # the fragment limit (docs/protocol.md)
+        assert c["EMBNIC_MAX_FRAGS"] == consts.MAX_FRAGS
+    assert c["EMBNIC_MAX_FRAGS"] == 256
+
+
+def _c_drop_reasons() -> list[str]:
+    text = (REPO / "dataplane" / "include" / "embnic_parse.h").read_text()
+    block = re.search(r"#define EMBNIC_DROP_REASONS\(X\)(.*?)\n\n", text, re.S).group(1)
+    return re.findall(r"X\(\w+, (\w+)\)", block)
+
+
+def test_drop_reasons_index_for_index_with_the_dpdk_card():
+    """Counter index i+1 of drop_reasons names the DPDK card's reason i; P4 may only add at the end."""
+    p4, c = p4prog.drop_reasons(), _c_drop_reasons()
+    assert len(c) >= 20
+    assert p4[:len(c)] == c
+    # the reasons of the reply rules and fragment limit, which the card counts too
+    assert {"too_many_frags", "unsolicited_reply", "wrong_shard_reply", "wrong_reply_type"} <= set(p4)
+
+
+def test_protocol_drop_reasons_all_counted():
+    """Every receiver drop reason of the protocol the card can see is a P4 drop reason."""
+    p4 = set(p4prog.drop_reasons())
+    assert set(consts.DROP_REASONS) - {"too_large"} <= p4
+
+
+def test_every_table_sized_with_default_action_and_counter():
+    tables = p4prog.tables()
+    assert {"card_port_by_ingress", "sender_allowlist", "route_by_shard", "client_by_id",
+            "source_by_egress_port"} <= set(tables)
+    for name, body in tables.items():
+        assert re.search(r"\bsize\s*=", body), f"table {name} has no size"
+        assert re.search(r"\bdefault_action\s*=", body), f"table {name} has no default_action"
+        assert re.search(r"\bcounters\s*=", body), f"table {name} has no direct counter"
+
+
+def test_sizes_are_powers_of_two():
+    c = p4prog.constants()
+    for k in ("STATE_SLOTS", "RING_SLOTS"):
+        assert c[k] > 0 and c[k] & (c[k] - 1) == 0, k
+
+
+def test_missing_header_is_a_clear_error():
+    with pytest.raises(p4prog.P4SourceError, match="no header nope_t"):
+        p4prog.header_fields("nope_t")
