@@ -94,13 +94,13 @@ control FrameValidation(in headers_t hdr,
             if (hdr.embnic.frag_len != payload || hdr.embnic.frag_count == 0 ||
                 hdr.embnic.frag_index >= hdr.embnic.frag_count || end > msg_len) {
                 meta.drop_reason = DROP_BAD_LENGTH;
-            } else if (hdr.embnic.frag_count > EMBNIC_MAX_FRAGS) {
-                meta.drop_reason = DROP_TOO_MANY_FRAGS;
             } else if (hdr.embnic.num_keys == 0 && hdr.embnic.msg_type != MSG_UPDATE_ACK &&
                        hdr.embnic.msg_type != MSG_ERROR) {
                 meta.drop_reason = DROP_BAD_LENGTH;
             } else if (want != msg_len) {
                 meta.drop_reason = DROP_BAD_LENGTH;
+            } else if (hdr.embnic.frag_count > EMBNIC_MAX_FRAGS) {
+                meta.drop_reason = DROP_TOO_MANY_FRAGS;
             } else if (last == 0) {
                 /* one fragment: the whole body */
                 if (off != 0 || end != msg_len) {
