@@ -384,14 +384,18 @@ def parse_registers(text: str) -> dict[str, list[int]]:
     return {m.group(1): [int(v) for v in m.group(2).split(",")] for m in _REGISTER.finditer(text)}
 
 
-def read_counters(sw: SimpleSwitch, nb_ports: int) -> dict:
+def read_counters(sw: SimpleSwitch, nb_ports: int, shards: Iterable[int] = ()) -> dict:
     """Counters of the card in the DPDK card's ``counters`` shape (docs/control-socket.md).
 
     ``{"ports": [{port, rx_frames, rx_bytes, tx_frames, tx_bytes}], "types": {LOOKUP_REQ: n,
-    ...}, "drops": {reason: n} (every reason), "arp": {"replies": n}, "completed": {type: n},
-    "state": {"expired": n}}``.
+    ...}, "drops": {reason: n} (every reason), "arp": {"replies": n}, "completed":
+    {LOOKUP_REPLY: n, UPDATE_ACK: n, ERROR: n} (messages whose whole reply passed, by reply
+    type), "shards": [{"shard": id, "completed": n}] for ``shards``, "state": {"expired": n}}``.
     """
+    shards = list(shards)
     from embnic.client_lib.consts import MsgType
+
+    reply_types = (MsgType.LOOKUP_REPLY, MsgType.UPDATE_ACK, MsgType.ERROR)
 
     reasons = p4prog.drop_reasons()
     cmds = [f"counter_read rx_frames {p}" for p in range(nb_ports)]
@@ -399,6 +403,7 @@ def read_counters(sw: SimpleSwitch, nb_ports: int) -> dict:
     cmds += [f"counter_read drop_reasons {i + 1}" for i in range(len(reasons))]
     cmds += [f"counter_read frames_by_type {t.value}" for t in MsgType]
     cmds += [f"counter_read messages_completed {t.value}" for t in MsgType]
+    cmds += [f"counter_read completed_by_shard {s}" for s in shards]
     cmds += ["counter_read arp_replies 0", "counter_read state_expired 0"]
     c = parse_counters(sw.cli(cmds))
 
@@ -415,14 +420,16 @@ def read_counters(sw: SimpleSwitch, nb_ports: int) -> dict:
         "types": {t.name: get("frames_by_type", t.value) for t in MsgType},
         "drops": {r: get("drop_reasons", i + 1) for i, r in enumerate(reasons)},
         "arp": {"replies": get("arp_replies", 0)},
-        "completed": {t.name: get("messages_completed", t.value) for t in MsgType},
+        "completed": {t.name: get("messages_completed", t.value) for t in reply_types},
+        "shards": [{"shard": s, "completed": get("completed_by_shard", s)} for s in shards],
         "state": {"expired": get("state_expired", 0)},
     }
 
 
 #: the state map's registers, in the order :func:`read_state` reads them
-STATE_REGISTERS = ("slot_state", "slot_key", "slot_request", "slot_frames_in", "slot_frames_out",
-                   "slot_bytes_in", "slot_bytes_out", "slot_first_us", "slot_last_us")
+STATE_REGISTERS = ("slot_state", "slot_key", "slot_request", "slot_reply_frags", "slot_frames_in",
+                   "slot_frames_out", "slot_bytes_in", "slot_bytes_out", "slot_first_us", "slot_last_us")
+#: slot_state values; an entry with reply fragments seen is "replying" (docs/control-socket.md)
 STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded"}
 
 
@@ -442,7 +449,8 @@ def read_state(sw: SimpleSwitch) -> list[dict]:
         key, req = regs["slot_key"][s], regs["slot_request"][s]
         out.append({
             "slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF,
-            "state": STATE_NAMES.get(st, str(st)), "msg_type": req >> 136,
+            "state": "replying" if regs["slot_reply_frags"][s] else STATE_NAMES.get(st, str(st)),
+            "msg_type": req >> 136,
             "shard_id": (req >> 120) & 0xFFFF, "table_id": (req >> 104) & 0xFFFF,
             "frag_count": (req >> 64) & 0xFFFF, "msg_len": (req >> 32) & 0xFFFFFFFF,
             "frames_in": regs["slot_frames_in"][s], "frames_out": regs["slot_frames_out"][s],
@@ -528,7 +536,7 @@ class PcapRun:
 
 
 def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], commands: Sequence[str],
-                   workdir: Path, *, nb_ports: int, expect_out: int | None = None,
+                   workdir: Path, *, nb_ports: int, shards: Sequence[int] = (), expect_out: int | None = None,
                    netns_name: str | None = None, timeout: float = 120.0) -> PcapRun:
     """Feed ``frames`` (``[(ingress port, bytes)]``, in order) through ``simple_switch``.
 
@@ -571,7 +579,7 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
             sw.wait_ready()
             deadline = time.monotonic() + timeout
             while True:
-                c = read_counters(sw, nb_ports)
+                c = read_counters(sw, nb_ports, shards)
                 rx = sum(p["rx_frames"] for p in c["ports"])
                 tx = sum(p["tx_frames"] for p in c["ports"])
                 written = sum(len(read_pcap_frames(workdir / f"p{p}_out.pcap")) for p in range(nb_ports))

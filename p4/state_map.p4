@@ -21,6 +21,8 @@
  *   Forwarding) else wrong_shard_reply; LOOKUP_REPLY or ERROR to a lookup,
  *   UPDATE_ACK or ERROR to an update, else wrong_reply_type. When every
  *   fragment of the reply has passed, the entry is freed.
+ * - Completed messages are counted by reply type (messages_completed) and
+ *   by shard (completed_by_shard).
  * - BMv2 has no timer: an entry idle longer than the timeout is expired
  *   when a frame next touches its slot (counted in state_expired), and the
  *   slot is then free.
@@ -58,7 +60,8 @@ control StateMap(inout headers_t hdr,
     @name(".slot_last_us") register<bit<48>>(STATE_SLOTS) slot_last_us;
     /* entry timeout in microseconds; 0 means STATE_TIMEOUT_US */
     @name(".state_timeout_us") register<bit<48>>(1) state_timeout_us;
-    @name(".messages_completed") counter(NB_MSG_TYPES, CounterType.packets) messages_completed;  /* by request type */
+    @name(".messages_completed") counter(NB_MSG_TYPES, CounterType.packets) messages_completed;  /* by reply type */
+    @name(".completed_by_shard") counter(NB_SHARDS, CounterType.packets) completed_by_shard;    /* by shard id */
     @name(".state_expired") counter(1, CounterType.packets) state_expired;
 
     apply {
@@ -163,7 +166,8 @@ control StateMap(inout headers_t hdr,
                     if (frags == all_frags) {
                         /* the whole reply has passed: free the entry */
                         slot_state.write(s, STATE_FREE);
-                        messages_completed.count((bit<32>)(request_type & 7));
+                        messages_completed.count((bit<32>)(hdr.embnic.msg_type & 7));
+                        completed_by_shard.count((bit<32>)hdr.embnic.shard_id);
                     }
                 }
             }

@@ -97,6 +97,7 @@ const bit<48> STATE_TIMEOUT_US = 5000000;  /* default entry timeout */
 const bit<32> RING_SLOTS = 1024;        /* header ring entries (power of two) */
 const bit<32> NB_PORTS = 512;           /* cells of the per-port counters */
 const bit<32> NB_MSG_TYPES = 8;         /* cells of the per-type counters */
+const bit<32> NB_SHARDS = 65536;        /* cells of the per-shard counters (any shard_id) */
 const int ROUTE_TABLE_SIZE = 4096;
 const int CLIENT_TABLE_SIZE = 4096;
 const int ALLOWLIST_SIZE = 8192;

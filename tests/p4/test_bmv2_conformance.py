@@ -20,6 +20,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 TARGET_DIFFERENCES = {
     "drops": "ring_full, no_mbuf and tx_full are DPDK resources (header ring, mempool, TX queue) "
              "a P4 pipeline has none of: always 0",
+    "completed": "per shard, BMv2 counts completed messages (all reply types together) and keeps "
+                 "no latency histogram (its timestamps are the switch's microseconds, not TSC)",
     "tx_bytes": "BMv2 counts a frame's bytes as it entered the switch, before the Ethernet "
                 "trailer is trimmed (the frames themselves are exact)",
 }
@@ -39,7 +41,8 @@ def run(bmv2_ready, tmp_path_factory):
     frames = [(f.port, f.data) for f in s.frames]
     want = s.expected_outputs(CARD_MACS)
     r = bmv2.run_pcap_files(bmv2_ready, frames, card_commands(s), tmp_path_factory.mktemp("bmv2conf"),
-                            nb_ports=len(s.ports), expect_out=sum(len(v) for v in want.values()))
+                            nb_ports=len(s.ports), shards=sorted(s.shards),
+                            expect_out=sum(len(v) for v in want.values()))
     return {"suite": s, "run": r, "want": want}
 
 
@@ -82,25 +85,27 @@ def test_port_counters_and_conservation(run):
                                                         + sum(c["drops"].values()))
 
 
-def test_state_map_after_the_run(run):
-    """Answered messages were freed; the requests left without a (whole) reply hold their slots."""
-    st = run["run"].state
-    live = {(e["client_id"], e["msg_id"]): e for e in st}
-    # the requests without replies: UDP checksum 0 lookup, the trailer lookup, the 250-key lookup
-    # (fragment 1 was dropped as frag_mismatch, so it stays receiving)
-    s = run["suite"]
-    unanswered = [f for f in s.frames if f.label in ("c2 lookup s0, UDP checksum 0",
-                                                      "c1 lookup s1 + 6 bytes Ethernet trailer",
-                                                      "250-key lookup fragment 0")]
-    from scapy.layers.l2 import Ether
-    from embnic.client_lib.protocol import Embnic
-    keys = {(Ether(f.data)[Embnic].client_id, Ether(f.data)[Embnic].msg_id): f.label for f in unanswered}
-    assert set(live) == set(keys), (live, keys)
-    for k, label in keys.items():
-        e = live[k]
-        assert e["slot"] == bmv2.state_slot(*k)
-        assert e["state"] == ("receiving" if label.startswith("250") else "forwarded"), label
-        assert e["frames_in"] == 1 and e["frames_out"] == 0
-    assert run["run"].counters["completed"]["LOOKUP_REQ"] == 3  # m1, m2 (ERROR), m3
-    assert run["run"].counters["completed"]["UPDATE_REQ"] == 2  # m4, m5
-    assert run["run"].counters["state"]["expired"] == 0
+def test_state_map_tracked(run):
+    """The map holds exactly the messages in flight, in the reference model's states, each in the
+    slot the control plane computes; answered messages are gone."""
+    st, model = run["run"].state, run["suite"].state_model()
+    by = {k: 0 for k in ("receiving", "forwarded", "replying")}
+    for e in st:
+        by[e["state"]] += 1
+    assert {"entries": len(st), "by_state": by} == run["suite"].expected_state()
+    assert {(e["client_id"], e["msg_id"]) for e in st} == set(model.entries)
+    for e in st:
+        assert e["slot"] == bmv2.state_slot(e["client_id"], e["msg_id"])
+        m = model.entries[(e["client_id"], e["msg_id"])]
+        assert e["shard_id"] == m["shard"] and e["frag_count"] == m["n_in"]
+    c = run["run"].counters
+    assert c["drops"]["state_full"] == 0 and c["state"]["expired"] == 0
+
+
+def test_completed_messages(run):
+    """Messages whose whole reply passed, by reply type and per shard."""
+    c, want = run["run"].counters, run["suite"].expected_completed()
+    assert c["completed"] == {t: want["all"].get(t, 0) for t in ("LOOKUP_REPLY", "UPDATE_ACK", "ERROR")}
+    # TARGET_DIFFERENCES["completed"]: per shard a total, no latency histogram
+    assert {str(s["shard"]): s["completed"] for s in c["shards"]} == {
+        str(sid): sum(want.get(str(sid), {}).values()) for sid in run["suite"].shards}
