@@ -35,9 +35,11 @@ from embnic.control.errors import MissingDependencyError
 @click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
               help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
                    "(needs the embnic[torch] extra).")
+@click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
+              help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch, p4/).")
 @needs_root("demo")
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
-         kill_at_step, no_table_check, all_clients, progress, model):
+         kill_at_step, no_table_check, all_clients, progress, model, target):
     """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
     Criteo sample with every embedding lookup and update passing through the card, in a
     namespace testbed it brings up and down.
@@ -59,6 +61,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --loss 1 --reorder 5 --duplicate 1    # faults on every link
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3   # fails at step 4, naming shard 1
       sudo embnic demo --batch-size 4096 --all-clients   # every client loads the card (state_full stays 0)
+      sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (p4c, simple_switch on PATH)
     """
     from embnic.testbed.training import demo as D
     from embnic.testbed.net.netem import Impairment
@@ -66,7 +69,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
     opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
                          netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
                          check_tables=not no_table_check, all_clients=all_clients, progress=progress,
-                         model=model)
+                         model=model, target=target)
     if config is not None:
         opts.config = config
     if loss or reorder or duplicate:

@@ -160,8 +160,8 @@ ctl_option = click.option("--ctl", "ctl", metavar="PATH", envvar="EMBNIC_CTL", d
                           help="Control socket of the running card (default: from the pipeline's "
                                "state file, else RUN_DIR/NAME.sock). Env: EMBNIC_CTL.")
 target_option = click.option("--target", "target", envvar="EMBNIC_TARGET", default=None, type=TARGET,
-                             help=f"Pipeline target (default {DEFAULT_TARGET!r}; bmv2 comes with the P4 "
-                                  "program and is listed once registered). Env: EMBNIC_TARGET.")
+                             help=f"Pipeline target (default {DEFAULT_TARGET!r}): dpdk runs embnic-dp, bmv2 "
+                                  "the P4 program on simple_switch. Env: EMBNIC_TARGET.")
 
 #: options of every command that talks to a loaded pipeline
 pipeline_options = _compose(config_option(), target_option, name_option, ctl_option)
@@ -207,8 +207,7 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
         from embnic.control.target import target_names
 
         if out["target"] not in target_names():
-            later = " (bmv2 comes with the P4 program)" if out["target"] == "bmv2" else ""
-            raise ConfigFileError(f"{where}control.target: no target {out['target']!r}{later}; available: "
+            raise ConfigFileError(f"{where}control.target: no target {out['target']!r}; available: "
                                   f"{', '.join(target_names())}")
     if "name" in out and not _NAME_RE.match(out["name"]):
         raise ConfigFileError(f"{where}control.name: {out['name']!r} is not a valid name "

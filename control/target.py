@@ -2,10 +2,11 @@
 
 A :class:`Target` loads the pipeline (starts the card), programs its route table (shard →
 card port, MAC, IPv4, UDP port) and client table (client → the same), reads its counters and
-message state map, and unloads it. ``dpdk`` (:mod:`embnic.control.target_dpdk`) is the first;
-``bmv2`` (the P4 program on ``simple_switch``) registers beside it::
+message state map, and unloads it. ``dpdk`` (:mod:`embnic.control.target_dpdk`) runs embnic-dp,
+``bmv2`` (:mod:`embnic.control.target_bmv2`) the P4 program on ``simple_switch``; another
+registers beside them::
 
-    register_target("bmv2", "embnic.control.target_bmv2:Bmv2Target")
+    register_target("mynic", "mypkg.target:MyNicTarget")
 
 Targets are looked up by name with :func:`get_target_class`, imported only when used.
 
@@ -29,6 +30,7 @@ from embnic.control.runstate import read_state, run_dir as default_run_dir
 # --------------------------------------------------------------------------- registry
 _REGISTRY: dict[str, str | type] = {
     "dpdk": "embnic.control.target_dpdk:DpdkTarget",
+    "bmv2": "embnic.control.target_bmv2:Bmv2Target",
 }
 
 
@@ -50,8 +52,7 @@ def get_target_class(name: str) -> type["Target"]:
     """
     spec = _REGISTRY.get(name)
     if spec is None:
-        later = " (it comes with the P4 program)" if name == "bmv2" else ""
-        raise UsageError(f"no target {name!r}{later}; available: {', '.join(target_names())}", param="target")
+        raise UsageError(f"no target {name!r}; available: {', '.join(target_names())}", param="target")
     if isinstance(spec, str):
         mod, attr = spec.split(":")
         spec = getattr(importlib.import_module(mod), attr)

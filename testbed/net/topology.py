@@ -459,7 +459,7 @@ class Topology:
         return ["-l", self.cfg.card.lcores, "--no-huge", "--no-pci", "-m", "256",
                 "--file-prefix", f"embnic-tb-{self.name}"]
 
-    def effective_raw(self, rdir: Path) -> dict:
+    def effective_raw(self, rdir: Path, target: str = "dpdk") -> dict:
         """The user's config dict with every MAC filled in and a ``[control]`` section for the card
         (name ``card``, control socket, log and state file in ``rdir``, netns, vdevs)."""
         raw = json.loads(json.dumps(self.cfg.raw))  # deep copy
@@ -473,7 +473,7 @@ class Topology:
             p.setdefault("name", by_port[p["id"]].card_if)
         ctl = dict(raw.get("control", {}))
         ctl.update({"name": "card", "ctl": str(rdir / "card.sock"), "netns": self.card_ns,
-                    "vdevs": self.vdevs(), "target": "dpdk", "eal_args": self.eal_args()})
+                    "vdevs": self.vdevs(), "target": target, "eal_args": self.eal_args()})
         if "binary" in ctl and self.cfg.path and not os.path.isabs(ctl["binary"]):
             ctl["binary"] = str((Path(self.cfg.path).parent / ctl["binary"]).resolve())
         raw["control"] = ctl
@@ -534,15 +534,17 @@ class Testbed:
 
     __test__ = False
 
-    def __init__(self, topo: Topology, rdir: Path | None = None):
+    def __init__(self, topo: Topology, rdir: Path | None = None, target: str = "dpdk"):
         self.topo = topo
+        #: the card's pipeline target: "dpdk" (embnic-dp) or "bmv2" (the P4 program on simple_switch)
+        self.target_name = target
         self.name = topo.name
         self.rdir = Path(rdir) if rdir else run_dir()
         self.dir = node_dir(self.name, self.rdir)
         self.config_path = self.dir / "cluster.toml"
         self.state: dict = {}
         self._log = None
-        self.target = None  #: the DpdkTarget once the card runs
+        self.target = None  #: the card's Target (DpdkTarget, Bmv2Target) once it runs
         self._cfg: ClusterConfig | None = None
 
     # -- paths and config
@@ -618,7 +620,7 @@ class Testbed:
         self.dir.mkdir(parents=True, exist_ok=True)
         for f in self.dir.glob("*.log"):
             f.unlink()
-        raw = self.topo.effective_raw(self.dir)
+        raw = self.topo.effective_raw(self.dir, self.target_name)
         text = dump_toml(raw)
         parse_config(json.loads(json.dumps(raw)), self.config_path)  # validate before writing
         self.config_path.write_text("# written by `embnic testbed up` from "
@@ -732,16 +734,24 @@ class Testbed:
             time.sleep(0.05)
 
     def _start_card(self, timeout: float) -> None:
-        from embnic.control.target_dpdk import DpdkTarget
-
         cfg = self.cfg
         ctl = cfg.raw["control"]
-        self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"], netns=self.topo.card_ns,
-                                 name="card", run_dir=self.dir, vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"],
-                                 ready_timeout=timeout, card_args=ctl.get("card_args", ()))
+        if self.target_name == "bmv2":
+            from embnic.control.target_bmv2 import Bmv2Target
+
+            # simple_switch in the card namespace (no address but loopback), on the card's veth ends
+            self.target = Bmv2Target(cfg, netns=self.topo.card_ns, vdevs=self.topo.vdevs(), name="card",
+                                     run_dir=self.dir, ready_timeout=max(timeout, 60.0))
+        else:
+            from embnic.control.target_dpdk import DpdkTarget
+
+            self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"],
+                                     netns=self.topo.card_ns, name="card", run_dir=self.dir,
+                                     vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"], ready_timeout=timeout,
+                                     card_args=ctl.get("card_args", ()))
         # record before starting so `down` finds it even if we crash inside load()
         self.state["card"] = {"run_dir": str(self.dir), "name": "card", "ctl": ctl["ctl"],
-                              "log": str(self.dir / "card.log")}
+                              "log": str(self.dir / "card.log"), "target": self.target_name}
         self._save()
         try:
             st = self.target.load()
@@ -965,9 +975,10 @@ def down(name: str, rdir: Path | None = None) -> dict:
     card = state.get("card")
     if isinstance(card, dict):
         try:
-            from embnic.control.target_dpdk import DpdkTarget
+            from embnic.control.target import get_target_class
 
-            t = DpdkTarget(None, name=card.get("name", "card"), run_dir=card.get("run_dir", str(node_dir(name, rdir))))
+            t = get_target_class(card.get("target", "dpdk"))(
+                None, name=card.get("name", "card"), run_dir=card.get("run_dir", str(node_dir(name, rdir))))
             if t.state() is not None:
                 t.unload()
                 stopped.append("card")
@@ -1045,9 +1056,9 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
                        "error": f"the card (pid {card.get('pid')}) is not running; see {card.get('log')}"}
     elif counters and isinstance(card, dict):
         try:
-            from embnic.control.target_dpdk import DpdkTarget
+            from embnic.control.target import get_target_class
 
-            t = DpdkTarget(None, name="card", run_dir=card.get("run_dir"))
+            t = get_target_class(card.get("target", "dpdk"))(None, name="card", run_dir=card.get("run_dir"))
             c = t.counters()
             out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"),
                            "drops": {k: v for k, v in c.get("drops", {}).items() if v},

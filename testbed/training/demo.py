@@ -73,6 +73,7 @@ class DemoOptions:
         rdir: run directory (default ``$EMBNIC_RUN_DIR`` or /run/embnic).
         model: ``"fm"`` (the numpy factorisation machine) or ``"dlrm"`` (TorchRec's DLRM on
             :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection`, needs embnic[torch]).
+        target: the card: ``dpdk`` (embnic-dp) or ``bmv2`` (the P4 program on simple_switch).
     """
 
     config: str | os.PathLike = DEFAULT_CONFIG
@@ -90,6 +91,7 @@ class DemoOptions:
     progress: bool | None = None
     rdir: Path | None = None
     model: str = "fm"
+    target: str = "dpdk"
 
 
 class _Reader(threading.Thread):
@@ -275,7 +277,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     ref, local, t_ref = reference_run(user_cfg, tr, va, opts.steps, opts.batch_size, opts.progress, opts.model)
     log(f"reference run (in-process tables): final loss {ref.loss[-1]:.6f}, AUC {ref.auc:.4f}, {t_ref:.1f} s")
 
-    tb = T.Testbed(topo, opts.rdir)
+    tb = T.Testbed(topo, opts.rdir, target=opts.target)
     timing = {"reference_s": round(t_ref, 2)}
     t_up = time.monotonic()
     tb.up(owner="demo")
@@ -410,7 +412,7 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
     frames = snap["frames_sent"] + snap["frames_received"]
     state_sum = state_at_end or {}
     rep = {
-        "target": "dpdk",
+        "target": opts.target,
         "model": opts.model,
         "testbed": opts.name,
         "config": str(Path(opts.config).resolve()),

@@ -62,10 +62,10 @@ def test_check_control_section(invoke, card_config):
     card_config.write_text(card_config.read_text().replace('colour = "red"', 'vdev = ["net_ring0"]'))
     r = invoke("config", "check", card_config)
     assert r.exit_code == 2 and "control.vdev: unknown field (did you mean 'vdevs'?)" in r.output
-    card_config.write_text(card_config.read_text().replace('vdev = ["net_ring0"]', 'target = "bmv2"'))
+    card_config.write_text(card_config.read_text().replace('vdev = ["net_ring0"]', 'target = "p4nic"'))
     r = invoke("config", "check", card_config)
     assert r.exit_code == 2
-    assert "control.target: no target 'bmv2' (bmv2 comes with the P4 program); available: dpdk" in r.output
+    assert "control.target: no target 'p4nic'; available: bmv2, dpdk" in r.output
 
 
 def test_check_warns_about_missing_mac(invoke, card_config):

@@ -67,7 +67,7 @@ def test_target_choices_are_the_registered_targets(invoke):
     for path in (["pipeline", "load"], ["route", "list"], ["status"], ["state", "dump"]):
         out = " ".join(invoke(*path, "--help").output.split())
         assert f"--target [{'|'.join(target_names())}]" in out, path
-        assert "bmv2 comes with the P4 program" in out
+        assert "bmv2 the P4 program on simple_switch" in out
         assert "[dpdk|bmv2]" not in out
 
 
@@ -76,10 +76,10 @@ def test_target_registered_later_is_accepted(invoke, card, monkeypatch):
     from embnic.control.target_dpdk import DpdkTarget
 
     monkeypatch.setitem(T._REGISTRY, "other", DpdkTarget)
-    assert "--target [dpdk|other]" in invoke("status", "--help").output
+    assert "--target [bmv2|dpdk|other]" in invoke("status", "--help").output
     assert invoke("status", "--target", "other").exit_code == 0
-    r = invoke("status", "--target", "bmv2")
-    assert r.exit_code == 2 and "no target 'bmv2' (it comes with the P4 program); available: dpdk, other" in r.output
+    r = invoke("status", "--target", "p4nic")
+    assert r.exit_code == 2 and "no target 'p4nic'; available: bmv2, dpdk, other" in r.output
 
 
 # --------------------------------------------------------------------------- the examples run

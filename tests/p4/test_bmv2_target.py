@@ -1,0 +1,160 @@
+"""The bmv2 target through the CLI: load onto veths, a lookup and its reply between kernel UDP
+sockets through simple_switch, routes/clients/status/state, Thrift reachable only inside the
+switch's namespace, unload; and the one-line error when a tool is missing.
+Run alone: sudo python3 -m pytest -q tests/p4/test_bmv2_target.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from embnic.client_lib.consts import DType, MsgType
+from embnic.client_lib.protocol import Embnic
+from embnic.control.cli import cli
+
+TAG = f"{os.getpid() % 100000}"
+CARD_MACS = ("02:cc:00:00:00:10", "02:cc:00:00:00:11")
+CLIENT_MAC, SHARD_MAC = "02:c1:00:00:00:01", "02:5a:00:00:00:00"
+
+
+def config_text(target: str = "bmv2") -> str:
+    return textwrap.dedent(f"""\
+        [cluster]
+        name = "bmv2test"
+        [[tables]]
+        id = 0
+        dim = 4
+        [[shards]]
+        id = 0
+        ip = "10.88.1.2"
+        mac = "{SHARD_MAC}"
+        card_port = 1
+        [[clients]]
+        id = 1
+        ip = "10.88.0.2"
+        port = 40001
+        mac = "{CLIENT_MAC}"
+        card_port = 0
+        [card]
+        ports = [{{ id = 0, ip = "10.88.0.1", mac = "{CARD_MACS[0]}" }},
+                 {{ id = 1, ip = "10.88.1.1", mac = "{CARD_MACS[1]}" }}]
+        [control]
+        target = "{target}"
+        """)
+
+
+def test_missing_tool_is_one_line_exit_1(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text())
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("EMBNIC_RUN_DIR", str(tmp_path / "run"))
+    r = CliRunner().invoke(cli, ["pipeline", "load", "-c", str(cfg), "--vdev", "net_af_packet0,iface=x0",
+                                 "--vdev", "net_af_packet1,iface=x1"])
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert "needs p4c, simple_switch, simple_switch_CLI, not found on PATH" in lines[0]
+    assert "p4lang/p4c" in lines[0] and "p4lang/behavioral-model" in lines[0]
+
+
+def sh(*cmd: str) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def wiring(bmv2_ready):
+    """client netns -- veth -- (card end, left in the root ns for the target to take) ... shard netns."""
+    cns, sns = f"e12c{TAG}", f"e12s{TAG}"
+    links = [(f"e12c{TAG}", f"e12p0{TAG}", cns, "10.88.0.2/30", "10.88.0.1", CLIENT_MAC, CARD_MACS[0]),
+             (f"e12s{TAG}", f"e12p1{TAG}", sns, "10.88.1.2/30", "10.88.1.1", SHARD_MAC, CARD_MACS[1])]
+    made = []
+    try:
+        for peer, card, ns, addr, gw, mac, card_mac in links:
+            sh("ip", "netns", "add", ns)
+            made.append(ns)
+            sh("ip", "link", "add", peer, "address", mac, "type", "veth", "peer", "name", card)
+            sh("ip", "link", "set", peer, "netns", ns)
+            for cmd in (["ip", "link", "set", "lo", "up"], ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
+                        ["ip", "addr", "add", addr, "dev", peer], ["ip", "link", "set", peer, "up"],
+                        ["ethtool", "-K", peer, "tx", "off", "rx", "off"],
+                        ["ip", "route", "add", "default", "via", gw],
+                        ["ip", "neigh", "replace", gw, "lladdr", card_mac, "dev", peer, "nud", "permanent"]):
+                sh("ip", "netns", "exec", ns, *cmd)
+            sh("ethtool", "-K", card, "tx", "off", "rx", "off")
+        yield {"client_ns": cns, "shard_ns": sns, "ifaces": [links[0][1], links[1][1]]}
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for _, card, *_ in links:
+            subprocess.run(["ip", "link", "del", card], capture_output=True)
+
+
+SHARD_PY = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("10.88.1.2", 7878)); s.settimeout(20)
+print("ready", flush=True)
+data, peer = s.recvfrom(65535)
+print(peer[0], peer[1], data.hex(), flush=True)
+s.sendto(bytes.fromhex(sys.argv[1]), peer)
+"""
+CLIENT_PY = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("10.88.0.2", 40001)); s.settimeout(20)
+s.sendto(bytes.fromhex(sys.argv[1]), ("10.88.0.1", 7878))
+data, peer = s.recvfrom(65535)
+print(peer[0], peer[1], data.hex(), flush=True)
+"""
+
+
+def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text())
+    monkeypatch.setenv("EMBNIC_RUN_DIR", str(tmp_path / "run"))
+    name = f"e12t{TAG}"
+    runner = CliRunner()
+    vdevs = [a for i, f in enumerate(wiring["ifaces"]) for a in ("--vdev", f"net_af_packet{i},iface={f}")]
+    r = runner.invoke(cli, ["pipeline", "load", "-c", str(cfg), "--name", name, *vdevs])
+    assert r.exit_code == 0, r.output
+    try:
+        st = json.loads((tmp_path / "run" / f"{name}.json").read_text())
+        # Thrift listens on every address of the switch's namespace: there is only loopback
+        addrs = sh("ip", "netns", "exec", st["netns"], "ip", "-o", "addr", "show").split("\n")
+        assert [ln.split()[1] for ln in addrs if ln.strip()] == ["lo"], addrs
+        ls = runner.invoke(cli, ["route", "list", "-c", str(cfg), "--name", name, "--json"])
+        assert ls.exit_code == 0, ls.output
+        assert [(e["shard"], e["ip"], e["udp_port"], e["mac"]) for e in json.loads(ls.output)] == [
+            (0, "10.88.1.2", 7878, SHARD_MAC)]
+
+        # a lookup (3 keys) and its reply (3 rows of 3 fp16 = 18 bytes), kernel sockets both ends
+        req = bytes(Embnic(msg_type=MsgType.LOOKUP_REQ, msg_id=42, client_id=1, shard_id=0, dim=3,
+                           dtype=DType.FP16, num_keys=3, msg_len=24, frag_count=1, frag_len=24) / (b"k" * 24))
+        rep = bytes(Embnic(msg_type=MsgType.LOOKUP_REPLY, msg_id=42, client_id=1, shard_id=0, dim=3,
+                           dtype=DType.FP16, num_keys=3, msg_len=18, frag_count=1, frag_len=18) / (b"r" * 18))
+        shard = subprocess.Popen(["ip", "netns", "exec", wiring["shard_ns"], "python3", "-c", SHARD_PY, rep.hex()],
+                                 stdout=subprocess.PIPE, text=True)
+        assert shard.stdout.readline().strip() == "ready"
+        client = subprocess.run(["ip", "netns", "exec", wiring["client_ns"], "python3", "-c", CLIENT_PY,
+                                 req.hex()], capture_output=True, text=True, timeout=60)
+        got_req = shard.stdout.readline().split()
+        shard.wait(30)
+        assert got_req == ["10.88.1.1", "7878", req.hex()]
+        assert client.returncode == 0, client.stderr
+        assert client.stdout.split() == ["10.88.0.1", "7878", rep.hex()]
+
+        s = runner.invoke(cli, ["status", "-c", str(cfg), "--name", name, "--json"])
+        assert s.exit_code == 0, s.output
+        c = json.loads(s.output)
+        counters = c.get("counters", c)
+        assert counters["types"]["LOOKUP_REQ"] == 1 and counters["types"]["LOOKUP_REPLY"] == 1
+        d = runner.invoke(cli, ["state", "summary", "-c", str(cfg), "--name", name, "--json"])
+        assert d.exit_code == 0, d.output
+        assert json.loads(d.output)["entries"] == 0  # the reply freed the entry
+    finally:
+        u = runner.invoke(cli, ["pipeline", "unload", "-c", str(cfg), "--name", name])
+    assert u.exit_code == 0, u.output
+    assert st["netns"] not in sh("ip", "netns", "list")
