@@ -44,6 +44,7 @@ def state():
     Examples:
       embnic state dump --limit 20
       embnic state summary --json
+      sudo embnic state ring --last 10 --target bmv2
     """
 
 
@@ -76,6 +77,32 @@ def dump(config, target, name, ctl, as_json, limit, client_id, state_name):
     else:
         click.echo(table(entries))
         click.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+
+
+@state.command("ring")
+@pipeline_options
+@json_option
+@click.option("--last", type=click.IntRange(1, 1 << 20), default=20, show_default=True,
+              help="How many of the most recent headers.")
+def ring(config, target, name, ctl, as_json, last):
+    """Print the header ring: the headers of the last N frames the card accepted, newest first.
+
+    \b
+    Example:
+      sudo embnic state ring --last 10 --target bmv2
+    """
+    t = open_target(resolve(config, target, name, ctl))
+    entries = t.ring(last)
+    if as_json:
+        click.echo(json.dumps(entries, indent=1))
+        return
+    click.echo(f"{'TYPE':<12} {'CLIENT':>6} {'MSG_ID':>10} {'SHARD':>5} {'TABLE':>5} {'FRAG':>9} "
+               f"{'FRAG_LEN':>8} {'MSG_LEN':>9} {'PORT':>4} {'TIME_US':>12}")
+    for e in entries:
+        click.echo(f"{_type_name(e['msg_type']):<12} {e['client_id']:>6} {e['msg_id']:>10} {e['shard_id']:>5} "
+                   f"{e['table_id']:>5} {e['frag_index']:>4}/{e['frag_count']:<4} {e['frag_len']:>8} "
+                   f"{e['msg_len']:>9} {e['ingress_port']:>4} {e['time_us']:>12}")
+    click.echo(f"{len(entries)} header{'s' if len(entries) != 1 else ''}")
 
 
 @state.command("summary")

@@ -243,6 +243,12 @@ class Target(abc.ABC):
     def reset_counters(self) -> None:  # optional
         raise OperationalError(f"the {self.name} target cannot reset counters")
 
+    def ring(self, last: int) -> list[dict]:  # optional
+        """The ``last`` most recent headers of the header ring, newest first (``msg_type``,
+        ``msg_id``, ``client_id``, ``shard_id``, ``frag_index``, ``frag_count``, ...)."""
+        raise OperationalError(f"the {self.name} target does not log the headers it accepted "
+                               "(`embnic state ring` works on the bmv2 target)")
+
 
 def entries_from_dicts(items: Iterable[dict], key: str) -> list[Entry]:
     """Entries from control-socket dicts (``key`` = ``"shard"`` or ``"client"``), sorted by id, MACs in lower case."""

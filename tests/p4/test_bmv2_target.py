@@ -151,6 +151,10 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         c = json.loads(s.output)
         counters = c.get("counters", c)
         assert counters["types"]["LOOKUP_REQ"] == 1 and counters["types"]["LOOKUP_REPLY"] == 1
+        g = runner.invoke(cli, ["state", "ring", "-c", str(cfg), "--name", name, "--last", "5", "--json"])
+        assert g.exit_code == 0, g.output
+        assert [(h["msg_type"], h["msg_id"], h["client_id"], h["ingress_port"]) for h in json.loads(g.output)] == [
+            (MsgType.LOOKUP_REPLY, 42, 1, 1), (MsgType.LOOKUP_REQ, 42, 1, 0)]
         d = runner.invoke(cli, ["state", "summary", "-c", str(cfg), "--name", name, "--json"])
         assert d.exit_code == 0, d.output
         assert json.loads(d.output)["entries"] == 0  # the reply freed the entry
