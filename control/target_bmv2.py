@@ -30,15 +30,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import click
-
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.client_lib.consts import MsgType
 from embnic.control import bmv2, p4prog
-from embnic.control.errors import OperationalError
-from embnic.control.target import (Entry, Target, clients_from_config, describe_state, ensure_run_dir,
-                                   pid_matches, proc_starttime, read_state, remove_state, require_root,
-                                   routes_from_config, write_state)
+from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
+from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
+                                     require_root, write_state)
+from embnic.control.target import Entry, Target, clients_from_config, describe_state, routes_from_config
 
 _IFACE = re.compile(r"(?:^|,)iface=([^,]+)")
 
@@ -47,13 +45,13 @@ def interfaces_from_vdevs(vdevs: Sequence[str]) -> list[str]:
     """``["net_af_packet0,iface=Np0", ...]`` → ``["Np0", ...]`` (port order kept).
 
     Raises:
-        click.UsageError: a vdev without ``iface=`` (BMv2 needs a network interface per port).
+        UsageError: a vdev without ``iface=`` (BMv2 needs a network interface per port).
     """
     out = []
     for v in vdevs:
         m = _IFACE.search(v)
         if not m:
-            raise click.UsageError(f"--vdev {v!r}: the bmv2 target needs an interface per card port "
+            raise UsageError(f"--vdev {v!r}: the bmv2 target needs an interface per card port "
                                    "(net_af_packet<i>,iface=NAME)")
         out.append(m.group(1))
     return out
@@ -156,12 +154,13 @@ class Bmv2Target(Target):
 
     # ------------------------------------------------------------------ lifecycle
     def _tools(self) -> None:
-        """Raise OperationalError (one line) naming every missing tool and how to get each."""
+        """Raise MissingDependencyError (one line) naming every missing tool and how to get each."""
         missing = bmv2.missing_tools((["p4c"] if self.json_path is None else []) +
                                      ["simple_switch", "simple_switch_CLI"])
         if missing:
-            raise OperationalError(f"the bmv2 target needs {', '.join(missing)}, not found on PATH: " +
-                                   "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing))
+            raise MissingDependencyError(f"the bmv2 target needs {', '.join(missing)}, not found on PATH: " +
+                                         "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
+                                         dependency=missing[0])
 
     def _card_commands(self, routes: list[Entry], clients: list[Entry]) -> list[str]:
         card = self.config.card
@@ -181,28 +180,29 @@ class Bmv2Target(Target):
         Returns:
             the state file contents plus ``routes``/``clients`` counts.
         Raises:
-            click.UsageError: no config, or no interfaces for the card's ports.
+            UsageError: no config, or no interfaces for the card's ports.
             ConfigError: no ``[card]``, a card port without ``mac``, a shard/client without
                 ``mac``/``card_port``.
-            OperationalError: a tool missing (names it), p4c failed, already running, the
+            MissingDependencyError: p4c / simple_switch / simple_switch_CLI missing (names them).
+            OperationalError: p4c failed, already running, the
                 namespace has addresses besides loopback, the switch did not start.
         """
         cfg = self.config
         if cfg is None:
-            raise click.UsageError("loading the bmv2 target needs the cluster config: pass --config FILE")
+            raise UsageError("loading the bmv2 target needs the cluster config: pass --config FILE")
         if cfg.card is None or not cfg.card.enabled:
             raise ConfigError("card", "the bmv2 target needs a [card] section (enabled = true) with its "
                               "ports; see docs/config.md", cfg.path)
         ids = sorted(p.id for p in cfg.card.ports)
         if len(self.interfaces) < len(ids) or ids != list(range(len(ids))):
-            raise click.UsageError(f"the bmv2 target needs one interface per card port (ports {ids}, "
+            raise UsageError(f"the bmv2 target needs one interface per card port (ports {ids}, "
                                    f"{len(self.interfaces)} interface(s) given): --vdev "
                                    "net_af_packet<i>,iface=NAME in port order")
         routes = routes_from_config(cfg) if program else []
         clients = clients_from_config(cfg) if program else []
         commands = self._card_commands(routes, clients)
         self._tools()
-        require_root("loading the bmv2 target (simple_switch in its own network namespace)")
+        require_root("loading the bmv2 target", "network namespaces for simple_switch")
         ensure_run_dir(self.run_dir)
         old = read_state(self.run_dir, self.instance)
         if old is not None and not old.get("corrupt") and pid_matches(old):
@@ -260,7 +260,10 @@ class Bmv2Target(Target):
             if made_ns:
                 bmv2.Netns(made_ns).delete()
             raise OperationalError(str(e)) from None
-        return {**state, "routes": len(routes), "clients": len(clients)}
+        info = {"mode": "bmv2", "state_size": p4prog.constants()["STATE_SLOTS"],
+                "state_timeout_ms": cfg.card.state_timeout_ms,
+                "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
 
     @staticmethod
     def _check_loopback_only(ns: bmv2.Netns) -> None:
@@ -280,7 +283,9 @@ class Bmv2Target(Target):
         st = self.state()
         if st is None or st.get("target") != "bmv2":
             raise OperationalError(f"no bmv2 pipeline {self.instance!r} loaded (no state file in {self.run_dir})")
-        if not st.get("corrupt") and pid_matches(st):
+        running = not st.get("corrupt") and pid_matches(st)
+        killed = False
+        if running:
             pid = int(st["pid"])
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout
@@ -288,10 +293,11 @@ class Bmv2Target(Target):
                 time.sleep(0.05)
             if pid_matches(st):
                 os.kill(pid, signal.SIGKILL)
+                killed = True
         if st.get("netns_made") and st.get("netns"):
             bmv2.Netns(st["netns"]).delete()
         remove_state(self.run_dir, self.instance)
-        return st
+        return {**st, "was_running": running, "killed": killed, "exit": None}
 
     def is_loaded(self) -> bool:
         st = self.state()

@@ -1,6 +1,6 @@
 """The bmv2 target through the CLI: load onto veths, a lookup and its reply between kernel UDP
 sockets through simple_switch, routes/clients/status/state, Thrift reachable only inside the
-switch's namespace, unload; and the one-line error when a tool is missing.
+switch's namespace, unload; and the one-line error (missing dependency, exit 2) when a tool is missing.
 Run alone: sudo python3 -m pytest -q tests/p4/test_bmv2_target.py
 """
 from __future__ import annotations
@@ -48,14 +48,14 @@ def config_text(target: str = "bmv2") -> str:
         """)
 
 
-def test_missing_tool_is_one_line_exit_1(tmp_path, monkeypatch):
+def test_missing_tool_is_one_line_missing_dependency(tmp_path, monkeypatch):
     cfg = tmp_path / "c.toml"
     cfg.write_text(config_text())
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setenv("EMBNIC_RUN_DIR", str(tmp_path / "run"))
     r = CliRunner().invoke(cli, ["pipeline", "load", "-c", str(cfg), "--vdev", "net_af_packet0,iface=x0",
                                  "--vdev", "net_af_packet1,iface=x1"])
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output  # the missing-dependency category (control/errors.py)
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1, lines
     assert "needs p4c, simple_switch, simple_switch_CLI, not found on PATH" in lines[0]
