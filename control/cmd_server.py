@@ -19,9 +19,15 @@ from embnic.control.cmd_options import IPV4, config_option, load_cluster
               help="UDP port (default: the shard's port in the config; 0 picks a free one).")
 @click.option("--dedup-window", type=click.IntRange(min=1), default=65536, show_default=True,
               help="Applied updates remembered to apply each exactly once.")
+@click.option("--engine", type=click.Choice(["batch", "reference"]), default="batch", show_default=True,
+              help="batch: many datagrams and messages per wake-up (recvmmsg/sendmmsg, numpy); reference: "
+                   "the readable one-datagram-at-a-time asyncio server. Same replies and numerics.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Worker processes behind the one address (batch engine): worker i serves the tables with "
+                   "table_id % N == i, each with its own exactly-once window.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
-def server(shard_id, config, bind, port, dedup_window, log_level):
+def server(shard_id, config, bind, port, dedup_window, engine, workers, log_level):
     """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C.
 
     Answers lookups, applies updates (SGD or row-wise Adagrad, per table) exactly once, answers
@@ -33,7 +39,10 @@ def server(shard_id, config, bind, port, dedup_window, log_level):
     Examples:
       embnic server --shard 0 --config examples/cluster.toml
       embnic server --shard 1 -c examples/cluster.toml --bind 127.0.0.1 --port 17881
+      embnic server --shard 0 -c examples/cluster.toml --workers 2
     """
+    if workers > 1 and engine != "batch":
+        raise click.UsageError("--workers needs --engine batch")
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
     cfg = load_cluster(config)
@@ -48,7 +57,7 @@ def server(shard_id, config, bind, port, dedup_window, log_level):
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s embnic-server[%(process)d] %(levelname)s %(message)s")
     try:
-        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window)
+        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, engine=engine, workers=workers)
     except OSError as e:
         raise OperationalError(bind_error_message(e, ip, p)) from None
     if code:

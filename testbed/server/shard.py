@@ -355,6 +355,26 @@ class ShardServer:
 
 # ---- running it -------------------------------------------------------------------------------
 
+ENGINES = ("batch", "reference")  #: shard engines: the batch engine (default) and the readable reference
+
+
+def make_server(engine: str, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None,
+                **kwargs) -> ShardServer:
+    """A shard server of ``engine`` (:data:`ENGINES`): ``"batch"`` →
+    :class:`~embnic.testbed.server.engine.BatchShardServer`, ``"reference"`` → :class:`ShardServer`.
+
+    Raises:
+        ValueError: unknown engine. KeyError: unknown shard.
+    """
+    if engine == "reference":
+        return ShardServer(cfg, shard_id, bind, port, **kwargs)
+    if engine == "batch":
+        from .engine import BatchShardServer
+
+        return BatchShardServer(cfg, shard_id, bind, port, **kwargs)
+    raise ValueError(f"unknown shard engine {engine!r} (engines: {', '.join(ENGINES)})")
+
+
 class ServerThread:
     """Run a :class:`ShardServer` on its own event loop in a background thread (for tests and
     in-process clusters). A context manager; ``port`` is the bound port once entered.
@@ -362,13 +382,18 @@ class ServerThread:
     Args:
         cfg, shard_id, bind, port, **kwargs: as :class:`ShardServer` (``bind`` defaults to
             127.0.0.1 and ``port`` to 0 — a free port — here).
+        engine: ``"batch"`` (:class:`~embnic.testbed.server.engine.BatchShardServer`, its own
+            poll loop) or ``"reference"`` (:class:`ShardServer` on an asyncio loop).
 
     Raises:
         OSError: (on ``start``/enter) the address cannot be bound.
+        ValueError: unknown ``engine``.
     """
 
-    def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str = "127.0.0.1", port: int = 0, **kwargs):
-        self.server = ShardServer(cfg, shard_id, bind, port, **kwargs)
+    def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str = "127.0.0.1", port: int = 0, *,
+                 engine: str = "batch", **kwargs):
+        self.server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
+        self.engine = engine
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.address: tuple[str, int] | None = None
@@ -385,6 +410,19 @@ class ServerThread:
         """
         ready = threading.Event()
         err: list[BaseException] = []
+
+        def run_batch():
+            try:
+                self.address = self.server.open()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                err.append(e)
+                ready.set()
+                return
+            ready.set()
+            try:
+                self.server.run()
+            finally:
+                self.server.close()
 
         def run():
             loop = asyncio.new_event_loop()
@@ -405,7 +443,8 @@ class ServerThread:
                 loop.run_until_complete(asyncio.sleep(0))
                 loop.close()
 
-        self._thread = threading.Thread(target=run, name=f"embnic-shard-{self.server.shard_id}", daemon=True)
+        self._thread = threading.Thread(target=run if self.engine == "reference" else run_batch,
+                                        name=f"embnic-shard-{self.server.shard_id}", daemon=True)
         self._thread.start()
         if not ready.wait(timeout_s):
             raise RuntimeError(f"shard {self.server.shard_id} did not start within {timeout_s} s")
@@ -416,6 +455,9 @@ class ServerThread:
 
     def call(self, fn, *args, timeout_s: float = 10.0):
         """Run ``fn(*args)`` on the server's loop and return its result (thread-safe access)."""
+        if self.engine != "reference":
+            return self.server.call(fn, *args, timeout_s=timeout_s)
+
         async def go():
             return fn(*args)
 
@@ -433,7 +475,9 @@ class ServerThread:
         """Stop the loop and join the thread. Idempotent."""
         if self._thread is None:
             return
-        if self.loop is not None and self._thread.is_alive():
+        if self.engine != "reference":
+            self.server.request_stop()
+        elif self.loop is not None and self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10.0)
         self._thread = None
@@ -506,19 +550,31 @@ class ServerCluster:
         self.stop()
 
 
-def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None,
-               **kwargs) -> int:
+def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
+               engine: str = "batch", workers: int = 1, **kwargs) -> int:
     """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
 
     Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
 
+    Args:
+        engine: ``"batch"`` (default) or ``"reference"`` (:func:`make_server`).
+        workers: worker processes behind the one address (batch engine only; see
+            :func:`embnic.testbed.server.engine.run_workers`).
+
     Returns:
-        0 after a clean stop.
+        0 after a clean stop; 1 if a worker process died.
 
     Raises:
-        KeyError: unknown shard. OSError: the address cannot be bound.
+        KeyError: unknown shard. OSError: the address cannot be bound. ValueError: unknown
+        engine, or ``workers > 1`` with the reference engine.
     """
-    server = ShardServer(cfg, shard_id, bind, port, **kwargs)
+    if workers > 1 or engine == "batch":
+        if engine != "batch":
+            raise ValueError("--workers needs the batch engine")
+        from .engine import run_workers
+
+        return run_workers(cfg, shard_id, bind, port, workers=workers, **kwargs)
+    server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
 
     async def main() -> None:
         ip, p = await server.start()
@@ -526,9 +582,7 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        t = sorted(server.tables)
-        log.info("shard %d listening on %s:%d (%d tables %s, sharding %s over %d shards, MTU %d)",
-                 shard_id, ip, p, len(t), _ranges(t), cfg.sharding, cfg.num_shards, cfg.mtu)
+        log.info("shard %d listening on %s:%d (%s; engine reference)", shard_id, ip, p, describe(cfg))
         try:
             await stop.wait()
         finally:
@@ -539,6 +593,12 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
 
     asyncio.run(main())
     return 0
+
+
+def describe(cfg: ClusterConfig) -> str:
+    """``26 tables 0-25, sharding hash over 2 shards, MTU 1500`` (for the listening line)."""
+    t = sorted(x.id for x in cfg.tables)
+    return f"{len(t)} tables {_ranges(t)}, sharding {cfg.sharding} over {cfg.num_shards} shards, MTU {cfg.mtu}"
 
 
 def _ranges(ids: list[int]) -> str:

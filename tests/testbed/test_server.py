@@ -74,11 +74,11 @@ class Raw:
         self.sock.close()
 
 
-@pytest.fixture
-def shard0():
-    """Shard 0 of a 2-shard hash cluster, in a thread, and a raw client pointed at it."""
+@pytest.fixture(params=["batch", "reference"])
+def shard0(request):
+    """Shard 0 of a 2-shard hash cluster, in a thread (each engine), and a raw client pointed at it."""
     cfg = make_cfg()
-    with ServerThread(cfg, 0) as st_:
+    with ServerThread(cfg, 0, engine=request.param) as st_:
         raw = Raw(st_.address)
         yield cfg, st_, raw
         raw.close()
@@ -113,12 +113,13 @@ def probe(raw, cfg, msg_id=999_999):
 
 # ---- numerics through UDP vs the in-process reference ---------------------------------------
 
+@pytest.mark.parametrize("engine", ["batch", "reference"])
 @pytest.mark.parametrize("sharding,shards,mtu", [("hash", 2, 1500), ("hash", 3, 576), ("table", 2, 9000)])
-def test_server_numerics_equal_local_backend(sharding, shards, mtu):
+def test_server_numerics_equal_local_backend(sharding, shards, mtu, engine):
     cfg = make_cfg(shards, sharding, mtu)
     ref = LocalBackend(cfg)
     rng = np.random.default_rng(7)
-    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+    with ServerCluster(cfg, engine=engine) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
         for _ in range(6):
             req = {t.id: np.unique(rng.integers(0, t.rows, 400)).astype(np.uint64) for t in cfg.tables}
             got = c.lookup(req)

@@ -1,0 +1,293 @@
+"""The shard's batch engine against the reference server: the same frames in, the same replies,
+counters and rows out; batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets.
+
+Run alone: python3 -m pytest -q tests/testbed/test_server_engine.py
+"""
+import random
+import socket
+
+import numpy as np
+import pytest
+
+from embnic.client_lib import codec, consts, routing
+from embnic.client_lib.client import set_socket_buffers
+from embnic.client_lib.consts import MsgType
+from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.reassembly import Reassembler
+from embnic.testbed.server import udpio
+from embnic.testbed.server.shard import ServerThread
+
+from test_server import lookup_frames, make_cfg, update_frames
+
+PROBE_ID = 0x7FFF0000
+
+
+def _mutate(frame, **fields):
+    h = codec.parse_header(frame)._replace(**fields)
+    return h.pack() + frame[consts.HDR_LEN:]
+
+
+def build_stream(cfg, seed):
+    """A mixed request stream for shard 0 from clients 1 and 2: ``[(client, frame), ...]``.
+
+    Lookups and updates of 1..600 keys (up to 27 fragments), retransmitted updates with
+    reordered and duplicated fragments, a reused message id with another body, refused
+    requests (not owner, out of range, duplicate keys, NaN, wrong shard, unknown table, wrong
+    dim) and frames that do not parse.
+    """
+    rng = np.random.default_rng(seed)
+    pyr = random.Random(seed)
+    out = []
+    mid = {1: 1, 2: 1}
+    mine = {t.id: routing.owned_keys(cfg, t.id, 0) for t in cfg.tables}
+    theirs = {t.id: routing.owned_keys(cfg, t.id, 1) for t in cfg.tables}
+    for step in range(90):
+        c = 1 + step % 2
+        t = cfg.tables[int(rng.integers(0, len(cfg.tables)))]
+        n = int(rng.choice([1, 3, 40, 250, 600]))
+        keys = np.sort(rng.choice(mine[t.id], size=min(n, mine[t.id].size), replace=False)).astype(np.uint64)
+        kind = 1.0 if step % 10 == 9 else 0.85 * rng.random()  # every 10th: a bad case, each kind once
+        m = mid[c]
+        mid[c] += 1
+        if kind < 0.4:
+            fr = lookup_frames(cfg, t.id, keys, m, client_id=c)
+            if rng.random() < 0.3:
+                pyr.shuffle(fr)
+            out += [(c, f) for f in fr]
+        elif kind < 0.85:
+            g = rng.standard_normal((keys.size, t.dim)).astype(np.float32)
+            fr = update_frames(cfg, t.id, keys, g, m, client_id=c)
+            out += [(c, f) for f in fr]
+            if rng.random() < 0.4:  # retransmission: reordered, two fragments twice
+                re = update_frames(cfg, t.id, keys, g, m, client_id=c, flags=consts.Flags.RETRANSMIT)
+                pyr.shuffle(re)
+                # a fragment twice before the message completes, one again after it (which
+                # opens a message that never completes)
+                out += [(c, f) for f in re[:1] + re + re[:1]]
+            if rng.random() < 0.15:  # the same id with another body: a new update
+                out += [(c, f) for f in update_frames(cfg, t.id, keys, 2 * g, m, client_id=c)]
+        else:
+            bad = step // 10
+            k2 = np.sort(np.r_[keys[:2], theirs[t.id][:1]]).astype(np.uint64)
+            if bad == 0:
+                fr = lookup_frames(cfg, t.id, k2, m, client_id=c)  # NOT_OWNER
+            elif bad == 1:
+                g = np.ones((keys.size + 1, t.dim), np.float32)
+                fr = update_frames(cfg, t.id, np.r_[keys, keys[:1]].astype(np.uint64), g, m, client_id=c)
+            elif bad == 2:
+                g = np.ones((keys.size, t.dim), np.float32)
+                g[-1, 0] = np.nan
+                fr = update_frames(cfg, t.id, keys, g, m, client_id=c)
+            elif bad == 3:
+                fr = lookup_frames(cfg, t.id, keys, m, client_id=c, shard_id=1)  # WRONG_SHARD
+            elif bad == 4:
+                fr = [_mutate(f, table_id=9) for f in lookup_frames(cfg, t.id, keys, m, client_id=c)]
+            elif bad == 5:
+                fr = lookup_frames(cfg, t.id, keys, m, client_id=c, dim=t.dim + 1)  # DIM_MISMATCH
+            elif bad == 6:
+                fr = [f[:39] for f in lookup_frames(cfg, t.id, keys, m, client_id=c)]  # too_short
+            elif bad == 7:
+                fr = [f[:-3] for f in lookup_frames(cfg, t.id, keys, m, client_id=c)]  # bad_length
+            else:  # a fragment contradicting its message's first fragment: frag_mismatch
+                fr = lookup_frames(cfg, 1, mine[1][:250], m, client_id=c)
+                fr[1] = _mutate(fr[1], status=1)
+                out += [(c, f) for f in fr]
+                fr = lookup_frames(cfg, t.id, np.r_[keys[:1], 2**40].astype(np.uint64), m + 1000, client_id=c)
+            out += [(c, f) for f in fr]
+    return out
+
+
+def run_stream(cfg, engine, stream, **kw):
+    """Send ``stream`` to a shard 0 of ``engine`` as fast as possible, then a probe per client;
+    returns (reply frames per client sorted, counters, state)."""
+    with ServerThread(cfg, 0, engine=engine, reassembly_timeout_s=600.0, **kw) as st:
+        socks = {}
+        for c in (1, 2):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            set_socket_buffers(s)
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(20.0)  # a safety bound for a lost server, not a timing assertion
+            socks[c] = s
+        try:
+            for c, f in stream:
+                socks[c].sendto(f, st.address)
+            key = routing.owned_keys(cfg, 0, 0)[:1]
+            got = {}
+            for c, s in socks.items():
+                s.sendto(lookup_frames(cfg, 0, key, PROBE_ID, client_id=c)[0], st.address)
+                frames, re = [], Reassembler(expect="reply")
+                while True:
+                    data = s.recv(65536)
+                    frames.append(data)
+                    m = re.feed(data)
+                    if m is not None and m.header.msg_id == PROBE_ID:
+                        break
+                got[c] = sorted(frames)
+            counters = st.counters()
+            state = st.state_dict()
+        finally:
+            for s in socks.values():
+                s.close()
+    return got, counters, state
+
+
+def _comparable(c):
+    c = dict(c)
+    c.pop("engine", None)
+    c["reassembly"] = {k: v for k, v in c["reassembly"].items() if k != "expired"}
+    return c
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("kw", [{}, {"gso": False, "batch": 7}])
+def test_batch_engine_equals_reference(seed, kw):
+    cfg = make_cfg()
+    stream = build_stream(cfg, seed)
+    ref = run_stream(cfg, "reference", stream)
+    bat = run_stream(cfg, "batch", stream, **kw)
+    assert bat[0] == ref[0]  # every reply frame, byte for byte
+    assert _comparable(bat[1]) == _comparable(ref[1])
+    assert ref[1]["updates_applied"] > 5 and ref[1]["duplicates"] > 0 and sum(ref[1]["errors"].values()) > 3
+    assert sum(ref[1]["drops"].values()) > 0 and ref[1]["drops"]["frag_mismatch"] > 0
+    assert ref[1]["reassembly"]["duplicate_frames"] > 0 and ref[1]["reassembly"]["pending"] > 0
+    assert bat[1]["engine"]["wakeups"] < bat[1]["rx_frames"]  # many frames per wake-up
+    for tid in ref[2]:
+        for a, b in zip(bat[2][tid], ref[2][tid]):
+            assert np.array_equal(a, b)
+
+
+def test_batch_engine_equals_local_backend_when_updates_share_a_wakeup():
+    """Overlapping updates of one table in one wake-up apply one after the other; disjoint ones
+    together; a lookup queued after them sees them: rows equal LocalBackend's, bit for bit."""
+    cfg = make_cfg(1)
+    ref = LocalBackend(cfg)
+    rng = np.random.default_rng(4)
+    keys = routing.owned_keys(cfg, 0, 0)[:300]
+    stream = []
+    for m in range(1, 13):
+        k = np.sort(rng.choice(keys, 100, replace=False)).astype(np.uint64)
+        g = rng.standard_normal((100, 8)).astype(np.float32)
+        stream += [(1, f) for f in update_frames(cfg, 0, k, g, m)]
+        ref.update(0, k, g)
+    stream += [(1, f) for f in lookup_frames(cfg, 0, keys, 99)]
+    got, counters, state = run_stream(cfg, "batch", stream)
+    assert counters["updates_applied"] == 12
+    for a, b in zip(state[0], ref.state_dict()[0]):
+        assert np.array_equal(a, b)
+    re = Reassembler(expect="reply")
+    msgs = [m for m in (re.feed(f) for f in got[1]) if m is not None and m.header.msg_id == 99]
+    assert np.array_equal(codec.body_to_rows(msgs[0].body, 300, 8), ref.lookup(0, keys))
+
+
+def test_udpio_gso_and_plain_send_the_same_datagrams():
+    """A reply laid out in rows goes out as the same datagrams with GSO, without, and through
+    the plain-socket fallback."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    set_socket_buffers(rx)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(10.0)
+    width = 100
+    buf = np.random.default_rng(0).integers(0, 256, (150, width), dtype=np.uint8)
+    lens = np.full(150, width, np.int64)
+    lens[[69, 149]] = [37, 1]
+    starts, counts = np.array([0, 70]), np.array([70, 80])
+    names = np.stack([np.frombuffer(udpio.tuple_to_sockaddr(rx.getsockname()), np.uint8)] * 2)
+    want = [bytes(buf[r, :lens[r]]) for r in range(150)]
+    for gso, native in ((True, True), (False, True), (False, False)):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        bs = udpio.BatchSocket(s, gso=gso)
+        bs.native = native and bs.native
+        assert bs.send(buf, starts, counts, lens, names) == 150
+        got = [rx.recv(65536) for _ in range(150)]
+        assert got == want, (gso, native)
+        if gso and udpio.available():
+            assert bs.stats["gso_sends"] >= 3 and bs.stats["send_calls"] == 1
+        # and back in: recvmmsg gets them in order with their source
+        back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        back.bind(("127.0.0.1", 0))
+        rb = udpio.BatchSocket(back, batch=64)
+        rb.native = native and rb.native
+        for w in want[:10]:
+            s.sendto(w, back.getsockname())
+        n = 0
+        while n < 10:
+            k = rb.recv()
+            for i in range(k):
+                assert bytes(rb.rx[i, :rb.lens[i]]) == want[n]
+                assert udpio.sockaddr_to_tuple(rb.names[i]) == s.getsockname()
+                n += 1
+        back.close()
+        s.close()
+    rx.close()
+
+
+def test_workers_behind_one_address_equal_local_backend(tmp_path):
+    """``embnic server --workers 2``: datagrams steered by table to two worker processes; rows
+    equal LocalBackend's; a retransmitted update is re-acked, not re-applied; counters summed."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from embnic.client_lib.client import EmbeddingClient
+    from embnic.client_lib.config import parse_config
+
+    tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 1, "dim": 4, "optimizer": "sgd"},
+              {"id": 2, "rows": 5000, "dim": 16, "dtype": "fp16"}]
+    (tmp_path / "c.toml").write_text("[cluster]\nseed = 3\n" + "".join(
+        f"[[tables]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items()) for t in tables)
+        + '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 17870\n[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(tmp_path / "c.toml"),
+                          "--port", "0", "--workers", "2"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+).*2 workers", line)
+        assert m, line
+        cfg = parse_config({"cluster": {"seed": 3, "timeout_ms": 300, "retries": 20}, "tables": tables,
+                            "shards": [{"id": 0, "ip": "127.0.0.1", "port": int(m.group(1))}],
+                            "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+        ref = LocalBackend(cfg)
+        rng = np.random.default_rng(2)
+        with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
+            for _ in range(3):
+                req = {0: np.unique(rng.integers(0, 2**64 - 1, 700, dtype=np.uint64)),
+                       1: np.unique(rng.integers(0, 2**40, 300, dtype=np.uint64)),
+                       2: np.unique(rng.integers(0, 5000, 200)).astype(np.uint64)}
+                got = c.lookup(req)
+                for t, k in req.items():
+                    assert np.array_equal(got[t], ref.lookup(t, k)), t
+                upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
+                       for t, k in req.items()}
+                c.update(upd)
+                for t, (k, g) in upd.items():
+                    ref.update(t, k, g)
+            # an update sent twice (a retransmission): acked twice, applied once
+            raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            raw.bind(("127.0.0.1", 0))
+            raw.settimeout(20.0)  # a safety bound for a lost server, not a timing assertion
+            k, g = req[1], rng.standard_normal((req[1].size, 4)).astype(np.float32)
+            for flags in (0, consts.Flags.RETRANSMIT):
+                for f in codec.encode_update(msg_id=0x70000001, client_id=1, table_id=1, shard_id=0, dtype=1,
+                                             keys=k, grads=g, mtu=cfg.mtu, flags=flags):
+                    raw.sendto(f, (cfg.shards[0].ip, cfg.shards[0].port))
+                re_ = Reassembler(expect="reply")
+                while (a := re_.feed(raw.recv(65536))) is None:
+                    pass
+                assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 0x70000001
+            raw.close()
+            ref.update(1, k, g)
+            for t, (ks, _, _) in ref.state_dict().items():
+                assert np.array_equal(c.lookup({t: ks})[t], ref.lookup(t, ks)), t
+        p.terminate()
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()  # its workers follow it (PR_SET_PDEATHSIG)
+            p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
+    assert counters["updates_applied"] == 10 and counters["duplicates"] == 1
+    assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
+    assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
+                                "2": ref.state_dict()[2][0].size}
