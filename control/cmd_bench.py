@@ -20,6 +20,7 @@ def bench():
     Example:
       embnic bench prep --out out/bench
       embnic bench dataplane --out out/bench
+      embnic bench server --out out/bench
     """
 
 
@@ -89,6 +90,42 @@ def dataplane(out, seconds):
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 
 
+@bench.command("server")
+@_out
+@click.option("--window", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Messages in flight in the throughput runs.")
+@click.option("--scale", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Multiplies the number of messages per measurement.")
+@click.option("--mtu", type=click.IntRange(576, 9000), default=1500, show_default=True, help="Cluster MTU (bytes).")
+@click.option("--reference/--no-reference", default=True, show_default=True,
+              help="Also measure the reference engine (the readable asyncio server).")
+def server(out, window, scale, mtu, reference):
+    """One parameter-server shard on loopback without the card: rows/s, messages/s and p50/p99
+    latency of lookups and updates at 1, 64 and 4096 keys per message, with --workers 1 and 2,
+    against the in-process LocalBackend doing the same work (ratio_* keys under `server`).
+
+    \b
+    Example:
+      embnic bench server --out out/bench
+    """
+    from embnic.testbed.bench import server as bench_server
+
+    try:
+        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, reference=reference, log=click.echo)
+    except RuntimeError as e:
+        raise OperationalError(str(e)) from None
+    _show("server", {k: v for k, v in res.items() if not isinstance(v, dict) or k in ("targets", "load")})
+    for part in ("workers_1", "workers_2", "reference", "local"):
+        if part in res:
+            click.echo(f"  {part}:")
+            for k, v in res[part].items():
+                if isinstance(v, dict):
+                    click.echo(f"    {k:12s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()
+                                                       if m in ("rows_per_s", "msgs_per_s", "p50_us", "p99_us", "rows_per_shard_cpu_s", "rows_per_cpu_s",
+                                                                "shard_cpu_s", "loadgen_cpu_s", "machine_idle_share")))
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
 @bench.command("all")
 @_out
 @click.pass_context
@@ -101,3 +138,4 @@ def all_(ctx, out):
     """
     ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
     ctx.invoke(dataplane, out=out, seconds=5.0)
+    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True)

@@ -141,6 +141,63 @@ def _snapshot(client) -> dict:
             "drops": dict(client.drops)}
 
 
+PROBE_TARGET = 2.0  #: target: lookup p50 at most this many times the probe RTT p50 of the same run
+_PROBE_ID_BASE = 0xFFFE0000  #: msg ids of the between-step probes (the testbed's own probes use 0xFFFF....)
+
+
+def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tries: int = 3,
+               sent: dict | None = None) -> dict[int, float]:
+    """One-key lookup round trips (µs) through the card to every shard, on the training client's
+    own socket and path, between two steps (no request of the client is in flight then).
+
+    The same probe as the testbed's readiness probe (:func:`~embnic.testbed.net.topology.probe_key`:
+    a key each shard owns), so ``lookup p50 / probe p50`` compares a training lookup with the
+    smallest message on the same path at the same moment of the run. A probe unanswered after
+    ``tries`` × ``timeout_s`` is left out (the step's own retries report a dead path).
+
+    Args:
+        sent: counters ``sent`` (probe messages, retries included) and ``frames_sent`` to add to
+            (the card counts these frames too).
+
+    Returns:
+        ``{shard_id: rtt_us}`` for the shards that answered.
+    """
+    import select
+
+    from embnic.client_lib import codec as C
+
+    out = {}
+    for i, s in enumerate(cfg.shards):
+        t0, key, _ = T.probe_key(cfg, s.id)
+        msg_id = _PROBE_ID_BASE + ((seq * len(cfg.shards) + i) & 0xFFFF)
+        frames = C.encode_lookup(msg_id=msg_id, client_id=client.client_id, table_id=t0.id, shard_id=s.id,
+                                 dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
+        dest = cfg.request_destination(client.client_id, s.id)
+        for _ in range(tries):
+            start = time.monotonic()
+            for f in frames:
+                client.sock.sendto(f, dest)
+            if sent is not None:
+                sent["frames_sent"] += len(frames)
+                sent["sent"] += 1
+            end = start + timeout_s
+            got = None
+            while got is None and time.monotonic() < end:
+                r, _, _ = select.select([client.sock], [], [], max(0.0, end - time.monotonic()))
+                if not r:
+                    break
+                try:
+                    data = client.sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                if len(data) >= 40 and int.from_bytes(data[8:12], "big") == msg_id:
+                    got = (time.monotonic() - start) * 1e6
+            if got is not None:
+                out[s.id] = got
+                break
+    return out
+
+
 def reference_run(cfg: ClusterConfig, train_data, valid_data, steps: int, batch_size: int,
                   progress: bool | None = None, model: str = "fm"):
     """Train ``model`` with in-process tables. Returns (TrainResult, LocalBackend, seconds)."""
@@ -237,7 +294,11 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     client during the training steps), ``messages_detail``, ``frames`` (frames sent + received),
     ``frames_detail``, ``rounds_per_step``, ``dedup_ratio`` (unique ids / ids),
     ``dedup_savings`` (1 − ratio), ``lookup_latency_us`` (``p50``, ``p90``, ``p99``, ``max``,
-    ``mean``, ``n``), ``card_drops`` (every reason), ``card`` (``frames_by_type``: frames the
+    ``mean``, ``n``), ``probe_rtt_us`` (the same percentiles of one-key lookups to every shard
+    on the training client's path, one per shard after every step: :func:`probe_rtts`),
+    ``probes`` (probe messages and frames sent: the card counts them too),
+    ``lookup_p50_over_probe_p50`` and ``latency_target`` (target ≤ 2, measured, met),
+    ``card_drops`` (every reason), ``card`` (``frames_by_type``: frames the
     card forwarded per message type; ports, ring, state map; ``messages_completed``: messages
     whose whole reply passed the card, by reply type; ``latency_by_shard``: the card's per-shard
     completions, expiries and request->reply latency histogram; ``messages_in_state_map``:
@@ -283,6 +344,8 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     tb.up(owner="demo")
     timing["up_s"] = round(time.monotonic() - t_up, 2)
     losses: list[float] = []
+    probes: list[float] = []
+    probe_sent = {"sent": 0, "frames_sent": 0}
     snap: dict = {}
     card_at_end: dict = {}
     state_at_end: dict | None = None
@@ -319,6 +382,9 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                 s = client.stats
                 el = max(time.monotonic() - t0, 1e-9)
                 bar.update(1, loss=f"{loss:.4f}", msg_s=f"{(s.messages_sent + s.messages_received) / el:.0f}")
+                if kill_at is None or i + 1 < kill_at:  # the probe RTT of this moment of the run
+                    for sid, rtt in probe_rtts(client, cfg, i, sent=probe_sent).items():
+                        probes.append(rtt)
                 if kill_at is not None and i + 1 == kill_at:
                     log(f"fault: killing shard {opts.kill_shard}'s server after step {i + 1}")
                     tb.kill_server(opts.kill_shard)
@@ -358,7 +424,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
 
     rep = _report(opts, cid, ref, res, losses, snap, card_at_end, state_at_end, card_final, tables, netem_rec,
                   timing, client.stats.lookup_latency_us[:snap["latencies"]], kill_at, failure, out,
-                  {str(r.client.client_id): r.result() for r in readers})
+                  {str(r.client.client_id): r.result() for r in readers}, probes, probe_sent)
     if failure is not None:
         for line in failure_summary(rep):
             log(line)
@@ -401,7 +467,7 @@ def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, op
 def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, card_at_end: dict,
             state_at_end: dict | None, card_final: dict | None, tables: dict | None, netem_rec: dict | None,
             timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path,
-            others: dict | None = None) -> dict:
+            others: dict | None = None, probes: list | None = None, probe_sent: dict | None = None) -> dict:
     """The report dict (fields in :func:`run_demo`), written to ``out/report.json`` with its plots."""
     done = len(losses)
     steps = opts.steps
@@ -444,6 +510,11 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
         "ids": res.ids if res is not None else None,
         "unique_ids": res.unique_ids if res is not None else None,
         "lookup_latency_us": R.percentiles(lat),
+        "probe_rtt_us": R.percentiles(probes or []),
+        "probes": dict(probe_sent or {}),
+        "lookup_p50_over_probe_p50": _ratio_p50(lat, probes),
+        "latency_target": {"target": PROBE_TARGET, "measured": _ratio_p50(lat, probes),
+                           "met": (_ratio_p50(lat, probes) or float("inf")) <= PROBE_TARGET},
         "card_drops": card_at_end.get("drops", {}),
         "card": {"frames_by_type": card_at_end.get("types"), "ports": card_at_end.get("ports"),
                  "ring": card_at_end.get("ring"), "mempool": card_at_end.get("mempool"),
@@ -472,6 +543,13 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
     }
     R.write_json(out / "report.json", rep)
     return rep
+
+
+def _ratio_p50(lat, probes) -> float | None:
+    """p50 of the lookup latencies over p50 of the probe RTTs (None if either is empty)."""
+    if not len(lat) or not probes:
+        return None
+    return round(float(np.percentile(lat, 50)) / float(np.percentile(probes, 50)), 3)
 
 
 def failure_summary(rep: dict) -> list[str]:
@@ -507,6 +585,9 @@ def summary(rep: dict) -> list[str]:
                      f"{rep['rounds_per_step']:.1f} rounds/step, {rep['messages_detail']['retransmits']} retransmits"),
         ("dedup", f"unique/all ids {rep['dedup_ratio']:.3f} (saves {100 * rep['dedup_savings']:.1f}% of the ids)"),
         ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
+        ("probe RTT", f"p50 {rep['probe_rtt_us']['p50']} µs, p99 {rep['probe_rtt_us']['p99']} µs "
+                      f"(n={rep['probe_rtt_us']['n']}, one-key lookups between steps): lookup p50 = "
+                      f"{rep['lookup_p50_over_probe_p50']} × probe p50 (target ≤ {PROBE_TARGET:g})"),
         ("card drops", R.fmt_drops(rep["card_drops"])),
     ]
     if tb:

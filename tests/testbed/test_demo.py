@@ -18,7 +18,7 @@ from tbutil import assert_gone, build_dataplane, leftovers, cleanup, needs_root,
 
 STEPS = 4
 FIELDS = ("target", "steps", "loss", "auc", "messages", "frames", "rounds_per_step", "dedup_ratio",
-          "lookup_latency_us", "card_drops")
+          "lookup_latency_us", "probe_rtt_us", "lookup_p50_over_probe_p50", "latency_target", "card_drops")
 
 
 @needs_root
@@ -62,12 +62,16 @@ def test_short_demo_report_and_loss_match(run_dir, tmp_path, cleanup):  # noqa: 
     assert fbt["LOOKUP_REQ"] > 0 and fbt["UPDATE_ACK"] == md["requests_sent"] // 2
     other = rep["other_clients"]["2"]  # --all-clients: client 2 looked its own batches up meanwhile
     assert other["error"] is None and other["lookup_rounds"] > 0 and other["messages"] > 0, other
-    assert fbt["LOOKUP_REQ"] + fbt["UPDATE_REQ"] == rep["frames_detail"]["sent"] + other["frames_sent"]
+    probes = rep["probes"]  # one-key lookups to every shard after every step: the probe RTT
+    assert probes["sent"] >= rep["probe_rtt_us"]["n"] == STEPS * 2 and rep["lookup_p50_over_probe_p50"] > 0
+    assert fbt["LOOKUP_REQ"] + fbt["UPDATE_REQ"] == (rep["frames_detail"]["sent"] + other["frames_sent"]
+                                                     + probes["frames_sent"])
     sm = rep["card"]["messages_in_state_map"]
     # every request of the run completed on the card (plus the testbed's readiness probes, if counted)
     assert sm["entries"] == 0, sm  # answered messages leave the map at once
     done = sum(rep["card"]["messages_completed"].values())
-    assert md["requests_sent"] + other["requests_sent"] <= done <= md["requests_sent"] + other["requests_sent"] + retx
+    sent = md["requests_sent"] + other["requests_sent"] + rep["probe_rtt_us"]["n"]
+    assert sent <= done <= sent + retx + probes["sent"] - rep["probe_rtt_us"]["n"]
     assert rep["error"] is None and rep["steps_completed"] == STEPS and rep["kill_shard"] is None
     assert rep["tables"]["equal"] is True and rep["tables"]["rows"] > 0
     for k in ("loss", "latency_cdf"):

@@ -1,0 +1,36 @@
+"""``embnic bench server`` on a tiny workload: every figure the issue asks for is there, the
+ratios are the quotients of the figures they name, both worker counts really ran. No timing is
+asserted (figures are benchmarks, not tests).
+
+Run alone: python3 -m pytest -q tests/testbed/test_bench_server.py
+"""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from embnic.control.cli import cli
+
+
+@pytest.mark.slow
+def test_bench_server_writes_every_figure(tmp_path):
+    r = CliRunner().invoke(cli, ["bench", "server", "--out", str(tmp_path), "--scale", "0.02", "--no-reference"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "bench.json").read_text())["server"]
+    for op in ("lookup", "update"):
+        for k in (1, 64, 4096):
+            key = f"{op}_{k}"
+            for part in ("workers_1", "workers_2"):
+                f = res[part][key]
+                assert f["rows_per_s"] > 0 and f["p50_us"] <= f["p99_us"] and f["rows_per_s"] == pytest.approx(
+                    f["msgs_per_s"] * k)
+            assert res[f"ratio_{key}"] == pytest.approx(res["workers_1"][key]["rows_per_s"]
+                                                        / res["local"][key]["rows_per_s"])
+            assert res[f"ratio_workers2_{key}"] == pytest.approx(res["workers_2"][key]["rows_per_s"]
+                                                                 / res["workers_1"][key]["rows_per_s"])
+    assert res["workers_1"]["lookup_4096"]["reply_frames_per_msg"] == 92  # 4096 x 8 fp32 at MTU 1500
+    assert res["workers_1"]["lookup_4096"]["request_frames_per_msg"] == 23
+    assert res["targets"]["lookup_4096_vs_local"]["measured"] == res["ratio_lookup_4096"]
+    assert len(res["load"]["loadavg_before"]) == 3
+    log2 = open(res["workers_2"]["log"]).read()
+    assert "2 workers" in log2 and json.loads(log2.split("counters ")[1].splitlines()[0])["workers"][1]["wakeups"] > 0
