@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * The message state map: an rte_hash keyed by (client id, message id) whose
- * key position indexes a fixed array of entries, one per message in flight
+ * data is the index of the message's entry in a fixed array, one per message
+ * in flight; free entries are a stack (the entry freed last, still in cache,
+ * is the next one opened)
  * (docs/control-socket.md, "State map"; docs/protocol.md, "The card's
  * state map").
  *
@@ -66,8 +68,10 @@ static_assert(offsetof(struct state_entry, seen_in) == RTE_CACHE_LINE_SIZE,
 static_assert(EMBNIC_MAX_FRAGS % 64 == 0, "bitmap of whole words");
 
 struct embnic_state {
-	struct rte_hash *h;
+	struct rte_hash *h;		/* key -> entry index (as the key's data) */
 	struct state_entry *e;		/* [capacity] */
+	uint32_t *free_idx;		/* [capacity]: a stack of free entries */
+	uint32_t nb_free;
 	struct embnic_shard_stats *shards;	/* [EMBNIC_SHARD_SLOTS] */
 	const uint16_t *shard_slot;	/* shard id -> slot (app) */
 	uint32_t capacity;
@@ -127,14 +131,19 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms, uint64_t tsc_hz,
 	s->shard_slot = shard_slot;
 	s->e = rte_zmalloc("embnic_state_entries",
 			   (size_t)size * sizeof(s->e[0]), RTE_CACHE_LINE_SIZE);
+	s->free_idx = rte_malloc("embnic_state_free",
+				 (size_t)size * sizeof(s->free_idx[0]), 0);
 	s->shards = rte_zmalloc("embnic_shard_stats",
 				EMBNIC_SHARD_SLOTS * sizeof(s->shards[0]),
 				RTE_CACHE_LINE_SIZE);
 	s->h = rte_hash_create(&hp);
-	if (s->e == NULL || s->shards == NULL || s->h == NULL) {
+	if (s->e == NULL || s->free_idx == NULL || s->shards == NULL ||
+	    s->h == NULL) {
 		embnic_state_free(s);
 		return NULL;
 	}
+	for (s->nb_free = 0; s->nb_free < size; s->nb_free++)
+		s->free_idx[s->nb_free] = size - 1 - s->nb_free;
 	return s;
 }
 
@@ -144,6 +153,7 @@ embnic_state_free(struct embnic_state *s)
 	if (s == NULL)
 		return;
 	rte_hash_free(s->h);
+	rte_free(s->free_idx);
 	rte_free(s->shards);
 	rte_free(s->e);
 	rte_free(s);
@@ -301,12 +311,31 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 	return 1;
 }
 
+/* Open an entry for key k: its index, or -1 when the map is full. */
+static inline int32_t
+entry_open(struct embnic_state *s, const struct embnic_key16 *k,
+	   hash_sig_t sig)
+{
+	uint32_t idx;
+
+	if (unlikely(s->nb_free == 0))
+		return -1;
+	idx = s->free_idx[s->nb_free - 1];
+	if (unlikely(rte_hash_add_key_with_hash_data(s->h, k, sig,
+			(void *)(uintptr_t)idx) < 0))
+		return -1;
+	s->nb_free--;
+	s->entries++;
+	return (int32_t)idx;
+}
+
 static inline void
 entry_free(struct embnic_state *s, struct state_entry *e,
 	   const struct embnic_key16 *k, hash_sig_t sig)
 {
 	rte_hash_del_key_with_hash(s->h, k, sig);
 	e->state = EMBNIC_ST_FREE;
+	s->free_idx[s->nb_free++] = (uint32_t)(e - s->e);
 	s->entries--;
 }
 
@@ -330,6 +359,8 @@ embnic_state_update_burst(struct embnic_state *s,
 	uint8_t first[EMBNIC_MAX_BURST];	/* a slot's first frame */
 	uint8_t fresh[EMBNIC_MAX_BURST];	/* opened above, not yet set */
 	uint64_t seen[4] = { 0 };	/* a 256-bit filter of the slots' sigs */
+	void *data[EMBNIC_MAX_BURST];
+	uint64_t hits = 0;
 	unsigned int i, k, u = 0;
 
 	if (n == 0)
@@ -361,30 +392,19 @@ embnic_state_update_burst(struct embnic_state *s,
 		first[u] = (uint8_t)i;
 		slot[i] = (uint8_t)u++;
 	}
-	rte_hash_lookup_with_hash_bulk(s->h, kp, sig, u, pos);
+	rte_hash_lookup_with_hash_bulk_data(s->h, kp, sig, u, &hits, data);
 	/*
 	 * Open the entries of messages whose first frame in the burst is a
 	 * request now, and fetch every entry's line before the frames are
-	 * handled: a new entry's line is cold (the hash hands out free slots
-	 * in FIFO order), and waiting for one at a time would serialise the
-	 * misses. A failed add is retried in order below.
+	 * handled, so that misses overlap instead of being waited for one at
+	 * a time. A failed open (full map) is retried in order below.
 	 */
 	for (k = 0; k < u; k++) {
+		pos[k] = (hits >> k) & 1 ? (int32_t)(uintptr_t)data[k] : -1;
 		fresh[k] = 0;
 		if (pos[k] < 0 && embnic_is_request(msgs[first[k]]->msg_type)) {
-			int32_t p = rte_hash_add_key_with_hash(s->h, &keys[k],
-							       sig[k]);
-
-			if (p >= 0 && (uint32_t)p >= s->capacity) {
-				rte_hash_del_key_with_hash(s->h, &keys[k],
-							   sig[k]);
-				p = -1;
-			}
-			if (p >= 0) {
-				pos[k] = p;
-				fresh[k] = 1;
-				s->entries++;
-			}
+			pos[k] = entry_open(s, &keys[k], sig[k]);
+			fresh[k] = pos[k] >= 0;
 		}
 		if (pos[k] >= 0)
 			rte_prefetch0(&s->e[pos[k]]);
@@ -417,19 +437,14 @@ embnic_state_update_burst(struct embnic_state *s,
 			fresh[r] = 0;
 			entry_init(&s->e[p], m, now);
 		} else if (p < 0) {
-			p = rte_hash_add_key_with_hash(s->h, &keys[r], sig[r]);
-			if (unlikely(p < 0 || (uint32_t)p >= s->capacity)) {
-				if (p >= 0)
-					rte_hash_del_key_with_hash(s->h,
-								   &keys[r],
-								   sig[r]);
+			p = entry_open(s, &keys[r], sig[r]);
+			if (unlikely(p < 0)) {
 				st->state_overflow++;
 				verdict[i] = EMBNIC_DROP_STATE_FULL;
 				continue;
 			}
 			pos[r] = p;
 			entry_init(&s->e[p], m, now);
-			s->entries++;
 		}
 		verdict[i] = on_request(&s->e[p], m, now);
 	}
