@@ -72,6 +72,9 @@ struct embnic_state {
 	struct state_entry *e;		/* [capacity] */
 	uint32_t *free_idx;		/* [capacity]: a stack of free entries */
 	uint32_t nb_free;
+	uint64_t *used;			/* [words]: a bit per entry in use, so
+					 * the expiry scan reads only those */
+	uint32_t words;
 	struct embnic_shard_stats *shards;	/* [EMBNIC_SHARD_SLOTS] */
 	const uint16_t *shard_slot;	/* shard id -> slot (app) */
 	uint32_t capacity;
@@ -80,7 +83,7 @@ struct embnic_state {
 	uint64_t tsc_hz;
 	double ns_per_tsc;
 	uint64_t next_scan_tsc, scan_period_tsc;
-	uint32_t cursor, chunk;
+	uint32_t cursor, chunk;		/* in words of used[] */
 };
 
 static const char *const state_names[EMBNIC_NB_STATES] = {
@@ -127,18 +130,22 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms, uint64_t tsc_hz,
 	s->ns_per_tsc = 1e9 / (double)tsc_hz;
 	s->timeout_tsc = (uint64_t)timeout_ms * (tsc_hz / 1000);
 	s->scan_period_tsc = tsc_hz / 1000000 * SCAN_PERIOD_US;
-	s->chunk = (size + SCAN_SWEEP - 1) / SCAN_SWEEP;
+	s->words = (size + 63) / 64;
+	s->chunk = (s->words + SCAN_SWEEP - 1) / SCAN_SWEEP;
 	s->shard_slot = shard_slot;
 	s->e = rte_zmalloc("embnic_state_entries",
 			   (size_t)size * sizeof(s->e[0]), RTE_CACHE_LINE_SIZE);
 	s->free_idx = rte_malloc("embnic_state_free",
 				 (size_t)size * sizeof(s->free_idx[0]), 0);
+	s->used = rte_zmalloc("embnic_state_used",
+			      (size_t)((size + 63) / 64) * sizeof(uint64_t),
+			      RTE_CACHE_LINE_SIZE);
 	s->shards = rte_zmalloc("embnic_shard_stats",
 				EMBNIC_SHARD_SLOTS * sizeof(s->shards[0]),
 				RTE_CACHE_LINE_SIZE);
 	s->h = rte_hash_create(&hp);
-	if (s->e == NULL || s->free_idx == NULL || s->shards == NULL ||
-	    s->h == NULL) {
+	if (s->e == NULL || s->free_idx == NULL || s->used == NULL ||
+	    s->shards == NULL || s->h == NULL) {
 		embnic_state_free(s);
 		return NULL;
 	}
@@ -154,6 +161,7 @@ embnic_state_free(struct embnic_state *s)
 		return;
 	rte_hash_free(s->h);
 	rte_free(s->free_idx);
+	rte_free(s->used);
 	rte_free(s->shards);
 	rte_free(s->e);
 	rte_free(s);
@@ -326,6 +334,7 @@ entry_open(struct embnic_state *s, const struct embnic_key16 *k,
 		return -1;
 	s->nb_free--;
 	s->entries++;
+	s->used[idx >> 6] |= 1ULL << (idx & 63);
 	return (int32_t)idx;
 }
 
@@ -333,9 +342,12 @@ static inline void
 entry_free(struct embnic_state *s, struct state_entry *e,
 	   const struct embnic_key16 *k, hash_sig_t sig)
 {
+	uint32_t idx = (uint32_t)(e - s->e);
+
 	rte_hash_del_key_with_hash(s->h, k, sig);
 	e->state = EMBNIC_ST_FREE;
-	s->free_idx[s->nb_free++] = (uint32_t)(e - s->e);
+	s->used[idx >> 6] &= ~(1ULL << (idx & 63));
+	s->free_idx[s->nb_free++] = idx;
 	s->entries--;
 }
 
@@ -460,18 +472,25 @@ embnic_state_expire_step(struct embnic_state *s, uint64_t now,
 		return;
 	s->next_scan_tsc = now + s->scan_period_tsc;
 	for (k = 0; k < s->chunk; k++) {
-		struct state_entry *e = &s->e[s->cursor];
-		struct embnic_key16 key;
+		uint32_t w = s->cursor;
+		uint64_t bits = s->used[w];
 
-		if (++s->cursor >= s->capacity)
+		if (++s->cursor >= s->words)
 			s->cursor = 0;
-		if (e->state == EMBNIC_ST_FREE ||
-		    now - e->last_tsc <= s->timeout_tsc)
-			continue;
-		st->state_expired++;
-		shard_stats(s, e->shard_id)->expired++;
-		key = embnic_key16((uint64_t)e->client_id << 32 | e->msg_id);
-		entry_free(s, e, &key, embnic_key16_hash(&key));
+		while (bits != 0) {
+			uint32_t idx = w * 64 + (uint32_t)__builtin_ctzll(bits);
+			struct state_entry *e = &s->e[idx];
+			struct embnic_key16 key;
+
+			bits &= bits - 1;
+			if (now - e->last_tsc <= s->timeout_tsc)
+				continue;
+			st->state_expired++;
+			shard_stats(s, e->shard_id)->expired++;
+			key = embnic_key16((uint64_t)e->client_id << 32 |
+					   e->msg_id);
+			entry_free(s, e, &key, embnic_key16_hash(&key));
+		}
 	}
 }
 
