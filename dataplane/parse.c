@@ -132,8 +132,10 @@ embnic_parse(const uint8_t *data, uint32_t seg_len, uint32_t pkt_len,
 	if (ihl > EMBNIC_IPV4_LEN)
 		return EMBNIC_DROP_IP_OPTIONS;
 	tot = embnic_ntoh16(ip->total_length);
-	if (tot < EMBNIC_IPV4_LEN || tot > pkt_len - EMBNIC_ETH_LEN)
+	if (tot < EMBNIC_IPV4_LEN)
 		return EMBNIC_DROP_BAD_IP;
+	if (tot > pkt_len - EMBNIC_ETH_LEN)	/* cut short on the way */
+		return EMBNIC_DROP_TRUNCATED;
 	if (csum == EMBNIC_CSUM_BAD ||
 	    (csum == EMBNIC_CSUM_UNKNOWN &&
 	     embnic_ipv4_sum20(ip) != 0xffff))

@@ -68,7 +68,8 @@ embnic_ipv4_sum20(const void *hdr)
 	X(TOO_MANY_FRAGS, too_many_frags) \
 	X(UNSOLICITED_REPLY, unsolicited_reply) \
 	X(WRONG_SHARD_REPLY, wrong_shard_reply) \
-	X(WRONG_REPLY_TYPE, wrong_reply_type)
+	X(WRONG_REPLY_TYPE, wrong_reply_type) \
+	X(TRUNCATED, truncated)
 
 enum embnic_drop {
 	EMBNIC_DROP_NONE = 0,

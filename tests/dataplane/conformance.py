@@ -265,7 +265,9 @@ class Suite:
         p = Ether(good)
         p[IP].len = len(good) - 14 + 20
         del p[IP].chksum
-        drop("IPv4 total length beyond the frame", bytes(p), "bad_ip")
+        drop("IPv4 total length beyond the frame (truncated)", bytes(p), "truncated")
+        cut = self.message(c1, MsgType.LOOKUP_REQ, msg_id=self.msg_id(), client_id=1, shard_id=0, num_keys=40)[0]
+        drop("a 40-key lookup cut short: its last 100 bytes missing", cut[:-100], "truncated")
         p = Ether(good)
         p[IP].flags = "MF"
         del p[IP].chksum

@@ -176,7 +176,8 @@ def test_telemetry(card):
         assert "/embnic/counters" in json.loads(s.recv(16384))["/"]
         s.send(b"/embnic/counters")
         c = json.loads(s.recv(65536))["/embnic/counters"]
-        assert set(c) >= {"port0", "port1", "types", "drops", "ring", "mempool", "state"}
+        assert set(c) >= {"port0", "port1", "types", "drops", "ring", "mempool", "state", "completed", "arp"}
+        assert set(c["completed"]) == {"LOOKUP_REPLY", "UPDATE_ACK", "ERROR"}
         assert "unknown_shard" in c["drops"] and c["ring"]["size"] == 4096
         s.send(b"/embnic/ring")
         assert json.loads(s.recv(16384))["/embnic/ring"]["size"] == 4096
