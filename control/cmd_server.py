@@ -49,13 +49,12 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, log_leve
     ids = [s.id for s in cfg.shards]
     if shard_id not in ids:
         raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
-    from embnic.testbed.server.shard import bind_error_message, run_server
+    from embnic.testbed.server.shard import LOG_FORMAT, bind_error_message, run_server
 
     me = cfg.shard(shard_id)
     ip = bind or me.ip
     p = me.port if port is None else port
-    logging.basicConfig(level=getattr(logging, log_level.upper()),
-                        format="%(asctime)s embnic-server[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(level=getattr(logging, log_level.upper()), format=LOG_FORMAT)
     try:
         code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, engine=engine, workers=workers)
     except OSError as e:

@@ -11,6 +11,7 @@ Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
 
     -l <card.lcores> --no-huge --no-pci -m 256 --file-prefix embnic-<NAME>-<crc(RUN_DIR)> [--vdev V ...]
 
+(:func:`embnic.control.dpdk_proc.eal_argv`; the process is a :class:`~embnic.control.dpdk_proc.DpdkProcess`).
 ``eal_args`` replaces them all (the ``vdevs`` are still appended). Example from Python::
 
     from embnic.client_lib.config import load_config
@@ -22,11 +23,8 @@ Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
-import signal
-import subprocess
 import time
 import zlib
 from pathlib import Path
@@ -34,18 +32,12 @@ from typing import Any, Sequence
 
 from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
 from embnic.control import buildinfo
-from embnic.control.ctlsock import CtlClient, CtlError, CtlNotLoaded
-from embnic.control.errors import NeedsRootError, OperationalError, UsageError
-from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
+from embnic.control.ctlsock import CtlClient, CtlError
+from embnic.control.dpdk_proc import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
+from embnic.control.errors import OperationalError, UsageError
+from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
                                      require_root, state_path, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-#: where `make -C dataplane` puts the card binary
-REPO_BINARY = REPO_ROOT / "dataplane" / "build" / "embnic-dp"
-#: where the EAL keeps a primary process's runtime files (``PREFIX/config``, ``mp_socket``, ...) as root
-DPDK_RUNTIME_DIR = Path("/var/run/dpdk")
-
 
 def core_ranges(cores) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2,5"`` (a DPDK core list)."""
@@ -111,51 +103,6 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
 
 
 
-# A line of the card's log that says why it did not start: specific reasons first.
-_SPECIFIC = re.compile(r"failed to|unrecognized option|invalid option|unknown option|bad value|invalid core|"
-                       r"lcore \d+ unavailable|cannot|can't|unable|no such|not found|permission denied|"
-                       r"not permitted|already|need \d|must|invalid|failed|error", re.I)
-# Lines that say only that something failed (EAL's epilogue): used when nothing better is there.
-_GENERIC = re.compile(r"Error - exiting with code|Unregistering with invalid input parameter|"
-                      r"Invalid 'command line' arguments|^Cause: (invalid arguments|EAL init failed|"
-                      r"Cannot init EAL)", re.I)
-# Informational EAL lines that happen to contain an error word.
-_BENIGN = re.compile(r"Physical addresses are unavailable|No legacy callbacks|^EAL: Detected|"
-                     r"^EAL: Selected IOVA|Multi-process socket", re.I)
-
-
-def _usage_text(line: str) -> bool:
-    """True for a line of EAL's or embnic-dp's usage text (``Usage:``, ``... options:``, indented help)."""
-    return (line.startswith(("Usage:", "usage:")) or line.rstrip().endswith("options:")
-            or (line[:1].isspace() and not line.strip().startswith("Cause:")))
-
-
-def start_failure_reason(log: Path | str) -> str:
-    """The most informative line of a card log that ends in a failed start ("" if none).
-
-    Skips the command-line header written by :meth:`DpdkTarget.load` and EAL/embnic-dp usage
-    text, then prefers the first specific error (``failed to parse device "net_bogus0"``,
-    ``invalid core list syntax``, ``unrecognized option '--bogus-flag'``, ``bad value for
-    --burst: '0'``, ``Cause: need 1..8 ports ...``) over EAL's generic epilogue (``Cause: invalid
-    arguments``, ``Error - exiting with code: 1``); else the last line. At most 300 characters.
-    """
-    try:
-        text = Path(log).read_text(errors="replace")
-    except OSError:
-        return ""
-    lines = [ln.rstrip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln.strip() and not ln.startswith("# ") and not _usage_text(ln)]
-    lines = [ln.strip() for ln in lines]
-    cands = [ln for ln in lines if not _BENIGN.search(ln)]
-    specific = [ln for ln in cands if _SPECIFIC.search(ln) and not _GENERIC.search(ln)]
-    generic = [ln for ln in cands if _GENERIC.search(ln)]
-    causes = [ln for ln in generic if ln.startswith("Cause:")]
-    for group in (specific, causes, generic):
-        if group:
-            return group[0][:300]
-    return lines[-1][:300] if lines else ""
-
-
 class DpdkTarget(Target):
     """The embnic pipeline as the DPDK program ``embnic-dp``.
 
@@ -208,7 +155,7 @@ class DpdkTarget(Target):
         self.stop_timeout = float(stop_timeout)
         self.check_build = check_build
         self.timeout = float(timeout)
-        self._proc: subprocess.Popen | None = None
+        self._proc: DpdkProcess | None = None
 
     @classmethod
     def from_settings(cls, s, **opts: Any) -> "DpdkTarget":
@@ -252,13 +199,12 @@ class DpdkTarget(Target):
         """EAL arguments: ``eal_args`` or the defaults, then one ``--vdev`` per vdev."""
         if self.eal_args is not None:
             args = list(self.eal_args)
-        else:
-            card = self.config.card if self.config is not None else None
-            lcores = self.lcores or (card.lcores if card is not None else "0,1")
-            args = ["-l", lcores, "--no-huge", "--no-pci", "-m", "256", "--file-prefix", self.file_prefix]
-        for v in self.vdevs:
-            args += ["--vdev", v]
-        return args
+            for v in self.vdevs:
+                args += ["--vdev", v]
+            return args
+        card = self.config.card if self.config is not None else None
+        lcores = self.lcores or (card.lcores if card is not None else "0,1")
+        return eal_argv(lcores, self.file_prefix, self.vdevs)
 
     def card_argv(self, ctl: str) -> list[str]:
         """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
@@ -274,8 +220,7 @@ class DpdkTarget(Target):
 
     def argv(self, binary: str | os.PathLike, ctl: str) -> list[str]:
         """The whole command line, with ``ip netns exec NS`` in front when ``netns`` is set."""
-        pre = ["ip", "netns", "exec", self.netns] if self.netns else []
-        return pre + [os.fspath(binary)] + self.eal_argv() + ["--"] + self.card_argv(ctl)
+        return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path).argv
 
     # ------------------------------------------------------------------ lifecycle
     def _check_config(self, program: bool) -> tuple[list[Entry], list[Entry]]:
@@ -341,28 +286,19 @@ class DpdkTarget(Target):
                 raise OperationalError(f"a card (pid {pid}) already answers on {ctl}: unload it "
                                        "(`embnic pipeline unload`) or choose another --ctl/--name")
         Path(ctl).parent.mkdir(parents=True, exist_ok=True)
-        argv = self.argv(binary, ctl)
-        runtime = self._dpdk_runtime(argv)
-        runtime_was_there = runtime is not None and runtime.exists()
-        log = self.log_path
-        with open(log, "wb") as logf:
-            logf.write(("# " + " ".join(argv) + "\n").encode())
-            logf.flush()
-            try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True)
-            except OSError as e:
-                raise OperationalError(f"cannot start {argv[0]}: {e.strerror}") from None
-        self._proc = proc
+        proc = DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path,
+                           name="embnic-dp")
+        self._proc = proc.start()
         state = {
-            "target": self.name, "name": self.instance, "pid": proc.pid, "starttime": proc_starttime(proc.pid),
-            "ctl": ctl, "log": str(log), "binary": os.fspath(binary), "argv": argv, "netns": self.netns,
+            "target": self.name, "name": self.instance, **proc.record(),
+            "ctl": ctl, "binary": os.fspath(binary), "netns": self.netns,
             "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time(),
             "build": {"proto_version": bi.proto_version, "git_rev": bi.git_rev} if bi else None,
         }
         write_state(self.run_dir, self.instance, state)
         try:
-            self._wait_ready(proc, ctl, log)
+            probe = CtlClient(ctl, timeout=1.0)
+            proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout, f"answer `ping` on {ctl}")
             info = self.info()
             have = {int(p["port"]) for p in info.get("ports", [])}
             for i, p in enumerate(self.config.card.ports):
@@ -376,10 +312,8 @@ class DpdkTarget(Target):
             if self.start_paused:
                 self.ctl().call("resume")
         except BaseException:
-            self._stop(state)
+            proc.stop(self.stop_timeout)  # also removes the failed start's EAL runtime dir
             remove_state(self.run_dir, self.instance)
-            if runtime is not None and not runtime_was_there:
-                shutil.rmtree(runtime, ignore_errors=True)  # the failed start's EAL runtime dir
             raise
         return {**state, "routes": len(routes), "clients": len(clients), "info": info,
                 "warnings": self._port_mac_warnings(info)}
@@ -401,71 +335,6 @@ class DpdkTarget(Target):
                            f"{p.mac}`) or write mac = \"{have}\" in the config")
         return out
 
-    def _wait_ready(self, proc: subprocess.Popen, ctl: str, log: Path) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        probe = CtlClient(ctl, timeout=1.0)
-        while True:
-            rc = proc.poll()
-            if rc is not None:
-                how = f"signal {-rc}" if rc < 0 else f"code {rc}"
-                why = start_failure_reason(log)
-                raise OperationalError(f"embnic-dp exited with {how} while starting"
-                                       f"{': ' + why if why else ''} (full log: {log})")
-            if os.path.exists(ctl):
-                try:
-                    probe.call("ping")
-                    return
-                except CtlNotLoaded:
-                    pass
-                except CtlError:
-                    pass
-            if time.monotonic() >= deadline:
-                raise OperationalError(f"embnic-dp (pid {proc.pid}) did not answer `ping` on {ctl} within "
-                                       f"{self.ready_timeout:g}s, stopped it again; see its log {log}")
-            time.sleep(0.05)
-
-    def _stop(self, state: dict) -> dict:
-        """SIGTERM the recorded process, wait ``stop_timeout``, SIGKILL if needed; returns what happened."""
-        pid = state["pid"]
-        res = {"pid": pid, "was_running": False, "killed": False, "exit": None}
-        if not pid_matches(state):
-            if self._proc is not None and self._proc.pid == pid:
-                res["exit"] = self._proc.wait()
-            return res
-        res["was_running"] = True
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return res
-        except PermissionError:
-            raise NeedsRootError(f"not allowed to stop pid {pid} (started by another user): run as root "
-                                 "(sudo embnic ...)") from None
-        if not self._wait_gone(state, self.stop_timeout):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            res["killed"] = True
-            self._wait_gone(state, 5.0)
-        if self._proc is not None and self._proc.pid == pid:
-            res["exit"] = self._proc.poll()
-        return res
-
-    def _wait_gone(self, state: dict, timeout: float) -> bool:
-        pid = state["pid"]
-        if self._proc is not None and self._proc.pid == pid:
-            try:
-                self._proc.wait(timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        deadline = time.monotonic() + timeout
-        while pid_matches(state):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
-
     def unload(self) -> dict:
         """Stop the card (SIGTERM, then SIGKILL after ``stop_timeout``), remove state file and socket.
 
@@ -482,9 +351,8 @@ class DpdkTarget(Target):
             remove_state(self.run_dir, self.instance)
             return {"pid": None, "was_running": False, "killed": False, "exit": None, "ctl": None,
                     "log": None, "corrupt": True}
-        res = self._stop(st)
+        res = stop_recorded(st, self.stop_timeout, child=self._proc.proc if self._proc is not None else None)
         remove_state(self.run_dir, self.instance)
-        self._remove_dpdk_runtime(st.get("argv") or [])
         ctl = st.get("ctl")
         if ctl and os.path.exists(ctl) and not CtlClient(ctl, timeout=0.5).alive():
             try:
@@ -492,24 +360,6 @@ class DpdkTarget(Target):
             except OSError:
                 pass
         return {**res, "ctl": ctl, "log": st.get("log")}
-
-    @staticmethod
-    def _dpdk_runtime(argv: list[str]) -> Path | None:
-        """EAL's runtime directory ``/var/run/dpdk/PREFIX`` of a card started with ``argv``, when
-        its ``--file-prefix`` is one of ours (``embnic-...``); else None."""
-        if "--file-prefix" not in argv[:-1]:
-            return None
-        prefix = argv[argv.index("--file-prefix") + 1]
-        if prefix.startswith("embnic-") and "/" not in prefix and prefix not in (".", ".."):
-            return DPDK_RUNTIME_DIR / prefix
-        return None
-
-    @classmethod
-    def _remove_dpdk_runtime(cls, argv: list[str]) -> None:
-        """Remove EAL's runtime directory of a stopped card (our own prefixes only)."""
-        d = cls._dpdk_runtime(argv)
-        if d is not None:
-            shutil.rmtree(d, ignore_errors=True)
 
     def is_loaded(self) -> bool:
         """True if the state file's process runs and the control socket answers ``ping``."""

@@ -40,245 +40,29 @@ is noisy) and ``xcore_rtt_ns``, the cache-line round trip between CPUs 0 and 1 j
 (``dataplane/build/xcore-rtt``): the card's RX/TX pipeline (``-l 0,1``) passes each frame's
 cache lines between the two lcores and its rate follows that figure.
 
-**Runners**: :class:`CardProcess` starts ``embnic-dp`` on the vdevs you give, waits until its control socket
-answers, talks JSON lines to it (docs/control-socket.md) and stops it with SIGTERM, tracking
-only its own pid. Every EAL process gets a unique ``--file-prefix`` (``enT<pid>x<n>``) and its
-runtime directory ``/var/run/dpdk/<prefix>`` is removed after it exits.
-
-Example::
-
-    from embnic.testbed.dpdk_proc import CardProcess, build_card
-    with CardProcess(build_card(), ["net_null0,no-rx=1"], lcores="0") as card:
-        print(card.call("counters")["drops"])
+The card runs as :class:`embnic.control.dpdk_proc.CardProcess` and testpmd as a
+:class:`~embnic.control.dpdk_proc.DpdkProcess` (EAL defaults, unique ``--file-prefix``, runtime
+directory removed after it exits); only their own pids are ever signalled.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from embnic.control.errors import OperationalError, require_program
+from embnic.control import dpdk_proc
+from embnic.control.dpdk_proc import CardProcess, DpdkProcError, DpdkProcess, build_card, eal_argv, unique_prefix
+from embnic.control.errors import require_program
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.prep import merge_json
+from embnic.testbed.traces.pcap import write_pcap
 
-REPO = Path(__file__).resolve().parents[2]
-DATAPLANE = REPO / "dataplane"
-CARD_BINARY = DATAPLANE / "build" / "embnic-dp"
-EAL_BASE = ("--no-huge", "--no-pci", "-m", "256")
-
-_seq = itertools.count()
-
-
-class DpdkProcError(OperationalError):
-    """A DPDK process failed to build, start, answer or stop (the message names its log)."""
-
-
-def file_prefix(tag: str = "x") -> str:
-    """A unique EAL ``--file-prefix`` for this process: ``enT<pid><tag><n>``."""
-    return f"enT{os.getpid()}{tag}{next(_seq)}"
-
-
-def remove_runtime_dir(prefix: str) -> None:
-    """Remove EAL's runtime directory of a stopped process (only our ``enT`` prefixes)."""
-    if prefix.startswith("enT") and "/" not in prefix:
-        shutil.rmtree(Path("/var/run/dpdk") / prefix, ignore_errors=True)
-
-
-def build_card(build_dir: str | os.PathLike | None = None, **make_vars: str) -> Path:
-    """Build ``embnic-dp`` with ``make -C dataplane`` (a no-op when up to date).
-
-    Args:
-        build_dir: ``BUILD=`` directory (default dataplane/build).
-        make_vars: extra make variables, e.g. ``EMBNIC_PROTO_VERSION="2"``.
-    Returns:
-        path of the binary.
-    Raises:
-        DpdkProcError: make failed (its output tail is in the message).
-    """
-    args = ["make", "-s", "-C", str(DATAPLANE)]
-    if build_dir is not None:
-        args.append(f"BUILD={os.fspath(build_dir)}")
-    args += [f"{k}={v}" for k, v in make_vars.items()]
-    r = subprocess.run(args, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise DpdkProcError(f"`{' '.join(args)}` failed:\n{(r.stdout + r.stderr)[-3000:]}")
-    out = Path(build_dir) / "embnic-dp" if build_dir is not None else CARD_BINARY
-    if not out.is_file():
-        raise DpdkProcError(f"`{' '.join(args)}` did not produce {out}")
-    return out
-
-
-class CardProcess:
-    """One ``embnic-dp`` process.
-
-    Args:
-        binary: the embnic-dp executable.
-        vdevs: one ``--vdev`` per card port, in port order.
-        lcores: EAL lcore list (``"0"`` run to completion, ``"0,1"`` RX/TX split).
-        port_ips: the card's IPv4 per port (``--port-ip P=IP``).
-        args: more card arguments (after ``--``), e.g. ``["--paused"]``.
-        netns: run inside this network namespace (``ip netns exec``).
-        log: file for stdout/stderr (default: a temporary file).
-        ready_timeout: seconds to wait for the control socket.
-        eal_args: more EAL arguments (before ``--``), e.g. ``["--mbuf-pool-ops-name", "ring_mp_mc"]``.
-    """
-
-    def __init__(self, binary: str | os.PathLike, vdevs: Sequence[str], *, lcores: str = "0",
-                 port_ips: dict[int, str] | None = None, args: Sequence[str] = (),
-                 netns: str | None = None, log: str | os.PathLike | None = None,
-                 ready_timeout: float = 30.0, eal_args: Sequence[str] = ()):
-        self.binary = Path(binary)
-        self.eal_args = list(eal_args)
-        self.vdevs = list(vdevs)
-        self.lcores = lcores
-        self.port_ips = dict(port_ips or {})
-        self.args = list(args)
-        self.netns = netns
-        self.ready_timeout = ready_timeout
-        self.prefix = file_prefix("c")
-        self._sockdir = Path(tempfile.mkdtemp(prefix="enT"))
-        self.ctl_path = self._sockdir / "card.sock"
-        self.log_path = Path(log) if log else self._sockdir / "card.log"
-        self.proc: subprocess.Popen | None = None
-        self.returncode: int | None = None
-
-    def argv(self) -> list[str]:
-        """The command line."""
-        pre = ["ip", "netns", "exec", self.netns] if self.netns else []
-        eal = [*EAL_BASE, "-l", self.lcores, "--file-prefix", self.prefix, *self.eal_args]
-        for v in self.vdevs:
-            eal += ["--vdev", v]
-        card = ["--ctl", str(self.ctl_path)]
-        for p, ip in sorted(self.port_ips.items()):
-            card += ["--port-ip", f"{p}={ip}"]
-        return pre + [str(self.binary), *eal, "--", *card, *self.args]
-
-    def start(self) -> "CardProcess":
-        """Start and wait until ``ping`` answers.
-
-        Raises:
-            DpdkProcError: it exited or did not answer within ``ready_timeout`` (names the log).
-        """
-        with open(self.log_path, "wb") as logf:
-            logf.write(("# " + " ".join(self.argv()) + "\n").encode())
-            logf.flush()
-            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=logf,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            if self.proc.poll() is not None:
-                self.returncode = self.proc.returncode
-                raise DpdkProcError(f"embnic-dp exited with {self.proc.returncode} while starting; "
-                                    f"log {self.log_path}:\n{self.log()[-2000:]}")
-            if self.ctl_path.exists():
-                try:
-                    self.call("ping", timeout=1.0)
-                    return self
-                except OSError:
-                    pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise DpdkProcError(f"embnic-dp did not answer on {self.ctl_path} within "
-                                    f"{self.ready_timeout:g}s; log {self.log_path}")
-            time.sleep(0.05)
-
-    def call(self, cmd: str, timeout: float = 10.0, check: bool = True, **fields: Any) -> dict:
-        """Send one request, return the response object.
-
-        Raises:
-            DpdkProcError: ``check`` and the card answered ``ok: false``.
-            OSError: the socket could not be reached or timed out.
-        """
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(str(self.ctl_path))
-            s.sendall((json.dumps({"cmd": cmd, **fields}) + "\n").encode())
-            buf = b""
-            while not buf.endswith(b"\n"):
-                chunk = s.recv(1 << 20)
-                if not chunk:
-                    raise ConnectionError(f"card closed the control socket during {cmd!r}")
-                buf += chunk
-        resp = json.loads(buf)
-        if check and not resp.get("ok"):
-            raise DpdkProcError(f"card refused {cmd} {fields}: {resp.get('error')}")
-        return resp
-
-    def counters(self) -> dict:
-        """The ``counters`` response."""
-        return self.call("counters")
-
-    def log(self) -> str:
-        """Everything the process printed so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM, wait ``timeout`` s, SIGKILL if still running; returns the exit code."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc is not None:
-            self.returncode = self.proc.returncode
-        remove_runtime_dir(self.prefix)
-        try:
-            self.ctl_path.unlink()
-        except OSError:
-            pass
-        return self.returncode
-
-    def cleanup(self) -> None:
-        """Stop and remove the socket directory (and the log if it lives there)."""
-        self.stop()
-        shutil.rmtree(self._sockdir, ignore_errors=True)
-
-    def __enter__(self) -> "CardProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def wait_drained(card: CardProcess, n_frames: int, timeout: float = 30.0) -> dict:
-    """Wait until the card has received ``n_frames`` and accounted every one of them.
-
-    Every received frame is either sent (``tx_frames``) or dropped (``drops``; ``no_mbuf`` counts
-    frames never received and is left out), and the header ring is empty.
-
-    Returns:
-        the last ``counters`` response.
-    Raises:
-        DpdkProcError: not drained within ``timeout`` s (the message holds the counters).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        c = card.counters()
-        rx = sum(p["rx_frames"] for p in c["ports"])
-        done = sum(p["tx_frames"] for p in c["ports"]) + sum(
-            v for k, v in c["drops"].items() if k != "no_mbuf")
-        if rx >= n_frames and done >= rx and c["ring"]["count"] == 0:
-            return c
-        if time.monotonic() > deadline:
-            raise DpdkProcError(f"card did not drain {n_frames} frames within {timeout:g}s: rx={rx} "
-                                f"accounted={done} counters={json.dumps(c)}")
-        time.sleep(0.05)
+DATAPLANE = dpdk_proc.DATAPLANE
 
 
 # ====================================================================== testpmd
@@ -301,36 +85,34 @@ class TestpmdProcess:
                  mbcache: int = 256, burst: int = 32):
         self.vdevs, self.lcores, self.mode, self.netns = list(vdevs), lcores, mode, netns
         self.main_lcore = main_lcore
-        self.prefix = file_prefix("t")
+        self.prefix = unique_prefix("t")
         self._dir = Path(tempfile.mkdtemp(prefix="enT"))
         self.log_path = Path(log) if log else self._dir / "testpmd.log"
         self.binary, self.mbufs, self.mbcache, self.burst = binary, mbufs, mbcache, burst
-        self.proc: subprocess.Popen | None = None
-        self._logf = None
+        extra = ["--main-lcore", str(main_lcore)] if main_lcore is not None else []
+        nb_cores = max(1, len(_lcore_list(lcores)) - 1)
+        # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
+        self.process = DpdkProcess(binary, eal_argv(lcores, self.prefix, self.vdevs, extra=extra),
+                                   ["-i", f"--forward-mode={mode}", f"--total-num-mbufs={mbufs}",
+                                    f"--mbcache={mbcache}", f"--burst={burst}", f"--nb-cores={nb_cores}"],
+                                   netns=netns, log=self.log_path, wrapper=["stdbuf", "-oL"], stdin=subprocess.PIPE)
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.process.proc
 
     def argv(self) -> list[str]:
-        pre = ["ip", "netns", "exec", self.netns] if self.netns else []
-        eal = [*EAL_BASE, "-l", self.lcores, "--file-prefix", self.prefix]
-        if self.main_lcore is not None:
-            eal += ["--main-lcore", str(self.main_lcore)]
-        for v in self.vdevs:
-            eal += ["--vdev", v]
-        nb_cores = max(1, len(_lcore_list(self.lcores)) - 1)
-        # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
-        return pre + ["stdbuf", "-oL", self.binary, *eal, "--", "-i", f"--forward-mode={self.mode}",
-                      f"--total-num-mbufs={self.mbufs}", f"--mbcache={self.mbcache}", f"--burst={self.burst}",
-                      f"--nb-cores={nb_cores}"]
+        return self.process.argv
 
     def start(self, timeout: float = 30.0) -> "TestpmdProcess":
         """Start, wait for the prompt, ``start`` forwarding.
 
         Raises:
+            MissingDependencyError: dpdk-testpmd is not installed.
             DpdkProcError: it exited or never showed its prompt (names its log).
         """
         require_program(self.binary, "apt-get install dpdk (or `make deps`)")
-        self._logf = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=self._logf,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.process.start()
         self._wait_for(lambda t: "testpmd>" in t, timeout, "its prompt")
         self.send("start")
         self._wait_for(lambda t: "io packet forwarding" in t or "packet forwarding - ports=" in t, timeout,
@@ -371,7 +153,7 @@ class TestpmdProcess:
         return int(block.split("TX-packets:")[1].split()[0])
 
     def stop(self, timeout: float = 15.0) -> int | None:
-        """``quit``, then SIGTERM/SIGKILL if it lingers; returns the exit code."""
+        """``quit``, then SIGTERM/SIGKILL if it lingers (:meth:`DpdkProcess.stop`); returns the exit code."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 self.send("stop")
@@ -382,16 +164,8 @@ class TestpmdProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(5)
-        if self._logf is not None:
-            self._logf.close()
-        remove_runtime_dir(self.prefix)
-        return self.proc.returncode if self.proc is not None else None
+                pass
+        return self.process.stop(5.0)["exit"]
 
     def cleanup(self) -> None:
         self.stop()
@@ -461,7 +235,7 @@ def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
                                 / UDP(sport=c["udp_port"], dport=7878) / Raw(pl)))
         msgs += 1
         msg_id += 1
-    _write_pcap(path, frames)
+    write_pcap(path, frames)
     total = sum(len(f) for f in frames)
     return {"frames": len(frames), "messages": msgs, "bytes": total, "avg_frame_bytes": total / len(frames)}
 
@@ -508,20 +282,11 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
                       / UDP(sport=sh["udp_port"], dport=7878) / Raw(rep_))
         frames += [f_req, f_rep]
         requests.append(f_req)
-    _write_pcap(path, frames)
+    write_pcap(path, frames)
     if requests_only_path is not None:
-        _write_pcap(requests_only_path, requests)
+        write_pcap(requests_only_path, requests)
     total = sum(len(f) for f in frames)
     return {"frames": len(frames), "messages": n_msgs, "bytes": total, "avg_frame_bytes": total / len(frames)}
-
-
-def _write_pcap(path: Path, frames: list[bytes]) -> None:
-    import struct
-
-    with open(path, "wb") as f:
-        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-        for i, d in enumerate(frames):
-            f.write(struct.pack("<IIII", 1, i, len(d), len(d)) + d)
 
 
 # ====================================================================== measurements
@@ -601,7 +366,7 @@ def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, wa
     others_cpu, mempool_ops}`` (``completed_per_s``: messages whose whole reply passed, per s)."""
     card = CardProcess(binary, vdevs, lcores=lcores, port_ips={0: BENCH_CARD_IP}, netns=netns,
                        args=["--paused", "--mbufs", str(mbufs or BENCH_MBUFS), "--burst", str(BENCH_BURST)],
-                       log=(log_dir / f"card-{file_prefix('l')}.log") if log_dir else None)
+                       log=(log_dir / f"card-{unique_prefix('l')}.log") if log_dir else None)
     card.start()
     try:
         _program_card(card, out_port)

@@ -12,7 +12,7 @@ Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPD
 
     netns N-c1                   netns N-card                            netns N-s0
    +----------------+      +-----------------------------------+      +----------------+
-   | training job   |      |  embnic-dp (DPDK, net_af_packet)  |      | embnic server  |
+   | training job   |      |  embnic-dp (DPDK, net_af_packet)  |      | shard server   |
    | client 1       | veth | port 0            port 2          | veth | shard 0        |
    | Nc1 10.77.0.2 =|======|= Np0 10.77.0.1    Np2 10.77.2.1 =|======|= Ns0 10.77.2.2 |
    +----------------+      |                                   |      +----------------+
@@ -41,7 +41,8 @@ Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPD
   hands af_packet partial checksums, which the card drops as ``bad_ip``/``bad_udp``. IPv6 is
   off in every namespace so no ND/MLD frames reach the card.
 
-Processes: ``embnic server --shard I --config EFFECTIVE --bind IP`` in each shard namespace,
+Processes: ``python -m embnic.testbed.server --shard I --config EFFECTIVE --bind IP`` (the library's
+shard, never the CLI) in each shard namespace,
 ``embnic-dp`` (:class:`embnic.control.target_dpdk.DpdkTarget`) in the card namespace, the
 training job (:func:`in_netns`) in a client namespace. Readiness: a shard is up when its UDP
 socket is bound (``/proc/PID/net/udp``), the card when its control socket answers; the
@@ -58,7 +59,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -71,6 +71,7 @@ from embnic.client_lib import codec
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.config import ClusterConfig, ConfigError, load_config, parse_config
 from embnic.control import runstate
+from embnic.control.dpdk_proc import eal_argv, remove_runtime_dir
 from embnic.control.errors import NEEDS_ROOT, OperationalError
 from embnic.control.runstate import pid_matches, proc_starttime, run_dir
 
@@ -110,6 +111,11 @@ def check_name(name: str) -> str:
         raise ValueError(f"testbed name {name!r}: use 1-8 letters or digits, starting with a letter "
                          "(it prefixes every namespace and interface, which Linux limits to 15 characters)")
     return name
+
+
+def card_file_prefix(name: str) -> str:
+    """The EAL ``--file-prefix`` of testbed ``name``'s card: ``embnic-tb-NAME`` (testbeds run side by side)."""
+    return f"embnic-tb-{name}"
 
 
 def derived_mac(kind: str, num: int) -> str:
@@ -456,8 +462,7 @@ class Topology:
     def eal_args(self) -> list[str]:
         """EAL arguments of the card (before the ``--vdev``s): ``[card].lcores``, no hugepages,
         no PCI, 256 MB, and a file prefix unique to this testbed so testbeds run side by side."""
-        return ["-l", self.cfg.card.lcores, "--no-huge", "--no-pci", "-m", "256",
-                "--file-prefix", f"embnic-tb-{self.name}"]
+        return eal_argv(self.cfg.card.lcores, card_file_prefix(self.name))
 
     def effective_raw(self, rdir: Path, target: str = "dpdk") -> dict:
         """The user's config dict with every MAC filled in and a ``[control]`` section for the card
@@ -580,11 +585,11 @@ class Testbed:
         """Create namespaces and links, start the shards and the card, probe the path.
 
         Args:
-            servers: start ``embnic server`` in every shard namespace.
+            servers: start a shard (``python -m embnic.testbed.server``) in every shard namespace.
             card: start the card (``embnic-dp``) in the card namespace and program it.
             probe: check that every client reaches every shard through the card.
             ready_timeout: seconds each readiness probe may take.
-            server_argv: ``f(shard_id, config_path, ip) -> argv`` instead of ``embnic server``
+            server_argv: ``f(shard_id, config_path, ip) -> argv`` instead of ``python -m embnic.testbed.server``
                 (run in the shard's namespace; must bind the shard's UDP port to be ready).
             owner: the job that owns this testbed (``"demo"``, ...). A testbed of the same name
                 and owner whose creating process is gone (a crashed run) is torn down first;
@@ -706,7 +711,7 @@ class Testbed:
             if server_argv is not None:
                 cmd = list(server_argv(s.id, str(self.config_path), s.ip))
             else:
-                cmd = [sys.executable, "-m", "embnic", "server", "--shard", str(s.id),
+                cmd = [sys.executable, "-m", "embnic.testbed.server", "--shard", str(s.id),
                        "--config", str(self.config_path), "--bind", s.ip]
             started.append((s, self._spawn(f"s{s.id}", "server", ["ip", "netns", "exec", ns] + cmd)))
         for s, rec in started:
@@ -1018,7 +1023,7 @@ def down(name: str, rdir: Path | None = None) -> dict:
         with contextlib.suppress(FileNotFoundError):
             (node_dir(name, rdir) / f).unlink()
     # the card's DPDK runtime directory (its --file-prefix is ours), left behind if it was killed
-    shutil.rmtree(Path("/var/run/dpdk") / f"embnic-tb-{name}", ignore_errors=True)
+    remove_runtime_dir(card_file_prefix(name))
     return {"found": bool(state) or bool(removed), "processes": stopped, "netns": removed}
 
 

@@ -1,7 +1,8 @@
 """A parameter-server shard: asyncio UDP server owning its rows of every embedding table.
 
-Started as ``embnic server --shard I --config F`` (or in process with :class:`ServerThread` /
-:class:`ServerCluster`). Wiring::
+Started as ``embnic server --shard I --config F``, as ``python -m embnic.testbed.server --shard I
+--config F`` (what the testbed runs), or in process with :class:`ServerThread` / :class:`ServerCluster`.
+Wiring::
 
     client ──UDP (LOOKUP_REQ / UPDATE_REQ, fragmented)──▶ shard I  (bind ip:port, config)
        ▲                                                     │ Reassembler → handle → TableShard
@@ -622,3 +623,8 @@ def bind_error_message(e: OSError, ip: str, port: int) -> str:
         return (f"cannot bind {ip}:{port}: {ip} is not an address of this host (or network namespace); "
                 f"run inside the shard's namespace or pass --bind")
     return f"cannot bind {ip}:{port}: {e.strerror or e}"
+
+
+#: log line format of a shard process (``embnic server`` and ``python -m embnic.testbed.server``);
+#: trace replay reads the ``stopped; counters {...}`` line back from it
+LOG_FORMAT = "%(asctime)s embnic-server[%(process)d] %(levelname)s %(message)s"

@@ -57,6 +57,7 @@ from embnic.control.errors import USAGE, OperationalError, require_program
 
 from embnic.testbed.training import report as R
 from embnic.testbed.net import topology as T
+from embnic.testbed.traces import pcap as pcap_file
 
 TRACE_FORMAT = "embnic-trace/1"
 _ETH_P_ALL = 0x0003
@@ -161,39 +162,18 @@ class Capture:
 
 
 # --------------------------------------------------------------------------- pcap I/O
-def write_pcap(path: str | os.PathLike, frames: list[tuple[int, bytes]]) -> int:
-    """Write ``(t_ns, frame)`` Ethernet frames to a pcap with Scapy (timestamps kept, µs precision)."""
-    from scapy.layers.l2 import Ether
-    from scapy.utils import PcapWriter
-
-    import embnic.client_lib.protocol  # noqa: F401 - binds the Embnic layer to UDP 7878
-
-    w = PcapWriter(str(path), linktype=1, sync=False)
-    try:
-        for t_ns, f in frames:
-            p = Ether(f)
-            p.time = t_ns / 1e9
-            w.write(p)
-    finally:
-        w.close()
-    return len(frames)
-
-
 def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
-    """``(timestamp s, frame bytes)`` of every packet in a pcap (Scapy's raw reader: no dissection)."""
-    from scapy.utils import RawPcapReader
+    """``(timestamp s, frame bytes)`` of every packet in a pcap (:func:`~embnic.testbed.traces.pcap.read_pcap`).
 
-    out = []
+    Raises:
+        TraceError: unreadable, or not a classic pcap file.
+    """
     try:
-        with RawPcapReader(str(path)) as rd:
-            for data, meta in rd:
-                ts = getattr(meta, "sec", 0) + getattr(meta, "usec", 0) / 1e6
-                out.append((ts, bytes(data)))
-    except (OSError, EOFError) as e:
-        raise TraceError(f"cannot read {path}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - Scapy raises Scapy_Exception for non-pcap files
-        raise TraceError(f"{path} is not a pcap file ({e})") from None
-    return out
+        return pcap_file.read_pcap(path)
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise TraceError(str(e)) from None
 
 
 def parse_requests(frames: list[tuple[float, bytes]]) -> tuple[dict, dict, int]:
@@ -342,7 +322,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
     frames = sorted((t, f) for cid in clients for (t, outgoing, f) in captured[cid] if outgoing)
     reqs, per_client, other = parse_requests([(t, f) for t, f in frames])
     frames = [(t, f) for t, f in frames if (u := udp_payload(f)) is not None and u[1] == cfg.udp_port]
-    write_pcap(out, frames)
+    pcap_file.write_pcap(out, [f for _, f in frames], times=[t / 1e9 for t, _ in frames])
     by_type = collections.Counter(MsgType(r["type"]).name for r in reqs.values())
     sidecar = {
         "format": TRACE_FORMAT,
@@ -524,7 +504,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     split = {}
     for cid in clients:
         p = split_dir / f"client{cid}.pcap"
-        write_raw_pcap(p, per_client[cid])
+        pcap_file.write_pcap(p, [f for _, f in per_client[cid]], times=[t for t, _ in per_client[cid]])
         split[cid] = p
     pps = (rate / len(clients)) if rate else None
     total = len(reqs)
@@ -618,21 +598,6 @@ def shard_counters_from_log(path: str | os.PathLike) -> dict | None:
             except ValueError:
                 return None
     return None
-
-
-def write_raw_pcap(path: Path, frames: list[tuple[float, bytes]]) -> None:
-    """Write ``(ts s, frame)`` to a pcap unchanged (Scapy's raw writer)."""
-    from scapy.utils import PcapWriter
-
-    w = PcapWriter(str(path), linktype=1, sync=False)
-    try:
-        w.write_header(None)
-        for ts, f in frames:
-            sec = int(ts)
-            usec = int(round((ts - sec) * 1e6))
-            w.write_packet(f, sec=sec, usec=usec, caplen=len(f), wirelen=len(f))
-    finally:
-        w.close()
 
 
 def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,

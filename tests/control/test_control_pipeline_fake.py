@@ -18,10 +18,11 @@ import pytest
 from pathlib import Path
 
 from embnic.client_lib.config import load_config
-from embnic.control import target_dpdk
+from embnic.control import dpdk_proc
 from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.runstate import pid_matches, read_state
-from embnic.control.target_dpdk import DpdkTarget, start_failure_reason
+from embnic.control.dpdk_proc import start_failure_reason
+from embnic.control.target_dpdk import DpdkTarget
 
 EAL_LOGS = Path(__file__).resolve().parent / "eal_logs"
 
@@ -350,7 +351,7 @@ def test_failure_reason_fallbacks(tmp_path):
 def test_failed_start_shows_the_reason_and_removes_the_runtime_dir(invoke, env, dp, card_config, monkeypatch,
                                                                     tmp_path, log, line):
     rt = tmp_path / "dpdk"
-    monkeypatch.setattr(target_dpdk, "DPDK_RUNTIME_DIR", rt)
+    monkeypatch.setattr(dpdk_proc, "DPDK_RUNTIME_DIR", rt)
     monkeypatch.setenv("FAKE_CARD_RUNTIME_DIR", str(rt))
     monkeypatch.setenv("FAKE_CARD_LOG", str(EAL_LOGS / log))
     r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
@@ -363,7 +364,7 @@ def test_failed_start_shows_the_reason_and_removes_the_runtime_dir(invoke, env, 
 def test_failed_start_keeps_a_runtime_dir_it_did_not_create(invoke, env, dp, card_config, monkeypatch, tmp_path):
     """A runtime dir that was there before the start may belong to a running EAL process: not ours to remove."""
     rt = tmp_path / "dpdk"
-    monkeypatch.setattr(target_dpdk, "DPDK_RUNTIME_DIR", rt)
+    monkeypatch.setattr(dpdk_proc, "DPDK_RUNTIME_DIR", rt)
     monkeypatch.setenv("FAKE_CARD_FAIL", "x")
     prefix = DpdkTarget(load_config(card_config), run_dir=env).file_prefix
     (rt / prefix).mkdir(parents=True)

@@ -49,6 +49,7 @@ from scapy.packet import Raw
 from embnic.client_lib import consts
 from embnic.client_lib.consts import DType, Flags, MsgType, Status
 from embnic.client_lib.protocol import Embnic
+from embnic.testbed.traces.pcap import write_pcap  # noqa: F401 - the one pcap writer (tests import it from here)
 
 PORT = consts.UDP_PORT
 CARD_TTL = 64  #: TTL of every frame the card sends
@@ -533,14 +534,6 @@ class StateModel:
 
 
 # ---------------------------------------------------------------------- pcap files
-def write_pcap(path: Path, frames: list[bytes]) -> None:
-    """Write Ethernet frames (any length, even shorter than a header) to a classic pcap file."""
-    with open(path, "wb") as f:
-        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-        for i, d in enumerate(frames):
-            f.write(struct.pack("<IIII", 1, i, len(d), len(d)) + d)
-
-
 def read_pcap(path: Path) -> list[bytes]:
     """Frames of a classic pcap file (micro- or nanosecond, either byte order)."""
     data = Path(path).read_bytes()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.testbed.bench.dataplane import DpdkProcError, build_card
+from embnic.control.dpdk_proc import DpdkProcError, build_card
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conformance import Suite, check_outputs, read_pcap
-from embnic.testbed.bench.dataplane import CardProcess, wait_drained
+from embnic.control.dpdk_proc import CardProcess, wait_drained
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from embnic.testbed.bench.dataplane import EAL_BASE, CardProcess, DpdkProcError, file_prefix, remove_runtime_dir
+from embnic.control.dpdk_proc import CardProcess, eal_argv, remove_runtime_dir, unique_prefix
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 NULLS = ["net_null0,no-rx=1", "net_null1,no-rx=1"]
@@ -186,8 +186,8 @@ def test_telemetry(card):
 
 
 def test_second_card_on_same_socket_refused(card, card_bin):
-    prefix = file_prefix("d")
-    r = subprocess.run([str(card_bin), *EAL_BASE, "-l", "0", "--file-prefix", prefix, "--vdev", "net_null0",
+    prefix = unique_prefix("d")
+    r = subprocess.run([str(card_bin), *eal_argv("0", prefix, ["net_null0"]),
                         "--", "--ctl", str(card.ctl_path)], capture_output=True, text=True, timeout=60)
     remove_runtime_dir(prefix)
     assert r.returncode != 0
@@ -204,9 +204,9 @@ def test_second_card_on_same_socket_refused(card, card_bin):
     (["extra"], "unexpected argument"),
 ])
 def test_bad_command_line(card_bin, tmp_path, args, word):
-    prefix = file_prefix("a")
-    r = subprocess.run([str(card_bin), *EAL_BASE, "-l", "0", "--file-prefix", prefix, "--vdev",
-                        "net_null0,no-rx=1", "--", "--ctl", str(tmp_path / "s"), *args],
+    prefix = unique_prefix("a")
+    r = subprocess.run([str(card_bin), *eal_argv("0", prefix, ["net_null0,no-rx=1"]),
+                        "--", "--ctl", str(tmp_path / "s"), *args],
                        capture_output=True, text=True, timeout=60)
     remove_runtime_dir(prefix)
     assert r.returncode == 2, r.stdout + r.stderr

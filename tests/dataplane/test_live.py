@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.testbed.bench.dataplane import CardProcess
+from embnic.control.dpdk_proc import CardProcess
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root, pytest.mark.slow]
 

@@ -65,7 +65,9 @@ def test_trace_helpers_parse_group_and_match(tmp_path):
     frames.append((1.0, _frame(b"not embnic", True, port=53)))
     assert TR.udp_payload(frames[0][1])[:2] == (40000, 7878)
     p = tmp_path / "t.pcap"
-    TR.write_raw_pcap(p, frames)
+    from embnic.testbed.traces.pcap import write_pcap
+
+    write_pcap(p, [f for _, f in frames], times=[t for t, _ in frames])
     back = TR.read_pcap(p)
     assert [f for _, f in back] == [f for _, f in frames]
     assert abs(back[1][0] - 1e-3) < 1e-6

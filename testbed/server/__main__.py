@@ -1,0 +1,50 @@
+"""``python -m embnic.testbed.server --shard I --config FILE [--bind IP] [--port P]``: one shard.
+
+What the namespace testbed starts in every shard namespace (the library, not the CLI); users
+run the same through ``embnic server``. Logs like it (:data:`~embnic.testbed.server.shard.LOG_FORMAT`),
+stops on SIGTERM/SIGINT with its counters as one JSON line, exits 0; a bad config or shard id
+exits 2, an address it cannot bind 1, each with one line naming the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from embnic.client_lib.config import ConfigError, load_config
+from embnic.testbed.server.shard import LOG_FORMAT, bind_error_message, run_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the shard; returns the exit code."""
+    ap = argparse.ArgumentParser(prog="python -m embnic.testbed.server",
+                                 description="Serve one parameter-server shard over UDP until SIGTERM.")
+    ap.add_argument("--shard", type=int, required=True, help="id of one of the config's [[shards]]")
+    ap.add_argument("--config", required=True, help="cluster config (TOML)")
+    ap.add_argument("--bind", default=None, help="IPv4 address (default: the shard's ip)")
+    ap.add_argument("--port", type=int, default=None, help="UDP port (default: the shard's port)")
+    ap.add_argument("--dedup-window", type=int, default=65536, help="applied updates remembered")
+    ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 2
+    ids = [s.id for s in cfg.shards]
+    if args.shard not in ids:
+        print(f"Error: no shard {args.shard} in {args.config} (shards: {', '.join(map(str, ids))})", file=sys.stderr)
+        return 2
+    me = cfg.shard(args.shard)
+    ip = args.bind or me.ip
+    port = me.port if args.port is None else args.port
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
+    try:
+        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window)
+    except OSError as e:
+        print(f"Error: {bind_error_message(e, ip, port)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
