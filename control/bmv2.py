@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from embnic.control import p4prog
+from embnic.control.pcap import write_pcap
 
 #: how to get each tool when it is missing (none is in Debian's or PyPI's archives)
 TOOL_HINTS = {
@@ -496,14 +497,9 @@ def pid_alive(pid: int) -> bool:
 # --------------------------------------------------------------------------- pcap runs
 def write_pcap_ordered(path: Path, frames: Sequence[tuple[int, bytes]]) -> None:
     """Classic pcap of ``frames`` = ``[(global position, frame bytes)]``; the timestamp of each
-    frame is its position in microseconds, so BMv2's reader (which takes the earliest frame of
-    all its input files first) feeds every port's frames in one global order."""
-    import struct
-
-    with open(path, "wb") as f:
-        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-        for pos, d in frames:
-            f.write(struct.pack("<IIII", 1 + pos // 1_000_000, pos % 1_000_000, len(d), len(d)) + d)
+    frame is its position in microseconds (after 1 s), so BMv2's reader (which takes the earliest
+    frame of all its input files first) feeds every port's frames in one global order."""
+    write_pcap(path, [d for _, d in frames], times=[1 + pos / 1e6 for pos, _ in frames])
 
 
 def read_pcap_frames(path: Path) -> list[bytes]:

@@ -60,7 +60,7 @@ from embnic.control.dpdk_proc import CardProcess, DpdkProcError, DpdkProcess, bu
 from embnic.control.errors import require_program
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.prep import merge_json
-from embnic.testbed.traces.pcap import write_pcap
+from embnic.control.pcap import write_pcap
 
 DATAPLANE = dpdk_proc.DATAPLANE
 

@@ -57,7 +57,7 @@ from embnic.control.errors import USAGE, OperationalError, require_program
 
 from embnic.testbed.training import report as R
 from embnic.testbed.net import topology as T
-from embnic.testbed.traces import pcap as pcap_file
+from embnic.control import pcap as pcap_file
 
 TRACE_FORMAT = "embnic-trace/1"
 _ETH_P_ALL = 0x0003
@@ -163,7 +163,7 @@ class Capture:
 
 # --------------------------------------------------------------------------- pcap I/O
 def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
-    """``(timestamp s, frame bytes)`` of every packet in a pcap (:func:`~embnic.testbed.traces.pcap.read_pcap`).
+    """``(timestamp s, frame bytes)`` of every packet in a pcap (:func:`~embnic.control.pcap.read_pcap`).
 
     Raises:
         TraceError: unreadable, or not a classic pcap file.

@@ -49,7 +49,7 @@ from scapy.packet import Raw
 from embnic.client_lib import consts
 from embnic.client_lib.consts import DType, Flags, MsgType, Status
 from embnic.client_lib.protocol import Embnic
-from embnic.testbed.traces.pcap import write_pcap  # noqa: F401 - the one pcap writer (tests import it from here)
+from embnic.control.pcap import write_pcap  # noqa: F401 - the one pcap writer (tests import it from here)
 
 PORT = consts.UDP_PORT
 CARD_TTL = 64  #: TTL of every frame the card sends

@@ -65,7 +65,7 @@ def test_trace_helpers_parse_group_and_match(tmp_path):
     frames.append((1.0, _frame(b"not embnic", True, port=53)))
     assert TR.udp_payload(frames[0][1])[:2] == (40000, 7878)
     p = tmp_path / "t.pcap"
-    from embnic.testbed.traces.pcap import write_pcap
+    from embnic.control.pcap import write_pcap
 
     write_pcap(p, [f for _, f in frames], times=[t for t, _ in frames])
     back = TR.read_pcap(p)

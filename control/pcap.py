@@ -1,12 +1,13 @@
 """Classic pcap files (libpcap format, Ethernet link type): the one writer and reader of the project.
 
-Used by trace record and replay (:mod:`embnic.testbed.traces.trace`), the dataplane benchmark's
-input (:mod:`embnic.testbed.bench.dataplane`) and the dataplane conformance tests. Frames are
+Used by the BMv2 runs (:mod:`embnic.control.bmv2`), trace record and replay
+(:mod:`embnic.testbed.traces.trace`), the dataplane benchmark's input
+(:mod:`embnic.testbed.bench.dataplane`) and the dataplane conformance tests. Frames are
 written unchanged — any length, even shorter than an Ethernet header (the card must drop those).
 
 Example::
 
-    from embnic.testbed.traces.pcap import read_pcap, write_pcap
+    from embnic.control.pcap import read_pcap, write_pcap
     write_pcap("t.pcap", [frame0, frame1], times=[0.0, 0.001])
     [(0.0, frame0), (0.001, frame1)] == read_pcap("t.pcap")
 """
