@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from embnic.control.errors import MissingDependencyError
+from embnic.control.errors import MissingDependencyError, OperationalError
 
 _out = click.option("--out", "out", type=click.Path(file_okay=False), default="out/bench", show_default=True,
                     help="Directory for bench.json (results are merged into it).")

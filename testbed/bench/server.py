@@ -113,13 +113,13 @@ def _machine_idle() -> tuple[float, float]:
 # ---- the shard process ----------------------------------------------------------------------
 
 class ShardProcess:
-    """``embnic server`` for the bench config on a free loopback port, as its own process."""
+    """A shard (``python -m embnic.testbed.server``) for the bench config on a free loopback port, as its own process."""
 
     def __init__(self, workdir: Path, engine: str = "batch", workers: int = 1, mtu: int = 1500):
         self.cfg_path = Path(workdir) / f"bench-{engine}-{workers}.toml"
         self.cfg_path.write_text(_toml(17870, mtu))
         self.log_path = Path(workdir) / f"server-{engine}-{workers}.log"
-        self.argv = [sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(self.cfg_path),
+        self.argv = [sys.executable, "-m", "embnic.testbed.server", "--shard", "0", "--config", str(self.cfg_path),
                      "--port", "0", "--engine", engine, "--workers", str(workers), "--log-level", "info"]
         self.proc: subprocess.Popen | None = None
         self.port = 0

@@ -24,8 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bind", default=None, help="IPv4 address (default: the shard's ip)")
     ap.add_argument("--port", type=int, default=None, help="UDP port (default: the shard's port)")
     ap.add_argument("--dedup-window", type=int, default=65536, help="applied updates remembered")
+    ap.add_argument("--engine", choices=["batch", "reference"], default="batch",
+                    help="batch (default): many datagrams per wake-up; reference: the asyncio server")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes behind the address (batch engine)")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     args = ap.parse_args(argv)
+    if args.workers > 1 and args.engine != "batch":
+        ap.error("--workers needs --engine batch")
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -40,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     port = me.port if args.port is None else args.port
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
-        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window)
+        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, engine=args.engine,
+                          workers=args.workers)
     except OSError as e:
         print(f"Error: {bind_error_message(e, ip, port)}", file=sys.stderr)
         return 1
