@@ -3,12 +3,20 @@
 :class:`EmbeddingClient` turns ``{table_id: unique keys}`` into one variable-length message per
 (shard, table) — routed by :mod:`embnic.client_lib.routing`, fragmented to the cluster MTU by
 :mod:`embnic.client_lib.codec`, and split into several messages where a message or its reply
-would need more than ``consts.MAX_FRAGS`` (256) fragments — sends them all at once (one round),
+would need more than ``consts.MAX_FRAGS`` (256) fragments — sends them in one round,
 reassembles the replies and puts every row back at its key's position. A reply is taken only
-from the shard its request went to (others are counted as ``wrong_shard_reply``). Lookups whose reply is incomplete after
-``timeout_ms`` are re-sent with the ``RETRANSMIT`` flag; updates likewise until acked (the
-servers apply each update exactly once). After ``retries`` tries the client raises
-:class:`ShardUnavailableError` naming the shard.
+from the shard its request went to (others are counted as ``wrong_shard_reply``).
+
+**Transport** (docs/protocol.md, "Reliability"). What is in flight to one shard is bounded by a
+send window (``window_frames``: request frames plus the reply frames they will draw); the
+next message of a shard goes out when a reply frees room, so a batch-4096 round does not
+overrun the card's or the shard's queues. Every message has its own retransmission timer,
+set from the shard's measured round-trip time as in RFC 6298 (:class:`RttEstimator`: SRTT,
+RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]``, Karn's rule: no sample from a
+retransmitted message; the first RTO is the config's ``timeout_ms``). A message whose reply is
+incomplete when its timer fires is re-sent with the ``RETRANSMIT`` flag and its timer doubled
+(exponential backoff); updates likewise until acked (the servers apply each update exactly
+once). After ``retries`` tries the client raises :class:`ShardUnavailableError` naming the shard.
 
 It talks to the shards directly, or through the card when the config's ``[card]`` is enabled
 (see :meth:`embnic.client_lib.config.ClusterConfig.request_destination`).
@@ -34,6 +42,9 @@ from .reassembly import Message, Reassembler
 from .routing import split_by_shard
 
 _SOCK_BUF = 16 << 20  # bytes
+DEFAULT_WINDOW_FRAMES = 512  #: frames in flight per shard (requests + the replies they draw)
+DEFAULT_RTO_MIN_MS = 10.0  #: lower bound of the retransmission timeout, ms
+DEFAULT_RTO_MAX_MS = 10_000.0  #: upper bound of the retransmission timeout (after backoff), ms
 
 
 class EmbnicError(RuntimeError):
@@ -74,7 +85,14 @@ class ShardError(EmbnicError):
 
 @dataclasses.dataclass
 class ClientStats:
-    """Counters of one client. Latencies in µs, one entry per completed lookup message."""
+    """Counters of one client. Latencies in µs, one entry per completed lookup message.
+
+    ``rounds`` counts every round trip the client waited for (lookups, updates and, in the
+    fixed-length mode, size rounds); ``size_rounds`` the size rounds among them;
+    ``retransmits`` messages re-sent; ``timeouts`` retransmission timers that fired;
+    ``max_inflight_frames`` the most frames one shard's send window held (request + reply
+    frames; above ``window_frames`` only when one message alone is larger).
+    """
 
     messages_sent: int = 0
     frames_sent: int = 0
@@ -83,7 +101,10 @@ class ClientStats:
     frames_received: int = 0
     bytes_received: int = 0
     retransmits: int = 0
+    timeouts: int = 0
     rounds: int = 0
+    size_rounds: int = 0
+    max_inflight_frames: int = 0
     stale_replies: int = 0
     lookup_latency_us: list = dataclasses.field(default_factory=list)
     drops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -105,8 +126,56 @@ class _Out:
     dest: tuple[str, int]
     frames: list
     on_reply: Callable[[Message], None]
+    reply_frames: int = 1
     t_first: float = 0.0
+    t_sent: float = 0.0
+    deadline: float = 0.0
+    rto: float = 0.0
     tries: int = 0
+
+    @property
+    def cost(self) -> int:
+        """Frames this message holds in its shard's send window (request + reply)."""
+        return len(self.frames) + self.reply_frames
+
+
+class RttEstimator:
+    """Round-trip time and retransmission timeout of one shard (RFC 6298, section 2).
+
+    Args:
+        rto_init_s: RTO before the first sample (s).
+        rto_min_s, rto_max_s: bounds of the RTO (s).
+
+    The first sample R sets ``SRTT = R``, ``RTTVAR = R/2``; later ones
+    ``RTTVAR = 3/4·RTTVAR + 1/4·|SRTT − R|``, ``SRTT = 7/8·SRTT + 1/8·R``; then
+    ``RTO = SRTT + max(G, 4·RTTVAR)`` (G: 1 µs) clamped to ``[rto_min_s, rto_max_s]``.
+    Backoff (section 5.5) is per message: the client doubles a message's own timer each
+    time it fires.
+
+    Example: samples 2 ms then 4 ms → SRTT 2.25 ms, RTTVAR 1.25 ms, RTO 7.25 ms (10 ms with the
+    default floor).
+    """
+
+    ALPHA, BETA, K, G = 0.125, 0.25, 4.0, 1e-6
+
+    def __init__(self, rto_init_s: float, rto_min_s: float, rto_max_s: float):
+        if not 0 < rto_min_s <= rto_max_s:
+            raise ValueError(f"RTO bounds must satisfy 0 < min <= max, got {rto_min_s}, {rto_max_s}")
+        self.rto_min, self.rto_max = float(rto_min_s), float(rto_max_s)
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.rto = min(max(float(rto_init_s), self.rto_min), self.rto_max)
+        self.samples = 0
+
+    def sample(self, r: float) -> None:
+        """Take one RTT measurement ``r`` (s) of a message sent once (Karn's rule is the caller's)."""
+        if self.srtt is None:
+            self.srtt, self.rttvar = r, r / 2
+        else:
+            self.rttvar = (1 - self.BETA) * self.rttvar + self.BETA * abs(self.srtt - r)
+            self.srtt = (1 - self.ALPHA) * self.srtt + self.ALPHA * r
+        self.samples += 1
+        self.rto = min(max(self.srtt + max(self.G, self.K * self.rttvar), self.rto_min), self.rto_max)
 
 
 def set_socket_buffers(sock: socket.socket, size: int = _SOCK_BUF) -> None:
@@ -148,21 +217,34 @@ class EmbeddingClient:
         cfg: the cluster config.
         client_id: this client's id (must be in ``cfg.clients``).
         bind: (ip, port) to bind; default the config's address of this client. Port 0 picks one.
-        timeout_ms, retries, mtu: override the config's ``[cluster]`` values.
+        timeout_ms, retries, mtu: override the config's ``[cluster]`` values (``timeout_ms`` is
+            the first retransmission timeout, before any round-trip time was measured).
+        window_frames: frames in flight per shard at most (request frames plus the reply
+            frames they draw); messages are split so that each fits it (from 3 frames up);
+            one message is always allowed, however large.
+        rto_min_ms, rto_max_ms: bounds of the retransmission timeout (ms).
 
     Raises:
         KeyError: unknown ``client_id``.
+        ValueError: ``window_frames`` < 1 or bad RTO bounds.
         OSError: the address cannot be bound.
     """
 
     def __init__(self, cfg: ClusterConfig, client_id: int, *, bind: tuple[str, int] | None = None,
-                 timeout_ms: int | None = None, retries: int | None = None, mtu: int | None = None):
+                 timeout_ms: int | None = None, retries: int | None = None, mtu: int | None = None,
+                 window_frames: int = DEFAULT_WINDOW_FRAMES, rto_min_ms: float = DEFAULT_RTO_MIN_MS,
+                 rto_max_ms: float = DEFAULT_RTO_MAX_MS):
         self.cfg = cfg
         self.client_id = client_id
         me = cfg.client(client_id)
         self.timeout_s = (timeout_ms or cfg.timeout_ms) / 1000.0
         self.retries = retries or cfg.retries
         self.mtu = mtu or cfg.mtu
+        if int(window_frames) < 1:
+            raise ValueError(f"window_frames must be >= 1, got {window_frames}")
+        self.window_frames = int(window_frames)
+        self._rtt = {s.id: RttEstimator(self.timeout_s, rto_min_ms / 1000.0, rto_max_ms / 1000.0)
+                     for s in cfg.shards}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         set_socket_buffers(self.sock, _SOCK_BUF)
         self.sock.bind(bind if bind is not None else (me.ip, me.port))
@@ -203,7 +285,7 @@ class EmbeddingClient:
             rows = np.empty((len(keys), t.dim), dtype=np.float32)
             out[table_id] = rows
             dt = t.wire_dtype
-            cap = consts.max_keys_per_message(MsgType.LOOKUP_REQ, t.dim, dt, self.mtu)
+            cap = self._cap(MsgType.LOOKUP_REQ, t.dim, dt)
             for shard_id, pos, skeys in _chunks(split_by_shard(self.cfg, table_id, keys), cap):
                 msg_id = self._alloc_id()
                 frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
@@ -212,8 +294,10 @@ class EmbeddingClient:
                 def fill(m: Message, rows=rows, pos=pos, dim=t.dim, dt=dt) -> None:
                     rows[pos] = codec.body_to_rows(m.body, len(pos), dim, dt)
 
+                reply_len = consts.expected_msg_len(MsgType.LOOKUP_REPLY, len(skeys), t.dim, dt)
                 msgs.append(_Out(msg_id, MsgType.LOOKUP_REQ, shard_id, table_id, len(skeys),
-                                 self._dest[shard_id], frames, fill))
+                                 self._dest[shard_id], frames, fill,
+                                 reply_frames=codec.frag_geometry(reply_len, self.mtu)[1]))
         self._round(msgs, MsgType.LOOKUP_REPLY, record_latency=True)
         return out
 
@@ -231,7 +315,7 @@ class EmbeddingClient:
             t = self.cfg.table(table_id)
             keys = as_ids(keys)
             grads = np.asarray(grads, dtype=np.float32)
-            cap = consts.max_keys_per_message(MsgType.UPDATE_REQ, t.dim, t.wire_dtype, self.mtu)
+            cap = self._cap(MsgType.UPDATE_REQ, t.dim, t.wire_dtype)
             for shard_id, pos, skeys in _chunks(split_by_shard(self.cfg, table_id, keys), cap):
                 msg_id = self._alloc_id()
                 frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
@@ -252,6 +336,18 @@ class EmbeddingClient:
         self.close()
 
     # -- internals --------------------------------------------------------------------------
+
+    def _cap(self, msg_type: int, dim: int, dtype: int) -> int:
+        """Most keys of one message: within :data:`consts.MAX_FRAGS` fragments each way
+        (:func:`consts.max_keys_per_message`) and, where the send window allows it, small
+        enough that the message and its reply fit the window (``ceil(8n/P) + ceil(n·row/P)``
+        frames, or ``ceil(n·(8+row)/P) + 1`` for an update, at most ``window_frames``)."""
+        cap = consts.max_keys_per_message(msg_type, dim, dtype, self.mtu)
+        if self.window_frames >= 3:
+            row = dim * consts.DTYPE_SIZE[consts.DType(dtype)]
+            cap = min(cap, max(1, (self.window_frames - 2) * consts.max_body_per_frame(self.mtu)
+                               // (consts.KEY_SIZE + row)))
+        return cap
 
     def _alloc_id(self) -> int:
         i = self._next_id
@@ -280,43 +376,83 @@ class EmbeddingClient:
             self.stats.retransmits += 1
 
     def _round(self, msgs: list[_Out], reply_type: int, record_latency: bool) -> None:
+        """Send ``msgs`` and wait for every reply: one round (see the module docstring for the
+        window and the per-message timers).
+
+        Raises:
+            ShardUnavailableError: a message was tried ``retries`` times without a reply.
+            ShardError: a shard answered ERROR.
+        """
         if not msgs:
             return
         self.stats.rounds += 1
-        pending = {m.msg_id: m for m in msgs}
-        t0 = time.monotonic()
+        queues: dict[int, collections.deque] = {}
         for m in msgs:
-            m.t_first = time.monotonic()  # latency: from this message's first frame to its reply
-            self._send(m, retransmit=False)
-            self.stats.messages_sent += 1
-        deadline = time.monotonic() + self.timeout_s
+            queues.setdefault(m.shard_id, collections.deque()).append(m)
+        inflight = dict.fromkeys(queues, 0)  # frames held in each shard's window
+        pending: dict[int, _Out] = {}
+        t0 = time.monotonic()
+
+        def fill(shard_id: int) -> None:
+            q = queues[shard_id]
+            while q and (inflight[shard_id] == 0 or inflight[shard_id] + q[0].cost <= self.window_frames):
+                m = q.popleft()
+                now = time.monotonic()
+                m.t_first = m.t_sent = now  # latency: from this message's first frame to its reply
+                m.rto = self._rtt[shard_id].rto
+                self._send(m, retransmit=False)
+                m.deadline = time.monotonic() + m.rto
+                self.stats.messages_sent += 1
+                pending[m.msg_id] = m
+                inflight[shard_id] += m.cost
+                if inflight[shard_id] > self.stats.max_inflight_frames:
+                    self.stats.max_inflight_frames = inflight[shard_id]
+
+        for sid in queues:
+            fill(sid)
         while pending:
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                self._reasm.expire()
-                lost = [m for m in pending.values() if m.tries >= self.retries]
-                if lost:
-                    m = lost[0]
-                    what = ("lookup" if m.msg_type == MsgType.LOOKUP_REQ else "update")
-                    n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
-                    raise ShardUnavailableError(m.shard_id, m.dest, m.tries, time.monotonic() - t0,
-                                                f"{n} {what} messages", via_card=self.via_card)
-                for m in pending.values():
-                    self._send(m, retransmit=True)
-                deadline = time.monotonic() + self.timeout_s
+            now = time.monotonic()
+            first = min(pending.values(), key=lambda x: x.deadline)
+            if first.deadline <= now:
+                self._expire(pending, now, t0)
                 continue
-            r, _, _ = select.select([self.sock], [], [], timeout)
+            r, _, _ = select.select([self.sock], [], [], first.deadline - now)
             if not r:
                 continue
-            self._drain(pending, reply_type, record_latency)
+            for m in self._drain(pending, reply_type, record_latency):
+                inflight[m.shard_id] -= m.cost
+                if m.tries == 1:  # Karn: a retransmitted message gives no sample
+                    self._rtt[m.shard_id].sample(time.monotonic() - m.t_sent)
+                fill(m.shard_id)
 
-    def _drain(self, pending: dict, reply_type: int, record_latency: bool) -> None:
+    def _expire(self, pending: dict, now: float, t0: float) -> None:
+        """Re-send every message whose timer fired, doubling that message's timer (RFC 6298
+        section 5.5, per message: the shard's estimate is left to the next sample, so one
+        lossy message does not slow every other message's timer)."""
+        self._reasm.expire()
+        fired = [m for m in pending.values() if m.deadline <= now]
+        for m in fired:
+            if m.tries >= self.retries:
+                what = "lookup" if m.msg_type == MsgType.LOOKUP_REQ else (
+                    "update" if m.msg_type == MsgType.UPDATE_REQ else "size")
+                n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
+                raise ShardUnavailableError(m.shard_id, m.dest, m.tries, now - t0,
+                                            f"{n} {what} messages", via_card=self.via_card)
+        for m in fired:
+            self.stats.timeouts += 1
+            m.rto = min(m.rto * 2, self._rtt[m.shard_id].rto_max)
+            self._send(m, retransmit=True)
+            m.deadline = time.monotonic() + m.rto
+
+    def _drain(self, pending: dict, reply_type: int, record_latency: bool) -> list[_Out]:
+        """Read every waiting datagram; returns the messages whose reply completed."""
         buf = self._buf
+        done: list[_Out] = []
         while True:
             try:
                 n, addr = self.sock.recvfrom_into(buf)
             except (BlockingIOError, InterruptedError):
-                return
+                return done
             self.stats.frames_received += 1
             self.stats.bytes_received += n
             msg = self._reasm.feed(bytes(buf[:n]), addr)
@@ -338,8 +474,16 @@ class EmbeddingClient:
             self.stats.messages_received += 1
             m.on_reply(msg)
             del pending[h.msg_id]
+            done.append(m)
             if record_latency:
                 self.stats.lookup_latency_us.append((time.monotonic() - m.t_first) * 1e6)
+
+    def rtt(self, shard_id: int) -> dict:
+        """``{"srtt_ms", "rttvar_ms", "rto_ms", "samples"}`` of one shard's :class:`RttEstimator`
+        (``srtt_ms`` None before the first sample). Raises KeyError for an unknown shard."""
+        e = self._rtt[shard_id]
+        return {"srtt_ms": None if e.srtt is None else e.srtt * 1e3, "rttvar_ms": e.rttvar * 1e3,
+                "rto_ms": e.rto * 1e3, "samples": e.samples}
 
     @property
     def drops(self) -> collections.Counter:

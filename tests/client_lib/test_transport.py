@@ -1,0 +1,166 @@
+"""The client's transport (docs/protocol.md, "Reliability"): RFC 6298 retransmission timers per
+message, a send window per shard, on real UDP shards — loss-free (no retransmission, the window
+never exceeded) and through a relay that drops frames (every row still right, updates once).
+
+Run alone: python3 -m pytest -q tests/client_lib/test_transport.py
+"""
+from __future__ import annotations
+
+import random
+import select
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from embnic.client_lib.client import EmbeddingClient, RttEstimator
+from embnic.client_lib.config import parse_config
+from embnic.client_lib.local import LocalBackend
+from embnic.testbed.server.shard import ServerCluster
+
+TABLES = [{"id": 0, "dim": 16, "optimizer": "adagrad", "lr": 0.1},
+          {"id": 1, "rows": 50000, "dim": 8, "optimizer": "sgd", "lr": 0.3}]
+
+
+def make_cfg(**cluster):
+    return parse_config({
+        "cluster": {"seed": 7, "sharding": "hash", "timeout_ms": 200, "retries": 30, **cluster},
+        "tables": TABLES,
+        "shards": [{"id": i, "ip": "127.0.0.1", "port": 7900 + i} for i in range(2)],
+        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7990}],
+    })
+
+
+def batches(n, size, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        k0 = np.unique(rng.integers(0, 2**64 - 1, size, dtype=np.uint64, endpoint=True))
+        k1 = np.unique(rng.integers(0, 50000, size, dtype=np.uint64))
+        yield {0: k0, 1: k1}
+
+
+def test_rtt_estimator_rfc6298_worked_example():
+    e = RttEstimator(0.2, 0.001, 10.0)
+    assert e.rto == pytest.approx(0.2) and e.srtt is None
+    e.sample(0.002)
+    assert (e.srtt, e.rttvar) == pytest.approx((0.002, 0.001))
+    assert e.rto == pytest.approx(0.002 + 4 * 0.001)
+    e.sample(0.004)
+    assert e.rttvar == pytest.approx(0.75 * 0.001 + 0.25 * 0.002)
+    assert e.srtt == pytest.approx(0.875 * 0.002 + 0.125 * 0.004)
+    assert e.rto == pytest.approx(0.00225 + 4 * 0.00125)
+    for _ in range(30):
+        e.sample(60.0)
+    assert e.rto == 10.0
+    floor = RttEstimator(0.2, 0.05, 1.0)
+    floor.sample(0.001)
+    assert floor.rto == 0.05
+    with pytest.raises(ValueError):
+        RttEstimator(0.2, 0.0, 1.0)
+
+
+def test_window_bounds_in_flight_and_no_retransmits_loss_free():
+    cfg = make_cfg()
+    ref = LocalBackend(cfg)
+    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), window_frames=24) as c:
+        seen = []
+        orig = c._send
+
+        def spy(m, retransmit):  # frames in flight per shard at every send, window included
+            orig(m, retransmit)
+            seen.append(m.cost)
+
+        c._send = spy
+        for b in batches(3, 6000):
+            got = c.lookup(b)
+            for tid, keys in b.items():
+                assert np.array_equal(got[tid], ref.lookup(tid, keys))
+            grads = {tid: (k, np.full((len(k), cfg.table(tid).dim), 0.01, np.float32)) for tid, k in b.items()}
+            c.update(grads)
+            for tid, (k, g) in grads.items():
+                ref.update(tid, k, g)
+        assert c.stats.retransmits == 0 and c.stats.timeouts == 0
+        assert c.stats.max_inflight_frames <= 24
+        assert max(seen) <= 24  # every message here fits the window alone
+        assert c.stats.messages_sent > 2 * 2 * 2 * 3  # the window split rounds into many messages in turn
+        assert c.rtt(0)["samples"] > 0 and c.rtt(0)["srtt_ms"] > 0
+        for b in batches(1, 50, seed=9):
+            got = c.lookup(b)
+            assert all(np.array_equal(got[t], ref.lookup(t, b[t])) for t in b)
+
+
+class LossyRelay:
+    """A UDP relay in front of one shard that drops each datagram, either way, with
+    probability ``loss`` (seeded). The client sends to ``address``; replies come back through it."""
+
+    def __init__(self, shard_addr, loss: float, seed: int):
+        self.shard_addr = shard_addr
+        self.loss = loss
+        self.rng = random.Random(seed)
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back.bind(("127.0.0.1", 0))
+        for s in (self.front, self.back):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.address = self.front.getsockname()
+        self.client = None
+        self.dropped = self.passed = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            r, _, _ = select.select([self.front, self.back], [], [], 0.05)
+            for s in r:
+                data, addr = s.recvfrom(65536)
+                if s is self.front:
+                    self.client = addr
+                    dest, out = self.shard_addr, self.back
+                else:
+                    dest, out = self.client, self.front
+                if self.rng.random() < self.loss:
+                    self.dropped += 1
+                    continue
+                self.passed += 1
+                out.sendto(data, dest)
+
+    def close(self):
+        self._stop.set()
+        self._t.join(5)
+        self.front.close()
+        self.back.close()
+
+
+def test_loss_retransmits_per_message_and_stays_exact():
+    import dataclasses
+
+    cfg = make_cfg()
+    ref = LocalBackend(cfg)
+    with ServerCluster(cfg) as cl:
+        relays = [LossyRelay((s.ip, s.port), 0.03, seed=s.id) for s in cl.cfg.shards]
+        try:
+            shards = tuple(dataclasses.replace(s, ip=r.address[0], port=r.address[1])
+                           for s, r in zip(cl.cfg.shards, relays))
+            lcfg = dataclasses.replace(cl.cfg, shards=shards)
+            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), window_frames=64) as c:
+                for b in batches(3, 1500, seed=3):
+                    got = c.lookup(b)
+                    for tid, keys in b.items():
+                        assert np.array_equal(got[tid], ref.lookup(tid, keys))
+                    grads = {tid: (k, np.full((len(k), cfg.table(tid).dim), 0.02, np.float32))
+                             for tid, k in b.items()}
+                    c.update(grads)
+                    for tid, (k, g) in grads.items():
+                        ref.update(tid, k, g)
+                final = {t: np.concatenate([b[t] for b in batches(3, 1500, seed=3)]) for t in (0, 1)}
+                got = c.lookup({t: np.unique(k) for t, k in final.items()})
+                for t, k in final.items():
+                    assert np.array_equal(got[t], ref.lookup(t, np.unique(k)))  # each update applied once
+                assert c.stats.retransmits > 0 and c.stats.timeouts > 0
+                assert sum(r.dropped for r in relays) > 0
+        finally:
+            for r in relays:
+                r.close()
