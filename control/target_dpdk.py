@@ -214,6 +214,8 @@ class DpdkTarget(Target):
             args += ["--port-ip", f"{p.id}={p.ip}"]
         args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
                  "--state-timeout-ms", str(card.state_timeout_ms)]
+        if self.config.mtu > 1500:  # mbufs that hold a whole jumbo frame (docs/control-socket.md)
+            args += ["--mtu", str(self.config.mtu)]
         if self.start_paused:
             args.append("--paused")
         return args + self.card_args

@@ -45,6 +45,7 @@
 
 #define MBUF_CACHE_SIZE	256
 #define CTL_PERIOD_US	1000	/* control socket poll period on a busy lcore */
+#define POOL_JUMBO_BYTES	(128u << 20)
 
 volatile bool force_quit;
 
@@ -63,7 +64,7 @@ usage(const char *prog)
 	fprintf(stderr,
 		"Usage: %s [EAL args] -- [--ctl PATH] [--port-ip P=A.B.C.D ...]\n"
 		"       [--ring-size N] [--state-size N] [--state-timeout-ms T]\n"
-		"       [--burst N] [--idle-us U] [--mbufs N] [--paused]\n"
+		"       [--burst N] [--idle-us U] [--mbufs N] [--mtu N] [--paused]\n"
 		"  --ctl PATH            control socket (default %s)\n"
 		"  --port-ip P=IP        the card's IPv4 on DPDK port P (repeat)\n"
 		"  --ring-size N         header ring entries, power of 2 (%u)\n"
@@ -72,10 +73,11 @@ usage(const char *prog)
 		"  --burst N             RX/TX burst, 1..%u (%u)\n"
 		"  --idle-us U           sleep U us when a poll finds nothing (0)\n"
 		"  --mbufs N             mempool size (default: sized from ports)\n"
+		"  --mtu N               every port's MTU, 68..%u (port default)\n"
 		"  --paused              start with RX stopped until 'resume'\n",
 		prog, EMBNIC_DEFAULT_CTL_PATH, EMBNIC_DEFAULT_RING_SIZE,
 		EMBNIC_DEFAULT_STATE_SIZE, EMBNIC_DEFAULT_STATE_TIMEOUT_MS,
-		EMBNIC_MAX_BURST, EMBNIC_DEFAULT_BURST);
+		EMBNIC_MAX_BURST, EMBNIC_DEFAULT_BURST, EMBNIC_MAX_MTU);
 }
 
 /* An unsigned decimal in [lo, hi]; 0 or -EINVAL. */
@@ -120,7 +122,7 @@ static int
 parse_args(int argc, char **argv, struct embnic_opts *o)
 {
 	enum { O_CTL = 256, O_PORT_IP, O_RING, O_STATE, O_TIMEOUT, O_BURST,
-	       O_IDLE, O_MBUFS, O_PAUSED, O_HELP };
+	       O_IDLE, O_MBUFS, O_PAUSED, O_HELP, O_MTU };
 	static const struct option lopts[] = {
 		{ "ctl", required_argument, NULL, O_CTL },
 		{ "port-ip", required_argument, NULL, O_PORT_IP },
@@ -132,6 +134,7 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 		{ "mbufs", required_argument, NULL, O_MBUFS },
 		{ "paused", no_argument, NULL, O_PAUSED },
 		{ "help", no_argument, NULL, O_HELP },
+		{ "mtu", required_argument, NULL, O_MTU },
 		{ NULL, 0, NULL, 0 },
 	};
 	int opt, ret = 0;
@@ -175,6 +178,9 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 		case O_PAUSED:
 			o->paused = true;
 			break;
+		case O_MTU:
+			ret = parse_u32(optarg, 68, EMBNIC_MAX_MTU, &o->mtu);
+			break;
 		default:	/* --help, or getopt already said what is wrong */
 			return -EINVAL;
 		}
@@ -211,6 +217,30 @@ port_init(struct embnic_app *a, uint16_t port)
 		return ret;
 	if (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM)
 		conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
+	if (a->opts.mtu != 0) {
+		/*
+		 * The mbufs hold a whole frame of the MTU (pool_create()). A
+		 * port that reports a larger maximum takes the MTU; af_packet
+		 * reports 1518 whatever its frames (its vdev's framesz is its
+		 * limit: it refuses at queue setup a frame larger than an
+		 * mbuf); any other port below the MTU is refused, naming its
+		 * limit.
+		 */
+		uint32_t frame = a->opts.mtu + RTE_ETHER_HDR_LEN +
+			RTE_ETHER_CRC_LEN;
+
+		if (frame <= info.max_rx_pktlen && a->opts.mtu <= info.max_mtu)
+			conf.rxmode.mtu = a->opts.mtu;
+		else if (strcmp(info.driver_name, "net_af_packet") != 0) {
+			fprintf(stderr, "embnic-dp: port %u (%s) receives at "
+				"most %u-byte frames (MTU %u): --mtu %u needs "
+				"%u\n", port, info.driver_name,
+				info.max_rx_pktlen, info.max_rx_pktlen -
+				RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN,
+				a->opts.mtu, frame);
+			return -EINVAL;
+		}
+	}
 	ret = rte_eth_dev_configure(port, 1, 1, &conf);
 	if (ret != 0)
 		return ret;
@@ -351,14 +381,33 @@ lcore_main(void *arg)
 	return 0;
 }
 
+/*
+ * Bytes of an mbuf's buffer: the default (2048 + headroom), or with --mtu a
+ * whole frame of the MTU plus 128 bytes of slack (af_packet puts its frame
+ * header's tail in it), rounded up to 1 KiB.
+ */
+static uint16_t
+mbuf_buf_size(const struct embnic_app *a)
+{
+	uint32_t room = RTE_MBUF_DEFAULT_DATAROOM;
+
+	if (a->opts.mtu != 0)
+		room = RTE_MAX(room, RTE_ALIGN_CEIL(a->opts.mtu +
+			RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN + 128, 1024));
+	return (uint16_t)(room + RTE_PKTMBUF_HEADROOM);
+}
+
 static uint32_t
 default_nb_mbufs(const struct embnic_app *a)
 {
 	uint32_t n = a->nb_ports * (EMBNIC_RX_DESC + EMBNIC_TX_DESC) +
 		a->opts.ring_size + a->nb_lcores *
 		(MBUF_CACHE_SIZE + 4 * EMBNIC_MAX_BURST) + 8192;
+	/* jumbo mbufs: at most POOL_JUMBO_BYTES of them (EAL -m 256 here) */
+	uint32_t cap = POOL_JUMBO_BYTES / mbuf_buf_size(a);
 
-	return n;
+	return mbuf_buf_size(a) > RTE_MBUF_DEFAULT_BUF_SIZE && n > cap ?
+		RTE_MAX(cap, 1024u) : n;
 }
 
 /*
@@ -385,14 +434,14 @@ pool_create(struct embnic_app *a)
 	if (ops == NULL && a->rx_lcore != a->tx_lcore)
 		ops = "stack";
 	mp = rte_pktmbuf_pool_create_by_ops("embnic_mbufs", n, MBUF_CACHE_SIZE,
-					    0, RTE_MBUF_DEFAULT_BUF_SIZE,
+					    0, mbuf_buf_size(a),
 					    (int)rte_socket_id(), ops);
 	if (mp == NULL && ops != NULL && rte_eal_mbuf_user_pool_ops() == NULL) {
 		printf("embnic-dp: no '%s' mempool driver (%s), using the "
 		       "default\n", ops, rte_strerror(rte_errno));
 		mp = rte_pktmbuf_pool_create("embnic_mbufs", n,
 					     MBUF_CACHE_SIZE, 0,
-					     RTE_MBUF_DEFAULT_BUF_SIZE,
+					     mbuf_buf_size(a),
 					     (int)rte_socket_id());
 	}
 	return mp;

@@ -45,6 +45,7 @@
 #define EMBNIC_RX_DESC			1024
 #define EMBNIC_TX_DESC			1024
 #define EMBNIC_CARD_TTL			64
+#define EMBNIC_MAX_MTU			16000	/* --mtu: a frame fits a 16-bit mbuf */
 
 extern volatile bool force_quit;
 
@@ -187,6 +188,7 @@ struct embnic_opts {
 	uint32_t burst;
 	uint32_t idle_us;
 	uint32_t nb_mbufs;
+	uint32_t mtu;			/* 0: each port's default */
 	bool paused;
 };
 

@@ -456,8 +456,19 @@ class Topology:
 
         ``framecnt=4096`` (8 MB of PACKET_MMAP ring per port instead of the PMD's 512 frames):
         with the default a top-speed replay of a 10-batch trace overflowed the RX ring and lost
-        531 of 3079 frames before the card saw them; with 4096 it lost none."""
-        return [f"net_af_packet{lk.port},iface={lk.card_if},framecnt=4096" for lk in self.links]
+        531 of 3079 frames before the card saw them; with 4096 it lost none.
+
+        Above MTU 1500 the PMD's frames must hold a whole frame of the MTU (it truncates
+        anything longer): ``framesz`` = the card's mbuf buffer for ``--mtu`` (MTU + 18 + 128
+        rounded up to 1 KiB; the PMD refuses a frame larger than an mbuf), 4 frames a block, and
+        as many frames as keep the ring near 8 MB."""
+        mtu = self.cfg.mtu
+        if mtu <= 1500:
+            return [f"net_af_packet{lk.port},iface={lk.card_if},framecnt=4096" for lk in self.links]
+        framesz = -(-(mtu + 18 + 128) // 1024) * 1024
+        framecnt = max(512, (8 << 20) // framesz // 4 * 4)
+        return [f"net_af_packet{lk.port},iface={lk.card_if},framesz={framesz},blocksz={4 * framesz},"
+                f"framecnt={framecnt}" for lk in self.links]
 
     def eal_args(self) -> list[str]:
         """EAL arguments of the card (before the ``--vdev``s): ``[card].lcores``, no hugepages,

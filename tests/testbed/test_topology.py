@@ -53,6 +53,22 @@ def test_declaration_of_the_example_testbed():
     assert "card port 3" in topo.diagram()
 
 
+def test_jumbo_mtu_gives_the_pmd_frames_that_hold_it():
+    """Above MTU 1500 the af_packet frames hold a whole frame of the MTU (the card's --mtu mbuf);
+    the card gets --mtu (docs/control-socket.md)."""
+    import dataclasses
+
+    from embnic.control.target_dpdk import DpdkTarget
+
+    cfg = dataclasses.replace(load_config(TESTBED_TOML), mtu=9000)
+    topo = T.Topology.from_config(cfg, "enX1")
+    assert topo.vdevs()[0] == "net_af_packet0,iface=enX1p0,framesz=9216,blocksz=36864,framecnt=908"
+    assert 9000 + 14 + 4 <= 9216 and 908 * 9216 <= 8 << 20
+    argv = DpdkTarget(cfg, vdevs=topo.vdevs()).card_argv("/tmp/x.sock")
+    assert argv[argv.index("--mtu") + 1] == "9000"
+    assert "--mtu" not in DpdkTarget(load_config(TESTBED_TOML), vdevs=topo.vdevs()).card_argv("/tmp/x.sock")
+
+
 def test_effective_config_fills_macs_and_control_and_round_trips(tmp_path):
     raw = _raw()
     for e in raw["clients"] + raw["shards"] + raw["card"]["ports"]:
