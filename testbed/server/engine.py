@@ -48,11 +48,14 @@ import zlib
 from typing import Any, Callable
 
 import numpy as np
+from numpy.lib.recfunctions import structured_to_unstructured
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
+from embnic.client_lib.codec import FrameError
 from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.reassembly import _geometry
 from embnic.client_lib.routing import owns
 from embnic.client_lib.table_numerics import is_unique, rowwise_mean_square
 
@@ -64,6 +67,7 @@ log = logging.getLogger("embnic.server")
 _HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")
 _U4 = np.dtype(">u4")
 _U2 = np.dtype(">u2")
+_ZERO = (0,) * len(consts.HEADER_FIELDS)
 
 
 class _Pend:
@@ -89,6 +93,8 @@ class BatchShardServer(ShardServer):
         cfg, shard_id, bind, port, **kwargs: as :class:`ShardServer` (``dedup_window``,
             ``max_msg_bytes``, ``reassembly_timeout_s``).
         batch: datagrams per ``recvmmsg`` (per wake-up pass).
+        small: wake-ups of at most this many frames check their headers frame by frame
+            (:meth:`_check_scalar`), larger ones as vectors (:meth:`_check_vector`).
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
         sock: an already bound UDP socket to serve (the ``--workers`` parent binds them);
             ``bind``/``port`` are then ignored.
@@ -98,9 +104,11 @@ class BatchShardServer(ShardServer):
     """
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                 batch: int = 64, gso: bool = True, sock: socket.socket | None = None, **kwargs):
+                 batch: int = 64, small: int = 4, gso: bool = True, sock: socket.socket | None = None,
+                 **kwargs):
         super().__init__(cfg, shard_id, bind, port, **kwargs)
         self.batch = int(batch)
+        self.small = int(small)
         self.gso = bool(gso)
         self._sock = sock
         self._bs: udpio.BatchSocket | None = None
@@ -272,35 +280,10 @@ class BatchShardServer(ShardServer):
         ``(idx, info, name, body)`` in the order of the datagram that completed them."""
         bs = self._bs
         L = bs.lens[:n]
-        H = np.ascontiguousarray(bs.rx[:n, :consts.HDR_LEN]).view(codec.HEADER_DTYPE).reshape(n)
-        mt = H["msg_type"].astype(np.int64)
-        dt = H["dtype"].astype(np.int64)
-        tid = H["table_id"].astype(np.int64)
-        dim = H["dim"].astype(np.int64)
-        nk = H["num_keys"].astype(np.int64)
-        ml = H["msg_len"].astype(np.int64)
-        fo = H["frag_offset"].astype(np.int64)
-        fi = H["frag_index"].astype(np.int64)
-        fc = H["frag_count"].astype(np.int64)
-        fl = H["frag_len"].astype(np.int64)
-        esize = np.where(dt == 1, 4, np.where(dt == 2, 2, 0))
-        expect = np.where(mt == MsgType.LOOKUP_REQ, consts.KEY_SIZE * nk, nk * (consts.KEY_SIZE + dim * esize))
-        ok = ((L >= consts.HDR_LEN) & (H["magic"] == consts.MAGIC) & (H["version"] == consts.VERSION)
-              & ((mt == MsgType.LOOKUP_REQ) | (mt == MsgType.UPDATE_REQ))
-              & (fl == L - consts.HDR_LEN) & (fc >= 1) & (fi < fc) & (fo + fl <= ml) & (ml == expect) & (nk > 0)
-              & (fc <= consts.MAX_FRAGS) & (ml <= self.max_msg_bytes) & (ml <= self._reasm.max_msg_len)
-              & (H["shard_id"] == self.shard_id) & (self._tdim[tid] == dim) & (self._tdt[tid] == dt)
-              & ~((mt == MsgType.LOOKUP_REQ) & (nk > self._tmaxlk[tid])))
-        # fragment geometry (reassembly.py, _geometry)
+        cols, ok, p = self._check_vector(n) if n > self.small else self._check_scalar(n)
+        mt, dt, tid, dim, nk = cols[:, 2], cols[:, 4], cols[:, 8], cols[:, 10], cols[:, 11]
+        fi, fc, fl = cols[:, 14], cols[:, 15], cols[:, 16]
         single = fc == 1
-        last = (fi == fc - 1) & ~single
-        safe_fi = np.maximum(fi, 1)
-        safe_fl = np.maximum(fl, 1)
-        p = np.where(last, fo // safe_fi, fl)
-        g_single = (fo == 0) & (fl == ml)
-        g_mid = (fl > 0) & (fo == fi * fl) & (-(-ml // safe_fl) == fc)
-        g_last = (fo % safe_fi == 0) & (fo + fl == ml) & (fl > 0) & (fl <= p)
-        ok &= np.where(single, g_single, np.where(last, g_last, g_mid))
 
         # frames the fast path does not take: the reference handler, one by one
         slow = np.flatnonzero(~ok)
@@ -314,29 +297,78 @@ class BatchShardServer(ShardServer):
         self._c["rx_bytes"] += int(L[good].sum())
         self._rstats["frames"] += int(good.size)
         out: list[tuple] = []
-        info_cols = (mt, H["client_id"].astype(np.int64), H["msg_id"].astype(np.int64), tid, nk, dim, dt)
+        info_cols = (mt, cols[:, 7], cols[:, 6], tid, nk, dim, dt)
         sg = good[single[good]]
         if sg.size:
-            cols = [c[sg].tolist() for c in info_cols]
+            icols = [c[sg].tolist() for c in info_cols]
             for j, i in enumerate(sg.tolist()):
-                out.append((i, tuple(c[j] for c in cols), bs.names[i].tobytes(),
+                out.append((i, tuple(c[j] for c in icols), bs.names[i].tobytes(),
                             bs.rx[i, consts.HDR_LEN:L[i]]))
             self._rstats["messages"] += int(sg.size)
         mg = good[~single[good]]
         if mg.size:
-            out.extend(self._reassemble(mg, H, info_cols, p, fi, fl))
+            out.extend(self._reassemble(mg, cols, info_cols, p, fi, fl))
             out.sort(key=lambda m: m[0])
         return out
 
-    def _reassemble(self, mg: np.ndarray, H: np.ndarray, info_cols, p, fi, fl) -> list[tuple]:
+    def _check_vector(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Header fields of the ``n`` frames (int64 (n, 18), in ``consts.HEADER_FIELDS`` order),
+        whether the fast path takes each (bool (n,)) and its fragment size P (0 for single
+        frames): all frames at once, the rules of ``codec.parse_header``,
+        ``ShardServer._check_header`` and ``reassembly._geometry`` as vector expressions."""
+        bs = self._bs
+        L = bs.lens[:n]
+        H = np.ascontiguousarray(bs.rx[:n, :consts.HDR_LEN]).view(codec.HEADER_DTYPE).reshape(n)
+        cols = structured_to_unstructured(H, dtype=np.int64)
+        mt, dt, tid, dim, nk, ml = cols[:, 2], cols[:, 4], cols[:, 8], cols[:, 10], cols[:, 11], cols[:, 12]
+        fo, fi, fc, fl = cols[:, 13], cols[:, 14], cols[:, 15], cols[:, 16]
+        esize = np.where(dt == 1, 4, np.where(dt == 2, 2, 0))
+        expect = np.where(mt == MsgType.LOOKUP_REQ, consts.KEY_SIZE * nk, nk * (consts.KEY_SIZE + dim * esize))
+        ok = ((L >= consts.HDR_LEN) & (cols[:, 0] == consts.MAGIC) & (cols[:, 1] == consts.VERSION)
+              & ((mt == MsgType.LOOKUP_REQ) | (mt == MsgType.UPDATE_REQ))
+              & (fl == L - consts.HDR_LEN) & (fc >= 1) & (fi < fc) & (fo + fl <= ml) & (ml == expect) & (nk > 0)
+              & (fc <= consts.MAX_FRAGS) & (ml <= self.max_msg_bytes) & (ml <= self._reasm.max_msg_len)
+              & (cols[:, 9] == self.shard_id) & (self._tdim[tid] == dim) & (self._tdt[tid] == dt)
+              & ~((mt == MsgType.LOOKUP_REQ) & (nk > self._tmaxlk[tid])))
+        # fragment geometry (reassembly.py, _geometry)
+        single = fc == 1
+        last = (fi == fc - 1) & ~single
+        safe_fi = np.maximum(fi, 1)
+        safe_fl = np.maximum(fl, 1)
+        p = np.where(last, fo // safe_fi, np.where(single, 0, fl))
+        g_single = (fo == 0) & (fl == ml)
+        g_mid = (fl > 0) & (fo == fi * fl) & (-(-ml // safe_fl) == fc)
+        g_last = (fo % safe_fi == 0) & (fo + fl == ml) & (fl > 0) & (fl <= p)
+        ok &= np.where(single, g_single, np.where(last, g_last, g_mid))
+        return cols, ok, p
+
+    def _check_scalar(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As :meth:`_check_vector`, frame by frame with the reference's own functions (cheaper
+        than a dozen vector operations when a wake-up brings a few frames)."""
+        bs = self._bs
+        rows, ok, p = [], [], []
+        for i in range(n):
+            try:
+                h = codec.parse_header(memoryview(bs.rx[i, :bs.lens[i]]), expect="request")
+                good = (h.msg_len <= self.max_msg_bytes and h.msg_len <= self._reasm.max_msg_len
+                        and self._check_header(h) is None)
+                pp = _geometry(h) if good else 0
+            except FrameError:
+                h, good, pp = _ZERO, False, 0
+            rows.append(h)
+            ok.append(good)
+            p.append(pp)
+        return np.array(rows, np.int64).reshape(n, len(consts.HEADER_FIELDS)), np.array(ok, bool), np.array(p, np.int64)
+
+    def _reassemble(self, mg: np.ndarray, cols: np.ndarray, info_cols, p, fi, fl) -> list[tuple]:
         """Feed the multi-fragment frames ``mg`` (indices, ascending) to their messages."""
         bs = self._bs
         now = time.monotonic()
-        key = ((H["client_id"][mg].astype(np.uint64) << np.uint64(48))
-               | (H["msg_id"][mg].astype(np.uint64) << np.uint64(16)) | H["msg_type"][mg].astype(np.uint64))
-        same = np.stack([H[f][mg].astype(np.int64) for f in
-                         ("dtype", "status", "table_id", "shard_id", "dim", "num_keys", "msg_len", "frag_count")]
-                        + [p[mg]], axis=1)
+        c = cols[mg]
+        key = ((c[:, 7].astype(np.uint64) << np.uint64(48)) | (c[:, 6].astype(np.uint64) << np.uint64(16))
+               | c[:, 2].astype(np.uint64))
+        # dtype, status, table_id, shard_id, dim, num_keys, msg_len, frag_count (reassembly._SAME), P
+        same = np.concatenate([c[:, [4, 5, 8, 9, 10, 11, 12, 15]], p[mg, None]], axis=1)
         uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
         order = np.argsort(inv, kind="stable")
         bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=uk.size))]

@@ -103,6 +103,8 @@ class BatchSocket:
         lens: int64 (batch,) lengths of the last :meth:`recv`.
         names: uint8 (batch, 16) source ``sockaddr_in`` of each.
         gso: whether GSO is in use (False after a refusal).
+        small_send: a lone reply of at most this many frames is sent with ``sendto`` (cheaper
+            than filling ``mmsghdr`` arrays for one datagram).
         stats: ``recv_calls``, ``send_calls``, ``send_errors``, ``gso_sends``, ``gso_fallbacks``.
     """
 
@@ -117,6 +119,7 @@ class BatchSocket:
         self.names = np.zeros((self.batch, SOCKADDR_LEN), np.uint8)
         self.native = available()
         self.gso = bool(gso) and self.native
+        self.small_send = 2  #: a reply of at most this many frames goes out with plain sendto
         self.stats = {"recv_calls": 0, "send_calls": 0, "send_errors": 0, "gso_sends": 0, "gso_fallbacks": 0}
         if self.native:
             self._rx_iov = np.zeros(self.batch, IOVEC)
@@ -199,7 +202,7 @@ class BatchSocket:
         if len(starts) == 0:
             return 0
         width = buf.shape[1]
-        if not self.native:
+        if not self.native or (len(starts) == 1 and counts[0] <= self.small_send):
             return self._send_fallback(buf, starts, counts, lens, names)
         counts = counts.astype(np.int64)
         if self.gso and width <= GSO_MAX_BYTES:
