@@ -1,8 +1,11 @@
-"""A parameter-server shard: asyncio UDP server owning its rows of every embedding table.
+"""A parameter-server shard: the readable reference server (asyncio, one datagram at a time).
 
+``embnic server`` runs the batch engine (:mod:`embnic.testbed.server.engine`) by default; it
+answers exactly as this server does and hands it every frame its fast path does not take, so
+the rules below are the rules of both (docs/server.md). ``--engine reference`` runs this one.
 Started as ``embnic server --shard I --config F``, as ``python -m embnic.testbed.server --shard I
---config F`` (what the testbed runs), or in process with :class:`ServerThread` / :class:`ServerCluster`.
-Wiring::
+--config F`` (what the testbed runs), or in process with :class:`ServerThread` / :class:`ServerCluster`
+(either engine). Wiring::
 
     client ──UDP (LOOKUP_REQ / UPDATE_REQ, fragmented)──▶ shard I  (bind ip:port, config)
        ▲                                                     │ Reassembler → handle → TableShard

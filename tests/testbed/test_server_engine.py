@@ -291,3 +291,24 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
     assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
     assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
                                 "2": ref.state_dict()[2][0].size}
+
+
+def test_cli_workers_need_the_batch_engine(tmp_path):
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", "examples/cluster.toml", "--workers", "2",
+                                 "--engine", "reference"])
+    assert r.exit_code == 2 and "--workers needs --engine batch" in r.output
+
+
+def test_steering_program_picks_the_worker_of_the_table():
+    """The cBPF program is ldh [14] (table_id), mod N, ret A — checked instruction by instruction."""
+    import struct
+
+    from embnic.testbed.server.engine import steering_program
+
+    ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 24, 8)]
+    assert ins == [(0x28, 0, 0, 14), (0x94, 0, 0, 3), (0x16, 0, 0, 0)]
+    assert [f[1:] for f in consts.HEADER_FIELDS if f[0] == "table_id"] == [(14, 2)]
