@@ -58,8 +58,9 @@ class ShardUnavailableError(EmbnicError):
     """
 
     def __init__(self, shard_id: int, address: tuple[str, int], tries: int, waited_s: float, what: str,
-                 via_card: bool = False):
+                 via_card: bool = False, path_mtu_hint: str | None = None):
         self.shard_id, self.address, self.tries, self.via_card = shard_id, address, tries, via_card
+        self.path_mtu_hint = path_mtu_hint
         if via_card:
             hint = (f"sent through the card at {address[0]}:{address[1]}); is the card loaded and routing "
                     f"shard {shard_id} (`embnic status`, `embnic route list`) and `embnic server --shard "
@@ -67,6 +68,8 @@ class ShardUnavailableError(EmbnicError):
         else:
             hint = (f"sent to {address[0]}:{address[1]}); is `embnic server --shard {shard_id}` running "
                     f"and reachable?")
+        if path_mtu_hint:
+            hint += f" {path_mtu_hint}"
         super().__init__(f"shard {shard_id} did not answer {what} after {tries} tries over {waited_s:.1f} s ({hint}")
 
 
@@ -127,6 +130,7 @@ class _Out:
     frames: list
     on_reply: Callable[[Message], None]
     reply_frames: int = 1
+    datagram: int = 0  # largest IPv4 datagram of the request or its reply, bytes
     t_first: float = 0.0
     t_sent: float = 0.0
     deadline: float = 0.0
@@ -258,6 +262,7 @@ class EmbeddingClient:
         self._buf = bytearray(65536)
         self._dest = {s.id: cfg.request_destination(client_id, s.id) for s in cfg.shards}
         self.via_card = cfg.card is not None and cfg.card.enabled
+        self._largest_answered = 0  # largest datagram (bytes) of an answered message or its reply
 
     # -- public API -------------------------------------------------------------------------
 
@@ -297,7 +302,8 @@ class EmbeddingClient:
                 reply_len = consts.expected_msg_len(MsgType.LOOKUP_REPLY, len(skeys), t.dim, dt)
                 msgs.append(_Out(msg_id, MsgType.LOOKUP_REQ, shard_id, table_id, len(skeys),
                                  self._dest[shard_id], frames, fill,
-                                 reply_frames=codec.frag_geometry(reply_len, self.mtu)[1]))
+                                 reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
+                                 datagram=self._datagram(frames, reply_len)))
         self._round(msgs, MsgType.LOOKUP_REPLY, record_latency=True)
         return out
 
@@ -322,7 +328,8 @@ class EmbeddingClient:
                                              shard_id=shard_id, dtype=t.wire_dtype, keys=skeys,
                                              grads=grads[pos], mtu=self.mtu)
                 msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, table_id, len(skeys),
-                                 self._dest[shard_id], frames, lambda m: None))
+                                 self._dest[shard_id], frames, lambda m: None,
+                                 datagram=self._datagram(frames, 0)))
         self._round(msgs, MsgType.UPDATE_ACK, record_latency=False)
 
     def close(self) -> None:
@@ -348,6 +355,12 @@ class EmbeddingClient:
             cap = min(cap, max(1, (self.window_frames - 2) * consts.max_body_per_frame(self.mtu)
                                // (consts.KEY_SIZE + row)))
         return cap
+
+    def _datagram(self, frames: list, reply_len: int) -> int:
+        """Largest IPv4 datagram (bytes) of a request's ``frames`` (UDP payloads) or of its reply
+        of ``reply_len`` body bytes: what the path must carry for the message to be answered."""
+        reply = consts.HDR_LEN + min(reply_len, consts.max_body_per_frame(self.mtu))
+        return consts.IPV4_HDR_LEN + consts.UDP_HDR_LEN + max(max(len(f) for f in frames), reply)
 
     def _alloc_id(self) -> int:
         i = self._next_id
@@ -436,8 +449,15 @@ class EmbeddingClient:
                 what = "lookup" if m.msg_type == MsgType.LOOKUP_REQ else (
                     "update" if m.msg_type == MsgType.UPDATE_REQ else "size")
                 n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
+                big = max(x.datagram for x in pending.values() if x.shard_id == m.shard_id)
+                hint = None
+                if 0 < self._largest_answered < big:
+                    hint = (f"Messages whose datagrams were at most {self._largest_answered} bytes were answered, "
+                            f"these need {big}-byte datagrams: the path may not carry MTU {self.mtu} (every "
+                            f"link's MTU, the card's --mtu and its ports' frame size; `embnic status` counts "
+                            f"frames the card got cut short as `truncated`).")
                 raise ShardUnavailableError(m.shard_id, m.dest, m.tries, now - t0,
-                                            f"{n} {what} messages", via_card=self.via_card)
+                                            f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint)
         for m in fired:
             self.stats.timeouts += 1
             m.rto = min(m.rto * 2, self._rtt[m.shard_id].rto_max)
@@ -472,6 +492,7 @@ class EmbeddingClient:
                 self.stats.drops["mismatched_reply"] += 1
                 continue
             self.stats.messages_received += 1
+            self._largest_answered = max(self._largest_answered, m.datagram)
             m.on_reply(msg)
             del pending[h.msg_id]
             done.append(m)
