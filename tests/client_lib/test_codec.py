@@ -85,7 +85,8 @@ msg_strategy = st.fixed_dictionaries({
     "flags": st.sampled_from([0, 1]),
     "mtu": st.sampled_from([576, 1500, 9000]),
     "seed": st.integers(0, 2**32 - 1),
-})
+}).filter(lambda m: consts.expected_msg_len(m["msg_type"], m["num_keys"], m["dim"], m["dtype"])
+          <= consts.MAX_FRAGS * consts.max_body_per_frame(m["mtu"]))  # at most 256 fragments a message
 
 
 def _body(m):
