@@ -48,7 +48,6 @@ import zlib
 from typing import Any, Callable
 
 import numpy as np
-from numpy.lib.recfunctions import structured_to_unstructured
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.client import set_socket_buffers
@@ -68,6 +67,7 @@ _HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")
 _U4 = np.dtype(">u4")
 _U2 = np.dtype(">u2")
 _ZERO = (0,) * len(consts.HEADER_FIELDS)
+_FIELDS = [f[0] for f in consts.HEADER_FIELDS]
 
 
 class _Pend:
@@ -319,7 +319,9 @@ class BatchShardServer(ShardServer):
         bs = self._bs
         L = bs.lens[:n]
         H = np.ascontiguousarray(bs.rx[:n, :consts.HDR_LEN]).view(codec.HEADER_DTYPE).reshape(n)
-        cols = structured_to_unstructured(H, dtype=np.int64)
+        cols = np.empty((n, len(_FIELDS)), np.int64)
+        for j, f in enumerate(_FIELDS):  # 18 field copies (structured_to_unstructured costs 10x)
+            cols[:, j] = H[f]
         mt, dt, tid, dim, nk, ml = cols[:, 2], cols[:, 4], cols[:, 8], cols[:, 10], cols[:, 11], cols[:, 12]
         fo, fi, fc, fl = cols[:, 13], cols[:, 14], cols[:, 15], cols[:, 16]
         esize = np.where(dt == 1, 4, np.where(dt == 2, 2, 0))
