@@ -42,7 +42,6 @@ import os
 import select
 import socket
 import struct
-import threading
 import time
 import zlib
 from typing import Any, Callable
@@ -54,12 +53,12 @@ from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.codec import FrameError
 from embnic.client_lib.consts import MsgType, Status
-from embnic.client_lib.reassembly import _geometry
+from embnic.client_lib.reassembly import Message, _geometry
 from embnic.client_lib.routing import owns
 from embnic.client_lib.table_numerics import is_unique, rowwise_mean_square
 
 from . import udpio
-from .shard import _SOCK_BUF, ShardServer
+from .shard import _SOCK_BUF, ShardServer, _Refused
 
 log = logging.getLogger("embnic.server")
 
@@ -95,6 +94,9 @@ class BatchShardServer(ShardServer):
         batch: datagrams per ``recvmmsg`` (per wake-up pass).
         small: wake-ups of at most this many frames check their headers frame by frame
             (:meth:`_check_scalar`), larger ones as vectors (:meth:`_check_vector`).
+        small_keys: a message of at most this many keys that is alone of its table and kind in
+            a wake-up is served by the reference's own functions (:meth:`_flush_one`); others
+            (and every larger one) by the vector path.
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
         sock: an already bound UDP socket to serve (the ``--workers`` parent binds them);
             ``bind``/``port`` are then ignored.
@@ -104,11 +106,12 @@ class BatchShardServer(ShardServer):
     """
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                 batch: int = 64, small: int = 4, gso: bool = True, sock: socket.socket | None = None,
+                 batch: int = 64, small: int = 4, small_keys: int = 256, gso: bool = True, sock: socket.socket | None = None,
                  **kwargs):
         super().__init__(cfg, shard_id, bind, port, **kwargs)
         self.batch = int(batch)
         self.small = int(small)
+        self.small_keys = int(small_keys)
         self.gso = bool(gso)
         self._sock = sock
         self._bs: udpio.BatchSocket | None = None
@@ -490,7 +493,9 @@ class BatchShardServer(ShardServer):
 
     def _flush(self, tid: int, kind: int, q: list) -> None:
         try:
-            if kind == MsgType.LOOKUP_REQ:
+            if len(q) == 1 and q[0][1][4] <= self.small_keys:
+                self._flush_one(tid, kind, q[0])
+            elif kind == MsgType.LOOKUP_REQ:
                 self._flush_lookups(tid, q)
             else:
                 self._flush_updates(tid, q)
@@ -499,6 +504,23 @@ class BatchShardServer(ShardServer):
             log.exception("shard %d: internal error serving %d messages of table %d", self.shard_id, len(q), tid)
             for m in q:
                 self._emit(m, MsgType.ERROR, status=Status.INTERNAL)
+
+    def _flush_one(self, tid: int, kind: int, m: tuple) -> None:
+        """A lone small message of its table in this wake-up: the reference's own ``_lookup`` /
+        ``_update`` (a few scalar-sized numpy calls cost less than the vector bookkeeping)."""
+        idx, info, name, body = m
+        mtype, cid, mid, _, nk, dim, dt = info
+        h = codec.Header(consts.MAGIC, consts.VERSION, mtype, 0, dt, 0, mid, cid, tid, self.shard_id, dim, nk,
+                         int(body.size), 0, 0, 1, int(body.size), 0)
+        msg = Message(h, body, name, 1)
+        self._cur_idx = idx
+        try:
+            if kind == MsgType.LOOKUP_REQ:
+                ShardServer._lookup(self, self.tables[tid], msg)
+            else:
+                ShardServer._update(self, self.tables[tid], msg)
+        except _Refused as r:
+            self._reply_error(h, r.status, name)
 
     def _key_status(self, tid: int, keys: np.ndarray, offs: np.ndarray) -> np.ndarray:
         """Per message (segments ``offs`` of ``keys``): 0, KEY_OUT_OF_RANGE or NOT_OWNER, as
@@ -649,7 +671,8 @@ class BatchShardServer(ShardServer):
         self._rep_name.append(name)
 
     def _send(self, frames: list[bytes], addr) -> None:
-        """The reference handler's replies (errors) into the transmit buffer, in order."""
+        """The reference handler's replies into the transmit buffer, in order (``addr``: an
+        ``(ip, port)`` tuple or a 16-byte ``sockaddr_in``)."""
         if not frames:
             return
         count = len(frames)
@@ -660,7 +683,7 @@ class BatchShardServer(ShardServer):
         self._rep_idx.append(self._cur_idx)
         self._rep_start.append(a)
         self._rep_count.append(count)
-        self._rep_name.append(udpio.tuple_to_sockaddr(addr))
+        self._rep_name.append(addr if isinstance(addr, bytes) else udpio.tuple_to_sockaddr(addr))
 
     def _transmit(self) -> None:
         """Send every reply of this wake-up, ordered by the datagram that completed its request."""

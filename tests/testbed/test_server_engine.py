@@ -139,7 +139,8 @@ def _comparable(c):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.parametrize("kw", [{"small": 0}, {"gso": False, "batch": 7, "small": 0}, {"small": 64}])
+@pytest.mark.parametrize("kw", [{"small": 0, "small_keys": 0}, {"gso": False, "batch": 7, "small": 0},
+                                {"small": 64, "small_keys": 10**6}])
 def test_batch_engine_equals_reference(seed, kw):
     cfg = make_cfg()
     stream = build_stream(cfg, seed)
