@@ -11,7 +11,7 @@ from the shard its request went to (others are counted as ``wrong_shard_reply``)
 send window (``window_frames``: request frames plus the reply frames they will draw); the
 next message of a shard goes out when a reply frees room, so a batch-4096 round does not
 overrun the card's or the shard's queues. Every message has its own retransmission timer,
-set from the shard's measured round-trip time as in RFC 6298 (:class:`RttEstimator`: SRTT,
+set from the measured round-trip time of its shard and type as in RFC 6298 (:class:`RttEstimator`: SRTT,
 RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]``, Karn's rule: no sample from a
 retransmitted message; the first RTO is the config's ``timeout_ms``). A message whose reply is
 incomplete when its timer fires is re-sent with the ``RETRANSMIT`` flag and its timer doubled
@@ -227,6 +227,10 @@ class EmbeddingClient:
             frames they draw); messages are split so that each fits it (from 3 frames up);
             one message is always allowed, however large.
         rto_min_ms, rto_max_ms: bounds of the retransmission timeout (ms).
+        fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"), modelled
+            on TorchRec's ``KJTAllToAll``: every round of lookups or updates is preceded by a
+            size round — one SIZE_REQ per shard listing the round's data messages to it, and
+            a wait for every shard's SIZE_ACK. Two rounds per lookup instead of one.
 
     Raises:
         KeyError: unknown ``client_id``.
@@ -237,7 +241,7 @@ class EmbeddingClient:
     def __init__(self, cfg: ClusterConfig, client_id: int, *, bind: tuple[str, int] | None = None,
                  timeout_ms: int | None = None, retries: int | None = None, mtu: int | None = None,
                  window_frames: int = DEFAULT_WINDOW_FRAMES, rto_min_ms: float = DEFAULT_RTO_MIN_MS,
-                 rto_max_ms: float = DEFAULT_RTO_MAX_MS):
+                 rto_max_ms: float = DEFAULT_RTO_MAX_MS, fixed_length: bool = False):
         self.cfg = cfg
         self.client_id = client_id
         me = cfg.client(client_id)
@@ -247,8 +251,11 @@ class EmbeddingClient:
         if int(window_frames) < 1:
             raise ValueError(f"window_frames must be >= 1, got {window_frames}")
         self.window_frames = int(window_frames)
-        self._rtt = {s.id: RttEstimator(self.timeout_s, rto_min_ms / 1000.0, rto_max_ms / 1000.0)
-                     for s in cfg.shards}
+        self.fixed_length = bool(fixed_length)
+        # one estimator per (shard, request type): a 1-frame SIZE_REQ and a 200-frame lookup do
+        # not share a round-trip time
+        self._rtt = {(s.id, t): RttEstimator(self.timeout_s, rto_min_ms / 1000.0, rto_max_ms / 1000.0)
+                     for s in cfg.shards for t in consts.REQUEST_TYPES}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         set_socket_buffers(self.sock, _SOCK_BUF)
         self.sock.bind(bind if bind is not None else (me.ip, me.port))
@@ -304,6 +311,8 @@ class EmbeddingClient:
                                  self._dest[shard_id], frames, fill,
                                  reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
                                  datagram=self._datagram(frames, reply_len)))
+        if self.fixed_length:
+            self._size_round(msgs)
         self._round(msgs, MsgType.LOOKUP_REPLY, record_latency=True)
         return out
 
@@ -330,6 +339,8 @@ class EmbeddingClient:
                 msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, table_id, len(skeys),
                                  self._dest[shard_id], frames, lambda m: None,
                                  datagram=self._datagram(frames, 0)))
+        if self.fixed_length:
+            self._size_round(msgs)
         self._round(msgs, MsgType.UPDATE_ACK, record_latency=False)
 
     def close(self) -> None:
@@ -343,6 +354,33 @@ class EmbeddingClient:
         self.close()
 
     # -- internals --------------------------------------------------------------------------
+
+    def _size_round(self, msgs: list[_Out]) -> None:
+        """Fixed-length mode: announce the sizes of ``msgs`` (one SIZE_REQ per shard, split only
+        past :data:`consts.MAX_FRAGS` fragments) and wait for every shard's SIZE_ACK."""
+        by_shard: dict[int, list[_Out]] = {}
+        for m in msgs:
+            by_shard.setdefault(m.shard_id, []).append(m)
+        cap = consts.MAX_FRAGS * consts.max_body_per_frame(self.mtu) // consts.SIZE_ENTRY
+        size_msgs: list[_Out] = []
+        for shard_id, ms in by_shard.items():
+            e = np.zeros(len(ms), codec.SIZE_ENTRY_DTYPE)
+            e["msg_id"] = [m.msg_id for m in ms]
+            e["msg_type"] = [m.msg_type for m in ms]
+            e["dtype"] = [self.cfg.table(m.table_id).wire_dtype for m in ms]
+            e["table_id"] = [m.table_id for m in ms]
+            e["num_keys"] = [m.num_keys for m in ms]
+            e["msg_len"] = [consts.expected_msg_len(m.msg_type, m.num_keys, self.cfg.table(m.table_id).dim,
+                                                    self.cfg.table(m.table_id).wire_dtype) for m in ms]
+            for a in range(0, len(e), cap):
+                part = e[a:a + cap]
+                msg_id = self._alloc_id()
+                frames = codec.encode_size(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
+                                           entries=part, mtu=self.mtu)
+                size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, 0, len(part), self._dest[shard_id],
+                                      frames, lambda m: None))
+        self.stats.size_rounds += 1
+        self._round(size_msgs, MsgType.SIZE_ACK, record_latency=False)
 
     def _cap(self, msg_type: int, dim: int, dtype: int) -> int:
         """Most keys of one message: within :data:`consts.MAX_FRAGS` fragments each way
@@ -412,7 +450,7 @@ class EmbeddingClient:
                 m = q.popleft()
                 now = time.monotonic()
                 m.t_first = m.t_sent = now  # latency: from this message's first frame to its reply
-                m.rto = self._rtt[shard_id].rto
+                m.rto = self._rtt[shard_id, m.msg_type].rto
                 self._send(m, retransmit=False)
                 m.deadline = time.monotonic() + m.rto
                 self.stats.messages_sent += 1
@@ -424,19 +462,22 @@ class EmbeddingClient:
         for sid in queues:
             fill(sid)
         while pending:
-            now = time.monotonic()
-            first = min(pending.values(), key=lambda x: x.deadline)
-            if first.deadline <= now:
-                self._expire(pending, now, t0)
-                continue
-            r, _, _ = select.select([self.sock], [], [], first.deadline - now)
-            if not r:
-                continue
-            for m in self._drain(pending, reply_type, record_latency):
+            wait = min(m.deadline for m in pending.values()) - time.monotonic()
+            if wait > 0:
+                select.select([self.sock], [], [], wait)
+            # read before any timer is acted on: a reply that arrived while this process was not
+            # scheduled (a busy machine) is taken, not answered with a retransmission
+            done = self._drain(pending, reply_type, record_latency)
+            for m in done:
                 inflight[m.shard_id] -= m.cost
                 if m.tries == 1:  # Karn: a retransmitted message gives no sample
-                    self._rtt[m.shard_id].sample(time.monotonic() - m.t_sent)
+                    self._rtt[m.shard_id, m.msg_type].sample(time.monotonic() - m.t_sent)
                 fill(m.shard_id)
+            if done or not pending:
+                continue
+            now = time.monotonic()
+            if min(m.deadline for m in pending.values()) <= now:
+                self._expire(pending, now, t0)
 
     def _expire(self, pending: dict, now: float, t0: float) -> None:
         """Re-send every message whose timer fired, doubling that message's timer (RFC 6298
@@ -460,7 +501,7 @@ class EmbeddingClient:
                                             f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint)
         for m in fired:
             self.stats.timeouts += 1
-            m.rto = min(m.rto * 2, self._rtt[m.shard_id].rto_max)
+            m.rto = min(m.rto * 2, self._rtt[m.shard_id, m.msg_type].rto_max)
             self._send(m, retransmit=True)
             m.deadline = time.monotonic() + m.rto
 
@@ -499,10 +540,11 @@ class EmbeddingClient:
             if record_latency:
                 self.stats.lookup_latency_us.append((time.monotonic() - m.t_first) * 1e6)
 
-    def rtt(self, shard_id: int) -> dict:
-        """``{"srtt_ms", "rttvar_ms", "rto_ms", "samples"}`` of one shard's :class:`RttEstimator`
-        (``srtt_ms`` None before the first sample). Raises KeyError for an unknown shard."""
-        e = self._rtt[shard_id]
+    def rtt(self, shard_id: int, msg_type: int = MsgType.LOOKUP_REQ) -> dict:
+        """``{"srtt_ms", "rttvar_ms", "rto_ms", "samples"}`` of the :class:`RttEstimator` of one
+        shard and request type (``srtt_ms`` None before the first sample).
+        Raises KeyError for an unknown shard or a type that is not a request."""
+        e = self._rtt[shard_id, msg_type]
         return {"srtt_ms": None if e.srtt is None else e.srtt * 1e3, "rttvar_ms": e.rttvar * 1e3,
                 "rto_ms": e.rto * 1e3, "samples": e.samples}
 

@@ -91,7 +91,7 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
 
     Args:
         payload: embnic header + body fragment (bytes).
-        expect: ``"request"`` (types 1, 3), ``"reply"`` (types 2, 4, 5) or ``None`` (any).
+        expect: ``"request"`` (types 1, 3, 6), ``"reply"`` (types 2, 4, 5, 7) or ``None`` (any).
 
     Returns:
         the :class:`Header`.
@@ -110,7 +110,7 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
     if h.version != consts.VERSION:
         raise FrameError("bad_version", str(h.version))
     t = h.msg_type
-    if not 1 <= t <= 5:
+    if not 1 <= t <= len(MsgType):
         raise FrameError("bad_type", str(t))
     if expect == "request" and t not in consts.REQUEST_TYPES:
         raise FrameError("bad_type", f"{MsgType(t).name} where a request is expected")
@@ -126,7 +126,7 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
         raise FrameError("bad_length", f"frag_offset+frag_len {h.frag_offset + h.frag_len} > msg_len {h.msg_len}")
     if h.msg_len != consts.expected_msg_len(t, h.num_keys, h.dim, h.dtype):
         raise FrameError("bad_length", f"msg_len {h.msg_len} does not fit {h.num_keys} keys of dim {h.dim}")
-    if h.num_keys == 0 and t in (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ):
+    if h.num_keys == 0 and t in (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ, MsgType.SIZE_REQ):
         raise FrameError("bad_length", "num_keys 0")
     if h.frag_count > consts.MAX_FRAGS:
         raise FrameError("too_many_frags", f"frag_count {h.frag_count} > {consts.MAX_FRAGS}")
@@ -258,6 +258,33 @@ def encode_update(*, msg_id: int, client_id: int, table_id: int, shard_id: int, 
     return encode_message(MsgType.UPDATE_REQ, msg_id=msg_id, client_id=client_id, table_id=table_id,
                           shard_id=shard_id, dim=grads.shape[1], dtype=dtype, num_keys=len(keys),
                           body=update_to_body(keys, grads, dtype), mtu=mtu, flags=flags)
+
+
+#: a SIZE_REQ entry (docs/protocol.md, "Size messages"), little-endian like every body
+SIZE_ENTRY_DTYPE = np.dtype(list(consts.SIZE_ENTRY_FIELDS))
+assert SIZE_ENTRY_DTYPE.itemsize == consts.SIZE_ENTRY
+
+
+def encode_size(*, msg_id: int, client_id: int, shard_id: int, entries: np.ndarray,
+                mtu: int = consts.DEFAULT_MTU, flags: int = 0) -> list[bytes]:
+    """UDP payloads of a SIZE_REQ announcing ``entries`` (:data:`SIZE_ENTRY_DTYPE` (E,), E ≥ 1:
+    ``msg_id``, ``msg_type``, ``dtype``, ``table_id``, ``num_keys``, ``msg_len`` of every data
+    message that follows to ``shard_id``). ``table_id`` 0, ``dim`` 0, ``dtype`` none in the header.
+
+    Raises:
+        ValueError: ``entries`` is empty or not of :data:`SIZE_ENTRY_DTYPE`.
+    """
+    entries = np.asarray(entries)
+    if entries.dtype != SIZE_ENTRY_DTYPE or entries.ndim != 1 or len(entries) == 0:
+        raise ValueError(f"SIZE_REQ entries must be a non-empty 1-D array of {SIZE_ENTRY_DTYPE}")
+    return encode_message(MsgType.SIZE_REQ, msg_id=msg_id, client_id=client_id, table_id=0,
+                          shard_id=shard_id, dim=0, dtype=DType.NONE, num_keys=len(entries),
+                          body=entries.tobytes(), mtu=mtu, flags=flags)
+
+
+def body_to_size_entries(body: bytes | memoryview, num_entries: int) -> np.ndarray:
+    """SIZE_REQ body → :data:`SIZE_ENTRY_DTYPE` (E,) view."""
+    return np.frombuffer(body, dtype=SIZE_ENTRY_DTYPE, count=num_entries)
 
 
 def encode_reply(request: Header, msg_type: int, *, shard_id: int, body: bytes = b"",

@@ -16,6 +16,7 @@ IPV4_HDR_LEN = 20
 UDP_HDR_LEN = 8
 ETH_HDR_LEN = 14
 KEY_SIZE = 8  #: bytes per key (uint64, little-endian in bodies)
+SIZE_ENTRY = 16  #: bytes per entry of a SIZE_REQ body (docs/protocol.md, "Size messages")
 DEFAULT_MTU = 1500  #: bytes of IPv4 datagram
 MAX_FRAGS = 256  #: fragments of one message at most; receivers drop more as ``too_many_frags``
 
@@ -48,10 +49,21 @@ class MsgType(enum.IntEnum):
     UPDATE_REQ = 3
     UPDATE_ACK = 4
     ERROR = 5
+    SIZE_REQ = 6  #: fixed-length mode: the sizes of the data messages that follow
+    SIZE_ACK = 7  #: the shard sized its buffers; the data may come
 
 
-REQUEST_TYPES = frozenset({MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ})
-REPLY_TYPES = frozenset({MsgType.LOOKUP_REPLY, MsgType.UPDATE_ACK, MsgType.ERROR})
+REQUEST_TYPES = frozenset({MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ, MsgType.SIZE_REQ})
+REPLY_TYPES = frozenset({MsgType.LOOKUP_REPLY, MsgType.UPDATE_ACK, MsgType.ERROR, MsgType.SIZE_ACK})
+#: request type -> the reply types that answer it (ERROR answers any request)
+ANSWERS = {MsgType.LOOKUP_REQ: frozenset({MsgType.LOOKUP_REPLY, MsgType.ERROR}),
+           MsgType.UPDATE_REQ: frozenset({MsgType.UPDATE_ACK, MsgType.ERROR}),
+           MsgType.SIZE_REQ: frozenset({MsgType.SIZE_ACK, MsgType.ERROR})}
+#: request types that carry ids (data); a SIZE_REQ announces these
+DATA_REQUEST_TYPES = frozenset({MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ})
+#: one SIZE_REQ entry as a numpy structured dtype (little-endian, like every body)
+SIZE_ENTRY_FIELDS = (("msg_id", "<u4"), ("msg_type", "u1"), ("dtype", "u1"), ("table_id", "<u2"),
+                     ("num_keys", "<u4"), ("msg_len", "<u4"))
 
 
 class Flags(enum.IntFlag):
@@ -123,8 +135,8 @@ def max_keys_per_message(msg_type: int, dim: int, dtype: int, mtu: int) -> int:
     Raises:
         ValueError: ``msg_type`` is not a request type, or the MTU leaves no body room.
     """
-    if msg_type not in REQUEST_TYPES:
-        raise ValueError(f"max_keys_per_message: {msg_type!r} is not a request type")
+    if msg_type not in DATA_REQUEST_TYPES:
+        raise ValueError(f"max_keys_per_message: {msg_type!r} is not a lookup or update request")
     budget = MAX_FRAGS * max_body_per_frame(mtu)
     row = dim * DTYPE_SIZE.get(DType(dtype), 0) if dtype in (0, 1, 2) else 0
     per_key = max(KEY_SIZE, row) if msg_type == MsgType.LOOKUP_REQ else KEY_SIZE + row
@@ -132,7 +144,9 @@ def max_keys_per_message(msg_type: int, dim: int, dtype: int, mtu: int) -> int:
 
 
 def expected_msg_len(msg_type: int, num_keys: int, dim: int, dtype: int) -> int:
-    """Body length (bytes) a message of this type must have (docs/protocol.md, "Body")."""
+    """Body length (bytes) a message of this type must have (docs/protocol.md, "Body"):
+    ``8n`` for a lookup, ``n·dim·esize`` for its reply, ``n·(8 + dim·esize)`` for an update,
+    ``16n`` for a SIZE_REQ of ``n`` entries, 0 for UPDATE_ACK, ERROR and SIZE_ACK."""
     esize = DTYPE_SIZE.get(DType(dtype), 0) if dtype in (0, 1, 2) else 0
     if msg_type == MsgType.LOOKUP_REQ:
         return KEY_SIZE * num_keys
@@ -140,4 +154,6 @@ def expected_msg_len(msg_type: int, num_keys: int, dim: int, dtype: int) -> int:
         return num_keys * dim * esize
     if msg_type == MsgType.UPDATE_REQ:
         return num_keys * (KEY_SIZE + dim * esize)
+    if msg_type == MsgType.SIZE_REQ:
+        return SIZE_ENTRY * num_keys
     return 0

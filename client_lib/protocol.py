@@ -42,11 +42,8 @@ _TYPES = {int(t): t.name for t in consts.MsgType}
 _DTYPES = {0: "none", 1: "fp32", 2: "fp16"}
 _STATUS = {int(s): s.name for s in consts.Status}
 _FLAGS = ["RETRANSMIT", "F1", "F2", "F3", "F4", "F5", "F6", "F7"]
-_REPLY_OF = {
-    consts.MsgType.LOOKUP_REPLY: (consts.MsgType.LOOKUP_REQ,),
-    consts.MsgType.UPDATE_ACK: (consts.MsgType.UPDATE_REQ,),
-    consts.MsgType.ERROR: (consts.MsgType.LOOKUP_REQ, consts.MsgType.UPDATE_REQ),
-}
+#: reply type -> the request types it answers (the inverse of consts.ANSWERS)
+_REPLY_OF = {r: tuple(q for q, rs in consts.ANSWERS.items() if r in rs) for r in consts.REPLY_TYPES}
 
 
 class Embnic(Packet):
@@ -102,6 +99,7 @@ class Embnic(Packet):
                 consts.MsgType.LOOKUP_REQ: consts.KEY_SIZE,
                 consts.MsgType.LOOKUP_REPLY: self.dim * esize,
                 consts.MsgType.UPDATE_REQ: consts.KEY_SIZE + self.dim * esize,
+                consts.MsgType.SIZE_REQ: consts.SIZE_ENTRY,
             }.get(self.msg_type, 0)
             num_keys = msg_len // per_key if per_key else 0
         p = (p[:20] + struct.pack("!II", num_keys, msg_len) + p[28:34]
@@ -118,7 +116,7 @@ class Embnic(Packet):
         return struct.pack("!HI", self.client_id, self.msg_id)
 
     def answers(self, other: Packet) -> int:
-        """True when ``self`` is a reply (2, 4, 5) to request ``other`` (same client and msg id)."""
+        """True when ``self`` is a reply (2, 4, 5, 7) to request ``other`` (same client and msg id)."""
         if not isinstance(other, Embnic):
             return 0
         try:

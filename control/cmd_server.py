@@ -25,9 +25,12 @@ from embnic.control.cmd_options import IPV4, config_option, load_cluster
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Worker processes behind the one address (batch engine): worker i serves the tables with "
                    "table_id % N == i, each with its own exactly-once window.")
+@click.option("--fixed-length", is_flag=True,
+              help="Fixed-length baseline: data requests must be announced by a SIZE_REQ of their client "
+                   "(docs/protocol.md, 'Size messages'); unannounced ones are dropped and counted.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
-def server(shard_id, config, bind, port, dedup_window, engine, workers, log_level):
+def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_length, log_level):
     """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C.
 
     Answers lookups, applies updates (SGD or row-wise Adagrad, per table) exactly once, answers
@@ -40,9 +43,12 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, log_leve
       embnic server --shard 0 --config examples/cluster.toml
       embnic server --shard 1 -c examples/cluster.toml --bind 127.0.0.1 --port 17881
       embnic server --shard 0 -c examples/cluster.toml --workers 2
+      embnic server --shard 0 -c examples/cluster.toml --fixed-length
     """
     if workers > 1 and engine != "batch":
         raise click.UsageError("--workers needs --engine batch")
+    if workers > 1 and fixed_length:
+        raise click.UsageError("--fixed-length needs one worker (--workers 1)")
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
     cfg = load_cluster(config)
@@ -56,7 +62,8 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, log_leve
     p = me.port if port is None else port
     logging.basicConfig(level=getattr(logging, log_level.upper()), format=LOG_FORMAT)
     try:
-        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, engine=engine, workers=workers)
+        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, engine=engine, workers=workers,
+                          fixed_length=fixed_length)
     except OSError as e:
         raise OperationalError(bind_error_message(e, ip, p)) from None
     if code:

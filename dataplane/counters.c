@@ -27,6 +27,8 @@ static const char *const type_names[EMBNIC_NB_TYPES] = {
 	[EMBNIC_UPDATE_REQ] = "UPDATE_REQ",
 	[EMBNIC_UPDATE_ACK] = "UPDATE_ACK",
 	[EMBNIC_ERROR] = "ERROR",
+	[EMBNIC_SIZE_REQ] = "SIZE_REQ",
+	[EMBNIC_SIZE_ACK] = "SIZE_ACK",
 };
 
 const char *

@@ -48,7 +48,7 @@ check_lengths(const struct embnic_msg *m, uint32_t payload)
 	    m->frag_index >= m->frag_count || end > m->msg_len)
 		return EMBNIC_DROP_BAD_LENGTH;
 	if (m->num_keys == 0 && m->msg_type != EMBNIC_UPDATE_ACK &&
-	    m->msg_type != EMBNIC_ERROR)
+	    m->msg_type != EMBNIC_ERROR && m->msg_type != EMBNIC_SIZE_ACK)
 		return EMBNIC_DROP_BAD_LENGTH;
 	if (embnic_expected_msg_len(m->msg_type, m->num_keys, m->dim,
 				    m->dtype) != m->msg_len)
@@ -87,7 +87,7 @@ check_embnic(const struct embnic_hdr *h, uint32_t payload,
 		return EMBNIC_DROP_BAD_MAGIC;
 	if (h->version != EMBNIC_PROTO_VERSION)
 		return EMBNIC_DROP_BAD_VERSION;
-	if (h->msg_type < EMBNIC_LOOKUP_REQ || h->msg_type > EMBNIC_ERROR)
+	if (h->msg_type < EMBNIC_LOOKUP_REQ || h->msg_type > EMBNIC_SIZE_ACK)
 		return EMBNIC_DROP_BAD_TYPE;
 	if (h->dtype > EMBNIC_DTYPE_FP16 ||
 	    (h->dtype == EMBNIC_DTYPE_NONE &&

@@ -253,7 +253,8 @@ answers(uint8_t q, uint8_t r)
 {
 	return r == EMBNIC_ERROR ||
 		(q == EMBNIC_LOOKUP_REQ && r == EMBNIC_LOOKUP_REPLY) ||
-		(q == EMBNIC_UPDATE_REQ && r == EMBNIC_UPDATE_ACK);
+		(q == EMBNIC_UPDATE_REQ && r == EMBNIC_UPDATE_ACK) ||
+		(q == EMBNIC_SIZE_REQ && r == EMBNIC_SIZE_ACK);
 }
 
 /* Latency histogram bucket of ns (docs/control-socket.md). */

@@ -106,7 +106,8 @@ control Forwarding(inout headers_t hdr,
 
     apply {
         meta.is_request = (hdr.embnic.msg_type == MSG_LOOKUP_REQ ||
-                           hdr.embnic.msg_type == MSG_UPDATE_REQ) ? 1w1 : 1w0;
+                           hdr.embnic.msg_type == MSG_UPDATE_REQ ||
+                           hdr.embnic.msg_type == MSG_SIZE_REQ) ? 1w1 : 1w0;
         meta.sender_id = meta.is_request == 1 ? hdr.embnic.client_id : hdr.embnic.shard_id;
         sender_allowlist.apply();
         route_by_shard.apply();

@@ -110,7 +110,7 @@ struct headers_t {
 /* What the controls tell one another about a frame. */
 struct local_metadata_t {
     drop_reason_t drop_reason;  /* DROP_NONE while the frame may pass */
-    bit<1>        is_request;   /* LOOKUP_REQ or UPDATE_REQ */
+    bit<1>        is_request;   /* LOOKUP_REQ, UPDATE_REQ or SIZE_REQ */
     bit<16>       sender_id;    /* client_id of a request, shard_id of a reply */
     /* the card's own address on the ingress port (0.0.0.0: none configured) */
     ipv4_addr_t   port_ip;

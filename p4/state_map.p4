@@ -19,7 +19,7 @@
  *   msg_id) else unsolicited_reply; the header's shard_id the entry's shard
  *   (the sender was already checked against that shard's route by
  *   Forwarding) else wrong_shard_reply; LOOKUP_REPLY or ERROR to a lookup,
- *   UPDATE_ACK or ERROR to an update, else wrong_reply_type. When every
+ *   UPDATE_ACK or ERROR to an update, SIZE_ACK or ERROR to a SIZE_REQ, else wrong_reply_type. When every
  *   fragment of the reply has passed, the entry is freed.
  * - Completed messages are counted by reply type (messages_completed) and
  *   by shard (completed_by_shard).
@@ -144,7 +144,8 @@ control StateMap(inout headers_t hdr,
                 meta.drop_reason = DROP_WRONG_SHARD_REPLY;
             } else if (!(hdr.embnic.msg_type == MSG_ERROR ||
                          (request_type == MSG_LOOKUP_REQ && hdr.embnic.msg_type == MSG_LOOKUP_REPLY) ||
-                         (request_type == MSG_UPDATE_REQ && hdr.embnic.msg_type == MSG_UPDATE_ACK))) {
+                         (request_type == MSG_UPDATE_REQ && hdr.embnic.msg_type == MSG_UPDATE_ACK) ||
+                         (request_type == MSG_SIZE_REQ && hdr.embnic.msg_type == MSG_SIZE_ACK))) {
                 meta.drop_reason = DROP_WRONG_REPLY_TYPE;
             } else {
                 bit<56> reply = hdr.embnic.msg_type ++ hdr.embnic.frag_count ++ hdr.embnic.msg_len;

@@ -44,6 +44,8 @@ const bit<8> MSG_LOOKUP_REPLY = 2;
 const bit<8> MSG_UPDATE_REQ   = 3;
 const bit<8> MSG_UPDATE_ACK   = 4;
 const bit<8> MSG_ERROR        = 5;
+const bit<8> MSG_SIZE_REQ     = 6;   /* fixed-length mode: sizes of the data to come */
+const bit<8> MSG_SIZE_ACK     = 7;
 
 const bit<8> DTYPE_NONE = 0;
 const bit<8> DTYPE_FP32 = 1;

@@ -66,7 +66,7 @@ control FrameValidation(in headers_t hdr,
             meta.drop_reason = DROP_BAD_MAGIC;
         } else if (hdr.embnic.version != EMBNIC_VERSION) {
             meta.drop_reason = DROP_BAD_VERSION;
-        } else if (hdr.embnic.msg_type < MSG_LOOKUP_REQ || hdr.embnic.msg_type > MSG_ERROR) {
+        } else if (hdr.embnic.msg_type < MSG_LOOKUP_REQ || hdr.embnic.msg_type > MSG_SIZE_ACK) {
             meta.drop_reason = DROP_BAD_TYPE;
         } else if (hdr.embnic.dtype > DTYPE_FP16 ||
                    (hdr.embnic.dtype == DTYPE_NONE &&
@@ -85,7 +85,8 @@ control FrameValidation(in headers_t hdr,
             bit<64> row = (bit<64>)hdr.embnic.dim * esize;
             bit<64> want = hdr.embnic.msg_type == MSG_LOOKUP_REQ ? 8 * nk :
                            (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ? nk * row :
-                           (hdr.embnic.msg_type == MSG_UPDATE_REQ ? nk * (8 + row) : 64w0));
+                           (hdr.embnic.msg_type == MSG_UPDATE_REQ ? nk * (8 + row) :
+                           (hdr.embnic.msg_type == MSG_SIZE_REQ ? 16 * nk : 64w0)));
             bit<16> payload = hdr.udp.length - UDP_HDR_LEN - EMBNIC_HDR_LEN;
             bit<64> idx = (bit<64>)hdr.embnic.frag_index;
             bit<64> count = (bit<64>)hdr.embnic.frag_count;
@@ -95,7 +96,7 @@ control FrameValidation(in headers_t hdr,
                 hdr.embnic.frag_index >= hdr.embnic.frag_count || end > msg_len) {
                 meta.drop_reason = DROP_BAD_LENGTH;
             } else if (hdr.embnic.num_keys == 0 && hdr.embnic.msg_type != MSG_UPDATE_ACK &&
-                       hdr.embnic.msg_type != MSG_ERROR) {
+                       hdr.embnic.msg_type != MSG_ERROR && hdr.embnic.msg_type != MSG_SIZE_ACK) {
                 meta.drop_reason = DROP_BAD_LENGTH;
             } else if (want != msg_len) {
                 meta.drop_reason = DROP_BAD_LENGTH;

@@ -23,6 +23,7 @@
 #define EMBNIC_HDR_LEN		40
 #define EMBNIC_KEY_SIZE		8	/* bytes per key (u64 LE in bodies) */
 #define EMBNIC_MAX_FRAGS	256	/* fragments per message, at most */
+#define EMBNIC_SIZE_ENTRY	16	/* bytes per SIZE_REQ entry */
 
 /* Ethernet + IPv4 (no options) + UDP + embnic header, bytes */
 #define EMBNIC_ETH_LEN		14
@@ -37,8 +38,10 @@ enum embnic_msg_type {
 	EMBNIC_UPDATE_REQ = 3,
 	EMBNIC_UPDATE_ACK = 4,
 	EMBNIC_ERROR = 5,
+	EMBNIC_SIZE_REQ = 6,	/* fixed-length mode: sizes of the data to come */
+	EMBNIC_SIZE_ACK = 7,
 };
-#define EMBNIC_NB_TYPES 6	/* index 0 unused */
+#define EMBNIC_NB_TYPES 8	/* index 0 unused */
 
 #define EMBNIC_FLAG_RETRANSMIT	0x01
 
@@ -62,7 +65,8 @@ enum embnic_status {
 static inline int
 embnic_is_request(uint8_t t)
 {
-	return t == EMBNIC_LOOKUP_REQ || t == EMBNIC_UPDATE_REQ;
+	return t == EMBNIC_LOOKUP_REQ || t == EMBNIC_UPDATE_REQ ||
+	       t == EMBNIC_SIZE_REQ;
 }
 
 /* The header as on the wire: every multi-byte field big-endian. */
@@ -228,6 +232,8 @@ embnic_expected_msg_len(uint8_t type, uint32_t num_keys, uint16_t dim,
 		return (uint64_t)num_keys * row;
 	case EMBNIC_UPDATE_REQ:
 		return (uint64_t)num_keys * (EMBNIC_KEY_SIZE + row);
+	case EMBNIC_SIZE_REQ:
+		return (uint64_t)EMBNIC_SIZE_ENTRY * num_keys;
 	default:
 		return 0;
 	}

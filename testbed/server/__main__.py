@@ -27,10 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", choices=["batch", "reference"], default="batch",
                     help="batch (default): many datagrams per wake-up; reference: the asyncio server")
     ap.add_argument("--workers", type=int, default=1, help="worker processes behind the address (batch engine)")
+    ap.add_argument("--fixed-length", action="store_true",
+                    help="fixed-length baseline: data must be announced by a SIZE_REQ (docs/protocol.md)")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     args = ap.parse_args(argv)
     if args.workers > 1 and args.engine != "batch":
         ap.error("--workers needs --engine batch")
+    if args.workers > 1 and args.fixed_length:
+        ap.error("--fixed-length needs one worker (--workers 1)")
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
         return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, engine=args.engine,
-                          workers=args.workers)
+                          workers=args.workers, fixed_length=args.fixed_length)
     except OSError as e:
         print(f"Error: {bind_error_message(e, ip, port)}", file=sys.stderr)
         return 1

@@ -287,6 +287,8 @@ class BatchShardServer(ShardServer):
         mt, dt, tid, dim, nk = cols[:, 2], cols[:, 4], cols[:, 8], cols[:, 10], cols[:, 11]
         fi, fc, fl = cols[:, 14], cols[:, 15], cols[:, 16]
         single = fc == 1
+        if self.fixed_length:
+            ok &= self._announced_match(np.flatnonzero(ok), cols, n)
 
         # frames the fast path does not take: the reference handler, one by one
         slow = np.flatnonzero(~ok)
@@ -356,7 +358,7 @@ class BatchShardServer(ShardServer):
             try:
                 h = codec.parse_header(memoryview(bs.rx[i, :bs.lens[i]]), expect="request")
                 good = (h.msg_len <= self.max_msg_bytes and h.msg_len <= self._reasm.max_msg_len
-                        and self._check_header(h) is None)
+                        and h.msg_type != MsgType.SIZE_REQ and self._check_header(h) is None)
                 pp = _geometry(h) if good else 0
             except FrameError:
                 h, good, pp = _ZERO, False, 0
@@ -364,6 +366,26 @@ class BatchShardServer(ShardServer):
             ok.append(good)
             p.append(pp)
         return np.array(rows, np.int64).reshape(n, len(consts.HEADER_FIELDS)), np.array(ok, bool), np.array(p, np.int64)
+
+    def _announced_match(self, cand: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
+        """Fixed-length mode: bool (n,), True where frame ``cand[j]``'s message was announced by a
+        SIZE_REQ with its header's type, dtype, table, ``num_keys`` and ``msg_len`` — so every
+        buffer the fast path allocates has the announced size. The others go to the reference
+        handler, which drops them as ``unannounced`` / ``size_mismatch``. One dict look-up per
+        distinct message, not per frame."""
+        out = np.zeros(n, bool)
+        if cand.size == 0:
+            return out
+        c = cols[cand]
+        k = (c[:, 7].astype(np.uint64) << np.uint64(32)) | c[:, 6].astype(np.uint64)
+        uk, first, inv = np.unique(k, return_index=True, return_inverse=True)
+        good = np.zeros(uk.size, bool)
+        ann = self._announced
+        want = c[first][:, [2, 4, 8, 11, 12]].tolist()  # msg_type, dtype, table_id, num_keys, msg_len
+        for u, key in enumerate(uk.tolist()):
+            good[u] = ann.get((key >> 32, key & 0xFFFFFFFF)) == tuple(want[u])
+        out[cand] = good[inv]
+        return out
 
     def _reassemble(self, mg: np.ndarray, cols: np.ndarray, info_cols, p, fi, fl) -> list[tuple]:
         """Feed the multi-fragment frames ``mg`` (indices, ascending) to their messages."""
@@ -822,11 +844,17 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
         0 after a clean stop; 1 if a worker died (the others are stopped).
 
     Raises:
-        KeyError: unknown shard. OSError: the address cannot be bound.
+        KeyError: unknown shard. OSError: the address cannot be bound. ValueError:
+        ``fixed_length`` with ``workers > 1`` (a SIZE_REQ reaches one worker, the data it
+        announces all of them).
     """
     import json
     import multiprocessing
     import signal
+
+    if workers > 1 and kwargs.get("fixed_length"):
+        raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data for every table, "
+                         "but the workers split the tables")
 
     me = cfg.shard(shard_id)
     ip = bind if bind is not None else me.ip

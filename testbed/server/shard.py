@@ -77,7 +77,7 @@ DEFAULT_DEDUP_WINDOW = 65536  #: remembered applied updates (docs/protocol.md, "
 DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
 _SOCK_BUF = 16 << 20  #: bytes of kernel socket buffer asked for
 #: extra drop reasons of the server (besides consts.DROP_REASONS)
-SERVER_DROP_REASONS = ("too_large",)
+SERVER_DROP_REASONS = ("too_large", "unannounced", "size_mismatch")
 
 
 class _Refused(Exception):
@@ -113,6 +113,11 @@ class ShardServer:
         dedup_window: applied updates remembered for exactly-once (entries).
         max_msg_bytes: largest request body accepted (bytes); larger are dropped ``too_large``.
         reassembly_timeout_s: incomplete requests are forgotten after this long (s).
+        fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"): data
+            requests must have been announced by a SIZE_REQ of their client (else dropped as
+            ``unannounced``) with the same type, table, dtype, ``num_keys`` and ``msg_len``
+            (else ``size_mismatch``, answered MALFORMED). Without it SIZE_REQs are still
+            answered (and remembered), but data needs no announcement.
 
     Raises:
         KeyError: ``shard_id`` is not in the config.
@@ -120,7 +125,7 @@ class ShardServer:
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
                  dedup_window: int = DEFAULT_DEDUP_WINDOW, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
-                 reassembly_timeout_s: float = 2.0):
+                 reassembly_timeout_s: float = 2.0, fixed_length: bool = False):
         me = cfg.shard(shard_id)
         self.cfg = cfg
         self.shard_id = int(shard_id)
@@ -129,6 +134,9 @@ class ShardServer:
         self.mtu = cfg.mtu
         self.dedup_window = int(dedup_window)
         self.max_msg_bytes = int(max_msg_bytes)
+        self.fixed_length = bool(fixed_length)
+        # (client_id, msg_id) -> (msg_type, dtype, table_id, num_keys, msg_len) of announced data
+        self._announced: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
         self.tables: dict[int, TableShard] = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
         self._reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
         self._applied: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
@@ -211,7 +219,9 @@ class ShardServer:
             "shard": self.shard_id,
             "rx_frames": c["rx_frames"], "rx_bytes": c["rx_bytes"],
             "tx_frames": c["tx_frames"], "tx_bytes": c["tx_bytes"],
-            "requests": {t.name: self._requests[t] for t in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ)},
+            "requests": {t.name: self._requests[t] for t in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ,
+                                                             MsgType.SIZE_REQ)},
+            "announced": len(self._announced),
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
             "duplicates": c["duplicates"],
@@ -271,6 +281,16 @@ class ShardServer:
                 if h.frag_index == 0:
                     self._reply_error(h, status, addr)
                 return
+            if self.fixed_length and h.msg_type != MsgType.SIZE_REQ:
+                ann = self._announced.get((h.client_id, h.msg_id))
+                if ann is None:
+                    self._drops["unannounced"] += 1
+                    return
+                if ann != (h.msg_type, h.dtype, h.table_id, h.num_keys, h.msg_len):
+                    self._drops["size_mismatch"] += 1
+                    if h.frag_index == 0:
+                        self._reply_error(h, Status.MALFORMED, addr)
+                    return
             msg = self._reasm.feed(data, addr, header=h)
             if msg is not None:
                 self._handle_message(msg)
@@ -297,6 +317,8 @@ class ShardServer:
     def _check_header(self, h: Header) -> Status | None:
         if h.shard_id != self.shard_id:
             return Status.WRONG_SHARD
+        if h.msg_type == MsgType.SIZE_REQ:
+            return None  # entries are checked on the whole message (_size)
         ts = self.tables.get(h.table_id)
         if ts is None:
             return Status.UNKNOWN_TABLE
@@ -316,6 +338,9 @@ class ShardServer:
     def _handle_message(self, msg: Message) -> None:
         h = msg.header
         self._requests[MsgType(h.msg_type)] += 1
+        if h.msg_type == MsgType.SIZE_REQ:
+            self._size(msg)
+            return
         ts = self.tables[h.table_id]
         try:
             if h.msg_type == MsgType.LOOKUP_REQ:
@@ -324,6 +349,37 @@ class ShardServer:
                 self._update(ts, msg)
         except _Refused as r:
             self._reply_error(h, r.status, msg.addr)
+
+    def _size(self, msg: Message) -> None:
+        """SIZE_REQ: check every entry (a data request type, a table of this cluster with its
+        dtype, ``msg_len`` = the type's formula, ``num_keys`` ≥ 1, within ``max_msg_bytes``),
+        remember them all and answer SIZE_ACK — or ERROR MALFORMED, remembering none."""
+        h = msg.header
+        e = codec.body_to_size_entries(msg.body, h.num_keys)
+        mt, tid = e["msg_type"].astype(np.int64), e["table_id"].astype(np.int64)
+        nk, ml = e["num_keys"].astype(np.int64), e["msg_len"].astype(np.int64)
+        dim = np.full(len(e), -1, np.int64)
+        wdt = np.full(len(e), -1, np.int64)
+        for t in np.unique(tid).tolist():  # one pass per table, not per entry
+            ts = self.tables.get(t)
+            if ts is not None:
+                dim[tid == t], wdt[tid == t] = ts.dim, ts.table.wire_dtype
+        esize = np.where(wdt == 1, 4, np.where(wdt == 2, 2, 0))
+        want = np.where(mt == MsgType.LOOKUP_REQ, consts.KEY_SIZE * nk, nk * (consts.KEY_SIZE + dim * esize))
+        ok = (((mt == MsgType.LOOKUP_REQ) | (mt == MsgType.UPDATE_REQ)) & (dim >= 0) & (e["dtype"] == wdt)
+              & (nk > 0) & (ml == want) & (ml <= self.max_msg_bytes))
+        if not bool(ok.all()):
+            self._reply_error(h, Status.MALFORMED, msg.addr)
+            return
+        ann = self._announced
+        for row in zip(e["msg_id"].tolist(), mt.tolist(), e["dtype"].tolist(), tid.tolist(), nk.tolist(),
+                       ml.tolist()):  # one dict entry per announced message
+            k = (h.client_id, row[0])
+            ann[k] = row[1:]
+            ann.move_to_end(k)
+        while len(ann) > self.dedup_window:
+            ann.popitem(last=False)
+        self._send(codec.encode_reply(h, MsgType.SIZE_ACK, shard_id=self.shard_id, mtu=self.mtu), msg.addr)
 
     def _lookup(self, ts: TableShard, msg: Message) -> None:
         h = msg.header

@@ -93,9 +93,14 @@ def _body(m):
     rng = np.random.default_rng(m["seed"])
     n, d = m["num_keys"], m["dim"]
     t = m["msg_type"]
-    if t in (MsgType.UPDATE_ACK, MsgType.ERROR):
+    if t in (MsgType.UPDATE_ACK, MsgType.ERROR, MsgType.SIZE_ACK):
         return b""
     keys = rng.integers(0, 2**63, n, dtype=np.uint64)
+    if t == MsgType.SIZE_REQ:
+        e = np.zeros(n, codec.SIZE_ENTRY_DTYPE)
+        e["msg_id"], e["num_keys"] = rng.integers(0, 2**32, n), rng.integers(1, 2**20, n)
+        e["msg_type"], e["msg_len"] = MsgType.LOOKUP_REQ, 8 * e["num_keys"]
+        return e.tobytes()
     vals = rng.standard_normal((n, d)).astype(codec.value_dtype(m["dtype"]))
     if t == MsgType.LOOKUP_REQ:
         return codec.keys_to_body(keys)

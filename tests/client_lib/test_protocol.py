@@ -23,6 +23,8 @@ BODIES = {
     MsgType.UPDATE_REQ: (KEYS.astype("<u8").tobytes() + ROWS.tobytes(), 4),
     MsgType.UPDATE_ACK: (b"", 0),
     MsgType.ERROR: (b"", 0),
+    MsgType.SIZE_REQ: (bytes(range(48)), 3),  # 3 entries of 16 bytes
+    MsgType.SIZE_ACK: (b"", 0),
 }
 
 

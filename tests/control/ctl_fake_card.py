@@ -51,7 +51,7 @@ def card_drop_reasons(include_dir: str = _DP_INCLUDE) -> tuple[str, ...]:
 
 
 DROP_REASONS = card_drop_reasons()
-TYPES = ("LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR")
+TYPES = ("LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR", "SIZE_REQ", "SIZE_ACK")
 
 
 class FakeCard:

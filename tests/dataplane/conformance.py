@@ -295,6 +295,10 @@ class Suite:
         drop("version 2", bytes(self._lookup(c1, version=2)), "bad_version")
         drop("msg_type 0", bytes(self._lookup(c1, msg_type=0)), "bad_type")
         drop("msg_type 9", bytes(self._lookup(c1, msg_type=9)), "bad_type")
+        drop("msg_type 8 (after SIZE_ACK)", bytes(self._lookup(c1, msg_type=8)), "bad_type")
+        drop("SIZE_REQ of 0 entries", self.message(c1, MsgType.SIZE_REQ, msg_id=self.msg_id(), client_id=1,
+                                                   shard_id=0, num_keys=0, dim=0, dtype=DType.NONE,
+                                                   table_id=0)[0], "bad_length")
         drop("dtype 3", bytes(self._lookup(c1, dtype=3)), "bad_dtype")
         u = Ether(self.message(c1, MsgType.UPDATE_REQ, msg_id=self.msg_id(), client_id=1, shard_id=0,
                                num_keys=1, dim=2)[0])
@@ -361,6 +365,28 @@ class Suite:
                          client_id=3, shard_id=2, num_keys=2, dim=2)
         self.add_message("s2 ERROR to that update", s2, E, ("fwd", c3), msg_id=m, client_id=3, shard_id=2,
                          num_keys=2, dim=2, status=Status.INTERNAL)
+        # size messages (fixed-length mode, docs/protocol.md "Size messages"): routed and answered
+        # like any request and reply; a SIZE_REQ of 100 entries is 1600 bytes: 2 fragments
+        SQ, SA = MsgType.SIZE_REQ, MsgType.SIZE_ACK
+        m = self.msg_id()
+        self.add_message("c2 SIZE_REQ s0 (2 frags)", c2, SQ, ("fwd", s0), msg_id=m, client_id=2, shard_id=0,
+                         num_keys=100, dim=0, dtype=DType.NONE, table_id=0)
+        self.add_message("s0 LOOKUP_REPLY to a SIZE_REQ", s0, LR, ("drop", "wrong_reply_type"), msg_id=m,
+                         client_id=2, shard_id=0, num_keys=100, dim=0, dtype=DType.FP32, table_id=0)
+        self.add_message("s0 SIZE_ACK c2", s0, SA, ("fwd", c2), msg_id=m, client_id=2, shard_id=0,
+                         num_keys=100, dim=0, dtype=DType.NONE, table_id=0)
+        m = self.msg_id()
+        self.add_message("c3 lookup s1 (SIZE_ACK to it)", c3, L, ("fwd", s1), msg_id=m, client_id=3,
+                         shard_id=1, num_keys=2)
+        self.add_message("s1 SIZE_ACK to a lookup", s1, SA, ("drop", "wrong_reply_type"), msg_id=m,
+                         client_id=3, shard_id=1, num_keys=2)
+        m = self.msg_id()
+        self.add_message("c3 SIZE_REQ s2 (ERROR to it)", c3, SQ, ("fwd", s2), msg_id=m, client_id=3, shard_id=2,
+                         num_keys=3, dim=0, dtype=DType.NONE, table_id=0)
+        self.add_message("s2 ERROR to that SIZE_REQ", s2, E, ("fwd", c3), msg_id=m, client_id=3, shard_id=2,
+                         num_keys=3, dim=0, dtype=DType.NONE, table_id=0, status=Status.MALFORMED)
+        self.add_message("s2 SIZE_ACK c3, never asked", s2, SA, ("drop", "unsolicited_reply"),
+                         msg_id=self.msg_id(), client_id=3, shard_id=2, num_keys=1, dim=0, dtype=DType.NONE)
         # fragments are tracked, not counted: 0 twice and 2 never -> receiving, duplicates passed on
         m = self.msg_id()
         self.add_message("c2 lookup s0, fragment 0 twice, 2 missing", c2, L, ("fwd", s0), msg_id=m,

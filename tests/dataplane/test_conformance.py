@@ -12,6 +12,7 @@ import pytest
 
 from conformance import Suite, check_outputs, read_pcap
 from embnic.control.dpdk_proc import CardProcess, wait_drained
+from embnic.client_lib import consts
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
@@ -127,11 +128,12 @@ def test_completed_messages(run):
     """Messages whose whole reply passed are counted by reply type, overall and per shard, with
     one latency sample each in their shard's histogram."""
     c, want = run["counters"], run["suite"].expected_completed()
-    assert c["completed"] == {t: want["all"].get(t, 0) for t in ("LOOKUP_REPLY", "UPDATE_ACK", "ERROR")}
+    replies = [t.name for t in sorted(consts.REPLY_TYPES)]
+    assert c["completed"] == {t: want["all"].get(t, 0) for t in replies}
     shards = {str(s["shard"]): s for s in c["shards"]}
     assert set(shards) == {str(i) for i in run["suite"].shards}
     for sid, s in shards.items():
-        done = {t: s[t] for t in ("LOOKUP_REPLY", "UPDATE_ACK", "ERROR") if s[t]}
+        done = {t: s[t] for t in replies if s[t]}
         assert done == dict(want.get(sid, {})), sid
         assert sum(s["latency_hist"]) == sum(done.values())
         assert len(s["latency_hist"]) == 24 and s["expired"] == 0

@@ -245,7 +245,7 @@ def test_every_message_completed(live):
     shards = {s["shard"]: s for s in c["shards"]}
     assert set(shards) == {0, 1}
     for s in shards.values():
-        assert sum(s["latency_hist"]) == s["LOOKUP_REPLY"] + s["UPDATE_ACK"] + s["ERROR"] > 0
+        assert sum(s["latency_hist"]) == s["LOOKUP_REPLY"] + s["UPDATE_ACK"] + s["ERROR"] + s["SIZE_ACK"] > 0
         assert s["latency_sum_ns"] > 0
 
 

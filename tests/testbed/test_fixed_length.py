@@ -1,0 +1,132 @@
+"""The fixed-length baseline (docs/protocol.md, "Size messages"): a size round before every data
+round, shards that take only announced data, on real UDP shards of both engines.
+
+Run alone: python3 -m pytest -q tests/testbed/test_fixed_length.py
+"""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from embnic.client_lib import codec
+from embnic.client_lib.client import EmbeddingClient, ShardUnavailableError
+from embnic.client_lib.config import parse_config
+from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.reassembly import Reassembler
+from embnic.testbed.server.shard import ServerCluster, ServerThread
+
+TABLES = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
+          {"id": 4, "rows": 30000, "dim": 16, "optimizer": "sgd", "lr": 0.3, "dtype": "fp16"}]
+
+
+def make_cfg(sharding="hash", **cluster):
+    return parse_config({
+        "cluster": {"seed": 11, "sharding": sharding, "timeout_ms": 200, "retries": 10, **cluster},
+        "tables": TABLES,
+        "shards": [{"id": i, "ip": "127.0.0.1", "port": 7900 + i} for i in range(2)],
+        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7990}],
+    })
+
+
+def batch(seed, n=3000):
+    rng = np.random.default_rng(seed)
+    return {0: np.unique(rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)),
+            4: np.unique(rng.integers(0, 30000, n, dtype=np.uint64))}
+
+
+@pytest.mark.parametrize("engine", ["reference", "batch"])
+@pytest.mark.parametrize("sharding", ["hash", "table"])
+def test_fixed_length_client_and_shards_match_the_reference(engine, sharding):
+    cfg = make_cfg(sharding)
+    ref = LocalBackend(cfg)
+    with ServerCluster(cfg, engine=engine, fixed_length=True) as cl, \
+            EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), fixed_length=True, rto_min_ms=1000) as c:
+        for step in range(3):
+            b = batch(step)
+            got = c.lookup(b)
+            for t, k in b.items():
+                assert np.array_equal(got[t], ref.lookup(t, k))
+            g = {t: (k, np.full((len(k), cfg.table(t).dim), 0.01 * (step + 1), np.float32)) for t, k in b.items()}
+            c.update(g)
+            for t, (k, gr) in g.items():
+                ref.update(t, k, gr)
+        got = c.lookup(batch(0))
+        assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in batch(0).items())
+        s = c.stats
+        assert s.rounds == 2 * (3 * 2 + 1) and s.size_rounds == 3 * 2 + 1  # a size round before each
+        assert s.retransmits == 0  # nothing lost (the 1 s RTO floor, RFC 6298's, rides out a busy machine)
+        counters = cl.counters()
+    shards_used = {sid for sid in range(2) if counters[sid]["requests"]["LOOKUP_REQ"]}
+    assert sum(x["requests"]["SIZE_REQ"] for x in counters) == len(shards_used) * 7  # one per shard per round
+    for x in counters:
+        assert x["drops"]["unannounced"] == 0 and x["drops"]["size_mismatch"] == 0
+
+
+@pytest.mark.parametrize("engine", ["reference", "batch"])
+def test_fixed_length_shard_drops_unannounced_data(engine):
+    cfg = make_cfg()
+    with ServerCluster(cfg, engine=engine, fixed_length=True) as cl, \
+            EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), timeout_ms=20, retries=2) as c:
+        with pytest.raises(ShardUnavailableError):
+            c.lookup({0: np.arange(5, dtype=np.uint64)})
+        counters = cl.counters()
+    assert sum(x["drops"]["unannounced"] for x in counters) >= 2  # the lookup and its retransmission
+    assert sum(x["requests"]["LOOKUP_REQ"] for x in counters) == 0
+
+
+def _raw(dest):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    s.settimeout(10.0)  # a bound for a broken shard, not a timing assertion
+
+    def ask(frames):
+        for f in frames:
+            s.sendto(f, dest)
+        r = Reassembler(expect="reply")
+        while True:
+            m = r.feed(s.recvfrom(65536)[0])
+            if m is not None:
+                return m.header
+    return s, ask
+
+
+def _entries(*rows):
+    e = np.zeros(len(rows), codec.SIZE_ENTRY_DTYPE)
+    for i, r in enumerate(rows):
+        e[i] = r
+    return e
+
+
+@pytest.mark.parametrize("engine", ["reference", "batch"])
+def test_size_req_checked_and_data_must_match_the_announcement(engine):
+    cfg = make_cfg()
+    with ServerThread(cfg, 0, engine=engine, fixed_length=True) as st:
+        s, ask = _raw(("127.0.0.1", st.port))
+        try:
+            # an entry whose msg_len does not fit its type -> MALFORMED, nothing remembered
+            bad = _entries((70, MsgType.LOOKUP_REQ, 1, 0, 3, 25))
+            h = ask(codec.encode_size(msg_id=900, client_id=1, shard_id=0, entries=bad))
+            assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED)
+            # unknown table -> MALFORMED
+            h = ask(codec.encode_size(msg_id=901, client_id=1, shard_id=0,
+                                      entries=_entries((71, MsgType.LOOKUP_REQ, 1, 9, 3, 24))))
+            assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED)
+            # announce a 3-key lookup of table 0, then send it with 4 keys: size_mismatch, MALFORMED
+            keys = np.array([2, 4, 6, 8], dtype=np.uint64)
+            h = ask(codec.encode_size(msg_id=902, client_id=1, shard_id=0,
+                                      entries=_entries((72, MsgType.LOOKUP_REQ, 1, 0, 3, 24))))
+            assert (h.msg_type, h.num_keys, h.msg_id) == (MsgType.SIZE_ACK, 1, 902)
+            from embnic.client_lib import routing
+            mine = keys[routing.owns(cfg, 0, 0, keys)]
+            h = ask(codec.encode_lookup(msg_id=72, client_id=1, table_id=0, shard_id=0, dim=8, dtype=1,
+                                        keys=np.r_[mine, mine + np.uint64(10**9)][:4]))
+            assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED)
+            counters = st.counters()
+            assert counters["drops"]["size_mismatch"] == 1
+            assert counters["errors"]["MALFORMED"] == 3
+            assert counters["requests"]["SIZE_REQ"] == 3 and counters["announced"] == 1
+        finally:
+            s.close()
