@@ -86,9 +86,11 @@ control StateMap(inout headers_t hdr,
             state = STATE_FREE;
             slot_state.write(s, STATE_FREE);
         }
-        bit<256> frag_bit = (bit<256>)1 << hdr.embnic.frag_index;
-        /* all frag_count bits set; frag_count <= 256 (1 << 256 is 0 in 256 bits) */
-        bit<256> all_frags = ((bit<256>)1 << hdr.embnic.frag_count) - 1;
+        /* FrameValidation passed: 1 <= frag_count <= 256 and frag_index < frag_count, so both
+         * shift amounts fit the 8 bits BMv2 allows */
+        bit<256> frag_bit = (bit<256>)1 << (bit<8>)hdr.embnic.frag_index;
+        /* the low frag_count bits set */
+        bit<256> all_frags = ~(bit<256>)0 >> (bit<8>)(16w256 - hdr.embnic.frag_count);
         bit<64> body = (bit<64>)hdr.embnic.frag_len;
         bit<32> frames;
         bit<64> bytes;
