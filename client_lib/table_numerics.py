@@ -289,6 +289,38 @@ class TableShard:
         acc = self._acc[self._slots] if self.adagrad else np.zeros(self._keys.size, dtype=np.float32)
         return self._keys.copy(), rows, acc
 
+    def load_state(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
+        """Replace every materialised row with ``(keys, rows, acc)`` (what :meth:`state` returned;
+        a checkpoint or an imported table).
+
+        Args:
+            keys: uint64 (M,), strictly increasing.
+            rows: float32 (M, dim).
+            acc: float32 (M,) (ignored for SGD tables).
+
+        Raises:
+            ValueError: shapes that do not fit the table, or keys not strictly increasing.
+        """
+        k = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        r = np.asarray(rows)
+        a = np.asarray(acc).reshape(-1)
+        if r.shape != (k.size, self.dim) or a.shape != (k.size,):
+            raise ValueError(f"table {self.table.id}: state shapes keys {k.shape}, rows {r.shape}, acc {a.shape} "
+                             f"do not fit dim {self.dim}")
+        if k.size > 1 and not bool(np.all(k[1:] > k[:-1])):
+            raise ValueError(f"table {self.table.id}: state keys are not strictly increasing")
+        cap = max(64, k.size)
+        self._rows = np.empty((cap, self.dim), dtype=np.float32)
+        self._rows[:k.size] = r
+        self._acc = np.zeros(cap if self.adagrad else 0, dtype=np.float32)
+        if self.adagrad:
+            self._acc[:k.size] = a
+        self._keys = k.copy()
+        self._slots = np.arange(k.size, dtype=np.int64)
+        self._dkeys = np.empty(0, dtype=np.uint64)
+        self._dslots = np.empty(0, dtype=np.int64)
+        self._n = k.size
+
 
 def validate_keys(table: TableConfig, keys: np.ndarray, *, unique: bool = False) -> np.ndarray:
     """Check keys for ``table``; returns them as uint64 (N,).

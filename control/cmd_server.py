@@ -28,9 +28,18 @@ from embnic.control.cmd_options import IPV4, config_option, load_cluster
 @click.option("--fixed-length", is_flag=True,
               help="Fixed-length baseline: data requests must be announced by a SIZE_REQ of their client "
                    "(docs/protocol.md, 'Size messages'); unannounced ones are dropped and counted.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep a write-ahead log and checkpoints in DIR/shard-<id>: an update is acknowledged only "
+                   "once it is on disk (one fdatasync per wake-up). SIGUSR1 writes a checkpoint now.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Checkpoint after this many logged updates (0: only on SIGUSR1); the log is cut behind it.")
+@click.option("--restore", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Before serving, load DIR/shard-<id>'s latest checkpoint and replay its log (a bad log tail "
+                   "is reported and cut off); the log continues there unless --checkpoint-dir says otherwise.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
-def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_length, log_level):
+def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_length, checkpoint_dir,
+           checkpoint_every, restore, log_level):
     """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C.
 
     Answers lookups, applies updates (SGD or row-wise Adagrad, per table) exactly once, answers
@@ -44,17 +53,22 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
       embnic server --shard 1 -c examples/cluster.toml --bind 127.0.0.1 --port 17881
       embnic server --shard 0 -c examples/cluster.toml --workers 2
       embnic server --shard 0 -c examples/cluster.toml --fixed-length
+      embnic server --shard 0 -c examples/cluster.toml --checkpoint-dir /var/lib/embnic --checkpoint-every 10000
+      embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
     """
     if workers > 1 and engine != "batch":
         raise click.UsageError("--workers needs --engine batch")
     if workers > 1 and fixed_length:
         raise click.UsageError("--fixed-length needs one worker (--workers 1)")
+    if workers > 1 and (checkpoint_dir or restore):
+        raise click.UsageError("--checkpoint-dir/--restore need --workers 1 (one log per shard process)")
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
     cfg = load_cluster(config)
     ids = [s.id for s in cfg.shards]
     if shard_id not in ids:
         raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
+    from embnic.testbed.server.durability import DurabilityError
     from embnic.testbed.server.shard import LOG_FORMAT, bind_error_message, run_server
 
     me = cfg.shard(shard_id)
@@ -63,7 +77,10 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
     logging.basicConfig(level=getattr(logging, log_level.upper()), format=LOG_FORMAT)
     try:
         code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, engine=engine, workers=workers,
-                          fixed_length=fixed_length)
+                          fixed_length=fixed_length, checkpoint_dir=checkpoint_dir,
+                          checkpoint_every=checkpoint_every, restore=restore)
+    except DurabilityError as e:
+        raise OperationalError(str(e)) from None
     except OSError as e:
         raise OperationalError(bind_error_message(e, ip, p)) from None
     if code:

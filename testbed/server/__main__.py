@@ -12,6 +12,7 @@ import logging
 import sys
 
 from embnic.client_lib.config import ConfigError, load_config
+from embnic.testbed.server.durability import DurabilityError
 from embnic.testbed.server.shard import LOG_FORMAT, bind_error_message, run_server
 
 
@@ -29,12 +30,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="worker processes behind the address (batch engine)")
     ap.add_argument("--fixed-length", action="store_true",
                     help="fixed-length baseline: data must be announced by a SIZE_REQ (docs/protocol.md)")
+    ap.add_argument("--checkpoint-dir", default=None, help="write-ahead log and checkpoints in DIR/shard-<id>")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint after N logged updates (0: SIGUSR1 only)")
+    ap.add_argument("--restore", default=None, help="load DIR/shard-<id> (checkpoint + log) before serving")
+    ap.add_argument("--no-log-fsync", action="store_true", help="no fdatasync of the log (to measure its cost)")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     args = ap.parse_args(argv)
     if args.workers > 1 and args.engine != "batch":
         ap.error("--workers needs --engine batch")
     if args.workers > 1 and args.fixed_length:
         ap.error("--fixed-length needs one worker (--workers 1)")
+    if args.workers > 1 and (args.checkpoint_dir or args.restore):
+        ap.error("--checkpoint-dir/--restore need --workers 1")
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -50,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
         return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, engine=args.engine,
-                          workers=args.workers, fixed_length=args.fixed_length)
+                          workers=args.workers, fixed_length=args.fixed_length,
+                          checkpoint_dir=args.checkpoint_dir,
+                          checkpoint_every=args.checkpoint_every, restore=args.restore,
+                          log_fsync=not args.no_log_fsync)
+    except DurabilityError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         print(f"Error: {bind_error_message(e, ip, port)}", file=sys.stderr)
         return 1

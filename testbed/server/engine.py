@@ -25,9 +25,11 @@ one :meth:`TableShard.apply` call (row-wise optimizers: a row's result does not 
 other rows of the call). An update whose ``(client_id, msg_id)`` is queued for another table
 flushes every table first, so the exactly-once window sees messages in arrival order.
 
-**Where an update is made durable.** :meth:`_apply_updates` is the one place a wake-up changes
-rows (and the exactly-once window is committed just before it): a write-ahead log goes there,
-before the acks, which leave at the end of :meth:`serve_batch`.
+**Where an update is made durable.** With ``checkpoint_dir`` every applied update is appended to
+the write-ahead log where the exactly-once window takes it (:meth:`_flush_updates`, or the
+reference's ``_update`` for lone small messages and diverted frames), and :meth:`serve_batch`
+commits the log with **one** ``fdatasync`` per wake-up before :meth:`_transmit` lets any ack of
+that wake-up leave (:mod:`.durability`). Checkpoints are taken between wake-ups.
 
 Reassembly memory: a message's buffer (``frag_count × P`` bytes) is allocated when its first
 fragment arrives and counted against ``max_pending_bytes`` (256 MiB) by that size, so a header's
@@ -105,6 +107,8 @@ class BatchShardServer(ShardServer):
         KeyError: ``shard_id`` is not in the config.
     """
 
+    _sync_each = False  # one log commit per wake-up, in serve_batch
+
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
                  batch: int = 64, small: int = 4, small_keys: int = 256, gso: bool = True, sock: socket.socket | None = None,
                  **kwargs):
@@ -146,6 +150,7 @@ class BatchShardServer(ShardServer):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._calls: collections.deque = collections.deque()
+        self._ckpt_req = False
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -185,6 +190,13 @@ class BatchShardServer(ShardServer):
         while not self._stopping:
             if self._calls:
                 self._run_calls()
+            if self._ckpt_req:
+                self._ckpt_req = False
+                try:
+                    self.checkpoint()
+                except OSError as e:
+                    self._c["checkpoint_errors"] += 1
+                    log.error("shard %d: checkpoint failed (%s); the log is kept whole", self.shard_id, e)
             wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
             for fd, _ in poller.poll(wait_ms):
                 if fd == self._wake_r:
@@ -204,6 +216,11 @@ class BatchShardServer(ShardServer):
                 next_tick = now + 0.5
         self._run_calls()
 
+    def request_checkpoint(self) -> None:
+        """Checkpoint between the next wake-ups (thread- and signal-safe; SIGUSR1)."""
+        self._ckpt_req = True
+        self._wake()
+
     def request_stop(self) -> None:
         """Make :meth:`run` return (thread- and signal-safe)."""
         self._stopping = True
@@ -216,7 +233,9 @@ class BatchShardServer(ShardServer):
             pass
 
     def close(self) -> None:
-        """Close the socket and the wake-up pipe. Idempotent."""
+        """Close the socket, the wake-up pipe and the log. Idempotent."""
+        if self._dur is not None:
+            self._dur.close()
         if self._bs is not None:
             self._bs.sock.close()
             self._bs = None
@@ -276,6 +295,12 @@ class BatchShardServer(ShardServer):
         except Exception:  # noqa: BLE001 - a bug must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error in a batch of %d frames", self.shard_id, n)
+        if self._dur is not None and not self._commit_log():
+            self._rep_idx.clear()  # not durable: no reply of this wake-up may leave
+            self._rep_start.clear()
+            self._rep_count.clear()
+            self._rep_name.clear()
+            self._ntx = 0
         self._transmit()
 
     def _frames(self, n: int) -> list[tuple]:
@@ -618,6 +643,8 @@ class BatchShardServer(ShardServer):
             else:
                 apply.append(j)
                 acks.append(j)
+                if self._dur is not None:
+                    self._dur.append(key[0], key[1], fp, m[3])
                 self._c["updates_applied"] += 1
                 self._c["update_keys"] += int(nks[j])
                 self._applied[key] = fp
@@ -813,6 +840,7 @@ def _worker_main(cfg, shard_id, sock, conn, kwargs) -> None:
     server = BatchShardServer(cfg, shard_id, sock=sock, **kwargs)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
+    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
     server.open()
     try:
         server.run()
@@ -863,6 +891,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
         server = BatchShardServer(cfg, shard_id, ip, p, **kwargs)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: server.request_stop())
+        signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
         ip2, p2 = server.open()
         log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, _describe(cfg))
         try:
@@ -870,7 +899,9 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
         finally:
             server.close()
         log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
-        return 0
+        return 1 if server.durable_failed else 0
+    if kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None:
+        raise ValueError("--checkpoint-dir/--restore need --workers 1 (each worker would need its own log)")
     socks = _reuseport_sockets(ip, p, workers)
     ip2, p2 = socks[0].getsockname()[:2]
     ctx = multiprocessing.get_context("fork")

@@ -118,14 +118,30 @@ class ShardServer:
             ``unannounced``) with the same type, table, dtype, ``num_keys`` and ``msg_len``
             (else ``size_mismatch``, answered MALFORMED). Without it SIZE_REQs are still
             answered (and remembered), but data needs no announcement.
+        checkpoint_dir: keep a write-ahead log and checkpoints in ``checkpoint_dir/shard-<id>``
+            (:mod:`~embnic.testbed.server.durability`): an update is acknowledged only once its
+            log record is on disk. None: memory only.
+        checkpoint_every: checkpoint after this many logged updates (0: only on request,
+            :meth:`checkpoint` / SIGUSR1).
+        restore: load ``restore/shard-<id>`` (latest checkpoint + log replay) before serving;
+            the log then continues there unless ``checkpoint_dir`` names another directory.
+        log_fsync: ``fdatasync`` the log once per wake-up (False only to measure its cost).
 
     Raises:
         KeyError: ``shard_id`` is not in the config.
+        DurabilityError: ``restore`` holds another shard's or other tables' checkpoint, or
+            ``checkpoint_dir`` already holds a log (without ``restore``).
     """
+
+    #: commit the log before each update's ack (the reference: one message per callback); the
+    #: batch engine commits once per wake-up instead
+    _sync_each = True
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
                  dedup_window: int = DEFAULT_DEDUP_WINDOW, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
-                 reassembly_timeout_s: float = 2.0, fixed_length: bool = False):
+                 reassembly_timeout_s: float = 2.0, fixed_length: bool = False,
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+                 restore: str | None = None, log_fsync: bool = True):
         me = cfg.shard(shard_id)
         self.cfg = cfg
         self.shard_id = int(shard_id)
@@ -147,6 +163,65 @@ class ShardServer:
         self._errors: collections.Counter = collections.Counter()
         self._requests: collections.Counter = collections.Counter()
         self.started_at: float | None = None
+        self._dur = None
+        self.durable_failed = False
+        if checkpoint_dir is not None or restore is not None:
+            from .durability import Durability
+
+            self._dur = Durability(checkpoint_dir if checkpoint_dir is not None else restore, self.shard_id,
+                                   cfg.seed, checkpoint_every=checkpoint_every, fsync=log_fsync)
+            if restore is not None:
+                if checkpoint_dir is not None and str(checkpoint_dir) != str(restore):
+                    src = Durability(restore, self.shard_id, cfg.seed, fsync=log_fsync)
+                    rep = src.restore(self.tables, self._applied, self.dedup_window)
+                    src.close()
+                    self._dur.start_fresh()
+                    self._dur.restored = rep
+                    self._dur.checkpoint(self.tables, self._applied)
+                else:
+                    rep = self._dur.restore(self.tables, self._applied, self.dedup_window)
+                log.info("shard %d restored from %s: checkpoint %s, %d updates replayed from the log%s", self.shard_id,
+                         restore, rep["checkpoint"], rep["replayed"],
+                         "" if rep["corrupt"] is None else f"; bad log tail cut off ({rep['corrupt']['reason']})")
+            else:
+                self._dur.start_fresh()
+
+    # -- durability -----------------------------------------------------------------------------
+
+    def checkpoint(self) -> str | None:
+        """Write a checkpoint now (between messages: a consistent point); returns its path, or
+        None without ``checkpoint_dir``.
+
+        Raises:
+            OSError: it could not be written (the log stays whole; the shard keeps serving).
+        """
+        if self._dur is None:
+            return None
+        p = str(self._dur.checkpoint(self.tables, self._applied))
+        log.info("shard %d: checkpoint %s", self.shard_id, p)
+        return p
+
+    def _commit_log(self) -> bool:
+        """Make the logged updates durable; False (and stop serving) if the disk refused: their
+        acks must not leave."""
+        if self._dur is None or self.durable_failed:
+            return not self.durable_failed
+        try:
+            self._dur.commit()
+        except OSError as e:
+            self.durable_failed = True
+            self._c["log_errors"] += 1
+            log.error("shard %d: cannot write the log in %s (%s): no more acks; stopping", self.shard_id,
+                      self._dur.dir, e)
+            self.stop()
+            return False
+        if self._dur.due:
+            try:
+                self.checkpoint()
+            except OSError as e:
+                self._c["checkpoint_errors"] += 1
+                log.error("shard %d: checkpoint failed (%s); the log is kept whole", self.shard_id, e)
+        return True
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -232,6 +307,8 @@ class ShardServer:
             "internal_errors": c["internal_errors"], "send_errors": c["send_errors"],
             "dedup_entries": len(self._applied),
             "rows": {str(tid): len(ts) for tid, ts in self.tables.items()},
+            **({} if self._dur is None else {"durability": {**self._dur.counters(), "log_errors": c["log_errors"],
+                                                             "checkpoint_errors": c["checkpoint_errors"]}}),
         }
 
     def state_dict(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -403,6 +480,8 @@ class ShardServer:
             g = grads.astype(np.float32)
             if not is_unique(keys) or not gradient_ok(ts.table, g):
                 raise _Refused(Status.MALFORMED)
+            if self._dur is not None:
+                self._dur.append(h.client_id, h.msg_id, fp, msg.body)
             ts.apply(keys, g)
             self._c["updates_applied"] += 1
             self._c["update_keys"] += h.num_keys
@@ -410,6 +489,8 @@ class ShardServer:
             self._applied.move_to_end(key)
             while len(self._applied) > self.dedup_window:
                 self._applied.popitem(last=False)
+        if self._sync_each and not self._commit_log():
+            return
         self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), msg.addr)
 
 
@@ -615,6 +696,7 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
     """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
 
     Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
+    With ``checkpoint_dir`` (``**kwargs``, see :class:`ShardServer`) SIGUSR1 writes a checkpoint.
 
     Args:
         engine: ``"batch"`` (default) or ``"reference"`` (:func:`make_server`).
@@ -622,7 +704,7 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
             :func:`embnic.testbed.server.engine.run_workers`).
 
     Returns:
-        0 after a clean stop; 1 if a worker process died.
+        0 after a clean stop; 1 if a worker process died or the log could not be written.
 
     Raises:
         KeyError: unknown shard. OSError: the address cannot be bound. ValueError: unknown
@@ -642,6 +724,8 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if server._dur is not None:
+            loop.add_signal_handler(signal.SIGUSR1, server.checkpoint)
         log.info("shard %d listening on %s:%d (%s; engine reference)", shard_id, ip, p, describe(cfg))
         try:
             await stop.wait()
@@ -649,10 +733,12 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             server.stop()
+            if server._dur is not None:
+                server._dur.close()
         log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
 
     asyncio.run(main())
-    return 0
+    return 1 if server.durable_failed else 0
 
 
 def describe(cfg: ClusterConfig) -> str:

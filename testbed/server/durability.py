@@ -1,0 +1,458 @@
+"""A shard that loses nothing: write-ahead log, checkpoints and restore (docs/server.md, "Durability").
+
+One shard's directory (``--checkpoint-dir DIR`` → ``DIR/shard-<id>/``) holds::
+
+    ckpt-<S>.npz     the shard's state after the first S logged updates (numpy .npz, below)
+    wal-<S>.log      the updates logged from sequence number S on (records, below)
+
+**Log records** (little-endian; one per *applied* update, in the order the shard applied them)::
+
+    u32 hdr_crc      zlib.crc32 of the 32 header bytes that follow
+    u32 body_len     bytes of the update body (keys then gradients, exactly as on the wire)
+    u64 seq          sequence number of the record (0, 1, 2, ... over the shard's life)
+    u32 msg_id       ┐
+    u16 client_id    │ what exactly-once needs: (client_id, msg_id) → fingerprint
+    u16 table_id     │ (table_id, num_keys, dim, dtype, body_crc), as the shard's window
+    u32 num_keys     │
+    u16 dim          │
+    u8  dtype, u8 0  │
+    u32 body_crc     ┘ zlib.crc32 of the body (the fingerprint's CRC, so no second pass)
+    body_len bytes   the body
+
+A record is good when its header CRC matches, the whole body is present and the body's CRC
+matches; the first record that is not (a torn write at a crash, a flipped bit) ends the log:
+it and everything after it are reported, cut off, and the shard starts from the last good
+record. Updates are appended as they are applied and **one** ``fdatasync`` per wake-up makes
+them durable before any ack of that wake-up leaves (:meth:`UpdateLog.commit`).
+
+**Checkpoints** (``numpy.savez``; load with ``numpy.load``): ``meta`` (uint8 JSON: ``format``
+``"embnic-checkpoint"``, ``version`` 1, ``shard``, ``seq``, ``seed``, ``tables``: id, dim,
+optimizer, rows, dtype), per table ``t<id>.keys`` uint64 (M,) sorted, ``t<id>.rows`` float32
+(M, dim), ``t<id>.acc`` float32 (M,) (row-wise Adagrad accumulators; zeros for SGD), and
+``applied`` int64 (W, 7): the exactly-once window, oldest first, columns (client_id, msg_id,
+table_id, num_keys, dim, dtype, body_crc). Written between wake-ups (a consistent point of
+the update stream: no torn rows) to a temporary file, ``fsync``ed, renamed, directory
+``fsync``ed; then a new log file starts at S and older logs and checkpoints are deleted.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embnic.client_lib import codec
+from embnic.client_lib.table_numerics import TableShard
+
+log = logging.getLogger("embnic.server")
+
+REC = struct.Struct("<IIQIHHIHBxI")  #: hdr_crc, body_len, seq, msg_id, client_id, table_id, num_keys, dim, dtype, body_crc
+REC_LEN = REC.size
+_HDR_NOCRC = struct.Struct("<IQIHHIHBxI")
+FORMAT = "embnic-checkpoint"
+FORMAT_VERSION = 1
+_CKPT = re.compile(r"^ckpt-(\d{20})\.npz$")
+_WAL = re.compile(r"^wal-(\d{20})\.log$")
+_IOV_MAX = 1024
+
+
+class DurabilityError(Exception):
+    """A checkpoint or log that cannot be used (wrong shard or tables, unreadable file)."""
+
+
+def shard_dir(directory: str | os.PathLike, shard_id: int) -> Path:
+    """``DIR/shard-<id>``: where shard ``shard_id`` keeps its checkpoints and log."""
+    return Path(directory) / f"shard-{int(shard_id)}"
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class UpdateLog:
+    """The shard's write-ahead log: append records, make them durable with one ``fdatasync``.
+
+    Args:
+        directory: the shard's directory (created if missing).
+        seq: sequence number of the next record.
+        fsync: ``fdatasync`` on commit (False only for measurements of the cost).
+
+    Raises:
+        OSError: the directory or file cannot be created.
+    """
+
+    def __init__(self, directory: Path, seq: int, *, fsync: bool = True):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.seq = int(seq)
+        self.fsync = bool(fsync)
+        self._pending: list = []
+        self._npending = 0
+        self.records = 0  # committed records (this process)
+        self.bytes = 0
+        self.commits = 0
+        self._open(self.seq)
+
+    def _open(self, start: int) -> None:
+        self.path = self.dir / f"wal-{start:020d}.log"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        _fsync_dir(self.dir)
+
+    def append(self, client_id: int, msg_id: int, table_id: int, num_keys: int, dim: int, dtype: int,
+               body_crc: int, body) -> None:
+        """Queue one applied update (``body``: the wire body, any contiguous buffer, kept by
+        reference until :meth:`commit`, which must run before the buffer is reused)."""
+        hdr = _HDR_NOCRC.pack(len(body), self.seq, msg_id, client_id, table_id, num_keys, dim, dtype, body_crc)
+        self._pending.append(struct.pack("<I", zlib.crc32(hdr)) + hdr)
+        self._pending.append(body)
+        self._npending += 1
+        self.seq += 1
+
+    @property
+    def pending(self) -> int:
+        """Records appended but not yet committed."""
+        return self._npending
+
+    def commit(self) -> int:
+        """Write every queued record and ``fdatasync`` once. Returns the records made durable.
+
+        Raises:
+            OSError: the write or sync failed (the caller must not acknowledge them).
+        """
+        if not self._pending:
+            return 0
+        bufs = self._pending
+        for i in range(0, len(bufs), _IOV_MAX):
+            chunk = bufs[i:i + _IOV_MAX]
+            want = sum(len(memoryview(b).cast("B")) for b in chunk)
+            n = os.writev(self._fd, chunk)
+            if n != want:  # a short write (rare): write the rest byte-exact
+                rest = b"".join(bytes(memoryview(b).cast("B")) for b in chunk)[n:]
+                while rest:
+                    rest = rest[os.write(self._fd, rest):]
+            self.bytes += want
+        if self.fsync:
+            os.fdatasync(self._fd)
+        n = self._npending
+        self.records += n
+        self.commits += 1
+        self._pending = []
+        self._npending = 0
+        return n
+
+    def rotate(self) -> Path:
+        """Start a new log file at the current sequence number (after a checkpoint); returns
+        the old file's path."""
+        old = self.path
+        os.close(self._fd)
+        self._open(self.seq)
+        return old
+
+    def close(self) -> None:
+        """Close the file (queued records are dropped: they were never acknowledged)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_log(path: Path, start_seq: int) -> tuple[list[tuple], dict | None]:
+    """Good records of log file ``path``.
+
+    Args:
+        path: a ``wal-<S>.log`` file.
+        start_seq: the sequence number its first record must carry.
+
+    Returns:
+        (records ``(seq, client_id, msg_id, table_id, num_keys, dim, dtype, body_crc, body bytes)``,
+        None or ``{"file", "offset", "reason", "dropped_bytes"}`` for the first bad record:
+        ``truncated header``, ``header checksum``, ``truncated body``, ``body checksum``,
+        ``sequence gap``).
+    """
+    data = path.read_bytes()
+    out: list[tuple] = []
+    off, n, want = 0, len(data), start_seq
+    bad = None
+    while off < n:
+        if n - off < REC_LEN:
+            bad = "truncated header"
+            break
+        crc, blen, seq, mid, cid, tid, nk, dim, dt, bcrc = REC.unpack_from(data, off)
+        if zlib.crc32(data[off + 4:off + REC_LEN]) != crc:
+            bad = "header checksum"
+            break
+        if n - off - REC_LEN < blen:
+            bad = "truncated body"
+            break
+        body = data[off + REC_LEN:off + REC_LEN + blen]
+        if zlib.crc32(body) != bcrc:
+            bad = "body checksum"
+            break
+        if seq != want:
+            bad = f"sequence gap (record {seq}, expected {want})"
+            break
+        out.append((seq, cid, mid, tid, nk, dim, dt, bcrc, body))
+        off += REC_LEN + blen
+        want += 1
+    if bad is None:
+        return out, None
+    return out, {"file": str(path), "offset": off, "reason": bad, "dropped_bytes": n - off}
+
+
+def _files(d: Path, rx) -> list[tuple[int, Path]]:
+    if not d.is_dir():
+        return []
+    got = []
+    for p in d.iterdir():
+        m = rx.match(p.name)
+        if m:
+            got.append((int(m.group(1)), p))
+    return sorted(got)
+
+
+def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
+                     applied: collections.OrderedDict) -> Path:
+    """Write ``ckpt-<seq>.npz`` atomically (temporary file, ``fsync``, rename, directory ``fsync``).
+
+    Args:
+        d: the shard's directory.
+        seq: updates the state includes (the next log record's sequence number).
+        tables: the shard's tables; applied: its exactly-once window (oldest first).
+
+    Returns:
+        the checkpoint's path.
+
+    Raises:
+        OSError: it could not be written.
+    """
+    d.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "version": FORMAT_VERSION, "shard": int(shard_id), "seq": int(seq), "seed": int(seed),
+            "tables": [{"id": t.table.id, "name": t.table.name, "dim": t.dim, "optimizer": t.table.optimizer,
+                        "rows": t.table.rows, "dtype": t.table.dtype} for t in tables.values()]}
+    arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+    for tid, ts in tables.items():
+        k, r, a = ts.state()
+        arrays[f"t{tid}.keys"], arrays[f"t{tid}.rows"], arrays[f"t{tid}.acc"] = k, r, a
+    win = np.array([(c, m) + fp for (c, m), fp in applied.items()], np.int64).reshape(-1, 7)
+    arrays["applied"] = win
+    final = d / f"ckpt-{int(seq):020d}.npz"
+    tmp = d / f".{final.name}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, final)
+    _fsync_dir(d)
+    return final
+
+
+def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], np.ndarray]:
+    """(meta, ``{table_id: (keys, rows, acc)}``, applied int64 (W, 7)) of a checkpoint file.
+
+    Raises:
+        DurabilityError: not an embnic checkpoint, or unreadable.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+                raise DurabilityError(f"{path}: not an {FORMAT} v{FORMAT_VERSION} file")
+            tables = {int(t["id"]): (z[f"t{t['id']}.keys"], z[f"t{t['id']}.rows"], z[f"t{t['id']}.acc"])
+                      for t in meta["tables"]}
+            applied = z["applied"]
+    except (OSError, ValueError, KeyError, zlib.error) as e:
+        raise DurabilityError(f"{path}: unreadable checkpoint ({e})") from None
+    return meta, tables, applied
+
+
+class Durability:
+    """The log and checkpoints of one shard server (what :class:`ShardServer` calls).
+
+    Args:
+        directory: ``--checkpoint-dir`` (the shard uses ``directory/shard-<id>``).
+        shard_id, seed: the shard and the cluster seed (recorded in checkpoints).
+        checkpoint_every: checkpoint after this many logged updates (0: only on request).
+        fsync: as :class:`UpdateLog`.
+    """
+
+    def __init__(self, directory, shard_id: int, seed: int, *, checkpoint_every: int = 0, fsync: bool = True):
+        self.dir = shard_dir(directory, shard_id)
+        self.shard_id = int(shard_id)
+        self.seed = int(seed)
+        self.every = int(checkpoint_every)
+        self.fsync = bool(fsync)
+        self.log: UpdateLog | None = None
+        self.checkpoints = 0
+        self.last_checkpoint: str | None = None
+        self.restored: dict[str, Any] | None = None
+        self._since = 0
+
+    def restore(self, tables: dict[int, TableShard], applied: collections.OrderedDict, window: int) -> dict:
+        """Load the latest checkpoint into ``tables``/``applied``, replay the log after it, cut
+        off a bad tail, and open the log for appending. Without any file: an empty start.
+
+        Returns:
+            ``{"checkpoint", "checkpoint_seq", "replayed", "seq", "corrupt"}`` (``corrupt``: None
+            or what :func:`read_log` reported, plus ``dropped_files``).
+
+        Raises:
+            DurabilityError: the checkpoint is of another shard or other tables.
+        """
+        cks = _files(self.dir, _CKPT)
+        seq0, ck = 0, None
+        if cks:
+            seq0, ck = cks[-1]
+            meta, tstate, win = read_checkpoint(ck)
+            if meta["shard"] != self.shard_id:
+                raise DurabilityError(f"{ck} is shard {meta['shard']}'s checkpoint, not shard {self.shard_id}'s")
+            have = {t.table.id: (t.dim, t.table.optimizer) for t in tables.values()}
+            got = {int(t["id"]): (int(t["dim"]), t["optimizer"]) for t in meta["tables"]}
+            if have != got or meta["seed"] != self.seed:
+                raise DurabilityError(f"{ck}: its tables (id: dim, optimizer) {got} and seed {meta['seed']} differ "
+                                      f"from the config's {have} and seed {self.seed}")
+            for tid, (k, r, a) in tstate.items():
+                tables[tid].load_state(k, r, a)
+            applied.clear()
+            for row in win.tolist():
+                applied[(row[0], row[1])] = tuple(row[2:])
+        seq, replayed, corrupt = seq0, 0, None
+        logs = [(s, p) for s, p in _files(self.dir, _WAL)]
+        for i, (start, p) in enumerate(logs):
+            nxt = logs[i + 1][0] if i + 1 < len(logs) else None
+            if nxt is not None and nxt <= seq0:
+                continue  # entirely behind the checkpoint
+            if start > seq:
+                corrupt = {"file": str(p), "offset": 0, "reason": f"missing records {seq}..{start - 1}",
+                           "dropped_bytes": p.stat().st_size}
+                bad_from = i
+                break
+            recs, bad = read_log(p, start)
+            for (s, cid, mid, tid, nk, dim, dt, bcrc, body) in recs:
+                if s < seq:
+                    continue
+                ts = tables.get(tid)
+                if ts is None or dim != ts.dim:
+                    bad = {"file": str(p), "offset": -1, "reason": f"record {s}: table {tid} dim {dim} not in config",
+                           "dropped_bytes": 0}
+                    break
+                keys, grads = codec.split_update_body(body, nk, dim, dt)
+                ts.apply(keys, grads.astype(np.float32))
+                applied[(cid, mid)] = (tid, nk, dim, dt, bcrc)
+                applied.move_to_end((cid, mid))
+                while len(applied) > window:
+                    applied.popitem(last=False)
+                seq = s + 1
+                replayed += 1
+            if bad is not None:
+                corrupt = bad
+                if bad["offset"] >= 0:
+                    os.truncate(p, bad["offset"])
+                bad_from = i + 1
+                break
+        if corrupt is not None:
+            dropped = [str(p) for _, p in logs[bad_from:] if p.exists()]
+            for q in dropped:
+                if q != corrupt["file"]:
+                    os.unlink(q)
+            corrupt["dropped_files"] = [q for q in dropped if q != corrupt["file"]]
+            log.warning("shard %d: log %s is bad at byte %s (%s): %d bytes and %d later files dropped; starting from "
+                        "the last good record (%d updates replayed)", self.shard_id, corrupt["file"], corrupt["offset"],
+                        corrupt["reason"], corrupt["dropped_bytes"], len(corrupt["dropped_files"]), replayed)
+        self.log = UpdateLog(self.dir, seq, fsync=self.fsync)
+        self.restored = {"checkpoint": str(ck) if ck else None, "checkpoint_seq": seq0, "replayed": replayed,
+                         "seq": seq, "corrupt": corrupt}
+        return self.restored
+
+    def start_fresh(self) -> None:
+        """Open the log of a shard that starts empty (``--checkpoint-dir`` without ``--restore``).
+
+        Raises:
+            DurabilityError: the directory already holds a checkpoint or log (restore it, or
+                pick another directory: starting over it would mix two runs).
+        """
+        if _files(self.dir, _CKPT) or [p for _, p in _files(self.dir, _WAL) if p.stat().st_size]:
+            raise DurabilityError(f"{self.dir} already holds a checkpoint or log: restart with --restore "
+                                  f"{self.dir.parent} or use an empty --checkpoint-dir")
+        self.log = UpdateLog(self.dir, 0, fsync=self.fsync)
+
+    def append(self, client_id, msg_id, fp: tuple, body) -> None:
+        """Log one update about to be applied (``fp``: (table, num_keys, dim, dtype, body_crc))."""
+        self.log.append(client_id, msg_id, fp[0], fp[1], fp[2], fp[3], fp[4], body)
+        self._since += 1
+
+    def commit(self) -> int:
+        """Make the appended updates durable (one ``fdatasync``); see :meth:`UpdateLog.commit`."""
+        return self.log.commit()
+
+    @property
+    def due(self) -> bool:
+        """A periodic checkpoint is due (``checkpoint_every`` updates logged since the last)."""
+        return self.every > 0 and self._since >= self.every
+
+    def checkpoint(self, tables: dict[int, TableShard], applied: collections.OrderedDict) -> Path:
+        """Write a checkpoint of the committed state, start a new log file and delete what is
+        behind it. Call between wake-ups (nothing appended and uncommitted).
+
+        Raises:
+            OSError: the checkpoint could not be written (the log is kept whole).
+        """
+        self.log.commit()
+        seq = self.log.seq
+        path = write_checkpoint(self.dir, self.shard_id, seq, self.seed, tables, applied)
+        self.log.rotate()
+        for s, p in _files(self.dir, _WAL):
+            if s < seq:
+                p.unlink()
+        for s, p in _files(self.dir, _CKPT):
+            if s < seq:
+                p.unlink()
+        _fsync_dir(self.dir)
+        self.checkpoints += 1
+        self.last_checkpoint = str(path)
+        self._since = 0
+        return path
+
+    def counters(self) -> dict:
+        """``{"dir", "seq", "log_records", "log_bytes", "log_commits", "checkpoints",
+        "last_checkpoint", "restored"}`` (records/bytes/commits of this process)."""
+        lg = self.log
+        return {"dir": str(self.dir), "seq": lg.seq if lg else 0, "log_records": lg.records if lg else 0,
+                "log_bytes": lg.bytes if lg else 0, "log_commits": lg.commits if lg else 0,
+                "checkpoints": self.checkpoints, "last_checkpoint": self.last_checkpoint, "restored": self.restored}
+
+    def close(self) -> None:
+        """Close the log."""
+        if self.log is not None:
+            self.log.close()
+
+
+def load_shard_state(directory, shard_id: int, cfg, window: int = 1 << 62) -> tuple[dict[int, TableShard], dict]:
+    """Shard ``shard_id``'s tables as a restart would see them (latest checkpoint + log), read
+    only: nothing is truncated or created (for ``embnic tables export``).
+
+    Returns:
+        (``{table_id: TableShard}``, the restore report of :meth:`Durability.restore`).
+    """
+    import tempfile
+    import shutil
+
+    src = shard_dir(directory, shard_id)
+    tables = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
+    with tempfile.TemporaryDirectory() as tmp:
+        dst = shard_dir(tmp, shard_id)
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        d = Durability(tmp, shard_id, cfg.seed, fsync=False)
+        rep = d.restore(tables, collections.OrderedDict(), window)
+        d.close()
+    return tables, rep

@@ -1,0 +1,241 @@
+"""A shard that loses nothing: write-ahead log, checkpoints, restore (testbed/server/durability.py).
+
+Run alone: python3 -m pytest -q tests/testbed/test_durability.py
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from embnic.client_lib import codec, routing
+from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.table_numerics import TableShard
+from embnic.testbed.server import durability as D
+from embnic.testbed.server.shard import ServerThread, ShardServer
+
+from test_server import Raw, make_cfg, update_frames
+from test_server_engine import _comparable, build_stream, run_stream
+
+
+def _updates(cfg, n, seed=0, keys_per=50):
+    """``n`` updates of shard 0 (table, keys, grads, msg_id), some overlapping in keys."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for m in range(1, n + 1):
+        t = cfg.tables[m % len(cfg.tables)]
+        own = routing.owned_keys(cfg, t.id, 0)
+        k = np.sort(rng.choice(own[:200], size=min(keys_per, own[:200].size), replace=False)).astype(np.uint64)
+        g = rng.standard_normal((k.size, t.dim)).astype(np.float32)
+        out.append((t.id, k, g, m))
+    return out
+
+
+def _send_all(st, cfg, ups, client_id=1):
+    """Send updates one at a time, each waiting for its ack (so all were acknowledged)."""
+    raw = Raw(st.address)
+    try:
+        for tid, k, g, m in ups:
+            raw.send(update_frames(cfg, tid, k, g, m, client_id=client_id))
+            rep = raw.recv()
+            assert rep.header.msg_type == 4 and rep.header.msg_id == m, rep.header  # UPDATE_ACK
+    finally:
+        raw.close()
+
+
+def _state_equal(a, b):
+    assert sorted(a) == sorted(b)
+    for tid in a:
+        for x, y in zip(a[tid], b[tid]):
+            assert np.array_equal(x, y), tid
+
+
+@pytest.mark.parametrize("engine", ["batch", "reference"])
+def test_log_does_not_change_replies_and_restore_rebuilds_state(tmp_path, engine):
+    """The mixed stream (retransmissions, reused ids, refusals, junk) through a logging shard:
+    the same replies, counters and rows as without the log; a restart from the log alone
+    rebuilds the rows and the exactly-once window exactly."""
+    cfg = make_cfg()
+    stream = build_stream(cfg, 5)
+    plain = run_stream(cfg, engine, stream)
+    logged = run_stream(cfg, engine, stream, checkpoint_dir=str(tmp_path))
+    assert logged[0] == plain[0]
+    dur = logged[1].pop("durability")
+    assert _comparable(logged[1]) == _comparable(plain[1])
+    assert dur["log_records"] == plain[1]["updates_applied"] > 5
+    assert dur["log_commits"] <= dur["log_records"]
+    wal = list((tmp_path / "shard-0").glob("wal-*.log"))
+    assert len(wal) == 1 and wal[0].stat().st_size == dur["log_bytes"]
+    back = ShardServer(cfg, 0, restore=str(tmp_path))
+    assert back._dur.restored["replayed"] == dur["log_records"] and back._dur.restored["corrupt"] is None
+    _state_equal(back.state_dict(), logged[2])
+    back._dur.close()
+
+
+@pytest.mark.parametrize("engine", ["batch", "reference"])
+def test_retransmitted_update_after_restart_is_not_applied_twice(tmp_path, engine):
+    cfg = make_cfg()
+    ups = _updates(cfg, 12)
+    with ServerThread(cfg, 0, engine=engine, checkpoint_dir=str(tmp_path), checkpoint_every=5) as st:
+        _send_all(st, cfg, ups)
+        before = st.state_dict()
+        c = st.counters()["durability"]
+    assert c["checkpoints"] == 2 and c["seq"] == 12
+    d = tmp_path / "shard-0"
+    # the log was cut behind the last checkpoint: one checkpoint (at 10), one log (from 10)
+    assert sorted(p.name for p in d.iterdir()) == [f"ckpt-{10:020d}.npz", f"wal-{10:020d}.log"]
+    with ServerThread(cfg, 0, engine=engine, restore=str(tmp_path)) as st:
+        assert st.counters()["durability"]["restored"]["replayed"] == 2
+        _state_equal(st.state_dict(), before)
+        _send_all(st, cfg, ups[-8:])  # the client retransmits what it may not have seen acked
+        c2 = st.counters()
+        _state_equal(st.state_dict(), before)
+    assert c2["updates_applied"] == 0 and c2["duplicates"] == 8
+
+
+def test_checkpoint_file_is_documented_npz(tmp_path):
+    cfg = make_cfg()
+    ups = _updates(cfg, 4)
+    with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
+        _send_all(st, cfg, ups)
+        path = st.call(st.server.checkpoint)
+        state = st.state_dict()
+    with np.load(path) as z:  # plain numpy, no pickle
+        meta = json.loads(bytes(z["meta"]).decode())
+        assert meta["format"] == "embnic-checkpoint" and meta["seq"] == 4 and meta["shard"] == 0
+        for tid, (k, r, a) in state.items():
+            assert np.array_equal(z[f"t{tid}.keys"], k) and np.array_equal(z[f"t{tid}.rows"], r)
+            assert np.array_equal(z[f"t{tid}.acc"], a)
+        assert z["applied"].shape == (4, 7) and z["applied"][:, 1].tolist() == [1, 2, 3, 4]
+    assert not list((tmp_path / "shard-0").glob(".*tmp"))
+
+
+@pytest.mark.parametrize("damage", ["cut_header", "cut_body", "flip_body", "flip_header", "garbage"])
+def test_bad_log_tail_is_reported_and_cut(tmp_path, damage):
+    cfg = make_cfg()
+    ups = _updates(cfg, 6)
+    with ServerThread(cfg, 0, engine="reference", checkpoint_dir=str(tmp_path)) as st:
+        _send_all(st, cfg, ups[:5])
+        state5 = st.state_dict()
+        _send_all(st, cfg, ups[5:])
+    wal = next((tmp_path / "shard-0").glob("wal-*.log"))
+    data = bytearray(wal.read_bytes())
+    recs, bad = D.read_log(wal, 0)
+    assert len(recs) == 6 and bad is None
+    last = len(data) - (D.REC_LEN + len(recs[-1][-1]))  # offset of record 5
+    if damage == "cut_header":
+        data = data[:last + 10]
+    elif damage == "cut_body":
+        data = data[:-7]
+    elif damage == "flip_body":
+        data[-3] ^= 0x40
+    elif damage == "flip_header":
+        data[last + 12] ^= 1
+    if damage == "garbage":
+        data += os.urandom(100)
+        want_good, cut_at = 6, len(data) - 100
+    else:
+        want_good, cut_at = 5, last
+    wal.write_bytes(bytes(data))
+    srv = ShardServer(cfg, 0, restore=str(tmp_path))
+    rep = srv._dur.restored
+    assert rep["replayed"] == want_good and rep["corrupt"]["offset"] == cut_at
+    assert wal.stat().st_size == cut_at  # cut off: new records follow the last good one
+    if want_good == 5:
+        _state_equal(srv.state_dict(), state5)
+    srv._dur.close()
+
+
+def test_kill_9_and_restore_through_the_cli(tmp_path):
+    """A real shard process killed with SIGKILL after acknowledging updates loses none of them."""
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text('[cluster]\nseed = 7\n[[tables]]\nid = 0\ndim = 8\noptimizer = "adagrad"\n'
+                        '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 7900\n'
+                        '[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    from embnic.client_lib.config import load_config
+
+    cfg = load_config(str(cfg_path))
+    rng = np.random.default_rng(1)
+    ups = [(0, np.sort(rng.choice(2**60, 300, replace=False)).astype(np.uint64),
+            rng.standard_normal((300, 8)).astype(np.float32), m) for m in range(1, 9)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def start(*extra):
+        p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(cfg_path),
+                              "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)
+        lines = []
+        while True:
+            line = p.stderr.readline()
+            lines.append(line)
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+            if m:
+                return p, int(m.group(1)), lines
+            if not line:
+                p.wait(10)
+                pytest.fail("".join(lines))
+
+    class _St:
+        def __init__(self, port):
+            self.address = ("127.0.0.1", port)
+
+    p, port, _ = start("--checkpoint-dir", str(tmp_path), "--checkpoint-every", "3")
+    try:
+        _send_all(_St(port), cfg, ups)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=30)
+    p, port, lines = start("--restore", str(tmp_path))
+    try:
+        assert any("2 updates replayed" in x for x in lines), lines
+        _send_all(_St(port), cfg, ups[-3:])  # retransmissions of acknowledged updates
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
+    assert counters["updates_applied"] == 0 and counters["duplicates"] == 3
+    tables, rep = D.load_shard_state(str(tmp_path), 0, cfg)
+    ref = LocalBackend(cfg)
+    for tid, k, g, _ in ups:
+        ref.update(tid, k, g)
+    _state_equal({0: tables[0].state()}, ref.state_dict())
+
+
+def test_fresh_start_refuses_a_used_directory_and_other_shards_checkpoint(tmp_path):
+    cfg = make_cfg()
+    with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
+        _send_all(st, cfg, _updates(cfg, 1))
+        st.call(st.server.checkpoint)
+    with pytest.raises(D.DurabilityError, match="--restore"):
+        ShardServer(cfg, 0, checkpoint_dir=str(tmp_path))
+    (tmp_path / "shard-1").mkdir()
+    ck = next((tmp_path / "shard-0").glob("ckpt-*.npz"))
+    os.link(ck, tmp_path / "shard-1" / ck.name)
+    with pytest.raises(D.DurabilityError, match="shard 0's checkpoint"):
+        ShardServer(cfg, 1, restore=str(tmp_path))
+
+
+def test_table_shard_load_state_round_trip():
+    cfg = make_cfg()
+    t = cfg.tables[1]
+    a = TableShard(t, cfg.seed)
+    rng = np.random.default_rng(0)
+    a.apply(np.array([5, 2**63, 9], np.uint64), rng.standard_normal((3, t.dim)).astype(np.float32))
+    b = TableShard(t, cfg.seed)
+    b.load_state(*a.state())
+    for x, y in zip(a.state(), b.state()):
+        assert np.array_equal(x, y)
+    g = rng.standard_normal((2, t.dim)).astype(np.float32)
+    a.apply(np.array([9, 11], np.uint64), g)
+    b.apply(np.array([9, 11], np.uint64), g)
+    for x, y in zip(a.state(), b.state()):
+        assert np.array_equal(x, y)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        b.load_state(np.array([3, 1], np.uint64), np.zeros((2, t.dim), np.float32), np.zeros(2, np.float32))
