@@ -28,6 +28,11 @@ from embnic.control.errors import MissingDependencyError
                    "of what ran is still written).")
 @click.option("--kill-at-step", type=int, default=None, metavar="K",
               help="Step after which --kill-shard strikes: 1..STEPS-1 (default 1).")
+@click.option("--restart", is_flag=True,
+              help="With --kill-shard: the shards keep a write-ahead log and checkpoints and the killed shard is "
+                   "restarted at once with --restore; the run must complete with the fault-free losses and tables.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=16, show_default=True,
+              help="With --restart: logged updates between a shard's checkpoints.")
 @click.option("--no-table-check", is_flag=True, help="Skip reading every updated row back through the card.")
 @click.option("--all-clients", is_flag=True, help="Every other client of the config looks up its own batches "
                                                   "through the card while the first one trains (lookups only).")
@@ -39,7 +44,7 @@ from embnic.control.errors import MissingDependencyError
               help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch, p4/).")
 @needs_root("demo")
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
-         kill_at_step, no_table_check, all_clients, progress, model, target):
+         kill_at_step, restart, checkpoint_every, no_table_check, all_clients, progress, model, target):
     """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
     Criteo sample with every embedding lookup and update passing through the card, in a
     namespace testbed it brings up and down.
@@ -60,6 +65,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --model dlrm --steps 10    # TorchRec's DLRM (embnic[torch])
       sudo embnic demo --loss 1 --reorder 5 --duplicate 1    # faults on every link
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3   # fails at step 4, naming shard 1
+      sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3 --restart   # SIGKILL, restore, same result
       sudo embnic demo --batch-size 4096 --all-clients   # every client loads the card (state_full stays 0)
       sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (p4c, simple_switch on PATH)
     """
@@ -68,6 +74,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
 
     opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
                          netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
+                         restart=restart, checkpoint_every=checkpoint_every,
                          check_tables=not no_table_check, all_clients=all_clients, progress=progress,
                          model=model, target=target)
     if config is not None:

@@ -867,6 +867,27 @@ class Testbed:
                     break
                 time.sleep(0.01)
 
+    def restart_server(self, shard_id: int, extra_args=(), timeout: float = 20.0) -> dict:
+        """Start shard ``shard_id``'s server again with its recorded argv plus ``extra_args``
+        (e.g. ``["--restore", DIR]`` after :meth:`kill_server`), in its namespace, logging to
+        the same log; wait until it binds its UDP port. The dead process's record is replaced.
+
+        Returns:
+            the new process record.
+
+        Raises:
+            KeyError: no server for that shard. TestbedError: it is still running, or did not
+                bind its port in ``timeout`` s (names its log).
+        """
+        old = self.server_record(shard_id)
+        if proc_alive(old):
+            raise TestbedError(f"shard {shard_id}'s server (pid {old['pid']}) is still running; kill it first")
+        self.state["procs"].remove(old)
+        rec = self._spawn(f"s{shard_id}", "server", list(old["argv"]) + [str(a) for a in extra_args])
+        self._wait_udp(rec, self.cfg.shard(shard_id).port, f"shard {shard_id}", timeout)
+        rec.pop("_popen", None)
+        return rec
+
     def dead_nodes(self) -> list[dict]:
         """The card, servers and netem helpers of this testbed that no longer run (:func:`dead_nodes`)."""
         return dead_nodes(self.state)

@@ -284,7 +284,8 @@ class ShardServer:
         ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
-        per table id).
+        per table id); with ``checkpoint_dir`` also ``durability`` (log records, bytes and
+        commits, checkpoints, the restore report, ``log_errors``, ``checkpoint_errors``).
         """
         c = self._c
         drops = collections.Counter(self._drops)

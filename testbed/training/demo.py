@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -65,6 +66,11 @@ class DemoOptions:
         netem_backend: ``auto``, ``tc`` or ``user``.
         kill_shard, kill_at_step: kill that shard's server after that step (fault injection;
             ``kill_at_step`` defaults to 1 and must be below ``steps``, see :func:`check_options`).
+        restart: with ``kill_shard``: the shards keep a write-ahead log and checkpoints
+            (``--checkpoint-dir``, every ``checkpoint_every`` updates) and the killed shard is
+            started again at once with ``--restore``; the run must then complete with the
+            losses and final tables of the run without the fault.
+        checkpoint_every: logged updates between a shard's checkpoints (with ``restart``).
         check_tables: read every updated row back through the card and compare.
         all_clients: every other client of the config looks up the embeddings of its own
             batches of ``batch_size`` samples through the card while the first one trains
@@ -86,6 +92,8 @@ class DemoOptions:
     netem_backend: str = "auto"
     kill_shard: int | None = None
     kill_at_step: int | None = None
+    restart: bool = False
+    checkpoint_every: int = 16
     check_tables: bool = True
     all_clients: bool = False
     progress: bool | None = None
@@ -259,6 +267,8 @@ def check_options(opts: DemoOptions, cfg: ClusterConfig) -> int | None:
     if opts.steps < 1:
         raise DemoUsageError(f"--steps must be at least 1, got {opts.steps}", "--steps")
     if opts.kill_shard is None:
+        if opts.restart:
+            raise DemoUsageError("--restart needs --kill-shard ID (the shard to kill and restart)", "--restart")
         if opts.kill_at_step is not None:
             raise DemoUsageError("--kill-at-step needs --kill-shard ID (the shard to kill)", "--kill-at-step")
         return None
@@ -341,7 +351,15 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     tb = T.Testbed(topo, opts.rdir, target=opts.target)
     timing = {"reference_s": round(t_ref, 2)}
     t_up = time.monotonic()
-    tb.up(owner="demo")
+    ckdir = None
+    server_argv = None
+    if opts.restart:
+        ckdir = tb.dir / "shard-state"
+
+        def server_argv(sid, config_path, ip):
+            return [sys.executable, "-m", "embnic.testbed.server", "--shard", str(sid), "--config", config_path,
+                    "--bind", ip, "--checkpoint-dir", str(ckdir), "--checkpoint-every", str(opts.checkpoint_every)]
+    tb.up(owner="demo", server_argv=server_argv)
     timing["up_s"] = round(time.monotonic() - t_up, 2)
     losses: list[float] = []
     probes: list[float] = []
@@ -388,6 +406,9 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                 if kill_at is not None and i + 1 == kill_at:
                     log(f"fault: killing shard {opts.kill_shard}'s server after step {i + 1}")
                     tb.kill_server(opts.kill_shard)
+                    if opts.restart:
+                        rec = tb.restart_server(opts.kill_shard, ["--restore", str(ckdir)])
+                        log(f"fault: shard {opts.kill_shard}'s server restarted from {ckdir} (pid {rec['pid']})")
                 if i + 1 == opts.steps:
                     _stop_readers(readers)  # their last round completes: the card's counters are whole
                     snap.update(_snapshot(client), elapsed=el)
@@ -529,6 +550,7 @@ def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, car
         "netem": netem_rec,
         "kill_shard": opts.kill_shard,
         "kill_at_step": kill_at,
+        "restart": bool(opts.restart),
         "timing": {**timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
     }
     title = (f"{'TorchRec DLRM' if opts.model == 'dlrm' else 'FM CTR model'} on Criteo, "

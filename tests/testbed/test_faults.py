@@ -82,6 +82,30 @@ def test_killed_shard_fails_naming_it_writes_the_report_and_down_still_cleans_up
 
 
 @needs_root
+def test_killed_shard_restarted_from_its_log_gives_the_fault_free_run(run_dir, tmp_path, cleanup):  # noqa: F811
+    """--kill-shard 1 --kill-at-step 3 --restart: SIGKILL, restart with --restore from the shard's
+    write-ahead log and checkpoints, and the run completes with the losses and final tables of
+    the in-process run without the fault."""
+    build_dataplane()
+    name = tb_name("r")
+    cleanup.append(name)
+    out = tmp_path / "restart"
+    r = subprocess.run([sys.executable, "-m", "embnic", "demo", "--steps", "6", "--out", str(out), "--batch-size",
+                        "128", "--name", name, "--kill-shard", "1", "--kill-at-step", "3", "--restart",
+                        "--checkpoint-every", "4", "--no-progress"],
+                       capture_output=True, text=True, env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)),
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "restarted from" in r.stdout
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["error"] is None and rep["steps_completed"] == 6 and rep["restart"] is True
+    assert rep["kill_shard"] == 1 and rep["kill_at_step"] == 3
+    assert rep["loss"] == rep["loss_reference"]  # identical, not merely close
+    assert rep["tables"]["equal"] is True and rep["tables"]["rows"] > 0 and rep["tables"]["max_abs_diff"] == 0
+    assert_gone(name)
+
+
+@needs_root
 def test_a_dead_card_is_named_not_the_shard_the_client_blames(run_dir, tmp_path, cleanup, monkeypatch):  # noqa: F811
     """The card dies mid-run: every shard still runs, so the error must name the card (the client
     alone only knows that some shard did not answer)."""
