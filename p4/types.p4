@@ -86,7 +86,8 @@ const drop_reason_t DROP_TOO_MANY_FRAGS    = 23;
 const drop_reason_t DROP_UNSOLICITED_REPLY = 24;
 const drop_reason_t DROP_WRONG_SHARD_REPLY = 25;
 const drop_reason_t DROP_WRONG_REPLY_TYPE  = 26;
-const bit<32> NB_DROP_REASONS = 27;     /* cells of drop_reasons */
+const drop_reason_t DROP_TRUNCATED         = 27;  /* IPv4 total length beyond the bytes received */
+const bit<32> NB_DROP_REASONS = 28;     /* cells of drop_reasons */
 
 /* Message states in the state map (slot_state) */
 const bit<8> STATE_FREE      = 0;

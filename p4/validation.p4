@@ -43,9 +43,11 @@ control FrameValidation(in headers_t hdr,
             meta.drop_reason = DROP_BAD_IP;
         } else if (hdr.ipv4.ihl > 5) {
             meta.drop_reason = DROP_IP_OPTIONS;
-        } else if (hdr.ipv4.total_len < IPV4_HDR_LEN ||
-                   (bit<32>)hdr.ipv4.total_len > frame_len - (bit<32>)ETH_HDR_LEN ||
-                   standard_metadata.checksum_error == 1 ||
+        } else if (hdr.ipv4.total_len < IPV4_HDR_LEN) {
+            meta.drop_reason = DROP_BAD_IP;
+        } else if ((bit<32>)hdr.ipv4.total_len > frame_len - (bit<32>)ETH_HDR_LEN) {
+            meta.drop_reason = DROP_TRUNCATED;      /* cut short on the way */
+        } else if (standard_metadata.checksum_error == 1 ||
                    (hdr.ipv4.flags & 1) != 0 || hdr.ipv4.frag_offset != 0) {
             meta.drop_reason = DROP_BAD_IP;
         } else if (meta.port_ip != 0 && hdr.ipv4.dst_addr != meta.port_ip) {
