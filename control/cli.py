@@ -85,6 +85,7 @@ _COMMANDS = (
     ("embnic.control.cmd_trace", "trace"),
     ("embnic.control.cmd_replay", "replay"),
     ("embnic.control.cmd_demo", "demo"),
+    ("embnic.control.cmd_embedding_tables", "tables"),
 )
 
 

@@ -1,0 +1,153 @@
+"""`embnic tables export|import`: trained tables out of the shards' directories and back in.
+
+Run alone: python3 -m pytest -q tests/testbed/test_tables_io.py
+"""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from embnic.client_lib.client import EmbeddingClient
+from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.table_numerics import init_rows
+from embnic.control.cli import cli
+from embnic.testbed.server import tables_io as TIO
+from embnic.testbed.server.shard import ServerCluster, ServerThread
+
+from test_server import make_cfg
+
+NOROWS = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1, "name": "users"},
+          {"id": 5, "dim": 4, "optimizer": "sgd", "lr": 0.3}]
+
+
+def _write_cfg(tmp_path, cfg_tables):
+    lines = ["[cluster]", "seed = 42", 'sharding = "hash"']
+    for t in cfg_tables:
+        lines.append("[[tables]]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in t.items()]
+    for i in range(2):
+        lines += ["[[shards]]", f"id = {i}", 'ip = "127.0.0.1"', f"port = {7900 + i}"]
+    lines += ["[[clients]]", "id = 1", 'ip = "127.0.0.1"']
+    p = tmp_path / "c.toml"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def _train(cfg, ckdir, seed=0, steps=6):
+    """Updates through a 2-shard cluster that logs to ``ckdir``; returns the LocalBackend twin."""
+    ref = LocalBackend(cfg)
+    rng = np.random.default_rng(seed)
+    with ServerCluster(cfg, checkpoint_dir=str(ckdir), checkpoint_every=3) as cl, \
+            EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+        for _ in range(steps):
+            ups = {}
+            for t in cfg.tables:
+                hi = t.rows if t.rows is not None else 2**64
+                k = np.unique(rng.integers(0, min(hi, 2**63), 200, dtype=np.uint64)
+                              if t.rows is not None else rng.integers(0, 2**63, 200, dtype=np.uint64) * 2)
+                g = rng.standard_normal((k.size, t.dim)).astype(np.float32)
+                ups[t.id] = (k, g)
+                ref.update(t.id, k, g)
+            c.update(ups)
+    return ref
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, list(map(str, args)))
+
+
+@pytest.mark.parametrize("layout", ["torchrec", "ids"])
+def test_export_import_export_is_byte_identical_and_serves_the_rows(tmp_path, layout):
+    cfg_path = _write_cfg(tmp_path, [{k: v for k, v in t.items()} | {"name": f"t{t['id']}"}
+                                     for t in __import__("test_server").TABLES])
+    from embnic.client_lib.config import load_config
+
+    cfg = load_config(str(cfg_path))
+    ref = _train(cfg, tmp_path / "run")
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", a, "--layout", layout)
+    assert r.exit_code == 0, r.output
+    tensors, meta = TIO.load_safetensors(a)
+    assert meta["format"] == "embnic-tables" and meta["layout"] == layout
+    for t in cfg.tables:
+        if layout == "torchrec":
+            w = tensors[f"embedding_bags.t{t.id}.weight"]
+            assert w.shape == (t.rows, t.dim) and w.dtype == np.float32
+            k, rows, _ = ref.state_dict()[t.id]  # master (float32) rows, not fp16-rounded lookups
+            assert np.array_equal(w[k.astype(np.int64)], rows)
+            rest = np.setdiff1d(np.arange(t.rows, dtype=np.uint64), k)
+            assert np.array_equal(w[rest.astype(np.int64)], init_rows(cfg.seed, t.id, rest, t.dim, t.init_scale))
+        else:
+            k, rows, acc = ref.state_dict()[t.id]
+            assert np.array_equal(tensors[f"tables.t{t.id}.ids"], k)
+            assert np.array_equal(tensors[f"tables.t{t.id}.weight"], rows)
+            assert np.array_equal(tensors[f"tables.t{t.id}.acc"], acc)
+    r = _run("tables", "import", "-c", cfg_path, a, "--into", tmp_path / "new", "--json")
+    assert r.exit_code == 0, r.output
+    assert sum(json.loads(r.output)["rows"].values()) > 0
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "new", "--out", b, "--layout", layout)
+    assert r.exit_code == 0, r.output
+    assert a.read_bytes() == b.read_bytes()
+    # a shard restored from the imported directory serves the exported rows
+    t = cfg.tables[0]
+    with ServerCluster(cfg, restore=str(tmp_path / "new")) as cl, \
+            EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+        keys = np.arange(t.rows, dtype=np.uint64)
+        got = c.lookup({t.id: keys})[t.id]
+    assert np.array_equal(got, ref.lookup(t.id, keys))
+    # importing over a used directory is refused
+    r = _run("tables", "import", "-c", cfg_path, a, "--into", tmp_path / "new")
+    assert r.exit_code == 2 and "already holds" in r.output
+
+
+def test_collision_free_tables_export_by_id_and_refuse_torchrec(tmp_path):
+    cfg_path = _write_cfg(tmp_path, NOROWS)
+    from embnic.client_lib.config import load_config
+
+    cfg = load_config(str(cfg_path))
+    ref = _train(cfg, tmp_path / "run", steps=3)
+    out = tmp_path / "x.safetensors"
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", out, "--layout", "torchrec")
+    assert r.exit_code == 2 and "has no rows" in r.output and "--layout ids" in r.output
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", out)  # default: ids
+    assert r.exit_code == 0 and "(ids)" in r.output, r.output
+    tensors, _ = TIO.load_safetensors(out)
+    k = tensors["tables.users.ids"]
+    assert k.dtype == np.uint64 and int(k.max()) > 2**62  # full 64-bit ids, not folded
+    assert np.array_equal(tensors["tables.users.weight"], ref.state_dict()[0][1])
+    r = _run("tables", "import", "-c", cfg_path, out, "--into", tmp_path / "new")
+    assert r.exit_code == 0, r.output
+    out2 = tmp_path / "y.safetensors"
+    assert _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "new", "--out", out2).exit_code == 0
+    assert out.read_bytes() == out2.read_bytes()
+
+
+def test_import_refuses_a_file_that_does_not_fit(tmp_path):
+    cfg_path = _write_cfg(tmp_path, NOROWS)
+    bad = tmp_path / "bad.safetensors"
+    TIO.save_safetensors(bad, {"tables.users.ids": np.arange(3, dtype=np.uint64),
+                               "tables.users.weight": np.zeros((3, 5), np.float32),
+                               "tables.users.acc": np.zeros(3, np.float32)}, {"format": "embnic-tables", "layout": "ids"})
+    r = _run("tables", "import", "-c", cfg_path, bad, "--into", tmp_path / "n")
+    assert r.exit_code == 2 and "do not fit dim 8" in r.output
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{{{{{")
+    r = _run("tables", "import", "-c", cfg_path, junk, "--into", tmp_path / "n")
+    assert r.exit_code == 2 and "not a safetensors file" in r.output
+
+
+def test_files_read_back_with_the_safetensors_library(tmp_path):
+    """Our numpy writer against the reference reader (skips where `safetensors` is not installed)."""
+    st = pytest.importorskip("safetensors.numpy")
+    t = {"embedding_bags.t0.weight": np.random.default_rng(0).standard_normal((7, 3)).astype(np.float32),
+         "tables.u.ids": np.array([1, 2**64 - 1], np.uint64), "tables.u.half": np.ones((2, 2), np.float16)}
+    p = tmp_path / "f.safetensors"
+    TIO.save_safetensors(p, t, {"format": "embnic-tables"})
+    got = st.load_file(str(p))
+    assert sorted(got) == sorted(t) and all(np.array_equal(got[k], t[k]) and got[k].dtype == t[k].dtype for k in t)
+    mine, meta = TIO.load_safetensors(p)
+    assert meta == {"format": "embnic-tables"} and all(np.array_equal(mine[k], t[k]) for k in t)
+    q = tmp_path / "g.safetensors"
+    st.save_file(t, str(q), metadata={"format": "embnic-tables"})  # and the library's files through our reader
+    assert all(np.array_equal(TIO.load_safetensors(q)[0][k], t[k]) for k in t)
