@@ -54,12 +54,14 @@ def test_short_demo_report_and_loss_match(run_dir, tmp_path, cleanup):  # noqa: 
     # second answer is unsolicited once the first freed the entry); drops are listed by reason
     drops = rep["card_drops"]
     retx = md["retransmits"] + rep["other_clients"]["2"]["retransmits"]
-    assert "unknown_client" in drops and sum(drops.values()) == drops["unsolicited_reply"] <= retx, drops
+    assert "unknown_client" in drops and sum(drops.values()) == drops["unsolicited_reply"], drops
+    assert drops["unsolicited_reply"] == 0 or retx > 0, (drops, retx)  # frames of second answers
     assert drops["state_full"] == 0
     # the card's per-type counters count frames (and say so); messages come from its state map
     assert "types" not in rep["card"]
     fbt = rep["card"]["frames_by_type"]
-    assert fbt["LOOKUP_REQ"] > 0 and fbt["UPDATE_ACK"] == md["requests_sent"] // 2
+    # one ack per update, plus one per update retransmitted after its ack passed (a new entry)
+    assert fbt["LOOKUP_REQ"] > 0 and 0 <= fbt["UPDATE_ACK"] - md["requests_sent"] // 2 <= md["retransmits"]
     other = rep["other_clients"]["2"]  # --all-clients: client 2 looked its own batches up meanwhile
     assert other["error"] is None and other["lookup_rounds"] > 0 and other["messages"] > 0, other
     probes = rep["probes"]  # one-key lookups to every shard after every step: the probe RTT

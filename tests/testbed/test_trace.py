@@ -149,14 +149,18 @@ def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  
     assert rep["lookup_latency_us"]["n"] == side["messages_by_type"]["LOOKUP_REQ"]
     fbt = rep["card"]["frames_by_type"]
     assert fbt["LOOKUP_REQ"] + fbt["UPDATE_REQ"] == side["frames"]
-    assert sum(rep["drops"]["card"].values()) == 0
+    # nothing dropped, except that a request the recording holds twice (a client's retransmission)
+    # is answered twice, and the second answer is unsolicited once the first freed the entry
+    card_drops = rep["drops"]["card"]
+    assert sum(card_drops.values()) == card_drops["unsolicited_reply"], card_drops
+    assert card_drops["unsolicited_reply"] == 0 or side["retransmits"] > 0, (card_drops, side["retransmits"])
     assert rep["frames_lost"] == {"client_to_card": {"1": 0, "2": 0}, "card_to_client": {"1": 0, "2": 0}}
     assert rep["capture_drops"] == {"1": 0, "2": 0}
     assert "types" not in rep["card"]
     sm = rep["card"]["messages_in_state_map"]  # answered messages leave the map at once
     assert sm["entries"] == 0, sm
     done = sum(rep["card"]["messages_completed"].values())  # the replayed messages (+ readiness probes)
-    assert side["messages"] <= done <= side["messages"] + 4, rep["card"]["messages_completed"]
+    assert side["messages"] <= done <= side["messages"] + side["retransmits"] + 4, rep["card"]["messages_completed"]
     assert sum(sum(s["latency_hist"]) for s in rep["card"]["latency_by_shard"]) == done
     assert rep["config_check"] == {"recorded_with": str(TESTBED_TOML.resolve()), "match": True,
                                    "compared": "digest", "forced": False}
