@@ -225,23 +225,32 @@ cmd_info(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	return 0;
 }
 
+/* Add or replace validated peer p; on failure the table is unchanged. */
 static int
-table_add(struct embnic_ctl *c, struct embnic_table *t, json_t *req,
-	  const char *idname, long long dflt_udp)
+table_put(struct embnic_ctl *c, struct embnic_table *t,
+	  const struct embnic_peer *p, const char *idname)
 {
-	struct embnic_peer p;
-	int ret;
+	int ret = embnic_table_add(t, p);
 
-	if (get_peer(c, req, idname, dflt_udp, &p))
-		return -1;
-	ret = embnic_table_add(t, &p);
 	if (ret == -ENOSPC)
 		return ctl_fail(c, "%s table is full (%u entries)", idname,
 				embnic_table_size(t));
 	if (ret < 0)
-		return ctl_fail(c, "cannot add %s %u: %s", idname, p.id,
+		return ctl_fail(c, "cannot add %s %u: %s", idname, p->id,
 				strerror(-ret));
 	return 0;
+}
+
+/* Is there room in t for p (a new id needs a free entry)? */
+static bool
+table_has_room(struct embnic_table *t, const struct embnic_peer *p)
+{
+	const struct embnic_peer *found = NULL;
+
+	if (embnic_table_count(t) < embnic_table_size(t))
+		return true;
+	embnic_table_lookup_bulk(t, &p->id, 1, &found);
+	return found != NULL;
 }
 
 static int
@@ -302,14 +311,19 @@ table_list(struct embnic_ctl *c, struct embnic_table *t, json_t *resp,
 static int
 cmd_route_add(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
 {
-	json_t *id = json_object_get(req, "shard");
+	struct embnic_peer p;
 
-	/* the shard's statistics slot exists before its first frame passes */
-	if (json_is_integer(id) && json_integer_value(id) >= 0 &&
-	    json_integer_value(id) <= UINT16_MAX)
-		embnic_shard_slot_assign(c->app,
-					 (uint32_t)json_integer_value(id));
-	return table_add(c, c->app->routes, req, "shard", EMBNIC_UDP_PORT);
+	if (get_peer(c, req, "shard", EMBNIC_UDP_PORT, &p))
+		return -1;
+	if (!table_has_room(c->app->routes, &p))
+		return ctl_fail(c, "shard table is full (%u entries)",
+				embnic_table_size(c->app->routes));
+	/*
+	 * The shard's statistics slot exists before its first frame passes;
+	 * a refused request (above) assigns none.
+	 */
+	embnic_shard_slot_assign(c->app, p.id);
+	return table_put(c, c->app->routes, &p, "shard");
 }
 
 static int
@@ -327,7 +341,11 @@ cmd_route_list(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 static int
 cmd_client_add(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
 {
-	return table_add(c, c->app->clients, req, "client", -1);
+	struct embnic_peer p;
+
+	if (get_peer(c, req, "client", -1, &p))
+		return -1;
+	return table_put(c, c->app->clients, &p, "client");
 }
 
 static int
@@ -585,15 +603,21 @@ out:
 	return resp;
 }
 
-/* conn.c's handler: one request line in, its answer (malloc'ed) out. */
-static char *
-ctl_line(const char *line, size_t len, void *arg)
+char *
+embnic_ctl_request(struct embnic_ctl *c, const char *line, size_t len)
 {
-	json_t *resp = ctl_handle(arg, line, len);
+	json_t *resp = ctl_handle(c, line, len);
 	char *s = json_dumps(resp, JSON_COMPACT);
 
 	json_decref(resp);
 	return s;
+}
+
+/* conn.c's handler: one request line in, its answer (malloc'ed) out. */
+static char *
+ctl_line(const char *line, size_t len, void *arg)
+{
+	return embnic_ctl_request(arg, line, len);
 }
 
 struct embnic_ctl *
@@ -605,6 +629,8 @@ embnic_ctl_init(struct embnic_app *app, const char *path)
 	if (c == NULL)
 		return NULL;
 	c->app = app;
+	if (path == NULL)
+		return c;	/* requests through embnic_ctl_request() only */
 	c->conn = embnic_conn_init(path, ctl_line, c);
 	if (c->conn == NULL) {
 		err = errno;
@@ -618,7 +644,8 @@ embnic_ctl_init(struct embnic_app *app, const char *path)
 void
 embnic_ctl_poll(struct embnic_ctl *c, int timeout_ms)
 {
-	embnic_conn_poll(c->conn, timeout_ms);
+	if (c->conn != NULL)
+		embnic_conn_poll(c->conn, timeout_ms);
 }
 
 void

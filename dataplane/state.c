@@ -25,6 +25,7 @@
  * expired. A full map drops the new request (state_full).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <rte_debug.h>
@@ -559,4 +560,105 @@ const struct embnic_shard_stats *
 embnic_state_shard_stats(const struct embnic_state *s)
 {
 	return s->shards;
+}
+
+void
+embnic_state_reset(struct embnic_state *s, uint32_t nb_slots)
+{
+	rte_hash_reset(s->h);
+	memset(s->e, 0, (size_t)s->capacity * sizeof(s->e[0]));
+	memset(s->shards, 0, RTE_MIN(nb_slots, (uint32_t)EMBNIC_SHARD_SLOTS) *
+	       sizeof(s->shards[0]));
+	s->entries = 0;
+	s->cursor = 0;
+	s->next_scan_tsc = 0;
+}
+
+static unsigned int
+bits_set(const uint64_t *b)
+{
+	unsigned int i, n = 0;
+
+	for (i = 0; i < BITMAP_WORDS; i++)
+		n += (unsigned int)__builtin_popcountll(b[i]);
+	return n;
+}
+
+/* Is every bit of b at or past n clear? */
+static bool
+bits_below(const uint64_t *b, unsigned int n)
+{
+	unsigned int i;
+
+	for (i = n; i < EMBNIC_MAX_FRAGS; i++)
+		if (b[i >> 6] & (1ULL << (i & 63)))
+			return false;
+	return true;
+}
+
+int
+embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
+{
+	uint32_t i, live = 0;
+	int32_t hn = rte_hash_count(s->h);
+
+	for (i = 0; i < s->capacity; i++) {
+		const struct state_entry *e = &s->e[i];
+		struct embnic_key16 key;
+		int32_t pos;
+
+		if (e->state == EMBNIC_ST_FREE)
+			continue;
+		live++;
+		if (e->state >= EMBNIC_NB_STATES)
+			goto bad;
+		key = embnic_key16((uint64_t)e->client_id << 32 | e->msg_id);
+		pos = rte_hash_lookup(s->h, &key);
+		if (pos != (int32_t)i) {
+			snprintf(err, errlen, "entry %u (client %u msg %u) is at "
+				 "hash position %d", i, e->client_id,
+				 e->msg_id, pos);
+			return -1;
+		}
+		if (e->frag_count == 0 || e->frag_count > EMBNIC_MAX_FRAGS ||
+		    e->frags_in > e->frag_count || e->frags_in == 0 ||
+		    e->frames_in < e->frags_in ||
+		    (e->frag_count > 1 && (bits_set(e->seen_in) != e->frags_in ||
+		     !bits_below(e->seen_in, e->frag_count))) ||
+		    (e->state == EMBNIC_ST_RECEIVING) !=
+		    (e->frags_in < e->frag_count && e->frags_out == 0) ||
+		    e->bytes_in > e->msg_len)
+			goto bad;
+		if (e->state == EMBNIC_ST_REPLYING) {
+			if (e->rep_frag_count == 0 ||
+			    e->rep_frag_count > EMBNIC_MAX_FRAGS ||
+			    e->frags_out == 0 ||
+			    e->frags_out >= e->rep_frag_count ||
+			    e->frames_out < e->frags_out ||
+			    (e->rep_frag_count > 1 &&
+			     (bits_set(e->seen_out) != e->frags_out ||
+			      !bits_below(e->seen_out, e->rep_frag_count))) ||
+			    e->bytes_out > e->rep_msg_len)
+				goto bad;
+		} else if (e->frags_out != 0 || e->frames_out != 0) {
+			goto bad;
+		}
+		continue;
+bad:
+		snprintf(err, errlen, "entry %u (client %u msg %u) is "
+			 "inconsistent: state %u, request %u/%u fragments "
+			 "(%u frames, %u of %u bytes), reply %u/%u fragments "
+			 "(%u frames, %u of %u bytes)", i, e->client_id,
+			 e->msg_id, e->state, e->frags_in, e->frag_count,
+			 e->frames_in, e->bytes_in, e->msg_len, e->frags_out,
+			 e->rep_frag_count, e->frames_out, e->bytes_out,
+			 e->rep_msg_len);
+		return -1;
+	}
+	if (live != s->entries || hn < 0 || (uint32_t)hn != live) {
+		snprintf(err, errlen, "%u live entries, count says %u, hash "
+			 "holds %d", live, s->entries, hn);
+		return -1;
+	}
+	return 0;
 }

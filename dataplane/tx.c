@@ -253,10 +253,17 @@ read_back(struct tx_frame *f, int meta_off)
 	m->frag_offset = 0;
 }
 
-unsigned int
-embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
+/*
+ * Everything the TX stage does to a dequeued burst pkts[0..n-1] at TSC
+ * tsc, the map's expiry step included (n may be 0). Not static so the fuzz
+ * target (dataplane/fuzz/fuzz_card.c) runs this very code with its own
+ * clock; embnic_tx_stage() below is its only caller in the card, and the
+ * compiler inlines it there.
+ */
+void
+embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
+		struct rte_mbuf **pkts, unsigned int n, uint64_t tsc)
 {
-	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
 	struct tx_frame fr[EMBNIC_MAX_BURST];
 	struct tx_queue qs[EMBNIC_MAX_PORTS];
 	struct rte_mbuf *dropped[EMBNIC_MAX_BURST];
@@ -267,20 +274,16 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	uint32_t shard_ids[EMBNIC_MAX_BURST], client_ids[EMBNIC_MAX_BURST];
 	uint16_t idx[EMBNIC_MAX_BURST], fwd[EMBNIC_MAX_BURST];
 	int verdict[EMBNIC_MAX_BURST], res[EMBNIC_MAX_BURST];
-	unsigned int n, nm = 0, nfwd = 0, nf = 0, i, j;
-	uint64_t tsc;
+	unsigned int nm = 0, nfwd = 0, nf = 0, i, j;
 	uint16_t p;
 
-	n = rte_ring_dequeue_burst(app->ring, (void **)pkts, app->opts.burst,
-				   NULL);
-	tsc = rte_rdtsc();
 	if (unlikely(tsc >= app->next_expire_tsc)) {
 		/* the state map ages in slices, every millisecond */
 		app->next_expire_tsc = tsc + app->tsc_hz / 1000;
 		embnic_state_expire_step(app->state, tsc, st);
 	}
 	if (n == 0)
-		return 0;
+		return;
 	for (p = 0; p < app->nb_ports; p++)
 		qs[p].n = 0;
 	/*
@@ -344,6 +347,17 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	txq_flush(app, qs, st);
 	if (nf > 0)
 		rte_pktmbuf_free_bulk(dropped, nf);
+}
+
+unsigned int
+embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
+{
+	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
+	unsigned int n;
+
+	n = rte_ring_dequeue_burst(app->ring, (void **)pkts, app->opts.burst,
+				   NULL);
+	embnic_tx_burst(app, st, pkts, n, rte_rdtsc());
 	return n;
 }
 

@@ -1,12 +1,23 @@
 #!/usr/bin/env python3
-"""Write the libFuzzer seed corpus (dataplane/fuzz/seeds/) from the Scapy layer.
+"""Write the libFuzzer seed corpora (dataplane/fuzz/seeds/<target>/) from the Scapy layer, the
+conformance cases and the recorded trace in tests/.
 
-Run from the repo root: ``python3 dataplane/fuzz/make_seeds.py``. Each seed is the 2-byte
-harness prefix (mode, extra; see fuzz_parse.c) followed by one frame: valid requests, replies
-and fragments of every type, an ARP request for 10.0.0.1, and a few near misses.
+Run from the repo root: ``python3 dataplane/fuzz/make_seeds.py``. Writes:
+
+- ``seeds/parse/``: the 2-byte harness prefix of fuzz_parse.c (mode, extra) and one frame each:
+  valid requests, replies and fragments of every type, an ARP request, a few near misses.
+- ``seeds/card/``: inputs of fuzz_card.c (its header comment gives the format): the conformance
+  suite's card (3 ports, clients 1-3, shards 0-2 at the suite's addresses) with the frames of
+  each case, grouped by message (a request with the reply that answers it, retransmissions,
+  duplicated fragments), then windows of the replay-not-owner trace
+  (tests/testbed/cases/replay-not-owner/t.pcap) sent by registered clients.
+- ``seeds/ctl/``: inputs of fuzz_ctl.c (JSON lines): every command of docs/control-socket.md
+  with valid fields (the conformance suite's route_add/client_add requests), and refusals.
 """
 from __future__ import annotations
 
+import json
+import struct
 import sys
 from pathlib import Path
 
@@ -16,8 +27,17 @@ from scapy.packet import Raw
 
 from embnic.client_lib.protocol import Embnic
 
-OUT = Path(__file__).resolve().parent / "seeds"
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+OUT = HERE / "seeds"
 CARD = "10.0.0.1"
+sys.path.insert(0, str(REPO / "tests" / "dataplane"))
+
+from conformance import Suite, read_pcap  # noqa: E402  (tests/dataplane)
+
+TRACE = REPO / "tests" / "testbed" / "cases" / "replay-not-owner" / "t.pcap"
+TRACE_WINDOWS = 24  #: card seeds cut from the trace
+TRACE_WINDOW = 8  #: frames each
 
 
 def frame(hdr: Embnic, body: bytes, sport: int = 40000) -> bytes:
@@ -25,7 +45,7 @@ def frame(hdr: Embnic, body: bytes, sport: int = 40000) -> bytes:
                  / IP(src="10.0.0.2", dst=CARD, flags="DF") / UDP(sport=sport, dport=7878) / hdr / Raw(body))
 
 
-def seeds() -> dict[str, bytes]:
+def parse_seeds() -> dict[str, bytes]:
     s = {}
     s["lookup_req"] = frame(Embnic(msg_type=1, msg_id=1, client_id=1, table_id=0, shard_id=2, dim=8,
                                    dtype=1), bytes(range(24)))
@@ -46,14 +66,125 @@ def seeds() -> dict[str, bytes]:
                             bytes(8))
     s["arp_request"] = bytes(Ether(src="02:00:00:00:00:02", dst="ff:ff:ff:ff:ff:ff")
                              / ARP(op=1, hwsrc="02:00:00:00:00:02", psrc="10.0.0.2", pdst=CARD))
+    return {k: bytes([0x04, 0x00]) + f for k, f in s.items()}  # mode: port ip 10.0.0.1
+
+
+# ---- fuzz_card.c inputs ----------------------------------------------------------------------
+
+def _udp_code(port: int) -> int:
+    """fuzz_card.c's UDP port byte: 0 = 7878, 1..127 = 7878 + u, 128..255 = 40000 + u - 128."""
+    if 7878 <= port < 7878 + 128:
+        return port - 7878
+    if 40000 <= port < 40000 + 128:
+        return port - 40000 + 128
+    raise ValueError(f"UDP port {port} has no code in fuzz_card.c")
+
+
+def _peer(peer) -> bytes:
+    """4 bytes: id, port, last byte of 10.1.<port>.<x>, UDP port code."""
+    a = [int(x) for x in peer.ip.split(".")]
+    assert a[:3] == [10, 1, peer.port], peer
+    return bytes([peer.id, peer.port, a[3], _udp_code(peer.udp_port)])
+
+
+def card_config(ports: int, shards: list, clients: list, burst: int = 32, no_ip: bool = False) -> bytes:
+    """The input's first 27 bytes: ports, burst, up to 3 routes and 3 clients."""
+    assert 1 <= ports <= 3 and len(shards) <= 3 and len(clients) <= 3 and 1 <= burst <= 32
+    c0 = (ports - 1) | (4 if no_ip else 0) | (burst - 1) << 3
+    peers = b"".join(_peer(p) for p in shards).ljust(12, b"\0")
+    peers += b"".join(_peer(p) for p in clients).ljust(12, b"\0")
+    return bytes([c0, len(shards), len(clients)]) + peers
+
+
+def card_frame(data: bytes, port: int, flags: int = 0, step: int = 0, split: int = 0, hint: int = 0) -> bytes:
+    """One frame record: length, flags (port in bits 0-1), step (+ checksum hint), split."""
+    return struct.pack("<HBBB", len(data), (flags & ~3) | port, (step & 0x3F) | hint << 6, split) + data
+
+
+def card_seeds() -> dict[str, bytes]:
+    suite = Suite.default()
+    cfg = card_config(3, list(suite.shards.values()), list(suite.clients.values()))
+    groups: dict[object, list] = {}
+    for f in suite.frames:
+        d = f.data  # embnic frames by (client id, msg id); the rest alone
+        key = (d[54:56], d[50:54]) if len(d) >= 82 and d[12:14] == b"\x08\x00" and d[42:44] == b"EM" \
+            else f.label
+        groups.setdefault(key, []).append(f)
+    s = {}
+    for n, frames in enumerate(groups.values()):
+        recs = b"".join(card_frame(f.data, f.port, step=0 if i == 0 else 1) for i, f in enumerate(frames))
+        s[f"conformance{n:02d}"] = cfg + recs
+    # the same card with the request's fragments split over two segments, and an expiry in between
+    first = suite.frames[0]
+    s["conformance_split"] = cfg + card_frame(first.data, first.port, flags=0x40, split=60)
+    s["conformance_expire"] = (cfg + card_frame(first.data, first.port)
+                               + card_frame(first.data, first.port, step=40))
+    # the recorded trace: requests of clients 1 and 2 to shards 0 and 1, sent from the registered
+    # client (flag 0x20) with both checksums fixed (0x08, 0x10), all on port 0
+    if TRACE.exists():
+        frames = read_pcap(TRACE)
+        from conformance import Peer
+        shards = [Peer("shard", i, 0, "02:00:00:00:00:1%d" % i, f"10.1.0.{10 + i}", 7878) for i in range(2)]
+        clients = [Peer("client", i, 0, "02:00:00:00:00:0%d" % i, f"10.1.0.{i + 1}", 40000 + i)
+                   for i in (1, 2)]
+        tcfg = card_config(1, shards, clients)
+        step = max(1, (len(frames) - TRACE_WINDOW) // TRACE_WINDOWS)
+        for w in range(TRACE_WINDOWS):
+            win = frames[w * step:w * step + TRACE_WINDOW]
+            s[f"trace{w:02d}"] = tcfg + b"".join(card_frame(f, 0, flags=0x38) for f in win)
     return s
 
 
+# ---- fuzz_ctl.c inputs -----------------------------------------------------------------------
+
+def ctl_seeds() -> dict[str, bytes]:
+    suite = Suite.default()
+    adds = suite.route_cmds() + suite.client_cmds()
+    for i, c in enumerate(adds):
+        c["id"] = i + 1
+    lines = [json.dumps(c) for c in adds]
+    simple = ["ping", "info", "route_list", "client_list", "counters", "state_summary", "ring_stats",
+              "reset_counters", "pause", "resume"]
+    s = {
+        "tables": "\n".join(lines) + "\n",
+        "simple": "\n".join(json.dumps({"cmd": c, "id": c}) for c in simple) + "\n",
+        "dump": json.dumps({"cmd": "state_dump", "limit": 5}) + "\n" + json.dumps({"cmd": "state_dump"}) + "\n",
+        "del": "\n".join(lines) + "\n" + "\n".join(
+            json.dumps({"cmd": "route_del" if "shard" in c else "client_del",
+                        ("shard" if "shard" in c else "client"): c.get("shard", c.get("client"))})
+            for c in adds) + "\n",
+        "refused": "\n".join([
+            '{"cmd":"route_add","shard":70000,"port":0,"mac":"02:00:00:00:00:01","ip":"10.1.0.9"}',
+            '{"cmd":"route_add","shard":3,"port":7,"mac":"02:00:00:00:00:01","ip":"10.1.0.9"}',
+            '{"cmd":"route_add","shard":3,"port":0,"mac":"nope","ip":"10.1.0.9"}',
+            '{"cmd":"client_add","client":3,"port":0,"mac":"02:00:00:00:00:01","ip":"10.1.0.999"}',
+            '{"cmd":"client_add","client":3,"port":0,"mac":"02:00:00:00:00:01","ip":"10.1.0.9","udp_port":0}',
+            '{"cmd":"route_del","shard":5}',
+            '{"cmd":"state_dump","limit":-1}',
+            '{"cmd":"nope","id":[1,{"a":null}]}',
+            '{"cmd":1}', '[1,2]', '{"cmd":"ping","cmd":"ping"}', '{"cmd":"ping"',
+        ]) + "\n",
+        "full": "\n".join(json.dumps({"cmd": "route_add", "shard": i, "port": i % 3,
+                                      "mac": f"02:00:00:00:00:{i:02x}", "ip": f"10.1.0.{i + 10}"})
+                          for i in range(10)) + "\n",
+    }
+    return {k: v.encode() for k, v in s.items()}
+
+
+def write(name: str, seeds: dict[str, bytes]) -> None:
+    d = OUT / name
+    d.mkdir(parents=True, exist_ok=True)
+    for old in d.iterdir():
+        old.unlink()
+    for k, v in seeds.items():
+        (d / k).write_bytes(v)
+    print(f"wrote {len(seeds)} seeds to {d}")
+
+
 def main() -> int:
-    OUT.mkdir(exist_ok=True)
-    for name, f in seeds().items():
-        (OUT / name).write_bytes(bytes([0x04, 0x00]) + f)  # mode: port ip 10.0.0.1
-    print(f"wrote {len(seeds())} seeds to {OUT}")
+    write("parse", parse_seeds())
+    write("card", card_seeds())
+    write("ctl", ctl_seeds())
     return 0
 
 

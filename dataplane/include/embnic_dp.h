@@ -18,6 +18,7 @@
 #define EMBNIC_DP_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <rte_common.h>
@@ -235,6 +236,13 @@ unsigned int embnic_rx_stage(struct embnic_app *app,
 /* tx.c */
 unsigned int embnic_tx_stage(struct embnic_app *app,
 			     struct embnic_lcore_stats *st);
+/*
+ * The TX stage's work on a burst it dequeued (pkts[0..n-1], n <= 64, from
+ * the header ring, each as the RX stage left it) at TSC tsc: expiry step,
+ * authorise, lookups, state map, rewrite, transmit or free every mbuf.
+ */
+void embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
+		     struct rte_mbuf **pkts, unsigned int n, uint64_t tsc);
 void embnic_ring_drain(struct embnic_app *app);
 
 /* route.c: route and client tables share one implementation. */
@@ -319,6 +327,22 @@ void embnic_state_summarise(const struct embnic_state *s,
 /* Copies up to max live entries into out; returns how many. */
 unsigned int embnic_state_dump(const struct embnic_state *s,
 			       struct embnic_state_view *out, unsigned int max);
+/*
+ * Forget every entry and the per-shard statistics of slots 0..nb_slots-1
+ * (the app's nb_slots: the others were never written), so the map is as
+ * created; the TX stage must not run meanwhile (tests, the fuzz target).
+ */
+void embnic_state_reset(struct embnic_state *s, uint32_t nb_slots);
+/*
+ * Walk the whole map and check it against its count and its hash: every
+ * live entry found at its own position under its key, the counts of live
+ * entries, of the hash and of the map equal, fragment counts agree with
+ * the bitmaps and the entry's state. 0, or -1 with what is wrong in err
+ * (errlen bytes). The TX stage must not run meanwhile (control path, tests,
+ * the fuzz target).
+ */
+int embnic_state_check(const struct embnic_state *s, char *err,
+		       size_t errlen);
 /* The per-shard statistics, [EMBNIC_SHARD_SLOTS] (control path reads). */
 const struct embnic_shard_stats *
 embnic_state_shard_stats(const struct embnic_state *s);
@@ -379,7 +403,19 @@ int embnic_telemetry_init(struct embnic_app *app);
 
 /* ctl.c: the control socket behind an opaque struct. */
 struct embnic_ctl;
+/*
+ * Serve the control socket at path for app; NULL with errno set on
+ * failure (embnic_conn_init). path NULL: no socket, requests only through
+ * embnic_ctl_request() (tests, the fuzz target).
+ */
 struct embnic_ctl *embnic_ctl_init(struct embnic_app *app, const char *path);
+/*
+ * Answer one request line (len bytes, no newline, need not be
+ * NUL-terminated) as the socket does: a malloc'ed NUL-terminated JSON
+ * object, or NULL if out of memory. A refused request ("ok": false)
+ * changes no table.
+ */
+char *embnic_ctl_request(struct embnic_ctl *c, const char *line, size_t len);
 /* Serve pending connections and requests; waits up to timeout_ms. */
 void embnic_ctl_poll(struct embnic_ctl *ctl, int timeout_ms);
 void embnic_ctl_free(struct embnic_ctl *ctl);

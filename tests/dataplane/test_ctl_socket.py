@@ -106,9 +106,13 @@ def test_client_add_list_del(card):
     ({"shard": "1", "port": 0, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1"}, "shard"),
 ])
 def test_route_add_rejects(card, fields, word):
+    shards = card.call("counters").get("shards", [])
     r = card.call("route_add", check=False, **fields)
     assert r["ok"] is False and word in r["error"], r
     assert card.call("route_list")["routes"] == []
+    # a refused route_add assigns no per-shard statistics slot (it did for a valid shard id with
+    # a bad port, MAC or IP: found by the control socket's fuzz target, seeds/ctl/refused)
+    assert card.call("counters").get("shards", []) == shards
 
 
 def test_counters_shape(card):

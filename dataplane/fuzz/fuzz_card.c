@@ -1,0 +1,545 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * libFuzzer target for the card's whole per-frame path: a sequence of
+ * frames, each with its ingress port and a time step, goes through the
+ * card's own RX stage (embnic_rx_stage(): rte_eth_rx_burst on net_ring
+ * ports, parse and validate, ARP, the header ring) and TX stage
+ * (embnic_tx_burst(), what embnic_tx_stage() runs on a dequeued burst:
+ * state map expiry, route/client lookups, authorisation, state map
+ * insert/update/free with the reply rules, rewrite with incremental
+ * checksums, rte_eth_tx_burst), with small route/client tables programmed
+ * from the input and a 16-entry state map timing out after 3 ms.
+ *
+ *   make -C dataplane fuzz FUZZ_SECONDS=60       (every target)
+ *   build/fuzz-card -dict=fuzz/embnic.dict fuzz/seeds-card
+ *
+ * Input (bytes past the end read as 0):
+ *   c0   bits 0-1: ports - 1 (1..3); bit 2: the ports have no IPv4 (any
+ *        destination accepted, ARP ignored); bits 3-7: burst - 1 (1..32)
+ *   c1   routes (0..3, low 2 bits); c2: clients (0..3, low 2 bits)
+ *        (the port's address is 10.1.<port>.1)
+ *   3 routes then 3 clients, 4 bytes each, used or not: id, port,
+ *        ip (10.1.<port>.<ip>), udp port u (0: 7878; 1..127: 7878 + u;
+ *        128..255: 40000 + u - 128); MAC 02:00:00:00:<port>:<ip>
+ *        (the address plan of tests/dataplane/conformance.py)
+ *   then frames, each: len (2 bytes, little endian; cut to what is left),
+ *        flags, step, split, then len bytes of frame:
+ *     flags bits 0-1: ingress port (mod ports); bit 2: set the IPv4 total
+ *        and UDP lengths from len; bit 3: fix the IPv4 checksum; bit 4: fix
+ *        the UDP checksum; bit 5: well-formed headers from a registered
+ *        sender (Ethernet type, IPv4 version/IHL/protocol/no fragment,
+ *        destination the port's address and port 7878, source the client
+ *        of a request or the shard of a reply named in the embnic header,
+ *        if registered); bit 6: two segments, cut at byte split (if
+ *        0 < split < len)
+ *     step bits 0-5: before this frame, run the stages on what is queued
+ *        and advance the clock by step x 250 us (0: same poll as the
+ *        frame before); bits 6-7: the NIC's IPv4 checksum flag (0, 3:
+ *        unknown; 1: good; 2: bad)
+ *
+ * Every frame (every segment) is an external buffer of exactly its size,
+ * malloc'ed and attached to its mbuf (rte_pktmbuf_attach_extbuf), so ASan
+ * sees a read past a frame and a frame used after the card freed it
+ * (Debian's DPDK mempools are not instrumented). After every poll each
+ * frame sent is checked: Ethernet/IPv4/UDP lengths equal to the mbuf's,
+ * IPv4 checksum right, TTL 64, source the port's MAC/IPv4 and UDP 7878,
+ * destination a registered peer on that port, UDP checksum right if it
+ * was right on arrival (0 stays 0, a wrong one stays wrong); ARP replies
+ * from the port's address. After every input: every frame buffer freed,
+ * every mbuf back in the pool, rings empty, the state map's counts agree
+ * with a walk of its entries (embnic_state_check), and every frame
+ * received was sent or dropped and counted by reason. A violation
+ * aborts.
+ */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rte_arp.h>
+#include <rte_byteorder.h>
+#include <rte_ip.h>
+#include <rte_udp.h>
+
+#include "fuzz_common.h"
+
+#define FZ_STEP_TICKS	250		/* one time step unit, us */
+#define FZ_MAX_PEERS	3
+
+enum udp_state {
+	UDP_NONE = 0,		/* checksum 0: none */
+	UDP_RIGHT = 1,
+	UDP_WRONG = 2,
+	UDP_UNKNOWN = 3,	/* lengths do not allow computing it */
+};
+
+/* What the harness keeps with each external buffer (one per segment). */
+struct fz_buf {
+	struct rte_mbuf_ext_shared_info shinfo;
+	uint8_t udp;		/* enum udp_state of the frame on arrival */
+};
+
+static unsigned long fz_live;	/* frame buffers not yet freed */
+static struct fz_walk fz_routes, fz_clients;	/* as programmed */
+
+static void
+fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static void
+fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "fuzz_card: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+	abort();
+}
+
+static void
+buf_free(void *addr, void *opaque)
+{
+	free(addr);
+	free(opaque);
+	fz_live--;
+}
+
+static uint16_t
+rd16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static void
+wr16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+/* One's-complement sum of n bytes, big-endian words, plus sum (unfolded). */
+static uint32_t
+sum_bytes(const uint8_t *p, size_t n, uint32_t sum)
+{
+	size_t i;
+
+	for (i = 0; i + 1 < n; i += 2)
+		sum += rd16(p + i);
+	if (n & 1)
+		sum += (uint32_t)p[n - 1] << 8;
+	return sum;
+}
+
+static uint16_t
+fold(uint32_t sum)
+{
+	while (sum >> 16)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return (uint16_t)sum;
+}
+
+/* IPv4 header (20 bytes at f + 14) sums to 0xffff? */
+static bool
+ip_csum_ok(const uint8_t *f)
+{
+	return fold(sum_bytes(f + 14, 20, 0)) == 0xffff;
+}
+
+static void
+ip_csum_fix(uint8_t *f)
+{
+	wr16(f + 24, 0);
+	wr16(f + 24, (uint16_t)~fold(sum_bytes(f + 14, 20, 0)));
+}
+
+/* Sum of the UDP pseudo header and the datagram of udp_len bytes. */
+static uint16_t
+udp_sum(const uint8_t *f, uint16_t udp_len)
+{
+	uint32_t s = sum_bytes(f + 26, 8, 0) + 17 + udp_len;
+
+	return fold(sum_bytes(f + 34, udp_len, s));
+}
+
+/* The UDP checksum state of frame f (n bytes) by its own lengths. */
+static enum udp_state
+udp_state(const uint8_t *f, size_t n)
+{
+	uint16_t tot, ul;
+
+	if (n < 42 || rd16(f + 12) != RTE_ETHER_TYPE_IPV4 || f[14] != 0x45)
+		return UDP_UNKNOWN;
+	tot = rd16(f + 16);
+	ul = rd16(f + 38);
+	if ((size_t)tot + 14 > n || tot < 28 || ul != tot - 20)
+		return UDP_UNKNOWN;
+	if (rd16(f + 40) == 0)
+		return UDP_NONE;
+	return udp_sum(f, ul) == 0xffff ? UDP_RIGHT : UDP_WRONG;
+}
+
+static const struct embnic_peer *
+find_peer(const struct fz_walk *w, uint32_t id)
+{
+	unsigned int i;
+
+	for (i = 0; i < w->n; i++)
+		if (w->v[i].id == id)
+			return &w->v[i];
+	return NULL;
+}
+
+/* Flag bit 5: well-formed headers from the registered sender. */
+static void
+make_authentic(uint8_t *f, size_t n, const struct embnic_port *port)
+{
+	const struct embnic_peer *from;
+	uint8_t type;
+
+	if (n < 42)
+		return;
+	wr16(f + 12, RTE_ETHER_TYPE_IPV4);
+	f[14] = 0x45;
+	wr16(f + 20, 0x4000);	/* DF, no fragment */
+	f[23] = IPPROTO_UDP;
+	memcpy(f + 30, &port->ip, 4);
+	wr16(f + 36, EMBNIC_UDP_PORT);
+	if (n < EMBNIC_MIN_FRAME)
+		return;
+	type = f[42 + 3];
+	from = embnic_is_request(type) ?
+		find_peer(&fz_clients, rd16(f + 42 + 12)) :
+		find_peer(&fz_routes, rd16(f + 42 + 16));
+	if (from != NULL) {
+		memcpy(f + 26, &from->ip, 4);
+		memcpy(f + 34, &from->udp_port, 2);
+	}
+}
+
+/* An mbuf holding a malloc'ed copy of f[0..n-1], exactly n bytes. */
+static struct rte_mbuf *
+seg_make(const uint8_t *f, size_t n, uint8_t udp)
+{
+	struct rte_mbuf *m = rte_pktmbuf_alloc(fz_app.pool);
+	struct fz_buf *b = calloc(1, sizeof(*b));
+	uint8_t *d = malloc(n);
+
+	if (m == NULL || b == NULL || d == NULL)
+		fail("out of mbufs or memory (%p %p %p)", (void *)m, (void *)b,
+		     (void *)d);
+	memcpy(d, f, n);
+	b->udp = udp;
+	b->shinfo.free_cb = buf_free;
+	b->shinfo.fcb_opaque = b;
+	rte_mbuf_ext_refcnt_set(&b->shinfo, 1);
+	rte_pktmbuf_attach_extbuf(m, d, (rte_iova_t)(uintptr_t)d, (uint16_t)n,
+				  &b->shinfo);
+	m->data_len = (uint16_t)n;
+	m->pkt_len = (uint32_t)n;
+	fz_live++;
+	return m;
+}
+
+/* Check one frame the card sent on port p; frees it. */
+static void
+check_sent(struct rte_mbuf *m, uint16_t p)
+{
+	static uint8_t f[65536 + 64];
+	const struct embnic_port *port = &fz_app.ports[p];
+	const struct fz_buf *b = (const struct fz_buf *)m->shinfo;
+	const struct embnic_peer *to = NULL;
+	struct rte_mbuf *s;
+	uint32_t len = rte_pktmbuf_pkt_len(m), segs = 0;
+	uint16_t tot, ul, dport, sum;
+	uint32_t dip;
+	unsigned int i;
+
+	for (s = m; s != NULL; s = s->next)
+		segs += s->data_len;
+	if (segs != len || len > 65535 || !RTE_MBUF_HAS_EXTBUF(m))
+		fail("sent frame: %u bytes in segments, pkt_len %u", segs, len);
+	if (rte_pktmbuf_read(m, 0, len, f) != f)
+		memcpy(f, rte_pktmbuf_mtod(m, void *), len);
+	if (len < 14)
+		fail("sent frame of %u bytes", len);
+	if (memcmp(f + 6, &port->mac, 6) != 0)
+		fail("sent frame: source MAC is not port %u's", p);
+	if (rd16(f + 12) == RTE_ETHER_TYPE_ARP) {
+		const struct rte_arp_hdr *a = (const void *)(f + 14);
+
+		if (len < 14 + sizeof(*a) || m->port != p ||
+		    a->arp_opcode != rte_cpu_to_be_16(RTE_ARP_OP_REPLY) ||
+		    a->arp_data.arp_sip != port->ip || port->ip == 0)
+			fail("bad ARP reply on port %u", p);
+		goto out;
+	}
+	if (len < EMBNIC_MIN_FRAME || rd16(f + 12) != RTE_ETHER_TYPE_IPV4 ||
+	    f[14] != 0x45 || f[23] != IPPROTO_UDP)
+		fail("sent frame of %u bytes is no IPv4/UDP", len);
+	tot = rd16(f + 16);
+	ul = rd16(f + 38);
+	if ((uint32_t)tot + 14 != len || ul != tot - 20)
+		fail("sent frame of %u bytes: IPv4 total length %u, UDP "
+		     "length %u", len, tot, ul);
+	if (!ip_csum_ok(f) || f[22] != EMBNIC_CARD_TTL)
+		fail("sent frame: IPv4 checksum or TTL wrong");
+	if (memcmp(f + 26, &port->ip, 4) != 0 ||
+	    rd16(f + 34) != EMBNIC_UDP_PORT)
+		fail("sent frame: source is not port %u, 7878", p);
+	memcpy(&dip, f + 30, 4);
+	memcpy(&dport, f + 36, 2);
+	for (i = 0; i < fz_routes.n + fz_clients.n && to == NULL; i++) {
+		const struct embnic_peer *q = i < fz_routes.n ?
+			&fz_routes.v[i] : &fz_clients.v[i - fz_routes.n];
+
+		if (q->ip == dip && q->udp_port == dport && q->port == p &&
+		    memcmp(&q->mac, f, 6) == 0)
+			to = q;
+	}
+	if (to == NULL)
+		fail("sent frame on port %u to no registered peer", p);
+	sum = rd16(f + 40);
+	switch (b->udp) {
+	case UDP_NONE:
+		if (sum != 0)
+			fail("UDP checksum 0 on arrival, %#x sent", sum);
+		break;
+	case UDP_RIGHT:
+		if (sum == 0 || udp_sum(f, ul) != 0xffff)
+			fail("UDP checksum right on arrival, wrong when sent");
+		break;
+	case UDP_WRONG:
+		if (sum == 0 || udp_sum(f, ul) == 0xffff)
+			fail("UDP checksum wrong on arrival, not when sent");
+		break;
+	default:
+		fail("the card sent a frame whose UDP lengths were wrong");
+	}
+out:
+	rte_pktmbuf_free(m);
+}
+
+static void
+drain_tx(void)
+{
+	struct rte_mbuf *pkts[FZ_PORT_RING];
+	unsigned int n, i;
+	uint16_t p;
+
+	for (p = 0; p < FZ_PORTS; p++)
+		while ((n = rte_ring_dequeue_burst(fz_tx[p], (void **)pkts,
+						   RTE_DIM(pkts), NULL)) > 0)
+			for (i = 0; i < n; i++)
+				check_sent(pkts[i], p);
+}
+
+static bool
+queued(void)
+{
+	uint16_t p;
+
+	if (!rte_ring_empty(fz_app.ring))
+		return true;
+	for (p = 0; p < FZ_PORTS; p++)
+		if (!rte_ring_empty(fz_rx[p]))
+			return true;
+	return false;
+}
+
+/*
+ * Run the stages at time tsc until every frame queued was sent or dropped:
+ * the RX stage, then what embnic_tx_stage() does (a dequeue, then
+ * embnic_tx_burst() at the harness's clock).
+ */
+static void
+run_stages(uint64_t tsc)
+{
+	struct embnic_lcore_stats *st = &fz_app.stats[0];
+	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
+	unsigned int n;
+
+	do {
+		embnic_rx_stage(&fz_app, st);
+		n = rte_ring_dequeue_burst(fz_app.ring, (void **)pkts,
+					   fz_app.opts.burst, NULL);
+		embnic_tx_burst(&fz_app, st, pkts, n, tsc);
+		drain_tx();
+	} while (queued());
+}
+
+static void
+add_peers(const uint8_t *c, unsigned int n, bool route, uint16_t nports)
+{
+	unsigned int i;
+
+	for (i = 0; i < n; i++) {
+		const uint8_t *b = c + 4 * i;
+		struct embnic_peer p = {
+			.id = b[0],
+			.port = (uint16_t)(b[1] % nports),
+			.udp_port = rte_cpu_to_be_16(b[3] < 128 ?
+				EMBNIC_UDP_PORT + b[3] : 40000 + b[3] - 128),
+		};
+
+		p.ip = rte_cpu_to_be_32(0x0a010000u | (uint32_t)p.port << 8 |
+					b[2]);
+		p.mac = (struct rte_ether_addr){ { 2, 0, 0, 0,
+						   (uint8_t)p.port, b[2] } };
+		if (route) {
+			/* as the control socket's route_add does */
+			embnic_shard_slot_assign(&fz_app, p.id);
+			if (embnic_table_add(fz_app.routes, &p) != 0)
+				fail("route_add %u", p.id);
+		} else if (embnic_table_add(fz_app.clients, &p) != 0) {
+			fail("client_add %u", p.id);
+		}
+	}
+}
+
+/* After an input: nothing left anywhere, and everything accounted. */
+static void
+check_after(void)
+{
+	const struct embnic_lcore_stats *st = &fz_app.stats[0];
+	uint64_t rx = 0, out = 0;
+	char err[256];
+	unsigned int i;
+
+	if (fz_live != 0)
+		fail("%lu frame buffers not freed", fz_live);
+	if (rte_mempool_avail_count(fz_app.pool) != FZ_MBUFS)
+		fail("%u of %u mbufs back in the pool",
+		     rte_mempool_avail_count(fz_app.pool), FZ_MBUFS);
+	if (embnic_state_check(fz_app.state, err, sizeof(err)) != 0)
+		fail("state map: %s", err);
+	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
+		rx += st->rx_frames[i];
+		out += st->tx_frames[i];
+	}
+	for (i = 0; i < EMBNIC_DROP_MAX; i++)
+		out += st->drops[i];
+	if (rx != out || st->drops[EMBNIC_DROP_NONE] != 0)
+		fail("%lu frames received, %lu sent or dropped",
+		     (unsigned long)rx, (unsigned long)out);
+}
+
+static void
+reset_card(void)
+{
+	uint16_t p;
+
+	embnic_state_reset(fz_app.state, fz_app.nb_slots);
+	fz_table_clear(fz_app.routes);
+	fz_table_clear(fz_app.clients);
+	fz_slots_reset(&fz_app, 1);
+	memset(&fz_app.stats[0], 0, sizeof(fz_app.stats[0]));
+	fz_app.next_expire_tsc = 0;
+	for (p = 0; p < FZ_PORTS; p++)
+		fz_app.ports[p].ip = 0;
+}
+
+int
+LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc;
+	(void)argv;
+	fz_app_init();
+	return 0;
+}
+
+#define CFG_LEN	(3 + 2 * FZ_MAX_PEERS * 4)
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	uint8_t c[CFG_LEN] = { 0 };
+	uint64_t now = 1000000000ULL;
+	uint16_t nports, p;
+	size_t off, len;
+
+	memcpy(c, data, size < CFG_LEN ? size : CFG_LEN);
+	off = size < CFG_LEN ? size : CFG_LEN;
+	nports = (uint16_t)((c[0] & 3) % FZ_PORTS + 1);
+	fz_app.nb_ports = nports;
+	fz_app.opts.burst = (uint32_t)(c[0] >> 3) + 1;
+	for (p = 0; p < nports; p++)
+		fz_app.ports[p].ip = (c[0] & 4) ? 0 :
+			rte_cpu_to_be_32(0x0a010001u | (uint32_t)p << 8);
+	add_peers(c + 3, (c[1] & 3) % (FZ_MAX_PEERS + 1), true, nports);
+	add_peers(c + 3 + 4 * FZ_MAX_PEERS, (c[2] & 3) % (FZ_MAX_PEERS + 1),
+		  false, nports);
+	fz_table_snapshot(fz_app.routes, &fz_routes);
+	fz_table_snapshot(fz_app.clients, &fz_clients);
+
+	while (off + 5 <= size) {
+		const uint8_t *h = data + off;
+		uint8_t flags = h[2], step = h[3] & 0x3f, split = h[4];
+		const struct embnic_port *port = &fz_app.ports[(flags & 3) %
+							      nports];
+		struct rte_mbuf *m, *m2;
+		uint8_t *f;
+		uint8_t udp;
+
+		len = (size_t)(h[0] | h[1] << 8);
+		off += 5;
+		if (len > size - off)
+			len = size - off;
+		if (len == 0)
+			len = 1;	/* a 1-byte frame of 0 */
+		f = calloc(1, len);
+		if (f == NULL)
+			fail("out of memory");
+		memcpy(f, data + off, off + len <= size ? len : size - off);
+		off += len;
+		if (step != 0) {
+			run_stages(now);
+			now += (uint64_t)step * FZ_STEP_TICKS;
+		}
+		if ((flags & 4) && len >= 34)
+			wr16(f + 16, (uint16_t)(len - 14 > 65535 ? 65535 :
+						len - 14));
+		if ((flags & 4) && len >= 42)
+			wr16(f + 38, (uint16_t)(len - 34 > 65535 ? 65535 :
+						len - 34));
+		if (flags & 0x20)
+			make_authentic(f, len, port);
+		if ((flags & 0x10) && udp_state(f, len) != UDP_UNKNOWN) {
+			wr16(f + 40, 0);
+			wr16(f + 40, (uint16_t)~udp_sum(f, rd16(f + 38)));
+			if (rd16(f + 40) == 0)
+				wr16(f + 40, 0xffff);
+		}
+		if ((flags & 8) && len >= 34)
+			ip_csum_fix(f);
+		udp = (uint8_t)udp_state(f, len);
+		if ((flags & 0x40) && split > 0 && split < len) {
+			m = seg_make(f, split, udp);
+			m2 = seg_make(f + split, len - split, udp);
+			m->next = m2;
+			m->nb_segs = 2;
+			m->pkt_len = (uint32_t)len;
+		} else {
+			m = seg_make(f, len, udp);
+		}
+		free(f);
+		m->port = port->id;
+		switch (h[3] >> 6) {
+		case 1:
+			m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_GOOD;
+			break;
+		case 2:
+			m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_BAD;
+			break;
+		default:
+			break;
+		}
+		while (rte_ring_enqueue(fz_rx[port->id], m) != 0)
+			run_stages(now);
+	}
+	run_stages(now);
+	check_after();
+	reset_card();
+	return 0;
+}

@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * What the card's libFuzzer targets share (fuzz_card.c, fuzz_ctl.c): EAL
+ * started once in memory, and a card (struct embnic_app) built the way
+ * main() builds one, on net_ring ports whose RX and TX rings the harness
+ * fills and drains, with small tables and a small state map.
+ *
+ * EAL's arguments: --no-huge --no-pci --no-shconf and a file prefix of
+ * its own per process (forked fuzzing jobs never meet), one lcore, no
+ * telemetry socket.
+ */
+#ifndef EMBNIC_FUZZ_COMMON_H
+#define EMBNIC_FUZZ_COMMON_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <rte_eal.h>
+#include <rte_eth_ring.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
+#include <rte_mbuf_dyn.h>
+#include <rte_mempool.h>
+#include <rte_rcu_qsbr.h>
+#include <rte_ring.h>
+
+#include "embnic_dp.h"
+
+#define FZ_PORTS	3		/* net_ring ports made */
+#define FZ_PORT_RING	64		/* each port's RX and TX ring */
+#define FZ_HDR_RING	64		/* the header ring */
+#define FZ_TABLE_SIZE	8		/* route and client tables */
+#define FZ_STATE_SIZE	16		/* state map entries */
+#define FZ_STATE_TIMEOUT_MS 3
+#define FZ_TSC_HZ	1000000ULL	/* the harness clock: 1 tick = 1 us */
+#define FZ_MBUFS	512
+
+volatile bool force_quit;	/* main.c's; ctl.c's quit sets it */
+
+static struct embnic_app fz_app;
+static struct rte_ring *fz_rx[FZ_PORTS], *fz_tx[FZ_PORTS];
+
+static void
+fz_die(const char *what)
+{
+	fprintf(stderr, "fuzz harness setup: %s: %s\n", what,
+		rte_strerror(rte_errno));
+	abort();
+}
+
+/*
+ * EAL's runtime directory (/var/run/dpdk/<prefix>) is not used after init
+ * with --no-shconf (no IPC, no shared files): removed at once, so a crashed
+ * or killed fuzzing job leaves nothing behind.
+ */
+static void
+fz_rm_runtime_dir(void)
+{
+	const char *dir = rte_eal_get_runtime_dir();
+	struct dirent *e;
+	DIR *d = opendir(dir);
+
+	if (d == NULL)
+		return;
+	while ((e = readdir(d)) != NULL)
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+			unlinkat(dirfd(d), e->d_name, 0);
+	closedir(d);
+	rmdir(dir);
+}
+
+static void
+fz_eal_init(void)
+{
+	char prefix[64];
+	char *argv[] = { "embnic-fuzz", "--no-huge", "--no-pci", "--no-shconf",
+			 "-m", "128", "-l", "0", "--no-telemetry",
+			 "--log-level=*:error", prefix, NULL };
+
+	snprintf(prefix, sizeof(prefix), "--file-prefix=embnic-fz%d",
+		 (int)getpid());
+	if (rte_eal_init((int)RTE_DIM(argv) - 1, argv) < 0)
+		fz_die("rte_eal_init");
+	fz_rm_runtime_dir();
+}
+
+/* One net_ring port: created, configured and started like port_init(). */
+static void
+fz_port_init(struct embnic_app *a, uint16_t i)
+{
+	struct rte_eth_conf conf = { 0 };
+	struct embnic_port *p = &a->ports[i];
+	char name[32];
+	int port;
+
+	snprintf(name, sizeof(name), "fzrx%u", i);
+	fz_rx[i] = rte_ring_create(name, FZ_PORT_RING, 0,
+				   RING_F_SP_ENQ | RING_F_SC_DEQ);
+	snprintf(name, sizeof(name), "fztx%u", i);
+	fz_tx[i] = rte_ring_create(name, FZ_PORT_RING, 0,
+				   RING_F_SP_ENQ | RING_F_SC_DEQ);
+	if (fz_rx[i] == NULL || fz_tx[i] == NULL)
+		fz_die("port rings");
+	snprintf(name, sizeof(name), "net_fz%u", i);
+	port = rte_eth_from_rings(name, &fz_rx[i], 1, &fz_tx[i], 1, 0);
+	if (port != i)
+		fz_die("rte_eth_from_rings (port ids must be 0..n-1)");
+	if (rte_eth_dev_configure(i, 1, 1, &conf) != 0 ||
+	    rte_eth_rx_queue_setup(i, 0, FZ_PORT_RING, 0, NULL, a->pool) < 0 ||
+	    rte_eth_tx_queue_setup(i, 0, FZ_PORT_RING, 0, NULL) < 0 ||
+	    rte_eth_dev_start(i) < 0 || rte_eth_macaddr_get(i, &p->mac) != 0)
+		fz_die("port setup");
+	p->id = i;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+}
+
+/*
+ * The card as main() builds it (tables_init(), the dynfield, the pool)
+ * with the sizes above. Its mbufs carry no frame data: every frame the
+ * harness makes is an external buffer of exactly its size (the pool's
+ * data room, a bare headroom, is there for the PMD's checks only).
+ */
+static void
+fz_app_init(void)
+{
+	struct embnic_app *a = &fz_app;
+	size_t sz = rte_rcu_qsbr_get_memsize(RTE_MAX_LCORE);
+	uint16_t i;
+
+	fz_eal_init();
+	a->opts.ctl_path = "(none)";
+	a->opts.ring_size = FZ_HDR_RING;
+	a->opts.state_size = FZ_STATE_SIZE;
+	a->opts.state_timeout_ms = FZ_STATE_TIMEOUT_MS;
+	a->opts.burst = EMBNIC_DEFAULT_BURST;
+	a->main_lcore = a->rx_lcore = a->tx_lcore = rte_get_main_lcore();
+	a->nb_lcores = 1;
+	a->tsc_hz = FZ_TSC_HZ;
+	a->pool = rte_pktmbuf_pool_create("fz_mbufs", FZ_MBUFS, 0, 0,
+					  RTE_PKTMBUF_HEADROOM, 0);
+	if (a->pool == NULL)
+		fz_die("mbuf pool");
+	for (i = 0; i < FZ_PORTS; i++)
+		fz_port_init(a, i);
+	a->nb_ports = FZ_PORTS;
+	a->meta_off = rte_mbuf_dynfield_register(&(const struct
+		rte_mbuf_dynfield){ .name = EMBNIC_RX_META_NAME,
+				    .size = sizeof(struct embnic_rx_meta),
+				    .align = __alignof__(struct embnic_rx_meta) });
+	if (a->meta_off < 0)
+		fz_die("dynfield");
+	a->qsbr = rte_zmalloc("fz_qsbr", sz, RTE_CACHE_LINE_SIZE);
+	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
+		fz_die("qsbr");
+	a->ring = rte_ring_create("fz_hdr_ring", FZ_HDR_RING, 0,
+				  RING_F_SP_ENQ | RING_F_SC_DEQ |
+				  RING_F_EXACT_SZ);
+	a->routes = embnic_table_create("fz_routes", FZ_TABLE_SIZE, a->qsbr);
+	a->clients = embnic_table_create("fz_clients", FZ_TABLE_SIZE, a->qsbr);
+	a->state = embnic_state_create(FZ_STATE_SIZE, FZ_STATE_TIMEOUT_MS,
+				       FZ_TSC_HZ, a->shard_slot);
+	a->shard_base = rte_zmalloc("fz_shard_base", sizeof(a->shard_base[0]) *
+				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
+	a->stats = rte_zmalloc("fz_stats", sizeof(a->stats[0]) *
+			       RTE_MAX_LCORE, RTE_CACHE_LINE_SIZE);
+	a->nb_slots = 1;
+	if (a->ring == NULL || a->routes == NULL || a->clients == NULL ||
+	    a->state == NULL || a->shard_base == NULL || a->stats == NULL)
+		fz_die("ring and tables");
+}
+
+/* A copy of a table's peers, sorted by id; returns how many. */
+static int
+fz_peer_cmp(const void *x, const void *y)
+{
+	const struct embnic_peer *p = x, *q = y;
+
+	return (p->id > q->id) - (p->id < q->id);
+}
+
+struct fz_walk {
+	struct embnic_peer v[FZ_TABLE_SIZE + 1];
+	unsigned int n;
+};
+
+static void
+fz_walk_one(const struct embnic_peer *p, void *arg)
+{
+	struct fz_walk *w = arg;
+
+	if (w->n < RTE_DIM(w->v))
+		w->v[w->n++] = *p;
+}
+
+static unsigned int
+fz_table_snapshot(struct embnic_table *t, struct fz_walk *w)
+{
+	memset(w, 0, sizeof(*w));
+	embnic_table_walk(t, fz_walk_one, w);
+	qsort(w->v, w->n, sizeof(w->v[0]), fz_peer_cmp);
+	return w->n;
+}
+
+/* Empty a table (through its own delete). */
+static void
+fz_table_clear(struct embnic_table *t)
+{
+	struct fz_walk w;
+	unsigned int i;
+
+	fz_table_snapshot(t, &w);
+	for (i = 0; i < w.n; i++)
+		if (embnic_table_del(t, w.v[i].id) != 0)
+			abort();
+	if (embnic_table_count(t) != 0)
+		abort();
+}
+
+/* Give back the statistics slots assigned since slot n (route_add's). */
+static void
+fz_slots_reset(struct embnic_app *a, uint32_t n)
+{
+	while (a->nb_slots > n) {
+		a->nb_slots--;
+		a->shard_slot[a->slot_shard[a->nb_slots]] = 0;
+		a->slot_shard[a->nb_slots] = 0;
+	}
+}
+
+#endif /* EMBNIC_FUZZ_COMMON_H */
