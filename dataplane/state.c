@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <rte_debug.h>
@@ -569,6 +570,9 @@ embnic_state_reset(struct embnic_state *s, uint32_t nb_slots)
 	memset(s->e, 0, (size_t)s->capacity * sizeof(s->e[0]));
 	memset(s->shards, 0, RTE_MIN(nb_slots, (uint32_t)EMBNIC_SHARD_SLOTS) *
 	       sizeof(s->shards[0]));
+	memset(s->used, 0, (size_t)s->words * sizeof(s->used[0]));
+	for (s->nb_free = 0; s->nb_free < s->capacity; s->nb_free++)
+		s->free_idx[s->nb_free] = s->capacity - 1 - s->nb_free;
 	s->entries = 0;
 	s->cursor = 0;
 	s->next_scan_tsc = 0;
@@ -601,23 +605,32 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 {
 	uint32_t i, live = 0;
 	int32_t hn = rte_hash_count(s->h);
+	uint8_t *seen;
 
 	for (i = 0; i < s->capacity; i++) {
 		const struct state_entry *e = &s->e[i];
 		struct embnic_key16 key;
-		int32_t pos;
+		void *data;
 
-		if (e->state == EMBNIC_ST_FREE)
+		if (e->state == EMBNIC_ST_FREE) {
+			if (s->used[i >> 6] & (1ULL << (i & 63))) {
+				snprintf(err, errlen, "free entry %u is marked "
+					 "in use", i);
+				return -1;
+			}
 			continue;
+		}
 		live++;
 		if (e->state >= EMBNIC_NB_STATES)
 			goto bad;
 		key = embnic_key16((uint64_t)e->client_id << 32 | e->msg_id);
-		pos = rte_hash_lookup(s->h, &key);
-		if (pos != (int32_t)i) {
-			snprintf(err, errlen, "entry %u (client %u msg %u) is at "
-				 "hash position %d", i, e->client_id,
-				 e->msg_id, pos);
+		data = NULL;
+		if (rte_hash_lookup_data(s->h, &key, &data) < 0 ||
+		    (uintptr_t)data != i || !(s->used[i >> 6] & (1ULL << (i & 63)))) {
+			snprintf(err, errlen, "entry %u (client %u msg %u): the "
+				 "hash maps its key to %ld, in-use bit %d", i,
+				 e->client_id, e->msg_id, (long)(uintptr_t)data,
+				 (int)(s->used[i >> 6] >> (i & 63) & 1));
 			return -1;
 		}
 		if (e->frag_count == 0 || e->frag_count > EMBNIC_MAX_FRAGS ||
@@ -655,10 +668,32 @@ bad:
 			 e->rep_msg_len);
 		return -1;
 	}
-	if (live != s->entries || hn < 0 || (uint32_t)hn != live) {
+	if (live != s->entries || hn < 0 || (uint32_t)hn != live ||
+	    s->nb_free + live != s->capacity) {
 		snprintf(err, errlen, "%u live entries, count says %u, hash "
-			 "holds %d", live, s->entries, hn);
+			 "holds %d, %u free of %u", live, s->entries, hn,
+			 s->nb_free, s->capacity);
 		return -1;
 	}
+	/* the free stack: distinct entries, each free */
+	seen = calloc(s->capacity, 1);
+	if (seen == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	for (i = 0; i < s->nb_free; i++) {
+		uint32_t k = s->free_idx[i];
+
+		if (k >= s->capacity || s->e[k].state != EMBNIC_ST_FREE ||
+		    (s->used[k >> 6] & (1ULL << (k & 63))) || seen[k]) {
+			snprintf(err, errlen, "free stack slot %u holds entry "
+				 "%u, which is not free or is there twice",
+				 i, k);
+			free(seen);
+			return -1;
+		}
+		seen[k] = 1;
+	}
+	free(seen);
 	return 0;
 }

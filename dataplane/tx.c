@@ -57,6 +57,34 @@ csum_replace3(uint16_t check, uint32_t o1, uint32_t o2, uint32_t o3,
 }
 
 /*
+ * Cut m to its first len bytes (the IPv4 datagram; len is at least the
+ * headers, which lie in the first segment): the segment holding byte len-1
+ * ends there and the segments past it are freed. rte_pktmbuf_trim() only
+ * cuts the last segment, and left a trailer longer than it in the frame
+ * (found by fuzz-card: dataplane/fuzz/seeds/card/regress-trailer-2-segs).
+ */
+static __rte_noinline void
+trim_to(struct rte_mbuf *m, uint32_t len)
+{
+	struct rte_mbuf *s = m, *rest;
+	uint32_t left = len;
+	uint16_t nb = 1;
+
+	while (s->data_len < left && s->next != NULL) {
+		left -= s->data_len;
+		s = s->next;
+		nb++;
+	}
+	s->data_len = (uint16_t)RTE_MIN(left, (uint32_t)s->data_len);
+	rest = s->next;
+	s->next = NULL;
+	m->nb_segs = nb;
+	m->pkt_len = len;
+	if (rest != NULL)
+		rte_pktmbuf_free(rest);
+}
+
+/*
  * Rewrite a validated frame for dst, sent from port out: Ethernet
  * addresses, IPv4 addresses (TTL reset, header checksum recomputed), UDP
  * ports (source = 7878); the UDP checksum is updated incrementally, so it
@@ -110,7 +138,7 @@ rewrite(struct rte_mbuf *m, const struct tx_frame *d,
 						 dst->ip, new_ports);
 	/* Ethernet padding or trailer after the IPv4 datagram is not sent on */
 	if (unlikely(d->trim))
-		rte_pktmbuf_trim(m, rte_pktmbuf_pkt_len(m) - d->info.frame_len);
+		trim_to(m, d->info.frame_len);
 }
 
 static inline void

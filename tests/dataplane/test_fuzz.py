@@ -65,3 +65,26 @@ def test_target_summary(fuzz_run, target):
     assert re.search(rf"seed corpus: files: {seeds}\b", log), log[:2000]
     assert "INITED" in log, log[-2000:]
     assert cov >= MIN_COV[target], f"fuzz-{target}: {cov} edges:\n{log[-2000:]}"
+
+
+#: every input a fuzz target ever crashed on, kept as a seed named regress-*, and what it found
+REGRESSIONS = {
+    ("card", "regress-trailer-2-segs"):
+        "a frame in 2 segments whose trailer past the IPv4 datagram was longer than its last "
+        "segment was sent with the trailer (rte_pktmbuf_trim cuts the last segment only)",
+}
+
+
+def test_regression_seeds_listed():
+    found = {(t.name, f.name) for t in SEEDS.iterdir() for f in t.glob("regress-*")}
+    assert found == set(REGRESSIONS), "list every regress-* seed in REGRESSIONS with what it found"
+
+
+@pytest.mark.parametrize("target,seed", sorted(REGRESSIONS))
+def test_regression_seed(fuzz_run, target, seed):
+    """The input alone, run once by the target: passes every check of the harness now."""
+    build, _ = fuzz_run
+    r = subprocess.run([str(build / f"fuzz-{target}"), str(SEEDS / target / seed)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{REGRESSIONS[(target, seed)]}:\n{(r.stdout + r.stderr)[-3000:]}"
+    assert f"Executed {SEEDS / target / seed}" in r.stderr, r.stderr[-2000:]
