@@ -72,8 +72,10 @@ class Reassembler:
         max_msg_len: largest message body accepted (bytes); larger ones are dropped as
             ``too_large`` (a header may claim up to 4 GiB).
         max_pending_bytes: body bytes held by incomplete messages at most; beyond it the
-            least recently touched messages are evicted (``evicted``). Fragments are kept as
-            they arrive, so memory follows the bytes received, never a header's claims.
+            least recently touched messages are evicted (``evicted``). The message being
+            received is never evicted for it, so one message alone may hold more (up to
+            ``max_msg_len``). Fragments are kept as they arrive, so memory follows the bytes
+            received, never a header's claims.
         timeout_s: an incomplete message untouched this long is dropped (``expired``).
         expect: ``"request"``, ``"reply"`` or None — passed to :func:`parse_header`.
 

@@ -22,7 +22,8 @@ What it does with every datagram (docs/protocol.md):
    buffer is allocated for them.
 2. **Header checks** on every fragment, answered on fragment 0 only (so a bad message of many
    fragments draws one ERROR): ``WRONG_SHARD`` (``shard_id`` is not this shard),
-   ``UNKNOWN_TABLE``, ``DIM_MISMATCH`` (``dim`` or ``dtype`` differs from the table's).
+   ``UNKNOWN_TABLE``, ``DIM_MISMATCH`` (``dim`` or ``dtype`` differs from the table's). Every
+   frame refused here is dropped and counted as ``refused``, answered or not.
 3. **Reassemble** (:class:`~embnic.client_lib.reassembly.Reassembler`, any order, duplicates).
 4. **Body checks** on the whole message: ``KEY_OUT_OF_RANGE`` (a key ``>= rows``, for a table
    with ``rows``; without it every uint64 is a key),
@@ -76,8 +77,9 @@ log = logging.getLogger("embnic.server")
 DEFAULT_DEDUP_WINDOW = 65536  #: remembered applied updates (docs/protocol.md, "Reliability")
 DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
 _SOCK_BUF = 16 << 20  #: bytes of kernel socket buffer asked for
-#: extra drop reasons of the server (besides consts.DROP_REASONS)
-SERVER_DROP_REASONS = ("too_large", "unannounced", "size_mismatch")
+#: extra drop reasons of the server (besides consts.DROP_REASONS); ``refused``: a frame of a
+#: request the header checks refused (fragment 0 also draws the ERROR reply)
+SERVER_DROP_REASONS = ("too_large", "unannounced", "size_mismatch", "refused")
 
 
 class _Refused(Exception):
@@ -356,6 +358,7 @@ class ShardServer:
                 return
             status = self._check_header(h)
             if status is not None:
+                self._drops["refused"] += 1  # every fragment: the others were counted nowhere
                 if h.frag_index == 0:
                     self._reply_error(h, status, addr)
                 return
