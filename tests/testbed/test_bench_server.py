@@ -34,3 +34,14 @@ def test_bench_server_writes_every_figure(tmp_path):
     assert len(res["load"]["loadavg_before"]) == 3
     log2 = open(res["workers_2"]["log"]).read()
     assert "2 workers" in log2 and json.loads(log2.split("counters ")[1].splitlines()[0])["workers"][1]["wakeups"] > 0
+    # the write-ahead log run: updates only, the shard really logged (and synced) them
+    for k in (1, 64, 4096):
+        key = f"update_{k}"
+        assert res[f"ratio_wal_{key}"] == pytest.approx(res["workers_1_wal"][key]["rows_per_s"]
+                                                        / res["workers_1"][key]["rows_per_s"])
+    assert "lookup_4096" not in res["workers_1_wal"]
+    assert res["targets"]["wal_update_4096_vs_no_wal"]["measured"] == res["ratio_wal_update_4096"]
+    logw = open(res["workers_1_wal"]["log"]).read()
+    dur = json.loads(logw.split("counters ")[1].splitlines()[0])["durability"]
+    assert dur["log_records"] >= sum(res["workers_1_wal"][f"update_{k}"]["messages"] for k in (1, 64, 4096))
+    assert 0 < dur["log_commits"] <= dur["log_records"]
