@@ -115,7 +115,7 @@ def server(out, window, scale, mtu, reference):
     except RuntimeError as e:
         raise OperationalError(str(e)) from None
     _show("server", {k: v for k, v in res.items() if not isinstance(v, dict) or k in ("targets", "load")})
-    for part in ("workers_1", "workers_2", "reference", "local"):
+    for part in ("workers_1", "workers_1_wal", "workers_2", "reference", "local"):
         if part in res:
             click.echo(f"  {part}:")
             for k, v in res[part].items():
