@@ -48,140 +48,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from embnic.control import dpdk_proc
-from embnic.control.dpdk_proc import CardProcess, DpdkProcError, DpdkProcess, build_card, eal_argv, unique_prefix
-from embnic.control.errors import require_program
+from embnic.control.dpdk_proc import CardProcess, DpdkProcError, build_card, unique_prefix
 from embnic.control.runstate import require_root
-from embnic.testbed.bench.prep import merge_json
+from embnic.testbed.bench.results import merge_json
 from embnic.control.pcap import write_pcap
+from embnic.testbed.bench.testpmd import TestpmdProcess
 
 DATAPLANE = dpdk_proc.DATAPLANE
-
-
-# ====================================================================== testpmd
-class TestpmdProcess:
-    """``dpdk-testpmd -i`` driven through its stdin; stats parsed from its output.
-
-    Args:
-        vdevs: ``--vdev`` specs in port order.
-        lcores: EAL lcore list (testpmd forwards on all but the main lcore).
-        mode: forwarding mode (``io``, ``macswap``, ...).
-        netns: run inside this network namespace.
-        log: output file.
-    """
-
-    __test__ = False
-
-    def __init__(self, vdevs: Sequence[str], *, lcores: str = "0,1", mode: str = "io",
-                 netns: str | None = None, log: str | os.PathLike | None = None,
-                 binary: str = "dpdk-testpmd", mbufs: int = 16384, main_lcore: int | None = None,
-                 mbcache: int = 256, burst: int = 32):
-        self.vdevs, self.lcores, self.mode, self.netns = list(vdevs), lcores, mode, netns
-        self.main_lcore = main_lcore
-        self.prefix = unique_prefix("t")
-        self._dir = Path(tempfile.mkdtemp(prefix="enT"))
-        self.log_path = Path(log) if log else self._dir / "testpmd.log"
-        self.binary, self.mbufs, self.mbcache, self.burst = binary, mbufs, mbcache, burst
-        extra = ["--main-lcore", str(main_lcore)] if main_lcore is not None else []
-        nb_cores = max(1, len(_lcore_list(lcores)) - 1)
-        # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
-        self.process = DpdkProcess(binary, eal_argv(lcores, self.prefix, self.vdevs, extra=extra),
-                                   ["-i", f"--forward-mode={mode}", f"--total-num-mbufs={mbufs}",
-                                    f"--mbcache={mbcache}", f"--burst={burst}", f"--nb-cores={nb_cores}"],
-                                   netns=netns, log=self.log_path, wrapper=["stdbuf", "-oL"], stdin=subprocess.PIPE)
-
-    @property
-    def proc(self) -> subprocess.Popen | None:
-        return self.process.proc
-
-    def argv(self) -> list[str]:
-        return self.process.argv
-
-    def start(self, timeout: float = 30.0) -> "TestpmdProcess":
-        """Start, wait for the prompt, ``start`` forwarding.
-
-        Raises:
-            MissingDependencyError: dpdk-testpmd is not installed.
-            DpdkProcError: it exited or never showed its prompt (names its log).
-        """
-        require_program(self.binary, "apt-get install dpdk (or `make deps`)")
-        self.process.start()
-        self._wait_for(lambda t: "testpmd>" in t, timeout, "its prompt")
-        self.send("start")
-        self._wait_for(lambda t: "io packet forwarding" in t or "packet forwarding - ports=" in t, timeout,
-                       "forwarding to start")
-        return self
-
-    def _text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def _wait_for(self, pred, timeout: float, what: str) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            t = self._text()
-            if pred(t):
-                return t
-            if self.proc.poll() is not None:
-                raise DpdkProcError(f"dpdk-testpmd exited ({self.proc.returncode}) waiting for {what}; "
-                                    f"log {self.log_path}:\n{t[-1500:]}")
-            if time.monotonic() > deadline:
-                raise DpdkProcError(f"dpdk-testpmd: no {what} within {timeout:g}s; log {self.log_path}")
-            time.sleep(0.02)
-
-    def send(self, line: str) -> None:
-        self.proc.stdin.write((line + "\n").encode())
-        self.proc.stdin.flush()
-
-    def tx_packets(self, port: int, timeout: float = 10.0) -> int:
-        """TX-packets of ``port`` now (``show port stats <port>``)."""
-        marker = f"NIC statistics for port {port} "
-        before = self._text().count(marker)
-        self.send(f"show port stats {port}")
-        t = self._wait_for(lambda t: t.count(marker) > before and
-                           "Tx-pps" in t[t.rindex(marker):], timeout, "port stats")
-        block = t[t.rindex(marker):]
-        return int(block.split("TX-packets:")[1].split()[0])
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """``quit``, then SIGTERM/SIGKILL if it lingers (:meth:`DpdkProcess.stop`); returns the exit code."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.send("stop")
-                self.send("quit")
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        return self.process.stop(5.0)["exit"]
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _lcore_list(spec: str) -> list[int]:
-    """Lcore ids of an EAL ``-l`` list (``0,1`` or ``0-2``)."""
-    out = []
-    for part in spec.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out += range(int(a), int(b) + 1)
-        else:
-            out.append(int(part))
-    return out
 
 
 # ====================================================================== the benchmark pcap

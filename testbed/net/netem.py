@@ -44,30 +44,20 @@ Exactly-once updates under these faults are the protocol's job (docs/protocol.md
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import fcntl
 import json
 import os
-import random
-import select
-import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from . import topology as topo_mod
-from .topology import TestbedError, _run, node_dir, proc_starttime, require_net_admin, save_testbed_state, testbed_state
+from embnic.control.runstate import proc_starttime, run_dir
+
+from .netns import TestbedError, log_tail, netns_exists, require_net_admin, run_cmd, stop_process
+from .state import node_dir, save_testbed_state, testbed_state
 
 BACKENDS = ("auto", "tc", "user")
-_TUNSETIFF = 0x400454CA
-_IFF_TAP = 0x0002
-_IFF_NO_PI = 0x1000
-_SOL_PACKET = 263
-_PACKET_QDISC_BYPASS = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +125,9 @@ def kernel_has_netem(ns: str, ifname: str) -> bool:
     Replaces the root qdisc of ``ifname`` for a moment: never call it on an impaired link
     (:func:`apply` probes on the card namespace's ``lo``).
     """
-    p = _run(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem", "delay", "0ms"], check=False)
+    p = run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem", "delay", "0ms"], check=False)
     if p.returncode == 0:
-        _run(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
+        run_cmd(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
         return True
     return False
 
@@ -181,7 +171,7 @@ def _netem_available(name: str) -> bool:
     """Whether the kernel has ``sch_netem``, probed on ``lo`` of the card namespace (which no
     impairment ever touches, so an existing impairment stays as it is)."""
     ns = f"{name}-card"
-    if not topo_mod.netns_exists(ns):
+    if not netns_exists(ns):
         raise TestbedError(f"namespace {ns} of testbed {name!r} is missing: the testbed is broken; run "
                            f"`embnic testbed down --name {name}` and `up` again")
     return kernel_has_netem(ns, "lo")
@@ -221,7 +211,7 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
     require_net_admin(f"testbed netem ({name})")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    rdir = Path(rdir) if rdir else topo_mod.run_dir()
+    rdir = Path(rdir) if rdir else run_dir()
     state = _need_state(name, rdir)
     chosen = _resolve_links(name, state, links)
     if imp.clear:
@@ -270,7 +260,7 @@ def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend
     if backend == "tc":
         for lk in chosen:
             for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
-                _run(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem"] + imp.netem_args())
+                run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem"] + imp.netem_args())
             new[lk["peer"]] = {"backend": "tc", "impairment": imp.as_dict(), "applied": time.time(), "helper": None}
             per = _per_link(state)
             per[lk["peer"]] = new[lk["peer"]]
@@ -305,13 +295,13 @@ def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment)
     mac = _ns_mac(ns, ifname)
     mtu = _ns_mtu(ns, ifname)
     for tap in (tap_o, tap_i):
-        _run(["ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"])
-        _run(["ip", "-n", ns, "link", "set", tap, "mtu", str(mtu), "txqueuelen", "10000", "arp", "off", "up"])
-    _run(["ip", "-n", ns, "link", "set", tap_i, "address", mac])
-    _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{tap_i}.rp_filter=0"], check=False)
+        run_cmd(["ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"])
+        run_cmd(["ip", "-n", ns, "link", "set", tap, "mtu", str(mtu), "txqueuelen", "10000", "arp", "off", "up"])
+    run_cmd(["ip", "-n", ns, "link", "set", tap_i, "address", mac])
+    run_cmd(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{tap_i}.rp_filter=0"], check=False)
     stats = Path(h["stats"])
     stats.unlink(missing_ok=True)
-    argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "embnic.testbed.net.netem", "--iface", ifname,
+    argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "embnic.testbed.net.netem_helper", "--iface", ifname,
             "--tap-out", tap_o, "--tap-in", tap_i, "--mac", mac, "--loss", str(imp.loss),
             "--reorder", str(imp.reorder), "--duplicate", str(imp.duplicate),
             "--delay", str(imp.delay_ms or 5.0), "--seed", str(imp.seed * 1000 + int(lk.get("port", 0))),
@@ -334,14 +324,14 @@ def _redirect_to_helper(lk: dict, h: dict, proc, ready_timeout: float) -> None:
     while not stats.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise TestbedError(f"the netem helper of link {lk['peer']} did not start: "
-                               f"{topo_mod._tail(h['log'])} (log: {h['log']})")
+                               f"{log_tail(h['log'])} (log: {h['log']})")
         time.sleep(0.02)
     ns, ifname = lk["peer_ns"], lk["peer_if"]
     tap_o, tap_i = h["taps"]
-    _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "clsact"])
-    _run(["tc", "-n", ns, "filter", "add", "dev", ifname, "egress", "protocol", "all", "prio", "1", "u32",
+    run_cmd(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "clsact"])
+    run_cmd(["tc", "-n", ns, "filter", "add", "dev", ifname, "egress", "protocol", "all", "prio", "1", "u32",
           "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_o])
-    _run(["tc", "-n", ns, "filter", "add", "dev", ifname, "ingress", "protocol", "all", "prio", "1", "u32",
+    run_cmd(["tc", "-n", ns, "filter", "add", "dev", ifname, "ingress", "protocol", "all", "prio", "1", "u32",
           "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_i])
 
 
@@ -352,16 +342,16 @@ def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
     counters = None
     if rec.get("backend") == "tc":
         for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
-            _run(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
+            run_cmd(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
     else:
         h = rec.get("helper") or {}
         ns, ifname = h.get("ns", lk["peer_ns"]), h.get("iface", lk["peer_if"])
-        _run(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "clsact"], check=False)
+        run_cmd(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "clsact"], check=False)
         mine = [p for p in state.get("procs", []) if p.get("role") == "impair" and p.get("node") == lk["peer"]]
         for p in mine:
-            topo_mod.stop_process(p)
+            stop_process(p)
         for tap in h.get("taps", []):
-            _run(["ip", "-n", ns, "link", "del", tap], check=False)
+            run_cmd(["ip", "-n", ns, "link", "del", tap], check=False)
         counters = read_stats(h.get("stats"))
         state["procs"] = [p for p in state.get("procs", []) if p not in mine]
     per = _per_link(state)
@@ -393,12 +383,12 @@ def _restore(name: str, state: dict, rdir: Path, chosen: list[dict], previous: d
 
 
 def _ns_mac(ns: str, ifname: str) -> str:
-    p = _run(["ip", "-n", ns, "-j", "link", "show", "dev", ifname])
+    p = run_cmd(["ip", "-n", ns, "-j", "link", "show", "dev", ifname])
     return json.loads(p.stdout)[0]["address"]
 
 
 def _ns_mtu(ns: str, ifname: str) -> int:
-    p = _run(["ip", "-n", ns, "-j", "link", "show", "dev", ifname])
+    p = run_cmd(["ip", "-n", ns, "-j", "link", "show", "dev", ifname])
     return int(json.loads(p.stdout)[0]["mtu"])
 
 
@@ -427,7 +417,7 @@ def clear(name: str, *, links: list[str] | None = None, rdir: Path | None = None
         cleared). TestbedError: no such testbed.
     """
     require_net_admin(f"testbed netem ({name})")
-    rdir = Path(rdir) if rdir else topo_mod.run_dir()
+    rdir = Path(rdir) if rdir else run_dir()
     state = _need_state(name, rdir)
     chosen = _resolve_links(name, state, links)
     per = _per_link(state)
@@ -466,7 +456,7 @@ def show(name: str, *, rdir: Path | None = None) -> dict | None:
         {"backend", "impairment", "pid"}}, "counters": {link: helper counters} (user backend,
         live)}``.
     """
-    rdir = Path(rdir) if rdir else topo_mod.run_dir()
+    rdir = Path(rdir) if rdir else run_dir()
     state = _need_state(name, rdir)
     per = _per_link(state)
     if not per:
@@ -482,156 +472,3 @@ def show(name: str, *, rdir: Path | None = None) -> dict | None:
         "counters": {p: read_stats((per[p].get("helper") or {}).get("stats")) for p in links
                      if per[p].get("backend") == "user"},
     }
-
-
-# --------------------------------------------------------------------------- the helper
-def _open_tap(name: str) -> int:
-    fd = os.open("/dev/net/tun", os.O_RDWR)
-    fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", name.encode(), _IFF_TAP | _IFF_NO_PI))
-    os.set_blocking(fd, False)
-    return fd
-
-
-class _Direction:
-    """Per-direction impairment state (netem-like decisions, one RNG per direction)."""
-
-    def __init__(self, name: str, imp: Impairment, seed: int, send):
-        self.name = name
-        self.loss = imp.loss / 100.0
-        self.dup = imp.duplicate / 100.0
-        self.reorder = imp.reorder / 100.0
-        self.hold_s = max(imp.delay_ms, 0.1) / 1000.0
-        self.rng = random.Random(seed)
-        self.send = send
-        self.held: tuple[bytes, int] | None = None
-        self.held_until = 0.0
-        self.c = {"in": 0, "out": 0, "dropped": 0, "duplicated": 0, "reordered": 0, "send_errors": 0}
-
-    def _emit(self, frame: bytes, copies: int) -> None:
-        for _ in range(copies):
-            try:
-                self.send(frame)
-                self.c["out"] += 1
-            except OSError:
-                self.c["send_errors"] += 1
-
-    def frame(self, frame: bytes, now: float) -> None:
-        self.c["in"] += 1
-        r = self.rng.random
-        if r() < self.loss:
-            self.c["dropped"] += 1
-            return
-        copies = 1
-        if r() < self.dup:
-            copies = 2
-            self.c["duplicated"] += 1
-        if self.held is None and r() < self.reorder:
-            self.held = (frame, copies)
-            self.held_until = now + self.hold_s
-            self.c["reordered"] += 1
-            return
-        self._emit(frame, copies)
-        if self.held is not None:
-            self._emit(*self.held)
-            self.held = None
-
-    def tick(self, now: float) -> float | None:
-        """Release a held frame whose time is up; returns seconds until the next deadline."""
-        if self.held is None:
-            return None
-        if now >= self.held_until:
-            self._emit(*self.held)
-            self.held = None
-            return None
-        return self.held_until - now
-
-
-def impair_loop(iface: str, tap_out: str, tap_in: str, mac: str, imp: Impairment, stats_path: str) -> None:
-    """The user-space netem helper (runs in the client's/shard's namespace until SIGTERM).
-
-    Reads frames the ``clsact`` redirects put on ``tap_out`` (leaving the node) and ``tap_in``
-    (arriving from the card), impairs each direction (:class:`Impairment`) and forwards:
-    outgoing ones on ``iface`` via AF_PACKET with ``PACKET_QDISC_BYPASS``, incoming ones into
-    ``tap_in`` (received by the kernel as if on ``iface``). Writes counters to ``stats_path``
-    (JSON) when ready, every 0.5 s and on exit.
-    """
-    fo, fi = _open_tap(tap_out), _open_tap(tap_in)
-    tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-    tx.bind((iface, 0))
-    tx.setsockopt(_SOL_PACKET, _PACKET_QDISC_BYPASS, 1)
-    own = bytes.fromhex(mac.replace(":", ""))
-    d_out = _Direction("out", imp, imp.seed * 2, tx.send)
-    d_in = _Direction("in", imp, imp.seed * 2 + 1, lambda f: os.write(fi, f))
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
-
-    def dump() -> None:
-        tmp = stats_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"out": d_out.c, "in": d_in.c, "ignored": ignored, "pid": os.getpid(),
-                       "impairment": imp.as_dict()}, f)
-        os.replace(tmp, stats_path)
-
-    ignored = 0
-    dump()
-    print(f"netem helper on {iface}: {imp.as_dict()}", flush=True)
-    next_dump = time.monotonic() + 0.5
-    while not stop:
-        now = time.monotonic()
-        waits = [w for w in (d_out.tick(now), d_in.tick(now)) if w is not None]
-        timeout = min(waits + [max(0.0, next_dump - now)])
-        try:
-            ready, _, _ = select.select([fo, fi], [], [], timeout)
-        except InterruptedError:
-            continue
-        now = time.monotonic()
-        for fd in ready:
-            while True:
-                try:
-                    f = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                if len(f) < 14:
-                    continue
-                src = f[6:12]
-                if fd == fo:
-                    if src != own:  # not from this node's stack (e.g. the tap itself)
-                        ignored += 1
-                        continue
-                    d_out.frame(f, now)
-                else:
-                    if src == own:  # the kernel talking on the tap, not a frame from the card
-                        ignored += 1
-                        continue
-                    d_in.frame(f, now)
-        if now >= next_dump:
-            dump()
-            next_dump = now + 0.5
-    for d in (d_out, d_in):
-        if d.held is not None:
-            d._emit(*d.held)
-            d.held = None
-    dump()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m embnic.testbed.net.netem --iface IF --tap-out T --tap-in T --mac M ...`` (the helper)."""
-    ap = argparse.ArgumentParser(prog="embnic.testbed.net.netem", description="user-space netem helper (one link)")
-    ap.add_argument("--iface", required=True)
-    ap.add_argument("--tap-out", required=True)
-    ap.add_argument("--tap-in", required=True)
-    ap.add_argument("--mac", required=True)
-    ap.add_argument("--loss", type=float, default=0.0)
-    ap.add_argument("--reorder", type=float, default=0.0)
-    ap.add_argument("--duplicate", type=float, default=0.0)
-    ap.add_argument("--delay", type=float, default=5.0)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--stats", required=True)
-    a = ap.parse_args(argv)
-    imp = Impairment(a.loss, a.reorder, a.duplicate, a.delay, a.seed)
-    impair_loop(a.iface, a.tap_out, a.tap_in, a.mac, imp, a.stats)
-
-
-if __name__ == "__main__":
-    main()

@@ -52,9 +52,6 @@ and comes back (:meth:`Testbed.probe`). Timeouts name the log to read.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
-import ipaddress
 import json
 import os
 import re
@@ -65,475 +62,30 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
 
 from embnic.client_lib import codec
+from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
-from embnic.client_lib.config import ClusterConfig, ConfigError, load_config, parse_config
-from embnic.control import runstate
-from embnic.control.dpdk_proc import eal_argv, remove_runtime_dir
-from embnic.control.errors import NEEDS_ROOT, OperationalError
+from embnic.control.dpdk_proc import remove_runtime_dir
 from embnic.control.runstate import pid_matches, proc_starttime, run_dir
 
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
-DEFAULT_NAME = "emb"
-_CLONE_NEWNET = 0x40000000
+from .model import (DEFAULT_NAME, NAME_RE, Link, Node, Topology, card_file_prefix, check_name,
+                    derived_mac, link_prefix)
+from .netns import (NeedsRoot, TestbedError, _reap, in_netns, log_tail, netns_exists, netns_list, netns_pids,
+                    require_net_admin, run_cmd, stop_process)
+from .state import (dead_nodes, describe_dead, list_testbeds, node_dir, node_label,
+                    save_testbed_state, state_path, testbed_state)
+from .toml_writer import dump_toml
+
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
 
-
-class TestbedError(OperationalError):
-    """The testbed could not be brought up, inspected or torn down (the message names the fix)."""
-
-    __test__ = False  # not a pytest test class
-
-
-class NeedsRoot(TestbedError):
-    """The caller lacks CAP_NET_ADMIN/CAP_SYS_ADMIN (network namespaces need root): exit 2."""
-
-    category = NEEDS_ROOT
-
-
-# --------------------------------------------------------------------------- small helpers
-def require_net_admin(what: str = "the testbed") -> None:
-    """Raise :class:`~embnic.control.errors.NeedsRootError` unless :func:`~embnic.control.runstate.is_root`
-    (network namespaces and veth pairs need CAP_NET_ADMIN)."""
-    runstate.require_root(what, why="CAP_NET_ADMIN, to create network namespaces and veth pairs",
-                          example="sudo embnic testbed up --config examples/testbed.toml")
-
-
-def check_name(name: str) -> str:
-    """Validate a testbed name (the prefix of every namespace and interface).
-
-    Raises:
-        ValueError: not 1-8 letters/digits starting with a letter.
-    """
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ValueError(f"testbed name {name!r}: use 1-8 letters or digits, starting with a letter "
-                         "(it prefixes every namespace and interface, which Linux limits to 15 characters)")
-    return name
-
-
-def card_file_prefix(name: str) -> str:
-    """The EAL ``--file-prefix`` of testbed ``name``'s card: ``embnic-tb-NAME`` (testbeds run side by side)."""
-    return f"embnic-tb-{name}"
-
-
-def derived_mac(kind: str, num: int) -> str:
-    """Locally administered MAC of a testbed node when the config gives none.
-
-    ``02:ee:KK:00:HH:LL`` with ``KK`` = 00 card port, 01 client, 02 shard and ``HHLL`` = the
-    port/client/shard id (big-endian u16). Depends only on (kind, id).
-    """
-    k = {"card": 0, "client": 1, "shard": 2}[kind]
-    return f"02:ee:{k:02x}:00:{num >> 8 & 0xFF:02x}:{num & 0xFF:02x}"
-
-
-def link_prefix(a: str, b: str) -> int:
-    """Longest prefix length (≤ 30) whose subnet holds IPv4 ``a`` and ``b`` as host addresses.
-
-    Example: 10.77.0.1 and 10.77.0.2 → 30 (10.77.0.0/30).
-
-    Raises:
-        ValueError: the two are equal or no subnet holds both as hosts.
-    """
-    ia, ib = ipaddress.IPv4Address(a), ipaddress.IPv4Address(b)
-    if ia == ib:
-        raise ValueError(f"both ends of a link have address {a}")
-    for plen in range(30, 0, -1):
-        net = ipaddress.IPv4Network(f"{a}/{plen}", strict=False)
-        if ib in net and not {ia, ib} & {net.network_address, net.broadcast_address}:
-            return plen
-    raise ValueError(f"{a} and {b} fit in no common subnet")
-
-
-def _run(argv: list[str], *, check: bool = True, log=None, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    """Run a command (iproute2, ethtool, tc), logging it; raise :class:`TestbedError` on failure."""
-    if log is not None:
-        log.write("+ " + " ".join(argv) + "\n")
-        log.flush()
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise TestbedError(f"{argv[0]} is not installed: apt-get install "
-                           f"{'iproute2' if argv[0] in ('ip', 'tc') else argv[0]}") from None
-    except subprocess.TimeoutExpired:
-        raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout:g} s") from None
-    if log is not None and (p.stdout or p.stderr):
-        log.write(p.stdout + p.stderr)
-    if check and p.returncode != 0:
-        raise TestbedError(f"`{' '.join(argv)}` failed: {(p.stderr or p.stdout).strip()}")
-    return p
-
-
-def netns_exists(ns: str) -> bool:
-    """True if the named network namespace exists (``/run/netns/NS``)."""
-    return Path("/run/netns", ns).exists()
-
-
-def netns_list() -> list[str]:
-    """Names of all named network namespaces."""
-    try:
-        return sorted(os.listdir("/run/netns"))
-    except FileNotFoundError:
-        return []
-
-
-def netns_pids(ns: str) -> list[int]:
-    """Pids of the processes whose network namespace is ``ns`` (``ip netns pids``)."""
-    p = _run(["ip", "netns", "pids", ns], check=False)
-    return [int(x) for x in p.stdout.split() if x.isdigit()]
-
-
-# pid + start time identify a process across pid reuse; one definition for the control plane
-# and the testbed (a state record has ``pid`` and ``starttime``)
-proc_alive = pid_matches  # noqa: the one definition is runstate.pid_matches
-
-
-def stop_process(rec: dict, timeout: float = 5.0) -> bool:
-    """SIGTERM the process group of a state record, SIGKILL after ``timeout`` s.
-
-    Only if pid *and* start time still match (a recycled pid is left alone).
-
-    Returns:
-        True if it was running.
-    """
-    if not proc_alive(rec):
-        return False
-    pid = rec["pid"]
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(pid, sig) if rec.get("pgid", True) else os.kill(pid, sig)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            os.kill(pid, sig)
-        end = time.monotonic() + wait
-        while time.monotonic() < end:
-            _reap(pid)
-            if not proc_alive(rec):
-                return True
-            time.sleep(0.02)
-    return True
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-_libc = None
-
-
-def _setns(fd: int) -> None:
-    global _libc
-    if hasattr(os, "setns"):
-        os.setns(fd, _CLONE_NEWNET)
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-
-
-@contextlib.contextmanager
-def in_netns(ns: str) -> Iterator[None]:
-    """Run the body with the *calling thread* in network namespace ``ns``.
-
-    Sockets created inside stay in ``ns`` after the block (that is how the training job's
-    :class:`~embnic.client_lib.client.EmbeddingClient` lives in a client namespace while the
-    rest of the process does not). Threads started inside inherit ``ns``.
-
-    Raises:
-        TestbedError: no such namespace; NeedsRoot: not allowed.
-    """
-    try:
-        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-    except FileNotFoundError:
-        raise TestbedError(f"network namespace {ns!r} does not exist: is the testbed up? "
-                           "(`embnic testbed status`)") from None
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        try:
-            _setns(fd)
-        except PermissionError:
-            raise NeedsRoot(f"entering network namespace {ns!r} needs root (CAP_SYS_ADMIN)") from None
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(fd)
-        os.close(home)
-
-
-# --------------------------------------------------------------------------- TOML writer
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if v != v:
-            return "nan"
-        if v in (float("inf"), float("-inf")):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _toml_key(k: str) -> str:
-    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
-
-
-def dump_toml(data: dict) -> str:
-    """Serialise a dict as parsed by ``tomllib`` (tables, arrays of tables, scalars, lists) to TOML."""
-    out: list[str] = []
-
-    def table(d: dict, path: list[str]) -> None:
-        scal = {k: v for k, v in d.items() if not isinstance(v, dict)
-                and not (isinstance(v, list) and v and all(isinstance(x, dict) for x in v))}
-        for k, v in scal.items():
-            out.append(f"{_toml_key(k)} = {_toml_value(v)}")
-        for k, v in d.items():
-            if k in scal:
-                continue
-            p = path + [_toml_key(k)]
-            if isinstance(v, dict):
-                out.append(f"\n[{'.'.join(p)}]")
-                table(v, p)
-            else:
-                for item in v:
-                    out.append(f"\n[[{'.'.join(p)}]]")
-                    table(item, p)
-
-    table(data, [])
-    return "\n".join(out).lstrip("\n") + "\n"
-
-
-# --------------------------------------------------------------------------- declaration
-@dataclasses.dataclass(frozen=True)
-class Node:
-    """One namespace of the testbed: ``name`` is ``c<id>``, ``s<id>`` or ``card``."""
-
-    name: str
-    kind: str  #: "client", "shard" or "card"
-    id: int | None
-    netns: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    """The veth pair between card port ``port`` and one client or shard.
-
-    ``card_if``/``card_mac``/``card_ip``: the card's end (DPDK port ``port``); ``peer_*``: the
-    client's or shard's end in namespace ``peer_ns``; ``prefix_len``: the link's subnet.
-    """
-
-    port: int
-    card_if: str
-    card_mac: str
-    card_ip: str
-    peer: str  #: node name, c<id> or s<id>
-    peer_kind: str
-    peer_id: int
-    peer_ns: str
-    peer_if: str
-    peer_mac: str
-    peer_ip: str
-    peer_port: int  #: UDP port of the client/shard
-    prefix_len: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Topology:
-    """The declared testbed: namespaces and links derived from a cluster config.
-
-    Build with :meth:`from_config`; nothing is created until :meth:`Testbed.up`.
-    """
-
-    name: str
-    cfg: ClusterConfig
-    nodes: tuple[Node, ...]
-    links: tuple[Link, ...]  #: in card port order
-
-    @classmethod
-    def from_config(cls, cfg: ClusterConfig, name: str = DEFAULT_NAME) -> "Topology":
-        """Declare the testbed of ``cfg`` under ``name``.
-
-        Raises:
-            ValueError: bad ``name``.
-            ConfigError: no enabled ``[card]``, card port ids not ``0..n-1``, a client/shard
-                without a card port of its own, or addresses that cannot form a link (names the field).
-        """
-        check_name(name)
-        where = cfg.path
-        if cfg.card is None or not cfg.card.enabled:
-            raise ConfigError("card", "the testbed needs a [card] section with enabled = true and its ports "
-                              "(see examples/testbed.toml)", where)
-        ids = sorted(p.id for p in cfg.card.ports)
-        if ids != list(range(len(ids))):
-            raise ConfigError("card.ports", f"port ids must be 0..{len(ids) - 1} (card port i is DPDK port i, "
-                              f"the i-th --vdev), got {ids}", where)
-        nodes = [Node("card", "card", None, f"{name}-card")]
-        links: list[Link] = []
-        used: dict[int, str] = {}
-        for kind, key, eps in (("client", "clients", cfg.clients), ("shard", "shards", cfg.shards)):
-            for i, e in enumerate(eps):
-                node = f"{kind[0]}{e.id}"
-                field = f"{key}[{i}]"
-                if e.card_port is None:
-                    raise ConfigError(f"{field}.card_port", "required: the card port this "
-                                      f"{kind} hangs off", where)
-                if e.card_port in used:
-                    raise ConfigError(f"{field}.card_port", f"card port {e.card_port} is already the link of "
-                                      f"{used[e.card_port]}; in the testbed every client and shard needs "
-                                      "a card port of its own", where)
-                used[e.card_port] = node
-                cp = cfg.card.port(e.card_port)
-                try:
-                    plen = link_prefix(cp.ip, e.ip)
-                except ValueError as err:
-                    raise ConfigError(f"{field}.ip", f"{err} (card port {cp.id} has {cp.ip}); give each "
-                                      "link its own small subnet, e.g. 10.77.<port>.1 and .2", where) from None
-                ns = f"{name}-{node}"
-                nodes.append(Node(node, kind, e.id, ns))
-                links.append(Link(
-                    port=cp.id, card_if=f"{name}p{cp.id}", card_mac=cp.mac or derived_mac("card", cp.id),
-                    card_ip=cp.ip, peer=node, peer_kind=kind, peer_id=e.id, peer_ns=ns,
-                    peer_if=f"{name}{node}", peer_mac=e.mac or derived_mac(kind, e.id), peer_ip=e.ip,
-                    peer_port=e.port, prefix_len=plen))
-        for p in cfg.card.ports:
-            if p.id not in used:
-                raise ConfigError(f"card.ports[{cfg.card.ports.index(p)}]", f"card port {p.id} has no client "
-                                  "or shard (set card_port on one, or remove the port)", where)
-        for link in links:
-            for ifname in (link.card_if, link.peer_if):
-                if len(ifname) > 15:
-                    raise ConfigError("clients/shards.id", f"interface name {ifname!r} is longer than 15 "
-                                      "characters: use a shorter testbed name or smaller ids", where)
-        links.sort(key=lambda lk: lk.port)
-        return cls(name, cfg, tuple(nodes), tuple(links))
-
-    # -- lookups
-    @property
-    def card_ns(self) -> str:
-        return f"{self.name}-card"
-
-    def node(self, name: str) -> Node:
-        """The node called ``name`` (``card``, ``c<id>``, ``s<id>``)."""
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(f"no node {name!r} in testbed {self.name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
-
-    def link(self, peer: str) -> Link:
-        """The link of node ``peer`` (``c<id>`` or ``s<id>``)."""
-        for lk in self.links:
-            if lk.peer == peer:
-                return lk
-        raise KeyError(f"no link for {peer!r}")
-
-    def client_ns(self, client_id: int) -> str:
-        """Namespace of client ``client_id``."""
-        return self.node(f"c{client_id}").netns
-
-    def shard_ns(self, shard_id: int) -> str:
-        """Namespace of shard ``shard_id``."""
-        return self.node(f"s{shard_id}").netns
-
-    def vdevs(self) -> list[str]:
-        """``--vdev`` specs of the card, one per card port in port order:
-        ``net_af_packet<i>,iface=<name>p<i>,framecnt=4096``.
-
-        ``framecnt=4096`` (8 MB of PACKET_MMAP ring per port instead of the PMD's 512 frames):
-        with the default a top-speed replay of a 10-batch trace overflowed the RX ring and lost
-        531 of 3079 frames before the card saw them; with 4096 it lost none.
-
-        Above MTU 1500 the PMD's frames must hold a whole frame of the MTU (it truncates
-        anything longer): ``framesz`` = the card's mbuf buffer for ``--mtu`` (MTU + 18 + 128
-        rounded up to 1 KiB; the PMD refuses a frame larger than an mbuf), 4 frames a block, and
-        as many frames as keep the ring near 8 MB."""
-        mtu = self.cfg.mtu
-        if mtu <= 1500:
-            return [f"net_af_packet{lk.port},iface={lk.card_if},framecnt=4096" for lk in self.links]
-        framesz = -(-(mtu + 18 + 128) // 1024) * 1024
-        framecnt = max(512, (8 << 20) // framesz // 4 * 4)
-        return [f"net_af_packet{lk.port},iface={lk.card_if},framesz={framesz},blocksz={4 * framesz},"
-                f"framecnt={framecnt}" for lk in self.links]
-
-    def eal_args(self) -> list[str]:
-        """EAL arguments of the card (before the ``--vdev``s): ``[card].lcores``, no hugepages,
-        no PCI, 256 MB, and a file prefix unique to this testbed so testbeds run side by side."""
-        return eal_argv(self.cfg.card.lcores, card_file_prefix(self.name))
-
-    def effective_raw(self, rdir: Path, target: str = "dpdk") -> dict:
-        """The user's config dict with every MAC filled in and a ``[control]`` section for the card
-        (name ``card``, control socket, log and state file in ``rdir``, netns, vdevs)."""
-        raw = json.loads(json.dumps(self.cfg.raw))  # deep copy
-        by_port = {lk.port: lk for lk in self.links}
-        for key in ("clients", "shards"):
-            for e in raw.get(key, []):
-                lk = by_port[e["card_port"]]
-                e["mac"] = lk.peer_mac
-        for p in raw["card"]["ports"]:
-            p["mac"] = by_port[p["id"]].card_mac
-            p.setdefault("name", by_port[p["id"]].card_if)
-        ctl = dict(raw.get("control", {}))
-        ctl.update({"name": "card", "ctl": str(rdir / "card.sock"), "netns": self.card_ns,
-                    "vdevs": self.vdevs(), "target": target, "eal_args": self.eal_args()})
-        if "binary" in ctl and self.cfg.path and not os.path.isabs(ctl["binary"]):
-            ctl["binary"] = str((Path(self.cfg.path).parent / ctl["binary"]).resolve())
-        raw["control"] = ctl
-        return raw
-
-    def diagram(self) -> str:
-        """A text picture of the declared wiring (one line per link)."""
-        lines = [f"testbed {self.name}: card in netns {self.card_ns}"]
-        for lk in self.links:
-            lines.append(f"  card port {lk.port} {lk.card_if} {lk.card_ip:<15} {lk.card_mac}  <==veth==>  "
-                         f"{lk.peer_kind} {lk.peer_id} {lk.peer_if} {lk.peer_ip}/{lk.prefix_len} "
-                         f"{lk.peer_mac} (netns {lk.peer_ns})")
-        return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- state file
-def state_path(name: str, rdir: Path | None = None) -> Path:
-    """``RUN_DIR/testbed-NAME.json``."""
-    return runstate.state_path(rdir or run_dir(), f"testbed-{name}")
-
-
-def node_dir(name: str, rdir: Path | None = None) -> Path:
-    """``RUN_DIR/testbed-NAME/``: logs, effective config, card socket."""
-    return (rdir or run_dir()) / f"testbed-{name}"
-
-
-def testbed_state(name: str, rdir: Path | None = None) -> dict | None:
-    """The state of testbed ``name`` (None if there is none; ``{"name", "corrupt": True, ...}`` if unreadable)."""
-    st = runstate.read_state(rdir or run_dir(), f"testbed-{name}")
-    return {"name": name, **st} if st is not None and st.get("corrupt") else st
-
-
-def save_testbed_state(state: dict, rdir: Path | None = None) -> None:
-    """Write the state file of testbed ``state["name"]`` atomically."""
-    runstate.write_state(rdir or run_dir(), f"testbed-{state['name']}", state)
-
-
-def list_testbeds(rdir: Path | None = None) -> list[str]:
-    """Names of the testbeds that have a state file."""
-    d = rdir or run_dir()
-    try:
-        return sorted(p.name[len("testbed-"):-len(".json")] for p in d.glob("testbed-*.json"))
-    except OSError:
-        return []
+#: the lifecycle (this module) and, for callers' convenience, the names of the declaration
+#: (:mod:`.model`), namespaces (:mod:`.netns`) and state file (:mod:`.state`) it is built on
+__all__ = ["PROBE_MSG_ID_BASE", "Testbed", "down", "status", "probe_key",
+           "DEFAULT_NAME", "NAME_RE", "Link", "Node", "Topology", "card_file_prefix", "check_name", "derived_mac",
+           "link_prefix", "NeedsRoot", "TestbedError", "in_netns", "netns_exists", "netns_list", "netns_pids",
+           "require_net_admin", "run_cmd", "stop_process", "dead_nodes", "describe_dead", "list_testbeds",
+           "node_dir", "node_label", "save_testbed_state", "state_path", "testbed_state"]
 
 
 # --------------------------------------------------------------------------- runtime
@@ -616,7 +168,7 @@ class Testbed:
         """
         require_net_admin(f"testbed up ({self.name})")
         old = testbed_state(self.name, self.rdir)
-        if old is not None and owner is not None and old.get("owner") == owner and not proc_alive(
+        if old is not None and owner is not None and old.get("owner") == owner and not pid_matches(
                 {"pid": old.get("creator_pid"), "starttime": old.get("creator_starttime")}):
             # left behind by a crashed run of the same job (demo, trace record, replay): remove it
             self._tlog().write(f"removing testbed {self.name} left by {owner} pid {old.get('creator_pid')}\n")
@@ -624,7 +176,7 @@ class Testbed:
             old = None
         if old is not None:
             live = [ns for ns in old.get("netns", []) if netns_exists(ns)]
-            procs = [p for p in old.get("procs", []) if proc_alive(p)]
+            procs = [p for p in old.get("procs", []) if pid_matches(p)]
             if live or procs:
                 raise TestbedError(f"testbed {self.name!r} is already up ({len(live)} namespaces, {len(procs)} "
                                    f"processes; state {state_path(self.name, self.rdir)}): run `embnic testbed "
@@ -673,26 +225,26 @@ class Testbed:
         for node in topo.nodes:
             self.state["netns"].append(node.netns)
             self._save()
-            _run(["ip", "netns", "add", node.netns], log=log)
+            run_cmd(["ip", "netns", "add", node.netns], log=log)
             for key in ("all", "default"):
-                _run(["ip", "netns", "exec", node.netns, "sysctl", "-qw",
+                run_cmd(["ip", "netns", "exec", node.netns, "sysctl", "-qw",
                       f"net.ipv6.conf.{key}.disable_ipv6=1"], log=log, check=False)
-            _run(["ip", "-n", node.netns, "link", "set", "lo", "up"], log=log)
+            run_cmd(["ip", "-n", node.netns, "link", "set", "lo", "up"], log=log)
         for lk in topo.links:
             self.state["links"].append({"port": lk.port, "card_if": lk.card_if, "peer_if": lk.peer_if,
                                         "peer_ns": lk.peer_ns, "peer": lk.peer})
             self._save()
-            _run(["ip", "link", "add", lk.card_if, "netns", topo.card_ns, "address", lk.card_mac, "mtu", mtu,
+            run_cmd(["ip", "link", "add", lk.card_if, "netns", topo.card_ns, "address", lk.card_mac, "mtu", mtu,
                   "type", "veth", "peer", "name", lk.peer_if, "netns", lk.peer_ns, "address", lk.peer_mac,
                   "mtu", mtu], log=log)
             for ns, ifname in ((topo.card_ns, lk.card_if), (lk.peer_ns, lk.peer_if)):
-                _run(["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off"], log=log)
-                _run(["ip", "-n", ns, "link", "set", ifname, "up"], log=log)
+                run_cmd(["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off"], log=log)
+                run_cmd(["ip", "-n", ns, "link", "set", ifname, "up"], log=log)
             ns = lk.peer_ns
-            _run(["ip", "-n", ns, "addr", "add", f"{lk.peer_ip}/{lk.prefix_len}", "dev", lk.peer_if], log=log)
-            _run(["ip", "-n", ns, "neigh", "replace", lk.card_ip, "lladdr", lk.card_mac, "dev", lk.peer_if,
+            run_cmd(["ip", "-n", ns, "addr", "add", f"{lk.peer_ip}/{lk.prefix_len}", "dev", lk.peer_if], log=log)
+            run_cmd(["ip", "-n", ns, "neigh", "replace", lk.card_ip, "lladdr", lk.card_mac, "dev", lk.peer_if,
                   "nud", "permanent"], log=log)
-            _run(["ip", "-n", ns, "route", "add", "default", "via", lk.card_ip, "dev", lk.peer_if], log=log)
+            run_cmd(["ip", "-n", ns, "route", "add", "default", "via", lk.card_ip, "dev", lk.peer_if], log=log)
 
     def _spawn(self, node: str, role: str, argv: list[str]) -> dict:
         """Start ``argv`` in its own session with output to the node's log; record it."""
@@ -736,7 +288,7 @@ class Testbed:
             proc = rec["_popen"]
             rc = proc.poll()
             if rc is not None:
-                raise TestbedError(f"{what} exited with code {rc} while starting: {_tail(rec['log'])} "
+                raise TestbedError(f"{what} exited with code {rc} while starting: {log_tail(rec['log'])} "
                                    f"(log: {rec['log']})")
             try:
                 for line in Path(f"/proc/{rec['pid']}/net/udp").read_text().splitlines()[1:]:
@@ -859,11 +411,11 @@ class Testbed:
     def kill_server(self, shard_id: int, sig: int = signal.SIGKILL) -> None:
         """Kill shard ``shard_id``'s server (fault injection). It stays recorded; ``down`` copes."""
         rec = self.server_record(shard_id)
-        if proc_alive(rec):
+        if pid_matches(rec):
             os.killpg(rec["pid"], sig)
             for _ in range(200):
                 _reap(rec["pid"])
-                if not proc_alive(rec):
+                if not pid_matches(rec):
                     break
                 time.sleep(0.01)
 
@@ -936,52 +488,6 @@ def _status_name(status: int) -> str:
         return str(status)
 
 
-def _tail(path: str | Path, n: int = 2) -> str:
-    try:
-        lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln and not ln.startswith("# ")]
-    except OSError:
-        return ""
-    return " | ".join(lines[-n:])
-
-
-# --------------------------------------------------------------------------- dead nodes
-_ROLE_ORDER = {"card": 0, "server": 1, "impair": 2}
-
-
-def node_label(rec: dict) -> str:
-    """How a process record is named to users: ``the card``, ``shard 1's server``, ``the netem
-    helper of link c1``."""
-    role, node = rec.get("role"), str(rec.get("node"))
-    if role == "card":
-        return "the card"
-    if role == "server" and node.startswith("s"):
-        return f"shard {node[1:]}'s server"
-    if role == "impair":
-        return f"the netem helper of link {node}"
-    return f"{node} ({role})"
-
-
-def dead_nodes(state: dict) -> list[dict]:
-    """The recorded card, server and netem-helper processes of a testbed state that no longer
-    run (pid gone, or recycled: start time differs), card first.
-
-    Returns:
-        ``[{"node", "role", "pid", "log", "what"}]`` (``what``: :func:`node_label`).
-    """
-    out = []
-    for rec in state.get("procs", []) or []:
-        if rec.get("role") in _ROLE_ORDER and not proc_alive(rec):
-            out.append({"node": rec.get("node"), "role": rec.get("role"), "pid": rec.get("pid"),
-                        "log": rec.get("log"), "what": node_label(rec)})
-    return sorted(out, key=lambda d: (_ROLE_ORDER[d["role"]], str(d["node"])))
-
-
-def describe_dead(dead: list[dict]) -> str:
-    """``the card, pid 123, is not running: see /run/embnic/testbed-emb/card.log`` (``; ``-joined
-    for several), or ``""`` if none."""
-    return "; ".join(f"{d['what']}, pid {d['pid']}, is not running: see {d['log']}" for d in dead)
-
-
 # --------------------------------------------------------------------------- down / status
 def _pattern(name: str) -> re.Pattern:
     return re.compile(rf"^{re.escape(name)}-(card|c\d+|s\d+)$")
@@ -1039,14 +545,14 @@ def down(name: str, rdir: Path | None = None) -> dict:
                 stopped.append(f"{ns}:{pid}")
     for ns in reversed(nss):
         if netns_exists(ns):
-            _run(["ip", "netns", "del", ns], check=False)
+            run_cmd(["ip", "netns", "del", ns], check=False)
             removed.append(ns)
     # veths live only inside the namespaces; a crashed `ip link add` cannot leave one in the
     # root namespace, but check anyway
     for lk in state.get("links", []):
         for ifname in (lk.get("card_if"), lk.get("peer_if")):
             if ifname and Path(f"/sys/class/net/{ifname}").exists():
-                _run(["ip", "link", "del", ifname], check=False)
+                run_cmd(["ip", "link", "del", ifname], check=False)
     try:
         state_path(name, rdir).unlink()
     except FileNotFoundError:
@@ -1084,7 +590,7 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
            "netns": {ns: netns_exists(ns) for ns in state.get("netns", [])},
            "links": state.get("links", []),
            "processes": [{"node": p.get("node"), "role": p.get("role"), "pid": p.get("pid"),
-                          "alive": proc_alive(p), "log": p.get("log")} for p in state.get("procs", [])],
+                          "alive": pid_matches(p), "log": p.get("log")} for p in state.get("procs", [])],
            "netem": state.get("netem"), "probe_rtt_us": state.get("probe_rtt_us"),
            "dead": dead, "healthy": not dead and all(netns_exists(ns) for ns in state.get("netns", []))}
     card = state.get("card")

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.control.cli import cli
-from embnic.control.runstate import is_root
+from embnic.control.runstate import is_root, pid_matches
 from embnic.testbed.net import topology as T
 
 from tbutil import TESTBED_TOML, assert_gone, build_dataplane, cleanup, run_dir, tb_name  # noqa: F401
@@ -122,7 +122,7 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
         os.kill(p["pid"], signal.SIGKILL)
     for p in (card, s1):
         for _ in range(200):
-            if not T.proc_alive(p):
+            if not pid_matches(p):
                 break
             time.sleep(0.01)
     r = _embnic(run_dir, "testbed", "status", "--name", name)

@@ -19,6 +19,7 @@ import pytest
 
 from embnic.client_lib.config import load_config
 from embnic.testbed.net import netem as N
+from embnic.testbed.net import netem_helper as NH
 from embnic.testbed.net import topology as T
 
 from tbutil import TESTBED_TOML, assert_gone, cleanup, needs_root, run_dir, tb_name  # noqa: F401
@@ -45,7 +46,7 @@ def test_impairment_validation_and_netem_args():
 
 def _direction(**kw):
     sent = []
-    d = N._Direction("out", N.Impairment(**kw), seed=7, send=sent.append)
+    d = NH._Direction("out", N.Impairment(**kw), seed=7, send=sent.append)
     return d, sent
 
 
@@ -317,7 +318,7 @@ def test_tc_backend_changes_only_the_named_links(run_dir, monkeypatch):  # noqa:
              for i, p in enumerate(["c1", "c2", "s0", "s1"])]
     T.save_testbed_state({"name": name, "links": links, "procs": [], "netem": None}, run_dir)
     cmds = []
-    monkeypatch.setattr(N, "_run", lambda argv, **kw: cmds.append(argv) or subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(N, "run_cmd", lambda argv, **kw: cmds.append(argv) or subprocess.CompletedProcess(argv, 0))
     monkeypatch.setattr(N, "require_net_admin", lambda what: None)
     monkeypatch.setattr(N, "_netem_available", lambda name: True)
 

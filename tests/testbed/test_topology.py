@@ -17,6 +17,7 @@ import pytest
 
 from embnic.client_lib.config import ConfigError, load_config, parse_config
 from embnic.testbed.net import topology as T
+from embnic.testbed.net.toml_writer import dump_toml
 
 from tbutil import TESTBED_TOML, assert_gone, leftovers, cleanup, needs_root, run_dir, tb_name  # noqa: F401
 
@@ -75,7 +76,7 @@ def test_effective_config_fills_macs_and_control_and_round_trips(tmp_path):
         del e["mac"]
     topo = T.Topology.from_config(parse_config(raw, "x.toml"), "enX2")
     eff = topo.effective_raw(tmp_path)
-    text = T.dump_toml(eff)
+    text = dump_toml(eff)
     back = tomllib.loads(text)
     assert back == eff
     cfg = parse_config(back)

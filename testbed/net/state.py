@@ -1,0 +1,78 @@
+"""The testbed's state file ``RUN_DIR/testbed-NAME.json`` and what it says about the nodes.
+
+Written before anything is created (so ``down`` works after a crash) through
+:mod:`embnic.control.runstate`; one log per node in ``RUN_DIR/testbed-NAME/``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from embnic.control import runstate
+from embnic.control.runstate import pid_matches, run_dir
+
+
+def state_path(name: str, rdir: Path | None = None) -> Path:
+    """``RUN_DIR/testbed-NAME.json``."""
+    return runstate.state_path(rdir or run_dir(), f"testbed-{name}")
+
+
+def node_dir(name: str, rdir: Path | None = None) -> Path:
+    """``RUN_DIR/testbed-NAME/``: logs, effective config, card socket."""
+    return (rdir or run_dir()) / f"testbed-{name}"
+
+
+def testbed_state(name: str, rdir: Path | None = None) -> dict | None:
+    """The state of testbed ``name`` (None if there is none; ``{"name", "corrupt": True, ...}`` if unreadable)."""
+    st = runstate.read_state(rdir or run_dir(), f"testbed-{name}")
+    return {"name": name, **st} if st is not None and st.get("corrupt") else st
+
+
+def save_testbed_state(state: dict, rdir: Path | None = None) -> None:
+    """Write the state file of testbed ``state["name"]`` atomically."""
+    runstate.write_state(rdir or run_dir(), f"testbed-{state['name']}", state)
+
+
+def list_testbeds(rdir: Path | None = None) -> list[str]:
+    """Names of the testbeds that have a state file."""
+    d = rdir or run_dir()
+    try:
+        return sorted(p.name[len("testbed-"):-len(".json")] for p in d.glob("testbed-*.json"))
+    except OSError:
+        return []
+
+
+_ROLE_ORDER = {"card": 0, "server": 1, "impair": 2}
+
+
+def node_label(rec: dict) -> str:
+    """How a process record is named to users: ``the card``, ``shard 1's server``, ``the netem
+    helper of link c1``."""
+    role, node = rec.get("role"), str(rec.get("node"))
+    if role == "card":
+        return "the card"
+    if role == "server" and node.startswith("s"):
+        return f"shard {node[1:]}'s server"
+    if role == "impair":
+        return f"the netem helper of link {node}"
+    return f"{node} ({role})"
+
+
+def dead_nodes(state: dict) -> list[dict]:
+    """The recorded card, server and netem-helper processes of a testbed state that no longer
+    run (pid gone, or recycled: start time differs), card first.
+
+    Returns:
+        ``[{"node", "role", "pid", "log", "what"}]`` (``what``: :func:`node_label`).
+    """
+    out = []
+    for rec in state.get("procs", []) or []:
+        if rec.get("role") in _ROLE_ORDER and not pid_matches(rec):
+            out.append({"node": rec.get("node"), "role": rec.get("role"), "pid": rec.get("pid"),
+                        "log": rec.get("log"), "what": node_label(rec)})
+    return sorted(out, key=lambda d: (_ROLE_ORDER[d["role"]], str(d["node"])))
+
+
+def describe_dead(dead: list[dict]) -> str:
+    """``the card, pid 123, is not running: see /run/embnic/testbed-emb/card.log`` (``; ``-joined
+    for several), or ``""`` if none."""
+    return "; ".join(f"{d['what']}, pid {d['pid']}, is not running: see {d['log']}" for d in dead)
