@@ -1,4 +1,4 @@
-"""Shared click options and settings resolution, defined once for every ``embnic`` command.
+"""Shared click options, settings resolution and command helpers, defined once for every ``embnic`` command.
 
 Precedence of every setting: built-in default < the config file's ``[control]`` section <
 environment (``EMBNIC_*``) < command-line flag. Options therefore default to ``None`` and
@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import os
 import re
 import shlex
+import signal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +33,7 @@ import click
 
 from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, is_multicast_mac, load_config
 from embnic.control.errors import UsageError
-from embnic.control.runstate import run_dir
+from embnic.control.runstate import require_root, run_dir
 
 DEFAULT_NAME = "embnic"
 DEFAULT_TARGET = "dpdk"
@@ -283,3 +285,53 @@ def open_target(s: Settings, **opts: Any):
 
     cls = get_target_class(s.target)
     return cls.from_settings(s, **opts)
+
+
+# --------------------------------------------------------------------------- testbed-style commands
+# (testbed, trace, replay, demo: they need root and bring a namespace testbed up and down)
+DEFAULT_TESTBED_NAME = "emb"
+
+
+def needs_root(what: str):
+    """Decorator: the command checks for root (CAP_NET_ADMIN) first and exits 2 without it."""
+
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            require_root(what, why="CAP_NET_ADMIN, for network namespaces and veth pairs",
+                         example=f"sudo embnic {what} ...")
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within the block SIGTERM raises KeyboardInterrupt, so ``finally`` blocks (testbed down) run."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def check_name_param(ctx, param, value):
+    """Click callback: a testbed name must be 1-8 letters/digits starting with a letter (exit 2 otherwise)."""
+    from embnic.testbed.net.topology import check_name
+
+    try:
+        return check_name(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+testbed_name_option = click.option("--name", "-n", "name", default=DEFAULT_TESTBED_NAME, envvar="EMBNIC_TESTBED", show_default=True,
+                           callback=check_name_param,
+                           help="Testbed name: prefix of every namespace and interface (1-8 letters/digits). "
+                                "Env: EMBNIC_TESTBED.")

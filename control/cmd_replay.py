@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_testbed import check_name_param, needs_root, sigterm_as_interrupt
+from embnic.control.cmd_options import check_name_param, needs_root, sigterm_as_interrupt
 from embnic.control.errors import OperationalError
 from embnic.control.cmd_options import config_option
 

@@ -1,64 +1,13 @@
 """``embnic testbed up|down|status|netem``: the network-namespace testbed (testbed/net/topology.py)."""
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import signal
 
 import click
 
-from embnic.control.cmd_options import config_option, load_cluster
+from embnic.control.cmd_options import config_option, load_cluster, needs_root
+from embnic.control.cmd_options import testbed_name_option as name_option
 from embnic.control.errors import OperationalError
-from embnic.control.runstate import require_root
-
-DEFAULT_NAME = "emb"
-
-
-def needs_root(what: str):
-    """Decorator: the command checks for root (CAP_NET_ADMIN) first and exits 2 without it."""
-
-    def deco(f):
-        @functools.wraps(f)
-        def wrapper(*args, **kwargs):
-            require_root(what, why="CAP_NET_ADMIN, for network namespaces and veth pairs",
-                         example=f"sudo embnic {what} ...")
-            return f(*args, **kwargs)
-
-        return wrapper
-
-    return deco
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """Within the block SIGTERM raises KeyboardInterrupt, so ``finally`` blocks (testbed down) run."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def check_name_param(ctx, param, value):
-    """Click callback: a testbed name must be 1-8 letters/digits starting with a letter (exit 2 otherwise)."""
-    from embnic.testbed.net.topology import check_name
-
-    try:
-        return check_name(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
-name_option = click.option("--name", "-n", "name", default=DEFAULT_NAME, envvar="EMBNIC_TESTBED", show_default=True,
-                           callback=check_name_param,
-                           help="Testbed name: prefix of every namespace and interface (1-8 letters/digits). "
-                                "Env: EMBNIC_TESTBED.")
-
 
 @click.group("testbed")
 def testbed():
@@ -249,7 +198,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
     keep theirs. --clear (or all zeros) removes the impairment of every link, or with --link
     of those links only. Every argument is checked before anything changes: a failing call
     leaves the impairment as it was. Uses Linux `tc netem` where the kernel has it, else a
-    user-space helper per link doing the same (see testbed/net/netem.py).
+    user-space helper per link doing the same (see testbed/net/netem.py and netem_helper.py).
 
     \b
     Examples:

@@ -10,7 +10,6 @@ as the bare sort).
 """
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from embnic.client_lib.batch import KeyedJaggedBatch, prepare_batch
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.routing import split_by_shard
 
+from embnic.testbed.bench.results import merge_json
 from embnic.testbed.training import criteo
 
 
@@ -32,32 +32,6 @@ def bench_config(num_shards: int = 2, rows: int = 65536, dim: int = 8):
         "shards": [{"id": i, "ip": "127.0.0.1", "port": 17880 + i} for i in range(num_shards)],
         "clients": [{"id": 1, "ip": "127.0.0.1", "port": 17890}],
     })
-
-
-def merge_json(path: Path, key: str, value: dict) -> dict:
-    """Read-modify-write ``path`` (a JSON object) setting ``key``, under an flock and with an
-    atomic rename, so benchmarks writing one bench.json never lose each other's results.
-
-    Returns:
-        the whole object as written.
-    """
-    import fcntl
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lf:
-        fcntl.flock(lf, fcntl.LOCK_EX)
-        data = {}
-        if path.exists():
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                data = {}
-        data[key] = value
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(path)
-    return data
 
 
 def run(out_dir: Path, *, batch_size: int = 4096, batches: int = 8, repeats: int = 7,

@@ -52,7 +52,7 @@ from embnic.client_lib.consts import MsgType
 from embnic.client_lib.local import LocalBackend
 from embnic.testbed.server import udpio
 
-from .prep import merge_json
+from .results import merge_json
 
 KEYS = (1, 64, 4096)
 OPS = ("lookup", "update")

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.control.cmd_bench import bench
-from embnic.testbed.bench.prep import merge_json
+from embnic.testbed.bench.results import merge_json
 
 
 def test_bench_prep_merges_into_bench_json(tmp_path):
