@@ -29,6 +29,16 @@ CLUSTER_KEYS = ("name", "udp_port", "mtu", "sharding", "seed", "timeout_ms", "re
 TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard")
 ENDPOINT_KEYS = ("id", "ip", "port", "mac", "card_port")
 CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores")
+#: Bounds of the [card] fields, inclusive — the card's own option bounds (dataplane/include/
+#: embnic_limits.h, and EMBNIC_MAX_PORTS in embnic_dp.h for port ids); tests/dataplane/test_limits.py
+#: checks they agree and that embnic-dp accepts each limit and refuses one past it. ring_size is
+#: also a power of two.
+CARD_LIMITS = {
+    "ring_size": (64, 1 << 24),
+    "state_size": (64, 1 << 24),
+    "state_timeout_ms": (1, 86_400_000),
+    "port_id": (0, 7),
+}
 CARD_PORT_KEYS = ("id", "ip", "mac", "name")
 
 
@@ -362,7 +372,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
             if not isinstance(p, dict):
                 raise ConfigError(f"card.ports[{i}]", "must be a table", path)
             check_keys(p, CARD_PORT_KEYS, pw, path)
-            pid = _check_range(_get(p, "id", pw, int, path=path), 0, 1023, pw + "id", path)
+            pid = _check_range(_get(p, "id", pw, int, path=path), *CARD_LIMITS["port_id"], pw + "id", path)
             if pid in pseen:
                 raise ConfigError(pw + "id", f"duplicate card port {pid}", path)
             pseen.add(pid)
@@ -370,14 +380,15 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
                                   _check_mac(_get(p, "mac", pw, str, None, path), pw + "mac", path),
                                   _get(p, "name", pw, str, None, path)))
         enabled = _get(c, "enabled", w, bool, True, path)
-        ring = _get(c, "ring_size", w, int, 4096, path)
-        if ring < 2 or ring & (ring - 1):
-            raise ConfigError(w + "ring_size", f"must be a power of two >= 2, got {ring}", path)
+        ring = _check_range(_get(c, "ring_size", w, int, 4096, path), *CARD_LIMITS["ring_size"], w + "ring_size", path)
+        if ring & (ring - 1):
+            raise ConfigError(w + "ring_size", f"must be a power of two, got {ring}", path)
         card = CardConfig(
             enabled=enabled, ports=tuple(ports), ring_size=ring,
-            state_size=_check_range(_get(c, "state_size", w, int, 65536, path), 64, 1 << 24, w + "state_size", path),
-            state_timeout_ms=_check_range(_get(c, "state_timeout_ms", w, int, 5000, path), 1, 3_600_000,
-                                          w + "state_timeout_ms", path),
+            state_size=_check_range(_get(c, "state_size", w, int, 65536, path), *CARD_LIMITS["state_size"],
+                                    w + "state_size", path),
+            state_timeout_ms=_check_range(_get(c, "state_timeout_ms", w, int, 5000, path),
+                                          *CARD_LIMITS["state_timeout_ms"], w + "state_timeout_ms", path),
             lcores=_get(c, "lcores", w, str, "0,1", path),
         )
         try:

@@ -42,6 +42,7 @@
 #include <rte_ring.h>
 
 #include "embnic_dp.h"
+#include "embnic_limits.h"
 
 #define MBUF_CACHE_SIZE	256
 #define CTL_PERIOD_US	1000	/* control socket poll period on a busy lcore */
@@ -155,15 +156,18 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 			ret = parse_port_ip(optarg, o);
 			break;
 		case O_RING:
-			ret = parse_u32(optarg, 64, 1u << 24, &o->ring_size);
+			ret = parse_u32(optarg, EMBNIC_RING_SIZE_MIN,
+					EMBNIC_RING_SIZE_MAX, &o->ring_size);
 			if (ret == 0 && !rte_is_power_of_2(o->ring_size))
 				ret = -EINVAL;
 			break;
 		case O_STATE:
-			ret = parse_u32(optarg, 64, 1u << 24, &o->state_size);
+			ret = parse_u32(optarg, EMBNIC_STATE_SIZE_MIN,
+					EMBNIC_STATE_SIZE_MAX, &o->state_size);
 			break;
 		case O_TIMEOUT:
-			ret = parse_u32(optarg, 1, 86400000,
+			ret = parse_u32(optarg, EMBNIC_STATE_TIMEOUT_MS_MIN,
+					EMBNIC_STATE_TIMEOUT_MS_MAX,
 					&o->state_timeout_ms);
 			break;
 		case O_BURST:

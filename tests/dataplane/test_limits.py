@@ -1,0 +1,114 @@
+"""The [card] bounds of the config validator are the card's own option bounds.
+
+``client_lib/config.py`` ``CARD_LIMITS`` and ``dataplane/include/embnic_limits.h`` (plus
+``EMBNIC_MAX_PORTS``) state the same numbers; every limit is accepted by both the validator and
+the real embnic-dp, and one past each limit is refused by both. "Accepted" by the card means
+its option parsing passes: with ``-m 256`` (this machine, no hugepages) a 2^24-entry ring or
+state map then fails to reserve its memory (``RING: Cannot reserve memory``, exit 1), which is a
+sizing matter, not a refused option (exit 2, ``bad value for --ring-size``).
+
+Run alone: sudo python3 -m pytest -q tests/dataplane/test_limits.py
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from embnic.client_lib.config import CARD_LIMITS, ConfigError, parse_config
+from embnic.control.dpdk_proc import CardProcess, DpdkProcError
+
+INCLUDE = Path(__file__).resolve().parents[2] / "dataplane" / "include"
+OPTION = {"ring_size": "--ring-size", "state_size": "--state-size", "state_timeout_ms": "--state-timeout-ms"}
+
+
+def _c_constants() -> dict[str, int]:
+    out = {}
+    for h in ("embnic_limits.h", "embnic_dp.h"):
+        for name, val in re.findall(r"^#define\s+(EMBNIC_\w+)\s+\(?([0-9]+u?(?:\s*<<\s*[0-9]+)?)\)?", (INCLUDE / h).read_text(), re.M):
+            out[name] = eval(val.replace("u", ""))  # noqa: S307 - integer literals of our own header
+    return out
+
+
+def test_python_and_c_state_the_same_bounds():
+    c = _c_constants()
+    assert CARD_LIMITS["ring_size"] == (c["EMBNIC_RING_SIZE_MIN"], c["EMBNIC_RING_SIZE_MAX"])
+    assert CARD_LIMITS["state_size"] == (c["EMBNIC_STATE_SIZE_MIN"], c["EMBNIC_STATE_SIZE_MAX"])
+    assert CARD_LIMITS["state_timeout_ms"] == (c["EMBNIC_STATE_TIMEOUT_MS_MIN"], c["EMBNIC_STATE_TIMEOUT_MS_MAX"])
+    assert CARD_LIMITS["port_id"] == (0, c["EMBNIC_MAX_PORTS"] - 1)
+
+
+def _config(**card) -> dict:
+    ports = card.pop("ports", [{"id": 0, "ip": "10.0.0.1"}])
+    p = ports[0]["id"]
+    return {"tables": [{"id": 0, "rows": 10, "dim": 4}], "shards": [{"id": 0, "ip": "10.0.1.2", "card_port": p}],
+            "clients": [{"id": 1, "ip": "10.0.0.2"}], "card": {"ports": ports, "enabled": False, **card}}
+
+
+def _cases():
+    """(field, value, within bounds?) for every limit and one past it."""
+    for field in OPTION:
+        lo, hi = CARD_LIMITS[field]
+        if field == "ring_size":  # a power of two: one past is the next power of two outside
+            yield field, lo, True
+            yield field, hi, True
+            yield field, lo // 2, False
+            yield field, hi * 2, False
+        else:
+            yield field, lo, True
+            yield field, hi, True
+            yield field, lo - 1, False
+            yield field, hi + 1, False
+
+
+CASES = list(_cases())
+
+
+@pytest.mark.parametrize("field,value,ok", CASES, ids=[f"{f}={v}" for f, v, _ in CASES])
+def test_config_validator(field, value, ok):
+    if ok:
+        assert getattr(parse_config(_config(**{field: value})).card, field) == value
+    else:
+        with pytest.raises(ConfigError, match=field):
+            parse_config(_config(**{field: value}))
+
+
+def test_config_validator_port_ids():
+    lo, hi = CARD_LIMITS["port_id"]
+    assert parse_config(_config(ports=[{"id": hi, "ip": "10.0.0.1"}])).card.ports[0].id == hi
+    with pytest.raises(ConfigError, match=r"card.ports\[0\].id"):
+        parse_config(_config(ports=[{"id": hi + 1, "ip": "10.0.0.1"}]))
+
+
+def _card(card_bin, args, vdevs=("net_null0,no-rx=1",)) -> tuple[bool, str]:
+    """(the card started and answered, or failed for a reason other than a refused option; detail)."""
+    card = CardProcess(card_bin, list(vdevs), lcores="0", args=list(args), ready_timeout=60)
+    try:
+        card.start()
+        return True, "started"
+    except DpdkProcError as e:
+        msg = str(e)
+        refused = "bad value for" in msg or "code 2 " in msg
+        return not refused, msg
+    finally:
+        card.cleanup()
+
+
+@pytest.mark.dataplane
+@pytest.mark.parametrize("field,value,ok", CASES, ids=[f"{f}={v}" for f, v, _ in CASES])
+def test_card_binary(card_bin, field, value, ok):
+    accepted, detail = _card(card_bin, [OPTION[field], str(value)])
+    assert accepted == ok, detail
+    if not ok:
+        assert f"bad value for {OPTION[field]}" in detail, detail
+
+
+@pytest.mark.dataplane
+def test_card_binary_port_ids(card_bin):
+    lo, hi = CARD_LIMITS["port_id"]
+    nulls = [f"net_null{i},no-rx=1" for i in range(hi + 1)]
+    accepted, detail = _card(card_bin, ["--port-ip", f"{hi}=10.0.7.1"], nulls)
+    assert accepted, detail
+    accepted, detail = _card(card_bin, ["--port-ip", f"{hi + 1}=10.0.8.1"], nulls)
+    assert not accepted and "bad value for --port-ip" in detail, detail
