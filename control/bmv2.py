@@ -117,8 +117,25 @@ def compile_program(out_dir: Path, main: Path | None = None, *, timeout: float =
         raise Bmv2Error(f"p4c failed (exit {r.returncode}): {' '.join(cmd)}\n{msg}")
     if msg:
         raise Bmv2Error(f"p4c warned (the program must compile clean): {' '.join(cmd)}\n{msg}")
+    make_restorable(json_path)
     stamp.write_text(digest + "\n")
     return json_path
+
+
+def make_restorable(json_path: Path) -> int:
+    """Pad the JSON with trailing spaces so that ``--restore-state`` can read a saved state.
+
+    BMv2 writes the MD5 of the JSON into a saved state as 16 raw bytes and reads it back with
+    ``operator>>``, which stops at whitespace: an MD5 containing a whitespace byte (0x09-0x0d,
+    0x20; about 1 JSON in 3) never matches and the switch refuses the state. Trailing spaces
+    change the MD5, not the JSON. Returns how many spaces were added.
+    """
+    data = Path(json_path).read_bytes().rstrip(b" ")
+    for pad in range(4096):
+        if not any(b in b"\t\n\v\f\r " for b in hashlib.md5(data + b" " * pad).digest()):
+            Path(json_path).write_bytes(data + b" " * pad)
+            return pad
+    raise Bmv2Error(f"no padding of {json_path} gives an MD5 without whitespace bytes")
 
 
 # --------------------------------------------------------------------------- state map slot
@@ -198,6 +215,23 @@ class Netns:
 
 
 # --------------------------------------------------------------------------- the switch
+#: bm_serialize_state through Thrift, keeping the binary state as bytes (argv: port, path, sys.path extras)
+_SAVE_STATE_PY = """
+import sys
+sys.path.extend(sys.argv[3:])
+from bm_runtime.standard import Standard
+from thrift.protocol import TBinaryProtocol, TMultiplexedProtocol
+from thrift.transport import TSocket, TTransport
+transport = TTransport.TBufferedTransport(TSocket.TSocket("127.0.0.1", int(sys.argv[1])))
+proto = TBinaryProtocol.TBinaryProtocol(transport)
+proto.readString = proto.readBinary
+client = Standard.Client(TMultiplexedProtocol.TMultiplexedProtocol(proto, "standard"))
+transport.open()
+state = client.bm_serialize_state()
+open(sys.argv[2], "wb").write(state if isinstance(state, bytes) else state.encode("latin-1"))
+transport.close()
+"""
+
 class SimpleSwitch:
     """One ``simple_switch`` process in ``netns``, its ports and its runtime CLI.
 
@@ -294,11 +328,24 @@ class SimpleSwitch:
             raise Bmv2Error(f"simple_switch_CLI: {' | '.join(bad) or r.stderr.strip() or 'exit ' + str(r.returncode)}")
         return out
 
-    def save_state(self, path: Path) -> None:
-        """Write the switch's state (table entries, registers) to ``path`` (``serialize_state``)."""
-        self.cli([f"serialize_state {path}"])
-        if not Path(path).exists():
-            raise Bmv2Error(f"serialize_state wrote nothing to {path}")
+    def save_state(self, path: Path, timeout: float = 120.0) -> None:
+        """Write the switch's state (table entries, registers) to ``path``, for ``--restore-state``.
+
+        The runtime CLI's ``serialize_state`` decodes the (binary) state as UTF-8 and fails, so
+        this calls the same Thrift method with the bytes kept as bytes, from inside the namespace.
+
+        Raises:
+            Bmv2Error: the call failed (its error output in the message).
+        """
+        import sys
+
+        cli = Path(find_tool("simple_switch_CLI")).read_text(errors="replace")
+        extra = re.findall(r'sys\.path\.append\("([^"]+)"\)', cli)
+        r = subprocess.run(["ip", "netns", "exec", self.netns.name, sys.executable, "-c", _SAVE_STATE_PY,
+                            str(self.thrift_port), str(path), *extra], capture_output=True, text=True,
+                           timeout=timeout)
+        if r.returncode != 0 or not Path(path).exists():
+            raise Bmv2Error(f"saving the switch state failed: {(r.stderr or r.stdout).strip()[-600:]}")
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Stop the switch (SIGTERM, then SIGKILL after ``timeout`` s); returns its exit status."""
@@ -428,10 +475,10 @@ def read_counters(sw: SimpleSwitch, nb_ports: int, shards: Iterable[int] = ()) -
 
 
 #: the state map's registers, in the order :func:`read_state` reads them
-STATE_REGISTERS = ("slot_state", "slot_key", "slot_request", "slot_reply_frags", "slot_frames_in",
-                   "slot_frames_out", "slot_bytes_in", "slot_bytes_out", "slot_first_us", "slot_last_us")
-#: slot_state values; an entry with reply fragments seen is "replying" (docs/control-socket.md)
-STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded"}
+STATE_REGISTERS = ("slot_state", "slot_key", "slot_request_info", "slot_shard", "slot_msg_len", "slot_frames_in", "slot_frames_out", "slot_bytes_in", "slot_bytes_out",
+                   "slot_first_us", "slot_last_us")
+#: slot_state values (p4/types.p4 STATE_*), named as docs/control-socket.md names them
+STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded", 3: "replying"}
 
 
 def read_state(sw: SimpleSwitch) -> list[dict]:
@@ -447,13 +494,12 @@ def read_state(sw: SimpleSwitch) -> list[dict]:
     for s, st in enumerate(regs["slot_state"]):
         if st == 0:
             continue
-        key, req = regs["slot_key"][s], regs["slot_request"][s]
+        key, req = regs["slot_key"][s], regs["slot_request_info"][s]
         out.append({
             "slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF,
-            "state": "replying" if regs["slot_reply_frags"][s] else STATE_NAMES.get(st, str(st)),
-            "msg_type": req >> 136,
-            "shard_id": (req >> 120) & 0xFFFF, "table_id": (req >> 104) & 0xFFFF,
-            "frag_count": (req >> 64) & 0xFFFF, "msg_len": (req >> 32) & 0xFFFFFFFF,
+            "state": STATE_NAMES.get(st, str(st)),
+            "msg_type": req >> 40, "shard_id": regs["slot_shard"][s], "table_id": (req >> 24) & 0xFFFF,
+            "frag_count": (req >> 8) & 0xFFFF, "msg_len": regs["slot_msg_len"][s],
             "frames_in": regs["slot_frames_in"][s], "frames_out": regs["slot_frames_out"][s],
             "bytes_in": regs["slot_bytes_in"][s], "bytes_out": regs["slot_bytes_out"][s],
             "first_us": regs["slot_first_us"][s], "last_us": regs["slot_last_us"][s],

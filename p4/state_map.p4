@@ -50,6 +50,12 @@ control StateMap(inout headers_t hdr,
     @name(".slot_state") register<bit<8>>(STATE_SLOTS) slot_state;        /* STATE_* */
     @name(".slot_request") register<bit<144>>(STATE_SLOTS) slot_request;
     @name(".slot_request_frags") register<bit<256>>(STATE_SLOTS) slot_request_frags;
+    /* what the control plane reads of the request (BMv2's Thrift API reads at most 64 bits
+     * a cell, so not slot_request): [47:40] msg_type [39:24] table_id [23:8] frag_count
+     * [7:0] dtype; and its shard and body length */
+    @name(".slot_request_info") register<bit<48>>(STATE_SLOTS) slot_request_info;
+    @name(".slot_shard") register<bit<16>>(STATE_SLOTS) slot_shard;
+    @name(".slot_msg_len") register<bit<32>>(STATE_SLOTS) slot_msg_len;
     @name(".slot_reply") register<bit<56>>(STATE_SLOTS) slot_reply;
     @name(".slot_reply_frags") register<bit<256>>(STATE_SLOTS) slot_reply_frags;
     @name(".slot_frames_in") register<bit<32>>(STATE_SLOTS) slot_frames_in;
@@ -103,6 +109,10 @@ control StateMap(inout headers_t hdr,
             if (state == STATE_FREE) {
                 slot_key.write(s, key);
                 slot_request.write(s, request);
+                slot_request_info.write(s, hdr.embnic.msg_type ++ hdr.embnic.table_id ++
+                                           hdr.embnic.frag_count ++ hdr.embnic.dtype);
+                slot_shard.write(s, hdr.embnic.shard_id);
+                slot_msg_len.write(s, hdr.embnic.msg_len);
                 slot_request_frags.write(s, frag_bit);
                 slot_reply.write(s, 0);
                 slot_reply_frags.write(s, 0);
@@ -130,7 +140,7 @@ control StateMap(inout headers_t hdr,
                     slot_bytes_in.read(bytes, s);
                     slot_bytes_in.write(s, bytes + body);
                     slot_last_us.write(s, now);
-                    if (frags == all_frags) {
+                    if (frags == all_frags && state == STATE_RECEIVING) {
                         slot_state.write(s, STATE_FORWARDED);
                     }
                 }
@@ -171,6 +181,8 @@ control StateMap(inout headers_t hdr,
                         slot_state.write(s, STATE_FREE);
                         messages_completed.count((bit<32>)(hdr.embnic.msg_type & 7));
                         completed_by_shard.count((bit<32>)hdr.embnic.shard_id);
+                    } else {
+                        slot_state.write(s, STATE_REPLYING);
                     }
                 }
             }

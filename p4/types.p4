@@ -93,6 +93,7 @@ const bit<32> NB_DROP_REASONS = 28;     /* cells of drop_reasons */
 const bit<8> STATE_FREE      = 0;
 const bit<8> STATE_RECEIVING = 1;       /* some request fragments seen */
 const bit<8> STATE_FORWARDED = 2;       /* every request fragment seen */
+const bit<8> STATE_REPLYING  = 3;       /* some reply fragments passed */
 
 /* Sizes */
 const bit<32> STATE_SLOTS = 4096;       /* state map slots (power of two) */
