@@ -34,8 +34,11 @@
  *        0 < split < len)
  *     step bits 0-5: before this frame, run the stages on what is queued
  *        and advance the clock by step x 250 us (0: same poll as the
- *        frame before); bits 6-7: the NIC's IPv4 checksum flag (0, 3:
- *        unknown; 1: good; 2: bad)
+ *        frame before); bits 6-7: the NIC's IPv4 checksum flag (0: unknown;
+ *        1: good; 2: bad; 3: unknown, and the frame is a flood: sent
+ *        FZ_FLOOD times, the embnic msg_id one higher each time (UDP
+ *        checksum fixed again with bit 4), so that the state map fills up
+ *        and the header ring and a TX queue overflow)
  *
  * Every frame (every segment) is an external buffer of exactly its size,
  * malloc'ed and attached to its mbuf (rte_pktmbuf_attach_extbuf), so ASan
@@ -64,6 +67,7 @@
 #include "fuzz_common.h"
 
 #define FZ_STEP_TICKS	250		/* one time step unit, us */
+#define FZ_FLOOD	24		/* frames of a flood (> the state map) */
 #define FZ_MAX_PEERS	3
 
 enum udp_state {
@@ -458,6 +462,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint64_t now = 1000000000ULL;
 	uint16_t nports, p;
 	size_t off, len;
+	unsigned int i;
 
 	memcpy(c, data, size < CFG_LEN ? size : CFG_LEN);
 	off = size < CFG_LEN ? size : CFG_LEN;
@@ -513,30 +518,42 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		if ((flags & 8) && len >= 34)
 			ip_csum_fix(f);
-		udp = (uint8_t)udp_state(f, len);
-		if ((flags & 0x40) && split > 0 && split < len) {
-			m = seg_make(f, split, udp);
-			m2 = seg_make(f + split, len - split, udp);
-			m->next = m2;
-			m->nb_segs = 2;
-			m->pkt_len = (uint32_t)len;
-		} else {
-			m = seg_make(f, len, udp);
+		for (i = 0; i < ((h[3] >> 6) == 3 ? FZ_FLOOD : 1); i++) {
+			if (i > 0 && len >= EMBNIC_MIN_FRAME) {
+				/* the next message: msg_id + 1 */
+				uint32_t id = (uint32_t)rd16(f + 50) << 16 |
+					rd16(f + 52);
+
+				wr16(f + 50, (uint16_t)((id + 1) >> 16));
+				wr16(f + 52, (uint16_t)(id + 1));
+				if ((flags & 0x10) &&
+				    udp_state(f, len) != UDP_UNKNOWN) {
+					wr16(f + 40, 0);
+					wr16(f + 40, (uint16_t)~udp_sum(f,
+						rd16(f + 38)));
+					if (rd16(f + 40) == 0)
+						wr16(f + 40, 0xffff);
+				}
+			}
+			udp = (uint8_t)udp_state(f, len);
+			if ((flags & 0x40) && split > 0 && split < len) {
+				m = seg_make(f, split, udp);
+				m2 = seg_make(f + split, len - split, udp);
+				m->next = m2;
+				m->nb_segs = 2;
+				m->pkt_len = (uint32_t)len;
+			} else {
+				m = seg_make(f, len, udp);
+			}
+			m->port = port->id;
+			if ((h[3] >> 6) == 1)
+				m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_GOOD;
+			else if ((h[3] >> 6) == 2)
+				m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_BAD;
+			while (rte_ring_enqueue(fz_rx[port->id], m) != 0)
+				run_stages(now);
 		}
 		free(f);
-		m->port = port->id;
-		switch (h[3] >> 6) {
-		case 1:
-			m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_GOOD;
-			break;
-		case 2:
-			m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_BAD;
-			break;
-		default:
-			break;
-		}
-		while (rte_ring_enqueue(fz_rx[port->id], m) != 0)
-			run_stages(now);
 	}
 	run_stages(now);
 	check_after();

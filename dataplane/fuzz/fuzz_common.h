@@ -32,7 +32,8 @@
 #include "embnic_dp.h"
 
 #define FZ_PORTS	3		/* net_ring ports made */
-#define FZ_PORT_RING	64		/* each port's RX and TX ring */
+#define FZ_PORT_RING	64		/* each port's RX ring */
+#define FZ_PORT_TX_RING	16		/* each port's TX ring: a burst overflows it */
 #define FZ_HDR_RING	64		/* the header ring */
 #define FZ_TABLE_SIZE	8		/* route and client tables */
 #define FZ_STATE_SIZE	16		/* state map entries */
@@ -102,7 +103,7 @@ fz_port_init(struct embnic_app *a, uint16_t i)
 	fz_rx[i] = rte_ring_create(name, FZ_PORT_RING, 0,
 				   RING_F_SP_ENQ | RING_F_SC_DEQ);
 	snprintf(name, sizeof(name), "fztx%u", i);
-	fz_tx[i] = rte_ring_create(name, FZ_PORT_RING, 0,
+	fz_tx[i] = rte_ring_create(name, FZ_PORT_TX_RING, 0,
 				   RING_F_SP_ENQ | RING_F_SC_DEQ);
 	if (fz_rx[i] == NULL || fz_tx[i] == NULL)
 		fz_die("port rings");

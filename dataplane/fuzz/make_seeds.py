@@ -119,6 +119,15 @@ def card_seeds() -> dict[str, bytes]:
     s["conformance_split"] = cfg + card_frame(first.data, first.port, flags=0x40, split=60)
     s["conformance_expire"] = (cfg + card_frame(first.data, first.port)
                                + card_frame(first.data, first.port, step=40))
+    # floods (step bits 6-7 = 3: 24 messages, msg ids counting up): one client fills the 16-entry
+    # state map (state_full); three ports at once overflow the 64-entry header ring (ring_full)
+    # and the 15 frames a TX queue takes (tx_full)
+    firsts = {}
+    for f in suite.frames:
+        if f.label.endswith("[0]") and "lookup" in f.label and f.fate[0] == "fwd":
+            firsts.setdefault(f.port, f)
+    s["flood_state_full"] = cfg + card_frame(firsts[0].data, 0, hint=3)
+    s["flood_3_ports"] = cfg + b"".join(card_frame(f.data, p, hint=3) for p, f in sorted(firsts.items()))
     # the recorded trace: requests of clients 1 and 2 to shards 0 and 1, sent from the registered
     # client (flag 0x20) with both checksums fixed (0x08, 0x10), all on port 0
     if TRACE.exists():
