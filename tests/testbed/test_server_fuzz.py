@@ -8,19 +8,23 @@ the datagram is accounted for — dropped and counted by a known reason (``refus
 frames the header checks refuse), or taken by the reassembler (which counts its own drops); the
 reassembler's pending messages stay within their limits; every frame sent is a valid reply from
 this shard, for the client and message id the datagram names. At the end
-no row holds a NaN or an infinity.
+no row holds a NaN or an infinity. The batch engine (the default ``embnic server``) gets the same
+sequences through its socket (test_batch_engine_sequences).
 """
 from __future__ import annotations
 
+import socket
 import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.config import parse_config
+from embnic.client_lib.routing import owns
 from embnic.testbed.server.shard import SERVER_DROP_REASONS, ShardServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client_lib"))
@@ -88,3 +92,67 @@ def test_handle_datagram_sequences(seq):
                                                int.from_bytes(payload[8:12], "big"))
     for _keys, rows, acc in srv.state_dict().values():
         assert np.isfinite(rows).all() and np.isfinite(acc).all()
+
+
+# ---- the batch engine (the default `embnic server`), through its socket -------------------------
+
+PROBE_ID = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def batch_shard():
+    from embnic.testbed.server.shard import ServerThread
+
+    with ServerThread(CFG, 0, engine="batch", reassembly_timeout_s=0.5) as st:
+        socks = []
+        for _ in ADDRS:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(20.0)  # a bound for a lost shard, not a timing assertion
+            socks.append(s)
+        try:
+            yield st, socks
+        finally:
+            for s in socks:
+                s.close()
+
+
+_probe = iter(range(PROBE_ID, PROBE_ID + 1_000_000))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.data_too_large,
+                                                                HealthCheck.function_scoped_fixture])
+@given(datagrams(max_len=20, key_space=1200))
+def test_batch_engine_sequences(batch_shard, seq):
+    """The same sequences into the batch engine over loopback (one socket per sender; its fast
+    path takes the valid frames in wake-ups, the rest go to the reference handler), then a
+    probe lookup whose answer shows every datagram before it was handled: none raised inside,
+    every one counted as received, drops only by known reasons, every frame sent a valid reply
+    from this shard."""
+    st, socks = batch_shard
+    before = st.counters()
+    for payload, addr in seq:
+        socks[ADDRS.index(addr)].sendto(payload, st.address)
+    probe = next(_probe)
+    key = np.array([k for k in range(1200) if owns(CFG, 0, 0, np.array([k], np.uint64))[0]][:1], np.uint64)
+    socks[0].sendto(codec.encode_lookup(msg_id=probe, client_id=1, table_id=0, shard_id=0, dim=8,
+                                        dtype=1, keys=key)[0], st.address)
+    while True:  # the probe's answer comes after every reply to what was sent before it
+        h = codec.parse_header(socks[0].recv(65536), expect="reply")
+        assert h.shard_id == 0
+        if h.msg_id == probe:
+            break
+    for s in socks[1:]:  # what the other senders got: valid replies only
+        s.setblocking(False)
+        try:
+            while True:
+                assert codec.parse_header(s.recv(65536), expect="reply").shard_id == 0
+        except BlockingIOError:
+            pass
+        finally:
+            s.settimeout(20.0)
+    after = st.counters()
+    assert after["internal_errors"] == before["internal_errors"] == 0
+    assert after["rx_frames"] - before["rx_frames"] == len(seq) + 1
+    assert set(k for k, v in after["drops"].items() if v) <= REASONS, after["drops"]
