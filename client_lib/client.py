@@ -15,7 +15,8 @@ set from the measured round-trip time of its shard and type as in RFC 6298 (:cla
 RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]``, Karn's rule: no sample from a
 retransmitted message; the first RTO is the config's ``timeout_ms``). A message whose reply is
 incomplete when its timer fires is re-sent with the ``RETRANSMIT`` flag and its timer doubled
-(exponential backoff); updates likewise until acked (the servers apply each update exactly
+(exponential backoff); a reply from a shard restarts the timers of its other messages in flight
+(RFC 6298 5.3: they may be queued behind the one answered); updates likewise until acked (the servers apply each update exactly
 once). After ``retries`` tries the client raises :class:`ShardUnavailableError` naming the shard.
 
 It talks to the shards directly, or through the card when the config's ``[card]`` is enabled
@@ -468,11 +469,19 @@ class EmbeddingClient:
             # read before any timer is acted on: a reply that arrived while this process was not
             # scheduled (a busy machine) is taken, not answered with a retransmission
             done = self._drain(pending, reply_type, record_latency)
+            now = time.monotonic()
             for m in done:
                 inflight[m.shard_id] -= m.cost
                 if m.tries == 1:  # Karn: a retransmitted message gives no sample
-                    self._rtt[m.shard_id, m.msg_type].sample(time.monotonic() - m.t_sent)
+                    self._rtt[m.shard_id, m.msg_type].sample(now - m.t_sent)
                 fill(m.shard_id)
+            if done:
+                # RFC 6298 5.3 per shard: a shard that answers is making progress, so the timers of
+                # its other messages restart (they may be queued behind the ones just answered)
+                answered = {m.shard_id for m in done}
+                for x in pending.values():
+                    if x.shard_id in answered and x.deadline < now + x.rto:
+                        x.deadline = now + x.rto
             if done or not pending:
                 continue
             now = time.monotonic()

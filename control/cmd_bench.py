@@ -126,11 +126,55 @@ def server(out, window, scale, mtu, reference):
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 
 
+@bench.command("e2e")
+@_out
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Repeats of every figure (median, min, max).")
+@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True,
+              help="Timed steps per repeat and batch size (after one warm-up step).")
+@click.option("--loss", "loss_pct", type=click.FloatRange(0, 50), default=1.0, show_default=True,
+              help="Percent loss on every link for the transport-under-loss run (0: skip it).")
+@click.option("--hash/--no-hash", "hash_row", default=True, show_default=True,
+              help="Also measure embnic with hash sharding (a second testbed).")
+def e2e(out, repeats, steps, loss_pct, hash_row):
+    """The claim, measured: lookup and update latency per step (p50/p99) and steps/s at batch
+    sizes 32, 256 and 4096 of the Criteo sample (26 features) for variable-length messages
+    through the card, the fixed-length baseline (a size round first) through the card, and
+    TorchRec's sharded EmbeddingBagCollection (DMP, gloo, 2 ranks, table-wise); e2e.rows in
+    bench.json, e2e_*.png beside it. Needs root (the namespace testbed) and embnic[torch].
+
+    \b
+    Example:
+      sudo embnic bench e2e --out out/bench --repeats 3
+    """
+    from embnic.testbed.bench import e2e as bench_e2e
+
+    try:
+        res = bench_e2e.run(Path(out), repeats=repeats, steps=steps, loss_pct=loss_pct, hash_row=hash_row,
+                            log=click.echo)
+    except ImportError as e:
+        raise MissingDependencyError(f"bench e2e needs the embnic[torch] extra (TorchRec as the peer): {e}",
+                                     dependency=e.name) from None
+    except RuntimeError as e:
+        raise OperationalError(str(e)) from None
+    click.echo("e2e (lookup latency per step, µs, medians of repeats):")
+    click.echo(f"  {'batch':>6} {'varlen p50':>11} {'p99':>9} {'fixed p50':>10} {'p99':>9} {'torchrec p50':>13} "
+               f"{'p99':>9} {'msgs var/fix':>13} {'rounds var/fix':>15}")
+    for r in res["rows"]:
+        click.echo(f"  {r['batch']:>6} {r['varlen_p50_us']:>11,.0f} {r['varlen_p99_us']:>9,.0f} "
+                   f"{r['fixed_p50_us']:>10,.0f} {r['fixed_p99_us']:>9,.0f} {r['torchrec_p50_us']:>13,.0f} "
+                   f"{r['torchrec_p99_us']:>9,.0f} {r['messages_varlen']:>6.0f}/{r['messages_fixed']:<6.0f} "
+                   f"{r['rounds_varlen']:>7.0f}/{r['rounds_fixed']:<7.0f}")
+    _show("targets", res["targets"])
+    click.echo(f"  machine {res['machine']['before']}")
+    click.echo(f"wrote {Path(out) / 'bench.json'} and {', '.join(res['plots'])}")
+
+
 @bench.command("all")
 @_out
 @click.pass_context
 def all_(ctx, out):
-    """Every benchmark in turn.
+    """Every benchmark in turn: prep, dataplane, server, e2e (needs root and embnic[torch]).
 
     \b
     Example:
@@ -139,3 +183,4 @@ def all_(ctx, out):
     ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
     ctx.invoke(dataplane, out=out, seconds=5.0)
     ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True)
+    ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True)
