@@ -43,7 +43,7 @@ from embnic.client_lib.batch import KeyedJaggedBatch, prepare_batch
 from embnic.client_lib.config import load_config
 from embnic.testbed.training import criteo
 
-from .prep import merge_json
+from .results import merge_json
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "testbed.toml"
