@@ -232,7 +232,9 @@ def test_card_saw_every_type_fragmented(live):
 
 def test_no_authorisation_or_malformed_drops(live):
     drops = live["counters"]["drops"]
-    bad = {k: v for k, v in drops.items() if v and k not in ("bad_ether", "arp_ignored")}
+    # a second answer to a retransmitted request is unsolicited once the first freed the entry
+    ok = ("bad_ether", "arp_ignored") + (("unsolicited_reply",) if live["client"]["stats"]["retransmits"] else ())
+    bad = {k: v for k, v in drops.items() if v and k not in ok}
     assert not bad, bad
 
 
