@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -185,13 +186,24 @@ def test_kill_9_and_restore_through_the_cli(tmp_path):
 
     p, port, _ = start("--checkpoint-dir", str(tmp_path), "--checkpoint-every", "3")
     try:
-        _send_all(_St(port), cfg, ups)
+        _send_all(_St(port), cfg, ups[:4])
+        p.send_signal(signal.SIGUSR1)  # the control request: a checkpoint now (after update 4)
+        guard = threading.Timer(60.0, p.kill)  # a safety bound for a hung server, not a timing assertion
+        guard.start()
+        seen = []
+        while not seen or f"ckpt-{4:020d}.npz" not in seen[-1]:
+            seen.append(p.stderr.readline())
+            assert seen[-1], seen  # EOF: the server died (or was killed by the guard)
+        guard.cancel()
+        assert f"ckpt-{3:020d}.npz" in seen[0]  # --checkpoint-every 3 came first
+        _send_all(_St(port), cfg, ups[4:])
     finally:
         p.send_signal(signal.SIGKILL)
         p.communicate(timeout=30)
     p, port, lines = start("--restore", str(tmp_path))
     try:
-        assert any("2 updates replayed" in x for x in lines), lines
+        # checkpoints at 3 (every 3), 4 (SIGUSR1), 7 (every 3): the log holds record 7 only
+        assert any("1 updates replayed" in x for x in lines), lines
         _send_all(_St(port), cfg, ups[-3:])  # retransmissions of acknowledged updates
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=30)
