@@ -70,7 +70,10 @@ def prep(out, batch_size, repeats):
 @_out
 @click.option("--seconds", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Measurement time per configuration.")
-def dataplane(out, seconds):
+@click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
+              help="bmv2: the same frames through simple_switch and through the DPDK card in one run "
+                   "(dataplane.bmv2_mpps, dataplane.ratio_card_bmv2).")
+def dataplane(out, seconds, target):
     """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
     the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and
     net_af_packet over a veth pair); a workload of distinct messages with their replies
@@ -80,7 +83,15 @@ def dataplane(out, seconds):
     \b
     Example:
       embnic bench dataplane --out out/bench --seconds 5
+      sudo embnic bench dataplane --target bmv2 --out out/bench
     """
+    if target == "bmv2":
+        from embnic.testbed.bench import bmv2 as bench_bmv2
+
+        res = bench_bmv2.run(Path(out), seconds=seconds)
+        _show("dataplane (bmv2)", res)
+        click.echo(f"wrote {Path(out) / 'bench.json'}")
+        return
     try:
         mod = importlib.import_module("embnic.testbed.bench.dataplane")
     except ImportError as e:
