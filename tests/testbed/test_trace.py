@@ -399,6 +399,6 @@ def test_replay_case_not_owner(run_dir, tmp_path, cleanup):  # noqa: F811
         assert {k: v for k, v in c["errors"].items() if v} == {}, (sid, c["errors"])
         want_lk = sum(1 for q in reqs.values() if q["shard"] == int(sid) and q["type"] == 1)
         want_up = sum(1 for q in reqs.values() if q["shard"] == int(sid) and q["type"] == 3)
-        assert c["requests"] == {"LOOKUP_REQ": want_lk + 2, "UPDATE_REQ": want_up}, (sid, c["requests"])
+        assert c["requests"] == {"LOOKUP_REQ": want_lk + 2, "UPDATE_REQ": want_up, "SIZE_REQ": 0}, (sid, c["requests"])
     assert "shard errors        none" in r.stdout, r.stdout
     assert_gone(name)
