@@ -23,8 +23,10 @@ from embnic.control.cmd_options import config_option
 @click.option("--force", is_flag=True,
               help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
+              help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch).")
 @needs_root("replay")
-def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
+def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress, target):
     """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
     tcpreplay, one per client on the client's veth, with real shards answering; count the
     replies in the client namespaces and report frames/s, messages completed, replies per
@@ -41,6 +43,7 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
       sudo embnic replay out/t.pcap -c examples/testbed.toml
       sudo embnic replay out/t.pcap -c examples/testbed.toml --rate 5000 --out out/replay5k
       sudo embnic replay out/t.pcap -c other.toml --force   # not the config it was recorded with
+      sudo embnic replay out/t.pcap -c examples/testbed.toml --target bmv2   # through the P4 card
     """
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
@@ -48,7 +51,7 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress):
 
     with sigterm_as_interrupt():
         rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
-                        wait_s=wait_s, force=force, log=click.echo)
+                        wait_s=wait_s, force=force, log=click.echo, target=target)
     if not rep["all_replied"]:
         from embnic.testbed.net.topology import describe_dead
 

@@ -33,7 +33,8 @@ def shard_counters_from_log(path: str | os.PathLike) -> dict | None:
 
 
 def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
-                   out: Path, ports: dict | None = None, capture_drops: dict | None = None) -> dict:
+                   out: Path, ports: dict | None = None, capture_drops: dict | None = None,
+                   target: str = "dpdk") -> dict:
     lat = {"LOOKUP_REQ": [], "UPDATE_REQ": []}
     reply_types = collections.Counter()
     statuses = collections.Counter()
@@ -70,7 +71,7 @@ def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, 
         except (OSError, ValueError):
             sidecar = None
     rep = {
-        "target": "dpdk",
+        "target": target,
         "pcap": str(pcap.resolve()),
         "sidecar": sidecar,
         "replayer": "tcpreplay",

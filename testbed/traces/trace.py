@@ -343,7 +343,7 @@ def _parse_tcpreplay(text: str) -> dict:
 def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | None = None,
            topspeed: bool = False, out: str | os.PathLike = "out/replay", name: str = "embrpl",
            rdir: Path | None = None, progress: bool | None = None, wait_s: float = 5.0, force: bool = False,
-           log: Callable[[str], None] = print) -> dict:
+           log: Callable[[str], None] = print, target: str = "dpdk") -> dict:
     """Replay a recorded trace into the card of a fresh testbed and measure (module docstring).
 
     Args:
@@ -351,6 +351,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         topspeed: as fast as tcpreplay can.
         wait_s: how long to wait for missing replies after the last frame was sent.
         force: replay even if the trace's sidecar says it was recorded with another config.
+        target: the card: ``dpdk`` (embnic-dp) or ``bmv2`` (the P4 program on simple_switch).
 
     Returns:
         the report (also ``OUT/report.json``): ``pcap``, ``frames_sent``, ``frames_per_s``,
@@ -413,7 +414,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     pps = (rate / len(clients)) if rate else None
     total = len(reqs)
     trackers = {cid: _ReplyTracker(cid, reqs) for cid in clients}
-    tb = T.Testbed(topo, rdir)
+    tb = T.Testbed(topo, rdir, target=target)
     tb.up(owner="replay")
     caps: dict[int, Capture] = {}
     sinks = []
@@ -476,7 +477,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     capture_drops = {str(cid): cap.kernel_drops for cid, cap in caps.items()}
     ports = {cid: cfg.client(cid).card_port for cid in clients}
     rep = _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
-                         other, out, ports, capture_drops)
+                         other, out, ports, capture_drops, target=target)
     rep["shards"] = {str(s.id): shard_counters_from_log(tb.log_path(f"s{s.id}")) for s in cfg.shards}
     rep["config_check"] = cc
     rep["dead_nodes"] = dead
