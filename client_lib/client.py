@@ -12,11 +12,12 @@ send window (``window_frames``: request frames plus the reply frames they will d
 next message of a shard goes out when a reply frees room, so a batch-4096 round does not
 overrun the card's or the shard's queues. Every message has its own retransmission timer,
 set from the measured round-trip time of its shard and type as in RFC 6298 (:class:`RttEstimator`: SRTT,
-RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]``, Karn's rule: no sample from a
+RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]`` (default 50 ms, 10 s), Karn's rule: no sample from a
 retransmitted message; the first RTO is the config's ``timeout_ms``). A message whose reply is
 incomplete when its timer fires is re-sent with the ``RETRANSMIT`` flag and its timer doubled
 (exponential backoff); a reply from a shard restarts the timers of its other messages in flight
-(RFC 6298 5.3: they may be queued behind the one answered); updates likewise until acked (the servers apply each update exactly
+(RFC 6298 5.3: they may be queued behind the one answered), and a message sent before one that
+was answered is re-sent at once (fast retransmit: a shard answers in order); updates likewise until acked (the servers apply each update exactly
 once). After ``retries`` tries the client raises :class:`ShardUnavailableError` naming the shard.
 
 It talks to the shards directly, or through the card when the config's ``[card]`` is enabled
@@ -27,6 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import errno
+import itertools
 import os
 import select
 import socket
@@ -44,7 +46,7 @@ from .routing import split_by_shard
 
 _SOCK_BUF = 16 << 20  # bytes
 DEFAULT_WINDOW_FRAMES = 512  #: frames in flight per shard (requests + the replies they draw)
-DEFAULT_RTO_MIN_MS = 10.0  #: lower bound of the retransmission timeout, ms
+DEFAULT_RTO_MIN_MS = 50.0  #: lower bound of the retransmission timeout, ms
 DEFAULT_RTO_MAX_MS = 10_000.0  #: upper bound of the retransmission timeout (after backoff), ms
 
 
@@ -93,7 +95,9 @@ class ClientStats:
 
     ``rounds`` counts every round trip the client waited for (lookups, updates and, in the
     fixed-length mode, size rounds); ``size_rounds`` the size rounds among them;
-    ``retransmits`` messages re-sent; ``timeouts`` retransmission timers that fired;
+    ``retransmits`` messages re-sent (by a timer or fast); ``timeouts`` retransmission timers that
+    fired; ``fast_retransmits`` messages re-sent because a later message to the same shard was
+    answered first;
     ``max_inflight_frames`` the most frames one shard's send window held (request + reply
     frames; above ``window_frames`` only when one message alone is larger).
     """
@@ -106,6 +110,7 @@ class ClientStats:
     bytes_received: int = 0
     retransmits: int = 0
     timeouts: int = 0
+    fast_retransmits: int = 0
     rounds: int = 0
     size_rounds: int = 0
     max_inflight_frames: int = 0
@@ -137,6 +142,8 @@ class _Out:
     deadline: float = 0.0
     rto: float = 0.0
     tries: int = 0
+    seq: int = 0  # order of first sends in the round
+    fast: bool = False  # fast-retransmitted once already
 
     @property
     def cost(self) -> int:
@@ -157,7 +164,7 @@ class RttEstimator:
     Backoff (section 5.5) is per message: the client doubles a message's own timer each
     time it fires.
 
-    Example: samples 2 ms then 4 ms → SRTT 2.25 ms, RTTVAR 1.25 ms, RTO 7.25 ms (10 ms with the
+    Example: samples 2 ms then 4 ms → SRTT 2.25 ms, RTTVAR 1.25 ms, RTO 7.25 ms (50 ms with the
     default floor).
     """
 
@@ -442,6 +449,7 @@ class EmbeddingClient:
         for m in msgs:
             queues.setdefault(m.shard_id, collections.deque()).append(m)
         inflight = dict.fromkeys(queues, 0)  # frames held in each shard's window
+        seqs = itertools.count()
         pending: dict[int, _Out] = {}
         t0 = time.monotonic()
 
@@ -451,6 +459,7 @@ class EmbeddingClient:
                 m = q.popleft()
                 now = time.monotonic()
                 m.t_first = m.t_sent = now  # latency: from this message's first frame to its reply
+                m.seq = next(seqs)
                 m.rto = self._rtt[shard_id, m.msg_type].rto
                 self._send(m, retransmit=False)
                 m.deadline = time.monotonic() + m.rto
@@ -477,10 +486,23 @@ class EmbeddingClient:
                 fill(m.shard_id)
             if done:
                 # RFC 6298 5.3 per shard: a shard that answers is making progress, so the timers of
-                # its other messages restart (they may be queued behind the ones just answered)
-                answered = {m.shard_id for m in done}
-                for x in pending.values():
-                    if x.shard_id in answered and x.deadline < now + x.rto:
+                # its other messages restart (they may be queued behind the ones just answered).
+                # Fast retransmit: a shard answers in the order it was asked, so a message sent
+                # before one just answered, and still unanswered, lost a frame: re-send it now
+                # (once; the timer covers a second loss).
+                last = {}
+                for m in done:
+                    last[m.shard_id] = max(last.get(m.shard_id, -1), m.seq)
+                for x in list(pending.values()):
+                    s = last.get(x.shard_id)
+                    if s is None:
+                        continue
+                    if x.seq < s and not x.fast:
+                        x.fast = True
+                        self.stats.fast_retransmits += 1
+                        self._send(x, retransmit=True)
+                        x.deadline = time.monotonic() + x.rto
+                    elif x.deadline < now + x.rto:
                         x.deadline = now + x.rto
             if done or not pending:
                 continue
