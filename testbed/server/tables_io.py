@@ -44,6 +44,7 @@ from . import durability as D
 
 FORMAT = "embnic-tables"
 LAYOUTS = ("torchrec", "ids")
+MAX_DENSE_BYTES = 8 << 30  #: largest whole table the torchrec layout writes (bytes); beyond it: ids
 _DT = {np.dtype("<f4"): "F32", np.dtype("<u8"): "U64", np.dtype("<f2"): "F16"}
 _NP = {v: k for k, v in _DT.items()}
 
@@ -115,16 +116,19 @@ def export_tables(cfg: ClusterConfig, directory, out: str | Path, layout: str | 
     """Write the tables held in the shards' ``directory`` to ``out``.
 
     Args:
-        layout: ``"torchrec"``, ``"ids"``, or None: torchrec when every table has ``rows``.
+        layout: ``"torchrec"``, ``"ids"``, or None: torchrec when every table has ``rows`` and
+            fits :data:`MAX_DENSE_BYTES` as a dense weight, else ids.
 
     Returns:
         ``{"layout", "tables": {name: rows written}}``.
 
     Raises:
-        TablesFileError: ``torchrec`` asked for a table without ``rows``.
+        TablesFileError: ``torchrec`` asked for a table without ``rows`` or larger than
+            :data:`MAX_DENSE_BYTES`.
     """
     if layout is None:
-        layout = "torchrec" if all(t.rows is not None for t in cfg.tables) else "ids"
+        layout = "torchrec" if all(t.rows is not None and t.rows * t.dim * 4 <= MAX_DENSE_BYTES
+                                   for t in cfg.tables) else "ids"
     if layout not in LAYOUTS:
         raise TablesFileError(f"unknown layout {layout!r} ({', '.join(LAYOUTS)})")
     st = gather(cfg, directory)
@@ -136,6 +140,10 @@ def export_tables(cfg: ClusterConfig, directory, out: str | Path, layout: str | 
             if t.rows is None:
                 raise TablesFileError(f"table {t.name} (id {t.id}) has no rows in the config: a TorchRec weight "
                                       "needs a row count; export it with --layout ids")
+            if t.rows * t.dim * 4 > MAX_DENSE_BYTES:
+                raise TablesFileError(f"table {t.name} (id {t.id}): {t.rows} x {t.dim} float32 is "
+                                      f"{t.rows * t.dim * 4 / 2**30:.0f} GiB as a dense TorchRec weight (limit "
+                                      f"{MAX_DENSE_BYTES >> 30} GiB); export the updated rows with --layout ids")
             w = np.empty((t.rows, t.dim), np.float32)
             for lo in range(0, t.rows, 1 << 16):  # initial values in slices (bounded temporary memory)
                 hi = min(t.rows, lo + (1 << 16))

@@ -123,6 +123,16 @@ def test_collision_free_tables_export_by_id_and_refuse_torchrec(tmp_path):
     assert out.read_bytes() == out2.read_bytes()
 
 
+def test_torchrec_layout_refuses_a_table_too_large_to_write_dense(tmp_path):
+    cfg_path = _write_cfg(tmp_path, [{"id": 0, "rows": 2**40, "dim": 8, "name": "huge"}])
+    (tmp_path / "run").mkdir()
+    out = tmp_path / "h.safetensors"
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", out, "--layout", "torchrec")
+    assert r.exit_code == 2 and "32768 GiB" in r.output and "--layout ids" in r.output
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", out)  # default: ids
+    assert r.exit_code == 0 and "(ids)" in r.output, r.output
+
+
 def test_import_refuses_a_file_that_does_not_fit(tmp_path):
     cfg_path = _write_cfg(tmp_path, NOROWS)
     bad = tmp_path / "bad.safetensors"
