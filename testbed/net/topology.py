@@ -432,7 +432,7 @@ class Testbed:
                 bind its port in ``timeout`` s (names its log).
         """
         old = self.server_record(shard_id)
-        if proc_alive(old):
+        if pid_matches(old):
             raise TestbedError(f"shard {shard_id}'s server (pid {old['pid']}) is still running; kill it first")
         self.state["procs"].remove(old)
         rec = self._spawn(f"s{shard_id}", "server", list(old["argv"]) + [str(a) for a in extra_args])
