@@ -33,7 +33,7 @@ import click
 
 from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, is_multicast_mac, load_config
 from embnic.control.errors import UsageError
-from embnic.control.runstate import require_root, run_dir
+from embnic.control.runstate import read_state, require_root, run_dir
 
 DEFAULT_NAME = "embnic"
 DEFAULT_TARGET = "dpdk"
@@ -162,7 +162,8 @@ ctl_option = click.option("--ctl", "ctl", metavar="PATH", envvar="EMBNIC_CTL", d
                           help="Control socket of the running card (default: from the pipeline's "
                                "state file, else RUN_DIR/NAME.sock). Env: EMBNIC_CTL.")
 target_option = click.option("--target", "target", envvar="EMBNIC_TARGET", default=None, type=TARGET,
-                             help=f"Pipeline target (default {DEFAULT_TARGET!r}): dpdk runs embnic-dp, bmv2 "
+                             help=f"Pipeline target (default: the one pipeline NAME was loaded on, else {DEFAULT_TARGET!r}): "
+                                  "dpdk runs embnic-dp, bmv2 "
                                   "the P4 program on simple_switch. Env: EMBNIC_TARGET.")
 
 #: options of every command that talks to a loaded pipeline
@@ -254,8 +255,11 @@ def resolve(config: str | None = None, target: str | None = None, name: str | No
         cfg = load_cluster(config)
     sec = control_section(cfg)
     s = Settings(config=cfg, config_path=config)
-    s.target = target or sec.get("target") or DEFAULT_TARGET
     s.name = name or sec.get("name") or DEFAULT_NAME
+    # not said anywhere: the target pipeline NAME was loaded on (its state file), else dpdk
+    st = read_state(s.run_dir, s.name) or {} if not (target or sec.get("target")) else {}
+    s.target = target or sec.get("target") or (st.get("target") if isinstance(st.get("target"), str) else None) \
+        or DEFAULT_TARGET
     s.ctl = ctl or sec.get("ctl")
     if binary or os.environ.get("EMBNIC_DP"):
         s.binary = binary or os.environ["EMBNIC_DP"]

@@ -202,3 +202,14 @@ def test_check_states_the_state_map_capacity(invoke):
     assert "at 1,000,000 messages/s it tolerates 1.31% of messages unanswered" in r.output
     r = invoke("config", "check", "--rate", "0", str(REPO / "examples" / "testbed.toml"))
     assert r.exit_code == 2
+
+
+def test_target_defaults_to_the_loaded_pipelines(env, card_config):
+    """With no --target/EMBNIC_TARGET/[control] target, a pipeline NAME loaded on bmv2 is addressed as
+    bmv2 (its state file says so): `embnic route list --name NAME` must not try the dpdk socket."""
+    (env / "tb.json").write_text(json.dumps({"target": "bmv2", "pid": 1, "ctl": "thrift 127.0.0.1:9090"}))
+    assert options.resolve(None, name="tb").target == "bmv2"
+    assert options.resolve(None, name="tb", target="dpdk").target == "dpdk"  # a flag still wins
+    assert options.resolve(None, name="other").target == "dpdk"  # nothing loaded: the default
+    (env / "bad.json").write_text("{not json")
+    assert options.resolve(None, name="bad").target == "dpdk"  # a damaged state file: the default
