@@ -143,6 +143,44 @@ def unload(target, name, stop_timeout, as_json):
         click.echo(f"unloaded pipeline {s.name!r}: pid {res['pid']} stopped{ex}")
 
 
+def _status_other_target(s, as_json: bool) -> None:
+    """`pipeline status` of a pipeline on a target other than dpdk (bmv2): asks the target, not a socket.
+
+    Raises:
+        OperationalError: not loaded, its process is gone, or it does not answer (exit 1).
+    """
+    t = open_target(s)
+    st = t.state()
+    if st and st.get("corrupt"):
+        st = None
+    out = {"name": s.name, "state_file": str(state_path(s.run_dir, s.name)) if st else None, "state": st,
+           "ctl": (st or {}).get("ctl"), "running": bool(st) and pid_matches(st), "answers": False, "info": None}
+    if out["running"]:
+        try:
+            out["info"] = t.info()
+            out["answers"] = True
+        except OperationalError as e:
+            out["error"] = str(e)
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+        if not out["answers"]:
+            raise click.exceptions.Exit(1)
+        return
+    if not st:
+        raise OperationalError(f"pipeline {s.name!r} is not loaded: run `embnic pipeline load --target {s.target} "
+                               f"--config FILE{'' if s.name == 'embnic' else ' --name ' + s.name}`")
+    if not out["running"]:
+        raise OperationalError(f"pipeline {s.name!r} is not running: pid {st.get('pid')} is gone (see its log "
+                               f"{st.get('log')}); `embnic pipeline unload --name {s.name}` removes the stale state")
+    if not out["answers"]:
+        raise OperationalError(f"pipeline {s.name!r} runs (pid {st.get('pid')}) but {out.get('error')}")
+    up = time.time() - st.get("started", time.time())
+    click.echo(f"pipeline {s.name!r}: running ({describe_state(st)}, up {up:.0f}s)")
+    click.echo(f"  log {st.get('log')}")
+    ifaces = st.get("interfaces") or {}
+    click.echo(f"  ports {', '.join(f'{k}: {v}' for k, v in sorted(ifaces.items(), key=lambda kv: int(kv[0])))}")
+
+
 @pipeline.command("status")
 @target_option
 @name_option
@@ -158,6 +196,8 @@ def status(target, name, ctl, as_json):
       embnic pipeline status --json
     """
     s = resolve(None, target, name, ctl)
+    if s.target != "dpdk":
+        return _status_other_target(s, as_json)
     st = read_state(s.run_dir, s.name)
     path = s.ctl or (st or {}).get("ctl") or str(s.run_dir / f"{s.name}.sock")
     out = {"name": s.name, "state_file": str(state_path(s.run_dir, s.name)) if st else None,

@@ -125,6 +125,11 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         # Thrift listens on every address of the switch's namespace: there is only loopback
         addrs = sh("ip", "netns", "exec", st["netns"], "ip", "-o", "addr", "show").split("\n")
         assert {ln.split()[1] for ln in addrs if ln.strip()} == {"lo"}, addrs
+        # pipeline status asks the bmv2 target (it has no control socket): running, its log and ports
+        ps = runner.invoke(cli, ["pipeline", "status", "--name", name])
+        assert ps.exit_code == 0, ps.output
+        assert f"pipeline {name!r}: running (bmv2 target, pid {st['pid']}" in ps.output
+        assert f"ports 0: {wiring['ifaces'][0]}, 1: {wiring['ifaces'][1]}" in ps.output
         ls = runner.invoke(cli, ["route", "list", "-c", str(cfg), "--name", name, "--json"])
         assert ls.exit_code == 0, ls.output
         assert [(e["shard"], e["ip"], e["udp_port"], e["mac"]) for e in json.loads(ls.output)] == [
