@@ -584,6 +584,9 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
         raise TestbedError(f"no testbed {name!r} (state {state_path(name, rdir)} absent); "
                            + (f"running: {', '.join(have)}" if have else "start one with `embnic testbed up "
                               "--config examples/testbed.toml`"))
+    if state.get("corrupt"):
+        raise TestbedError(f"testbed {name!r}: its state file {state_path(name, rdir)} is damaged; "
+                           f"`embnic testbed down --name {name}` removes it, then `embnic testbed up` again")
     dead = dead_nodes(state)
     out = {"name": name, "phase": state.get("phase"), "config": state.get("config"),
            "effective_config": state.get("effective_config"), "dir": state.get("dir"),

@@ -96,6 +96,16 @@ def test_status_and_netem_of_a_testbed_that_is_not_up_exit_1(run_dir):  # noqa: 
     assert r.exit_code == 0 and "nothing to remove" in r.output
 
 
+@pytest.mark.skipif(not is_root(), reason="needs root")
+def test_status_of_a_damaged_state_file_exits_1_and_says_down(run_dir):  # noqa: F811
+    """A truncated testbed state file (a crash mid-write by hand, a full disk) is not a healthy testbed."""
+    (run_dir / "testbed-enZ1.json").write_text('{"name": "enZ1", "netns": [')
+    r = CliRunner().invoke(cli, ["testbed", "status", "--name", "enZ1"])
+    assert r.exit_code == 1, r.output
+    assert "state file" in r.output and "damaged" in r.output and "embnic testbed down --name enZ1" in r.output
+    assert "None" not in r.output
+
+
 def _embnic(run_dir, *args, timeout=120):
     return subprocess.run([sys.executable, "-m", "embnic", *args], capture_output=True, text=True,
                           env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)), timeout=timeout)
