@@ -131,6 +131,16 @@ def read_sidecar(pcap: str | os.PathLike) -> dict | None:
         return None
 
 
+def truncation_warning(pcap: str | os.PathLike, n_frames: int, sidecar: dict | None) -> str | None:
+    """A warning when trace ``pcap`` holds fewer frames (``n_frames``) than its sidecar says were
+    recorded (a copy cut short: the pcap reader drops a partial last record); None otherwise."""
+    want = (sidecar or {}).get("frames")
+    if not isinstance(want, int) or n_frames >= want:
+        return None
+    return (f"warning: {Path(pcap).name} holds {n_frames} frames but its sidecar says {want} were recorded: "
+            "the file is cut short; only those are replayed (record it again with `embnic trace record`)")
+
+
 def check_config(sidecar: dict | None, config: str | os.PathLike, cfg) -> dict:
     """Compare the config a trace was recorded with (its sidecar) with ``config``.
 
@@ -383,7 +393,10 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
                          "record one with `embnic trace record`")
     cfg = load_config(config)
     sidecar_path = pcap.with_suffix(".json")
-    cc = check_config(read_sidecar(pcap), config, cfg)
+    sidecar = read_sidecar(pcap)
+    if (warn := truncation_warning(pcap, len(frames), sidecar)):
+        log(warn)
+    cc = check_config(sidecar, config, cfg)
     cc["forced"] = False
     if cc["match"] is False:
         what = f"{pcap} was recorded with config {cc['recorded_with']}, whose content differs from {config}"

@@ -283,6 +283,26 @@ def test_replay_refuses_a_file_without_embnic_requests(run_dir, tmp_path):  # no
     assert r.returncode == 1 and "no embnic request frames" in r.stderr
 
 
+@needs_root
+def test_replay_warns_of_a_trace_cut_short(run_dir, tmp_path):  # noqa: F811
+    """A trace copied short (its last record cut) replays what it holds, but says it is cut short."""
+    from embnic.control.pcap import write_pcap
+    from embnic.testbed.traces import trace as TR
+
+    p = tmp_path / "cut.pcap"
+    write_pcap(p, [_frame(f, True) for f in _lookup(1) + _lookup(2)])
+    p.write_bytes(p.read_bytes()[:-5])  # the second lookup's record cut short
+    # the sidecar of the full recording (3 frames), made with another config: replay stops there
+    (tmp_path / "cut.json").write_text(json.dumps({"frames": 3, "config": "other.toml", "config_digest": "0" * 64}))
+    lines = []
+    with pytest.raises(TR.ConfigMismatch):
+        TR.replay(p, TESTBED_TOML, out=tmp_path / "o", log=lines.append)
+    assert lines == ["warning: cut.pcap holds 1 frames but its sidecar says 3 were recorded: the file is cut "
+                     "short; only those are replayed (record it again with `embnic trace record`)"]
+    assert TR.truncation_warning(p, 3, {"frames": 3}) is None
+    assert TR.truncation_warning(p, 1, None) is None  # no sidecar: nothing to compare
+
+
 def test_latency_cdf_of_a_run_without_samples_is_drawn_without_warnings(tmp_path):
     import warnings
 
