@@ -161,3 +161,41 @@ def test_files_read_back_with_the_safetensors_library(tmp_path):
     q = tmp_path / "g.safetensors"
     st.save_file(t, str(q), metadata={"format": "embnic-tables"})  # and the library's files through our reader
     assert all(np.array_equal(TIO.load_safetensors(q)[0][k], t[k]) for k in t)
+
+
+def test_torchrec_layout_loads_into_torchrecs_own_collection(tmp_path):
+    """The torchrec export is read by the safetensors package itself and accepted, strictly, by
+    TorchRec's ``EmbeddingBagCollection.load_state_dict``; the loaded collection pools the
+    trained rows (sum) exactly as the in-process reference does."""
+    torch = pytest.importorskip("torch", reason="the embnic[torch] extra (scripts/install-deps.sh installs it)")
+    st_torch = pytest.importorskip("safetensors.torch", reason="the embnic[torch] extra")
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+
+    tables = [t | {"name": f"t{t['id']}"} for t in __import__("test_server").TABLES if t.get("rows")]
+    assert tables
+    cfg_path = _write_cfg(tmp_path, tables)
+    from embnic.client_lib.config import load_config
+
+    cfg = load_config(str(cfg_path))
+    ref = _train(cfg, tmp_path / "run", steps=4)
+    out = tmp_path / "w.safetensors"
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", out, "--layout", "torchrec")
+    assert r.exit_code == 0, r.output
+    sd = st_torch.load_file(str(out))
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                                                            feature_names=[f"f{t.id}"]) for t in cfg.tables])
+    missing, unexpected = ebc.load_state_dict(sd, strict=True)
+    assert not missing and not unexpected
+    # one bag per feature holding every updated id of its table: the pooled sum is the sum of the trained rows
+    keys, lengths = [], []
+    for t in cfg.tables:
+        k = ref.state_dict()[t.id][0]
+        keys.append(k.astype(np.int64))
+        lengths.append(k.size)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"f{t.id}" for t in cfg.tables],
+                                              values=torch.from_numpy(np.concatenate(keys)),
+                                              lengths=torch.tensor(lengths, dtype=torch.int32))
+    pooled = ebc(kjt)
+    for t, k in zip(cfg.tables, keys):
+        want = ref.state_dict()[t.id][1].astype(np.float64).sum(axis=0)
+        np.testing.assert_allclose(pooled[f"f{t.id}"].detach().numpy()[0], want, rtol=1e-5, atol=1e-5)
