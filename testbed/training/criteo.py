@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from embnic.client_lib.splitmix import splitmix64
+from embnic.control.errors import OperationalError
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -202,8 +203,11 @@ def time_split(data: CriteoData, valid_fraction: float = 0.2) -> tuple[CriteoDat
 
 # ---- parsing -------------------------------------------------------------------------------
 
-class CriteoFormatError(ValueError):
-    """A line does not follow the Criteo TSV format; the message names file and line."""
+class CriteoFormatError(OperationalError, ValueError):
+    """A line does not follow the Criteo TSV format; the message names file and line.
+
+    An operational error of the control plane too: the CLI prints its one line, exit 1.
+    """
 
 
 def _decode_hex(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -106,6 +106,20 @@ def test_status_of_a_damaged_state_file_exits_1_and_says_down(run_dir):  # noqa:
     assert "None" not in r.output
 
 
+@pytest.mark.skipif(not is_root(), reason="needs root")
+@pytest.mark.parametrize("cmd", [["demo", "--steps", "2", "--name", "enZ2"],
+                                 ["trace", "record", "-c", str(TESTBED_TOML), "--batches", "1", "--name", "enZ2"]])
+def test_malformed_data_is_one_line_exit_1(cmd, run_dir, tmp_path):  # noqa: F811
+    """--data that is no Criteo TSV: one line naming file and line (as `embnic train`), not the last-resort
+    'CriteoFormatError: ... (run with --debug ...)'; nothing is left behind."""
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("garbage\tline\n")
+    r = _embnic(run_dir, *cmd, "--data", str(bad), "--out", str(tmp_path / "o"))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == f"Error: {bad}:1: 2 fields, expected 40 (label, I1..I13, C1..C26) or 39 (no label)"
+    assert not list(run_dir.glob("testbed-enZ2*.json"))
+
+
 def _embnic(run_dir, *args, timeout=120):
     return subprocess.run([sys.executable, "-m", "embnic", *args], capture_output=True, text=True,
                           env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)), timeout=timeout)
