@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from embnic.control import runstate
-from embnic.control.errors import NEEDS_ROOT, OperationalError
+from embnic.control.errors import NEEDS_ROOT, NeedsRootError, OperationalError
 from embnic.control.runstate import pid_matches
 
 _CLONE_NEWNET = 0x40000000
@@ -30,17 +30,20 @@ class TestbedError(OperationalError):
     __test__ = False  # not a pytest test class
 
 
-class NeedsRoot(TestbedError):
+class NeedsRoot(TestbedError, NeedsRootError):
     """The caller lacks CAP_NET_ADMIN/CAP_SYS_ADMIN (network namespaces need root): exit 2."""
 
     category = NEEDS_ROOT
 
 
 def require_net_admin(what: str = "the testbed") -> None:
-    """Raise :class:`~embnic.control.errors.NeedsRootError` unless :func:`~embnic.control.runstate.is_root`
-    (network namespaces and veth pairs need CAP_NET_ADMIN)."""
-    runstate.require_root(what, why="CAP_NET_ADMIN, to create network namespaces and veth pairs",
-                          example="sudo embnic testbed up --config examples/testbed.toml")
+    """Raise :class:`NeedsRoot` unless :func:`~embnic.control.runstate.is_root` (the one root check;
+    network namespaces and veth pairs need CAP_NET_ADMIN)."""
+    try:
+        runstate.require_root(what, why="CAP_NET_ADMIN, to create network namespaces and veth pairs",
+                              example="sudo embnic testbed up --config examples/testbed.toml")
+    except NeedsRootError as e:
+        raise NeedsRoot(e.message) from None
 
 
 def run_cmd(argv: list[str], *, check: bool = True, log=None, timeout: float = 30.0) -> subprocess.CompletedProcess:

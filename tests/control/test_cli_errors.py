@@ -51,6 +51,18 @@ def test_subclasses_keep_or_change_their_category():
     assert BinaryArgumentError.category == ConfigMismatch.category == "usage"
 
 
+def test_the_testbed_root_check_is_the_one_root_check(monkeypatch):
+    from embnic.control import runstate
+    from embnic.testbed.net.netns import NeedsRoot, require_net_admin
+
+    monkeypatch.setattr(runstate, "is_root", lambda: False)
+    with pytest.raises(NeedsRoot, match=r"^testbed up \(x\) needs root \(CAP_NET_ADMIN") as e:
+        require_net_admin("testbed up (x)")
+    assert isinstance(e.value, E.NeedsRootError) and e.value.exit_code == 2
+    monkeypatch.setattr(runstate, "is_root", lambda: True)
+    require_net_admin("testbed up (x)")
+
+
 @pytest.mark.parametrize("err,cls,code", CASES, ids=lambda c: getattr(c, "category", None) or type(c).__name__)
 def test_a_command_raising_it_exits_with_its_code(err, cls, code):
     @click.group()
