@@ -104,7 +104,18 @@ def _meta(cfg: ClusterConfig, layout: str) -> dict[str, str]:
 
 def gather(cfg: ClusterConfig, directory) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Every shard's updated rows from ``directory`` (as a restart would see them), merged:
-    ``{table_id: (keys uint64 (M,), rows float32 (M, dim), acc float32 (M,))}``."""
+    ``{table_id: (keys uint64 (M,), rows float32 (M, dim), acc float32 (M,))}``.
+
+    Raises:
+        TablesFileError: ``directory`` lacks a shard's ``shard-<id>`` directory (not where the
+            shards ran: its rows would be exported as the initial ones).
+    """
+    missing = [f"shard-{s.id}" for s in cfg.shards if not D.shard_dir(directory, s.id).is_dir()]
+    if missing:
+        raise TablesFileError(f"{directory} has no {', '.join(missing)} "
+                              f"{'directory' if len(missing) == 1 else 'directories'}: give --from the directory "
+                              "the shards ran with --checkpoint-dir (or filled by `embnic tables import`); "
+                              "exporting would write those shards' initial rows")
     states = []
     for s in cfg.shards:
         tables, _ = D.load_shard_state(directory, s.id, cfg)

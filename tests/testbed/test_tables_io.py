@@ -125,12 +125,28 @@ def test_collision_free_tables_export_by_id_and_refuse_torchrec(tmp_path):
 
 def test_torchrec_layout_refuses_a_table_too_large_to_write_dense(tmp_path):
     cfg_path = _write_cfg(tmp_path, [{"id": 0, "rows": 2**40, "dim": 8, "name": "huge"}])
-    (tmp_path / "run").mkdir()
+    for i in range(2):  # the shards ran with --checkpoint-dir run but logged nothing
+        (tmp_path / "run" / f"shard-{i}").mkdir(parents=True)
     out = tmp_path / "h.safetensors"
     r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", out, "--layout", "torchrec")
     assert r.exit_code == 2 and "32768 GiB" in r.output and "--layout ids" in r.output
     r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "run", "--out", out)  # default: ids
     assert r.exit_code == 0 and "(ids)" in r.output, r.output
+
+
+def test_export_refuses_a_directory_without_the_shards(tmp_path):
+    """--from a directory the shards never ran in (a typo, the parent directory) would export the
+    initial rows as if trained: refused, naming the missing shard directory (exit 2)."""
+    cfg_path = _write_cfg(tmp_path, [{"id": 0, "rows": 1000, "dim": 4, "name": "small"}])
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "e.safetensors"
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "empty", "--out", out)
+    assert r.exit_code == 2, r.output
+    assert f"{tmp_path / 'empty'} has no shard-0, shard-1 directories" in r.output and "--checkpoint-dir" in r.output
+    assert not out.exists()
+    (tmp_path / "empty" / "shard-0").mkdir()  # one shard of two: still refused, naming the other
+    r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "empty", "--out", out)
+    assert r.exit_code == 2 and "has no shard-1 directory" in r.output and not out.exists(), r.output
 
 
 def test_import_refuses_a_file_that_does_not_fit(tmp_path):
