@@ -75,6 +75,7 @@ from .netns import (NeedsRoot, TestbedError, _reap, in_netns, log_tail, netns_ex
                     require_net_admin, run_cmd, stop_process)
 from .state import (dead_nodes, describe_dead, list_testbeds, node_dir, node_label,
                     save_testbed_state, state_path, testbed_state)
+from .probe import _status_name, probe_key
 from .toml_writer import dump_toml
 
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
@@ -456,36 +457,6 @@ class Testbed:
             self._log.close()
             self._log = None
         return down(self.name, self.rdir)
-
-
-def probe_key(cfg: ClusterConfig, shard_id: int):
-    """The (table, key, owned) a readiness probe of shard ``shard_id`` looks up.
-
-    The first table (config order) with a key the shard owns among ids ``0 .. min(rows, 4096)-1``
-    and the smallest such key: under the ``hash`` policy a shard of S owns one id in S, so
-    4096 candidates miss with probability (1-1/S)^4096. ``owned`` is False only when the shard
-    owns none of them (``table`` policy, no table on it): then table 0, key 0.
-
-    Returns:
-        (``TableConfig``, keys uint64 (1,), owned bool).
-    """
-    import numpy as np
-
-    from embnic.client_lib.routing import shard_of
-
-    for t in cfg.tables:
-        cand = np.arange(min(t.rows, 4096) if t.rows is not None else 4096, dtype=np.uint64)
-        hit = np.flatnonzero(shard_of(cfg, t.id, cand) == shard_id)
-        if hit.size:
-            return t, cand[hit[:1]], True
-    return cfg.tables[0], np.zeros(1, dtype=np.uint64), False
-
-
-def _status_name(status: int) -> str:
-    try:
-        return Status(status).name
-    except ValueError:
-        return str(status)
 
 
 # --------------------------------------------------------------------------- down / status
