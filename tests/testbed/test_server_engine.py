@@ -280,6 +280,7 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
             ref.update(1, k, g)
             for t, (ks, _, _) in ref.state_dict().items():
                 assert np.array_equal(c.lookup({t: ks})[t], ref.lookup(t, ks)), t
+            client_retransmits = c.stats.retransmits
         p.terminate()
         _, err = p.communicate(timeout=60)
     finally:
@@ -288,7 +289,10 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
             p.communicate(timeout=60)
     assert p.returncode == 0, err
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
-    assert counters["updates_applied"] == 10 and counters["duplicates"] == 1
+    # applied exactly once each; the duplicates are the raw retransmission plus any update the
+    # client itself re-sent after its timer fired on a busy machine (acked again, never re-applied)
+    assert counters["updates_applied"] == 10
+    assert 1 <= counters["duplicates"] <= 1 + client_retransmits, (counters["duplicates"], client_retransmits)
     assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
     assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
                                 "2": ref.state_dict()[2][0].size}
