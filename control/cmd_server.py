@@ -68,7 +68,13 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
     ids = [s.id for s in cfg.shards]
     if shard_id not in ids:
         raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
-    from embnic.testbed.server.durability import DurabilityError
+    from embnic.testbed.server.durability import DurabilityError, shard_dir
+
+    if restore is not None and not shard_dir(restore, shard_id).is_dir():
+        raise click.UsageError(
+            f"--restore {restore}: no {shard_dir(restore, shard_id).name}/ in it (nothing of shard {shard_id} to "
+            "restore): give the directory this shard ran with --checkpoint-dir, or one `embnic tables import` "
+            "filled; start without --restore for fresh rows")
     from embnic.testbed.server.shard import LOG_FORMAT, bind_error_message, run_server
 
     me = cfg.shard(shard_id)

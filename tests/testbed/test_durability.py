@@ -251,3 +251,20 @@ def test_table_shard_load_state_round_trip():
         assert np.array_equal(x, y)
     with pytest.raises(ValueError, match="strictly increasing"):
         b.load_state(np.array([3, 1], np.uint64), np.zeros((2, t.dim), np.float32), np.zeros(2, np.float32))
+
+
+def test_restore_from_a_directory_without_this_shard_is_a_usage_error(tmp_path):
+    """A typo in --restore DIR must not start a shard silently serving fresh rows."""
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text('[cluster]\nseed = 7\n[[tables]]\nid = 0\ndim = 8\n'
+                        '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 7900\n'
+                        '[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    (tmp_path / "ck").mkdir()
+    r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", str(cfg_path), "--port", "0",
+                                 "--restore", str(tmp_path / "ck")])
+    assert r.exit_code == 2, r.output
+    assert "no shard-0/" in r.output and "--checkpoint-dir" in r.output
