@@ -585,9 +585,9 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
     Table entries first, without a race with the frames: a first switch (no ports) is
     programmed with ``commands`` and its state saved; a second one restores that state and
     only then reads ``workdir/p<N>_in.pcap`` (``--use-files``), in the frames' global order.
-    Waits until every frame was received (``rx_frames``) and ``expect_out`` frames were sent
-    (``tx_frames``; default: do not wait for outputs beyond the inputs), then reads counters and
-    the state map and stops the switch. Both switches run in a fresh netns (lo only).
+    Waits until every frame was received (``rx_frames``), every frame counted at egress
+    (``tx_frames``, at least ``expect_out`` if given) is in the output files and that count
+    held still between two reads, then reads counters and the state map and stops the switch. Both switches run in a fresh netns (lo only).
 
     Raises:
         Bmv2Error: a switch failed, the CLI refused a command, or the frames did not all pass
@@ -620,13 +620,17 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
         try:
             sw.wait_ready()
             deadline = time.monotonic() + timeout
+            last_tx = -1
             while True:
                 c = read_counters(sw, nb_ports, shards)
                 rx = sum(p["rx_frames"] for p in c["ports"])
                 tx = sum(p["tx_frames"] for p in c["ports"])
                 written = sum(len(read_pcap_frames(workdir / f"p{p}_out.pcap")) for p in range(nb_ports))
-                if rx == len(frames) and (expect_out is None or (tx >= expect_out and written >= expect_out)):
+                # done: every frame received, and every frame egress counted is in an output file
+                # (and no more is coming: the count held still between two reads)
+                if rx == len(frames) and written == tx == last_tx and (expect_out is None or tx >= expect_out):
                     break
+                last_tx = tx if rx == len(frames) else -1
                 if time.monotonic() > deadline:
                     raise Bmv2Error(f"after {timeout:.0f} s simple_switch received {rx} of {len(frames)} "
                                     f"frames and wrote {written} (want {expect_out}); log: {sw.log_file}")
