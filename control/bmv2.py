@@ -41,6 +41,8 @@ TOOL_HINTS = {
     "simple_switch_CLI": "it comes with p4lang/behavioral-model (needs the Python package thrift)",
 }
 DEFAULT_THRIFT_PORT = 9090
+#: frames per egress queue (BMv2's default of 64 drops, uncounted, under any burst)
+EGRESS_QUEUE_DEPTH = 16384
 
 
 class Bmv2Error(RuntimeError):
@@ -242,13 +244,14 @@ class SimpleSwitch:
     """
 
     def __init__(self, json_path: Path, netns: Netns, ports: Mapping[int, str], *, log: Path,
-                 use_files: bool = False, restore_state: Path | None = None,
+                 use_files: bool = False, files_wait_s: int = 0, restore_state: Path | None = None,
                  thrift_port: int = DEFAULT_THRIFT_PORT):
         self.json_path = Path(json_path)
         self.netns = netns
         self.ports = dict(ports)
         self.log = Path(log)
         self.use_files = use_files
+        self.files_wait_s = int(files_wait_s)
         self.restore_state = restore_state
         self.thrift_port = thrift_port
         self.proc: subprocess.Popen | None = None
@@ -258,7 +261,7 @@ class SimpleSwitch:
         cmd = [find_tool("simple_switch"), "--thrift-port", str(self.thrift_port),
                "--log-file", str(self.log), "--log-level", "info", "--log-flush"]
         if self.use_files:
-            cmd += ["--use-files", "0"]
+            cmd += ["--use-files", str(self.files_wait_s)]
         if self.restore_state is not None:
             cmd += ["--restore-state", str(self.restore_state)]
         for num, name in sorted(self.ports.items()):
@@ -273,6 +276,7 @@ class SimpleSwitch:
     def start(self) -> int:
         """Start the switch; returns its pid (of ``ip netns exec``, which execs simple_switch)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file.unlink(missing_ok=True)  # wait_ready reads it: no line of an earlier run
         out = open(self.log.with_name(self.log.name + ".out"), "wb")
         self.proc = subprocess.Popen(["ip", "netns", "exec", self.netns.name, *self.command()],
                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -579,15 +583,16 @@ class PcapRun:
 
 def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], commands: Sequence[str],
                    workdir: Path, *, nb_ports: int, shards: Sequence[int] = (), expect_out: int | None = None,
-                   netns_name: str | None = None, timeout: float = 120.0) -> PcapRun:
+                   netns_name: str | None = None, timeout: float = 300.0) -> PcapRun:
     """Feed ``frames`` (``[(ingress port, bytes)]``, in order) through ``simple_switch``.
 
     Table entries first, without a race with the frames: a first switch (no ports) is
     programmed with ``commands`` and its state saved; a second one restores that state and
     only then reads ``workdir/p<N>_in.pcap`` (``--use-files``), in the frames' global order.
-    Waits until every frame was received (``rx_frames``), every frame counted at egress
-    (``tx_frames``, at least ``expect_out`` if given) is in the output files and that count
-    held still between two reads, then reads counters and the state map and stops the switch. Both switches run in a fresh netns (lo only).
+    Waits until every frame was received (``rx_frames``), every frame ingress accepted
+    (``frames_by_type`` + ``arp_replies``: one output each) was counted at egress
+    (``tx_frames``, at least ``expect_out`` if given) and is in the output files, then reads
+    counters and the state map and stops the switch. Both switches run in a fresh netns (lo only).
 
     Raises:
         Bmv2Error: a switch failed, the CLI refused a command, or the frames did not all pass
@@ -613,27 +618,44 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
         finally:
             prog.stop()
         program_s = time.monotonic() - t0
-        t1 = time.monotonic()
-        sw = SimpleSwitch(json_path, ns, {p: str(workdir / f"p{p}") for p in range(nb_ports)},
-                          log=workdir / "run.log", use_files=True, restore_state=workdir / "state.bmv2")
-        sw.start()
+        # BMv2 drops at a full egress queue (64 frames by default) and reads pcap files as fast as
+        # it can: the queues are made deep while the reader still waits (--use-files WAIT); if
+        # that took longer than the wait, the run is repeated with a longer one
+        for wait in (3, 10, 30):
+            t1 = time.monotonic()
+            for p in range(nb_ports):
+                (workdir / f"p{p}_out.pcap").unlink(missing_ok=True)
+            sw = SimpleSwitch(json_path, ns, {p: str(workdir / f"p{p}") for p in range(nb_ports)},
+                              log=workdir / "run.log", use_files=True, files_wait_s=wait,
+                              restore_state=workdir / "state.bmv2")
+            sw.start()
+            try:
+                sw.wait_ready()
+                sw.cli([f"set_queue_depth {EGRESS_QUEUE_DEPTH}"])
+            except BaseException:
+                sw.stop()
+                raise
+            if time.monotonic() - t1 < wait - 0.2:
+                break
+            sw.stop()
+        else:
+            raise Bmv2Error(f"simple_switch took more than {wait} s to start and take its queue depth; log: {sw.log_file}")
         try:
-            sw.wait_ready()
             deadline = time.monotonic() + timeout
-            last_tx = -1
             while True:
                 c = read_counters(sw, nb_ports, shards)
                 rx = sum(p["rx_frames"] for p in c["ports"])
                 tx = sum(p["tx_frames"] for p in c["ports"])
                 written = sum(len(read_pcap_frames(workdir / f"p{p}_out.pcap")) for p in range(nb_ports))
-                # done: every frame received, and every frame egress counted is in an output file
-                # (and no more is coming: the count held still between two reads)
-                if rx == len(frames) and written == tx == last_tx and (expect_out is None or tx >= expect_out):
+                # done: every frame received, every frame ingress accepted (forwarded or an ARP
+                # reply: one output each) counted at egress, and all of those in the output files
+                accepted = sum(c["types"].values()) + c["arp"]["replies"]
+                if rx == len(frames) and written == tx == accepted and (expect_out is None or tx >= expect_out):
                     break
-                last_tx = tx if rx == len(frames) else -1
                 if time.monotonic() > deadline:
                     raise Bmv2Error(f"after {timeout:.0f} s simple_switch received {rx} of {len(frames)} "
-                                    f"frames and wrote {written} (want {expect_out}); log: {sw.log_file}")
+                                    f"frames, accepted {accepted}, counted {tx} at egress and wrote {written} "
+                                    f"(want {expect_out}); log: {sw.log_file}")
                 time.sleep(0.2)
             run_s = time.monotonic() - t1
             state = read_state(sw)

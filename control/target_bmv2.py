@@ -255,6 +255,7 @@ class Bmv2Target(Target):
                      "interfaces": ports, "argv": sw.command()}
             write_state(self.run_dir, self.instance, state)
             sw.wait_ready(self.ready_timeout)
+            sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
         except bmv2.Bmv2Error as e:
             remove_state(self.run_dir, self.instance)
             if made_ns:
