@@ -274,17 +274,49 @@ def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, 
     return tuple(out)
 
 
+def _check_hosts(shards, clients, ports, path) -> None:
+    """Nodes with one IPv4 are one host: the same MAC and card port, distinct UDP ports.
+
+    Several client ids (and shards) may share a host (e.g. the workers torchrun starts in one
+    namespace); they tell apart by UDP port (distinct per kind, checked by ``_endpoints``), and
+    the card's tables are keyed by id. A card port's own address is no node's.
+
+    Raises:
+        ConfigError: two nodes of one IPv4 with different ``mac`` or ``card_port``, or a node at
+            a card port's address (names the later field).
+    """
+    port_ips = {p.ip: p.id for p in ports}
+    hosts: dict[str, tuple[str, Endpoint]] = {}
+    for key, items in (("shards", shards), ("clients", clients)):
+        for i, e in enumerate(items):
+            w = f"{key}[{i}]"
+            if e.ip in port_ips:
+                raise ConfigError(f"{w}.ip", f"{e.ip} is the address of card port {port_ips[e.ip]}; "
+                                  "give the node an address of its own on that port's segment", path)
+            if e.ip not in hosts:
+                hosts[e.ip] = (f"{w} (id {e.id})", e)
+                continue
+            first, f = hosts[e.ip]
+            for attr in ("mac", "card_port"):
+                if getattr(e, attr) != getattr(f, attr):
+                    raise ConfigError(f"{w}.{attr}", f"{getattr(e, attr)} differs from {getattr(f, attr)} of "
+                                      f"{first}, which has the same ip {e.ip}: nodes of one host share its "
+                                      "MAC and card port (give another ip for another host)", path)
+
+
 def _check_unique_macs(shards, clients, ports, path) -> None:
-    """No MAC twice across shards, clients and card ports (the card's tables name peers by MAC)."""
-    owner: dict[str, str] = {}
+    """No MAC on two hosts across shards, clients and card ports (the card's tables name peers by
+    MAC); nodes sharing an IPv4 (one host, see :func:`_check_hosts`) share its MAC."""
+    owner: dict[str, tuple[str, str | None]] = {}
     for key, items in (("card.ports", ports), ("shards", shards), ("clients", clients)):
         for i, e in enumerate(items):
             if e.mac is None:
                 continue
-            if e.mac in owner:
-                raise ConfigError(f"{key}[{i}].mac", f"{e.mac} is already the MAC of {owner[e.mac]}; "
-                                  "every shard, client and card port needs a MAC of its own", path)
-            owner[e.mac] = f"{key}[{i}] (id {e.id})"
+            host = e.ip if key != "card.ports" else None
+            if e.mac in owner and (host is None or owner[e.mac][1] != host):
+                raise ConfigError(f"{key}[{i}].mac", f"{e.mac} is already the MAC of {owner[e.mac][0]}; "
+                                  "every host (IPv4) and card port needs a MAC of its own", path)
+            owner.setdefault(e.mac, (f"{key}[{i}] (id {e.id})", host))
 
 
 def _rows(t: dict, w: str, path) -> int | None:
@@ -398,7 +430,6 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
         if enabled:
             if not ports:
                 raise ConfigError("card.ports", "at least one port is required when the card is enabled", path)
-            link: dict[int, str] = {}
             for kind, eps in (("shards", shards), ("clients", clients)):
                 for i, e in enumerate(eps):
                     if e.card_port is None:
@@ -406,12 +437,9 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
                     if e.card_port not in pseen:
                         raise ConfigError(f"{kind}[{i}].card_port",
                                           f"no card port {e.card_port} (ports: {sorted(pseen)})", path)
-                    if e.card_port in link:
-                        raise ConfigError(f"{kind}[{i}].card_port", f"card port {e.card_port} is already the link "
-                                          f"of {link[e.card_port]}; every client and shard needs a card port of "
-                                          "its own (one link per node)", path)
-                    link[e.card_port] = f"{kind}[{i}] (id {e.id})"
-    _check_unique_macs(shards, clients, card.ports if card is not None else (), path)
+    card_ports = card.ports if card is not None else ()
+    _check_hosts(shards, clients, card_ports, path)
+    _check_unique_macs(shards, clients, card_ports, path)
     return ClusterConfig(name, udp_port, mtu, sharding, seed, timeout_ms, retries, tuple(tables),
                          shards, clients, card, str(path) if path else None, raw)
 

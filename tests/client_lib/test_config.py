@@ -101,15 +101,35 @@ def test_unknown_sections_and_fields_suggest_the_closest(mutate, field, hint):
     assert "unknown" in e.value.message and hint in e.value.message
 
 
+def test_many_nodes_per_card_port_and_clients_sharing_a_host():
+    """Two card ports, each an L2 segment: port 0 has clients 1-4 on two hosts (one IPv4 and MAC,
+    distinct UDP ports) and shard 0; port 1 has shards 1-3. A valid config (issue 11)."""
+    host = [("10.0.0.2", "02:00:00:00:00:02"), ("10.0.0.3", "02:00:00:00:00:03")]
+    raw = _raw(shards=[{"id": 0, "ip": "10.0.0.9", "card_port": 0, "mac": "02:00:00:00:00:09"}]
+               + [{"id": s, "ip": f"10.0.1.{s + 1}", "card_port": 1, "mac": f"02:00:00:00:01:0{s + 1}"}
+                  for s in (1, 2, 3)],
+               clients=[{"id": c, "ip": host[c % 2][0], "mac": host[c % 2][1], "port": 40000 + c, "card_port": 0}
+                        for c in (1, 2, 3, 4)])
+    raw["card"] = {"ports": [{"id": i, "ip": f"10.0.{i}.1", "mac": f"02:ee:00:00:00:0{i}"} for i in range(2)]}
+    cfg = parse_config(raw)
+    assert [c.card_port for c in cfg.clients] == [0, 0, 0, 0]
+    assert {(c.ip, c.mac) for c in cfg.clients} == set(host)
+    assert cfg.request_destination(3, 2) == ("10.0.0.1", 7878)
+    raw["clients"][3]["mac"] = "02:00:00:00:00:03"  # client 4 on host 10.0.0.2 with host 10.0.0.3's MAC
+    with pytest.raises(ConfigError, match=r"clients\[3\]\.mac: 02:00:00:00:00:03 differs from 02:00:00:00:00:02"):
+        parse_config(raw)
+
+
 @pytest.mark.parametrize("mutate,field,text", [
     (lambda r: r["shards"][1].update(ip="10.0.2.2"), "shards[1].port",
      "10.0.2.2:7878 is already the address of shards[0] (id 0)"),
     (lambda r: r["clients"][1].update(ip="10.0.0.2"), "clients[1].port",
      "10.0.0.2:40000 is already the address of clients[0] (id 1)"),
-    (lambda r: r["shards"][1].update(card_port=2), "shards[1].card_port",
-     "card port 2 is already the link of shards[0] (id 0)"),
-    (lambda r: r["clients"][0].update(card_port=3), "clients[0].card_port",
-     "card port 3 is already the link of shards[1] (id 1)"),
+    (lambda r: r["clients"][1].update(ip="10.0.0.2", port=40001), "clients[1].mac",
+     "02:00:00:00:01:02 differs from 02:00:00:00:00:02 of clients[0] (id 1), which has the same ip 10.0.0.2"),
+    (lambda r: r["clients"][1].update(ip="10.0.0.2", port=40001, mac="02:00:00:00:00:02"), "clients[1].card_port",
+     "1 differs from 0 of clients[0] (id 1), which has the same ip 10.0.0.2"),
+    (lambda r: r["clients"][0].update(ip="10.0.0.1"), "clients[0].ip", "10.0.0.1 is the address of card port 0"),
     (lambda r: r["clients"][1].update(mac="02:00:00:00:02:02"), "clients[1].mac",
      "02:00:00:00:02:02 is already the MAC of shards[0] (id 0)"),
     (lambda r: r["shards"][0].update(mac="02:EE:00:00:00:01"), "shards[0].mac",

@@ -163,7 +163,8 @@ def test_check_clashes(invoke, card_config):
     for old, new, want in [
         ('ip = "10.0.1.3"\nport = 7879', 'ip = "10.0.1.2"\nport = 7878',
          "shards[1].port: 10.0.1.2:7878 is already the address of shards[0] (id 0)"),
-        ("card_port = 2", "card_port = 1", "shards[1].card_port: card port 1 is already the link of shards[0] (id 0)"),
+        ('ip = "10.0.1.3"', 'ip = "10.0.1.2"', "shards[1].mac: 02:00:00:00:01:03 differs from 02:00:00:00:01:02 "
+         "of shards[0] (id 0), which has the same ip 10.0.1.2"),
         ('mac = "02:00:00:00:01:03"', 'mac = "02:00:00:00:00:02"',
          "clients[0].mac: 02:00:00:00:00:02 is already the MAC of shards[1] (id 1)"),
         ('mac = "02:00:00:00:01:03"', 'mac = "ff:ff:ff:ff:ff:ff"', "shards[1].mac: ff:ff:ff:ff:ff:ff is a multicast"),
