@@ -33,15 +33,19 @@ fi
 # dependencies: it declares the CUDA fbgemm-gpu, which clashes with fbgemm-gpu-cpu (one import
 # name, fbgemm_gpu). PIP_BREAK_SYSTEM_PACKAGES lets Debian's own python3 accept it; a venv or
 # pyenv python ignores it.
-extras="test"
-probe="import embnic.client_lib, hypothesis, pytest"
+# The `bmv2` extra (the Thrift runtime, small) comes along so that wherever BMv2 is installed its
+# runtime CLI and the bmv2 tests work.
+extras="test,bmv2"
+probe="import embnic.client_lib, hypothesis, pytest, thrift"
+torch=0
 if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
-    extras="test,torch"
+    extras="$extras,torch"
     probe="$probe, torch, torchrec, fbgemm_gpu"
+    torch=1
 fi
 if ! "$PY" -c "$probe" >/dev/null 2>&1 || [ "$top/pyproject.toml" -nt "$top/.deps-stamp" ]; then
     PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check -e "$top[$extras]"
-    if [ "$extras" = "test,torch" ]; then
+    if [ "$torch" = 1 ]; then
         PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check --no-deps torchrec==1.9.2
         "$PY" -c "import torch, torchrec, fbgemm_gpu" \
             || { echo "embnic: torch/torchrec/fbgemm_gpu installed but do not import (see above)" >&2; exit 1; }
