@@ -65,6 +65,43 @@ def _ip_hex(v: str) -> str:
     return ".".join(str(b) for b in int(v, 16).to_bytes(4, "big"))
 
 
+def handle_zero_placeholders(commands: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Commands that keep entry handle 0 free in every table a saved state will restore.
+
+    BMv2 1.15.5 restores saved entries with their handles but leaves the table's "first free
+    handle" at 0 (``HandleMgr::set_handle`` resets it from the size *before* growing), so the
+    next runtime ``table_add`` on a table whose handle 0 was restored is given handle 0 again:
+    it overwrites that entry, and a later ``table_dump`` kills the switch. A state saved with
+    handle 0 unused restores correctly (its first free handle really is 0).
+
+    Returns:
+        ``(adds, deletes)``: run ``adds`` before ``commands`` (one placeholder ``table_add`` per
+        table: the table's first entry with its last key field changed to a value no entry of
+        that table uses, so it gets handle 0), and ``deletes`` after them, before saving.
+    """
+    keys: dict[str, set[tuple[str, ...]]] = {}
+    first: dict[str, list[str]] = {}
+    for c in commands:
+        w = c.split()
+        if len(w) < 4 or w[0] != "table_add" or "=>" not in w:
+            continue
+        arrow = w.index("=>")
+        keys.setdefault(w[1], set()).add(tuple(w[3:arrow]))
+        first.setdefault(w[1], w)
+    adds, deletes = [], []
+    for table, w in first.items():
+        arrow = w.index("=>")
+        key = list(w[3:arrow])
+        if not key:
+            continue
+        v = 0
+        while tuple(key[:-1] + [str(v)]) in keys[table]:
+            v += 1
+        adds.append(" ".join(w[:3] + key[:-1] + [str(v)] + w[arrow:]))
+        deletes.append(f"table_delete {table} 0")
+    return adds, deletes
+
+
 def parse_table_dump(text: str) -> list[dict]:
     """``table_dump`` output as ``[{handle, key: [ints], action, params: [ints]}]`` (default entry left out)."""
     out = []
@@ -241,7 +278,11 @@ class Bmv2Target(Target):
             prog.start()
             try:
                 prog.wait_ready(self.ready_timeout)
+                # handle 0 left free in every table: see handle_zero_placeholders
+                placeholders, unplace = handle_zero_placeholders(commands)
+                prog.cli(placeholders)
                 prog.cli(commands)
+                prog.cli(unplace)
                 prog.save_state(state_file)
             finally:
                 prog.stop(self.stop_timeout)
@@ -316,7 +357,19 @@ class Bmv2Target(Target):
         cmds += [f"table_delete sender_allowlist {h}" for h in self._allow_handle(is_request, id_)]
         self.cli(cmds + add)
 
+    def _check_port(self, e: Entry) -> None:
+        n = self._nb_ports()
+        if not 0 <= int(e.port) < n:
+            raise UsageError(f"--port {e.port}: the card has {n} port(s) (0..{n - 1})")
+
     def route_add(self, e: Entry) -> None:
+        """Add or replace the route of shard ``e.id``.
+
+        Raises:
+            UsageError: ``e.port`` is not one of the card's ports (exit 2).
+            OperationalError: not loaded, or the switch refused the entry.
+        """
+        self._check_port(e)
         self._replace("route_by_shard", e.id, 0, bmv2.route_add_commands(
             bmv2.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
 
@@ -331,6 +384,13 @@ class Bmv2Target(Target):
                        for e in self._dump("route_by_shard")), key=lambda x: x.id)
 
     def client_add(self, e: Entry) -> None:
+        """Add or replace client ``e.id``.
+
+        Raises:
+            UsageError: ``e.port`` is not one of the card's ports (exit 2).
+            OperationalError: not loaded, or the switch refused the entry.
+        """
+        self._check_port(e)
         self._replace("client_by_id", e.id, 1, bmv2.client_add_commands(
             bmv2.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
 

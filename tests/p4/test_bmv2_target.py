@@ -168,3 +168,62 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
     assert u.exit_code == 0, u.output
     assert "unloaded pipeline" in u.output
     assert st["netns"] not in sh("ip", "netns", "list")
+
+
+def test_runtime_route_and_client_changes_keep_switch_up(wiring, tmp_path, monkeypatch):
+    """Regression: BMv2 restores saved entries but would then hand out handle 0 again, so the
+    first runtime ``table_add`` overwrote a restored entry and the next ``table_dump`` (route
+    list) killed simple_switch. Entries added after load must sit beside the loaded ones."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text())
+    monkeypatch.setenv("EMBNIC_RUN_DIR", str(tmp_path / "run"))
+    name = f"e12r{TAG}"
+    runner = CliRunner()
+    vdevs = [a for i, f in enumerate(wiring["ifaces"]) for a in ("--vdev", f"net_af_packet{i},iface={f}")]
+    r = runner.invoke(cli, ["pipeline", "load", "-c", str(cfg), "--name", name, *vdevs])
+    assert r.exit_code == 0, r.output
+
+    def routes():
+        ls = runner.invoke(cli, ["route", "list", "--name", name, "--json"])
+        assert ls.exit_code == 0, ls.output
+        return [(e["shard"], e["port"], e["mac"], e["ip"], e["udp_port"]) for e in json.loads(ls.output)]
+
+    def clients():
+        ls = runner.invoke(cli, ["client", "list", "--name", name, "--json"])
+        assert ls.exit_code == 0, ls.output
+        return [(e["client"], e["port"], e["mac"], e["ip"], e["udp_port"]) for e in json.loads(ls.output)]
+
+    try:
+        a = runner.invoke(cli, ["route", "add", "--name", name, "5", "--port", "1", "--mac", "02:5a:00:00:00:05",
+                                "--ip", "10.88.1.5"])
+        assert a.exit_code == 0, a.output
+        assert routes() == [(0, 1, SHARD_MAC, "10.88.1.2", 7878), (5, 1, "02:5a:00:00:00:05", "10.88.1.5", 7878)]
+        a = runner.invoke(cli, ["route", "add", "--name", name, "6", "--port", "7", "--mac", "02:5a:00:00:00:06",
+                                "--ip", "10.88.1.6"])
+        assert a.exit_code == 2 and "--port 7" in a.output, a.output
+        a = runner.invoke(cli, ["client", "add", "--name", name, "2", "--port", "0", "--mac", "02:c1:00:00:00:02",
+                                "--ip", "10.88.0.3", "--udp-port", "40002"])
+        assert a.exit_code == 0, a.output
+        assert clients() == [(1, 0, CLIENT_MAC, "10.88.0.2", 40001), (2, 0, "02:c1:00:00:00:02", "10.88.0.3", 40002)]
+        d = runner.invoke(cli, ["client", "del", "--name", name, "2"])
+        assert d.exit_code == 0, d.output
+        assert clients() == [(1, 0, CLIENT_MAC, "10.88.0.2", 40001)]
+        d = runner.invoke(cli, ["route", "del", "--name", name, "5"])
+        assert d.exit_code == 0, d.output
+        assert routes() == [(0, 1, SHARD_MAC, "10.88.1.2", 7878)]
+        s = runner.invoke(cli, ["status", "-c", str(cfg), "--name", name, "--json"])
+        assert s.exit_code == 0, s.output
+        ps = runner.invoke(cli, ["pipeline", "status", "--name", name])
+        assert ps.exit_code == 0 and "running (bmv2 target" in ps.output, ps.output
+    finally:
+        u = runner.invoke(cli, ["pipeline", "unload", "--name", name])
+    assert u.exit_code == 0, u.output
+
+
+def test_handle_zero_placeholders_pick_unused_keys():
+    from embnic.control.target_bmv2 import handle_zero_placeholders
+    cmds = ["table_add t a 0 => 1 2", "table_add t a 1 => 3 4", "table_add u b 0 7 0 => ",
+            "table_add u b 0 7 1 =>", "register_write r 0 5", "table_add v c => 1"]
+    adds, dels = handle_zero_placeholders(cmds)
+    assert adds == ["table_add t a 2 => 1 2", "table_add u b 0 7 2 =>"]
+    assert dels == ["table_delete t 0", "table_delete u 0"]
