@@ -64,6 +64,25 @@ def link_prefix(a: str, b: str) -> int:
     raise ValueError(f"{a} and {b} fit in no common subnet")
 
 
+def segment_prefix(card_ip: str, hosts: list[str]) -> int:
+    """Longest prefix length (≤ 30) whose subnet holds ``card_ip`` and every one of ``hosts`` as
+    host addresses (a card port's L2 segment); :func:`link_prefix` for one host.
+
+    Raises:
+        ValueError: an address twice, or no subnet holds them all as hosts.
+    """
+    if len(hosts) == 1:
+        return link_prefix(card_ip, hosts[0])
+    addrs = [ipaddress.IPv4Address(a) for a in [card_ip, *hosts]]
+    if len(set(addrs)) != len(addrs):
+        raise ValueError(f"an address is given twice among {card_ip}, {', '.join(hosts)}")
+    for plen in range(30, 0, -1):
+        net = ipaddress.IPv4Network(f"{card_ip}/{plen}", strict=False)
+        if all(a in net and a not in (net.network_address, net.broadcast_address) for a in addrs):
+            return plen
+    raise ValueError(f"{card_ip} and {', '.join(hosts)} fit in no common subnet")
+
+
 @dataclasses.dataclass(frozen=True)
 class Node:
     """One namespace of the testbed: ``name`` is ``c<id>``, ``s<id>`` or ``card``."""
@@ -93,8 +112,11 @@ class Link:
     peer_if: str
     peer_mac: str
     peer_ip: str
-    peer_port: int  #: UDP port of the client/shard
+    peer_port: int  #: UDP port of the client/shard (of the first node of the host)
     prefix_len: int
+    members: tuple[str, ...] = ()  #: every node of this host (``c1``, ``c3``): they share its netns
+    bridge: str | None = None  #: the card port's bridge ``card_if`` is a port of (several hosts), else None
+    port_if: str | None = None  #: with a bridge: the card's DPDK interface, else ``card_if`` itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +150,8 @@ class Topology:
             raise ConfigError("card.ports", f"port ids must be 0..{len(ids) - 1} (card port i is DPDK port i, "
                               f"the i-th --vdev), got {ids}", where)
         nodes = [Node("card", "card", None, f"{name}-card")]
-        links: list[Link] = []
-        used: dict[int, str] = {}
+        # a host is the nodes of one ip (one namespace, MAC and card port; config.py checks they agree)
+        hosts: dict[str, dict] = {}
         for kind, key, eps in (("client", "clients", cfg.clients), ("shard", "shards", cfg.shards)):
             for i, e in enumerate(eps):
                 node = f"{kind[0]}{e.id}"
@@ -137,34 +159,42 @@ class Topology:
                 if e.card_port is None:
                     raise ConfigError(f"{field}.card_port", "required: the card port this "
                                       f"{kind} hangs off", where)
-                if e.card_port in used:
-                    raise ConfigError(f"{field}.card_port", f"card port {e.card_port} is already the link of "
-                                      f"{used[e.card_port]}; in the testbed every client and shard needs "
-                                      "a card port of its own", where)
-                used[e.card_port] = node
-                cp = cfg.card.port(e.card_port)
-                try:
-                    plen = link_prefix(cp.ip, e.ip)
-                except ValueError as err:
-                    raise ConfigError(f"{field}.ip", f"{err} (card port {cp.id} has {cp.ip}); give each "
-                                      "link its own small subnet, e.g. 10.77.<port>.1 and .2", where) from None
-                ns = f"{name}-{node}"
-                nodes.append(Node(node, kind, e.id, ns))
-                links.append(Link(
-                    port=cp.id, card_if=f"{name}p{cp.id}", card_mac=cp.mac or derived_mac("card", cp.id),
-                    card_ip=cp.ip, peer=node, peer_kind=kind, peer_id=e.id, peer_ns=ns,
-                    peer_if=f"{name}{node}", peer_mac=e.mac or derived_mac(kind, e.id), peer_ip=e.ip,
-                    peer_port=e.port, prefix_len=plen))
-        for p in cfg.card.ports:
-            if p.id not in used:
+                h = hosts.get(e.ip)
+                if h is None:
+                    h = hosts[e.ip] = {"kind": kind, "node": node, "ep": e, "field": field, "members": [],
+                                       "ns": f"{name}-{node}"}
+                elif h["kind"] != kind:
+                    raise ConfigError(f"{field}.ip", f"{e.ip} is the host of {h['field']} (a {h['kind']}); in "
+                                      "the testbed a host holds clients or shards, not both", where)
+                h["members"].append(node)
+                nodes.append(Node(node, kind, e.id, h["ns"]))
+        links: list[Link] = []
+        for p in sorted(cfg.card.ports, key=lambda p: p.id):
+            on_port = [h for h in hosts.values() if h["ep"].card_port == p.id]
+            if not on_port:
                 raise ConfigError(f"card.ports[{cfg.card.ports.index(p)}]", f"card port {p.id} has no client "
                                   "or shard (set card_port on one, or remove the port)", where)
+            try:
+                plen = segment_prefix(p.ip, [h["ep"].ip for h in on_port])
+            except ValueError as err:
+                raise ConfigError(f"{on_port[-1]['field']}.ip", f"{err} (card port {p.id} has {p.ip}); give "
+                                  "each card port's segment its own small subnet, e.g. 10.77.<port>.1 and "
+                                  ".2, .3, ...", where) from None
+            port_if = f"{name}p{p.id}"
+            bridge = f"{name}b{p.id}" if len(on_port) > 1 else None
+            for h in on_port:
+                e, node = h["ep"], h["node"]
+                links.append(Link(
+                    port=p.id, card_if=f"{name}{node}x" if bridge else port_if,
+                    card_mac=p.mac or derived_mac("card", p.id), card_ip=p.ip, peer=node, peer_kind=h["kind"],
+                    peer_id=e.id, peer_ns=h["ns"], peer_if=f"{name}{node}",
+                    peer_mac=e.mac or derived_mac(h["kind"], e.id), peer_ip=e.ip, peer_port=e.port,
+                    prefix_len=plen, members=tuple(h["members"]), bridge=bridge, port_if=port_if))
         for link in links:
             for ifname in (link.card_if, link.peer_if):
                 if len(ifname) > 15:
                     raise ConfigError("clients/shards.id", f"interface name {ifname!r} is longer than 15 "
                                       "characters: use a shorter testbed name or smaller ids", where)
-        links.sort(key=lambda lk: lk.port)
         return cls(name, cfg, tuple(nodes), tuple(links))
 
     # -- lookups
@@ -180,9 +210,9 @@ class Topology:
         raise KeyError(f"no node {name!r} in testbed {self.name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
 
     def link(self, peer: str) -> Link:
-        """The link of node ``peer`` (``c<id>`` or ``s<id>``)."""
+        """The link of node ``peer`` (``c<id>`` or ``s<id>``): its host's veth to the card port."""
         for lk in self.links:
-            if lk.peer == peer:
+            if lk.peer == peer or peer in lk.members:
                 return lk
         raise KeyError(f"no link for {peer!r}")
 
@@ -207,12 +237,20 @@ class Topology:
         rounded up to 1 KiB; the PMD refuses a frame larger than an mbuf), 4 frames a block, and
         as many frames as keep the ring near 8 MB."""
         mtu = self.cfg.mtu
+        ports = self.port_ifs()
         if mtu <= 1500:
-            return [f"net_af_packet{lk.port},iface={lk.card_if},framecnt=4096" for lk in self.links]
+            return [f"net_af_packet{p},iface={ifname},framecnt=4096" for p, ifname in ports]
         framesz = -(-(mtu + 18 + 128) // 1024) * 1024
         framecnt = max(512, (8 << 20) // framesz // 4 * 4)
-        return [f"net_af_packet{lk.port},iface={lk.card_if},framesz={framesz},blocksz={4 * framesz},"
-                f"framecnt={framecnt}" for lk in self.links]
+        return [f"net_af_packet{p},iface={ifname},framesz={framesz},blocksz={4 * framesz},"
+                f"framecnt={framecnt}" for p, ifname in ports]
+
+    def port_ifs(self) -> list[tuple[int, str]]:
+        """``[(card port id, the card's DPDK interface)]`` in port order, one per card port."""
+        out: dict[int, str] = {}
+        for lk in self.links:
+            out.setdefault(lk.port, lk.port_if or lk.card_if)
+        return sorted(out.items())
 
     def eal_args(self) -> list[str]:
         """EAL arguments of the card (before the ``--vdev``s): ``[card].lcores``, no hugepages,
@@ -224,13 +262,13 @@ class Topology:
         (name ``card``, control socket, log and state file in ``rdir``, netns, vdevs)."""
         raw = json.loads(json.dumps(self.cfg.raw))  # deep copy
         by_port = {lk.port: lk for lk in self.links}
+        by_ip = {lk.peer_ip: lk for lk in self.links}
         for key in ("clients", "shards"):
             for e in raw.get(key, []):
-                lk = by_port[e["card_port"]]
-                e["mac"] = lk.peer_mac
+                e["mac"] = by_ip[e["ip"]].peer_mac
         for p in raw["card"]["ports"]:
             p["mac"] = by_port[p["id"]].card_mac
-            p.setdefault("name", by_port[p["id"]].card_if)
+            p.setdefault("name", by_port[p["id"]].port_if or by_port[p["id"]].card_if)
         ctl = dict(raw.get("control", {}))
         ctl.update({"name": "card", "ctl": str(rdir / "card.sock"), "netns": self.card_ns,
                     "vdevs": self.vdevs(), "target": target, "eal_args": self.eal_args()})
@@ -243,7 +281,10 @@ class Topology:
         """A text picture of the declared wiring (one line per link)."""
         lines = [f"testbed {self.name}: card in netns {self.card_ns}"]
         for lk in self.links:
-            lines.append(f"  card port {lk.port} {lk.card_if} {lk.card_ip:<15} {lk.card_mac}  <==veth==>  "
-                         f"{lk.peer_kind} {lk.peer_id} {lk.peer_if} {lk.peer_ip}/{lk.prefix_len} "
+            who = f"{lk.peer_kind} {lk.peer_id}" if len(lk.members) <= 1 else \
+                f"{lk.peer_kind}s {','.join(m[1:] for m in lk.members)}"
+            via = f" bridge {lk.bridge} {lk.card_if}" if lk.bridge else ""
+            lines.append(f"  card port {lk.port} {lk.port_if or lk.card_if} {lk.card_ip:<15} {lk.card_mac}{via}"
+                         f"  <==veth==>  {who} {lk.peer_if} {lk.peer_ip}/{lk.prefix_len} "
                          f"{lk.peer_mac} (netns {lk.peer_ns})")
         return "\n".join(lines)

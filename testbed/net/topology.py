@@ -25,8 +25,11 @@ Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPD
 * one namespace per client (``N-c<id>``), one for the card (``N-card``), one per shard
   (``N-s<id>``); one veth pair per client/shard: ``N{c,s}<id>`` in its namespace, ``Np<port>``
   in the card's. The card's end of the link of card port ``i`` is DPDK port ``i``
-  (``--vdev net_af_packet<i>,iface=Np<i>,framecnt=4096``, in port order: card port ids must be ``0..n-1``
-  and every client/shard needs a ``card_port`` of its own).
+  (``--vdev net_af_packet<i>,iface=Np<i>,framecnt=4096``, in port order: card port ids must be ``0..n-1``).
+* several hosts on one card port (``examples/testbed-shared.toml``): the clients (or shards) of
+  one ``ip`` are one host, one namespace ``N-c<first id>``; a card port with several hosts is a
+  bridge ``Nb<i>`` in the card's namespace with each host's card-side veth end ``N<node>x`` and
+  ``Np<i>b``, the other end of the card's ``Np<i>``, as its ports (all at the cluster MTU).
 * addresses come from the config: the card port's ``ip`` on its side (the card owns it; the
   kernel in ``N-card`` has no addresses), the client's/shard's ``ip`` on the other, with the
   longest prefix (at most /30) that holds both — one small subnet per link. The peer's
@@ -224,6 +227,8 @@ class Testbed:
         topo = self.topo
         mtu = str(topo.cfg.mtu)
         for node in topo.nodes:
+            if node.netns in self.state["netns"]:  # a host of several clients/shards: one namespace
+                continue
             self.state["netns"].append(node.netns)
             self._save()
             run_cmd(["ip", "netns", "add", node.netns], log=log)
@@ -231,16 +236,41 @@ class Testbed:
                 run_cmd(["ip", "netns", "exec", node.netns, "sysctl", "-qw",
                       f"net.ipv6.conf.{key}.disable_ipv6=1"], log=log, check=False)
             run_cmd(["ip", "-n", node.netns, "link", "set", "lo", "up"], log=log)
+        cns = topo.card_ns
+
+        def offload_off_up(ns: str, ifname: str) -> None:
+            run_cmd(["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off"], log=log)
+            run_cmd(["ip", "-n", ns, "link", "set", ifname, "up"], log=log)
+
+        bridges = {}
         for lk in topo.links:
+            if lk.bridge and lk.bridge not in bridges:
+                # several hosts on card port lk.port: a bridge in the card namespace is their L2
+                # segment; the card's DPDK interface is one more port of it (a veth whose other end
+                # is on the bridge), everything at the cluster MTU
+                bridges[lk.bridge] = lk
+                br_end = f"{lk.port_if}b"
+                run_cmd(["ip", "-n", cns, "link", "add", lk.bridge, "mtu", mtu, "type", "bridge",
+                         "stp_state", "0", "forward_delay", "0"], log=log)
+                run_cmd(["ip", "-n", cns, "link", "add", lk.port_if, "address", lk.card_mac, "mtu", mtu,
+                         "type", "veth", "peer", "name", br_end, "mtu", mtu], log=log)
+                for ifname in (lk.port_if, br_end):
+                    offload_off_up(cns, ifname)
+                run_cmd(["ip", "-n", cns, "link", "set", br_end, "master", lk.bridge], log=log)
+                run_cmd(["ip", "-n", cns, "link", "set", lk.bridge, "up"], log=log)
             self.state["links"].append({"port": lk.port, "card_if": lk.card_if, "peer_if": lk.peer_if,
-                                        "peer_ns": lk.peer_ns, "peer": lk.peer})
+                                        "peer_ns": lk.peer_ns, "peer": lk.peer, "members": list(lk.members),
+                                        "bridge": lk.bridge})
             self._save()
-            run_cmd(["ip", "link", "add", lk.card_if, "netns", topo.card_ns, "address", lk.card_mac, "mtu", mtu,
-                  "type", "veth", "peer", "name", lk.peer_if, "netns", lk.peer_ns, "address", lk.peer_mac,
-                  "mtu", mtu], log=log)
-            for ns, ifname in ((topo.card_ns, lk.card_if), (lk.peer_ns, lk.peer_if)):
-                run_cmd(["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off"], log=log)
-                run_cmd(["ip", "-n", ns, "link", "set", ifname, "up"], log=log)
+            card_end = ["ip", "link", "add", lk.card_if, "netns", cns]
+            if not lk.bridge:
+                card_end += ["address", lk.card_mac]
+            run_cmd(card_end + ["mtu", mtu, "type", "veth", "peer", "name", lk.peer_if, "netns", lk.peer_ns,
+                                "address", lk.peer_mac, "mtu", mtu], log=log)
+            for ns, ifname in ((cns, lk.card_if), (lk.peer_ns, lk.peer_if)):
+                offload_off_up(ns, ifname)
+            if lk.bridge:
+                run_cmd(["ip", "-n", cns, "link", "set", lk.card_if, "master", lk.bridge], log=log)
             ns = lk.peer_ns
             run_cmd(["ip", "-n", ns, "addr", "add", f"{lk.peer_ip}/{lk.prefix_len}", "dev", lk.peer_if], log=log)
             run_cmd(["ip", "-n", ns, "neigh", "replace", lk.card_ip, "lladdr", lk.card_mac, "dev", lk.peer_if,

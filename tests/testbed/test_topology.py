@@ -89,7 +89,7 @@ def test_effective_config_fills_macs_and_control_and_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("mutate, field", [
-    (lambda r: r["clients"][1].update(card_port=0), "clients[1].card_port"),
+    (lambda r: r["shards"][0].update(ip="10.77.0.2", mac="02:ee:01:00:00:01", card_port=0), "shards[0].ip"),
     (lambda r: r["card"]["ports"][3].update(id=7), "card.ports"),
     (lambda r: r["shards"][0].update(ip="10.77.2.1"), "shards[0].ip"),
     (lambda r: r["card"].update(enabled=False), "card"),
