@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from embnic.client_lib.config import load_config
 from embnic.testbed.net import topology as T
@@ -67,4 +68,41 @@ def test_demo_through_shared_card_ports_matches_in_process(run_dir, tmp_path, cl
     retx = md["retransmits"] + sum(o["retransmits"] for o in others.values())
     assert sum(drops.values()) == drops["unsolicited_reply"] and drops["unsolicited_reply"] <= retx + \
         rep["probes"]["sent"] - rep["probe_rtt_us"]["n"], drops
+    assert_gone(name)
+
+
+def _neigh(ns: str, ip: str, dev: str) -> str:
+    return subprocess.run(["ip", "-n", ns, "neigh", "show", ip, "dev", dev], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@needs_root
+def test_the_card_answers_arp_on_a_bridged_segment(run_dir, cleanup):  # noqa: F811
+    """Without the testbed's static neighbour entry, a client host and a shard host resolve the
+    card port's address by ARP across the bridge: the card answers with its port MAC."""
+    build_dataplane()
+    name = tb_name("a")
+    cleanup.append(name)
+    env = dict(os.environ, EMBNIC_RUN_DIR=str(run_dir))
+    r = subprocess.run([sys.executable, "-m", "embnic", "testbed", "up", "--config", str(SHARED_TOML), "--name", name],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        for node, card_ip, card_mac in (("c3", "10.77.0.1", "02:ee:00:00:00:00"),
+                                        ("s2", "10.77.1.1", "02:ee:00:00:00:01")):
+            ns, dev = f"{name}-{node}", f"{name}{node}"
+            assert "PERMANENT" in _neigh(ns, card_ip, dev)
+            subprocess.run(["ip", "-n", ns, "neigh", "del", card_ip, "dev", dev], check=True)
+            assert _neigh(ns, card_ip, dev) == ""
+            # any datagram to the card makes the kernel ARP for it (the card drops the datagram itself)
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c",
+                            "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                            f".sendto(b'x' * 64, ('{card_ip}', 7878))"], check=True)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and f"lladdr {card_mac}" not in _neigh(ns, card_ip, dev):
+                time.sleep(0.1)
+            got = _neigh(ns, card_ip, dev)
+            assert f"lladdr {card_mac}" in got and "FAILED" not in got, got
+    finally:
+        subprocess.run([sys.executable, "-m", "embnic", "testbed", "down", "--name", name], env=env, timeout=120)
     assert_gone(name)
