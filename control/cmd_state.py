@@ -85,11 +85,13 @@ def dump(config, target, name, ctl, as_json, limit, client_id, state_name):
 @click.option("--last", type=click.IntRange(1, 1 << 20), default=20, show_default=True,
               help="How many of the most recent headers.")
 def ring(config, target, name, ctl, as_json, last):
-    """Print the header ring: the headers of the last N frames the card accepted, newest first.
+    """Print the header ring: the headers of the last N frames the card accepted, newest first
+    (bmv2: its register ring of accepted headers; dpdk: its log of the last 255 it forwarded).
 
     \b
-    Example:
+    Examples:
       sudo embnic state ring --last 10 --target bmv2
+      embnic state ring --last 10 --target dpdk
     """
     t = open_target(resolve(config, target, name, ctl))
     entries = t.ring(last)

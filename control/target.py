@@ -247,7 +247,7 @@ class Target(abc.ABC):
         """The ``last`` most recent headers of the header ring, newest first (``msg_type``,
         ``msg_id``, ``client_id``, ``shard_id``, ``frag_index``, ``frag_count``, ...)."""
         raise OperationalError(f"the {self.name} target does not log the headers it accepted "
-                               "(`embnic state ring` works on the bmv2 target)")
+                               "(`embnic state ring` works on the dpdk and bmv2 targets)")
 
 
 def entries_from_dicts(items: Iterable[dict], key: str) -> list[Entry]:

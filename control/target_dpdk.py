@@ -401,6 +401,27 @@ class DpdkTarget(Target):
     def state_summary(self) -> dict:
         return self._strip(self.ctl().call("state_summary"))
 
+    def ring(self, last: int) -> list[dict]:
+        """The headers of the ``last`` most recent message frames the card forwarded, newest first.
+
+        From the card's per-lcore header log (docs/control-socket.md ``ring_last``), which keeps
+        the last 255 forwarded headers: each entry has the bmv2 target's fields (``msg_type``,
+        ``flags``, ``msg_id``, ``client_id``, ``table_id``, ``shard_id``, ``num_keys``,
+        ``msg_len``, ``frag_index``, ``frag_count``, ``frag_len``, ``ingress_port``, ``time_us``
+        (Unix time, µs)) plus ``egress_port``, ``dim``, ``status``, ``time_ns``, ``lcore``.
+        Frames still waiting in the header ring are not listed (``ring_last`` says how many).
+
+        Raises:
+            ValueError: ``last`` < 0.
+            OperationalError: the card cannot be reached.
+        """
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last}")
+        if last == 0:
+            return []
+        size = int(self.ctl().call("ring_last", last=1)["log_size"])
+        return list(self.ctl().call("ring_last", last=min(int(last), size)).get("entries", []))
+
     def state_dump(self, limit: int = 1000) -> list[dict]:
         return list(self.ctl(timeout=max(self.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))
 

@@ -11,6 +11,7 @@
  * Telemetry commands (dpdk-telemetry.py): /embnic/counters, /embnic/ring,
  * /embnic/state.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include <rte_ethdev.h>
@@ -388,4 +389,95 @@ embnic_telemetry_init(struct embnic_app *app)
 		ret = rte_telemetry_register_cmd("/embnic/state", tel_state_cb,
 			"embnic message state map summary");
 	return ret;
+}
+
+/* ------------------------------------------------------------ header log */
+
+struct hlog_item {
+	struct embnic_hlog_entry e;
+	uint64_t seq;			/* index in its lcore's log */
+	unsigned int lcore;
+};
+
+/* Newest first: later TSC, then (same burst) later in the log. */
+static int
+hlog_cmp(const void *a, const void *b)
+{
+	const struct hlog_item *x = a, *y = b;
+
+	if (x->e.tsc != y->e.tsc)
+		return x->e.tsc < y->e.tsc ? 1 : -1;
+	if (x->seq != y->seq)
+		return x->seq < y->seq ? 1 : -1;
+	return x->lcore < y->lcore ? -1 : x->lcore > y->lcore;
+}
+
+/*
+ * Copy lcore lc's log entries [from, h1) into it[], then keep those no
+ * write can have touched during the copy: with head h2 after it, the
+ * writer may be storing entry h2, whose slot is entry h2 - SIZE's, so
+ * entries i > h2 - SIZE are intact. Returns how many were kept.
+ */
+static unsigned int
+hlog_snapshot(const struct embnic_hlog *l, unsigned int lc,
+	      struct hlog_item *it, uint64_t *h_out)
+{
+	uint64_t h1, h2, from, i;
+	unsigned int n = 0, k = 0, j;
+
+	h1 = __atomic_load_n(&l->head, __ATOMIC_ACQUIRE);
+	from = h1 > EMBNIC_HLOG_SIZE ? h1 - EMBNIC_HLOG_SIZE : 0;
+	for (i = from; i < h1; i++, n++) {
+		it[n].e = l->e[i & (EMBNIC_HLOG_SIZE - 1)];
+		it[n].seq = i;
+		it[n].lcore = lc;
+	}
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	h2 = __atomic_load_n(&l->head, __ATOMIC_RELAXED);
+	for (j = 0; j < n; j++)
+		if (it[j].seq + EMBNIC_HLOG_SIZE > h2)
+			it[k++] = it[j];
+	*h_out = h2;
+	return k;
+}
+
+unsigned int
+embnic_hlog_read(const struct embnic_app *app, struct embnic_hlog_entry *out,
+		 unsigned int *lcore, unsigned int max, uint64_t *logged)
+{
+	struct hlog_item *it;
+	unsigned int lc, nact = 0, n = 0, i;
+	uint64_t h, total = 0;
+
+	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
+		if (__atomic_load_n(&app->stats[lc].hlog.head,
+				    __ATOMIC_RELAXED) > 0)
+			nact++;
+	*logged = 0;
+	if (nact == 0 || max == 0)
+		return 0;
+	/* an lcore that starts logging after the count above is left out */
+	it = malloc(sizeof(*it) * EMBNIC_HLOG_SIZE * nact);
+	if (it == NULL)
+		return 0;
+	for (lc = 0; lc < RTE_MAX_LCORE && nact > 0; lc++) {
+		const struct embnic_hlog *l = &app->stats[lc].hlog;
+
+		if (__atomic_load_n(&l->head, __ATOMIC_RELAXED) == 0)
+			continue;
+		n += hlog_snapshot(l, lc, it + n, &h);
+		total += h;
+		nact--;
+	}
+	qsort(it, n, sizeof(*it), hlog_cmp);
+	if (n > max)
+		n = max;
+	for (i = 0; i < n; i++) {
+		out[i] = it[i].e;
+		if (lcore != NULL)
+			lcore[i] = it[i].lcore;
+	}
+	free(it);
+	*logged = total;
+	return n;
 }

@@ -462,6 +462,65 @@ cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	return 0;
 }
 
+/*
+ * ring_last {last}: the headers of the last `last` message frames the card
+ * forwarded, newest first (every lcore's header log merged by time), and
+ * how full the header ring is now. The frames waiting in the header ring
+ * are not listed: the ring holds mbuf pointers that the TX lcore dequeues
+ * and frees while this thread would read them.
+ */
+static int
+cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp)
+{
+	struct embnic_hlog_entry *e;
+	unsigned int lc[EMBNIC_HLOG_SIZE];
+	long long last = 0;
+	uint64_t logged;
+	json_t *arr;
+	unsigned int n, i;
+
+	if (get_int(c, req, "last", 1, EMBNIC_HLOG_KEEP, 20, &last))
+		return -1;
+	e = calloc((size_t)last, sizeof(*e));
+	if (e == NULL)
+		return ctl_fail(c, "out of memory");
+	n = embnic_hlog_read(c->app, e, lc, (unsigned int)last, &logged);
+	arr = json_array();
+	for (i = 0; i < n; i++)
+		json_array_append_new(arr, json_pack(
+			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			"msg_type", (json_int_t)e[i].msg_type,
+			"flags", (json_int_t)e[i].flags,
+			"msg_id", (json_int_t)e[i].msg_id,
+			"client_id", (json_int_t)e[i].client_id,
+			"table_id", (json_int_t)e[i].table_id,
+			"shard_id", (json_int_t)e[i].shard_id,
+			"num_keys", (json_int_t)e[i].num_keys,
+			"msg_len", (json_int_t)e[i].msg_len,
+			"frag_index", (json_int_t)e[i].frag_index,
+			"frag_count", (json_int_t)e[i].frag_count,
+			"frag_len", (json_int_t)e[i].frag_len,
+			"dim", (json_int_t)e[i].dim,
+			"status", (json_int_t)e[i].status,
+			"ingress_port", (json_int_t)e[i].in_port,
+			"egress_port", (json_int_t)e[i].out_port,
+			"time_us", (json_int_t)(embnic_tsc_to_ns(c->app,
+							e[i].tsc) / 1000),
+			"time_ns", (json_int_t)embnic_tsc_to_ns(c->app,
+							e[i].tsc),
+			"lcore", (json_int_t)lc[i]));
+	free(e);
+	json_object_set_new(resp, "entries", arr);
+	json_object_set_new(resp, "log_size", json_integer(EMBNIC_HLOG_KEEP));
+	json_object_set_new(resp, "logged", json_integer((json_int_t)logged));
+	json_object_set_new(resp, "ring_size", json_integer(
+		rte_ring_get_capacity(c->app->ring)));
+	json_object_set_new(resp, "ring_count", json_integer(
+		rte_ring_count(c->app->ring)));
+	return 0;
+}
+
 static int
 cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 {
@@ -556,6 +615,7 @@ static const struct {
 	{ "state_summary", cmd_state_summary },
 	{ "state_dump", cmd_state_dump },
 	{ "ring_stats", cmd_ring_stats },
+	{ "ring_last", cmd_ring_last },
 	{ "reset_counters", cmd_reset_counters },
 	{ "pause", cmd_pause },
 	{ "resume", cmd_resume },

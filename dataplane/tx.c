@@ -368,6 +368,8 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
 		} else {
 			rewrite(d->m, d, dst[i], &app->ports[dst[i]->port]);
 			st->types[d->info.msg.msg_type]++;
+			embnic_hlog_put(&st->hlog, &d->info.msg, d->m->port,
+					dst[i]->port, tsc);
 			txq_add(&qs[dst[i]->port], d->m, d->info.frame_len);
 		}
 	}

@@ -142,6 +142,75 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
 }
 
 /*
+ * The forwarded-header log of one lcore: the headers of the last
+ * EMBNIC_HLOG_KEEP message frames it forwarded (accepted, authorised,
+ * rewritten, queued for TX), one 40-byte entry a frame, written on the TX
+ * path with no allocation and no lock. head counts entries ever written;
+ * entry i lives in e[i % EMBNIC_HLOG_SIZE]. The owning lcore stores the
+ * entry, then head = i + 1 (release); a reader (embnic_hlog_read) loads
+ * head, copies, loads head again and keeps only the entries no write can
+ * have touched meanwhile, the newest EMBNIC_HLOG_KEEP. `embnic state ring`
+ * reads it (ctl.c ring_last).
+ */
+#define EMBNIC_HLOG_SIZE		256	/* slots, a power of 2 */
+/* entries a reader gets: the slot of the oldest may be mid-overwrite */
+#define EMBNIC_HLOG_KEEP		(EMBNIC_HLOG_SIZE - 1)
+
+struct embnic_hlog_entry {
+	uint64_t tsc;			/* TX stage burst time */
+	uint32_t msg_id;
+	uint32_t num_keys;
+	uint32_t msg_len;
+	uint16_t client_id;
+	uint16_t table_id;
+	uint16_t shard_id;
+	uint16_t frag_index;
+	uint16_t frag_count;
+	uint16_t frag_len;
+	uint16_t dim;
+	uint16_t status;
+	uint8_t msg_type;
+	uint8_t flags;
+	uint8_t in_port;		/* card port it came in on */
+	uint8_t out_port;		/* card port it left on */
+};
+static_assert(sizeof(struct embnic_hlog_entry) == 40, "hlog entry is 40 bytes");
+static_assert((EMBNIC_HLOG_SIZE & (EMBNIC_HLOG_SIZE - 1)) == 0,
+	      "EMBNIC_HLOG_SIZE is a power of 2");
+
+struct embnic_hlog {
+	uint64_t head;			/* entries ever written */
+	struct embnic_hlog_entry e[EMBNIC_HLOG_SIZE];
+} __rte_cache_aligned;
+
+/* Log msg (forwarded from in_port to out_port at tsc); owning lcore only. */
+static inline void
+embnic_hlog_put(struct embnic_hlog *l, const struct embnic_msg *m,
+		uint16_t in_port, uint16_t out_port, uint64_t tsc)
+{
+	uint64_t h = l->head;
+	struct embnic_hlog_entry *e = &l->e[h & (EMBNIC_HLOG_SIZE - 1)];
+
+	e->tsc = tsc;
+	e->msg_id = m->msg_id;
+	e->num_keys = m->num_keys;
+	e->msg_len = m->msg_len;
+	e->client_id = m->client_id;
+	e->table_id = m->table_id;
+	e->shard_id = m->shard_id;
+	e->frag_index = m->frag_index;
+	e->frag_count = m->frag_count;
+	e->frag_len = m->frag_len;
+	e->dim = m->dim;
+	e->status = m->status;
+	e->msg_type = m->msg_type;
+	e->flags = m->flags;
+	e->in_port = (uint8_t)in_port;
+	e->out_port = (uint8_t)out_port;
+	__atomic_store_n(&l->head, h + 1, __ATOMIC_RELEASE);
+}
+
+/*
  * Counters of one lcore; only that lcore writes them, the control path sums
  * them (counters.c). Cache aligned so lcores never share a line.
  */
@@ -157,6 +226,7 @@ struct embnic_lcore_stats {
 	uint64_t state_overflow;	/* state map adds that found it full */
 	uint64_t state_expired;		/* entries that timed out unanswered */
 	uint64_t ring_high_water;	/* gauge: max ring count seen */
+	struct embnic_hlog hlog;	/* forwarded headers (not a counter) */
 } __rte_cache_aligned;
 
 /* What the control path reports: the sum over lcores minus the reset base. */
@@ -244,6 +314,17 @@ unsigned int embnic_tx_stage(struct embnic_app *app,
 void embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
 		     struct rte_mbuf **pkts, unsigned int n, uint64_t tsc);
 void embnic_ring_drain(struct embnic_app *app);
+
+/*
+ * counters.c: up to max of the most recently forwarded headers over all
+ * lcores' logs, newest first, into out (each with the lcore that logged
+ * it in lcore[] when lcore is not NULL); returns how many. *logged gets
+ * the entries ever logged. Control path; never blocks the lcores.
+ */
+unsigned int embnic_hlog_read(const struct embnic_app *app,
+			      struct embnic_hlog_entry *out,
+			      unsigned int *lcore, unsigned int max,
+			      uint64_t *logged);
 
 /* route.c: route and client tables share one implementation. */
 struct embnic_table *embnic_table_create(const char *name, uint32_t size,

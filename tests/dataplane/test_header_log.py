@@ -1,0 +1,141 @@
+"""The card's forwarded-header log: ``ring_last`` on the control socket and ``embnic state ring``
+on the dpdk target, against the real embnic-dp with every frame entering on one net_pcap port.
+
+Each logged entry must equal the embnic header of a frame the card forwarded, newest first;
+dropped frames are never logged; the log keeps the last 255 and says how many it ever logged.
+Run alone: sudo python3 -m pytest -q tests/dataplane/test_header_log.py
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+from scapy.layers.l2 import Ether
+
+from conformance import CardPort, Peer, Suite, write_pcap
+from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.protocol import Embnic
+from embnic.control.cli import cli
+from embnic.control.dpdk_proc import CardProcess, wait_drained
+
+pytestmark = [pytest.mark.dataplane, pytest.mark.root]
+
+C1 = Peer("client", 1, 0, "02:00:00:00:01:01", "10.2.0.2", 40001)
+S0 = Peer("shard", 0, 1, "02:00:00:00:02:00", "10.2.1.10", 7878)
+S1 = Peer("shard", 1, 1, "02:00:00:00:02:01", "10.2.1.11", 7878)
+FIELDS = ("msg_type", "flags", "msg_id", "client_id", "table_id", "shard_id", "num_keys", "msg_len",
+          "frag_index", "frag_count", "frag_len", "dim", "status")
+LOG_SIZE = 255  # the card's 256 slots less the one a write may be overwriting
+
+
+def _expected(frame: bytes) -> dict:
+    h = Ether(frame)[Embnic]
+    return {f: int(getattr(h, f)) for f in FIELDS}
+
+
+def _run(card_bin, tmp_path, frames: list[bytes]):
+    write_pcap(tmp_path / "in0.pcap", frames)
+    vdevs = [f"net_pcap0,rx_pcap={tmp_path / 'in0.pcap'},tx_pcap={tmp_path / 'out0.pcap'}",
+             "net_null0,no-rx=1"]
+    card = CardProcess(card_bin, vdevs, lcores="0", port_ips={1: "10.2.1.1"}, args=["--paused"],
+                       log=tmp_path / "card.log")
+    card.start()
+    for p in [S0, S1, C1]:
+        c = p.cmd()
+        card.call(c.pop("cmd"), **c)
+    return card
+
+
+@pytest.fixture
+def mixed(card_bin, tmp_path):
+    """Forwarded requests and replies of several shapes, with dropped frames between them."""
+    s = Suite([CardPort(0, "10.2.0.1"), CardPort(1, "10.2.1.1")], [C1], [S0, S1])
+    L, LR, U, E = MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ, MsgType.ERROR
+    frames, fwd = [], []
+
+    def add(fs, forwarded=True):
+        frames.extend(fs)
+        if forwarded:
+            fwd.extend(fs)
+
+    add(s.message(C1, L, msg_id=11, client_id=1, shard_id=0, num_keys=400, table_id=5))
+    add(s.message(S0, LR, msg_id=11, client_id=1, shard_id=0, num_keys=400, table_id=5))
+    add(s.message(C1, L, msg_id=77, client_id=9, shard_id=0, num_keys=3), forwarded=False)  # unknown client
+    add(s.message(C1, U, msg_id=12, client_id=1, shard_id=1, num_keys=30, dim=16, flags=1))
+    add(s.message(C1, L, msg_id=13, client_id=1, shard_id=4, num_keys=2), forwarded=False)  # no route
+    add(s.message(C1, L, msg_id=14, client_id=1, shard_id=0, num_keys=1))
+    add(s.message(S0, E, msg_id=14, client_id=1, shard_id=0, num_keys=1, status=Status.NOT_OWNER))
+    add(s.message(S1, LR, msg_id=99, client_id=1, shard_id=1, num_keys=2), forwarded=False)  # never asked
+    t0 = time.time_ns()
+    card = _run(card_bin, tmp_path, frames)
+    try:
+        card.call("resume")
+        wait_drained(card, len(frames))
+        yield {"card": card, "fwd": fwd, "t0": t0, "t1": time.time_ns()}
+    finally:
+        card.stop()
+        card.cleanup()
+
+
+def test_entries_equal_forwarded_frames(mixed):
+    """Every forwarded frame's header, newest first, with ports and a time inside the run."""
+    card, fwd = mixed["card"], mixed["fwd"]
+    r = card.call("ring_last", last=LOG_SIZE)
+    assert r["log_size"] == LOG_SIZE and r["logged"] == len(fwd)
+    assert r["ring_count"] == 0 and r["ring_size"] > 0
+    got = r["entries"]
+    assert [{f: e[f] for f in FIELDS} for e in got] == [_expected(f) for f in reversed(fwd)]
+    for e in got:
+        req = e["msg_type"] in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ)
+        assert e["ingress_port"] == 0 and e["egress_port"] == (1 if req else 0)
+        assert mixed["t0"] // 1000 - 1_000_000 <= e["time_us"] <= mixed["t1"] // 1000 + 1_000_000
+        assert e["time_us"] == e["time_ns"] // 1000
+    times = [e["time_ns"] for e in got]
+    assert times == sorted(times, reverse=True)
+
+
+def test_last_n_and_bad_argument(mixed):
+    card, fwd = mixed["card"], mixed["fwd"]
+    got = card.call("ring_last", last=3)["entries"]
+    assert [{f: e[f] for f in FIELDS} for e in got] == [_expected(f) for f in reversed(fwd[-3:])]
+    for bad in (0, LOG_SIZE + 1, "x"):
+        with pytest.raises(Exception, match="last"):
+            card.call("ring_last", last=bad)
+
+
+def test_state_ring_cli_dpdk(mixed):
+    """`embnic state ring --target dpdk` prints the same entries (JSON) and the bmv2 table."""
+    card, fwd = mixed["card"], mixed["fwd"]
+    run = CliRunner().invoke(cli, ["state", "ring", "--target", "dpdk", "--ctl", str(card.ctl_path),
+                                   "--last", "4", "--json"])
+    assert run.exit_code == 0, run.output
+    got = json.loads(run.output)
+    assert [{f: e[f] for f in FIELDS} for e in got] == [_expected(f) for f in reversed(fwd[-4:])]
+    run = CliRunner().invoke(cli, ["state", "ring", "--target", "dpdk", "--ctl", str(card.ctl_path),
+                                   "--last", "2"])
+    assert run.exit_code == 0, run.output
+    lines = run.output.splitlines()
+    assert lines[0].split()[:3] == ["TYPE", "CLIENT", "MSG_ID"] and lines[-1] == "2 headers"
+    assert lines[1].split()[:3] == ["ERROR", "1", "14"]
+
+
+def test_log_wraps_keeps_newest(card_bin, tmp_path):
+    """Past 255 forwarded frames the log keeps the newest 255 and counts every one."""
+    s = Suite([CardPort(0, "10.2.0.1"), CardPort(1, "10.2.1.1")], [C1], [S0, S1])
+    frames = []
+    for i in range(300):
+        frames += s.message(C1, MsgType.LOOKUP_REQ, msg_id=1000 + i, client_id=1, shard_id=i % 2,
+                            num_keys=1 + i % 7, table_id=i % 3)
+    card = _run(card_bin, tmp_path, frames)
+    try:
+        card.call("resume")
+        wait_drained(card, len(frames))
+        r = card.call("ring_last", last=LOG_SIZE)
+        assert r["logged"] == len(frames)
+        assert [{f: e[f] for f in FIELDS} for e in r["entries"]] == \
+            [_expected(f) for f in reversed(frames[-LOG_SIZE:])]
+    finally:
+        card.stop()
+        card.cleanup()
