@@ -153,7 +153,7 @@ def ctl_seeds() -> dict[str, bytes]:
         c["id"] = i + 1
     lines = [json.dumps(c) for c in adds]
     simple = ["ping", "info", "route_list", "client_list", "counters", "state_summary", "ring_stats",
-              "reset_counters", "pause", "resume"]
+              "ring_last", "reset_counters", "pause", "resume"]
     s = {
         "tables": "\n".join(lines) + "\n",
         "simple": "\n".join(json.dumps({"cmd": c, "id": c}) for c in simple) + "\n",
@@ -170,6 +170,7 @@ def ctl_seeds() -> dict[str, bytes]:
             '{"cmd":"client_add","client":3,"port":0,"mac":"02:00:00:00:00:01","ip":"10.1.0.9","udp_port":0}',
             '{"cmd":"route_del","shard":5}',
             '{"cmd":"state_dump","limit":-1}',
+            '{"cmd":"ring_last","last":0}', '{"cmd":"ring_last","last":256}',
             '{"cmd":"nope","id":[1,{"a":null}]}',
             '{"cmd":1}', '[1,2]', '{"cmd":"ping","cmd":"ping"}', '{"cmd":"ping"',
         ]) + "\n",
