@@ -162,6 +162,20 @@ class FakeCard:
     def do_ring_stats(self, req):
         return {"size": self.ring_size, "count": 5, "high_water": 1024}
 
+    def do_ring_last(self, req):
+        """The header log as embnic-dp answers it (docs/control-socket.md ``ring_last``): 2 entries."""
+        last = req.get("last", 20)
+        if not isinstance(last, int) or not 1 <= last <= 255:
+            raise LookupError("field 'last' must be an integer 1..255")
+        log = [dict(msg_type=2, flags=0, msg_id=7, client_id=1, table_id=0, shard_id=0, num_keys=400,
+                    msg_len=3200, frag_index=1, frag_count=2, frag_len=1600, dim=4, status=0,
+                    ingress_port=1, egress_port=0, time_us=51, time_ns=51000, lcore=1),
+               dict(msg_type=1, flags=0, msg_id=7, client_id=1, table_id=0, shard_id=0, num_keys=400,
+                    msg_len=1600, frag_index=0, frag_count=1, frag_len=1600, dim=4, status=0,
+                    ingress_port=0, egress_port=1, time_us=1, time_ns=1000, lcore=1)]
+        return {"entries": log[:last], "log_size": 255, "logged": len(log), "ring_size": self.ring_size,
+                "ring_count": 5}
+
     def do_reset_counters(self, req):
         self.drops = {r: 0 for r in DROP_REASONS}
 
