@@ -16,8 +16,9 @@ RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]`` (default 50 ms,
 retransmitted message; the first RTO is the config's ``timeout_ms``). A message whose reply is
 incomplete when its timer fires is re-sent with the ``RETRANSMIT`` flag and its timer doubled
 (exponential backoff); a reply from a shard restarts the timers of its other messages in flight
-(RFC 6298 5.3: they may be queued behind the one answered), and a message sent before one that
-was answered is re-sent at once (fast retransmit: a shard answers in order); updates likewise until acked (the servers apply each update exactly
+(RFC 6298 5.3: they may be queued behind the one answered), and a message sent before an answered
+one of the same table is re-sent at once (fast retransmit: a shard answers a table's messages in
+order); updates likewise until acked (the servers apply each update exactly
 once). After ``retries`` tries the client raises :class:`ShardUnavailableError` naming the shard.
 
 It talks to the shards directly, or through the card when the config's ``[card]`` is enabled
@@ -487,16 +488,19 @@ class EmbeddingClient:
             if done:
                 # RFC 6298 5.3 per shard: a shard that answers is making progress, so the timers of
                 # its other messages restart (they may be queued behind the ones just answered).
-                # Fast retransmit: a shard answers in the order it was asked, so a message sent
-                # before one just answered, and still unanswered, lost a frame: re-send it now
-                # (once; the timer covers a second loss).
+                # Fast retransmit: a shard answers the messages of one table in the order it was
+                # asked (its --workers split tables, not tables' messages), so a message sent
+                # before an answered one of the same table, and still unanswered, lost a frame:
+                # re-send it now (once; the timer covers a second loss).
                 last = {}
                 for m in done:
-                    last[m.shard_id] = max(last.get(m.shard_id, -1), m.seq)
+                    k = (m.shard_id, m.table_id)
+                    last[k] = max(last.get(k, -1), m.seq)
+                answered = {m.shard_id for m in done}
                 for x in list(pending.values()):
-                    s = last.get(x.shard_id)
-                    if s is None:
+                    if x.shard_id not in answered:
                         continue
+                    s = last.get((x.shard_id, x.table_id), -1)
                     if x.seq < s and not x.fast:
                         x.fast = True
                         self.stats.fast_retransmits += 1
