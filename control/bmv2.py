@@ -485,7 +485,7 @@ STATE_REGISTERS = ("slot_state", "slot_key", "slot_request_info", "slot_shard", 
 STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded", 3: "replying"}
 
 
-def read_state(sw: SimpleSwitch) -> list[dict]:
+def read_state_map(sw: SimpleSwitch) -> list[dict]:
     """Live entries of the state map: ``[{slot, client_id, msg_id, state, msg_type, shard_id,
     table_id, frag_count, msg_len, frames_in, frames_out, bytes_in, bytes_out, first_us,
     last_us}]``, by slot. Expired entries a frame has not touched yet are included (BMv2 has no
@@ -658,7 +658,7 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
                                     f"(want {expect_out}); log: {sw.log_file}")
                 time.sleep(0.2)
             run_s = time.monotonic() - t1
-            state = read_state(sw)
+            state = read_state_map(sw)
         finally:
             sw.stop()
     finally:

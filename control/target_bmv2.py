@@ -425,7 +425,7 @@ class Bmv2Target(Target):
 
     def state_summary(self) -> dict:
         try:
-            entries = bmv2.read_state(self._switch())
+            entries = bmv2.read_state_map(self._switch())
             c = bmv2.parse_counters(self.cli(["counter_read state_expired 0",
                                               f"counter_read drop_reasons {p4prog.constants()['DROP_STATE_FULL']}"]))
         except bmv2.Bmv2Error as e:
@@ -440,7 +440,7 @@ class Bmv2Target(Target):
     def state_dump(self, limit: int = 1000) -> list[dict]:
         """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started)."""
         try:
-            entries = bmv2.read_state(self._switch())[:limit]
+            entries = bmv2.read_state_map(self._switch())[:limit]
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
         return [{"client": e["client_id"], "msg_id": e["msg_id"], "type": MsgType(e["msg_type"]).name
