@@ -104,17 +104,6 @@ conn_respond(struct embnic_conn *c, struct conn *k, const char *line,
 	return ret;
 }
 
-static bool
-blank(const char *s, size_t n)
-{
-	size_t i;
-
-	for (i = 0; i < n; i++)
-		if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
-			return false;
-	return true;
-}
-
 /* Read what is there and answer every complete line; -1 closes. */
 static int
 conn_read(struct embnic_conn *c, struct conn *k)
@@ -137,7 +126,7 @@ conn_read(struct embnic_conn *c, struct conn *k)
 		while ((nl = memchr(start, '\n', rest)) != NULL) {
 			size_t n = (size_t)(nl - start);
 
-			if (!blank(start, n) && conn_respond(c, k, start, n))
+			if (!embnic_conn_line_blank(start, n) && conn_respond(c, k, start, n))
 				return -1;
 			rest -= n + 1;
 			start = nl + 1;

@@ -64,6 +64,7 @@
 #include <rte_ip.h>
 #include <rte_udp.h>
 
+#define FZ_TARGET "fuzz_card"	/* names the target in fail()'s report */
 #include "fuzz_common.h"
 
 #define FZ_STEP_TICKS	250		/* one time step unit, us */
@@ -85,22 +86,6 @@ struct fz_buf {
 
 static unsigned long fz_live;	/* frame buffers not yet freed */
 static struct fz_walk fz_routes, fz_clients;	/* as programmed */
-
-static void
-fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void
-fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fprintf(stderr, "fuzz_card: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
-	va_end(ap);
-	abort();
-}
 
 static void
 buf_free(void *addr, void *opaque)

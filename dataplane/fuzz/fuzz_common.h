@@ -13,6 +13,7 @@
 #define EMBNIC_FUZZ_COMMON_H
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,27 @@
 #include <rte_ring.h>
 
 #include "embnic_dp.h"
+
+#ifndef FZ_TARGET
+#error "define FZ_TARGET (the target's name) before including fuzz_common.h"
+#endif
+
+/* Report a broken invariant (prefixed with the target's name) and abort: libFuzzer keeps the input. */
+static void
+fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn, unused));
+
+static void
+fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, FZ_TARGET ": ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+	abort();
+}
 
 #define FZ_PORTS	3		/* net_ring ports made */
 #define FZ_PORT_RING	64		/* each port's RX ring */

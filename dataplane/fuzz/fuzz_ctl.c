@@ -23,25 +23,11 @@
 
 #include <jansson.h>
 
+#include "embnic_conn.h"
+#define FZ_TARGET "fuzz_ctl"	/* names the target in fail()'s report */
 #include "fuzz_common.h"
 
 static struct embnic_ctl *fz_ctl;
-
-static void
-fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void
-fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fprintf(stderr, "fuzz_ctl: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
-	va_end(ap);
-	abort();
-}
 
 /* What a refused request must not change. */
 struct snap {
@@ -131,17 +117,6 @@ handle(const char *line, size_t len)
 	free(ans);
 }
 
-static bool
-blank(const char *s, size_t n)
-{
-	size_t i;
-
-	for (i = 0; i < n; i++)
-		if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
-			return false;
-	return true;
-}
-
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -172,7 +147,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	while (rest > 0) {
 		nl = memchr(s, '\n', rest);
 		n = nl != NULL ? (size_t)(nl - s) : rest;
-		if (!blank(s, n)) {
+		if (!embnic_conn_line_blank(s, n)) {
 			/* a copy of exactly n bytes: ASan sees a read past it */
 			char *line = malloc(n ? n : 1);
 

@@ -9,6 +9,7 @@
 #ifndef EMBNIC_CONN_H
 #define EMBNIC_CONN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define EMBNIC_CONN_MAX		16		/* connections at a time */
@@ -22,6 +23,18 @@
 typedef char *(*embnic_conn_handler)(const char *line, size_t len, void *arg);
 
 struct embnic_conn;
+
+/* True if a request line holds only spaces, tabs and CRs: it is skipped, not answered. */
+static inline bool
+embnic_conn_line_blank(const char *s, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
+			return false;
+	return true;
+}
 
 /*
  * Listen on path (mode 0600; its parent directory is created if missing, a
