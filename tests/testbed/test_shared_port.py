@@ -15,7 +15,7 @@ import time
 from embnic.client_lib.config import load_config
 from embnic.testbed.net import topology as T
 
-from tbutil import REPO, assert_gone, build_dataplane, leftovers, cleanup, needs_root, run_dir, tb_name  # noqa: F401
+from tbutil import REPO, assert_gone, build_dataplane, embnic_drops, leftovers, cleanup, needs_root, run_dir, tb_name  # noqa: F401
 
 SHARED_TOML = REPO / "examples" / "testbed-shared.toml"
 STEPS = 4
@@ -64,7 +64,7 @@ def test_demo_through_shared_card_ports_matches_in_process(run_dir, tmp_path, cl
     assert sorted(others) == ["2", "3", "4"]
     for cid, o in others.items():
         assert o["error"] is None and o["lookup_rounds"] > 0 and o["requests_sent"] > 0, (cid, o)
-    drops = rep["card_drops"]
+    drops = embnic_drops(rep["card_drops"])
     retx = md["retransmits"] + sum(o["retransmits"] for o in others.values())
     assert sum(drops.values()) == drops["unsolicited_reply"] and drops["unsolicited_reply"] <= retx + \
         rep["probes"]["sent"] - rep["probe_rtt_us"]["n"], drops
