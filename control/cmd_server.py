@@ -75,7 +75,7 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
             f"--restore {restore}: no {shard_dir(restore, shard_id).name}/ in it (nothing of shard {shard_id} to "
             "restore): give the directory this shard ran with --checkpoint-dir, or one `embnic tables import` "
             "filled; start without --restore for fresh rows")
-    from embnic.testbed.server.shard import LOG_FORMAT, bind_error_message, run_server
+    from embnic.testbed.server.runner import LOG_FORMAT, bind_error_message, run_server
 
     me = cfg.shard(shard_id)
     ip = bind or me.ip

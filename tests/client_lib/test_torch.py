@@ -28,7 +28,7 @@ from embnic.client_lib.config import parse_config  # noqa: E402
 from embnic.client_lib.local import LocalBackend  # noqa: E402
 from embnic.client_lib.table_numerics import init_rows  # noqa: E402
 from embnic.client_lib.torch import RemoteEmbeddingBagCollection, kjt_from_dense  # noqa: E402
-from embnic.testbed.server.shard import ServerCluster  # noqa: E402
+from embnic.testbed.server.runner import ServerCluster  # noqa: E402
 from torchref import TOL, TorchRecReference, all_rows, configs, one_rank_group, random_kjt, train_both  # noqa: E402
 
 

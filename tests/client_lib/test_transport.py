@@ -17,7 +17,7 @@ import pytest
 from embnic.client_lib.client import EmbeddingClient, RttEstimator
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
-from embnic.testbed.server.shard import ServerCluster
+from embnic.testbed.server.runner import ServerCluster
 
 TABLES = [{"id": 0, "dim": 16, "optimizer": "adagrad", "lr": 0.1},
           {"id": 1, "rows": 50000, "dim": 8, "optimizer": "sgd", "lr": 0.3}]

@@ -12,7 +12,7 @@ import numpy as np
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import load_config
 from embnic.testbed.bench import e2e
-from embnic.testbed.server.shard import ServerCluster
+from embnic.testbed.server.runner import ServerCluster
 
 
 def test_batches_steps_and_summary_on_real_shards():

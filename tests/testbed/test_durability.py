@@ -17,7 +17,8 @@ from embnic.client_lib import codec, routing
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import TableShard
 from embnic.testbed.server import durability as D
-from embnic.testbed.server.shard import ServerThread, ShardServer
+from embnic.testbed.server.runner import ServerThread
+from embnic.testbed.server.shard import ShardServer
 
 from test_server import Raw, make_cfg, update_frames
 from test_server_engine import _comparable, build_stream, run_stream

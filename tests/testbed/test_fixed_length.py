@@ -16,7 +16,7 @@ from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
-from embnic.testbed.server.shard import ServerCluster, ServerThread
+from embnic.testbed.server.runner import ServerCluster, ServerThread
 
 TABLES = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
           {"id": 4, "rows": 30000, "dim": 16, "optimizer": "sgd", "lr": 0.3, "dtype": "fp16"}]

@@ -28,7 +28,8 @@ from embnic.client_lib.reassembly import Reassembler
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import init_rows
 from embnic.control.cli import cli
-from embnic.testbed.server.shard import ServerCluster, ServerThread, ShardServer
+from embnic.testbed.server.runner import ServerCluster, ServerThread
+from embnic.testbed.server.shard import ShardServer
 
 TABLES = [
     {"id": 0, "rows": 2000, "dim": 8, "optimizer": "adagrad", "lr": 0.1},

@@ -15,7 +15,7 @@ from embnic.client_lib.consts import MsgType
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
 from embnic.testbed.server import udpio
-from embnic.testbed.server.shard import ServerThread
+from embnic.testbed.server.runner import ServerThread
 
 from test_server import lookup_frames, make_cfg, update_frames
 
@@ -312,7 +312,7 @@ def test_steering_program_picks_the_worker_of_the_table():
     """The cBPF program is ldh [14] (table_id), mod N, ret A — checked instruction by instruction."""
     import struct
 
-    from embnic.testbed.server.engine import steering_program
+    from embnic.testbed.server.workers import steering_program
 
     ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 24, 8)]
     assert ins == [(0x28, 0, 0, 14), (0x94, 0, 0, 3), (0x16, 0, 0, 0)]

@@ -101,7 +101,7 @@ PROBE_ID = 1 << 30
 
 @pytest.fixture(scope="module")
 def batch_shard():
-    from embnic.testbed.server.shard import ServerThread
+    from embnic.testbed.server.runner import ServerThread
 
     with ServerThread(CFG, 0, engine="batch", reassembly_timeout_s=0.5) as st:
         socks = []

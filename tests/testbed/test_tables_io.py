@@ -13,7 +13,7 @@ from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import init_rows
 from embnic.control.cli import cli
 from embnic.testbed.server import tables_io as TIO
-from embnic.testbed.server.shard import ServerCluster, ServerThread
+from embnic.testbed.server.runner import ServerCluster, ServerThread
 
 from test_server import make_cfg
 

@@ -23,7 +23,7 @@ from embnic.client_lib.client import EmbeddingClient, ShardUnavailableError
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.testbed.training import criteo
-from embnic.testbed.server.shard import ServerCluster
+from embnic.testbed.server.runner import ServerCluster
 from embnic.testbed.training.train import load_training_data, train
 
 STEPS = 6

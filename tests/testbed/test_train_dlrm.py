@@ -55,7 +55,7 @@ def test_dlrm_through_udp_shards_equals_in_process():
     from embnic.client_lib.client import EmbeddingClient
     from embnic.client_lib.local import LocalBackend
     from embnic.testbed.training.dlrm import train_dlrm
-    from embnic.testbed.server.shard import ServerCluster
+    from embnic.testbed.server.runner import ServerCluster
     from embnic.testbed.training.train import load_training_data
 
     cfg = _cfg(criteo.default_tables(rows=4096, dim=8))

@@ -1,0 +1,112 @@
+"""The batch engine's replies: encoded into one preallocated transmit buffer, sent per wake-up.
+
+:class:`BatchReplies` is a part of :class:`~.engine.BatchShardServer` (its state — the transmit
+buffer ``_tx`` of ``(rows, 40 + P)`` bytes and the per-reply lists — is set up there).
+:meth:`_emit` writes the bytes ``codec.encode_reply`` would write, fragment headers as vector
+copies; :meth:`_send` takes the reference handler's frames; :meth:`_transmit` sends everything
+of one wake-up, ordered by the datagram that completed each request, with one ``sendmmsg``
+(multi-frame replies as UDP GSO super-datagrams, :mod:`.udpio`).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+
+import numpy as np
+
+from embnic.client_lib import consts
+from embnic.client_lib.consts import MsgType, Status
+
+from . import udpio
+
+log = logging.getLogger("embnic.server")
+
+_HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")
+_U4 = np.dtype(">u4")
+_U2 = np.dtype(">u2")
+
+
+class BatchReplies:
+    """Reply encoding and transmission of one wake-up (a part of ``BatchShardServer``)."""
+
+    def _reserve(self, count: int) -> int:
+        a = self._ntx
+        if a + count > self._tx.shape[0]:
+            cap = max(a + count, 2 * self._tx.shape[0])
+            tx = np.empty((cap, self._W), np.uint8)
+            tx[:a] = self._tx[:a]
+            ln = np.zeros(cap, np.int64)
+            ln[:a] = self._txlen[:a]
+            self._tx, self._txlen = tx, ln
+        self._ntx = a + count
+        return a
+
+    def _emit(self, m: tuple, msg_type: int, body: np.ndarray | None = None, status: int = 0) -> None:
+        """Encode the reply to message ``m`` into the transmit buffer (codec.encode_reply's bytes)."""
+        idx, info, name = m[0], m[1], m[2]
+        _, cid, mid, tid, nk, dim, dt = info
+        ml = 0 if body is None else int(body.size)
+        if msg_type == MsgType.ERROR:
+            self._errors[Status(status)] += 1
+        P, W, H = self._P, self._W, consts.HDR_LEN
+        count = max(1, -(-ml // P))
+        a = self._reserve(count)
+        tx = self._tx
+        last_len = ml - (count - 1) * P
+        _HDR.pack_into(tx[a], 0, consts.MAGIC, consts.VERSION, msg_type, 0, dt, status, mid, cid, tid,
+                       self.shard_id, dim, nk, ml, 0, 0, count, P if count > 1 else ml, 0)
+        if count > 1:
+            tx[a + 1:a + count, :H] = tx[a, :H]
+            idx_arr = np.arange(count)
+            tx[a:a + count, 28:32] = (idx_arr * P).astype(_U4).view(np.uint8).reshape(count, 4)
+            tx[a:a + count, 32:34] = idx_arr.astype(_U2).view(np.uint8).reshape(count, 2)
+            tx[a + count - 1, 36:38] = np.frombuffer(last_len.to_bytes(2, "big"), np.uint8)
+            tx[a:a + count - 1, H:] = body[:(count - 1) * P].reshape(count - 1, P)
+        if ml:
+            tx[a + count - 1, H:H + last_len] = body[(count - 1) * P:]
+        self._txlen[a:a + count] = W
+        self._txlen[a + count - 1] = H + last_len
+        self._rep_idx.append(idx)
+        self._rep_start.append(a)
+        self._rep_count.append(count)
+        self._rep_name.append(name)
+
+    def _send(self, frames: list[bytes], addr) -> None:
+        """The reference handler's replies into the transmit buffer, in order (``addr``: an
+        ``(ip, port)`` tuple or a 16-byte ``sockaddr_in``)."""
+        if not frames:
+            return
+        count = len(frames)
+        a = self._reserve(count)
+        for r, f in enumerate(frames):
+            self._tx[a + r, :len(f)] = np.frombuffer(f, np.uint8)
+            self._txlen[a + r] = len(f)
+        self._rep_idx.append(self._cur_idx)
+        self._rep_start.append(a)
+        self._rep_count.append(count)
+        self._rep_name.append(addr if isinstance(addr, bytes) else udpio.tuple_to_sockaddr(addr))
+
+    def _transmit(self) -> None:
+        """Send every reply of this wake-up, ordered by the datagram that completed its request."""
+        if not self._rep_idx:
+            self._ntx = 0
+            return
+        try:
+            order = np.argsort(np.asarray(self._rep_idx), kind="stable")
+            starts = np.asarray(self._rep_start, np.int64)[order]
+            counts = np.asarray(self._rep_count, np.int64)[order]
+            names = np.frombuffer(b"".join(self._rep_name), np.uint8).reshape(-1, udpio.SOCKADDR_LEN)[order]
+            names = np.ascontiguousarray(names)
+            self._c["tx_frames"] += self._ntx
+            self._c["tx_bytes"] += int(self._txlen[:self._ntx].sum())
+            if self._bs is not None:
+                self._bs.send(self._tx, starts, counts, self._txlen, names)
+        except OSError as e:
+            self._c["send_errors"] += 1
+            log.warning("shard %d: send failed: %s", self.shard_id, e)
+        finally:
+            self._rep_idx.clear()
+            self._rep_start.clear()
+            self._rep_count.clear()
+            self._rep_name.clear()
+            self._ntx = 0

@@ -1,0 +1,231 @@
+"""Running the batch engine: in this process, or in worker processes behind one address.
+
+(See :func:`run_workers`.)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+
+from embnic.client_lib.client import set_socket_buffers
+from embnic.client_lib.config import ClusterConfig
+
+from .engine import BatchShardServer
+from .shard import _SOCK_BUF
+
+log = logging.getLogger("embnic.server")
+
+
+def steering_program(workers: int) -> bytes:
+    """The classic BPF program that picks a worker socket of a ``SO_REUSEPORT`` group:
+    ``table_id mod workers``.
+
+    For UDP the kernel runs it with the packet at the UDP payload (the embnic header), so
+    ``ldh [14]`` is ``table_id``; a datagram too short to hold it goes to worker 0 (whose
+    reference handler counts it ``too_short``). Every fragment of a message carries its table,
+    so a message, its retransmissions and their duplicates always reach the same worker.
+
+    Returns:
+        the ``struct sock_fprog`` filter array (3 instructions of 8 bytes).
+    """
+    ins = (
+        (0x28, 0, 0, 14),        # BPF_LD | BPF_H | BPF_ABS: A = u16 at payload offset 14 (table_id)
+        (0x94, 0, 0, workers),   # BPF_ALU | BPF_MOD | BPF_K: A %= workers
+        (0x16, 0, 0, 0),         # BPF_RET | BPF_A
+    )
+    return b"".join(struct.pack("HBBI", *i) for i in ins)
+
+
+def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:
+    """``workers`` UDP sockets bound to (ip, port) in one ``SO_REUSEPORT`` group, steered by
+    :func:`steering_program` (socket ``i`` serves ``table_id % workers == i``)."""
+    import ctypes
+
+    socks: list[socket.socket] = []
+    try:
+        for i in range(workers):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            set_socket_buffers(s, _SOCK_BUF)
+            s.bind((ip, port))
+            port = s.getsockname()[1]  # port 0: the others join the one the first got
+            if i == 0:
+                prog = ctypes.create_string_buffer(steering_program(workers))
+                fprog = struct.pack("HL", 3, ctypes.addressof(prog))
+                s.setsockopt(socket.SOL_SOCKET, 51, fprog)  # SO_ATTACH_REUSEPORT_CBPF
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+def _merge_counters(parts: list[dict]) -> dict:
+    """Sum the counters of several workers (numbers add up; ``shard`` is kept; ``engine`` becomes
+    the per-worker list ``workers``)."""
+    def add(a, b):
+        if isinstance(a, dict):
+            return {k: add(a.get(k, 0), b.get(k, 0)) if k in b else a[k] for k in a} | \
+                   {k: v for k, v in b.items() if k not in a}
+        if isinstance(a, bool) or not isinstance(a, (int, float)):
+            return a
+        return a + b
+
+    out = {k: v for k, v in parts[0].items() if k != "engine"}
+    for p in parts[1:]:
+        out = add(out, {k: v for k, v in p.items() if k not in ("engine", "shard")})
+    out["shard"] = parts[0]["shard"]
+    out["workers"] = [p.get("engine", {}) for p in parts]
+    return out
+
+
+def _worker_main(cfg, shard_id, sock, conn, kwargs) -> None:
+    import ctypes
+    import signal
+
+    try:  # PR_SET_PDEATHSIG: a worker never outlives its parent (killed with SIGKILL, say)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        return
+
+    server = BatchShardServer(cfg, shard_id, sock=sock, **kwargs)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop())
+    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
+    server.open()
+    try:
+        server.run()
+    finally:
+        conn.send(server.counters())
+        conn.close()
+
+
+def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
+                workers: int = 1, **kwargs) -> int:
+    """Serve one shard with the batch engine until SIGTERM/SIGINT, in this process
+    (``workers == 1``) or in ``workers`` forked worker processes behind one address.
+
+    **Workers.** The address is bound ``workers`` times with ``SO_REUSEPORT``; a classic BPF
+    program (:func:`steering_program`) sends every datagram to worker ``table_id % workers``.
+    Each worker owns the rows of its tables outright (no sharing, no locks) and keeps its own
+    exactly-once window of ``dedup_window`` entries over the updates it serves: the dedup
+    window is split **by table**, like the rows. A message and all its retransmissions carry
+    the same table id, so they reach the same worker and exactly-once holds across workers;
+    each worker remembers an update at least as long as the one-process server would (it sees
+    a subset of the updates), at a memory cost of ``workers × dedup_window`` entries at most.
+    Tables, not ids within a table, are what spreads over the workers: a shard serving one
+    table uses one worker.
+
+    Logs ``listening on IP:PORT`` once bound and, at exit, the counters summed over the
+    workers as one JSON line (``workers``: each worker's engine counters).
+
+    Returns:
+        0 after a clean stop; 1 if a worker died (the others are stopped).
+
+    Raises:
+        KeyError: unknown shard. OSError: the address cannot be bound. ValueError:
+        ``fixed_length`` with ``workers > 1`` (a SIZE_REQ reaches one worker, the data it
+        announces all of them).
+    """
+    import json
+    import multiprocessing
+    import signal
+
+    if workers > 1 and kwargs.get("fixed_length"):
+        raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data for every table, "
+                         "but the workers split the tables")
+
+    me = cfg.shard(shard_id)
+    ip = bind if bind is not None else me.ip
+    p = me.port if port is None else int(port)
+    if workers <= 1:
+        server = BatchShardServer(cfg, shard_id, ip, p, **kwargs)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: server.request_stop())
+        signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
+        ip2, p2 = server.open()
+        log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, _describe(cfg))
+        try:
+            server.run()
+        finally:
+            server.close()
+        log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
+        return 1 if server.durable_failed else 0
+    if kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None:
+        raise ValueError("--checkpoint-dir/--restore need --workers 1 (each worker would need its own log)")
+    socks = _reuseport_sockets(ip, p, workers)
+    ip2, p2 = socks[0].getsockname()[:2]
+    ctx = multiprocessing.get_context("fork")
+    procs, conns = [], []
+    stop = {"flag": False}
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+
+    def on_signal(*_):
+        stop["flag"] = True
+        try:
+            os.write(w, b"x")
+        except OSError:
+            pass
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for i, s in enumerate(socks):
+            a, b = ctx.Pipe(duplex=False)
+            pr = ctx.Process(target=_worker_main, args=(cfg, shard_id, s, b, kwargs),
+                             name=f"embnic-shard-{shard_id}-w{i}", daemon=True)
+            pr.start()
+            b.close()
+            procs.append(pr)
+            conns.append(a)
+        log.info("shard %d listening on %s:%d (%s; engine batch, %d workers: worker i serves tables with "
+                 "table_id %% %d == i; pids %s)", shard_id, ip2, p2, _describe(cfg), workers, workers,
+                 ",".join(str(x.pid) for x in procs))
+        from multiprocessing.connection import wait
+
+        died = None
+        while not stop["flag"]:
+            ready = wait([x.sentinel for x in procs] + [r])
+            for x in procs:
+                if x.sentinel in ready and not stop["flag"]:
+                    died = x
+                    stop["flag"] = True
+        for x in procs:
+            if x.is_alive():
+                os.kill(x.pid, signal.SIGTERM)
+        parts = []
+        for x, c in zip(procs, conns):
+            x.join(30)
+            try:
+                if c.poll(5):
+                    parts.append(c.recv())
+            except (EOFError, OSError):
+                pass
+        if parts:
+            log.info("shard %d stopped; counters %s", shard_id, json.dumps(_merge_counters(parts), sort_keys=True))
+        if died is not None:
+            log.error("shard %d: worker %s (pid %d) died with exit code %s; stopped the others",
+                      shard_id, died.name, died.pid, died.exitcode)
+            return 1
+        return 0
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        for x in procs:
+            if x.is_alive():
+                x.kill()
+        for s in socks:
+            s.close()
+        os.close(r)
+        os.close(w)
+
+
+def _describe(cfg: ClusterConfig) -> str:
+    from .runner import describe
+
+    return describe(cfg)
