@@ -224,11 +224,30 @@ def _get(d: dict, key: str, where: str, typ, default: Any = dataclasses.MISSING,
     return v
 
 
+def host_ipv4_problem(addr: ipaddress.IPv4Address) -> str | None:
+    """Why ``addr`` cannot be a node's own address (a client, shard or card port), or None.
+
+    A node's address is the source of its frames and the destination the card rewrites to, so it
+    must be one host's unicast address: not 0.0.0.0 (unspecified, RFC 1122 3.2.1.3), not
+    multicast (224.0.0.0/4, RFC 5771) and not the limited broadcast 255.255.255.255.
+    """
+    if addr.is_unspecified:
+        return f"{addr} is the unspecified address"
+    if addr.is_multicast:
+        return f"{addr} is a multicast address"
+    if addr == ipaddress.IPv4Address("255.255.255.255"):
+        return f"{addr} is the broadcast address"
+    return None
+
+
 def _check_ip(v: str, field: str, path) -> str:
     try:
-        ipaddress.IPv4Address(v)
+        addr = ipaddress.IPv4Address(v)
     except ValueError:
         raise ConfigError(field, f"{v!r} is not an IPv4 address (write e.g. 10.0.0.2)", path) from None
+    problem = host_ipv4_problem(addr)
+    if problem:
+        raise ConfigError(field, f"{problem}: give the node's own unicast IPv4 address, e.g. 10.0.0.2", path)
     return v
 
 

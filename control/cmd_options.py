@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import click
 
-from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, is_multicast_mac, load_config
+from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, host_ipv4_problem, is_multicast_mac, load_config
 from embnic.control.errors import UsageError
 from embnic.control.runstate import read_state, require_root, run_dir
 
@@ -84,15 +84,23 @@ class MacType(click.ParamType):
 
 
 class IPv4Type(click.ParamType):
-    """A dotted-quad IPv4 address."""
+    """A dotted-quad IPv4 address; with ``host=True`` one host's unicast address
+    (:func:`embnic.client_lib.config.host_ipv4_problem`: not 0.0.0.0, multicast or broadcast)."""
 
     name = "IPV4"
 
+    def __init__(self, host: bool = False):
+        self.host = host
+
     def convert(self, value, param, ctx):
         try:
-            return str(ipaddress.IPv4Address(value))
+            addr = ipaddress.IPv4Address(value)
         except (ValueError, TypeError):
             self.fail(f"{value!r} is not an IPv4 address (write e.g. 10.0.0.2)", param, ctx)
+        problem = host_ipv4_problem(addr) if self.host else None
+        if problem:
+            self.fail(f"{problem}: give the peer's own unicast IPv4 address, e.g. 10.0.0.2", param, ctx)
+        return str(addr)
 
 
 class NameType(click.ParamType):
@@ -129,6 +137,7 @@ class TargetType(click.ParamType):
 
 MAC = MacType()
 IPV4 = IPv4Type()
+HOST_IPV4 = IPv4Type(host=True)
 NAME = NameType()
 TARGET = TargetType()
 UDP_PORT = click.IntRange(1, 65535)

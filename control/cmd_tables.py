@@ -12,8 +12,7 @@ import click
 
 from embnic.client_lib import consts
 from embnic.client_lib.config import ClusterConfig
-from embnic.control.ctlsock import CtlCommandError
-from embnic.control.cmd_options import IPV4, MAC, U16, UDP_PORT, Settings, json_option, open_target, pipeline_options, resolve
+from embnic.control.cmd_options import HOST_IPV4, MAC, U16, UDP_PORT, Settings, json_option, open_target, pipeline_options, resolve
 from embnic.control.target import Entry
 
 # "what": how messages name one entry ("route for shard 0", "client 1");
@@ -112,7 +111,7 @@ def make_group(kind: str) -> click.Group:
     @click.argument(noun, metavar=NOUN, type=U16)
     @click.option("--port", "port", type=click.IntRange(0, 1023), default=None, help="Card (DPDK) port it hangs off.")
     @click.option("--mac", type=MAC, default=None, help=f"The {noun}'s MAC address.")
-    @click.option("--ip", type=IPV4, default=None, help=f"The {noun}'s IPv4 address.")
+    @click.option("--ip", type=HOST_IPV4, default=None, help=f"The {noun}'s IPv4 address.")
     @click.option("--udp-port", "udp_port", type=UDP_PORT, default=None, help=f"The {noun}'s UDP port.")
     @pipeline_options
     @json_option
@@ -136,11 +135,7 @@ def make_group(kind: str) -> click.Group:
     def delete(config, target, name, ctl, **kw):
         _, t = _target(config, target, name, ctl)
         id_ = kw[idkey]
-        try:
-            getattr(t, k["del"])(id_)
-        except CtlCommandError as e:  # the only refusal of a well-formed del: no such entry
-            raise click.UsageError(f"unknown {noun} {id_}: the card has no {k['what']} {id_} ({e.card_error}); "
-                                   f"`embnic {kind} list` shows the {kind}s") from None
+        getattr(t, k["del"])(id_)  # NoSuchEntryError (exit 2) names the list command
         click.echo(f"deleted {k['what']} {id_}")
 
     @group.command("list", help=f"""List the card's {kind} table.

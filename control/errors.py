@@ -71,6 +71,21 @@ class UsageError(ControlError):
         self.param = param
 
 
+class NoSuchEntryError(UsageError):
+    """A route or client delete named an entry the card does not have (exit 2).
+
+    Args:
+        kind: ``"route"`` or ``"client"``.
+        id: the shard id (route) or client id it named.
+    """
+
+    def __init__(self, kind: str, id: int):
+        what = "route for shard" if kind == "route" else "client"
+        super().__init__(f"the card has no {what} {id}: `embnic {kind} list` shows what it has", param=kind)
+        self.kind = kind
+        self.id = id
+
+
 class OperationalError(ControlError):
     """Something the user asked for could not be done (exit 1)."""
 

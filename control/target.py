@@ -188,7 +188,11 @@ class Target(abc.ABC):
 
     @abc.abstractmethod
     def route_del(self, shard: int) -> None:
-        """Delete the route for ``shard`` (error if absent)."""
+        """Delete the route for ``shard``.
+
+        Raises:
+            NoSuchEntryError: the card has no route for ``shard`` (exit 2).
+        """
 
     @abc.abstractmethod
     def route_list(self) -> list[Entry]:
@@ -200,7 +204,11 @@ class Target(abc.ABC):
 
     @abc.abstractmethod
     def client_del(self, client: int) -> None:
-        """Delete client ``client`` (error if absent)."""
+        """Delete client ``client``.
+
+        Raises:
+            NoSuchEntryError: the card has no client ``client`` (exit 2).
+        """
 
     @abc.abstractmethod
     def client_list(self) -> list[Entry]:

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.client_lib.consts import MsgType
 from embnic.control import bmv2, p4prog
-from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
+from embnic.control.errors import MissingDependencyError, NoSuchEntryError, OperationalError, UsageError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
                                      require_root, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, routes_from_config
@@ -375,7 +375,7 @@ class Bmv2Target(Target):
 
     def route_del(self, shard: int) -> None:
         if not any(e["key"] == [shard] for e in self._dump("route_by_shard")):
-            raise OperationalError(f"no route for shard {shard}")
+            raise NoSuchEntryError("route", shard)
         self._replace("route_by_shard", shard, 0, [])
 
     def route_list(self) -> list[Entry]:
@@ -396,7 +396,7 @@ class Bmv2Target(Target):
 
     def client_del(self, client: int) -> None:
         if not any(e["key"] == [client] for e in self._dump("client_by_id")):
-            raise OperationalError(f"no client {client}")
+            raise NoSuchEntryError("client", client)
         self._replace("client_by_id", client, 1, [])
 
     def client_list(self) -> list[Entry]:

@@ -32,9 +32,9 @@ from typing import Any, Sequence
 
 from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
 from embnic.control import buildinfo
-from embnic.control.ctlsock import CtlClient, CtlError
+from embnic.control.ctlsock import CtlClient, CtlCommandError, CtlError
 from embnic.control.dpdk_proc import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
-from embnic.control.errors import OperationalError, UsageError
+from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
                                      require_root, state_path, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
@@ -375,7 +375,10 @@ class DpdkTarget(Target):
         self.ctl().call("route_add", **e.route_fields())
 
     def route_del(self, shard: int) -> None:
-        self.ctl().call("route_del", shard=int(shard))
+        try:
+            self.ctl().call("route_del", shard=int(shard))
+        except CtlCommandError:  # the card refuses a well-formed del only when the entry is absent
+            raise NoSuchEntryError("route", shard) from None
 
     def route_list(self) -> list[Entry]:
         return entries_from_dicts(self.ctl().call("route_list").get("routes", []), "shard")
@@ -384,7 +387,10 @@ class DpdkTarget(Target):
         self.ctl().call("client_add", **e.client_fields())
 
     def client_del(self, client: int) -> None:
-        self.ctl().call("client_del", client=int(client))
+        try:
+            self.ctl().call("client_del", client=int(client))
+        except CtlCommandError:  # the card refuses a well-formed del only when the entry is absent
+            raise NoSuchEntryError("client", client) from None
 
     def client_list(self) -> list[Entry]:
         return entries_from_dicts(self.ctl().call("client_list").get("clients", []), "client")
