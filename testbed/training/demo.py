@@ -18,26 +18,27 @@ Sequence (:func:`run_demo`):
 5. **down** — always, also on errors (a killed shard, Ctrl-C).
 6. **report** — ``OUT/report.json`` (fields in :func:`run_demo`), ``OUT/loss.png`` (loss
    curves of both runs), ``OUT/latency_cdf.png`` (lookup latency CDF), a short summary.
+
+This module runs the sequence; :mod:`.demo_measure` holds the reference run, the probes, the
+other clients' load and the table read-back, :mod:`.demo_report` the report and summaries.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from embnic.client_lib.config import ClusterConfig, load_config
 from embnic.control.errors import OperationalError
-
-from . import report as R
 from embnic.testbed.net import topology as T
 
-LOSS_TOL = 1e-6
+from . import report as R
+from .demo_measure import Reader, client_snapshot, compare_tables, probe_rtts, reference_run, stop_readers
+from .demo_report import LOSS_TOL, build_report, failure_summary, summary
+
 DEFAULT_OUT = "out/demo"
 DEFAULT_NAME = "embdemo"
 REPO = Path(__file__).resolve().parents[2]
@@ -102,148 +103,6 @@ class DemoOptions:
     target: str = "dpdk"
 
 
-class _Reader(threading.Thread):
-    """Another client's load during training: lookups of its own batches, no updates."""
-
-    def __init__(self, client, cfg: ClusterConfig, data, batch_size: int, offset: int):
-        super().__init__(daemon=True, name=f"reader-{client.client_id}")
-        self.client, self.cfg, self.data, self.batch_size, self.offset = client, cfg, data, batch_size, offset
-        self.stop = threading.Event()
-        self.rounds = 0
-        self.error: str | None = None
-
-    def run(self) -> None:
-        from .train import embed_batch
-
-        n = len(self.data.labels)
-        try:
-            while not self.stop.is_set():
-                idx = (self.offset + self.rounds * self.batch_size + np.arange(self.batch_size)) % n
-                embed_batch(self.client, self.cfg, self.data.sparse[idx])
-                self.rounds += 1
-        except Exception as e:  # noqa: BLE001 - reported, the training client decides the run
-            self.error = f"{type(e).__name__}: {e}"
-
-    def result(self) -> dict:
-        s = self.client.stats
-        return {"lookup_rounds": self.rounds, "messages": s.messages_sent + s.messages_received,
-                "requests_sent": s.messages_sent, "frames_sent": s.frames_sent, "retransmits": s.retransmits,
-                "error": self.error}
-
-
-def _stop_readers(readers: list) -> None:
-    for r in readers:
-        r.stop.set()
-    for r in readers:
-        r.join(30)
-        if not r.client.sock._closed:
-            r.client.close()
-
-
-def _snapshot(client) -> dict:
-    s = client.stats
-    return {"messages_sent": s.messages_sent, "messages_received": s.messages_received,
-            "frames_sent": s.frames_sent, "frames_received": s.frames_received, "bytes_sent": s.bytes_sent,
-            "bytes_received": s.bytes_received, "retransmits": s.retransmits, "rounds": s.rounds,
-            "stale_replies": s.stale_replies, "latencies": len(s.lookup_latency_us),
-            "drops": dict(client.drops)}
-
-
-PROBE_TARGET = 2.0  #: target: lookup p50 at most this many times the probe RTT p50 of the same run
-_PROBE_ID_BASE = 0xFFFE0000  #: msg ids of the between-step probes (the testbed's own probes use 0xFFFF....)
-
-
-def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tries: int = 3,
-               sent: dict | None = None) -> dict[int, float]:
-    """One-key lookup round trips (µs) through the card to every shard, on the training client's
-    own socket and path, between two steps (no request of the client is in flight then).
-
-    The same probe as the testbed's readiness probe (:func:`~embnic.testbed.net.topology.probe_key`:
-    a key each shard owns), so ``lookup p50 / probe p50`` compares a training lookup with the
-    smallest message on the same path at the same moment of the run. A probe unanswered after
-    ``tries`` × ``timeout_s`` is left out (the step's own retries report a dead path).
-
-    Args:
-        sent: counters ``sent`` (probe messages, retries included) and ``frames_sent`` to add to
-            (the card counts these frames too).
-
-    Returns:
-        ``{shard_id: rtt_us}`` for the shards that answered.
-    """
-    import select
-
-    from embnic.client_lib import codec as C
-
-    out = {}
-    for i, s in enumerate(cfg.shards):
-        t0, key, _ = T.probe_key(cfg, s.id)
-        msg_id = _PROBE_ID_BASE + ((seq * len(cfg.shards) + i) & 0xFFFF)
-        frames = C.encode_lookup(msg_id=msg_id, client_id=client.client_id, table_id=t0.id, shard_id=s.id,
-                                 dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
-        dest = cfg.request_destination(client.client_id, s.id)
-        for _ in range(tries):
-            start = time.monotonic()
-            for f in frames:
-                client.sock.sendto(f, dest)
-            if sent is not None:
-                sent["frames_sent"] += len(frames)
-                sent["sent"] += 1
-            end = start + timeout_s
-            got = None
-            while got is None and time.monotonic() < end:
-                r, _, _ = select.select([client.sock], [], [], max(0.0, end - time.monotonic()))
-                if not r:
-                    break
-                try:
-                    data = client.sock.recv(65536)
-                except BlockingIOError:
-                    continue
-                if len(data) >= 40 and int.from_bytes(data[8:12], "big") == msg_id:
-                    got = (time.monotonic() - start) * 1e6
-            if got is not None:
-                out[s.id] = got
-                break
-    return out
-
-
-def reference_run(cfg: ClusterConfig, train_data, valid_data, steps: int, batch_size: int,
-                  progress: bool | None = None, model: str = "fm"):
-    """Train ``model`` with in-process tables. Returns (TrainResult, LocalBackend, seconds)."""
-    from embnic.client_lib.local import LocalBackend
-
-    from .train import trainer
-
-    train = trainer(model)
-
-    local = LocalBackend(cfg)
-    t0 = time.monotonic()
-    with R.Progress(steps, "reference (in-process tables)", enabled=progress) as bar:
-        res = train(cfg, train_data, steps=steps, batch_size=batch_size, backend=local, eval_data=valid_data,
-                    progress=lambda i, loss: bar.update(1, loss=f"{loss:.4f}"))
-    return res, local, time.monotonic() - t0
-
-
-def compare_tables(client, local, tables_per_round: int = 2) -> dict:
-    """Read every row the reference run updated back from the shards (through ``client``) and
-    compare with the reference tables.
-
-    Returns:
-        ``{"rows": N, "max_abs_diff": float, "equal": bool, "tables": T}`` (equal = bitwise).
-    """
-    state = {t: ks for t, (ks, _, _) in local.state_dict().items() if ks.size}
-    ref = {t: local.lookup(t, ks) for t, ks in state.items()}
-    ids = sorted(state)
-    n, worst, equal = 0, 0.0, True
-    for i in range(0, len(ids), tables_per_round):
-        chunk = {t: state[t] for t in ids[i:i + tables_per_round]}
-        got = client.lookup(chunk)
-        for t in chunk:
-            d = np.abs(got[t].astype(np.float64) - ref[t].astype(np.float64))
-            worst = max(worst, float(d.max()) if d.size else 0.0)
-            equal = equal and bool(np.array_equal(got[t], ref[t]))
-            n += len(chunk[t])
-    return {"rows": n, "tables": len(ids), "max_abs_diff": worst, "equal": equal}
-
 
 class DemoUsageError(ValueError):
     """Options that contradict each other or the config (``param``: the CLI option to blame)."""
@@ -305,7 +164,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     ``frames_detail``, ``rounds_per_step``, ``dedup_ratio`` (unique ids / ids),
     ``dedup_savings`` (1 − ratio), ``lookup_latency_us`` (``p50``, ``p90``, ``p99``, ``max``,
     ``mean``, ``n``), ``probe_rtt_us`` (the same percentiles of one-key lookups to every shard
-    on the training client's path, one per shard after every step: :func:`probe_rtts`),
+    on the training client's path, one per shard after every step: :func:`~.demo_measure.probe_rtts`),
     ``probes`` (probe messages and frames sent: the card counts them too),
     ``lookup_p50_over_probe_p50`` and ``latency_target`` (target ≤ 2, measured, met),
     ``card_drops`` (every reason), ``card`` (``frames_by_type``: frames the
@@ -369,7 +228,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     state_at_end: dict | None = None
     card_final: dict | None = None
     res = tables = netem_rec = failure = client = None
-    readers: list[_Reader] = []
+    readers: list[Reader] = []
     try:
         cfg = tb.cfg
         cid = cfg.clients[0].id
@@ -386,7 +245,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         if opts.all_clients:
             for k, c in enumerate(cfg.clients[1:], 1):
                 with T.in_netns(topo.client_ns(c.id)):
-                    readers.append(_Reader(EmbeddingClient(cfg, c.id), cfg, tr, opts.batch_size,
+                    readers.append(Reader(EmbeddingClient(cfg, c.id), cfg, tr, opts.batch_size,
                                            k * len(tr.labels) // len(cfg.clients)))
             for r in readers:
                 r.start()
@@ -410,8 +269,8 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                         rec = tb.restart_server(opts.kill_shard, ["--restore", str(ckdir)])
                         log(f"fault: shard {opts.kill_shard}'s server restarted from {ckdir} (pid {rec['pid']})")
                 if i + 1 == opts.steps:
-                    _stop_readers(readers)  # their last round completes: the card's counters are whole
-                    snap.update(_snapshot(client), elapsed=el)
+                    stop_readers(readers)  # their last round completes: the card's counters are whole
+                    snap.update(client_snapshot(client), elapsed=el)
                     card_at_end.update(tb.target.counters())
                     state_at_end = _try(tb.target.state_summary)
 
@@ -420,7 +279,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                 res = train(cfg, tr, steps=opts.steps, batch_size=opts.batch_size, backend=client,
                             eval_data=va, progress=progress)
                 timing["train_s"] = round(time.monotonic() - t0, 2)
-                _stop_readers(readers)
+                stop_readers(readers)
                 if opts.check_tables:
                     phase = "table read-back"
                     tables = compare_tables(client, local)
@@ -429,7 +288,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                     phase = "evaluation"
                 failure = _failure(e, phase, tb, client, losses, opts, kill_at)
                 if not snap:
-                    snap.update(_snapshot(client), elapsed=max(time.monotonic() - t0, 1e-9))
+                    snap.update(client_snapshot(client), elapsed=max(time.monotonic() - t0, 1e-9))
                     if not failure["card_dead"]:
                         card_at_end.update(_try(tb.target.counters, {}))
                         state_at_end = _try(tb.target.state_summary)
@@ -438,12 +297,12 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         if failure is None or not failure["card_dead"]:
             card_final = _try(tb.target.counters)
     finally:
-        _stop_readers(readers)
+        stop_readers(readers)
         t_down = time.monotonic()
         tb.down()
         timing["down_s"] = round(time.monotonic() - t_down, 2)
 
-    rep = _report(opts, cid, ref, res, losses, snap, card_at_end, state_at_end, card_final, tables, netem_rec,
+    rep = build_report(opts, cid, ref, res, losses, snap, card_at_end, state_at_end, card_final, tables, netem_rec,
                   timing, client.stats.lookup_latency_us[:snap["latencies"]], kill_at, failure, out,
                   {str(r.client.client_id): r.result() for r in readers}, probes, probe_sent)
     if failure is not None:
@@ -485,139 +344,3 @@ def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, op
             "card_dead": any(d["role"] == "card" for d in dead)}
 
 
-def _report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, card_at_end: dict,
-            state_at_end: dict | None, card_final: dict | None, tables: dict | None, netem_rec: dict | None,
-            timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path,
-            others: dict | None = None, probes: list | None = None, probe_sent: dict | None = None) -> dict:
-    """The report dict (fields in :func:`run_demo`), written to ``out/report.json`` with its plots."""
-    done = len(losses)
-    steps = opts.steps
-    ref_part = np.asarray(ref.loss[:done], np.float64)
-    loss_diff = float(np.max(np.abs(np.asarray(losses, np.float64) - ref_part))) if done else None
-    el = snap["elapsed"]
-    msgs = snap["messages_sent"] + snap["messages_received"]
-    frames = snap["frames_sent"] + snap["frames_received"]
-    state_sum = state_at_end or {}
-    rep = {
-        "target": opts.target,
-        "model": opts.model,
-        "testbed": opts.name,
-        "config": str(Path(opts.config).resolve()),
-        "data": str(opts.data or "shipped Criteo sample (testbed/training/data)"),
-        "client": cid,
-        "other_clients": others or {},
-        "steps": steps,
-        "steps_completed": done,
-        "batch_size": opts.batch_size,
-        "error": None if failure is None else {k: v for k, v in failure.items() if k != "card_dead"},
-        "loss": losses,
-        "loss_reference": ref.loss,
-        "loss_max_abs_diff": loss_diff,
-        "loss_match": loss_diff is not None and loss_diff <= LOSS_TOL,
-        "auc": res.auc if res is not None else None,
-        "auc_reference": ref.auc,
-        "eval_loss": res.eval_loss if res is not None else None,
-        "messages": msgs,
-        "messages_detail": {"requests_sent": snap["messages_sent"], "replies_received": snap["messages_received"],
-                            "retransmits": snap["retransmits"], "stale_replies": snap["stale_replies"],
-                            "per_step": round(msgs / max(done, 1), 2), "per_s": round(msgs / el, 1)},
-        "frames": frames,
-        "frames_detail": {"sent": snap["frames_sent"], "received": snap["frames_received"],
-                          "bytes_sent": snap["bytes_sent"], "bytes_received": snap["bytes_received"],
-                          "per_s": round(frames / el, 1)},
-        "rounds_per_step": snap["rounds"] / max(done, 1),
-        "dedup_ratio": res.dedup_ratio if res is not None else None,
-        "dedup_savings": 1.0 - res.dedup_ratio if res is not None else None,
-        "ids": res.ids if res is not None else None,
-        "unique_ids": res.unique_ids if res is not None else None,
-        "lookup_latency_us": R.percentiles(lat),
-        "probe_rtt_us": R.percentiles(probes or []),
-        "probes": dict(probe_sent or {}),
-        "lookup_p50_over_probe_p50": _ratio_p50(lat, probes),
-        "latency_target": {"target": PROBE_TARGET, "measured": _ratio_p50(lat, probes),
-                           "met": (_ratio_p50(lat, probes) or float("inf")) <= PROBE_TARGET},
-        "card_drops": card_at_end.get("drops", {}),
-        "card": {"frames_by_type": card_at_end.get("types"), "ports": card_at_end.get("ports"),
-                 "ring": card_at_end.get("ring"), "mempool": card_at_end.get("mempool"),
-                 "state": card_at_end.get("state"),
-                 "messages_completed": card_at_end.get("completed"),
-                 "latency_by_shard": card_at_end.get("shards"),
-                 "messages_in_state_map": ({"entries": state_sum.get("entries"), **(state_sum.get("by_state") or {})}
-                                           if state_sum else None),
-                 "drops_incl_eval_and_readback": (card_final or {}).get("drops", {})},
-        "client_drops": snap["drops"],
-        "tables": tables,
-        "netem": netem_rec,
-        "kill_shard": opts.kill_shard,
-        "kill_at_step": kill_at,
-        "restart": bool(opts.restart),
-        "timing": {**timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
-    }
-    title = (f"{'TorchRec DLRM' if opts.model == 'dlrm' else 'FM CTR model'} on Criteo, "
-             f"{steps} steps × {opts.batch_size}")
-    if failure is not None:
-        title += f" (failed after {done} steps)"
-    rep["plots"] = {
-        "loss": str(R.plot_loss(out / "loss.png", {"through the card": losses, "in-process reference": ref.loss},
-                                title)),
-        "latency_cdf": str(R.plot_cdf(out / "latency_cdf.png", {"lookup message": lat},
-                                      "lookup latency through the card (per message, client-measured)")),
-    }
-    R.write_json(out / "report.json", rep)
-    return rep
-
-
-def _ratio_p50(lat, probes) -> float | None:
-    """p50 of the lookup latencies over p50 of the probe RTTs (None if either is empty)."""
-    if not len(lat) or not probes:
-        return None
-    return round(float(np.percentile(lat, 50)) / float(np.percentile(probes, 50)), 3)
-
-
-def failure_summary(rep: dict) -> list[str]:
-    """The short summary printed when the demo failed: what ran before the failure."""
-    err = rep["error"]
-    lat = rep["lookup_latency_us"]
-    loss = rep["loss"]
-    rows = [
-        ("failed", f"{err['phase']}, after {rep['steps_completed']} of {rep['steps']} steps"
-                   + (f" (shard {err['failing_shard']} did not answer)" if err.get("failing_shard") is not None
-                      else "")),
-        ("dead nodes", ", ".join(f"{d['what']} (pid {d['pid']})" for d in err["dead_nodes"]) or "none"),
-        ("loss", (f"{loss[0]:.4f} → {loss[-1]:.4f}   max |Δ| vs in-process {rep['loss_max_abs_diff']:.2g}"
-                  if loss else "no step completed")),
-        ("messages", f"{rep['messages']}, frames {rep['frames']}, "
-                     f"{rep['messages_detail']['retransmits']} retransmits"),
-        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
-        ("report", f"{Path(rep['plots']['loss']).parent / 'report.json'}, loss.png, latency_cdf.png"),
-    ]
-    return ["demo summary (FAILED):"] + R.table_lines(rows)
-
-
-def summary(rep: dict) -> list[str]:
-    """The short summary printed at the end of the demo."""
-    lat = rep["lookup_latency_us"]
-    tb = rep.get("tables") or {}
-    rows = [
-        ("steps", f"{rep['steps']} × {rep['batch_size']} samples, {rep['timing']['steps_per_s']:.2f} steps/s"),
-        ("loss", f"{rep['loss'][0]:.4f} → {rep['loss'][-1]:.4f}   max |Δ| vs in-process "
-                 f"{rep['loss_max_abs_diff']:.2g} ({'match' if rep['loss_match'] else 'MISMATCH'})"),
-        ("AUC", f"{rep['auc']:.4f} (in-process {rep['auc_reference']:.4f})"),
-        ("messages", f"{rep['messages']} ({rep['messages_detail']['per_s']:.0f}/s), frames {rep['frames']}, "
-                     f"{rep['rounds_per_step']:.1f} rounds/step, {rep['messages_detail']['retransmits']} retransmits"),
-        ("dedup", f"unique/all ids {rep['dedup_ratio']:.3f} (saves {100 * rep['dedup_savings']:.1f}% of the ids)"),
-        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
-        ("probe RTT", f"p50 {rep['probe_rtt_us']['p50']} µs, p99 {rep['probe_rtt_us']['p99']} µs "
-                      f"(n={rep['probe_rtt_us']['n']}, one-key lookups between steps): lookup p50 = "
-                      f"{rep['lookup_p50_over_probe_p50']} × probe p50 (target ≤ {PROBE_TARGET:g})"),
-        ("card drops", R.fmt_drops(rep["card_drops"])),
-    ]
-    if tb:
-        rows.append(("final tables", f"{tb['rows']} rows read back through the card: "
-                                     f"{'identical' if tb['equal'] else 'DIFFERENT'} to the in-process run"))
-    if rep.get("netem"):
-        imp = rep["netem"].get("impairment", {})
-        rows.append(("faults", f"loss {imp.get('loss')}% reorder {imp.get('reorder')}% duplicate "
-                               f"{imp.get('duplicate')}% ({rep['netem'].get('backend')})"))
-    rows.append(("report", f"{Path(rep['plots']['loss']).parent / 'report.json'}, loss.png, latency_cdf.png"))
-    return ["demo summary:"] + R.table_lines(rows)

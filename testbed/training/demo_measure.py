@@ -1,0 +1,170 @@
+"""What the demo measures and checks beside its training loop (:mod:`.demo` runs them).
+
+- :func:`reference_run`: the same training with the tables in this process — the losses and
+  final tables the run through the card must reproduce;
+- :func:`probe_rtts`: one-key lookups to every shard between steps, on the training client's own
+  socket (the latency yardstick of ``lookup p50 / probe p50``);
+- :class:`Reader`: another client's load while the first one trains (lookups only);
+- :func:`client_snapshot`: the training client's counters at the end of training;
+- :func:`compare_tables`: every updated row read back from the shards against the reference.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from embnic.client_lib.config import ClusterConfig
+from embnic.testbed.net import topology as T
+
+from . import report as R
+
+class Reader(threading.Thread):
+    """Another client's load during training: lookups of its own batches, no updates.
+
+    ``offset``: its first sample (row of ``data``); batch ``k`` is rows ``offset + k*batch_size ...`` modulo
+    the rows. ``result()`` gives its rounds, messages, frames, retransmits and error (None if none).
+    """
+
+    def __init__(self, client, cfg: ClusterConfig, data, batch_size: int, offset: int):
+        super().__init__(daemon=True, name=f"reader-{client.client_id}")
+        self.client, self.cfg, self.data, self.batch_size, self.offset = client, cfg, data, batch_size, offset
+        self.stop = threading.Event()
+        self.rounds = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        from .train import embed_batch
+
+        n = len(self.data.labels)
+        try:
+            while not self.stop.is_set():
+                idx = (self.offset + self.rounds * self.batch_size + np.arange(self.batch_size)) % n
+                embed_batch(self.client, self.cfg, self.data.sparse[idx])
+                self.rounds += 1
+        except Exception as e:  # noqa: BLE001 - reported, the training client decides the run
+            self.error = f"{type(e).__name__}: {e}"
+
+    def result(self) -> dict:
+        """What this reader did (see the class docstring)."""
+        s = self.client.stats
+        return {"lookup_rounds": self.rounds, "messages": s.messages_sent + s.messages_received,
+                "requests_sent": s.messages_sent, "frames_sent": s.frames_sent, "retransmits": s.retransmits,
+                "error": self.error}
+
+
+def stop_readers(readers: list) -> None:
+    """Stop every :class:`Reader` (its current round completes), join it (≤ 30 s) and close its client."""
+    for r in readers:
+        r.stop.set()
+    for r in readers:
+        r.join(30)
+        if not r.client.sock._closed:
+            r.client.close()
+
+
+def client_snapshot(client) -> dict:
+    """The counters of an :class:`~embnic.client_lib.client.EmbeddingClient` now (message, frame and byte
+    counts, retransmits, rounds, stale replies, the number of lookup latencies so far, drops by reason)."""
+    s = client.stats
+    return {"messages_sent": s.messages_sent, "messages_received": s.messages_received,
+            "frames_sent": s.frames_sent, "frames_received": s.frames_received, "bytes_sent": s.bytes_sent,
+            "bytes_received": s.bytes_received, "retransmits": s.retransmits, "rounds": s.rounds,
+            "stale_replies": s.stale_replies, "latencies": len(s.lookup_latency_us),
+            "drops": dict(client.drops)}
+
+
+_PROBE_ID_BASE = 0xFFFE0000  #: msg ids of the between-step probes (the testbed's own probes use 0xFFFF....)
+
+
+def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tries: int = 3,
+               sent: dict | None = None) -> dict[int, float]:
+    """One-key lookup round trips (µs) through the card to every shard, on the training client's
+    own socket and path, between two steps (no request of the client is in flight then).
+
+    The same probe as the testbed's readiness probe (:func:`~embnic.testbed.net.topology.probe_key`:
+    a key each shard owns), so ``lookup p50 / probe p50`` compares a training lookup with the
+    smallest message on the same path at the same moment of the run. A probe unanswered after
+    ``tries`` × ``timeout_s`` is left out (the step's own retries report a dead path).
+
+    Args:
+        sent: counters ``sent`` (probe messages, retries included) and ``frames_sent`` to add to
+            (the card counts these frames too).
+
+    Returns:
+        ``{shard_id: rtt_us}`` for the shards that answered.
+    """
+    import select
+
+    from embnic.client_lib import codec as C
+
+    out = {}
+    for i, s in enumerate(cfg.shards):
+        t0, key, _ = T.probe_key(cfg, s.id)
+        msg_id = _PROBE_ID_BASE + ((seq * len(cfg.shards) + i) & 0xFFFF)
+        frames = C.encode_lookup(msg_id=msg_id, client_id=client.client_id, table_id=t0.id, shard_id=s.id,
+                                 dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
+        dest = cfg.request_destination(client.client_id, s.id)
+        for _ in range(tries):
+            start = time.monotonic()
+            for f in frames:
+                client.sock.sendto(f, dest)
+            if sent is not None:
+                sent["frames_sent"] += len(frames)
+                sent["sent"] += 1
+            end = start + timeout_s
+            got = None
+            while got is None and time.monotonic() < end:
+                r, _, _ = select.select([client.sock], [], [], max(0.0, end - time.monotonic()))
+                if not r:
+                    break
+                try:
+                    data = client.sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                if len(data) >= 40 and int.from_bytes(data[8:12], "big") == msg_id:
+                    got = (time.monotonic() - start) * 1e6
+            if got is not None:
+                out[s.id] = got
+                break
+    return out
+
+
+def reference_run(cfg: ClusterConfig, train_data, valid_data, steps: int, batch_size: int,
+                  progress: bool | None = None, model: str = "fm"):
+    """Train ``model`` with in-process tables. Returns (TrainResult, LocalBackend, seconds)."""
+    from embnic.client_lib.local import LocalBackend
+
+    from .train import trainer
+
+    train = trainer(model)
+
+    local = LocalBackend(cfg)
+    t0 = time.monotonic()
+    with R.Progress(steps, "reference (in-process tables)", enabled=progress) as bar:
+        res = train(cfg, train_data, steps=steps, batch_size=batch_size, backend=local, eval_data=valid_data,
+                    progress=lambda i, loss: bar.update(1, loss=f"{loss:.4f}"))
+    return res, local, time.monotonic() - t0
+
+
+def compare_tables(client, local, tables_per_round: int = 2) -> dict:
+    """Read every row the reference run updated back from the shards (through ``client``) and
+    compare with the reference tables.
+
+    Returns:
+        ``{"rows": N, "max_abs_diff": float, "equal": bool, "tables": T}`` (equal = bitwise).
+    """
+    state = {t: ks for t, (ks, _, _) in local.state_dict().items() if ks.size}
+    ref = {t: local.lookup(t, ks) for t, ks in state.items()}
+    ids = sorted(state)
+    n, worst, equal = 0, 0.0, True
+    for i in range(0, len(ids), tables_per_round):
+        chunk = {t: state[t] for t in ids[i:i + tables_per_round]}
+        got = client.lookup(chunk)
+        for t in chunk:
+            d = np.abs(got[t].astype(np.float64) - ref[t].astype(np.float64))
+            worst = max(worst, float(d.max()) if d.size else 0.0)
+            equal = equal and bool(np.array_equal(got[t], ref[t]))
+            n += len(chunk[t])
+    return {"rows": n, "tables": len(ids), "max_abs_diff": worst, "equal": equal}

@@ -1,0 +1,154 @@
+"""The demo's report: ``OUT/report.json`` with its plots (:func:`build_report`, fields in
+:func:`~embnic.testbed.training.demo.run_demo`), and the short summaries printed at the end."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import report as R
+
+if TYPE_CHECKING:
+    from .demo import DemoOptions
+
+LOSS_TOL = 1e-6  #: largest |Δ| of a step's loss through the card vs the in-process run
+PROBE_TARGET = 2.0  #: target: lookup p50 at most this many times the probe RTT p50 of the same run
+
+
+def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, card_at_end: dict,
+            state_at_end: dict | None, card_final: dict | None, tables: dict | None, netem_rec: dict | None,
+            timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path,
+            others: dict | None = None, probes: list | None = None, probe_sent: dict | None = None) -> dict:
+    """The report dict (fields in :func:`run_demo`), written to ``out/report.json`` with its plots."""
+    done = len(losses)
+    steps = opts.steps
+    ref_part = np.asarray(ref.loss[:done], np.float64)
+    loss_diff = float(np.max(np.abs(np.asarray(losses, np.float64) - ref_part))) if done else None
+    el = snap["elapsed"]
+    msgs = snap["messages_sent"] + snap["messages_received"]
+    frames = snap["frames_sent"] + snap["frames_received"]
+    state_sum = state_at_end or {}
+    rep = {
+        "target": opts.target,
+        "model": opts.model,
+        "testbed": opts.name,
+        "config": str(Path(opts.config).resolve()),
+        "data": str(opts.data or "shipped Criteo sample (testbed/training/data)"),
+        "client": cid,
+        "other_clients": others or {},
+        "steps": steps,
+        "steps_completed": done,
+        "batch_size": opts.batch_size,
+        "error": None if failure is None else {k: v for k, v in failure.items() if k != "card_dead"},
+        "loss": losses,
+        "loss_reference": ref.loss,
+        "loss_max_abs_diff": loss_diff,
+        "loss_match": loss_diff is not None and loss_diff <= LOSS_TOL,
+        "auc": res.auc if res is not None else None,
+        "auc_reference": ref.auc,
+        "eval_loss": res.eval_loss if res is not None else None,
+        "messages": msgs,
+        "messages_detail": {"requests_sent": snap["messages_sent"], "replies_received": snap["messages_received"],
+                            "retransmits": snap["retransmits"], "stale_replies": snap["stale_replies"],
+                            "per_step": round(msgs / max(done, 1), 2), "per_s": round(msgs / el, 1)},
+        "frames": frames,
+        "frames_detail": {"sent": snap["frames_sent"], "received": snap["frames_received"],
+                          "bytes_sent": snap["bytes_sent"], "bytes_received": snap["bytes_received"],
+                          "per_s": round(frames / el, 1)},
+        "rounds_per_step": snap["rounds"] / max(done, 1),
+        "dedup_ratio": res.dedup_ratio if res is not None else None,
+        "dedup_savings": 1.0 - res.dedup_ratio if res is not None else None,
+        "ids": res.ids if res is not None else None,
+        "unique_ids": res.unique_ids if res is not None else None,
+        "lookup_latency_us": R.percentiles(lat),
+        "probe_rtt_us": R.percentiles(probes or []),
+        "probes": dict(probe_sent or {}),
+        "lookup_p50_over_probe_p50": ratio_p50(lat, probes),
+        "latency_target": {"target": PROBE_TARGET, "measured": ratio_p50(lat, probes),
+                           "met": (ratio_p50(lat, probes) or float("inf")) <= PROBE_TARGET},
+        "card_drops": card_at_end.get("drops", {}),
+        "card": {"frames_by_type": card_at_end.get("types"), "ports": card_at_end.get("ports"),
+                 "ring": card_at_end.get("ring"), "mempool": card_at_end.get("mempool"),
+                 "state": card_at_end.get("state"),
+                 "messages_completed": card_at_end.get("completed"),
+                 "latency_by_shard": card_at_end.get("shards"),
+                 "messages_in_state_map": ({"entries": state_sum.get("entries"), **(state_sum.get("by_state") or {})}
+                                           if state_sum else None),
+                 "drops_incl_eval_and_readback": (card_final or {}).get("drops", {})},
+        "client_drops": snap["drops"],
+        "tables": tables,
+        "netem": netem_rec,
+        "kill_shard": opts.kill_shard,
+        "kill_at_step": kill_at,
+        "restart": bool(opts.restart),
+        "timing": {**timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
+    }
+    title = (f"{'TorchRec DLRM' if opts.model == 'dlrm' else 'FM CTR model'} on Criteo, "
+             f"{steps} steps × {opts.batch_size}")
+    if failure is not None:
+        title += f" (failed after {done} steps)"
+    rep["plots"] = {
+        "loss": str(R.plot_loss(out / "loss.png", {"through the card": losses, "in-process reference": ref.loss},
+                                title)),
+        "latency_cdf": str(R.plot_cdf(out / "latency_cdf.png", {"lookup message": lat},
+                                      "lookup latency through the card (per message, client-measured)")),
+    }
+    R.write_json(out / "report.json", rep)
+    return rep
+
+
+def ratio_p50(lat, probes) -> float | None:
+    """p50 of the lookup latencies over p50 of the probe RTTs (None if either is empty)."""
+    if not len(lat) or not probes:
+        return None
+    return round(float(np.percentile(lat, 50)) / float(np.percentile(probes, 50)), 3)
+
+
+def failure_summary(rep: dict) -> list[str]:
+    """The short summary printed when the demo failed: what ran before the failure."""
+    err = rep["error"]
+    lat = rep["lookup_latency_us"]
+    loss = rep["loss"]
+    rows = [
+        ("failed", f"{err['phase']}, after {rep['steps_completed']} of {rep['steps']} steps"
+                   + (f" (shard {err['failing_shard']} did not answer)" if err.get("failing_shard") is not None
+                      else "")),
+        ("dead nodes", ", ".join(f"{d['what']} (pid {d['pid']})" for d in err["dead_nodes"]) or "none"),
+        ("loss", (f"{loss[0]:.4f} → {loss[-1]:.4f}   max |Δ| vs in-process {rep['loss_max_abs_diff']:.2g}"
+                  if loss else "no step completed")),
+        ("messages", f"{rep['messages']}, frames {rep['frames']}, "
+                     f"{rep['messages_detail']['retransmits']} retransmits"),
+        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
+        ("report", f"{Path(rep['plots']['loss']).parent / 'report.json'}, loss.png, latency_cdf.png"),
+    ]
+    return ["demo summary (FAILED):"] + R.table_lines(rows)
+
+
+def summary(rep: dict) -> list[str]:
+    """The short summary printed at the end of the demo."""
+    lat = rep["lookup_latency_us"]
+    tb = rep.get("tables") or {}
+    rows = [
+        ("steps", f"{rep['steps']} × {rep['batch_size']} samples, {rep['timing']['steps_per_s']:.2f} steps/s"),
+        ("loss", f"{rep['loss'][0]:.4f} → {rep['loss'][-1]:.4f}   max |Δ| vs in-process "
+                 f"{rep['loss_max_abs_diff']:.2g} ({'match' if rep['loss_match'] else 'MISMATCH'})"),
+        ("AUC", f"{rep['auc']:.4f} (in-process {rep['auc_reference']:.4f})"),
+        ("messages", f"{rep['messages']} ({rep['messages_detail']['per_s']:.0f}/s), frames {rep['frames']}, "
+                     f"{rep['rounds_per_step']:.1f} rounds/step, {rep['messages_detail']['retransmits']} retransmits"),
+        ("dedup", f"unique/all ids {rep['dedup_ratio']:.3f} (saves {100 * rep['dedup_savings']:.1f}% of the ids)"),
+        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
+        ("probe RTT", f"p50 {rep['probe_rtt_us']['p50']} µs, p99 {rep['probe_rtt_us']['p99']} µs "
+                      f"(n={rep['probe_rtt_us']['n']}, one-key lookups between steps): lookup p50 = "
+                      f"{rep['lookup_p50_over_probe_p50']} × probe p50 (target ≤ {PROBE_TARGET:g})"),
+        ("card drops", R.fmt_drops(rep["card_drops"])),
+    ]
+    if tb:
+        rows.append(("final tables", f"{tb['rows']} rows read back through the card: "
+                                     f"{'identical' if tb['equal'] else 'DIFFERENT'} to the in-process run"))
+    if rep.get("netem"):
+        imp = rep["netem"].get("impairment", {})
+        rows.append(("faults", f"loss {imp.get('loss')}% reorder {imp.get('reorder')}% duplicate "
+                               f"{imp.get('duplicate')}% ({rep['netem'].get('backend')})"))
+    rows.append(("report", f"{Path(rep['plots']['loss']).parent / 'report.json'}, loss.png, latency_cdf.png"))
+    return ["demo summary:"] + R.table_lines(rows)
