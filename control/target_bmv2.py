@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.client_lib.consts import MsgType
-from embnic.control import bmv2, p4prog
+from embnic.control import bmv2, bmv2_runtime, p4prog
 from embnic.control.errors import MissingDependencyError, NoSuchEntryError, OperationalError, UsageError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
                                      require_root, write_state)
@@ -206,9 +206,9 @@ class Bmv2Target(Target):
             if p.mac is None:
                 raise ConfigError(f"card.ports[{p.id}].mac", "required by the bmv2 target (the switch has no "
                                   "MAC of its own): add mac = \"02:..\"", self.config.path)
-            ports.append(bmv2.CardPortAddr(p.id, p.mac, p.ip))
-        peer = lambda e: bmv2.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)
-        return bmv2.table_commands(ports, [peer(r) for r in routes], [peer(c) for c in clients],
+            ports.append(bmv2_runtime.CardPortAddr(p.id, p.mac, p.ip))
+        peer = lambda e: bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)
+        return bmv2_runtime.table_commands(ports, [peer(r) for r in routes], [peer(c) for c in clients],
                                    state_timeout_us=card.state_timeout_ms * 1000)
 
     def load(self, program: bool = True) -> dict:
@@ -370,8 +370,8 @@ class Bmv2Target(Target):
             OperationalError: not loaded, or the switch refused the entry.
         """
         self._check_port(e)
-        self._replace("route_by_shard", e.id, 0, bmv2.route_add_commands(
-            bmv2.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
+        self._replace("route_by_shard", e.id, 0, bmv2_runtime.route_add_commands(
+            bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
 
     def route_del(self, shard: int) -> None:
         if not any(e["key"] == [shard] for e in self._dump("route_by_shard")):
@@ -391,8 +391,8 @@ class Bmv2Target(Target):
             OperationalError: not loaded, or the switch refused the entry.
         """
         self._check_port(e)
-        self._replace("client_by_id", e.id, 1, bmv2.client_add_commands(
-            bmv2.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
+        self._replace("client_by_id", e.id, 1, bmv2_runtime.client_add_commands(
+            bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
 
     def client_del(self, client: int) -> None:
         if not any(e["key"] == [client] for e in self._dump("client_by_id")):
@@ -413,8 +413,8 @@ class Bmv2Target(Target):
         """Counters in the dpdk target's shape; ``ring`` is the header ring (size, entries logged),
         ``mempool`` is absent (BMv2 has none), ``state`` has ``entries``/``capacity`` too."""
         try:
-            c = bmv2.read_counters(self._switch(), self._nb_ports())
-            ring = bmv2.parse_registers(self.cli(["register_read ring_head"])).get("ring_head", [0])[0]
+            c = bmv2_runtime.read_counters(self._switch(), self._nb_ports())
+            ring = bmv2_runtime.parse_registers(self.cli(["register_read ring_head"])).get("ring_head", [0])[0]
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
         size = p4prog.constants()["RING_SLOTS"]
@@ -425,8 +425,8 @@ class Bmv2Target(Target):
 
     def state_summary(self) -> dict:
         try:
-            entries = bmv2.read_state_map(self._switch())
-            c = bmv2.parse_counters(self.cli(["counter_read state_expired 0",
+            entries = bmv2_runtime.read_state_map(self._switch())
+            c = bmv2_runtime.parse_counters(self.cli(["counter_read state_expired 0",
                                               f"counter_read drop_reasons {p4prog.constants()['DROP_STATE_FULL']}"]))
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
@@ -440,7 +440,7 @@ class Bmv2Target(Target):
     def state_dump(self, limit: int = 1000) -> list[dict]:
         """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started)."""
         try:
-            entries = bmv2.read_state_map(self._switch())[:limit]
+            entries = bmv2_runtime.read_state_map(self._switch())[:limit]
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
         return [{"client": e["client_id"], "msg_id": e["msg_id"], "type": MsgType(e["msg_type"]).name
@@ -453,7 +453,7 @@ class Bmv2Target(Target):
     def ring(self, last: int) -> list[dict]:
         """The ``last`` most recent accepted headers (newest first)."""
         try:
-            return bmv2.read_ring(self._switch(), last)
+            return bmv2_runtime.read_ring(self._switch(), last)
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
 

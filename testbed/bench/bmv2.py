@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from embnic.control import bmv2
+from embnic.control import bmv2, bmv2_pcap, bmv2_runtime
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.dataplane import (BENCH_CARD_IP, BENCH_CLIENTS, BENCH_SHARDS, CARD_1LCORE,
                                             make_bench_pcap, measure_card)
@@ -55,11 +55,11 @@ def measure_bmv2(pcap: Path, workdir: Path, passes: int = 2) -> dict:
     frames = [f for _, f in _pcap_records(pcap)]
     n_msgs = max(struct.unpack_from(">I", f, 50)[0] for f in frames) + 1
     seq = [(0, _with_msg_id_offset(f, p * n_msgs)) for p in range(passes) for f in frames]
-    ports = [bmv2.CardPortAddr(0, "02:00:00:99:00:01", BENCH_CARD_IP),
-             bmv2.CardPortAddr(1, "02:00:00:99:00:03", "10.99.1.1")]
-    routes = [bmv2.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
-    clients = [bmv2.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
-    r = bmv2.run_pcap_files(json_path, seq, bmv2.table_commands(ports, routes, clients), workdir / "run",
+    ports = [bmv2_runtime.CardPortAddr(0, "02:00:00:99:00:01", BENCH_CARD_IP),
+             bmv2_runtime.CardPortAddr(1, "02:00:00:99:00:03", "10.99.1.1")]
+    routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
+    clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
+    r = bmv2_pcap.run_pcap_files(json_path, seq, bmv2_runtime.table_commands(ports, routes, clients), workdir / "run",
                             nb_ports=2, timeout=600)
     out = _pcap_records(workdir / "run" / "p1_out.pcap")
     span = out[-1][0] - out[0][0] if len(out) > 1 else 0.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conformance import Suite, check_outputs
-from embnic.control import bmv2, p4prog
+from embnic.control import bmv2_pcap, bmv2_runtime, p4prog
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -29,10 +29,10 @@ CARD_MACS = {0: "02:cc:00:00:00:00", 1: "02:cc:00:00:00:01", 2: "02:cc:00:00:00:
 
 
 def card_commands(s: Suite) -> list[str]:
-    ports = [bmv2.CardPortAddr(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()]
-    peer = lambda c: bmv2.PeerEntry(c["shard" if "shard" in c else "client"], c["port"], c["mac"], c["ip"],
+    ports = [bmv2_runtime.CardPortAddr(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()]
+    peer = lambda c: bmv2_runtime.PeerEntry(c["shard" if "shard" in c else "client"], c["port"], c["mac"], c["ip"],
                                     c["udp_port"])
-    return bmv2.table_commands(ports, [peer(c) for c in s.route_cmds()], [peer(c) for c in s.client_cmds()])
+    return bmv2_runtime.table_commands(ports, [peer(c) for c in s.route_cmds()], [peer(c) for c in s.client_cmds()])
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def run(bmv2_ready, tmp_path_factory):
     s = Suite.default()
     frames = [(f.port, f.data) for f in s.frames]
     want = s.expected_outputs(CARD_MACS)
-    r = bmv2.run_pcap_files(bmv2_ready, frames, card_commands(s), tmp_path_factory.mktemp("bmv2conf"),
+    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, card_commands(s), tmp_path_factory.mktemp("bmv2conf"),
                             nb_ports=len(s.ports), shards=sorted(s.shards),
                             expect_out=sum(len(v) for v in want.values()))
     return {"suite": s, "run": r, "want": want}
@@ -95,7 +95,7 @@ def test_state_map_tracked(run):
     assert {"entries": len(st), "by_state": by} == run["suite"].expected_state()
     assert {(e["client_id"], e["msg_id"]) for e in st} == set(model.entries)
     for e in st:
-        assert e["slot"] == bmv2.state_slot(e["client_id"], e["msg_id"])
+        assert e["slot"] == bmv2_runtime.state_slot(e["client_id"], e["msg_id"])
         m = model.entries[(e["client_id"], e["msg_id"])]
         assert e["shard_id"] == m["shard"] and e["frag_count"] == m["n_in"]
     c = run["run"].counters

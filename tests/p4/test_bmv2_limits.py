@@ -16,19 +16,19 @@ from scapy.packet import Raw
 
 from embnic.client_lib.consts import DType, MsgType, UDP_PORT
 from embnic.client_lib.protocol import Embnic
-from embnic.control import bmv2
+from embnic.control import bmv2_pcap, bmv2_runtime
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-CARD = bmv2.CardPortAddr(0, "02:cc:00:00:00:00", "10.9.0.1")
-CARD1 = bmv2.CardPortAddr(1, "02:cc:00:00:00:01", "10.9.1.1")
-CLIENT = bmv2.PeerEntry(65535, 0, "02:00:00:00:00:01", "10.9.0.2", 40000)
-SHARD = bmv2.PeerEntry(65535, 1, "02:00:00:00:00:02", "10.9.1.2", UDP_PORT)
-SHARD7 = bmv2.PeerEntry(7, 1, "02:00:00:00:00:07", "10.9.1.7", UDP_PORT)
+CARD = bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.9.0.1")
+CARD1 = bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.9.1.1")
+CLIENT = bmv2_runtime.PeerEntry(65535, 0, "02:00:00:00:00:01", "10.9.0.2", 40000)
+SHARD = bmv2_runtime.PeerEntry(65535, 1, "02:00:00:00:00:02", "10.9.1.2", UDP_PORT)
+SHARD7 = bmv2_runtime.PeerEntry(7, 1, "02:00:00:00:00:07", "10.9.1.7", UDP_PORT)
 MAX_ID = 0xFFFFFFFF
 
 
-def frames_of(src: bmv2.PeerEntry, card: bmv2.CardPortAddr, msg_type: int, *, msg_id: int, shard: int,
+def frames_of(src: bmv2_runtime.PeerEntry, card: bmv2_runtime.CardPortAddr, msg_type: int, *, msg_id: int, shard: int,
               num_keys: int, frag: int | None = None, only: list[int] | None = None, dim: int = 4,
               dtype: int = DType.FP32) -> list[tuple[int, bytes]]:
     """(port, frame) of one message from ``src`` cut into ``frag``-byte fragments (default: one)."""
@@ -71,8 +71,8 @@ def run(bmv2_ready, tmp_path_factory):
     # an update left open (no ack): holds its slot
     seq.append(("open update", frames_of(CLIENT, CARD, U, msg_id=9, shard=SHARD.id, num_keys=2)))
     frames = [f for _, fr in seq for f in fr]
-    cmds = bmv2.table_commands([CARD, CARD1], [SHARD, SHARD7], [CLIENT])
-    r = bmv2.run_pcap_files(bmv2_ready, frames, cmds, tmp_path_factory.mktemp("bmv2lim"), nb_ports=2)
+    cmds = bmv2_runtime.table_commands([CARD, CARD1], [SHARD, SHARD7], [CLIENT])
+    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, cmds, tmp_path_factory.mktemp("bmv2lim"), nb_ports=2)
     return {"seq": dict(seq), "run": r}
 
 
@@ -100,5 +100,5 @@ def bmv2_udp_ok(frame: bytes) -> bool:
 def test_the_answered_message_was_freed_and_the_open_one_holds_its_slot(run):
     st = run["run"].state
     assert [(e["client_id"], e["msg_id"], e["state"]) for e in st] == [(65535, 9, "forwarded")]
-    assert st[0]["slot"] == bmv2.state_slot(65535, 9)
+    assert st[0]["slot"] == bmv2_runtime.state_slot(65535, 9)
     assert run["run"].counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0}

@@ -37,7 +37,7 @@ def test_names_and_sizes(p4_json):
 
 
 def test_the_only_hash_is_crc32_and_checksums_csum16(p4_json):
-    """The state map slot is v1model's crc32 (zlib's, fixed parameters: what bmv2.state_slot
+    """The state map slot is v1model's crc32 (zlib's, fixed parameters: what bmv2_runtime.state_slot
     computes); the two other calculations are the IPv4 header checksum."""
     j = json.loads(p4_json.read_text())
     assert sorted(c["algo"] for c in j["calculations"]) == ["crc32", "csum16", "csum16"]

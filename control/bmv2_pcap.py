@@ -1,0 +1,142 @@
+"""Running frames through the P4 card on BMv2 from pcap files (``simple_switch --use-files``).
+
+Used by the conformance and limits tests: table entries are programmed and saved by a first
+switch, a second one restores them and only then reads the input files, so no frame races the
+entries; :func:`run_pcap_files` waits until every frame passed and returns outputs, counters and
+the state map.
+
+    r = run_pcap_files(json_path, [(0, frame)], table_commands(...), Path("/tmp/run"), nb_ports=2)
+    r.outputs[1]   # frames the card sent on port 1
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Sequence
+
+from embnic.control.bmv2 import EGRESS_QUEUE_DEPTH, Bmv2Error, Netns, SimpleSwitch
+from embnic.control.bmv2_runtime import read_counters, read_state_map
+from embnic.control.pcap import write_pcap
+
+
+def write_pcap_ordered(path: Path, frames: Sequence[tuple[int, bytes]]) -> None:
+    """Classic pcap of ``frames`` = ``[(global position, frame bytes)]``; the timestamp of each
+    frame is its position in microseconds (after 1 s), so BMv2's reader (which takes the earliest
+    frame of all its input files first) feeds every port's frames in one global order."""
+    write_pcap(path, [d for _, d in frames], times=[1 + pos / 1e6 for pos, _ in frames])
+
+
+def read_pcap_frames(path: Path) -> list[bytes]:
+    """Frames of a classic little-endian pcap file (what BMv2 writes); [] for a missing file."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    out, off = [], 24
+    while off + 16 <= len(data):
+        _, _, incl, _ = struct.unpack_from("<IIII", data, off)
+        if off + 16 + incl > len(data):
+            break  # a record being written
+        out.append(data[off + 16:off + 16 + incl])
+        off += 16 + incl
+    return out
+
+
+@dataclasses.dataclass
+class PcapRun:
+    """What :func:`run_pcap_files` saw: output frames per port, counters, state map entries."""
+
+    outputs: dict[int, list[bytes]]
+    counters: dict
+    state: list[dict]
+    program_s: float  #: seconds to program the tables (first switch)
+    run_s: float  #: seconds from the second switch's start to the last output
+
+
+def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], commands: Sequence[str],
+                   workdir: Path, *, nb_ports: int, shards: Sequence[int] = (), expect_out: int | None = None,
+                   netns_name: str | None = None, timeout: float = 300.0) -> PcapRun:
+    """Feed ``frames`` (``[(ingress port, bytes)]``, in order) through ``simple_switch``.
+
+    Table entries first, without a race with the frames: a first switch (no ports) is
+    programmed with ``commands`` and its state saved; a second one restores that state and
+    only then reads ``workdir/p<N>_in.pcap`` (``--use-files``), in the frames' global order.
+    Waits until every frame was received (``rx_frames``), every frame ingress accepted
+    (``frames_by_type`` + ``arp_replies``: one output each) was counted at egress
+    (``tx_frames``, at least ``expect_out`` if given) and is in the output files, then reads
+    counters and the state map and stops the switch. Both switches run in a fresh netns (lo only).
+
+    Raises:
+        Bmv2Error: a switch failed, the CLI refused a command, or the frames did not all pass
+            within ``timeout`` s (the counters so far in the message).
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    by_port: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(nb_ports)}
+    for pos, (port, data) in enumerate(frames):
+        by_port[port].append((pos, data))
+    for p, fr in by_port.items():
+        write_pcap_ordered(workdir / f"p{p}_in.pcap", fr)
+        (workdir / f"p{p}_out.pcap").unlink(missing_ok=True)
+    ns = Netns.create(netns_name or f"embnic-bmv2-{os.getpid()}")
+    try:
+        t0 = time.monotonic()
+        prog = SimpleSwitch(json_path, ns, {}, log=workdir / "program.log")
+        prog.start()
+        try:
+            prog.wait_ready()
+            prog.cli(commands)
+            prog.save_state(workdir / "state.bmv2")
+        finally:
+            prog.stop()
+        program_s = time.monotonic() - t0
+        # BMv2 drops at a full egress queue (64 frames by default) and reads pcap files as fast as
+        # it can: the queues are made deep while the reader still waits (--use-files WAIT); if
+        # that took longer than the wait, the run is repeated with a longer one
+        for wait in (3, 10, 30):
+            t1 = time.monotonic()
+            for p in range(nb_ports):
+                (workdir / f"p{p}_out.pcap").unlink(missing_ok=True)
+            sw = SimpleSwitch(json_path, ns, {p: str(workdir / f"p{p}") for p in range(nb_ports)},
+                              log=workdir / "run.log", use_files=True, files_wait_s=wait,
+                              restore_state=workdir / "state.bmv2")
+            sw.start()
+            try:
+                sw.wait_ready()
+                sw.cli([f"set_queue_depth {EGRESS_QUEUE_DEPTH}"])
+            except BaseException:
+                sw.stop()
+                raise
+            if time.monotonic() - t1 < wait - 0.2:
+                break
+            sw.stop()
+        else:
+            raise Bmv2Error(f"simple_switch took more than {wait} s to start and take its queue depth; log: {sw.log_file}")
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                c = read_counters(sw, nb_ports, shards)
+                rx = sum(p["rx_frames"] for p in c["ports"])
+                tx = sum(p["tx_frames"] for p in c["ports"])
+                written = sum(len(read_pcap_frames(workdir / f"p{p}_out.pcap")) for p in range(nb_ports))
+                # done: every frame received, every frame ingress accepted (forwarded or an ARP
+                # reply: one output each) counted at egress, and all of those in the output files
+                accepted = sum(c["types"].values()) + c["arp"]["replies"]
+                if rx == len(frames) and written == tx == accepted and (expect_out is None or tx >= expect_out):
+                    break
+                if time.monotonic() > deadline:
+                    raise Bmv2Error(f"after {timeout:.0f} s simple_switch received {rx} of {len(frames)} "
+                                    f"frames, accepted {accepted}, counted {tx} at egress and wrote {written} "
+                                    f"(want {expect_out}); log: {sw.log_file}")
+                time.sleep(0.2)
+            run_s = time.monotonic() - t1
+            state = read_state_map(sw)
+        finally:
+            sw.stop()
+    finally:
+        ns.delete()
+    outputs = {p: read_pcap_frames(workdir / f"p{p}_out.pcap") for p in range(nb_ports)}
+    return PcapRun(outputs, c, state, program_s, run_s)
