@@ -67,7 +67,7 @@ def build_model(cfg: ClusterConfig, backend, n_dense: int, n_sparse: int, seed: 
                 dense_arch_layer_sizes=[DENSE_HIDDEN, dim], over_arch_layer_sizes=[DENSE_HIDDEN, 1])
 
 
-def _inputs(data, idx) -> tuple[torch.Tensor, object, torch.Tensor]:
+def batch_inputs(data, idx) -> tuple[torch.Tensor, object, torch.Tensor]:
     """(dense float32 (B, 13), KJT of the 26 features, labels float32 (B,)) of rows ``idx``."""
     sparse = data.sparse[idx]
     names = [f"C{j + 1}" for j in range(sparse.shape[1])]
@@ -83,7 +83,7 @@ def evaluate(model: DLRM, data, batch_size: int = 1024) -> tuple[float, float]:
     model.eval()
     with torch.no_grad():
         for s in range(0, len(data.labels), batch_size):
-            dense, kjt, _ = _inputs(data, np.arange(s, min(s + batch_size, len(data.labels))))
+            dense, kjt, _ = batch_inputs(data, np.arange(s, min(s + batch_size, len(data.labels))))
             logits.append(model(dense, kjt).reshape(-1))
     model.train()
     z = torch.cat(logits)
@@ -134,7 +134,7 @@ def _train(cfg, data, steps, batch_size, backend, eval_data, lr_dense, seed, pro
     for step in range(steps):
         t0 = time.perf_counter()
         idx = (np.arange(batch_size) + step * batch_size) % n
-        dense, kjt, labels = _inputs(data, idx)
+        dense, kjt, labels = batch_inputs(data, idx)
         opt.zero_grad()
         logits = model(dense, kjt).reshape(-1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
