@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -90,11 +91,28 @@ def sources_digest(p4_dir: Path | None = None) -> str:
     return h.hexdigest()
 
 
+def cache_dir() -> Path:
+    """Where compiled programs are kept between loads: ``$EMBNIC_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/embnic``, else ``~/.cache/embnic``; programs go in ``p4/<digest>``."""
+    env = os.environ.get("EMBNIC_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "embnic"
+
+
+def cached_build_dir(main: Path | None = None) -> Path:
+    """The build directory of the program's current sources: ``cache_dir()/p4/<digest[:16]>``
+    (a change to any ``*.p4`` gives a new one, so a stale JSON is never taken)."""
+    return cache_dir() / "p4" / sources_digest((main or p4prog.MAIN).parent)[:16]
+
+
 def compile_program(out_dir: Path, main: Path | None = None, *, timeout: float = 600) -> Path:
     """Compile the program with ``p4c --target bmv2 --arch v1model``; returns the JSON's path.
 
     The JSON is reused when ``out_dir`` holds one compiled from the same sources (a digest file
-    beside it says which). Warnings count as failures: the program compiles clean.
+    beside it says which). Warnings count as failures: the program compiles clean. p4c writes
+    into a temporary directory beside ``out_dir`` and the JSON is renamed into place, so
+    processes compiling into one ``out_dir`` at once never read a partial JSON.
 
     Raises:
         ToolMissingError: no p4c on PATH.
@@ -108,18 +126,26 @@ def compile_program(out_dir: Path, main: Path | None = None, *, timeout: float =
     digest = sources_digest(main.parent)
     if json_path.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return json_path
-    cmd = [find_tool("p4c"), "--target", "bmv2", "--arch", "v1model", "-o", str(out_dir), str(main)]
+    p4c = find_tool("p4c")
+    tmp = Path(tempfile.mkdtemp(prefix=".p4c-", dir=out_dir))
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Bmv2Error(f"p4c took more than {timeout:.0f} s: {' '.join(cmd)}") from None
-    msg = (r.stdout + r.stderr).strip()
-    if r.returncode != 0 or not json_path.exists():
-        raise Bmv2Error(f"p4c failed (exit {r.returncode}): {' '.join(cmd)}\n{msg}")
-    if msg:
-        raise Bmv2Error(f"p4c warned (the program must compile clean): {' '.join(cmd)}\n{msg}")
-    make_restorable(json_path)
-    stamp.write_text(digest + "\n")
+        cmd = [p4c, "--target", "bmv2", "--arch", "v1model", "-o", str(tmp), str(main)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Bmv2Error(f"p4c took more than {timeout:.0f} s: {' '.join(cmd)}") from None
+        msg = (r.stdout + r.stderr).strip()
+        built = tmp / json_path.name
+        if r.returncode != 0 or not built.exists():
+            raise Bmv2Error(f"p4c failed (exit {r.returncode}): {' '.join(cmd)}\n{msg}")
+        if msg:
+            raise Bmv2Error(f"p4c warned (the program must compile clean): {' '.join(cmd)}\n{msg}")
+        make_restorable(built)
+        (tmp / stamp.name).write_text(digest + "\n")
+        os.replace(built, json_path)
+        os.replace(tmp / stamp.name, stamp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return json_path
 
 
@@ -171,8 +197,12 @@ class Netns:
     def take_interface(self, ifname: str) -> None:
         """Move ``ifname`` into the namespace, IPv6 off (no link-local address), and bring it up."""
         subprocess.run(["ip", "link", "set", ifname, "netns", self.name], check=True, capture_output=True)
-        self.run(["sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
+        self.disable_ipv6(ifname)
         self.run(["ip", "link", "set", ifname, "up"])
+
+    def disable_ipv6(self, ifname: str) -> None:
+        """Turn IPv6 off on ``ifname`` in the namespace (its link-local address goes with it)."""
+        self.run(["sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
 
     def addresses(self) -> list[str]:
         """Every IPv4/IPv6 address in the namespace (``ip -o addr``), as ``"ifname addr/len"``."""

@@ -123,13 +123,13 @@ def read_counters(sw: SimpleSwitch, nb_ports: int, shards: Iterable[int] = ()) -
 
     ``{"ports": [{port, rx_frames, rx_bytes, tx_frames, tx_bytes}], "types": {LOOKUP_REQ: n,
     ...}, "drops": {reason: n} (every reason), "arp": {"replies": n}, "completed":
-    {LOOKUP_REPLY: n, UPDATE_ACK: n, ERROR: n} (messages whose whole reply passed, by reply
-    type), "shards": [{"shard": id, "completed": n}] for ``shards``, "state": {"expired": n}}``.
+    {LOOKUP_REPLY: n, UPDATE_ACK: n, ERROR: n, SIZE_ACK: n} (messages whose whole reply passed,
+    by reply type: every type of ``consts.REPLY_TYPES``, as the DPDK card), "shards": [{"shard": id, "completed": n}] for ``shards``, "state": {"expired": n}}``.
     """
     shards = list(shards)
-    from embnic.client_lib.consts import MsgType
+    from embnic.client_lib.consts import REPLY_TYPES, MsgType
 
-    reply_types = (MsgType.LOOKUP_REPLY, MsgType.UPDATE_ACK, MsgType.ERROR)
+    reply_types = sorted(REPLY_TYPES)
 
     reasons = p4prog.drop_reasons()
     cmds = [f"counter_read rx_frames {p}" for p in range(nb_ports)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -163,7 +164,25 @@ class Bmv2Target(Target):
 
     @property
     def build_dir(self) -> Path:
-        return self.run_dir / f"{self.instance}-p4"
+        """Where the program is compiled: shared by every load of the same sources
+        (:func:`embnic.control.bmv2.cached_build_dir`), outside the run directory."""
+        return bmv2.cached_build_dir()
+
+    def _transient_files(self) -> list[Path]:
+        """Run-directory files a load makes that the running card does not need once its switch
+        is up: the programming switch's logs and the saved state it hands over (and the build
+        directory earlier versions kept here). Only the card switch's logs outlive an unload,
+        as the dpdk target's log does."""
+        base = self.run_dir / self.instance
+        return [Path(f"{base}.bmv2state"), Path(f"{base}-program.log.txt"), Path(f"{base}-program.log.out"),
+                Path(f"{base}-p4")]
+
+    def _remove_transient_files(self) -> None:
+        for path in self._transient_files():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     def _switch(self, state: dict | None = None) -> bmv2.SimpleSwitch:
         """A handle on the running switch (from the state file) for CLI calls."""
@@ -209,7 +228,7 @@ class Bmv2Target(Target):
             ports.append(bmv2_runtime.CardPortAddr(p.id, p.mac, p.ip))
         peer = lambda e: bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)
         return bmv2_runtime.table_commands(ports, [peer(r) for r in routes], [peer(c) for c in clients],
-                                   state_timeout_us=card.state_timeout_ms * 1000)
+                                           state_timeout_us=card.state_timeout_ms * 1000)
 
     def load(self, program: bool = True) -> dict:
         """Compile, start ``simple_switch`` with the tables already programmed (see module doc).
@@ -245,21 +264,15 @@ class Bmv2Target(Target):
         if old is not None and not old.get("corrupt") and pid_matches(old):
             raise OperationalError(f"pipeline {self.instance!r} is already running ({describe_state(old)}); "
                                    f"run `embnic pipeline unload --name {self.instance}` first")
+        if self.netns:  # checked before the (slow) compile: a refusal comes at once
+            ns = self._prepare_netns(self.netns, self.interfaces[:len(ids)])
         try:
             json_path = self.json_path or bmv2.compile_program(self.build_dir)
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
 
         made_ns = None
-        if self.netns:
-            if not Path("/run/netns", self.netns).exists():
-                raise OperationalError(f"network namespace {self.netns!r} does not exist")
-            ns = bmv2.Netns(self.netns)
-            try:
-                ns.run(["ip", "link", "set", "lo", "up"])  # the runtime CLI reaches Thrift on 127.0.0.1
-            except bmv2.Bmv2Error as e:
-                raise OperationalError(str(e)) from None
-        else:
+        if not self.netns:
             made_ns = f"embnic-bmv2-{self.instance}"
             subprocess.run(["ip", "netns", "del", made_ns], capture_output=True)
             try:
@@ -297,6 +310,7 @@ class Bmv2Target(Target):
             write_state(self.run_dir, self.instance, state)
             sw.wait_ready(self.ready_timeout)
             sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
+            self._remove_transient_files()  # the card switch restored the state and is up
         except bmv2.Bmv2Error as e:
             remove_state(self.run_dir, self.instance)
             if made_ns:
@@ -307,17 +321,49 @@ class Bmv2Target(Target):
                 "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
         return {**state, "routes": len(routes), "clients": len(clients), "info": info}
 
+    def _prepare_netns(self, name: str, ports: Sequence[str]) -> bmv2.Netns:
+        """The given namespace, made ready for the switch: loopback up (the runtime CLI reaches
+        Thrift on 127.0.0.1) and IPv6 off on the card's port interfaces (the card speaks IPv4;
+        a link-local address there would let Thrift be reached from the segment).
+
+        Raises:
+            OperationalError: no such namespace, or it still has an address besides loopback
+                (one line naming the addresses and the command that removes them).
+        """
+        if not Path("/run/netns", name).exists():
+            raise OperationalError(f"network namespace {name!r} does not exist")
+        ns = bmv2.Netns(name)
+        try:
+            ns.run(["ip", "link", "set", "lo", "up"])
+            have = {a.split()[0] for a in ns.addresses() if ":" in a.split()[1]}
+            for ifname in ports:
+                if ifname in have:
+                    ns.disable_ipv6(ifname)
+        except bmv2.Bmv2Error as e:
+            raise OperationalError(str(e)) from None
+        self._check_loopback_only(ns)
+        return ns
+
     @staticmethod
     def _check_loopback_only(ns: bmv2.Netns) -> None:
-        """Refuse a namespace with any address but 127.0.0.1/::1: Thrift would listen on it."""
+        """Refuse a namespace with any address but 127.0.0.1/::1: Thrift would listen on it.
+
+        Raises:
+            OperationalError: one line naming the addresses and how to remove them.
+        """
         other = [a for a in ns.addresses() if not a.startswith("lo ")]
         if other:
-            raise OperationalError(f"namespace {ns.name} has addresses besides loopback ({', '.join(other)}): "
-                                   "simple_switch's Thrift server would be reachable there")
+            ifs = sorted({a.split()[0] for a in other})
+            fix = "; ".join(f"ip -n {ns.name} addr flush dev {i} && ip netns exec {ns.name} sysctl -qw "
+                            f"net.ipv6.conf.{i}.disable_ipv6=1" for i in ifs)
+            raise OperationalError(f"namespace {ns.name} has addresses besides loopback ({', '.join(other)}), "
+                                   f"where simple_switch's Thrift server would be reachable: remove them "
+                                   f"({fix}) or omit --netns to let the bmv2 target make its own namespace")
 
     def unload(self) -> dict:
         """Stop the switch (SIGTERM, SIGKILL after ``stop_timeout``), delete a namespace the target
-        made, remove the state file. Returns the state that was stopped.
+        made, remove the state file and whatever else the load left in the run directory but the
+        switch's logs (``NAME.log.txt``, ``NAME.log.out``). Returns the state that was stopped.
 
         Raises:
             OperationalError: nothing loaded under this name.
@@ -339,6 +385,7 @@ class Bmv2Target(Target):
         if st.get("netns_made") and st.get("netns"):
             bmv2.Netns(st["netns"]).delete()
         remove_state(self.run_dir, self.instance)
+        self._remove_transient_files()
         return {**st, "was_running": running, "killed": killed, "exit": None}
 
     def is_loaded(self) -> bool:
@@ -427,7 +474,7 @@ class Bmv2Target(Target):
         try:
             entries = bmv2_runtime.read_state_map(self._switch())
             c = bmv2_runtime.parse_counters(self.cli(["counter_read state_expired 0",
-                                              f"counter_read drop_reasons {p4prog.constants()['DROP_STATE_FULL']}"]))
+                                                      f"counter_read drop_reasons {p4prog.constants()['DROP_STATE_FULL']}"]))
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
         by = {"receiving": 0, "forwarded": 0, "answered": 0, "expired": 0}

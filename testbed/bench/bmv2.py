@@ -60,7 +60,7 @@ def measure_bmv2(pcap: Path, workdir: Path, passes: int = 2) -> dict:
     routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
     clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
     r = bmv2_pcap.run_pcap_files(json_path, seq, bmv2_runtime.table_commands(ports, routes, clients), workdir / "run",
-                            nb_ports=2, timeout=600)
+                                 nb_ports=2, timeout=600)
     out = _pcap_records(workdir / "run" / "p1_out.pcap")
     span = out[-1][0] - out[0][0] if len(out) > 1 else 0.0
     return {"mpps": (len(out) - 1) / span / 1e6 if span > 0 else 0.0, "frames": len(out), "seconds": span,

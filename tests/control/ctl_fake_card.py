@@ -148,7 +148,7 @@ class FakeCard:
                 "ring": {"size": self.ring_size, "count": 5, "high_water": 1024},
                 "mempool": {"size": 8191, "available": 8000, "in_use": 191},
                 "state": {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4},
-                "completed": {"LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0},
+                "completed": {"LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0, "SIZE_ACK": 0},
                 "shards": [{"shard": 0, "LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0, "expired": 4,
                             "latency_sum_ns": 50 * 150_000, "latency_hist": [0] * 7 + [10, 30, 10] + [0] * 14}]}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conformance import Suite, check_outputs
+from embnic.client_lib import consts
 from embnic.control import bmv2_pcap, bmv2_runtime, p4prog
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -31,7 +32,7 @@ CARD_MACS = {0: "02:cc:00:00:00:00", 1: "02:cc:00:00:00:01", 2: "02:cc:00:00:00:
 def card_commands(s: Suite) -> list[str]:
     ports = [bmv2_runtime.CardPortAddr(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()]
     peer = lambda c: bmv2_runtime.PeerEntry(c["shard" if "shard" in c else "client"], c["port"], c["mac"], c["ip"],
-                                    c["udp_port"])
+                                            c["udp_port"])
     return bmv2_runtime.table_commands(ports, [peer(c) for c in s.route_cmds()], [peer(c) for c in s.client_cmds()])
 
 
@@ -41,8 +42,8 @@ def run(bmv2_ready, tmp_path_factory):
     frames = [(f.port, f.data) for f in s.frames]
     want = s.expected_outputs(CARD_MACS)
     r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, card_commands(s), tmp_path_factory.mktemp("bmv2conf"),
-                            nb_ports=len(s.ports), shards=sorted(s.shards),
-                            expect_out=sum(len(v) for v in want.values()))
+                                 nb_ports=len(s.ports), shards=sorted(s.shards),
+                                 expect_out=sum(len(v) for v in want.values()))
     return {"suite": s, "run": r, "want": want}
 
 
@@ -105,7 +106,9 @@ def test_state_map_tracked(run):
 def test_completed_messages(run):
     """Messages whose whole reply passed, by reply type and per shard."""
     c, want = run["run"].counters, run["suite"].expected_completed()
-    assert c["completed"] == {t: want["all"].get(t, 0) for t in ("LOOKUP_REPLY", "UPDATE_ACK", "ERROR")}
+    # every reply type, SIZE_ACK included, with the DPDK card's keys (tests/dataplane/test_conformance.py)
+    assert c["completed"] == {t.name: want["all"].get(t.name, 0) for t in sorted(consts.REPLY_TYPES)}
+    assert c["completed"]["SIZE_ACK"] == 1  # the suite's "s0 SIZE_ACK c2"
     # TARGET_DIFFERENCES["completed"]: per shard a total, no latency histogram
     assert {str(s["shard"]): s["completed"] for s in c["shards"]} == {
         str(sid): sum(want.get(str(sid), {}).values()) for sid in run["suite"].shards}

@@ -14,9 +14,9 @@ from embnic.control import bmv2, bmv2_pcap, bmv2_runtime
 
 def test_table_commands_route_client_allowlist():
     cmds = bmv2_runtime.table_commands([bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.1.1.1")],
-                               [bmv2_runtime.PeerEntry(0, 1, "02:00:00:00:02:00", "10.1.1.10", 7878)],
-                               [bmv2_runtime.PeerEntry(2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
-                               state_timeout_us=250000)
+                                       [bmv2_runtime.PeerEntry(0, 1, "02:00:00:00:02:00", "10.1.1.10", 7878)],
+                                       [bmv2_runtime.PeerEntry(2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
+                                       state_timeout_us=250000)
     assert cmds == [
         "table_add card_port_by_ingress set_card_port 1 => 10.1.1.1 02:cc:00:00:00:01",
         "table_add source_by_egress_port rewrite_source 1 => 02:cc:00:00:00:01 10.1.1.1",

@@ -101,4 +101,5 @@ def test_the_answered_message_was_freed_and_the_open_one_holds_its_slot(run):
     st = run["run"].state
     assert [(e["client_id"], e["msg_id"], e["state"]) for e in st] == [(65535, 9, "forwarded")]
     assert st[0]["slot"] == bmv2_runtime.state_slot(65535, 9)
-    assert run["run"].counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0}
+    assert run["run"].counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0,
+                                                "SIZE_ACK": 0}

@@ -156,6 +156,8 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         c = json.loads(s.output)
         counters = c.get("counters", c)
         assert counters["types"]["LOOKUP_REQ"] == 1 and counters["types"]["LOOKUP_REPLY"] == 1
+        # every reply type, as the dpdk card keys them (SIZE_ACK included)
+        assert counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0}
         g = runner.invoke(cli, ["state", "ring", "-c", str(cfg), "--name", name, "--last", "5", "--json"])
         assert g.exit_code == 0, g.output
         assert [(h["msg_type"], h["msg_id"], h["client_id"], h["ingress_port"]) for h in json.loads(g.output)] == [
@@ -168,6 +170,8 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
     assert u.exit_code == 0, u.output
     assert "unloaded pipeline" in u.output
     assert st["netns"] not in sh("ip", "netns", "list")
+    # nothing of the load is left in the run directory but the switch's logs (as the dpdk target)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"{name}.log.out", f"{name}.log.txt"]
 
 
 def test_runtime_route_and_client_changes_keep_switch_up(wiring, tmp_path, monkeypatch):
@@ -218,6 +222,53 @@ def test_runtime_route_and_client_changes_keep_switch_up(wiring, tmp_path, monke
     finally:
         u = runner.invoke(cli, ["pipeline", "unload", "--name", name])
     assert u.exit_code == 0, u.output
+
+
+@pytest.fixture
+def addressed_netns():
+    """A namespace holding a veth pair, both ends up with IPv6 on (link-local addresses)."""
+    ns = f"e12v{TAG}"
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "-n", ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1")
+        for cmd in (["sysctl", "-qw", "net.ipv6.conf.v0.disable_ipv6=0"],
+                    ["sysctl", "-qw", "net.ipv6.conf.v1.disable_ipv6=0"],
+                    ["ip", "link", "set", "v0", "up"], ["ip", "link", "set", "v1", "up"],
+                    ["ip", "-6", "addr", "add", "fe80::e12:1/64", "dev", "v0", "scope", "link", "nodad"]):
+            sh("ip", "netns", "exec", ns, *cmd)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_given_netns_link_local_is_turned_off_other_addresses_refused_at_once(bmv2_ready, addressed_netns,
+                                                                              tmp_path, monkeypatch):
+    """Regression: IPv6 link-local addresses on the card's veths made load fail after the
+    compile (~12 s) with no fix named. The target turns IPv6 off on the card's port interfaces;
+    any other address is refused before compiling, in one line naming the command that fixes it."""
+    from embnic.client_lib.config import load_config
+    from embnic.control.errors import OperationalError
+    from embnic.control.target_bmv2 import Bmv2Target
+
+    ns = addressed_netns
+    assert "fe80::e12:1" in sh("ip", "-n", ns, "-o", "addr", "show", "dev", "v0")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text())
+    t = Bmv2Target(load_config(cfg), netns=ns, interfaces=["v0", "v1"], run_dir=tmp_path / "run")
+    t._prepare_netns(ns, ["v0", "v1"])
+    assert {ln.split()[1] for ln in sh("ip", "-n", ns, "-o", "addr", "show").splitlines()} == {"lo"}
+
+    sh("ip", "-n", ns, "addr", "add", "10.88.7.1/24", "dev", "v1")
+    monkeypatch.setenv("EMBNIC_RUN_DIR", str(tmp_path / "run"))
+    r = CliRunner().invoke(cli, ["pipeline", "load", "-c", str(cfg), "--netns", ns,
+                                 "--vdev", "net_af_packet0,iface=v0", "--vdev", "net_af_packet1,iface=v1"])
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert "v1 10.88.7.1/24" in lines[0] and f"ip -n {ns} addr flush dev v1" in lines[0], lines[0]
+    assert not (tmp_path / "run" / "embnic.json").exists()  # refused before anything started
+    with pytest.raises(OperationalError, match="omit --netns"):
+        t._prepare_netns(ns, ["v0", "v1"])
 
 
 def test_handle_zero_placeholders_pick_unused_keys():
