@@ -85,8 +85,11 @@ def dump(config, target, name, ctl, as_json, limit, client_id, state_name):
 @click.option("--last", type=click.IntRange(1, 1 << 20), default=20, show_default=True,
               help="How many of the most recent headers.")
 def ring(config, target, name, ctl, as_json, last):
-    """Print the header ring: the headers of the last N frames the card accepted, newest first
-    (bmv2: its register ring of accepted headers; dpdk: its log of the last 255 it forwarded).
+    """Print the header ring: the headers of the last N frames the card accepted, newest first.
+
+    dpdk: up to N frames still waiting in its header ring (AT "ring"), then the N it forwarded
+    last (AT "sent"; it keeps 255 of each); bmv2: its register ring of accepted headers (BMv2
+    runs each frame to completion, so none waits).
 
     \b
     Examples:
@@ -99,12 +102,15 @@ def ring(config, target, name, ctl, as_json, last):
         click.echo(json.dumps(entries, indent=1))
         return
     click.echo(f"{'TYPE':<12} {'CLIENT':>6} {'MSG_ID':>10} {'SHARD':>5} {'TABLE':>5} {'FRAG':>9} "
-               f"{'FRAG_LEN':>8} {'MSG_LEN':>9} {'PORT':>4} {'TIME_US':>12}")
+               f"{'FRAG_LEN':>8} {'MSG_LEN':>9} {'PORT':>4} {'TIME_US':>12} {'AT':<4}")
     for e in entries:
         click.echo(f"{_type_name(e['msg_type']):<12} {e['client_id']:>6} {e['msg_id']:>10} {e['shard_id']:>5} "
                    f"{e['table_id']:>5} {e['frag_index']:>4}/{e['frag_count']:<4} {e['frag_len']:>8} "
-                   f"{e['msg_len']:>9} {e['ingress_port']:>4} {e['time_us']:>12}")
-    click.echo(f"{len(entries)} header{'s' if len(entries) != 1 else ''}")
+                   f"{e['msg_len']:>9} {e['ingress_port']:>4} {e['time_us']:>12} "
+                   f"{'ring' if e.get('in_ring') else 'sent':<4}")
+    waiting = sum(1 for e in entries if e.get("in_ring"))
+    click.echo(f"{len(entries)} header{'s' if len(entries) != 1 else ''}"
+               + (f" ({waiting} waiting in the header ring)" if waiting else ""))
 
 
 @state.command("summary")

@@ -498,9 +498,10 @@ class Bmv2Target(Target):
                 for e in entries]
 
     def ring(self, last: int) -> list[dict]:
-        """The ``last`` most recent accepted headers (newest first)."""
+        """The ``last`` most recent accepted headers (newest first), ``in_ring`` False: BMv2
+        runs each frame through the whole pipeline at once, so none is ever waiting."""
         try:
-            return bmv2_runtime.read_ring(self._switch(), last)
+            return [{**e, "in_ring": False} for e in bmv2_runtime.read_ring(self._switch(), last)]
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
 

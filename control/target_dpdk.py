@@ -408,14 +408,16 @@ class DpdkTarget(Target):
         return self._strip(self.ctl().call("state_summary"))
 
     def ring(self, last: int) -> list[dict]:
-        """The headers of the ``last`` most recent message frames the card forwarded, newest first.
+        """The headers of up to ``last`` message frames still waiting in the header ring, then of
+        the ``last`` most recent ones the card forwarded; each group newest first.
 
-        From the card's per-lcore header log (docs/control-socket.md ``ring_last``), which keeps
-        the last 255 forwarded headers: each entry has the bmv2 target's fields (``msg_type``,
-        ``flags``, ``msg_id``, ``client_id``, ``table_id``, ``shard_id``, ``num_keys``,
-        ``msg_len``, ``frag_index``, ``frag_count``, ``frag_len``, ``ingress_port``, ``time_us``
-        (Unix time, µs)) plus ``egress_port``, ``dim``, ``status``, ``time_ns``, ``lcore``.
-        Frames still waiting in the header ring are not listed (``ring_last`` says how many).
+        From the card's ring log and per-lcore header log (docs/control-socket.md
+        ``ring_last``), which keep the last 255 headers each: every entry has the bmv2 target's
+        fields (``msg_type``, ``flags``, ``msg_id``, ``client_id``, ``table_id``, ``shard_id``,
+        ``num_keys``, ``msg_len``, ``frag_index``, ``frag_count``, ``frag_len``,
+        ``ingress_port``, ``time_us`` (Unix time, µs)) plus ``in_ring`` (True: waiting in the
+        ring, ``time_us`` when it was enqueued; False: forwarded, ``time_us`` of its TX burst),
+        ``dim``, ``status``, ``time_ns``; forwarded entries also ``egress_port`` and ``lcore``.
 
         Raises:
             ValueError: ``last`` < 0.
@@ -426,7 +428,9 @@ class DpdkTarget(Target):
         if last == 0:
             return []
         size = int(self.ctl().call("ring_last", last=1)["log_size"])
-        return list(self.ctl().call("ring_last", last=min(int(last), size)).get("entries", []))
+        r = self.ctl().call("ring_last", last=min(int(last), size))
+        return ([{**e, "in_ring": True} for e in r.get("in_ring", [])] +
+                [{**e, "in_ring": False} for e in r.get("entries", [])])
 
     def state_dump(self, limit: int = 1000) -> list[dict]:
         return list(self.ctl(timeout=max(self.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))

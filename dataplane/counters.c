@@ -11,6 +11,7 @@
  * Telemetry commands (dpdk-telemetry.py): /embnic/counters, /embnic/ring,
  * /embnic/state.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -441,35 +442,62 @@ hlog_snapshot(const struct embnic_hlog *l, unsigned int lc,
 	return k;
 }
 
+/*
+ * Snapshot of the logs at byte offset off in every lcore's stats (hlog or
+ * rxlog) into a malloc'ed array, newest first, entries with seq < min_seq
+ * left out; *n_out gets its length, *total the entries ever logged. NULL
+ * when nothing was logged or out of memory.
+ */
+static struct hlog_item *
+hlog_collect(const struct embnic_app *app, size_t off, uint64_t min_seq,
+	     unsigned int *n_out, uint64_t *total)
+{
+	struct hlog_item *it;
+	unsigned int lc, nact = 0, n = 0, i, k, m;
+	uint64_t h;
+
+#define LOG_AT(lc) ((const struct embnic_hlog *)((const char *)&app->stats[lc] + off))
+	*n_out = 0;
+	*total = 0;
+	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
+		if (__atomic_load_n(&LOG_AT(lc)->head, __ATOMIC_RELAXED) > 0)
+			nact++;
+	if (nact == 0)
+		return NULL;
+	/* an lcore that starts logging after the count above is left out */
+	it = malloc(sizeof(*it) * EMBNIC_HLOG_SIZE * nact);
+	if (it == NULL)
+		return NULL;
+	for (lc = 0; lc < RTE_MAX_LCORE && nact > 0; lc++) {
+		const struct embnic_hlog *l = LOG_AT(lc);
+
+		if (__atomic_load_n(&l->head, __ATOMIC_RELAXED) == 0)
+			continue;
+		k = hlog_snapshot(l, lc, it + n, &h);
+		for (i = 0, m = 0; i < k; i++)
+			if (it[n + i].seq >= min_seq)
+				it[n + m++] = it[n + i];
+		n += m;
+		*total += h;
+		nact--;
+	}
+#undef LOG_AT
+	qsort(it, n, sizeof(*it), hlog_cmp);
+	*n_out = n;
+	return it;
+}
+
 unsigned int
 embnic_hlog_read(const struct embnic_app *app, struct embnic_hlog_entry *out,
 		 unsigned int *lcore, unsigned int max, uint64_t *logged)
 {
 	struct hlog_item *it;
-	unsigned int lc, nact = 0, n = 0, i;
-	uint64_t h, total = 0;
+	unsigned int n, i;
 
-	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
-		if (__atomic_load_n(&app->stats[lc].hlog.head,
-				    __ATOMIC_RELAXED) > 0)
-			nact++;
-	*logged = 0;
-	if (nact == 0 || max == 0)
-		return 0;
-	/* an lcore that starts logging after the count above is left out */
-	it = malloc(sizeof(*it) * EMBNIC_HLOG_SIZE * nact);
+	it = hlog_collect(app, offsetof(struct embnic_lcore_stats, hlog), 0,
+			  &n, logged);
 	if (it == NULL)
 		return 0;
-	for (lc = 0; lc < RTE_MAX_LCORE && nact > 0; lc++) {
-		const struct embnic_hlog *l = &app->stats[lc].hlog;
-
-		if (__atomic_load_n(&l->head, __ATOMIC_RELAXED) == 0)
-			continue;
-		n += hlog_snapshot(l, lc, it + n, &h);
-		total += h;
-		nact--;
-	}
-	qsort(it, n, sizeof(*it), hlog_cmp);
 	if (n > max)
 		n = max;
 	for (i = 0; i < n; i++) {
@@ -478,6 +506,29 @@ embnic_hlog_read(const struct embnic_app *app, struct embnic_hlog_entry *out,
 			lcore[i] = it[i].lcore;
 	}
 	free(it);
-	*logged = total;
 	return n;
+}
+
+unsigned int
+embnic_ring_read(const struct embnic_app *app, struct embnic_hlog_entry *out,
+		 unsigned int max, uint64_t *waiting)
+{
+	struct hlog_item *it;
+	uint64_t dequeued = 0, enqueued;
+	unsigned int lc, n, i, k = 0;
+
+	/* dequeued first: an entry past it was still in the ring then */
+	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
+		dequeued += __atomic_load_n(&app->stats[lc].ring_dequeued,
+					    __ATOMIC_ACQUIRE);
+	it = hlog_collect(app, offsetof(struct embnic_lcore_stats, rxlog),
+			  dequeued, &n, &enqueued);
+	*waiting = enqueued > dequeued ? enqueued - dequeued : 0;
+	if (it == NULL)
+		return 0;
+	for (i = 0; i < n && k < max; i++)
+		if (it[i].e.msg_type != 0)	/* ARP frames are not listed */
+			out[k++] = it[i].e;
+	free(it);
+	return k;
 }

@@ -212,6 +212,7 @@ cmd_info(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	json_object_set_new(resp, "tx_lcore", json_integer(app->tx_lcore));
 	json_object_set_new(resp, "main_lcore", json_integer(app->main_lcore));
 	json_object_set_new(resp, "paused", json_boolean(app->paused));
+	json_object_set_new(resp, "tx_paused", json_boolean(app->tx_paused));
 	json_object_set_new(resp, "ring_size",
 			    json_integer(rte_ring_get_capacity(app->ring)));
 	json_object_set_new(resp, "state_size",
@@ -462,12 +463,46 @@ cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	return 0;
 }
 
+/* One header log entry as JSON; lcore < 0 and no egress port for the ring. */
+static json_t *
+hlog_entry_json(const struct embnic_app *app,
+		const struct embnic_hlog_entry *e, int lcore)
+{
+	json_t *o = json_pack(
+		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+		" s:I, s:I, s:I, s:I, s:I, s:I}",
+		"msg_type", (json_int_t)e->msg_type,
+		"flags", (json_int_t)e->flags,
+		"msg_id", (json_int_t)e->msg_id,
+		"client_id", (json_int_t)e->client_id,
+		"table_id", (json_int_t)e->table_id,
+		"shard_id", (json_int_t)e->shard_id,
+		"num_keys", (json_int_t)e->num_keys,
+		"msg_len", (json_int_t)e->msg_len,
+		"frag_index", (json_int_t)e->frag_index,
+		"frag_count", (json_int_t)e->frag_count,
+		"frag_len", (json_int_t)e->frag_len,
+		"dim", (json_int_t)e->dim,
+		"status", (json_int_t)e->status,
+		"ingress_port", (json_int_t)e->in_port,
+		"time_us", (json_int_t)(embnic_tsc_to_ns(app, e->tsc) / 1000),
+		"time_ns", (json_int_t)embnic_tsc_to_ns(app, e->tsc));
+
+	if (o != NULL && lcore >= 0) {
+		json_object_set_new(o, "egress_port",
+				    json_integer(e->out_port));
+		json_object_set_new(o, "lcore", json_integer(lcore));
+	}
+	return o;
+}
+
 /*
  * ring_last {last}: the headers of the last `last` message frames the card
  * forwarded, newest first (every lcore's header log merged by time), and
- * how full the header ring is now. The frames waiting in the header ring
- * are not listed: the ring holds mbuf pointers that the TX lcore dequeues
- * and frees while this thread would read them.
+ * those of up to `last` message frames still waiting in the header ring,
+ * newest first (from the RX stage's ring log: the ring itself holds mbuf
+ * pointers that the TX lcore dequeues and frees while this thread would
+ * read them), with how full the ring is.
  */
 static int
 cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp)
@@ -475,7 +510,7 @@ cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp)
 	struct embnic_hlog_entry *e;
 	unsigned int lc[EMBNIC_HLOG_SIZE];
 	long long last = 0;
-	uint64_t logged;
+	uint64_t logged, waiting;
 	json_t *arr;
 	unsigned int n, i;
 
@@ -484,32 +519,18 @@ cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp)
 	e = calloc((size_t)last, sizeof(*e));
 	if (e == NULL)
 		return ctl_fail(c, "out of memory");
+	n = embnic_ring_read(c->app, e, (unsigned int)last, &waiting);
+	arr = json_array();
+	for (i = 0; i < n; i++)
+		json_array_append_new(arr, hlog_entry_json(c->app, &e[i], -1));
+	json_object_set_new(resp, "in_ring", arr);
+	json_object_set_new(resp, "in_ring_count",
+			    json_integer((json_int_t)waiting));
 	n = embnic_hlog_read(c->app, e, lc, (unsigned int)last, &logged);
 	arr = json_array();
 	for (i = 0; i < n; i++)
-		json_array_append_new(arr, json_pack(
-			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
-			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
-			"msg_type", (json_int_t)e[i].msg_type,
-			"flags", (json_int_t)e[i].flags,
-			"msg_id", (json_int_t)e[i].msg_id,
-			"client_id", (json_int_t)e[i].client_id,
-			"table_id", (json_int_t)e[i].table_id,
-			"shard_id", (json_int_t)e[i].shard_id,
-			"num_keys", (json_int_t)e[i].num_keys,
-			"msg_len", (json_int_t)e[i].msg_len,
-			"frag_index", (json_int_t)e[i].frag_index,
-			"frag_count", (json_int_t)e[i].frag_count,
-			"frag_len", (json_int_t)e[i].frag_len,
-			"dim", (json_int_t)e[i].dim,
-			"status", (json_int_t)e[i].status,
-			"ingress_port", (json_int_t)e[i].in_port,
-			"egress_port", (json_int_t)e[i].out_port,
-			"time_us", (json_int_t)(embnic_tsc_to_ns(c->app,
-							e[i].tsc) / 1000),
-			"time_ns", (json_int_t)embnic_tsc_to_ns(c->app,
-							e[i].tsc),
-			"lcore", (json_int_t)lc[i]));
+		json_array_append_new(arr, hlog_entry_json(c->app, &e[i],
+							   (int)lc[i]));
 	free(e);
 	json_object_set_new(resp, "entries", arr);
 	json_object_set_new(resp, "log_size", json_integer(EMBNIC_HLOG_KEEP));
@@ -575,19 +596,56 @@ cmd_reset_counters(struct embnic_ctl *c, json_t *req __rte_unused,
 	return 0;
 }
 
+/*
+ * The stage a pause/resume names ({stage}: "rx" or "tx"): 0 rx, 1 tx, or
+ * absent when the field is; -1 (error set) for anything else.
+ */
 static int
-cmd_pause(struct embnic_ctl *c, json_t *req __rte_unused,
-	  json_t *resp __rte_unused)
+stage_arg(struct embnic_ctl *c, json_t *req, int absent)
 {
-	c->app->paused = true;
+	json_t *v = json_object_get(req, "stage");
+	const char *stage = json_string_value(v);
+
+	if (v == NULL)
+		return absent;
+	if (stage != NULL && strcmp(stage, "rx") == 0)
+		return 0;
+	if (stage != NULL && strcmp(stage, "tx") == 0)
+		return 1;
+	return ctl_fail(c, "field 'stage' must be \"rx\" or \"tx\"");
+}
+
+/*
+ * pause {stage}: "rx" (default) stops the RX stage polling the ports;
+ * "tx" stops the TX stage taking frames off the header ring, so accepted
+ * frames wait there (ring_last lists them; a full ring drops as ring_full).
+ */
+static int
+cmd_pause(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
+{
+	int s = stage_arg(c, req, 0);
+
+	if (s < 0)
+		return -1;
+	if (s == 0)
+		c->app->paused = true;
+	else
+		c->app->tx_paused = true;
 	return 0;
 }
 
+/* resume {stage}: that stage runs again; without stage, both do. */
 static int
-cmd_resume(struct embnic_ctl *c, json_t *req __rte_unused,
-	   json_t *resp __rte_unused)
+cmd_resume(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
 {
-	c->app->paused = false;
+	int s = stage_arg(c, req, 2);
+
+	if (s < 0)
+		return -1;
+	if (s != 1)
+		c->app->paused = false;
+	if (s != 0)
+		c->app->tx_paused = false;
 	return 0;
 }
 

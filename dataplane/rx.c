@@ -8,6 +8,9 @@
  * by reason and freed in bulk; a full ring drops (ring_full), it never
  * blocks.
  */
+#include <string.h>
+
+#include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
@@ -30,9 +33,13 @@ csum_hint(const struct rte_mbuf *m)
 	}
 }
 
-/* Parse m and leave what the TX stage needs in its meta; 0 or a drop reason. */
+/*
+ * Parse m and leave what the TX stage needs in its meta, its header in
+ * *hdr (for the ring log; zeroed for ARP); 0 or a drop reason.
+ */
 static inline int
-classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off)
+classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off,
+	 struct embnic_msg *hdr)
 {
 	struct embnic_rx_meta *meta = embnic_rx_meta(m, meta_off);
 	uint8_t *data = rte_pktmbuf_mtod(m, uint8_t *);
@@ -49,7 +56,9 @@ classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off)
 		meta->frag_len = info.msg.frag_len;
 		meta->kind = EMBNIC_DESC_MSG;
 		meta->trim = rte_pktmbuf_pkt_len(m) > info.frame_len;
+		*hdr = info.msg;
 	} else if (r == EMBNIC_PARSE_ARP) {
+		memset(hdr, 0, sizeof(*hdr));
 		r = embnic_arp_reply(data, rte_pktmbuf_data_len(m), port->ip,
 				     port->mac.addr_bytes);
 		meta->kind = EMBNIC_DESC_ARP;
@@ -65,6 +74,7 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 {
 	struct rte_mbuf *ok[EMBNIC_MAX_BURST];
 	struct rte_mbuf *dropped[EMBNIC_MAX_BURST];
+	struct embnic_msg hdr[EMBNIC_MAX_BURST];
 	unsigned int nd = 0, nf = 0, sent, free_space, count, i;
 	int meta_off = app->meta_off;
 	uint64_t bytes = 0;
@@ -77,7 +87,7 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 			rte_prefetch0(rte_pktmbuf_mtod(pkts[i + PREFETCH_OFFSET],
 						       void *));
 		bytes += rte_pktmbuf_pkt_len(pkts[i]);
-		r = classify(port, pkts[i], meta_off);
+		r = classify(port, pkts[i], meta_off, &hdr[nd]);
 		if (r == 0) {
 			ok[nd++] = pkts[i];
 		} else {
@@ -94,6 +104,13 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 		count = rte_ring_get_capacity(app->ring) - free_space;
 		if (count > st->ring_high_water)
 			st->ring_high_water = count;
+		if (sent > 0) {
+			uint64_t tsc = rte_rdtsc();
+
+			for (i = 0; i < sent; i++)
+				embnic_hlog_put(&st->rxlog, &hdr[i], port->id,
+						EMBNIC_HLOG_NO_PORT, tsc);
+		}
 		if (unlikely(sent < nd)) {
 			st->drops[EMBNIC_DROP_RING_FULL] += nd - sent;
 			for (i = sent; i < nd; i++)

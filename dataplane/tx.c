@@ -385,8 +385,13 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
 	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
 	unsigned int n;
 
+	if (app->tx_paused)
+		return 0;
 	n = rte_ring_dequeue_burst(app->ring, (void **)pkts, app->opts.burst,
 				   NULL);
+	if (n > 0)
+		__atomic_store_n(&st->ring_dequeued, st->ring_dequeued + n,
+				 __ATOMIC_RELEASE);
 	embnic_tx_burst(app, st, pkts, n, rte_rdtsc());
 	return n;
 }

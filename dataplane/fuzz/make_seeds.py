@@ -171,6 +171,7 @@ def ctl_seeds() -> dict[str, bytes]:
             '{"cmd":"route_del","shard":5}',
             '{"cmd":"state_dump","limit":-1}',
             '{"cmd":"ring_last","last":0}', '{"cmd":"ring_last","last":256}',
+            '{"cmd":"pause","stage":"tx"}', '{"cmd":"pause","stage":"both"}', '{"cmd":"pause","stage":1}', '{"cmd":"resume","stage":"rx"}',
             '{"cmd":"nope","id":[1,{"a":null}]}',
             '{"cmd":1}', '[1,2]', '{"cmd":"ping","cmd":"ping"}', '{"cmd":"ping"',
         ]) + "\n",

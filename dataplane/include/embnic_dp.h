@@ -142,10 +142,16 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
 }
 
 /*
- * The forwarded-header log of one lcore: the headers of the last
- * EMBNIC_HLOG_KEEP message frames it forwarded (accepted, authorised,
- * rewritten, queued for TX), one 40-byte entry a frame, written on the TX
- * path with no allocation and no lock. head counts entries ever written;
+ * A header log of one lcore, used twice. The forwarded-header log (hlog):
+ * the headers of the last EMBNIC_HLOG_KEEP message frames it forwarded
+ * (accepted, authorised, rewritten, queued for TX), one 40-byte entry a
+ * frame, written on the TX path with no allocation and no lock. The ring
+ * log (rxlog): one entry for every frame the RX stage put on the header
+ * ring, in ring order (ARP frames as msg_type 0, out_port
+ * EMBNIC_HLOG_NO_PORT); as the ring has one producer, entry i is the i-th
+ * frame ever enqueued, so the entries at or past the frames the TX stage
+ * has dequeued (ring_dequeued) are the headers still in the ring
+ * (embnic_ring_read). head counts entries ever written;
  * entry i lives in e[i % EMBNIC_HLOG_SIZE]. The owning lcore stores the
  * entry, then head = i + 1 (release); a reader (embnic_hlog_read) loads
  * head, copies, loads head again and keeps only the entries no write can
@@ -155,6 +161,8 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
 #define EMBNIC_HLOG_SIZE		256	/* slots, a power of 2 */
 /* entries a reader gets: the slot of the oldest may be mid-overwrite */
 #define EMBNIC_HLOG_KEEP		(EMBNIC_HLOG_SIZE - 1)
+/* out_port of a ring log entry: not routed yet */
+#define EMBNIC_HLOG_NO_PORT		0xff
 
 struct embnic_hlog_entry {
 	uint64_t tsc;			/* TX stage burst time */
@@ -226,7 +234,10 @@ struct embnic_lcore_stats {
 	uint64_t state_overflow;	/* state map adds that found it full */
 	uint64_t state_expired;		/* entries that timed out unanswered */
 	uint64_t ring_high_water;	/* gauge: max ring count seen */
+	/* frames this lcore took off the header ring, ever (TX; not reset) */
+	uint64_t ring_dequeued;
 	struct embnic_hlog hlog;	/* forwarded headers (not a counter) */
+	struct embnic_hlog rxlog;	/* headers put on the ring (RX) */
 } __rte_cache_aligned;
 
 /* What the control path reports: the sum over lcores minus the reset base. */
@@ -285,6 +296,7 @@ struct embnic_app {
 	uint32_t nb_slots;		/* slots in use, slot 0 included */
 	unsigned int rx_lcore, tx_lcore, main_lcore, nb_lcores;
 	volatile bool paused;		/* RX stage does not poll */
+	volatile bool tx_paused;	/* TX stage does not dequeue */
 	uint64_t tsc_hz;
 	uint64_t start_tsc, start_ns;	/* for Unix-time timestamps */
 	uint64_t next_expire_tsc;	/* TX stage: next state map expiry step */
@@ -325,6 +337,15 @@ unsigned int embnic_hlog_read(const struct embnic_app *app,
 			      struct embnic_hlog_entry *out,
 			      unsigned int *lcore, unsigned int max,
 			      uint64_t *logged);
+/*
+ * counters.c: up to max of the headers still waiting in the header ring
+ * (put there by the RX stage, not yet dequeued by the TX stage), newest
+ * first, ARP frames left out; *waiting gets how many frames the ring held
+ * at the read (ARP included, may exceed what the log keeps). Control path.
+ */
+unsigned int embnic_ring_read(const struct embnic_app *app,
+			      struct embnic_hlog_entry *out,
+			      unsigned int max, uint64_t *waiting);
 
 /* route.c: route and client tables share one implementation. */
 struct embnic_table *embnic_table_create(const char *name, uint32_t size,

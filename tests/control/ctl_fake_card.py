@@ -163,7 +163,8 @@ class FakeCard:
         return {"size": self.ring_size, "count": 5, "high_water": 1024}
 
     def do_ring_last(self, req):
-        """The header log as embnic-dp answers it (docs/control-socket.md ``ring_last``): 2 entries."""
+        """The header log as embnic-dp answers it (docs/control-socket.md ``ring_last``): 2 forwarded
+        entries, 1 waiting in the header ring."""
         last = req.get("last", 20)
         if not isinstance(last, int) or not 1 <= last <= 255:
             raise LookupError("field 'last' must be an integer 1..255")
@@ -173,8 +174,11 @@ class FakeCard:
                dict(msg_type=1, flags=0, msg_id=7, client_id=1, table_id=0, shard_id=0, num_keys=400,
                     msg_len=1600, frag_index=0, frag_count=1, frag_len=1600, dim=4, status=0,
                     ingress_port=0, egress_port=1, time_us=1, time_ns=1000, lcore=1)]
-        return {"entries": log[:last], "log_size": 255, "logged": len(log), "ring_size": self.ring_size,
-                "ring_count": 5}
+        ring = [dict(msg_type=3, flags=0, msg_id=8, client_id=1, table_id=0, shard_id=0, num_keys=2,
+                     msg_len=48, frag_index=0, frag_count=1, frag_len=48, dim=2, status=0,
+                     ingress_port=0, time_us=60, time_ns=60000)]
+        return {"in_ring": ring[:last], "in_ring_count": len(ring), "entries": log[:last], "log_size": 255,
+                "logged": len(log), "ring_size": self.ring_size, "ring_count": len(ring)}
 
     def do_reset_counters(self, req):
         self.drops = {r: 0 for r in DROP_REASONS}

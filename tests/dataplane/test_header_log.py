@@ -12,7 +12,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from scapy.layers.l2 import Ether
+from scapy.layers.l2 import ARP, Ether
 
 from conformance import CardPort, Peer, Suite, write_pcap
 from embnic.client_lib.consts import MsgType, Status
@@ -35,12 +35,12 @@ def _expected(frame: bytes) -> dict:
     return {f: int(getattr(h, f)) for f in FIELDS}
 
 
-def _run(card_bin, tmp_path, frames: list[bytes]):
+def _run(card_bin, tmp_path, frames: list[bytes], port_ips: dict[int, str] | None = None):
     write_pcap(tmp_path / "in0.pcap", frames)
     vdevs = [f"net_pcap0,rx_pcap={tmp_path / 'in0.pcap'},tx_pcap={tmp_path / 'out0.pcap'}",
              "net_null0,no-rx=1"]
-    card = CardProcess(card_bin, vdevs, lcores="0", port_ips={1: "10.2.1.1"}, args=["--paused"],
-                       log=tmp_path / "card.log")
+    card = CardProcess(card_bin, vdevs, lcores="0", port_ips=port_ips or {1: "10.2.1.1"},
+                       args=["--paused"], log=tmp_path / "card.log")
     card.start()
     for p in [S0, S1, C1]:
         c = p.cmd()
@@ -136,6 +136,58 @@ def test_log_wraps_keeps_newest(card_bin, tmp_path):
         assert r["logged"] == len(frames)
         assert [{f: e[f] for f in FIELDS} for e in r["entries"]] == \
             [_expected(f) for f in reversed(frames[-LOG_SIZE:])]
+    finally:
+        card.stop()
+        card.cleanup()
+
+
+def test_waiting_headers_listed_then_forwarded(card_bin, tmp_path):
+    """With the TX stage paused (``pause`` stage tx) accepted frames wait in the header ring:
+    ``ring_last`` lists their headers (``in_ring``, newest first; the ARP request that waits
+    with them is counted, not listed) and ``embnic state ring`` marks them; once the TX stage
+    resumes they are forwarded and listed as such, and nothing waits."""
+    s = Suite([CardPort(0, "10.2.0.1"), CardPort(1, "10.2.1.1")], [C1], [S0, S1])
+    frames = []
+    for i in range(12):
+        frames += s.message(C1, MsgType.LOOKUP_REQ, msg_id=500 + i, client_id=1, shard_id=i % 2,
+                            num_keys=1 + i, table_id=i % 4)
+    arp = bytes(Ether(src=C1.mac, dst="ff:ff:ff:ff:ff:ff") / ARP(op=1, hwsrc=C1.mac, psrc=C1.ip, pdst="10.2.0.1"))
+    frames.insert(5, arp)
+    msgs = [f for f in frames if f != arp]
+    card = _run(card_bin, tmp_path, frames, {0: "10.2.0.1", 1: "10.2.1.1"})  # port 0 answers ARP
+    try:
+        card.call("pause", stage="tx")
+        with pytest.raises(Exception, match="stage"):
+            card.call("pause", stage="both")
+        info = card.call("info")
+        assert info["tx_paused"] is True and info["paused"] is True  # the card starts --paused (RX)
+        card.call("resume", stage="rx")  # RX alone runs
+        deadline = time.monotonic() + 30
+        while sum(p["rx_frames"] for p in card.counters()["ports"]) < len(frames):
+            assert time.monotonic() < deadline, "the card did not receive every frame"
+            time.sleep(0.05)
+        r = card.call("ring_last", last=LOG_SIZE)
+        assert r["ring_count"] == len(frames) == r["in_ring_count"]
+        assert [{f: e[f] for f in FIELDS} for e in r["in_ring"]] == [_expected(f) for f in reversed(msgs)]
+        assert all(e["ingress_port"] == 0 and "egress_port" not in e for e in r["in_ring"])
+        assert r["entries"] == [] and r["logged"] == 0
+        assert [e["msg_id"] for e in card.call("ring_last", last=3)["in_ring"]] == [511, 510, 509]
+        run = CliRunner().invoke(cli, ["state", "ring", "--target", "dpdk", "--ctl", str(card.ctl_path),
+                                       "--last", "2"])
+        assert run.exit_code == 0, run.output
+        lines = run.output.splitlines()
+        assert lines[0].split()[-1] == "AT" and [ln.split()[-1] for ln in lines[1:3]] == ["ring", "ring"]
+        assert lines[-1] == "2 headers (2 waiting in the header ring)"
+
+        card.call("resume")
+        wait_drained(card, len(frames))
+        r = card.call("ring_last", last=LOG_SIZE)
+        assert r["in_ring"] == [] and r["in_ring_count"] == 0 == r["ring_count"]
+        assert [{f: e[f] for f in FIELDS} for e in r["entries"]] == [_expected(f) for f in reversed(msgs)]
+        run = CliRunner().invoke(cli, ["state", "ring", "--target", "dpdk", "--ctl", str(card.ctl_path),
+                                       "--last", "1", "--json"])
+        got = json.loads(run.output)
+        assert [(e["msg_id"], e["in_ring"]) for e in got] == [(511, False)]
     finally:
         card.stop()
         card.cleanup()
