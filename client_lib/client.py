@@ -10,16 +10,31 @@ from the shard its request went to (others are counted as ``wrong_shard_reply``)
 **Transport** (docs/protocol.md, "Reliability"). What is in flight to one shard is bounded by a
 send window (``window_frames``: request frames plus the reply frames they will draw); the
 next message of a shard goes out when a reply frees room, so a batch-4096 round does not
-overrun the card's or the shard's queues. Every message has its own retransmission timer,
-set from the measured round-trip time of its shard and type as in RFC 6298 (:class:`RttEstimator`: SRTT,
-RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]`` (default 50 ms, 10 s), Karn's rule: no sample from a
-retransmitted message; the first RTO is the config's ``timeout_ms``). A message whose reply is
-incomplete when its timer fires is re-sent with the ``RETRANSMIT`` flag and its timer doubled
-(exponential backoff); a reply from a shard restarts the timers of its other messages in flight
-(RFC 6298 5.3: they may be queued behind the one answered), and a message sent before an answered
-one of the same table is re-sent at once (fast retransmit: a shard answers a table's messages in
-order); updates likewise until acked (the servers apply each update exactly
-once). After ``retries`` tries the client raises :class:`ShardUnavailableError` naming the shard.
+overrun the card's or the shard's queues. A shard's messages leave largest first: the last
+ones of a round are the ones no later answer can show lost, so they should be the ones least
+likely to lose a frame.
+
+Loss is found two ways. **By later answers** (RACK, RFC 8985, by transmission order): a shard
+answers in the order it was asked (per worker process), so a message whose latest transmission
+went out before an answered message of its shard lost a frame; it is recovered once a
+reordering window (a quarter of the shard's smoothed RTT, at least 1 ms: a shard's
+``--workers`` split tables, so answers of different tables may pass each other) has passed
+without its answer. **By its timer**: every message has its own retransmission timer, set from
+the measured round-trip time of its shard and type as in RFC 6298 (:class:`RttEstimator`: SRTT,
+RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]`` (default 50 ms, 10 s), Karn's
+rule: no sample from a re-sent message; the first RTO is the config's ``timeout_ms``), doubled
+each time it fires (exponential backoff); a reply from a shard restarts the timers of its
+other messages in flight (RFC 6298 5.3: they may be queued behind the one answered); when
+timers fire only the shard's message sent first is re-sent (5.4), so a shard stalled on a busy
+machine costs one needless re-send, not one per message in flight.
+
+**Recovery.** A lookup whose reply came in part is *repaired*: a new lookup message (its own
+id) asks for only the rows of the missing fragments, and their rows complete the first reply
+(a lost fragment of a 90-fragment reply costs one small message, not the whole reply again,
+whose own loss odds would be as high). Any other lost message is sent again whole with the
+``RETRANSMIT`` flag (a shard keeps the fragments it has, so the new copy fills the gaps);
+updates likewise until acked (the servers apply each update exactly once). After ``retries``
+tries the client raises :class:`ShardUnavailableError` naming the shard.
 
 It talks to the shards directly, or through the card when the config's ``[card]`` is enabled
 (see :meth:`embnic.client_lib.config.ClusterConfig.request_destination`).
@@ -49,6 +64,7 @@ _SOCK_BUF = 16 << 20  # bytes
 DEFAULT_WINDOW_FRAMES = 512  #: frames in flight per shard (requests + the replies they draw)
 DEFAULT_RTO_MIN_MS = 50.0  #: lower bound of the retransmission timeout, ms
 DEFAULT_RTO_MAX_MS = 10_000.0  #: upper bound of the retransmission timeout (after backoff), ms
+REO_WND_MIN_MS = 1.0  #: least reordering window of the loss detection, ms
 
 
 class EmbnicError(RuntimeError):
@@ -96,9 +112,10 @@ class ClientStats:
 
     ``rounds`` counts every round trip the client waited for (lookups, updates and, in the
     fixed-length mode, size rounds); ``size_rounds`` the size rounds among them;
-    ``retransmits`` messages re-sent (by a timer or fast); ``timeouts`` retransmission timers that
-    fired; ``fast_retransmits`` messages re-sent because a later message to the same shard was
-    answered first;
+    ``retransmits`` messages re-sent or repaired (by a timer or fast); ``timeouts`` retransmission
+    timers that fired; ``fast_retransmits`` messages re-sent or repaired because a message sent
+    later to the same shard was answered first; ``repairs`` lookups whose missing rows were asked
+    for in a new message (their reply came in part);
     ``max_inflight_frames`` the most frames one shard's send window held (request + reply
     frames; above ``window_frames`` only when one message alone is larger).
     """
@@ -112,6 +129,7 @@ class ClientStats:
     retransmits: int = 0
     timeouts: int = 0
     fast_retransmits: int = 0
+    repairs: int = 0
     rounds: int = 0
     size_rounds: int = 0
     max_inflight_frames: int = 0
@@ -143,8 +161,11 @@ class _Out:
     deadline: float = 0.0
     rto: float = 0.0
     tries: int = 0
-    seq: int = 0  # order of first sends in the round
-    fast: bool = False  # fast-retransmitted once already
+    seq0: int = 0  # order of this message's first transmission among the round's transmissions
+    seq: int = 0  # order of its latest transmission (first or re-sent)
+    lost_at: float = 0.0  # when a later-sent answered message makes it lost (0: no such evidence)
+    keys: np.ndarray | None = None  # a lookup's keys uint64 (num_keys,), for a repair
+    root: "_Out | None" = None  # a repair: the message of the round it completes in the end
 
     @property
     def cost(self) -> int:
@@ -176,12 +197,14 @@ class RttEstimator:
             raise ValueError(f"RTO bounds must satisfy 0 < min <= max, got {rto_min_s}, {rto_max_s}")
         self.rto_min, self.rto_max = float(rto_min_s), float(rto_max_s)
         self.srtt: float | None = None
+        self.min_rtt: float | None = None
         self.rttvar = 0.0
         self.rto = min(max(float(rto_init_s), self.rto_min), self.rto_max)
         self.samples = 0
 
     def sample(self, r: float) -> None:
         """Take one RTT measurement ``r`` (s) of a message sent once (Karn's rule is the caller's)."""
+        self.min_rtt = r if self.min_rtt is None else min(self.min_rtt, r)
         if self.srtt is None:
             self.srtt, self.rttvar = r, r / 2
         else:
@@ -319,7 +342,7 @@ class EmbeddingClient:
                 msgs.append(_Out(msg_id, MsgType.LOOKUP_REQ, shard_id, table_id, len(skeys),
                                  self._dest[shard_id], frames, fill,
                                  reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
-                                 datagram=self._datagram(frames, reply_len)))
+                                 datagram=self._datagram(frames, reply_len), keys=skeys))
         if self.fixed_length:
             self._size_round(msgs)
         self._round(msgs, MsgType.LOOKUP_REPLY, record_latency=True)
@@ -437,7 +460,7 @@ class EmbeddingClient:
 
     def _round(self, msgs: list[_Out], reply_type: int, record_latency: bool) -> None:
         """Send ``msgs`` and wait for every reply: one round (see the module docstring for the
-        window and the per-message timers).
+        window, the send order, the per-message timers and the loss detection).
 
         Raises:
             ShardUnavailableError: a message was tried ``retries`` times without a reply.
@@ -447,10 +470,13 @@ class EmbeddingClient:
             return
         self.stats.rounds += 1
         queues: dict[int, collections.deque] = {}
-        for m in msgs:
+        # largest first per shard (a stable sort keeps a table's pieces in order): the last messages
+        # a shard gets in a round have no later answer to show them lost, only their timer, so they
+        # should be the ones least likely to lose a frame
+        for m in sorted(msgs, key=lambda m: -m.cost):
             queues.setdefault(m.shard_id, collections.deque()).append(m)
         inflight = dict.fromkeys(queues, 0)  # frames held in each shard's window
-        seqs = itertools.count()
+        seqs = itertools.count()  # order of every transmission in the round, re-sends included
         pending: dict[int, _Out] = {}
         t0 = time.monotonic()
 
@@ -460,7 +486,7 @@ class EmbeddingClient:
                 m = q.popleft()
                 now = time.monotonic()
                 m.t_first = m.t_sent = now  # latency: from this message's first frame to its reply
-                m.seq = next(seqs)
+                m.seq0 = m.seq = next(seqs)
                 m.rto = self._rtt[shard_id, m.msg_type].rto
                 self._send(m, retransmit=False)
                 m.deadline = time.monotonic() + m.rto
@@ -470,10 +496,28 @@ class EmbeddingClient:
                 if inflight[shard_id] > self.stats.max_inflight_frames:
                     self.stats.max_inflight_frames = inflight[shard_id]
 
+        def resend(m: _Out) -> None:
+            """Recover ``m``: ask for the missing rows of a partly received lookup reply in a repair
+            message (:meth:`_repair`), else send ``m`` again."""
+            r = self._repair(m) if m.msg_type == MsgType.LOOKUP_REQ and not self.fixed_length else None
+            if r is not None:
+                del pending[m.msg_id]
+                m = pending[r.msg_id] = r
+                self.stats.repairs += 1
+            m.seq = next(seqs)
+            if r is not None:
+                m.seq0 = m.seq  # a new message: its answer shows what was sent before it
+            m.lost_at = 0.0
+            m.t_sent = time.monotonic()
+            self._send(m, retransmit=r is None)
+            if r is not None:
+                self.stats.retransmits += 1
+            m.deadline = time.monotonic() + m.rto
+
         for sid in queues:
             fill(sid)
         while pending:
-            wait = min(m.deadline for m in pending.values()) - time.monotonic()
+            wait = min(min(m.deadline, m.lost_at or m.deadline) for m in pending.values()) - time.monotonic()
             if wait > 0:
                 select.select([self.sock], [], [], wait)
             # read before any timer is acted on: a reply that arrived while this process was not
@@ -481,43 +525,104 @@ class EmbeddingClient:
             done = self._drain(pending, reply_type, record_latency)
             now = time.monotonic()
             for m in done:
-                inflight[m.shard_id] -= m.cost
-                if m.tries == 1:  # Karn: a retransmitted message gives no sample
-                    self._rtt[m.shard_id, m.msg_type].sample(now - m.t_sent)
+                inflight[m.shard_id] -= (m.root or m).cost  # a repair holds its round message's room
+                if m.tries == 1 and m.root is None:  # Karn: a re-sent or repair message gives no sample
+                    self._rtt[m.shard_id, m.msg_type].sample(now - m.t_first)
                 fill(m.shard_id)
             if done:
+                # Loss detection (RACK, RFC 8985, by transmission order): a shard answers in the
+                # order it was asked (per worker process), so a message whose latest transmission
+                # went out before the first transmission of an answered message of its shard lost
+                # a frame — unless its answer is merely reordered (a shard's --workers split
+                # tables): it is re-sent once the reordering window (a quarter of the shard's
+                # smoothed RTT, at least REO_WND_MIN) has passed without its answer.
                 # RFC 6298 5.3 per shard: a shard that answers is making progress, so the timers of
                 # its other messages restart (they may be queued behind the ones just answered).
-                # Fast retransmit: a shard answers the messages of one table in the order it was
-                # asked (its --workers split tables, not tables' messages), so a message sent
-                # before an answered one of the same table, and still unanswered, lost a frame:
-                # re-send it now (once; the timer covers a second loss).
-                last = {}
+                ev: dict[int, int] = {}
                 for m in done:
-                    k = (m.shard_id, m.table_id)
-                    last[k] = max(last.get(k, -1), m.seq)
-                answered = {m.shard_id for m in done}
-                for x in list(pending.values()):
-                    if x.shard_id not in answered:
+                    # which transmission was answered: the latest, unless the answer came sooner than
+                    # the shortest round trip seen after it (then it may be the first's; RFC 8985 6.2)
+                    e = self._rtt[m.shard_id, m.msg_type]
+                    s = m.seq if e.min_rtt is not None and now - m.t_sent >= e.min_rtt else m.seq0
+                    ev[m.shard_id] = max(ev.get(m.shard_id, -1), s)
+                for x in pending.values():
+                    e = ev.get(x.shard_id)
+                    if e is None:
                         continue
-                    s = last.get((x.shard_id, x.table_id), -1)
-                    if x.seq < s and not x.fast:
-                        x.fast = True
-                        self.stats.fast_retransmits += 1
-                        self._send(x, retransmit=True)
-                        x.deadline = time.monotonic() + x.rto
-                    elif x.deadline < now + x.rto:
+                    if x.seq < e and not x.lost_at:
+                        x.lost_at = now + self._reo_wnd(x)
+                    if x.deadline < now + x.rto:
                         x.deadline = now + x.rto
+            now = time.monotonic()
+            for x in [x for x in pending.values() if x.lost_at and x.lost_at <= now]:
+                self.stats.fast_retransmits += 1
+                resend(x)
             if done or not pending:
-                continue
+                continue  # read again before a timer is acted on (replies may have come meanwhile)
             now = time.monotonic()
             if min(m.deadline for m in pending.values()) <= now:
-                self._expire(pending, now, t0)
+                self._expire(pending, now, t0, resend)
 
-    def _expire(self, pending: dict, now: float, t0: float) -> None:
-        """Re-send every message whose timer fired, doubling that message's timer (RFC 6298
-        section 5.5, per message: the shard's estimate is left to the next sample, so one
-        lossy message does not slow every other message's timer)."""
+    def _repair(self, m: _Out) -> _Out | None:
+        """A repair of lookup ``m`` whose reply came in part: a new LOOKUP_REQ (its own ``msg_id``)
+        for only the keys whose rows lie in ``m``'s missing reply fragments. Its reply's rows and the
+        fragments already held make ``m``'s whole reply, handed to ``m.on_reply``. Lookups are
+        idempotent reads, so asking again for some keys under a new id is safe; the card and the
+        shards see an ordinary message. Returns None when no fragment of ``m``'s reply is held (its
+        request may not have arrived: re-send ``m`` instead)."""
+        part = self._reasm.partial(self.client_id, m.msg_id, MsgType.LOOKUP_REPLY)
+        if part is None:
+            return None
+        h, parts, p = part
+        t = self.cfg.table(m.table_id)
+        dt = t.wire_dtype
+        row = t.dim * consts.DTYPE_SIZE[consts.DType(dt)]
+        n, total = m.num_keys, m.num_keys * row
+        if (p <= 0 or h.msg_len != total or h.num_keys != n or h.table_id != m.table_id
+                or h.shard_id != m.shard_id or m.keys is None):
+            return None  # not a reply of m's shape: let the whole message be asked again
+        have = np.fromiter(parts.keys(), np.int64, len(parts))
+        miss = np.setdiff1d(np.arange(h.frag_count, dtype=np.int64), have)
+        # rows overlapping the missing fragments' byte ranges [j·P, min((j+1)·P, total))
+        lo = miss * p // row
+        hi = -(-np.minimum((miss + 1) * p, total) // row)
+        cover = np.zeros(n + 1, np.int64)
+        np.add.at(cover, lo, 1)
+        np.add.at(cover, hi, -1)
+        idx = np.flatnonzero(np.cumsum(cover[:-1]) > 0)
+        body = bytearray(total)
+        for j, b in parts.items():  # per fragment held (at most MAX_FRAGS)
+            body[j * p:j * p + len(b)] = b
+        self._reasm.discard(self.client_id, m.msg_id, MsgType.LOOKUP_REPLY)
+        keys = m.keys[idx]
+        msg_id = self._alloc_id()
+        frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=m.table_id,
+                                     shard_id=m.shard_id, dim=t.dim, dtype=dt, keys=keys, mtu=self.mtu)
+
+        def assemble(r: Message, body=body, idx=idx, row=row, target=m, h=h) -> None:
+            np.frombuffer(body, np.uint8).reshape(n, row)[idx] = np.frombuffer(r.body, np.uint8).reshape(idx.size, row)
+            target.on_reply(Message(h, bytes(body), r.addr))
+
+        reply_len = idx.size * row
+        root = m.root or m
+        return _Out(msg_id, MsgType.LOOKUP_REQ, m.shard_id, m.table_id, int(idx.size), m.dest, frames, assemble,
+                    reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
+                    datagram=self._datagram(frames, reply_len), t_first=root.t_first,
+                    t_sent=time.monotonic(), rto=m.rto, tries=m.tries, keys=keys, root=root)
+
+    def _reo_wnd(self, m: _Out) -> float:
+        """Reordering window (s) of ``m``'s shard and type: a quarter of its smoothed RTT (its RTO
+        before any sample), at least :data:`REO_WND_MIN_MS`."""
+        e = self._rtt[m.shard_id, m.msg_type]
+        return max(REO_WND_MIN_MS / 1000.0, (e.srtt if e.srtt is not None else e.rto) / 4)
+
+    def _expire(self, pending: dict, now: float, t0: float, resend: Callable[[_Out], None]) -> None:
+        """Timers that fired: per shard, re-send only the fired message transmitted first (RFC
+        6298 5.4: a shard that stalled on a busy machine costs one spurious re-send, not one per
+        message in flight; a real loss of the others shows when the re-sent one is answered, or by
+        their own timers, restarted here) and double that message's timer (5.5, per message: the
+        shard's estimate is left to the next sample, so one lossy message does not slow every
+        other message's timer)."""
         self._reasm.expire()
         fired = [m for m in pending.values() if m.deadline <= now]
         for m in fired:
@@ -534,11 +639,17 @@ class EmbeddingClient:
                             f"frames the card got cut short as `truncated`).")
                 raise ShardUnavailableError(m.shard_id, m.dest, m.tries, now - t0,
                                             f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint)
+        first: dict[int, _Out] = {}  # per shard, the fired message transmitted first
         for m in fired:
+            if m.shard_id not in first or m.seq < first[m.shard_id].seq:
+                first[m.shard_id] = m
+        for m in fired:
+            if first[m.shard_id] is not m:
+                m.deadline = now + m.rto  # its turn comes if the one re-sent does not show progress
+                continue
             self.stats.timeouts += 1
             m.rto = min(m.rto * 2, self._rtt[m.shard_id, m.msg_type].rto_max)
-            self._send(m, retransmit=True)
-            m.deadline = time.monotonic() + m.rto
+            resend(m)
 
     def _drain(self, pending: dict, reply_type: int, record_latency: bool) -> list[_Out]:
         """Read every waiting datagram; returns the messages whose reply completed."""

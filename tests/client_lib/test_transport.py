@@ -1,6 +1,7 @@
 """The client's transport (docs/protocol.md, "Reliability"): RFC 6298 retransmission timers per
-message, a send window per shard, on real UDP shards — loss-free (no retransmission, the window
-never exceeded) and through a relay that drops frames (every row still right, updates once).
+message, a send window per shard, loss found by later answers (RACK) and lookups repaired, on
+real UDP shards — loss-free (no retransmission, the window never exceeded) and through relays
+that drop frames, at random (seeded) or by rule (every row still right, updates once).
 
 Run alone: python3 -m pytest -q tests/client_lib/test_transport.py
 """
@@ -172,8 +173,8 @@ def test_loss_retransmits_per_message_and_stays_exact():
 def test_fast_retransmit_when_a_later_message_is_answered_first():
     """A bare socket plays shard 0: it ignores the first lookup message, answers the second;
     the client re-sends the first at once (RETRANSMIT set), long before its 5 s timer. Both are
-    of one table (a 2-fragment-window client splits it); messages of other tables are not
-    ordered (a shard's workers split tables)."""
+    of one table (a 2-fragment-window client splits it); no fragment of the first one's reply
+    came, so it is re-sent whole (not repaired)."""
     from embnic.client_lib import codec, consts
     from embnic.client_lib.consts import Flags, MsgType
     from embnic.client_lib.reassembly import Reassembler
@@ -218,3 +219,125 @@ def test_fast_retransmit_when_a_later_message_is_answered_first():
     assert seen == [(0, False), (0, False), (0, True)]
     assert np.array_equal(got[0], np.full((len(keys), 4), float(n), np.float32))
     assert (stats.fast_retransmits, stats.timeouts, stats.retransmits) == (1, 0, 1)
+
+
+class RuleRelay:
+    """A UDP relay in front of one shard that drops the frames ``drop(direction, header)`` names
+    (``direction`` "req" or "rep"; a deterministic rule on the header, no randomness, no timing)
+    and records the header of every frame it saw."""
+
+    def __init__(self, shard_addr, drop):
+        from embnic.client_lib.client import set_socket_buffers
+
+        self.shard_addr, self.drop = shard_addr, drop
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for s in (self.front, self.back):
+            set_socket_buffers(s)
+            s.bind(("127.0.0.1", 0))
+        self.address = self.front.getsockname()
+        self.client = None
+        self.seen: list = []
+        self.dropped: list = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        from embnic.client_lib.codec import parse_header
+
+        while not self._stop.is_set():
+            r, _, _ = select.select([self.front, self.back], [], [], 0.05)
+            for s in r:
+                data, addr = s.recvfrom(65536)
+                h = parse_header(data)
+                if s is self.front:
+                    self.client = addr
+                    d, dest, out = "req", self.shard_addr, self.back
+                else:
+                    d, dest, out = "rep", self.client, self.front
+                self.seen.append((d, h))
+                if self.drop(d, h):
+                    self.dropped.append((d, h))
+                    continue
+                out.sendto(data, dest)
+
+    def close(self):
+        self._stop.set()
+        self._t.join(5)
+        self.front.close()
+        self.back.close()
+
+
+def test_lost_fragments_recovered_by_later_answers_and_repairs():
+    """One shard behind a relay that drops, once each: fragment 5 of the biggest
+    lookup reply, fragment 0 of the second lookup request, the first update's ack and fragment 3 of
+    the second update. The shard answers in order, so the later messages' answers show each loss
+    (RACK) long before the 5 s timers: the partly answered lookup is completed by a repair that
+    asks only for the rows of the missing fragment, the others are sent again. Rows and tables
+    equal LocalBackend's (each update applied once)."""
+    import dataclasses
+
+    from embnic.client_lib.consts import Flags, MsgType
+
+    tables = [{"id": 0, "dim": 16}, {"id": 1, "dim": 8}, {"id": 2, "dim": 8}, {"id": 3, "dim": 4}]
+    cfg = parse_config({"cluster": {"seed": 5, "timeout_ms": 5000, "retries": 3}, "tables": tables,
+                        "shards": [{"id": 0, "ip": "127.0.0.1", "port": 7910}],
+                        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7991}]})
+    ref = LocalBackend(cfg)
+    once: set = set()
+
+    def first(key) -> bool:
+        if key in once:
+            return False
+        once.add(key)
+        return True
+
+    def drop(d, h) -> bool:
+        if d == "rep" and h.msg_type == MsgType.LOOKUP_REPLY and h.table_id == 0 and h.frag_index == 5:
+            return first("lr")
+        if d == "req" and h.msg_type == MsgType.LOOKUP_REQ and h.table_id == 1 and h.frag_index == 0:
+            return first("lq")
+        if d == "rep" and h.msg_type == MsgType.UPDATE_ACK and h.table_id == 0:
+            return first("ua")
+        if d == "req" and h.msg_type == MsgType.UPDATE_REQ and h.table_id == 1 and h.frag_index == 3:
+            return first("uq")
+        return False
+
+    rng = np.random.default_rng(4)
+    sizes = {0: 2000, 1: 1500, 2: 300, 3: 50}  # largest first: 0 and 1 are followed by 2 and 3
+    req = {t: np.unique(rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)) for t, n in sizes.items()}
+    with ServerCluster(cfg) as cl:
+        relay = RuleRelay((cl.cfg.shards[0].ip, cl.cfg.shards[0].port), drop)
+        try:
+            lcfg = dataclasses.replace(cl.cfg, shards=(dataclasses.replace(cl.cfg.shards[0], ip=relay.address[0],
+                                                                            port=relay.address[1]),))
+            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000) as c:
+                got = c.lookup(req)
+                for t, k in req.items():
+                    assert np.array_equal(got[t], ref.lookup(t, k)), t
+                assert (c.stats.repairs, c.stats.fast_retransmits, c.stats.timeouts) == (1, 2, 0)
+                upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
+                       for t, k in req.items()}
+                c.update(upd)
+                for t, (k, g) in upd.items():
+                    ref.update(t, k, g)
+                assert (c.stats.repairs, c.stats.fast_retransmits, c.stats.timeouts) == (1, 4, 0)
+                assert c.stats.retransmits == 4
+                for t, k in req.items():
+                    assert np.array_equal(c.lookup({t: k})[t], ref.lookup(t, k)), t
+                assert c.stats.timeouts == 0
+        finally:
+            relay.close()
+        counters = cl.counters()[0]
+    assert len(relay.dropped) == 4
+    # the repair: a new lookup of table 0 for only the rows of the lost fragment (5·1432 .. 6·1432
+    # body bytes of 64-byte rows: rows 111..134)
+    lr = [h for d, h in relay.seen if d == "req" and h.msg_type == MsgType.LOOKUP_REQ and h.table_id == 0]
+    ids = sorted({h.msg_id for h in lr})
+    assert len(ids) == 3  # the lookup, its repair, the final check
+    assert sorted(h.num_keys for h in lr if h.frag_index == 0) == [24, sizes[0], sizes[0]]
+    assert not any(h.flags & Flags.RETRANSMIT for h in lr)
+    resent = {(h.msg_type, h.table_id) for d, h in relay.seen if d == "req" and h.flags & Flags.RETRANSMIT}
+    assert resent == {(MsgType.LOOKUP_REQ, 1), (MsgType.UPDATE_REQ, 0), (MsgType.UPDATE_REQ, 1)}
+    assert counters["updates_applied"] == 4 and counters["duplicates"] == 1
