@@ -28,7 +28,7 @@ SECTIONS = ("cluster", "tables", "shards", "clients", "card", "control")
 CLUSTER_KEYS = ("name", "udp_port", "mtu", "sharding", "seed", "timeout_ms", "retries")
 TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard")
 ENDPOINT_KEYS = ("id", "ip", "port", "mac", "card_port")
-CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores")
+CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores", "state_lcores")
 #: Bounds of the [card] fields, inclusive — the card's own option bounds (dataplane/include/
 #: embnic_limits.h, and EMBNIC_MAX_PORTS in embnic_dp.h for port ids); tests/dataplane/test_limits.py
 #: checks they agree and that embnic-dp accepts each limit and refuses one past it. ring_size is
@@ -37,6 +37,7 @@ CARD_LIMITS = {
     "ring_size": (64, 1 << 24),
     "state_size": (64, 1 << 24),
     "state_timeout_ms": (1, 86_400_000),
+    "state_lcores": (1, 16),
     "port_id": (0, 7),
 }
 CARD_PORT_KEYS = ("id", "ip", "mac", "name")
@@ -147,6 +148,9 @@ class CardConfig:
     state_size: int = 65536
     state_timeout_ms: int = 5000
     lcores: str = "0,1"
+    #: lcores sharing the message state map, each owning the messages of one partition by a
+    #: hash of (client id, message id); at most as many as ``lcores`` names (docs/config.md)
+    state_lcores: int = 1
 
     def port(self, port_id: int) -> CardPort:
         for p in self.ports:
@@ -441,11 +445,16 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
             state_timeout_ms=_check_range(_get(c, "state_timeout_ms", w, int, 5000, path),
                                           *CARD_LIMITS["state_timeout_ms"], w + "state_timeout_ms", path),
             lcores=_get(c, "lcores", w, str, "0,1", path),
+            state_lcores=_check_range(_get(c, "state_lcores", w, int, 1, path), *CARD_LIMITS["state_lcores"],
+                                      w + "state_lcores", path),
         )
         try:
-            parse_lcores(card.lcores)
+            n_lcores = len(parse_lcores(card.lcores))
         except ValueError as e:
             raise ConfigError(w + "lcores", str(e), path) from None
+        if card.state_lcores > n_lcores:
+            raise ConfigError(w + "state_lcores", f"{card.state_lcores} state lcores need at least as many lcores, "
+                              f"but lcores = {card.lcores!r} names {n_lcores}", path)
         if enabled:
             if not ports:
                 raise ConfigError("card.ports", "at least one port is required when the card is enabled", path)

@@ -232,6 +232,7 @@ def status(target, name, ctl, as_json):
     else:
         click.echo(f"pipeline {s.name!r}: a card answers on {path} (no state file: not started by `pipeline load`)")
     b = info.get("build") or {}
-    click.echo(f"  mode {info.get('mode', '?')}, lcores {info.get('lcores', '?')}, protocol v{b.get('proto_version', '?')}, "
+    click.echo(f"  mode {info.get('mode', '?')}, lcores {info.get('lcores', '?')}, state lcores "
+               f"{info.get('state_lcores', 1)}, protocol v{b.get('proto_version', '?')}, "
                f"git {str(b.get('git_rev', '?'))[:12]}")
     click.echo(f"  ports {_ports_line(info)}")

@@ -133,3 +133,8 @@ def summary(config, target, name, ctl, as_json):
                f"expired {st.get('expired', 0)}")
     for k in STATES:
         click.echo(f"  {k:<10} {by.get(k, 0)}")
+    parts = st.get("by_partition", [])
+    if len(parts) > 1:  # several state lcores, each owning one partition of the map
+        for p in parts:
+            click.echo(f"  partition {p['partition']} (lcore {p['lcore']}): {p['entries']}/{p['capacity']} entries, "
+                       f"{p['completed_since_start']} completed and {p['expired_since_start']} expired since start")

@@ -101,6 +101,11 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
     out.append(f"state     {st.get('entries', 0):,}/{st.get('capacity', 0):,} messages in flight in the state map "
                f"({', '.join(f'{k} {v:,}' for k, v in by.items())}); overflow {st.get('overflow', 0):,}, "
                f"expired {st.get('expired', 0):,}")
+    parts = st.get("by_partition", [])
+    if len(parts) > 1:  # the map split over several state lcores: each one's share
+        out.append("          partitions  " + "  ".join(
+            f"{p['partition']} (lcore {p['lcore']}): {p['entries']:,} in flight, "
+            f"{p['completed_since_start']:,} completed since start" for p in parts))
     done = c.get("completed")
     if done is not None:
         pdone = pc.get("completed", {})

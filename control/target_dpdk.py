@@ -1,7 +1,7 @@
 """The ``dpdk`` target: runs ``embnic-dp`` (dataplane/) as a process and drives its control socket.
 
 ``load`` = check the binary's build info against the client library → start
-``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ... --paused``
+``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ... [--state-lcores S] --paused``
 (output to ``RUN_DIR/NAME.log``) → write the state file → wait until the socket answers
 ``ping`` → check every ``[card.ports]`` entry has a DPDK port → program the config's routes and
 clients → ``resume`` (the card starts paused, so no frame is read before its tables are set). ``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only
@@ -214,6 +214,8 @@ class DpdkTarget(Target):
             args += ["--port-ip", f"{p.id}={p.ip}"]
         args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
                  "--state-timeout-ms", str(card.state_timeout_ms)]
+        if card.state_lcores > 1:  # the card's default is 1
+            args += ["--state-lcores", str(card.state_lcores)]
         if self.config.mtu > 1500:  # mbufs that hold a whole jumbo frame (docs/control-socket.md)
             args += ["--mtu", str(self.config.mtu)]
         if self.start_paused:
@@ -240,6 +242,9 @@ class DpdkTarget(Target):
             if bad:
                 src = "--lcores" if self.lcores else f"card.lcores in {cfg.path or 'the config'}"
                 raise UsageError(f"{src}: {bad}", param="lcores")
+            if self.lcores and len(parse_lcores(self.lcores)) < cfg.card.state_lcores:
+                raise UsageError(f"--lcores {self.lcores}: card.state_lcores = {cfg.card.state_lcores} in "
+                                 f"{cfg.path or 'the config'} needs at least that many lcores", param="lcores")
             for i, p in enumerate(cfg.card.ports):
                 if p.id >= len(self.vdevs):
                     raise UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {len(self.vdevs)} "

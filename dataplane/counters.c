@@ -5,13 +5,14 @@
  * sums them. A reset does not touch the lcores' counters: it records the
  * current sums as a base that later reads subtract, so no increment is
  * lost to a race. The ring high-water mark is a gauge and is zeroed.
+ * What the state map partitions count (per-shard statistics, entries) is
+ * summed over them the same way: each is written by its own state lcore.
  *
  * The counters are written in one place (embnic_counters_emit) through a
  * writer: JSON for the control socket (ctl.c), DPDK telemetry here.
  * Telemetry commands (dpdk-telemetry.py): /embnic/counters, /embnic/ring,
  * /embnic/state.
  */
-#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,12 +100,45 @@ embnic_counters_sum(const struct embnic_app *app, struct embnic_totals *t)
 	t->state_expired -= b->state_expired;
 }
 
-/* The raw statistics of slot (no base subtracted). */
+/* The raw statistics of slot summed over the partitions (no base). */
 static void
 shard_raw(const struct embnic_app *app, unsigned int slot,
 	  struct embnic_shard_stats *out)
 {
-	*out = embnic_state_shard_stats(app->state)[slot];
+	unsigned int k, i;
+
+	memset(out, 0, sizeof(*out));
+	for (k = 0; k < app->nb_workers; k++) {
+		const struct embnic_shard_stats *p =
+			&embnic_state_shard_stats(app->w[k].state)[slot];
+
+		for (i = 0; i < EMBNIC_NB_TYPES; i++)
+			out->completed[i] += p->completed[i];
+		out->expired += p->expired;
+		out->latency_sum_ns += p->latency_sum_ns;
+		for (i = 0; i < EMBNIC_LAT_BUCKETS; i++)
+			out->latency_hist[i] += p->latency_hist[i];
+	}
+}
+
+unsigned int
+embnic_ring_capacity(const struct embnic_app *app)
+{
+	unsigned int k, n = 0;
+
+	for (k = 0; k < app->nb_workers; k++)
+		n += rte_ring_get_capacity(app->w[k].ring);
+	return n;
+}
+
+unsigned int
+embnic_ring_count(const struct embnic_app *app)
+{
+	unsigned int k, n = 0;
+
+	for (k = 0; k < app->nb_workers; k++)
+		n += rte_ring_count(app->w[k].ring);
+	return n;
 }
 
 void
@@ -149,18 +183,56 @@ embnic_counters_reset(struct embnic_app *app)
 				 __ATOMIC_RELAXED);
 }
 
+/*
+ * One partition of the map in list "by_partition": its index, state lcore,
+ * entries and capacity, and the messages it completed and expired since
+ * the card started (a reset_counters does not zero these).
+ */
+static void
+partition_emit(const struct embnic_app *app, unsigned int k,
+	       const struct embnic_emit *e)
+{
+	const struct embnic_shard_stats *ss =
+		embnic_state_shard_stats(app->w[k].state);
+	struct embnic_state_summary sum;
+	uint64_t done = 0, expired = 0;
+	unsigned int slot, i;
+
+	embnic_state_count(app->w[k].state, &sum);
+	for (slot = 0; slot < app->nb_slots; slot++) {
+		for (i = 0; i < EMBNIC_NB_TYPES; i++)
+			done += ss[slot].completed[i];
+		expired += ss[slot].expired;
+	}
+	e->item(e->ctx, "by_partition", "partition", k);
+	e->u64(e->ctx, "partition", k);
+	e->u64(e->ctx, "lcore", app->w[k].lcore);
+	e->u64(e->ctx, "entries", sum.entries);
+	e->u64(e->ctx, "capacity", sum.capacity);
+	e->u64(e->ctx, "completed_since_start", done);
+	e->u64(e->ctx, "expired_since_start", expired);
+}
+
 void
 embnic_state_emit(const struct embnic_app *app, const struct embnic_totals *t,
 		  bool by_state, const struct embnic_emit *e)
 {
-	struct embnic_state_summary s;
-	unsigned int i;
+	struct embnic_state_summary s, p;
+	unsigned int i, k;
 
-	if (by_state)
-		embnic_state_summarise(app->state, &s);
-	else
-		embnic_state_count(app->state, &s);
+	memset(&s, 0, sizeof(s));
+	for (k = 0; k < app->nb_workers; k++) {
+		if (by_state)
+			embnic_state_summarise(app->w[k].state, &p);
+		else
+			embnic_state_count(app->w[k].state, &p);
+		s.entries += p.entries;
+		s.capacity += p.capacity;
+		for (i = 0; i < EMBNIC_NB_STATES; i++)
+			s.by_state[i] += p.by_state[i];
+	}
 	e->u64(e->ctx, "entries", s.entries);
+	e->u64(e->ctx, "partitions", app->nb_workers);
 	e->u64(e->ctx, "capacity", s.capacity);
 	e->u64(e->ctx, "overflow", t->state_overflow);
 	e->u64(e->ctx, "expired", t->state_expired);
@@ -170,14 +242,18 @@ embnic_state_emit(const struct embnic_app *app, const struct embnic_totals *t,
 	for (i = 1; i < EMBNIC_NB_STATES; i++)
 		e->u64(e->ctx, embnic_state_name(i), s.by_state[i]);
 	e->record(e->ctx, NULL);
+	for (k = 0; k < app->nb_workers; k++)
+		partition_emit(app, k, e);
+	e->record(e->ctx, NULL);
 }
 
 static void
 ring_emit(const struct embnic_app *app, const struct embnic_totals *t,
 	  const struct embnic_emit *e)
 {
-	e->u64(e->ctx, "size", rte_ring_get_capacity(app->ring));
-	e->u64(e->ctx, "count", rte_ring_count(app->ring));
+	e->u64(e->ctx, "size", embnic_ring_capacity(app));
+	e->u64(e->ctx, "count", embnic_ring_count(app));
+	e->u64(e->ctx, "rings", app->nb_workers);
 	e->u64(e->ctx, "high_water", t->ring_high_water);
 }
 
@@ -396,8 +472,8 @@ embnic_telemetry_init(struct embnic_app *app)
 
 struct hlog_item {
 	struct embnic_hlog_entry e;
-	uint64_t seq;			/* index in its lcore's log */
-	unsigned int lcore;
+	uint64_t seq;			/* index in its log */
+	unsigned int lcore;		/* its lcore (ring logs: its ring) */
 };
 
 /* Newest first: later TSC, then (same burst) later in the log. */
@@ -443,45 +519,34 @@ hlog_snapshot(const struct embnic_hlog *l, unsigned int lc,
 }
 
 /*
- * Snapshot of the logs at byte offset off in every lcore's stats (hlog or
- * rxlog) into a malloc'ed array, newest first, entries with seq < min_seq
- * left out; *n_out gets its length, *total the entries ever logged. NULL
- * when nothing was logged or out of memory.
+ * Snapshot of nl logs (logs[j], tagged tag[j], entries with seq <
+ * min_seq[j] left out) into a malloc'ed array, newest first; *n_out gets
+ * its length, head[j] the entries ever written to logs[j]. NULL when
+ * nothing was logged or out of memory.
  */
 static struct hlog_item *
-hlog_collect(const struct embnic_app *app, size_t off, uint64_t min_seq,
-	     unsigned int *n_out, uint64_t *total)
+hlog_collect(const struct embnic_hlog *const *logs, const unsigned int *tag,
+	     const uint64_t *min_seq, unsigned int nl, unsigned int *n_out,
+	     uint64_t *head)
 {
 	struct hlog_item *it;
-	unsigned int lc, nact = 0, n = 0, i, k, m;
-	uint64_t h;
+	unsigned int j, n = 0, i, k, m;
 
-#define LOG_AT(lc) ((const struct embnic_hlog *)((const char *)&app->stats[lc] + off))
 	*n_out = 0;
-	*total = 0;
-	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
-		if (__atomic_load_n(&LOG_AT(lc)->head, __ATOMIC_RELAXED) > 0)
-			nact++;
-	if (nact == 0)
+	for (j = 0; j < nl; j++)
+		head[j] = 0;
+	if (nl == 0)
 		return NULL;
-	/* an lcore that starts logging after the count above is left out */
-	it = malloc(sizeof(*it) * EMBNIC_HLOG_SIZE * nact);
+	it = malloc(sizeof(*it) * EMBNIC_HLOG_SIZE * nl);
 	if (it == NULL)
 		return NULL;
-	for (lc = 0; lc < RTE_MAX_LCORE && nact > 0; lc++) {
-		const struct embnic_hlog *l = LOG_AT(lc);
-
-		if (__atomic_load_n(&l->head, __ATOMIC_RELAXED) == 0)
-			continue;
-		k = hlog_snapshot(l, lc, it + n, &h);
+	for (j = 0; j < nl; j++) {
+		k = hlog_snapshot(logs[j], tag[j], it + n, &head[j]);
 		for (i = 0, m = 0; i < k; i++)
-			if (it[n + i].seq >= min_seq)
+			if (it[n + i].seq >= min_seq[j])
 				it[n + m++] = it[n + i];
 		n += m;
-		*total += h;
-		nact--;
 	}
-#undef LOG_AT
 	qsort(it, n, sizeof(*it), hlog_cmp);
 	*n_out = n;
 	return it;
@@ -491,11 +556,24 @@ unsigned int
 embnic_hlog_read(const struct embnic_app *app, struct embnic_hlog_entry *out,
 		 unsigned int *lcore, unsigned int max, uint64_t *logged)
 {
+	static const uint64_t zero[RTE_MAX_LCORE];
+	const struct embnic_hlog *logs[RTE_MAX_LCORE];
+	unsigned int tag[RTE_MAX_LCORE];
+	uint64_t head[RTE_MAX_LCORE];
 	struct hlog_item *it;
-	unsigned int n, i;
+	unsigned int lc, nl = 0, n, i;
 
-	it = hlog_collect(app, offsetof(struct embnic_lcore_stats, hlog), 0,
-			  &n, logged);
+	/* an lcore that starts logging after this is left out */
+	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
+		if (__atomic_load_n(&app->stats[lc].hlog.head,
+				    __ATOMIC_RELAXED) > 0) {
+			logs[nl] = &app->stats[lc].hlog;
+			tag[nl++] = lc;
+		}
+	*logged = 0;
+	it = hlog_collect(logs, tag, zero, nl, &n, head);
+	for (i = 0; i < nl; i++)
+		*logged += head[i];
 	if (it == NULL)
 		return 0;
 	if (n > max)
@@ -513,22 +591,30 @@ unsigned int
 embnic_ring_read(const struct embnic_app *app, struct embnic_hlog_entry *out,
 		 unsigned int max, uint64_t *waiting)
 {
+	const struct embnic_hlog *logs[EMBNIC_MAX_STATE_LCORES];
+	unsigned int tag[EMBNIC_MAX_STATE_LCORES];
+	uint64_t dequeued[EMBNIC_MAX_STATE_LCORES];
+	uint64_t head[EMBNIC_MAX_STATE_LCORES];
 	struct hlog_item *it;
-	uint64_t dequeued = 0, enqueued;
-	unsigned int lc, n, i, k = 0;
+	unsigned int k, n, i, got = 0;
 
-	/* dequeued first: an entry past it was still in the ring then */
-	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
-		dequeued += __atomic_load_n(&app->stats[lc].ring_dequeued,
-					    __ATOMIC_ACQUIRE);
-	it = hlog_collect(app, offsetof(struct embnic_lcore_stats, rxlog),
-			  dequeued, &n, &enqueued);
-	*waiting = enqueued > dequeued ? enqueued - dequeued : 0;
+	/* dequeued first: an entry past it was still in its ring then */
+	for (k = 0; k < app->nb_workers; k++) {
+		dequeued[k] = __atomic_load_n(&app->w[k].ring_dequeued,
+					      __ATOMIC_ACQUIRE);
+		logs[k] = &app->w[k].rxlog;
+		tag[k] = k;
+	}
+	it = hlog_collect(logs, tag, dequeued, app->nb_workers, &n, head);
+	*waiting = 0;
+	for (k = 0; k < app->nb_workers; k++)
+		if (head[k] > dequeued[k])
+			*waiting += head[k] - dequeued[k];
 	if (it == NULL)
 		return 0;
-	for (i = 0; i < n && k < max; i++)
+	for (i = 0; i < n && got < max; i++)
 		if (it[i].e.msg_type != 0)	/* ARP frames are not listed */
-			out[k++] = it[i].e;
+			out[got++] = it[i].e;
 	free(it);
-	return k;
+	return got;
 }

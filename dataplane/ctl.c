@@ -192,7 +192,8 @@ static int
 cmd_info(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 {
 	struct embnic_app *app = c->app;
-	json_t *ports = json_array();
+	json_t *ports = json_array(), *state_lcores;
+	unsigned int k;
 	uint16_t i;
 
 	for (i = 0; i < app->nb_ports; i++) {
@@ -206,15 +207,23 @@ cmd_info(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	json_object_set_new(resp, "ports", ports);
 	json_object_set_new(resp, "lcores", json_integer(app->nb_lcores));
 	json_object_set_new(resp, "mode", json_string(
+		app->nb_workers > 1 ? "partitioned" :
 		app->rx_lcore == app->tx_lcore ? "run_to_completion" :
 		"pipeline"));
 	json_object_set_new(resp, "rx_lcore", json_integer(app->rx_lcore));
 	json_object_set_new(resp, "tx_lcore", json_integer(app->tx_lcore));
+	json_object_set_new(resp, "state_lcores",
+			    json_integer(app->nb_workers));
+	state_lcores = json_array();
+	for (k = 0; k < app->nb_workers; k++)
+		json_array_append_new(state_lcores,
+				      json_integer(app->w[k].lcore));
+	json_object_set_new(resp, "state_lcore_ids", state_lcores);
 	json_object_set_new(resp, "main_lcore", json_integer(app->main_lcore));
 	json_object_set_new(resp, "paused", json_boolean(app->paused));
 	json_object_set_new(resp, "tx_paused", json_boolean(app->tx_paused));
 	json_object_set_new(resp, "ring_size",
-			    json_integer(rte_ring_get_capacity(app->ring)));
+			    json_integer(rte_ring_get_capacity(app->w[0].ring)));
 	json_object_set_new(resp, "state_size",
 			    json_integer(app->opts.state_size));
 	json_object_set_new(resp, "state_timeout_ms",
@@ -455,11 +464,12 @@ cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 
 	embnic_counters_sum(c->app, &t);
 	json_object_set_new(resp, "size", json_integer(
-		rte_ring_get_capacity(c->app->ring)));
+		embnic_ring_capacity(c->app)));
 	json_object_set_new(resp, "count", json_integer(
-		rte_ring_count(c->app->ring)));
+		embnic_ring_count(c->app)));
 	json_object_set_new(resp, "high_water", json_integer(
 		(json_int_t)t.ring_high_water));
+	json_object_set_new(resp, "rings", json_integer(c->app->nb_workers));
 	return 0;
 }
 
@@ -536,9 +546,9 @@ cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp)
 	json_object_set_new(resp, "log_size", json_integer(EMBNIC_HLOG_KEEP));
 	json_object_set_new(resp, "logged", json_integer((json_int_t)logged));
 	json_object_set_new(resp, "ring_size", json_integer(
-		rte_ring_get_capacity(c->app->ring)));
+		embnic_ring_capacity(c->app)));
 	json_object_set_new(resp, "ring_count", json_integer(
-		rte_ring_count(c->app->ring)));
+		embnic_ring_count(c->app)));
 	return 0;
 }
 
@@ -546,22 +556,34 @@ static int
 cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 {
 	struct embnic_state_view *v;
+	unsigned int *part;
 	json_t *arr;
 	long long limit = 0;
-	unsigned int n, i;
+	unsigned int n = 0, i, k, got;
 
 	if (get_int(c, req, "limit", 0, c->app->opts.state_size,
 		    CTL_DUMP_LIMIT, &limit))
 		return -1;
 	v = calloc(limit > 0 ? limit : 1, sizeof(*v));
-	if (v == NULL)
+	part = calloc(limit > 0 ? limit : 1, sizeof(*part));
+	if (v == NULL || part == NULL) {
+		free(v);
+		free(part);
 		return ctl_fail(c, "out of memory");
-	n = embnic_state_dump(c->app->state, v, (unsigned int)limit);
+	}
+	/* every partition, read in place: no lock, no state lcore waits */
+	for (k = 0; k < c->app->nb_workers && n < limit; k++) {
+		got = embnic_state_dump(c->app->w[k].state, v + n,
+					(unsigned int)limit - n);
+		for (i = n; i < n + got; i++)
+			part[i] = k;
+		n += got;
+	}
 	arr = json_array();
 	for (i = 0; i < n; i++)
 		json_array_append_new(arr, json_pack(
 			"{s:I, s:I, s:s, s:I, s:I, s:s?, s:s?, s:I, s:I, s:I,"
-			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 			"client", (json_int_t)v[i].client_id,
 			"msg_id", (json_int_t)v[i].msg_id,
 			"state", embnic_state_name(v[i].state),
@@ -581,8 +603,10 @@ cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 			"first_ns", (json_int_t)embnic_tsc_to_ns(c->app,
 							v[i].first_tsc),
 			"last_ns", (json_int_t)embnic_tsc_to_ns(c->app,
-							v[i].last_tsc)));
+							v[i].last_tsc),
+			"partition", (json_int_t)part[i]));
 	free(v);
+	free(part);
 	json_object_set_new(resp, "entries", arr);
 	return 0;
 }

@@ -2,18 +2,27 @@
  *
  * embnic-dp: the embnic accelerator card as a DPDK application.
  *
- *   port 0..N-1 --rx--> [RX stage: parse/validate, ARP]
- *                          | header ring (rte_ring of mbuf pointers;
- *                          |  parse result in the mbuf: embnic_rx_meta)
+ *   port 0..N-1 --rx--> [RX stage: parse/validate, ARP, partition of
+ *                          |  (client id, message id)]
+ *                          | header ring of that partition's state lcore
+ *                          |  (rte_ring of mbuf pointers; parse result in
+ *                          |  the mbuf: embnic_rx_meta)
  *                          v
- *                       [TX stage: authorise, route/client table, state
- *                        map, rewrite] --tx--> port 0..N-1
+ *                       [TX stage x S: authorise, route/client table, its
+ *                        state map partition, rewrite] --tx--> port 0..N-1
+ *                          (S >= 2: back through a ring to the RX lcore,
+ *                           which owns the ports' queues, and out)
  *   main lcore: control socket (ctl.c); telemetry runs on its own thread.
  *
- * Lcores (EAL -l): one lcore runs RX, TX and the control socket to
- * completion; with two, RX runs on the worker and TX with the control
- * socket on the main lcore; with three or more, RX and TX each get a worker
- * and the main lcore only serves the control socket.
+ * Lcores (EAL -l), with S = --state-lcores (default 1) state lcores:
+ * S = 1: one lcore runs RX, TX and the control socket to completion; with
+ * two, RX runs on the worker and TX with the control socket on the main
+ * lcore; with three or more, RX and TX each get a worker and the main
+ * lcore only serves the control socket.
+ * S >= 2 needs at least S lcores: with S + 2 or more, RX gets a worker,
+ * the state lcores the next S workers, the main lcore the control socket;
+ * with S + 1, RX and the control socket share the main lcore; with S, the
+ * main lcore also runs state lcore 0.
  *
  * main() is a fixed sequence: EAL init -> own arguments -> mempool ->
  * port_init() per port -> tables, ring, control socket -> launch lcores ->
@@ -66,6 +75,7 @@ usage(const char *prog)
 		"Usage: %s [EAL args] -- [--ctl PATH] [--port-ip P=A.B.C.D ...]\n"
 		"       [--ring-size N] [--state-size N] [--state-timeout-ms T]\n"
 		"       [--burst N] [--idle-us U] [--mbufs N] [--mtu N] [--paused]\n"
+		"       [--state-lcores S]\n"
 		"  --ctl PATH            control socket (default %s)\n"
 		"  --port-ip P=IP        the card's IPv4 on DPDK port P (repeat)\n"
 		"  --ring-size N         header ring entries, power of 2 (%u)\n"
@@ -75,10 +85,13 @@ usage(const char *prog)
 		"  --idle-us U           sleep U us when a poll finds nothing (0)\n"
 		"  --mbufs N             mempool size (default: sized from ports)\n"
 		"  --mtu N               every port's MTU, 68..%u (port default)\n"
-		"  --paused              start with RX stopped until 'resume'\n",
+		"  --paused              start with RX stopped until 'resume'\n"
+		"  --state-lcores S      lcores sharing the state map, 1..%u, each\n"
+		"                        owning the messages of one partition (1)\n",
 		prog, EMBNIC_DEFAULT_CTL_PATH, EMBNIC_DEFAULT_RING_SIZE,
 		EMBNIC_DEFAULT_STATE_SIZE, EMBNIC_DEFAULT_STATE_TIMEOUT_MS,
-		EMBNIC_MAX_BURST, EMBNIC_DEFAULT_BURST, EMBNIC_MAX_MTU);
+		EMBNIC_MAX_BURST, EMBNIC_DEFAULT_BURST, EMBNIC_MAX_MTU,
+		EMBNIC_MAX_STATE_LCORES);
 }
 
 /* An unsigned decimal in [lo, hi]; 0 or -EINVAL. */
@@ -123,7 +136,7 @@ static int
 parse_args(int argc, char **argv, struct embnic_opts *o)
 {
 	enum { O_CTL = 256, O_PORT_IP, O_RING, O_STATE, O_TIMEOUT, O_BURST,
-	       O_IDLE, O_MBUFS, O_PAUSED, O_HELP, O_MTU };
+	       O_IDLE, O_MBUFS, O_PAUSED, O_HELP, O_MTU, O_STATE_LCORES };
 	static const struct option lopts[] = {
 		{ "ctl", required_argument, NULL, O_CTL },
 		{ "port-ip", required_argument, NULL, O_PORT_IP },
@@ -136,6 +149,7 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 		{ "paused", no_argument, NULL, O_PAUSED },
 		{ "help", no_argument, NULL, O_HELP },
 		{ "mtu", required_argument, NULL, O_MTU },
+		{ "state-lcores", required_argument, NULL, O_STATE_LCORES },
 		{ NULL, 0, NULL, 0 },
 	};
 	int opt, ret = 0;
@@ -145,6 +159,7 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 	o->state_size = EMBNIC_DEFAULT_STATE_SIZE;
 	o->state_timeout_ms = EMBNIC_DEFAULT_STATE_TIMEOUT_MS;
 	o->burst = EMBNIC_DEFAULT_BURST;
+	o->state_lcores = 1;
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
@@ -184,6 +199,10 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 			break;
 		case O_MTU:
 			ret = parse_u32(optarg, 68, EMBNIC_MAX_MTU, &o->mtu);
+			break;
+		case O_STATE_LCORES:
+			ret = parse_u32(optarg, 1, EMBNIC_MAX_STATE_LCORES,
+					&o->state_lcores);
 			break;
 		default:	/* --help, or getopt already said what is wrong */
 			return -EINVAL;
@@ -270,25 +289,55 @@ port_init(struct embnic_app *a, uint16_t port)
 	return 0;
 }
 
-/* Ring, tables, state map: 0 or -errno. */
+/*
+ * State lcore k's header ring, its txr (when it runs on another lcore than
+ * RX and there are several), its partition of the map: ceil(state_size /
+ * state lcores) entries. 0 or -ENOMEM.
+ */
+static int
+worker_init(struct embnic_app *a, unsigned int k)
+{
+	struct embnic_worker *w = &a->w[k];
+	uint32_t size = (a->opts.state_size + a->nb_workers - 1) /
+		a->nb_workers;
+	char name[RTE_RING_NAMESIZE];
+
+	w->id = k;
+	snprintf(name, sizeof(name), "embnic_hdr_ring%u", k);
+	w->ring = rte_ring_create(name, a->opts.ring_size, (int)rte_socket_id(),
+				  RING_F_SP_ENQ | RING_F_SC_DEQ | RING_F_EXACT_SZ);
+	if (a->nb_workers > 1 && w->lcore != a->rx_lcore) {
+		snprintf(name, sizeof(name), "embnic_tx_ring%u", k);
+		w->txr = rte_ring_create(name, a->opts.ring_size,
+					 (int)rte_socket_id(), RING_F_SP_ENQ |
+					 RING_F_SC_DEQ | RING_F_EXACT_SZ);
+		if (w->txr == NULL)
+			return -ENOMEM;
+	}
+	w->state = embnic_state_create(k, RTE_MAX(size,
+					(uint32_t)EMBNIC_STATE_SIZE_MIN),
+				       a->opts.state_timeout_ms, a->tsc_hz,
+				       a->shard_slot);
+	return w->ring == NULL || w->state == NULL ? -ENOMEM : 0;
+}
+
+/* Rings, tables, state map partitions: 0 or -errno. */
 static int
 tables_init(struct embnic_app *a)
 {
 	size_t sz = rte_rcu_qsbr_get_memsize(RTE_MAX_LCORE);
+	unsigned int k;
 
 	a->qsbr = rte_zmalloc("embnic_qsbr", sz, RTE_CACHE_LINE_SIZE);
 	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
 		return -ENOMEM;
-	a->ring = rte_ring_create("embnic_hdr_ring", a->opts.ring_size,
-				  (int)rte_socket_id(),
-				  RING_F_SP_ENQ | RING_F_SC_DEQ | RING_F_EXACT_SZ);
+	for (k = 0; k < a->nb_workers; k++)
+		if (worker_init(a, k) != 0)
+			return -ENOMEM;
 	a->routes = embnic_table_create("embnic_routes",
 					EMBNIC_ROUTE_TABLE_SIZE, a->qsbr);
 	a->clients = embnic_table_create("embnic_clients",
 					 EMBNIC_CLIENT_TABLE_SIZE, a->qsbr);
-	a->state = embnic_state_create(a->opts.state_size,
-				       a->opts.state_timeout_ms, a->tsc_hz,
-				       a->shard_slot);
 	a->shard_base = rte_zmalloc("embnic_shard_base",
 				    sizeof(a->shard_base[0]) *
 				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
@@ -296,8 +345,8 @@ tables_init(struct embnic_app *a)
 	a->stats = rte_zmalloc("embnic_stats",
 			       sizeof(a->stats[0]) * RTE_MAX_LCORE,
 			       RTE_CACHE_LINE_SIZE);
-	if (a->ring == NULL || a->routes == NULL || a->clients == NULL ||
-	    a->state == NULL || a->stats == NULL || a->shard_base == NULL)
+	if (a->routes == NULL || a->clients == NULL || a->stats == NULL ||
+	    a->shard_base == NULL)
 		return -ENOMEM;
 	return 0;
 }
@@ -305,29 +354,65 @@ tables_init(struct embnic_app *a)
 static void
 tables_free(struct embnic_app *a)
 {
-	embnic_state_free(a->state);
+	unsigned int k;
+
+	for (k = 0; k < a->nb_workers; k++) {
+		embnic_state_free(a->w[k].state);
+		rte_ring_free(a->w[k].ring);
+		rte_ring_free(a->w[k].txr);
+	}
 	embnic_table_free(a->clients);
 	embnic_table_free(a->routes);
-	rte_ring_free(a->ring);
 	rte_free(a->stats);
 	rte_free(a->shard_base);
 	rte_free(a->qsbr);
 }
 
-/* RX on the first worker, TX on the second (or main), control on main. */
-static void
+/*
+ * Lcore roles (the layouts at the top of this file); 0, or -EINVAL when
+ * there are fewer lcores than state lcores.
+ */
+static int
 assign_lcores(struct embnic_app *a)
 {
-	unsigned int lc, w[2], nw = 0;
+	unsigned int lc, w[RTE_MAX_LCORE], nw = 0, s = a->opts.state_lcores;
+	unsigned int k, first;
 
 	a->main_lcore = rte_get_main_lcore();
 	a->nb_lcores = rte_lcore_count();
-	RTE_LCORE_FOREACH_WORKER(lc) {
-		if (nw < 2)
-			w[nw++] = lc;
+	a->nb_workers = s;
+	RTE_LCORE_FOREACH_WORKER(lc)
+		w[nw++] = lc;
+	if (s == 1) {
+		a->rx_lcore = nw >= 1 ? w[0] : a->main_lcore;
+		a->w[0].lcore = nw >= 2 ? w[1] : a->main_lcore;
+	} else if (a->nb_lcores < s) {
+		return -EINVAL;
+	} else if (nw >= s + 1) {	/* RX on a worker of its own */
+		a->rx_lcore = w[0];
+		for (k = 0; k < s; k++)
+			a->w[k].lcore = w[1 + k];
+	} else {			/* RX on main; main runs one too if short */
+		a->rx_lcore = a->main_lcore;
+		first = nw >= s ? 0 : 1;
+		a->w[0].lcore = a->main_lcore;
+		for (k = first; k < s; k++)
+			a->w[k].lcore = w[k - first];
 	}
-	a->rx_lcore = nw >= 1 ? w[0] : a->main_lcore;
-	a->tx_lcore = nw >= 2 ? w[1] : a->main_lcore;
+	a->tx_lcore = a->w[0].lcore;
+	return 0;
+}
+
+/* The state lcore running on lcore lc, or NULL. */
+static struct embnic_worker *
+worker_of(struct embnic_app *a, unsigned int lc)
+{
+	unsigned int k;
+
+	for (k = 0; k < a->nb_workers; k++)
+		if (a->w[k].lcore == lc)
+			return &a->w[k];
+	return NULL;
 }
 
 /* The loop of every lcore; what it runs depends on its role. */
@@ -337,8 +422,11 @@ lcore_main(void *arg)
 	struct embnic_app *a = arg;
 	unsigned int lc = rte_lcore_id();
 	struct embnic_lcore_stats *st = &a->stats[lc];
-	bool do_rx = lc == a->rx_lcore, do_tx = lc == a->tx_lcore;
+	struct embnic_worker *w = worker_of(a, lc);
+	bool do_rx = lc == a->rx_lcore, do_tx = w != NULL;
 	bool do_ctl = lc == a->main_lcore;
+	/* TX of the state lcores on other lcores, by the RX lcore */
+	bool do_io = do_rx && a->nb_workers > 1;
 	/* the main lcore writes the tables, so it never waits for itself */
 	bool reader = do_tx && lc != a->main_lcore;
 	uint64_t ctl_period = a->tsc_hz / 1000000 * CTL_PERIOD_US;
@@ -351,8 +439,11 @@ lcore_main(void *arg)
 		rte_rcu_qsbr_thread_register(a->qsbr, lc);
 		rte_rcu_qsbr_thread_online(a->qsbr, lc);
 	}
-	printf("embnic-dp: lcore %u:%s%s%s\n", lc, do_rx ? " rx" : "",
-	       do_tx ? " tx" : "", do_ctl ? " ctl" : "");
+	printf("embnic-dp: lcore %u:%s%s", lc, do_rx ? " rx" : "",
+	       do_io || (do_tx && a->nb_workers == 1) ? " tx" : "");
+	if (do_tx && a->nb_workers > 1)
+		printf(" state%u", w->id);
+	printf("%s\n", do_ctl ? " ctl" : "");
 	fflush(stdout);
 
 	while (!force_quit) {
@@ -360,11 +451,13 @@ lcore_main(void *arg)
 		if (do_rx)
 			work += embnic_rx_stage(a, st);
 		if (do_tx)
-			work += embnic_tx_stage(a, st);
+			work += embnic_tx_stage(a, w, st);
+		if (do_io)
+			work += embnic_io_tx(a, st);
 		if (reader)
 			rte_rcu_qsbr_quiescent(a->qsbr, lc);
 		if (do_ctl) {
-			if (!do_rx && !do_tx) {
+			if (!do_rx && !do_tx && !do_io) {
 				embnic_ctl_poll(a->ctl, 10);
 			} else {
 				now = rte_rdtsc();
@@ -404,8 +497,10 @@ mbuf_buf_size(const struct embnic_app *a)
 static uint32_t
 default_nb_mbufs(const struct embnic_app *a)
 {
+	/* every header ring, and with several state lcores their txrs */
+	uint32_t rings = a->nb_workers > 1 ? 2 * a->nb_workers : 1;
 	uint32_t n = a->nb_ports * (EMBNIC_RX_DESC + EMBNIC_TX_DESC) +
-		a->opts.ring_size + a->nb_lcores *
+		rings * a->opts.ring_size + a->nb_lcores *
 		(MBUF_CACHE_SIZE + 4 * EMBNIC_MAX_BURST) + 8192;
 	/* jumbo mbufs: at most POOL_JUMBO_BYTES of them (EAL -m 256 here) */
 	uint32_t cap = POOL_JUMBO_BYTES / mbuf_buf_size(a);
@@ -425,7 +520,9 @@ default_nb_mbufs(const struct embnic_app *a)
  * refill or flush, a few hundred mbufs, never per frame). Measured here:
  * 7.3 -> 11.1 Mpps with -l 0,1 (testbed/bench_dataplane.py). Run to
  * completion allocates and frees on one lcore, from its cache: the default
- * pool. EAL's --mbuf-pool-ops-name overrides both.
+ * pool. With several state lcores the RX lcore allocates and (sending
+ * for them) frees nearly every mbuf: the default pool too. EAL's
+ * --mbuf-pool-ops-name overrides both.
  */
 static struct rte_mempool *
 pool_create(struct embnic_app *a)
@@ -435,7 +532,7 @@ pool_create(struct embnic_app *a)
 		default_nb_mbufs(a);
 	struct rte_mempool *mp;
 
-	if (ops == NULL && a->rx_lcore != a->tx_lcore)
+	if (ops == NULL && a->nb_workers == 1 && a->rx_lcore != a->tx_lcore)
 		ops = "stack";
 	mp = rte_pktmbuf_pool_create_by_ops("embnic_mbufs", n, MBUF_CACHE_SIZE,
 					    0, mbuf_buf_size(a),
@@ -486,7 +583,12 @@ main(int argc, char **argv)
 		if (app.opts.port_ip[port] != 0)
 			rte_exit(2, "--port-ip names port %u but there are "
 				 "only %u ports\n", port, app.nb_ports);
-	assign_lcores(&app);
+	if (assign_lcores(&app) != 0) {
+		fprintf(stderr, "embnic-dp: --state-lcores %u: EAL -l must give "
+			"at least %u lcores, got %u\n", app.opts.state_lcores,
+			app.opts.state_lcores, app.nb_lcores);
+		rte_exit(2, "invalid arguments\n");
+	}
 	app.tsc_hz = rte_get_tsc_hz();
 	clock_gettime(CLOCK_REALTIME, &ts);
 	app.start_tsc = rte_rdtsc();
@@ -526,10 +628,12 @@ main(int argc, char **argv)
 		rte_exit(EXIT_FAILURE, "cannot serve the control socket %s: "
 			 "%s\n", app.opts.ctl_path, strerror(errno));
 
-	printf("embnic-dp: %u ports, %u lcores (%s), ring %u, state %u, "
-	       "mbufs %u (%s), ctl %s%s\n", app.nb_ports, app.nb_lcores,
+	printf("embnic-dp: %u ports, %u lcores (%s), %u state lcores, ring %u, "
+	       "state %u, mbufs %u (%s), ctl %s%s\n", app.nb_ports,
+	       app.nb_lcores, app.nb_workers > 1 ? "partitioned" :
 	       app.rx_lcore == app.tx_lcore ? "run to completion" :
-	       "pipeline", app.opts.ring_size, app.opts.state_size,
+	       "pipeline", app.nb_workers, app.opts.ring_size,
+	       app.opts.state_size,
 	       app.pool->size, rte_mempool_get_ops(app.pool->ops_index)->name,
 	       app.opts.ctl_path,
 	       app.paused ? ", paused" : "");

@@ -2,11 +2,19 @@
  *
  * RX stage: receive a burst on every port, parse and validate each frame,
  * answer ARP for the card's address, and enqueue each valid frame's mbuf on
- * the header ring, the parse result travelling with the mbuf (struct
- * embnic_rx_meta in a dynfield, the rest in the frame's first cache line;
- * embnic_dp.h). The body stays in its mbuf. Whatever is dropped is counted
- * by reason and freed in bulk; a full ring drops (ring_full), it never
- * blocks.
+ * the header ring of the state lcore that owns its message's partition of
+ * the state map (embnic_partition of its client id and message id: the
+ * 5-tuple differs between a request and its reply, these ids do not; ARP
+ * replies go to state lcore 0), the parse result travelling with the mbuf
+ * (struct embnic_rx_meta in a dynfield, the rest in the frame's first
+ * cache line; embnic_dp.h). Frames of one port keep their order per
+ * partition, so per message. The body stays in its mbuf. Whatever is
+ * dropped is counted by reason and freed in bulk; a full ring drops
+ * (ring_full), it never blocks.
+ *
+ * With several state lcores this lcore also sends what they hand back
+ * (embnic_io_tx): it alone uses the ports' queues, so every PMD works
+ * with one RX and one TX queue.
  */
 #include <string.h>
 
@@ -35,11 +43,12 @@ csum_hint(const struct rte_mbuf *m)
 
 /*
  * Parse m and leave what the TX stage needs in its meta, its header in
- * *hdr (for the ring log; zeroed for ARP); 0 or a drop reason.
+ * *hdr (for the ring log; zeroed for ARP); 0 or a drop reason. *part gets
+ * the state lcore (of nw) it goes to.
  */
 static inline int
 classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off,
-	 struct embnic_msg *hdr)
+	 struct embnic_msg *hdr, unsigned int nw, uint8_t *part)
 {
 	struct embnic_rx_meta *meta = embnic_rx_meta(m, meta_off);
 	uint8_t *data = rte_pktmbuf_mtod(m, uint8_t *);
@@ -57,8 +66,12 @@ classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off,
 		meta->kind = EMBNIC_DESC_MSG;
 		meta->trim = rte_pktmbuf_pkt_len(m) > info.frame_len;
 		*hdr = info.msg;
+		*part = nw > 1 ? (uint8_t)embnic_partition(info.msg.client_id,
+							   info.msg.msg_id,
+							   nw) : 0;
 	} else if (r == EMBNIC_PARSE_ARP) {
 		memset(hdr, 0, sizeof(*hdr));
+		*part = 0;
 		r = embnic_arp_reply(data, rte_pktmbuf_data_len(m), port->ip,
 				     port->mac.addr_bytes);
 		meta->kind = EMBNIC_DESC_ARP;
@@ -68,6 +81,39 @@ classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off,
 	return r;
 }
 
+/*
+ * Enqueue ok[0..nd-1] (from port in_port) on state lcore w's header ring
+ * and log the headers of those it took in its ring log (ok[i]'s header is
+ * hdr[qi[i]], hdr[i] when qi is NULL); what does not fit goes to dropped[]
+ * (*nf) and is counted (ring_full).
+ */
+static inline void
+to_ring(struct embnic_worker *w, uint16_t in_port, struct rte_mbuf **ok,
+	const struct embnic_msg *hdr, const uint8_t *qi, unsigned int nd,
+	struct embnic_lcore_stats *st, struct rte_mbuf **dropped,
+	unsigned int *nf)
+{
+	unsigned int sent, free_space, count, i;
+	uint64_t tsc;
+
+	sent = rte_ring_enqueue_burst(w->ring, (void *const *)ok, nd,
+				      &free_space);
+	count = rte_ring_get_capacity(w->ring) - free_space;
+	if (count > st->ring_high_water)
+		st->ring_high_water = count;
+	if (sent > 0) {
+		tsc = rte_rdtsc();
+		for (i = 0; i < sent; i++)
+			embnic_hlog_put(&w->rxlog, &hdr[qi ? qi[i] : i],
+					in_port, EMBNIC_HLOG_NO_PORT, tsc);
+	}
+	if (unlikely(sent < nd)) {
+		st->drops[EMBNIC_DROP_RING_FULL] += nd - sent;
+		for (i = sent; i < nd; i++)
+			dropped[(*nf)++] = ok[i];
+	}
+}
+
 static void
 rx_port(struct embnic_app *app, const struct embnic_port *port,
 	struct embnic_lcore_stats *st, struct rte_mbuf **pkts, uint16_t nb_rx)
@@ -75,7 +121,8 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 	struct rte_mbuf *ok[EMBNIC_MAX_BURST];
 	struct rte_mbuf *dropped[EMBNIC_MAX_BURST];
 	struct embnic_msg hdr[EMBNIC_MAX_BURST];
-	unsigned int nd = 0, nf = 0, sent, free_space, count, i;
+	uint8_t part[EMBNIC_MAX_BURST];
+	unsigned int nd = 0, nf = 0, nw = app->nb_workers, i, k, j, nk;
 	int meta_off = app->meta_off;
 	uint64_t bytes = 0;
 	int r;
@@ -87,7 +134,7 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 			rte_prefetch0(rte_pktmbuf_mtod(pkts[i + PREFETCH_OFFSET],
 						       void *));
 		bytes += rte_pktmbuf_pkt_len(pkts[i]);
-		r = classify(port, pkts[i], meta_off, &hdr[nd]);
+		r = classify(port, pkts[i], meta_off, &hdr[nd], nw, &part[nd]);
 		if (r == 0) {
 			ok[nd++] = pkts[i];
 		} else {
@@ -98,27 +145,73 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 	st->rx_frames[port->id] += nb_rx;
 	st->rx_bytes[port->id] += bytes;
 
-	if (nd > 0) {
-		sent = rte_ring_enqueue_burst(app->ring, (void *const *)ok, nd,
-					      &free_space);
-		count = rte_ring_get_capacity(app->ring) - free_space;
-		if (count > st->ring_high_water)
-			st->ring_high_water = count;
-		if (sent > 0) {
-			uint64_t tsc = rte_rdtsc();
+	if (nd > 0 && nw == 1) {
+		to_ring(&app->w[0], port->id, ok, hdr, NULL, nd, st, dropped,
+			&nf);
+	} else if (nd > 0) {
+		/* each partition's frames in burst order, one enqueue each */
+		struct rte_mbuf *q[EMBNIC_MAX_BURST];
+		uint8_t qi[EMBNIC_MAX_BURST];
 
-			for (i = 0; i < sent; i++)
-				embnic_hlog_put(&st->rxlog, &hdr[i], port->id,
-						EMBNIC_HLOG_NO_PORT, tsc);
-		}
-		if (unlikely(sent < nd)) {
-			st->drops[EMBNIC_DROP_RING_FULL] += nd - sent;
-			for (i = sent; i < nd; i++)
-				dropped[nf++] = ok[i];
+		for (k = 0; k < nw; k++) {
+			for (j = 0, nk = 0; j < nd; j++)
+				if (part[j] == k) {
+					qi[nk] = (uint8_t)j;
+					q[nk++] = ok[j];
+				}
+			if (nk > 0)
+				to_ring(&app->w[k], port->id, q, hdr, qi, nk,
+					st, dropped, &nf);
 		}
 	}
 	if (nf > 0)
 		rte_pktmbuf_free_bulk(dropped, nf);
+}
+
+unsigned int
+embnic_io_tx(struct embnic_app *app, struct embnic_lcore_stats *st)
+{
+	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
+	struct rte_mbuf *q[EMBNIC_MAX_PORTS][EMBNIC_MAX_BURST];
+	uint32_t len[EMBNIC_MAX_PORTS][EMBNIC_MAX_BURST];
+	uint16_t nq[EMBNIC_MAX_PORTS];
+	unsigned int total = 0, k, i, n;
+	uint16_t p, sent;
+	uint64_t bytes;
+
+	for (k = 0; k < app->nb_workers; k++) {
+		if (app->w[k].txr == NULL)
+			continue;
+		n = rte_ring_dequeue_burst(app->w[k].txr, (void **)pkts,
+					   app->opts.burst, NULL);
+		if (n == 0)
+			continue;
+		total += n;
+		for (p = 0; p < app->nb_ports; p++)
+			nq[p] = 0;
+		/* lengths now: a PMD may free what it sent at once */
+		for (i = 0; i < n; i++) {
+			p = pkts[i]->port;
+			len[p][nq[p]] = rte_pktmbuf_pkt_len(pkts[i]);
+			q[p][nq[p]++] = pkts[i];
+		}
+		for (p = 0; p < app->nb_ports; p++) {
+			if (nq[p] == 0)
+				continue;
+			sent = rte_eth_tx_burst(p, 0, q[p], nq[p]);
+			bytes = 0;
+			for (i = 0; i < sent; i++)
+				bytes += len[p][i];
+			st->tx_frames[p] += sent;
+			st->tx_bytes[p] += bytes;
+			if (unlikely(sent < nq[p])) {
+				st->drops[EMBNIC_DROP_TX_FULL] += nq[p] - sent;
+				rte_pktmbuf_free_bulk(&q[p][sent],
+						      nq[p] - sent);
+			}
+		}
+	}
+	return total;
 }
 
 unsigned int

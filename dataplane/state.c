@@ -7,9 +7,12 @@
  * (docs/control-socket.md, "State map"; docs/protocol.md, "The card's
  * state map").
  *
- * Only the lcore that runs the TX stage touches the hash and writes the
- * entries; the control path reads the entry array (never the hash), so a
- * dump may see an entry mid-update but never freed memory.
+ * The map is partitioned by a hash of (client id, message id)
+ * (embnic_partition): one struct embnic_state per state lcore, which alone
+ * touches its hash and writes its entries (the RX stage steers every frame
+ * of a message and of its reply to it), so no lock is taken. The control
+ * path reads every partition's entry array (never a hash), so a dump may
+ * see an entry mid-update but never freed memory.
  *
  * The first request frame of a message opens an entry. The entry records
  * which fragments of the request passed (a bitmap of up to
@@ -109,11 +112,12 @@ state_key(const struct embnic_msg *m)
 }
 
 struct embnic_state *
-embnic_state_create(uint32_t size, uint32_t timeout_ms, uint64_t tsc_hz,
-		    const uint16_t *shard_slot)
+embnic_state_create(unsigned int part, uint32_t size, uint32_t timeout_ms,
+		    uint64_t tsc_hz, const uint16_t *shard_slot)
 {
+	char name[RTE_HASH_NAMESIZE];
 	struct rte_hash_parameters hp = {
-		.name = "embnic_state",
+		.name = name,
 		.entries = size,
 		.key_len = sizeof(struct embnic_key16),
 		.hash_func = EMBNIC_KEY16_HASH_FUNC,
@@ -124,6 +128,7 @@ embnic_state_create(uint32_t size, uint32_t timeout_ms, uint64_t tsc_hz,
 	struct embnic_state *s;
 
 	RTE_VERIFY(embnic_key16_hash_ok());
+	snprintf(name, sizeof(name), "embnic_state%u", part);
 	s = rte_zmalloc("embnic_state", sizeof(*s), RTE_CACHE_LINE_SIZE);
 	if (s == NULL)
 		return NULL;

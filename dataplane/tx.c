@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * TX stage: dequeue a burst of mbufs from the header ring, check the
+ * TX stage of a state lcore: dequeue a burst of mbufs from its header
+ * ring (every frame of the messages of its state map partition), check the
  * sender (requests from registered clients, replies from registered
  * servers), look the destination up (route table by shard for requests,
  * client table by client id for replies), account the message in the state
- * map, rewrite Ethernet/IPv4/UDP and transmit per port. What the PMD does
- * not take is freed and counted (tx_full).
+ * map partition, rewrite Ethernet/IPv4/UDP and transmit per port (with
+ * several state lcores, hand the frames to the RX lcore, which owns the
+ * ports' queues: embnic_worker.txr). What the PMD or the txr does not take
+ * is freed and counted (tx_full).
  *
  * Lookups are bulk (rte_hash_lookup_bulk_data) over the whole burst; the
  * peers they return are protected by RCU QSBR (route.c), so this lcore
@@ -148,13 +151,48 @@ txq_add(struct tx_queue *q, struct rte_mbuf *m, uint32_t len)
 	q->m[q->n++] = m;
 }
 
+/*
+ * Hand the frames of qs to the RX lcore through txr, each with m->port the
+ * port to send on (it counts them sent, by port); what txr does not take
+ * is freed and counted (tx_full).
+ */
 static void
-txq_flush(struct embnic_app *app, struct tx_queue *qs,
-	  struct embnic_lcore_stats *st)
+txq_handoff(struct embnic_app *app, struct rte_ring *txr, struct tx_queue *qs,
+	    struct embnic_lcore_stats *st)
+{
+	struct rte_mbuf *all[EMBNIC_MAX_BURST];
+	unsigned int n = 0, sent, i;
+	uint16_t p;
+
+	for (p = 0; p < app->nb_ports; p++) {
+		struct tx_queue *q = &qs[p];
+
+		for (i = 0; i < q->n; i++) {
+			q->m[i]->port = p;
+			all[n++] = q->m[i];
+		}
+		q->n = 0;
+	}
+	if (n == 0)
+		return;
+	sent = rte_ring_enqueue_burst(txr, (void *const *)all, n, NULL);
+	if (unlikely(sent < n)) {
+		st->drops[EMBNIC_DROP_TX_FULL] += n - sent;
+		rte_pktmbuf_free_bulk(&all[sent], n - sent);
+	}
+}
+
+static void
+txq_flush(struct embnic_app *app, struct embnic_worker *w,
+	  struct tx_queue *qs, struct embnic_lcore_stats *st)
 {
 	uint16_t p, sent, i;
 	uint64_t bytes;
 
+	if (w->txr != NULL) {
+		txq_handoff(app, w->txr, qs, st);
+		return;
+	}
 	for (p = 0; p < app->nb_ports; p++) {
 		struct tx_queue *q = &qs[p];
 
@@ -282,15 +320,17 @@ read_back(struct tx_frame *f, int meta_off)
 }
 
 /*
- * Everything the TX stage does to a dequeued burst pkts[0..n-1] at TSC
- * tsc, the map's expiry step included (n may be 0). Not static so the fuzz
+ * Everything state lcore w's TX stage does to a dequeued burst
+ * pkts[0..n-1] at TSC tsc, its partition's expiry step included (n may be
+ * 0). Not static so the fuzz
  * target (dataplane/fuzz/fuzz_card.c) runs this very code with its own
  * clock; embnic_tx_stage() below is its only caller in the card, and the
  * compiler inlines it there.
  */
 void
-embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
-		struct rte_mbuf **pkts, unsigned int n, uint64_t tsc)
+embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
+		struct embnic_lcore_stats *st, struct rte_mbuf **pkts,
+		unsigned int n, uint64_t tsc)
 {
 	struct tx_frame fr[EMBNIC_MAX_BURST];
 	struct tx_queue qs[EMBNIC_MAX_PORTS];
@@ -305,10 +345,10 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
 	unsigned int nm = 0, nfwd = 0, nf = 0, i, j;
 	uint16_t p;
 
-	if (unlikely(tsc >= app->next_expire_tsc)) {
+	if (unlikely(tsc >= w->next_expire_tsc)) {
 		/* the state map ages in slices, every millisecond */
-		app->next_expire_tsc = tsc + app->tsc_hz / 1000;
-		embnic_state_expire_step(app->state, tsc, st);
+		w->next_expire_tsc = tsc + app->tsc_hz / 1000;
+		embnic_state_expire_step(w->state, tsc, st);
 	}
 	if (n == 0)
 		return;
@@ -351,7 +391,7 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
 		}
 	}
 
-	embnic_state_update_burst(app->state, msgs, nfwd, tsc, verdict, st);
+	embnic_state_update_burst(w->state, msgs, nfwd, tsc, verdict, st);
 	for (j = 0; j < nfwd; j++)
 		res[fwd[j]] = verdict[j];
 
@@ -374,35 +414,49 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
 		}
 	}
 
-	txq_flush(app, qs, st);
+	txq_flush(app, w, qs, st);
 	if (nf > 0)
 		rte_pktmbuf_free_bulk(dropped, nf);
 }
 
 unsigned int
-embnic_tx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
+embnic_tx_stage(struct embnic_app *app, struct embnic_worker *w,
+		struct embnic_lcore_stats *st)
 {
 	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
 	unsigned int n;
 
 	if (app->tx_paused)
 		return 0;
-	n = rte_ring_dequeue_burst(app->ring, (void **)pkts, app->opts.burst,
+	n = rte_ring_dequeue_burst(w->ring, (void **)pkts, app->opts.burst,
 				   NULL);
 	if (n > 0)
-		__atomic_store_n(&st->ring_dequeued, st->ring_dequeued + n,
+		__atomic_store_n(&w->ring_dequeued, w->ring_dequeued + n,
 				 __ATOMIC_RELEASE);
-	embnic_tx_burst(app, st, pkts, n, rte_rdtsc());
+	embnic_tx_burst(app, w, st, pkts, n, rte_rdtsc());
 	return n;
+}
+
+static void
+drain(struct rte_ring *r)
+{
+	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
+	unsigned int n;
+
+	if (r == NULL)
+		return;
+	while ((n = rte_ring_dequeue_burst(r, (void **)pkts,
+					   EMBNIC_MAX_BURST, NULL)) > 0)
+		rte_pktmbuf_free_bulk(pkts, n);
 }
 
 void
 embnic_ring_drain(struct embnic_app *app)
 {
-	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
-	unsigned int n;
+	unsigned int k;
 
-	while ((n = rte_ring_dequeue_burst(app->ring, (void **)pkts,
-					   EMBNIC_MAX_BURST, NULL)) > 0)
-		rte_pktmbuf_free_bulk(pkts, n);
+	for (k = 0; k < app->nb_workers; k++) {
+		drain(app->w[k].ring);
+		drain(app->w[k].txr);
+	}
 }

@@ -329,7 +329,7 @@ queued(void)
 {
 	uint16_t p;
 
-	if (!rte_ring_empty(fz_app.ring))
+	if (!rte_ring_empty(fz_app.w[0].ring))
 		return true;
 	for (p = 0; p < FZ_PORTS; p++)
 		if (!rte_ring_empty(fz_rx[p]))
@@ -351,9 +351,9 @@ run_stages(uint64_t tsc)
 
 	do {
 		embnic_rx_stage(&fz_app, st);
-		n = rte_ring_dequeue_burst(fz_app.ring, (void **)pkts,
+		n = rte_ring_dequeue_burst(fz_app.w[0].ring, (void **)pkts,
 					   fz_app.opts.burst, NULL);
-		embnic_tx_burst(&fz_app, st, pkts, n, tsc);
+		embnic_tx_burst(&fz_app, &fz_app.w[0], st, pkts, n, tsc);
 		drain_tx();
 	} while (queued());
 }
@@ -401,7 +401,7 @@ check_after(void)
 	if (rte_mempool_avail_count(fz_app.pool) != FZ_MBUFS)
 		fail("%u of %u mbufs back in the pool",
 		     rte_mempool_avail_count(fz_app.pool), FZ_MBUFS);
-	if (embnic_state_check(fz_app.state, err, sizeof(err)) != 0)
+	if (embnic_state_check(fz_app.w[0].state, err, sizeof(err)) != 0)
 		fail("state map: %s", err);
 	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
 		rx += st->rx_frames[i];
@@ -419,12 +419,12 @@ reset_card(void)
 {
 	uint16_t p;
 
-	embnic_state_reset(fz_app.state, fz_app.nb_slots);
+	embnic_state_reset(fz_app.w[0].state, fz_app.nb_slots);
 	fz_table_clear(fz_app.routes);
 	fz_table_clear(fz_app.clients);
 	fz_slots_reset(&fz_app, 1);
 	memset(&fz_app.stats[0], 0, sizeof(fz_app.stats[0]));
-	fz_app.next_expire_tsc = 0;
+	fz_app.w[0].next_expire_tsc = 0;
 	for (p = 0; p < FZ_PORTS; p++)
 		fz_app.ports[p].ip = 0;
 }

@@ -163,6 +163,9 @@ fz_app_init(void)
 	a->opts.burst = EMBNIC_DEFAULT_BURST;
 	a->main_lcore = a->rx_lcore = a->tx_lcore = rte_get_main_lcore();
 	a->nb_lcores = 1;
+	a->opts.state_lcores = 1;
+	a->nb_workers = 1;
+	a->w[0].lcore = a->main_lcore;
 	a->tsc_hz = FZ_TSC_HZ;
 	a->pool = rte_pktmbuf_pool_create("fz_mbufs", FZ_MBUFS, 0, 0,
 					  RTE_PKTMBUF_HEADROOM, 0);
@@ -180,20 +183,21 @@ fz_app_init(void)
 	a->qsbr = rte_zmalloc("fz_qsbr", sz, RTE_CACHE_LINE_SIZE);
 	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
 		fz_die("qsbr");
-	a->ring = rte_ring_create("fz_hdr_ring", FZ_HDR_RING, 0,
+	a->w[0].ring = rte_ring_create("fz_hdr_ring", FZ_HDR_RING, 0,
 				  RING_F_SP_ENQ | RING_F_SC_DEQ |
 				  RING_F_EXACT_SZ);
 	a->routes = embnic_table_create("fz_routes", FZ_TABLE_SIZE, a->qsbr);
 	a->clients = embnic_table_create("fz_clients", FZ_TABLE_SIZE, a->qsbr);
-	a->state = embnic_state_create(FZ_STATE_SIZE, FZ_STATE_TIMEOUT_MS,
-				       FZ_TSC_HZ, a->shard_slot);
+	a->w[0].state = embnic_state_create(0, FZ_STATE_SIZE,
+					    FZ_STATE_TIMEOUT_MS, FZ_TSC_HZ,
+					    a->shard_slot);
 	a->shard_base = rte_zmalloc("fz_shard_base", sizeof(a->shard_base[0]) *
 				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
 	a->stats = rte_zmalloc("fz_stats", sizeof(a->stats[0]) *
 			       RTE_MAX_LCORE, RTE_CACHE_LINE_SIZE);
 	a->nb_slots = 1;
-	if (a->ring == NULL || a->routes == NULL || a->clients == NULL ||
-	    a->state == NULL || a->shard_base == NULL || a->stats == NULL)
+	if (a->w[0].ring == NULL || a->routes == NULL || a->clients == NULL ||
+	    a->w[0].state == NULL || a->shard_base == NULL || a->stats == NULL)
 		fz_die("ring and tables");
 }
 

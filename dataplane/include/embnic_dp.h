@@ -4,8 +4,11 @@
  *
  * Files by role (like DPDK's examples/l3fwd):
  *   main.c      EAL init, arguments, mempool, ports, lcore roles, shutdown
- *   rx.c        RX stage: burst, parse/validate, ARP, header ring enqueue
- *   tx.c        TX stage: ring dequeue, authorise, route, state, rewrite, TX
+ *   rx.c        RX stage: burst, parse/validate, ARP, steer to the header
+ *               ring of the partition's state lcore; TX of the state lcores'
+ *               frames (embnic_io_tx)
+ *   tx.c        TX stage (one per state lcore): ring dequeue, authorise,
+ *               route, state map partition, rewrite, TX
  *   parse.c     frame parse/validate (pure, fuzzed)
  *   route.c     route table (shard -> peer) and client table (client -> peer)
  *   state.c     message state map
@@ -28,6 +31,7 @@
 #include <rte_mbuf.h>
 #include <rte_mbuf_dyn.h>
 
+#include "embnic_limits.h"
 #include "embnic_parse.h"
 #include "embnic_proto.h"
 
@@ -47,6 +51,8 @@
 #define EMBNIC_TX_DESC			1024
 #define EMBNIC_CARD_TTL			64
 #define EMBNIC_MAX_MTU			16000	/* --mtu: a frame fits a 16-bit mbuf */
+/* seed of the partition hash (not the tables' 0: independent bits) */
+#define EMBNIC_PART_SEED		0x9e3779b9u
 
 extern volatile bool force_quit;
 
@@ -85,6 +91,24 @@ embnic_key16_hash_ok(void)
 
 	return embnic_key16_hash(&k) ==
 		EMBNIC_KEY16_HASH_FUNC(&k, sizeof(k), 0);
+}
+
+/*
+ * The state map partition of message (client_id, msg_id) among n state
+ * lcores: CRC32C of the map's key (client_id << 32 | msg_id) with its own
+ * seed, reduced by multiply-shift (its high bits, so a partition's own
+ * hash table, which indexes by the low bits of another CRC, sees every
+ * bucket). Every frame of a message and of its reply carries the same
+ * (client id, message id), so they all land on one partition whatever
+ * their 5-tuple. n = 1: always 0.
+ */
+static inline unsigned int
+embnic_partition(uint16_t client_id, uint32_t msg_id, unsigned int n)
+{
+	uint32_t h = rte_hash_crc_8byte((uint64_t)client_id << 32 | msg_id,
+					EMBNIC_PART_SEED);
+
+	return (unsigned int)(((uint64_t)h * n) >> 32);
 }
 
 /* A card port: DPDK port id, its MAC and the card's IPv4 on it. */
@@ -146,8 +170,8 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
  * the headers of the last EMBNIC_HLOG_KEEP message frames it forwarded
  * (accepted, authorised, rewritten, queued for TX), one 40-byte entry a
  * frame, written on the TX path with no allocation and no lock. The ring
- * log (rxlog): one entry for every frame the RX stage put on the header
- * ring, in ring order (ARP frames as msg_type 0, out_port
+ * log (rxlog, one per header ring, in struct embnic_worker): one entry
+ * for every frame the RX stage put on that header ring, in ring order (ARP frames as msg_type 0, out_port
  * EMBNIC_HLOG_NO_PORT); as the ring has one producer, entry i is the i-th
  * frame ever enqueued, so the entries at or past the frames the TX stage
  * has dequeued (ring_dequeued) are the headers still in the ring
@@ -233,11 +257,9 @@ struct embnic_lcore_stats {
 	uint64_t arp_replies;
 	uint64_t state_overflow;	/* state map adds that found it full */
 	uint64_t state_expired;		/* entries that timed out unanswered */
-	uint64_t ring_high_water;	/* gauge: max ring count seen */
-	/* frames this lcore took off the header ring, ever (TX; not reset) */
-	uint64_t ring_dequeued;
+	uint64_t ring_high_water;	/* gauge: max count seen in a header
+					 * ring this lcore enqueued to */
 	struct embnic_hlog hlog;	/* forwarded headers (not a counter) */
-	struct embnic_hlog rxlog;	/* headers put on the ring (RX) */
 } __rte_cache_aligned;
 
 /* What the control path reports: the sum over lcores minus the reset base. */
@@ -271,8 +293,34 @@ struct embnic_opts {
 	uint32_t idle_us;
 	uint32_t nb_mbufs;
 	uint32_t mtu;			/* 0: each port's default */
+	uint32_t state_lcores;		/* state map partitions, one lcore each */
 	bool paused;
 };
+
+/*
+ * A state lcore: the TX stage over one partition of the message state map.
+ * The RX stage steers every message frame to the header ring of the
+ * partition of its (client id, message id) (embnic_partition), so this
+ * lcore alone touches its partition: no lock. With one state lcore it
+ * transmits on queue 0 of every port itself (txr NULL); with several, the
+ * RX lcore owns the ports' queues, and a state lcore on another lcore
+ * hands its rewritten frames back through txr (m->port = the port to send
+ * on), which the RX lcore sends (embnic_io_tx). Both rings are
+ * single-producer single-consumer.
+ */
+struct embnic_worker {
+	struct rte_ring *ring;		/* header ring: RX lcore -> this */
+	struct rte_ring *txr;		/* this -> RX lcore; NULL: sends itself */
+	struct embnic_state *state;	/* its partition of the map */
+	unsigned int lcore;
+	unsigned int id;		/* partition index */
+	/* written by this state lcore only */
+	uint64_t next_expire_tsc __rte_cache_aligned;	/* next expiry step */
+	/* frames taken off ring, ever (not reset) */
+	uint64_t ring_dequeued;
+	/* written by the RX lcore only: the ring log of ring (embnic_hlog) */
+	struct embnic_hlog rxlog;
+} __rte_cache_aligned;
 
 /* The whole card. One instance, built by main(). */
 struct embnic_app {
@@ -280,11 +328,11 @@ struct embnic_app {
 	uint16_t nb_ports;
 	struct embnic_port ports[EMBNIC_MAX_PORTS];
 	struct rte_mempool *pool;
-	struct rte_ring *ring;		/* the header ring: mbuf pointers */
 	int meta_off;			/* mbuf dynfield of struct embnic_rx_meta */
 	struct embnic_table *routes;	/* shard -> peer */
 	struct embnic_table *clients;	/* client -> peer */
-	struct embnic_state *state;
+	struct embnic_worker w[EMBNIC_MAX_STATE_LCORES];
+	unsigned int nb_workers;	/* state lcores (opts.state_lcores) */
 	struct embnic_ctl *ctl;
 	struct rte_rcu_qsbr *qsbr;	/* readers of routes/clients */
 	struct embnic_lcore_stats *stats;	/* [RTE_MAX_LCORE] */
@@ -294,12 +342,13 @@ struct embnic_app {
 	uint16_t shard_slot[UINT16_MAX + 1];
 	uint32_t slot_shard[EMBNIC_SHARD_SLOTS];	/* slot -> shard id */
 	uint32_t nb_slots;		/* slots in use, slot 0 included */
+	/* rx_lcore: RX (and with several state lcores, TX); tx_lcore: state
+	 * lcore 0's */
 	unsigned int rx_lcore, tx_lcore, main_lcore, nb_lcores;
 	volatile bool paused;		/* RX stage does not poll */
 	volatile bool tx_paused;	/* TX stage does not dequeue */
 	uint64_t tsc_hz;
 	uint64_t start_tsc, start_ns;	/* for Unix-time timestamps */
-	uint64_t next_expire_tsc;	/* TX stage: next state map expiry step */
 };
 
 /* Unix time in ns from a TSC value. */
@@ -314,17 +363,26 @@ embnic_tsc_to_ns(const struct embnic_app *app, uint64_t tsc)
 /* rx.c */
 unsigned int embnic_rx_stage(struct embnic_app *app,
 			     struct embnic_lcore_stats *st);
+/*
+ * The RX lcore sends what the state lcores on other lcores handed back
+ * (their txr rings) on queue 0 of each port; returns frames dequeued.
+ */
+unsigned int embnic_io_tx(struct embnic_app *app,
+			  struct embnic_lcore_stats *st);
 
 /* tx.c */
-unsigned int embnic_tx_stage(struct embnic_app *app,
+unsigned int embnic_tx_stage(struct embnic_app *app, struct embnic_worker *w,
 			     struct embnic_lcore_stats *st);
 /*
- * The TX stage's work on a burst it dequeued (pkts[0..n-1], n <= 64, from
- * the header ring, each as the RX stage left it) at TSC tsc: expiry step,
- * authorise, lookups, state map, rewrite, transmit or free every mbuf.
+ * State lcore w's TX stage on a burst it dequeued (pkts[0..n-1], n <= 64,
+ * from its header ring, each as the RX stage left it) at TSC tsc: expiry
+ * step, authorise, lookups, its state map partition, rewrite, transmit (or
+ * hand to its txr) or free every mbuf.
  */
-void embnic_tx_burst(struct embnic_app *app, struct embnic_lcore_stats *st,
-		     struct rte_mbuf **pkts, unsigned int n, uint64_t tsc);
+void embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
+		     struct embnic_lcore_stats *st, struct rte_mbuf **pkts,
+		     unsigned int n, uint64_t tsc);
+/* Free what is left in every header ring and txr (after the lcores stop). */
 void embnic_ring_drain(struct embnic_app *app);
 
 /*
@@ -402,9 +460,12 @@ struct embnic_state_summary {
 	uint32_t by_state[EMBNIC_NB_STATES];
 };
 
-/* shard_slot: the app's shard id -> statistics slot table (read only). */
-struct embnic_state *embnic_state_create(uint32_t size, uint32_t timeout_ms,
-					 uint64_t tsc_hz,
+/*
+ * Partition part of the map (part names its hash table), size entries;
+ * shard_slot: the app's shard id -> statistics slot table (read only).
+ */
+struct embnic_state *embnic_state_create(unsigned int part, uint32_t size,
+					 uint32_t timeout_ms, uint64_t tsc_hz,
 					 const uint16_t *shard_slot);
 void embnic_state_free(struct embnic_state *s);
 /*
@@ -476,6 +537,9 @@ struct embnic_emit {
 
 /* counters.c */
 const char *embnic_type_name(unsigned int t);	/* "LOOKUP_REQ", ... */
+/* Entries of all header rings, and how many are queued in them now. */
+unsigned int embnic_ring_capacity(const struct embnic_app *app);
+unsigned int embnic_ring_count(const struct embnic_app *app);
 void embnic_counters_sum(const struct embnic_app *app,
 			 struct embnic_totals *t);
 void embnic_counters_reset(struct embnic_app *app);
@@ -494,9 +558,10 @@ uint16_t embnic_shard_slot_assign(struct embnic_app *app, uint32_t id);
 void embnic_counters_emit(const struct embnic_app *app,
 			  const struct embnic_emit *e);
 /*
- * Write the state map summary into the current record: entries, capacity,
- * overflow, expired, and with by_state (a scan of the map) the count per
- * state in record "by_state".
+ * Write the state map summary (summed over its partitions) into the
+ * current record: entries, partitions, capacity, overflow, expired, and
+ * with by_state (a scan of the map; top level only) the count per state in
+ * record "by_state" and one record per partition in list "by_partition".
  */
 void embnic_state_emit(const struct embnic_app *app,
 		       const struct embnic_totals *t, bool by_state,

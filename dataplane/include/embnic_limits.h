@@ -15,5 +15,6 @@
 #define EMBNIC_STATE_SIZE_MAX		(1u << 24)
 #define EMBNIC_STATE_TIMEOUT_MS_MIN	1		/* --state-timeout-ms */
 #define EMBNIC_STATE_TIMEOUT_MS_MAX	86400000u	/* one day */
+#define EMBNIC_MAX_STATE_LCORES		16		/* --state-lcores 1.. */
 
 #endif /* EMBNIC_LIMITS_H */

@@ -144,6 +144,10 @@ def test_many_nodes_per_card_port_and_clients_sharing_a_host():
     (lambda r: r["card"].update(lcores="banana"), "card.lcores", "is not a DPDK core list"),
     (lambda r: r["card"].update(lcores="3-1"), "card.lcores", "goes backwards"),
     (lambda r: r["card"].update(lcores="0,200"), "card.lcores", "out of range"),
+    (lambda r: r["card"].update(lcores="0,1", state_lcores=3), "card.state_lcores",
+     "3 state lcores need at least as many lcores, but lcores = '0,1' names 2"),
+    (lambda r: r["card"].update(state_lcores=0), "card.state_lcores", "0"),
+    (lambda r: r["card"].update(state_lcore=2), "card.state_lcore", "did you mean 'state_lcores'?"),
 ])
 def test_clashes_and_bad_addresses_name_the_field(mutate, field, text):
     raw = _card_raw()

@@ -330,13 +330,29 @@ def udp_checksum_ok(frame: bytes) -> bool:
     return IP(bytes(u))[UDP].chksum == ip[UDP].chksum
 
 
-def check_outputs(suite: Suite, got: dict[int, list[bytes]], card_macs: dict[int, str]) -> list[str]:
+def _message_of(data: bytes) -> tuple | None:
+    """(client id, message id) of an embnic frame, None for anything else (ARP)."""
+    e = Ether(data)
+    if Embnic not in e:
+        return None
+    return (e[Embnic].client_id, e[Embnic].msg_id)
+
+
+def check_outputs(suite: Suite, got: dict[int, list[bytes]], card_macs: dict[int, str],
+                  order: str = "port") -> list[str]:
     """Compare output frames per port with the expectation; returns a list of problems.
 
     Each port must carry exactly the expected frames (as a multiset), frames that entered on the
     same ingress port must leave in their input order, checksums must be right (UDP: or 0), and
     the embnic header and body must be byte-identical to the input's.
+
+    ``order="message"``: a card whose state map is partitioned over several lcores keeps the
+    order of the frames of one message (and of its reply) from one ingress port, not across
+    messages: input order is then checked per (ingress port, client id, message id), and for
+    the ARP replies of each ingress port.
     """
+    if order not in ("port", "message"):
+        raise ValueError(f"order must be 'port' or 'message', got {order!r}")
     problems = []
     want = suite.expected_outputs(card_macs)
     for port in suite.ports:
@@ -355,11 +371,14 @@ def check_outputs(suite: Suite, got: dict[int, list[bytes]], card_macs: dict[int
         pos = {}
         for i, d in enumerate(g):
             pos.setdefault(d, []).append(i)
-        for ing in suite.ports:
-            seq = [d for f, d in w if f.port == ing]
+        groups: dict[tuple, list[bytes]] = collections.defaultdict(list)
+        for f, d in w:
+            groups[(f.port,) if order == "port" else (f.port, _message_of(d))].append(d)
+        for key, seq in groups.items():
             idx = [pos[d].pop(0) for d in seq if pos.get(d)]
             if idx != sorted(idx):
-                problems.append(f"port {port}: frames from ingress port {ing} reordered")
+                what = "" if order == "port" else f" of message {key[1]}"
+                problems.append(f"port {port}: frames{what} from ingress port {key[0]} reordered")
         # body and embnic header untouched
         for f, d in w:
             if f.fate[0] == "fwd":

@@ -3,7 +3,10 @@
 The cases live in conformance.py (reusable by the P4 target): requests from 3 clients to 3
 shards, replies, multi-fragment messages, ARP, malformed frames of every kind, unauthorised
 senders, and the reply path through the state map (unsolicited, wrong shard, wrong type,
-duplicates, fragments tracked by bitmap, more than 256 fragments), on a 3-port card. Each lcore layout runs once (run to completion, RX/TX pipeline).
+duplicates, fragments tracked by bitmap, more than 256 fragments), on a 3-port card. Each lcore
+layout runs once: run to completion (``-l 0``), RX/TX pipeline (``-l 0,1``) and the state map
+partitioned over 2 state lcores (``-l 0,1 --state-lcores 2``: RX, TX and state lcore 0 on
+lcore 0, state lcore 1 on lcore 1), where frames keep their order per message, not per port.
 Run alone: sudo python3 -m pytest -q tests/dataplane/test_conformance.py
 """
 from __future__ import annotations
@@ -17,17 +20,20 @@ from embnic.client_lib import consts
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
 
-@pytest.fixture(scope="module", params=["0", "0,1"], ids=["run_to_completion", "pipeline"])
+LAYOUTS = {"run_to_completion": ("0", 1), "pipeline": ("0,1", 1), "partitioned": ("0,1", 2)}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
 def run(request, card_bin, tmp_path_factory):
     """Run the suite through the card once; returns what the tests inspect."""
-    lcores = request.param
+    lcores, state_lcores = LAYOUTS[request.param]
     d = tmp_path_factory.mktemp("conf")
     s = Suite.default()
     inp = s.write_input_pcaps(d)
     outs = {p: d / f"out{p}.pcap" for p in s.ports}
     vdevs = [f"net_pcap{p},rx_pcap={inp[p]},tx_pcap={outs[p]}" for p in sorted(s.ports)]
     card = CardProcess(card_bin, vdevs, lcores=lcores, port_ips={p: s.ports[p].ip for p in s.ports},
-                       args=["--paused"], log=d / "card.log")
+                       args=["--paused", "--state-lcores", str(state_lcores)], log=d / "card.log")
     card.start()
     try:
         for c in s.route_cmds() + s.client_cmds():
@@ -42,13 +48,16 @@ def run(request, card_bin, tmp_path_factory):
     finally:
         rc = card.stop()
     card.cleanup()
-    return {"suite": s, "info": info, "counters": counters, "state": state, "rc": rc, "lcores": lcores,
+    return {"suite": s, "info": info, "counters": counters, "state": state, "rc": rc, "layout": request.param,
+            "state_lcores": state_lcores,
             "macs": {p["port"]: p["mac"] for p in info["ports"]}, "routes": routes, "clients": clients,
             "out": {p: read_pcap(outs[p]) for p in s.ports}, "log": (d / "card.log").read_text()}
 
 
 def test_mode_matches_lcores(run):
-    assert run["info"]["mode"] == ("run_to_completion" if run["lcores"] == "0" else "pipeline")
+    assert run["info"]["mode"] == run["layout"]
+    assert run["info"]["state_lcores"] == run["state_lcores"] == len(run["info"]["state_lcore_ids"])
+    assert run["state"]["partitions"] == run["state_lcores"]
     assert [p["ip"] for p in run["info"]["ports"]] == ["10.1.0.1", "10.1.1.1", "10.1.2.1"]
 
 
@@ -63,7 +72,8 @@ def test_tables_programmed(run):
 
 def test_output_frames_exact(run):
     """Every expected frame on its port, nothing else, rewritten, checksums right, bodies intact."""
-    problems = check_outputs(run["suite"], run["out"], run["macs"])
+    problems = check_outputs(run["suite"], run["out"], run["macs"],
+                             order="message" if run["state_lcores"] > 1 else "port")
     assert not problems, "\n".join(problems)
 
 

@@ -120,17 +120,20 @@ def test_counters_shape(card):
     assert [p["port"] for p in c["ports"]] == [0, 1]
     assert set(c["types"]) == {"LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR", "SIZE_REQ",
                                "SIZE_ACK"}
-    assert set(c["ring"]) == {"size", "count", "high_water"} and c["ring"]["size"] == 4096
+    assert set(c["ring"]) == {"size", "count", "high_water", "rings"} and c["ring"]["size"] == 4096
+    assert c["ring"]["rings"] == 1  # one header ring per state lcore
     assert set(c["mempool"]) == {"size", "available", "in_use"}
-    assert set(c["state"]) == {"entries", "capacity", "overflow", "expired"}
+    assert set(c["state"]) == {"entries", "partitions", "capacity", "overflow", "expired"}
     assert c["state"]["capacity"] == 65536
-    assert card.call("ring_stats") == {"size": 4096, "count": 0, "high_water": 0, "ok": True}
+    assert card.call("ring_stats") == {"size": 4096, "count": 0, "high_water": 0, "rings": 1, "ok": True}
     assert card.call("reset_counters") == {"ok": True}
 
 
 def test_state_commands_empty(card):
     s = card.call("state_summary")
     assert s["entries"] == 0 and set(s["by_state"]) == {"receiving", "forwarded", "replying"}
+    assert s["partitions"] == 1 and [(p["partition"], p["entries"], p["capacity"]) for p in s["by_partition"]] == [
+        (0, 0, 65536)]
     assert card.call("state_dump", limit=5)["entries"] == []
     assert not card.call("state_dump", limit=-1, check=False)["ok"]
 

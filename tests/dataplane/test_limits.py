@@ -37,6 +37,7 @@ def test_python_and_c_state_the_same_bounds():
     assert CARD_LIMITS["state_size"] == (c["EMBNIC_STATE_SIZE_MIN"], c["EMBNIC_STATE_SIZE_MAX"])
     assert CARD_LIMITS["state_timeout_ms"] == (c["EMBNIC_STATE_TIMEOUT_MS_MIN"], c["EMBNIC_STATE_TIMEOUT_MS_MAX"])
     assert CARD_LIMITS["port_id"] == (0, c["EMBNIC_MAX_PORTS"] - 1)
+    assert CARD_LIMITS["state_lcores"] == (1, c["EMBNIC_MAX_STATE_LCORES"])
 
 
 def _config(**card) -> dict:
@@ -81,6 +82,16 @@ def test_config_validator_port_ids():
         parse_config(_config(ports=[{"id": hi + 1, "ip": "10.0.0.1"}]))
 
 
+def test_config_validator_state_lcores():
+    """1..16 state lcores, at most as many as card.lcores names."""
+    lo, hi = CARD_LIMITS["state_lcores"]
+    assert parse_config(_config(state_lcores=hi, lcores=f"0-{hi - 1}")).card.state_lcores == hi
+    assert parse_config(_config(lcores="0")).card.state_lcores == lo == 1
+    for bad, lcores in ((lo - 1, "0"), (hi + 1, f"0-{hi}"), (2, "0")):
+        with pytest.raises(ConfigError, match="state_lcores"):
+            parse_config(_config(state_lcores=bad, lcores=lcores))
+
+
 def _card(card_bin, args, vdevs=("net_null0,no-rx=1",)) -> tuple[bool, str]:
     """(the card started and answered, or failed for a reason other than a refused option; detail)."""
     card = CardProcess(card_bin, list(vdevs), lcores="0", args=list(args), ready_timeout=60)
@@ -112,3 +123,15 @@ def test_card_binary_port_ids(card_bin):
     assert accepted, detail
     accepted, detail = _card(card_bin, ["--port-ip", f"{hi + 1}=10.0.8.1"], nulls)
     assert not accepted and "bad value for --port-ip" in detail, detail
+
+
+@pytest.mark.dataplane
+def test_card_binary_state_lcores(card_bin):
+    """--state-lcores: 1..16 parse; past 16 is a bad value; more state lcores than EAL lcores exits 2
+    naming both (the other bound, 16 lcores, is beyond this machine)."""
+    accepted, detail = _card(card_bin, ["--state-lcores", "1"])
+    assert accepted, detail
+    accepted, detail = _card(card_bin, ["--state-lcores", str(CARD_LIMITS["state_lcores"][1] + 1)])
+    assert not accepted and "bad value for --state-lcores" in detail, detail
+    accepted, detail = _card(card_bin, ["--state-lcores", "2"])
+    assert not accepted and "--state-lcores 2: EAL -l must give at least 2 lcores, got 1" in detail, detail
