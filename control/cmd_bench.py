@@ -71,8 +71,8 @@ def prep(out, batch_size, repeats):
 @click.option("--seconds", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Measurement time per configuration.")
 @click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
-              help="bmv2: the same frames through simple_switch and through the DPDK card in one run "
-                   "(dataplane.bmv2_mpps, dataplane.ratio_card_bmv2).")
+              help="bmv2: the same frames through simple_switch and through the DPDK card over the same "
+                   "veth path in one run (dataplane.bmv2_mpps, dataplane.ratio_card_bmv2).")
 def dataplane(out, seconds, target):
     """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
     the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and

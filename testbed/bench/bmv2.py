@@ -1,104 +1,247 @@
 """``embnic bench dataplane --target bmv2``: the same frames through the P4 card on BMv2 and
-through the DPDK card, in one run.
+through the DPDK card, over the same veth path, in one run.
 
-Both read the dataplane benchmark's pcap (:func:`embnic.testbed.bench.dataplane.make_bench_pcap`:
-2048 request frames, lookups and 2-fragment updates, clients 1-2 → shards 0-3) from a file and
-forward every frame to one output port:
+One network namespace holds two veth pairs; a generator replays the dataplane benchmark's pcap
+(:func:`embnic.testbed.bench.dataplane.make_bench_pcap`: 2048 request frames, lookups and
+2-fragment updates, clients 1-2 → shards 0-3, addressed to the card's port 0) into one pair as
+fast as it can, and the device under test (DUT) forwards every frame out of the other::
 
-* DPDK card: ``embnic-dp`` on one lcore, ``net_pcap`` (infinite_rx) → ``net_null``; frames/s from
-  its counters over ``seconds`` (:func:`~embnic.testbed.bench.dataplane.measure_card`).
-* BMv2: ``simple_switch --use-files`` reading the pcap ``passes`` times (fresh message ids each
-  pass), writing the output pcap; frames/s = forwarded frames over the span of the output
-  pcap's timestamps (BMv2 stamps each frame when it writes it).
+    netns enV<pid> (no address but loopback):
+      [generator: dpdk-testpmd io, net_pcap(infinite_rx) -> net_af_packet(iface=eVg), CPU 1]
+          eVg ==veth== eVi   card port 0 (ingress)    DUT: embnic-dp -l 0 (net_af_packet on eVi/eVo)
+                             card port 1 (egress)          or simple_switch (-i 0@eVi -i 1@eVo,
+          eVs ==veth== eVo                                  every thread pinned to CPU 0)
+          eVs: the sink; nothing reads it, the kernel counts what arrives
 
-Results merge into ``bench.json`` under ``dataplane``: ``bmv2_mpps``, ``bmv2_frames``,
-``bmv2_card_mpps`` (the DPDK card's figure of the same run) and ``ratio_card_bmv2``.
+The DUTs take turns (card, BMv2, card, BMv2, ... ``repeats`` times each) on the same running
+generator. Both rates are measured the same way: frames arriving at the sink interface
+(``rx_packets`` of eVs) over ``seconds`` after ``warmup``; medians are reported. The card is
+programmed before it reads a frame (``--paused``, then ``resume``); BMv2's tables come from a
+saved state (a programming switch without ports, then the DUT switch ``--restore-state``), so
+neither forwards a frame before its tables are set. Each DUT's own drop counters are recorded.
+
+Results merge into ``bench.json`` under ``dataplane``: ``bmv2_mpps``, ``bmv2_card_mpps`` (the
+DPDK card's figure of the same run and path), ``ratio_card_bmv2``, every run's figures and the
+setup, with the p4c/BMv2 versions.
 """
 from __future__ import annotations
 
 import json
-import struct
+import os
+import subprocess
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from embnic.control import bmv2, bmv2_pcap, bmv2_runtime
+from embnic.control import bmv2, bmv2_runtime
+from embnic.control.dpdk_proc import CardProcess, DpdkProcError, build_card, unique_prefix
+from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.runstate import require_root
-from embnic.testbed.bench.dataplane import (BENCH_CARD_IP, BENCH_CLIENTS, BENCH_SHARDS, CARD_1LCORE,
-                                            make_bench_pcap, measure_card)
+from embnic.testbed.bench.dataplane import (BENCH_BURST, BENCH_CARD_IP, BENCH_CLIENTS, BENCH_MBUFS,
+                                            BENCH_SHARDS, CARD_1LCORE, _cpu_seconds, _median, _program_card,
+                                            make_bench_pcap)
 from embnic.testbed.bench.results import merge_json
+from embnic.testbed.bench.testpmd import TestpmdProcess
+
+#: the card's port addresses (port 1 faces the sink; every shard and client is routed there)
+CARD_PORTS = (bmv2_runtime.CardPortAddr(0, "02:00:00:99:00:01", BENCH_CARD_IP),
+              bmv2_runtime.CardPortAddr(1, "02:00:00:99:00:03", "10.99.1.1"))
+#: CPU of the DUT (the card's lcore 0; BMv2's threads); the generator forwards on CPU 1
+DUT_CPU = 0
 
 
-def _pcap_records(path: Path) -> list[tuple[float, bytes]]:
-    """(timestamp s, frame) of every record of a classic little-endian pcap."""
-    data = Path(path).read_bytes()
-    out, off = [], 24
-    while off + 16 <= len(data):
-        sec, usec, incl, _ = struct.unpack_from("<IIII", data, off)
-        out.append((sec + usec / 1e6, data[off + 16:off + 16 + incl]))
-        off += 16 + incl
-    return out
+class VethPath:
+    """The benchmark's namespace: generator → (veth) → DUT in, DUT out → (veth) → sink."""
+
+    def __init__(self):
+        tag = f"{os.getpid() % 100000}"
+        self.name = f"enV{tag}"
+        self.gen, self.dut_in, self.dut_out, self.sink = (f"eVg{tag}", f"eVi{tag}", f"eVo{tag}", f"eVs{tag}")
+
+    def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise DpdkProcError(f"`ip {' '.join(args)}` failed: {r.stderr.strip()}")
+        return r
+
+    def __enter__(self) -> "VethPath":
+        self._ip("netns", "add", self.name)
+        try:
+            ns = ["-n", self.name]
+            for key in ("all", "default"):  # no link-local address: BMv2's Thrift stays on loopback
+                subprocess.run(["ip", "netns", "exec", self.name, "sysctl", "-qw",
+                                f"net.ipv6.conf.{key}.disable_ipv6=1"], capture_output=True)
+            self._ip(*ns, "link", "set", "lo", "up")
+            self._ip(*ns, "link", "add", self.gen, "type", "veth", "peer", "name", self.dut_in)
+            self._ip(*ns, "link", "add", self.dut_out, "type", "veth", "peer", "name", self.sink)
+            for dev in (self.gen, self.dut_in, self.dut_out, self.sink):
+                self._ip(*ns, "link", "set", dev, "up")
+                subprocess.run(["ip", "netns", "exec", self.name, "ethtool", "-K", dev, "tx", "off", "rx",
+                                "off"], capture_output=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ip("netns", "del", self.name, check=False)
+
+    def sink_frames(self) -> int:
+        """Frames that have arrived at the sink interface (its kernel ``rx_packets``)."""
+        r = self._ip("-n", self.name, "-j", "-s", "link", "show", "dev", self.sink)
+        return int(json.loads(r.stdout)[0]["stats64"]["rx"]["packets"])
 
 
-def _with_msg_id_offset(frame: bytes, add: int) -> bytes:
-    """``frame`` with ``add`` added to its embnic msg_id (Ethernet+IPv4+UDP, header at 42)."""
-    mid = struct.unpack_from(">I", frame, 42 + 8)[0]
-    return frame[:50] + struct.pack(">I", (mid + add) & 0xFFFFFFFF) + frame[54:]
+def _window(sample: Callable[[], int], seconds: float, warmup: float, pids: list[int]) -> dict:
+    """Frames/s of ``sample`` over ``seconds`` after ``warmup``, and ``others_cpu`` (CPUs' worth
+    the rest of the box used meanwhile: ``pids`` and this process excluded)."""
+    pids = [os.getpid(), *pids]
+    time.sleep(warmup)
+    c0 = _cpu_seconds(pids)
+    t0, n0 = time.monotonic(), sample()
+    time.sleep(seconds)
+    t1, n1 = time.monotonic(), sample()
+    c1 = _cpu_seconds(pids)
+    dt = t1 - t0
+    return {"mpps": (n1 - n0) / dt / 1e6, "frames": n1 - n0, "seconds": round(dt, 3),
+            "others_cpu": round(max(0.0, ((c1[0] - c0[0]) - (c1[1] - c0[1])) / dt), 2)}
 
 
-def measure_bmv2(pcap: Path, workdir: Path, passes: int = 2) -> dict:
-    """BMv2 forwarding rate on the bench pcap: ``{mpps, frames, seconds, drops}``.
+def measure_card_veth(binary: Path, path: VethPath, seconds: float, warmup: float, gen_pid: int,
+                      log_dir: Path) -> dict:
+    """The DPDK card on one lcore between the path's veths: ``{mpps, frames, seconds,
+    others_cpu, drops}`` (rate at the sink)."""
+    vdevs = [f"net_af_packet0,iface={path.dut_in}", f"net_af_packet1,iface={path.dut_out}"]
+    card = CardProcess(binary, vdevs, lcores=CARD_1LCORE, port_ips={0: BENCH_CARD_IP, 1: CARD_PORTS[1].ip},
+                       netns=path.name, args=["--paused", "--mbufs", str(BENCH_MBUFS), "--burst", str(BENCH_BURST)],
+                       log=log_dir / f"card-{unique_prefix('l')}.log")
+    card.start()
+    try:
+        _program_card(card, 1)
+        card.call("resume")
+        w = _window(path.sink_frames, seconds, warmup, [card.proc.pid, gen_pid])
+        drops = {k: v for k, v in card.counters()["drops"].items() if v}
+    finally:
+        card.stop()
+        card.cleanup()
+    return {**w, "drops": drops}
+
+
+def _pin(pid: int, cpu: int) -> None:
+    """Pin every thread of ``pid`` (and threads it starts later) to ``cpu``."""
+    r = subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise bmv2.Bmv2Error(f"taskset -a -p -c {cpu} {pid}: {r.stderr.strip()}")
+
+
+def measure_bmv2_veth(json_path: Path, path: VethPath, seconds: float, warmup: float, gen_pid: int,
+                      log_dir: Path) -> dict:
+    """simple_switch between the path's veths, its threads on CPU ``DUT_CPU``: ``{mpps, frames,
+    seconds, others_cpu, drops}`` (rate at the sink; drops from its counters).
 
     Raises:
-        Bmv2Error / MissingDependencyError: the tools are missing or the switch failed.
+        Bmv2Error: a switch failed to start or refused a table entry (names its log).
     """
-    json_path = bmv2.compile_program(workdir / "p4")
-    frames = [f for _, f in _pcap_records(pcap)]
-    n_msgs = max(struct.unpack_from(">I", f, 50)[0] for f in frames) + 1
-    seq = [(0, _with_msg_id_offset(f, p * n_msgs)) for p in range(passes) for f in frames]
-    ports = [bmv2_runtime.CardPortAddr(0, "02:00:00:99:00:01", BENCH_CARD_IP),
-             bmv2_runtime.CardPortAddr(1, "02:00:00:99:00:03", "10.99.1.1")]
-    routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
-    clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
-    r = bmv2_pcap.run_pcap_files(json_path, seq, bmv2_runtime.table_commands(ports, routes, clients), workdir / "run",
-                                 nb_ports=2, timeout=600)
-    out = _pcap_records(workdir / "run" / "p1_out.pcap")
-    span = out[-1][0] - out[0][0] if len(out) > 1 else 0.0
-    return {"mpps": (len(out) - 1) / span / 1e6 if span > 0 else 0.0, "frames": len(out), "seconds": span,
-            "input_frames": len(seq), "drops": {k: v for k, v in r.counters["drops"].items() if v}}
+    ns = bmv2.Netns(path.name)
+    tag = unique_prefix("b")
+    state = log_dir / f"bmv2-{tag}.state"
+    prog = bmv2.SimpleSwitch(json_path, ns, {}, log=log_dir / f"bmv2-{tag}-program.log")
+    prog.start()
+    try:
+        prog.wait_ready()
+        routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
+        clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
+        prog.cli(bmv2_runtime.table_commands(CARD_PORTS, routes, clients))
+        prog.save_state(state)
+    finally:
+        prog.stop()
+    sw = bmv2.SimpleSwitch(json_path, ns, {0: path.dut_in, 1: path.dut_out}, log=log_dir / f"bmv2-{tag}.log",
+                           restore_state=state)
+    sw.start()
+    try:
+        sw.wait_ready()
+        _pin(sw.proc.pid, DUT_CPU)
+        sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
+        w = _window(path.sink_frames, seconds, warmup, [sw.proc.pid, gen_pid])
+        c = bmv2_runtime.read_counters(sw, 2)
+    finally:
+        sw.stop()
+        state.unlink(missing_ok=True)
+    return {**w, "drops": {k: v for k, v in c["drops"].items() if v},
+            "rx_frames": sum(p["rx_frames"] for p in c["ports"])}
 
 
 def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
-    """Measure both cards on the same frames and merge the figures into ``out_dir/bench.json``.
+    """Measure both cards on the same frames over the same veth path (module docstring) and
+    merge the figures into ``out_dir/bench.json`` under ``dataplane``.
 
+    Args:
+        out_dir: bench.json, the pcap and the logs go here.
+        seconds: measurement window per run (s), after ``warmup`` (default 1 s).
+        repeats: runs of each DUT, alternating (default 3); medians are reported.
+        frames: frames in the pcap (default 2048).
+        binary: the embnic-dp binary (default: build dataplane/).
     Returns:
-        ``{bmv2_mpps, bmv2_frames, bmv2_seconds, bmv2_drops, bmv2_card_mpps, ratio_card_bmv2, setup}``.
+        ``{bmv2_mpps, bmv2_card_mpps, ratio_card_bmv2, bmv2_runs, bmv2_card_runs, bmv2_versions,
+        bmv2_setup}`` (mpps: million frames per second arriving at the sink).
     Raises:
-        NeedsRootError: not root. MissingDependencyError: p4c/simple_switch missing.
+        NeedsRootError: not root. MissingDependencyError: dpdk-testpmd, p4c, simple_switch or
+            simple_switch_CLI missing. OperationalError, DpdkProcError: a process failed (names
+            its log).
     """
     require_root("the bmv2 dataplane benchmark", why="it runs DPDK (EAL) and network namespaces",
                  example="sudo embnic bench dataplane --target bmv2")
+    missing = bmv2.missing_tools()
+    if missing:
+        raise MissingDependencyError(f"the bmv2 benchmark needs {', '.join(missing)}, not found on PATH: "
+                                     + "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
+                                     dependency=missing[0])
+    try:
+        return _run(Path(out_dir), seconds, **kw)
+    except bmv2.Bmv2Error as e:
+        raise OperationalError(str(e)) from None
+
+
+def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
+    """:func:`run` after its checks (Bmv2Error is raised as is)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from embnic.control.dpdk_proc import build_card
-
-    pcap_path = out_dir / "bench_dataplane.pcap"
-    make_bench_pcap(pcap_path, int(kw.get("frames", 2048)))
-    b = measure_bmv2(pcap_path, out_dir / "bench_bmv2", passes=int(kw.get("passes", 2)))
+    warmup = float(kw.get("warmup", 1.0))
+    repeats = int(kw.get("repeats", 3))
+    logs = out_dir / "bench_bmv2_logs"
+    logs.mkdir(exist_ok=True)
+    json_path = bmv2.compile_program(bmv2.cached_build_dir())
     binary = Path(kw["binary"]) if kw.get("binary") else build_card()
-    c = measure_card(binary, [f"net_pcap0,rx_pcap={pcap_path},infinite_rx=1", "net_null0,no-rx=1"],
-                     CARD_1LCORE, seconds, float(kw.get("warmup", 1.0)))
-    res = {"bmv2_mpps": b["mpps"], "bmv2_frames": b["frames"], "bmv2_seconds": round(b["seconds"], 3),
-           "bmv2_drops": b["drops"], "bmv2_card_mpps": c["mpps"],
-           "ratio_card_bmv2": c["mpps"] / b["mpps"] if b["mpps"] else None,
-           "bmv2_setup": "same pcap: embnic-dp -l 0 net_pcap(infinite_rx) -> net_null, counters over "
-                         f"{seconds:g} s; simple_switch --use-files reading it {kw.get('passes', 2)}x "
-                         "(fresh msg ids per pass), rate from the output pcap's timestamps"}
-    path = out_dir / "bench.json"
-    cur = {}
-    if path.exists():
+    pcap_path = out_dir / "bench_dataplane.pcap"
+    pcap = make_bench_pcap(pcap_path, int(kw.get("frames", 2048)))
+    card_runs, bmv2_runs = [], []
+    with VethPath() as path:
+        gen = TestpmdProcess([f"net_pcap0,rx_pcap={pcap_path},infinite_rx=1", f"net_af_packet0,iface={path.gen}"],
+                             lcores="0,1", main_lcore=DUT_CPU, mode="io", netns=path.name)
+        gen.start()
         try:
-            cur = json.loads(path.read_text()).get("dataplane", {})
+            for _ in range(repeats):
+                card_runs.append(measure_card_veth(binary, path, seconds, warmup, gen.proc.pid, logs))
+                bmv2_runs.append(measure_bmv2_veth(json_path, path, seconds, warmup, gen.proc.pid, logs))
+        finally:
+            gen.cleanup()
+    card_mpps = _median([r["mpps"] for r in card_runs])
+    bmv2_mpps = _median([r["mpps"] for r in bmv2_runs])
+    res = {"bmv2_mpps": bmv2_mpps, "bmv2_card_mpps": card_mpps,
+           "ratio_card_bmv2": card_mpps / bmv2_mpps if bmv2_mpps else None,
+           "bmv2_runs": bmv2_runs, "bmv2_card_runs": card_runs, "bmv2_versions": bmv2.tool_versions(),
+           "bmv2_pcap": pcap, "bmv2_seconds": seconds, "bmv2_repeats": repeats, "bmv2_warmup": warmup,
+           "bmv2_setup": "same pcap, same path, one run: generator dpdk-testpmd io (net_pcap infinite_rx -> "
+                         "net_af_packet, forwarding on CPU 1) -> veth -> DUT port 0, DUT port 1 -> veth -> "
+                         "sink; DUT = embnic-dp -l 0 (net_af_packet, run to completion) or simple_switch "
+                         "(every thread pinned to CPU 0), alternating; rate = frames arriving at the sink "
+                         f"over {seconds:g} s after {warmup:g} s, medians of {repeats}"}
+    path_json = out_dir / "bench.json"
+    cur = {}
+    if path_json.exists():
+        try:
+            cur = json.loads(path_json.read_text()).get("dataplane", {})
         except json.JSONDecodeError:
             cur = {}
-    merge_json(path, "dataplane", {**cur, **res})
+    merge_json(path_json, "dataplane", {**cur, **res})
     return res
