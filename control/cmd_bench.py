@@ -147,12 +147,17 @@ def server(out, window, scale, mtu, reference):
               help="Percent loss on every link for the transport-under-loss run (0: skip it).")
 @click.option("--hash/--no-hash", "hash_row", default=True, show_default=True,
               help="Also measure embnic with hash sharding (a second testbed).")
-def e2e(out, repeats, steps, loss_pct, hash_row):
+@click.option("--dlrm/--no-dlrm", "dlrm", default=True, show_default=True,
+              help="Also measure training steps/s of TorchRec's DLRM: tables through the card vs TorchRec's "
+                   "EmbeddingBagCollection in process (rows with model: dlrm).")
+def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
     """The claim, measured: lookup and update latency per step (p50/p99) and steps/s at batch
     sizes 32, 256 and 4096 of the Criteo sample (26 features) for variable-length messages
     through the card, the fixed-length baseline (a size round first) through the card, and
-    TorchRec's sharded EmbeddingBagCollection (DMP, gloo, 2 ranks, table-wise); e2e.rows in
-    bench.json, e2e_*.png beside it. Needs root (the namespace testbed) and embnic[torch].
+    TorchRec's sharded EmbeddingBagCollection (DMP, gloo, 2 ranks, table-wise); and training
+    steps/s of TorchRec's DLRM with its tables through the card vs the same DLRM with TorchRec's
+    EmbeddingBagCollection in process (rows with model "dlrm"). e2e.rows in bench.json,
+    e2e_*.png beside it. Needs root (the namespace testbed) and embnic[torch].
 
     \b
     Example:
@@ -162,7 +167,7 @@ def e2e(out, repeats, steps, loss_pct, hash_row):
 
     try:
         res = bench_e2e.run(Path(out), repeats=repeats, steps=steps, loss_pct=loss_pct, hash_row=hash_row,
-                            log=click.echo)
+                            dlrm=dlrm, log=click.echo)
     except ImportError as e:
         raise MissingDependencyError(f"bench e2e needs the embnic[torch] extra (TorchRec as the peer): {e}",
                                      dependency=e.name) from None
@@ -171,11 +176,18 @@ def e2e(out, repeats, steps, loss_pct, hash_row):
     click.echo("e2e (lookup latency per step, µs, medians of repeats):")
     click.echo(f"  {'batch':>6} {'varlen p50':>11} {'p99':>9} {'fixed p50':>10} {'p99':>9} {'torchrec p50':>13} "
                f"{'p99':>9} {'msgs var/fix':>13} {'rounds var/fix':>15}")
-    for r in res["rows"]:
+    for r in (r for r in res["rows"] if r["model"] == "embeddings"):
         click.echo(f"  {r['batch']:>6} {r['varlen_p50_us']:>11,.0f} {r['varlen_p99_us']:>9,.0f} "
                    f"{r['fixed_p50_us']:>10,.0f} {r['fixed_p99_us']:>9,.0f} {r['torchrec_p50_us']:>13,.0f} "
                    f"{r['torchrec_p99_us']:>9,.0f} {r['messages_varlen']:>6.0f}/{r['messages_fixed']:<6.0f} "
                    f"{r['rounds_varlen']:>7.0f}/{r['rounds_fixed']:<7.0f}")
+    dlrm_rows = [r for r in res["rows"] if r["model"] == "dlrm"]
+    if dlrm_rows:
+        click.echo("e2e DLRM training steps/s (medians of repeats): tables through the card vs TorchRec's EBC in process")
+        click.echo(f"  {'batch':>6} {'card':>9} {'torchrec':>9} {'card/torchrec':>14}")
+        for r in dlrm_rows:
+            click.echo(f"  {r['batch']:>6} {r['card_steps_per_s']:>9.1f} {r['torchrec_steps_per_s']:>9.1f} "
+                       f"{r['card_over_torchrec']:>14.2f}")
     _show("targets", res["targets"])
     click.echo(f"  machine {res['machine']['before']}")
     click.echo(f"wrote {Path(out) / 'bench.json'} and {', '.join(res['plots'])}")
@@ -194,4 +206,4 @@ def all_(ctx, out):
     ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
     ctx.invoke(dataplane, out=out, seconds=5.0)
     ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True)
-    ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True)
+    ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True, dlrm=True)

@@ -16,6 +16,11 @@ table each, 65536 rows × dim 8, fp32, row-wise Adagrad — ``examples/testbed.t
   with half the batch (the same samples per step in all); lookup = the sharded forward (input
   distribution, lookup, output distribution), update = backward with the fused optimizer.
 
+And a whole model (:mod:`.e2e_dlrm`, rows with ``model: "dlrm"``): training steps/s of
+TorchRec's DLRM with its tables through the card vs the same DLRM with TorchRec's
+``EmbeddingBagCollection`` in the process (DMP on one rank, fused row-wise Adagrad), same
+samples and batch sizes, in the same run.
+
 embnic runs with ``sharding = "table"`` (what TorchRec offers on CPU) for the comparison;
 ``hash`` sharding is measured too, as rows of its own (``e2e_hash``). The transport is measured
 loss-free and with 1% loss on every link (netem): retransmissions per step and step time.
@@ -70,18 +75,20 @@ def _stat(xs) -> dict:
     return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
 
 
-def sample_batches(batch: int, steps: int, seed: int, rows: list) -> list[np.ndarray]:
-    """``steps`` batches uint64 (batch, 26) of Criteo sample rows (hashed into ``rows`` per
-    column), consecutive samples from a random start each."""
-    data = criteo.load_criteo(criteo.sample_path("train"), rows=rows)
+def sample_starts(n: int, steps: int, seed: int) -> list[int]:
+    """``steps`` random first samples in ``[0, n)`` (a batch is consecutive samples from one)."""
     rng = np.random.default_rng(seed)
+    return [int(rng.integers(0, n)) for _ in range(steps)]
+
+
+def sample_batches(batch: int, steps: int, seed: int, rows: list, data=None) -> list[np.ndarray]:
+    """``steps`` batches uint64 (batch, 26) of Criteo sample rows (hashed into ``rows`` per
+    column), consecutive samples from a random start each (:func:`sample_starts`); ``data``: the
+    sample already loaded with those ``rows``."""
+    if data is None:
+        data = criteo.load_criteo(criteo.sample_path("train"), rows=rows)
     n = len(data)
-    out = []
-    for _ in range(steps):
-        s = int(rng.integers(0, n))
-        idx = (np.arange(batch) + s) % n
-        out.append(data.sparse[idx])
-    return out
+    return [data.sparse[(np.arange(batch) + s) % n] for s in sample_starts(n, steps, seed)]
 
 
 # ---------------------------------------------------------------------------- embnic client
@@ -125,12 +132,15 @@ def _summ(runs: list[dict]) -> dict:
             "retransmits_per_step": _stat([r["retransmits"] for r in runs])}
 
 
-def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct: float, log) -> dict:
+def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct: float, log,
+             dlrm_batches: dict | None = None) -> dict:
     """Bring the testbed up with ``config_text``, run varlen and fixed (alternating per repeat)
-    at every batch size, then varlen again with ``loss_pct`` % loss on every link; tear down.
+    at every batch size, then the DLRM's training steps through the card (``dlrm_batches``:
+    ``{B: e2e_dlrm.dlrm_batches(...)}``, None: skip), then varlen again with ``loss_pct`` % loss
+    on every link; tear down.
 
-    Returns ``{"varlen": {B: summary}, "fixed": {...}, "varlen_loss": {...}, "card": counters
-    subset, "shard_engine": ...}``.
+    Returns ``{"varlen": {B: summary}, "fixed": {...}, "varlen_loss": {...}, "dlrm": {B: [step µs
+    per repeat]} (or None), "card": counters subset, "shard_engine": ...}``.
     """
     from embnic.client_lib.client import EmbeddingClient
     from embnic.testbed.net import netem as N
@@ -162,6 +172,13 @@ def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct:
                             runs[mode][b].append(embnic_steps(c, cfg, sp[1:]))
                 log(f"  e2e {cfg.sharding}: repeat {rep + 1}/{repeats} done")
             card = _card_subset(tb)
+            dlrm = None
+            if dlrm_batches:
+                from .e2e_dlrm import card_steps
+
+                with client(False) as c:
+                    dlrm = card_steps(c, cfg, dlrm_batches, repeats)
+                log(f"  e2e {cfg.sharding}: DLRM training steps through the card done")
             if loss_pct > 0:
                 rec = N.apply(name, N.Impairment(loss=loss_pct), rdir=tb.rdir)
                 try:
@@ -176,6 +193,7 @@ def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct:
             tb.down()
     out = {m: {str(b): _summ(r) for b, r in v.items() if r} for m, v in runs.items()}
     out["card"] = card
+    out["dlrm"] = dlrm
     out["shard_engine"] = "batch (python -m embnic.testbed.server default)"
     return out
 
@@ -288,14 +306,17 @@ def run_torchrec(cfg_path: str, batches: dict, repeats: int, world: int = 2) -> 
 
 # ---------------------------------------------------------------------------- the run
 def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, loss_pct: float = 1.0,
-        hash_row: bool = True, name: str = "embe2e", log=print) -> dict:
+        hash_row: bool = True, dlrm: bool = True, name: str = "embe2e", log=print) -> dict:
     """Run the benchmark, write the PNGs and merge ``e2e`` into ``out_dir/bench.json``.
 
     Returns:
-        the ``e2e`` object: ``rows`` (one per batch: ``batch, varlen_p50_us, varlen_p99_us,
-        fixed_p50_us, fixed_p99_us, torchrec_p50_us, torchrec_p99_us, messages_varlen,
-        messages_fixed, rounds_varlen, rounds_fixed`` — lookup latency per step, medians of
-        repeats; messages and rounds per lookup+update step), ``detail`` (every figure with
+        the ``e2e`` object: ``rows`` (one per batch with ``model: "embeddings"``: ``batch,
+        varlen_p50_us, varlen_p99_us, fixed_p50_us, fixed_p99_us, torchrec_p50_us,
+        torchrec_p99_us, messages_varlen, messages_fixed, rounds_varlen, rounds_fixed`` — lookup
+        latency per step, medians of repeats; messages and rounds per lookup+update step; with
+        ``dlrm``, one more per batch with ``model: "dlrm"``: ``card_steps_per_s,
+        torchrec_steps_per_s, card_over_torchrec, card_step_p50_us, torchrec_step_p50_us``,
+        see :func:`.e2e_dlrm.rows`), ``dlrm`` (those figures with min/max), ``detail`` (every figure with
         min/max: lookup and update p50/p99, steps/s, per mode), ``hash`` (embnic with hash
         sharding), ``loss`` (varlen with ``loss_pct`` % loss: step time and retransmits per
         step beside the loss-free ones), ``targets``, ``machine`` (before and after), ``config``.
@@ -310,7 +331,17 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
     text = CONFIG.read_text()
     cfg = load_config(CONFIG)
     rows = [t.rows for t in cfg.tables]
-    data = {b: sample_batches(b, steps + 1, seed=b, rows=rows) for b in batches}
+    sample = criteo.load_criteo(criteo.sample_path("train"), rows=rows)
+    data = {b: sample_batches(b, steps + 1, seed=b, rows=rows, data=sample) for b in batches}
+    dlrm_data = dlrm_tr = None
+    if dlrm:
+        from . import e2e_dlrm
+
+        # the same samples as the embedding rows (same starts), with their dense features and labels
+        dlrm_data = {b: e2e_dlrm.dlrm_batches(sample, sample_starts(len(sample), steps + 1, seed=b), b)
+                     for b in batches}
+        log("e2e: TorchRec's DLRM with its EmbeddingBagCollection in process (DMP, 1 rank, fused row-wise Adagrad)")
+        dlrm_tr = e2e_dlrm.torchrec_steps(cfg, dlrm_data, repeats)
     table_text = text.replace('sharding = "hash"', 'sharding = "table"', 1)
     assert table_text != text, "examples/testbed.toml no longer says sharding = \"hash\""
     with tempfile.TemporaryDirectory() as d:
@@ -322,7 +353,7 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         t_tr = time.monotonic() - t_tr
     log("e2e: embnic through the card, sharding table")
     t_card = time.monotonic()
-    card = run_card(table_text, name, data, repeats, loss_pct, log)
+    card = run_card(table_text, name, data, repeats, loss_pct, log, dlrm_batches=dlrm_data)
     t_card = time.monotonic() - t_card
     hsh = None
     if hash_row:
@@ -334,7 +365,7 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         k = str(b)
         v, f, t = card["varlen"][k], card["fixed"][k], tr[k]
         rows_out.append({
-            "batch": b,
+            "model": "embeddings", "batch": b,
             "varlen_p50_us": v["lookup_p50_us"]["median"], "varlen_p99_us": v["lookup_p99_us"]["median"],
             "fixed_p50_us": f["lookup_p50_us"]["median"], "fixed_p99_us": f["lookup_p99_us"]["median"],
             "torchrec_p50_us": t["lookup_p50_us"]["median"], "torchrec_p99_us": t["lookup_p99_us"]["median"],
@@ -369,8 +400,16 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         targets["no_retransmits_loss_free"] = {"met": all(v["retransmits_per_step"] == 0 for v in loss.values())}
         targets[f"step_with_{loss_pct:g}pct_loss_le_2x"] = {
             "ratio": max(v["ratio"] for v in loss.values()), "met": all(v["ratio"] <= 2 for v in loss.values())}
+    dlrm_rows = []
+    if dlrm:
+        dlrm_rows = e2e_dlrm.rows(card["dlrm"], dlrm_tr, batches)
     res = {
-        "rows": rows_out,
+        "rows": rows_out + dlrm_rows,
+        "dlrm": None if not dlrm else {
+            "card": {str(b): e2e_dlrm.summarise(card["dlrm"][b]) for b in batches},
+            "torchrec": {str(b): e2e_dlrm.summarise(dlrm_tr[b]) for b in batches},
+            "torchrec_sharding_types": dlrm_tr["sharding_types"], "dense_parameters": dlrm_tr["dense_parameters"],
+            "step": "forward + BCE loss + backward (row updates: card round / fused fbgemm) + dense SGD step"},
         "detail": {"varlen": card["varlen"], "fixed": card["fixed"], "torchrec": tr},
         "hash": None if hsh is None else {"varlen": hsh["varlen"], "fixed": hsh["fixed"]},
         "loss": {"loss_pct_every_link": loss_pct, "by_batch": loss},
@@ -398,7 +437,7 @@ def plots(out_dir: Path, res: dict) -> list[str]:
     import matplotlib.pyplot as plt
 
     det = res["detail"]
-    bs = [r["batch"] for r in res["rows"]]
+    bs = [r["batch"] for r in res["rows"] if r["model"] == "embeddings"]
     names = []
     for fig_name, key, ylabel in (("e2e_lookup.png", "lookup_p50_us", "lookup p50 per step (µs)"),
                                   ("e2e_update.png", "update_p50_us", "update p50 per step (µs)"),

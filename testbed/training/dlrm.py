@@ -37,17 +37,14 @@ from .train import TrainResult, feature_tables
 DENSE_HIDDEN = 64  #: width of the hidden layer of the bottom and the top MLP
 
 
-def build_model(cfg: ClusterConfig, backend, n_dense: int, n_sparse: int, seed: int) -> DLRM:
-    """DLRM with ``n_sparse`` sparse features on the cluster's tables (module docstring).
+def table_configs(cfg: ClusterConfig, n_sparse: int) -> tuple[list[EmbeddingBagConfig], dict[str, int], int]:
+    """The DLRM's tables: one ``EmbeddingBagConfig`` per cluster table a feature reads.
 
     Feature ``C{j+1}`` reads table :func:`~embnic.testbed.training.train.feature_tables` gives it; a
     table read by several features gets one ``EmbeddingBagConfig`` listing them all.
 
-    Args:
-        cfg: cluster config; every table a feature uses must have the same ``dim`` (D).
-        backend: an ``EmbeddingClient`` or a ``LocalBackend`` holding the rows.
-        n_dense, n_sparse: feature counts (13 and 26 for Criteo).
-        seed: seed of the dense parameters.
+    Returns:
+        (configs, ``{config name: cluster table id}``, the embedding dim D).
 
     Raises:
         ValueError: the tables' dims differ (DLRM's interaction needs one D).
@@ -61,7 +58,28 @@ def build_model(cfg: ClusterConfig, backend, n_dense: int, n_sparse: int, seed: 
     confs = [EmbeddingBagConfig(name=cfg.table(t).name, embedding_dim=dim, num_embeddings=num_embeddings(cfg.table(t)),
                                 feature_names=[f"C{j + 1}" for j in range(n_sparse) if ftab[j] == t])
              for t in order]
-    ebc = RemoteEmbeddingBagCollection(confs, backend, table_ids={cfg.table(t).name: t for t in order})
+    return confs, {cfg.table(t).name: t for t in order}, dim
+
+
+def build_model(cfg: ClusterConfig, backend, n_dense: int, n_sparse: int, seed: int, *, ebc=None) -> DLRM:
+    """DLRM with ``n_sparse`` sparse features on the cluster's tables (module docstring,
+    tables from :func:`table_configs`).
+
+    Args:
+        cfg: cluster config; every table a feature uses must have the same ``dim`` (D).
+        backend: an ``EmbeddingClient`` or a ``LocalBackend`` holding the rows.
+        n_dense, n_sparse: feature counts (13 and 26 for Criteo).
+        seed: seed of the dense parameters.
+        ebc: another ``EmbeddingBagCollection`` on :func:`table_configs`' tables instead of a
+            :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection` on ``backend``
+            (the benchmark's TorchRec peer; ``backend`` is then unused).
+
+    Raises:
+        ValueError: the tables' dims differ (DLRM's interaction needs one D).
+    """
+    confs, table_ids, dim = table_configs(cfg, n_sparse)
+    if ebc is None:
+        ebc = RemoteEmbeddingBagCollection(confs, backend, table_ids=table_ids)
     torch.manual_seed(seed)
     return DLRM(embedding_bag_collection=ebc, dense_in_features=n_dense,
                 dense_arch_layer_sizes=[DENSE_HIDDEN, dim], over_arch_layer_sizes=[DENSE_HIDDEN, 1])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import load_config
@@ -43,3 +44,32 @@ def e2e_owner(cfg, table_id):
     from embnic.client_lib.routing import split_by_shard
 
     return split_by_shard(cfg, table_id, np.array([1], dtype=np.uint64))[0][0]
+
+
+def test_dlrm_rows_train_the_same_samples_through_shards_and_torchrec():
+    """The DLRM rows' two sides on real shards (loopback, no card) and TorchRec in process."""
+    pytest.importorskip("torchrec")
+    from embnic.testbed.bench import e2e_dlrm
+    from embnic.testbed.training import criteo
+
+    cfg = dataclasses.replace(load_config(e2e.CONFIG), sharding="table", card=None)
+    rows = [t.rows for t in cfg.tables]
+    sample = criteo.load_criteo(criteo.sample_path("train"), rows=rows)
+    batches = e2e_dlrm.dlrm_batches(sample, e2e.sample_starts(len(sample), 3, seed=1), 16)
+    # the same samples as the embedding rows of that batch size and seed
+    sparse = e2e.sample_batches(16, 3, seed=1, rows=rows, data=sample)
+    for (dense, kjt, labels), sp in zip(batches, sparse):
+        assert dense.shape == (16, 13) and labels.shape == (16,)
+        np.testing.assert_array_equal(kjt.values().numpy().view(np.uint64), sp.T.reshape(-1))
+    with ServerCluster(cfg) as cl:
+        with EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=1000) as c:
+            card = e2e_dlrm.card_steps(c, cl.cfg, {16: batches}, repeats=2)
+            rounds = c.stats.rounds
+    # a warm-up step, then 2 timed steps per repeat; a lookup and an update round per step
+    assert [len(r) for r in card[16]] == [2, 2] and rounds == 2 * (1 + 2 * 2)
+    tr = e2e_dlrm.torchrec_steps(cfg, {16: batches}, 2)
+    assert tr["sharding_types"] == ["table_wise"] and [len(r) for r in tr[16]] == [2, 2]
+    (row,) = e2e_dlrm.rows(card, tr, [16])
+    assert row["model"] == "dlrm" and row["batch"] == 16
+    assert row["card_steps_per_s"] > 0 and row["torchrec_steps_per_s"] > 0
+    assert row["card_over_torchrec"] == row["card_steps_per_s"] / row["torchrec_steps_per_s"]
