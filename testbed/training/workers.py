@@ -147,11 +147,15 @@ class DeferredUpdates:
         out, self.pending = self.pending, []
         return out
 
+    def send(self, rounds: list[dict]) -> None:
+        """Send update ``rounds`` (as :meth:`take` returns them) now, in order, each waiting for its acks."""
+        for u in rounds:
+            self._inner.update(u)
+
     def flush(self) -> int:
         """Send the held update rounds (oldest first, each waits for its acks); returns how many."""
         rounds = self.take()
-        for u in rounds:
-            self._inner.update(u)
+        self.send(rounds)
         return len(rounds)
 
 
@@ -270,9 +274,8 @@ def reference_run(cfg: ClusterConfig, data, plan: Plan) -> ReferenceResult:
                 total = total + g[i] * scale
             p.grad = total
         opt.step()
-        for rounds in held:
-            for u in rounds:
-                deferred._inner.update(u)
+        for rounds in held:  # rank 0's, then rank 1's, ...
+            deferred.send(rounds)
     return ReferenceResult(losses, model.state_dict(), tables)
 
 
