@@ -347,15 +347,18 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             raise WorkerMappingError(f"--empty-bags {', '.join(bad)}: rank must be in 0..{world - 1} and step in "
                                      f"0..{a.steps - 1}")
-        cid = ids[rank]
-        me = cfg.client(cid)
-        try:
-            client = EmbeddingClient(cfg, cid)
-        except OSError as e:
-            raise WorkerMappingError(f"rank {rank}: cannot bind client {cid} to {me.ip}:{me.port}: {e.strerror} "
-                                     "(is this host that client's address? pick --client-id-base)") from None
     except (WorkerMappingError, ConfigError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # every rank finds the same: said once per host (by local rank 0), not once per rank
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        return USAGE_EXIT
+    cid = ids[rank]
+    me = cfg.client(cid)
+    try:
+        client = EmbeddingClient(cfg, cid)
+    except OSError as e:
+        print(f"error: rank {rank}: cannot bind client {cid} to {me.ip}:{me.port}: {e.strerror} (is this host that "
+              "client's address? pick --client-id-base)", file=sys.stderr)
         return USAGE_EXIT
     torch.set_num_threads(1)  # the card and the shards need the other core (see dlrm.train_dlrm)
     plan = Plan(world=world, steps=a.steps, batch_size=a.batch_size, lr_dense=a.lr_dense, seed=cfg.seed,

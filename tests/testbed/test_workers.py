@@ -114,6 +114,11 @@ def test_a_wrong_rank_to_client_mapping_is_one_line_exit_2(monkeypatch, capsys):
     rc, err = _main(monkeypatch, capsys, SHARED_TOML, 2)
     assert rc == 2 and len(err) == 1, err
     assert "rank 0 -> client 2 at 10.77.0.2, rank 1 -> client 3 at 10.77.0.3" in err[0]
+    # said once per host: local rank 1 finds the same and exits 2 quietly
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    rc, err = _main(monkeypatch, capsys, SHARED_TOML, 2, rank=1)
+    assert rc == 2 and err == []
+    monkeypatch.delenv("LOCAL_RANK")
     # client 5 does not exist
     rc, err = _main(monkeypatch, capsys, SHARED_TOML, 4)
     assert rc == 2 and len(err) == 1 and "rank 1 maps to client 5" in err[0] and "clients: 1, 2, 3, 4" in err[0]
