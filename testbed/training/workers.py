@@ -279,6 +279,56 @@ def reference_run(cfg: ClusterConfig, data, plan: Plan) -> ReferenceResult:
     return ReferenceResult(losses, model.state_dict(), tables)
 
 
+RTOL, ATOL = 1e-6, 1e-7  #: the tolerance of ``--check`` (torch.testing.assert_close's rule)
+
+
+def _excess(got, want) -> tuple[float, bool]:
+    """(max |got - want|, every element within ``ATOL + RTOL·|want|``) of two float arrays."""
+    g = np.asarray(got, dtype=np.float64)
+    w = np.asarray(want, dtype=np.float64)
+    if g.shape != w.shape:
+        return float("inf"), False
+    d = np.abs(g - w)
+    return (float(d.max()) if d.size else 0.0), bool(np.all(d <= ATOL + RTOL * np.abs(w)))
+
+
+def check_against_reference(cfg: ClusterConfig, data, plan: Plan, losses: list, params: dict,
+                            lookup: Callable[[dict], dict]) -> dict:
+    """Compare a finished run with :func:`reference_run` (``--check``).
+
+    Args:
+        losses: every rank's losses, ``losses[r][k]``; params: the dense ``state_dict`` (any rank's).
+        lookup: ``{table: keys}`` → ``{table: rows}`` of the tables as the run left them (a client).
+
+    Returns:
+        ``{"ok", "loss_max_abs_diff", "params_max_abs_diff", "rows", "rows_max_abs_diff"}``;
+        ``ok``: all three within ``ATOL + RTOL·|reference|`` element-wise.
+    """
+    ref = reference_run(cfg, data, plan)
+    l_d, l_ok = _excess(losses, ref.loss)
+    p_d, p_ok = 0.0, params.keys() == ref.params.keys()
+    for k, v in ref.params.items():
+        if k in params:
+            d, ok = _excess(params[k].detach().numpy(), v.detach().numpy())
+            p_d, p_ok = max(p_d, d), p_ok and ok
+    want = {t: ks for t, (ks, _, _) in ref.tables.state_dict().items() if ks.size}
+    got = lookup(want) if want else {}
+    r_d, r_ok = 0.0, True
+    for t, keys in want.items():
+        d, ok = _excess(got[t], ref.tables.lookup(t, keys))
+        r_d, r_ok = max(r_d, d), r_ok and ok
+    return {"ok": l_ok and p_ok and r_ok, "loss_max_abs_diff": l_d, "params_max_abs_diff": p_d,
+            "rows": int(sum(len(k) for k in want.values())), "rows_max_abs_diff": r_d}
+
+
+def check_line(check: dict) -> str:
+    """One line saying what :func:`check_against_reference` found."""
+    verdict = "equal the one-process reference" if check["ok"] else "DIFFER from the one-process reference"
+    return (f"check: every rank's losses, the dense parameters and {check['rows']} updated rows {verdict} "
+            f"(max |Δ| {check['loss_max_abs_diff']:.3g} / {check['params_max_abs_diff']:.3g} / "
+            f"{check['rows_max_abs_diff']:.3g}; rtol {RTOL:g}, atol {ATOL:g})")
+
+
 def _parse_empty(text: str) -> tuple[int, int]:
     try:
         r, k = text.split(":")
@@ -306,6 +356,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--empty-bags", type=_parse_empty, action="append", default=[], metavar="RANK:STEP",
                    help="rank RANK's batch at step STEP has only empty bags (repeatable)")
     p.add_argument("--out", default=None, help="write worker-<rank>.json and worker-<rank>.pt here")
+    p.add_argument("--check", action="store_true",
+                   help="rank 0 then computes the run in one process (reference_run) and compares every rank's "
+                        "losses, the dense parameters and every updated row (read back through its client); exit 1 "
+                        "if they differ beyond rtol 1e-6, atol 1e-7")
     a = p.parse_args(argv)
     if a.steps < 1 or a.batch_size < 1:
         p.error("--steps and --batch-size must be at least 1")
@@ -376,6 +430,12 @@ def main(argv: list[str] | None = None) -> int:
 
             losses, params = run_worker(cfg, tr, plan, rank=rank, backend=client, barrier=dist.barrier,
                                         progress=progress)
+            all_losses = [None] * world
+            dist.all_gather_object(all_losses, losses)
+            check = None
+            if a.check and rank == 0:  # every rank's updates are applied (run_worker's last barrier)
+                check = check_against_reference(cfg, tr, plan, all_losses, params, client.lookup)
+                print(check_line(check), flush=True)
         except EmbnicError as e:
             print(f"error: rank {rank} (client {cid}): {e}", file=sys.stderr)
             return FAIL_EXIT
@@ -386,10 +446,10 @@ def main(argv: list[str] | None = None) -> int:
             out.mkdir(parents=True, exist_ok=True)
             rec = {"rank": rank, "world": world, "client_id": cid, "address": list(client.address),
                    "steps": a.steps, "batch_size": a.batch_size, "empty_bags": sorted(map(list, a.empty_bags)),
-                   "loss": losses, "client": client.stats.as_dict()}
+                   "loss": losses, "client": client.stats.as_dict(), "check": check}
             (out / f"worker-{rank}.json").write_text(json.dumps(rec, indent=1))
             torch.save(params, out / f"worker-{rank}.pt")
-    return 0
+    return FAIL_EXIT if check is not None and not check["ok"] else 0
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def test_two_torchrun_workers_through_the_card_equal_the_reference(run_dir, tmp_
         argv = ["ip", "netns", "exec", topo.client_ns(1), sys.executable, "-m", "torch.distributed.run",
                 "--nproc-per-node", "2", "-m", "embnic.testbed.training.workers", "-c", str(tb.config_path),
                 "--client-id-base", "1", "--steps", str(STEPS), "--batch-size", str(BATCH),
-                "--empty-bags", f"{EMPTY[0]}:{EMPTY[1]}", "--out", str(out)]
+                "--empty-bags", f"{EMPTY[0]}:{EMPTY[1]}", "--out", str(out), "--check"]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -98,7 +98,34 @@ def test_two_torchrun_workers_through_the_card_equal_the_reference(run_dir, tmp_
     fbt = counters["types"]
     assert fbt["UPDATE_REQ"] > 0 and fbt["LOOKUP_REQ"] + fbt["UPDATE_REQ"] >= sum(
         rec["client"]["messages_sent"] for rec in recs)
+    # --check: rank 0 computed the same reference and found the same
+    check = recs[0]["check"]
+    assert check["ok"] is True and check["rows"] == sum(len(k) for k in want.values()) and recs[1]["check"] is None
+    assert "check: every rank's losses, the dense parameters and" in r.stdout and "equal the one-process" in r.stdout
     assert_gone(name)
+
+
+def test_check_against_reference_finds_a_difference():
+    """--check's comparison is not vacuous: one changed loss, parameter or row makes it fail."""
+    cfg = two_worker_cfg()
+    tr = load_training_data(cfg, max_rows=400)[0]
+    plan = W.Plan(world=2, steps=2, batch_size=8, seed=cfg.seed)
+    ref = W.reference_run(cfg, tr, plan)
+    rows = {t: (ks, ref.tables.lookup(t, ks)) for t, (ks, _, _) in ref.tables.state_dict().items() if ks.size}
+
+    def lookup(req, bump=None):
+        out = {t: rows[t][1].copy() for t in req}
+        if bump is not None:
+            out[bump][0, 0] += 1e-3
+        return out
+
+    assert W.check_against_reference(cfg, tr, plan, ref.loss, ref.params, lookup)["ok"] is True
+    bad_loss = [list(ref.loss[0]), [x + 1e-4 for x in ref.loss[1]]]
+    assert W.check_against_reference(cfg, tr, plan, bad_loss, ref.params, lookup)["ok"] is False
+    bad_params = {k: v + 1e-3 if i == 0 else v for i, (k, v) in enumerate(ref.params.items())}
+    assert W.check_against_reference(cfg, tr, plan, ref.loss, bad_params, lookup)["ok"] is False
+    c = W.check_against_reference(cfg, tr, plan, ref.loss, ref.params, lambda req: lookup(req, next(iter(rows))))
+    assert c["ok"] is False and c["rows_max_abs_diff"] > 0 and "DIFFER" in W.check_line(c)
 
 
 def _main(monkeypatch, capsys, config, base, world=2, local=2, rank=0):
