@@ -24,8 +24,9 @@ clock measures the scheduler as much as the shard);
 (``--checkpoint-dir`` in the run directory: records appended, one ``fdatasync`` per wake-up
 before the acks) ÷ without it (``workers_1_wal`` vs ``workers_1``; target ≥ 0.7 at 4096 keys),
 ``ratio_wal_cpu_update_<keys>`` the same per CPU second of the shard. Both tables of the bench
-config get half the messages, so both workers of ``--workers 2`` (worker i serves
-``table_id % 2 == i``) have work. The keys come from a pool of 65536 ids per table whose rows
+config get half the messages, so both workers of ``--workers 2`` are the home of some of them
+(messages are steered by ``(client_id + table_id) % 2``; the rows of both tables are split by
+id range, so each home asks the other worker for about half the rows of every message). The keys come from a pool of 65536 ids per table whose rows
 are materialised (updated once) in the shard and in the reference before timing.
 
 Load is part of the figure on a shared machine: the result records the load average, the

@@ -60,6 +60,7 @@ from embnic.client_lib.table_numerics import is_unique, rowwise_mean_square
 
 from . import udpio
 from .intake import BatchIntake, _Pend
+from .peers import PeerGone, PeerHub, PeerLink, SplitTable, apply_segments, serve_sub_request
 from .replies import BatchReplies
 from .shard import _SOCK_BUF, ShardServer, _Refused
 
@@ -81,17 +82,32 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
         sock: an already bound UDP socket to serve (the ``--workers`` parent binds them);
             ``bind``/``port`` are then ignored.
+        worker: ``(index, N)``: this process is worker ``index`` of N (:mod:`.peers`): it holds
+            the rows :func:`~.peers.worker_of` gives it and asks the others for theirs.
+        peer_socks: with N > 1, ``{other worker's index: this end of our stream socket pair}``.
 
     Raises:
-        KeyError: ``shard_id`` is not in the config.
+        KeyError: ``shard_id`` is not in the config. ValueError: N > 1 with a write-ahead log
+        or without a socket to every other worker.
     """
 
     _sync_each = False  # one log commit per wake-up, in serve_batch
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
                  batch: int = 64, small: int = 4, small_keys: int = 256, gso: bool = True, sock: socket.socket | None = None,
-                 **kwargs):
+                 worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None, **kwargs):
+        me, n = int(worker[0]), int(worker[1])
+        if n > 1 and (kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None):
+            raise ValueError("a write-ahead log needs one worker (--workers 1)")
+        if n > 1 and sorted(peer_socks or {}) != [v for v in range(n) if v != me]:
+            raise ValueError(f"worker {me} of {n} needs a socket to every other worker, got {sorted(peer_socks or {})}")
         super().__init__(cfg, shard_id, bind, port, **kwargs)
+        self._hub: PeerHub | None = None
+        if n > 1:
+            local = dict(self.tables)
+            self._hub = PeerHub(me, n, {v: PeerLink(s) for v, s in peer_socks.items()},
+                                lambda op, tid, cnt, p: serve_sub_request(local, op, tid, cnt, p))
+            self.tables = {tid: SplitTable(ts, self._hub) for tid, ts in local.items()}
         self.batch = int(batch)
         self.small = int(small)
         self.small_keys = int(small_keys)
@@ -165,6 +181,9 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         poller = select.poll()
         poller.register(bs.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        peer_fds = set(self._hub.fds()) if self._hub is not None else set()
+        for fd in peer_fds:
+            poller.register(fd, select.POLLIN)
         next_tick = time.monotonic() + 0.5
         while not self._stopping:
             if self._calls:
@@ -183,6 +202,15 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                         os.read(self._wake_r, 4096)
                     except BlockingIOError:
                         pass
+                elif fd in peer_fds:
+                    try:
+                        self._hub.pump()
+                    except PeerGone as e:  # another worker went away: the shard is stopping
+                        log.info("shard %d worker %d: %s; stopping", self.shard_id, self._hub.me, e)
+                        self._stopping = True
+                        break
+            if self._stopping:
+                break
             for _ in range(64):  # drain, then look at calls and the clock again
                 n = bs.recv()
                 if n == 0:
@@ -218,6 +246,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         if self._bs is not None:
             self._bs.sock.close()
             self._bs = None
+        if self._hub is not None:
+            self._hub.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -248,7 +278,9 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def counters(self) -> dict[str, Any]:
         """As :meth:`ShardServer.counters`, plus ``engine``: ``batch``, wake-ups, datagrams per
-        wake-up, system calls and GSO sends."""
+        wake-up, system calls and GSO sends; for a worker of several (:mod:`.peers`) also its
+        index, the rows it holds per table (``rows_held``) and its sub-request counts
+        (``peer_calls`` made, ``peer_requests`` served, rows asked/served, ``peer_wait_us``)."""
         c = super().counters()
         for r, v in self._rdrops.items():
             c["drops"][r] = c["drops"].get(r, 0) + v
@@ -260,6 +292,9 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         io = dict(self._bs.stats) if self._bs is not None else {}
         c["engine"] = {"name": "batch", "wakeups": self._c["wakeups"], "batch": self.batch,
                        "gso": bool(self._bs.gso) if self._bs is not None else self.gso, **io}
+        if self._hub is not None:
+            c["engine"].update(worker=self._hub.me, rows_held={str(t): len(ts) for t, ts in self.tables.items()},
+                               **self._hub.stats)
         c["send_errors"] += io.get("send_errors", 0)
         return c
 
@@ -437,17 +472,19 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                 self._emit(q[~j], MsgType.ERROR, status=int(st[~j]))
 
     def _apply_updates(self, ts, keys: np.ndarray, g: np.ndarray, offs: np.ndarray, which: list[int]) -> None:
-        """Apply the updates ``which`` (message indices into segments ``offs``, arrival order)
-        to table ``ts``: the one place a wake-up changes rows (a write-ahead log goes here)."""
+        """Apply the updates ``which`` (message indices into segments ``offs``, ascending =
+        arrival order) to table ``ts``: the one place a wake-up changes rows. Overlapping keys:
+        one message after the other (:func:`~.peers.apply_segments`); with workers, each owner
+        applies its share of every message (:meth:`~.peers.SplitTable.apply_segments`)."""
         if len(which) == int(offs.size - 1):
-            k, gg = keys, g
+            k, gg, o = keys, g, offs
         else:
             sel = np.zeros(offs.size - 1, bool)
             sel[which] = True
-            rows = np.repeat(sel, np.diff(offs))
-            k, gg = keys[rows], g[rows]
-        if len(which) == 1 or is_unique(k):
-            ts.apply(k, gg)
-            return
-        for j in which:  # overlapping keys: one message after the other, as they came
-            ts.apply(keys[offs[j]:offs[j + 1]], g[offs[j]:offs[j + 1]])
+            n = np.diff(offs)
+            rows = np.repeat(sel, n)
+            k, gg, o = keys[rows], g[rows], np.r_[np.int64(0), np.cumsum(n[which])]
+        if isinstance(ts, SplitTable):
+            ts.apply_segments(k, gg, o)
+        else:
+            apply_segments(ts, k, gg, o)

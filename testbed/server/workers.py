@@ -20,18 +20,24 @@ log = logging.getLogger("embnic.server")
 
 def steering_program(workers: int) -> bytes:
     """The classic BPF program that picks a worker socket of a ``SO_REUSEPORT`` group:
-    ``table_id mod workers``.
+    ``(client_id + table_id) mod workers`` — the message's **home** worker.
 
     For UDP the kernel runs it with the packet at the UDP payload (the embnic header), so
-    ``ldh [14]`` is ``table_id``; a datagram too short to hold it goes to worker 0 (whose
-    reference handler counts it ``too_short``). Every fragment of a message carries its table,
-    so a message, its retransmissions and their duplicates always reach the same worker.
+    ``ldh [12]`` is ``client_id`` and ``ldh [14]`` ``table_id``; a datagram too short to hold them
+    goes to worker 0 (whose reference handler counts it ``too_short``). Every fragment of a
+    message and every retransmission carries the same client and table, so they all reach the
+    same home (which reassembles it and keeps it in its exactly-once window), and one client's
+    messages of one table are answered in the order they came (the client's fast retransmit
+    relies on that).
 
     Returns:
-        the ``struct sock_fprog`` filter array (3 instructions of 8 bytes).
+        the ``struct sock_fprog`` filter array (6 instructions of 8 bytes).
     """
     ins = (
-        (0x28, 0, 0, 14),        # BPF_LD | BPF_H | BPF_ABS: A = u16 at payload offset 14 (table_id)
+        (0x28, 0, 0, 12),        # BPF_LD | BPF_H | BPF_ABS: A = u16 at payload offset 12 (client_id)
+        (0x07, 0, 0, 0),         # BPF_MISC | BPF_TAX: X = A
+        (0x28, 0, 0, 14),        # A = u16 at payload offset 14 (table_id)
+        (0x0c, 0, 0, 0),         # BPF_ALU | BPF_ADD | BPF_X: A += X
         (0x94, 0, 0, workers),   # BPF_ALU | BPF_MOD | BPF_K: A %= workers
         (0x16, 0, 0, 0),         # BPF_RET | BPF_A
     )
@@ -40,7 +46,7 @@ def steering_program(workers: int) -> bytes:
 
 def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:
     """``workers`` UDP sockets bound to (ip, port) in one ``SO_REUSEPORT`` group, steered by
-    :func:`steering_program` (socket ``i`` serves ``table_id % workers == i``)."""
+    :func:`steering_program` (socket ``i`` serves ``(client_id + table_id) % workers == i``)."""
     import ctypes
 
     socks: list[socket.socket] = []
@@ -53,8 +59,9 @@ def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:
             s.bind((ip, port))
             port = s.getsockname()[1]  # port 0: the others join the one the first got
             if i == 0:
-                prog = ctypes.create_string_buffer(steering_program(workers))
-                fprog = struct.pack("HL", 3, ctypes.addressof(prog))
+                code = steering_program(workers)
+                prog = ctypes.create_string_buffer(code)
+                fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(prog))
                 s.setsockopt(socket.SOL_SOCKET, 51, fprog)  # SO_ATTACH_REUSEPORT_CBPF
     except OSError:
         for s in socks:
@@ -82,7 +89,33 @@ def _merge_counters(parts: list[dict]) -> dict:
     return out
 
 
-def _worker_main(cfg, shard_id, sock, conn, kwargs) -> None:
+def _peer_pairs(workers: int) -> dict[tuple[int, int], tuple[socket.socket, socket.socket]]:
+    """One Unix stream socket pair per pair of workers ``(i, j)``, ``i < j`` (i's end first)."""
+    pairs = {}
+    try:
+        for i in range(workers):
+            for j in range(i + 1, workers):
+                pairs[(i, j)] = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        for a, b in pairs.values():
+            a.close()
+            b.close()
+        raise
+    return pairs
+
+
+def _ends_of(me: int, pairs: dict) -> dict[int, socket.socket]:
+    """Worker ``me``'s ends of the pairs: ``{other worker: socket}``."""
+    out = {}
+    for (i, j), (a, b) in pairs.items():
+        if i == me:
+            out[j] = a
+        elif j == me:
+            out[i] = b
+    return out
+
+
+def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs) -> None:
     import ctypes
     import signal
 
@@ -92,8 +125,12 @@ def _worker_main(cfg, shard_id, sock, conn, kwargs) -> None:
         pass
     if os.getppid() == 1:
         return
-
-    server = BatchShardServer(cfg, shard_id, sock=sock, **kwargs)
+    # keep only our own sockets: a peer's end left open here would hide its death from it
+    mine = _ends_of(me, pairs)
+    for s in [x for pair in pairs.values() for x in pair] + socks:
+        if s is not socks[me] and all(s is not m for m in mine.values()):
+            s.close()
+    server = BatchShardServer(cfg, shard_id, sock=socks[me], worker=(me, len(socks)), peer_socks=mine, **kwargs)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
@@ -110,16 +147,19 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     """Serve one shard with the batch engine until SIGTERM/SIGINT, in this process
     (``workers == 1``) or in ``workers`` forked worker processes behind one address.
 
-    **Workers.** The address is bound ``workers`` times with ``SO_REUSEPORT``; a classic BPF
-    program (:func:`steering_program`) sends every datagram to worker ``table_id % workers``.
-    Each worker owns the rows of its tables outright (no sharing, no locks) and keeps its own
-    exactly-once window of ``dedup_window`` entries over the updates it serves: the dedup
-    window is split **by table**, like the rows. A message and all its retransmissions carry
-    the same table id, so they reach the same worker and exactly-once holds across workers;
-    each worker remembers an update at least as long as the one-process server would (it sees
-    a subset of the updates), at a memory cost of ``workers × dedup_window`` entries at most.
-    Tables, not ids within a table, are what spreads over the workers: a shard serving one
-    table uses one worker.
+    **Workers** (:mod:`.peers`). The rows of every table are split over the workers by id
+    range (contiguous slices of the hash space, :func:`~.peers.worker_of`); each worker holds
+    only its own. The address is bound ``workers`` times with ``SO_REUSEPORT``; a classic BPF
+    program (:func:`steering_program`) sends every datagram to worker
+    ``(client_id + table_id) % workers``, the message's home, which reassembles and answers it
+    and asks the owners of the keys it does not hold for their rows (lookups) or to apply
+    their share (updates) over a Unix socket pair per pair of workers, before it replies.
+    **Exactly once:** the dedup window is split by ``(client_id, table_id)``, like the homes:
+    a message, its fragments and its retransmissions carry the same client and table, so they
+    reach the same home, whose window of ``dedup_window`` entries decides duplicate or not
+    before any owner is asked to apply anything. Each home remembers an update at least as long
+    as the one-process server would (it sees a subset of the updates), at a memory cost of
+    ``workers × dedup_window`` entries at most.
 
     Logs ``listening on IP:PORT`` once bound and, at exit, the counters summed over the
     workers as one JSON line (``workers``: each worker's engine counters).
@@ -130,7 +170,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     Raises:
         KeyError: unknown shard. OSError: the address cannot be bound. ValueError:
         ``fixed_length`` with ``workers > 1`` (a SIZE_REQ reaches one worker, the data it
-        announces all of them).
+        announces the homes of every table); ``checkpoint_dir``/``restore`` with ``workers > 1``.
     """
     import json
     import multiprocessing
@@ -138,7 +178,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
 
     if workers > 1 and kwargs.get("fixed_length"):
         raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data for every table, "
-                         "but the workers split the tables")
+                         "whose messages reach different workers")
 
     me = cfg.shard(shard_id)
     ip = bind if bind is not None else me.ip
@@ -159,6 +199,12 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     if kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None:
         raise ValueError("--checkpoint-dir/--restore need --workers 1 (each worker would need its own log)")
     socks = _reuseport_sockets(ip, p, workers)
+    try:
+        pairs = _peer_pairs(workers)
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
     ip2, p2 = socks[0].getsockname()[:2]
     ctx = multiprocessing.get_context("fork")
     procs, conns = [], []
@@ -177,15 +223,18 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     try:
         for i, s in enumerate(socks):
             a, b = ctx.Pipe(duplex=False)
-            pr = ctx.Process(target=_worker_main, args=(cfg, shard_id, s, b, kwargs),
+            pr = ctx.Process(target=_worker_main, args=(cfg, shard_id, i, socks, pairs, b, kwargs),
                              name=f"embnic-shard-{shard_id}-w{i}", daemon=True)
             pr.start()
             b.close()
             procs.append(pr)
             conns.append(a)
-        log.info("shard %d listening on %s:%d (%s; engine batch, %d workers: worker i serves tables with "
-                 "table_id %% %d == i; pids %s)", shard_id, ip2, p2, _describe(cfg), workers, workers,
-                 ",".join(str(x.pid) for x in procs))
+        for pair in pairs.values():  # the workers hold them now; a dead worker's end must close
+            for x in pair:
+                x.close()
+        log.info("shard %d listening on %s:%d (%s; engine batch, %d workers: rows split by id range, "
+                 "messages steered by (client_id + table_id) %% %d; pids %s)", shard_id, ip2, p2, _describe(cfg),
+                 workers, workers, ",".join(str(x.pid) for x in procs))
         from multiprocessing.connection import wait
 
         died = None
@@ -221,6 +270,9 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
                 x.kill()
         for s in socks:
             s.close()
+        for pair in pairs.values():
+            for x in pair:
+                x.close()
         os.close(r)
         os.close(w)
 

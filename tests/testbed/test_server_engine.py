@@ -3,6 +3,7 @@ counters and rows out; batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against p
 
 Run alone: python3 -m pytest -q tests/testbed/test_server_engine.py
 """
+import os
 import random
 import socket
 
@@ -224,8 +225,10 @@ def test_udpio_gso_and_plain_send_the_same_datagrams():
 
 
 def test_workers_behind_one_address_equal_local_backend(tmp_path):
-    """``embnic server --workers 2``: datagrams steered by table to two worker processes; rows
-    equal LocalBackend's; a retransmitted update is re-acked, not re-applied; counters summed."""
+    """``embnic server --workers 2``: rows split by id range over two worker processes (each
+    holds exactly the rows ``worker_of`` gives it, and both asked the other for rows); messages
+    steered by client and table; rows equal LocalBackend's; a retransmitted update is re-acked,
+    not re-applied; counters summed."""
     import json
     import re
     import subprocess
@@ -296,6 +299,37 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
     assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
     assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
                                 "2": ref.state_dict()[2][0].size}
+    from embnic.testbed.server.peers import worker_of
+
+    for w in counters["workers"]:  # each worker holds its id range's rows, and only those
+        assert w["rows_held"] == {str(t): int(np.count_nonzero(worker_of(t, ks, 2) == w["worker"]))
+                                  for t, (ks, _, _) in ref.state_dict().items()}, w
+        assert w["peer_calls"] > 0 and w["peer_requests"] > 0, w
+
+
+def test_a_dead_worker_stops_the_shard():
+    """SIGKILL one worker of ``--workers 2``: the other loses its peer link and stops, the
+    command exits 1 naming the dead worker (no half-shard keeps answering without its rows)."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "cluster.toml")
+    p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", cfg,
+                          "--bind", "127.0.0.1", "--port", "0", "--workers", "2"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        m = re.search(r"pids (\d+),(\d+)", line)
+        assert m, line
+        os.kill(int(m.group(2)), signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert re.search(r"worker embnic-shard-0-w1 \(pid %s\) died" % m.group(2), err), err
 
 
 def test_cli_workers_need_the_batch_engine(tmp_path):
@@ -308,12 +342,32 @@ def test_cli_workers_need_the_batch_engine(tmp_path):
     assert r.exit_code == 2 and "--workers needs --engine batch" in r.output
 
 
-def test_steering_program_picks_the_worker_of_the_table():
-    """The cBPF program is ldh [14] (table_id), mod N, ret A — checked instruction by instruction."""
+def test_steering_program_picks_the_home_of_client_and_table():
+    """The cBPF program is ldh [12] (client_id), tax, ldh [14] (table_id), add x, mod N, ret A —
+    checked instruction by instruction, and the offsets against the header's field table."""
     import struct
 
     from embnic.testbed.server.workers import steering_program
 
-    ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 24, 8)]
-    assert ins == [(0x28, 0, 0, 14), (0x94, 0, 0, 3), (0x16, 0, 0, 0)]
-    assert [f[1:] for f in consts.HEADER_FIELDS if f[0] == "table_id"] == [(14, 2)]
+    ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 48, 8)]
+    assert ins == [(0x28, 0, 0, 12), (0x07, 0, 0, 0), (0x28, 0, 0, 14), (0x0c, 0, 0, 0), (0x94, 0, 0, 3),
+                   (0x16, 0, 0, 0)]
+    assert [f[1:] for f in consts.HEADER_FIELDS if f[0] in ("client_id", "table_id")] == [(12, 2), (14, 2)]
+
+
+def test_worker_of_splits_the_hash_space_into_contiguous_slices():
+    """worker_of = floor(hi32(splitmix64((t << 48) ^ k)) * N / 2^32): independent of the shard
+    (the low bits), every worker gets about 1/N of the keys, N = 1 is worker 0."""
+    from embnic.client_lib.splitmix import splitmix64
+    from embnic.testbed.server.peers import worker_of
+
+    keys = np.arange(40000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    for t, n in ((0, 2), (7, 3)):
+        w = worker_of(t, keys, n)
+        hi = (splitmix64(keys ^ np.uint64(t << 48)) >> np.uint64(32)).astype(np.float64)
+        assert np.array_equal(w, np.floor(hi * n / 2.0**32).astype(np.int64))
+        assert np.all(np.abs(np.bincount(w, minlength=n) / keys.size - 1 / n) < 0.02)
+        shard = splitmix64(keys ^ np.uint64(t << 48)) % np.uint64(2)
+        for s in (0, 1):  # both workers get keys of either shard
+            assert set(np.unique(w[shard == s]).tolist()) == set(range(n))
+    assert not worker_of(5, keys, 1).any()

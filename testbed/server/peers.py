@@ -1,0 +1,350 @@
+"""Worker processes of one shard: rows split by id range, row work asked of the owning worker.
+
+With ``embnic server --workers N`` a shard's rows of **every** table are split over the N
+worker processes by contiguous slices of the hash space: key ``k`` of table ``t`` belongs to
+worker :func:`worker_of` ``= floor(hi32(h) · N / 2^32)`` with ``h = splitmix64((t << 48) ^ k)``
+(the hash that picks the shard; the shard uses its low bits, ``h mod S``, the worker its top 32
+bits, so the two splits are independent). Each worker holds only its own rows.
+
+Which worker *answers* a message is decided by the kernel (:func:`~.workers.steering_program`:
+``(client_id + table_id) mod N``); that worker (the message's **home**) does everything a
+one-process shard does — reassembly, checks, the exactly-once window, the reply — but the row
+work of keys it does not own goes to their owners as **sub-requests** over a Unix socket pair
+per pair of workers::
+
+    home worker                                      owner worker v
+    rows = lookup(keys):  split keys by worker_of
+        keys of v ──── LOOKUP (table, keys) ────────▶ TableShard.lookup
+        own keys: TableShard.lookup (meanwhile)
+        ◀─────────────── rows (float32, key order) ──
+    apply(keys, grads, segments): the same, APPLY ─▶ apply_segments → ack
+
+A worker waiting for its sub-replies serves the sub-requests that reach it meanwhile (a
+sub-request never makes sub-requests of its own, so two workers asking each other at once
+cannot deadlock). Numerics stay bit-identical to the one-process shard and ``LocalBackend``:
+the optimizers are row-wise (a row's result depends on its own gradient and state only) and an
+owner applies a wake-up's segments in the home's order (:func:`apply_segments`); the home sends
+its ack only after every owner acked, so a client that read its ack reads the new rows.
+
+:class:`SplitTable` puts this behind :class:`~embnic.client_lib.table_numerics.TableShard`'s
+``lookup``/``apply``, so every path of both engines (batch flushes, lone small messages, the
+reference handler) sees the split without knowing it.
+"""
+from __future__ import annotations
+
+import collections
+import select
+import socket
+import struct
+import time
+
+import numpy as np
+
+from embnic.client_lib.splitmix import splitmix64
+from embnic.client_lib.table_numerics import TableShard, is_unique
+
+_FRAME = struct.Struct("<BBHIQ")  #: kind, op, table_id, count, payload bytes
+REQUEST, REPLY = 1, 2
+OP_LOOKUP, OP_APPLY = 1, 2
+PEER_TIMEOUT_S = 60.0  #: a sub-request unanswered this long means the peer is wedged (a bug)
+
+
+class PeerGone(RuntimeError):
+    """A peer worker closed its end (it died or stopped): the shard is going down."""
+
+
+def worker_of(table_id: int, keys: np.ndarray, workers: int) -> np.ndarray:
+    """Worker owning every key: int64 (N,) in ``[0, workers)``.
+
+    ``floor(hi32(splitmix64((table_id << 48) ^ k)) · workers / 2^32)``: worker ``w`` owns the
+    keys whose hash's top 32 bits fall in ``[w · 2^32 / workers, (w + 1) · 2^32 / workers)``.
+
+    Args:
+        table_id: the table of the keys. keys: uint64 (N,). workers: N >= 1.
+
+    Example: ``worker_of(0, np.array([7], np.uint64), 1)`` → ``array([0])``.
+    """
+    if workers <= 1:
+        return np.zeros(np.shape(keys)[0], np.int64)
+    h = splitmix64(np.asarray(keys, np.uint64) ^ np.uint64(table_id << 48))
+    return (((h >> np.uint64(32)) * np.uint64(workers)) >> np.uint64(32)).astype(np.int64)
+
+
+def apply_segments(ts: TableShard, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
+    """Apply the updates of several messages to ``ts`` in their order.
+
+    Args:
+        keys: uint64 (K,), each segment ``keys[offs[j]:offs[j+1]]`` free of duplicates.
+        g: float32 (K, dim), the gradients in the same order.
+        offs: int64 (M+1,), segment bounds (``offs[0] == 0``, ``offs[-1] == K``; empty
+            segments allowed).
+
+    All in one :meth:`TableShard.apply` when no key repeats across segments (row-wise
+    optimizers: the same rows as one message after the other); else one message after the
+    other, as they came.
+    """
+    if keys.size == 0:
+        return
+    if offs.size <= 2 or is_unique(keys):
+        ts.apply(keys, g)
+        return
+    for a, b in zip(offs[:-1].tolist(), offs[1:].tolist()):
+        if b > a:
+            ts.apply(keys[a:b], g[a:b])
+
+
+class PeerLink:
+    """One end of the stream socket between two workers: framed messages, non-blocking.
+
+    A frame is :data:`_FRAME` (kind, op, table_id, count, payload length; little endian)
+    followed by the payload.
+    """
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self.sock = sock
+        self.fd = sock.fileno()
+        self._out: collections.deque = collections.deque()
+        self._in = bytearray()
+        self._rbuf = bytearray(1 << 20)
+
+    def queue(self, kind: int, op: int, table_id: int, count: int, parts: list) -> None:
+        """Queue one frame whose payload is the concatenation of ``parts`` (bytes-like / arrays)."""
+        views = [memoryview(np.ascontiguousarray(p)).cast("B") if isinstance(p, np.ndarray) else memoryview(p)
+                 for p in parts]
+        self._out.append(memoryview(_FRAME.pack(kind, op, table_id, count, sum(v.nbytes for v in views))))
+        self._out.extend(v for v in views if v.nbytes)
+
+    @property
+    def want_write(self) -> bool:
+        return bool(self._out)
+
+    def flush(self) -> None:
+        """Write what the socket takes now. Raises :class:`PeerGone` if the peer closed."""
+        out = self._out
+        try:
+            while out:
+                n = self.sock.send(out[0])
+                if n == out[0].nbytes:
+                    out.popleft()
+                else:
+                    out[0] = out[0][n:]
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise PeerGone(str(e)) from None
+
+    def read(self) -> list[tuple[int, int, int, int, memoryview]]:
+        """Every complete frame readable now, as (kind, op, table_id, count, payload).
+
+        Raises:
+            PeerGone: the peer closed its end.
+        """
+        while True:
+            try:
+                n = self.sock.recv_into(self._rbuf)
+            except BlockingIOError:
+                break
+            except ConnectionResetError as e:
+                raise PeerGone(str(e)) from None
+            if n == 0:
+                raise PeerGone("peer closed")
+            self._in += memoryview(self._rbuf)[:n]
+            if n < len(self._rbuf):
+                break
+        frames = []
+        buf, at = self._in, 0
+        while len(buf) - at >= _FRAME.size:
+            kind, op, tid, count, ln = _FRAME.unpack_from(buf, at)
+            if len(buf) - at - _FRAME.size < ln:
+                break
+            s = at + _FRAME.size
+            frames.append((kind, op, tid, count, memoryview(bytes(buf[s:s + ln]))))
+            at = s + ln
+        if at:
+            del buf[:at]
+        return frames
+
+
+class PeerHub:
+    """All links of one worker to the others, and the synchronous sub-request call.
+
+    Args:
+        me: this worker's index. workers: N. links: ``{peer index: PeerLink}`` for every other
+            worker. serve: ``serve(op, table_id, count, payload) -> list of payload parts``,
+            answers one sub-request from this worker's own rows.
+    """
+
+    def __init__(self, me: int, workers: int, links: dict[int, PeerLink], serve):
+        self.me, self.workers = int(me), int(workers)
+        self.links = links
+        self.serve = serve
+        self.stats = collections.Counter(peer_calls=0, peer_rows_asked=0, peer_requests=0, peer_rows_served=0,
+                                         peer_wait_us=0)
+
+    def fds(self) -> list[int]:
+        return [ln.fd for ln in self.links.values()]
+
+    def _serve(self, link: PeerLink, fr) -> None:
+        kind, op, tid, count, payload = fr
+        if kind != REQUEST:
+            raise RuntimeError(f"worker {self.me}: a sub-reply nobody waits for (op {op}, table {tid})")
+        self.stats["peer_requests"] += 1
+        self.stats["peer_rows_served"] += count if op == OP_LOOKUP else 0
+        link.queue(REPLY, op, tid, count, self.serve(op, tid, count, payload))
+
+    def pump(self) -> None:
+        """Serve every sub-request readable now (called when a link's fd polls readable)."""
+        for link in self.links.values():
+            for fr in link.read():
+                self._serve(link, fr)
+            link.flush()
+
+    def send(self, reqs: dict[int, tuple[int, int, int, list]]) -> None:
+        """Send one sub-request per peer: ``{peer: (op, table_id, count, payload parts)}``; then
+        :meth:`wait` for the answers (do this worker's own share in between)."""
+        for v, (op, tid, count, parts) in reqs.items():
+            link = self.links[v]
+            link.queue(REQUEST, op, tid, count, parts)
+            link.flush()
+            self.stats["peer_calls"] += 1
+            self.stats["peer_rows_asked"] += count if op == OP_LOOKUP else 0
+
+    def wait(self, peers) -> dict[int, memoryview]:
+        """The payload of each peer's answer to what :meth:`send` sent it, serving sub-requests
+        that come in meanwhile.
+
+        Raises:
+            PeerGone: a peer closed its end. TimeoutError: no answer in :data:`PEER_TIMEOUT_S`.
+        """
+        t0 = time.monotonic()
+        want = set(peers)
+        got: dict[int, memoryview] = {}
+        by_fd = {ln.fd: (v, ln) for v, ln in self.links.items()}
+        while want:
+            poller = select.poll()
+            for fd, (_, link) in by_fd.items():
+                poller.register(fd, select.POLLIN | (select.POLLOUT if link.want_write else 0))
+            for fd, ev in poller.poll(1000):
+                v, link = by_fd[fd]
+                if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    for fr in link.read():
+                        if fr[0] == REPLY and v in want:
+                            got[v] = fr[4]
+                            want.discard(v)
+                        else:
+                            self._serve(link, fr)
+                link.flush()
+            if want and time.monotonic() - t0 > PEER_TIMEOUT_S:
+                raise TimeoutError(f"worker {self.me}: workers {sorted(want)} did not answer in {PEER_TIMEOUT_S} s")
+        self.stats["peer_wait_us"] += int((time.monotonic() - t0) * 1e6)
+        return got
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.sock.close()
+
+
+class SplitTable:
+    """One table's rows split over the workers, with :class:`TableShard`'s interface.
+
+    ``lookup``/``apply`` split the keys by :func:`worker_of`, do this worker's share on
+    ``local`` (its own :class:`TableShard`) and ask the others for theirs through ``hub``;
+    everything else (``table``, ``dim``, ``adagrad``, ``state``, ``len``) is the local rows'.
+    """
+
+    def __init__(self, local: TableShard, hub: PeerHub):
+        self.local = local
+        self.hub = hub
+        self.table = local.table
+        self.dim = local.dim
+        self.adagrad = local.adagrad
+        self._tid = int(local.table.id)
+
+    def __len__(self) -> int:
+        return len(self.local)
+
+    def state(self):
+        """This worker's rows only (:meth:`TableShard.state`)."""
+        return self.local.state()
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Rows of ``keys`` (uint64 (N,)) → float32 (N, dim), from whichever worker owns each."""
+        keys = np.asarray(keys, np.uint64).reshape(-1)
+        hub = self.hub
+        w = worker_of(self._tid, keys, hub.workers)
+        mine = w == hub.me
+        if mine.all():
+            return self.local.lookup(keys)
+        sel = {v: np.flatnonzero(w == v) for v in range(hub.workers) if v != hub.me}
+        sel = {v: s for v, s in sel.items() if s.size}
+        hub.send({v: (OP_LOOKUP, self._tid, int(s.size), [keys[s]]) for v, s in sel.items()})
+        out = np.empty((keys.size, self.dim), np.float32)
+        if mine.any():
+            out[mine] = self.local.lookup(keys[mine])
+        for v, payload in hub.wait(sel).items():
+            out[sel[v]] = np.frombuffer(payload, np.float32).reshape(-1, self.dim)
+        return out
+
+    def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
+        """As :meth:`TableShard.apply` (keys without duplicates), split over the owners."""
+        keys = np.asarray(keys_unique, np.uint64).reshape(-1)
+        self.apply_segments(keys, np.asarray(grads, np.float32).reshape(keys.size, self.dim),
+                            np.array([0, keys.size], np.int64))
+
+    def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
+        """As :func:`apply_segments`, each owner applying its keys of every segment, in order;
+        returns once every owner has applied its share."""
+        hub = self.hub
+        w = worker_of(self._tid, keys, hub.workers)
+        reqs = {}
+        for v in range(hub.workers):
+            if v == hub.me:
+                continue
+            m = w == v
+            if not m.any():
+                continue
+            cnt = np.add.reduceat(m.astype(np.int64), offs[:-1]) if offs.size > 1 else np.zeros(0, np.int64)
+            cnt[offs[:-1] == offs[1:]] = 0  # reduceat reads one element for an empty segment
+            o = np.r_[np.int64(0), np.cumsum(cnt)].astype(np.int64)
+            reqs[v] = (OP_APPLY, self._tid, int(offs.size - 1), [o, keys[m], np.ascontiguousarray(g[m], np.float32)])
+        if reqs:
+            hub.send(reqs)
+        mine = w == hub.me
+        if mine.all():
+            apply_segments(self.local, keys, g, offs)
+        elif mine.any():
+            cnt = np.add.reduceat(mine.astype(np.int64), offs[:-1])
+            cnt[offs[:-1] == offs[1:]] = 0
+            apply_segments(self.local, keys[mine], g[mine], np.r_[np.int64(0), np.cumsum(cnt)].astype(np.int64))
+        if reqs:
+            hub.wait(reqs)
+
+
+def serve_sub_request(tables: dict[int, TableShard], op: int, table_id: int, count: int, payload) -> list:
+    """Answer one sub-request from this worker's own rows (``tables``: table id → its local
+    :class:`TableShard`).
+
+    LOOKUP: payload = uint64 keys (count,) → [float32 rows (count, dim)]. APPLY: payload =
+    int64 segment bounds (count + 1,), uint64 keys (K,), float32 gradients (K, dim) → [] (ack).
+
+    Raises:
+        ValueError: unknown op, unknown table, or a payload that does not add up (a bug: only
+        workers of the same shard talk here).
+    """
+    ts = tables.get(table_id)
+    if ts is None:
+        raise ValueError(f"sub-request for unknown table {table_id}")
+    if op == OP_LOOKUP:
+        keys = np.frombuffer(payload, np.uint64)
+        if keys.size != count:
+            raise ValueError(f"sub-request LOOKUP: {keys.size} keys, header says {count}")
+        return [ts.lookup(keys)]
+    if op == OP_APPLY:
+        offs = np.frombuffer(payload, np.int64, count + 1)
+        k = int(offs[-1])
+        keys = np.frombuffer(payload, np.uint64, k, 8 * (count + 1))
+        g = np.frombuffer(payload, np.float32, k * ts.dim, 8 * (count + 1 + k)).reshape(k, ts.dim)
+        apply_segments(ts, keys, g, offs)
+        return []
+    raise ValueError(f"sub-request with unknown op {op}")
