@@ -18,7 +18,7 @@ Loss is found two ways. **By later answers** (RACK, RFC 8985, by transmission or
 answers in the order it was asked (per worker process), so a message whose latest transmission
 went out before an answered message of its shard lost a frame; it is recovered once a
 reordering window (a quarter of the shard's smoothed RTT, at least 1 ms: a shard's
-``--workers`` split tables, so answers of different tables may pass each other) has passed
+``--workers`` answer by client and table, so answers of different tables may pass each other) has passed
 without its answer. **By its timer**: every message has its own retransmission timer, set from
 the measured round-trip time of its shard and type as in RFC 6298 (:class:`RttEstimator`: SRTT,
 RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]`` (default 50 ms, 10 s), Karn's
@@ -533,8 +533,8 @@ class EmbeddingClient:
                 # Loss detection (RACK, RFC 8985, by transmission order): a shard answers in the
                 # order it was asked (per worker process), so a message whose latest transmission
                 # went out before the first transmission of an answered message of its shard lost
-                # a frame — unless its answer is merely reordered (a shard's --workers split
-                # tables): it is re-sent once the reordering window (a quarter of the shard's
+                # a frame — unless its answer is merely reordered (a shard's --workers answer
+                # by client and table): it is re-sent once the reordering window (a quarter of the shard's
                 # smoothed RTT, at least REO_WND_MIN) has passed without its answer.
                 # RFC 6298 5.3 per shard: a shard that answers is making progress, so the timers of
                 # its other messages restart (they may be queued behind the ones just answered).
