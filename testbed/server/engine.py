@@ -5,7 +5,7 @@
 same frames and compare), but where the reference handles one datagram per asyncio callback in
 Python, the engine works per **wake-up**::
 
-    poll ─▶ recvmmsg (≤ 64 datagrams into a preallocated (64, 65536) uint8 buffer)
+    poll ─▶ recvmmsg (≤ 256 datagrams into a preallocated (256, 65536) uint8 buffer)
          ─▶ headers of all of them parsed and checked at once (numpy structured view)
          ─▶ frames the fast path cannot take (malformed, wrong shard, unknown table, ...) go to
             the reference handler one by one: one home for every error rule and drop reason
@@ -94,7 +94,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
     _sync_each = False  # one log commit per wake-up, in serve_batch
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                 batch: int = 64, small: int = 4, small_keys: int = 256, gso: bool = True, sock: socket.socket | None = None,
+                 batch: int = 256, small: int = 4, small_keys: int = 256, gso: bool = True, sock: socket.socket | None = None,
                  worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None, **kwargs):
         me, n = int(worker[0]), int(worker[1])
         if n > 1 and (kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None):
@@ -133,6 +133,10 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             self._tdim[t.id] = t.dim
             self._tdt[t.id] = int(t.wire_dtype)
             self._tmaxlk[t.id] = consts.max_keys_per_message(MsgType.LOOKUP_REQ, t.dim, t.wire_dtype, self.mtu)
+        # per table: every key is ours (one shard, or this table's shard under table sharding),
+        # so the owner check of a message need not hash its keys
+        self._owns_all = {t.id: bool(owns(cfg, t.id, shard_id, np.zeros(1, np.uint64))[0])
+                          and (len(cfg.shards) == 1 or cfg.sharding == "table") for t in cfg.tables}
         self._pend: collections.OrderedDict[int, _Pend] = collections.OrderedDict()
         self._pend_bytes = 0
         self._max_pending = self._reasm.max_pending
@@ -278,7 +282,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def counters(self) -> dict[str, Any]:
         """As :meth:`ShardServer.counters`, plus ``engine``: ``batch``, wake-ups, datagrams per
-        wake-up, system calls and GSO sends; for a worker of several (:mod:`.peers`) also its
+        wake-up, system calls and GSO sends, multi-fragment messages gathered whole from one
+        wake-up (``messages_whole``; the others were reassembled across wake-ups); for a worker of several (:mod:`.peers`) also its
         index, the rows it holds per table (``rows_held``) and its sub-request counts
         (``peer_calls`` made, ``peer_requests`` served, rows asked/served, ``peer_wait_us``)."""
         c = super().counters()
@@ -291,6 +296,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         re["duplicate_frames"] += self._rstats["duplicates"]
         io = dict(self._bs.stats) if self._bs is not None else {}
         c["engine"] = {"name": "batch", "wakeups": self._c["wakeups"], "batch": self.batch,
+                       "messages_whole": self._rstats["whole"],
                        "gso": bool(self._bs.gso) if self._bs is not None else self.gso, **io}
         if self._hub is not None:
             c["engine"].update(worker=self._hub.me, rows_held={str(t): len(ts) for t, ts in self.tables.items()},
@@ -388,6 +394,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         st = np.zeros(offs.size - 1, np.int64)
         if t.rows is not None:
             st[np.maximum.reduceat(keys, offs[:-1]) >= np.uint64(t.rows)] = Status.KEY_OUT_OF_RANGE
+        if self._owns_all[tid]:
+            return st
         mine = np.logical_and.reduceat(owns(self.cfg, tid, self.shard_id, keys), offs[:-1])
         st[(st == 0) & ~mine] = Status.NOT_OWNER
         return st

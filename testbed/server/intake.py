@@ -84,9 +84,66 @@ class BatchIntake:
             self._rstats["messages"] += int(sg.size)
         mg = good[~single[good]]
         if mg.size:
-            out.extend(self._reassemble(mg, cols, info_cols, p, fi, fl))
+            whole, mg = self._whole(mg, cols, info_cols, p)
+            out.extend(whole)
+            if mg.size:
+                out.extend(self._reassemble(mg, cols, info_cols, p, fi, fl))
             out.sort(key=lambda m: m[0])
         return out
+
+    def _whole(self, mg: np.ndarray, cols: np.ndarray, info_cols, p: np.ndarray) -> tuple[list[tuple], np.ndarray]:
+        """The messages whose every fragment came in this wake-up, once each, with headers that
+        agree, and that nothing is pending for: their bodies gathered with one copy per fragment
+        size for all of them (rows of the receive buffer in (message, fragment index) order).
+
+        Args:
+            mg: indices of the multi-fragment frames the fast path takes (ascending).
+
+        Returns:
+            (complete messages as ``(idx, info, name, body)``, the frames of ``mg`` left for
+            :meth:`_reassemble`, ascending). ``idx`` is the last datagram of the message (the one
+            that completed it), ``name`` the first one's source — as :meth:`_reassemble` gives.
+        """
+        c = cols[mg]
+        key = ((c[:, 7].astype(np.uint64) << np.uint64(48)) | (c[:, 6].astype(np.uint64) << np.uint64(16))
+               | c[:, 2].astype(np.uint64))
+        order = np.lexsort((c[:, 14], key))  # by message, then fragment index
+        ks = key[order]
+        start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+        cnt = np.diff(np.r_[start, ks.size])
+        pos = np.arange(ks.size) - np.repeat(start, cnt)
+        # dtype, status, table_id, shard_id, dim, num_keys, msg_len, frag_count, P (reassembly._SAME)
+        same = np.concatenate([c[:, [4, 5, 8, 9, 10, 11, 12, 15]], p[mg, None]], axis=1)[order]
+        row_ok = (c[order, 14] == pos) & (same == np.repeat(same[start], cnt, axis=0)).all(axis=1)
+        grp_ok = (cnt == same[start, 7]) & np.logical_and.reduceat(row_ok, start)
+        if self._pend:
+            for g in np.flatnonzero(grp_ok).tolist():
+                if int(ks[start[g]]) in self._pend:
+                    grp_ok[g] = False
+        if not grp_ok.any():
+            return [], mg
+        rows = mg[order]
+        take = np.repeat(grp_ok, cnt)
+        last = np.maximum.reduceat(rows, start)
+        first = np.minimum.reduceat(rows, start)
+        out = []
+        bs = self._bs
+        H = consts.HDR_LEN
+        gP = same[start, 8]
+        gml = same[start, 6]
+        for P in np.unique(gP[grp_ok]).tolist():
+            sel = grp_ok & (gP == P)
+            data = bs.rx[rows[take & np.repeat(gP == P, cnt)], H:H + P].reshape(-1)  # one copy
+            at = 0
+            infos = [[int(x) for x in col[first[sel]]] for col in info_cols]
+            for j, (g, i0, i1) in enumerate(zip(np.flatnonzero(sel).tolist(), first[sel].tolist(),
+                                                last[sel].tolist())):
+                n = int(cnt[g]) * P
+                out.append((i1, tuple(col[j] for col in infos), bs.names[i0].tobytes(), data[at:at + int(gml[g])]))
+                at += n
+        self._rstats["messages"] += len(out)
+        self._rstats["whole"] += len(out)
+        return out, np.sort(rows[~take])
 
     def _check_vector(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Header fields of the ``n`` frames (int64 (n, 18), in ``consts.HEADER_FIELDS`` order),
