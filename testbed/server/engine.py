@@ -58,7 +58,7 @@ from embnic.client_lib.reassembly import Message
 from embnic.client_lib.routing import owns
 from embnic.client_lib.table_numerics import is_unique, rowwise_mean_square
 
-from . import udpio
+from . import cintake, udpio
 from .intake import BatchIntake, _Pend
 from .peers import PeerGone, PeerHub, PeerLink, SplitTable, apply_segments, serve_sub_request
 from .replies import BatchReplies
@@ -80,6 +80,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             a wake-up is served by the reference's own functions (:meth:`_flush_one`); others
             (and every larger one) by the vector path.
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
+        c_intake: check headers and group fragments with the C intake (:mod:`.cintake`) when
+            its library is built; False: always the numpy code (the reference for it).
         sock: an already bound UDP socket to serve (the ``--workers`` parent binds them);
             ``bind``/``port`` are then ignored.
         worker: ``(index, N)``: this process is worker ``index`` of N (:mod:`.peers`): it holds
@@ -95,7 +97,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
                  batch: int = 256, small: int = 4, small_keys: int = 256, gso: bool = True, sock: socket.socket | None = None,
-                 worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None, **kwargs):
+                 worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None,
+                 c_intake: bool = True, **kwargs):
         me, n = int(worker[0]), int(worker[1])
         if n > 1 and (kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None):
             raise ValueError("a write-ahead log needs one worker (--workers 1)")
@@ -112,6 +115,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         self.small = int(small)
         self.small_keys = int(small_keys)
         self.gso = bool(gso)
+        self.c_intake = bool(c_intake)
+        self._cin: cintake.CIntake | None = None
         self._sock = sock
         self._bs: udpio.BatchSocket | None = None
         self._P = consts.max_body_per_frame(self.mtu)
@@ -176,6 +181,10 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                 sock.close()
                 raise
         self._bs = udpio.BatchSocket(sock, batch=self.batch, gso=self.gso)
+        lib = cintake.load() if self.c_intake else None
+        if lib is not None:
+            self._cin = cintake.CIntake(lib, self._bs.rx, self._bs.lens, self._tdim, self._tdt, self._tmaxlk,
+                                        self.shard_id, min(self.max_msg_bytes, self._reasm.max_msg_len))
         self.started_at = time.monotonic()
         return self.address
 
@@ -296,6 +305,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         re["duplicate_frames"] += self._rstats["duplicates"]
         io = dict(self._bs.stats) if self._bs is not None else {}
         c["engine"] = {"name": "batch", "wakeups": self._c["wakeups"], "batch": self.batch,
+                       "intake": "c" if self._cin is not None else "numpy",
                        "messages_whole": self._rstats["whole"],
                        "gso": bool(self._bs.gso) if self._bs is not None else self.gso, **io}
         if self._hub is not None:

@@ -28,6 +28,7 @@ from . import udpio
 
 _ZERO = (0,) * len(consts.HEADER_FIELDS)
 _FIELDS = [f[0] for f in consts.HEADER_FIELDS]
+_INFO = [2, 7, 6, 8, 11, 10, 4]  #: header columns of a message's info: msg_type, client, msg id, table, keys, dim, dtype
 
 
 class _Pend:
@@ -55,7 +56,7 @@ class BatchIntake:
         ``(idx, info, name, body)`` in the order of the datagram that completed them."""
         bs = self._bs
         L = bs.lens[:n]
-        cols, ok, p = self._check_vector(n) if n > self.small else self._check_scalar(n)
+        cols, ok, p = self._check_vector(n) if n > self.small or self._cin is not None else self._check_scalar(n)
         mt, dt, tid, dim, nk = cols[:, 2], cols[:, 4], cols[:, 8], cols[:, 10], cols[:, 11]
         fi, fc, fl = cols[:, 14], cols[:, 15], cols[:, 16]
         single = fc == 1
@@ -104,6 +105,47 @@ class BatchIntake:
             :meth:`_reassemble`, ascending). ``idx`` is the last datagram of the message (the one
             that completed it), ``name`` the first one's source — as :meth:`_reassemble` gives.
         """
+        if self._cin is not None:
+            order, grp = self._cin.whole(mg)
+            start, cnt, first, last, gP, whole = (grp[:, j] for j in range(6))
+        else:
+            order, start, cnt, first, last, gP, whole = self._group(mg, cols, p)
+        cols_first = cols[first]
+        grp_ok = whole.astype(bool)
+        if self._pend:
+            for g in np.flatnonzero(grp_ok).tolist():
+                c = cols_first[g]
+                if (int(c[7]) << 48) | (int(c[6]) << 16) | int(c[2]) in self._pend:
+                    grp_ok[g] = False
+        if not grp_ok.any():
+            return [], mg
+        rows = mg[order]
+        take = np.repeat(grp_ok, cnt)
+        out = []
+        bs = self._bs
+        H = consts.HDR_LEN
+        Ps = gP[grp_ok]
+        for P in ([int(Ps[0])] if (Ps == Ps[0]).all() else np.unique(Ps).tolist()):
+            sel = grp_ok & (gP == P)
+            data = bs.rx[rows[take & np.repeat(gP == P, cnt)], H:H + P].reshape(-1)  # one copy
+            at = 0
+            cs = cols_first[sel]
+            infos = cs[:, _INFO].tolist()
+            for info, n, ml, i0, i1 in zip(infos, cnt[sel].tolist(), cs[:, 12].tolist(), first[sel].tolist(),
+                                           last[sel].tolist()):
+                out.append((i1, tuple(info), bs.names[i0].tobytes(), data[at:at + ml]))
+                at += n * P
+        self._rstats["messages"] += len(out)
+        self._rstats["whole"] += len(out)
+        return out, np.sort(rows[~take])
+
+    @staticmethod
+    def _group(mg: np.ndarray, cols: np.ndarray, p: np.ndarray):
+        """The multi-fragment frames ``mg`` grouped by message (numpy; the C intake's
+        ``embnic_shard_whole`` does the same): (order: positions into ``mg`` by message key,
+        then fragment index, then arrival; per group: first position in ``order``, frames,
+        first and last datagram index, fragment size P, whether every fragment came once with
+        headers that agree)."""
         c = cols[mg]
         key = ((c[:, 7].astype(np.uint64) << np.uint64(48)) | (c[:, 6].astype(np.uint64) << np.uint64(16))
                | c[:, 2].astype(np.uint64))
@@ -115,41 +157,18 @@ class BatchIntake:
         # dtype, status, table_id, shard_id, dim, num_keys, msg_len, frag_count, P (reassembly._SAME)
         same = np.concatenate([c[:, [4, 5, 8, 9, 10, 11, 12, 15]], p[mg, None]], axis=1)[order]
         row_ok = (c[order, 14] == pos) & (same == np.repeat(same[start], cnt, axis=0)).all(axis=1)
-        grp_ok = (cnt == same[start, 7]) & np.logical_and.reduceat(row_ok, start)
-        if self._pend:
-            for g in np.flatnonzero(grp_ok).tolist():
-                if int(ks[start[g]]) in self._pend:
-                    grp_ok[g] = False
-        if not grp_ok.any():
-            return [], mg
+        whole = (cnt == same[start, 7]) & np.logical_and.reduceat(row_ok, start)
         rows = mg[order]
-        take = np.repeat(grp_ok, cnt)
-        last = np.maximum.reduceat(rows, start)
-        first = np.minimum.reduceat(rows, start)
-        out = []
-        bs = self._bs
-        H = consts.HDR_LEN
-        gP = same[start, 8]
-        gml = same[start, 6]
-        for P in np.unique(gP[grp_ok]).tolist():
-            sel = grp_ok & (gP == P)
-            data = bs.rx[rows[take & np.repeat(gP == P, cnt)], H:H + P].reshape(-1)  # one copy
-            at = 0
-            infos = [[int(x) for x in col[first[sel]]] for col in info_cols]
-            for j, (g, i0, i1) in enumerate(zip(np.flatnonzero(sel).tolist(), first[sel].tolist(),
-                                                last[sel].tolist())):
-                n = int(cnt[g]) * P
-                out.append((i1, tuple(col[j] for col in infos), bs.names[i0].tobytes(), data[at:at + int(gml[g])]))
-                at += n
-        self._rstats["messages"] += len(out)
-        self._rstats["whole"] += len(out)
-        return out, np.sort(rows[~take])
+        return (order, start, cnt, np.minimum.reduceat(rows, start), np.maximum.reduceat(rows, start),
+                same[start, 8], whole)
 
     def _check_vector(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Header fields of the ``n`` frames (int64 (n, 18), in ``consts.HEADER_FIELDS`` order),
         whether the fast path takes each (bool (n,)) and its fragment size P (0 for single
         frames): all frames at once, the rules of ``codec.parse_header``,
         ``ShardServer._check_header`` and ``reassembly._geometry`` as vector expressions."""
+        if self._cin is not None:
+            return self._cin.check(n)
         bs = self._bs
         L = bs.lens[:n]
         H = np.ascontiguousarray(bs.rx[:n, :consts.HDR_LEN]).view(codec.HEADER_DTYPE).reshape(n)

@@ -15,7 +15,7 @@ from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
-from embnic.testbed.server import udpio
+from embnic.testbed.server import cintake, udpio
 from embnic.testbed.server.runner import ServerThread
 
 from test_server import lookup_frames, make_cfg, update_frames
@@ -140,13 +140,15 @@ def _comparable(c):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.parametrize("kw", [{"small": 0, "small_keys": 0}, {"gso": False, "batch": 7, "small": 0},
-                                {"small": 64, "small_keys": 10**6}])
+@pytest.mark.parametrize("kw", [{"small": 0, "small_keys": 0}, {"gso": False, "batch": 7, "small": 0, "c_intake": False},
+                                {"small": 64, "small_keys": 10**6, "c_intake": False}, {"batch": 7}])
 def test_batch_engine_equals_reference(seed, kw):
+    """The batch engine (C intake where built, and the numpy one) against the reference."""
     cfg = make_cfg()
     stream = build_stream(cfg, seed)
     ref = run_stream(cfg, "reference", stream)
     bat = run_stream(cfg, "batch", stream, **kw)
+    assert bat[1]["engine"]["intake"] == ("c" if kw.get("c_intake", True) and cintake.load() else "numpy")
     assert bat[0] == ref[0]  # every reply frame, byte for byte
     assert _comparable(bat[1]) == _comparable(ref[1])
     assert ref[1]["updates_applied"] > 5 and ref[1]["duplicates"] > 0 and sum(ref[1]["errors"].values()) > 3
@@ -159,6 +161,85 @@ def test_batch_engine_equals_reference(seed, kw):
     for tid in ref[2]:
         for a, b in zip(bat[2][tid], ref[2][tid]):
             assert np.array_equal(a, b)
+
+
+def test_c_intake_is_built_where_the_card_is():
+    """``make -C dataplane`` (which ``make test`` runs) builds the shard's C intake next to the
+    card: where the card binary exists, the engine tests above ran the C intake too."""
+    from embnic.control.dpdk_proc import REPO_BINARY
+
+    if not REPO_BINARY.exists():
+        pytest.skip("dataplane not built (make -C dataplane)")
+    assert cintake.REPO_LIB.exists() and cintake.load() is not None
+
+
+def _frames_for_checks(cfg, rng):
+    """Requests of every kind and size for shard 0, each also mutated in one header byte,
+    shortened or left whole: (list of frames)."""
+    out = []
+    mine = routing.owned_keys(cfg, 0, 0)
+    for i in range(60):
+        t = cfg.tables[i % len(cfg.tables)]
+        keys = np.sort(rng.choice(routing.owned_keys(cfg, t.id, 0), int(rng.choice([1, 5, 300])), replace=False))
+        if i % 2:
+            fr = lookup_frames(cfg, t.id, keys.astype(np.uint64), 10 + i, client_id=1 + i % 2)
+        else:
+            g = rng.standard_normal((keys.size, t.dim)).astype(np.float32)
+            fr = update_frames(cfg, t.id, keys.astype(np.uint64), g, 10 + i, client_id=1 + i % 2)
+        for f in fr:
+            b = bytearray(f)
+            r = rng.random()
+            if r < 0.3:
+                b[int(rng.integers(0, consts.HDR_LEN))] ^= 1 << int(rng.integers(0, 8))
+            elif r < 0.35:
+                b = b[:int(rng.integers(0, len(b)))]
+            out.append(bytes(b))
+    out.append(lookup_frames(cfg, 0, mine[:3], 7, dim=99)[0])
+    return out
+
+
+@pytest.mark.skipif(cintake.load() is None, reason="C intake not built (make -C dataplane)")
+def test_c_intake_equals_the_numpy_intake():
+    """Header checks and grouping by message, C against numpy, on valid, bit-flipped and cut
+    frames, shuffled with duplicates, in batches of every size."""
+    from embnic.testbed.server.engine import BatchShardServer
+
+    cfg = make_cfg()
+    rng = np.random.default_rng(5)
+    frames = _frames_for_checks(cfg, rng)
+    srv = BatchShardServer(cfg, 0, "127.0.0.1", 0)
+    srv.open()
+    try:
+        assert srv._cin is not None
+        bs = srv._bs
+        seen_ok = seen_whole = 0
+        for trial in range(40):
+            n = int(rng.integers(1, bs.batch + 1))
+            pick = rng.integers(0, len(frames), n) if trial % 2 else np.arange(min(n, len(frames)))
+            n = len(pick)
+            for r, j in enumerate(pick.tolist()):
+                f = frames[j]
+                bs.rx[r, :len(f)] = np.frombuffer(f, np.uint8)
+                bs.lens[r] = len(f)
+            cin, srv._cin = srv._cin, None
+            cols_py, ok_py, p_py = (a.copy() for a in srv._check_vector(n))
+            srv._cin = cin
+            cols_c, ok_c, p_c = srv._check_vector(n)
+            full = bs.lens[:n] >= consts.HDR_LEN
+            assert np.array_equal(cols_c[full], cols_py[full]) and not cols_c[~full].any()
+            assert np.array_equal(ok_c, ok_py) and np.array_equal(p_c[ok_c], p_py[ok_py])
+            mg = np.flatnonzero(ok_c & (cols_c[:, 15] > 1))
+            if mg.size:
+                order, grp = cin.whole(mg)
+                ref = srv._group(mg, cols_c, p_c)
+                assert np.array_equal(order, ref[0])
+                for j in range(6):
+                    assert np.array_equal(grp[:, j], np.asarray(ref[1 + j]).astype(np.int64)), j
+                seen_whole += int(grp[:, 5].sum())
+            seen_ok += int(ok_c.sum())
+        assert seen_ok > 100 and seen_whole > 5
+    finally:
+        srv.close()
 
 
 def test_batch_engine_equals_local_backend_when_updates_share_a_wakeup():
