@@ -35,26 +35,33 @@ enum {
 	F_FCNT, F_FLEN, F_RESERVED,
 };
 
-static inline int64_t
-be16(const uint8_t *p)
-{
-	return ((int64_t)p[0] << 8) | p[1];
-}
-
-static inline int64_t
-be32(const uint8_t *p)
-{
-	return ((int64_t)p[0] << 24) | ((int64_t)p[1] << 16) |
-	       ((int64_t)p[2] << 8) | p[3];
-}
-
+/* One row of cols: every header field in wire order, host byte order
+ * (embnic_hdr_decode(), the card's one place that swaps header bytes). */
 static void
-parse_fields(const uint8_t *h, int64_t *c)
+parse_fields(const uint8_t *raw, int64_t *c)
 {
-#define EMBNIC_GET(f, off, sz) \
-	*c++ = (sz) == 1 ? (int64_t)h[off] : (sz) == 2 ? be16(h + (off)) : be32(h + (off));
-	EMBNIC_HDR_FIELDS(EMBNIC_GET)
-#undef EMBNIC_GET
+	const struct embnic_hdr *h = (const struct embnic_hdr *)raw;
+	struct embnic_msg m;
+
+	embnic_hdr_decode(h, &m);
+	c[F_MAGIC] = embnic_ntoh16(h->magic);
+	c[F_VERSION] = m.version;
+	c[F_TYPE] = m.msg_type;
+	c[F_FLAGS] = m.flags;
+	c[F_DTYPE] = m.dtype;
+	c[F_STATUS] = m.status;
+	c[F_MSG_ID] = m.msg_id;
+	c[F_CLIENT] = m.client_id;
+	c[F_TABLE] = m.table_id;
+	c[F_SHARD] = m.shard_id;
+	c[F_DIM] = m.dim;
+	c[F_NKEYS] = m.num_keys;
+	c[F_MSG_LEN] = m.msg_len;
+	c[F_FOFF] = m.frag_offset;
+	c[F_FIDX] = m.frag_index;
+	c[F_FCNT] = m.frag_count;
+	c[F_FLEN] = m.frag_len;
+	c[F_RESERVED] = embnic_ntoh16(h->reserved);
 }
 
 static_assert(EMBNIC_NB_HDR_FIELDS == F_RESERVED + 1, "one column per header field");
@@ -95,10 +102,9 @@ embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
 		int64_t dim = c[F_DIM], nk = c[F_NKEYS], ml = c[F_MSG_LEN];
 		int64_t fo = c[F_FOFF], fi = c[F_FIDX], fc = c[F_FCNT];
 		int64_t fl = c[F_FLEN];
-		int64_t esize = dt == EMBNIC_DTYPE_FP32 ? 4 :
-				dt == EMBNIC_DTYPE_FP16 ? 2 : 0;
-		int64_t expect = mt == EMBNIC_LOOKUP_REQ ? EMBNIC_KEY_SIZE * nk :
-				 nk * (EMBNIC_KEY_SIZE + dim * esize);
+		/* LOOKUP_REQ / UPDATE_REQ (others are refused below) */
+		int64_t expect = (int64_t)embnic_expected_msg_len(
+			(uint8_t)mt, (uint32_t)nk, (uint16_t)dim, (uint8_t)dt);
 
 		if (c[F_MAGIC] != EMBNIC_MAGIC ||
 		    c[F_VERSION] != EMBNIC_PROTO_VERSION ||
