@@ -67,6 +67,13 @@ from .shard import _SOCK_BUF, ShardServer, _Refused
 log = logging.getLogger("embnic.server")
 
 
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    """Segment bounds int64 (M+1,) of segments of ``counts`` (M,) elements: ``[0, c0, c0+c1, ...]``."""
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
 class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
     """One shard served by the batch engine (see the module docstring).
 
@@ -76,9 +83,11 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         batch: datagrams per ``recvmmsg`` (per wake-up pass).
         small: wake-ups of at most this many frames check their headers frame by frame
             (:meth:`_check_scalar`), larger ones as vectors (:meth:`_check_vector`).
-        small_keys: a message of at most this many keys that is alone of its table and kind in
-            a wake-up is served by the reference's own functions (:meth:`_flush_one`); others
-            (and every larger one) by the vector path.
+        small_keys: an update of at most this many keys that is alone of its table and kind in
+            a wake-up is served by the reference's own function (:meth:`_flush_one`: fewer numpy
+            calls than the vector path's checks); others (and every larger one) by the vector path.
+        small_lookup_keys: the same for lookups (default 0: the vector path costs less for
+            every lookup since replies are encoded in place).
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
         c_intake: check headers and group fragments with the C intake (:mod:`.cintake`) when
             its library is built; False: always the numpy code (the reference for it).
@@ -96,7 +105,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
     _sync_each = False  # one log commit per wake-up, in serve_batch
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                 batch: int = 256, small: int = 4, small_keys: int = 256, gso: bool = True, sock: socket.socket | None = None,
+                 batch: int = 256, small: int = 4, small_keys: int = 256, small_lookup_keys: int = 0, gso: bool = True,
+                 sock: socket.socket | None = None,
                  worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None,
                  c_intake: bool = True, **kwargs):
         me, n = int(worker[0]), int(worker[1])
@@ -114,6 +124,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         self.batch = int(batch)
         self.small = int(small)
         self.small_keys = int(small_keys)
+        self.small_lookup_keys = int(small_lookup_keys)
         self.gso = bool(gso)
         self.c_intake = bool(c_intake)
         self._cin: cintake.CIntake | None = None
@@ -134,6 +145,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         self._tdim = np.full(1 << 16, -1, np.int64)
         self._tdt = np.zeros(1 << 16, np.int64)
         self._tmaxlk = np.zeros(1 << 16, np.int64)
+        self._twire = {t.id: codec.value_dtype(t.wire_dtype) for t in cfg.tables}
         for t in cfg.tables:
             self._tdim[t.id] = t.dim
             self._tdt[t.id] = int(t.wire_dtype)
@@ -368,7 +380,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def _flush(self, tid: int, kind: int, q: list) -> None:
         try:
-            if len(q) == 1 and q[0][1][4] <= self.small_keys:
+            if len(q) == 1 and q[0][1][4] <= (self.small_lookup_keys if kind == MsgType.LOOKUP_REQ else self.small_keys):
                 self._flush_one(tid, kind, q[0])
             elif kind == MsgType.LOOKUP_REQ:
                 self._flush_lookups(tid, q)
@@ -412,25 +424,29 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def _flush_lookups(self, tid: int, q: list) -> None:
         ts = self.tables[tid]
-        nks = np.array([m[1][4] for m in q], np.int64)
-        offs = np.r_[0, np.cumsum(nks)]
+        nkl = [m[1][4] for m in q]
+        nks = np.array(nkl, np.int64)
+        offs = _offsets(nks)
         keys = np.concatenate([m[3].view(codec.KEY_DTYPE) for m in q]) if len(q) > 1 else q[0][3].view(codec.KEY_DTYPE)
-        st = self._key_status(tid, keys, offs)
-        okm = st == 0
-        if okm.all():
+        if ts.table.rows is None and self._owns_all[tid]:
+            st, okl = None, [True] * len(q)  # nothing to refuse: no range, every key ours
+        else:
+            st = self._key_status(tid, keys, offs)
+            okl = (st == 0).tolist()
+        if all(okl):
             rows = ts.lookup(keys)
         else:
-            rows = ts.lookup(keys[np.repeat(okm, nks)])
-        wire = codec.value_dtype(ts.table.wire_dtype)
+            rows = ts.lookup(keys[np.repeat(np.array(okl, bool), nks)])
+        wire = self._twire[tid]
         body = rows.astype(wire, copy=False).reshape(-1).view(np.uint8)
         rb = ts.dim * wire.itemsize
         at = 0
         for j, m in enumerate(q):
-            if okm[j]:
-                n = int(nks[j]) * rb
+            if okl[j]:
+                n = nkl[j] * rb
                 self._emit(m, MsgType.LOOKUP_REPLY, body[at:at + n])
                 at += n
-                self._c["lookup_keys"] += int(nks[j])
+                self._c["lookup_keys"] += nkl[j]
             else:
                 self._emit(m, MsgType.ERROR, status=int(st[j]))
 
@@ -438,7 +454,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         ts = self.tables[tid]
         dim, wire = ts.dim, codec.value_dtype(ts.table.wire_dtype)
         nks = np.array([m[1][4] for m in q], np.int64)
-        offs = np.r_[0, np.cumsum(nks)]
+        offs = _offsets(nks)
         keys = np.concatenate([m[3][:8 * k].view(codec.KEY_DTYPE) for m, k in zip(q, nks.tolist())])
         grads = np.concatenate([m[3][8 * k:].view(wire) for m, k in zip(q, nks.tolist())]).reshape(-1, dim)
         g = grads.astype(np.float32)
@@ -501,7 +517,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             sel[which] = True
             n = np.diff(offs)
             rows = np.repeat(sel, n)
-            k, gg, o = keys[rows], g[rows], np.r_[np.int64(0), np.cumsum(n[which])]
+            k, gg, o = keys[rows], g[rows], _offsets(n[which])
         if isinstance(ts, SplitTable):
             ts.apply_segments(k, gg, o)
         else:

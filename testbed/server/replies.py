@@ -24,6 +24,7 @@ log = logging.getLogger("embnic.server")
 _HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")
 _U4 = np.dtype(">u4")
 _U2 = np.dtype(">u2")
+_U2BE = struct.Struct(">H")
 
 
 class BatchReplies:
@@ -57,10 +58,8 @@ class BatchReplies:
                        self.shard_id, dim, nk, ml, 0, 0, count, P if count > 1 else ml, 0)
         if count > 1:
             tx[a + 1:a + count, :H] = tx[a, :H]
-            idx_arr = np.arange(count)
-            tx[a:a + count, 28:32] = (idx_arr * P).astype(_U4).view(np.uint8).reshape(count, 4)
-            tx[a:a + count, 32:34] = idx_arr.astype(_U2).view(np.uint8).reshape(count, 2)
-            tx[a + count - 1, 36:38] = np.frombuffer(last_len.to_bytes(2, "big"), np.uint8)
+            tx[a:a + count, 28:34] = self._frag_cols(count)  # frag_offset, frag_index of each
+            _U2BE.pack_into(tx[a + count - 1], 36, last_len)
             tx[a:a + count - 1, H:] = body[:(count - 1) * P].reshape(count - 1, P)
         if ml:
             tx[a + count - 1, H:H + last_len] = body[(count - 1) * P:]
@@ -70,6 +69,19 @@ class BatchReplies:
         self._rep_start.append(a)
         self._rep_count.append(count)
         self._rep_name.append(name)
+
+    def _frag_cols(self, count: int) -> np.ndarray:
+        """uint8 (count, 6): the ``frag_offset`` (u32 BE, ``i * P``) and ``frag_index`` (u16 BE)
+        bytes of fragments ``0..count-1`` (computed once for the most fragments a reply has)."""
+        fc = getattr(self, "_fc_cache", None)
+        if fc is None or fc.shape[0] < count:
+            n = max(count, consts.MAX_FRAGS)
+            i = np.arange(n)
+            fc = np.empty((n, 6), np.uint8)
+            fc[:, 0:4] = (i * self._P).astype(_U4).view(np.uint8).reshape(n, 4)
+            fc[:, 4:6] = i.astype(_U2).view(np.uint8).reshape(n, 2)
+            self._fc_cache = fc
+        return fc[:count]
 
     def _send(self, frames: list[bytes], addr) -> None:
         """The reference handler's replies into the transmit buffer, in order (``addr``: an

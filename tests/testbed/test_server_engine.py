@@ -141,7 +141,7 @@ def _comparable(c):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("kw", [{"small": 0, "small_keys": 0}, {"gso": False, "batch": 7, "small": 0, "c_intake": False},
-                                {"small": 64, "small_keys": 10**6, "c_intake": False}, {"batch": 7}])
+                                {"small": 64, "small_keys": 10**6, "small_lookup_keys": 10**6, "c_intake": False}, {"batch": 7}])
 def test_batch_engine_equals_reference(seed, kw):
     """The batch engine (C intake where built, and the numpy one) against the reference."""
     cfg = make_cfg()
