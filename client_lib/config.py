@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -270,6 +271,19 @@ def _check_range(v: int, lo: int, hi: int, field: str, path) -> int:
     return v
 
 
+#: largest finite float32: rows, gradients and optimizer state are float32 on the shards
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_float(v: float, field: str, path, *, zero_ok: bool = False) -> float:
+    """``v`` (a parsed TOML float) must be finite and fit float32: ``0 < v <= FLOAT32_MAX``
+    (``0 <= v`` with ``zero_ok``); else :class:`ConfigError` naming ``field``."""
+    if not (math.isfinite(v) and (0 <= v if zero_ok else 0 < v) and v <= FLOAT32_MAX):
+        lo = ">= 0" if zero_ok else "> 0"
+        raise ConfigError(field, f"must be a finite number {lo} (at most {FLOAT32_MAX:.4g}, float32), got {v}", path)
+    return v
+
+
 def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, ...]:
     items = raw.get(key)
     if not isinstance(items, list) or not items:
@@ -376,7 +390,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
     tabs = raw.get("tables")
     if not isinstance(tabs, list) or not tabs:
         raise ConfigError("tables", "at least one [[tables]] entry is required", path)
-    tables, seen = [], set()
+    tables, seen, names = [], set(), {}
     for i, t in enumerate(tabs):
         w = f"tables[{i}]."
         if not isinstance(t, dict):
@@ -392,19 +406,26 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
         opt = _get(t, "optimizer", w, str, "adagrad", path)
         if opt not in OPTIMIZERS:
             raise ConfigError(w + "optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {opt!r}", path)
-        lr = _get(t, "lr", w, float, 0.05, path)
-        if not lr > 0:
-            raise ConfigError(w + "lr", f"must be > 0, got {lr}", path)
+        lr = _check_float(_get(t, "lr", w, float, 0.05, path), w + "lr", path)
+        name = _get(t, "name", w, str, f"t{tid}", path)
+        if not name:
+            raise ConfigError(w + "name", "must not be empty", path)
+        if name in names:
+            raise ConfigError(w + "name", f"duplicate table name {name!r} (also tables[{names[name]}]); every table "
+                              "needs a name of its own (names key the tables in TorchRec and `embnic tables export`)",
+                              path)
+        names[name] = i
         tables.append(TableConfig(
             id=tid,
-            name=_get(t, "name", w, str, f"t{tid}", path),
+            name=name,
             rows=_rows(t, w, path),
             dim=_check_range(_get(t, "dim", w, int, path=path), 1, 4096, w + "dim", path),
             dtype=dtype,
             optimizer=opt,
             lr=lr,
-            eps=_get(t, "eps", w, float, 1e-8, path),
-            init_scale=_get(t, "init_scale", w, float, 0.01, path),
+            eps=_check_float(_get(t, "eps", w, float, 1e-8, path), w + "eps", path),
+            init_scale=_check_float(_get(t, "init_scale", w, float, 0.01, path), w + "init_scale", path,
+                                    zero_ok=True),
             shard=_get(t, "shard", w, int, None, path),
         ))
     shards = _endpoints(raw, "shards", path, udp_port)

@@ -51,6 +51,35 @@ def test_errors_name_the_field(over, field):
     assert str(e.value).startswith(field + ":")
 
 
+def _table(**kw):
+    return {"id": 0, "rows": 100, "dim": 4, **kw}
+
+
+@pytest.mark.parametrize("over,field,msg", [
+    # two tables of one name: `tables export` would write one over the other, TorchRec keys clash
+    ([_table(name="C1"), _table(id=1, name="C1")], "tables[1].name", "duplicate table name 'C1' (also tables[0])"),
+    ([_table(name="t1"), _table(id=1)], "tables[1].name", "duplicate table name 't1'"),  # the default name
+    ([_table(name="")], "tables[0].name", "must not be empty"),
+    ([_table(lr=float("inf"))], "tables[0].lr", "finite number > 0"),
+    ([_table(eps=-1.0)], "tables[0].eps", "finite number > 0"),
+    ([_table(eps=0.0)], "tables[0].eps", "finite number > 0"),
+    ([_table(eps=float("nan"))], "tables[0].eps", "finite number > 0"),
+    ([_table(init_scale=float("nan"))], "tables[0].init_scale", "finite number >= 0"),
+    ([_table(init_scale=-0.5)], "tables[0].init_scale", "finite number >= 0"),
+    ([_table(init_scale=1e300)], "tables[0].init_scale", "float32"),  # rows are float32: inf
+])
+def test_table_names_and_numbers(over, field, msg):
+    with pytest.raises(ConfigError) as e:
+        parse_config(_raw(tables=over))
+    assert e.value.field == field
+    assert msg in str(e.value)
+
+
+def test_table_number_edges_accepted():
+    cfg = parse_config(_raw(tables=[_table(init_scale=0.0, eps=1e-30, lr=3.4e38)]))
+    assert cfg.tables[0].init_scale == 0.0 and cfg.tables[0].eps == 1e-30
+
+
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.toml")
