@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 
 def merge_json(path: Path, key: str, value: dict) -> dict:
     """Read-modify-write ``path`` (a JSON object) setting ``key``, under an flock and with an
     atomic rename, so benchmarks writing one bench.json never lose each other's results.
+
+    An existing file that is not a JSON object (damaged, hand-edited) is not dropped: it is
+    renamed ``bench.json.unreadable-<UTC time>`` beside it, with one line on stderr naming it,
+    and a new object holding only ``key`` is written.
 
     Returns:
         the whole object as written.
@@ -22,7 +28,13 @@ def merge_json(path: Path, key: str, value: dict) -> dict:
         if path.exists():
             try:
                 data = json.loads(path.read_text())
-            except json.JSONDecodeError:
+                problem = None if isinstance(data, dict) else f"holds a JSON {type(data).__name__}, not an object"
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                problem = f"is not valid JSON ({e})"
+            if problem:
+                kept = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+                path.replace(kept)
+                print(f"warning: {path} {problem}: kept as {kept}, writing a new one", file=sys.stderr)
                 data = {}
         data[key] = value
         tmp = path.with_suffix(".tmp")

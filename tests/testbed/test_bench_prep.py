@@ -13,6 +13,18 @@ from embnic.control.cmd_bench import bench
 from embnic.testbed.bench.results import merge_json
 
 
+@pytest.mark.parametrize("old", ["{broken", "[1, 2]", "\udcff"])
+def test_unreadable_bench_json_is_kept_aside(tmp_path, capsys, old):
+    path = tmp_path / "bench.json"
+    path.write_bytes(old.encode("utf-8", "surrogateescape"))
+    data = merge_json(path, "prep", {"ids_per_s": 1.0})
+    assert data == {"prep": {"ids_per_s": 1.0}} == json.loads(path.read_text())
+    kept = list(tmp_path.glob("bench.json.unreadable-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == old.encode("utf-8", "surrogateescape")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"kept as {kept[0]}" in err
+
+
 def test_bench_prep_merges_into_bench_json(tmp_path):
     merge_json(tmp_path / "bench.json", "dataplane", {"card_mpps": 1.0})
     r = CliRunner().invoke(bench, ["prep", "--out", str(tmp_path), "--batch-size", "256", "--repeats", "1"])
