@@ -72,8 +72,8 @@ def up(config, name, no_card, timeout, as_json):
         click.echo(f"logs: {tb.dir}/   config every node reads: {tb.config_path}")
         if no_card:
             click.echo(f"no card (--no-card): the clients reach no shard until one runs in netns {topo.card_ns}: "
-                       f"sudo embnic pipeline load -c {tb.config_path}   (and `sudo embnic pipeline unload -c "
-                       f"{tb.config_path}` before `testbed down`)")
+                       f"sudo embnic pipeline load -c {tb.config_path}   (and `sudo embnic pipeline unload --name "
+                       f"{tb.cfg.raw['control']['name']}` before `testbed down`)")
         else:
             click.echo(f"train as client {c.id}: sudo ip netns exec {topo.client_ns(c.id)} embnic train -c "
                        f"{tb.config_path} --client-id {c.id}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -173,11 +175,23 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
 def test_up_without_a_card_does_not_point_at_one(run_dir, cleanup):  # noqa: F811
     name = tb_name("o")
     cleanup.append(name)
-    r = _embnic(run_dir, "testbed", "up", "-c", str(TESTBED_TOML), "--name", name, "--no-card")
+    r0 = r = _embnic(run_dir, "testbed", "up", "-c", str(TESTBED_TOML), "--name", name, "--no-card")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "the card: sudo embnic status" not in r.stdout and "train as client" not in r.stdout
     assert f"no card (--no-card): the clients reach no shard until one runs in netns {name}-card" in r.stdout
     r = _embnic(run_dir, "testbed", "status", "--name", name)
     assert r.returncode == 0 and "\n  card  none (up --no-card)\n" in r.stdout, r.stdout + r.stderr
+    # the hint's own load and unload commands work as printed
+    m = re.search(r"sudo embnic (pipeline load -c \S+)   \(and `sudo embnic (pipeline unload [^`]+)` before", r0.stdout)
+    assert m, r0.stdout
+    build_dataplane()
+    r = _embnic(run_dir, *shlex.split(m[1]))
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = _embnic(run_dir, *shlex.split(m[2]))
+        assert r.returncode == 0 and "unloaded pipeline" in r.stdout, r.stdout + r.stderr
+    finally:
+        if r.returncode != 0:
+            _embnic(run_dir, "pipeline", "unload", "--name", "card")
     assert _embnic(run_dir, "testbed", "down", "--name", name).returncode == 0
     assert_gone(name)
