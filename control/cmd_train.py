@@ -1,6 +1,7 @@
 """``embnic train``: train the CTR model with its embeddings on the cluster's shards."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -9,6 +10,19 @@ import click
 
 from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.cmd_options import config_option, load_cluster
+
+
+def _bind_error(e: OSError, me, config) -> str:
+    """One line for a client socket that could not bind ``me.ip:me.port``, naming the fix."""
+    where = f"cannot bind client {me.id} to {me.ip}:{me.port}"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return (f"{where}: {me.ip} is not an address of this host (or network namespace); run train on client "
+                f"{me.id}'s host (in the testbed: `ip netns exec <its namespace> embnic train ...`, as `testbed up` "
+                f"prints), pick --client-id, or fix clients[id={me.id}] in {config}")
+    if e.errno == errno.EADDRINUSE:
+        return (f"{where}: address already in use (another client {me.id} running?); stop it "
+                f"(ss -ulpn | grep :{me.port}), pick --client-id, or fix clients[id={me.id}] in {config}")
+    return f"{where}: {e.strerror or e}; fix clients[id={me.id}] in {config}"
 
 
 def _trainer(model: str):
@@ -91,9 +105,7 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
             try:
                 client = backend = EmbeddingClient(cfg, client_id)
             except OSError as e:
-                me = cfg.client(client_id)
-                raise OperationalError(f"cannot bind client {client_id} to {me.ip}:{me.port}: {e.strerror}; "
-                                       f"fix clients[id={client_id}] in {config}") from None
+                raise OperationalError(_bind_error(e, cfg.client(client_id), config)) from None
         res = run_train(cfg, tr, steps=steps, batch_size=batch_size, backend=backend, eval_data=va,
                         progress=progress)
     except EmbnicError as e:

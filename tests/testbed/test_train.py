@@ -266,6 +266,25 @@ def test_cli_train_tiny_inputs_and_bad_json_out(tmp_path):
     assert "step" not in r.stdout  # refused before training
 
 
+def test_cli_train_bind_errors_name_the_fix(tmp_path):
+    """A client address this host lacks (run outside the testbed's client namespace) and one in use."""
+    busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    busy.bind(("127.0.0.1", 0))
+    try:
+        text = open(CFG).read()
+        for ip_port, want in ((("192.0.2.77", 40000), "192.0.2.77 is not an address of this host"),
+                              (busy.getsockname(), "address already in use (another client 1 running?)")):
+            conf = tmp_path / "c.toml"
+            conf.write_text(text.replace('[[clients]]\nid = 1\nip = "127.0.0.1"\nport = 17890',
+                                         f'[[clients]]\nid = 1\nip = "{ip_port[0]}"\nport = {ip_port[1]}'))
+            assert ip_port[0] in conf.read_text()
+            r = _run_cli("train", "-c", str(conf), "--steps", "1", "--max-rows", "50")
+            err = r.stderr.strip().splitlines()
+            assert r.returncode == 1 and len(err) == 1 and want in err[0], r.stderr
+    finally:
+        busy.close()
+
+
 def test_cli_debug_flag_anywhere(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[cluster\n")
