@@ -73,12 +73,17 @@ def prep(out, batch_size, repeats):
 @click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
               help="bmv2: the same frames through simple_switch and through the DPDK card over the same "
                    "veth path in one run (dataplane.bmv2_mpps, dataplane.ratio_card_bmv2).")
-def dataplane(out, seconds, target):
+@click.option("--state-lcores", type=click.IntRange(1, 2), default=2, show_default=True,
+              help="2: also the distinct workload on the card with 2 state lcores against testpmd with 2 "
+                   "forwarding lcores (dpdk target); 1: skip it.")
+def dataplane(out, seconds, target, state_lcores):
     """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
     the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and
     net_af_packet over a veth pair); a workload of distinct messages with their replies
-    (every state-map entry inserted and freed: distinct_msgs_per_s); the card's two-lcore
-    pipeline beside. bench.json's `targets` says which targets are met.
+    (every state-map entry inserted and freed: distinct_msgs_per_s), also with the state map
+    partitioned over 2 state lcores against testpmd on 2 forwarding lcores
+    (distinct_2state_msgs_per_s, reported with the cross-CPU round trip, not gated); the card's
+    two-lcore pipeline beside. bench.json's `targets` says which targets are met.
 
     \b
     Example:
@@ -96,7 +101,7 @@ def dataplane(out, seconds, target):
         mod = importlib.import_module("embnic.testbed.bench.dataplane")
     except ImportError as e:
         raise MissingDependencyError(f"the dataplane benchmark is not available: {e}", dependency=e.name) from None
-    res = mod.run(Path(out), seconds=seconds)
+    res = mod.run(Path(out), seconds=seconds, state_lcores=state_lcores)
     _show("dataplane", res)
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 

@@ -66,8 +66,10 @@ def eal_argv(lcores: str, file_prefix: str, vdevs: Sequence[str] = (), extra: Se
 
     Example: ``eal_argv("0,1", "embnic-tb-emb", ["net_ring0"])`` →
     ``["-l", "0,1", "--no-huge", "--no-pci", "-m", "256", "--file-prefix", "embnic-tb-emb", "--vdev", "net_ring0"]``.
+    A list that maps lcores to CPUs (``"0@0,1@1,2@1"``: three lcores on two CPUs) is passed as
+    ``--lcores LCORES`` instead.
     """
-    args = ["-l", lcores, *EAL_DEFAULTS, "--file-prefix", file_prefix, *extra]
+    args = ["--lcores" if "@" in lcores else "-l", lcores, *EAL_DEFAULTS, "--file-prefix", file_prefix, *extra]
     for v in vdevs:
         args += ["--vdev", v]
     return args

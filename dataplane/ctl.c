@@ -199,9 +199,10 @@ cmd_info(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	for (i = 0; i < app->nb_ports; i++) {
 		const struct embnic_port *p = &app->ports[i];
 
-		json_array_append_new(ports, json_pack("{s:I, s:s, s:o, s:o}",
+		json_array_append_new(ports, json_pack("{s:I, s:s, s:o, s:o, s:I}",
 			"port", (json_int_t)p->id, "name", p->name,
-			"mac", mac_json(&p->mac), "ip", ip_json(p->ip)));
+			"mac", mac_json(&p->mac), "ip", ip_json(p->ip),
+			"tx_queues", (json_int_t)p->nb_txq));
 	}
 	json_object_set_new(resp, "build", buildinfo_json());
 	json_object_set_new(resp, "ports", ports);

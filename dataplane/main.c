@@ -222,10 +222,15 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 	return 0;
 }
 
-/* Configure and start one port: 1 RX and 1 TX queue (examples/skeleton). */
+/*
+ * Configure and start one port (examples/skeleton): 1 RX queue and nb_txq
+ * TX queues (queue 0 for the RX lcore's side, one per state lcore on
+ * another lcore when the port has them: txq_plan()).
+ */
 static int
-port_init(struct embnic_app *a, uint16_t port)
+port_init(struct embnic_app *a, uint16_t port, uint16_t nb_txq)
 {
+	uint16_t q;
 	struct rte_eth_conf conf = { 0 };
 	struct rte_eth_dev_info info;
 	struct embnic_port *p = &a->ports[port];
@@ -264,7 +269,7 @@ port_init(struct embnic_app *a, uint16_t port)
 			return -EINVAL;
 		}
 	}
-	ret = rte_eth_dev_configure(port, 1, 1, &conf);
+	ret = rte_eth_dev_configure(port, 1, nb_txq, &conf);
 	if (ret != 0)
 		return ret;
 	ret = rte_eth_dev_adjust_nb_rx_tx_desc(port, &nb_rxd, &nb_txd);
@@ -273,9 +278,11 @@ port_init(struct embnic_app *a, uint16_t port)
 	ret = rte_eth_rx_queue_setup(port, 0, nb_rxd, socket, NULL, a->pool);
 	if (ret < 0)
 		return ret;
-	ret = rte_eth_tx_queue_setup(port, 0, nb_txd, socket, NULL);
-	if (ret < 0)
-		return ret;
+	for (q = 0; q < nb_txq; q++) {
+		ret = rte_eth_tx_queue_setup(port, q, nb_txd, socket, NULL);
+		if (ret < 0)
+			return ret;
+	}
 	ret = rte_eth_dev_start(port);
 	if (ret < 0)
 		return ret;
@@ -283,6 +290,7 @@ port_init(struct embnic_app *a, uint16_t port)
 	if (ret != 0)
 		return ret;
 	p->id = port;
+	p->nb_txq = nb_txq;
 	p->ip = a->opts.port_ip[port];
 	if (rte_eth_dev_get_name_by_port(port, p->name) != 0)
 		snprintf(p->name, sizeof(p->name), "port%u", port);
@@ -290,9 +298,9 @@ port_init(struct embnic_app *a, uint16_t port)
 }
 
 /*
- * State lcore k's header ring, its txr (when it runs on another lcore than
- * RX and there are several), its partition of the map: ceil(state_size /
- * state lcores) entries. 0 or -ENOMEM.
+ * State lcore k's header ring, its txr (when a port has no TX queue for
+ * it: txq_plan()), its partition of the map: ceil(state_size / state
+ * lcores) entries. 0 or -ENOMEM.
  */
 static int
 worker_init(struct embnic_app *a, unsigned int k)
@@ -301,12 +309,15 @@ worker_init(struct embnic_app *a, unsigned int k)
 	uint32_t size = (a->opts.state_size + a->nb_workers - 1) /
 		a->nb_workers;
 	char name[RTE_RING_NAMESIZE];
+	uint16_t p;
 
 	w->id = k;
 	snprintf(name, sizeof(name), "embnic_hdr_ring%u", k);
 	w->ring = rte_ring_create(name, a->opts.ring_size, (int)rte_socket_id(),
 				  RING_F_SP_ENQ | RING_F_SC_DEQ | RING_F_EXACT_SZ);
-	if (a->nb_workers > 1 && w->lcore != a->rx_lcore) {
+	for (p = 0; p < a->nb_ports && w->txq[p] != EMBNIC_TXQ_NONE; p++)
+		;
+	if (p < a->nb_ports) {	/* a port without a TX queue for it */
 		snprintf(name, sizeof(name), "embnic_tx_ring%u", k);
 		w->txr = rte_ring_create(name, a->opts.ring_size,
 					 (int)rte_socket_id(), RING_F_SP_ENQ |
@@ -400,6 +411,42 @@ assign_lcores(struct embnic_app *a)
 			a->w[k].lcore = w[k - first];
 	}
 	a->tx_lcore = a->w[0].lcore;
+	return 0;
+}
+
+/*
+ * Which TX queue each state lcore uses on each port; nb_txq[p] gets how
+ * many port p needs. The only state lcore, or one on the RX lcore: queue
+ * 0. Others: queue 1 + j (j-th of them) on a port that offers 1 + all of
+ * them, else none (their frames go through their txr to the RX lcore).
+ * 0 or a negative errno.
+ */
+static int
+txq_plan(struct embnic_app *a, uint16_t *nb_txq)
+{
+	struct rte_eth_dev_info info;
+	unsigned int k, j, others = 0;
+	uint16_t p;
+	int ret;
+
+	for (k = 0; k < a->nb_workers; k++)
+		if (a->nb_workers > 1 && a->w[k].lcore != a->rx_lcore)
+			others++;
+	for (p = 0; p < a->nb_ports; p++) {
+		ret = rte_eth_dev_info_get(p, &info);
+		if (ret != 0)
+			return ret;
+		nb_txq[p] = others > 0 && info.max_tx_queues >= 1 + others ?
+			(uint16_t)(1 + others) : 1;
+		for (k = 0, j = 0; k < a->nb_workers; k++) {
+			bool other = a->nb_workers > 1 &&
+				a->w[k].lcore != a->rx_lcore;
+
+			a->w[k].txq[p] = !other ? 0 : nb_txq[p] > 1 ?
+				(uint16_t)(1 + j) : EMBNIC_TXQ_NONE;
+			j += other;
+		}
+	}
 	return 0;
 }
 
@@ -551,6 +598,7 @@ pool_create(struct embnic_app *a)
 int
 main(int argc, char **argv)
 {
+	uint16_t nb_txq[EMBNIC_MAX_PORTS];
 	struct timespec ts;
 	uint16_t port;
 	unsigned int lc;
@@ -600,8 +648,12 @@ main(int argc, char **argv)
 		rte_exit(EXIT_FAILURE, "cannot create the mbuf pool: %s\n",
 			 rte_strerror(rte_errno));
 
+	ret = txq_plan(&app, nb_txq);
+	if (ret != 0)
+		rte_exit(EXIT_FAILURE, "cannot query the ports: %s\n",
+			 rte_strerror(-ret));
 	for (port = 0; port < app.nb_ports; port++) {
-		ret = port_init(&app, port);
+		ret = port_init(&app, port, nb_txq[port]);
 		if (ret != 0)
 			rte_exit(EXIT_FAILURE, "cannot init port %u: %s\n",
 				 port, rte_strerror(-ret));

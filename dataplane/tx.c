@@ -152,53 +152,47 @@ txq_add(struct tx_queue *q, struct rte_mbuf *m, uint32_t len)
 }
 
 /*
- * Hand the frames of qs to the RX lcore through txr, each with m->port the
- * port to send on (it counts them sent, by port); what txr does not take
- * is freed and counted (tx_full).
+ * Hand m[0..n-1] to the RX lcore through txr, each with m->port the port
+ * to send on (it counts them sent); what txr does not take is freed and
+ * counted (tx_full).
  */
-static void
-txq_handoff(struct embnic_app *app, struct rte_ring *txr, struct tx_queue *qs,
+static __rte_noinline void
+txq_handoff(struct rte_ring *txr, struct rte_mbuf **m, unsigned int n,
 	    struct embnic_lcore_stats *st)
 {
-	struct rte_mbuf *all[EMBNIC_MAX_BURST];
-	unsigned int n = 0, sent, i;
-	uint16_t p;
+	unsigned int sent = rte_ring_enqueue_burst(txr, (void *const *)m, n,
+						   NULL);
 
-	for (p = 0; p < app->nb_ports; p++) {
-		struct tx_queue *q = &qs[p];
-
-		for (i = 0; i < q->n; i++) {
-			q->m[i]->port = p;
-			all[n++] = q->m[i];
-		}
-		q->n = 0;
-	}
-	if (n == 0)
-		return;
-	sent = rte_ring_enqueue_burst(txr, (void *const *)all, n, NULL);
 	if (unlikely(sent < n)) {
 		st->drops[EMBNIC_DROP_TX_FULL] += n - sent;
-		rte_pktmbuf_free_bulk(&all[sent], n - sent);
+		rte_pktmbuf_free_bulk(&m[sent], n - sent);
 	}
 }
 
+/* Send each port's frames on state lcore w's TX queue, or hand them off. */
 static void
 txq_flush(struct embnic_app *app, struct embnic_worker *w,
 	  struct tx_queue *qs, struct embnic_lcore_stats *st)
 {
+	struct rte_mbuf *hand[EMBNIC_MAX_BURST];
+	unsigned int nh = 0;
 	uint16_t p, sent, i;
 	uint64_t bytes;
 
-	if (w->txr != NULL) {
-		txq_handoff(app, w->txr, qs, st);
-		return;
-	}
 	for (p = 0; p < app->nb_ports; p++) {
 		struct tx_queue *q = &qs[p];
 
 		if (q->n == 0)
 			continue;
-		sent = rte_eth_tx_burst(p, 0, q->m, q->n);
+		if (unlikely(w->txq[p] == EMBNIC_TXQ_NONE)) {
+			for (i = 0; i < q->n; i++) {
+				q->m[i]->port = p;
+				hand[nh++] = q->m[i];
+			}
+			q->n = 0;
+			continue;
+		}
+		sent = rte_eth_tx_burst(p, w->txq[p], q->m, q->n);
 		bytes = 0;
 		for (i = 0; i < sent; i++)
 			bytes += q->len[i];
@@ -210,6 +204,8 @@ txq_flush(struct embnic_app *app, struct embnic_worker *w,
 		}
 		q->n = 0;
 	}
+	if (nh > 0)
+		txq_handoff(w->txr, hand, nh, st);
 }
 
 /*

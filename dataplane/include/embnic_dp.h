@@ -51,6 +51,8 @@
 #define EMBNIC_TX_DESC			1024
 #define EMBNIC_CARD_TTL			64
 #define EMBNIC_MAX_MTU			16000	/* --mtu: a frame fits a 16-bit mbuf */
+/* embnic_worker.txq[p]: the port has no TX queue for it (hand off) */
+#define EMBNIC_TXQ_NONE			0xffff
 /* seed of the partition hash (not the tables' 0: independent bits) */
 #define EMBNIC_PART_SEED		0x9e3779b9u
 
@@ -116,6 +118,7 @@ struct embnic_port {
 	uint16_t id;
 	struct rte_ether_addr mac;
 	uint32_t ip;			/* network order, 0 = none */
+	uint16_t nb_txq;		/* TX queues (txq_plan() in main.c) */
 	char name[64];
 };
 
@@ -301,17 +304,21 @@ struct embnic_opts {
  * A state lcore: the TX stage over one partition of the message state map.
  * The RX stage steers every message frame to the header ring of the
  * partition of its (client id, message id) (embnic_partition), so this
- * lcore alone touches its partition: no lock. With one state lcore it
- * transmits on queue 0 of every port itself (txr NULL); with several, the
- * RX lcore owns the ports' queues, and a state lcore on another lcore
- * hands its rewritten frames back through txr (m->port = the port to send
- * on), which the RX lcore sends (embnic_io_tx). Both rings are
+ * lcore alone touches its partition: no lock. It transmits on TX queue
+ * txq[p] of port p: queue 0 for the only state lcore, or for one on the
+ * RX lcore; with several, a state lcore on another lcore gets a TX queue
+ * of its own on every port that has enough (net_null, net_af_packet with
+ * qpairs, NICs) and, on a port that has one queue only (net_pcap, ...),
+ * hands its frames back through txr (m->port = the port to send on),
+ * which the RX lcore sends on queue 0 (embnic_io_tx). Both rings are
  * single-producer single-consumer.
  */
 struct embnic_worker {
 	struct rte_ring *ring;		/* header ring: RX lcore -> this */
-	struct rte_ring *txr;		/* this -> RX lcore; NULL: sends itself */
+	struct rte_ring *txr;		/* this -> RX lcore; NULL: not needed */
 	struct embnic_state *state;	/* its partition of the map */
+	uint16_t txq[EMBNIC_MAX_PORTS];	/* its TX queue per port, or
+					 * EMBNIC_TXQ_NONE: through txr */
 	unsigned int lcore;
 	unsigned int id;		/* partition index */
 	/* written by this state lcore only */

@@ -19,6 +19,17 @@ the ``net_pcap`` vdev (``infinite_rx=1``) into a ``net_null`` port:
   ``ratio_distinct_to_repeated`` compares them (target >= 0.5). testpmd io replays the distinct
   pcap too (``testpmd_io_distinct_mpps``).
 
+**Several state lcores** (issue 11): the distinct workload again on the card with its state map
+partitioned over 2 state lcores (``-l 0,1 -- --state-lcores 2``: lcore 0 runs RX, state lcore 0,
+TX and the control socket, lcore 1 state lcore 1, which sends on its own TX queue of the
+net_null port; ``distinct_2state_msgs_per_s``), against testpmd io with 2 forwarding lcores
+(``--lcores 0@0,1@1,2@1 --main-lcore 2 --rxq 2 --txq 2``, the pcap opened on both RX queues;
+``testpmd_io_distinct_2fwd_mpps``), in the same interleaved run as the 1-lcore figures. Half
+the card's frames cross from lcore 0 to lcore 1 (the header ring), so on 2 vCPUs of a shared VM
+its rate follows the cache-line round trip between them (``xcore_rtt_ns``, recorded before
+each run) and the CPU left over by the rest of the box (``others_cpu``); these figures are
+reported, not gated (no target).
+
 The card on two lcores (RX/TX pipeline, ``-l 0,1``, ``stack`` mempool) is reported beside,
 under its own names (``card_pipeline_2lcores_mpps``). Then the main workload on
 ``net_af_packet`` over a veth pair in a network namespace (the testbed's path), the frames
@@ -240,11 +251,13 @@ def _rate(sample, seconds: float, warmup: float) -> tuple[float, int]:
 
 def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
                  netns: str | None = None, out_port: int = 1, log_dir: Path | None = None,
-                 other_pids: Sequence[int] = (), mbufs: int | None = None) -> dict:
+                 other_pids: Sequence[int] = (), mbufs: int | None = None, state_lcores: int = 1) -> dict:
     """Card rates from its own counters: ``{mpps, gbps, drops, frames, completed_per_s,
-    others_cpu, mempool_ops}`` (``completed_per_s``: messages whose whole reply passed, per s)."""
+    others_cpu, mempool_ops, mode}`` (``completed_per_s``: messages whose whole reply passed, per
+    s); ``state_lcores``: the card's ``--state-lcores``."""
     card = CardProcess(binary, vdevs, lcores=lcores, port_ips={0: BENCH_CARD_IP}, netns=netns,
-                       args=["--paused", "--mbufs", str(mbufs or BENCH_MBUFS), "--burst", str(BENCH_BURST)],
+                       args=["--paused", "--mbufs", str(mbufs or BENCH_MBUFS), "--burst", str(BENCH_BURST),
+                             *(["--state-lcores", str(state_lcores)] if state_lcores > 1 else [])],
                        log=(log_dir / f"card-{unique_prefix('l')}.log") if log_dir else None)
     card.start()
     try:
@@ -274,10 +287,11 @@ def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, wa
 
 def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, warmup: float,
                     netns: str | None = None, out_port: int = 1, main_lcore: int | None = None,
-                    other_pids: Sequence[int] = (), mbufs: int | None = None) -> dict:
-    """testpmd rate from its port stats: ``{mpps, frames, others_cpu}``."""
+                    other_pids: Sequence[int] = (), mbufs: int | None = None, queues: int = 1) -> dict:
+    """testpmd rate from its port stats: ``{mpps, frames, others_cpu}`` (``queues``: RX/TX queues
+    per port, one per forwarding lcore)."""
     tp = TestpmdProcess(vdevs, lcores=lcores, mode=mode, netns=netns, main_lcore=main_lcore,
-                        mbufs=mbufs or BENCH_MBUFS, mbcache=BENCH_MBCACHE, burst=BENCH_BURST)
+                        mbufs=mbufs or BENCH_MBUFS, mbcache=BENCH_MBCACHE, burst=BENCH_BURST, queues=queues)
     tp.start()
     try:
         w = _window(lambda: tp.tx_packets(out_port), seconds, warmup, [tp.proc.pid, *other_pids])
@@ -296,6 +310,10 @@ def _median(xs: list[float]) -> float:
 #: against testpmd forwarding on one lcore (its main lcore, on the other CPU, only reads its
 #: command line); both then use DPDK's default mempool driver (ring_mp_mc).
 CARD_1LCORE, TESTPMD_1FWD, TESTPMD_MAIN = "0", "0,1", 1
+#: Two lcores each: the card with 2 state lcores on CPUs 0 and 1 (``-- --state-lcores 2``);
+#: testpmd forwarding on lcores 0 and 1 (CPUs 0 and 1), its main lcore 2 (which only reads the
+#: command line) on CPU 1.
+CARD_2STATE, TESTPMD_2FWD, TESTPMD_2FWD_MAIN = "0,1", "0@0,1@1,2@1", 2
 
 
 def _measure_all(runs: dict[str, Any], repeats: int, rtt: bool = True) -> dict:
@@ -356,11 +374,34 @@ def _figures(m: dict, pcap: dict) -> dict:
 
 
 def _distinct_figures(m: dict, dpcap: dict) -> dict:
-    """bench.json figures of the distinct-message workload (request + reply per message)."""
+    """bench.json figures of the distinct-message workload (request + reply per message); with
+    ``card_distinct_2state`` and ``io_distinct_2fwd`` measured, the 2-lcore figures too."""
     d, r, io = m["card_distinct"], m["card_repeated"], m["io_distinct"]
     per_msg = dpcap["frames"] / dpcap["messages"]  # 2: a request frame and its reply frame
     repeated = r["mpps"] * 1e6 / per_msg
-    return {
+    two = {}
+    if "card_distinct_2state" in m and "io_distinct_2fwd" in m:
+        d2, io2 = m["card_distinct_2state"], m["io_distinct_2fwd"]
+        two = {
+            "distinct_2state_msgs_per_s": d2["completed_per_s"],
+            "distinct_2state_frames_mpps": d2["mpps"],
+            "testpmd_io_distinct_2fwd_mpps": io2["mpps"],
+            "ratio_io_distinct_2state": _ratio(d2["mpps"], io2["mpps"]),
+            "scaling_distinct_2state_vs_1": _ratio(d2["completed_per_s"], d["completed_per_s"]),
+            "scaling_testpmd_2fwd_vs_1": _ratio(io2["mpps"], io["mpps"]),
+            "distinct_2state_drops_last_run": d2["drops"],
+            "distinct_2state_runs": {"card_msgs_per_s": d2["all_completed_per_s"], "card_mpps": d2["all_mpps"],
+                                     "testpmd_io_2fwd_mpps": io2["all_mpps"], "others_cpu": d2["others_cpu"],
+                                     "testpmd_others_cpu": io2["others_cpu"],
+                                     "xcore_rtt_ns": d2["xcore_rtt_ns"]},
+            "distinct_2state_setup": (f"card -l {CARD_2STATE} -- --state-lcores 2 (lcore 0: RX, state lcore 0, TX, "
+                                      "control socket; lcore 1: state lcore 1 with its own TX queue on the "
+                                      f"net_null port); testpmd io --lcores {TESTPMD_2FWD} --main-lcore "
+                                      f"{TESTPMD_2FWD_MAIN} --rxq 2 --txq 2 (the pcap on both RX queues); "
+                                      "not gated: 2 vCPUs shared with the rest of the box, see xcore_rtt_ns "
+                                      "and others_cpu"),
+        }
+    return {**two,
         "distinct_msgs_per_s": d["completed_per_s"],
         "distinct_frames_mpps": d["mpps"],
         "repeated_ids_msgs_per_s": repeated,
@@ -418,6 +459,8 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         repeats: interleaved repetitions of every configuration; medians are reported (3).
         frames: frames in the main pcap (default 2048).
         distinct_messages: messages (request + reply) in the distinct pcap (default 8192).
+        state_lcores: 2 (default) also measures the distinct workload on the card with 2 state
+            lcores and testpmd with 2 forwarding lcores; 1 skips that.
         af_packet: also measure on net_af_packet over a veth pair (default True).
         binary: the embnic-dp binary (default: build dataplane/).
     Returns:
@@ -425,6 +468,9 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         testpmd_macswap_mpps, ratio_io, ratio_macswap`` (one lcore each; net_pcap → net_null;
         medians), ``distinct_msgs_per_s, distinct_frames_mpps, repeated_ids_msgs_per_s,
         ratio_distinct_to_repeated, testpmd_io_distinct_mpps, ratio_io_distinct``,
+        ``distinct_2state_msgs_per_s, distinct_2state_frames_mpps, testpmd_io_distinct_2fwd_mpps,
+        ratio_io_distinct_2state, scaling_distinct_2state_vs_1, scaling_testpmd_2fwd_vs_1,
+        distinct_2state_runs`` (with their ``xcore_rtt_ns``; not gated),
         ``card_pipeline_2lcores_mpps`` (and its mempool driver), ``targets`` (met or not),
         ``runs_mpps``, ``runs_others_cpu``, ``runs_xcore_rtt_ns``, ``distinct_runs`` (every
         run), ``af_packet`` with the main figures, and the setup (``lcores``, ``pcap``,
@@ -467,6 +513,15 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         "io_distinct": (measure_testpmd, ([dsrc, sink], TESTPMD_1FWD, "io", seconds, warmup),
                         dict(tp_kw, mbufs=dmbufs)),
     }
+    if int(kw.get("state_lcores", 2)) >= 2:
+        # testpmd's two forwarding lcores need two RX queues: the pcap opened twice (each holds
+        # the whole pcap in mbufs)
+        dsrc2 = f"net_pcap0,rx_pcap={dpath},rx_pcap={dpath},infinite_rx=1"
+        runs["card_distinct_2state"] = (measure_card, (binary, [dsrc, sink], CARD_2STATE, seconds, warmup),
+                                        dict(card_kw, mbufs=dmbufs, state_lcores=2))
+        runs["io_distinct_2fwd"] = (measure_testpmd, ([dsrc2, sink], TESTPMD_2FWD, "io", seconds, warmup),
+                                    dict(main_lcore=TESTPMD_2FWD_MAIN, queues=2,
+                                         mbufs=BENCH_MBUFS + 2 * dpcap["frames"]))
     if lcores != CARD_1LCORE:
         runs["card_pipeline"] = (measure_card, (binary, [src, sink], lcores, seconds, warmup), card_kw)
     m = _measure_all(runs, repeats)

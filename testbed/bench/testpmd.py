@@ -20,7 +20,10 @@ class TestpmdProcess:
 
     Args:
         vdevs: ``--vdev`` specs in port order.
-        lcores: EAL lcore list (testpmd forwards on all but the main lcore).
+        lcores: EAL lcore list (testpmd forwards on all but the main lcore), or a map of lcores to
+            CPUs (``"0@0,1@1,2@1"``, EAL ``--lcores``).
+        queues: RX and TX queues per port (``--rxq``/``--txq``): forwarding lcores share the
+            streams of (port, queue), so N of them need N queues on the source port.
         mode: forwarding mode (``io``, ``macswap``, ...).
         netns: run inside this network namespace.
         log: output file.
@@ -31,7 +34,7 @@ class TestpmdProcess:
     def __init__(self, vdevs: Sequence[str], *, lcores: str = "0,1", mode: str = "io",
                  netns: str | None = None, log: str | os.PathLike | None = None,
                  binary: str = "dpdk-testpmd", mbufs: int = 16384, main_lcore: int | None = None,
-                 mbcache: int = 256, burst: int = 32):
+                 mbcache: int = 256, burst: int = 32, queues: int = 1):
         self.vdevs, self.lcores, self.mode, self.netns = list(vdevs), lcores, mode, netns
         self.main_lcore = main_lcore
         self.prefix = unique_prefix("t")
@@ -43,7 +46,8 @@ class TestpmdProcess:
         # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
         self.process = DpdkProcess(binary, eal_argv(lcores, self.prefix, self.vdevs, extra=extra),
                                    ["-i", f"--forward-mode={mode}", f"--total-num-mbufs={mbufs}",
-                                    f"--mbcache={mbcache}", f"--burst={burst}", f"--nb-cores={nb_cores}"],
+                                    f"--mbcache={mbcache}", f"--burst={burst}", f"--nb-cores={nb_cores}",
+                                    *([f"--rxq={queues}", f"--txq={queues}"] if queues > 1 else [])],
                                    netns=netns, log=self.log_path, wrapper=["stdbuf", "-oL"], stdin=subprocess.PIPE)
 
     @property
@@ -122,9 +126,10 @@ class TestpmdProcess:
 
 
 def _lcore_list(spec: str) -> list[int]:
-    """Lcore ids of an EAL ``-l`` list (``0,1`` or ``0-2``)."""
+    """Lcore ids of an EAL ``-l`` list (``0,1`` or ``0-2``) or ``--lcores`` map (``0@0,1@1``)."""
     out = []
     for part in spec.split(","):
+        part = part.split("@")[0]
         if "-" in part:
             a, b = part.split("-")
             out += range(int(a), int(b) + 1)

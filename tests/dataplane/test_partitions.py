@@ -7,7 +7,8 @@ request and its reply come from different 5-tuples (client ip:port vs shard ip:p
 af_packet fanout would split them; here 64 messages from two clients to two shards (some of 3
 request and 5 reply fragments) send their requests first and the replies of 48 of them after,
 all on one ingress port (so each reply follows its request). Checked, with 1 and with 2 state
-lcores (``-l 0,1``): the 48 answered messages complete and their entries are freed; the 16 left
+lcores (``-l 0,1``; state lcore 1 sends on its own TX queue of the net_null port): the 48
+answered messages complete and their entries are freed; the 16 left
 sit in the partition this file's own CRC32C predicts (``state_dump``), per partition as
 ``state_summary`` counts them; each partition completed the messages predicted for it; and the
 counters summed over lcores equal the frames sent (received, forwarded by type, no drop).
@@ -148,4 +149,7 @@ def test_counters_sum_to_frames_sent(run):
     assert {k: v for k, v in c["drops"].items() if v} == {}
     assert c["mempool"]["in_use"] == 0 and c["ring"]["count"] == 0 and c["ring"]["rings"] == run["n"]
     assert run["info"]["mode"] == ("partitioned" if run["n"] > 1 else "run_to_completion")
+    # net_pcap has one TX queue: state lcore 1 hands its frames for port 0 to the RX lcore (none
+    # here); net_null gives it a queue of its own on port 1, where everything leaves
+    assert [p["tx_queues"] for p in run["info"]["ports"]] == ([1, 2] if run["n"] > 1 else [1, 1])
     assert run["rc"] == 0

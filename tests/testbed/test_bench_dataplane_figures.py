@@ -1,0 +1,47 @@
+"""The dataplane benchmark's 2-lcore figures and the testpmd command line they need (no root).
+
+Run alone: python3 -m pytest -q tests/testbed/test_bench_dataplane_figures.py
+"""
+from __future__ import annotations
+
+from embnic.control.dpdk_proc import eal_argv
+from embnic.testbed.bench.dataplane import TESTPMD_2FWD, TESTPMD_2FWD_MAIN, _distinct_figures
+from embnic.testbed.bench.testpmd import TestpmdProcess
+
+DPCAP = {"frames": 16384, "messages": 8192, "bytes": 0, "avg_frame_bytes": 0.0}
+
+
+def _card(mpps: float, msgs: float) -> dict:
+    return {"mpps": mpps, "completed_per_s": msgs, "all_mpps": [mpps], "all_completed_per_s": [msgs],
+            "others_cpu": [0.1], "xcore_rtt_ns": [210.0], "drops": {}, "gbps": 1.0, "mempool_ops": "ring_mp_mc"}
+
+
+def _tp(mpps: float) -> dict:
+    return {"mpps": mpps, "all_mpps": [mpps], "others_cpu": [0.2], "xcore_rtt_ns": [None]}
+
+
+def test_two_state_lcore_figures_beside_the_one_lcore_ones():
+    m = {"card_distinct": _card(2.0, 1.0e6), "card_repeated": _card(3.0, 0.0), "io_distinct": _tp(8.0),
+         "card_distinct_2state": _card(3.0, 1.5e6), "io_distinct_2fwd": _tp(12.0)}
+    f = _distinct_figures(m, DPCAP)
+    assert f["distinct_msgs_per_s"] == 1.0e6 and f["distinct_2state_msgs_per_s"] == 1.5e6
+    assert f["testpmd_io_distinct_2fwd_mpps"] == 12.0
+    assert f["ratio_io_distinct_2state"] == 3.0 / 12.0
+    assert f["scaling_distinct_2state_vs_1"] == 1.5 and f["scaling_testpmd_2fwd_vs_1"] == 1.5
+    assert f["distinct_2state_runs"]["xcore_rtt_ns"] == [210.0]
+    assert "not gated" in f["distinct_2state_setup"]
+    # without the 2-lcore runs, none of their figures
+    del m["card_distinct_2state"], m["io_distinct_2fwd"]
+    assert not [k for k in _distinct_figures(m, DPCAP) if "2state" in k or "2fwd" in k]
+
+
+def test_testpmd_with_two_forwarding_lcores_on_two_cpus():
+    tp = TestpmdProcess(["net_null0", "net_null1"], lcores=TESTPMD_2FWD, main_lcore=TESTPMD_2FWD_MAIN, queues=2)
+    argv = tp.argv()
+    try:
+        assert argv[argv.index("--lcores") + 1] == "0@0,1@1,2@1" and "-l" not in argv
+        assert {"--nb-cores=2", "--rxq=2", "--txq=2"} <= set(argv)
+        assert argv[argv.index("--main-lcore") + 1] == "2"
+    finally:
+        tp.cleanup()
+    assert eal_argv("0,1", "p")[:2] == ["-l", "0,1"]
