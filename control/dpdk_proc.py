@@ -456,11 +456,13 @@ class CardProcess:
         self.stop()
 
 
-def wait_drained(card: CardProcess, n_frames: int, timeout: float = 30.0) -> dict:
+def wait_drained(card: CardProcess, n_frames: int, timeout: float = 30.0, mbufs_back: bool = False) -> dict:
     """Wait until the card has received ``n_frames`` and accounted every one of them.
 
     Every received frame is either sent (``tx_frames``) or dropped (``drops``; ``no_mbuf`` counts
-    frames never received and is left out), and the header ring is empty.
+    frames never received and is left out), and the header ring is empty. With ``mbufs_back``,
+    also until every mbuf is back in the pool (``mempool.in_use == 0``): a lcore other than the
+    control socket's counts a frame a moment before it frees its mbuf.
 
     Returns:
         the last ``counters`` response.
@@ -475,7 +477,8 @@ def wait_drained(card: CardProcess, n_frames: int, timeout: float = 30.0) -> dic
         rx = sum(p["rx_frames"] for p in c["ports"])
         done = sum(p["tx_frames"] for p in c["ports"]) + sum(
             v for k, v in c["drops"].items() if k != "no_mbuf")
-        if rx >= n_frames and done >= rx and c["ring"]["count"] == 0:
+        if rx >= n_frames and done >= rx and c["ring"]["count"] == 0 and (
+                not mbufs_back or c["mempool"]["in_use"] == 0):
             return c
         if time.monotonic() > deadline:
             raise DpdkProcError(f"card did not drain {n_frames} frames within {timeout:g}s: rx={rx} "

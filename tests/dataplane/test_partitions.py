@@ -92,7 +92,7 @@ def run(request, card_bin, tmp_path_factory):
             c = p.cmd()
             card.call(c.pop("cmd"), **c)
         card.call("resume")
-        counters = wait_drained(card, len(frames))
+        counters = wait_drained(card, len(frames), mbufs_back=True)  # lcore 1 counts, then frees
         summary = card.call("state_summary")
         dump = card.call("state_dump")["entries"]
         info = card.call("info")
