@@ -33,9 +33,11 @@ whose batch has only empty bags sends no lookup or update but takes part in ever
 the step completes on every rank.
 
 ``--out DIR`` writes ``DIR/worker-<rank>.json`` (rank, client id, losses per step, client
-counters) and ``DIR/worker-<rank>.pt`` (the dense ``state_dict``). Errors (a wrong rank → client
-mapping, an address this host does not have, a shard that does not answer) are one line on
-stderr, exit 2 (usage) or 1.
+counters, the ``--check`` result on rank 0) and ``DIR/worker-<rank>.pt`` (the dense
+``state_dict``). ``--check``: rank 0 then runs :func:`reference_run` and compares
+(:func:`check_against_reference`). Errors are one line on stderr: a wrong rank → client mapping
+or a bad config (once per host, exit 2), an address this host does not have (by its rank,
+exit 2), a shard that does not answer (exit 1); torchrun then adds its own failure summary.
 """
 from __future__ import annotations
 
