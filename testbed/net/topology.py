@@ -70,7 +70,7 @@ from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.control.dpdk_proc import remove_runtime_dir
-from embnic.control.runstate import pid_matches, proc_starttime, run_dir
+from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
 
 from .model import (DEFAULT_NAME, NAME_RE, Link, Node, Topology, card_file_prefix, check_name,
                     derived_mac, link_prefix)
@@ -136,7 +136,7 @@ class Testbed:
 
     def _tlog(self):
         if self._log is None:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            ensure_run_dir(self.dir)
             self._log = open(self.log_path("testbed"), "a")
         return self._log
 
@@ -189,7 +189,7 @@ class Testbed:
         if clash:
             raise TestbedError(f"namespaces {', '.join(clash)} exist but no testbed {self.name!r} is recorded: "
                                f"remove them with `embnic testbed down --name {self.name}`")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        ensure_run_dir(self.dir)  # one line naming EMBNIC_RUN_DIR if it cannot be made
         for f in self.dir.glob("*.log"):
             f.unlink()
         raw = self.topo.effective_raw(self.dir, self.target_name)

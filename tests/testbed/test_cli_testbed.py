@@ -172,6 +172,18 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
 
 
 @pytest.mark.skipif(not is_root(), reason="needs root")
+def test_up_with_an_unusable_run_dir_says_so_in_one_line(tmp_path, cleanup):  # noqa: F811
+    name = tb_name("r")
+    cleanup.append(name)
+    (tmp_path / "afile").write_text("")
+    r = _embnic(tmp_path / "afile" / "run", "testbed", "up", "-c", str(TESTBED_TOML), "--name", name)
+    err = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert err.startswith(f"Error: cannot create {tmp_path / 'afile' / 'run'}") and "set EMBNIC_RUN_DIR" in err, err
+    assert_gone(name)
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root")
 def test_up_without_a_card_does_not_point_at_one(run_dir, cleanup):  # noqa: F811
     name = tb_name("o")
     cleanup.append(name)
