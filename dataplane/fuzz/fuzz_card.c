@@ -8,7 +8,11 @@
  * state map expiry, route/client lookups, authorisation, state map
  * insert/update/free with the reply rules, rewrite with incremental
  * checksums, rte_eth_tx_burst), with small route/client tables programmed
- * from the input and a 16-entry state map timing out after 3 ms.
+ * from the input and a 16-entry state map timing out after 3 ms; or, per
+ * input, that map partitioned over 2 state lcores (--state-lcores 2): the
+ * RX stage steers each frame to its partition's header ring, each
+ * partition's TX stage runs on its own, partition 1 hands its frames back
+ * through its txr and embnic_io_tx() sends them.
  *
  *   make -C dataplane fuzz FUZZ_SECONDS=60       (every target)
  *   build/fuzz-card -dict=fuzz/embnic.dict fuzz/seeds-card
@@ -16,7 +20,8 @@
  * Input (bytes past the end read as 0):
  *   c0   bits 0-1: ports - 1 (1..3); bit 2: the ports have no IPv4 (any
  *        destination accepted, ARP ignored); bits 3-7: burst - 1 (1..32)
- *   c1   routes (0..3, low 2 bits); c2: clients (0..3, low 2 bits)
+ *   c1   routes (0..3, low 2 bits); bit 2: 2 state map partitions
+ *        c2: clients (0..3, low 2 bits)
  *        (the port's address is 10.1.<port>.1)
  *   3 routes then 3 clients, 4 bytes each, used or not: id, port,
  *        ip (10.1.<port>.<ip>), udp port u (0: 7878; 1..127: 7878 + u;
@@ -48,11 +53,12 @@
  * IPv4 checksum right, TTL 64, source the port's MAC/IPv4 and UDP 7878,
  * destination a registered peer on that port, UDP checksum right if it
  * was right on arrival (0 stays 0, a wrong one stays wrong); ARP replies
- * from the port's address. After every input: every frame buffer freed,
- * every mbuf back in the pool, rings empty, the state map's counts agree
- * with a walk of its entries (embnic_state_check), and every frame
- * received was sent or dropped and counted by reason. A violation
- * aborts.
+ * from the port's address. Every embnic frame a partition's TX stage
+ * takes is one of that partition (embnic_partition of its client and
+ * message ids). After every input: every frame buffer freed, every mbuf
+ * back in the pool, rings empty, each partition's counts agree with a
+ * walk of its entries (embnic_state_check), and every frame received was
+ * sent or dropped and counted by reason. A violation aborts.
  */
 #include <stdarg.h>
 #include <stdint.h>
@@ -327,33 +333,72 @@ drain_tx(void)
 static bool
 queued(void)
 {
+	unsigned int k;
 	uint16_t p;
 
-	if (!rte_ring_empty(fz_app.w[0].ring))
-		return true;
+	for (k = 0; k < fz_app.nb_workers; k++)
+		if (!rte_ring_empty(fz_app.w[k].ring) ||
+		    (fz_app.w[k].txr != NULL &&
+		     !rte_ring_empty(fz_app.w[k].txr)))
+			return true;
 	for (p = 0; p < FZ_PORTS; p++)
 		if (!rte_ring_empty(fz_rx[p]))
 			return true;
 	return false;
 }
 
+/* Every embnic frame state lcore k dequeued belongs to its partition. */
+static void
+check_steered(struct rte_mbuf **pkts, unsigned int n, unsigned int k)
+{
+	uint8_t h[EMBNIC_MIN_FRAME];
+	const uint8_t *f;
+	unsigned int i, part;
+	uint32_t msg_id;
+	uint16_t client_id;
+
+	for (i = 0; i < n; i++) {
+		if (embnic_rx_meta(pkts[i], fz_app.meta_off)->kind !=
+		    EMBNIC_DESC_MSG)
+			continue;
+		f = rte_pktmbuf_read(pkts[i], 0, sizeof(h), h);
+		if (f == NULL)
+			fail("an accepted frame shorter than %zu bytes",
+			     sizeof(h));
+		msg_id = (uint32_t)rd16(f + 50) << 16 | rd16(f + 52);
+		client_id = rd16(f + 54);
+		part = embnic_partition(client_id, msg_id,
+					fz_app.nb_workers);
+		if (part != k)
+			fail("client %u msg %u (partition %u) went to state "
+			     "lcore %u", client_id, msg_id, part, k);
+	}
+}
+
 /*
  * Run the stages at time tsc until every frame queued was sent or dropped:
- * the RX stage, then what embnic_tx_stage() does (a dequeue, then
- * embnic_tx_burst() at the harness's clock).
+ * the RX stage, then for each state lcore what embnic_tx_stage() does (a
+ * dequeue, then embnic_tx_burst() at the harness's clock), then the RX
+ * lcore's sending of what partition 1 handed back (embnic_io_tx).
  */
 static void
 run_stages(uint64_t tsc)
 {
 	struct embnic_lcore_stats *st = &fz_app.stats[0];
 	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
-	unsigned int n;
+	unsigned int n, k;
 
 	do {
 		embnic_rx_stage(&fz_app, st);
-		n = rte_ring_dequeue_burst(fz_app.w[0].ring, (void **)pkts,
-					   fz_app.opts.burst, NULL);
-		embnic_tx_burst(&fz_app, &fz_app.w[0], st, pkts, n, tsc);
+		for (k = 0; k < fz_app.nb_workers; k++) {
+			n = rte_ring_dequeue_burst(fz_app.w[k].ring,
+						   (void **)pkts,
+						   fz_app.opts.burst, NULL);
+			check_steered(pkts, n, k);
+			embnic_tx_burst(&fz_app, &fz_app.w[k], st, pkts, n,
+					tsc);
+		}
+		embnic_io_tx(&fz_app, st);
 		drain_tx();
 	} while (queued());
 }
@@ -401,8 +446,10 @@ check_after(void)
 	if (rte_mempool_avail_count(fz_app.pool) != FZ_MBUFS)
 		fail("%u of %u mbufs back in the pool",
 		     rte_mempool_avail_count(fz_app.pool), FZ_MBUFS);
-	if (embnic_state_check(fz_app.w[0].state, err, sizeof(err)) != 0)
-		fail("state map: %s", err);
+	for (i = 0; i < 2; i++)
+		if (embnic_state_check(fz_app.w[i].state, err,
+				       sizeof(err)) != 0)
+			fail("state map partition %u: %s", i, err);
 	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
 		rx += st->rx_frames[i];
 		out += st->tx_frames[i];
@@ -420,6 +467,9 @@ reset_card(void)
 	uint16_t p;
 
 	embnic_state_reset(fz_app.w[0].state, fz_app.nb_slots);
+	embnic_state_reset(fz_app.w[1].state, fz_app.nb_slots);
+	fz_app.w[1].next_expire_tsc = 0;
+	fz_app.nb_workers = 1;
 	fz_table_clear(fz_app.routes);
 	fz_table_clear(fz_app.clients);
 	fz_slots_reset(&fz_app, 1);
@@ -454,6 +504,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	nports = (uint16_t)((c[0] & 3) % FZ_PORTS + 1);
 	fz_app.nb_ports = nports;
 	fz_app.opts.burst = (uint32_t)(c[0] >> 3) + 1;
+	fz_app.nb_workers = (c[1] & 4) ? 2 : 1;
 	for (p = 0; p < nports; p++)
 		fz_app.ports[p].ip = (c[0] & 4) ? 0 :
 			rte_cpu_to_be_32(0x0a010001u | (uint32_t)p << 8);

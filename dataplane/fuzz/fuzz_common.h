@@ -3,7 +3,10 @@
  * What the card's libFuzzer targets share (fuzz_card.c, fuzz_ctl.c): EAL
  * started once in memory, and a card (struct embnic_app) built the way
  * main() builds one, on net_ring ports whose RX and TX rings the harness
- * fills and drains, with small tables and a small state map.
+ * fills and drains, with small tables and a small state map: one state
+ * lcore (partition) as the card runs by default, and a second one
+ * (partition 1, whose frames go back through its txr: the net_ring ports
+ * have one TX queue) that fuzz_card turns on per input.
  *
  * EAL's arguments: --no-huge --no-pci --no-shconf and a file prefix of
  * its own per process (forked fuzzing jobs never meet), one lcore, no
@@ -165,7 +168,10 @@ fz_app_init(void)
 	a->nb_lcores = 1;
 	a->opts.state_lcores = 1;
 	a->nb_workers = 1;
-	a->w[0].lcore = a->main_lcore;
+	a->w[0].lcore = a->w[1].lcore = a->main_lcore;
+	a->w[1].id = 1;
+	for (i = 0; i < EMBNIC_MAX_PORTS; i++)
+		a->w[1].txq[i] = EMBNIC_TXQ_NONE;
 	a->tsc_hz = FZ_TSC_HZ;
 	a->pool = rte_pktmbuf_pool_create("fz_mbufs", FZ_MBUFS, 0, 0,
 					  RTE_PKTMBUF_HEADROOM, 0);
@@ -191,13 +197,23 @@ fz_app_init(void)
 	a->w[0].state = embnic_state_create(0, FZ_STATE_SIZE,
 					    FZ_STATE_TIMEOUT_MS, FZ_TSC_HZ,
 					    a->shard_slot);
+	a->w[1].ring = rte_ring_create("fz_hdr_ring1", FZ_HDR_RING, 0,
+				       RING_F_SP_ENQ | RING_F_SC_DEQ |
+				       RING_F_EXACT_SZ);
+	a->w[1].txr = rte_ring_create("fz_tx_ring1", FZ_HDR_RING, 0,
+				      RING_F_SP_ENQ | RING_F_SC_DEQ |
+				      RING_F_EXACT_SZ);
+	a->w[1].state = embnic_state_create(1, FZ_STATE_SIZE,
+					    FZ_STATE_TIMEOUT_MS, FZ_TSC_HZ,
+					    a->shard_slot);
 	a->shard_base = rte_zmalloc("fz_shard_base", sizeof(a->shard_base[0]) *
 				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
 	a->stats = rte_zmalloc("fz_stats", sizeof(a->stats[0]) *
 			       RTE_MAX_LCORE, RTE_CACHE_LINE_SIZE);
 	a->nb_slots = 1;
 	if (a->w[0].ring == NULL || a->routes == NULL || a->clients == NULL ||
-	    a->w[0].state == NULL || a->shard_base == NULL || a->stats == NULL)
+	    a->w[0].state == NULL || a->w[1].ring == NULL ||
+	    a->w[1].txr == NULL || a->w[1].state == NULL || a->shard_base == NULL || a->stats == NULL)
 		fz_die("ring and tables");
 }
 

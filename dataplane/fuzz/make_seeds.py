@@ -87,13 +87,16 @@ def _peer(peer) -> bytes:
     return bytes([peer.id, peer.port, a[3], _udp_code(peer.udp_port)])
 
 
-def card_config(ports: int, shards: list, clients: list, burst: int = 32, no_ip: bool = False) -> bytes:
-    """The input's first 27 bytes: ports, burst, up to 3 routes and 3 clients."""
+def card_config(ports: int, shards: list, clients: list, burst: int = 32, no_ip: bool = False,
+                partitions: int = 1) -> bytes:
+    """The input's first 27 bytes: ports, burst, up to 3 routes and 3 clients, 1 or 2 state map
+    partitions (--state-lcores)."""
     assert 1 <= ports <= 3 and len(shards) <= 3 and len(clients) <= 3 and 1 <= burst <= 32
     c0 = (ports - 1) | (4 if no_ip else 0) | (burst - 1) << 3
     peers = b"".join(_peer(p) for p in shards).ljust(12, b"\0")
     peers += b"".join(_peer(p) for p in clients).ljust(12, b"\0")
-    return bytes([c0, len(shards), len(clients)]) + peers
+    assert partitions in (1, 2)
+    return bytes([c0, len(shards) | (4 if partitions == 2 else 0), len(clients)]) + peers
 
 
 def card_frame(data: bytes, port: int, flags: int = 0, step: int = 0, split: int = 0, hint: int = 0) -> bytes:
@@ -128,6 +131,20 @@ def card_seeds() -> dict[str, bytes]:
             firsts.setdefault(f.port, f)
     s["flood_state_full"] = cfg + card_frame(firsts[0].data, 0, hint=3)
     s["flood_3_ports"] = cfg + b"".join(card_frame(f.data, p, hint=3) for p, f in sorted(firsts.items()))
+    # the state map partitioned over 2 state lcores: the whole suite in a few inputs of many
+    # messages each (requests and replies steered to their partitions; each under the target's
+    # max_len, 16384), and the 3-port flood
+    cfg2 = card_config(3, list(suite.shards.values()), list(suite.clients.values()), partitions=2)
+    chunk, k = b"", 0
+    for frames in groups.values():
+        recs = b"".join(card_frame(f.data, f.port, step=0 if i == 0 else 1) for i, f in enumerate(frames))
+        if chunk and len(cfg2) + len(chunk) + len(recs) > 16000:
+            s[f"partitioned_suite{k}"], chunk, k = cfg2 + chunk, b"", k + 1
+        chunk += recs
+    if chunk:
+        s[f"partitioned_suite{k}"] = cfg2 + chunk
+    s["partitioned_flood_3_ports"] = cfg2 + b"".join(card_frame(f.data, p, hint=3)
+                                                     for p, f in sorted(firsts.items()))
     # the recorded trace: requests of clients 1 and 2 to shards 0 and 1, sent from the registered
     # client (flag 0x20) with both checksums fixed (0x08, 0x10), all on port 0
     if TRACE.exists():
