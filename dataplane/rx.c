@@ -83,29 +83,29 @@ classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off,
 
 /*
  * Enqueue ok[0..nd-1] (from port in_port) on state lcore w's header ring
- * and log the headers of those it took in its ring log (ok[i]'s header is
- * hdr[qi[i]], hdr[i] when qi is NULL); what does not fit goes to dropped[]
- * (*nf) and is counted (ring_full).
+ * and log the headers of those it took in its ring log (ok[i] is the
+ * burst's accepted frame j = qi[i], or i when qi is NULL: header hdr[j],
+ * logged at TSC tsc + j, so that the ring logs of several state lcores
+ * merge in arrival order); what does not fit goes to dropped[] (*nf) and
+ * is counted (ring_full).
  */
 static inline void
 to_ring(struct embnic_worker *w, uint16_t in_port, struct rte_mbuf **ok,
 	const struct embnic_msg *hdr, const uint8_t *qi, unsigned int nd,
-	struct embnic_lcore_stats *st, struct rte_mbuf **dropped,
+	uint64_t tsc, struct embnic_lcore_stats *st, struct rte_mbuf **dropped,
 	unsigned int *nf)
 {
-	unsigned int sent, free_space, count, i;
-	uint64_t tsc;
+	unsigned int sent, free_space, count, i, j;
 
 	sent = rte_ring_enqueue_burst(w->ring, (void *const *)ok, nd,
 				      &free_space);
 	count = rte_ring_get_capacity(w->ring) - free_space;
 	if (count > st->ring_high_water)
 		st->ring_high_water = count;
-	if (sent > 0) {
-		tsc = rte_rdtsc();
-		for (i = 0; i < sent; i++)
-			embnic_hlog_put(&w->rxlog, &hdr[qi ? qi[i] : i],
-					in_port, EMBNIC_HLOG_NO_PORT, tsc);
+	for (i = 0; i < sent; i++) {
+		j = qi ? qi[i] : i;
+		embnic_hlog_put(&w->rxlog, &hdr[j], in_port,
+				EMBNIC_HLOG_NO_PORT, tsc + j);
 	}
 	if (unlikely(sent < nd)) {
 		st->drops[EMBNIC_DROP_RING_FULL] += nd - sent;
@@ -146,12 +146,13 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 	st->rx_bytes[port->id] += bytes;
 
 	if (nd > 0 && nw == 1) {
-		to_ring(&app->w[0], port->id, ok, hdr, NULL, nd, st, dropped,
-			&nf);
+		to_ring(&app->w[0], port->id, ok, hdr, NULL, nd, rte_rdtsc(),
+			st, dropped, &nf);
 	} else if (nd > 0) {
 		/* each partition's frames in burst order, one enqueue each */
 		struct rte_mbuf *q[EMBNIC_MAX_BURST];
 		uint8_t qi[EMBNIC_MAX_BURST];
+		uint64_t tsc = rte_rdtsc();
 
 		for (k = 0; k < nw; k++) {
 			for (j = 0, nk = 0; j < nd; j++)
@@ -161,7 +162,7 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 				}
 			if (nk > 0)
 				to_ring(&app->w[k], port->id, q, hdr, qi, nk,
-					st, dropped, &nf);
+					tsc, st, dropped, &nf);
 		}
 	}
 	if (nf > 0)

@@ -35,12 +35,13 @@ def _expected(frame: bytes) -> dict:
     return {f: int(getattr(h, f)) for f in FIELDS}
 
 
-def _run(card_bin, tmp_path, frames: list[bytes], port_ips: dict[int, str] | None = None):
+def _run(card_bin, tmp_path, frames: list[bytes], port_ips: dict[int, str] | None = None, state_lcores: int = 1):
     write_pcap(tmp_path / "in0.pcap", frames)
     vdevs = [f"net_pcap0,rx_pcap={tmp_path / 'in0.pcap'},tx_pcap={tmp_path / 'out0.pcap'}",
              "net_null0,no-rx=1"]
-    card = CardProcess(card_bin, vdevs, lcores="0", port_ips=port_ips or {1: "10.2.1.1"},
-                       args=["--paused"], log=tmp_path / "card.log")
+    card = CardProcess(card_bin, vdevs, lcores="0" if state_lcores == 1 else "0,1",
+                       port_ips=port_ips or {1: "10.2.1.1"},
+                       args=["--paused", "--state-lcores", str(state_lcores)], log=tmp_path / "card.log")
     card.start()
     for p in [S0, S1, C1]:
         c = p.cmd()
@@ -141,11 +142,14 @@ def test_log_wraps_keeps_newest(card_bin, tmp_path):
         card.cleanup()
 
 
-def test_waiting_headers_listed_then_forwarded(card_bin, tmp_path):
+@pytest.mark.parametrize("state_lcores", [1, 2])
+def test_waiting_headers_listed_then_forwarded(card_bin, tmp_path, state_lcores):
     """With the TX stage paused (``pause`` stage tx) accepted frames wait in the header ring:
     ``ring_last`` lists their headers (``in_ring``, newest first; the ARP request that waits
     with them is counted, not listed) and ``embnic state ring`` marks them; once the TX stage
-    resumes they are forwarded and listed as such, and nothing waits."""
+    resumes they are forwarded and listed as such, and nothing waits. With 2 state lcores the
+    frames wait in two header rings (one per partition), listed together in arrival order; the
+    two lcores forward in their own time, so the forwarded log holds them in some order."""
     s = Suite([CardPort(0, "10.2.0.1"), CardPort(1, "10.2.1.1")], [C1], [S0, S1])
     frames = []
     for i in range(12):
@@ -154,7 +158,7 @@ def test_waiting_headers_listed_then_forwarded(card_bin, tmp_path):
     arp = bytes(Ether(src=C1.mac, dst="ff:ff:ff:ff:ff:ff") / ARP(op=1, hwsrc=C1.mac, psrc=C1.ip, pdst="10.2.0.1"))
     frames.insert(5, arp)
     msgs = [f for f in frames if f != arp]
-    card = _run(card_bin, tmp_path, frames, {0: "10.2.0.1", 1: "10.2.1.1"})  # port 0 answers ARP
+    card = _run(card_bin, tmp_path, frames, {0: "10.2.0.1", 1: "10.2.1.1"}, state_lcores)  # port 0 answers ARP
     try:
         card.call("pause", stage="tx")
         with pytest.raises(Exception, match="stage"):
@@ -183,7 +187,13 @@ def test_waiting_headers_listed_then_forwarded(card_bin, tmp_path):
         wait_drained(card, len(frames))
         r = card.call("ring_last", last=LOG_SIZE)
         assert r["in_ring"] == [] and r["in_ring_count"] == 0 == r["ring_count"]
-        assert [{f: e[f] for f in FIELDS} for e in r["entries"]] == [_expected(f) for f in reversed(msgs)]
+        got = [{f: e[f] for f in FIELDS} for e in r["entries"]]
+        if state_lcores > 1:  # each lcore's own log is in its order; the merge is by TX time
+            key = lambda e: e["msg_id"]  # noqa: E731
+            assert sorted(got, key=key) == sorted((_expected(f) for f in msgs), key=key)
+            assert {e["lcore"] for e in r["entries"]} == set(card.call("info")["state_lcore_ids"])
+            return
+        assert got == [_expected(f) for f in reversed(msgs)]
         run = CliRunner().invoke(cli, ["state", "ring", "--target", "dpdk", "--ctl", str(card.ctl_path),
                                        "--last", "1", "--json"])
         got = json.loads(run.output)
