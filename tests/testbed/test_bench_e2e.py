@@ -73,3 +73,29 @@ def test_dlrm_rows_train_the_same_samples_through_shards_and_torchrec():
     assert row["model"] == "dlrm" and row["batch"] == 16
     assert row["card_steps_per_s"] > 0 and row["torchrec_steps_per_s"] > 0
     assert row["card_over_torchrec"] == row["card_steps_per_s"] / row["torchrec_steps_per_s"]
+
+
+def test_cli_prints_the_embedding_and_the_dlrm_rows(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    emb = {"model": "embeddings", "batch": 32, "varlen_p50_us": 1.0e4, "varlen_p99_us": 2.0e4, "fixed_p50_us": 3.0e4,
+           "fixed_p99_us": 4.0e4, "torchrec_p50_us": 5.0e3, "torchrec_p99_us": 6.0e3, "messages_varlen": 104.0,
+           "messages_fixed": 112.0, "rounds_varlen": 2.0, "rounds_fixed": 4.0}
+    dl = {"model": "dlrm", "batch": 32, "card_steps_per_s": 17.9, "torchrec_steps_per_s": 137.8,
+          "card_over_torchrec": 17.9 / 137.8, "card_step_p50_us": 5.6e4, "torchrec_step_p50_us": 7.3e3}
+    seen = {}
+
+    def fake_run(out, **kw):
+        seen.update(kw)
+        return {"rows": [emb] + ([dl] if kw["dlrm"] else []), "targets": {}, "machine": {"before": {}},
+                "plots": ["e2e_steps.png"]}
+
+    monkeypatch.setattr(e2e, "run", fake_run)
+    r = CliRunner().invoke(cli, ["bench", "e2e", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert seen["dlrm"] is True and "e2e DLRM training steps/s" in r.output
+    assert "17.9" in r.output and "137.8" in r.output and "0.13" in r.output and "10,000" in r.output
+    r = CliRunner().invoke(cli, ["bench", "e2e", "--out", str(tmp_path), "--no-dlrm"])
+    assert r.exit_code == 0 and seen["dlrm"] is False and "DLRM" not in r.output, r.output
