@@ -370,7 +370,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             c0 = int(self._col[p.features[0]])
             g_bags = grad_out[:, c0:c0 + nf * dim].reshape(b, nf, dim).permute(1, 0, 2).reshape(nf * b, dim)
             lens = torch.from_numpy(p.lengths)
-            bag_of_id = torch.repeat_interleave(torch.arange(nf * b), lens)
+            # numpy's repeat: torch.repeat_interleave took ~70 µs on 32 ids (×26 tables a step)
+            bag_of_id = torch.from_numpy(np.repeat(np.arange(nf * b, dtype=np.int64), p.lengths))
             g_ids = g_bags[bag_of_id]  # (n, dim): the gradient every id occurrence receives
             if self._mode[t] == "mean":
                 g_ids = g_ids / lens.clamp(min=1).to(torch.float32)[bag_of_id, None]
