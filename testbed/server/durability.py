@@ -4,6 +4,8 @@ One shard's directory (``--checkpoint-dir DIR`` → ``DIR/shard-<id>/``) holds::
 
     ckpt-<S>.npz     the shard's state after the first S logged updates (numpy .npz, below)
     wal-<S>.log      the updates logged from sequence number S on (records, below)
+    LOCK             the pid of the shard process using the directory, under a POSIX lock (a second
+                     process on the same directory is refused before it reads or cuts anything)
 
 **Log records** (little-endian; one per *applied* update, in the order the shard applied them)::
 
@@ -37,6 +39,7 @@ the update stream: no torn rows) to a temporary file, ``fsync``ed, renamed, dire
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import logging
 import os
@@ -296,6 +299,30 @@ class Durability:
         self.last_checkpoint: str | None = None
         self.restored: dict[str, Any] | None = None
         self._since = 0
+        self._lock_fd: int | None = None
+
+    def _lock(self) -> None:
+        """Take ``DIR/shard-<id>/LOCK`` (a POSIX lock, held until :meth:`close` or exit) so that
+        no second shard process restores, cuts or appends to a log a running one writes.
+
+        Raises:
+            DurabilityError: another process holds it (its pid is named).
+        """
+        if self._lock_fd is not None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DurabilityError(f"{self.dir} is in use by another shard process (pid {holder}): stop it first "
+                                  "(a second shard on one directory would cut or interleave its log), or give this "
+                                  "one another directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     def restore(self, tables: dict[int, TableShard], applied: collections.OrderedDict, window: int) -> dict:
         """Load the latest checkpoint into ``tables``/``applied``, replay the log after it, cut
@@ -306,8 +333,10 @@ class Durability:
             or what :func:`read_log` reported, plus ``dropped_files``).
 
         Raises:
-            DurabilityError: the checkpoint is of another shard or other tables.
+            DurabilityError: the checkpoint is of another shard or other tables, or another
+                process uses the directory.
         """
+        self._lock()
         cks = _files(self.dir, _CKPT)
         seq0, ck = 0, None
         if cks:
@@ -378,8 +407,10 @@ class Durability:
 
         Raises:
             DurabilityError: the directory already holds a checkpoint or log (restore it, or
-                pick another directory: starting over it would mix two runs).
+                pick another directory: starting over it would mix two runs), or another
+                process uses the directory.
         """
+        self._lock()
         if _files(self.dir, _CKPT) or [p for _, p in _files(self.dir, _WAL) if p.stat().st_size]:
             raise DurabilityError(f"{self.dir} already holds a checkpoint or log: restart with --restore "
                                   f"{self.dir.parent} or use an empty --checkpoint-dir")
@@ -431,9 +462,12 @@ class Durability:
                 "checkpoints": self.checkpoints, "last_checkpoint": self.last_checkpoint, "restored": self.restored}
 
     def close(self) -> None:
-        """Close the log."""
+        """Close the log and release the directory's lock."""
         if self.log is not None:
             self.log.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 def load_shard_state(directory, shard_id: int, cfg, window: int = 1 << 62) -> tuple[dict[int, TableShard], dict]:

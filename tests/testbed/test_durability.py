@@ -2,6 +2,7 @@
 
 Run alone: python3 -m pytest -q tests/testbed/test_durability.py
 """
+import collections
 import json
 import os
 import re
@@ -89,7 +90,7 @@ def test_retransmitted_update_after_restart_is_not_applied_twice(tmp_path, engin
     assert c["checkpoints"] == 2 and c["seq"] == 12
     d = tmp_path / "shard-0"
     # the log was cut behind the last checkpoint: one checkpoint (at 10), one log (from 10)
-    assert sorted(p.name for p in d.iterdir()) == [f"ckpt-{10:020d}.npz", f"wal-{10:020d}.log"]
+    assert sorted(p.name for p in d.iterdir()) == ["LOCK", f"ckpt-{10:020d}.npz", f"wal-{10:020d}.log"]
     with ServerThread(cfg, 0, engine=engine, restore=str(tmp_path)) as st:
         assert st.counters()["durability"]["restored"]["replayed"] == 2
         _state_equal(st.state_dict(), before)
@@ -219,6 +220,35 @@ def test_kill_9_and_restore_through_the_cli(tmp_path):
     for tid, k, g, _ in ups:
         ref.update(tid, k, g)
     _state_equal({0: tables[0].state()}, ref.state_dict())
+
+
+def test_a_second_shard_process_on_a_live_directory_is_refused(tmp_path):
+    """`--restore D` (or `--checkpoint-dir D`) while a shard process runs on D: refused in one line
+    naming its pid, before the live log is read, cut or joined by a new log file."""
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text('[cluster]\nseed = 7\n[[tables]]\nid = 0\ndim = 8\n'
+                        '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 7900\n[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    cmd = [sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(cfg_path), "--port", "0"]
+    live = subprocess.Popen(cmd + ["--checkpoint-dir", str(tmp_path / "d")], stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not lines or "listening on" not in lines[-1]:
+            lines.append(live.stderr.readline())
+            assert lines[-1], lines  # EOF: the shard died
+        before = sorted(p.name for p in (tmp_path / "d" / "shard-0").iterdir())
+        for opt in ("--restore", "--checkpoint-dir"):
+            r = subprocess.run(cmd + [opt, str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+            err = [x for x in r.stderr.splitlines() if x.startswith("Error")]
+            assert r.returncode == 1 and len(err) == 1, r.stderr
+            assert f"in use by another shard process (pid {live.pid})" in err[0], r.stderr
+            assert sorted(p.name for p in (tmp_path / "d" / "shard-0").iterdir()) == before
+    finally:
+        live.terminate()
+        live.communicate(timeout=30)
+    # once it stopped, the directory restores as before (nothing was logged: an empty start)
+    d = D.Durability(str(tmp_path / "d"), 0, 7)
+    assert d.restore({}, collections.OrderedDict(), 16)["replayed"] == 0
+    d.close()
 
 
 def test_fresh_start_refuses_a_used_directory_and_other_shards_checkpoint(tmp_path):
