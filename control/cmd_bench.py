@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from embnic.control.cmd_options import FloatRange
 from embnic.control.errors import MissingDependencyError, OperationalError
 
 _out = click.option("--out", "out", type=click.Path(file_okay=False), default="out/bench", show_default=True,
@@ -68,7 +69,7 @@ def prep(out, batch_size, repeats):
 
 @bench.command("dataplane")
 @_out
-@click.option("--seconds", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
+@click.option("--seconds", type=FloatRange(min=0.5), default=5.0, show_default=True,
               help="Measurement time per configuration.")
 @click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
               help="bmv2: the same frames through simple_switch and through the DPDK card over the same "
@@ -110,7 +111,7 @@ def dataplane(out, seconds, target, state_lcores):
 @_out
 @click.option("--window", type=click.IntRange(min=1), default=4, show_default=True,
               help="Messages in flight in the throughput runs.")
-@click.option("--scale", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+@click.option("--scale", type=FloatRange(min=0.01), default=1.0, show_default=True,
               help="Multiplies the number of messages per measurement.")
 @click.option("--mtu", type=click.IntRange(576, 9000), default=1500, show_default=True, help="Cluster MTU (bytes).")
 @click.option("--reference/--no-reference", default=True, show_default=True,
@@ -148,7 +149,7 @@ def server(out, window, scale, mtu, reference):
               help="Repeats of every figure (median, min, max).")
 @click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True,
               help="Timed steps per repeat and batch size (after one warm-up step).")
-@click.option("--loss", "loss_pct", type=click.FloatRange(0, 50), default=1.0, show_default=True,
+@click.option("--loss", "loss_pct", type=FloatRange(0, 50), default=1.0, show_default=True,
               help="Percent loss on every link for the transport-under-loss run (0: skip it).")
 @click.option("--hash/--no-hash", "hash_row", default=True, show_default=True,
               help="Also measure embnic with hash sharding (a second testbed).")

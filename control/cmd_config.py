@@ -8,7 +8,7 @@ import click
 
 from embnic.client_lib import consts
 from embnic.client_lib.config import DEFAULT_PLAN_RATE, ClusterConfig, ConfigError, state_map_plan
-from embnic.control.cmd_options import ConfigFileError, control_section, json_option, load_cluster
+from embnic.control.cmd_options import FloatRange, ConfigFileError, control_section, json_option, load_cluster
 from embnic.control.target import clients_from_config, routes_from_config
 
 
@@ -73,7 +73,7 @@ def config():
 @click.argument("file", required=False, metavar="[FILE]")
 @click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
                                              "lcores this machine has).")
-@click.option("--rate", type=click.FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
+@click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
               metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
                                          "loss tolerance.")
 def check(file, strict, rate):

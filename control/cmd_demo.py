@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_options import check_name_param, needs_root, sigterm_as_interrupt
+from embnic.control.cmd_options import FloatRange, check_name_param, needs_root, sigterm_as_interrupt
 from embnic.control.errors import MissingDependencyError
 
 
@@ -18,9 +18,9 @@ from embnic.control.errors import MissingDependencyError
               help="Criteo TSV (Kaggle train.txt layout). Default: the sample shipped with embnic.")
 @click.option("--name", default="embdemo", show_default=True, callback=check_name_param,
               help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
-@click.option("--loss", type=click.FloatRange(0, 100), default=0.0, help="Fault: % of frames lost on every link.")
-@click.option("--reorder", type=click.FloatRange(0, 100), default=0.0, help="Fault: % of frames reordered.")
-@click.option("--duplicate", type=click.FloatRange(0, 100), default=0.0, help="Fault: % of frames duplicated.")
+@click.option("--loss", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames lost on every link.")
+@click.option("--reorder", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames reordered.")
+@click.option("--duplicate", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames duplicated.")
 @click.option("--netem-backend", type=click.Choice(["auto", "tc", "user"]), default="auto", show_default=True,
               help="How faults are injected (see `embnic testbed netem --help`).")
 @click.option("--kill-shard", type=int, default=None, metavar="ID",

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import ipaddress
+import math
 import os
 import re
 import shlex
@@ -152,6 +153,18 @@ def _compose(*decorators: Callable) -> Callable:
         return f
 
     return apply
+
+
+class FloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf``: click compares against the
+    bounds only, so ``nan`` passed every range (``--loss nan`` reached netem, ``--timeout nan``
+    a probe that never ends). Every float option of the CLI uses this type."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
 
 
 def config_option(required: bool = False) -> Callable:

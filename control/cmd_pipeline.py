@@ -8,6 +8,7 @@ import time
 import click
 
 from embnic.client_lib.config import DEFAULT_PLAN_RATE, state_map_plan
+from embnic.control.cmd_options import FloatRange
 from embnic.control.ctlsock import CtlClient, CtlError
 from embnic.control.errors import OperationalError
 from embnic.control.cmd_options import (config_errors, config_option, ctl_option, json_option, name_option,
@@ -57,10 +58,10 @@ def _ports_line(info: dict) -> str:
               help="EAL lcore list, e.g. 0 or 0,1 (default: card.lcores of the config).")
 @click.option("--netns", metavar="NS", default=None,
               help="Run the card inside this network namespace (needs root). Env: EMBNIC_NETNS.")
-@click.option("--timeout", "ready_timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
+@click.option("--timeout", "ready_timeout", type=FloatRange(0.1, 600), default=30.0, show_default=True,
               help="Seconds to wait for the control socket to answer.")
 @click.option("--no-program", is_flag=True, help="Do not install the config's routes and clients.")
-@click.option("--rate", type=click.FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
+@click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
               metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
                                          "loss tolerance.")
 @json_option
@@ -112,7 +113,7 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
 @pipeline.command("unload")
 @target_option
 @name_option
-@click.option("--timeout", "stop_timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+@click.option("--timeout", "stop_timeout", type=FloatRange(0.1, 600), default=10.0, show_default=True,
               help="Seconds to wait after SIGTERM before SIGKILL.")
 @json_option
 def unload(target, name, stop_timeout, as_json):

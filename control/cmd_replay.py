@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_options import check_name_param, needs_root, sigterm_as_interrupt
+from embnic.control.cmd_options import FloatRange, check_name_param, needs_root, sigterm_as_interrupt
 from embnic.control.errors import OperationalError
 from embnic.control.cmd_options import config_option
 
@@ -11,12 +11,12 @@ from embnic.control.cmd_options import config_option
 @click.command("replay")
 @click.argument("pcap", type=click.Path(dir_okay=False, exists=True))
 @config_option(required=True)
-@click.option("--rate", type=click.FloatRange(min=1), default=None, metavar="PPS",
+@click.option("--rate", type=FloatRange(min=1), default=None, metavar="PPS",
               help="Total frames/s over all clients (default: the recorded timing).")
 @click.option("--topspeed", is_flag=True, help="As fast as tcpreplay can (overrides --rate).")
 @click.option("--out", "out", type=click.Path(file_okay=False), default="out/replay", show_default=True,
               help="Directory for report.json and the PNG plots.")
-@click.option("--wait", "wait_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+@click.option("--wait", "wait_s", type=FloatRange(0.1, 600), default=5.0, show_default=True,
               help="Seconds to wait for missing replies after the last frame.")
 @click.option("--name", default="embrpl", show_default=True, callback=check_name_param,
               help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")

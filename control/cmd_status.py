@@ -7,7 +7,7 @@ import time
 import click
 
 from embnic.client_lib import consts
-from embnic.control.cmd_options import json_option, open_target, pipeline_options, resolve
+from embnic.control.cmd_options import FloatRange, json_option, open_target, pipeline_options, resolve
 
 
 def _pct(n: int, d: int) -> str:
@@ -127,7 +127,7 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
 @click.command()
 @pipeline_options
 @json_option
-@click.option("--watch", "watch", type=click.FloatRange(0.1, 3600), is_flag=False, flag_value=1.0, default=None,
+@click.option("--watch", "watch", type=FloatRange(0.1, 3600), is_flag=False, flag_value=1.0, default=None,
               metavar="[SEC]", help="Redraw every SEC seconds (0.1..3600, default 1) until Ctrl-C; with --json, "
                                     "one JSON line per sample.")
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after N samples.")

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from embnic.control.cmd_options import config_option, load_cluster, needs_root
+from embnic.control.cmd_options import FloatRange, config_option, load_cluster, needs_root
 from embnic.control.cmd_options import testbed_name_option as name_option
 from embnic.control.errors import OperationalError
 
@@ -29,7 +29,7 @@ def testbed():
 @config_option(required=True)
 @name_option
 @click.option("--no-card", is_flag=True, help="Only namespaces, links and shards (no embnic-dp).")
-@click.option("--timeout", type=click.FloatRange(1, 600), default=20.0, show_default=True,
+@click.option("--timeout", type=FloatRange(1, 600), default=20.0, show_default=True,
               help="Seconds each readiness probe may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @needs_root("testbed up")
@@ -175,12 +175,12 @@ def status_cmd(name, as_json):
 
 @testbed.command("netem")
 @name_option
-@click.option("--loss", type=click.FloatRange(0, 100), default=0.0, show_default=True, help="% of frames dropped.")
-@click.option("--reorder", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+@click.option("--loss", type=FloatRange(0, 100), default=0.0, show_default=True, help="% of frames dropped.")
+@click.option("--reorder", type=FloatRange(0, 100), default=0.0, show_default=True,
               help="% of frames reordered.")
-@click.option("--duplicate", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+@click.option("--duplicate", type=FloatRange(0, 100), default=0.0, show_default=True,
               help="% of frames duplicated.")
-@click.option("--delay", "delay_ms", type=click.FloatRange(0, 10000), default=0.0, show_default=True,
+@click.option("--delay", "delay_ms", type=FloatRange(0, 10000), default=0.0, show_default=True,
               help="Delay in ms (tc: every frame; user: longest hold of a reordered frame).")
 @click.option("--link", "links", multiple=True, metavar="NODE",
               help="Set (or with --clear remove) only this node's link (c1, s0, ...), leaving the other "

@@ -8,6 +8,7 @@ import os
 
 import click
 
+from embnic.control.cmd_options import FloatRange
 from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.cmd_options import config_option, load_cluster
 
@@ -45,7 +46,7 @@ def _trainer(model: str):
 @click.option("--client-id", type=int, default=None, help="This client's id (default: the config's first client).")
 @click.option("--local", is_flag=True, help="Keep the tables in this process (the reference run) instead of the shards.")
 @click.option("--max-rows", type=click.IntRange(min=2), default=None, help="Read at most this many rows of --data.")
-@click.option("--valid-fraction", type=click.FloatRange(0.01, 0.99), default=0.2, show_default=True,
+@click.option("--valid-fraction", type=FloatRange(0.01, 0.99), default=0.2, show_default=True,
               help="Last fraction of rows held out for the AUC.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write losses, AUC and client counters to this JSON file.")

@@ -169,3 +169,17 @@ def test_example_runs(invoke, example_env, argv, monkeypatch):
         assert r.exit_code == 0, r.output
     finally:
         card.stop()
+
+
+def test_every_float_option_refuses_nan_and_inf(invoke):
+    """click's FloatRange checks the bounds only, so `nan` passed them all (`--loss nan` reached
+    netem, `testbed up --timeout nan` probed forever): every float option refuses it, exit 2."""
+    cmds = [pc for name in cli.list_commands(None) for pc in _walk(cli.get_command(None, name), [name])]
+    floats = [(path, p) for path, cmd in cmds for p in cmd.params if isinstance(p.type, click.FloatRange)]
+    assert len(floats) >= 19  # --loss, --timeout, --rate, --watch, ... of every command
+    for path, p in floats:
+        for bad in ("nan", "inf", "-inf"):
+            with pytest.raises(click.BadParameter, match="not a finite number|not in the range"):
+                p.type.convert(bad, p, None)
+    r = invoke("testbed", "netem", "--loss", "nan")
+    assert r.exit_code == 2 and "'nan' is not a finite number" in r.output, r.output
