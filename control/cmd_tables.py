@@ -6,6 +6,7 @@ Both tables hold the same entry (card port, MAC, IPv4, UDP port); this module bu
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 
 import click
@@ -58,11 +59,20 @@ def resolve_entry(kind: str, id_: int, cfg: ClusterConfig | None, port: int | No
     for opt, v in (("--port", port), ("--ip", ip), ("--udp-port", udp_port)):
         if v is None:
             raise click.UsageError(f"{noun} {id_} has no {opt[2:]}{src}: give {opt}")
+    if ipaddress.IPv4Address(ip).is_loopback:
+        raise click.UsageError(f"--ip {ip} is a loopback address, which the card cannot reach: give the {noun}'s own "
+                               "address on its card port's segment")
     if cfg is not None and cfg.card is not None and cfg.card.ports:
         have = sorted(p.id for p in cfg.card.ports)
         if port not in have:
             raise click.UsageError(f"--port {port}: the card has no port {port} (card.ports in "
                                    f"{cfg.path or 'the config'}: {', '.join(map(str, have))})")
+        for p in cfg.card.ports:  # the config refuses these for its own entries (docs/config.md)
+            if p.ip == ip:
+                raise click.UsageError(f"--ip {ip} is the card's own address on port {p.id}: give the {noun}'s own "
+                                       "address (the card would send the frames to itself)")
+            if p.mac and p.mac == str(mac).lower():
+                raise click.UsageError(f"--mac {mac} is the MAC of card port {p.id}: give the {noun}'s own MAC")
     return Entry(id_, int(port), mac, ip, int(udp_port))
 
 

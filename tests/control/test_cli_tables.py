@@ -102,6 +102,22 @@ def test_port_not_on_card(invoke, card, card_config):
     assert r.exit_code == 2 and "the card has no port 3" in r.output
 
 
+def test_loopback_and_the_cards_own_address_or_mac_are_refused(invoke, card, card_config):
+    """What the config refuses for its own entries, the flags may not bring in either."""
+    card_config.write_text(card_config.read_text().replace('{ id = 0, ip = "10.0.0.1" }',
+                                                           '{ id = 0, ip = "10.0.0.1", mac = "02:00:00:00:00:01" }'))
+    for args, msg in ((["--ip", "127.0.0.1"], "--ip 127.0.0.1 is a loopback address"),
+                      (["--ip", "10.0.1.1"], "--ip 10.0.1.1 is the card's own address on port 1"),
+                      (["--mac", "02:00:00:00:00:01"], "--mac 02:00:00:00:00:01 is the MAC of card port 0")):
+        r = invoke("route", "add", "1", "-c", card_config, *args)
+        assert r.exit_code == 2 and msg in r.output, r.output
+        r = invoke("client", "add", "1", "-c", card_config, *args)
+        assert r.exit_code == 2 and msg in r.output, r.output
+    assert not card.requests
+    r = invoke("route", "add", "5", "--port", "1", "--mac", "02:00:00:00:01:09", "--ip", "127.0.0.2")
+    assert r.exit_code == 2 and "loopback" in r.output and not card.requests
+
+
 def test_card_refusal_is_operational(invoke, card):
     r = invoke("route", "add", "5", "--port", "7", "--mac", "02:00:00:00:01:09", "--ip", "10.0.1.9")
     assert r.exit_code == 1 and "card refused route_add: no port 7" in r.output
