@@ -254,6 +254,13 @@ class Bmv2Target(Target):
             raise UsageError(f"the bmv2 target needs one interface per card port (ports {ids}, "
                                    f"{len(self.interfaces)} interface(s) given): --vdev "
                                    "net_af_packet<i>,iface=NAME in port order")
+        if not self.netns:  # before the compile, and before any interface moves: a namespace deleted with a
+            # veth end in it destroys that veth pair
+            for i, ifname in enumerate(self.interfaces[:len(ids)]):
+                if not Path("/sys/class/net", ifname).exists():
+                    raise UsageError(f"card port {i}: no interface {ifname!r} in this network namespace "
+                                     f"(`ip link show`): give the port's interface as --vdev "
+                                     f"net_af_packet{i},iface=NAME, or --netns the namespace that holds them")
         routes = routes_from_config(cfg) if program else []
         clients = clients_from_config(cfg) if program else []
         commands = self._card_commands(routes, clients)

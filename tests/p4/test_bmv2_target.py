@@ -278,3 +278,22 @@ def test_handle_zero_placeholders_pick_unused_keys():
     adds, dels = handle_zero_placeholders(cmds)
     assert adds == ["table_add t a 2 => 1 2", "table_add u b 0 7 2 =>"]
     assert dels == ["table_delete t 0", "table_delete u 0"]
+
+
+def test_a_missing_interface_is_a_usage_error_before_anything_moves(tmp_path):
+    """Regression: a mistyped iface= failed after the compile as 'cannot set up namespace ...:
+    Command [...] returned non-zero exit status 1', after moving the ports before it into a
+    namespace that was then deleted (which destroys a veth pair). No p4c or root needed."""
+    from embnic.client_lib.config import load_config
+    from embnic.control.errors import UsageError
+    from embnic.control.target_bmv2 import Bmv2Target
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text())
+    # names no interface has: the test must never move a real one (before the fix, load moved
+    # every port's interface up to the missing one into a namespace it then deleted)
+    t = Bmv2Target(load_config(cfg), interfaces=[f"qanone{TAG}a", f"qanone{TAG}b"], name=f"qa{TAG}",
+                   run_dir=tmp_path / "run")
+    with pytest.raises(UsageError, match=f"card port 0: no interface 'qanone{TAG}a' in this network namespace"):
+        t.load()
+    assert not (tmp_path / "run").exists()
