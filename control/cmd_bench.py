@@ -116,7 +116,9 @@ def dataplane(out, seconds, target, state_lcores):
 @click.option("--mtu", type=click.IntRange(576, 9000), default=1500, show_default=True, help="Cluster MTU (bytes).")
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="Also measure the reference engine (the readable asyncio server).")
-def server(out, window, scale, mtu, reference):
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Throughput runs per configuration, each followed by LocalBackend's; rows/s are medians.")
+def server(out, window, scale, mtu, reference, repeats):
     """One parameter-server shard on loopback without the card: rows/s, messages/s and p50/p99
     latency of lookups and updates at 1, 64 and 4096 keys per message, with --workers 1 and 2,
     against the in-process LocalBackend doing the same work (ratio_* keys under `server`).
@@ -128,7 +130,8 @@ def server(out, window, scale, mtu, reference):
     from embnic.testbed.bench import server as bench_server
 
     try:
-        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, reference=reference, log=click.echo)
+        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, reference=reference, repeats=repeats,
+                               log=click.echo)
     except RuntimeError as e:
         raise OperationalError(str(e)) from None
     _show("server", {k: v for k, v in res.items() if not isinstance(v, dict) or k in ("targets", "load")})
@@ -211,5 +214,5 @@ def all_(ctx, out):
     """
     ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
     ctx.invoke(dataplane, out=out, seconds=5.0)
-    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True)
+    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True, repeats=3)
     ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True, dlrm=True)

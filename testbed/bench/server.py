@@ -309,8 +309,8 @@ def _local(lb: LocalBackend, w: Workload) -> tuple[float, float]:
 
 
 def _count(nkeys: int, scale: float) -> int:
-    """Messages per measurement: about 150k rows, at least 60 and at most 3000 messages (× scale)."""
-    return max(10, int(max(60, min(3000, 150_000 // nkeys)) * scale))
+    """Messages per throughput run: about 600k rows, at least 60 and at most 3000 messages (× scale)."""
+    return max(10, int(max(60, min(3000, 600_000 // nkeys)) * scale))
 
 
 def _warm(port: int, pools: dict, mtu: int, lb: LocalBackend, rng) -> None:
@@ -351,24 +351,31 @@ def measure_shard(workdir: Path, engine: str, workers: int, loads: dict, pools: 
         _warm(sp.port, pools, mtu, None, rng)
         gen = LoadGen(sp.port)
         try:
-            for (op, nk), (w_thr, w_lat) in loads.items():
+            for (op, nk), (w_thrs, w_lat) in loads.items():
                 cpu0, gen0, idle0 = sp.cpu(), time.process_time(), _machine_idle()
-                secs, _ = gen.run(w_thr, window)
+                secs = []
+                for w_thr in w_thrs:  # repeats, each with its own message ids, LocalBackend in between
+                    secs.append(gen.run(w_thr, window)[0])
+                    if lb is not None:
+                        lb_times.setdefault((op, nk), []).append(_local(lb, w_thr))
                 cpu1, gen1, idle1 = sp.cpu(), time.process_time(), _machine_idle()
                 _, lat = gen.run(w_lat, 1)
-                if lb is not None:
-                    lb_times.setdefault((op, nk), []).append(_local(lb, w_thr))
+                w_thr = w_thrs[0]
+                sec = float(np.median(secs))
+                msgs = w_thr.count * len(w_thrs)
                 out[f"{op}_{nk}"] = {
-                    "rows_per_s": w_thr.count * nk / secs,
-                    "msgs_per_s": w_thr.count / secs,
+                    "rows_per_s": w_thr.count * nk / sec,
+                    "msgs_per_s": w_thr.count / sec,
                     "p50_us": float(np.percentile(lat, 50)),
                     "p99_us": float(np.percentile(lat, 99)),
-                    "messages": w_thr.count,
+                    "messages": msgs,
+                    "repeats": len(w_thrs),
+                    "rows_per_s_runs": [w_thr.count * nk / x for x in secs],
                     "request_frames_per_msg": float(w_thr.counts.mean()),
                     "reply_frames_per_msg": w_thr.reply_frames,
-                    "seconds": secs,
+                    "seconds": sec,
                     "shard_cpu_s": cpu1 - cpu0,
-                    "rows_per_shard_cpu_s": w_thr.count * nk / max(cpu1 - cpu0, 1e-9),
+                    "rows_per_shard_cpu_s": msgs * nk / max(cpu1 - cpu0, 1e-9),
                     "loadgen_cpu_s": gen1 - gen0,
                     "machine_idle_share": (idle1[0] - idle0[0]) / max(idle1[1] - idle0[1], 1.0),
                 }
@@ -381,7 +388,7 @@ def measure_shard(workdir: Path, engine: str, workers: int, loads: dict, pools: 
 
 
 def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, reference: bool = True,
-        seed: int = 0, log=print) -> dict:
+        seed: int = 0, repeats: int = 3, log=print) -> dict:
     """Run the benchmark and merge ``server`` into ``out_dir/bench.json`` (see the module docstring).
 
     Args:
@@ -390,6 +397,8 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
         window: messages in flight in the throughput runs.
         scale: multiplies the number of messages per measurement.
         reference: also measure ``--engine reference`` (slow at 4096 keys).
+        repeats: throughput runs per configuration, each followed by LocalBackend doing the
+            same work; rows/s are the medians (``rows_per_s_runs``: every run's).
 
     Returns:
         the ``server`` result (``workers_1``, ``workers_2``, ``reference``, ``local``, the
@@ -407,11 +416,13 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
     for op in OPS:
         for nk in KEYS:
             c = _count(nk, scale)
-            w_thr = Workload(op, nk, c, pools, mtu, rng, first)
-            first += c
+            w_thrs = []
+            for _ in range(repeats):
+                w_thrs.append(Workload(op, nk, c, pools, mtu, rng, first))
+                first += c
             w_lat = Workload(op, nk, max(20, min(c, 300)), pools, mtu, rng, first)
             first += w_lat.count
-            loads[(op, nk)] = (w_thr, w_lat)
+            loads[(op, nk)] = (w_thrs, w_lat)
     load0 = os.getloadavg()
     lb = LocalBackend(cfg)
     for t, pool in pools.items():  # materialise the pool in the reference (as _warm does in the shard)
@@ -434,7 +445,7 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
     for (op, nk), ts in lb_times.items():
         wall = float(np.median([t[0] for t in ts]))
         cpu = float(np.median([t[1] for t in ts]))
-        n = loads[(op, nk)][0].count
+        n = loads[(op, nk)][0][0].count
         res["local"][f"{op}_{nk}"] = {"rows_per_s": n * nk / wall, "msgs_per_s": n / wall,
                                       "rows_per_cpu_s": n * nk / max(cpu, 1e-9), "runs": len(ts)}
     for op in OPS:

@@ -14,7 +14,8 @@ from embnic.control.cli import cli
 
 @pytest.mark.slow
 def test_bench_server_writes_every_figure(tmp_path):
-    r = CliRunner().invoke(cli, ["bench", "server", "--out", str(tmp_path), "--scale", "0.02", "--no-reference"])
+    r = CliRunner().invoke(cli, ["bench", "server", "--out", str(tmp_path), "--scale", "0.02", "--no-reference",
+                                 "--repeats", "2"])
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "bench.json").read_text())["server"]
     for op in ("lookup", "update"):
@@ -24,6 +25,8 @@ def test_bench_server_writes_every_figure(tmp_path):
                 f = res[part][key]
                 assert f["rows_per_s"] > 0 and f["p50_us"] <= f["p99_us"] and f["rows_per_s"] == pytest.approx(
                     f["msgs_per_s"] * k)
+                assert f["repeats"] == len(f["rows_per_s_runs"]) == 2
+                assert min(f["rows_per_s_runs"]) <= f["rows_per_s"] <= max(f["rows_per_s_runs"])
             assert res[f"ratio_{key}"] == pytest.approx(res["workers_1"][key]["rows_per_s"]
                                                         / res["local"][key]["rows_per_s"])
             assert res[f"ratio_workers2_{key}"] == pytest.approx(res["workers_2"][key]["rows_per_s"]
