@@ -276,13 +276,14 @@ class SplitTable:
         mine = w == hub.me
         if mine.all():
             return self.local.lookup(keys)
-        sel = {v: np.flatnonzero(w == v) for v in range(hub.workers) if v != hub.me}
-        sel = {v: s for v, s in sel.items() if s.size}
-        hub.send({v: (OP_LOOKUP, self._tid, int(s.size), [keys[s]]) for v, s in sel.items()})
+        sel = {v: w == v for v in range(hub.workers) if v != hub.me} if hub.workers > 2 else {1 - hub.me: ~mine}
+        keys_of = {v: keys[m] for v, m in sel.items()}
+        keys_of = {v: k for v, k in keys_of.items() if k.size}
+        hub.send({v: (OP_LOOKUP, self._tid, int(k.size), [k]) for v, k in keys_of.items()})
         out = np.empty((keys.size, self.dim), np.float32)
         if mine.any():
             out[mine] = self.local.lookup(keys[mine])
-        for v, payload in hub.wait(sel).items():
+        for v, payload in hub.wait(keys_of).items():
             out[sel[v]] = np.frombuffer(payload, np.float32).reshape(-1, self.dim)
         return out
 
