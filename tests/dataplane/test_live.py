@@ -14,6 +14,9 @@ with messages large enough to be fragmented both ways. Then the card's counters 
 message type, no authorisation or malformed drops, every message completed (its entry freed, its
 latency in its shard's histogram), and no leaked mbufs.
 Run alone: sudo python3 -m pytest -q tests/dataplane/test_live.py
+With the state map partitioned over 2 state lcores (``-l 0,1 -- --state-lcores 2``; af_packet has
+one TX queue, so state lcore 1 hands its frames back to the RX lcore):
+``sudo EMBNIC_LIVE_STATE_LCORES=2 python3 -m pytest -q tests/dataplane/test_live.py``.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ TAG = f"{os.getpid() % 100000}"
 NS = {k: f"enT{TAG}{k}" for k in ("k", "c", "a", "b")}
 MAC = {"c": "02:88:00:00:00:02", "a": "02:88:00:00:01:02", "b": "02:88:00:00:02:02"}
 LR = 0.5
+#: state lcores of the card (``EMBNIC_LIVE_STATE_LCORES``, default 1: run to completion on ``-l 0``)
+STATE_LCORES = int(os.environ.get("EMBNIC_LIVE_STATE_LCORES", "1"))
 
 CONFIG = """
 [cluster]
@@ -162,9 +167,10 @@ def live(topo, card_bin, tmp_path_factory):
     d = tmp_path_factory.mktemp("live")
     cfg = d / "cluster.toml"
     cfg.write_text(CONFIG.format(lr=LR, **MAC))
-    card = CardProcess(card_bin, [f"net_af_packet{p},iface=eTk{p}{TAG}" for p in range(3)], lcores="0",
+    card = CardProcess(card_bin, [f"net_af_packet{p},iface=eTk{p}{TAG}" for p in range(3)],
+                       lcores="0" if STATE_LCORES == 1 else ",".join(map(str, range(STATE_LCORES))),
                        port_ips={0: "10.88.0.1", 1: "10.88.1.1", 2: "10.88.2.1"}, netns=topo["k"],
-                       args=["--idle-us", "20"], log=d / "card.log")
+                       args=["--idle-us", "20", "--state-lcores", str(STATE_LCORES)], log=d / "card.log")
     servers = []
     try:
         card.start()
