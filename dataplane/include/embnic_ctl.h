@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * What the control socket's command files share (not the card's API, which
+ * is embnic_ctl_init / embnic_ctl_request / embnic_ctl_poll / embnic_ctl_free
+ * in embnic_dp.h). Split by role, as examples/ip_pipeline splits its CLI:
+ *
+ *   ctl.c         request parsing, the command table, ping/info/pause/
+ *                 resume/quit/reset_counters, the opaque embnic_ctl_*
+ *   ctl_json.c    JSON readers (fields, peers) and writers (addresses,
+ *                 peers, the JSON struct embnic_emit)
+ *   ctl_tables.c  route_* and client_* (the route and client tables)
+ *   ctl_state.c   counters, state_summary, state_dump, ring_stats,
+ *                 ring_last (counters, state map, header ring and log)
+ *   conn.c        the connections (socket, lines, queued output)
+ *
+ * A command is a ctl_cmd_fn: it reads its fields from req, sets its answer's
+ * fields in resp and returns 0, or -1 with the error message set by
+ * ctl_fail() (the request then changed nothing).
+ */
+#ifndef EMBNIC_CTL_H
+#define EMBNIC_CTL_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include <rte_ether.h>
+
+#include "embnic_dp.h"
+
+struct embnic_conn;
+
+struct embnic_ctl {
+	struct embnic_app *app;
+	struct embnic_conn *conn;
+	char err[256];		/* the failed request's message */
+};
+
+typedef int (*ctl_cmd_fn)(struct embnic_ctl *c, json_t *req, json_t *resp);
+
+/* ---- ctl_json.c: request fields ---- */
+
+/* Set the request's error message (printf format); returns -1. */
+int ctl_fail(struct embnic_ctl *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/*
+ * The integer field name of req in [lo, hi] into *out; absent: *out = dflt
+ * if dflt >= 0, else an error. 0, or -1 with the error set.
+ */
+int ctl_get_int(struct embnic_ctl *c, json_t *req, const char *name,
+		long long lo, long long hi, long long dflt, long long *out);
+/* The string field name of req (owned by req), or NULL with the error set. */
+const char *ctl_get_str(struct embnic_ctl *c, json_t *req, const char *name);
+/*
+ * A peer from req's {<idname>, port, mac, ip, udp_port} (udp_port defaults
+ * to dflt_udp if >= 0); 0, or -1 with the error set.
+ */
+int ctl_get_peer(struct embnic_ctl *c, json_t *req, const char *idname,
+		 long long dflt_udp, struct embnic_peer *p);
+
+/* ---- ctl_json.c: answers ---- */
+
+/* A dotted-quad string of a network-order IPv4 address (new reference). */
+json_t *ctl_ip_json(uint32_t ip_be);
+/* A "AA:BB:CC:DD:EE:FF" string (new reference). */
+json_t *ctl_mac_json(const struct rte_ether_addr *mac);
+/* {<idname>, port, mac, ip, udp_port} of p (new reference). */
+json_t *ctl_peer_json(const struct embnic_peer *p, const char *idname);
+
+/* The JSON writer of struct embnic_emit: records and lists in resp. */
+struct ctl_json_emit {
+	json_t *top, *cur;
+};
+struct embnic_emit ctl_json_emitter(json_t *resp, struct ctl_json_emit *w);
+
+/* ---- ctl_tables.c ---- */
+
+int ctl_cmd_route_add(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_route_del(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_route_list(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_client_add(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_client_del(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_client_list(struct embnic_ctl *c, json_t *req, json_t *resp);
+
+/* ---- ctl_state.c ---- */
+
+int ctl_cmd_counters(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_state_summary(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_ring_stats(struct embnic_ctl *c, json_t *req, json_t *resp);
+int ctl_cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp);
+
+#endif /* EMBNIC_CTL_H */
