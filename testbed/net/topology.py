@@ -54,10 +54,8 @@ and comes back (:meth:`Testbed.probe`). Timeouts name the log to read.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import select
 import signal
 import socket
@@ -69,7 +67,6 @@ from pathlib import Path
 from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
-from embnic.control.dpdk_proc import remove_runtime_dir
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
 
 from .model import (DEFAULT_NAME, NAME_RE, Link, Node, Topology, card_file_prefix, check_name,
@@ -79,12 +76,14 @@ from .netns import (NeedsRoot, TestbedError, _reap, in_netns, log_tail, netns_ex
 from .state import (dead_nodes, describe_dead, list_testbeds, node_dir, node_label,
                     save_testbed_state, state_path, testbed_state)
 from .probe import _status_name, probe_key
+from .teardown import down
 from .toml_writer import dump_toml
 
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
 
-#: the lifecycle (this module) and, for callers' convenience, the names of the declaration
-#: (:mod:`.model`), namespaces (:mod:`.netns`) and state file (:mod:`.state`) it is built on
+#: the bring-up and status (this module), the teardown (:mod:`.teardown`) and, for callers'
+#: convenience, the names of the declaration (:mod:`.model`), namespaces (:mod:`.netns`) and
+#: state file (:mod:`.state`) they are built on
 __all__ = ["PROBE_MSG_ID_BASE", "Testbed", "down", "status", "probe_key",
            "DEFAULT_NAME", "NAME_RE", "Link", "Node", "Topology", "card_file_prefix", "check_name", "derived_mac",
            "link_prefix", "NeedsRoot", "TestbedError", "in_netns", "netns_exists", "netns_list", "netns_pids",
@@ -489,83 +488,7 @@ class Testbed:
         return down(self.name, self.rdir)
 
 
-# --------------------------------------------------------------------------- down / status
-def _pattern(name: str) -> re.Pattern:
-    return re.compile(rf"^{re.escape(name)}-(card|c\d+|s\d+)$")
-
-
-def down(name: str, rdir: Path | None = None) -> dict:
-    """Remove everything testbed ``name`` made, in reverse order of :meth:`Testbed.up`.
-
-    Works from the state file alone (also after a crash): impairment helpers, the card,
-    the servers, any other process left in the testbed's namespaces (``ip netns pids``,
-    never by name), the namespaces (which takes their veths along), then the state file.
-    Namespaces matching ``NAME-{card,c<id>,s<id>}`` are removed even if unrecorded. Logs stay
-    in ``RUN_DIR/testbed-NAME/``.
-
-    Returns:
-        ``{"processes": [...stopped...], "netns": [...removed...], "found": bool}``.
-
-    Raises:
-        NeedsRoot: not root.
-    """
-    require_net_admin(f"testbed down ({name})")
-    rdir = Path(rdir) if rdir else run_dir()
-    state = testbed_state(name, rdir) or {}
-    stopped, removed = [], []
-    procs = state.get("procs", []) if isinstance(state.get("procs"), list) else []
-    order = {"impair": 0, "client": 1, "card": 2, "server": 3}
-    # the card through its target (clean DPDK shutdown, removes its socket and state file)
-    card = state.get("card")
-    if isinstance(card, dict):
-        try:
-            from embnic.control.target import get_target_class
-
-            t = get_target_class(card.get("target", "dpdk"))(
-                None, name=card.get("name", "card"), run_dir=card.get("run_dir", str(node_dir(name, rdir))))
-            if t.state() is not None:
-                t.unload()
-                stopped.append("card")
-        except Exception:  # noqa: BLE001 - fall back to the pid below
-            pass
-    for rec in sorted(reversed(procs), key=lambda r: order.get(r.get("role"), 9)):
-        if stop_process(rec):
-            stopped.append(f"{rec.get('node')}:{rec.get('role')}:{rec.get('pid')}")
-    pat = _pattern(name)
-    nss = [ns for ns in state.get("netns", []) if isinstance(ns, str)]
-    nss += [ns for ns in netns_list() if pat.match(ns) and ns not in nss]
-    me = os.getpid()
-    for ns in reversed(nss):
-        if not netns_exists(ns):
-            continue
-        for pid in netns_pids(ns):
-            if pid == me:
-                continue
-            rec = {"pid": pid, "starttime": proc_starttime(pid), "pgid": False}
-            if stop_process(rec, timeout=2.0):
-                stopped.append(f"{ns}:{pid}")
-    for ns in reversed(nss):
-        if netns_exists(ns):
-            run_cmd(["ip", "netns", "del", ns], check=False)
-            removed.append(ns)
-    # veths live only inside the namespaces; a crashed `ip link add` cannot leave one in the
-    # root namespace, but check anyway
-    for lk in state.get("links", []):
-        for ifname in (lk.get("card_if"), lk.get("peer_if")):
-            if ifname and Path(f"/sys/class/net/{ifname}").exists():
-                run_cmd(["ip", "link", "del", ifname], check=False)
-    try:
-        state_path(name, rdir).unlink()
-    except FileNotFoundError:
-        pass
-    for f in ("card.sock", "card.json"):
-        with contextlib.suppress(FileNotFoundError):
-            (node_dir(name, rdir) / f).unlink()
-    # the card's DPDK runtime directory (its --file-prefix is ours), left behind if it was killed
-    remove_runtime_dir(card_file_prefix(name))
-    return {"found": bool(state) or bool(removed), "processes": stopped, "netns": removed}
-
-
+# --------------------------------------------------------------------------- status
 def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
     """What runs in testbed ``name``: namespaces, links, processes (alive or not), netem, card counters.
 
