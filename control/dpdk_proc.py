@@ -228,22 +228,30 @@ class DpdkProcess:
         Raises:
             DpdkProcError: the process exited first (``NAME exited with code C while starting:
                 REASON (full log: LOG)``), or ``timeout`` s passed (then it is stopped).
+            BaseException: whatever interrupted the wait (``KeyboardInterrupt``, the probe's
+                error), after stopping the process.
         """
         deadline = time.monotonic() + timeout
-        while True:
-            rc = self.proc.poll()
-            if rc is not None:
-                how = f"signal {-rc}" if rc < 0 else f"code {rc}"
-                why = start_failure_reason(self.log_path)
-                raise DpdkProcError(f"{self.name} exited with {how} while starting"
-                                    f"{': ' + why if why else ''} (full log: {self.log_path})")
-            if probe():
-                return
-            if time.monotonic() >= deadline:
-                self.stop()
-                raise DpdkProcError(f"{self.name} (pid {self.proc.pid}) did not {what} within {timeout:g}s, "
-                                    f"stopped it again; see its log {self.log_path}")
-            time.sleep(0.05)
+        try:
+            while True:
+                rc = self.proc.poll()
+                if rc is not None:
+                    how = f"signal {-rc}" if rc < 0 else f"code {rc}"
+                    why = start_failure_reason(self.log_path)
+                    raise DpdkProcError(f"{self.name} exited with {how} while starting"
+                                        f"{': ' + why if why else ''} (full log: {self.log_path})")
+                if probe():
+                    return
+                if time.monotonic() >= deadline:
+                    self.stop()
+                    raise DpdkProcError(f"{self.name} (pid {self.proc.pid}) did not {what} within {timeout:g}s, "
+                                        f"stopped it again; see its log {self.log_path}")
+                time.sleep(0.05)
+        except DpdkProcError:
+            raise
+        except BaseException:  # Ctrl-C (or a failing probe) while it starts: it runs in its own session, so
+            self.stop()        # nothing else would stop it (`bench dataplane` left a card busy-polling 2 lcores)
+            raise
 
     def stop(self, timeout: float = 10.0) -> dict:
         """SIGTERM, wait ``timeout`` s, SIGKILL if still running; remove its EAL runtime directory.

@@ -416,3 +416,20 @@ def test_port_mac_that_differs_from_the_card_is_warned(invoke, env, dp, card_con
         assert len(json.loads(r.stdout)["warnings"]) == 1
     finally:
         assert invoke("pipeline", "unload").exit_code == 0
+
+
+def test_interrupted_readiness_wait_stops_the_process(tmp_path):
+    """Ctrl-C while a DPDK process starts (`bench dataplane`, `pipeline load`): the process, in its
+    own session, is stopped before the interrupt goes on, not left busy-polling."""
+    p = dpdk_proc.DpdkProcess("/bin/true", ["--file-prefix", f"qaint{os.getpid()}"], log=tmp_path / "p.log",
+                              wrapper=["sh", "-c", "exec sleep 60", "sh"])  # a process that stays up
+    p.start()
+    try:
+        def probe():
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            p.wait_ready(probe, 30.0)
+        assert p.proc.poll() is not None, "still running after the interrupted wait"
+    finally:
+        p.stop(timeout=1.0)
