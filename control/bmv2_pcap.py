@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import struct
 import time
 from pathlib import Path
 from typing import Sequence
 
 from embnic.control.bmv2 import EGRESS_QUEUE_DEPTH, Bmv2Error, Netns, SimpleSwitch
 from embnic.control.bmv2_runtime import read_counters, read_state_map
-from embnic.control.pcap import write_pcap
+from embnic.control.pcap import HEADER_LEN, read_pcap, write_pcap
 
 
 def write_pcap_ordered(path: Path, frames: Sequence[tuple[int, bytes]]) -> None:
@@ -30,19 +29,19 @@ def write_pcap_ordered(path: Path, frames: Sequence[tuple[int, bytes]]) -> None:
 
 
 def read_pcap_frames(path: Path) -> list[bytes]:
-    """Frames of a classic little-endian pcap file (what BMv2 writes); [] for a missing file."""
+    """Frames of a classic pcap file (what BMv2 writes; :func:`embnic.control.pcap.read_pcap`, the
+    one reader); [] for a missing file or one shorter than its header (not written yet). A record
+    being written is left out.
+
+    Raises:
+        ValueError: the file is not a classic pcap file.
+    """
     try:
-        data = Path(path).read_bytes()
+        if Path(path).stat().st_size < HEADER_LEN:
+            return []
+        return [frame for _, frame in read_pcap(path)]
     except FileNotFoundError:
         return []
-    out, off = [], 24
-    while off + 16 <= len(data):
-        _, _, incl, _ = struct.unpack_from("<IIII", data, off)
-        if off + 16 + incl > len(data):
-            break  # a record being written
-        out.append(data[off + 16:off + 16 + incl])
-        off += 16 + incl
-    return out
 
 
 @dataclasses.dataclass

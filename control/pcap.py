@@ -21,6 +21,7 @@ from typing import Sequence
 _MAGIC_US, _MAGIC_NS = 0xA1B2C3D4, 0xA1B23C4D
 _HEADER = struct.Struct("<IHHiIII")   # magic, version 2.4, thiszone, sigfigs, snaplen, linktype
 _RECORD = struct.Struct("<IIII")      # ts_sec, ts_usec, incl_len, orig_len
+HEADER_LEN = _HEADER.size              #: bytes of the file header (24): a shorter file has no frames yet
 LINKTYPE_ETHERNET = 1
 SNAPLEN = 65535
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import struct
 import sys
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from scapy.packet import Raw
 from embnic.client_lib import consts
 from embnic.client_lib.consts import DType, Flags, MsgType, Status
 from embnic.client_lib.protocol import Embnic
+from embnic.control import pcap as pcap_file
 from embnic.control.pcap import write_pcap  # noqa: F401 - the one pcap writer (tests import it from here)
 
 PORT = consts.UDP_PORT
@@ -297,18 +297,12 @@ class StateModel:
 
 # ---------------------------------------------------------------------- pcap files
 def read_pcap(path: Path) -> list[bytes]:
-    """Frames of a classic pcap file (micro- or nanosecond, either byte order)."""
-    data = Path(path).read_bytes()
-    if len(data) < 24:
+    """Frames of a classic pcap file (micro- or nanosecond, either byte order;
+    :func:`embnic.control.pcap.read_pcap`, the one reader); [] for a file shorter than a pcap
+    header (a switch that has not written its header yet)."""
+    if Path(path).stat().st_size < pcap_file.HEADER_LEN:
         return []
-    magic = struct.unpack_from("<I", data)[0]
-    end = "<" if magic in (0xA1B2C3D4, 0xA1B23C4D) else ">"
-    out, off = [], 24
-    while off + 16 <= len(data):
-        _, _, incl, _ = struct.unpack_from(end + "IIII", data, off)
-        out.append(data[off + 16:off + 16 + incl])
-        off += 16 + incl
-    return out
+    return [frame for _, frame in pcap_file.read_pcap(path)]
 
 
 # ---------------------------------------------------------------------- checks
