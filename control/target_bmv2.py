@@ -254,6 +254,7 @@ class Bmv2Target(Target):
             raise UsageError(f"the bmv2 target needs one interface per card port (ports {ids}, "
                                    f"{len(self.interfaces)} interface(s) given): --vdev "
                                    "net_af_packet<i>,iface=NAME in port order")
+        self._tools()  # a missing tool first: nothing else can be checked or fixed without it
         if not self.netns:  # before the compile, and before any interface moves: a namespace deleted with a
             # veth end in it destroys that veth pair
             for i, ifname in enumerate(self.interfaces[:len(ids)]):
@@ -264,7 +265,6 @@ class Bmv2Target(Target):
         routes = routes_from_config(cfg) if program else []
         clients = clients_from_config(cfg) if program else []
         commands = self._card_commands(routes, clients)
-        self._tools()
         require_root("loading the bmv2 target", "network namespaces for simple_switch")
         ensure_run_dir(self.run_dir)
         old = read_state(self.run_dir, self.instance)
