@@ -16,17 +16,21 @@ likely to lose a frame.
 
 Loss is found two ways. **By later answers** (RACK, RFC 8985, by transmission order): a shard
 answers in the order it was asked (per worker process), so a message whose latest transmission
-went out before an answered message of its shard lost a frame; it is recovered once a
-reordering window (a quarter of the shard's smoothed RTT, at least 1 ms: a shard's
-``--workers`` answer by client and table, so answers of different tables may pass each other) has passed
-without its answer. **By its timer**: every message has its own retransmission timer, set from
+went out before an answered message of its shard (or one whose reply has begun to come) lost
+a frame; it is recovered once a reordering window (a quarter of the shard's smoothed RTT, at
+least 1 ms: a shard's ``--workers`` answer by client and table, so answers of different tables may pass each
+other) has passed without its answer. **By its timer**: every message has its own retransmission timer, set from
 the measured round-trip time of its shard and type as in RFC 6298 (:class:`RttEstimator`: SRTT,
 RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]`` (default 50 ms, 10 s), Karn's
 rule: no sample from a re-sent message; the first RTO is the config's ``timeout_ms``), doubled
 each time it fires (exponential backoff); a reply from a shard restarts the timers of its
 other messages in flight (RFC 6298 5.3: they may be queued behind the one answered); when
 timers fire only the shard's message sent first is re-sent (5.4), so a shard stalled on a busy
-machine costs one needless re-send, not one per message in flight.
+machine costs one needless re-send, not one per message in flight. **Tail probes**: a shard's
+last message of a round (and any re-send after it) is followed at once by a one-key lookup
+whose answer shows whether what went before it was lost (RFC 8985's tail loss probe; the round
+does not wait for it). Messages are kept to ``msg_frames`` fragments each way (default 32):
+small messages are what keeps loss cheap.
 
 **Recovery.** A lookup whose reply came in part is *repaired*: a new lookup message (its own
 id) asks for only the rows of the missing fragments, and their rows complete the first reply
@@ -61,7 +65,10 @@ from .reassembly import Message, Reassembler
 from .routing import split_by_shard
 
 _SOCK_BUF = 16 << 20  # bytes
+_REPLY = {MsgType.LOOKUP_REQ: MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ: MsgType.UPDATE_ACK,
+          MsgType.SIZE_REQ: MsgType.SIZE_ACK}  # the reply type that answers each request type
 DEFAULT_WINDOW_FRAMES = 512  #: frames in flight per shard (requests + the replies they draw)
+DEFAULT_MSG_FRAMES = 32  #: most fragments of a message or of its reply (larger ones are split)
 DEFAULT_RTO_MIN_MS = 50.0  #: lower bound of the retransmission timeout, ms
 DEFAULT_RTO_MAX_MS = 10_000.0  #: upper bound of the retransmission timeout (after backoff), ms
 REO_WND_MIN_MS = 1.0  #: least reordering window of the loss detection, ms
@@ -115,7 +122,8 @@ class ClientStats:
     ``retransmits`` messages re-sent or repaired (by a timer or fast); ``timeouts`` retransmission
     timers that fired; ``fast_retransmits`` messages re-sent or repaired because a message sent
     later to the same shard was answered first; ``repairs`` lookups whose missing rows were asked
-    for in a new message (their reply came in part);
+    for in a new message (their reply came in part); ``probes`` tail probes sent (one-key lookups
+    after a shard's last message of a round, not counted in ``messages_sent``/``_received``);
     ``max_inflight_frames`` the most frames one shard's send window held (request + reply
     frames; above ``window_frames`` only when one message alone is larger).
     """
@@ -130,6 +138,7 @@ class ClientStats:
     timeouts: int = 0
     fast_retransmits: int = 0
     repairs: int = 0
+    probes: int = 0
     rounds: int = 0
     size_rounds: int = 0
     max_inflight_frames: int = 0
@@ -166,6 +175,7 @@ class _Out:
     lost_at: float = 0.0  # when a later-sent answered message makes it lost (0: no such evidence)
     keys: np.ndarray | None = None  # a lookup's keys uint64 (num_keys,), for a repair
     root: "_Out | None" = None  # a repair: the message of the round it completes in the end
+    probe: bool = False  # a tail probe: a one-key lookup whose answer only shows what came before
 
     @property
     def cost(self) -> int:
@@ -259,6 +269,11 @@ class EmbeddingClient:
             frames they draw); messages are split so that each fits it (from 3 frames up);
             one message is always allowed, however large.
         rto_min_ms, rto_max_ms: bounds of the retransmission timeout (ms).
+        msg_frames: most fragments of a message or of its reply (None: only ``MAX_FRAGS`` and the
+            window bound it). Small messages are what makes loss cheap: with 1% loss a frame, a
+            30-fragment message arrives whole 74% of the time, a 120-fragment one 30%, and loss is
+            found by later answers only while some messages in flight get through; a lost one
+            costs its own fragments again, not a large message's.
         fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"), modelled
             on TorchRec's ``KJTAllToAll``: every round of lookups or updates is preceded by a
             size round — one SIZE_REQ per shard listing the round's data messages to it, and
@@ -266,14 +281,15 @@ class EmbeddingClient:
 
     Raises:
         KeyError: unknown ``client_id``.
-        ValueError: ``window_frames`` < 1 or bad RTO bounds.
+        ValueError: ``window_frames`` < 1, ``msg_frames`` < 1 or bad RTO bounds.
         OSError: the address cannot be bound.
     """
 
     def __init__(self, cfg: ClusterConfig, client_id: int, *, bind: tuple[str, int] | None = None,
                  timeout_ms: int | None = None, retries: int | None = None, mtu: int | None = None,
                  window_frames: int = DEFAULT_WINDOW_FRAMES, rto_min_ms: float = DEFAULT_RTO_MIN_MS,
-                 rto_max_ms: float = DEFAULT_RTO_MAX_MS, fixed_length: bool = False):
+                 rto_max_ms: float = DEFAULT_RTO_MAX_MS, fixed_length: bool = False,
+                 msg_frames: int | None = DEFAULT_MSG_FRAMES):
         self.cfg = cfg
         self.client_id = client_id
         me = cfg.client(client_id)
@@ -283,6 +299,9 @@ class EmbeddingClient:
         if int(window_frames) < 1:
             raise ValueError(f"window_frames must be >= 1, got {window_frames}")
         self.window_frames = int(window_frames)
+        if msg_frames is not None and int(msg_frames) < 1:
+            raise ValueError(f"msg_frames must be >= 1 or None, got {msg_frames}")
+        self.msg_frames = None if msg_frames is None else int(msg_frames)
         self.fixed_length = bool(fixed_length)
         # one estimator per (shard, request type): a 1-frame SIZE_REQ and a 200-frame lookup do
         # not share a round-trip time
@@ -294,6 +313,7 @@ class EmbeddingClient:
         self.sock.setblocking(False)
         self.address = self.sock.getsockname()
         self.stats = ClientStats()
+        self._late_probes: collections.OrderedDict[int, None] = collections.OrderedDict()  # probe ids after their round
         self._reasm = Reassembler(max_pending=65536, timeout_s=max(1.0, 4 * self.timeout_s), expect="reply")
         # a random first id: a restarted client does not reuse the ids of its last life,
         # which the servers' exactly-once window still remembers
@@ -370,7 +390,7 @@ class EmbeddingClient:
                                              grads=grads[pos], mtu=self.mtu)
                 msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, table_id, len(skeys),
                                  self._dest[shard_id], frames, lambda m: None,
-                                 datagram=self._datagram(frames, 0)))
+                                 datagram=self._datagram(frames, 0), keys=skeys))
         if self.fixed_length:
             self._size_round(msgs)
         self._round(msgs, MsgType.UPDATE_ACK, record_latency=False)
@@ -418,12 +438,16 @@ class EmbeddingClient:
         """Most keys of one message: within :data:`consts.MAX_FRAGS` fragments each way
         (:func:`consts.max_keys_per_message`) and, where the send window allows it, small
         enough that the message and its reply fit the window (``ceil(8n/P) + ceil(n·row/P)``
-        frames, or ``ceil(n·(8+row)/P) + 1`` for an update, at most ``window_frames``)."""
+        frames, or ``ceil(n·(8+row)/P) + 1`` for an update, at most ``window_frames``), and so
+        that neither the message nor its reply has more than ``msg_frames`` fragments."""
         cap = consts.max_keys_per_message(msg_type, dim, dtype, self.mtu)
+        row = dim * consts.DTYPE_SIZE[consts.DType(dtype)]
+        P = consts.max_body_per_frame(self.mtu)
         if self.window_frames >= 3:
-            row = dim * consts.DTYPE_SIZE[consts.DType(dtype)]
-            cap = min(cap, max(1, (self.window_frames - 2) * consts.max_body_per_frame(self.mtu)
-                               // (consts.KEY_SIZE + row)))
+            cap = min(cap, max(1, (self.window_frames - 2) * P // (consts.KEY_SIZE + row)))
+        if self.msg_frames:
+            per_key = max(consts.KEY_SIZE, row) if msg_type == MsgType.LOOKUP_REQ else consts.KEY_SIZE + row
+            cap = min(cap, max(1, self.msg_frames * P // per_key))
         return cap
 
     def _datagram(self, frames: list, reply_len: int) -> int:
@@ -478,10 +502,14 @@ class EmbeddingClient:
         inflight = dict.fromkeys(queues, 0)  # frames held in each shard's window
         seqs = itertools.count()  # order of every transmission in the round, re-sends included
         pending: dict[int, _Out] = {}
+        live = [0]  # messages of the round not answered yet (probes aside)
+        probes = not self.fixed_length  # (the fixed-length shard takes only announced messages)
+        probe_src: dict[int, _Out] = {}  # per shard due a tail probe: the message it follows
         t0 = time.monotonic()
 
         def fill(shard_id: int) -> None:
             q = queues[shard_id]
+            m = None
             while q and (inflight[shard_id] == 0 or inflight[shard_id] + q[0].cost <= self.window_frames):
                 m = q.popleft()
                 now = time.monotonic()
@@ -492,9 +520,16 @@ class EmbeddingClient:
                 m.deadline = time.monotonic() + m.rto
                 self.stats.messages_sent += 1
                 pending[m.msg_id] = m
+                live[0] += 1
                 inflight[shard_id] += m.cost
                 if inflight[shard_id] > self.stats.max_inflight_frames:
                     self.stats.max_inflight_frames = inflight[shard_id]
+            if m is not None and not q and probes:
+                # the shard's last message of the round: nothing sent later could show it lost, so
+                # a probe follows it (RFC 8985 7's tail loss probe, sent at once: it costs one
+                # small message, and waiting for a probe timeout of 2·SRTT would cost more than a
+                # whole round where a round is window-bound)
+                probe_src[shard_id] = m
 
         def resend(m: _Out) -> None:
             """Recover ``m``: ask for the missing rows of a partly received lookup reply in a repair
@@ -513,32 +548,58 @@ class EmbeddingClient:
             if r is not None:
                 self.stats.retransmits += 1
             m.deadline = time.monotonic() + m.rto
+            if probes and not queues[m.shard_id]:
+                probe_src[m.shard_id] = m  # a probe right behind it: its answer shows a second loss
+
+        def probe(shard_id: int) -> None:
+            src = probe_src.pop(shard_id)
+            if src.keys is None or not any(x.shard_id == shard_id and not x.probe for x in pending.values()):
+                return
+            t = self.cfg.table(src.table_id)
+            msg_id = self._alloc_id()
+            frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=src.table_id,
+                                         shard_id=shard_id, dim=t.dim, dtype=t.wire_dtype, keys=src.keys[:1],
+                                         mtu=self.mtu)
+            now = time.monotonic()
+            p = _Out(msg_id, MsgType.LOOKUP_REQ, shard_id, src.table_id, 1, src.dest, frames, lambda r: None,
+                     datagram=self._datagram(frames, t.dim * 4), t_first=now, t_sent=now,
+                     rto=self._rtt[shard_id, MsgType.LOOKUP_REQ].rto, probe=True)
+            p.seq0 = p.seq = next(seqs)
+            self._send(p, retransmit=False)
+            p.deadline = time.monotonic() + p.rto
+            pending[msg_id] = p
+            self.stats.probes += 1
 
         for sid in queues:
             fill(sid)
-        while pending:
+        for sid in list(probe_src):
+            probe(sid)
+        while live[0] > 0:
             wait = min(min(m.deadline, m.lost_at or m.deadline) for m in pending.values()) - time.monotonic()
             if wait > 0:
                 select.select([self.sock], [], [], wait)
             # read before any timer is acted on: a reply that arrived while this process was not
             # scheduled (a busy machine) is taken, not answered with a retransmission
-            done = self._drain(pending, reply_type, record_latency)
+            done, partial = self._drain(pending, record_latency)
             now = time.monotonic()
             for m in done:
+                if m.probe:
+                    continue
+                live[0] -= 1
                 inflight[m.shard_id] -= (m.root or m).cost  # a repair holds its round message's room
                 if m.tries == 1 and m.root is None:  # Karn: a re-sent or repair message gives no sample
                     self._rtt[m.shard_id, m.msg_type].sample(now - m.t_first)
                 fill(m.shard_id)
-            if done:
+            if done or partial:
                 # Loss detection (RACK, RFC 8985, by transmission order): a shard answers in the
                 # order it was asked (per worker process), so a message whose latest transmission
-                # went out before the first transmission of an answered message of its shard lost
-                # a frame — unless its answer is merely reordered (a shard's --workers answer
-                # by client and table): it is re-sent once the reordering window (a quarter of the shard's
-                # smoothed RTT, at least REO_WND_MIN) has passed without its answer.
-                # RFC 6298 5.3 per shard: a shard that answers is making progress, so the timers of
-                # its other messages restart (they may be queued behind the ones just answered).
-                ev: dict[int, int] = {}
+                # went out before the first transmission of an answered message of its shard (or of
+                # one whose reply has begun to come; or a probe's) lost a frame — unless its answer
+                # is merely reordered (a shard's --workers answer by client and table): it is recovered once the
+                # shard's reordering window (_reo_wnd) has passed without its answer.
+                # RFC 6298 5.3 per shard: a shard that answers (a whole reply or a fragment) is making
+                # progress, so the timers of its other messages restart (they may be queued behind).
+                ev = dict(partial)  # a fragment of a later message's reply shows it as well
                 for m in done:
                     # which transmission was answered: the latest, unless the answer came sooner than
                     # the shortest round trip seen after it (then it may be the first's; RFC 8985 6.2)
@@ -547,7 +608,7 @@ class EmbeddingClient:
                     ev[m.shard_id] = max(ev.get(m.shard_id, -1), s)
                 for x in pending.values():
                     e = ev.get(x.shard_id)
-                    if e is None:
+                    if e is None or x.probe:
                         continue
                     if x.seq < e and not x.lost_at:
                         x.lost_at = now + self._reo_wnd(x)
@@ -557,11 +618,17 @@ class EmbeddingClient:
             for x in [x for x in pending.values() if x.lost_at and x.lost_at <= now]:
                 self.stats.fast_retransmits += 1
                 resend(x)
-            if done or not pending:
+            for sid in list(probe_src):
+                probe(sid)
+            if done or live[0] == 0:
                 continue  # read again before a timer is acted on (replies may have come meanwhile)
             now = time.monotonic()
             if min(m.deadline for m in pending.values()) <= now:
                 self._expire(pending, now, t0, resend)
+        for m in pending.values():  # probes still out: their answers are no stale replies
+            self._late_probes[m.msg_id] = None
+        while len(self._late_probes) > 4096:
+            self._late_probes.popitem(last=False)
 
     def _repair(self, m: _Out) -> _Out | None:
         """A repair of lookup ``m`` whose reply came in part: a new LOOKUP_REQ (its own ``msg_id``)
@@ -611,8 +678,11 @@ class EmbeddingClient:
                     t_sent=time.monotonic(), rto=m.rto, tries=m.tries, keys=keys, root=root)
 
     def _reo_wnd(self, m: _Out) -> float:
-        """Reordering window (s) of ``m``'s shard and type: a quarter of its smoothed RTT (its RTO
-        before any sample), at least :data:`REO_WND_MIN_MS`."""
+        """Reordering window (s) of ``m``'s shard and type (RFC 8985 6.2): a quarter of its smoothed
+        round trip (of its RTO before any sample), at least :data:`REO_WND_MIN_MS` — room for the
+        answers of other tables that a shard's ``--workers`` let pass each other. (RFC 8985 widens
+        it on proof of a needless re-send; here an answer sooner than usual proves nothing: a lone
+        re-sent message is answered faster than one queued in a burst.)"""
         e = self._rtt[m.shard_id, m.msg_type]
         return max(REO_WND_MIN_MS / 1000.0, (e.srtt if e.srtt is not None else e.rto) / 4)
 
@@ -624,12 +694,15 @@ class EmbeddingClient:
         shard's estimate is left to the next sample, so one lossy message does not slow every
         other message's timer)."""
         self._reasm.expire()
+        for m in [m for m in pending.values() if m.probe and m.deadline <= now]:
+            del pending[m.msg_id]  # a probe is never re-sent: the timers of what it followed cover it
+            self._late_probes[m.msg_id] = None
         fired = [m for m in pending.values() if m.deadline <= now]
         for m in fired:
             if m.tries >= self.retries:
                 what = "lookup" if m.msg_type == MsgType.LOOKUP_REQ else (
                     "update" if m.msg_type == MsgType.UPDATE_REQ else "size")
-                n = sum(1 for x in pending.values() if x.shard_id == m.shard_id)
+                n = sum(1 for x in pending.values() if x.shard_id == m.shard_id and not x.probe)
                 big = max(x.datagram for x in pending.values() if x.shard_id == m.shard_id)
                 hint = None
                 if 0 < self._largest_answered < big:
@@ -651,23 +724,39 @@ class EmbeddingClient:
             m.rto = min(m.rto * 2, self._rtt[m.shard_id, m.msg_type].rto_max)
             resend(m)
 
-    def _drain(self, pending: dict, reply_type: int, record_latency: bool) -> list[_Out]:
-        """Read every waiting datagram; returns the messages whose reply completed."""
+    def _drain(self, pending: dict, record_latency: bool) -> tuple[list[_Out], dict[int, int]]:
+        """Read every waiting datagram. Returns the messages whose reply completed and, per shard,
+        the latest first transmission (``seq0``) of a pending message of which a reply fragment
+        came without completing it (its shard answered everything sent before it)."""
         buf = self._buf
         done: list[_Out] = []
+        partial: dict[int, int] = {}
         while True:
             try:
                 n, addr = self.sock.recvfrom_into(buf)
             except (BlockingIOError, InterruptedError):
-                return done
+                return done, partial
             self.stats.frames_received += 1
             self.stats.bytes_received += n
-            msg = self._reasm.feed(bytes(buf[:n]), addr)
+            payload = bytes(buf[:n])
+            try:
+                fh = codec.parse_header(payload, expect="reply")
+            except codec.FrameError:
+                fh = None  # the reassembler counts it by reason
+            msg = self._reasm.feed(payload, addr, header=fh)
             if msg is None:
+                if fh is not None and fh.frag_count > 1:
+                    m = pending.get(fh.msg_id)
+                    if (m is not None and fh.client_id == self.client_id and fh.shard_id == m.shard_id
+                            and fh.msg_type == _REPLY[m.msg_type] and m.seq0 > partial.get(m.shard_id, -1)):
+                        partial[m.shard_id] = m.seq0
                 continue
             h = msg.header
             m = pending.get(h.msg_id)
             if m is None or h.client_id != self.client_id:
+                if m is None and h.client_id == self.client_id and h.msg_id in self._late_probes:
+                    del self._late_probes[h.msg_id]  # a probe's answer after its round
+                    continue
                 self.stats.stale_replies += 1
                 continue
             if h.shard_id != m.shard_id:  # docs/protocol.md, "The card's state map"
@@ -675,14 +764,16 @@ class EmbeddingClient:
                 continue
             if h.msg_type == MsgType.ERROR:
                 raise ShardError(m.shard_id, m.table_id, h.status)
-            if h.msg_type != reply_type or h.num_keys != m.num_keys or h.table_id != m.table_id:
+            if h.msg_type != _REPLY[m.msg_type] or h.num_keys != m.num_keys or h.table_id != m.table_id:
                 self.stats.drops["mismatched_reply"] += 1
                 continue
-            self.stats.messages_received += 1
             self._largest_answered = max(self._largest_answered, m.datagram)
             m.on_reply(msg)
             del pending[h.msg_id]
             done.append(m)
+            if m.probe:
+                continue
+            self.stats.messages_received += 1
             if record_latency:
                 self.stats.lookup_latency_us.append((time.monotonic() - m.t_first) * 1e6)
 

@@ -155,7 +155,7 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
 
     Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``model`` (``"fm"``/``"dlrm"``), ``testbed``, ``config``,
     ``other_clients`` (with ``all_clients``: per client id ``lookup_rounds``, ``messages``,
-    ``requests_sent``, ``frames_sent``, ``retransmits``, ``error``; they stop at the last
+    ``requests_sent``, ``frames_sent``, ``retransmits``, ``tail_probes``, ``error``; they stop at the last
     training step, before the card's counters are read),
     ``steps``, ``steps_completed``, ``batch_size``, ``loss`` (per completed step, through the
     card), ``loss_reference``, ``loss_max_abs_diff`` (over the completed steps), ``loss_match``

@@ -51,7 +51,7 @@ class Reader(threading.Thread):
         s = self.client.stats
         return {"lookup_rounds": self.rounds, "messages": s.messages_sent + s.messages_received,
                 "requests_sent": s.messages_sent, "frames_sent": s.frames_sent, "retransmits": s.retransmits,
-                "error": self.error}
+                "tail_probes": s.probes, "error": self.error}
 
 
 def stop_readers(readers: list) -> None:
@@ -66,11 +66,13 @@ def stop_readers(readers: list) -> None:
 
 def client_snapshot(client) -> dict:
     """The counters of an :class:`~embnic.client_lib.client.EmbeddingClient` now (message, frame and byte
-    counts, retransmits, rounds, stale replies, the number of lookup latencies so far, drops by reason)."""
+    counts, retransmits, tail probes (one-key lookups after a round's last message, not among the
+    messages), rounds, stale replies, the number of lookup latencies so far, drops by reason)."""
     s = client.stats
     return {"messages_sent": s.messages_sent, "messages_received": s.messages_received,
             "frames_sent": s.frames_sent, "frames_received": s.frames_received, "bytes_sent": s.bytes_sent,
-            "bytes_received": s.bytes_received, "retransmits": s.retransmits, "rounds": s.rounds,
+            "bytes_received": s.bytes_received, "retransmits": s.retransmits, "tail_probes": s.probes,
+            "rounds": s.rounds,
             "stale_replies": s.stale_replies, "latencies": len(s.lookup_latency_us),
             "drops": dict(client.drops)}
 

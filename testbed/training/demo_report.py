@@ -51,6 +51,7 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
         "messages": msgs,
         "messages_detail": {"requests_sent": snap["messages_sent"], "replies_received": snap["messages_received"],
                             "retransmits": snap["retransmits"], "stale_replies": snap["stale_replies"],
+                            "tail_probes": snap["tail_probes"],
                             "per_step": round(msgs / max(done, 1), 2), "per_s": round(msgs / el, 1)},
         "frames": frames,
         "frames_detail": {"sent": snap["frames_sent"], "received": snap["frames_received"],

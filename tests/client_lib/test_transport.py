@@ -93,6 +93,31 @@ def test_window_bounds_in_flight_and_no_retransmits_loss_free():
             assert all(np.array_equal(got[t], ref.lookup(t, b[t])) for t in b)
 
 
+def test_msg_frames_bounds_every_message_and_reply():
+    cfg = make_cfg()
+    ref = LocalBackend(cfg)
+    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), msg_frames=3) as c:
+        sizes = []
+        orig = c._send
+
+        def spy(m, retransmit):
+            sizes.append((len(m.frames), m.reply_frames))
+            orig(m, retransmit)
+
+        c._send = spy
+        b = next(batches(1, 3000, seed=5))
+        got = c.lookup(b)
+        assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in b.items())
+        c.update({t: (k, np.full((len(k), cfg.table(t).dim), 0.5, np.float32)) for t, k in b.items()})
+        for t, k in b.items():
+            ref.update(t, k, np.full((len(k), cfg.table(t).dim), 0.5, np.float32))
+        got = c.lookup(b)
+        assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in b.items())
+    assert max(max(f, r) for f, r in sizes) == 3 and len(sizes) > 20
+    with pytest.raises(ValueError, match="msg_frames"):
+        EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), msg_frames=0)
+
+
 class LossyRelay:
     """A UDP relay in front of one shard that drops each datagram, either way, with
     probability ``loss`` (seeded). The client sends to ``address``; replies come back through it."""
@@ -200,9 +225,10 @@ def test_fast_retransmit_when_a_later_message_is_answered_first():
             m = reasm.feed(data, addr)
             if m is None:
                 continue
-            seen.append((m.header.table_id, bool(m.header.flags & Flags.RETRANSMIT)))
-            if len(seen) == 1:
-                continue  # the first message is "lost"
+            if m.header.num_keys > 1:  # (one-key lookups are the client's tail probes: answered)
+                seen.append((m.header.table_id, bool(m.header.flags & Flags.RETRANSMIT)))
+                if len(seen) == 1:
+                    continue  # the first message is "lost"
             rows = np.full((m.header.num_keys, 4), float(m.header.num_keys), dtype=np.float32)
             for f in codec.encode_reply(m.header, MsgType.LOOKUP_REPLY, shard_id=0, body=codec.rows_to_body(rows)):
                 shard.sendto(f, addr)
@@ -211,7 +237,7 @@ def test_fast_retransmit_when_a_later_message_is_answered_first():
     t.start()
     n = consts.max_keys_per_message(MsgType.LOOKUP_REQ, 4, 1, 1500)  # 22912: 128 + 256 frames
     keys = np.arange(1, 1 + 2 * n, dtype=np.uint64)  # two messages of table 0, both in the window
-    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, window_frames=1000) as c:
+    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, window_frames=1000, msg_frames=None) as c:
         got = c.lookup({0: keys})
         stats = c.stats
     t.join(10)
@@ -273,7 +299,8 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
     """One shard behind a relay that drops, once each: fragment 5 of the biggest
     lookup reply, fragment 0 of the second lookup request, the first update's ack and fragment 3 of
     the second update. The shard answers in order, so the later messages' answers show each loss
-    (RACK) long before the 5 s timers: the partly answered lookup is completed by a repair that
+    (RACK; a one-key probe follows each shard's last message) long before the 5 s timers: the
+    partly answered lookup is completed by a repair that
     asks only for the rows of the missing fragment, the others are sent again. Rows and tables
     equal LocalBackend's (each update applied once)."""
     import dataclasses
@@ -312,7 +339,7 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
         try:
             lcfg = dataclasses.replace(cl.cfg, shards=(dataclasses.replace(cl.cfg.shards[0], ip=relay.address[0],
                                                                             port=relay.address[1]),))
-            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000) as c:
+            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, msg_frames=None) as c:
                 got = c.lookup(req)
                 for t, k in req.items():
                     assert np.array_equal(got[t], ref.lookup(t, k)), t
@@ -326,14 +353,15 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
                 assert c.stats.retransmits == 4
                 for t, k in req.items():
                     assert np.array_equal(c.lookup({t: k})[t], ref.lookup(t, k)), t
-                assert c.stats.timeouts == 0
+                assert c.stats.timeouts == 0 and c.stats.probes >= 3  # after each round's tail at least
         finally:
             relay.close()
         counters = cl.counters()[0]
     assert len(relay.dropped) == 4
     # the repair: a new lookup of table 0 for only the rows of the lost fragment (5·1432 .. 6·1432
     # body bytes of 64-byte rows: rows 111..134)
-    lr = [h for d, h in relay.seen if d == "req" and h.msg_type == MsgType.LOOKUP_REQ and h.table_id == 0]
+    lr = [h for d, h in relay.seen if d == "req" and h.msg_type == MsgType.LOOKUP_REQ and h.table_id == 0
+          and h.num_keys > 1]  # (one-key lookups: the client's tail probes)
     ids = sorted({h.msg_id for h in lr})
     assert len(ids) == 3  # the lookup, its repair, the final check
     assert sorted(h.num_keys for h in lr if h.frag_index == 0) == [24, sizes[0], sizes[0]]

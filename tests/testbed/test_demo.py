@@ -73,7 +73,9 @@ def test_short_demo_report_and_loss_match(run_dir, tmp_path, cleanup):  # noqa: 
     # every request of the run completed on the card (plus the testbed's readiness probes, if counted)
     assert sm["entries"] == 0, sm  # answered messages leave the map at once
     done = sum(rep["card"]["messages_completed"].values())
-    sent = md["requests_sent"] + other["requests_sent"] + rep["probe_rtt_us"]["n"]
+    # (tail probes: the clients' one-key lookups after a round's last message, messages of their own)
+    sent = (md["requests_sent"] + md["tail_probes"] + other["requests_sent"] + other["tail_probes"]
+            + rep["probe_rtt_us"]["n"])
     assert sent <= done <= sent + retx + probes["sent"] - rep["probe_rtt_us"]["n"]
     assert rep["error"] is None and rep["steps_completed"] == STEPS and rep["kill_shard"] is None
     assert rep["tables"]["equal"] is True and rep["tables"]["rows"] > 0
