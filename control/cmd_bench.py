@@ -197,6 +197,18 @@ def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
         for r in dlrm_rows:
             click.echo(f"  {r['batch']:>6} {r['card_steps_per_s']:>9.1f} {r['torchrec_steps_per_s']:>9.1f} "
                        f"{r['card_over_torchrec']:>14.2f}")
+    lo = res["loss"]
+    if lo["by_batch"]:
+        click.echo(f"e2e transport, varlen with {lo['loss_pct_every_link']:g}% loss on every link "
+                   f"({lo['netem_backend']} netem; step p50 µs, per step: retransmits, timer expiries, "
+                   f"repairs, tail probes):")
+        for b, v in lo["by_batch"].items():
+            relay = (f", through the netem helpers without loss {v['step_p50_us_relay']:,.0f} "
+                     f"({v['ratio_vs_relay']:.2f} x)" if "step_p50_us_relay" in v else "")
+            click.echo(f"  {b:>6} loss-free {v['step_p50_us']:,.0f} (retransmits {v['retransmits_per_step']:g}), "
+                       f"with loss {v['step_p50_us_loss']:,.0f} = {v['ratio']:.2f} x (retransmits "
+                       f"{v['retransmits_per_step_loss']:.1f}, timers {v['timeouts_per_step_loss']:.1f}, repairs "
+                       f"{v['repairs_per_step_loss']:.1f}, probes {v['probes_per_step_loss']:.1f}){relay}")
     _show("targets", res["targets"])
     click.echo(f"  machine {res['machine']['before']}")
     click.echo(f"wrote {Path(out) / 'bench.json'} and {', '.join(res['plots'])}")

@@ -23,7 +23,10 @@ samples and batch sizes, in the same run.
 
 embnic runs with ``sharding = "table"`` (what TorchRec offers on CPU) for the comparison;
 ``hash`` sharding is measured too, as rows of its own (``e2e_hash``). The transport is measured
-loss-free and with 1% loss on every link (netem): retransmissions per step and step time.
+loss-free and with 1% loss on every link (netem), in the same repeat: retransmissions, timer
+expiries, repairs and tail probes per step, and step time; with the user-space netem (kernels
+without ``sch_netem``) also through its helpers with nothing dropped, which says what the
+helpers' own per-frame forwarding adds.
 
 Each figure is the median of ``repeats`` repeats (each ``steps`` timed steps after a warm-up
 step) with the min and max over repeats; p50/p99 are over the steps of one repeat. Load
@@ -95,13 +98,17 @@ def sample_batches(batch: int, steps: int, seed: int, rows: list, data=None) -> 
 def embnic_steps(client, cfg, sparses: list[np.ndarray]) -> dict:
     """Run one step per batch (lookup of every unique id, then an update of all of them);
     returns per-step ``lookup_us``, ``update_us``, ``step_us`` lists and per-step means of
-    ``messages`` (requests sent + replies received), ``rounds``, ``retransmits``."""
+    ``messages`` (requests sent + replies received), ``rounds``, ``retransmits`` (re-sends and
+    repairs), ``timeouts`` (retransmission timers that fired), ``repairs`` and ``probes`` (tail
+    probes: one-key lookups after a shard's last message of a round, not among ``messages``)."""
     from embnic.testbed.training.train import feature_tables
 
     ftab = feature_tables(cfg, len(NAMES))
     look, upd, step = [], [], []
-    s0 = (client.stats.messages_sent + client.stats.messages_received, client.stats.rounds,
-          client.stats.retransmits)
+    def snap(s):
+        return (s.messages_sent + s.messages_received, s.rounds, s.retransmits, s.timeouts, s.repairs, s.probes)
+
+    s0 = snap(client.stats)
     for sp in sparses:
         prep = prepare_batch(KeyedJaggedBatch.from_dense(NAMES, sp), ftab, validate=False)
         keys = {t: p.unique for t, p in prep.tables.items()}
@@ -114,10 +121,10 @@ def embnic_steps(client, cfg, sparses: list[np.ndarray]) -> dict:
         upd.append((t2 - t1) * 1e6)
         step.append((t2 - t0) * 1e6)
     n = len(sparses)
-    s1 = (client.stats.messages_sent + client.stats.messages_received, client.stats.rounds,
-          client.stats.retransmits)
-    return {"lookup_us": look, "update_us": upd, "step_us": step,
-            "messages": (s1[0] - s0[0]) / n, "rounds": (s1[1] - s0[1]) / n, "retransmits": (s1[2] - s0[2]) / n}
+    s1 = snap(client.stats)
+    d = [(b - a) / n for a, b in zip(s0, s1)]
+    return {"lookup_us": look, "update_us": upd, "step_us": step, "messages": d[0], "rounds": d[1],
+            "retransmits": d[2], "timeouts": d[3], "repairs": d[4], "probes": d[5]}
 
 
 def _summ(runs: list[dict]) -> dict:
@@ -129,24 +136,30 @@ def _summ(runs: list[dict]) -> dict:
             "steps_per_s": _stat([1e6 / np.median(r["step_us"]) for r in runs]),
             "messages_per_step": _stat([r["messages"] for r in runs]),
             "rounds_per_step": _stat([r["rounds"] for r in runs]),
-            "retransmits_per_step": _stat([r["retransmits"] for r in runs])}
+            "retransmits_per_step": _stat([r["retransmits"] for r in runs]),
+            **{f"{k}_per_step": _stat([r.get(k, 0.0) for r in runs]) for k in ("timeouts", "repairs", "probes")}}
 
 
 def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct: float, log,
              dlrm_batches: dict | None = None) -> dict:
-    """Bring the testbed up with ``config_text``, run varlen and fixed (alternating per repeat)
-    at every batch size, then the DLRM's training steps through the card (``dlrm_batches``:
-    ``{B: e2e_dlrm.dlrm_batches(...)}``, None: skip), then varlen again with ``loss_pct`` % loss
-    on every link; tear down.
+    """Bring the testbed up with ``config_text`` and, per repeat, run varlen and fixed (their order
+    alternating) at every batch size, then varlen again with ``loss_pct`` % loss on every link
+    (and, where the loss comes from the user-space netem helpers, varlen through the helpers
+    with nothing dropped: what the helpers' own forwarding costs) — the loss runs sit inside each
+    repeat, beside the loss-free ones, so the two see the same machine load; then the DLRM's
+    training steps through the card (``dlrm_batches``: ``{B: e2e_dlrm.dlrm_batches(...)}``, None:
+    skip); tear down.
 
-    Returns ``{"varlen": {B: summary}, "fixed": {...}, "varlen_loss": {...}, "dlrm": {B: [step µs
-    per repeat]} (or None), "card": counters subset, "shard_engine": ...}``.
+    Returns ``{"varlen": {B: summary}, "fixed": {...}, "varlen_loss": {...}, "varlen_relay":
+    {...} (user backend only), "netem_backend", "dlrm": {B: [step µs per repeat]} (or None),
+    "card": counters subset, "shard_engine": ...}``.
     """
     from embnic.client_lib.client import EmbeddingClient
     from embnic.testbed.net import netem as N
     from embnic.testbed.net import topology as T
 
     T.require_net_admin("bench e2e (it brings the namespace testbed up)")
+    backend = None
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "bench-e2e.toml"
         path.write_text(config_text)
@@ -162,16 +175,35 @@ def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct:
                 with T.in_netns(topo.client_ns(cid)):
                     return EmbeddingClient(cfg, cid, fixed_length=fixed)
 
-            runs = {m: {b: [] for b in batches} for m in ("varlen", "fixed", "varlen_loss")}
+            def timed(mode: str, fixed: bool) -> None:
+                with client(fixed) as c:
+                    for b, sp in batches.items():
+                        embnic_steps(c, cfg, sp[:1])  # warm-up step
+                        runs[mode][b].append(embnic_steps(c, cfg, sp[1:]))
+
+            runs = {m: {b: [] for b in batches} for m in ("varlen", "fixed", "varlen_loss", "varlen_relay")}
+            card = None
             for rep in range(repeats):
                 order = ("varlen", "fixed") if rep % 2 == 0 else ("fixed", "varlen")
                 for mode in order:
-                    with client(mode == "fixed") as c:
-                        for b, sp in batches.items():
-                            embnic_steps(c, cfg, sp[:1])  # warm-up step
-                            runs[mode][b].append(embnic_steps(c, cfg, sp[1:]))
-                log(f"  e2e {cfg.sharding}: repeat {rep + 1}/{repeats} done")
-            card = _card_subset(tb)
+                    timed(mode, mode == "fixed")
+                if rep == repeats - 1:
+                    card = _card_subset(tb)  # the loss-free runs' counters
+                if loss_pct > 0:
+                    rec = N.apply(name, N.Impairment(loss=loss_pct), rdir=tb.rdir)
+                    backend = rec["backend"]
+                    try:
+                        timed("varlen_loss", False)
+                    finally:
+                        N.clear(name, rdir=tb.rdir)
+                    if backend == "user":  # the helpers forwarding every frame, dropping none
+                        N.apply(name, N.Impairment(loss=0.0, delay_ms=5.0), backend="user", rdir=tb.rdir)
+                        try:
+                            timed("varlen_relay", False)
+                        finally:
+                            N.clear(name, rdir=tb.rdir)
+                log(f"  e2e {cfg.sharding}: repeat {rep + 1}/{repeats} done"
+                    + (f" (with {loss_pct:g}% loss on every link, {backend} netem)" if loss_pct > 0 else ""))
             dlrm = None
             if dlrm_batches:
                 from .e2e_dlrm import card_steps
@@ -179,19 +211,10 @@ def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct:
                 with client(False) as c:
                     dlrm = card_steps(c, cfg, dlrm_batches, repeats)
                 log(f"  e2e {cfg.sharding}: DLRM training steps through the card done")
-            if loss_pct > 0:
-                rec = N.apply(name, N.Impairment(loss=loss_pct), rdir=tb.rdir)
-                try:
-                    for rep in range(repeats):
-                        with client(False) as c:
-                            for b, sp in batches.items():
-                                runs["varlen_loss"][b].append(embnic_steps(c, cfg, sp[1:]))
-                finally:
-                    N.clear(name, rdir=tb.rdir)
-                log(f"  e2e {cfg.sharding}: {loss_pct:g}% loss on every link ({rec['backend']} netem) done")
         finally:
             tb.down()
     out = {m: {str(b): _summ(r) for b, r in v.items() if r} for m, v in runs.items()}
+    out["netem_backend"] = backend
     out["card"] = card
     out["dlrm"] = dlrm
     out["shard_engine"] = "batch (python -m embnic.testbed.server default)"
@@ -394,8 +417,16 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
             a, l_ = card["varlen"][k], card["varlen_loss"][k]
             loss[k] = {"step_p50_us": a["step_p50_us"]["median"], "step_p50_us_loss": l_["step_p50_us"]["median"],
                        "ratio": l_["step_p50_us"]["median"] / a["step_p50_us"]["median"],
+                       "lookup_p50_us": a["lookup_p50_us"]["median"],
+                       "lookup_p50_us_loss": l_["lookup_p50_us"]["median"],
                        "retransmits_per_step": a["retransmits_per_step"]["median"],
-                       "retransmits_per_step_loss": l_["retransmits_per_step"]["median"]}
+                       "retransmits_per_step_loss": l_["retransmits_per_step"]["median"],
+                       **{f"{x}_per_step_loss": l_[f"{x}_per_step"]["median"] for x in ("timeouts", "repairs", "probes")},
+                       "probes_per_step": a["probes_per_step"]["median"]}
+            r_ = card.get("varlen_relay", {}).get(k)
+            if r_:  # the user-space helpers on the path, nothing dropped
+                loss[k]["step_p50_us_relay"] = r_["step_p50_us"]["median"]
+                loss[k]["ratio_vs_relay"] = l_["step_p50_us"]["median"] / r_["step_p50_us"]["median"]
     if loss:
         targets["no_retransmits_loss_free"] = {"met": all(v["retransmits_per_step"] == 0 for v in loss.values())}
         targets[f"step_with_{loss_pct:g}pct_loss_le_2x"] = {
@@ -412,7 +443,9 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
             "step": "forward + BCE loss + backward (row updates: card round / fused fbgemm) + dense SGD step"},
         "detail": {"varlen": card["varlen"], "fixed": card["fixed"], "torchrec": tr},
         "hash": None if hsh is None else {"varlen": hsh["varlen"], "fixed": hsh["fixed"]},
-        "loss": {"loss_pct_every_link": loss_pct, "by_batch": loss},
+        "loss": {"loss_pct_every_link": loss_pct, "netem_backend": card.get("netem_backend"), "by_batch": loss,
+                 "how": "per repeat: varlen and fixed loss-free, then varlen with the loss (and, with the "
+                        "user-space netem, varlen through its helpers with nothing dropped: step_p50_us_relay)"},
         "targets": targets,
         "card": card["card"],
         "shard_engine": card["shard_engine"],
