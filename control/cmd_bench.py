@@ -197,8 +197,8 @@ def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
         for r in dlrm_rows:
             click.echo(f"  {r['batch']:>6} {r['card_steps_per_s']:>9.1f} {r['torchrec_steps_per_s']:>9.1f} "
                        f"{r['card_over_torchrec']:>14.2f}")
-    lo = res["loss"]
-    if lo["by_batch"]:
+    lo = res.get("loss") or {}
+    if lo.get("by_batch"):
         click.echo(f"e2e transport, varlen with {lo['loss_pct_every_link']:g}% loss on every link "
                    f"({lo['netem_backend']} netem; step p50 µs, per step: retransmits, timer expiries, "
                    f"repairs, tail probes):")

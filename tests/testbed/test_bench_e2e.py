@@ -87,15 +87,23 @@ def test_cli_prints_the_embedding_and_the_dlrm_rows(monkeypatch, tmp_path):
           "card_over_torchrec": 17.9 / 137.8, "card_step_p50_us": 5.6e4, "torchrec_step_p50_us": 7.3e3}
     seen = {}
 
+    loss = {"loss_pct_every_link": 1.0, "netem_backend": "user", "by_batch": {"32": {
+        "step_p50_us": 30000.0, "step_p50_us_loss": 45000.0, "ratio": 1.5, "retransmits_per_step": 0.0,
+        "retransmits_per_step_loss": 2.5, "timeouts_per_step_loss": 0.1, "repairs_per_step_loss": 0.0,
+        "probes_per_step_loss": 6.0, "step_p50_us_relay": 31000.0, "ratio_vs_relay": 45000.0 / 31000.0}}}
+
     def fake_run(out, **kw):
         seen.update(kw)
         return {"rows": [emb] + ([dl] if kw["dlrm"] else []), "targets": {}, "machine": {"before": {}},
-                "plots": ["e2e_steps.png"]}
+                "plots": ["e2e_steps.png"], "loss": loss if kw["dlrm"] else {}}
 
     monkeypatch.setattr(e2e, "run", fake_run)
     r = CliRunner().invoke(cli, ["bench", "e2e", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert seen["dlrm"] is True and "e2e DLRM training steps/s" in r.output
     assert "17.9" in r.output and "137.8" in r.output and "0.13" in r.output and "10,000" in r.output
+    assert "1% loss on every link (user netem" in r.output
+    assert "loss-free 30,000 (retransmits 0), with loss 45,000 = 1.50 x" in r.output
+    assert "without loss 31,000 (1.45 x)" in r.output
     r = CliRunner().invoke(cli, ["bench", "e2e", "--out", str(tmp_path), "--no-dlrm"])
     assert r.exit_code == 0 and seen["dlrm"] is False and "DLRM" not in r.output, r.output
