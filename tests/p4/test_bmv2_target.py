@@ -280,10 +280,11 @@ def test_handle_zero_placeholders_pick_unused_keys():
     assert dels == ["table_delete t 0", "table_delete u 0"]
 
 
-def test_a_missing_interface_is_a_usage_error_before_anything_moves(tmp_path):
+def test_a_missing_interface_is_a_usage_error_before_anything_moves(tmp_path, monkeypatch):
     """Regression: a mistyped iface= failed after the compile as 'cannot set up namespace ...:
     Command [...] returned non-zero exit status 1', after moving the ports before it into a
-    namespace that was then deleted (which destroys a veth pair). No p4c or root needed."""
+    namespace that was then deleted (which destroys a veth pair). No p4c or root needed (a missing
+    tool is reported first: test_missing_tool_is_one_line_missing_dependency)."""
     from embnic.client_lib.config import load_config
     from embnic.control.errors import UsageError
     from embnic.control.target_bmv2 import Bmv2Target
@@ -292,6 +293,7 @@ def test_a_missing_interface_is_a_usage_error_before_anything_moves(tmp_path):
     cfg.write_text(config_text())
     # names no interface has: the test must never move a real one (before the fix, load moved
     # every port's interface up to the missing one into a namespace it then deleted)
+    monkeypatch.setattr(Bmv2Target, "_tools", lambda self: None)  # p4c & co. need not be here (checked first)
     t = Bmv2Target(load_config(cfg), interfaces=[f"qanone{TAG}a", f"qanone{TAG}b"], name=f"qa{TAG}",
                    run_dir=tmp_path / "run")
     with pytest.raises(UsageError, match=f"card port 0: no interface 'qanone{TAG}a' in this network namespace"):
