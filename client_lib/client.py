@@ -274,6 +274,8 @@ class EmbeddingClient:
             30-fragment message arrives whole 74% of the time, a 120-fragment one 30%, and loss is
             found by later answers only while some messages in flight get through; a lost one
             costs its own fragments again, not a large message's.
+        tail_probes: send a tail probe after a shard's last message of a round (see above; never
+            in the fixed-length mode, whose shards take only announced messages).
         fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"), modelled
             on TorchRec's ``KJTAllToAll``: every round of lookups or updates is preceded by a
             size round — one SIZE_REQ per shard listing the round's data messages to it, and
@@ -289,7 +291,7 @@ class EmbeddingClient:
                  timeout_ms: int | None = None, retries: int | None = None, mtu: int | None = None,
                  window_frames: int = DEFAULT_WINDOW_FRAMES, rto_min_ms: float = DEFAULT_RTO_MIN_MS,
                  rto_max_ms: float = DEFAULT_RTO_MAX_MS, fixed_length: bool = False,
-                 msg_frames: int | None = DEFAULT_MSG_FRAMES):
+                 msg_frames: int | None = DEFAULT_MSG_FRAMES, tail_probes: bool = True):
         self.cfg = cfg
         self.client_id = client_id
         me = cfg.client(client_id)
@@ -302,6 +304,7 @@ class EmbeddingClient:
         if msg_frames is not None and int(msg_frames) < 1:
             raise ValueError(f"msg_frames must be >= 1 or None, got {msg_frames}")
         self.msg_frames = None if msg_frames is None else int(msg_frames)
+        self.tail_probes = bool(tail_probes) and not fixed_length  # (the fixed-length shard takes only announced messages)
         self.fixed_length = bool(fixed_length)
         # one estimator per (shard, request type): a 1-frame SIZE_REQ and a 200-frame lookup do
         # not share a round-trip time
@@ -503,7 +506,7 @@ class EmbeddingClient:
         seqs = itertools.count()  # order of every transmission in the round, re-sends included
         pending: dict[int, _Out] = {}
         live = [0]  # messages of the round not answered yet (probes aside)
-        probes = not self.fixed_length  # (the fixed-length shard takes only announced messages)
+        probes = self.tail_probes
         probe_src: dict[int, _Out] = {}  # per shard due a tail probe: the message it follows
         t0 = time.monotonic()
 
