@@ -17,7 +17,7 @@ likely to lose a frame.
 Loss is found two ways. **By later answers** (RACK, RFC 8985, by transmission order): a shard
 answers in the order it was asked (per worker process), so a message whose latest transmission
 went out before an answered message of its shard (or one whose reply has begun to come) lost
-a frame; it is recovered once a reordering window (a quarter of the shard's smoothed RTT, at
+a frame; it is recovered once a reordering window (a quarter of the shard's shortest RTT, at
 least 1 ms: a shard's ``--workers`` answer by client and table, so answers of different tables may pass each
 other) has passed without its answer. **By its timer**: every message has its own retransmission timer, set from
 the measured round-trip time of its shard and type as in RFC 6298 (:class:`RttEstimator`: SRTT,
@@ -681,13 +681,13 @@ class EmbeddingClient:
                     t_sent=time.monotonic(), rto=m.rto, tries=m.tries, keys=keys, root=root)
 
     def _reo_wnd(self, m: _Out) -> float:
-        """Reordering window (s) of ``m``'s shard and type (RFC 8985 6.2): a quarter of its smoothed
-        round trip (of its RTO before any sample), at least :data:`REO_WND_MIN_MS` — room for the
-        answers of other tables that a shard's ``--workers`` let pass each other. (RFC 8985 widens
-        it on proof of a needless re-send; here an answer sooner than usual proves nothing: a lone
-        re-sent message is answered faster than one queued in a burst.)"""
+        """Reordering window (s) of ``m``'s shard and type (RFC 8985 6.2): a quarter of its shortest
+        round trip seen (of its RTO before any sample), at least :data:`REO_WND_MIN_MS` — room for
+        the answers of other tables that a shard's ``--workers`` let pass each other. (RFC 8985
+        widens it on proof of a needless re-send; here an answer sooner than usual proves nothing:
+        a lone re-sent message is answered faster than one queued in a burst.)"""
         e = self._rtt[m.shard_id, m.msg_type]
-        return max(REO_WND_MIN_MS / 1000.0, (e.srtt if e.srtt is not None else e.rto) / 4)
+        return max(REO_WND_MIN_MS / 1000.0, (e.min_rtt if e.min_rtt is not None else e.rto) / 4)
 
     def _expire(self, pending: dict, now: float, t0: float, resend: Callable[[_Out], None]) -> None:
         """Timers that fired: per shard, re-send only the fired message transmitted first (RFC
