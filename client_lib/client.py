@@ -619,6 +619,8 @@ class EmbeddingClient:
                         x.deadline = now + x.rto
             now = time.monotonic()
             for x in [x for x in pending.values() if x.lost_at and x.lost_at <= now]:
+                if x.tries >= self.retries:  # later answers (probes too) keep showing it lost: a bound
+                    self._give_up(x, pending, now, t0)
                 self.stats.fast_retransmits += 1
                 resend(x)
             for sid in list(probe_src):
@@ -680,6 +682,22 @@ class EmbeddingClient:
                     datagram=self._datagram(frames, reply_len), t_first=root.t_first,
                     t_sent=time.monotonic(), rto=m.rto, tries=m.tries, keys=keys, root=root)
 
+    def _give_up(self, m: _Out, pending: dict, now: float, t0: float) -> None:
+        """Raise :class:`ShardUnavailableError` for ``m``, tried ``retries`` times (a path-MTU hint
+        when smaller messages were answered)."""
+        what = "lookup" if m.msg_type == MsgType.LOOKUP_REQ else (
+            "update" if m.msg_type == MsgType.UPDATE_REQ else "size")
+        n = sum(1 for x in pending.values() if x.shard_id == m.shard_id and not x.probe)
+        big = max(x.datagram for x in pending.values() if x.shard_id == m.shard_id)
+        hint = None
+        if 0 < self._largest_answered < big:
+            hint = (f"Messages whose datagrams were at most {self._largest_answered} bytes were answered, "
+                    f"these need {big}-byte datagrams: the path may not carry MTU {self.mtu} (every "
+                    f"link's MTU, the card's --mtu and its ports' frame size; `embnic status` counts "
+                    f"frames the card got cut short as `truncated`).")
+        raise ShardUnavailableError(m.shard_id, m.dest, m.tries, now - t0,
+                                    f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint)
+
     def _reo_wnd(self, m: _Out) -> float:
         """Reordering window (s) of ``m``'s shard and type (RFC 8985 6.2): a quarter of its shortest
         round trip seen (of its RTO before any sample), at least :data:`REO_WND_MIN_MS` — room for
@@ -703,18 +721,7 @@ class EmbeddingClient:
         fired = [m for m in pending.values() if m.deadline <= now]
         for m in fired:
             if m.tries >= self.retries:
-                what = "lookup" if m.msg_type == MsgType.LOOKUP_REQ else (
-                    "update" if m.msg_type == MsgType.UPDATE_REQ else "size")
-                n = sum(1 for x in pending.values() if x.shard_id == m.shard_id and not x.probe)
-                big = max(x.datagram for x in pending.values() if x.shard_id == m.shard_id)
-                hint = None
-                if 0 < self._largest_answered < big:
-                    hint = (f"Messages whose datagrams were at most {self._largest_answered} bytes were answered, "
-                            f"these need {big}-byte datagrams: the path may not carry MTU {self.mtu} (every "
-                            f"link's MTU, the card's --mtu and its ports' frame size; `embnic status` counts "
-                            f"frames the card got cut short as `truncated`).")
-                raise ShardUnavailableError(m.shard_id, m.dest, m.tries, now - t0,
-                                            f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint)
+                self._give_up(m, pending, now, t0)
         first: dict[int, _Out] = {}  # per shard, the fired message transmitted first
         for m in fired:
             if m.shard_id not in first or m.seq < first[m.shard_id].seq:
