@@ -41,6 +41,9 @@ CARD_LIMITS = {
     "state_lcores": (1, 16),
     "port_id": (0, 7),
 }
+#: [cluster] mtu (IPv4 bytes): every node's; the card gets it as --mtu when above 1500, and its own
+#: --mtu bounds (68..EMBNIC_MAX_MTU) hold this range (tests/dataplane/test_limits.py)
+MTU_LIMITS = (576, 9000)
 CARD_PORT_KEYS = ("id", "ip", "mac", "name")
 
 
@@ -379,7 +382,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
     check_keys(cl, CLUSTER_KEYS, w, path)
     name = _get(cl, "name", w, str, "embnic", path)
     udp_port = _check_range(_get(cl, "udp_port", w, int, consts.UDP_PORT, path), 1, 65535, w + "udp_port", path)
-    mtu = _check_range(_get(cl, "mtu", w, int, consts.DEFAULT_MTU, path), 576, 9000, w + "mtu", path)
+    mtu = _check_range(_get(cl, "mtu", w, int, consts.DEFAULT_MTU, path), *MTU_LIMITS, w + "mtu", path)
     sharding = _get(cl, "sharding", w, str, "hash", path)
     if sharding not in SHARDING_POLICIES:
         raise ConfigError(w + "sharding", f"must be one of {', '.join(SHARDING_POLICIES)}, got {sharding!r}", path)

@@ -84,14 +84,14 @@ usage(const char *prog)
 		"  --burst N             RX/TX burst, 1..%u (%u)\n"
 		"  --idle-us U           sleep U us when a poll finds nothing (0)\n"
 		"  --mbufs N             mempool size (default: sized from ports)\n"
-		"  --mtu N               every port's MTU, 68..%u (port default)\n"
+		"  --mtu N               every port's MTU, %u..%u (port default)\n"
 		"  --paused              start with RX stopped until 'resume'\n"
 		"  --state-lcores S      lcores sharing the state map, 1..%u, each\n"
 		"                        owning the messages of one partition (1)\n",
 		prog, EMBNIC_DEFAULT_CTL_PATH, EMBNIC_DEFAULT_RING_SIZE,
 		EMBNIC_DEFAULT_STATE_SIZE, EMBNIC_DEFAULT_STATE_TIMEOUT_MS,
-		EMBNIC_MAX_BURST, EMBNIC_DEFAULT_BURST, EMBNIC_MAX_MTU,
-		EMBNIC_MAX_STATE_LCORES);
+		EMBNIC_MAX_BURST, EMBNIC_DEFAULT_BURST, EMBNIC_MTU_MIN,
+		EMBNIC_MAX_MTU, EMBNIC_MAX_STATE_LCORES);
 }
 
 /* An unsigned decimal in [lo, hi]; 0 or -EINVAL. */
@@ -198,7 +198,8 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 			o->paused = true;
 			break;
 		case O_MTU:
-			ret = parse_u32(optarg, 68, EMBNIC_MAX_MTU, &o->mtu);
+			ret = parse_u32(optarg, EMBNIC_MTU_MIN, EMBNIC_MAX_MTU,
+				       &o->mtu);
 			break;
 		case O_STATE_LCORES:
 			ret = parse_u32(optarg, 1, EMBNIC_MAX_STATE_LCORES,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.client_lib.config import CARD_LIMITS, ConfigError, parse_config
+from embnic.client_lib.config import CARD_LIMITS, MTU_LIMITS, ConfigError, parse_config
 from embnic.control.dpdk_proc import CardProcess, DpdkProcError
 
 INCLUDE = Path(__file__).resolve().parents[2] / "dataplane" / "include"
@@ -127,11 +127,31 @@ def test_card_binary_port_ids(card_bin):
 
 @pytest.mark.dataplane
 def test_card_binary_state_lcores(card_bin):
-    """--state-lcores: 1..16 parse; past 16 is a bad value; more state lcores than EAL lcores exits 2
-    naming both (the other bound, 16 lcores, is beyond this machine)."""
-    accepted, detail = _card(card_bin, ["--state-lcores", "1"])
+    """--state-lcores: 1..16 parse; 0 and past 16 are bad values; more state lcores than EAL lcores
+    exits 2 naming both (16 state lcores need 16 EAL lcores, beyond this machine: that the option
+    parsed shows in the message, which is the lcore count's, not a bad value)."""
+    lo, hi = CARD_LIMITS["state_lcores"]
+    accepted, detail = _card(card_bin, ["--state-lcores", str(lo)])
     assert accepted, detail
-    accepted, detail = _card(card_bin, ["--state-lcores", str(CARD_LIMITS["state_lcores"][1] + 1)])
-    assert not accepted and "bad value for --state-lcores" in detail, detail
+    accepted, detail = _card(card_bin, ["--state-lcores", str(hi)])
+    assert f"--state-lcores {hi}: EAL -l must give at least {hi} lcores, got 1" in detail, detail
+    assert "bad value for --state-lcores" not in detail, detail
+    for bad in (lo - 1, hi + 1):
+        accepted, detail = _card(card_bin, ["--state-lcores", str(bad)])
+        assert not accepted and "bad value for --state-lcores" in detail, detail
     accepted, detail = _card(card_bin, ["--state-lcores", "2"])
     assert not accepted and "--state-lcores 2: EAL -l must give at least 2 lcores, got 1" in detail, detail
+
+
+@pytest.mark.dataplane
+def test_card_binary_takes_every_config_mtu(card_bin):
+    """[cluster] mtu is every node's (not a card bound): the card's --mtu range holds the
+    validator's, so no MTU that passes `config check` is refused at load."""
+    lo, hi = MTU_LIMITS
+    c = _c_constants()
+    assert c["EMBNIC_MTU_MIN"] <= lo and hi <= c["EMBNIC_MAX_MTU"]
+    for mtu in (lo, hi):
+        accepted, detail = _card(card_bin, ["--mtu", str(mtu)])
+        assert accepted, detail
+    accepted, detail = _card(card_bin, ["--mtu", str(c["EMBNIC_MAX_MTU"] + 1)])
+    assert not accepted and "bad value for --mtu" in detail, detail
