@@ -1,4 +1,4 @@
-"""Benchmark of the card (``embnic bench dataplane``), and the DPDK process runners it uses.
+"""Benchmark of the card (``embnic bench dataplane``): the card and testpmd on the same frames.
 
 **Benchmark** (:func:`run`), like with like: the card on **one lcore** (``-l 0``, run to
 completion) against ``dpdk-testpmd`` forwarding on **one lcore** (``-l 0,1 --main-lcore 1``: it
