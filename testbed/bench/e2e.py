@@ -49,6 +49,7 @@ import numpy as np
 
 from embnic.client_lib.batch import KeyedJaggedBatch, prepare_batch
 from embnic.client_lib.config import load_config
+from embnic.control.errors import OperationalError
 from embnic.testbed.training import criteo
 
 from .results import merge_json
@@ -302,7 +303,7 @@ def run_torchrec(cfg_path: str, batches: dict, repeats: int, world: int = 2) -> 
 
     Raises:
         ImportError: torch/torchrec/fbgemm_gpu missing (the ``embnic[torch]`` extra).
-        RuntimeError: a rank failed.
+        OperationalError: a rank failed.
     """
     import torch.multiprocessing as mp
 
@@ -319,7 +320,7 @@ def run_torchrec(cfg_path: str, batches: dict, repeats: int, world: int = 2) -> 
             p.join(1800)
         bad = [p.exitcode for p in procs if p.exitcode != 0]
         if bad or q.empty():
-            raise RuntimeError(f"TorchRec ranks failed (exit codes {[p.exitcode for p in procs]})")
+            raise OperationalError(f"TorchRec ranks failed (exit codes {[p.exitcode for p in procs]})")
         res = q.get()
     out = {"sharding_types": res.pop("sharding_types"), "world_size": world, "per_rank_batch": "batch / world"}
     for b, reps in res.items():
@@ -346,7 +347,7 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
 
     Raises:
         NeedsRoot: not root. TestbedError: the testbed did not come up. ImportError: no
-        embnic[torch] (TorchRec). RuntimeError: a TorchRec rank failed.
+        embnic[torch] (TorchRec). OperationalError: a TorchRec rank failed.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

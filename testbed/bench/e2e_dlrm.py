@@ -29,6 +29,8 @@ import warnings
 
 import numpy as np
 
+from embnic.control.errors import OperationalError
+
 N_DENSE, N_SPARSE = 13, 26
 
 
@@ -94,7 +96,7 @@ def torchrec_steps(cfg, batches: dict, repeats: int, lr_dense: float = 0.05) -> 
         ``{batch: [step µs list per repeat], "sharding_types": [...]}``.
 
     Raises:
-        ImportError: no embnic[torch]. RuntimeError: a process group is already up.
+        ImportError: no embnic[torch]. OperationalError: a process group is already up.
     """
     import torch
     import torch.distributed as dist
@@ -108,7 +110,7 @@ def torchrec_steps(cfg, batches: dict, repeats: int, lr_dense: float = 0.05) -> 
     from embnic.testbed.training.dlrm import build_model, table_configs
 
     if dist.is_initialized():
-        raise RuntimeError("bench e2e's TorchRec DLRM needs its own process group, but one is already up")
+        raise OperationalError("bench e2e's TorchRec DLRM needs its own process group, but one is already up")
     confs, table_ids, _ = table_configs(cfg, N_SPARSE)
     tabs = [cfg.table(table_ids[c.name]) for c in confs]
     opts = {(t.optimizer, t.lr, t.eps) for t in tabs}

@@ -51,6 +51,7 @@ from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.local import LocalBackend
+from embnic.control.errors import OperationalError
 from embnic.testbed.server import udpio
 
 from .results import merge_json
@@ -143,7 +144,7 @@ class ShardProcess:
         """Start it and wait for its ``listening on`` line.
 
         Raises:
-            RuntimeError: it exited or did not listen within ``timeout`` s (names its log).
+            OperationalError: it exited or did not listen within ``timeout`` s (names its log).
         """
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.argv, stderr=log, stdout=subprocess.DEVNULL)
@@ -158,7 +159,7 @@ class ShardProcess:
                 break
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"bench shard did not start: see {self.log_path}")
+        raise OperationalError(f"bench shard did not start: see {self.log_path}")
 
     def pids(self) -> list[int]:
         return [self.proc.pid] + _children(self.proc.pid) if self.proc else []
@@ -244,7 +245,7 @@ class LoadGen:
         the first send to the last reply, per-message latency in µs).
 
         Raises:
-            RuntimeError: a reply of the wrong type (an ERROR), or no progress for ``timeout_s``.
+            OperationalError: a reply of the wrong type (an ERROR), or no progress for ``timeout_s``.
         """
         n = w.count
         got = np.zeros(n, np.int64)
@@ -270,14 +271,14 @@ class LoadGen:
             m = self.bs.recv()
             if m == 0:
                 if time.perf_counter() - last > timeout_s:
-                    raise RuntimeError(f"bench: no reply for {timeout_s} s ({done}/{n} messages answered)")
+                    raise OperationalError(f"bench: no reply for {timeout_s} s ({done}/{n} messages answered)")
                 select.select(poller_fd, [], [], 0.05)
                 continue
             last = time.perf_counter()
             h = np.ascontiguousarray(self.bs.rx[:m, :consts.HDR_LEN]).view(codec.HEADER_DTYPE).reshape(m)
             if (h["msg_type"] != w.reply_type).any():
                 bad = h[h["msg_type"] != w.reply_type][0]
-                raise RuntimeError(f"bench: the shard answered {MsgType(int(bad['msg_type'])).name} status "
+                raise OperationalError(f"bench: the shard answered {MsgType(int(bad['msg_type'])).name} status "
                                    f"{int(bad['status'])} to message {int(bad['msg_id'])}")
             ids = h["msg_id"].astype(np.int64) - w.first_id
             # frames in a slot: a GRO'd slot holds equal frames of one reply (the last shorter)
