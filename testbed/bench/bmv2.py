@@ -1,17 +1,25 @@
 """``embnic bench dataplane --target bmv2``: the same frames through the P4 card on BMv2 and
 through the DPDK card, over the same veth path, in one run.
 
-One network namespace holds two veth pairs; a generator replays the dataplane benchmark's pcap
+Two veth pairs join two network namespaces; a generator replays the dataplane benchmark's pcap
 (:func:`embnic.testbed.bench.dataplane.make_bench_pcap`: 2048 request frames, lookups and
 2-fragment updates, clients 1-2 → shards 0-3, addressed to the card's port 0) into one pair as
 fast as it can, and the device under test (DUT) forwards every frame out of the other::
 
-    netns enV<pid> (no address but loopback):
-      [generator: dpdk-testpmd io, net_pcap(infinite_rx) -> net_af_packet(iface=eVg), CPU 1]
-          eVg ==veth== eVi   card port 0 (ingress)    DUT: embnic-dp -l 0 (net_af_packet on eVi/eVo)
-                             card port 1 (egress)          or simple_switch (-i 0@eVi -i 1@eVo,
-          eVs ==veth== eVo                                  every thread pinned to CPU 0)
-          eVs: the sink; nothing reads it, the kernel counts what arrives
+    netns enV<pid>g                        netns enV<pid> (no address but loopback in either)
+      [generator: dpdk-testpmd io,
+       net_pcap(infinite_rx) ->
+       net_af_packet(iface=eVg), CPU 1]
+          eVg ==========veth========== eVi   card port 0 (ingress)   DUT: embnic-dp -l 0
+                                             card port 1 (egress)    (net_af_packet on eVi/eVo)
+          eVs ==========veth========== eVo                           or simple_switch (-i 0@eVi
+          eVs: the sink; nothing reads it,                           -i 1@eVo, every thread
+          the kernel counts what arrives                             pinned to CPU 0)
+
+The generator has a namespace of its own because DPDK 22.11's af_packet PMD names its
+``PACKET_FANOUT`` group ``(pid ^ ifindex) & 0xffff``, and fanout groups are per namespace: in one
+namespace the card's group could equal the generator's on another interface, and the card then
+fails to start (``could not set PACKET_FANOUT ... Invalid argument``).
 
 The DUTs take turns (card, BMv2, card, BMv2, ... ``repeats`` times each) on the same running
 generator. Both rates are measured the same way: frames arriving at the sink interface
@@ -51,11 +59,12 @@ DUT_CPU = 0
 
 
 class VethPath:
-    """The benchmark's namespace: generator → (veth) → DUT in, DUT out → (veth) → sink."""
+    """The benchmark's two namespaces: generator → (veth) → DUT in, DUT out → (veth) → sink."""
 
     def __init__(self):
         tag = f"{os.getpid() % 100000}"
-        self.name = f"enV{tag}"
+        self.name = f"enV{tag}"          #: the DUT's namespace (card or BMv2)
+        self.gen_ns = f"enV{tag}g"       #: the generator's and the sink's
         self.gen, self.dut_in, self.dut_out, self.sink = (f"eVg{tag}", f"eVi{tag}", f"eVo{tag}", f"eVs{tag}")
 
     def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -65,30 +74,33 @@ class VethPath:
         return r
 
     def __enter__(self) -> "VethPath":
-        self._ip("netns", "add", self.name)
         try:
-            ns = ["-n", self.name]
-            for key in ("all", "default"):  # no link-local address: BMv2's Thrift stays on loopback
-                subprocess.run(["ip", "netns", "exec", self.name, "sysctl", "-qw",
-                                f"net.ipv6.conf.{key}.disable_ipv6=1"], capture_output=True)
-            self._ip(*ns, "link", "set", "lo", "up")
-            self._ip(*ns, "link", "add", self.gen, "type", "veth", "peer", "name", self.dut_in)
-            self._ip(*ns, "link", "add", self.dut_out, "type", "veth", "peer", "name", self.sink)
-            for dev in (self.gen, self.dut_in, self.dut_out, self.sink):
-                self._ip(*ns, "link", "set", dev, "up")
-                subprocess.run(["ip", "netns", "exec", self.name, "ethtool", "-K", dev, "tx", "off", "rx",
-                                "off"], capture_output=True)
+            for ns in (self.name, self.gen_ns):
+                self._ip("netns", "add", ns)
+                for key in ("all", "default"):  # no link-local address: BMv2's Thrift stays on loopback
+                    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                                    f"net.ipv6.conf.{key}.disable_ipv6=1"], capture_output=True)
+                self._ip("-n", ns, "link", "set", "lo", "up")
+            g = ["-n", self.gen_ns]
+            self._ip(*g, "link", "add", self.gen, "type", "veth", "peer", "name", self.dut_in, "netns", self.name)
+            self._ip(*g, "link", "add", self.sink, "type", "veth", "peer", "name", self.dut_out, "netns", self.name)
+            for ns, dev in ((self.gen_ns, self.gen), (self.name, self.dut_in), (self.name, self.dut_out),
+                            (self.gen_ns, self.sink)):
+                self._ip("-n", ns, "link", "set", dev, "up")
+                subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "rx", "off"],
+                               capture_output=True)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self._ip("netns", "del", self.name, check=False)
+        for ns in (self.name, self.gen_ns):
+            self._ip("netns", "del", ns, check=False)
 
     def sink_frames(self) -> int:
         """Frames that have arrived at the sink interface (its kernel ``rx_packets``)."""
-        r = self._ip("-n", self.name, "-j", "-s", "link", "show", "dev", self.sink)
+        r = self._ip("-n", self.gen_ns, "-j", "-s", "link", "show", "dev", self.sink)
         return int(json.loads(r.stdout)[0]["stats64"]["rx"]["packets"])
 
 
@@ -217,7 +229,7 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
     card_runs, bmv2_runs = [], []
     with VethPath() as path:
         gen = TestpmdProcess([f"net_pcap0,rx_pcap={pcap_path},infinite_rx=1", f"net_af_packet0,iface={path.gen}"],
-                             lcores="0,1", main_lcore=DUT_CPU, mode="io", netns=path.name)
+                             lcores="0,1", main_lcore=DUT_CPU, mode="io", netns=path.gen_ns)
         gen.start()
         try:
             for _ in range(repeats):

@@ -28,4 +28,5 @@ def test_both_dut_forward_over_the_same_path(bmv2_ready, tmp_path):
     assert d["bmv2_mpps"] == res["bmv2_mpps"] and d["ratio_card_bmv2"] == res["ratio_card_bmv2"]
     names = [ln.split()[0] for ln in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                      text=True).stdout.splitlines() if ln.strip()]
-    assert bench_bmv2.VethPath().name not in names
+    path = bench_bmv2.VethPath()
+    assert path.name not in names and path.gen_ns not in names
