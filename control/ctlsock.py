@@ -27,7 +27,7 @@ from embnic.control.runstate import pid_matches
 
 #: largest response accepted (bytes); a state dump of 100k entries is ~20 MB
 MAX_RESPONSE = 256 << 20
-#: connections embnic-dp serves at a time (dataplane/ctl.c CTL_MAX_CONNS); it closes the ones beyond
+#: connections embnic-dp serves at a time (dataplane/include/embnic_conn.h EMBNIC_CONN_MAX); it closes the ones beyond
 MAX_CONNECTIONS = 16
 
 
