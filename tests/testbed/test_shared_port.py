@@ -66,8 +66,11 @@ def test_demo_through_shared_card_ports_matches_in_process(run_dir, tmp_path, cl
         assert o["error"] is None and o["lookup_rounds"] > 0 and o["requests_sent"] > 0, (cid, o)
     drops = embnic_drops(rep["card_drops"])
     retx = md["retransmits"] + sum(o["retransmits"] for o in others.values())
-    assert sum(drops.values()) == drops["unsolicited_reply"] and drops["unsolicited_reply"] <= retx + \
-        rep["probes"]["sent"] - rep["probe_rtt_us"]["n"], drops
+    # only second answers to re-sent requests are refused (unsolicited once the first answer freed the
+    # entry); the counter counts frames, and one re-sent lookup's second answer may be many frames
+    probe_retx = rep["probes"]["sent"] - rep["probe_rtt_us"]["n"]
+    assert sum(drops.values()) == drops["unsolicited_reply"], drops
+    assert drops["unsolicited_reply"] == 0 or retx + probe_retx > 0, (drops, retx, probe_retx)
     assert_gone(name)
 
 
