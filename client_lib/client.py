@@ -46,7 +46,6 @@ It talks to the shards directly, or through the card when the config's ``[card]`
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import itertools
 import os
@@ -62,198 +61,17 @@ from .batch import as_ids
 from .config import ClusterConfig
 from .consts import MsgType
 from .reassembly import Message, Reassembler
-from .routing import split_by_shard
+from .routing import chunk_parts, split_by_shard
+from .outstanding import Outstanding as _Out
+from .errors import EmbnicError, ShardError, ShardUnavailableError  # noqa: F401 (the client's errors)
+from .rtt import DEFAULT_RTO_MAX_MS, DEFAULT_RTO_MIN_MS, REO_WND_MIN_MS, RttEstimator
+from .sockets import set_socket_buffers
+from .stats import ClientStats
 
-_SOCK_BUF = 16 << 20  # bytes
 _REPLY = {MsgType.LOOKUP_REQ: MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ: MsgType.UPDATE_ACK,
           MsgType.SIZE_REQ: MsgType.SIZE_ACK}  # the reply type that answers each request type
 DEFAULT_WINDOW_FRAMES = 512  #: frames in flight per shard (requests + the replies they draw)
 DEFAULT_MSG_FRAMES = 32  #: most fragments of a message or of its reply (larger ones are split)
-DEFAULT_RTO_MIN_MS = 50.0  #: lower bound of the retransmission timeout, ms
-DEFAULT_RTO_MAX_MS = 10_000.0  #: upper bound of the retransmission timeout (after backoff), ms
-REO_WND_MIN_MS = 1.0  #: least reordering window of the loss detection, ms
-
-
-class EmbnicError(RuntimeError):
-    """Base class of client errors."""
-
-
-class ShardUnavailableError(EmbnicError):
-    """A shard did not answer after every try.
-
-    Attributes: ``shard_id``, ``address`` (ip, port) the requests went to, ``tries``.
-    """
-
-    def __init__(self, shard_id: int, address: tuple[str, int], tries: int, waited_s: float, what: str,
-                 via_card: bool = False, path_mtu_hint: str | None = None):
-        self.shard_id, self.address, self.tries, self.via_card = shard_id, address, tries, via_card
-        self.path_mtu_hint = path_mtu_hint
-        if via_card:
-            hint = (f"sent through the card at {address[0]}:{address[1]}); is the card loaded and routing "
-                    f"shard {shard_id} (`embnic status`, `embnic route list`) and `embnic server --shard "
-                    f"{shard_id}` running?")
-        else:
-            hint = (f"sent to {address[0]}:{address[1]}); is `embnic server --shard {shard_id}` running "
-                    f"and reachable?")
-        if path_mtu_hint:
-            hint += f" {path_mtu_hint}"
-        super().__init__(f"shard {shard_id} did not answer {what} after {tries} tries over {waited_s:.1f} s ({hint}")
-
-
-class ShardError(EmbnicError):
-    """A shard answered with an ERROR message; ``status`` is the :class:`consts.Status`."""
-
-    def __init__(self, shard_id: int, table_id: int, status: int):
-        self.shard_id, self.table_id = shard_id, table_id
-        try:
-            self.status = consts.Status(status)
-            name = self.status.name
-        except ValueError:
-            self.status, name = status, str(status)
-        super().__init__(f"shard {shard_id} refused a request for table {table_id}: {name}")
-
-
-@dataclasses.dataclass
-class ClientStats:
-    """Counters of one client. Latencies in µs, one entry per completed lookup message.
-
-    ``rounds`` counts every round trip the client waited for (lookups, updates and, in the
-    fixed-length mode, size rounds); ``size_rounds`` the size rounds among them;
-    ``retransmits`` messages re-sent or repaired (by a timer or fast); ``timeouts`` retransmission
-    timers that fired; ``fast_retransmits`` messages re-sent or repaired because a message sent
-    later to the same shard was answered first; ``repairs`` lookups whose missing rows were asked
-    for in a new message (their reply came in part); ``probes`` tail probes sent (one-key lookups
-    after a shard's last message of a round, not counted in ``messages_sent``/``_received``);
-    ``max_inflight_frames`` the most frames one shard's send window held (request + reply
-    frames; above ``window_frames`` only when one message alone is larger).
-    """
-
-    messages_sent: int = 0
-    frames_sent: int = 0
-    bytes_sent: int = 0
-    messages_received: int = 0
-    frames_received: int = 0
-    bytes_received: int = 0
-    retransmits: int = 0
-    timeouts: int = 0
-    fast_retransmits: int = 0
-    repairs: int = 0
-    probes: int = 0
-    rounds: int = 0
-    size_rounds: int = 0
-    max_inflight_frames: int = 0
-    stale_replies: int = 0
-    lookup_latency_us: list = dataclasses.field(default_factory=list)
-    drops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-
-    def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["drops"] = dict(self.drops)
-        d.pop("lookup_latency_us")
-        return d
-
-
-@dataclasses.dataclass
-class _Out:
-    msg_id: int
-    msg_type: int
-    shard_id: int
-    table_id: int
-    num_keys: int
-    dest: tuple[str, int]
-    frames: list
-    on_reply: Callable[[Message], None]
-    reply_frames: int = 1
-    datagram: int = 0  # largest IPv4 datagram of the request or its reply, bytes
-    t_first: float = 0.0
-    t_sent: float = 0.0
-    deadline: float = 0.0
-    rto: float = 0.0
-    tries: int = 0
-    seq0: int = 0  # order of this message's first transmission among the round's transmissions
-    seq: int = 0  # order of its latest transmission (first or re-sent)
-    lost_at: float = 0.0  # when a later-sent answered message makes it lost (0: no such evidence)
-    keys: np.ndarray | None = None  # a lookup's keys uint64 (num_keys,), for a repair
-    root: "_Out | None" = None  # a repair: the message of the round it completes in the end
-    probe: bool = False  # a tail probe: a one-key lookup whose answer only shows what came before
-
-    @property
-    def cost(self) -> int:
-        """Frames this message holds in its shard's send window (request + reply)."""
-        return len(self.frames) + self.reply_frames
-
-
-class RttEstimator:
-    """Round-trip time and retransmission timeout of one shard (RFC 6298, section 2).
-
-    Args:
-        rto_init_s: RTO before the first sample (s).
-        rto_min_s, rto_max_s: bounds of the RTO (s).
-
-    The first sample R sets ``SRTT = R``, ``RTTVAR = R/2``; later ones
-    ``RTTVAR = 3/4·RTTVAR + 1/4·|SRTT − R|``, ``SRTT = 7/8·SRTT + 1/8·R``; then
-    ``RTO = SRTT + max(G, 4·RTTVAR)`` (G: 1 µs) clamped to ``[rto_min_s, rto_max_s]``.
-    Backoff (section 5.5) is per message: the client doubles a message's own timer each
-    time it fires.
-
-    Example: samples 2 ms then 4 ms → SRTT 2.25 ms, RTTVAR 1.25 ms, RTO 7.25 ms (50 ms with the
-    default floor).
-    """
-
-    ALPHA, BETA, K, G = 0.125, 0.25, 4.0, 1e-6
-
-    def __init__(self, rto_init_s: float, rto_min_s: float, rto_max_s: float):
-        if not 0 < rto_min_s <= rto_max_s:
-            raise ValueError(f"RTO bounds must satisfy 0 < min <= max, got {rto_min_s}, {rto_max_s}")
-        self.rto_min, self.rto_max = float(rto_min_s), float(rto_max_s)
-        self.srtt: float | None = None
-        self.min_rtt: float | None = None
-        self.rttvar = 0.0
-        self.rto = min(max(float(rto_init_s), self.rto_min), self.rto_max)
-        self.samples = 0
-
-    def sample(self, r: float) -> None:
-        """Take one RTT measurement ``r`` (s) of a message sent once (Karn's rule is the caller's)."""
-        self.min_rtt = r if self.min_rtt is None else min(self.min_rtt, r)
-        if self.srtt is None:
-            self.srtt, self.rttvar = r, r / 2
-        else:
-            self.rttvar = (1 - self.BETA) * self.rttvar + self.BETA * abs(self.srtt - r)
-            self.srtt = (1 - self.ALPHA) * self.srtt + self.ALPHA * r
-        self.samples += 1
-        self.rto = min(max(self.srtt + max(self.G, self.K * self.rttvar), self.rto_min), self.rto_max)
-
-
-def set_socket_buffers(sock: socket.socket, size: int = _SOCK_BUF) -> None:
-    """Ask for ``size``-byte kernel receive and send buffers (bytes) on a UDP socket.
-
-    As root ``SO_RCVBUFFORCE``/``SO_SNDBUFFORCE`` go past ``net.core.rmem_max``; otherwise
-    the plain options are capped by it. Never raises: a smaller buffer only means more
-    retransmissions under bursts.
-    """
-    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
-                         (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
-        try:
-            if force is None:
-                raise PermissionError
-            sock.setsockopt(socket.SOL_SOCKET, force, size)
-        except OSError:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, plain, size)
-            except OSError:
-                pass
-
-
-def _chunks(parts, cap: int):
-    """Split each ``(shard_id, pos, keys)`` of :func:`split_by_shard` into pieces of at most
-    ``cap`` keys (slices, no copies), so every message and its reply fit in
-    :data:`consts.MAX_FRAGS` fragments (docs/protocol.md, "Fragmentation")."""
-    for shard_id, pos, skeys in parts:
-        if len(skeys) <= cap:
-            yield shard_id, pos, skeys
-            continue
-        for a in range(0, len(skeys), cap):
-            yield shard_id, pos[a:a + cap], skeys[a:a + cap]
 
 
 class EmbeddingClient:
@@ -311,7 +129,7 @@ class EmbeddingClient:
         self._rtt = {(s.id, t): RttEstimator(self.timeout_s, rto_min_ms / 1000.0, rto_max_ms / 1000.0)
                      for s in cfg.shards for t in consts.REQUEST_TYPES}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        set_socket_buffers(self.sock, _SOCK_BUF)
+        set_socket_buffers(self.sock)
         self.sock.bind(bind if bind is not None else (me.ip, me.port))
         self.sock.setblocking(False)
         self.address = self.sock.getsockname()
@@ -353,7 +171,7 @@ class EmbeddingClient:
             out[table_id] = rows
             dt = t.wire_dtype
             cap = self._cap(MsgType.LOOKUP_REQ, t.dim, dt)
-            for shard_id, pos, skeys in _chunks(split_by_shard(self.cfg, table_id, keys), cap):
+            for shard_id, pos, skeys in chunk_parts(split_by_shard(self.cfg, table_id, keys), cap):
                 msg_id = self._alloc_id()
                 frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
                                              shard_id=shard_id, dim=t.dim, dtype=dt, keys=skeys, mtu=self.mtu)
@@ -386,7 +204,7 @@ class EmbeddingClient:
             keys = as_ids(keys)
             grads = np.asarray(grads, dtype=np.float32)
             cap = self._cap(MsgType.UPDATE_REQ, t.dim, t.wire_dtype)
-            for shard_id, pos, skeys in _chunks(split_by_shard(self.cfg, table_id, keys), cap):
+            for shard_id, pos, skeys in chunk_parts(split_by_shard(self.cfg, table_id, keys), cap):
                 msg_id = self._alloc_id()
                 frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
                                              shard_id=shard_id, dtype=t.wire_dtype, keys=skeys,

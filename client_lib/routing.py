@@ -102,3 +102,22 @@ def split_by_shard(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> list[
             out.append((cfg.shards[i].id, pos, keys[pos]))
             start += n
     return out
+
+
+def chunk_parts(parts, cap: int):
+    """Split each ``(shard_id, pos, keys)`` of :func:`split_by_shard` into pieces of at most
+    ``cap`` keys (slices, no copies), so every message and its reply fit in
+    :data:`consts.MAX_FRAGS` fragments (docs/protocol.md, "Fragmentation").
+
+    Args:
+        parts: iterable of ``(shard_id, pos int64 (k,), keys uint64 (k,))``.
+        cap: most keys per piece, ≥ 1.
+    Yields:
+        ``(shard_id, pos, keys)`` views of at most ``cap`` keys, in order.
+    """
+    for shard_id, pos, skeys in parts:
+        if len(skeys) <= cap:
+            yield shard_id, pos, skeys
+            continue
+        for a in range(0, len(skeys), cap):
+            yield shard_id, pos[a:a + cap], skeys[a:a + cap]

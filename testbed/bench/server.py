@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from embnic.client_lib import codec, consts
-from embnic.client_lib.client import set_socket_buffers
+from embnic.client_lib.sockets import set_socket_buffers
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.local import LocalBackend

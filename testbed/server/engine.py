@@ -51,7 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from embnic.client_lib import codec, consts
-from embnic.client_lib.client import set_socket_buffers
+from embnic.client_lib.sockets import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Message
@@ -62,7 +62,7 @@ from . import cintake, udpio
 from .intake import BatchIntake, _Pend
 from .peers import PeerGone, PeerHub, PeerLink, SplitTable, apply_segments, serve_sub_request
 from .replies import BatchReplies
-from .shard import _SOCK_BUF, ShardServer, _Refused
+from .shard import ShardServer, _Refused
 
 log = logging.getLogger("embnic.server")
 
@@ -187,7 +187,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         if sock is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             try:
-                set_socket_buffers(sock, _SOCK_BUF)
+                set_socket_buffers(sock)
                 sock.bind((self.bind, self.port))
             except OSError:
                 sock.close()

@@ -60,7 +60,7 @@ import numpy as np
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import FrameError, Header
-from embnic.client_lib.client import set_socket_buffers
+from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
@@ -71,7 +71,6 @@ log = logging.getLogger("embnic.server")
 
 DEFAULT_DEDUP_WINDOW = 65536  #: remembered applied updates (docs/protocol.md, "Reliability")
 DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
-_SOCK_BUF = 16 << 20  #: bytes of kernel socket buffer asked for
 #: extra drop reasons of the server (besides consts.DROP_REASONS); ``refused``: a frame of a
 #: request the header checks refused (fragment 0 also draws the ERROR reply)
 SERVER_DROP_REASONS = ("too_large", "unannounced", "size_mismatch", "refused")
@@ -241,7 +240,7 @@ class ShardServer:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            set_socket_buffers(sock, _SOCK_BUF)
+            set_socket_buffers(sock, SOCK_BUF)
             sock.bind((self.bind, self.port))
             sock.setblocking(False)
         except OSError:

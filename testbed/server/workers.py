@@ -9,11 +9,10 @@ import os
 import socket
 import struct
 
-from embnic.client_lib.client import set_socket_buffers
+from embnic.client_lib.sockets import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
 
 from .engine import BatchShardServer
-from .shard import _SOCK_BUF
 
 log = logging.getLogger("embnic.server")
 
@@ -55,7 +54,7 @@ def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             socks.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            set_socket_buffers(s, _SOCK_BUF)
+            set_socket_buffers(s)
             s.bind((ip, port))
             port = s.getsockname()[1]  # port 0: the others join the one the first got
             if i == 0:

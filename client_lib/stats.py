@@ -1,0 +1,45 @@
+"""Counters of one client (:class:`ClientStats`), what its report and ``embnic train`` print."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+
+@dataclasses.dataclass
+class ClientStats:
+    """Counters of one client. Latencies in µs, one entry per completed lookup message.
+
+    ``rounds`` counts every round trip the client waited for (lookups, updates and, in the
+    fixed-length mode, size rounds); ``size_rounds`` the size rounds among them;
+    ``retransmits`` messages re-sent or repaired (by a timer or fast); ``timeouts`` retransmission
+    timers that fired; ``fast_retransmits`` messages re-sent or repaired because a message sent
+    later to the same shard was answered first; ``repairs`` lookups whose missing rows were asked
+    for in a new message (their reply came in part); ``probes`` tail probes sent (one-key lookups
+    after a shard's last message of a round, not counted in ``messages_sent``/``_received``);
+    ``max_inflight_frames`` the most frames one shard's send window held (request + reply
+    frames; above ``window_frames`` only when one message alone is larger).
+    """
+
+    messages_sent: int = 0
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    messages_received: int = 0
+    frames_received: int = 0
+    bytes_received: int = 0
+    retransmits: int = 0
+    timeouts: int = 0
+    fast_retransmits: int = 0
+    repairs: int = 0
+    probes: int = 0
+    rounds: int = 0
+    size_rounds: int = 0
+    max_inflight_frames: int = 0
+    stale_replies: int = 0
+    lookup_latency_us: list = dataclasses.field(default_factory=list)
+    drops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["drops"] = dict(self.drops)
+        d.pop("lookup_latency_us")
+        return d
