@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,8 +45,8 @@ from embnic.control.dpdk_proc import CardProcess, DpdkProcError, build_card, uni
 from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.dataplane import (BENCH_BURST, BENCH_CARD_IP, BENCH_CLIENTS, BENCH_MBUFS,
-                                            BENCH_SHARDS, CARD_1LCORE, _cpu_seconds, _median, _program_card,
-                                            make_bench_pcap)
+                                            BENCH_SHARDS, CARD_1LCORE, _median, _program_card,
+                                            _window as _rate_window, make_bench_pcap)
 from embnic.testbed.bench.results import merge_json
 from embnic.testbed.bench.testpmd import TestpmdProcess
 
@@ -105,18 +104,12 @@ class VethPath:
 
 
 def _window(sample: Callable[[], int], seconds: float, warmup: float, pids: list[int]) -> dict:
-    """Frames/s of ``sample`` over ``seconds`` after ``warmup``, and ``others_cpu`` (CPUs' worth
-    the rest of the box used meanwhile: ``pids`` and this process excluded)."""
-    pids = [os.getpid(), *pids]
-    time.sleep(warmup)
-    c0 = _cpu_seconds(pids)
-    t0, n0 = time.monotonic(), sample()
-    time.sleep(seconds)
-    t1, n1 = time.monotonic(), sample()
-    c1 = _cpu_seconds(pids)
-    dt = t1 - t0
-    return {"mpps": (n1 - n0) / dt / 1e6, "frames": n1 - n0, "seconds": round(dt, 3),
-            "others_cpu": round(max(0.0, ((c1[0] - c0[0]) - (c1[1] - c0[1])) / dt), 2)}
+    """:func:`embnic.testbed.bench.dataplane._window` in this bench's units: ``{mpps, frames,
+    seconds, others_cpu}`` (frames/s of ``sample`` over ``seconds`` after ``warmup``; others_cpu in
+    CPUs' worth, ``pids`` and this process excluded)."""
+    w = _rate_window(sample, seconds, warmup, pids)
+    return {"mpps": w["rate"] / 1e6, "frames": w["frames"], "seconds": round(w["dt"], 3),
+            "others_cpu": round(w["others_cpu"], 2)}
 
 
 def measure_card_veth(binary: Path, path: VethPath, seconds: float, warmup: float, gen_pid: int,
