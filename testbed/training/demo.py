@@ -293,7 +293,13 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
                         card_at_end.update(_try(tb.target.counters, {}))
                         state_at_end = _try(tb.target.state_summary)
         if netem_rec is not None:
+            # the run is over: take the impairment off, so the user-space helpers' counters are their
+            # final ones (a live read sees the last 0.5 s dump, which a short fast run may predate)
             netem_rec = N.show(opts.name, rdir=tb.rdir)
+            cleared = _try(lambda: N.clear(opts.name, rdir=tb.rdir))
+            if netem_rec is not None and cleared and cleared.get("helpers"):
+                netem_rec["counters"] = {**(netem_rec.get("counters") or {}),
+                                         **{k: v for k, v in cleared["helpers"].items() if v is not None}}
         if failure is None or not failure["card_dead"]:
             card_final = _try(tb.target.counters)
     finally:
