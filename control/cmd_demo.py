@@ -21,7 +21,7 @@ from embnic.control.errors import MissingDependencyError
 @click.option("--loss", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames lost on every link.")
 @click.option("--reorder", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames reordered.")
 @click.option("--duplicate", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames duplicated.")
-@click.option("--netem-backend", type=click.Choice(["auto", "tc", "user"]), default="auto", show_default=True,
+@click.option("--netem-backend", type=click.Choice(["auto", "tc", "bpf", "user"]), default="auto", show_default=True,
               help="How faults are injected (see `embnic testbed netem --help`).")
 @click.option("--kill-shard", type=int, default=None, metavar="ID",
               help="Fault: kill this shard's server during the run (the run must fail naming it; the report "
@@ -70,7 +70,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (p4c, simple_switch on PATH)
     """
     from embnic.testbed.training import demo as D
-    from embnic.testbed.net.netem import Impairment
+    from embnic.testbed.net.netem import Impairment, loss_only
 
     opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
                          netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
@@ -81,6 +81,10 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
         opts.config = config
     if loss or reorder or duplicate:
         opts.impairment = Impairment(loss, reorder, duplicate)
+        if netem_backend == "bpf" and not loss_only(opts.impairment):
+            raise click.BadParameter("the bpf backend only drops frames (--loss); --reorder and --duplicate need "
+                                     "--netem-backend user (or tc where the kernel has netem)",
+                                     param_hint="--netem-backend")
     with sigterm_as_interrupt():
         try:
             D.run_demo(opts, log=click.echo)

@@ -185,8 +185,9 @@ def status_cmd(name, as_json):
 @click.option("--link", "links", multiple=True, metavar="NODE",
               help="Set (or with --clear remove) only this node's link (c1, s0, ...), leaving the other "
                    "links' impairments as they are; repeatable. Default: every link.")
-@click.option("--backend", type=click.Choice(["auto", "tc", "user"]), default="auto", show_default=True,
-              help="tc netem, or the user-space helper for kernels without sch_netem.")
+@click.option("--backend", type=click.Choice(["auto", "tc", "bpf", "user"]), default="auto", show_default=True,
+              help="tc netem; for kernels without sch_netem, bpf (loss only, in the kernel) or the user-space "
+                   "helper (everything). auto: tc, else bpf for --loss alone, else user.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the user-space helper.")
 @click.option("--clear", "clear_", is_flag=True, help="Remove the impairment (of every link, or of the --link ones).")
 @needs_root("testbed netem")
@@ -197,8 +198,9 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
     --link NODE only that link's is set, replacing its own earlier one while the other links
     keep theirs. --clear (or all zeros) removes the impairment of every link, or with --link
     of those links only. Every argument is checked before anything changes: a failing call
-    leaves the impairment as it was. Uses Linux `tc netem` where the kernel has it, else a
-    user-space helper per link doing the same (see testbed/net/netem.py and netem_helper.py).
+    leaves the impairment as it was. Uses Linux `tc netem` where the kernel has it; else --loss
+    alone is done in the kernel by an eBPF program per link (bpf), and anything more by a
+    user-space helper per link (see testbed/net/netem.py, bpf_loss.py and netem_helper.py).
 
     \b
     Examples:
@@ -230,6 +232,8 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
                            f"{', '.join(rec['links'])}")
     except N.UnknownLink as e:
         raise click.BadParameter(str(e), param_hint="--link") from None
+    except N.UnsupportedImpairment as e:
+        raise click.BadParameter(str(e), param_hint="--backend") from None
     _print_netem(N.show(name), _link_names(name), counters=False)
 
 

@@ -38,7 +38,14 @@ receives them as if they had arrived on the veth. The helper's counters (frames 
 dropped, duplicated, reordered per direction) are in ``<node>-netem.json`` and in
 ``embnic testbed status``.
 
-``auto`` (the default) uses ``tc`` when the kernel has netem and ``user`` otherwise.
+``bpf`` — loss only (``--loss``), in the kernel, for kernels without ``sch_netem``: a
+``clsact`` qdisc on the peer's veth runs a small eBPF program on egress and ingress that drops
+each frame with probability P (:mod:`embnic.testbed.net.bpf_loss`). Nothing leaves the kernel,
+so unlike the helpers it adds nothing to the path's cost (``bench e2e`` measures the transport,
+not the helpers); its counters (same shape as the helpers') live in a BPF map.
+
+``auto`` (the default) uses ``tc`` when the kernel has netem, else ``bpf`` for a loss-only
+impairment (where the kernel loads the program), else ``user``.
 Exactly-once updates under these faults are the protocol's job (docs/protocol.md,
 "Reliability"); ``tests/testbed/test_faults.py`` proves the final tables equal a loss-free run's.
 """
@@ -54,10 +61,11 @@ from pathlib import Path
 
 from embnic.control.runstate import proc_starttime, run_dir
 
+from . import bpf_loss
 from .netns import TestbedError, log_tail, netns_exists, require_net_admin, run_cmd, stop_process
 from .state import node_dir, save_testbed_state, testbed_state
 
-BACKENDS = ("auto", "tc", "user")
+BACKENDS = ("auto", "tc", "bpf", "user")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +127,16 @@ class UnknownLink(TestbedError):
     """``--link`` named a node that has no link in the testbed (a usage error: the CLI exits 2)."""
 
 
+class UnsupportedImpairment(TestbedError):
+    """The chosen backend cannot do this impairment (``bpf`` with reordering, duplicates or a
+    delay: a usage error, the CLI exits 2)."""
+
+
+def loss_only(imp: Impairment) -> bool:
+    """True if ``imp`` only drops frames (what the ``bpf`` backend can do)."""
+    return imp.reorder == 0 and imp.duplicate == 0 and imp.delay_ms == 0
+
+
 def kernel_has_netem(ns: str, ifname: str) -> bool:
     """Try a netem qdisc on ``ifname`` in ``ns`` (and remove it): True if the kernel has ``sch_netem``.
 
@@ -133,7 +151,7 @@ def kernel_has_netem(ns: str, ifname: str) -> bool:
 
 
 # --------------------------------------------------------------------------- state
-# state["netem"] = {"per_link": {peer: {"backend": "tc"|"user", "impairment": {...}, "applied": t,
+# state["netem"] = {"per_link": {peer: {"backend": "tc"|"bpf"|"user", "impairment": {...}, "applied": t,
 #                                       "helper": {...} | None}}}  (None when nothing is impaired)
 def _per_link(state: dict) -> dict[str, dict]:
     """The per-link impairment records of a testbed state (also from the older one-record layout)."""
@@ -194,7 +212,7 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
 
     Args:
         imp: the impairment.
-        backend: ``auto``, ``tc`` or ``user`` (see the module docstring).
+        backend: ``auto``, ``tc``, ``bpf`` or ``user`` (see the module docstring).
         links: node names whose link to impair (``c1``, ``s0``, ...); default every link.
 
     Returns:
@@ -205,8 +223,9 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         NeedsRoot: not root.
         ValueError: unknown backend.
         UnknownLink: a link name the testbed does not have.
-        TestbedError: no such testbed, ``tc`` backend without kernel netem, a helper that does
-            not start (names its log).
+        UnsupportedImpairment: ``bpf`` asked for more than loss.
+        TestbedError: no such testbed, ``tc`` backend without kernel netem, ``bpf`` refused by
+            the kernel, a helper that does not start (names its log).
     """
     require_net_admin(f"testbed netem ({name})")
     if backend not in BACKENDS:
@@ -224,7 +243,14 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         if backend == "tc" and not has:
             raise TestbedError("this kernel has no netem qdisc (`tc ... netem`: Specified qdisc kind is unknown); "
                                "use --backend user (or auto)")
-        backend = "tc" if has else "user"
+        backend = "tc" if has else "bpf" if loss_only(imp) and bpf_loss.problem() is None else "user"
+    elif backend == "bpf":
+        if not loss_only(imp):
+            raise UnsupportedImpairment("the bpf backend only drops frames (--loss); reordering, duplicates and "
+                                        "delays need --backend user (or tc where the kernel has netem)")
+        why = bpf_loss.problem()
+        if why:
+            raise TestbedError(why + "; use --backend user")
     if backend == "user":
         for lk in chosen:
             tap_o, _ = _tap_names(lk["peer_if"])
@@ -257,6 +283,16 @@ def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend
         prev = replacing.get(lk["peer"])
         if prev and not (prev.get("backend") == "tc" and backend == "tc"):  # tc → tc: `replace` is atomic
             _teardown_link(state, rdir, lk, prev)
+    if backend == "bpf":
+        for lk in chosen:
+            b = bpf_loss.attach(lk["peer_ns"], lk["peer_if"], imp.loss)
+            new[lk["peer"]] = {"backend": "bpf", "impairment": imp.as_dict(), "applied": time.time(), "helper": None,
+                               "bpf": {"ns": lk["peer_ns"], "iface": lk["peer_if"], **b}}
+            per = _per_link(state)
+            per[lk["peer"]] = new[lk["peer"]]
+            _set_per_link(state, per)
+            save_testbed_state(state, rdir)
+        return new
     if backend == "tc":
         for lk in chosen:
             for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
@@ -336,13 +372,18 @@ def _redirect_to_helper(lk: dict, h: dict, proc, ready_timeout: float) -> None:
 
 
 def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
-    """Remove one link's impairment (tc qdiscs, or clsact + helper + taps); saves the state.
-    Returns the helper's final counters (user backend)."""
+    """Remove one link's impairment (tc qdiscs; clsact and its eBPF programs; or clsact + helper +
+    taps); saves the state. Returns the final counters (bpf and user backends)."""
     card_ns = f"{state['name']}-card"
     counters = None
     if rec.get("backend") == "tc":
         for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
             run_cmd(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
+    elif rec.get("backend") == "bpf":
+        b = rec.get("bpf") or {}
+        counters = bpf_loss.read_counters(b.get("map_id"))
+        run_cmd(["tc", "-n", b.get("ns", lk["peer_ns"]), "qdisc", "del", "dev", b.get("iface", lk["peer_if"]),
+                 "clsact"], check=False)
     else:
         h = rec.get("helper") or {}
         ns, ifname = h.get("ns", lk["peer_ns"]), h.get("iface", lk["peer_if"])
@@ -410,7 +451,7 @@ def clear(name: str, *, links: list[str] | None = None, rdir: Path | None = None
     Returns:
         None if none of them was impaired, else ``{"links": [...cleared], "backend": the
         backend ("mixed" if they differed), "impairment": the common one (None if they
-        differed), "helpers": {link: final counters} (user backend)}``.
+        differed), "helpers": {link: final counters} (bpf and user backends)}``.
 
     Raises:
         NeedsRoot: not root. UnknownLink: a link name the testbed does not have (nothing is
@@ -432,9 +473,16 @@ def clear(name: str, *, links: list[str] | None = None, rdir: Path | None = None
            "impairment": _common([per[lk["peer"]].get("impairment") for lk in todo]), "helpers": {}}
     for lk in todo:
         c = _teardown_link(state, rdir, lk, per[lk["peer"]])
-        if per[lk["peer"]].get("backend") == "user":
+        if per[lk["peer"]].get("backend") in ("user", "bpf"):
             out["helpers"][lk["peer"]] = c
     return out
+
+
+def _counters(rec: dict) -> dict | None:
+    """Live counters of one link's impairment (bpf: its map; user: its helper's stats file)."""
+    if rec.get("backend") == "bpf":
+        return bpf_loss.read_counters((rec.get("bpf") or {}).get("map_id"))
+    return read_stats((rec.get("helper") or {}).get("stats"))
 
 
 def read_stats(path: str | None) -> dict | None:
@@ -453,7 +501,7 @@ def show(name: str, *, rdir: Path | None = None) -> dict | None:
     Returns:
         ``{"links": [impaired links, port order], "backend": common backend or "mixed",
         "impairment": common impairment or None when the links differ, "per_link": {link:
-        {"backend", "impairment", "pid"}}, "counters": {link: helper counters} (user backend,
+        {"backend", "impairment", "pid"}}, "counters": {link: counters} (bpf and user backends,
         live)}``.
     """
     rdir = Path(rdir) if rdir else run_dir()
@@ -469,6 +517,5 @@ def show(name: str, *, rdir: Path | None = None) -> dict | None:
         "impairment": _common([per[p].get("impairment") for p in links]),
         "per_link": {p: {"backend": per[p].get("backend"), "impairment": per[p].get("impairment"),
                          "pid": (per[p].get("helper") or {}).get("pid")} for p in links},
-        "counters": {p: read_stats((per[p].get("helper") or {}).get("stats")) for p in links
-                     if per[p].get("backend") == "user"},
+        "counters": {p: _counters(per[p]) for p in links if per[p].get("backend") in ("user", "bpf")},
     }

@@ -64,7 +64,7 @@ class DemoOptions:
         name: testbed name (prefix of namespaces and interfaces).
         data: Criteo TSV (default: the shipped sample).
         impairment: netem faults on every link during training (None: none).
-        netem_backend: ``auto``, ``tc`` or ``user``.
+        netem_backend: ``auto``, ``tc``, ``bpf`` or ``user``.
         kill_shard, kill_at_step: kill that shard's server after that step (fault injection;
             ``kill_at_step`` defaults to 1 and must be below ``steps``, see :func:`check_options`).
         restart: with ``kill_shard``: the shards keep a write-ahead log and checkpoints

@@ -105,6 +105,25 @@ def _echo_round(sock) -> list[int]:
     return got
 
 
+def _start_echo(name: str):
+    """A kernel UDP echo on the card namespace's port 0 and a socket of c1 that reaches it."""
+    subprocess.run(["ip", "-n", f"{name}-card", "addr", "add", "10.77.0.1/30", "dev", f"{name}p0"], check=True)
+    echo = subprocess.Popen(["ip", "netns", "exec", f"{name}-card", sys.executable, "-c", ECHO])
+    with T.in_netns(f"{name}-c1"):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("10.77.0.2", 0))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # wait for the echo to listen
+        sock.sendto(b"\xff\xff\xff\xff", ("10.77.0.1", 9000))
+        sock.settimeout(0.1)
+        try:
+            sock.recv(64)
+            break
+        except socket.timeout:
+            continue
+    return echo, sock
+
+
 def _inversions(xs):
     return sum(1 for a, b in zip(xs, xs[1:]) if b < a)
 
@@ -121,21 +140,7 @@ def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend, cleanup): 
         if backend == "tc" and not N.kernel_has_netem(f"{name}-c1", f"{name}c1"):
             pytest.skip("this kernel has no sch_netem (tc: Specified qdisc kind is unknown); the user backend "
                         "covers it")
-        subprocess.run(["ip", "-n", f"{name}-card", "addr", "add", "10.77.0.1/30", "dev", f"{name}p0"], check=True)
-        echo = subprocess.Popen(["ip", "netns", "exec", f"{name}-card", sys.executable, "-c", ECHO])
-        with T.in_netns(f"{name}-c1"):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("10.77.0.2", 0))
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # wait for the echo to listen
-            sock.sendto(b"\xff\xff\xff\xff", ("10.77.0.1", 9000))
-            sock.settimeout(0.1)
-            try:
-                sock.recv(64)
-                break
-            except socket.timeout:
-                continue
-
+        echo, sock = _start_echo(name)
         clean = _echo_round(sock)
         assert clean == list(range(FRAMES))
 
@@ -164,6 +169,50 @@ def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend, cleanup): 
                                           text=True, check=True).stdout)
         assert sorted(lk["ifname"] for lk in links) == sorted(["lo", f"{name}c1"])  # the taps are gone
         assert "impair" not in [p["role"] for p in T.testbed_state(name)["procs"]]
+        sock.close()
+    finally:
+        if echo is not None:
+            echo.kill()
+            echo.wait()
+        T.down(name)
+    assert_gone(name)
+
+
+@needs_root
+def test_bpf_backend_drops_in_the_kernel_counts_and_clears(run_dir, cleanup):  # noqa: F811
+    name = tb_name("b")
+    cleanup.append(name)
+    T.Testbed(T.Topology.from_config(load_config(TESTBED_TOML), name)).up(servers=False, card=False, probe=False)
+    echo = None
+    try:
+        why = N.bpf_loss.problem()
+        if why:
+            pytest.skip(why)
+        echo, sock = _start_echo(name)
+        # more than loss is refused (exit 2) before anything changes
+        r = _cli("testbed", "netem", "--name", name, "--loss", "1", "--reorder", "5", "--backend", "bpf")
+        assert r.exit_code == 2 and "only drops frames" in r.output, r.output
+        assert N.show(name) is None
+        rec = N.apply(name, N.Impairment(loss=30), backend="auto" if not N._netem_available(name) else "bpf",
+                      links=["c1"])
+        assert rec["backend"] == "bpf" and rec["links"] == ["c1"] and rec["helpers"] == []
+        lossy = _echo_round(sock)
+        # both directions: 1 - 0.7² = 51% of the round trips lost; nothing duplicated or reordered
+        assert 0.35 * FRAMES < len(lossy) < 0.65 * FRAMES, len(lossy)
+        assert len(set(lossy)) == len(lossy) and lossy == sorted(lossy)
+        c = N.show(name)["counters"]["c1"]
+        assert c["out"]["in"] >= FRAMES and 0.2 < c["out"]["dropped"] / c["out"]["in"] < 0.4, c
+        assert c["out"]["out"] == c["out"]["in"] - c["out"]["dropped"]
+        assert c["in"]["in"] >= c["out"]["out"] - 5 and c["in"]["dropped"] > 0, c  # echoed (ARP aside)
+        assert "impair" not in [p["role"] for p in T.testbed_state(name)["procs"]]  # no helper process
+        r = _cli("testbed", "status", "--name", name)
+        assert r.exit_code == 0 and "netem c1   bpf: loss 30%" in r.output and "dropped" in r.output, r.output
+        res = N.clear(name)
+        assert res["backend"] == "bpf" and res["helpers"]["c1"]["out"]["dropped"] >= c["out"]["dropped"]
+        qd = subprocess.run(["tc", "-n", f"{name}-c1", "qdisc", "show", "dev", f"{name}c1"], capture_output=True,
+                            text=True, check=True).stdout
+        assert "clsact" not in qd, qd
+        assert _echo_round(sock) == list(range(FRAMES))
         sock.close()
     finally:
         if echo is not None:
