@@ -168,8 +168,10 @@ def attach(ns: str, ifname: str, loss_pct: float) -> dict:
     Raises:
         TestbedError: the kernel refused the program or the filter (names what is missing).
     """
-    from pyroute2 import NetNS
+    from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
+
+    from .netns import in_netns
 
     m = _new_map()
     fds = [m]
@@ -177,13 +179,19 @@ def attach(ns: str, ifname: str, loss_pct: float) -> dict:
         progs = {d: _load(program(loss_pct, m, d)) for d in ("out", "in")}
         fds += list(progs.values())
         map_id = _map_info(m)[0]
-        with NetNS(ns) as ipr:
-            idx = ipr.link_lookup(ifname=ifname)[0]
-            ipr.tc("add", "clsact", idx)
+        # the netlink socket is made in ``ns`` by this thread (pyroute2's own netns= forks a
+        # child to make it, which once found no link in a busy demo process)
+        with in_netns(ns):
+            ipr = IPRoute(groups=0)
+        with ipr:
+            idx = ipr.link_lookup(ifname=ifname)
+            if not idx:
+                raise TestbedError(f"no interface {ifname} in namespace {ns}")
+            ipr.tc("add", "clsact", idx[0])
             for d, hook in (("out", _TC_H_MIN_EGRESS), ("in", _TC_H_MIN_INGRESS)):
-                ipr.tc("add-filter", "bpf", idx, ":1", fd=progs[d], name=f"embnic-loss-{d}",
+                ipr.tc("add-filter", "bpf", idx[0], ":1", fd=progs[d], name=f"embnic-loss-{d}",
                        parent=0xFFFF0000 | hook, classid=1, direct_action=True)
-    except (OSError, NetlinkError, IndexError) as e:
+    except (OSError, NetlinkError) as e:
         raise TestbedError(f"could not attach the eBPF loss program to {ifname} in {ns}: {e}") from None
     finally:
         for fd in fds:
