@@ -34,11 +34,11 @@ SIZE = _HEAD.size + MAX_FIELDS * _FIELD.size + _TAIL.size  #: 597 bytes
 
 
 class BuildInfoError(OperationalError):
-    """The binary is not ELF, damaged, has no/invalid build info, or does not match (exit 1)."""
+    """The binary is a damaged ELF, has no/invalid build info, or does not match (exit 1)."""
 
 
 class BinaryArgumentError(BuildInfoError):
-    """The binary given does not exist or is a directory: a usage error (exit 2)."""
+    """The binary given does not exist, is a directory or is no ELF file at all: a usage error (exit 2)."""
 
     category = USAGE
 
@@ -105,9 +105,10 @@ def read(path: str | Path) -> BuildInfo:
     """Read the build info of the ELF binary at ``path`` (with pyelftools).
 
     Raises:
-        BinaryArgumentError: no such file, or a directory (exit 2: give the right path).
+        BinaryArgumentError: no such file, a directory, or a file that is no ELF at all
+            (exit 2: give the right path).
         BinaryPermissionError: not allowed to read it (exit 2).
-        BuildInfoError: not ELF, a damaged/truncated ELF, or no ``.embnic_buildinfo`` section.
+        BuildInfoError: a damaged/truncated ELF, or no ``.embnic_buildinfo`` section.
     """
     p = str(path)
     try:
@@ -118,7 +119,7 @@ def read(path: str | Path) -> BuildInfo:
                 data = sec.data() if sec is not None else None
             except (ELFError, struct.error, ValueError, EOFError) as e:
                 if not _has_elf_magic(p):
-                    raise BuildInfoError(f"{p}: not an ELF binary: give the path of embnic-dp "
+                    raise BinaryArgumentError(f"{p}: not an ELF binary: give the path of embnic-dp "
                                          "(built by `make -C dataplane`)") from None
                 raise BuildInfoError(f"{p} is not a valid ELF binary ({e or type(e).__name__}; truncated or "
                                      "damaged?): rebuild with `make -C dataplane`") from None

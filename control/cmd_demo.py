@@ -70,6 +70,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (p4c, simple_switch on PATH)
     """
     from embnic.testbed.training import demo as D
+    from embnic.testbed.training.criteo import CriteoFormatError
     from embnic.testbed.net.netem import Impairment, loss_only
 
     opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
@@ -90,5 +91,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
             D.run_demo(opts, log=click.echo)
         except D.DemoUsageError as e:
             raise click.BadParameter(str(e), param_hint=e.param) from None
+        except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
+            raise click.BadParameter(str(e), param_hint="--data") from None
         except ImportError as e:  # --model dlrm without embnic[torch]: the message says what to install
             raise MissingDependencyError(f"--model {model}: {e}", dependency=e.name) from None

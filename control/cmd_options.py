@@ -241,7 +241,11 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
         if key in sec:
             v = sec[key]
             if isinstance(v, str):
-                out[key] = shlex.split(v)
+                try:
+                    out[key] = shlex.split(v)
+                except ValueError as e:
+                    raise ConfigFileError(f"{where}control.{key}: {v!r} is not a shell-quoted argument list "
+                                          f"({str(e).lower()}): close the quote, or give a list of strings") from None
             elif isinstance(v, list) and all(isinstance(a, str) for a in v):
                 out[key] = list(v)
             else:
@@ -259,6 +263,21 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
     return out
 
 
+def split_args(value: str, where: str) -> list[str]:
+    """``value`` split like a shell (:func:`shlex.split`) for the setting ``where`` (``--eal-args``, ...).
+
+    Raises:
+        UsageError: it does not split (an unclosed quote, a trailing backslash): exit 2,
+            naming ``where`` and the value.
+    """
+    try:
+        return shlex.split(value)
+    except ValueError as e:
+        raise UsageError(f"{where} {value!r} is not a shell-quoted argument list ({str(e).lower()}): "
+                         "close the quote, or escape it with a backslash",
+                         param="card_args" if "card" in where.lower() else "eal_args") from None
+
+
 def resolve(config: str | None = None, target: str | None = None, name: str | None = None,
             ctl: str | None = None, binary: str | None = None, eal_args: str | None = None,
             vdevs: tuple[str, ...] | None = None, netns: str | None = None,
@@ -267,6 +286,7 @@ def resolve(config: str | None = None, target: str | None = None, name: str | No
 
     Raises:
         click.UsageError: ``require_config`` and no config given (exit 2).
+        UsageError: ``--eal-args``/``EMBNIC_EAL_ARGS``/``--card-args`` does not split like a shell (exit 2).
         ConfigFileError: the config file is invalid (exit 2).
     """
     cfg = None
@@ -290,12 +310,12 @@ def resolve(config: str | None = None, target: str | None = None, name: str | No
         b = Path(sec["binary"])
         s.binary = str(b if b.is_absolute() or not cfg.path else Path(cfg.path).parent / b)
     if eal_args is not None:
-        s.eal_args = shlex.split(eal_args)
+        s.eal_args = split_args(eal_args, "--eal-args")
     elif os.environ.get("EMBNIC_EAL_ARGS"):
-        s.eal_args = shlex.split(os.environ["EMBNIC_EAL_ARGS"])
+        s.eal_args = split_args(os.environ["EMBNIC_EAL_ARGS"], "EMBNIC_EAL_ARGS")
     else:
         s.eal_args = sec.get("eal_args")
-    s.card_args = shlex.split(card_args) if card_args is not None else list(sec.get("card_args", []))
+    s.card_args = split_args(card_args, "--card-args") if card_args is not None else list(sec.get("card_args", []))
     s.vdevs = tuple(vdevs) if vdevs else tuple(sec.get("vdevs", ()))
     s.netns = netns or os.environ.get("EMBNIC_NETNS") or sec.get("netns")
     return s

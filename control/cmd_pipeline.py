@@ -57,7 +57,8 @@ def _ports_line(info: dict) -> str:
 @click.option("--lcores", metavar="LIST", default=None,
               help="EAL lcore list, e.g. 0 or 0,1 (default: card.lcores of the config).")
 @click.option("--netns", metavar="NS", default=None,
-              help="Run the card inside this network namespace (needs root). Env: EMBNIC_NETNS.")
+              help="Run the card inside this existing network namespace (needs root; one that is not "
+                   "there exits 2). Env: EMBNIC_NETNS.")
 @click.option("--timeout", "ready_timeout", type=FloatRange(0.1, 600), default=30.0, show_default=True,
               help="Seconds to wait for the control socket to answer.")
 @click.option("--no-program", is_flag=True, help="Do not install the config's routes and clients.")

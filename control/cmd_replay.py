@@ -8,8 +8,21 @@ from embnic.control.errors import OperationalError
 from embnic.control.cmd_options import config_option
 
 
+def _check_pcap(ctx, param, value):
+    """Click callback: PCAP must be a classic pcap file (exit 2 otherwise, before root is checked)."""
+    from embnic.control.pcap import check_pcap
+
+    try:
+        check_pcap(value)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}: give a trace recorded by `embnic trace record`") from None
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {value}: {e.strerror or e}") from None
+    return value
+
+
 @click.command("replay")
-@click.argument("pcap", type=click.Path(dir_okay=False, exists=True))
+@click.argument("pcap", type=click.Path(dir_okay=False, exists=True), callback=_check_pcap)
 @config_option(required=True)
 @click.option("--rate", type=FloatRange(min=1), default=None, metavar="PPS",
               help="Total frames/s over all clients (default: the recorded timing).")
@@ -34,7 +47,7 @@ def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress, tar
 
     The config must be the one the trace was recorded with (its hash is in the sidecar
     PCAP.json; comments and formatting do not count): otherwise it exits 2 naming that config,
-    unless --force. Exits 1 if a recorded request got no reply, naming the card or shard
+    unless --force. A PCAP that is no pcap file, or holds no embnic request, exits 2 too. Exits 1 if a recorded request got no reply, naming the card or shard
     server that died, if one did, or was answered with ERROR (by status: an ERROR is a
     failure, never a completed request).
 

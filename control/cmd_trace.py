@@ -47,6 +47,11 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     from embnic.testbed.traces import trace as TR
 
+    from embnic.testbed.training.criteo import CriteoFormatError
+
     with sigterm_as_interrupt():
-        TR.record(config, out, batches=batches, data=data, batch_size=batch_size, clients=list(clients) or None,
-                  name=name, progress=progress, log=click.echo)
+        try:
+            TR.record(config, out, batches=batches, data=data, batch_size=batch_size, clients=list(clients) or None,
+                      name=name, progress=progress, log=click.echo)
+        except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
+            raise click.BadParameter(str(e), param_hint="--data") from None

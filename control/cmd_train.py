@@ -90,7 +90,9 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
                                  f"{', '.join(str(c.id) for c in cfg.clients)})", param_hint="--client-id")
     try:
         tr, va = load_training_data(cfg, data_path, valid_fraction=valid_fraction, max_rows=max_rows)
-    except (OSError, CriteoFormatError) as e:
+    except CriteoFormatError as e:  # no (labelled) Criteo TSV: another --data is the fix (exit 2)
+        raise click.BadParameter(str(e), param_hint="--data") from None
+    except OSError as e:
         raise OperationalError(f"cannot read training data: {e}") from None
     click.echo(f"training on {len(tr.labels)} rows, evaluating on {len(va.labels)}; "
                f"{'in-process tables' if local else f'{len(cfg.shards)} shards'}")

@@ -57,6 +57,28 @@ def write_pcap(path: str | os.PathLike, frames: Sequence[bytes], times: Sequence
     return len(frames)
 
 
+def _file_header(data: bytes, path) -> tuple[str, int]:
+    """``(struct byte order, magic)`` of a classic pcap file starting with ``data``; ValueError if it is none."""
+    if len(data) < _HEADER.size:
+        raise ValueError(f"{path} is not a pcap file ({len(data)} bytes, shorter than a pcap header)")
+    for end in ("<", ">"):
+        magic = struct.unpack_from(end + "I", data)[0]
+        if magic in (_MAGIC_US, _MAGIC_NS):
+            return end, magic
+    raise ValueError(f"{path} is not a pcap file (magic {data[:4].hex()}; pcapng is not read)")
+
+
+def check_pcap(path: str | os.PathLike) -> None:
+    """Check that ``path`` starts with a classic pcap file header (reads only the header).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a classic pcap file (too short, or names the magic found).
+    """
+    with open(path, "rb") as f:
+        _file_header(f.read(_HEADER.size), path)
+
+
 def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
     """``(timestamp s, frame bytes)`` of every record of a classic pcap file (micro- or nanosecond
     timestamps, either byte order). A record cut short at the end of the file is left out.
@@ -66,14 +88,7 @@ def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
         ValueError: it is not a classic pcap file (names the magic found).
     """
     data = Path(path).read_bytes()
-    if len(data) < _HEADER.size:
-        raise ValueError(f"{path} is not a pcap file ({len(data)} bytes, shorter than a pcap header)")
-    for end in ("<", ">"):
-        magic = struct.unpack_from(end + "I", data)[0]
-        if magic in (_MAGIC_US, _MAGIC_NS):
-            break
-    else:
-        raise ValueError(f"{path} is not a pcap file (magic {data[:4].hex()}; pcapng is not read)")
+    end, magic = _file_header(data, path)
     scale = 1e-6 if magic == _MAGIC_US else 1e-9
     rec = struct.Struct(end + "IIII")
     out, off = [], _HEADER.size

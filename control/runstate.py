@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from embnic.control.errors import NeedsRootError, OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError, UsageError
 
 DEFAULT_RUN_DIR = "/run/embnic"
 CAP_NET_ADMIN = 12
@@ -146,3 +146,29 @@ def require_root(what: str, why: str | None = None, example: str = "sudo embnic 
     """
     if not is_root():
         raise NeedsRootError(f"{what} needs root{f' ({why})' if why else ''}: run as root ({example})")
+
+
+NETNS_DIR = Path("/run/netns")
+
+
+def require_netns(name: str, option: str = "--netns") -> Path:
+    """The path of the existing network namespace ``name`` (``/run/netns/NAME``, as ``ip netns add`` makes).
+
+    A wrong name is a usage error (the request names a namespace that is not there), not an
+    operational one: the fix is another ``--netns`` value, or creating the namespace.
+
+    Args:
+        name: the namespace's name (one file name: no ``/``, not ``.`` or ``..``).
+        option: the option or setting it came from, named in the message.
+    Raises:
+        UsageError: not a namespace name, or no such namespace (exit 2; ``param`` ``"netns"``).
+    """
+    if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", "..") \
+            or len(name) > 255:
+        raise UsageError(f"{option} {name!r} is not a network namespace name (one file name under "
+                         f"{NETNS_DIR}: `ip netns list` shows them)", param="netns")
+    path = NETNS_DIR / name
+    if not path.exists():
+        raise UsageError(f"{option} {name!r}: no such network namespace: create it "
+                         f"(ip netns add {name}) or drop {option}", param="netns")
+    return path

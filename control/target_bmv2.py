@@ -36,7 +36,7 @@ from embnic.client_lib.consts import MsgType
 from embnic.control import bmv2, bmv2_runtime, p4prog
 from embnic.control.errors import MissingDependencyError, NoSuchEntryError, OperationalError, UsageError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
-                                     require_root, write_state)
+                                     require_netns, require_root, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, routes_from_config
 
 _IFACE = re.compile(r"(?:^|,)iface=([^,]+)")
@@ -334,11 +334,11 @@ class Bmv2Target(Target):
         a link-local address there would let Thrift be reached from the segment).
 
         Raises:
-            OperationalError: no such namespace, or it still has an address besides loopback
+            UsageError: not a namespace name, or no such namespace (exit 2).
+            OperationalError: it still has an address besides loopback
                 (one line naming the addresses and the command that removes them).
         """
-        if not Path("/run/netns", name).exists():
-            raise OperationalError(f"network namespace {name!r} does not exist")
+        require_netns(name)
         ns = bmv2.Netns(name)
         try:
             ns.run(["ip", "link", "set", "lo", "up"])

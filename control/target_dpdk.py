@@ -36,7 +36,7 @@ from embnic.control.ctlsock import CtlClient, CtlCommandError, CtlError
 from embnic.control.dpdk_proc import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
 from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
-                                     require_root, state_path, write_state)
+                                     require_netns, require_root, state_path, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
 
 def core_ranges(cores) -> str:
@@ -103,6 +103,15 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
 
 
 
+def _split(value: str, what: str) -> list[str]:
+    """``value`` split like a shell; raises UsageError (exit 2) naming ``what`` if it does not split."""
+    try:
+        return shlex.split(value)
+    except ValueError as e:
+        raise UsageError(f"{what} {value!r} is not a shell-quoted argument list ({str(e).lower()}): close "
+                         "the quote, or give a list of strings", param=what) from None
+
+
 class DpdkTarget(Target):
     """The embnic pipeline as the DPDK program ``embnic-dp``.
 
@@ -143,8 +152,8 @@ class DpdkTarget(Target):
         super().__init__(config, name=name, run_dir=run_dir)
         self.binary = binary
         if isinstance(eal_args, str):
-            eal_args = shlex.split(eal_args)
-        self.card_args = shlex.split(card_args) if isinstance(card_args, str) else list(card_args or ())
+            eal_args = _split(eal_args, "eal_args")
+        self.card_args = _split(card_args, "card_args") if isinstance(card_args, str) else list(card_args or ())
         self.start_paused = bool(start_paused)
         self.eal_args = list(eal_args) if eal_args is not None else None
         self._ctl_path = os.fspath(ctl_path) if ctl_path else None
@@ -259,19 +268,18 @@ class DpdkTarget(Target):
         Returns:
             the state file contents plus ``routes``/``clients`` counts and the card's ``info``.
         Raises:
-            UsageError: no config / no ports given (exit 2).
+            UsageError: no config / no ports given, ``netns`` names no namespace (exit 2).
+            NeedsRootError: not root (exit 2).
             ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
             BuildInfoError: the binary's build info does not match the client library.
-            OperationalError: already running, no root for netns, cannot start, not ready in time.
+            OperationalError: already running, cannot start, not ready in time.
         """
         routes, clients = self._check_config(program)
         if self.NEEDS_ROOT:
             require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
         if self.netns:
             require_root("running the card in a network namespace (--netns)")
-            if not Path("/run/netns", self.netns).exists():
-                raise OperationalError(f"network namespace {self.netns!r} does not exist: create it "
-                                       f"(ip netns add {self.netns}) or drop --netns")
+            require_netns(self.netns)
         ensure_run_dir(self.run_dir)
         old = read_state(self.run_dir, self.instance)
         if old is not None:

@@ -65,19 +65,27 @@ class TraceError(OperationalError):
     """A trace cannot be recorded or replayed (the message names the fix; exit 1)."""
 
 
+class TraceUsageError(TraceError):
+    """The request is wrong (a usage error: the CLI exits 2): the file given as a trace is no
+    trace (not a classic pcap, or no embnic request in it), or a --client the config lacks."""
+
+    category = USAGE
+
+
 # --------------------------------------------------------------------------- pcap I/O
 def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
     """``(timestamp s, frame bytes)`` of every packet in a pcap (:func:`~embnic.control.pcap.read_pcap`).
 
     Raises:
-        TraceError: unreadable, or not a classic pcap file.
+        TraceError: unreadable.
+        TraceUsageError: not a classic pcap file (exit 2).
     """
     try:
         return pcap_file.read_pcap(path)
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
     except ValueError as e:
-        raise TraceError(str(e)) from None
+        raise TraceUsageError(f"{e}: give a trace recorded by `embnic trace record`") from None
 
 
 def parse_requests(frames: list[tuple[float, bytes]]) -> tuple[dict, dict, int]:
@@ -184,7 +192,8 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
 
     Raises:
         NeedsRoot, TestbedError: as :meth:`Testbed.up`.
-        TraceError: a client id not in the config, training failed, the capture lost frames.
+        TraceUsageError: a client id not in the config (exit 2).
+        TraceError: training failed, the capture lost frames.
     """
     from embnic.client_lib.client import EmbeddingClient, EmbnicError
 
@@ -196,7 +205,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
     clients = list(clients) if clients else ids
     bad = [c for c in clients if c not in ids]
     if bad:
-        raise TraceError(f"no client {bad[0]} in {config} (clients: {', '.join(map(str, ids))})")
+        raise TraceUsageError(f"--client {bad[0]}: no client {bad[0]} in {config} (clients: {', '.join(map(str, ids))})")
     topo = T.Topology.from_config(cfg, name)
     tr, _ = load_training_data(cfg, data)
     out = Path(out)
@@ -379,8 +388,9 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         NeedsRoot, TestbedError: as :meth:`Testbed.up`.
         ConfigMismatch: the sidecar says the trace was recorded with another config (unless
             ``force``); checked before the testbed comes up.
-        TraceError: unreadable pcap, no embnic requests in it, a client the config lacks,
-            tcpreplay failing.
+        TraceUsageError: the file is not a pcap, or holds no embnic request (exit 2).
+        ConfigMismatch: also when the trace has frames of a client the config lacks.
+        TraceError: unreadable pcap, tcpreplay failing.
         MissingDependencyError: tcpreplay is not installed.
     """
     T.require_net_admin("replay (it brings the namespace testbed up)")
@@ -389,7 +399,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     frames = read_pcap(pcap)
     reqs, per_client, other = parse_requests(frames)
     if not reqs:
-        raise TraceError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "
+        raise TraceUsageError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "
                          "record one with `embnic trace record`")
     cfg = load_config(config)
     sidecar_path = pcap.with_suffix(".json")
@@ -411,7 +421,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     ids = {c.id for c in cfg.clients}
     missing_clients = sorted(set(per_client) - ids)
     if missing_clients:
-        raise TraceError(f"the trace has frames of client {missing_clients[0]}, which {config} does not have "
+        raise ConfigMismatch(f"the trace has frames of client {missing_clients[0]}, which {config} does not have "
                          f"(clients: {', '.join(map(str, sorted(ids)))}); replay with the config it was recorded with")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

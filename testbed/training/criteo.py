@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from embnic.client_lib.splitmix import splitmix64
-from embnic.control.errors import OperationalError
+from embnic.control.errors import USAGE, OperationalError
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -206,8 +206,11 @@ def time_split(data: CriteoData, valid_fraction: float = 0.2) -> tuple[CriteoDat
 class CriteoFormatError(OperationalError, ValueError):
     """A line does not follow the Criteo TSV format; the message names file and line.
 
-    An operational error of the control plane too: the CLI prints its one line, exit 1.
+    A usage error of the control plane (the file given as training data is not what it
+    claims to be; the fix is another ``--data``): the CLI prints its one line, exit 2.
     """
+
+    category = USAGE
 
 
 def _decode_hex(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

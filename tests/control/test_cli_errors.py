@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from embnic.client_lib.config import ConfigError
 from embnic.control import errors as E
 from embnic.control.cli import _map_errors, to_click
+from embnic.control.pcap import write_pcap
 
 CASES = [
     (E.UsageError("no DPDK ports: give one --vdev per card port", param="vdevs"), click.UsageError, 2),
@@ -95,8 +96,40 @@ def test_operational_error_of_the_control_socket(invoke):
 @pytest.mark.skipif(os.geteuid() != 0, reason="replay checks root before its dependencies")
 def test_missing_program_is_a_missing_dependency(invoke, tmp_path, monkeypatch):
     pcap = tmp_path / "t.pcap"
-    pcap.write_bytes(b"")
+    write_pcap(pcap, [])
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     r = invoke("replay", pcap, "-c", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "testbed.toml"))
     assert r.exit_code == 2, r.output
     assert "Error: tcpreplay is not installed: apt-get install tcpreplay" in r.output
+
+
+def test_a_file_that_is_not_what_it_claims_is_a_usage_error(invoke, tmp_path):
+    """A file argument of the wrong kind exits 2 naming it, like a missing one (docs/cli.md), never 1."""
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "testbed.toml")
+    txt = tmp_path / "t.pcap"
+    txt.write_text("not a capture, but text long enough for a pcap header\n")
+    r = invoke("replay", txt, "-c", cfg)  # refused while parsing: before the root and tcpreplay checks
+    assert r.exit_code == 2, r.output
+    assert f"Error: Invalid value for 'PCAP': {txt} is not a pcap file (magic 6e6f7420; pcapng is not read): give " \
+           "a trace recorded by `embnic trace record`" in r.output
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("hello\tworld\n")
+    r = invoke("train", "-c", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "cluster.toml"),
+               "--local", "--data", bad, "--steps", "1")
+    assert r.exit_code == 2, r.output
+    assert f"Error: Invalid value for --data: {bad}:1: 2 fields, expected 40" in r.output
+
+
+def test_trace_library_errors_of_the_wrong_file_are_usage(tmp_path):
+    from embnic.testbed.traces import trace as TR
+    from embnic.testbed.training.criteo import CriteoFormatError
+
+    txt = tmp_path / "t.pcap"
+    txt.write_text("hello")
+    with pytest.raises(TR.TraceUsageError, match="is not a pcap file .*: give a trace recorded by") as e:
+        TR.read_pcap(txt)
+    assert e.value.exit_code == 2 and isinstance(e.value, TR.TraceError)
+    assert CriteoFormatError.category == E.USAGE
+    with pytest.raises(TR.TraceError) as e:
+        TR.read_pcap(tmp_path / "none.pcap")  # unreadable: operational
+    assert e.value.exit_code == 1

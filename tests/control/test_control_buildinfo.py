@@ -95,8 +95,8 @@ def test_inspect_errors(invoke, tmp_path):
     assert r.exit_code == 2 and "no such file" in r.output  # a missing input file is a usage error
     txt = tmp_path / "t.txt"
     txt.write_text("hello")
-    r = invoke("inspect", txt)
-    assert r.exit_code == 1 and "not an ELF binary" in r.output
+    r = invoke("inspect", txt)  # no ELF at all: the wrong file was given (usage); a damaged ELF is 1 (rebuild)
+    assert r.exit_code == 2 and "not an ELF binary: give the path of embnic-dp" in r.output
     r = invoke("inspect", shutil.which("true") or "/bin/true")
     assert r.exit_code == 1 and "no .embnic_buildinfo section" in r.output
     r = invoke("inspect", tmp_path)

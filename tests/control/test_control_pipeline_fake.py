@@ -19,7 +19,7 @@ from pathlib import Path
 
 from embnic.client_lib.config import load_config
 from embnic.control import dpdk_proc
-from embnic.control.errors import NeedsRootError, OperationalError
+from embnic.control.errors import NeedsRootError, OperationalError, UsageError
 from embnic.control.runstate import pid_matches, read_state
 from embnic.control.dpdk_proc import start_failure_reason
 from embnic.control.target_dpdk import DpdkTarget
@@ -147,6 +147,35 @@ def test_load_usage_errors(invoke, env, dp, card_config, tmp_path):
     assert r.exit_code == 2 and "no embnic-dp binary at" in r.output and "make -C dataplane" in r.output
     r = invoke("pipeline", "load", "-c", card_config, "--target", "bmv2", *VDEVS)
     assert r.exit_code == 2 and "the bmv2 target needs an interface per card port" in r.output
+
+
+def test_malformed_option_values_are_usage_errors(invoke, env, dp, card_config, monkeypatch):
+    """A value that is wrong as written exits 2 naming the option, never 1 ("ValueError: No closing quotation")."""
+    for opt, val in (("--eal-args", "'-l 0 --no-huge"), ("--card-args", "--burst 8 \\")):
+        r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, opt, val)
+        assert r.exit_code == 2, r.output
+        assert f"Error: {opt} {val!r} is not a shell-quoted argument list" in r.output and "Usage:" in r.output
+    monkeypatch.setenv("EMBNIC_EAL_ARGS", "-l '0")
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 2 and "EMBNIC_EAL_ARGS \"-l '0\" is not a shell-quoted argument list" in r.output
+    monkeypatch.delenv("EMBNIC_EAL_ARGS")
+    card_config.write_text(card_config.read_text() + "\n[control]\neal_args = \"-l '0\"\n")
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 2 and "control.eal_args: \"-l '0\" is not a shell-quoted argument list" in r.output
+    with pytest.raises(UsageError, match="card_args \"x'\" is not a shell-quoted"):
+        DpdkTarget(load_config(card_config), card_args="x'")
+    assert read_state(env, "embnic") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the namespace is checked after the root check")
+@pytest.mark.parametrize("ns,msg", [("enTnope", "--netns 'enTnope': no such network namespace: create it "
+                                                 "(ip netns add enTnope) or drop --netns"),
+                                    ("..", "--netns '..' is not a network namespace name"),
+                                    ("a/b", "--netns 'a/b' is not a network namespace name")])
+def test_netns_that_is_not_there_is_a_usage_error(invoke, env, dp, card_config, ns, msg):
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--netns", ns)
+    assert r.exit_code == 2 and f"Error: {msg}" in r.output, r.output
+    assert read_state(env, "embnic") is None
 
 
 def test_eal_args_replace_defaults(invoke, env, dp, card_config):
@@ -292,9 +321,10 @@ def test_netns_needs_root(env, dp, card_config, monkeypatch):
         m.setattr(os, "geteuid", lambda: 1000)
         with pytest.raises(NeedsRootError, match=r"needs root: run as root \(sudo embnic \.\.\.\)"):
             t.load()
-    if os.geteuid() == 0:
-        with pytest.raises(OperationalError, match="network namespace 'enTnope' does not exist"):
+    if os.geteuid() == 0:  # a namespace that is not there is a usage error (exit 2), not an operational one
+        with pytest.raises(UsageError, match=r"--netns 'enTnope': no such network namespace: create it") as e:
             t.load()
+        assert e.value.exit_code == 2 and e.value.param == "netns"
 
 
 def test_netns_argv(card_config):

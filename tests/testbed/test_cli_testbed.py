@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.control.cli import cli
+from embnic.control.pcap import write_pcap
 from embnic.control.runstate import is_root, pid_matches
 from embnic.testbed.net import topology as T
 
@@ -48,7 +49,7 @@ def _unprivileged(argv: list[str]) -> list[str]:
 @pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a[:2]))
 def test_every_testbed_command_needs_root_and_exits_2(args, tmp_path, run_dir):  # noqa: F811
     pcap = tmp_path / "t.pcap"
-    pcap.write_bytes(b"")
+    write_pcap(pcap, [])  # a pcap (replay refuses a file that is none before the root check)
     args = [str(pcap) if a == "PCAP" else a.replace("OUT", str(tmp_path)) for a in args]
     r = subprocess.run(_unprivileged([sys.executable, "-m", "embnic", *args]), capture_output=True, text=True,
                        env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)), timeout=60)
@@ -72,7 +73,9 @@ def test_help_says_what_and_gives_an_example(args):
     (["demo", "--name", "9bad", "--steps", "2"], "testbed name '9bad'"),
     (["trace", "record", "-c", str(TESTBED_TOML), "--batches", "1", "--out", "x.pcap", "--name", "9bad"],
      "testbed name '9bad'"),
-    (["replay", str(TESTBED_TOML), "-c", str(TESTBED_TOML), "--name", "waytoolongname"], "testbed name"),
+    (["replay", "PCAP", "-c", str(TESTBED_TOML), "--name", "waytoolongname"], "testbed name"),
+    (["replay", str(TESTBED_TOML), "-c", str(TESTBED_TOML)],
+     f"Invalid value for 'PCAP': {TESTBED_TOML} is not a pcap file (magic "),
     (["testbed", "netem", "--loss", "200"], "200"),
     (["demo", "--kill-shard", "7", "--steps", "2"], "no shard 7"),
     (["demo", "--kill-shard", "1", "--kill-at-step", "50", "--steps", "5"], "--kill-at-step 50 must be between 1"),
@@ -81,9 +84,10 @@ def test_help_says_what_and_gives_an_example(args):
     (["demo", "--kill-at-step", "2", "--steps", "5"], "--kill-at-step needs --kill-shard"),
     (["trace", "record", "-c", str(TESTBED_TOML), "--out", "x.pcap"], "--batches"),
 ])
-def test_usage_errors_exit_2(args, needle, run_dir, monkeypatch):  # noqa: F811
+def test_usage_errors_exit_2(args, needle, run_dir, monkeypatch, tmp_path):  # noqa: F811
     monkeypatch.delenv("EMBNIC_CONFIG", raising=False)
-    r = CliRunner().invoke(cli, args)
+    write_pcap(tmp_path / "t.pcap", [])
+    r = CliRunner().invoke(cli, [str(tmp_path / "t.pcap") if a == "PCAP" else a for a in args])
     assert r.exit_code == 2, r.output
     assert needle in r.output
 
@@ -111,14 +115,16 @@ def test_status_of_a_damaged_state_file_exits_1_and_says_down(run_dir):  # noqa:
 @pytest.mark.skipif(not is_root(), reason="needs root")
 @pytest.mark.parametrize("cmd", [["demo", "--steps", "2", "--name", "enZ2"],
                                  ["trace", "record", "-c", str(TESTBED_TOML), "--batches", "1", "--name", "enZ2"]])
-def test_malformed_data_is_one_line_exit_1(cmd, run_dir, tmp_path):  # noqa: F811
-    """--data that is no Criteo TSV: one line naming file and line (as `embnic train`), not the last-resort
-    'CriteoFormatError: ... (run with --debug ...)'; nothing is left behind."""
+def test_malformed_data_is_a_usage_error(cmd, run_dir, tmp_path):  # noqa: F811
+    """--data that is no Criteo TSV: a usage error (exit 2) naming --data, file and line (as `embnic train`),
+    not the last-resort 'CriteoFormatError: ... (run with --debug ...)'; nothing is left behind."""
     bad = tmp_path / "bad.tsv"
     bad.write_text("garbage\tline\n")
     r = _embnic(run_dir, *cmd, "--data", str(bad), "--out", str(tmp_path / "o"))
-    assert r.returncode == 1, r.stderr
-    assert r.stderr.strip() == f"Error: {bad}:1: 2 fields, expected 40 (label, I1..I13, C1..C26) or 39 (no label)"
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (f"Error: Invalid value for --data: {bad}:1: 2 fields, "
+                                                 "expected 40 (label, I1..I13, C1..C26) or 39 (no label)")
+    assert "Traceback" not in r.stderr
     assert not list(run_dir.glob("testbed-enZ2*.json"))
 
 

@@ -283,7 +283,8 @@ def test_replay_refuses_a_file_without_embnic_requests(run_dir, tmp_path):  # no
     wrpcap(str(p), [Ether() / IP(dst="10.0.0.1") / UDP(dport=53) / b"x"])
     r = subprocess.run([sys.executable, "-m", "embnic", "replay", str(p), "-c", str(TESTBED_TOML)],
                        capture_output=True, text=True, env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)))
-    assert r.returncode == 1 and "no embnic request frames" in r.stderr
+    # a pcap, but no trace: the wrong file was given (usage, exit 2), as a file that is no pcap at all
+    assert r.returncode == 2 and "no embnic request frames" in r.stderr
 
 
 @needs_root

@@ -253,8 +253,9 @@ CFG = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples"
 def test_cli_train_refuses_unlabelled_data():
     r = _run_cli("train", "-c", CFG, "--local", "--steps", "1", "--data",
                  str(criteo.sample_path("test")))
-    assert r.returncode == 1
-    assert "has no label column" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2  # the wrong file for training: a usage error naming --data
+    assert "Invalid value for --data: " in r.stderr and "has no label column" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_cli_train_tiny_inputs_and_bad_json_out(tmp_path):
