@@ -43,12 +43,13 @@ def card_warnings(cfg: ClusterConfig) -> list[str]:
 
 
 def summary(cfg: ClusterConfig) -> str:
-    """One paragraph describing a config."""
+    """One paragraph describing a config: every ``[card]`` setting but ``state_timeout_ms``, which the
+    state map's line (:meth:`~embnic.client_lib.config.StateMapPlan.describe`) states."""
     card = "none (clients talk to shards directly)"
     if cfg.card is not None:
         ports = ", ".join(f"{p.id}={p.ip}" for p in cfg.card.ports) or "no ports"
         card = (f"{'enabled' if cfg.card.enabled else 'disabled'}, ports {ports}, ring {cfg.card.ring_size}, "
-                f"state {cfg.card.state_size}, lcores {cfg.card.lcores}")
+                f"state {cfg.card.state_size}, lcores {cfg.card.lcores}, state lcores {cfg.card.state_lcores}")
     lines = [
         f"cluster {cfg.name!r}: {len(cfg.tables)} table(s), {len(cfg.shards)} shard(s), {len(cfg.clients)} "
         f"client(s), sharding {cfg.sharding}, UDP port {cfg.udp_port}, MTU {cfg.mtu} "

@@ -78,6 +78,16 @@ def test_check_warns_about_missing_mac(invoke, card_config):
     assert "shards[0].mac" in r.output
 
 
+def test_check_and_show_print_every_card_setting(invoke, card_config):
+    card_config.write_text(card_config.read_text().replace('lcores = "0"', 'lcores = "0,1"\nstate_lcores = 2'))
+    for cmd in ("check", "show"):
+        r = invoke("config", cmd, card_config)
+        assert r.exit_code == 0, r.output
+        assert "ring 1024, state 4096, lcores 0,1, state lcores 2" in r.output
+    assert "expires" in invoke("config", "check", card_config).output  # state_timeout_ms: in the state map line
+    assert json.loads(invoke("config", "show", "--json", card_config).output)["card"]["state_lcores"] == 2
+
+
 def test_show_json(invoke, card_config):
     r = invoke("config", "show", "--json", card_config)
     assert r.exit_code == 0
