@@ -27,8 +27,8 @@ def pipeline():
     \b
     Examples:
       embnic pipeline load -c examples/testbed.toml --vdev net_ring0 --vdev net_ring1 --vdev net_ring2 --vdev net_ring3
-      embnic pipeline status
-      embnic pipeline unload
+      embnic pipeline status -c examples/testbed.toml
+      embnic pipeline unload -c examples/testbed.toml
     """
 
 
@@ -112,19 +112,24 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
 
 
 @pipeline.command("unload")
+@config_option()
 @target_option
 @name_option
 @click.option("--timeout", "stop_timeout", type=FloatRange(0.1, 600), default=10.0, show_default=True,
               help="Seconds to wait after SIGTERM before SIGKILL.")
 @json_option
-def unload(target, name, stop_timeout, as_json):
+def unload(config, target, name, stop_timeout, as_json):
     """Stop the pipeline NAME cleanly (SIGTERM, wait, SIGKILL only if it hangs) and remove its state.
 
+    NAME is --name, else the [control] name of the config given with -c (the -c of `pipeline
+    load`), else 'embnic'.
+
     \b
-    Example:
+    Examples:
       embnic pipeline unload --name embnic
+      embnic pipeline unload -c examples/testbed.toml
     """
-    s = resolve(None, target, name)
+    s = resolve(config, target, name)
     st = read_state(s.run_dir, s.name)
     if target is None and st and isinstance(st.get("target"), str):
         s.target = st["target"]
@@ -184,20 +189,24 @@ def _status_other_target(s, as_json: bool) -> None:
 
 
 @pipeline.command("status")
+@config_option()
 @target_option
 @name_option
 @ctl_option
 @json_option
-def status(target, name, ctl, as_json):
+def status(config, target, name, ctl, as_json):
     """Say whether pipeline NAME runs: pid, control socket, log, ports, mode (exit 1 if not running).
 
+    NAME and the control socket are found as `pipeline load` finds them: --name/--ctl, else
+    the [control] section of the config given with -c, else 'embnic' and its state file.
     For counters and drops use `embnic status`.
 
     \b
-    Example:
+    Examples:
       embnic pipeline status --json
+      embnic pipeline status -c examples/testbed.toml
     """
-    s = resolve(None, target, name, ctl)
+    s = resolve(config, target, name, ctl)
     if s.target != "dpdk":
         return _status_other_target(s, as_json)
     st = read_state(s.run_dir, s.name)

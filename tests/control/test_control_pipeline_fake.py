@@ -106,6 +106,39 @@ def test_status_and_unload(invoke, env, loaded):
     assert r.exit_code == 1 and "is not loaded: run `embnic pipeline load" in r.output
 
 
+def test_status_and_unload_take_the_config_of_load(invoke, env, dp, card_config, tmp_path):
+    """Users pass the same -c to load, status and unload: the config's [control] name and ctl find the
+    pipeline; an explicit --name still wins."""
+    sock = tmp_path / "c.sock"
+    card_config.write_text(card_config.read_text() + f'\n[control]\nname = "fromcfg"\nctl = "{sock}"\n')
+    r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS)
+    assert r.exit_code == 0, r.output
+    pid = read_state(env, "fromcfg")["pid"]
+    try:
+        _status_and_unload_by_config(invoke, env, card_config, sock, tmp_path, pid)
+    finally:
+        st = read_state(env, "fromcfg")
+        if st and pid_matches(st):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _status_and_unload_by_config(invoke, env, card_config, sock, tmp_path, pid):
+    r = invoke("pipeline", "status", "-c", card_config)
+    assert r.exit_code == 0, r.output
+    assert f"pipeline 'fromcfg': running (dpdk target, pid {pid}" in r.output
+    assert json.loads(invoke("pipeline", "status", "-c", card_config, "--json").output)["ctl"] == str(sock)
+    r = invoke("pipeline", "status")  # without -c: the default name, not loaded
+    assert r.exit_code == 1 and "pipeline 'embnic' is not loaded" in r.output
+    r = invoke("pipeline", "status", "-c", card_config, "--name", "other", "--ctl", tmp_path / "o.sock")
+    assert r.exit_code == 1 and "pipeline 'other' is not loaded" in r.output
+    r = invoke("pipeline", "unload", "-c", card_config, "--name", "other")
+    assert r.exit_code == 1 and "pipeline 'other' is not loaded" in r.output and pid_matches(read_state(env, "fromcfg"))
+    r = invoke("pipeline", "unload", "-c", card_config)
+    assert r.exit_code == 0, r.output
+    assert f"unloaded pipeline 'fromcfg': pid {pid} stopped" in r.output
+    assert _gone(pid) and read_state(env, "fromcfg") is None
+
+
 def test_load_refuses_wrong_protocol(invoke, env, fake_dp_factory, card_config):
     bad = fake_dp_factory(proto_version=2)
     r = invoke("pipeline", "load", "-c", card_config, "--binary", bad, *VDEVS)
