@@ -47,7 +47,10 @@ class LocalBackend:
         """Apply gradients float32 (N, dim) to rows ``keys_unique`` uint64 (N,) (no duplicates).
 
         Raises:
-            ValueError: unknown table, a key out of range, duplicate keys, wrong shape.
+            ValueError: unknown table, a key out of range, duplicate keys, wrong shape, or a
+                gradient the shards refuse with MALFORMED (NaN/inf, or a step that overflows
+                float32: :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`); nothing
+                of the update is applied then.
         """
         ts = self._table(table_id)
         k, g = validate_update(ts.table, keys_unique, grads)

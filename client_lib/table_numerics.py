@@ -258,8 +258,8 @@ class TableShard:
         Args:
             keys_unique: uint64 (N,), **no duplicates**, all ``< rows`` if the table has ``rows``
                 (not checked; a duplicate would lose all but one of its gradients).
-            grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``; finite
-                (not checked: a NaN would poison its row).
+            grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``; rows that
+                pass :func:`gradient_rows_ok` (not checked: a NaN would poison its row).
         """
         keys = np.asarray(keys_unique, dtype=np.uint64).reshape(-1)
         if keys.size == 0:
@@ -267,7 +267,7 @@ class TableShard:
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, self.dim)
         slot = self._materialise(keys)
         w = self._rows[slot]
-        with np.errstate(over="ignore"):  # callers refuse g whose square overflows (gradient_ok)
+        with np.errstate(over="ignore"):  # callers refuse g whose step overflows (gradient_rows_ok)
             if self.adagrad:
                 acc = self._acc[slot] + rowwise_mean_square(g)
                 self._acc[slot] = acc
@@ -354,8 +354,9 @@ def validate_update(table: TableConfig, keys: np.ndarray, grads: np.ndarray) -> 
 
     Raises:
         ValueError: bad keys (see :func:`validate_keys`, uniqueness required), grads not
-            of shape (N, table.dim), or a gradient that is NaN or inf (after the wire's
-            rounding: fp16 overflows above 65504) — the servers refuse those too.
+            of shape (N, table.dim), or a gradient the servers refuse (:func:`gradient_rows_ok`:
+            NaN or inf after the wire's rounding — fp16 overflows above 65504 —, or a step
+            that is not finite in float32).
     """
     k = validate_keys(table, keys, unique=True)
     g = np.asarray(grads)
@@ -363,25 +364,45 @@ def validate_update(table: TableConfig, keys: np.ndarray, grads: np.ndarray) -> 
         raise ValueError(f"table {table.id}: grads shape {g.shape}, expected ({k.size}, {table.dim})")
     g = g.astype(np.float32, copy=False)
     if not gradient_ok(table, wire_round(g, table.dtype)):
+        step = "its square" if table.optimizer == "adagrad" else "lr times it"
         raise ValueError(f"table {table.id}: non-finite gradient (NaN or inf{' in fp16' if table.dtype == 'fp16' else ''}, "
-                         "or so large that its square overflows float32)")
+                         f"or so large that {step} overflows float32)")
     return k, g
 
 
-def gradient_ok(table: TableConfig, g: np.ndarray) -> bool:
-    """Whether gradients float32 (N, dim) (as the server sees them) are safe to apply.
+def gradient_rows_ok(table: TableConfig, g: np.ndarray) -> np.ndarray:
+    """Per row of gradients float32 (N, dim) (as the server sees them: after the wire's
+    rounding), whether the optimizer may apply it — the one statement of the refusal rule
+    (docs/protocol.md, "Reliability"), used by both shard engines and :class:`LocalBackend`.
 
-    False for NaN or inf, and for an Adagrad table also when a row's mean square overflows
-    float32 (|g| above ~1.8e19): that would set the row's accumulator to inf and freeze the
-    row forever. The servers refuse such updates (MALFORMED) and :class:`LocalBackend`
-    raises, so a corrupt gradient never poisons a row.
+    A row is refused when a value is NaN or inf, or when the step it asks of the optimizer is
+    not finite in float32: for SGD ``lr * g`` (a large ``lr`` times a large gradient), for
+    Adagrad the row's mean square of ``g`` (the accumulator's increment: |g| above ~1.8e19),
+    which would set the accumulator to inf and freeze the row forever. The rule reads the
+    message and the table's config only, never the rows, so a client can check it before
+    sending (:func:`validate_update`) and every shard, worker layout and log replay agrees.
+
+    Returns:
+        bool (N,).
     """
-    if not bool(np.isfinite(g).all()):
-        return False
-    if table.optimizer == "adagrad" and g.size:
-        with np.errstate(over="ignore"):
-            return bool(np.isfinite(rowwise_mean_square(g)).all())
-    return True
+    g = np.asarray(g, dtype=np.float32)
+    ok = np.isfinite(g).all(axis=1)
+    if g.size:
+        with np.errstate(over="ignore", invalid="ignore"):
+            if table.optimizer == "adagrad":
+                ok &= np.isfinite(rowwise_mean_square(g))
+            else:
+                ok &= np.isfinite(np.float32(table.lr) * g).all(axis=1)
+    return ok
+
+
+def gradient_ok(table: TableConfig, g: np.ndarray) -> bool:
+    """Whether every row of gradients float32 (N, dim) may be applied (:func:`gradient_rows_ok`).
+
+    The servers refuse an update with any such row (MALFORMED, the whole message, nothing
+    applied) and :class:`LocalBackend` raises, so a corrupt gradient never poisons a row.
+    """
+    return bool(gradient_rows_ok(table, g).all())
 
 
 def merge_states(states: list[dict]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:

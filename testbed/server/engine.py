@@ -56,7 +56,7 @@ from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Message
 from embnic.client_lib.routing import owns
-from embnic.client_lib.table_numerics import is_unique, rowwise_mean_square
+from embnic.client_lib.table_numerics import gradient_rows_ok, is_unique
 
 from . import cintake, udpio
 from .intake import BatchIntake, _Pend
@@ -464,11 +464,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         inc[1:] = keys[1:] > keys[:-1]
         inc[offs[:-1]] = True
         sorted_ok = np.logical_and.reduceat(inc, offs[:-1])
-        rowok = np.isfinite(g).all(axis=1)
-        if ts.adagrad:
-            with np.errstate(over="ignore", invalid="ignore"):
-                rowok &= np.isfinite(rowwise_mean_square(g))
-        gok = np.logical_and.reduceat(rowok, offs[:-1])
+        gok = np.logical_and.reduceat(gradient_rows_ok(ts.table, g), offs[:-1])
         for j in np.flatnonzero((st == 0) & ~sorted_ok).tolist():
             if not is_unique(keys[offs[j]:offs[j + 1]]):
                 st[j] = Status.MALFORMED

@@ -28,8 +28,10 @@ What it does with every datagram (docs/protocol.md):
 4. **Body checks** on the whole message: ``KEY_OUT_OF_RANGE`` (a key ``>= rows``, for a table
    with ``rows``; without it every uint64 is a key),
    ``NOT_OWNER`` (a key another shard owns under the cluster's sharding policy,
-   :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys or a NaN/inf
-   gradient in an update: refused rather than poisoning rows).
+   :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys, or a gradient
+   the optimizer must not apply — NaN/inf, or a step that overflows float32,
+   :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` — in an update: the whole
+   message is refused, nothing applied, rather than poisoning rows).
 5. **Serve**: LOOKUP_REQ → LOOKUP_REPLY with the rows in key order; UPDATE_REQ → apply with
    the table's optimizer (:class:`~embnic.client_lib.table_numerics.TableShard`: SGD or row-wise
    Adagrad, the same code as the in-process reference) → UPDATE_ACK. Replies are fragmented

@@ -457,3 +457,56 @@ def test_worker_of_splits_the_hash_space_into_contiguous_slices():
         for s in (0, 1):  # both workers get keys of either shard
             assert set(np.unique(w[shard == s]).tolist()) == set(range(n))
     assert not worker_of(5, keys, 1).any()
+
+
+REFUSAL_TABLES = [
+    {"id": 0, "rows": 2000, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
+    {"id": 1, "rows": 2000, "dim": 4, "optimizer": "sgd", "lr": 1e30},
+    {"id": 3, "rows": 1000, "dim": 12, "optimizer": "adagrad", "dtype": "fp16"},
+]
+
+
+@pytest.mark.parametrize("engine,kw", [("reference", {}), ("batch", {"small": 0, "small_keys": 0}), ("batch", {})])
+def test_shard_refuses_exactly_the_gradients_local_backend_refuses(engine, kw):
+    """One rule (table_numerics.gradient_rows_ok, docs/protocol.md "Reliability"): a finite gradient
+    whose step overflows float32 — Adagrad's g² for |g| = 1e20, SGD's lr·g — is refused like NaN/inf,
+    the whole message (MALFORMED, nothing applied); both engines and LocalBackend refuse the same
+    messages and end with the same rows, bit for bit, all finite."""
+    cfg = make_cfg(1, tables=REFUSAL_TABLES)
+    ref = LocalBackend(cfg)
+    rng = np.random.default_rng(5)
+    own = {t.id: routing.owned_keys(cfg, t.id, 0)[:40] for t in cfg.tables}
+    big = np.float32(1e20)
+    cases = []  # (table, gradient, refused?)
+    for tid, dim in ((0, 8), (1, 4), (3, 12)):
+        cases.append((tid, rng.standard_normal((4, dim)).astype(np.float32), False))
+    g = rng.standard_normal((4, 8)).astype(np.float32)
+    g[2, 3] = big  # one row of four: the whole message goes
+    cases += [(0, g, True),
+              (0, np.full((4, 8), 1e18, np.float32), False),  # g² = 1e36: finite, applied
+              (1, np.full((4, 4), 1e10, np.float32), True),   # lr·g = 1e40 overflows, g does not
+              (1, np.full((4, 4), 1e-3, np.float32), False),
+              (3, np.full((4, 12), 7e4, np.float32), True),   # inf in fp16 on the wire
+              (0, np.full((4, 8), np.nan, np.float32), True)]
+    stream, refused = [], set()
+    for m, (tid, g, bad) in enumerate(cases, start=1):
+        keys = np.sort(rng.choice(own[tid], 4, replace=False)).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            stream += [(1, f) for f in update_frames(cfg, tid, keys, g, m)]
+        try:
+            ref.update(tid, keys, g)
+        except ValueError as e:
+            assert "non-finite gradient" in str(e)
+            refused.add(m)
+    assert refused == {m for m, c in enumerate(cases, start=1) if c[2]}
+    got, counters, state = run_stream(cfg, engine, stream, **kw)
+    re = Reassembler(expect="reply")
+    errs = {m.header.msg_id: m.header.status for m in (re.feed(f) for f in got[1])
+            if m is not None and m.header.msg_type == MsgType.ERROR}
+    assert errs == {m: consts.Status.MALFORMED for m in refused}
+    assert counters["updates_applied"] == len(cases) - len(refused)
+    want = ref.state_dict()
+    for tid in want:
+        for a, b in zip(state[tid], want[tid]):
+            assert np.array_equal(a, b)
+        assert np.isfinite(state[tid][1]).all() and np.isfinite(state[tid][2]).all()
