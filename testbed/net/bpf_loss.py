@@ -2,25 +2,28 @@
 
 Where ``tc ... netem`` is missing (``Specified qdisc kind is unknown``; so is ``act_gact``, whose
 ``random netrand drop`` would do the same), a loss-only impairment needs no user-space helper:
-a ``clsact`` qdisc on the peer's end of a link runs one small eBPF program on each hook
-(``cls_bpf`` in direct-action mode, as in tc-bpf(8)):
+each end of a link's veth pair runs one small XDP program on the frames it receives:
 
-* **egress** (frames the peer sends to the card) and **ingress** (frames the card sends to the
-  peer) each draw ``bpf_get_prandom_u32()`` per frame and return ``TC_ACT_SHOT`` when it falls
-  below ``loss/100 · 2^32``, else ``TC_ACT_OK`` — netem's ``loss P%`` (independent, uniform
-  per frame; not seedable: the kernel's per-CPU PRNG);
+* the **card's end** sees the frames the peer sends (``out``), the **peer's end** the frames the
+  card sends (``in``); each program draws ``bpf_get_prandom_u32()`` per frame and returns
+  ``XDP_DROP`` when it falls below ``loss/100 · 2^32``, else ``XDP_PASS`` — netem's ``loss P%``
+  (independent, uniform per frame; not seedable: the kernel's per-CPU PRNG);
 * both count into one ``BPF_MAP_TYPE_ARRAY`` of 4 × u64 (:data:`COUNTERS`: frames seen and
   dropped per direction), by atomic add, read back through the map's id (:func:`read_counters`).
 
-Both hooks sit on the peer's end: the card's end is read by ``net_af_packet``, whose socket
-sees a frame before the ingress hook runs, so a drop there would not hide it from the card.
-Unlike the ``user`` backend's helpers, nothing leaves the kernel: the loss costs the path
-about nothing (the helpers' Python forwarding added 3–57 % to a step in ``bench e2e``).
+Why XDP on the receiving end, not a tc hook on the sending end: a shard sends its replies as
+UDP GSO packets (``UDP_SEGMENT``) that the kernel cuts into frames only after the tc egress
+hook, so a tc program would drop and count a whole burst of frames at once. A veth with a
+native XDP program makes its peer segment before sending, so every frame meets the program
+alone; and XDP runs before the card's ``net_af_packet`` socket sees a frame (a tc ingress
+program on the card's end would run after it). Unlike the ``user`` backend's helpers, nothing
+leaves the kernel: the loss costs the path about nothing (the helpers' Python forwarding added
+3–57 % to a step in ``bench e2e``).
 
 The programs are assembled here (eBPF instruction set, Documentation/bpf/standardization/
 instruction-set.rst in the kernel tree), loaded with the ``bpf(2)`` system call through ctypes
-and attached with pyroute2; no compiler, libbpf or bpffs is needed. The filters hold the
-programs and the programs the map: deleting the ``clsact`` qdisc frees everything.
+and attached with pyroute2 (``IFLA_XDP``); no compiler, libbpf or bpffs is needed. The
+interfaces hold the programs and the programs the map: detaching both frees everything.
 """
 from __future__ import annotations
 
@@ -35,13 +38,12 @@ from .netns import TestbedError
 _BPF_MAP_CREATE, _BPF_MAP_LOOKUP_ELEM, _BPF_PROG_LOAD = 0, 1, 5
 _BPF_MAP_GET_FD_BY_ID, _BPF_OBJ_GET_INFO_BY_FD = 14, 15
 _BPF_MAP_TYPE_ARRAY = 2
-_BPF_PROG_TYPE_SCHED_CLS = 3
+_BPF_PROG_TYPE_XDP = 6
 _BPF_PSEUDO_MAP_FD = 1
 _FN_MAP_LOOKUP_ELEM, _FN_GET_PRANDOM_U32 = 1, 7
-_TC_ACT_OK, _TC_ACT_SHOT = 0, 2
+_XDP_DROP, _XDP_PASS = 1, 2
 _NR_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "armv7l": 386, "i686": 357, "ppc64le": 361,
            "s390x": 351}
-_TC_H_MIN_INGRESS, _TC_H_MIN_EGRESS = 0xFFF2, 0xFFF3
 _MAP_NAME = b"embnic_loss"
 
 #: counter slots of the map: (direction, what) → index
@@ -101,9 +103,9 @@ def program(loss_pct: float, map_fd: int, direction: str) -> bytes:
     thresh = min(1 << 32, int(round(loss_pct / 100.0 * (1 << 32))))
     drop = _count(map_fd, COUNTERS[direction, "dropped"])
     tail = b"".join([
-        _insn(0xB7, 0, imm=_TC_ACT_OK), _insn(0x95),      # pass: r0 = TC_ACT_OK; exit
+        _insn(0xB7, 0, imm=_XDP_PASS), _insn(0x95),      # pass: r0 = XDP_PASS; exit
     ])
-    shot = drop + _insn(0xB7, 0, imm=_TC_ACT_SHOT) + _insn(0x95)
+    shot = drop + _insn(0xB7, 0, imm=_XDP_DROP) + _insn(0x95)
     return b"".join([
         _count(map_fd, COUNTERS[direction, "frames"]),
         _insn(0x85, imm=_FN_GET_PRANDOM_U32),  # r0 = prandom u32
@@ -122,11 +124,11 @@ def _new_map() -> int:
 
 
 def _load(insns: bytes) -> int:
-    """Load a SCHED_CLS program; returns its fd. Raises OSError with the verifier's log."""
+    """Load an XDP program; returns its fd. Raises OSError with the verifier's log."""
     code = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(1 << 16)
-    attr = struct.pack("<IIQQIIQ", _BPF_PROG_TYPE_SCHED_CLS, len(insns) // 8, ctypes.addressof(code),
+    attr = struct.pack("<IIQQIIQ", _BPF_PROG_TYPE_XDP, len(insns) // 8, ctypes.addressof(code),
                        ctypes.addressof(lic), 1, len(log), ctypes.addressof(log))
     try:
         return _bpf(_BPF_PROG_LOAD, attr)
@@ -156,47 +158,73 @@ def problem() -> str | None:
     return None
 
 
-def attach(ns: str, ifname: str, loss_pct: float) -> dict:
-    """Drop ``loss_pct`` % of the frames in each direction of ``ifname`` (in namespace ``ns``).
+def _ipr(ns: str):
+    """A pyroute2 ``IPRoute`` whose netlink socket lives in namespace ``ns``: made by this thread
+    inside it (pyroute2's own ``netns=`` forks a child to make it, which once found no interface
+    in a busy demo process)."""
+    from pyroute2 import IPRoute
 
-    Adds a ``clsact`` qdisc with one direct-action ``cls_bpf`` filter per hook (the interface must
-    have no ``clsact`` yet).
+    from .netns import in_netns
+
+    with in_netns(ns):
+        return IPRoute(groups=0)
+
+
+def _set_xdp(ns: str, ifname: str, fd: int) -> None:
+    """Attach XDP program ``fd`` to ``ifname`` in ``ns`` (native mode: veth has it); -1 detaches."""
+    with _ipr(ns) as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise TestbedError(f"no interface {ifname} in namespace {ns}")
+        ipr.link("set", index=idx[0], xdp_fd=fd)
+
+
+def attach(peer: tuple[str, str], card: tuple[str, str], loss_pct: float) -> dict:
+    """Drop ``loss_pct`` % of the frames in each direction of one veth link.
+
+    Args:
+        peer: (namespace, interface) of the client's or shard's end.
+        card: (namespace, interface) of the card's end.
+        loss_pct: percentage in [0, 100].
+
+    The ``out`` program runs on the card's end (frames from the peer), the ``in`` program on the
+    peer's end (frames from the card); neither end may have an XDP program yet.
 
     Returns:
         ``{"map_id": int}``: where :func:`read_counters` finds the counters.
 
     Raises:
-        TestbedError: the kernel refused the program or the filter (names what is missing).
+        TestbedError: the kernel refused the program or the attachment (names what is missing).
     """
-    from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
-
-    from .netns import in_netns
 
     m = _new_map()
     fds = [m]
+    done: list[tuple[str, str]] = []
     try:
         progs = {d: _load(program(loss_pct, m, d)) for d in ("out", "in")}
         fds += list(progs.values())
         map_id = _map_info(m)[0]
-        # the netlink socket is made in ``ns`` by this thread (pyroute2's own netns= forks a
-        # child to make it, which once found no link in a busy demo process)
-        with in_netns(ns):
-            ipr = IPRoute(groups=0)
-        with ipr:
-            idx = ipr.link_lookup(ifname=ifname)
-            if not idx:
-                raise TestbedError(f"no interface {ifname} in namespace {ns}")
-            ipr.tc("add", "clsact", idx[0])
-            for d, hook in (("out", _TC_H_MIN_EGRESS), ("in", _TC_H_MIN_INGRESS)):
-                ipr.tc("add-filter", "bpf", idx[0], ":1", fd=progs[d], name=f"embnic-loss-{d}",
-                       parent=0xFFFF0000 | hook, classid=1, direct_action=True)
+        for d, (ns, ifname) in (("out", card), ("in", peer)):
+            _set_xdp(ns, ifname, progs[d])
+            done.append((ns, ifname))
     except (OSError, NetlinkError) as e:
-        raise TestbedError(f"could not attach the eBPF loss program to {ifname} in {ns}: {e}") from None
+        for ns, ifname in done:
+            detach(ns, ifname)
+        raise TestbedError(f"could not attach the eBPF loss program to the link {peer[1]}–{card[1]}: {e} "
+                           f"(XDP on veth needs an MTU of at most about 3500 bytes)") from None
     finally:
         for fd in fds:
             os.close(fd)
     return {"map_id": map_id}
+
+
+def detach(ns: str, ifname: str) -> None:
+    """Remove the XDP program of ``ifname`` in ``ns`` (nothing if it has none or is gone)."""
+    try:
+        _set_xdp(ns, ifname, -1)
+    except Exception:  # noqa: BLE001 - the namespace or interface may be gone already: nothing to remove
+        pass
 
 
 def read_counters(map_id: int | None) -> dict | None:

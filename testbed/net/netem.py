@@ -38,9 +38,9 @@ receives them as if they had arrived on the veth. The helper's counters (frames 
 dropped, duplicated, reordered per direction) are in ``<node>-netem.json`` and in
 ``embnic testbed status``.
 
-``bpf`` — loss only (``--loss``), in the kernel, for kernels without ``sch_netem``: a
-``clsact`` qdisc on the peer's veth runs a small eBPF program on egress and ingress that drops
-each frame with probability P (:mod:`embnic.testbed.net.bpf_loss`). Nothing leaves the kernel,
+``bpf`` — loss only (``--loss``), in the kernel, for kernels without ``sch_netem``: each end
+of the veth pair runs a small XDP program that drops each frame it receives with probability P
+(:mod:`embnic.testbed.net.bpf_loss`). Nothing leaves the kernel,
 so unlike the helpers it adds nothing to the path's cost (``bench e2e`` measures the transport,
 not the helpers); its counters (same shape as the helpers') live in a BPF map.
 
@@ -285,9 +285,9 @@ def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend
             _teardown_link(state, rdir, lk, prev)
     if backend == "bpf":
         for lk in chosen:
-            b = bpf_loss.attach(lk["peer_ns"], lk["peer_if"], imp.loss)
+            b = bpf_loss.attach((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"]), imp.loss)
             new[lk["peer"]] = {"backend": "bpf", "impairment": imp.as_dict(), "applied": time.time(), "helper": None,
-                               "bpf": {"ns": lk["peer_ns"], "iface": lk["peer_if"], **b}}
+                               "bpf": b}
             per = _per_link(state)
             per[lk["peer"]] = new[lk["peer"]]
             _set_per_link(state, per)
@@ -372,18 +372,17 @@ def _redirect_to_helper(lk: dict, h: dict, proc, ready_timeout: float) -> None:
 
 
 def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
-    """Remove one link's impairment (tc qdiscs; clsact and its eBPF programs; or clsact + helper +
-    taps); saves the state. Returns the final counters (bpf and user backends)."""
+    """Remove one link's impairment (tc qdiscs; the XDP programs; or clsact + helper + taps);
+    saves the state. Returns the final counters (bpf and user backends)."""
     card_ns = f"{state['name']}-card"
     counters = None
     if rec.get("backend") == "tc":
         for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
             run_cmd(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
     elif rec.get("backend") == "bpf":
-        b = rec.get("bpf") or {}
-        counters = bpf_loss.read_counters(b.get("map_id"))
-        run_cmd(["tc", "-n", b.get("ns", lk["peer_ns"]), "qdisc", "del", "dev", b.get("iface", lk["peer_if"]),
-                 "clsact"], check=False)
+        counters = bpf_loss.read_counters((rec.get("bpf") or {}).get("map_id"))
+        for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
+            bpf_loss.detach(ns, ifname)
     else:
         h = rec.get("helper") or {}
         ns, ifname = h.get("ns", lk["peer_ns"]), h.get("iface", lk["peer_if"])
