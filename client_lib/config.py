@@ -410,17 +410,17 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
         if opt not in OPTIMIZERS:
             raise ConfigError(w + "optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {opt!r}", path)
         lr = _check_float(_get(t, "lr", w, float, 0.05, path), w + "lr", path)
-        name = _get(t, "name", w, str, f"t{tid}", path)
-        if not name:
+        tname = _get(t, "name", w, str, f"t{tid}", path)
+        if not tname:
             raise ConfigError(w + "name", "must not be empty", path)
-        if name in names:
-            raise ConfigError(w + "name", f"duplicate table name {name!r} (also tables[{names[name]}]); every table "
+        if tname in names:
+            raise ConfigError(w + "name", f"duplicate table name {tname!r} (also tables[{names[tname]}]); every table "
                               "needs a name of its own (names key the tables in TorchRec and `embnic tables export`)",
                               path)
-        names[name] = i
+        names[tname] = i
         tables.append(TableConfig(
             id=tid,
-            name=name,
+            name=tname,
             rows=_rows(t, w, path),
             dim=_check_range(_get(t, "dim", w, int, path=path), 1, 4096, w + "dim", path),
             dtype=dtype,

@@ -12,14 +12,16 @@ from embnic.control.cmd_options import FloatRange, ConfigFileError, control_sect
 from embnic.control.target import clients_from_config, routes_from_config
 
 
-def _file_arg(file: str | None) -> str:
-    if file:
-        return file
+def _file_arg(file: str | None, config_opt: str | None = None) -> str:
+    if file and config_opt and file != config_opt:
+        raise click.UsageError(f"two config files: FILE {file!r} and -c {config_opt!r}; give one")
+    if file or config_opt:
+        return file or config_opt
     import os
 
     env = os.environ.get("EMBNIC_CONFIG")
     if not env:
-        raise click.UsageError("no config file: give FILE or set EMBNIC_CONFIG")
+        raise click.UsageError("no config file: give FILE (or -c FILE) or set EMBNIC_CONFIG")
     return env
 
 
@@ -72,12 +74,14 @@ def config():
 
 @config.command("check")
 @click.argument("file", required=False, metavar="[FILE]")
+@click.option("-c", "--config", "config_opt", metavar="FILE", help="The config file, as other commands take it "
+                                                                  "(the same as the FILE argument).")
 @click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
                                              "lcores this machine has).")
 @click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
               metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
                                          "loss tolerance.")
-def check(file, strict, rate):
+def check(file, config_opt, strict, rate):
     """Validate FILE (default $EMBNIC_CONFIG): exit 0 if valid, 2 with the offending field if not.
 
     Unknown sections and fields are errors (with the closest valid name). Also checks the
@@ -92,7 +96,7 @@ def check(file, strict, rate):
       embnic config check examples/cluster.toml
       embnic config check --rate 500000 examples/testbed.toml
     """
-    path = _file_arg(file)
+    path = _file_arg(file, config_opt)
     cfg = load_cluster(path)
     control_section(cfg)
     warns = card_warnings(cfg)
@@ -115,15 +119,17 @@ def _as_dict(cfg: ClusterConfig) -> dict:
 
 @config.command("show")
 @click.argument("file", required=False, metavar="[FILE]")
+@click.option("-c", "--config", "config_opt", metavar="FILE", help="The config file, as other commands take it "
+                                                                  "(the same as the FILE argument).")
 @json_option
-def show(file, as_json):
+def show(file, config_opt, as_json):
     """Print the parsed config FILE (default $EMBNIC_CONFIG) with every default filled in.
 
     \b
     Example:
       embnic config show --json examples/cluster.toml
     """
-    cfg = load_cluster(_file_arg(file))
+    cfg = load_cluster(_file_arg(file, config_opt))
     if as_json:
         click.echo(json.dumps(_as_dict(cfg), indent=2, default=list))
         return

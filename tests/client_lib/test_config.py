@@ -26,6 +26,7 @@ def _raw(**over):
 def test_examples_load(path):
     cfg = load_config(path)
     assert cfg.tables and cfg.shards and cfg.clients
+    assert cfg.name == cfg.raw["cluster"]["name"]       # not the last table's name
 
 
 @pytest.mark.parametrize("over,field", [

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from embnic.control import cmd_options as options
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,3 +226,16 @@ def test_target_defaults_to_the_loaded_pipelines(env, card_config):
     assert options.resolve(None, name="other").target == "dpdk"  # nothing loaded: the default
     (env / "bad.json").write_text("{not json")
     assert options.resolve(None, name="bad").target == "dpdk"  # a damaged state file: the default
+
+
+@pytest.mark.parametrize("example,cluster", [("cluster.toml", "loopback"), ("testbed.toml", "testbed"),
+                                             ("testbed-shared.toml", "shared")])
+@pytest.mark.parametrize("how", ["arg", "-c"])
+def test_check_and_show_name_the_cluster_not_a_table(invoke, example, cluster, how):
+    # a table loop's `name` once overwrote the cluster's: "cluster 'C26'"
+    path = str(REPO / "examples" / example)
+    for cmd in ("check", "show"):
+        r = invoke("config", cmd, *((path,) if how == "arg" else ("-c", path)))
+        assert r.exit_code == 0, r.output
+        assert f"cluster '{cluster}':" in r.output
+        assert "cluster 'C26'" not in r.output
