@@ -514,7 +514,8 @@ class EmbeddingClient:
                     f"link's MTU, the card's --mtu and its ports' frame size; `embnic status` counts "
                     f"frames the card got cut short as `truncated`).")
         raise ShardUnavailableError(m.shard_id, m.dest, m.tries, now - t0,
-                                    f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint)
+                                    f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint,
+                                    config_path=self.cfg.path)
 
     def _reo_wnd(self, m: _Out) -> float:
         """Reordering window (s) of ``m``'s shard and type (RFC 8985 6.2): a quarter of its shortest

@@ -108,3 +108,16 @@ def test_large_messages_unanswered_while_small_pass_blame_the_path_mtu():
     # 4 keys: a 100-byte request, a 132-byte reply; 1000 keys: 1500-byte request datagrams
     assert "at most 132 bytes were answered, these need 1500-byte datagrams" in msg, msg
     assert "the path may not carry MTU 1500" in msg and e.value.path_mtu_hint
+
+
+def test_unanswered_error_names_the_config_for_the_cli_hints():
+    """The hints of a shard that never answers carry the config's path (`embnic status -c F`: a
+    testbed's card has no default control socket) and mention a lossy path."""
+    from embnic.client_lib.client import ShardUnavailableError
+
+    e = ShardUnavailableError(1, ("10.77.0.1", 7878), 5, 3.2, "2 lookup messages", via_card=True,
+                              config_path="/run/embnic/testbed-t/cluster.toml")
+    msg = str(e)
+    assert "`embnic status -c /run/embnic/testbed-t/cluster.toml`" in msg, msg
+    assert "`embnic route list -c /run/embnic/testbed-t/cluster.toml`" in msg and "embnic testbed status" in msg
+    assert "-c" not in str(ShardUnavailableError(1, ("10.77.0.1", 7878), 5, 3.2, "x", via_card=True))
