@@ -4,13 +4,15 @@ Only this module and the command modules (``cmd_*.py``) know click. Library code
 plain errors of :mod:`embnic.control.errors`; :func:`to_click` is the one place they become
 click errors and exit codes (docs/cli.md "Errors and exit codes"):
 
-- ``usage`` → ``click.UsageError`` (exit 2, with the command's usage line);
+- ``usage`` → ``click.UsageError`` (exit 2; shown as one line naming the command's ``--help``);
 - ``operational`` → ``click.ClickException`` (exit 1);
 - ``needs-root``, ``missing-dependency`` → ``click.ClickException`` with exit 2;
 - a cluster config that does not validate (:class:`~embnic.client_lib.config.ConfigError`) → exit 2.
 
 Every command's callback is wrapped once when the command is loaded (:func:`_map_errors`), so
-a usage error still shows the usage of the command that raised it.
+a usage error names the command that raised it. Click's usage errors — of its own parsing and
+of :func:`to_click` alike — are shown once, by the top-level group (:class:`OneLineUsageGroup`),
+as one line: ``Error: <message> (see 'embnic <cmd> --help')``, exit 2.
 """
 from __future__ import annotations
 
@@ -89,7 +91,47 @@ _COMMANDS = (
 )
 
 
-class _Group(click.Group):
+def one_line_usage_error(e: click.UsageError) -> click.ClickException:
+    """``e`` as one line — ``<message> (see '<command path> --help')`` — with exit code 2.
+
+    Click shows a usage error as three lines (``Usage: ...``, ``Try '... --help' for help.``,
+    ``Error: ...``); the project's rule is one line that names the fix.
+    """
+    where = e.ctx.command_path if e.ctx is not None else "embnic"
+    msg = e.format_message()
+    if msg.endswith(".") and not msg.endswith(".."):
+        msg = msg[:-1]                        # click's "No such option '-x'." reads better without it
+    out = click.ClickException(f"{msg} (see '{where} --help')")
+    out.exit_code = e.exit_code
+    return out
+
+
+class OneLineUsageGroup(click.Group):
+    """A group whose usage errors, and those of every command below it, are one line (exit 2).
+
+    Parsing the group's own options happens in :meth:`make_context`; a subcommand's parsing and
+    callback (nested groups included) in :meth:`invoke`. A group called without a subcommand
+    still prints its help (click's ``NoArgsIsHelpError``).
+    """
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as e:
+            raise one_line_usage_error(e) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as e:
+            raise one_line_usage_error(e) from None
+
+
+class _Group(OneLineUsageGroup):
     """Loads each command's module only when that command runs (fast ``--help``)."""
 
     def list_commands(self, ctx):

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from embnic.client_lib.config import ConfigError
 from embnic.control import errors as E
-from embnic.control.cli import _map_errors, to_click
+from embnic.control.cli import OneLineUsageGroup, _map_errors, cli, to_click
 from embnic.control.pcap import write_pcap
 
 CASES = [
@@ -66,7 +66,7 @@ def test_the_testbed_root_check_is_the_one_root_check(monkeypatch):
 
 @pytest.mark.parametrize("err,cls,code", CASES, ids=lambda c: getattr(c, "category", None) or type(c).__name__)
 def test_a_command_raising_it_exits_with_its_code(err, cls, code):
-    @click.group()
+    @click.group(cls=OneLineUsageGroup)
     def grp():
         """group"""
 
@@ -77,15 +77,17 @@ def test_a_command_raising_it_exits_with_its_code(err, cls, code):
     r = CliRunner().invoke(_map_errors(grp), ["do"], catch_exceptions=False)
     assert r.exit_code == code, r.output
     assert f"Error: {err}" in r.output
-    # a usage error shows the usage of the command that raised it; the others only the message
-    assert ("Usage: grp do" in r.output) == (cls is click.UsageError)
+    # every error is one line; a usage error names the --help of the command that raised it
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert "Usage:" not in r.output and "Try '" not in r.output
+    assert ("(see 'grp do --help')" in r.output) == (cls is click.UsageError)
 
 
 def test_library_modules_raise_no_click_errors(invoke, card_config):
     """A usage error of the dpdk target (no vdevs) reaches the user as exit 2 with the command's usage."""
     r = invoke("pipeline", "load", "-c", card_config)
     assert r.exit_code == 2, r.output
-    assert "no DPDK ports: give one --vdev per card port" in r.output and "Usage: cli pipeline load" in r.output
+    assert "no DPDK ports: give one --vdev per card port" in r.output and "(see 'cli pipeline load --help')" in r.output
 
 
 def test_operational_error_of_the_control_socket(invoke):
@@ -133,3 +135,38 @@ def test_trace_library_errors_of_the_wrong_file_are_usage(tmp_path):
     with pytest.raises(TR.TraceError) as e:
         TR.read_pcap(tmp_path / "none.pcap")  # unreadable: operational
     assert e.value.exit_code == 1
+
+
+def _leaf_paths(cmd, path=()):
+    ctx = click.Context(cmd)
+    if isinstance(cmd, click.Group):
+        for name in cmd.list_commands(ctx):
+            yield from _leaf_paths(cmd.get_command(ctx, name), path + (name,))
+    else:
+        yield path
+
+
+@pytest.mark.parametrize("args,where", [(("--no-such-flag",), "cli"), (("no-such-command",), "cli"),
+                                        (("config", "nope"), "cli config")])
+def test_click_usage_errors_are_one_line(invoke, args, where):
+    r = invoke(*args)
+    assert r.exit_code == 2
+    assert r.output.startswith("Error: ") and r.output.rstrip().endswith(f"(see '{where} --help')"), r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_every_command_shows_a_usage_error_as_one_line(invoke):
+    """Not click's three lines (Usage: / Try '... --help' for help. / Error: ...): one line, exit 2."""
+    paths = list(_leaf_paths(cli))
+    assert len(paths) > 20
+    for path in paths:
+        r = invoke(*path, "--no-such-flag")
+        assert r.exit_code == 2, (path, r.output)
+        assert r.output.startswith("Error: No such option '--no-such-flag'"), (path, r.output)
+        assert r.output.endswith(f" (see 'cli {' '.join(path)} --help')\n"), (path, r.output)
+        assert len(r.output.splitlines()) == 1, (path, r.output)
+
+
+def test_a_group_without_a_subcommand_still_shows_its_help(invoke):
+    r = invoke("config")
+    assert "Usage: cli config" in r.output and "Commands:" in r.output
