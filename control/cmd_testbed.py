@@ -181,14 +181,16 @@ def status_cmd(name, as_json):
 @click.option("--duplicate", type=FloatRange(0, 100), default=0.0, show_default=True,
               help="% of frames duplicated.")
 @click.option("--delay", "delay_ms", type=FloatRange(0, 10000), default=0.0, show_default=True,
-              help="Delay in ms (tc: every frame; user: longest hold of a reordered frame).")
+              help="Delay in ms (tc: every frame; user: only the longest hold of a reordered frame, so it "
+                   "needs --reorder there; bpf: none).")
 @click.option("--link", "links", multiple=True, metavar="NODE",
               help="Set (or with --clear remove) only this node's link (c1, s0, ...), leaving the other "
                    "links' impairments as they are; repeatable. Default: every link.")
 @click.option("--backend", type=click.Choice(["auto", "tc", "bpf", "user"]), default="auto", show_default=True,
               help="tc netem; for kernels without sch_netem, bpf (loss only, in the kernel) or the user-space "
                    "helper (everything). auto: tc, else bpf for --loss alone, else user.")
-@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the user-space helper.")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seed of the user-space helper's random decisions; only the user backend uses it.")
 @click.option("--clear", "clear_", is_flag=True, help="Remove the impairment (of every link, or of the --link ones).")
 @needs_root("testbed netem")
 def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, clear_):
@@ -233,7 +235,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
     except N.UnknownLink as e:
         raise click.BadParameter(str(e), param_hint="--link") from None
     except N.UnsupportedImpairment as e:
-        raise click.BadParameter(str(e), param_hint="--backend") from None
+        raise click.BadParameter(str(e), param_hint=e.option) from None
     _print_netem(N.show(name), _link_names(name), counters=False)
 
 

@@ -31,6 +31,10 @@ tap ``<if>i``. One helper process per link (:func:`impair_loop`, its own log
 * with probability Q hold the frame back and send it right after the *next* frame of the same
   direction (or after ``--delay`` ms if none comes): a reordering (``--reorder``).
 
+It delays no other frame, so ``--delay`` without ``--reorder`` is refused (a usage error)
+rather than accepted and ignored; a delay of every frame needs ``tc``. ``--seed`` seeds these
+decisions (the other backends ignore it).
+
 Outgoing frames then leave on the veth through an AF_PACKET socket with
 ``PACKET_QDISC_BYPASS`` (which skips the ``clsact`` hook, so they are not redirected again);
 incoming frames are written back into tap ``<if>i``, whose MAC is the veth's, so the kernel
@@ -59,6 +63,7 @@ import sys
 import time
 from pathlib import Path
 
+from embnic.control.errors import USAGE
 from embnic.control.runstate import proc_starttime, run_dir
 
 from . import bpf_loss
@@ -78,8 +83,10 @@ class Impairment:
             without the delay while the rest wait ``delay_ms`` (tc).
         duplicate: % of frames sent twice.
         delay_ms: tc: delay of every frame (≥ 1 ms when ``reorder`` > 0); user: longest hold of
-            a reordered frame when no next frame comes.
-        seed: seed of the user-space helper's random decisions (per link and direction).
+            a reordered frame when no next frame comes (so the user backend refuses a delay
+            without ``reorder``: :func:`user_backend_problem`).
+        seed: seed of the user-space helper's random decisions (per link and direction); the
+            other backends do not use it.
     """
 
     loss: float = 0.0
@@ -126,10 +133,32 @@ def _tap_names(peer_if: str) -> tuple[str, str]:
 class UnknownLink(TestbedError):
     """``--link`` named a node that has no link in the testbed (a usage error: the CLI exits 2)."""
 
+    category = USAGE
+
 
 class UnsupportedImpairment(TestbedError):
     """The chosen backend cannot do this impairment (``bpf`` with reordering, duplicates or a
-    delay: a usage error, the CLI exits 2)."""
+    delay; ``user`` with a delay but no reordering): a usage error, the CLI exits 2 naming
+    ``option``."""
+
+    category = USAGE
+
+    def __init__(self, message: str, option: str = "--backend"):
+        super().__init__(message)
+        self.option = option
+
+
+def user_backend_problem(imp: Impairment) -> str | None:
+    """Why the ``user`` backend cannot do ``imp``, or None.
+
+    Its helpers delay nothing: ``delay_ms`` is only the longest hold of a reordered frame, so a
+    delay without ``--reorder`` would be accepted and do nothing.
+    """
+    if imp.delay_ms > 0 and imp.reorder == 0:
+        return (f"--delay {imp.delay_ms:g} needs --reorder on the user backend (there --delay is only the longest "
+                "hold of a reordered frame; it delays nothing by itself): add --reorder Q, or delay every frame "
+                "with --backend tc on a kernel with sch_netem")
+    return None
 
 
 def loss_only(imp: Impairment) -> bool:
@@ -223,7 +252,8 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         NeedsRoot: not root.
         ValueError: unknown backend.
         UnknownLink: a link name the testbed does not have.
-        UnsupportedImpairment: ``bpf`` asked for more than loss.
+        UnsupportedImpairment: ``bpf`` asked for more than loss; ``user`` (also as ``auto``'s
+            choice) asked for a delay without reordering.
         TestbedError: no such testbed, ``tc`` backend without kernel netem, ``bpf`` refused by
             the kernel, a helper that does not start (names its log).
     """
@@ -244,6 +274,9 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
             raise TestbedError("this kernel has no netem qdisc (`tc ... netem`: Specified qdisc kind is unknown); "
                                "use --backend user (or auto)")
         backend = "tc" if has else "bpf" if loss_only(imp) and bpf_loss.problem() is None else "user"
+        if backend == "user" and user_backend_problem(imp):
+            raise UnsupportedImpairment(user_backend_problem(imp) + " (this kernel has none, so --backend auto "
+                                        "chose user)", option="--delay")
     elif backend == "bpf":
         if not loss_only(imp):
             raise UnsupportedImpairment("the bpf backend only drops frames (--loss); reordering, duplicates and "
@@ -252,6 +285,8 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         if why:
             raise TestbedError(why + "; use --backend user")
     if backend == "user":
+        if user_backend_problem(imp):
+            raise UnsupportedImpairment(user_backend_problem(imp), option="--delay")
         for lk in chosen:
             tap_o, _ = _tap_names(lk["peer_if"])
             if len(tap_o) > 15:

@@ -404,3 +404,46 @@ def test_tc_backend_changes_only_the_named_links(run_dir, monkeypatch):  # noqa:
     res = N.clear(name, links=["s1"], rdir=run_dir)
     assert res["links"] == ["s1"] and devs("del") == [f"{name}p3", f"{name}s1"]
     assert sorted(N.show(name, rdir=run_dir)["links"]) == ["c1", "c2", "s0"]
+
+
+def _fake_testbed(name, run_dir, monkeypatch, netem: bool):
+    links = [{"port": i, "card_if": f"{name}p{i}", "peer_if": f"{name}{p}", "peer_ns": f"{name}-{p}", "peer": p}
+             for i, p in enumerate(["c1", "c2", "s0", "s1"])]
+    T.save_testbed_state({"name": name, "links": links, "procs": [], "netem": None}, run_dir)
+    cmds = []
+    monkeypatch.setattr(N, "run_cmd", lambda argv, **kw: cmds.append(argv) or subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(N, "require_net_admin", lambda what: None)
+    monkeypatch.setattr(N, "_netem_available", lambda name: netem)
+    return cmds
+
+
+@pytest.mark.parametrize("backend", ["user", "auto"])
+def test_user_backend_refuses_a_delay_without_reorder(run_dir, monkeypatch, backend):  # noqa: F811
+    """The user helpers delay nothing (--delay is a reordered frame's longest hold there): a delay
+    alone was accepted, shown as 'delay 10 ms' and did nothing. Now a usage error, nothing changed."""
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    name = "q2d"
+    cmds = _fake_testbed(name, run_dir, monkeypatch, netem=False)
+    monkeypatch.setattr(N, "_setup_links", lambda *a, **k: pytest.fail("a link was changed"))
+    for imp in (N.Impairment(delay_ms=10), N.Impairment(loss=1, delay_ms=10)):
+        with pytest.raises(N.UnsupportedImpairment, match="add --reorder") as e:
+            N.apply(name, imp, backend=backend, rdir=run_dir)
+        assert e.value.option == "--delay" and e.value.category == "usage"
+    assert cmds == [] and N.show(name, rdir=run_dir) is None
+    r = CliRunner().invoke(cli, ["testbed", "netem", "--name", name, "--delay", "10", "--backend", backend])
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for --delay:" in r.output and "add --reorder" in r.output and "--backend tc" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert N.user_backend_problem(N.Impairment(reorder=5, delay_ms=10)) is None
+
+
+def test_netem_help_says_what_delay_and_seed_do():
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    out = " ".join(CliRunner().invoke(cli, ["testbed", "netem", "--help"]).output.split())
+    assert "only the user backend uses it" in out and "needs --reorder there" in out
