@@ -122,8 +122,9 @@ def test_malformed_data_is_a_usage_error(cmd, run_dir, tmp_path):  # noqa: F811
     bad.write_text("garbage\tline\n")
     r = _embnic(run_dir, *cmd, "--data", str(bad), "--out", str(tmp_path / "o"))
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (f"Error: Invalid value for --data: {bad}:1: 2 fields, "
-                                                 "expected 40 (label, I1..I13, C1..C26) or 39 (no label)")
+    where = " ".join(cmd[:2] if cmd[0] == "trace" else cmd[:1])
+    assert r.stderr.strip().splitlines() == [f"Error: Invalid value for --data: {bad}:1: 2 fields, expected 40 "
+                                             f"(label, I1..I13, C1..C26) or 39 (no label) (see 'embnic {where} --help')"]
     assert "Traceback" not in r.stderr
     assert not list(run_dir.glob("testbed-enZ2*.json"))
 
