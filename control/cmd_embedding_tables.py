@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -49,12 +50,17 @@ def export(config, src, out, layout):
     from embnic.testbed.server.tables_io import TablesFileError, export_tables
 
     cfg = _cfg(config)
+    parent = Path(out).parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out}: directory {parent} does not exist; create it or write elsewhere")
     try:
         rep = export_tables(cfg, src, out, layout)
     except TablesFileError as e:
         raise UsageError(str(e)) from None
     except DurabilityError as e:
         raise OperationalError(str(e)) from None
+    except OSError as e:
+        raise OperationalError(f"cannot write {out}: {e.strerror or e}") from None
     click.echo(f"wrote {out} ({rep['layout']}): " + ", ".join(f"{k} {v} rows" for k, v in rep["tables"].items()))
 
 
@@ -79,6 +85,8 @@ def import_(config, file, dst, as_json):
         rep = import_tables(cfg, file, dst)
     except TablesFileError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise OperationalError(f"{e.filename or file}: {e.strerror or e}") from None
     if as_json:
         click.echo(json.dumps(rep))
     else:

@@ -45,6 +45,7 @@ import logging
 import os
 import re
 import struct
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,10 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
         DurabilityError: not an embnic checkpoint, or unreadable.
     """
     try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"PK\x03\x04":  # np.load would say "contains pickled (object) data"
+            raise DurabilityError(f"{path}: unreadable checkpoint (not an .npz file: truncated or overwritten?)")
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
@@ -273,8 +278,10 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
             tables = {int(t["id"]): (z[f"t{t['id']}.keys"], z[f"t{t['id']}.rows"], z[f"t{t['id']}.acc"])
                       for t in meta["tables"]}
             applied = z["applied"]
-    except (OSError, ValueError, KeyError, zlib.error) as e:
-        raise DurabilityError(f"{path}: unreadable checkpoint ({e})") from None
+    except (OSError, ValueError, KeyError, EOFError, zlib.error, zipfile.BadZipFile) as e:
+        # BadZipFile / EOFError: a truncated .npz (was a last-resort 'BadZipFile: ...')
+        why = "not a complete .npz file: truncated?" if isinstance(e, (zipfile.BadZipFile, EOFError)) else e
+        raise DurabilityError(f"{path}: unreadable checkpoint ({why})") from None
     return meta, tables, applied
 
 
@@ -487,6 +494,10 @@ def load_shard_state(directory, shard_id: int, cfg, window: int = 1 << 62) -> tu
         if src.is_dir():
             shutil.copytree(src, dst)
         d = Durability(tmp, shard_id, cfg.seed, fsync=False)
-        rep = d.restore(tables, collections.OrderedDict(), window)
-        d.close()
+        try:
+            rep = d.restore(tables, collections.OrderedDict(), window)
+        except DurabilityError as e:  # name the user's file, not the private copy's
+            raise DurabilityError(str(e).replace(str(dst), str(src))) from None
+        finally:
+            d.close()
     return tables, rep

@@ -75,24 +75,56 @@ def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata:
 def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(tensors, metadata) of a safetensors file (F32, F16, U64 tensors).
 
+    Every length in the file is checked against the file before any of it is used, so a
+    truncated or damaged file is named as such rather than failing deep inside numpy.
+
     Raises:
-        TablesFileError: not a safetensors file, or a dtype this project does not use.
+        TablesFileError: not a (complete) safetensors file, or a dtype this project does not use.
+        OSError: the file cannot be read.
     """
     data = Path(path).read_bytes()
+
+    def bad(why: str) -> TablesFileError:
+        return TablesFileError(f"{path} is not a complete safetensors file ({why})")
+
+    if len(data) < 8:
+        raise bad(f"{len(data)} bytes; it starts with an 8-byte header length")
+    n = int.from_bytes(data[:8], "little")
+    if 8 + n > len(data):
+        raise bad(f"its header length says {n} bytes of JSON header, the file has {len(data) - 8} after the "
+                  "length: truncated?")
     try:
-        n = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + n])
     except (ValueError, UnicodeDecodeError) as e:
-        raise TablesFileError(f"{path}: not a safetensors file ({e})") from None
+        raise bad(f"the header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
     meta = header.pop("__metadata__", {}) or {}
+    if not isinstance(meta, dict):
+        raise bad("__metadata__ is not a JSON object")
     out = {}
     base = 8 + n
+    have = len(data) - base
     for name, d in header.items():
+        if not isinstance(d, dict):
+            raise bad(f"tensor {name}: not a JSON object")
         if d.get("dtype") not in _NP:
             raise TablesFileError(f"{path}: tensor {name}: dtype {d.get('dtype')} (F32, F16 or U64 expected)")
-        a, b = d["data_offsets"]
-        out[name] = np.frombuffer(data, _NP[d["dtype"]], (b - a) // _NP[d["dtype"]].itemsize, base + a).reshape(
-            d["shape"])
+        dt = _NP[d["dtype"]]
+        shape, offs = d.get("shape"), d.get("data_offsets")
+        if not (isinstance(shape, list) and all(isinstance(x, int) and x >= 0 for x in shape)):
+            raise bad(f"tensor {name}: shape {shape!r} is not a list of sizes")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(x, int) for x in offs)
+                and 0 <= offs[0] <= offs[1]):
+            raise bad(f"tensor {name}: data_offsets {offs!r} are not [begin, end]")
+        a, b = offs
+        if b > have:
+            raise bad(f"tensor {name} ends at byte {b} of the data, the file holds {have} bytes of data: truncated?")
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if b - a != count * dt.itemsize:
+            raise bad(f"tensor {name}: {b - a} bytes for shape {tuple(shape)} of {d['dtype']} "
+                      f"({count * dt.itemsize} expected)")
+        out[name] = np.frombuffer(data, dt, count, base + a).reshape(shape)
     return out, meta
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from embnic.client_lib import codec, routing
+from embnic.client_lib.config import load_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import TableShard
 from embnic.testbed.server import durability as D
@@ -299,3 +300,26 @@ def test_restore_from_a_directory_without_this_shard_is_a_usage_error(tmp_path):
                                  "--restore", str(tmp_path / "ck")])
     assert r.exit_code == 2, r.output
     assert "no shard-0/" in r.output and "--checkpoint-dir" in r.output
+
+
+def test_restore_from_a_damaged_checkpoint_names_it(tmp_path):
+    """--restore DIR with a truncated checkpoint: exit 1 naming the file (was 'BadZipFile: ...')."""
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+    from embnic.testbed.server import durability as D
+
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text('[cluster]\nseed = 7\n[[tables]]\nid = 0\ndim = 8\n'
+                        '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 7900\n'
+                        '[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    cfg = load_config(cfg_path)
+    d = D.shard_dir(tmp_path / "ck", 0)
+    D.write_checkpoint(d, 0, 0, cfg.seed, {0: TableShard(cfg.tables[0], cfg.seed, capacity=64)},
+                       collections.OrderedDict())
+    ck = sorted(d.glob("ckpt-*.npz"))[0]
+    ck.write_bytes(ck.read_bytes()[:200])
+    r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", str(cfg_path), "--port", "0",
+                                 "--restore", str(tmp_path / "ck")])
+    assert r.exit_code == 1, r.output
+    assert f"{ck}: unreadable checkpoint (not a complete .npz file" in r.output and "BadZipFile" not in r.output

@@ -160,7 +160,7 @@ def test_import_refuses_a_file_that_does_not_fit(tmp_path):
     junk = tmp_path / "junk"
     junk.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{{{{{")
     r = _run("tables", "import", "-c", cfg_path, junk, "--into", tmp_path / "n")
-    assert r.exit_code == 2 and "not a safetensors file" in r.output
+    assert r.exit_code == 2 and "is not a complete safetensors file" in r.output
 
 
 def test_files_read_back_with_the_safetensors_library(tmp_path):
@@ -215,3 +215,51 @@ def test_torchrec_layout_loads_into_torchrecs_own_collection(tmp_path):
     for t, k in zip(cfg.tables, keys):
         want = ref.state_dict()[t.id][1].astype(np.float64).sum(axis=0)
         np.testing.assert_allclose(pooled[f"f{t.id}"].detach().numpy()[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_damaged_files_are_named_not_a_numpy_error(tmp_path):
+    """A truncated tables file was 'Error: ValueError: buffer is smaller than requested size', exit 1;
+    a damaged checkpoint under --from 'BadZipFile: ...' naming a scratch copy; --out in a missing
+    directory 'FileNotFoundError'. Now: the file and what is wrong, exit 2 (the file argument) or 1 (DIR)."""
+    cfg_path = _write_cfg(tmp_path, [{"id": 0, "rows": 1000, "dim": 4, "name": "small"},
+                                     {"id": 1, "rows": 500, "dim": 8, "name": "big"}])
+    src = tmp_path / "ck"
+    for i in range(2):
+        (src / f"shard-{i}").mkdir(parents=True)
+    good = tmp_path / "t.safetensors"
+    r = _run("tables", "export", "-c", cfg_path, "--from", src, "--out", good)
+    assert r.exit_code == 0, r.output
+    data = good.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    cuts = {5000: "ends at byte", 8 + n + 10: "ends at byte", 100: "header length says", 5: "5 bytes"}
+    for size, why in cuts.items():
+        cut = tmp_path / f"cut{size}.safetensors"
+        cut.write_bytes(data[:size])
+        r = _run("tables", "import", "-c", cfg_path, cut, "--into", tmp_path / f"n{size}")
+        assert r.exit_code == 2, r.output
+        assert f"{cut} is not a complete safetensors file (" in r.output and why in r.output, r.output
+        assert "ValueError" not in r.output and len(r.output.strip().splitlines()) == 1
+        assert not (tmp_path / f"n{size}").exists()
+    # a header whose sizes do not match the shapes
+    hdr = json.loads(data[8:8 + n])
+    hdr["embedding_bags.big.weight"]["shape"] = [500, 9]
+    h = json.dumps(hdr).encode()
+    h += b" " * (-len(h) % 8)
+    odd = tmp_path / "odd.safetensors"
+    odd.write_bytes(len(h).to_bytes(8, "little") + h + data[8 + n:])
+    r = _run("tables", "import", "-c", cfg_path, odd, "--into", tmp_path / "odd")
+    assert r.exit_code == 2 and "embedding_bags.big.weight: 16000 bytes for shape (500, 9)" in r.output, r.output
+    # --out in a directory that does not exist: usage
+    r = _run("tables", "export", "-c", cfg_path, "--from", src, "--out", tmp_path / "nodir" / "x.safetensors")
+    assert r.exit_code == 2 and f"directory {tmp_path / 'nodir'} does not exist" in r.output, r.output
+    # a damaged checkpoint in --from: exit 1 naming the user's file (not a scratch copy)
+    r = _run("tables", "import", "-c", cfg_path, good, "--into", tmp_path / "imp")
+    assert r.exit_code == 0, r.output
+    ck = sorted((tmp_path / "imp" / "shard-1").glob("ckpt-*.npz"))[0]
+    whole = ck.read_bytes()
+    for damaged, why in ((whole[:300], "not a complete .npz file"), (b"garbage\n", "not an .npz file")):
+        ck.write_bytes(damaged)
+        r = _run("tables", "export", "-c", cfg_path, "--from", tmp_path / "imp", "--out", tmp_path / "o.safetensors")
+        assert r.exit_code == 1, r.output
+        assert f"Error: {ck}: unreadable checkpoint ({why}" in r.output, r.output
+        assert "BadZipFile" not in r.output and "pickled" not in r.output
