@@ -185,7 +185,8 @@ def status_cmd(name, as_json):
                    "needs --reorder there; bpf: none).")
 @click.option("--link", "links", multiple=True, metavar="NODE",
               help="Set (or with --clear remove) only this node's link (c1, s0, ...), leaving the other "
-                   "links' impairments as they are; repeatable. Default: every link.")
+                   "links' impairments as they are; repeatable. Nodes of one host (clients of one ip, on a "
+                   "shared card port) share its link: any of them names it. Default: every link.")
 @click.option("--backend", type=click.Choice(["auto", "tc", "bpf", "user"]), default="auto", show_default=True,
               help="tc netem; for kernels without sch_netem, bpf (loss only, in the kernel) or the user-space "
                    "helper (everything). auto: tc, else bpf for --loss alone, else user.")
@@ -232,6 +233,8 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
             else:
                 click.echo(f"testbed {name}: {rec['backend']} netem {fmt_impairment(rec['impairment'])} on "
                            f"{', '.join(rec['links'])}")
+        for note in N.sharing(name, links):
+            click.echo(f"testbed {name}: {note}")
     except N.UnknownLink as e:
         raise click.BadParameter(str(e), param_hint="--link") from None
     except N.UnsupportedImpairment as e:

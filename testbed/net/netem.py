@@ -201,17 +201,42 @@ def _set_per_link(state: dict, per_link: dict[str, dict]) -> None:
 def _resolve_links(name: str, state: dict, links: list[str] | None) -> list[dict]:
     """The link records named by ``links`` (node names), in card port order; every link if None.
 
+    A node names its host's link: on a shared card port (``examples/testbed-shared.toml``)
+    clients 1 and 2 of one host share link ``c1``, so ``c2`` names it too (:func:`sharing`).
+
     Raises:
-        UnknownLink: a name that is not a link of the testbed.
+        UnknownLink: a name that is no node with a link in the testbed.
     """
     all_links = sorted(state.get("links", []), key=lambda lk: lk.get("port", 0))
     if not links:
         return all_links
-    have = [lk["peer"] for lk in all_links]
-    unknown = [x for x in links if x not in have]
+
+    def owner(node: str) -> dict | None:
+        for lk in all_links:
+            if lk["peer"] == node or node in (lk.get("members") or ()):
+                return lk
+        return None
+
+    unknown = [x for x in links if owner(x) is None]
     if unknown:
-        raise UnknownLink(f"no link {unknown[0]!r} in testbed {name!r} (links: {', '.join(have)})")
-    return [lk for lk in all_links if lk["peer"] in links]
+        nodes = [m for lk in all_links for m in (lk.get("members") or [lk["peer"]])]
+        raise UnknownLink(f"no link {unknown[0]!r} in testbed {name!r} (nodes: {', '.join(nodes)})")
+    peers = {owner(x)["peer"] for x in links}
+    return [lk for lk in all_links if lk["peer"] in peers]
+
+
+def sharing(name: str, links: list[str] | None, *, rdir: Path | None = None) -> list[str]:
+    """One note per link of ``links`` that several nodes share (a host of several clients or
+    shards), e.g. ``"c2 names link c1 (c1 and c2 share it: one host)"``; empty when none do."""
+    state = testbed_state(name, Path(rdir) if rdir else run_dir()) or {}
+    notes = []
+    for lk in _resolve_links(name, state, links) if links else []:
+        members = lk.get("members") or [lk["peer"]]
+        if len(members) > 1:
+            named = [x for x in links if x in members]
+            notes.append(f"{', '.join(named)} {'names' if len(named) == 1 else 'name'} link {lk['peer']} "
+                         f"({', '.join(members[:-1])} and {members[-1]} share it: one host)")
+    return notes
 
 
 def _netem_available(name: str) -> bool:
@@ -242,7 +267,8 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
     Args:
         imp: the impairment.
         backend: ``auto``, ``tc``, ``bpf`` or ``user`` (see the module docstring).
-        links: node names whose link to impair (``c1``, ``s0``, ...); default every link.
+        links: node names whose link to impair (``c1``, ``s0``, ...; any node of a host that
+            shares its link names that link); default every link.
 
     Returns:
         what this call set: ``{"backend", "impairment", "links": [...], "helpers": [...]}``

@@ -447,3 +447,34 @@ def test_netem_help_says_what_delay_and_seed_do():
 
     out = " ".join(CliRunner().invoke(cli, ["testbed", "netem", "--help"]).output.split())
     assert "only the user backend uses it" in out and "needs --reorder there" in out
+
+
+def test_a_node_of_a_shared_host_names_its_hosts_link(run_dir, monkeypatch):  # noqa: F811
+    """testbed-shared.toml: clients 1 and 2 are one host with one link, `c1`. `--link c2` was refused
+    ("no link 'c2' ... links: c1, c3, s0...") while docs/testbed.md says it names that link."""
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    name = "q2s"
+    cmds = _fake_testbed(name, run_dir, monkeypatch, netem=True)
+    st = T.testbed_state(name, run_dir)
+    st["links"] = [{"port": i, "card_if": f"{name}p{i}", "peer_if": f"{name}{p}", "peer_ns": f"{name}-{p}",
+                    "peer": p, "members": m} for i, (p, m) in enumerate([("c1", ["c1", "c2"]), ("c3", ["c3", "c4"]),
+                                                                         ("s0", ["s0"]), ("s1", ["s1"])])]
+    T.save_testbed_state(st, run_dir)
+    rec = N.apply(name, N.Impairment(loss=2), backend="tc", links=["c2"], rdir=run_dir)
+    assert rec["links"] == ["c1"]
+    assert sorted(c[c.index("dev") + 1] for c in cmds if "replace" in c) == [f"{name}c1", f"{name}p0"]
+    assert N.sharing(name, ["c2"], rdir=run_dir) == ["c2 names link c1 (c1 and c2 share it: one host)"]
+    assert N.sharing(name, ["s0"], rdir=run_dir) == []
+    with pytest.raises(N.UnknownLink, match=r"no link 'c9' .*\(nodes: c1, c2, c3, c4, s0, s1\)"):
+        N.apply(name, N.Impairment(loss=2), backend="tc", links=["c9"], rdir=run_dir)
+    r = CliRunner().invoke(cli, ["testbed", "netem", "--name", name, "--loss", "3", "--link", "c4",
+                                 "--backend", "tc"])
+    assert r.exit_code == 0, r.output
+    assert f"testbed {name}: tc netem loss 3% reorder 0% duplicate 0% on c3\n" in r.output
+    assert f"testbed {name}: c4 names link c3 (c3 and c4 share it: one host)" in r.output
+    r = CliRunner().invoke(cli, ["testbed", "netem", "--name", name, "--clear", "--link", "c2"])
+    assert r.exit_code == 0 and f"netem cleared on c1" in r.output, r.output
+    assert sorted(N.show(name, rdir=run_dir)["links"]) == ["c3"]
