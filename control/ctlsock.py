@@ -22,7 +22,7 @@ import stat
 import time
 from typing import Any
 
-from embnic.control.errors import NEEDS_ROOT, NeedsRootError, OperationalError
+from embnic.control.errors import NEEDS_ROOT, USAGE, NeedsRootError, OperationalError
 from embnic.control.runstate import pid_matches
 
 #: largest response accepted (bytes); a state dump of 100k entries is ~20 MB
@@ -58,12 +58,24 @@ class CtlClosed(CtlProtocolError):
 
 
 class CtlCommandError(CtlError):
-    """The card answered ``{"ok": false, "error": ...}``; ``card_error`` holds its text."""
+    """The card answered ``{"ok": false, "error": ...}``; ``card_error`` holds its text.
+
+    A well-formed request the card could not carry out (``"kind": "failure"``: a full table,
+    no memory): operational, exit 1.
+    """
 
     def __init__(self, message: str, cmd: str, card_error: str):
         super().__init__(message)
         self.cmd = cmd
         self.card_error = card_error
+
+
+class CtlArgumentError(CtlCommandError):
+    """The card refused the request itself (``"kind": "argument"``: a missing or malformed
+    field, a value out of range such as a port the card lacks, an absent entry): a usage
+    error, exit 2."""
+
+    category = USAGE
 
 
 class CtlClient:
@@ -160,7 +172,8 @@ class CtlClient:
             CtlClosed: the card closed the connection without answering (connection limit, or it exited).
             CtlTimeout: no complete response within ``timeout`` seconds.
             CtlProtocolError: the response is not one JSON object with ``ok``.
-            CtlCommandError: the card answered ``ok: false`` (its ``error`` text is kept).
+            CtlCommandError: the card answered ``ok: false`` (its ``error`` text is kept);
+                :class:`CtlArgumentError` when its ``kind`` is ``"argument"``.
         """
         req = json.dumps({"cmd": cmd, **fields}, separators=(",", ":")).encode() + b"\n"
         s = self._connect()
@@ -184,7 +197,8 @@ class CtlClient:
             raise CtlProtocolError(f"card answered `{cmd}` without an \"ok\" field: {line[:80]!r}")
         if not resp["ok"]:
             err = str(resp.get("error") or "no reason given")
-            raise CtlCommandError(f"card refused {cmd}: {err}", cmd, err)
+            cls = CtlArgumentError if resp.get("kind") == "argument" else CtlCommandError
+            raise cls(f"card refused {cmd}: {err}", cmd, err)
         return resp
 
     def _read_line(self, s: socket.socket, cmd: str) -> bytes:

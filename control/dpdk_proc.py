@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from embnic.control.ctlsock import CtlClient, CtlCommandError
+from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError
 from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.runstate import pid_matches, proc_starttime
 
@@ -419,7 +419,7 @@ class CardProcess:
         """Send one control command (docs/control-socket.md), return the response object.
 
         Args:
-            check: False returns a refusal (``{"ok": false, "error": ...}``) instead of raising.
+            check: False returns a refusal (``{"ok": false, "error": ..., "kind": ...}``) instead of raising.
         Raises:
             CtlCommandError: ``check`` and the card answered ``ok: false``.
             CtlError: the socket could not be reached, closed, or timed out.
@@ -430,7 +430,8 @@ class CardProcess:
         except CtlCommandError as e:
             if check:
                 raise
-            return {"ok": False, "error": e.card_error}
+            return {"ok": False, "error": e.card_error,
+                    "kind": "argument" if isinstance(e, CtlArgumentError) else "failure"}
 
     def counters(self) -> dict:
         """The ``counters`` response."""

@@ -23,6 +23,7 @@ Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import time
@@ -32,7 +33,7 @@ from typing import Any, Sequence
 
 from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
 from embnic.control import buildinfo
-from embnic.control.ctlsock import CtlClient, CtlCommandError, CtlError
+from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError, CtlError
 from embnic.control.dpdk_proc import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
 from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
@@ -384,8 +385,25 @@ class DpdkTarget(Target):
         return self.ctl(timeout=1.0).alive()
 
     # ------------------------------------------------------------------ tables
+    def _add(self, cmd: str, fields: dict) -> None:
+        """``route_add``/``client_add``; a field the card refuses (a port it lacks) is a usage
+        error naming the option, like the bmv2 target's; a full table stays operational."""
+        try:
+            self.ctl().call(cmd, **fields)
+        except CtlArgumentError as err:
+            m = re.match(r"field '(\w+)'", err.card_error)
+            if m and m.group(1) in fields:
+                raise UsageError(f"--{m.group(1).replace('_', '-')} {fields[m.group(1)]}: {err}") from None
+            raise
+
     def route_add(self, e: Entry) -> None:
-        self.ctl().call("route_add", **e.route_fields())
+        """Add or replace the route of shard ``e.id``.
+
+        Raises:
+            UsageError: the card refused a field (``e.port`` not one of its ports; exit 2).
+            CtlCommandError: the card could not add it (its route table is full; exit 1).
+        """
+        self._add("route_add", e.route_fields())
 
     def route_del(self, shard: int) -> None:
         try:
@@ -397,7 +415,8 @@ class DpdkTarget(Target):
         return entries_from_dicts(self.ctl().call("route_list").get("routes", []), "shard")
 
     def client_add(self, e: Entry) -> None:
-        self.ctl().call("client_add", **e.client_fields())
+        """Add or replace client ``e.id`` (raises as :meth:`route_add`)."""
+        self._add("client_add", e.client_fields())
 
     def client_del(self, client: int) -> None:
         try:

@@ -135,7 +135,8 @@ conn_read(struct embnic_conn *c, struct conn *k)
 		k->in_len = rest;
 		if (k->in_len > EMBNIC_CONN_MAX_LINE) {
 			const char *msg = "{\"ok\":false,\"error\":\"request "
-				"line longer than 65536 bytes\"}\n";
+				"line longer than 65536 bytes\","
+				"\"kind\":\"argument\"}\n";
 
 			conn_queue(k, msg, strlen(msg));
 			conn_flush(k);

@@ -140,7 +140,7 @@ stage_arg(struct embnic_ctl *c, json_t *req, int absent)
 		return 0;
 	if (stage != NULL && strcmp(stage, "tx") == 0)
 		return 1;
-	return ctl_fail(c, "field 'stage' must be \"rx\" or \"tx\"");
+	return ctl_refuse(c, "field 'stage' must be \"rx\" or \"tx\"");
 }
 
 /*
@@ -219,9 +219,10 @@ ctl_handle(struct embnic_ctl *c, const char *line, size_t len)
 	int ret = -1;
 
 	c->err[0] = '\0';
+	c->err_kind = "failure";
 	req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
 	if (req == NULL) {
-		ctl_fail(c, "invalid JSON: %s", jerr.text);
+		ctl_refuse(c, "invalid JSON: %s", jerr.text);
 		goto out;
 	}
 	id = json_object_get(req, "id");
@@ -229,7 +230,7 @@ ctl_handle(struct embnic_ctl *c, const char *line, size_t len)
 		json_object_set(resp, "id", id);
 	if (!json_is_object(req) ||
 	    !json_is_string(json_object_get(req, "cmd"))) {
-		ctl_fail(c, "a request is a JSON object with a string \"cmd\"");
+		ctl_refuse(c, "a request is a JSON object with a string \"cmd\"");
 		goto out;
 	}
 	cmd = json_string_value(json_object_get(req, "cmd"));
@@ -237,15 +238,17 @@ ctl_handle(struct embnic_ctl *c, const char *line, size_t len)
 		if (strcmp(cmd, ctl_cmds[i].name) == 0)
 			break;
 	if (i == RTE_DIM(ctl_cmds)) {
-		ctl_fail(c, "unknown cmd '%s'", cmd);
+		ctl_refuse(c, "unknown cmd '%s'", cmd);
 		goto out;
 	}
 	ret = ctl_cmds[i].fn(c, req, resp);
 out:
 	json_decref(req);
 	json_object_set_new(resp, "ok", json_boolean(ret == 0));
-	if (ret != 0)
+	if (ret != 0) {
 		json_object_set_new(resp, "error", json_string(c->err));
+		json_object_set_new(resp, "kind", json_string(c->err_kind));
+	}
 	return resp;
 }
 

@@ -28,6 +28,19 @@ ctl_fail(struct embnic_ctl *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
+	c->err_kind = "failure";
+	return -1;
+}
+
+int
+ctl_refuse(struct embnic_ctl *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+	c->err_kind = "argument";
 	return -1;
 }
 
@@ -42,11 +55,11 @@ ctl_get_int(struct embnic_ctl *c, json_t *req, const char *name,
 			*out = dflt;
 			return 0;
 		}
-		return ctl_fail(c, "missing field '%s'", name);
+		return ctl_refuse(c, "missing field '%s'", name);
 	}
 	if (!json_is_integer(v) || json_integer_value(v) < lo ||
 	    json_integer_value(v) > hi)
-		return ctl_fail(c, "field '%s' must be an integer %lld..%lld",
+		return ctl_refuse(c, "field '%s' must be an integer %lld..%lld",
 				name, lo, hi);
 	*out = json_integer_value(v);
 	return 0;
@@ -58,7 +71,7 @@ ctl_get_str(struct embnic_ctl *c, json_t *req, const char *name)
 	json_t *v = json_object_get(req, name);
 
 	if (v == NULL || !json_is_string(v)) {
-		ctl_fail(c, "field '%s' must be a string", name);
+		ctl_refuse(c, "field '%s' must be a string", name);
 		return NULL;
 	}
 	return json_string_value(v);
@@ -101,13 +114,13 @@ ctl_get_peer(struct embnic_ctl *c, json_t *req, const char *idname,
 	if (mac == NULL)
 		return -1;
 	if (rte_ether_unformat_addr(mac, &p->mac) != 0)
-		return ctl_fail(c, "field 'mac' is not a MAC address: '%s'",
+		return ctl_refuse(c, "field 'mac' is not a MAC address: '%s'",
 				mac);
 	ip = ctl_get_str(c, req, "ip");
 	if (ip == NULL)
 		return -1;
 	if (inet_pton(AF_INET, ip, &a) != 1)
-		return ctl_fail(c, "field 'ip' is not an IPv4 address: '%s'",
+		return ctl_refuse(c, "field 'ip' is not an IPv4 address: '%s'",
 				ip);
 	p->id = (uint32_t)id;
 	p->port = (uint16_t)port;

@@ -52,7 +52,7 @@ table_del(struct embnic_ctl *c, struct embnic_table *t, json_t *req,
 	if (ctl_get_int(c, req, idname, 0, UINT16_MAX, -1, &id))
 		return -1;
 	if (embnic_table_del(t, (uint32_t)id) < 0)
-		return ctl_fail(c, "no %s %lld", idname, id);
+		return ctl_refuse(c, "no %s %lld", idname, id);
 	return 0;
 }
 

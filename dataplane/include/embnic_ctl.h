@@ -15,7 +15,10 @@
  *
  * A command is a ctl_cmd_fn: it reads its fields from req, sets its answer's
  * fields in resp and returns 0, or -1 with the error message set by
- * ctl_fail() (the request then changed nothing).
+ * ctl_refuse() (the request is wrong: a missing or malformed field, a value
+ * out of range, an absent entry; the answer's "kind" is "argument") or
+ * ctl_fail() (a well-formed request the card could not carry out: a full
+ * table, no memory; "kind" "failure"). Either way the request changed nothing.
  */
 #ifndef EMBNIC_CTL_H
 #define EMBNIC_CTL_H
@@ -34,14 +37,18 @@ struct embnic_ctl {
 	struct embnic_app *app;
 	struct embnic_conn *conn;
 	char err[256];		/* the failed request's message */
+	const char *err_kind;	/* its kind: "argument" or "failure" */
 };
 
 typedef int (*ctl_cmd_fn)(struct embnic_ctl *c, json_t *req, json_t *resp);
 
 /* ---- ctl_json.c: request fields ---- */
 
-/* Set the request's error message (printf format); returns -1. */
+/* Set the request's error message (printf format), kind "failure"; returns -1. */
 int ctl_fail(struct embnic_ctl *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* Set the request's error message (printf format), kind "argument"; returns -1. */
+int ctl_refuse(struct embnic_ctl *c, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /*
  * The integer field name of req in [lo, hi] into *out; absent: *out = dflt

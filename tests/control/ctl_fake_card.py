@@ -65,6 +65,7 @@ class FakeCard:
         self.ring_size = ring_size
         self.state_size = state_size
         self.routes: dict[int, dict] = {}
+        self.table_size: int | None = None  #: set to make route_add fail ("kind": "failure") when full
         self.clients: dict[int, dict] = {}
         self.requests: list[dict] = []
         self.drops = {r: 0 for r in DROP_REASONS}
@@ -89,14 +90,17 @@ class FakeCard:
         self.requests.append(req)
         cmd = req.get("cmd")
         fn = getattr(self, f"do_{cmd}", None)
+        # refusals say their kind as the card's do: "argument" (the request is wrong) or "failure"
         if fn is None:
-            return {"ok": False, "error": f"unknown command {cmd!r}"}
+            return {"ok": False, "error": f"unknown command {cmd!r}", "kind": "argument"}
         try:
             return {"ok": True, **(fn(req) or {})}
         except KeyError as e:
-            return {"ok": False, "error": f"missing field {e}"}
+            return {"ok": False, "error": f"missing field {e}", "kind": "argument"}
         except LookupError as e:
-            return {"ok": False, "error": str(e)}
+            return {"ok": False, "error": str(e), "kind": "argument"}
+        except MemoryError as e:
+            return {"ok": False, "error": str(e), "kind": "failure"}
 
     def do_ping(self, req):
         return {"pid": os.getpid()}
@@ -118,10 +122,12 @@ class FakeCard:
     def _entry(self, req, key):
         port = int(req["port"])
         if port not in {p["port"] for p in self.ports}:
-            raise LookupError(f"no port {port}")
+            raise LookupError(f"field 'port' must be an integer 0..{len(self.ports) - 1}")  # as embnic-dp says
         return {key: int(req[key]), "port": port, "mac": req["mac"], "ip": req["ip"], "udp_port": int(req["udp_port"])}
 
     def do_route_add(self, req):
+        if self.table_size is not None and int(req["shard"]) not in self.routes and len(self.routes) >= self.table_size:
+            raise MemoryError(f"shard table is full ({self.table_size} entries)")
         self.routes[int(req["shard"])] = self._entry(req, "shard")
 
     def do_route_del(self, req):

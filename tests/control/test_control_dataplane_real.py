@@ -138,6 +138,19 @@ def test_route_add_list_del(invoke, loaded):
     assert invoke("client", "del", "9").exit_code == 2
 
 
+def test_a_port_the_card_lacks_is_a_usage_error(invoke, loaded):
+    """The card refuses the argument ("kind": "argument"): exit 2 naming the option, as the bmv2
+    target does — was 'card refused route_add: field 'port' must be an integer 0..N' with exit 1."""
+    nports = len(VDEVS)
+    for kind, id_, udp in (("route", "7", "7001"), ("client", "9", "40009")):
+        r = invoke(kind, "add", id_, "--port", "7", "--mac", "02:ab:cd:00:07:07", "--ip", "10.0.0.7",
+                   "--udp-port", udp)
+        assert r.exit_code == 2, r.output
+        assert r.output.startswith(f"Error: --port 7: card refused {kind}_add: field 'port' must be an integer "
+                                   f"0..{nports - 1}"), r.output
+        assert len(r.output.strip().splitlines()) == 1
+
+
 def test_status_and_state_dump(invoke, loaded):
     r = invoke("status", "--json")
     assert r.exit_code == 0, r.output

@@ -82,7 +82,7 @@ def test_route_add_list_update_del(card):
     card.call("route_del", shard=5)
     assert card.call("route_list")["routes"] == []
     r = card.call("route_del", shard=5, check=False)
-    assert r["ok"] is False and "no shard 5" in r["error"]
+    assert r["ok"] is False and "no shard 5" in r["error"] and r["kind"] == "argument"
 
 
 def test_client_add_list_del(card):
@@ -109,6 +109,7 @@ def test_route_add_rejects(card, fields, word):
     shards = card.call("counters").get("shards", [])
     r = card.call("route_add", check=False, **fields)
     assert r["ok"] is False and word in r["error"], r
+    assert r["kind"] == "argument", r  # the CLI exits 2 on it (control/ctlsock.py CtlArgumentError)
     assert card.call("route_list")["routes"] == []
     # a refused route_add assigns no per-shard statistics slot (it did for a valid shard id with
     # a bad port, MAC or IP: found by the control socket's fuzz target, seeds/ctl/refused)
@@ -147,6 +148,7 @@ def test_errors_and_pipelining(card):
     assert not resp[2]["ok"] and "cmd" in resp[2]["error"]
     assert not resp[3]["ok"] and "unknown cmd 'nope'" in resp[3]["error"]
     assert resp[4]["ok"] and resp[4]["id"] == "x"
+    assert [r.get("kind") for r in resp] == [None, "argument", "argument", "argument", None]
 
 
 def test_request_split_across_writes(card):
@@ -162,6 +164,7 @@ def test_request_split_across_writes(card):
 def test_overlong_line_closes(card):
     lines = raw(card, b"x" * 70000, lines=1)
     assert lines and "longer than" in json.loads(lines[0])["error"]
+    assert json.loads(lines[0])["kind"] == "argument"
     assert card.call("ping")["ok"]  # still serving
 
 
@@ -260,3 +263,19 @@ def test_sigterm_in_pipeline_mode(card_bin):
         c.cleanup()
     assert rc == 0
     assert "embnic-dp: bye" in log
+
+
+def test_a_full_table_is_a_failure_not_an_argument(card):
+    """A well-formed add the card cannot carry out says "kind": "failure" (the CLI exits 1 on it,
+    and 2 on "argument" refusals): fill the client table, then one more."""
+    n = card.call("info")["build"]["client_table_size"]
+    reqs = b"".join(json.dumps({"cmd": "client_add", "client": i, "port": 0, "mac": "02:00:00:00:09:09",
+                                "ip": "10.9.0.9", "udp_port": 40000}).encode() + b"\n" for i in range(n + 1))
+    try:
+        resp = [json.loads(x) for x in raw(card, reqs, lines=n + 1, timeout=30)]
+        assert all(r["ok"] for r in resp[:n])
+        assert not resp[n]["ok"] and "client table is full" in resp[n]["error"] and resp[n]["kind"] == "failure"
+    finally:
+        dels = b"".join(json.dumps({"cmd": "client_del", "client": i}).encode() + b"\n" for i in range(n))
+        raw(card, dels, lines=n, timeout=30)
+    assert card.call("client_list")["clients"] == []
