@@ -2,6 +2,7 @@
 PYTHON ?= python3
 STEPS ?= 60
 OUT ?= out/demo
+NAME ?=
 
 .PHONY: all deps dataplane demo test clean fuzz bench
 
@@ -14,7 +15,7 @@ dataplane: deps
 	$(MAKE) -C dataplane
 
 demo: dataplane
-	$(PYTHON) -m embnic demo --steps $(STEPS) --out $(OUT)
+	$(PYTHON) -m embnic demo --steps $(STEPS) --out $(OUT)$(if $(NAME), --name $(NAME))
 
 test: dataplane
 	$(PYTHON) -m pytest -q tests

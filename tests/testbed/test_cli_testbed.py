@@ -214,3 +214,34 @@ def test_up_without_a_card_does_not_point_at_one(run_dir, cleanup):  # noqa: F81
             _embnic(run_dir, "pipeline", "unload", "--name", "card")
     assert _embnic(run_dir, "testbed", "down", "--name", name).returncode == 0
     assert_gone(name)
+
+
+def test_readme_names_a_testbeds_card_as_testbed_up_writes_it(monkeypatch):
+    """The README's plain `embnic route list; ... status` needs the socket `pipeline load` makes; with
+    only a testbed up the card is reached through the testbed's effective config: the path in the
+    README must be the one `testbed up` writes for the default name and run dir."""
+    from embnic.control import cmd_options, runstate
+    from embnic.testbed.net.state import node_dir
+
+    monkeypatch.delenv("EMBNIC_RUN_DIR", raising=False)
+    text = open(os.path.dirname(os.path.abspath(__file__)) + "/../../README.md").read()
+    using = text[text.index("## Using it"):text.index("## Performance")]
+    path = node_dir(cmd_options.DEFAULT_TESTBED_NAME, runstate.run_dir()) / "cluster.toml"
+    assert f"embnic status -c {path}" in using
+    assert f"embnic testbed netem --name {cmd_options.DEFAULT_TESTBED_NAME} " in using
+    for word in ("tc (sch_netem)", "bpf (loss only, in the kernel)", "user"):
+        assert word in " ".join(using.split()), word
+    for cmd in ("trace record", "replay"):  # they start testbeds of their own
+        line = next(ln for ln in using.splitlines() if ln.startswith(f"embnic {cmd} "))
+        assert "own" in line, line
+    bmv2 = " ".join(using[using.index("--target bmv2"):].split()[:60])
+    for word in ("p4c", "simple_switch", "p4/README.md", "iface="):
+        assert word in bmv2, word
+
+
+def test_make_demo_passes_name_only_when_set():
+    repo = os.path.dirname(os.path.abspath(__file__)) + "/../.."
+    out = subprocess.run(["make", "-n", "-s", "-C", repo, "demo", "NAME=q2d"], capture_output=True, text=True).stdout
+    assert "embnic demo --steps 60 --out out/demo --name q2d" in out, out
+    out = subprocess.run(["make", "-n", "-s", "-C", repo, "demo"], capture_output=True, text=True).stdout
+    assert "embnic demo --steps 60 --out out/demo" in out and "--name" not in out, out
