@@ -227,7 +227,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
                 imp = N.Impairment(loss, reorder, duplicate, delay_ms, seed)
             except ValueError as e:
                 raise click.UsageError(str(e)) from None
-            rec = N.apply(name, imp, backend=backend, links=links)
+            rec = N.apply(name, imp, backend=backend, links=links, strict_delay=True)
             if not rec.get("backend"):
                 click.echo(f"testbed {name}: netem cleared on {', '.join(rec['links'])}")
             else:

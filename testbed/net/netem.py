@@ -83,8 +83,8 @@ class Impairment:
             without the delay while the rest wait ``delay_ms`` (tc).
         duplicate: % of frames sent twice.
         delay_ms: tc: delay of every frame (≥ 1 ms when ``reorder`` > 0); user: longest hold of
-            a reordered frame when no next frame comes (so the user backend refuses a delay
-            without ``reorder``: :func:`user_backend_problem`).
+            a reordered frame when no next frame comes (so ``embnic testbed netem`` refuses a
+            delay without ``reorder`` there: :func:`user_backend_problem`).
         seed: seed of the user-space helper's random decisions (per link and direction); the
             other backends do not use it.
     """
@@ -251,7 +251,7 @@ def _netem_available(name: str) -> bool:
 
 # --------------------------------------------------------------------------- apply / clear
 def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str] | None = None,
-          rdir: Path | None = None, ready_timeout: float = 10.0) -> dict:
+          rdir: Path | None = None, ready_timeout: float = 10.0, strict_delay: bool = False) -> dict:
     """Impair links of running testbed ``name``.
 
     Semantics: without ``links`` every link gets ``imp`` (whatever each had before); with
@@ -269,6 +269,10 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         backend: ``auto``, ``tc``, ``bpf`` or ``user`` (see the module docstring).
         links: node names whose link to impair (``c1``, ``s0``, ...; any node of a host that
             shares its link names that link); default every link.
+        strict_delay: refuse a delay the backend would not apply — ``user`` (also as ``auto``'s
+            choice) without ``reorder`` (:func:`user_backend_problem`). ``embnic testbed netem``
+            sets it; a library caller may run the user helpers as a plain relay (only
+            ``delay_ms`` > 0), as ``bench e2e`` does.
 
     Returns:
         what this call set: ``{"backend", "impairment", "links": [...], "helpers": [...]}``
@@ -278,8 +282,8 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         NeedsRoot: not root.
         ValueError: unknown backend.
         UnknownLink: a link name the testbed does not have.
-        UnsupportedImpairment: ``bpf`` asked for more than loss; ``user`` (also as ``auto``'s
-            choice) asked for a delay without reordering.
+        UnsupportedImpairment: ``bpf`` asked for more than loss; with ``strict_delay``, ``user``
+            (also as ``auto``'s choice) asked for a delay without reordering.
         TestbedError: no such testbed, ``tc`` backend without kernel netem, ``bpf`` refused by
             the kernel, a helper that does not start (names its log).
     """
@@ -300,7 +304,7 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
             raise TestbedError("this kernel has no netem qdisc (`tc ... netem`: Specified qdisc kind is unknown); "
                                "use --backend user (or auto)")
         backend = "tc" if has else "bpf" if loss_only(imp) and bpf_loss.problem() is None else "user"
-        if backend == "user" and user_backend_problem(imp):
+        if strict_delay and backend == "user" and user_backend_problem(imp):
             raise UnsupportedImpairment(user_backend_problem(imp) + " (this kernel has none, so --backend auto "
                                         "chose user)", option="--delay")
     elif backend == "bpf":
@@ -311,7 +315,7 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         if why:
             raise TestbedError(why + "; use --backend user")
     if backend == "user":
-        if user_backend_problem(imp):
+        if strict_delay and user_backend_problem(imp):
             raise UnsupportedImpairment(user_backend_problem(imp), option="--delay")
         for lk in chosen:
             tap_o, _ = _tap_names(lk["peer_if"])

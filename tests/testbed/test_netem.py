@@ -430,9 +430,16 @@ def test_user_backend_refuses_a_delay_without_reorder(run_dir, monkeypatch, back
     monkeypatch.setattr(N, "_setup_links", lambda *a, **k: pytest.fail("a link was changed"))
     for imp in (N.Impairment(delay_ms=10), N.Impairment(loss=1, delay_ms=10)):
         with pytest.raises(N.UnsupportedImpairment, match="add --reorder") as e:
-            N.apply(name, imp, backend=backend, rdir=run_dir)
+            N.apply(name, imp, backend=backend, rdir=run_dir, strict_delay=True)
         assert e.value.option == "--delay" and e.value.category == "usage"
     assert cmds == [] and N.show(name, rdir=run_dir) is None
+    # a library caller may still run the helpers as a plain relay (bench e2e's loss-free pass)
+    relayed = []
+    monkeypatch.setattr(N, "_setup_links", lambda name, state, rdir, chosen, backend, *a, **k:
+                        relayed.append(backend) or {lk["peer"]: {"helper": None} for lk in chosen})
+    monkeypatch.setattr(N.os.path, "exists", lambda p: True)
+    N.apply(name, N.Impairment(delay_ms=5), backend=backend, rdir=run_dir)
+    assert relayed == ["user"]
     r = CliRunner().invoke(cli, ["testbed", "netem", "--name", name, "--delay", "10", "--backend", backend])
     assert r.exit_code == 2, r.output
     assert "Invalid value for --delay:" in r.output and "add --reorder" in r.output and "--backend tc" in r.output
