@@ -134,7 +134,8 @@ class CtlClient:
         except FileNotFoundError:
             s.close()
             raise CtlNotLoaded(f"pipeline not loaded: no control socket at {self.path}; "
-                               f"run `{self.load_hint}` (or pass --ctl PATH)") from None
+                               f"run `{self.load_hint}` (or pass --ctl PATH; a testbed's card: "
+                               "-c RUN_DIR/testbed-NAME/cluster.toml, as `embnic testbed up` prints)") from None
         except ConnectionRefusedError:
             s.close()
             bad = self._not_a_socket()

@@ -155,6 +155,7 @@ def test_socket_absent(invoke, env):
     assert r.exit_code == 1
     out = r.output.strip()
     assert "pipeline not loaded" in out and "embnic pipeline load" in out and str(env / "embnic.sock") in out
+    assert "a testbed's card: -c RUN_DIR/testbed-NAME/cluster.toml" in out  # the trial's README line failed so
     assert len(out.splitlines()) == 1
 
 
