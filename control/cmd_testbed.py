@@ -72,8 +72,9 @@ def up(config, name, no_card, timeout, as_json):
         click.echo(f"logs: {tb.dir}/   config every node reads: {tb.config_path}")
         if no_card:
             click.echo(f"no card (--no-card): the clients reach no shard until one runs in netns {topo.card_ns}: "
-                       f"sudo embnic pipeline load -c {tb.config_path}   (and `sudo embnic pipeline unload --name "
-                       f"{tb.cfg.raw['control']['name']}` before `testbed down`)")
+                       f"sudo embnic pipeline load -c {tb.config_path}   (pipeline {tb.cfg.raw['control']['name']}; "
+                       f"`testbed down` stops it too, `sudo embnic pipeline unload --name "
+                       f"{tb.cfg.raw['control']['name']}` alone)")
         else:
             click.echo(f"train as client {c.id}: sudo ip netns exec {topo.client_ns(c.id)} embnic train -c "
                        f"{tb.config_path} --client-id {c.id}")
@@ -88,7 +89,9 @@ def down_cmd(name):
     """Stop everything testbed NAME started, in reverse order, and delete its namespaces and veths.
 
     Works from the state file (RUN_DIR/testbed-NAME.json), also after a crash; namespaces named
-    NAME-card, NAME-c<id>, NAME-s<id> go even if unrecorded. Logs stay in RUN_DIR/testbed-NAME/.
+    NAME-card, NAME-c<id>, NAME-s<id> go even if unrecorded. A card started from the testbed's
+    config with `embnic pipeline load` (pipeline NAME-card, after `up --no-card`) is stopped and
+    its state file removed too. Logs stay in RUN_DIR/testbed-NAME/.
 
     \b
     Examples:
@@ -117,8 +120,11 @@ def _print_status(st: dict) -> None:
                    f"{'running' if p['alive'] else 'NOT RUNNING'}  {p['log']}")
     card = st.get("card")
     if card is None:
-        click.echo("  card  none (up --no-card)")
+        click.echo(f"  card  none (up --no-card; `embnic pipeline load -c {st.get('effective_config')}` starts one)")
     else:
+        if card.get("pipeline"):
+            click.echo(f"  card  pipeline {card['pipeline']} (from `pipeline load`) pid {card.get('pid')} "
+                       f"{'running' if card.get('running') else 'NOT RUNNING'}  {card.get('log')}")
         if card.get("running") is False:
             click.echo(f"  card  {card['error']}")
         elif "error" in card:

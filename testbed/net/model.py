@@ -15,6 +15,8 @@ from pathlib import Path
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.control.dpdk_proc import eal_argv
 
+from .state import card_pipeline_name
+
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
 DEFAULT_NAME = "emb"
 
@@ -259,7 +261,10 @@ class Topology:
 
     def effective_raw(self, rdir: Path, target: str = "dpdk") -> dict:
         """The user's config dict with every MAC filled in and a ``[control]`` section for the card
-        (name ``card``, control socket, log and state file in ``rdir``, netns, vdevs)."""
+        (name ``NAME-card`` (:func:`card_pipeline_name`), control socket ``rdir/card.sock``, netns,
+        vdevs). ``testbed up`` runs its own card under the name ``card`` with its state and log in
+        ``rdir``; the config's name is the one ``embnic pipeline load -c`` this config runs under
+        (state ``RUN_DIR/NAME-card.json``), unique per testbed."""
         raw = json.loads(json.dumps(self.cfg.raw))  # deep copy
         by_port = {lk.port: lk for lk in self.links}
         by_ip = {lk.peer_ip: lk for lk in self.links}
@@ -270,7 +275,7 @@ class Topology:
             p["mac"] = by_port[p["id"]].card_mac
             p.setdefault("name", by_port[p["id"]].port_if or by_port[p["id"]].card_if)
         ctl = dict(raw.get("control", {}))
-        ctl.update({"name": "card", "ctl": str(rdir / "card.sock"), "netns": self.card_ns,
+        ctl.update({"name": card_pipeline_name(self.name), "ctl": str(rdir / "card.sock"), "netns": self.card_ns,
                     "vdevs": self.vdevs(), "target": target, "eal_args": self.eal_args()})
         if "binary" in ctl and self.cfg.path and not os.path.isabs(ctl["binary"]):
             ctl["binary"] = str((Path(self.cfg.path).parent / ctl["binary"]).resolve())

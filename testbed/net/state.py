@@ -41,6 +41,24 @@ def list_testbeds(rdir: Path | None = None) -> list[str]:
         return []
 
 
+def card_pipeline_name(name: str) -> str:
+    """The pipeline name (``[control] name``) of testbed ``name``'s effective config: ``NAME-card``,
+    its card namespace's name. A card started from that config with ``embnic pipeline load -c
+    RUN_DIR/testbed-NAME/cluster.toml`` (after ``testbed up --no-card``) has its state file
+    ``RUN_DIR/NAME-card.json``, so the cards of two testbeds do not collide."""
+    return f"{name}-card"
+
+
+def loaded_card(name: str, rdir: Path | None = None) -> dict | None:
+    """The state of the card that ``pipeline load`` started from testbed ``name``'s effective config
+    (``RUN_DIR/NAME-card.json``, in the testbed's card namespace), or None if there is none.
+    Not the card ``testbed up`` starts itself (that one is the testbed state's ``card``)."""
+    st = runstate.read_state(rdir or run_dir(), card_pipeline_name(name))
+    if st is None or st.get("corrupt"):
+        return st
+    return st if st.get("netns") in (None, card_pipeline_name(name)) else None
+
+
 _ROLE_ORDER = {"card": 0, "server": 1, "impair": 2}
 
 
@@ -65,6 +83,12 @@ def dead_nodes(state: dict) -> list[dict]:
         ``[{"node", "role", "pid", "log", "what"}]`` (``what``: :func:`node_label`).
     """
     out = []
+    if not state.get("card") and state.get("name") and state.get("dir"):
+        # no card of its own (up --no-card): the one `pipeline load` started from its config, if any
+        st = loaded_card(state["name"], Path(state["dir"]).parent)
+        if st is not None and not st.get("corrupt") and not pid_matches(st):
+            out.append({"node": "card", "role": "card", "pid": st.get("pid"), "log": st.get("log"),
+                        "what": f"the card (pipeline {card_pipeline_name(state['name'])}, from `pipeline load`)"})
     for rec in state.get("procs", []) or []:
         if rec.get("role") in _ROLE_ORDER and not pid_matches(rec):
             out.append({"node": rec.get("node"), "role": rec.get("role"), "pid": rec.get("pid"),

@@ -18,7 +18,7 @@ from embnic.control.runstate import proc_starttime, run_dir
 
 from .model import card_file_prefix
 from .netns import netns_exists, netns_list, netns_pids, require_net_admin, run_cmd, stop_process
-from .state import node_dir, state_path, testbed_state
+from .state import card_pipeline_name, loaded_card, node_dir, state_path, testbed_state
 
 __all__ = ["down"]
 
@@ -30,7 +30,8 @@ def _pattern(name: str) -> re.Pattern:
 def down(name: str, rdir: Path | None = None) -> dict:
     """Remove everything testbed ``name`` made, in reverse order of :meth:`Testbed.up`.
 
-    Works from the state file alone (also after a crash): impairment helpers, the card,
+    Works from the state file alone (also after a crash): impairment helpers, the card (also
+    one ``pipeline load`` started from the testbed's config: :func:`loaded_card`),
     the servers, any other process left in the testbed's namespaces (``ip netns pids``,
     never by name), the namespaces (which takes their veths along), then the state file.
     Namespaces matching ``NAME-{card,c<id>,s<id>}`` are removed even if unrecorded. Logs stay
@@ -61,6 +62,24 @@ def down(name: str, rdir: Path | None = None) -> dict:
                 stopped.append("card")
         except Exception:  # noqa: BLE001 - fall back to the pid below
             pass
+    # a card started later from the testbed's config (`pipeline load -c .../cluster.toml` after
+    # `up --no-card`): it runs in our card namespace, so it is ours to stop, with its state file
+    ext = loaded_card(name, rdir)
+    if ext is not None:
+        from embnic.control.runstate import remove_state
+
+        pname = card_pipeline_name(name)
+        try:
+            from embnic.control.target import get_target_class
+
+            t = get_target_class(ext.get("target") if isinstance(ext.get("target"), str) else "dpdk")(
+                None, name=pname, run_dir=rdir)
+            if t.unload().get("was_running"):
+                stopped.append(f"card:{pname}:{ext.get('pid')}")
+        except Exception:  # noqa: BLE001 - by its recorded pid, then drop its state file
+            if not ext.get("corrupt") and stop_process(ext):
+                stopped.append(f"card:{pname}:{ext.get('pid')}")
+            remove_state(rdir, pname)
     for rec in sorted(reversed(procs), key=lambda r: order.get(r.get("role"), 9)):
         if stop_process(rec):
             stopped.append(f"{rec.get('node')}:{rec.get('role')}:{rec.get('pid')}")

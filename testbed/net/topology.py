@@ -68,12 +68,13 @@ from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
+from embnic.control.runstate import state_path as runstate_path
 
 from .model import (DEFAULT_NAME, NAME_RE, Link, Node, Topology, card_file_prefix, check_name,
                     derived_mac, link_prefix)
 from .netns import (NeedsRoot, TestbedError, _reap, in_netns, log_tail, netns_exists, netns_list, netns_pids,
                     require_net_admin, run_cmd, stop_process)
-from .state import (dead_nodes, describe_dead, list_testbeds, node_dir, node_label,
+from .state import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
                     save_testbed_state, state_path, testbed_state)
 from .probe import _status_name, probe_key
 from .teardown import down
@@ -88,7 +89,8 @@ __all__ = ["PROBE_MSG_ID_BASE", "Testbed", "down", "status", "probe_key",
            "DEFAULT_NAME", "NAME_RE", "Link", "Node", "Topology", "card_file_prefix", "check_name", "derived_mac",
            "link_prefix", "NeedsRoot", "TestbedError", "in_netns", "netns_exists", "netns_list", "netns_pids",
            "require_net_admin", "run_cmd", "stop_process", "dead_nodes", "describe_dead", "list_testbeds",
-           "node_dir", "node_label", "save_testbed_state", "state_path", "testbed_state"]
+           "node_dir", "node_label", "save_testbed_state", "state_path", "testbed_state", "card_pipeline_name",
+           "loaded_card"]
 
 
 # --------------------------------------------------------------------------- runtime
@@ -494,7 +496,9 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
 
     ``dead`` lists the card, servers and netem helpers that no longer run (:func:`dead_nodes`);
     ``healthy`` is False if any did or a namespace is missing. A dead card is not asked for
-    counters (``card.running`` False).
+    counters (``card.running`` False). After ``up --no-card``, ``card`` is the card that
+    ``embnic pipeline load -c RUN_DIR/testbed-NAME/cluster.toml`` started (pipeline ``NAME-card``:
+    ``pipeline``, ``pid``, ``running``, counters), or None if none was loaded.
 
     Raises:
         NeedsRoot: not root.
@@ -524,16 +528,40 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
     if isinstance(card, dict) and any(d["role"] == "card" for d in dead):
         out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"), "running": False,
                        "error": f"the card (pid {card.get('pid')}) is not running; see {card.get('log')}"}
+    elif not card:
+        # up --no-card: a card `pipeline load` started later from the testbed's config, if any
+        ext = loaded_card(name, rdir)
+        if ext is not None:
+            pname = card_pipeline_name(name)
+            base = {"pipeline": pname, "loaded_by": "pipeline load", "pid": ext.get("pid"), "ctl": ext.get("ctl"),
+                    "log": ext.get("log"), "state_file": str(runstate_path(rdir, pname))}
+            if ext.get("corrupt"):
+                out["card"] = {**base, "running": False,
+                               "error": f"the state file of pipeline {pname} is damaged; `embnic pipeline unload "
+                                        f"--name {pname}` removes it"}
+            elif not pid_matches(ext):
+                out["card"] = {**base, "running": False,
+                               "error": f"the card (pipeline {pname}, pid {ext.get('pid')}, from `pipeline load`) is "
+                                        f"not running; see {ext.get('log')}"}
+            else:
+                out["card"] = {**base, "running": True}
+                if counters:
+                    out["card"].update(_card_counters(ext.get("target"), pname, rdir))
     elif counters and isinstance(card, dict):
-        try:
-            from embnic.control.target import get_target_class
-
-            t = get_target_class(card.get("target", "dpdk"))(None, name="card", run_dir=card.get("run_dir"))
-            c = t.counters()
-            out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"),
-                           "drops": {k: v for k, v in c.get("drops", {}).items() if v},
-                           "frames_by_type": c.get("types"), "ring": c.get("ring"), "ports": c.get("ports"),
-                           "state": c.get("state")}
-        except Exception as e:  # noqa: BLE001 - status shows what it can
-            out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"), "error": str(e)}
+        out["card"] = {"ctl": card.get("ctl"), "log": card.get("log"),
+                       **_card_counters(card.get("target"), "card", card.get("run_dir"))}
     return out
+
+
+def _card_counters(target: str | None, name: str, rdir) -> dict:
+    """``drops`` (the non-zero ones), ``frames_by_type``, ``ring``, ``ports``, ``state`` of the card
+    pipeline ``name`` in ``rdir``, or ``{"error": ...}`` if it does not answer."""
+    try:
+        from embnic.control.target import get_target_class
+
+        t = get_target_class(target if isinstance(target, str) else "dpdk")(None, name=name, run_dir=rdir)
+        c = t.counters()
+        return {"drops": {k: v for k, v in c.get("drops", {}).items() if v}, "frames_by_type": c.get("types"),
+                "ring": c.get("ring"), "ports": c.get("ports"), "state": c.get("state")}
+    except Exception as e:  # noqa: BLE001 - status shows what it can
+        return {"error": str(e)}

@@ -199,21 +199,68 @@ def test_up_without_a_card_does_not_point_at_one(run_dir, cleanup):  # noqa: F81
     assert "the card: sudo embnic status" not in r.stdout and "train as client" not in r.stdout
     assert f"no card (--no-card): the clients reach no shard until one runs in netns {name}-card" in r.stdout
     r = _embnic(run_dir, "testbed", "status", "--name", name)
-    assert r.returncode == 0 and "\n  card  none (up --no-card)\n" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "\n  card  none (up --no-card; `embnic pipeline load -c " in r.stdout, r.stdout + r.stderr
     # the hint's own load and unload commands work as printed
-    m = re.search(r"sudo embnic (pipeline load -c \S+)   \(and `sudo embnic (pipeline unload [^`]+)` before", r0.stdout)
+    m = re.search(r"sudo embnic (pipeline load -c \S+)   \(pipeline (\S+); `testbed down` stops it too, "
+                  r"`sudo embnic (pipeline unload [^`]+)` alone", r0.stdout)
     assert m, r0.stdout
+    assert m[2] == f"{name}-card" and m[3] == f"pipeline unload --name {name}-card", m.groups()
     build_dataplane()
     r = _embnic(run_dir, *shlex.split(m[1]))
     try:
         assert r.returncode == 0, r.stdout + r.stderr
-        r = _embnic(run_dir, *shlex.split(m[2]))
+        r = _embnic(run_dir, *shlex.split(m[3]))
         assert r.returncode == 0 and "unloaded pipeline" in r.stdout, r.stdout + r.stderr
     finally:
         if r.returncode != 0:
-            _embnic(run_dir, "pipeline", "unload", "--name", "card")
+            _embnic(run_dir, "pipeline", "unload", "--name", f"{name}-card")
     assert _embnic(run_dir, "testbed", "down", "--name", name).returncode == 0
     assert_gone(name)
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root")
+def test_two_no_card_testbeds_each_load_their_own_card_and_down_stops_it(run_dir, cleanup):  # noqa: F811
+    """Two `up --no-card` testbeds side by side: each one's cluster.toml names its own pipeline
+    (NAME-card), so `pipeline load -c` of both runs two cards; `testbed status` shows the loaded
+    card (pid, running, counters), and a dead one as dead (exit 1); `testbed down` without a
+    `pipeline unload` stops the card and leaves no state file."""
+    build_dataplane()
+    names = [tb_name("p"), tb_name("q")]
+    cleanup.extend(names)
+    pids = {}
+    for n in names:
+        r = _embnic(run_dir, "testbed", "up", "-c", str(TESTBED_TOML), "--name", n, "--no-card")
+        assert r.returncode == 0, r.stdout + r.stderr
+        conf = run_dir / f"testbed-{n}" / "cluster.toml"
+        assert f'name = "{n}-card"' in conf.read_text()
+    for n in names:
+        r = _embnic(run_dir, "pipeline", "load", "-c", str(run_dir / f"testbed-{n}" / "cluster.toml"), "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        pids[n] = json.loads(r.stdout)["pid"]
+        assert (run_dir / f"{n}-card.json").exists()
+    for n in names:
+        r = _embnic(run_dir, "testbed", "status", "--name", n, "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        card = json.loads(r.stdout)["card"]
+        assert card["pipeline"] == f"{n}-card" and card["pid"] == pids[n] and card["running"] is True, card
+        assert "frames_by_type" in card and "error" not in card, card
+        r = _embnic(run_dir, "testbed", "status", "--name", n)
+        assert f"  card  pipeline {n}-card (from `pipeline load`) pid {pids[n]} running" in r.stdout, r.stdout
+    # the second one's card dies: its status says so and exits 1
+    os.kill(pids[names[1]], signal.SIGKILL)
+    for _ in range(100):
+        if T.proc_starttime(pids[names[1]]) is None:
+            break
+        time.sleep(0.05)
+    r = _embnic(run_dir, "testbed", "status", "--name", names[1])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"the card (pipeline {names[1]}-card, from `pipeline load`), pid {pids[names[1]]}, is not running" \
+        in r.stderr, r.stderr
+    for n in names:  # no `pipeline unload` first
+        r = _embnic(run_dir, "testbed", "down", "--name", n)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not (run_dir / f"{n}-card.json").exists()
+        assert_gone(n, pids=[pids[n]])
 
 
 def test_readme_names_a_testbeds_card_as_testbed_up_writes_it(monkeypatch):
