@@ -172,24 +172,12 @@ class Testbed:
                 (the message names its log). The testbed is torn down again before raising.
         """
         require_net_admin(f"testbed up ({self.name})")
-        old = testbed_state(self.name, self.rdir)
-        if old is not None and owner is not None and old.get("owner") == owner and not pid_matches(
-                {"pid": old.get("creator_pid"), "starttime": old.get("creator_starttime")}):
+        if self.check_free(owner) == "stale":
             # left behind by a crashed run of the same job (demo, trace record, replay): remove it
+            old = testbed_state(self.name, self.rdir) or {}
             self._tlog().write(f"removing testbed {self.name} left by {owner} pid {old.get('creator_pid')}\n")
             down(self.name, self.rdir)
-            old = None
-        if old is not None:
-            live = [ns for ns in old.get("netns", []) if netns_exists(ns)]
-            procs = [p for p in old.get("procs", []) if pid_matches(p)]
-            if live or procs:
-                raise TestbedError(f"testbed {self.name!r} is already up ({len(live)} namespaces, {len(procs)} "
-                                   f"processes; state {state_path(self.name, self.rdir)}): run `embnic testbed "
-                                   f"down --name {self.name}` first, or pick another --name")
-        clash = [ns for ns in netns_list() if ns.startswith(f"{self.name}-")]
-        if clash:
-            raise TestbedError(f"namespaces {', '.join(clash)} exist but no testbed {self.name!r} is recorded: "
-                               f"remove them with `embnic testbed down --name {self.name}`")
+        self.check_free(owner)
         ensure_run_dir(self.dir)  # one line naming EMBNIC_RUN_DIR if it cannot be made
         for f in self.dir.glob("*.log"):
             f.unlink()
@@ -222,6 +210,36 @@ class Testbed:
             self.down()
             raise
         return self
+
+    def check_free(self, owner: str | None = None) -> str | None:
+        """Check that :meth:`up` may use this testbed's name, changing nothing (jobs that bring a
+        testbed up after slow work, the demo, call it first).
+
+        Returns:
+            None if the name is free (or only a dead testbed's state file is left, which ``up``
+            overwrites), ``"stale"`` if a testbed of this name and ``owner`` was left by a run
+            whose process is gone (``up`` tears it down first).
+
+        Raises:
+            TestbedError: a testbed of this name is up (namespaces or processes alive), or
+                namespaces ``NAME-...`` exist without a recorded testbed.
+        """
+        old = testbed_state(self.name, self.rdir)
+        if old is not None and owner is not None and old.get("owner") == owner and not pid_matches(
+                {"pid": old.get("creator_pid"), "starttime": old.get("creator_starttime")}):
+            return "stale"
+        if old is not None:
+            live = [ns for ns in old.get("netns", []) if netns_exists(ns)]
+            procs = [p for p in old.get("procs", []) if pid_matches(p)]
+            if live or procs:
+                raise TestbedError(f"testbed {self.name!r} is already up ({len(live)} namespaces, {len(procs)} "
+                                   f"processes; state {state_path(self.name, self.rdir)}): run `embnic testbed "
+                                   f"down --name {self.name}` first, or pick another --name")
+        clash = [ns for ns in netns_list() if ns.startswith(f"{self.name}-")]
+        if clash:
+            raise TestbedError(f"namespaces {', '.join(clash)} exist but no testbed {self.name!r} is recorded: "
+                               f"remove them with `embnic testbed down --name {self.name}`")
+        return None
 
     def _create(self) -> None:
         log = self._tlog()

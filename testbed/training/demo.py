@@ -183,7 +183,8 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
 
     Raises:
         NeedsRoot: not root.
-        DemoUsageError: contradictory fault options (:func:`check_options`).
+        DemoUsageError: contradictory fault options (:func:`check_options`), or ``--name`` is a testbed
+            that is up (:meth:`Testbed.check_free`), before any work.
         TestbedError: the testbed did not come up (names the log).
         DemoError: training failed (a shard or the card died: the message names the dead node
             and its log), or the losses or tables do not match (the report is written first).
@@ -198,6 +199,11 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     user_cfg = load_config(opts.config)
     kill_at = check_options(opts, user_cfg)
     topo = T.Topology.from_config(user_cfg, opts.name)  # validate before the slow parts
+    tb = T.Testbed(topo, opts.rdir, target=opts.target)
+    try:  # a busy --name is refused now, not after the reference run
+        tb.check_free(owner="demo")
+    except T.TestbedError as e:
+        raise DemoUsageError(str(e), "--name") from None
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     tr, va = load_training_data(user_cfg, opts.data)
@@ -207,7 +213,6 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     ref, local, t_ref = reference_run(user_cfg, tr, va, opts.steps, opts.batch_size, opts.progress, opts.model)
     log(f"reference run (in-process tables): final loss {ref.loss[-1]:.6f}, AUC {ref.auc:.4f}, {t_ref:.1f} s")
 
-    tb = T.Testbed(topo, opts.rdir, target=opts.target)
     timing = {"reference_s": round(t_ref, 2)}
     t_up = time.monotonic()
     ckdir = None

@@ -117,3 +117,28 @@ def test_short_dlrm_demo_matches_in_process(run_dir, tmp_path, cleanup):  # noqa
         with open(rep["plots"][k], "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert_gone(name)
+
+
+@needs_root
+def test_demo_refuses_a_busy_name_before_any_work(run_dir, tmp_path, cleanup):  # noqa: F811
+    """`embnic demo --name N` with testbed N up (here: namespaces only) exits 2 naming it, before
+    the data is read or the in-process reference run starts, and leaves that testbed alone."""
+    from embnic.client_lib.config import load_config
+    from embnic.testbed.net import topology as T
+    from tbutil import TESTBED_TOML
+
+    name = tb_name("b")
+    cleanup.append(name)
+    T.Testbed(T.Topology.from_config(load_config(TESTBED_TOML), name), run_dir).up(servers=False, card=False,
+                                                                                   probe=False)
+    r = subprocess.run([sys.executable, "-m", "embnic", "demo", "--steps", "2", "--out", str(tmp_path / "d"),
+                        "--name", name, "--no-progress"],
+                       capture_output=True, text=True, env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)),
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"testbed {name!r} is already up" in r.stderr and "--name" in r.stderr, r.stderr
+    assert "reference run" not in r.stdout and "data:" not in r.stdout, r.stdout
+    assert not (tmp_path / "d").exists()
+    assert T.status(name, run_dir, counters=False)["healthy"]
+    T.down(name, run_dir)
+    assert_gone(name)

@@ -231,3 +231,31 @@ def test_in_netns_puts_sockets_in_the_namespace_and_comes_back(run_dir, cleanup)
     finally:
         T.down(name)
     assert_gone(name)
+
+
+@needs_root
+def test_check_free_says_busy_stale_or_free_without_changing_anything(run_dir, cleanup):  # noqa: F811
+    """`Testbed.check_free` (what the demo asks before its reference run) agrees with `up`: a
+    testbed that is up is busy for anyone; one left by a dead run of the same owner is "stale"
+    (up removes it), for another owner busy; nothing changes until `up`."""
+    name = tb_name("f")
+    cleanup.append(name)
+    topo = T.Topology.from_config(load_config(TESTBED_TOML), name)
+    assert T.Testbed(topo).check_free(owner="demo") is None
+    T.Testbed(topo).up(servers=False, card=False, probe=False, owner="demo")
+    for owner in ("demo", None, "trace"):  # its creator (this process) runs: busy for everyone
+        with pytest.raises(T.TestbedError, match="already up"):
+            T.Testbed(topo).check_free(owner=owner)
+    st = T.testbed_state(name)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    st["creator_pid"], st["creator_starttime"] = dead.pid, 1
+    T.save_testbed_state(st)
+    assert T.Testbed(topo).check_free(owner="demo") == "stale"
+    with pytest.raises(T.TestbedError, match="already up"):
+        T.Testbed(topo).check_free(owner=None)
+    assert T.status(name, counters=False)["healthy"]  # untouched
+    T.Testbed(topo).up(servers=False, card=False, probe=False, owner="demo")  # replaces the stale one
+    assert T.testbed_state(name)["creator_pid"] == os.getpid()
+    T.down(name)
+    assert_gone(name)
