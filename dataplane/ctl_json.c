@@ -21,26 +21,14 @@
 /* ---- request fields ---- */
 
 int
-ctl_fail(struct embnic_ctl *c, const char *fmt, ...)
+ctl_error(struct embnic_ctl *c, const char *kind, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
-	c->err_kind = "failure";
-	return -1;
-}
-
-int
-ctl_refuse(struct embnic_ctl *c, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
-	va_end(ap);
-	c->err_kind = "argument";
+	c->err_kind = kind;
 	return -1;
 }
 

@@ -44,12 +44,13 @@ typedef int (*ctl_cmd_fn)(struct embnic_ctl *c, json_t *req, json_t *resp);
 
 /* ---- ctl_json.c: request fields ---- */
 
-/* Set the request's error message (printf format), kind "failure"; returns -1. */
-int ctl_fail(struct embnic_ctl *c, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-/* Set the request's error message (printf format), kind "argument"; returns -1. */
-int ctl_refuse(struct embnic_ctl *c, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+/* Set the request's error message (printf format) and kind; returns -1. */
+int ctl_error(struct embnic_ctl *c, const char *kind, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* ... kind "failure": a well-formed request the card could not carry out. */
+#define ctl_fail(c, ...) ctl_error((c), "failure", __VA_ARGS__)
+/* ... kind "argument": the request is wrong. */
+#define ctl_refuse(c, ...) ctl_error((c), "argument", __VA_ARGS__)
 /*
  * The integer field name of req in [lo, hi] into *out; absent: *out = dflt
  * if dflt >= 0, else an error. 0, or -1 with the error set.

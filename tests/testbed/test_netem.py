@@ -7,6 +7,7 @@ Run alone: python3 -m pytest -q tests/testbed/test_netem.py   (needs root)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,6 +106,24 @@ def _echo_round(sock) -> list[int]:
     return got
 
 
+@contextlib.contextmanager
+def _echo_testbed(name: str):
+    """A testbed ``name`` without servers or card, with a kernel UDP echo on the card namespace's
+    port 0; yields a socket of c1 that reaches it. Stops the echo and takes the testbed down."""
+    T.Testbed(T.Topology.from_config(load_config(TESTBED_TOML), name)).up(servers=False, card=False, probe=False)
+    echo = None
+    try:
+        echo, sock = _start_echo(name)
+        with sock:
+            yield sock
+    finally:
+        if echo is not None:
+            echo.kill()
+            echo.wait()
+        T.down(name)
+    assert_gone(name)
+
+
 def _start_echo(name: str):
     """A kernel UDP echo on the card namespace's port 0 and a socket of c1 that reaches it."""
     subprocess.run(["ip", "-n", f"{name}-card", "addr", "add", "10.77.0.1/30", "dev", f"{name}p0"], check=True)
@@ -133,14 +152,10 @@ def _inversions(xs):
 def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend, cleanup):  # noqa: F811
     name = tb_name("m")
     cleanup.append(name)
-    topo = T.Topology.from_config(load_config(TESTBED_TOML), name)
-    T.Testbed(topo).up(servers=False, card=False, probe=False)
-    echo = None
-    try:
+    with _echo_testbed(name) as sock:
         if backend == "tc" and not N.kernel_has_netem(f"{name}-c1", f"{name}c1"):
             pytest.skip("this kernel has no sch_netem (tc: Specified qdisc kind is unknown); the user backend "
                         "covers it")
-        echo, sock = _start_echo(name)
         clean = _echo_round(sock)
         assert clean == list(range(FRAMES))
 
@@ -169,26 +184,16 @@ def test_netem_drops_duplicates_reorders_and_clears(run_dir, backend, cleanup): 
                                           text=True, check=True).stdout)
         assert sorted(lk["ifname"] for lk in links) == sorted(["lo", f"{name}c1"])  # the taps are gone
         assert "impair" not in [p["role"] for p in T.testbed_state(name)["procs"]]
-        sock.close()
-    finally:
-        if echo is not None:
-            echo.kill()
-            echo.wait()
-        T.down(name)
-    assert_gone(name)
 
 
 @needs_root
 def test_bpf_backend_drops_in_the_kernel_counts_and_clears(run_dir, cleanup):  # noqa: F811
     name = tb_name("b")
     cleanup.append(name)
-    T.Testbed(T.Topology.from_config(load_config(TESTBED_TOML), name)).up(servers=False, card=False, probe=False)
-    echo = None
-    try:
-        why = N.bpf_loss.problem()
-        if why:
-            pytest.skip(why)
-        echo, sock = _start_echo(name)
+    why = N.bpf_loss.problem()
+    if why:
+        pytest.skip(why)
+    with _echo_testbed(name) as sock:
         # more than loss is refused (exit 2) before anything changes
         r = _cli("testbed", "netem", "--name", name, "--loss", "1", "--reorder", "5", "--backend", "bpf")
         assert r.exit_code == 2 and "only drops frames" in r.output, r.output
@@ -227,13 +232,6 @@ def test_bpf_backend_drops_in_the_kernel_counts_and_clears(run_dir, cleanup):  #
                                            capture_output=True, text=True, check=True).stdout)[0]
             assert "xdp" not in lk, lk  # both programs detached
         assert _echo_round(sock) == list(range(FRAMES))
-        sock.close()
-    finally:
-        if echo is not None:
-            echo.kill()
-            echo.wait()
-        T.down(name)
-    assert_gone(name)
 
 
 @needs_root
@@ -377,13 +375,7 @@ def test_link_sets_and_clears_only_that_links_impairment(run_dir, cleanup):  # n
 def test_tc_backend_changes_only_the_named_links(run_dir, monkeypatch):  # noqa: F811
     """The tc commands of per-link impairments (this machine may lack sch_netem, so `tc` is faked)."""
     name = "enT1"
-    links = [{"port": i, "card_if": f"{name}p{i}", "peer_if": f"{name}{p}", "peer_ns": f"{name}-{p}", "peer": p}
-             for i, p in enumerate(["c1", "c2", "s0", "s1"])]
-    T.save_testbed_state({"name": name, "links": links, "procs": [], "netem": None}, run_dir)
-    cmds = []
-    monkeypatch.setattr(N, "run_cmd", lambda argv, **kw: cmds.append(argv) or subprocess.CompletedProcess(argv, 0))
-    monkeypatch.setattr(N, "require_net_admin", lambda what: None)
-    monkeypatch.setattr(N, "_netem_available", lambda name: True)
+    cmds = _fake_testbed(name, run_dir, monkeypatch, netem=True)
 
     def devs(verb):
         return sorted(c[c.index("dev") + 1] for c in cmds if c[:2] == ["tc", "-n"] and c[4] == verb)
