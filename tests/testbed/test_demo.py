@@ -37,6 +37,8 @@ def test_short_demo_report_and_loss_match(run_dir, tmp_path, cleanup):  # noqa: 
     for f in FIELDS:
         assert f in rep, f
     assert rep["target"] == "dpdk" and rep["steps"] == STEPS
+    verdict = "met" if rep["latency_target"]["met"] else "not met"  # the summary says which
+    assert f"× probe p50 (target ≤ 2: {verdict})" in r.stdout, r.stdout
     assert len(rep["loss"]) == STEPS and len(rep["loss_reference"]) == STEPS
     assert max(abs(a - b) for a, b in zip(rep["loss"], rep["loss_reference"])) <= 1e-6
     assert rep["loss_match"] is True
