@@ -58,8 +58,10 @@ def up(config, name, no_card, timeout, as_json):
         raise
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--name") from None
+    tb = T.Testbed(topo)
+    tb.check_free()  # a busy name is one line, before the wiring is drawn
     click.echo(topo.diagram(), err=True)
-    tb = T.Testbed(topo).up(card=not no_card, probe=not no_card, ready_timeout=timeout)
+    tb = tb.up(card=not no_card, probe=not no_card, ready_timeout=timeout)
     st = T.status(name, counters=False)
     if as_json:
         click.echo(json.dumps(st, indent=1))

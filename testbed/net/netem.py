@@ -302,7 +302,8 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         has = _netem_available(name)
         if backend == "tc" and not has:
             raise TestbedError("this kernel has no netem qdisc (`tc ... netem`: Specified qdisc kind is unknown); "
-                               "use --backend user (or auto)")
+                               + ("use --backend bpf (loss alone, in the kernel) or user (or auto)" if loss_only(imp)
+                                  else "use --backend user (or auto)"))
         backend = "tc" if has else "bpf" if loss_only(imp) and bpf_loss.problem() is None else "user"
         if strict_delay and backend == "user" and user_backend_problem(imp):
             raise UnsupportedImpairment(user_backend_problem(imp) + " (this kernel has none, so --backend auto "

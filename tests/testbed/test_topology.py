@@ -147,9 +147,16 @@ def test_up_down_leaves_no_namespace_veth_or_process(run_dir, cleanup):  # noqa:
         # one log per node, the effective config every node reads
         assert (tb.dir / "s0.log").exists() and (tb.dir / "s1.log").exists()
         assert load_config(tb.config_path).shard(1).mac == "02:ee:02:00:00:01"
-        # a second `up` of the same name is refused
+        # a second `up` of the same name is refused; the CLI says so in one line, before drawing the wiring
         with pytest.raises(T.TestbedError, match="already up"):
             T.Testbed(topo).up(card=False, probe=False)
+        from click.testing import CliRunner
+
+        from embnic.control.cli import cli
+
+        r = CliRunner().invoke(cli, ["testbed", "up", "-c", str(TESTBED_TOML), "--name", name])
+        assert r.exit_code == 1 and "already up" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
     finally:
         res = T.down(name)
     assert sorted(res["netns"]) == sorted(f"{name}-{n}" for n in ("card", "c1", "c2", "s0", "s1"))
