@@ -172,21 +172,14 @@ class EmbeddingClient:
             dt = t.wire_dtype
             cap = self._cap(MsgType.LOOKUP_REQ, t.dim, dt)
             for shard_id, pos, skeys in chunk_parts(split_by_shard(self.cfg, table_id, keys), cap):
-                msg_id = self._alloc_id()
-                frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
-                                             shard_id=shard_id, dim=t.dim, dtype=dt, keys=skeys, mtu=self.mtu)
 
                 def fill(m: Message, rows=rows, pos=pos, dim=t.dim, dt=dt) -> None:
                     rows[pos] = codec.body_to_rows(m.body, len(pos), dim, dt)
 
-                reply_len = consts.expected_msg_len(MsgType.LOOKUP_REPLY, len(skeys), t.dim, dt)
-                msgs.append(_Out(msg_id, MsgType.LOOKUP_REQ, shard_id, table_id, len(skeys),
-                                 self._dest[shard_id], frames, fill,
-                                 reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
-                                 datagram=self._datagram(frames, reply_len), keys=skeys))
+                msgs.append(self._lookup_out(table_id, shard_id, skeys, fill, self._dest[shard_id]))
         if self.fixed_length:
             self._size_round(msgs)
-        self._round(msgs, MsgType.LOOKUP_REPLY, record_latency=True)
+        self._round(msgs, record_latency=True)
         return out
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -214,7 +207,7 @@ class EmbeddingClient:
                                  datagram=self._datagram(frames, 0), keys=skeys))
         if self.fixed_length:
             self._size_round(msgs)
-        self._round(msgs, MsgType.UPDATE_ACK, record_latency=False)
+        self._round(msgs, record_latency=False)
 
     def close(self) -> None:
         """Close the socket."""
@@ -253,7 +246,7 @@ class EmbeddingClient:
                 size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, 0, len(part), self._dest[shard_id],
                                       frames, lambda m: None))
         self.stats.size_rounds += 1
-        self._round(size_msgs, MsgType.SIZE_ACK, record_latency=False)
+        self._round(size_msgs, record_latency=False)
 
     def _cap(self, msg_type: int, dim: int, dtype: int) -> int:
         """Most keys of one message: within :data:`consts.MAX_FRAGS` fragments each way
@@ -303,7 +296,7 @@ class EmbeddingClient:
         if retransmit:
             self.stats.retransmits += 1
 
-    def _round(self, msgs: list[_Out], reply_type: int, record_latency: bool) -> None:
+    def _round(self, msgs: list[_Out], record_latency: bool) -> None:
         """Send ``msgs`` and wait for every reply: one round (see the module docstring for the
         window, the send order, the per-message timers and the loss detection).
 
@@ -376,19 +369,13 @@ class EmbeddingClient:
             src = probe_src.pop(shard_id)
             if src.keys is None or not any(x.shard_id == shard_id and not x.probe for x in pending.values()):
                 return
-            t = self.cfg.table(src.table_id)
-            msg_id = self._alloc_id()
-            frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=src.table_id,
-                                         shard_id=shard_id, dim=t.dim, dtype=t.wire_dtype, keys=src.keys[:1],
-                                         mtu=self.mtu)
             now = time.monotonic()
-            p = _Out(msg_id, MsgType.LOOKUP_REQ, shard_id, src.table_id, 1, src.dest, frames, lambda r: None,
-                     datagram=self._datagram(frames, t.dim * 4), t_first=now, t_sent=now,
-                     rto=self._rtt[shard_id, MsgType.LOOKUP_REQ].rto, probe=True)
+            p = self._lookup_out(src.table_id, shard_id, src.keys[:1], lambda r: None, src.dest, t_first=now,
+                                 t_sent=now, rto=self._rtt[shard_id, MsgType.LOOKUP_REQ].rto, probe=True)
             p.seq0 = p.seq = next(seqs)
             self._send(p, retransmit=False)
             p.deadline = time.monotonic() + p.rto
-            pending[msg_id] = p
+            pending[p.msg_id] = p
             self.stats.probes += 1
 
         for sid in queues:
@@ -484,21 +471,29 @@ class EmbeddingClient:
         for j, b in parts.items():  # per fragment held (at most MAX_FRAGS)
             body[j * p:j * p + len(b)] = b
         self._reasm.discard(self.client_id, m.msg_id, MsgType.LOOKUP_REPLY)
-        keys = m.keys[idx]
-        msg_id = self._alloc_id()
-        frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=m.table_id,
-                                     shard_id=m.shard_id, dim=t.dim, dtype=dt, keys=keys, mtu=self.mtu)
 
         def assemble(r: Message, body=body, idx=idx, row=row, target=m, h=h) -> None:
             np.frombuffer(body, np.uint8).reshape(n, row)[idx] = np.frombuffer(r.body, np.uint8).reshape(idx.size, row)
             target.on_reply(Message(h, bytes(body), r.addr))
 
-        reply_len = idx.size * row
         root = m.root or m
-        return _Out(msg_id, MsgType.LOOKUP_REQ, m.shard_id, m.table_id, int(idx.size), m.dest, frames, assemble,
+        return self._lookup_out(m.table_id, m.shard_id, m.keys[idx], assemble, m.dest, t_first=root.t_first,
+                                t_sent=time.monotonic(), rto=m.rto, tries=m.tries, root=root)
+
+    def _lookup_out(self, table_id: int, shard_id: int, keys: np.ndarray, on_reply: Callable[[Message], None],
+                    dest: tuple[str, int], **kw) -> _Out:
+        """A LOOKUP_REQ of ``keys`` (uint64 (n,)) of table ``table_id`` to ``shard_id`` via ``dest``,
+        under a new message id, encoded to the MTU, with its reply's fragment count and largest
+        datagram (bytes); ``kw`` sets more :class:`_Out` fields (times, a repair's ``root``, ``probe``).
+        Every lookup message is made here: a round's, a repair's and a tail probe's."""
+        t = self.cfg.table(table_id)
+        msg_id = self._alloc_id()
+        frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=table_id, shard_id=shard_id,
+                                     dim=t.dim, dtype=t.wire_dtype, keys=keys, mtu=self.mtu)
+        reply_len = consts.expected_msg_len(MsgType.LOOKUP_REPLY, len(keys), t.dim, t.wire_dtype)
+        return _Out(msg_id, MsgType.LOOKUP_REQ, shard_id, table_id, len(keys), dest, frames, on_reply,
                     reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
-                    datagram=self._datagram(frames, reply_len), t_first=root.t_first,
-                    t_sent=time.monotonic(), rto=m.rto, tries=m.tries, keys=keys, root=root)
+                    datagram=self._datagram(frames, reply_len), keys=keys, **kw)
 
     def _give_up(self, m: _Out, pending: dict, now: float, t0: float) -> None:
         """Raise :class:`ShardUnavailableError` for ``m``, tried ``retries`` times (a path-MTU hint
