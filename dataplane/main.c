@@ -10,8 +10,10 @@
  *                          v
  *                       [TX stage x S: authorise, route/client table, its
  *                        state map partition, rewrite] --tx--> port 0..N-1
- *                          (S >= 2: back through a ring to the RX lcore,
- *                           which owns the ports' queues, and out)
+ *                          (S >= 2: a state lcore off the RX lcore sends
+ *                           on a TX queue of its own where the port has
+ *                           one, else back through a ring to the RX lcore,
+ *                           which sends on queue 0; embnic_dp.h)
  *   main lcore: control socket (ctl.c); telemetry runs on its own thread.
  *
  * Lcores (EAL -l), with S = --state-lcores (default 1) state lcores:

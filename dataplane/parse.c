@@ -30,55 +30,6 @@ embnic_drop_name(unsigned int reason)
 	return reason < EMBNIC_DROP_MAX ? drop_names[reason] : NULL;
 }
 
-/*
- * Lengths of one fragment against its own header (docs/protocol.md):
- * bad_length for what does not fit, too_many_frags for more than
- * EMBNIC_MAX_FRAGS fragments, frag_mismatch for offsets that
- * disagree with frag_index under "fragment i carries [i*P, (i+1)*P)".
- * payload: UDP payload bytes after the embnic header.
- */
-static int
-check_lengths(const struct embnic_msg *m, uint32_t payload)
-{
-	uint64_t end = (uint64_t)m->frag_offset + m->frag_len;
-	uint64_t p;
-	uint32_t last;
-
-	if (m->frag_len != payload || m->frag_count == 0 ||
-	    m->frag_index >= m->frag_count || end > m->msg_len)
-		return EMBNIC_DROP_BAD_LENGTH;
-	if (m->num_keys == 0 && m->msg_type != EMBNIC_UPDATE_ACK &&
-	    m->msg_type != EMBNIC_ERROR && m->msg_type != EMBNIC_SIZE_ACK)
-		return EMBNIC_DROP_BAD_LENGTH;
-	if (embnic_expected_msg_len(m->msg_type, m->num_keys, m->dim,
-				    m->dtype) != m->msg_len)
-		return EMBNIC_DROP_BAD_LENGTH;
-	if (m->frag_count > EMBNIC_MAX_FRAGS)
-		return EMBNIC_DROP_TOO_MANY_FRAGS;
-
-	last = (uint32_t)m->frag_count - 1;
-	if (last == 0) {
-		/* one fragment: the whole body */
-		if (m->frag_offset != 0 || end != m->msg_len)
-			return EMBNIC_DROP_FRAG_MISMATCH;
-	} else if (m->frag_index < last) {
-		/* a full fragment: P = frag_len, offset i*P, ceil(len/P) = n */
-		p = m->frag_len;
-		if (p == 0 || (uint64_t)m->frag_index * p != m->frag_offset ||
-		    (uint64_t)last * p >= m->msg_len ||
-		    (uint64_t)m->frag_count * p < m->msg_len)
-			return EMBNIC_DROP_FRAG_MISMATCH;
-	} else {
-		/* the last fragment: offset (n-1)*P, 0 < frag_len <= P */
-		if (end != m->msg_len || m->frag_offset % last != 0)
-			return EMBNIC_DROP_FRAG_MISMATCH;
-		p = m->frag_offset / last;
-		if (m->frag_len == 0 || m->frag_len > p)
-			return EMBNIC_DROP_FRAG_MISMATCH;
-	}
-	return EMBNIC_DROP_NONE;
-}
-
 static int
 check_embnic(const struct embnic_hdr *h, uint32_t payload,
 	     struct embnic_msg *m)
@@ -95,7 +46,7 @@ check_embnic(const struct embnic_hdr *h, uint32_t payload,
 	      h->msg_type == EMBNIC_UPDATE_REQ)))
 		return EMBNIC_DROP_BAD_DTYPE;
 	embnic_hdr_decode(h, m);
-	return check_lengths(m, payload);
+	return embnic_check_lengths(m, payload);
 }
 
 int

@@ -13,8 +13,9 @@
  * (ring_full), it never blocks.
  *
  * With several state lcores this lcore also sends what they hand back
- * (embnic_io_tx): it alone uses the ports' queues, so every PMD works
- * with one RX and one TX queue.
+ * (embnic_io_tx) on queue 0 of a port that has one TX queue only; on a port
+ * with more, each state lcore off this lcore sends on its own queue
+ * (struct embnic_worker, embnic_dp.h). RX always uses one queue per port.
  */
 #include <string.h>
 

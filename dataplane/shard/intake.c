@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "embnic_parse.h"
 #include "embnic_proto.h"
 
 /* what the caller checks before using this library (cintake.py) */
@@ -30,41 +31,41 @@ embnic_shard_abi(void)
 
 /* field indices of a row of cols, in the order of EMBNIC_HDR_FIELDS */
 enum {
-	F_MAGIC, F_VERSION, F_TYPE, F_FLAGS, F_DTYPE, F_STATUS, F_MSG_ID,
-	F_CLIENT, F_TABLE, F_SHARD, F_DIM, F_NKEYS, F_MSG_LEN, F_FOFF, F_FIDX,
-	F_FCNT, F_FLEN, F_RESERVED,
+#define EMBNIC_F_INDEX(f, off, size) F_##f,
+	EMBNIC_HDR_FIELDS(EMBNIC_F_INDEX)
+#undef EMBNIC_F_INDEX
+	F_END
 };
 
 /* One row of cols: every header field in wire order, host byte order
  * (embnic_hdr_decode(), the card's one place that swaps header bytes). */
 static void
-parse_fields(const uint8_t *raw, int64_t *c)
+parse_fields(const uint8_t *raw, int64_t *c, struct embnic_msg *m)
 {
 	const struct embnic_hdr *h = (const struct embnic_hdr *)raw;
-	struct embnic_msg m;
 
-	embnic_hdr_decode(h, &m);
-	c[F_MAGIC] = embnic_ntoh16(h->magic);
-	c[F_VERSION] = m.version;
-	c[F_TYPE] = m.msg_type;
-	c[F_FLAGS] = m.flags;
-	c[F_DTYPE] = m.dtype;
-	c[F_STATUS] = m.status;
-	c[F_MSG_ID] = m.msg_id;
-	c[F_CLIENT] = m.client_id;
-	c[F_TABLE] = m.table_id;
-	c[F_SHARD] = m.shard_id;
-	c[F_DIM] = m.dim;
-	c[F_NKEYS] = m.num_keys;
-	c[F_MSG_LEN] = m.msg_len;
-	c[F_FOFF] = m.frag_offset;
-	c[F_FIDX] = m.frag_index;
-	c[F_FCNT] = m.frag_count;
-	c[F_FLEN] = m.frag_len;
-	c[F_RESERVED] = embnic_ntoh16(h->reserved);
+	embnic_hdr_decode(h, m);
+	c[F_magic] = embnic_ntoh16(h->magic);
+	c[F_version] = m->version;
+	c[F_msg_type] = m->msg_type;
+	c[F_flags] = m->flags;
+	c[F_dtype] = m->dtype;
+	c[F_status] = m->status;
+	c[F_msg_id] = m->msg_id;
+	c[F_client_id] = m->client_id;
+	c[F_table_id] = m->table_id;
+	c[F_shard_id] = m->shard_id;
+	c[F_dim] = m->dim;
+	c[F_num_keys] = m->num_keys;
+	c[F_msg_len] = m->msg_len;
+	c[F_frag_offset] = m->frag_offset;
+	c[F_frag_index] = m->frag_index;
+	c[F_frag_count] = m->frag_count;
+	c[F_frag_len] = m->frag_len;
+	c[F_reserved] = embnic_ntoh16(h->reserved);
 }
 
-static_assert(EMBNIC_NB_HDR_FIELDS == F_RESERVED + 1, "one column per header field");
+static_assert(EMBNIC_NB_HDR_FIELDS == F_END, "one column per header field");
 
 /*
  * Check the n frames rx[i * slot .. + lens[i]] (i < n).
@@ -96,45 +97,28 @@ embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
 			memset(c, 0, EMBNIC_NB_HDR_FIELDS * sizeof(*c));
 			continue;
 		}
-		parse_fields(rx + (int64_t)i * slot, c);
+		struct embnic_msg m;
 
-		int64_t mt = c[F_TYPE], dt = c[F_DTYPE], tid = c[F_TABLE];
-		int64_t dim = c[F_DIM], nk = c[F_NKEYS], ml = c[F_MSG_LEN];
-		int64_t fo = c[F_FOFF], fi = c[F_FIDX], fc = c[F_FCNT];
-		int64_t fl = c[F_FLEN];
-		/* LOOKUP_REQ / UPDATE_REQ (others are refused below) */
-		int64_t expect = (int64_t)embnic_expected_msg_len(
-			(uint8_t)mt, (uint32_t)nk, (uint16_t)dim, (uint8_t)dt);
+		parse_fields(rx + (int64_t)i * slot, c, &m);
+		/* LOOKUP_REQ / UPDATE_REQ of this shard and a known table; the
+		 * lengths and fragment geometry by the card's own rules */
+		int64_t tid = m.table_id;
+		int good = c[F_magic] == EMBNIC_MAGIC &&
+			   m.version == EMBNIC_PROTO_VERSION &&
+			   (m.msg_type == EMBNIC_LOOKUP_REQ ||
+			    m.msg_type == EMBNIC_UPDATE_REQ) &&
+			   embnic_check_lengths(&m, (uint32_t)(len - EMBNIC_HDR_LEN)) ==
+				   EMBNIC_DROP_NONE &&
+			   m.msg_len <= max_msg && m.shard_id == shard_id &&
+			   tdim[tid] == m.dim && tdt[tid] == m.dtype &&
+			   (m.msg_type != EMBNIC_LOOKUP_REQ || m.num_keys <= tmaxlk[tid]);
 
-		if (c[F_MAGIC] != EMBNIC_MAGIC ||
-		    c[F_VERSION] != EMBNIC_PROTO_VERSION ||
-		    (mt != EMBNIC_LOOKUP_REQ && mt != EMBNIC_UPDATE_REQ) ||
-		    fl != len - EMBNIC_HDR_LEN || fc < 1 || fi >= fc ||
-		    fo + fl > ml || ml != expect || nk <= 0 ||
-		    fc > EMBNIC_MAX_FRAGS || ml > max_msg ||
-		    c[F_SHARD] != shard_id || tdim[tid] != dim ||
-		    tdt[tid] != dt ||
-		    (mt == EMBNIC_LOOKUP_REQ && nk > tmaxlk[tid]))
+		if (!good)
 			continue;
-
-		/* fragment geometry (client_lib/reassembly.py, _geometry) */
-		int good;
-
-		if (fc == 1) {
-			good = fo == 0 && fl == ml;
-		} else if (fi == fc - 1) {
-			int64_t safe_fi = fi > 1 ? fi : 1;
-
-			p[i] = fo / safe_fi;
-			good = fo % safe_fi == 0 && fo + fl == ml && fl > 0 &&
-			       fl <= p[i];
-		} else {
-			int64_t safe_fl = fl > 1 ? fl : 1;
-
-			p[i] = fl;
-			good = fl > 0 && fo == fi * fl &&
-			       (ml + safe_fl - 1) / safe_fl == fc;
-		}
+		/* the fragment size P (client_lib/reassembly.py, _geometry) */
+		if (m.frag_count > 1)
+			p[i] = m.frag_index == m.frag_count - 1 ?
+				       m.frag_offset / m.frag_index : m.frag_len;
 		ok[i] = (uint8_t)good;
 		taken += good;
 	}
@@ -144,16 +128,16 @@ embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
 static inline uint64_t
 msg_key(const int64_t *c)
 {
-	return ((uint64_t)c[F_CLIENT] << 48) | ((uint64_t)c[F_MSG_ID] << 16) |
-	       (uint64_t)c[F_TYPE];
+	return ((uint64_t)c[F_client_id] << 48) | ((uint64_t)c[F_msg_id] << 16) |
+	       (uint64_t)c[F_msg_type];
 }
 
 /* the fields every fragment of a message must agree on (reassembly._SAME) */
 static int
 same_message(const int64_t *a, int64_t pa, const int64_t *b, int64_t pb)
 {
-	static const int f[] = { F_DTYPE, F_STATUS, F_TABLE, F_SHARD, F_DIM,
-				 F_NKEYS, F_MSG_LEN, F_FCNT };
+	static const int f[] = { F_dtype, F_status, F_table_id, F_shard_id, F_dim,
+				 F_num_keys, F_msg_len, F_frag_count };
 
 	for (unsigned int j = 0; j < sizeof(f) / sizeof(f[0]); j++)
 		if (a[f[j]] != b[f[j]])
@@ -181,14 +165,14 @@ embnic_shard_whole(const int64_t *cols, const int64_t *p, const int64_t *mg,
 	for (int i = 0; i < m; i++) {
 		const int64_t *ci = cols + mg[i] * EMBNIC_NB_HDR_FIELDS;
 		uint64_t ki = msg_key(ci);
-		int64_t fi = ci[F_FIDX];
+		int64_t fi = ci[F_frag_index];
 		int j = i;
 
 		while (j > 0) {
 			const int64_t *cj = cols + mg[order[j - 1]] * EMBNIC_NB_HDR_FIELDS;
 			uint64_t kj = msg_key(cj);
 
-			if (kj < ki || (kj == ki && cj[F_FIDX] <= fi))
+			if (kj < ki || (kj == ki && cj[F_frag_index] <= fi))
 				break;
 			order[j] = order[j - 1];
 			j--;
@@ -208,7 +192,7 @@ embnic_shard_whole(const int64_t *cols, const int64_t *p, const int64_t *mg,
 
 			if (msg_key(ce) != k0)
 				break;
-			if (ce[F_FIDX] != e - s || !same_message(c0, p0, ce, p[idx]))
+			if (ce[F_frag_index] != e - s || !same_message(c0, p0, ce, p[idx]))
 				whole = 0;
 			lo = idx < lo ? idx : lo;
 			hi = idx > hi ? idx : hi;
@@ -221,7 +205,7 @@ embnic_shard_whole(const int64_t *cols, const int64_t *p, const int64_t *mg,
 		o[2] = lo;
 		o[3] = hi;
 		o[4] = p0;
-		o[5] = whole && e - s == c0[F_FCNT];
+		o[5] = whole && e - s == c0[F_frag_count];
 		g++;
 		s = e;
 	}
