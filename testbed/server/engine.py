@@ -221,6 +221,9 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                     self._c["checkpoint_errors"] += 1
                     log.error("shard %d: checkpoint failed (%s); the log is kept whole", self.shard_id, e)
             wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+            if peer_fds:
+                for fd, ev in self._hub.poll_masks().items():
+                    poller.modify(fd, ev)
             for fd, _ in poller.poll(wait_ms):
                 if fd == self._wake_r:
                     try:

@@ -185,6 +185,12 @@ class PeerHub:
     def fds(self) -> list[int]:
         return [ln.fd for ln in self.links.values()]
 
+    def poll_masks(self) -> dict[int, int]:
+        """``{link fd: poll events}`` to wait for: readable, and also writable while a frame is
+        only partly sent (a reply larger than the socket buffer goes out as the peer reads it;
+        polling for input alone would leave its rest unsent while the peer waits for it)."""
+        return {ln.fd: select.POLLIN | (select.POLLOUT if ln.want_write else 0) for ln in self.links.values()}
+
     def _serve(self, link: PeerLink, fr) -> None:
         kind, op, tid, count, payload = fr
         if kind != REQUEST:
@@ -194,7 +200,8 @@ class PeerHub:
         link.queue(REPLY, op, tid, count, self.serve(op, tid, count, payload))
 
     def pump(self) -> None:
-        """Serve every sub-request readable now (called when a link's fd polls readable)."""
+        """Serve every sub-request readable now and send what each link's socket takes (called
+        when a link's fd polls readable or writable, :meth:`poll_masks`)."""
         for link in self.links.values():
             for fr in link.read():
                 self._serve(link, fr)
@@ -221,10 +228,12 @@ class PeerHub:
         want = set(peers)
         got: dict[int, memoryview] = {}
         by_fd = {ln.fd: (v, ln) for v, ln in self.links.items()}
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
         while want:
-            poller = select.poll()
-            for fd, (_, link) in by_fd.items():
-                poller.register(fd, select.POLLIN | (select.POLLOUT if link.want_write else 0))
+            for fd, ev in self.poll_masks().items():
+                poller.modify(fd, ev)
             for fd, ev in poller.poll(1000):
                 v, link = by_fd[fd]
                 if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):

@@ -13,6 +13,7 @@ import pytest
 from embnic.client_lib import codec, consts, routing
 from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.consts import MsgType
+from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
 from embnic.testbed.server import cintake, udpio
@@ -310,33 +311,76 @@ def test_udpio_gso_and_plain_send_the_same_datagrams():
     rx.close()
 
 
+def _start_worker_shard(tmp_path, tables: list[dict], workers: int):
+    """``embnic server --shard 0 --workers N`` on loopback for ``tables``; returns (process, the
+    client's config: timeout 300 ms, 20 tries)."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    (tmp_path / "c.toml").write_text("[cluster]\nseed = 3\n" + "".join(
+        "[[tables]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items()) for t in tables)
+        + '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 17870\n[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(tmp_path / "c.toml"),
+                          "--port", "0", "--workers", str(workers)], stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()
+    m = re.search(r"listening on 127\.0\.0\.1:(\d+).*%d workers" % workers, line)
+    if not m:
+        _kill_worker_shard(p)
+        raise AssertionError(line)
+    return p, parse_config({"cluster": {"seed": 3, "timeout_ms": 300, "retries": 20}, "tables": tables,
+                            "shards": [{"id": 0, "ip": "127.0.0.1", "port": int(m.group(1))}],
+                            "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+
+
+def _stop_worker_shard(p) -> str:
+    """SIGTERM the shard; its stderr."""
+    p.terminate()
+    return p.communicate(timeout=60)[1]
+
+
+def _kill_worker_shard(p) -> None:
+    if p.poll() is None:
+        p.kill()  # its workers follow it (PR_SET_PDEATHSIG)
+        p.communicate(timeout=60)
+
+
+def test_workers_answer_lookups_whose_rows_overflow_the_peer_socket(tmp_path):
+    """``--workers 2``, a 4000-key lookup of 128-float rows: the owner's sub-reply (~1 MB) is
+    larger than the socket pair's buffer, so it goes out as the home worker reads it. The home
+    polled its peer link for input only and the rest was never sent: the client got no answer
+    (reproduced: it gave up after 45 s)."""
+    from embnic.client_lib.client import EmbeddingClient
+
+    tables = [{"id": 0, "dim": 128, "optimizer": "sgd"}]
+    p, cfg = _start_worker_shard(tmp_path, tables, 2)
+    try:
+        ref = LocalBackend(cfg)
+        rng = np.random.default_rng(5)
+        with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
+            for _ in range(3):
+                k = np.unique(rng.integers(0, 2**63, 4000, dtype=np.uint64))
+                assert np.array_equal(c.lookup({0: k})[0], ref.lookup(0, k))
+        err = _stop_worker_shard(p)
+    finally:
+        _kill_worker_shard(p)
+    assert p.returncode == 0, err
+
+
 def test_workers_behind_one_address_equal_local_backend(tmp_path):
     """``embnic server --workers 2``: rows split by id range over two worker processes (each
     holds exactly the rows ``worker_of`` gives it, and both asked the other for rows); messages
     steered by client and table; rows equal LocalBackend's; a retransmitted update is re-acked,
     not re-applied; counters summed."""
     import json
-    import re
-    import subprocess
-    import sys
 
     from embnic.client_lib.client import EmbeddingClient
-    from embnic.client_lib.config import parse_config
 
     tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 1, "dim": 4, "optimizer": "sgd"},
               {"id": 2, "rows": 5000, "dim": 16, "dtype": "fp16"}]
-    (tmp_path / "c.toml").write_text("[cluster]\nseed = 3\n" + "".join(
-        f"[[tables]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items()) for t in tables)
-        + '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 17870\n[[clients]]\nid = 1\nip = "127.0.0.1"\n')
-    p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(tmp_path / "c.toml"),
-                          "--port", "0", "--workers", "2"], stderr=subprocess.PIPE, text=True)
+    p, cfg = _start_worker_shard(tmp_path, tables, 2)
     try:
-        line = p.stderr.readline()
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+).*2 workers", line)
-        assert m, line
-        cfg = parse_config({"cluster": {"seed": 3, "timeout_ms": 300, "retries": 20}, "tables": tables,
-                            "shards": [{"id": 0, "ip": "127.0.0.1", "port": int(m.group(1))}],
-                            "clients": [{"id": 1, "ip": "127.0.0.1"}]})
         ref = LocalBackend(cfg)
         rng = np.random.default_rng(2)
         with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
@@ -370,12 +414,9 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
             for t, (ks, _, _) in ref.state_dict().items():
                 assert np.array_equal(c.lookup({t: ks})[t], ref.lookup(t, ks)), t
             client_retransmits = c.stats.retransmits
-        p.terminate()
-        _, err = p.communicate(timeout=60)
+        err = _stop_worker_shard(p)
     finally:
-        if p.poll() is None:
-            p.kill()  # its workers follow it (PR_SET_PDEATHSIG)
-            p.communicate(timeout=60)
+        _kill_worker_shard(p)
     assert p.returncode == 0, err
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
     # applied exactly once each; the duplicates are the raw retransmission plus any update the
