@@ -90,12 +90,14 @@ def _count(map_fd: int, slot: int) -> bytes:
 
 
 def program(loss_pct: float, map_fd: int, direction: str) -> bytes:
-    """The eBPF program of one hook: count the frame, drop it with probability ``loss_pct`` %.
+    """The XDP program of one end of a link: count the frame, drop it with probability
+    ``loss_pct`` %.
 
     Args:
         loss_pct: percentage in [0, 100].
         map_fd: fd of the 4-slot counter map (:func:`_new_map`).
-        direction: ``"out"`` (egress hook) or ``"in"`` (ingress hook).
+        direction: ``"out"`` (on the card's end: frames from the peer) or ``"in"`` (on the
+            peer's end: frames from the card).
 
     Returns:
         the instructions (bytes, 8 per instruction).
@@ -153,8 +155,8 @@ def problem() -> str | None:
         finally:
             os.close(m)
     except OSError as e:
-        return (f"the kernel refused the eBPF loss program ({e}): the bpf backend needs root and "
-                f"CONFIG_BPF_SYSCALL + CONFIG_NET_CLS_BPF")
+        return (f"the kernel refused the eBPF loss program ({e}): the bpf backend needs root and a kernel "
+                f"with CONFIG_BPF_SYSCALL (XDP on veth)")
     return None
 
 
@@ -230,8 +232,8 @@ def detach(ns: str, ifname: str) -> None:
 def read_counters(map_id: int | None) -> dict | None:
     """The counters of an attached loss program, in the ``user`` helper's shape: per direction
     (``out``: from the peer, ``in``: to it) ``{"in": frames seen, "out": frames passed,
-    "dropped", "duplicated": 0, "reordered": 0}`` since it was attached; None once its filters
-    are gone (or ``map_id`` is None)."""
+    "dropped", "duplicated": 0, "reordered": 0}`` since it was attached; None once its programs
+    are detached (or ``map_id`` is None)."""
     if not map_id:
         return None
     try:
@@ -239,7 +241,7 @@ def read_counters(map_id: int | None) -> dict | None:
     except OSError:
         return None
     try:
-        if _map_info(fd)[1] != _MAP_NAME:  # the filters are gone and the id went to another map
+        if _map_info(fd)[1] != _MAP_NAME:  # the programs are gone and the id went to another map
             return None
         raw: dict = {}
         key = ctypes.create_string_buffer(4)

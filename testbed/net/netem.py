@@ -298,6 +298,7 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         return {"backend": None, "impairment": imp.as_dict(), "links": [lk["peer"] for lk in chosen], "helpers": []}
     if not chosen:
         raise TestbedError(f"testbed {name!r} has no links to impair")
+    by_auto = backend == "auto"
     if backend in ("auto", "tc"):
         has = _netem_available(name)
         if backend == "tc" and not has:
@@ -305,9 +306,6 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
                                + ("use --backend bpf (loss alone, in the kernel) or user (or auto)" if loss_only(imp)
                                   else "use --backend user (or auto)"))
         backend = "tc" if has else "bpf" if loss_only(imp) and bpf_loss.problem() is None else "user"
-        if strict_delay and backend == "user" and user_backend_problem(imp):
-            raise UnsupportedImpairment(user_backend_problem(imp) + " (this kernel has none, so --backend auto "
-                                        "chose user)", option="--delay")
     elif backend == "bpf":
         if not loss_only(imp):
             raise UnsupportedImpairment("the bpf backend only drops frames (--loss); reordering, duplicates and "
@@ -316,8 +314,10 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         if why:
             raise TestbedError(why + "; use --backend user")
     if backend == "user":
-        if strict_delay and user_backend_problem(imp):
-            raise UnsupportedImpairment(user_backend_problem(imp), option="--delay")
+        why = user_backend_problem(imp) if strict_delay else None
+        if why:
+            raise UnsupportedImpairment(why + (" (this kernel has none, so --backend auto chose user)" if by_auto
+                                               else ""), option="--delay")
         for lk in chosen:
             tap_o, _ = _tap_names(lk["peer_if"])
             if len(tap_o) > 15:
@@ -339,6 +339,20 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
             "helpers": [new[lk["peer"]]["helper"] for lk in chosen if new[lk["peer"]].get("helper")]}
 
 
+def _ends(lk: dict, card_ns: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The two ends of link ``lk`` as (namespace, interface): the peer's, then the card's."""
+    return (lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])
+
+
+def _record_link(state: dict, rdir: Path, peer: str, rec: dict) -> None:
+    """Set link ``peer``'s impairment record in the testbed state and save it at once (so
+    ``down`` finds what was set even if a later step fails)."""
+    per = _per_link(state)
+    per[peer] = rec
+    _set_per_link(state, per)
+    save_testbed_state(state, rdir)
+
+
 def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend: str, imp: Impairment,
                  ready_timeout: float, replacing: dict) -> dict[str, dict]:
     """Replace the impairment of each ``chosen`` link by ``imp`` with ``backend``; saves the state
@@ -351,32 +365,23 @@ def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend
             _teardown_link(state, rdir, lk, prev)
     if backend == "bpf":
         for lk in chosen:
-            b = bpf_loss.attach((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"]), imp.loss)
+            b = bpf_loss.attach(*_ends(lk, card_ns), imp.loss)
             new[lk["peer"]] = {"backend": "bpf", "impairment": imp.as_dict(), "applied": time.time(), "helper": None,
                                "bpf": b}
-            per = _per_link(state)
-            per[lk["peer"]] = new[lk["peer"]]
-            _set_per_link(state, per)
-            save_testbed_state(state, rdir)
+            _record_link(state, rdir, lk["peer"], new[lk["peer"]])
         return new
     if backend == "tc":
         for lk in chosen:
-            for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
+            for ns, ifname in _ends(lk, card_ns):
                 run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem"] + imp.netem_args())
             new[lk["peer"]] = {"backend": "tc", "impairment": imp.as_dict(), "applied": time.time(), "helper": None}
-            per = _per_link(state)
-            per[lk["peer"]] = new[lk["peer"]]
-            _set_per_link(state, per)
-            save_testbed_state(state, rdir)
+            _record_link(state, rdir, lk["peer"], new[lk["peer"]])
         return new
     started = []
     for lk in chosen:
         h, proc = _start_helper(name, state, rdir, lk, imp)
         new[lk["peer"]] = {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(), "helper": h}
-        per = _per_link(state)
-        per[lk["peer"]] = new[lk["peer"]]
-        _set_per_link(state, per)
-        save_testbed_state(state, rdir)
+        _record_link(state, rdir, lk["peer"], new[lk["peer"]])
         started.append((lk, h, proc))
     for lk, h, proc in started:
         _redirect_to_helper(lk, h, proc, ready_timeout)
@@ -390,10 +395,9 @@ def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment)
     tap_o, tap_i = _tap_names(ifname)
     h = {"link": lk["peer"], "ns": ns, "iface": ifname, "taps": [tap_o, tap_i], "pid": None,
          "stats": str(d / f"{lk['peer']}-netem.json"), "log": str(d / f"{lk['peer']}-netem.log")}
-    per = _per_link(state)
-    per[lk["peer"]] = {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(), "helper": h}
-    _set_per_link(state, per)
-    save_testbed_state(state, rdir)  # the taps are recorded before they exist
+    # the taps are recorded before they exist
+    _record_link(state, rdir, lk["peer"], {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(),
+                                           "helper": h})
     mac = _ns_mac(ns, ifname)
     mtu = _ns_mtu(ns, ifname)
     for tap in (tap_o, tap_i):
@@ -443,11 +447,11 @@ def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
     card_ns = f"{state['name']}-card"
     counters = None
     if rec.get("backend") == "tc":
-        for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
+        for ns, ifname in _ends(lk, card_ns):
             run_cmd(["tc", "-n", ns, "qdisc", "del", "dev", ifname, "root"], check=False)
     elif rec.get("backend") == "bpf":
         counters = bpf_loss.read_counters((rec.get("bpf") or {}).get("map_id"))
-        for ns, ifname in ((lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])):
+        for ns, ifname in _ends(lk, card_ns):
             bpf_loss.detach(ns, ifname)
     else:
         h = rec.get("helper") or {}
