@@ -25,7 +25,6 @@ import ipaddress
 import math
 import os
 import re
-import shlex
 import signal
 from pathlib import Path
 from typing import Any, Callable
@@ -33,7 +32,7 @@ from typing import Any, Callable
 import click
 
 from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, host_ipv4_problem, is_multicast_mac, load_config
-from embnic.control.errors import UsageError
+from embnic.control.errors import UsageError, split_args
 from embnic.control.runstate import read_state, require_root, run_dir
 
 DEFAULT_NAME = "embnic"
@@ -241,11 +240,8 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
         if key in sec:
             v = sec[key]
             if isinstance(v, str):
-                try:
-                    out[key] = shlex.split(v)
-                except ValueError as e:
-                    raise ConfigFileError(f"{where}control.{key}: {v!r} is not a shell-quoted argument list "
-                                          f"({str(e).lower()}): close the quote, or give a list of strings") from None
+                out[key] = split_args(v, f"{where}control.{key}:", fix="close the quote, or give a list of strings",
+                                      error=ConfigFileError)
             elif isinstance(v, list) and all(isinstance(a, str) for a in v):
                 out[key] = list(v)
             else:
@@ -261,21 +257,6 @@ def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
         raise ConfigFileError(f"{where}control.{unknown[0]}: unknown field{did_you_mean(unknown[0], known)}; "
                               f"known: {', '.join(known)}")
     return out
-
-
-def split_args(value: str, where: str) -> list[str]:
-    """``value`` split like a shell (:func:`shlex.split`) for the setting ``where`` (``--eal-args``, ...).
-
-    Raises:
-        UsageError: it does not split (an unclosed quote, a trailing backslash): exit 2,
-            naming ``where`` and the value.
-    """
-    try:
-        return shlex.split(value)
-    except ValueError as e:
-        raise UsageError(f"{where} {value!r} is not a shell-quoted argument list ({str(e).lower()}): "
-                         "close the quote, or escape it with a backslash",
-                         param="card_args" if "card" in where.lower() else "eal_args") from None
 
 
 def resolve(config: str | None = None, target: str | None = None, name: str | None = None,

@@ -25,6 +25,8 @@ Example::
 """
 from __future__ import annotations
 
+import shlex
+
 USAGE = "usage"
 OPERATIONAL = "operational"
 NEEDS_ROOT = "needs-root"
@@ -69,6 +71,22 @@ class UsageError(ControlError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+def split_args(value: str, what: str, *, fix: str = "close the quote, or escape it with a backslash",
+               error: type[Exception] | None = None) -> list[str]:
+    """``value`` split like a shell (:func:`shlex.split`) for the setting ``what`` (``--eal-args``,
+    ``EMBNIC_EAL_ARGS``, a config field, ...): the one place every argument-list setting is split.
+
+    Raises:
+        ``error`` (default :class:`UsageError`, exit 2) naming ``what``, the value and ``fix`` when
+        it does not split (an unclosed quote, a trailing backslash).
+    """
+    try:
+        return shlex.split(value)
+    except ValueError as e:
+        raise (error or UsageError)(f"{what} {value!r} is not a shell-quoted argument list ({str(e).lower()}): "
+                                    f"{fix}") from None
 
 
 class NoSuchEntryError(UsageError):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import time
 import zlib
@@ -35,7 +34,7 @@ from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
 from embnic.control import buildinfo
 from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError, CtlError
 from embnic.control.dpdk_proc import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
-from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError
+from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError, split_args
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
                                      require_netns, require_root, state_path, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
@@ -104,13 +103,7 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
 
 
 
-def _split(value: str, what: str) -> list[str]:
-    """``value`` split like a shell; raises UsageError (exit 2) naming ``what`` if it does not split."""
-    try:
-        return shlex.split(value)
-    except ValueError as e:
-        raise UsageError(f"{what} {value!r} is not a shell-quoted argument list ({str(e).lower()}): close "
-                         "the quote, or give a list of strings", param=what) from None
+_LIST_FIX = "close the quote, or give a list of strings"
 
 
 class DpdkTarget(Target):
@@ -153,8 +146,8 @@ class DpdkTarget(Target):
         super().__init__(config, name=name, run_dir=run_dir)
         self.binary = binary
         if isinstance(eal_args, str):
-            eal_args = _split(eal_args, "eal_args")
-        self.card_args = _split(card_args, "card_args") if isinstance(card_args, str) else list(card_args or ())
+            eal_args = split_args(eal_args, "eal_args", fix=_LIST_FIX)
+        self.card_args = split_args(card_args, "card_args", fix=_LIST_FIX) if isinstance(card_args, str) else list(card_args or ())
         self.start_paused = bool(start_paused)
         self.eal_args = list(eal_args) if eal_args is not None else None
         self._ctl_path = os.fspath(ctl_path) if ctl_path else None
