@@ -277,6 +277,28 @@ class TableShard:
                 w -= self._lr * g
         self._rows[slot] = w
 
+    def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
+        """Apply the updates of several messages in their order.
+
+        Args:
+            keys: uint64 (K,), each segment ``keys[offs[j]:offs[j+1]]`` free of duplicates.
+            g: float32 (K, dim), the gradients in the same order.
+            offs: int64 (M+1,), segment bounds (``offs[0] == 0``, ``offs[-1] == K``; empty
+                segments allowed).
+
+        All in one :meth:`apply` when no key repeats across segments (row-wise optimizers: the
+        same rows as one message after the other); else one message after the other, as they
+        came.
+        """
+        if keys.size == 0:
+            return
+        if offs.size <= 2 or is_unique(keys):
+            self.apply(keys, g)
+            return
+        for a, b in zip(offs[:-1].tolist(), offs[1:].tolist()):
+            if b > a:
+                self.apply(keys[a:b], g[a:b])
+
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Materialised rows, for comparison and checkpoints.
 

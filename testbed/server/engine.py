@@ -60,18 +60,11 @@ from embnic.client_lib.table_numerics import gradient_rows_ok, is_unique
 
 from . import cintake, udpio
 from .intake import BatchIntake, _Pend
-from .peers import PeerGone, PeerHub, PeerLink, SplitTable, apply_segments, serve_sub_request
+from .peers import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds as _offsets, serve_sub_request
 from .replies import BatchReplies
 from .shard import ShardServer, _Refused
 
 log = logging.getLogger("embnic.server")
-
-
-def _offsets(counts: np.ndarray) -> np.ndarray:
-    """Segment bounds int64 (M+1,) of segments of ``counts`` (M,) elements: ``[0, c0, c0+c1, ...]``."""
-    out = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=out[1:])
-    return out
 
 
 class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
@@ -507,7 +500,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
     def _apply_updates(self, ts, keys: np.ndarray, g: np.ndarray, offs: np.ndarray, which: list[int]) -> None:
         """Apply the updates ``which`` (message indices into segments ``offs``, ascending =
         arrival order) to table ``ts``: the one place a wake-up changes rows. Overlapping keys:
-        one message after the other (:func:`~.peers.apply_segments`); with workers, each owner
+        one message after the other (``TableShard.apply_segments``); with workers, each owner
         applies its share of every message (:meth:`~.peers.SplitTable.apply_segments`)."""
         if len(which) == int(offs.size - 1):
             k, gg, o = keys, g, offs
@@ -517,7 +510,4 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             n = np.diff(offs)
             rows = np.repeat(sel, n)
             k, gg, o = keys[rows], g[rows], _offsets(n[which])
-        if isinstance(ts, SplitTable):
-            ts.apply_segments(k, gg, o)
-        else:
-            apply_segments(ts, k, gg, o)
+        ts.apply_segments(k, gg, o)

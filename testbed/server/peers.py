@@ -17,13 +17,13 @@ per pair of workers::
         keys of v ──── LOOKUP (table, keys) ────────▶ TableShard.lookup
         own keys: TableShard.lookup (meanwhile)
         ◀─────────────── rows (float32, key order) ──
-    apply(keys, grads, segments): the same, APPLY ─▶ apply_segments → ack
+    apply(keys, grads, segments): the same, APPLY ─▶ TableShard.apply_segments → ack
 
 A worker waiting for its sub-replies serves the sub-requests that reach it meanwhile (a
 sub-request never makes sub-requests of its own, so two workers asking each other at once
 cannot deadlock). Numerics stay bit-identical to the one-process shard and ``LocalBackend``:
 the optimizers are row-wise (a row's result depends on its own gradient and state only) and an
-owner applies a wake-up's segments in the home's order (:func:`apply_segments`); the home sends
+owner applies a wake-up's segments in the home's order (``TableShard.apply_segments``); the home sends
 its ack only after every owner acked, so a client that read its ack reads the new rows.
 
 :class:`SplitTable` puts this behind :class:`~embnic.client_lib.table_numerics.TableShard`'s
@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from embnic.client_lib.splitmix import splitmix64
-from embnic.client_lib.table_numerics import TableShard, is_unique
+from embnic.client_lib.table_numerics import TableShard
 
 _FRAME = struct.Struct("<BBHIQ")  #: kind, op, table_id, count, payload bytes
 REQUEST, REPLY = 1, 2
@@ -70,27 +70,21 @@ def worker_of(table_id: int, keys: np.ndarray, workers: int) -> np.ndarray:
     return (((h >> np.uint64(32)) * np.uint64(workers)) >> np.uint64(32)).astype(np.int64)
 
 
-def apply_segments(ts: TableShard, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
-    """Apply the updates of several messages to ``ts`` in their order.
+def segment_bounds(counts: np.ndarray) -> np.ndarray:
+    """Segment bounds int64 (M+1,) of segments of ``counts`` (M,) elements: ``[0, c0, c0+c1, ...]``."""
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
 
-    Args:
-        keys: uint64 (K,), each segment ``keys[offs[j]:offs[j+1]]`` free of duplicates.
-        g: float32 (K, dim), the gradients in the same order.
-        offs: int64 (M+1,), segment bounds (``offs[0] == 0``, ``offs[-1] == K``; empty
-            segments allowed).
 
-    All in one :meth:`TableShard.apply` when no key repeats across segments (row-wise
-    optimizers: the same rows as one message after the other); else one message after the
-    other, as they came.
-    """
-    if keys.size == 0:
-        return
-    if offs.size <= 2 or is_unique(keys):
-        ts.apply(keys, g)
-        return
-    for a, b in zip(offs[:-1].tolist(), offs[1:].tolist()):
-        if b > a:
-            ts.apply(keys[a:b], g[a:b])
+def sub_bounds(mask: np.ndarray, offs: np.ndarray) -> np.ndarray:
+    """Bounds int64 (M+1,) of the segments ``offs`` (M+1,) restricted to the elements where
+    ``mask`` (bool (K,)) is set: the segments of ``keys[mask]``."""
+    if offs.size <= 1:
+        return np.zeros(1, np.int64)
+    cnt = np.add.reduceat(mask.astype(np.int64), offs[:-1])
+    cnt[offs[:-1] == offs[1:]] = 0  # reduceat reads one element for an empty segment
+    return segment_bounds(cnt)
 
 
 class PeerLink:
@@ -303,7 +297,7 @@ class SplitTable:
                             np.array([0, keys.size], np.int64))
 
     def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
-        """As :func:`apply_segments`, each owner applying its keys of every segment, in order;
+        """As :meth:`TableShard.apply_segments`, each owner applying its keys of every segment, in order;
         returns once every owner has applied its share."""
         hub = self.hub
         w = worker_of(self._tid, keys, hub.workers)
@@ -314,19 +308,15 @@ class SplitTable:
             m = w == v
             if not m.any():
                 continue
-            cnt = np.add.reduceat(m.astype(np.int64), offs[:-1]) if offs.size > 1 else np.zeros(0, np.int64)
-            cnt[offs[:-1] == offs[1:]] = 0  # reduceat reads one element for an empty segment
-            o = np.r_[np.int64(0), np.cumsum(cnt)].astype(np.int64)
-            reqs[v] = (OP_APPLY, self._tid, int(offs.size - 1), [o, keys[m], np.ascontiguousarray(g[m], np.float32)])
+            reqs[v] = (OP_APPLY, self._tid, int(offs.size - 1),
+                       [sub_bounds(m, offs), keys[m], np.ascontiguousarray(g[m], np.float32)])
         if reqs:
             hub.send(reqs)
         mine = w == hub.me
         if mine.all():
-            apply_segments(self.local, keys, g, offs)
+            self.local.apply_segments(keys, g, offs)
         elif mine.any():
-            cnt = np.add.reduceat(mine.astype(np.int64), offs[:-1])
-            cnt[offs[:-1] == offs[1:]] = 0
-            apply_segments(self.local, keys[mine], g[mine], np.r_[np.int64(0), np.cumsum(cnt)].astype(np.int64))
+            self.local.apply_segments(keys[mine], g[mine], sub_bounds(mine, offs))
         if reqs:
             hub.wait(reqs)
 
@@ -355,6 +345,6 @@ def serve_sub_request(tables: dict[int, TableShard], op: int, table_id: int, cou
         k = int(offs[-1])
         keys = np.frombuffer(payload, np.uint64, k, 8 * (count + 1))
         g = np.frombuffer(payload, np.float32, k * ts.dim, 8 * (count + 1 + k)).reshape(k, ts.dim)
-        apply_segments(ts, keys, g, offs)
+        ts.apply_segments(keys, g, offs)
         return []
     raise ValueError(f"sub-request with unknown op {op}")

@@ -432,12 +432,13 @@ def main(argv: list[str] | None = None) -> int:
 
             losses, params = run_worker(cfg, tr, plan, rank=rank, backend=client, barrier=dist.barrier,
                                         progress=progress)
-            all_losses = [None] * world
-            dist.all_gather_object(all_losses, losses)
             check = None
-            if a.check and rank == 0:  # every rank's updates are applied (run_worker's last barrier)
-                check = check_against_reference(cfg, tr, plan, all_losses, params, client.lookup)
-                print(check_line(check), flush=True)
+            if a.check:  # (the same on every rank, so every rank takes part in the gather)
+                all_losses = [None] * world
+                dist.all_gather_object(all_losses, losses)
+                if rank == 0:  # every rank's updates are applied (run_worker's last barrier)
+                    check = check_against_reference(cfg, tr, plan, all_losses, params, client.lookup)
+                    print(check_line(check), flush=True)
         except EmbnicError as e:
             print(f"error: rank {rank} (client {cid}): {e}", file=sys.stderr)
             return FAIL_EXIT
