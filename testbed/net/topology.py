@@ -177,7 +177,7 @@ class Testbed:
             old = testbed_state(self.name, self.rdir) or {}
             self._tlog().write(f"removing testbed {self.name} left by {owner} pid {old.get('creator_pid')}\n")
             down(self.name, self.rdir)
-        self.check_free(owner)
+            self.check_free(owner)  # what is left now must be free
         ensure_run_dir(self.dir)  # one line naming EMBNIC_RUN_DIR if it cannot be made
         for f in self.dir.glob("*.log"):
             f.unlink()
