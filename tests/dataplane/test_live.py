@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from drops import embnic_drops
+
 from embnic.control.dpdk_proc import CardProcess
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root, pytest.mark.slow]
@@ -237,9 +239,11 @@ def test_card_saw_every_type_fragmented(live):
 
 
 def test_no_authorisation_or_malformed_drops(live):
-    drops = live["counters"]["drops"]
+    # the hosts' kernels send a few frames of their own (ARP, IGMP, an ICMP port unreachable for a
+    # late reply): a handful, before the card knows it is embnic traffic (drops.embnic_drops)
+    drops = embnic_drops(live["counters"]["drops"])
     # a second answer to a retransmitted request is unsolicited once the first freed the entry
-    ok = ("bad_ether", "arp_ignored") + (("unsolicited_reply",) if live["client"]["stats"]["retransmits"] else ())
+    ok = ("unsolicited_reply",) if live["client"]["stats"]["retransmits"] else ()
     bad = {k: v for k, v in drops.items() if v and k not in ok}
     assert not bad, bad
 

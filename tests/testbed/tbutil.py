@@ -15,30 +15,14 @@ import pytest
 from embnic.control.runstate import is_root
 from embnic.testbed.net import topology as T
 
+from drops import FOREIGN_DROPS, FOREIGN_DROPS_MAX, embnic_drops  # noqa: F401 (the testbed tests import them from here)
+
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_TOML = REPO / "examples" / "testbed.toml"
 DP_BINARY = REPO / "dataplane" / "build" / "embnic-dp"
 
 needs_root = pytest.mark.skipif(not is_root(),
                                 reason="needs root (CAP_NET_ADMIN) to create network namespaces and veths")
-
-
-# Drop reasons a frame gets before the card knows it is embnic traffic (parse.c checks the ether
-# type, IPv4 options, the protocol, then the UDP port; ARP not for the card's address). The hosts'
-# kernels send such frames on their own: an IGMP membership report carries the Router Alert option
-# (RFC 2113) and is counted as ip_options; CI once saw one on the bridged testbed. A few are
-# expected; every other reason is embnic traffic the card refused.
-FOREIGN_DROPS = ("bad_ether", "ip_options", "not_udp", "bad_port", "arp_ignored")
-FOREIGN_DROPS_MAX = 16
-
-
-def embnic_drops(drops: dict) -> dict:
-    """The card's drop counters for embnic traffic: ``drops`` (reason -> frames) without the
-    reasons of :data:`FOREIGN_DROPS`, after asserting those stay a handful (≤ FOREIGN_DROPS_MAX)."""
-    foreign = {k: v for k, v in drops.items() if k in FOREIGN_DROPS and v}
-    assert sum(foreign.values()) <= FOREIGN_DROPS_MAX, ("more non-embnic frames than a host's own chatter", drops)
-    assert set(FOREIGN_DROPS) <= set(drops), ("a drop reason was renamed", sorted(drops))
-    return {k: v for k, v in drops.items() if k not in FOREIGN_DROPS}
 
 
 def tb_name(tag: str) -> str:
