@@ -17,14 +17,15 @@ import numpy as np
 from . import consts
 from .consts import DType, MsgType
 
-#: the 40-byte header as a numpy structured dtype, big-endian (network byte order)
+#: the 44-byte header as a numpy structured dtype, big-endian (network byte order)
 HEADER_DTYPE = np.dtype([
     ("magic", ">u2"), ("version", "u1"), ("msg_type", "u1"),
-    ("flags", "u1"), ("dtype", "u1"), ("status", ">u2"),
+    ("flags", "u1"), ("reserved0", "u1"), ("status", ">u2"),
     ("msg_id", ">u4"),
-    ("client_id", ">u2"), ("table_id", ">u2"),
-    ("shard_id", ">u2"), ("dim", ">u2"),
+    ("client_id", ">u2"), ("shard_id", ">u2"),
+    ("num_tables", ">u2"), ("table_id", ">u2"),
     ("num_keys", ">u4"),
+    ("value_len", ">u4"),
     ("msg_len", ">u4"),
     ("frag_offset", ">u4"),
     ("frag_index", ">u2"), ("frag_count", ">u2"),
@@ -34,10 +35,13 @@ assert HEADER_DTYPE.itemsize == consts.HDR_LEN
 assert [(n, HEADER_DTYPE.fields[n][1], HEADER_DTYPE.fields[n][0].itemsize) for n in HEADER_DTYPE.names] \
     == list(consts.HEADER_FIELDS)
 
-_HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")
+_HDR = struct.Struct("!HBBBBHIHHHHIIIIHHHH")
 assert _HDR.size == consts.HDR_LEN
 
 KEY_DTYPE = np.dtype("<u8")  #: keys in bodies: uint64 little-endian
+#: a request's directory entry (docs/protocol.md, "Body"), little-endian like every body
+DIR_DTYPE = np.dtype(list(consts.DIR_ENTRY_FIELDS))
+assert DIR_DTYPE.itemsize == consts.DIR_ENTRY
 
 
 class Header(NamedTuple):
@@ -47,14 +51,15 @@ class Header(NamedTuple):
     version: int
     msg_type: int
     flags: int
-    dtype: int
+    reserved0: int
     status: int
     msg_id: int
     client_id: int
-    table_id: int
     shard_id: int
-    dim: int
+    num_tables: int
+    table_id: int
     num_keys: int
+    value_len: int
     msg_len: int
     frag_offset: int
     frag_index: int
@@ -63,7 +68,7 @@ class Header(NamedTuple):
     reserved: int
 
     def pack(self) -> bytes:
-        """The 40 header bytes."""
+        """The 44 header bytes."""
         return _HDR.pack(*self)
 
 
@@ -76,10 +81,10 @@ class FrameError(ValueError):
 
 
 def unpack_header(payload: bytes | bytearray | memoryview) -> Header:
-    """Decode the 40 header bytes without any validation.
+    """Decode the 44 header bytes without any validation.
 
     Raises:
-        FrameError: ``too_short`` if fewer than 40 bytes.
+        FrameError: ``too_short`` if fewer than 44 bytes.
     """
     if len(payload) < consts.HDR_LEN:
         raise FrameError("too_short", f"{len(payload)} bytes < {consts.HDR_LEN}")
@@ -97,9 +102,11 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
         the :class:`Header`.
 
     Raises:
-        FrameError: reason ``too_short``, ``bad_magic``, ``bad_version``, ``bad_type``,
-            ``bad_dtype``, ``bad_length`` or ``too_many_frags`` (``frag_count`` >
-            :data:`consts.MAX_FRAGS`).
+        FrameError: reason ``too_short``, ``bad_magic``, ``bad_version`` (a version-1 frame
+            too), ``bad_type``, ``bad_length`` (the fragment does not fit its frame or its
+            message, or ``msg_len`` is not :func:`consts.expected_msg_len` of the header's
+            counts, or the counts do not fit the type: :func:`consts.header_counts_ok`) or
+            ``too_many_frags`` (``frag_count`` > :data:`consts.MAX_FRAGS`).
     """
     n = len(payload)
     if n < consts.HDR_LEN:
@@ -116,18 +123,18 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
         raise FrameError("bad_type", f"{MsgType(t).name} where a request is expected")
     if expect == "reply" and t not in consts.REPLY_TYPES:
         raise FrameError("bad_type", f"{MsgType(t).name} where a reply is expected")
-    if h.dtype > 2 or (h.dtype == 0 and t in (MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ)):
-        raise FrameError("bad_dtype", str(h.dtype))
     if h.frag_len != n - consts.HDR_LEN:
         raise FrameError("bad_length", f"frag_len {h.frag_len} != {n - consts.HDR_LEN} body bytes")
     if h.frag_count == 0 or h.frag_index >= h.frag_count:
         raise FrameError("bad_length", f"frag {h.frag_index}/{h.frag_count}")
     if h.frag_offset + h.frag_len > h.msg_len:
         raise FrameError("bad_length", f"frag_offset+frag_len {h.frag_offset + h.frag_len} > msg_len {h.msg_len}")
-    if h.msg_len != consts.expected_msg_len(t, h.num_keys, h.dim, h.dtype):
-        raise FrameError("bad_length", f"msg_len {h.msg_len} does not fit {h.num_keys} keys of dim {h.dim}")
-    if h.num_keys == 0 and t in (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ, MsgType.SIZE_REQ):
-        raise FrameError("bad_length", "num_keys 0")
+    if h.msg_len != consts.expected_msg_len(t, h.num_tables, h.num_keys, h.value_len):
+        raise FrameError("bad_length", f"msg_len {h.msg_len} does not fit {h.num_tables} tables, {h.num_keys} "
+                                       f"keys, value_len {h.value_len} of a {MsgType(t).name}")
+    if not consts.header_counts_ok(t, h.num_tables, h.num_keys, h.value_len):
+        raise FrameError("bad_length", f"{h.num_tables} tables, {h.num_keys} keys, value_len {h.value_len} "
+                                       f"do not fit a {MsgType(t).name}")
     if h.frag_count > consts.MAX_FRAGS:
         raise FrameError("too_many_frags", f"frag_count {h.frag_count} > {consts.MAX_FRAGS}")
     return h
@@ -144,11 +151,11 @@ def encode_message(
     *,
     msg_id: int,
     client_id: int,
-    table_id: int = 0,
     shard_id: int = 0,
-    dim: int = 0,
-    dtype: int = DType.FP32,
+    num_tables: int = 0,
+    table_id: int = consts.NO_TABLE,
     num_keys: int = 0,
+    value_len: int = 0,
     body: bytes | bytearray | memoryview = b"",
     mtu: int = consts.DEFAULT_MTU,
     flags: int = 0,
@@ -156,15 +163,15 @@ def encode_message(
 ) -> list[bytes]:
     """Build the UDP payloads (one per fragment) of one message.
 
-    The body is cut at ``P = mtu - 68`` bytes (docs/protocol.md, "Fragmentation"); every
+    The body is cut at ``P = mtu - 72`` bytes (docs/protocol.md, "Fragmentation"); every
     fragment carries the full header. No validation (see :func:`parse_header`).
 
     Returns:
-        list of ``frag_count`` byte strings, each ``40 + frag_len`` bytes.
+        list of ``frag_count`` byte strings, each ``44 + frag_len`` bytes.
 
     Raises:
         ValueError: MTU too small, or the message needs more than :data:`consts.MAX_FRAGS`
-            fragments (split it into several messages: :func:`consts.max_keys_per_message`).
+            fragments (split it into several messages).
     """
     body = memoryview(body).cast("B")
     msg_len = len(body)
@@ -173,21 +180,22 @@ def encode_message(
         raise ValueError(f"message of {msg_len} bytes needs {count} fragments at MTU {mtu} "
                          f"(max {consts.MAX_FRAGS}): split it into several messages")
     if count == 1:
-        return [_HDR.pack(consts.MAGIC, consts.VERSION, msg_type, flags, dtype, status, msg_id, client_id,
-                          table_id, shard_id, dim, num_keys, msg_len, 0, 0, 1, msg_len, 0) + body]
+        return [_HDR.pack(consts.MAGIC, consts.VERSION, msg_type, flags, 0, status, msg_id, client_id,
+                          shard_id, num_tables, table_id, num_keys, value_len, msg_len, 0, 0, 1, msg_len, 0)
+                + body]
     hdrs = np.zeros(count, HEADER_DTYPE)
     hdrs["magic"] = consts.MAGIC
     hdrs["version"] = consts.VERSION
     hdrs["msg_type"] = msg_type
     hdrs["flags"] = flags
-    hdrs["dtype"] = dtype
     hdrs["status"] = status
     hdrs["msg_id"] = msg_id
     hdrs["client_id"] = client_id
-    hdrs["table_id"] = table_id
     hdrs["shard_id"] = shard_id
-    hdrs["dim"] = dim
+    hdrs["num_tables"] = num_tables
+    hdrs["table_id"] = table_id
     hdrs["num_keys"] = num_keys
+    hdrs["value_len"] = value_len
     hdrs["msg_len"] = msg_len
     idx = np.arange(count, dtype=np.int64)
     offs = idx * p
@@ -209,55 +217,134 @@ def value_dtype(dtype: int) -> np.dtype:
     return np.dtype(consts.DTYPE_NUMPY[DType(dtype)])
 
 
-def keys_to_body(keys: np.ndarray) -> bytes:
-    """Body of a LOOKUP_REQ: ``keys`` uint64 (N,) → 8N bytes little-endian."""
-    return np.ascontiguousarray(keys, dtype=KEY_DTYPE).tobytes()
+class DirectoryError(ValueError):
+    """A request's directory does not add up (docs/protocol.md, "Body"): ``status`` is the
+    :class:`consts.Status` to answer and ``table_id`` the table it names
+    (:data:`consts.NO_TABLE` when the fault is the message's, not one table's)."""
+
+    def __init__(self, status: int, table_id: int, detail: str):
+        self.status = int(status)
+        self.table_id = int(table_id)
+        super().__init__(detail)
 
 
-def rows_to_body(rows: np.ndarray, dtype: int = DType.FP32) -> bytes:
-    """Body of a LOOKUP_REPLY: rows (N, dim) → N·dim·esize bytes little-endian, row-major."""
-    return np.ascontiguousarray(rows, dtype=value_dtype(dtype)).tobytes()
+def make_directory(table_ids, dims, dtypes, counts) -> np.ndarray:
+    """A request's directory: :data:`DIR_DTYPE` (T,) from per-table ``table_ids``, ``dims``,
+    ``dtypes`` (embnic dtype codes) and key ``counts`` (each array-like (T,), in body order)."""
+    d = np.zeros(len(table_ids), DIR_DTYPE)
+    d["table_id"] = table_ids
+    d["dim"] = dims
+    d["dtype"] = dtypes
+    d["num_keys"] = counts
+    return d
 
 
-def update_to_body(keys: np.ndarray, grads: np.ndarray, dtype: int = DType.FP32) -> bytes:
-    """Body of an UPDATE_REQ: keys uint64 (N,) then grads (N, dim) of ``dtype``."""
-    return keys_to_body(keys) + rows_to_body(grads, dtype)
+def row_bytes(directory: np.ndarray) -> np.ndarray:
+    """Bytes of one row of each table of ``directory`` (:data:`DIR_DTYPE` (T,)) → int64 (T,):
+    ``dim · esize(dtype)`` (0 for an unknown dtype)."""
+    es = np.array([0, 4, 2], np.int64)
+    dt = directory["dtype"].astype(np.int64)
+    return directory["dim"].astype(np.int64) * np.where(dt <= 2, es[np.minimum(dt, 2)], 0)
 
 
-def body_to_keys(body: bytes | memoryview, num_keys: int) -> np.ndarray:
-    """Keys of a LOOKUP_REQ body → uint64 (num_keys,) (a read-only view, no copy)."""
-    return np.frombuffer(body, dtype=KEY_DTYPE, count=num_keys)
+def value_len_of(directory: np.ndarray) -> int:
+    """``value_len`` of a message with ``directory``: Σ ``num_keys_t · dim_t · esize_t`` bytes
+    (the reply's rows of a lookup, the gradients of an update)."""
+    return int((directory["num_keys"].astype(np.int64) * row_bytes(directory)).sum())
 
 
-def body_to_rows(body: bytes | memoryview, num_keys: int, dim: int, dtype: int = DType.FP32,
-                 offset: int = 0) -> np.ndarray:
-    """Rows of a LOOKUP_REPLY body → (num_keys, dim) of the wire dtype (a view, no copy)."""
-    return np.frombuffer(body, dtype=value_dtype(dtype), count=num_keys * dim, offset=offset).reshape(num_keys, dim)
-
-
-def split_update_body(body: bytes | memoryview, num_keys: int, dim: int,
-                      dtype: int = DType.FP32) -> tuple[np.ndarray, np.ndarray]:
-    """UPDATE_REQ body → (keys uint64 (N,), grads (N, dim) of the wire dtype), views."""
-    keys = body_to_keys(body, num_keys)
-    grads = body_to_rows(body, num_keys, dim, dtype, offset=num_keys * consts.KEY_SIZE)
-    return keys, grads
-
-
-def encode_lookup(*, msg_id: int, client_id: int, table_id: int, shard_id: int, dim: int, dtype: int,
+def encode_lookup(*, msg_id: int, client_id: int, shard_id: int, directory: np.ndarray,
                   keys: np.ndarray, mtu: int = consts.DEFAULT_MTU, flags: int = 0) -> list[bytes]:
-    """UDP payloads of a LOOKUP_REQ for ``keys`` uint64 (N,)."""
-    return encode_message(MsgType.LOOKUP_REQ, msg_id=msg_id, client_id=client_id, table_id=table_id,
-                          shard_id=shard_id, dim=dim, dtype=dtype, num_keys=len(keys),
-                          body=keys_to_body(keys), mtu=mtu, flags=flags)
+    """UDP payloads of a LOOKUP_REQ: ``directory`` :data:`DIR_DTYPE` (T,), then ``keys`` uint64
+    (n,) with n = Σ ``directory["num_keys"]``, table by table in directory order.
+    ``value_len`` (the reply's row bytes) is computed from the directory."""
+    body = directory.tobytes() + np.ascontiguousarray(keys, dtype=KEY_DTYPE).tobytes()
+    return encode_message(MsgType.LOOKUP_REQ, msg_id=msg_id, client_id=client_id, shard_id=shard_id,
+                          num_tables=len(directory), num_keys=len(keys), value_len=value_len_of(directory),
+                          body=body, mtu=mtu, flags=flags)
 
 
-def encode_update(*, msg_id: int, client_id: int, table_id: int, shard_id: int, dtype: int,
-                  keys: np.ndarray, grads: np.ndarray, mtu: int = consts.DEFAULT_MTU,
+def encode_update(*, msg_id: int, client_id: int, shard_id: int, directory: np.ndarray,
+                  keys: np.ndarray, values: bytes | bytearray | memoryview, mtu: int = consts.DEFAULT_MTU,
                   flags: int = 0) -> list[bytes]:
-    """UDP payloads of an UPDATE_REQ: keys uint64 (N,), grads (N, dim)."""
-    return encode_message(MsgType.UPDATE_REQ, msg_id=msg_id, client_id=client_id, table_id=table_id,
-                          shard_id=shard_id, dim=grads.shape[1], dtype=dtype, num_keys=len(keys),
-                          body=update_to_body(keys, grads, dtype), mtu=mtu, flags=flags)
+    """UDP payloads of an UPDATE_REQ: ``directory`` (T,), ``keys`` uint64 (n,), then ``values``:
+    each table's gradients (``num_keys_t × dim_t`` of its dtype, little-endian, row-major) one
+    table after the other (:func:`values_to_body` builds them).
+
+    Raises:
+        ValueError: ``values`` is not :func:`value_len_of` ``directory`` bytes long.
+    """
+    vl = value_len_of(directory)
+    values = memoryview(values).cast("B")
+    if len(values) != vl:
+        raise ValueError(f"update values are {len(values)} bytes, the directory says {vl}")
+    body = b"".join((directory.tobytes(), np.ascontiguousarray(keys, dtype=KEY_DTYPE).tobytes(), values))
+    return encode_message(MsgType.UPDATE_REQ, msg_id=msg_id, client_id=client_id, shard_id=shard_id,
+                          num_tables=len(directory), num_keys=len(keys), value_len=vl, body=body, mtu=mtu,
+                          flags=flags)
+
+
+def values_to_body(arrays, dtypes) -> bytes:
+    """Rows or gradients of several tables as one body section: each array (n_t, dim_t) cast to
+    its embnic dtype (little-endian), concatenated in order."""
+    return b"".join(np.ascontiguousarray(a, dtype=value_dtype(d)).tobytes() for a, d in zip(arrays, dtypes))
+
+
+class RequestBody(NamedTuple):
+    """A parsed LOOKUP_REQ / UPDATE_REQ body (views into the body, no copy)."""
+
+    directory: np.ndarray  #: :data:`DIR_DTYPE` (T,)
+    keys: np.ndarray  #: uint64 (n,), table by table
+    values: memoryview  #: an update's gradients (``value_len`` bytes); empty for a lookup
+    key_offsets: np.ndarray  #: int64 (T+1,): table t's keys are ``keys[key_offsets[t]:key_offsets[t+1]]``
+    value_offsets: np.ndarray  #: int64 (T+1,): table t's row bytes in ``values`` (or in the reply)
+
+
+def parse_request_body(h: Header, body: bytes | bytearray | memoryview) -> RequestBody:
+    """Split a whole LOOKUP_REQ / UPDATE_REQ body by its directory and check that the directory
+    adds up to the header (docs/protocol.md, "Body"): every table at most once, each with ≥ 1 key,
+    ``dim`` ≥ 1 and ``dtype`` fp32 or fp16, Σ keys = ``num_keys``, Σ row bytes = ``value_len``.
+
+    Raises:
+        DirectoryError: status ``MALFORMED``, naming the table where the fault is one table's.
+    """
+    T, n = h.num_tables, h.num_keys
+    mv = memoryview(body).cast("B")
+    d = np.frombuffer(mv, DIR_DTYPE, count=T)
+    if T > 1 and np.unique(d["table_id"]).size != T:
+        u, c = np.unique(d["table_id"], return_counts=True)
+        raise DirectoryError(consts.Status.MALFORMED, int(u[c > 1][0]), "a table appears twice in the directory")
+    bad = (d["num_keys"] == 0) | (d["dim"] == 0) | ((d["dtype"] != DType.FP32) & (d["dtype"] != DType.FP16))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DirectoryError(consts.Status.MALFORMED, int(d["table_id"][i]),
+                             f"directory entry of table {int(d['table_id'][i])}: {int(d['num_keys'][i])} keys, "
+                             f"dim {int(d['dim'][i])}, dtype {int(d['dtype'][i])}")
+    counts = d["num_keys"].astype(np.int64)
+    if int(counts.sum()) != n:
+        raise DirectoryError(consts.Status.MALFORMED, consts.NO_TABLE,
+                             f"directory counts {int(counts.sum())} keys, the header {n}")
+    rb = counts * row_bytes(d)
+    if int(rb.sum()) != h.value_len:
+        raise DirectoryError(consts.Status.MALFORMED, consts.NO_TABLE,
+                             f"directory gives {int(rb.sum())} value bytes, the header {h.value_len}")
+    ko = np.zeros(T + 1, np.int64)
+    np.cumsum(counts, out=ko[1:])
+    vo = np.zeros(T + 1, np.int64)
+    np.cumsum(rb, out=vo[1:])
+    start = consts.DIR_ENTRY * T
+    keys = np.frombuffer(mv, KEY_DTYPE, count=n, offset=start)
+    values = mv[start + consts.KEY_SIZE * n:] if h.msg_type == MsgType.UPDATE_REQ else mv[0:0]
+    return RequestBody(d, keys, values, ko, vo)
+
+
+def table_values(section: bytes | bytearray | memoryview, rb: RequestBody, t: int) -> np.ndarray:
+    """Table ``t``'s rows (a reply) or gradients (an update's ``rb.values``) in ``section``:
+    a view (num_keys_t, dim_t) of its wire dtype."""
+    e = rb.directory[t]
+    n, dim = int(e["num_keys"]), int(e["dim"])
+    return np.frombuffer(section, value_dtype(int(e["dtype"])), count=n * dim,
+                         offset=int(rb.value_offsets[t])).reshape(n, dim)
 
 
 #: a SIZE_REQ entry (docs/protocol.md, "Size messages"), little-endian like every body
@@ -268,8 +355,8 @@ assert SIZE_ENTRY_DTYPE.itemsize == consts.SIZE_ENTRY
 def encode_size(*, msg_id: int, client_id: int, shard_id: int, entries: np.ndarray,
                 mtu: int = consts.DEFAULT_MTU, flags: int = 0) -> list[bytes]:
     """UDP payloads of a SIZE_REQ announcing ``entries`` (:data:`SIZE_ENTRY_DTYPE` (E,), E ≥ 1:
-    ``msg_id``, ``msg_type``, ``dtype``, ``table_id``, ``num_keys``, ``msg_len`` of every data
-    message that follows to ``shard_id``). ``table_id`` 0, ``dim`` 0, ``dtype`` none in the header.
+    ``msg_id``, ``msg_type``, ``num_tables``, ``num_keys``, ``msg_len`` of every data message that
+    follows to ``shard_id``). ``num_tables`` 0 and ``value_len`` 0 in the header.
 
     Raises:
         ValueError: ``entries`` is empty or not of :data:`SIZE_ENTRY_DTYPE`.
@@ -277,9 +364,8 @@ def encode_size(*, msg_id: int, client_id: int, shard_id: int, entries: np.ndarr
     entries = np.asarray(entries)
     if entries.dtype != SIZE_ENTRY_DTYPE or entries.ndim != 1 or len(entries) == 0:
         raise ValueError(f"SIZE_REQ entries must be a non-empty 1-D array of {SIZE_ENTRY_DTYPE}")
-    return encode_message(MsgType.SIZE_REQ, msg_id=msg_id, client_id=client_id, table_id=0,
-                          shard_id=shard_id, dim=0, dtype=DType.NONE, num_keys=len(entries),
-                          body=entries.tobytes(), mtu=mtu, flags=flags)
+    return encode_message(MsgType.SIZE_REQ, msg_id=msg_id, client_id=client_id, shard_id=shard_id,
+                          num_keys=len(entries), body=entries.tobytes(), mtu=mtu, flags=flags)
 
 
 def body_to_size_entries(body: bytes | memoryview, num_entries: int) -> np.ndarray:
@@ -287,11 +373,11 @@ def body_to_size_entries(body: bytes | memoryview, num_entries: int) -> np.ndarr
     return np.frombuffer(body, dtype=SIZE_ENTRY_DTYPE, count=num_entries)
 
 
-def encode_reply(request: Header, msg_type: int, *, shard_id: int, body: bytes = b"",
-                 status: int = 0, mtu: int = consts.DEFAULT_MTU) -> list[bytes]:
-    """UDP payloads of a reply to ``request``: msg_id, client_id, table_id, num_keys, dim and
-    dtype are copied from the request (docs/protocol.md, "Message types")."""
-    return encode_message(msg_type, msg_id=request.msg_id, client_id=request.client_id,
-                          table_id=request.table_id, shard_id=shard_id, dim=request.dim,
-                          dtype=request.dtype, num_keys=request.num_keys, body=body, mtu=mtu,
-                          status=status)
+def encode_reply(request: Header, msg_type: int, *, shard_id: int, body: bytes | bytearray | memoryview = b"",
+                 status: int = 0, table_id: int = consts.NO_TABLE, mtu: int = consts.DEFAULT_MTU) -> list[bytes]:
+    """UDP payloads of a reply to ``request``: ``msg_id``, ``client_id``, ``num_tables``,
+    ``num_keys`` and ``value_len`` are copied from the request (docs/protocol.md, "Message
+    types"); ``table_id`` names the table an ERROR is about (:data:`consts.NO_TABLE` otherwise)."""
+    return encode_message(msg_type, msg_id=request.msg_id, client_id=request.client_id, shard_id=shard_id,
+                          num_tables=request.num_tables, table_id=table_id, num_keys=request.num_keys,
+                          value_len=request.value_len, body=body, mtu=mtu, status=status)

@@ -1,9 +1,10 @@
-"""The embnic v1 header as a Scapy layer, bound to UDP port 7878.
+"""The embnic v2 header as a Scapy layer, bound to UDP port 7878.
 
 Defaults follow the protocol: ``UDP()/Embnic(msg_type="LOOKUP_REQ")`` goes from
 :data:`EPHEMERAL_PORT` (or the ``sport`` given) to 7878, a reply comes from 7878; every
 datagram to or from 7878 dissects as :class:`Embnic` (even from port 53); the length fields
-(``num_keys``, ``msg_len``, ``frag_count``, ``frag_len``) are filled from the payload.
+(``num_keys``, ``msg_len``, ``frag_count``, ``frag_len``) are filled from the payload; a
+request's body starts with its directory, one :class:`EmbnicDirEntry` per table.
 
 Spec: ``docs/protocol.md``; constants: :mod:`embnic.client_lib.consts`. After importing this
 module, ``rdpcap`` of a capture dissects embnic frames::
@@ -11,7 +12,8 @@ module, ``rdpcap`` of a capture dissects embnic frames::
     >>> from scapy.all import Ether, IP, UDP, Raw
     >>> from embnic.client_lib.protocol import Embnic
     >>> pkt = IP()/UDP(sport=40000, dport=7878)/Embnic(msg_type="LOOKUP_REQ", msg_id=7,
-    ...        client_id=1, table_id=3, shard_id=0)/Raw(b"\\x01" + b"\\0" * 7)
+    ...        client_id=1, shard_id=0, num_tables=1, value_len=32)/EmbnicDirEntry(
+    ...        table_id=3, dim=8, num_keys=1)/Raw(b"\\x01" + b"\\0" * 7)
     >>> Embnic(bytes(pkt[Embnic])).num_keys   # length fields filled in post_build
     1
 
@@ -26,6 +28,8 @@ from scapy.fields import (
     ByteField,
     FlagsField,
     IntField,
+    LEIntField,
+    LEShortField,
     ShortEnumField,
     ShortField,
     XShortField,
@@ -47,12 +51,13 @@ _REPLY_OF = {r: tuple(q for q, rs in consts.ANSWERS.items() if r in rs) for r in
 
 
 class Embnic(Packet):
-    """embnic v1 header (40 bytes, network byte order); the body follows as payload.
+    """embnic v2 header (44 bytes, network byte order); the body follows as payload.
 
     ``num_keys``, ``msg_len``, ``frag_count`` and ``frag_len`` default to ``None`` and are
     filled in :meth:`post_build` for a single-fragment message: ``frag_len`` = payload
     length, ``msg_len`` = ``frag_len``, ``frag_count`` = 1, ``num_keys`` derived from
-    ``msg_len`` by the message type's body formula.
+    ``msg_len`` by the message type's body formula where the header allows it (a lookup or
+    update request from ``num_tables`` and ``value_len``, a SIZE_REQ from its entries).
     """
 
     name = "embnic"
@@ -61,14 +66,15 @@ class Embnic(Packet):
         ByteField("version", consts.VERSION),
         ByteEnumField("msg_type", consts.MsgType.LOOKUP_REQ, _TYPES),
         FlagsField("flags", 0, 8, _FLAGS),
-        ByteEnumField("dtype", consts.DType.FP32, _DTYPES),
+        ByteField("reserved0", 0),
         ShortEnumField("status", 0, _STATUS),
         IntField("msg_id", 0),
         ShortField("client_id", 0),
-        ShortField("table_id", 0),
         ShortField("shard_id", 0),
-        ShortField("dim", 0),
+        ShortField("num_tables", 0),
+        ShortField("table_id", consts.NO_TABLE),
         IntField("num_keys", None),
+        IntField("value_len", 0),
         IntField("msg_len", None),
         IntField("frag_offset", 0),
         ShortField("frag_index", 0),
@@ -94,22 +100,21 @@ class Embnic(Packet):
         frag_count = self.frag_count if self.frag_count is not None else 1
         num_keys = self.num_keys
         if num_keys is None:
-            esize = consts.DTYPE_SIZE.get(self.dtype, 0) if self.dtype in (0, 1, 2) else 0
-            per_key = {
-                consts.MsgType.LOOKUP_REQ: consts.KEY_SIZE,
-                consts.MsgType.LOOKUP_REPLY: self.dim * esize,
-                consts.MsgType.UPDATE_REQ: consts.KEY_SIZE + self.dim * esize,
-                consts.MsgType.SIZE_REQ: consts.SIZE_ENTRY,
+            rest = msg_len - consts.DIR_ENTRY * self.num_tables
+            num_keys = {
+                consts.MsgType.LOOKUP_REQ: rest // consts.KEY_SIZE,
+                consts.MsgType.UPDATE_REQ: (rest - self.value_len) // consts.KEY_SIZE,
+                consts.MsgType.SIZE_REQ: msg_len // consts.SIZE_ENTRY,
             }.get(self.msg_type, 0)
-            num_keys = msg_len // per_key if per_key else 0
-        p = (p[:20] + struct.pack("!II", num_keys, msg_len) + p[28:34]
-             + struct.pack("!HH", frag_count, frag_len) + p[38:])
+            num_keys = max(0, num_keys)
+        p = (p[:20] + struct.pack("!I", num_keys) + p[24:28] + struct.pack("!I", msg_len) + p[32:38]
+             + struct.pack("!HH", frag_count, frag_len) + p[42:])
         return p + pay
 
     def mysummary(self) -> str:
         return self.sprintf(
-            "embnic %msg_type% id=%msg_id% client=%client_id% table=%table_id% "
-            "shard=%shard_id% keys=%num_keys% frag=%frag_index%/%frag_count%"
+            "embnic %msg_type% id=%msg_id% client=%client_id% shard=%shard_id% "
+            "tables=%num_tables% keys=%num_keys% frag=%frag_index%/%frag_count%"
         )
 
     def hashret(self) -> bytes:
@@ -127,7 +132,41 @@ class Embnic(Packet):
                    and other.msg_id == self.msg_id)
 
     def guess_payload_class(self, payload: bytes):
+        if (self.msg_type in (consts.MsgType.LOOKUP_REQ, consts.MsgType.UPDATE_REQ) and self.num_tables
+                and self.frag_index == 0 and len(payload) >= consts.DIR_ENTRY):
+            return EmbnicDirEntry
         return Raw
+
+
+class EmbnicDirEntry(Packet):
+    """One table of a request's directory (16 bytes, little-endian like every body;
+    docs/protocol.md, "Body"): the table, its row shape and how many of the message's keys are
+    its. Entries follow one another at the start of fragment 0's body; after the last
+    (``num_tables`` of the header) come the keys, as :class:`~scapy.packet.Raw`."""
+
+    name = "embnic directory entry"
+    fields_desc = [
+        LEShortField("table_id", 0),
+        LEShortField("dim", 1),
+        ByteEnumField("dtype", consts.DType.FP32, _DTYPES),
+        ByteField("reserved0", 0),
+        LEShortField("reserved1", 0),
+        LEIntField("num_keys", 1),
+        LEIntField("reserved2", 0),
+    ]
+
+    def guess_payload_class(self, payload: bytes):
+        hdr = self.underlayer
+        depth = 1
+        while isinstance(hdr, EmbnicDirEntry):
+            hdr = hdr.underlayer
+            depth += 1
+        if isinstance(hdr, Embnic) and depth < hdr.num_tables and len(payload) >= consts.DIR_ENTRY:
+            return EmbnicDirEntry
+        return Raw
+
+    def mysummary(self) -> str:
+        return self.sprintf("table %table_id% dim=%dim% %dtype% keys=%num_keys%")
 
 
 # Dissection: a datagram to or from 7878 is embnic, whatever the other port (also 53 or 5353,
