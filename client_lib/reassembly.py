@@ -15,7 +15,7 @@ from .codec import FrameError, Header, parse_header
 
 # header fields that must be equal in every fragment of one message (flags may differ: a
 # retransmission's fragments mix with the original's)
-_SAME = ("dtype", "status", "table_id", "shard_id", "dim", "num_keys", "msg_len", "frag_count")
+_SAME = consts.MESSAGE_FIELDS
 
 
 @dataclasses.dataclass
