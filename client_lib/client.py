@@ -310,7 +310,7 @@ class EmbeddingClient:
                 size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, None, len(part), self._dest[shard_id],
                                       frames, lambda m: None, msg_len=consts.SIZE_ENTRY * len(part)))
         self.stats.size_rounds += 1
-        self._round(size_msgs, record_latency=False)
+        self._round(size_msgs, record_latency=False, data=False)
 
     def _datagram(self, frames: list, reply_len: int) -> int:
         """Largest IPv4 datagram (bytes) of a request's ``frames`` (UDP payloads) or of its reply
@@ -344,9 +344,10 @@ class EmbeddingClient:
         if retransmit:
             self.stats.retransmits += 1
 
-    def _round(self, msgs: list[_Out], record_latency: bool) -> None:
+    def _round(self, msgs: list[_Out], record_latency: bool, data: bool = True) -> None:
         """Send ``msgs`` and wait for every reply: one round (see the module docstring for the
-        window, the send order, the per-message timers and the loss detection).
+        window, the send order, the per-message timers and the loss detection); ``data``: a lookup
+        or update round (counted in ``stats.data_rounds``), not a size round.
 
         Raises:
             ShardUnavailableError: a message was tried ``retries`` times without a reply.
@@ -355,6 +356,10 @@ class EmbeddingClient:
         if not msgs:
             return
         self.stats.rounds += 1
+        if data:
+            self.stats.data_rounds += 1
+            self.stats.round_messages += len(msgs)
+            self.stats.round_shards += len({m.shard_id for m in msgs})
         queues: dict[int, collections.deque] = {}
         # largest first per shard (a stable sort keeps a table's pieces in order): the last messages
         # a shard gets in a round have no later answer to show them lost, only their timer, so they

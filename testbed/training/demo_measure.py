@@ -67,12 +67,14 @@ def stop_readers(readers: list) -> None:
 def client_snapshot(client) -> dict:
     """The counters of an :class:`~embnic.client_lib.client.EmbeddingClient` now (message, frame and byte
     counts, retransmits, tail probes (one-key lookups after a round's last message, not among the
-    messages), rounds, stale replies, the number of lookup latencies so far, drops by reason)."""
+    messages), rounds (and of the lookup/update rounds: their request messages and the shards they
+    touched), stale replies, the number of lookup latencies so far, drops by reason)."""
     s = client.stats
     return {"messages_sent": s.messages_sent, "messages_received": s.messages_received,
             "frames_sent": s.frames_sent, "frames_received": s.frames_received, "bytes_sent": s.bytes_sent,
             "bytes_received": s.bytes_received, "retransmits": s.retransmits, "tail_probes": s.probes,
-            "rounds": s.rounds,
+            "rounds": s.rounds, "data_rounds": s.data_rounds, "round_messages": s.round_messages,
+            "round_shards": s.round_shards,
             "stale_replies": s.stale_replies, "latencies": len(s.lookup_latency_us),
             "drops": dict(client.drops)}
 
