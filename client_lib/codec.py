@@ -286,6 +286,24 @@ def encode_lookup(*, msg_id: int, client_id: int, shard_id: int, directory: np.n
                           body=body, mtu=mtu, flags=flags)
 
 
+def encode_table_lookup(*, msg_id: int, client_id: int, shard_id: int, table_id: int, dim: int, dtype: int,
+                        keys: np.ndarray, mtu: int = consts.DEFAULT_MTU, flags: int = 0) -> list[bytes]:
+    """UDP payloads of a LOOKUP_REQ of one table's ``keys`` uint64 (n,): :func:`encode_lookup`
+    with a one-entry directory (probes, benchmarks)."""
+    return encode_lookup(msg_id=msg_id, client_id=client_id, shard_id=shard_id, keys=keys, mtu=mtu, flags=flags,
+                         directory=make_directory([table_id], [dim], [dtype], [len(keys)]))
+
+
+def encode_table_update(*, msg_id: int, client_id: int, shard_id: int, table_id: int, dtype: int,
+                        keys: np.ndarray, grads: np.ndarray, mtu: int = consts.DEFAULT_MTU,
+                        flags: int = 0) -> list[bytes]:
+    """UDP payloads of an UPDATE_REQ of one table: ``keys`` uint64 (n,), ``grads`` (n, dim) —
+    :func:`encode_update` with a one-entry directory."""
+    return encode_update(msg_id=msg_id, client_id=client_id, shard_id=shard_id, keys=keys, mtu=mtu, flags=flags,
+                         directory=make_directory([table_id], [grads.shape[1]], [dtype], [len(keys)]),
+                         values=rows_to_body(grads, dtype))
+
+
 def encode_update(*, msg_id: int, client_id: int, shard_id: int, directory: np.ndarray,
                   keys: np.ndarray, values: bytes | bytearray | memoryview, mtu: int = consts.DEFAULT_MTU,
                   flags: int = 0) -> list[bytes]:

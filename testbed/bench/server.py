@@ -198,10 +198,10 @@ class Workload:
         frames = []
         for i, (t, k) in enumerate(zip(self.tables, self.keys)):
             if op == "lookup":
-                fr = codec.encode_lookup(msg_id=first_id + i, client_id=1, table_id=t, shard_id=0, dim=DIM,
+                fr = codec.encode_table_lookup(msg_id=first_id + i, client_id=1, table_id=t, shard_id=0, dim=DIM,
                                          dtype=1, keys=k, mtu=mtu)
             else:
-                fr = codec.encode_update(msg_id=first_id + i, client_id=1, table_id=t, shard_id=0, dtype=1,
+                fr = codec.encode_table_update(msg_id=first_id + i, client_id=1, table_id=t, shard_id=0, dtype=1,
                                          keys=k, grads=self.grads[i], mtu=mtu)
             frames.append(fr)
         self.counts = np.array([len(f) for f in frames], np.int64)
@@ -324,7 +324,7 @@ def _warm(port: int, pools: dict, mtu: int, lb: LocalBackend, rng) -> None:
                 k = np.sort(pool[a:a + step])
                 g = np.zeros((k.size, DIM), np.float32)
                 w = Workload.__new__(Workload)
-                fr = codec.encode_update(msg_id=0x7F000000 + t * 1000 + a // step, client_id=1, table_id=t,
+                fr = codec.encode_table_update(msg_id=0x7F000000 + t * 1000 + a // step, client_id=1, table_id=t,
                                          shard_id=0, dtype=1, keys=k, grads=g, mtu=mtu)
                 P = consts.max_body_per_frame(mtu)
                 w.op, w.count, w.first_id = "update", 1, 0x7F000000 + t * 1000 + a // step
