@@ -408,6 +408,19 @@ def encode_size(*, msg_id: int, client_id: int, shard_id: int, entries: np.ndarr
                           num_keys=len(entries), body=entries.tobytes(), mtu=mtu, flags=flags)
 
 
+def nack_body(held) -> bytes:
+    """Body of an UPDATE_NACK: the fragment indices ``held`` (ints < :data:`consts.MAX_FRAGS`) as
+    a bitmap of :data:`consts.NACK_LEN` bytes, fragment ``i`` in bit ``i % 8`` of byte ``i // 8``."""
+    bits = np.zeros(consts.MAX_FRAGS, bool)
+    bits[np.asarray(list(held), np.int64)] = True
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def nack_held(body: bytes | memoryview, frag_count: int) -> np.ndarray:
+    """An UPDATE_NACK body → bool (frag_count,): which fragments of the update the shard holds."""
+    return np.unpackbits(np.frombuffer(body, np.uint8, consts.NACK_LEN), bitorder="little")[:frag_count].astype(bool)
+
+
 def body_to_size_entries(body: bytes | memoryview, num_entries: int) -> np.ndarray:
     """SIZE_REQ body → :data:`SIZE_ENTRY_DTYPE` (E,) view."""
     return np.frombuffer(body, dtype=SIZE_ENTRY_DTYPE, count=num_entries)
