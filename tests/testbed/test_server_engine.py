@@ -19,7 +19,7 @@ from embnic.client_lib.reassembly import Reassembler
 from embnic.testbed.server import cintake, udpio
 from embnic.testbed.server.runner import ServerThread
 
-from test_server import lookup_frames, make_cfg, multi_lookup_frames, multi_update_frames, update_frames
+from test_server import lookup_frames, make_cfg, multi_lookup_frames, multi_update_frames, reply_rows, update_frames
 
 PROBE_ID = 0x7FFF0000
 
@@ -595,3 +595,145 @@ def test_shard_refuses_exactly_the_gradients_local_backend_refuses(engine, kw):
         for a, b in zip(state[tid], want[tid]):
             assert np.array_equal(a, b)
         assert np.isfinite(state[tid][1]).all() and np.isfinite(state[tid][2]).all()
+
+
+def _lossy_exchange(addr, msgs, rng, *, want, loss=0.3, dup=0.1, reorder=0.2, max_rounds=500):
+    """Deliver request messages ``{msg_id: frames}`` over a simulated lossy link until each is
+    answered: every round re-sends the unanswered messages' frames with ``loss`` of them lost,
+    ``dup`` duplicated and ``reorder`` of adjacent pairs swapped, and loses ``loss`` of the reply
+    frames. Returns ``{msg_id: the reply's header}`` (``want``: the expected reply type) and the
+    rounds it took. 500 rounds: a 4-fragment message and its one-frame answer pass a round with
+    p ≥ 0.7^5 ≈ 0.17 (more, since the shard keeps the fragments it holds): failing 500 times in
+    a row has probability below 1e-40."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    set_socket_buffers(sock)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.05)  # the end of one round's answers, not a timing assertion
+    got = {}
+    try:
+        for rounds in range(1, max_rounds + 1):
+            out = []
+            for mid in [m for m in msgs if m not in got]:
+                for f in msgs[mid]:
+                    if rng.random() >= loss:
+                        out += [f, f] if rng.random() < dup else [f]
+            for i in range(len(out) - 1):
+                if rng.random() < reorder:
+                    out[i], out[i + 1] = out[i + 1], out[i]
+            for f in out:
+                sock.sendto(f, addr)
+            while True:
+                try:
+                    data = sock.recv(65536)
+                except socket.timeout:
+                    break
+                if rng.random() < loss:
+                    continue  # the answer was lost on its way back
+                h = codec.parse_header(data, expect="reply")
+                assert h.msg_type == want, h
+                got[h.msg_id] = h
+            if len(got) == len(msgs):
+                return got, rounds
+    finally:
+        sock.close()
+    raise AssertionError(f"{len(msgs) - len(got)} messages unanswered after {max_rounds} rounds")
+
+
+def _lossy_waves(cfg, seed, shard=0):
+    """3 waves of 8 update messages of 2-3 tables each (≤ 4 fragments), keys disjoint within a
+    wave and overlapping across waves: ``[[(msg_id, parts), ...], ...]``."""
+    rng = np.random.default_rng(seed)
+    pools = {t.id: routing.owned_keys(cfg, t.id, shard)[:400] if t.rows else
+             np.sort(rng.choice(2**62, 400, replace=False)).astype(np.uint64) for t in cfg.tables}
+    waves, mid = [], 0x10000
+    for _ in range(3):
+        perm = {tid: rng.permutation(p.size) for tid, p in pools.items()}
+        wave = []
+        for j in range(8):
+            tids = [cfg.tables[int(i)].id for i in rng.permutation(len(cfg.tables))[:int(rng.integers(2, 4))]]
+            parts = []
+            for tid in tids:
+                k = np.sort(pools[tid][perm[tid][j * 25:j * 25 + int(rng.integers(5, 25))]])
+                parts.append((tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)))
+            wave.append((mid, parts))
+            mid += 1
+        waves.append(wave)
+    return waves
+
+
+@pytest.mark.parametrize("engine", ["batch", "reference"])
+def test_multi_table_updates_exactly_once_over_a_lossy_link(engine):
+    """Updates of 2-3 tables each (≤ 4 fragments) through 30 % loss, 10 % duplication and 20 %
+    reordering in both directions, re-sent until acknowledged: every message applied exactly
+    once, all its tables (rows and Adagrad accumulators equal LocalBackend's bit for bit), the
+    re-sends re-acked as duplicates."""
+    cfg = make_cfg()
+    ref = LocalBackend(cfg)
+    rng = random.Random(7)
+    with ServerThread(cfg, 0, engine=engine) as st:
+        rounds = []
+        for wave in _lossy_waves(cfg, 3):
+            msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}
+            assert max(len(f) for f in msgs.values()) <= 4
+            rounds.append(_lossy_exchange(st.address, msgs, rng, want=MsgType.UPDATE_ACK)[1])
+            for _, parts in wave:
+                for tid, k, g in parts:
+                    ref.update(tid, k, g)
+        c = st.counters()
+        state = st.state_dict()
+    assert c["updates_applied"] == 24 and c["duplicates"] > 0 and sum(c["errors"].values()) == 0
+    assert max(rounds) > 1  # the link did lose what mattered
+    want = ref.state_dict()
+    for tid in want:
+        for a, b in zip(state[tid], want[tid]):
+            assert np.array_equal(a, b), tid
+
+
+def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_path):
+    """The same through ``--workers 2`` (each message's home by (client_id + msg_id) % 2, rows of
+    every table split over both workers): rows read back with lossy multi-table lookups equal
+    LocalBackend's; every update applied once."""
+    import json
+
+    tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 1, "dim": 4, "optimizer": "sgd"},
+              {"id": 2, "rows": 5000, "dim": 16, "dtype": "fp16"}]
+    p, cfg = _start_worker_shard(tmp_path, tables, 2)
+    try:
+        ref = LocalBackend(cfg)
+        rng = random.Random(11)
+        addr = (cfg.shards[0].ip, cfg.shards[0].port)
+        waves = _lossy_waves(cfg, 5)
+        for wave in waves:
+            msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}
+            _lossy_exchange(addr, msgs, rng, want=MsgType.UPDATE_ACK)
+            for _, parts in wave:
+                for tid, k, g in parts:
+                    ref.update(tid, k, g)
+        keys = {t: np.unique(np.concatenate([k for w in waves for _, parts in w for tt, k, _ in parts if tt == t]))
+                for t in (0, 1, 2)}
+        look = [[(t, keys[t][a:a + 100]) for t in (2, 0, 1) if keys[t][a:a + 100].size]
+                for a in range(0, max(k.size for k in keys.values()), 100)]  # a table once per message
+        msgs = {0x20000 + i: multi_lookup_frames(cfg, parts, 0x20000 + i) for i, parts in enumerate(look)}
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(20.0)  # a bound for a lost shard, not a timing assertion
+        try:
+            for mid, fr in msgs.items():  # read back without loss: whole replies
+                for f in fr:
+                    sock.sendto(f, addr)
+                re_ = Reassembler(expect="reply")
+                while (m := re_.feed(sock.recv(65536))) is None:
+                    pass
+                parts = look[mid - 0x20000]
+                assert m.header.msg_type == MsgType.LOOKUP_REPLY, m.header
+                for (t, k), rows in zip(parts, reply_rows(cfg, m, parts)):
+                    assert np.array_equal(rows, ref.lookup(t, k)), t
+        finally:
+            sock.close()
+        err = _stop_worker_shard(p)
+    finally:
+        _kill_worker_shard(p)
+    assert p.returncode == 0, err
+    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
+    assert counters["updates_applied"] == 24 and counters["duplicates"] > 0
+    assert all(w["wakeups"] > 0 and w["peer_calls"] > 0 for w in counters["workers"])
