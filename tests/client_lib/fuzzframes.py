@@ -30,34 +30,33 @@ def _patch(frame: bytes, name: str, value: int) -> bytes:
 @st.composite
 def message(draw, tables=((0, 8, DType.FP32), (1, 16, DType.FP32), (3, 12, DType.FP16)),
             shard_id: int = 0, key_space: int = 1000) -> list[bytes]:
-    """The fragments of one request (lookup or update, of one to all ``tables``) or lookup reply,
-    as the codec encodes them."""
-    chosen = draw(st.lists(st.sampled_from(tables), min_size=1, max_size=len(tables), unique=True))
-    counts = [draw(st.integers(1, 20)) for _ in chosen]
-    n = sum(counts)
-    keys = np.concatenate([np.array(sorted(draw(st.sets(st.integers(0, key_space - 1), min_size=c, max_size=c))),
-                                    np.uint64) for c in counts])
-    d = codec.make_directory([t for t, _, _ in chosen], [dim for _, dim, _ in chosen],
-                             [dt for _, _, dt in chosen], counts)
+    """The fragments of one request (lookup or update of one to three tables, protocol v2) or
+    reply, as the codec encodes them."""
+    chosen = draw(st.lists(st.sampled_from(tables), min_size=1, max_size=3, unique_by=lambda t: t[0]))
+    counts = [draw(st.integers(1, 40 // len(chosen))) for _ in chosen]
+    keys = np.concatenate([np.array(sorted(draw(st.sets(st.integers(0, key_space - 1), min_size=n, max_size=n))),
+                                    np.uint64) for n in counts])
+    d = codec.make_directory([t[0] for t in chosen], [t[1] for t in chosen], [t[2] for t in chosen], counts)
     kind = draw(st.sampled_from(["lookup", "update", "reply"]))
     ids = dict(msg_id=draw(st.integers(0, 5)), client_id=draw(st.integers(0, 3)), shard_id=shard_id, mtu=MTU)
     if kind == "lookup":
-        return codec.encode_lookup(keys=keys, directory=d, **ids)
-    g = draw(st.floats(-1, 1, allow_nan=False, width=16))
-    values = codec.values_to_body([np.full((c, dim), g, np.float32) for c, (_, dim, _) in zip(counts, chosen)],
-                                  [dt for _, _, dt in chosen])
+        return codec.encode_lookup(directory=d, keys=keys, **ids)
+    v = draw(st.floats(-1, 1, allow_nan=False, width=16))
+    vals = codec.values_to_body([np.full((n, t[1]), v, np.float32) for n, t in zip(counts, chosen)],
+                                [t[2] for t in chosen])
     if kind == "update":
-        return codec.encode_update(keys=keys, directory=d, values=values, **ids)
-    return codec.encode_message(MsgType.LOOKUP_REPLY, num_tables=len(d), num_keys=n, value_len=len(values),
-                                body=values, **ids)
+        return codec.encode_update(directory=d, keys=keys, values=vals, **ids)
+    return codec.encode_message(MsgType.LOOKUP_REPLY, num_tables=len(chosen), num_keys=int(keys.size),
+                                value_len=len(vals), body=vals, **ids)
 
 
 def flood(msg_id0: int, n: int, client_id: int) -> list[bytes]:
     """One fragment each of ``n`` 256-fragment lookups (msg ids from ``msg_id0``): messages that
     never complete, each pinning a reassembly entry until evicted or expired."""
-    keys = np.arange(256 * 16 - 2, dtype=np.uint64)  # 16 + 32752 bytes: 256 fragments of 128 at MTU 200
-    frames = codec.encode_lookup(msg_id=0, client_id=client_id, shard_id=0, keys=keys, mtu=MTU,
-                                 directory=codec.make_directory([0], [8], [DType.FP32], [len(keys)]))
+    p = consts.max_body_per_frame(196)  # 124 body bytes a fragment
+    keys = np.arange((consts.MAX_FRAGS * p - consts.DIR_ENTRY) // consts.KEY_SIZE, dtype=np.uint64)  # 256 fragments
+    d = codec.make_directory([0], [8], [DType.FP32], [keys.size])
+    frames = codec.encode_lookup(msg_id=0, client_id=client_id, shard_id=0, directory=d, keys=keys, mtu=196)
     assert len(frames) == consts.MAX_FRAGS
     return [_patch(frames[(7 * i) % len(frames)], "msg_id", msg_id0 + i) for i in range(n)]
 
