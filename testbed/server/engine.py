@@ -279,6 +279,14 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     # -- observability ------------------------------------------------------------------------
 
+    def _discard_partial(self, h) -> None:
+        """Forget the fragments held of update ``h`` (a poll of one already applied): the batch
+        engine's partial messages are :mod:`.intake`'s ``_pend``."""
+        ent = self._pend.pop((h.client_id << 48) | (h.msg_id << 16) | MsgType.UPDATE_REQ, None)
+        if ent is not None:
+            self._pend_bytes -= ent.buf.size
+        super()._discard_partial(h)
+
     def counters(self) -> dict[str, Any]:
         """As :meth:`ShardServer.counters`, plus ``engine``: ``batch``, wake-ups, datagrams per
         wake-up, system calls and GSO sends, multi-fragment messages gathered whole from one

@@ -32,6 +32,7 @@ _C = {f: i for i, f in enumerate(_FIELDS)}  #: header field -> its column in ``c
 MT, MID, CID, SID, NT, NK, VL, ML = (_C[f] for f in ("msg_type", "msg_id", "client_id", "shard_id", "num_tables",
                                                       "num_keys", "value_len", "msg_len"))
 FO, FI, FC, FL = (_C[f] for f in ("frag_offset", "frag_index", "frag_count", "frag_len"))
+FLAGS = _C["flags"]
 #: header columns of a message's info: msg_type, client_id, msg_id, num_tables, num_keys, value_len
 _INFO = [MT, CID, MID, NT, NK, VL]
 #: header columns every fragment of a message must agree on (reassembly._SAME); then P
@@ -94,12 +95,35 @@ class BatchIntake:
             self._rstats["messages"] += int(sg.size)
         mg = good[~single[good]]
         if mg.size:
+            polls = mg[(cols[mg, MT] == MsgType.UPDATE_REQ) & ((cols[mg, FLAGS] & consts.Flags.RETRANSMIT) != 0)]
             whole, mg = self._whole(mg, cols, info_cols, p)
             out.extend(whole)
             if mg.size:
                 out.extend(self._reassemble(mg, cols, info_cols, p, fi, fl))
             out.sort(key=lambda m: m[0])
+            if polls.size:
+                self._polls(polls, cols, out)
         return out
+
+    def _polls(self, polls: np.ndarray, cols: np.ndarray, out: list[tuple]) -> None:
+        """Answer the polls among this wake-up's frames (re-sent fragments of multi-fragment
+        updates, docs/protocol.md "Reliability") whose update is still incomplete after
+        reassembly, as the reference does (``ShardServer._answer_poll``: ACK if applied, else
+        UPDATE_NACK with the fragments held). A poll whose update completed in this wake-up is
+        answered by that update's own reply."""
+        done = {(m[1][1], m[1][2]) for m in out if m[1][0] == MsgType.UPDATE_REQ}
+        seen = set()
+        for i in polls.tolist():
+            c = cols[i]
+            cid, mid = int(c[CID]), int(c[MID])
+            if (cid, mid) in done or (cid, mid) in seen:
+                continue
+            seen.add((cid, mid))
+            ent = self._pend.get((cid << 48) | (mid << 16) | MsgType.UPDATE_REQ)
+            held = ent.seen if ent is not None else np.zeros(int(c[FC]), bool)
+            self._cur_idx = i
+            h = codec.Header._make(int(x) for x in c)
+            self._answer_poll(h, held, self._bs.names[i].tobytes())
 
     def _whole(self, mg: np.ndarray, cols: np.ndarray, info_cols, p: np.ndarray) -> tuple[list[tuple], np.ndarray]:
         """The messages whose every fragment came in this wake-up, once each, with headers that

@@ -70,7 +70,7 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import DirectoryError, FrameError, Header, RequestBody
 from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
-from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.consts import Flags, MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.routing import owns
 from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique
@@ -291,7 +291,9 @@ class ShardServer:
 
         Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
-        ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
+        ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied; a poll of
+        an applied update too), ``update_nacks`` (polls of incomplete updates answered with the
+        fragments held),
         ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
@@ -311,7 +313,7 @@ class ShardServer:
             "announced": len(self._announced),
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
-            "duplicates": c["duplicates"],
+            "duplicates": c["duplicates"], "update_nacks": c["update_nacks"],
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -383,6 +385,12 @@ class ShardServer:
             msg = self._reasm.feed(data, addr, header=h)
             if msg is not None:
                 self._handle_message(msg)
+            elif h.msg_type == MsgType.UPDATE_REQ and h.flags & Flags.RETRANSMIT and h.frag_count > 1:
+                part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+                held = np.zeros(h.frag_count, bool)
+                if part is not None:
+                    held[np.fromiter(part[1].keys(), np.int64, len(part[1]))] = True
+                self._answer_poll(h, held, addr)
         except Exception:  # noqa: BLE001 - one bad datagram must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error handling a frame from %s", self.shard_id, addr)
@@ -391,6 +399,27 @@ class ShardServer:
                     self._reply_error(h, Status.INTERNAL, addr)
                 except Exception:  # noqa: BLE001
                     pass
+
+    def _answer_poll(self, h: Header, held: np.ndarray, addr) -> None:
+        """Answer a poll: a re-sent fragment (``RETRANSMIT``) of a multi-fragment update that left
+        it incomplete (docs/protocol.md, "Reliability"). An update already applied — its
+        ``(client_id, msg_id)`` in the exactly-once window with the same ``num_tables``,
+        ``num_keys``, ``value_len`` (the ack was lost; the poll's own fragment, held again, is
+        dropped) — is acked; otherwise UPDATE_NACK lists the fragments held (``held``: bool
+        (frag_count,)), and the client re-sends only the others. Both engines answer here."""
+        fp = self._applied.get((h.client_id, h.msg_id))
+        if fp is not None and tuple(fp[:3]) == (h.num_tables, h.num_keys, h.value_len):
+            self._c["duplicates"] += 1
+            self._discard_partial(h)
+            self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
+            return
+        self._c["update_nacks"] += 1
+        self._send(codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=self.shard_id,
+                                      body=codec.nack_body(np.flatnonzero(held)), mtu=self.mtu), addr)
+
+    def _discard_partial(self, h: Header) -> None:
+        """Forget the fragments held of update ``h`` (a poll of one already applied)."""
+        self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
 
     def _answer_malformed(self, data: bytes, addr) -> None:
         """Answer MALFORMED to a request that failed validation but whose magic, version and
