@@ -53,12 +53,16 @@ struct state_entry {
 	uint64_t first_tsc;		/* the request's first frame */
 	uint64_t last_tsc;		/* the last frame either way */
 	uint32_t msg_id;
-	uint32_t msg_len;		/* request */
-	uint32_t num_keys;
+	uint32_t msg_len;		/* request (num_keys is not kept: a
+					 * request's msg_len, type, dim and
+					 * dtype fix it, embnic_check_lengths) */
 	uint32_t rep_msg_len;		/* reply, from its first fragment */
 	uint32_t bytes_in, bytes_out;	/* body bytes of distinct fragments */
 	uint16_t client_id, table_id, shard_id, dim;
 	uint16_t frag_count, rep_frag_count;
+	/* the fragment size each way, as its first-seen fragment implies it
+	 * (embnic_frag_last_len: the last fragment's length) */
+	uint16_t last_len, rep_last_len;
 	uint16_t frags_in, frags_out;	/* distinct fragments seen */
 	uint16_t frames_in, frames_out;	/* frames passed, duplicates too
 					 * (saturating) */
@@ -181,7 +185,6 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->last_tsc = now;
 	e->msg_id = m->msg_id;
 	e->msg_len = m->msg_len;
-	e->num_keys = m->num_keys;
 	e->rep_msg_len = 0;
 	e->bytes_in = 0;
 	e->bytes_out = 0;
@@ -191,6 +194,8 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->dim = m->dim;
 	e->frag_count = m->frag_count;
 	e->rep_frag_count = 0;
+	e->last_len = embnic_frag_last_len(m);
+	e->rep_last_len = 0;
 	e->frags_in = 0;
 	e->frags_out = 0;
 	e->frames_in = 0;
@@ -227,14 +232,19 @@ sat_inc(uint16_t v)
 	return v == UINT16_MAX ? v : v + 1;
 }
 
-/* Does request frame m contradict the request the entry was opened by? */
+/*
+ * Does request frame m contradict the request the entry was opened by: its
+ * header, or where its fragments lie (cut at another fragment size, it
+ * would overlap another fragment or leave a gap)?
+ */
 static inline bool
 request_differs(const struct state_entry *e, const struct embnic_msg *m)
 {
 	return e->msg_type != m->msg_type || e->msg_len != m->msg_len ||
-		e->num_keys != m->num_keys || e->dim != m->dim ||
-		e->dtype != m->dtype || e->table_id != m->table_id ||
-		e->shard_id != m->shard_id || e->frag_count != m->frag_count;
+		e->dim != m->dim || e->dtype != m->dtype ||
+		e->table_id != m->table_id || e->shard_id != m->shard_id ||
+		e->frag_count != m->frag_count ||
+		e->last_len != embnic_frag_last_len(m);
 }
 
 static inline int
@@ -245,9 +255,12 @@ on_request(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	if (mark(e->seen_in, m->frag_index, e->frag_count, e->frags_in)) {
 		e->frags_in++;
 		e->bytes_in += m->frag_len;
-		if (e->frags_in == e->frag_count &&
-		    e->state == EMBNIC_ST_RECEIVING)
-			e->state = EMBNIC_ST_FORWARDED;
+		if (e->frags_in == e->frag_count) {
+			/* one fragment size: every byte once */
+			RTE_ASSERT(e->bytes_in == e->msg_len);
+			if (e->state == EMBNIC_ST_RECEIVING)
+				e->state = EMBNIC_ST_FORWARDED;
+		}
 	}
 	e->frames_in = sat_inc(e->frames_in);
 	e->last_tsc = now;
@@ -301,12 +314,14 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 		e->rep_type = m->msg_type;
 		e->rep_msg_len = m->msg_len;
 		e->rep_frag_count = m->frag_count;
+		e->rep_last_len = embnic_frag_last_len(m);
 		if (m->frag_count > 1)
 			memset(e->seen_out, 0, sizeof(e->seen_out));
 		e->state = EMBNIC_ST_REPLYING;
 	} else if (unlikely(e->rep_type != m->msg_type ||
 			    e->rep_msg_len != m->msg_len ||
-			    e->rep_frag_count != m->frag_count)) {
+			    e->rep_frag_count != m->frag_count ||
+			    e->rep_last_len != embnic_frag_last_len(m))) {
 		return EMBNIC_DROP_FRAG_MISMATCH;
 	}
 	if (mark(e->seen_out, m->frag_index, e->rep_frag_count,
@@ -318,6 +333,7 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 	e->last_tsc = now;
 	if (e->frags_out < e->rep_frag_count)
 		return 0;
+	RTE_ASSERT(e->bytes_out == e->rep_msg_len);
 	/* the whole reply passed: count what the message leaves behind */
 	ns = (uint64_t)((double)(now - e->first_tsc) * s->ns_per_tsc);
 	ss = shard_stats(s, e->shard_id);
@@ -605,6 +621,32 @@ bits_below(const uint64_t *b, unsigned int n)
 	return true;
 }
 
+/*
+ * Do bytes (body bytes counted for the distinct fragments marked in b, frags
+ * of them, of a message of n fragments and len bytes whose last fragment
+ * is last_len bytes) and the geometry agree? The fragment size P fixed by
+ * last_len; every fragment but the last P bytes; all n: exactly len.
+ */
+static bool
+bytes_fit(const uint64_t *b, uint16_t n, uint16_t frags, uint32_t len,
+	  uint16_t last_len, uint32_t bytes)
+{
+	uint64_t p, want;
+	bool has_last;
+
+	if (n == 1)
+		return last_len == len && bytes == (frags ? len : 0);
+	if (last_len == 0 || last_len > len ||
+	    (len - last_len) % (uint32_t)(n - 1) != 0)
+		return false;
+	p = (len - last_len) / (uint32_t)(n - 1);
+	if (last_len > p)
+		return false;
+	has_last = (b[(n - 1) >> 6] >> ((n - 1) & 63)) & 1;
+	want = (uint64_t)(frags - has_last) * p + (has_last ? last_len : 0);
+	return bytes == want && bytes <= len && (frags < n || bytes == len);
+}
+
 int
 embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 {
@@ -645,7 +687,11 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 		     !bits_below(e->seen_in, e->frag_count))) ||
 		    (e->state == EMBNIC_ST_RECEIVING) !=
 		    (e->frags_in < e->frag_count && e->frags_out == 0) ||
-		    e->bytes_in > e->msg_len)
+		    e->bytes_in > e->msg_len ||
+		    (e->state == EMBNIC_ST_FORWARDED &&
+		     e->bytes_in != e->msg_len) ||
+		    !bytes_fit(e->seen_in, e->frag_count, e->frags_in,
+			       e->msg_len, e->last_len, e->bytes_in))
 			goto bad;
 		if (e->state == EMBNIC_ST_REPLYING) {
 			if (e->rep_frag_count == 0 ||
@@ -656,7 +702,10 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 			    (e->rep_frag_count > 1 &&
 			     (bits_set(e->seen_out) != e->frags_out ||
 			      !bits_below(e->seen_out, e->rep_frag_count))) ||
-			    e->bytes_out > e->rep_msg_len)
+			    e->bytes_out > e->rep_msg_len ||
+			    !bytes_fit(e->seen_out, e->rep_frag_count,
+				       e->frags_out, e->rep_msg_len,
+				       e->rep_last_len, e->bytes_out))
 				goto bad;
 		} else if (e->frags_out != 0 || e->frames_out != 0) {
 			goto bad;
@@ -665,12 +714,13 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 bad:
 		snprintf(err, errlen, "entry %u (client %u msg %u) is "
 			 "inconsistent: state %u, request %u/%u fragments "
-			 "(%u frames, %u of %u bytes), reply %u/%u fragments "
-			 "(%u frames, %u of %u bytes)", i, e->client_id,
-			 e->msg_id, e->state, e->frags_in, e->frag_count,
-			 e->frames_in, e->bytes_in, e->msg_len, e->frags_out,
-			 e->rep_frag_count, e->frames_out, e->bytes_out,
-			 e->rep_msg_len);
+			 "(%u frames, %u of %u bytes, last %u), reply %u/%u "
+			 "fragments (%u frames, %u of %u bytes, last %u)", i,
+			 e->client_id, e->msg_id, e->state, e->frags_in,
+			 e->frag_count, e->frames_in, e->bytes_in, e->msg_len,
+			 e->last_len, e->frags_out, e->rep_frag_count,
+			 e->frames_out, e->bytes_out, e->rep_msg_len,
+			 e->rep_last_len);
 		return -1;
 	}
 	if (live != s->entries || hn < 0 || (uint32_t)hn != live ||

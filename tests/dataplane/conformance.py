@@ -132,6 +132,7 @@ class Suite:
         cases.add_malformed(s)
         cases.add_unauthorised(s)
         cases.add_reply_path(s)
+        cases.add_frag_geometry(s)
         return s
 
     def msg_id(self) -> int:
@@ -148,20 +149,24 @@ class Suite:
 
     def message(self, src: Peer, msg_type: int, *, msg_id: int, client_id: int, shard_id: int,
                 num_keys: int, dim: int = 4, dtype: int = DType.FP32, table_id: int = 3,
-                flags: int = 0, status: int = 0, seed: int = 0, only: list[int] | None = None) -> list[bytes]:
+                flags: int = 0, status: int = 0, seed: int = 0, only: list[int] | None = None,
+                frag_size: int = P) -> list[bytes]:
         """Frames of one message from ``src``, fragmented at MTU 1500 (docs/protocol.md).
 
         ``only``: the fragment indexes to return, in that order (repeats allowed), instead of all.
+        ``frag_size``: cut the body every ``frag_size`` bytes instead of ``P`` (1432, MTU 1500);
+        each fragment is valid alone, but a receiver that saw a fragment of the message cut at
+        another size drops it as ``frag_mismatch``.
         """
         msg_len = consts.expected_msg_len(msg_type, num_keys, dim, dtype)
         body = _body(msg_len, seed or msg_id)
-        count = max(1, -(-msg_len // P))
+        count = max(1, -(-msg_len // frag_size))
         out = []
         for i in range(count):
-            chunk = body[i * P:(i + 1) * P]
+            chunk = body[i * frag_size:(i + 1) * frag_size]
             hdr = Embnic(msg_type=msg_type, flags=flags, dtype=dtype, status=status, msg_id=msg_id,
                          client_id=client_id, table_id=table_id, shard_id=shard_id, dim=dim,
-                         num_keys=num_keys, msg_len=msg_len, frag_offset=i * P, frag_index=i,
+                         num_keys=num_keys, msg_len=msg_len, frag_offset=i * frag_size, frag_index=i,
                          frag_count=count, frag_len=len(chunk))
             out.append(bytes(self.l2l3(src) / hdr / Raw(chunk)))
         return out if only is None else [out[i] for i in only]
@@ -265,7 +270,8 @@ class StateModel:
     Keyed by (client_id, msg_id). A request frame opens the entry (or joins it) and marks its
     fragment; every fragment seen once -> ``forwarded``. A reply frame (already known to match:
     fates say which are forwarded) marks its fragment (``replying``); once every reply fragment
-    was seen the entry is freed and counted as completed by reply type, per shard.
+    was seen the entry is freed and counted as completed by reply type, per shard. Body bytes
+    are counted once per distinct fragment each way (``bytes_in``, ``bytes_out``).
     """
 
     def __init__(self):
@@ -276,11 +282,16 @@ class StateModel:
         key = (h.client_id, h.msg_id)
         if h.msg_type in consts.REQUEST_TYPES:
             e = self.entries.setdefault(key, {"in": set(), "out": set(), "n_in": h.frag_count,
-                                              "n_out": 0, "shard": h.shard_id})
+                                              "n_out": 0, "shard": h.shard_id, "msg_len": h.msg_len,
+                                              "bytes_in": 0, "bytes_out": 0})
+            if h.frag_index not in e["in"]:
+                e["bytes_in"] += h.frag_len
             e["in"].add(h.frag_index)
             return
         e = self.entries[key]
         e["n_out"] = h.frag_count
+        if h.frag_index not in e["out"]:
+            e["bytes_out"] += h.frag_len
         e["out"].add(h.frag_index)
         if len(e["out"]) == e["n_out"]:
             del self.entries[key]
@@ -288,9 +299,13 @@ class StateModel:
             self.completed["all"][name] += 1
             self.completed.setdefault(str(e["shard"]), collections.Counter())[name] += 1
 
+    @staticmethod
+    def state_of(e: dict) -> str:
+        """``receiving``, ``forwarded`` or ``replying``, as the card names an entry's state."""
+        return "replying" if e["out"] else "forwarded" if len(e["in"]) == e["n_in"] else "receiving"
+
     def summary(self) -> dict:
-        by = collections.Counter("replying" if e["out"] else "forwarded" if len(e["in"]) == e["n_in"]
-                                 else "receiving" for e in self.entries.values())
+        by = collections.Counter(self.state_of(e) for e in self.entries.values())
         return {"entries": len(self.entries),
                 "by_state": {k: by.get(k, 0) for k in ("receiving", "forwarded", "replying")}}
 
