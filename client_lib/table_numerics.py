@@ -344,21 +344,36 @@ class TableShard:
         self._n = k.size
 
 
+def table_label(table: TableConfig) -> str:
+    """How every error message names a table: ``table 3 (C4)`` (id and config name)."""
+    return f"table {table.id} ({table.name})"
+
+
 def validate_keys(table: TableConfig, keys: np.ndarray, *, unique: bool = False) -> np.ndarray:
-    """Check keys for ``table``; returns them as uint64 (N,).
+    """Check keys for ``table``; returns them as uint64 (N,). Vectorised: O(N), plus a sort when
+    ``unique`` and the keys are not sorted.
 
     Raises:
-        ValueError: not 1-D integers, negative, a key ``>= table.rows`` when the table has
-            ``rows`` (without it every uint64 is a key), or a duplicate when ``unique``.
+        ValueError: naming the table (:func:`table_label`) and the problem — not 1-D integers,
+            negative, a key ``>= table.rows`` when the table has ``rows`` (without it every
+            uint64 is a key; the largest such key and how many there are), or a duplicate
+            when ``unique`` (which key).
     """
     try:
         k = as_ids(keys)
     except ValueError as e:
-        raise ValueError(f"table {table.id}: keys: {e}") from None
-    if table.rows is not None and k.size and int(k.max()) >= table.rows:
-        raise ValueError(f"table {table.id}: key {int(k.max())} >= rows {table.rows}")
+        raise ValueError(f"{table_label(table)}: keys: {e}") from None
+    if table.rows is not None and k.size:
+        hi = int(k.max())
+        if hi >= table.rows:
+            n = int(np.count_nonzero(k >= np.uint64(table.rows)))
+            raise ValueError(f"{table_label(table)}: key {hi} >= rows {table.rows} "
+                             f"({n} of {k.size} keys out of range 0..{table.rows - 1})")
     if unique and k.size > 1 and not is_unique(k):
-        raise ValueError(f"table {table.id}: duplicate keys in an update (send unique keys)")
+        s = np.sort(k)
+        d = int(s[int(np.flatnonzero(s[1:] == s[:-1])[0])])
+        raise ValueError(f"{table_label(table)}: duplicate key {d} in an update (send each key once, "
+                         "with the sum of its gradients: np.unique(keys, return_inverse=True))")
     return k
 
 
@@ -373,21 +388,30 @@ def is_unique(keys: np.ndarray) -> bool:
 
 def validate_update(table: TableConfig, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Check an update for ``table``; returns (keys uint64 (N,), grads float32 (N, dim)).
+    Vectorised: O(N·dim).
 
     Raises:
-        ValueError: bad keys (see :func:`validate_keys`, uniqueness required), grads not
-            of shape (N, table.dim), or a gradient the servers refuse (:func:`gradient_rows_ok`:
-            NaN or inf after the wire's rounding — fp16 overflows above 65504 —, or a step
-            that is not finite in float32).
+        ValueError: naming the table and the problem — bad keys (see :func:`validate_keys`,
+            uniqueness required), grads not real numbers of shape (N, table.dim), or a
+            gradient the servers refuse (:func:`gradient_rows_ok`: NaN or inf after the wire's
+            rounding — fp16 overflows above 65504 —, or a step that is not finite in float32;
+            the first such key and how many rows).
     """
     k = validate_keys(table, keys, unique=True)
     g = np.asarray(grads)
+    if g.dtype.kind not in "fiu":
+        raise ValueError(f"{table_label(table)}: grads must be real numbers (float32), got dtype {g.dtype}")
     if g.shape != (k.size, table.dim):
-        raise ValueError(f"table {table.id}: grads shape {g.shape}, expected ({k.size}, {table.dim})")
-    g = g.astype(np.float32, copy=False)
-    if not gradient_ok(table, wire_round(g, table.dtype)):
+        raise ValueError(f"{table_label(table)}: grads shape {g.shape}, expected ({k.size}, {table.dim}): "
+                         f"one row of dim {table.dim} per key")
+    with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf: refused below
+        g = g.astype(np.float32, copy=False)
+    ok = gradient_rows_ok(table, wire_round(g, table.dtype))
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
         step = "its square" if table.optimizer == "adagrad" else "lr times it"
-        raise ValueError(f"table {table.id}: non-finite gradient (NaN or inf{' in fp16' if table.dtype == 'fp16' else ''}, "
+        raise ValueError(f"{table_label(table)}: non-finite gradient for key {int(k[bad[0]])} ({bad.size} of {k.size} "
+                         f"rows: NaN or inf{' in fp16' if table.dtype == 'fp16' else ''}, "
                          f"or so large that {step} overflows float32)")
     return k, g
 

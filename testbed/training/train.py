@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from embnic.client_lib import precheck
 from embnic.client_lib.batch import KeyedJaggedBatch, pool, pool_backward, prepare_batch
 from embnic.client_lib.config import ClusterConfig
 
@@ -68,7 +69,9 @@ class PerTableAdapter:
         return {t: self.inner.lookup(t, k) for t, k in requests.items()}
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        for t, (k, g) in updates.items():
+        """Apply every table's update, after checking them all (a bad table's ValueError
+        before any table changed, as :meth:`EmbeddingClient.update`)."""
+        for t, (k, g) in precheck.update_round(self.inner.cfg, updates).items():
             self.inner.update(t, k, g)
 
 
