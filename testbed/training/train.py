@@ -198,6 +198,39 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
     return TrainResult(losses, auc, ev_loss, ids, uniq, times, params)
 
 
+def trained_rows(backend: Backend, cfg: ClusterConfig, data, batch_size: int) -> tuple[int, int]:
+    """How many rows the first training step reads already differ from their initial values:
+    (changed, read). Nonzero means the shards hold an earlier run's updates, which a new run
+    continues from.
+
+    The rows of step 0 (``data.sparse`` rows ``0..batch_size-1``, wrapping, tables by
+    :func:`feature_tables`) are looked up once (one round; a lookup changes nothing) and
+    compared with :func:`~embnic.client_lib.table_numerics.init_rows` after the wire's rounding —
+    what a shard returns for a row never updated (rows start as a pure function of
+    (seed, table, id)). Vectorised per table.
+
+    Raises:
+        embnic.client_lib.client.EmbnicError: a shard failed.
+    """
+    from embnic.client_lib.table_numerics import init_rows, wire_round
+
+    backend = as_backend(backend)
+    n = len(data.labels)
+    if n == 0:
+        return 0, 0
+    sparse = data.sparse[np.arange(batch_size) % n]
+    ftab = feature_tables(cfg, sparse.shape[1])
+    prep = prepare_batch(KeyedJaggedBatch.from_dense([f"C{j + 1}" for j in range(sparse.shape[1])], sparse), ftab)
+    rows = backend.lookup({t: p.unique for t, p in prep.tables.items()})
+    changed = read = 0
+    for t, p in prep.tables.items():
+        tc = cfg.table(t)
+        init = wire_round(init_rows(cfg.seed, t, p.unique, tc.dim, tc.init_scale), tc.dtype)
+        changed += int(np.count_nonzero(np.any(rows[t] != init, axis=1)))
+        read += len(p.unique)
+    return changed, read
+
+
 def load_training_data(cfg: ClusterConfig, path=None, *, valid_fraction: float = 0.2,
                        max_rows: int | None = None):
     """Criteo rows for :func:`train`: (train, valid) split by time.
