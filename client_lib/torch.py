@@ -493,7 +493,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
                 ``EmbeddingBagCollection`` takes it: feature ``f``'s bags are
                 ``Σ_r stride_per_key_per_rank[f][r]``, and ``inverse_indices`` ``(keys, int
                 (F, B))`` say which bag each of the B output rows pools
-                (``out[b, f] = pooled_f[inverse_indices[f, b]]``).
+                (``out[b, f] = pooled_f[inverse_indices[f, b]]``; TorchRec applies them to a
+                fixed-stride KJT that carries them too, and so does this module).
 
         Returns:
             ``KeyedTensor`` with keys = the embedding names (``feature`` or
@@ -513,7 +514,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         """
         self.check_optimizers()
         _check_dtypes(features)
-        kjt = self._flatten_vbe(features) if features.variable_stride_per_key() else self._select(features)
+        vbe = features.variable_stride_per_key() or features.inverse_indices_or_none() is not None
+        kjt = self._flatten_vbe(features) if vbe else self._select(features)
         b = kjt.stride()
         values = kjt.values()
         lengths = kjt.lengths()

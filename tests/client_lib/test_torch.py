@@ -6,7 +6,12 @@
   (``DistributedModelParallel``, one gloo rank, table-wise; ``EXACT_SGD`` and
   ``EXACT_ROWWISE_ADAGRAD``) within ``assert_close(rtol=1e-6, atol=1e-7)``: pooled embeddings
   at every step and every row at the end, rows in process (LocalBackend) and on UDP shards;
-* ``torchrec.models.dlrm.DLRM`` accepts the module and trains; errors name the problem.
+* ``torchrec.models.dlrm.DLRM`` accepts the module and trains; errors name the problem;
+* issue 23: ``kjt_from_dense`` keeps every 64-bit id; float ids are refused (TorchRec's EBC
+  refuses them too); ``apply_optimizer_in_backward`` (checked against TorchRec's DMP with the same
+  call) and a sharder's ``fused_params`` match the table's optimizer or raise naming the table;
+  frozen tables and DDP; VBE KJTs and inverse indices equal TorchRec's EBC (forward, row and
+  weight gradients) or are refused by name.
 
 The same comparison through the card: tests/testbed/test_torch_card.py.
 Run alone: python3 -m pytest -q tests/client_lib/test_torch.py   (needs the embnic[torch] extra)
@@ -565,3 +570,17 @@ def test_vbe_without_inverse_indices_is_refused_by_name_unless_the_strides_agree
                             inverse_indices=(kjt.keys(), torch.tensor([[0, 1, 2, 0], [0, 0, 0, 0], [0, 0, 0, 0]])))
     with pytest.raises(ValueError, match=r"inverse_indices\['f_a'\]\[2\] = 2 outside the feature's 2 bags"):
         ours(bad)
+
+
+def test_inverse_indices_on_a_fixed_stride_kjt_expand_the_output_as_torchrec():
+    cfg = make_cfg()
+    ours = RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg))
+    ref = torchrec_ebc_with_rows(cfg, configs(cfg))
+    kjt = random_kjt(np.random.default_rng(30), ["f_a", "f_b", "f_c"], [60, 40, 25], 3)
+    inv = torch.tensor([[0, 2, 2, 1, 0], [1, 1, 0, 2, 2], [2, 0, 1, 1, 0]])
+    k = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(), stride=3,
+                          inverse_indices=(kjt.keys(), inv))
+    assert not k.variable_stride_per_key()
+    got, want = ours(k).values(), ref(k).values()
+    assert got.shape == want.shape == (5, 12)
+    torch.testing.assert_close(got, want, **TOL)
