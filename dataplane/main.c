@@ -583,6 +583,33 @@ worker_of(struct embnic_app *a, unsigned int lc)
 	return NULL;
 }
 
+/*
+ * RX and state lcore w on one lcore (run to completion; with several state
+ * lcores, the main lcore's partition): each port's burst is taken off the
+ * header ring before the next port is read, so the ports together never
+ * fill the ring with this lcore's own frames (ring_full), however many
+ * ports deliver a burst at once. Returns frames handled.
+ */
+static unsigned int
+run_to_completion(struct embnic_app *a, struct embnic_worker *w,
+		  struct embnic_lcore_stats *st)
+{
+	unsigned int work = 0, n;
+	uint16_t p;
+
+	for (p = 0; p < a->nb_ports; p++) {
+		n = embnic_rx_port(a, p, st);
+		if (n == 0)
+			continue;
+		work += n;
+		do {
+			n = embnic_tx_stage(a, w, st);
+		} while (n == a->opts.burst);
+	}
+	/* nothing came in: the expiry step, and what a paused TX left */
+	return work > 0 ? work : embnic_tx_stage(a, w, st);
+}
+
 /* The loop of every lcore; what it runs depends on its role. */
 static int
 lcore_main(void *arg)
@@ -592,6 +619,7 @@ lcore_main(void *arg)
 	struct embnic_lcore_stats *st = &a->stats[lc];
 	struct embnic_worker *w = worker_of(a, lc);
 	bool do_rx = lc == a->rx_lcore, do_tx = w != NULL;
+	bool rtc = do_rx && do_tx;
 	bool do_ctl = lc == a->main_lcore;
 	/* TX of the state lcores on other lcores, by the RX lcore */
 	bool do_io = do_rx && a->nb_workers > 1;
@@ -616,10 +644,14 @@ lcore_main(void *arg)
 
 	while (!force_quit) {
 		work = 0;
-		if (do_rx)
-			work += embnic_rx_stage(a, st);
-		if (do_tx)
-			work += embnic_tx_stage(a, w, st);
+		if (rtc) {
+			work += run_to_completion(a, w, st);
+		} else {
+			if (do_rx)
+				work += embnic_rx_stage(a, st);
+			if (do_tx)
+				work += embnic_tx_stage(a, w, st);
+		}
 		if (do_io)
 			work += embnic_io_tx(a, st);
 		if (reader)

@@ -385,9 +385,12 @@ embnic_tsc_to_ns(const struct embnic_app *app, uint64_t tsc)
 			   (double)app->tsc_hz);
 }
 
-/* rx.c */
+/* rx.c: one burst from every port (embnic_rx_port on each) */
 unsigned int embnic_rx_stage(struct embnic_app *app,
 			     struct embnic_lcore_stats *st);
+/* One burst from port p through the RX stage; returns frames received. */
+unsigned int embnic_rx_port(struct embnic_app *app, uint16_t p,
+			    struct embnic_lcore_stats *st);
 /*
  * The RX lcore sends what the state lcores on other lcores handed back
  * (their txr rings) on queue 0 of each port; returns frames dequeued.
