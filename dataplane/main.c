@@ -604,7 +604,7 @@ run_to_completion(struct embnic_app *a, struct embnic_worker *w,
 		work += n;
 		do {
 			n = embnic_tx_stage(a, w, st);
-		} while (n == a->opts.burst);
+		} while (n == a->opts.burst && !rte_ring_empty(w->ring));
 	}
 	/* nothing came in: the expiry step, and what a paused TX left */
 	return work > 0 ? work : embnic_tx_stage(a, w, st);
