@@ -56,13 +56,17 @@ struct state_entry {
 	uint64_t first_tsc;		/* the request's first frame */
 	uint64_t last_tsc;		/* the last frame either way */
 	uint32_t msg_id;
-	uint32_t msg_len;		/* request */
-	uint32_t num_keys;		/* all tables together */
+	uint32_t msg_len;		/* request (its num_keys is not kept: the
+					 * type, msg_len, num_tables and value_len
+					 * fix it, entry_num_keys) */
 	uint32_t value_len;		/* row bytes: of a lookup's reply, of an
 					 * update's gradients */
 	uint32_t bytes_in, bytes_out;	/* body bytes of distinct fragments */
 	uint16_t client_id, shard_id, num_tables;
 	uint16_t frag_count, rep_frag_count;
+	/* the fragment size each way, as its first-seen fragment implies it
+	 * (embnic_frag_last_len: the last fragment's length) */
+	uint16_t last_len, rep_last_len;
 	uint16_t frags_in, frags_out;	/* distinct fragments seen */
 	uint16_t frames_in, frames_out;	/* frames passed, duplicates too
 					 * (saturating) */
@@ -185,7 +189,6 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->last_tsc = now;
 	e->msg_id = m->msg_id;
 	e->msg_len = m->msg_len;
-	e->num_keys = m->num_keys;
 	e->value_len = m->value_len;
 	e->bytes_in = 0;
 	e->bytes_out = 0;
@@ -194,6 +197,8 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->num_tables = m->num_tables;
 	e->frag_count = m->frag_count;
 	e->rep_frag_count = 0;
+	e->last_len = embnic_frag_last_len(m);
+	e->rep_last_len = 0;
 	e->frags_in = 0;
 	e->frags_out = 0;
 	e->frames_in = 0;
@@ -229,26 +234,57 @@ sat_inc(uint16_t v)
 	return v == UINT16_MAX ? v : v + 1;
 }
 
-/* Does request frame m contradict the request the entry was opened by? */
+/*
+ * Does request frame m contradict the request the entry was opened by: its
+ * header, or where its fragments lie (cut at another fragment size, it
+ * would overlap another fragment or leave a gap)?
+ */
 static inline bool
 request_differs(const struct state_entry *e, const struct embnic_msg *m)
 {
 	return e->msg_type != m->msg_type || e->msg_len != m->msg_len ||
-		e->num_keys != m->num_keys || e->value_len != m->value_len ||
+		e->value_len != m->value_len ||
 		e->num_tables != m->num_tables ||
-		e->shard_id != m->shard_id || e->frag_count != m->frag_count;
+		e->shard_id != m->shard_id || e->frag_count != m->frag_count ||
+		e->last_len != embnic_frag_last_len(m);
 }
 
 /*
- * Body bytes of the reply the entry's first reply fragment announced: a
- * LOOKUP_REPLY carries the value_len its request announced (on_reply
- * checks it: bad_reply_len), every other reply nothing (the parser checks
- * msg_len against the type's formula). So the entry keeps no reply length.
+ * Body bytes of the reply whose type the entry's first reply fragment
+ * fixed: a reply copies its request's counts, so its length follows from
+ * the type's formula on them (a LOOKUP_REPLY the value_len its request
+ * announced, on_reply checks it: bad_reply_len; an UPDATE_NACK its 32-byte
+ * bitmap; acks and errors nothing). So the entry keeps no reply length.
  */
 static inline uint32_t
 rep_msg_len(const struct state_entry *e)
 {
-	return e->rep_type == EMBNIC_LOOKUP_REPLY ? e->value_len : 0;
+	if (e->rep_type == EMBNIC_LOOKUP_REPLY)
+		return e->value_len;
+	return (uint32_t)embnic_expected_msg_len(e->rep_type, 0, 0, 0);
+}
+
+/*
+ * The request's num_keys: msg_len = 16·T + 8·n (+ value_len for an update)
+ * by the type's formula (embnic_check_lengths held it), entries of 16 bytes
+ * for a SIZE_REQ.
+ */
+static inline uint32_t
+entry_num_keys(const struct state_entry *e)
+{
+	uint64_t head = (uint64_t)EMBNIC_DIR_ENTRY * e->num_tables;
+
+	switch (e->msg_type) {
+	case EMBNIC_LOOKUP_REQ:
+		return (uint32_t)((e->msg_len - head) / EMBNIC_KEY_SIZE);
+	case EMBNIC_UPDATE_REQ:
+		return (uint32_t)((e->msg_len - head - e->value_len) /
+				  EMBNIC_KEY_SIZE);
+	case EMBNIC_SIZE_REQ:
+		return e->msg_len / EMBNIC_SIZE_ENTRY;
+	default:
+		return 0;
+	}
 }
 
 static inline int
@@ -259,9 +295,12 @@ on_request(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	if (mark(e->seen_in, m->frag_index, e->frag_count, e->frags_in)) {
 		e->frags_in++;
 		e->bytes_in += m->frag_len;
-		if (e->frags_in == e->frag_count &&
-		    e->state == EMBNIC_ST_RECEIVING)
-			e->state = EMBNIC_ST_FORWARDED;
+		if (e->frags_in == e->frag_count) {
+			/* one fragment size: every byte once */
+			RTE_ASSERT(e->bytes_in == e->msg_len);
+			if (e->state == EMBNIC_ST_RECEIVING)
+				e->state = EMBNIC_ST_FORWARDED;
+		}
 	}
 	e->frames_in = sat_inc(e->frames_in);
 	e->last_tsc = now;
@@ -319,11 +358,13 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 		 * msg_len follows from its type: rep_msg_len) */
 		e->rep_type = m->msg_type;
 		e->rep_frag_count = m->frag_count;
+		e->rep_last_len = embnic_frag_last_len(m);
 		if (m->frag_count > 1)
 			memset(e->seen_out, 0, sizeof(e->seen_out));
 		e->state = EMBNIC_ST_REPLYING;
 	} else if (unlikely(e->rep_type != m->msg_type ||
-			    e->rep_frag_count != m->frag_count)) {
+			    e->rep_frag_count != m->frag_count ||
+			    e->rep_last_len != embnic_frag_last_len(m))) {
 		return EMBNIC_DROP_FRAG_MISMATCH;
 	}
 	if (mark(e->seen_out, m->frag_index, e->rep_frag_count,
@@ -335,6 +376,7 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 	e->last_tsc = now;
 	if (e->frags_out < e->rep_frag_count)
 		return 0;
+	RTE_ASSERT(e->bytes_out == rep_msg_len(e));
 	/* the whole reply passed: count what the message leaves behind */
 	ns = (uint64_t)((double)(now - e->first_tsc) * s->ns_per_tsc);
 	ss = shard_stats(s, e->shard_id);
@@ -564,7 +606,7 @@ embnic_state_dump(const struct embnic_state *s, struct embnic_state_view *out,
 		v->msg_type = e->msg_type;
 		v->rep_type = e->rep_type;
 		v->msg_len = e->msg_len;
-		v->num_keys = e->num_keys;
+		v->num_keys = entry_num_keys(e);
 		v->value_len = e->value_len;
 		v->frag_count = e->frag_count;
 		v->rep_frag_count = e->rep_frag_count;
@@ -624,6 +666,32 @@ bits_below(const uint64_t *b, unsigned int n)
 	return true;
 }
 
+/*
+ * Do bytes (body bytes counted for the distinct fragments marked in b, frags
+ * of them, of a message of n fragments and len bytes whose last fragment
+ * is last_len bytes) and the geometry agree? The fragment size P fixed by
+ * last_len; every fragment but the last P bytes; all n: exactly len.
+ */
+static bool
+bytes_fit(const uint64_t *b, uint16_t n, uint16_t frags, uint32_t len,
+	  uint16_t last_len, uint32_t bytes)
+{
+	uint64_t p, want;
+	bool has_last;
+
+	if (n == 1)
+		return last_len == len && bytes == (frags ? len : 0);
+	if (last_len == 0 || last_len > len ||
+	    (len - last_len) % (uint32_t)(n - 1) != 0)
+		return false;
+	p = (len - last_len) / (uint32_t)(n - 1);
+	if (last_len > p)
+		return false;
+	has_last = (b[(n - 1) >> 6] >> ((n - 1) & 63)) & 1;
+	want = (uint64_t)(frags - has_last) * p + (has_last ? last_len : 0);
+	return bytes == want && bytes <= len && (frags < n || bytes == len);
+}
+
 int
 embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 {
@@ -664,7 +732,11 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 		     !bits_below(e->seen_in, e->frag_count))) ||
 		    (e->state == EMBNIC_ST_RECEIVING) !=
 		    (e->frags_in < e->frag_count && e->frags_out == 0) ||
-		    e->bytes_in > e->msg_len)
+		    e->bytes_in > e->msg_len ||
+		    (e->state == EMBNIC_ST_FORWARDED &&
+		     e->bytes_in != e->msg_len) ||
+		    !bytes_fit(e->seen_in, e->frag_count, e->frags_in,
+			       e->msg_len, e->last_len, e->bytes_in))
 			goto bad;
 		if (e->state == EMBNIC_ST_REPLYING) {
 			if (e->rep_frag_count == 0 ||
@@ -675,7 +747,10 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 			    (e->rep_frag_count > 1 &&
 			     (bits_set(e->seen_out) != e->frags_out ||
 			      !bits_below(e->seen_out, e->rep_frag_count))) ||
-			    e->bytes_out > rep_msg_len(e))
+			    e->bytes_out > rep_msg_len(e) ||
+			    !bytes_fit(e->seen_out, e->rep_frag_count,
+				       e->frags_out, rep_msg_len(e),
+				       e->rep_last_len, e->bytes_out))
 				goto bad;
 		} else if (e->frags_out != 0 || e->frames_out != 0) {
 			goto bad;
@@ -684,12 +759,13 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 bad:
 		snprintf(err, errlen, "entry %u (client %u msg %u) is "
 			 "inconsistent: state %u, request %u/%u fragments "
-			 "(%u frames, %u of %u bytes), reply %u/%u fragments "
-			 "(%u frames, %u of %u bytes)", i, e->client_id,
-			 e->msg_id, e->state, e->frags_in, e->frag_count,
-			 e->frames_in, e->bytes_in, e->msg_len, e->frags_out,
-			 e->rep_frag_count, e->frames_out, e->bytes_out,
-			 rep_msg_len(e));
+			 "(%u frames, %u of %u bytes, last %u), reply %u/%u "
+			 "fragments (%u frames, %u of %u bytes, last %u)", i,
+			 e->client_id, e->msg_id, e->state, e->frags_in,
+			 e->frag_count, e->frames_in, e->bytes_in, e->msg_len,
+			 e->last_len, e->frags_out, e->rep_frag_count,
+			 e->frames_out, e->bytes_out, rep_msg_len(e),
+			 e->rep_last_len);
 		return -1;
 	}
 	if (live != s->entries || hn < 0 || (uint32_t)hn != live ||
