@@ -149,8 +149,10 @@ def test_valid_messages_pass_and_known_faults(cparse):
     assert cparse(put(version=1)) == cparse(put(version=3)) == "bad_version"
     assert cparse(put(num_tables=0, msg_len=8 * 7, frag_len=8 * 7)[:consts.HDR_LEN + 56]) == "bad_length"
     assert cparse(put(value_len=13)) == "bad_length"  # fewer than 2 bytes a row
-    # msg_len of 16·T + 8·n overflowing 32 bits must not wrap to a small value that fits
-    assert cparse(put(num_tables=0xFFFF, num_keys=2**32 - 1, value_len=2**32 - 1)) == "bad_length"
+    # 16·T + 8·n is 2^32 + msg_len here: computed in 32 bits it would wrap to msg_len and pass
+    n = (2**32 + h.msg_len - 16 * h.num_tables) // 8
+    assert 16 * h.num_tables + 8 * n == 2**32 + h.msg_len
+    assert cparse(put(num_keys=n, value_len=2 * n)) == "bad_length"
     (reply,) = codec.encode_reply(h, MsgType.LOOKUP_REPLY, shard_id=0, body=bytes(h.value_len))
     assert cparse(reply) == "ok"
     assert cparse(codec.unpack_header(reply)._replace(value_len=h.value_len + 2).pack() + reply[44:]) == "bad_length"
