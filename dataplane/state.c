@@ -15,7 +15,9 @@
  * see an entry mid-update but never freed memory.
  *
  * The first request frame of a message opens an entry. The entry records
- * which fragments of the request passed (a bitmap of up to
+ * what the request's header says (type, shard, num_tables, num_keys,
+ * value_len, msg_len, frag_count: every later fragment must agree, else
+ * frag_mismatch) and which fragments of the request passed (a bitmap of up to
  * EMBNIC_MAX_FRAGS bits; a single-fragment message needs none): receiving
  * until every fragment was seen once, then forwarded. A reply passes only if
  * it answers an entry: same client and message id, from the shard the
