@@ -98,6 +98,8 @@ def messages(draw):
         frags = codec.encode_update(directory=d, keys=keys, values=bytes(codec.value_len_of(d)), mtu=mtu, **ids)
     elif kind == MsgType.LOOKUP_REPLY:
         frags = codec.encode_reply(req, kind, shard_id=2, body=bytes(req.value_len), mtu=mtu)
+    elif kind == MsgType.UPDATE_NACK:  # the bitmap of the fragments held, fragmented at a small MTU too
+        frags = codec.encode_reply(req, kind, shard_id=2, body=bytes(32), mtu=draw(st.sampled_from([90, 1500])))
     elif kind == MsgType.SIZE_REQ:
         e = np.zeros(draw(st.integers(1, 30)), codec.SIZE_ENTRY_DTYPE)
         frags = codec.encode_size(entries=e, mtu=mtu, **ids)
