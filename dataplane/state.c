@@ -15,7 +15,10 @@
  * see an entry mid-update but never freed memory.
  *
  * The first request frame of a message opens an entry. The entry records
- * which fragments of the request passed (a bitmap of up to
+ * what the request's header says (type, shard, num_tables, value_len,
+ * msg_len, which with them fixes num_keys, frag_count, and the fragment
+ * size its first-seen fragment implies: every later fragment must agree,
+ * else frag_mismatch) and which fragments of the request passed (a bitmap of up to
  * EMBNIC_MAX_FRAGS bits; a single-fragment message needs none): receiving
  * until every fragment was seen once, then forwarded. A reply passes only if
  * it answers an entry: same client and message id, from the shard the
@@ -56,11 +59,11 @@ struct state_entry {
 	uint64_t first_tsc;		/* the request's first frame */
 	uint64_t last_tsc;		/* the last frame either way */
 	uint32_t msg_id;
-	uint32_t msg_len;		/* request (its num_keys is not kept: the
-					 * type, msg_len, num_tables and value_len
-					 * fix it, entry_num_keys) */
+	uint32_t msg_len;		/* request */
 	uint32_t value_len;		/* row bytes: of a lookup's reply, of an
-					 * update's gradients */
+					 * update's gradients (num_keys is not
+					 * kept: msg_len, the type, num_tables
+					 * and value_len fix it, entry_num_keys) */
 	uint32_t bytes_in, bytes_out;	/* body bytes of distinct fragments */
 	uint16_t client_id, shard_id, num_tables;
 	uint16_t frag_count, rep_frag_count;
@@ -243,42 +246,43 @@ static inline bool
 request_differs(const struct state_entry *e, const struct embnic_msg *m)
 {
 	return e->msg_type != m->msg_type || e->msg_len != m->msg_len ||
-		e->value_len != m->value_len ||
-		e->num_tables != m->num_tables ||
+		e->value_len != m->value_len || e->num_tables != m->num_tables ||
 		e->shard_id != m->shard_id || e->frag_count != m->frag_count ||
 		e->last_len != embnic_frag_last_len(m);
 }
 
 /*
- * Body bytes of the reply whose type the entry's first reply fragment
- * fixed: a reply copies its request's counts, so its length follows from
- * the type's formula on them (a LOOKUP_REPLY the value_len its request
- * announced, on_reply checks it: bad_reply_len; an UPDATE_NACK its 32-byte
- * bitmap; acks and errors nothing). So the entry keeps no reply length.
+ * Body bytes of the reply the entry's first reply fragment announced: the
+ * parser checked every reply's msg_len against its type's formula, which
+ * for a reply depends on value_len alone (a LOOKUP_REPLY's rows, which
+ * on_reply checks against the request's: bad_reply_len) or on nothing (an
+ * UPDATE_NACK's bitmap, 0 for the others). So the entry keeps no reply
+ * length: the formula of the reply type over the request's counts.
  */
 static inline uint32_t
 rep_msg_len(const struct state_entry *e)
 {
-	if (e->rep_type == EMBNIC_LOOKUP_REPLY)
-		return e->value_len;
-	return (uint32_t)embnic_expected_msg_len(e->rep_type, 0, 0, 0);
+	return (uint32_t)embnic_expected_msg_len(e->rep_type, 0, 0,
+						 e->value_len);
 }
 
 /*
- * The request's num_keys: msg_len = 16·T + 8·n (+ value_len for an update)
- * by the type's formula (embnic_check_lengths held it), entries of 16 bytes
- * for a SIZE_REQ.
+ * The request's num_keys, which the entry does not keep: its msg_len is
+ * the type's formula of num_tables, num_keys and value_len
+ * (embnic_check_lengths), so every request fragment that agrees with the
+ * entry's msg_len, type, num_tables and value_len (request_differs) has
+ * this num_keys too.
  */
 static inline uint32_t
 entry_num_keys(const struct state_entry *e)
 {
-	uint64_t head = (uint64_t)EMBNIC_DIR_ENTRY * e->num_tables;
+	uint64_t dir = (uint64_t)EMBNIC_DIR_ENTRY * e->num_tables;
 
 	switch (e->msg_type) {
 	case EMBNIC_LOOKUP_REQ:
-		return (uint32_t)((e->msg_len - head) / EMBNIC_KEY_SIZE);
+		return (uint32_t)((e->msg_len - dir) / EMBNIC_KEY_SIZE);
 	case EMBNIC_UPDATE_REQ:
-		return (uint32_t)((e->msg_len - head - e->value_len) /
+		return (uint32_t)((e->msg_len - dir - e->value_len) /
 				  EMBNIC_KEY_SIZE);
 	case EMBNIC_SIZE_REQ:
 		return e->msg_len / EMBNIC_SIZE_ENTRY;

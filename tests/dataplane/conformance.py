@@ -201,8 +201,7 @@ class Suite:
                 tables: list[Table] | None = None, error_table: int = consts.NO_TABLE,
                 flags: int = 0, status: int = 0, seed: int = 0, only: list[int] | None = None,
                 frag_size: int = P) -> list[bytes]:
-        """Frames of one v2 message from ``src``, fragmented at MTU 1500 (docs/protocol.md), or cut
-        at ``frag_size`` body bytes a fragment.
+        """Frames of one v2 message from ``src``, fragmented at MTU 1500 (docs/protocol.md).
 
         ``tables``: the request's directory, ``[(table_id, dim, dtype, num_keys), ...]``; by
         default one table, ``[(table, dim, dtype, num_keys)]``. A reply is given its request's
@@ -210,7 +209,7 @@ class Suite:
         LOOKUP_REPLY carries the rows. A SIZE_REQ / SIZE_ACK has ``num_keys`` entries and no table.
         ``error_table``: the header's ``table_id`` (an ERROR's table; ``NO_TABLE`` otherwise).
         ``only``: the fragment indexes to return, in that order (repeats allowed), instead of all.
-        ``frag_size``: cut the body every ``frag_size`` bytes instead of ``P`` (1432, MTU 1500);
+        ``frag_size``: cut the body every ``frag_size`` bytes instead of ``P`` (1428, MTU 1500);
         each fragment is valid alone, but a receiver that saw a fragment of the message cut at
         another size drops it as ``frag_mismatch``.
         """

@@ -2,10 +2,10 @@
 
 Each ``add_*`` appends input frames and their fates to a :class:`conformance.Suite`: valid
 requests and replies, of one table and of several (:func:`add_valid`), frames that do not
-parse or do not add up (a version-1 frame among them)
-(:func:`add_malformed`), senders and targets the tables do not know (:func:`add_unauthorised`),
-the state map's reply rules (:func:`add_reply_path`) and fragments cut at another size than
-their message's (:func:`add_frag_geometry`). The wiring and the meaning of a fate
+parse or do not add up (a version-1 frame among them) (:func:`add_malformed`), senders and
+targets the tables do not know (:func:`add_unauthorised`), the state map's reply rules
+(:func:`add_reply_path`) and fragments cut at another size than their message's
+(:func:`add_frag_geometry`). The wiring and the meaning of a fate
 are in ``conformance.py``'s docstring.
 
 Run through the suite: ``python3 -m pytest -q tests/dataplane/test_conformance.py``.
@@ -375,7 +375,7 @@ def add_frag_geometry(s: Suite) -> None:
         for i, f in zip(only, s.message(src, msg_type, only=only, **kw)):
             s.add(f"{label}[{i}]", src.port, f, fate, msg_type)
 
-    # 400 keys of one table = 16 + 3200 bytes: 3 fragments at P = 1428; cut at 1200 (also 3) they overlap those
+    # 400 keys = 16 + 3200 bytes: 3 fragments at P = 1428; cut at 1200 (also 3) they overlap those
     m = s.msg_id()
     kw = dict(msg_id=m, client_id=1, shard_id=1, num_keys=400)
     frags("c1 lookup s1 (overlap), P 1428", c1, L, ("fwd", s1), [0], **kw)
