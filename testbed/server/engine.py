@@ -310,8 +310,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         """Handle the ``n`` datagrams of the last receive: one wake-up. Never raises."""
         self._c["wakeups"] += 1
         try:
-            msgs = self._frames(n)
-            self._messages(msgs)
+            self._intake(n)
         except Exception:  # noqa: BLE001 - a bug must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error in a batch of %d frames", self.shard_id, n)

@@ -50,6 +50,12 @@ of the body) — is a duplicate: re-acked, not applied. Same pair, different fin
 new message that reuses the id (e.g. a restarted client counting from 1 again): it is applied
 and replaces the entry. Updates that were refused (ERROR) are not remembered.
 
+**Lost updates, fragment by fragment.** A client that saw no ack for an update of several
+fragments re-sends its last fragment (``RETRANSMIT``), a *poll* (:func:`is_poll`): answered
+``UPDATE_ACK`` if the window holds the update with the same counts (its ack was lost), served as
+usual if the poll completes it, else ``UPDATE_NACK`` with a bitmap of the fragments held — and
+the client re-sends exactly the others.
+
 **Never crashes.** Any exception while handling one datagram is counted (``internal_errors``)
 and answered ``ERROR INTERNAL`` when the header was readable; the server keeps serving.
 SIGTERM/SIGINT (CLI) stop it cleanly: counters are logged as one JSON line and it exits 0.
@@ -101,6 +107,15 @@ def gradient_bound(table: TableConfig) -> float:
         return float(np.sqrt(_F32_MAX / (4.0 * table.dim)))
     lr = abs(float(table.lr))
     return _F32_MAX / (2.0 * lr) if lr > 0 else float("inf")
+
+
+def is_poll(h: Header) -> bool:
+    """A **poll** (docs/protocol.md, "Reliability"): the last fragment of an UPDATE_REQ of several
+    fragments, re-sent (``RETRANSMIT``) by a client that saw no ack. Only the last fragment polls,
+    so the fragments a client re-sends after an UPDATE_NACK (never the last: the poll brought it)
+    draw no NACK of their own."""
+    return (h.msg_type == MsgType.UPDATE_REQ and h.flags & consts.Flags.RETRANSMIT and h.frag_count > 1
+            and h.frag_index == h.frag_count - 1)
 
 
 class _Refused(Exception):
@@ -324,6 +339,8 @@ class ShardServer:
         Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
         ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
+        ``update_polls`` (re-sent last fragments of updates, :func:`is_poll`), ``nacks``
+        (UPDATE_NACKs sent),
         ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
@@ -343,7 +360,7 @@ class ShardServer:
             "announced": len(self._announced),
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
-            "duplicates": c["duplicates"],
+            "duplicates": c["duplicates"], "update_polls": c["update_polls"], "nacks": c["nacks"],
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -412,6 +429,9 @@ class ShardServer:
                     if h.frag_index == 0:
                         self._reply_error(h, Status.MALFORMED, addr)
                     return
+            if is_poll(h):
+                self._poll(h, data, addr)
+                return
             msg = self._reasm.feed(data, addr, header=h)
             if msg is not None:
                 self._handle_message(msg)
@@ -423,6 +443,32 @@ class ShardServer:
                     self._reply_error(h, Status.INTERNAL, addr)
                 except Exception:  # noqa: BLE001
                     pass
+
+    def _poll(self, h: Header, data: bytes, addr) -> None:
+        """A poll (:func:`is_poll`: the last fragment of an update of several, re-sent): answered
+        ``UPDATE_ACK`` when the update is in the exactly-once window with these counts (applied:
+        its ack was lost; the fragment is not kept), else fed like any fragment — it may complete
+        the update (served as usual) or leave it incomplete: ``UPDATE_NACK`` with the bitmap of
+        the fragments held (docs/protocol.md, "Reliability")."""
+        self._c["update_polls"] += 1
+        key = (h.client_id, h.msg_id)
+        fp = self._applied.get(key)
+        if fp is not None and fp[:3] == (h.num_tables, h.num_keys, h.value_len):
+            self._c["duplicates"] += 1
+            self._applied.move_to_end(key)
+            self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+            self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
+            return
+        drops = self._reasm.drops.total()
+        msg = self._reasm.feed(data, addr, header=h)
+        if msg is not None:
+            self._handle_message(msg)
+            return
+        part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+        if part is not None and self._reasm.drops.total() == drops:  # not a contradicting fragment
+            self._c["nacks"] += 1
+            self._send(codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=self.shard_id,
+                                          body=codec.nack_body(part[1]), mtu=self.mtu), addr)
 
     def _answer_malformed(self, data: bytes, addr) -> None:
         """Answer MALFORMED to a request that failed validation but whose magic, version and

@@ -823,3 +823,57 @@ def test_table_fault_equals_the_per_table_rule(sharding, shards):
         seen[want[0].name if want else "ok"] += 1
     assert set(seen) >= {"ok", "UNKNOWN_TABLE", "DIM_MISMATCH", "KEY_OUT_OF_RANGE", "MALFORMED"} | (
         {"NOT_OWNER"} if shards > 1 and sharding == "hash" else set()), seen
+
+
+def _retransmit(frame):
+    return frame[:4] + bytes([frame[4] | consts.Flags.RETRANSMIT]) + frame[5:]
+
+
+def test_update_poll_nack_and_ack(shard0):
+    """Lost updates fragment by fragment (docs/protocol.md, "Reliability"): a poll (the last
+    fragment re-sent, RETRANSMIT) of an update the shard holds in part draws UPDATE_NACK with the
+    bitmap of what it holds; the missing fragments re-sent draw no NACK of their own and complete
+    it (one ACK, applied once); a poll after that is acked from the window, not applied again;
+    a poll with nothing held names only itself; a refused update is not in the window."""
+    cfg, st_, raw = shard0
+    rng = np.random.default_rng(3)
+    parts = [(0, owned_keys(cfg, 0, 0, 120, rng), rng.standard_normal((120, 8)).astype(np.float32)),
+             (1, owned_keys(cfg, 1, 0, 60, rng), rng.standard_normal((60, 16)).astype(np.float32))]
+    fr = multi_update_frames(cfg, parts, 500)
+    n = len(fr)
+    assert n >= 6
+    raw.send([f for i, f in enumerate(fr) if i not in (1, 3, n - 1)])
+    raw.send([_retransmit(fr[-1])])  # the poll
+    m = raw.recv()
+    assert (m.header.msg_type, m.header.msg_id, m.header.num_tables, m.header.num_keys) == \
+        (MsgType.UPDATE_NACK, 500, 2, 180)
+    held = codec.nack_held(m.body, n)
+    assert held.tolist() == [i not in (1, 3) for i in range(n)]
+    raw.send([_retransmit(fr[1]), _retransmit(fr[3])])  # exactly the others
+    a = raw.recv()
+    assert (a.header.msg_type, a.header.msg_id) == (MsgType.UPDATE_ACK, 500)  # no NACK before it
+    raw.send([_retransmit(fr[-1])])  # the ack was lost: poll again
+    a = raw.recv()
+    assert (a.header.msg_type, a.header.msg_id) == (MsgType.UPDATE_ACK, 500)
+    # a poll of an update of which nothing arrived
+    fr2 = multi_update_frames(cfg, parts[:1], 501)
+    raw.send([_retransmit(fr2[-1])])
+    m = raw.recv()
+    assert m.header.msg_type == MsgType.UPDATE_NACK
+    assert np.flatnonzero(codec.nack_held(m.body, len(fr2))).tolist() == [len(fr2) - 1]
+    # a refused update: ERROR, and a poll finds it not applied (NACK: only the poll held)
+    bad = [(0, parts[0][1], np.where(np.arange(120)[:, None] == 7, np.nan, parts[0][2]).astype(np.float32))]
+    fr3 = multi_update_frames(cfg, bad, 502)
+    raw.send(fr3)
+    assert _err(raw).status == Status.MALFORMED
+    raw.send([_retransmit(fr3[-1])])
+    assert raw.recv().header.msg_type == MsgType.UPDATE_NACK
+    c = st_.counters()
+    assert c["update_polls"] == 4 and c["nacks"] == 3 and c["updates_applied"] == 1 and c["duplicates"] == 1
+    ref = LocalBackend(cfg)
+    for tid, k, g in parts:
+        ref.update(tid, k, g)
+    state, want = st_.state_dict(), ref.state_dict()
+    for tid in want:
+        for x, y in zip(state[tid], want[tid]):
+            assert np.array_equal(x, y), tid
