@@ -30,12 +30,12 @@ one message after the other, disjoint ones in one :meth:`TableShard.apply` call 
 optimizers: a row's result does not depend on the other rows of the call).
 
 **Where an update is made durable.** With ``checkpoint_dir`` every applied update is appended to
-the write-ahead log where the exactly-once window takes it (:meth:`_flush_updates`, or the
-reference's ``_update`` for lone small messages and diverted frames), and :meth:`serve_batch`
+the write-ahead log where the exactly-once window takes it (``ShardServer._admit_update``,
+called by :meth:`_flush_updates`), and :meth:`serve_batch`
 commits the log with **one** ``fdatasync`` per wake-up before :meth:`_transmit` lets any ack of
 that wake-up leave (:mod:`.durability`). Checkpoints are taken between wake-ups.
 
-Modules: this one holds the loop, the per-table queues and the application of a wake-up's
+Modules: this one holds the loop, the lookup and update queues and the application of a wake-up's
 messages (:meth:`_messages`, :meth:`_flush_lookups`, :meth:`_flush_updates`); the header checks
 and reassembly are :mod:`.intake`, reply encoding and ``sendmmsg`` :mod:`.replies`, the batched
 system calls :mod:`.udpio`, worker processes behind one address :mod:`.workers`.
