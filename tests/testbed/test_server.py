@@ -1,6 +1,9 @@
-"""Parameter-server shard: numerics against the in-process reference over real UDP on loopback,
-exactly-once updates, ERROR statuses, counted drops of malformed frames, the ``embnic server``
-command (errors, SIGTERM/SIGINT → exit 0 with counters).
+"""Parameter-server shard, protocol v2: numerics against the in-process reference over real UDP
+on loopback (messages of several tables, one reply of every table's rows), exactly-once updates
+(polls, UPDATE_NACK), ERROR statuses naming the first bad table, directory faults, counted drops
+of malformed frames (version-1 frames too), the ``embnic server`` command (errors,
+SIGTERM/SIGINT → exit 0 with counters). Frames come from the v2 codec (``multi_lookup_frames``,
+``multi_update_frames`` below, shared by the other shard tests).
 
 Run alone: python3 -m pytest -q tests/testbed/test_server.py
 """

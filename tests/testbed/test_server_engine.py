@@ -1,5 +1,8 @@
-"""The shard's batch engine against the reference server: the same frames in, the same replies,
-counters and rows out; batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets.
+"""The shard's batch engine against the reference server: the same frames in (messages of one
+to three tables, refusals, polls, junk), the same replies, counters and rows out; the C intake
+against the numpy one; batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets;
+``--workers`` (steering by client and message id, checked in the kernel); exactly-once updates
+over a simulated lossy link.
 
 Run alone: python3 -m pytest -q tests/testbed/test_server_engine.py
 """
