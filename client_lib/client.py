@@ -149,6 +149,7 @@ class EmbeddingClient:
         self._dest = {s.id: cfg.request_destination(client_id, s.id) for s in cfg.shards}
         self.via_card = cfg.card is not None and cfg.card.enabled
         self._largest_answered = 0  # largest datagram (bytes) of an answered message or its reply
+        self._seqs = itertools.count()  # the current round's transmission order (_round)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -327,9 +328,11 @@ class EmbeddingClient:
         self._next_id = (i + 1) & 0xFFFFFFFF or 1
         return i
 
-    def _send(self, m: _Out, retransmit: bool, frames: list | None = None) -> None:
+    def _send(self, m: _Out, retransmit: bool, frames: list | None = None, tries: bool = True) -> None:
         """Send ``m``'s frames (or only ``frames``, some of them: an update's poll or the fragments
-        a shard lacks), with ``RETRANSMIT`` set if ``retransmit``; counts a try of ``m``."""
+        a shard lacks), with ``RETRANSMIT`` set if ``retransmit``; counts a try of ``m`` (and a
+        retransmit) unless ``tries`` is False (the fragments an UPDATE_NACK asks for: the second
+        half of the poll's try)."""
         for f in (m.frames if frames is None else frames):
             if retransmit:
                 f = f[:4] + bytes([f[4] | consts.Flags.RETRANSMIT]) + f[5:]
@@ -346,6 +349,8 @@ class EmbeddingClient:
                     raise
             self.stats.frames_sent += 1
             self.stats.bytes_sent += len(f)
+        if not tries:
+            return
         m.tries += 1
         if retransmit:
             self.stats.retransmits += 1
@@ -373,7 +378,7 @@ class EmbeddingClient:
         for m in sorted(msgs, key=lambda m: -m.cost):
             queues.setdefault(m.shard_id, collections.deque()).append(m)
         inflight = dict.fromkeys(queues, 0)  # frames held in each shard's window
-        seqs = itertools.count()  # order of every transmission in the round, re-sends included
+        seqs = self._seqs = itertools.count()  # order of every transmission in the round, re-sends included
         pending: dict[int, _Out] = {}
         live = [0]  # messages of the round not answered yet (probes aside)
         probes = self.tail_probes
@@ -692,7 +697,11 @@ class EmbeddingClient:
         missing = [f for f, have in zip(m.frames, held.tolist()) if not have]
         self.stats.nacks += 1
         if missing:
-            self._send(m, retransmit=True, frames=missing)
+            # a transmission of its own: answers of what was sent before it (a tail probe after
+            # the poll) must not show it lost again
+            m.seq = next(self._seqs)
+            m.lost_at = 0.0
+            self._send(m, retransmit=True, frames=missing, tries=False)
             self.stats.tries_by_nack += 1
             self.stats.frames_resent += len(missing)
         m.t_sent = time.monotonic()

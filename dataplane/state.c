@@ -274,7 +274,7 @@ answers(uint8_t q, uint8_t r)
 {
 	return r == EMBNIC_ERROR ||
 		(q == EMBNIC_LOOKUP_REQ && r == EMBNIC_LOOKUP_REPLY) ||
-		(q == EMBNIC_UPDATE_REQ && r == EMBNIC_UPDATE_ACK) ||
+		(q == EMBNIC_UPDATE_REQ && (r == EMBNIC_UPDATE_ACK || r == EMBNIC_UPDATE_NACK)) ||
 		(q == EMBNIC_SIZE_REQ && r == EMBNIC_SIZE_ACK);
 }
 

@@ -156,7 +156,7 @@ class BatchIntake:
             return
         ent = self._pend.get(key)
         if ent is not None and self._rdrops["frag_mismatch"] == drops:
-            self._c["nacks"] += 1
+            self._c["update_nacks"] += 1
             self._emit(m, MsgType.UPDATE_NACK, np.frombuffer(codec.nack_body(np.flatnonzero(ent.seen).tolist()),
                                                              np.uint8))
 

@@ -339,8 +339,9 @@ class ShardServer:
         Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
         ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
-        ``update_polls`` (re-sent last fragments of updates, :func:`is_poll`), ``nacks``
-        (UPDATE_NACKs sent),
+        ``update_polls`` (re-sent last fragments of updates, :func:`is_poll`; a poll of an applied
+        update also counts in ``duplicates``), ``update_nacks`` (polls of incomplete updates
+        answered with the fragments held),
         ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
@@ -360,7 +361,8 @@ class ShardServer:
             "announced": len(self._announced),
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
-            "duplicates": c["duplicates"], "update_polls": c["update_polls"], "nacks": c["nacks"],
+            "duplicates": c["duplicates"], "update_polls": c["update_polls"],
+            "update_nacks": c["update_nacks"],
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -466,7 +468,7 @@ class ShardServer:
             return
         part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
         if part is not None and self._reasm.drops.total() == drops:  # not a contradicting fragment
-            self._c["nacks"] += 1
+            self._c["update_nacks"] += 1
             self._send(codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=self.shard_id,
                                           body=codec.nack_body(part[1]), mtu=self.mtu), addr)
 

@@ -179,7 +179,7 @@ def test_batch_engine_equals_reference(seed, kw):
     assert bat[0] == ref[0]  # every reply frame, byte for byte
     assert _comparable(bat[1]) == _comparable(ref[1])
     assert ref[1]["updates_applied"] > 5 and ref[1]["duplicates"] > 0 and sum(ref[1]["errors"].values()) > 3
-    assert ref[1]["update_polls"] > 3 and ref[1]["nacks"] > 0
+    assert ref[1]["update_polls"] > 3 and ref[1]["update_nacks"] > 0
     assert sum(ref[1]["drops"].values()) > 0 and ref[1]["drops"]["frag_mismatch"] > 0
     assert ref[1]["reassembly"]["duplicate_frames"] > 0 and ref[1]["reassembly"]["pending"] > 0
     assert bat[1]["engine"]["wakeups"] < bat[1]["rx_frames"]  # many frames per wake-up
@@ -721,7 +721,7 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link(engine, nack):
         state = st.state_dict()
     assert c["updates_applied"] == 24 and c["duplicates"] > 0 and sum(c["errors"].values()) == 0
     assert max(rounds) > 1  # the link did lose what mattered
-    assert (nacks > 0 and c["nacks"] >= nacks and c["update_polls"] > 0) if nack else c["nacks"] == 0
+    assert (nacks > 0 and c["update_nacks"] >= nacks and c["update_polls"] > 0) if nack else c["update_nacks"] == 0
     want = ref.state_dict()
     for tid in want:
         for a, b in zip(state[tid], want[tid]):
@@ -774,5 +774,5 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_pat
         _kill_worker_shard(p)
     assert p.returncode == 0, err
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
-    assert counters["updates_applied"] == 24 and counters["duplicates"] > 0 and counters["nacks"] > 0
+    assert counters["updates_applied"] == 24 and counters["duplicates"] > 0 and counters["update_nacks"] > 0
     assert all(w["wakeups"] > 0 and w["peer_calls"] > 0 for w in counters["workers"])
