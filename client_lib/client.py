@@ -1,9 +1,11 @@
 """The client transport: lookups and updates as embnic messages over UDP.
 
 :class:`EmbeddingClient` turns ``{table_id: unique keys}`` into one variable-length message per
-(shard, table) — routed by :mod:`embnic.client_lib.routing`, fragmented to the cluster MTU by
-:mod:`embnic.client_lib.codec`, and split into several messages where a message or its reply
-would need more than ``consts.MAX_FRAGS`` (256) fragments — sends them in one round,
+shard (protocol v2: every table the shard holds a part of travels in that message, after a
+per-table directory) — routed by :mod:`embnic.client_lib.routing`, fragmented to the cluster MTU
+by :mod:`embnic.client_lib.codec`, and split into several messages only where a message or its
+reply would need more than ``msg_frames`` fragments (at most ``consts.MAX_FRAGS``, 256) or would
+not fit the send window — sends them in one round,
 reassembles the replies and puts every row back at its key's position. A reply is taken only
 from the shard its request went to (others are counted as ``wrong_shard_reply``).
 
@@ -61,7 +63,7 @@ from .batch import as_ids
 from .config import ClusterConfig
 from .consts import MsgType
 from .reassembly import Message, Reassembler
-from .routing import chunk_parts, split_by_shard
+from .routing import split_by_shard
 from .outstanding import Outstanding as _Out
 from .errors import EmbnicError, ShardError, ShardUnavailableError  # noqa: F401 (the client's errors)
 from .rtt import DEFAULT_RTO_MAX_MS, DEFAULT_RTO_MIN_MS, REO_WND_MIN_MS, RttEstimator
@@ -147,7 +149,8 @@ class EmbeddingClient:
     # -- public API -------------------------------------------------------------------------
 
     def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """Fetch rows for every table in one round.
+        """Fetch rows for every table in one round: one message per shard touched, carrying every
+        table that shard holds keys of (docs/protocol.md, version 2).
 
         Args:
             requests: ``{table_id: keys}``, keys uint64 (N_t,), any of 0..2^64-1 (typically the
@@ -159,31 +162,39 @@ class EmbeddingClient:
 
         Raises:
             ShardUnavailableError: a shard did not answer after ``retries`` tries.
-            ShardError: a shard answered ERROR.
+            ShardError: a shard answered ERROR (naming the table where it is one table's).
             ValueError: keys not 1-D integers in 0..2^64-1.
         """
         out: dict[int, np.ndarray] = {}
-        msgs: list[_Out] = []
+        by_shard: dict[int, list] = {}
         for table_id, keys in requests.items():
             t = self.cfg.table(table_id)
             keys = as_ids(keys)
-            rows = np.empty((len(keys), t.dim), dtype=np.float32)
-            out[table_id] = rows
-            dt = t.wire_dtype
-            cap = self._cap(MsgType.LOOKUP_REQ, t.dim, dt)
-            for shard_id, pos, skeys in chunk_parts(split_by_shard(self.cfg, table_id, keys), cap):
+            out[table_id] = np.empty((len(keys), t.dim), dtype=np.float32)
+            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
+                by_shard.setdefault(shard_id, []).append((table_id, pos, skeys))
+        msgs: list[_Out] = []
+        for shard_id, parts in by_shard.items():
+            for piece in self._pack(MsgType.LOOKUP_REQ, parts):
+                directory, skeys = self._directory(piece)
 
-                def fill(m: Message, rows=rows, pos=pos, dim=t.dim, dt=dt) -> None:
-                    rows[pos] = codec.body_to_rows(m.body, len(pos), dim, dt)
+                def fill(m: Message, piece=piece, directory=directory) -> None:
+                    off = 0
+                    for (table_id, pos, k), e in zip(piece, directory):
+                        n, dim = len(k), int(e["dim"])
+                        out[table_id][pos] = np.frombuffer(m.body, codec.value_dtype(int(e["dtype"])), n * dim,
+                                                           off).reshape(n, dim)
+                        off += n * dim * consts.esize(int(e["dtype"]))
 
-                msgs.append(self._lookup_out(table_id, shard_id, skeys, fill, self._dest[shard_id]))
+                msgs.append(self._lookup_out(shard_id, directory, skeys, fill, self._dest[shard_id]))
         if self.fixed_length:
             self._size_round(msgs)
         self._round(msgs, record_latency=True)
         return out
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Push gradients for every table in one round; returns once every shard acked.
+        """Push gradients for every table in one round — one message per shard touched, carrying
+        every table's part — and return once every shard acked.
 
         Args:
             updates: ``{table_id: (keys uint64 (N,), grads float32 (N, dim))}``; keys unique.
@@ -191,23 +202,78 @@ class EmbeddingClient:
         Raises:
             ShardUnavailableError, ShardError: as :meth:`lookup`.
         """
-        msgs: list[_Out] = []
+        grads_of: dict[int, np.ndarray] = {}
+        by_shard: dict[int, list] = {}
         for table_id, (keys, grads) in updates.items():
-            t = self.cfg.table(table_id)
+            self.cfg.table(table_id)
             keys = as_ids(keys)
-            grads = np.asarray(grads, dtype=np.float32)
-            cap = self._cap(MsgType.UPDATE_REQ, t.dim, t.wire_dtype)
-            for shard_id, pos, skeys in chunk_parts(split_by_shard(self.cfg, table_id, keys), cap):
+            grads_of[table_id] = np.asarray(grads, dtype=np.float32)
+            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
+                by_shard.setdefault(shard_id, []).append((table_id, pos, skeys))
+        msgs: list[_Out] = []
+        for shard_id, parts in by_shard.items():
+            for piece in self._pack(MsgType.UPDATE_REQ, parts):
+                directory, skeys = self._directory(piece)
+                values = codec.values_to_body([grads_of[t][pos] for t, pos, _ in piece], directory["dtype"].tolist())
                 msg_id = self._alloc_id()
-                frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, table_id=table_id,
-                                             shard_id=shard_id, dtype=t.wire_dtype, keys=skeys,
-                                             grads=grads[pos], mtu=self.mtu)
-                msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, table_id, len(skeys),
+                frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
+                                             directory=directory, keys=skeys, values=values, mtu=self.mtu)
+                msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, directory, len(skeys),
                                  self._dest[shard_id], frames, lambda m: None,
-                                 datagram=self._datagram(frames, 0), keys=skeys))
+                                 datagram=self._datagram(frames, 0), keys=skeys, value_len=len(values),
+                                 msg_len=consts.DIR_ENTRY * len(directory) + 8 * len(skeys) + len(values)))
         if self.fixed_length:
             self._size_round(msgs)
         self._round(msgs, record_latency=False)
+
+    def _directory(self, piece: list) -> tuple[np.ndarray, np.ndarray]:
+        """The directory (:data:`codec.DIR_DTYPE` (T,)) and the concatenated keys uint64 (n,) of
+        one message's ``piece`` — ``[(table_id, positions, keys), ...]`` in body order."""
+        tabs = [self.cfg.table(t) for t, _, _ in piece]
+        directory = codec.make_directory([t.id for t in tabs], [t.dim for t in tabs],
+                                         [t.wire_dtype for t in tabs], [len(k) for _, _, k in piece])
+        keys = piece[0][2] if len(piece) == 1 else np.concatenate([k for _, _, k in piece])
+        return directory, keys
+
+    def _pack(self, msg_type: int, parts: list) -> list[list]:
+        """Cut one shard's ``parts`` — ``[(table_id, positions int64 (k,), keys uint64 (k,)), ...]``,
+        every table it holds keys of — into the messages of a round: as few as fit, in table order,
+        a table's keys split across two messages only where one would overflow. A message fits
+        when it and its reply each take at most ``msg_frames`` (and :data:`consts.MAX_FRAGS`)
+        fragments and, where the send window allows it, both together leave the window room
+        (``window_frames - 2`` frames of ``P`` bytes). Returns the pieces, each a list of
+        ``(table_id, positions, keys)`` slices (views, no copies)."""
+        P = consts.max_body_per_frame(self.mtu)
+        frags = consts.MAX_FRAGS if not self.msg_frames else min(self.msg_frames, consts.MAX_FRAGS)
+        B = frags * P
+        W = (self.window_frames - 2) * P if self.window_frames >= 3 else None
+        lookup = msg_type == MsgType.LOOKUP_REQ
+        pieces: list[list] = []
+        cur: list = []
+        req = rep = 0
+        for table_id, pos, keys in parts:
+            t = self.cfg.table(table_id)
+            row = t.dim * consts.esize(t.wire_dtype)
+            rk, pk = (consts.KEY_SIZE, row) if lookup else (consts.KEY_SIZE + row, 0)
+            a, n = 0, len(keys)
+            while a < n:
+                room = (B - req - consts.DIR_ENTRY) // rk
+                if pk:
+                    room = min(room, (B - rep) // pk)
+                if W is not None:
+                    room = min(room, (W - req - rep - consts.DIR_ENTRY) // (rk + pk))
+                if room <= 0 and cur:
+                    pieces.append(cur)
+                    cur, req, rep = [], 0, 0
+                    continue
+                k = min(n - a, max(1, room))
+                cur.append((table_id, pos[a:a + k], keys[a:a + k]))
+                req += consts.DIR_ENTRY + k * rk
+                rep += k * pk
+                a += k
+        if cur:
+            pieces.append(cur)
+        return pieces
 
     def close(self) -> None:
         """Close the socket."""
@@ -233,36 +299,18 @@ class EmbeddingClient:
             e = np.zeros(len(ms), codec.SIZE_ENTRY_DTYPE)
             e["msg_id"] = [m.msg_id for m in ms]
             e["msg_type"] = [m.msg_type for m in ms]
-            e["dtype"] = [self.cfg.table(m.table_id).wire_dtype for m in ms]
-            e["table_id"] = [m.table_id for m in ms]
+            e["num_tables"] = [m.num_tables for m in ms]
             e["num_keys"] = [m.num_keys for m in ms]
-            e["msg_len"] = [consts.expected_msg_len(m.msg_type, m.num_keys, self.cfg.table(m.table_id).dim,
-                                                    self.cfg.table(m.table_id).wire_dtype) for m in ms]
+            e["msg_len"] = [m.msg_len for m in ms]
             for a in range(0, len(e), cap):
                 part = e[a:a + cap]
                 msg_id = self._alloc_id()
                 frames = codec.encode_size(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
                                            entries=part, mtu=self.mtu)
-                size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, 0, len(part), self._dest[shard_id],
-                                      frames, lambda m: None))
+                size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, None, len(part), self._dest[shard_id],
+                                      frames, lambda m: None, msg_len=consts.SIZE_ENTRY * len(part)))
         self.stats.size_rounds += 1
         self._round(size_msgs, record_latency=False)
-
-    def _cap(self, msg_type: int, dim: int, dtype: int) -> int:
-        """Most keys of one message: within :data:`consts.MAX_FRAGS` fragments each way
-        (:func:`consts.max_keys_per_message`) and, where the send window allows it, small
-        enough that the message and its reply fit the window (``ceil(8n/P) + ceil(n·row/P)``
-        frames, or ``ceil(n·(8+row)/P) + 1`` for an update, at most ``window_frames``), and so
-        that neither the message nor its reply has more than ``msg_frames`` fragments."""
-        cap = consts.max_keys_per_message(msg_type, dim, dtype, self.mtu)
-        row = dim * consts.DTYPE_SIZE[consts.DType(dtype)]
-        P = consts.max_body_per_frame(self.mtu)
-        if self.window_frames >= 3:
-            cap = min(cap, max(1, (self.window_frames - 2) * P // (consts.KEY_SIZE + row)))
-        if self.msg_frames:
-            per_key = max(consts.KEY_SIZE, row) if msg_type == MsgType.LOOKUP_REQ else consts.KEY_SIZE + row
-            cap = min(cap, max(1, self.msg_frames * P // per_key))
-        return cap
 
     def _datagram(self, frames: list, reply_len: int) -> int:
         """Largest IPv4 datagram (bytes) of a request's ``frames`` (UDP payloads) or of its reply
@@ -370,7 +418,9 @@ class EmbeddingClient:
             if src.keys is None or not any(x.shard_id == shard_id and not x.probe for x in pending.values()):
                 return
             now = time.monotonic()
-            p = self._lookup_out(src.table_id, shard_id, src.keys[:1], lambda r: None, src.dest, t_first=now,
+            one = src.directory[:1].copy()
+            one["num_keys"] = 1
+            p = self._lookup_out(shard_id, one, src.keys[:1], lambda r: None, src.dest, t_first=now,
                                  t_sent=now, rto=self._rtt[shard_id, MsgType.LOOKUP_REQ].rto, probe=True)
             p.seq0 = p.seq = next(seqs)
             self._send(p, retransmit=False)
@@ -442,58 +492,66 @@ class EmbeddingClient:
 
     def _repair(self, m: _Out) -> _Out | None:
         """A repair of lookup ``m`` whose reply came in part: a new LOOKUP_REQ (its own ``msg_id``)
-        for only the keys whose rows lie in ``m``'s missing reply fragments. Its reply's rows and the
-        fragments already held make ``m``'s whole reply, handed to ``m.on_reply``. Lookups are
-        idempotent reads, so asking again for some keys under a new id is safe; the card and the
-        shards see an ordinary message. Returns None when no fragment of ``m``'s reply is held (its
-        request may not have arrived: re-send ``m`` instead)."""
+        for only the keys whose rows lie in ``m``'s missing reply fragments, of whichever tables.
+        Its reply's rows and the fragments already held make ``m``'s whole reply, handed to
+        ``m.on_reply``. Lookups are idempotent reads, so asking again for some keys under a new id
+        is safe; the card and the shards see an ordinary message. Returns None when no fragment
+        of ``m``'s reply is held (its request may not have arrived: re-send ``m`` instead)."""
         part = self._reasm.partial(self.client_id, m.msg_id, MsgType.LOOKUP_REPLY)
         if part is None:
             return None
         h, parts, p = part
-        t = self.cfg.table(m.table_id)
-        dt = t.wire_dtype
-        row = t.dim * consts.DTYPE_SIZE[consts.DType(dt)]
-        n, total = m.num_keys, m.num_keys * row
-        if (p <= 0 or h.msg_len != total or h.num_keys != n or h.table_id != m.table_id
-                or h.shard_id != m.shard_id or m.keys is None):
+        d = m.directory
+        total = m.value_len
+        if (p <= 0 or d is None or h.msg_len != total or h.num_keys != m.num_keys
+                or h.num_tables != len(d) or h.shard_id != m.shard_id or m.keys is None):
             return None  # not a reply of m's shape: let the whole message be asked again
-        have = np.fromiter(parts.keys(), np.int64, len(parts))
-        miss = np.setdiff1d(np.arange(h.frag_count, dtype=np.int64), have)
-        # rows overlapping the missing fragments' byte ranges [j·P, min((j+1)·P, total))
-        lo = miss * p // row
-        hi = -(-np.minimum((miss + 1) * p, total) // row)
-        cover = np.zeros(n + 1, np.int64)
-        np.add.at(cover, lo, 1)
-        np.add.at(cover, hi, -1)
-        idx = np.flatnonzero(np.cumsum(cover[:-1]) > 0)
+        # every key's row: its table, its byte range [ks, ks + kl) in the reply body
+        counts = d["num_keys"].astype(np.int64)
+        tix = np.repeat(np.arange(len(d)), counts)
+        kl = codec.row_bytes(d)[tix]
+        ks = np.zeros(m.num_keys, np.int64)
+        np.cumsum(kl[:-1], out=ks[1:])
+        missing = np.ones(h.frag_count, bool)
+        missing[np.fromiter(parts.keys(), np.int64, len(parts))] = False
+        cm = np.zeros(h.frag_count + 1, np.int64)
+        np.cumsum(missing, out=cm[1:])
+        f0, f1 = ks // p, (ks + kl - 1) // p  # the fragments a row spans
+        idx = np.flatnonzero(cm[f1 + 1] - cm[f0] > 0)
         body = bytearray(total)
         for j, b in parts.items():  # per fragment held (at most MAX_FRAGS)
             body[j * p:j * p + len(b)] = b
         self._reasm.discard(self.client_id, m.msg_id, MsgType.LOOKUP_REPLY)
+        sub_counts = np.bincount(tix[idx], minlength=len(d))
+        sub = d[sub_counts > 0].copy()
+        sub["num_keys"] = sub_counts[sub_counts > 0]
+        # where each byte of the repair's reply goes in the whole reply
+        lens = kl[idx]
+        dst = np.repeat(ks[idx] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
 
-        def assemble(r: Message, body=body, idx=idx, row=row, target=m, h=h) -> None:
-            np.frombuffer(body, np.uint8).reshape(n, row)[idx] = np.frombuffer(r.body, np.uint8).reshape(idx.size, row)
+        def assemble(r: Message, body=body, dst=dst, target=m, h=h) -> None:
+            np.frombuffer(body, np.uint8)[dst] = np.frombuffer(r.body, np.uint8)
             target.on_reply(Message(h, bytes(body), r.addr))
 
         root = m.root or m
-        return self._lookup_out(m.table_id, m.shard_id, m.keys[idx], assemble, m.dest, t_first=root.t_first,
+        return self._lookup_out(m.shard_id, sub, m.keys[idx], assemble, m.dest, t_first=root.t_first,
                                 t_sent=time.monotonic(), rto=m.rto, tries=m.tries, root=root)
 
-    def _lookup_out(self, table_id: int, shard_id: int, keys: np.ndarray, on_reply: Callable[[Message], None],
-                    dest: tuple[str, int], **kw) -> _Out:
-        """A LOOKUP_REQ of ``keys`` (uint64 (n,)) of table ``table_id`` to ``shard_id`` via ``dest``,
-        under a new message id, encoded to the MTU, with its reply's fragment count and largest
-        datagram (bytes); ``kw`` sets more :class:`_Out` fields (times, a repair's ``root``, ``probe``).
-        Every lookup message is made here: a round's, a repair's and a tail probe's."""
-        t = self.cfg.table(table_id)
+    def _lookup_out(self, shard_id: int, directory: np.ndarray, keys: np.ndarray,
+                    on_reply: Callable[[Message], None], dest: tuple[str, int], **kw) -> _Out:
+        """A LOOKUP_REQ of ``keys`` (uint64 (n,), table by table as ``directory`` —
+        :data:`codec.DIR_DTYPE` (T,) — says) to ``shard_id`` via ``dest``, under a new message id,
+        encoded to the MTU, with its reply's fragment count and largest datagram (bytes); ``kw``
+        sets more :class:`_Out` fields (times, a repair's ``root``, ``probe``). Every lookup message
+        is made here: a round's, a repair's and a tail probe's."""
         msg_id = self._alloc_id()
-        frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, table_id=table_id, shard_id=shard_id,
-                                     dim=t.dim, dtype=t.wire_dtype, keys=keys, mtu=self.mtu)
-        reply_len = consts.expected_msg_len(MsgType.LOOKUP_REPLY, len(keys), t.dim, t.wire_dtype)
-        return _Out(msg_id, MsgType.LOOKUP_REQ, shard_id, table_id, len(keys), dest, frames, on_reply,
+        frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
+                                     directory=directory, keys=keys, mtu=self.mtu)
+        reply_len = codec.value_len_of(directory)
+        return _Out(msg_id, MsgType.LOOKUP_REQ, shard_id, directory, len(keys), dest, frames, on_reply,
                     reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
-                    datagram=self._datagram(frames, reply_len), keys=keys, **kw)
+                    datagram=self._datagram(frames, reply_len), keys=keys, value_len=reply_len,
+                    msg_len=consts.DIR_ENTRY * len(directory) + consts.KEY_SIZE * len(keys), **kw)
 
     def _give_up(self, m: _Out, pending: dict, now: float, t0: float) -> None:
         """Raise :class:`ShardUnavailableError` for ``m``, tried ``retries`` times (a path-MTU hint
@@ -587,8 +645,9 @@ class EmbeddingClient:
                 self.stats.drops["wrong_shard_reply"] += 1
                 continue
             if h.msg_type == MsgType.ERROR:
-                raise ShardError(m.shard_id, m.table_id, h.status)
-            if h.msg_type != _REPLY[m.msg_type] or h.num_keys != m.num_keys or h.table_id != m.table_id:
+                raise ShardError(m.shard_id, h.table_id, h.status)
+            if (h.msg_type != _REPLY[m.msg_type] or h.num_keys != m.num_keys or h.num_tables != m.num_tables
+                    or h.value_len != m.value_len):
                 self.stats.drops["mismatched_reply"] += 1
                 continue
             self._largest_answered = max(self._largest_answered, m.datagram)

@@ -217,6 +217,28 @@ def value_dtype(dtype: int) -> np.dtype:
     return np.dtype(consts.DTYPE_NUMPY[DType(dtype)])
 
 
+def keys_to_body(keys: np.ndarray) -> bytes:
+    """Keys as body bytes: uint64 (N,) → 8N bytes little-endian."""
+    return np.ascontiguousarray(keys, dtype=KEY_DTYPE).tobytes()
+
+
+def rows_to_body(rows: np.ndarray, dtype: int = DType.FP32) -> bytes:
+    """Rows (N, dim) of one table as body bytes: N·dim·esize bytes little-endian, row-major."""
+    return np.ascontiguousarray(rows, dtype=value_dtype(dtype)).tobytes()
+
+
+def body_to_keys(body: bytes | memoryview, num_keys: int, offset: int = 0) -> np.ndarray:
+    """``num_keys`` keys at byte ``offset`` of a body → uint64 (num_keys,) (a read-only view)."""
+    return np.frombuffer(body, dtype=KEY_DTYPE, count=num_keys, offset=offset)
+
+
+def body_to_rows(body: bytes | memoryview, num_keys: int, dim: int, dtype: int = DType.FP32,
+                 offset: int = 0) -> np.ndarray:
+    """``num_keys`` rows of ``dim`` values at byte ``offset`` of a body → (num_keys, dim) of the
+    wire dtype (a view, no copy)."""
+    return np.frombuffer(body, dtype=value_dtype(dtype), count=num_keys * dim, offset=offset).reshape(num_keys, dim)
+
+
 class DirectoryError(ValueError):
     """A request's directory does not add up (docs/protocol.md, "Body"): ``status`` is the
     :class:`consts.Status` to answer and ``table_id`` the table it names
@@ -258,7 +280,7 @@ def encode_lookup(*, msg_id: int, client_id: int, shard_id: int, directory: np.n
     """UDP payloads of a LOOKUP_REQ: ``directory`` :data:`DIR_DTYPE` (T,), then ``keys`` uint64
     (n,) with n = Σ ``directory["num_keys"]``, table by table in directory order.
     ``value_len`` (the reply's row bytes) is computed from the directory."""
-    body = directory.tobytes() + np.ascontiguousarray(keys, dtype=KEY_DTYPE).tobytes()
+    body = directory.tobytes() + keys_to_body(keys)
     return encode_message(MsgType.LOOKUP_REQ, msg_id=msg_id, client_id=client_id, shard_id=shard_id,
                           num_tables=len(directory), num_keys=len(keys), value_len=value_len_of(directory),
                           body=body, mtu=mtu, flags=flags)
@@ -287,7 +309,7 @@ def encode_update(*, msg_id: int, client_id: int, shard_id: int, directory: np.n
 def values_to_body(arrays, dtypes) -> bytes:
     """Rows or gradients of several tables as one body section: each array (n_t, dim_t) cast to
     its embnic dtype (little-endian), concatenated in order."""
-    return b"".join(np.ascontiguousarray(a, dtype=value_dtype(d)).tobytes() for a, d in zip(arrays, dtypes))
+    return b"".join(rows_to_body(a, d) for a, d in zip(arrays, dtypes))
 
 
 class RequestBody(NamedTuple):

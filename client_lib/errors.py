@@ -34,13 +34,17 @@ class ShardUnavailableError(EmbnicError):
 
 
 class ShardError(EmbnicError):
-    """A shard answered with an ERROR message; ``status`` is the :class:`consts.Status`."""
+    """A shard answered with an ERROR message; ``status`` is the :class:`consts.Status` and
+    ``table_id`` the table the ERROR names (None when it is about the whole message: the header's
+    ``table_id`` was :data:`consts.NO_TABLE`; docs/protocol.md, "Errors")."""
 
-    def __init__(self, shard_id: int, table_id: int, status: int):
-        self.shard_id, self.table_id = shard_id, table_id
+    def __init__(self, shard_id: int, table_id: int | None, status: int):
+        self.shard_id = shard_id
+        self.table_id = None if table_id is None or table_id == consts.NO_TABLE else int(table_id)
         try:
             self.status = consts.Status(status)
             name = self.status.name
         except ValueError:
             self.status, name = status, str(status)
-        super().__init__(f"shard {shard_id} refused a request for table {table_id}: {name}")
+        what = f"for table {self.table_id}" if self.table_id is not None else "(the whole message)"
+        super().__init__(f"shard {shard_id} refused a request {what}: {name}")

@@ -19,7 +19,7 @@ class Outstanding:
     msg_id: int
     msg_type: int
     shard_id: int
-    table_id: int
+    directory: np.ndarray | None  # codec.DIR_DTYPE (T,) of a lookup or update; None for a SIZE_REQ
     num_keys: int
     dest: tuple[str, int]
     frames: list
@@ -37,6 +37,18 @@ class Outstanding:
     keys: np.ndarray | None = None  # a lookup's keys uint64 (num_keys,), for a repair
     root: "Outstanding | None" = None  # a repair: the message of the round it completes in the end
     probe: bool = False  # a tail probe: a one-key lookup whose answer only shows what came before
+    value_len: int = 0  # the header's value_len: a lookup's reply rows, an update's gradients (bytes)
+    msg_len: int = 0  # body bytes of the request
+
+    @property
+    def num_tables(self) -> int:
+        """Tables in the message's directory (0 for a SIZE_REQ)."""
+        return 0 if self.directory is None else len(self.directory)
+
+    @property
+    def tables(self) -> list[int]:
+        """The table ids of the directory, in body order."""
+        return [] if self.directory is None else self.directory["table_id"].tolist()
 
     @property
     def cost(self) -> int:

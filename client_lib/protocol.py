@@ -165,9 +165,6 @@ class EmbnicDirEntry(Packet):
             return EmbnicDirEntry
         return Raw
 
-    def mysummary(self) -> str:
-        return self.sprintf("table %table_id% dim=%dim% %dtype% keys=%num_keys%")
-
 
 # Dissection: a datagram to or from 7878 is embnic, whatever the other port (also 53 or 5353,
 # which Scapy binds to DNS): Packet.guess_payload_class takes the first binding that matches,

@@ -438,11 +438,12 @@ class DpdkTarget(Target):
 
         From the card's ring log and per-lcore header log (docs/control-socket.md
         ``ring_last``), which keep the last 255 headers each: every entry has the bmv2 target's
-        fields (``msg_type``, ``flags``, ``msg_id``, ``client_id``, ``table_id``, ``shard_id``,
-        ``num_keys``, ``msg_len``, ``frag_index``, ``frag_count``, ``frag_len``,
-        ``ingress_port``, ``time_us`` (Unix time, µs)) plus ``in_ring`` (True: waiting in the
-        ring, ``time_us`` when it was enqueued; False: forwarded, ``time_us`` of its TX burst),
-        ``dim``, ``status``, ``time_ns``; forwarded entries also ``egress_port`` and ``lcore``.
+        fields (``msg_type``, ``flags``, ``msg_id``, ``client_id``, ``shard_id``, ``num_tables``,
+        ``table_id`` (an ERROR's table, else 0xFFFF), ``num_keys``, ``value_len``, ``msg_len``,
+        ``frag_index``, ``frag_count``, ``frag_len``, ``ingress_port``, ``time_us`` (Unix time,
+        µs)) plus ``in_ring`` (True: waiting in the ring, ``time_us`` when it was enqueued; False:
+        forwarded, ``time_us`` of its TX burst), ``status``, ``time_ns``; forwarded entries also
+        ``egress_port`` and ``lcore``.
 
         Raises:
             ValueError: ``last`` < 0.

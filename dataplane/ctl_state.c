@@ -63,19 +63,20 @@ hlog_entry_json(const struct embnic_app *app,
 {
 	json_t *o = json_pack(
 		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
-		" s:I, s:I, s:I, s:I, s:I, s:I}",
+		" s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 		"msg_type", (json_int_t)e->msg_type,
 		"flags", (json_int_t)e->flags,
 		"msg_id", (json_int_t)e->msg_id,
 		"client_id", (json_int_t)e->client_id,
-		"table_id", (json_int_t)e->table_id,
 		"shard_id", (json_int_t)e->shard_id,
+		"num_tables", (json_int_t)e->num_tables,
+		"table_id", (json_int_t)e->table_id,
 		"num_keys", (json_int_t)e->num_keys,
+		"value_len", (json_int_t)e->value_len,
 		"msg_len", (json_int_t)e->msg_len,
 		"frag_index", (json_int_t)e->frag_index,
 		"frag_count", (json_int_t)e->frag_count,
 		"frag_len", (json_int_t)e->frag_len,
-		"dim", (json_int_t)e->dim,
 		"status", (json_int_t)e->status,
 		"ingress_port", (json_int_t)e->in_port,
 		"time_us", (json_int_t)(embnic_tsc_to_ns(app, e->tsc) / 1000),
@@ -165,15 +166,18 @@ ctl_cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 	arr = json_array();
 	for (i = 0; i < n; i++)
 		json_array_append_new(arr, json_pack(
-			"{s:I, s:I, s:s, s:I, s:I, s:s?, s:s?, s:I, s:I, s:I,"
-			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			"{s:I, s:I, s:s, s:I, s:s?, s:s?, s:I, s:I, s:I, s:I,"
+			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+			" s:I}",
 			"client", (json_int_t)v[i].client_id,
 			"msg_id", (json_int_t)v[i].msg_id,
 			"state", embnic_state_name(v[i].state),
-			"table", (json_int_t)v[i].table_id,
 			"shard", (json_int_t)v[i].shard_id,
 			"type", embnic_type_name(v[i].msg_type),
 			"reply_type", embnic_type_name(v[i].rep_type),
+			"num_tables", (json_int_t)v[i].num_tables,
+			"num_keys", (json_int_t)v[i].num_keys,
+			"value_len", (json_int_t)v[i].value_len,
 			"msg_len", (json_int_t)v[i].msg_len,
 			"frag_count", (json_int_t)v[i].frag_count,
 			"frags_in", (json_int_t)v[i].frags_in,

@@ -40,11 +40,6 @@ check_embnic(const struct embnic_hdr *h, uint32_t payload,
 		return EMBNIC_DROP_BAD_VERSION;
 	if (h->msg_type < EMBNIC_LOOKUP_REQ || h->msg_type > EMBNIC_SIZE_ACK)
 		return EMBNIC_DROP_BAD_TYPE;
-	if (h->dtype > EMBNIC_DTYPE_FP16 ||
-	    (h->dtype == EMBNIC_DTYPE_NONE &&
-	     (h->msg_type == EMBNIC_LOOKUP_REPLY ||
-	      h->msg_type == EMBNIC_UPDATE_REQ)))
-		return EMBNIC_DROP_BAD_DTYPE;
 	embnic_hdr_decode(h, m);
 	return embnic_check_lengths(m, payload);
 }

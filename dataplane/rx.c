@@ -60,7 +60,7 @@ classify(const struct embnic_port *port, struct rte_mbuf *m, int meta_off,
 			 csum_hint(m), port->ip, &info);
 	if (likely(r == EMBNIC_PARSE_OK)) {
 		meta->num_keys = info.msg.num_keys;
-		meta->msg_len = info.msg.msg_len;
+		meta->value_len = info.msg.value_len;
 		meta->frag_index = info.msg.frag_index;
 		meta->frag_count = info.msg.frag_count;
 		meta->frag_len = info.msg.frag_len;

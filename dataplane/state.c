@@ -20,7 +20,10 @@
  * until every fragment was seen once, then forwarded. A reply passes only if
  * it answers an entry: same client and message id, from the shard the
  * request went to, of a type that answers the request; otherwise it is
- * dropped (unsolicited_reply, wrong_shard_reply, wrong_reply_type). Reply
+ * dropped (unsolicited_reply, wrong_shard_reply, wrong_reply_type), and so
+ * is a LOOKUP_REPLY whose value_len is not the one its request announced
+ * (bad_reply_len): the card checks a reply's length against its request
+ * from the headers alone, never reading a body. Reply
  * fragments are tracked the same way (replying); when every fragment of the
  * reply has passed the entry is freed, and what it leaves behind is counted:
  * completed messages by reply type, and the request->reply latency into the
@@ -54,15 +57,16 @@ struct state_entry {
 	uint64_t last_tsc;		/* the last frame either way */
 	uint32_t msg_id;
 	uint32_t msg_len;		/* request */
-	uint32_t num_keys;
-	uint32_t rep_msg_len;		/* reply, from its first fragment */
+	uint32_t num_keys;		/* all tables together */
+	uint32_t value_len;		/* row bytes: of a lookup's reply, of an
+					 * update's gradients */
 	uint32_t bytes_in, bytes_out;	/* body bytes of distinct fragments */
-	uint16_t client_id, table_id, shard_id, dim;
+	uint16_t client_id, shard_id, num_tables;
 	uint16_t frag_count, rep_frag_count;
 	uint16_t frags_in, frags_out;	/* distinct fragments seen */
 	uint16_t frames_in, frames_out;	/* frames passed, duplicates too
 					 * (saturating) */
-	uint8_t msg_type, dtype, rep_type;
+	uint8_t msg_type, rep_type;	/* the reply's from its first fragment */
 	volatile uint8_t state;		/* enum embnic_msg_state */
 	/* second cache line */
 	uint64_t seen_in[BITMAP_WORDS] __rte_cache_aligned;
@@ -182,13 +186,12 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->msg_id = m->msg_id;
 	e->msg_len = m->msg_len;
 	e->num_keys = m->num_keys;
-	e->rep_msg_len = 0;
+	e->value_len = m->value_len;
 	e->bytes_in = 0;
 	e->bytes_out = 0;
 	e->client_id = m->client_id;
-	e->table_id = m->table_id;
 	e->shard_id = m->shard_id;
-	e->dim = m->dim;
+	e->num_tables = m->num_tables;
 	e->frag_count = m->frag_count;
 	e->rep_frag_count = 0;
 	e->frags_in = 0;
@@ -196,7 +199,6 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->frames_in = 0;
 	e->frames_out = 0;
 	e->msg_type = m->msg_type;
-	e->dtype = m->dtype;
 	e->rep_type = 0;
 	if (m->frag_count > 1)
 		memset(e->seen_in, 0, sizeof(e->seen_in));
@@ -232,9 +234,21 @@ static inline bool
 request_differs(const struct state_entry *e, const struct embnic_msg *m)
 {
 	return e->msg_type != m->msg_type || e->msg_len != m->msg_len ||
-		e->num_keys != m->num_keys || e->dim != m->dim ||
-		e->dtype != m->dtype || e->table_id != m->table_id ||
+		e->num_keys != m->num_keys || e->value_len != m->value_len ||
+		e->num_tables != m->num_tables ||
 		e->shard_id != m->shard_id || e->frag_count != m->frag_count;
+}
+
+/*
+ * Body bytes of the reply the entry's first reply fragment announced: a
+ * LOOKUP_REPLY carries the value_len its request announced (on_reply
+ * checks it: bad_reply_len), every other reply nothing (the parser checks
+ * msg_len against the type's formula). So the entry keeps no reply length.
+ */
+static inline uint32_t
+rep_msg_len(const struct state_entry *e)
+{
+	return e->rep_type == EMBNIC_LOOKUP_REPLY ? e->value_len : 0;
 }
 
 static inline int
@@ -296,16 +310,19 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 		return EMBNIC_DROP_WRONG_SHARD_REPLY;
 	if (unlikely(!answers(e->msg_type, m->msg_type)))
 		return EMBNIC_DROP_WRONG_REPLY_TYPE;
+	/* a lookup's rows are as long as its request announced */
+	if (unlikely(m->msg_type == EMBNIC_LOOKUP_REPLY &&
+		     m->value_len != e->value_len))
+		return EMBNIC_DROP_BAD_REPLY_LEN;
 	if (e->frags_out == 0 && e->state != EMBNIC_ST_REPLYING) {
-		/* the first reply fragment: what the whole reply is */
+		/* the first reply fragment: what the whole reply is (its
+		 * msg_len follows from its type: rep_msg_len) */
 		e->rep_type = m->msg_type;
-		e->rep_msg_len = m->msg_len;
 		e->rep_frag_count = m->frag_count;
 		if (m->frag_count > 1)
 			memset(e->seen_out, 0, sizeof(e->seen_out));
 		e->state = EMBNIC_ST_REPLYING;
 	} else if (unlikely(e->rep_type != m->msg_type ||
-			    e->rep_msg_len != m->msg_len ||
 			    e->rep_frag_count != m->frag_count)) {
 		return EMBNIC_DROP_FRAG_MISMATCH;
 	}
@@ -542,11 +559,13 @@ embnic_state_dump(const struct embnic_state *s, struct embnic_state_view *out,
 			continue;
 		v->client_id = e->client_id;
 		v->msg_id = e->msg_id;
-		v->table_id = e->table_id;
 		v->shard_id = e->shard_id;
+		v->num_tables = e->num_tables;
 		v->msg_type = e->msg_type;
 		v->rep_type = e->rep_type;
 		v->msg_len = e->msg_len;
+		v->num_keys = e->num_keys;
+		v->value_len = e->value_len;
 		v->frag_count = e->frag_count;
 		v->rep_frag_count = e->rep_frag_count;
 		v->frags_in = e->frags_in;
@@ -656,7 +675,7 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 			    (e->rep_frag_count > 1 &&
 			     (bits_set(e->seen_out) != e->frags_out ||
 			      !bits_below(e->seen_out, e->rep_frag_count))) ||
-			    e->bytes_out > e->rep_msg_len)
+			    e->bytes_out > rep_msg_len(e))
 				goto bad;
 		} else if (e->frags_out != 0 || e->frames_out != 0) {
 			goto bad;
@@ -670,7 +689,7 @@ bad:
 			 e->msg_id, e->state, e->frags_in, e->frag_count,
 			 e->frames_in, e->bytes_in, e->msg_len, e->frags_out,
 			 e->rep_frag_count, e->frames_out, e->bytes_out,
-			 e->rep_msg_len);
+			 rep_msg_len(e));
 		return -1;
 	}
 	if (live != s->entries || hn < 0 || (uint32_t)hn != live ||

@@ -280,8 +280,10 @@ authorise(const struct tx_frame *d, const struct embnic_peer *client,
 
 /*
  * The parse result of f->m: the meta the RX stage left in the mbuf, and the
- * header fields of the frame's first cache line read back (host order).
- * frag_offset is not carried (0 here): the TX stage does not use it.
+ * header fields of the frame's first cache line read back (host order);
+ * msg_len from the counts by the type's formula, which the RX stage checked
+ * it against. frag_offset is not carried (0 here): the TX stage does not
+ * use it.
  */
 static inline void
 read_back(struct tx_frame *f, int meta_off)
@@ -308,7 +310,11 @@ read_back(struct tx_frame *f, int meta_off)
 	f->info.src_port = udp->src_port;
 	embnic_hdr_decode_head(h, m);
 	m->num_keys = meta->num_keys;
-	m->msg_len = meta->msg_len;
+	m->value_len = meta->value_len;
+	m->msg_len = (uint32_t)embnic_expected_msg_len(m->msg_type,
+						       m->num_tables,
+						       m->num_keys,
+						       m->value_len);
 	m->frag_index = meta->frag_index;
 	m->frag_count = meta->frag_count;
 	m->frag_len = meta->frag_len;

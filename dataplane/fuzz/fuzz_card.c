@@ -203,10 +203,12 @@ make_authentic(uint8_t *f, size_t n, const struct embnic_port *port)
 	wr16(f + 36, EMBNIC_UDP_PORT);
 	if (n < EMBNIC_MIN_FRAME)
 		return;
-	type = f[42 + 3];
+	type = f[42 + offsetof(struct embnic_hdr, msg_type)];
 	from = embnic_is_request(type) ?
-		find_peer(&fz_clients, rd16(f + 42 + 12)) :
-		find_peer(&fz_routes, rd16(f + 42 + 16));
+		find_peer(&fz_clients,
+			  rd16(f + 42 + offsetof(struct embnic_hdr, client_id))) :
+		find_peer(&fz_routes,
+			  rd16(f + 42 + offsetof(struct embnic_hdr, shard_id)));
 	if (from != NULL) {
 		memcpy(f + 26, &from->ip, 4);
 		memcpy(f + 34, &from->udp_port, 2);

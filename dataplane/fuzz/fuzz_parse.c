@@ -49,10 +49,14 @@ check_accepted(const struct embnic_pkt_info *in, uint32_t pkt_len)
 		abort();
 	if (m->msg_type < EMBNIC_LOOKUP_REQ || m->msg_type > EMBNIC_SIZE_ACK)
 		abort();
-	if (m->dtype > EMBNIC_DTYPE_FP16)
+	if (m->version != EMBNIC_PROTO_VERSION)
 		abort();
-	if (embnic_expected_msg_len(m->msg_type, m->num_keys, m->dim,
-				    m->dtype) != m->msg_len)
+	if (embnic_expected_msg_len(m->msg_type, m->num_tables, m->num_keys,
+				    m->value_len) != m->msg_len ||
+	    !embnic_counts_ok(m->msg_type, m->num_tables, m->num_keys,
+			      m->value_len))
+		abort();
+	if (m->frag_count > EMBNIC_MAX_FRAGS)
 		abort();
 }
 

@@ -5,7 +5,8 @@ conformance cases and the recorded trace in tests/.
 Run from the repo root: ``python3 dataplane/fuzz/make_seeds.py``. Writes:
 
 - ``seeds/parse/``: the 2-byte harness prefix of fuzz_parse.c (mode, extra) and one frame each:
-  valid requests, replies and fragments of every type, an ARP request, a few near misses.
+  valid v2 requests (with their directories, one table and two), replies and fragments of every
+  type, an ARP request, a few near misses (a v1 frame, counts that do not fit the type).
 - ``seeds/card/``: inputs of fuzz_card.c (its header comment gives the format): the conformance
   suite's card (3 ports, clients 1-3, shards 0-2 at the suite's addresses) with the frames of
   each case, grouped by message (a request with the reply that answers it, retransmissions,
@@ -25,6 +26,10 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+import numpy as np
+
+from embnic.client_lib import codec
+from embnic.client_lib.consts import DType
 from embnic.client_lib.protocol import Embnic
 
 HERE = Path(__file__).resolve().parent
@@ -46,24 +51,37 @@ def frame(hdr: Embnic, body: bytes, sport: int = 40000) -> bytes:
 
 
 def parse_seeds() -> dict[str, bytes]:
+    """One frame of every type in protocol v2 (a request's body: its directory, then keys and
+    gradients), the fragments of a 3-fragment lookup, and near misses: a v1 frame, counts that do
+    not fit the type, a msg_len that is not the type's formula."""
+    one = codec.make_directory([0], [8], [DType.FP32], [3])  # 3 keys of table 0, 8 fp32 each
+    two = codec.make_directory([5, 9], [2, 2], [DType.FP16, DType.FP32], [1, 1])  # 4 + 8 value bytes
+    keys3, keys2 = np.arange(3, dtype="<u8").tobytes(), np.arange(2, dtype="<u8").tobytes()
     s = {}
-    s["lookup_req"] = frame(Embnic(msg_type=1, msg_id=1, client_id=1, table_id=0, shard_id=2, dim=8,
-                                   dtype=1), bytes(range(24)))
-    s["lookup_reply"] = frame(Embnic(msg_type=2, msg_id=1, client_id=1, shard_id=2, dim=2, dtype=1),
-                              bytes(24), sport=7878)
-    s["update_req"] = frame(Embnic(msg_type=3, msg_id=2, client_id=1, shard_id=0, dim=2, dtype=2),
-                            bytes(2 * (8 + 4)))
-    s["update_ack"] = frame(Embnic(msg_type=4, msg_id=2, client_id=1, shard_id=0, dim=2, dtype=2,
-                                   num_keys=2), b"", sport=7878)
-    s["error"] = frame(Embnic(msg_type=5, msg_id=3, status=3, client_id=1, num_keys=1), b"", sport=7878)
-    # fragments of a 3-fragment lookup request, P = 16
+    s["lookup_req"] = frame(Embnic(msg_type=1, msg_id=1, client_id=1, shard_id=2, num_tables=1, value_len=96),
+                            one.tobytes() + keys3)
+    s["lookup_reply"] = frame(Embnic(msg_type=2, msg_id=1, client_id=1, shard_id=2, num_tables=1, num_keys=3,
+                                     value_len=96), bytes(96), sport=7878)
+    s["update_req"] = frame(Embnic(msg_type=3, msg_id=2, client_id=1, shard_id=0, num_tables=2, value_len=12),
+                            two.tobytes() + keys2 + bytes(12))
+    s["update_ack"] = frame(Embnic(msg_type=4, msg_id=2, client_id=1, shard_id=0, num_tables=2, num_keys=2,
+                                   value_len=12), b"", sport=7878)
+    s["error"] = frame(Embnic(msg_type=5, msg_id=3, status=2, client_id=1, num_tables=2, table_id=9, num_keys=2,
+                              value_len=12), b"", sport=7878)
+    s["size_req"] = frame(Embnic(msg_type=6, msg_id=4, client_id=1, shard_id=0), bytes(2 * 16))
+    s["size_ack"] = frame(Embnic(msg_type=7, msg_id=4, client_id=1, shard_id=0, num_keys=2), b"", sport=7878)
+    # fragments of a 3-fragment lookup request (directory + 3 keys = 40 bytes), P = 16
     for i, (off, ln) in enumerate([(0, 16), (16, 16), (32, 8)]):
-        s[f"frag{i}"] = frame(Embnic(msg_type=1, msg_id=9, client_id=2, shard_id=1, dim=4, dtype=1,
-                                     num_keys=5, msg_len=40, frag_offset=off, frag_index=i,
-                                     frag_count=3, frag_len=ln), bytes(ln))
-    s["bad_version"] = frame(Embnic(msg_type=1, version=2, num_keys=1, dtype=1, dim=1), bytes(8))
-    s["bad_length"] = frame(Embnic(msg_type=1, num_keys=2, msg_len=16, frag_len=8, dtype=1, dim=1),
-                            bytes(8))
+        s[f"frag{i}"] = frame(Embnic(msg_type=1, msg_id=9, client_id=2, shard_id=1, num_tables=1, num_keys=3,
+                                     value_len=48, msg_len=40, frag_offset=off, frag_index=i, frag_count=3,
+                                     frag_len=ln), (one.tobytes() + keys3)[off:off + ln])
+    v1 = struct.pack("!HBBBBHIHHHHIIIHHHH", 0x454D, 1, 1, 0, 1, 0, 1, 1, 0, 2, 8, 1, 8, 0, 0, 1, 8, 0)
+    s["bad_version_v1"] = bytes(Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")
+                                / IP(src="10.0.0.2", dst=CARD, flags="DF") / UDP(sport=40000, dport=7878)
+                                / Raw(v1 + bytes(8)))
+    s["bad_counts"] = frame(Embnic(msg_type=1, num_tables=2, num_keys=1, value_len=16), bytes(40))
+    s["bad_length"] = frame(Embnic(msg_type=1, num_tables=1, num_keys=2, value_len=16, msg_len=24, frag_len=16),
+                            bytes(16))
     s["arp_request"] = bytes(Ether(src="02:00:00:00:00:02", dst="ff:ff:ff:ff:ff:ff")
                              / ARP(op=1, hwsrc="02:00:00:00:00:02", psrc="10.0.0.2", pdst=CARD))
     return {k: bytes([0x04, 0x00]) + f for k, f in s.items()}  # mode: port ip 10.0.0.1
@@ -110,7 +128,7 @@ def card_seeds() -> dict[str, bytes]:
     groups: dict[object, list] = {}
     for f in suite.frames:
         d = f.data  # embnic frames by (client id, msg id); the rest alone
-        key = (d[54:56], d[50:54]) if len(d) >= 82 and d[12:14] == b"\x08\x00" and d[42:44] == b"EM" \
+        key = (d[54:56], d[50:54]) if len(d) >= 86 and d[12:14] == b"\x08\x00" and d[42:44] == b"EM" \
             else f.label
         groups.setdefault(key, []).append(f)
     s = {}
@@ -120,6 +138,10 @@ def card_seeds() -> dict[str, bytes]:
     # the same card with the request's fragments split over two segments, and an expiry in between
     first = suite.frames[0]
     s["conformance_split"] = cfg + card_frame(first.data, first.port, flags=0x40, split=60)
+    # an Ethernet trailer after the datagram longer than the frame's second segment (what
+    # regress-trailer-2-segs found with a v1 frame): the card cuts it across segments
+    trailer = first.data + bytes(range(60))
+    s["trailer_2_segs"] = cfg + card_frame(trailer, first.port, flags=0x40, split=len(first.data) + 20)
     s["conformance_expire"] = (cfg + card_frame(first.data, first.port)
                                + card_frame(first.data, first.port, step=40))
     # floods (step bits 6-7 = 3: 24 messages, msg ids counting up): one client fills the 16-entry

@@ -138,9 +138,11 @@ struct embnic_peer {
  * mbuf dynamic field (struct embnic_rx_meta, 16 bytes in the mbuf's second
  * cache line, which the PMD's free reads anyway). The TX stage reads the
  * other parsed fields back from the frame's first 64 bytes (Ethernet, IPv4,
- * UDP and the embnic header's first 22 bytes), the line it rewrites anyway:
- * no descriptor is copied, and no extra cache line crosses between the
- * lcores. The RX stage validated all of it; the TX stage only re-reads.
+ * UDP and the embnic header's first 22 bytes), the line it rewrites anyway,
+ * and computes msg_len from the header's counts (embnic_expected_msg_len,
+ * which the RX stage checked it against): no descriptor is copied, and no
+ * extra cache line crosses between the lcores. The RX stage validated all
+ * of it; the TX stage only re-reads.
  */
 enum embnic_desc_kind {
 	EMBNIC_DESC_MSG = 0,		/* an embnic frame to route */
@@ -149,7 +151,7 @@ enum embnic_desc_kind {
 
 struct embnic_rx_meta {
 	uint32_t num_keys;		/* embnic header, host order */
-	uint32_t msg_len;
+	uint32_t value_len;
 	uint16_t frag_index;
 	uint16_t frag_count;
 	uint16_t frag_len;
@@ -195,21 +197,22 @@ struct embnic_hlog_entry {
 	uint64_t tsc;			/* TX stage burst time */
 	uint32_t msg_id;
 	uint32_t num_keys;
+	uint32_t value_len;
 	uint32_t msg_len;
 	uint16_t client_id;
-	uint16_t table_id;
 	uint16_t shard_id;
+	uint16_t num_tables;
+	uint16_t table_id;		/* an ERROR's table, else 0xFFFF */
 	uint16_t frag_index;
 	uint16_t frag_count;
 	uint16_t frag_len;
-	uint16_t dim;
 	uint16_t status;
 	uint8_t msg_type;
 	uint8_t flags;
 	uint8_t in_port;		/* card port it came in on */
 	uint8_t out_port;		/* card port it left on */
 };
-static_assert(sizeof(struct embnic_hlog_entry) == 40, "hlog entry is 40 bytes");
+static_assert(sizeof(struct embnic_hlog_entry) == 48, "hlog entry is 48 bytes");
 static_assert((EMBNIC_HLOG_SIZE & (EMBNIC_HLOG_SIZE - 1)) == 0,
 	      "EMBNIC_HLOG_SIZE is a power of 2");
 
@@ -229,14 +232,15 @@ embnic_hlog_put(struct embnic_hlog *l, const struct embnic_msg *m,
 	e->tsc = tsc;
 	e->msg_id = m->msg_id;
 	e->num_keys = m->num_keys;
+	e->value_len = m->value_len;
 	e->msg_len = m->msg_len;
 	e->client_id = m->client_id;
-	e->table_id = m->table_id;
 	e->shard_id = m->shard_id;
+	e->num_tables = m->num_tables;
+	e->table_id = m->table_id;
 	e->frag_index = m->frag_index;
 	e->frag_count = m->frag_count;
 	e->frag_len = m->frag_len;
-	e->dim = m->dim;
 	e->status = m->status;
 	e->msg_type = m->msg_type;
 	e->flags = m->flags;
@@ -439,9 +443,9 @@ const char *embnic_state_name(unsigned int s);
 
 /* One message as the control path sees it (a copy). */
 struct embnic_state_view {
-	uint16_t client_id, table_id, shard_id;
+	uint16_t client_id, shard_id, num_tables;
 	uint8_t state, msg_type, rep_type;
-	uint32_t msg_id, msg_len;
+	uint32_t msg_id, msg_len, num_keys, value_len;
 	uint16_t frag_count, rep_frag_count;
 	uint16_t frags_in, frags_out;	/* distinct fragments seen */
 	uint16_t frames_in, frames_out;	/* frames passed, duplicates too */
@@ -479,7 +483,7 @@ void embnic_state_free(struct embnic_state *s);
  * Account a burst of validated, authorised frames in order (TX stage lcore
  * only); now is the TSC. verdict[i] is set to 0 (send) or a drop reason
  * (state_full, frag_mismatch, unsolicited_reply, wrong_shard_reply,
- * wrong_reply_type). Completed/overflow counters go to st.
+ * wrong_reply_type, bad_reply_len). Completed/overflow counters go to st.
  */
 void embnic_state_update_burst(struct embnic_state *s,
 			       const struct embnic_msg *const *msgs,

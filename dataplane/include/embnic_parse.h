@@ -53,7 +53,6 @@ embnic_ipv4_sum20(const void *hdr)
 	X(BAD_MAGIC, bad_magic) \
 	X(BAD_VERSION, bad_version) \
 	X(BAD_TYPE, bad_type) \
-	X(BAD_DTYPE, bad_dtype) \
 	X(BAD_LENGTH, bad_length) \
 	X(UNKNOWN_CLIENT, unknown_client) \
 	X(UNKNOWN_SERVER, unknown_server) \
@@ -69,6 +68,7 @@ embnic_ipv4_sum20(const void *hdr)
 	X(UNSOLICITED_REPLY, unsolicited_reply) \
 	X(WRONG_SHARD_REPLY, wrong_shard_reply) \
 	X(WRONG_REPLY_TYPE, wrong_reply_type) \
+	X(BAD_REPLY_LEN, bad_reply_len) \
 	X(TRUNCATED, truncated)
 
 enum embnic_drop {
@@ -81,9 +81,11 @@ enum embnic_drop {
 
 /*
  * Lengths of one fragment against its own header (docs/protocol.md):
- * bad_length for what does not fit, too_many_frags for more than
- * EMBNIC_MAX_FRAGS fragments, frag_mismatch for offsets that
- * disagree with frag_index under "fragment i carries [i*P, (i+1)*P)".
+ * bad_length for what does not fit (the frame, the message, msg_len the
+ * type's formula of num_tables, num_keys and value_len, counts that do not
+ * fit the type), too_many_frags for more than EMBNIC_MAX_FRAGS fragments,
+ * frag_mismatch for offsets that disagree with frag_index under "fragment
+ * i carries [i*P, (i+1)*P)". From the header alone: no body byte is read.
  * payload: UDP payload bytes after the embnic header. The card (parse.c)
  * and the shard's C intake (shard/intake.c) both check with it.
  */
@@ -97,11 +99,10 @@ embnic_check_lengths(const struct embnic_msg *m, uint32_t payload)
 	if (m->frag_len != payload || m->frag_count == 0 ||
 	    m->frag_index >= m->frag_count || end > m->msg_len)
 		return EMBNIC_DROP_BAD_LENGTH;
-	if (m->num_keys == 0 && m->msg_type != EMBNIC_UPDATE_ACK &&
-	    m->msg_type != EMBNIC_ERROR && m->msg_type != EMBNIC_SIZE_ACK)
-		return EMBNIC_DROP_BAD_LENGTH;
-	if (embnic_expected_msg_len(m->msg_type, m->num_keys, m->dim,
-				    m->dtype) != m->msg_len)
+	if (embnic_expected_msg_len(m->msg_type, m->num_tables, m->num_keys,
+				    m->value_len) != m->msg_len ||
+	    !embnic_counts_ok(m->msg_type, m->num_tables, m->num_keys,
+			      m->value_len))
 		return EMBNIC_DROP_BAD_LENGTH;
 	if (m->frag_count > EMBNIC_MAX_FRAGS)
 		return EMBNIC_DROP_TOO_MANY_FRAGS;

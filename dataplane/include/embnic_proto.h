@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * embnic wire protocol v1 in C: the 40-byte header, message types, dtypes.
+ * embnic wire protocol v2 in C: the 44-byte header, message types, dtypes,
+ * the body-length rule a card checks from the header alone.
  *
  * Source of truth: docs/protocol.md. This header has no DPDK dependency so
  * the fuzz target and tools can include it alone. The layout is pinned by
@@ -17,13 +18,15 @@
 
 #define EMBNIC_MAGIC		0x454D	/* "EM" */
 #ifndef EMBNIC_PROTO_VERSION
-#define EMBNIC_PROTO_VERSION	1	/* override: make EMBNIC_PROTO_VERSION=N */
+#define EMBNIC_PROTO_VERSION	2	/* override: make EMBNIC_PROTO_VERSION=N */
 #endif
 #define EMBNIC_UDP_PORT		7878
-#define EMBNIC_HDR_LEN		40
+#define EMBNIC_HDR_LEN		44
 #define EMBNIC_KEY_SIZE		8	/* bytes per key (u64 LE in bodies) */
 #define EMBNIC_MAX_FRAGS	256	/* fragments per message, at most */
 #define EMBNIC_SIZE_ENTRY	16	/* bytes per SIZE_REQ entry */
+#define EMBNIC_DIR_ENTRY	16	/* bytes per directory entry (a table) */
+#define EMBNIC_NO_TABLE		0xFFFF	/* table_id of a header naming no table */
 
 /* Ethernet + IPv4 (no options) + UDP + embnic header, bytes */
 #define EMBNIC_ETH_LEN		14
@@ -69,20 +72,26 @@ embnic_is_request(uint8_t t)
 	       t == EMBNIC_SIZE_REQ;
 }
 
-/* The header as on the wire: every multi-byte field big-endian. */
+/*
+ * The header as on the wire: every multi-byte field big-endian. A request's
+ * tables (their ids, dims and dtypes) are in its body's directory, which
+ * only hosts read; the header carries their count, the keys of all of them
+ * and value_len, the bytes of their rows (docs/protocol.md, "Header").
+ */
 struct embnic_hdr {
 	uint16_t magic;
 	uint8_t version;
 	uint8_t msg_type;
 	uint8_t flags;
-	uint8_t dtype;
+	uint8_t reserved0;
 	uint16_t status;
 	uint32_t msg_id;
 	uint16_t client_id;
-	uint16_t table_id;
 	uint16_t shard_id;
-	uint16_t dim;
+	uint16_t num_tables;
+	uint16_t table_id;	/* an ERROR's table, else EMBNIC_NO_TABLE */
 	uint32_t num_keys;
+	uint32_t value_len;
 	uint32_t msg_len;
 	uint32_t frag_offset;
 	uint16_t frag_index;
@@ -100,25 +109,26 @@ struct embnic_hdr {
 	X(version, 2, 1) \
 	X(msg_type, 3, 1) \
 	X(flags, 4, 1) \
-	X(dtype, 5, 1) \
+	X(reserved0, 5, 1) \
 	X(status, 6, 2) \
 	X(msg_id, 8, 4) \
 	X(client_id, 12, 2) \
-	X(table_id, 14, 2) \
-	X(shard_id, 16, 2) \
-	X(dim, 18, 2) \
+	X(shard_id, 14, 2) \
+	X(num_tables, 16, 2) \
+	X(table_id, 18, 2) \
 	X(num_keys, 20, 4) \
-	X(msg_len, 24, 4) \
-	X(frag_offset, 28, 4) \
-	X(frag_index, 32, 2) \
-	X(frag_count, 34, 2) \
-	X(frag_len, 36, 2) \
-	X(reserved, 38, 2)
+	X(value_len, 24, 4) \
+	X(msg_len, 28, 4) \
+	X(frag_offset, 32, 4) \
+	X(frag_index, 36, 2) \
+	X(frag_count, 38, 2) \
+	X(frag_len, 40, 2) \
+	X(reserved, 42, 2)
 
-#define EMBNIC_NB_HDR_FIELDS 18
+#define EMBNIC_NB_HDR_FIELDS 19
 
 static_assert(sizeof(struct embnic_hdr) == EMBNIC_HDR_LEN,
-	      "embnic header must be 40 bytes");
+	      "embnic header must be 44 bytes");
 #define EMBNIC_ASSERT_FIELD(f, off, sz) \
 	static_assert(offsetof(struct embnic_hdr, f) == (off), \
 		      "offset of embnic_hdr." #f); \
@@ -127,26 +137,27 @@ static_assert(sizeof(struct embnic_hdr) == EMBNIC_HDR_LEN,
 EMBNIC_HDR_FIELDS(EMBNIC_ASSERT_FIELD)
 #undef EMBNIC_ASSERT_FIELD
 
-/* The header in host byte order, as carried in a ring descriptor. */
+/* The header in host byte order (the fields a receiver uses). */
 struct embnic_msg {
 	uint32_t msg_id;
 	uint32_t num_keys;
+	uint32_t value_len;
 	uint32_t msg_len;
 	uint32_t frag_offset;
 	uint16_t client_id;
-	uint16_t table_id;
 	uint16_t shard_id;
-	uint16_t dim;
+	uint16_t num_tables;
+	uint16_t table_id;
 	uint16_t frag_index;
 	uint16_t frag_count;
 	uint16_t frag_len;
 	uint16_t status;
 	uint8_t msg_type;
 	uint8_t flags;
-	uint8_t dtype;
 	uint8_t version;
+	uint8_t pad;
 };
-static_assert(sizeof(struct embnic_msg) == 36, "embnic_msg is 36 bytes");
+static_assert(sizeof(struct embnic_msg) == 40, "embnic_msg is 40 bytes");
 
 /*
  * Network to host order with the compiler's byte swaps: DPDK's x86
@@ -175,7 +186,7 @@ embnic_ntoh32(uint32_t x)
 
 /*
  * The header's fields in the frame's first cache line (offsets 0..21:
- * through dim, after 42 bytes of Ethernet/IPv4/UDP) to host order. The one
+ * through table_id, after 42 bytes of Ethernet/IPv4/UDP) to host order. The one
  * place, with embnic_hdr_decode(), that swaps header bytes: the RX stage
  * decodes the whole header, the TX stage re-reads only this part (the rest
  * travels in the mbuf).
@@ -185,14 +196,14 @@ embnic_hdr_decode_head(const struct embnic_hdr *h, struct embnic_msg *m)
 {
 	m->msg_id = embnic_ntoh32(h->msg_id);
 	m->client_id = embnic_ntoh16(h->client_id);
-	m->table_id = embnic_ntoh16(h->table_id);
 	m->shard_id = embnic_ntoh16(h->shard_id);
-	m->dim = embnic_ntoh16(h->dim);
+	m->num_tables = embnic_ntoh16(h->num_tables);
+	m->table_id = embnic_ntoh16(h->table_id);
 	m->status = embnic_ntoh16(h->status);
 	m->msg_type = h->msg_type;
 	m->flags = h->flags;
-	m->dtype = h->dtype;
 	m->version = h->version;
+	m->pad = 0;
 }
 
 /* The whole header to host order. */
@@ -201,6 +212,7 @@ embnic_hdr_decode(const struct embnic_hdr *h, struct embnic_msg *m)
 {
 	embnic_hdr_decode_head(h, m);
 	m->num_keys = embnic_ntoh32(h->num_keys);
+	m->value_len = embnic_ntoh32(h->value_len);
 	m->msg_len = embnic_ntoh32(h->msg_len);
 	m->frag_offset = embnic_ntoh32(h->frag_offset);
 	m->frag_index = embnic_ntoh16(h->frag_index);
@@ -208,34 +220,57 @@ embnic_hdr_decode(const struct embnic_hdr *h, struct embnic_msg *m)
 	m->frag_len = embnic_ntoh16(h->frag_len);
 }
 
-/* Bytes per element of a dtype (0 for none or unknown). */
-static inline uint32_t
-embnic_dtype_size(uint8_t dtype)
-{
-	return dtype == EMBNIC_DTYPE_FP32 ? 4 : dtype == EMBNIC_DTYPE_FP16 ? 2 : 0;
-}
-
 /*
- * Body length (bytes) a message must have (docs/protocol.md, "Body").
- * 64-bit so that no field combination overflows.
+ * Body length (bytes) a message must have, from its header alone
+ * (docs/protocol.md, "Body"; client_lib/consts.py expected_msg_len):
+ * LOOKUP_REQ 16*T + 8*n (directory, keys), LOOKUP_REPLY value_len (rows),
+ * UPDATE_REQ 16*T + 8*n + value_len (directory, keys, gradients), SIZE_REQ
+ * 16*n (entries), the others 0. T = num_tables, n = num_keys. 64-bit, so
+ * that no field combination overflows.
  */
 static inline uint64_t
-embnic_expected_msg_len(uint8_t type, uint32_t num_keys, uint16_t dim,
-			uint8_t dtype)
+embnic_expected_msg_len(uint8_t type, uint16_t num_tables, uint32_t num_keys,
+			uint32_t value_len)
 {
-	uint64_t row = (uint64_t)dim * embnic_dtype_size(dtype);
+	uint64_t dir_keys = (uint64_t)EMBNIC_DIR_ENTRY * num_tables +
+			    (uint64_t)EMBNIC_KEY_SIZE * num_keys;
 
 	switch (type) {
 	case EMBNIC_LOOKUP_REQ:
-		return (uint64_t)EMBNIC_KEY_SIZE * num_keys;
+		return dir_keys;
 	case EMBNIC_LOOKUP_REPLY:
-		return (uint64_t)num_keys * row;
+		return value_len;
 	case EMBNIC_UPDATE_REQ:
-		return (uint64_t)num_keys * (EMBNIC_KEY_SIZE + row);
+		return dir_keys + value_len;
 	case EMBNIC_SIZE_REQ:
 		return (uint64_t)EMBNIC_SIZE_ENTRY * num_keys;
 	default:
 		return 0;
+	}
+}
+
+/*
+ * Do the header's counts fit its type (docs/protocol.md, "Validity",
+ * bad_length; client_lib/consts.py header_counts_ok)? A lookup, its reply
+ * and an update have T >= 1 tables, n >= T keys (each table one at least)
+ * and value_len >= 2n (each row one fp16 value at least); a SIZE_REQ has
+ * T = 0 and n >= 1 entries; UPDATE_ACK, ERROR and SIZE_ACK carry copies,
+ * unchecked.
+ */
+static inline int
+embnic_counts_ok(uint8_t type, uint16_t num_tables, uint32_t num_keys,
+		 uint32_t value_len)
+{
+	switch (type) {
+	case EMBNIC_LOOKUP_REQ:
+	case EMBNIC_LOOKUP_REPLY:
+	case EMBNIC_UPDATE_REQ:
+		return num_tables >= 1 && num_keys >= num_tables &&
+		       (uint64_t)value_len >= 2 * (uint64_t)num_keys;
+	case EMBNIC_SIZE_REQ:
+		return num_tables == 0 && num_keys >= 1;
+	default:
+		return 1;
 	}
 }
 

@@ -49,14 +49,15 @@ parse_fields(const uint8_t *raw, int64_t *c, struct embnic_msg *m)
 	c[F_version] = m->version;
 	c[F_msg_type] = m->msg_type;
 	c[F_flags] = m->flags;
-	c[F_dtype] = m->dtype;
+	c[F_reserved0] = h->reserved0;
 	c[F_status] = m->status;
 	c[F_msg_id] = m->msg_id;
 	c[F_client_id] = m->client_id;
-	c[F_table_id] = m->table_id;
 	c[F_shard_id] = m->shard_id;
-	c[F_dim] = m->dim;
+	c[F_num_tables] = m->num_tables;
+	c[F_table_id] = m->table_id;
 	c[F_num_keys] = m->num_keys;
+	c[F_value_len] = m->value_len;
 	c[F_msg_len] = m->msg_len;
 	c[F_frag_offset] = m->frag_offset;
 	c[F_frag_index] = m->frag_index;
@@ -81,7 +82,9 @@ static_assert(EMBNIC_NB_HDR_FIELDS == F_END, "one column per header field");
  */
 int
 embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
-		   const int64_t *tdim, const int64_t *tdt, const int64_t *tmaxlk,
+		   const int64_t *tdim __attribute__((unused)),
+		   const int64_t *tdt __attribute__((unused)),
+		   const int64_t *tmaxlk __attribute__((unused)),
 		   int64_t shard_id, int64_t max_msg, int64_t *cols, uint8_t *ok,
 		   int64_t *p)
 {
@@ -100,18 +103,16 @@ embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
 		struct embnic_msg m;
 
 		parse_fields(rx + (int64_t)i * slot, c, &m);
-		/* LOOKUP_REQ / UPDATE_REQ of this shard and a known table; the
-		 * lengths and fragment geometry by the card's own rules */
-		int64_t tid = m.table_id;
+		/* LOOKUP_REQ / UPDATE_REQ of this shard; the lengths and
+		 * fragment geometry by the card's own rules (protocol v2: the
+		 * tables are in the body's directory, not checked here) */
 		int good = c[F_magic] == EMBNIC_MAGIC &&
 			   m.version == EMBNIC_PROTO_VERSION &&
 			   (m.msg_type == EMBNIC_LOOKUP_REQ ||
 			    m.msg_type == EMBNIC_UPDATE_REQ) &&
 			   embnic_check_lengths(&m, (uint32_t)(len - EMBNIC_HDR_LEN)) ==
 				   EMBNIC_DROP_NONE &&
-			   m.msg_len <= max_msg && m.shard_id == shard_id &&
-			   tdim[tid] == m.dim && tdt[tid] == m.dtype &&
-			   (m.msg_type != EMBNIC_LOOKUP_REQ || m.num_keys <= tmaxlk[tid]);
+			   m.msg_len <= max_msg && m.shard_id == shard_id;
 
 		if (!good)
 			continue;
@@ -136,8 +137,8 @@ msg_key(const int64_t *c)
 static int
 same_message(const int64_t *a, int64_t pa, const int64_t *b, int64_t pb)
 {
-	static const int f[] = { F_dtype, F_status, F_table_id, F_shard_id, F_dim,
-				 F_num_keys, F_msg_len, F_frag_count };
+	static const int f[] = { F_status, F_shard_id, F_num_tables, F_table_id,
+				 F_num_keys, F_value_len, F_msg_len, F_frag_count };
 
 	for (unsigned int j = 0; j < sizeof(f) / sizeof(f[0]); j++)
 		if (a[f[j]] != b[f[j]])

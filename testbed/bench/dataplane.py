@@ -8,9 +8,10 @@ both), warm-up and duration, both busy-polling. ``ratio_io`` and ``ratio_macswap
 one-lcore figures (targets: >= 0.5 and >= 0.8). Two workloads, each replayed from memory by
 the ``net_pcap`` vdev (``infinite_rx=1``) into a ``net_null`` port:
 
-- **main**: embnic request frames with a realistic size mix, built with the client library's
-  codec (lookups of 1..179 keys, 2-fragment fp32 updates); the pcap repeats its ~1,650 message
-  ids, so after the first pass the state map only finds entries.
+- **main**: embnic request frames (protocol v2: one message per shard, several tables each) with
+  a realistic size mix, built with the client library's codec (lookups of 1..4 tables and 1..170
+  keys, 2-fragment fp32 updates of 2 tables); the pcap repeats its ~1,650 message ids, so after
+  the first pass the state map only finds entries.
 - **distinct**: 8,192 messages with distinct (client, msg id), each a lookup request frame and
   its reply frame: every request inserts a state-map entry and every reply frees it (in every
   pass). ``distinct_msgs_per_s`` is the card's own count of completed messages per second
@@ -85,9 +86,11 @@ BENCH_SHARDS = tuple({"shard": i, "ip": f"10.99.1.{10 + i}", "mac": f"02:00:00:9
 def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
     """Write a pcap of embnic request frames with a realistic size mix; returns its stats.
 
-    Mix (by message): 75% LOOKUP_REQ with ``1 + Geometric(1/32)`` keys capped at 179 (one
-    frame, 48..1472 B of UDP payload), 25% UPDATE_REQ of 30 fp32 rows of dim 16 (2160 B body:
-    2 fragments, 1432 + 728 B). Clients 1-2 → shards 0-3, unique msg ids. Frames are built by
+    Mix (by message, protocol v2): 75% LOOKUP_REQ of 1..4 tables (uniform) and ``1 +
+    Geometric(1/32)`` keys capped at 170, spread over the tables (each at least one; fp32, dim
+    16; one frame, 68..1468 B of UDP payload), 25% UPDATE_REQ of 2 tables of 15 fp32 rows of dim
+    16 each (2192 B body: directory, keys, gradients; 2 fragments, 1428 + 764 B). Clients 1-2 →
+    shards 0-3, unique msg ids. Frames are built by
     :func:`embnic.client_lib.codec.encode_lookup`/``encode_update``; Ethernet/IPv4/UDP with
     correct checksums.
 
@@ -110,15 +113,19 @@ def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
         c = BENCH_CLIENTS[msgs % len(BENCH_CLIENTS)]
         shard = int(rng.integers(0, len(BENCH_SHARDS)))
         if rng.random() < 0.75:
-            n = int(min(179, 1 + rng.geometric(1 / 32)))
+            t = int(rng.integers(1, 5))
+            n = int(max(t, min(170, 1 + rng.geometric(1 / 32))))
+            counts = np.bincount(rng.integers(0, t, n - t), minlength=t) + 1  # each table >= 1 key
+            d = codec.make_directory(np.arange(t) + 4 * shard, [16] * t, [DType.FP32] * t, counts)
             keys = rng.integers(0, 1 << 40, n, dtype=np.uint64)
-            payloads = codec.encode_lookup(msg_id=msg_id, client_id=c["client"], table_id=shard, shard_id=shard,
-                                           dim=16, dtype=DType.FP32, keys=keys)
+            payloads = codec.encode_lookup(msg_id=msg_id, client_id=c["client"], shard_id=shard, directory=d,
+                                           keys=keys)
         else:
+            d = codec.make_directory([4 * shard, 4 * shard + 1], [16, 16], [DType.FP32] * 2, [15, 15])
             keys = rng.integers(0, 1 << 40, 30, dtype=np.uint64)
-            grads = rng.standard_normal((30, 16)).astype(np.float32)
-            payloads = codec.encode_update(msg_id=msg_id, client_id=c["client"], table_id=shard, shard_id=shard,
-                                           dtype=DType.FP32, keys=keys, grads=grads)
+            grads = [rng.standard_normal((15, 16)).astype(np.float32) for _ in range(2)]
+            payloads = codec.encode_update(msg_id=msg_id, client_id=c["client"], shard_id=shard, directory=d,
+                                           keys=keys, values=codec.values_to_body(grads, [DType.FP32] * 2))
         for pl in payloads:
             frames.append(bytes(Ether(src=c["mac"], dst="02:00:00:99:00:01")
                                 / IP(src=c["ip"], dst=BENCH_CARD_IP, flags="DF")
@@ -135,8 +142,8 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
     """Write a pcap of ``n_msgs`` messages with distinct (client, msg id), each a request frame
     followed by its reply frame; returns its stats.
 
-    Every message is a LOOKUP_REQ of 1..8 keys (uniform) from client 1 or 2 to shard 0..3 and
-    its LOOKUP_REPLY (``n`` fp32 rows of dim 16, one frame) from that shard, both addressed to
+    Every message is a LOOKUP_REQ of 1..8 keys (uniform) of one table from client 1 or 2 to shard
+    0..3 and its LOOKUP_REPLY (``n`` fp32 rows of dim 16, one frame) from that shard, both addressed to
     the card (so the card's map inserts an entry per request and frees it per reply: replayed in
     a loop, every pass inserts and frees every entry again). With ``requests_only_path``, the
     same request frames alone are written there too: the repeated-id workload, where after the
@@ -161,8 +168,9 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
         sh = BENCH_SHARDS[int(rng.integers(0, len(BENCH_SHARDS)))]
         n = int(rng.integers(1, 9))
         keys = rng.integers(0, 1 << 40, n, dtype=np.uint64)
-        req = codec.encode_lookup(msg_id=100 + i, client_id=c["client"], table_id=0, shard_id=sh["shard"],
-                                  dim=16, dtype=DType.FP32, keys=keys)[0]
+        d = codec.make_directory([0], [16], [DType.FP32], [n])
+        req = codec.encode_lookup(msg_id=100 + i, client_id=c["client"], shard_id=sh["shard"], directory=d,
+                                  keys=keys)[0]
         rows = np.zeros((n, 16), dtype=np.float32)
         rep_ = codec.encode_reply(codec.parse_header(req), MsgType.LOOKUP_REPLY, shard_id=sh["shard"],
                                   body=codec.rows_to_body(rows))[0]

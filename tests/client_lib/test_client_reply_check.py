@@ -105,8 +105,8 @@ def test_large_messages_unanswered_while_small_pass_blame_the_path_mtu():
         t.join(5)
         shard.close()
     msg = str(e.value)
-    # 4 keys: a 100-byte request, a 132-byte reply; 1000 keys: 1500-byte request datagrams
-    assert "at most 132 bytes were answered, these need 1500-byte datagrams" in msg, msg
+    # 4 keys: a 120-byte request, a 136-byte reply datagram; 1000 keys: 1500-byte request datagrams
+    assert "at most 136 bytes were answered, these need 1500-byte datagrams" in msg, msg
     assert "the path may not carry MTU 1500" in msg and e.value.path_mtu_hint
 
 

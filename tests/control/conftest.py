@@ -106,7 +106,7 @@ def card_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def fake_dp_factory(tmp_path_factory):
-    """``fake_dp_factory(proto_version=2)`` → path of a stand-in embnic-dp ELF (cached per arguments)."""
+    """``fake_dp_factory(proto_version=1)`` → path of a stand-in embnic-dp ELF (cached per arguments)."""
     if not ctl_elf.have_cc():
         pytest.fail("gcc not installed: cannot build the stand-in embnic-dp (scripts/install-deps.sh installs "
                     "build-essential)")

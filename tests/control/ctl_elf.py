@@ -1,6 +1,6 @@
 """Build small ELF programs carrying a ``.embnic_buildinfo`` section, for build-info tests.
 
-``build_fake_dp(out, proto_version=2)`` compiles (gcc) a program whose section holds the given
+``build_fake_dp(out, proto_version=1)`` compiles (gcc) a program whose section holds the given
 values and whose ``main`` execs ``python3 ctl_fake_card.py ARGS`` — a stand-in embnic-dp that
 ``pipeline load`` can start, check and stop without DPDK.
 """

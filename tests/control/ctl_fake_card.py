@@ -72,10 +72,12 @@ class FakeCard:
         self.drops["unknown_shard"] = 3
         self.drops["bad_magic"] = 1
         self.entries = [
-            {"client": 1, "msg_id": 7, "state": "replying", "table": 0, "shard": 0, "type": "LOOKUP_REQ",
+            {"client": 1, "msg_id": 7, "state": "replying", "shard": 0, "type": "LOOKUP_REQ",
+             "num_tables": 2, "num_keys": 360, "value_len": 2880, "msg_len": 2912,
              "frames_in": 2, "bytes_in": 2900, "frames_out": 2, "bytes_out": 2900, "first_ns": 1000, "last_ns": 51000,
              "frags_in": 2, "frag_count": 2},
-            {"client": 2, "msg_id": 9, "state": "forwarded", "table": 1, "shard": 1, "type": "UPDATE_REQ",
+            {"client": 2, "msg_id": 9, "state": "forwarded", "shard": 1, "type": "UPDATE_REQ",
+             "num_tables": 1, "num_keys": 8, "value_len": 220, "msg_len": 300,
              "frames_in": 1, "bytes_in": 300, "frames_out": 1, "bytes_out": 300, "first_ns": 2000, "last_ns": 3000,
              "frags_in": 1, "frag_count": 1},
         ]
@@ -106,7 +108,7 @@ class FakeCard:
         return {"pid": os.getpid()}
 
     def do_info(self, req):
-        return {"build": {"proto_version": 1, "hdr_len": 40, "git_rev": "fake"}, "ports": self.ports,
+        return {"build": {"proto_version": 2, "hdr_len": 44, "git_rev": "fake"}, "ports": self.ports,
                 "lcores": 2, "mode": "pipeline", "paused": self.paused}
 
     def do_pause(self, req):
@@ -174,14 +176,14 @@ class FakeCard:
         last = req.get("last", 20)
         if not isinstance(last, int) or not 1 <= last <= 255:
             raise LookupError("field 'last' must be an integer 1..255")
-        log = [dict(msg_type=2, flags=0, msg_id=7, client_id=1, table_id=0, shard_id=0, num_keys=400,
-                    msg_len=3200, frag_index=1, frag_count=2, frag_len=1600, dim=4, status=0,
-                    ingress_port=1, egress_port=0, time_us=51, time_ns=51000, lcore=1),
-               dict(msg_type=1, flags=0, msg_id=7, client_id=1, table_id=0, shard_id=0, num_keys=400,
-                    msg_len=1600, frag_index=0, frag_count=1, frag_len=1600, dim=4, status=0,
-                    ingress_port=0, egress_port=1, time_us=1, time_ns=1000, lcore=1)]
-        ring = [dict(msg_type=3, flags=0, msg_id=8, client_id=1, table_id=0, shard_id=0, num_keys=2,
-                     msg_len=48, frag_index=0, frag_count=1, frag_len=48, dim=2, status=0,
+        log = [dict(msg_type=2, flags=0, msg_id=7, client_id=1, shard_id=0, num_tables=2, table_id=0xFFFF,
+                    num_keys=360, value_len=2880, msg_len=2880, frag_index=1, frag_count=3, frag_len=1428,
+                    status=0, ingress_port=1, egress_port=0, time_us=51, time_ns=51000, lcore=1),
+               dict(msg_type=1, flags=0, msg_id=7, client_id=1, shard_id=0, num_tables=2, table_id=0xFFFF,
+                    num_keys=360, value_len=2880, msg_len=2912, frag_index=1, frag_count=3, frag_len=1428,
+                    status=0, ingress_port=0, egress_port=1, time_us=1, time_ns=1000, lcore=1)]
+        ring = [dict(msg_type=5, flags=0, msg_id=8, client_id=1, shard_id=0, num_tables=1, table_id=4,
+                     num_keys=2, value_len=16, msg_len=0, frag_index=0, frag_count=1, frag_len=0, status=2,
                      ingress_port=0, time_us=60, time_ns=60000)]
         return {"in_ring": ring[:last], "in_ring_count": len(ring), "entries": log[:last], "log_size": 255,
                 "logged": len(log), "ring_size": self.ring_size, "ring_count": len(ring)}

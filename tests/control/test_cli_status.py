@@ -94,7 +94,9 @@ def test_state_dump(invoke, card):
     assert r.exit_code == 0, r.output
     lines = r.output.strip().splitlines()
     assert lines[0].split()[:4] == ["CLIENT", "MSG_ID", "TYPE", "STATE"]
-    assert lines[1].split() == ["1", "7", "LOOKUP_REQ", "replying", "0", "0", "2", "2900", "2", "2900", "50.0", "2/2"]
+    assert lines[0].split()[4:8] == ["SHARD", "TABLES", "KEYS", "VALUE_LEN"]
+    assert lines[1].split() == ["1", "7", "LOOKUP_REQ", "replying", "0", "2", "360", "2880", "2", "2900", "2",
+                                "2900", "50.0", "2/2"]
     assert lines[-1] == "2 entries"
     assert card.requests[-1] == {"cmd": "state_dump", "limit": 1000}
 
@@ -110,6 +112,23 @@ def test_state_dump_filters_and_json(invoke, card):
     assert "no entries matching" in r.output
     r = invoke("state", "dump", "--state", "lost")
     assert r.exit_code == 2
+
+
+def test_state_ring(invoke, card):
+    """The header ring and log: the v2 header's tables, keys and value_len per frame, and the table
+    an ERROR names ("-" where the header names none); waiting frames first, marked "ring"."""
+    r = invoke("state", "ring", "--last", "5")
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert lines[0].split() == ["TYPE", "CLIENT", "MSG_ID", "SHARD", "TABLES", "KEYS", "VALUE_LEN", "TABLE", "FRAG",
+                                "FRAG_LEN", "MSG_LEN", "PORT", "TIME_US", "AT"]
+    assert lines[1].split() == ["ERROR", "1", "8", "0", "1", "2", "16", "4", "0/1", "0", "0", "0", "60", "ring"]
+    assert lines[2].split() == ["LOOKUP_REPLY", "1", "7", "0", "2", "360", "2880", "-", "1/3", "1428", "2880", "1",
+                                "51", "sent"]
+    assert lines[-1] == "3 headers (1 waiting in the header ring)"
+    d = json.loads(invoke("state", "ring", "--json").output)
+    assert [(e["msg_id"], e["num_tables"], e["value_len"], e["in_ring"]) for e in d] == [
+        (8, 1, 16, True), (7, 2, 2880, False), (7, 2, 2880, False)]
 
 
 def test_state_summary(invoke, card):

@@ -34,7 +34,8 @@ def test_reader_layout_is_the_c_struct(tmp_path):
 def test_parse_roundtrip_and_size():
     fields = b"".join(struct.pack("<16sHH", n.encode(), o, s) for n, o, s in consts.HEADER_FIELDS)
     fields += b"\0" * (20 * (24 - len(consts.HEADER_FIELDS)))
-    data = struct.pack("<8s9I", b"EMBNICBI", 1, 1, 40, 7878, 4096, 256, 512, 65536, len(consts.HEADER_FIELDS))
+    data = struct.pack("<8s9I", b"EMBNICBI", 1, consts.VERSION, consts.HDR_LEN, 7878, 4096, 256, 512, 65536,
+                       len(consts.HEADER_FIELDS))
     data += fields + struct.pack("<41s32s", b"abc", b"DPDK 22.11.1")
     bi = buildinfo.parse(data)
     assert bi.fields == consts.HEADER_FIELDS
@@ -58,13 +59,14 @@ def test_read_matching_binary(fake_dp_factory):
 def test_check_lists_every_mismatch(fake_dp_factory):
     fields = list(consts.HEADER_FIELDS)
     fields[6] = ("msg_id", 9, 4)
-    bi = buildinfo.read(fake_dp_factory(proto_version=2, hdr_len=44, fields=tuple(fields[:-1])))
+    v, h = consts.VERSION, consts.HDR_LEN
+    bi = buildinfo.read(fake_dp_factory(proto_version=v + 1, hdr_len=h + 4, fields=tuple(fields[:-1])))
     diffs = buildinfo.check(bi)
-    assert "proto_version 2 != client library's 1" in diffs
-    assert "hdr_len 44 != client library's 40" in diffs
+    assert f"proto_version {v + 1} != client library's {v}" in diffs
+    assert f"hdr_len {h + 4} != client library's {h}" in diffs
     assert "header field msg_id at offset 9 size 4 != client library's offset 8 size 4" in diffs
     assert "header field reserved missing from the binary" in diffs
-    with pytest.raises(buildinfo.BuildInfoError, match="refusing .*proto_version 2.*make -C dataplane"):
+    with pytest.raises(buildinfo.BuildInfoError, match=f"refusing .*proto_version {v + 1}.*make -C dataplane"):
         buildinfo.require_compatible(bi.path)
 
 
@@ -72,19 +74,20 @@ def test_inspect_text_and_json(invoke, fake_dp_factory):
     p = fake_dp_factory()
     r = invoke("inspect", p)
     assert r.exit_code == 0, r.output
-    assert "protocol:      v1, header 40 bytes, UDP port 7878" in r.output
+    assert f"protocol:      v{consts.VERSION}, header {consts.HDR_LEN} bytes, UDP port 7878" in r.output
     assert "compatible:    yes" in r.output
     assert "DPDK 22.11.fake" in r.output and "msg_id@8/4" in r.output
     d = json.loads(invoke("inspect", "--json", p).output)
-    assert d["compatible"] is True and d["proto_version"] == 1 and len(d["fields"]) == len(consts.HEADER_FIELDS)
+    assert d["compatible"] is True and d["proto_version"] == consts.VERSION
+    assert len(d["fields"]) == len(consts.HEADER_FIELDS)
     assert d["git_rev"] == "0123456789abcdef0123456789abcdef01234567"
 
 
 def test_inspect_wrong_version(invoke, fake_dp_factory):
-    p = fake_dp_factory(proto_version=2)
+    p = fake_dp_factory(proto_version=1)  # a card of protocol version 1, whose frames v2 drops
     r = invoke("inspect", p)
     assert r.exit_code == 0
-    assert "compatible:    NO: proto_version 2 != client library's 1" in r.output
+    assert f"compatible:    NO: proto_version 1 != client library's {consts.VERSION}" in r.output
     assert json.loads(invoke("inspect", "--json", p).output)["compatible"] is False
     r = invoke("inspect", "--check", p)
     assert r.exit_code == 1 and "does not match the client library" in r.output

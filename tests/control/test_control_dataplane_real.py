@@ -1,7 +1,7 @@
 """The control plane against the real embnic-dp on net_ring/net_null vdevs (no hugepages, no PCI).
 
 Builds the card with `make -C dataplane` (fails when DPDK is absent: `make deps` installs it) and, for the refusal test,
-a second copy built with `make EMBNIC_PROTO_VERSION=2` (dataplane/README.md). Needs root (EAL).
+a second copy built with `make EMBNIC_PROTO_VERSION=3` (a version after this one) (dataplane/README.md). Needs root (EAL).
 Run alone: sudo python3 -m pytest -q tests/control/test_control_dataplane_real.py
 """
 from __future__ import annotations
@@ -50,10 +50,10 @@ def real_dp() -> Path:
 
 @pytest.fixture(scope="session")
 def wrong_dp(real_dp, tmp_path_factory) -> Path:
-    """embnic-dp built with EMBNIC_PROTO_VERSION=2 into a directory of its own (dataplane/Makefile)."""
-    d = tmp_path_factory.mktemp("dp-v2")
-    _make(["-C", str(DP), f"BUILD={d}", "EMBNIC_PROTO_VERSION=2"],
-          "building the dataplane with EMBNIC_PROTO_VERSION=2")
+    """embnic-dp built with EMBNIC_PROTO_VERSION=3 (not the client library's) into a directory of its own (dataplane/Makefile)."""
+    d = tmp_path_factory.mktemp("dp-v3")
+    _make(["-C", str(DP), f"BUILD={d}", "EMBNIC_PROTO_VERSION=3"],
+          "building the dataplane with EMBNIC_PROTO_VERSION=3")
     out = d / "embnic-dp"
     assert out.is_file(), f"make BUILD={d} did not produce {out}"
     return out
@@ -99,11 +99,11 @@ def test_inspect_real_binary(invoke, real_dp):
 def test_inspect_and_refuse_wrong_version(invoke, env, wrong_dp, real_config):
     r = invoke("inspect", wrong_dp)
     assert r.exit_code == 0
-    assert "compatible:    NO: proto_version 2 != client library's 1" in r.output
+    assert "compatible:    NO: proto_version 3 != client library's 2" in r.output
     assert invoke("inspect", "--check", wrong_dp).exit_code == 1
     r = invoke("pipeline", "load", "-c", real_config, "--binary", wrong_dp, *sum((["--vdev", v] for v in VDEVS), []))
     assert r.exit_code == 1
-    assert f"refusing {wrong_dp}: built for another protocol (proto_version 2" in r.output
+    assert f"refusing {wrong_dp}: built for another protocol (proto_version 3" in r.output
     assert read_state(env, "embnic") is None
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from pathlib import Path
 
+from embnic.client_lib import consts
 from embnic.client_lib.config import load_config
 from embnic.control import dpdk_proc
 from embnic.control.errors import NeedsRootError, OperationalError, UsageError
@@ -140,10 +141,11 @@ def _status_and_unload_by_config(invoke, env, card_config, sock, tmp_path, pid):
 
 
 def test_load_refuses_wrong_protocol(invoke, env, fake_dp_factory, card_config):
-    bad = fake_dp_factory(proto_version=2)
+    bad = fake_dp_factory(proto_version=1)  # a version-1 card
     r = invoke("pipeline", "load", "-c", card_config, "--binary", bad, *VDEVS)
     assert r.exit_code == 1
-    assert f"refusing {bad}: built for another protocol (proto_version 2 != client library's 1)" in r.output
+    assert f"refusing {bad}: built for another protocol (proto_version 1 != client library's {consts.VERSION})" \
+        in r.output
     assert read_state(env, "embnic") is None and not (env / "embnic.log").exists()
 
 

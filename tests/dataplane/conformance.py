@@ -1,7 +1,8 @@
 """Conformance cases for an embnic card, target-independent (DPDK on pcap vdevs, P4 on BMv2).
 
 One :class:`Suite` holds a 3-port card, its route and client tables, the input frames per
-ingress port (built with the Scapy layer :class:`embnic.client_lib.protocol.Embnic`) and, for
+ingress port (protocol v2, built with the Scapy layer :class:`embnic.client_lib.protocol.Embnic`:
+a request's body is its directory and keys, as hosts send it; a card reads only the header) and, for
 each input, what must happen to it: forwarded (rewritten, on which port), answered (ARP), or
 dropped (with which drop reason of docs/control-socket.md). :meth:`Suite.expected_outputs`
 computes the exact bytes every output port must carry, given the card's port MACs (which a
@@ -38,6 +39,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import struct
 import sys
 from pathlib import Path
 
@@ -46,7 +48,9 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from embnic.client_lib import consts
+import numpy as np
+
+from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import DType, Flags, MsgType, Status
 from embnic.client_lib.protocol import Embnic
 from embnic.control import pcap as pcap_file
@@ -56,7 +60,9 @@ PORT = consts.UDP_PORT
 CARD_TTL = 64  #: TTL of every frame the card sends
 #: a MAC that stands for "the card port's MAC" in input frames (the card does not check it)
 CARD_MAC_IN = "02:cc:00:00:00:00"
-P = consts.max_body_per_frame(consts.DEFAULT_MTU)  #: 1432 body bytes per fragment
+P = consts.max_body_per_frame(consts.DEFAULT_MTU)  #: 1428 body bytes per fragment
+#: one table of a message: (table_id, dim, dtype, num_keys), as in a request's directory
+Table = tuple[int, int, int, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +109,47 @@ def _body(n: int, seed: int) -> bytes:
     return bytes((seed * 131 + i * 7 + (i >> 8)) & 0xFF for i in range(n))
 
 
+def message_body(msg_type: int, tables: list[Table], num_entries: int, seed: int) -> tuple[int, int, int, bytes]:
+    """(num_tables, num_keys, value_len, body) of a v2 message of ``msg_type`` (docs/protocol.md,
+    "Body"): a LOOKUP_REQ is the directory of ``tables`` and their keys, an UPDATE_REQ that and
+    the gradients, a LOOKUP_REPLY the rows (``value_len`` bytes); UPDATE_ACK, ERROR carry the
+    request's counts and no body; a SIZE_REQ has ``num_entries`` entries of 16 bytes (T = 0,
+    value_len = 0) and its SIZE_ACK (or an ERROR given no ``tables``) the count alone. Keys and values are deterministic in ``seed``.
+    """
+    if msg_type in (MsgType.SIZE_REQ, MsgType.SIZE_ACK) or not tables:
+        if msg_type != MsgType.SIZE_REQ:  # a SIZE_ACK, or an ERROR to a SIZE_REQ: the copies
+            return 0, num_entries, 0, b""
+        e = np.zeros(num_entries, codec.SIZE_ENTRY_DTYPE)
+        e["msg_id"] = np.arange(num_entries) + seed
+        e["msg_type"] = MsgType.LOOKUP_REQ
+        e["num_tables"] = 1
+        e["num_keys"] = 3
+        e["msg_len"] = consts.DIR_ENTRY + 3 * consts.KEY_SIZE
+        return 0, num_entries, 0, e.tobytes()
+    d = codec.make_directory(*zip(*tables))
+    T, n, vl = len(d), int(d["num_keys"].sum()), codec.value_len_of(d)
+    if msg_type == MsgType.LOOKUP_REPLY:
+        return T, n, vl, _body(vl, seed)
+    if msg_type not in consts.DATA_REQUEST_TYPES:
+        return T, n, vl, b""
+    keys = (np.arange(n, dtype=np.uint64) * np.uint64(7919) + np.uint64(seed)).astype("<u8")
+    body = d.tobytes() + keys.tobytes()
+    return T, n, vl, body + (_body(vl, seed) if msg_type == MsgType.UPDATE_REQ else b"")
+
+
+def v1_frame_payload(*, msg_type: int = 1, msg_id: int, client_id: int, table_id: int = 3, shard_id: int = 0,
+                     dim: int = 4, num_keys: int = 2) -> bytes:
+    """The UDP payload of a version-1 message of one fragment (the 40-byte v1 header: magic,
+    version 1, type, flags, dtype fp32, status, msg_id, client_id, table_id, shard_id, dim, num_keys,
+    msg_len, frag_offset, frag_index, frag_count, frag_len, reserved; then 8-byte keys), which
+    every v2 receiver drops as ``bad_version`` (docs/protocol.md)."""
+    body = _body(8 * num_keys, msg_id)
+    hdr = struct.pack("!HBBBBHIHHHHIIIHHHH", consts.MAGIC, 1, msg_type, 0, DType.FP32, 0, msg_id, client_id,
+                      table_id, shard_id, dim, num_keys, len(body), 0, 0, 1, len(body), 0)
+    assert len(hdr) == 40
+    return hdr + body
+
+
 class Suite:
     """The cases; build with :meth:`default`."""
 
@@ -147,24 +194,39 @@ class Suite:
                 / UDP(sport=src.udp_port if sport is None else sport, dport=PORT))
 
     def message(self, src: Peer, msg_type: int, *, msg_id: int, client_id: int, shard_id: int,
-                num_keys: int, dim: int = 4, dtype: int = DType.FP32, table_id: int = 3,
+                num_keys: int = 0, dim: int = 4, dtype: int = DType.FP32, table: int = 3,
+                tables: list[Table] | None = None, error_table: int = consts.NO_TABLE,
                 flags: int = 0, status: int = 0, seed: int = 0, only: list[int] | None = None) -> list[bytes]:
-        """Frames of one message from ``src``, fragmented at MTU 1500 (docs/protocol.md).
+        """Frames of one v2 message from ``src``, fragmented at MTU 1500 (docs/protocol.md).
 
+        ``tables``: the request's directory, ``[(table_id, dim, dtype, num_keys), ...]``; by
+        default one table, ``[(table, dim, dtype, num_keys)]``. A reply is given its request's
+        tables: it copies the counts (``num_tables``, ``num_keys``, ``value_len``) and a
+        LOOKUP_REPLY carries the rows. A SIZE_REQ / SIZE_ACK has ``num_keys`` entries and no table.
+        ``error_table``: the header's ``table_id`` (an ERROR's table; ``NO_TABLE`` otherwise).
         ``only``: the fragment indexes to return, in that order (repeats allowed), instead of all.
         """
-        msg_len = consts.expected_msg_len(msg_type, num_keys, dim, dtype)
-        body = _body(msg_len, seed or msg_id)
+        if tables is None:
+            tables = [(table, dim, dtype, num_keys)]
+        T, n, value_len, body = message_body(msg_type, tables, num_keys, seed or msg_id)
+        msg_len = consts.expected_msg_len(msg_type, T, n, value_len)
+        assert len(body) == msg_len
         count = max(1, -(-msg_len // P))
         out = []
         for i in range(count):
             chunk = body[i * P:(i + 1) * P]
-            hdr = Embnic(msg_type=msg_type, flags=flags, dtype=dtype, status=status, msg_id=msg_id,
-                         client_id=client_id, table_id=table_id, shard_id=shard_id, dim=dim,
-                         num_keys=num_keys, msg_len=msg_len, frag_offset=i * P, frag_index=i,
-                         frag_count=count, frag_len=len(chunk))
+            hdr = Embnic(msg_type=msg_type, flags=flags, status=status, msg_id=msg_id, client_id=client_id,
+                         shard_id=shard_id, num_tables=T, table_id=error_table, num_keys=n, value_len=value_len,
+                         msg_len=msg_len, frag_offset=i * P, frag_index=i, frag_count=count, frag_len=len(chunk))
             out.append(bytes(self.l2l3(src) / hdr / Raw(chunk)))
         return out if only is None else [out[i] for i in only]
+
+    def frame(self, src: Peer, body_len: int, **fields) -> bytes:
+        """One frame from ``src`` with the header ``fields`` given as they are (no length filled
+        in but ``frag_len`` = ``body_len``, ``frag_count`` 1 and ``msg_len`` = ``body_len`` unless
+        given) and ``body_len`` body bytes: for headers that do not add up."""
+        fields = {"msg_len": body_len, "frag_count": 1, "frag_len": body_len, "num_keys": 0, **fields}
+        return bytes(self.l2l3(src) / Embnic(**fields) / Raw(_body(body_len, fields.get("msg_id", 0))))
 
     def add(self, label: str, port: int, data: bytes, fate: tuple, msg_type: int | None = None) -> None:
         self.frames.append(InFrame(label, port, bytes(data), fate, msg_type))
@@ -263,7 +325,9 @@ class StateModel:
     """The card's state map as docs/protocol.md states it, for frames the card forwards.
 
     Keyed by (client_id, msg_id). A request frame opens the entry (or joins it) and marks its
-    fragment; every fragment seen once -> ``forwarded``. A reply frame (already known to match:
+    fragment; the entry records what the card records from the request's header (type, shard,
+    ``num_tables``, ``num_keys``, ``value_len``, ``msg_len``); every fragment seen once ->
+    ``forwarded``. A reply frame (already known to match:
     fates say which are forwarded) marks its fragment (``replying``); once every reply fragment
     was seen the entry is freed and counted as completed by reply type, per shard.
     """
@@ -276,7 +340,9 @@ class StateModel:
         key = (h.client_id, h.msg_id)
         if h.msg_type in consts.REQUEST_TYPES:
             e = self.entries.setdefault(key, {"in": set(), "out": set(), "n_in": h.frag_count,
-                                              "n_out": 0, "shard": h.shard_id})
+                                              "n_out": 0, "shard": h.shard_id, "type": h.msg_type,
+                                              "num_tables": h.num_tables, "num_keys": h.num_keys,
+                                              "value_len": h.value_len, "msg_len": h.msg_len})
             e["in"].add(h.frag_index)
             return
         e = self.entries[key]

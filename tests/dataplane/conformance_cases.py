@@ -1,7 +1,8 @@
 """The standard conformance cases (:meth:`conformance.Suite.default`), by kind.
 
 Each ``add_*`` appends input frames and their fates to a :class:`conformance.Suite`: valid
-requests and replies (:func:`add_valid`), frames that do not parse or do not add up
+requests and replies, of one table and of several (:func:`add_valid`), frames that do not
+parse or do not add up (a version-1 frame among them)
 (:func:`add_malformed`), senders and targets the tables do not know (:func:`add_unauthorised`)
 and the state map's reply rules (:func:`add_reply_path`). The wiring and the meaning of a fate
 are in ``conformance.py``'s docstring.
@@ -17,14 +18,16 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from embnic.client_lib import consts
 from embnic.client_lib.consts import DType, Flags, MsgType, Status
 from embnic.client_lib.protocol import Embnic
-from conformance import CARD_MAC_IN, P, PORT, Peer, Suite
+from conformance import CARD_MAC_IN, P, PORT, Peer, Suite, v1_frame_payload
 
 
 def add_valid(s: Suite) -> None:
-    """Requests from 3 clients to 3 shards (fragmented, fp16, retransmitted, UDP checksum 0,
-    Ethernet trailer), their replies on the request's port, ARP for each card address."""
+    """Requests from 3 clients to 3 shards (fragmented, fp16, several tables, retransmitted, UDP
+    checksum 0, Ethernet trailer), their replies on the request's port, ARP for each card
+    address."""
     c1, c2 = s.clients[1], s.clients[2]
     s0, s1, s2 = s.shards[0], s.shards[1], s.shards[2]
     L, LR, U, UA, E = (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ,
@@ -34,10 +37,10 @@ def add_valid(s: Suite) -> None:
     s.add_message("c1 lookup s0", c1, L, ("fwd", s0), msg_id=m1, client_id=1, shard_id=0, num_keys=3)
     m2 = s.msg_id()
     s.add_message("c2 lookup s1", c2, L, ("fwd", s1), msg_id=m2, client_id=2, shard_id=1, num_keys=5)
-    m3 = s.msg_id()  # 400 keys = 3200 bytes: 3 fragments
+    m3 = s.msg_id()  # 16 + 400 keys = 3216 bytes: 3 fragments
     s.add_message("c1 lookup s2 (3 frags)", c1, L, ("fwd", s2), msg_id=m3, client_id=1, shard_id=2,
                   num_keys=400)
-    m4 = s.msg_id()  # 30 keys x (8 + 16*4) = 2160 bytes: 2 fragments
+    m4 = s.msg_id()  # 16 + 30 keys x (8 + 16*4) = 2176 bytes: 2 fragments
     s.add_message("c2 update s2 (2 frags)", c2, U, ("fwd", s2), msg_id=m4, client_id=2, shard_id=2,
                   num_keys=30, dim=16)
     m5 = s.msg_id()
@@ -60,6 +63,25 @@ def add_valid(s: Suite) -> None:
                   num_keys=30, dim=16)
     s.add_message("s0 ack c2", s0, UA, ("fwd", c2), msg_id=m8, client_id=2, shard_id=0, num_keys=30,
                   dim=16)
+    # one message for every table a client asks of a shard (docs/protocol.md, "Version 2"): a
+    # lookup of 3 tables (one fp16) in 3 fragments and its 5-fragment reply of all their rows;
+    # an update of 2 tables and its ack; an ERROR naming one table of a 3-table lookup
+    multi = [(3, 4, DType.FP32, 150), (7, 16, DType.FP16, 40), (9, 8, DType.FP32, 180)]
+    m = s.msg_id()
+    s.add_message("c3 lookup s2, 3 tables (3 frags)", c3, L, ("fwd", s2), msg_id=m, client_id=3, shard_id=2,
+                  tables=multi)
+    s.add_message("s2 reply c3, rows of 3 tables (7 frags)", s2, LR, ("fwd", c3), msg_id=m, client_id=3,
+                  shard_id=2, tables=multi)
+    two = [(1, 8, DType.FP32, 12), (4, 2, DType.FP16, 9)]
+    m = s.msg_id()
+    s.add_message("c2 update s0, 2 tables", c2, U, ("fwd", s0), msg_id=m, client_id=2, shard_id=0, tables=two)
+    s.add_message("s0 ack c2, 2 tables", s0, UA, ("fwd", c2), msg_id=m, client_id=2, shard_id=0, tables=two)
+    m = s.msg_id()
+    s.add_message("c3 lookup s1, 3 tables", c3, L, ("fwd", s1), msg_id=m, client_id=3, shard_id=1,
+                  tables=[(3, 4, DType.FP32, 2), (7, 16, DType.FP16, 1), (9, 8, DType.FP32, 3)])
+    s.add_message("s1 ERROR c3 naming table 7", s1, E, ("fwd", c3), msg_id=m, client_id=3, shard_id=1,
+                  tables=[(3, 4, DType.FP32, 2), (7, 16, DType.FP16, 1), (9, 8, DType.FP32, 3)],
+                  status=Status.DIM_MISMATCH, error_table=7)
     m9 = s.msg_id()
     s.add_message("c3 lookup s1", c3, L, ("fwd", s1), msg_id=m9, client_id=3, shard_id=1, num_keys=5)
     s.add_message("s1 error c3", s1, E, ("fwd", c3), msg_id=m9, client_id=3, shard_id=1, num_keys=5,
@@ -100,7 +122,8 @@ def _lookup(s: Suite, src: Peer, **over) -> Ether:
 
 def add_malformed(s: Suite) -> None:
     """Frames that do not parse or do not add up, one per drop reason of the parser and
-    validation (short, not IPv4/UDP, bad magic/version/type/dtype/lengths, fragment geometry)."""
+    validation (short, not IPv4/UDP, bad magic/version — a v1 frame too —, bad type, lengths and
+    counts that do not fit the type, fragment geometry)."""
     c1 = s.clients[1]
 
     def drop(label: str, data: bytes, reason: str) -> None:
@@ -152,24 +175,43 @@ def add_malformed(s: Suite) -> None:
     del p[IP].chksum, p[UDP].chksum
     drop("IPv4 destination not the card", bytes(p), "wrong_dst")
     drop("bad magic", bytes(_lookup(s, c1, magic=0x4D45)), "bad_magic")
-    drop("version 2", bytes(_lookup(s, c1, version=2)), "bad_version")
+    drop("version 3", bytes(_lookup(s, c1, version=3)), "bad_version")
+    drop("version 1 in a v2 header", bytes(_lookup(s, c1, version=1)), "bad_version")
+    drop("a v1 lookup (40-byte v1 header)", raw_udp(v1_frame_payload(msg_id=s.msg_id(), client_id=1)),
+         "bad_version")
     drop("msg_type 0", bytes(_lookup(s, c1, msg_type=0)), "bad_type")
     drop("msg_type 9", bytes(_lookup(s, c1, msg_type=9)), "bad_type")
     drop("msg_type 8 (after SIZE_ACK)", bytes(_lookup(s, c1, msg_type=8)), "bad_type")
     drop("SIZE_REQ of 0 entries", s.message(c1, MsgType.SIZE_REQ, msg_id=s.msg_id(), client_id=1,
-                                            shard_id=0, num_keys=0, dim=0, dtype=DType.NONE,
-                                            table_id=0)[0], "bad_length")
-    drop("dtype 3", bytes(_lookup(s, c1, dtype=3)), "bad_dtype")
-    u = Ether(s.message(c1, MsgType.UPDATE_REQ, msg_id=s.msg_id(), client_id=1, shard_id=0,
-                        num_keys=1, dim=2)[0])
-    u[Embnic].dtype = 0
-    drop("update with dtype none", bytes(u), "bad_dtype")
+                                            shard_id=0, num_keys=0)[0], "bad_length")
     drop("frag_len != payload", bytes(_lookup(s, c1, frag_len=8)), "bad_length")
-    drop("msg_len not 8*num_keys", bytes(_lookup(s, c1, num_keys=3)), "bad_length")
+    drop("msg_len not 16*num_tables + 8*num_keys", bytes(_lookup(s, c1, num_keys=3)), "bad_length")
+    drop("num_tables 2 for a directory of one", bytes(_lookup(s, c1, num_tables=2)), "bad_length")
     drop("frag_count 0", bytes(_lookup(s, c1, frag_count=0)), "bad_length")
     drop("frag_index >= frag_count", bytes(_lookup(s, c1, frag_index=1)), "bad_length")
     drop("frag_offset + frag_len > msg_len", bytes(_lookup(s, c1, frag_offset=8)), "bad_length")
-    drop("lookup with 0 keys", _zero_key_lookup(s, c1), "bad_length")
+    # msg_len by the type's formula but counts that do not fit the type (docs/protocol.md, "Validity")
+    hdr = dict(msg_id=s.msg_id(), client_id=1, shard_id=0)
+    drop("lookup with 0 keys and 0 tables", s.frame(c1, 0, msg_type=MsgType.LOOKUP_REQ, **hdr), "bad_length")
+    drop("lookup of 2 keys and 0 tables", s.frame(c1, 16, msg_type=MsgType.LOOKUP_REQ, num_keys=2,
+                                                  value_len=32, **hdr), "bad_length")
+    drop("lookup of 2 tables and 1 key", s.frame(c1, 40, msg_type=MsgType.LOOKUP_REQ, num_tables=2,
+                                                 num_keys=1, value_len=16, **hdr), "bad_length")
+    drop("lookup announcing 3 reply bytes for 2 keys", s.frame(c1, 32, msg_type=MsgType.LOOKUP_REQ,
+                                                               num_tables=1, num_keys=2, value_len=3, **hdr),
+         "bad_length")
+    drop("update without its gradients (msg_len 16T + 8n)",
+         s.frame(c1, 32, msg_type=MsgType.UPDATE_REQ, num_tables=1, num_keys=2, value_len=16, **hdr),
+         "bad_length")
+    drop("SIZE_REQ naming a table (num_tables 1)", s.frame(c1, 32, msg_type=MsgType.SIZE_REQ, num_tables=1,
+                                                           num_keys=2, **hdr), "bad_length")
+    s0 = s.shards[0]
+    s.add("lookup reply whose msg_len is not value_len", s0.port,
+          s.frame(s0, 32, msg_type=MsgType.LOOKUP_REPLY, num_tables=1, num_keys=2, value_len=16, client_id=1,
+                  msg_id=s.msg_id(), shard_id=0), ("drop", "bad_length"))
+    s.add("UPDATE_ACK with a body", s0.port,
+          s.frame(s0, 8, msg_type=MsgType.UPDATE_ACK, num_tables=1, num_keys=2, value_len=16, client_id=1,
+                  msg_id=s.msg_id(), shard_id=0), ("drop", "bad_length"))
     # fragment geometry that contradicts frag_index (stateless)
     fr = s.message(c1, MsgType.LOOKUP_REQ, msg_id=s.msg_id(), client_id=1, shard_id=1, num_keys=400)
     p = Ether(fr[1])
@@ -178,13 +220,18 @@ def add_malformed(s: Suite) -> None:
     p = Ether(fr[2])
     p[Embnic].frag_index = 1
     drop("last fragment with the wrong index", bytes(p), "frag_mismatch")
-    # a fragment contradicting the message's first fragment (stateful, the state map)
+    # a fragment contradicting the message's first fragment (stateful, the state map): fragment 1
+    # of a header that adds up alone (same msg_len 16 + 8*250 = 2016, same fragment count) but
+    # announces another reply length, or another split into tables and keys
     mid = s.msg_id()
     fr = s.message(c1, MsgType.LOOKUP_REQ, msg_id=mid, client_id=1, shard_id=1, num_keys=250)
     s.add("250-key lookup fragment 0", c1.port, fr[0], ("fwd", s.shards[1]), MsgType.LOOKUP_REQ)
     p = Ether(fr[1])
-    p[Embnic].table_id = 4
-    drop("250-key lookup fragment 1 with another table", bytes(p), "frag_mismatch")
+    p[Embnic].value_len = 250 * 4 * 2
+    drop("250-key lookup fragment 1 announcing fp16 rows (value_len)", bytes(p), "frag_mismatch")
+    p = Ether(fr[1])
+    p[Embnic].num_tables, p[Embnic].num_keys = 2, 248
+    drop("250-key lookup fragment 1 as 2 tables and 248 keys", bytes(p), "frag_mismatch")
 
 
 def add_reply_path(s: Suite) -> None:
@@ -231,11 +278,10 @@ def add_reply_path(s: Suite) -> None:
     SQ, SA = MsgType.SIZE_REQ, MsgType.SIZE_ACK
     m = s.msg_id()
     s.add_message("c2 SIZE_REQ s0 (2 frags)", c2, SQ, ("fwd", s0), msg_id=m, client_id=2, shard_id=0,
-                  num_keys=100, dim=0, dtype=DType.NONE, table_id=0)
+                  num_keys=100)
     s.add_message("s0 LOOKUP_REPLY to a SIZE_REQ", s0, LR, ("drop", "wrong_reply_type"), msg_id=m,
-                  client_id=2, shard_id=0, num_keys=100, dim=0, dtype=DType.FP32, table_id=0)
-    s.add_message("s0 SIZE_ACK c2", s0, SA, ("fwd", c2), msg_id=m, client_id=2, shard_id=0,
-                  num_keys=100, dim=0, dtype=DType.NONE, table_id=0)
+                  client_id=2, shard_id=0, num_keys=100)
+    s.add_message("s0 SIZE_ACK c2", s0, SA, ("fwd", c2), msg_id=m, client_id=2, shard_id=0, num_keys=100)
     m = s.msg_id()
     s.add_message("c3 lookup s1 (SIZE_ACK to it)", c3, L, ("fwd", s1), msg_id=m, client_id=3,
                   shard_id=1, num_keys=2)
@@ -243,11 +289,36 @@ def add_reply_path(s: Suite) -> None:
                   client_id=3, shard_id=1, num_keys=2)
     m = s.msg_id()
     s.add_message("c3 SIZE_REQ s2 (ERROR to it)", c3, SQ, ("fwd", s2), msg_id=m, client_id=3, shard_id=2,
-                  num_keys=3, dim=0, dtype=DType.NONE, table_id=0)
+                  num_keys=3)
     s.add_message("s2 ERROR to that SIZE_REQ", s2, E, ("fwd", c3), msg_id=m, client_id=3, shard_id=2,
-                  num_keys=3, dim=0, dtype=DType.NONE, table_id=0, status=Status.MALFORMED)
+                  num_keys=3, tables=[], status=Status.MALFORMED)
     s.add_message("s2 SIZE_ACK c3, never asked", s2, SA, ("drop", "unsolicited_reply"),
-                  msg_id=s.msg_id(), client_id=3, shard_id=2, num_keys=1, dim=0, dtype=DType.NONE)
+                  msg_id=s.msg_id(), client_id=3, shard_id=2, num_keys=1)
+    # a lookup's reply is as long as its request announced (value_len, docs/protocol.md "The
+    # card's state map"): rows of another length are dropped and the entry waits for the right
+    # ones; only a LOOKUP_REPLY's length is checked (an ack or error carries no rows)
+    m = s.msg_id()
+    s.add_message("c2 lookup s0, 5 keys of dim 4 (reply of another length)", c2, L, ("fwd", s0), msg_id=m,
+                  client_id=2, shard_id=0, num_keys=5)
+    s.add_message("s0 reply c2 with rows of dim 8", s0, LR, ("drop", "bad_reply_len"), msg_id=m, client_id=2,
+                  shard_id=0, num_keys=5, dim=8)
+    s.add_message("s0 reply c2 with fp16 rows", s0, LR, ("drop", "bad_reply_len"), msg_id=m, client_id=2,
+                  shard_id=0, num_keys=5, dtype=DType.FP16)
+    s.add_message("s0 reply c2 with the announced rows", s0, LR, ("fwd", c2), msg_id=m, client_id=2,
+                  shard_id=0, num_keys=5)
+    multi = [(3, 4, DType.FP32, 150), (7, 16, DType.FP16, 40), (9, 8, DType.FP32, 180)]
+    m = s.msg_id()
+    s.add_message("c3 lookup s2, 3 tables (reply without a table)", c3, L, ("fwd", s2), msg_id=m,
+                  client_id=3, shard_id=2, tables=multi)
+    s.add_message("s2 reply c3 with the rows of 2 of its 3 tables (first fragment)", s2, LR,
+                  ("drop", "bad_reply_len"), msg_id=m, client_id=3, shard_id=2, tables=multi[:2], only=[0])
+    s.add_message("s2 ERROR c3 naming table 9 of the 3", s2, E, ("fwd", c3), msg_id=m, client_id=3, shard_id=2,
+                  tables=multi, status=Status.KEY_OUT_OF_RANGE, error_table=9)
+    m = s.msg_id()
+    s.add_message("c3 update s1 (ack copying another value_len)", c3, U, ("fwd", s1), msg_id=m, client_id=3,
+                  shard_id=1, num_keys=3, dim=2)
+    s.add_message("s1 ack c3 copying another value_len", s1, UA, ("fwd", c3), msg_id=m, client_id=3,
+                  shard_id=1, num_keys=3, dim=5)
     # fragments are tracked, not counted: 0 twice and 2 never -> receiving, duplicates passed on
     m = s.msg_id()
     s.add_message("c2 lookup s0, fragment 0 twice, 2 missing", c2, L, ("fwd", s0), msg_id=m,
@@ -263,18 +334,13 @@ def add_reply_path(s: Suite) -> None:
     s.add_message("s2 reply c3, fragments 0 0 1 (of 3)", s2, LR, ("fwd", c3), msg_id=m, client_id=3,
                   shard_id=2, num_keys=200, dim=4, only=[0, 0, 1])
     # more than 256 fragments (docs/protocol.md, "Fragmentation"): stateless, any type
-    n = (256 * P) // 8 + 1  # 45825 keys: 366600 bytes, 257 fragments of 1432
+    n = (256 * P - consts.DIR_ENTRY) // 8 + 1  # 45695 keys: 16 + 365560 bytes, 257 fragments of 1428
     s.add_message("lookup of 257 fragments (first fragment)", s.clients[1], L,
                   ("drop", "too_many_frags"), msg_id=s.msg_id(), client_id=1, shard_id=0,
                   num_keys=n, only=[0])
+    n = (256 * P) // 8 + 1  # 45697 rows of 8 bytes: 365576 bytes, 257 fragments of 1428
     s.add_message("reply of 257 fragments (last fragment)", s0, LR, ("drop", "too_many_frags"),
                   msg_id=s.msg_id(), client_id=2, shard_id=0, num_keys=n, dim=2, only=[256])
-
-
-def _zero_key_lookup(s: Suite, src: Peer) -> bytes:
-    hdr = Embnic(msg_type=MsgType.LOOKUP_REQ, msg_id=s.msg_id(), client_id=src.id, shard_id=0,
-                 num_keys=0, msg_len=0, frag_count=1, frag_len=0, dim=4, dtype=1)
-    return bytes(s.l2l3(src) / hdr)
 
 
 def add_unauthorised(s: Suite) -> None:

@@ -123,28 +123,29 @@ def test_c_static_assert_table_matches_python():
 
 
 @pytest.fixture(scope="module")
-def v2_card(built_card, tmp_path_factory):
-    """embnic-dp built with EMBNIC_PROTO_VERSION=2 into a temporary BUILD directory."""
-    return build_card(tmp_path_factory.mktemp("v2"), EMBNIC_PROTO_VERSION="2")
+def v3_card(built_card, tmp_path_factory):
+    """embnic-dp built with EMBNIC_PROTO_VERSION=3 (a version after this one) into a temporary
+    BUILD directory."""
+    return build_card(tmp_path_factory.mktemp("v3"), EMBNIC_PROTO_VERSION="3")
 
 
-def test_proto_version_knob(v2_card, bi):
-    v2 = read_buildinfo(v2_card)
-    assert v2["proto_version"] == 2
-    assert v2["fields"] == bi["fields"]
+def test_proto_version_knob(v3_card, bi):
+    v3 = read_buildinfo(v3_card)
+    assert v3["proto_version"] == 3
+    assert v3["fields"] == bi["fields"]
 
 
 @pytest.mark.dataplane
 @pytest.mark.root
-def test_proto_version_knob_changes_the_parser(v2_card, card_bin, tmp_path):
-    """The v2 binary drops a valid v1 frame as bad_version (so the knob is not just a label)."""
+def test_proto_version_knob_changes_the_parser(v3_card, card_bin, tmp_path):
+    """The v3 binary drops a valid v2 frame as bad_version (so the knob is not just a label)."""
     from conformance import Suite, write_pcap
     from embnic.control.dpdk_proc import CardProcess, wait_drained
 
     s = Suite.default()
     frames = [f.data for f in s.frames if f.label.startswith("c1 lookup s0[")]
     write_pcap(tmp_path / "in.pcap", frames)
-    card = CardProcess(v2_card, [f"net_pcap0,rx_pcap={tmp_path / 'in.pcap'},tx_pcap={tmp_path / 'out.pcap'}"],
+    card = CardProcess(v3_card, [f"net_pcap0,rx_pcap={tmp_path / 'in.pcap'},tx_pcap={tmp_path / 'out.pcap'}"],
                        lcores="0", port_ips={0: "10.1.0.1"})
     card.start()
     try:

@@ -47,10 +47,11 @@ def run(request, card_bin, tmp_path_factory):
         # is freed: wait for both (a leak still fails test_no_mbuf_leak, by timeout)
         counters = wait_drained(card, len(s.frames), mbufs_back=lcores != "0")
         state = card.call("state_summary")
+        dump = card.call("state_dump")["entries"]
     finally:
         rc = card.stop()
     card.cleanup()
-    return {"suite": s, "info": info, "counters": counters, "state": state, "rc": rc, "layout": request.param,
+    return {"suite": s, "info": info, "counters": counters, "state": state, "dump": dump, "rc": rc, "layout": request.param,
             "state_lcores": state_lcores,
             "macs": {p["port"]: p["mac"] for p in info["ports"]}, "routes": routes, "clients": clients,
             "out": {p: read_pcap(outs[p]) for p in s.ports}, "log": (d / "card.log").read_text()}
@@ -91,10 +92,10 @@ def test_every_drop_named(run):
     """The drop counters equal the suite's expectation exactly, every reason listed (zeros too)."""
     drops = run["counters"]["drops"]
     for reason in ("too_short", "bad_ether", "bad_ip", "ip_options", "not_udp", "bad_udp", "bad_port",
-                   "bad_magic", "bad_version", "bad_type", "bad_dtype", "bad_length", "unknown_client",
+                   "bad_magic", "bad_version", "bad_type", "bad_length", "unknown_client",
                    "unknown_server", "unknown_shard", "ring_full", "no_mbuf", "tx_full", "state_full",
                    "arp_ignored", "wrong_dst", "frag_mismatch", "too_many_frags", "unsolicited_reply",
-                   "wrong_shard_reply", "wrong_reply_type", "truncated"):
+                   "wrong_shard_reply", "wrong_reply_type", "bad_reply_len", "truncated"):
         assert reason in drops, f"drop reason {reason} missing from counters"
     want = run["suite"].expected_drops()
     assert {k: v for k, v in drops.items() if v} == want
@@ -134,6 +135,21 @@ def test_state_map_tracked(run):
     assert st["overflow"] == 0 and st["expired"] == 0
     want = run["suite"].expected_state()
     assert {"entries": st["entries"], "by_state": st["by_state"]} == want
+
+
+def test_state_dump_records_the_header(run):
+    """Each entry left in the map records its request's v2 header as the reference model does:
+    type, shard, num_tables, num_keys, value_len (what its reply's length is checked against),
+    msg_len, fragments seen."""
+    model = run["suite"].state_model().entries
+    got = {(e["client"], e["msg_id"]): e for e in run["dump"]}
+    assert set(got) == set(model)
+    for key, m in model.items():
+        e = got[key]
+        assert (e["type"], e["shard"], e["num_tables"], e["num_keys"], e["value_len"], e["msg_len"]) == (
+            consts.MsgType(m["type"]).name, m["shard"], m["num_tables"], m["num_keys"], m["value_len"],
+            m["msg_len"]), key
+        assert (e["frag_count"], e["frags_in"], e["frags_out"]) == (m["n_in"], len(m["in"]), len(m["out"])), key
 
 
 def test_completed_messages(run):

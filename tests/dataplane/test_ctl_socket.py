@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from embnic.client_lib import consts
 from embnic.control.dpdk_proc import CardProcess, eal_argv, remove_runtime_dir, unique_prefix
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
@@ -64,8 +65,8 @@ def test_info(card, card_bin):
     with open(card_bin, "rb") as f:
         sec = ELFFile(f).get_section_by_name(".embnic_buildinfo").data()
     assert b["magic"] == sec[:8].decode()
-    assert b["proto_version"] == 1 and b["hdr_len"] == 40 and b["udp_port"] == 7878
-    assert b["n_fields"] == len(b["fields"]) == 18
+    assert (b["proto_version"], b["hdr_len"], b["udp_port"]) == (consts.VERSION, consts.HDR_LEN, consts.UDP_PORT)
+    assert b["n_fields"] == len(b["fields"]) == len(consts.HEADER_FIELDS)
     assert b["git_rev"] in sec.decode(errors="replace")
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from scapy.layers.l2 import ARP, Ether
 
 from conformance import CardPort, Peer, Suite, write_pcap
-from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.protocol import Embnic
 from embnic.control.cli import cli
 from embnic.control.dpdk_proc import CardProcess, wait_drained
@@ -25,8 +25,8 @@ pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 C1 = Peer("client", 1, 0, "02:00:00:00:01:01", "10.2.0.2", 40001)
 S0 = Peer("shard", 0, 1, "02:00:00:00:02:00", "10.2.1.10", 7878)
 S1 = Peer("shard", 1, 1, "02:00:00:00:02:01", "10.2.1.11", 7878)
-FIELDS = ("msg_type", "flags", "msg_id", "client_id", "table_id", "shard_id", "num_keys", "msg_len",
-          "frag_index", "frag_count", "frag_len", "dim", "status")
+FIELDS = ("msg_type", "flags", "msg_id", "client_id", "shard_id", "num_tables", "table_id", "num_keys",
+          "value_len", "msg_len", "frag_index", "frag_count", "frag_len", "status")
 LOG_SIZE = 255  # the card's 256 slots less the one a write may be overwriting
 
 
@@ -61,13 +61,17 @@ def mixed(card_bin, tmp_path):
         if forwarded:
             fwd.extend(fs)
 
-    add(s.message(C1, L, msg_id=11, client_id=1, shard_id=0, num_keys=400, table_id=5))
-    add(s.message(S0, LR, msg_id=11, client_id=1, shard_id=0, num_keys=400, table_id=5))
+    add(s.message(C1, L, msg_id=11, client_id=1, shard_id=0, num_keys=400, table=5))
+    add(s.message(S0, LR, msg_id=11, client_id=1, shard_id=0, num_keys=400, table=5))
+    two = [(5, 4, DType.FP32, 20), (6, 8, DType.FP16, 30)]  # one message, two tables
+    add(s.message(C1, L, msg_id=15, client_id=1, shard_id=1, tables=two))
+    add(s.message(S1, LR, msg_id=15, client_id=1, shard_id=1, tables=two))
     add(s.message(C1, L, msg_id=77, client_id=9, shard_id=0, num_keys=3), forwarded=False)  # unknown client
     add(s.message(C1, U, msg_id=12, client_id=1, shard_id=1, num_keys=30, dim=16, flags=1))
     add(s.message(C1, L, msg_id=13, client_id=1, shard_id=4, num_keys=2), forwarded=False)  # no route
     add(s.message(C1, L, msg_id=14, client_id=1, shard_id=0, num_keys=1))
-    add(s.message(S0, E, msg_id=14, client_id=1, shard_id=0, num_keys=1, status=Status.NOT_OWNER))
+    add(s.message(S0, E, msg_id=14, client_id=1, shard_id=0, num_keys=1, status=Status.NOT_OWNER,
+                  error_table=3))
     add(s.message(S1, LR, msg_id=99, client_id=1, shard_id=1, num_keys=2), forwarded=False)  # never asked
     t0 = time.time_ns()
     card = _run(card_bin, tmp_path, frames)
@@ -128,7 +132,7 @@ def test_log_wraps_keeps_newest(card_bin, tmp_path):
     frames = []
     for i in range(300):
         frames += s.message(C1, MsgType.LOOKUP_REQ, msg_id=1000 + i, client_id=1, shard_id=i % 2,
-                            num_keys=1 + i % 7, table_id=i % 3)
+                            tables=[(t, 4, DType.FP32, 1 + i % 7) for t in range(1 + i % 3)])
     card = _run(card_bin, tmp_path, frames)
     try:
         card.call("resume")
@@ -154,7 +158,7 @@ def test_waiting_headers_listed_then_forwarded(card_bin, tmp_path, state_lcores)
     frames = []
     for i in range(12):
         frames += s.message(C1, MsgType.LOOKUP_REQ, msg_id=500 + i, client_id=1, shard_id=i % 2,
-                            num_keys=1 + i, table_id=i % 4)
+                            num_keys=1 + i, table=i % 4)
     arp = bytes(Ether(src=C1.mac, dst="ff:ff:ff:ff:ff:ff") / ARP(op=1, hwsrc=C1.mac, psrc=C1.ip, pdst="10.2.0.1"))
     frames.insert(5, arp)
     msgs = [f for f in frames if f != arp]

@@ -1,6 +1,6 @@
 """Jumbo frames through the card on net_af_packet (docs/control-socket.md, `--mtu`).
 
-A veth pair at MTU 9000 in a namespace of its own: a one-frame 1116-key lookup (a 9010-byte
+A veth pair at MTU 9000 in a namespace of its own: a one-frame 1114-key lookup (a 9014-byte
 frame) sent by the kernel from one end reaches the card on the other end whole and leaves on its
 route; without `--mtu` and the PMD's frame size from it, the same frame arrives cut short and is
 dropped as `truncated` (not `bad_ip`).
@@ -45,9 +45,10 @@ def veth():
 
 
 def _send_jumbo() -> int:
-    keys = np.arange((MTU - 20 - 8 - 40) // 8, dtype=np.uint64)  # 1116 keys: one 8988-byte datagram
-    (payload,) = codec.encode_lookup(msg_id=5, client_id=1, table_id=0, shard_id=0, dim=16, dtype=DType.FP32,
-                                     keys=keys, mtu=MTU)
+    n = (MTU - 20 - 8 - 44 - 16) // 8  # 1114 keys of one table: one 9000-byte datagram
+    keys = np.arange(n, dtype=np.uint64)
+    directory = codec.make_directory([0], [16], [DType.FP32], [n])
+    (payload,) = codec.encode_lookup(msg_id=5, client_id=1, shard_id=0, directory=directory, keys=keys, mtu=MTU)
     code = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.99.0.2', 40001)); "
             f"s.sendto(bytes.fromhex('{payload.hex()}'), ('{BENCH_CARD_IP}', 7878))")
     subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-c", code], check=True)
@@ -79,7 +80,7 @@ def test_jumbo_frame_passes_with_mtu(veth, card_bin, tmp_path):
     c = _run(card_bin, tmp_path, f"net_af_packet0,iface={B},framesz={framesz},blocksz={4 * framesz},framecnt=512",
              ["--mtu", str(MTU)])
     assert c["types"]["LOOKUP_REQ"] == 1, c
-    assert c["ports"][1]["tx_frames"] == 1 and c["ports"][1]["tx_bytes"] == 9010
+    assert c["ports"][1]["tx_frames"] == 1 and c["ports"][1]["tx_bytes"] == 14 + MTU
     assert c["drops"]["truncated"] == 0 and c["drops"]["bad_ip"] == 0
 
 

@@ -56,11 +56,12 @@ def lifecycle(card_bin, tmp_path):
     s = _suite()
     L, LR, U, E = MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ, MsgType.ERROR
     frames = []
-    # A: 400-key lookup (3 fragments, 3200 bytes) answered by 5 reply fragments -> freed
+    # A: 400-key lookup (3 fragments, 16 + 3200 bytes) answered by 5 reply fragments -> freed
     frames += s.message(C1, L, msg_id=11, client_id=1, shard_id=0, num_keys=400)
     frames += s.message(S0, LR, msg_id=11, client_id=1, shard_id=0, num_keys=400)
-    # B: 2-fragment update, never acked -> forwarded
-    frames += s.message(C1, U, msg_id=12, client_id=1, shard_id=1, num_keys=30, dim=16)
+    # B: 2-fragment update of 2 tables, never acked -> forwarded
+    frames += s.message(C1, U, msg_id=12, client_id=1, shard_id=1,
+                        tables=[(3, 16, DType.FP32, 20), (8, 16, DType.FP16, 10)])
     # C: only the first fragment of a 250-key lookup -> receiving
     frames += s.message(C1, L, msg_id=13, client_id=1, shard_id=1, num_keys=250)[:1]
     # D: 1-key lookup answered with ERROR -> freed
@@ -101,15 +102,19 @@ def test_fragments_tracked_not_counted(lifecycle):
     """Frames count duplicates; fragments and bytes count each fragment once (never > msg_len)."""
     d = lifecycle["dump"]
     b, c, e, f = d[12], d[13], d[15], d[16]
+    b_len = 2 * 16 + 30 * 8 + 20 * 64 + 10 * 32  # directory, keys, gradients: 1872 bytes
     assert (b["frags_in"], b["frag_count"], b["frames_in"], b["bytes_in"], b["msg_len"]) == (
-        2, 2, 2, 30 * (8 + 64), 30 * (8 + 64))
-    assert (c["frags_in"], c["frag_count"], c["frames_in"], c["bytes_in"]) == (1, 2, 1, 1432)
+        2, 2, 2, b_len, b_len)
+    assert (c["frags_in"], c["frag_count"], c["frames_in"], c["bytes_in"]) == (1, 2, 1, 1428)
     assert (e["frags_in"], e["frag_count"], e["frames_in"], e["bytes_in"], e["msg_len"]) == (
-        2, 3, 3, 2 * 1432, 3200)
-    assert (f["frags_in"], f["frames_in"], f["bytes_in"]) == (3, 3, 3200)
+        2, 3, 3, 2 * 1428, 3216)
+    assert (f["frags_in"], f["frames_in"], f["bytes_in"]) == (3, 3, 3216)
     assert (f["reply_type"], f["reply_frag_count"], f["frags_out"], f["frames_out"], f["bytes_out"]) == (
-        "LOOKUP_REPLY", 5, 2, 2, 2 * 1432)
-    assert (b["client"], b["shard"], b["table"], b["type"], b["reply_type"]) == (1, 1, 3, "UPDATE_REQ", None)
+        "LOOKUP_REPLY", 5, 2, 2, 2 * 1428)
+    assert (b["client"], b["shard"], b["type"], b["reply_type"]) == (1, 1, "UPDATE_REQ", None)
+    # what the card records of a request's v2 header (its reply's length is checked against value_len)
+    assert (b["num_tables"], b["num_keys"], b["value_len"]) == (2, 30, 20 * 64 + 10 * 32)
+    assert (f["num_tables"], f["num_keys"], f["value_len"], f["msg_len"]) == (1, 400, 400 * 16, 3216)
 
 
 def test_completed_and_latency(lifecycle):
