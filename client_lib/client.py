@@ -31,13 +31,17 @@ timers fire only the shard's message sent first is re-sent (5.4), so a shard sta
 machine costs one needless re-send, not one per message in flight. **Tail probes**: a shard's
 last message of a round (and any re-send after it) is followed at once by a one-key lookup
 whose answer shows whether what went before it was lost (RFC 8985's tail loss probe; the round
-does not wait for it). Messages are kept to ``msg_frames`` fragments each way (default 32):
-small messages are what keeps loss cheap.
+does not wait for it). Messages are kept to ``msg_frames`` fragments each way (default 64):
+a round of the Criteo demo at batch 256 is then one message per shard, and what a loss costs
+is the lost fragments, not the message (below).
 
 **Recovery.** A lookup whose reply came in part is *repaired*: a new lookup message (its own
 id) asks for only the rows of the missing fragments, and their rows complete the first reply
 (a lost fragment of a 90-fragment reply costs one small message, not the whole reply again,
-whose own loss odds would be as high). Any other lost message is sent again whole with the
+whose own loss odds would be as high). A lost update of several fragments is *polled*: its last
+fragment is sent again (``RETRANSMIT``); the shard acks it if it applied the update, or answers
+``UPDATE_NACK`` with the fragments it holds, and the client re-sends only the others. Any other
+lost message (a one-fragment update, a SIZE_REQ) is sent again whole with the
 ``RETRANSMIT`` flag (a shard keeps the fragments it has, so the new copy fills the gaps);
 updates likewise until acked (the servers apply each update exactly once). After ``retries``
 tries the client raises :class:`ShardUnavailableError` naming the shard.
@@ -73,7 +77,7 @@ from .stats import ClientStats
 _REPLY = {MsgType.LOOKUP_REQ: MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ: MsgType.UPDATE_ACK,
           MsgType.SIZE_REQ: MsgType.SIZE_ACK}  # the reply type that answers each request type
 DEFAULT_WINDOW_FRAMES = 512  #: frames in flight per shard (requests + the replies they draw)
-DEFAULT_MSG_FRAMES = 32  #: most fragments of a message or of its reply (larger ones are split)
+DEFAULT_MSG_FRAMES = 64  #: most fragments of a message or of its reply (a round is split past it)
 
 
 class EmbeddingClient:
@@ -90,10 +94,10 @@ class EmbeddingClient:
             one message is always allowed, however large.
         rto_min_ms, rto_max_ms: bounds of the retransmission timeout (ms).
         msg_frames: most fragments of a message or of its reply (None: only ``MAX_FRAGS`` and the
-            window bound it). Small messages are what makes loss cheap: with 1% loss a frame, a
-            30-fragment message arrives whole 74% of the time, a 120-fragment one 30%, and loss is
-            found by later answers only while some messages in flight get through; a lost one
-            costs its own fragments again, not a large message's.
+            window bound it); a round is split into several messages to a shard only past it.
+            Loss is found by later answers only while some messages in flight get through, so
+            a batch-4096 round is still several messages; a lost fragment costs itself (lookup
+            repair, update NACK), not its message.
         tail_probes: send a tail probe after a shard's last message of a round (see above; never
             in the fixed-length mode, whose shards take only announced messages).
         fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"), modelled
@@ -145,6 +149,7 @@ class EmbeddingClient:
         self._dest = {s.id: cfg.request_destination(client_id, s.id) for s in cfg.shards}
         self.via_card = cfg.card is not None and cfg.card.enabled
         self._largest_answered = 0  # largest datagram (bytes) of an answered message or its reply
+        self._seqs = itertools.count()  # the current round's transmission order (_round)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -310,7 +315,7 @@ class EmbeddingClient:
                 size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, None, len(part), self._dest[shard_id],
                                       frames, lambda m: None, msg_len=consts.SIZE_ENTRY * len(part)))
         self.stats.size_rounds += 1
-        self._round(size_msgs, record_latency=False)
+        self._round(size_msgs, record_latency=False, data=False)
 
     def _datagram(self, frames: list, reply_len: int) -> int:
         """Largest IPv4 datagram (bytes) of a request's ``frames`` (UDP payloads) or of its reply
@@ -323,8 +328,12 @@ class EmbeddingClient:
         self._next_id = (i + 1) & 0xFFFFFFFF or 1
         return i
 
-    def _send(self, m: _Out, retransmit: bool) -> None:
-        for f in m.frames:
+    def _send(self, m: _Out, retransmit: bool, frames: list | None = None, tries: bool = True) -> None:
+        """Send ``m``'s frames (or only ``frames``, some of them: an update's poll or the fragments
+        a shard lacks), with ``RETRANSMIT`` set if ``retransmit``; counts a try of ``m`` (and a
+        retransmit) unless ``tries`` is False (the fragments an UPDATE_NACK asks for: the second
+        half of the poll's try)."""
+        for f in (m.frames if frames is None else frames):
             if retransmit:
                 f = f[:4] + bytes([f[4] | consts.Flags.RETRANSMIT]) + f[5:]
             while True:
@@ -340,13 +349,16 @@ class EmbeddingClient:
                     raise
             self.stats.frames_sent += 1
             self.stats.bytes_sent += len(f)
+        if not tries:
+            return
         m.tries += 1
         if retransmit:
             self.stats.retransmits += 1
 
-    def _round(self, msgs: list[_Out], record_latency: bool) -> None:
+    def _round(self, msgs: list[_Out], record_latency: bool, data: bool = True) -> None:
         """Send ``msgs`` and wait for every reply: one round (see the module docstring for the
-        window, the send order, the per-message timers and the loss detection).
+        window, the send order, the per-message timers and the loss detection); ``data``: a lookup
+        or update round (counted in ``stats.data_rounds``), not a size round.
 
         Raises:
             ShardUnavailableError: a message was tried ``retries`` times without a reply.
@@ -355,6 +367,10 @@ class EmbeddingClient:
         if not msgs:
             return
         self.stats.rounds += 1
+        if data:
+            self.stats.data_rounds += 1
+            self.stats.round_messages += len(msgs)
+            self.stats.round_shards += len({m.shard_id for m in msgs})
         queues: dict[int, collections.deque] = {}
         # largest first per shard (a stable sort keeps a table's pieces in order): the last messages
         # a shard gets in a round have no later answer to show them lost, only their timer, so they
@@ -362,7 +378,7 @@ class EmbeddingClient:
         for m in sorted(msgs, key=lambda m: -m.cost):
             queues.setdefault(m.shard_id, collections.deque()).append(m)
         inflight = dict.fromkeys(queues, 0)  # frames held in each shard's window
-        seqs = itertools.count()  # order of every transmission in the round, re-sends included
+        seqs = self._seqs = itertools.count()  # order of every transmission in the round, re-sends included
         pending: dict[int, _Out] = {}
         live = [0]  # messages of the round not answered yet (probes aside)
         probes = self.tail_probes
@@ -406,7 +422,12 @@ class EmbeddingClient:
                 m.seq0 = m.seq  # a new message: its answer shows what was sent before it
             m.lost_at = 0.0
             m.t_sent = time.monotonic()
-            self._send(m, retransmit=r is None)
+            poll = m.msg_type == MsgType.UPDATE_REQ and len(m.frames) > 1
+            if poll:
+                # an update of several fragments: one of them asks the shard what it holds (ACK if
+                # applied, else UPDATE_NACK with its fragments, answered in _drain with the rest)
+                self.stats.update_polls += 1
+            self._send(m, retransmit=r is None, frames=m.frames[-1:] if poll else None)
             if r is not None:
                 self.stats.retransmits += 1
             m.deadline = time.monotonic() + m.rto
@@ -646,6 +667,11 @@ class EmbeddingClient:
                 continue
             if h.msg_type == MsgType.ERROR:
                 raise ShardError(m.shard_id, h.table_id, h.status)
+            if h.msg_type == MsgType.UPDATE_NACK and m.msg_type == MsgType.UPDATE_REQ:
+                self._answer_nack(m, msg)
+                if m.seq0 > partial.get(m.shard_id, -1):
+                    partial[m.shard_id] = m.seq0  # the shard answered: what it was sent before m arrived
+                continue
             if (h.msg_type != _REPLY[m.msg_type] or h.num_keys != m.num_keys or h.num_tables != m.num_tables
                     or h.value_len != m.value_len):
                 self.stats.drops["mismatched_reply"] += 1
@@ -659,6 +685,27 @@ class EmbeddingClient:
             self.stats.messages_received += 1
             if record_latency:
                 self.stats.lookup_latency_us.append((time.monotonic() - m.t_first) * 1e6)
+
+    def _answer_nack(self, m: _Out, msg: Message) -> None:
+        """An UPDATE_NACK for update ``m``: re-send (``RETRANSMIT``) exactly the fragments the shard
+        does not hold, at once; ``m`` stays pending until its UPDATE_ACK, under its timer."""
+        h = msg.header
+        if h.num_keys != m.num_keys or h.value_len != m.value_len or len(msg.body) != consts.NACK_LEN:
+            self.stats.drops["mismatched_reply"] += 1
+            return
+        held = codec.nack_held(msg.body, len(m.frames))
+        missing = [f for f, have in zip(m.frames, held.tolist()) if not have]
+        self.stats.nacks += 1
+        if missing:
+            # a transmission of its own: answers of what was sent before it (a tail probe after
+            # the poll) must not show it lost again
+            m.seq = next(self._seqs)
+            m.lost_at = 0.0
+            self._send(m, retransmit=True, frames=missing, tries=False)
+            self.stats.tries_by_nack += 1
+            self.stats.frames_resent += len(missing)
+        m.t_sent = time.monotonic()
+        m.deadline = m.t_sent + m.rto
 
     def rtt(self, shard_id: int, msg_type: int = MsgType.LOOKUP_REQ) -> dict:
         """``{"srtt_ms", "rttvar_ms", "rto_ms", "samples"}`` of the :class:`RttEstimator` of one

@@ -286,6 +286,24 @@ def encode_lookup(*, msg_id: int, client_id: int, shard_id: int, directory: np.n
                           body=body, mtu=mtu, flags=flags)
 
 
+def encode_table_lookup(*, msg_id: int, client_id: int, shard_id: int, table_id: int, dim: int, dtype: int,
+                        keys: np.ndarray, mtu: int = consts.DEFAULT_MTU, flags: int = 0) -> list[bytes]:
+    """UDP payloads of a LOOKUP_REQ of one table's ``keys`` uint64 (n,): :func:`encode_lookup`
+    with a one-entry directory (probes, benchmarks)."""
+    return encode_lookup(msg_id=msg_id, client_id=client_id, shard_id=shard_id, keys=keys, mtu=mtu, flags=flags,
+                         directory=make_directory([table_id], [dim], [dtype], [len(keys)]))
+
+
+def encode_table_update(*, msg_id: int, client_id: int, shard_id: int, table_id: int, dtype: int,
+                        keys: np.ndarray, grads: np.ndarray, mtu: int = consts.DEFAULT_MTU,
+                        flags: int = 0) -> list[bytes]:
+    """UDP payloads of an UPDATE_REQ of one table: ``keys`` uint64 (n,), ``grads`` (n, dim) —
+    :func:`encode_update` with a one-entry directory."""
+    return encode_update(msg_id=msg_id, client_id=client_id, shard_id=shard_id, keys=keys, mtu=mtu, flags=flags,
+                         directory=make_directory([table_id], [grads.shape[1]], [dtype], [len(keys)]),
+                         values=rows_to_body(grads, dtype))
+
+
 def encode_update(*, msg_id: int, client_id: int, shard_id: int, directory: np.ndarray,
                   keys: np.ndarray, values: bytes | bytearray | memoryview, mtu: int = consts.DEFAULT_MTU,
                   flags: int = 0) -> list[bytes]:
@@ -388,6 +406,19 @@ def encode_size(*, msg_id: int, client_id: int, shard_id: int, entries: np.ndarr
         raise ValueError(f"SIZE_REQ entries must be a non-empty 1-D array of {SIZE_ENTRY_DTYPE}")
     return encode_message(MsgType.SIZE_REQ, msg_id=msg_id, client_id=client_id, shard_id=shard_id,
                           num_keys=len(entries), body=entries.tobytes(), mtu=mtu, flags=flags)
+
+
+def nack_body(held) -> bytes:
+    """Body of an UPDATE_NACK: the fragment indices ``held`` (ints < :data:`consts.MAX_FRAGS`) as
+    a bitmap of :data:`consts.NACK_LEN` bytes, fragment ``i`` in bit ``i % 8`` of byte ``i // 8``."""
+    bits = np.zeros(consts.MAX_FRAGS, bool)
+    bits[np.asarray(list(held), np.int64)] = True
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def nack_held(body: bytes | memoryview, frag_count: int) -> np.ndarray:
+    """An UPDATE_NACK body → bool (frag_count,): which fragments of the update the shard holds."""
+    return np.unpackbits(np.frombuffer(body, np.uint8, consts.NACK_LEN), bitorder="little")[:frag_count].astype(bool)
 
 
 def body_to_size_entries(body: bytes | memoryview, num_entries: int) -> np.ndarray:

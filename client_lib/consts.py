@@ -21,6 +21,7 @@ DIR_ENTRY = 16  #: bytes per table entry of a request's directory (docs/protocol
 NO_TABLE = 0xFFFF  #: ``table_id`` of a header that names no table (every header but a per-table ERROR)
 DEFAULT_MTU = 1500  #: bytes of IPv4 datagram
 MAX_FRAGS = 256  #: fragments of one message at most; receivers drop more as ``too_many_frags``
+NACK_LEN = MAX_FRAGS // 8  #: body bytes of an UPDATE_NACK: a bitmap of the fragments held
 
 #: (name, offset, size) of every header field, network byte order.
 HEADER_FIELDS: tuple[tuple[str, int, int], ...] = (
@@ -58,13 +59,15 @@ class MsgType(enum.IntEnum):
     ERROR = 5
     SIZE_REQ = 6  #: fixed-length mode: the sizes of the data messages that follow
     SIZE_ACK = 7  #: the shard sized its buffers; the data may come
+    UPDATE_NACK = 8  #: the fragments of an update a shard holds, asked for by a re-sent fragment
 
 
 REQUEST_TYPES = frozenset({MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ, MsgType.SIZE_REQ})
-REPLY_TYPES = frozenset({MsgType.LOOKUP_REPLY, MsgType.UPDATE_ACK, MsgType.ERROR, MsgType.SIZE_ACK})
+REPLY_TYPES = frozenset({MsgType.LOOKUP_REPLY, MsgType.UPDATE_ACK, MsgType.ERROR, MsgType.SIZE_ACK,
+                         MsgType.UPDATE_NACK})
 #: request type -> the reply types that answer it (ERROR answers any request)
 ANSWERS = {MsgType.LOOKUP_REQ: frozenset({MsgType.LOOKUP_REPLY, MsgType.ERROR}),
-           MsgType.UPDATE_REQ: frozenset({MsgType.UPDATE_ACK, MsgType.ERROR}),
+           MsgType.UPDATE_REQ: frozenset({MsgType.UPDATE_ACK, MsgType.ERROR, MsgType.UPDATE_NACK}),
            MsgType.SIZE_REQ: frozenset({MsgType.SIZE_ACK, MsgType.ERROR})}
 #: request types that carry ids (data); a SIZE_REQ announces these
 DATA_REQUEST_TYPES = frozenset({MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ})
@@ -148,6 +151,7 @@ def expected_msg_len(msg_type: int, num_tables: int, num_keys: int, value_len: i
     - ``LOOKUP_REPLY``: ``value_len`` (the rows);
     - ``UPDATE_REQ``: ``16·T + 8·n + value_len`` (directory, keys, gradients);
     - ``SIZE_REQ``: ``16·n`` (``n`` entries);
+    - ``UPDATE_NACK``: 32 (a bitmap of :data:`MAX_FRAGS` bits);
     - ``UPDATE_ACK``, ``ERROR``, ``SIZE_ACK``: 0.
 
     ``T`` = ``num_tables``, ``n`` = ``num_keys``. Python ints: no overflow (a card computes it in
@@ -161,6 +165,8 @@ def expected_msg_len(msg_type: int, num_tables: int, num_keys: int, value_len: i
         return DIR_ENTRY * num_tables + KEY_SIZE * num_keys + value_len
     if msg_type == MsgType.SIZE_REQ:
         return SIZE_ENTRY * num_keys
+    if msg_type == MsgType.UPDATE_NACK:
+        return NACK_LEN
     return 0
 
 

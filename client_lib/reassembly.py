@@ -13,9 +13,10 @@ import time
 from . import consts
 from .codec import FrameError, Header, parse_header
 
-# header fields that must be equal in every fragment of one message (flags may differ: a
-# retransmission's fragments mix with the original's)
-_SAME = ("dtype", "status", "table_id", "shard_id", "dim", "num_keys", "msg_len", "frag_count")
+# header fields that must be equal in every fragment of one message besides the key (client_id,
+# msg_id, msg_type): consts.MESSAGE_FIELDS (flags may differ: a retransmission's fragments mix
+# with the original's)
+_SAME = tuple(f for f in consts.MESSAGE_FIELDS if f not in ("msg_type", "msg_id", "client_id"))
 
 
 @dataclasses.dataclass

@@ -184,12 +184,14 @@ def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
         raise OperationalError(str(e)) from None
     click.echo("e2e (lookup latency per step, µs, medians of repeats):")
     click.echo(f"  {'batch':>6} {'varlen p50':>11} {'p99':>9} {'fixed p50':>10} {'p99':>9} {'torchrec p50':>13} "
-               f"{'p99':>9} {'msgs var/fix':>13} {'rounds var/fix':>15}")
+               f"{'p99':>9} {'msgs var/fix':>13} {'rounds var/fix':>15} {'req msgs/round var/fix (shards)':>32}")
     for r in (r for r in res["rows"] if r["model"] == "embeddings"):
         click.echo(f"  {r['batch']:>6} {r['varlen_p50_us']:>11,.0f} {r['varlen_p99_us']:>9,.0f} "
                    f"{r['fixed_p50_us']:>10,.0f} {r['fixed_p99_us']:>9,.0f} {r['torchrec_p50_us']:>13,.0f} "
                    f"{r['torchrec_p99_us']:>9,.0f} {r['messages_varlen']:>6.0f}/{r['messages_fixed']:<6.0f} "
-                   f"{r['rounds_varlen']:>7.0f}/{r['rounds_fixed']:<7.0f}")
+                   f"{r['rounds_varlen']:>7.0f}/{r['rounds_fixed']:<7.0f} "
+                   f"{r['request_messages_per_round_varlen']:>14.1f}/{r['request_messages_per_round_fixed']:<5.1f} "
+                   f"({r['shards_per_round']:.0f})")
     dlrm_rows = [r for r in res["rows"] if r["model"] == "dlrm"]
     if dlrm_rows:
         click.echo("e2e DLRM training steps/s (medians of repeats): tables through the card vs TorchRec's EBC in process")

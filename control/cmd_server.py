@@ -24,7 +24,7 @@ from embnic.control.cmd_options import IPV4, config_option, load_cluster
                    "the readable one-datagram-at-a-time asyncio server. Same replies and numerics.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Worker processes behind the one address (batch engine): every table's rows are split over "
-                   "them by id range; a message is answered by worker (client_id + table_id) % N, which asks "
+                   "them by id range; a message is answered by worker (client_id + msg_id) % N, which asks "
                    "the others for their rows (docs/server.md, 'Workers').")
 @click.option("--fixed-length", is_flag=True,
               help="Fixed-length baseline: data requests must be announced by a SIZE_REQ of their client "

@@ -32,6 +32,7 @@ static const char *const type_names[EMBNIC_NB_TYPES] = {
 	[EMBNIC_ERROR] = "ERROR",
 	[EMBNIC_SIZE_REQ] = "SIZE_REQ",
 	[EMBNIC_SIZE_ACK] = "SIZE_ACK",
+	[EMBNIC_UPDATE_NACK] = "UPDATE_NACK",
 };
 
 const char *

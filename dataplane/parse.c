@@ -38,7 +38,7 @@ check_embnic(const struct embnic_hdr *h, uint32_t payload,
 		return EMBNIC_DROP_BAD_MAGIC;
 	if (h->version != EMBNIC_PROTO_VERSION)
 		return EMBNIC_DROP_BAD_VERSION;
-	if (h->msg_type < EMBNIC_LOOKUP_REQ || h->msg_type > EMBNIC_SIZE_ACK)
+	if (h->msg_type < EMBNIC_LOOKUP_REQ || h->msg_type > EMBNIC_UPDATE_NACK)
 		return EMBNIC_DROP_BAD_TYPE;
 	embnic_hdr_decode(h, m);
 	return embnic_check_lengths(m, payload);

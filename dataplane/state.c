@@ -15,7 +15,9 @@
  * see an entry mid-update but never freed memory.
  *
  * The first request frame of a message opens an entry. The entry records
- * which fragments of the request passed (a bitmap of up to
+ * what the request's header says (type, shard, num_tables, num_keys,
+ * value_len, msg_len, frag_count: every later fragment must agree, else
+ * frag_mismatch) and which fragments of the request passed (a bitmap of up to
  * EMBNIC_MAX_FRAGS bits; a single-fragment message needs none): receiving
  * until every fragment was seen once, then forwarded. A reply passes only if
  * it answers an entry: same client and message id, from the shard the
@@ -240,15 +242,18 @@ request_differs(const struct state_entry *e, const struct embnic_msg *m)
 }
 
 /*
- * Body bytes of the reply the entry's first reply fragment announced: a
- * LOOKUP_REPLY carries the value_len its request announced (on_reply
- * checks it: bad_reply_len), every other reply nothing (the parser checks
- * msg_len against the type's formula). So the entry keeps no reply length.
+ * Body bytes of the reply the entry's first reply fragment announced: the
+ * parser checked every reply's msg_len against its type's formula, which
+ * for a reply depends on value_len alone (a LOOKUP_REPLY's rows, which
+ * on_reply checks against the request's: bad_reply_len) or on nothing (an
+ * UPDATE_NACK's bitmap, 0 for the others). So the entry keeps no reply
+ * length: the formula of the reply type over the request's counts.
  */
 static inline uint32_t
 rep_msg_len(const struct state_entry *e)
 {
-	return e->rep_type == EMBNIC_LOOKUP_REPLY ? e->value_len : 0;
+	return (uint32_t)embnic_expected_msg_len(e->rep_type, e->num_tables,
+						 e->num_keys, e->value_len);
 }
 
 static inline int
@@ -274,7 +279,7 @@ answers(uint8_t q, uint8_t r)
 {
 	return r == EMBNIC_ERROR ||
 		(q == EMBNIC_LOOKUP_REQ && r == EMBNIC_LOOKUP_REPLY) ||
-		(q == EMBNIC_UPDATE_REQ && r == EMBNIC_UPDATE_ACK) ||
+		(q == EMBNIC_UPDATE_REQ && (r == EMBNIC_UPDATE_ACK || r == EMBNIC_UPDATE_NACK)) ||
 		(q == EMBNIC_SIZE_REQ && r == EMBNIC_SIZE_ACK);
 }
 

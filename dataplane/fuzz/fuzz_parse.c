@@ -47,7 +47,7 @@ check_accepted(const struct embnic_pkt_info *in, uint32_t pkt_len)
 		abort();
 	if (m->frag_count == 0 || m->frag_index >= m->frag_count)
 		abort();
-	if (m->msg_type < EMBNIC_LOOKUP_REQ || m->msg_type > EMBNIC_SIZE_ACK)
+	if (m->msg_type < EMBNIC_LOOKUP_REQ || m->msg_type > EMBNIC_UPDATE_NACK)
 		abort();
 	if (m->version != EMBNIC_PROTO_VERSION)
 		abort();

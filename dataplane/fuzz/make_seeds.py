@@ -142,6 +142,19 @@ def card_seeds() -> dict[str, bytes]:
     # regress-trailer-2-segs found with a v1 frame): the card cuts it across segments
     trailer = first.data + bytes(range(60))
     s["trailer_2_segs"] = cfg + card_frame(trailer, first.port, flags=0x40, split=len(first.data) + 20)
+    # an update answered by the first of 2 fragments of an UPDATE_NACK (its 32-byte bitmap cut at
+    # P = 16): the entry stays replying with 16 of the reply's 32 bytes (the reply's length comes
+    # from its type, an UPDATE_NACK's is not 0)
+    c2, s0 = suite.clients[2], suite.shards[0]
+    m = 7777
+    upd = suite.message(c2, 3, msg_id=m, client_id=2, shard_id=0, num_keys=3, dim=2)
+    req = Embnic(upd[0][42:])
+    nack = [bytes(suite.l2l3(s0) / Embnic(msg_type=8, msg_id=m, client_id=2, shard_id=0, num_tables=req.num_tables,
+                                          num_keys=req.num_keys, value_len=req.value_len, msg_len=32,
+                                          frag_offset=16 * i, frag_index=i, frag_count=2, frag_len=16)
+                  / Raw(bytes([0x01 if i == 0 else 0]) + bytes(15))) for i in range(2)]
+    s["nack_2_frags_half"] = cfg + b"".join(card_frame(f, c2.port) for f in upd) + card_frame(nack[0], s0.port)
+    s["nack_2_frags"] = cfg + b"".join(card_frame(f, c2.port) for f in upd + nack)
     s["conformance_expire"] = (cfg + card_frame(first.data, first.port)
                                + card_frame(first.data, first.port, step=40))
     # floods (step bits 6-7 = 3: 24 messages, msg ids counting up): one client fills the 16-entry

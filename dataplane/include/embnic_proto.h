@@ -43,8 +43,10 @@ enum embnic_msg_type {
 	EMBNIC_ERROR = 5,
 	EMBNIC_SIZE_REQ = 6,	/* fixed-length mode: sizes of the data to come */
 	EMBNIC_SIZE_ACK = 7,
+	EMBNIC_UPDATE_NACK = 8,	/* the fragments of an update a shard holds */
 };
-#define EMBNIC_NB_TYPES 8	/* index 0 unused */
+#define EMBNIC_NB_TYPES 9	/* index 0 unused */
+#define EMBNIC_NACK_LEN 32	/* body of an UPDATE_NACK: a bitmap of MAX_FRAGS bits */
 
 #define EMBNIC_FLAG_RETRANSMIT	0x01
 
@@ -244,6 +246,8 @@ embnic_expected_msg_len(uint8_t type, uint16_t num_tables, uint32_t num_keys,
 		return dir_keys + value_len;
 	case EMBNIC_SIZE_REQ:
 		return (uint64_t)EMBNIC_SIZE_ENTRY * num_keys;
+	case EMBNIC_UPDATE_NACK:
+		return EMBNIC_NACK_LEN;
 	default:
 		return 0;
 	}

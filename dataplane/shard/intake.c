@@ -71,22 +71,21 @@ static_assert(EMBNIC_NB_HDR_FIELDS == F_END, "one column per header field");
 /*
  * Check the n frames rx[i * slot .. + lens[i]] (i < n).
  *
- * tdim, tdt, tmaxlk: per table id (65536 entries) the dim (-1: no such
- * table), the wire dtype and the most keys a lookup may carry. max_msg: the
- * largest message body taken.
+ * shard_id: this shard. max_msg: the largest message body taken. max_reply:
+ * the largest lookup reply (value_len) that fits EMBNIC_MAX_FRAGS fragments
+ * at the shard's MTU. Protocol v2: a request's tables are in its body's
+ * directory, checked on the whole message (testbed/server/shard.py); here
+ * only what the header alone says.
  *
- * Out: cols (n x 18, the header fields, zeros for a frame shorter than a
+ * Out: cols (n x 19, the header fields, zeros for a frame shorter than a
  * header), ok (n, 1 where the fast path takes the frame), p (n, the fragment
  * size of a multi-fragment message's frame, 0 for a single frame).
  * Returns the number of frames taken.
  */
 int
 embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
-		   const int64_t *tdim __attribute__((unused)),
-		   const int64_t *tdt __attribute__((unused)),
-		   const int64_t *tmaxlk __attribute__((unused)),
-		   int64_t shard_id, int64_t max_msg, int64_t *cols, uint8_t *ok,
-		   int64_t *p)
+		   int64_t shard_id, int64_t max_msg, int64_t max_reply,
+		   int64_t *cols, uint8_t *ok, int64_t *p)
 {
 	int taken = 0;
 
@@ -103,16 +102,18 @@ embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
 		struct embnic_msg m;
 
 		parse_fields(rx + (int64_t)i * slot, c, &m);
-		/* LOOKUP_REQ / UPDATE_REQ of this shard; the lengths and
-		 * fragment geometry by the card's own rules (protocol v2: the
-		 * tables are in the body's directory, not checked here) */
+		/* LOOKUP_REQ / UPDATE_REQ of this shard whose lengths, counts
+		 * and fragment geometry pass the card's own rules, and a lookup
+		 * whose reply fits EMBNIC_MAX_FRAGS fragments */
 		int good = c[F_magic] == EMBNIC_MAGIC &&
 			   m.version == EMBNIC_PROTO_VERSION &&
 			   (m.msg_type == EMBNIC_LOOKUP_REQ ||
 			    m.msg_type == EMBNIC_UPDATE_REQ) &&
 			   embnic_check_lengths(&m, (uint32_t)(len - EMBNIC_HDR_LEN)) ==
 				   EMBNIC_DROP_NONE &&
-			   m.msg_len <= max_msg && m.shard_id == shard_id;
+			   m.msg_len <= max_msg && m.shard_id == shard_id &&
+			   (m.msg_type != EMBNIC_LOOKUP_REQ ||
+			    (int64_t)m.value_len <= max_reply);
 
 		if (!good)
 			continue;
@@ -133,7 +134,8 @@ msg_key(const int64_t *c)
 	       (uint64_t)c[F_msg_type];
 }
 
-/* the fields every fragment of a message must agree on (reassembly._SAME) */
+/* the fields every fragment of a message must agree on besides its key
+ * (reassembly._SAME: consts.MESSAGE_FIELDS but msg_type, msg_id, client_id) */
 static int
 same_message(const int64_t *a, int64_t pa, const int64_t *b, int64_t pb)
 {

@@ -107,7 +107,8 @@ def embnic_steps(client, cfg, sparses: list[np.ndarray]) -> dict:
     ftab = feature_tables(cfg, len(NAMES))
     look, upd, step = [], [], []
     def snap(s):
-        return (s.messages_sent + s.messages_received, s.rounds, s.retransmits, s.timeouts, s.repairs, s.probes)
+        return (s.messages_sent + s.messages_received, s.rounds, s.retransmits, s.timeouts, s.repairs, s.probes,
+                s.round_messages, s.data_rounds, s.round_shards)
 
     s0 = snap(client.stats)
     for sp in sparses:
@@ -125,7 +126,10 @@ def embnic_steps(client, cfg, sparses: list[np.ndarray]) -> dict:
     s1 = snap(client.stats)
     d = [(b - a) / n for a, b in zip(s0, s1)]
     return {"lookup_us": look, "update_us": upd, "step_us": step, "messages": d[0], "rounds": d[1],
-            "retransmits": d[2], "timeouts": d[3], "repairs": d[4], "probes": d[5]}
+            "retransmits": d[2], "timeouts": d[3], "repairs": d[4], "probes": d[5],
+            # request messages per lookup/update round (probes, repairs, re-sends aside) and the
+            # shards such a round touches: equal in protocol v2 unless a round was split
+            "request_messages_per_round": d[6] / max(d[7], 1e-9), "shards_per_round": d[8] / max(d[7], 1e-9)}
 
 
 def _summ(runs: list[dict]) -> dict:
@@ -137,6 +141,8 @@ def _summ(runs: list[dict]) -> dict:
             "steps_per_s": _stat([1e6 / np.median(r["step_us"]) for r in runs]),
             "messages_per_step": _stat([r["messages"] for r in runs]),
             "rounds_per_step": _stat([r["rounds"] for r in runs]),
+            "request_messages_per_round": _stat([r["request_messages_per_round"] for r in runs]),
+            "shards_per_round": _stat([r["shards_per_round"] for r in runs]),
             "retransmits_per_step": _stat([r["retransmits"] for r in runs]),
             **{f"{k}_per_step": _stat([r.get(k, 0.0) for r in runs]) for k in ("timeouts", "repairs", "probes")}}
 
@@ -343,7 +349,8 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
     Returns:
         the ``e2e`` object: ``rows`` (one per batch with ``model: "embeddings"``: ``batch,
         varlen_p50_us, varlen_p99_us, fixed_p50_us, fixed_p99_us, torchrec_p50_us,
-        torchrec_p99_us, messages_varlen, messages_fixed, rounds_varlen, rounds_fixed`` — lookup
+        torchrec_p99_us, messages_varlen, messages_fixed, rounds_varlen, rounds_fixed,
+        request_messages_per_round_varlen, request_messages_per_round_fixed, shards_per_round`` — lookup
         latency per step, medians of repeats; messages and rounds per lookup+update step; with
         ``dlrm``, one more per batch with ``model: "dlrm"``: ``card_steps_per_s,
         torchrec_steps_per_s, card_over_torchrec, card_step_p50_us, torchrec_step_p50_us``,
@@ -402,6 +409,9 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
             "torchrec_p50_us": t["lookup_p50_us"]["median"], "torchrec_p99_us": t["lookup_p99_us"]["median"],
             "messages_varlen": v["messages_per_step"]["median"], "messages_fixed": f["messages_per_step"]["median"],
             "rounds_varlen": v["rounds_per_step"]["median"], "rounds_fixed": f["rounds_per_step"]["median"],
+            "request_messages_per_round_varlen": v["request_messages_per_round"]["median"],
+            "request_messages_per_round_fixed": f["request_messages_per_round"]["median"],
+            "shards_per_round": v["shards_per_round"]["median"],
         })
     by_b = {r["batch"]: r for r in rows_out}
     targets = {}

@@ -25,7 +25,7 @@ clock measures the scheduler as much as the shard);
 before the acks) ÷ without it (``workers_1_wal`` vs ``workers_1``; target ≥ 0.7 at 4096 keys),
 ``ratio_wal_cpu_update_<keys>`` the same per CPU second of the shard. Both tables of the bench
 config get half the messages, so both workers of ``--workers 2`` are the home of some of them
-(messages are steered by ``(client_id + table_id) % 2``; the rows of both tables are split by
+(messages are steered by ``(client_id + msg_id) % 2``; consecutive message ids alternate; the rows of both tables are split by
 id range, so each home asks the other worker for about half the rows of every message). The keys come from a pool of 65536 ids per table whose rows
 are materialised (updated once) in the shard and in the reference before timing.
 
@@ -184,7 +184,7 @@ class ShardProcess:
 
 class Workload:
     """Pre-encoded requests: message ``i`` is rows ``starts[i] .. starts[i]+counts[i]-1`` of
-    ``frames`` (uint8 (rows, 40 + P)), of table ``tables[i]`` with ``keys[i]`` (and ``grads[i]``).
+    ``frames`` (uint8 (rows, 44 + P)), of table ``tables[i]`` with ``keys[i]`` (and ``grads[i]``).
     Replies: LOOKUP_REPLY (lookups) / UPDATE_ACK (updates) of ``reply_frames[i]`` frames."""
 
     def __init__(self, op: str, nkeys: int, count: int, pools: dict, mtu: int, rng: np.random.Generator,
@@ -197,12 +197,12 @@ class Workload:
                       if op == "update" else None)
         frames = []
         for i, (t, k) in enumerate(zip(self.tables, self.keys)):
+            d = codec.make_directory([t], [DIM], [1], [k.size])  # one table per message, as before v2
             if op == "lookup":
-                fr = codec.encode_lookup(msg_id=first_id + i, client_id=1, table_id=t, shard_id=0, dim=DIM,
-                                         dtype=1, keys=k, mtu=mtu)
+                fr = codec.encode_lookup(msg_id=first_id + i, client_id=1, shard_id=0, directory=d, keys=k, mtu=mtu)
             else:
-                fr = codec.encode_update(msg_id=first_id + i, client_id=1, table_id=t, shard_id=0, dtype=1,
-                                         keys=k, grads=self.grads[i], mtu=mtu)
+                fr = codec.encode_update(msg_id=first_id + i, client_id=1, shard_id=0, directory=d, keys=k,
+                                         values=self.grads[i].astype("<f4").tobytes(), mtu=mtu)
             frames.append(fr)
         self.counts = np.array([len(f) for f in frames], np.int64)
         self.starts = np.r_[0, np.cumsum(self.counts)[:-1]].astype(np.int64)
@@ -324,8 +324,9 @@ def _warm(port: int, pools: dict, mtu: int, lb: LocalBackend, rng) -> None:
                 k = np.sort(pool[a:a + step])
                 g = np.zeros((k.size, DIM), np.float32)
                 w = Workload.__new__(Workload)
-                fr = codec.encode_update(msg_id=0x7F000000 + t * 1000 + a // step, client_id=1, table_id=t,
-                                         shard_id=0, dtype=1, keys=k, grads=g, mtu=mtu)
+                fr = codec.encode_update(msg_id=0x7F000000 + t * 1000 + a // step, client_id=1, shard_id=0,
+                                         directory=codec.make_directory([t], [DIM], [1], [k.size]), keys=k,
+                                         values=g.astype("<f4").tobytes(), mtu=mtu)
                 P = consts.max_body_per_frame(mtu)
                 w.op, w.count, w.first_id = "update", 1, 0x7F000000 + t * 1000 + a // step
                 w.frames = np.zeros((len(fr), consts.HDR_LEN + P), np.uint8)

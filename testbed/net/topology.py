@@ -412,7 +412,7 @@ class Testbed:
                 for i, s in enumerate(cfg.shards):
                     msg_id = PROBE_MSG_ID_BASE + i
                     t0, key, owned = probe_key(cfg, s.id)
-                    frames = codec.encode_lookup(msg_id=msg_id, client_id=c.id, table_id=t0.id, shard_id=s.id,
+                    frames = codec.encode_table_lookup(msg_id=msg_id, client_id=c.id, table_id=t0.id, shard_id=s.id,
                                                  dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
                     start = time.monotonic()
                     deadline = start + timeout

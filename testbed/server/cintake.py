@@ -55,7 +55,7 @@ def load() -> ctypes.CDLL | None:
                     lib.embnic_shard_abi(), want)
         return None
     lib.embnic_shard_check.restype = ctypes.c_int
-    lib.embnic_shard_check.argtypes = [_VP, ctypes.c_int64, _VP, ctypes.c_int, _VP, _VP, _VP, ctypes.c_int64,
+    lib.embnic_shard_check.argtypes = [_VP, ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_int64, _VP, _VP, _VP]
     lib.embnic_shard_whole.restype = ctypes.c_int
     lib.embnic_shard_whole.argtypes = [_VP, _VP, _VP, ctypes.c_int, _VP, _VP]
@@ -64,27 +64,25 @@ def load() -> ctypes.CDLL | None:
 
 
 class CIntake:
-    """The C intake bound to one batch socket's receive buffers and one shard's tables.
+    """The C intake bound to one batch socket's receive buffers and one shard.
 
     Args:
         lib: :func:`load`'s library. rx: uint8 (batch, slot) and lens: int64 (batch,), the
-            :class:`~.udpio.BatchSocket` buffers. tdim, tdt, tmaxlk: int64 (65536,) per table id
-            (dim or -1, wire dtype, most keys per lookup). shard_id: this shard. max_msg: the
-            largest message body taken (bytes).
+            :class:`~.udpio.BatchSocket` buffers. shard_id: this shard. max_msg: the largest
+            message body taken (bytes). max_reply: the largest lookup reply (``value_len``,
+            bytes) that fits ``MAX_FRAGS`` fragments.
 
     The arrays returned by :meth:`check` and :meth:`whole` are this object's buffers, valid
     until the next call.
     """
 
-    def __init__(self, lib: ctypes.CDLL, rx: np.ndarray, lens: np.ndarray, tdim: np.ndarray, tdt: np.ndarray,
-                 tmaxlk: np.ndarray, shard_id: int, max_msg: int):
-        for a, dt in ((rx, np.uint8), (lens, np.int64), (tdim, np.int64), (tdt, np.int64), (tmaxlk, np.int64)):
+    def __init__(self, lib: ctypes.CDLL, rx: np.ndarray, lens: np.ndarray, shard_id: int, max_msg: int,
+                 max_reply: int):
+        for a, dt in ((rx, np.uint8), (lens, np.int64)):
             if a.dtype != dt or not a.flags.c_contiguous:
                 raise ValueError(f"C intake needs C-contiguous {np.dtype(dt)} arrays, got {a.dtype}")
-        if tdim.size != 1 << 16 or tdt.size != 1 << 16 or tmaxlk.size != 1 << 16:
-            raise ValueError("C intake needs per-table arrays of 65536 entries")
         batch = rx.shape[0]
-        self._keep = (rx, lens, tdim, tdt, tmaxlk)  # the pointers below stay valid
+        self._keep = (rx, lens)  # the pointers below stay valid
         self._check = lib.embnic_shard_check
         self._whole = lib.embnic_shard_whole
         self.cols = np.zeros((batch, _NF), np.int64)
@@ -93,12 +91,12 @@ class CIntake:
         self.order = np.zeros(batch, np.int64)
         self.grp = np.zeros((batch, 6), np.int64)
         self._args = (rx.ctypes.data, rx.shape[1], lens.ctypes.data)
-        self._targs = (tdim.ctypes.data, tdt.ctypes.data, tmaxlk.ctypes.data, int(shard_id), int(max_msg),
-                       self.cols.ctypes.data, self.ok.ctypes.data, self.p.ctypes.data)
+        self._targs = (int(shard_id), int(max_msg), int(max_reply), self.cols.ctypes.data, self.ok.ctypes.data,
+                       self.p.ctypes.data)
         self._p_order, self._p_grp = self.order.ctypes.data, self.grp.ctypes.data
 
     def check(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Header checks of frames ``0..n-1``: (cols int64 (n, 18), ok bool (n,), p int64 (n,)),
+        """Header checks of frames ``0..n-1``: (cols int64 (n, 19), ok bool (n,), p int64 (n,)),
         as :meth:`~.intake.BatchIntake._check_vector`."""
         rx, slot, lens = self._args
         self._check(rx, slot, lens, n, *self._targs)
@@ -110,5 +108,5 @@ class CIntake:
         message then fragment index, groups int64 (G, 6): first position in ``order``, frames,
         first and last datagram index, fragment size P, 1 if whole)."""
         mg = np.ascontiguousarray(mg, np.int64)
-        g = self._whole(self._targs[5], self._targs[7], mg.ctypes.data, mg.size, self._p_order, self._p_grp)
+        g = self._whole(self._targs[3], self._targs[5], mg.ctypes.data, mg.size, self._p_order, self._p_grp)
         return self.order[:mg.size], self.grp[:g]

@@ -7,17 +7,19 @@ One shard's directory (``--checkpoint-dir DIR`` → ``DIR/shard-<id>/``) holds::
     LOCK             the pid of the shard process using the directory, under a POSIX lock (a second
                      process on the same directory is refused before it reads or cuts anything)
 
-**Log records** (little-endian; one per *applied* update, in the order the shard applied them)::
+**Log files** start with a 16-byte file header: the magic ``embnic-wal\\0\\0`` (12 bytes) and the
+format version (u32 LE, ``2``), then the records. **Records** (little-endian; one per *applied*
+update — a protocol-v2 update of one or more tables, whole —, in the order the shard applied
+them)::
 
     u32 hdr_crc      zlib.crc32 of the 32 header bytes that follow
-    u32 body_len     bytes of the update body (keys then gradients, exactly as on the wire)
+    u32 body_len     bytes of the update body (directory, keys, gradients: exactly as on the wire)
     u64 seq          sequence number of the record (0, 1, 2, ... over the shard's life)
     u32 msg_id       ┐
     u16 client_id    │ what exactly-once needs: (client_id, msg_id) → fingerprint
-    u16 table_id     │ (table_id, num_keys, dim, dtype, body_crc), as the shard's window
+    u16 num_tables   │ (num_tables, num_keys, value_len, body_crc), as the shard's window
     u32 num_keys     │
-    u16 dim          │
-    u8  dtype, u8 0  │
+    u32 value_len    │
     u32 body_crc     ┘ zlib.crc32 of the body (the fingerprint's CRC, so no second pass)
     body_len bytes   the body
 
@@ -28,13 +30,18 @@ record. Updates are appended as they are applied and **one** ``fdatasync`` per w
 them durable before any ack of that wake-up leaves (:meth:`UpdateLog.commit`).
 
 **Checkpoints** (``numpy.savez``; load with ``numpy.load``): ``meta`` (uint8 JSON: ``format``
-``"embnic-checkpoint"``, ``version`` 1, ``shard``, ``seq``, ``seed``, ``tables``: id, dim,
+``"embnic-checkpoint"``, ``version`` 2, ``shard``, ``seq``, ``seed``, ``tables``: id, dim,
 optimizer, rows, dtype), per table ``t<id>.keys`` uint64 (M,) sorted, ``t<id>.rows`` float32
 (M, dim), ``t<id>.acc`` float32 (M,) (row-wise Adagrad accumulators; zeros for SGD), and
-``applied`` int64 (W, 7): the exactly-once window, oldest first, columns (client_id, msg_id,
-table_id, num_keys, dim, dtype, body_crc). Written between wake-ups (a consistent point of
+``applied`` int64 (W, 6): the exactly-once window, oldest first, columns (client_id, msg_id,
+num_tables, num_keys, value_len, body_crc). Written between wake-ups (a consistent point of
 the update stream: no torn rows) to a temporary file, ``fsync``ed, renamed, directory
 ``fsync``ed; then a new log file starts at S and older logs and checkpoints are deleted.
+
+**Versions.** Format 2 goes with protocol v2 (multi-table updates). A directory written by a
+protocol-v1 shard (format 1: checkpoint ``version`` 1, logs without the file header, one-table
+records) is refused by name (:class:`DurabilityError`, :data:`V1_ADVICE`) before anything in
+it is read, cut or added.
 """
 from __future__ import annotations
 
@@ -57,18 +64,26 @@ from embnic.client_lib.table_numerics import TableShard
 
 log = logging.getLogger("embnic.server")
 
-REC = struct.Struct("<IIQIHHIHBxI")  #: hdr_crc, body_len, seq, msg_id, client_id, table_id, num_keys, dim, dtype, body_crc
+REC = struct.Struct("<IIQIHHIII")  #: hdr_crc, body_len, seq, msg_id, client_id, num_tables, num_keys, value_len, body_crc
 REC_LEN = REC.size
-_HDR_NOCRC = struct.Struct("<IQIHHIHBxI")
+_HDR_NOCRC = struct.Struct("<IQIHHIII")
 FORMAT = "embnic-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+WAL_MAGIC = b"embnic-wal\0\0"
+WAL_HEADER = WAL_MAGIC + struct.pack("<I", FORMAT_VERSION)  #: the first 16 bytes of every log file
+#: what to do with a directory of an older format (the tail of the refusal's one line)
+V1_ADVICE = ("it was written by a protocol-v1 shard (checkpoint/log format 1) and this shard reads format "
+             f"{FORMAT_VERSION} only: export its tables with the embnic that wrote it (`embnic tables export`), "
+             "`embnic tables import` the file into an empty directory and --restore that, or start with an empty "
+             "--checkpoint-dir")
 _CKPT = re.compile(r"^ckpt-(\d{20})\.npz$")
 _WAL = re.compile(r"^wal-(\d{20})\.log$")
 _IOV_MAX = 1024
 
 
 class DurabilityError(Exception):
-    """A checkpoint or log that cannot be used (wrong shard or tables, unreadable file)."""
+    """A checkpoint or log that cannot be used (wrong shard or tables, unreadable file, an
+    older format)."""
 
 
 def shard_dir(directory: str | os.PathLike, shard_id: int) -> Path:
@@ -111,13 +126,18 @@ class UpdateLog:
     def _open(self, start: int) -> None:
         self.path = self.dir / f"wal-{start:020d}.log"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if os.fstat(self._fd).st_size < len(WAL_HEADER):  # a new file (or a torn header: cut by restore)
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, WAL_HEADER)
+            if self.fsync:
+                os.fdatasync(self._fd)
         _fsync_dir(self.dir)
 
-    def append(self, client_id: int, msg_id: int, table_id: int, num_keys: int, dim: int, dtype: int,
+    def append(self, client_id: int, msg_id: int, num_tables: int, num_keys: int, value_len: int,
                body_crc: int, body) -> None:
         """Queue one applied update (``body``: the wire body, any contiguous buffer, kept by
         reference until :meth:`commit`, which must run before the buffer is reused)."""
-        hdr = _HDR_NOCRC.pack(len(body), self.seq, msg_id, client_id, table_id, num_keys, dim, dtype, body_crc)
+        hdr = _HDR_NOCRC.pack(len(body), self.seq, msg_id, client_id, num_tables, num_keys, value_len, body_crc)
         self._pending.append(struct.pack("<I", zlib.crc32(hdr)) + hdr)
         self._pending.append(body)
         self._npending += 1
@@ -170,28 +190,42 @@ class UpdateLog:
             self._fd = -1
 
 
+def log_format(path: Path) -> int | None:
+    """The format of log file ``path``: 2 (it starts with :data:`WAL_HEADER`), 1 (records
+    without a file header: a protocol-v1 shard's), or None (empty, or a torn file header: no
+    records)."""
+    with open(path, "rb") as f:
+        head = f.read(len(WAL_HEADER))
+    if head == WAL_HEADER:
+        return FORMAT_VERSION
+    if len(head) < len(WAL_HEADER) and WAL_HEADER.startswith(head):
+        return None
+    return 1
+
+
 def read_log(path: Path, start_seq: int) -> tuple[list[tuple], dict | None]:
-    """Good records of log file ``path``.
+    """Good records of log file ``path`` (format 2; :func:`log_format`).
 
     Args:
         path: a ``wal-<S>.log`` file.
         start_seq: the sequence number its first record must carry.
 
     Returns:
-        (records ``(seq, client_id, msg_id, table_id, num_keys, dim, dtype, body_crc, body bytes)``,
+        (records ``(seq, client_id, msg_id, num_tables, num_keys, value_len, body_crc, body bytes)``,
         None or ``{"file", "offset", "reason", "dropped_bytes"}`` for the first bad record:
         ``truncated header``, ``header checksum``, ``truncated body``, ``body checksum``,
         ``sequence gap``).
     """
     data = path.read_bytes()
     out: list[tuple] = []
-    off, n, want = 0, len(data), start_seq
+    n, want = len(data), start_seq
+    off = len(WAL_HEADER) if data.startswith(WAL_HEADER) else n  # no file header: no records
     bad = None
     while off < n:
         if n - off < REC_LEN:
             bad = "truncated header"
             break
-        crc, blen, seq, mid, cid, tid, nk, dim, dt, bcrc = REC.unpack_from(data, off)
+        crc, blen, seq, mid, cid, nt, nk, vl, bcrc = REC.unpack_from(data, off)
         if zlib.crc32(data[off + 4:off + REC_LEN]) != crc:
             bad = "header checksum"
             break
@@ -205,7 +239,7 @@ def read_log(path: Path, start_seq: int) -> tuple[list[tuple], dict | None]:
         if seq != want:
             bad = f"sequence gap (record {seq}, expected {want})"
             break
-        out.append((seq, cid, mid, tid, nk, dim, dt, bcrc, body))
+        out.append((seq, cid, mid, nt, nk, vl, bcrc, body))
         off += REC_LEN + blen
         want += 1
     if bad is None:
@@ -247,7 +281,7 @@ def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[i
     for tid, ts in tables.items():
         k, r, a = ts.state()
         arrays[f"t{tid}.keys"], arrays[f"t{tid}.rows"], arrays[f"t{tid}.acc"] = k, r, a
-    win = np.array([(c, m) + fp for (c, m), fp in applied.items()], np.int64).reshape(-1, 7)
+    win = np.array([(c, m) + fp for (c, m), fp in applied.items()], np.int64).reshape(-1, 6)
     arrays["applied"] = win
     final = d / f"ckpt-{int(seq):020d}.npz"
     tmp = d / f".{final.name}.tmp"
@@ -261,10 +295,11 @@ def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[i
 
 
 def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], np.ndarray]:
-    """(meta, ``{table_id: (keys, rows, acc)}``, applied int64 (W, 7)) of a checkpoint file.
+    """(meta, ``{table_id: (keys, rows, acc)}``, applied int64 (W, 6)) of a checkpoint file.
 
     Raises:
-        DurabilityError: not an embnic checkpoint, or unreadable.
+        DurabilityError: not an embnic checkpoint, unreadable, or of another format version
+            (format 1, a protocol-v1 shard's: :data:`V1_ADVICE`).
     """
     try:
         with open(path, "rb") as f:
@@ -273,8 +308,12 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
             raise DurabilityError(f"{path}: unreadable checkpoint (not an .npz file: truncated or overwritten?)")
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
-            if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
-                raise DurabilityError(f"{path}: not an {FORMAT} v{FORMAT_VERSION} file")
+            if meta.get("format") != FORMAT:
+                raise DurabilityError(f"{path}: not an {FORMAT} file")
+            if meta.get("version") != FORMAT_VERSION:
+                raise DurabilityError(f"{path}: checkpoint format {meta.get('version')}: "
+                                      + (V1_ADVICE if meta.get("version") == 1 else
+                                         f"this shard reads format {FORMAT_VERSION} only"))
             tables = {int(t["id"]): (z[f"t{t['id']}.keys"], z[f"t{t['id']}.rows"], z[f"t{t['id']}.acc"])
                       for t in meta["tables"]}
             applied = z["applied"]
@@ -344,6 +383,7 @@ class Durability:
                 process uses the directory.
         """
         self._lock()
+        self._refuse_old_format()
         cks = _files(self.dir, _CKPT)
         seq0, ck = 0, None
         if cks:
@@ -373,17 +413,14 @@ class Durability:
                 bad_from = i
                 break
             recs, bad = read_log(p, start)
-            for (s, cid, mid, tid, nk, dim, dt, bcrc, body) in recs:
+            for (s, cid, mid, nt, nk, vl, bcrc, body) in recs:
                 if s < seq:
                     continue
-                ts = tables.get(tid)
-                if ts is None or dim != ts.dim:
-                    bad = {"file": str(p), "offset": -1, "reason": f"record {s}: table {tid} dim {dim} not in config",
-                           "dropped_bytes": 0}
+                why = _replay(tables, cid, mid, nt, nk, vl, body)
+                if why is not None:
+                    bad = {"file": str(p), "offset": -1, "reason": f"record {s}: {why}", "dropped_bytes": 0}
                     break
-                keys, grads = codec.split_update_body(body, nk, dim, dt)
-                ts.apply(keys, grads.astype(np.float32))
-                applied[(cid, mid)] = (tid, nk, dim, dt, bcrc)
+                applied[(cid, mid)] = (nt, nk, vl, bcrc)
                 applied.move_to_end((cid, mid))
                 while len(applied) > window:
                     applied.popitem(last=False)
@@ -409,6 +446,17 @@ class Durability:
                          "seq": seq, "corrupt": corrupt}
         return self.restored
 
+    def _refuse_old_format(self) -> None:
+        """Raise :class:`DurabilityError` (one line naming the directory and what to do) when a
+        log of the directory is of another format (:func:`log_format`); checkpoints say theirs
+        in ``meta`` (:func:`read_checkpoint`). Before anything is read, cut or added."""
+        for _, p in _files(self.dir, _WAL):
+            if log_format(p) not in (None, FORMAT_VERSION):
+                raise DurabilityError(f"{self.dir}: {p.name} is a format-1 log: {V1_ADVICE}")
+        cks = _files(self.dir, _CKPT)
+        if cks:
+            read_checkpoint(cks[-1][1])  # raises for another format
+
     def start_fresh(self) -> None:
         """Open the log of a shard that starts empty (``--checkpoint-dir`` without ``--restore``).
 
@@ -424,8 +472,9 @@ class Durability:
         self.log = UpdateLog(self.dir, 0, fsync=self.fsync)
 
     def append(self, client_id, msg_id, fp: tuple, body) -> None:
-        """Log one update about to be applied (``fp``: (table, num_keys, dim, dtype, body_crc))."""
-        self.log.append(client_id, msg_id, fp[0], fp[1], fp[2], fp[3], fp[4], body)
+        """Log one update about to be applied (``fp``: (num_tables, num_keys, value_len, body_crc),
+        the exactly-once fingerprint)."""
+        self.log.append(client_id, msg_id, fp[0], fp[1], fp[2], fp[3], body)
         self._since += 1
 
     def commit(self) -> int:
@@ -475,6 +524,33 @@ class Durability:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _replay(tables: dict[int, TableShard], client_id: int, msg_id: int, num_tables: int, num_keys: int,
+            value_len: int, body: bytes) -> str | None:
+    """Apply one logged update (its wire body: directory, keys, gradients) with the tables'
+    own ``apply``, table by table in directory order, as the shard did. Returns None, or why the
+    record cannot be applied (a body that does not add up, a table not in the config or with
+    another dim or dtype): nothing of it is applied then."""
+    from embnic.client_lib import consts
+
+    if len(body) != consts.expected_msg_len(consts.MsgType.UPDATE_REQ, num_tables, num_keys, value_len):
+        return f"body of {len(body)} bytes does not fit {num_tables} tables, {num_keys} keys"
+    h = codec.Header(consts.MAGIC, consts.VERSION, consts.MsgType.UPDATE_REQ, 0, 0, 0, msg_id, client_id, 0,
+                     num_tables, consts.NO_TABLE, num_keys, value_len, len(body), 0, 0, 1, len(body), 0)
+    try:
+        rb = codec.parse_request_body(h, body)
+    except codec.DirectoryError as e:
+        return f"directory: {e}"
+    d = rb.directory
+    for tid, dim, dt in zip(d["table_id"].tolist(), d["dim"].tolist(), d["dtype"].tolist()):
+        ts = tables.get(tid)
+        if ts is None or dim != ts.dim or dt != ts.table.wire_dtype:
+            return f"table {tid} dim {dim} dtype {dt} not in config"
+    ko = rb.key_offsets.tolist()
+    for t, tid in enumerate(d["table_id"].tolist()):
+        tables[tid].apply(rb.keys[ko[t]:ko[t + 1]], codec.table_values(rb.values, rb, t).astype(np.float32))
+    return None
 
 
 def load_shard_state(directory, shard_id: int, cfg, window: int = 1 << 62) -> tuple[dict[int, TableShard], dict]:

@@ -7,23 +7,27 @@ Python, the engine works per **wake-up**::
 
     poll ─▶ recvmmsg (≤ 256 datagrams into a preallocated (256, 65536) uint8 buffer)
          ─▶ headers of all of them parsed and checked at once (numpy structured view)
-         ─▶ frames the fast path cannot take (malformed, wrong shard, unknown table, ...) go to
-            the reference handler one by one: one home for every error rule and drop reason
+         ─▶ frames the fast path cannot take (malformed, wrong shard, a lookup whose reply
+            would need too many fragments, ...) go to the reference handler one by one: one
+            home for every header rule and drop reason
          ─▶ fragments reassembled per message (vector copies into one buffer per message)
-         ─▶ complete messages grouped per table: one key check (range, owner) over all their
-            keys, one row gather for all lookups, one optimizer step for all updates
+         ─▶ complete messages' directories parsed and their tables checked with the
+            reference's own functions (``codec.parse_request_body``, ``_table_fault``,
+            ``_admit_update``: one home for every per-table rule); then per table one row
+            gather for all lookups of the wake-up and one optimizer step for all its updates
             (:func:`serve_batch` → :meth:`_flush_lookups` / :meth:`_flush_updates`)
-         ─▶ replies encoded straight into a preallocated (rows, 40 + P) transmit buffer
+         ─▶ replies encoded straight into a preallocated (rows, 44 + P) transmit buffer
          ─▶ sendmmsg, multi-frame replies as UDP GSO super-datagrams (:mod:`.udpio`)
 
 Replies leave in the order of the datagrams that completed their requests, as with the
-reference. Ordering rules that keep the numerics identical to the reference (and so to
-:class:`~embnic.client_lib.local.LocalBackend`): per table, a lookup queued after an update of
-the same table (or the other way round) first flushes what is queued; updates of one flush
-whose keys overlap are applied one message after the other, in arrival order; disjoint ones in
-one :meth:`TableShard.apply` call (row-wise optimizers: a row's result does not depend on the
-other rows of the call). An update whose ``(client_id, msg_id)`` is queued for another table
-flushes every table first, so the exactly-once window sees messages in arrival order.
+reference. A message (protocol v2) carries several tables. Ordering rules that keep the
+numerics identical to the reference (and so to :class:`~embnic.client_lib.local.LocalBackend`):
+lookups and updates wait in two queues; a message that shares a table with what the other
+queue holds flushes that queue first (so the queues never share a table, and a lookup sees
+exactly the updates that came before it); updates are admitted — exactly-once window, checks,
+log — one message after the other in arrival order, then applied per table, overlapping keys
+one message after the other, disjoint ones in one :meth:`TableShard.apply` call (row-wise
+optimizers: a row's result does not depend on the other rows of the call).
 
 **Where an update is made durable.** With ``checkpoint_dir`` every applied update is appended to
 the write-ahead log where the exactly-once window takes it (:meth:`_flush_updates`, or the
@@ -45,7 +49,6 @@ import os
 import select
 import socket
 import time
-import zlib
 from typing import Any, Callable
 
 import numpy as np
@@ -54,9 +57,7 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.sockets import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
-from embnic.client_lib.reassembly import Message
-from embnic.client_lib.routing import owns
-from embnic.client_lib.table_numerics import gradient_rows_ok, is_unique
+from embnic.client_lib.codec import DirectoryError
 
 from . import cintake, udpio
 from .intake import BatchIntake, _Pend
@@ -76,11 +77,6 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         batch: datagrams per ``recvmmsg`` (per wake-up pass).
         small: wake-ups of at most this many frames check their headers frame by frame
             (:meth:`_check_scalar`), larger ones as vectors (:meth:`_check_vector`).
-        small_keys: an update of at most this many keys that is alone of its table and kind in
-            a wake-up is served by the reference's own function (:meth:`_flush_one`: fewer numpy
-            calls than the vector path's checks); others (and every larger one) by the vector path.
-        small_lookup_keys: the same for lookups (default 0: the vector path costs less for
-            every lookup since replies are encoded in place).
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
         c_intake: check headers and group fragments with the C intake (:mod:`.cintake`) when
             its library is built; False: always the numpy code (the reference for it).
@@ -98,7 +94,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
     _sync_each = False  # one log commit per wake-up, in serve_batch
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                 batch: int = 256, small: int = 4, small_keys: int = 256, small_lookup_keys: int = 0, gso: bool = True,
+                 batch: int = 256, small: int = 4, gso: bool = True,
                  sock: socket.socket | None = None,
                  worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None,
                  c_intake: bool = True, **kwargs):
@@ -116,8 +112,6 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             self.tables = {tid: SplitTable(ts, self._hub) for tid, ts in local.items()}
         self.batch = int(batch)
         self.small = int(small)
-        self.small_keys = int(small_keys)
-        self.small_lookup_keys = int(small_lookup_keys)
         self.gso = bool(gso)
         self.c_intake = bool(c_intake)
         self._cin: cintake.CIntake | None = None
@@ -134,19 +128,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         self._rep_name: list[bytes] = []
         self._cur_idx = 0
         self._cur_name = b""
-        # per table id: dim (-1: unknown table), wire dtype, most keys a lookup may carry
-        self._tdim = np.full(1 << 16, -1, np.int64)
-        self._tdt = np.zeros(1 << 16, np.int64)
-        self._tmaxlk = np.zeros(1 << 16, np.int64)
         self._twire = {t.id: codec.value_dtype(t.wire_dtype) for t in cfg.tables}
-        for t in cfg.tables:
-            self._tdim[t.id] = t.dim
-            self._tdt[t.id] = int(t.wire_dtype)
-            self._tmaxlk[t.id] = consts.max_keys_per_message(MsgType.LOOKUP_REQ, t.dim, t.wire_dtype, self.mtu)
-        # per table: every key is ours (one shard, or this table's shard under table sharding),
-        # so the owner check of a message need not hash its keys
-        self._owns_all = {t.id: bool(owns(cfg, t.id, shard_id, np.zeros(1, np.uint64))[0])
-                          and (len(cfg.shards) == 1 or cfg.sharding == "table") for t in cfg.tables}
         self._pend: collections.OrderedDict[int, _Pend] = collections.OrderedDict()
         self._pend_bytes = 0
         self._max_pending = self._reasm.max_pending
@@ -188,8 +170,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         self._bs = udpio.BatchSocket(sock, batch=self.batch, gso=self.gso)
         lib = cintake.load() if self.c_intake else None
         if lib is not None:
-            self._cin = cintake.CIntake(lib, self._bs.rx, self._bs.lens, self._tdim, self._tdt, self._tmaxlk,
-                                        self.shard_id, min(self.max_msg_bytes, self._reasm.max_msg_len))
+            self._cin = cintake.CIntake(lib, self._bs.rx, self._bs.lens, self.shard_id,
+                                        min(self.max_msg_bytes, self._reasm.max_msg_len), self.max_reply_bytes)
         self.started_at = time.monotonic()
         return self.address
 
@@ -297,6 +279,14 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     # -- observability ------------------------------------------------------------------------
 
+    def _discard_partial(self, h) -> None:
+        """Forget the fragments held of update ``h`` (a poll of one already applied): the batch
+        engine's partial messages are :mod:`.intake`'s ``_pend``."""
+        ent = self._pend.pop((h.client_id << 48) | (h.msg_id << 16) | MsgType.UPDATE_REQ, None)
+        if ent is not None:
+            self._pend_bytes -= ent.buf.size
+        super()._discard_partial(h)
+
     def counters(self) -> dict[str, Any]:
         """As :meth:`ShardServer.counters`, plus ``engine``: ``batch``, wake-ups, datagrams per
         wake-up, system calls and GSO sends, multi-fragment messages gathered whole from one
@@ -344,170 +334,130 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
     # -- messages -----------------------------------------------------------------------------
 
     def _messages(self, msgs: list[tuple]) -> None:
-        """Queue complete messages per table and flush (see the module docstring for the rules)."""
-        queues: dict[int, list] = {}
-        kinds: dict[int, int] = {}
-        upd_keys: dict[tuple[int, int], int] = {}
+        """Parse the complete messages' directories, queue them by kind and flush (see the module
+        docstring for the rules). ``msgs``: ``(idx, info, name, body)`` in arrival order, info =
+        (msg_type, client_id, msg_id, num_tables, num_keys, value_len)."""
+        lk: list = []
+        up: list = []
+        lk_t: set = set()
+        up_t: set = set()
         for m in msgs:
-            info = m[1]
-            mtype, cid, mid, tid = info[0], info[1], info[2], info[3]
+            info, body = m[1], m[3]
+            mtype = info[0]
             self._requests[MsgType(mtype)] += 1
-            q = queues.get(tid)
-            if q and kinds[tid] != mtype:
-                self._flush(tid, kinds[tid], q)
-                q = None
-            if mtype == MsgType.UPDATE_REQ:
-                other = upd_keys.get((cid, mid))
-                if other is not None and other != tid:
-                    for t in list(queues):
-                        if queues[t]:
-                            self._flush(t, kinds[t], queues[t])
-                        queues[t] = []
-                    upd_keys.clear()
-                    q = None
-                upd_keys[(cid, mid)] = tid
-            if not q:
-                q = queues[tid] = []
-                kinds[tid] = mtype
-            q.append(m)
-        for t, q in queues.items():
-            if q:
-                self._flush(t, kinds[t], q)
-
-    def _flush(self, tid: int, kind: int, q: list) -> None:
-        try:
-            if len(q) == 1 and q[0][1][4] <= (self.small_lookup_keys if kind == MsgType.LOOKUP_REQ else self.small_keys):
-                self._flush_one(tid, kind, q[0])
-            elif kind == MsgType.LOOKUP_REQ:
-                self._flush_lookups(tid, q)
+            h = codec.Header(consts.MAGIC, consts.VERSION, mtype, 0, 0, 0, info[2], info[1], self.shard_id, info[3],
+                             consts.NO_TABLE, info[4], info[5], int(body.size), 0, 0, 1, int(body.size), 0)
+            try:
+                rb = codec.parse_request_body(h, body)
+            except DirectoryError as e:
+                self._emit(m, MsgType.ERROR, status=e.status, table_id=e.table_id)
+                continue
+            tids = set(rb.directory["table_id"].tolist())
+            if mtype == MsgType.LOOKUP_REQ:
+                if up_t & tids:
+                    self._flush(self._flush_updates, up)
+                    up, up_t = [], set()
+                lk.append((m, h, rb))
+                lk_t |= tids
             else:
-                self._flush_updates(tid, q)
+                if lk_t & tids:
+                    self._flush(self._flush_lookups, lk)
+                    lk, lk_t = [], set()
+                up.append((m, h, rb))
+                up_t |= tids
+        if lk:  # the two queues share no table: their order does not matter
+            self._flush(self._flush_lookups, lk)
+        if up:
+            self._flush(self._flush_updates, up)
+
+    def _flush(self, fn: Callable, q: list) -> None:
+        try:
+            fn(q)
         except Exception:  # noqa: BLE001 - answered INTERNAL, the shard keeps serving
             self._c["internal_errors"] += 1
-            log.exception("shard %d: internal error serving %d messages of table %d", self.shard_id, len(q), tid)
-            for m in q:
+            log.exception("shard %d: internal error serving %d messages", self.shard_id, len(q))
+            for m, _, _ in q:
                 self._emit(m, MsgType.ERROR, status=Status.INTERNAL)
 
-    def _flush_one(self, tid: int, kind: int, m: tuple) -> None:
-        """A lone small message of its table in this wake-up: the reference's own ``_lookup`` /
-        ``_update`` (a few scalar-sized numpy calls cost less than the vector bookkeeping)."""
-        idx, info, name, body = m
-        mtype, cid, mid, _, nk, dim, dt = info
-        h = codec.Header(consts.MAGIC, consts.VERSION, mtype, 0, dt, 0, mid, cid, tid, self.shard_id, dim, nk,
-                         int(body.size), 0, 0, 1, int(body.size), 0)
-        msg = Message(h, body, name, 1)
-        self._cur_idx = idx
-        try:
-            if kind == MsgType.LOOKUP_REQ:
-                ShardServer._lookup(self, self.tables[tid], msg)
+    @staticmethod
+    def _segments(q: list) -> dict[int, list[tuple[int, int]]]:
+        """``{table_id: [(message index in q, table index in its directory), ...]}`` in arrival order."""
+        segs: dict[int, list[tuple[int, int]]] = {}
+        for j, (_, _, rb) in enumerate(q):
+            for t, tid in enumerate(rb.directory["table_id"].tolist()):
+                segs.setdefault(tid, []).append((j, t))
+        return segs
+
+    def _flush_lookups(self, q: list) -> None:
+        """Lookups ``q`` (``(m, header, body)``, arrival order): each checked as the reference does,
+        then one gather per table for all of them, each reply's rows in its directory order."""
+        ok = []
+        for m, h, rb in q:
+            fault = self._table_fault(h, rb)
+            if fault is None:
+                ok.append((m, h, rb))
             else:
-                ShardServer._update(self, self.tables[tid], msg)
-        except _Refused as r:
-            self._reply_error(h, r.status, name)
-
-    def _key_status(self, tid: int, keys: np.ndarray, offs: np.ndarray) -> np.ndarray:
-        """Per message (segments ``offs`` of ``keys``): 0, KEY_OUT_OF_RANGE or NOT_OWNER, as
-        :meth:`ShardServer._check_keys` in that order."""
-        t = self.tables[tid].table
-        st = np.zeros(offs.size - 1, np.int64)
-        if t.rows is not None:
-            st[np.maximum.reduceat(keys, offs[:-1]) >= np.uint64(t.rows)] = Status.KEY_OUT_OF_RANGE
-        if self._owns_all[tid]:
-            return st
-        mine = np.logical_and.reduceat(owns(self.cfg, tid, self.shard_id, keys), offs[:-1])
-        st[(st == 0) & ~mine] = Status.NOT_OWNER
-        return st
-
-    def _flush_lookups(self, tid: int, q: list) -> None:
-        ts = self.tables[tid]
-        nkl = [m[1][4] for m in q]
-        nks = np.array(nkl, np.int64)
-        offs = _offsets(nks)
-        keys = np.concatenate([m[3].view(codec.KEY_DTYPE) for m in q]) if len(q) > 1 else q[0][3].view(codec.KEY_DTYPE)
-        if ts.table.rows is None and self._owns_all[tid]:
-            st, okl = None, [True] * len(q)  # nothing to refuse: no range, every key ours
-        else:
-            st = self._key_status(tid, keys, offs)
-            okl = (st == 0).tolist()
-        if all(okl):
-            rows = ts.lookup(keys)
-        else:
-            rows = ts.lookup(keys[np.repeat(np.array(okl, bool), nks)])
-        wire = self._twire[tid]
-        body = rows.astype(wire, copy=False).reshape(-1).view(np.uint8)
-        rb = ts.dim * wire.itemsize
-        at = 0
-        for j, m in enumerate(q):
-            if okl[j]:
-                n = nkl[j] * rb
-                self._emit(m, MsgType.LOOKUP_REPLY, body[at:at + n])
+                self._emit(m, MsgType.ERROR, status=int(fault[0]), table_id=fault[1])
+        if not ok:
+            return
+        bodies = [np.empty(h.value_len, np.uint8) for _, h, _ in ok]
+        for tid, segs in self._segments(ok).items():
+            ts = self.tables[tid]
+            parts = [ok[j][2].keys[ok[j][2].key_offsets[t]:ok[j][2].key_offsets[t + 1]] for j, t in segs]
+            rows = ts.lookup(np.concatenate(parts) if len(parts) > 1 else parts[0])
+            wire = self._twire[tid]
+            data = rows.astype(wire, copy=False).reshape(-1).view(np.uint8)
+            rb_ = ts.dim * wire.itemsize
+            at = 0
+            for (j, t), k in zip(segs, parts):
+                n = k.size * rb_
+                v0 = int(ok[j][2].value_offsets[t])
+                bodies[j][v0:v0 + n] = data[at:at + n]
                 at += n
-                self._c["lookup_keys"] += nkl[j]
-            else:
-                self._emit(m, MsgType.ERROR, status=int(st[j]))
+        for (m, h, _), body in zip(ok, bodies):
+            self._emit(m, MsgType.LOOKUP_REPLY, body)
+            self._c["lookup_keys"] += h.num_keys
 
-    def _flush_updates(self, tid: int, q: list) -> None:
-        ts = self.tables[tid]
-        dim, wire = ts.dim, codec.value_dtype(ts.table.wire_dtype)
-        nks = np.array([m[1][4] for m in q], np.int64)
-        offs = _offsets(nks)
-        keys = np.concatenate([m[3][:8 * k].view(codec.KEY_DTYPE) for m, k in zip(q, nks.tolist())])
-        grads = np.concatenate([m[3][8 * k:].view(wire) for m, k in zip(q, nks.tolist())]).reshape(-1, dim)
-        g = grads.astype(np.float32)
-        st = self._key_status(tid, keys, offs)
-        # duplicate keys in a message, or a gradient the optimizer must not see: MALFORMED
-        inc = np.ones(keys.size, bool)
-        inc[1:] = keys[1:] > keys[:-1]
-        inc[offs[:-1]] = True
-        sorted_ok = np.logical_and.reduceat(inc, offs[:-1])
-        gok = np.logical_and.reduceat(gradient_rows_ok(ts.table, g), offs[:-1])
-        for j in np.flatnonzero((st == 0) & ~sorted_ok).tolist():
-            if not is_unique(keys[offs[j]:offs[j + 1]]):
-                st[j] = Status.MALFORMED
-        st[(st == 0) & ~gok] = Status.MALFORMED
-        # exactly once, in arrival order, as ShardServer._update
-        apply: list[int] = []
-        acks: list[int] = []
-        for j, m in enumerate(q):
-            info = m[1]
-            key = (info[1], info[2])
-            fp = (info[3], info[4], info[5], info[6], zlib.crc32(m[3]))
-            if self._applied.get(key) == fp:
-                self._c["duplicates"] += 1
-                self._applied.move_to_end(key)
-                acks.append(j)
-            elif st[j]:
-                acks.append(~j)
-            else:
-                apply.append(j)
-                acks.append(j)
-                if self._dur is not None:
-                    self._dur.append(key[0], key[1], fp, m[3])
-                self._c["updates_applied"] += 1
-                self._c["update_keys"] += int(nks[j])
-                self._applied[key] = fp
-                self._applied.move_to_end(key)
-                while len(self._applied) > self.dedup_window:
-                    self._applied.popitem(last=False)
+    def _flush_updates(self, q: list) -> None:
+        """Updates ``q`` (arrival order): each admitted as the reference does (exactly-once
+        window, checks, log), then every admitted one applied, per table in one call."""
+        apply: list[tuple[int, list]] = []
+        acks: list[tuple[int, tuple | None]] = []
+        for j, (m, h, rb) in enumerate(q):
+            try:
+                grads = self._admit_update(h, m[3], rb)
+            except _Refused as r:
+                acks.append((j, (r.status, r.table_id)))
+                continue
+            if grads is not None:
+                apply.append((j, grads))
+            acks.append((j, None))
         if apply:
-            self._apply_updates(ts, keys, g, offs, apply)
-        for j in acks:
-            if j >= 0:
-                self._emit(q[j], MsgType.UPDATE_ACK)
+            self._apply_updates(q, apply)
+        for j, fault in acks:
+            if fault is None:
+                self._emit(q[j][0], MsgType.UPDATE_ACK)
             else:
-                self._emit(q[~j], MsgType.ERROR, status=int(st[~j]))
+                self._emit(q[j][0], MsgType.ERROR, status=int(fault[0]), table_id=fault[1])
 
-    def _apply_updates(self, ts, keys: np.ndarray, g: np.ndarray, offs: np.ndarray, which: list[int]) -> None:
-        """Apply the updates ``which`` (message indices into segments ``offs``, ascending =
-        arrival order) to table ``ts``: the one place a wake-up changes rows. Overlapping keys:
-        one message after the other (``TableShard.apply_segments``); with workers, each owner
-        applies its share of every message (:meth:`~.peers.SplitTable.apply_segments`)."""
-        if len(which) == int(offs.size - 1):
-            k, gg, o = keys, g, offs
-        else:
-            sel = np.zeros(offs.size - 1, bool)
-            sel[which] = True
-            n = np.diff(offs)
-            rows = np.repeat(sel, n)
-            k, gg, o = keys[rows], g[rows], _offsets(n[which])
-        ts.apply_segments(k, gg, o)
+    def _apply_updates(self, q: list, apply: list[tuple[int, list]]) -> None:
+        """Apply the admitted updates ``apply`` (``(index into q, gradients per table)``, arrival
+        order): the one place a wake-up changes rows. Per table one ``apply_segments`` over the
+        messages' segments in arrival order (overlapping keys one message after the other;
+        with workers each owner applies its share of every segment,
+        :meth:`~.peers.SplitTable.apply_segments`)."""
+        by_tid: dict[int, list] = {}
+        for j, grads in apply:
+            rb = q[j][2]
+            ko = rb.key_offsets
+            for t, tid in enumerate(rb.directory["table_id"].tolist()):
+                by_tid.setdefault(tid, []).append((rb.keys[ko[t]:ko[t + 1]], grads[t]))
+        for tid, segs in by_tid.items():
+            if len(segs) == 1:
+                k, g = segs[0]
+                offs = np.array([0, k.size], np.int64)
+            else:
+                k = np.concatenate([s[0] for s in segs])
+                g = np.concatenate([s[1] for s in segs])
+                offs = _offsets(np.array([s[0].size for s in segs], np.int64))
+            self.tables[tid].apply_segments(k, g, offs)

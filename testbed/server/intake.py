@@ -22,13 +22,24 @@ import numpy as np
 from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import FrameError
 from embnic.client_lib.consts import MsgType
-from embnic.client_lib.reassembly import _geometry
+from embnic.client_lib.reassembly import _SAME, _geometry
 
 from . import udpio
 
 _ZERO = (0,) * len(consts.HEADER_FIELDS)
 _FIELDS = [f[0] for f in consts.HEADER_FIELDS]
-_INFO = [2, 7, 6, 8, 11, 10, 4]  #: header columns of a message's info: msg_type, client, msg id, table, keys, dim, dtype
+_C = {f: i for i, f in enumerate(_FIELDS)}  #: header field -> its column in ``cols``
+MT, MID, CID, SID, NT, NK, VL, ML = (_C[f] for f in ("msg_type", "msg_id", "client_id", "shard_id", "num_tables",
+                                                      "num_keys", "value_len", "msg_len"))
+FO, FI, FC, FL = (_C[f] for f in ("frag_offset", "frag_index", "frag_count", "frag_len"))
+FLAGS = _C["flags"]
+#: header columns of a message's info: msg_type, client_id, msg_id, num_tables, num_keys, value_len
+_INFO = [MT, CID, MID, NT, NK, VL]
+#: header columns every fragment of a message must agree on (reassembly._SAME); then P
+_SAMEC = [_C[f] for f in _SAME]
+_SFC = _SAME.index("frag_count")
+_SML = _SAME.index("msg_len")
+_SP = len(_SAME)  #: the fragment size's column in a ``same`` row
 
 
 class _Pend:
@@ -37,14 +48,14 @@ class _Pend:
     __slots__ = ("same", "fc", "ml", "p", "buf", "seen", "nseen", "t_last", "name", "info")
 
     def __init__(self, same, fc, ml, p, name, info, now):
-        self.same = same  # (dtype, status, table_id, shard_id, dim, num_keys, msg_len, frag_count)
+        self.same = same  # the _SAME fields, then P
         self.fc, self.ml, self.p = fc, ml, p
         self.buf = np.empty(fc * p, np.uint8)
         self.seen = np.zeros(fc, bool)
         self.nseen = 0
         self.t_last = now
         self.name = name
-        self.info = info  # (msg_type, client_id, msg_id, table_id, num_keys, dim, dtype)
+        self.info = info  # (msg_type, client_id, msg_id, num_tables, num_keys, value_len)
 
 
 
@@ -57,8 +68,7 @@ class BatchIntake:
         bs = self._bs
         L = bs.lens[:n]
         cols, ok, p = self._check_vector(n) if n > self.small or self._cin is not None else self._check_scalar(n)
-        mt, dt, tid, dim, nk = cols[:, 2], cols[:, 4], cols[:, 8], cols[:, 10], cols[:, 11]
-        fi, fc, fl = cols[:, 14], cols[:, 15], cols[:, 16]
+        fi, fc, fl = cols[:, FI], cols[:, FC], cols[:, FL]
         single = fc == 1
         if self.fixed_length:
             ok &= self._announced_match(np.flatnonzero(ok), cols, n)
@@ -75,7 +85,7 @@ class BatchIntake:
         self._c["rx_bytes"] += int(L[good].sum())
         self._rstats["frames"] += int(good.size)
         out: list[tuple] = []
-        info_cols = (mt, cols[:, 7], cols[:, 6], tid, nk, dim, dt)
+        info_cols = tuple(cols[:, c] for c in _INFO)
         sg = good[single[good]]
         if sg.size:
             icols = [c[sg].tolist() for c in info_cols]
@@ -85,12 +95,35 @@ class BatchIntake:
             self._rstats["messages"] += int(sg.size)
         mg = good[~single[good]]
         if mg.size:
+            polls = mg[(cols[mg, MT] == MsgType.UPDATE_REQ) & ((cols[mg, FLAGS] & consts.Flags.RETRANSMIT) != 0)]
             whole, mg = self._whole(mg, cols, info_cols, p)
             out.extend(whole)
             if mg.size:
                 out.extend(self._reassemble(mg, cols, info_cols, p, fi, fl))
             out.sort(key=lambda m: m[0])
+            if polls.size:
+                self._polls(polls, cols, out)
         return out
+
+    def _polls(self, polls: np.ndarray, cols: np.ndarray, out: list[tuple]) -> None:
+        """Answer the polls among this wake-up's frames (re-sent fragments of multi-fragment
+        updates, docs/protocol.md "Reliability") whose update is still incomplete after
+        reassembly, as the reference does (``ShardServer._answer_poll``: ACK if applied, else
+        UPDATE_NACK with the fragments held). A poll whose update completed in this wake-up is
+        answered by that update's own reply."""
+        done = {(m[1][1], m[1][2]) for m in out if m[1][0] == MsgType.UPDATE_REQ}
+        seen = set()
+        for i in polls.tolist():
+            c = cols[i]
+            cid, mid = int(c[CID]), int(c[MID])
+            if (cid, mid) in done or (cid, mid) in seen:
+                continue
+            seen.add((cid, mid))
+            ent = self._pend.get((cid << 48) | (mid << 16) | MsgType.UPDATE_REQ)
+            held = ent.seen if ent is not None else np.zeros(int(c[FC]), bool)
+            self._cur_idx = i
+            h = codec.Header._make(int(x) for x in c)
+            self._answer_poll(h, held, self._bs.names[i].tobytes())
 
     def _whole(self, mg: np.ndarray, cols: np.ndarray, info_cols, p: np.ndarray) -> tuple[list[tuple], np.ndarray]:
         """The messages whose every fragment came in this wake-up, once each, with headers that
@@ -115,7 +148,7 @@ class BatchIntake:
         if self._pend:
             for g in np.flatnonzero(grp_ok).tolist():
                 c = cols_first[g]
-                if (int(c[7]) << 48) | (int(c[6]) << 16) | int(c[2]) in self._pend:
+                if (int(c[CID]) << 48) | (int(c[MID]) << 16) | int(c[MT]) in self._pend:
                     grp_ok[g] = False
         if not grp_ok.any():
             return [], mg
@@ -131,7 +164,7 @@ class BatchIntake:
             at = 0
             cs = cols_first[sel]
             infos = cs[:, _INFO].tolist()
-            for info, n, ml, i0, i1 in zip(infos, cnt[sel].tolist(), cs[:, 12].tolist(), first[sel].tolist(),
+            for info, n, ml, i0, i1 in zip(infos, cnt[sel].tolist(), cs[:, ML].tolist(), first[sel].tolist(),
                                            last[sel].tolist()):
                 out.append((i1, tuple(info), bs.names[i0].tobytes(), data[at:at + ml]))
                 at += n * P
@@ -147,23 +180,22 @@ class BatchIntake:
         first and last datagram index, fragment size P, whether every fragment came once with
         headers that agree)."""
         c = cols[mg]
-        key = ((c[:, 7].astype(np.uint64) << np.uint64(48)) | (c[:, 6].astype(np.uint64) << np.uint64(16))
-               | c[:, 2].astype(np.uint64))
-        order = np.lexsort((c[:, 14], key))  # by message, then fragment index
+        key = ((c[:, CID].astype(np.uint64) << np.uint64(48)) | (c[:, MID].astype(np.uint64) << np.uint64(16))
+               | c[:, MT].astype(np.uint64))
+        order = np.lexsort((c[:, FI], key))  # by message, then fragment index
         ks = key[order]
         start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
         cnt = np.diff(np.r_[start, ks.size])
         pos = np.arange(ks.size) - np.repeat(start, cnt)
-        # dtype, status, table_id, shard_id, dim, num_keys, msg_len, frag_count, P (reassembly._SAME)
-        same = np.concatenate([c[:, [4, 5, 8, 9, 10, 11, 12, 15]], p[mg, None]], axis=1)[order]
-        row_ok = (c[order, 14] == pos) & (same == np.repeat(same[start], cnt, axis=0)).all(axis=1)
-        whole = (cnt == same[start, 7]) & np.logical_and.reduceat(row_ok, start)
+        same = np.concatenate([c[:, _SAMEC], p[mg, None]], axis=1)[order]  # reassembly._SAME, then P
+        row_ok = (c[order, FI] == pos) & (same == np.repeat(same[start], cnt, axis=0)).all(axis=1)
+        whole = (cnt == same[start, _SFC]) & np.logical_and.reduceat(row_ok, start)
         rows = mg[order]
         return (order, start, cnt, np.minimum.reduceat(rows, start), np.maximum.reduceat(rows, start),
-                same[start, 8], whole)
+                same[start, _SP], whole)
 
     def _check_vector(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Header fields of the ``n`` frames (int64 (n, 18), in ``consts.HEADER_FIELDS`` order),
+        """Header fields of the ``n`` frames (int64 (n, 19), in ``consts.HEADER_FIELDS`` order),
         whether the fast path takes each (bool (n,)) and its fragment size P (0 for single
         frames): all frames at once, the rules of ``codec.parse_header``,
         ``ShardServer._check_header`` and ``reassembly._geometry`` as vector expressions."""
@@ -173,18 +205,18 @@ class BatchIntake:
         L = bs.lens[:n]
         H = np.ascontiguousarray(bs.rx[:n, :consts.HDR_LEN]).view(codec.HEADER_DTYPE).reshape(n)
         cols = np.empty((n, len(_FIELDS)), np.int64)
-        for j, f in enumerate(_FIELDS):  # 18 field copies (structured_to_unstructured costs 10x)
+        for j, f in enumerate(_FIELDS):  # 19 field copies (structured_to_unstructured costs 10x)
             cols[:, j] = H[f]
-        mt, dt, tid, dim, nk, ml = cols[:, 2], cols[:, 4], cols[:, 8], cols[:, 10], cols[:, 11], cols[:, 12]
-        fo, fi, fc, fl = cols[:, 13], cols[:, 14], cols[:, 15], cols[:, 16]
-        esize = np.where(dt == 1, 4, np.where(dt == 2, 2, 0))
-        expect = np.where(mt == MsgType.LOOKUP_REQ, consts.KEY_SIZE * nk, nk * (consts.KEY_SIZE + dim * esize))
-        ok = ((L >= consts.HDR_LEN) & (cols[:, 0] == consts.MAGIC) & (cols[:, 1] == consts.VERSION)
-              & ((mt == MsgType.LOOKUP_REQ) | (mt == MsgType.UPDATE_REQ))
-              & (fl == L - consts.HDR_LEN) & (fc >= 1) & (fi < fc) & (fo + fl <= ml) & (ml == expect) & (nk > 0)
+        mt, nt, nk, vl, ml = cols[:, MT], cols[:, NT], cols[:, NK], cols[:, VL], cols[:, ML]
+        fo, fi, fc, fl = cols[:, FO], cols[:, FI], cols[:, FC], cols[:, FL]
+        lookup = mt == MsgType.LOOKUP_REQ
+        expect = consts.DIR_ENTRY * nt + consts.KEY_SIZE * nk + np.where(lookup, 0, vl)
+        ok = ((L >= consts.HDR_LEN) & (cols[:, _C["magic"]] == consts.MAGIC)
+              & (cols[:, _C["version"]] == consts.VERSION) & (lookup | (mt == MsgType.UPDATE_REQ))
+              & (fl == L - consts.HDR_LEN) & (fc >= 1) & (fi < fc) & (fo + fl <= ml) & (ml == expect)
+              & (nt >= 1) & (nk >= nt) & (vl >= 2 * nk)
               & (fc <= consts.MAX_FRAGS) & (ml <= self.max_msg_bytes) & (ml <= self._reasm.max_msg_len)
-              & (cols[:, 9] == self.shard_id) & (self._tdim[tid] == dim) & (self._tdt[tid] == dt)
-              & ~((mt == MsgType.LOOKUP_REQ) & (nk > self._tmaxlk[tid])))
+              & (cols[:, SID] == self.shard_id) & ~(lookup & (vl > self.max_reply_bytes)))
         # fragment geometry (reassembly.py, _geometry)
         single = fc == 1
         last = (fi == fc - 1) & ~single
@@ -217,7 +249,7 @@ class BatchIntake:
 
     def _announced_match(self, cand: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
         """Fixed-length mode: bool (n,), True where frame ``cand[j]``'s message was announced by a
-        SIZE_REQ with its header's type, dtype, table, ``num_keys`` and ``msg_len`` — so every
+        SIZE_REQ with its header's type, ``num_tables``, ``num_keys`` and ``msg_len`` — so every
         buffer the fast path allocates has the announced size. The others go to the reference
         handler, which drops them as ``unannounced`` / ``size_mismatch``. One dict look-up per
         distinct message, not per frame."""
@@ -225,11 +257,11 @@ class BatchIntake:
         if cand.size == 0:
             return out
         c = cols[cand]
-        k = (c[:, 7].astype(np.uint64) << np.uint64(32)) | c[:, 6].astype(np.uint64)
+        k = (c[:, CID].astype(np.uint64) << np.uint64(32)) | c[:, MID].astype(np.uint64)
         uk, first, inv = np.unique(k, return_index=True, return_inverse=True)
         good = np.zeros(uk.size, bool)
         ann = self._announced
-        want = c[first][:, [2, 4, 8, 11, 12]].tolist()  # msg_type, dtype, table_id, num_keys, msg_len
+        want = c[first][:, [MT, NT, NK, ML]].tolist()  # msg_type, num_tables, num_keys, msg_len
         for u, key in enumerate(uk.tolist()):
             good[u] = ann.get((key >> 32, key & 0xFFFFFFFF)) == tuple(want[u])
         out[cand] = good[inv]
@@ -240,10 +272,9 @@ class BatchIntake:
         bs = self._bs
         now = time.monotonic()
         c = cols[mg]
-        key = ((c[:, 7].astype(np.uint64) << np.uint64(48)) | (c[:, 6].astype(np.uint64) << np.uint64(16))
-               | c[:, 2].astype(np.uint64))
-        # dtype, status, table_id, shard_id, dim, num_keys, msg_len, frag_count (reassembly._SAME), P
-        same = np.concatenate([c[:, [4, 5, 8, 9, 10, 11, 12, 15]], p[mg, None]], axis=1)
+        key = ((c[:, CID].astype(np.uint64) << np.uint64(48)) | (c[:, MID].astype(np.uint64) << np.uint64(16))
+               | c[:, MT].astype(np.uint64))
+        same = np.concatenate([c[:, _SAMEC], p[mg, None]], axis=1)  # reassembly._SAME, then P
         uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
         order = np.argsort(inv, kind="stable")
         bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=uk.size))]
@@ -262,7 +293,7 @@ class BatchIntake:
                         self._expire(now)
                         if len(self._pend) >= self._max_pending:
                             self._evict_oldest()
-                    ent = _Pend(tuple(s0.tolist()), int(s0[7]), int(s0[6]), int(s0[8]), bs.names[i0].tobytes(),
+                    ent = _Pend(tuple(s0.tolist()), int(s0[_SFC]), int(s0[_SML]), int(s0[_SP]), bs.names[i0].tobytes(),
                                 tuple(int(c[i0]) for c in info_cols), now)
                     self._pend[k] = ent
                     self._pend_bytes += ent.buf.size

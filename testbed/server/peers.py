@@ -7,10 +7,11 @@ worker :func:`worker_of` ``= floor(hi32(h) · N / 2^32)`` with ``h = splitmix64(
 bits, so the two splits are independent). Each worker holds only its own rows.
 
 Which worker *answers* a message is decided by the kernel (:func:`~.workers.steering_program`:
-``(client_id + table_id) mod N``); that worker (the message's **home**) does everything a
-one-process shard does — reassembly, checks, the exactly-once window, the reply — but the row
-work of keys it does not own goes to their owners as **sub-requests** over a Unix socket pair
-per pair of workers::
+``(client_id + msg_id) mod N``); that worker (the message's **home**) does everything a
+one-process shard does — reassembly, checks, the exactly-once window, the reply, for every
+table the message carries — but the row work of keys it does not own goes to their owners as
+**sub-requests** over a Unix socket pair per pair of workers (one per table and peer of a
+flush)::
 
     home worker                                      owner worker v
     rows = lookup(keys):  split keys by worker_of

@@ -1,7 +1,7 @@
 """The batch engine's replies: encoded into one preallocated transmit buffer, sent per wake-up.
 
 :class:`BatchReplies` is a part of :class:`~.engine.BatchShardServer` (its state — the transmit
-buffer ``_tx`` of ``(rows, 40 + P)`` bytes and the per-reply lists — is set up there).
+buffer ``_tx`` of ``(rows, 44 + P)`` bytes and the per-reply lists — is set up there).
 :meth:`_emit` writes the bytes ``codec.encode_reply`` would write, fragment headers as vector
 copies; :meth:`_send` takes the reference handler's frames; :meth:`_transmit` sends everything
 of one wake-up, ordered by the datagram that completed each request, with one ``sendmmsg``
@@ -14,14 +14,18 @@ import struct
 
 import numpy as np
 
-from embnic.client_lib import consts
+from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import MsgType, Status
 
 from . import udpio
 
 log = logging.getLogger("embnic.server")
 
-_HDR = struct.Struct("!HBBBBHIHHHHIIIHHHH")
+_HDR = codec._HDR  #: the v2 header, network byte order
+_FOFF = dict((f[0], f[1]) for f in consts.HEADER_FIELDS)
+_FRAG_AT = _FOFF["frag_offset"]  #: frag_offset (u32) then frag_index (u16): 6 bytes
+_FLEN_AT = _FOFF["frag_len"]
+assert _FOFF["frag_index"] == _FRAG_AT + 4
 _U4 = np.dtype(">u4")
 _U2 = np.dtype(">u2")
 _U2BE = struct.Struct(">H")
@@ -42,10 +46,13 @@ class BatchReplies:
         self._ntx = a + count
         return a
 
-    def _emit(self, m: tuple, msg_type: int, body: np.ndarray | None = None, status: int = 0) -> None:
-        """Encode the reply to message ``m`` into the transmit buffer (codec.encode_reply's bytes)."""
+    def _emit(self, m: tuple, msg_type: int, body: np.ndarray | None = None, status: int = 0,
+              table_id: int = consts.NO_TABLE) -> None:
+        """Encode the reply to message ``m`` into the transmit buffer (codec.encode_reply's bytes:
+        ``num_tables``, ``num_keys``, ``value_len`` copied from the request; ``table_id`` names
+        an ERROR's table)."""
         idx, info, name = m[0], m[1], m[2]
-        _, cid, mid, tid, nk, dim, dt = info
+        _, cid, mid, nt, nk, vl = info
         ml = 0 if body is None else int(body.size)
         if msg_type == MsgType.ERROR:
             self._errors[Status(status)] += 1
@@ -54,12 +61,12 @@ class BatchReplies:
         a = self._reserve(count)
         tx = self._tx
         last_len = ml - (count - 1) * P
-        _HDR.pack_into(tx[a], 0, consts.MAGIC, consts.VERSION, msg_type, 0, dt, status, mid, cid, tid,
-                       self.shard_id, dim, nk, ml, 0, 0, count, P if count > 1 else ml, 0)
+        _HDR.pack_into(tx[a], 0, consts.MAGIC, consts.VERSION, msg_type, 0, 0, status, mid, cid, self.shard_id,
+                       nt, table_id, nk, vl, ml, 0, 0, count, P if count > 1 else ml, 0)
         if count > 1:
             tx[a + 1:a + count, :H] = tx[a, :H]
-            tx[a:a + count, 28:34] = self._frag_cols(count)  # frag_offset, frag_index of each
-            _U2BE.pack_into(tx[a + count - 1], 36, last_len)
+            tx[a:a + count, _FRAG_AT:_FRAG_AT + 6] = self._frag_cols(count)  # frag_offset, frag_index of each
+            _U2BE.pack_into(tx[a + count - 1], _FLEN_AT, last_len)
             tx[a:a + count - 1, H:] = body[:(count - 1) * P].reshape(count - 1, P)
         if ml:
             tx[a + count - 1, H:H + last_len] = body[(count - 1) * P:]

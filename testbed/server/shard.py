@@ -11,38 +11,44 @@ Started as ``embnic server --shard I --config F``, as ``python -m embnic.testbed
        ▲                                                     │ Reassembler → handle → TableShard
        └──────────UDP (LOOKUP_REPLY / UPDATE_ACK / ERROR)────┘ to the request's source address
 
-What it does with every datagram (docs/protocol.md):
+What it does with every datagram (docs/protocol.md, version 2: a request carries several
+tables, each with its own ``dim`` and ``dtype``, listed in the body's directory):
 
 1. **Validate** the header (:func:`~embnic.client_lib.codec.parse_header`, requests only). A
    frame that does not parse is dropped and counted by reason (``too_short``, ``bad_magic``,
-   ``bad_version``, ``bad_type``, ``bad_dtype``, ``bad_length``, ``frag_mismatch``); if its
-   magic, version and type are right (a request whose lengths or dtype do not add up) the
-   server also answers ``ERROR MALFORMED`` — once per message, on fragment 0. Requests
-   larger than ``max_msg_bytes`` are dropped as ``too_large`` (answered MALFORMED), before any
-   buffer is allocated for them.
+   ``bad_version`` — version-1 frames too —, ``bad_type``, ``bad_length``, ``too_many_frags``,
+   ``frag_mismatch``); if its magic, version and type are right (a request whose lengths do
+   not add up) the server also answers ``ERROR MALFORMED`` — once per message, on fragment 0.
+   Requests larger than ``max_msg_bytes`` are dropped as ``too_large`` (answered MALFORMED),
+   before any buffer is allocated for them.
 2. **Header checks** on every fragment, answered on fragment 0 only (so a bad message of many
-   fragments draws one ERROR): ``WRONG_SHARD`` (``shard_id`` is not this shard),
-   ``UNKNOWN_TABLE``, ``DIM_MISMATCH`` (``dim`` or ``dtype`` differs from the table's). Every
-   frame refused here is dropped and counted as ``refused``, answered or not.
+   fragments draws one ERROR, ``table_id`` ``NO_TABLE``): ``WRONG_SHARD`` (``shard_id`` is not
+   this shard) and ``MALFORMED`` for a lookup whose reply (``value_len`` bytes) would need more
+   than ``MAX_FRAGS`` fragments. Every frame refused here is dropped and counted as
+   ``refused``, answered or not.
 3. **Reassemble** (:class:`~embnic.client_lib.reassembly.Reassembler`, any order, duplicates).
-4. **Body checks** on the whole message: ``KEY_OUT_OF_RANGE`` (a key ``>= rows``, for a table
-   with ``rows``; without it every uint64 is a key),
-   ``NOT_OWNER`` (a key another shard owns under the cluster's sharding policy,
-   :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (duplicate keys, or a gradient
-   the optimizer must not apply — NaN/inf, or a step that overflows float32,
-   :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` — in an update: the whole
-   message is refused, nothing applied, rather than poisoning rows).
-5. **Serve**: LOOKUP_REQ → LOOKUP_REPLY with the rows in key order; UPDATE_REQ → apply with
-   the table's optimizer (:class:`~embnic.client_lib.table_numerics.TableShard`: SGD or row-wise
-   Adagrad, the same code as the in-process reference) → UPDATE_ACK. Replies are fragmented
-   to the cluster MTU and sent to the request's source address and port.
+4. **Body checks** on the whole message, answered with **one** ERROR and nothing of the message
+   applied: the directory must add up to the header (:func:`~embnic.client_lib.codec.parse_request_body`,
+   ``MALFORMED``); then table by table in directory order (:meth:`ShardServer._table_fault`; the
+   first bad table is named in the ERROR's ``table_id``): ``UNKNOWN_TABLE``, ``DIM_MISMATCH``
+   (the entry's ``dim`` or ``dtype`` differs from the table's), ``KEY_OUT_OF_RANGE`` (a key
+   ``>= rows``, for a table with ``rows``; without it every uint64 is a key), ``NOT_OWNER`` (a
+   key another shard owns under the cluster's sharding policy,
+   :func:`~embnic.client_lib.routing.owns`), ``MALFORMED`` (an update's duplicate keys within a
+   table, or a gradient the optimizer must not apply — NaN/inf, or a step that overflows
+   float32, :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`).
+5. **Serve**: LOOKUP_REQ → one LOOKUP_REPLY with the rows of every table in directory order,
+   each in key order; UPDATE_REQ → every table's gradients applied with its optimizer
+   (:class:`~embnic.client_lib.table_numerics.TableShard`: SGD or row-wise Adagrad, the same
+   code as the in-process reference) → UPDATE_ACK. Replies are fragmented to the cluster MTU
+   and sent to the request's source address and port.
 
 **Exactly once.** The server remembers the last ``dedup_window`` (default 65536) applied updates
 as ``(client_id, msg_id) → fingerprint`` in an ordered dict (oldest evicted first). An update
-whose pair is remembered *with the same fingerprint* — (table, num_keys, dim, dtype, CRC-32 of
-the body) — is a duplicate: re-acked, not applied. Same pair, different fingerprint means a new
-message that reuses the id (e.g. a restarted client counting from 1 again): it is applied and
-replaces the entry. Updates that were refused (ERROR) are not remembered.
+whose pair is remembered *with the same fingerprint* — (num_tables, num_keys, value_len, CRC-32
+of the body) — is a duplicate: re-acked, not applied. Same pair, different fingerprint means a
+new message that reuses the id (e.g. a restarted client counting from 1 again): it is applied
+and replaces the entry. Updates that were refused (ERROR) are not remembered.
 
 **Never crashes.** Any exception while handling one datagram is counted (``internal_errors``)
 and answered ``ERROR INTERNAL`` when the header was readable; the server keeps serving.
@@ -61,10 +67,10 @@ from typing import Any
 import numpy as np
 
 from embnic.client_lib import codec, consts
-from embnic.client_lib.codec import FrameError, Header
+from embnic.client_lib.codec import DirectoryError, FrameError, Header, RequestBody
 from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
-from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.consts import Flags, MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.routing import owns
 from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique
@@ -79,10 +85,11 @@ SERVER_DROP_REASONS = ("too_large", "unannounced", "size_mismatch", "refused")
 
 
 class _Refused(Exception):
-    """A request is answered with ERROR ``status``."""
+    """A request is answered with ERROR ``status`` naming ``table_id`` (``NO_TABLE``: the whole message)."""
 
-    def __init__(self, status: Status):
+    def __init__(self, status: Status, table_id: int = consts.NO_TABLE):
         self.status = status
+        self.table_id = int(table_id)
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -113,7 +120,7 @@ class ShardServer:
         reassembly_timeout_s: incomplete requests are forgotten after this long (s).
         fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"): data
             requests must have been announced by a SIZE_REQ of their client (else dropped as
-            ``unannounced``) with the same type, table, dtype, ``num_keys`` and ``msg_len``
+            ``unannounced``) with the same type, ``num_tables``, ``num_keys`` and ``msg_len``
             (else ``size_mismatch``, answered MALFORMED). Without it SIZE_REQs are still
             answered (and remembered), but data needs no announcement.
         checkpoint_dir: keep a write-ahead log and checkpoints in ``checkpoint_dir/shard-<id>``
@@ -149,9 +156,15 @@ class ShardServer:
         self.dedup_window = int(dedup_window)
         self.max_msg_bytes = int(max_msg_bytes)
         self.fixed_length = bool(fixed_length)
-        # (client_id, msg_id) -> (msg_type, dtype, table_id, num_keys, msg_len) of announced data
+        # (client_id, msg_id) -> (msg_type, num_tables, num_keys, msg_len) of announced data
         self._announced: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
         self.tables: dict[int, TableShard] = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
+        # per table: every key is ours (one shard, or this table's shard under table sharding),
+        # so the owner check of a message need not hash its keys
+        self._owns_all = {t.id: bool(owns(cfg, t.id, self.shard_id, np.zeros(1, np.uint64))[0])
+                          and (len(cfg.shards) == 1 or cfg.sharding == "table") for t in cfg.tables}
+        #: the largest lookup reply (value_len) that fits MAX_FRAGS fragments at the cluster MTU
+        self.max_reply_bytes = consts.MAX_FRAGS * consts.max_body_per_frame(cfg.mtu)
         self._reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
         self._applied: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
         self._transport: asyncio.DatagramTransport | None = None
@@ -278,7 +291,9 @@ class ShardServer:
 
         Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
-        ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
+        ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied; a poll of
+        an applied update too), ``update_nacks`` (polls of incomplete updates answered with the
+        fragments held),
         ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
@@ -298,7 +313,7 @@ class ShardServer:
             "announced": len(self._announced),
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
-            "duplicates": c["duplicates"],
+            "duplicates": c["duplicates"], "update_nacks": c["update_nacks"],
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -326,12 +341,11 @@ class ShardServer:
             self._c["tx_frames"] += 1
             self._c["tx_bytes"] += len(f)
 
-    def _reply_error(self, h: Header, status: Status, addr) -> None:
-        """ERROR reply to request header ``h`` (copies what is valid of its fields)."""
-        dtype = h.dtype if h.dtype <= 2 else 0
-        frames = codec.encode_message(MsgType.ERROR, msg_id=h.msg_id, client_id=h.client_id,
-                                      table_id=h.table_id, shard_id=self.shard_id, dim=h.dim, dtype=dtype,
-                                      num_keys=h.num_keys, status=int(status), mtu=self.mtu)
+    def _reply_error(self, h: Header, status: Status, addr, table_id: int = consts.NO_TABLE) -> None:
+        """ERROR reply to request header ``h`` (``num_tables``, ``num_keys``, ``value_len``
+        copied) naming ``table_id`` (:data:`consts.NO_TABLE`: the whole message)."""
+        frames = codec.encode_reply(h, MsgType.ERROR, shard_id=self.shard_id, status=int(status),
+                                    table_id=table_id, mtu=self.mtu)
         self._errors[status] += 1
         self._send(frames, addr)
 
@@ -363,7 +377,7 @@ class ShardServer:
                 if ann is None:
                     self._drops["unannounced"] += 1
                     return
-                if ann != (h.msg_type, h.dtype, h.table_id, h.num_keys, h.msg_len):
+                if ann != (h.msg_type, h.num_tables, h.num_keys, h.msg_len):
                     self._drops["size_mismatch"] += 1
                     if h.frag_index == 0:
                         self._reply_error(h, Status.MALFORMED, addr)
@@ -371,6 +385,12 @@ class ShardServer:
             msg = self._reasm.feed(data, addr, header=h)
             if msg is not None:
                 self._handle_message(msg)
+            elif h.msg_type == MsgType.UPDATE_REQ and h.flags & Flags.RETRANSMIT and h.frag_count > 1:
+                part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+                held = np.zeros(h.frag_count, bool)
+                if part is not None:
+                    held[np.fromiter(part[1].keys(), np.int64, len(part[1]))] = True
+                self._answer_poll(h, held, addr)
         except Exception:  # noqa: BLE001 - one bad datagram must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error handling a frame from %s", self.shard_id, addr)
@@ -379,6 +399,27 @@ class ShardServer:
                     self._reply_error(h, Status.INTERNAL, addr)
                 except Exception:  # noqa: BLE001
                     pass
+
+    def _answer_poll(self, h: Header, held: np.ndarray, addr) -> None:
+        """Answer a poll: a re-sent fragment (``RETRANSMIT``) of a multi-fragment update that left
+        it incomplete (docs/protocol.md, "Reliability"). An update already applied — its
+        ``(client_id, msg_id)`` in the exactly-once window with the same ``num_tables``,
+        ``num_keys``, ``value_len`` (the ack was lost; the poll's own fragment, held again, is
+        dropped) — is acked; otherwise UPDATE_NACK lists the fragments held (``held``: bool
+        (frag_count,)), and the client re-sends only the others. Both engines answer here."""
+        fp = self._applied.get((h.client_id, h.msg_id))
+        if fp is not None and tuple(fp[:3]) == (h.num_tables, h.num_keys, h.value_len):
+            self._c["duplicates"] += 1
+            self._discard_partial(h)
+            self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
+            return
+        self._c["update_nacks"] += 1
+        self._send(codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=self.shard_id,
+                                      body=codec.nack_body(np.flatnonzero(held)), mtu=self.mtu), addr)
+
+    def _discard_partial(self, h: Header) -> None:
+        """Forget the fragments held of update ``h`` (a poll of one already applied)."""
+        self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
 
     def _answer_malformed(self, data: bytes, addr) -> None:
         """Answer MALFORMED to a request that failed validation but whose magic, version and
@@ -392,25 +433,48 @@ class ShardServer:
             self._reply_error(h, Status.MALFORMED, addr)
 
     def _check_header(self, h: Header) -> Status | None:
+        """What a fragment's header alone refuses: another shard's request (``WRONG_SHARD``), or
+        a lookup whose reply (``value_len`` bytes) needs more than ``MAX_FRAGS`` fragments
+        (``MALFORMED``). Everything about tables is in the body (:meth:`_table_fault`)."""
         if h.shard_id != self.shard_id:
             return Status.WRONG_SHARD
-        if h.msg_type == MsgType.SIZE_REQ:
-            return None  # entries are checked on the whole message (_size)
-        ts = self.tables.get(h.table_id)
-        if ts is None:
-            return Status.UNKNOWN_TABLE
-        if h.dim != ts.dim or h.dtype != ts.table.wire_dtype:
-            return Status.DIM_MISMATCH
-        if h.msg_type == MsgType.LOOKUP_REQ and h.num_keys > consts.max_keys_per_message(
-                MsgType.LOOKUP_REQ, h.dim, h.dtype, self.mtu):
-            return Status.MALFORMED  # its reply would need more than consts.MAX_FRAGS fragments
+        if h.msg_type == MsgType.LOOKUP_REQ and h.value_len > self.max_reply_bytes:
+            return Status.MALFORMED
         return None
 
-    def _check_keys(self, ts: TableShard, keys: np.ndarray) -> None:
-        if ts.table.rows is not None and int(keys.max()) >= ts.table.rows:
-            raise _Refused(Status.KEY_OUT_OF_RANGE)
-        if not bool(owns(self.cfg, ts.table.id, self.shard_id, keys).all()):
-            raise _Refused(Status.NOT_OWNER)
+    def _table_fault(self, h: Header, rb: RequestBody, grads: list | None = None) -> tuple[Status, int] | None:
+        """The first bad table of a request in directory order, as ``(status, table_id)``, or
+        None when every table may be served (docs/protocol.md, "Errors"). Per table, in this
+        order: ``UNKNOWN_TABLE``, ``DIM_MISMATCH`` (``dim`` or ``dtype``), ``KEY_OUT_OF_RANGE``,
+        ``NOT_OWNER``, and for an update ``MALFORMED`` for duplicate keys or a gradient row
+        :func:`~embnic.client_lib.table_numerics.gradient_ok` refuses.
+
+        Args:
+            h: the request header; rb: its parsed body (:func:`codec.parse_request_body`).
+            grads: an update's gradients per table, float32 (n_t, dim_t) (:meth:`_grads`).
+        """
+        d = rb.directory
+        ko = rb.key_offsets.tolist()
+        for t, (tid, dim, dt) in enumerate(zip(d["table_id"].tolist(), d["dim"].tolist(), d["dtype"].tolist())):
+            ts = self.tables.get(tid)
+            if ts is None:
+                return Status.UNKNOWN_TABLE, tid
+            if dim != ts.dim or dt != ts.table.wire_dtype:
+                return Status.DIM_MISMATCH, tid
+            keys = rb.keys[ko[t]:ko[t + 1]]
+            if ts.table.rows is not None and int(keys.max()) >= ts.table.rows:
+                return Status.KEY_OUT_OF_RANGE, tid
+            if not self._owns_all[tid] and not bool(owns(self.cfg, tid, self.shard_id, keys).all()):
+                return Status.NOT_OWNER, tid
+            if grads is not None and (not is_unique(keys) or not gradient_ok(ts.table, grads[t])):
+                return Status.MALFORMED, tid
+        return None
+
+    @staticmethod
+    def _grads(rb: RequestBody) -> list[np.ndarray]:
+        """An update's gradients per table of its directory: float32 (n_t, dim_t) each (from the
+        wire dtype; fp16 values widened exactly)."""
+        return [codec.table_values(rb.values, rb, t).astype(np.float32) for t in range(len(rb.directory))]
 
     def _handle_message(self, msg: Message) -> None:
         h = msg.header
@@ -418,77 +482,98 @@ class ShardServer:
         if h.msg_type == MsgType.SIZE_REQ:
             self._size(msg)
             return
-        ts = self.tables[h.table_id]
+        try:
+            rb = codec.parse_request_body(h, msg.body)
+        except DirectoryError as e:
+            self._reply_error(h, Status(e.status), msg.addr, e.table_id)
+            return
         try:
             if h.msg_type == MsgType.LOOKUP_REQ:
-                self._lookup(ts, msg)
+                self._lookup(msg, rb)
             else:
-                self._update(ts, msg)
+                self._update(msg, rb)
         except _Refused as r:
-            self._reply_error(h, r.status, msg.addr)
+            self._reply_error(h, r.status, msg.addr, r.table_id)
 
     def _size(self, msg: Message) -> None:
-        """SIZE_REQ: check every entry (a data request type, a table of this cluster with its
-        dtype, ``msg_len`` = the type's formula, ``num_keys`` ≥ 1, within ``max_msg_bytes``),
-        remember them all and answer SIZE_ACK — or ERROR MALFORMED, remembering none."""
+        """SIZE_REQ: check every entry (a data request type, ``num_tables`` ≥ 1, ``num_keys`` ≥
+        ``num_tables``, ``msg_len`` that fits the type — a lookup exactly ``16·T + 8·n``, an
+        update at least ``16·T + 10·n`` with an even value part —, within ``max_msg_bytes``),
+        remember them all and answer SIZE_ACK — or ERROR MALFORMED, remembering none. Tables are
+        in the data messages' directories, checked when they come."""
         h = msg.header
         e = codec.body_to_size_entries(msg.body, h.num_keys)
-        mt, tid = e["msg_type"].astype(np.int64), e["table_id"].astype(np.int64)
+        mt, nt = e["msg_type"].astype(np.int64), e["num_tables"].astype(np.int64)
         nk, ml = e["num_keys"].astype(np.int64), e["msg_len"].astype(np.int64)
-        dim = np.full(len(e), -1, np.int64)
-        wdt = np.full(len(e), -1, np.int64)
-        for t in np.unique(tid).tolist():  # one pass per table, not per entry
-            ts = self.tables.get(t)
-            if ts is not None:
-                dim[tid == t], wdt[tid == t] = ts.dim, ts.table.wire_dtype
-        esize = np.where(wdt == 1, 4, np.where(wdt == 2, 2, 0))
-        want = np.where(mt == MsgType.LOOKUP_REQ, consts.KEY_SIZE * nk, nk * (consts.KEY_SIZE + dim * esize))
-        ok = (((mt == MsgType.LOOKUP_REQ) | (mt == MsgType.UPDATE_REQ)) & (dim >= 0) & (e["dtype"] == wdt)
-              & (nk > 0) & (ml == want) & (ml <= self.max_msg_bytes))
+        head = consts.DIR_ENTRY * nt + consts.KEY_SIZE * nk
+        vals = ml - head
+        fits = np.where(mt == MsgType.LOOKUP_REQ, vals == 0, (vals >= 2 * nk) & (vals % 2 == 0))
+        ok = (((mt == MsgType.LOOKUP_REQ) | (mt == MsgType.UPDATE_REQ)) & (nt >= 1) & (nk >= nt) & fits
+              & (ml <= self.max_msg_bytes))
         if not bool(ok.all()):
             self._reply_error(h, Status.MALFORMED, msg.addr)
             return
         ann = self._announced
-        for row in zip(e["msg_id"].tolist(), mt.tolist(), e["dtype"].tolist(), tid.tolist(), nk.tolist(),
-                       ml.tolist()):  # one dict entry per announced message
-            k = (h.client_id, row[0])
+        for row in zip(e["msg_id"].tolist(), mt.tolist(), nt.tolist(), nk.tolist(), ml.tolist()):
+            k = (h.client_id, row[0])  # one dict entry per announced message
             ann[k] = row[1:]
             ann.move_to_end(k)
         while len(ann) > self.dedup_window:
             ann.popitem(last=False)
         self._send(codec.encode_reply(h, MsgType.SIZE_ACK, shard_id=self.shard_id, mtu=self.mtu), msg.addr)
 
-    def _lookup(self, ts: TableShard, msg: Message) -> None:
+    def _lookup(self, msg: Message, rb: RequestBody) -> None:
+        """One LOOKUP_REPLY: every table's rows, in directory order, cast to its wire dtype."""
         h = msg.header
-        keys = codec.body_to_keys(msg.body, h.num_keys)
-        self._check_keys(ts, keys)
-        rows = ts.lookup(keys)
+        fault = self._table_fault(h, rb)
+        if fault is not None:
+            raise _Refused(*fault)
+        body = np.empty(h.value_len, np.uint8)
+        ko, vo = rb.key_offsets.tolist(), rb.value_offsets.tolist()
+        for t, tid in enumerate(rb.directory["table_id"].tolist()):
+            ts = self.tables[tid]
+            rows = ts.lookup(rb.keys[ko[t]:ko[t + 1]])
+            body[vo[t]:vo[t + 1]] = rows.astype(codec.value_dtype(ts.table.wire_dtype)).reshape(-1).view(np.uint8)
         self._c["lookup_keys"] += h.num_keys
-        self._send(codec.encode_reply(h, MsgType.LOOKUP_REPLY, shard_id=self.shard_id,
-                                      body=codec.rows_to_body(rows, h.dtype), mtu=self.mtu), msg.addr)
+        self._send(codec.encode_reply(h, MsgType.LOOKUP_REPLY, shard_id=self.shard_id, body=body, mtu=self.mtu),
+                   msg.addr)
 
-    def _update(self, ts: TableShard, msg: Message) -> None:
-        h = msg.header
+    def _admit_update(self, h: Header, body, rb: RequestBody) -> list[np.ndarray] | None:
+        """The exactly-once decision of one update, in arrival order (both engines): None for a
+        duplicate (re-ack, apply nothing); else its gradients per table (float32 (n_t, dim_t)),
+        after the update was checked (:meth:`_table_fault`), logged (write-ahead log) and put in
+        the window — the caller applies them.
+
+        Raises:
+            _Refused: a table of it is refused (nothing logged or remembered).
+        """
         key = (h.client_id, h.msg_id)
-        fp = (h.table_id, h.num_keys, h.dim, h.dtype, zlib.crc32(msg.body))
+        fp = (h.num_tables, h.num_keys, h.value_len, zlib.crc32(body))
         if self._applied.get(key) == fp:
             self._c["duplicates"] += 1
             self._applied.move_to_end(key)
-        else:
-            keys, grads = codec.split_update_body(msg.body, h.num_keys, h.dim, h.dtype)
-            self._check_keys(ts, keys)
-            g = grads.astype(np.float32)
-            if not is_unique(keys) or not gradient_ok(ts.table, g):
-                raise _Refused(Status.MALFORMED)
-            if self._dur is not None:
-                self._dur.append(h.client_id, h.msg_id, fp, msg.body)
-            ts.apply(keys, g)
-            self._c["updates_applied"] += 1
-            self._c["update_keys"] += h.num_keys
-            self._applied[key] = fp
-            self._applied.move_to_end(key)
-            while len(self._applied) > self.dedup_window:
-                self._applied.popitem(last=False)
+            return None
+        grads = self._grads(rb)
+        fault = self._table_fault(h, rb, grads)
+        if fault is not None:
+            raise _Refused(*fault)
+        if self._dur is not None:
+            self._dur.append(h.client_id, h.msg_id, fp, body)
+        self._c["updates_applied"] += 1
+        self._c["update_keys"] += h.num_keys
+        self._applied[key] = fp
+        self._applied.move_to_end(key)
+        while len(self._applied) > self.dedup_window:
+            self._applied.popitem(last=False)
+        return grads
+
+    def _update(self, msg: Message, rb: RequestBody) -> None:
+        h = msg.header
+        grads = self._admit_update(h, msg.body, rb)
+        if grads is not None:
+            ko = rb.key_offsets.tolist()
+            for t, tid in enumerate(rb.directory["table_id"].tolist()):
+                self.tables[tid].apply(rb.keys[ko[t]:ko[t + 1]], grads[t])
         if self._sync_each and not self._commit_log():
             return
         self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), msg.addr)

@@ -19,33 +19,40 @@ log = logging.getLogger("embnic.server")
 
 def steering_program(workers: int) -> bytes:
     """The classic BPF program that picks a worker socket of a ``SO_REUSEPORT`` group:
-    ``(client_id + table_id) mod workers`` — the message's **home** worker.
+    ``(client_id + msg_id) mod workers`` — the message's **home** worker.
 
     For UDP the kernel runs it with the packet at the UDP payload (the embnic header), so
-    ``ldh [12]`` is ``client_id`` and ``ldh [14]`` ``table_id``; a datagram too short to hold them
-    goes to worker 0 (whose reference handler counts it ``too_short``). Every fragment of a
-    message and every retransmission carries the same client and table, so they all reach the
-    same home (which reassembles it and keeps it in its exactly-once window), and one client's
-    messages of one table are answered in the order they came (the client's fast retransmit
-    relies on that).
+    ``ld [8]`` is ``msg_id`` (u32) and ``ldh [12]`` ``client_id``; ``msg_id`` is reduced mod N
+    first, so the sum cannot wrap and the result is exactly ``(client_id + msg_id) % N``. A
+    datagram too short to hold them goes to worker 0 (whose reference handler counts it
+    ``too_short``). Every fragment of a message and every retransmission carries the same client
+    and message id, so they all reach the same home, which reassembles it, keeps it in its
+    exactly-once window and serves every table of it (protocol v2: one message, several tables;
+    the rows of every table are reached through :class:`~.peers.SplitTable`).
 
     Returns:
-        the ``struct sock_fprog`` filter array (6 instructions of 8 bytes).
+        the ``struct sock_fprog`` filter array (7 instructions of 8 bytes).
     """
     ins = (
-        (0x28, 0, 0, 12),        # BPF_LD | BPF_H | BPF_ABS: A = u16 at payload offset 12 (client_id)
-        (0x07, 0, 0, 0),         # BPF_MISC | BPF_TAX: X = A
-        (0x28, 0, 0, 14),        # A = u16 at payload offset 14 (table_id)
-        (0x0c, 0, 0, 0),         # BPF_ALU | BPF_ADD | BPF_X: A += X
+        (0x20, 0, 0, 8),         # BPF_LD | BPF_W | BPF_ABS: A = u32 at payload offset 8 (msg_id)
         (0x94, 0, 0, workers),   # BPF_ALU | BPF_MOD | BPF_K: A %= workers
+        (0x07, 0, 0, 0),         # BPF_MISC | BPF_TAX: X = A
+        (0x28, 0, 0, 12),        # BPF_LD | BPF_H | BPF_ABS: A = u16 at payload offset 12 (client_id)
+        (0x0c, 0, 0, 0),         # BPF_ALU | BPF_ADD | BPF_X: A += X (< 2^16 + workers: no wrap)
+        (0x94, 0, 0, workers),   # A %= workers
         (0x16, 0, 0, 0),         # BPF_RET | BPF_A
     )
     return b"".join(struct.pack("HBBI", *i) for i in ins)
 
 
+def home_of(client_id: int, msg_id: int, workers: int) -> int:
+    """The worker a message's datagrams reach (what :func:`steering_program` computes)."""
+    return (int(client_id) + int(msg_id)) % int(workers)
+
+
 def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:
     """``workers`` UDP sockets bound to (ip, port) in one ``SO_REUSEPORT`` group, steered by
-    :func:`steering_program` (socket ``i`` serves ``(client_id + table_id) % workers == i``)."""
+    :func:`steering_program` (socket ``i`` serves ``(client_id + msg_id) % workers == i``)."""
     import ctypes
 
     socks: list[socket.socket] = []
@@ -150,15 +157,15 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     range (contiguous slices of the hash space, :func:`~.peers.worker_of`); each worker holds
     only its own. The address is bound ``workers`` times with ``SO_REUSEPORT``; a classic BPF
     program (:func:`steering_program`) sends every datagram to worker
-    ``(client_id + table_id) % workers``, the message's home, which reassembles and answers it
-    and asks the owners of the keys it does not hold for their rows (lookups) or to apply
-    their share (updates) over a Unix socket pair per pair of workers, before it replies.
-    **Exactly once:** the dedup window is split by ``(client_id, table_id)``, like the homes:
-    a message, its fragments and its retransmissions carry the same client and table, so they
-    reach the same home, whose window of ``dedup_window`` entries decides duplicate or not
-    before any owner is asked to apply anything. Each home remembers an update at least as long
-    as the one-process server would (it sees a subset of the updates), at a memory cost of
-    ``workers × dedup_window`` entries at most.
+    ``(client_id + msg_id) % workers``, the message's home, which reassembles and answers it —
+    every table of it — and asks the owners of the keys it does not hold for their rows
+    (lookups) or to apply their share (updates) over a Unix socket pair per pair of workers,
+    before it replies. **Exactly once:** the dedup window is split by ``(client_id, msg_id)``,
+    like the homes: a message, its fragments and its retransmissions carry the same client and
+    message id, so they reach the same home, whose window of ``dedup_window`` entries decides
+    duplicate or not before any owner is asked to apply anything. Each home remembers an update
+    at least as long as the one-process server would (it sees a subset of the updates), at a
+    memory cost of ``workers × dedup_window`` entries at most.
 
     Logs ``listening on IP:PORT`` once bound and, at exit, the counters summed over the
     workers as one JSON line (``workers``: each worker's engine counters).
@@ -168,16 +175,16 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
 
     Raises:
         KeyError: unknown shard. OSError: the address cannot be bound. ValueError:
-        ``fixed_length`` with ``workers > 1`` (a SIZE_REQ reaches one worker, the data it
-        announces the homes of every table); ``checkpoint_dir``/``restore`` with ``workers > 1``.
+        ``fixed_length`` with ``workers > 1`` (a SIZE_REQ reaches one worker, the data messages
+        it announces the homes of their own message ids); ``checkpoint_dir``/``restore`` with ``workers > 1``.
     """
     import json
     import multiprocessing
     import signal
 
     if workers > 1 and kwargs.get("fixed_length"):
-        raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data for every table, "
-                         "whose messages reach different workers")
+        raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data messages that reach "
+                         "other workers (each message's home is (client_id + msg_id) % workers)")
 
     me = cfg.shard(shard_id)
     ip = bind if bind is not None else me.ip
@@ -232,7 +239,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
             for x in pair:
                 x.close()
         log.info("shard %d listening on %s:%d (%s; engine batch, %d workers: rows split by id range, "
-                 "messages steered by (client_id + table_id) %% %d; pids %s)", shard_id, ip2, p2, _describe(cfg),
+                 "messages steered by (client_id + msg_id) %% %d; pids %s)", shard_id, ip2, p2, _describe(cfg),
                  workers, workers, ",".join(str(x.pid) for x in procs))
         from multiprocessing.connection import wait
 

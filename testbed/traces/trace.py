@@ -92,7 +92,7 @@ def parse_requests(frames: list[tuple[float, bytes]]) -> tuple[dict, dict, int]:
     """Group the embnic request frames of a trace.
 
     Returns:
-        (requests ``{(client_id, msg_id): {"type", "shard", "table", "frags", "frag_count",
+        (requests ``{(client_id, msg_id): {"type", "shard", "tables", "frags", "frag_count",
         "keys"}}``, frames per client ``{client_id: [(ts, frame), ...]}``, #frames that are
         not embnic requests).
     """
@@ -110,11 +110,32 @@ def parse_requests(frames: list[tuple[float, bytes]]) -> tuple[dict, dict, int]:
             other += 1
             continue
         key = (h.client_id, h.msg_id)
-        r = reqs.setdefault(key, {"type": h.msg_type, "shard": h.shard_id, "table": h.table_id, "frags": set(),
+        r = reqs.setdefault(key, {"type": h.msg_type, "shard": h.shard_id, "tables": h.num_tables, "frags": set(),
                                   "frag_count": h.frag_count, "keys": h.num_keys})
         r["frags"].add(h.frag_index)
         per_client[h.client_id].append((ts, f))
     return reqs, dict(per_client), other
+
+
+def check_version(pcap: Path, frames: list[tuple[float, bytes]], sidecar: dict | None) -> None:
+    """Refuse a trace of another protocol version than this embnic's (:data:`consts.VERSION`):
+    its card and shards drop every such frame as ``bad_version``, so replaying it would measure
+    nothing. Read from the sidecar's ``protocol_version`` or, without one, the first embnic frame.
+
+    Raises:
+        TraceUsageError: naming the version and how to get a trace of this one.
+    """
+    ver = (sidecar or {}).get("protocol_version")
+    if ver is None:
+        for _, f in frames:
+            u = udp_payload(f)
+            if u is not None and u[1] == consts.UDP_PORT and len(u[2]) >= 3 and u[2][:2] == b"EM":
+                ver = u[2][2]
+                break
+    if ver is not None and ver != consts.VERSION:
+        raise TraceUsageError(f"{pcap} holds embnic protocol version {ver} frames; this embnic speaks version "
+                              f"{consts.VERSION} (docs/protocol.md) and its card drops them as bad_version: "
+                              "record the trace again with `embnic trace record`")
 
 
 # --------------------------------------------------------------------------- config check
@@ -397,6 +418,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     require_program("tcpreplay", "apt-get install tcpreplay")
     pcap = Path(pcap)
     frames = read_pcap(pcap)
+    check_version(pcap, frames, read_sidecar(pcap))
     reqs, per_client, other = parse_requests(frames)
     if not reqs:
         raise TraceUsageError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from embnic.client_lib import consts
 from embnic.client_lib.config import ClusterConfig
 from embnic.testbed.net import topology as T
 
@@ -67,12 +68,14 @@ def stop_readers(readers: list) -> None:
 def client_snapshot(client) -> dict:
     """The counters of an :class:`~embnic.client_lib.client.EmbeddingClient` now (message, frame and byte
     counts, retransmits, tail probes (one-key lookups after a round's last message, not among the
-    messages), rounds, stale replies, the number of lookup latencies so far, drops by reason)."""
+    messages), rounds (and of the lookup/update rounds: their request messages and the shards they
+    touched), stale replies, the number of lookup latencies so far, drops by reason)."""
     s = client.stats
     return {"messages_sent": s.messages_sent, "messages_received": s.messages_received,
             "frames_sent": s.frames_sent, "frames_received": s.frames_received, "bytes_sent": s.bytes_sent,
             "bytes_received": s.bytes_received, "retransmits": s.retransmits, "tail_probes": s.probes,
-            "rounds": s.rounds,
+            "rounds": s.rounds, "data_rounds": s.data_rounds, "round_messages": s.round_messages,
+            "round_shards": s.round_shards,
             "stale_replies": s.stale_replies, "latencies": len(s.lookup_latency_us),
             "drops": dict(client.drops)}
 
@@ -105,7 +108,7 @@ def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tri
     for i, s in enumerate(cfg.shards):
         t0, key, _ = T.probe_key(cfg, s.id)
         msg_id = _PROBE_ID_BASE + ((seq * len(cfg.shards) + i) & 0xFFFF)
-        frames = C.encode_lookup(msg_id=msg_id, client_id=client.client_id, table_id=t0.id, shard_id=s.id,
+        frames = C.encode_table_lookup(msg_id=msg_id, client_id=client.client_id, table_id=t0.id, shard_id=s.id,
                                  dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
         dest = cfg.request_destination(client.client_id, s.id)
         for _ in range(tries):
@@ -125,7 +128,7 @@ def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tri
                     data = client.sock.recv(65536)
                 except BlockingIOError:
                     continue
-                if len(data) >= 40 and int.from_bytes(data[8:12], "big") == msg_id:
+                if len(data) >= consts.HDR_LEN and int.from_bytes(data[8:12], "big") == msg_id:
                     got = (time.monotonic() - start) * 1e6
             if got is not None:
                 out[s.id] = got

@@ -58,6 +58,10 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
                           "bytes_sent": snap["bytes_sent"], "bytes_received": snap["bytes_received"],
                           "per_s": round(frames / el, 1)},
         "rounds_per_step": snap["rounds"] / max(done, 1),
+        # protocol v2: one request message per shard a round touches (tail probes, repairs and
+        # re-sends aside); more only where a round was split past the per-message fragment cap
+        "request_messages_per_round": round(snap.get("round_messages", 0) / max(snap.get("data_rounds", 0), 1), 2),
+        "shards_per_round": round(snap.get("round_shards", 0) / max(snap.get("data_rounds", 0), 1), 2),
         "dedup_ratio": res.dedup_ratio if res is not None else None,
         "dedup_savings": 1.0 - res.dedup_ratio if res is not None else None,
         "ids": res.ids if res is not None else None,
@@ -120,7 +124,8 @@ def failure_summary(rep: dict) -> list[str]:
                   if loss else "no step completed")),
         ("messages", f"{rep['messages']}, frames {rep['frames']}, "
                      f"{rep['messages_detail']['retransmits']} retransmits"),
-        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
+        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']}, "
+                           f"{rep['request_messages_per_round']:g} request messages/round)"),
         ("report", f"{Path(rep['plots']['loss']).parent / 'report.json'}, loss.png, latency_cdf.png"),
     ]
     return ["demo summary (FAILED):"] + R.table_lines(rows)
@@ -143,9 +148,12 @@ def summary(rep: dict) -> list[str]:
                  f"{rep['loss_max_abs_diff']:.2g} ({'match' if rep['loss_match'] else 'MISMATCH'})"),
         ("AUC", f"{rep['auc']:.4f} (in-process {rep['auc_reference']:.4f})"),
         ("messages", f"{rep['messages']} ({rep['messages_detail']['per_s']:.0f}/s), frames {rep['frames']}, "
-                     f"{rep['rounds_per_step']:.1f} rounds/step, {rep['messages_detail']['retransmits']} retransmits"),
+                     f"{rep['rounds_per_step']:.1f} rounds/step, {rep['request_messages_per_round']:g} request "
+                     f"messages/round ({rep['shards_per_round']:g} shards), "
+                     f"{rep['messages_detail']['retransmits']} retransmits"),
         ("dedup", f"unique/all ids {rep['dedup_ratio']:.3f} (saves {100 * rep['dedup_savings']:.1f}% of the ids)"),
-        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']})"),
+        ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']}, "
+                           f"{rep['request_messages_per_round']:g} request messages/round)"),
         ("probe RTT", f"p50 {rep['probe_rtt_us']['p50']} µs, p99 {rep['probe_rtt_us']['p99']} µs "
                       f"(n={rep['probe_rtt_us']['n']}, one-key lookups between steps): lookup p50 = "
                       f"{rep['lookup_p50_over_probe_p50']} × probe p50 ({target_verdict(rep['latency_target'])})"),

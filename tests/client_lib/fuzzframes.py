@@ -18,7 +18,7 @@ from embnic.client_lib.consts import DType, MsgType
 
 #: senders: (ip, port); a client id is drawn independently, so ids and addresses mix
 ADDRS = [("10.0.0.1", 40001), ("10.0.0.2", 40002), ("10.0.0.3", 40003)]
-MTU = 200  #: P = 132 body bytes a fragment
+MTU = 200  #: P = 128 body bytes a fragment
 FIELDS = {name: (off, size) for name, off, size in consts.HEADER_FIELDS}
 
 
@@ -30,29 +30,33 @@ def _patch(frame: bytes, name: str, value: int) -> bytes:
 @st.composite
 def message(draw, tables=((0, 8, DType.FP32), (1, 16, DType.FP32), (3, 12, DType.FP16)),
             shard_id: int = 0, key_space: int = 1000) -> list[bytes]:
-    """The fragments of one request (lookup or update) or reply, as the codec encodes them."""
-    table_id, dim, dtype = draw(st.sampled_from(tables))
-    n = draw(st.integers(1, 40))
-    keys = np.array(sorted(draw(st.sets(st.integers(0, key_space - 1), min_size=n, max_size=n))),
-                    np.uint64)
+    """The fragments of one request (lookup or update of one to three tables, protocol v2) or
+    reply, as the codec encodes them."""
+    chosen = draw(st.lists(st.sampled_from(tables), min_size=1, max_size=3, unique_by=lambda t: t[0]))
+    counts = [draw(st.integers(1, 40 // len(chosen))) for _ in chosen]
+    keys = np.concatenate([np.array(sorted(draw(st.sets(st.integers(0, key_space - 1), min_size=n, max_size=n))),
+                                    np.uint64) for n in counts])
+    d = codec.make_directory([t[0] for t in chosen], [t[1] for t in chosen], [t[2] for t in chosen], counts)
     kind = draw(st.sampled_from(["lookup", "update", "reply"]))
-    ids = dict(msg_id=draw(st.integers(0, 5)), client_id=draw(st.integers(0, 3)), table_id=table_id,
-               shard_id=shard_id, dtype=dtype, mtu=MTU)
+    ids = dict(msg_id=draw(st.integers(0, 5)), client_id=draw(st.integers(0, 3)), shard_id=shard_id, mtu=MTU)
     if kind == "lookup":
-        return codec.encode_lookup(keys=keys, dim=dim, **ids)
-    grads = np.ones((n, dim), np.float32) * draw(st.floats(-1, 1, allow_nan=False, width=16))
+        return codec.encode_lookup(directory=d, keys=keys, **ids)
+    v = draw(st.floats(-1, 1, allow_nan=False, width=16))
+    vals = codec.values_to_body([np.full((n, t[1]), v, np.float32) for n, t in zip(counts, chosen)],
+                                [t[2] for t in chosen])
     if kind == "update":
-        return codec.encode_update(keys=keys, grads=grads, **ids)
-    body = codec.rows_to_body(grads, dtype)
-    return codec.encode_message(MsgType.LOOKUP_REPLY, num_keys=n, body=body, dim=dim, **ids)
+        return codec.encode_update(directory=d, keys=keys, values=vals, **ids)
+    return codec.encode_message(MsgType.LOOKUP_REPLY, num_tables=len(chosen), num_keys=int(keys.size),
+                                value_len=len(vals), body=vals, **ids)
 
 
 def flood(msg_id0: int, n: int, client_id: int) -> list[bytes]:
     """One fragment each of ``n`` 256-fragment lookups (msg ids from ``msg_id0``): messages that
     never complete, each pinning a reassembly entry until evicted or expired."""
-    keys = np.arange(256 * 16, dtype=np.uint64)  # 32768 bytes: 256 fragments of 128 at MTU 196
-    frames = codec.encode_lookup(msg_id=0, client_id=client_id, table_id=0, shard_id=0, dim=8,
-                                 dtype=DType.FP32, keys=keys, mtu=196)
+    p = consts.max_body_per_frame(196)  # 124 body bytes a fragment
+    keys = np.arange((consts.MAX_FRAGS * p - consts.DIR_ENTRY) // consts.KEY_SIZE, dtype=np.uint64)  # 256 fragments
+    d = codec.make_directory([0], [8], [DType.FP32], [keys.size])
+    frames = codec.encode_lookup(msg_id=0, client_id=client_id, shard_id=0, directory=d, keys=keys, mtu=196)
     assert len(frames) == consts.MAX_FRAGS
     return [_patch(frames[(7 * i) % len(frames)], "msg_id", msg_id0 + i) for i in range(n)]
 

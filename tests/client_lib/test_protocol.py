@@ -15,16 +15,19 @@ from embnic.client_lib.protocol import EPHEMERAL_PORT, Embnic
 DIM = 4
 KEYS = np.array([0, 2**31, 2**63, 2**64 - 1], dtype=np.uint64)
 ROWS = np.arange(len(KEYS) * DIM, dtype="<f4").reshape(len(KEYS), DIM)
+#: one table (id 2, dim 4, fp32) holding the 4 keys
+DIRECTORY = codec.make_directory([2], [DIM], [1], [len(KEYS)]).tobytes()
 
-#: a body of every type, built by hand (docs/protocol.md, "Body"), and the num_keys it implies
+#: a body of every type, built by hand (docs/protocol.md, "Body"), the num_keys it implies and
+#: the header's num_tables and value_len
 BODIES = {
-    MsgType.LOOKUP_REQ: (KEYS.astype("<u8").tobytes(), 4),
-    MsgType.LOOKUP_REPLY: (ROWS.tobytes(), 4),
-    MsgType.UPDATE_REQ: (KEYS.astype("<u8").tobytes() + ROWS.tobytes(), 4),
-    MsgType.UPDATE_ACK: (b"", 0),
-    MsgType.ERROR: (b"", 0),
-    MsgType.SIZE_REQ: (bytes(range(48)), 3),  # 3 entries of 16 bytes
-    MsgType.SIZE_ACK: (b"", 0),
+    MsgType.LOOKUP_REQ: (DIRECTORY + KEYS.astype("<u8").tobytes(), 4, 1, ROWS.nbytes),
+    MsgType.LOOKUP_REPLY: (ROWS.tobytes(), 4, 1, ROWS.nbytes),
+    MsgType.UPDATE_REQ: (DIRECTORY + KEYS.astype("<u8").tobytes() + ROWS.tobytes(), 4, 1, ROWS.nbytes),
+    MsgType.UPDATE_ACK: (b"", 0, 0, 0),
+    MsgType.ERROR: (b"", 0, 0, 0),
+    MsgType.SIZE_REQ: (bytes(range(48)), 3, 0, 0),  # 3 entries of 16 bytes
+    MsgType.SIZE_ACK: (b"", 0, 0, 0),
 }
 
 
@@ -35,14 +38,21 @@ def test_issue_example_request_goes_to_7878_and_dissects_as_embnic():
     back = Ether(wire)
     assert Embnic in back and back[Embnic].num_keys == 2 and back[Embnic].msg_type == 1
     assert back[Raw].load == b"\x01" * 16
+    # num_keys follows from num_tables: a 1-table directory entry and 2 keys
+    one = Embnic(msg_type=1, num_tables=1, value_len=64) / Raw(DIRECTORY[:16] + b"\x01" * 16)
+    assert Embnic(bytes(one)).num_keys == 2
 
 
 @pytest.mark.parametrize("t", list(MsgType))
 def test_defaults_ports_lengths_and_round_trip(t):
-    body, nkeys = BODIES[t]
-    p = IP(src="10.0.0.2", dst="10.0.0.1") / UDP() / Embnic(msg_type=t, dim=DIM, msg_id=9, client_id=3) / Raw(body)
+    body, nkeys, ntables, vlen = BODIES[t]
+    p = IP(src="10.0.0.2", dst="10.0.0.1") / UDP() / Embnic(msg_type=t, num_tables=ntables, value_len=vlen,
+                                                              msg_id=9, client_id=3) / Raw(body)
     wire = bytes(p)
     sport, dport, ulen = struct.unpack_from("!HHH", wire, 20)
+    if t == MsgType.LOOKUP_REPLY:  # a reply's num_keys does not follow from its length: given
+        p[Embnic].num_keys = nkeys
+        wire = bytes(p)
     if t in consts.REQUEST_TYPES:
         assert (sport, dport) == (EPHEMERAL_PORT, consts.UDP_PORT)
     else:
@@ -53,7 +63,8 @@ def test_defaults_ports_lengths_and_round_trip(t):
     assert (h.msg_type, h.num_keys, h.msg_len, h.frag_len, h.frag_count, h.frag_index, h.frag_offset) == \
         (t, nkeys, len(body), len(body), 1, 0, 0)
     # and the codec builds the same bytes for the same message
-    assert codec.encode_message(t, msg_id=9, client_id=3, dim=DIM, num_keys=nkeys, body=body) == [wire[28:]]
+    assert codec.encode_message(t, msg_id=9, client_id=3, num_tables=ntables, num_keys=nkeys, value_len=vlen,
+                                body=body) == [wire[28:]]
     # round trip: dissected, rebuilt, identical
     back = IP(wire)
     assert Embnic in back and bytes(back) == wire
@@ -80,7 +91,7 @@ def test_any_datagram_to_or_from_7878_dissects_as_embnic(other):
 
 def test_request_and_reply_with_defaults_answer_each_other():
     req = IP(src="10.0.0.2", dst="10.0.0.1") / UDP() / Embnic(msg_type="LOOKUP_REQ", msg_id=7, client_id=2) / \
-        Raw(KEYS[:1].tobytes())
+        Raw(codec.make_directory([2], [DIM], [1], [1]).tobytes() + KEYS[:1].tobytes())
     rep = IP(src="10.0.0.1", dst="10.0.0.2") / UDP() / Embnic(msg_type="ERROR", msg_id=7, client_id=2, status=6)
     assert rep.answers(req) and not req.answers(rep)
 
@@ -106,13 +117,13 @@ def test_u64_keys_round_trip_codec_and_scapy():
     @given(st.lists(_near_edge(), min_size=1, max_size=400), st.sampled_from([576, 1500]))
     def check(ids, mtu):
         keys = np.array(ids, dtype=np.uint64)
-        frames = codec.encode_lookup(msg_id=1, client_id=1, table_id=2, shard_id=0, dim=4, dtype=1, keys=keys,
-                                     mtu=mtu)
+        frames = codec.encode_lookup(msg_id=1, client_id=1, shard_id=0, keys=keys, mtu=mtu,
+                                     directory=codec.make_directory([2], [4], [1], [len(keys)]))
         r = Reassembler(expect="request")
         msgs = [m for m in (r.feed(f) for f in frames) if m is not None]
         assert len(msgs) == 1
-        assert [int(k) for k in codec.body_to_keys(msgs[0].body, len(ids))] == ids
-        body = b"".join(bytes(Embnic(f).payload) for f in frames)
+        assert [int(k) for k in codec.body_to_keys(msgs[0].body, len(ids), offset=16)] == ids
+        body = b"".join(bytes(Embnic(f).payload) for f in frames)[16:]  # after the 1-table directory
         assert [int.from_bytes(body[i:i + 8], "little") for i in range(0, len(body), 8)] == ids
 
     check()

@@ -53,8 +53,8 @@ def test_reassembler_any_datagrams(seq, expect, data):
             # kept: its fragment is pending now, or the byte budget evicted it at once
             h = r._pending.get((int.from_bytes(payload[12:14], "big"), int.from_bytes(payload[8:12], "big"),
                                 payload[3]))
-            assert (h is not None and int.from_bytes(payload[32:34], "big") in h.parts) or \
-                r.stats["evicted"] > evicted, payload[:40].hex()
+            assert (h is not None and int.from_bytes(payload[36:38], "big") in h.parts) or \
+                r.stats["evicted"] > evicted, payload[:consts.HDR_LEN].hex()  # frag_index at 36 (v2)
         else:
             assert sorted(got) == [0, 1], got
         if data.draw(st.booleans()):

@@ -226,7 +226,7 @@ def test_fast_retransmit_when_a_later_message_is_answered_first():
             if m is None:
                 continue
             if m.header.num_keys > 1:  # (one-key lookups are the client's tail probes: answered)
-                seen.append((m.header.table_id, bool(m.header.flags & Flags.RETRANSMIT)))
+                seen.append((m.header.num_keys, bool(m.header.flags & Flags.RETRANSMIT)))
                 if len(seen) == 1:
                     continue  # the first message is "lost"
             rows = np.full((m.header.num_keys, 4), float(m.header.num_keys), dtype=np.float32)
@@ -235,14 +235,14 @@ def test_fast_retransmit_when_a_later_message_is_answered_first():
 
     t = threading.Thread(target=play_shard, daemon=True)
     t.start()
-    n = consts.max_keys_per_message(MsgType.LOOKUP_REQ, 4, 1, 1500)  # 22912: 128 + 256 frames
+    n = consts.MAX_FRAGS * consts.max_body_per_frame(1500) // 16  # 22848 rows of 16 bytes: a 256-fragment reply
     keys = np.arange(1, 1 + 2 * n, dtype=np.uint64)  # two messages of table 0, both in the window
     with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, window_frames=1000, msg_frames=None) as c:
         got = c.lookup({0: keys})
         stats = c.stats
     t.join(10)
     shard.close()
-    assert seen == [(0, False), (0, False), (0, True)]
+    assert seen == [(n, False), (n, False), (n, True)]
     assert np.array_equal(got[0], np.full((len(keys), 4), float(n), np.float32))
     assert (stats.fast_retransmits, stats.timeouts, stats.retransmits) == (1, 0, 1)
 
@@ -296,12 +296,15 @@ class RuleRelay:
 
 
 def test_lost_fragments_recovered_by_later_answers_and_repairs():
-    """One shard behind a relay that drops, once each: fragment 5 of the biggest
-    lookup reply, fragment 0 of the second lookup request, the first update's ack and fragment 3 of
-    the second update. The shard answers in order, so the later messages' answers show each loss
+    """One shard behind a relay that drops, once each: fragment 5 of the first lookup message's
+    reply, fragment 0 of the second lookup message, the first update message's ack and fragment 3
+    of the second update message (a round of 4 tables to one shard is 4 messages each way here:
+    ``msg_frames=40``). The shard answers in order, so the later messages' answers show each loss
     (RACK; a one-key probe follows each shard's last message) long before the 5 s timers: the
-    partly answered lookup is completed by a repair that
-    asks only for the rows of the missing fragment, the others are sent again. Rows and tables
+    partly answered lookup is completed by a repair that asks only for the rows of the missing
+    fragment, the unanswered lookup is sent again, and each lost update is *polled* (its last
+    fragment again): the one whose ack was lost is acked from the shard's window, the one that
+    lost a fragment is answered UPDATE_NACK and only that fragment is re-sent. Rows and tables
     equal LocalBackend's (each update applied once)."""
     import dataclasses
 
@@ -313,6 +316,14 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
                         "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7991}]})
     ref = LocalBackend(cfg)
     once: set = set()
+    order: dict = {MsgType.LOOKUP_REQ: [], MsgType.UPDATE_REQ: []}  # msg ids of the round's messages, in order
+
+    def nth(h) -> int:
+        """1-based place of request ``h``'s message among those of its type (one-key probes aside)."""
+        ids = order[h.msg_type]
+        if h.msg_id not in ids and h.num_keys > 1:
+            ids.append(h.msg_id)
+        return ids.index(h.msg_id) + 1 if h.msg_id in ids else 0
 
     def first(key) -> bool:
         if key in once:
@@ -321,36 +332,43 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
         return True
 
     def drop(d, h) -> bool:
-        if d == "rep" and h.msg_type == MsgType.LOOKUP_REPLY and h.table_id == 0 and h.frag_index == 5:
+        if d == "req" and h.msg_type in order:
+            k = nth(h)
+            if h.msg_type == MsgType.LOOKUP_REQ and k == 2 and h.frag_index == 0:
+                return first("lq")
+            if h.msg_type == MsgType.UPDATE_REQ and k == 2 and h.frag_index == 3:
+                return first("uq")
+            return False
+        ids = order.get(MsgType.LOOKUP_REQ if h.msg_type == MsgType.LOOKUP_REPLY else MsgType.UPDATE_REQ, [])
+        if d == "rep" and h.msg_type == MsgType.LOOKUP_REPLY and ids[:1] == [h.msg_id] and h.frag_index == 5:
             return first("lr")
-        if d == "req" and h.msg_type == MsgType.LOOKUP_REQ and h.table_id == 1 and h.frag_index == 0:
-            return first("lq")
-        if d == "rep" and h.msg_type == MsgType.UPDATE_ACK and h.table_id == 0:
+        if d == "rep" and h.msg_type == MsgType.UPDATE_ACK and ids[:1] == [h.msg_id]:
             return first("ua")
-        if d == "req" and h.msg_type == MsgType.UPDATE_REQ and h.table_id == 1 and h.frag_index == 3:
-            return first("uq")
         return False
 
     rng = np.random.default_rng(4)
-    sizes = {0: 2000, 1: 1500, 2: 300, 3: 50}  # largest first: 0 and 1 are followed by 2 and 3
+    sizes = {0: 2000, 1: 1500, 2: 300, 3: 50}
     req = {t: np.unique(rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)) for t, n in sizes.items()}
     with ServerCluster(cfg) as cl:
         relay = RuleRelay((cl.cfg.shards[0].ip, cl.cfg.shards[0].port), drop)
         try:
             lcfg = dataclasses.replace(cl.cfg, shards=(dataclasses.replace(cl.cfg.shards[0], ip=relay.address[0],
                                                                             port=relay.address[1]),))
-            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, msg_frames=None) as c:
+            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, msg_frames=40) as c:
                 got = c.lookup(req)
                 for t, k in req.items():
                     assert np.array_equal(got[t], ref.lookup(t, k)), t
                 assert (c.stats.repairs, c.stats.fast_retransmits, c.stats.timeouts) == (1, 2, 0)
+                assert c.stats.round_messages == 4 and c.stats.round_shards == 1
                 upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
                        for t, k in req.items()}
+                order[MsgType.LOOKUP_REQ] = []
                 c.update(upd)
                 for t, (k, g) in upd.items():
                     ref.update(t, k, g)
                 assert (c.stats.repairs, c.stats.fast_retransmits, c.stats.timeouts) == (1, 4, 0)
                 assert c.stats.retransmits == 4
+                assert (c.stats.update_polls, c.stats.nacks, c.stats.frames_resent) == (2, 1, 1)
                 for t, k in req.items():
                     assert np.array_equal(c.lookup({t: k})[t], ref.lookup(t, k)), t
                 assert c.stats.timeouts == 0 and c.stats.probes >= 3  # after each round's tail at least
@@ -358,14 +376,19 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
             relay.close()
         counters = cl.counters()[0]
     assert len(relay.dropped) == 4
-    # the repair: a new lookup of table 0 for only the rows of the lost fragment (5·1432 .. 6·1432
-    # body bytes of 64-byte rows: rows 111..134)
-    lr = [h for d, h in relay.seen if d == "req" and h.msg_type == MsgType.LOOKUP_REQ and h.table_id == 0
-          and h.num_keys > 1]  # (one-key lookups: the client's tail probes)
-    ids = sorted({h.msg_id for h in lr})
-    assert len(ids) == 3  # the lookup, its repair, the final check
-    assert sorted(h.num_keys for h in lr if h.frag_index == 0) == [24, sizes[0], sizes[0]]
-    assert not any(h.flags & Flags.RETRANSMIT for h in lr)
-    resent = {(h.msg_type, h.table_id) for d, h in relay.seen if d == "req" and h.flags & Flags.RETRANSMIT}
-    assert resent == {(MsgType.LOOKUP_REQ, 1), (MsgType.UPDATE_REQ, 0), (MsgType.UPDATE_REQ, 1)}
-    assert counters["updates_applied"] == 4 and counters["duplicates"] == 1
+    resent = [h for d, h in relay.seen if d == "req" and h.flags & Flags.RETRANSMIT]
+    # the lookup sent again whole; each lost update polled with its last fragment, then fragment 3
+    # of the one that lost it — nothing else of either update again
+    lq = [h for h in resent if h.msg_type == MsgType.LOOKUP_REQ]
+    assert {h.frag_index for h in lq} == set(range(lq[0].frag_count))
+    up = [(h.msg_id, h.frag_index, h.frag_count) for h in resent if h.msg_type == MsgType.UPDATE_REQ]
+    u1, u2 = order[MsgType.UPDATE_REQ][:2]
+    assert sorted((i, fi) for i, fi, fc in up) == sorted([(u1, next(fc for i, _, fc in up if i == u1) - 1),
+                                                         (u2, next(fc for i, _, fc in up if i == u2) - 1), (u2, 3)])
+    # the repair: a new lookup (no RETRANSMIT) of only the rows of the lost reply fragment
+    reps = [h for d, h in relay.seen if d == "req" and h.msg_type == MsgType.LOOKUP_REQ and h.frag_index == 0
+            and h.num_keys > 1 and not h.flags & Flags.RETRANSMIT]
+    assert any(h.num_keys < 100 for h in reps)
+    nacks = [h for d, h in relay.seen if d == "rep" and h.msg_type == MsgType.UPDATE_NACK]
+    assert len(nacks) == 1 and nacks[0].msg_id == u2
+    assert counters["updates_applied"] == 4 and counters["duplicates"] == 1 and counters["update_nacks"] == 1

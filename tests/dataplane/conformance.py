@@ -130,6 +130,8 @@ def message_body(msg_type: int, tables: list[Table], num_entries: int, seed: int
     T, n, vl = len(d), int(d["num_keys"].sum()), codec.value_len_of(d)
     if msg_type == MsgType.LOOKUP_REPLY:
         return T, n, vl, _body(vl, seed)
+    if msg_type == MsgType.UPDATE_NACK:  # the fragments held: a bitmap of MAX_FRAGS bits
+        return T, n, vl, codec.nack_body(range(0, consts.MAX_FRAGS, 2))
     if msg_type not in consts.DATA_REQUEST_TYPES:
         return T, n, vl, b""
     keys = (np.arange(n, dtype=np.uint64) * np.uint64(7919) + np.uint64(seed)).astype("<u8")

@@ -181,7 +181,7 @@ def add_malformed(s: Suite) -> None:
          "bad_version")
     drop("msg_type 0", bytes(_lookup(s, c1, msg_type=0)), "bad_type")
     drop("msg_type 9", bytes(_lookup(s, c1, msg_type=9)), "bad_type")
-    drop("msg_type 8 (after SIZE_ACK)", bytes(_lookup(s, c1, msg_type=8)), "bad_type")
+    drop("msg_type 255", bytes(_lookup(s, c1, msg_type=255)), "bad_type")
     drop("SIZE_REQ of 0 entries", s.message(c1, MsgType.SIZE_REQ, msg_id=s.msg_id(), client_id=1,
                                             shard_id=0, num_keys=0)[0], "bad_length")
     drop("frag_len != payload", bytes(_lookup(s, c1, frag_len=8)), "bad_length")
@@ -319,6 +319,23 @@ def add_reply_path(s: Suite) -> None:
                   shard_id=1, num_keys=3, dim=2)
     s.add_message("s1 ack c3 copying another value_len", s1, UA, ("fwd", c3), msg_id=m, client_id=3,
                   shard_id=1, num_keys=3, dim=5)
+    # a lost update is polled and completed fragment by fragment (docs/protocol.md, "Reliability"):
+    # the poll (its last fragment again) passes, the UPDATE_NACK answers the update and frees its
+    # entry, the fragment it asks for opens a new one, whose ack passes; a NACK answers no lookup
+    NK = MsgType.UPDATE_NACK
+    m = s.msg_id()
+    upd = dict(msg_id=m, client_id=2, shard_id=0, num_keys=100, dim=8)  # 3 fragments
+    s.add_message("c2 update s0, fragment 1 lost", c2, U, ("fwd", s0), only=[0, 2], **upd)
+    s.add_message("c2 polls: its last fragment again", c2, U, ("fwd", s0), only=[2], flags=Flags.RETRANSMIT, **upd)
+    s.add_message("s0 UPDATE_NACK c2 (fragments 0 and 2 held)", s0, NK, ("fwd", c2), **upd)
+    s.add_message("s0 UPDATE_NACK c2 again, after it passed", s0, NK, ("drop", "unsolicited_reply"), **upd)
+    s.add_message("c2 re-sends fragment 1 only", c2, U, ("fwd", s0), only=[1], flags=Flags.RETRANSMIT, **upd)
+    s.add_message("s0 UPDATE_ACK c2", s0, UA, ("fwd", c2), **upd)
+    m = s.msg_id()
+    s.add_message("c3 lookup s1 (UPDATE_NACK to it)", c3, L, ("fwd", s1), msg_id=m, client_id=3, shard_id=1,
+                  num_keys=2)
+    s.add_message("s1 UPDATE_NACK to a lookup", s1, NK, ("drop", "wrong_reply_type"), msg_id=m, client_id=3,
+                  shard_id=1, num_keys=2)
     # fragments are tracked, not counted: 0 twice and 2 never -> receiving, duplicates passed on
     m = s.msg_id()
     s.add_message("c2 lookup s0, fragment 0 twice, 2 missing", c2, L, ("fwd", s0), msg_id=m,

@@ -82,7 +82,8 @@ def test_cli_prints_the_embedding_and_the_dlrm_rows(monkeypatch, tmp_path):
 
     emb = {"model": "embeddings", "batch": 32, "varlen_p50_us": 1.0e4, "varlen_p99_us": 2.0e4, "fixed_p50_us": 3.0e4,
            "fixed_p99_us": 4.0e4, "torchrec_p50_us": 5.0e3, "torchrec_p99_us": 6.0e3, "messages_varlen": 104.0,
-           "messages_fixed": 112.0, "rounds_varlen": 2.0, "rounds_fixed": 4.0}
+           "messages_fixed": 112.0, "rounds_varlen": 2.0, "rounds_fixed": 4.0,
+           "request_messages_per_round_varlen": 2.0, "request_messages_per_round_fixed": 2.0, "shards_per_round": 2.0}
     dl = {"model": "dlrm", "batch": 32, "card_steps_per_s": 17.9, "torchrec_steps_per_s": 137.8,
           "card_over_torchrec": 17.9 / 137.8, "card_step_p50_us": 5.6e4, "torchrec_step_p50_us": 7.3e3}
     seen = {}
@@ -102,6 +103,7 @@ def test_cli_prints_the_embedding_and_the_dlrm_rows(monkeypatch, tmp_path):
     assert r.exit_code == 0, r.output
     assert seen["dlrm"] is True and "e2e DLRM training steps/s" in r.output
     assert "17.9" in r.output and "137.8" in r.output and "0.13" in r.output and "10,000" in r.output
+    assert "2.0/2.0   (2)" in r.output  # request messages per round, varlen/fixed, and the shards touched
     assert "1% loss on every link (user netem" in r.output
     assert "loss-free 30,000 (retransmits 0), with loss 45,000 = 1.50 x" in r.output
     assert "without loss 31,000 (1.45 x)" in r.output

@@ -22,20 +22,22 @@ from embnic.testbed.server import durability as D
 from embnic.testbed.server.runner import ServerThread
 from embnic.testbed.server.shard import ShardServer
 
-from test_server import Raw, make_cfg, update_frames
+from test_server import Raw, make_cfg, multi_update_frames
 from test_server_engine import _comparable, build_stream, run_stream
 
 
 def _updates(cfg, n, seed=0, keys_per=50):
-    """``n`` updates of shard 0 (table, keys, grads, msg_id), some overlapping in keys."""
+    """``n`` updates of shard 0 as ``(parts, msg_id)``, parts ``[(table, keys, grads), ...]``: every
+    other one of two tables (protocol v2), some overlapping in keys."""
     rng = np.random.default_rng(seed)
     out = []
     for m in range(1, n + 1):
-        t = cfg.tables[m % len(cfg.tables)]
-        own = routing.owned_keys(cfg, t.id, 0)
-        k = np.sort(rng.choice(own[:200], size=min(keys_per, own[:200].size), replace=False)).astype(np.uint64)
-        g = rng.standard_normal((k.size, t.dim)).astype(np.float32)
-        out.append((t.id, k, g, m))
+        parts = []
+        for t in ([cfg.tables[m % len(cfg.tables)]] + ([cfg.tables[(m + 1) % len(cfg.tables)]] if m % 2 else [])):
+            own = routing.owned_keys(cfg, t.id, 0)
+            k = np.sort(rng.choice(own[:200], size=min(keys_per, own[:200].size), replace=False)).astype(np.uint64)
+            parts.append((t.id, k, rng.standard_normal((k.size, t.dim)).astype(np.float32)))
+        out.append((parts, m))
     return out
 
 
@@ -43,8 +45,8 @@ def _send_all(st, cfg, ups, client_id=1):
     """Send updates one at a time, each waiting for its ack (so all were acknowledged)."""
     raw = Raw(st.address)
     try:
-        for tid, k, g, m in ups:
-            raw.send(update_frames(cfg, tid, k, g, m, client_id=client_id))
+        for parts, m in ups:
+            raw.send(multi_update_frames(cfg, parts, m, client_id=client_id))
             rep = raw.recv()
             assert rep.header.msg_type == 4 and rep.header.msg_id == m, rep.header  # UPDATE_ACK
     finally:
@@ -73,7 +75,7 @@ def test_log_does_not_change_replies_and_restore_rebuilds_state(tmp_path, engine
     assert dur["log_records"] == plain[1]["updates_applied"] > 5
     assert dur["log_commits"] <= dur["log_records"]
     wal = list((tmp_path / "shard-0").glob("wal-*.log"))
-    assert len(wal) == 1 and wal[0].stat().st_size == dur["log_bytes"]
+    assert len(wal) == 1 and wal[0].stat().st_size == len(D.WAL_HEADER) + dur["log_bytes"]
     back = ShardServer(cfg, 0, restore=str(tmp_path))
     assert back._dur.restored["replayed"] == dur["log_records"] and back._dur.restored["corrupt"] is None
     _state_equal(back.state_dict(), logged[2])
@@ -111,10 +113,12 @@ def test_checkpoint_file_is_documented_npz(tmp_path):
     with np.load(path) as z:  # plain numpy, no pickle
         meta = json.loads(bytes(z["meta"]).decode())
         assert meta["format"] == "embnic-checkpoint" and meta["seq"] == 4 and meta["shard"] == 0
+        assert meta["version"] == D.FORMAT_VERSION == 2
         for tid, (k, r, a) in state.items():
             assert np.array_equal(z[f"t{tid}.keys"], k) and np.array_equal(z[f"t{tid}.rows"], r)
             assert np.array_equal(z[f"t{tid}.acc"], a)
-        assert z["applied"].shape == (4, 7) and z["applied"][:, 1].tolist() == [1, 2, 3, 4]
+        assert z["applied"].shape == (4, 6) and z["applied"][:, 1].tolist() == [1, 2, 3, 4]
+        assert z["applied"][:, 2].tolist() == [2, 1, 2, 1]  # num_tables of each (the fingerprint's)
     assert not list((tmp_path / "shard-0").glob(".*tmp"))
 
 
@@ -164,8 +168,8 @@ def test_kill_9_and_restore_through_the_cli(tmp_path):
 
     cfg = load_config(str(cfg_path))
     rng = np.random.default_rng(1)
-    ups = [(0, np.sort(rng.choice(2**60, 300, replace=False)).astype(np.uint64),
-            rng.standard_normal((300, 8)).astype(np.float32), m) for m in range(1, 9)]
+    ups = [([(0, np.sort(rng.choice(2**60, 300, replace=False)).astype(np.uint64),
+              rng.standard_normal((300, 8)).astype(np.float32))], m) for m in range(1, 9)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
 
     def start(*extra):
@@ -218,8 +222,9 @@ def test_kill_9_and_restore_through_the_cli(tmp_path):
     assert counters["updates_applied"] == 0 and counters["duplicates"] == 3
     tables, rep = D.load_shard_state(str(tmp_path), 0, cfg)
     ref = LocalBackend(cfg)
-    for tid, k, g, _ in ups:
-        ref.update(tid, k, g)
+    for parts, _ in ups:
+        for tid, k, g in parts:
+            ref.update(tid, k, g)
     _state_equal({0: tables[0].state()}, ref.state_dict())
 
 
@@ -323,3 +328,76 @@ def test_restore_from_a_damaged_checkpoint_names_it(tmp_path):
                                  "--restore", str(tmp_path / "ck")])
     assert r.exit_code == 1, r.output
     assert f"{ck}: unreadable checkpoint (not a complete .npz file" in r.output and "BadZipFile" not in r.output
+
+
+def _v1_directory(tmp_path, what):
+    """``tmp_path/old/shard-0`` as a protocol-v1 shard left it: a format-1 log (records without a
+    file header) and/or a format-1 checkpoint (meta version 1, a 7-column window)."""
+    import struct
+    import zlib
+
+    d = D.shard_dir(tmp_path / "old", 0)
+    d.mkdir(parents=True)
+    if "log" in what:  # one v1 record: hdr_crc, body_len, seq, msg_id, client, table, num_keys, dim, dtype, body_crc
+        body = np.array([3], "<u8").tobytes() + np.ones(8, "<f4").tobytes()
+        hdr = struct.pack("<IQIHHIHBxI", len(body), 0, 1, 1, 0, 1, 8, 1, zlib.crc32(body))
+        (d / f"wal-{0:020d}.log").write_bytes(struct.pack("<I", zlib.crc32(hdr)) + hdr + body)
+    if "ckpt" in what:
+        meta = {"format": "embnic-checkpoint", "version": 1, "shard": 0, "seq": 0, "seed": 42, "tables": []}
+        np.savez(d / f"ckpt-{0:020d}.npz", meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                 applied=np.zeros((0, 7), np.int64))
+    return d
+
+
+@pytest.mark.parametrize("what", ["log", "ckpt", "log+ckpt"])
+def test_a_v1_directory_is_refused_by_name(tmp_path, what):
+    """A directory a protocol-v1 shard wrote (checkpoint/log format 1): --restore refuses it in one
+    line naming the directory (or its checkpoint) and what to do, before anything in it is
+    read, cut or added; ``tables export --from`` refuses it the same way."""
+    cfg = make_cfg()
+    d = _v1_directory(tmp_path, what)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    with pytest.raises(D.DurabilityError) as e:
+        ShardServer(cfg, 0, restore=str(tmp_path / "old"))
+    msg = str(e.value)
+    assert "\n" not in msg and str(d) in msg and ("format 1" in msg or "format-1" in msg)
+    assert "embnic tables export" in msg and "--checkpoint-dir" in msg
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.name != "LOCK"} == before
+    with pytest.raises(D.DurabilityError, match="format"):
+        D.load_shard_state(str(tmp_path / "old"), 0, cfg)
+
+
+def test_a_v1_directory_through_the_cli(tmp_path):
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text('[cluster]\nseed = 7\n[[tables]]\nid = 0\ndim = 8\n'
+                        '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 7900\n[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    d = _v1_directory(tmp_path, "log")
+    r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", str(cfg_path), "--port", "0",
+                                 "--restore", str(tmp_path / "old")])
+    assert r.exit_code == 1, r.output
+    err = [x for x in r.output.splitlines() if x.startswith("Error")]
+    assert len(err) == 1 and str(d) in err[0] and "format-1 log" in err[0], r.output
+
+
+def test_log_file_header_carries_the_format(tmp_path):
+    """Every log file starts with ``WAL_HEADER`` (magic + format 2); a file whose header was torn
+    at a crash (a prefix of it) holds no records and is rewritten, not refused."""
+    cfg = make_cfg()
+    with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
+        _send_all(st, cfg, _updates(cfg, 2))
+    wal = next((tmp_path / "shard-0").glob("wal-*.log"))
+    data = wal.read_bytes()
+    assert data[:16] == D.WAL_HEADER == b"embnic-wal\0\0" + (2).to_bytes(4, "little")
+    assert D.log_format(wal) == 2 and len(D.read_log(wal, 0)[0]) == 2
+    for p in (tmp_path / "shard-0").iterdir():
+        if p.name != "LOCK":
+            p.unlink()
+    wal.write_bytes(D.WAL_HEADER[:7])
+    assert D.log_format(wal) is None
+    srv = ShardServer(cfg, 0, restore=str(tmp_path))
+    assert srv._dur.restored["replayed"] == 0 and wal.read_bytes() == D.WAL_HEADER
+    srv._dur.close()

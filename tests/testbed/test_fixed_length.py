@@ -102,31 +102,52 @@ def _entries(*rows):
 
 @pytest.mark.parametrize("engine", ["reference", "batch"])
 def test_size_req_checked_and_data_must_match_the_announcement(engine):
+    """SIZE_REQ entries (msg_id, msg_type, reserved, num_tables, num_keys, msg_len): an entry that
+    does not fit its type is refused whole (MALFORMED, nothing remembered); announced messages of
+    several tables are served; one whose header disagrees with its entry is dropped as
+    ``size_mismatch`` and answered MALFORMED; one never announced is dropped ``unannounced``."""
+    from embnic.client_lib import routing
+
+    from test_server import multi_lookup_frames, multi_update_frames
+
     cfg = make_cfg()
     with ServerThread(cfg, 0, engine=engine, fixed_length=True) as st:
         s, ask = _raw(("127.0.0.1", st.port))
         try:
-            # an entry whose msg_len does not fit its type -> MALFORMED, nothing remembered
-            bad = _entries((70, MsgType.LOOKUP_REQ, 1, 0, 3, 25))
-            h = ask(codec.encode_size(msg_id=900, client_id=1, shard_id=0, entries=bad))
-            assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED)
-            # unknown table -> MALFORMED
-            h = ask(codec.encode_size(msg_id=901, client_id=1, shard_id=0,
-                                      entries=_entries((71, MsgType.LOOKUP_REQ, 1, 9, 3, 24))))
-            assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED)
-            # announce a 3-key lookup of table 0, then send it with 4 keys: size_mismatch, MALFORMED
-            keys = np.array([2, 4, 6, 8], dtype=np.uint64)
-            h = ask(codec.encode_size(msg_id=902, client_id=1, shard_id=0,
-                                      entries=_entries((72, MsgType.LOOKUP_REQ, 1, 0, 3, 24))))
-            assert (h.msg_type, h.num_keys, h.msg_id) == (MsgType.SIZE_ACK, 1, 902)
-            from embnic.client_lib import routing
-            mine = keys[routing.owns(cfg, 0, 0, keys)]
-            h = ask(codec.encode_lookup(msg_id=72, client_id=1, table_id=0, shard_id=0, dim=8, dtype=1,
-                                        keys=np.r_[mine, mine + np.uint64(10**9)][:4]))
-            assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED)
+            lk = MsgType.LOOKUP_REQ
+            for i, bad in enumerate([(70, lk, 0, 1, 3, 25),          # 16 + 24 = 40 bytes, not 25
+                                     (71, lk, 0, 0, 3, 24),          # no table
+                                     (72, lk, 0, 4, 3, 88),          # more tables than keys
+                                     (73, MsgType.UPDATE_REQ, 0, 1, 3, 16 + 24 + 5),  # 5 value bytes < 2 per key
+                                     (74, MsgType.SIZE_REQ, 0, 1, 3, 40)]):
+                h = ask(codec.encode_size(msg_id=900 + i, client_id=1, shard_id=0,
+                                          entries=_entries((80, lk, 0, 1, 1, 24), bad)))
+                assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED), bad
+            k0 = routing.owned_keys(cfg, 4, 0)[:3]
+            k1 = np.array([k for k in range(5000) if routing.owns(cfg, 0, 0, np.array([k], np.uint64))[0]][:2],
+                          np.uint64)
+            ok_lookup = multi_lookup_frames(cfg, [(4, k0), (0, k1)], 81)
+            ok_update = multi_update_frames(cfg, [(0, k1, np.ones((2, 8), np.float32)),
+                                                  (4, k0, np.ones((3, 16), np.float32))], 82)
+            bigger = multi_lookup_frames(cfg, [(4, k0), (0, np.r_[k1, k1 + np.uint64(10**9)][:3])], 83)
+            ents = [(m, t, 0, h.num_tables, h.num_keys, h.msg_len) for m, t, h in
+                    ((81, lk, codec.parse_header(ok_lookup[0])), (82, MsgType.UPDATE_REQ, codec.parse_header(ok_update[0])),
+                     (83, lk, codec.parse_header(ok_lookup[0])))]  # 83 announced with 81's size
+            h = ask(codec.encode_size(msg_id=910, client_id=1, shard_id=0, entries=_entries(*ents)))
+            assert (h.msg_type, h.num_keys, h.msg_id, h.num_tables) == (MsgType.SIZE_ACK, 3, 910, 0)
+            h = ask(ok_lookup)
+            assert (h.msg_type, h.msg_id, h.num_tables, h.value_len) == (MsgType.LOOKUP_REPLY, 81, 2, 3 * 32 + 2 * 32)
+            assert ask(ok_update).msg_type == MsgType.UPDATE_ACK
+            h = ask(bigger)
+            assert (h.msg_type, h.status, h.msg_id) == (MsgType.ERROR, Status.MALFORMED, 83)
+            for f in multi_lookup_frames(cfg, [(0, k1)], 84):  # never announced: dropped, unanswered
+                s.sendto(f, ("127.0.0.1", st.port))
+            h = ask(codec.encode_size(msg_id=911, client_id=1, shard_id=0, entries=_entries((85, lk, 0, 1, 2, 32))))
+            assert (h.msg_type, h.msg_id) == (MsgType.SIZE_ACK, 911)  # the next answer: nothing for 84
             counters = st.counters()
-            assert counters["drops"]["size_mismatch"] == 1
-            assert counters["errors"]["MALFORMED"] == 3
-            assert counters["requests"]["SIZE_REQ"] == 3 and counters["announced"] == 1
+            assert counters["drops"]["size_mismatch"] == 1 and counters["drops"]["unannounced"] == 1
+            assert counters["errors"]["MALFORMED"] == 6
+            assert counters["requests"]["SIZE_REQ"] == 7 and counters["announced"] == 4
+            assert counters["updates_applied"] == 1 and counters["lookup_keys"] == 5
         finally:
             s.close()

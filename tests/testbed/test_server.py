@@ -90,18 +90,61 @@ def owned_keys(cfg, table_id, shard_id, n, rng):
     return np.sort(rng.choice(keys, size=n, replace=False)).astype(np.uint64)
 
 
-def lookup_frames(cfg, table_id, keys, msg_id, shard_id=0, client_id=1, **over):
-    t = cfg.table(table_id)
-    kw = dict(msg_id=msg_id, client_id=client_id, table_id=table_id, shard_id=shard_id, dim=t.dim,
-              dtype=t.wire_dtype, keys=keys, mtu=cfg.mtu)
-    kw.update(over)
-    return codec.encode_lookup(**kw)
+def directory_of(cfg, parts, dims=None, dtypes=None):
+    """The v2 directory of ``parts`` ``[(table_id, keys), ...]`` (tables in that order), each
+    table's ``dim``/``dtype`` from the config unless ``dims``/``dtypes`` ``{table_id: value}`` say
+    otherwise (for refusal tests; a table not in the config gets dim 8, fp32)."""
+    known = {t.id: t for t in cfg.tables}
+    dims, dtypes = dims or {}, dtypes or {}
+    tids = [t for t, _ in parts]
+    return codec.make_directory(tids, [dims.get(t) or (known[t].dim if t in known else 8) for t in tids],
+                                [dtypes.get(t) or (known[t].wire_dtype if t in known else 1) for t in tids],
+                                [len(k) for _, k in parts])
+
+
+def multi_lookup_frames(cfg, parts, msg_id, shard_id=0, client_id=1, dims=None, dtypes=None, flags=0):
+    """Frames of one LOOKUP_REQ of several tables: ``parts`` ``[(table_id, keys uint64), ...]``."""
+    d = directory_of(cfg, parts, dims, dtypes)
+    keys = np.concatenate([np.asarray(k, np.uint64) for _, k in parts])
+    return codec.encode_lookup(msg_id=msg_id, client_id=client_id, shard_id=shard_id, directory=d, keys=keys,
+                               mtu=cfg.mtu, flags=flags)
+
+
+def multi_update_frames(cfg, parts, msg_id, shard_id=0, client_id=1, flags=0, dims=None):
+    """Frames of one UPDATE_REQ of several tables: ``parts`` ``[(table_id, keys, grads (n, dim)), ...]``;
+    gradients are cast to each table's wire dtype (fp16 tables round, and may overflow to inf)."""
+    d = directory_of(cfg, [(t, k) for t, k, _ in parts], dims)
+    keys = np.concatenate([np.asarray(k, np.uint64) for _, k, _ in parts])
+    with np.errstate(over="ignore"):
+        vals = codec.values_to_body([g for _, _, g in parts], d["dtype"].tolist())
+    return codec.encode_update(msg_id=msg_id, client_id=client_id, shard_id=shard_id, directory=d, keys=keys,
+                               values=vals, mtu=cfg.mtu, flags=flags)
+
+
+def lookup_frames(cfg, table_id, keys, msg_id, shard_id=0, client_id=1, dim=None, dtype=None, flags=0):
+    """Frames of a one-table LOOKUP_REQ (``dim``/``dtype`` override the directory entry's)."""
+    return multi_lookup_frames(cfg, [(table_id, keys)], msg_id, shard_id, client_id,
+                               dims={table_id: dim} if dim else None, dtypes={table_id: dtype} if dtype else None,
+                               flags=flags)
 
 
 def update_frames(cfg, table_id, keys, grads, msg_id, shard_id=0, client_id=1, flags=0):
-    t = cfg.table(table_id)
-    return codec.encode_update(msg_id=msg_id, client_id=client_id, table_id=table_id, shard_id=shard_id,
-                               dtype=t.wire_dtype, keys=keys, grads=grads, mtu=cfg.mtu, flags=flags)
+    """Frames of a one-table UPDATE_REQ."""
+    return multi_update_frames(cfg, [(table_id, keys, grads)], msg_id, shard_id, client_id, flags)
+
+
+def reply_rows(cfg, m, parts):
+    """A LOOKUP_REPLY message's rows per table of ``parts`` ``[(table_id, keys), ...]`` (the
+    request's directory order), as float32 arrays."""
+    out, at = [], 0
+    for tid, k in parts:
+        t = cfg.table(tid)
+        dt = codec.value_dtype(t.wire_dtype)
+        n = len(k) * t.dim
+        out.append(np.frombuffer(m.body, dt, n, at).reshape(len(k), t.dim).astype(np.float32))
+        at += n * dt.itemsize
+    assert at == len(m.body) == m.header.value_len
+    return out
 
 
 def probe(raw, cfg, msg_id=999_999):
@@ -137,9 +180,40 @@ def test_server_numerics_equal_local_backend(sharding, shards, mtu, engine):
         assert len(want[tid][0]) > 0
         for a, b in zip(state[tid], want[tid]):
             assert np.array_equal(a, b)
-    assert sum(x["updates_applied"] for x in counters) == c.stats.messages_sent // 2
+    # every update message applied once (a retransmitted one re-acked), nothing refused
+    assert sum(x["updates_applied"] for x in counters) == sum(x["requests"]["UPDATE_REQ"] - x["duplicates"]
+                                                              for x in counters) > 0
+    assert all(sum(x["errors"].values()) == 0 for x in counters)
     if sharding == "table":  # whole tables on one shard each
         assert all(sum(int(x["rows"][str(t.id)]) > 0 for x in counters) == 1 for t in cfg.tables)
+
+
+def test_multi_table_messages_equal_local_backend(shard0):
+    """One lookup message of three tables (fp32 and fp16, 1 to 300 keys) → one reply with every
+    table's rows in directory order; one update message of the same tables applied once, all of
+    it; rows equal LocalBackend's bit for bit (protocol v2, docs/protocol.md "Body")."""
+    cfg, st_, raw = shard0
+    ref = LocalBackend(cfg)
+    rng = np.random.default_rng(11)
+    for step, sizes in enumerate([(300, 1, 7), (2, 40, 120), (1, 1, 1)]):
+        parts = [(tid, owned_keys(cfg, tid, 0, n, rng)) for tid, n in zip((1, 3, 0), sizes)]
+        raw.send(multi_lookup_frames(cfg, parts, 100 + step))
+        m = raw.recv()
+        assert (m.header.msg_type, m.header.msg_id, m.header.num_tables) == (MsgType.LOOKUP_REPLY, 100 + step, 3)
+        for (tid, k), rows in zip(parts, reply_rows(cfg, m, parts)):
+            assert np.array_equal(rows, ref.lookup(tid, k)), (step, tid)
+        upd = [(tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)) for tid, k in parts]
+        raw.send(multi_update_frames(cfg, upd, 200 + step))
+        a = raw.recv()
+        assert (a.header.msg_type, a.header.msg_id, a.header.num_tables) == (MsgType.UPDATE_ACK, 200 + step, 3)
+        for tid, k, g in upd:
+            ref.update(tid, k, g)
+    c = st_.counters()
+    assert c["updates_applied"] == 3 and c["requests"] == {"LOOKUP_REQ": 3, "UPDATE_REQ": 3, "SIZE_REQ": 0}
+    state, want = st_.state_dict(), ref.state_dict()
+    for tid in want:
+        for x, y in zip(state[tid], want[tid]):
+            assert np.array_equal(x, y), tid
 
 
 def test_lookup_reply_fragmented_to_mtu_and_sent_to_source(shard0):
@@ -155,10 +229,11 @@ def test_lookup_reply_fragmented_to_mtu_and_sent_to_source(shard0):
     finally:
         other.close()
     assert m.header.msg_type == MsgType.LOOKUP_REPLY and m.header.msg_id == 10 and m.header.shard_id == 0
-    assert (m.header.num_keys, m.header.dim, m.header.table_id) == (500, 16, 1)
+    assert (m.header.num_tables, m.header.num_keys, m.header.value_len) == (1, 500, 500 * 16 * 4)
+    assert m.header.table_id == consts.NO_TABLE
     assert m.frames == -(-500 * 16 * 4 // consts.max_body_per_frame(cfg.mtu))
     assert all(len(f) <= cfg.mtu - 28 for f in raw.frames)
-    rows = codec.body_to_rows(m.body, 500, 16, consts.DType.FP32)
+    rows, = reply_rows(cfg, m, [(1, keys)])
     assert np.array_equal(rows, init_rows(cfg.seed, 1, keys, 16, cfg.table(1).init_scale))
     assert m2.header.msg_id == 11 and m2.header.client_id == 2 and m2.header.num_keys == 3
 
@@ -228,32 +303,112 @@ def _err(raw):
 
 
 def test_error_statuses(shard0):
+    """Every refusal answered with one ERROR: its status, and ``table_id`` naming the table (the
+    whole message's faults: ``NO_TABLE``)."""
     cfg, st_, raw = shard0
     mine = routing.owned_keys(cfg, 0, 0)
     theirs = routing.owned_keys(cfg, 0, 1)
     g2 = np.ones((2, 8), np.float32)
-    with np.errstate(over="ignore"):
-        fp16_inf = update_frames(cfg, 3, routing.owned_keys(cfg, 3, 0)[:1], np.full((1, 12), 1e5, np.float32), 111)
+    fp16_inf = update_frames(cfg, 3, routing.owned_keys(cfg, 3, 0)[:1], np.full((1, 12), 1e5, np.float32), 111)
+    NO = consts.NO_TABLE
     cases = [
-        (lookup_frames(cfg, 0, mine[:2], 101, shard_id=1), Status.WRONG_SHARD),
-        ([_mutate(lookup_frames(cfg, 0, mine[:2], 102)[0], table_id=2)], Status.UNKNOWN_TABLE),
-        (lookup_frames(cfg, 0, mine[:2], 103, dim=9), Status.DIM_MISMATCH),
-        (lookup_frames(cfg, 0, mine[:2], 104, dtype=consts.DType.FP16), Status.DIM_MISMATCH),
-        (lookup_frames(cfg, 0, np.array([mine[0], 2000], np.uint64), 105), Status.KEY_OUT_OF_RANGE),
-        (lookup_frames(cfg, 0, np.array([mine[0], theirs[0]], np.uint64), 106), Status.NOT_OWNER),
-        (update_frames(cfg, 0, np.array([mine[0], theirs[0]], np.uint64), g2, 107), Status.NOT_OWNER),
-        (update_frames(cfg, 0, np.array([mine[1], mine[1]], np.uint64), g2, 108), Status.MALFORMED),
-        (update_frames(cfg, 0, np.array([mine[1], 2**63], np.uint64), g2, 109), Status.KEY_OUT_OF_RANGE),
-        (update_frames(cfg, 0, mine[:2], np.array([[1] * 8, [np.nan] * 8], np.float32), 110), Status.MALFORMED),
-        (fp16_inf, Status.MALFORMED),  # 1e5 overflows fp16 on the wire: inf
+        (lookup_frames(cfg, 0, mine[:2], 101, shard_id=1), Status.WRONG_SHARD, NO),
+        (multi_lookup_frames(cfg, [(2, mine[:2])], 102), Status.UNKNOWN_TABLE, 2),
+        (lookup_frames(cfg, 0, mine[:2], 103, dim=9), Status.DIM_MISMATCH, 0),
+        (lookup_frames(cfg, 0, mine[:2], 104, dtype=consts.DType.FP16), Status.DIM_MISMATCH, 0),
+        (lookup_frames(cfg, 0, np.array([mine[0], 2000], np.uint64), 105), Status.KEY_OUT_OF_RANGE, 0),
+        (lookup_frames(cfg, 0, np.array([mine[0], theirs[0]], np.uint64), 106), Status.NOT_OWNER, 0),
+        (update_frames(cfg, 0, np.array([mine[0], theirs[0]], np.uint64), g2, 107), Status.NOT_OWNER, 0),
+        (update_frames(cfg, 0, np.array([mine[1], mine[1]], np.uint64), g2, 108), Status.MALFORMED, 0),
+        (update_frames(cfg, 0, np.array([mine[1], 2**63], np.uint64), g2, 109), Status.KEY_OUT_OF_RANGE, 0),
+        (update_frames(cfg, 0, mine[:2], np.array([[1] * 8, [np.nan] * 8], np.float32), 110), Status.MALFORMED, 0),
+        (fp16_inf, Status.MALFORMED, 3),  # 1e5 overflows fp16 on the wire: inf
     ]
-    for frames, status in cases:
+    for frames, status, table in cases:
         raw.send(frames)
         h = _err(raw)
-        assert (h.status, h.msg_id, h.client_id, h.shard_id) == (status, codec.parse_header(frames[0]).msg_id, 1, 0)
+        assert (h.status, h.table_id, h.msg_id, h.client_id, h.shard_id) == \
+            (status, table, codec.parse_header(frames[0]).msg_id, 1, 0)
+        assert h.num_tables == codec.parse_header(frames[0]).num_tables  # copied from the request
     c = st_.counters()
     assert c["errors"]["DIM_MISMATCH"] == 2 and c["errors"]["NOT_OWNER"] == 2 and c["errors"]["MALFORMED"] == 3
     assert c["updates_applied"] == 0 and c["rows"]["0"] == 0 and c["rows"]["3"] == 0  # nothing applied
+    assert probe(raw, cfg).header.msg_type == MsgType.LOOKUP_REPLY
+
+
+def test_one_bad_table_refuses_the_whole_message(shard0):
+    """A message of several tables with one bad table: one ERROR naming the first bad table in
+    directory order, and nothing of the message applied — the good tables' rows untouched
+    (docs/protocol.md, "Errors")."""
+    cfg, st_, raw = shard0
+    k0, k1, k3 = (routing.owned_keys(cfg, t, 0)[:5] for t in (0, 1, 3))
+    g = {0: np.ones((5, 8), np.float32), 1: np.ones((5, 16), np.float32), 3: np.ones((5, 12), np.float32)}
+    bad_keys = np.r_[k1[:4], 5000].astype(np.uint64)  # table 1 has 5000 rows
+    nan = g[3].copy()
+    nan[2, 5] = np.nan
+    cases = [  # (update parts, status, the table the ERROR names)
+        ([(0, k0, g[0]), (1, bad_keys, g[1]), (3, k3, g[3])], Status.KEY_OUT_OF_RANGE, 1),
+        ([(0, k0, g[0]), (3, k3, nan), (1, bad_keys, g[1])], Status.MALFORMED, 3),  # first bad table
+        ([(3, k3, g[3]), (0, np.r_[k0[:4], k0[:1]].astype(np.uint64), g[0]), (1, k1, g[1])], Status.MALFORMED, 0),
+        ([(1, k1, g[1]), (0, k0, g[0])], Status.DIM_MISMATCH, 0),  # (dims below)
+    ]
+    for i, (parts, status, table) in enumerate(cases):
+        dims = {0: 4} if status == Status.DIM_MISMATCH else None
+        if dims:
+            parts = [(1, k1, g[1]), (0, k0, np.ones((5, 4), np.float32))]
+        raw.send(multi_update_frames(cfg, parts, 300 + i, dims=dims))
+        h = _err(raw)
+        assert (h.status, h.table_id, h.msg_id, h.num_tables) == (status, table, 300 + i, len(parts))
+    raw.send(multi_lookup_frames(cfg, [(3, k3), (0, np.r_[k0[:2], routing.owned_keys(cfg, 0, 1)[:1]]), (1, bad_keys)],
+                                 310))
+    h = _err(raw)
+    assert (h.status, h.table_id) == (Status.NOT_OWNER, 0)
+    c = st_.counters()
+    assert c["updates_applied"] == 0 and all(v == 0 for v in c["rows"].values()) and c["dedup_entries"] == 0
+    # the same updates without the bad table are applied
+    raw.send(multi_update_frames(cfg, [(0, k0, g[0]), (3, k3, g[3])], 320))
+    assert raw.recv().header.msg_type == MsgType.UPDATE_ACK
+    c = st_.counters()
+    assert c["updates_applied"] == 1 and c["rows"] == {"0": 5, "1": 0, "3": 5}
+
+
+def _body_frames(cfg, directory, keys, msg_id=400, msg_type=MsgType.LOOKUP_REQ, num_keys=None, value_len=None,
+                 values=b""):
+    """A request built by hand from a directory that need not add up to the header."""
+    body = directory.tobytes() + np.asarray(keys, np.uint64).tobytes() + bytes(values)
+    n = len(keys) if num_keys is None else num_keys
+    vl = codec.value_len_of(directory) if value_len is None else value_len
+    return codec.encode_message(msg_type, msg_id=msg_id, client_id=1, shard_id=0, num_tables=len(directory),
+                                num_keys=n, value_len=vl, body=body, mtu=cfg.mtu)
+
+
+def test_directory_that_does_not_add_up_is_malformed(shard0):
+    """A directory whose counts or row bytes disagree with the header, a table twice, a zero
+    count or dim, an unknown dtype: ERROR MALFORMED, naming the table where the fault is one
+    table's (``codec.parse_request_body``), nothing served."""
+    cfg, st_, raw = shard0
+    k = routing.owned_keys(cfg, 0, 0)[:4].astype(np.uint64)
+    d = codec.make_directory([0, 1], [8, 16], [1, 1], [2, 2])
+    twice = codec.make_directory([0, 0], [8, 8], [1, 1], [2, 2])
+    zero_dim = codec.make_directory([0, 1], [8, 0], [1, 1], [2, 2])
+    bad_dt = codec.make_directory([0, 1], [8, 16], [1, 7], [2, 2])
+    cases = [  # frames, table named
+        (_body_frames(cfg, d, k, value_len=codec.value_len_of(d) + 4), consts.NO_TABLE),  # row bytes != value_len
+        (_body_frames(cfg, twice, k), 0),
+        (_body_frames(cfg, zero_dim, k, value_len=2 * 8 * 4 + 2 * 2), 1),
+        (_body_frames(cfg, bad_dt, k, value_len=2 * 8 * 4 + 2 * 2), 1),
+    ]
+    for i, (frames, table) in enumerate(cases):
+        raw.send(frames)
+        h = _err(raw)
+        assert (h.status, h.table_id, h.msg_id) == (Status.MALFORMED, table, 400), i
+    # an update whose directory counts 5 keys where the header says 4 (the lengths still fit)
+    d5 = codec.make_directory([0], [8], [1], [5])
+    raw.send(_body_frames(cfg, d5, k, msg_type=MsgType.UPDATE_REQ, value_len=4 * 32, values=bytes(4 * 32)))
+    h = _err(raw)
+    assert (h.status, h.table_id) == (Status.MALFORMED, consts.NO_TABLE)
+    c = st_.counters()
+    assert c["errors"]["MALFORMED"] == 5 and c["updates_applied"] == 0 and c["lookup_keys"] == 0
     assert probe(raw, cfg).header.msg_type == MsgType.LOOKUP_REPLY
 
 
@@ -263,7 +418,8 @@ def test_multi_fragment_refusal_answered_once(shard0):
     frames = lookup_frames(cfg, 1, keys, 7, shard_id=1)  # wrong shard, 2 fragments
     assert len(frames) == 2
     raw.send(frames[::-1])
-    assert _err(raw).status == Status.WRONG_SHARD
+    h = _err(raw)
+    assert (h.status, h.table_id) == (Status.WRONG_SHARD, consts.NO_TABLE)
     assert probe(raw, cfg).header.msg_id == 999_999  # no second ERROR in between
     assert st_.counters()["errors"]["WRONG_SHARD"] == 1
 
@@ -274,8 +430,9 @@ def test_client_sees_shard_error():
         bad = parse_config({**cl.cfg.raw, "tables": [{**TABLES[0], "dim": 4}],
                             "shards": [{"id": s.id, "ip": s.ip, "port": s.port} for s in cl.cfg.shards]})
         with EmbeddingClient(bad, 1, bind=("127.0.0.1", 0)) as c:
-            with pytest.raises(ShardError, match="DIM_MISMATCH"):
+            with pytest.raises(ShardError, match="DIM_MISMATCH") as e:
                 c.lookup({0: np.arange(10, dtype=np.uint64)})
+    assert e.value.table_id == 0
 
 
 # ---- malformed frames: counted, answered or dropped, server lives on -------------------------
@@ -290,17 +447,19 @@ def _mutate(frame, **fields):
 
 
 @pytest.mark.parametrize("name,make,reason,answered", [
-    ("truncated", lambda f: f[:39], "too_short", False),
+    ("truncated", lambda f: f[:43], "too_short", False),
     ("empty", lambda f: b"", "too_short", False),
     ("bad_magic", lambda f: b"\x12\x34" + f[2:], "bad_magic", False),
-    ("bad_version", lambda f: f[:2] + b"\x02" + f[3:], "bad_version", False),
+    ("version_1", lambda f: f[:2] + b"\x01" + f[3:], "bad_version", False),
+    ("bad_version", lambda f: f[:2] + b"\x03" + f[3:], "bad_version", False),
     ("unknown_type", lambda f: f[:3] + b"\x09" + f[4:], "bad_type", False),
-    ("reply_type", lambda f: _mutate(f, msg_type=MsgType.LOOKUP_REPLY, msg_len=0, frag_len=0)[:40], "bad_type", False),
+    ("reply_type", lambda f: _mutate(f, msg_type=MsgType.LOOKUP_REPLY, msg_len=0, frag_len=0)[:44], "bad_type", False),
     ("truncated_body", lambda f: f[:-3], "bad_length", True),
     ("length_too_big", lambda f: _mutate(f, num_keys=1000), "bad_length", True),
+    ("num_tables_off", lambda f: _mutate(f, num_tables=2), "bad_length", True),
+    ("value_len_below_2n", lambda f: _mutate(f, value_len=3), "bad_length", True),
     ("frag_beyond_msg", lambda f: _mutate(f, frag_offset=8), "bad_length", True),
     ("frag_count_zero", lambda f: _mutate(f, frag_count=0), "bad_length", True),
-    ("bad_dtype", lambda f: _mutate(f, dtype=7), "bad_dtype", True),
     ("frag_mismatch", lambda f: _mutate(f, frag_count=2, frag_index=1, frag_offset=0), "frag_mismatch", False),
     ("too_many_frags", lambda f: _mutate(f, frag_count=257), "too_many_frags", True),
 ])
@@ -310,7 +469,7 @@ def test_malformed_frame_counted_and_server_lives(shard0, name, make, reason, an
     m = probe(raw, cfg)  # replies come back in order: an answer to the bad frame comes first
     if answered:
         assert m.header.msg_type == MsgType.ERROR and m.header.status == Status.MALFORMED
-        assert m.header.msg_id == 77 and m.header.dtype <= 2
+        assert m.header.msg_id == 77 and m.header.table_id == consts.NO_TABLE
         m = raw.recv()
     assert m.header.msg_id == 999_999  # alive; nothing else was answered
     c = st_.counters()
@@ -323,15 +482,17 @@ BIG_DIM = [{"id": 0, "rows": 4000, "dim": 512, "optimizer": "sgd", "lr": 0.1}]
 
 
 def test_lookup_whose_reply_needs_over_256_fragments_refused():
-    """A lookup whose reply would need more than 256 fragments is answered MALFORMED."""
+    """A lookup whose reply (``value_len``) would need more than 256 fragments is answered
+    MALFORMED for the whole message (``NO_TABLE``), at fragment 0 from the header alone."""
     cfg = make_cfg(tables=BIG_DIM)
-    cap = consts.max_keys_per_message(MsgType.LOOKUP_REQ, 512, 1, 1500)  # 179 keys of 2 KiB rows
+    cap = consts.MAX_FRAGS * consts.max_body_per_frame(1500) // (512 * 4)  # 178 keys of 2 KiB rows
     with ServerThread(cfg, 0) as st_:
         raw = Raw(st_.address)
         set_socket_buffers(raw.sock)  # a 366 KB reply arrives in one burst
         keys = routing.owned_keys(cfg, 0, 0)
         raw.send(lookup_frames(cfg, 0, keys[:cap + 1], 5))
-        assert _err(raw).status == Status.MALFORMED
+        h = _err(raw)
+        assert (h.status, h.table_id) == (Status.MALFORMED, consts.NO_TABLE)
         raw.send(lookup_frames(cfg, 0, keys[:cap], 6))
         m = raw.recv()
         raw.close()
@@ -344,7 +505,7 @@ def test_client_splits_what_needs_over_256_fragments():
     cfg = make_cfg(tables=BIG_DIM)
     ref = LocalBackend(cfg)
     keys = np.arange(0, 4000, 3, dtype=np.uint64)  # 1334 keys, ~667 per shard: 4 messages each
-    cap = consts.max_keys_per_message(MsgType.LOOKUP_REQ, 512, 1, 1500)
+    cap = consts.MAX_FRAGS * consts.max_body_per_frame(1500) // (512 * 4)
     per_shard = [int(routing.owns(cfg, 0, s, keys).sum()) for s in (0, 1)]
     # (msg_frames=None: only the 256-fragment bound and the window split messages here)
     with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), msg_frames=None) as c:
@@ -404,7 +565,11 @@ _FUZZ_FRAMES = (lookup_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[
                 + update_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:40],
                                 np.ones((40, 8), np.float32), 2)
                 + update_frames(_FUZZ_CFG, 3, routing.owned_keys(_FUZZ_CFG, 3, 0)[:5],
-                                np.ones((5, 12), np.float32), 3))
+                                np.ones((5, 12), np.float32), 3)
+                + multi_update_frames(_FUZZ_CFG, [(1, routing.owned_keys(_FUZZ_CFG, 1, 0)[:3], np.ones((3, 16))),
+                                                  (0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:2], np.ones((2, 8)))], 4)
+                + multi_lookup_frames(_FUZZ_CFG, [(3, routing.owned_keys(_FUZZ_CFG, 3, 0)[:2]),
+                                                  (1, routing.owned_keys(_FUZZ_CFG, 1, 0)[:30])], 5))
 
 
 # ---- the command -----------------------------------------------------------------------------

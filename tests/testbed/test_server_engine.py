@@ -19,7 +19,7 @@ from embnic.client_lib.reassembly import Reassembler
 from embnic.testbed.server import cintake, udpio
 from embnic.testbed.server.runner import ServerThread
 
-from test_server import lookup_frames, make_cfg, update_frames
+from test_server import lookup_frames, make_cfg, multi_lookup_frames, multi_update_frames, reply_rows, update_frames
 
 PROBE_ID = 0x7FFF0000
 
@@ -32,10 +32,11 @@ def _mutate(frame, **fields):
 def build_stream(cfg, seed):
     """A mixed request stream for shard 0 from clients 1 and 2: ``[(client, frame), ...]``.
 
-    Lookups and updates of 1..600 keys (up to 27 fragments), retransmitted updates with
-    reordered and duplicated fragments, a reused message id with another body, refused
-    requests (not owner, out of range, duplicate keys, NaN, wrong shard, unknown table, wrong
-    dim) and frames that do not parse.
+    Lookups and updates of one to three tables (1..600 keys each, up to ~60 fragments),
+    retransmitted updates with reordered and duplicated fragments, a reused message id with
+    another body, refused requests (not owner, out of range, duplicate keys, NaN, wrong shard,
+    unknown table, wrong dim — each in a message of several tables, some with the bad table
+    after good ones) and frames that do not parse.
     """
     rng = np.random.default_rng(seed)
     pyr = random.Random(seed)
@@ -45,37 +46,47 @@ def build_stream(cfg, seed):
     theirs = {t.id: routing.owned_keys(cfg, t.id, 1) for t in cfg.tables}
     for step in range(90):
         c = 1 + step % 2
-        t = cfg.tables[int(rng.integers(0, len(cfg.tables)))]
-        n = int(rng.choice([1, 3, 40, 250, 600]))
-        keys = np.sort(rng.choice(mine[t.id], size=min(n, mine[t.id].size), replace=False)).astype(np.uint64)
+        nt = int(rng.choice([1, 1, 2, 3]))
+        tabs = [cfg.tables[int(i)] for i in rng.permutation(len(cfg.tables))[:nt]]
+        t = tabs[0]
+        parts = []
+        for tt in tabs:
+            n = int(rng.choice([1, 3, 40, 250, 600]))
+            parts.append((tt.id, np.sort(rng.choice(mine[tt.id], size=min(n, mine[tt.id].size),
+                                                    replace=False)).astype(np.uint64)))
+        keys = parts[0][1]
         kind = 1.0 if step % 10 == 9 else 0.85 * rng.random()  # every 10th: a bad case, each kind once
         m = mid[c]
         mid[c] += 1
         if kind < 0.4:
-            fr = lookup_frames(cfg, t.id, keys, m, client_id=c)
+            fr = multi_lookup_frames(cfg, parts, m, client_id=c)
             if rng.random() < 0.3:
                 pyr.shuffle(fr)
             out += [(c, f) for f in fr]
         elif kind < 0.85:
-            g = rng.standard_normal((keys.size, t.dim)).astype(np.float32)
-            fr = update_frames(cfg, t.id, keys, g, m, client_id=c)
+            up = [(tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)) for tid, k in parts]
+            fr = multi_update_frames(cfg, up, m, client_id=c)
             out += [(c, f) for f in fr]
             if rng.random() < 0.4:  # retransmission: reordered, two fragments twice
-                re = update_frames(cfg, t.id, keys, g, m, client_id=c, flags=consts.Flags.RETRANSMIT)
+                re = multi_update_frames(cfg, up, m, client_id=c, flags=consts.Flags.RETRANSMIT)
                 pyr.shuffle(re)
                 # a fragment twice before the message completes, one again after it (which
                 # opens a message that never completes)
                 out += [(c, f) for f in re[:1] + re + re[:1]]
             if rng.random() < 0.15:  # the same id with another body: a new update
-                out += [(c, f) for f in update_frames(cfg, t.id, keys, 2 * g, m, client_id=c)]
+                out += [(c, f) for f in multi_update_frames(cfg, [(tid, k, 2 * g) for tid, k, g in up], m,
+                                                            client_id=c)]
         else:
             bad = step // 10
             k2 = np.sort(np.r_[keys[:2], theirs[t.id][:1]]).astype(np.uint64)
+            good = [(cfg.tables[-1].id, mine[cfg.tables[-1].id][:3])] if t.id != cfg.tables[-1].id else []
             if bad == 0:
-                fr = lookup_frames(cfg, t.id, k2, m, client_id=c)  # NOT_OWNER
-            elif bad == 1:
+                fr = multi_lookup_frames(cfg, good + [(t.id, k2)], m, client_id=c)  # NOT_OWNER
+            elif bad == 1:  # duplicate keys in an update
                 g = np.ones((keys.size + 1, t.dim), np.float32)
-                fr = update_frames(cfg, t.id, np.r_[keys, keys[:1]].astype(np.uint64), g, m, client_id=c)
+                fr = multi_update_frames(cfg, [(t.id, np.r_[keys, keys[:1]].astype(np.uint64), g)]
+                                         + [(x, k, np.ones((k.size, cfg.table(x).dim), np.float32)) for x, k in good],
+                                         m, client_id=c)
             elif bad == 2:
                 g = np.ones((keys.size, t.dim), np.float32)
                 g[-1, 0] = np.nan
@@ -83,11 +94,11 @@ def build_stream(cfg, seed):
             elif bad == 3:
                 fr = lookup_frames(cfg, t.id, keys, m, client_id=c, shard_id=1)  # WRONG_SHARD
             elif bad == 4:
-                fr = [_mutate(f, table_id=9) for f in lookup_frames(cfg, t.id, keys, m, client_id=c)]
+                fr = multi_lookup_frames(cfg, parts + [(9, keys[:2])], m, client_id=c)  # UNKNOWN_TABLE 9
             elif bad == 5:
                 fr = lookup_frames(cfg, t.id, keys, m, client_id=c, dim=t.dim + 1)  # DIM_MISMATCH
             elif bad == 6:
-                fr = [f[:39] for f in lookup_frames(cfg, t.id, keys, m, client_id=c)]  # too_short
+                fr = [f[:43] for f in lookup_frames(cfg, t.id, keys, m, client_id=c)]  # too_short
             elif bad == 7:
                 fr = [f[:-3] for f in lookup_frames(cfg, t.id, keys, m, client_id=c)]  # bad_length
             else:  # a fragment contradicting its message's first fragment: frag_mismatch
@@ -141,8 +152,8 @@ def _comparable(c):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.parametrize("kw", [{"small": 0, "small_keys": 0}, {"gso": False, "batch": 7, "small": 0, "c_intake": False},
-                                {"small": 64, "small_keys": 10**6, "small_lookup_keys": 10**6, "c_intake": False}, {"batch": 7}])
+@pytest.mark.parametrize("kw", [{"small": 0}, {"gso": False, "batch": 7, "small": 0, "c_intake": False},
+                                {"small": 64, "c_intake": False}, {"batch": 7}])
 def test_batch_engine_equals_reference(seed, kw):
     """The batch engine (C intake where built, and the numpy one) against the reference."""
     cfg = make_cfg()
@@ -182,11 +193,16 @@ def _frames_for_checks(cfg, rng):
     for i in range(60):
         t = cfg.tables[i % len(cfg.tables)]
         keys = np.sort(rng.choice(routing.owned_keys(cfg, t.id, 0), int(rng.choice([1, 5, 300])), replace=False))
+        t2 = cfg.tables[(i + 1) % len(cfg.tables)]
+        k2 = routing.owned_keys(cfg, t2.id, 0)[:int(rng.choice([1, 40]))]
         if i % 2:
-            fr = lookup_frames(cfg, t.id, keys.astype(np.uint64), 10 + i, client_id=1 + i % 2)
+            fr = multi_lookup_frames(cfg, [(t.id, keys.astype(np.uint64))] + ([(t2.id, k2)] if i % 3 else []), 10 + i,
+                                     client_id=1 + i % 2)
         else:
             g = rng.standard_normal((keys.size, t.dim)).astype(np.float32)
-            fr = update_frames(cfg, t.id, keys.astype(np.uint64), g, 10 + i, client_id=1 + i % 2)
+            fr = multi_update_frames(cfg, [(t.id, keys.astype(np.uint64), g)]
+                                     + ([(t2.id, k2, np.ones((k2.size, t2.dim)))] if i % 3 else []), 10 + i,
+                                     client_id=1 + i % 2)
         for f in fr:
             b = bytearray(f)
             r = rng.random()
@@ -203,6 +219,7 @@ def _frames_for_checks(cfg, rng):
 def test_c_intake_equals_the_numpy_intake():
     """Header checks and grouping by message, C against numpy, on valid, bit-flipped and cut
     frames, shuffled with duplicates, in batches of every size."""
+    from embnic.testbed.server import intake
     from embnic.testbed.server.engine import BatchShardServer
 
     cfg = make_cfg()
@@ -229,7 +246,7 @@ def test_c_intake_equals_the_numpy_intake():
             full = bs.lens[:n] >= consts.HDR_LEN
             assert np.array_equal(cols_c[full], cols_py[full]) and not cols_c[~full].any()
             assert np.array_equal(ok_c, ok_py) and np.array_equal(p_c[ok_c], p_py[ok_py])
-            mg = np.flatnonzero(ok_c & (cols_c[:, 15] > 1))
+            mg = np.flatnonzero(ok_c & (cols_c[:, intake.FC] > 1))
             if mg.size:
                 order, grp = cin.whole(mg)
                 ref = srv._group(mg, cols_c, p_c)
@@ -263,7 +280,7 @@ def test_batch_engine_equals_local_backend_when_updates_share_a_wakeup():
         assert np.array_equal(a, b)
     re = Reassembler(expect="reply")
     msgs = [m for m in (re.feed(f) for f in got[1]) if m is not None and m.header.msg_id == 99]
-    assert np.array_equal(codec.body_to_rows(msgs[0].body, 300, 8), ref.lookup(0, keys))
+    assert np.array_equal(np.frombuffer(msgs[0].body, "<f4").reshape(300, 8), ref.lookup(0, keys))
 
 
 def test_udpio_gso_and_plain_send_the_same_datagrams():
@@ -371,8 +388,9 @@ def test_workers_answer_lookups_whose_rows_overflow_the_peer_socket(tmp_path):
 def test_workers_behind_one_address_equal_local_backend(tmp_path):
     """``embnic server --workers 2``: rows split by id range over two worker processes (each
     holds exactly the rows ``worker_of`` gives it, and both asked the other for rows); messages
-    steered by client and table; rows equal LocalBackend's; a retransmitted update is re-acked,
-    not re-applied; counters summed."""
+    of several tables steered by client and message id, each served whole by its home; rows
+    equal LocalBackend's; a retransmitted update of two tables is re-acked, not re-applied;
+    counters summed."""
     import json
 
     from embnic.client_lib.client import EmbeddingClient
@@ -396,14 +414,14 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
                 c.update(upd)
                 for t, (k, g) in upd.items():
                     ref.update(t, k, g)
-            # an update sent twice (a retransmission): acked twice, applied once
+            # an update of two tables sent twice (a retransmission): acked twice, applied once
             raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             raw.bind(("127.0.0.1", 0))
             raw.settimeout(20.0)  # a safety bound for a lost server, not a timing assertion
             k, g = req[1], rng.standard_normal((req[1].size, 4)).astype(np.float32)
+            k2, g2 = req[2], rng.standard_normal((req[2].size, 16)).astype(np.float32)
             for flags in (0, consts.Flags.RETRANSMIT):
-                for f in codec.encode_update(msg_id=0x70000001, client_id=1, table_id=1, shard_id=0, dtype=1,
-                                             keys=k, grads=g, mtu=cfg.mtu, flags=flags):
+                for f in multi_update_frames(cfg, [(1, k, g), (2, k2, g2)], 0x70000001, flags=flags):
                     raw.sendto(f, (cfg.shards[0].ip, cfg.shards[0].port))
                 re_ = Reassembler(expect="reply")
                 while (a := re_.feed(raw.recv(65536))) is None:
@@ -411,6 +429,7 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
                 assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 0x70000001
             raw.close()
             ref.update(1, k, g)
+            ref.update(2, k2, g2)
             for t, (ks, _, _) in ref.state_dict().items():
                 assert np.array_equal(c.lookup({t: ks})[t], ref.lookup(t, ks)), t
             client_retransmits = c.stats.retransmits
@@ -421,7 +440,8 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
     # applied exactly once each; the duplicates are the raw retransmission plus any update the
     # client itself re-sent after its timer fired on a busy machine (acked again, never re-applied)
-    assert counters["updates_applied"] == 10
+    # (protocol v2: one update message per round — the client splits only past msg_frames)
+    assert counters["updates_applied"] == counters["requests"]["UPDATE_REQ"] - counters["duplicates"] >= 4
     assert 1 <= counters["duplicates"] <= 1 + client_retransmits, (counters["duplicates"], client_retransmits)
     assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
     assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
@@ -469,17 +489,41 @@ def test_cli_workers_need_the_batch_engine(tmp_path):
     assert r.exit_code == 2 and "--workers needs --engine batch" in r.output
 
 
-def test_steering_program_picks_the_home_of_client_and_table():
-    """The cBPF program is ldh [12] (client_id), tax, ldh [14] (table_id), add x, mod N, ret A —
-    checked instruction by instruction, and the offsets against the header's field table."""
+def test_steering_program_picks_the_home_of_client_and_message():
+    """The cBPF program is ld [8] (msg_id), mod N, tax, ldh [12] (client_id), add x, mod N, ret A —
+    checked instruction by instruction, the offsets against the header's field table, and in the
+    kernel: three SO_REUSEPORT sockets with it attached, datagrams of many (client, msg id) pairs
+    (msg ids near 2^32 too) reach socket ``(client_id + msg_id) % 3``."""
     import struct
 
-    from embnic.testbed.server.workers import steering_program
+    from embnic.testbed.server.workers import _reuseport_sockets, home_of, steering_program
 
-    ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 48, 8)]
-    assert ins == [(0x28, 0, 0, 12), (0x07, 0, 0, 0), (0x28, 0, 0, 14), (0x0c, 0, 0, 0), (0x94, 0, 0, 3),
-                   (0x16, 0, 0, 0)]
-    assert [f[1:] for f in consts.HEADER_FIELDS if f[0] in ("client_id", "table_id")] == [(12, 2), (14, 2)]
+    ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 56, 8)]
+    assert ins == [(0x20, 0, 0, 8), (0x94, 0, 0, 3), (0x07, 0, 0, 0), (0x28, 0, 0, 12), (0x0c, 0, 0, 0),
+                   (0x94, 0, 0, 3), (0x16, 0, 0, 0)]
+    assert [f[1:] for f in consts.HEADER_FIELDS if f[0] in ("msg_id", "client_id")] == [(8, 4), (12, 2)]
+    socks = _reuseport_sockets("127.0.0.1", 0, 3)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for s in socks:
+            s.settimeout(10.0)  # a bound for a lost datagram, not a timing assertion
+        rng = np.random.default_rng(3)
+        pairs = [(int(c), int(m)) for c, m in zip(rng.integers(0, 1 << 16, 40), rng.integers(0, 1 << 32, 40))]
+        pairs += [(65535, 2**32 - 1), (1, 2**32 - 2), (0, 0), (7, 2**31)]
+        for cid, mid in pairs:
+            h = codec.Header(consts.MAGIC, consts.VERSION, MsgType.LOOKUP_REQ, 0, 0, 0, mid, cid, 0, 1,
+                             consts.NO_TABLE, 1, 8, 24, 0, 0, 1, 24, 0)
+            tx.sendto(h.pack() + bytes(24), socks[0].getsockname())
+            got = socks[home_of(cid, mid, 3)].recv(100)
+            assert codec.unpack_header(got)[6:8] == (mid, cid)
+        for s in socks:  # nothing reached another socket
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(100)
+    finally:
+        tx.close()
+        for s in socks:
+            s.close()
 
 
 def test_worker_of_splits_the_hash_space_into_contiguous_slices():
@@ -507,7 +551,7 @@ REFUSAL_TABLES = [
 ]
 
 
-@pytest.mark.parametrize("engine,kw", [("reference", {}), ("batch", {"small": 0, "small_keys": 0}), ("batch", {})])
+@pytest.mark.parametrize("engine,kw", [("reference", {}), ("batch", {"small": 0}), ("batch", {"c_intake": False})])
 def test_shard_refuses_exactly_the_gradients_local_backend_refuses(engine, kw):
     """One rule (table_numerics.gradient_rows_ok, docs/protocol.md "Reliability"): a finite gradient
     whose step overflows float32 — Adagrad's g² for |g| = 1e20, SGD's lr·g — is refused like NaN/inf,
@@ -551,3 +595,145 @@ def test_shard_refuses_exactly_the_gradients_local_backend_refuses(engine, kw):
         for a, b in zip(state[tid], want[tid]):
             assert np.array_equal(a, b)
         assert np.isfinite(state[tid][1]).all() and np.isfinite(state[tid][2]).all()
+
+
+def _lossy_exchange(addr, msgs, rng, *, want, loss=0.3, dup=0.1, reorder=0.2, max_rounds=500):
+    """Deliver request messages ``{msg_id: frames}`` over a simulated lossy link until each is
+    answered: every round re-sends the unanswered messages' frames with ``loss`` of them lost,
+    ``dup`` duplicated and ``reorder`` of adjacent pairs swapped, and loses ``loss`` of the reply
+    frames. Returns ``{msg_id: the reply's header}`` (``want``: the expected reply type) and the
+    rounds it took. 500 rounds: a 4-fragment message and its one-frame answer pass a round with
+    p ≥ 0.7^5 ≈ 0.17 (more, since the shard keeps the fragments it holds): failing 500 times in
+    a row has probability below 1e-40."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    set_socket_buffers(sock)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.05)  # the end of one round's answers, not a timing assertion
+    got = {}
+    try:
+        for rounds in range(1, max_rounds + 1):
+            out = []
+            for mid in [m for m in msgs if m not in got]:
+                for f in msgs[mid]:
+                    if rng.random() >= loss:
+                        out += [f, f] if rng.random() < dup else [f]
+            for i in range(len(out) - 1):
+                if rng.random() < reorder:
+                    out[i], out[i + 1] = out[i + 1], out[i]
+            for f in out:
+                sock.sendto(f, addr)
+            while True:
+                try:
+                    data = sock.recv(65536)
+                except socket.timeout:
+                    break
+                if rng.random() < loss:
+                    continue  # the answer was lost on its way back
+                h = codec.parse_header(data, expect="reply")
+                assert h.msg_type == want, h
+                got[h.msg_id] = h
+            if len(got) == len(msgs):
+                return got, rounds
+    finally:
+        sock.close()
+    raise AssertionError(f"{len(msgs) - len(got)} messages unanswered after {max_rounds} rounds")
+
+
+def _lossy_waves(cfg, seed, shard=0):
+    """3 waves of 8 update messages of 2-3 tables each (≤ 4 fragments), keys disjoint within a
+    wave and overlapping across waves: ``[[(msg_id, parts), ...], ...]``."""
+    rng = np.random.default_rng(seed)
+    pools = {t.id: routing.owned_keys(cfg, t.id, shard)[:400] if t.rows else
+             np.sort(rng.choice(2**62, 400, replace=False)).astype(np.uint64) for t in cfg.tables}
+    waves, mid = [], 0x10000
+    for _ in range(3):
+        perm = {tid: rng.permutation(p.size) for tid, p in pools.items()}
+        wave = []
+        for j in range(8):
+            tids = [cfg.tables[int(i)].id for i in rng.permutation(len(cfg.tables))[:int(rng.integers(2, 4))]]
+            parts = []
+            for tid in tids:
+                k = np.sort(pools[tid][perm[tid][j * 25:j * 25 + int(rng.integers(5, 25))]])
+                parts.append((tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)))
+            wave.append((mid, parts))
+            mid += 1
+        waves.append(wave)
+    return waves
+
+
+@pytest.mark.parametrize("engine", ["batch", "reference"])
+def test_multi_table_updates_exactly_once_over_a_lossy_link(engine):
+    """Updates of 2-3 tables each (≤ 4 fragments) through 30 % loss, 10 % duplication and 20 %
+    reordering in both directions, re-sent until acknowledged: every message applied exactly
+    once, all its tables (rows and Adagrad accumulators equal LocalBackend's bit for bit), the
+    re-sends re-acked as duplicates."""
+    cfg = make_cfg()
+    ref = LocalBackend(cfg)
+    rng = random.Random(7)
+    with ServerThread(cfg, 0, engine=engine) as st:
+        rounds = []
+        for wave in _lossy_waves(cfg, 3):
+            msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}
+            assert max(len(f) for f in msgs.values()) <= 4
+            rounds.append(_lossy_exchange(st.address, msgs, rng, want=MsgType.UPDATE_ACK)[1])
+            for _, parts in wave:
+                for tid, k, g in parts:
+                    ref.update(tid, k, g)
+        c = st.counters()
+        state = st.state_dict()
+    assert c["updates_applied"] == 24 and c["duplicates"] > 0 and sum(c["errors"].values()) == 0
+    assert max(rounds) > 1  # the link did lose what mattered
+    want = ref.state_dict()
+    for tid in want:
+        for a, b in zip(state[tid], want[tid]):
+            assert np.array_equal(a, b), tid
+
+
+def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_path):
+    """The same through ``--workers 2`` (each message's home by (client_id + msg_id) % 2, rows of
+    every table split over both workers): rows read back with lossy multi-table lookups equal
+    LocalBackend's; every update applied once."""
+    import json
+
+    tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 1, "dim": 4, "optimizer": "sgd"},
+              {"id": 2, "rows": 5000, "dim": 16, "dtype": "fp16"}]
+    p, cfg = _start_worker_shard(tmp_path, tables, 2)
+    try:
+        ref = LocalBackend(cfg)
+        rng = random.Random(11)
+        addr = (cfg.shards[0].ip, cfg.shards[0].port)
+        waves = _lossy_waves(cfg, 5)
+        for wave in waves:
+            msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}
+            _lossy_exchange(addr, msgs, rng, want=MsgType.UPDATE_ACK)
+            for _, parts in wave:
+                for tid, k, g in parts:
+                    ref.update(tid, k, g)
+        keys = {t: np.unique(np.concatenate([k for w in waves for _, parts in w for tt, k, _ in parts if tt == t]))
+                for t in (0, 1, 2)}
+        look = [[(t, keys[t][a:a + 100]) for t in (2, 0, 1) if keys[t][a:a + 100].size]
+                for a in range(0, max(k.size for k in keys.values()), 100)]  # a table once per message
+        msgs = {0x20000 + i: multi_lookup_frames(cfg, parts, 0x20000 + i) for i, parts in enumerate(look)}
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(20.0)  # a bound for a lost shard, not a timing assertion
+        try:
+            for mid, fr in msgs.items():  # read back without loss: whole replies
+                for f in fr:
+                    sock.sendto(f, addr)
+                re_ = Reassembler(expect="reply")
+                while (m := re_.feed(sock.recv(65536))) is None:
+                    pass
+                parts = look[mid - 0x20000]
+                assert m.header.msg_type == MsgType.LOOKUP_REPLY, m.header
+                for (t, k), rows in zip(parts, reply_rows(cfg, m, parts)):
+                    assert np.array_equal(rows, ref.lookup(t, k)), t
+        finally:
+            sock.close()
+        err = _stop_worker_shard(p)
+    finally:
+        _kill_worker_shard(p)
+    assert p.returncode == 0, err
+    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
+    assert counters["updates_applied"] == 24 and counters["duplicates"] > 0
+    assert all(w["wakeups"] > 0 and w["peer_calls"] > 0 for w in counters["workers"])

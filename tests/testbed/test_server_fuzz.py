@@ -136,8 +136,8 @@ def test_batch_engine_sequences(batch_shard, seq):
         socks[ADDRS.index(addr)].sendto(payload, st.address)
     probe = next(_probe)
     key = np.array([k for k in range(1200) if owns(CFG, 0, 0, np.array([k], np.uint64))[0]][:1], np.uint64)
-    socks[0].sendto(codec.encode_lookup(msg_id=probe, client_id=1, table_id=0, shard_id=0, dim=8,
-                                        dtype=1, keys=key)[0], st.address)
+    socks[0].sendto(codec.encode_lookup(msg_id=probe, client_id=1, shard_id=0, keys=key,
+                                        directory=codec.make_directory([0], [8], [1], [1]))[0], st.address)
     while True:  # the probe's answer comes after every reply to what was sent before it
         h = codec.parse_header(socks[0].recv(65536), expect="reply")
         assert h.shard_id == 0

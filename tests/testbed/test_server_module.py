@@ -56,7 +56,8 @@ def test_module_serves_a_lookup_and_stops_on_sigterm_with_its_counters(tmp_path)
     sock.settimeout(0.2)
     try:
         keys = np.array([3, 7], dtype=np.uint64)
-        frames = codec.encode_lookup(msg_id=1, client_id=1, table_id=0, shard_id=0, dim=4, dtype=1, keys=keys)
+        frames = codec.encode_lookup(msg_id=1, client_id=1, shard_id=0, keys=keys,
+                                     directory=codec.make_directory([0], [4], [1], [2]))
         deadline = time.monotonic() + 30
         reply = None
         while reply is None and time.monotonic() < deadline:  # readiness: it answers
@@ -69,7 +70,7 @@ def test_module_serves_a_lookup_and_stops_on_sigterm_with_its_counters(tmp_path)
                 pass
         assert reply is not None, "no reply within 30 s"
         h = codec.parse_header(reply, expect="reply")
-        assert h.msg_type == MsgType.LOOKUP_REPLY and h.msg_id == 1 and h.num_keys == 2
+        assert h.msg_type == MsgType.LOOKUP_REPLY and h.msg_id == 1 and h.num_keys == 2 and h.value_len == 32
     finally:
         sock.close()
         p.send_signal(signal.SIGTERM)

@@ -44,8 +44,8 @@ def _lookup(msg_id, keys=3, mtu=1500):
 
     from embnic.client_lib import codec
 
-    return codec.encode_lookup(msg_id=msg_id, client_id=1, table_id=0, shard_id=1, dim=8, dtype=1,
-                               keys=np.arange(keys, dtype=np.uint64), mtu=mtu)
+    return codec.encode_lookup(msg_id=msg_id, client_id=1, shard_id=1, keys=np.arange(keys, dtype=np.uint64),
+                               mtu=mtu, directory=codec.make_directory([0], [8], [1], [keys]))
 
 
 def test_trace_helpers_parse_group_and_match(tmp_path):
@@ -59,8 +59,8 @@ def test_trace_helpers_parse_group_and_match(tmp_path):
                                                    "pps": 1002.18, "failed": 0}
     # requests: a 1-fragment lookup, a 3-fragment lookup, an update; plus a non-embnic frame
     reqs_frames = _lookup(1) + _lookup(2, keys=400) + codec.encode_update(
-        msg_id=3, client_id=1, table_id=0, shard_id=0, dtype=1, keys=np.arange(2, dtype=np.uint64),
-        grads=np.ones((2, 8), np.float32))
+        msg_id=3, client_id=1, shard_id=0, keys=np.arange(2, dtype=np.uint64),
+        directory=codec.make_directory([0], [8], [1], [2]), values=np.ones((2, 8), np.float32).tobytes())
     frames = [(i * 1e-3, _frame(p, True)) for i, p in enumerate(reqs_frames)]
     frames.append((1.0, _frame(b"not embnic", True, port=53)))
     assert TR.udp_payload(frames[0][1])[:2] == (40000, 7878)
@@ -339,9 +339,8 @@ def test_error_replies_are_failures_not_completions(tmp_path):
     h1, h2 = (codec.parse_header(f) for f in reqs_frames)
     t.feed((5_000_000, False, _frame(codec.encode_reply(h1, MsgType.LOOKUP_REPLY, shard_id=1,
                                                         body=np.zeros((3, 8), np.float32).tobytes())[0], False)))
-    t.feed((6_000_000, False, _frame(codec.encode_message(MsgType.ERROR, msg_id=2, client_id=1, table_id=0,
-                                                          shard_id=1, dim=8, num_keys=3,
-                                                          status=Status.NOT_OWNER)[0], False)))
+    t.feed((6_000_000, False, _frame(codec.encode_reply(h2, MsgType.ERROR, shard_id=1, table_id=0,
+                                                        status=Status.NOT_OWNER)[0], False)))
     rep = TR._replay_report(tmp_path / "t.pcap", tmp_path / "t.json", reqs, {1: t}, {}, None, {}, None, False, 0,
                             tmp_path)
     assert (rep["messages_replied"], rep["messages_completed"], rep["messages_failed"]) == (2, 1, 1)
@@ -351,6 +350,21 @@ def test_error_replies_are_failures_not_completions(tmp_path):
     text = "\n".join(TR.replay_summary(rep))
     assert "1/2 completed (1 answered ERROR: NOT_OWNER 1; 0 unanswered)" in text, text
     assert "shard 1 NOT_OWNER 1" in text, text
+
+
+def test_a_trace_of_another_protocol_version_is_refused_by_name(tmp_path):
+    """A v1 trace (recorded before protocol v2) is a usage error naming the version and the fix,
+    from its sidecar or, without one, from its frames."""
+    from embnic.testbed.traces import trace as TR
+
+    v1 = bytes.fromhex("454d0101" "00010000" "00000007" "00020003" "00010008" "00000001" "00000008"
+                       "00000000" "00000001" "00080000") + bytes(8)
+    frames = [(0.0, _frame(v1, True))]
+    for sidecar in ({"protocol_version": 1}, None):
+        with pytest.raises(TR.TraceUsageError, match="protocol version 1 frames; this embnic speaks version 2.*"
+                                                     "record the trace again"):
+            TR.check_version(tmp_path / "t.pcap", frames, sidecar)
+    TR.check_version(tmp_path / "t.pcap", [(0.0, _frame(_lookup(1)[0], True))], None)  # v2: fine
 
 
 def test_shard_counters_from_log(tmp_path):
