@@ -123,7 +123,7 @@ def read_counters(sw: SimpleSwitch, nb_ports: int, shards: Iterable[int] = ()) -
 
     ``{"ports": [{port, rx_frames, rx_bytes, tx_frames, tx_bytes}], "types": {LOOKUP_REQ: n,
     ...}, "drops": {reason: n} (every reason), "arp": {"replies": n}, "completed":
-    {LOOKUP_REPLY: n, UPDATE_ACK: n, ERROR: n, SIZE_ACK: n} (messages whose whole reply passed,
+    {LOOKUP_REPLY: n, UPDATE_ACK: n, ERROR: n, SIZE_ACK: n, UPDATE_NACK: n} (messages whose whole reply passed,
     by reply type: every type of ``consts.REPLY_TYPES``, as the DPDK card), "shards": [{"shard": id, "completed": n}] for ``shards``, "state": {"expired": n}}``.
     """
     shards = list(shards)

@@ -19,7 +19,7 @@
  *   msg_id) else unsolicited_reply; the header's shard_id the entry's shard
  *   (the sender was already checked against that shard's route by
  *   Forwarding) else wrong_shard_reply; LOOKUP_REPLY or ERROR to a lookup,
- *   UPDATE_ACK or ERROR to an update, SIZE_ACK or ERROR to a SIZE_REQ, else wrong_reply_type; a
+ *   UPDATE_ACK, UPDATE_NACK or ERROR to an update, SIZE_ACK or ERROR to a SIZE_REQ, else wrong_reply_type; a
  *   LOOKUP_REPLY whose value_len is not the request's (its length is not the one the request
  *   announced) is bad_reply_len. When every fragment of the reply has passed, the entry is freed.
  * - Completed messages are counted by reply type (messages_completed) and
@@ -161,7 +161,8 @@ control StateMap(inout headers_t hdr,
                 meta.drop_reason = DROP_WRONG_SHARD_REPLY;
             } else if (!(hdr.embnic.msg_type == MSG_ERROR ||
                          (request_type == MSG_LOOKUP_REQ && hdr.embnic.msg_type == MSG_LOOKUP_REPLY) ||
-                         (request_type == MSG_UPDATE_REQ && hdr.embnic.msg_type == MSG_UPDATE_ACK) ||
+                         (request_type == MSG_UPDATE_REQ && (hdr.embnic.msg_type == MSG_UPDATE_ACK ||
+                                                              hdr.embnic.msg_type == MSG_UPDATE_NACK)) ||
                          (request_type == MSG_SIZE_REQ && hdr.embnic.msg_type == MSG_SIZE_ACK))) {
                 meta.drop_reason = DROP_WRONG_REPLY_TYPE;
             } else if (hdr.embnic.msg_type == MSG_LOOKUP_REPLY &&
@@ -188,7 +189,7 @@ control StateMap(inout headers_t hdr,
                     if (frags == all_frags) {
                         /* the whole reply has passed: free the entry */
                         slot_state.write(s, STATE_FREE);
-                        messages_completed.count((bit<32>)(hdr.embnic.msg_type & 7));
+                        messages_completed.count((bit<32>)(hdr.embnic.msg_type & 15));
                         completed_by_shard.count((bit<32>)hdr.embnic.shard_id);
                     } else {
                         slot_state.write(s, STATE_REPLYING);

@@ -44,6 +44,7 @@ const bit<64> EMBNIC_DIR_ENTRY  = 16;   /* bytes per table of a request's direct
 const bit<64> EMBNIC_KEY_SIZE   = 8;    /* bytes per key */
 const bit<64> EMBNIC_SIZE_ENTRY = 16;   /* bytes per entry of a SIZE_REQ */
 const bit<64> EMBNIC_MIN_ROW    = 2;    /* bytes of the smallest row: one fp16 value */
+const bit<64> EMBNIC_NACK_LEN   = 32;   /* body of an UPDATE_NACK: a bitmap of EMBNIC_MAX_FRAGS bits */
 const bit<16> EMBNIC_NO_TABLE   = 0xFFFF;  /* table_id of a header that names no table */
 
 const bit<8> MSG_LOOKUP_REQ   = 1;
@@ -53,6 +54,7 @@ const bit<8> MSG_UPDATE_ACK   = 4;
 const bit<8> MSG_ERROR        = 5;
 const bit<8> MSG_SIZE_REQ     = 6;   /* fixed-length mode: sizes of the data to come */
 const bit<8> MSG_SIZE_ACK     = 7;
+const bit<8> MSG_UPDATE_NACK  = 8;   /* the fragments of an update a shard holds (a 32-byte bitmap) */
 
 const bit<8> FLAG_RETRANSMIT = 0x01;
 
@@ -105,7 +107,7 @@ const bit<32> STATE_SLOTS = 4096;       /* state map slots (power of two) */
 const bit<48> STATE_TIMEOUT_US = 5000000;  /* default entry timeout */
 const bit<32> RING_SLOTS = 1024;        /* header ring entries (power of two) */
 const bit<32> NB_PORTS = 512;           /* cells of the per-port counters */
-const bit<32> NB_MSG_TYPES = 8;         /* cells of the per-type counters */
+const bit<32> NB_MSG_TYPES = 16;        /* cells of the per-type counters (msg_type & 15) */
 const bit<32> NB_SHARDS = 65536;        /* cells of the per-shard counters (any shard_id) */
 const int ROUTE_TABLE_SIZE = 4096;
 const int CLIENT_TABLE_SIZE = 4096;

@@ -74,7 +74,7 @@ control FrameValidation(in headers_t hdr,
             meta.drop_reason = DROP_BAD_MAGIC;
         } else if (hdr.embnic.version != EMBNIC_VERSION) {
             meta.drop_reason = DROP_BAD_VERSION;
-        } else if (hdr.embnic.msg_type < MSG_LOOKUP_REQ || hdr.embnic.msg_type > MSG_SIZE_ACK) {
+        } else if (hdr.embnic.msg_type < MSG_LOOKUP_REQ || hdr.embnic.msg_type > MSG_UPDATE_NACK) {
             meta.drop_reason = DROP_BAD_TYPE;
         } else {
             /* lengths: 64-bit so that no field combination overflows */
@@ -90,10 +90,11 @@ control FrameValidation(in headers_t hdr,
             bit<64> want = hdr.embnic.msg_type == MSG_LOOKUP_REQ ? keyed :
                            (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ? vlen :
                            (hdr.embnic.msg_type == MSG_UPDATE_REQ ? keyed + vlen :
-                           (hdr.embnic.msg_type == MSG_SIZE_REQ ? EMBNIC_SIZE_ENTRY * nk : 64w0)));
+                           (hdr.embnic.msg_type == MSG_SIZE_REQ ? EMBNIC_SIZE_ENTRY * nk :
+                           (hdr.embnic.msg_type == MSG_UPDATE_NACK ? EMBNIC_NACK_LEN : 64w0))));
             /* counts that fit the type (consts.header_counts_ok): a data request or a lookup
              * reply has T >= 1 tables, n >= T keys and value_len >= 2n (every row at least one
-             * fp16 value); a SIZE_REQ T = 0 and n >= 1 entries; acks and errors are unchecked */
+             * fp16 value); a SIZE_REQ T = 0 and n >= 1 entries; acks, NACKs, errors are unchecked */
             bool data = hdr.embnic.msg_type == MSG_LOOKUP_REQ || hdr.embnic.msg_type == MSG_LOOKUP_REPLY ||
                         hdr.embnic.msg_type == MSG_UPDATE_REQ;
             bool size_req = hdr.embnic.msg_type == MSG_SIZE_REQ;

@@ -130,6 +130,14 @@ def run(bmv2_ready, tmp_path_factory):
     seq.append(("lookup for an error", frames_of(CLIENT, CARD, L, msg_id=31, shard=SHARD.id, num_keys=2)))
     seq.append(("the error", frames_of(SHARD, CARD1, E, msg_id=31, shard=SHARD.id, num_keys=0, num_tables=0,
                                        value_len=0)))
+    # an update polled by its re-sent last fragment: the shard's UPDATE_NACK (a 32-byte bitmap of
+    # the fragments it holds) answers it and frees the entry; a NACK to a lookup is wrong_reply_type
+    seq.append(("polled update", frames_of(CLIENT, CARD, U, msg_id=40, shard=SHARD.id, num_keys=100, frag=1024,
+                                           only=[2])))
+    seq.append(("its NACK", frames_of(SHARD, CARD1, MsgType.UPDATE_NACK, msg_id=40, shard=SHARD.id, num_keys=100)))
+    seq.append(("a lookup", frames_of(CLIENT, CARD, L, msg_id=41, shard=SHARD.id, num_keys=1)))
+    seq.append(("a NACK to it", frames_of(SHARD, CARD1, MsgType.UPDATE_NACK, msg_id=41, shard=SHARD.id,
+                                          num_keys=1)))
     frames = [f for _, fr in seq for f in fr]
     cmds = bmv2_runtime.table_commands([CARD, CARD1], [SHARD, SHARD7], [CLIENT])
     r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, cmds, tmp_path_factory.mktemp("bmv2lim"), nb_ports=2)
@@ -138,18 +146,18 @@ def run(bmv2_ready, tmp_path_factory):
 
 def test_drops_by_reason(run):
     d = {k: v for k, v in run["run"].counters["drops"].items() if v}
-    assert d == {"too_many_frags": 257, "wrong_shard_reply": 1, "wrong_reply_type": 1,
+    assert d == {"too_many_frags": 257, "wrong_shard_reply": 1, "wrong_reply_type": 2,
                  "unsolicited_reply": 2, "bad_reply_len": 2, "bad_version": 1, "bad_length": 5}
 
 
 def test_forwarded(run):
     c = run["run"].counters
-    assert c["types"]["LOOKUP_REQ"] == 257 + 2      # 256 + the duplicate fragment 0; the multi-table one, msg 31
+    assert c["types"]["LOOKUP_REQ"] == 257 + 3      # 256 + the duplicate fragment 0; the multi-table one, msgs 31, 41
     assert c["types"]["LOOKUP_REPLY"] == 8 + 1       # 254 rows x 16 bytes in 512-byte fragments; the multi-table one
-    assert c["types"]["UPDATE_REQ"] == 1
-    assert c["types"]["ERROR"] == 1
+    assert c["types"]["UPDATE_REQ"] == 2
+    assert c["types"]["ERROR"] == 1 and c["types"]["UPDATE_NACK"] == 1
     out0, out1 = run["run"].outputs[0], run["run"].outputs[1]
-    assert len(out1) == 257 + 1 + 2 and len(out0) == 8 + 2
+    assert len(out1) == 257 + 1 + 2 + 2 and len(out0) == 8 + 2 + 1
     assert all(bmv2_udp_ok(f) for f in out0 + out1)
 
 
@@ -160,9 +168,12 @@ def bmv2_udp_ok(frame: bytes) -> bool:
 
 def test_the_answered_message_was_freed_and_the_open_one_holds_its_slot(run):
     st = run["run"].state
-    assert [(e["client_id"], e["msg_id"], e["state"]) for e in st] == [(65535, 9, "forwarded")]
+    # the NACK freed msg 40; msg 41 (a lookup, its NACK dropped) still waits
+    assert sorted((e["client_id"], e["msg_id"], e["state"]) for e in st) == [(65535, 9, "forwarded"),
+                                                                          (65535, 41, "forwarded")]
+    st = [e for e in st if e["msg_id"] == 9]
     assert st[0]["slot"] == bmv2_runtime.state_slot(65535, 9)
     assert st[0]["num_tables"] == 1 and st[0]["num_keys"] == 2 and st[0]["value_len"] == 2 * ROW
     assert st[0]["msg_len"] == consts.expected_msg_len(MsgType.UPDATE_REQ, 1, 2, 2 * ROW)
     assert run["run"].counters["completed"] == {"LOOKUP_REPLY": 2, "UPDATE_ACK": 0, "ERROR": 1,
-                                                "SIZE_ACK": 0}
+                                                "SIZE_ACK": 0, "UPDATE_NACK": 1}

@@ -159,7 +159,8 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         counters = c.get("counters", c)
         assert counters["types"]["LOOKUP_REQ"] == 1 and counters["types"]["LOOKUP_REPLY"] == 1
         # every reply type, as the dpdk card keys them (SIZE_ACK included)
-        assert counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0}
+        assert counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0,
+                                         "UPDATE_NACK": 0}
         g = runner.invoke(cli, ["state", "ring", "-c", str(cfg), "--name", name, "--last", "5", "--json"])
         assert g.exit_code == 0, g.output
         assert [(h["msg_type"], h["msg_id"], h["client_id"], h["ingress_port"], h["num_tables"], h["num_keys"],

@@ -86,6 +86,8 @@ def test_protocol_constants():
     assert c["EMBNIC_SIZE_ENTRY"] == consts.SIZE_ENTRY
     assert c["EMBNIC_MIN_ROW"] == min(v for v in consts.DTYPE_SIZE.values() if v)
     assert c["EMBNIC_NO_TABLE"] == consts.NO_TABLE
+    assert c["EMBNIC_NACK_LEN"] == consts.NACK_LEN == consts.expected_msg_len(consts.MsgType.UPDATE_NACK, 0, 0, 0)
+    assert c["NB_MSG_TYPES"] > max(consts.MsgType) and c["NB_MSG_TYPES"] & (c["NB_MSG_TYPES"] - 1) == 0
     # the card sees no dtype (it lives in the body's directory)
     assert not [k for k in c if k.startswith("DTYPE_")]
 
