@@ -511,7 +511,10 @@ void embnic_state_reset(struct embnic_state *s, uint32_t nb_slots);
  * Walk the whole map and check it against its count and its hash: every
  * live entry found at its own position under its key, the counts of live
  * entries, of the hash and of the map equal, fragment counts agree with
- * the bitmaps and the entry's state. 0, or -1 with what is wrong in err
+ * the bitmaps and the entry's state, and each way the bytes counted are
+ * those of the fragments marked, cut at the message's one fragment size:
+ * never more than msg_len, exactly msg_len once every fragment passed
+ * (a forwarded entry). 0, or -1 with what is wrong in err
  * (errlen bytes). The TX stage must not run meanwhile (control path, tests,
  * the fuzz target).
  */

@@ -95,7 +95,8 @@ class BatchIntake:
             self._rstats["messages"] += int(sg.size)
         mg = good[~single[good]]
         if mg.size:
-            polls = mg[(cols[mg, MT] == MsgType.UPDATE_REQ) & ((cols[mg, FLAGS] & consts.Flags.RETRANSMIT) != 0)]
+            polls = mg[(cols[mg, MT] == MsgType.UPDATE_REQ) & ((cols[mg, FLAGS] & consts.Flags.RETRANSMIT) != 0)
+                       & (cols[mg, FI] == cols[mg, FC] - 1)]
             whole, mg = self._whole(mg, cols, info_cols, p)
             out.extend(whole)
             if mg.size:

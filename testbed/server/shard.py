@@ -291,9 +291,9 @@ class ShardServer:
 
         Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
-        ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied; a poll of
-        an applied update too), ``update_nacks`` (polls of incomplete updates answered with the
-        fragments held),
+        ``updates_applied``, ``update_keys``, ``duplicates`` (complete updates re-acked, not
+        applied), ``poll_acks`` (polls of an applied update, acked from the window),
+        ``update_nacks`` (polls of incomplete updates answered with the fragments held),
         ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
@@ -313,7 +313,7 @@ class ShardServer:
             "announced": len(self._announced),
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
-            "duplicates": c["duplicates"], "update_nacks": c["update_nacks"],
+            "duplicates": c["duplicates"], "poll_acks": c["poll_acks"], "update_nacks": c["update_nacks"],
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -385,7 +385,8 @@ class ShardServer:
             msg = self._reasm.feed(data, addr, header=h)
             if msg is not None:
                 self._handle_message(msg)
-            elif h.msg_type == MsgType.UPDATE_REQ and h.flags & Flags.RETRANSMIT and h.frag_count > 1:
+            elif (h.msg_type == MsgType.UPDATE_REQ and h.flags & Flags.RETRANSMIT and h.frag_count > 1
+                  and h.frag_index == h.frag_count - 1):
                 part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
                 held = np.zeros(h.frag_count, bool)
                 if part is not None:
@@ -401,15 +402,16 @@ class ShardServer:
                     pass
 
     def _answer_poll(self, h: Header, held: np.ndarray, addr) -> None:
-        """Answer a poll: a re-sent fragment (``RETRANSMIT``) of a multi-fragment update that left
-        it incomplete (docs/protocol.md, "Reliability"). An update already applied — its
+        """Answer a poll: the re-sent last fragment (``RETRANSMIT``) of a multi-fragment update that
+        left it incomplete (docs/protocol.md, "Reliability"; only the last fragment polls, so the
+        fragments a NACK asks for draw no NACK each). An update already applied — its
         ``(client_id, msg_id)`` in the exactly-once window with the same ``num_tables``,
         ``num_keys``, ``value_len`` (the ack was lost; the poll's own fragment, held again, is
         dropped) — is acked; otherwise UPDATE_NACK lists the fragments held (``held``: bool
         (frag_count,)), and the client re-sends only the others. Both engines answer here."""
         fp = self._applied.get((h.client_id, h.msg_id))
         if fp is not None and tuple(fp[:3]) == (h.num_tables, h.num_keys, h.value_len):
-            self._c["duplicates"] += 1
+            self._c["poll_acks"] += 1
             self._discard_partial(h)
             self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
             return

@@ -67,8 +67,10 @@ def build_stream(cfg, seed):
             up = [(tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)) for tid, k in parts]
             fr = multi_update_frames(cfg, up, m, client_id=c)
             out += [(c, f) for f in fr]
-            if rng.random() < 0.4:  # retransmission: reordered, two fragments twice
-                re = multi_update_frames(cfg, up, m, client_id=c, flags=consts.Flags.RETRANSMIT)
+            if rng.random() < 0.4:  # a copy: reordered, two fragments twice (without RETRANSMIT: a
+                # re-sent last fragment is a poll, answered when it finds the update incomplete —
+                # per frame by the reference, per wake-up by the engine: test_server.py's poll tests)
+                re = multi_update_frames(cfg, up, m, client_id=c)
                 pyr.shuffle(re)
                 # a fragment twice before the message completes, one again after it (which
                 # opens a message that never completes)
