@@ -158,7 +158,8 @@ def _header_lua(enums: dict[type, str]) -> str:
     out.append("-- consts.HEADER_COUNT_RULES (header_counts_ok): h[field] op k * h[other] (no other: op k)\n"
                "local COUNT_RULES = {\n" + "\n".join(rules) + "\n}")
     fields = ", ".join(lua_str(k) for k in consts.MESSAGE_FIELDS)
-    out.append(f"-- consts.MESSAGE_FIELDS: equal in every fragment of one message\nlocal MESSAGE_FIELDS = {{ {fields} }}")
+    out.append(f"-- consts.MESSAGE_FIELDS: equal in every fragment of one message\n"
+               f"local MESSAGE_FIELDS = {{ {fields} }}")
     key = ", ".join(lua_str(k) for k in consts.TRANSACTION_KEY)
     out.append(f"-- consts.TRANSACTION_KEY: a reply answers the request with these fields equal\n"
                f"local TRANSACTION_KEY = {{ {key} }}")
@@ -385,13 +386,13 @@ _HEAD_LUA = """\
 --     otherwise;
 --   - SIZE_REQ entries (embnic.entry.*); an UPDATE_NACK's bitmap as the fragment indices held
 --     (embnic.held.fragment) and, when its update is in the capture, the ones missing.
--- The directory is known for a frame when every byte of it (fragment 0 holds it unless the
--- message has more than 89 tables) was seen at or before that frame in capture order, in a
--- frame of the same message (same client_id, msg_id, type and counts: consts.MESSAGE_FIELDS),
--- or for a reply in its request; embnic.directory_in names the frame that completed it. A
--- directory that does not add up (codec.parse_request_body: a table twice, an entry without
--- keys, dim or dtype, counts or row bytes not the header's) is a warning (bad_directory) and
--- is not used. Replies are linked to their requests by (client_id, msg_id) (request_in,
+-- The directory is known for a frame when every byte of it (fragment 0 holds it unless it is
+-- longer than a fragment: above 89 tables at MTU 1500) was seen at or before that frame in
+-- capture order, in frames of the same message (same client_id, msg_id, type and counts:
+-- consts.MESSAGE_FIELDS), or for a reply in its request's; embnic.directory_in names the frame
+-- that completed it. A directory that does not add up (codec.parse_request_body: a table
+-- twice, an entry without keys, dim or dtype, counts or row bytes not the header's) is a
+-- warning (bad_directory) and is not used. Replies are linked to their requests by (client_id, msg_id) (request_in,
 -- response_in, time; run tshark with -2 to see a request's link to its later reply).
 
 local embnic = Proto("embnic", "embnic embedding parameter-server protocol")"""
@@ -539,7 +540,8 @@ local function parse_directory(b, n, frame)
     end
     for _, ent in ipairs(dir) do
         if dir.fault then break end
-        if ent[DIRECTORY.per_table] < 1 or ent[DIRECTORY.dim] < 1 or (DTYPE_SIZE[ent[DIRECTORY.dtype]] or 0) == 0 then
+        local esz = DTYPE_SIZE[ent[DIRECTORY.dtype]] or 0
+        if ent[DIRECTORY.per_table] < 1 or ent[DIRECTORY.dim] < 1 or esz == 0 then
             dir.fault = string.format("table %d: %s %d, %s %d, %s %d", ent[DIRECTORY.table], DIRECTORY.per_table,
                                       ent[DIRECTORY.per_table], DIRECTORY.dim, ent[DIRECTORY.dim], DIRECTORY.dtype,
                                       ent[DIRECTORY.dtype])
