@@ -199,62 +199,100 @@ TRANSACTION_KEY = ("client_id", "msg_id")
 class BodyElement:
     """One kind of body element (little-endian, like every body).
 
+    Exactly one of ``numpy``, ``fields``, ``values_of``, ``bits`` says what it is.
+
     Attributes:
-        numpy: numpy dtype string of a fixed-size element (``"<u8"`` for a key), else ``None``.
-        fields: ``(name, numpy dtype)`` of a structured element (a SIZE_REQ entry), else ``()``;
-            a name that is a header field's takes its :data:`FIELD_DOCS` title and value names.
-        values_of: for a row, the header fields ``(count, dtype)`` that make it ``count``
-            values of ``dtype`` (:data:`DTYPE_SIZE` bytes each), else ``None``.
+        numpy: numpy dtype string of a fixed-size scalar (``"<u8"`` for a key), else ``None``.
+        fields: ``(name, numpy dtype)`` of a structured element (a directory entry, a SIZE_REQ
+            entry), else ``()``; a field's title and value names are ``docs[name]``, else the
+            :data:`FIELD_DOCS` entry of the header field of that name.
+        docs: :class:`FieldDoc` of the fields of a structured element that are not header fields
+            (or mean something else here).
+        table_of: the field of a structured element that names a table: its elements are the
+            request's **directory**, one per table, in body order; ``None`` otherwise.
+        values_of: for a row (or gradient), the fields ``(count, dtype)`` of its table's
+            directory entry that make it ``count`` values of ``dtype`` (:data:`DTYPE_SIZE` bytes
+            each), else ``None``.
+        bits: for a bit set, its number of bits (bit ``i`` is bit ``i % 8`` of byte ``i // 8``;
+            a reader shows the indices of the set bits), else 0.
     """
 
     numpy: str | None = None
     fields: tuple[tuple[str, str], ...] = ()
+    docs: dict[str, FieldDoc] = dataclasses.field(default_factory=dict)
+    table_of: str | None = None
     values_of: tuple[str, str] | None = None
+    bits: int = 0
 
 
 #: element kind -> :class:`BodyElement`
 BODY_ELEMENTS: dict[str, BodyElement] = {
     "key": BodyElement(numpy="<u8"),
-    "dir_entry": BodyElement(fields=DIR_ENTRY_FIELDS),
+    "dir_entry": BodyElement(fields=DIR_ENTRY_FIELDS, table_of="table_id", docs={
+        "table_id": FieldDoc("Table id", "the table"),
+        "dim": FieldDoc("Dimension", "values per row of this table"),
+        "dtype": FieldDoc("Dtype", "type of this table's values: 1 fp32, 2 fp16", values=DType),
+        "reserved0": FieldDoc("Reserved", "0", hex=True),
+        "reserved1": FieldDoc("Reserved", "0", hex=True),
+        "num_keys": FieldDoc("Number of keys", "this table's keys in the message (n_t >= 1)"),
+        "reserved2": FieldDoc("Reserved", "0", hex=True),
+    }),
     "size_entry": BodyElement(fields=SIZE_ENTRY_FIELDS),
-    "nack_bitmap": BodyElement(numpy="V32"),
-    "value": BodyElement(values_of=("num_keys", "dtype")),
+    "nack_bitmap": BodyElement(bits=MAX_FRAGS),
+    "value": BodyElement(values_of=("dim", "dtype")),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class BodySection:
-    """A run of ``count`` elements of one kind; a body is its type's sections, back to back.
+    """A run of elements of one kind; a body is its type's sections, back to back.
 
     Attributes:
         name: the section ("keys", "gradients"); ``item`` names one element ("key", "gradient").
         element: a :data:`BODY_ELEMENTS` kind.
-        count: the header field that gives the number of elements.
+        count: the header field that gives the number of elements, or a fixed number; ``None``
+            for a section of rows, whose length in bytes ``nbytes`` gives.
+        nbytes: the header field that gives the section's length in bytes (rows, whose size is
+            their table's), else ``None``.
+        per_table: the directory-entry field that says how many of the section's elements are
+            each table's (``"num_keys"``): the section is grouped by table, in directory order
+            (a reply's by its request's directory); ``None``: not grouped.
     """
 
     name: str
     item: str
     element: str
-    count: str
+    count: str | int | None = None
+    nbytes: str | None = None
+    per_table: str | None = None
 
 
 #: message type -> the sections of its body, in order (docs/protocol.md, "Body", "Size messages"
-#: and UPDATE_NACK); a type with none has an empty body. The ``values`` section is ``value_len``
-#: bytes: each table's rows (or gradients) in directory order, ``n_t`` rows of ``dim_t`` values
-#: of ``dtype_t`` (a reply's from its request's directory). ``expected_msg_len`` is their total
+#: and UPDATE_NACK); a type with none has an empty body. ``expected_msg_len`` is their total
 #: length (a test keeps them equal).
 BODY_LAYOUT: dict[MsgType, tuple[BodySection, ...]] = {
-    MsgType.LOOKUP_REQ: (BodySection("directory", "table", "dir_entry", "num_tables"),
-                         BodySection("keys", "key", "key", "num_keys")),
-    MsgType.LOOKUP_REPLY: (BodySection("rows", "row", "value", "value_len"),),
-    MsgType.UPDATE_REQ: (BodySection("directory", "table", "dir_entry", "num_tables"),
-                         BodySection("keys", "key", "key", "num_keys"),
-                         BodySection("gradients", "gradient", "value", "value_len")),
+    MsgType.LOOKUP_REQ: (BodySection("directory", "table", "dir_entry", count="num_tables"),
+                         BodySection("keys", "key", "key", count="num_keys", per_table="num_keys")),
+    MsgType.LOOKUP_REPLY: (BodySection("rows", "row", "value", nbytes="value_len", per_table="num_keys"),),
+    MsgType.UPDATE_REQ: (BodySection("directory", "table", "dir_entry", count="num_tables"),
+                         BodySection("keys", "key", "key", count="num_keys", per_table="num_keys"),
+                         BodySection("gradients", "gradient", "value", nbytes="value_len", per_table="num_keys")),
     MsgType.UPDATE_ACK: (),
     MsgType.ERROR: (),
-    MsgType.SIZE_REQ: (BodySection("entries", "entry", "size_entry", "num_keys"),),
+    MsgType.SIZE_REQ: (BodySection("entries", "entry", "size_entry", count="num_keys"),),
     MsgType.SIZE_ACK: (),
-    MsgType.UPDATE_NACK: (BodySection("fragments held", "bitmap", "nack_bitmap", "one"),),
+    MsgType.UPDATE_NACK: (BodySection("fragments held", "held", "nack_bitmap", count=1),),
+}
+
+#: :func:`header_counts_ok` as data, for readers that interpret it (the dissector; a test keeps
+#: them equal): message type -> rules ``(field, op, k, other)``, each true when
+#: ``h[field] op k * h[other]`` (``other`` ``None``: ``h[field] op k``), ``op`` ``">="`` or
+#: ``"=="``; a type not listed has no rule.
+HEADER_COUNT_RULES: dict[MsgType, tuple[tuple[str, str, int, str | None], ...]] = {
+    **{t: (("num_tables", ">=", 1, None), ("num_keys", ">=", 1, "num_tables"),
+           ("value_len", ">=", min(DTYPE_SIZE[DType.FP32], DTYPE_SIZE[DType.FP16]), "num_keys"))
+       for t in (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ)},
+    MsgType.SIZE_REQ: (("num_tables", "==", 0, None), ("num_keys", ">=", 1, None)),
 }
 
 

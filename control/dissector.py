@@ -4,22 +4,26 @@
 the shipped copy is ``contrib/wireshark/embnic.lua``, which a test regenerates and compares).
 Nothing in it is written per field: every header field's offset and size comes from
 :data:`consts.HEADER_FIELDS`, its name, meaning, value names and validity check from
-:data:`consts.FIELD_DOCS`, the body from :data:`consts.BODY_LAYOUT` and
-:data:`consts.BODY_ELEMENTS`, the request/reply pairs from :data:`consts.ANSWERS`; the Lua code
-around those tables interprets them.
+:data:`consts.FIELD_DOCS`, the header's count rules from :data:`consts.HEADER_COUNT_RULES`,
+the body from :data:`consts.BODY_LAYOUT` and :data:`consts.BODY_ELEMENTS`, the request/reply
+pairs from :data:`consts.ANSWERS`; the Lua code around those tables interprets them.
 
 What the plug-in does (Wireshark 3.4+, Lua 5.2+; checked with tshark 4.0 by
 ``tests/control/test_dissector.py``):
 
-- names every header field with its meaning (message types, dtypes, status codes and flag bits
-  by name); the Info column is a one-line summary (:attr:`consts.FieldDoc.summary`);
+- names every header field with its meaning (message types, status codes and flag bits by
+  name); the Info column is a one-line summary (:attr:`consts.FieldDoc.summary`);
 - checks a frame as every receiver does (docs/protocol.md "Validity", in
-  :func:`embnic.client_lib.codec.parse_header`'s order) and flags the first failure as an
+  :func:`embnic.client_lib.codec.parse_header`'s order: magic, version — a v1 frame is
+  ``bad_version`` —, type, the fragment's geometry, ``msg_len`` by ``expected_msg_len``, the
+  counts by ``header_counts_ok``, ``too_many_frags``) and flags the first failure as an
   expert-info error (group Malformed) named by its drop reason (``embnic.expert.bad_length``,
   field ``embnic.drop_reason``) instead of failing; it never reads past the captured bytes;
-- shows this fragment's part of the body as the header says: keys, rows, gradients, SIZE_REQ
-  entries, each element with its index in the message; an element cut by a fragment boundary
-  shows as ``embnic.partial``;
+- shows this fragment's part of the body (:data:`_HEAD_LUA` says what per fragment): directory
+  entries (table, dim, dtype by name, keys), keys grouped per table, an update's gradients and a
+  lookup reply's rows per table as values of the table's dtype (a reply by its request's
+  directory), SIZE_REQ entries, an UPDATE_NACK's fragments held (and, its update seen, the
+  ones missing); an element cut by a fragment boundary shows as ``embnic.partial``;
 - tracks requests and replies by (client id, message id) (:data:`consts.TRANSACTION_KEY`, the
   card's state-map key: the card rewrites addresses, so the UDP conversation is not the key):
   ``embnic.response_in`` on a request's frames, ``embnic.request_in`` and ``embnic.time`` on a
@@ -76,7 +80,8 @@ def _uint_field(abbrev: str, title: str, size: int, *, hex_: bool = False, value
 def _value_tables() -> tuple[str, dict[type, str]]:
     """Lua tables of value names, one per enum some field names (``vs_MsgType``, ...)."""
     enums: dict[type, str] = {}
-    for doc in consts.FIELD_DOCS.values():
+    docs = list(consts.FIELD_DOCS.values()) + [d for e in consts.BODY_ELEMENTS.values() for d in e.docs.values()]
+    for doc in docs:
         if doc.values is not None and doc.values not in enums:
             enums[doc.values] = f"vs_{doc.values.__name__}"
     lines = [f"local {name} = {_names_table(e)}" for e, name in enums.items()]
@@ -139,6 +144,22 @@ def _header_lua(enums: dict[type, str]) -> str:
         summary.append(f"  {{ field = {lua_str(name)}, label = {lua_str(d.summary)}, names = {names} }},")
     out.append("-- one-line summary (Info column): FieldDoc.summary\nlocal SUMMARY = {\n"
                + "\n".join(summary) + "\n}")
+    rules = []
+    for t, rs in sorted(consts.HEADER_COUNT_RULES.items()):
+        for field, op, k, other in rs:
+            for f in (field, other):
+                if f is not None and f not in consts.FIELD_DOCS:
+                    raise ValueError(f"HEADER_COUNT_RULES[{t.name}]: {f!r} is not a header field")
+            if op not in (">=", "=="):
+                raise ValueError(f"HEADER_COUNT_RULES[{t.name}]: operator {op!r} is not >= or ==")
+        rows = ", ".join(f"{{ field = {lua_str(f)}, op = {lua_str(op)}, k = {int(k)}"
+                         + (f", other = {lua_str(o)}" if o else "") + " }" for f, op, k, o in rs)
+        rules.append(f"  [{int(t)}] = {{ {rows} }},  -- {t.name}")
+    out.append("-- consts.HEADER_COUNT_RULES (header_counts_ok): h[field] op k * h[other] (no other: op k)\n"
+               "local COUNT_RULES = {\n" + "\n".join(rules) + "\n}")
+    fields = ", ".join(lua_str(k) for k in consts.MESSAGE_FIELDS)
+    out.append(f"-- consts.MESSAGE_FIELDS: equal in every fragment of one message\n"
+               f"local MESSAGE_FIELDS = {{ {fields} }}")
     key = ", ".join(lua_str(k) for k in consts.TRANSACTION_KEY)
     out.append(f"-- consts.TRANSACTION_KEY: a reply answers the request with these fields equal\n"
                f"local TRANSACTION_KEY = {{ {key} }}")
@@ -151,17 +172,79 @@ def _header_lua(enums: dict[type, str]) -> str:
     return "\n".join(out)
 
 
-def _numpy_field(abbrev: str, title: str, np_type: str, values: str = "nil") -> tuple[str, int]:
+def _numpy_field(abbrev: str, title: str, np_type: str, values: str = "nil", *, hex_: bool = False,
+                 desc: str | None = None) -> tuple[str, int]:
     """(ProtoField constructor, size) of a little-endian numpy scalar type in a body."""
     dt = np.dtype(np_type)
     if dt.kind == "u":
-        return _uint_field(abbrev, title, dt.itemsize, values=values), dt.itemsize
+        return _uint_field(abbrev, title, dt.itemsize, values=values, hex_=hex_, desc=desc), dt.itemsize
     raise ValueError(f"{abbrev}: body scalar {np_type!r} is not an unsigned integer")
 
 
+def _directory() -> tuple[str, consts.BodyElement]:
+    """The element kind of a request's directory (the one with ``table_of``) and the element."""
+    kinds = [k for k, e in consts.BODY_ELEMENTS.items() if e.table_of is not None]
+    if len(kinds) != 1:
+        raise ValueError(f"BODY_ELEMENTS: {len(kinds)} elements name a table (table_of); the directory is one")
+    return kinds[0], consts.BODY_ELEMENTS[kinds[0]]
+
+
+def _check_layout() -> dict[str, str]:
+    """Check BODY_LAYOUT against BODY_ELEMENTS and the header fields; returns item -> element kind."""
+    dir_kind, dir_e = _directory()
+    dir_fields = {n for n, _ in dir_e.fields}
+    items: dict[str, str] = {}
+    for t, sections in consts.BODY_LAYOUT.items():
+        for s in sections:
+            e = consts.BODY_ELEMENTS.get(s.element)
+            if e is None:
+                raise ValueError(f"BODY_LAYOUT[{t.name}]: unknown element {s.element!r}")
+            if (s.count is None) == (s.nbytes is None):
+                raise ValueError(f"BODY_LAYOUT[{t.name}] {s.name}: give count or nbytes, not both or neither")
+            if (s.nbytes is not None) != (e.values_of is not None):
+                raise ValueError(f"BODY_LAYOUT[{t.name}] {s.name}: rows (and only rows) are sized by nbytes")
+            for f in (s.count, s.nbytes):
+                if isinstance(f, str) and f not in consts.FIELD_DOCS:
+                    raise ValueError(f"BODY_LAYOUT[{t.name}] {s.name}: {f!r} is not a header field")
+            if s.per_table is not None and s.per_table not in dir_fields:
+                raise ValueError(f"BODY_LAYOUT[{t.name}] {s.name}: per_table {s.per_table!r} is not a field of "
+                                 f"{dir_kind}")
+            if not s.item.isidentifier():
+                raise ValueError(f"BODY_LAYOUT[{t.name}]: item {s.item!r} is not a field name")
+            if items.setdefault(s.item, s.element) != s.element:
+                raise ValueError(f"BODY_LAYOUT: item {s.item!r} names two element kinds")
+    for kind, e in consts.BODY_ELEMENTS.items():
+        if e.values_of is not None and not set(e.values_of) <= dir_fields:
+            raise ValueError(f"BODY_ELEMENTS[{kind!r}].values_of {e.values_of} are not fields of {dir_kind}")
+    return items
+
+
+def _directory_lua() -> str:
+    """The DIRECTORY table: which element is the directory and which of its fields and header
+    fields tie it to a message (from BODY_ELEMENTS and BODY_LAYOUT)."""
+    dir_kind, dir_e = _directory()
+    counts = {s.count for ss in consts.BODY_LAYOUT.values() for s in ss if s.element == dir_kind}
+    per_table = {s.per_table for ss in consts.BODY_LAYOUT.values() for s in ss if s.per_table}
+    totals = {s.count for ss in consts.BODY_LAYOUT.values() for s in ss if s.per_table and s.count}
+    rows = {consts.BODY_ELEMENTS[s.element].values_of for ss in consts.BODY_LAYOUT.values() for s in ss
+            if s.per_table and consts.BODY_ELEMENTS[s.element].values_of}
+    for what, got in (("directory count", counts), ("per_table", per_table), ("per-table total", totals),
+                      ("values_of", rows)):
+        if len(got) != 1:
+            raise ValueError(f"BODY_LAYOUT: the {what} of the directory is not one field: {got}")
+    (count,), (pt,), (total,), ((dim, dtype),) = counts, per_table, totals, rows
+    return ("-- the request's directory (consts.BODY_ELEMENTS[element].table_of): its entries count the\n"
+            "-- header's `count`, their `per_table` add up to the header's `total`, a row of a table is\n"
+            "-- entry[dim] values of entry[dtype]\n"
+            f"local DIRECTORY = {{ element = {lua_str(dir_kind)}, table = {lua_str(dir_e.table_of)}, "
+            f"count = {lua_str(count)}, per_table = {lua_str(pt)}, total = {lua_str(total)}, dim = {lua_str(dim)}, "
+            f"dtype = {lua_str(dtype)} }}")
+
+
 def _body_lua(enums: dict[type, str]) -> str:
-    """The body: element fields and the LAYOUT / ELEMENT tables, from BODY_LAYOUT, BODY_ELEMENTS,
-    DTYPE_SIZE and DTYPE_NUMPY. The one place that knows what a body holds."""
+    """The body: element fields and the LAYOUT / ELEMENT / DIRECTORY tables, from BODY_LAYOUT,
+    BODY_ELEMENTS, DTYPE_SIZE and DTYPE_NUMPY. The one place that knows what a body holds."""
+    items = _check_layout()
     out = ["-- ---- body: consts.BODY_LAYOUT (sections per type), BODY_ELEMENTS, DTYPE_SIZE ----"]
     dsize = ", ".join(f"[{int(d)}] = {s}" for d, s in consts.DTYPE_SIZE.items())
     readers = []
@@ -181,44 +264,73 @@ def _body_lua(enums: dict[type, str]) -> str:
             elements.append(f"  {kind} = {{ kind = \"values\", count = {lua_str(count)}, dtype = {lua_str(dtype)} }},")
         elif e.fields:
             dt = np.dtype(list(e.fields))
-            sub = ", ".join(f"{{ name = {lua_str(n)}, offset = {dt.fields[n][1]}, size = {dt.fields[n][0].itemsize} }}"
-                            for n, _ in e.fields)
+            subs = []
+            for n, _ in e.fields:
+                doc = e.docs.get(n) or consts.FIELD_DOCS.get(n)
+                names = ""
+                if doc is not None and doc.values is not None and doc.values in enums:
+                    names = f", names = {enums[doc.values]}"
+                subs.append(f"{{ name = {lua_str(n)}, offset = {dt.fields[n][1]}, size = {dt.fields[n][0].itemsize}"
+                            f"{names} }}")
+            sub = ", ".join(subs)
             elements.append(f"  {kind} = {{ kind = \"struct\", size = {dt.itemsize}, fields = {{ {sub} }} }},")
+        elif e.bits:
+            if e.bits % 8:
+                raise ValueError(f"BODY_ELEMENTS[{kind!r}].bits {e.bits} is not whole bytes")
+            elements.append(f"  {kind} = {{ kind = \"bits\", size = {e.bits // 8}, bits = {e.bits} }},")
         else:
-            raise ValueError(f"BODY_ELEMENTS[{kind!r}] says neither numpy, values_of nor fields")
+            raise ValueError(f"BODY_ELEMENTS[{kind!r}] says neither numpy, fields, values_of nor bits")
     out.append("local ELEMENT = {\n" + "\n".join(elements) + "\n}")
-    items: dict[str, str] = {}
-    for t, sections in consts.BODY_LAYOUT.items():
-        for s in sections:
-            if s.element not in consts.BODY_ELEMENTS:
-                raise ValueError(f"BODY_LAYOUT[{t.name}]: unknown element {s.element!r}")
-            if s.count not in consts.FIELD_DOCS:
-                raise ValueError(f"BODY_LAYOUT[{t.name}]: count {s.count!r} is not a header field")
-            if items.setdefault(s.item, s.element) != s.element:
-                raise ValueError(f"BODY_LAYOUT: item {s.item!r} names two element kinds")
+    out.append(_directory_lua())
+    dir_kind, dir_e = _directory()
+    table_doc = dir_e.docs.get(dir_e.table_of) or consts.FIELD_DOCS[dir_e.table_of]
+    grouped = {s.item for ss in consts.BODY_LAYOUT.values() for s in ss if s.per_table}
     for item, kind in items.items():
         e = consts.BODY_ELEMENTS[kind]
+        title = item.capitalize()
         if e.numpy is not None:
-            ctor, _ = _numpy_field(f"embnic.{item}", item.capitalize(), e.numpy)
+            ctor, _ = _numpy_field(f"embnic.{item}", title, e.numpy)
             out.append(f"hf[{lua_str(item)}] = {ctor}")
         else:
-            out.append(f"hf[{lua_str(item)}] = ProtoField.bytes({lua_str('embnic.' + item)}, "
-                       f"{lua_str(item.capitalize())})")
+            out.append(f"hf[{lua_str(item)}] = ProtoField.bytes({lua_str('embnic.' + item)}, {lua_str(title)})")
+        if item in grouped:
+            out.append(f"hf[{lua_str(item + '.table')}] = " + _uint_field(
+                f"embnic.{item}.table", table_doc.title, np.dtype(dict(dir_e.fields)[dir_e.table_of]).itemsize,
+                desc=f"the table these {item}s are of (the directory says)"))
         if e.values_of is not None:
             out.append(f"hf[{lua_str(item + '.value')}] = ProtoField.double({lua_str(f'embnic.{item}.value')}, "
                        f"\"Value\")")
+        if e.bits:
+            w = _UINT[2 if e.bits <= 0x10000 else 4]
+            out.append(f"hf[{lua_str(item + '.fragment')}] = ProtoField.{w}({lua_str(f'embnic.{item}.fragment')}, "
+                       f"\"Fragment\", base.DEC, nil, nil, \"a fragment index whose bit is set\")")
+            out.append(f"hf[{lua_str(item + '.missing')}] = ProtoField.{w}({lua_str(f'embnic.{item}.missing')}, "
+                       f"\"Missing fragment\", base.DEC, nil, nil, \"a fragment of the request whose bit is clear\")")
         for fname, np_type in e.fields:
-            doc = consts.FIELD_DOCS.get(fname)
+            doc = e.docs.get(fname) or consts.FIELD_DOCS.get(fname)
             vs = "nil"
             if doc is not None and doc.values is not None and not issubclass(doc.values, enum.IntFlag):
+                if doc.values not in enums:
+                    raise ValueError(f"BODY_ELEMENTS[{kind!r}] {fname}: its values {doc.values.__name__} have "
+                                     f"no name table (name them in a header field's FieldDoc)")
                 vs = enums[doc.values]
-            ctor, _ = _numpy_field(f"embnic.{item}.{fname}", doc.title if doc else fname, np_type, vs)
+            ctor, _ = _numpy_field(f"embnic.{item}.{fname}", doc.title if doc else fname, np_type, vs,
+                                   hex_=bool(doc and doc.hex), desc=doc.meaning if doc else None)
             out.append(f"hf[{lua_str(item + '.' + fname)}] = {ctor}")
     layout = []
     for t, sections in consts.BODY_LAYOUT.items():
-        secs = ", ".join(f"{{ name = {lua_str(s.name)}, item = {lua_str(s.item)}, element = {lua_str(s.element)}, "
-                         f"count = {lua_str(s.count)} }}" for s in sections)
-        layout.append(f"  [{int(t)}] = {{ {secs} }},  -- {t.name}" if secs else f"  [{int(t)}] = {{}},  -- {t.name}")
+        secs = []
+        for s in sections:
+            row = f"{{ name = {lua_str(s.name)}, item = {lua_str(s.item)}, element = {lua_str(s.element)}"
+            if s.count is not None:
+                row += f", count = {lua_str(s.count) if isinstance(s.count, str) else int(s.count)}"
+            if s.nbytes is not None:
+                row += f", nbytes = {lua_str(s.nbytes)}"
+            if s.per_table is not None:
+                row += f", per_table = {lua_str(s.per_table)}"
+            secs.append(row + " }")
+        layout.append(f"  [{int(t)}] = {{ {', '.join(secs)} }},  -- {t.name}" if secs
+                      else f"  [{int(t)}] = {{}},  -- {t.name}")
     out.append("local LAYOUT = {\n" + "\n".join(layout) + "\n}")
     return "\n".join(out)
 
@@ -259,6 +371,29 @@ _HEAD_LUA = """\
 --     tshark -X lua_script:embnic.lua -2 -r capture.pcap -Y embnic
 -- Registered on UDP port {port}; on any other port: Analyze > Decode As... (UDP port, EMBNIC),
 -- or tshark -d udp.port==PORT,embnic.
+--
+-- What a frame shows. The header, every field named; a frame that a receiver drops is flagged
+-- as an expert-info error named by its drop reason (embnic.drop_reason) and its body is not
+-- read. A frame carries body bytes [frag_offset, frag_offset + frag_len) of its message; the
+-- dissector shows the elements of the body's sections that fall in them, numbered within their
+-- section (or table), and each element cut by the fragment's edges as embnic.partial:
+--   - directory entries (embnic.table.*): their position follows from the header alone;
+--   - keys (embnic.key): position from the header alone; grouped per table (embnic.key.table)
+--     when the message's directory is known, else numbered across the message;
+--   - an update's gradients, a lookup reply's rows (embnic.gradient, embnic.row, values in
+--     embnic.*.value): their tables, dims and dtypes come from the directory only, so they are
+--     decoded per table when the directory is known and shown as bytes (embnic.undecoded)
+--     otherwise;
+--   - SIZE_REQ entries (embnic.entry.*); an UPDATE_NACK's bitmap as the fragment indices held
+--     (embnic.held.fragment) and, when its update is in the capture, the ones missing.
+-- The directory is known for a frame when every byte of it (fragment 0 holds it unless it is
+-- longer than a fragment: above 89 tables at MTU 1500) was seen at or before that frame in
+-- capture order, in frames of the same message (same client_id, msg_id, type and counts:
+-- consts.MESSAGE_FIELDS), or for a reply in its request's; embnic.directory_in names the frame
+-- that completed it. A directory that does not add up (codec.parse_request_body: a table
+-- twice, an entry without keys, dim or dtype, counts or row bytes not the header's) is a
+-- warning (bad_directory) and is not used. Replies are linked to their requests by (client_id, msg_id) (request_in,
+-- response_in, time; run tshark with -2 to see a request's link to its later reply).
 
 local embnic = Proto("embnic", "embnic embedding parameter-server protocol")"""
 
@@ -268,10 +403,14 @@ hf["response_in"] = ProtoField.framenum("embnic.response_in", "Response in", bas
 hf["time"] = ProtoField.relative_time("embnic.time", "Time since request")
 hf["drop_reason"] = ProtoField.string("embnic.drop_reason", "Drop reason")
 hf["partial"] = ProtoField.bytes("embnic.partial", "Part of an element cut by a fragment boundary")
+hf["undecoded"] = ProtoField.bytes("embnic.undecoded", "Rows of tables not known (no directory seen)")
+hf["directory_in"] = ProtoField.framenum("embnic.directory_in", "Directory completed in", base.NONE)
 local expert_no_request = ProtoExpert.new("embnic.expert.no_request", "Reply to no request in this capture",
                                           expert.group.SEQUENCE, expert.severity.NOTE)
+local expert_bad_directory = ProtoExpert.new("embnic.expert.bad_directory", "Directory does not add up",
+                                             expert.group.MALFORMED, expert.severity.WARN)
 
-local fields, experts = {}, { expert_no_request }
+local fields, experts = {}, { expert_no_request, expert_bad_directory }
 for _, f in pairs(hf) do fields[#fields + 1] = f end
 for _, e in pairs(expert_of) do experts[#experts + 1] = e end
 embnic.fields = fields
@@ -293,27 +432,35 @@ end
 local READERS = { half = half, float = function(r) return r:le_float() end }
 for d, reader in pairs(VALUE_READER) do VALUE_READER[d] = READERS[reader] end
 
-local function element_size(e, h)
-    if e.kind == "values" then return h[e.count] * DTYPE_SIZE[h[e.dtype]] end
+-- bytes of one element; a row's from its table's directory entry `ent`
+local function element_size(e, ent)
+    if e.kind == "values" then return ent[e.count] * (DTYPE_SIZE[ent[e.dtype]] or 0) end
     return e.size
 end
 
--- body bytes a message of this header must have: its sections back to back
+local function count_of(s, h)
+    if type(s.count) == "number" then return s.count end
+    return h[s.count]
+end
+
+-- bytes of a section of this header's message
+local function section_size(s, h)
+    if s.nbytes then return h[s.nbytes] end
+    return count_of(s, h) * ELEMENT[s.element].size
+end
+
+-- body bytes a message of this header must have: its sections back to back (expected_msg_len)
 local function body_size(h)
     local n = 0
-    for _, s in ipairs(LAYOUT[h.msg_type]) do n = n + h[s.count] * element_size(ELEMENT[s.element], h) end
+    for _, s in ipairs(LAYOUT[h.msg_type]) do n = n + section_size(s, h) end
     return n
 end
+
+local OPS = { [">="] = function(a, b) return a >= b end, ["=="] = function(a, b) return a == b end }
 
 -- docs/protocol.md "Validity" past the single-field checks, in codec.parse_header's order:
 -- returns reason, detail, the field to flag; nil when the frame adds up
 local function check_geometry(h, body_len)
-    for _, s in ipairs(LAYOUT[h.msg_type]) do
-        local e = ELEMENT[s.element]
-        if e.kind == "values" and DTYPE_SIZE[h[e.dtype]] == 0 then
-            return "bad_dtype", string.format("%s %d carries no %s values", e.dtype, h[e.dtype], s.name), e.dtype
-        end
-    end
     if h.frag_len ~= body_len then
         return "bad_length", string.format("frag_len %d != %d body bytes", h.frag_len, body_len), "frag_len"
     end
@@ -328,8 +475,13 @@ local function check_geometry(h, body_len)
     if h.msg_len ~= want then
         return "bad_length", string.format("msg_len %d != %d for the header's counts", h.msg_len, want), "msg_len"
     end
-    for _, s in ipairs(LAYOUT[h.msg_type]) do
-        if h[s.count] == 0 then return "bad_length", s.count .. " 0", s.count end
+    for _, r in ipairs(COUNT_RULES[h.msg_type] or {}) do
+        local bound = r.k * (r.other and h[r.other] or 1)
+        if not OPS[r.op](h[r.field], bound) then
+            local rhs = r.other and string.format("%d*%s (%d)", r.k, r.other, bound) or tostring(r.k)
+            return "bad_length", string.format("%s %d, not %s %s in a %s", r.field, h[r.field], r.op, rhs,
+                                               TYPE_NAMES[h.msg_type]), r.field
+        end
     end
     if h.frag_count > MAX_FRAGS then
         return "too_many_frags", string.format("frag_count %d > %d", h.frag_count, MAX_FRAGS), "frag_count"
@@ -337,95 +489,262 @@ local function check_geometry(h, body_len)
     return nil
 end
 
-local function add_element(tree, s, e, r, i, h)
+-- ---- directories: the first pass collects each request's directory bytes by message ----
+-- (MESSAGE_FIELDS, equal in all its fragments); a frame is read with the directory complete
+-- when the first pass reached it (its own message's, or for a reply its request's)
+local msgs, frame_state, tx_by_key = {}, {}, {}
+function embnic.init()
+    msgs, frame_state, tx_by_key = {}, {}, {}
+end
+
+local function message_of(h)
+    local parts = {}
+    for _, k in ipairs(MESSAGE_FIELDS) do parts[#parts + 1] = tostring(h[k]) end
+    local key = table.concat(parts, ":")
+    local m = msgs[key]
+    if m == nil then
+        m = { frag_count = h.frag_count, bytes = {}, have = 0 }
+        msgs[key] = m
+    end
+    return m
+end
+
+-- body offset and size of the directory section of this header's message (nil: it has none)
+local function directory_section(h)
+    local start = 0
+    for _, s in ipairs(LAYOUT[h.msg_type]) do
+        if s.element == DIRECTORY.element then return start, section_size(s, h) end
+        start = start + section_size(s, h)
+    end
+    return nil
+end
+
+local function le_bytes(b, p, n)
+    local v = 0
+    for i = n - 1, 0, -1 do v = v * 256 + b[p + i] end
+    return v
+end
+
+-- the entries of a complete directory (bytes: body offset -> byte); .fault says which entry does
+-- not add up (codec.parse_request_body: a table twice, then an entry without keys, dim or dtype)
+local function parse_directory(b, n, frame)
+    local e = ELEMENT[DIRECTORY.element]
+    local dir, seen = { frame = frame }, {}
+    for i = 0, n - 1 do
+        local ent = {}
+        for _, f in ipairs(e.fields) do ent[f.name] = le_bytes(b, i * e.size + f.offset, f.size) end
+        dir[#dir + 1] = ent
+        local t = ent[DIRECTORY.table]
+        if seen[t] and dir.fault == nil then dir.fault = string.format("table %d appears twice", t) end
+        seen[t] = true
+    end
+    for _, ent in ipairs(dir) do
+        if dir.fault then break end
+        local esz = DTYPE_SIZE[ent[DIRECTORY.dtype]] or 0
+        if ent[DIRECTORY.per_table] < 1 or ent[DIRECTORY.dim] < 1 or esz == 0 then
+            dir.fault = string.format("table %d: %s %d, %s %d, %s %d", ent[DIRECTORY.table], DIRECTORY.per_table,
+                                      ent[DIRECTORY.per_table], DIRECTORY.dim, ent[DIRECTORY.dim], DIRECTORY.dtype,
+                                      ent[DIRECTORY.dtype])
+        end
+    end
+    return dir
+end
+
+-- why `dir` cannot be read with this header (nil: it fits): its own fault, or its counts and
+-- row bytes are not the header's
+local function directory_fault(dir, h)
+    if dir.fault then return dir.fault end
+    if #dir ~= h[DIRECTORY.count] then
+        return string.format("%d tables, the header's %s %d", #dir, DIRECTORY.count, h[DIRECTORY.count])
+    end
+    local total = 0
+    for _, ent in ipairs(dir) do total = total + ent[DIRECTORY.per_table] end
+    if total ~= h[DIRECTORY.total] then
+        return string.format("%d keys, the header's %s %d", total, DIRECTORY.total, h[DIRECTORY.total])
+    end
+    for _, s in ipairs(LAYOUT[h.msg_type]) do
+        if s.per_table then
+            local n, e = 0, ELEMENT[s.element]
+            for _, ent in ipairs(dir) do n = n + ent[s.per_table] * element_size(e, ent) end
+            if n ~= section_size(s, h) then
+                return string.format("%d bytes of %s, the header's %d", n, s.name, section_size(s, h))
+            end
+        end
+    end
+    return nil
+end
+
+-- first pass, a request frame: add its directory bytes to its message; the message
+local function collect_directory(tvb, h, pinfo)
+    local ds, dsize = directory_section(h)
+    if ds == nil then return nil end
+    local m = message_of(h)
+    if m.dir == nil then
+        local lo = h.frag_offset
+        local a = math.max(ds, lo)
+        local b = math.min(ds + dsize, lo + math.min(h.frag_len, tvb:len() - HDR_LEN))
+        if a < b then
+            local raw = tvb:raw(HDR_LEN + a - lo, b - a)
+            for i = 1, b - a do
+                local p = a + i - 1 - ds
+                if m.bytes[p] == nil then
+                    m.bytes[p] = raw:byte(i)
+                    m.have = m.have + 1
+                end
+            end
+        end
+        if m.have == dsize then
+            m.dir = parse_directory(m.bytes, h[DIRECTORY.count], pinfo.number)
+            m.bytes = nil
+        end
+    end
+    return m
+end
+
+-- first pass: a transaction is a request message's frames and its reply's, matched by
+-- TRANSACTION_KEY and ANSWERS; a request after the reply began starts a new one (a
+-- retransmission). Returns the frame's state: its transaction, directory, request message.
+local function first_pass(tvb, h, pinfo)
+    local parts = {}
+    for _, k in ipairs(TRANSACTION_KEY) do parts[#parts + 1] = tostring(h[k]) end
+    local key = table.concat(parts, ":")
+    local tx = tx_by_key[key]
+    local st = {}
+    if REQUEST[h.msg_type] then
+        if tx == nil or tx.response ~= nil or tx.req_type ~= h.msg_type then
+            tx = { request = pinfo.number, req_type = h.msg_type, req_ts = pinfo.abs_ts }
+            tx_by_key[key] = tx
+        end
+        local m = collect_directory(tvb, h, pinfo)
+        if m ~= nil then tx.msg = m end
+        st.msg = m
+    elseif tx ~= nil and ANSWERS[tx.req_type][h.msg_type] then
+        if tx.response == nil then tx.response = pinfo.number end
+        st.msg = tx.msg
+    else
+        tx = nil
+    end
+    st.tx = tx
+    st.dir = st.msg and st.msg.dir
+    return st
+end
+
+local function show_links(h, st, tree)
+    local tx = st.tx
+    if REQUEST[h.msg_type] then
+        if tx and tx.response then tree:add(hf["response_in"], tx.response):set_generated() end
+    elseif tx then
+        tree:add(hf["request_in"], tx.request):set_generated()
+        local d = st.ts - tx.req_ts
+        local s = math.floor(d)
+        tree:add(hf["time"], NSTime.new(s, math.floor((d - s) * 1e9 + 0.5))):set_generated()
+    else
+        tree:add_proto_expert_info(expert_no_request)
+    end
+end
+
+local function add_element(tree, s, e, r, i, ent, st)
     if e.kind == "scalar" then
         tree:add_le(hf[s.item], r):prepend_text(string.format("[%d] ", i))
         return
     end
     local it = tree:add(hf[s.item], r)
     if e.kind == "values" then
-        local read, esz, shown = VALUE_READER[h[e.dtype]], DTYPE_SIZE[h[e.dtype]], {}
-        for j = 0, h[e.count] - 1 do
+        local n, esz = ent[e.count], DTYPE_SIZE[ent[e.dtype]]
+        local read, shown = VALUE_READER[ent[e.dtype]], {}
+        for j = 0, n - 1 do
             local vr = r(j * esz, esz)
             local v = read(vr)
             it:add(hf[s.item .. ".value"], vr, v)
             if j < 4 then shown[#shown + 1] = string.format("%.6g", v) end
         end
-        if h[e.count] > 4 then shown[#shown + 1] = "..." end
+        if n > 4 then shown[#shown + 1] = "..." end
         it:set_text(string.format("%s [%d]: %s", s.item, i, table.concat(shown, ", ")))
+    elseif e.kind == "bits" then
+        local held, missing = {}, {}
+        for bit = 0, e.bits - 1 do
+            local byte = r(math.floor(bit / 8), 1)
+            if math.floor(byte:uint() / 2 ^ (bit % 8)) % 2 == 1 then
+                it:add(hf[s.item .. ".fragment"], byte, bit)
+                held[#held + 1] = tostring(bit)
+            elseif st.msg and bit < st.msg.frag_count then
+                it:add(hf[s.item .. ".missing"], byte, bit):set_generated()
+                missing[#missing + 1] = tostring(bit)
+            end
+        end
+        local text = string.format("%s: %d", s.name, #held)
+        if st.msg then
+            text = text .. string.format(" (of the request's %d fragments, missing: %s)", st.msg.frag_count,
+                                         #missing > 0 and table.concat(missing, ", ") or "none")
+        end
+        it:set_text(text .. ": " .. table.concat(held, ", "))
     else
-        for _, f in ipairs(e.fields) do it:add_le(hf[s.item .. "." .. f.name], r(f.offset, f.size)) end
-        it:set_text(string.format("%s [%d]", s.item, i))
+        local shown = {}
+        for _, f in ipairs(e.fields) do
+            local fr = r(f.offset, f.size)
+            it:add_le(hf[s.item .. "." .. f.name], fr)
+            if f.name:sub(1, 8) ~= "reserved" then
+                local v = fr:le_uint()
+                shown[#shown + 1] = string.format("%s=%s", f.name, f.names and f.names[v] or tostring(v))
+            end
+        end
+        it:set_text(string.format("%s [%d]: %s", s.item, i, table.concat(shown, " ")))
+    end
+end
+
+-- the elements of a run (n of esz bytes from body offset g0) that body bytes [x, y) of this
+-- fragment (body offset lo at tvb offset HDR_LEN) hold: whole ones decoded, cut ones as partial
+local function add_run(tree, tvb, lo, s, e, g0, n, esz, x, y, ent, st)
+    x, y = math.max(x, g0), math.min(y, g0 + n * esz)
+    if x >= y or esz <= 0 then return end
+    for i = math.floor((x - g0) / esz), math.floor((y - 1 - g0) / esz) do
+        local e0 = g0 + i * esz
+        local c0, c1 = math.max(e0, x), math.min(e0 + esz, y)
+        local r = tvb(HDR_LEN + c0 - lo, c1 - c0)
+        if c0 == e0 and c1 == e0 + esz then
+            add_element(tree, s, e, r, i, ent, st)
+        else
+            tree:add(hf["partial"], r):set_text(string.format(
+                "%s [%d]: bytes %d..%d of %d (the rest in another fragment)", s.item, i, c0 - e0, c1 - e0 - 1, esz))
+        end
     end
 end
 
 -- this fragment's part of the body: body bytes [frag_offset, frag_offset + frag_len) of the
--- message, within the captured bytes (tvb offset HDR_LEN)
-local function dissect_body(tvb, tree, h)
+-- message, within the captured bytes (tvb offset HDR_LEN); `dir` the directory it is read with
+local function dissect_body(tvb, tree, h, dir, st, why)
     local lo = h.frag_offset
     local hi = lo + math.min(h.frag_len, tvb:len() - HDR_LEN)
     local start = 0
     for _, s in ipairs(LAYOUT[h.msg_type]) do
         local e = ELEMENT[s.element]
-        local esz, n = element_size(e, h), h[s.count]
-        local stop = start + n * esz
+        local stop = start + section_size(s, h)
         local a, b = math.max(start, lo), math.min(stop, hi)
-        if a < b and esz > 0 then
-            local first, last = math.floor((a - start) / esz), math.floor((b - 1 - start) / esz)
-            local sub = tree:add(tvb(HDR_LEN + a - lo, b - a),
-                                 string.format("%s %d..%d of %d", s.name, first, last, n))
-            for i = first, last do
-                local e0 = start + i * esz
-                local c0, c1 = math.max(e0, a), math.min(e0 + esz, b)
-                local r = tvb(HDR_LEN + c0 - lo, c1 - c0)
-                if c0 == e0 and c1 == e0 + esz then
-                    add_element(sub, s, e, r, i, h)
-                else
-                    sub:add(hf["partial"], r):set_text(string.format(
-                        "%s [%d]: bytes %d..%d of %d (the rest in another fragment)", s.item, i, c0 - e0,
-                        c1 - e0 - 1, esz))
+        if a < b then
+            local sub = tree:add(tvb(HDR_LEN + a - lo, b - a), string.format("%s: bytes %d..%d of %d", s.name,
+                                                                             a - start, b - 1 - start, stop - start))
+            if s.per_table and dir then
+                local g0 = start
+                for _, ent in ipairs(dir) do
+                    local n, esz = ent[s.per_table], element_size(e, ent)
+                    local g1 = g0 + n * esz
+                    local x, y = math.max(g0, a), math.min(g1, b)
+                    if x < y then
+                        local t = sub:add(hf[s.item .. ".table"], tvb(HDR_LEN + x - lo, y - x), ent[DIRECTORY.table])
+                        t:set_text(string.format("table %d: %s %d..%d of %d", ent[DIRECTORY.table], s.name,
+                                                 math.floor((x - g0) / esz), math.floor((y - 1 - g0) / esz), n))
+                        add_run(t, tvb, lo, s, e, g0, n, esz, x, y, ent, st)
+                    end
+                    g0 = g1
                 end
+            elseif e.kind == "values" then
+                sub:add(hf["undecoded"], tvb(HDR_LEN + a - lo, b - a)):set_text(string.format(
+                    "%s bytes %d..%d: tables unknown (%s)", s.name, a - start, b - 1 - start, why))
+            else
+                add_run(sub, tvb, lo, s, e, start, count_of(s, h), e.size, a, b, nil, st)
             end
         end
         start = stop
-    end
-end
-
-local tx_by_key, tx_by_frame = {}, {}
-function embnic.init()
-    tx_by_key, tx_by_frame = {}, {}
-end
-
--- a transaction: a request message's frames and its reply's, matched by TRANSACTION_KEY and
--- ANSWERS on the first pass; a request after the reply began starts a new one (a retransmission)
-local function track(h, pinfo, tree)
-    if not pinfo.visited then
-        local parts = {}
-        for _, k in ipairs(TRANSACTION_KEY) do parts[#parts + 1] = tostring(h[k]) end
-        local key = table.concat(parts, ":")
-        local tx = tx_by_key[key]
-        if REQUEST[h.msg_type] then
-            if tx == nil or tx.response ~= nil or tx.req_type ~= h.msg_type then
-                tx = { request = pinfo.number, req_type = h.msg_type, req_ts = pinfo.abs_ts }
-                tx_by_key[key] = tx
-            end
-        elseif tx ~= nil and ANSWERS[tx.req_type][h.msg_type] then
-            if tx.response == nil then tx.response = pinfo.number end
-        else
-            tx = nil
-        end
-        tx_by_frame[pinfo.number] = tx or false
-    end
-    local tx = tx_by_frame[pinfo.number]
-    if REQUEST[h.msg_type] then
-        if tx and tx.response then tree:add(hf["response_in"], tx.response):set_generated() end
-    elseif tx then
-        tree:add(hf["request_in"], tx.request):set_generated()
-        local d = pinfo.abs_ts - tx.req_ts
-        local s = math.floor(d)
-        tree:add(hf["time"], NSTime.new(s, math.floor((d - s) * 1e9 + 0.5))):set_generated()
-    else
-        tree:add_proto_expert_info(expert_no_request)
     end
 end
 
@@ -489,8 +808,28 @@ function embnic.dissector(tvb, pinfo, tree)
         drop(t, items[field], pinfo, reason, detail)
         return tvb:len()
     end
-    track(h, pinfo, t)
-    dissect_body(tvb, t, h)
+    local st = frame_state[pinfo.number]
+    if st == nil or not pinfo.visited then
+        st = first_pass(tvb, h, pinfo)
+        st.ts = pinfo.abs_ts
+        frame_state[pinfo.number] = st
+    end
+    show_links(h, st, t)
+    local dir, why = st.dir, "no complete directory seen before this frame"
+    local has_tables = false
+    for _, s in ipairs(LAYOUT[h.msg_type]) do has_tables = has_tables or s.per_table ~= nil end
+    if dir and has_tables then
+        local fault = directory_fault(dir, h)
+        if fault then
+            local whose = REQUEST[h.msg_type] and "Directory does not add up (a host answers MALFORMED)"
+                          or "The request's directory does not fit this reply"
+            t:add_proto_expert_info(expert_bad_directory, string.format("%s: %s", whose, fault))
+            dir, why = nil, "the directory does not add up"
+        else
+            t:add(hf["directory_in"], dir.frame):set_generated()
+        end
+    end
+    dissect_body(tvb, t, h, dir, st, why)
     return tvb:len()
 end
 
