@@ -148,8 +148,8 @@ def summary(rep: dict) -> list[str]:
                  f"{rep['loss_max_abs_diff']:.2g} ({'match' if rep['loss_match'] else 'MISMATCH'})"),
         ("AUC", f"{rep['auc']:.4f} (in-process {rep['auc_reference']:.4f})"),
         ("messages", f"{rep['messages']} ({rep['messages_detail']['per_s']:.0f}/s), frames {rep['frames']}, "
-                     f"{rep['rounds_per_step']:.1f} rounds/step, {rep['request_messages_per_round']:g} request "
-                     f"messages/round ({rep['shards_per_round']:g} shards), "
+                     f"{rep['rounds_per_step']:.1f} rounds/step, {rep['request_messages_per_round']:g} "
+                     f"request messages/round ({rep['shards_per_round']:g} shards), "
                      f"{rep['messages_detail']['retransmits']} retransmits"),
         ("dedup", f"unique/all ids {rep['dedup_ratio']:.3f} (saves {100 * rep['dedup_savings']:.1f}% of the ids)"),
         ("lookup latency", f"p50 {lat['p50']} µs, p99 {lat['p99']} µs (n={lat['n']}, "

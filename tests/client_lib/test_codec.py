@@ -178,6 +178,8 @@ def _message(m):
         return (T, n, vl), vals
     if t == MsgType.UPDATE_REQ:
         return (T, n, vl), d.tobytes() + codec.keys_to_body(keys) + vals
+    if t == MsgType.UPDATE_NACK:
+        return (T, n, vl), codec.nack_body(rng.choice(consts.MAX_FRAGS, 7, replace=False))
     return (T, n, vl), b""
 
 

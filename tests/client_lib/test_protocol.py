@@ -28,6 +28,7 @@ BODIES = {
     MsgType.ERROR: (b"", 0, 0, 0),
     MsgType.SIZE_REQ: (bytes(range(48)), 3, 0, 0),  # 3 entries of 16 bytes
     MsgType.SIZE_ACK: (b"", 0, 0, 0),
+    MsgType.UPDATE_NACK: (bytes([0x0F]) + bytes(31), 0, 0, 0),  # fragments 0..3 held
 }
 
 

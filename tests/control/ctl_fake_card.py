@@ -51,7 +51,7 @@ def card_drop_reasons(include_dir: str = _DP_INCLUDE) -> tuple[str, ...]:
 
 
 DROP_REASONS = card_drop_reasons()
-TYPES = ("LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR", "SIZE_REQ", "SIZE_ACK")
+TYPES = ("LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR", "SIZE_REQ", "SIZE_ACK", "UPDATE_NACK")
 
 
 class FakeCard:
@@ -156,7 +156,7 @@ class FakeCard:
                 "ring": {"size": self.ring_size, "count": 5, "high_water": 1024},
                 "mempool": {"size": 8191, "available": 8000, "in_use": 191},
                 "state": {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4},
-                "completed": {"LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0, "SIZE_ACK": 0},
+                "completed": {"LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0, "SIZE_ACK": 0, "UPDATE_NACK": 0},
                 "shards": [{"shard": 0, "LOOKUP_REPLY": 40, "UPDATE_ACK": 10, "ERROR": 0, "expired": 4,
                             "latency_sum_ns": 50 * 150_000, "latency_hist": [0] * 7 + [10, 30, 10] + [0] * 14}]}
 

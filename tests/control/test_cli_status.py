@@ -16,7 +16,7 @@ def test_status_text(invoke, card):
     assert "ring      5/4,096 (0.1%), high water 1,024 (25.0%)" in out
     assert ("state     2/65,536 messages in flight in the state map (receiving 0, forwarded 1, replying 1)"
             in out)
-    assert "completed messages by reply type  LOOKUP_REPLY 40  UPDATE_ACK 10  ERROR 0  SIZE_ACK 0" in out
+    assert "completed messages by reply type  LOOKUP_REPLY 40  UPDATE_ACK 10  ERROR 0  SIZE_ACK 0  UPDATE_NACK 0" in out
     # 10 samples in [64, 128) µs, 30 in [128, 256), 10 in [256, 512): p50 < 256, p99 < 512
     assert ("shard     0  completed 50, expired 4; request->reply on the card: mean 150.0 µs, p50 < 256 µs, "
             "p99 < 512 µs") in out

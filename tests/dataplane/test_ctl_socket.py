@@ -121,7 +121,7 @@ def test_counters_shape(card):
     c = card.call("counters")
     assert [p["port"] for p in c["ports"]] == [0, 1]
     assert set(c["types"]) == {"LOOKUP_REQ", "LOOKUP_REPLY", "UPDATE_REQ", "UPDATE_ACK", "ERROR", "SIZE_REQ",
-                               "SIZE_ACK"}
+                               "SIZE_ACK", "UPDATE_NACK"}
     assert set(c["ring"]) == {"size", "count", "high_water", "rings"} and c["ring"]["size"] == 4096
     assert c["ring"]["rings"] == 1  # one header ring per state lcore
     assert set(c["mempool"]) == {"size", "available", "in_use"}
@@ -189,7 +189,7 @@ def test_telemetry(card):
         s.send(b"/embnic/counters")
         c = json.loads(s.recv(65536))["/embnic/counters"]
         assert set(c) >= {"port0", "port1", "types", "drops", "ring", "mempool", "state", "completed", "arp"}
-        assert set(c["completed"]) == {"LOOKUP_REPLY", "UPDATE_ACK", "ERROR", "SIZE_ACK"}
+        assert set(c["completed"]) == {"LOOKUP_REPLY", "UPDATE_ACK", "ERROR", "SIZE_ACK", "UPDATE_NACK"}
         assert "unknown_shard" in c["drops"] and c["ring"]["size"] == 4096
         s.send(b"/embnic/ring")
         assert json.loads(s.recv(16384))["/embnic/ring"]["size"] == 4096

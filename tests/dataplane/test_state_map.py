@@ -120,7 +120,7 @@ def test_fragments_tracked_not_counted(lifecycle):
 def test_completed_and_latency(lifecycle):
     """What answered messages leave behind: completed by reply type, per shard, with latencies."""
     c = lifecycle["counters"]
-    assert c["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 1, "SIZE_ACK": 0}
+    assert c["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 1, "SIZE_ACK": 0, "UPDATE_NACK": 0}
     shards = {s["shard"]: s for s in c["shards"]}
     assert set(shards) == {0, 1}
     s0 = shards[0]

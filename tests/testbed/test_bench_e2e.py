@@ -29,11 +29,14 @@ def test_batches_steps_and_summary_on_real_shards():
                 runs[fixed] = [e2e.embnic_steps(c, cl.cfg, sp) for _ in range(2)]
     var, fix = runs[False][0], runs[True][0]
     assert len(var["lookup_us"]) == 3 and all(x > 0 for x in var["step_us"])
-    # table sharding: one lookup and one update message per table, each answered
-    assert var["rounds"] == 2 and var["messages"] == 26 * 4
-    # fixed length: a size round before each, one SIZE_REQ and its SIZE_ACK per shard that has data
+    # table sharding, protocol v2: one lookup and one update message per shard touched (every
+    # table that shard holds in it), each answered
     shards = len({s for s in range(2) for t in cl.cfg.tables if e2e_owner(cl.cfg, t.id) == s})
-    assert fix["rounds"] == 4 and fix["messages"] == 26 * 4 + 2 * 2 * shards
+    assert var["rounds"] == 2 and var["messages"] == 4 * shards
+    assert var["request_messages_per_round"] == var["shards_per_round"] == shards
+    # fixed length: a size round before each, one SIZE_REQ and its SIZE_ACK per shard that has data
+    assert fix["rounds"] == 4 and fix["messages"] == 4 * shards + 2 * 2 * shards
+    assert fix["request_messages_per_round"] == shards
     s = e2e._summ(runs[False])
     assert s["rounds_per_step"] == {"median": 2.0, "min": 2.0, "max": 2.0}
     assert s["lookup_p50_us"]["min"] <= s["lookup_p50_us"]["median"] <= s["lookup_p50_us"]["max"]

@@ -244,6 +244,54 @@ def test_lookup_reply_fragmented_to_mtu_and_sent_to_source(shard0):
 
 # ---- exactly once ----------------------------------------------------------------------------
 
+def test_poll_of_an_incomplete_update_is_answered_with_the_fragments_held(shard0):
+    """docs/protocol.md, "Reliability": an update that lost fragments 1 and 4 is polled (its last
+    fragment again, RETRANSMIT): the shard answers UPDATE_NACK with the fragments it holds; the
+    missing ones re-sent (RETRANSMIT, not the last: no NACK each) complete it — applied once, acked;
+    a second poll then is acked from the window. Both engines."""
+    cfg, st_, raw = shard0
+    rng = np.random.default_rng(2)
+    keys = owned_keys(cfg, 0, 0, 300, rng)  # 9 fragments
+    g = rng.standard_normal((300, 8)).astype(np.float32)
+    frames = update_frames(cfg, 0, keys, g, msg_id=7)
+    retrans = update_frames(cfg, 0, keys, g, msg_id=7, flags=consts.Flags.RETRANSMIT)
+    n = len(frames)
+    raw.send([f for i, f in enumerate(frames) if i not in (1, 4)])
+    raw.send(retrans[-1:])
+    nack = raw.recv()
+    assert nack.header.msg_type == MsgType.UPDATE_NACK and nack.header.msg_id == 7 and len(nack.body) == 32
+    assert np.flatnonzero(~codec.nack_held(nack.body, n)).tolist() == [1, 4]
+    raw.send([retrans[1], retrans[4]])
+    ack = raw.recv()
+    assert ack.header.msg_type == MsgType.UPDATE_ACK and ack.header.msg_id == 7
+    raw.send(retrans[-1:])  # the ack lost: the next poll is acked from the window
+    again = raw.recv()
+    assert again.header.msg_type == MsgType.UPDATE_ACK
+    c = st_.counters()
+    assert (c["updates_applied"], c["duplicates"], c["poll_acks"], c["update_nacks"]) == (1, 0, 1, 1)
+    ref = LocalBackend(cfg)
+    ref.update(0, keys, g)
+    for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
+        assert np.array_equal(x, y)
+
+
+def test_poll_of_an_update_never_seen_names_only_itself(shard0):
+    """Every fragment of an update lost: its poll is the one fragment held (a NACK naming only the
+    last fragment), and the client's re-send of the others completes it."""
+    cfg, st_, raw = shard0
+    rng = np.random.default_rng(3)
+    keys = owned_keys(cfg, 0, 0, 100, rng)
+    g = rng.standard_normal((100, 8)).astype(np.float32)
+    retrans = update_frames(cfg, 0, keys, g, msg_id=8, flags=consts.Flags.RETRANSMIT)
+    raw.send(retrans[-1:])
+    nack = raw.recv()
+    assert nack.header.msg_type == MsgType.UPDATE_NACK
+    assert np.flatnonzero(codec.nack_held(nack.body, len(retrans))).tolist() == [len(retrans) - 1]
+    raw.send(retrans[:-1])
+    assert raw.recv().header.msg_type == MsgType.UPDATE_ACK
+    assert st_.counters()["updates_applied"] == 1
+
+
 def test_duplicate_update_is_reacked_not_reapplied(shard0):
     cfg, st_, raw = shard0
     rng = np.random.default_rng(1)
@@ -254,13 +302,15 @@ def test_duplicate_update_is_reacked_not_reapplied(shard0):
     raw.send(frames)
     a1 = raw.recv()
     retrans = update_frames(cfg, 0, keys, g, msg_id=5, flags=consts.Flags.RETRANSMIT)
-    random.Random(3).shuffle(retrans)
-    raw.send(retrans + retrans[:2])  # reordered, two fragments duplicated
+    raw.send(retrans[-1:])  # the client's poll of an update whose ack it lost: its last fragment
     a2 = raw.recv()
-    for a in (a1, a2):
+    raw.send(retrans)  # and a whole copy (an older client), in order
+    a3 = raw.recv()
+    for a in (a1, a2, a3):
         assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 5 and a.header.status == 0
     c = st_.counters()
-    assert c["updates_applied"] == 1 and c["duplicates"] == 1 and c["dedup_entries"] == 1
+    assert c["updates_applied"] == 1 and c["dedup_entries"] == 1
+    assert (c["duplicates"], c["poll_acks"], c["update_nacks"]) == (1, 1, 0)
     ref = LocalBackend(cfg)
     ref.update(0, keys, g)
     for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
@@ -872,8 +922,8 @@ def test_update_poll_nack_and_ack(shard0):
     raw.send([_retransmit(fr3[-1])])
     assert raw.recv().header.msg_type == MsgType.UPDATE_NACK
     c = st_.counters()
-    assert c["update_polls"] == 4 and c["update_nacks"] == 3 and c["update_poll_acks"] == 1
-    assert c["updates_applied"] == 1 and c["duplicates"] == 1
+    assert c["update_polls"] == 4 and c["update_nacks"] == 3 and c["poll_acks"] == 1
+    assert c["updates_applied"] == 1 and c["duplicates"] == 0
     ref = LocalBackend(cfg)
     for tid, k, g in parts:
         ref.update(tid, k, g)

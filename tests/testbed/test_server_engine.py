@@ -82,8 +82,10 @@ def build_stream(cfg, seed):
                 fr = ([fr[i] for i in keep] + [_rt(fr[-1])] + [_rt(fr[i]) for i in miss]
                       + ([_rt(fr[-1])] if rng.random() < 0.5 else []))
             out += [(c, f) for f in fr]
-            if rng.random() < 0.4:  # retransmission: reordered, two fragments twice
-                re = multi_update_frames(cfg, up, m, client_id=c, flags=consts.Flags.RETRANSMIT)
+            if rng.random() < 0.4:  # a copy: reordered, two fragments twice (without RETRANSMIT: a
+                # re-sent last fragment is a poll, answered when it finds the update incomplete —
+                # per frame by the reference, per wake-up by the engine: test_server.py's poll tests)
+                re = multi_update_frames(cfg, up, m, client_id=c)
                 pyr.shuffle(re)
                 # a fragment twice before the message completes, one again after it (which
                 # opens a message that never completes)
