@@ -88,6 +88,7 @@ _COMMANDS = (
     ("embnic.control.cmd_replay", "replay"),
     ("embnic.control.cmd_demo", "demo"),
     ("embnic.control.cmd_embedding_tables", "tables"),
+    ("embnic.control.cmd_dissector", "dissector"),
 )
 
 

@@ -41,6 +41,18 @@ embnic_type_name(unsigned int t)
 	return t > 0 && t < EMBNIC_NB_TYPES ? type_names[t] : NULL;
 }
 
+const char *
+embnic_frame_limit_name(unsigned int l)
+{
+	static const char *const names[] = {
+		[EMBNIC_LIMIT_PMD] = "pmd",
+		[EMBNIC_LIMIT_FRAMESZ] = "framesz",
+		[EMBNIC_LIMIT_IF_MTU] = "interface_mtu",
+	};
+
+	return l < RTE_DIM(names) ? names[l] : "unknown";
+}
+
 /* The raw sums, no base subtracted. */
 static void
 raw_sum(const struct embnic_app *app, struct embnic_totals *t)
@@ -57,6 +69,7 @@ raw_sum(const struct embnic_app *app, struct embnic_totals *t)
 			t->rx_bytes[i] += s->rx_bytes[i];
 			t->tx_frames[i] += s->tx_frames[i];
 			t->tx_bytes[i] += s->tx_bytes[i];
+			t->too_long[i] += s->too_long[i];
 		}
 		for (i = 0; i < EMBNIC_NB_TYPES; i++)
 			t->types[i] += s->types[i];
@@ -87,6 +100,7 @@ embnic_counters_sum(const struct embnic_app *app, struct embnic_totals *t)
 		t->rx_bytes[i] -= b->rx_bytes[i];
 		t->tx_frames[i] -= b->tx_frames[i];
 		t->tx_bytes[i] -= b->tx_bytes[i];
+		t->too_long[i] -= b->too_long[i];
 		t->rx_nombuf[i] -= b->rx_nombuf[i];
 		t->drops[EMBNIC_DROP_NO_MBUF] += t->rx_nombuf[i];
 	}
@@ -304,6 +318,8 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 		e->u64(e->ctx, "rx_bytes", t.rx_bytes[i]);
 		e->u64(e->ctx, "tx_frames", t.tx_frames[i]);
 		e->u64(e->ctx, "tx_bytes", t.tx_bytes[i]);
+		e->u64(e->ctx, "too_long_for_port", t.too_long[i]);
+		e->u64(e->ctx, "max_frame", app->ports[i].max_frame);
 	}
 	e->record(e->ctx, "types");
 	for (i = 1; i < EMBNIC_NB_TYPES; i++)

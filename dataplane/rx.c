@@ -217,20 +217,27 @@ embnic_io_tx(struct embnic_app *app, struct embnic_lcore_stats *st)
 }
 
 unsigned int
-embnic_rx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
+embnic_rx_port(struct embnic_app *app, uint16_t p,
+	       struct embnic_lcore_stats *st)
 {
 	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
-	unsigned int total = 0;
-	uint16_t p, nb_rx;
+	uint16_t nb_rx;
 
 	if (app->paused)
 		return 0;
-	for (p = 0; p < app->nb_ports; p++) {
-		nb_rx = rte_eth_rx_burst(p, 0, pkts, app->opts.burst);
-		if (nb_rx == 0)
-			continue;
+	nb_rx = rte_eth_rx_burst(p, 0, pkts, app->opts.burst);
+	if (nb_rx > 0)
 		rx_port(app, &app->ports[p], st, pkts, nb_rx);
-		total += nb_rx;
-	}
+	return nb_rx;
+}
+
+unsigned int
+embnic_rx_stage(struct embnic_app *app, struct embnic_lcore_stats *st)
+{
+	unsigned int total = 0;
+	uint16_t p;
+
+	for (p = 0; p < app->nb_ports; p++)
+		total += embnic_rx_port(app, p, st);
 	return total;
 }

@@ -15,7 +15,10 @@
  * see an entry mid-update but never freed memory.
  *
  * The first request frame of a message opens an entry. The entry records
- * which fragments of the request passed (a bitmap of up to
+ * what the request's header says (type, shard, num_tables, value_len,
+ * msg_len, which with them fixes num_keys, frag_count, and the fragment
+ * size its first-seen fragment implies: every later fragment must agree,
+ * else frag_mismatch) and which fragments of the request passed (a bitmap of up to
  * EMBNIC_MAX_FRAGS bits; a single-fragment message needs none): receiving
  * until every fragment was seen once, then forwarded. A reply passes only if
  * it answers an entry: same client and message id, from the shard the
@@ -57,12 +60,16 @@ struct state_entry {
 	uint64_t last_tsc;		/* the last frame either way */
 	uint32_t msg_id;
 	uint32_t msg_len;		/* request */
-	uint32_t num_keys;		/* all tables together */
 	uint32_t value_len;		/* row bytes: of a lookup's reply, of an
-					 * update's gradients */
+					 * update's gradients (num_keys is not
+					 * kept: msg_len, the type, num_tables
+					 * and value_len fix it, entry_num_keys) */
 	uint32_t bytes_in, bytes_out;	/* body bytes of distinct fragments */
 	uint16_t client_id, shard_id, num_tables;
 	uint16_t frag_count, rep_frag_count;
+	/* the fragment size each way, as its first-seen fragment implies it
+	 * (embnic_frag_last_len: the last fragment's length) */
+	uint16_t last_len, rep_last_len;
 	uint16_t frags_in, frags_out;	/* distinct fragments seen */
 	uint16_t frames_in, frames_out;	/* frames passed, duplicates too
 					 * (saturating) */
@@ -185,7 +192,6 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->last_tsc = now;
 	e->msg_id = m->msg_id;
 	e->msg_len = m->msg_len;
-	e->num_keys = m->num_keys;
 	e->value_len = m->value_len;
 	e->bytes_in = 0;
 	e->bytes_out = 0;
@@ -194,6 +200,8 @@ entry_init(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	e->num_tables = m->num_tables;
 	e->frag_count = m->frag_count;
 	e->rep_frag_count = 0;
+	e->last_len = embnic_frag_last_len(m);
+	e->rep_last_len = 0;
 	e->frags_in = 0;
 	e->frags_out = 0;
 	e->frames_in = 0;
@@ -229,26 +237,58 @@ sat_inc(uint16_t v)
 	return v == UINT16_MAX ? v : v + 1;
 }
 
-/* Does request frame m contradict the request the entry was opened by? */
+/*
+ * Does request frame m contradict the request the entry was opened by: its
+ * header, or where its fragments lie (cut at another fragment size, it
+ * would overlap another fragment or leave a gap)?
+ */
 static inline bool
 request_differs(const struct state_entry *e, const struct embnic_msg *m)
 {
 	return e->msg_type != m->msg_type || e->msg_len != m->msg_len ||
-		e->num_keys != m->num_keys || e->value_len != m->value_len ||
-		e->num_tables != m->num_tables ||
-		e->shard_id != m->shard_id || e->frag_count != m->frag_count;
+		e->value_len != m->value_len || e->num_tables != m->num_tables ||
+		e->shard_id != m->shard_id || e->frag_count != m->frag_count ||
+		e->last_len != embnic_frag_last_len(m);
 }
 
 /*
- * Body bytes of the reply the entry's first reply fragment announced: a
- * LOOKUP_REPLY carries the value_len its request announced (on_reply
- * checks it: bad_reply_len), every other reply nothing (the parser checks
- * msg_len against the type's formula). So the entry keeps no reply length.
+ * Body bytes of the reply the entry's first reply fragment announced: the
+ * parser checked every reply's msg_len against its type's formula, which
+ * for a reply depends on value_len alone (a LOOKUP_REPLY's rows, which
+ * on_reply checks against the request's: bad_reply_len) or on nothing (an
+ * UPDATE_NACK's bitmap, 0 for the others). So the entry keeps no reply
+ * length: the formula of the reply type over the request's counts.
  */
 static inline uint32_t
 rep_msg_len(const struct state_entry *e)
 {
-	return e->rep_type == EMBNIC_LOOKUP_REPLY ? e->value_len : 0;
+	return (uint32_t)embnic_expected_msg_len(e->rep_type, 0, 0,
+						 e->value_len);
+}
+
+/*
+ * The request's num_keys, which the entry does not keep: its msg_len is
+ * the type's formula of num_tables, num_keys and value_len
+ * (embnic_check_lengths), so every request fragment that agrees with the
+ * entry's msg_len, type, num_tables and value_len (request_differs) has
+ * this num_keys too.
+ */
+static inline uint32_t
+entry_num_keys(const struct state_entry *e)
+{
+	uint64_t dir = (uint64_t)EMBNIC_DIR_ENTRY * e->num_tables;
+
+	switch (e->msg_type) {
+	case EMBNIC_LOOKUP_REQ:
+		return (uint32_t)((e->msg_len - dir) / EMBNIC_KEY_SIZE);
+	case EMBNIC_UPDATE_REQ:
+		return (uint32_t)((e->msg_len - dir - e->value_len) /
+				  EMBNIC_KEY_SIZE);
+	case EMBNIC_SIZE_REQ:
+		return e->msg_len / EMBNIC_SIZE_ENTRY;
+	default:
+		return 0;
+	}
 }
 
 static inline int
@@ -259,9 +299,12 @@ on_request(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 	if (mark(e->seen_in, m->frag_index, e->frag_count, e->frags_in)) {
 		e->frags_in++;
 		e->bytes_in += m->frag_len;
-		if (e->frags_in == e->frag_count &&
-		    e->state == EMBNIC_ST_RECEIVING)
-			e->state = EMBNIC_ST_FORWARDED;
+		if (e->frags_in == e->frag_count) {
+			/* one fragment size: every byte once */
+			RTE_ASSERT(e->bytes_in == e->msg_len);
+			if (e->state == EMBNIC_ST_RECEIVING)
+				e->state = EMBNIC_ST_FORWARDED;
+		}
 	}
 	e->frames_in = sat_inc(e->frames_in);
 	e->last_tsc = now;
@@ -319,11 +362,13 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 		 * msg_len follows from its type: rep_msg_len) */
 		e->rep_type = m->msg_type;
 		e->rep_frag_count = m->frag_count;
+		e->rep_last_len = embnic_frag_last_len(m);
 		if (m->frag_count > 1)
 			memset(e->seen_out, 0, sizeof(e->seen_out));
 		e->state = EMBNIC_ST_REPLYING;
 	} else if (unlikely(e->rep_type != m->msg_type ||
-			    e->rep_frag_count != m->frag_count)) {
+			    e->rep_frag_count != m->frag_count ||
+			    e->rep_last_len != embnic_frag_last_len(m))) {
 		return EMBNIC_DROP_FRAG_MISMATCH;
 	}
 	if (mark(e->seen_out, m->frag_index, e->rep_frag_count,
@@ -335,6 +380,7 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 	e->last_tsc = now;
 	if (e->frags_out < e->rep_frag_count)
 		return 0;
+	RTE_ASSERT(e->bytes_out == rep_msg_len(e));
 	/* the whole reply passed: count what the message leaves behind */
 	ns = (uint64_t)((double)(now - e->first_tsc) * s->ns_per_tsc);
 	ss = shard_stats(s, e->shard_id);
@@ -564,7 +610,7 @@ embnic_state_dump(const struct embnic_state *s, struct embnic_state_view *out,
 		v->msg_type = e->msg_type;
 		v->rep_type = e->rep_type;
 		v->msg_len = e->msg_len;
-		v->num_keys = e->num_keys;
+		v->num_keys = entry_num_keys(e);
 		v->value_len = e->value_len;
 		v->frag_count = e->frag_count;
 		v->rep_frag_count = e->rep_frag_count;
@@ -624,6 +670,32 @@ bits_below(const uint64_t *b, unsigned int n)
 	return true;
 }
 
+/*
+ * Do bytes (body bytes counted for the distinct fragments marked in b, frags
+ * of them, of a message of n fragments and len bytes whose last fragment
+ * is last_len bytes) and the geometry agree? The fragment size P fixed by
+ * last_len; every fragment but the last P bytes; all n: exactly len.
+ */
+static bool
+bytes_fit(const uint64_t *b, uint16_t n, uint16_t frags, uint32_t len,
+	  uint16_t last_len, uint32_t bytes)
+{
+	uint64_t p, want;
+	bool has_last;
+
+	if (n == 1)
+		return last_len == len && bytes == (frags ? len : 0);
+	if (last_len == 0 || last_len > len ||
+	    (len - last_len) % (uint32_t)(n - 1) != 0)
+		return false;
+	p = (len - last_len) / (uint32_t)(n - 1);
+	if (last_len > p)
+		return false;
+	has_last = (b[(n - 1) >> 6] >> ((n - 1) & 63)) & 1;
+	want = (uint64_t)(frags - has_last) * p + (has_last ? last_len : 0);
+	return bytes == want && bytes <= len && (frags < n || bytes == len);
+}
+
 int
 embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 {
@@ -664,7 +736,11 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 		     !bits_below(e->seen_in, e->frag_count))) ||
 		    (e->state == EMBNIC_ST_RECEIVING) !=
 		    (e->frags_in < e->frag_count && e->frags_out == 0) ||
-		    e->bytes_in > e->msg_len)
+		    e->bytes_in > e->msg_len ||
+		    (e->state == EMBNIC_ST_FORWARDED &&
+		     e->bytes_in != e->msg_len) ||
+		    !bytes_fit(e->seen_in, e->frag_count, e->frags_in,
+			       e->msg_len, e->last_len, e->bytes_in))
 			goto bad;
 		if (e->state == EMBNIC_ST_REPLYING) {
 			if (e->rep_frag_count == 0 ||
@@ -675,7 +751,10 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 			    (e->rep_frag_count > 1 &&
 			     (bits_set(e->seen_out) != e->frags_out ||
 			      !bits_below(e->seen_out, e->rep_frag_count))) ||
-			    e->bytes_out > rep_msg_len(e))
+			    e->bytes_out > rep_msg_len(e) ||
+			    !bytes_fit(e->seen_out, e->rep_frag_count,
+				       e->frags_out, rep_msg_len(e),
+				       e->rep_last_len, e->bytes_out))
 				goto bad;
 		} else if (e->frags_out != 0 || e->frames_out != 0) {
 			goto bad;
@@ -684,12 +763,13 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 bad:
 		snprintf(err, errlen, "entry %u (client %u msg %u) is "
 			 "inconsistent: state %u, request %u/%u fragments "
-			 "(%u frames, %u of %u bytes), reply %u/%u fragments "
-			 "(%u frames, %u of %u bytes)", i, e->client_id,
-			 e->msg_id, e->state, e->frags_in, e->frag_count,
-			 e->frames_in, e->bytes_in, e->msg_len, e->frags_out,
-			 e->rep_frag_count, e->frames_out, e->bytes_out,
-			 rep_msg_len(e));
+			 "(%u frames, %u of %u bytes, last %u), reply %u/%u "
+			 "fragments (%u frames, %u of %u bytes, last %u)", i,
+			 e->client_id, e->msg_id, e->state, e->frags_in,
+			 e->frag_count, e->frames_in, e->bytes_in, e->msg_len,
+			 e->last_len, e->frags_out, e->rep_frag_count,
+			 e->frames_out, e->bytes_out, rep_msg_len(e),
+			 e->rep_last_len);
 		return -1;
 	}
 	if (live != s->entries || hn < 0 || (uint32_t)hn != live ||

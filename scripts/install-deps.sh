@@ -23,6 +23,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
     echo "embnic: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # tshark (wireshark-common) asks whether non-root users may capture: answer no, ahead, so that
+    # no prompt waits for a stdin that CI does not have
+    if printf '%s\n' "${missing[@]}" | grep -qx tshark; then
+        echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+    fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

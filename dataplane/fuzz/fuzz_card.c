@@ -21,7 +21,8 @@
  *   c0   bits 0-1: ports - 1 (1..3); bit 2: the ports have no IPv4 (any
  *        destination accepted, ARP ignored); bits 3-7: burst - 1 (1..32)
  *   c1   routes (0..3, low 2 bits); bit 2: 2 state map partitions
- *        c2: clients (0..3, low 2 bits)
+ *        c2: clients (0..3, low 2 bits); bit 2: ports 1 and 2 send at
+ *        most 1514-byte frames (embnic_port.max_frame; else no limit)
  *        (the port's address is 10.1.<port>.1)
  *   3 routes then 3 clients, 4 bytes each, used or not: id, port,
  *        ip (10.1.<port>.<ip>), udp port u (0: 7878; 1..127: 7878 + u;
@@ -52,13 +53,19 @@
  * frame sent is checked: Ethernet/IPv4/UDP lengths equal to the mbuf's,
  * IPv4 checksum right, TTL 64, source the port's MAC/IPv4 and UDP 7878,
  * destination a registered peer on that port, UDP checksum right if it
- * was right on arrival (0 stays 0, a wrong one stays wrong); ARP replies
+ * was right on arrival (0 stays 0, a wrong one stays wrong), no longer
+ * than the port's largest frame (too_long_for_port); ARP replies
  * from the port's address. Every embnic frame a partition's TX stage
  * takes is one of that partition (embnic_partition of its client and
- * message ids). After every input: every frame buffer freed, every mbuf
- * back in the pool, rings empty, each partition's counts agree with a
- * walk of its entries (embnic_state_check), and every frame received was
- * sent or dropped and counted by reason. A violation aborts.
+ * message ids). After every TX burst, that partition of the state map
+ * agrees with a walk of its entries (embnic_state_check: counts, bitmaps,
+ * and no entry with more body bytes than msg_len, a forwarded one with
+ * exactly msg_len: its fragments cut at one fragment size), and a reply
+ * that completed carried exactly its msg_len (RTE_ASSERT in state.c,
+ * enabled in this build). After every input: every frame buffer freed,
+ * every mbuf back in the pool, rings empty, each partition's map checked
+ * again, and every frame received was sent or dropped and counted by
+ * reason. A violation aborts.
  */
 #include <stdarg.h>
 #include <stdint.h>
@@ -280,6 +287,9 @@ check_sent(struct rte_mbuf *m, uint16_t p)
 	if ((uint32_t)tot + 14 != len || ul != tot - 20)
 		fail("sent frame of %u bytes: IPv4 total length %u, UDP "
 		     "length %u", len, tot, ul);
+	if (len > port->max_frame)
+		fail("sent a %u-byte frame on port %u, which sends at most %u",
+		     len, p, port->max_frame);
 	if (!ip_csum_ok(f) || f[22] != EMBNIC_CARD_TTL)
 		fail("sent frame: IPv4 checksum or TTL wrong");
 	if (memcmp(f + 26, &port->ip, 4) != 0 ||
@@ -378,6 +388,23 @@ check_steered(struct rte_mbuf **pkts, unsigned int n, unsigned int k)
 }
 
 /*
+ * After every TX burst, partition k of the map against a walk of its
+ * entries (embnic_state_check): counts, bitmaps, and each entry's bytes
+ * those of its fragments cut at one fragment size, so never more than
+ * msg_len and exactly msg_len once forwarded. (A reply completed within
+ * the burst left its entry already; state.c's RTE_ASSERT checked that its
+ * bytes were the reply's msg_len.)
+ */
+static void
+check_state(unsigned int k)
+{
+	char err[256];
+
+	if (embnic_state_check(fz_app.w[k].state, err, sizeof(err)) != 0)
+		fail("state map partition %u after a TX burst: %s", k, err);
+}
+
+/*
  * Run the stages at time tsc until every frame queued was sent or dropped:
  * the RX stage, then for each state lcore what embnic_tx_stage() does (a
  * dequeue, then embnic_tx_burst() at the harness's clock), then the RX
@@ -399,6 +426,7 @@ run_stages(uint64_t tsc)
 			check_steered(pkts, n, k);
 			embnic_tx_burst(&fz_app, &fz_app.w[k], st, pkts, n,
 					tsc);
+			check_state(k);
 		}
 		embnic_io_tx(&fz_app, st);
 		drain_tx();
@@ -477,8 +505,10 @@ reset_card(void)
 	fz_slots_reset(&fz_app, 1);
 	memset(&fz_app.stats[0], 0, sizeof(fz_app.stats[0]));
 	fz_app.w[0].next_expire_tsc = 0;
-	for (p = 0; p < FZ_PORTS; p++)
+	for (p = 0; p < FZ_PORTS; p++) {
 		fz_app.ports[p].ip = 0;
+		fz_app.ports[p].max_frame = FZ_MAX_FRAME;
+	}
 }
 
 int
@@ -507,9 +537,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fz_app.nb_ports = nports;
 	fz_app.opts.burst = (uint32_t)(c[0] >> 3) + 1;
 	fz_app.nb_workers = (c[1] & 4) ? 2 : 1;
-	for (p = 0; p < nports; p++)
+	for (p = 0; p < nports; p++) {
 		fz_app.ports[p].ip = (c[0] & 4) ? 0 :
 			rte_cpu_to_be_32(0x0a010001u | (uint32_t)p << 8);
+		if ((c[2] & 4) && p > 0)
+			fz_app.ports[p].max_frame = RTE_ETHER_MAX_LEN -
+				RTE_ETHER_CRC_LEN;
+	}
 	add_peers(c + 3, (c[1] & 3) % (FZ_MAX_PEERS + 1), true, nports);
 	add_peers(c + 3 + 4 * FZ_MAX_PEERS, (c[2] & 3) % (FZ_MAX_PEERS + 1),
 		  false, nports);

@@ -69,7 +69,8 @@ embnic_ipv4_sum20(const void *hdr)
 	X(WRONG_SHARD_REPLY, wrong_shard_reply) \
 	X(WRONG_REPLY_TYPE, wrong_reply_type) \
 	X(BAD_REPLY_LEN, bad_reply_len) \
-	X(TRUNCATED, truncated)
+	X(TRUNCATED, truncated) \
+	X(TOO_LONG_FOR_PORT, too_long_for_port)
 
 enum embnic_drop {
 	EMBNIC_DROP_NONE = 0,
@@ -128,6 +129,33 @@ embnic_check_lengths(const struct embnic_msg *m, uint32_t payload)
 			return EMBNIC_DROP_FRAG_MISMATCH;
 	}
 	return EMBNIC_DROP_NONE;
+}
+
+/*
+ * The fragment size of a message as one of its fragments implies it,
+ * expressed as the body bytes of the message's last fragment
+ * (docs/protocol.md, "Fragmentation": fragment i carries [i*P, (i+1)*P),
+ * the last one the rest). m passed embnic_check_lengths, so its own offset
+ * and length agree with some P with ceil(msg_len / P) = frag_count; this
+ * returns msg_len - (frag_count - 1) * P: frag_len for the last fragment
+ * (and for a message of one fragment), computed from P = frag_len for any
+ * other. Always in 0..UINT16_MAX (0 < it <= P for several fragments).
+ *
+ * Two fragments of one message (same msg_len and frag_count) are cut at
+ * the same P exactly when they give the same value: P fixes it, and it
+ * fixes P = (msg_len - it) / (frag_count - 1). So a receiver keeps it from
+ * a message's first-seen fragment and drops any later fragment that gives
+ * another as frag_mismatch (it would overlap another fragment or leave a
+ * gap), with no division; a message whose fragments all passed then
+ * carried exactly msg_len bytes.
+ */
+static inline uint16_t
+embnic_frag_last_len(const struct embnic_msg *m)
+{
+	if (m->frag_index + 1 == m->frag_count)
+		return m->frag_len;
+	return (uint16_t)(m->msg_len -
+			  (uint32_t)(m->frag_count - 1) * m->frag_len);
 }
 
 /* Counter name of a drop reason ("too_short", ...); NULL if out of range. */

@@ -147,7 +147,7 @@ class BatchIntake:
             return
         fp = self._applied.get((cid, mid))
         if fp is not None and fp[:3] == info[3:6]:
-            self._c["poll_acks"] += 1
+            self._c["update_poll_acks"] += 1
             self._applied.move_to_end((cid, mid))
             ent = self._pend.pop(key, None)
             if ent is not None:

@@ -339,7 +339,7 @@ class ShardServer:
         Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
         ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
-        ``update_polls`` (re-sent last fragments of updates, :func:`is_poll`), ``poll_acks``
+        ``update_polls`` (re-sent last fragments of updates, :func:`is_poll`), ``update_poll_acks``
         (polls of applied updates, acked from the window: lost acks; not in ``duplicates``,
         which counts complete updates re-acked),
         ``update_nacks`` (polls of incomplete updates answered with the fragments held),
@@ -363,7 +363,7 @@ class ShardServer:
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
             "duplicates": c["duplicates"], "update_polls": c["update_polls"],
-            "poll_acks": c["poll_acks"], "update_nacks": c["update_nacks"],
+            "update_poll_acks": c["update_poll_acks"], "update_nacks": c["update_nacks"],
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -464,7 +464,7 @@ class ShardServer:
         key = (h.client_id, h.msg_id)
         fp = self._applied.get(key)
         if fp is not None and fp[:3] == (h.num_tables, h.num_keys, h.value_len):
-            self._c["poll_acks"] += 1
+            self._c["update_poll_acks"] += 1
             self._applied.move_to_end(key)
             self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
             self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)

@@ -181,6 +181,7 @@ class Suite:
         cases.add_malformed(s)
         cases.add_unauthorised(s)
         cases.add_reply_path(s)
+        cases.add_frag_geometry(s)
         return s
 
     def msg_id(self) -> int:
@@ -198,7 +199,8 @@ class Suite:
     def message(self, src: Peer, msg_type: int, *, msg_id: int, client_id: int, shard_id: int,
                 num_keys: int = 0, dim: int = 4, dtype: int = DType.FP32, table: int = 3,
                 tables: list[Table] | None = None, error_table: int = consts.NO_TABLE,
-                flags: int = 0, status: int = 0, seed: int = 0, only: list[int] | None = None) -> list[bytes]:
+                flags: int = 0, status: int = 0, seed: int = 0, only: list[int] | None = None,
+                frag_size: int = P) -> list[bytes]:
         """Frames of one v2 message from ``src``, fragmented at MTU 1500 (docs/protocol.md).
 
         ``tables``: the request's directory, ``[(table_id, dim, dtype, num_keys), ...]``; by
@@ -207,19 +209,23 @@ class Suite:
         LOOKUP_REPLY carries the rows. A SIZE_REQ / SIZE_ACK has ``num_keys`` entries and no table.
         ``error_table``: the header's ``table_id`` (an ERROR's table; ``NO_TABLE`` otherwise).
         ``only``: the fragment indexes to return, in that order (repeats allowed), instead of all.
+        ``frag_size``: cut the body every ``frag_size`` bytes instead of ``P`` (1428, MTU 1500);
+        each fragment is valid alone, but a receiver that saw a fragment of the message cut at
+        another size drops it as ``frag_mismatch``.
         """
         if tables is None:
             tables = [(table, dim, dtype, num_keys)]
         T, n, value_len, body = message_body(msg_type, tables, num_keys, seed or msg_id)
         msg_len = consts.expected_msg_len(msg_type, T, n, value_len)
         assert len(body) == msg_len
-        count = max(1, -(-msg_len // P))
+        count = max(1, -(-msg_len // frag_size))
         out = []
         for i in range(count):
-            chunk = body[i * P:(i + 1) * P]
+            chunk = body[i * frag_size:(i + 1) * frag_size]
             hdr = Embnic(msg_type=msg_type, flags=flags, status=status, msg_id=msg_id, client_id=client_id,
                          shard_id=shard_id, num_tables=T, table_id=error_table, num_keys=n, value_len=value_len,
-                         msg_len=msg_len, frag_offset=i * P, frag_index=i, frag_count=count, frag_len=len(chunk))
+                         msg_len=msg_len, frag_offset=i * frag_size, frag_index=i, frag_count=count,
+                         frag_len=len(chunk))
             out.append(bytes(self.l2l3(src) / hdr / Raw(chunk)))
         return out if only is None else [out[i] for i in only]
 
@@ -331,7 +337,8 @@ class StateModel:
     ``num_tables``, ``num_keys``, ``value_len``, ``msg_len``); every fragment seen once ->
     ``forwarded``. A reply frame (already known to match:
     fates say which are forwarded) marks its fragment (``replying``); once every reply fragment
-    was seen the entry is freed and counted as completed by reply type, per shard.
+    was seen the entry is freed and counted as completed by reply type, per shard. Body bytes
+    are counted once per distinct fragment each way (``bytes_in``, ``bytes_out``).
     """
 
     def __init__(self):
@@ -344,11 +351,16 @@ class StateModel:
             e = self.entries.setdefault(key, {"in": set(), "out": set(), "n_in": h.frag_count,
                                               "n_out": 0, "shard": h.shard_id, "type": h.msg_type,
                                               "num_tables": h.num_tables, "num_keys": h.num_keys,
-                                              "value_len": h.value_len, "msg_len": h.msg_len})
+                                              "value_len": h.value_len, "msg_len": h.msg_len,
+                                              "bytes_in": 0, "bytes_out": 0})
+            if h.frag_index not in e["in"]:
+                e["bytes_in"] += h.frag_len
             e["in"].add(h.frag_index)
             return
         e = self.entries[key]
         e["n_out"] = h.frag_count
+        if h.frag_index not in e["out"]:
+            e["bytes_out"] += h.frag_len
         e["out"].add(h.frag_index)
         if len(e["out"]) == e["n_out"]:
             del self.entries[key]
@@ -356,9 +368,13 @@ class StateModel:
             self.completed["all"][name] += 1
             self.completed.setdefault(str(e["shard"]), collections.Counter())[name] += 1
 
+    @staticmethod
+    def state_of(e: dict) -> str:
+        """``receiving``, ``forwarded`` or ``replying``, as the card names an entry's state."""
+        return "replying" if e["out"] else "forwarded" if len(e["in"]) == e["n_in"] else "receiving"
+
     def summary(self) -> dict:
-        by = collections.Counter("replying" if e["out"] else "forwarded" if len(e["in"]) == e["n_in"]
-                                 else "receiving" for e in self.entries.values())
+        by = collections.Counter(self.state_of(e) for e in self.entries.values())
         return {"entries": len(self.entries),
                 "by_state": {k: by.get(k, 0) for k in ("receiving", "forwarded", "replying")}}
 

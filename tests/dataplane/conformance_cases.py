@@ -2,9 +2,10 @@
 
 Each ``add_*`` appends input frames and their fates to a :class:`conformance.Suite`: valid
 requests and replies, of one table and of several (:func:`add_valid`), frames that do not
-parse or do not add up (a version-1 frame among them)
-(:func:`add_malformed`), senders and targets the tables do not know (:func:`add_unauthorised`)
-and the state map's reply rules (:func:`add_reply_path`). The wiring and the meaning of a fate
+parse or do not add up (a version-1 frame among them) (:func:`add_malformed`), senders and
+targets the tables do not know (:func:`add_unauthorised`), the state map's reply rules
+(:func:`add_reply_path`) and fragments cut at another size than their message's
+(:func:`add_frag_geometry`). The wiring and the meaning of a fate
 are in ``conformance.py``'s docstring.
 
 Run through the suite: ``python3 -m pytest -q tests/dataplane/test_conformance.py``.
@@ -358,6 +359,51 @@ def add_reply_path(s: Suite) -> None:
     n = (256 * P) // 8 + 1  # 45697 rows of 8 bytes: 365576 bytes, 257 fragments of 1428
     s.add_message("reply of 257 fragments (last fragment)", s0, LR, ("drop", "too_many_frags"),
                   msg_id=s.msg_id(), client_id=2, shard_id=0, num_keys=n, dim=2, only=[256])
+
+
+def add_frag_geometry(s: Suite) -> None:
+    """Fragments each valid alone but cut at another fragment size than the message's first-seen
+    fragment (docs/protocol.md, "Fragmentation": ``frag_offset = i*P``, P fixed per message):
+    dropped as ``frag_mismatch``, requests and replies alike, so an entry never counts more body
+    bytes than ``msg_len`` and is ``forwarded`` only with exactly ``msg_len``; the fragments cut
+    at the message's size still pass."""
+    c1, c3 = s.clients[1], s.clients[3]
+    s1, s2 = s.shards[1], s.shards[2]
+    L, LR = MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY
+
+    def frags(label, src, msg_type, fate, only, **kw):
+        for i, f in zip(only, s.message(src, msg_type, only=only, **kw)):
+            s.add(f"{label}[{i}]", src.port, f, fate, msg_type)
+
+    # 400 keys = 16 + 3200 bytes: 3 fragments at P = 1428; cut at 1200 (also 3) they overlap those
+    m = s.msg_id()
+    kw = dict(msg_id=m, client_id=1, shard_id=1, num_keys=400)
+    frags("c1 lookup s1 (overlap), P 1428", c1, L, ("fwd", s1), [0], **kw)
+    frags("c1 lookup s1 (overlap), cut at 1200", c1, L, ("drop", "frag_mismatch"), [1, 2],
+          frag_size=1200, **kw)
+    frags("c1 lookup s1 (overlap), P 1428", c1, L, ("fwd", s1), [1, 2], **kw)
+    # the first fragment seen cut at 1100 fixes P = 1100: at 1428 fragments 1, 2 leave a gap
+    m = s.msg_id()
+    kw = dict(msg_id=m, client_id=1, shard_id=1, num_keys=400)
+    frags("c1 lookup s1 (gap), P 1100", c1, L, ("fwd", s1), [0], frag_size=1100, **kw)
+    frags("c1 lookup s1 (gap), cut at 1428", c1, L, ("drop", "frag_mismatch"), [1, 2], **kw)
+    frags("c1 lookup s1 (gap), P 1100", c1, L, ("fwd", s1), [2, 1], frag_size=1100, **kw)
+    # the last fragment first fixes P too: 360 bytes at offset 2856 mean P = 1428
+    m = s.msg_id()
+    kw = dict(msg_id=m, client_id=1, shard_id=1, num_keys=400)
+    frags("c1 lookup s1 (last first), P 1428", c1, L, ("fwd", s1), [2], **kw)
+    frags("c1 lookup s1 (last first), cut at 1500", c1, L, ("drop", "frag_mismatch"), [0, 1],
+          frag_size=1500, **kw)
+    frags("c1 lookup s1 (last first), P 1428", c1, L, ("fwd", s1), [0], **kw)
+    # a reply cut the same way: its first fragment fixes the reply's P; the others at 1200 are
+    # dropped and do not complete it, so the real ones that follow pass and free the entry
+    m = s.msg_id()
+    kw = dict(msg_id=m, client_id=3, shard_id=2, num_keys=200, dim=4)  # reply: 3200 bytes
+    s.add_message("c3 lookup s2 (reply cut at 1200)", c3, L, ("fwd", s2), **kw)
+    frags("s2 reply c3, P 1428", s2, LR, ("fwd", c3), [0], **kw)
+    frags("s2 reply c3, cut at 1200", s2, LR, ("drop", "frag_mismatch"), [1, 2], frag_size=1200,
+          **kw)
+    frags("s2 reply c3, P 1428", s2, LR, ("fwd", c3), [1, 2], **kw)
 
 
 def add_unauthorised(s: Suite) -> None:

@@ -3,7 +3,8 @@
 The cases live in conformance.py (reusable by the P4 target): requests from 3 clients to 3
 shards, replies, multi-fragment messages, ARP, malformed frames of every kind, unauthorised
 senders, and the reply path through the state map (unsolicited, wrong shard, wrong type,
-duplicates, fragments tracked by bitmap, more than 256 fragments), on a 3-port card. Each lcore
+duplicates, fragments tracked by bitmap, more than 256 fragments, fragments cut at another size
+than their message's: overlap, gap, a reply cut so), on a 3-port card. Each lcore
 layout runs once: run to completion (``-l 0``), RX/TX pipeline (``-l 0,1``) and the state map
 partitioned over 2 state lcores (``-l 0,1 --state-lcores 2``: RX, TX and state lcore 0 on
 lcore 0, state lcore 1 on lcore 1), where frames keep their order per message, not per port.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import Suite, check_outputs, read_pcap
+from conformance import StateModel, Suite, check_outputs, read_pcap
 from embnic.control.dpdk_proc import CardProcess, wait_drained
 from embnic.client_lib import consts
 
@@ -47,11 +48,12 @@ def run(request, card_bin, tmp_path_factory):
         # is freed: wait for both (a leak still fails test_no_mbuf_leak, by timeout)
         counters = wait_drained(card, len(s.frames), mbufs_back=lcores != "0")
         state = card.call("state_summary")
-        dump = card.call("state_dump")["entries"]
+        dump = card.call("state_dump", limit=1000)["entries"]
     finally:
         rc = card.stop()
     card.cleanup()
-    return {"suite": s, "info": info, "counters": counters, "state": state, "dump": dump, "rc": rc, "layout": request.param,
+    return {"suite": s, "info": info, "counters": counters, "state": state, "dump": dump, "rc": rc,
+            "layout": request.param,
             "state_lcores": state_lcores,
             "macs": {p["port"]: p["mac"] for p in info["ports"]}, "routes": routes, "clients": clients,
             "out": {p: read_pcap(outs[p]) for p in s.ports}, "log": (d / "card.log").read_text()}
@@ -95,7 +97,7 @@ def test_every_drop_named(run):
                    "bad_magic", "bad_version", "bad_type", "bad_length", "unknown_client",
                    "unknown_server", "unknown_shard", "ring_full", "no_mbuf", "tx_full", "state_full",
                    "arp_ignored", "wrong_dst", "frag_mismatch", "too_many_frags", "unsolicited_reply",
-                   "wrong_shard_reply", "wrong_reply_type", "bad_reply_len", "truncated"):
+                   "wrong_shard_reply", "wrong_reply_type", "bad_reply_len", "truncated", "too_long_for_port"):
         assert reason in drops, f"drop reason {reason} missing from counters"
     want = run["suite"].expected_drops()
     assert {k: v for k, v in drops.items() if v} == want
@@ -150,6 +152,25 @@ def test_state_dump_records_the_header(run):
             consts.MsgType(m["type"]).name, m["shard"], m["num_tables"], m["num_keys"], m["value_len"],
             m["msg_len"]), key
         assert (e["frag_count"], e["frags_in"], e["frags_out"]) == (m["n_in"], len(m["in"]), len(m["out"])), key
+
+
+def test_state_map_bytes(run):
+    """Every entry holds the model's fragments and body bytes: never more than ``msg_len`` (a
+    fragment cut at another size than its message's is dropped, never counted), exactly
+    ``msg_len`` once ``forwarded``."""
+    model = run["suite"].state_model().entries
+    got = {(e["client"], e["msg_id"]): e for e in run["dump"]}
+    assert set(got) == set(model)
+    for key, e in got.items():
+        m = model[key]
+        assert (e["state"], e["msg_len"], e["frags_in"], e["bytes_in"], e["frags_out"], e["bytes_out"]) == (
+            StateModel.state_of(m), m["msg_len"], len(m["in"]), m["bytes_in"], len(m["out"]),
+            m["bytes_out"]), key
+        assert e["bytes_in"] <= e["msg_len"]
+        if e["state"] == "forwarded":
+            assert e["bytes_in"] == e["msg_len"], key
+    # the suite's fragment-geometry cases end forwarded with exactly their 16 + 3200 bytes
+    assert sum(1 for e in got.values() if e["state"] == "forwarded" and e["msg_len"] == 3216) >= 3
 
 
 def test_completed_messages(run):

@@ -268,7 +268,7 @@ def test_poll_of_an_incomplete_update_is_answered_with_the_fragments_held(shard0
     again = raw.recv()
     assert again.header.msg_type == MsgType.UPDATE_ACK
     c = st_.counters()
-    assert (c["updates_applied"], c["duplicates"], c["poll_acks"], c["update_nacks"]) == (1, 0, 1, 1)
+    assert (c["updates_applied"], c["duplicates"], c["update_poll_acks"], c["update_nacks"]) == (1, 0, 1, 1)
     ref = LocalBackend(cfg)
     ref.update(0, keys, g)
     for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
@@ -310,7 +310,7 @@ def test_duplicate_update_is_reacked_not_reapplied(shard0):
         assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 5 and a.header.status == 0
     c = st_.counters()
     assert c["updates_applied"] == 1 and c["dedup_entries"] == 1
-    assert (c["duplicates"], c["poll_acks"], c["update_nacks"]) == (1, 1, 0)
+    assert (c["duplicates"], c["update_poll_acks"], c["update_nacks"]) == (1, 1, 0)
     ref = LocalBackend(cfg)
     ref.update(0, keys, g)
     for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
@@ -922,7 +922,7 @@ def test_update_poll_nack_and_ack(shard0):
     raw.send([_retransmit(fr3[-1])])
     assert raw.recv().header.msg_type == MsgType.UPDATE_NACK
     c = st_.counters()
-    assert c["update_polls"] == 4 and c["update_nacks"] == 3 and c["poll_acks"] == 1
+    assert c["update_polls"] == 4 and c["update_nacks"] == 3 and c["update_poll_acks"] == 1
     assert c["updates_applied"] == 1 and c["duplicates"] == 0
     ref = LocalBackend(cfg)
     for tid, k, g in parts:

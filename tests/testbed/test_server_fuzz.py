@@ -178,4 +178,4 @@ def test_every_kind_of_poll_is_accounted_for():
     types = [codec.parse_header(f, expect="reply").msg_type for f, _ in tr.sent]
     assert types == [consts.MsgType.UPDATE_NACK, consts.MsgType.UPDATE_ACK, consts.MsgType.UPDATE_ACK]
     c = srv.counters()
-    assert (c["update_polls"], c["update_nacks"], c["poll_acks"], c["updates_applied"]) == (2, 1, 1, 1)
+    assert (c["update_polls"], c["update_nacks"], c["update_poll_acks"], c["updates_applied"]) == (2, 1, 1, 1)
