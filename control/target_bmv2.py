@@ -492,14 +492,19 @@ class Bmv2Target(Target):
                 "expired": c.get("state_expired", {}).get(0, (0, 0))[0], "by_state": by}
 
     def state_dump(self, limit: int = 1000) -> list[dict]:
-        """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started)."""
+        """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started):
+        ``client``, ``msg_id``, ``type``, ``state``, ``shard``, the request's ``num_tables``,
+        ``num_keys``, ``value_len``, ``msg_len``, ``frag_count``, frames and body bytes each way,
+        ``first_ns``/``last_ns`` and the register ``slot``."""
         try:
             entries = bmv2_runtime.read_state_map(self._switch())[:limit]
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
         return [{"client": e["client_id"], "msg_id": e["msg_id"], "type": MsgType(e["msg_type"]).name
                  if e["msg_type"] in MsgType._value2member_map_ else e["msg_type"], "state": e["state"],
-                 "table": e["table_id"], "shard": e["shard_id"], "frames_in": e["frames_in"],
+                 "shard": e["shard_id"], "num_tables": e["num_tables"], "num_keys": e["num_keys"],
+                 "value_len": e["value_len"], "msg_len": e["msg_len"], "frag_count": e["frag_count"],
+                 "frames_in": e["frames_in"],
                  "bytes_in": e["bytes_in"], "frames_out": e["frames_out"], "bytes_out": e["bytes_out"],
                  "first_ns": e["first_us"] * 1000, "last_ns": e["last_us"] * 1000, "slot": e["slot"]}
                 for e in entries]

@@ -22,9 +22,11 @@ control HeaderRing(in headers_t hdr,
     @name(".ring_flags") register<bit<8>>(RING_SLOTS) ring_flags;
     @name(".ring_msg_id") register<bit<32>>(RING_SLOTS) ring_msg_id;
     @name(".ring_client_id") register<bit<16>>(RING_SLOTS) ring_client_id;
-    @name(".ring_table_id") register<bit<16>>(RING_SLOTS) ring_table_id;
     @name(".ring_shard_id") register<bit<16>>(RING_SLOTS) ring_shard_id;
+    @name(".ring_num_tables") register<bit<16>>(RING_SLOTS) ring_num_tables;
+    @name(".ring_table_id") register<bit<16>>(RING_SLOTS) ring_table_id;    /* an ERROR's table */
     @name(".ring_num_keys") register<bit<32>>(RING_SLOTS) ring_num_keys;
+    @name(".ring_value_len") register<bit<32>>(RING_SLOTS) ring_value_len;
     @name(".ring_msg_len") register<bit<32>>(RING_SLOTS) ring_msg_len;
     @name(".ring_frag_index") register<bit<16>>(RING_SLOTS) ring_frag_index;
     @name(".ring_frag_count") register<bit<16>>(RING_SLOTS) ring_frag_count;
@@ -40,9 +42,11 @@ control HeaderRing(in headers_t hdr,
         ring_flags.write(i, hdr.embnic.flags);
         ring_msg_id.write(i, hdr.embnic.msg_id);
         ring_client_id.write(i, hdr.embnic.client_id);
-        ring_table_id.write(i, hdr.embnic.table_id);
         ring_shard_id.write(i, hdr.embnic.shard_id);
+        ring_num_tables.write(i, hdr.embnic.num_tables);
+        ring_table_id.write(i, hdr.embnic.table_id);
         ring_num_keys.write(i, hdr.embnic.num_keys);
+        ring_value_len.write(i, hdr.embnic.value_len);
         ring_msg_len.write(i, hdr.embnic.msg_len);
         ring_frag_index.write(i, hdr.embnic.frag_index);
         ring_frag_count.write(i, hdr.embnic.frag_count);

@@ -50,32 +50,36 @@ header udp_t {
 }
 
 /*
- * The embnic header (docs/protocol.md): 40 bytes after UDP, every field
- * big-endian. The body (keys, rows) stays in the payload: it is never
- * parsed, so a frame of any size passes through intact.
+ * The embnic header, protocol version 2 (docs/protocol.md): 44 bytes after
+ * UDP, every field big-endian. The body (a request's directory and keys,
+ * rows, gradients) stays in the payload: it is never parsed, so a frame of
+ * any size passes through intact, and everything the card checks and keeps
+ * (msg_len for the type, the counts, the fragments) comes from here.
  *
  *  0                   1                   2                   3
  *  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
  * +-------------------------------+---------------+---------------+
- * |         magic (0x454D)        |   version=1   |   msg_type    |  0
+ * |         magic (0x454D)        |   version=2   |   msg_type    |  0
  * +---------------+---------------+---------------+---------------+
- * |     flags     |     dtype     |            status             |  4
+ * |     flags     |   reserved0   |            status             |  4
  * +---------------+---------------+-------------------------------+
  * |                            msg_id                             |  8
  * +-------------------------------+-------------------------------+
- * |           client_id           |           table_id            | 12
+ * |           client_id           |           shard_id            | 12
  * +-------------------------------+-------------------------------+
- * |           shard_id            |              dim              | 16
+ * |          num_tables           |           table_id            | 16
  * +-------------------------------+-------------------------------+
  * |                           num_keys                            | 20
  * +---------------------------------------------------------------+
- * |                            msg_len                            | 24
+ * |                           value_len                           | 24
  * +---------------------------------------------------------------+
- * |                          frag_offset                          | 28
+ * |                            msg_len                            | 28
+ * +---------------------------------------------------------------+
+ * |                          frag_offset                          | 32
  * +-------------------------------+-------------------------------+
- * |           frag_index          |           frag_count          | 32
+ * |           frag_index          |           frag_count          | 36
  * +-------------------------------+-------------------------------+
- * |            frag_len           |           reserved            | 36
+ * |            frag_len           |           reserved            | 40
  * +-------------------------------+-------------------------------+
  */
 header embnic_t {
@@ -83,14 +87,15 @@ header embnic_t {
     bit<8>      version;
     bit<8>      msg_type;
     bit<8>      flags;
-    bit<8>      dtype;
+    bit<8>      reserved0;
     bit<16>     status;
     msg_id_t    msg_id;
     client_id_t client_id;
-    bit<16>     table_id;
     shard_id_t  shard_id;
-    bit<16>     dim;
-    bit<32>     num_keys;
+    bit<16>     num_tables;     /* tables in the request's directory (0 in a SIZE_REQ) */
+    bit<16>     table_id;       /* an ERROR's table; EMBNIC_NO_TABLE otherwise */
+    bit<32>     num_keys;       /* keys of all tables (SIZE_REQ: entries) */
+    bit<32>     value_len;      /* bytes of row values: a lookup's reply, an update's gradients */
     bit<32>     msg_len;
     bit<32>     frag_offset;
     bit<16>     frag_index;

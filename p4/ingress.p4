@@ -80,7 +80,7 @@ control EmbnicIngress(inout headers_t hdr,
             }
             if (meta.drop_reason == DROP_NONE) {
                 header_ring.apply(hdr, meta, standard_metadata);
-                frames_by_type.count((bit<32>)(hdr.embnic.msg_type & 7));
+                frames_by_type.count((bit<32>)(hdr.embnic.msg_type & 15));
             }
         }
         if (meta.drop_reason != DROP_NONE) {

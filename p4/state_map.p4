@@ -19,8 +19,9 @@
  *   msg_id) else unsolicited_reply; the header's shard_id the entry's shard
  *   (the sender was already checked against that shard's route by
  *   Forwarding) else wrong_shard_reply; LOOKUP_REPLY or ERROR to a lookup,
- *   UPDATE_ACK or ERROR to an update, SIZE_ACK or ERROR to a SIZE_REQ, else wrong_reply_type. When every
- *   fragment of the reply has passed, the entry is freed.
+ *   UPDATE_ACK, UPDATE_NACK or ERROR to an update, SIZE_ACK or ERROR to a SIZE_REQ, else wrong_reply_type; a
+ *   LOOKUP_REPLY whose value_len is not the request's (its length is not the one the request
+ *   announced) is bad_reply_len. When every fragment of the reply has passed, the entry is freed.
  * - Completed messages are counted by reply type (messages_completed) and
  *   by shard (completed_by_shard).
  * - BMv2 has no timer: an entry idle longer than the timeout is expired
@@ -36,9 +37,9 @@
 #include "headers.p4"
 
 /*
- * slot_request, the request header an entry was opened with (144 bits):
- *   [143:136] msg_type  [135:120] shard_id  [119:104] table_id  [103:88] dim
- *   [87:80] dtype  [79:64] frag_count  [63:32] msg_len  [31:0] num_keys
+ * slot_request, the request header an entry was opened with (152 bits):
+ *   [151:144] msg_type  [143:128] shard_id  [127:112] num_tables  [111:96] frag_count
+ *   [95:64] msg_len  [63:32] num_keys  [31:0] value_len
  * slot_reply, the first reply fragment's (56 bits):
  *   [55:48] msg_type  [47:32] frag_count  [31:0] msg_len
  */
@@ -48,14 +49,16 @@ control StateMap(inout headers_t hdr,
 
     @name(".slot_key") register<bit<48>>(STATE_SLOTS) slot_key;         /* client_id ++ msg_id */
     @name(".slot_state") register<bit<8>>(STATE_SLOTS) slot_state;        /* STATE_* */
-    @name(".slot_request") register<bit<144>>(STATE_SLOTS) slot_request;
+    @name(".slot_request") register<bit<152>>(STATE_SLOTS) slot_request;
     @name(".slot_request_frags") register<bit<256>>(STATE_SLOTS) slot_request_frags;
     /* what the control plane reads of the request (BMv2's Thrift API reads at most 64 bits
-     * a cell, so not slot_request): [47:40] msg_type [39:24] table_id [23:8] frag_count
-     * [7:0] dtype; and its shard and body length */
-    @name(".slot_request_info") register<bit<48>>(STATE_SLOTS) slot_request_info;
+     * a cell, so not slot_request): [39:32] msg_type [31:16] num_tables [15:0] frag_count;
+     * and its shard, body length, key count and value length */
+    @name(".slot_request_info") register<bit<40>>(STATE_SLOTS) slot_request_info;
     @name(".slot_shard") register<bit<16>>(STATE_SLOTS) slot_shard;
     @name(".slot_msg_len") register<bit<32>>(STATE_SLOTS) slot_msg_len;
+    @name(".slot_num_keys") register<bit<32>>(STATE_SLOTS) slot_num_keys;
+    @name(".slot_value_len") register<bit<32>>(STATE_SLOTS) slot_value_len;
     @name(".slot_reply") register<bit<56>>(STATE_SLOTS) slot_reply;
     @name(".slot_reply_frags") register<bit<256>>(STATE_SLOTS) slot_reply_frags;
     @name(".slot_frames_in") register<bit<32>>(STATE_SLOTS) slot_frames_in;
@@ -102,17 +105,18 @@ control StateMap(inout headers_t hdr,
         bit<64> bytes;
 
         if (meta.is_request == 1) {
-            bit<144> request = hdr.embnic.msg_type ++ hdr.embnic.shard_id ++
-                               hdr.embnic.table_id ++ hdr.embnic.dim ++ hdr.embnic.dtype ++
-                               hdr.embnic.frag_count ++ hdr.embnic.msg_len ++
-                               hdr.embnic.num_keys;
+            bit<152> request = hdr.embnic.msg_type ++ hdr.embnic.shard_id ++
+                               hdr.embnic.num_tables ++ hdr.embnic.frag_count ++
+                               hdr.embnic.msg_len ++ hdr.embnic.num_keys ++ hdr.embnic.value_len;
             if (state == STATE_FREE) {
                 slot_key.write(s, key);
                 slot_request.write(s, request);
-                slot_request_info.write(s, hdr.embnic.msg_type ++ hdr.embnic.table_id ++
-                                           hdr.embnic.frag_count ++ hdr.embnic.dtype);
+                slot_request_info.write(s, hdr.embnic.msg_type ++ hdr.embnic.num_tables ++
+                                           hdr.embnic.frag_count);
                 slot_shard.write(s, hdr.embnic.shard_id);
                 slot_msg_len.write(s, hdr.embnic.msg_len);
+                slot_num_keys.write(s, hdr.embnic.num_keys);
+                slot_value_len.write(s, hdr.embnic.value_len);
                 slot_request_frags.write(s, frag_bit);
                 slot_reply.write(s, 0);
                 slot_reply_frags.write(s, 0);
@@ -126,7 +130,7 @@ control StateMap(inout headers_t hdr,
             } else if (stored_key != key) {
                 meta.drop_reason = DROP_STATE_FULL;     /* another message holds the slot */
             } else {
-                bit<144> stored_request;
+                bit<152> stored_request;
                 slot_request.read(stored_request, s);
                 if (stored_request != request) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
@@ -146,19 +150,25 @@ control StateMap(inout headers_t hdr,
                 }
             }
         } else {
-            bit<144> stored_request;
+            bit<152> stored_request;
             slot_request.read(stored_request, s);
-            bit<8> request_type = stored_request[143:136];
-            bit<16> request_shard = stored_request[135:120];
+            bit<8> request_type = stored_request[151:144];
+            bit<16> request_shard = stored_request[143:128];
+            bit<32> request_value_len = stored_request[31:0];
             if (state == STATE_FREE || stored_key != key) {
                 meta.drop_reason = DROP_UNSOLICITED_REPLY;
             } else if (request_shard != hdr.embnic.shard_id) {
                 meta.drop_reason = DROP_WRONG_SHARD_REPLY;
             } else if (!(hdr.embnic.msg_type == MSG_ERROR ||
                          (request_type == MSG_LOOKUP_REQ && hdr.embnic.msg_type == MSG_LOOKUP_REPLY) ||
-                         (request_type == MSG_UPDATE_REQ && hdr.embnic.msg_type == MSG_UPDATE_ACK) ||
+                         (request_type == MSG_UPDATE_REQ && (hdr.embnic.msg_type == MSG_UPDATE_ACK ||
+                                                              hdr.embnic.msg_type == MSG_UPDATE_NACK)) ||
                          (request_type == MSG_SIZE_REQ && hdr.embnic.msg_type == MSG_SIZE_ACK))) {
                 meta.drop_reason = DROP_WRONG_REPLY_TYPE;
+            } else if (hdr.embnic.msg_type == MSG_LOOKUP_REPLY &&
+                       hdr.embnic.value_len != request_value_len) {
+                /* not the length the request announced: the rows of another request */
+                meta.drop_reason = DROP_BAD_REPLY_LEN;
             } else {
                 bit<56> reply = hdr.embnic.msg_type ++ hdr.embnic.frag_count ++ hdr.embnic.msg_len;
                 bit<56> stored_reply;
@@ -179,7 +189,7 @@ control StateMap(inout headers_t hdr,
                     if (frags == all_frags) {
                         /* the whole reply has passed: free the entry */
                         slot_state.write(s, STATE_FREE);
-                        messages_completed.count((bit<32>)(hdr.embnic.msg_type & 7));
+                        messages_completed.count((bit<32>)(hdr.embnic.msg_type & 15));
                         completed_by_shard.count((bit<32>)hdr.embnic.shard_id);
                     } else {
                         slot_state.write(s, STATE_REPLYING);

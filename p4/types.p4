@@ -32,12 +32,20 @@ const bit<16> ETH_HDR_LEN  = 14;
 const bit<16> IPV4_HDR_LEN = 20;
 const bit<16> UDP_HDR_LEN  = 8;
 
-/* embnic wire protocol v1 (docs/protocol.md) */
+/* embnic wire protocol v2 (docs/protocol.md); a version-1 frame is bad_version */
 const l4_port_t EMBNIC_UDP_PORT = 7878;
 const bit<16> EMBNIC_MAGIC   = 0x454D;
-const bit<8>  EMBNIC_VERSION = 1;
-const bit<16> EMBNIC_HDR_LEN = 40;
+const bit<8>  EMBNIC_VERSION = 2;
+const bit<16> EMBNIC_HDR_LEN = 44;
 const bit<16> EMBNIC_MAX_FRAGS = 256;   /* fragments per message, at most */
+/* body sizes the header's msg_len is checked with (docs/protocol.md, "Body"); the card
+ * never reads a body, only these counts of the header */
+const bit<64> EMBNIC_DIR_ENTRY  = 16;   /* bytes per table of a request's directory */
+const bit<64> EMBNIC_KEY_SIZE   = 8;    /* bytes per key */
+const bit<64> EMBNIC_SIZE_ENTRY = 16;   /* bytes per entry of a SIZE_REQ */
+const bit<64> EMBNIC_MIN_ROW    = 2;    /* bytes of the smallest row: one fp16 value */
+const bit<64> EMBNIC_NACK_LEN   = 32;   /* body of an UPDATE_NACK: a bitmap of EMBNIC_MAX_FRAGS bits */
+const bit<16> EMBNIC_NO_TABLE   = 0xFFFF;  /* table_id of a header that names no table */
 
 const bit<8> MSG_LOOKUP_REQ   = 1;
 const bit<8> MSG_LOOKUP_REPLY = 2;
@@ -46,10 +54,7 @@ const bit<8> MSG_UPDATE_ACK   = 4;
 const bit<8> MSG_ERROR        = 5;
 const bit<8> MSG_SIZE_REQ     = 6;   /* fixed-length mode: sizes of the data to come */
 const bit<8> MSG_SIZE_ACK     = 7;
-
-const bit<8> DTYPE_NONE = 0;
-const bit<8> DTYPE_FP32 = 1;
-const bit<8> DTYPE_FP16 = 2;
+const bit<8> MSG_UPDATE_NACK  = 8;   /* the fragments of an update a shard holds (a 32-byte bitmap) */
 
 const bit<8> FLAG_RETRANSMIT = 0x01;
 
@@ -59,6 +64,8 @@ const bit<8> FLAG_RETRANSMIT = 0x01;
  * are DPDK-card reasons a P4 pipeline never has (no header ring to fill,
  * no mempool, no TX queue, no PMD frame size): their cells stay 0 on BMv2
  * (p4/README.md, "Differences").
+ * Protocol v2 dropped v1's bad_dtype (the card sees no dtype: it lives in
+ * the body's directory, which hosts check) and added bad_reply_len.
  */
 const drop_reason_t DROP_NONE              = 0;
 const drop_reason_t DROP_TOO_SHORT         = 1;
@@ -71,22 +78,22 @@ const drop_reason_t DROP_BAD_PORT          = 7;
 const drop_reason_t DROP_BAD_MAGIC         = 8;
 const drop_reason_t DROP_BAD_VERSION       = 9;
 const drop_reason_t DROP_BAD_TYPE          = 10;
-const drop_reason_t DROP_BAD_DTYPE         = 11;
-const drop_reason_t DROP_BAD_LENGTH        = 12;
-const drop_reason_t DROP_UNKNOWN_CLIENT    = 13;
-const drop_reason_t DROP_UNKNOWN_SERVER    = 14;
-const drop_reason_t DROP_UNKNOWN_SHARD     = 15;
-const drop_reason_t DROP_RING_FULL         = 16;
-const drop_reason_t DROP_NO_MBUF           = 17;
-const drop_reason_t DROP_TX_FULL           = 18;
-const drop_reason_t DROP_STATE_FULL        = 19;
-const drop_reason_t DROP_ARP_IGNORED       = 20;
-const drop_reason_t DROP_WRONG_DST         = 21;
-const drop_reason_t DROP_FRAG_MISMATCH     = 22;
-const drop_reason_t DROP_TOO_MANY_FRAGS    = 23;
-const drop_reason_t DROP_UNSOLICITED_REPLY = 24;
-const drop_reason_t DROP_WRONG_SHARD_REPLY = 25;
-const drop_reason_t DROP_WRONG_REPLY_TYPE  = 26;
+const drop_reason_t DROP_BAD_LENGTH        = 11;
+const drop_reason_t DROP_UNKNOWN_CLIENT    = 12;
+const drop_reason_t DROP_UNKNOWN_SERVER    = 13;
+const drop_reason_t DROP_UNKNOWN_SHARD     = 14;
+const drop_reason_t DROP_RING_FULL         = 15;
+const drop_reason_t DROP_NO_MBUF           = 16;
+const drop_reason_t DROP_TX_FULL           = 17;
+const drop_reason_t DROP_STATE_FULL        = 18;
+const drop_reason_t DROP_ARP_IGNORED       = 19;
+const drop_reason_t DROP_WRONG_DST         = 20;
+const drop_reason_t DROP_FRAG_MISMATCH     = 21;
+const drop_reason_t DROP_TOO_MANY_FRAGS    = 22;
+const drop_reason_t DROP_UNSOLICITED_REPLY = 23;
+const drop_reason_t DROP_WRONG_SHARD_REPLY = 24;
+const drop_reason_t DROP_WRONG_REPLY_TYPE  = 25;
+const drop_reason_t DROP_BAD_REPLY_LEN     = 26;  /* a LOOKUP_REPLY whose value_len is not its request's */
 const drop_reason_t DROP_TRUNCATED         = 27;  /* IPv4 total length beyond the bytes received */
 const drop_reason_t DROP_TOO_LONG_FOR_PORT = 28;  /* longer than its egress port sends (DPDK PMD limit) */
 const bit<32> NB_DROP_REASONS = 29;     /* cells of drop_reasons */
@@ -102,7 +109,7 @@ const bit<32> STATE_SLOTS = 4096;       /* state map slots (power of two) */
 const bit<48> STATE_TIMEOUT_US = 5000000;  /* default entry timeout */
 const bit<32> RING_SLOTS = 1024;        /* header ring entries (power of two) */
 const bit<32> NB_PORTS = 512;           /* cells of the per-port counters */
-const bit<32> NB_MSG_TYPES = 8;         /* cells of the per-type counters */
+const bit<32> NB_MSG_TYPES = 16;        /* cells of the per-type counters (msg_type & 15) */
 const bit<32> NB_SHARDS = 65536;        /* cells of the per-shard counters (any shard_id) */
 const int ROUTE_TABLE_SIZE = 4096;
 const int CLIENT_TABLE_SIZE = 4096;

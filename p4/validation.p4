@@ -6,6 +6,12 @@
  * targets. Sets meta.drop_reason; never forwards, never drops by itself.
  * Runs on frames whose Ethernet header was extracted and is not ARP.
  *
+ * Protocol v2: a frame of another version (v1's included) is bad_version;
+ * msg_len must be the type's length computed from the header's counts
+ * (num_tables, num_keys, value_len) and the counts must fit the type,
+ * else bad_length. No body byte is read: a request's directory is the
+ * hosts' to check.
+ *
  * BMv2 has no division at run time (p4c evaluates / and % only at compile
  * time), so the one check that needs "frag_offset is a multiple of
  * frag_count - 1" computes the remainder by long division, unrolled (the
@@ -68,27 +74,32 @@ control FrameValidation(in headers_t hdr,
             meta.drop_reason = DROP_BAD_MAGIC;
         } else if (hdr.embnic.version != EMBNIC_VERSION) {
             meta.drop_reason = DROP_BAD_VERSION;
-        } else if (hdr.embnic.msg_type < MSG_LOOKUP_REQ || hdr.embnic.msg_type > MSG_SIZE_ACK) {
+        } else if (hdr.embnic.msg_type < MSG_LOOKUP_REQ || hdr.embnic.msg_type > MSG_UPDATE_NACK) {
             meta.drop_reason = DROP_BAD_TYPE;
-        } else if (hdr.embnic.dtype > DTYPE_FP16 ||
-                   (hdr.embnic.dtype == DTYPE_NONE &&
-                    (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ||
-                     hdr.embnic.msg_type == MSG_UPDATE_REQ))) {
-            meta.drop_reason = DROP_BAD_DTYPE;
         } else {
             /* lengths: 64-bit so that no field combination overflows */
             bit<64> off = (bit<64>)hdr.embnic.frag_offset;
             bit<64> len = (bit<64>)hdr.embnic.frag_len;
             bit<64> msg_len = (bit<64>)hdr.embnic.msg_len;
             bit<64> end = off + len;
+            bit<64> nt = (bit<64>)hdr.embnic.num_tables;
             bit<64> nk = (bit<64>)hdr.embnic.num_keys;
-            bit<64> esize = hdr.embnic.dtype == DTYPE_FP32 ? 64w4 :
-                            (hdr.embnic.dtype == DTYPE_FP16 ? 64w2 : 64w0);
-            bit<64> row = (bit<64>)hdr.embnic.dim * esize;
-            bit<64> want = hdr.embnic.msg_type == MSG_LOOKUP_REQ ? 8 * nk :
-                           (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ? nk * row :
-                           (hdr.embnic.msg_type == MSG_UPDATE_REQ ? nk * (8 + row) :
-                           (hdr.embnic.msg_type == MSG_SIZE_REQ ? 16 * nk : 64w0)));
+            bit<64> vlen = (bit<64>)hdr.embnic.value_len;
+            /* msg_len for the type, from the header alone (consts.expected_msg_len) */
+            bit<64> keyed = EMBNIC_DIR_ENTRY * nt + EMBNIC_KEY_SIZE * nk;   /* directory + keys */
+            bit<64> want = hdr.embnic.msg_type == MSG_LOOKUP_REQ ? keyed :
+                           (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ? vlen :
+                           (hdr.embnic.msg_type == MSG_UPDATE_REQ ? keyed + vlen :
+                           (hdr.embnic.msg_type == MSG_SIZE_REQ ? EMBNIC_SIZE_ENTRY * nk :
+                           (hdr.embnic.msg_type == MSG_UPDATE_NACK ? EMBNIC_NACK_LEN : 64w0))));
+            /* counts that fit the type (consts.header_counts_ok): a data request or a lookup
+             * reply has T >= 1 tables, n >= T keys and value_len >= 2n (every row at least one
+             * fp16 value); a SIZE_REQ T = 0 and n >= 1 entries; acks, NACKs, errors are unchecked */
+            bool data = hdr.embnic.msg_type == MSG_LOOKUP_REQ || hdr.embnic.msg_type == MSG_LOOKUP_REPLY ||
+                        hdr.embnic.msg_type == MSG_UPDATE_REQ;
+            bool size_req = hdr.embnic.msg_type == MSG_SIZE_REQ;
+            bool counts_ok = (data && nt >= 1 && nk >= nt && vlen >= EMBNIC_MIN_ROW * nk) ||
+                             (size_req && nt == 0 && nk >= 1) || (!data && !size_req);
             bit<16> payload = hdr.udp.length - UDP_HDR_LEN - EMBNIC_HDR_LEN;
             bit<64> idx = (bit<64>)hdr.embnic.frag_index;
             bit<64> count = (bit<64>)hdr.embnic.frag_count;
@@ -97,10 +108,7 @@ control FrameValidation(in headers_t hdr,
             if (hdr.embnic.frag_len != payload || hdr.embnic.frag_count == 0 ||
                 hdr.embnic.frag_index >= hdr.embnic.frag_count || end > msg_len) {
                 meta.drop_reason = DROP_BAD_LENGTH;
-            } else if (hdr.embnic.num_keys == 0 && hdr.embnic.msg_type != MSG_UPDATE_ACK &&
-                       hdr.embnic.msg_type != MSG_ERROR && hdr.embnic.msg_type != MSG_SIZE_ACK) {
-                meta.drop_reason = DROP_BAD_LENGTH;
-            } else if (want != msg_len) {
+            } else if (!counts_ok || want != msg_len) {
                 meta.drop_reason = DROP_BAD_LENGTH;
             } else if (hdr.embnic.frag_count > EMBNIC_MAX_FRAGS) {
                 meta.drop_reason = DROP_TOO_MANY_FRAGS;

@@ -2,8 +2,9 @@
 through the DPDK card, over the same veth path, in one run.
 
 Two veth pairs join two network namespaces; a generator replays the dataplane benchmark's pcap
-(:func:`embnic.testbed.bench.dataplane.make_bench_pcap`: 2048 request frames, lookups and
-2-fragment updates, clients 1-2 → shards 0-3, addressed to the card's port 0) into one pair as
+(:func:`embnic.testbed.bench.dataplane.make_bench_pcap`: 2048 protocol-v2 request frames,
+lookups of 1..4 tables and 2-fragment updates of 2 tables, clients 1-2 → shards 0-3, addressed
+to the card's port 0) into one pair as
 fast as it can, and the device under test (DUT) forwards every frame out of the other::
 
     netns enV<pid>g                        netns enV<pid> (no address but loopback in either)

@@ -99,6 +99,10 @@ def test_state_map_tracked(run):
         assert e["slot"] == bmv2_runtime.state_slot(e["client_id"], e["msg_id"])
         m = model.entries[(e["client_id"], e["msg_id"])]
         assert e["shard_id"] == m["shard"] and e["frag_count"] == m["n_in"]
+        # the request's v2 header as the card recorded it (a LOOKUP_REPLY's length is checked
+        # against value_len), as tests/dataplane/test_conformance.py checks the DPDK card's dump
+        assert (e["msg_type"], e["num_tables"], e["num_keys"], e["value_len"], e["msg_len"]) == (
+            m["type"], m["num_tables"], m["num_keys"], m["value_len"], m["msg_len"]), (e["client_id"], e["msg_id"])
     c = run["run"].counters
     assert c["drops"]["state_full"] == 0 and c["state"]["expired"] == 0
 

@@ -63,3 +63,48 @@ def test_pcap_order_roundtrip(tmp_path):
     data = (tmp_path / "x.pcap").read_bytes()
     assert struct.unpack_from("<II", data, 24) == (1, 5)
     assert struct.unpack_from("<II", data, 24 + 16 + 60) == (2, 2)
+
+
+class _FakeSwitch:
+    """What simple_switch_CLI prints for ``register_read NAME``: one line per register."""
+
+    def __init__(self, regs: dict[str, list[int]]):
+        self.regs = regs
+
+    def cli(self, commands):
+        # a register the program lacks: the CLI prints an error line, no values
+        return "".join(f"RuntimeCmd: {c.split()[1]}= {', '.join(map(str, self.regs[c.split()[1]]))}\n"
+                       if c.split()[1] in self.regs else "RuntimeCmd: Error: Invalid register name\n"
+                       for c in commands)
+
+
+def test_read_state_map_unpacks_the_v2_request_registers():
+    """slot_request_info = msg_type[39:32] ++ num_tables[31:16] ++ frag_count[15:0] (p4/state_map.p4);
+    num_keys and value_len (the reply's announced length) have registers of their own."""
+    n = 3
+    regs = {r: [0] * n for r in bmv2_runtime.STATE_REGISTERS}
+    regs["slot_state"] = [0, 2, 0]
+    regs["slot_key"][1] = (65535 << 32) | 0xFFFFFFFF
+    regs["slot_request_info"][1] = (3 << 32) | (65535 << 16) | 256
+    regs["slot_shard"][1], regs["slot_msg_len"][1] = 7, 0xFFFFFFFF
+    regs["slot_num_keys"][1], regs["slot_value_len"][1] = 0xFFFFFFFE, 88
+    (e,) = bmv2_runtime.read_state_map(_FakeSwitch(regs))
+    assert {k: e[k] for k in ("slot", "client_id", "msg_id", "state", "msg_type", "num_tables", "frag_count",
+                              "shard_id", "msg_len", "num_keys", "value_len")} == {
+        "slot": 1, "client_id": 65535, "msg_id": 0xFFFFFFFF, "state": "forwarded", "msg_type": 3,
+        "num_tables": 65535, "frag_count": 256, "shard_id": 7, "msg_len": 0xFFFFFFFF,
+        "num_keys": 0xFFFFFFFE, "value_len": 88}
+    del regs["slot_value_len"]
+    with pytest.raises(bmv2.Bmv2Error, match="slot_value_len"):
+        bmv2_runtime.read_state_map(_FakeSwitch(regs))
+
+
+def test_read_ring_has_the_v2_header_fields_newest_first():
+    size = 1024
+    regs = {f"ring_{f}": [0] * size for f in bmv2_runtime.RING_FIELDS}
+    regs["ring_head"] = [size + 2]      # wrapped once: the newest entries are in cells 1 and 0
+    for i, (nt, vl) in enumerate([(2, 88), (1, 18)]):
+        regs["ring_num_tables"][i], regs["ring_value_len"][i], regs["ring_msg_id"][i] = nt, vl, 100 + i
+    got = bmv2_runtime.read_ring(_FakeSwitch(regs), 3)
+    assert [(e["msg_id"], e["num_tables"], e["value_len"]) for e in got] == [(101, 1, 18), (100, 2, 88), (0, 0, 0)]
+    assert {"num_tables", "table_id", "num_keys", "value_len", "msg_len"} <= set(got[0])

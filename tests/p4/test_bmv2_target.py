@@ -13,7 +13,8 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from embnic.client_lib.consts import DType, MsgType
+from embnic.client_lib import codec
+from embnic.client_lib.consts import NO_TABLE, DType, MsgType
 from embnic.client_lib.protocol import Embnic
 from embnic.control.cli import cli
 
@@ -135,11 +136,12 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         assert [(e["shard"], e["ip"], e["udp_port"], e["mac"]) for e in json.loads(ls.output)] == [
             (0, "10.88.1.2", 7878, SHARD_MAC)]
 
-        # a lookup (3 keys) and its reply (3 rows of 3 fp16 = 18 bytes), kernel sockets both ends
-        req = bytes(Embnic(msg_type=MsgType.LOOKUP_REQ, msg_id=42, client_id=1, shard_id=0, dim=3,
-                           dtype=DType.FP16, num_keys=3, msg_len=24, frag_count=1, frag_len=24) / (b"k" * 24))
-        rep = bytes(Embnic(msg_type=MsgType.LOOKUP_REPLY, msg_id=42, client_id=1, shard_id=0, dim=3,
-                           dtype=DType.FP16, num_keys=3, msg_len=18, frag_count=1, frag_len=18) / (b"r" * 18))
+        # a v2 lookup (table 0, dim 3, fp16, 3 keys: directory + keys = 40 bytes, value_len 18) and
+        # its reply (3 rows of 3 fp16 = 18 bytes), kernel sockets both ends
+        d = codec.make_directory([0], [3], [DType.FP16], [3])
+        (req,) = codec.encode_lookup(msg_id=42, client_id=1, shard_id=0, directory=d, keys=[7, 8, 9])
+        (rep,) = codec.encode_reply(codec.parse_header(req), MsgType.LOOKUP_REPLY, shard_id=0, body=b"r" * 18)
+        assert bytes(Embnic(req)).hex() == req.hex() and Embnic(rep).value_len == 18 == len(rep) - 44
         shard = subprocess.Popen(["ip", "netns", "exec", wiring["shard_ns"], "python3", "-c", SHARD_PY, rep.hex()],
                                  stdout=subprocess.PIPE, text=True)
         assert shard.stdout.readline().strip() == "ready"
@@ -157,11 +159,13 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         counters = c.get("counters", c)
         assert counters["types"]["LOOKUP_REQ"] == 1 and counters["types"]["LOOKUP_REPLY"] == 1
         # every reply type, as the dpdk card keys them (SIZE_ACK included)
-        assert counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0}
+        assert counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0,
+                                         "UPDATE_NACK": 0}
         g = runner.invoke(cli, ["state", "ring", "-c", str(cfg), "--name", name, "--last", "5", "--json"])
         assert g.exit_code == 0, g.output
-        assert [(h["msg_type"], h["msg_id"], h["client_id"], h["ingress_port"]) for h in json.loads(g.output)] == [
-            (MsgType.LOOKUP_REPLY, 42, 1, 1), (MsgType.LOOKUP_REQ, 42, 1, 0)]
+        assert [(h["msg_type"], h["msg_id"], h["client_id"], h["ingress_port"], h["num_tables"], h["num_keys"],
+                 h["value_len"], h["msg_len"], h["table_id"]) for h in json.loads(g.output)] == [
+            (MsgType.LOOKUP_REPLY, 42, 1, 1, 1, 3, 18, 18, NO_TABLE), (MsgType.LOOKUP_REQ, 42, 1, 0, 1, 3, 18, 40, NO_TABLE)]
         d = runner.invoke(cli, ["state", "summary", "-c", str(cfg), "--name", name, "--json"])
         assert d.exit_code == 0, d.output
         assert json.loads(d.output)["entries"] == 0  # the reply freed the entry

@@ -78,10 +78,18 @@ def test_protocol_constants():
     assert c["UDP_HDR_LEN"] == consts.UDP_HDR_LEN
     for t in consts.MsgType:
         assert c[f"MSG_{t.name}"] == t.value
-    for d in consts.DType:
-        assert c[f"DTYPE_{d.name}"] == d.value
     assert c["FLAG_RETRANSMIT"] == consts.Flags.RETRANSMIT
     assert c["EMBNIC_MAX_FRAGS"] == consts.MAX_FRAGS
+    # protocol v2: msg_len for the type from the header's counts (validation.p4)
+    assert c["EMBNIC_DIR_ENTRY"] == consts.DIR_ENTRY
+    assert c["EMBNIC_KEY_SIZE"] == consts.KEY_SIZE
+    assert c["EMBNIC_SIZE_ENTRY"] == consts.SIZE_ENTRY
+    assert c["EMBNIC_MIN_ROW"] == min(v for v in consts.DTYPE_SIZE.values() if v)
+    assert c["EMBNIC_NO_TABLE"] == consts.NO_TABLE
+    assert c["EMBNIC_NACK_LEN"] == consts.NACK_LEN == consts.expected_msg_len(consts.MsgType.UPDATE_NACK, 0, 0, 0)
+    assert c["NB_MSG_TYPES"] > max(consts.MsgType) and c["NB_MSG_TYPES"] & (c["NB_MSG_TYPES"] - 1) == 0
+    # the card sees no dtype (it lives in the body's directory)
+    assert not [k for k in c if k.startswith("DTYPE_")]
 
 
 def _c_drop_reasons() -> list[str]:
@@ -96,6 +104,12 @@ def test_drop_reasons_index_for_index_with_the_dpdk_card():
     assert len(c) >= 20
     assert p4[:len(c)] == c
     assert {"too_many_frags", "unsolicited_reply", "wrong_shard_reply", "wrong_reply_type"} <= set(c)
+
+
+def test_v2_drop_reasons():
+    """Protocol v2: bad_dtype is gone (no dtype in the header), bad_reply_len is new."""
+    p4 = p4prog.drop_reasons()
+    assert "bad_dtype" not in p4 and "bad_reply_len" in p4
 
 
 def test_protocol_drop_reasons_all_counted():
