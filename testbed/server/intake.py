@@ -130,30 +130,29 @@ class BatchIntake:
         return out
 
     def _poll_row(self, r: int, cols: np.ndarray, p: np.ndarray) -> None:
-        """Frame ``r``, an update poll, as ``ShardServer._poll``: ``UPDATE_ACK`` when the window
-        holds the update with these counts (its pending fragments, if any, dropped), else fed to
-        its message: served if it completes it, else ``UPDATE_NACK`` with the fragments held."""
+        """Frame ``r``, an update poll, as ``ShardServer._poll``: fed to its message first —
+        served if it completes it; else ``UPDATE_ACK`` when the window holds the update with these
+        counts (the fragments held again dropped), else ``UPDATE_NACK`` with the fragments held."""
         info = tuple(int(cols[r, j]) for j in _INFO)
         cid, mid = info[1], info[2]
         m = (r, info, self._bs.names[r].tobytes(), None)
         key = (cid << 48) | (mid << 16) | MsgType.UPDATE_REQ
         self._c["update_polls"] += 1
-        fp = self._applied.get((cid, mid))
-        if fp is not None and fp[:3] == info[3:6]:
-            self._c["duplicates"] += 1
-            self._c["update_poll_acks"] += 1
-            self._applied.move_to_end((cid, mid))
-            ent = self._pend.pop(key, None)
-            if ent is not None:
-                self._pend_bytes -= ent.buf.size
-            self._emit(m, MsgType.UPDATE_ACK)
-            return
         self._rstats["frames"] += 1
         drops = self._rdrops["frag_mismatch"]
         done = self._reassemble(np.array([r], np.int64), cols, tuple(cols[:, c] for c in _INFO), p, cols[:, FI],
                                 cols[:, FL])
         if done:
             self._messages(done)
+            return
+        fp = self._applied.get((cid, mid))
+        if fp is not None and fp[:3] == info[3:6]:
+            self._c["update_poll_acks"] += 1
+            self._applied.move_to_end((cid, mid))
+            ent = self._pend.pop(key, None)
+            if ent is not None:
+                self._pend_bytes -= ent.buf.size
+            self._emit(m, MsgType.UPDATE_ACK)
             return
         ent = self._pend.get(key)
         if ent is not None and self._rdrops["frag_mismatch"] == drops:

@@ -51,10 +51,10 @@ new message that reuses the id (e.g. a restarted client counting from 1 again): 
 and replaces the entry. Updates that were refused (ERROR) are not remembered.
 
 **Lost updates, fragment by fragment.** A client that saw no ack for an update of several
-fragments re-sends its last fragment (``RETRANSMIT``), a *poll* (:func:`is_poll`): answered
-``UPDATE_ACK`` if the window holds the update with the same counts (its ack was lost), served as
-usual if the poll completes it, else ``UPDATE_NACK`` with a bitmap of the fragments held — and
-the client re-sends exactly the others.
+fragments re-sends its last fragment (``RETRANSMIT``), a *poll* (:func:`is_poll`): served as
+usual if it completes the update, else answered ``UPDATE_ACK`` if the window holds the update
+with the same counts (its ack was lost), else ``UPDATE_NACK`` with a bitmap of the fragments
+held — and the client re-sends exactly the others.
 
 **Never crashes.** Any exception while handling one datagram is counted (``internal_errors``)
 and answered ``ERROR INTERNAL`` when the header was readable; the server keeps serving.
@@ -340,7 +340,8 @@ class ShardServer:
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
         ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
         ``update_polls`` (re-sent last fragments of updates, :func:`is_poll`), ``update_poll_acks``
-        (polls of applied updates, acked from the window: lost acks; also in ``duplicates``),
+        (polls of applied updates, acked from the window: lost acks; not in ``duplicates``,
+        which counts complete updates re-acked),
         ``update_nacks`` (polls of incomplete updates answered with the fragments held),
         ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
@@ -447,25 +448,26 @@ class ShardServer:
                     pass
 
     def _poll(self, h: Header, data: bytes, addr) -> None:
-        """A poll (:func:`is_poll`: the last fragment of an update of several, re-sent): answered
-        ``UPDATE_ACK`` when the update is in the exactly-once window with these counts (applied:
-        its ack was lost; the fragment is not kept), else fed like any fragment — it may complete
-        the update (served as usual) or leave it incomplete: ``UPDATE_NACK`` with the bitmap of
-        the fragments held (docs/protocol.md, "Reliability")."""
+        """A poll (:func:`is_poll`: the last fragment of an update of several, re-sent), taken like
+        any fragment first: if it completes the update, the update is served as usual (applied,
+        or re-acked as a duplicate); else, when the exactly-once window holds the update with
+        these counts (applied: its ack was lost), ``UPDATE_ACK`` — the fragments held again are
+        dropped; else ``UPDATE_NACK`` with the bitmap of the fragments held (docs/protocol.md,
+        "Reliability"). A poll the reassembler refuses (it contradicts the fragments held) and
+        that the window does not know is not answered."""
         self._c["update_polls"] += 1
-        key = (h.client_id, h.msg_id)
-        fp = self._applied.get(key)
-        if fp is not None and fp[:3] == (h.num_tables, h.num_keys, h.value_len):
-            self._c["duplicates"] += 1
-            self._c["update_poll_acks"] += 1
-            self._applied.move_to_end(key)
-            self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
-            self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
-            return
         drops = self._reasm.drops.total()
         msg = self._reasm.feed(data, addr, header=h)
         if msg is not None:
             self._handle_message(msg)
+            return
+        key = (h.client_id, h.msg_id)
+        fp = self._applied.get(key)
+        if fp is not None and fp[:3] == (h.num_tables, h.num_keys, h.value_len):
+            self._c["update_poll_acks"] += 1
+            self._applied.move_to_end(key)
+            self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+            self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
             return
         part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
         if part is not None and self._reasm.drops.total() == drops:  # not a contradicting fragment
