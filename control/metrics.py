@@ -163,6 +163,9 @@ def card_families(c: dict, st: dict) -> list:
     rows = [((_shard(s), t), s[t]) for s in shards for t in reply_names if t in s]
     if rows:
         counter("shard_messages_completed", "Messages completed per shard, by reply type.", ["shard", "reply_type"], rows)
+    rows = [((_shard(s),), s["completed"]) for s in shards if "completed" in s]
+    if rows:  # the bmv2 target counts completions per shard, not by reply type
+        counter("shard_completed", "Messages completed per shard (every reply type).", ["shard"], rows)
     rows = [((_shard(s),), s["expired"]) for s in shards if "expired" in s]
     if rows:
         counter("shard_expired", "State map entries of each shard's messages that expired.", ["shard"], rows)

@@ -110,6 +110,8 @@ def card_expected(c: dict, st: dict) -> dict[tuple, float]:
                 continue
             if path[2] == "expired":
                 key = _k("embnic_card_shard_expired_total", shard=s)
+            elif path[2] == "completed":
+                key = _k("embnic_card_shard_completed_total", shard=s)
             elif path[2] == "latency_hist":
                 _hist(out, "embnic_card_shard_latency_seconds", v, c["shards"][path[1]]["latency_sum_ns"] / 1e9, shard=s)
                 continue

@@ -71,3 +71,30 @@ def test_log2_histogram_buckets():
     assert metrics.log2_us_histogram([1, 0, 2]) == [("1e-06", 1), ("2e-06", 1), ("+Inf", 3)]
     assert [metrics.log2_us_bucket(ns) for ns in (0, 999, 1000, 1999, 2000, 4_194_304_000, 10 ** 15)] == \
         [0, 0, 1, 1, 2, 23, 23]
+
+
+class _Bmv2Like:
+    """A target answering in the bmv2 target's shape (control/target_bmv2.py ``counters``: no
+    mempool, no latency histograms, the ring as registers logged; per-shard completions)."""
+
+    def counters(self):
+        return {"ports": [{"port": p, "rx_frames": 3 + p, "rx_bytes": 300, "tx_frames": 2, "tx_bytes": 200}
+                          for p in range(2)],
+                "types": {"LOOKUP_REQ": 1, "LOOKUP_REPLY": 1}, "drops": {"bad_magic": 2, "unknown_client": 0},
+                "arp": {"replies": 1}, "completed": {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0},
+                "shards": [{"shard": 0, "completed": 1}], "state": {"entries": 0, "capacity": 1024, "overflow": 0,
+                                                                    "expired": 0},
+                "ring": {"size": 64, "count": 2, "logged": 2}}
+
+    def state_summary(self):
+        return {"entries": 0, "capacity": 1024, "overflow": 0, "expired": 0,
+                "by_state": {"receiving": 0, "forwarded": 0, "answered": 0, "expired": 0}}
+
+
+def test_a_bmv2_shaped_reading_exports_what_it_has():
+    t = _Bmv2Like()
+    text = metrics.exposition(metrics.CardCollector(t))
+    want = card_expected(t.counters(), t.state_summary())
+    want[UP] = 1
+    assert_agree(samples(text), want, "bmv2-shaped card")
+    assert "embnic_card_mempool" not in text and "embnic_card_shard_latency" not in text
