@@ -117,8 +117,13 @@ def card_families(c: dict, st: dict) -> list:
         counter(k, f"{what} per card port.", ["port"], [((p["port"],), p.get(k, 0)) for p in ports])
     counter("frames", "Frames accepted and sent on, by message type (a message of N fragments counts N).",
             ["type"], [((t,), n) for t, n in c.get("types", {}).items()])
-    counter("drops", "Frames dropped, by reason (docs/control-socket.md, drop reasons).", ["reason"],
-            [((r,), n) for r, n in c.get("drops", {}).items()])
+    if "drops_by_port" in c:  # dpdk: per port (the one a frame came in on; tx_full: the one it could not leave by)
+        counter("drops", "Frames dropped, by card port and reason (docs/control-socket.md, drop reasons).",
+                ["port", "reason"], [((p["port"], r), n) for p in c["drops_by_port"] for r, n in p.items()
+                                     if r != "port"])
+    else:  # bmv2 counts drops by reason only
+        counter("drops", "Frames dropped, by reason (docs/control-socket.md, drop reasons).", ["reason"],
+                [((r,), n) for r, n in c.get("drops", {}).items()])
     if "completed" in c:
         counter("messages_completed", "Messages whose whole reply passed the card, by reply type.",
                 ["reply_type"], [((t,), n) for t, n in c["completed"].items()])

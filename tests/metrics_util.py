@@ -80,6 +80,10 @@ def card_expected(c: dict, st: dict) -> dict[tuple, float]:
               ("state", "partitions"): "embnic_card_state_partitions",
               ("state", "overflow"): "embnic_card_state_overflow_total",
               ("state", "expired"): "embnic_card_state_expired_total"}
+    by_port = c.get("drops_by_port")
+    if by_port is not None:  # per port and reason; the card's own totals are their sums
+        for reason, n in c["drops"].items():
+            assert sum(p[reason] for p in by_port) == n, f"drops.{reason} {n} is not the sum over its ports"
     for path, v in list(_walk(c)) + [(("state",) + p, v) for p, v in _walk(st)]:
         if path in simple:
             key = _k(simple[path])
@@ -89,8 +93,14 @@ def card_expected(c: dict, st: dict) -> dict[tuple, float]:
             continue  # the label itself
         elif path[0] == "types":
             key = _k("embnic_card_frames_total", type=path[1])
+        elif path[0] == "drops" and by_port is not None:
+            continue  # checked above: the sum of drops_by_port
         elif path[0] == "drops":
             key = _k("embnic_card_drops_total", reason=path[1])
+        elif path[0] == "drops_by_port":
+            if path[2] == "port":
+                continue
+            key = _k("embnic_card_drops_total", port=by_port[path[1]]["port"], reason=path[2])
         elif path[0] == "completed":
             key = _k("embnic_card_messages_completed_total", reply_type=path[1])
         elif path[:2] == ("state", "by_state"):

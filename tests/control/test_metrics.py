@@ -40,7 +40,7 @@ def test_exporter_once_equals_the_cards_counters(card, invoke):
     fam = families(r.output)
     assert fam["embnic_card_drops"] == "counter" and fam["embnic_card_shard_latency_seconds"] == "histogram"
     assert fam["embnic_card_state_entries"] == "gauge"
-    assert 'embnic_card_drops_total{reason="bad_magic"}' in r.output
+    assert 'embnic_card_drops_total{port="0",reason="bad_magic"} 1.0' in r.output
 
 
 def test_a_card_that_does_not_answer_is_up_0(env, invoke):

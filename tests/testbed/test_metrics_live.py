@@ -113,6 +113,7 @@ def test_live_card_and_shards_agree_with_their_counters(run_dir, tmp_path, clean
                 client.lookup(req)
                 client.update({t.id: (k, rng.standard_normal((k.size, t.dim)).astype(np.float32))
                                for t, k in zip(tables, req.values())})
+        retx = client.stats.retransmits  # a busy machine's re-sends: a second answer the card refuses
         # one update sent twice through the card, from client 1's address: acked twice, applied once
         c1, t0 = tcfg.client(1), tables[0]
         key = np.array([(t0.rows or 2**40) - 1], np.uint64)
@@ -156,17 +157,19 @@ def test_live_card_and_shards_agree_with_their_counters(run_dir, tmp_path, clean
     for s, text in after.items():
         assert logged[s] is not None, f"shard {s} logged no counters"
         assert_agree(samples(text), shard_expected(logged[s]), f"live shard {s}")
-    # the card and the shards saw the same messages: completions = replies in the interval
+    # the card and the shards saw the same messages: completions = replies in the interval (a
+    # re-sent request still in flight draws a second answer, which the card drops as unsolicited)
     for s, text in after.items():
         a, b = samples(text), before[s]
         for t in ("LOOKUP_REPLY", "UPDATE_ACK", "ERROR"):
             k = ("embnic_shard_replies_total", (("shard", str(s)), ("type", t)))
             card = got.get(("embnic_card_shard_messages_completed_total", (("reply_type", t), ("shard", str(s)))), 0)
-            assert a[k] - b[k] == card, (s, t)
+            assert card <= a[k] - b[k] <= card + retx, (s, t, retx)
         n = (("shard", str(s)),)
         replies = sum(v - b[k] for k, v in a.items() if k[0] == "embnic_shard_replies_total")
         assert a[("embnic_shard_service_seconds_count", n)] - b[("embnic_shard_service_seconds_count", n)] == replies > 0
-    assert samples(after[shard])[("embnic_shard_duplicates_total", (("shard", str(shard)),))] == 1
+    dup = ("embnic_shard_duplicates_total", (("shard", str(shard)),))
+    assert 1 <= samples(after[shard])[dup] - before[shard][dup] <= 1 + retx  # ours, and re-sent updates
     assert samples(after[0])[("embnic_shard_workers", (("shard", "0"),))] == 2
     assert samples(after[1])[("embnic_shard_wal_records_total", (("shard", "1"),))] > 0
     assert got[("embnic_card_messages_completed_total", (("reply_type", "UPDATE_ACK"),))] >= 2
