@@ -115,6 +115,13 @@ def card_families(c: dict, st: dict) -> list:
     for k, what in (("rx_frames", "Frames received"), ("rx_bytes", "Bytes received"),
                     ("tx_frames", "Frames sent"), ("tx_bytes", "Bytes sent")):
         counter(k, f"{what} per card port.", ["port"], [((p["port"],), p.get(k, 0)) for p in ports])
+    rows = [((p["port"],), p["too_long_for_port"]) for p in ports if "too_long_for_port" in p]
+    if rows:
+        counter("too_long_for_port", "Frames for this port longer than it sends (dropped as too_long_for_port).",
+                ["port"], rows)
+    rows = [((p["port"],), p["max_frame"]) for p in ports if "max_frame" in p]
+    if rows:
+        gauge("port_max_frame_bytes", "Largest frame the port sends (from the Ethernet header, no CRC).", ["port"], rows)
     counter("frames", "Frames accepted and sent on, by message type (a message of N fragments counts N).",
             ["type"], [((t,), n) for t, n in c.get("types", {}).items()])
     if "drops_by_port" in c:  # dpdk: per port (the one a frame came in on; tx_full: the one it could not leave by)

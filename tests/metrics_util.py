@@ -87,6 +87,8 @@ def card_expected(c: dict, st: dict) -> dict[tuple, float]:
     for path, v in list(_walk(c)) + [(("state",) + p, v) for p, v in _walk(st)]:
         if path in simple:
             key = _k(simple[path])
+        elif path[0] == "ports" and path[2] == "max_frame":
+            key = _k("embnic_card_port_max_frame_bytes", port=ports[path[1]])
         elif path[0] == "ports" and path[2] != "port":
             key = _k(f"embnic_card_{path[2]}_total", port=ports[path[1]])
         elif path[0] == "ports":
