@@ -151,7 +151,7 @@ def shard_expected(c: dict) -> dict[tuple, float]:
     engines = c.get("workers") or ([c["engine"]] if c.get("engine") else [])
     out[_k("embnic_shard_workers", shard=sh)] = len(c.get("workers", ())) or 1
     simple = {"rx_frames", "rx_bytes", "tx_frames", "tx_bytes", "lookup_keys", "updates_applied", "update_keys",
-              "duplicates", "internal_errors", "send_errors"}
+              "duplicates", "update_polls", "update_poll_acks", "update_nacks", "internal_errors", "send_errors"}
     wal = {"log_records": "embnic_shard_wal_records_total", "log_bytes": "embnic_shard_wal_bytes_total",
            "log_commits": "embnic_shard_wal_commits_total", "seq": "embnic_shard_wal_sequence",
            "since_checkpoint": "embnic_shard_wal_updates_since_checkpoint",

@@ -93,6 +93,12 @@ def shard_families(c: dict) -> list:
     counter("update_keys", "Keys updated.", c["update_keys"])
     counter("duplicates", "Updates answered as duplicates without applying them again (exactly once).",
             c["duplicates"])
+    counter("update_polls", "Polls: re-sent last fragments of updates a client saw no ack for.",
+            c.get("update_polls", 0))
+    counter("update_poll_acks", "Polls of updates already applied, acked from the exactly-once window.",
+            c.get("update_poll_acks", 0))
+    counter("update_nacks", "Polls of incomplete updates answered UPDATE_NACK with the fragments held.",
+            c.get("update_nacks", 0))
     gauge("dedup_entries", "Applied updates remembered in the exactly-once window.", c["dedup_entries"])
     fam(GaugeMetricFamily, "rows", "Rows held per table (materialised rows).",
         [((t,), n) for t, n in c["rows"].items()], ["table"])
