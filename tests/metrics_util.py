@@ -57,7 +57,7 @@ def _walk(obj, path=()):
     if isinstance(obj, dict):
         for k, v in obj.items():
             yield from _walk(v, path + (k,))
-    elif isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+    elif isinstance(obj, list) and all(isinstance(x, dict) for x in obj):  # (an empty list: no leaf)
         for i, v in enumerate(obj):
             yield from _walk(v, path + (i,))
     else:
