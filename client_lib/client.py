@@ -62,7 +62,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import codec, consts
+from . import codec, consts, precheck
 from .batch import as_ids
 from .config import ClusterConfig
 from .consts import MsgType
@@ -168,8 +168,10 @@ class EmbeddingClient:
         Raises:
             ShardUnavailableError: a shard did not answer after ``retries`` tries.
             ShardError: a shard answered ERROR (naming the table where it is one table's).
-            ValueError: keys not 1-D integers in 0..2^64-1.
+            ValueError: before anything is sent, naming the table: an unknown table, keys not
+                1-D integers in 0..2^64-1, a key ``>= rows`` (:func:`precheck.lookup_round`).
         """
+        requests = precheck.lookup_round(self.cfg, requests)  # every table, before any frame
         out: dict[int, np.ndarray] = {}
         by_shard: dict[int, list] = {}
         for table_id, keys in requests.items():
@@ -206,7 +208,12 @@ class EmbeddingClient:
 
         Raises:
             ShardUnavailableError, ShardError: as :meth:`lookup`.
+            ValueError: before anything is sent, naming the table (:func:`precheck.update_round`):
+                an unknown table, bad or duplicate keys, a key ``>= rows``, grads not of shape
+                ``(len(keys), dim)``, a gradient the shards refuse (NaN, inf, overflowing step).
+                So no shard applies its part of an update another shard would refuse.
         """
+        updates = precheck.update_round(self.cfg, updates)  # every table, before any frame
         grads_of: dict[int, np.ndarray] = {}
         by_shard: dict[int, list] = {}
         for table_id, (keys, grads) in updates.items():

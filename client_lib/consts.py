@@ -6,6 +6,7 @@ Source of truth: ``docs/protocol.md``. The Scapy layer, the fast codec and the C
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 MAGIC = 0x454D  #: "EM"
@@ -121,6 +122,178 @@ DROP_REASONS = (
     "too_large",
 )
 
+
+# ---- what a reader needs of each field: meanings, value names, body layout -----------------
+# Data beside HEADER_FIELDS (not a second copy of the layout): the generated Wireshark dissector
+# (embnic.control.dissector, `embnic dissector`) takes every header field's offset and size from
+# HEADER_FIELDS and its name, meaning and value names from FIELD_DOCS; the body from BODY_LAYOUT.
+
+@dataclasses.dataclass(frozen=True)
+class FieldDoc:
+    """What a reader needs of one header field besides its offset and size.
+
+    Attributes:
+        title: short display name ("Message type").
+        meaning: one sentence, as in docs/protocol.md's header table.
+        values: the enum naming its values (an ``IntEnum``), or its bits (an ``IntFlag``).
+        hex: show the value in hexadecimal.
+        expect: the one valid value (``magic``, ``version``), else ``None``.
+        drop_reason: the :data:`DROP_REASONS` entry a receiver counts when the value is not
+            ``expect`` or, for a field with ``values``, not one of them (``None``: not checked).
+        summary: its label in a one-line summary of a message (``"id"``: ``id=7``); a field
+            with ``values`` shows there by name, and only when not 0.
+    """
+
+    title: str
+    meaning: str
+    values: type[enum.IntEnum] | type[enum.IntFlag] | None = None
+    hex: bool = False
+    expect: int | None = None
+    drop_reason: str | None = None
+    summary: str | None = None
+
+
+#: header field name -> :class:`FieldDoc`, one per :data:`HEADER_FIELDS` entry, in its order;
+#: the checks with a ``drop_reason`` run in this order (codec.parse_header's)
+FIELD_DOCS: dict[str, FieldDoc] = {
+    "magic": FieldDoc("Magic", "0x454D (\"EM\"): an embnic frame", hex=True, expect=MAGIC,
+                      drop_reason="bad_magic"),
+    "version": FieldDoc("Version", f"protocol version ({VERSION})", expect=VERSION,
+                        drop_reason="bad_version"),
+    "msg_type": FieldDoc("Message type", "what the message is: a request (lookup, update, size) "
+                         "or a reply (lookup reply, update ack, error, size ack, update nack)", values=MsgType,
+                         drop_reason="bad_type"),
+    "flags": FieldDoc("Flags", "bit 0 RETRANSMIT: a re-send of a message already sent once", values=Flags,
+                      hex=True, summary="flags"),
+    "reserved0": FieldDoc("Reserved", "0 on send, ignored on receive", hex=True),
+    "status": FieldDoc("Status", "error code of an ERROR reply; 0 in requests", values=Status,
+                       summary="status"),
+    "msg_id": FieldDoc("Message id", "chosen by the client, unique per client among messages in flight; "
+                       "a reply carries its request's", summary="id"),
+    "client_id": FieldDoc("Client id", "the client that sent the request (the card routes replies by it)",
+                          summary="client"),
+    "shard_id": FieldDoc("Shard id", "target address: the shard a request is for, the shard that answers "
+                         "a reply", summary="shard"),
+    "num_tables": FieldDoc("Number of tables", "tables in the request's directory (0 in a SIZE_REQ); "
+                           "copied into replies", summary="tables"),
+    "table_id": FieldDoc("Table id", "the table an ERROR is about; 0xFFFF (no table) in every other header",
+                         hex=True),
+    "num_keys": FieldDoc("Number of keys", "keys in the message, all tables together (SIZE_REQ: entries)",
+                         summary="keys"),
+    "value_len": FieldDoc("Value length", "bytes of row values: of the rows a lookup asks for (its reply's "
+                          "length), of a lookup reply, of an update's gradients"),
+    "msg_len": FieldDoc("Message length", "body bytes of the whole message (sum over all fragments)"),
+    "frag_offset": FieldDoc("Fragment offset", "byte offset of this frame's body within the message body"),
+    "frag_index": FieldDoc("Fragment index", "index of this fragment, 0 <= frag_index < frag_count"),
+    "frag_count": FieldDoc("Fragment count", f"fragments of the message, 1..{MAX_FRAGS}"),
+    "frag_len": FieldDoc("Fragment length", "body bytes carried by this frame"),
+    "reserved": FieldDoc("Reserved", "0 on send, ignored on receive", hex=True),
+}
+
+#: the key of a message's entry in a card's state map and of request/response matching
+#: (docs/protocol.md, "The card's state map"): a reply answers the request with these equal
+TRANSACTION_KEY = ("client_id", "msg_id")
+
+
+@dataclasses.dataclass(frozen=True)
+class BodyElement:
+    """One kind of body element (little-endian, like every body).
+
+    Exactly one of ``numpy``, ``fields``, ``values_of``, ``bits`` says what it is.
+
+    Attributes:
+        numpy: numpy dtype string of a fixed-size scalar (``"<u8"`` for a key), else ``None``.
+        fields: ``(name, numpy dtype)`` of a structured element (a directory entry, a SIZE_REQ
+            entry), else ``()``; a field's title and value names are ``docs[name]``, else the
+            :data:`FIELD_DOCS` entry of the header field of that name.
+        docs: :class:`FieldDoc` of the fields of a structured element that are not header fields
+            (or mean something else here).
+        table_of: the field of a structured element that names a table: its elements are the
+            request's **directory**, one per table, in body order; ``None`` otherwise.
+        values_of: for a row (or gradient), the fields ``(count, dtype)`` of its table's
+            directory entry that make it ``count`` values of ``dtype`` (:data:`DTYPE_SIZE` bytes
+            each), else ``None``.
+        bits: for a bit set, its number of bits (bit ``i`` is bit ``i % 8`` of byte ``i // 8``;
+            a reader shows the indices of the set bits), else 0.
+    """
+
+    numpy: str | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+    docs: dict[str, FieldDoc] = dataclasses.field(default_factory=dict)
+    table_of: str | None = None
+    values_of: tuple[str, str] | None = None
+    bits: int = 0
+
+
+#: element kind -> :class:`BodyElement`
+BODY_ELEMENTS: dict[str, BodyElement] = {
+    "key": BodyElement(numpy="<u8"),
+    "dir_entry": BodyElement(fields=DIR_ENTRY_FIELDS, table_of="table_id", docs={
+        "table_id": FieldDoc("Table id", "the table"),
+        "dim": FieldDoc("Dimension", "values per row of this table"),
+        "dtype": FieldDoc("Dtype", "type of this table's values: 1 fp32, 2 fp16", values=DType),
+        "reserved0": FieldDoc("Reserved", "0", hex=True),
+        "reserved1": FieldDoc("Reserved", "0", hex=True),
+        "num_keys": FieldDoc("Number of keys", "this table's keys in the message (n_t >= 1)"),
+        "reserved2": FieldDoc("Reserved", "0", hex=True),
+    }),
+    "size_entry": BodyElement(fields=SIZE_ENTRY_FIELDS),
+    "nack_bitmap": BodyElement(bits=MAX_FRAGS),
+    "value": BodyElement(values_of=("dim", "dtype")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BodySection:
+    """A run of elements of one kind; a body is its type's sections, back to back.
+
+    Attributes:
+        name: the section ("keys", "gradients"); ``item`` names one element ("key", "gradient").
+        element: a :data:`BODY_ELEMENTS` kind.
+        count: the header field that gives the number of elements, or a fixed number; ``None``
+            for a section of rows, whose length in bytes ``nbytes`` gives.
+        nbytes: the header field that gives the section's length in bytes (rows, whose size is
+            their table's), else ``None``.
+        per_table: the directory-entry field that says how many of the section's elements are
+            each table's (``"num_keys"``): the section is grouped by table, in directory order
+            (a reply's by its request's directory); ``None``: not grouped.
+    """
+
+    name: str
+    item: str
+    element: str
+    count: str | int | None = None
+    nbytes: str | None = None
+    per_table: str | None = None
+
+
+#: message type -> the sections of its body, in order (docs/protocol.md, "Body", "Size messages"
+#: and UPDATE_NACK); a type with none has an empty body. ``expected_msg_len`` is their total
+#: length (a test keeps them equal).
+BODY_LAYOUT: dict[MsgType, tuple[BodySection, ...]] = {
+    MsgType.LOOKUP_REQ: (BodySection("directory", "table", "dir_entry", count="num_tables"),
+                         BodySection("keys", "key", "key", count="num_keys", per_table="num_keys")),
+    MsgType.LOOKUP_REPLY: (BodySection("rows", "row", "value", nbytes="value_len", per_table="num_keys"),),
+    MsgType.UPDATE_REQ: (BodySection("directory", "table", "dir_entry", count="num_tables"),
+                         BodySection("keys", "key", "key", count="num_keys", per_table="num_keys"),
+                         BodySection("gradients", "gradient", "value", nbytes="value_len", per_table="num_keys")),
+    MsgType.UPDATE_ACK: (),
+    MsgType.ERROR: (),
+    MsgType.SIZE_REQ: (BodySection("entries", "entry", "size_entry", count="num_keys"),),
+    MsgType.SIZE_ACK: (),
+    MsgType.UPDATE_NACK: (BodySection("fragments held", "held", "nack_bitmap", count=1),),
+}
+
+#: :func:`header_counts_ok` as data, for readers that interpret it (the dissector; a test keeps
+#: them equal): message type -> rules ``(field, op, k, other)``, each true when
+#: ``h[field] op k * h[other]`` (``other`` ``None``: ``h[field] op k``), ``op`` ``">="`` or
+#: ``"=="``; a type not listed has no rule.
+HEADER_COUNT_RULES: dict[MsgType, tuple[tuple[str, str, int, str | None], ...]] = {
+    **{t: (("num_tables", ">=", 1, None), ("num_keys", ">=", 1, "num_tables"),
+           ("value_len", ">=", min(DTYPE_SIZE[DType.FP32], DTYPE_SIZE[DType.FP16]), "num_keys"))
+       for t in (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ)},
+    MsgType.SIZE_REQ: (("num_tables", "==", 0, None), ("num_keys", ">=", 1, None)),
+}
 
 
 def max_body_per_frame(mtu: int) -> int:

@@ -121,3 +121,30 @@ def chunk_parts(parts, cap: int):
             continue
         for a in range(0, len(skeys), cap):
             yield shard_id, pos[a:a + cap], skeys[a:a + cap]
+
+
+def owns_tables(cfg: ClusterConfig, table_ids: np.ndarray, counts: np.ndarray, shard_id: int,
+                keys: np.ndarray) -> np.ndarray:
+    """:func:`owns` for the keys of several tables at once (a protocol-v2 message's directory):
+    bool (n,), whether ``shard_id`` owns each key.
+
+    Args:
+        table_ids: int (T,), the tables in order; counts: int (T,), keys of each;
+        keys: uint64 (n,), table by table (``n = counts.sum()``).
+
+    One hash over every key under ``hash`` sharding (the formula of :func:`shard_index_of`, with
+    each key's table in the top 16 bits); a constant per table under ``table`` sharding.
+
+    Raises:
+        KeyError: a table not in the config (``table`` sharding only).
+    """
+    tids = np.asarray(table_ids, np.int64)
+    counts = np.asarray(counts, np.int64)
+    ids = np.array([sh.id for sh in cfg.shards], dtype=np.int64)
+    if cfg.sharding == "table":
+        mine = np.array([ids[shard_index_of(cfg, t, np.zeros(1, np.uint64))[0]] == shard_id for t in tids.tolist()],
+                        bool)
+        return np.repeat(mine, counts)
+    t48 = np.repeat(tids.astype(np.uint64) << np.uint64(48), counts)
+    h = splitmix64(np.asarray(keys, np.uint64) ^ t48)
+    return ids[(h % np.uint64(len(cfg.shards))).astype(np.int64)] == shard_id

@@ -5,10 +5,14 @@ What a PyTorch training job links (the optional extra ``embnic[torch]``; the res
 drop-in for TorchRec's ``EmbeddingBagCollection``: same constructor tables
 (``EmbeddingBagConfig``), ``forward(KeyedJaggedTensor) -> KeyedTensor`` with the same keys,
 shapes and pooling, ``embedding_bag_configs()`` and ``is_weighted()``, so
-``torchrec.models.dlrm.DLRM(embedding_bag_collection=...)`` accepts it. The difference: it has
-no weights. Every forward
+``torchrec.models.dlrm.DLRM(embedding_bag_collection=...)`` accepts it. The difference: its
+rows are not in this process — each table's ``weight`` is an empty ``(0, dim)`` placeholder that
+carries TorchRec's optimizer choices, checked against the cluster config (see the class).
+Every forward
 
-1. takes the KJT's ``values`` (int64 → uint64 view, no copy) and ``lengths`` as numpy,
+1. takes the KJT's ``values`` (int64/int32 ids; int64 → uint64 view, no copy; float values are
+   refused, as by TorchRec) and ``lengths`` as numpy — a variable-batch (VBE) KJT first becomes
+   the fixed-stride batch its ``inverse_indices`` describe, as TorchRec's EBC output,
 2. prepares the batch with :func:`embnic.client_lib.batch.prepare_batch` — per table the sorted
    value array ``unique`` (U,), the index array ``inverse`` (n,) and the index offset array
    ``offsets`` (bags+1,),
@@ -26,7 +30,10 @@ update round; the shards apply the table's optimizer (SGD or row-wise Adagrad, s
 :mod:`embnic.client_lib.table_numerics`), the way TorchRec's fused optimizer (fbgemm ``EXACT_SGD`` /
 ``EXACT_ROWWISE_ADAGRAD``) updates rows inside backward. No dense gradient of a table exists
 and no ``optimizer.step()`` is needed for the embeddings; the dense part of the model trains
-with any torch optimizer.
+with any torch optimizer (over ``model.parameters()``: the placeholders are empty tensors).
+TorchRec's ways to choose a table's optimizer — ``apply_optimizer_in_backward`` on the
+module's parameters, a sharder's ``fused_params`` (passed as ``fused_params=``) — must name the
+config's optimizer, lr and eps, or the module raises ``ValueError`` naming the table.
 
 No per-id Python loop: everything per id is a numpy or torch vector op; Python loops run over
 tables and features only.
@@ -57,6 +64,7 @@ try:
 except ImportError as e:  # one line naming the fix; the CLI maps it to a missing-dependency error
     raise ImportError(f"{INSTALL_HINT} ({e})", name=e.name) from e
 
+from . import precheck
 from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
 
@@ -66,43 +74,63 @@ _MODES = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
 
 
 def _batched(backend):
-    """``backend`` as (lookup({t: keys}) -> {t: rows}, update({t: (keys, grads)}))."""
+    """``backend`` as (lookup({t: keys}) -> {t: rows}, update({t: (keys, grads)})); a
+    ``LocalBackend``'s per-table calls come after the whole round was checked
+    (:func:`~embnic.client_lib.precheck.update_round`), as the network client's."""
     from .local import LocalBackend
 
     if isinstance(backend, LocalBackend):
         def lookup(req):
-            return {t: backend.lookup(t, k) for t, k in req.items()}
+            return {t: backend.lookup(t, k) for t, k in precheck.lookup_round(backend.cfg, req).items()}
 
         def update(upd):
-            for t, (k, g) in upd.items():
+            for t, (k, g) in precheck.update_round(backend.cfg, upd).items():
                 backend.update(t, k, g)
         return lookup, update
     return backend.lookup, backend.update
 
 
-def kjt_from_dense(keys: list[str], ids: np.ndarray, weights: np.ndarray | None = None) -> KeyedJaggedTensor:
+def kjt_from_dense(keys: list[str], ids, weights=None) -> KeyedJaggedTensor:
     """A KJT with one id per (sample, feature) from a dense id matrix, without a per-id loop.
 
     Args:
         keys: F feature names.
-        ids: integer (B, F); column ``f`` is feature ``keys[f]``; uint64 ids keep their 64
-            bits (an id >= 2**63 is stored as the negative int64 with the same bits).
-        weights: optional float32 (B, F) per-sample weights.
+        ids: integers (B, F) — an array, or nested lists of Python ints in 0..2^64-1 (converted
+            exactly: numpy would make a list holding 2**63 and smaller ints float64, which
+            loses the low bits); column ``f`` is feature ``keys[f]``.
+        weights: optional (B, F) per-sample weights (float32).
 
     Returns:
         ``KeyedJaggedTensor`` with stride B, ``lengths`` all 1 (int32 (F*B,)), ``values``
-        int64 (F*B,) feature-major (``values[f*B + b] = ids[b, f]``).
+        int64 (F*B,) feature-major (``values[f*B + b] = ids[b, f]``); an id >= 2**63 is the
+        negative int64 with the same 64 bits (read back as uint64 by the module).
+
+    Raises:
+        ValueError: ``ids`` not (B, F) with F = len(keys) (1-D ids included: reshape to (B, 1)
+            for one feature), not integers, an id outside 0..2^64-1, ``weights`` of another
+            shape.
+
+    Example: ``kjt_from_dense(["a"], [[0], [2**64 - 1]]).values()`` is ``tensor([0, -1])``.
     """
-    ids = np.asarray(ids)
-    b, f = ids.shape
-    flat = np.ascontiguousarray(ids.T).reshape(-1)
-    # uint64 ids keep their bits (ids >= 2**63 become negative int64, read back as uint64)
-    flat = flat.view(np.int64) if flat.dtype == np.uint64 else flat.astype(np.int64)
-    values = torch.from_numpy(flat)
-    w = None if weights is None else torch.from_numpy(
-        np.ascontiguousarray(np.asarray(weights, dtype=np.float32).T).reshape(-1))
-    return KeyedJaggedTensor(keys=list(keys), values=values, weights=w,
-                             lengths=torch.ones(f * b, dtype=torch.int32), stride=b)
+    try:
+        batch = KeyedJaggedBatch.from_dense(list(keys), ids)
+    except ValueError as e:
+        try:
+            ndim = np.ndim(ids)
+        except ValueError:  # ragged nested lists
+            ndim = None
+        hint = (f" (one column per key: ids.reshape(-1, {len(keys)}), or [[id] for id in ids] for one key)"
+                if ndim == 1 else "")
+        raise ValueError(f"kjt_from_dense: {e}{hint}") from None
+    b, f = batch.stride, len(batch.keys)
+    w = None
+    if weights is not None:
+        wa = np.asarray(weights, dtype=np.float32)
+        if wa.shape != (b, f):
+            raise ValueError(f"kjt_from_dense: weights shape {wa.shape}, expected (B, F) = ({b}, {f})")
+        w = torch.from_numpy(np.ascontiguousarray(wa.T).reshape(-1))
+    return KeyedJaggedTensor(keys=list(keys), values=torch.from_numpy(batch.values.view(np.int64)), weights=w,
+                             lengths=torch.from_numpy(batch.lengths), stride=b)
 
 
 def num_embeddings(table) -> int:
@@ -110,6 +138,100 @@ def num_embeddings(table) -> int:
     or ``2**63 - 1`` for a table without rows (any 64-bit id; ids >= 2**63 travel in the KJT's
     int64 values as negative numbers with the same bits)."""
     return table.rows if table.rows is not None else 2**63 - 1
+
+
+# -- TorchRec's ways to choose a table optimizer, checked against the cluster config --------------
+
+#: the fbgemm optimizer (``EmbOptimType`` member name) that equals each config optimizer
+_FUSED_TYPE = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ROWWISE_ADAGRAD"}
+_WHAT = {"sgd": "SGD", "adagrad": "row-wise Adagrad"}
+_USE = {"sgd": "torch.optim.SGD or torchrec.optim.SGD", "adagrad": "torchrec.optim.RowWiseAdagrad"}
+#: settings that change an update unless they are off (0 / False / None): the shards apply none
+_MUST_BE_OFF = ("weight_decay", "weight_decay_mode", "lr_decay", "initial_accumulator_value", "momentum",
+                "dampening", "nesterov", "maximize", "gradient_clipping")
+_FBGEMM_LR, _FBGEMM_EPS = 0.01, 1.0e-8  #: fbgemm's defaults when an optimizer is named without them
+
+
+def _is_off(v) -> bool:
+    v = getattr(v, "value", v)  # an enum (fbgemm's WeightDecayMode.NONE is 0)
+    return v is None or v is False or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool) and v == 0)
+
+
+def _opt_type_name(value) -> str:
+    """``EmbOptimType`` member name of ``value`` (the enum, its value ``"exact_sgd"`` or its name)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    if isinstance(value, EmbOptimType):
+        return value.name
+    for m in EmbOptimType:
+        if value in (m.value, m.name) or str(value).upper() == m.name:
+            return m.name
+    raise ValueError(f"optimizer {value!r} is not an fbgemm EmbOptimType")
+
+
+def table_fused_params(fused_params: dict | None, optimizer_class=None, optimizer_kwargs: dict | None = None) -> dict:
+    """One table's fused params as TorchRec's sharders merge them
+    (``torchrec/distributed/embeddingbag.py``: ``optimizer_type_to_emb_opt_type`` of the
+    parameter's ``_optimizer_classes[0]``, then ``utils.merge_fused_params``): the sharder's
+    ``fused_params``, updated with the ``apply_optimizer_in_backward`` kwargs of the table's
+    parameter (``lr`` → ``learning_rate``) and ``optimizer`` = the class's fbgemm type.
+    Nothing given is mutated.
+
+    Raises:
+        ValueError: a class with no fbgemm equivalent (TorchRec's own error: e.g. ``RMSprop``).
+    """
+    merged = dict(fused_params or {})
+    kw = dict(optimizer_kwargs or {})
+    if optimizer_class is not None and "optimizer" not in kw:
+        from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
+
+        kw["optimizer"] = optimizer_type_to_emb_opt_type(optimizer_class)
+    if "lr" in kw:
+        kw["learning_rate"] = kw.pop("lr")
+    merged.update(kw)
+    return merged
+
+
+def optimizer_mismatch(table, fused: dict) -> list[str]:
+    """What in ``fused`` (one table's merged fused params, :func:`table_fused_params`) the shards
+    would not do for cluster table ``table``; empty when it matches.
+
+    Checked: ``optimizer`` (``EXACT_SGD`` for ``sgd``, ``EXACT_ROWWISE_ADAGRAD`` for ``adagrad``);
+    ``learning_rate`` and, for Adagrad, ``eps`` — equal in float32, the shards' precision; when
+    an optimizer is named without them, fbgemm's defaults (0.01, 1e-8) are what TorchRec would
+    train with, so those are compared; and :data:`_MUST_BE_OFF` (weight decay, momentum, ...)
+    off. An SGD table has no ``eps`` (fbgemm's ``EXACT_SGD`` ignores it too). Other keys
+    configure fbgemm's kernel and cache (precision, cache sizes, prefetch), which do not run
+    here, and are not optimizer choices.
+    """
+    bad = []
+    named = "optimizer" in fused
+    if named:
+        try:
+            got = _opt_type_name(fused["optimizer"])
+        except ValueError as e:
+            return [str(e)]
+        if got != _FUSED_TYPE[table.optimizer]:
+            bad.append(f"optimizer {got}")
+    if "learning_rate" in fused or named:
+        lr = fused.get("learning_rate", _FBGEMM_LR)
+        if np.float32(lr) != np.float32(table.lr):
+            bad.append(f"lr {lr}{'' if 'learning_rate' in fused else ' (fbgemm default)'}")
+    if table.optimizer == "adagrad" and ("eps" in fused or named):
+        eps = fused.get("eps", _FBGEMM_EPS)
+        if np.float32(eps) != np.float32(table.eps):
+            bad.append(f"eps {eps}{'' if 'eps' in fused else ' (fbgemm default)'}")
+    bad += [f"{k}={fused[k]!r}" for k in _MUST_BE_OFF if k in fused and not _is_off(fused[k])]
+    return bad
+
+
+def _mismatch_error(name: str, table, source: str, bad: list[str], cfg: ClusterConfig) -> ValueError:
+    want = f"lr={table.lr}" + (f", eps={table.eps}" if table.optimizer == "adagrad" else "")
+    where = f" in {cfg.path}" if cfg.path else ""
+    return ValueError(
+        f"table {name!r}: {source} asks for {', '.join(bad)}, but the shards train cluster table {table.id} with "
+        f"{_WHAT[table.optimizer]} (optimizer = {table.optimizer!r}, {want}); use {_USE[table.optimizer]} with "
+        f"{want}, or change [[tables]] id = {table.id}{where}")
 
 
 @dataclasses.dataclass
@@ -124,22 +246,69 @@ class _Step:
 
 
 class _RemotePooling(torch.autograd.Function):
-    """Pooled embeddings of one prepared step; backward sends the per-row gradients."""
+    """Pooled embeddings of one prepared step; backward sends the per-row gradients.
+
+    Inputs: the weights (or None), the module, the step, then every table's placeholder
+    ``weight`` (module order): the output depends on them, so autograd calls backward when
+    any of them requires grad, and each receives an empty (0, dim) gradient — so DDP and every
+    torch optimizer see a parameter that took part, and a table whose placeholder does not
+    require grad (frozen, as a TorchRec table with ``requires_grad_(False)``) is not updated.
+    """
 
     @staticmethod
-    def forward(ctx, anchor, weights, ebc, step):  # noqa: D401 - torch API
+    def forward(ctx, weights, ebc, step, *tables):  # noqa: D401 - torch API
         ctx.ebc, ctx.step = ebc, step
         ctx.weights_need_grad = weights is not None and weights.requires_grad
+        ctx.placeholders = [(t.shape, t.dtype) for t in tables]
         return ebc._pool(step)
 
     @staticmethod
     def backward(ctx, grad_out):
-        g_w = ctx.ebc._backward(ctx.step, grad_out.contiguous(), ctx.weights_need_grad)
-        return None, g_w, None, None
+        trained = {tid for tid, need in zip(ctx.ebc._table_ids, ctx.needs_input_grad[3:]) if need}
+        g_w = ctx.ebc._backward(ctx.step, grad_out.contiguous(), ctx.weights_need_grad, trained)
+        return (g_w, None, None, *[torch.zeros(s, dtype=d) if need else None
+                                   for (s, d), need in zip(ctx.placeholders, ctx.needs_input_grad[3:])])
+
+
+class _RemoteTable(torch.nn.Module):
+    """Stands in for TorchRec's ``nn.EmbeddingBag`` of one table in ``embedding_bags``: a
+    ``weight`` Parameter of shape ``(0, embedding_dim)`` (the rows are on the shards) that
+    carries what TorchRec attaches to a table's weight (``apply_optimizer_in_backward``'s
+    ``_optimizer_classes`` / ``_optimizer_kwargs``) and its ``requires_grad``."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = torch.nn.Parameter(torch.empty((0, embedding_dim), dtype=torch.float32))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, rows on the shards"
 
 
 class RemoteEmbeddingBagCollection(torch.nn.Module):
     """TorchRec's ``EmbeddingBagCollection``, with its rows on embnic shards (module docstring).
+
+    **Parameters.** TorchRec's EBC has one ``weight`` per table (``embedding_bags.<name>.weight``),
+    and TorchRec's ways to choose a table's optimizer act on those parameters
+    (``apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)`` records ``cls`` and ``kwargs``
+    on each; a sharder merges them with its ``fused_params``). A module without parameters made
+    that a silent no-op. So every table has a placeholder ``weight`` of shape ``(0, dim)`` under
+    the same name: it holds no rows and costs nothing, a dense optimizer over
+    ``model.parameters()`` (the README's ``torch.optim.SGD``) steps it as an empty tensor, DDP
+    reduces it as an empty tensor, and what TorchRec attaches to it is checked against the
+    cluster config (:meth:`check_optimizers`, at every forward and backward): the table's
+    optimizer, lr and eps must be what the shards apply — else ``ValueError`` naming the table,
+    before anything is sent. A matching in-backward optimizer is replaced by TorchRec's own
+    no-op (``EmptyFusedOptimizer``, as TorchRec's sharded EBC does for fused tables): the shards
+    apply it. ``state_dict()`` holds the placeholders as (0, dim) tensors: loading a TorchRec
+    checkpoint's rows into this module fails on the shape instead of dropping them (rows go to
+    the shards: ``embnic tables``). Setting a placeholder's ``requires_grad`` to False freezes
+    its table (no updates sent), as for a TorchRec weight.
+
+    A TorchRec sharder given to ``DistributedModelParallel`` never sees this module (DMP shards
+    modules of the sharder's exact ``module_type``), so pass its settings here:
+    ``fused_params=sharder.fused_params``.
 
     Args:
         tables: one ``torchrec.EmbeddingBagConfig`` per table, as for TorchRec (``name``,
@@ -154,16 +323,24 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             pooling, as TorchRec's ``is_weighted``.
         table_ids: ``{config name: cluster table id}`` overriding the match by name.
         validate: check every input KJT (lengths shape and sum, ids in
-            ``[0, num_embeddings)``); ``False`` for trusted callers.
+            ``[0, num_embeddings)``); ``False`` for trusted callers (the dtype and VBE checks
+            always run: they are O(F)).
+        fused_params: a TorchRec sharder's ``fused_params``
+            (``EmbeddingBagCollectionSharder(fused_params=...)``: ``optimizer`` an fbgemm
+            ``EmbOptimType``, ``learning_rate``, ``eps``, ...), checked for every table, merged
+            with any ``apply_optimizer_in_backward`` kwargs as TorchRec merges them
+            (:func:`table_fused_params`, :func:`optimizer_mismatch`).
 
     Raises:
         ValueError: no tables, duplicate names, a table not in the cluster config, a dim or
             row-count mismatch, two configs on one cluster table, an unsupported pooling,
-            or ``is_weighted`` with a MEAN table (as ``torch.nn.EmbeddingBag``).
+            ``is_weighted`` with a MEAN table (as ``torch.nn.EmbeddingBag``), or
+            ``fused_params`` that choose another optimizer, lr or eps than a table's config.
     """
 
     def __init__(self, tables: list[EmbeddingBagConfig], backend, *, is_weighted: bool = False,
-                 table_ids: dict[str, int] | None = None, validate: bool = True):
+                 table_ids: dict[str, int] | None = None, validate: bool = True,
+                 fused_params: dict | None = None):
         super().__init__()
         cfg: ClusterConfig = backend.cfg
         if not tables:
@@ -191,9 +368,18 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
                 raise ValueError(f"table {t.name!r}: pooling {t.pooling} is not supported (SUM or MEAN)")
             if is_weighted and t.pooling != PoolingType.SUM:
                 raise ValueError(f"table {t.name!r}: per-sample weights need SUM pooling (as torch.nn.EmbeddingBag)")
+            if "." in t.name or not t.name:
+                raise ValueError(f"table name {t.name!r}: a module name cannot be empty or contain '.' "
+                                 "(as for TorchRec's EmbeddingBagCollection)")
             ids.append(tid)
         if len(set(ids)) != len(ids):
             raise ValueError(f"two EmbeddingBagConfigs map to one cluster table: {dict(zip(names, ids))}")
+        self._fused_params = dict(fused_params) if fused_params else None
+        for t, tid in zip(tables, ids):
+            if self._fused_params is not None:
+                bad = optimizer_mismatch(cfg.table(tid), table_fused_params(self._fused_params))
+                if bad:
+                    raise _mismatch_error(t.name, cfg.table(tid), "fused_params", bad, cfg)
         self.cfg = cfg
         self.backend = backend
         self._lookup, self._update = _batched(backend)
@@ -201,6 +387,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         self._is_weighted = bool(is_weighted)
         self._validate = validate
         self._table_ids = ids
+        #: one placeholder per table, TorchRec's names (class docstring, "Parameters")
+        self.embedding_bags = torch.nn.ModuleDict({t.name: _RemoteTable(t.num_embeddings, t.embedding_dim)
+                                                   for t in tables})
         # slots: one per (table, feature) in TorchRec's output order
         self._slot_features = [f for t in tables for f in t.feature_names]
         self._slot_tables = [tid for t, tid in zip(tables, ids) for _ in t.feature_names]
@@ -229,7 +418,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             backend: as for the constructor.
             table_ids: which cluster tables, in this order (default: all, config order).
             pooling: SUM or MEAN for every table.
-            kw: passed to the constructor.
+            kw: passed to the constructor (``is_weighted``, ``validate``, ``fused_params``).
 
         A table without ``rows`` gets ``num_embeddings = 2**63 - 1`` (TorchRec needs a number;
         ids are not bounded by it, see :func:`num_embeddings`).
@@ -250,13 +439,62 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         """Whether per-sample weights are used."""
         return self._is_weighted
 
+    def check_optimizers(self) -> None:
+        """Check what TorchRec's ways to choose a table optimizer attached to the tables'
+        placeholder weights against the cluster config (class docstring, "Parameters").
+
+        Per table: ``_optimizer_classes`` / ``_optimizer_kwargs`` of its ``weight`` (set by
+        ``torchrec.optim.apply_optimizer_in_backward`` or ``torch.distributed.optim.
+        _apply_optimizer_in_backward``), merged with ``fused_params`` as TorchRec's sharders
+        merge them, must match the table's optimizer, lr and eps (:func:`optimizer_mismatch`);
+        a matching in-backward optimizer is then made TorchRec's no-op ``EmptyFusedOptimizer``
+        (the shards apply the update). Runs at every forward and backward; O(tables).
+
+        Raises:
+            ValueError: naming the table: more than one optimizer on a table (TorchRec's
+                sharders take one), an optimizer class without an fbgemm equivalent, or
+                another optimizer type, lr or eps than the config's, or a setting the shards
+                do not apply (weight decay, momentum, ...).
+        """
+        for conf, tid in zip(self._configs, self._table_ids):
+            w = self.embedding_bags[conf.name].weight
+            classes = getattr(w, "_optimizer_classes", None)
+            if not classes or getattr(w, "_embnic_checked", None) == len(classes):
+                continue
+            table = self.cfg.table(tid)
+            if len(classes) != 1:
+                raise ValueError(f"table {conf.name!r}: {len(classes)} optimizers applied in backward "
+                                 f"({', '.join(c.__name__ for c in classes)}); a table takes one, as TorchRec's "
+                                 "sharders")
+            try:
+                fused = table_fused_params(self._fused_params, classes[0], w._optimizer_kwargs[0])
+            except ValueError as e:
+                raise ValueError(f"table {conf.name!r}: apply_optimizer_in_backward({classes[0].__name__}): {e}; "
+                                 f"the shards train it with {_WHAT[table.optimizer]}: use {_USE[table.optimizer]}") from None
+            bad = optimizer_mismatch(table, fused)
+            if bad:
+                src = f"apply_optimizer_in_backward({classes[0].__name__}, ...)"
+                raise _mismatch_error(conf.name, table, src + (" with fused_params" if self._fused_params else ""),
+                                      bad, self.cfg)
+            from torchrec.optim.fused import EmptyFusedOptimizer
+
+            w._in_backward_optimizers = [EmptyFusedOptimizer()]  # the shards apply it
+            w._embnic_checked = len(classes)
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of every (table, feature).
 
         Args:
             features: ``KeyedJaggedTensor`` with (at least) every feature of the tables,
-                stride B; integer ``values`` (n,) (int64 is viewed as uint64 without a copy),
-                ``lengths`` (F*B,), ``weights`` float32 (n,) when ``is_weighted``.
+                stride B; ``values`` int64 or int32 ids (n,) (int64 is viewed as uint64
+                without a copy; floats are refused, as TorchRec's EBC refuses them),
+                ``lengths`` (F*B,), ``weights`` float32 (n,) when ``is_weighted``. A
+                variable-batch KJT (VBE: ``stride_per_key_per_rank``) is taken as TorchRec's
+                ``EmbeddingBagCollection`` takes it: feature ``f``'s bags are
+                ``Σ_r stride_per_key_per_rank[f][r]``, and ``inverse_indices`` ``(keys, int
+                (F, B))`` say which bag each of the B output rows pools
+                (``out[b, f] = pooled_f[inverse_indices[f, b]]``; TorchRec applies them to a
+                fixed-stride KJT that carries them too, and so does this module).
 
         Returns:
             ``KeyedTensor`` with keys = the embedding names (``feature`` or
@@ -265,11 +503,19 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             It carries gradient when grad mode is on: backward sends the updates.
 
         Raises:
-            ValueError: a feature missing from the KJT, bad lengths, an id outside
-                ``[0, num_embeddings)``, missing weights (validated inputs only).
+            ValueError: values not integer ids or lengths not integers; a VBE KJT without
+                ``inverse_indices`` whose features have different batch sizes (TorchRec's
+                EBC cannot build one (B, Σ dims) output from it either) or with inverse
+                indices of the wrong shape or range; a feature missing from the KJT; bad
+                lengths, an id outside ``[0, num_embeddings)``, missing weights (validated
+                inputs only); an optimizer choice that does not match the cluster config
+                (:meth:`check_optimizers`).
             embnic.client_lib.client.EmbnicError: a shard failed (lookup).
         """
-        kjt = self._select(features)
+        self.check_optimizers()
+        _check_dtypes(features)
+        vbe = features.variable_stride_per_key() or features.inverse_indices_or_none() is not None
+        kjt = self._flatten_vbe(features) if vbe else self._select(features)
         b = kjt.stride()
         values = kjt.values()
         lengths = kjt.lengths()
@@ -293,9 +539,10 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             np.cumsum(lens.reshape(len(self._slot_features), b).sum(axis=1), out=starts[1:])
         step = _Step(prep, rows, weights, b, starts)
         self.steps_forward += 1
-        if torch.is_grad_enabled():
-            anchor = torch.empty(0, requires_grad=True)  # makes autograd call backward
-            out = _RemotePooling.apply(anchor, weights, self, step)
+        placeholders = [self.embedding_bags[c.name].weight for c in self._configs]
+        if torch.is_grad_enabled() and (any(p.requires_grad for p in placeholders)
+                                        or (weights is not None and weights.requires_grad)):
+            out = _RemotePooling.apply(weights, self, step, *placeholders)
         else:
             out = self._pool(step)
         return KeyedTensor(keys=list(self._embedding_names), length_per_key=list(self._lengths_per_key),
@@ -313,6 +560,68 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         if missing:
             raise ValueError(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
         return features.permute([index[f] for f in self._slot_features])
+
+    def _flatten_vbe(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """A variable-batch (VBE) KJT as the fixed-stride KJT of the slots that TorchRec's EBC
+        output describes: slot ``s``, output row ``b`` is a copy of bag
+        ``inverse_indices[f(s), b]`` of its feature (its ids, lengths and weights gathered with
+        one index array; weights through torch indexing, so their gradient flows back).
+        Pooling a copied bag gives TorchRec's ``pooled_f[inverse_indices[f, b]]``, and the
+        rows' gradient is the same sum (in another order). O(F·B + n), no per-id loop."""
+        keys = features.keys()
+        index = {k: i for i, k in enumerate(keys)}
+        missing = [f for f in self._slot_features if f not in index]
+        if missing:
+            raise ValueError(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
+        strides = np.asarray(features.stride_per_key(), dtype=np.int64)  # bags per key, over ranks
+        inv = features.inverse_indices_or_none()
+        kidx = np.array([index[f] for f in self._slot_features], dtype=np.int64)
+        if inv is None:
+            if len(set(strides[kidx].tolist())) > 1:
+                raise ValueError(
+                    "variable batch size per feature (VBE KeyedJaggedTensor, stride_per_key_per_rank) without "
+                    f"inverse_indices: features {self._slot_features} have {strides[kidx].tolist()} bags, which "
+                    "cannot form one (B, Σ dims) output (TorchRec's EmbeddingBagCollection fails on it too); "
+                    "pass inverse_indices=(keys, int tensor (F, B)) mapping every output row to its bag")
+            b = int(strides[kidx[0]]) if kidx.size else 0
+            bag = (np.concatenate([[0], np.cumsum(strides)])[kidx][:, None] + np.arange(b)[None, :])
+        else:
+            inv_keys, inv_t = inv
+            ipos = {k: i for i, k in enumerate(inv_keys)}
+            lacking = [f for f in self._slot_features if f not in ipos]
+            if lacking:
+                raise ValueError(f"VBE KeyedJaggedTensor: inverse_indices lack feature(s) {lacking} "
+                                 f"(have {list(inv_keys)})")
+            inv_np = inv_t.detach().cpu().numpy()
+            if inv_np.ndim != 2 or inv_np.shape[0] != len(inv_keys) or inv_np.dtype.kind not in "iu":
+                raise ValueError(f"VBE KeyedJaggedTensor: inverse_indices must be integers of shape "
+                                 f"({len(inv_keys)}, B), got {inv_t.dtype} {tuple(inv_t.shape)}")
+            b = inv_np.shape[1]
+            sel = inv_np[[ipos[f] for f in self._slot_features]].astype(np.int64)  # (S, B)
+            lim = strides[kidx][:, None]
+            out_of = (sel < 0) | (sel >= lim)
+            if out_of.any():
+                s_, b_ = (int(x[0]) for x in np.nonzero(out_of))
+                raise ValueError(f"VBE KeyedJaggedTensor: inverse_indices[{self._slot_features[s_]!r}][{b_}] = "
+                                 f"{int(sel[s_, b_])} outside the feature's {int(lim[s_, 0])} bags")
+            bag = np.concatenate([[0], np.cumsum(strides)])[kidx][:, None] + sel
+        lengths = features.lengths().detach().numpy().astype(np.int64, copy=False)
+        if lengths.shape != (int(strides.sum()),):
+            raise ValueError(f"VBE KeyedJaggedTensor: lengths has shape {tuple(lengths.shape)}, expected "
+                             f"({int(strides.sum())},) = Σ stride_per_key_per_rank")
+        bag = bag.reshape(-1)
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        new_len = lengths[bag]
+        new_off = np.zeros(new_len.size + 1, dtype=np.int64)
+        np.cumsum(new_len, out=new_off[1:])
+        if int(offsets[-1]) != features.values().numel():
+            raise ValueError(f"sum(lengths)={int(offsets[-1])} != len(values)={features.values().numel()}")
+        pos = torch.from_numpy(np.repeat(offsets[:-1][bag] - new_off[:-1], new_len) + np.arange(int(new_off[-1])))
+        w = features.weights_or_none()
+        return KeyedJaggedTensor(keys=list(self._slot_features), values=features.values()[pos],
+                                 lengths=torch.from_numpy(new_len.astype(np.int32)),
+                                 weights=None if w is None else w[pos], stride=b)
 
     def _check(self, vals: np.ndarray, lens: np.ndarray, b: int, weights) -> None:
         nf = len(self._slot_features)
@@ -358,13 +667,15 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         f0, f1 = p.features[0], p.features[-1] + 1
         return torch.arange(int(step.feature_starts[f0]), int(step.feature_starts[f1]))
 
-    def _backward(self, step: _Step, grad_out: torch.Tensor, weights_need_grad: bool):
-        """Per-row gradients of every table → one update round; returns the weights' gradient."""
+    def _backward(self, step: _Step, grad_out: torch.Tensor, weights_need_grad: bool, trained: set):
+        """Per-row gradients of every table in ``trained`` → one update round; returns the
+        weights' gradient (of every table's ids)."""
+        self.check_optimizers()  # before the placeholders' in-backward optimizers would run
         b = step.stride
         updates = {}
         g_w = torch.zeros_like(step.weights) if weights_need_grad else None
         for t, p in step.prep.tables.items():
-            if not len(p.unique):
+            if not len(p.unique) or (t not in trained and g_w is None):
                 continue
             dim, nf = self._dim[t], len(p.features)
             c0 = int(self._col[p.features[0]])
@@ -382,9 +693,23 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
                     rows = torch.from_numpy(np.asarray(step.rows[t], dtype=np.float32))
                     g_w[pos] = (g_ids * rows[inverse]).sum(dim=1)
                 g_ids = g_ids * step.weights.detach()[pos, None]
-            g_rows = torch.zeros((len(p.unique), dim), dtype=torch.float32).index_add_(0, inverse, g_ids)
-            updates[t] = (p.unique, g_rows.numpy())
+            if t in trained:
+                g_rows = torch.zeros((len(p.unique), dim), dtype=torch.float32).index_add_(0, inverse, g_ids)
+                updates[t] = (p.unique, g_rows.numpy())
         if updates:
             self._update(updates)
         self.steps_updated += 1
         return g_w
+
+
+def _check_dtypes(features: KeyedJaggedTensor) -> None:
+    """TorchRec's EBC takes int32/int64 ids only (``nn.EmbeddingBag``'s indices): float values
+    would be truncated to ids, the wrong rows, silently."""
+    v = features.values()
+    if v.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"KeyedJaggedTensor values must be integer ids (torch.int64 or torch.int32, as TorchRec's "
+                         f"EmbeddingBagCollection takes), got {v.dtype}; ids >= 2**63 are int64 with the same "
+                         "bits (kjt_from_dense does it)")
+    ln = features.lengths()
+    if ln.is_floating_point() or ln.is_complex() or ln.dtype == torch.bool:
+        raise ValueError(f"KeyedJaggedTensor lengths must be integers, got {ln.dtype}")

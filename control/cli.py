@@ -88,6 +88,8 @@ _COMMANDS = (
     ("embnic.control.cmd_replay", "replay"),
     ("embnic.control.cmd_demo", "demo"),
     ("embnic.control.cmd_embedding_tables", "tables"),
+    ("embnic.control.cmd_dissector", "dissector"),
+    ("embnic.control.cmd_exporter", "exporter"),
 )
 
 

@@ -172,7 +172,15 @@ def config_option(required: bool = False) -> Callable:
     if required:
         help_ += " Required."
     return click.option("--config", "-c", "config", metavar="FILE", envvar="EMBNIC_CONFIG",
-                        type=click.Path(dir_okay=False), default=None, help=help_)
+                        type=click.Path(dir_okay=False), default=None, help=help_, callback=_config_path)
+
+
+def _config_path(ctx, param, value):
+    """An empty ``-c ''`` is no file (it read as the current directory: "Is a directory")."""
+    if value is not None and not str(value).strip():
+        raise click.BadParameter("empty path; give the cluster config file, e.g. -c examples/cluster.toml",
+                                 ctx=ctx, param=param)
+    return value
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")

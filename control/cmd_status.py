@@ -7,6 +7,7 @@ import time
 import click
 
 from embnic.client_lib import consts
+from embnic.control.metrics import latency_bucket_upper_us
 from embnic.control.cmd_options import FloatRange, json_option, open_target, pipeline_options, resolve
 
 
@@ -18,13 +19,6 @@ def _rate(cur: int, prev: int | None, dt: float | None) -> str:
     if prev is None or not dt:
         return ""
     return f" ({(cur - prev) / dt:,.0f}/s)"
-
-
-#: latency histogram of the card (docs/control-socket.md): bucket 0 is < 1 µs, bucket i covers
-#: [2^(i-1), 2^i) µs, the last bucket everything from 2^(n-2) µs up
-def latency_bucket_upper_us(i: int, n: int) -> float:
-    """Upper bound (µs) of bucket ``i`` of an ``n``-bucket card latency histogram (inf for the last)."""
-    return float("inf") if i >= n - 1 else float(2 ** i)
 
 
 def latency_quantiles(hist: list[int], qs=(0.5, 0.99)) -> dict[float, float]:
@@ -67,12 +61,22 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
     dt = (cur["t"] - prev["t"]) if prev else None
     out = [title] if title else []
     prev_ports = {p.get("port"): p for p in pc.get("ports", [])}
+    ports = c.get("ports", [])
+    # the largest frame each port sends, and the frames dropped for being longer (too_long_for_port,
+    # by the port they were for): columns of the DPDK card's counters
+    has_max = any("max_frame" in p for p in ports)
+    has_long = any(p.get("too_long_for_port") or (show_all and "too_long_for_port" in p) for p in ports)
     head = f"{'port':>4}  {'rx frames':>14} {'rx bytes':>16}  {'tx frames':>14} {'tx bytes':>16}"
+    head += (f"  {'max frame':>9}" if has_max else "") + (f"  {'too long':>10}" if has_long else "")
     out.append(head + (f"  {'rx frames/s':>12} {'tx frames/s':>12}" if dt else ""))
-    for p in c.get("ports", []):
+    for p in ports:
         pp = prev_ports.get(p.get("port"), {})
         line = (f"{p.get('port'):>4}  {p.get('rx_frames', 0):>14,} {p.get('rx_bytes', 0):>16,}  "
                 f"{p.get('tx_frames', 0):>14,} {p.get('tx_bytes', 0):>16,}")
+        if has_max:
+            line += f"  {p.get('max_frame', 0):>9,}"
+        if has_long:
+            line += f"  {p.get('too_long_for_port', 0):>10,}"
         if dt:
             line += "".join(f"  {(p.get(k, 0) - pp.get(k, p.get(k, 0))) / dt:>12,.0f}" for k in ("rx_frames", "tx_frames"))
         out.append(line)
@@ -133,7 +137,8 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after N samples.")
 @click.option("--all", "show_all", is_flag=True, help="Show zero counters too (every drop reason).")
 def status(config, target, name, ctl, as_json, watch, count, show_all):
-    """Show the card's counters: frames per port, frames by message type (a message of N
+    """Show the card's counters: frames per port (and on the DPDK card each port's largest
+    frame and the frames dropped as too long for it), frames by message type (a message of N
     fragments counts N), drops by reason, header-ring occupancy and high-water mark, mempool
     use, the message state map (messages in flight, by state), messages completed by reply
     type, and per shard the messages completed and expired and the request->reply latency the

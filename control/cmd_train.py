@@ -37,10 +37,27 @@ def _trainer(model: str):
         raise MissingDependencyError(f"--model {model}: {e}", dependency=e.name) from None
 
 
+def _warn_if_trained(client, cfg, data, batch_size: int) -> tuple[int, int]:
+    """Warn (one line on stderr) when the shards already hold updated rows that this run reads
+    (:func:`~embnic.testbed.training.train.trained_rows`, one lookup round before step 1, not
+    counted in the client's statistics). Returns (changed, read)."""
+    from embnic.client_lib.stats import ClientStats
+    from embnic.testbed.training.train import trained_rows
+
+    changed, read = trained_rows(client, cfg, data, batch_size)
+    client.stats = ClientStats()  # the probe is no part of the run's traffic
+    if changed:
+        click.echo(f"warning: the shards already hold trained rows: {changed} of the {read} rows step 1 reads differ "
+                   "from their initial values (an earlier run's updates?); this run continues from them — restart "
+                   "the shards for a run from scratch", err=True)
+    return changed, read
+
+
 @click.command("train")
 @config_option(required=True)
 @click.option("--data", "data_path", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Criteo TSV (Kaggle train.txt layout). Default: the sample shipped with embnic.")
+              help="Criteo TSV (Kaggle train.txt layout), plain or gzip/bzip2/xz. Default: the sample shipped "
+                   "with embnic.")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True, help="Training steps.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per step.")
 @click.option("--client-id", type=int, default=None, help="This client's id (default: the config's first client).")
@@ -61,6 +78,11 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
     --model fm (the default) is a factorisation machine in numpy; --model dlrm is TorchRec's
     DLRM whose EmbeddingBagCollection is embnic.client_lib.torch.RemoteEmbeddingBagCollection
     (dense layers trained with torch SGD, rows with the tables' optimizer on the shards).
+
+    The shards keep their rows between runs: a run against shards that already hold updated
+    rows (an earlier run's) continues from them and says so in a warning line (the first
+    step's rows are looked up once and compared with their initial values). --data may be
+    gzip, bzip2 or xz-compressed (told by its first bytes).
 
     \b
     Example:
@@ -101,6 +123,7 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
         click.echo(f"step {step + 1:5d}  loss {loss:.6f}")
 
     client = None
+    held = None
     try:
         if local:
             backend = LocalBackend(cfg)
@@ -109,6 +132,7 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
                 client = backend = EmbeddingClient(cfg, client_id)
             except OSError as e:
                 raise OperationalError(_bind_error(e, cfg.client(client_id), config)) from None
+            held = _warn_if_trained(client, cfg, tr, batch_size)
         res = run_train(cfg, tr, steps=steps, batch_size=batch_size, backend=backend, eval_data=va,
                         progress=progress)
     except EmbnicError as e:
@@ -132,6 +156,7 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
                    f"retransmits {s.retransmits}")
     if json_out:
         out = {"model": model, "steps": steps, "loss": res.loss,
+               "rows_already_trained": None if held is None else {"changed": held[0], "read": held[1]},
                "auc": None if res.auc is None or math.isnan(res.auc) else res.auc, "eval_loss": res.eval_loss,
                "dedup_ratio": res.dedup_ratio,
                "client": client.stats.as_dict() if client is not None else None}

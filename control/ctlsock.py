@@ -27,7 +27,8 @@ from embnic.control.runstate import pid_matches
 
 #: largest response accepted (bytes); a state dump of 100k entries is ~20 MB
 MAX_RESPONSE = 256 << 20
-#: connections embnic-dp serves at a time (dataplane/include/embnic_conn.h EMBNIC_CONN_MAX); it closes the ones beyond
+#: connections embnic-dp serves at a time (dataplane/include/embnic_conn.h EMBNIC_CONN_MAX): a new one takes the
+#: slot of the one idle longest, or, when every one is busy, is refused with a one-line JSON error
 MAX_CONNECTIONS = 16
 
 
@@ -54,7 +55,7 @@ class CtlProtocolError(CtlError):
 
 
 class CtlClosed(CtlProtocolError):
-    """The card accepted the connection and closed it without answering (at its connection limit, or exited)."""
+    """The card accepted the connection and closed it without answering (it exited, or is stuck)."""
 
 
 class CtlCommandError(CtlError):
@@ -114,14 +115,11 @@ class CtlClient:
         if self.owner is not None:
             pid, log = self.owner["pid"], self.owner.get("log") or "its log"
             if pid_matches(self.owner):
-                return CtlClosed(f"{what}, although it runs (pid {pid}): it serves at most {MAX_CONNECTIONS} "
-                                 "control connections at a time and is probably at that limit; close idle "
-                                 f"`embnic status --watch` or other tools using {self.path} and retry (log: {log})")
+                return CtlClosed(f"{what}, although it runs (pid {pid}): retry; if it keeps doing so, see its "
+                                 f"log {log}")
             return CtlClosed(f"{what}: the card (pid {pid}) has exited; see {log}, then "
                              "`embnic pipeline unload` removes its stale state")
-        return CtlClosed(f"{what}: it refused the connection, probably at its limit of {MAX_CONNECTIONS} "
-                         "control connections (close idle `embnic status --watch` or other tools and retry); "
-                         "if that does not help, check that embnic-dp still runs (`embnic pipeline status`)")
+        return CtlClosed(f"{what}: check that embnic-dp still runs (`embnic pipeline status`) and retry")
 
     def __repr__(self) -> str:
         return f"CtlClient({self.path!r})"
@@ -180,7 +178,10 @@ class CtlClient:
         s = self._connect()
         try:
             try:
-                s.sendall(req)
+                try:
+                    s.sendall(req)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # closed at once: the one line it said first (all connections busy) is still there
                 line = self._read_line(s, cmd)
             except socket.timeout:
                 raise CtlTimeout(f"control socket {self.path} did not answer `{cmd}` within "

@@ -16,7 +16,11 @@ benchmark and the dataplane tests run on bare vdevs (:class:`CardProcess`), and 
 * **stop**: SIGTERM, SIGKILL after a timeout — of our own child, or of a recorded pid whose
   start time still matches (:func:`stop_recorded`), never by name;
 * **runtime directory**: the EAL keeps ``/var/run/dpdk/PREFIX`` after the process; it is
-  removed after every stop, for our own prefixes only (:data:`OWN_PREFIXES`).
+  removed after every stop, for our own prefixes only (:data:`OWN_PREFIXES`);
+* **a failed start** leaves nothing behind: :meth:`CardProcess.start` stops the process and
+  removes its runtime directory, control socket and temporary directory (quoting the log in the
+  error when the log was a temporary file); :meth:`~embnic.control.target_dpdk.DpdkTarget.load`
+  stops it and removes its state file (its log in the run directory stays, named in the error).
 
 Example::
 
@@ -402,18 +406,46 @@ class CardProcess:
     def start(self) -> "CardProcess":
         """Start and wait until ``ping`` answers on the control socket.
 
+        A start that fails leaves nothing behind: the process is stopped, and its EAL runtime
+        directory, control socket and temporary directory (with the log, unless ``log`` was
+        given) are removed — the error then quotes the log's last lines.
+
         Raises:
-            DpdkProcError: it exited or did not answer within ``ready_timeout`` (names the log).
+            DpdkProcError: it exited or did not answer within ``ready_timeout`` (names the log,
+                or quotes it when it was a temporary file).
+            BaseException: whatever interrupted the wait (``KeyboardInterrupt``), after the same
+                clean-up.
         """
         self.process.start()
         probe = CtlClient(self.ctl_path, timeout=1.0)
         try:
             self.process.wait_ready(lambda: self.ctl_path.exists() and probe.alive(), self.ready_timeout,
                                     f"answer on {self.ctl_path}")
-        except DpdkProcError:
+        except DpdkProcError as e:
             self.returncode = self.proc.poll()
+            raise self._discard(str(e)) from None
+        except BaseException:
+            self._discard("")
             raise
         return self
+
+    def _discard(self, message: str) -> DpdkProcError:
+        """Clean up after a failed start (see :meth:`start`); returns the error to raise."""
+        self.process.stop()  # an exited process is only reaped; also removes the EAL runtime directory
+        own_log = self.log_path.parent == self._sockdir
+        tail = ""
+        if own_log:
+            lines = [ln.rstrip() for ln in self.log().splitlines() if ln.strip() and not ln.startswith("# ")]
+            tail = "\n".join("  " + ln[:300] for ln in lines[-12:])
+            message = message.replace(f"full log: {self.log_path}", "its log, removed with the start's temporary "
+                                                                    "files, is quoted below")
+            message = message.replace(f"see its log {self.log_path}", "its log is quoted below")
+        try:
+            self.ctl_path.unlink()
+        except OSError:
+            pass
+        shutil.rmtree(self._sockdir, ignore_errors=True)
+        return DpdkProcError(message + (f"\n{tail}" if tail else ""))
 
     def call(self, cmd: str, timeout: float | None = None, check: bool = True, **fields: Any) -> dict:
         """Send one control command (docs/control-socket.md), return the response object.

@@ -219,8 +219,9 @@ class DpdkTarget(Target):
                  "--state-timeout-ms", str(card.state_timeout_ms)]
         if card.state_lcores > 1:  # the card's default is 1
             args += ["--state-lcores", str(card.state_lcores)]
-        if self.config.mtu > 1500:  # mbufs that hold a whole jumbo frame (docs/control-socket.md)
-            args += ["--mtu", str(self.config.mtu)]
+        # the cluster MTU: mbufs that hold a whole frame of it, and every port must send one (the
+        # card refuses at start a port whose frames are smaller, naming it: docs/control-socket.md)
+        args += ["--mtu", str(self.config.mtu)]
         if self.start_paused:
             args.append("--paused")
         return args + self.card_args

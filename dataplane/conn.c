@@ -5,10 +5,18 @@
  * examples/ip_pipeline/conn.c it never blocks (sockets are non-blocking,
  * input is split into lines, output is queued and flushed as the peer
  * reads) and hands each line to a handler it knows nothing about (ctl.c).
+ *
+ * At most EMBNIC_CONN_MAX connections. When all are taken, a new one
+ * takes the slot of the connection idle longest (no request line under way,
+ * no answer waiting), which is told so in one JSON line and closed; so an
+ * operator's command gets through while monitoring tools hold idle
+ * connections. Only when every connection is busy is the new one refused,
+ * with one JSON line before the close.
  */
 #include <errno.h>
 #include <poll.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +28,18 @@
 #include "embnic_conn.h"
 
 #define CONN_MAX_OUT	(64u << 20)	/* queued answer bytes per connection */
+#define CONN_STR_(x)	#x
+#define CONN_STR(x)	CONN_STR_(x)
+
+/* to a connection closed to make room for a new one */
+static const char conn_evicted[] = "{\"ok\":false,\"error\":\"control "
+	"connection closed while idle: a new connection took its slot (the card "
+	"serves at most " CONN_STR(EMBNIC_CONN_MAX) " and closes the one idle "
+	"longest to make room); reconnect\",\"kind\":\"failure\"}\n";
+/* to a new connection when every one is busy */
+static const char conn_busy[] = "{\"ok\":false,\"error\":\"the card serves "
+	"at most " CONN_STR(EMBNIC_CONN_MAX) " control connections and every one "
+	"is busy with a request: retry\",\"kind\":\"failure\"}\n";
 
 struct conn {
 	int fd;
@@ -27,10 +47,12 @@ struct conn {
 	size_t in_len;
 	char *out;
 	size_t out_len, out_off, out_cap;
+	uint64_t active;		/* embnic_conn.tick at its last request */
 };
 
 struct embnic_conn {
 	int lfd;
+	uint64_t tick;			/* connections accepted + lines answered */
 	embnic_conn_handler handler;
 	void *arg;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -128,6 +150,7 @@ conn_read(struct embnic_conn *c, struct conn *k)
 
 			if (!embnic_conn_line_blank(start, n) && conn_respond(c, k, start, n))
 				return -1;
+			k->active = ++c->tick;
 			rest -= n + 1;
 			start = nl + 1;
 		}
@@ -147,6 +170,43 @@ conn_read(struct embnic_conn *c, struct conn *k)
 	}
 }
 
+/* Say line (best effort: never waits) and close fd. */
+static void
+say_close(int fd, const char *line)
+{
+	ssize_t w = send(fd, line, strlen(line), MSG_NOSIGNAL | MSG_DONTWAIT);
+
+	(void)w;
+	close(fd);
+}
+
+/*
+ * A slot for a new connection: a free one, else the one idle longest (no
+ * partial request line, no answer waiting), whose connection is told why
+ * and closed; EMBNIC_CONN_MAX when every connection is busy.
+ */
+static unsigned int
+conn_slot(struct embnic_conn *c)
+{
+	unsigned int i, idle = EMBNIC_CONN_MAX;
+
+	for (i = 0; i < EMBNIC_CONN_MAX; i++) {
+		const struct conn *k = &c->conns[i];
+
+		if (k->fd < 0)
+			return i;
+		if (k->in_len == 0 && k->out_off == k->out_len &&
+		    (idle == EMBNIC_CONN_MAX || k->active < c->conns[idle].active))
+			idle = i;
+	}
+	if (idle < EMBNIC_CONN_MAX) {
+		say_close(c->conns[idle].fd, conn_evicted);
+		c->conns[idle].fd = -1;
+		conn_close(&c->conns[idle]);
+	}
+	return idle;
+}
+
 static void
 conn_accept(struct embnic_conn *c)
 {
@@ -155,14 +215,13 @@ conn_accept(struct embnic_conn *c)
 
 	while ((fd = accept4(c->lfd, NULL, NULL,
 			     SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
-		for (i = 0; i < EMBNIC_CONN_MAX; i++)
-			if (c->conns[i].fd < 0)
-				break;
+		i = conn_slot(c);
 		if (i == EMBNIC_CONN_MAX) {
-			close(fd);	/* too many clients */
+			say_close(fd, conn_busy);
 			continue;
 		}
 		c->conns[i].fd = fd;
+		c->conns[i].active = ++c->tick;
 		c->conns[i].in = malloc(EMBNIC_CONN_MAX_LINE + 1);
 		if (c->conns[i].in == NULL)
 			conn_close(&c->conns[i]);

@@ -79,10 +79,14 @@ cmd_info(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 	for (i = 0; i < app->nb_ports; i++) {
 		const struct embnic_port *p = &app->ports[i];
 
-		json_array_append_new(ports, json_pack("{s:I, s:s, s:o, s:o, s:I}",
+		json_array_append_new(ports, json_pack(
+			"{s:I, s:s, s:o, s:o, s:I, s:I, s:s}",
 			"port", (json_int_t)p->id, "name", p->name,
 			"mac", ctl_mac_json(&p->mac), "ip", ctl_ip_json(p->ip),
-			"tx_queues", (json_int_t)p->nb_txq));
+			"tx_queues", (json_int_t)p->nb_txq,
+			"max_frame", (json_int_t)p->max_frame,
+			"max_frame_by",
+			embnic_frame_limit_name(p->max_frame_by)));
 	}
 	json_object_set_new(resp, "build", buildinfo_json());
 	json_object_set_new(resp, "ports", ports);

@@ -35,16 +35,23 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <rte_common.h>
 #include <rte_cycles.h>
+#include <rte_devargs.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
+#include <rte_kvargs.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
@@ -225,6 +232,114 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 	return 0;
 }
 
+/* net_af_packet's frame size when its vdev gives no framesz (the PMD's) */
+#define AF_PACKET_FRAMESZ	2048
+/* of each of its frames, the TPACKET2 header takes this much (the PMD's
+ * frame_data_size: framesz - (TPACKET2_HDRLEN - sizeof(sockaddr_ll))) */
+#define AF_PACKET_FRAME_HDR	(TPACKET2_HDRLEN - sizeof(struct sockaddr_ll))
+
+/* The devarg framesz of port's vdev (the PMD's default when absent). */
+static uint32_t
+af_packet_framesz(const struct rte_eth_dev_info *info)
+{
+	const struct rte_devargs *da = rte_dev_devargs(info->device);
+	struct rte_kvargs *kv;
+	const char *v;
+	uint32_t framesz = AF_PACKET_FRAMESZ;
+
+	if (da == NULL || da->args == NULL)
+		return framesz;
+	kv = rte_kvargs_parse(da->args, NULL);
+	if (kv == NULL)
+		return framesz;
+	v = rte_kvargs_get(kv, "framesz");
+	if (v != NULL)
+		framesz = (uint32_t)strtoul(v, NULL, 0);
+	rte_kvargs_free(kv);
+	return framesz;
+}
+
+/* The MTU of kernel interface if_index, 0 if unknown; its name in name. */
+static uint32_t
+if_mtu(unsigned int if_index, char name[IF_NAMESIZE])
+{
+	struct ifreq ifr = { 0 };
+	int s, ret;
+
+	if (if_index == 0 || if_indextoname(if_index, name) == NULL)
+		return 0;
+	s = socket(AF_INET, SOCK_DGRAM, 0);
+	if (s < 0)
+		return 0;
+	memcpy(ifr.ifr_name, name, IF_NAMESIZE);
+	ret = ioctl(s, SIOCGIFMTU, &ifr);
+	close(s);
+	return ret == 0 && ifr.ifr_mtu > 0 ? (uint32_t)ifr.ifr_mtu : 0;
+}
+
+/*
+ * The largest frame port p sends (bytes from the Ethernet header, no CRC)
+ * into p->max_frame, and what sets it. net_af_packet reports 1518 whatever
+ * its frames, and drops inside tx_burst a frame longer than its frame's
+ * data (framesz less its 32-byte TPACKET2 header: devarg framesz, default
+ * 2048), reporting it sent (only its oerrors counts it); the kernel then
+ * discards what exceeds the interface's MTU + 14: the smaller of the two.
+ * Any other port: its max_rx_pktlen less the CRC, at most a whole IPv4
+ * datagram's frame (net_pcap, net_null, net_ring report no limit).
+ *
+ * With --mtu, a port whose largest frame is shorter than the MTU's is
+ * refused (-EINVAL), naming what to change: the vdev's framesz, the
+ * interface's MTU. Why not read oerrors instead: it means different things
+ * per PMD (net_ring and net_pcap count there the frames a partial tx_burst
+ * hands back, which the card counts as tx_full), is read through a driver
+ * call that the fast path should not make, and tells no lcore which frame
+ * it was; this is one compare per frame against a constant.
+ */
+static int
+port_frame_limit(struct embnic_app *a, uint16_t port,
+		 const struct rte_eth_dev_info *info)
+{
+	struct embnic_port *p = &a->ports[port];
+	uint32_t max = RTE_ETHER_HDR_LEN + UINT16_MAX, need, framesz = 0;
+	uint32_t mtu;
+	char ifname[IF_NAMESIZE] = "";
+
+	p->max_frame_by = EMBNIC_LIMIT_PMD;
+	if (strcmp(info->driver_name, "net_af_packet") == 0) {
+		framesz = af_packet_framesz(info);
+		max = framesz > AF_PACKET_FRAME_HDR ?
+			framesz - (uint32_t)AF_PACKET_FRAME_HDR : 0;
+		p->max_frame_by = EMBNIC_LIMIT_FRAMESZ;
+		mtu = if_mtu(info->if_index, ifname);
+		if (mtu != 0 && mtu + RTE_ETHER_HDR_LEN < max) {
+			max = mtu + RTE_ETHER_HDR_LEN;
+			p->max_frame_by = EMBNIC_LIMIT_IF_MTU;
+		}
+	} else if (info->max_rx_pktlen > RTE_ETHER_CRC_LEN) {
+		max = RTE_MIN(max, info->max_rx_pktlen - RTE_ETHER_CRC_LEN);
+	}
+	p->max_frame = max;
+	need = a->opts.mtu + RTE_ETHER_HDR_LEN;
+	if (a->opts.mtu == 0 || need <= max)
+		return 0;
+	fprintf(stderr, "embnic-dp: port %u (%s) cannot send a frame of the "
+		"MTU: it sends at most %u-byte frames", port, info->driver_name,
+		max);
+	if (p->max_frame_by == EMBNIC_LIMIT_FRAMESZ)
+		fprintf(stderr, " (its vdev's framesz=%u less %zu): --mtu %u "
+			"needs %u; give the vdev framesz=%u\n", framesz,
+			AF_PACKET_FRAME_HDR, a->opts.mtu, need,
+			RTE_ALIGN_CEIL(need + RTE_ETHER_CRC_LEN + 128, 1024));
+	else if (p->max_frame_by == EMBNIC_LIMIT_IF_MTU)
+		fprintf(stderr, " (interface %s has MTU %u): --mtu %u needs "
+			"%u; set it: ip link set %s mtu %u\n", ifname,
+			max - RTE_ETHER_HDR_LEN, a->opts.mtu, need, ifname,
+			a->opts.mtu);
+	else
+		fprintf(stderr, ": --mtu %u needs %u\n", a->opts.mtu, need);
+	return -EINVAL;
+}
+
 /*
  * Configure and start one port (examples/skeleton): 1 RX queue and nb_txq
  * TX queues (queue 0 for the RX lcore's side, one per state lcore on
@@ -272,6 +387,9 @@ port_init(struct embnic_app *a, uint16_t port, uint16_t nb_txq)
 			return -EINVAL;
 		}
 	}
+	ret = port_frame_limit(a, port, &info);
+	if (ret != 0)
+		return ret;
 	ret = rte_eth_dev_configure(port, 1, nb_txq, &conf);
 	if (ret != 0)
 		return ret;
@@ -465,6 +583,33 @@ worker_of(struct embnic_app *a, unsigned int lc)
 	return NULL;
 }
 
+/*
+ * RX and state lcore w on one lcore (run to completion; with several state
+ * lcores, the main lcore's partition): each port's burst is taken off the
+ * header ring before the next port is read, so the ports together never
+ * fill the ring with this lcore's own frames (ring_full), however many
+ * ports deliver a burst at once. Returns frames handled.
+ */
+static unsigned int
+run_to_completion(struct embnic_app *a, struct embnic_worker *w,
+		  struct embnic_lcore_stats *st)
+{
+	unsigned int work = 0, n;
+	uint16_t p;
+
+	for (p = 0; p < a->nb_ports; p++) {
+		n = embnic_rx_port(a, p, st);
+		if (n == 0)
+			continue;
+		work += n;
+		do {
+			n = embnic_tx_stage(a, w, st);
+		} while (n == a->opts.burst && !rte_ring_empty(w->ring));
+	}
+	/* nothing came in: the expiry step, and what a paused TX left */
+	return work > 0 ? work : embnic_tx_stage(a, w, st);
+}
+
 /* The loop of every lcore; what it runs depends on its role. */
 static int
 lcore_main(void *arg)
@@ -474,6 +619,7 @@ lcore_main(void *arg)
 	struct embnic_lcore_stats *st = &a->stats[lc];
 	struct embnic_worker *w = worker_of(a, lc);
 	bool do_rx = lc == a->rx_lcore, do_tx = w != NULL;
+	bool rtc = do_rx && do_tx;
 	bool do_ctl = lc == a->main_lcore;
 	/* TX of the state lcores on other lcores, by the RX lcore */
 	bool do_io = do_rx && a->nb_workers > 1;
@@ -498,10 +644,14 @@ lcore_main(void *arg)
 
 	while (!force_quit) {
 		work = 0;
-		if (do_rx)
-			work += embnic_rx_stage(a, st);
-		if (do_tx)
-			work += embnic_tx_stage(a, w, st);
+		if (rtc) {
+			work += run_to_completion(a, w, st);
+		} else {
+			if (do_rx)
+				work += embnic_rx_stage(a, st);
+			if (do_tx)
+				work += embnic_tx_stage(a, w, st);
+		}
 		if (do_io)
 			work += embnic_io_tx(a, st);
 		if (reader)

@@ -8,7 +8,8 @@
  * map partition, rewrite Ethernet/IPv4/UDP and transmit per port (with
  * several state lcores, hand the frames to the RX lcore, which owns the
  * ports' queues: embnic_worker.txr). What the PMD or the txr does not take
- * is freed and counted (tx_full).
+ * is freed and counted (tx_full); a frame longer than its port sends
+ * (embnic_port.max_frame) is dropped before (too_long_for_port).
  *
  * Lookups are bulk (rte_hash_lookup_bulk_data) over the whole burst; the
  * peers they return are protected by RCU QSBR (route.c), so this lcore
@@ -162,9 +163,11 @@ txq_handoff(struct rte_ring *txr, struct rte_mbuf **m, unsigned int n,
 {
 	unsigned int sent = rte_ring_enqueue_burst(txr, (void *const *)m, n,
 						   NULL);
+	unsigned int i;
 
 	if (unlikely(sent < n)) {
-		st->drops[EMBNIC_DROP_TX_FULL] += n - sent;
+		for (i = sent; i < n; i++)
+			st->drops[m[i]->port][EMBNIC_DROP_TX_FULL]++;
 		rte_pktmbuf_free_bulk(&m[sent], n - sent);
 	}
 }
@@ -199,7 +202,7 @@ txq_flush(struct embnic_app *app, struct embnic_worker *w,
 		st->tx_frames[p] += sent;
 		st->tx_bytes[p] += bytes;
 		if (unlikely(sent < q->n)) {
-			st->drops[EMBNIC_DROP_TX_FULL] += q->n - sent;
+			st->drops[p][EMBNIC_DROP_TX_FULL] += q->n - sent;
 			rte_pktmbuf_free_bulk(&q->m[sent], q->n - sent);
 		}
 		q->n = 0;
@@ -387,6 +390,16 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 	for (j = 0; j < nm; j++) {
 		i = idx[j];
 		res[i] = authorise(&fr[i], clients[j], routes[j], &dst[i]);
+		if (res[i] == 0 && unlikely(fr[i].info.frame_len >
+				app->ports[dst[i]->port].max_frame)) {
+			/*
+			 * Longer than the port sends: its PMD would drop it
+			 * inside tx_burst and report it sent. Dropped here,
+			 * before the state map counts it as passed.
+			 */
+			res[i] = EMBNIC_DROP_TOO_LONG_FOR_PORT;
+			st->too_long[dst[i]->port]++;
+		}
 		if (res[i] == 0) {
 			msgs[nfwd] = &fr[i].info.msg;
 			fwd[nfwd++] = (uint16_t)i;
@@ -402,7 +415,7 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		const struct tx_frame *d = &fr[i];
 
 		if (res[i] != 0) {
-			st->drops[res[i]]++;
+			st->drops[d->m->port][res[i]]++;
 			dropped[nf++] = d->m;
 		} else if (d->kind == EMBNIC_DESC_ARP) {
 			st->arp_replies++;

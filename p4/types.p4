@@ -60,9 +60,10 @@ const bit<8> FLAG_RETRANSMIT = 0x01;
 
 /*
  * Drop reasons: the index of each reason in the drop_reasons counter.
- * 0 is "not dropped". ring_full, no_mbuf and tx_full are DPDK-card reasons
- * a P4 pipeline never has (no header ring to fill, no mempool, no TX
- * queue): their cells stay 0 on BMv2 (p4/README.md, "Differences").
+ * 0 is "not dropped". ring_full, no_mbuf, tx_full and too_long_for_port
+ * are DPDK-card reasons a P4 pipeline never has (no header ring to fill,
+ * no mempool, no TX queue, no PMD frame size): their cells stay 0 on BMv2
+ * (p4/README.md, "Differences").
  * Protocol v2 dropped v1's bad_dtype (the card sees no dtype: it lives in
  * the body's directory, which hosts check) and added bad_reply_len.
  */
@@ -94,7 +95,8 @@ const drop_reason_t DROP_WRONG_SHARD_REPLY = 24;
 const drop_reason_t DROP_WRONG_REPLY_TYPE  = 25;
 const drop_reason_t DROP_BAD_REPLY_LEN     = 26;  /* a LOOKUP_REPLY whose value_len is not its request's */
 const drop_reason_t DROP_TRUNCATED         = 27;  /* IPv4 total length beyond the bytes received */
-const bit<32> NB_DROP_REASONS = 28;     /* cells of drop_reasons */
+const drop_reason_t DROP_TOO_LONG_FOR_PORT = 28;  /* longer than its egress port sends (DPDK PMD limit) */
+const bit<32> NB_DROP_REASONS = 29;     /* cells of drop_reasons */
 
 /* Message states in the state map (slot_state) */
 const bit<8> STATE_FREE      = 0;

@@ -23,6 +23,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
     echo "embnic: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # tshark (wireshark-common) asks whether non-root users may capture: answer no, ahead, so that
+    # no prompt waits for a stdin that CI does not have
+    if printf '%s\n' "${missing[@]}" | grep -qx tshark; then
+        echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+    fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
@@ -34,9 +39,10 @@ fi
 # name, fbgemm_gpu). PIP_BREAK_SYSTEM_PACKAGES lets Debian's own python3 accept it; a venv or
 # pyenv python ignores it.
 # The `bmv2` extra (the Thrift runtime, small) comes along so that wherever BMv2 is installed its
-# runtime CLI and the bmv2 tests work.
-extras="test,bmv2"
-probe="import embnic.client_lib, hypothesis, pytest, thrift"
+# runtime CLI and the bmv2 tests work; the `metrics` extra (prometheus-client, small) for the
+# card's exporter and the shards' metrics endpoints.
+extras="test,bmv2,metrics"
+probe="import embnic.client_lib, hypothesis, pytest, thrift, prometheus_client"
 torch=0
 if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
     extras="$extras,torch"

@@ -21,7 +21,8 @@
  *   c0   bits 0-1: ports - 1 (1..3); bit 2: the ports have no IPv4 (any
  *        destination accepted, ARP ignored); bits 3-7: burst - 1 (1..32)
  *   c1   routes (0..3, low 2 bits); bit 2: 2 state map partitions
- *        c2: clients (0..3, low 2 bits)
+ *        c2: clients (0..3, low 2 bits); bit 2: ports 1 and 2 send at
+ *        most 1514-byte frames (embnic_port.max_frame; else no limit)
  *        (the port's address is 10.1.<port>.1)
  *   3 routes then 3 clients, 4 bytes each, used or not: id, port,
  *        ip (10.1.<port>.<ip>), udp port u (0: 7878; 1..127: 7878 + u;
@@ -52,7 +53,8 @@
  * frame sent is checked: Ethernet/IPv4/UDP lengths equal to the mbuf's,
  * IPv4 checksum right, TTL 64, source the port's MAC/IPv4 and UDP 7878,
  * destination a registered peer on that port, UDP checksum right if it
- * was right on arrival (0 stays 0, a wrong one stays wrong); ARP replies
+ * was right on arrival (0 stays 0, a wrong one stays wrong), no longer
+ * than the port's largest frame (too_long_for_port); ARP replies
  * from the port's address. Every embnic frame a partition's TX stage
  * takes is one of that partition (embnic_partition of its client and
  * message ids). After every TX burst, that partition of the state map
@@ -285,6 +287,9 @@ check_sent(struct rte_mbuf *m, uint16_t p)
 	if ((uint32_t)tot + 14 != len || ul != tot - 20)
 		fail("sent frame of %u bytes: IPv4 total length %u, UDP "
 		     "length %u", len, tot, ul);
+	if (len > port->max_frame)
+		fail("sent a %u-byte frame on port %u, which sends at most %u",
+		     len, p, port->max_frame);
 	if (!ip_csum_ok(f) || f[22] != EMBNIC_CARD_TTL)
 		fail("sent frame: IPv4 checksum or TTL wrong");
 	if (memcmp(f + 26, &port->ip, 4) != 0 ||
@@ -462,9 +467,9 @@ static void
 check_after(void)
 {
 	const struct embnic_lcore_stats *st = &fz_app.stats[0];
-	uint64_t rx = 0, out = 0;
+	uint64_t rx = 0, out = 0, none = 0;
 	char err[256];
-	unsigned int i;
+	unsigned int i, j;
 
 	if (fz_live != 0)
 		fail("%lu frame buffers not freed", fz_live);
@@ -479,9 +484,12 @@ check_after(void)
 		rx += st->rx_frames[i];
 		out += st->tx_frames[i];
 	}
-	for (i = 0; i < EMBNIC_DROP_MAX; i++)
-		out += st->drops[i];
-	if (rx != out || st->drops[EMBNIC_DROP_NONE] != 0)
+	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
+		for (j = 0; j < EMBNIC_DROP_MAX; j++)
+			out += st->drops[i][j];
+		none += st->drops[i][EMBNIC_DROP_NONE];
+	}
+	if (rx != out || none != 0)
 		fail("%lu frames received, %lu sent or dropped",
 		     (unsigned long)rx, (unsigned long)out);
 }
@@ -500,8 +508,10 @@ reset_card(void)
 	fz_slots_reset(&fz_app, 1);
 	memset(&fz_app.stats[0], 0, sizeof(fz_app.stats[0]));
 	fz_app.w[0].next_expire_tsc = 0;
-	for (p = 0; p < FZ_PORTS; p++)
+	for (p = 0; p < FZ_PORTS; p++) {
 		fz_app.ports[p].ip = 0;
+		fz_app.ports[p].max_frame = FZ_MAX_FRAME;
+	}
 }
 
 int
@@ -530,9 +540,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fz_app.nb_ports = nports;
 	fz_app.opts.burst = (uint32_t)(c[0] >> 3) + 1;
 	fz_app.nb_workers = (c[1] & 4) ? 2 : 1;
-	for (p = 0; p < nports; p++)
+	for (p = 0; p < nports; p++) {
 		fz_app.ports[p].ip = (c[0] & 4) ? 0 :
 			rte_cpu_to_be_32(0x0a010001u | (uint32_t)p << 8);
+		if ((c[2] & 4) && p > 0)
+			fz_app.ports[p].max_frame = RTE_ETHER_MAX_LEN -
+				RTE_ETHER_CRC_LEN;
+	}
 	add_peers(c + 3, (c[1] & 3) % (FZ_MAX_PEERS + 1), true, nports);
 	add_peers(c + 3 + 4 * FZ_MAX_PEERS, (c[2] & 3) % (FZ_MAX_PEERS + 1),
 		  false, nports);

@@ -57,6 +57,8 @@ fail(const char *fmt, ...)
 }
 
 #define FZ_PORTS	3		/* net_ring ports made */
+/* a port's largest frame as port_frame_limit() gives a PMD without one */
+#define FZ_MAX_FRAME	(RTE_ETHER_HDR_LEN + UINT16_MAX)
 #define FZ_PORT_RING	64		/* each port's RX ring */
 #define FZ_PORT_TX_RING	16		/* each port's TX ring: a burst overflows it */
 #define FZ_HDR_RING	64		/* the header ring */
@@ -142,6 +144,8 @@ fz_port_init(struct embnic_app *a, uint16_t i)
 	    rte_eth_dev_start(i) < 0 || rte_eth_macaddr_get(i, &p->mac) != 0)
 		fz_die("port setup");
 	p->id = i;
+	p->max_frame = FZ_MAX_FRAME;	/* net_ring: no limit of its own */
+	p->max_frame_by = EMBNIC_LIMIT_PMD;
 	snprintf(p->name, sizeof(p->name), "%s", name);
 }
 

@@ -106,15 +106,16 @@ def _peer(peer) -> bytes:
 
 
 def card_config(ports: int, shards: list, clients: list, burst: int = 32, no_ip: bool = False,
-                partitions: int = 1) -> bytes:
+                partitions: int = 1, small_frames: bool = False) -> bytes:
     """The input's first 27 bytes: ports, burst, up to 3 routes and 3 clients, 1 or 2 state map
-    partitions (--state-lcores)."""
+    partitions (--state-lcores); ``small_frames``: ports 1 and 2 send at most 1514-byte frames."""
     assert 1 <= ports <= 3 and len(shards) <= 3 and len(clients) <= 3 and 1 <= burst <= 32
     c0 = (ports - 1) | (4 if no_ip else 0) | (burst - 1) << 3
     peers = b"".join(_peer(p) for p in shards).ljust(12, b"\0")
     peers += b"".join(_peer(p) for p in clients).ljust(12, b"\0")
     assert partitions in (1, 2)
-    return bytes([c0, len(shards) | (4 if partitions == 2 else 0), len(clients)]) + peers
+    return bytes([c0, len(shards) | (4 if partitions == 2 else 0),
+                  len(clients) | (4 if small_frames else 0)]) + peers
 
 
 def card_frame(data: bytes, port: int, flags: int = 0, step: int = 0, split: int = 0, hint: int = 0) -> bytes:
@@ -180,6 +181,13 @@ def card_seeds() -> dict[str, bytes]:
         s[f"partitioned_suite{k}"] = cfg2 + chunk
     s["partitioned_flood_3_ports"] = cfg2 + b"".join(card_frame(f.data, p, hint=3)
                                                      for p, f in sorted(firsts.items()))
+    # ports 1 and 2 send at most 1514-byte frames: a 3200-byte lookup in one 3282-byte frame from
+    # client 1 (port 0) to shard 1 (port 2) is too_long_for_port, the same cut at 1432 passes
+    cfg3 = card_config(3, list(suite.shards.values()), list(suite.clients.values()), small_frames=True)
+    c1 = suite.clients[1]
+    big = suite.message(c1, 1, msg_id=77, client_id=1, shard_id=1, num_keys=400, frag_size=3200)
+    fit = suite.message(c1, 1, msg_id=78, client_id=1, shard_id=1, num_keys=400)
+    s["too_long_for_port"] = cfg3 + b"".join(card_frame(f, 0, step=1) for f in big + fit)
     # the recorded trace: requests of clients 1 and 2 to shards 0 and 1, sent from the registered
     # client (flag 0x20) with both checksums fixed (0x08, 0x10), all on port 0
     if TRACE.exists():

@@ -113,12 +113,27 @@ embnic_partition(uint16_t client_id, uint32_t msg_id, unsigned int n)
 	return (unsigned int)(((uint64_t)h * n) >> 32);
 }
 
+/* What sets the largest frame a port sends (struct embnic_port). */
+enum embnic_frame_limit {
+	EMBNIC_LIMIT_PMD = 0,		/* the PMD's max_rx_pktlen less the CRC */
+	EMBNIC_LIMIT_FRAMESZ = 1,	/* net_af_packet's devarg framesz */
+	EMBNIC_LIMIT_IF_MTU = 2,	/* the kernel interface's MTU */
+};
+
 /* A card port: DPDK port id, its MAC and the card's IPv4 on it. */
 struct embnic_port {
 	uint16_t id;
 	struct rte_ether_addr mac;
 	uint32_t ip;			/* network order, 0 = none */
 	uint16_t nb_txq;		/* TX queues (txq_plan() in main.c) */
+	/*
+	 * The largest frame it sends, bytes from the Ethernet header without
+	 * the CRC (port_frame_limit() in main.c): the TX stage drops a longer
+	 * one as too_long_for_port rather than hand it to a PMD that would
+	 * drop it inside tx_burst and report it sent.
+	 */
+	uint32_t max_frame;
+	uint8_t max_frame_by;		/* enum embnic_frame_limit */
 	char name[64];
 };
 
@@ -258,8 +273,12 @@ struct embnic_lcore_stats {
 	uint64_t rx_bytes[EMBNIC_MAX_PORTS];
 	uint64_t tx_frames[EMBNIC_MAX_PORTS];
 	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
+	/* frames dropped as too_long_for_port, by the port they were for */
+	uint64_t too_long[EMBNIC_MAX_PORTS];
 	uint64_t types[EMBNIC_NB_TYPES];	/* frames forwarded, by type */
-	uint64_t drops[EMBNIC_DROP_MAX];
+	/* frames dropped, by port (the one it came in on; tx_full: the
+	 * one it could not leave by) and reason */
+	uint64_t drops[EMBNIC_MAX_PORTS][EMBNIC_DROP_MAX];
 	uint64_t completed[EMBNIC_NB_TYPES];	/* messages, by reply type */
 	uint64_t arp_replies;
 	uint64_t state_overflow;	/* state map adds that found it full */
@@ -275,8 +294,10 @@ struct embnic_totals {
 	uint64_t rx_bytes[EMBNIC_MAX_PORTS];
 	uint64_t tx_frames[EMBNIC_MAX_PORTS];
 	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
+	uint64_t too_long[EMBNIC_MAX_PORTS];
 	uint64_t types[EMBNIC_NB_TYPES];
-	uint64_t drops[EMBNIC_DROP_MAX];
+	uint64_t drops[EMBNIC_DROP_MAX];	/* over every port */
+	uint64_t port_drops[EMBNIC_MAX_PORTS][EMBNIC_DROP_MAX];
 	uint64_t completed[EMBNIC_NB_TYPES];
 	uint64_t arp_replies;
 	uint64_t state_overflow;
@@ -371,9 +392,12 @@ embnic_tsc_to_ns(const struct embnic_app *app, uint64_t tsc)
 			   (double)app->tsc_hz);
 }
 
-/* rx.c */
+/* rx.c: one burst from every port (embnic_rx_port on each) */
 unsigned int embnic_rx_stage(struct embnic_app *app,
 			     struct embnic_lcore_stats *st);
+/* One burst from port p through the RX stage; returns frames received. */
+unsigned int embnic_rx_port(struct embnic_app *app, uint16_t p,
+			    struct embnic_lcore_stats *st);
 /*
  * The RX lcore sends what the state lcores on other lcores handed back
  * (their txr rings) on queue 0 of each port; returns frames dequeued.
@@ -551,6 +575,8 @@ struct embnic_emit {
 
 /* counters.c */
 const char *embnic_type_name(unsigned int t);	/* "LOOKUP_REQ", ... */
+/* "pmd", "framesz", "interface_mtu" (enum embnic_frame_limit) */
+const char *embnic_frame_limit_name(unsigned int l);
 /* Entries of all header rings, and how many are queued in them now. */
 unsigned int embnic_ring_capacity(const struct embnic_app *app);
 unsigned int embnic_ring_count(const struct embnic_app *app);

@@ -30,12 +30,12 @@ one message after the other, disjoint ones in one :meth:`TableShard.apply` call 
 optimizers: a row's result does not depend on the other rows of the call).
 
 **Where an update is made durable.** With ``checkpoint_dir`` every applied update is appended to
-the write-ahead log where the exactly-once window takes it (:meth:`_flush_updates`, or the
-reference's ``_update`` for lone small messages and diverted frames), and :meth:`serve_batch`
+the write-ahead log where the exactly-once window takes it (``ShardServer._admit_update``,
+called by :meth:`_flush_updates`), and :meth:`serve_batch`
 commits the log with **one** ``fdatasync`` per wake-up before :meth:`_transmit` lets any ack of
 that wake-up leave (:mod:`.durability`). Checkpoints are taken between wake-ups.
 
-Modules: this one holds the loop, the per-table queues and the application of a wake-up's
+Modules: this one holds the loop, the lookup and update queues and the application of a wake-up's
 messages (:meth:`_messages`, :meth:`_flush_lookups`, :meth:`_flush_updates`); the header checks
 and reassembly are :mod:`.intake`, reply encoding and ``sendmmsg`` :mod:`.replies`, the batched
 system calls :mod:`.udpio`, worker processes behind one address :mod:`.workers`.
@@ -105,8 +105,9 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             raise ValueError(f"worker {me} of {n} needs a socket to every other worker, got {sorted(peer_socks or {})}")
         super().__init__(cfg, shard_id, bind, port, **kwargs)
         self._hub: PeerHub | None = None
+        self._local = self.tables  # this process's own rows per table (all of them with one worker)
         if n > 1:
-            local = dict(self.tables)
+            local = self._local = dict(self.tables)
             self._hub = PeerHub(me, n, {v: PeerLink(s) for v, s in peer_socks.items()},
                                 lambda op, tid, cnt, p: serve_sub_request(local, op, tid, cnt, p))
             self.tables = {tid: SplitTable(ts, self._hub) for tid, ts in local.items()}
@@ -142,6 +143,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         os.set_blocking(self._wake_w, False)
         self._calls: collections.deque = collections.deque()
         self._ckpt_req = False
+        self._io_final: tuple[dict, bool] = ({}, self.gso)  # the socket's counters once closed
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -247,6 +249,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         if self._dur is not None:
             self._dur.close()
         if self._bs is not None:
+            self._io_final = (dict(self._bs.stats), bool(self._bs.gso))  # counters() after close still has them
             self._bs.sock.close()
             self._bs = None
         if self._hub is not None:
@@ -279,14 +282,6 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     # -- observability ------------------------------------------------------------------------
 
-    def _discard_partial(self, h) -> None:
-        """Forget the fragments held of update ``h`` (a poll of one already applied): the batch
-        engine's partial messages are :mod:`.intake`'s ``_pend``."""
-        ent = self._pend.pop((h.client_id << 48) | (h.msg_id << 16) | MsgType.UPDATE_REQ, None)
-        if ent is not None:
-            self._pend_bytes -= ent.buf.size
-        super()._discard_partial(h)
-
     def counters(self) -> dict[str, Any]:
         """As :meth:`ShardServer.counters`, plus ``engine``: ``batch``, wake-ups, datagrams per
         wake-up, system calls and GSO sends, multi-fragment messages gathered whole from one
@@ -301,11 +296,13 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         re["expired"] += self._rstats["expired"]
         re["evicted"] += self._rstats["evicted"]
         re["duplicate_frames"] += self._rstats["duplicates"]
-        io = dict(self._bs.stats) if self._bs is not None else {}
+        if self._bs is not None:
+            io, gso = dict(self._bs.stats), bool(self._bs.gso)
+        else:
+            io, gso = self._io_final
         c["engine"] = {"name": "batch", "wakeups": self._c["wakeups"], "batch": self.batch,
                        "intake": "c" if self._cin is not None else "numpy",
-                       "messages_whole": self._rstats["whole"],
-                       "gso": bool(self._bs.gso) if self._bs is not None else self.gso, **io}
+                       "messages_whole": self._rstats["whole"], "gso": gso, **io}
         if self._hub is not None:
             c["engine"].update(worker=self._hub.me, rows_held={str(t): len(ts) for t, ts in self.tables.items()},
                                **self._hub.stats)
@@ -316,10 +313,10 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def serve_batch(self, n: int) -> None:
         """Handle the ``n`` datagrams of the last receive: one wake-up. Never raises."""
+        t0 = time.monotonic_ns()
         self._c["wakeups"] += 1
         try:
-            msgs = self._frames(n)
-            self._messages(msgs)
+            self._intake(n)
         except Exception:  # noqa: BLE001 - a bug must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error in a batch of %d frames", self.shard_id, n)
@@ -329,7 +326,10 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             self._rep_count.clear()
             self._rep_name.clear()
             self._ntx = 0
+        nrep = len(self._rep_idx)
         self._transmit()
+        if nrep:  # every reply of the wake-up left in its one sendmmsg: their service time
+            self._svc.add(time.monotonic_ns() - t0, nrep)
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -390,7 +390,8 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def _flush_lookups(self, q: list) -> None:
         """Lookups ``q`` (``(m, header, body)``, arrival order): each checked as the reference does,
-        then one gather per table for all of them, each reply's rows in its directory order."""
+        then one gather per table for all of them (with workers: one exchange per peer for every
+        table, :meth:`_lookup_tables`), each reply's rows in its directory order."""
         ok = []
         for m, h, rb in q:
             fault = self._table_fault(h, rb)
@@ -401,15 +402,16 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         if not ok:
             return
         bodies = [np.empty(h.value_len, np.uint8) for _, h, _ in ok]
-        for tid, segs in self._segments(ok).items():
-            ts = self.tables[tid]
-            parts = [ok[j][2].keys[ok[j][2].key_offsets[t]:ok[j][2].key_offsets[t + 1]] for j, t in segs]
-            rows = ts.lookup(np.concatenate(parts) if len(parts) > 1 else parts[0])
+        segs_of = self._segments(ok)
+        keys_of = {tid: [ok[j][2].keys[ok[j][2].key_offsets[t]:ok[j][2].key_offsets[t + 1]] for j, t in segs]
+                   for tid, segs in segs_of.items()}
+        parts = [(tid, np.concatenate(ks) if len(ks) > 1 else ks[0]) for tid, ks in keys_of.items()]
+        for (tid, _), rows in zip(parts, self._lookup_tables(parts)):
             wire = self._twire[tid]
             data = rows.astype(wire, copy=False).reshape(-1).view(np.uint8)
-            rb_ = ts.dim * wire.itemsize
+            rb_ = rows.shape[1] * wire.itemsize
             at = 0
-            for (j, t), k in zip(segs, parts):
+            for (j, t), k in zip(segs_of[tid], keys_of[tid]):
                 n = k.size * rb_
                 v0 = int(ok[j][2].value_offsets[t])
                 bodies[j][v0:v0 + n] = data[at:at + n]
@@ -452,6 +454,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             ko = rb.key_offsets
             for t, tid in enumerate(rb.directory["table_id"].tolist()):
                 by_tid.setdefault(tid, []).append((rb.keys[ko[t]:ko[t + 1]], grads[t]))
+        parts = []
         for tid, segs in by_tid.items():
             if len(segs) == 1:
                 k, g = segs[0]
@@ -460,4 +463,17 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                 k = np.concatenate([s[0] for s in segs])
                 g = np.concatenate([s[1] for s in segs])
                 offs = _offsets(np.array([s[0].size for s in segs], np.int64))
-            self.tables[tid].apply_segments(k, g, offs)
+            parts.append((tid, k, g, offs))
+        if self._hub is not None:
+            self._hub.apply_many(self._local, parts)  # one exchange per peer for every table
+        else:
+            for tid, k, g, offs in parts:
+                self.tables[tid].apply_segments(k, g, offs)
+
+    def _lookup_tables(self, parts: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
+        """Rows float32 (n_t, dim_t) of ``parts`` ``[(table_id, keys), ...]``: from this
+        process's tables, or with workers from every owner in one exchange per peer
+        (:meth:`~.peers.PeerHub.lookup_many`)."""
+        if self._hub is not None:
+            return self._hub.lookup_many(self._local, parts)
+        return [self.tables[tid].lookup(k) for tid, k in parts]

@@ -1,13 +1,14 @@
 """The batch engine's intake: header checks of a whole wake-up at once, and reassembly.
 
 :class:`BatchIntake` is a part of :class:`~.engine.BatchShardServer` (its state — the receive
-buffers of :mod:`.udpio`, the pending messages ``_pend`` — is set up there): :meth:`_frames`
+buffers of :mod:`.udpio`, the pending messages ``_pend`` — is set up there): :meth:`_intake`
 takes the ``n`` datagrams of one ``recvmmsg``, checks every header as a vector expression of
 the reference's rules (:meth:`_check_vector`; a few frames: :meth:`_check_scalar`, the
 reference's own functions), hands every frame the fast path does not take to the reference
 handler (one home for every error rule and drop reason) and copies fragments into one
-preallocated buffer per message (:meth:`_reassemble`). Out: complete messages as
-``(idx, info, name, body)``.
+preallocated buffer per message (:meth:`_fast`: :meth:`_whole`, :meth:`_reassemble`); update
+polls are answered in their place in the wake-up (:meth:`_poll_row`). Out: complete messages as
+``(idx, info, name, body)``, to ``_messages``.
 
 Reassembly memory: a message's buffer (``frag_count × P`` bytes) is allocated when its first
 fragment arrives and counted against ``max_pending_bytes`` (256 MiB) by that size, so a header's
@@ -62,14 +63,15 @@ class _Pend:
 class BatchIntake:
     """Validation and reassembly of a wake-up's datagrams (a part of ``BatchShardServer``)."""
 
-    def _frames(self, n: int) -> list[tuple]:
-        """Validate, divert and reassemble the ``n`` frames; returns complete messages as
-        ``(idx, info, name, body)`` in the order of the datagram that completed them."""
+    def _intake(self, n: int) -> None:
+        """Validate, divert and reassemble the ``n`` frames and hand the complete messages to
+        ``_messages`` (in the order of the datagram that completed them). A wake-up holding
+        update polls (``shard.is_poll``) is cut at each poll: the frames before it are served
+        first, then the poll (:meth:`_poll_row`), so its answer depends on exactly what came
+        before it, as in the reference."""
         bs = self._bs
         L = bs.lens[:n]
         cols, ok, p = self._check_vector(n) if n > self.small or self._cin is not None else self._check_scalar(n)
-        fi, fc, fl = cols[:, FI], cols[:, FC], cols[:, FL]
-        single = fc == 1
         if self.fixed_length:
             ok &= self._announced_match(np.flatnonzero(ok), cols, n)
 
@@ -80,9 +82,34 @@ class BatchIntake:
             self.handle_datagram(bytes(bs.rx[i, :L[i]]), udpio.sockaddr_to_tuple(bs.names[i]))
         good = np.flatnonzero(ok)
         if good.size == 0:
-            return []
+            return
         self._c["rx_frames"] += int(good.size)
         self._c["rx_bytes"] += int(L[good].sum())
+        c = cols[good]
+        poll = ((c[:, MT] == MsgType.UPDATE_REQ) & ((c[:, FLAGS] & consts.Flags.RETRANSMIT) != 0) & (c[:, FC] > 1)
+                & (c[:, FI] == c[:, FC] - 1))
+        if not poll.any():
+            self._messages(self._fast(good, cols, p))
+            return
+        rest = good[~poll]
+        start = 0
+        for r in good[poll].tolist():
+            seg = rest[(rest >= start) & (rest < r)]
+            if seg.size:
+                self._messages(self._fast(seg, cols, p))
+            self._poll_row(r, cols, p)
+            start = r + 1
+        seg = rest[rest >= start]
+        if seg.size:
+            self._messages(self._fast(seg, cols, p))
+
+    def _fast(self, good: np.ndarray, cols: np.ndarray, p: np.ndarray) -> list[tuple]:
+        """Reassemble the fast path's frames ``good`` (indices, ascending): complete messages as
+        ``(idx, info, name, body)`` in the order of the datagram that completed them."""
+        bs = self._bs
+        L = bs.lens
+        fi, fl = cols[:, FI], cols[:, FL]
+        single = cols[:, FC] == 1
         self._rstats["frames"] += int(good.size)
         out: list[tuple] = []
         info_cols = tuple(cols[:, c] for c in _INFO)
@@ -95,36 +122,43 @@ class BatchIntake:
             self._rstats["messages"] += int(sg.size)
         mg = good[~single[good]]
         if mg.size:
-            polls = mg[(cols[mg, MT] == MsgType.UPDATE_REQ) & ((cols[mg, FLAGS] & consts.Flags.RETRANSMIT) != 0)
-                       & (cols[mg, FI] == cols[mg, FC] - 1)]
             whole, mg = self._whole(mg, cols, info_cols, p)
             out.extend(whole)
             if mg.size:
                 out.extend(self._reassemble(mg, cols, info_cols, p, fi, fl))
             out.sort(key=lambda m: m[0])
-            if polls.size:
-                self._polls(polls, cols, out)
         return out
 
-    def _polls(self, polls: np.ndarray, cols: np.ndarray, out: list[tuple]) -> None:
-        """Answer the polls among this wake-up's frames (re-sent fragments of multi-fragment
-        updates, docs/protocol.md "Reliability") whose update is still incomplete after
-        reassembly, as the reference does (``ShardServer._answer_poll``: ACK if applied, else
-        UPDATE_NACK with the fragments held). A poll whose update completed in this wake-up is
-        answered by that update's own reply."""
-        done = {(m[1][1], m[1][2]) for m in out if m[1][0] == MsgType.UPDATE_REQ}
-        seen = set()
-        for i in polls.tolist():
-            c = cols[i]
-            cid, mid = int(c[CID]), int(c[MID])
-            if (cid, mid) in done or (cid, mid) in seen:
-                continue
-            seen.add((cid, mid))
-            ent = self._pend.get((cid << 48) | (mid << 16) | MsgType.UPDATE_REQ)
-            held = ent.seen if ent is not None else np.zeros(int(c[FC]), bool)
-            self._cur_idx = i
-            h = codec.Header._make(int(x) for x in c)
-            self._answer_poll(h, held, self._bs.names[i].tobytes())
+    def _poll_row(self, r: int, cols: np.ndarray, p: np.ndarray) -> None:
+        """Frame ``r``, an update poll, as ``ShardServer._poll``: fed to its message first —
+        served if it completes it; else ``UPDATE_ACK`` when the window holds the update with these
+        counts (the fragments held again dropped), else ``UPDATE_NACK`` with the fragments held."""
+        info = tuple(int(cols[r, j]) for j in _INFO)
+        cid, mid = info[1], info[2]
+        m = (r, info, self._bs.names[r].tobytes(), None)
+        key = (cid << 48) | (mid << 16) | MsgType.UPDATE_REQ
+        self._c["update_polls"] += 1
+        self._rstats["frames"] += 1
+        drops = self._rdrops["frag_mismatch"]
+        done = self._reassemble(np.array([r], np.int64), cols, tuple(cols[:, c] for c in _INFO), p, cols[:, FI],
+                                cols[:, FL])
+        if done:
+            self._messages(done)
+            return
+        fp = self._applied.get((cid, mid))
+        if fp is not None and fp[:3] == info[3:6]:
+            self._c["update_poll_acks"] += 1
+            self._applied.move_to_end((cid, mid))
+            ent = self._pend.pop(key, None)
+            if ent is not None:
+                self._pend_bytes -= ent.buf.size
+            self._emit(m, MsgType.UPDATE_ACK)
+            return
+        ent = self._pend.get(key)
+        if ent is not None and self._rdrops["frag_mismatch"] == drops:
+            self._c["update_nacks"] += 1
+            self._emit(m, MsgType.UPDATE_NACK, np.frombuffer(codec.nack_body(np.flatnonzero(ent.seen).tolist()),
+                                                             np.uint8))
 
     def _whole(self, mg: np.ndarray, cols: np.ndarray, info_cols, p: np.ndarray) -> tuple[list[tuple], np.ndarray]:
         """The messages whose every fragment came in this wake-up, once each, with headers that

@@ -10,8 +10,8 @@ Which worker *answers* a message is decided by the kernel (:func:`~.workers.stee
 ``(client_id + msg_id) mod N``); that worker (the message's **home**) does everything a
 one-process shard does — reassembly, checks, the exactly-once window, the reply, for every
 table the message carries — but the row work of keys it does not own goes to their owners as
-**sub-requests** over a Unix socket pair per pair of workers (one per table and peer of a
-flush)::
+**sub-requests** over a Unix socket pair per pair of workers — one per peer for every table of
+a flush (:meth:`PeerHub.lookup_many`, :meth:`PeerHub.apply_many`)::
 
     home worker                                      owner worker v
     rows = lookup(keys):  split keys by worker_of
@@ -47,6 +47,9 @@ from embnic.client_lib.table_numerics import TableShard
 _FRAME = struct.Struct("<BBHIQ")  #: kind, op, table_id, count, payload bytes
 REQUEST, REPLY = 1, 2
 OP_LOOKUP, OP_APPLY = 1, 2
+#: several tables in one sub-request (a protocol-v2 message's flush): one exchange per peer, not one per table
+OP_LOOKUP_MANY, OP_APPLY_MANY = 3, 4
+_ROWS_OPS = (OP_LOOKUP, OP_LOOKUP_MANY)  #: ops whose count is rows asked
 PEER_TIMEOUT_S = 60.0  #: a sub-request unanswered this long means the peer is wedged (a bug)
 
 
@@ -191,7 +194,7 @@ class PeerHub:
         if kind != REQUEST:
             raise RuntimeError(f"worker {self.me}: a sub-reply nobody waits for (op {op}, table {tid})")
         self.stats["peer_requests"] += 1
-        self.stats["peer_rows_served"] += count if op == OP_LOOKUP else 0
+        self.stats["peer_rows_served"] += count if op in _ROWS_OPS else 0
         link.queue(REPLY, op, tid, count, self.serve(op, tid, count, payload))
 
     def pump(self) -> None:
@@ -210,7 +213,7 @@ class PeerHub:
             link.queue(REQUEST, op, tid, count, parts)
             link.flush()
             self.stats["peer_calls"] += 1
-            self.stats["peer_rows_asked"] += count if op == OP_LOOKUP else 0
+            self.stats["peer_rows_asked"] += count if op in _ROWS_OPS else 0
 
     def wait(self, peers) -> dict[int, memoryview]:
         """The payload of each peer's answer to what :meth:`send` sent it, serving sub-requests
@@ -243,6 +246,78 @@ class PeerHub:
                 raise TimeoutError(f"worker {self.me}: workers {sorted(want)} did not answer in {PEER_TIMEOUT_S} s")
         self.stats["peer_wait_us"] += int((time.monotonic() - t0) * 1e6)
         return got
+
+    def lookup_many(self, local: dict[int, TableShard], parts: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
+        """Rows of several tables' keys, wherever they live: ``parts`` ``[(table_id, keys uint64
+        (n_t,)), ...]`` → ``[float32 (n_t, dim_t), ...]``. One ``LOOKUP_MANY`` sub-request per peer
+        that owns any of the keys (all tables in it), this worker's share from ``local`` (its own
+        :class:`TableShard` per table) meanwhile, then one wait: a message of 26 tables costs one
+        exchange per peer, not 26."""
+        me, n = self.me, self.workers
+        ws = [worker_of(tid, k, n) for tid, k in parts]
+        out = [np.empty((k.size, local[tid].dim), np.float32) for tid, k in parts]
+        reqs, sel = {}, {}
+        for v in range(n):
+            if v == me:
+                continue
+            items = [(i, m) for i, m in ((i, w == v) for i, w in enumerate(ws)) if m.any()]
+            if not items:
+                continue
+            keys = [parts[i][1][m] for i, m in items]
+            meta = np.array([len(items)] + [x for (i, _), k in zip(items, keys) for x in (parts[i][0], k.size)],
+                            np.int64)
+            reqs[v] = (OP_LOOKUP_MANY, 0xFFFF, sum(k.size for k in keys), [meta] + keys)
+            sel[v] = items
+        if reqs:
+            self.send(reqs)
+        for i, (tid, k) in enumerate(parts):
+            mine = ws[i] == me
+            if mine.all():
+                out[i] = local[tid].lookup(k)
+            elif mine.any():
+                out[i][mine] = local[tid].lookup(k[mine])
+        if reqs:
+            for v, payload in self.wait(reqs).items():
+                at = 0
+                for i, m in sel[v]:
+                    dim = out[i].shape[1]
+                    cnt = int(np.count_nonzero(m)) * dim
+                    out[i][m] = np.frombuffer(payload, np.float32, cnt, at).reshape(-1, dim)
+                    at += 4 * cnt
+        return out
+
+    def apply_many(self, local: dict[int, TableShard], parts: list[tuple]) -> None:
+        """Apply several tables' segments, each owner its keys: ``parts`` ``[(table_id, keys
+        uint64 (K,), grads float32 (K, dim), segment bounds int64 (M+1,)), ...]`` as
+        :meth:`TableShard.apply_segments` per table. One ``APPLY_MANY`` per peer owning any of
+        the keys, this worker's share meanwhile, then one wait (every owner has applied its
+        share when it returns)."""
+        me, n = self.me, self.workers
+        ws = [worker_of(tid, k, n) for tid, k, _, _ in parts]
+        reqs = {}
+        for v in range(n):
+            if v == me:
+                continue
+            items = [(i, m) for i, m in ((i, w == v) for i, w in enumerate(ws)) if m.any()]
+            if not items:
+                continue
+            meta, body = [len(items)], []
+            for i, m in items:
+                tid, k, g, offs = parts[i]
+                b = sub_bounds(m, offs)
+                meta += [tid, b.size - 1, int(np.count_nonzero(m))]
+                body += [b, k[m], np.ascontiguousarray(g[m], np.float32)]
+            reqs[v] = (OP_APPLY_MANY, 0xFFFF, len(items), [np.array(meta, np.int64)] + body)
+        if reqs:
+            self.send(reqs)
+        for i, (tid, k, g, offs) in enumerate(parts):
+            mine = ws[i] == me
+            if mine.all():
+                local[tid].apply_segments(k, g, offs)
+            elif mine.any():
+                local[tid].apply_segments(k[mine], g[mine], sub_bounds(mine, offs))
+        if reqs:
+            self.wait(reqs)
 
     def close(self) -> None:
         for link in self.links.values():
@@ -328,11 +403,42 @@ def serve_sub_request(tables: dict[int, TableShard], op: int, table_id: int, cou
 
     LOOKUP: payload = uint64 keys (count,) → [float32 rows (count, dim)]. APPLY: payload =
     int64 segment bounds (count + 1,), uint64 keys (K,), float32 gradients (K, dim) → [] (ack).
+    LOOKUP_MANY (``table_id`` unused, ``count`` = keys): int64 ``[T, tid_0, n_0, ...]``, then
+    every table's uint64 keys → [float32 rows of every table, in order]. APPLY_MANY (``count``
+    = T): int64 ``[T, (tid, segments, keys) × T]``, then per table its int64 segment bounds,
+    uint64 keys and float32 gradients → [] (ack).
 
     Raises:
         ValueError: unknown op, unknown table, or a payload that does not add up (a bug: only
         workers of the same shard talk here).
     """
+    if op == OP_LOOKUP_MANY:
+        t = int(np.frombuffer(payload, np.int64, 1)[0])
+        meta = np.frombuffer(payload, np.int64, 2 * t, 8).reshape(t, 2).tolist()
+        at, out = 8 * (1 + 2 * t), []
+        for tid, n in meta:
+            ts = tables.get(tid)
+            if ts is None:
+                raise ValueError(f"sub-request for unknown table {tid}")
+            out.append(ts.lookup(np.frombuffer(payload, np.uint64, n, at)))
+            at += 8 * n
+        if sum(n for _, n in meta) != count:
+            raise ValueError(f"sub-request LOOKUP_MANY: {sum(n for _, n in meta)} keys, header says {count}")
+        return out
+    if op == OP_APPLY_MANY:
+        t = int(np.frombuffer(payload, np.int64, 1)[0])
+        meta = np.frombuffer(payload, np.int64, 3 * t, 8).reshape(t, 3).tolist()
+        at = 8 * (1 + 3 * t)
+        for tid, nseg, k in meta:
+            ts = tables.get(tid)
+            if ts is None:
+                raise ValueError(f"sub-request for unknown table {tid}")
+            offs = np.frombuffer(payload, np.int64, nseg + 1, at)
+            keys = np.frombuffer(payload, np.uint64, k, at + 8 * (nseg + 1))
+            g = np.frombuffer(payload, np.float32, k * ts.dim, at + 8 * (nseg + 1 + k)).reshape(k, ts.dim)
+            ts.apply_segments(keys, g, offs)
+            at += 8 * (nseg + 1 + k) + 4 * k * ts.dim
+        return []
     ts = tables.get(table_id)
     if ts is None:
         raise ValueError(f"sub-request for unknown table {table_id}")

@@ -50,6 +50,12 @@ of the body) — is a duplicate: re-acked, not applied. Same pair, different fin
 new message that reuses the id (e.g. a restarted client counting from 1 again): it is applied
 and replaces the entry. Updates that were refused (ERROR) are not remembered.
 
+**Lost updates, fragment by fragment.** A client that saw no ack for an update of several
+fragments re-sends its last fragment (``RETRANSMIT``), a *poll* (:func:`is_poll`): served as
+usual if it completes the update, else answered ``UPDATE_ACK`` if the window holds the update
+with the same counts (its ack was lost), else ``UPDATE_NACK`` with a bitmap of the fragments
+held — and the client re-sends exactly the others.
+
 **Never crashes.** Any exception while handling one datagram is counted (``internal_errors``)
 and answered ``ERROR INTERNAL`` when the header was readable; the server keeps serving.
 SIGTERM/SIGINT (CLI) stop it cleanly: counters are logged as one JSON line and it exits 0.
@@ -70,10 +76,13 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import DirectoryError, FrameError, Header, RequestBody
 from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
-from embnic.client_lib.consts import Flags, MsgType, Status
+from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
-from embnic.client_lib.routing import owns
+from embnic.client_lib.routing import owns, owns_tables
+from embnic.client_lib.config import TableConfig
 from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique
+
+from .metrics import ServiceTimes
 
 log = logging.getLogger("embnic.server")
 
@@ -82,6 +91,33 @@ DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
 #: extra drop reasons of the server (besides consts.DROP_REASONS); ``refused``: a frame of a
 #: request the header checks refused (fragment 0 also draws the ERROR reply)
 SERVER_DROP_REASONS = ("too_large", "unannounced", "size_mismatch", "refused")
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def gradient_bound(table: TableConfig) -> float:
+    """A bound B on |g| below which no gradient row of ``table`` is refused by
+    :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` (a sufficient condition, not the
+    rule: rows at or above B are checked with the rule itself).
+
+    Adagrad: every ``g²`` ≤ B² = f32max / (4·dim), so the float32 sum of a row's squares stays
+    below f32max / 4 — finite with room for rounding. SGD: ``|lr·g|`` ≤ f32max / 2 (``float32(lr)``
+    differs from ``lr`` by 2^-24 relative); any finite g when ``lr`` is 0.
+    """
+    if table.optimizer == "adagrad":
+        return float(np.sqrt(_F32_MAX / (4.0 * table.dim)))
+    lr = abs(float(table.lr))
+    return _F32_MAX / (2.0 * lr) if lr > 0 else float("inf")
+
+
+def is_poll(h: Header) -> bool:
+    """A **poll** (docs/protocol.md, "Reliability"): the last fragment of an UPDATE_REQ of several
+    fragments, re-sent (``RETRANSMIT``) by a client that saw no ack. Only the last fragment polls,
+    so the fragments a client re-sends after an UPDATE_NACK (never the last: the poll brought it)
+    draw no NACK of their own."""
+    return (h.msg_type == MsgType.UPDATE_REQ and h.flags & consts.Flags.RETRANSMIT and h.frag_count > 1
+            and h.frag_index == h.frag_count - 1)
 
 
 class _Refused(Exception):
@@ -100,7 +136,13 @@ class _Protocol(asyncio.DatagramProtocol):
         self.server._transport = transport
 
     def datagram_received(self, data, addr):
-        self.server.handle_datagram(data, addr)
+        srv = self.server
+        before = sum(srv._replies.values())
+        t0 = time.monotonic_ns()
+        srv.handle_datagram(data, addr)
+        n = sum(srv._replies.values()) - before
+        if n:  # the replies this datagram completed: its service time
+            srv._svc.add(time.monotonic_ns() - t0, n)
 
     def error_received(self, exc):
         # ICMP errors for earlier sends (e.g. a client that went away): count, keep serving
@@ -159,10 +201,23 @@ class ShardServer:
         # (client_id, msg_id) -> (msg_type, num_tables, num_keys, msg_len) of announced data
         self._announced: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
         self.tables: dict[int, TableShard] = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
-        # per table: every key is ours (one shard, or this table's shard under table sharding),
-        # so the owner check of a message need not hash its keys
-        self._owns_all = {t.id: bool(owns(cfg, t.id, self.shard_id, np.zeros(1, np.uint64))[0])
-                          and (len(cfg.shards) == 1 or cfg.sharding == "table") for t in cfg.tables}
+        # per table id (65536 entries; what _table_fault reads as vectors): dim (-1: no such
+        # table), wire dtype, rows bound (and whether there is one), every key ours (one shard,
+        # or this table's shard under table sharding: no key need be hashed), and the largest
+        # |gradient| whose step cannot overflow (gradient_bound)
+        self._tdim = np.full(1 << 16, -1, np.int64)
+        self._tdt = np.zeros(1 << 16, np.int64)
+        self._trows = np.zeros(1 << 16, np.uint64)
+        self._thas_rows = np.zeros(1 << 16, bool)
+        self._towns_all = np.zeros(1 << 16, bool)
+        self._tgbound = np.zeros(1 << 16, np.float64)
+        for t in cfg.tables:
+            self._tdim[t.id], self._tdt[t.id] = t.dim, int(t.wire_dtype)
+            if t.rows is not None:
+                self._trows[t.id], self._thas_rows[t.id] = t.rows, True
+            self._towns_all[t.id] = (bool(owns(cfg, t.id, self.shard_id, np.zeros(1, np.uint64))[0])
+                                     and (len(cfg.shards) == 1 or cfg.sharding == "table"))
+            self._tgbound[t.id] = gradient_bound(t)
         #: the largest lookup reply (value_len) that fits MAX_FRAGS fragments at the cluster MTU
         self.max_reply_bytes = consts.MAX_FRAGS * consts.max_body_per_frame(cfg.mtu)
         self._reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
@@ -173,6 +228,8 @@ class ShardServer:
         self._drops: collections.Counter = collections.Counter({r: 0 for r in consts.DROP_REASONS + SERVER_DROP_REASONS})
         self._errors: collections.Counter = collections.Counter()
         self._requests: collections.Counter = collections.Counter()
+        self._replies: collections.Counter = collections.Counter()  # reply messages by msg_type value
+        self._svc = ServiceTimes()
         self.started_at: float | None = None
         self._dur = None
         self.durable_failed = False
@@ -291,13 +348,16 @@ class ShardServer:
 
         Keys: ``shard``, ``rx_frames``, ``rx_bytes``, ``tx_frames``, ``tx_bytes`` (bytes are UDP
         payload bytes), ``requests`` (complete requests by type), ``lookup_keys``,
-        ``updates_applied``, ``update_keys``, ``duplicates`` (complete updates re-acked, not
-        applied), ``poll_acks`` (polls of an applied update, acked from the window),
+        ``updates_applied``, ``update_keys``, ``duplicates`` (re-acked, not applied),
+        ``update_polls`` (re-sent last fragments of updates, :func:`is_poll`), ``update_poll_acks``
+        (polls of applied updates, acked from the window: lost acks; not in ``duplicates``,
+        which counts complete updates re-acked),
         ``update_nacks`` (polls of incomplete updates answered with the fragments held),
-        ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
+        ``replies`` (reply messages by type), ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
-        per table id); with ``checkpoint_dir`` also ``durability`` (log records, bytes and
+        per table id), ``service`` (per-message service times: ``hist``, log2 µs buckets, and
+        ``sum_ns``, :class:`~.metrics.ServiceTimes`); with ``checkpoint_dir`` also ``durability`` (log records, bytes and
         commits, checkpoints, the restore report, ``log_errors``, ``checkpoint_errors``).
         """
         c = self._c
@@ -313,7 +373,9 @@ class ShardServer:
             "announced": len(self._announced),
             "lookup_keys": c["lookup_keys"],
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
-            "duplicates": c["duplicates"], "poll_acks": c["poll_acks"], "update_nacks": c["update_nacks"],
+            "duplicates": c["duplicates"], "update_polls": c["update_polls"],
+            "update_poll_acks": c["update_poll_acks"], "update_nacks": c["update_nacks"],
+            "replies": {t.name: self._replies[t] for t in sorted(consts.REPLY_TYPES)},
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -321,6 +383,7 @@ class ShardServer:
             "internal_errors": c["internal_errors"], "send_errors": c["send_errors"],
             "dedup_entries": len(self._applied),
             "rows": {str(tid): len(ts) for tid, ts in self.tables.items()},
+            "service": self._svc.as_dict(),
             **({} if self._dur is None else {"durability": {**self._dur.counters(), "log_errors": c["log_errors"],
                                                              "checkpoint_errors": c["checkpoint_errors"]}}),
         }
@@ -336,6 +399,7 @@ class ShardServer:
         tr = self._transport
         if tr is None:
             return
+        self._replies[frames[0][3]] += 1  # one reply message (byte 3: msg_type)
         for f in frames:
             tr.sendto(f, addr)
             self._c["tx_frames"] += 1
@@ -382,16 +446,12 @@ class ShardServer:
                     if h.frag_index == 0:
                         self._reply_error(h, Status.MALFORMED, addr)
                     return
+            if is_poll(h):
+                self._poll(h, data, addr)
+                return
             msg = self._reasm.feed(data, addr, header=h)
             if msg is not None:
                 self._handle_message(msg)
-            elif (h.msg_type == MsgType.UPDATE_REQ and h.flags & Flags.RETRANSMIT and h.frag_count > 1
-                  and h.frag_index == h.frag_count - 1):
-                part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
-                held = np.zeros(h.frag_count, bool)
-                if part is not None:
-                    held[np.fromiter(part[1].keys(), np.int64, len(part[1]))] = True
-                self._answer_poll(h, held, addr)
         except Exception:  # noqa: BLE001 - one bad datagram must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error handling a frame from %s", self.shard_id, addr)
@@ -401,27 +461,33 @@ class ShardServer:
                 except Exception:  # noqa: BLE001
                     pass
 
-    def _answer_poll(self, h: Header, held: np.ndarray, addr) -> None:
-        """Answer a poll: the re-sent last fragment (``RETRANSMIT``) of a multi-fragment update that
-        left it incomplete (docs/protocol.md, "Reliability"; only the last fragment polls, so the
-        fragments a NACK asks for draw no NACK each). An update already applied — its
-        ``(client_id, msg_id)`` in the exactly-once window with the same ``num_tables``,
-        ``num_keys``, ``value_len`` (the ack was lost; the poll's own fragment, held again, is
-        dropped) — is acked; otherwise UPDATE_NACK lists the fragments held (``held``: bool
-        (frag_count,)), and the client re-sends only the others. Both engines answer here."""
-        fp = self._applied.get((h.client_id, h.msg_id))
-        if fp is not None and tuple(fp[:3]) == (h.num_tables, h.num_keys, h.value_len):
-            self._c["poll_acks"] += 1
-            self._discard_partial(h)
+    def _poll(self, h: Header, data: bytes, addr) -> None:
+        """A poll (:func:`is_poll`: the last fragment of an update of several, re-sent), taken like
+        any fragment first: if it completes the update, the update is served as usual (applied,
+        or re-acked as a duplicate); else, when the exactly-once window holds the update with
+        these counts (applied: its ack was lost), ``UPDATE_ACK`` — the fragments held again are
+        dropped; else ``UPDATE_NACK`` with the bitmap of the fragments held (docs/protocol.md,
+        "Reliability"). A poll the reassembler refuses (it contradicts the fragments held) and
+        that the window does not know is not answered."""
+        self._c["update_polls"] += 1
+        drops = self._reasm.drops.total()
+        msg = self._reasm.feed(data, addr, header=h)
+        if msg is not None:
+            self._handle_message(msg)
+            return
+        key = (h.client_id, h.msg_id)
+        fp = self._applied.get(key)
+        if fp is not None and fp[:3] == (h.num_tables, h.num_keys, h.value_len):
+            self._c["update_poll_acks"] += 1
+            self._applied.move_to_end(key)
+            self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
             self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
             return
-        self._c["update_nacks"] += 1
-        self._send(codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=self.shard_id,
-                                      body=codec.nack_body(np.flatnonzero(held)), mtu=self.mtu), addr)
-
-    def _discard_partial(self, h: Header) -> None:
-        """Forget the fragments held of update ``h`` (a poll of one already applied)."""
-        self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+        part = self._reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+        if part is not None and self._reasm.drops.total() == drops:  # not a contradicting fragment
+            self._c["update_nacks"] += 1
+            self._send(codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=self.shard_id,
+                                          body=codec.nack_body(part[1]), mtu=self.mtu), addr)
 
     def _answer_malformed(self, data: bytes, addr) -> None:
         """Answer MALFORMED to a request that failed validation but whose magic, version and
@@ -444,39 +510,84 @@ class ShardServer:
             return Status.MALFORMED
         return None
 
-    def _table_fault(self, h: Header, rb: RequestBody, grads: list | None = None) -> tuple[Status, int] | None:
+    def _table_fault(self, h: Header, rb: RequestBody, grads: tuple | None = None) -> tuple[Status, int] | None:
         """The first bad table of a request in directory order, as ``(status, table_id)``, or
         None when every table may be served (docs/protocol.md, "Errors"). Per table, in this
         order: ``UNKNOWN_TABLE``, ``DIM_MISMATCH`` (``dim`` or ``dtype``), ``KEY_OUT_OF_RANGE``,
-        ``NOT_OWNER``, and for an update ``MALFORMED`` for duplicate keys or a gradient row
-        :func:`~embnic.client_lib.table_numerics.gradient_ok` refuses.
+        ``NOT_OWNER``, and for an update ``MALFORMED`` for duplicate keys within the table or a
+        gradient row :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` refuses.
+
+        Vectorised over the message's tables and keys: one range compare and one owner hash
+        (:func:`~embnic.client_lib.routing.owns_tables`) over all keys; duplicates by one
+        sortedness test (a table whose keys are not strictly increasing is checked with
+        ``is_unique``); gradients by one bound on |g| per table (:func:`gradient_bound`: below it
+        no row can be refused), ``gradient_ok`` only for a table above it.
 
         Args:
             h: the request header; rb: its parsed body (:func:`codec.parse_request_body`).
-            grads: an update's gradients per table, float32 (n_t, dim_t) (:meth:`_grads`).
+            grads: an update's gradients (:meth:`_grads`: the flat float32 values and the
+                per-table (n_t, dim_t) views).
         """
         d = rb.directory
-        ko = rb.key_offsets.tolist()
-        for t, (tid, dim, dt) in enumerate(zip(d["table_id"].tolist(), d["dim"].tolist(), d["dtype"].tolist())):
-            ts = self.tables.get(tid)
-            if ts is None:
-                return Status.UNKNOWN_TABLE, tid
-            if dim != ts.dim or dt != ts.table.wire_dtype:
-                return Status.DIM_MISMATCH, tid
-            keys = rb.keys[ko[t]:ko[t + 1]]
-            if ts.table.rows is not None and int(keys.max()) >= ts.table.rows:
-                return Status.KEY_OUT_OF_RANGE, tid
-            if not self._owns_all[tid] and not bool(owns(self.cfg, tid, self.shard_id, keys).all()):
-                return Status.NOT_OWNER, tid
-            if grads is not None and (not is_unique(keys) or not gradient_ok(ts.table, grads[t])):
-                return Status.MALFORMED, tid
-        return None
+        tids = d["table_id"].astype(np.int64)
+        ko = rb.key_offsets
+        counts = np.diff(ko)
+        starts = ko[:-1]
+        keys = rb.keys
+        tdim = self._tdim[tids]
+        st = np.where(tdim < 0, int(Status.UNKNOWN_TABLE), 0)
+        st[(st == 0) & ((tdim != d["dim"]) | (self._tdt[tids] != d["dtype"]))] = Status.DIM_MISMATCH
+        known = st == 0
+        rows = self._thas_rows[tids] & known
+        if rows.any():
+            bad = np.repeat(rows, counts) & (keys >= np.repeat(self._trows[tids], counts))
+            st[(st == 0) & np.logical_or.reduceat(bad, starts)] = Status.KEY_OUT_OF_RANGE
+        hashed = (st == 0) & ~self._towns_all[tids]
+        if hashed.any():
+            sel = np.repeat(hashed, counts)
+            mine = np.ones(keys.size, bool)
+            mine[sel] = owns_tables(self.cfg, tids[hashed], counts[hashed], self.shard_id, keys[sel])
+            st[(st == 0) & ~np.logical_and.reduceat(mine, starts)] = Status.NOT_OWNER
+        if grads is not None:
+            inc = np.ones(keys.size, bool)
+            inc[1:] = keys[1:] > keys[:-1]
+            inc[starts] = True  # a table's first key starts its run
+            for t in np.flatnonzero((st == 0) & ~np.logical_and.reduceat(inc, starts)).tolist():
+                if not is_unique(keys[ko[t]:ko[t + 1]]):
+                    st[t] = Status.MALFORMED
+            flat, per_table = grads
+            eo = np.zeros(tids.size + 1, np.int64)
+            np.cumsum(counts * d["dim"], out=eo[1:])
+            with np.errstate(invalid="ignore"):  # NaN gradients compare False: checked exactly below
+                near = ~(np.maximum.reduceat(np.abs(flat), eo[:-1]) < self._tgbound[tids])
+            for t in np.flatnonzero((st == 0) & near).tolist():
+                if not gradient_ok(self.tables[int(tids[t])].table, per_table[t]):
+                    st[t] = Status.MALFORMED
+        bad_t = np.flatnonzero(st)
+        if bad_t.size == 0:
+            return None
+        t = int(bad_t[0])
+        return Status(int(st[t])), int(tids[t])
 
     @staticmethod
-    def _grads(rb: RequestBody) -> list[np.ndarray]:
-        """An update's gradients per table of its directory: float32 (n_t, dim_t) each (from the
-        wire dtype; fp16 values widened exactly)."""
-        return [codec.table_values(rb.values, rb, t).astype(np.float32) for t in range(len(rb.directory))]
+    def _grads(rb: RequestBody) -> tuple[np.ndarray, list[np.ndarray]]:
+        """An update's gradients as float32: (the flat values of every table (V,), and per table
+        of its directory a (n_t, dim_t) view of them). fp16 values widened exactly; an update of
+        fp32 tables only is viewed in place, no copy."""
+        d = rb.directory
+        n = d["num_keys"].astype(np.int64) * d["dim"].astype(np.int64)
+        if bool((d["dtype"] == DType.FP32).all()):
+            flat = np.frombuffer(rb.values, np.float32)
+        else:
+            flat = np.empty(int(n.sum()), np.float32)
+            at = 0
+            for t, m in enumerate(n.tolist()):
+                flat[at:at + m] = codec.table_values(rb.values, rb, t).reshape(-1)
+                at += m
+        eo = np.zeros(n.size + 1, np.int64)
+        np.cumsum(n, out=eo[1:])
+        dims = d["dim"].tolist()
+        return flat, [flat[a:b].reshape(-1, dim) for a, b, dim in zip(eo[:-1].tolist(), eo[1:].tolist(), dims)]
 
     def _handle_message(self, msg: Message) -> None:
         h = msg.header
@@ -559,6 +670,7 @@ class ShardServer:
         fault = self._table_fault(h, rb, grads)
         if fault is not None:
             raise _Refused(*fault)
+        grads = grads[1]
         if self._dur is not None:
             self._dur.append(h.client_id, h.msg_id, fp, body)
         self._c["updates_applied"] += 1

@@ -24,14 +24,23 @@ field's start and end; hex and decimal fields are decoded by a loop over charact
 chunks (``chunk_bytes``), so the full public ``train.txt`` (~11 GB, 45,840,617 lines) streams
 through :func:`iter_criteo` in bounded memory; :func:`load_criteo` concatenates.
 
+A compressed file is told by its first bytes (:func:`open_data`): gzip, bzip2 and xz are
+decompressed as they stream; zstd, zip and tar archives are named with the command that unpacks
+them (``CriteoFormatError``), never parsed as text.
+
 The repository ships a 6435-line sample (``testbed/training/data/``, see its README for source and
 licence); :func:`sample_path` finds it in the installed package.
 """
 from __future__ import annotations
 
+import bz2
 import dataclasses
+import gzip
 import importlib.resources
+import io
+import lzma
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -307,6 +316,60 @@ def _empty(rows: tuple[int, ...], first_line: int) -> CriteoData:
                       np.empty((0, NUM_SPARSE), np.uint64), rows, first_line)
 
 
+#: compressed formats by magic bytes: (name, leading bytes, stdlib module that reads it or None, command)
+_COMPRESSED = (("gzip", b"\x1f\x8b", gzip, "gunzip"), ("bzip2", b"BZh", bz2, "bunzip2"),
+               ("xz", b"\xfd7zXZ\x00", lzma, "unxz"), ("zstd", b"\x28\xb5\x2f\xfd", None, "unzstd"),
+               ("zip", b"PK\x03\x04", None, "unzip"))
+_DECODE_ERRORS = (EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile)
+
+
+def open_data(path: str | os.PathLike) -> io.BufferedIOBase:
+    """Open a Criteo file for binary reading, decompressing what the standard library reads.
+
+    The format is told by the file's first bytes, not its name: gzip (``.gz``, as Kaggle's
+    ``dac.tar.gz`` and the Criteo 1TB logs ship), bzip2 and xz are decompressed as they are
+    read (streaming, bounded memory); zstd and zip are named, with the command that unpacks
+    them. A tar archive (inside gzip or not) is named too: its members must be extracted.
+
+    Raises:
+        OSError: the file cannot be opened.
+        CriteoFormatError: a compressed format the standard library does not read, a tar
+            archive, or a file that is not text (a NUL byte in its first 4 KiB).
+    """
+    where = os.fspath(path)
+    with open(path, "rb") as raw:
+        head = raw.read(8)
+    kind, module = "", None
+    for name, magic, mod, cmd in _COMPRESSED:
+        if head.startswith(magic):
+            if mod is None:
+                raise CriteoFormatError(f"{where} is {name}-compressed; decompress it first "
+                                        f"({cmd} {where}) and pass the TSV as --data")
+            kind, module = f"{name}-compressed ", mod
+            break
+    f = module.open(path, "rb") if module is not None else open(path, "rb")
+    try:
+        peek = _read(f, 4096, where)
+        f.seek(0)
+        if peek[257:262] == b"ustar":
+            raise CriteoFormatError(f"{where} is a {kind}tar archive; extract it first (tar xf {where}) and pass "
+                                    "train.txt as --data")
+        if b"\x00" in peek:
+            raise CriteoFormatError(f"{where} is {kind}binary data, not a Criteo TSV (tab-separated text)")
+        return f
+    except BaseException:
+        f.close()
+        raise
+
+
+def _read(f, n: int, where: str) -> bytes:
+    """``f.read(n)``, a corrupt or truncated compressed stream as :class:`CriteoFormatError`."""
+    try:
+        return f.read(n)
+    except _DECODE_ERRORS as e:
+        raise CriteoFormatError(f"{where}: corrupt or truncated compressed data ({e})") from None
+
+
 def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | None] = 65536,
                 batch_lines: int = 65536,
                 skip_rows: int = 0, max_rows: int | None = None,
@@ -314,7 +377,8 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
     """Stream a Criteo TSV file as blocks of at most ``batch_lines`` samples.
 
     Args:
-        path: a ``train.txt``-style (40 fields) or ``test.txt``-style (39 fields) file.
+        path: a ``train.txt``-style (40 fields) or ``test.txt``-style (39 fields) file, plain
+            or gzip/bzip2/xz-compressed (:func:`open_data`).
         rows: id-space size of every categorical table, or 26 sizes; None (all or one):
             full 64-bit hashed ids, not folded (:func:`hash_categorical`).
         batch_lines: lines per yielded block (empty lines are skipped, so a block may be
@@ -328,7 +392,9 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
 
     Raises:
         OSError: the file cannot be read.
-        CriteoFormatError: a line is malformed (the message names file and line number).
+        CriteoFormatError: a line is malformed (the message names file and line number), or
+            the file is not a (readable) TSV (:func:`open_data`: compressed in a format it
+            names, an archive, binary; corrupt compressed data).
     """
     r = _rows_tuple(rows)
     where = os.fspath(path)
@@ -337,10 +403,10 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
     remaining = None if max_rows is None else int(max_rows)
     to_skip = int(skip_rows)
     pending = b""
-    with open(path, "rb") as f:
+    with open_data(path) as f:
         eof = False
         while not eof and (remaining is None or remaining > 0):
-            chunk = f.read(chunk_bytes)
+            chunk = _read(f, chunk_bytes, where)
             if not chunk:
                 eof = True
                 if not pending:

@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from embnic.client_lib import precheck
 from embnic.client_lib.batch import KeyedJaggedBatch, pool, pool_backward, prepare_batch
 from embnic.client_lib.config import ClusterConfig
 
@@ -68,7 +69,9 @@ class PerTableAdapter:
         return {t: self.inner.lookup(t, k) for t, k in requests.items()}
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        for t, (k, g) in updates.items():
+        """Apply every table's update, after checking them all (a bad table's ValueError
+        before any table changed, as :meth:`EmbeddingClient.update`)."""
+        for t, (k, g) in precheck.update_round(self.inner.cfg, updates).items():
             self.inner.update(t, k, g)
 
 
@@ -193,6 +196,39 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
     if eval_data is not None and len(eval_data.labels):
         auc, ev_loss = evaluate(backend, cfg, params, eval_data)
     return TrainResult(losses, auc, ev_loss, ids, uniq, times, params)
+
+
+def trained_rows(backend: Backend, cfg: ClusterConfig, data, batch_size: int) -> tuple[int, int]:
+    """How many rows the first training step reads already differ from their initial values:
+    (changed, read). Nonzero means the shards hold an earlier run's updates, which a new run
+    continues from.
+
+    The rows of step 0 (``data.sparse`` rows ``0..batch_size-1``, wrapping, tables by
+    :func:`feature_tables`) are looked up once (one round; a lookup changes nothing) and
+    compared with :func:`~embnic.client_lib.table_numerics.init_rows` after the wire's rounding —
+    what a shard returns for a row never updated (rows start as a pure function of
+    (seed, table, id)). Vectorised per table.
+
+    Raises:
+        embnic.client_lib.client.EmbnicError: a shard failed.
+    """
+    from embnic.client_lib.table_numerics import init_rows, wire_round
+
+    backend = as_backend(backend)
+    n = len(data.labels)
+    if n == 0:
+        return 0, 0
+    sparse = data.sparse[np.arange(batch_size) % n]
+    ftab = feature_tables(cfg, sparse.shape[1])
+    prep = prepare_batch(KeyedJaggedBatch.from_dense([f"C{j + 1}" for j in range(sparse.shape[1])], sparse), ftab)
+    rows = backend.lookup({t: p.unique for t, p in prep.tables.items()})
+    changed = read = 0
+    for t, p in prep.tables.items():
+        tc = cfg.table(t)
+        init = wire_round(init_rows(cfg.seed, t, p.unique, tc.dim, tc.init_scale), tc.dtype)
+        changed += int(np.count_nonzero(np.any(rows[t] != init, axis=1)))
+        read += len(p.unique)
+    return changed, read
 
 
 def load_training_data(cfg: ClusterConfig, path=None, *, valid_fraction: float = 0.2,

@@ -334,7 +334,7 @@ def test_rowless_local_backend_accepts_any_u64_and_python_ints():
     with pytest.raises(ValueError, match="key 10 >= rows 10"):
         lb.lookup(1, [10])
     for bad in ([-1], [1.5], np.zeros((1, 1), np.uint64), [2**64]):
-        with pytest.raises(ValueError, match="table 0: keys"):
+        with pytest.raises(ValueError, match=r"table 0 \(t0\): keys"):
             lb.lookup(0, bad)
 
 
@@ -376,3 +376,25 @@ def test_delta_index_merges_change_nothing():
     for a, b in zip(often.state(), never.state()):
         assert np.array_equal(a, b)
     assert np.array_equal(often.state()[0], seen)
+
+
+@pytest.mark.parametrize("optimizer,lr", [("adagrad", 0.05), ("sgd", 0.05), ("sgd", 1e30), ("sgd", 0.0)])
+def test_gradient_rows_ok_fast_path_equals_the_per_row_rule(optimizer, lr):
+    """The one-max fast path of gradient_rows_ok never accepts a row the per-row rule refuses,
+    at magnitudes around both overflow thresholds (and NaN/inf rows)."""
+    from embnic.client_lib.config import TableConfig
+    from embnic.client_lib.table_numerics import gradient_rows_ok, rowwise_mean_square
+
+    rng = np.random.default_rng(12)
+    for dim in (1, 8, 300):
+        t = TableConfig(0, "x", None, dim, optimizer=optimizer, lr=lr)
+        for scale in (1.0, 3e8, 1e18, 2e18, 4.6e18, 6.5e18, 1e19, 1e30, 3.4e38):
+            with np.errstate(over="ignore"):  # 3.4e38 × N(0, 1) overflows float32 in places: inf rows too
+                g = (rng.standard_normal((400, dim)) * scale).astype(np.float32)
+            g[7, 0] = np.nan if scale == 1e18 else g[7, 0]
+            g[9, -1] = np.inf if scale == 2e18 else g[9, -1]
+            with np.errstate(all="ignore"):
+                step = (np.isfinite(rowwise_mean_square(g)) if optimizer == "adagrad"
+                        else np.isfinite(np.float32(lr) * g).all(axis=1))
+                want = np.isfinite(g).all(axis=1) & step
+            np.testing.assert_array_equal(gradient_rows_ok(t, g), want, err_msg=f"dim {dim} scale {scale}")

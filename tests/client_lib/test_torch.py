@@ -6,7 +6,12 @@
   (``DistributedModelParallel``, one gloo rank, table-wise; ``EXACT_SGD`` and
   ``EXACT_ROWWISE_ADAGRAD``) within ``assert_close(rtol=1e-6, atol=1e-7)``: pooled embeddings
   at every step and every row at the end, rows in process (LocalBackend) and on UDP shards;
-* ``torchrec.models.dlrm.DLRM`` accepts the module and trains; errors name the problem.
+* ``torchrec.models.dlrm.DLRM`` accepts the module and trains; errors name the problem;
+* issue 23: ``kjt_from_dense`` keeps every 64-bit id; float ids are refused (TorchRec's EBC
+  refuses them too); ``apply_optimizer_in_backward`` (checked against TorchRec's DMP with the same
+  call) and a sharder's ``fused_params`` match the table's optimizer or raise naming the table;
+  frozen tables and DDP; VBE KJTs and inverse indices equal TorchRec's EBC (forward, row and
+  weight gradients) or are refused by name.
 
 The same comparison through the card: tests/testbed/test_torch_card.py.
 Run alone: python3 -m pytest -q tests/client_lib/test_torch.py   (needs the embnic[torch] extra)
@@ -194,8 +199,9 @@ def test_dlrm_accepts_it_and_trains():
     torch.manual_seed(0)
     model = DLRM(embedding_bag_collection=ebc, dense_in_features=13, dense_arch_layer_sizes=[16, 8],
                  over_arch_layer_sizes=[16, 1])
-    names = [n for n, _ in model.named_parameters()]
-    assert names and not any("embedding" in n for n in names)  # the tables live on the shards
+    tabs = {n: p for n, p in model.named_parameters() if "embedding_bags" in n}
+    assert sorted(tabs) == [f"sparse_arch.embedding_bag_collection.embedding_bags.C{i + 1}.weight" for i in range(4)]
+    assert all(p.shape == (0, 8) for p in tabs.values())  # TorchRec's names, no rows: they live on the shards
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rng = np.random.default_rng(8)
     ids = rng.integers(0, 50, (32, 4))
@@ -266,3 +272,315 @@ def test_table_without_rows_takes_full_64_bit_ids():
     expect = init_rows(cfg.seed, 0, uniq, 4, cfg.table(0).init_scale) - np.float32(0.5) * np.array([[1], [2], [1]], np.float32)
     np.testing.assert_array_equal(rows, expect)
     assert ours.ids == 4 and ours.unique_ids == 3
+
+
+# ---- issue 23: inputs TorchRec refuses or handles, optimizer choices, VBE ---------------------
+
+def test_kjt_from_dense_keeps_every_64_bit_id():
+    import warnings
+
+    cfg = parse_config({
+        "cluster": {"seed": 3}, "tables": [{"id": 0, "name": "a", "dim": 4, "optimizer": "sgd", "lr": 0.5}],
+        "shards": [{"id": 0, "ip": "127.0.0.1", "port": 7950}], "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7960}]})
+    ids = [[0], [2**31], [2**32 + 1], [2**48], [2**63], [2**64 - 1]]  # numpy 2 makes this list float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning of a float round trip either
+        kjt = kjt_from_dense(["a"], ids)
+    assert kjt.values().numpy().view(np.uint64).tolist() == [i[0] for i in ids]
+    local = LocalBackend(cfg)
+    out = RemoteEmbeddingBagCollection.from_cluster(local)(kjt).values()
+    want = local.lookup(0, np.array([i[0] for i in ids], np.uint64))  # the exact rows, 2**64-1's too
+    torch.testing.assert_close(out, torch.from_numpy(want), rtol=0, atol=0)
+    assert not torch.equal(out[4], out[5])
+    with pytest.raises(ValueError, match=r"ids must be \(B, F=1\), got shape \(6,\).*one column per key"):
+        kjt_from_dense(["a"], [0, 2**31, 2**32 + 1, 2**48, 2**63, 2**64 - 1])
+    with pytest.raises(ValueError, match=r"ids must be \(B, F=2\)"):
+        kjt_from_dense(["a", "b"], ids)
+    for bad, msg in (([[2**64]], "id 18446744073709551616"), ([[-1]], "negative id -1"), ([[1.5]], "integers")):
+        with pytest.raises(ValueError, match=msg):
+            kjt_from_dense(["a"], bad)
+    with pytest.raises(ValueError, match=r"weights shape \(1, 6\), expected \(B, F\) = \(6, 1\)"):
+        kjt_from_dense(["a"], ids, weights=np.ones((1, 6)))
+
+
+def test_float_values_are_refused_as_torchrec_refuses_them():
+    cfg = make_cfg()
+    confs = configs(cfg)
+    kjt = KeyedJaggedTensor(keys=["f_a", "f_b", "f_c"], values=torch.tensor([1.7, 2.2, 3.0]),
+                            lengths=torch.tensor([1, 1, 1]), stride=1)
+    with pytest.raises(RuntimeError):  # TorchRec's EBC: nn.EmbeddingBag takes Long/Int indices only
+        torchrec_ebc_with_rows(cfg, confs)(kjt)
+    ours = RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg))
+    with pytest.raises(ValueError, match=r"values must be integer ids .* got torch.float32"):
+        ours(kjt)
+    with pytest.raises(ValueError, match=r"got torch.bool"):
+        ours(KeyedJaggedTensor(keys=["f_a", "f_b", "f_c"], values=torch.tensor([True, False, True]),
+                               lengths=torch.tensor([1, 1, 1]), stride=1))
+    assert ours.steps_forward == 0 and ours.ids == 0  # refused before any lookup
+
+
+def _apply_in_backward(params, cls, kwargs):
+    import warnings
+
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    with warnings.catch_warnings():  # TorchRec's own DeprecationWarning of its alias
+        warnings.simplefilter("ignore", DeprecationWarning)
+        apply_optimizer_in_backward(cls, params, kwargs)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_apply_optimizer_in_backward_matching_the_config_trains_like_torchrec(optimizer):
+    """TorchRec's usual way (``apply_optimizer_in_backward`` on the EBC's parameters, then a
+    sharder): the reference is TorchRec's DMP whose sharder gets the same choice through the
+    parameters; the dense SGD over ``model.parameters()`` keeps working beside it."""
+    import torchrec.optim as trec_optim
+
+    cls, kw = ((torch.optim.SGD, {"lr": 0.2}) if optimizer == "sgd"
+               else (trec_optim.RowWiseAdagrad, {"lr": 0.2, "eps": 1e-8}))
+    cfg = make_cfg(optimizer, lr=0.2)
+    with one_rank_group():
+        ref = TorchRecReference(cfg, configs(cfg))
+        local = LocalBackend(cfg)
+        ours = RemoteEmbeddingBagCollection(configs(cfg), local)
+        _apply_in_backward(ours.parameters(), cls, kw)
+        dense = torch.optim.SGD(ours.parameters(), lr=0.1)  # README's dense optimizer: steps empty tensors
+        train_both(cfg, ours, ref, np.random.default_rng(21))
+        dense.step()
+        for name, rows in all_rows(local.lookup, cfg).items():
+            torch.testing.assert_close(rows, ref.weight(name), **TOL)
+    w = ours.embedding_bags["a"].weight
+    assert w._optimizer_classes == [cls] and w.shape == (0, 4) and w.grad is None  # the hook ran (a no-op)
+
+
+def test_apply_optimizer_in_backward_on_torchrec_weights_with_a_dmp_equals_ours():
+    """The TorchRec side of the same flow: ``apply_optimizer_in_backward`` on TorchRec's EBC before
+    DMP (no fused_params in the sharder) trains as ours with the same call."""
+    import warnings
+
+    import torch.distributed as dist
+    import torchrec.optim as trec_optim
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingType
+
+    cfg = make_cfg("adagrad", lr=0.3)
+    kw = {"lr": 0.3, "eps": 1e-8}
+    with one_rank_group():
+        confs = configs(cfg)
+        ebc = EmbeddingBagCollection(tables=confs, device=torch.device("cpu"))
+        _apply_in_backward(ebc.parameters(), trec_optim.RowWiseAdagrad, kw)
+        sharder = EmbeddingBagCollectionSharder()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"), constraints={
+                c.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value]) for c in confs})
+            plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
+        dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+
+        def weight(name):
+            return dmp.state_dict()[f"embedding_bags.{name}.weight"].local_shards()[0].tensor
+
+        for t in cfg.tables:  # the sharded tables start from embnic's rows (as TorchRecReference)
+            weight(t.name).copy_(torch.from_numpy(
+                init_rows(cfg.seed, t.id, np.arange(t.rows, dtype=np.uint64), t.dim, t.init_scale)))
+        local = LocalBackend(cfg)
+        ours = RemoteEmbeddingBagCollection(configs(cfg), local)
+        _apply_in_backward(ours.parameters(), trec_optim.RowWiseAdagrad, kw)
+        rng = np.random.default_rng(22)
+        for _ in range(3):
+            kjt = random_kjt(rng, ["f_a", "f_b", "f_c"], [60, 40, 25], 16)
+            got, want = ours(kjt).values(), dmp(kjt).wait().values()
+            torch.testing.assert_close(got, want, **TOL)
+            up = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
+            (got * up).sum().backward()
+            (want * up).sum().backward()
+        for name, rows in all_rows(local.lookup, cfg).items():
+            torch.testing.assert_close(rows, weight(name), **TOL)
+
+
+OPTIM_MISMATCH = {  # config optimizer, class, kwargs, message
+    "Adam on an Adagrad table": ("adagrad", "torch.optim.Adam", {"lr": 0.2},
+                                 r"table 'a': apply_optimizer_in_backward\(Adam, ...\) asks for optimizer ADAM, "
+                                 r"but the shards train cluster table 0 with row-wise Adagrad .*torchrec.optim.RowWiseAdagrad"),
+    "element-wise Adagrad": ("adagrad", "torch.optim.Adagrad", {"lr": 0.2, "eps": 1e-8},
+                             r"table 'a': .* optimizer EXACT_ADAGRAD, .* use torchrec.optim.RowWiseAdagrad with lr=0.2, eps=1e-08"),
+    "another lr": ("adagrad", "torchrec.optim.RowWiseAdagrad", {"lr": 0.5, "eps": 1e-8}, r"table 'a': .* asks for lr 0.5,"),
+    "another eps": ("adagrad", "torchrec.optim.RowWiseAdagrad", {"lr": 0.2, "eps": 1e-6}, r"asks for eps 1e-06"),
+    "no lr: fbgemm's": ("adagrad", "torchrec.optim.RowWiseAdagrad", {"eps": 1e-8}, r"asks for lr 0.01 \(fbgemm default\)"),
+    "SGD with momentum": ("sgd", "torch.optim.SGD", {"lr": 0.2, "momentum": 0.9}, r"table 'a': .* asks for momentum=0.9"),
+    "SGD with weight decay": ("sgd", "torch.optim.SGD", {"lr": 0.2, "weight_decay": 1e-4}, r"weight_decay=0.0001"),
+    "RowWiseAdagrad on an SGD table": ("sgd", "torchrec.optim.RowWiseAdagrad", {"lr": 0.2},
+                                       r"optimizer EXACT_ROWWISE_ADAGRAD, .* with SGD .* use torch.optim.SGD"),
+    "no fbgemm equivalent": ("sgd", "torch.optim.RMSprop", {"lr": 0.2},
+                             r"table 'a': apply_optimizer_in_backward\(RMSprop\): Cannot cast"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTIM_MISMATCH))
+def test_apply_optimizer_in_backward_mismatch_raises_naming_the_table_before_a_lookup(case):
+    import importlib
+
+    import torchrec.optim  # noqa: F401 (torchrec.optim.RowWiseAdagrad)
+
+    optimizer, cls_name, kw, msg = OPTIM_MISMATCH[case]
+    mod, name = cls_name.rsplit(".", 1)
+    cls = getattr(importlib.import_module(mod), name)
+    cfg = make_cfg(optimizer, lr=0.2)
+    local = LocalBackend(cfg)
+    ours = RemoteEmbeddingBagCollection(configs(cfg), local)
+    _apply_in_backward([ours.embedding_bags["a"].weight], cls, kw)
+    kjt = random_kjt(np.random.default_rng(23), ["f_a", "f_b", "f_c"], [60, 40, 25], 4)
+    with pytest.raises(ValueError, match=msg):
+        ours(kjt)
+    assert ours.steps_forward == 0 and ours.ids == 0
+    with pytest.raises(ValueError, match=msg):  # still, every time
+        ours.check_optimizers()
+
+
+def test_in_backward_choice_is_checked_in_backward_too_and_two_optimizers_are_refused():
+    cfg = make_cfg("sgd", lr=0.2)
+    local = LocalBackend(cfg)
+    ours = RemoteEmbeddingBagCollection(configs(cfg), local)
+    out = ours(random_kjt(np.random.default_rng(24), ["f_a", "f_b", "f_c"], [60, 40, 25], 4)).values()
+    _apply_in_backward([ours.embedding_bags["b"].weight], torch.optim.Adam, {"lr": 0.2})  # after the forward
+    with pytest.raises(ValueError, match=r"table 'b': .*Adam"):
+        out.sum().backward()
+    assert all(len(k) == 0 for k, _, _ in local.state_dict().values())  # no update sent
+    ours2 = RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg))
+    w = ours2.embedding_bags["c"].weight
+    _apply_in_backward([w], torch.optim.SGD, {"lr": 0.2})
+    ours2.check_optimizers()
+    _apply_in_backward([w], torch.optim.SGD, {"lr": 0.2})
+    with pytest.raises(ValueError, match=r"table 'c': 2 optimizers applied in backward \(SGD, SGD\); a table takes one"):
+        ours2.check_optimizers()
+
+
+def test_sharder_fused_params_match_or_raise_naming_the_table():
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    cfg = make_cfg("adagrad", lr=0.2)
+    good = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                       "learning_rate": 0.2, "eps": 1e-8})
+    RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg), fused_params=good.fused_params)
+    RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg),  # kernel settings are no optimizer choice
+                                 fused_params={**good.fused_params, "stochastic_rounding": False})
+    for fused, msg in (({"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.2, "eps": 1e-8},
+                        r"table 'a': fused_params asks for optimizer EXACT_ADAGRAD"),
+                       ({"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.2}, "optimizer EXACT_SGD"),
+                       ({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8}, "lr 0.1"),
+                       ({"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.2, "eps": 1e-8,
+                         "weight_decay": 0.01}, "weight_decay=0.01"),
+                       ({"learning_rate": 0.3}, r"asks for lr 0.3,"),
+                       ({"optimizer": "lion"}, r"'lion' is not an fbgemm EmbOptimType")):
+        with pytest.raises(ValueError, match=msg):
+            RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg), fused_params=fused)
+    # merged as TorchRec merges them: the parameter's kwargs over the sharder's
+    ours = RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg), fused_params=good.fused_params)
+    _apply_in_backward([ours.embedding_bags["b"].weight], torch.optim.Adagrad, {"lr": 0.2})
+    with pytest.raises(ValueError, match=r"table 'b': apply_optimizer_in_backward\(Adagrad, ...\) with fused_params "
+                                         r"asks for optimizer EXACT_ADAGRAD"):
+        ours.check_optimizers()
+
+
+def test_a_frozen_table_is_not_updated_and_ddp_takes_the_placeholders():
+    from torch.nn.parallel import DistributedDataParallel
+
+    cfg = make_cfg("sgd", lr=0.2)
+    local = LocalBackend(cfg)
+    ours = RemoteEmbeddingBagCollection(configs(cfg), local)
+    ours.embedding_bags["b"].weight.requires_grad_(False)
+    with one_rank_group():
+        ddp = DistributedDataParallel(ours)
+        for _ in range(2):  # DDP expects every parameter that requires grad to get one, each step
+            ddp(random_kjt(np.random.default_rng(25), ["f_a", "f_b", "f_c"], [60, 40, 25], 8)).values().sum().backward()
+    st = local.state_dict()
+    assert len(st[0][0]) > 0 and len(st[1][0]) == 0 and len(st[2][0]) > 0
+    assert ours.embedding_bags["a"].weight.grad.shape == (0, 4)
+    ours.requires_grad_(False)  # all frozen (and no weights): no backward, no update
+    out = ours(random_kjt(np.random.default_rng(26), ["f_a", "f_b", "f_c"], [60, 40, 25], 8)).values()
+    assert not out.requires_grad
+
+
+def vbe_kjt(rng, keys, limits, strides_per_rank, b, weighted=False):
+    """A VBE KJT: feature f has Σ_r strides_per_rank[f][r] bags; inverse_indices (F, b)."""
+    strides = [sum(s) for s in strides_per_rank]
+    lengths = rng.integers(0, 4, sum(strides))
+    starts = np.cumsum([0] + strides)
+    per_feat = [int(lengths[starts[f]:starts[f + 1]].sum()) for f in range(len(keys))]
+    values = np.concatenate([rng.integers(0, lim, n) for lim, n in zip(limits, per_feat)])
+    inv = np.stack([rng.integers(0, s, b) for s in strides])
+    w = torch.from_numpy(rng.uniform(0.5, 2.0, values.size).astype(np.float32)) if weighted else None
+    return KeyedJaggedTensor(keys=list(keys), values=torch.from_numpy(values.astype(np.int64)),
+                             lengths=torch.from_numpy(lengths.astype(np.int32)), weights=w,
+                             stride_per_key_per_rank=strides_per_rank,
+                             inverse_indices=(list(keys), torch.from_numpy(inv.astype(np.int64))))
+
+
+@pytest.mark.parametrize("pooling,weighted", [(PoolingType.SUM, False), (PoolingType.MEAN, False),
+                                              (PoolingType.SUM, True)])
+def test_vbe_equals_torchrec_ebc_forward_and_gradients(pooling, weighted):
+    cfg = make_cfg("sgd", lr=1.0)
+    confs = configs(cfg, pooling)
+    local = LocalBackend(cfg)
+    ours = RemoteEmbeddingBagCollection(configs(cfg, pooling), local, is_weighted=weighted)
+    ref = torchrec_ebc_with_rows(cfg, confs, weighted)
+    rng = np.random.default_rng(27)
+    kjt = vbe_kjt(rng, ["f_a", "f_b", "f_c"], [60, 40, 25], [[3, 2], [4, 1], [1, 1]], 6, weighted)
+    assert kjt.variable_stride_per_key()
+    k1, k2 = kjt, kjt
+    if weighted:
+        w1, w2 = kjt.weights().clone().requires_grad_(), kjt.weights().clone().requires_grad_()
+        kw = dict(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(),
+                  stride_per_key_per_rank=kjt.stride_per_key_per_rank(), inverse_indices=kjt.inverse_indices())
+        k1, k2 = KeyedJaggedTensor(weights=w1, **kw), KeyedJaggedTensor(weights=w2, **kw)
+    got, want = ours(k1), ref(k2)
+    assert got.keys() == want.keys() and got.values().shape == want.values().shape == (6, 12)
+    torch.testing.assert_close(got.values(), want.values(), **TOL)
+    up = torch.from_numpy(rng.standard_normal((6, 12)).astype(np.float32))
+    (got.values() * up).sum().backward()
+    (want.values() * up).sum().backward()
+    for c in confs:  # SGD lr 1 on the shards: rows = initial - grad, TorchRec's dense grad
+        t = cfg.tables[ord(c.name) - ord("a")]
+        init = torch.from_numpy(init_rows(cfg.seed, t.id, np.arange(t.rows, dtype=np.uint64), t.dim, t.init_scale))
+        rows = torch.from_numpy(local.lookup(t.id, np.arange(t.rows, dtype=np.uint64)))
+        torch.testing.assert_close(rows, init - ref.embedding_bags[c.name].weight.grad, **TOL)
+    if weighted:
+        torch.testing.assert_close(w1.grad, w2.grad, **TOL)
+
+
+def test_vbe_without_inverse_indices_is_refused_by_name_unless_the_strides_agree():
+    cfg = make_cfg()
+    ours = RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg))
+    kjt = vbe_kjt(np.random.default_rng(28), ["f_a", "f_b", "f_c"], [60, 40, 25], [[2], [3], [1]], 4)
+    bare = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(),
+                             stride_per_key_per_rank=kjt.stride_per_key_per_rank())
+    with pytest.raises(ValueError, match=r"variable batch size per feature \(VBE KeyedJaggedTensor, "
+                                         r"stride_per_key_per_rank\) without inverse_indices: .* \[2, 3, 1\] bags"):
+        ours(bare)
+    same = vbe_kjt(np.random.default_rng(29), ["f_a", "f_b", "f_c"], [60, 40, 25], [[2, 1], [1, 2], [2, 1]], 4)
+    plain = KeyedJaggedTensor(keys=same.keys(), values=same.values(), lengths=same.lengths(),
+                              stride_per_key_per_rank=same.stride_per_key_per_rank())
+    ref = torchrec_ebc_with_rows(cfg, configs(cfg))
+    torch.testing.assert_close(ours(plain).values(), ref(plain).values(), **TOL)  # 3 bags each: TorchRec takes it
+    bad = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(),
+                            stride_per_key_per_rank=kjt.stride_per_key_per_rank(),
+                            inverse_indices=(kjt.keys(), torch.tensor([[0, 1, 2, 0], [0, 0, 0, 0], [0, 0, 0, 0]])))
+    with pytest.raises(ValueError, match=r"inverse_indices\['f_a'\]\[2\] = 2 outside the feature's 2 bags"):
+        ours(bad)
+
+
+def test_inverse_indices_on_a_fixed_stride_kjt_expand_the_output_as_torchrec():
+    cfg = make_cfg()
+    ours = RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg))
+    ref = torchrec_ebc_with_rows(cfg, configs(cfg))
+    kjt = random_kjt(np.random.default_rng(30), ["f_a", "f_b", "f_c"], [60, 40, 25], 3)
+    inv = torch.tensor([[0, 2, 2, 1, 0], [1, 1, 0, 2, 2], [2, 0, 1, 1, 0]])
+    k = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(), stride=3,
+                          inverse_indices=(kjt.keys(), inv))
+    assert not k.variable_stride_per_key()
+    got, want = ours(k).values(), ref(k).values()
+    assert got.shape == want.shape == (5, 12)
+    torch.testing.assert_close(got, want, **TOL)

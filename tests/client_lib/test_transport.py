@@ -391,4 +391,4 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
     assert any(h.num_keys < 100 for h in reps)
     nacks = [h for d, h in relay.seen if d == "rep" and h.msg_type == MsgType.UPDATE_NACK]
     assert len(nacks) == 1 and nacks[0].msg_id == u2
-    assert counters["updates_applied"] == 4 and counters["poll_acks"] == 1 and counters["update_nacks"] == 1
+    assert counters["updates_applied"] == 4 and counters["update_poll_acks"] == 1 and counters["update_nacks"] == 1

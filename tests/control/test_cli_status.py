@@ -25,8 +25,10 @@ def test_status_text(invoke, card):
     # the card counts frames per type (a 3-fragment message counts 3): the label says so
     assert "frames by message type  LOOKUP_REQ 0" in out and "messages  LOOKUP_REQ" not in out
     assert "bad_ip" not in out  # zero reasons hidden by default
+    # per port: the largest frame it sends and the frames dropped as too long for it
+    assert "max frame    too long" in out
     ports = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("0 ", "1 "))]
-    assert ports == [["0", "10", "1,000", "9", "900"], ["1", "20", "2,000", "18", "1,800"]]
+    assert ports == [["0", "10", "1,000", "9", "900", "2,016", "0"], ["1", "20", "2,000", "18", "1,800", "1,514", "2"]]
 
 
 def test_status_all_shows_every_reason(invoke, card):

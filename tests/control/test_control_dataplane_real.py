@@ -231,22 +231,33 @@ def test_failed_start_shows_the_cause_and_leaves_no_runtime_dir(invoke, env, rea
         subprocess.run(["rm", "-rf", str(DPDK_RUNTIME_DIR / prefix)])
 
 
-def test_status_at_the_connection_limit_says_so(invoke, env, loaded):
-    """16 idle control connections (the card's limit) make the card close the 17th: it did not exit."""
+def test_status_at_the_connection_limit(invoke, env, loaded):
+    """16 idle control connections (the card's limit) no longer lock `embnic status` out: the one
+    idle longest makes room. With all 16 busy (a request line under way), status says so in one
+    line, exit 1; the card serves again once they finish."""
     idle = []
     try:
         for _ in range(16):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             c.connect(loaded["ctl"])
             idle.append(c)
-        r = invoke("status")  # its connection is the 17th in the card's accept queue: closed
+        r = invoke("status")
+        assert r.exit_code == 0, r.output
+        for c in idle[1:]:
+            c.sendall(b'{"cmd":"pi')  # 15 busy ...
+        extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        extra.connect(loaded["ctl"])
+        extra.sendall(b'{"cmd":"pi')  # ... and the 16th, in the slot the status call left
+        idle.append(extra)
+        time.sleep(1.0)  # the card reads the partial lines as it polls its socket
+        r = invoke("status")
         assert r.exit_code == 1
-        assert "although it runs (pid" in r.output and "at most 16 control connections" in r.output, r.output
-        assert "exit" not in r.output.split("although")[0]
+        assert "every one is busy with a request: retry" in r.output, r.output
+        assert "exit" not in r.output and len(r.output.strip().splitlines()) == 1
     finally:
         for c in idle:
             c.close()
     deadline = time.monotonic() + 10
     while invoke("status").exit_code != 0:
-        assert time.monotonic() < deadline, "the card did not serve again after the idle connections closed"
+        assert time.monotonic() < deadline, "the card did not serve again after the connections closed"
         time.sleep(0.05)

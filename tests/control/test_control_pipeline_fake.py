@@ -69,7 +69,7 @@ def test_load_programs_routes_and_clients(invoke, env, loaded, card_config):
     assert argv[argv.index("--"):] == ["--", "--ctl", st["ctl"], "--port-ip", "0=10.0.0.1", "--port-ip", "1=10.0.1.1",
                                        "--port-ip", "2=10.0.2.1",
                                        "--ring-size", "1024", "--state-size", "4096", "--state-timeout-ms", "5000",
-                                       "--paused"]
+                                       "--mtu", "1500", "--paused"]
     # started paused, resumed after the tables were programmed
     assert json.loads(invoke("pipeline", "status", "--json").output)["info"]["paused"] is False
     r = invoke("route", "list", "--json")

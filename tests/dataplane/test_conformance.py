@@ -97,10 +97,19 @@ def test_every_drop_named(run):
                    "bad_magic", "bad_version", "bad_type", "bad_length", "unknown_client",
                    "unknown_server", "unknown_shard", "ring_full", "no_mbuf", "tx_full", "state_full",
                    "arp_ignored", "wrong_dst", "frag_mismatch", "too_many_frags", "unsolicited_reply",
-                   "wrong_shard_reply", "wrong_reply_type", "bad_reply_len", "truncated"):
+                   "wrong_shard_reply", "wrong_reply_type", "bad_reply_len", "truncated", "too_long_for_port"):
         assert reason in drops, f"drop reason {reason} missing from counters"
     want = run["suite"].expected_drops()
     assert {k: v for k, v in drops.items() if v} == want
+
+
+def test_drops_by_port(run):
+    """Each drop is counted on the port the frame came in on; every reason on every port."""
+    by_port = run["counters"]["drops_by_port"]
+    assert [p["port"] for p in by_port] == sorted(run["suite"].ports)
+    assert all(set(p) == set(run["counters"]["drops"]) | {"port"} for p in by_port)
+    got = {p["port"]: {k: v for k, v in p.items() if k != "port" and v} for p in by_port}
+    assert got == run["suite"].expected_drops_by_port()
 
 
 def test_types_and_arp(run):

@@ -190,6 +190,9 @@ def test_telemetry(card):
         assert set(c) >= {"port0", "port1", "types", "drops", "ring", "mempool", "state", "completed", "arp"}
         assert set(c["completed"]) == {t.name for t in consts.REPLY_TYPES}
         assert "unknown_shard" in c["drops"] and c["ring"]["size"] == 4096
+        # per port, as on the control socket: the frames dropped as too long for it, its largest frame
+        assert "too_long_for_port" in c["drops"]
+        assert c["port0"]["too_long_for_port"] == 0 and c["port0"]["max_frame"] == 14 + 65535
         s.send(b"/embnic/ring")
         assert json.loads(s.recv(16384))["/embnic/ring"]["size"] == 4096
         s.send(b"/embnic/state")
@@ -279,3 +282,84 @@ def test_a_full_table_is_a_failure_not_an_argument(card):
         dels = b"".join(json.dumps({"cmd": "client_del", "client": i}).encode() + b"\n" for i in range(n))
         raw(card, dels, lines=n, timeout=30)
     assert card.call("client_list")["clients"] == []
+
+
+def _connections(card: CardProcess, n: int) -> list[socket.socket]:
+    out = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(str(card.ctl_path))
+        out.append(s)
+    return out
+
+
+def _read_all(s: socket.socket) -> bytes:
+    buf = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return buf
+        buf += chunk
+
+
+def test_sixteen_idle_connections_leave_room_for_the_cli(card):
+    """Monitoring tools hold every connection, idle: `embnic route list` still gets through; the
+    connection idle longest is told in one JSON line and closed to make room, the others stay."""
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+    from embnic.control.ctlsock import MAX_CONNECTIONS
+
+    card.call("route_add", shard=9, port=1, mac="02:00:00:00:00:09", ip="10.9.1.9", udp_port=7878)
+    held = _connections(card, MAX_CONNECTIONS)
+    try:
+        for s in held:  # every one accepted and answered once, then idle
+            s.sendall(b'{"cmd":"ping"}\n')
+            assert json.loads(s.recv(65536))["ok"] is True
+        run = CliRunner().invoke(cli, ["route", "list", "--target", "dpdk", "--ctl", str(card.ctl_path)])
+        assert run.exit_code == 0, run.output
+        assert "10.9.1.9" in run.output
+        told = _read_all(held[0]).decode()
+        assert told.count("\n") == 1
+        msg = json.loads(told)
+        assert msg["ok"] is False and msg["kind"] == "failure" and "idle" in msg["error"]
+        for s in held[1:]:  # still served
+            s.sendall(b'{"cmd":"ping"}\n')
+            assert json.loads(s.recv(65536))["pid"] == card.proc.pid
+    finally:
+        for s in held:
+            s.close()
+        card.call("route_del", shard=9)
+
+
+def test_connection_over_the_limit_gets_a_json_error(card):
+    """Every connection busy (a request line under way): a new one gets one JSON line, then EOF;
+    the CLI says why in one line (exit 1); the busy ones are still answered."""
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+    from embnic.control.ctlsock import MAX_CONNECTIONS
+
+    held = _connections(card, MAX_CONNECTIONS)
+    try:
+        for s in held:
+            s.sendall(b'{"cmd":"pi')
+        time.sleep(1.0)  # the card reads the partial lines as it polls its socket (every ms)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(card.ctl_path))
+            got = _read_all(s).decode()
+        assert got.count("\n") == 1, got
+        msg = json.loads(got)
+        assert msg["ok"] is False and msg["kind"] == "failure"
+        assert f"at most {MAX_CONNECTIONS} control connections" in msg["error"] and "busy" in msg["error"]
+        run = CliRunner().invoke(cli, ["route", "list", "--target", "dpdk", "--ctl", str(card.ctl_path)])
+        assert run.exit_code == 1 and "every one is busy with a request: retry" in run.output, run.output
+        assert len(run.output.strip().splitlines()) == 1
+        for s in held:
+            s.sendall(b'ng"}\n')
+            assert json.loads(s.recv(65536))["pid"] == card.proc.pid
+    finally:
+        for s in held:
+            s.close()

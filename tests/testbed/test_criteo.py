@@ -217,3 +217,50 @@ def test_jagged_layout_is_feature_major():
     d = load_criteo(sample_path("train"), max_rows=5)
     v, ln = d.jagged()
     assert v.shape == (130,) and v[5 * 3 + 2] == d.sparse[2, 3] and ln.sum() == 130
+
+
+@pytest.mark.parametrize("module", ["gzip", "bz2", "lzma"])
+def test_compressed_files_are_read_by_their_magic_bytes(tmp_path, module):
+    """Issue 23: `--data x.tsv.gz` said '1 fields, expected 40'. gzip, bzip2 and xz stream (also
+    in small chunks, across block boundaries), whatever the file is called."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    raw = sample_path("train").read_bytes()
+    p = tmp_path / "train.data"  # no telling suffix: the magic bytes decide
+    with mod.open(p, "wb") as f:
+        f.write(raw)
+    _same(load_criteo(p, rows=ROWS), _reference(sample_path("train"), ROWS))
+    part = load_criteo(sample_path("train"), rows=ROWS, skip_rows=10, max_rows=300)
+    _same(load_criteo(p, rows=ROWS, chunk_bytes=4096, skip_rows=10, max_rows=300),
+          (part.labels, part.dense, part.sparse))
+
+
+def test_compressed_formats_it_cannot_read_are_named(tmp_path):
+    import gzip
+    import io
+    import tarfile
+    import zipfile
+
+    cases = {}
+    cases["x.zst"] = (b"\x28\xb5\x2f\xfd" + b"\x00" * 20, r"x.zst is zstd-compressed; decompress it first \(unzstd")
+    zp = io.BytesIO()
+    with zipfile.ZipFile(zp, "w") as z:
+        z.writestr("train.txt", _line() + "\n")
+    cases["x.zip"] = (zp.getvalue(), r"x.zip is zip-compressed; decompress it first \(unzip")
+    tp = io.BytesIO()
+    with tarfile.open(fileobj=tp, mode="w:gz") as t:  # Kaggle's dac.tar.gz
+        data = (_line() + "\n").encode()
+        info = tarfile.TarInfo("train.txt")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    cases["dac.tar.gz"] = (tp.getvalue(), r"dac.tar.gz is a gzip-compressed tar archive; extract it first")
+    cases["x.bin"] = (bytes(range(256)) * 4, r"x.bin is binary data, not a Criteo TSV")
+    good = gzip.compress(((_line() + "\n") * 50).encode())
+    cases["cut.gz"] = (good[:len(good) // 2], r"cut.gz: corrupt or truncated compressed data")
+    cases["bad.gz"] = (good[:10] + b"\xff" * 40, r"bad.gz: corrupt or truncated compressed data")
+    for name, (data, msg) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        with pytest.raises(CriteoFormatError, match=msg):
+            load_criteo(p)

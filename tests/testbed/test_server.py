@@ -1,9 +1,13 @@
-"""Parameter-server shard: numerics against the in-process reference over real UDP on loopback,
-exactly-once updates, ERROR statuses, counted drops of malformed frames, the ``embnic server``
-command (errors, SIGTERM/SIGINT → exit 0 with counters).
+"""Parameter-server shard, protocol v2: numerics against the in-process reference over real UDP
+on loopback (messages of several tables, one reply of every table's rows), exactly-once updates
+(polls, UPDATE_NACK), ERROR statuses naming the first bad table, directory faults, counted drops
+of malformed frames (version-1 frames too), the ``embnic server`` command (errors,
+SIGTERM/SIGINT → exit 0 with counters). Frames come from the v2 codec (``multi_lookup_frames``,
+``multi_update_frames`` below, shared by the other shard tests).
 
 Run alone: python3 -m pytest -q tests/testbed/test_server.py
 """
+import collections
 import json
 import os
 import random
@@ -264,7 +268,8 @@ def test_poll_of_an_incomplete_update_is_answered_with_the_fragments_held(shard0
     again = raw.recv()
     assert again.header.msg_type == MsgType.UPDATE_ACK
     c = st_.counters()
-    assert (c["updates_applied"], c["duplicates"], c["poll_acks"], c["update_nacks"]) == (1, 0, 1, 1)
+    # (duplicates counts complete updates re-acked; update_poll_acks the polls acked from the window)
+    assert (c["updates_applied"], c["duplicates"], c["update_poll_acks"], c["update_nacks"]) == (1, 0, 1, 1)
     ref = LocalBackend(cfg)
     ref.update(0, keys, g)
     for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
@@ -300,13 +305,13 @@ def test_duplicate_update_is_reacked_not_reapplied(shard0):
     retrans = update_frames(cfg, 0, keys, g, msg_id=5, flags=consts.Flags.RETRANSMIT)
     raw.send(retrans[-1:])  # the client's poll of an update whose ack it lost: its last fragment
     a2 = raw.recv()
-    raw.send(retrans)  # and a whole copy (an older client), in order
+    raw.send(retrans)  # and a whole copy, in order: it completes, a duplicate re-acked
     a3 = raw.recv()
     for a in (a1, a2, a3):
         assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 5 and a.header.status == 0
     c = st_.counters()
     assert c["updates_applied"] == 1 and c["dedup_entries"] == 1
-    assert (c["duplicates"], c["poll_acks"], c["update_nacks"]) == (1, 1, 0)
+    assert (c["duplicates"], c["update_poll_acks"], c["update_nacks"]) == (1, 1, 0)
     ref = LocalBackend(cfg)
     ref.update(0, keys, g)
     for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
@@ -776,3 +781,154 @@ def test_client_empty_requests_and_a_shard_without_ids():
         probes = c.stats.probes  # the client's one-key tail probe after the message (it may still be on its way)
     n0, n1 = [sum(s["requests"].values()) for s in counters]
     assert n0 == 0 and 1 <= n1 <= 1 + probes and probes == 1
+
+
+def _fault_oracle(srv, cfg, parts, update):
+    """The per-table rule of docs/protocol.md "Errors", table by table (the readable statement
+    ShardServer._table_fault vectorises): the first bad table in directory order and why."""
+    from embnic.client_lib.table_numerics import gradient_ok, is_unique
+
+    for tid, dim, dt, keys, g in parts:
+        t = next((x for x in cfg.tables if x.id == tid), None)
+        if t is None:
+            return Status.UNKNOWN_TABLE, tid
+        if dim != t.dim or dt != t.wire_dtype:
+            return Status.DIM_MISMATCH, tid
+        if t.rows is not None and int(keys.max()) >= t.rows:
+            return Status.KEY_OUT_OF_RANGE, tid
+        if not routing.owns(cfg, tid, srv.shard_id, keys).all():
+            return Status.NOT_OWNER, tid
+        if update and (not is_unique(keys) or not gradient_ok(t, g)):
+            return Status.MALFORMED, tid
+    return None
+
+
+@pytest.mark.parametrize("sharding,shards", [("hash", 2), ("hash", 1), ("table", 2)])
+def test_table_fault_equals_the_per_table_rule(sharding, shards):
+    """ShardServer._table_fault (vectorised over tables and keys, with a gradient bound as a
+    shortcut) against the rule table by table, on 3000 random messages of 1-5 tables with every
+    kind of fault (unknown table, dim, dtype, range, owner, duplicates sorted or not, NaN, inf,
+    gradients just below and above the bound, a table with lr 1e30), lookups and updates."""
+    from embnic.testbed.server.shard import gradient_bound
+
+    tables = TABLES + [{"id": 5, "dim": 4, "optimizer": "sgd", "lr": 1e30},
+                       {"id": 6, "dim": 2, "optimizer": "adagrad", "dtype": "fp16"}]
+    cfg = make_cfg(shards, sharding, tables=tables)
+    srv = ShardServer(cfg, 0, port=0)
+    rng = np.random.default_rng(1)
+    seen = collections.Counter()
+    for trial in range(3000):
+        update = bool(trial % 2)
+        T = int(rng.integers(1, 6))
+        tids = [int(x) for x in rng.choice([0, 1, 3, 5, 6, 9], size=T, replace=False)]
+        parts = []
+        for tid in tids:
+            t = next((x for x in cfg.tables if x.id == tid), None)
+            dim = t.dim if t else 8
+            dt = t.wire_dtype if t else 1
+            if rng.random() < 0.03:
+                dim += 1
+            if rng.random() < 0.03:
+                dt = 3 - dt
+            n = int(rng.integers(1, 30))
+            pool = routing.owned_keys(cfg, tid, 0) if t is not None and t.rows is not None else []
+            if len(pool) == 0 or rng.random() < 0.1:
+                pool = rng.integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True)
+            keys = np.sort(rng.choice(pool, min(n, pool.size), replace=False)).astype(np.uint64)
+            r = rng.random()
+            if r < 0.03 and keys.size > 1:
+                keys[-1] = keys[0]  # a duplicate, unsorted
+            elif r < 0.06 and keys.size > 1:
+                keys[1] = keys[0]  # a duplicate, sorted
+            elif r < 0.08:
+                keys[-1] = np.uint64(2**63)  # out of range (or another shard's)
+            elif r < 0.1 and keys.size > 1:
+                keys = keys[::-1].copy()  # unsorted, unique
+            g = (rng.standard_normal((keys.size, dim)) * 0.1).astype(np.float32)
+            r = rng.random()
+            if t is not None and r < 0.15:
+                b = min(gradient_bound(t), 3e38) * float(rng.choice([0.5, 0.999, 1.0, 1.001, 2.0, 1e5]))
+                with np.errstate(over="ignore"):
+                    g[int(rng.integers(0, keys.size)), int(rng.integers(0, dim))] = np.float32(b)
+            elif r < 0.2:
+                g[0, 0] = rng.choice([np.nan, np.inf, -np.inf, 7e4])
+            parts.append((tid, dim, dt, keys, g))
+        d = codec.make_directory([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
+                                 [p[3].size for p in parts])
+        keys = np.concatenate([p[3] for p in parts])
+        with np.errstate(over="ignore", invalid="ignore"):
+            if update:
+                fr = codec.encode_update(msg_id=trial, client_id=1, shard_id=0, directory=d, keys=keys,
+                                         values=codec.values_to_body([p[4] for p in parts], [p[2] for p in parts]),
+                                         mtu=9000)
+            else:
+                fr = codec.encode_lookup(msg_id=trial, client_id=1, shard_id=0, directory=d, keys=keys, mtu=9000)
+        h = codec.parse_header(fr[0])
+        body = b"".join(f[consts.HDR_LEN:] for f in fr)
+        rb = codec.parse_request_body(h, body)
+        grads = srv._grads(rb) if update else None
+        # the oracle sees the gradients as the shard does: after the wire's rounding
+        oparts = [(p[0], p[1], p[2], p[3], grads[1][i] if update else None) for i, p in enumerate(parts)]
+        want = _fault_oracle(srv, cfg, oparts, update)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = srv._table_fault(h, rb, grads)
+        assert got == want, (trial, got, want, [(p[0], p[1], p[2]) for p in parts])
+        seen[want[0].name if want else "ok"] += 1
+    assert set(seen) >= {"ok", "UNKNOWN_TABLE", "DIM_MISMATCH", "KEY_OUT_OF_RANGE", "MALFORMED"} | (
+        {"NOT_OWNER"} if shards > 1 and sharding == "hash" else set()), seen
+
+
+def _retransmit(frame):
+    return frame[:4] + bytes([frame[4] | consts.Flags.RETRANSMIT]) + frame[5:]
+
+
+def test_update_poll_nack_and_ack(shard0):
+    """Lost updates fragment by fragment (docs/protocol.md, "Reliability"): a poll (the last
+    fragment re-sent, RETRANSMIT) of an update the shard holds in part draws UPDATE_NACK with the
+    bitmap of what it holds; the missing fragments re-sent draw no NACK of their own and complete
+    it (one ACK, applied once); a poll after that is acked from the window, not applied again;
+    a poll with nothing held names only itself; a refused update is not in the window."""
+    cfg, st_, raw = shard0
+    rng = np.random.default_rng(3)
+    parts = [(0, owned_keys(cfg, 0, 0, 120, rng), rng.standard_normal((120, 8)).astype(np.float32)),
+             (1, owned_keys(cfg, 1, 0, 60, rng), rng.standard_normal((60, 16)).astype(np.float32))]
+    fr = multi_update_frames(cfg, parts, 500)
+    n = len(fr)
+    assert n >= 6
+    raw.send([f for i, f in enumerate(fr) if i not in (1, 3, n - 1)])
+    raw.send([_retransmit(fr[-1])])  # the poll
+    m = raw.recv()
+    assert (m.header.msg_type, m.header.msg_id, m.header.num_tables, m.header.num_keys) == \
+        (MsgType.UPDATE_NACK, 500, 2, 180)
+    held = codec.nack_held(m.body, n)
+    assert held.tolist() == [i not in (1, 3) for i in range(n)]
+    raw.send([_retransmit(fr[1]), _retransmit(fr[3])])  # exactly the others
+    a = raw.recv()
+    assert (a.header.msg_type, a.header.msg_id) == (MsgType.UPDATE_ACK, 500)  # no NACK before it
+    raw.send([_retransmit(fr[-1])])  # the ack was lost: poll again
+    a = raw.recv()
+    assert (a.header.msg_type, a.header.msg_id) == (MsgType.UPDATE_ACK, 500)
+    # a poll of an update of which nothing arrived
+    fr2 = multi_update_frames(cfg, parts[:1], 501)
+    raw.send([_retransmit(fr2[-1])])
+    m = raw.recv()
+    assert m.header.msg_type == MsgType.UPDATE_NACK
+    assert np.flatnonzero(codec.nack_held(m.body, len(fr2))).tolist() == [len(fr2) - 1]
+    # a refused update: ERROR, and a poll finds it not applied (NACK: only the poll held)
+    bad = [(0, parts[0][1], np.where(np.arange(120)[:, None] == 7, np.nan, parts[0][2]).astype(np.float32))]
+    fr3 = multi_update_frames(cfg, bad, 502)
+    raw.send(fr3)
+    assert _err(raw).status == Status.MALFORMED
+    raw.send([_retransmit(fr3[-1])])
+    assert raw.recv().header.msg_type == MsgType.UPDATE_NACK
+    c = st_.counters()
+    assert c["update_polls"] == 4 and c["update_nacks"] == 3 and c["update_poll_acks"] == 1
+    assert c["updates_applied"] == 1 and c["duplicates"] == 0
+    ref = LocalBackend(cfg)
+    for tid, k, g in parts:
+        ref.update(tid, k, g)
+    state, want = st_.state_dict(), ref.state_dict()
+    for tid in want:
+        for x, y in zip(state[tid], want[tid]):
+            assert np.array_equal(x, y), tid

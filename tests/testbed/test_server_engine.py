@@ -1,5 +1,8 @@
-"""The shard's batch engine against the reference server: the same frames in, the same replies,
-counters and rows out; batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets.
+"""The shard's batch engine against the reference server: the same frames in (messages of one
+to three tables, refusals, polls, junk), the same replies, counters and rows out; the C intake
+against the numpy one; batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets;
+``--workers`` (steering by client and message id, checked in the kernel); exactly-once updates
+over a simulated lossy link.
 
 Run alone: python3 -m pytest -q tests/testbed/test_server_engine.py
 """
@@ -27,6 +30,11 @@ PROBE_ID = 0x7FFF0000
 def _mutate(frame, **fields):
     h = codec.parse_header(frame)._replace(**fields)
     return h.pack() + frame[consts.HDR_LEN:]
+
+
+def _rt(frame):
+    """``frame`` with RETRANSMIT set."""
+    return frame[:4] + bytes([frame[4] | consts.Flags.RETRANSMIT]) + frame[5:]
 
 
 def build_stream(cfg, seed):
@@ -66,6 +74,13 @@ def build_stream(cfg, seed):
         elif kind < 0.85:
             up = [(tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)) for tid, k in parts]
             fr = multi_update_frames(cfg, up, m, client_id=c)
+            if len(fr) > 1 and rng.random() < 0.3:
+                # lost fragments recovered by a poll (the last one re-sent: NACK with what is held),
+                # the missing ones re-sent, sometimes a second poll (acked from the window)
+                keep = [i for i in range(len(fr) - 1) if rng.random() < 0.6]
+                miss = [i for i in range(len(fr) - 1) if i not in keep]
+                fr = ([fr[i] for i in keep] + [_rt(fr[-1])] + [_rt(fr[i]) for i in miss]
+                      + ([_rt(fr[-1])] if rng.random() < 0.5 else []))
             out += [(c, f) for f in fr]
             if rng.random() < 0.4:  # a copy: reordered, two fragments twice (without RETRANSMIT: a
                 # re-sent last fragment is a poll, answered when it finds the update incomplete —
@@ -150,6 +165,7 @@ def _comparable(c):
     c = dict(c)
     c.pop("engine", None)
     c["reassembly"] = {k: v for k, v in c["reassembly"].items() if k != "expired"}
+    c["service"] = sum(c["service"]["hist"])  # times differ; every reply message is timed once
     return c
 
 
@@ -166,6 +182,7 @@ def test_batch_engine_equals_reference(seed, kw):
     assert bat[0] == ref[0]  # every reply frame, byte for byte
     assert _comparable(bat[1]) == _comparable(ref[1])
     assert ref[1]["updates_applied"] > 5 and ref[1]["duplicates"] > 0 and sum(ref[1]["errors"].values()) > 3
+    assert ref[1]["update_polls"] > 3 and ref[1]["update_nacks"] > 0
     assert sum(ref[1]["drops"].values()) > 0 and ref[1]["drops"]["frag_mismatch"] > 0
     assert ref[1]["reassembly"]["duplicate_frames"] > 0 and ref[1]["reassembly"]["pending"] > 0
     assert bat[1]["engine"]["wakeups"] < bat[1]["rx_frames"]  # many frames per wake-up
@@ -442,8 +459,10 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
     # applied exactly once each; the duplicates are the raw retransmission plus any update the
     # client itself re-sent after its timer fired on a busy machine (acked again, never re-applied)
-    # (protocol v2: one update message per round — the client splits only past msg_frames)
-    assert counters["updates_applied"] == counters["requests"]["UPDATE_REQ"] - counters["duplicates"] >= 4
+    # (protocol v2: one update message per round — the client splits only past msg_frames); the
+    # raw re-send's last fragment is a poll (RETRANSMIT), answered from the window
+    assert 4 <= counters["updates_applied"] <= counters["requests"]["UPDATE_REQ"]
+    assert counters["update_polls"] >= 1
     assert 1 <= counters["duplicates"] <= 1 + client_retransmits, (counters["duplicates"], client_retransmits)
     assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
     assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
@@ -599,31 +618,41 @@ def test_shard_refuses_exactly_the_gradients_local_backend_refuses(engine, kw):
         assert np.isfinite(state[tid][1]).all() and np.isfinite(state[tid][2]).all()
 
 
-def _lossy_exchange(addr, msgs, rng, *, want, loss=0.3, dup=0.1, reorder=0.2, max_rounds=500):
+def _lossy_exchange(addr, msgs, rng, *, want, loss=0.3, dup=0.1, reorder=0.2, max_rounds=500, nack=False):
     """Deliver request messages ``{msg_id: frames}`` over a simulated lossy link until each is
-    answered: every round re-sends the unanswered messages' frames with ``loss`` of them lost,
-    ``dup`` duplicated and ``reorder`` of adjacent pairs swapped, and loses ``loss`` of the reply
-    frames. Returns ``{msg_id: the reply's header}`` (``want``: the expected reply type) and the
-    rounds it took. 500 rounds: a 4-fragment message and its one-frame answer pass a round with
+    answered: ``loss`` of the frames lost, ``dup`` duplicated and ``reorder`` of adjacent pairs
+    swapped on the way out, ``loss`` of the reply frames lost on the way back. Every round
+    re-sends the unanswered messages whole — or, with ``nack``, as the client does
+    (docs/protocol.md, "Reliability"): the first round whole, then a poll (the last fragment,
+    RETRANSMIT) of each, and on an UPDATE_NACK at once exactly the fragments it lacks. Returns
+    ``{msg_id: the reply's header}`` (``want``: the expected reply type), the rounds it took and
+    the NACKs seen. 500 rounds: a 4-fragment message and its one-frame answer pass a round with
     p ≥ 0.7^5 ≈ 0.17 (more, since the shard keeps the fragments it holds): failing 500 times in
     a row has probability below 1e-40."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     set_socket_buffers(sock)
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(0.05)  # the end of one round's answers, not a timing assertion
-    got = {}
+    got, nacks = {}, 0
+
+    def send(frames):
+        out = []
+        for f in frames:
+            if rng.random() >= loss:
+                out += [f, f] if rng.random() < dup else [f]
+        for i in range(len(out) - 1):
+            if rng.random() < reorder:
+                out[i], out[i + 1] = out[i + 1], out[i]
+        for f in out:
+            sock.sendto(f, addr)
+
     try:
         for rounds in range(1, max_rounds + 1):
-            out = []
-            for mid in [m for m in msgs if m not in got]:
-                for f in msgs[mid]:
-                    if rng.random() >= loss:
-                        out += [f, f] if rng.random() < dup else [f]
-            for i in range(len(out) - 1):
-                if rng.random() < reorder:
-                    out[i], out[i + 1] = out[i + 1], out[i]
-            for f in out:
-                sock.sendto(f, addr)
+            todo = [m for m in msgs if m not in got]
+            if nack and rounds > 1:
+                send([_rt(msgs[m][-1]) if len(msgs[m]) > 1 else _rt(msgs[m][0]) for m in todo])
+            else:
+                send([f for m in todo for f in msgs[m]])
             while True:
                 try:
                     data = sock.recv(65536)
@@ -632,10 +661,16 @@ def _lossy_exchange(addr, msgs, rng, *, want, loss=0.3, dup=0.1, reorder=0.2, ma
                 if rng.random() < loss:
                     continue  # the answer was lost on its way back
                 h = codec.parse_header(data, expect="reply")
+                if nack and h.msg_type == MsgType.UPDATE_NACK:
+                    nacks += 1
+                    held = codec.nack_held(data[consts.HDR_LEN:], len(msgs[h.msg_id]))
+                    assert held[-1]  # the poll it answers is held
+                    send([_rt(f) for f, have in zip(msgs[h.msg_id], held.tolist()) if not have])
+                    continue
                 assert h.msg_type == want, h
                 got[h.msg_id] = h
             if len(got) == len(msgs):
-                return got, rounds
+                return got, rounds, nacks
     finally:
         sock.close()
     raise AssertionError(f"{len(msgs) - len(got)} messages unanswered after {max_rounds} rounds")
@@ -663,21 +698,25 @@ def _lossy_waves(cfg, seed, shard=0):
     return waves
 
 
+@pytest.mark.parametrize("nack", [False, True])
 @pytest.mark.parametrize("engine", ["batch", "reference"])
-def test_multi_table_updates_exactly_once_over_a_lossy_link(engine):
+def test_multi_table_updates_exactly_once_over_a_lossy_link(engine, nack):
     """Updates of 2-3 tables each (≤ 4 fragments) through 30 % loss, 10 % duplication and 20 %
-    reordering in both directions, re-sent until acknowledged: every message applied exactly
-    once, all its tables (rows and Adagrad accumulators equal LocalBackend's bit for bit), the
-    re-sends re-acked as duplicates."""
+    reordering in both directions, re-sent until acknowledged — whole, or polled and re-sent only
+    in the fragments an UPDATE_NACK says are missing: every message applied exactly once, all its
+    tables (rows and Adagrad accumulators equal LocalBackend's bit for bit), the re-sends
+    re-acked as duplicates."""
     cfg = make_cfg()
     ref = LocalBackend(cfg)
     rng = random.Random(7)
     with ServerThread(cfg, 0, engine=engine) as st:
-        rounds = []
+        rounds, nacks = [], 0
         for wave in _lossy_waves(cfg, 3):
             msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}
             assert max(len(f) for f in msgs.values()) <= 4
-            rounds.append(_lossy_exchange(st.address, msgs, rng, want=MsgType.UPDATE_ACK)[1])
+            _, r, nk = _lossy_exchange(st.address, msgs, rng, want=MsgType.UPDATE_ACK, nack=nack)
+            rounds.append(r)
+            nacks += nk
             for _, parts in wave:
                 for tid, k, g in parts:
                     ref.update(tid, k, g)
@@ -685,6 +724,7 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link(engine):
         state = st.state_dict()
     assert c["updates_applied"] == 24 and c["duplicates"] > 0 and sum(c["errors"].values()) == 0
     assert max(rounds) > 1  # the link did lose what mattered
+    assert (nacks > 0 and c["update_nacks"] >= nacks and c["update_polls"] > 0) if nack else c["update_nacks"] == 0
     want = ref.state_dict()
     for tid in want:
         for a, b in zip(state[tid], want[tid]):
@@ -693,8 +733,8 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link(engine):
 
 def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_path):
     """The same through ``--workers 2`` (each message's home by (client_id + msg_id) % 2, rows of
-    every table split over both workers): rows read back with lossy multi-table lookups equal
-    LocalBackend's; every update applied once."""
+    every table split over both workers), recovered by polls and NACKs: rows read back with
+    multi-table lookups equal LocalBackend's; every update applied once."""
     import json
 
     tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 1, "dim": 4, "optimizer": "sgd"},
@@ -707,7 +747,7 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_pat
         waves = _lossy_waves(cfg, 5)
         for wave in waves:
             msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}
-            _lossy_exchange(addr, msgs, rng, want=MsgType.UPDATE_ACK)
+            _lossy_exchange(addr, msgs, rng, want=MsgType.UPDATE_ACK, nack=True)
             for _, parts in wave:
                 for tid, k, g in parts:
                     ref.update(tid, k, g)
@@ -737,5 +777,8 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_pat
         _kill_worker_shard(p)
     assert p.returncode == 0, err
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
-    assert counters["updates_applied"] == 24 and counters["duplicates"] > 0
+    assert counters["updates_applied"] == 24 and counters["duplicates"] > 0 and counters["update_nacks"] > 0
     assert all(w["wakeups"] > 0 and w["peer_calls"] > 0 for w in counters["workers"])
+    # one exchange with the other worker per flush for all tables of it (2-3 tables a message):
+    # at most one per applied update and one per lookup message
+    assert sum(w["peer_calls"] for w in counters["workers"]) <= 24 + len(look)

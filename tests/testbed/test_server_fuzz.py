@@ -60,7 +60,8 @@ class Recorder:
 
 
 def accounted(srv: ShardServer) -> int:
-    """Datagrams the handler has accounted for: dropped by the server, or fed to the reassembler."""
+    """Datagrams the handler has accounted for: dropped by the server, or fed to the reassembler
+    (update polls too)."""
     return sum(srv._drops.values()) + srv._reasm.stats["frames"]
 
 
@@ -156,3 +157,25 @@ def test_batch_engine_sequences(batch_shard, seq):
     assert after["internal_errors"] == before["internal_errors"] == 0
     assert after["rx_frames"] - before["rx_frames"] == len(seq) + 1
     assert set(k for k, v in after["drops"].items() if v) <= REASONS, after["drops"]
+
+
+def test_every_kind_of_poll_is_accounted_for():
+    """Update polls (the last fragment re-sent with RETRANSMIT) are taken like any fragment and
+    accounted for: one that leaves its update incomplete is kept (NACK); one of an applied update
+    is acked from the window (its fragment dropped again)."""
+    srv = ShardServer(CFG, 0, port=0)
+    srv._transport = tr = Recorder()
+    keys = np.array([k for k in range(1200) if owns(CFG, 0, 0, np.array([k], np.uint64))[0]][:40], np.uint64)
+    d = codec.make_directory([0], [8], [1], [keys.size])
+    fr = codec.encode_update(msg_id=9, client_id=1, shard_id=0, directory=d, keys=keys,
+                             values=np.ones((keys.size, 8), "<f4").tobytes(), mtu=576)
+    assert len(fr) > 2
+    poll = fr[-1][:4] + bytes([fr[-1][4] | consts.Flags.RETRANSMIT]) + fr[-1][5:]
+    seq = [poll, fr[0]] + fr[1:-1] + [poll]  # NACK, (completes: ACK), then a poll of the applied update: ACK
+    for n, f in enumerate(seq, 1):
+        srv.handle_datagram(f, ADDRS[0])
+        assert accounted(srv) == n and srv.counters()["internal_errors"] == 0
+    types = [codec.parse_header(f, expect="reply").msg_type for f, _ in tr.sent]
+    assert types == [consts.MsgType.UPDATE_NACK, consts.MsgType.UPDATE_ACK, consts.MsgType.UPDATE_ACK]
+    c = srv.counters()
+    assert (c["update_polls"], c["update_nacks"], c["update_poll_acks"], c["updates_applied"]) == (2, 1, 1, 1)

@@ -56,7 +56,7 @@ def test_declaration_of_the_example_testbed():
 
 def test_jumbo_mtu_gives_the_pmd_frames_that_hold_it():
     """Above MTU 1500 the af_packet frames hold a whole frame of the MTU (the card's --mtu mbuf);
-    the card gets --mtu (docs/control-socket.md)."""
+    the card gets the cluster's MTU as --mtu, 1500 too (docs/control-socket.md)."""
     import dataclasses
 
     from embnic.control.target_dpdk import DpdkTarget
@@ -67,7 +67,8 @@ def test_jumbo_mtu_gives_the_pmd_frames_that_hold_it():
     assert 9000 + 14 + 4 <= 9216 and 908 * 9216 <= 8 << 20
     argv = DpdkTarget(cfg, vdevs=topo.vdevs()).card_argv("/tmp/x.sock")
     assert argv[argv.index("--mtu") + 1] == "9000"
-    assert "--mtu" not in DpdkTarget(load_config(TESTBED_TOML), vdevs=topo.vdevs()).card_argv("/tmp/x.sock")
+    argv = DpdkTarget(load_config(TESTBED_TOML), vdevs=topo.vdevs()).card_argv("/tmp/x.sock")
+    assert argv[argv.index("--mtu") + 1] == "1500"
 
 
 def test_effective_config_fills_macs_and_control_and_round_trips(tmp_path):

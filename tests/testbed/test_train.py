@@ -295,3 +295,73 @@ def test_cli_debug_flag_anywhere(tmp_path):
         r = _run_cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert "No such option" not in r.stderr
+
+
+# ---- issue 23: what a new user hits with `embnic train` -------------------------------------
+
+def _one_line_exit_2(r, want):
+    err = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(err) == 1 and want in err[0], r.stderr
+
+
+def test_cli_train_empty_config_path_is_one_line_usage_error():
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    _one_line_exit_2(CliRunner().invoke(cli, ["train", "-c", ""]), "--config' / '-c': empty path; give the cluster config file")
+
+
+def test_cli_train_reads_gzip_and_names_zstd(tmp_path):
+    import gzip
+
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    lines = criteo.sample_path("train").read_bytes().splitlines(keepends=True)[:600]
+    plain, gz, zst = tmp_path / "x.tsv", tmp_path / "x.tsv.gz", tmp_path / "x.tsv.zst"
+    plain.write_bytes(b"".join(lines))
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    zst.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 64)
+    losses = []
+    for p in (plain, gz):
+        out = tmp_path / f"{p.name}.json"
+        r = CliRunner().invoke(cli, ["train", "-c", CFG, "--local", "--steps", "2", "--batch-size", "64",
+                                     "--data", str(p), "--json-out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert "training on 480 rows" in r.output
+        losses.append(json.loads(out.read_text())["loss"])
+    assert losses[0] == losses[1]
+    r = CliRunner().invoke(cli, ["train", "-c", CFG, "--local", "--steps", "1", "--data", str(zst)])
+    _one_line_exit_2(r, "x.tsv.zst is zstd-compressed; decompress it first (unzstd")
+
+
+def test_cli_train_again_on_trained_shards_says_so(tmp_path):
+    """A second `embnic train` against shards that kept the first run's rows warns (one line,
+    exit 0) and records it in the JSON; the first run (fresh shards) does not."""
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    cfg = _cfg(tables=criteo.default_tables(rows=4096, dim=8))
+    with ServerCluster(cfg) as cl:
+        tables = "\n".join(f'[[tables]]\nid = {i}\nname = "C{i + 1}"\nrows = 4096\ndim = 8\n' for i in range(26))
+        shards = "".join(f'[[shards]]\nid = {s.id}\nip = "{s.ip}"\nport = {s.port}\n' for s in cl.cfg.shards)
+        conf = tmp_path / "c.toml"
+        conf.write_text(f'[cluster]\nseed = 7\ntimeout_ms = 100\nretries = 20\n{tables}\n{shards}'
+                        f'[[clients]]\nid = 1\nip = "127.0.0.1"\nport = {_free_udp_port()}\n')
+        runs = []
+        for k in range(2):
+            out = tmp_path / f"run{k}.json"
+            r = CliRunner().invoke(cli, ["train", "-c", str(conf), "--steps", "2", "--batch-size", "64",
+                                         "--max-rows", "400", "--json-out", str(out)])
+            assert r.exit_code == 0, r.output
+            runs.append((r, json.loads(out.read_text())))
+    (r0, j0), (r1, j1) = runs
+    assert "warning" not in r0.stderr and j0["rows_already_trained"] == {"changed": 0, "read": j0["rows_already_trained"]["read"]}
+    warn = [x for x in r1.stderr.splitlines() if x.startswith("warning: the shards already hold trained rows")]
+    assert len(warn) == 1 and "this run continues from them" in warn[0], r1.stderr
+    assert j1["rows_already_trained"]["changed"] > 0 and j0["rows_already_trained"]["read"] > 0
+    assert j1["client"]["rounds"] == j0["client"]["rounds"]  # the probe round is not counted
+    assert j1["loss"] != j0["loss"]  # it did continue from the trained rows
