@@ -117,10 +117,10 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
             f"{k} {v:,}{_rate(v, pdone.get(k), dt)}" for k, v in done.items()))
     for sh in c.get("shards", []):
         hist = sh.get("latency_hist", [])
-        n = sum(hist)
+        n = sum(hist) if "latency_hist" in sh else sh.get("completed", 0)  # bmv2: a count, no histogram
         name = "other" if sh.get("shard", -1) < 0 else sh.get("shard")
         line = (f"shard {name:>5}  completed {n:,}, expired {sh.get('expired', 0):,}")
-        if n:
+        if n and hist:
             q = latency_quantiles(hist)
             line += (f"; request->reply on the card: mean {sh.get('latency_sum_ns', 0) / n / 1000:,.1f} µs, "
                      f"p50 < {_us(q[0.5])} µs, p99 < {_us(q[0.99])} µs")
