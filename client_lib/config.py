@@ -27,7 +27,8 @@ MAX_LCORE = 128
 #: the known keys of every section (anything else is an error naming the closest known key)
 SECTIONS = ("cluster", "tables", "shards", "clients", "card", "control")
 CLUSTER_KEYS = ("name", "udp_port", "mtu", "sharding", "seed", "timeout_ms", "retries")
-TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard")
+TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard",
+              "expected_rows")
 ENDPOINT_KEYS = ("id", "ip", "port", "mac", "card_port")
 CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores", "state_lcores")
 #: Bounds of the [card] fields, inclusive — the card's own option bounds (dataplane/include/
@@ -119,6 +120,8 @@ class TableConfig:
     eps: float = 1e-8
     init_scale: float = 0.01
     shard: int | None = None  #: placement under the "table" policy
+    #: rows the table is expected to grow to (``embnic plan`` sizes shards by it; ``rows`` where unset)
+    expected_rows: int | None = None
 
     @property
     def wire_dtype(self) -> consts.DType:
@@ -365,6 +368,19 @@ def _rows(t: dict, w: str, path) -> int | None:
     return None if v is None else _check_range(v, 1, 2**63 - 1, w + "rows", path)
 
 
+def _expected_rows(t: dict, w: str, path) -> int | None:
+    """``tables[i].expected_rows``: optional, 1..2^63-1 and at most ``rows`` where both are set."""
+    v = _get(t, "expected_rows", w, int, None, path)
+    if v is None:
+        return None
+    v = _check_range(v, 1, 2**63 - 1, w + "expected_rows", path)
+    rows = t.get("rows")
+    if isinstance(rows, int) and v > rows:
+        raise ConfigError(w + "expected_rows", f"{v} is more than the table's rows ({rows}): lower it or drop rows",
+                          path)
+    return v
+
+
 def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterConfig:
     """Validate a config already parsed from TOML into a dict.
 
@@ -430,6 +446,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
             init_scale=_check_float(_get(t, "init_scale", w, float, 0.01, path), w + "init_scale", path,
                                     zero_ok=True),
             shard=_get(t, "shard", w, int, None, path),
+            expected_rows=_expected_rows(t, w, path),
         ))
     shards = _endpoints(raw, "shards", path, udp_port)
     clients = _endpoints(raw, "clients", path, 40000)
