@@ -123,3 +123,33 @@ def test_cli_text_json_and_errors(tmp_path):
     p.write_text('[[tables]]\nid = 0\ndim = 8\n[[shards]]\nid = 0\nip = "10.0.0.1"\n[[clients]]\nid = 1\nip = "10.0.0.2"\n')
     r = CliRunner().invoke(cli, ["plan", "-c", str(p)])
     assert r.exit_code == 2 and "expected_rows" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_bench_e2e_reports_the_plan_beside_its_measurement(monkeypatch, tmp_path):
+    """``bench e2e``'s plan rows from a loopback run's summary (no card, no timing checked), and
+    the CLI's line for them."""
+    cfg = dataclasses.replace(load_config(e2e.CONFIG), sharding="table", card=None)
+    rows = [t.rows for t in cfg.tables]
+    sample = criteo.load_criteo(criteo.sample_path("train"), rows=rows)
+    sp = e2e.sample_batches(256, 4, seed=256, rows=rows, data=sample)
+    with ServerCluster(cfg) as cl:
+        with EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=1000) as c:
+            e2e.embnic_steps(c, cl.cfg, sp[:1])
+            summ = e2e._summ([e2e.embnic_steps(c, cl.cfg, sp[1:])])
+    pb = e2e.plan_rows(cfg, sample, [256, 4096], {"256": summ})
+    assert list(pb) == ["256"]
+    v = pb["256"]
+    assert v["plan_step_us"] > 0 and v["step_p50_us"] == summ["step_p50_us"]["median"]
+    assert v["plan_over_measured"] == v["plan_step_us"] / v["step_p50_us"]
+    # messages per step: requests and replies, probes aside, as the run counts them
+    assert v["plan_messages_per_step"] == pytest.approx(v["messages_per_step"], rel=0.1)
+
+    emb = {"model": "embeddings", "batch": 256, "varlen_p50_us": 1.0e4, "varlen_p99_us": 2.0e4, "fixed_p50_us": 3.0e4,
+           "fixed_p99_us": 4.0e4, "torchrec_p50_us": 5.0e3, "torchrec_p99_us": 6.0e3, "messages_varlen": 8.0,
+           "messages_fixed": 16.0, "rounds_varlen": 2.0, "rounds_fixed": 4.0, "request_messages_per_round_varlen": 2.0,
+           "request_messages_per_round_fixed": 2.0, "shards_per_round": 2.0}
+    monkeypatch.setattr(e2e, "run", lambda out, **kw: {"rows": [emb], "targets": {}, "machine": {"before": {}},
+                                                       "plots": [], "loss": {}, "plan": {"by_batch": pb}})
+    r = CliRunner().invoke(cli, ["bench", "e2e", "--out", str(tmp_path), "--no-dlrm"])
+    assert r.exit_code == 0, r.output
+    assert "embnic plan's estimate" in r.output and f"= {v['plan_over_measured']:.2f} x" in r.output
