@@ -108,7 +108,16 @@ def render(res: dict) -> str:
            f"rate planned: {_n(res['rate'])} steps/s per client "
            + ("(wanted)" if w["steps_per_s"] is not None else f"(the binding limit: {res['binds']})"),
            "", f"{'shard':>6} {'rows':>14} {'memory GB':>10} {'disk GB':>9} {'keys/s':>10} {'Gb/s in':>8} {'Gb/s out':>8}"]
-    for sh in res["shards"]:
+    shards = res["shards"]
+    if len(shards) > 8:  # the first three, the last, and the range over all
+        shards = shards[:3] + [None] + shards[-1:]
+    for sh in shards:
+        if sh is None:
+            a = res["shards"]
+            out.append(f"{'...':>6} {len(a) - 4} more; over all {len(a)}: rows {min(x['rows'] for x in a):,}.."
+                       f"{max(x['rows'] for x in a):,}, memory {min(x['memory_gb'] for x in a):.2f}.."
+                       f"{max(x['memory_gb'] for x in a):.2f} GB")
+            continue
         out.append(f"{sh['id']:>6} {sh['rows']:>14,} {sh['memory_gb']:>10.2f} {sh['disk_gb']:>9.2f} "
                    f"{_n(sh['keys_per_s']):>10} {sh['gbps_in']:>8.2f} {sh['gbps_out']:>8.2f}")
     st = card["state_size"]
@@ -125,7 +134,8 @@ def render(res: dict) -> str:
     n = res["needed"]
     line = f"needed: {n.get('shards')} shard(s) (memory alone {n['shards_for_memory']}, disk {n['shards_for_disk']})"
     if "cards" in n:
-        line += f", {n['cards']} card(s) for {_n(w['steps_per_s'])} steps/s per client"
+        line += (f", {n['cards']} card(s) for {_n(w['steps_per_s'])} steps/s per client (step time then "
+                 f"{n['step_time_us']:,.0f} µs)")
         if not n["client_keeps_up"]:
             line += (f"; a client manages only {_n(n['client_limit_steps_per_s'])} steps/s (its frames, NIC or "
                      "latency): more clients with smaller batches")

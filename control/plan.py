@@ -553,6 +553,9 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
     if state_size:
         cards = max(cards, math.ceil(w.clients * tr.inflight / state_size))
     out["cards"] = max(1, cards)
-    out["client_limit_steps_per_s"] = min(lim["client_frames"], lim["client_nic"], lim["latency"])
+    # what one client manages with those shards and cards: its own frames and NIC, and the step
+    # time with the load spread over the cards
+    out["step_time_us"] = step_time_us(cfg_n, hw, w, tr, out["cards"])
+    out["client_limit_steps_per_s"] = min(lim["client_frames"], lim["client_nic"], 1e6 / out["step_time_us"])
     out["client_keeps_up"] = out["client_limit_steps_per_s"] >= want
     return out
