@@ -397,22 +397,28 @@ def step_time_us(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1) ->
     """Estimated time of one step (µs): per round, the base RTT plus the service time of the
     busiest resource of that round with every client stepping at once — the card (messages and
     frames), the busiest shard (keys), the client (frames) and the NICs (bits); the lookup and
-    update rounds' shares are taken in proportion to their frames."""
+    update rounds' shares are taken in proportion to their frames. :func:`step_bottleneck` names
+    the busiest."""
+    return step_bottleneck(cfg, hw, w, tr, cards)[0]
+
+
+def step_bottleneck(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1) -> tuple[float, str]:
+    """(:func:`step_time_us`, the resource whose service time is the largest: ``card``,
+    ``shard``, ``client`` or ``nic``)."""
     C = w.clients
     total = max(tr.frames, 1)
     ps = tr.per_shard
     t = 0.0
+    svc = {}
     for rf in tr.round_frames:
         share = rf / total
-        svc = max(
-            C * (tr.req_messages + tr.probes) * share / (cards * hw.card_msgs_per_s),
-            C * tr.frames * share / (cards * hw.card_mpps * 1e6),
-            C * float(ps[:, 0].max()) * share / hw.shard_keys_per_s if len(ps) else 0.0,
-            tr.frames * share / hw.client_frames_per_s,
-            C * tr.wire_bits * share / (cards * hw.nic_gbps * 1e9),
-        )
-        t += hw.rtt_us * 1e-6 + svc
-    return t * 1e6
+        svc = {"card": max(C * (tr.req_messages + tr.probes) * share / (cards * hw.card_msgs_per_s),
+                           C * tr.frames * share / (cards * hw.card_mpps * 1e6)),
+               "shard": C * float(ps[:, 0].max()) * share / hw.shard_keys_per_s if len(ps) else 0.0,
+               "client": tr.frames * share / hw.client_frames_per_s,
+               "nic": C * tr.wire_bits * share / (cards * hw.nic_gbps * 1e9)}
+        t += hw.rtt_us * 1e-6 + max(svc.values())
+    return t * 1e6, (max(svc, key=svc.get) if svc else "client")
 
 
 def _with_shards(cfg: ClusterConfig, n: int) -> ClusterConfig:
@@ -552,7 +558,23 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
     state_size = cfg.card.state_size if cfg.card is not None else None
     if state_size:
         cards = max(cards, math.ceil(w.clients * tr.inflight / state_size))
-    out["cards"] = max(1, cards)
+    cards = max(1, cards)
+    # a synchronous step also waits for the round trips: add shards or cards, whichever is the
+    # step's bottleneck, until the step time allows the rate (or the client itself is the limit)
+    n_s = n or len(cfg.shards)
+    for _ in range(256):
+        t_us, neck = step_bottleneck(cfg_n, hw, w, tr, cards)
+        if 1e6 / t_us >= want or neck == "client" or n is None:
+            break
+        if neck == "shard":
+            n_s = min(max_shards, n_s + max(1, n_s // 8))
+            cfg_n = _with_shards(cfg, n_s)
+            tr = step_traffic(cfg_n, unique, **kw)
+        else:
+            cards += 1
+    if n is not None:
+        out["shards"] = n_s
+    out["cards"] = cards
     # what one client manages with those shards and cards: its own frames and NIC, and the step
     # time with the load spread over the cards
     out["step_time_us"] = step_time_us(cfg_n, hw, w, tr, out["cards"])
