@@ -89,13 +89,15 @@ class Hardware:
 
 #: hardware profiles by name (``embnic plan --hardware NAME``): ``server`` the defaults above;
 #: ``testbed`` this project's namespace testbed on a shared 2-core VM — the card on
-#: ``net_af_packet`` over veths, Python shards and client, what ``bench e2e`` runs on (figures
-#: from ``bench dataplane``'s veth path and loopback runs of the client and shards: about 2 ms a
-#: round trip through the shards' wake-ups, 16 µs of client time per frame)
+#: ``net_af_packet`` over veths, Python shards and client, what ``bench e2e`` runs on. Its round
+#: trip, client frames/s and shard keys/s were fitted to one run through the card
+#: (``bench e2e``'s varlen steps, table sharding, batch 32/256/4096: 7.6, 9.5, 23.2 ms a step):
+#: 3 ms a round, 12.5 µs of client time per frame; the card's figures are ``bench dataplane``'s
+#: veth path (docs/planning.md)
 PROFILES = {
     "server": Hardware(),
     "testbed": Hardware(shard_ram_gb=4.0, shard_disk_gb=20.0, nic_gbps=10.0, card_msgs_per_s=150_000.0,
-                        card_mpps=0.3, shard_keys_per_s=500_000.0, client_frames_per_s=60_000.0, rtt_us=2000.0),
+                        card_mpps=0.3, shard_keys_per_s=2_000_000.0, client_frames_per_s=80_000.0, rtt_us=3000.0),
 }
 
 
