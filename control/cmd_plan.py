@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import click
 
@@ -60,7 +61,7 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
     \b
     Examples:
       embnic plan -c examples/testbed.toml --batch 256 --data testbed/training/data/criteo_kaggle_train_sample.tsv
-      embnic plan -c criteo1tb.toml --batch 65536 --unique-ratio 0.3 --clients 16 --steps-per-s 20 --json
+      embnic plan -c examples/plan-criteo1tb.toml --batch 8192 --unique-ratio 0.35 --steps-per-s 10 --json
     """
     cfg = load_cluster(config)
     hw = dataclasses.replace(P.PROFILES[hardware], **{k: v for k, v in hw_over.items() if v is not None})
@@ -82,9 +83,20 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if as_json:
-        click.echo(json.dumps(res, indent=1))
+        click.echo(json.dumps(_finite(res), indent=1, allow_nan=False))
         return
     click.echo(render(res))
+
+
+def _finite(x):
+    """``x`` with every infinite float (a limit nothing reaches) as None: strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _n(x: float) -> str:

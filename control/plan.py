@@ -446,13 +446,16 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
         and disk alone), ``state_map`` and ``hardware``/``workload`` (the inputs).
 
     Raises:
-        ValueError: a table without rows or expected_rows; a bad workload figure.
+        ValueError: a table without rows or expected_rows; a bad workload figure; a step without ids.
     """
     check_workload(w)
     mtu = int(mtu or cfg.mtu)
     kw = dict(mtu=mtu, msg_frames=msg_frames, window_frames=window_frames)
     unique = {t.id: w.unique_ids(t.id) for t in cfg.tables}
     tr = step_traffic(cfg, unique, **kw)
+    if tr.req_messages == 0:
+        raise ValueError(f"a step of batch {w.batch} has no ids (under half an id per table): raise --batch, "
+                         "--ids-per-feature or --unique-ratio")
     st = shard_storage(cfg, hw)
     S = len(cfg.shards)
     lim = _limits(cfg, hw, w, tr, S, 1)

@@ -123,6 +123,8 @@ def test_cli_text_json_and_errors(tmp_path):
     p.write_text('[[tables]]\nid = 0\ndim = 8\n[[shards]]\nid = 0\nip = "10.0.0.1"\n[[clients]]\nid = 1\nip = "10.0.0.2"\n')
     r = CliRunner().invoke(cli, ["plan", "-c", str(p)])
     assert r.exit_code == 2 and "expected_rows" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    r = CliRunner().invoke(cli, ["plan", "-c", str(e2e.CONFIG), "--batch", "1", "--unique-ratio", "0.1"])
+    assert r.exit_code == 2 and "has no ids" in r.output and "--unique-ratio" in r.output, r.output
 
 
 def test_bench_e2e_reports_the_plan_beside_its_measurement(monkeypatch, tmp_path):
