@@ -496,7 +496,9 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
     plan = {"how": "embnic plan on the 'testbed' hardware profile, one client, table sharding, the workload "
                    "measured from the Criteo sample at each batch (docs/planning.md); step_p50_us: this run's "
                    "varlen step through the card",
-            "by_batch": plan_rows(tcfg, sample, batches, card["varlen"])}
+            "by_batch": plan_rows(tcfg, sample, batches, card["varlen"]),
+            # the hash-sharded run beside its own plan (the profile was fitted to table sharding)
+            "hash_by_batch": plan_rows(cfg, sample, batches, hsh["varlen"]) if hsh is not None else {}}
     for r in rows_out:
         pb = plan["by_batch"].get(str(r["batch"]))
         if pb:
