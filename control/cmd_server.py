@@ -37,10 +37,16 @@ from embnic.control.cmd_options import IPV4, config_option, load_cluster
 @click.option("--restore", type=click.Path(file_okay=False, exists=True), default=None,
               help="Before serving, load DIR/shard-<id>'s latest checkpoint and replay its log (a bad log tail "
                    "is reported and cut off); the log continues there unless --checkpoint-dir says otherwise.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on this TCP port (GET /metrics): requests and replies by type, "
+                   "errors by status, drops, rows held, exactly-once duplicates, the write-ahead log, the "
+                   "service time histogram; a --workers shard as one target (docs/server.md, 'Metrics').")
+@click.option("--metrics-bind", type=IPV4, default="0.0.0.0", show_default=True,
+              help="Address of the metrics endpoint.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
 def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_length, checkpoint_dir,
-           checkpoint_every, restore, log_level):
+           checkpoint_every, restore, metrics_port, metrics_bind, log_level):
     """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C.
 
     Answers lookups, applies updates (SGD or row-wise Adagrad, per table) exactly once, answers
@@ -56,6 +62,7 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
       embnic server --shard 0 -c examples/cluster.toml --fixed-length
       embnic server --shard 0 -c examples/cluster.toml --checkpoint-dir /var/lib/embnic --checkpoint-every 10000
       embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
+      embnic server --shard 0 -c examples/cluster.toml --workers 2 --metrics-port 9465
     """
     if workers > 1 and engine != "batch":
         raise click.UsageError("--workers needs --engine batch")
@@ -85,7 +92,8 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
     try:
         code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, engine=engine, workers=workers,
                           fixed_length=fixed_length, checkpoint_dir=checkpoint_dir,
-                          checkpoint_every=checkpoint_every, restore=restore)
+                          checkpoint_every=checkpoint_every, restore=restore, metrics_port=metrics_port,
+                          metrics_bind=metrics_bind)
     except DurabilityError as e:
         raise OperationalError(str(e)) from None
     except OSError as e:

@@ -7,6 +7,7 @@ import time
 import click
 
 from embnic.client_lib import consts
+from embnic.control.metrics import latency_bucket_upper_us
 from embnic.control.cmd_options import FloatRange, json_option, open_target, pipeline_options, resolve
 
 
@@ -18,13 +19,6 @@ def _rate(cur: int, prev: int | None, dt: float | None) -> str:
     if prev is None or not dt:
         return ""
     return f" ({(cur - prev) / dt:,.0f}/s)"
-
-
-#: latency histogram of the card (docs/control-socket.md): bucket 0 is < 1 µs, bucket i covers
-#: [2^(i-1), 2^i) µs, the last bucket everything from 2^(n-2) µs up
-def latency_bucket_upper_us(i: int, n: int) -> float:
-    """Upper bound (µs) of bucket ``i`` of an ``n``-bucket card latency histogram (inf for the last)."""
-    return float("inf") if i >= n - 1 else float(2 ** i)
 
 
 def latency_quantiles(hist: list[int], qs=(0.5, 0.99)) -> dict[float, float]:
@@ -123,10 +117,10 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
             f"{k} {v:,}{_rate(v, pdone.get(k), dt)}" for k, v in done.items()))
     for sh in c.get("shards", []):
         hist = sh.get("latency_hist", [])
-        n = sum(hist)
+        n = sum(hist) if "latency_hist" in sh else sh.get("completed", 0)  # bmv2: a count, no histogram
         name = "other" if sh.get("shard", -1) < 0 else sh.get("shard")
         line = (f"shard {name:>5}  completed {n:,}, expired {sh.get('expired', 0):,}")
-        if n:
+        if n and hist:
             q = latency_quantiles(hist)
             line += (f"; request->reply on the card: mean {sh.get('latency_sum_ns', 0) / n / 1000:,.1f} µs, "
                      f"p50 < {_us(q[0.5])} µs, p99 < {_us(q[0.99])} µs")

@@ -465,9 +465,13 @@ class Bmv2Target(Target):
 
     def counters(self) -> dict:
         """Counters in the dpdk target's shape; ``ring`` is the header ring (size, entries logged),
-        ``mempool`` is absent (BMv2 has none), ``state`` has ``entries``/``capacity`` too."""
+        ``mempool`` is absent (BMv2 has none), ``state`` has ``entries``/``capacity`` too, and
+        ``shards`` is ``[{shard, completed}]`` for every shard the card routes (``route_by_shard``):
+        the messages of that shard whose whole reply passed, all reply types together (BMv2 keeps
+        no per-shard latency histogram: p4/README.md, "Differences")."""
         try:
-            c = bmv2_runtime.read_counters(self._switch(), self._nb_ports())
+            shards = sorted(e["key"][0] for e in self._dump("route_by_shard"))
+            c = bmv2_runtime.read_counters(self._switch(), self._nb_ports(), shards)
             ring = bmv2_runtime.parse_registers(self.cli(["register_read ring_head"])).get("ring_head", [0])[0]
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None

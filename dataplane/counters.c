@@ -58,7 +58,7 @@ static void
 raw_sum(const struct embnic_app *app, struct embnic_totals *t)
 {
 	struct rte_eth_stats es;
-	unsigned int lc, i;
+	unsigned int lc, i, p;
 
 	memset(t, 0, sizeof(*t));
 	for (lc = 0; lc < RTE_MAX_LCORE; lc++) {
@@ -73,8 +73,9 @@ raw_sum(const struct embnic_app *app, struct embnic_totals *t)
 		}
 		for (i = 0; i < EMBNIC_NB_TYPES; i++)
 			t->types[i] += s->types[i];
-		for (i = 0; i < EMBNIC_DROP_MAX; i++)
-			t->drops[i] += s->drops[i];
+		for (p = 0; p < EMBNIC_MAX_PORTS; p++)
+			for (i = 0; i < EMBNIC_DROP_MAX; i++)
+				t->port_drops[p][i] += s->drops[p][i];
 		for (i = 0; i < EMBNIC_NB_TYPES; i++)
 			t->completed[i] += s->completed[i];
 		t->arp_replies += s->arp_replies;
@@ -86,13 +87,16 @@ raw_sum(const struct embnic_app *app, struct embnic_totals *t)
 	for (i = 0; i < app->nb_ports; i++)
 		if (rte_eth_stats_get(i, &es) == 0)
 			t->rx_nombuf[i] = es.rx_nombuf;
+	for (p = 0; p < EMBNIC_MAX_PORTS; p++)
+		for (i = 0; i < EMBNIC_DROP_MAX; i++)
+			t->drops[i] += t->port_drops[p][i];
 }
 
 void
 embnic_counters_sum(const struct embnic_app *app, struct embnic_totals *t)
 {
 	const struct embnic_totals *b = &app->base;
-	unsigned int i;
+	unsigned int i, p;
 
 	raw_sum(app, t);
 	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
@@ -103,11 +107,15 @@ embnic_counters_sum(const struct embnic_app *app, struct embnic_totals *t)
 		t->too_long[i] -= b->too_long[i];
 		t->rx_nombuf[i] -= b->rx_nombuf[i];
 		t->drops[EMBNIC_DROP_NO_MBUF] += t->rx_nombuf[i];
+		t->port_drops[i][EMBNIC_DROP_NO_MBUF] += t->rx_nombuf[i];
 	}
 	for (i = 0; i < EMBNIC_NB_TYPES; i++)
 		t->types[i] -= b->types[i];
 	for (i = 0; i < EMBNIC_DROP_MAX; i++)
 		t->drops[i] -= b->drops[i];
+	for (p = 0; p < EMBNIC_MAX_PORTS; p++)
+		for (i = 0; i < EMBNIC_DROP_MAX; i++)
+			t->port_drops[p][i] -= b->port_drops[p][i];
 	for (i = 0; i < EMBNIC_NB_TYPES; i++)
 		t->completed[i] -= b->completed[i];
 	t->arp_replies -= b->arp_replies;
@@ -342,6 +350,14 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 	e->record(e->ctx, "arp");
 	e->u64(e->ctx, "replies", t.arp_replies);
 	shards_emit(app, e);
+	for (i = 0; i < app->nb_ports; i++) {
+		unsigned int r;
+
+		e->item(e->ctx, "drops_by_port", "drops_port", i);
+		e->u64(e->ctx, "port", i);
+		for (r = 1; r < EMBNIC_DROP_MAX; r++)
+			e->u64(e->ctx, embnic_drop_name(r), t.port_drops[i][r]);
+	}
 	e->record(e->ctx, NULL);
 }
 

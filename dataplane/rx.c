@@ -109,7 +109,7 @@ to_ring(struct embnic_worker *w, uint16_t in_port, struct rte_mbuf **ok,
 				EMBNIC_HLOG_NO_PORT, tsc + j);
 	}
 	if (unlikely(sent < nd)) {
-		st->drops[EMBNIC_DROP_RING_FULL] += nd - sent;
+		st->drops[in_port][EMBNIC_DROP_RING_FULL] += nd - sent;
 		for (i = sent; i < nd; i++)
 			dropped[(*nf)++] = ok[i];
 	}
@@ -139,7 +139,7 @@ rx_port(struct embnic_app *app, const struct embnic_port *port,
 		if (r == 0) {
 			ok[nd++] = pkts[i];
 		} else {
-			st->drops[r]++;
+			st->drops[port->id][r]++;
 			dropped[nf++] = pkts[i];
 		}
 	}
@@ -207,7 +207,8 @@ embnic_io_tx(struct embnic_app *app, struct embnic_lcore_stats *st)
 			st->tx_frames[p] += sent;
 			st->tx_bytes[p] += bytes;
 			if (unlikely(sent < nq[p])) {
-				st->drops[EMBNIC_DROP_TX_FULL] += nq[p] - sent;
+				st->drops[p][EMBNIC_DROP_TX_FULL] +=
+					nq[p] - sent;
 				rte_pktmbuf_free_bulk(&q[p][sent],
 						      nq[p] - sent);
 			}

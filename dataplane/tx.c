@@ -163,9 +163,11 @@ txq_handoff(struct rte_ring *txr, struct rte_mbuf **m, unsigned int n,
 {
 	unsigned int sent = rte_ring_enqueue_burst(txr, (void *const *)m, n,
 						   NULL);
+	unsigned int i;
 
 	if (unlikely(sent < n)) {
-		st->drops[EMBNIC_DROP_TX_FULL] += n - sent;
+		for (i = sent; i < n; i++)
+			st->drops[m[i]->port][EMBNIC_DROP_TX_FULL]++;
 		rte_pktmbuf_free_bulk(&m[sent], n - sent);
 	}
 }
@@ -200,7 +202,7 @@ txq_flush(struct embnic_app *app, struct embnic_worker *w,
 		st->tx_frames[p] += sent;
 		st->tx_bytes[p] += bytes;
 		if (unlikely(sent < q->n)) {
-			st->drops[EMBNIC_DROP_TX_FULL] += q->n - sent;
+			st->drops[p][EMBNIC_DROP_TX_FULL] += q->n - sent;
 			rte_pktmbuf_free_bulk(&q->m[sent], q->n - sent);
 		}
 		q->n = 0;
@@ -413,7 +415,7 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		const struct tx_frame *d = &fr[i];
 
 		if (res[i] != 0) {
-			st->drops[res[i]]++;
+			st->drops[d->m->port][res[i]]++;
 			dropped[nf++] = d->m;
 		} else if (d->kind == EMBNIC_DESC_ARP) {
 			st->arp_replies++;

@@ -12,16 +12,21 @@
  * (docs/protocol.md, docs/control-socket.md):
  *
  * - A request fragment opens the entry (the request's type, shard and
- *   header fields are kept) or adds to it; a fragment whose header
- *   contradicts the entry's is frag_mismatch. Fragments seen are a bitmap;
- *   the entry is forwarded once every fragment has been seen.
+ *   header fields are kept, and the fragment size it implies) or adds to
+ *   it; a fragment whose header contradicts the entry's, or that is cut at
+ *   another fragment size (it would overlap another fragment or leave a
+ *   gap), is frag_mismatch. Fragments seen are a bitmap, their body bytes
+ *   counted once each (never more than msg_len); the entry is forwarded
+ *   once every fragment has been seen.
  * - A reply passes only if it answers a live entry: same (client_id,
  *   msg_id) else unsolicited_reply; the header's shard_id the entry's shard
  *   (the sender was already checked against that shard's route by
  *   Forwarding) else wrong_shard_reply; LOOKUP_REPLY or ERROR to a lookup,
  *   UPDATE_ACK, UPDATE_NACK or ERROR to an update, SIZE_ACK or ERROR to a SIZE_REQ, else wrong_reply_type; a
  *   LOOKUP_REPLY whose value_len is not the request's (its length is not the one the request
- *   announced) is bad_reply_len. When every fragment of the reply has passed, the entry is freed.
+ *   announced) is bad_reply_len. The reply's first fragment fixes its type, length, fragment
+ *   count and size; a later one that differs is frag_mismatch. When every fragment of the reply
+ *   has passed, the entry is freed.
  * - Completed messages are counted by reply type (messages_completed) and
  *   by shard (completed_by_shard).
  * - BMv2 has no timer: an entry idle longer than the timeout is expired
@@ -37,11 +42,12 @@
 #include "headers.p4"
 
 /*
- * slot_request, the request header an entry was opened with (152 bits):
- *   [151:144] msg_type  [143:128] shard_id  [127:112] num_tables  [111:96] frag_count
- *   [95:64] msg_len  [63:32] num_keys  [31:0] value_len
- * slot_reply, the first reply fragment's (56 bits):
- *   [55:48] msg_type  [47:32] frag_count  [31:0] msg_len
+ * slot_request, the request header an entry was opened with (168 bits):
+ *   [167:160] msg_type  [159:144] shard_id  [143:128] num_tables  [127:112] frag_count
+ *   [111:80] msg_len  [79:48] num_keys  [47:16] value_len
+ *   [15:0] the fragment size as the length of the last fragment (below)
+ * slot_reply, the first reply fragment's (72 bits):
+ *   [71:64] msg_type  [63:48] frag_count  [47:16] msg_len  [15:0] last fragment's length
  */
 control StateMap(inout headers_t hdr,
                  inout local_metadata_t meta,
@@ -49,7 +55,7 @@ control StateMap(inout headers_t hdr,
 
     @name(".slot_key") register<bit<48>>(STATE_SLOTS) slot_key;         /* client_id ++ msg_id */
     @name(".slot_state") register<bit<8>>(STATE_SLOTS) slot_state;        /* STATE_* */
-    @name(".slot_request") register<bit<152>>(STATE_SLOTS) slot_request;
+    @name(".slot_request") register<bit<168>>(STATE_SLOTS) slot_request;
     @name(".slot_request_frags") register<bit<256>>(STATE_SLOTS) slot_request_frags;
     /* what the control plane reads of the request (BMv2's Thrift API reads at most 64 bits
      * a cell, so not slot_request): [39:32] msg_type [31:16] num_tables [15:0] frag_count;
@@ -59,7 +65,7 @@ control StateMap(inout headers_t hdr,
     @name(".slot_msg_len") register<bit<32>>(STATE_SLOTS) slot_msg_len;
     @name(".slot_num_keys") register<bit<32>>(STATE_SLOTS) slot_num_keys;
     @name(".slot_value_len") register<bit<32>>(STATE_SLOTS) slot_value_len;
-    @name(".slot_reply") register<bit<56>>(STATE_SLOTS) slot_reply;
+    @name(".slot_reply") register<bit<72>>(STATE_SLOTS) slot_reply;
     @name(".slot_reply_frags") register<bit<256>>(STATE_SLOTS) slot_reply_frags;
     @name(".slot_frames_in") register<bit<32>>(STATE_SLOTS) slot_frames_in;
     @name(".slot_frames_out") register<bit<32>>(STATE_SLOTS) slot_frames_out;
@@ -103,11 +109,27 @@ control StateMap(inout headers_t hdr,
         bit<64> body = (bit<64>)hdr.embnic.frag_len;
         bit<32> frames;
         bit<64> bytes;
+        /*
+         * One fragment size per message (docs/protocol.md, "Fragmentation": fragment i at
+         * i*P, every one but the last P bytes). FrameValidation passed, so this fragment agrees
+         * with some P; it implies the message's last fragment is msg_len - (frag_count-1)*P
+         * bytes (the DPDK card's embnic_frag_last_len), which fixes P and which P fixes: kept
+         * with the entry each way, a fragment that gives another value is cut at another size
+         * (it would overlap another fragment or leave a gap) and is frag_mismatch.
+         */
+        bit<16> last_len;
+        if (hdr.embnic.frag_index == hdr.embnic.frag_count - 1) {
+            last_len = hdr.embnic.frag_len;
+        } else {
+            last_len = (bit<16>)(hdr.embnic.msg_len -
+                                 (bit<32>)(hdr.embnic.frag_count - 1) * (bit<32>)hdr.embnic.frag_len);
+        }
 
         if (meta.is_request == 1) {
-            bit<152> request = hdr.embnic.msg_type ++ hdr.embnic.shard_id ++
+            bit<168> request = hdr.embnic.msg_type ++ hdr.embnic.shard_id ++
                                hdr.embnic.num_tables ++ hdr.embnic.frag_count ++
-                               hdr.embnic.msg_len ++ hdr.embnic.num_keys ++ hdr.embnic.value_len;
+                               hdr.embnic.msg_len ++ hdr.embnic.num_keys ++ hdr.embnic.value_len ++
+                               last_len;
             if (state == STATE_FREE) {
                 slot_key.write(s, key);
                 slot_request.write(s, request);
@@ -130,19 +152,21 @@ control StateMap(inout headers_t hdr,
             } else if (stored_key != key) {
                 meta.drop_reason = DROP_STATE_FULL;     /* another message holds the slot */
             } else {
-                bit<152> stored_request;
+                bit<168> stored_request;
                 slot_request.read(stored_request, s);
                 if (stored_request != request) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
                 } else {
                     bit<256> frags;
                     slot_request_frags.read(frags, s);
+                    slot_bytes_in.read(bytes, s);
+                    if ((frags & frag_bit) == 0) {
+                        slot_bytes_in.write(s, bytes + body);   /* a duplicate counts once */
+                    }
                     frags = frags | frag_bit;
                     slot_request_frags.write(s, frags);
                     slot_frames_in.read(frames, s);
                     slot_frames_in.write(s, frames + 1);
-                    slot_bytes_in.read(bytes, s);
-                    slot_bytes_in.write(s, bytes + body);
                     slot_last_us.write(s, now);
                     if (frags == all_frags && state == STATE_RECEIVING) {
                         slot_state.write(s, STATE_FORWARDED);
@@ -150,11 +174,11 @@ control StateMap(inout headers_t hdr,
                 }
             }
         } else {
-            bit<152> stored_request;
+            bit<168> stored_request;
             slot_request.read(stored_request, s);
-            bit<8> request_type = stored_request[151:144];
-            bit<16> request_shard = stored_request[143:128];
-            bit<32> request_value_len = stored_request[31:0];
+            bit<8> request_type = stored_request[167:160];
+            bit<16> request_shard = stored_request[159:144];
+            bit<32> request_value_len = stored_request[47:16];
             if (state == STATE_FREE || stored_key != key) {
                 meta.drop_reason = DROP_UNSOLICITED_REPLY;
             } else if (request_shard != hdr.embnic.shard_id) {
@@ -170,21 +194,24 @@ control StateMap(inout headers_t hdr,
                 /* not the length the request announced: the rows of another request */
                 meta.drop_reason = DROP_BAD_REPLY_LEN;
             } else {
-                bit<56> reply = hdr.embnic.msg_type ++ hdr.embnic.frag_count ++ hdr.embnic.msg_len;
-                bit<56> stored_reply;
+                bit<72> reply = hdr.embnic.msg_type ++ hdr.embnic.frag_count ++ hdr.embnic.msg_len ++
+                                last_len;
+                bit<72> stored_reply;
                 bit<256> frags;
                 slot_reply.read(stored_reply, s);
                 slot_reply_frags.read(frags, s);
                 if (frags != 0 && stored_reply != reply) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
                 } else {
+                    slot_bytes_out.read(bytes, s);
+                    if ((frags & frag_bit) == 0) {
+                        slot_bytes_out.write(s, bytes + body);  /* a duplicate counts once */
+                    }
                     frags = frags | frag_bit;
                     slot_reply.write(s, reply);
                     slot_reply_frags.write(s, frags);
                     slot_frames_out.read(frames, s);
                     slot_frames_out.write(s, frames + 1);
-                    slot_bytes_out.read(bytes, s);
-                    slot_bytes_out.write(s, bytes + body);
                     slot_last_us.write(s, now);
                     if (frags == all_frags) {
                         /* the whole reply has passed: free the entry */

@@ -39,9 +39,10 @@ fi
 # name, fbgemm_gpu). PIP_BREAK_SYSTEM_PACKAGES lets Debian's own python3 accept it; a venv or
 # pyenv python ignores it.
 # The `bmv2` extra (the Thrift runtime, small) comes along so that wherever BMv2 is installed its
-# runtime CLI and the bmv2 tests work.
-extras="test,bmv2"
-probe="import embnic.client_lib, hypothesis, pytest, thrift"
+# runtime CLI and the bmv2 tests work; the `metrics` extra (prometheus-client, small) for the
+# card's exporter and the shards' metrics endpoints.
+extras="test,bmv2,metrics"
+probe="import embnic.client_lib, hypothesis, pytest, thrift, prometheus_client"
 torch=0
 if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
     extras="$extras,torch"

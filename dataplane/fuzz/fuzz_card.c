@@ -467,9 +467,9 @@ static void
 check_after(void)
 {
 	const struct embnic_lcore_stats *st = &fz_app.stats[0];
-	uint64_t rx = 0, out = 0;
+	uint64_t rx = 0, out = 0, none = 0;
 	char err[256];
-	unsigned int i;
+	unsigned int i, j;
 
 	if (fz_live != 0)
 		fail("%lu frame buffers not freed", fz_live);
@@ -484,9 +484,12 @@ check_after(void)
 		rx += st->rx_frames[i];
 		out += st->tx_frames[i];
 	}
-	for (i = 0; i < EMBNIC_DROP_MAX; i++)
-		out += st->drops[i];
-	if (rx != out || st->drops[EMBNIC_DROP_NONE] != 0)
+	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
+		for (j = 0; j < EMBNIC_DROP_MAX; j++)
+			out += st->drops[i][j];
+		none += st->drops[i][EMBNIC_DROP_NONE];
+	}
+	if (rx != out || none != 0)
 		fail("%lu frames received, %lu sent or dropped",
 		     (unsigned long)rx, (unsigned long)out);
 }

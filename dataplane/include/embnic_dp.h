@@ -276,7 +276,9 @@ struct embnic_lcore_stats {
 	/* frames dropped as too_long_for_port, by the port they were for */
 	uint64_t too_long[EMBNIC_MAX_PORTS];
 	uint64_t types[EMBNIC_NB_TYPES];	/* frames forwarded, by type */
-	uint64_t drops[EMBNIC_DROP_MAX];
+	/* frames dropped, by port (the one it came in on; tx_full: the
+	 * one it could not leave by) and reason */
+	uint64_t drops[EMBNIC_MAX_PORTS][EMBNIC_DROP_MAX];
 	uint64_t completed[EMBNIC_NB_TYPES];	/* messages, by reply type */
 	uint64_t arp_replies;
 	uint64_t state_overflow;	/* state map adds that found it full */
@@ -294,7 +296,8 @@ struct embnic_totals {
 	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
 	uint64_t too_long[EMBNIC_MAX_PORTS];
 	uint64_t types[EMBNIC_NB_TYPES];
-	uint64_t drops[EMBNIC_DROP_MAX];
+	uint64_t drops[EMBNIC_DROP_MAX];	/* over every port */
+	uint64_t port_drops[EMBNIC_MAX_PORTS][EMBNIC_DROP_MAX];
 	uint64_t completed[EMBNIC_NB_TYPES];
 	uint64_t arp_replies;
 	uint64_t state_overflow;

@@ -12,6 +12,7 @@ import logging
 import sys
 
 from embnic.client_lib.config import ConfigError, load_config
+from embnic.control.errors import ControlError
 from embnic.testbed.server.durability import DurabilityError
 from embnic.testbed.server.runner import LOG_FORMAT, bind_error_message, run_server
 
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint after N logged updates (0: SIGUSR1 only)")
     ap.add_argument("--restore", default=None, help="load DIR/shard-<id> (checkpoint + log) before serving")
     ap.add_argument("--no-log-fsync", action="store_true", help="no fdatasync of the log (to measure its cost)")
+    ap.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this TCP port")
+    ap.add_argument("--metrics-bind", default="0.0.0.0", help="address of the metrics endpoint")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     args = ap.parse_args(argv)
     if args.workers > 1 and args.engine != "batch":
@@ -60,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                           workers=args.workers, fixed_length=args.fixed_length,
                           checkpoint_dir=args.checkpoint_dir,
                           checkpoint_every=args.checkpoint_every, restore=args.restore,
-                          log_fsync=not args.no_log_fsync)
+                          log_fsync=not args.no_log_fsync, metrics_port=args.metrics_port,
+                          metrics_bind=args.metrics_bind)
+    except ControlError as e:  # the metrics endpoint: port taken, address not ours, prometheus-client missing
+        print(f"Error: {e}", file=sys.stderr)
+        return e.exit_code
     except DurabilityError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1

@@ -511,11 +511,13 @@ class Durability:
 
     def counters(self) -> dict:
         """``{"dir", "seq", "log_records", "log_bytes", "log_commits", "checkpoints",
-        "last_checkpoint", "restored"}`` (records/bytes/commits of this process)."""
+        "last_checkpoint", "since_checkpoint", "restored"}`` (records/bytes/commits of this
+        process; ``since_checkpoint``: updates logged since the last checkpoint)."""
         lg = self.log
         return {"dir": str(self.dir), "seq": lg.seq if lg else 0, "log_records": lg.records if lg else 0,
                 "log_bytes": lg.bytes if lg else 0, "log_commits": lg.commits if lg else 0,
-                "checkpoints": self.checkpoints, "last_checkpoint": self.last_checkpoint, "restored": self.restored}
+                "checkpoints": self.checkpoints, "last_checkpoint": self.last_checkpoint,
+                "since_checkpoint": self._since, "restored": self.restored}
 
     def close(self) -> None:
         """Close the log and release the directory's lock."""

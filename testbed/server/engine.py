@@ -143,6 +143,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         os.set_blocking(self._wake_w, False)
         self._calls: collections.deque = collections.deque()
         self._ckpt_req = False
+        self._io_final: tuple[dict, bool] = ({}, self.gso)  # the socket's counters once closed
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -248,6 +249,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         if self._dur is not None:
             self._dur.close()
         if self._bs is not None:
+            self._io_final = (dict(self._bs.stats), bool(self._bs.gso))  # counters() after close still has them
             self._bs.sock.close()
             self._bs = None
         if self._hub is not None:
@@ -294,11 +296,13 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         re["expired"] += self._rstats["expired"]
         re["evicted"] += self._rstats["evicted"]
         re["duplicate_frames"] += self._rstats["duplicates"]
-        io = dict(self._bs.stats) if self._bs is not None else {}
+        if self._bs is not None:
+            io, gso = dict(self._bs.stats), bool(self._bs.gso)
+        else:
+            io, gso = self._io_final
         c["engine"] = {"name": "batch", "wakeups": self._c["wakeups"], "batch": self.batch,
                        "intake": "c" if self._cin is not None else "numpy",
-                       "messages_whole": self._rstats["whole"],
-                       "gso": bool(self._bs.gso) if self._bs is not None else self.gso, **io}
+                       "messages_whole": self._rstats["whole"], "gso": gso, **io}
         if self._hub is not None:
             c["engine"].update(worker=self._hub.me, rows_held={str(t): len(ts) for t, ts in self.tables.items()},
                                **self._hub.stats)
@@ -309,6 +313,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def serve_batch(self, n: int) -> None:
         """Handle the ``n`` datagrams of the last receive: one wake-up. Never raises."""
+        t0 = time.monotonic_ns()
         self._c["wakeups"] += 1
         try:
             self._intake(n)
@@ -321,7 +326,10 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             self._rep_count.clear()
             self._rep_name.clear()
             self._ntx = 0
+        nrep = len(self._rep_idx)
         self._transmit()
+        if nrep:  # every reply of the wake-up left in its one sendmmsg: their service time
+            self._svc.add(time.monotonic_ns() - t0, nrep)
 
     # -- messages -----------------------------------------------------------------------------
 

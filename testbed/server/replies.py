@@ -56,6 +56,7 @@ class BatchReplies:
         ml = 0 if body is None else int(body.size)
         if msg_type == MsgType.ERROR:
             self._errors[Status(status)] += 1
+        self._replies[msg_type] += 1
         P, W, H = self._P, self._W, consts.HDR_LEN
         count = max(1, -(-ml // P))
         a = self._reserve(count)
@@ -95,6 +96,7 @@ class BatchReplies:
         ``(ip, port)`` tuple or a 16-byte ``sockaddr_in``)."""
         if not frames:
             return
+        self._replies[frames[0][3]] += 1  # one reply message (byte 3: msg_type)
         count = len(frames)
         a = self._reserve(count)
         for r, f in enumerate(frames):

@@ -220,7 +220,8 @@ class ServerCluster:
 
 
 def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-               engine: str = "batch", workers: int = 1, **kwargs) -> int:
+               engine: str = "batch", workers: int = 1, metrics_port: int | None = None,
+               metrics_bind: str = "0.0.0.0", **kwargs) -> int:
     """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
 
     Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
@@ -230,26 +231,43 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
         engine: ``"batch"`` (default) or ``"reference"`` (:func:`make_server`).
         workers: worker processes behind the one address (batch engine only; see
             :func:`embnic.testbed.server.workers.run_workers`).
+        metrics_port: serve Prometheus metrics on ``metrics_bind:metrics_port`` (TCP; 0: a free
+            port) while serving (:mod:`embnic.testbed.server.metrics`); None: no endpoint.
 
     Returns:
         0 after a clean stop; 1 if a worker process died or the log could not be written.
 
     Raises:
         KeyError: unknown shard. OSError: the address cannot be bound. ValueError: unknown
-        engine, or ``workers > 1`` with the reference engine.
+        engine, or ``workers > 1`` with the reference engine. ControlError: the metrics port
+        cannot be served (taken: ``OperationalError``) or prometheus-client is missing.
     """
     if workers > 1 or engine == "batch":
         if engine != "batch":
             raise ValueError("--workers needs the batch engine")
         from .workers import run_workers
 
-        return run_workers(cfg, shard_id, bind, port, workers=workers, **kwargs)
+        return run_workers(cfg, shard_id, bind, port, workers=workers, metrics_port=metrics_port,
+                           metrics_bind=metrics_bind, **kwargs)
     server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
 
     async def main() -> None:
         ip, p = await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        metrics = None
+        if metrics_port is not None:
+            from .metrics import serve_metrics
+
+            async def read():
+                return server.counters()
+
+            try:
+                metrics = serve_metrics(lambda: asyncio.run_coroutine_threadsafe(read(), loop).result(10),
+                                        metrics_port, metrics_bind)
+            except BaseException:
+                server.stop()
+                raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if server._dur is not None:
@@ -260,6 +278,8 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+            if metrics is not None:
+                metrics.close()
             server.stop()
             if server._dur is not None:
                 server._dur.close()

@@ -82,6 +82,8 @@ from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.config import TableConfig
 from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique
 
+from .metrics import ServiceTimes
+
 log = logging.getLogger("embnic.server")
 
 DEFAULT_DEDUP_WINDOW = 65536  #: remembered applied updates (docs/protocol.md, "Reliability")
@@ -134,7 +136,13 @@ class _Protocol(asyncio.DatagramProtocol):
         self.server._transport = transport
 
     def datagram_received(self, data, addr):
-        self.server.handle_datagram(data, addr)
+        srv = self.server
+        before = sum(srv._replies.values())
+        t0 = time.monotonic_ns()
+        srv.handle_datagram(data, addr)
+        n = sum(srv._replies.values()) - before
+        if n:  # the replies this datagram completed: its service time
+            srv._svc.add(time.monotonic_ns() - t0, n)
 
     def error_received(self, exc):
         # ICMP errors for earlier sends (e.g. a client that went away): count, keep serving
@@ -220,6 +228,8 @@ class ShardServer:
         self._drops: collections.Counter = collections.Counter({r: 0 for r in consts.DROP_REASONS + SERVER_DROP_REASONS})
         self._errors: collections.Counter = collections.Counter()
         self._requests: collections.Counter = collections.Counter()
+        self._replies: collections.Counter = collections.Counter()  # reply messages by msg_type value
+        self._svc = ServiceTimes()
         self.started_at: float | None = None
         self._dur = None
         self.durable_failed = False
@@ -343,10 +353,11 @@ class ShardServer:
         (polls of applied updates, acked from the window: lost acks; not in ``duplicates``,
         which counts complete updates re-acked),
         ``update_nacks`` (polls of incomplete updates answered with the fragments held),
-        ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
+        ``replies`` (reply messages by type), ``errors`` (ERROR replies by status), ``drops`` (frames by reason, every reason
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
-        per table id); with ``checkpoint_dir`` also ``durability`` (log records, bytes and
+        per table id), ``service`` (per-message service times: ``hist``, log2 µs buckets, and
+        ``sum_ns``, :class:`~.metrics.ServiceTimes`); with ``checkpoint_dir`` also ``durability`` (log records, bytes and
         commits, checkpoints, the restore report, ``log_errors``, ``checkpoint_errors``).
         """
         c = self._c
@@ -364,6 +375,7 @@ class ShardServer:
             "updates_applied": c["updates_applied"], "update_keys": c["update_keys"],
             "duplicates": c["duplicates"], "update_polls": c["update_polls"],
             "update_poll_acks": c["update_poll_acks"], "update_nacks": c["update_nacks"],
+            "replies": {t.name: self._replies[t] for t in sorted(consts.REPLY_TYPES)},
             "errors": {s.name: self._errors[s] for s in Status if s != Status.OK},
             "drops": dict(drops),
             "reassembly": {"pending": len(self._reasm), "expired": rs["expired"], "evicted": rs["evicted"],
@@ -371,6 +383,7 @@ class ShardServer:
             "internal_errors": c["internal_errors"], "send_errors": c["send_errors"],
             "dedup_entries": len(self._applied),
             "rows": {str(tid): len(ts) for tid, ts in self.tables.items()},
+            "service": self._svc.as_dict(),
             **({} if self._dur is None else {"durability": {**self._dur.counters(), "log_errors": c["log_errors"],
                                                              "checkpoint_errors": c["checkpoint_errors"]}}),
         }
@@ -386,6 +399,7 @@ class ShardServer:
         tr = self._transport
         if tr is None:
             return
+        self._replies[frames[0][3]] += 1  # one reply message (byte 3: msg_type)
         for f in frames:
             tr.sendto(f, addr)
             self._c["tx_frames"] += 1

@@ -77,12 +77,14 @@ def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:
 
 
 def _merge_counters(parts: list[dict]) -> dict:
-    """Sum the counters of several workers (numbers add up; ``shard`` is kept; ``engine`` becomes
-    the per-worker list ``workers``)."""
+    """Sum the counters of several workers (numbers add up, lists of numbers — histograms —
+    element by element; ``shard`` is kept; ``engine`` becomes the per-worker list ``workers``)."""
     def add(a, b):
         if isinstance(a, dict):
             return {k: add(a.get(k, 0), b.get(k, 0)) if k in b else a[k] for k in a} | \
                    {k: v for k, v in b.items() if k not in a}
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            return [add(x, y) for x, y in zip(a, b)]
         if isinstance(a, bool) or not isinstance(a, (int, float)):
             return a
         return a + b
@@ -121,7 +123,44 @@ def _ends_of(me: int, pairs: dict) -> dict[int, socket.socket]:
     return out
 
 
-def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs) -> None:
+def _answer_stats(conn, server: BatchShardServer) -> None:
+    """A worker's metrics thread: every request on ``conn`` is answered with the worker's
+    counters, read on its serving thread between wake-ups (``None`` if it did not answer)."""
+    while True:
+        try:
+            conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            c = server.call(server.counters, timeout_s=5.0)
+        except Exception:  # noqa: BLE001 - a stopping worker: the parent says which did not answer
+            c = None
+        try:
+            conn.send(c)
+        except OSError:
+            return
+
+
+def _read_workers(stats: list, lock) -> dict:
+    """Every worker's counters through its stats pipe, summed (:func:`_merge_counters`).
+
+    Raises:
+        RuntimeError: a worker did not answer within 10 s (the scrape fails; Prometheus marks
+            the target down).
+    """
+    with lock:
+        for c in stats:
+            c.send("counters")
+        parts = []
+        for i, c in enumerate(stats):
+            got = c.recv() if c.poll(10) else None
+            if got is None:
+                raise RuntimeError(f"worker {i} did not answer for its counters")
+            parts.append(got)
+    return _merge_counters(parts)
+
+
+def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> None:
     import ctypes
     import signal
 
@@ -141,6 +180,10 @@ def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs) -> None:
         signal.signal(sig, lambda *_: server.request_stop())
     signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
     server.open()
+    if stats is not None:
+        import threading
+
+        threading.Thread(target=_answer_stats, args=(stats, server), name="embnic-metrics", daemon=True).start()
     try:
         server.run()
     finally:
@@ -149,7 +192,8 @@ def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs) -> None:
 
 
 def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                workers: int = 1, **kwargs) -> int:
+                workers: int = 1, metrics_port: int | None = None, metrics_bind: str = "0.0.0.0",
+                **kwargs) -> int:
     """Serve one shard with the batch engine until SIGTERM/SIGINT, in this process
     (``workers == 1``) or in ``workers`` forked worker processes behind one address.
 
@@ -169,6 +213,10 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
 
     Logs ``listening on IP:PORT`` once bound and, at exit, the counters summed over the
     workers as one JSON line (``workers``: each worker's engine counters).
+
+    **Metrics** (``metrics_port``): one endpoint for the shard, served by this process; with
+    workers, every scrape asks each worker for its counters over a pipe of its own (a thread
+    in the worker reads them on its serving thread between wake-ups) and sums them.
 
     Returns:
         0 after a clean stop; 1 if a worker died (the others are stopped).
@@ -195,10 +243,22 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
             signal.signal(sig, lambda *_: server.request_stop())
         signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
         ip2, p2 = server.open()
+        metrics = None
+        if metrics_port is not None:
+            from .metrics import serve_metrics
+
+            try:
+                metrics = serve_metrics(lambda: server.call(server.counters, timeout_s=10.0), metrics_port,
+                                        metrics_bind)
+            except BaseException:
+                server.close()
+                raise
         log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, _describe(cfg))
         try:
             server.run()
         finally:
+            if metrics is not None:
+                metrics.close()
             server.close()
         log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
         return 1 if server.durable_failed else 0
@@ -214,6 +274,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     ip2, p2 = socks[0].getsockname()[:2]
     ctx = multiprocessing.get_context("fork")
     procs, conns = [], []
+    stats, metrics = [], None
     stop = {"flag": False}
     r, w = os.pipe()
     os.set_blocking(w, False)
@@ -229,15 +290,28 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     try:
         for i, s in enumerate(socks):
             a, b = ctx.Pipe(duplex=False)
-            pr = ctx.Process(target=_worker_main, args=(cfg, shard_id, i, socks, pairs, b, kwargs),
+            sa = sb = None
+            if metrics_port is not None:
+                sa, sb = ctx.Pipe(duplex=True)
+            pr = ctx.Process(target=_worker_main, args=(cfg, shard_id, i, socks, pairs, b, kwargs, sb),
                              name=f"embnic-shard-{shard_id}-w{i}", daemon=True)
             pr.start()
             b.close()
             procs.append(pr)
             conns.append(a)
+            if sb is not None:
+                sb.close()
+                stats.append(sa)
         for pair in pairs.values():  # the workers hold them now; a dead worker's end must close
             for x in pair:
                 x.close()
+        if metrics_port is not None:
+            import threading
+
+            from .metrics import serve_metrics
+
+            lock = threading.Lock()
+            metrics = serve_metrics(lambda: _read_workers(stats, lock), metrics_port, metrics_bind)
         log.info("shard %d listening on %s:%d (%s; engine batch, %d workers: rows split by id range, "
                  "messages steered by (client_id + msg_id) %% %d; pids %s)", shard_id, ip2, p2, _describe(cfg),
                  workers, workers, ",".join(str(x.pid) for x in procs))
@@ -269,6 +343,10 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
             return 1
         return 0
     finally:
+        if metrics is not None:
+            metrics.close()
+        for c in stats:
+            c.close()
         for sig, h in old.items():
             signal.signal(sig, h)
         for x in procs:

@@ -155,6 +155,8 @@ class FakeCard:
                            "tx_frames": 9 * (i + 1), "tx_bytes": 900 * (i + 1), "too_long_for_port": 2 * i,
                            "max_frame": 1514 if i else 2016} for i, p in enumerate(self.ports)],
                 "types": {t: i for i, t in enumerate(TYPES)}, "drops": dict(self.drops),
+                "drops_by_port": [{"port": p["port"], **{r: n if i == 0 else 0 for r, n in self.drops.items()}}
+                                  for i, p in enumerate(self.ports)],
                 "ring": {"size": self.ring_size, "count": 5, "high_water": 1024},
                 "mempool": {"size": 8191, "available": 8000, "in_use": 191},
                 "state": {"entries": 2, "capacity": self.state_size, "overflow": 0, "expired": 4},

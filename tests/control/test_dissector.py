@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path

@@ -273,6 +273,15 @@ class Suite:
         """Drops per reason the card must count (reasons absent here must stay 0)."""
         return dict(collections.Counter(f.fate[1] for f in self.frames if f.fate[0] == "drop"))
 
+    def expected_drops_by_port(self) -> dict[int, dict[str, int]]:
+        """Drops per ingress port and reason (every port listed; the suite drops nothing as
+        ``tx_full``, the one reason counted on the egress port)."""
+        out: dict[int, collections.Counter] = {p: collections.Counter() for p in self.ports}
+        for f in self.frames:
+            if f.fate[0] == "drop":
+                out[f.port][f.fate[1]] += 1
+        return {p: dict(c) for p, c in out.items()}
+
     def expected_types(self) -> dict[str, int]:
         """Frames forwarded per message type name."""
         c = collections.Counter(MsgType(f.msg_type).name for f in self.frames if f.fate[0] == "fwd")

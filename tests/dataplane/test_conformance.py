@@ -103,6 +103,15 @@ def test_every_drop_named(run):
     assert {k: v for k, v in drops.items() if v} == want
 
 
+def test_drops_by_port(run):
+    """Each drop is counted on the port the frame came in on; every reason on every port."""
+    by_port = run["counters"]["drops_by_port"]
+    assert [p["port"] for p in by_port] == sorted(run["suite"].ports)
+    assert all(set(p) == set(run["counters"]["drops"]) | {"port"} for p in by_port)
+    got = {p["port"]: {k: v for k, v in p.items() if k != "port" and v} for p in by_port}
+    assert got == run["suite"].expected_drops_by_port()
+
+
 def test_types_and_arp(run):
     c = run["counters"]
     assert c["types"] == run["suite"].expected_types()

@@ -190,6 +190,9 @@ def test_telemetry(card):
         assert set(c) >= {"port0", "port1", "types", "drops", "ring", "mempool", "state", "completed", "arp"}
         assert set(c["completed"]) == {t.name for t in consts.REPLY_TYPES}
         assert "unknown_shard" in c["drops"] and c["ring"]["size"] == 4096
+        # per port, as on the control socket: the frames dropped as too long for it, its largest frame
+        assert "too_long_for_port" in c["drops"]
+        assert c["port0"]["too_long_for_port"] == 0 and c["port0"]["max_frame"] == 14 + 65535
         s.send(b"/embnic/ring")
         assert json.loads(s.recv(16384))["/embnic/ring"]["size"] == 4096
         s.send(b"/embnic/state")

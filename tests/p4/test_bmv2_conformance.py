@@ -107,6 +107,21 @@ def test_state_map_tracked(run):
     assert c["drops"]["state_full"] == 0 and c["state"]["expired"] == 0
 
 
+def test_state_map_bytes(run):
+    """Every slot's body bytes each way are the model's (each distinct fragment once): never more
+    than ``msg_len`` (a fragment cut at another size than its message's is dropped, never
+    counted), exactly ``msg_len`` once ``forwarded`` — as on the DPDK card
+    (tests/dataplane/test_conformance.py)."""
+    model = run["suite"].state_model().entries
+    for e in run["run"].state:
+        m = model[(e["client_id"], e["msg_id"])]
+        assert (e["msg_len"], e["bytes_in"], e["bytes_out"]) == (m["msg_len"], m["bytes_in"],
+                                                                 m["bytes_out"]), e
+        assert e["bytes_in"] <= e["msg_len"]
+        if e["state"] == "forwarded":
+            assert e["bytes_in"] == e["msg_len"], e
+
+
 def test_completed_messages(run):
     """Messages whose whole reply passed, by reply type and per shard."""
     c, want = run["run"].counters, run["suite"].expected_completed()

@@ -5,7 +5,8 @@ type, small MTUs, 0..3 header fields broken: version, type, counts, lengths, fra
 DPDK card's ``parse.c`` (built alone, through ctypes) and with the client library. Here the same
 strategy draws a batch (derandomized: the same frames every run), every frame gets its own
 ``msg_id`` (each in a state-map slot of its own, so the map never joins two), and the batch goes
-through the P4 card on BMv2 at once: each frame parse.c drops must be dropped for the same
+through the P4 card on BMv2 at once, with one frame per header rule that breaks only that
+rule (:func:`known_faults`): each frame parse.c drops must be dropped for the same
 reason, and each it passes must pass validation — a request is forwarded to its shard (the
 exact set of msg_ids on the shard's port), a reply (no request before it) is
 ``unsolicited_reply``.
@@ -16,13 +17,15 @@ from __future__ import annotations
 import collections
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from embnic.client_lib import consts
+from embnic.client_lib import codec, consts
+from embnic.client_lib.consts import DType, MsgType
 from embnic.control import bmv2_pcap, bmv2_runtime
 from embnic.control.dpdk_proc import DpdkProcError, build_card
 from test_header_rules import broken, cparse  # noqa: F401  (cparse: the fixture, parse.c via ctypes)
@@ -60,6 +63,38 @@ def drawn_payloads(n: int) -> list[bytes]:
     return out
 
 
+def known_faults() -> list[bytes]:
+    """One payload per header rule, each breaking exactly that rule of a valid message (the
+    drawn batch may miss a rule whose breaking needs two fields to agree)."""
+    d = codec.make_directory([3, 7], [4, 16], [DType.FP32, DType.FP16], [5, 2])
+    (good,) = codec.encode_lookup(msg_id=1, client_id=CLIENT.id, shard_id=SHARD.id, directory=d,
+                                  keys=np.arange(7, dtype=np.uint64))
+    h = codec.unpack_header(good)
+
+    def put(hdr, body: bytes, **kw) -> bytes:
+        return hdr._replace(**kw).pack() + body
+
+    body = good[consts.HDR_LEN:]
+    n_wrap = (2**32 + h.msg_len - 16 * h.num_tables) // 8  # 16·T + 8·n = 2^32 + msg_len
+    (reply,) = codec.encode_reply(h, MsgType.LOOKUP_REPLY, shard_id=SHARD.id, body=bytes(h.value_len))
+    r = codec.unpack_header(reply)
+    (nack,) = codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=SHARD.id, body=bytes(consts.NACK_LEN))
+    k = codec.unpack_header(nack)
+    size = codec.encode_size(entries=np.zeros(2, codec.SIZE_ENTRY_DTYPE), msg_id=1, client_id=CLIENT.id,
+                             shard_id=SHARD.id)[0]
+    z = codec.unpack_header(size)
+    return [good, reply, nack, size,
+            put(h, body, version=1), put(h, body, version=3), put(h, body, msg_type=9), put(h, body, msg_type=0),
+            put(h, body[:56], num_tables=0, msg_len=56, frag_len=56),       # no table
+            put(h, body, num_tables=8, msg_len=16 * 8 + 56),                # n < T (and a longer msg_len)
+            put(h, body, value_len=13),                                     # under 2 bytes a row
+            put(h, body, num_keys=n_wrap, value_len=2 * n_wrap),            # 16T + 8n wraps 32 bits
+            put(r, reply[44:], value_len=h.value_len + 2),                  # a reply not value_len long
+            put(k, b"", msg_len=0, frag_len=0),                             # a NACK without its bitmap
+            put(z, size[44:], num_tables=1),                                # a SIZE_REQ names a table
+            put(z, b"", num_keys=0, msg_len=0, frag_len=0)]                 # a SIZE_REQ of no entry
+
+
 def unique_slot_ids(n: int) -> list[int]:
     """``n`` msg_ids of client 1 whose state-map slots all differ."""
     ids, slots, m = [], set(), 1
@@ -76,6 +111,7 @@ def unique_slot_ids(n: int) -> list[int]:
 def run(bmv2_ready, cparse, tmp_path_factory):  # noqa: F811
     payloads = drawn_payloads(N)
     assert len(payloads) > N // 2
+    payloads += known_faults()
     frames, cases = [], []
     for msg_id, p in zip(unique_slot_ids(len(payloads)), payloads):
         p = p[:8] + struct.pack("!I", msg_id) + p[12:]

@@ -161,6 +161,20 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         # every reply type, as the dpdk card keys them (SIZE_ACK included)
         assert counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0,
                                          "UPDATE_NACK": 0}
+        # per routed shard, the messages whose whole reply passed (BMv2: a count, no histogram)
+        assert counters["shards"] == [{"shard": 0, "completed": 1}]
+        t = runner.invoke(cli, ["status", "-c", str(cfg), "--name", name])
+        assert t.exit_code == 0 and "shard     0  completed 1, expired 0" in t.output, t.output
+        # the exporter reads the same counters and registers: every number of status, sample for sample
+        pytest.importorskip("prometheus_client", reason="pip install 'embnic[metrics]'")
+        from metrics_util import assert_agree, card_expected, samples
+
+        e = runner.invoke(cli, ["exporter", "--once", "-c", str(cfg), "--name", name])
+        assert e.exit_code == 0, e.output
+        want = card_expected(counters, c["state"])
+        want[("embnic_card_up", ())] = 1
+        want[("embnic_card_info", (("pipeline", name), ("target", "bmv2")))] = 1
+        assert_agree(samples(e.output), want, "bmv2 card")
         g = runner.invoke(cli, ["state", "ring", "-c", str(cfg), "--name", name, "--last", "5", "--json"])
         assert g.exit_code == 0, g.output
         assert [(h["msg_type"], h["msg_id"], h["client_id"], h["ingress_port"], h["num_tables"], h["num_keys"],

@@ -41,3 +41,21 @@ def test_the_only_hash_is_crc32_and_checksums_csum16(p4_json):
     computes); the two other calculations are the IPv4 header checksum."""
     j = json.loads(p4_json.read_text())
     assert sorted(c["algo"] for c in j["calculations"]) == ["crc32", "csum16", "csum16"]
+
+
+def test_registers_the_control_plane_reads_fit_thrift(p4_json):
+    """BMv2's Thrift API reads a register cell as a 64-bit integer (p4/README.md, quirks): every
+    register bmv2_runtime reads — the state map's (the v2 request's num_tables, num_keys,
+    value_len among them) and the header ring's — is at most 64 bits wide and sized as its array."""
+    from embnic.control import bmv2_runtime
+
+    j = json.loads(p4_json.read_text())
+    regs = {r["name"]: r for r in j["register_arrays"]}
+    c = p4prog.constants()
+    for name in bmv2_runtime.STATE_REGISTERS:
+        assert regs[name]["bitwidth"] <= 64 and regs[name]["size"] == c["STATE_SLOTS"], name
+    for f in bmv2_runtime.RING_FIELDS:
+        assert regs[f"ring_{f}"]["bitwidth"] <= 64 and regs[f"ring_{f}"]["size"] == c["RING_SLOTS"], f
+    assert regs["slot_request_info"]["bitwidth"] == 8 + 16 + 16  # msg_type, num_tables, frag_count
+    assert {n: regs[f"slot_{n}"]["bitwidth"] for n in ("num_keys", "value_len", "msg_len", "shard")} == {
+        "num_keys": 32, "value_len": 32, "msg_len": 32, "shard": 16}

@@ -1,0 +1,291 @@
+"""Prometheus metrics of the card: a collector that reads the card's counters at scrape time.
+
+``embnic exporter -c CONFIG --port 9464`` serves them (:func:`serve`). :class:`CardCollector`
+asks the pipeline's target on every scrape — the dpdk target through the control socket
+(:mod:`embnic.control.ctlsock`, the ``counters`` and ``state_summary`` commands ``embnic status``
+reads), the bmv2 target through its counters and registers (:mod:`embnic.control.bmv2_runtime`)
+— and turns the answer into metric families (:func:`card_families`); nothing is polled or copied
+between scrapes. Names follow the Prometheus conventions: ``embnic_card_`` prefix, counters end
+in ``_total``, units in the name (``_bytes``, ``_seconds``), histograms as ``_bucket`` /
+``_sum`` / ``_count``; docs/cli.md lists them.
+
+The latency histograms (the card's per shard, the shards' service times) count in powers of two
+of microseconds: bucket ``i`` holds ``[2^(i-1), 2^i)`` µs (bucket 0: < 1 µs), the last bucket
+everything above. In Prometheus terms bucket ``i``'s upper bound ``le`` is ``2^i`` µs
+(:func:`log2_us_histogram`); the last is ``+Inf``.
+
+The shard's metrics (``embnic server --metrics-port``) are :mod:`embnic.testbed.server.metrics`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Iterable
+
+from embnic.client_lib import consts
+from embnic.control.errors import ControlError, MissingDependencyError, OperationalError, UsageError
+
+log = logging.getLogger("embnic.metrics")
+
+#: buckets of the card's latency histograms (docs/control-socket.md, ``shards[].latency_hist``)
+CARD_LATENCY_BUCKETS = 24
+DEFAULT_PORT = 9464  #: the exporter's default TCP port (Prometheus' port allocation wiki: 9464 is free)
+
+
+def require_prometheus():
+    """The ``prometheus_client`` module.
+
+    Raises:
+        MissingDependencyError: it is not installed (names the extra that brings it).
+    """
+    try:
+        import prometheus_client
+    except ImportError:
+        raise MissingDependencyError("prometheus-client is not installed: pip install 'embnic[metrics]' "
+                                     "(scripts/install-deps.sh installs it)", dependency="prometheus-client") from None
+    return prometheus_client
+
+
+def latency_bucket_upper_us(i: int, n: int) -> float:
+    """Upper bound (µs) of bucket ``i`` of an ``n``-bucket log2 latency histogram (inf for the last)."""
+    return float("inf") if i >= n - 1 else float(2 ** i)
+
+
+def log2_us_bucket(ns: int, n: int = CARD_LATENCY_BUCKETS) -> int:
+    """The bucket of a duration of ``ns`` nanoseconds in an ``n``-bucket log2 µs histogram: 0 for
+    < 1 µs, ``i`` for ``[2^(i-1), 2^i)`` µs, at most ``n - 1`` (the card's rule, dataplane/counters.c)."""
+    us = max(0, int(ns)) // 1000
+    return min(us.bit_length(), n - 1)
+
+
+def log2_us_histogram(hist: Iterable[int]) -> list[tuple[str, int]]:
+    """Prometheus buckets of a log2 µs histogram: ``[(le in seconds, cumulative count), ...,
+    ("+Inf", total)]``.
+
+    Args:
+        hist: counts per bucket (bucket ``i``: ``[2^(i-1), 2^i)`` µs; the last: the rest).
+
+    Example: ``log2_us_histogram([1, 0, 2])`` → ``[("1e-06", 1), ("2e-06", 1), ("+Inf", 3)]``.
+    """
+    from prometheus_client.utils import floatToGoString
+
+    hist = list(hist)
+    out, acc = [], 0
+    for i, c in enumerate(hist):
+        acc += int(c)
+        up = latency_bucket_upper_us(i, len(hist))
+        out.append(("+Inf" if up == float("inf") else floatToGoString(up * 1e-6), acc))
+    return out
+
+
+def _families():
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    return CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+
+def card_families(c: dict, st: dict) -> list:
+    """Metric families of one reading of the card.
+
+    Args:
+        c: the target's ``counters()`` (docs/control-socket.md ``counters``; the bmv2 target
+            gives the same shape without ``mempool`` and latency histograms).
+        st: the target's ``state_summary()``.
+
+    Returns:
+        prometheus_client metric families (``embnic_card_*``); a part the target does not have
+        (``mempool`` on bmv2, ``shards`` latency) is left out, not reported as 0.
+    """
+    Counter, Gauge, Histogram = _families()
+    out = []
+
+    def counter(name, doc, labels=(), rows=()):
+        f = Counter(f"embnic_card_{name}", doc, labels=list(labels))
+        for values, v in rows:
+            f.add_metric([str(x) for x in values], v)
+        out.append(f)
+
+    def gauge(name, doc, labels=(), rows=()):
+        f = Gauge(f"embnic_card_{name}", doc, labels=list(labels))
+        for values, v in rows:
+            f.add_metric([str(x) for x in values], v)
+        out.append(f)
+
+    ports = c.get("ports", [])
+    for k, what in (("rx_frames", "Frames received"), ("rx_bytes", "Bytes received"),
+                    ("tx_frames", "Frames sent"), ("tx_bytes", "Bytes sent")):
+        counter(k, f"{what} per card port.", ["port"], [((p["port"],), p.get(k, 0)) for p in ports])
+    rows = [((p["port"],), p["too_long_for_port"]) for p in ports if "too_long_for_port" in p]
+    if rows:
+        counter("too_long_for_port", "Frames for this port longer than it sends (dropped as too_long_for_port).",
+                ["port"], rows)
+    rows = [((p["port"],), p["max_frame"]) for p in ports if "max_frame" in p]
+    if rows:
+        gauge("port_max_frame_bytes", "Largest frame the port sends (from the Ethernet header, no CRC).", ["port"], rows)
+    counter("frames", "Frames accepted and sent on, by message type (a message of N fragments counts N).",
+            ["type"], [((t,), n) for t, n in c.get("types", {}).items()])
+    if "drops_by_port" in c:  # dpdk: per port (the one a frame came in on; tx_full: the one it could not leave by)
+        counter("drops", "Frames dropped, by card port and reason (docs/control-socket.md, drop reasons).",
+                ["port", "reason"], [((p["port"], r), n) for p in c["drops_by_port"] for r, n in p.items()
+                                     if r != "port"])
+    else:  # bmv2 counts drops by reason only
+        counter("drops", "Frames dropped, by reason (docs/control-socket.md, drop reasons).", ["reason"],
+                [((r,), n) for r, n in c.get("drops", {}).items()])
+    if "completed" in c:
+        counter("messages_completed", "Messages whose whole reply passed the card, by reply type.",
+                ["reply_type"], [((t,), n) for t, n in c["completed"].items()])
+    if "arp" in c:
+        counter("arp_replies", "ARP requests for a card port's address answered.", rows=[((), c["arp"].get("replies", 0))])
+    ring = c.get("ring", {})
+    if "size" in ring:
+        gauge("ring_size", "Header ring slots (summed over the rings of several state lcores).",
+              rows=[((), ring["size"])])
+        gauge("ring_entries", "Headers waiting in the header ring.", rows=[((), ring.get("count", 0))])
+    if "rings" in ring:
+        gauge("rings", "Header rings (one per state lcore).", rows=[((), ring["rings"])])
+    if "high_water" in ring:
+        gauge("ring_high_water", "Most headers the ring held after an enqueue since the counters were reset.",
+              rows=[((), ring["high_water"])])
+    if "logged" in ring:
+        counter("ring_logged", "Headers the card logged in its register ring (bmv2).", rows=[((), ring["logged"])])
+    mp = c.get("mempool")
+    if mp:
+        gauge("mempool_size", "mbufs in the card's mempool.", rows=[((), mp.get("size", 0))])
+        gauge("mempool_available", "mbufs free (per-lcore caches included).", rows=[((), mp.get("available", 0))])
+        gauge("mempool_in_use", "mbufs in use.", rows=[((), mp.get("in_use", 0))])
+    gauge("state_entries", "Messages in flight in the message state map.", rows=[((), st.get("entries", 0))])
+    gauge("state_capacity", "Messages the state map can hold.", rows=[((), st.get("capacity", 0))])
+    if "partitions" in st:
+        gauge("state_partitions", "Partitions of the state map (one per state lcore).", rows=[((), st["partitions"])])
+    gauge("state_messages", "Messages in flight by state.", ["state"],
+          [((k,), v) for k, v in st.get("by_state", {}).items()])
+    counter("state_overflow", "New messages refused because the state map was full (dropped as state_full).",
+            rows=[((), st.get("overflow", 0))])
+    counter("state_expired", "State map entries freed by the state timeout.", rows=[((), st.get("expired", 0))])
+    parts = st.get("by_partition", [])
+    if parts:
+        gauge("state_partition_entries", "Messages in flight per state-map partition (one per state lcore).",
+              ["partition", "lcore"], [((p["partition"], p["lcore"]), p["entries"]) for p in parts])
+        counter("state_partition_completed", "Messages completed per partition since the card started.",
+                ["partition", "lcore"], [((p["partition"], p["lcore"]), p["completed_since_start"]) for p in parts])
+        counter("state_partition_expired", "Entries expired per partition since the card started.",
+                ["partition", "lcore"], [((p["partition"], p["lcore"]), p["expired_since_start"]) for p in parts])
+    shards = c.get("shards", [])
+    reply_names = [t.name for t in sorted(consts.REPLY_TYPES)]
+    rows = [((_shard(s), t), s[t]) for s in shards for t in reply_names if t in s]
+    if rows:
+        counter("shard_messages_completed", "Messages completed per shard, by reply type.", ["shard", "reply_type"], rows)
+    rows = [((_shard(s),), s["completed"]) for s in shards if "completed" in s]
+    if rows:  # the bmv2 target counts completions per shard, not by reply type
+        counter("shard_completed", "Messages completed per shard (every reply type).", ["shard"], rows)
+    rows = [((_shard(s),), s["expired"]) for s in shards if "expired" in s]
+    if rows:
+        counter("shard_expired", "State map entries of each shard's messages that expired.", ["shard"], rows)
+    hists = [s for s in shards if "latency_hist" in s]
+    if hists:
+        f = Histogram("embnic_card_shard_latency_seconds", "Time from a message's first request frame to its last "
+                      "reply frame through the card, per shard (measured on the card).", labels=["shard"])
+        for s in hists:
+            f.add_metric([_shard(s)], log2_us_histogram(s["latency_hist"]), s.get("latency_sum_ns", 0) / 1e9)
+        out.append(f)
+    return out
+
+
+def _shard(rec: dict) -> str:
+    """The ``shard`` label of a per-shard record: its id, or ``other`` for the card's catch-all (-1)."""
+    s = rec.get("shard", -1)
+    return "other" if s is None or s < 0 else str(s)
+
+
+class CardCollector:
+    """A prometheus_client collector of one loaded pipeline: every scrape reads the card.
+
+    Args:
+        target: a :class:`~embnic.control.target.Target` of a loaded pipeline (dpdk or bmv2).
+        describe_target: ``{"target": "dpdk", "pipeline": "embnic"}``: the labels of
+            ``embnic_card_info``.
+
+    ``embnic_card_up`` is 1 when the reading worked; when the card does not answer (not loaded,
+    stopped, its socket busy) it is 0, the reason is logged and no other family is reported, so
+    the exporter outlives the card it watches.
+    """
+
+    def __init__(self, target, describe_target: dict | None = None):
+        self.target = target
+        self.labels = dict(describe_target or {})
+        self._lock = threading.Lock()  # one reading at a time: the control socket takes 16 connections
+
+    def describe(self):
+        return []  # no reading at registration
+
+    def collect(self):
+        _, Gauge, _ = _families()
+        up = Gauge("embnic_card_up", "1 when the exporter could read the card at this scrape.")
+        try:
+            with self._lock:
+                c = self.target.counters()
+                st = self.target.state_summary()
+        except ControlError as e:
+            log.warning("cannot read the card: %s", e)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        if self.labels:
+            info = Gauge("embnic_card_info", "The pipeline this exporter reads (value 1).", labels=sorted(self.labels))
+            info.add_metric([str(self.labels[k]) for k in sorted(self.labels)], 1)
+            yield info
+        yield from card_families(c, st)
+
+
+class MetricsServer:
+    """An HTTP server of one collector's metrics (``GET /metrics``) on a thread of this process.
+
+    Args:
+        collector: a prometheus_client collector (``collect()`` yields metric families).
+        port: TCP port (0: a free one; :attr:`port` says which).
+        bind: address to listen on.
+
+    Raises:
+        MissingDependencyError: prometheus-client is not installed.
+        UsageError: ``bind`` is not an address of this host.
+        OperationalError: the port is taken (names the option to change).
+    """
+
+    def __init__(self, collector, port: int = DEFAULT_PORT, bind: str = "0.0.0.0", *, option: str = "--port"):
+        pc = require_prometheus()
+        self.registry = pc.CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        try:
+            self._server, self._thread = pc.start_http_server(int(port), addr=bind, registry=self.registry)
+        except OSError as e:
+            if e.errno == 98:  # EADDRINUSE
+                raise OperationalError(f"cannot serve metrics on {bind}:{port}: the port is in use; "
+                                       f"pick another {option} (ss -tlpn | grep :{port})") from None
+            if e.errno == 99:  # EADDRNOTAVAIL
+                raise UsageError(f"cannot serve metrics on {bind}:{port}: {bind} is not an address of this host "
+                                 "(or network namespace)") from None
+            raise OperationalError(f"cannot serve metrics on {bind}:{port}: {e.strerror or e}") from None
+        self.bind = bind
+        self.port = self._server.server_address[1]
+
+    def text(self) -> str:
+        """The exposition text a scrape would get now (for tests and ``--once``)."""
+        return require_prometheus().generate_latest(self.registry).decode()
+
+    def close(self) -> None:
+        """Stop serving and close the socket. Idempotent."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def exposition(collector) -> str:
+    """The Prometheus text format of one reading of ``collector`` (no server)."""
+    pc = require_prometheus()
+    reg = pc.CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    return pc.generate_latest(reg).decode()
+

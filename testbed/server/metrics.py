@@ -1,0 +1,191 @@
+"""Prometheus metrics of a shard (``embnic server --metrics-port P``).
+
+The shard counts as it always does — in its counters, on the serving thread — and the metrics
+endpoint reads them at scrape time: :class:`ShardCollector` calls a ``read()`` that returns the
+shard's :meth:`~embnic.testbed.server.shard.ShardServer.counters` (taken on the serving thread
+between wake-ups, or, for a ``--workers N`` shard, every worker's, summed by the parent,
+:func:`~embnic.testbed.server.workers.run_workers`), and :func:`shard_families` turns them into
+metric families. The data path pays for one counter increment per reply and one histogram
+update per wake-up (:class:`ServiceTimes`), nothing per scrape.
+
+Names (``embnic_shard_`` prefix, label ``shard``): requests and replies by type, ERROR replies
+by status, drops by reason, rows held per table, exactly-once duplicates, the write-ahead log
+and checkpoints, the per-message service time histogram (``embnic_shard_service_seconds``);
+docs/server.md "Metrics" lists them.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from embnic.control.metrics import MetricsServer, log2_us_bucket, log2_us_histogram
+
+log = logging.getLogger("embnic.server")
+
+SERVICE_BUCKETS = 24  #: log2 µs buckets of the service time histogram (as the card's latency histograms)
+
+
+class ServiceTimes:
+    """Per-message service time: from the receipt of the datagram that completed a request to
+    its reply handed to the kernel, as a log2 µs histogram (bucket ``i``: ``[2^(i-1), 2^i)`` µs).
+
+    The batch engine adds once per wake-up — every reply of a wake-up leaves in its one
+    ``sendmmsg``, so they share the wake-up's time — the reference engine once per datagram.
+    """
+
+    __slots__ = ("hist", "sum_ns")
+
+    def __init__(self):
+        self.hist = [0] * SERVICE_BUCKETS
+        self.sum_ns = 0
+
+    def add(self, ns: int, n: int = 1) -> None:
+        """Count ``n`` messages served in ``ns`` nanoseconds each."""
+        self.hist[log2_us_bucket(ns, SERVICE_BUCKETS)] += n
+        self.sum_ns += ns * n
+
+    def as_dict(self) -> dict:
+        """``{"hist": [counts per bucket], "sum_ns": total}`` (what ``counters()`` carries)."""
+        return {"hist": list(self.hist), "sum_ns": self.sum_ns}
+
+
+def shard_families(c: dict) -> list:
+    """Metric families of one reading of a shard's counters (``ShardServer.counters()``, or the
+    sum over a ``--workers`` shard's workers).
+
+    Returns:
+        prometheus_client metric families (``embnic_shard_*``, every one labelled ``shard``);
+        the write-ahead log's only when the shard keeps one.
+    """
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    shard = str(c["shard"])
+    out = []
+
+    def fam(cls, name, doc, rows, labels=()):
+        f = cls(f"embnic_shard_{name}", doc, labels=["shard", *labels])
+        for values, v in rows:
+            f.add_metric([shard, *(str(x) for x in values)], v)
+        out.append(f)
+
+    def counter(name, doc, value):
+        fam(CounterMetricFamily, name, doc, [((), value)])
+
+    def gauge(name, doc, value):
+        fam(GaugeMetricFamily, name, doc, [((), value)])
+
+    fam(GaugeMetricFamily, "workers", "Worker processes serving the shard behind its one address.",
+        [((), len(c.get("workers", ())) or 1)])
+    counter("rx_frames", "Datagrams received.", c["rx_frames"])
+    counter("rx_bytes", "UDP payload bytes received.", c["rx_bytes"])
+    counter("tx_frames", "Datagrams sent.", c["tx_frames"])
+    counter("tx_bytes", "UDP payload bytes sent.", c["tx_bytes"])
+    fam(CounterMetricFamily, "requests", "Complete request messages, by type.",
+        [((t,), n) for t, n in c["requests"].items()], ["type"])
+    fam(CounterMetricFamily, "replies", "Reply messages sent, by type.",
+        [((t,), n) for t, n in c.get("replies", {}).items()], ["type"])
+    fam(CounterMetricFamily, "errors", "ERROR replies, by status.",
+        [((s,), n) for s, n in c["errors"].items()], ["status"])
+    fam(CounterMetricFamily, "drops", "Frames dropped, by reason.",
+        [((r,), n) for r, n in c["drops"].items()], ["reason"])
+    counter("lookup_keys", "Keys looked up.", c["lookup_keys"])
+    counter("updates_applied", "Update messages applied.", c["updates_applied"])
+    counter("update_keys", "Keys updated.", c["update_keys"])
+    counter("duplicates", "Updates answered as duplicates without applying them again (exactly once).",
+            c["duplicates"])
+    counter("update_polls", "Polls: re-sent last fragments of updates a client saw no ack for.",
+            c.get("update_polls", 0))
+    counter("update_poll_acks", "Polls of updates already applied, acked from the exactly-once window.",
+            c.get("update_poll_acks", 0))
+    counter("update_nacks", "Polls of incomplete updates answered UPDATE_NACK with the fragments held.",
+            c.get("update_nacks", 0))
+    gauge("dedup_entries", "Applied updates remembered in the exactly-once window.", c["dedup_entries"])
+    fam(GaugeMetricFamily, "rows", "Rows held per table (materialised rows).",
+        [((t,), n) for t, n in c["rows"].items()], ["table"])
+    re = c["reassembly"]
+    gauge("reassembly_pending", "Messages waiting for fragments.", re["pending"])
+    counter("reassembly_expired", "Incomplete messages dropped by the reassembly timeout.", re["expired"])
+    counter("reassembly_evicted", "Incomplete messages evicted for room.", re["evicted"])
+    counter("reassembly_duplicate_frames", "Fragments received twice.", re["duplicate_frames"])
+    counter("internal_errors", "Requests answered INTERNAL or batches lost to a fault of the shard.",
+            c["internal_errors"])
+    counter("send_errors", "Failed sends.", c["send_errors"])
+    gauge("announced", "SIZE_REQ announcements waiting for their data (fixed-length mode).", c.get("announced", 0))
+    engines = c.get("workers") or ([c["engine"]] if c.get("engine") else [])
+    if engines:
+        e0 = engines[0]
+        fam(GaugeMetricFamily, "engine_info", "The shard's engine (value 1).",
+            [((e0.get("name", "batch"), e0.get("intake", ""), str(bool(e0.get("gso"))).lower(), e0.get("batch", 0)), 1)],
+            ["engine", "intake", "gso", "batch"])
+        for key, name, doc, scale in _ENGINE_COUNTERS:
+            rows = [((e.get("worker", i),), e[key] * scale) for i, e in enumerate(engines) if key in e]
+            if rows:
+                fam(CounterMetricFamily, name, doc, rows, ["worker"])
+        rows = [((e.get("worker", i), t), n) for i, e in enumerate(engines) for t, n in e.get("rows_held", {}).items()]
+        if rows:
+            fam(GaugeMetricFamily, "worker_rows", "Rows held per worker and table (--workers: rows split by id range).",
+                rows, ["worker", "table"])
+    d = c.get("durability")
+    if d is not None:
+        counter("wal_records", "Updates appended to the write-ahead log.", d["log_records"])
+        counter("wal_bytes", "Bytes appended to the write-ahead log.", d["log_bytes"])
+        counter("wal_commits", "Commits (fdatasync) of the write-ahead log.", d["log_commits"])
+        gauge("wal_sequence", "Sequence number of the current log file.", d["seq"])
+        gauge("wal_updates_since_checkpoint", "Updates logged since the last checkpoint.",
+              d.get("since_checkpoint", 0))
+        counter("checkpoints", "Checkpoints written.", d["checkpoints"])
+        counter("wal_errors", "Log writes the disk refused (the shard then stops acking).", d["log_errors"])
+        counter("checkpoint_errors", "Checkpoints that failed.", d["checkpoint_errors"])
+    svc = c.get("service")
+    if svc is not None:
+        f = HistogramMetricFamily("embnic_shard_service_seconds", "Per message: receipt of the datagram that "
+                                  "completed the request to its reply handed to the kernel.", labels=["shard"])
+        f.add_metric([shard], log2_us_histogram(svc["hist"]), svc["sum_ns"] / 1e9)
+        out.append(f)
+    return out
+
+
+#: per-worker engine counters: (key in the engine's counters, metric, help, scale)
+_ENGINE_COUNTERS = (
+    ("wakeups", "wakeups", "Wake-ups of the batch engine (each: one recvmmsg batch).", 1),
+    ("recv_calls", "recv_calls", "recvmmsg calls.", 1),
+    ("send_calls", "send_calls", "sendmmsg calls.", 1),
+    ("gso_sends", "gso_sends", "Replies sent as UDP GSO super-datagrams.", 1),
+    ("gso_fallbacks", "gso_fallbacks", "GSO sends the kernel refused (sent frame by frame).", 1),
+    ("messages_whole", "messages_whole", "Multi-fragment messages gathered whole from one wake-up.", 1),
+    ("peer_calls", "peer_calls", "Sub-requests this worker made to the other workers.", 1),
+    ("peer_rows_asked", "peer_rows_asked", "Rows this worker asked the other workers for.", 1),
+    ("peer_requests", "peer_requests", "Sub-requests this worker served for the others.", 1),
+    ("peer_rows_served", "peer_rows_served", "Rows this worker served to the others.", 1),
+    ("peer_wait_us", "peer_wait_seconds", "Time this worker waited for the others' answers.", 1e-6),
+)
+
+
+class ShardCollector:
+    """A prometheus_client collector that reads a shard's counters at every scrape.
+
+    Args:
+        read: returns the shard's counters (``ShardServer.counters()``'s shape); called on the
+            metrics server's thread, so it must hand the reading to the serving thread itself.
+    """
+
+    def __init__(self, read: Callable[[], dict]):
+        self.read = read
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        yield from shard_families(self.read())
+
+
+def serve_metrics(read: Callable[[], dict], port: int, bind: str = "0.0.0.0") -> MetricsServer:
+    """Serve a shard's metrics on ``bind:port`` (``GET /metrics``) from a thread of this process.
+
+    Raises:
+        MissingDependencyError, UsageError, OperationalError: as :class:`~embnic.control.metrics.MetricsServer`
+            (the port taken names ``--metrics-port``).
+    """
+    srv = MetricsServer(ShardCollector(read), port, bind, option="--metrics-port")
+    log.info("metrics on http://%s:%d/metrics", bind, srv.port)
+    return srv
