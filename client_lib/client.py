@@ -248,44 +248,10 @@ class EmbeddingClient:
         return directory, keys
 
     def _pack(self, msg_type: int, parts: list) -> list[list]:
-        """Cut one shard's ``parts`` — ``[(table_id, positions int64 (k,), keys uint64 (k,)), ...]``,
-        every table it holds keys of — into the messages of a round: as few as fit, in table order,
-        a table's keys split across two messages only where one would overflow. A message fits
-        when it and its reply each take at most ``msg_frames`` (and :data:`consts.MAX_FRAGS`)
-        fragments and, where the send window allows it, both together leave the window room
-        (``window_frames - 2`` frames of ``P`` bytes). Returns the pieces, each a list of
-        ``(table_id, positions, keys)`` slices (views, no copies)."""
-        P = consts.max_body_per_frame(self.mtu)
-        frags = consts.MAX_FRAGS if not self.msg_frames else min(self.msg_frames, consts.MAX_FRAGS)
-        B = frags * P
-        W = (self.window_frames - 2) * P if self.window_frames >= 3 else None
-        lookup = msg_type == MsgType.LOOKUP_REQ
-        pieces: list[list] = []
-        cur: list = []
-        req = rep = 0
-        for table_id, pos, keys in parts:
-            t = self.cfg.table(table_id)
-            row = t.dim * consts.esize(t.wire_dtype)
-            rk, pk = (consts.KEY_SIZE, row) if lookup else (consts.KEY_SIZE + row, 0)
-            a, n = 0, len(keys)
-            while a < n:
-                room = (B - req - consts.DIR_ENTRY) // rk
-                if pk:
-                    room = min(room, (B - rep) // pk)
-                if W is not None:
-                    room = min(room, (W - req - rep - consts.DIR_ENTRY) // (rk + pk))
-                if room <= 0 and cur:
-                    pieces.append(cur)
-                    cur, req, rep = [], 0, 0
-                    continue
-                k = min(n - a, max(1, room))
-                cur.append((table_id, pos[a:a + k], keys[a:a + k]))
-                req += consts.DIR_ENTRY + k * rk
-                rep += k * pk
-                a += k
-        if cur:
-            pieces.append(cur)
-        return pieces
+        """Cut one shard's ``parts`` into the messages of a round: :func:`pack_parts` at this
+        client's MTU, ``msg_frames`` and ``window_frames``."""
+        return pack_parts(self.cfg, msg_type, parts, mtu=self.mtu, msg_frames=self.msg_frames,
+                          window_frames=self.window_frames)
 
     def close(self) -> None:
         """Close the socket."""
@@ -728,3 +694,53 @@ class EmbeddingClient:
         c = collections.Counter(self._reasm.drops)
         c.update(self.stats.drops)
         return c
+
+
+def pack_parts(cfg: ClusterConfig, msg_type: int, parts: list, *, mtu: int,
+               msg_frames: int | None = DEFAULT_MSG_FRAMES, window_frames: int = DEFAULT_WINDOW_FRAMES) -> list[list]:
+    """Cut one shard's ``parts`` — ``[(table_id, positions, keys), ...]``, every table it holds
+    keys of (positions int64 (k,), keys uint64 (k,); anything with ``len`` and slicing, e.g.
+    ``range``, serves a planner that needs only the counts) — into the messages of a round: as
+    few as fit, in table order, a table's keys split across two messages only where one would
+    overflow. A message fits when it and its reply each take at most ``msg_frames`` (and
+    :data:`consts.MAX_FRAGS`) fragments of ``P = mtu - 72`` bytes and, where the send window
+    allows it, both together leave the window room (``window_frames - 2`` frames of ``P``
+    bytes). What :class:`EmbeddingClient` sends (its ``_pack``) and what ``embnic plan`` counts.
+
+    Returns:
+        the pieces, each a list of ``(table_id, positions, keys)`` slices (views, no copies).
+
+    Raises:
+        KeyError: a table not in ``cfg``. ValueError: an MTU without room for a body byte.
+    """
+    P = consts.max_body_per_frame(mtu)
+    frags = consts.MAX_FRAGS if not msg_frames else min(msg_frames, consts.MAX_FRAGS)
+    B = frags * P
+    W = (window_frames - 2) * P if window_frames >= 3 else None
+    lookup = msg_type == MsgType.LOOKUP_REQ
+    pieces: list[list] = []
+    cur: list = []
+    req = rep = 0
+    for table_id, pos, keys in parts:
+        t = cfg.table(table_id)
+        row = t.dim * consts.esize(t.wire_dtype)
+        rk, pk = (consts.KEY_SIZE, row) if lookup else (consts.KEY_SIZE + row, 0)
+        a, n = 0, len(keys)
+        while a < n:
+            room = (B - req - consts.DIR_ENTRY) // rk
+            if pk:
+                room = min(room, (B - rep) // pk)
+            if W is not None:
+                room = min(room, (W - req - rep - consts.DIR_ENTRY) // (rk + pk))
+            if room <= 0 and cur:
+                pieces.append(cur)
+                cur, req, rep = [], 0, 0
+                continue
+            k = min(n - a, max(1, room))
+            cur.append((table_id, pos[a:a + k], keys[a:a + k]))
+            req += consts.DIR_ENTRY + k * rk
+            rep += k * pk
+            a += k
+    if cur:
+        pieces.append(cur)
+    return pieces

@@ -27,9 +27,10 @@ MAX_LCORE = 128
 #: the known keys of every section (anything else is an error naming the closest known key)
 SECTIONS = ("cluster", "tables", "shards", "clients", "card", "control")
 CLUSTER_KEYS = ("name", "udp_port", "mtu", "sharding", "seed", "timeout_ms", "retries")
-TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard")
+TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard",
+              "expected_rows")
 ENDPOINT_KEYS = ("id", "ip", "port", "mac", "card_port")
-CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores", "state_lcores")
+CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores", "state_lcores", "pci")
 #: Bounds of the [card] fields, inclusive — the card's own option bounds (dataplane/include/
 #: embnic_limits.h, and EMBNIC_MAX_PORTS in embnic_dp.h for port ids); tests/dataplane/test_limits.py
 #: checks they agree and that embnic-dp accepts each limit and refuses one past it. ring_size is
@@ -119,6 +120,8 @@ class TableConfig:
     eps: float = 1e-8
     init_scale: float = 0.01
     shard: int | None = None  #: placement under the "table" policy
+    #: rows the table is expected to grow to (``embnic plan`` sizes shards by it; ``rows`` where unset)
+    expected_rows: int | None = None
 
     @property
     def wire_dtype(self) -> consts.DType:
@@ -155,6 +158,9 @@ class CardConfig:
     #: lcores sharing the message state map, each owning the messages of one partition by a
     #: hash of (client id, message id); at most as many as ``lcores`` names (docs/config.md)
     state_lcores: int = 1
+    #: PCI addresses (``0000:3b:00.0``) of the NIC ports the card runs on, DPDK ports 0.. in this
+    #: order (before any vdev); empty: vdevs only (docs/deploy.md)
+    pci: tuple[str, ...] = ()
 
     def port(self, port_id: int) -> CardPort:
         for p in self.ports:
@@ -365,6 +371,52 @@ def _rows(t: dict, w: str, path) -> int | None:
     return None if v is None else _check_range(v, 1, 2**63 - 1, w + "rows", path)
 
 
+_BDF = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
+
+
+def normalize_bdf(bdf: str) -> str:
+    """A PCI address as sysfs names it: ``3b:00.0`` → ``0000:3b:00.0`` (domain added, lower case).
+
+    Raises:
+        ValueError: not ``[DDDD:]BB:DD.F`` (hex; device 00..1f, function 0..7).
+    """
+    m = _BDF.match(str(bdf).strip())
+    if not m:
+        raise ValueError(f"{bdf!r} is not a PCI address like 0000:3b:00.0 (`lspci -D` or "
+                         "`dpdk-devbind.py --status-dev net` lists them)")
+    dom, bus, dev, fn = m.groups()
+    return f"{(dom or '0000').lower()}:{bus.lower()}:{dev.lower()}.{fn}"
+
+
+def _pci_list(v: list, field: str, path) -> tuple[str, ...]:
+    """``card.pci``: a list of distinct PCI addresses, normalised (:func:`normalize_bdf`)."""
+    out = []
+    for i, a in enumerate(v):
+        if not isinstance(a, str):
+            raise ConfigError(f"{field}[{i}]", f"must be a PCI address string like \"0000:3b:00.0\", got {a!r}", path)
+        try:
+            b = normalize_bdf(a)
+        except ValueError as e:
+            raise ConfigError(f"{field}[{i}]", str(e), path) from None
+        if b in out:
+            raise ConfigError(f"{field}[{i}]", f"{b} is listed twice", path)
+        out.append(b)
+    return tuple(out)
+
+
+def _expected_rows(t: dict, w: str, path) -> int | None:
+    """``tables[i].expected_rows``: optional, 1..2^63-1 and at most ``rows`` where both are set."""
+    v = _get(t, "expected_rows", w, int, None, path)
+    if v is None:
+        return None
+    v = _check_range(v, 1, 2**63 - 1, w + "expected_rows", path)
+    rows = t.get("rows")
+    if isinstance(rows, int) and v > rows:
+        raise ConfigError(w + "expected_rows", f"{v} is more than the table's rows ({rows}): lower it or drop rows",
+                          path)
+    return v
+
+
 def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterConfig:
     """Validate a config already parsed from TOML into a dict.
 
@@ -430,6 +482,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
             init_scale=_check_float(_get(t, "init_scale", w, float, 0.01, path), w + "init_scale", path,
                                     zero_ok=True),
             shard=_get(t, "shard", w, int, None, path),
+            expected_rows=_expected_rows(t, w, path),
         ))
     shards = _endpoints(raw, "shards", path, udp_port)
     clients = _endpoints(raw, "clients", path, 40000)
@@ -471,6 +524,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
             lcores=_get(c, "lcores", w, str, "0,1", path),
             state_lcores=_check_range(_get(c, "state_lcores", w, int, 1, path), *CARD_LIMITS["state_lcores"],
                                       w + "state_lcores", path),
+            pci=_pci_list(_get(c, "pci", w, list, [], path), w + "pci", path),
         )
         try:
             n_lcores = len(parse_lcores(card.lcores))

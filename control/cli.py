@@ -90,6 +90,7 @@ _COMMANDS = (
     ("embnic.control.cmd_embedding_tables", "tables"),
     ("embnic.control.cmd_dissector", "dissector"),
     ("embnic.control.cmd_exporter", "exporter"),
+    ("embnic.control.cmd_plan", "plan"),
 )
 
 

@@ -192,6 +192,13 @@ def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
                    f"{r['rounds_varlen']:>7.0f}/{r['rounds_fixed']:<7.0f} "
                    f"{r['request_messages_per_round_varlen']:>14.1f}/{r['request_messages_per_round_fixed']:<5.1f} "
                    f"({r['shards_per_round']:.0f})")
+    pb = (res.get("plan") or {}).get("by_batch") or {}
+    if pb:
+        click.echo("e2e step time, embnic plan's estimate (testbed profile) beside the measurement (varlen, µs):")
+        for b, v in pb.items():
+            click.echo(f"  {b:>6} plan {v['plan_step_us']:>9,.0f}  measured {v['step_p50_us']:>9,.0f}  "
+                       f"= {v['plan_over_measured']:.2f} x   messages/step plan {v['plan_messages_per_step']:.0f}"
+                       f" measured {v['messages_per_step']:.0f}   (binds: {v['binds']})")
     dlrm_rows = [r for r in res["rows"] if r["model"] == "dlrm"]
     if dlrm_rows:
         click.echo("e2e DLRM training steps/s (medians of repeats): tables through the card vs TorchRec's EBC in process")

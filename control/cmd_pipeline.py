@@ -50,6 +50,12 @@ def _ports_line(info: dict) -> str:
 @click.option("--vdev", "vdevs", metavar="SPEC", multiple=True,
               help="A DPDK vdev, one per card port in port order (net_ring0, net_null0, "
                    "net_af_packet0,iface=veth0, ...). Repeatable.")
+@click.option("--pci", "pci", metavar="BDF", multiple=True,
+              help="A NIC port by PCI address (0000:3b:00.0), one per card port, DPDK ports 0.. in this order "
+                   "before any --vdev (default: [card] pci of the config). The EAL then gets -a BDF and "
+                   "hugepages instead of --no-pci --no-huge; the device must be bound to vfio-pci (or "
+                   "uio_pci_generic, igb_uio; mlx5_core as it is). Repeatable. docs/deploy.md.")
+@click.option("--no-hugepages", is_flag=True, help="With --pci: keep --no-huge -m 256 (no hugepages reserved).")
 @click.option("--card-args", metavar="ARGS", default=None,
               help="More embnic-dp arguments after '--' (one shell-quoted string), e.g. '--burst 16'.")
 @click.option("--idle-us", type=click.IntRange(0, 1_000_000), default=None,
@@ -66,8 +72,8 @@ def _ports_line(info: dict) -> str:
               metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
                                          "loss tolerance.")
 @json_option
-def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us, lcores, netns, ready_timeout,
-         no_program, rate, as_json):
+def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, card_args, idle_us, lcores, netns,
+         ready_timeout, no_program, rate, as_json):
     """Start the pipeline on a target and program the config's routes and clients.
 
     For the dpdk target: refuses an embnic-dp whose ELF build info does not match the client
@@ -83,6 +89,10 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
     the EAL's runtime directory is removed again. embnic-dp cannot set a port's MAC: a
     [card].ports[].mac that differs from the port's real MAC is reported as a warning.
 
+    On a real NIC (docs/deploy.md) give its ports' PCI addresses with --pci (or [card] pci):
+    a device that is missing or not bound to a DPDK driver is refused naming the fix
+    (`dpdk-devbind.py -b vfio-pci BDF`).
+
     \b
     Example:
       embnic pipeline load -c examples/testbed.toml --vdev net_ring0 --vdev net_ring1 --vdev net_ring2 --vdev net_ring3
@@ -91,7 +101,12 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, card_args, idle_us,
     if idle_us is not None:
         s.card_args += ["--idle-us", str(idle_us)]
     with config_errors():
-        t = open_target(s, lcores=lcores, ready_timeout=ready_timeout)
+        opts = {}
+        if pci:
+            opts["pci"] = list(pci)
+        if no_hugepages:
+            opts["hugepages"] = False
+        t = open_target(s, lcores=lcores, ready_timeout=ready_timeout, **opts)
         res = t.load(program=not no_program)
     info = res.get("info", {})
     plan = None

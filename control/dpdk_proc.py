@@ -65,15 +65,28 @@ class DpdkProcError(OperationalError):
 
 
 # --------------------------------------------------------------------------- EAL arguments
-def eal_argv(lcores: str, file_prefix: str, vdevs: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
+def eal_argv(lcores: str, file_prefix: str, vdevs: Sequence[str] = (), extra: Sequence[str] = (), *,
+             pci: Sequence[str] = (), hugepages: bool = False) -> list[str]:
     """EAL arguments: ``-l LCORES`` + :data:`EAL_DEFAULTS` + ``--file-prefix P`` + ``extra`` + ``--vdev V`` each.
 
     Example: ``eal_argv("0,1", "embnic-tb-emb", ["net_ring0"])`` →
     ``["-l", "0,1", "--no-huge", "--no-pci", "-m", "256", "--file-prefix", "embnic-tb-emb", "--vdev", "net_ring0"]``.
     A list that maps lcores to CPUs (``"0@0,1@1,2@1"``: three lcores on two CPUs) is passed as
     ``--lcores LCORES`` instead.
+
+    With ``pci`` (PCI addresses of NIC ports, docs/deploy.md) the EAL probes those devices —
+    ``-a BDF`` each (its allow-list: no other device is touched) in place of ``--no-pci`` — and
+    with ``hugepages`` it takes its memory from hugepages (no ``--no-huge -m 256``):
+    ``eal_argv("0,1", "p", pci=["0000:3b:00.0"], hugepages=True)`` →
+    ``["-l", "0,1", "--file-prefix", "p", "-a", "0000:3b:00.0"]``.
     """
-    args = ["--lcores" if "@" in lcores else "-l", lcores, *EAL_DEFAULTS, "--file-prefix", file_prefix, *extra]
+    defaults = [a for a in EAL_DEFAULTS if not (pci and a == "--no-pci")]
+    if hugepages:
+        defaults = [a for a in defaults if a not in ("--no-huge", "-m", "256")]
+    args = ["--lcores" if "@" in lcores else "-l", lcores, *defaults, "--file-prefix", file_prefix]
+    for b in pci:
+        args += ["-a", b]
+    args += list(extra)
     for v in vdevs:
         args += ["--vdev", v]
     return args

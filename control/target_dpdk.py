@@ -12,6 +12,12 @@ Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
     -l <card.lcores> --no-huge --no-pci -m 256 --file-prefix embnic-<NAME>-<crc(RUN_DIR)> [--vdev V ...]
 
 (:func:`embnic.control.dpdk_proc.eal_argv`; the process is a :class:`~embnic.control.dpdk_proc.DpdkProcess`).
+On a NIC given by PCI address (``pci``: ``pipeline load --pci BDF`` or ``[card] pci``;
+docs/deploy.md) they are ``-l <card.lcores> --file-prefix ... -a BDF ...``: the device
+allow-listed instead of ``--no-pci`` and hugepages instead of ``--no-huge -m 256`` (unless
+``hugepages=False``); ``load`` first checks each device is present and bound to a driver DPDK
+can use, and that hugepages are free (:mod:`embnic.control.pci`), failing with one line that
+names the fix.
 ``eal_args`` replaces them all (the ``vdevs`` are still appended). Example from Python::
 
     from embnic.client_lib.config import load_config
@@ -30,7 +36,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
-from embnic.client_lib.config import ClusterConfig, ConfigError, parse_lcores
+from embnic.client_lib.config import ClusterConfig, ConfigError, normalize_bdf, parse_lcores
 from embnic.control import buildinfo
 from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError, CtlError
 from embnic.control.dpdk_proc import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
@@ -128,6 +134,10 @@ class DpdkTarget(Target):
             ``["--burst", "16"]``; docs/control-socket.md).
         start_paused: start with ``--paused`` and send ``resume`` once routes and clients are
             programmed, so no frame is read (and dropped as unknown) before the tables are set.
+        pci: PCI addresses of the NIC ports to run on (default ``card.pci`` of the config), DPDK
+            ports 0.. in this order, before the vdevs.
+        hugepages: EAL memory from hugepages (default: when there are PCI devices).
+        sysfs_root: where sysfs is (default ``$EMBNIC_SYSFS_ROOT`` or ``/sys``; tests: a fake tree).
     """
 
     name = "dpdk"
@@ -135,15 +145,26 @@ class DpdkTarget(Target):
     #: Tests of a stand-in binary (no EAL) set it False.
     NEEDS_ROOT = True
     OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
-                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused"})
+                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused", "pci", "hugepages",
+                         "sysfs_root"})
 
     def __init__(self, config: ClusterConfig | None = None, binary: str | os.PathLike | None = None,
                  eal_args: Sequence[str] | str | None = None, ctl_path: str | os.PathLike | None = None,
                  netns: str | None = None, *, name: str = "embnic", run_dir: str | os.PathLike | None = None,
                  vdevs: Sequence[str] = (), lcores: str | None = None, ready_timeout: float = 30.0,
                  stop_timeout: float = 10.0, check_build: bool = True, timeout: float = 5.0,
-                 card_args: Sequence[str] | str = (), start_paused: bool = True):
+                 card_args: Sequence[str] | str = (), start_paused: bool = True, pci: Sequence[str] | None = None,
+                 hugepages: bool | None = None, sysfs_root: str | os.PathLike | None = None):
         super().__init__(config, name=name, run_dir=run_dir)
+        if pci is None:
+            card = config.card if config is not None else None
+            pci = card.pci if card is not None else ()
+        try:
+            self.pci = tuple(normalize_bdf(b) for b in pci)
+        except ValueError as e:
+            raise UsageError(f"--pci: {e}", param="pci") from None
+        self.hugepages = bool(self.pci) if hugepages is None else bool(hugepages)
+        self.sysfs_root = sysfs_root
         self.binary = binary
         if isinstance(eal_args, str):
             eal_args = split_args(eal_args, "eal_args", fix=_LIST_FIX)
@@ -199,15 +220,18 @@ class DpdkTarget(Target):
 
     # ------------------------------------------------------------------ command line
     def eal_argv(self) -> list[str]:
-        """EAL arguments: ``eal_args`` or the defaults, then one ``--vdev`` per vdev."""
+        """EAL arguments: ``eal_args`` (then ``-a BDF`` per PCI device) or the defaults, then one
+        ``--vdev`` per vdev."""
         if self.eal_args is not None:
             args = list(self.eal_args)
+            for b in self.pci:
+                args += ["-a", b]
             for v in self.vdevs:
                 args += ["--vdev", v]
             return args
         card = self.config.card if self.config is not None else None
         lcores = self.lcores or (card.lcores if card is not None else "0,1")
-        return eal_argv(lcores, self.file_prefix, self.vdevs)
+        return eal_argv(lcores, self.file_prefix, self.vdevs, pci=self.pci, hugepages=self.hugepages)
 
     def card_argv(self, ctl: str) -> list[str]:
         """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
@@ -238,9 +262,10 @@ class DpdkTarget(Target):
         if cfg.card is None or not cfg.card.enabled:
             raise ConfigError("card", "the dpdk target needs a [card] section (enabled = true) with its "
                               "ports; see docs/config.md and examples/testbed.toml", cfg.path)
-        if self.eal_args is None and not self.vdevs:
+        if self.eal_args is None and not self.vdevs and not self.pci:
             raise UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
-                             "--vdev net_ring1), `vdevs` in [control] of the config, or --eal-args", param="vdevs")
+                             "--vdev net_ring1), `vdevs` in [control] of the config, a NIC's --pci BDF "
+                             "(or [card] pci), or --eal-args", param="vdevs")
         if self.eal_args is None:
             bad = lcores_problem(self.lcores or cfg.card.lcores)
             if bad:
@@ -249,13 +274,36 @@ class DpdkTarget(Target):
             if self.lcores and len(parse_lcores(self.lcores)) < cfg.card.state_lcores:
                 raise UsageError(f"--lcores {self.lcores}: card.state_lcores = {cfg.card.state_lcores} in "
                                  f"{cfg.path or 'the config'} needs at least that many lcores", param="lcores")
+            n = len(self.pci) + len(self.vdevs)
             for i, p in enumerate(cfg.card.ports):
-                if p.id >= len(self.vdevs):
-                    raise UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {len(self.vdevs)} "
-                                     "vdev(s) given: give one --vdev per card port, in port order", param="vdevs")
+                if p.id >= n:
+                    what = f"{len(self.pci)} PCI device(s) and {len(self.vdevs)} vdev(s)" if self.pci else \
+                        f"{len(self.vdevs)} vdev(s)"
+                    raise UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {what} given: give one "
+                                     "--pci or --vdev per card port, in port order", param="vdevs")
+        if self.pci:
+            self._check_pci()
         if not program:
             return [], []
         return routes_from_config(cfg), clients_from_config(cfg)
+
+    def _check_pci(self) -> None:
+        """Refuse, in one line naming the fix, a PCI device that is missing or bound to a driver
+        DPDK cannot use, and hugepages that are not there (:mod:`embnic.control.pci`).
+
+        Raises:
+            OperationalError: the first problem found.
+        """
+        from embnic.control import pci as P
+
+        for b in self.pci:
+            bad = P.pci_problem(b, self.sysfs_root)
+            if bad:
+                raise OperationalError(bad)
+        if self.hugepages and self.eal_args is None:
+            bad = P.hugepages_problem(self.sysfs_root)
+            if bad:
+                raise OperationalError(bad)
 
     def load(self, program: bool = True) -> dict:
         """Start embnic-dp, wait until it answers, program routes and clients (see module doc).

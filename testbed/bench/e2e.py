@@ -38,6 +38,7 @@ is up, so neither competes with the other for the two cores.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -341,6 +342,43 @@ def run_torchrec(cfg_path: str, batches: dict, repeats: int, world: int = 2) -> 
     return out
 
 
+# ---------------------------------------------------------------------------- the planner beside it
+def plan_rows(cfg, sample, batches, measured: dict) -> dict:
+    """``embnic plan``'s estimate beside the measurement: per batch, the plan of ``cfg`` (the
+    sharding the run used, one client) on the ``testbed`` hardware profile with the workload
+    measured from ``sample`` at that batch, and the run's figures.
+
+    Args:
+        cfg: the cluster config the run used; sample: the :class:`~embnic.testbed.training.criteo.CriteoData`
+            its batches come from; measured: ``{str(B): _summ(...)}`` of the varlen runs.
+
+    Returns:
+        ``{str(B): {plan_step_us, step_p50_us, plan_over_measured, plan_messages_per_step,
+        messages_per_step, plan_request_frames_per_step, plan_request_bytes_per_step, binds}}``
+        (batches not in ``measured`` are left out).
+    """
+    from embnic.control import plan as P
+    from embnic.testbed.training.train import feature_tables
+
+    out = {}
+    one = dataclasses.replace(cfg, clients=cfg.clients[:1])
+    for b in batches:
+        m = measured.get(str(b))
+        if not m:
+            continue
+        w = P.measure_workload(one, sample.sparse, feature_tables(one, len(NAMES)), b)
+        pl = P.plan(one, w, P.PROFILES["testbed"])
+        ps = pl["per_step"]
+        step = m["step_p50_us"]["median"]
+        out[str(b)] = {"plan_step_us": pl["step_time_us"], "step_p50_us": step,
+                       "plan_over_measured": pl["step_time_us"] / step if step else None,
+                       "plan_messages_per_step": ps["request_messages"] + ps["reply_messages"],
+                       "messages_per_step": m["messages_per_step"]["median"],
+                       "plan_request_frames_per_step": ps["request_frames"],
+                       "plan_request_bytes_per_step": ps["request_bytes"], "binds": pl["binds"]}
+    return out
+
+
 # ---------------------------------------------------------------------------- the run
 def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, loss_pct: float = 1.0,
         hash_row: bool = True, dlrm: bool = True, name: str = "embe2e", log=print) -> dict:
@@ -357,7 +395,9 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         see :func:`.e2e_dlrm.rows`), ``dlrm`` (those figures with min/max), ``detail`` (every figure with
         min/max: lookup and update p50/p99, steps/s, per mode), ``hash`` (embnic with hash
         sharding), ``loss`` (varlen with ``loss_pct`` % loss: step time and retransmits per
-        step beside the loss-free ones), ``targets``, ``machine`` (before and after), ``config``.
+        step beside the loss-free ones), ``plan`` (``embnic plan``'s step time and messages per
+        step beside the run's, :func:`plan_rows`; also ``plan_step_us``/``step_p50_us`` in the
+        embedding rows), ``targets``, ``machine`` (before and after), ``config``.
 
     Raises:
         NeedsRoot: not root. TestbedError: the testbed did not come up. ImportError: no
@@ -452,8 +492,21 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
     dlrm_rows = []
     if dlrm:
         dlrm_rows = e2e_dlrm.rows(card["dlrm"], dlrm_tr, batches)
+    tcfg = dataclasses.replace(cfg, sharding="table")
+    plan = {"how": "embnic plan on the 'testbed' hardware profile, one client, table sharding, the workload "
+                   "measured from the Criteo sample at each batch (docs/planning.md); step_p50_us: this run's "
+                   "varlen step through the card",
+            "by_batch": plan_rows(tcfg, sample, batches, card["varlen"]),
+            # the hash-sharded run beside its own plan (the profile was fitted to table sharding)
+            "hash_by_batch": plan_rows(cfg, sample, batches, hsh["varlen"]) if hsh is not None else {}}
+    for r in rows_out:
+        pb = plan["by_batch"].get(str(r["batch"]))
+        if pb:
+            r["plan_step_us"] = pb["plan_step_us"]
+            r["step_p50_us"] = pb["step_p50_us"]
     res = {
         "rows": rows_out + dlrm_rows,
+        "plan": plan,
         "dlrm": None if not dlrm else {
             "card": {str(b): e2e_dlrm.summarise(card["dlrm"][b]) for b in batches},
             "torchrec": {str(b): e2e_dlrm.summarise(dlrm_tr[b]) for b in batches},

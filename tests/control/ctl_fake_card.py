@@ -244,7 +244,9 @@ class FakeCard:
 def main(argv: list[str]) -> int:
     """Behave like embnic-dp: parse ``EAL -- card args``, serve until SIGTERM."""
     eal, card = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else ([], argv)
-    vdevs = [eal[i + 1] for i, a in enumerate(eal) if a == "--vdev"]
+    # DPDK ports: the allow-listed PCI devices first (the EAL probes the PCI bus before vdevs), then the vdevs
+    vdevs = ([eal[i + 1] for i, a in enumerate(eal) if a in ("-a", "--allow")]
+             + [eal[i + 1] for i, a in enumerate(eal) if a == "--vdev"])
     opts: dict[str, list[str]] = {}
     i = 0
     while i < len(card):

@@ -1,0 +1,584 @@
+"""Capacity planning (``embnic plan``): what a cluster of tables costs per shard and per card.
+
+The model (docs/planning.md) has three parts.
+
+**Traffic per step** (:func:`step_traffic`) — what one client puts on the wire for one
+training step (a lookup round, then an update round of the same unique ids), counted exactly
+as :class:`~embnic.client_lib.client.EmbeddingClient` builds rounds under protocol v2
+(docs/protocol.md): each table's unique ids of the step are routed to shards (``hash``: spread
+evenly, ``table``: the owning shard), every shard's part of a round is cut into messages by the
+client's own :func:`~embnic.client_lib.client.pack_parts` (one message per shard, split past
+``msg_frames`` fragments or the send window), each message's body is the directory (16 B per
+table), the keys (8 B each) and, for an update, the rows (``dim·esize``); a lookup reply is the
+rows; an update is answered by one empty ACK; bodies are cut into fragments of
+``P = MTU − 72`` bytes (:func:`~embnic.client_lib.codec.frag_geometry`), each frame carrying
+the 44-byte header. After each shard's last message of a round the client sends a tail probe
+(a one-key lookup of that message's first table). Byte counts are UDP payloads (header +
+fragment), as ``ClientStats.bytes_sent`` counts them; Gb/s add Ethernet, IPv4, UDP, FCS,
+preamble and inter-frame gap (:data:`WIRE_OVERHEAD`).
+
+**Storage per shard** (:func:`shard_storage`) — the rows a shard holds (a table's ``rows``, or
+its ``expected_rows`` where ids are unbounded), spread like the ids; memory is
+``rows × (4·dim + optimizer state) × arena slack + rows × 16`` bytes: rows are float32 on the
+shards whatever the wire dtype, row-wise Adagrad keeps one float32 per row, SGD none; the arena
+doubles when full (``arena_slack`` 2: the worst case just after a doubling) and the sorted key
+index holds a uint64 key and an int64 slot per row (``client_lib/table_numerics.py``). Disk
+(with ``--checkpoint-dir``) is two checkpoints (the old one lives until the new one is
+renamed) of ``rows × (8 + 4·dim + 4)`` bytes plus the write-ahead log of
+``checkpoint_every`` updates.
+
+**Rates and limits** (:func:`plan`) — ``C`` clients each doing ``steps/s`` steps: per card
+frames/s, messages/s (request messages, each completed by its reply: what ``bench dataplane``'s
+``distinct_msgs_per_s`` counts), Gb/s and state-map entries in flight (every message of a
+round of every client, tail probes included, bounded per shard by the send window); per shard
+keys/s and Gb/s. Each resource gives the steps/s it allows; the smallest binds first. The step
+time is a latency model: per round, a base round-trip time plus the service time of the
+busiest resource of that round (card, a shard, the client, a NIC).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from embnic.client_lib import codec, consts
+from embnic.client_lib.client import DEFAULT_MSG_FRAMES, DEFAULT_WINDOW_FRAMES, pack_parts
+from embnic.client_lib.config import ClusterConfig
+from embnic.client_lib.consts import MsgType
+from embnic.client_lib.routing import shard_index_of
+
+#: bytes a frame takes on the wire beyond its UDP payload: Ethernet header 14, IPv4 20, UDP 8,
+#: FCS 4, preamble + start delimiter 8, inter-frame gap 12
+WIRE_OVERHEAD = 14 + consts.IPV4_HDR_LEN + consts.UDP_HDR_LEN + 4 + 8 + 12
+WAL_RECORD_HEADER = 36  #: bytes of a write-ahead-log record's header (testbed/server/durability.py)
+INDEX_BYTES_PER_ROW = 16  #: TableShard's sorted key index: uint64 key + int64 arena slot per row
+OPTIMIZER_STATE_BYTES = {"adagrad": 4, "sgd": 0}  #: float32 per row of optimizer state
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What one machine of each kind can do (defaults: a server-class host; measure yours).
+
+    Attributes:
+        shard_ram_gb: memory a shard may fill with tables, GB (1e9 bytes).
+        shard_disk_gb: disk per shard for checkpoints and log, GB.
+        nic_gbps: line rate of each host's NIC (card, shard, client), Gb/s, each direction.
+        card_msgs_per_s: messages the card completes per second (``bench dataplane``
+            ``distinct_msgs_per_s``).
+        card_mpps: frames the card forwards per second, millions (``bench dataplane`` ``card_mpps``).
+        shard_keys_per_s: keys (rows) a shard looks up or updates per second (``bench server``).
+        client_frames_per_s: frames a client sends or receives per second (its per-frame cost).
+        rtt_us: base round-trip time client → card → shard → card → client, µs, unloaded.
+        arena_slack: factor on a shard's row arena for its growth (2: just after a doubling).
+        checkpoint_every: updates between checkpoints (disk: the log they leave).
+    """
+
+    shard_ram_gb: float = 256.0
+    shard_disk_gb: float = 2000.0
+    nic_gbps: float = 100.0
+    card_msgs_per_s: float = 1.0e6
+    card_mpps: float = 2.0
+    shard_keys_per_s: float = 2.0e6
+    client_frames_per_s: float = 200_000.0
+    rtt_us: float = 50.0
+    arena_slack: float = 2.0
+    checkpoint_every: int = 1000
+
+
+#: hardware profiles by name (``embnic plan --hardware NAME``): ``server`` the defaults above;
+#: ``testbed`` this project's namespace testbed on a shared 2-core VM — the card on
+#: ``net_af_packet`` over veths, Python shards and client, what ``bench e2e`` runs on. Its round
+#: trip, client frames/s and shard keys/s were fitted to one run through the card
+#: (``bench e2e``'s varlen steps, table sharding, batch 32/256/4096: 7.6, 9.5, 23.2 ms a step):
+#: 3 ms a round, 12.5 µs of client time per frame; the card's figures are ``bench dataplane``'s
+#: veth path (docs/planning.md)
+PROFILES = {
+    "server": Hardware(),
+    "testbed": Hardware(shard_ram_gb=4.0, shard_disk_gb=20.0, nic_gbps=10.0, card_msgs_per_s=150_000.0,
+                        card_mpps=0.3, shard_keys_per_s=2_000_000.0, client_frames_per_s=80_000.0, rtt_us=3000.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One client's step: ``batch`` samples, each with ``ids_per_feature[t]`` ids of table ``t``
+    (one feature per table), of which ``unique_ratio[t]`` are unique within the batch.
+
+    Attributes:
+        batch: samples per step per client.
+        ids_per_feature: ``{table_id: ids per sample}`` (pooling factor; Criteo: 1).
+        unique_ratio: ``{table_id: unique ids / all ids}`` within one batch, in (0, 1].
+        clients: clients stepping at once.
+        steps_per_s: steps per second wanted of every client (None: report what the cluster allows).
+        source: where the figures come from (``"flags"`` or the data file measured).
+    """
+
+    batch: int
+    ids_per_feature: dict
+    unique_ratio: dict
+    clients: int = 1
+    steps_per_s: float | None = None
+    source: str = "flags"
+
+    def unique_ids(self, table_id: int) -> float:
+        """Expected unique ids of ``table_id`` in one client's step."""
+        return self.batch * self.ids_per_feature[table_id] * self.unique_ratio[table_id]
+
+
+def uniform_workload(cfg: ClusterConfig, batch: int, *, ids_per_feature: float = 1.0, unique_ratio: float = 1.0,
+                     clients: int = 1, steps_per_s: float | None = None) -> Workload:
+    """A :class:`Workload` with the same pooling factor and unique ratio for every table.
+
+    Raises:
+        ValueError: batch < 1, ids_per_feature <= 0, unique_ratio not in (0, 1], clients < 1,
+            steps_per_s <= 0.
+    """
+    ids = {t.id: float(ids_per_feature) for t in cfg.tables}
+    ratio = {t.id: float(unique_ratio) for t in cfg.tables}
+    w = Workload(int(batch), ids, ratio, int(clients), steps_per_s)
+    check_workload(w)
+    return w
+
+
+def check_workload(w: Workload) -> None:
+    """Raise ``ValueError`` naming the first figure of ``w`` out of range."""
+    if w.batch < 1:
+        raise ValueError(f"batch must be >= 1, got {w.batch}")
+    if w.clients < 1:
+        raise ValueError(f"clients must be >= 1, got {w.clients}")
+    if w.steps_per_s is not None and not w.steps_per_s > 0:
+        raise ValueError(f"steps/s must be > 0, got {w.steps_per_s}")
+    for t, v in w.ids_per_feature.items():
+        if not v > 0:
+            raise ValueError(f"ids per feature of table {t} must be > 0, got {v}")
+    for t, v in w.unique_ratio.items():
+        if not 0 < v <= 1:
+            raise ValueError(f"unique ratio of table {t} must be in (0, 1], got {v}")
+
+
+def measure_workload(cfg: ClusterConfig, sparse: np.ndarray, feature_tables: Sequence[int], batch: int, *,
+                     batches: int = 32, clients: int = 1, steps_per_s: float | None = None,
+                     source: str = "data") -> Workload:
+    """Measure ids per feature and the unique/all ratio of every table from samples.
+
+    Args:
+        sparse: uint64 (N, F) categorical ids, one per sample and feature (Criteo: F = 26,
+            already hashed into the tables' rows).
+        feature_tables: table id of each of the F features (several features may share a table).
+        batch: samples per step; ``batches`` batches of consecutive samples, evenly spaced over
+            the file, are measured and their unique counts averaged.
+
+    Returns:
+        a :class:`Workload` (``ids_per_feature[t]`` = features of table t, one id each per
+        sample; ``unique_ratio[t]`` = mean unique ids / ids of table t per batch).
+
+    Raises:
+        ValueError: fewer samples than one batch, or ``feature_tables`` not of length F.
+    """
+    sparse = np.asarray(sparse)
+    n, f = sparse.shape
+    if len(feature_tables) != f:
+        raise ValueError(f"{f} features in the data but {len(feature_tables)} feature tables")
+    if n < batch:
+        raise ValueError(f"the data has {n} samples, fewer than one batch of {batch}: lower --batch")
+    starts = np.unique(np.linspace(0, n - batch, max(1, int(batches))).astype(np.int64))
+    tabs = np.asarray(feature_tables)
+    ids: dict[int, float] = {}
+    ratio: dict[int, float] = {}
+    for t in sorted(set(tabs.tolist())):
+        cols = np.flatnonzero(tabs == t)
+        u = [np.unique(sparse[s:s + batch, cols]).size for s in starts.tolist()]
+        ids[t] = float(len(cols))
+        ratio[t] = float(np.mean(u)) / (batch * len(cols))
+    for t in cfg.tables:  # tables no feature uses: no ids
+        if t.id not in ids:
+            ids[t.id], ratio[t.id] = 1e-12, 1.0
+    w = Workload(int(batch), ids, ratio, int(clients), steps_per_s, source)
+    check_workload(w)
+    return w
+
+
+# ---------------------------------------------------------------------------- traffic
+@dataclasses.dataclass
+class Traffic:
+    """One client's traffic of one step (a lookup round and an update round), by direction.
+
+    ``req_*``: client → shard (through the card), tail probes included in frames and bytes;
+    ``rep_*``: shard → client. Messages exclude probes (``ClientStats.messages_sent`` does);
+    ``probes`` counts them. Bytes are UDP payloads. ``per_shard``: per shard index ``[keys
+    (lookup + update), request bytes, reply bytes, request frames, reply frames, update request
+    body bytes]`` of the step (probes included but in the last); ``inflight``: messages of the step's largest round in flight at once
+    (probes included, bounded per shard by the send window).
+    """
+
+    req_messages: int = 0
+    req_frames: int = 0
+    req_bytes: int = 0
+    rep_messages: int = 0
+    rep_frames: int = 0
+    rep_bytes: int = 0
+    probes: int = 0
+    rounds: int = 2
+    per_shard: np.ndarray | None = None
+    inflight: int = 0
+    round_frames: list = dataclasses.field(default_factory=list)  # (lookup, update) frames both ways
+
+    @property
+    def frames(self) -> int:
+        return self.req_frames + self.rep_frames
+
+    @property
+    def wire_bits(self) -> float:
+        """Bits on the wire of the step, both directions (Ethernet to inter-frame gap)."""
+        return 8.0 * (self.req_bytes + self.rep_bytes + WIRE_OVERHEAD * self.frames)
+
+
+def _frames(body: int, mtu: int) -> int:
+    return codec.frag_geometry(body, mtu)[1]
+
+
+def split_keys(cfg: ClusterConfig, table_id: int, unique: float) -> np.ndarray:
+    """Integer keys of ``table_id`` per shard index for ``unique`` expected unique ids: int64 (S,).
+
+    ``table`` sharding: all on the owning shard; ``hash``: as even as integers allow (the first
+    ``u mod S`` shards, rotated by table id, get one more), so the keys add up to ``round(unique)``.
+    """
+    s = len(cfg.shards)
+    u = int(round(unique))
+    out = np.zeros(s, np.int64)
+    if cfg.sharding == "table":
+        out[int(shard_index_of(cfg, table_id, np.zeros(1, np.uint64))[0])] = u
+        return out
+    out[:] = u // s
+    extra = (np.arange(u % s) + table_id) % s
+    out[extra] += 1
+    return out
+
+
+def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
+                 msg_frames: int | None = DEFAULT_MSG_FRAMES, window_frames: int = DEFAULT_WINDOW_FRAMES,
+                 tail_probes: bool = True) -> Traffic:
+    """Messages, frames and bytes of one client's step (lookup round + update round) under
+    protocol v2, as :class:`~embnic.client_lib.client.EmbeddingClient` builds them.
+
+    Args:
+        cfg: the cluster (tables, shards, sharding; ``mtu`` defaults to its ``[cluster] mtu``).
+        unique: ``{table_id: unique ids in the step}`` (floats are rounded per table).
+        msg_frames, window_frames, tail_probes: the client's settings (its defaults).
+
+    Returns:
+        a :class:`Traffic`.
+
+    Raises:
+        KeyError: a table not in ``cfg``. ValueError: an MTU without room for a body byte.
+    """
+    mtu = int(mtu or cfg.mtu)
+    consts.max_body_per_frame(mtu)  # an MTU without room for a body byte: ValueError here
+    S = len(cfg.shards)
+    tids = [t.id for t in cfg.tables if unique.get(t.id, 0) >= 0.5]
+    keys = np.array([split_keys(cfg, t, unique[t]) for t in tids], np.int64).reshape(len(tids), S)
+    row = {t.id: t.dim * consts.esize(t.wire_dtype) for t in cfg.tables}
+    tr = Traffic(per_shard=np.zeros((S, 6), np.float64))
+    inflight = []
+    for mt in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ):
+        lookup = mt == MsgType.LOOKUP_REQ
+        round_frames = 0
+        round_inflight = 0
+        for s in range(S):
+            parts = [(t, range(k), range(k)) for t, k in zip(tids, keys[:, s].tolist()) if k]
+            if not parts:
+                continue
+            costs = []
+            for piece in pack_parts(cfg, mt, parts, mtu=mtu, msg_frames=msg_frames, window_frames=window_frames):
+                T = len(piece)
+                n = sum(len(k) for _, _, k in piece)
+                vl = sum(len(k) * row[t] for t, _, k in piece)
+                req = consts.expected_msg_len(mt, T, n, vl)
+                rep = vl if lookup else 0
+                fq, fp = _frames(req, mtu), _frames(rep, mtu)
+                tr.req_messages += 1
+                tr.rep_messages += 1
+                tr.req_frames += fq
+                tr.rep_frames += fp
+                tr.req_bytes += req + consts.HDR_LEN * fq
+                tr.rep_bytes += rep + consts.HDR_LEN * fp
+                tr.per_shard[s] += (n, req + consts.HDR_LEN * fq, rep + consts.HDR_LEN * fp, fq, fp,
+                                     0 if lookup else req)
+                round_frames += fq + fp
+                costs.append(fq + fp)
+            last_first_table = piece[0][0]  # the probe asks for one key of the last message's first table
+            # the send window: messages of this shard in flight at once (the largest go first)
+            costs.sort(reverse=True)
+            held = n_in = 0
+            for c in costs:
+                if n_in and held + c > window_frames:
+                    break
+                held += c
+                n_in += 1
+            round_inflight += n_in
+            if tail_probes:
+                preq = consts.expected_msg_len(MsgType.LOOKUP_REQ, 1, 1, row[last_first_table])
+                prep = row[last_first_table]
+                tr.probes += 1
+                tr.req_frames += 1
+                tr.rep_frames += _frames(prep, mtu)
+                tr.req_bytes += preq + consts.HDR_LEN
+                tr.rep_bytes += prep + consts.HDR_LEN * _frames(prep, mtu)
+                tr.per_shard[s] += (1, preq + consts.HDR_LEN, prep + consts.HDR_LEN, 1, _frames(prep, mtu), 0)
+                round_frames += 1 + _frames(prep, mtu)
+                round_inflight += 1
+        tr.round_frames.append(round_frames)
+        inflight.append(round_inflight)
+    tr.inflight = max(inflight) if inflight else 0
+    return tr
+
+
+# ---------------------------------------------------------------------------- storage
+def table_rows(cfg: ClusterConfig, table_id: int) -> int:
+    """Rows the shards will hold of a table: its ``expected_rows`` if set, else its ``rows``.
+
+    Raises:
+        ValueError: neither is set (ids unbounded and no expectation), naming the key to add.
+    """
+    t = cfg.table(table_id)
+    n = getattr(t, "expected_rows", None) or t.rows
+    if n is None:
+        raise ValueError(f"table {t.name!r} (id {t.id}) has no rows bound: give it expected_rows = N in its "
+                         "[[tables]] entry so the planner can size its shards")
+    return int(n)
+
+
+def shard_storage(cfg: ClusterConfig, hw: Hardware) -> dict:
+    """Rows, memory and disk of every shard.
+
+    Returns:
+        ``{"rows": int64 (S,), "memory_bytes": float64 (S,), "disk_bytes": float64 (S,)}`` by shard
+        index (hash sharding: each table's rows spread evenly; table sharding: on the owner).
+        Disk excludes the log (added by :func:`plan`, which knows the update bytes).
+    """
+    S = len(cfg.shards)
+    rows = np.zeros(S, np.int64)
+    mem = np.zeros(S, np.float64)
+    disk = np.zeros(S, np.float64)
+    for t in cfg.tables:
+        r = split_keys(cfg, t.id, table_rows(cfg, t.id))
+        opt = OPTIMIZER_STATE_BYTES.get(t.optimizer, 4)
+        rows += r
+        mem += r * ((4 * t.dim + opt) * hw.arena_slack + INDEX_BYTES_PER_ROW)
+        disk += 2 * r * (consts.KEY_SIZE + 4 * t.dim + 4)
+    return {"rows": rows, "memory_bytes": mem, "disk_bytes": disk}
+
+
+# ---------------------------------------------------------------------------- the plan
+def _limits(cfg, hw: Hardware, w: Workload, tr: Traffic, S: int, cards: int) -> dict:
+    """Steps/s of every client that each resource allows (all clients stepping at once)."""
+    C = w.clients
+    nic = hw.nic_gbps * 1e9
+    ps = tr.per_shard
+    busiest_keys = float(ps[:, 0].max()) if len(ps) else 0.0
+    shard_bits = float(8 * (np.maximum(ps[:, 1], ps[:, 2]) + WIRE_OVERHEAD * np.maximum(ps[:, 3], ps[:, 4])).max())
+    card_bits = 8.0 * (max(tr.req_bytes, tr.rep_bytes) + WIRE_OVERHEAD * max(tr.req_frames, tr.rep_frames))
+    client_bits = card_bits
+    inf = float("inf")
+    return {
+        "card_messages": cards * hw.card_msgs_per_s / (C * (tr.req_messages + tr.probes)),
+        "card_frames": cards * hw.card_mpps * 1e6 / (C * tr.frames),
+        "card_nic": cards * nic / (C * card_bits),
+        "shard_keys": hw.shard_keys_per_s / (C * busiest_keys) if busiest_keys else inf,
+        "shard_nic": nic / (C * shard_bits) if shard_bits else inf,
+        "client_frames": hw.client_frames_per_s / tr.frames,
+        "client_nic": nic / client_bits,
+        "latency": 1e6 / step_time_us(cfg, hw, w, tr, cards),
+    }
+
+
+def step_time_us(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1) -> float:
+    """Estimated time of one step (µs): per round, the base RTT plus the service time of the
+    busiest resource of that round with every client stepping at once — the card (messages and
+    frames), the busiest shard (keys), the client (frames) and the NICs (bits); the lookup and
+    update rounds' shares are taken in proportion to their frames. :func:`step_bottleneck` names
+    the busiest."""
+    return step_bottleneck(cfg, hw, w, tr, cards)[0]
+
+
+def step_bottleneck(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1) -> tuple[float, str]:
+    """(:func:`step_time_us`, the resource whose service time is the largest: ``card``,
+    ``shard``, ``client`` or ``nic``)."""
+    C = w.clients
+    total = max(tr.frames, 1)
+    ps = tr.per_shard
+    t = 0.0
+    svc = {}
+    for rf in tr.round_frames:
+        share = rf / total
+        svc = {"card": max(C * (tr.req_messages + tr.probes) * share / (cards * hw.card_msgs_per_s),
+                           C * tr.frames * share / (cards * hw.card_mpps * 1e6)),
+               "shard": C * float(ps[:, 0].max()) * share / hw.shard_keys_per_s if len(ps) else 0.0,
+               "client": tr.frames * share / hw.client_frames_per_s,
+               "nic": C * tr.wire_bits * share / (cards * hw.nic_gbps * 1e9)}
+        t += hw.rtt_us * 1e-6 + max(svc.values())
+    return t * 1e6, (max(svc, key=svc.get) if svc else "client")
+
+
+def _with_shards(cfg: ClusterConfig, n: int) -> ClusterConfig:
+    """``cfg`` with ``n`` shards (hash sharding keeps spreading; table sharding keeps t mod S)."""
+    base = cfg.shards[0]
+    shards = list(cfg.shards[:n])
+    for _ in range(len(shards), n):  # only their number and order matter to routing
+        shards.append(dataclasses.replace(base, id=max(s.id for s in shards) + 1, mac=None))
+    return dataclasses.replace(cfg, shards=tuple(shards))
+
+
+def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int | None = None,
+         msg_frames: int | None = DEFAULT_MSG_FRAMES, window_frames: int = DEFAULT_WINDOW_FRAMES,
+         max_shards: int = 4096) -> dict:
+    """The capacity plan of ``cfg`` under workload ``w`` on hardware ``hw`` (module docstring).
+
+    Returns:
+        a JSON-able dict: ``per_step`` (one client's traffic), ``shards`` (per shard: rows,
+        memory and disk bytes, keys/s and Gb/s at the rate planned), ``card`` (frames/s,
+        messages/s, Gb/s, state-map entries in flight), ``limits`` (steps/s each resource
+        allows with the config's shards and one card), ``binds`` (the smallest),
+        ``step_time_us``, ``rate`` (steps/s per client the figures are for: the wanted one, or
+        the binding limit), ``needed`` (shards and cards for the wanted steps/s, or for memory
+        and disk alone), ``state_map`` and ``hardware``/``workload`` (the inputs).
+
+    Raises:
+        ValueError: a table without rows or expected_rows; a bad workload figure; a step without ids.
+    """
+    check_workload(w)
+    mtu = int(mtu or cfg.mtu)
+    kw = dict(mtu=mtu, msg_frames=msg_frames, window_frames=window_frames)
+    unique = {t.id: w.unique_ids(t.id) for t in cfg.tables}
+    tr = step_traffic(cfg, unique, **kw)
+    if tr.req_messages == 0:
+        raise ValueError(f"a step of batch {w.batch} has no ids (under half an id per table): raise --batch, "
+                         "--ids-per-feature or --unique-ratio")
+    st = shard_storage(cfg, hw)
+    S = len(cfg.shards)
+    lim = _limits(cfg, hw, w, tr, S, 1)
+    # the state map is not a rate: every message of a round of every client is in flight at once
+    state_size = cfg.card.state_size if cfg.card is not None else None
+    entries = w.clients * tr.inflight
+    limits_ok = {k: v for k, v in lim.items()}
+    binds = min(limits_ok, key=limits_ok.get)
+    rate = w.steps_per_s if w.steps_per_s is not None else limits_ok[binds]
+    C = w.clients
+    # the log between checkpoints: one record (36-byte header + the update's body) per update of
+    # every client (testbed/server/durability.py)
+    disk = st["disk_bytes"] + hw.checkpoint_every * (tr.per_shard[:, 5] + WAL_RECORD_HEADER * (tr.per_shard[:, 5] > 0))
+    ps = tr.per_shard
+    shards = [{"index": i, "id": cfg.shards[i].id, "rows": int(st["rows"][i]),
+               "memory_gb": float(st["memory_bytes"][i]) / 1e9, "disk_gb": float(disk[i]) / 1e9,
+               "keys_per_s": float(C * rate * ps[i, 0]),
+               "gbps_in": float(C * rate * 8 * (ps[i, 1] + WIRE_OVERHEAD * ps[i, 3]) / 1e9),
+               "gbps_out": float(C * rate * 8 * (ps[i, 2] + WIRE_OVERHEAD * ps[i, 4]) / 1e9)} for i in range(S)]
+    card = {"frames_per_s": C * rate * tr.frames,
+            "messages_per_s": C * rate * (tr.req_messages + tr.probes),
+            "gbps": C * rate * 8 * (max(tr.req_bytes, tr.rep_bytes)
+                                    + WIRE_OVERHEAD * max(tr.req_frames, tr.rep_frames)) / 1e9,
+            "state_entries_in_flight": entries, "state_size": state_size}
+    needed = _needed(cfg, w, hw, st, disk, kw, rate if w.steps_per_s is not None else None, max_shards)
+    mem_max = max(s["memory_gb"] for s in shards)
+    disk_max = max(s["disk_gb"] for s in shards)
+    fits = {"memory": mem_max <= hw.shard_ram_gb, "disk": disk_max <= hw.shard_disk_gb,
+            "state_map": state_size is None or entries <= state_size}
+    return {
+        "per_step": {"request_messages": tr.req_messages, "request_frames": tr.req_frames,
+                     "request_bytes": tr.req_bytes, "reply_messages": tr.rep_messages, "reply_frames": tr.rep_frames,
+                     "reply_bytes": tr.rep_bytes, "probes": tr.probes, "rounds": tr.rounds,
+                     "unique_ids": float(sum(unique.values())), "wire_bits": tr.wire_bits},
+        "shards": shards,
+        "card": card,
+        "limits": limits_ok,
+        "binds": binds,
+        "fits": fits,
+        "step_time_us": step_time_us(cfg, hw, w, tr, 1),
+        "rate": rate,
+        "needed": needed,
+        "hardware": dataclasses.asdict(hw),
+        "workload": {"batch": w.batch, "clients": w.clients, "steps_per_s": w.steps_per_s, "source": w.source,
+                     "ids_per_step": float(sum(w.batch * v for v in w.ids_per_feature.values())),
+                     "unique_ratio": float(sum(unique.values())
+                                           / max(sum(w.batch * v for v in w.ids_per_feature.values()), 1e-12))},
+        "config": {"tables": len(cfg.tables), "shards": S, "sharding": cfg.sharding, "mtu": mtu,
+                   "rows": int(sum(table_rows(cfg, t.id) for t in cfg.tables)),
+                   "msg_frames": msg_frames, "window_frames": window_frames},
+    }
+
+
+def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict, want: float | None,
+            max_shards: int) -> dict:
+    """Shards and cards for memory, disk and (``want``) the wanted steps/s per client."""
+    total_mem = float(st["memory_bytes"].sum())
+    total_disk = float(disk.sum())
+    by = {"memory": math.ceil(total_mem / (hw.shard_ram_gb * 1e9)),
+          "disk": math.ceil(total_disk / (hw.shard_disk_gb * 1e9))}
+    out = {"shards_for_memory": by["memory"], "shards_for_disk": by["disk"]}
+    if cfg.sharding == "table":
+        # a table lives on one shard: the largest table must fit one shard
+        big = max(float(st["memory_bytes"].max()), 0.0)
+        out["largest_table_fits_one_shard"] = big <= hw.shard_ram_gb * 1e9
+    if want is None:
+        out["shards"] = max(1, by["memory"], by["disk"])
+        return out
+    unique = {t.id: w.unique_ids(t.id) for t in cfg.tables}
+
+    def shard_ok(n: int) -> bool:
+        tr = step_traffic(_with_shards(cfg, n), unique, **kw)
+        lim = _limits(cfg, hw, w, tr, n, 1)
+        return lim["shard_keys"] >= want and lim["shard_nic"] >= want
+
+    lo = max(1, by["memory"], by["disk"])
+    n = lo
+    if not shard_ok(n):
+        hi = lo
+        while hi < max_shards and not shard_ok(hi):
+            hi = min(max_shards, hi * 2)
+        if not shard_ok(hi):
+            out["shards"] = None
+            out["shards_note"] = (f"more than {max_shards} shards: a shard's keys/s or NIC cannot keep up "
+                                  "(the busiest table of table sharding lives on one shard)")
+            n = None
+        else:
+            while lo < hi:  # smallest n in (lo, hi] that keeps up
+                mid = (lo + hi) // 2
+                if shard_ok(mid):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            n = hi
+    if n is not None:
+        out["shards"] = n
+    cfg_n = _with_shards(cfg, n or len(cfg.shards))
+    tr = step_traffic(cfg_n, unique, **kw)
+    lim = _limits(cfg_n, hw, w, tr, n or len(cfg.shards), 1)
+    cards = max(math.ceil(want / lim[k]) for k in ("card_messages", "card_frames", "card_nic"))
+    state_size = cfg.card.state_size if cfg.card is not None else None
+    if state_size:
+        cards = max(cards, math.ceil(w.clients * tr.inflight / state_size))
+    cards = max(1, cards)
+    # a synchronous step also waits for the round trips: add shards or cards, whichever is the
+    # step's bottleneck, until the step time allows the rate (or the client itself is the limit)
+    n_s = n or len(cfg.shards)
+    for _ in range(256):
+        t_us, neck = step_bottleneck(cfg_n, hw, w, tr, cards)
+        if 1e6 / t_us >= want or neck == "client" or n is None:
+            break
+        if neck == "shard":
+            n_s = min(max_shards, n_s + max(1, n_s // 8))
+            cfg_n = _with_shards(cfg, n_s)
+            tr = step_traffic(cfg_n, unique, **kw)
+        else:
+            cards += 1
+    if n is not None:
+        out["shards"] = n_s
+    out["cards"] = cards
+    # what one client manages with those shards and cards: its own frames and NIC, and the step
+    # time with the load spread over the cards
+    out["step_time_us"] = step_time_us(cfg_n, hw, w, tr, out["cards"])
+    out["client_limit_steps_per_s"] = min(lim["client_frames"], lim["client_nic"], 1e6 / out["step_time_us"])
+    out["client_keeps_up"] = out["client_limit_steps_per_s"] >= want
+    return out

@@ -1,0 +1,157 @@
+"""``embnic plan`` (control/plan.py, control/cmd_plan.py): its traffic model against the client's
+own counters on real shards (loopback, no card), storage arithmetic, the CLI.
+
+Run alone: python3 -m pytest -q tests/control/test_plan.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from embnic.client_lib import consts
+from embnic.client_lib.client import EmbeddingClient
+from embnic.client_lib.config import ConfigError, load_config, parse_config
+from embnic.control import plan as P
+from embnic.control.cli import cli
+from embnic.testbed.bench import e2e
+from embnic.testbed.server.runner import ServerCluster
+from embnic.testbed.training import criteo
+from embnic.testbed.training.train import feature_tables
+
+STEPS = 6
+
+
+@pytest.mark.parametrize("sharding", ["hash", "table"])
+def test_predicted_messages_frames_bytes_match_a_run_on_real_shards(sharding):
+    """The plan's request messages, frames and bytes per step (and the replies') within 10 % of
+    what an EmbeddingClient counts (``client.stats``) doing ``bench e2e``'s steps — Criteo
+    batches of 26 features, lookup of the unique ids then their update — on two real shards;
+    the workload measured from the same sample file as ``embnic plan --data`` does. Batch 2048
+    splits a round past 64 fragments (several messages per shard)."""
+    cfg = dataclasses.replace(load_config(e2e.CONFIG), sharding=sharding, card=None)
+    rows = [t.rows for t in cfg.tables]
+    data = criteo.load_criteo(criteo.sample_path("train"), rows=rows)
+    figures = {}
+    with ServerCluster(cfg) as cl:
+        with EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=1000) as c:
+            for batch in (32, 256, 2048):
+                sp = e2e.sample_batches(batch, STEPS + 1, seed=batch, rows=rows, data=data)
+                e2e.embnic_steps(c, cl.cfg, sp[:1])  # the shards make their rows
+                s0 = dataclasses.replace(c.stats)
+                r = e2e.embnic_steps(c, cl.cfg, sp[1:])
+                s1 = c.stats
+                assert r["retransmits"] == 0, "loss on loopback: the counts below would include re-sends"
+                figures[batch] = {k: (getattr(s1, a) - getattr(s0, a)) / STEPS for k, a in (
+                    ("request_messages", "messages_sent"), ("request_frames", "frames_sent"),
+                    ("request_bytes", "bytes_sent"), ("reply_frames", "frames_received"),
+                    ("reply_bytes", "bytes_received"), ("probes", "probes"))}
+    for batch, meas in figures.items():
+        w = P.measure_workload(cfg, data.sparse, feature_tables(cfg, 26), batch)
+        pred = P.plan(cfg, w)["per_step"]
+        for k, v in meas.items():
+            assert v > 0
+            assert abs(pred[k] - v) <= 0.10 * v, (sharding, batch, k, pred[k], v)
+    assert figures[2048]["request_messages"] > 4  # the split path was taken (2 shards, 2 rounds)
+
+
+def test_traffic_arithmetic_on_one_table():
+    """One fp32 table of dim 8 on one shard, 1000 unique ids: the message sizes by hand."""
+    cfg = parse_config({"cluster": {"mtu": 1500}, "tables": [{"id": 0, "rows": 10**6, "dim": 8}],
+                        "shards": [{"id": 0, "ip": "10.0.0.1"}], "clients": [{"id": 1, "ip": "10.0.0.2"}]})
+    tr = P.step_traffic(cfg, {0: 1000})
+    p = consts.max_body_per_frame(1500)
+    look, reply, upd = 16 + 8000, 32000, 16 + 8000 + 32000
+    f = lambda b: -(-b // p)  # noqa: E731
+    assert tr.req_messages == 2 and tr.probes == 2
+    assert tr.req_frames == f(look) + f(upd) + 2
+    assert tr.rep_frames == f(reply) + 1 + 2
+    assert tr.req_bytes == look + upd + 44 * (f(look) + f(upd)) + 2 * (24 + 44)
+    assert tr.rep_bytes == reply + 44 * (f(reply) + 1) + 2 * (32 + 44)
+    # 3000 ids: the lookup's reply needs more than 64 fragments, so the round is split
+    assert P.step_traffic(cfg, {0: 3000}).req_messages > 2
+
+
+def test_storage_memory_disk_and_expected_rows():
+    raw = {"cluster": {"sharding": "hash"},
+           "tables": [{"id": 0, "rows": 1000, "dim": 4}, {"id": 1, "dim": 8, "optimizer": "sgd", "expected_rows": 500}],
+           "shards": [{"id": 0, "ip": "10.0.0.1"}, {"id": 1, "ip": "10.0.0.3"}],
+           "clients": [{"id": 1, "ip": "10.0.0.2"}]}
+    cfg = parse_config(raw)
+    assert cfg.table(1).expected_rows == 500 and cfg.table(0).expected_rows is None
+    hw = P.Hardware(arena_slack=1.0)
+    st = P.shard_storage(cfg, hw)
+    assert st["rows"].tolist() == [750, 750]
+    assert st["memory_bytes"].tolist() == [500 * (16 + 4 + 16) + 250 * (32 + 16)] * 2
+    assert st["disk_bytes"].tolist() == [2 * (500 * (8 + 16 + 4) + 250 * (8 + 32 + 4))] * 2
+    bad = json.loads(json.dumps(raw))
+    del bad["tables"][1]["expected_rows"]
+    with pytest.raises(ValueError, match="expected_rows"):
+        P.shard_storage(parse_config(bad), hw)
+    bad["tables"][0]["expected_rows"] = 2000
+    with pytest.raises(ConfigError, match=r"tables\[0\].expected_rows"):
+        parse_config(bad)
+
+
+def test_more_steps_need_more_shards_and_the_binding_limit_is_the_smallest():
+    cfg = load_config(e2e.CONFIG)
+    w = P.uniform_workload(cfg, 4096, unique_ratio=0.5, clients=4, steps_per_s=None)
+    res = P.plan(cfg, w)
+    assert res["binds"] == min(res["limits"], key=res["limits"].get)
+    assert res["rate"] == pytest.approx(res["limits"][res["binds"]])
+    want = [P.plan(cfg, dataclasses.replace(w, steps_per_s=s))["needed"] for s in (10, 40, 160)]
+    assert want[0]["shards"] <= want[1]["shards"] <= want[2]["shards"] and want[2]["shards"] > want[0]["shards"]
+    assert want[0]["cards"] <= want[2]["cards"]
+
+
+def test_cli_text_json_and_errors(tmp_path):
+    r = CliRunner().invoke(cli, ["plan", "-c", str(e2e.CONFIG), "--batch", "256", "--data",
+                                 str(criteo.sample_path("train")), "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert res["workload"]["source"].endswith(".tsv") and 0 < res["workload"]["unique_ratio"] < 1
+    assert {"frames_per_s", "messages_per_s", "gbps", "state_entries_in_flight"} <= set(res["card"])
+    assert len(res["shards"]) == 2 and res["binds"] in res["limits"]
+    r = CliRunner().invoke(cli, ["plan", "-c", str(e2e.CONFIG), "--batch", "256", "--steps-per-s", "50",
+                                 "--hardware", "testbed", "--nic-gbps", "1"])
+    assert r.exit_code == 0, r.output
+    assert "binds first" in r.output and "card(s) for 50 steps/s" in r.output and "state-map entries" in r.output
+    p = tmp_path / "c.toml"
+    p.write_text('[[tables]]\nid = 0\ndim = 8\n[[shards]]\nid = 0\nip = "10.0.0.1"\n[[clients]]\nid = 1\nip = "10.0.0.2"\n')
+    r = CliRunner().invoke(cli, ["plan", "-c", str(p)])
+    assert r.exit_code == 2 and "expected_rows" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    r = CliRunner().invoke(cli, ["plan", "-c", str(e2e.CONFIG), "--batch", "1", "--unique-ratio", "0.1"])
+    assert r.exit_code == 2 and "has no ids" in r.output and "--unique-ratio" in r.output, r.output
+
+
+def test_bench_e2e_reports_the_plan_beside_its_measurement(monkeypatch, tmp_path):
+    """``bench e2e``'s plan rows from a loopback run's summary (no card, no timing checked), and
+    the CLI's line for them."""
+    cfg = dataclasses.replace(load_config(e2e.CONFIG), sharding="table", card=None)
+    rows = [t.rows for t in cfg.tables]
+    sample = criteo.load_criteo(criteo.sample_path("train"), rows=rows)
+    sp = e2e.sample_batches(256, 4, seed=256, rows=rows, data=sample)
+    with ServerCluster(cfg) as cl:
+        with EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=1000) as c:
+            e2e.embnic_steps(c, cl.cfg, sp[:1])
+            summ = e2e._summ([e2e.embnic_steps(c, cl.cfg, sp[1:])])
+    pb = e2e.plan_rows(cfg, sample, [256, 4096], {"256": summ})
+    assert list(pb) == ["256"]
+    v = pb["256"]
+    assert v["plan_step_us"] > 0 and v["step_p50_us"] == summ["step_p50_us"]["median"]
+    assert v["plan_over_measured"] == v["plan_step_us"] / v["step_p50_us"]
+    # messages per step: requests and replies, probes aside, as the run counts them
+    assert v["plan_messages_per_step"] == pytest.approx(v["messages_per_step"], rel=0.1)
+
+    emb = {"model": "embeddings", "batch": 256, "varlen_p50_us": 1.0e4, "varlen_p99_us": 2.0e4, "fixed_p50_us": 3.0e4,
+           "fixed_p99_us": 4.0e4, "torchrec_p50_us": 5.0e3, "torchrec_p99_us": 6.0e3, "messages_varlen": 8.0,
+           "messages_fixed": 16.0, "rounds_varlen": 2.0, "rounds_fixed": 4.0, "request_messages_per_round_varlen": 2.0,
+           "request_messages_per_round_fixed": 2.0, "shards_per_round": 2.0}
+    monkeypatch.setattr(e2e, "run", lambda out, **kw: {"rows": [emb], "targets": {}, "machine": {"before": {}},
+                                                       "plots": [], "loss": {}, "plan": {"by_batch": pb}})
+    r = CliRunner().invoke(cli, ["bench", "e2e", "--out", str(tmp_path), "--no-dlrm"])
+    assert r.exit_code == 0, r.output
+    assert "embnic plan's estimate" in r.output and f"= {v['plan_over_measured']:.2f} x" in r.output
