@@ -172,14 +172,8 @@ class EmbeddingClient:
                 1-D integers in 0..2^64-1, a key ``>= rows`` (:func:`precheck.lookup_round`).
         """
         requests = precheck.lookup_round(self.cfg, requests)  # every table, before any frame
-        out: dict[int, np.ndarray] = {}
-        by_shard: dict[int, list] = {}
-        for table_id, keys in requests.items():
-            t = self.cfg.table(table_id)
-            keys = as_ids(keys)
-            out[table_id] = np.empty((len(keys), t.dim), dtype=np.float32)
-            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
-                by_shard.setdefault(shard_id, []).append((table_id, pos, skeys))
+        out = {t: np.empty((len(k), self.cfg.table(t).dim), dtype=np.float32) for t, k in requests.items()}
+        by_shard = self._by_shard(requests)
         msgs: list[_Out] = []
         for shard_id, parts in by_shard.items():
             for piece in self._pack(MsgType.LOOKUP_REQ, parts):
@@ -214,14 +208,8 @@ class EmbeddingClient:
                 So no shard applies its part of an update another shard would refuse.
         """
         updates = precheck.update_round(self.cfg, updates)  # every table, before any frame
-        grads_of: dict[int, np.ndarray] = {}
-        by_shard: dict[int, list] = {}
-        for table_id, (keys, grads) in updates.items():
-            self.cfg.table(table_id)
-            keys = as_ids(keys)
-            grads_of[table_id] = np.asarray(grads, dtype=np.float32)
-            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, keys):
-                by_shard.setdefault(shard_id, []).append((table_id, pos, skeys))
+        grads_of = {t: np.asarray(g, dtype=np.float32) for t, (_, g) in updates.items()}
+        by_shard = self._by_shard({t: k for t, (k, _) in updates.items()})
         msgs: list[_Out] = []
         for shard_id, parts in by_shard.items():
             for piece in self._pack(MsgType.UPDATE_REQ, parts):
@@ -237,6 +225,17 @@ class EmbeddingClient:
         if self.fixed_length:
             self._size_round(msgs)
         self._round(msgs, record_latency=False)
+
+    def _by_shard(self, keys_of: dict[int, np.ndarray]) -> dict[int, list]:
+        """Every table's keys grouped by owning shard, for one round: ``{shard_id: [(table_id,
+        positions int64 (k,), keys uint64 (k,)), ...]}``, tables in the order given, keys in their
+        order within a table (:func:`~embnic.client_lib.routing.split_by_shard`); ``positions``
+        index the table's keys."""
+        by_shard: dict[int, list] = {}
+        for table_id, keys in keys_of.items():
+            for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, as_ids(keys)):
+                by_shard.setdefault(shard_id, []).append((table_id, pos, skeys))
+        return by_shard
 
     def _directory(self, piece: list) -> tuple[np.ndarray, np.ndarray]:
         """The directory (:data:`codec.DIR_DTYPE` (T,)) and the concatenated keys uint64 (n,) of
