@@ -585,9 +585,10 @@ class StateMapPlan:
     Attributes:
         capacity: entries (= messages in flight at once).
         timeout_s: expiry of an unanswered message, seconds.
-        round_messages: messages one round of every client puts in flight (one message per
-            client, table and shard holding that table; a table's keys above
-            :func:`consts.max_keys_per_message` per shard add messages).
+        round_messages: messages one round of every client puts in flight (protocol v2: one
+            message per client and shard the round touches — every shard with hash sharding,
+            those holding a table with table sharding — and the tail probe that follows each
+            shard's last message; a round split past the client's ``msg_frames`` adds messages).
         rate: messages/s the tolerance is stated for.
         loss_tolerated: fraction of messages that may go unanswered at ``rate`` before a full
             map drops new requests (``state_full``); may exceed 1 (any loss is fine).
@@ -632,8 +633,12 @@ def state_map_plan(cfg: ClusterConfig, rate: float = DEFAULT_PLAN_RATE, capacity
             raise ValueError("the config has no [card]: no state map to plan")
         capacity = card.state_size if capacity is None else capacity
         timeout_ms = card.state_timeout_ms if timeout_ms is None else timeout_ms
-    per_table = sum(1 if cfg.sharding == "table" else len(cfg.shards) for _ in cfg.tables)
-    round_messages = len(cfg.clients) * per_table
+    if cfg.sharding == "table":
+        ids = [sh.id for sh in cfg.shards]
+        touched = len({t.shard if t.shard is not None else ids[t.id % len(ids)] for t in cfg.tables})
+    else:
+        touched = len(cfg.shards)
+    round_messages = len(cfg.clients) * touched * 2  # a message and its tail probe per shard
     timeout_s = timeout_ms / 1000.0
     tol = max(0, capacity - round_messages) / (rate * timeout_s)
     return StateMapPlan(capacity, timeout_s, round_messages, float(rate), tol)

@@ -2,6 +2,7 @@
 
 Run alone: python3 -m pytest -q tests/client_lib/test_config.py
 """
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -223,12 +224,19 @@ def test_state_map_plan():
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "testbed.toml")
     p = state_map_plan(cfg, rate=100_000)
-    # 2 clients x 26 tables x 2 shards (hash sharding): one round puts 104 messages in flight
-    assert (p.capacity, p.timeout_s, p.round_messages) == (65536, 5.0, 104)
-    assert p.loss_tolerated == pytest.approx((65536 - 104) / (100_000 * 5.0))
-    assert "65,536 messages in flight" in p.describe() and "13.09% of messages unanswered" in p.describe()
+    # protocol v2: 2 clients x 2 shards (hash sharding: a round touches both), a message and its
+    # tail probe each: one round puts 8 messages in flight (v1: 104, one per table and shard)
+    assert (p.capacity, p.timeout_s, p.round_messages) == (65536, 5.0, 8)
+    assert p.loss_tolerated == pytest.approx((65536 - 8) / (100_000 * 5.0))
+    assert "65,536 messages in flight" in p.describe() and "13.11% of messages unanswered" in p.describe()
+    # table sharding: the shards that hold a table (table t on shard t mod 2: both)
+    t = state_map_plan(dataclasses.replace(cfg, sharding="table"), rate=100_000)
+    assert t.round_messages == 8
+    one = dataclasses.replace(cfg, sharding="table", tables=tuple(dataclasses.replace(x, shard=cfg.shards[0].id)
+                                                                   for x in cfg.tables))
+    assert state_map_plan(one, rate=100_000).round_messages == 4
     # the running card's size and timeout win; a small enough rate tolerates any loss
     q = state_map_plan(cfg, rate=100, capacity=1024, timeout_ms=1000)
-    assert q.loss_tolerated == pytest.approx(9.2) and "any loss" in q.describe()
+    assert q.loss_tolerated == pytest.approx((1024 - 8) / 100) and "any loss" in q.describe()
     with pytest.raises(ValueError, match="rate"):
         state_map_plan(cfg, rate=0)

@@ -211,7 +211,7 @@ def test_check_states_the_state_map_capacity(invoke):
     tolerates at --rate (docs/control-socket.md, "Capacity")."""
     r = invoke("config", "check", "--rate", "1000000", str(REPO / "examples" / "testbed.toml"))
     assert r.exit_code == 0, r.output
-    assert "state map: 65,536 messages in flight at once (one round of every client puts 104 in flight)" in r.output
+    assert "state map: 65,536 messages in flight at once (one round of every client puts 8 in flight)" in r.output
     assert "at 1,000,000 messages/s it tolerates 1.31% of messages unanswered" in r.output
     r = invoke("config", "check", "--rate", "0", str(REPO / "examples" / "testbed.toml"))
     assert r.exit_code == 2
