@@ -257,12 +257,7 @@ class PeerHub:
         ws = [worker_of(tid, k, n) for tid, k in parts]
         out = [np.empty((k.size, local[tid].dim), np.float32) for tid, k in parts]
         reqs, sel = {}, {}
-        for v in range(n):
-            if v == me:
-                continue
-            items = [(i, m) for i, m in ((i, w == v) for i, w in enumerate(ws)) if m.any()]
-            if not items:
-                continue
+        for v, items in self._peer_items(ws):
             keys = [parts[i][1][m] for i, m in items]
             meta = np.array([len(items)] + [x for (i, _), k in zip(items, keys) for x in (parts[i][0], k.size)],
                             np.int64)
@@ -286,6 +281,16 @@ class PeerHub:
                     at += 4 * cnt
         return out
 
+    def _peer_items(self, ws: list[np.ndarray]):
+        """For each peer owning any key of the parts whose owners are ``ws`` (per part, int (n_t,)
+        from :func:`worker_of`): ``(peer, [(part index, bool (n_t,) mask of its keys), ...])``."""
+        for v in range(self.workers):
+            if v == self.me:
+                continue
+            items = [(i, m) for i, m in ((i, w == v) for i, w in enumerate(ws)) if m.any()]
+            if items:
+                yield v, items
+
     def apply_many(self, local: dict[int, TableShard], parts: list[tuple]) -> None:
         """Apply several tables' segments, each owner its keys: ``parts`` ``[(table_id, keys
         uint64 (K,), grads float32 (K, dim), segment bounds int64 (M+1,)), ...]`` as
@@ -295,12 +300,7 @@ class PeerHub:
         me, n = self.me, self.workers
         ws = [worker_of(tid, k, n) for tid, k, _, _ in parts]
         reqs = {}
-        for v in range(n):
-            if v == me:
-                continue
-            items = [(i, m) for i, m in ((i, w == v) for i, w in enumerate(ws)) if m.any()]
-            if not items:
-                continue
+        for v, items in self._peer_items(ws):
             meta, body = [len(items)], []
             for i, m in items:
                 tid, k, g, offs = parts[i]
