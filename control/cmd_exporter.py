@@ -37,6 +37,8 @@ def exporter(config, target, name, ctl, port, bind, once):
     collector = metrics.CardCollector(t, {"target": s.target, "pipeline": s.name})
     if once:
         click.echo(metrics.exposition(collector), nl=False)
+        if collector.last_error is not None:  # a one-shot check: the reading failed (embnic_card_up 0)
+            raise click.ClickException(f"could not read the card: {collector.last_error}")
         return
     srv = metrics.MetricsServer(collector, port, bind)
     stop = threading.Event()

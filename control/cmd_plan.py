@@ -63,6 +63,8 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
       embnic plan -c examples/testbed.toml --batch 256 --data testbed/training/data/criteo_kaggle_train_sample.tsv
       embnic plan -c examples/plan-criteo1tb.toml --batch 8192 --unique-ratio 0.35 --steps-per-s 10 --json
     """
+    if config is None:
+        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     cfg = load_cluster(config)
     hw = dataclasses.replace(P.PROFILES[hardware], **{k: v for k, v in hw_over.items() if v is not None})
     n_clients = clients or max(1, len(cfg.clients))

@@ -214,6 +214,7 @@ class CardCollector:
         self.target = target
         self.labels = dict(describe_target or {})
         self._lock = threading.Lock()  # one reading at a time: the control socket takes 16 connections
+        self.last_error: ControlError | None = None  #: why the last scrape could not read the card
 
     def describe(self):
         return []  # no reading at registration
@@ -227,9 +228,11 @@ class CardCollector:
                 st = self.target.state_summary()
         except ControlError as e:
             log.warning("cannot read the card: %s", e)
+            self.last_error = e
             up.add_metric([], 0)
             yield up
             return
+        self.last_error = None
         up.add_metric([], 1)
         yield up
         if self.labels:

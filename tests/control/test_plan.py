@@ -125,6 +125,10 @@ def test_cli_text_json_and_errors(tmp_path):
     assert r.exit_code == 2 and "expected_rows" in r.output and len(r.output.strip().splitlines()) == 1, r.output
     r = CliRunner().invoke(cli, ["plan", "-c", str(e2e.CONFIG), "--batch", "1", "--unique-ratio", "0.1"])
     assert r.exit_code == 2 and "has no ids" in r.output and "--unique-ratio" in r.output, r.output
+    # no config at all (a new-user trial got a Python TypeError): one usage line naming --config
+    r = CliRunner(env={"EMBNIC_CONFIG": None}).invoke(cli, ["plan"])
+    assert r.exit_code == 2 and "--config FILE is required" in r.output and len(r.output.strip().splitlines()) == 1, \
+        r.output
 
 
 def test_bench_e2e_reports_the_plan_beside_its_measurement(monkeypatch, tmp_path):
