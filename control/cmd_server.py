@@ -76,13 +76,23 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
     ids = [s.id for s in cfg.shards]
     if shard_id not in ids:
         raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
-    from embnic.testbed.server.durability import DurabilityError, shard_dir
+    from embnic.testbed.server.durability import DurabilityError, restorable, shard_dir
 
-    if restore is not None and not shard_dir(restore, shard_id).is_dir():
+    sd = None if restore is None else shard_dir(restore, shard_id)
+    if sd is not None and not sd.is_dir():
         raise click.UsageError(
-            f"--restore {restore}: no {shard_dir(restore, shard_id).name}/ in it (nothing of shard {shard_id} to "
+            f"--restore {restore}: no {sd.name}/ in it (nothing of shard {shard_id} to "
             "restore): give the directory this shard ran with --checkpoint-dir, or one `embnic tables import` "
             "filled; start without --restore for fresh rows")
+    if sd is not None and not restorable(sd):
+        # nothing a restore reads, yet the folder is there: refuse rather than start fresh rows and a
+        # new log among files of unknown origin (found by a new-user trial)
+        others = sorted(p.name for p in sd.iterdir())
+        what = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "") if others else "nothing"
+        raise click.UsageError(
+            f"--restore {restore}: {sd} holds no checkpoint (ckpt-*.npz) or write-ahead log (wal-*.log) "
+            f"(it holds {what}): give the directory this shard ran with --checkpoint-dir; start without "
+            "--restore for fresh rows")
     from embnic.testbed.server.runner import LOG_FORMAT, bind_error_message, run_server
 
     me = cfg.shard(shard_id)

@@ -247,6 +247,12 @@ def read_log(path: Path, start_seq: int) -> tuple[list[tuple], dict | None]:
     return out, {"file": str(path), "offset": off, "reason": bad, "dropped_bytes": n - off}
 
 
+def restorable(d: Path) -> list[Path]:
+    """The checkpoints (``ckpt-<S>.npz``) and logs (``wal-<S>.log``) in shard directory ``d``:
+    what a restore reads (empty: nothing of a shard's to restore)."""
+    return [p for _, p in _files(d, _CKPT) + _files(d, _WAL)]
+
+
 def _files(d: Path, rx) -> list[tuple[int, Path]]:
     if not d.is_dir():
         return []

@@ -305,6 +305,17 @@ def test_restore_from_a_directory_without_this_shard_is_a_usage_error(tmp_path):
                                  "--restore", str(tmp_path / "ck")])
     assert r.exit_code == 2, r.output
     assert "no shard-0/" in r.output and "--checkpoint-dir" in r.output
+    # a shard-0/ holding no checkpoint or log (files of unknown origin): refused, nothing written there
+    sd = tmp_path / "ck" / "shard-0"
+    sd.mkdir()
+    for name in ("checkpoint.bin", "wal.log"):
+        (sd / name).write_bytes(b"\x00" * 64)
+    r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", str(cfg_path), "--port", "0",
+                                 "--restore", str(tmp_path / "ck")])
+    assert r.exit_code == 2, r.output
+    assert "holds no checkpoint (ckpt-*.npz) or write-ahead log (wal-*.log) (it holds checkpoint.bin, wal.log)" \
+        in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert sorted(p.name for p in sd.iterdir()) == ["checkpoint.bin", "wal.log"]
 
 
 def test_restore_from_a_damaged_checkpoint_names_it(tmp_path):
