@@ -220,8 +220,7 @@ class EmbeddingClient:
                                              directory=directory, keys=skeys, values=values, mtu=self.mtu)
                 msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, directory, len(skeys),
                                  self._dest[shard_id], frames, lambda m: None,
-                                 datagram=self._datagram(frames, 0), keys=skeys, value_len=len(values),
-                                 msg_len=consts.DIR_ENTRY * len(directory) + 8 * len(skeys) + len(values)))
+                                 datagram=self._datagram(frames, 0), keys=skeys, value_len=len(values)))
         if self.fixed_length:
             self._size_round(msgs)
         self._round(msgs, record_latency=False)
@@ -285,7 +284,7 @@ class EmbeddingClient:
                 frames = codec.encode_size(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
                                            entries=part, mtu=self.mtu)
                 size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, None, len(part), self._dest[shard_id],
-                                      frames, lambda m: None, msg_len=consts.SIZE_ENTRY * len(part)))
+                                      frames, lambda m: None))
         self.stats.size_rounds += 1
         self._round(size_msgs, record_latency=False, data=False)
 
@@ -543,8 +542,7 @@ class EmbeddingClient:
         reply_len = codec.value_len_of(directory)
         return _Out(msg_id, MsgType.LOOKUP_REQ, shard_id, directory, len(keys), dest, frames, on_reply,
                     reply_frames=codec.frag_geometry(reply_len, self.mtu)[1],
-                    datagram=self._datagram(frames, reply_len), keys=keys, value_len=reply_len,
-                    msg_len=consts.DIR_ENTRY * len(directory) + consts.KEY_SIZE * len(keys), **kw)
+                    datagram=self._datagram(frames, reply_len), keys=keys, value_len=reply_len, **kw)
 
     def _give_up(self, m: _Out, pending: dict, now: float, t0: float) -> None:
         """Raise :class:`ShardUnavailableError` for ``m``, tried ``retries`` times (a path-MTU hint

@@ -6,6 +6,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import consts
 from .reassembly import Message
 
 
@@ -38,7 +39,11 @@ class Outstanding:
     root: "Outstanding | None" = None  # a repair: the message of the round it completes in the end
     probe: bool = False  # a tail probe: a one-key lookup whose answer only shows what came before
     value_len: int = 0  # the header's value_len: a lookup's reply rows, an update's gradients (bytes)
-    msg_len: int = 0  # body bytes of the request
+
+    @property
+    def msg_len(self) -> int:
+        """Body bytes of the request: the type's formula on its counts (consts.expected_msg_len)."""
+        return consts.expected_msg_len(self.msg_type, self.num_tables, self.num_keys, self.value_len)
 
     @property
     def num_tables(self) -> int:
