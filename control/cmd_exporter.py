@@ -36,6 +36,7 @@ def exporter(config, target, name, ctl, port, bind, once):
     t = open_target(s)
     collector = metrics.CardCollector(t, {"target": s.target, "pipeline": s.name})
     if once:
+        collector.quiet = True  # the failure is this command's one Error: line, not a log line too
         click.echo(metrics.exposition(collector), nl=False)
         if collector.last_error is not None:  # a one-shot check: the reading failed (embnic_card_up 0)
             raise click.ClickException(f"could not read the card: {collector.last_error}")

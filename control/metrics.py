@@ -215,6 +215,7 @@ class CardCollector:
         self.labels = dict(describe_target or {})
         self._lock = threading.Lock()  # one reading at a time: the control socket takes 16 connections
         self.last_error: ControlError | None = None  #: why the last scrape could not read the card
+        self.quiet = False  #: no warning per failed reading (a one-shot caller reports last_error itself)
 
     def describe(self):
         return []  # no reading at registration
@@ -227,7 +228,8 @@ class CardCollector:
                 c = self.target.counters()
                 st = self.target.state_summary()
         except ControlError as e:
-            log.warning("cannot read the card: %s", e)
+            if not self.quiet:
+                log.warning("cannot read the card: %s", e)
             self.last_error = e
             up.add_metric([], 0)
             yield up

@@ -43,12 +43,14 @@ def test_exporter_once_equals_the_cards_counters(card, invoke):
     assert 'embnic_card_drops_total{port="0",reason="bad_magic"} 1.0' in r.output
 
 
-def test_a_card_that_does_not_answer_is_up_0(env, invoke):
+def test_a_card_that_does_not_answer_is_up_0(env, invoke, caplog):
     """The reading says embnic_card_up 0; as a one-shot check --once then exits 1 saying why (a
     serving exporter keeps serving: test_the_endpoint_serves_what_once_prints)."""
     r = invoke("exporter", "--once")
     assert r.exit_code == 1, r.output
     assert "Error: could not read the card: " in r.output
+    # said once: the Error line, no log warning besides it
+    assert not [x for x in caplog.records if "cannot read the card" in x.getMessage()]
     assert samples(r.output[:r.output.index("Error:")]) == {UP: 0}
 
 
