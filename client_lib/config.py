@@ -169,6 +169,19 @@ class CardConfig:
         raise KeyError(port_id)
 
 
+def id_ranges(ids) -> str:
+    """Integers ``ids`` (any iterable) as sorted runs: ``[0, 1, 2, 3, 7, 9, 10]`` → ``"0..3, 7, 9..10"``."""
+    xs = sorted(set(int(i) for i in ids))
+    runs, k = [], 0
+    while k < len(xs):
+        e = k
+        while e + 1 < len(xs) and xs[e + 1] == xs[e] + 1:
+            e += 1
+        runs.append(str(xs[k]) if e == k else f"{xs[k]}..{xs[e]}")
+        k = e + 1
+    return ", ".join(runs)
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """A parsed, validated cluster config. ``path`` is where it came from (or None)."""
@@ -190,6 +203,11 @@ class ClusterConfig:
     @property
     def num_shards(self) -> int:
         return len(self.shards)
+
+    def table_ids_text(self) -> str:
+        """The config's table ids for an error message, runs of consecutive ids as ranges
+        (``"0..25"``, ``"0..3, 7, 9..12"``) so a config of many tables stays one short line."""
+        return id_ranges(t.id for t in self.tables)
 
     def table(self, table_id: int) -> TableConfig:
         for t in self.tables:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import ClusterConfig
+from .config import ClusterConfig, id_ranges
 from .table_numerics import TableShard, validate_keys, validate_update, wire_round
 
 
@@ -31,7 +31,7 @@ class LocalBackend:
         try:
             return self.tables[table_id]
         except KeyError:
-            raise ValueError(f"unknown table {table_id} (tables: {sorted(self.tables)})") from None
+            raise ValueError(f"unknown table {table_id} (tables: {id_ranges(self.tables)})") from None
 
     def lookup(self, table_id: int, keys_unique: np.ndarray) -> np.ndarray:
         """Rows of ``keys_unique`` (uint64 (N,)) of table ``table_id`` → float32 (N, dim).

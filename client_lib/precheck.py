@@ -38,7 +38,7 @@ def _table(cfg: ClusterConfig, table_id) -> TableConfig:
         if t.id == table_id and not isinstance(table_id, bool):
             return t
     raise ValueError(f"unknown table {table_id!r} (tables of {cfg.path or 'the config'}: "
-                     f"{', '.join(str(t.id) for t in cfg.tables)})")
+                     f"{cfg.table_ids_text()})")
 
 
 def lookup_round(cfg: ClusterConfig, requests: Mapping) -> dict[int, np.ndarray]:

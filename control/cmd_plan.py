@@ -58,6 +58,10 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
     split past 64 fragments; tail probes), so its messages, frames and bytes per step are the
     client's own (docs/planning.md).
 
+    Tables are sized by their `expected_rows` (rows the table is expected to hold), else `rows`:
+    a table with neither (a hashed uint64 id space) needs `expected_rows` in its [[tables]] entry
+    (docs/config.md).
+
     \b
     Examples:
       embnic plan -c examples/testbed.toml --batch 256 --data testbed/training/data/criteo_kaggle_train_sample.tsv

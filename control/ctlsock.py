@@ -88,11 +88,15 @@ class CtlClient:
         load_hint: the command line to suggest when no card answers.
         owner: the state file of the pipeline serving ``path`` (``pid``, ``starttime``, ``log``), if
             known: errors then say whether that process still runs.
+        gone: when the socket's owner is known to be gone (a torn-down testbed), what to say instead of
+            ``load_hint`` when there is no socket.
     """
 
     def __init__(self, path: str | os.PathLike, timeout: float = 5.0,
-                 load_hint: str = "embnic pipeline load --config FILE", owner: dict | None = None):
+                 load_hint: str = "embnic pipeline load --config FILE", owner: dict | None = None,
+                 gone: str | None = None):
         self.path = os.fspath(path)
+        self.gone = gone
         self.timeout = float(timeout)
         self.load_hint = load_hint
         self.owner = owner if isinstance(owner, dict) and isinstance(owner.get("pid"), int) else None
@@ -131,6 +135,8 @@ class CtlClient:
             s.connect(self.path)
         except FileNotFoundError:
             s.close()
+            if self.gone:
+                raise CtlNotLoaded(f"pipeline not loaded: no control socket at {self.path}; {self.gone}") from None
             raise CtlNotLoaded(f"pipeline not loaded: no control socket at {self.path}; "
                                f"run `{self.load_hint}` (or pass --ctl PATH; a testbed's card: "
                                "-c RUN_DIR/testbed-NAME/cluster.toml, as `embnic testbed up` prints)") from None

@@ -79,6 +79,26 @@ def check_pcap(path: str | os.PathLike) -> None:
         _file_header(f.read(_HEADER.size), path)
 
 
+def partial_tail(path: str | os.PathLike) -> int:
+    """Bytes at the end of classic pcap file ``path`` that form no whole record (a copy cut short
+    mid-record; :func:`read_pcap` leaves them out): 0 for a whole file.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a classic pcap file (names the magic found).
+    """
+    data = Path(path).read_bytes()
+    end, _ = _file_header(data, path)
+    rec = struct.Struct(end + "IIII")
+    off = _HEADER.size
+    while off + rec.size <= len(data):
+        incl = rec.unpack_from(data, off)[2]
+        if off + rec.size + incl > len(data):
+            break
+        off += rec.size + incl
+    return len(data) - off
+
+
 def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
     """``(timestamp s, frame bytes)`` of every record of a classic pcap file (micro- or nanosecond
     timestamps, either byte order). A record cut short at the end of the file is left out.

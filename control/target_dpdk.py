@@ -214,9 +214,18 @@ class DpdkTarget(Target):
         when the state file names this socket)."""
         hint = "embnic pipeline load --config FILE" + (f" --name {self.instance}" if self.instance != "embnic" else "")
         path = self.ctl_path
+        tbdir = Path(path).parent
+        if tbdir.name.startswith("testbed-") and read_state(tbdir.parent, tbdir.name) is None:
+            # a testbed's card (its config copy and logs outlive `testbed down`): the fix is to bring
+            # the testbed up again, not to load a pipeline by hand
+            tb = tbdir.name[len("testbed-"):]
+            gone = (f"testbed {tb} is down (its logs remain in {tbdir}): bring it up with "
+                    f"`embnic testbed up -c CONFIG --name {tb}`")
+        else:
+            gone = None
         st = read_state(self.run_dir, self.instance)
         owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
-        return CtlClient(path, timeout=self.timeout if timeout is None else timeout, load_hint=hint, owner=owner)
+        return CtlClient(path, timeout=self.timeout if timeout is None else timeout, load_hint=hint, owner=owner, gone=gone)
 
     # ------------------------------------------------------------------ command line
     def eal_argv(self) -> list[str]:

@@ -160,14 +160,20 @@ def read_sidecar(pcap: str | os.PathLike) -> dict | None:
         return None
 
 
-def truncation_warning(pcap: str | os.PathLike, n_frames: int, sidecar: dict | None) -> str | None:
-    """A warning when trace ``pcap`` holds fewer frames (``n_frames``) than its sidecar says were
-    recorded (a copy cut short: the pcap reader drops a partial last record); None otherwise."""
+def truncation_warning(pcap: str | os.PathLike, n_frames: int, sidecar: dict | None,
+                       tail_bytes: int = 0) -> str | None:
+    """A warning when trace ``pcap`` is cut short: it holds fewer frames (``n_frames``) than its
+    sidecar says were recorded, or it ends in ``tail_bytes`` bytes that form no whole record
+    (:func:`embnic.control.pcap.partial_tail`; the pcap reader leaves them out). None otherwise."""
     want = (sidecar or {}).get("frames")
-    if not isinstance(want, int) or n_frames >= want:
-        return None
-    return (f"warning: {Path(pcap).name} holds {n_frames} frames but its sidecar says {want} were recorded: "
-            "the file is cut short; only those are replayed (record it again with `embnic trace record`)")
+    fix = "only those are replayed (record it again with `embnic trace record`)"
+    if isinstance(want, int) and n_frames < want:
+        return (f"warning: {Path(pcap).name} holds {n_frames} frames but its sidecar says {want} were recorded: "
+                f"the file is cut short; {fix}")
+    if tail_bytes:
+        return (f"warning: {Path(pcap).name} ends in {tail_bytes} bytes that form no whole frame record: "
+                f"the file is cut short after {n_frames} frames; {fix}")
+    return None
 
 
 def check_config(sidecar: dict | None, config: str | os.PathLike, cfg) -> dict:
@@ -426,7 +432,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     cfg = load_config(config)
     sidecar_path = pcap.with_suffix(".json")
     sidecar = read_sidecar(pcap)
-    if (warn := truncation_warning(pcap, len(frames), sidecar)):
+    if (warn := truncation_warning(pcap, len(frames), sidecar, pcap_file.partial_tail(pcap))):
         log(warn)
     cc = check_config(sidecar, config, cfg)
     cc["forced"] = False

@@ -158,3 +158,17 @@ def test_precheck_returns_what_the_round_sends():
     k, g = out[1]
     assert k.dtype == np.uint64 and k.tolist() == [8, 7] and g.dtype == np.float32 and g.shape == (2, 4)
     assert precheck.lookup_round(cfg, {0: [999, 0, 999]})[0].tolist() == [999, 0, 999]
+
+
+def test_unknown_table_lists_the_ids_as_ranges():
+    """A config of 26 tables listed every id in the error; runs are ranges now."""
+    from pathlib import Path
+
+    from embnic.client_lib.config import id_ranges, load_config
+
+    assert id_ranges(range(26)) == "0..25"
+    assert id_ranges([9, 0, 1, 2, 3, 7, 10, 3]) == "0..3, 7, 9..10"
+    assert id_ranges([]) == ""
+    cfg = load_config(Path(__file__).parents[2] / "examples" / "plan-criteo1tb.toml")
+    with pytest.raises(ValueError, match=r"unknown table 99 \(tables of .*plan-criteo1tb.toml: 0\.\.25\)$"):
+        precheck.lookup_round(cfg, {99: KEYS})

@@ -150,3 +150,21 @@ def test_status_watch_stops_on_ctrl_c(invoke, card, monkeypatch):
     r = invoke("status", "--watch", "5")
     assert r.exit_code == 0
     assert r.output.count("Ctrl-C to stop") == 1
+
+
+def test_status_of_a_torn_down_testbed_says_bring_the_testbed_up(invoke, env):
+    """`testbed down` leaves RUN_DIR/testbed-NAME/ (config copy, logs); status -c of that config named
+    `pipeline load` as the fix. The card belongs to the testbed: bring the testbed up again."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "examples" / "testbed.toml").read_text()
+    tb = env / "testbed-tb9"
+    tb.mkdir()
+    (tb / "cluster.toml").write_text(text + f'\n[control]\nname = "tb9-card"\nctl = "{tb / "card.sock"}"\n')
+    r = invoke("status", "-c", tb / "cluster.toml")
+    assert r.exit_code == 1, r.output
+    assert (f"testbed tb9 is down (its logs remain in {tb}): bring it up with "
+            "`embnic testbed up -c CONFIG --name tb9`") in r.output
+    (env / "testbed-tb9.json").write_text("{}")  # a testbed that is up: its card is the one missing
+    r = invoke("status", "-c", tb / "cluster.toml")
+    assert r.exit_code == 1 and "embnic pipeline load" in r.output and "is down" not in r.output

@@ -304,7 +304,23 @@ def test_replay_warns_of_a_trace_cut_short(run_dir, tmp_path):  # noqa: F811
     assert lines == ["warning: cut.pcap holds 1 frames but its sidecar says 3 were recorded: the file is cut "
                      "short; only those are replayed (record it again with `embnic trace record`)"]
     assert TR.truncation_warning(p, 3, {"frames": 3}) is None
-    assert TR.truncation_warning(p, 1, None) is None  # no sidecar: nothing to compare
+    assert TR.truncation_warning(p, 1, None) is None  # no sidecar, whole records: nothing to say
+
+
+def test_a_pcap_cut_mid_record_is_named_without_a_sidecar(tmp_path):
+    """A copy cut inside its last record says so even with no sidecar to count frames against."""
+    from embnic.control.pcap import partial_tail, read_pcap, write_pcap
+    from embnic.testbed.traces import trace as TR
+
+    p = tmp_path / "cut.pcap"
+    write_pcap(p, [_frame(f, True) for f in _lookup(1) + _lookup(2)])
+    assert partial_tail(p) == 0
+    p.write_bytes(p.read_bytes()[:-5])
+    assert partial_tail(p) == 16 + len(_frame(_lookup(2)[0], True)) - 5
+    n = len(read_pcap(p))
+    assert TR.truncation_warning(p, n, None, partial_tail(p)) == (
+        f"warning: cut.pcap ends in {partial_tail(p)} bytes that form no whole frame record: the file is cut "
+        f"short after {n} frames; only those are replayed (record it again with `embnic trace record`)")
 
 
 def test_latency_cdf_of_a_run_without_samples_is_drawn_without_warnings(tmp_path):
