@@ -83,12 +83,14 @@ def tool_versions() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- compile
-def sources_digest(p4_dir: Path | None = None) -> str:
-    """SHA-256 of every ``*.p4`` of the program (names and contents), hex."""
-    h = hashlib.sha256()
-    for path in sorted((p4_dir or p4prog.P4_DIR).glob("*.p4")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+def sources_digest(main: Path | None = None) -> str:
+    """SHA-256 (hex) of everything a compile of ``main`` (default: the v1model program) reads:
+    every file it includes, the project's and p4c's own (``v1model.p4``), and which p4c
+    binary (path and modification time) — :func:`embnic.control.p4prog.sources_digest`."""
+    p4c = shutil.which("p4c")
+    inc = p4prog.compiler_include_dir(p4c) if p4c else None
+    ident = f"{os.path.realpath(p4c)}:{os.stat(p4c).st_mtime_ns}" if p4c else "no p4c"
+    return p4prog.sources_digest(main or p4prog.MAIN, [inc] if inc else [], extra=ident)
 
 
 def cache_dir() -> Path:
@@ -102,8 +104,8 @@ def cache_dir() -> Path:
 
 def cached_build_dir(main: Path | None = None) -> Path:
     """The build directory of the program's current sources: ``cache_dir()/p4/<digest[:16]>``
-    (a change to any ``*.p4`` gives a new one, so a stale JSON is never taken)."""
-    return cache_dir() / "p4" / sources_digest((main or p4prog.MAIN).parent)[:16]
+    (a change to any file the compile reads gives a new one, so a stale JSON is never taken)."""
+    return cache_dir() / "p4" / sources_digest(main)[:16]
 
 
 def compile_program(out_dir: Path, main: Path | None = None, *, timeout: float = 600) -> Path:
@@ -123,7 +125,7 @@ def compile_program(out_dir: Path, main: Path | None = None, *, timeout: float =
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / (main.stem + ".json")
     stamp = out_dir / (main.stem + ".sha256")
-    digest = sources_digest(main.parent)
+    digest = sources_digest(main)
     if json_path.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return json_path
     p4c = find_tool("p4c")

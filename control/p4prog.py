@@ -1,8 +1,12 @@
-"""The P4 program's source as data: constants, header layouts and tables of ``p4/``.
+"""The P4 program's source as data: constants, header layouts, tables and included files of ``p4/``.
 
-The BMv2 target and the tests read the program's own source, so there is one definition of
+The P4 targets and the tests read the program's own source, so there is one definition of
 each name: the drop reasons (their counter indices), the state map and ring sizes, the
-embnic header's fields. Nothing here needs p4c.
+embnic header's fields. ``p4/`` is one program for two architectures: the common files at its
+top, and a top-level file per architecture (:data:`MAIN` for v1model/BMv2, :data:`PNA_MAIN`
+for PNA/p4c-dpdk) that includes them; :func:`source_files` follows the includes and
+:func:`sources_digest` keys the compile caches on every file one build reads. Nothing here
+needs p4c.
 
     >>> from embnic.control import p4prog
     >>> p4prog.drop_reasons()[:3]
@@ -13,13 +17,19 @@ embnic header's fields. Nothing here needs p4c.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from pathlib import Path
+from typing import Sequence
 
 #: the P4 sources (the repository's p4/ folder)
 P4_DIR = Path(__file__).resolve().parents[1] / "p4"
-#: the top-level program
-MAIN = P4_DIR / "embnic.p4"
+#: the top-level program for v1model (BMv2's simple_switch)
+MAIN = P4_DIR / "v1model" / "embnic.p4"
+#: the top-level program for PNA (p4c-dpdk, DPDK's SWX pipeline)
+PNA_MAIN = P4_DIR / "pna" / "embnic.p4"
+#: the top-level program of each architecture
+MAINS = {"v1model": MAIN, "pna": PNA_MAIN}
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _CONST = re.compile(r"\bconst\s+(\w+(?:<\d+>)?)\s+(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;")
@@ -27,6 +37,7 @@ _TYPEDEF = re.compile(r"\btypedef\s+bit<(\d+)>\s+(\w+)\s*;")
 _HEADER = re.compile(r"\bheader\s+(\w+)\s*\{(.*?)\}", re.S)
 _FIELD = re.compile(r"^\s*(bit<(\d+)>|\w+)\s+(\w+)\s*;", re.M)
 _TABLE = re.compile(r"\btable\s+(\w+)\s*\{")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
 class P4SourceError(ValueError):
@@ -108,7 +119,7 @@ def drop_reasons() -> list[str]:
 def tables() -> dict[str, str]:
     """Every ``table NAME { ... }`` of the program as ``{NAME: body}`` (over all of ``p4/``)."""
     out = {}
-    for path in sorted(P4_DIR.glob("*.p4")):
+    for path in sorted(P4_DIR.rglob("*.p4")):
         text = strip_comments(path.read_text())
         for m in _TABLE.finditer(text):
             depth, i = 1, m.end()
@@ -117,3 +128,60 @@ def tables() -> dict[str, str]:
                 i += 1
             out[m.group(1)] = text[m.end():i - 1]
     return out
+
+
+def source_files(main: Path | None = None, include_dirs: Sequence[Path] = ()) -> list[Path]:
+    """Every file one compile of ``main`` reads: ``main`` and, transitively, each ``#include
+    "x"`` (relative to the including file) and each ``#include <x>`` found in ``include_dirs``
+    (the compiler's own ``p4include``: ``core.p4``, ``v1model.p4``, ``dpdk/pna.p4``), in the
+    order first met. Includes inside comments are ignored; a ``<x>`` not found in
+    ``include_dirs`` is left out (:func:`sources_digest` still keys on its name).
+
+    Raises:
+        P4SourceError: a quoted include names a file that does not exist.
+    """
+    main = Path(main or MAIN).resolve()
+    seen: list[Path] = []
+    todo = [main]
+    while todo:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.append(path)
+        for kind, name in _INCLUDE.findall(strip_comments(path.read_text())):
+            if kind == '"':
+                inc = (path.parent / name).resolve()
+                if not inc.is_file():
+                    raise P4SourceError(f"{path}: #include \"{name}\": no such file {inc}")
+                todo.append(inc)
+            else:
+                for d in include_dirs:
+                    if (Path(d) / name).is_file():
+                        todo.append((Path(d) / name).resolve())
+                        break
+    return seen
+
+
+def sources_digest(main: Path | None = None, include_dirs: Sequence[Path] = (), extra: str = "") -> str:
+    """SHA-256 (hex) of every file :func:`source_files` lists — each one's path (relative to
+    ``p4/`` where it is there, else absolute) and contents — plus the names of the angle
+    includes and ``extra`` (e.g. the compiler's version and options): a change to any file a
+    build reads, or to how it is built, gives another digest."""
+    h = hashlib.sha256()
+    for path in source_files(main, include_dirs):
+        try:
+            name = str(path.relative_to(P4_DIR.resolve()))
+        except ValueError:
+            name = str(path)
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    angle = sorted({n for p in source_files(main, include_dirs)
+                    for k, n in _INCLUDE.findall(strip_comments(p.read_text())) if k == "<"})
+    h.update(("\0".join(angle) + "\0" + extra).encode())
+    return h.hexdigest()
+
+
+def compiler_include_dir(compiler: str | Path) -> Path | None:
+    """The ``p4include`` folder of an installed p4c (``PREFIX/share/p4c/p4include`` beside
+    ``PREFIX/bin/NAME``; symlinks resolved), or None where there is none."""
+    d = Path(compiler).resolve().parents[1] / "share" / "p4c" / "p4include"
+    return d if d.is_dir() else None

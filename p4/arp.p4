@@ -9,15 +9,13 @@
 #define EMBNIC_ARP_P4
 
 #include <core.p4>
-#include <v1model.p4>
 
 #include "headers.p4"
 
 control ArpResponder(inout headers_t hdr,
-                     inout local_metadata_t meta,
-                     inout standard_metadata_t standard_metadata) {
+                     inout local_metadata_t meta) {
 
-    @name(".arp_replies") counter(1, CounterType.packets) arp_replies;
+    @name(".arp_replies") EMBNIC_PACKET_COUNTER(1) arp_replies;
 
     apply {
         if (meta.port_ip == 0 || !hdr.arp.isValid() ||
@@ -33,8 +31,8 @@ control ArpResponder(inout headers_t hdr,
             hdr.arp.spa = meta.port_ip;
             hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
             hdr.ethernet.src_addr = meta.port_mac;
-            standard_metadata.egress_spec = standard_metadata.ingress_port;
-            arp_replies.count(0);
+            meta.egress_port = meta.ingress_port;
+            EMBNIC_COUNT(arp_replies, 0);
         }
     }
 }

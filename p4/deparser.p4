@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * Deparser: the headers in wire order; the body follows untouched (it was
- * never parsed). Only valid headers are emitted.
+ * EmbnicDeparser: the wire headers in wire order; the body follows untouched
+ * (it was never parsed). Only valid headers are emitted. Each
+ * architecture's deparser applies it (PNA's emits its tx pseudo-header
+ * first).
  */
 #ifndef EMBNIC_DEPARSER_P4
 #define EMBNIC_DEPARSER_P4
 
 #include <core.p4>
-#include <v1model.p4>
 
 #include "headers.p4"
 

@@ -4,33 +4,37 @@
  * DPDK card (dataplane/tx.c, rewrite): Ethernet source = the card port's
  * MAC (source_by_egress_port), destination = the peer's; IPv4 source = the
  * card port's address, destination = the peer's, TTL CARD_TTL (the header
- * checksum is recomputed in EmbnicComputeChecksum); UDP source port 7878,
+ * checksum is recomputed here, by Ipv4HeaderSum); UDP source port 7878,
  * destination the peer's. The UDP checksum is updated incrementally
  * (RFC 1624) over the changed words only, so the body is never summed: a
  * checksum of 0 ("none") stays 0 and one that computes to 0 is sent as
- * 0xFFFF. Ethernet padding after the IPv4 datagram is not sent on.
- * ARP replies leave as ArpResponder made them.
+ * 0xFFFF. Ethernet padding after the IPv4 datagram is not sent on:
+ * meta.send_len says where the frame ends, and the architecture file cuts
+ * it there (v1model's truncate, the PNA host's output port). ARP replies
+ * leave as ArpResponder made them. On v1model this is the egress control;
+ * on PNA it runs after EmbnicIngress in the one main control.
  */
 #ifndef EMBNIC_EGRESS_P4
 #define EMBNIC_EGRESS_P4
 
 #include <core.p4>
-#include <v1model.p4>
 
 #include "headers.p4"
+#include "arith.p4"
 
 control EmbnicEgress(inout headers_t hdr,
-                     inout local_metadata_t meta,
-                     inout standard_metadata_t standard_metadata) {
+                     inout local_metadata_t meta) {
 
-    @name(".tx_frames") counter(NB_PORTS, CounterType.packets_and_bytes) tx_frames;   /* by egress port */
-    @name(".source_by_egress_port_counter") direct_counter(CounterType.packets) source_by_egress_port_counter;
+    @name(".tx_frames") EMBNIC_FRAME_COUNTER(NB_PORTS) tx_frames;   /* by egress port */
+    @name(".source_by_egress_port_counter") EMBNIC_DIRECT_COUNTER source_by_egress_port_counter;
+    Ipv4HeaderSum() ipv4_sum;
 
     mac_addr_t src_mac = 0;
     ipv4_addr_t src_ip = 0;
 
     @name(".rewrite_source")
     action rewrite_source(mac_addr_t mac, ipv4_addr_t ip) {
+        EMBNIC_DIRECT_COUNT(source_by_egress_port_counter)
         src_mac = mac;
         src_ip = ip;
     }
@@ -44,12 +48,12 @@ control EmbnicEgress(inout headers_t hdr,
     @name(".source_by_egress_port")
     table source_by_egress_port {
         key = {
-            standard_metadata.egress_port : exact @name("port");
+            meta.egress_port : exact @name("port");
         }
         actions = { rewrite_source; keep_source; }
         default_action = keep_source();
         size = CARD_PORT_TABLE_SIZE;
-        counters = source_by_egress_port_counter;
+        EMBNIC_TABLE_COUNTERS(source_by_egress_port_counter)
     }
 
     apply {
@@ -71,21 +75,29 @@ control EmbnicEgress(inout headers_t hdr,
             if (hdr.udp.checksum != 0) {
                 /* HC' = ~(~HC + ~m + m') over the changed 16-bit words (RFC 1624, eqn. 3) */
                 bit<32> sum = (bit<32>)(~hdr.udp.checksum) +
-                    (bit<32>)(~old_src[31:16]) + (bit<32>)(~old_src[15:0]) +
-                    (bit<32>)(~old_dst[31:16]) + (bit<32>)(~old_dst[15:0]) +
+                    (bit<32>)(~(bit<16>)(old_src >> 16)) + (bit<32>)(~(bit<16>)old_src) +
+                    (bit<32>)(~(bit<16>)(old_dst >> 16)) + (bit<32>)(~(bit<16>)old_dst) +
                     (bit<32>)(~old_sport) + (bit<32>)(~old_dport) +
-                    (bit<32>)src_ip[31:16] + (bit<32>)src_ip[15:0] +
-                    (bit<32>)meta.peer_ip[31:16] + (bit<32>)meta.peer_ip[15:0] +
+                    (src_ip >> 16) + (src_ip & 0xffff) +
+                    (meta.peer_ip >> 16) + (meta.peer_ip & 0xffff) +
                     (bit<32>)hdr.udp.src_port + (bit<32>)hdr.udp.dst_port;
                 sum = (sum & 0xffff) + (sum >> 16);
                 sum = (sum & 0xffff) + (sum >> 16);
-                bit<16> check = ~sum[15:0];
-                hdr.udp.checksum = check == 0 ? 16w0xffff : check;
+                bit<16> check = ~(bit<16>)sum;
+                if (check == 0) {
+                    check = 0xffff;
+                }
+                hdr.udp.checksum = check;
             }
-            /* drop Ethernet padding or a trailer after the datagram */
-            truncate((bit<32>)(ETH_HDR_LEN + hdr.ipv4.total_len));
+            /* the IPv4 header checksum of the rewritten header */
+            bit<16> ip_sum;
+            hdr.ipv4.hdr_checksum = 0;
+            ipv4_sum.apply(hdr.ipv4, ip_sum);
+            hdr.ipv4.hdr_checksum = ~ip_sum;
+            /* Ethernet padding or a trailer after the datagram is not sent */
+            meta.send_len = (bit<32>)ETH_HDR_LEN + (bit<32>)hdr.ipv4.total_len;
         }
-        tx_frames.count((bit<32>)standard_metadata.egress_port);
+        EMBNIC_COUNT_FRAME(tx_frames, meta.egress_port & (NB_PORTS - 1), meta.send_len);
     }
 }
 

@@ -18,20 +18,19 @@
 #define EMBNIC_FORWARDING_P4
 
 #include <core.p4>
-#include <v1model.p4>
 
 #include "headers.p4"
 
 control Forwarding(inout headers_t hdr,
-                   inout local_metadata_t meta,
-                   inout standard_metadata_t standard_metadata) {
+                   inout local_metadata_t meta) {
 
-    @name(".sender_allowlist_counter") direct_counter(CounterType.packets) sender_allowlist_counter;
-    @name(".route_by_shard_counter") direct_counter(CounterType.packets) route_by_shard_counter;
-    @name(".client_by_id_counter") direct_counter(CounterType.packets) client_by_id_counter;
+    @name(".sender_allowlist_counter") EMBNIC_DIRECT_COUNTER sender_allowlist_counter;
+    @name(".route_by_shard_counter") EMBNIC_DIRECT_COUNTER route_by_shard_counter;
+    @name(".client_by_id_counter") EMBNIC_DIRECT_COUNTER client_by_id_counter;
 
     @name(".allow_sender")
     action allow_sender() {
+        EMBNIC_DIRECT_COUNT(sender_allowlist_counter)
         meta.sender_allowed = 1;
     }
 
@@ -51,11 +50,12 @@ control Forwarding(inout headers_t hdr,
         actions = { allow_sender; deny_sender; }
         default_action = deny_sender();
         size = ALLOWLIST_SIZE;
-        counters = sender_allowlist_counter;
+        EMBNIC_TABLE_COUNTERS(sender_allowlist_counter)
     }
 
     @name(".forward_to_server")
     action forward_to_server(port_id_t port, mac_addr_t mac, ipv4_addr_t ip, l4_port_t udp_port) {
+        EMBNIC_DIRECT_COUNT(route_by_shard_counter)
         meta.route_hit = 1;
         meta.route_port = port;
         meta.route_mac = mac;
@@ -76,11 +76,12 @@ control Forwarding(inout headers_t hdr,
         actions = { forward_to_server; no_route; }
         default_action = no_route();
         size = ROUTE_TABLE_SIZE;
-        counters = route_by_shard_counter;
+        EMBNIC_TABLE_COUNTERS(route_by_shard_counter)
     }
 
     @name(".forward_to_client")
     action forward_to_client(port_id_t port, mac_addr_t mac, ipv4_addr_t ip, l4_port_t udp_port) {
+        EMBNIC_DIRECT_COUNT(client_by_id_counter)
         meta.client_hit = 1;
         meta.client_port = port;
         meta.client_mac = mac;
@@ -101,14 +102,18 @@ control Forwarding(inout headers_t hdr,
         actions = { forward_to_client; no_client; }
         default_action = no_client();
         size = CLIENT_TABLE_SIZE;
-        counters = client_by_id_counter;
+        EMBNIC_TABLE_COUNTERS(client_by_id_counter)
     }
 
     apply {
-        meta.is_request = (hdr.embnic.msg_type == MSG_LOOKUP_REQ ||
-                           hdr.embnic.msg_type == MSG_UPDATE_REQ ||
-                           hdr.embnic.msg_type == MSG_SIZE_REQ) ? 1w1 : 1w0;
-        meta.sender_id = meta.is_request == 1 ? hdr.embnic.client_id : hdr.embnic.shard_id;
+        if (hdr.embnic.msg_type == MSG_LOOKUP_REQ || hdr.embnic.msg_type == MSG_UPDATE_REQ ||
+            hdr.embnic.msg_type == MSG_SIZE_REQ) {
+            meta.is_request = 1;
+            meta.sender_id = hdr.embnic.client_id;
+        } else {
+            meta.is_request = 0;
+            meta.sender_id = hdr.embnic.shard_id;
+        }
         sender_allowlist.apply();
         route_by_shard.apply();
         client_by_id.apply();
@@ -118,7 +123,7 @@ control Forwarding(inout headers_t hdr,
             } else if (meta.route_hit == 0) {
                 meta.drop_reason = DROP_UNKNOWN_SHARD;
             } else {
-                standard_metadata.egress_spec = meta.route_port;
+                meta.egress_port = meta.route_port;
                 meta.peer_mac = meta.route_mac;
                 meta.peer_ip = meta.route_ip;
                 meta.peer_udp_port = meta.route_udp_port;
@@ -129,7 +134,7 @@ control Forwarding(inout headers_t hdr,
             } else if (meta.client_hit == 0) {
                 meta.drop_reason = DROP_UNKNOWN_CLIENT;
             } else {
-                standard_metadata.egress_spec = meta.client_port;
+                meta.egress_port = meta.client_port;
                 meta.peer_mac = meta.client_mac;
                 meta.peer_ip = meta.client_ip;
                 meta.peer_udp_port = meta.client_udp_port;

@@ -9,34 +9,32 @@
 #define EMBNIC_HEADER_RING_P4
 
 #include <core.p4>
-#include <v1model.p4>
 
 #include "headers.p4"
 
 control HeaderRing(in headers_t hdr,
-                   in local_metadata_t meta,
-                   in standard_metadata_t standard_metadata) {
+                   in local_metadata_t meta) {
 
-    @name(".ring_head") register<bit<32>>(1) ring_head;     /* frames logged since start */
-    @name(".ring_msg_type") register<bit<8>>(RING_SLOTS) ring_msg_type;
-    @name(".ring_flags") register<bit<8>>(RING_SLOTS) ring_flags;
-    @name(".ring_msg_id") register<bit<32>>(RING_SLOTS) ring_msg_id;
-    @name(".ring_client_id") register<bit<16>>(RING_SLOTS) ring_client_id;
-    @name(".ring_shard_id") register<bit<16>>(RING_SLOTS) ring_shard_id;
-    @name(".ring_num_tables") register<bit<16>>(RING_SLOTS) ring_num_tables;
-    @name(".ring_table_id") register<bit<16>>(RING_SLOTS) ring_table_id;    /* an ERROR's table */
-    @name(".ring_num_keys") register<bit<32>>(RING_SLOTS) ring_num_keys;
-    @name(".ring_value_len") register<bit<32>>(RING_SLOTS) ring_value_len;
-    @name(".ring_msg_len") register<bit<32>>(RING_SLOTS) ring_msg_len;
-    @name(".ring_frag_index") register<bit<16>>(RING_SLOTS) ring_frag_index;
-    @name(".ring_frag_count") register<bit<16>>(RING_SLOTS) ring_frag_count;
-    @name(".ring_frag_len") register<bit<16>>(RING_SLOTS) ring_frag_len;
-    @name(".ring_ingress_port") register<bit<16>>(RING_SLOTS) ring_ingress_port;
-    @name(".ring_time_us") register<bit<48>>(RING_SLOTS) ring_time_us;
+    @name(".ring_head") EMBNIC_REGISTER(bit<32>, 1) ring_head;     /* frames logged since start */
+    @name(".ring_msg_type") EMBNIC_REGISTER(bit<8>, RING_SLOTS) ring_msg_type;
+    @name(".ring_flags") EMBNIC_REGISTER(bit<8>, RING_SLOTS) ring_flags;
+    @name(".ring_msg_id") EMBNIC_REGISTER(bit<32>, RING_SLOTS) ring_msg_id;
+    @name(".ring_client_id") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_client_id;
+    @name(".ring_shard_id") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_shard_id;
+    @name(".ring_num_tables") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_num_tables;
+    @name(".ring_table_id") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_table_id;    /* an ERROR's table */
+    @name(".ring_num_keys") EMBNIC_REGISTER(bit<32>, RING_SLOTS) ring_num_keys;
+    @name(".ring_value_len") EMBNIC_REGISTER(bit<32>, RING_SLOTS) ring_value_len;
+    @name(".ring_msg_len") EMBNIC_REGISTER(bit<32>, RING_SLOTS) ring_msg_len;
+    @name(".ring_frag_index") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_frag_index;
+    @name(".ring_frag_count") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_frag_count;
+    @name(".ring_frag_len") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_frag_len;
+    @name(".ring_ingress_port") EMBNIC_REGISTER(bit<16>, RING_SLOTS) ring_ingress_port;
+    @name(".ring_time_us") EMBNIC_REGISTER(bit<48>, RING_SLOTS) ring_time_us;
 
     apply {
         bit<32> head;
-        ring_head.read(head, 0);
+        EMBNIC_READ(head, ring_head, 0);
         bit<32> i = head & (RING_SLOTS - 1);
         ring_msg_type.write(i, hdr.embnic.msg_type);
         ring_flags.write(i, hdr.embnic.flags);
@@ -51,8 +49,8 @@ control HeaderRing(in headers_t hdr,
         ring_frag_index.write(i, hdr.embnic.frag_index);
         ring_frag_count.write(i, hdr.embnic.frag_count);
         ring_frag_len.write(i, hdr.embnic.frag_len);
-        ring_ingress_port.write(i, (bit<16>)standard_metadata.ingress_port);
-        ring_time_us.write(i, standard_metadata.ingress_global_timestamp);
+        ring_ingress_port.write(i, (bit<16>)meta.ingress_port);
+        ring_time_us.write(i, meta.now_us);
         ring_head.write(0, head + 1);
     }
 }

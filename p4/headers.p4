@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * Headers the card parses, and the metadata its controls share.
+ * Headers the card parses, and the metadata its controls share, on every
+ * architecture. An architecture may add headers of its own before the wire
+ * headers (EMBNIC_ARCH_HEADERS, defined by its arch.p4 before this file is
+ * included: PNA's pseudo-headers to and from the DPDK host, p4/pna/arch.p4).
  */
 #ifndef EMBNIC_HEADERS_P4
 #define EMBNIC_HEADERS_P4
@@ -104,7 +107,12 @@ header embnic_t {
     bit<16>     reserved;
 }
 
+#ifndef EMBNIC_ARCH_HEADERS
+#define EMBNIC_ARCH_HEADERS
+#endif
+
 struct headers_t {
+    EMBNIC_ARCH_HEADERS
     ethernet_t ethernet;
     arp_t      arp;
     ipv4_t     ipv4;
@@ -112,8 +120,18 @@ struct headers_t {
     embnic_t   embnic;
 }
 
-/* What the controls tell one another about a frame. */
+/*
+ * What the controls tell one another about a frame. The first block is the
+ * architecture's, in its neutral form: the arch file fills it from (and
+ * hands it back to) v1model's standard_metadata or PNA's metadata.
+ */
 struct local_metadata_t {
+    port_id_t     ingress_port; /* card port the frame came in on */
+    bit<32>       frame_len;    /* bytes of the frame as received */
+    bit<48>       now_us;       /* arrival time, microseconds (the state map's clock) */
+    port_id_t     egress_port;  /* card port the frame leaves on (valid while drop_reason is DROP_NONE) */
+    bit<32>       send_len;     /* bytes of the frame to send: shorter than frame_len drops a trailer */
+
     drop_reason_t drop_reason;  /* DROP_NONE while the frame may pass */
     bit<1>        is_request;   /* LOOKUP_REQ, UPDATE_REQ or SIZE_REQ */
     bit<16>       sender_id;    /* client_id of a request, shard_id of a reply */

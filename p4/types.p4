@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * Types and constants of the embnic card on v1model. Protocol constants
+ * Types and constants of the embnic card, on every architecture (v1model,
+ * PNA). Protocol constants
  * come from docs/protocol.md (client_lib/consts.py is the Python copy);
  * the drop reasons follow the DPDK card's list (dataplane/include/
  * embnic_parse.h, EMBNIC_DROP_REASONS) index for index, so a counter index
@@ -13,7 +14,8 @@
 typedef bit<48> mac_addr_t;
 typedef bit<32> ipv4_addr_t;
 typedef bit<16> l4_port_t;
-typedef bit<9>  port_id_t;         /* v1model port number */
+typedef bit<32> port_id_t;         /* a card port (v1model's 9-bit port and PNA's PortId_t are cast
+                                    * to and from it by the architecture files) */
 typedef bit<16> shard_id_t;
 typedef bit<16> client_id_t;
 typedef bit<32> msg_id_t;
@@ -106,6 +108,10 @@ const bit<8> STATE_REPLYING  = 3;       /* some reply fragments passed */
 
 /* Sizes */
 const bit<32> STATE_SLOTS = 4096;       /* state map slots (power of two) */
+/* a message's fragment bitmap: EMBNIC_MAX_FRAGS bits as FRAG_WORDS registers of 64 bits
+ * (register cell (slot << FRAG_WORD_SHIFT) | (frag_index >> 6), bit frag_index & 63) */
+const bit<32> FRAG_WORDS = 4;
+const bit<8>  FRAG_WORD_SHIFT = 2;      /* log2(FRAG_WORDS) */
 const bit<48> STATE_TIMEOUT_US = 5000000;  /* default entry timeout */
 const bit<32> RING_SLOTS = 1024;        /* header ring entries (power of two) */
 const bit<32> NB_PORTS = 512;           /* cells of the per-port counters */

@@ -12,35 +12,35 @@
  * else bad_length. No body byte is read: a request's directory is the
  * hosts' to check.
  *
- * BMv2 has no division at run time (p4c evaluates / and % only at compile
- * time), so the one check that needs "frag_offset is a multiple of
- * frag_count - 1" computes the remainder by long division, unrolled (the
- * divisor is at most EMBNIC_MAX_FRAGS - 1 by then).
+ * Neither architecture divides or multiplies at run time here (arith.p4):
+ * "frag_offset is a multiple of frag_count - 1" is a remainder by long
+ * division, the fragment products (frag_count - 1 and frag_index times
+ * frag_len) shift and add. The IPv4 header checksum is summed here too
+ * (Ipv4HeaderSum), not by an architecture's checksum unit.
  */
 #ifndef EMBNIC_VALIDATION_P4
 #define EMBNIC_VALIDATION_P4
 
 #include <core.p4>
-#include <v1model.p4>
 
 #include "headers.p4"
-
-/* one step of restoring division: bring down bit i of n, subtract d if it fits */
-#define EMBNIC_REM_STEP(i) \
-    rem = (rem << 1) | ((n >> i) & 1); \
-    if (rem >= d) { rem = rem - d; }
+#include "arith.p4"
 
 control FrameValidation(in headers_t hdr,
-                        inout local_metadata_t meta,
-                        in standard_metadata_t standard_metadata) {
+                        inout local_metadata_t meta) {
 
+    Ipv4HeaderSum() ipv4_sum;
     /* n mod d for a 32-bit n and 0 < d < 2^16 */
     bit<32> rem;
     bit<32> n;
     bit<32> d;
 
     apply {
-        bit<32> frame_len = standard_metadata.packet_length;
+        bit<32> frame_len = meta.frame_len;
+        bit<16> ip_sum = 0xffff;
+        if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5) {
+            ipv4_sum.apply(hdr.ipv4, ip_sum);
+        }
         if (hdr.ethernet.ether_type != ETHERTYPE_IPV4) {
             meta.drop_reason = DROP_BAD_ETHER;
         } else if (!hdr.ipv4.isValid()) {
@@ -53,7 +53,7 @@ control FrameValidation(in headers_t hdr,
             meta.drop_reason = DROP_BAD_IP;
         } else if ((bit<32>)hdr.ipv4.total_len > frame_len - (bit<32>)ETH_HDR_LEN) {
             meta.drop_reason = DROP_TRUNCATED;      /* cut short on the way */
-        } else if (standard_metadata.checksum_error == 1 ||
+        } else if (ip_sum != 0xffff ||
                    (hdr.ipv4.flags & 1) != 0 || hdr.ipv4.frag_offset != 0) {
             meta.drop_reason = DROP_BAD_IP;
         } else if (meta.port_ip != 0 && hdr.ipv4.dst_addr != meta.port_ip) {
@@ -87,11 +87,18 @@ control FrameValidation(in headers_t hdr,
             bit<64> vlen = (bit<64>)hdr.embnic.value_len;
             /* msg_len for the type, from the header alone (consts.expected_msg_len) */
             bit<64> keyed = EMBNIC_DIR_ENTRY * nt + EMBNIC_KEY_SIZE * nk;   /* directory + keys */
-            bit<64> want = hdr.embnic.msg_type == MSG_LOOKUP_REQ ? keyed :
-                           (hdr.embnic.msg_type == MSG_LOOKUP_REPLY ? vlen :
-                           (hdr.embnic.msg_type == MSG_UPDATE_REQ ? keyed + vlen :
-                           (hdr.embnic.msg_type == MSG_SIZE_REQ ? EMBNIC_SIZE_ENTRY * nk :
-                           (hdr.embnic.msg_type == MSG_UPDATE_NACK ? EMBNIC_NACK_LEN : 64w0))));
+            bit<64> want = 0;
+            if (hdr.embnic.msg_type == MSG_LOOKUP_REQ) {
+                want = keyed;
+            } else if (hdr.embnic.msg_type == MSG_LOOKUP_REPLY) {
+                want = vlen;
+            } else if (hdr.embnic.msg_type == MSG_UPDATE_REQ) {
+                want = keyed + vlen;
+            } else if (hdr.embnic.msg_type == MSG_SIZE_REQ) {
+                want = EMBNIC_SIZE_ENTRY * nk;
+            } else if (hdr.embnic.msg_type == MSG_UPDATE_NACK) {
+                want = EMBNIC_NACK_LEN;
+            }
             /* counts that fit the type (consts.header_counts_ok): a data request or a lookup
              * reply has T >= 1 tables, n >= T keys and value_len >= 2n (every row at least one
              * fp16 value); a SIZE_REQ T = 0 and n >= 1 entries; acks, NACKs, errors are unchecked */
@@ -104,6 +111,12 @@ control FrameValidation(in headers_t hdr,
             bit<64> idx = (bit<64>)hdr.embnic.frag_index;
             bit<64> count = (bit<64>)hdr.embnic.frag_count;
             bit<64> last = count - 1;
+            /* last * len and idx * len: exact once frag_count <= 256 is known (the factors are
+             * below 512), which every branch that uses them has checked */
+            bit<64> last_x_len;
+            bit<64> idx_x_len;
+            EMBNIC_MUL9(last_x_len, last, len)
+            EMBNIC_MUL9(idx_x_len, idx, len)
 
             if (hdr.embnic.frag_len != payload || hdr.embnic.frag_count == 0 ||
                 hdr.embnic.frag_index >= hdr.embnic.frag_count || end > msg_len) {
@@ -119,8 +132,8 @@ control FrameValidation(in headers_t hdr,
                 }
             } else if (idx < last) {
                 /* a full fragment: P = frag_len, offset i*P, ceil(msg_len/P) = frag_count */
-                if (len == 0 || idx * len != off || last * len >= msg_len ||
-                    count * len < msg_len) {
+                if (len == 0 || idx_x_len != off || last_x_len >= msg_len ||
+                    last_x_len + len < msg_len) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
                 }
             } else if (end != msg_len) {
@@ -129,24 +142,14 @@ control FrameValidation(in headers_t hdr,
                 /* the last fragment: offset (n-1)*P for some P with 0 < frag_len <= P */
                 n = hdr.embnic.frag_offset;
                 d = (bit<32>)last;
-                rem = 0;
-                EMBNIC_REM_STEP(31) EMBNIC_REM_STEP(30) EMBNIC_REM_STEP(29) EMBNIC_REM_STEP(28)
-                EMBNIC_REM_STEP(27) EMBNIC_REM_STEP(26) EMBNIC_REM_STEP(25) EMBNIC_REM_STEP(24)
-                EMBNIC_REM_STEP(23) EMBNIC_REM_STEP(22) EMBNIC_REM_STEP(21) EMBNIC_REM_STEP(20)
-                EMBNIC_REM_STEP(19) EMBNIC_REM_STEP(18) EMBNIC_REM_STEP(17) EMBNIC_REM_STEP(16)
-                EMBNIC_REM_STEP(15) EMBNIC_REM_STEP(14) EMBNIC_REM_STEP(13) EMBNIC_REM_STEP(12)
-                EMBNIC_REM_STEP(11) EMBNIC_REM_STEP(10) EMBNIC_REM_STEP(9)  EMBNIC_REM_STEP(8)
-                EMBNIC_REM_STEP(7)  EMBNIC_REM_STEP(6)  EMBNIC_REM_STEP(5)  EMBNIC_REM_STEP(4)
-                EMBNIC_REM_STEP(3)  EMBNIC_REM_STEP(2)  EMBNIC_REM_STEP(1)  EMBNIC_REM_STEP(0)
+                EMBNIC_REM32(rem, n, d)
                 /* P = frag_offset / last exactly; frag_len <= P <=> frag_len * last <= frag_offset */
-                if (rem != 0 || len == 0 || len * last > off) {
+                if (rem != 0 || len == 0 || last_x_len > off) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
                 }
             }
         }
     }
 }
-
-#undef EMBNIC_REM_STEP
 
 #endif /* EMBNIC_VALIDATION_P4 */

@@ -29,7 +29,7 @@ def _skip_without(*tools: str) -> None:
 
 @pytest.fixture(scope="session")
 def p4_json() -> Path:
-    """p4/embnic.p4 compiled for BMv2 (v1model); fails if p4c errs or warns. Compiled once per
+    """p4/v1model/embnic.p4 compiled for BMv2 (v1model); fails if p4c errs or warns. Compiled once per
     version of p4/ into the cache the bmv2 target and the benchmark use (only a clean compile
     is ever cached), so a test run compiles at most once."""
     _skip_without("p4c")

@@ -125,7 +125,7 @@ def test_every_table_sized_with_default_action_and_counter():
     for name, body in tables.items():
         assert re.search(r"\bsize\s*=", body), f"table {name} has no size"
         assert re.search(r"\bdefault_action\s*=", body), f"table {name} has no default_action"
-        assert re.search(r"\bcounters\s*=", body), f"table {name} has no direct counter"
+        assert re.search(r"\bEMBNIC_TABLE_COUNTERS\(\s*\w+_counter\s*\)", body), f"table {name} has no direct counter"
 
 
 def test_sizes_are_powers_of_two():
