@@ -68,6 +68,9 @@ from .config import ClusterConfig
 from .consts import MsgType
 from .reassembly import Message, Reassembler
 from .routing import split_by_shard
+from . import native
+from .roundplan import (C_DIR0, C_FRAMES, C_KA, C_KB, C_MSGLEN, C_NKEYS, C_NT, C_RFRAMES, C_SHARD, C_VLEN, C_VOFF,
+                        MSG_COLUMNS, RoundPlan, TableArrays, plan_round)
 from .outstanding import Outstanding as _Out
 from .errors import EmbnicError, ShardError, ShardUnavailableError  # noqa: F401 (the client's errors)
 from .rtt import DEFAULT_RTO_MAX_MS, DEFAULT_RTO_MIN_MS, REO_WND_MIN_MS, RttEstimator
@@ -115,7 +118,7 @@ class EmbeddingClient:
                  timeout_ms: int | None = None, retries: int | None = None, mtu: int | None = None,
                  window_frames: int = DEFAULT_WINDOW_FRAMES, rto_min_ms: float = DEFAULT_RTO_MIN_MS,
                  rto_max_ms: float = DEFAULT_RTO_MAX_MS, fixed_length: bool = False,
-                 msg_frames: int | None = DEFAULT_MSG_FRAMES, tail_probes: bool = True):
+                 msg_frames: int | None = DEFAULT_MSG_FRAMES, tail_probes: bool = True, native_io: bool = True):
         self.cfg = cfg
         self.client_id = client_id
         me = cfg.client(client_id)
@@ -150,8 +153,25 @@ class EmbeddingClient:
         self.via_card = cfg.card is not None and cfg.card.enabled
         self._largest_answered = 0  # largest datagram (bytes) of an answered message or its reply
         self._seqs = itertools.count()  # the current round's transmission order (_round)
+        self._ta = TableArrays(cfg)
+        self._shard_ids = np.array([s.id for s in cfg.shards], np.int64)
+        self._shard_index = {s.id: i for i, s in enumerate(cfg.shards)}
+        self._nodir = np.zeros(0, codec.DIR_DTYPE)
+        self._nokeys = np.zeros(0, np.uint64)
+        lib = native.load() if native_io else None
+        self._native = None if lib is None else native.NativeRound(
+            lib, self.sock, client_id, mtu=self.mtu, window_frames=self.window_frames, retries=self.retries,
+            timeout_s=self.timeout_s, rto_min_s=rto_min_ms / 1000.0, rto_max_s=rto_max_ms / 1000.0,
+            tail_probes=self.tail_probes, fixed_length=self.fixed_length, shard_ids=[s.id for s in cfg.shards],
+            dests=[self._dest[s.id] for s in cfg.shards])
+        self._native_seen = None if self._native is None else self._native.counters()
 
     # -- public API -------------------------------------------------------------------------
+
+    @property
+    def native(self) -> bool:
+        """True when rounds run in the C engine (:mod:`.native`), False on the numpy path."""
+        return self._native is not None
 
     def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         """Fetch rows for every table in one round: one message per shard touched, carrying every
@@ -163,7 +183,8 @@ class EmbeddingClient:
                 :func:`~embnic.client_lib.batch.as_ids`).
 
         Returns:
-            ``{table_id: rows}``, rows float32 (N_t, dim_t) in the order of the keys.
+            ``{table_id: rows}``, rows float32 (N_t, dim_t) in the order of the keys (views of one
+            buffer holding every table's rows, :meth:`lookup_flat`).
 
         Raises:
             ShardUnavailableError: a shard did not answer after ``retries`` tries.
@@ -171,27 +192,34 @@ class EmbeddingClient:
             ValueError: before anything is sent, naming the table: an unknown table, keys not
                 1-D integers in 0..2^64-1, a key ``>= rows`` (:func:`precheck.lookup_round`).
         """
-        requests = precheck.lookup_round(self.cfg, requests)  # every table, before any frame
-        out = {t: np.empty((len(k), self.cfg.table(t).dim), dtype=np.float32) for t, k in requests.items()}
-        by_shard = self._by_shard(requests)
-        msgs: list[_Out] = []
-        for shard_id, parts in by_shard.items():
-            for piece in self._pack(MsgType.LOOKUP_REQ, parts):
-                directory, skeys = self._directory(piece)
+        tix, counts, keys = precheck.lookup_flat(self.cfg, self._ta, requests)
+        plan, vals = self._lookup_plan(tix, counts, keys)
+        return plan.split(vals)
 
-                def fill(m: Message, piece=piece, directory=directory) -> None:
-                    off = 0
-                    for (table_id, pos, k), e in zip(piece, directory):
-                        n, dim = len(k), int(e["dim"])
-                        out[table_id][pos] = np.frombuffer(m.body, codec.value_dtype(int(e["dtype"])), n * dim,
-                                                           off).reshape(n, dim)
-                        off += n * dim * consts.esize(int(e["dtype"]))
+    def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
+        """:meth:`lookup` of a round given flat, TorchRec's jagged layout, with no step per table.
 
-                msgs.append(self._lookup_out(shard_id, directory, skeys, fill, self._dest[shard_id]))
-        if self.fixed_length:
-            self._size_round(msgs)
-        self._round(msgs, record_latency=True)
-        return out
+        Args:
+            table_ids: int (T,) distinct configured tables; counts: int (T,) keys of each;
+            keys: uint64 (Σ counts,) every table's keys one table after the other.
+
+        Returns:
+            float32 (Σ counts_t·dim_t,): table ``t``'s rows ``(counts_t, dim_t)`` one table after
+            the other, in key order.
+
+        Raises:
+            as :meth:`lookup`; ValueError also for counts that do not add up to the keys
+            (:func:`precheck.lookup_jagged`).
+        """
+        return self._lookup_plan(*precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))[1]
+
+    def _lookup_plan(self, tix, counts, keys):
+        plan = plan_round(self._ta, MsgType.LOOKUP_REQ, tix, counts, keys, mtu=self.mtu, msg_frames=self.msg_frames,
+                          window_frames=self.window_frames)
+        dst, _, nbytes = plan.out_layout()
+        out = np.empty(nbytes, np.uint8)
+        self._run(plan, out=out, dst=dst, record_latency=True)
+        return plan, plan.finish(out)
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         """Push gradients for every table in one round — one message per shard touched, carrying
@@ -207,43 +235,123 @@ class EmbeddingClient:
                 ``(len(keys), dim)``, a gradient the shards refuse (NaN, inf, overflowing step).
                 So no shard applies its part of an update another shard would refuse.
         """
-        updates = precheck.update_round(self.cfg, updates)  # every table, before any frame
-        grads_of = {t: np.asarray(g, dtype=np.float32) for t, (_, g) in updates.items()}
-        by_shard = self._by_shard({t: k for t, (k, _) in updates.items()})
-        msgs: list[_Out] = []
-        for shard_id, parts in by_shard.items():
-            for piece in self._pack(MsgType.UPDATE_REQ, parts):
-                directory, skeys = self._directory(piece)
-                values = codec.values_to_body([grads_of[t][pos] for t, pos, _ in piece], directory["dtype"].tolist())
-                msg_id = self._alloc_id()
-                frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
-                                             directory=directory, keys=skeys, values=values, mtu=self.mtu)
-                msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, shard_id, directory, len(skeys),
-                                 self._dest[shard_id], frames, lambda m: None,
-                                 datagram=self._datagram(frames, 0), keys=skeys, value_len=len(values)))
+        tix, counts, keys, grads = precheck.update_flat(self.cfg, self._ta, updates)
+        plan = plan_round(self._ta, MsgType.UPDATE_REQ, tix, counts, keys, mtu=self.mtu,
+                          msg_frames=self.msg_frames, window_frames=self.window_frames)
+        if plan.num_msgs:
+            self._run(plan, vals=plan.values(grads), record_latency=False)
+
+    def _run(self, plan: RoundPlan, *, out=None, dst=None, vals=None, record_latency: bool) -> None:
+        """Send a planned round and wait for every answer: message ids in plan order, a size round
+        first in the fixed-length mode, then the C round (:mod:`.native`) or :meth:`_round`."""
+        M = plan.num_msgs
+        if not M:
+            return
+        ids = self._alloc_ids(M)
         if self.fixed_length:
-            self._size_round(msgs)
-        self._round(msgs, record_latency=False)
+            self._size_round(plan, ids)
+        if self._native is not None:
+            tab = np.empty((M, native.NCOL), np.int64)
+            tab[:, :len(MSG_COLUMNS)] = plan.msgs
+            tab[:, len(MSG_COLUMNS)] = ids
+            tab[:, len(MSG_COLUMNS) + 1] = plan.msg_type
+            self._round_native(tab, plan.dir, plan.keys, vals, dst, plan.rb, plan.so, out, record_latency)
+            return
+        self._round(self._outs(plan, ids, out, dst, vals), record_latency=record_latency)
+
+    def _outs(self, plan: RoundPlan, ids: np.ndarray, out, dst, vals) -> list[_Out]:
+        """The round's messages as :class:`_Out` (the numpy path): frames encoded by the codec, a
+        lookup's reply scattered to its rows in ``out`` (:meth:`RoundPlan.scatter_index`)."""
+        msgs: list[_Out] = []
+        lookup = plan.msg_type == MsgType.LOOKUP_REQ
+        for m, (r, msg_id) in enumerate(zip(plan.msgs.tolist(), ids.tolist())):  # per message
+            sid = int(self._shard_ids[r[C_SHARD]])
+            d, k = plan.directory(m), plan.msg_keys(m)
+            if lookup:
+                def fill(msg: Message, ka=r[C_KA], kb=r[C_KB]) -> None:
+                    if plan.uniform:
+                        rows = np.frombuffer(msg.body, "<f4").reshape(kb - ka, plan.dim)
+                        out.view(np.float32).reshape(-1, plan.dim)[plan.order[ka:kb]] = rows
+                    else:
+                        out[plan.scatter_index(ka, kb, dst)] = np.frombuffer(msg.body, np.uint8)
+
+                msgs.append(self._lookup_out(sid, d, k, fill, self._dest[sid], msg_id=msg_id))
+            else:
+                v = vals[r[C_VOFF]:r[C_VOFF] + r[C_VLEN]]
+                frames = codec.encode_update(msg_id=msg_id, client_id=self.client_id, shard_id=sid, directory=d,
+                                             keys=k, values=v, mtu=self.mtu)
+                msgs.append(_Out(msg_id, MsgType.UPDATE_REQ, sid, d, len(k), self._dest[sid], frames,
+                                 lambda m: None, datagram=self._datagram(frames, 0), keys=k, value_len=len(v)))
+        return msgs
+
+    def _round_native(self, tab, directory, keys, vals, dst, rb, so, out, record_latency: bool,
+                      data: bool = True) -> None:
+        """One round through the C engine (:class:`native.NativeRound`): its counters into
+        :attr:`stats`, its errors raised as :meth:`_round` raises them."""
+        order = np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]), kind="stable")  # a shard's largest first
+        tab = tab[order]
+        self._count_round(len(tab), np.unique(tab[:, C_SHARD]).size, data)
+        res, lat = self._native.run(tab, directory, keys, vals, dst, rb, so, out, record_latency, self._next_id)
+        R = native.R
+        self._next_id = int(res[R["next_id"]])
+        self._largest_answered = int(res[R["largest"]])
+        self._sync_native()
+        if record_latency and lat.size:
+            self.stats.lookup_latency_us.extend(lat.tolist())
+        kind = int(res[R["kind"]])
+        if kind == native.KIND_SHARD_ERROR:
+            raise ShardError(int(self._shard_ids[res[R["shard"]]]), int(res[R["table"]]), int(res[R["status"]]))
+        if kind == native.KIND_GIVE_UP:
+            sid = int(self._shard_ids[res[R["shard"]]])
+            t = int(res[R["type"]])
+            what = "lookup" if t == MsgType.LOOKUP_REQ else ("update" if t == MsgType.UPDATE_REQ else "size")
+            raise ShardUnavailableError(sid, self._dest[sid], int(res[R["tries"]]), res[R["elapsed_ns"]] / 1e9,
+                                        f"{int(res[R['nmsg']])} {what} messages", via_card=self.via_card,
+                                        path_mtu_hint=self._mtu_hint(int(res[R["big"]])), config_path=self.cfg.path)
+        if kind == native.KIND_OS_ERROR:
+            e = int(res[R["errno"]])
+            raise OSError(e, os.strerror(e))
+
+    def _sync_native(self) -> None:
+        """Add what the C engine counted since the last round to :attr:`stats`."""
+        now = self._native.counters()
+        delta = (now - self._native_seen).tolist()
+        self._native_seen = now
+        st = self.stats
+        for name, v, total in zip(self._native.stat_names, delta, now.tolist()):
+            if name == "max_inflight_frames":
+                st.max_inflight_frames = max(st.max_inflight_frames, total)
+            elif not v or name == "duplicates":
+                continue
+            elif name.startswith("drop_"):
+                st.drops[name[5:]] += v
+            else:
+                setattr(st, name, getattr(st, name) + v)
+
+    def _count_round(self, n_msgs: int, n_shards: int, data: bool) -> None:
+        self.stats.rounds += 1
+        if data:
+            self.stats.data_rounds += 1
+            self.stats.round_messages += n_msgs
+            self.stats.round_shards += n_shards
+
+    def _alloc_ids(self, n: int) -> np.ndarray:
+        """``n`` consecutive message ids (wrapping at 2^32, never 0): uint32 (n,)."""
+        i0 = self._next_id
+        ids = ((i0 - 1 + np.arange(n, dtype=np.int64)) % 0xFFFFFFFF + 1).astype(np.uint32)
+        self._next_id = int(ids[-1]) % 0xFFFFFFFF + 1 if n else i0
+        return ids
 
     def _by_shard(self, keys_of: dict[int, np.ndarray]) -> dict[int, list]:
         """Every table's keys grouped by owning shard, for one round: ``{shard_id: [(table_id,
         positions int64 (k,), keys uint64 (k,)), ...]}``, tables in the order given, keys in their
         order within a table (:func:`~embnic.client_lib.routing.split_by_shard`); ``positions``
-        index the table's keys."""
+        index the table's keys. The per-table reference of :func:`~.roundplan.plan_round` (tests)."""
         by_shard: dict[int, list] = {}
         for table_id, keys in keys_of.items():
             for shard_id, pos, skeys in split_by_shard(self.cfg, table_id, as_ids(keys)):
                 by_shard.setdefault(shard_id, []).append((table_id, pos, skeys))
         return by_shard
-
-    def _directory(self, piece: list) -> tuple[np.ndarray, np.ndarray]:
-        """The directory (:data:`codec.DIR_DTYPE` (T,)) and the concatenated keys uint64 (n,) of
-        one message's ``piece`` — ``[(table_id, positions, keys), ...]`` in body order."""
-        tabs = [self.cfg.table(t) for t, _, _ in piece]
-        directory = codec.make_directory([t.id for t in tabs], [t.dim for t in tabs],
-                                         [t.wire_dtype for t in tabs], [len(k) for _, _, k in piece])
-        keys = piece[0][2] if len(piece) == 1 else np.concatenate([k for _, _, k in piece])
-        return directory, keys
 
     def _pack(self, msg_type: int, parts: list) -> list[list]:
         """Cut one shard's ``parts`` into the messages of a round: :func:`pack_parts` at this
@@ -252,7 +360,9 @@ class EmbeddingClient:
                           window_frames=self.window_frames)
 
     def close(self) -> None:
-        """Close the socket."""
+        """Close the socket (and free the C round engine's context)."""
+        if self._native is not None:
+            self._native.close()
         self.sock.close()
 
     def __enter__(self) -> "EmbeddingClient":
@@ -263,29 +373,43 @@ class EmbeddingClient:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _size_round(self, msgs: list[_Out]) -> None:
-        """Fixed-length mode: announce the sizes of ``msgs`` (one SIZE_REQ per shard, split only
-        past :data:`consts.MAX_FRAGS` fragments) and wait for every shard's SIZE_ACK."""
-        by_shard: dict[int, list[_Out]] = {}
-        for m in msgs:
-            by_shard.setdefault(m.shard_id, []).append(m)
+    def _size_round(self, plan: RoundPlan, ids: np.ndarray) -> None:
+        """Fixed-length mode: announce the sizes of the round's messages (``ids`` uint32 (M,)):
+        one SIZE_REQ per shard, split only past :data:`consts.MAX_FRAGS` fragments, and wait for
+        every shard's SIZE_ACK."""
+        M = plan.num_msgs
+        e = np.zeros(M, codec.SIZE_ENTRY_DTYPE)
+        e["msg_id"] = ids
+        e["msg_type"] = plan.msg_type
+        e["num_tables"] = plan.msgs[:, C_NT]
+        e["num_keys"] = plan.msgs[:, C_NKEYS]
+        e["msg_len"] = plan.msgs[:, C_MSGLEN]
         cap = consts.MAX_FRAGS * consts.max_body_per_frame(self.mtu) // consts.SIZE_ENTRY
-        size_msgs: list[_Out] = []
-        for shard_id, ms in by_shard.items():
-            e = np.zeros(len(ms), codec.SIZE_ENTRY_DTYPE)
-            e["msg_id"] = [m.msg_id for m in ms]
-            e["msg_type"] = [m.msg_type for m in ms]
-            e["num_tables"] = [m.num_tables for m in ms]
-            e["num_keys"] = [m.num_keys for m in ms]
-            e["msg_len"] = [m.msg_len for m in ms]
-            for a in range(0, len(e), cap):
-                part = e[a:a + cap]
-                msg_id = self._alloc_id()
-                frames = codec.encode_size(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
-                                           entries=part, mtu=self.mtu)
-                size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, None, len(part), self._dest[shard_id],
-                                      frames, lambda m: None))
+        shard = plan.msgs[:, C_SHARD]
+        cut = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])  # a plan's messages are grouped by shard
+        parts = [(int(shard[a]), a2, min(a2 + cap, b)) for a, b in zip(cut.tolist(), np.r_[cut[1:], M].tolist())
+                 for a2 in range(a, b, cap)]  # per shard (and per cap entries)
+        sids = self._alloc_ids(len(parts))
         self.stats.size_rounds += 1
+        if self._native is not None:
+            tab = np.zeros((len(parts), native.NCOL), np.int64)
+            P = consts.max_body_per_frame(self.mtu)
+            for j, (si, a, b) in enumerate(parts):
+                n = b - a
+                tab[j, [C_SHARD, C_NKEYS, C_VOFF, C_MSGLEN, C_FRAMES, C_RFRAMES]] = (
+                    si, n, a * consts.SIZE_ENTRY, n * consts.SIZE_ENTRY, -(-n * consts.SIZE_ENTRY // P), 1)
+            tab[:, len(MSG_COLUMNS)] = sids
+            tab[:, len(MSG_COLUMNS) + 1] = MsgType.SIZE_REQ
+            self._round_native(tab, self._nodir, self._nokeys, e.view(np.uint8), None, None, None, None,
+                               record_latency=False, data=False)
+            return
+        size_msgs: list[_Out] = []
+        for (si, a, b), msg_id in zip(parts, sids.tolist()):
+            shard_id = int(self._shard_ids[si])
+            frames = codec.encode_size(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
+                                       entries=e[a:b], mtu=self.mtu)
+            size_msgs.append(_Out(msg_id, MsgType.SIZE_REQ, shard_id, None, b - a, self._dest[shard_id],
+                                  frames, lambda m: None))
         self._round(size_msgs, record_latency=False, data=False)
 
     def _datagram(self, frames: list, reply_len: int) -> int:
@@ -337,11 +461,7 @@ class EmbeddingClient:
         """
         if not msgs:
             return
-        self.stats.rounds += 1
-        if data:
-            self.stats.data_rounds += 1
-            self.stats.round_messages += len(msgs)
-            self.stats.round_shards += len({m.shard_id for m in msgs})
+        self._count_round(len(msgs), len({m.shard_id for m in msgs}), data)
         queues: dict[int, collections.deque] = {}
         # largest first per shard (a stable sort keeps a table's pieces in order): the last messages
         # a shard gets in a round have no later answer to show them lost, only their timer, so they
@@ -530,13 +650,14 @@ class EmbeddingClient:
                                 t_sent=time.monotonic(), rto=m.rto, tries=m.tries, root=root)
 
     def _lookup_out(self, shard_id: int, directory: np.ndarray, keys: np.ndarray,
-                    on_reply: Callable[[Message], None], dest: tuple[str, int], **kw) -> _Out:
+                    on_reply: Callable[[Message], None], dest: tuple[str, int], msg_id: int | None = None,
+                    **kw) -> _Out:
         """A LOOKUP_REQ of ``keys`` (uint64 (n,), table by table as ``directory`` —
         :data:`codec.DIR_DTYPE` (T,) — says) to ``shard_id`` via ``dest``, under a new message id,
         encoded to the MTU, with its reply's fragment count and largest datagram (bytes); ``kw``
         sets more :class:`_Out` fields (times, a repair's ``root``, ``probe``). Every lookup message
-        is made here: a round's, a repair's and a tail probe's."""
-        msg_id = self._alloc_id()
+        is made here: a round's (``msg_id`` given), a repair's and a tail probe's."""
+        msg_id = self._alloc_id() if msg_id is None else msg_id
         frames = codec.encode_lookup(msg_id=msg_id, client_id=self.client_id, shard_id=shard_id,
                                      directory=directory, keys=keys, mtu=self.mtu)
         reply_len = codec.value_len_of(directory)
@@ -551,15 +672,20 @@ class EmbeddingClient:
             "update" if m.msg_type == MsgType.UPDATE_REQ else "size")
         n = sum(1 for x in pending.values() if x.shard_id == m.shard_id and not x.probe)
         big = max(x.datagram for x in pending.values() if x.shard_id == m.shard_id)
-        hint = None
-        if 0 < self._largest_answered < big:
-            hint = (f"Messages whose datagrams were at most {self._largest_answered} bytes were answered, "
-                    f"these need {big}-byte datagrams: the path may not carry MTU {self.mtu} (every "
-                    f"link's MTU, the card's --mtu and its ports' frame size; `embnic status` counts "
-                    f"frames the card got cut short as `truncated`).")
+        hint = self._mtu_hint(big)
         raise ShardUnavailableError(m.shard_id, m.dest, m.tries, now - t0,
                                     f"{n} {what} messages", via_card=self.via_card, path_mtu_hint=hint,
                                     config_path=self.cfg.path)
+
+    def _mtu_hint(self, big: int) -> str | None:
+        """What to say when messages of ``big``-byte datagrams go unanswered while smaller ones were
+        answered (None otherwise)."""
+        if 0 < self._largest_answered < big:
+            return (f"Messages whose datagrams were at most {self._largest_answered} bytes were answered, "
+                    f"these need {big}-byte datagrams: the path may not carry MTU {self.mtu} (every "
+                    f"link's MTU, the card's --mtu and its ports' frame size; `embnic status` counts "
+                    f"frames the card got cut short as `truncated`).")
+        return None
 
     def _reo_wnd(self, m: _Out) -> float:
         """Reordering window (s) of ``m``'s shard and type (RFC 8985 6.2): a quarter of its shortest
@@ -681,6 +807,12 @@ class EmbeddingClient:
         """``{"srtt_ms", "rttvar_ms", "rto_ms", "samples"}`` of the :class:`RttEstimator` of one
         shard and request type (``srtt_ms`` None before the first sample).
         Raises KeyError for an unknown shard or a type that is not a request."""
+        if self._native is not None:
+            srtt, rttvar, rto, _, samples = self._native.rtt(self._shard_index[shard_id], int(msg_type))
+            if int(msg_type) not in consts.REQUEST_TYPES:
+                raise KeyError(msg_type)
+            return {"srtt_ms": None if srtt is None else srtt * 1e3, "rttvar_ms": rttvar * 1e3, "rto_ms": rto * 1e3,
+                    "samples": samples}
         e = self._rtt[shard_id, msg_type]
         return {"srtt_ms": None if e.srtt is None else e.srtt * 1e3, "rttvar_ms": e.rttvar * 1e3,
                 "rto_ms": e.rto * 1e3, "samples": e.samples}

@@ -25,10 +25,12 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
 
+from . import consts
 from .config import ClusterConfig, TableConfig
 from .table_numerics import table_label, validate_keys, validate_update
 
@@ -79,3 +81,150 @@ def update_round(cfg: ClusterConfig, updates: Mapping) -> dict[int, tuple[np.nda
             raise ValueError(f"{table_label(t)}: an update entry is (keys, grads), got {type(entry).__name__}")
         out[t.id] = validate_update(t, entry[0], entry[1])
     return out
+
+
+# -- the same checks over a whole round at once (what EmbeddingClient runs) ----------------------
+
+_FAST_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64))
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _flat_keys(ta, mapping: Mapping, keys_of):
+    """(tix int64 (T,), counts int64 (T,), keys uint64 (N,)) of a round whose every entry is a 1-D
+    uint64 (or int64) array of configured tables, checked without a loop over tables; None where
+    an entry is anything else or a check fails (the per-table functions above then say why)."""
+    tids = np.array(list(mapping.keys()))
+    if tids.dtype.kind not in "iu" or tids.ndim != 1:
+        return None
+    ks = [keys_of(v) for v in mapping.values()]
+    dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
+    if len(dt) > 1 or (dt and dt.pop() not in _FAST_DTYPES):
+        return None
+    counts = np.fromiter(map(len, ks), np.int64, len(ks))
+    keys = np.concatenate(ks) if ks else np.zeros(0, np.uint64)
+    return _checked(ta, tids, counts, keys)
+
+
+def _checked(ta, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray):
+    """The flat round's ``(tix, counts, keys uint64)`` when every table is configured (once) and every
+    key is in range; else None."""
+    tix = ta.index(table_ids)
+    if (tix < 0).any() or np.unique(tix).size != tix.size or keys.ndim != 1:
+        return None
+    if keys.dtype != np.uint64:
+        if keys.dtype != np.int64 or (keys.size and int(keys.min()) < 0):
+            return None
+        keys = keys.view(np.uint64)
+    bounded = ta.bounded[tix]
+    if bounded.any() and keys.size:
+        over = keys >= np.repeat(ta.rows[tix], counts)
+        if (over & np.repeat(bounded, counts)).any():
+            return None
+    return tix, counts, keys
+
+
+def lookup_jagged(cfg: ClusterConfig, ta, table_ids, counts, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`lookup_flat` of a round already flat: ``table_ids`` int (T,) distinct, ``counts`` int
+    (T,), ``keys`` (Σ counts,) one table after the other. Returns ``(tix, counts, keys uint64)``.
+
+    Raises:
+        ValueError: counts that do not fit the keys; else as :func:`lookup_round` (naming the table).
+    """
+    table_ids = np.asarray(table_ids)
+    counts = np.asarray(counts, np.int64)
+    keys = np.asarray(keys)
+    if table_ids.ndim != 1 or counts.shape != table_ids.shape or (counts < 0).any() or int(counts.sum()) != keys.size:
+        raise ValueError(f"{table_ids.size} tables, counts {counts.tolist()[:8]} adding up to {int(counts.sum())}, "
+                         f"{keys.size} keys: one count per table, adding up to the keys")
+    if table_ids.dtype.kind in "iu":
+        r = _checked(ta, table_ids.astype(np.int64), counts, keys)
+        if r is not None:
+            return r
+    if np.unique(table_ids).size != table_ids.size:
+        raise ValueError(f"a table appears twice among {table_ids.tolist()}")
+    return lookup_flat(cfg, ta, dict(zip(table_ids.tolist(), np.split(keys, np.cumsum(counts)[:-1]))))
+
+
+def lookup_flat(cfg: ClusterConfig, ta, requests: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`lookup_round` for a whole round at once: ``(tix int64 (T,), counts int64 (T,), keys
+    uint64 (N,))`` — the call's tables (indices into ``ta``, a
+    :class:`~embnic.client_lib.roundplan.TableArrays` of ``cfg``) in call order, their key counts and
+    keys one table after the other. A fixed number of numpy calls whatever the tables when every
+    entry is a 1-D uint64 (or int64) array; anything else, or a round that fails a check, goes
+    through :func:`lookup_round` (which names the table and the problem).
+
+    Raises:
+        ValueError: as :func:`lookup_round`.
+    """
+    if isinstance(requests, Mapping) and requests:
+        r = _flat_keys(ta, requests, lambda v: v)
+        if r is not None:
+            return r
+    checked = lookup_round(cfg, requests)
+    return _flatten(ta, checked, list(checked.values()))
+
+
+def update_flat(cfg: ClusterConfig, ta, updates: Mapping):
+    """:func:`update_round` for a whole round at once: ``(tix, counts, keys, grads)`` as
+    :func:`lookup_flat`, ``grads`` float32 (Σ counts·dim_t,): every table's ``(counts[t], dim_t)``
+    gradients flat, one table after the other. The fast path (a fixed number of numpy calls) takes
+    rounds of 1-D uint64/int64 keys, each table's strictly increasing (sorted unique: what
+    batch preparation gives), and float32 gradients of the right shapes whose largest magnitude
+    no optimizer step can overflow (the sufficient test of
+    :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`, with the round's largest ``dim``
+    and ``lr``); any other round goes through :func:`update_round` (the per-table checks, which
+    name the table and the problem, or pass an unsorted unique round).
+
+    Raises:
+        ValueError: as :func:`update_round`.
+    """
+    if isinstance(updates, Mapping) and all(isinstance(e, tuple) and len(e) == 2 for e in updates.values()):
+        r = _flat_keys(ta, updates, lambda e: e[0]) if updates else None
+        if r is not None:
+            tix, counts, keys = r
+            g = _fast_grads(ta, tix, counts, keys, [e[1] for e in updates.values()])
+            if g is not None:
+                return tix, counts, keys, g
+    checked = update_round(cfg, updates)
+    tix, counts, keys = _flatten(ta, checked, [k for k, _ in checked.values()])
+    grads = (np.concatenate([g for _, g in checked.values()], axis=None) if checked
+             else np.zeros(0, np.float32))
+    return tix, counts, keys, grads.astype(np.float32, copy=False)
+
+
+def _flatten(ta, checked: dict, keys: list):
+    tix = ta.index(np.fromiter(checked.keys(), np.int64, len(checked)))
+    counts = np.fromiter(map(len, keys), np.int64, len(keys))
+    return tix, counts, (np.concatenate(keys) if keys else np.zeros(0, np.uint64)).astype(np.uint64, copy=False)
+
+
+def _fast_grads(ta, tix, counts, keys, gs: list):
+    """The gradients flat float32, or None where the fast path does not vouch for them."""
+    n = keys.size
+    if n > 1:  # each table's keys strictly increasing: unique (the boundaries between tables aside)
+        inc = keys[1:] > keys[:-1]
+        ko = np.cumsum(counts)[:-1]
+        inc[ko[(ko > 0) & (ko < n)] - 1] = True
+        if not inc.all():
+            return None
+    dims = ta.dim[tix]
+    if [getattr(g, "shape", None) for g in gs] != list(zip(counts.tolist(), dims.tolist())):
+        return None
+    if any(not isinstance(g, np.ndarray) or g.dtype != np.float32 for g in gs):
+        return None
+    g = np.concatenate(gs, axis=None) if gs else np.zeros(0, np.float32)
+    if g.size:
+        m = float(np.abs(g).max())  # NaN when any value is NaN: refused below
+        fp16 = ta.dtype[tix] == consts.DType.FP16
+        if fp16.any():
+            if not m <= 65504.0:
+                return None
+            m *= 1.001  # fp16 rounding may grow a value by 2^-11 of it
+        ada = ta.adagrad[tix]
+        if not m < math.inf:
+            return None
+        if ada.any() and not 2.0 * float(dims[ada].max()) * m * m < _FLT_MAX:
+            return None
+        if (~ada).any() and not float(np.abs(ta.lr[tix][~ada]).max()) * m * (1 + 2.0 ** -20) < _FLT_MAX:
+            return None
+    return g

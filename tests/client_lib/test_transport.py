@@ -3,6 +3,9 @@ message, a send window per shard, loss found by later answers (RACK) and lookups
 real UDP shards — loss-free (no retransmission, the window never exceeded) and through relays
 that drop frames, at random (seeded) or by rule (every row still right, updates once).
 
+Every test runs on both round engines: the C one (``libembnic-client.so``, :mod:`embnic.client_lib.native`)
+and the numpy path (``native_io=False``, the reference); the C one is skipped where it is not built.
+
 Run alone: python3 -m pytest -q tests/client_lib/test_transport.py
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 import numpy as np
 import pytest
 
+from embnic.client_lib import native
 from embnic.client_lib.client import EmbeddingClient, RttEstimator
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
@@ -31,6 +35,14 @@ def make_cfg(**cluster):
         "shards": [{"id": i, "ip": "127.0.0.1", "port": 7900 + i} for i in range(2)],
         "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7990}],
     })
+
+
+@pytest.fixture(params=["native", "numpy"])
+def native_io(request) -> bool:
+    """Which round engine a client runs: the C one (skipped when not built) or the numpy path."""
+    if request.param == "native" and native.load() is None:
+        pytest.skip(f"{native.lib_path()} is not built (make -C dataplane)")
+    return request.param == "native"
 
 
 def batches(n, size, seed=0):
@@ -61,19 +73,21 @@ def test_rtt_estimator_rfc6298_worked_example():
         RttEstimator(0.2, 0.0, 1.0)
 
 
-def test_window_bounds_in_flight_and_no_retransmits_loss_free():
+def test_window_bounds_in_flight_and_no_retransmits_loss_free(native_io):
     cfg = make_cfg()
     ref = LocalBackend(cfg)
     with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), window_frames=24,
-                                                        rto_min_ms=1000) as c:
+                                                        rto_min_ms=1000, native_io=native_io) as c:
+        assert c.native == native_io
         seen = []
-        orig = c._send
+        if not native_io:
+            orig = c._send
 
-        def spy(m, retransmit):  # frames in flight per shard at every send, window included
-            orig(m, retransmit)
-            seen.append(m.cost)
+            def spy(m, retransmit):  # frames in flight per shard at every send, window included
+                orig(m, retransmit)
+                seen.append(m.cost)
 
-        c._send = spy
+            c._send = spy
         for b in batches(3, 6000):
             got = c.lookup(b)
             for tid, keys in b.items():
@@ -85,7 +99,7 @@ def test_window_bounds_in_flight_and_no_retransmits_loss_free():
         # nothing is lost on loopback: no timer fires (the 1 s floor, RFC 6298's, rides out a busy machine)
         assert c.stats.retransmits == 0 and c.stats.timeouts == 0
         assert c.stats.max_inflight_frames <= 24
-        assert max(seen) <= 24  # every message here fits the window alone
+        assert max(seen, default=0) <= 24  # every message here fits the window alone
         assert c.stats.messages_sent > 2 * 2 * 2 * 3  # the window split rounds into many messages in turn
         assert c.rtt(0)["samples"] > 0 and c.rtt(0)["srtt_ms"] > 0
         for b in batches(1, 50, seed=9):
@@ -93,18 +107,29 @@ def test_window_bounds_in_flight_and_no_retransmits_loss_free():
             assert all(np.array_equal(got[t], ref.lookup(t, b[t])) for t in b)
 
 
-def test_msg_frames_bounds_every_message_and_reply():
+def test_msg_frames_bounds_every_message_and_reply(native_io):
+    import dataclasses
+
     cfg = make_cfg()
     ref = LocalBackend(cfg)
-    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), msg_frames=3) as c:
-        sizes = []
-        orig = c._send
+    with ServerCluster(cfg) as cl:
+        relays = [RuleRelay((s.ip, s.port), lambda d, h: False) for s in cl.cfg.shards]
+        shards = tuple(dataclasses.replace(s, ip=r.address[0], port=r.address[1]) for s, r in zip(cl.cfg.shards, relays))
+        try:
+            with EmbeddingClient(dataclasses.replace(cl.cfg, shards=shards), 1, bind=("127.0.0.1", 0), msg_frames=3,
+                                 native_io=native_io) as c:
+                _msg_frames_round(c, cfg, ref)
+        finally:
+            for r in relays:
+                r.close()
+    sizes = [h.frag_count for r in relays for _, h in r.seen]
+    assert max(sizes) == 3 and len({(h.msg_id, h.msg_type) for r in relays for d, h in r.seen if d == "req"}) > 20
+    with pytest.raises(ValueError, match="msg_frames"):
+        EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), msg_frames=0)
 
-        def spy(m, retransmit):
-            sizes.append((len(m.frames), m.reply_frames))
-            orig(m, retransmit)
 
-        c._send = spy
+def _msg_frames_round(c, cfg, ref):
+    if True:
         b = next(batches(1, 3000, seed=5))
         got = c.lookup(b)
         assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in b.items())
@@ -113,9 +138,6 @@ def test_msg_frames_bounds_every_message_and_reply():
             ref.update(t, k, np.full((len(k), cfg.table(t).dim), 0.5, np.float32))
         got = c.lookup(b)
         assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in b.items())
-    assert max(max(f, r) for f, r in sizes) == 3 and len(sizes) > 20
-    with pytest.raises(ValueError, match="msg_frames"):
-        EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), msg_frames=0)
 
 
 class LossyRelay:
@@ -162,7 +184,7 @@ class LossyRelay:
         self.back.close()
 
 
-def test_loss_retransmits_per_message_and_stays_exact():
+def test_loss_retransmits_per_message_and_stays_exact(native_io):
     import dataclasses
 
     cfg = make_cfg()
@@ -173,7 +195,7 @@ def test_loss_retransmits_per_message_and_stays_exact():
             shards = tuple(dataclasses.replace(s, ip=r.address[0], port=r.address[1])
                            for s, r in zip(cl.cfg.shards, relays))
             lcfg = dataclasses.replace(cl.cfg, shards=shards)
-            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), window_frames=64) as c:
+            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), window_frames=64, native_io=native_io) as c:
                 for b in batches(3, 1500, seed=3):
                     got = c.lookup(b)
                     for tid, keys in b.items():
@@ -195,7 +217,7 @@ def test_loss_retransmits_per_message_and_stays_exact():
                 r.close()
 
 
-def test_fast_retransmit_when_a_later_message_is_answered_first():
+def test_fast_retransmit_when_a_later_message_is_answered_first(native_io):
     """A bare socket plays shard 0: it ignores the first lookup message, answers the second;
     the client re-sends the first at once (RETRANSMIT set), long before its 5 s timer. Both are
     of one table (a 2-fragment-window client splits it); no fragment of the first one's reply
@@ -237,7 +259,8 @@ def test_fast_retransmit_when_a_later_message_is_answered_first():
     t.start()
     n = consts.MAX_FRAGS * consts.max_body_per_frame(1500) // 16  # 22848 rows of 16 bytes: a 256-fragment reply
     keys = np.arange(1, 1 + 2 * n, dtype=np.uint64)  # two messages of table 0, both in the window
-    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, window_frames=1000, msg_frames=None) as c:
+    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, window_frames=1000, msg_frames=None,
+                         native_io=native_io) as c:
         got = c.lookup({0: keys})
         stats = c.stats
     t.join(10)
@@ -295,7 +318,7 @@ class RuleRelay:
         self.back.close()
 
 
-def test_lost_fragments_recovered_by_later_answers_and_repairs():
+def test_lost_fragments_recovered_by_later_answers_and_repairs(native_io):
     """One shard behind a relay that drops, once each: fragment 5 of the first lookup message's
     reply, fragment 0 of the second lookup message, the first update message's ack and fragment 3
     of the second update message (a round of 4 tables to one shard is 4 messages each way here:
@@ -354,7 +377,8 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs():
         try:
             lcfg = dataclasses.replace(cl.cfg, shards=(dataclasses.replace(cl.cfg.shards[0], ip=relay.address[0],
                                                                             port=relay.address[1]),))
-            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, msg_frames=40) as c:
+            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, msg_frames=40,
+                                 native_io=native_io) as c:
                 got = c.lookup(req)
                 for t, k in req.items():
                     assert np.array_equal(got[t], ref.lookup(t, k)), t

@@ -1,0 +1,346 @@
+"""One lookup or update round planned flat: every table's keys grouped by shard, cut into the
+round's messages and laid out for sending and for the replies, with a fixed number of numpy
+calls whatever the number of tables (protocol v2, docs/protocol.md).
+
+A round's input is flat, TorchRec's jagged layout: ``tix`` int64 (T,) the tables of the call
+(indices into :class:`TableArrays`), ``counts`` int64 (T,) keys per table and ``keys`` uint64
+(N,) every table's keys one table after the other (the *call order*: key ``i`` is key
+``i - ko[t]`` of table ``t``, ``ko = [0, cumsum(counts)]``). :func:`plan_round` gives
+
+- ``order`` int64 (N,): the *grouped order* — by shard (stable), so within a shard by table,
+  then key order — as indices into the call order; a message is a contiguous range of it;
+- the messages (:attr:`RoundPlan.msgs`, one row each, :data:`MSG_COLUMNS`): the same cut as
+  :func:`embnic.client_lib.client.pack_parts` (the readable per-table reference, which ``embnic
+  plan`` uses; ``tests/client_lib/test_roundplan.py`` checks both cut alike), found with a few
+  ``searchsorted`` per message past the cap instead of a loop over tables;
+- the directory of every message in one :data:`codec.DIR_DTYPE` array (``dir``);
+- the reply layout of a lookup (:meth:`RoundPlan.out_layout`): where each row goes in one flat
+  output buffer, so a reply fragment's bytes go straight to their rows (the C round, or
+  :meth:`RoundPlan.scatter` on the numpy path), whatever table they belong to.
+
+Worked example (2 shards, hash sharding, tables 0 and 1 of 3 and 2 keys)::
+
+    tix=[0, 1], counts=[3, 2], keys=[a0, a1, a2, b0, b1]    # call order
+    shard of each key: [1, 0, 1, 0, 0]
+    order = [1, 3, 4, 0, 2]   # shard 0: a1 | b0 b1, shard 1: a0 a2
+    messages (shards in the order a walk over the tables meets them: table 0 has keys of both,
+    so by index): shard 0 keys order[0:3], directory [table 0: 1 key, table 1: 2 keys]; shard 1
+    keys order[3:5], directory [table 0: 2 keys]
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import codec, consts
+from .config import ClusterConfig
+from .consts import DType, MsgType
+from .splitmix import splitmix64
+
+#: columns of :attr:`RoundPlan.msgs` (int64 (M, len)), in this order
+MSG_COLUMNS = ("shard", "dir0", "num_tables", "ka", "kb", "num_keys", "value_len", "voff", "msg_len", "frames",
+               "reply_frames")
+(C_SHARD, C_DIR0, C_NT, C_KA, C_KB, C_NKEYS, C_VLEN, C_VOFF, C_MSGLEN, C_FRAMES, C_RFRAMES) = range(len(MSG_COLUMNS))
+
+
+class TableArrays:
+    """The config's tables as arrays sorted by id (what a round needs of them, per table):
+    ``ids`` int64, ``dim`` int64, ``dtype`` int64 (wire code), ``esize`` int64 (bytes per value on
+    the wire), ``rows`` uint64 (0 where unbounded), ``bounded`` bool, ``shard_idx`` int64 (the
+    index into ``cfg.shards`` owning the table under ``table`` sharding), ``lr`` float32,
+    ``adagrad`` bool; ``tables`` the :class:`TableConfig` objects in the same order."""
+
+    def __init__(self, cfg: ClusterConfig):
+        ts = sorted(cfg.tables, key=lambda t: t.id)
+        self.tables = ts
+        self.ids = np.array([t.id for t in ts], np.int64)
+        self.dim = np.array([t.dim for t in ts], np.int64)
+        self.dtype = np.array([int(t.wire_dtype) for t in ts], np.int64)
+        self.esize = np.where(self.dtype == DType.FP16, 2, 4).astype(np.int64)
+        self.row_bytes = self.dim * self.esize
+        self.rows = np.array([t.rows or 0 for t in ts], np.uint64)
+        self.bounded = np.array([t.rows is not None for t in ts], bool)
+        self.lr = np.array([t.lr for t in ts], np.float32)
+        self.adagrad = np.array([t.optimizer == "adagrad" for t in ts], bool)
+        pos = {s.id: i for i, s in enumerate(cfg.shards)}
+        self.shard_idx = np.array([pos[t.shard] if t.shard is not None else t.id % len(cfg.shards) for t in ts],
+                                  np.int64)
+        self.sharding = cfg.sharding
+        self.num_shards = len(cfg.shards)
+
+    def index(self, table_ids) -> np.ndarray:
+        """Positions of ``table_ids`` (int (T,)) in the arrays: int64 (T,), -1 where a table is not
+        configured."""
+        t = np.asarray(table_ids).astype(np.int64, copy=False).reshape(-1)
+        if not len(self.ids):
+            return np.full(t.shape, -1, np.int64)
+        i = np.minimum(np.searchsorted(self.ids, t), len(self.ids) - 1)
+        return np.where(self.ids[i] == t, i, -1)
+
+
+@dataclasses.dataclass
+class RoundPlan:
+    """A planned round (module docstring). Arrays in the grouped order unless said otherwise."""
+
+    msg_type: int
+    tix: np.ndarray  #: int64 (T,) the call's tables (indices into TableArrays)
+    counts: np.ndarray  #: int64 (T,) keys per table of the call
+    ko: np.ndarray  #: int64 (T+1,) where each table's keys start in the call order
+    order: np.ndarray  #: int64 (N,) grouped position -> call index
+    keys: np.ndarray  #: uint64 (N,) the keys, grouped
+    tkey: np.ndarray  #: int64 (N,) table of each grouped key (index into the call's T)
+    rb: np.ndarray  #: int64 (N,) wire bytes of each grouped key's row
+    so: np.ndarray  #: int64 (N+1,) exclusive cumsum of rb: a key's row bytes in the round's values
+    dir: np.ndarray  #: codec.DIR_DTYPE (D,) every message's directory, message after message
+    msgs: np.ndarray  #: int64 (M, len(MSG_COLUMNS)), in sending order (shards by first key of the call)
+    uniform: bool  #: every table of the call fp32 of one dim: rows are plain (N, dim) float32 arrays
+    dim: int  #: that dim when ``uniform``
+    ta: TableArrays
+
+    @property
+    def num_msgs(self) -> int:
+        return len(self.msgs)
+
+    def directory(self, m: int) -> np.ndarray:
+        """Message ``m``'s directory entries (a view of :attr:`dir`)."""
+        r = self.msgs[m]
+        return self.dir[r[C_DIR0]:r[C_DIR0] + r[C_NT]]
+
+    def msg_keys(self, m: int) -> np.ndarray:
+        """Message ``m``'s keys uint64 (n,) (a view)."""
+        r = self.msgs[m]
+        return self.keys[r[C_KA]:r[C_KB]]
+
+    # -- updates: the gradients as the round's value bytes -----------------------------------
+
+    def values(self, grads: np.ndarray) -> np.ndarray:
+        """The update's gradients as wire bytes in the grouped order: uint8 (so[-1],); message
+        ``m``'s are ``[voff, voff + value_len)``. ``grads``: float32, the call's gradients flat in
+        the call order (table ``t``'s ``(counts[t], dim_t)`` rows one table after the other).
+        fp16 tables' values are rounded to fp16 (the wire's rounding)."""
+        n = self.order.size
+        if self.uniform:
+            return np.ascontiguousarray(grads.reshape(n, self.dim)[self.order]).view(np.uint8).reshape(-1)
+        ta = self.ta
+        dims = ta.dim[self.tix]
+        kdim = np.repeat(dims, self.counts)  # call order
+        kwire = np.repeat(ta.row_bytes[self.tix], self.counts)
+        wire = self._wire_bytes(grads, kdim)  # call-order wire bytes
+        wstart = np.zeros(n + 1, np.int64)
+        np.cumsum(kwire, out=wstart[1:])
+        return wire[_ranges(wstart[:-1][self.order], self.rb)]
+
+    def _wire_bytes(self, vals: np.ndarray, kdim: np.ndarray) -> np.ndarray:
+        """float32 values (call order) → their wire bytes (fp32 LE, or fp16 LE for fp16 tables)."""
+        vdt = np.repeat(np.repeat(self.ta.dtype[self.tix], self.counts), kdim)  # dtype of each value
+        h = vdt == DType.FP16
+        if not h.any():
+            return np.ascontiguousarray(vals, "<f4").view(np.uint8)
+        es = np.where(h, 2, 4)
+        start = np.zeros(vals.size, np.int64)
+        np.cumsum(es[:-1], out=start[1:])
+        out = np.empty(int(es.sum()), np.uint8)
+        f = ~h
+        out[_ranges(start[f], np.full(int(f.sum()), 4))] = np.ascontiguousarray(vals[f], "<f4").view(np.uint8)
+        out[_ranges(start[h], np.full(int(h.sum()), 2))] = vals[h].astype("<f2").view(np.uint8)
+        return out
+
+    # -- lookups: where every reply row goes ---------------------------------------------------
+
+    def out_layout(self) -> tuple[np.ndarray, int, int]:
+        """The lookup's output buffer: ``(dst int64 (N,), values V, bytes)``. The buffer is uint8
+        of ``bytes``: first V float32 values — table ``t``'s ``(counts[t], dim_t)`` rows one table
+        after the other (call order) —, then an fp16 staging area for fp16 tables' rows as they
+        come (converted by :meth:`finish`). ``dst``: byte offset of each grouped key's row."""
+        ta = self.ta
+        n = self.order.size
+        if self.uniform:
+            return self.order * (self.dim * 4), n * self.dim, n * self.dim * 4
+        dims = ta.dim[self.tix]
+        vo = np.zeros(len(dims) + 1, np.int64)
+        np.cumsum(dims * self.counts, out=vo[1:])
+        V = int(vo[-1])
+        pos = np.arange(n, dtype=np.int64) - np.repeat(self.ko[:-1], self.counts)  # place within the table
+        kt = np.repeat(np.arange(len(dims)), self.counts)
+        dst = 4 * (vo[kt] + pos * dims[kt])  # call order
+        fp16 = ta.dtype[self.tix] == DType.FP16
+        extra = 0
+        if fp16.any():
+            sv = np.zeros(len(dims) + 1, np.int64)
+            np.cumsum(np.where(fp16, dims * self.counts, 0), out=sv[1:])
+            h = fp16[kt]
+            dst = np.where(h, 4 * V + 2 * (sv[kt] + pos * dims[kt]), dst)
+            extra = 2 * int(sv[-1])
+        return dst[self.order], V, 4 * V + extra
+
+    def finish(self, out: np.ndarray) -> np.ndarray:
+        """The float32 values (V,) of a lookup's filled output buffer ``out`` (uint8, of
+        :meth:`out_layout`), fp16 tables' staged rows converted."""
+        ta = self.ta
+        dims = ta.dim[self.tix]
+        V = int((dims * self.counts).sum())
+        vals = out[:4 * V].view(np.float32)
+        fp16 = ta.dtype[self.tix] == DType.FP16
+        if not self.uniform and fp16.any():
+            vo = np.zeros(len(dims) + 1, np.int64)
+            np.cumsum(dims * self.counts, out=vo[1:])
+            ln = np.where(fp16, dims * self.counts, 0)
+            vals[_ranges(vo[:-1], ln)] = out[4 * V:].view("<f2").astype(np.float32)
+        return vals
+
+    def split(self, vals: np.ndarray) -> dict[int, np.ndarray]:
+        """``{table_id: rows float32 (counts[t], dim_t)}`` views of :meth:`finish`'s values."""
+        ta = self.ta
+        dims = ta.dim[self.tix]
+        vo = np.zeros(len(dims) + 1, np.int64)
+        np.cumsum(dims * self.counts, out=vo[1:])
+        return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
+                zip(ta.ids[self.tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}
+
+    def scatter_index(self, ka: int, kb: int, dst: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
+        """Byte positions in the output buffer of a reply whose rows are the grouped keys
+        ``ka..kb`` (or ``idx``, int64 grouped positions in reply order): int64 (Σ rb,)."""
+        sel = slice(ka, kb) if idx is None else idx
+        return _ranges(dst[sel], self.rb[sel])
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + l)`` for every (s, l): int64 (Σ lens,), with no loop."""
+    starts = np.asarray(starts, np.int64)
+    lens = np.asarray(lens, np.int64)
+    tot = int(lens.sum())
+    if tot == 0:
+        return np.zeros(0, np.int64)
+    cl = np.zeros(lens.size, np.int64)
+    np.cumsum(lens[:-1], out=cl[1:])
+    return np.repeat(starts - cl, lens) + np.arange(tot, dtype=np.int64)
+
+
+def shard_index(ta: TableArrays, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Index into ``cfg.shards`` owning each key (call order): int64 (N,) — the rule of
+    :func:`embnic.client_lib.routing.shard_index_of`, over every table at once (one hash under
+    ``hash`` sharding, each key's table in the top 16 bits; a constant per table under
+    ``table``)."""
+    if ta.sharding == "table":
+        return np.repeat(ta.shard_idx[tix], counts)
+    t48 = np.repeat(ta.ids[tix].astype(np.uint64) << np.uint64(48), counts)
+    return (splitmix64(keys ^ t48) % np.uint64(ta.num_shards)).astype(np.int64)
+
+
+def plan_round(ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray, *,
+               mtu: int, msg_frames: int | None, window_frames: int) -> RoundPlan:
+    """Plan a lookup (``LOOKUP_REQ``) or update (``UPDATE_REQ``) round (module docstring).
+
+    Args:
+        ta: the config's tables. tix: int64 (T,) tables of the call (indices into ``ta``, each
+            at most once). counts: int64 (T,). keys: uint64 (N,), call order, checked already.
+        mtu, msg_frames, window_frames: the cut (:func:`~embnic.client_lib.client.pack_parts`).
+
+    Returns:
+        the :class:`RoundPlan` (no messages for no keys).
+
+    Raises:
+        ValueError: an MTU without room for a body byte.
+    """
+    tix = np.asarray(tix, np.int64)
+    counts = np.asarray(counts, np.int64)
+    T, N = len(tix), int(keys.size)
+    ko = np.zeros(T + 1, np.int64)
+    np.cumsum(counts, out=ko[1:])
+    dims = ta.dim[tix]
+    uniform = bool(T > 0 and (ta.dtype[tix] == DType.FP32).all() and (dims == dims[0]).all())
+    sidx = shard_index(ta, tix, counts, keys)
+    S = ta.num_shards
+    order = np.argsort(sidx.astype(np.uint8) if S <= 256 else sidx, kind="stable")
+    kt_call = np.repeat(np.arange(T, dtype=np.int64), counts)
+    tkey = kt_call[order]
+    gs = sidx[order]
+    gkeys = keys[order]
+    rb = ta.row_bytes[tix][tkey]
+    so = np.zeros(N + 1, np.int64)
+    np.cumsum(rb, out=so[1:])
+    lookup = msg_type == MsgType.LOOKUP_REQ
+    P = consts.max_body_per_frame(mtu)
+    frags = consts.MAX_FRAGS if not msg_frames else min(msg_frames, consts.MAX_FRAGS)
+    B = frags * P
+    W = (window_frames - 2) * P if window_frames >= 3 else None
+    # table runs of the grouped order (a new run where the shard or the table changes)
+    newrun = np.ones(N, bool)
+    if N > 1:
+        newrun[1:] = (tkey[1:] != tkey[:-1]) | (gs[1:] != gs[:-1])
+    run = np.cumsum(newrun) - 1
+    rk = consts.KEY_SIZE + (0 if lookup else rb)  # request bytes per key
+    pk = rb if lookup else np.zeros(N, np.int64)  # reply bytes per key
+    CR = np.zeros(N + 1, np.int64)
+    np.cumsum(np.broadcast_to(rk, (N,)), out=CR[1:])
+    CP = np.zeros(N + 1, np.int64)
+    np.cumsum(pk, out=CP[1:])
+    scount = np.bincount(gs, minlength=S)
+    s1 = np.cumsum(scount)
+    s0 = s1 - scount
+    present = np.flatnonzero(scount)
+    # a shard's whole part in one message when it fits (the common case: no cut to search)
+    runs_s = run[s1[present] - 1] - run[s0[present]] + 1
+    req_s = consts.DIR_ENTRY * runs_s + CR[s1[present]] - CR[s0[present]]
+    rep_s = CP[s1[present]] - CP[s0[present]]
+    fits = (req_s <= B) & (rep_s <= B)
+    if W is not None:
+        fits &= req_s + rep_s <= W
+    starts: list[int] = []
+    split = np.flatnonzero(~fits).tolist()
+    if split:
+        # F[k-1] (k = 1..N) = 16·(run[k-1] + 1) + CR[k]: a prefix a..k-1 costs F[k-1] - 16·run[a] - CR[a]
+        F = consts.DIR_ENTRY * (run + 1) + CR[1:]
+        FW = F + CP[1:]
+    for i in split:  # per message past the cap: a few searchsorted each
+        a, end = int(s0[present[i]]), int(s1[present[i]])
+        while a < end:
+            starts.append(a)
+            base = consts.DIR_ENTRY * int(run[a]) + int(CR[a])
+            k = int(np.searchsorted(F, B + base, side="right"))  # keys a..k-1 fit the request cap
+            if lookup:
+                k = min(k, int(np.searchsorted(CP[1:], B + int(CP[a]), side="right")))
+            if W is not None:
+                k = min(k, int(np.searchsorted(FW, W + base + int(CP[a]), side="right")))
+            a = min(end, max(k, a + 1))
+    mstart = np.sort(np.concatenate([s0[present][fits], np.array(starts, np.int64)])).astype(np.int64)
+    M = mstart.size
+    mend = np.empty(M, np.int64)
+    mend[:-1] = mstart[1:]
+    if M:
+        mend[-1] = N
+    # shard boundaries always start a message, so [mstart, mend) never spans two shards
+    first = np.zeros(N, bool)
+    first[mstart] = True
+    ent = newrun | first
+    e0 = np.flatnonzero(ent)
+    ecum = np.cumsum(ent) - 1
+    ecount = np.diff(np.append(e0, N))
+    et = tix[tkey[e0]]
+    d = np.zeros(e0.size, codec.DIR_DTYPE)
+    d["table_id"] = ta.ids[et]
+    d["dim"] = ta.dim[et]
+    d["dtype"] = ta.dtype[et]
+    d["num_keys"] = ecount
+    msgs = np.zeros((M, len(MSG_COLUMNS)), np.int64)
+    if M:
+        msgs[:, C_SHARD] = gs[mstart]
+        msgs[:, C_DIR0] = ecum[mstart]
+        msgs[:, C_NT] = ecum[mend - 1] - ecum[mstart] + 1
+        msgs[:, C_KA] = mstart
+        msgs[:, C_KB] = mend
+        msgs[:, C_NKEYS] = mend - mstart
+        msgs[:, C_VLEN] = so[mend] - so[mstart]
+        msgs[:, C_VOFF] = so[mstart]
+        msgs[:, C_MSGLEN] = consts.DIR_ENTRY * msgs[:, C_NT] + consts.KEY_SIZE * msgs[:, C_NKEYS] + (
+            0 if lookup else msgs[:, C_VLEN])
+        msgs[:, C_FRAMES] = np.maximum(1, -(-msgs[:, C_MSGLEN] // P))
+        msgs[:, C_RFRAMES] = np.maximum(1, -(-msgs[:, C_VLEN] // P)) if lookup else 1
+        # sending order: shards in the order a walk over the tables meets them (by the first table
+        # holding keys of theirs, then by index), a shard's messages in key order
+        rank = np.empty(S, np.int64)
+        rank[present[np.lexsort((present, tkey[s0[present]]))]] = np.arange(present.size)
+        msgs = msgs[np.argsort(rank[msgs[:, C_SHARD]], kind="stable")]
+    return RoundPlan(msg_type, tix, counts, ko, order, gkeys, tkey, rb, so, d, msgs, uniform,
+                     int(dims[0]) if uniform else 0, ta)

@@ -1,0 +1,299 @@
+"""The C round engine (dataplane/client/round.c, ``libembnic-client.so``) against the numpy path
+it replaces (``EmbeddingClient(native_io=False)``, the reference), on real UDP shards behind
+relays that record every frame: the same request frames, byte for byte, for the same rounds
+(lookups and updates over tables of several dims and dtypes, split into many messages, and the
+fixed-length mode's size rounds); the same rows out; and, with frames dropped, duplicated and
+reordered by deterministic rules, the same recovery (the same frames re-sent), the same rows
+and every update applied exactly once. Also: a client without the library says so in one line
+and runs on the numpy path.
+
+Run alone: python3 -m pytest -q tests/client_lib/test_native_round.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from embnic.client_lib import native
+from embnic.client_lib.client import EmbeddingClient
+from embnic.client_lib.codec import parse_header
+from embnic.client_lib.config import parse_config
+from embnic.client_lib.consts import Flags, MsgType
+from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.sockets import set_socket_buffers
+from embnic.testbed.server.runner import ServerCluster
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason=f"{native.lib_path()} is not built (make -C dataplane)")
+
+TABLES = [{"id": 0, "dim": 16, "optimizer": "adagrad", "lr": 0.1},
+          {"id": 1, "rows": 50000, "dim": 8, "optimizer": "sgd", "lr": 0.3},
+          {"id": 2, "dim": 3, "dtype": "fp16", "optimizer": "sgd", "lr": 0.2},
+          {"id": 7, "dim": 8}]
+
+
+def make_cfg(**cluster):
+    return parse_config({"cluster": {"seed": 11, "sharding": "hash", "timeout_ms": 200, "retries": 20, **cluster},
+                         "tables": TABLES, "shards": [{"id": 3 + i, "ip": "127.0.0.1", "port": 7920 + i}
+                                                      for i in range(2)],
+                         "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7999}]})
+
+
+class Relay:
+    """A UDP relay in front of one shard recording every frame ``(direction, bytes)``; ``rule(d, h)``
+    (``d`` "req"/"rep", ``h`` the header) says what to do with a frame: None (pass), "drop", "dup"
+    (send twice) or "hold" (send it after the next frame of its direction: a reordering)."""
+
+    def __init__(self, shard_addr, rule=None):
+        self.shard_addr, self.rule = shard_addr, rule or (lambda d, h: None)
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for s in (self.front, self.back):
+            set_socket_buffers(s)
+            s.bind(("127.0.0.1", 0))
+        self.address = self.front.getsockname()
+        self.client = None
+        self.seen: list = []
+        self.acted: list = []
+        self._held: dict = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            r, _, _ = select.select([self.front, self.back], [], [], 0.05)
+            for s in r:
+                data, addr = s.recvfrom(65536)
+                if s is self.front:
+                    self.client = addr
+                    d, dest, out = "req", self.shard_addr, self.back
+                else:
+                    d, dest, out = "rep", self.client, self.front
+                self.seen.append((d, data))
+                act = self.rule(d, parse_header(data))
+                if act:
+                    self.acted.append((d, act, parse_header(data)))
+                if act == "drop":
+                    continue
+                if act == "hold" and d not in self._held:
+                    self._held[d] = data
+                    continue
+                out.sendto(data, dest)
+                if act == "dup":
+                    out.sendto(data, dest)
+                if d in self._held:
+                    out.sendto(self._held.pop(d), dest)
+
+    def requests(self) -> list[bytes]:
+        return [b for d, b in self.seen if d == "req"]
+
+    def close(self):
+        self._stop.set()
+        self._t.join(5)
+        self.front.close()
+        self.back.close()
+
+
+class Behind:
+    """A ServerCluster with a :class:`Relay` in front of each shard; ``cfg`` points at the relays."""
+
+    def __init__(self, cfg, rule=None, **kw):
+        self.cl = ServerCluster(cfg, **kw)
+        self.rule = rule
+
+    def __enter__(self):
+        self.cl.__enter__()
+        self.relays = [Relay((s.ip, s.port), self.rule) for s in self.cl.cfg.shards]
+        self.cfg = dataclasses.replace(self.cl.cfg, shards=tuple(
+            dataclasses.replace(s, ip=r.address[0], port=r.address[1]) for s, r in zip(self.cl.cfg.shards, self.relays)))
+        return self
+
+    def __exit__(self, *exc):
+        for r in self.relays:
+            r.close()
+        self.cl.__exit__(*exc)
+
+
+def rounds(seed, n=2, size=1500):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        req = {0: np.unique(rng.integers(0, 2**64 - 1, size, dtype=np.uint64, endpoint=True)),
+               1: np.unique(rng.integers(0, 50000, size // 2, dtype=np.uint64)),
+               2: np.unique(rng.integers(0, 10**6, size // 3, dtype=np.uint64)),
+               7: np.unique(rng.integers(0, 10**6, 7, dtype=np.uint64))}
+        grads = {t: (k, rng.standard_normal((len(k), TABLES[i]["dim"])).astype(np.float32))
+                 for i, (t, k) in enumerate(req.items())}
+        yield req, grads
+
+
+def drive(cfg, native_io, ref, seed, first_id=1000, **kw):
+    """Lookups and updates of :func:`rounds` through a client starting at message id ``first_id``;
+    asserts every row equals ``ref``'s (which takes the same updates); returns the client's stats
+    and how many update messages its rounds had."""
+    updates = 0
+    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), native_io=native_io, **kw) as c:
+        assert c.native == native_io
+        c._next_id = first_id
+        for req, grads in rounds(seed):
+            got = c.lookup(req)
+            for t, k in req.items():
+                assert np.array_equal(got[t], ref.lookup(t, k)), t
+            before = c.stats.round_messages
+            c.update(grads)
+            updates += c.stats.round_messages - before
+            for t, (k, g) in grads.items():
+                ref.update(t, k, g)
+        got = c.lookup(req)
+        for t, k in req.items():
+            assert np.array_equal(got[t], ref.lookup(t, k)), t
+        return c.stats, updates
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_same_frames_and_rows_as_the_numpy_path(fixed):
+    """Loss-free: per shard, the C engine sends exactly the numpy path's request frames (the
+    directory, keys, values, headers and fragmentation of every message, the tail probes — whose
+    ids depend on when each shard's replies come —, the fixed-length mode's SIZE_REQs), in the
+    same order, and gets the same rows."""
+    cfg = make_cfg()
+    kw = dict(msg_frames=4, window_frames=24, rto_min_ms=2000, fixed_length=fixed)
+    sent = {}
+    for nat in (False, True):
+        ref = LocalBackend(cfg)
+        with Behind(cfg, fixed_length=fixed) as b:
+            st, _ = drive(b.cfg, nat, ref, seed=5, **kw)
+            sent[nat] = [r.requests() for r in b.relays]
+        assert st.retransmits == 0 and st.round_messages > 2 * st.data_rounds  # split into many messages
+        assert (st.size_rounds > 0) == fixed
+    def probe_id_masked(f: bytes) -> bytes:
+        """A tail probe's id comes from the one id counter of every shard when a reply happens to
+        come: the rest of it is compared."""
+        h = parse_header(f)
+        return f[:8] + b"\0" * 4 + f[12:] if h.msg_type == MsgType.LOOKUP_REQ and h.num_keys == 1 else f
+
+    for shard, (a, b_) in enumerate(zip(sent[False], sent[True])):
+        a, b_ = [probe_id_masked(f) for f in a], [probe_id_masked(f) for f in b_]
+        assert len(a) == len(b_) > 50, shard
+        assert a == b_, (shard, next(i for i, (x, y) in enumerate(zip(a, b_)) if x != y))
+
+
+def once(keys: set, key) -> bool:
+    if key in keys:
+        return False
+    keys.add(key)
+    return True
+
+
+def lossy_rule():
+    """Drops, once each: fragment 2 of the first lookup message's reply, fragment 0 of the second
+    lookup message, the first update's ack, fragment 1 of the second update message (as
+    test_transport's deterministic case, on both shards)."""
+    done: set = set()
+    order: dict = {}
+
+    def nth(h) -> int:
+        ids = order.setdefault((h.shard_id, h.msg_type), [])
+        if h.msg_id not in ids and h.num_keys > 1:
+            ids.append(h.msg_id)
+        return ids.index(h.msg_id) + 1 if h.msg_id in ids else 0
+
+    def rule(d, h):
+        if d == "req" and h.msg_type in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ):
+            k = nth(h)
+            if h.msg_type == MsgType.LOOKUP_REQ and k == 2 and h.frag_index == 0 and once(done, (h.shard_id, "lq")):
+                return "drop"
+            if h.msg_type == MsgType.UPDATE_REQ and k == 2 and h.frag_index == 1 and once(done, (h.shard_id, "uq")):
+                return "drop"
+            return None
+        req = MsgType.LOOKUP_REQ if h.msg_type == MsgType.LOOKUP_REPLY else MsgType.UPDATE_REQ
+        ids = order.get((h.shard_id, req), [])
+        if h.msg_type == MsgType.LOOKUP_REPLY and ids[:1] == [h.msg_id] and h.frag_index == 2 \
+                and once(done, (h.shard_id, "lr")):
+            return "drop"
+        if h.msg_type == MsgType.UPDATE_ACK and ids[:1] == [h.msg_id] and once(done, (h.shard_id, "ua")):
+            return "drop"
+        return None
+
+    return rule
+
+
+def test_same_recovery_as_the_numpy_path_under_loss():
+    """Frames dropped by one deterministic rule: both engines repair the partly answered lookup,
+    send the unanswered one again, poll both lost updates (one acked from the shard's window, one
+    answered UPDATE_NACK and completed with the one missing fragment) — the same frames re-sent,
+    the same counters, the same rows; each update applied once."""
+    cfg = make_cfg()
+    kw = dict(msg_frames=6, rto_min_ms=5000)
+    out = {}
+    for nat in (False, True):
+        ref = LocalBackend(cfg)
+        with Behind(cfg, lossy_rule()) as b:
+            st, updates = drive(b.cfg, nat, ref, seed=8, **kw)
+            resent = sorted(x for r in b.relays for x in r.requests() if x[4] & Flags.RETRANSMIT)
+            out[nat] = (resent, (st.repairs, st.fast_retransmits, st.timeouts, st.update_polls, st.nacks,
+                                 st.frames_resent), [len(r.acted) for r in b.relays])
+        assert sum(c["updates_applied"] for c in b.cl.counters()) == updates  # each exactly once
+    assert out[False][2] == out[True][2] == [4, 4]  # the rule struck on both shards
+    assert out[True][1] == out[False][1]
+    assert out[True][1][0] == 2 and out[True][1][4] == 2  # a repair and a NACK per shard
+    assert out[True][0] == out[False][0]
+
+
+@pytest.mark.parametrize("native_io", [True, False])
+def test_duplicated_and_reordered_frames_change_nothing(native_io):
+    """Every 5th frame sent twice and every 7th held back behind the next, both ways: the rows are
+    LocalBackend's and the shards apply each update message once (their duplicate window and the
+    client's reassembly absorb the copies)."""
+    cfg = make_cfg()
+    n = {"req": 0, "rep": 0}
+
+    def rule(d, h):
+        n[d] += 1
+        return "dup" if n[d] % 5 == 0 else ("hold" if n[d] % 7 == 0 else None)
+
+    ref = LocalBackend(cfg)
+    with Behind(cfg, rule) as b:
+        with EmbeddingClient(b.cfg, 1, bind=("127.0.0.1", 0), native_io=native_io, msg_frames=5,
+                             rto_min_ms=2000) as c:
+            updates = 0
+            for req, grads in rounds(13, n=3):
+                got = c.lookup(req)
+                assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in req.items())
+                before = c.stats.round_messages
+                c.update(grads)
+                updates += c.stats.round_messages - before
+                for t, (k, g) in grads.items():
+                    ref.update(t, k, g)
+            got = c.lookup(req)
+            assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in req.items())
+        acted = [a for r in b.relays for _, a, _ in r.acted]
+        counters = b.cl.counters()
+    assert acted.count("dup") > 20 and acted.count("hold") > 20
+    assert sum(c["updates_applied"] for c in counters) == updates
+    assert sum(c["duplicates"] + c["reassembly"]["duplicate_frames"] for c in counters) > 0  # copies arrived
+
+
+def test_missing_library_is_one_line_and_the_numpy_path_runs(tmp_path):
+    code = ("import logging, numpy as np\n"
+            "logging.basicConfig(level=logging.WARNING, format='%(message)s')\n"
+            "from embnic.client_lib.client import EmbeddingClient\n"
+            "from embnic.client_lib.config import parse_config\n"
+            "cfg = parse_config({'cluster': {}, 'tables': [{'id': 0, 'dim': 4}], 'shards': [{'id': 0, 'ip': '127.0.0.1', "
+            "'port': 7930}], 'clients': [{'id': 1, 'ip': '127.0.0.1', 'port': 7931}]})\n"
+            "for _ in range(2):\n"
+            "    with EmbeddingClient(cfg, 1, bind=('127.0.0.1', 0)) as c:\n"
+            "        print('native', c.native)\n")
+    env = dict(os.environ, EMBNIC_CLIENT_LIB=str(tmp_path / "libembnic-client.so"))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["native False", "native False"]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "is not built (make -C dataplane): rounds run on the numpy path" in lines[0], lines
