@@ -21,8 +21,9 @@ Worked example (one table, F=2 features, B=2 samples)::
     offsets = [0, 2, 3, 3, 5]     # bags (a,0) (a,1) (b,0) (b,1)
 
 Ids are full uint64 (0 .. 2^64-1): production systems hash features into 64-bit ids, and
-nothing here folds or tags them. The ids of each table are sorted once (``np.unique`` over the
-concatenated ids of its features), so the cost is one sort of the batch in per-table pieces.
+nothing here folds or tags them. Every table's ids are sorted together, once
+(:func:`unique_by_table`), and the result is kept flat (:class:`PreparedBatch`), so the cost
+does not grow with the number of tables.
 Pooling (:func:`pool`) and its backward (:func:`pool_backward`) follow
 ``torch.nn.EmbeddingBag`` semantics (``mode="sum"`` / ``"mean"``; an empty bag pools to 0).
 
@@ -37,6 +38,7 @@ cheap checks, ``ValueError`` naming the problem); trusted inner callers pass
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 
 import numpy as np
@@ -158,9 +160,34 @@ class TablePrep:
 
 @dataclasses.dataclass
 class PreparedBatch:
-    """Output of :func:`prepare_batch`: one :class:`TablePrep` per table, plus counts."""
+    """Output of :func:`prepare_batch`: every table's value, index and index offset arrays flat,
+    tables in ascending id (``T`` tables, ``n`` ids, ``U`` unique ids, ``G`` bags), plus counts;
+    :attr:`tables` gives them per table as :class:`TablePrep` views.
 
-    tables: dict[int, TablePrep]
+    Attributes:
+        table_ids: int64 (T,) ascending.
+        unique: uint64 (U,): table ``t``'s value array is ``unique[unique_offsets[t]:unique_offsets[t+1]]``.
+        unique_offsets: int64 (T+1,).
+        inverse: int64 (n,): every id's index into its own table's value array, tables one after the
+            other, a table's ids in the order of its features (``id_offsets`` (T+1,) delimit them).
+        lengths: int64 (G,): ids per bag, tables one after the other (``bag_offsets`` (T+1,)), a
+            table's bags feature by feature.
+        offsets: int64 (G+1,): where each bag starts in ``inverse`` (``[0, cumsum(lengths)]``).
+        features: int64 (F,): the batch's features grouped by table (ascending id, then feature
+            order); ``feature_offsets`` (T+1,) delimit each table's.
+        stride, num_ids, num_unique: B, n, U.
+    """
+
+    table_ids: np.ndarray
+    unique: np.ndarray
+    unique_offsets: np.ndarray
+    inverse: np.ndarray
+    id_offsets: np.ndarray
+    lengths: np.ndarray
+    bag_offsets: np.ndarray
+    offsets: np.ndarray
+    features: np.ndarray
+    feature_offsets: np.ndarray
     stride: int
     num_ids: int
     num_unique: int
@@ -169,6 +196,22 @@ class PreparedBatch:
     def dedup_ratio(self) -> float:
         """unique ids / all ids (1.0 = no duplicates)."""
         return self.num_unique / self.num_ids if self.num_ids else 1.0
+
+    @functools.cached_property
+    def row_index(self) -> np.ndarray:
+        """int64 (n,): each id's row among every table's value arrays one after the other
+        (``inverse`` plus its table's ``unique_offsets``), in the order of ``inverse``."""
+        return self.inverse + np.repeat(self.unique_offsets[:-1], np.diff(self.id_offsets))
+
+    @functools.cached_property
+    def tables(self) -> dict[int, TablePrep]:
+        """``{table_id: TablePrep}``, views of the flat arrays (built once, on first use)."""
+        uo, io, bo, fo = (x.tolist() for x in (self.unique_offsets, self.id_offsets, self.bag_offsets,
+                                               self.feature_offsets))
+        feats = self.features.tolist()
+        return {t: TablePrep(t, feats[fo[i]:fo[i + 1]], self.unique[uo[i]:uo[i + 1]], self.inverse[io[i]:io[i + 1]],
+                             self.offsets[bo[i]:bo[i + 1] + 1] - io[i], self.lengths[bo[i]:bo[i + 1]])
+                for i, t in enumerate(self.table_ids.tolist())}
 
 
 def validate_batch(batch: KeyedJaggedBatch, feature_tables: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -220,14 +263,14 @@ def prepare_batch(batch: KeyedJaggedBatch, feature_tables: list[int], *, validat
             caller whose batches are well-formed by construction may pass False.
 
     Returns:
-        :class:`PreparedBatch` with one :class:`TablePrep` per distinct table id of
-        ``feature_tables`` (a table whose features have no ids gets empty arrays).
+        :class:`PreparedBatch` with every distinct table id of ``feature_tables`` (a table whose
+        features have no ids gets empty arrays).
 
     Raises:
         ValueError: (with ``validate``) a malformed batch, see :func:`validate_batch`.
 
-    Cost: one ``np.unique`` (sort) per table over its ids, O(n log n) in all, plus O(n)
-    gathers; a Python loop over tables and features only, never over ids.
+    Cost: one sort of every id of the batch, all tables at once (:func:`unique_by_table`), and
+    O(n) gathers — a fixed number of numpy calls whatever the number of tables and features.
     """
     if validate:
         values, lengths = validate_batch(batch, feature_tables)
@@ -235,29 +278,81 @@ def prepare_batch(batch: KeyedJaggedBatch, feature_tables: list[int], *, validat
         values = np.asarray(batch.values, dtype=np.uint64)
         lengths = np.asarray(batch.lengths, dtype=np.int64)
     f, b = len(feature_tables), int(batch.stride)
+    ftab = np.asarray(feature_tables, dtype=np.int64).reshape(f)
+    tids, frank = np.unique(ftab, return_inverse=True)
+    frank = frank.reshape(-1)
+    T = tids.size
     feat_len = lengths.reshape(f, b).sum(axis=1) if f else np.zeros(0, dtype=np.int64)
-    feat_start = np.zeros(f + 1, dtype=np.int64)
-    np.cumsum(feat_len, out=feat_start[1:])
-    groups: dict[int, list[int]] = {}
-    for i, t in enumerate(feature_tables):
-        groups.setdefault(int(t), []).append(i)
-    out: dict[int, TablePrep] = {}
-    num_unique = 0
-    for t in sorted(groups):
-        feats = groups[t]
-        if len(feats) == 1:
-            i = feats[0]
-            t_vals = values[feat_start[i]:feat_start[i + 1]]
-            t_len = lengths[i * b:(i + 1) * b]
-        else:
-            t_vals = np.concatenate([values[feat_start[i]:feat_start[i + 1]] for i in feats])
-            t_len = np.concatenate([lengths[i * b:(i + 1) * b] for i in feats])
-        uniq, inv = np.unique(t_vals, return_inverse=True)
-        t_off = np.zeros(len(t_len) + 1, dtype=np.int64)
-        np.cumsum(t_len, out=t_off[1:])
-        out[t] = TablePrep(t, feats, uniq, inv.reshape(-1).astype(np.int64, copy=False), t_off, t_len)
-        num_unique += uniq.size
-    return PreparedBatch(out, b, int(values.size), num_unique)
+    vrank = np.repeat(frank, feat_len)  # each id's table (its rank among the tables)
+    uniq, uoff, inv = unique_by_table(values, vrank, T)
+    fperm = np.argsort(frank, kind="stable")  # features grouped by table, feature order kept
+    if f > 1 and not bool(np.all(frank[1:] >= frank[:-1])):  # a table's features are not consecutive
+        inv = inv[np.argsort(vrank, kind="stable")]
+        lengths = lengths.reshape(f, b)[fperm].reshape(-1)
+    fcount = np.bincount(frank, minlength=T)
+    fo = np.zeros(T + 1, dtype=np.int64)
+    np.cumsum(fcount, out=fo[1:])
+    io = np.zeros(T + 1, dtype=np.int64)
+    np.cumsum(np.bincount(frank, weights=feat_len, minlength=T).astype(np.int64), out=io[1:])
+    off = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return PreparedBatch(tids, uniq, uoff, inv, io, lengths, fo * b, off, fperm.astype(np.int64), fo, b,
+                         int(values.size), int(uniq.size))
+
+
+def unique_by_table(values: np.ndarray, table: np.ndarray, num_tables: int) -> tuple[np.ndarray, np.ndarray,
+                                                                                         np.ndarray]:
+    """``np.unique(return_inverse=True)`` of every table's ids at once.
+
+    Args:
+        values: uint64 (n,) ids; table: int (n,) each id's table, in ``0..num_tables-1``.
+
+    Returns:
+        ``(unique uint64 (U,), unique_offsets int64 (T+1,), inverse int64 (n,))``: table ``t``'s
+        sorted distinct ids are ``unique[unique_offsets[t]:unique_offsets[t+1]]`` and id ``i`` is
+        ``unique[unique_offsets[table[i]] + inverse[i]]`` (``inverse`` indexes its own table's).
+
+    One sort of n keys: where table, id and position fit 64 bits together (ids below
+    ``2^(64 - bits(T-1) - bits(n-1))``: e.g. ids of tables of up to 2^40 rows in batches of a
+    million), a plain ``np.sort`` of ``table | id | position`` packed into one uint64 (a vectorised
+    sort, no argsort); otherwise an argsort of the ids and a stable radix pass by table.
+    """
+    n = values.size
+    uoff = np.zeros(num_tables + 1, dtype=np.int64)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64), uoff, np.zeros(0, dtype=np.int64)
+    tb = int(num_tables - 1).bit_length()
+    pb = int(n - 1).bit_length() or 1
+    ib = int(values.max()).bit_length()
+    if tb + ib + pb <= 64:
+        one = np.uint64(1)
+        key = (values << np.uint64(pb)) | np.arange(n, dtype=np.uint64)
+        if tb:
+            key |= table.astype(np.uint64) << np.uint64(ib + pb)
+        s = np.sort(key)
+        pos = (s & ((one << np.uint64(pb)) - one)).astype(np.int64)
+        hi = s >> np.uint64(pb)  # table and id
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(hi[1:], hi[:-1], out=first[1:])
+        uniq = hi[first] & ((one << np.uint64(ib)) - one) if ib < 64 else hi[first]
+        srank = (hi >> np.uint64(ib)).astype(np.int64) if tb else np.zeros(n, dtype=np.int64)
+    else:
+        pos = np.argsort(values)
+        if num_tables > 1:
+            pos = pos[np.argsort(table[pos].astype(np.uint16 if num_tables <= 65536 else np.int64), kind="stable")]
+        sv = values[pos]
+        srank = np.asarray(table, dtype=np.int64)[pos]
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(sv[1:], sv[:-1], out=first[1:])
+        first[1:] |= srank[1:] != srank[:-1]
+        uniq = sv[first]
+    uid = np.cumsum(first) - 1
+    np.cumsum(np.bincount(srank[first], minlength=num_tables), out=uoff[1:])
+    inv = np.empty(n, dtype=np.int64)
+    inv[pos] = uid - uoff[srank]
+    return uniq, uoff, inv
 
 
 def pool(rows: np.ndarray, prep: TablePrep, mode: str = "sum") -> np.ndarray:
@@ -281,6 +376,42 @@ def pool(rows: np.ndarray, prep: TablePrep, mode: str = "sum") -> np.ndarray:
         out /= np.maximum(prep.lengths, 1).astype(rows.dtype)[:, None]
     elif mode != "sum":
         raise ValueError(f"pooling mode must be 'sum' or 'mean', got {mode!r}")
+    return out
+
+
+def pool_all(rows: np.ndarray, prep: PreparedBatch, mode: str = "sum") -> np.ndarray:
+    """:func:`pool` of every table at once: ``rows`` float32 (U, dim), every table's value array
+    one after the other (one dim for all); returns float32 (G, dim), every table's bags in
+    ``prep.lengths`` order. Each bag sums the same rows in the same order as :func:`pool` of its
+    table, so the results are equal bit for bit."""
+    g = rows[prep.row_index]
+    out = np.zeros((prep.lengths.size, rows.shape[1]), dtype=rows.dtype)
+    nonempty = prep.lengths > 0
+    if g.shape[0]:
+        out[nonempty] = np.add.reduceat(g, prep.offsets[:-1][nonempty], axis=0)
+    if mode == "mean":
+        out /= np.maximum(prep.lengths, 1).astype(rows.dtype)[:, None]
+    elif mode != "sum":
+        raise ValueError(f"pooling mode must be 'sum' or 'mean', got {mode!r}")
+    return out
+
+
+def pool_backward_all(grad_pooled: np.ndarray, prep: PreparedBatch, mode: str = "sum") -> np.ndarray:
+    """:func:`pool_backward` of every table at once: ``grad_pooled`` float32 (G, dim) in
+    ``prep.lengths`` order → float32 (U, dim), the summed gradient of every row of every table's
+    value array (one after the other); each row sums the same terms in the same order as
+    :func:`pool_backward` of its table."""
+    gp = grad_pooled
+    if mode == "mean":
+        gp = gp / np.maximum(prep.lengths, 1).astype(gp.dtype)[:, None]
+    g = np.repeat(gp, prep.lengths, axis=0)
+    inv = prep.row_index
+    order = np.argsort(inv, kind="stable")
+    inv_sorted = inv[order]
+    out = np.zeros((prep.num_unique, gp.shape[1]), dtype=gp.dtype)
+    if len(order):
+        starts = np.flatnonzero(np.r_[True, inv_sorted[1:] != inv_sorted[:-1]])
+        out[inv_sorted[starts]] = np.add.reduceat(g[order], starts, axis=0)
     return out
 
 

@@ -241,6 +241,24 @@ class EmbeddingClient:
         if plan.num_msgs:
             self._run(plan, vals=plan.values(grads), record_latency=False)
 
+    def update_flat(self, table_ids, counts, keys, grads) -> None:
+        """:meth:`update` of a round given flat, with no step per table.
+
+        Args:
+            table_ids: int (T,) distinct configured tables; counts: int (T,) keys of each;
+            keys: uint64 (Σ counts,) one table after the other, unique within a table;
+            grads: float32 (Σ counts_t·dim_t,) each table's ``(counts_t, dim_t)`` rows, one table
+                after the other.
+
+        Raises:
+            as :meth:`update` (:func:`precheck.update_jagged`).
+        """
+        tix, counts, keys, grads = precheck.update_jagged(self.cfg, self._ta, table_ids, counts, keys, grads)
+        plan = plan_round(self._ta, MsgType.UPDATE_REQ, tix, counts, keys, mtu=self.mtu,
+                          msg_frames=self.msg_frames, window_frames=self.window_frames)
+        if plan.num_msgs:
+            self._run(plan, vals=plan.values(grads), record_latency=False)
+
     def _run(self, plan: RoundPlan, *, out=None, dst=None, vals=None, record_latency: bool) -> None:
         """Send a planned round and wait for every answer: message ids in plan order, a size round
         first in the fixed-length mode, then the C round (:mod:`.native`) or :meth:`_round`."""

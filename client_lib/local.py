@@ -60,3 +60,44 @@ class LocalBackend:
         """``{table_id: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,))}``
         of every table's updated rows."""
         return {tid: ts.state() for tid, ts in self.tables.items()}
+
+
+def flat_calls(backend):
+    """``backend`` as ``(lookup(table_ids, counts, keys) -> float32 values, update(table_ids,
+    counts, keys, grads))`` over flat rounds — every table's keys one table after the other, rows
+    and gradients likewise, table ``t``'s ``(counts[t], dim_t)`` (what
+    :meth:`~embnic.client_lib.client.EmbeddingClient.lookup_flat` and ``update_flat`` take). An
+    ``EmbeddingClient`` takes them as they are; a :class:`LocalBackend` (the in-process
+    reference) or any backend of ``lookup({t: keys})`` / ``update({t: (keys, grads)})`` gets them
+    per table, after the whole round was checked (:mod:`~embnic.client_lib.precheck`), as the
+    network client checks it."""
+    from . import precheck
+
+    if hasattr(backend, "lookup_flat") and hasattr(backend, "update_flat"):
+        return backend.lookup_flat, backend.update_flat
+    cfg = backend.cfg if hasattr(backend, "cfg") else backend.inner.cfg
+    if isinstance(backend, LocalBackend):
+        def lookup_d(req):
+            return {t: backend.lookup(t, k) for t, k in precheck.lookup_round(cfg, req).items()}
+
+        def update_d(upd):
+            for t, (k, g) in precheck.update_round(cfg, upd).items():
+                backend.update(t, k, g)
+    else:
+        lookup_d, update_d = backend.lookup, backend.update
+
+    def split(table_ids, counts, keys):
+        return dict(zip(np.asarray(table_ids).tolist(), np.split(keys, np.cumsum(counts)[:-1])))
+
+    def lookup(table_ids, counts, keys):
+        rows = lookup_d(split(table_ids, counts, keys))
+        parts = [np.asarray(rows[t], np.float32).reshape(-1) for t in np.asarray(table_ids).tolist()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def update(table_ids, counts, keys, grads):
+        dims = [cfg.table(t).dim for t in np.asarray(table_ids).tolist()]
+        vo = np.concatenate([[0], np.cumsum(np.asarray(counts) * dims)]).astype(np.int64)
+        grads = np.asarray(grads).reshape(-1)
+        update_d({t: (k, grads[a:b].reshape(-1, d)) for (t, k), a, b, d in
+                  zip(split(table_ids, counts, keys).items(), vo[:-1].tolist(), vo[1:].tolist(), dims)})
+    return lookup, update

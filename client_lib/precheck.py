@@ -200,31 +200,80 @@ def _flatten(ta, checked: dict, keys: list):
 
 def _fast_grads(ta, tix, counts, keys, gs: list):
     """The gradients flat float32, or None where the fast path does not vouch for them."""
-    n = keys.size
-    if n > 1:  # each table's keys strictly increasing: unique (the boundaries between tables aside)
-        inc = keys[1:] > keys[:-1]
-        ko = np.cumsum(counts)[:-1]
-        inc[ko[(ko > 0) & (ko < n)] - 1] = True
-        if not inc.all():
-            return None
+    if not _sorted_unique(keys, counts):
+        return None
     dims = ta.dim[tix]
     if [getattr(g, "shape", None) for g in gs] != list(zip(counts.tolist(), dims.tolist())):
         return None
     if any(not isinstance(g, np.ndarray) or g.dtype != np.float32 for g in gs):
         return None
     g = np.concatenate(gs, axis=None) if gs else np.zeros(0, np.float32)
-    if g.size:
-        m = float(np.abs(g).max())  # NaN when any value is NaN: refused below
-        fp16 = ta.dtype[tix] == consts.DType.FP16
-        if fp16.any():
-            if not m <= 65504.0:
-                return None
-            m *= 1.001  # fp16 rounding may grow a value by 2^-11 of it
-        ada = ta.adagrad[tix]
-        if not m < math.inf:
-            return None
-        if ada.any() and not 2.0 * float(dims[ada].max()) * m * m < _FLT_MAX:
-            return None
-        if (~ada).any() and not float(np.abs(ta.lr[tix][~ada]).max()) * m * (1 + 2.0 ** -20) < _FLT_MAX:
-            return None
-    return g
+    return g if _grads_ok(ta, tix, g) else None
+
+
+def _sorted_unique(keys: np.ndarray, counts: np.ndarray) -> bool:
+    """Each table's keys strictly increasing (so unique), the boundaries between tables aside."""
+    n = keys.size
+    if n > 1:
+        inc = keys[1:] > keys[:-1]
+        ko = np.cumsum(counts)[:-1]
+        inc[ko[(ko > 0) & (ko < n)] - 1] = True
+        return bool(inc.all())
+    return True
+
+
+def _grads_ok(ta, tix, g: np.ndarray) -> bool:
+    """No row of the flat float32 gradients ``g`` can be refused: the sufficient test of
+    :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` with the round's largest dim and lr."""
+    if not g.size:
+        return True
+    m = float(np.abs(g).max())  # NaN when any value is NaN: refused below
+    fp16 = ta.dtype[tix] == consts.DType.FP16
+    if fp16.any():
+        if not m <= 65504.0:
+            return False
+        m *= 1.001  # fp16 rounding may grow a value by 2^-11 of it
+    if not m < math.inf:
+        return False
+    ada = ta.adagrad[tix]
+    dims = ta.dim[tix]
+    if ada.any() and not 2.0 * float(dims[ada].max()) * m * m < _FLT_MAX:
+        return False
+    if (~ada).any() and not float(np.abs(ta.lr[tix][~ada]).max()) * m * (1 + 2.0 ** -20) < _FLT_MAX:
+        return False
+    return True
+
+
+def update_jagged(cfg: ClusterConfig, ta, table_ids, counts, keys, grads):
+    """:func:`update_flat` of a round already flat: ``table_ids``, ``counts``, ``keys`` as
+    :func:`lookup_jagged`, ``grads`` float32 (Σ counts·dim_t,) one table after the other.
+    Returns ``(tix, counts, keys uint64, grads float32)``.
+
+    Raises:
+        ValueError: counts or gradients that do not fit the keys; else as :func:`update_round`.
+    """
+    table_ids = np.asarray(table_ids)
+    counts = np.asarray(counts, np.int64)
+    keys = np.asarray(keys)
+    grads = np.asarray(grads).reshape(-1)
+    if table_ids.ndim != 1 or counts.shape != table_ids.shape or (counts < 0).any() or int(counts.sum()) != keys.size:
+        raise ValueError(f"{table_ids.size} tables, counts {counts.tolist()[:8]} adding up to {int(counts.sum())}, "
+                         f"{keys.size} keys: one count per table, adding up to the keys")
+    if table_ids.dtype.kind in "iu":
+        r = _checked(ta, table_ids.astype(np.int64), counts, keys)
+        if r is not None:
+            tix, counts, k = r
+            if (grads.dtype == np.float32 and grads.size == int((counts * ta.dim[tix]).sum())
+                    and _sorted_unique(k, counts) and _grads_ok(ta, tix, grads)):
+                return tix, counts, k, grads
+    if np.unique(table_ids).size != table_ids.size:
+        raise ValueError(f"a table appears twice among {table_ids.tolist()}")
+    tix = ta.index(table_ids)
+    dims = np.where(tix >= 0, ta.dim[tix], 0)
+    vo = np.concatenate([[0], np.cumsum(counts * dims)])
+    if int(vo[-1]) != grads.size:
+        raise ValueError(f"{grads.size} gradient values for {int(vo[-1])} (one row of each table's dim per key)")
+    ks = np.split(keys, np.cumsum(counts)[:-1])
+    gs = [grads[a:b].reshape(-1, d) if d else grads[a:b] for a, b, d in zip(vo[:-1].tolist(), vo[1:].tolist(),
+                                                                           dims.tolist())]
+    return update_flat(cfg, ta, {t: (k, g) for t, k, g in zip(table_ids.tolist(), ks, gs)})

@@ -35,8 +35,11 @@ TorchRec's ways to choose a table's optimizer — ``apply_optimizer_in_backward`
 module's parameters, a sharder's ``fused_params`` (passed as ``fused_params=``) — must name the
 config's optimizer, lr and eps, or the module raises ``ValueError`` naming the table.
 
-No per-id Python loop: everything per id is a numpy or torch vector op; Python loops run over
-tables and features only.
+No per-id or per-table Python loop on the data path: the batch is prepared with one sort over
+every table (:func:`~embnic.client_lib.batch.prepare_batch`), looked up in one flat round, pooled
+by one ``embedding_bag`` over every table's rows (one per pooling mode when tables mix sum and
+mean; narrower tables' rows padded to the widest dim) and its gradients go back the same way
+with one ``index_add_``.
 
 Example (rows on in-process tables; an ``EmbeddingClient`` is used the same way)::
 
@@ -67,27 +70,11 @@ except ImportError as e:  # one line naming the fix; the CLI maps it to a missin
 from . import precheck
 from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
+from .local import flat_calls
 
 __all__ = ["RemoteEmbeddingBagCollection", "INSTALL_HINT", "kjt_from_dense", "num_embeddings"]
 
 _MODES = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
-
-
-def _batched(backend):
-    """``backend`` as (lookup({t: keys}) -> {t: rows}, update({t: (keys, grads)})); a
-    ``LocalBackend``'s per-table calls come after the whole round was checked
-    (:func:`~embnic.client_lib.precheck.update_round`), as the network client's."""
-    from .local import LocalBackend
-
-    if isinstance(backend, LocalBackend):
-        def lookup(req):
-            return {t: backend.lookup(t, k) for t, k in precheck.lookup_round(backend.cfg, req).items()}
-
-        def update(upd):
-            for t, (k, g) in precheck.update_round(backend.cfg, upd).items():
-                backend.update(t, k, g)
-        return lookup, update
-    return backend.lookup, backend.update
 
 
 def kjt_from_dense(keys: list[str], ids, weights=None) -> KeyedJaggedTensor:
@@ -236,13 +223,17 @@ def _mismatch_error(name: str, table, source: str, bad: list[str], cfg: ClusterC
 
 @dataclasses.dataclass
 class _Step:
-    """One forward's prepared batch and looked-up rows (what backward needs)."""
+    """One forward's prepared batch and looked-up rows, flat over every table (what backward
+    needs; ``U`` unique ids, ``n`` ids, ``G`` bags, ``D`` the widest dim)."""
 
     prep: PreparedBatch
-    rows: dict  # table id -> float32 (U, dim) numpy
+    rows: torch.Tensor  # float32 (U, D): every table's value array, rows padded to D with zeros
+    gidx: torch.Tensor  # int64 (n,): each id's row in ``rows`` (tables grouped as in prep)
     weights: torch.Tensor | None  # float32 (n,) in slot order, or None
+    wperm: np.ndarray | None  # int64 (n,): slot-order position of each grouped id (None: the same order)
     stride: int
     feature_starts: np.ndarray  # int64 (F+1,): where every slot's ids start in values
+    gpos: np.ndarray  # int64 (S,): each slot's place among prep's features (grouped by table)
 
 
 class _RemotePooling(torch.autograd.Function):
@@ -382,7 +373,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
                     raise _mismatch_error(t.name, cfg.table(tid), "fused_params", bad, cfg)
         self.cfg = cfg
         self.backend = backend
-        self._lookup, self._update = _batched(backend)
+        self._lookup, self._update = flat_calls(backend)
         self._configs = list(tables)
         self._is_weighted = bool(is_weighted)
         self._validate = validate
@@ -403,6 +394,17 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         self._col = np.concatenate([[0], np.cumsum(self._lengths_per_key)]).astype(np.int64)
         self._mode = {tid: _MODES[t.pooling] for t, tid in zip(tables, ids)}
         self._dim = {tid: t.embedding_dim for t, tid in zip(tables, ids)}
+        # per table in ascending id (prepare_batch's order): dim, pooling; every table at its widest dim
+        order = sorted(ids)
+        self._tdim = np.array([self._dim[t] for t in order], dtype=np.int64)
+        self._tmode = np.array([self._mode[t] for t in order])
+        self._modes = sorted(set(self._tmode.tolist()), key=lambda m: m != "sum")  # sum first
+        self._dmax = int(self._tdim.max())
+        self._uniform = bool((self._tdim == self._dmax).all())
+        # every output column's slot and column within the slot
+        self._colslot = np.repeat(np.arange(len(self._lengths_per_key)), self._lengths_per_key).astype(np.int64)
+        self._colc = np.arange(int(self._col[-1]), dtype=np.int64) - self._col[:-1][self._colslot]
+        self._out_idx_cache: dict = {}
         self.steps_forward = 0  #: forwards run
         self.steps_updated = 0  #: backwards run (each sent one update round, if any row had an id)
         self.ids = 0  #: ids looked up, over all forwards
@@ -533,13 +535,12 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         prep = prepare_batch(batch, self._slot_tables, validate=False)  # checked above (_check)
         self.ids += prep.num_ids
         self.unique_ids += prep.num_unique
-        rows = self._lookup({t: p.unique for t, p in prep.tables.items()})
         starts = np.zeros(len(self._slot_features) + 1, dtype=np.int64)
         if len(lens):
             np.cumsum(lens.reshape(len(self._slot_features), b).sum(axis=1), out=starts[1:])
-        step = _Step(prep, rows, weights, b, starts)
+        step = self._step(prep, weights, b, starts)
         self.steps_forward += 1
-        placeholders = [self.embedding_bags[c.name].weight for c in self._configs]
+        placeholders = self._placeholders()
         if torch.is_grad_enabled() and (any(p.requires_grad for p in placeholders)
                                         or (weights is not None and weights.requires_grad)):
             out = _RemotePooling.apply(weights, self, step, *placeholders)
@@ -547,6 +548,31 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             out = self._pool(step)
         return KeyedTensor(keys=list(self._embedding_names), length_per_key=list(self._lengths_per_key),
                            values=out, key_dim=1)
+
+    def _placeholders(self) -> list:
+        return [self.embedding_bags[c.name].weight for c in self._configs]
+
+    def _step(self, prep: PreparedBatch, weights, b: int, starts: np.ndarray) -> _Step:
+        """Look every table's ``unique`` ids up in one round and lay the rows out for pooling: one
+        ``(U, D)`` matrix (rows of narrower tables padded with zeros), each id's row index."""
+        counts = np.diff(prep.unique_offsets)
+        vals = self._lookup(prep.table_ids, counts, prep.unique)
+        D, U = self._dmax, prep.num_unique
+        if self._uniform:
+            rows = torch.from_numpy(np.asarray(vals, np.float32).reshape(U, D))
+        else:
+            rows = torch.zeros((U, D), dtype=torch.float32)
+            rowdim = np.repeat(self._tdim, counts)
+            rows.view(-1)[torch.from_numpy(_ranges(np.arange(U, dtype=np.int64) * D, rowdim))] = torch.from_numpy(
+                np.asarray(vals, np.float32))
+        ids_per_table = np.diff(prep.id_offsets)
+        gidx = prep.inverse + np.repeat(prep.unique_offsets[:-1], ids_per_table)
+        fperm = prep.features
+        identity = bool(np.array_equal(fperm, np.arange(fperm.size)))
+        gpos = np.empty(fperm.size, np.int64)
+        gpos[fperm] = np.arange(fperm.size)
+        wperm = None if identity else _ranges(starts[:-1][fperm], np.diff(starts)[fperm])
+        return _Step(prep, rows, torch.from_numpy(gidx), weights, wperm, b, starts, gpos)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -644,62 +670,123 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
                 raise ValueError(f"feature {self._slot_features[f]!r}: id {int(vals[i])} outside "
                                  f"[0, num_embeddings={int(self._slot_limit[f])})")
 
-    def _pool(self, step: _Step) -> torch.Tensor:
-        """float32 (B, Σ dims): every table's bags pooled into their feature's columns."""
-        b = step.stride
-        out = torch.empty((b, int(self._col[-1])), dtype=torch.float32)
-        for t, p in step.prep.tables.items():
-            dim, nf = self._dim[t], len(p.features)
-            rows = torch.from_numpy(np.asarray(step.rows[t], dtype=np.float32))
-            psw = None if step.weights is None else step.weights.detach()[self._id_positions(step, p)]
-            if len(p.unique):
-                pooled = F.embedding_bag(torch.from_numpy(p.inverse), rows, torch.from_numpy(p.offsets),
-                                         mode=self._mode[t], per_sample_weights=psw, include_last_offset=True)
-            else:
-                pooled = torch.zeros((nf * b, dim), dtype=torch.float32)
-            c0 = int(self._col[p.features[0]])
-            out[:, c0:c0 + nf * dim] = pooled.reshape(nf, b, dim).permute(1, 0, 2).reshape(b, nf * dim)
-        return out
+    def _grouped_weights(self, step: _Step) -> torch.Tensor | None:
+        """The per-sample weights (detached) in prep's grouped order of ids."""
+        if step.weights is None:
+            return None
+        w = step.weights.detach()
+        return w if step.wperm is None else w[torch.from_numpy(step.wperm)]
 
-    def _id_positions(self, step: _Step, p) -> torch.Tensor:
-        """int64 positions in the KJT's values (slot order) of table ``p``'s ids; a table's
-        features are consecutive slots, so these are one range."""
-        f0, f1 = p.features[0], p.features[-1] + 1
-        return torch.arange(int(step.feature_starts[f0]), int(step.feature_starts[f1]))
+    def _out_index(self, step: _Step) -> torch.Tensor | None:
+        """int64 (B, Σ dims): where each output value is in the pooled ``(G, D)`` matrix (flat);
+        None when the output is the pooled matrix's (S, B, D) permuted (one dim, slots grouped
+        as prep groups its features)."""
+        b = step.stride
+        if self._uniform and step.wperm is None and np.array_equal(step.gpos, np.arange(step.gpos.size)):
+            return None
+        key = (b, step.gpos.tobytes())
+        idx = self._out_idx_cache.get(key)
+        if idx is None:
+            base = step.gpos[self._colslot] * b  # (Σ dims,)
+            idx = torch.from_numpy((base[None, :] + np.arange(b, dtype=np.int64)[:, None]) * self._dmax
+                                   + self._colc[None, :])
+            if len(self._out_idx_cache) > 8:
+                self._out_idx_cache.clear()
+            self._out_idx_cache[key] = idx
+        return idx
+
+    def _pool(self, step: _Step) -> torch.Tensor:
+        """float32 (B, Σ dims): every table's bags pooled into their feature's columns, all tables
+        in one ``embedding_bag`` per pooling mode (each bag's sum over the same rows in the same
+        order as a call per table)."""
+        b, prep, D = step.stride, step.prep, self._dmax
+        G = prep.lengths.size
+        psw = self._grouped_weights(step)
+        if step.gidx.numel():
+            offsets = torch.from_numpy(prep.offsets)
+            pooled = None
+            for mode in self._modes:  # at most two: sum, mean
+                p = F.embedding_bag(step.gidx, step.rows, offsets, mode=mode, per_sample_weights=psw,
+                                    include_last_offset=True)
+                pooled = p if pooled is None else torch.where(self._bag_is(step, mode)[:, None], p, pooled)
+        else:
+            pooled = torch.zeros((G, D), dtype=torch.float32)
+        idx = self._out_index(step)
+        if idx is None:
+            return pooled.reshape(-1, b, D).permute(1, 0, 2).reshape(b, -1)
+        return pooled.reshape(-1)[idx]
+
+    def _bag_is(self, step: _Step, mode: str) -> torch.Tensor:
+        """bool (G,): bags of tables pooled with ``mode``."""
+        return torch.from_numpy(np.repeat(self._tmode == mode, np.diff(step.prep.bag_offsets)))
 
     def _backward(self, step: _Step, grad_out: torch.Tensor, weights_need_grad: bool, trained: set):
         """Per-row gradients of every table in ``trained`` → one update round; returns the
-        weights' gradient (of every table's ids)."""
+        weights' gradient (of every table's ids). Every table at once: the bags' gradients from
+        the output with one index, each id's with another, the rows' with one ``index_add_``."""
         self.check_optimizers()  # before the placeholders' in-backward optimizers would run
-        b = step.stride
-        updates = {}
+        b, prep, D = step.stride, step.prep, self._dmax
+        G = prep.lengths.size
+        idx = self._out_index(step)
+        if idx is None:
+            g_bags = grad_out.reshape(b, -1, D).permute(1, 0, 2).reshape(G, D)
+        else:
+            g_bags = torch.zeros(G * D, dtype=torch.float32)
+            g_bags[idx.reshape(-1)] = grad_out.reshape(-1)
+            g_bags = g_bags.reshape(G, D)
         g_w = torch.zeros_like(step.weights) if weights_need_grad else None
-        for t, p in step.prep.tables.items():
-            if not len(p.unique) or (t not in trained and g_w is None):
-                continue
-            dim, nf = self._dim[t], len(p.features)
-            c0 = int(self._col[p.features[0]])
-            g_bags = grad_out[:, c0:c0 + nf * dim].reshape(b, nf, dim).permute(1, 0, 2).reshape(nf * b, dim)
-            lens = torch.from_numpy(p.lengths)
-            # numpy's repeat: torch.repeat_interleave took ~70 µs on 32 ids (×26 tables a step)
-            bag_of_id = torch.from_numpy(np.repeat(np.arange(nf * b, dtype=np.int64), p.lengths))
-            g_ids = g_bags[bag_of_id]  # (n, dim): the gradient every id occurrence receives
-            if self._mode[t] == "mean":
-                g_ids = g_ids / lens.clamp(min=1).to(torch.float32)[bag_of_id, None]
-            inverse = torch.from_numpy(p.inverse)
-            if step.weights is not None:
-                pos = self._id_positions(step, p)
-                if g_w is not None:
-                    rows = torch.from_numpy(np.asarray(step.rows[t], dtype=np.float32))
-                    g_w[pos] = (g_ids * rows[inverse]).sum(dim=1)
-                g_ids = g_ids * step.weights.detach()[pos, None]
-            if t in trained:
-                g_rows = torch.zeros((len(p.unique), dim), dtype=torch.float32).index_add_(0, inverse, g_ids)
-                updates[t] = (p.unique, g_rows.numpy())
-        if updates:
-            self._update(updates)
+        if not prep.num_ids or (not trained and g_w is None):
+            self.steps_updated += 1
+            return g_w
+        # numpy's repeat: torch.repeat_interleave took ~70 µs on 32 ids
+        bag_of_id = torch.from_numpy(np.repeat(np.arange(G, dtype=np.int64), prep.lengths))
+        g_ids = g_bags[bag_of_id]  # (n, D): the gradient every id occurrence receives
+        if "mean" in self._modes:
+            lens = torch.from_numpy(prep.lengths).clamp(min=1).to(torch.float32)
+            denom = torch.where(self._bag_is(step, "mean"), lens, torch.ones_like(lens))
+            g_ids = g_ids / denom[bag_of_id, None]
+        if step.weights is not None:
+            w = self._grouped_weights(step)
+            if g_w is not None:
+                gw = (g_ids * step.rows[step.gidx]).sum(dim=1)
+                if step.wperm is None:
+                    g_w = gw
+                else:
+                    g_w[torch.from_numpy(step.wperm)] = gw
+            g_ids = g_ids * w[:, None]
+        keep = np.array([t in trained for t in prep.table_ids.tolist()], bool)
+        counts = np.diff(prep.unique_offsets)
+        if keep.any():
+            g_rows = torch.zeros((prep.num_unique, D), dtype=torch.float32).index_add_(0, step.gidx, g_ids)
+            rowdim = np.repeat(self._tdim, counts)
+            if keep.all():
+                sel_rows, keys = None, prep.unique
+            else:
+                sel_rows = _ranges(prep.unique_offsets[:-1][keep], counts[keep])
+                keys = prep.unique[sel_rows]
+            if self._uniform:
+                grads = (g_rows.numpy() if sel_rows is None else g_rows.numpy()[sel_rows]).reshape(-1)
+            else:
+                r = np.arange(prep.num_unique, dtype=np.int64) if sel_rows is None else sel_rows
+                grads = g_rows.numpy().reshape(-1)[_ranges(r * D, rowdim[r])]
+            tids, cnt = prep.table_ids[keep], counts[keep]
+            if keys.size:
+                nz = cnt > 0
+                self._update(tids[nz], cnt[nz], keys, grads)
         self.steps_updated += 1
         return g_w
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + l)`` for every (s, l): int64 (Σ lens,), with no loop."""
+    starts = np.asarray(starts, np.int64)
+    lens = np.asarray(lens, np.int64)
+    tot = int(lens.sum())
+    if tot == 0:
+        return np.zeros(0, np.int64)
+    cl = np.zeros(lens.size, np.int64)
+    np.cumsum(lens[:-1], out=cl[1:])
+    return np.repeat(starts - cl, lens) + np.arange(tot, dtype=np.int64)
 
 
 def _check_dtypes(features: KeyedJaggedTensor) -> None:

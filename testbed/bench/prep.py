@@ -1,7 +1,8 @@
 """Benchmark of batch preparation on Criteo batches (``embnic bench prep``).
 
 Measures :func:`embnic.client_lib.batch.prepare_batch` plus routing of every unique id to its
-shard (:func:`embnic.client_lib.routing.split_by_shard`) on batches of ``batch_size`` samples ×
+shard and grouping them by shard, every table at once as the client plans a round
+(:func:`embnic.client_lib.roundplan.shard_index` and one stable sort) on batches of ``batch_size`` samples ×
 26 categorical features drawn from the shipped Criteo sample, and, in the same run on the same
 ids, a bare ``np.unique(values, return_inverse=True)`` — the floor any sort-based dedup pays.
 Runs alternate between the two and the median of ``repeats`` is reported, so load from other
@@ -18,7 +19,7 @@ import numpy as np
 
 from embnic.client_lib.batch import KeyedJaggedBatch, prepare_batch
 from embnic.client_lib.config import parse_config
-from embnic.client_lib.routing import split_by_shard
+from embnic.client_lib.roundplan import TableArrays, shard_index
 
 from embnic.testbed.bench.results import merge_json
 from embnic.testbed.training import criteo
@@ -51,11 +52,14 @@ def run(out_dir: Path, *, batch_size: int = 4096, batches: int = 8, repeats: int
             for _ in range(batches)]
     n_ids = sum(len(k.values) for k in kjts)
 
+    ta = TableArrays(cfg)
+    tix = ta.index(np.unique(ftab))
+
     def ours():
         for k in kjts:
             p = prepare_batch(k, ftab)
-            for t, tp in p.tables.items():
-                split_by_shard(cfg, t, tp.unique)
+            sidx = shard_index(ta, tix, np.diff(p.unique_offsets), p.unique)
+            np.argsort(sidx.astype(np.uint8), kind="stable")
 
     def baseline():
         for k in kjts:

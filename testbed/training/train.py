@@ -1,9 +1,9 @@
 """The training loop: a CTR model whose embedding rows live on parameter-server shards.
 
 Every step: take a batch of samples → :func:`~embnic.client_lib.batch.prepare_batch`
-(value/index/offset arrays per table) → one lookup round for all tables (a message per
-(shard, table)) → pool → forward/backward → aggregate the gradient per unique id → one update
-round. The ``backend`` decides where rows live: an
+(value/index/offset arrays of every table, one sort) → one lookup round for all tables (a
+message per shard) → pool every table's bags at once → forward/backward → aggregate the
+gradient per unique id → one update round. The ``backend`` decides where rows live: an
 :class:`~embnic.client_lib.client.EmbeddingClient` (UDP shards, directly or through the card)
 or :class:`~embnic.client_lib.local.LocalBackend` (in process, the reference). Given the
 same config, data and seed both give the same losses (bit-identical floats).
@@ -17,7 +17,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from embnic.client_lib import precheck
-from embnic.client_lib.batch import KeyedJaggedBatch, pool, pool_backward, prepare_batch
+from embnic.client_lib.batch import KeyedJaggedBatch, pool_all, pool_backward_all, prepare_batch
+from embnic.client_lib.local import flat_calls
 from embnic.client_lib.config import ClusterConfig
 
 from . import model
@@ -91,19 +92,20 @@ def feature_tables(cfg: ClusterConfig, n_features: int) -> list[int]:
 
 
 def _embeddings(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray, ftab: list[int]):
-    """Look up and pool: returns (pooled float32 (B, F, dim), prepared batch, rows by table)."""
+    """Look up and pool, every table at once: returns (pooled float32 (B, F, dim), prepared batch,
+    rows float32 (U, dim): every table's value array one after the other)."""
     b, f = sparse.shape
     names = [f"C{j + 1}" for j in range(f)]
     prep = prepare_batch(KeyedJaggedBatch.from_dense(names, sparse), ftab)
-    rows = backend.lookup({t: p.unique for t, p in prep.tables.items()})
-    dims = {cfg.table(t).dim for t in prep.tables}
+    dims = {cfg.table(t).dim for t in set(ftab)}
     if len(dims) != 1:
         raise ValueError(f"the FM model needs one embedding dim for every table, got {sorted(dims)}")
     dim = dims.pop()
+    lookup, _ = flat_calls(backend)
+    rows = lookup(prep.table_ids, np.diff(prep.unique_offsets), prep.unique).reshape(-1, dim)
     emb = np.empty((b, f, dim), dtype=np.float32)
-    for t, p in prep.tables.items():
-        pooled = pool(rows[t], p).reshape(len(p.features), b, dim)
-        emb[:, p.features, :] = pooled.transpose(1, 0, 2)
+    # every table's bags at once, features grouped by table (prep.features)
+    emb[:, prep.features, :] = pool_all(rows, prep).reshape(f, b, dim).transpose(1, 0, 2)
     return emb, prep, rows
 
 
@@ -172,6 +174,7 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
     params = model.DenseParams.init(data.dense.shape[1], data.sparse.shape[1], dim,
                                     cfg.seed if seed is None else seed)
     losses, times, ids, uniq = [], [], 0, 0
+    _, update = flat_calls(backend)
     for step in range(steps):
         t0 = time.perf_counter()
         idx = (np.arange(batch_size) + step * batch_size) % n
@@ -180,11 +183,8 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
         logits = model.forward(params, dense, emb)
         loss = model.bce_loss(logits, labels)
         g_params, g_emb = model.backward(params, dense, emb, logits, labels)
-        updates = {}
-        for t, p in prep.tables.items():
-            g_bags = g_emb[:, p.features, :].transpose(1, 0, 2).reshape(-1, dim)
-            updates[t] = (p.unique, pool_backward(g_bags, p))
-        backend.update(updates)
+        g_bags = g_emb[:, prep.features, :].transpose(1, 0, 2).reshape(-1, dim)
+        update(prep.table_ids, np.diff(prep.unique_offsets), prep.unique, pool_backward_all(g_bags, prep))
         model.sgd_step(params, g_params, lr_dense)
         ids += prep.num_ids
         uniq += prep.num_unique

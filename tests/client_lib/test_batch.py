@@ -236,3 +236,27 @@ def test_from_dense_refuses_wrong_shapes():
         KeyedJaggedBatch.from_dense(["a", "b"], np.zeros((4, 3), np.uint64))
     b = KeyedJaggedBatch.from_dense(["a", "b"], [[1, 2**64 - 1], [3, 4]])
     assert [int(x) for x in b.values] == [1, 3, 2**64 - 1, 4] and b.stride == 2
+
+
+@pytest.mark.parametrize("top", [2**20, 2**40, 2**64 - 1])
+def test_one_sort_of_every_table_matches_np_unique_per_table(top):
+    """prepare_batch sorts every table's ids at once: packed (table, id, position) keys where they
+    fit 64 bits, an argsort and a stable pass by table where ids use them all; tables whose
+    features are not consecutive too."""
+    rng = np.random.default_rng(top % 1000)
+    f, b = 9, 50
+    lengths = rng.integers(0, 4, f * b)
+    values = rng.integers(0, top, int(lengths.sum()), dtype=np.uint64, endpoint=True) % np.uint64(top)
+    values[::7] = values[0]  # duplicates across tables and within
+    batch = KeyedJaggedBatch([f"f{i}" for i in range(f)], values, lengths, b)
+    ftab = [5, 2, 5, 9, 2, 2, 1000, 5, 3]
+    prep = prepare_batch(batch, ftab)
+    ref = _reference(batch, ftab)
+    assert list(prep.tables) == sorted(ref)
+    for t, (u, inv, off) in ref.items():
+        tp = prep.tables[t]
+        np.testing.assert_array_equal(tp.unique, u)
+        np.testing.assert_array_equal(tp.inverse, inv)
+        np.testing.assert_array_equal(tp.offsets, off)
+        assert tp.features == [i for i, x in enumerate(ftab) if x == t]
+    assert prep.num_unique == sum(len(u) for u, _, _ in ref.values())

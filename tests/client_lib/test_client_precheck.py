@@ -137,15 +137,22 @@ def test_valid_round_is_applied_whole_like_the_reference():
         assert not np.array_equal(got[t], LocalBackend(cfg).lookup(t, KEYS))
 
 
+def _flat_update(update):
+    """A flat round's update (local.flat_calls) called with a ``{table: (keys, grads)}`` round."""
+    def call(rnd):
+        ts = list(rnd)
+        update(np.array(ts), [len(rnd[t][0]) for t in ts], np.concatenate([np.asarray(rnd[t][0], np.uint64) for t in ts]),
+               np.concatenate([np.asarray(rnd[t][1], np.float32).reshape(-1) for t in ts]))
+    return call
+
+
 @pytest.mark.parametrize("case", ["NaN row", "key >= rows", "duplicate keys"])
 def test_local_adapters_refuse_a_round_whole(case):
-    pytest.importorskip("torch")
-    pytest.importorskip("torchrec")
-    from embnic.client_lib.torch import _batched
+    from embnic.client_lib.local import flat_calls
 
     rnd, msg = BAD_UPDATES[case]
     cfg = make_cfg()
-    for make in (lambda lb: PerTableAdapter(lb).update, lambda lb: _batched(lb)[1]):
+    for make in (lambda lb: PerTableAdapter(lb).update, lambda lb: _flat_update(flat_calls(lb)[1])):
         lb = LocalBackend(cfg)
         with pytest.raises(ValueError, match=msg):
             make(lb)(rnd)
