@@ -135,6 +135,12 @@ def server(out, window, scale, mtu, reference, repeats):
     except RuntimeError as e:
         raise OperationalError(str(e)) from None
     _show("server", {k: v for k, v in res.items() if not isinstance(v, dict) or k in ("targets", "load")})
+    rd = res.get("rounds") or {}
+    if rd:
+        click.echo(f"  rounds (shard CPU per round of {rd['total_ids']} ids, one message, median µs):")
+        for op in ("lookup", "update"):
+            click.echo(f"    {op:6s}  2 tables {rd[f'{op}_2_us']:8,.0f}   26 tables {rd[f'{op}_26_us']:8,.0f}   "
+                       f"26/2 = {rd[f'ratio_26_vs_2_{op}']:.2f} (target ≤ {rd['target']})")
     for part in ("workers_1", "workers_1_wal", "workers_2", "reference", "local"):
         if part in res:
             click.echo(f"  {part}:")

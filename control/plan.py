@@ -19,10 +19,12 @@ preamble and inter-frame gap (:data:`WIRE_OVERHEAD`).
 
 **Storage per shard** (:func:`shard_storage`) — the rows a shard holds (a table's ``rows``, or
 its ``expected_rows`` where ids are unbounded), spread like the ids; memory is
-``rows × (4·dim + optimizer state) × arena slack + rows × 16`` bytes: rows are float32 on the
+``rows × (4·dim + optimizer state) × arena slack + rows × 18`` bytes: rows are float32 on the
 shards whatever the wire dtype, row-wise Adagrad keeps one float32 per row, SGD none; the arena
-doubles when full (``arena_slack`` 2: the worst case just after a doubling) and the sorted key
-index holds a uint64 key and an int64 slot per row (``client_lib/table_numerics.py``). Disk
+doubles when full (``arena_slack`` 2: the worst case just after a doubling) and the shard's one
+sorted index over all its tables holds a uint64 composite key, an int64 slot and a uint16 table
+per row, plus an int64 arena offset per row where the shard's tables differ in dim
+(``client_lib/table_numerics.py`` RowStore). Disk
 (with ``--checkpoint-dir``) is two checkpoints (the old one lives until the new one is
 renamed) of ``rows × (8 + 4·dim + 4)`` bytes plus the write-ahead log of
 ``checkpoint_every`` updates.
@@ -53,7 +55,11 @@ from embnic.client_lib.routing import shard_index_of
 #: FCS 4, preamble + start delimiter 8, inter-frame gap 12
 WIRE_OVERHEAD = 14 + consts.IPV4_HDR_LEN + consts.UDP_HDR_LEN + 4 + 8 + 12
 WAL_RECORD_HEADER = 36  #: bytes of a write-ahead-log record's header (testbed/server/durability.py)
-INDEX_BYTES_PER_ROW = 16  #: TableShard's sorted key index: uint64 key + int64 arena slot per row
+#: a shard's row store index (client_lib/table_numerics.py RowStore, one for all its tables): per row a
+#: uint64 composite key, an int64 arena slot and a uint16 table
+INDEX_BYTES_PER_ROW = 18
+#: per row when a shard's tables differ in dim: the row's int64 offset in the store's flat arena
+OFFSET_BYTES_PER_ROW = 8
 OPTIMIZER_STATE_BYTES = {"adagrad": 4, "sgd": 0}  #: float32 per row of optimizer state
 
 
@@ -362,12 +368,16 @@ def shard_storage(cfg: ClusterConfig, hw: Hardware) -> dict:
     rows = np.zeros(S, np.int64)
     mem = np.zeros(S, np.float64)
     disk = np.zeros(S, np.float64)
+    dims: list[set] = [set() for _ in range(S)]
     for t in cfg.tables:
         r = split_keys(cfg, t.id, table_rows(cfg, t.id))
         opt = OPTIMIZER_STATE_BYTES.get(t.optimizer, 4)
         rows += r
         mem += r * ((4 * t.dim + opt) * hw.arena_slack + INDEX_BYTES_PER_ROW)
         disk += 2 * r * (consts.KEY_SIZE + 4 * t.dim + 4)
+        for i in np.flatnonzero(r).tolist():
+            dims[i].add(t.dim)
+    mem += rows * OFFSET_BYTES_PER_ROW * np.array([len(d) > 1 for d in dims])
     return {"rows": rows, "memory_bytes": mem, "disk_bytes": disk}
 
 

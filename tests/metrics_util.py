@@ -157,7 +157,7 @@ def shard_expected(c: dict) -> dict[tuple, float]:
            "since_checkpoint": "embnic_shard_wal_updates_since_checkpoint",
            "checkpoints": "embnic_shard_checkpoints_total", "log_errors": "embnic_shard_wal_errors_total",
            "checkpoint_errors": "embnic_shard_checkpoint_errors_total"}
-    engine_skip = {"name", "intake", "gso", "batch", "worker", "send_errors"}  # info labels; send_errors: summed
+    engine_skip = {"name", "intake", "answer", "gso", "batch", "worker", "send_errors"}  # info labels; summed
     for path, v in _walk({k: v for k, v in c.items() if k not in ("engine", "workers")}):
         if path in SHARD_NOT_COUNTERS or path[:2] in SHARD_NOT_COUNTERS:
             continue
@@ -204,7 +204,7 @@ def shard_expected(c: dict) -> dict[tuple, float]:
     if engines:
         e0 = engines[0]
         out[_k("embnic_shard_engine_info", shard=sh, engine=e0["name"], intake=e0["intake"],
-               gso=str(bool(e0["gso"])).lower(), batch=e0["batch"])] = 1
+               answer=e0.get("answer", ""), gso=str(bool(e0["gso"])).lower(), batch=e0["batch"])] = 1
     return out
 
 

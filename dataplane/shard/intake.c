@@ -21,6 +21,7 @@
 
 #include "embnic_parse.h"
 #include "embnic_proto.h"
+#include "shard.h"
 
 /* what the caller checks before using this library (cintake.py) */
 int

@@ -63,6 +63,22 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
+_told = False
+
+
+def log_missing() -> None:
+    """Say once per process that the library is not used, and why (what the engine falls back to)."""
+    global _told
+    if _told:
+        return
+    _told = True
+    if os.environ.get("EMBNIC_SHARD_C", "1") == "0":
+        log.info("shard C library off (EMBNIC_SHARD_C=0): intake and answers in Python (numpy)")
+    elif _lib is None and not Path(os.environ.get("EMBNIC_SHARD_LIB") or REPO_LIB).is_file():
+        log.info("shard C library %s not built (make -C dataplane): intake and answers in Python (numpy)",
+                 os.environ.get("EMBNIC_SHARD_LIB") or REPO_LIB)
+
+
 class CIntake:
     """The C intake bound to one batch socket's receive buffers and one shard.
 

@@ -56,10 +56,10 @@ import numpy as np
 from embnic.client_lib import codec, consts
 from embnic.client_lib.sockets import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
-from embnic.client_lib.consts import MsgType, Status
+from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.codec import DirectoryError
 
-from . import cintake, udpio
+from . import canswer, cintake, udpio
 from .intake import BatchIntake, _Pend
 from .peers import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds as _offsets, serve_sub_request
 from .replies import BatchReplies
@@ -97,7 +97,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                  batch: int = 256, small: int = 4, gso: bool = True,
                  sock: socket.socket | None = None,
                  worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None,
-                 c_intake: bool = True, **kwargs):
+                 c_intake: bool = True, c_answer: bool = True, **kwargs):
         me, n = int(worker[0]), int(worker[1])
         if n > 1 and (kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None):
             raise ValueError("a write-ahead log needs one worker (--workers 1)")
@@ -115,7 +115,9 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         self.small = int(small)
         self.gso = bool(gso)
         self.c_intake = bool(c_intake)
+        self.c_answer = bool(c_answer)
         self._cin: cintake.CIntake | None = None
+        self._ca: canswer.CAnswer | None = None
         self._sock = sock
         self._bs: udpio.BatchSocket | None = None
         self._P = consts.max_body_per_frame(self.mtu)
@@ -174,6 +176,13 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         if lib is not None:
             self._cin = cintake.CIntake(lib, self._bs.rx, self._bs.lens, self.shard_id,
                                         min(self.max_msg_bytes, self._reasm.max_msg_len), self.max_reply_bytes)
+            cal = canswer.load() if self.c_answer and self._bs.native else None
+            if cal is not None:
+                # lookups answered in C unless rows live in other processes (workers) or data
+                # must have been announced (fixed length): then C checks, builds and sends only
+                self._ca = canswer.CAnswer(cal, self, serve=self._hub is None and not self.fixed_length)
+        elif self.c_intake:
+            cintake.log_missing()
         self.started_at = time.monotonic()
         return self.address
 
@@ -300,9 +309,30 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             io, gso = dict(self._bs.stats), bool(self._bs.gso)
         else:
             io, gso = self._io_final
+        whole = self._rstats["whole"]
+        ca = self._ca
+        if ca is not None:  # what the C answer path did: added to the engine's own counts
+            st = ca.stats()
+            c["rx_frames"] += st["rx_frames"]
+            c["rx_bytes"] += st["rx_bytes"]
+            c["tx_frames"] += st["tx_frames"]
+            c["tx_bytes"] += st["tx_bytes"]
+            c["lookup_keys"] += st["lookup_keys"]
+            c["requests"][MsgType.LOOKUP_REQ.name] += st["messages"]  # the engine counted the others'
+            c["replies"][MsgType.LOOKUP_REPLY.name] += st["messages"] + st["answered"]
+            whole += st["whole"]
+            for k in ("send_calls", "gso_sends", "send_errors", "gso_fallbacks"):
+                io[k] = io.get(k, 0) + st[k]
+            gso = ca.gso
         c["engine"] = {"name": "batch", "wakeups": self._c["wakeups"], "batch": self.batch,
                        "intake": "c" if self._cin is not None else "numpy",
-                       "messages_whole": self._rstats["whole"], "gso": gso, **io}
+                       "answer": "c" if ca is not None and ca.serving else ("c-frames" if ca is not None
+                                                                             else "numpy"),
+                       "messages_whole": whole, "gso": gso, **io}
+        if ca is not None:
+            # lookups answered by the C path: straight from the receive buffer, and reassembled by the engine
+            c["engine"]["answered_in_c"] = st["messages"] + st["answered"]
+            c["engine"]["answered_from_rx"] = st["messages"]
         if self._hub is not None:
             c["engine"].update(worker=self._hub.me, rows_held={str(t): len(ts) for t, ts in self.tables.items()},
                                **self._hub.stats)
@@ -315,8 +345,12 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         """Handle the ``n`` datagrams of the last receive: one wake-up. Never raises."""
         t0 = time.monotonic_ns()
         self._c["wakeups"] += 1
+        ca = self._ca
         try:
-            self._intake(n)
+            if ca is None:
+                self._intake(n)
+            elif ca.serve(n, not self._pend) < n:  # checks, and the lookups C answers; then the rest
+                self._intake(n, (ca.cols[:n], ca.ok[:n].view(bool), ca.p[:n]), ca.taken[:n].view(bool))
         except Exception:  # noqa: BLE001 - a bug must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error in a batch of %d frames", self.shard_id, n)
@@ -326,7 +360,9 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             self._rep_count.clear()
             self._rep_name.clear()
             self._ntx = 0
-        nrep = len(self._rep_idx)
+            if ca is not None:
+                ca.clear()
+        nrep = len(self._rep_idx) if ca is None else ca.replies()
         self._transmit()
         if nrep:  # every reply of the wake-up left in its one sendmmsg: their service time
             self._svc.add(time.monotonic_ns() - t0, nrep)
@@ -390,8 +426,15 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
 
     def _flush_lookups(self, q: list) -> None:
         """Lookups ``q`` (``(m, header, body)``, arrival order): each checked as the reference does,
-        then one gather per table for all of them (with workers: one exchange per peer for every
-        table, :meth:`_lookup_tables`), each reply's rows in its directory order."""
+        then the rows of every table of all of them in one search and one gather
+        (:meth:`_lookup_bodies`; with workers one exchange per peer for every table,
+        :meth:`_lookup_bodies_workers`), each reply's rows in its directory order."""
+        ca = self._ca
+        if ca is not None and ca.serving:  # answered in C where its rules allow; the rest below
+            done = ca.lookups(q)
+            if done.all():
+                return
+            q = [x for x, d in zip(q, done.tolist()) if not d]
         ok = []
         for m, h, rb in q:
             fault = self._table_fault(h, rb)
@@ -401,12 +444,63 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                 self._emit(m, MsgType.ERROR, status=int(fault[0]), table_id=fault[1])
         if not ok:
             return
+        bodies = self._lookup_bodies(ok) if self._hub is None else self._lookup_bodies_workers(ok)
+        for (m, h, _), body in zip(ok, bodies):
+            self._emit(m, MsgType.LOOKUP_REPLY, body)
+            self._c["lookup_keys"] += h.num_keys
+
+    @staticmethod
+    def _concat(q: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The directory segments and keys of the messages ``q`` (``(m, header, body)``) one after
+        the other: (table ids int64 (S,), key counts int64 (S,), keys uint64 (Σ counts,))."""
+        if len(q) == 1:
+            rb = q[0][2]
+            d, keys = rb.directory, rb.keys
+        else:
+            d = np.concatenate([x[2].directory for x in q])
+            keys = np.concatenate([x[2].keys for x in q])
+        return d["table_id"].astype(np.int64), d["num_keys"].astype(np.int64), keys
+
+    def _lookup_bodies(self, ok: list) -> list[np.ndarray]:
+        """Reply bodies (uint8 (value_len,) each) of the checked lookups ``ok``: the segments of
+        every message concatenated, their rows in one :meth:`_rows_lookup`, cast to the wire
+        dtypes at once (:meth:`_to_wire`); each body a slice of the result (no per-table or per-key
+        work in Python)."""
+        tids, counts, keys = self._concat(ok)
+        data = self._to_wire(self._rows_lookup(tids, counts, keys), tids, counts)
+        if len(ok) == 1:
+            return [data]
+        ends = np.cumsum([h.value_len for _, h, _ in ok]).tolist()
+        return [data[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+    def _to_wire(self, rows: np.ndarray, tids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Rows float32 flat of segments ``tids``/``counts`` → their wire bytes uint8 (each
+        table's dtype, little-endian, row-major): a view for fp32 tables only, one cast for fp16
+        only, one scatter per dtype for both."""
+        dt = self._tdt[tids]
+        if bool((dt == DType.FP32).all()):
+            return rows.astype("<f4", copy=False).view(np.uint8)
+        if bool((dt == DType.FP16).all()):
+            with np.errstate(over="ignore"):  # |x| > 65504 becomes inf, as LocalBackend's wire_round
+                return rows.astype("<f2").view(np.uint8)
+        e16 = np.repeat(np.repeat(dt == DType.FP16, counts), np.repeat(self._tdim[tids], counts))
+        es = np.where(e16, 2, 4)
+        pos = np.cumsum(es) - es
+        out = np.empty(int(es.sum()), np.uint8)
+        out[pos[~e16][:, None] + np.arange(4)] = rows[~e16].astype("<f4").view(np.uint8).reshape(-1, 4)
+        with np.errstate(over="ignore"):
+            out[pos[e16][:, None] + np.arange(2)] = rows[e16].astype("<f2").view(np.uint8).reshape(-1, 2)
+        return out
+
+    def _lookup_bodies_workers(self, ok: list) -> list[np.ndarray]:
+        """As :meth:`_lookup_bodies` with worker processes: per table one part for every owner,
+        one exchange per peer for every table (:meth:`~.peers.PeerHub.lookup_many`)."""
         bodies = [np.empty(h.value_len, np.uint8) for _, h, _ in ok]
         segs_of = self._segments(ok)
         keys_of = {tid: [ok[j][2].keys[ok[j][2].key_offsets[t]:ok[j][2].key_offsets[t + 1]] for j, t in segs]
                    for tid, segs in segs_of.items()}
         parts = [(tid, np.concatenate(ks) if len(ks) > 1 else ks[0]) for tid, ks in keys_of.items()]
-        for (tid, _), rows in zip(parts, self._lookup_tables(parts)):
+        for (tid, _), rows in zip(parts, self._hub.lookup_many(self._local, parts)):
             wire = self._twire[tid]
             data = rows.astype(wire, copy=False).reshape(-1).view(np.uint8)
             rb_ = rows.shape[1] * wire.itemsize
@@ -416,14 +510,12 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                 v0 = int(ok[j][2].value_offsets[t])
                 bodies[j][v0:v0 + n] = data[at:at + n]
                 at += n
-        for (m, h, _), body in zip(ok, bodies):
-            self._emit(m, MsgType.LOOKUP_REPLY, body)
-            self._c["lookup_keys"] += h.num_keys
+        return bodies
 
     def _flush_updates(self, q: list) -> None:
         """Updates ``q`` (arrival order): each admitted as the reference does (exactly-once
-        window, checks, log), then every admitted one applied, per table in one call."""
-        apply: list[tuple[int, list]] = []
+        window, checks, log), then every admitted one applied, all tables in one call."""
+        apply: list[tuple[int, np.ndarray]] = []
         acks: list[tuple[int, tuple | None]] = []
         for j, (m, h, rb) in enumerate(q):
             try:
@@ -442,18 +534,26 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             else:
                 self._emit(q[j][0], MsgType.ERROR, status=int(fault[0]), table_id=fault[1])
 
-    def _apply_updates(self, q: list, apply: list[tuple[int, list]]) -> None:
-        """Apply the admitted updates ``apply`` (``(index into q, gradients per table)``, arrival
-        order): the one place a wake-up changes rows. Per table one ``apply_segments`` over the
-        messages' segments in arrival order (overlapping keys one message after the other;
-        with workers each owner applies its share of every segment,
-        :meth:`~.peers.SplitTable.apply_segments`)."""
+    def _apply_updates(self, q: list, apply: list[tuple[int, np.ndarray]]) -> None:
+        """Apply the admitted updates ``apply`` (``(index into q, gradients float32 flat)``, arrival
+        order): the one place a wake-up changes rows. Every message's segments in one
+        :meth:`_rows_apply` (one optimizer step for every table; overlapping keys one message
+        after the other, :meth:`RowStore.apply_passes`); with workers each owner applies its share
+        of every segment (:meth:`~.peers.PeerHub.apply_many`)."""
+        if self._hub is None:
+            sel = [q[j] for j, _ in apply]
+            tids, counts, keys = self._concat(sel)
+            flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
+            self._rows_apply(tids, counts, keys, flat, len(apply) > 1)
+            return
         by_tid: dict[int, list] = {}
         for j, grads in apply:
             rb = q[j][2]
             ko = rb.key_offsets
-            for t, tid in enumerate(rb.directory["table_id"].tolist()):
-                by_tid.setdefault(tid, []).append((rb.keys[ko[t]:ko[t + 1]], grads[t]))
+            d = rb.directory
+            eo = np.r_[0, np.cumsum(d["num_keys"].astype(np.int64) * d["dim"].astype(np.int64))]
+            for t, (tid, dim) in enumerate(zip(d["table_id"].tolist(), d["dim"].tolist())):
+                by_tid.setdefault(tid, []).append((rb.keys[ko[t]:ko[t + 1]], grads[eo[t]:eo[t + 1]].reshape(-1, dim)))
         parts = []
         for tid, segs in by_tid.items():
             if len(segs) == 1:
@@ -464,16 +564,4 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                 g = np.concatenate([s[1] for s in segs])
                 offs = _offsets(np.array([s[0].size for s in segs], np.int64))
             parts.append((tid, k, g, offs))
-        if self._hub is not None:
-            self._hub.apply_many(self._local, parts)  # one exchange per peer for every table
-        else:
-            for tid, k, g, offs in parts:
-                self.tables[tid].apply_segments(k, g, offs)
-
-    def _lookup_tables(self, parts: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
-        """Rows float32 (n_t, dim_t) of ``parts`` ``[(table_id, keys), ...]``: from this
-        process's tables, or with workers from every owner in one exchange per peer
-        (:meth:`~.peers.PeerHub.lookup_many`)."""
-        if self._hub is not None:
-            return self._hub.lookup_many(self._local, parts)
-        return [self.tables[tid].lookup(k) for tid, k in parts]
+        self._hub.apply_many(self._local, parts)  # one exchange per peer for every table

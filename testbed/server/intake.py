@@ -63,15 +63,22 @@ class _Pend:
 class BatchIntake:
     """Validation and reassembly of a wake-up's datagrams (a part of ``BatchShardServer``)."""
 
-    def _intake(self, n: int) -> None:
+    def _intake(self, n: int, checked: tuple | None = None, taken: np.ndarray | None = None) -> None:
         """Validate, divert and reassemble the ``n`` frames and hand the complete messages to
         ``_messages`` (in the order of the datagram that completed them). A wake-up holding
         update polls (``shard.is_poll``) is cut at each poll: the frames before it are served
         first, then the poll (:meth:`_poll_row`), so its answer depends on exactly what came
-        before it, as in the reference."""
+        before it, as in the reference.
+
+        ``checked``: the header checks already made (``(cols, ok, p)`` as :meth:`_check_vector`:
+        the C answer path's, :meth:`.canswer.CAnswer.serve`); ``taken``: bool (n,), frames it
+        answered already (lookups: they change nothing here)."""
         bs = self._bs
         L = bs.lens[:n]
-        cols, ok, p = self._check_vector(n) if n > self.small or self._cin is not None else self._check_scalar(n)
+        if checked is not None:
+            cols, ok, p = checked
+        else:
+            cols, ok, p = self._check_vector(n) if n > self.small or self._cin is not None else self._check_scalar(n)
         if self.fixed_length:
             ok &= self._announced_match(np.flatnonzero(ok), cols, n)
 
@@ -80,7 +87,7 @@ class BatchIntake:
         for i in slow.tolist():
             self._cur_idx = i
             self.handle_datagram(bytes(bs.rx[i, :L[i]]), udpio.sockaddr_to_tuple(bs.names[i]))
-        good = np.flatnonzero(ok)
+        good = np.flatnonzero(ok if taken is None else ok & ~taken)
         if good.size == 0:
             return
         self._c["rx_frames"] += int(good.size)

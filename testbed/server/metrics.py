@@ -115,8 +115,9 @@ def shard_families(c: dict) -> list:
     if engines:
         e0 = engines[0]
         fam(GaugeMetricFamily, "engine_info", "The shard's engine (value 1).",
-            [((e0.get("name", "batch"), e0.get("intake", ""), str(bool(e0.get("gso"))).lower(), e0.get("batch", 0)), 1)],
-            ["engine", "intake", "gso", "batch"])
+            [((e0.get("name", "batch"), e0.get("intake", ""), e0.get("answer", ""), str(bool(e0.get("gso"))).lower(),
+               e0.get("batch", 0)), 1)],
+            ["engine", "intake", "answer", "gso", "batch"])
         for key, name, doc, scale in _ENGINE_COUNTERS:
             rows = [((e.get("worker", i),), e[key] * scale) for i, e in enumerate(engines) if key in e]
             if rows:
@@ -153,6 +154,8 @@ _ENGINE_COUNTERS = (
     ("gso_sends", "gso_sends", "Replies sent as UDP GSO super-datagrams.", 1),
     ("gso_fallbacks", "gso_fallbacks", "GSO sends the kernel refused (sent frame by frame).", 1),
     ("messages_whole", "messages_whole", "Multi-fragment messages gathered whole from one wake-up.", 1),
+    ("answered_in_c", "answered_in_c", "Lookups answered by the C answer path (rows gathered, reply built in C).", 1),
+    ("answered_from_rx", "answered_from_rx", "Of those, answered straight from the receive buffer.", 1),
     ("peer_calls", "peer_calls", "Sub-requests this worker made to the other workers.", 1),
     ("peer_rows_asked", "peer_rows_asked", "Rows this worker asked the other workers for.", 1),
     ("peer_requests", "peer_requests", "Sub-requests this worker served for the others.", 1),

@@ -52,11 +52,14 @@ class BatchReplies:
         ``num_tables``, ``num_keys``, ``value_len`` copied from the request; ``table_id`` names
         an ERROR's table)."""
         idx, info, name = m[0], m[1], m[2]
-        _, cid, mid, nt, nk, vl = info
-        ml = 0 if body is None else int(body.size)
         if msg_type == MsgType.ERROR:
             self._errors[Status(status)] += 1
         self._replies[msg_type] += 1
+        if self._ca is not None:  # the C answer path builds the frames (canswer.CAnswer.emit)
+            self._ca.add_spec(idx, name, msg_type, status, table_id, info, body)
+            return
+        _, cid, mid, nt, nk, vl = info
+        ml = 0 if body is None else int(body.size)
         P, W, H = self._P, self._W, consts.HDR_LEN
         count = max(1, -(-ml // P))
         a = self._reserve(count)
@@ -97,6 +100,10 @@ class BatchReplies:
         if not frames:
             return
         self._replies[frames[0][3]] += 1  # one reply message (byte 3: msg_type)
+        if self._ca is not None:
+            self._ca.queue_frames(frames, self._cur_idx,
+                                  addr if isinstance(addr, bytes) else udpio.tuple_to_sockaddr(addr))
+            return
         count = len(frames)
         a = self._reserve(count)
         for r, f in enumerate(frames):
@@ -109,6 +116,14 @@ class BatchReplies:
 
     def _transmit(self) -> None:
         """Send every reply of this wake-up, ordered by the datagram that completed its request."""
+        if self._ca is not None:  # built and sent in C (canswer: the frames' counts are its counters)
+            try:
+                self._ca.send()
+            except Exception:  # noqa: BLE001 - a bug must not stop the shard
+                self._c["send_errors"] += 1
+                self._ca.clear()
+                log.exception("shard %d: send failed", self.shard_id)
+            return
         if not self._rep_idx:
             self._ntx = 0
             return

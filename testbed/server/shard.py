@@ -80,7 +80,7 @@ from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.config import TableConfig
-from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique
+from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique, shared_tables
 
 from .metrics import ServiceTimes
 
@@ -200,7 +200,12 @@ class ShardServer:
         self.fixed_length = bool(fixed_length)
         # (client_id, msg_id) -> (msg_type, num_tables, num_keys, msg_len) of announced data
         self._announced: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
-        self.tables: dict[int, TableShard] = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
+        #: every table's rows in one arena with one index (one gather per message, whatever its
+        #: tables); ``tables`` holds a :class:`TableShard` view of it per table — a table whose
+        #: rows live in another store (its own object with TableShard's interface) is served
+        #: through that object, one call per such table (:meth:`_rows_lookup`, :meth:`_rows_apply`)
+        self.store, views = shared_tables(cfg.tables, cfg.seed, capacity=64)
+        self.tables: dict[int, TableShard] = views
         # per table id (65536 entries; what _table_fault reads as vectors): dim (-1: no such
         # table), wire dtype, rows bound (and whether there is one), every key ours (one shard,
         # or this table's shard under table sharding: no key need be hashed), and the largest
@@ -218,6 +223,9 @@ class ShardServer:
             self._towns_all[t.id] = (bool(owns(cfg, t.id, self.shard_id, np.zeros(1, np.uint64))[0])
                                      and (len(cfg.shards) == 1 or cfg.sharding == "table"))
             self._tgbound[t.id] = gradient_bound(t)
+        self._in_store = np.zeros(1 << 16, bool)  # per table id: its rows are in self.store
+        for tid, ts in self.tables.items():
+            self._in_store[tid] = isinstance(ts, TableShard) and ts.store is self.store
         #: the largest lookup reply (value_len) that fits MAX_FRAGS fragments at the cluster MTU
         self.max_reply_bytes = consts.MAX_FRAGS * consts.max_body_per_frame(cfg.mtu)
         self._reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
@@ -525,8 +533,8 @@ class ShardServer:
 
         Args:
             h: the request header; rb: its parsed body (:func:`codec.parse_request_body`).
-            grads: an update's gradients (:meth:`_grads`: the flat float32 values and the
-                per-table (n_t, dim_t) views).
+            grads: an update's gradients (:meth:`_grads`: the flat float32 values and each
+                table's element offsets).
         """
         d = rb.directory
         tids = d["table_id"].astype(np.int64)
@@ -555,13 +563,12 @@ class ShardServer:
             for t in np.flatnonzero((st == 0) & ~np.logical_and.reduceat(inc, starts)).tolist():
                 if not is_unique(keys[ko[t]:ko[t + 1]]):
                     st[t] = Status.MALFORMED
-            flat, per_table = grads
-            eo = np.zeros(tids.size + 1, np.int64)
-            np.cumsum(counts * d["dim"], out=eo[1:])
+            flat, eo = grads
             with np.errstate(invalid="ignore"):  # NaN gradients compare False: checked exactly below
                 near = ~(np.maximum.reduceat(np.abs(flat), eo[:-1]) < self._tgbound[tids])
-            for t in np.flatnonzero((st == 0) & near).tolist():
-                if not gradient_ok(self.tables[int(tids[t])].table, per_table[t]):
+            for t in np.flatnonzero((st == 0) & near).tolist():  # only tables near the bound
+                tab = self.cfg.table(int(tids[t]))
+                if not gradient_ok(tab, flat[eo[t]:eo[t + 1]].reshape(-1, tab.dim)):
                     st[t] = Status.MALFORMED
         bad_t = np.flatnonzero(st)
         if bad_t.size == 0:
@@ -570,24 +577,71 @@ class ShardServer:
         return Status(int(st[t])), int(tids[t])
 
     @staticmethod
-    def _grads(rb: RequestBody) -> tuple[np.ndarray, list[np.ndarray]]:
-        """An update's gradients as float32: (the flat values of every table (V,), and per table
-        of its directory a (n_t, dim_t) view of them). fp16 values widened exactly; an update of
-        fp32 tables only is viewed in place, no copy."""
+    def _grads(rb: RequestBody) -> tuple[np.ndarray, np.ndarray]:
+        """An update's gradients as float32: (the flat values of every table, table after table,
+        row after row (V,); element offsets int64 (T+1,): table ``t``'s are ``flat[eo[t]:eo[t+1]]``,
+        ``(n_t, dim_t)`` row-major). fp16 values widened exactly; an update of fp32 tables only
+        is viewed in place, no copy. A fixed number of numpy calls whatever the tables."""
         d = rb.directory
         n = d["num_keys"].astype(np.int64) * d["dim"].astype(np.int64)
-        if bool((d["dtype"] == DType.FP32).all()):
-            flat = np.frombuffer(rb.values, np.float32)
-        else:
-            flat = np.empty(int(n.sum()), np.float32)
-            at = 0
-            for t, m in enumerate(n.tolist()):
-                flat[at:at + m] = codec.table_values(rb.values, rb, t).reshape(-1)
-                at += m
         eo = np.zeros(n.size + 1, np.int64)
         np.cumsum(n, out=eo[1:])
-        dims = d["dim"].tolist()
-        return flat, [flat[a:b].reshape(-1, dim) for a, b, dim in zip(eo[:-1].tolist(), eo[1:].tolist(), dims)]
+        fp32 = d["dtype"] == DType.FP32
+        if bool(fp32.all()):
+            return np.frombuffer(rb.values, np.float32, count=int(eo[-1])), eo
+        if not fp32.any():
+            return np.frombuffer(rb.values, "<f2", count=int(eo[-1])).astype(np.float32), eo
+        # fp32 and fp16 tables in one message: every value's byte offset, then one gather per dtype
+        es = np.where(fp32, 4, 2)
+        e32 = np.repeat(fp32, n)
+        at = np.repeat(rb.value_offsets[:-1] - eo[:-1] * es, n) + np.arange(int(eo[-1])) * np.repeat(es, n)
+        b = np.frombuffer(rb.values, np.uint8)
+        flat = np.empty(int(eo[-1]), np.float32)
+        flat[e32] = b[at[e32][:, None] + np.arange(4)].view("<f4").reshape(-1)
+        flat[~e32] = b[at[~e32][:, None] + np.arange(2)].view("<f2").reshape(-1)
+        return flat, eo
+
+    def _rows_lookup(self, tids: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Rows of the keys of directory segments ``tids``/``counts`` (int (S,)), ``keys`` uint64
+        (Σ counts,): float32 flat (Σ counts·dim,), row after row — one search and one gather in
+        :attr:`store` for every table it holds; a table in a store of its own, one call each."""
+        if self._in_store[tids].all():
+            return self.store.lookup_segments(tids, counts, keys)
+        dims = self._tdim[tids]
+        out = np.empty(int((counts * dims).sum()), np.float32)
+        seg_in = self._in_store[tids]
+        key_in = np.repeat(seg_in, counts)
+        el_in = np.repeat(key_in, np.repeat(dims, counts))
+        if seg_in.any():
+            out[el_in] = self.store.lookup_segments(tids[seg_in], counts[seg_in], keys[key_in])
+        ko = np.r_[0, np.cumsum(counts)]
+        eo = np.r_[0, np.cumsum(counts * dims)]
+        for s in np.flatnonzero(~seg_in).tolist():
+            out[eo[s]:eo[s + 1]] = self.tables[int(tids[s])].lookup(keys[ko[s]:ko[s + 1]]).reshape(-1)
+        return out
+
+    def _rows_apply(self, tids: np.ndarray, counts: np.ndarray, keys: np.ndarray, flat: np.ndarray,
+                    several: bool) -> None:
+        """Apply gradients ``flat`` (float32 (Σ counts·dim,)) to the keys of directory segments
+        ``tids``/``counts`` (the segments of one or several messages in arrival order, a table's
+        keys unique within a segment; ``several``: a (table, key) may repeat across segments) —
+        one call to :attr:`store` for every table it holds (:meth:`RowStore.apply_segments`);
+        a table in a store of its own, one ``apply_segments`` each over its segments."""
+        if self._in_store[tids].all():
+            self.store.apply_segments(tids, counts, keys, flat, several)
+            return
+        dims = self._tdim[tids]
+        seg_in = self._in_store[tids]
+        key_in = np.repeat(seg_in, counts)
+        el_in = np.repeat(key_in, np.repeat(dims, counts))
+        if seg_in.any():
+            self.store.apply_segments(tids[seg_in], counts[seg_in], keys[key_in], flat[el_in], several)
+        for tid in np.unique(tids[~seg_in]).tolist():
+            seg = tids == tid
+            kt = np.repeat(seg, counts)
+            offs = np.r_[0, np.cumsum(counts[seg])]
+            self.tables[tid].apply_segments(keys[kt], flat[np.repeat(kt, np.repeat(dims, counts))].reshape(
+                -1, int(self._tdim[tid])), offs)
 
     def _handle_message(self, msg: Message) -> None:
         h = msg.header
@@ -651,9 +705,10 @@ class ShardServer:
         self._send(codec.encode_reply(h, MsgType.LOOKUP_REPLY, shard_id=self.shard_id, body=body, mtu=self.mtu),
                    msg.addr)
 
-    def _admit_update(self, h: Header, body, rb: RequestBody) -> list[np.ndarray] | None:
+    def _admit_update(self, h: Header, body, rb: RequestBody) -> np.ndarray | None:
         """The exactly-once decision of one update, in arrival order (both engines): None for a
-        duplicate (re-ack, apply nothing); else its gradients per table (float32 (n_t, dim_t)),
+        duplicate (re-ack, apply nothing); else its gradients, float32 flat, table after table
+        (:meth:`_grads`),
         after the update was checked (:meth:`_table_fault`), logged (write-ahead log) and put in
         the window — the caller applies them.
 
@@ -670,7 +725,7 @@ class ShardServer:
         fault = self._table_fault(h, rb, grads)
         if fault is not None:
             raise _Refused(*fault)
-        grads = grads[1]
+        grads = grads[0]
         if self._dur is not None:
             self._dur.append(h.client_id, h.msg_id, fp, body)
         self._c["updates_applied"] += 1
@@ -685,9 +740,8 @@ class ShardServer:
         h = msg.header
         grads = self._admit_update(h, msg.body, rb)
         if grads is not None:
-            ko = rb.key_offsets.tolist()
-            for t, tid in enumerate(rb.directory["table_id"].tolist()):
-                self.tables[tid].apply(rb.keys[ko[t]:ko[t + 1]], grads[t])
+            d = rb.directory
+            self._rows_apply(d["table_id"].astype(np.int64), d["num_keys"].astype(np.int64), rb.keys, grads, False)
         if self._sync_each and not self._commit_log():
             return
         self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), msg.addr)

@@ -11,8 +11,9 @@ from embnic.client_lib import routing
 from embnic.client_lib.config import TableConfig, parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.splitmix import splitmix64
-from embnic.client_lib.table_numerics import (TableShard, init_rows, is_unique, merge_states,
-                                              rowwise_mean_square, wire_round)
+from embnic.client_lib.table_numerics import (RowStore, TableShard, init_rows, is_unique, merge_states,
+                                              rowwise_mean_square, rowwise_mean_square_ragged, shared_tables,
+                                              wire_round)
 
 M64 = (1 << 64) - 1
 
@@ -359,7 +360,7 @@ def test_delta_index_merges_change_nothing():
     that never does hold the same rows (bit for bit) and find every key; the delta stays bounded."""
     t = TableConfig(id=1, name="t", rows=None, dim=4, optimizer="adagrad", lr=0.3)
     often, never = TableShard(t, seed=2, capacity=1), TableShard(t, seed=2, capacity=1)
-    often.MERGE_MIN, never.MERGE_MIN = 3, 1 << 40
+    often.store.MERGE_MIN, never.store.MERGE_MIN = 3, 1 << 40
     rng = np.random.default_rng(3)
     seen = np.empty(0, np.uint64)
     for step in range(40):
@@ -369,10 +370,10 @@ def test_delta_index_merges_change_nothing():
         often.apply(keys, g)
         never.apply(keys, g)
         seen = np.union1d(seen, keys)
-        assert often._dkeys.size <= max(3, often._keys.size >> 3)
+        assert often.store._dck.size <= max(3, often.store._ck.size >> 3)
         probe = np.r_[seen[::3], np.array([12345], np.uint64)]
         assert np.array_equal(often.lookup(probe), never.lookup(probe)), step
-    assert len(often) == len(never) == seen.size and never._keys.size == 0
+    assert len(often) == len(never) == seen.size and never.store._ck.size == 0
     for a, b in zip(often.state(), never.state()):
         assert np.array_equal(a, b)
     assert np.array_equal(often.state()[0], seen)
@@ -398,3 +399,84 @@ def test_gradient_rows_ok_fast_path_equals_the_per_row_rule(optimizer, lr):
                         else np.isfinite(np.float32(lr) * g).all(axis=1))
                 want = np.isfinite(g).all(axis=1) & step
             np.testing.assert_array_equal(gradient_rows_ok(t, g), want, err_msg=f"dim {dim} scale {scale}")
+
+
+# ---- one store for several tables ------------------------------------------------------------
+
+def _tables(dims, opts):
+    return [TableConfig(id=3 * i + 1, name=f"t{i}", rows=None, dim=d, optimizer=o, lr=0.05 + 0.1 * i, eps=1e-7,
+                        init_scale=0.01 * (i + 1)) for i, (d, o) in enumerate(zip(dims, opts))]
+
+
+@pytest.mark.parametrize("dims,opts", [((8, 8, 8), ("adagrad", "adagrad", "adagrad")),
+                                       ((8, 8, 8, 8), ("adagrad", "sgd", "adagrad", "sgd")),
+                                       ((4, 16, 1, 7), ("adagrad", "sgd", "sgd", "adagrad")),
+                                       ((3, 5), ("adagrad", "adagrad"))])
+def test_one_store_of_many_tables_equals_one_store_per_table(dims, opts):
+    """Messages of several tables (segments of each table, keys repeated across messages, new
+    and held rows, ids that share a composite key with another table's) through one shared
+    RowStore — one search, one gather, one optimizer step per call — hold and return exactly the
+    rows of one TableShard per table, bit for bit; state and load_state per table agree."""
+    tabs = _tables(dims, opts)
+    rng = np.random.default_rng(len(dims))
+    store, views = shared_tables(tabs, seed=7, capacity=1)
+    store.MERGE_MIN = 5  # fold the delta index often
+    alone = {t.id: TableShard(t, 7, capacity=1) for t in tabs}
+    pool = {t.id: np.unique(rng.integers(0, 2**64 - 1, 60, dtype=np.uint64, endpoint=True)) for t in tabs}
+    # a key of table B whose composite equals one of table A's: a collision the search must walk
+    a, b = tabs[0], tabs[1]
+    la, lb = store.local_index(a.id), store.local_index(b.id)
+    ka = pool[a.id][0]
+    kb = np.uint64((int(ka) + int(store.tsalt[la]) - int(store.tsalt[lb])) % 2**64)
+    assert store.composite(lb, np.array([kb]))[0] == store.composite(la, np.array([ka]))[0]
+    pool[b.id] = np.unique(np.r_[pool[b.id], kb])
+    for step in range(30):
+        tids, counts, keys, grads = [], [], [], []
+        for m in range(int(rng.integers(1, 4))):  # messages of a wake-up
+            for t in rng.permutation(tabs)[:int(rng.integers(1, len(tabs) + 1))]:
+                k = rng.choice(pool[t.id], int(rng.integers(1, 12)), replace=False)
+                if t is b and step % 3 == 0:
+                    k = np.unique(np.r_[k, kb])
+                tids.append(t.id), counts.append(k.size), keys.append(k)
+                grads.append(rng.standard_normal((k.size, t.dim)).astype(np.float32))
+        keys_all = np.concatenate(keys)
+        rows = store.lookup_segments(np.array(tids), np.array(counts), keys_all)
+        want = np.concatenate([alone[t].lookup(k).reshape(-1) for t, k in zip(tids, keys)])
+        assert np.array_equal(rows, want), step
+        store.apply_segments(np.array(tids), np.array(counts), keys_all,
+                             np.concatenate([g.reshape(-1) for g in grads]))
+        for t, k, g in zip(tids, keys, grads):  # the reference: one message (segment) after the other
+            alone[t].apply(k, g)
+    for t in tabs:
+        for x, y in zip(views[t.id].state(), alone[t.id].state()):
+            assert np.array_equal(x, y), t.id
+        assert len(views[t.id]) == len(alone[t.id]) > 0
+    assert len(store) == sum(len(v) for v in alone.values())
+    # load_state replaces one table (compacting the arena) and leaves the others alone
+    k, r, acc = alone[b.id].state()
+    views[b.id].load_state(k[::2].copy(), r[::2] + 1, acc[::2])
+    alone[b.id].load_state(k[::2].copy(), r[::2] + 1, acc[::2])
+    for t in tabs:
+        for x, y in zip(views[t.id].state(), alone[t.id].state()):
+            assert np.array_equal(x, y), t.id
+        probe = np.r_[pool[t.id], np.array([5, 2**63], np.uint64)]
+        assert np.array_equal(views[t.id].lookup(probe), alone[t.id].lookup(probe))
+
+
+def test_ragged_mean_square_equals_the_per_table_one():
+    rng = np.random.default_rng(1)
+    dims = rng.integers(1, 40, 300)
+    g = (rng.standard_normal(int(dims.sum())) * 10.0 ** rng.integers(-20, 20)).astype(np.float32)
+    got = rowwise_mean_square_ragged(g, dims)
+    at = 0
+    for r, d in enumerate(dims.tolist()):
+        assert got[r] == rowwise_mean_square(g[at:at + d].reshape(1, d))[0]
+        at += d
+
+
+def test_row_store_refuses_tables_it_does_not_hold():
+    store = RowStore(_tables((4, 4), ("sgd", "sgd")), seed=1)
+    with pytest.raises(KeyError, match=r"tables \[2\] are not in this row store"):
+        store.lookup_segments(np.array([1, 2]), np.array([1, 1]), np.array([5, 6], np.uint64))
+    with pytest.raises(ValueError, match="distinct tables"):
+        RowStore(_tables((4,), ("sgd",)) * 2, seed=1)

@@ -85,7 +85,8 @@ def test_storage_memory_disk_and_expected_rows():
     hw = P.Hardware(arena_slack=1.0)
     st = P.shard_storage(cfg, hw)
     assert st["rows"].tolist() == [750, 750]
-    assert st["memory_bytes"].tolist() == [500 * (16 + 4 + 16) + 250 * (32 + 16)] * 2
+    # dims 4 and 8 on each shard: the row store's flat arena, an offset per row
+    assert st["memory_bytes"].tolist() == [500 * (16 + 4 + 18 + 8) + 250 * (32 + 18 + 8)] * 2
     assert st["disk_bytes"].tolist() == [2 * (500 * (8 + 16 + 4) + 250 * (8 + 32 + 4))] * 2
     bad = json.loads(json.dumps(raw))
     del bad["tables"][1]["expected_rows"]

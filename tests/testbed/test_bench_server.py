@@ -35,6 +35,12 @@ def test_bench_server_writes_every_figure(tmp_path):
     assert res["workers_1"]["lookup_4096"]["request_frames_per_msg"] == 23
     assert res["targets"]["lookup_4096_vs_local"]["measured"] == res["ratio_lookup_4096"]
     assert len(res["load"]["loadavg_before"]) == 3
+    rd = res["rounds"]  # a round over 2 and over 26 tables: both measured, the ratio theirs
+    for op in ("lookup", "update"):
+        assert rd[f"{op}_2_wakeups"] >= 1 and rd[f"{op}_26_wakeups"] >= 1
+        assert rd[f"ratio_26_vs_2_{op}"] == pytest.approx(rd[f"{op}_26_us"] / rd[f"{op}_2_us"])
+    assert res["targets"]["rounds_26_vs_2_tables"]["met"] == rd["met"]
+    assert res["targets"]["lookup_1_vs_local"]["measured"] == res["ratio_lookup_1"]
     log2 = open(res["workers_2"]["log"]).read()
     assert "2 workers" in log2 and json.loads(log2.split("counters ")[1].splitlines()[0])["workers"][1]["wakeups"] > 0
     # the write-ahead log run: updates only, the shard really logged (and synced) them

@@ -868,7 +868,9 @@ def test_table_fault_equals_the_per_table_rule(sharding, shards):
         rb = codec.parse_request_body(h, body)
         grads = srv._grads(rb) if update else None
         # the oracle sees the gradients as the shard does: after the wire's rounding
-        oparts = [(p[0], p[1], p[2], p[3], grads[1][i] if update else None) for i, p in enumerate(parts)]
+        eo = grads[1] if update else None
+        oparts = [(p[0], p[1], p[2], p[3], grads[0][eo[i]:eo[i + 1]].reshape(-1, p[1]) if update else None)
+                  for i, p in enumerate(parts)]
         want = _fault_oracle(srv, cfg, oparts, update)
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -6,6 +6,7 @@ over a simulated lossy link.
 
 Run alone: python3 -m pytest -q tests/testbed/test_server_engine.py
 """
+import ctypes
 import os
 import random
 import socket
@@ -19,12 +20,20 @@ from embnic.client_lib.consts import MsgType
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
-from embnic.testbed.server import cintake, udpio
+from embnic.testbed.server import canswer, cintake, udpio
 from embnic.testbed.server.runner import ServerThread
+from embnic.testbed.server.shard import ShardServer
 
 from test_server import lookup_frames, make_cfg, multi_lookup_frames, multi_update_frames, reply_rows, update_frames
 
 PROBE_ID = 0x7FFF0000
+#: tables of several dims and dtypes (the row store's flat arena) — with a row longer than 256
+#: values, computed in pieces in C — and of one dim (its (rows, dim) arena)
+TABLES_MIXED = [{"id": 0, "rows": 2000, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
+                {"id": 1, "rows": 5000, "dim": 16, "optimizer": "sgd", "lr": 0.3},
+                {"id": 3, "rows": 1000, "dim": 12, "optimizer": "adagrad", "dtype": "fp16"},
+                {"id": 4, "rows": 900, "dim": 300, "optimizer": "sgd", "lr": 0.01, "dtype": "fp16"}]
+TABLES_UNIFORM = [{"id": t, "rows": 3000, "dim": 8, "optimizer": "adagrad", "lr": 0.1} for t in (0, 1, 2, 5)]
 
 
 def _mutate(frame, **fields):
@@ -277,6 +286,148 @@ def test_c_intake_equals_the_numpy_intake():
         assert seen_ok > 100 and seen_whole > 5
     finally:
         srv.close()
+
+
+def build_lookup_stream(cfg, seed, n=160):
+    """Mostly lookups for shard 0 — one to three tables, 1..600 keys (single frames, fragmented
+    requests and fragmented replies), rows never updated (computed) and updated — with now and
+    then an update of rows they read (the C path answers lookups only up to a wake-up's first
+    other frame), a refused lookup (unknown table, wrong dim or dtype, a key out of range,
+    another shard's key, a table twice in the directory), a duplicate, a retransmission."""
+    rng = np.random.default_rng(seed)
+    mine = {t.id: routing.owned_keys(cfg, t.id, 0) for t in cfg.tables}
+    theirs = {t.id: routing.owned_keys(cfg, t.id, 1) for t in cfg.tables}
+    out = []
+    for m in range(1, n + 1):
+        c = 1 + m % 2
+        tabs = [cfg.tables[int(i)] for i in rng.permutation(len(cfg.tables))[:int(rng.choice([1, 1, 2, 3]))]]
+        parts = [(t.id, np.sort(rng.choice(mine[t.id], min(int(rng.choice([1, 2, 30, 250, 600])), mine[t.id].size),
+                                           replace=False)).astype(np.uint64)) for t in tabs]
+        r = rng.random()
+        if r < 0.12:
+            up = [(tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)) for tid, k in parts]
+            out += [(c, f) for f in multi_update_frames(cfg, up, m, client_id=c)]
+            continue
+        if r < 0.22:
+            t, k = parts[0]
+            bad = m % 6
+            if bad == 0:
+                fr = multi_lookup_frames(cfg, parts + [(9, k[:2])], m, client_id=c)  # UNKNOWN_TABLE
+            elif bad == 1:
+                fr = lookup_frames(cfg, t, k, m, client_id=c, dim=cfg.table(t).dim + 1)  # DIM_MISMATCH
+            elif bad == 2:
+                fr = lookup_frames(cfg, t, np.r_[k[:1], 10**6].astype(np.uint64), m, client_id=c)  # out of range
+            elif bad == 3:
+                fr = lookup_frames(cfg, t, np.sort(np.r_[k[:3], theirs[t][:1]]).astype(np.uint64), m,
+                                   client_id=c)  # NOT_OWNER
+            elif bad == 4:
+                fr = multi_lookup_frames(cfg, [(t, k[:2]), (t, k[2:4])], m, client_id=c)  # a table twice
+            else:
+                other = 2 if cfg.table(t).wire_dtype == 1 else 1
+                fr = lookup_frames(cfg, t, k, m, client_id=c, dtype=other)  # the wrong dtype
+            out += [(c, f) for f in fr]
+            continue
+        fr = multi_lookup_frames(cfg, parts, m, client_id=c)
+        out += [(c, f) for f in fr]
+        if r > 0.95:  # a duplicate, or a retransmission of its first fragment only
+            out += [(c, f) for f in (fr if r > 0.975 else fr[:1])]
+    return out
+
+
+@pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
+@pytest.mark.parametrize("tables", ["mixed", "uniform"])
+@pytest.mark.parametrize("batch", [7, 64, 256])
+def test_c_answer_equals_numpy_answer_frame_by_frame(tables, batch):
+    """Lookups answered by the C path (dataplane/shard/answer.c: directory, checks, one pass of
+    searches over every table, reply frames, sendmmsg + GSO) against the numpy path (C intake,
+    replies from engine.py / replies.py / udpio.py) and the reference server on the same
+    frames: every reply frame byte for byte, every counter, every row. Mixed dims and dtypes
+    (a flat arena; fp16 rows cast in C as numpy does) and one dim (a (rows, dim) arena)."""
+    tabs = TABLES_MIXED if tables == "mixed" else TABLES_UNIFORM
+    cfg = make_cfg(tables=tabs)
+    stream = build_lookup_stream(cfg, batch)
+    ref = run_stream(cfg, "reference", stream)
+    num = run_stream(cfg, "batch", stream, batch=batch, c_answer=False)
+    cc = run_stream(cfg, "batch", stream, batch=batch)
+    assert num[1]["engine"]["answer"] == "numpy" and cc[1]["engine"]["answer"] == "c"
+    assert cc[0] == num[0] == ref[0]  # every reply frame, byte for byte
+    assert _comparable(cc[1]) == _comparable(num[1]) == _comparable(ref[1])
+    for tid in ref[2]:
+        for a, b, c in zip(cc[2][tid], num[2][tid], ref[2][tid]):
+            assert np.array_equal(a, b) and np.array_equal(a, c)
+    # every lookup that was not refused was answered in C: straight from the receive buffer (the
+    # wake-up's lookups before its first other frame), or once the engine had reassembled it;
+    # the refused ones (ERROR, the engine's rules) in Python
+    e = cc[1]["engine"]
+    assert e["answered_in_c"] == ref[1]["replies"]["LOOKUP_REPLY"] and e["answered_from_rx"] > 0, e
+    assert sum(ref[1]["errors"].values()) >= 6 and ref[1]["updates_applied"] > 5
+    assert e["messages_whole"] > 0 and e["gso_sends"] > 0
+
+
+@pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
+@pytest.mark.parametrize("c_answer", [True, False])
+def test_rows_of_two_tables_sharing_a_composite_key(c_answer):
+    """Row ids of two tables whose composite keys in the shard's one index are equal (key +
+    table salt): each table's lookup finds its own row — or, before it was ever updated, its
+    initial value, never the other table's row — in C and in numpy, as LocalBackend says."""
+    cfg = make_cfg(1, tables=[{"id": 0, "rows": 100, "dim": 8}, {"id": 1, "dim": 8},  # (table 0: the probe's)
+                              {"id": 2, "dim": 8, "optimizer": "sgd", "lr": 0.5}])
+    ref = LocalBackend(cfg)
+    probe = ShardServer(cfg, 0)
+    salt = {int(t): int(x) for t, x in zip(probe.store.table_ids, probe.store.tsalt)}
+    ka = np.array([123456789, 2**63 + 5], np.uint64)
+    kb = ((ka.astype(object) + salt[1] - salt[2]) % 2**64).astype(np.uint64)
+    order = np.argsort(kb)
+    kb = kb[order]
+    assert sorted(((kb.astype(object) + salt[2]) % 2**64).tolist()) == sorted(
+        ((ka.astype(object) + salt[1]) % 2**64).tolist())
+    g = np.ones((2, 8), np.float32)
+    stream = [(1, f) for f in update_frames(cfg, 1, ka, g, 1)]  # table 1 only: kb's composites are table 1's
+    ref.update(1, ka, g)
+    stream += [(1, f) for f in multi_lookup_frames(cfg, [(1, ka), (2, kb)], 2)]
+    stream += [(1, f) for f in lookup_frames(cfg, 2, kb, 3)]
+    want = {2: np.concatenate([ref.lookup(1, ka), ref.lookup(2, kb)]), 3: ref.lookup(2, kb)}
+    stream += [(1, f) for f in update_frames(cfg, 2, kb, 3 * g, 4)]  # now both tables hold a row
+    ref.update(2, kb, 3 * g)
+    stream += [(1, f) for f in multi_lookup_frames(cfg, [(2, kb), (1, ka)], 5)]
+    want[5] = np.concatenate([ref.lookup(2, kb), ref.lookup(1, ka)])
+    got, counters, state = run_stream(cfg, "batch", stream, c_answer=c_answer)
+    re = Reassembler(expect="reply")
+    seen = {m.header.msg_id: m for m in (re.feed(f) for f in got[1]) if m is not None}
+    for mid in (2, 3, 5):
+        assert np.array_equal(np.frombuffer(seen[mid].body, "<f4").reshape(-1, 8), want[mid]), mid
+    assert not np.array_equal(want[3], ref.lookup(1, ka)[order])  # not table 1's rows
+    for tid in (1, 2):
+        for a, b in zip(state[tid], ref.state_dict()[tid]):
+            assert np.array_equal(a, b)
+    assert counters["engine"].get("answered_in_c", 0) == (3 + 2 if c_answer else 0)  # and run_stream's 2 probes
+
+
+@pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
+def test_c_fp16_cast_equals_numpy():
+    """float32 -> float16 in C (store.c, for fp16 tables' replies) against numpy's cast: every
+    pattern near the subnormal, normal and overflow edges, ties, and a million random ones;
+    NaN stays NaN (rows are never NaN: updates that would make one are refused)."""
+    lib = canswer.load()
+    lib.embnic_shard_to_f16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.embnic_shard_to_f16.restype = None
+    rng = np.random.default_rng(0)
+    edges = np.array([0x33000000, 0x33800000, 0x38000000, 0x38800000, 0x477FE000, 0x477FF000, 0x47800000,
+                      0x7F800000, 0x00000001, 0x007FFFFF, 0x3F800000], np.uint32)
+    near = (edges[:, None].astype(np.int64) + np.arange(-4096, 4097)).reshape(-1)
+    near = near[(near >= 0) & (near < 2**31)].astype(np.uint32)
+    ties = ((rng.integers(0x33000000, 0x47800000, 20000, dtype=np.uint32) & ~np.uint32(0x1FFF))
+            | np.uint32(0x1000))  # exactly half way between two halves
+    bits = np.concatenate([near, near | np.uint32(0x80000000), ties,
+                           rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32)])
+    out = np.empty(bits.size, np.uint16)
+    lib.embnic_shard_to_f16(bits.ctypes.data, out.ctypes.data, bits.size)
+    f = bits.view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = f.astype(np.float16).view(np.uint16)
+    nan = np.isnan(f)
+    assert np.array_equal(out[~nan], want[~nan])
+    assert np.isnan(out[nan].view(np.float16)).all()
 
 
 def test_batch_engine_equals_local_backend_when_updates_share_a_wakeup():

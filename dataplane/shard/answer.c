@@ -1,0 +1,515 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * The shard's answer path in C: lookups answered straight from the receive
+ * buffer (directory, checks, one pass of row gathers over every table of a
+ * message, reply frames), reply frames of any type for what the Python
+ * engine decided (testbed/server/engine.py: errors, acks, NACKs, rows of
+ * messages it reassembled), all into one transmit queue that send.c sends.
+ * The numpy code of testbed/server/{intake,engine,replies}.py is the
+ * reference and the fallback: tests/testbed/test_server_engine.py runs the
+ * same requests through both and compares every reply frame.
+ *
+ * What is answered here: the lookups of a wake-up that come before its first
+ * frame of anything else (an update, a malformed frame, ...), single frames
+ * and messages whose every fragment came in the wake-up, when their
+ * directory adds up and every table is known, of the right dim and dtype,
+ * held in the shard's row store, and every key in range and this shard's.
+ * Anything else is left to the Python engine (which answers it with the
+ * reference's rules: one home for every error), and so is everything after
+ * that first other frame, so a lookup always sees exactly the updates that
+ * came before it.
+ */
+#include <string.h>
+
+#include "shard.h"
+
+enum {
+#define EMBNIC_F_INDEX(f, off, size) F_##f,
+	EMBNIC_HDR_FIELDS(EMBNIC_F_INDEX)
+#undef EMBNIC_F_INDEX
+	F_END
+};
+
+static inline uint16_t
+le16(const uint8_t *b)
+{
+	uint16_t v;
+
+	memcpy(&v, b, 2);
+	return v;
+}
+
+static inline uint32_t
+le32(const uint8_t *b)
+{
+	uint32_t v;
+
+	memcpy(&v, b, 4);
+	return v;
+}
+
+static inline uint64_t
+le64(const uint8_t *b)
+{
+	uint64_t v;
+
+	memcpy(&v, b, 8);
+	return v;
+}
+
+/* what Python checks the structs against (canswer.py) */
+void
+embnic_shard_layout(int64_t *out)
+{
+	out[0] = (int64_t)sizeof(struct embnic_answer);
+	out[1] = (int64_t)offsetof(struct embnic_answer, stats);
+	out[2] = (int64_t)sizeof(struct embnic_store);
+	out[3] = (int64_t)sizeof(struct embnic_shard_tables);
+	out[4] = (int64_t)sizeof(struct embnic_reply_spec);
+	out[5] = EMBNIC_NB_ST;
+}
+
+/* the header of one reply frame, network byte order (codec.encode_reply) */
+static void
+put_header(uint8_t *f, uint8_t msg_type, uint16_t status, uint32_t msg_id, uint16_t client_id, uint16_t shard_id,
+	   uint16_t num_tables, uint16_t table_id, uint32_t num_keys, uint32_t value_len, uint32_t msg_len,
+	   uint32_t frag_offset, uint16_t frag_index, uint16_t frag_count, uint16_t frag_len)
+{
+	struct embnic_hdr h;
+
+	h.magic = embnic_ntoh16(EMBNIC_MAGIC);
+	h.version = EMBNIC_PROTO_VERSION;
+	h.msg_type = msg_type;
+	h.flags = 0;
+	h.reserved0 = 0;
+	h.status = embnic_ntoh16(status);
+	h.msg_id = embnic_ntoh32(msg_id);
+	h.client_id = embnic_ntoh16(client_id);
+	h.shard_id = embnic_ntoh16(shard_id);
+	h.num_tables = embnic_ntoh16(num_tables);
+	h.table_id = embnic_ntoh16(table_id);
+	h.num_keys = embnic_ntoh32(num_keys);
+	h.value_len = embnic_ntoh32(value_len);
+	h.msg_len = embnic_ntoh32(msg_len);
+	h.frag_offset = embnic_ntoh32(frag_offset);
+	h.frag_index = embnic_ntoh16(frag_index);
+	h.frag_count = embnic_ntoh16(frag_count);
+	h.frag_len = embnic_ntoh16(frag_len);
+	h.reserved = 0;
+	memcpy(f, &h, sizeof(h));
+}
+
+static inline int64_t
+frames_of(const struct embnic_answer *a, int64_t body_len)
+{
+	return body_len <= a->P ? 1 : (body_len + a->P - 1) / a->P;
+}
+
+/*
+ * The frames of one reply (body_len bytes of body cut at P) into the
+ * transmit buffer and the reply onto the queue, to name (a sockaddr_in),
+ * in the order of datagram idx. Returns the frames written; -1 when the
+ * buffer or the queue is full (nothing written).
+ */
+int64_t
+embnic_shard_reply_frames(struct embnic_answer *a, int64_t idx, const uint8_t *name, uint8_t msg_type,
+			  uint16_t status, uint16_t table_id, uint32_t msg_id, uint16_t client_id,
+			  uint16_t num_tables, uint32_t num_keys, uint32_t value_len, const uint8_t *body,
+			  int64_t body_len)
+{
+	int64_t count = frames_of(a, body_len);
+	int64_t row = a->ntx;
+
+	if (row + count > a->tx_cap || a->nrq >= a->rq_cap)
+		return -1;
+	for (int64_t i = 0; i < count; i++) {
+		uint8_t *f = a->tx + (row + i) * a->width;
+		int64_t at = i * a->P;
+		int64_t len = i + 1 < count ? a->P : body_len - at;
+
+		put_header(f, msg_type, status, msg_id, client_id, (uint16_t)a->shard_id, num_tables, table_id,
+			   num_keys, value_len, (uint32_t)body_len, (uint32_t)at, (uint16_t)i, (uint16_t)count,
+			   (uint16_t)len);
+		if (len > 0)
+			memcpy(f + EMBNIC_HDR_LEN, body + at, (size_t)len);
+		a->txlen[row + i] = EMBNIC_HDR_LEN + len;
+	}
+	a->rq_idx[a->nrq] = idx;
+	a->rq_start[a->nrq] = row;
+	a->rq_count[a->nrq] = count;
+	memcpy(a->rq_name + a->nrq * 16, name, 16);
+	a->nrq++;
+	a->ntx = row + count;
+	return count;
+}
+
+/*
+ * Replies the caller decided (struct embnic_reply_spec, k of them) into the
+ * queue. Returns 0; or -rows when the transmit buffer lacks room for all of
+ * them (nothing written: grow it to ntx + rows and call again).
+ */
+int64_t
+embnic_shard_emit(struct embnic_answer *a, const struct embnic_reply_spec *specs, int64_t k)
+{
+	int64_t need = 0;
+
+	for (int64_t j = 0; j < k; j++)
+		need += frames_of(a, specs[j].body_len);
+	if (a->ntx + need > a->tx_cap || a->nrq + k > a->rq_cap)
+		return -need;
+	for (int64_t j = 0; j < k; j++) {
+		const struct embnic_reply_spec *s = &specs[j];
+
+		embnic_shard_reply_frames(a, s->idx, s->name, s->msg_type, s->status, s->table_id, s->msg_id,
+					  s->client_id, s->num_tables, s->num_keys, s->value_len, s->body,
+					  s->body_len);
+	}
+	return 0;
+}
+
+/*
+ * The frames of n (already queued, idx order) reference-handler replies ...
+ * are the caller's (it copies them in); this queues one such reply of rows
+ * start .. start+count-1. Returns 0, -1 when the queue is full.
+ */
+int64_t
+embnic_shard_queue(struct embnic_answer *a, int64_t idx, const uint8_t *name, int64_t start, int64_t count)
+{
+	if (a->nrq >= a->rq_cap)
+		return -1;
+	a->rq_idx[a->nrq] = idx;
+	a->rq_start[a->nrq] = start;
+	a->rq_count[a->nrq] = count;
+	memcpy(a->rq_name + a->nrq * 16, name, 16);
+	a->nrq++;
+	return 0;
+}
+
+/* directory entry t of a request body (codec.DIR_DTYPE, little-endian) */
+struct dir_entry {
+	uint16_t table_id;
+	uint16_t dim;
+	uint8_t dtype;
+	uint32_t num_keys;
+};
+
+static inline struct dir_entry
+dir_at(const uint8_t *body, int64_t t)
+{
+	const uint8_t *e = body + t * EMBNIC_DIR_ENTRY;
+	struct dir_entry d = { le16(e), le16(e + 2), e[4], le32(e + 8) };
+
+	return d;
+}
+
+/* a lookup request's header fields this file reads */
+struct lookup {
+	uint32_t msg_id;
+	uint16_t client_id;
+	uint16_t num_tables;
+	uint32_t num_keys;
+	uint32_t value_len;
+};
+
+/*
+ * Does the directory of a lookup add up (codec.parse_request_body) and may
+ * every table of it be answered from the store (ShardServer._table_fault's
+ * table rules: known, dim and dtype as configured; and held in the store)?
+ */
+static int
+directory_ok(const struct embnic_answer *a, const uint8_t *body, const struct lookup *q)
+{
+	const struct embnic_shard_tables *tb = a->tables;
+	int64_t T = q->num_tables;
+	uint64_t keys = 0, bytes = 0;
+	uint64_t seen[1024];	/* table ids, for a directory of many tables */
+
+	if (T > 16)
+		memset(seen, 0, sizeof(seen));
+	for (int64_t t = 0; t < T; t++) {
+		struct dir_entry d = dir_at(body, t);
+
+		if (d.num_keys == 0 || d.dim == 0 ||
+		    (d.dtype != EMBNIC_DTYPE_FP32 && d.dtype != EMBNIC_DTYPE_FP16))
+			return 0;
+		if (T > 16) {
+			if (seen[d.table_id >> 6] & (1ULL << (d.table_id & 63)))
+				return 0;
+			seen[d.table_id >> 6] |= 1ULL << (d.table_id & 63);
+		} else {
+			for (int64_t u = 0; u < t; u++)
+				if (dir_at(body, u).table_id == d.table_id)
+					return 0;
+		}
+		if (tb->dim[d.table_id] != d.dim || tb->dtype[d.table_id] != d.dtype || tb->li[d.table_id] < 0)
+			return 0;
+		keys += d.num_keys;
+		bytes += (uint64_t)d.num_keys * d.dim * (d.dtype == EMBNIC_DTYPE_FP32 ? 4 : 2);
+	}
+	return keys == q->num_keys && bytes == q->value_len;
+}
+
+/* may this shard answer key k of table tid (range and owner)? */
+static inline int
+key_ok(const struct embnic_shard_tables *tb, uint16_t tid, uint64_t k)
+{
+	if (tb->has_rows[tid] && k >= tb->rows[tid])
+		return 0;
+	if (tb->owns_all[tid])
+		return 1;
+	if (!tb->hash_sharding || tb->nshards <= 0)
+		return 0;
+	uint64_t h = embnic_splitmix64(k ^ ((uint64_t)tid << 48));
+
+	return tb->shard_ids[h % (uint64_t)tb->nshards] == tb->shard_id;
+}
+
+#define GATHER_CHUNK 256	/* keys searched before their rows are copied */
+#define PREFETCH 8		/* rows ahead */
+
+/* dim values of a float32 row as wire fp32 (little-endian, as stored) */
+static inline void
+copy_row(uint8_t *out, const float *w, int64_t bytes)
+{
+	switch (bytes) {	/* constant sizes: inlined moves, no call */
+	case 16:
+		memcpy(out, w, 16);
+		return;
+	case 32:
+		memcpy(out, w, 32);
+		return;
+	case 64:
+		memcpy(out, w, 64);
+		return;
+	case 128:
+		memcpy(out, w, 128);
+		return;
+	default:
+		memcpy(out, w, (size_t)bytes);
+	}
+}
+
+/*
+ * The rows of n keys (little-endian u64 at kp) of table li in the wire
+ * dtype, one after the other at out, a chunk of keys at a time in three
+ * passes: (1) where each key is in the index (galloping searches near one
+ * another: the keys of a table are sorted); (2) the arena slot of each, a
+ * loop of independent loads whose cache misses overlap; (3) the rows, each
+ * prefetched a few rows ahead (rows lie in the arena in the order they were
+ * first updated, not by key).
+ */
+static void
+gather(const struct embnic_store *s, int64_t li, const uint8_t *kp, uint32_t n, int64_t dim, int64_t dtype,
+       uint8_t *out)
+{
+	uint64_t salt = s->ct ? s->tsalt[li] : 0;
+	int64_t rowb = dim * (dtype == EMBNIC_DTYPE_FP32 ? 4 : 2);
+	int64_t hint[2] = { 0, 0 };
+	int64_t slot[GATHER_CHUNK];
+
+	for (uint32_t c0 = 0; c0 < n; c0 += GATHER_CHUNK) {
+		uint32_t k = n - c0 < GATHER_CHUNK ? n - c0 : GATHER_CHUNK;
+
+		/* slot[i] >= 0: a main-index position; -1: no row; <= -2: -2 - the slot (delta) */
+		for (uint32_t i = 0; i < k; i++) {
+			uint64_t c = le64(kp + (int64_t)(c0 + i) * 8) + salt;
+			int64_t p = embnic_store_pos(s, c, &hint[0]);
+
+			if (p < 0) {
+				p = embnic_store_find_delta(s, li, c, &hint[1]);
+				p = p >= 0 ? -2 - p : -1;
+			}
+			slot[i] = p;
+		}
+		for (uint32_t i = 0; i < k; i++) {
+			int64_t p = slot[i];
+
+			if (p >= 0)
+				slot[i] = s->ct == NULL || s->ct[p] == li ? s->cs[p] : -3;
+			else if (p <= -2)
+				slot[i] = -2 - p;
+			if (slot[i] == -3) {	/* another table's composite: the full search */
+				int64_t h[2] = { 0, 0 };
+
+				slot[i] = embnic_store_find(s, li, le64(kp + (int64_t)(c0 + i) * 8) + salt, h);
+			}
+		}
+		for (uint32_t i = 0; i < k; i++) {
+			if (i + PREFETCH < k && slot[i + PREFETCH] >= 0)
+				__builtin_prefetch(s->vals + (s->off ? s->off[slot[i + PREFETCH]] :
+								   slot[i + PREFETCH] * s->dim));
+			if (slot[i] >= 0 && dtype == EMBNIC_DTYPE_FP32)
+				copy_row(out, s->vals + (s->off ? s->off[slot[i]] : slot[i] * s->dim), rowb);
+			else
+				embnic_store_row(s, li, le64(kp + (int64_t)(c0 + i) * 8), slot[i], dim, dtype, out);
+			out += rowb;
+		}
+	}
+}
+
+/*
+ * Answer the lookup q whose whole body (directory, keys) is at body,
+ * completed by datagram idx, from name. Returns 1 when answered, 0 when it
+ * is left to the Python engine (nothing written), -1 when the transmit
+ * buffer or queue is full (nothing written).
+ */
+static int
+serve_lookup(struct embnic_answer *a, int64_t idx, const uint8_t *name, const struct lookup *q, const uint8_t *body)
+{
+	const struct embnic_store *s = a->store;
+	const struct embnic_shard_tables *tb = a->tables;
+	int64_t T = q->num_tables;
+	const uint8_t *kp = body + T * EMBNIC_DIR_ENTRY;
+	uint8_t *out = a->rep_buf;
+	int64_t vl = q->value_len;
+
+	if (vl > a->rep_cap || !directory_ok(a, body, q))
+		return 0;
+	for (int64_t t = 0; t < T; t++) {	/* every key in range and ours */
+		struct dir_entry d = dir_at(body, t);
+
+		if (tb->has_rows[d.table_id] || !tb->owns_all[d.table_id])
+			for (uint32_t i = 0; i < d.num_keys; i++)
+				if (!key_ok(tb, d.table_id, le64(kp + (int64_t)i * 8)))
+					return 0;
+		kp += (int64_t)d.num_keys * 8;
+	}
+	if (a->ntx + frames_of(a, vl) > a->tx_cap || a->nrq >= a->rq_cap)
+		return -1;
+	kp = body + T * EMBNIC_DIR_ENTRY;
+	for (int64_t t = 0; t < T; t++) {	/* one pass of gathers over every table */
+		struct dir_entry d = dir_at(body, t);
+
+		gather(s, tb->li[d.table_id], kp, d.num_keys, d.dim, d.dtype, out);
+		out += (int64_t)d.num_keys * d.dim * (d.dtype == EMBNIC_DTYPE_FP32 ? 4 : 2);
+		kp += (int64_t)d.num_keys * 8;
+	}
+	embnic_shard_reply_frames(a, idx, name, EMBNIC_LOOKUP_REPLY, 0, EMBNIC_NO_TABLE, q->msg_id, q->client_id,
+				  q->num_tables, q->num_keys, q->value_len, a->rep_buf, vl);
+	a->stats[EMBNIC_ST_LOOKUP_KEYS] += q->num_keys;
+	return 1;
+}
+
+static inline struct lookup
+lookup_of(const int64_t *c)
+{
+	struct lookup q = { (uint32_t)c[F_msg_id], (uint16_t)c[F_client_id], (uint16_t)c[F_num_tables],
+			    (uint32_t)c[F_num_keys], (uint32_t)c[F_value_len] };
+
+	return q;
+}
+
+/*
+ * Lookups the Python engine reassembled and queued (struct embnic_reply_spec
+ * each: the request's header fields, its whole body, the datagram that
+ * completed it, its source), answered here where this file's rules allow:
+ * answered[j] = 1 for those (their replies queued), 0 for the ones left to
+ * the engine. Returns how many were answered; or -rows when the transmit
+ * buffer lacks room for all of them (nothing answered: grow it, call again).
+ */
+int64_t
+embnic_shard_lookups(struct embnic_answer *a, const struct embnic_reply_spec *specs, int64_t k, uint8_t *answered)
+{
+	int64_t need = 0, n = 0;
+
+	for (int64_t j = 0; j < k; j++)
+		need += frames_of(a, specs[j].value_len);
+	if (a->ntx + need > a->tx_cap || a->nrq + k > a->rq_cap)
+		return -(need + 1);
+	for (int64_t j = 0; j < k; j++) {
+		const struct embnic_reply_spec *sp = &specs[j];
+		struct lookup q = { sp->msg_id, sp->client_id, sp->num_tables, sp->num_keys, sp->value_len };
+
+		answered[j] = sp->body_len == (int64_t)q.num_tables * EMBNIC_DIR_ENTRY + (int64_t)q.num_keys * 8 &&
+			      serve_lookup(a, sp->idx, sp->name, &q, sp->body) > 0;
+		n += answered[j];
+	}
+	a->stats[EMBNIC_ST_ANSWERED] += n;
+	return n;
+}
+
+/*
+ * One wake-up's n datagrams (a->rx): check every header (embnic_shard_check:
+ * a->cols, a->ok, a->p), then, with a->serve, answer the lookups described
+ * at the top of this file, marking their frames in a->taken.
+ *
+ * Returns the frames taken; or -rows when the transmit buffer has no room
+ * for the replies (nothing answered: grow it to ntx + rows, call again).
+ */
+int64_t
+embnic_shard_serve(struct embnic_answer *a, int n)
+{
+	const int64_t *cols = a->cols;
+	int64_t need = 0, taken = 0;
+	int b = 0;
+
+	embnic_shard_check(a->rx, a->slot, a->lens, n, a->shard_id, a->max_msg, a->max_reply, a->cols, a->ok, a->p);
+	memset(a->taken, 0, (size_t)n);
+	if (!a->serve)
+		return 0;
+	/* the lookups before the first frame of anything else */
+	for (; b < n; b++) {
+		const int64_t *c = cols + (int64_t)b * EMBNIC_NB_HDR_FIELDS;
+
+		if (!a->ok[b] || c[F_msg_type] != EMBNIC_LOOKUP_REQ)
+			break;
+		if (c[F_frag_index] == 0)
+			need += frames_of(a, c[F_value_len]);
+	}
+	if (a->ntx + need > a->tx_cap || a->nrq + b > a->rq_cap)
+		return -(need + 1);
+	int m = 0;
+
+	for (int i = 0; i < b; i++) {
+		const int64_t *c = cols + (int64_t)i * EMBNIC_NB_HDR_FIELDS;
+
+		if (c[F_frag_count] > 1) {
+			a->mg[m++] = i;
+			continue;
+		}
+		struct lookup q = lookup_of(c);
+
+		if (serve_lookup(a, i, a->names + (int64_t)i * 16, &q, a->rx + (int64_t)i * a->slot + EMBNIC_HDR_LEN) > 0) {
+			a->taken[i] = 1;
+			a->stats[EMBNIC_ST_MESSAGES]++;
+			a->stats[EMBNIC_ST_RX_FRAMES]++;
+			a->stats[EMBNIC_ST_RX_BYTES] += a->lens[i];
+			taken++;
+		}
+	}
+	if (m == 0 || !a->pending_empty)
+		return taken;
+	/* messages of several fragments, every one of them in this wake-up */
+	int g = embnic_shard_whole(cols, a->p, a->mg, m, a->order, a->grp);
+
+	for (int j = 0; j < g; j++) {
+		const int64_t *gr = a->grp + (int64_t)j * 6;
+		int64_t first = gr[0], cnt = gr[1], P = gr[4];
+		const int64_t *c = cols + gr[2] * EMBNIC_NB_HDR_FIELDS;
+		int64_t ml = c[F_msg_len];
+
+		if (!gr[5] || ml > a->req_cap)
+			continue;
+		for (int64_t f = 0; f < cnt; f++) {	/* fragment f, in index order */
+			int64_t i = a->mg[a->order[first + f]];
+			int64_t len = f + 1 < cnt ? P : ml - f * P;
+
+			memcpy(a->req_buf + f * P, a->rx + i * a->slot + EMBNIC_HDR_LEN, (size_t)len);
+		}
+		struct lookup q = lookup_of(c);
+
+		if (serve_lookup(a, gr[3], a->names + gr[2] * 16, &q, a->req_buf) > 0) {
+			a->stats[EMBNIC_ST_MESSAGES]++;
+			for (int64_t f = 0; f < cnt; f++) {
+				int64_t i = a->mg[a->order[first + f]];
+
+				a->taken[i] = 1;
+				a->stats[EMBNIC_ST_RX_BYTES] += a->lens[i];
+			}
+			a->stats[EMBNIC_ST_RX_FRAMES] += cnt;
+			a->stats[EMBNIC_ST_WHOLE]++;
+			taken += cnt;
+		}
+	}
+	return taken;
+}

@@ -1,0 +1,171 @@
+"""Shard-side cost of one round by number of tables (``embnic bench server``, ``server.rounds``).
+
+A **round** is what one client asks of one shard in one training step (protocol v2: one
+message per shard): here a lookup of ``total`` ids and, separately, an update of the same ids,
+spread evenly over 2 tables or over 26 tables (dim 8 fp32, row-wise Adagrad, the ids drawn from
+the rows the shard holds: 212,992 in both cases, spread evenly over its tables, so that only the
+number of tables differs). Issue "the round at the speed of the path" asks that the shard's
+work per round does not grow with the number of tables: ``ratio_26_vs_2_<op>`` (CPU per round
+with 26 tables ÷ with 2) within 1.2.
+
+How it is measured: a :class:`~embnic.testbed.server.engine.BatchShardServer` in this process
+on a loopback socket; a client socket sends the round's request frames; then, on this thread,
+timed with the thread's CPU clock: the shard's ``recvmmsg`` and :meth:`serve_batch` of that
+wake-up — header checks, reassembly, the directory, the checks of every table, the rows, the
+reply frames and their ``sendmmsg`` (the kernel's loopback path of the reply included). The
+client's draining of the replies is not timed. Rounds alternate between the table counts so
+load from other processes hits both alike; the figure is the median over the rounds.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+
+from embnic.client_lib import codec
+from embnic.client_lib.config import parse_config
+from embnic.client_lib.consts import MsgType
+from embnic.client_lib.sockets import set_socket_buffers
+
+TABLE_COUNTS = (2, 26)
+DIM = 8
+TARGET_RATIO = 1.2  #: CPU per round with 26 tables ÷ with 2 tables, at most
+POOL_ROWS = 26 * 8192  #: rows the shard holds before timing, spread evenly over its tables
+
+
+def rounds_config(ntables: int):
+    """A one-shard loopback cluster with ``ntables`` tables (ids 0..T-1, dim 8 fp32, Adagrad,
+    any uint64 id)."""
+    return parse_config({
+        "cluster": {"name": "bench-rounds", "mtu": 1500, "seed": 5},
+        "tables": [{"id": t, "name": f"C{t + 1}", "dim": DIM, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01}
+                   for t in range(ntables)],
+        "shards": [{"id": 0, "ip": "127.0.0.1", "port": 17890}],
+        "clients": [{"id": 1, "ip": "127.0.0.1"}],
+    })
+
+
+class _Rig:
+    """One shard (``ntables`` tables) and a client socket aimed at it."""
+
+    def __init__(self, ntables: int, total: int, rng: np.random.Generator, **engine_kw):
+        from embnic.testbed.server.engine import BatchShardServer
+
+        self.ntables = ntables
+        self.cfg = rounds_config(ntables)
+        self.srv = BatchShardServer(self.cfg, 0, "127.0.0.1", 0, **engine_kw)
+        self.addr = self.srv.open()
+        self.cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        set_socket_buffers(self.cli)
+        self.cli.bind(("127.0.0.1", 0))
+        self.cli.setblocking(False)
+        pool = POOL_ROWS // ntables
+        self.pool = np.sort(rng.choice(np.iinfo(np.int64).max, size=(ntables, pool), replace=False), axis=1
+                            ).astype(np.uint64)
+        self.counts = np.full(ntables, total // ntables, np.int64)
+        self.counts[: total % ntables] += 1
+        self.msg_id = 1
+        self.directory = codec.make_directory(np.arange(ntables), [DIM] * ntables, [1] * ntables, self.counts)
+        # materialise every pool row (one update per table slice), untimed
+        step = max(1, 6000 // ntables)  # an update of at most 6000 rows: within MAX_FRAGS fragments
+        for a in range(0, pool, step):
+            keys = self.pool[:, a:a + step].reshape(-1)
+            d = codec.make_directory(np.arange(ntables), [DIM] * ntables, [1] * ntables,
+                                     [min(step, pool - a)] * ntables)
+            self._serve(codec.encode_update(msg_id=self._next(), client_id=1, shard_id=0, directory=d, keys=keys,
+                                            values=np.zeros(keys.size * DIM, "<f4").tobytes()))
+
+    def _next(self) -> int:
+        self.msg_id += 1
+        return self.msg_id
+
+    def frames(self, op: str, rng: np.random.Generator) -> list[bytes]:
+        """One round's request frames: ``counts[t]`` ids of table t (sorted, distinct)."""
+        keys = np.concatenate([np.sort(rng.choice(self.pool[t], int(c), replace=False))
+                               for t, c in enumerate(self.counts.tolist())])
+        if op == "lookup":
+            return codec.encode_lookup(msg_id=self._next(), client_id=1, shard_id=0, directory=self.directory,
+                                       keys=keys)
+        g = (rng.standard_normal((keys.size, DIM)) * 0.1).astype("<f4")
+        return codec.encode_update(msg_id=self._next(), client_id=1, shard_id=0, directory=self.directory,
+                                   keys=keys, values=g.tobytes())
+
+    def _serve(self, frames: list[bytes]) -> tuple[float, int]:
+        """Send ``frames`` to the shard, then time its wake-ups until every frame is taken.
+        Returns (CPU seconds of the shard's receive + serve, wake-ups)."""
+        for f in frames:
+            self.cli.sendto(f, self.addr)
+        srv, bs = self.srv, self.srv._bs
+        left, cpu, wakeups = len(frames), 0.0, 0
+        t_end = time.monotonic() + 10.0
+        while left > 0:
+            c0 = time.thread_time()
+            n = bs.recv()
+            if n:
+                srv.serve_batch(n)
+            cpu += time.thread_time() - c0
+            if n:
+                left -= n
+                wakeups += 1
+            elif time.monotonic() > t_end:
+                raise RuntimeError(f"bench rounds: the shard's socket lost {left} of {len(frames)} frames")
+        self._drain()
+        return cpu, wakeups
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.cli.recv(65536)
+            except BlockingIOError:
+                return
+
+    def close(self) -> None:
+        self.cli.close()
+        self.srv.close()
+
+
+def run(*, total: int = 1300, rounds: int = 200, seed: int = 0, **engine_kw) -> dict:
+    """Measure one lookup round and one update round of ``total`` ids over 2 and over 26 tables.
+
+    Args:
+        total: ids per round (spread evenly over the tables).
+        rounds: timed rounds per table count and operation (median).
+        engine_kw: passed to the shard (e.g. ``c_answer=False`` for the numpy answer path).
+
+    Returns:
+        ``{"total_ids", "rounds", "<op>_<T>_us"`` (median CPU µs per round), ``"<op>_<T>_p90_us"``,
+        ``"<op>_<T>_wakeups"``, ``"ratio_26_vs_2_<op>"``, ``"target"``, ``"met"``}.
+    """
+    rng = np.random.default_rng(seed)
+    rigs = {t: _Rig(t, total, rng, **engine_kw) for t in TABLE_COUNTS}
+    out: dict = {"total_ids": total, "rounds": rounds, "dim": DIM, "optimizer": "adagrad",
+                 "request": "one message per round (one shard)"}
+    try:
+        for op in ("lookup", "update"):
+            times = {t: [] for t in TABLE_COUNTS}
+            wk = {t: 0 for t in TABLE_COUNTS}
+            for r in range(rounds + 5):
+                for t, rig in rigs.items():
+                    cpu, w = rig._serve(rig.frames(op, rng))
+                    if r >= 5:  # the first rounds warm caches and the engine's buffers
+                        times[t].append(cpu)
+                        wk[t] += w
+            for t in TABLE_COUNTS:
+                out[f"{op}_{t}_us"] = float(np.median(times[t]) * 1e6)
+                out[f"{op}_{t}_p90_us"] = float(np.percentile(times[t], 90) * 1e6)
+                out[f"{op}_{t}_wakeups"] = wk[t] / rounds
+            out[f"ratio_26_vs_2_{op}"] = out[f"{op}_26_us"] / out[f"{op}_2_us"]
+        out["target"] = TARGET_RATIO
+        out["met"] = all(out[f"ratio_26_vs_2_{op}"] <= TARGET_RATIO for op in ("lookup", "update"))
+        out["engine"] = rigs[2].srv.counters()["engine"]["intake"]
+    finally:
+        for rig in rigs.values():
+            rig.close()
+    return out
+
+
+if __name__ == "__main__":  # python -m embnic.testbed.bench.server_rounds
+    import json
+
+    print(json.dumps(run(), indent=1))

@@ -1,0 +1,347 @@
+"""The shard's answer path in C (``dataplane/shard/answer.c``, ``send.c``, ``store.c`` in
+``dataplane/build/libembnic-shard.so``) through ctypes, for the batch engine.
+
+Per wake-up, :meth:`CAnswer.serve` is **one** call: the header checks of every datagram
+(``embnic_shard_check``), then the lookups of the wake-up up to its first frame of anything
+else — single frames and messages whose every fragment came in the wake-up — answered
+straight from the receive buffer: directory and table checks, the rows of every table of a
+message in one pass of searches over the shard's :class:`~embnic.client_lib.table_numerics.RowStore`
+(read in place: its numpy arrays are handed over as pointers, refreshed when the store's
+``version`` moves), the reply frames written into the transmit buffer. What it leaves (updates,
+errors, messages reassembled across wake-ups, polls, ...) the Python engine handles as
+before; the replies it decides are built in C too (:meth:`CAnswer.emit`: headers, fragments),
+and :meth:`CAnswer.send` sends the whole queue ordered by the datagram that completed each
+request, with ``sendmmsg`` and UDP GSO. Counters of the C path are cumulative in the context
+(``stats``) and added to the engine's when they are read.
+
+The numpy code (:mod:`.intake`, :mod:`.engine`, :mod:`.replies`, :mod:`.udpio`) stays the
+readable reference and the fallback: the engine uses it where the library is not built
+(``cintake.load()`` is None, one log line says so), for ``--workers`` and ``--fixed-length``,
+and with ``c_answer=False``; ``tests/testbed/test_server_engine.py`` runs the same requests
+through both and compares every reply frame, counter and row.
+
+Layout: every struct is a numpy structured dtype below whose fields are 8 bytes wide, in the
+order of ``dataplane/shard/shard.h``; :func:`load` checks the sizes against
+``embnic_shard_layout()`` and refuses a library that disagrees.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import numpy as np
+
+from embnic.client_lib import consts
+
+from . import cintake
+
+log = logging.getLogger("embnic.server")
+
+_NF = len(consts.HEADER_FIELDS)
+
+
+def _struct(fields: list[str], tail: list[tuple] = ()) -> np.dtype:
+    return np.dtype([(f, "<u8" if f.startswith("p_") else "<i8") for f in fields] + list(tail))
+
+
+#: struct embnic_store (pointers ``p_*``)
+STORE = _struct(["p_ck", "p_cs", "p_ct", "m", "p_dck", "p_dcs", "p_dct", "d", "p_vals", "p_off", "dim", "p_tsalt",
+                 "p_tinit", "p_tscale", "ntables"])
+#: struct embnic_shard_tables
+TABLES = _struct(["p_dim", "p_dtype", "p_rows", "p_has_rows", "p_owns_all", "p_li", "p_shard_ids", "nshards",
+                  "hash_sharding", "shard_id"])
+ST = ("rx_frames", "rx_bytes", "messages", "whole", "lookup_keys", "tx_frames", "tx_bytes", "send_calls",
+      "gso_sends", "send_errors", "gso_fallbacks", "sent_frames", "answered")
+NB_ST = 16
+#: struct embnic_answer
+ANSWER = _struct(["p_rx", "slot", "p_lens", "p_names", "p_cols", "p_ok", "p_p", "p_order", "p_grp", "p_taken",
+                  "p_mg", "p_tx", "p_txlen", "width", "tx_cap", "ntx", "p_rq_idx", "p_rq_start", "p_rq_count",
+                  "p_rq_name", "rq_cap", "nrq", "p_rq_order", "p_req_buf", "req_cap", "p_rep_buf", "rep_cap",
+                  "p_tables", "p_store", "P", "max_msg", "max_reply", "shard_id", "pending_empty", "serve", "fd",
+                  "gso", "p_mmsg", "p_iov", "p_cmsg", "send_cap"], [("stats", "<i8", (NB_ST,))])
+#: struct embnic_reply_spec
+SPEC = np.dtype({"names": ["idx", "p_body", "body_len", "msg_id", "client_id", "num_tables", "num_keys", "value_len",
+                           "status", "table_id", "msg_type", "name"],
+                 "formats": ["<i8", "<u8", "<i8", "<u4", "<u2", "<u2", "<u4", "<u4", "<u2", "<u2", "u1", "V16"],
+                 "offsets": [0, 8, 16, 24, 28, 30, 32, 36, 40, 42, 44, 48], "itemsize": 64})
+SEND_CAP = 1024  #: sendmmsg entries per call
+_VP = ctypes.c_void_p
+_tried = False
+_lib: ctypes.CDLL | None = None
+
+
+def _ptr(a: np.ndarray | None) -> int:
+    return 0 if a is None else a.__array_interface__["data"][0]
+
+
+def load() -> ctypes.CDLL | None:
+    """The shard library with its answer path, or None (not built, refused, another ABI, or
+    structs that disagree with this module's: each logged once)."""
+    global _tried, _lib
+    if _tried:
+        return _lib
+    _tried = True
+    lib = cintake.load()
+    if lib is None:
+        return None
+    try:
+        fns = (lib.embnic_shard_layout, lib.embnic_shard_serve, lib.embnic_shard_emit, lib.embnic_shard_send,
+               lib.embnic_shard_queue, lib.embnic_shard_lookups)
+    except AttributeError:
+        log.warning("shard library %s has no answer path (an older build?); answering in Python", cintake.REPO_LIB)
+        return None
+    lay = np.zeros(8, np.int64)
+    fns[0].restype = None
+    fns[0].argtypes = [_VP]
+    fns[0](lay.ctypes.data)
+    want = [ANSWER.itemsize, ANSWER.fields["stats"][1], STORE.itemsize, TABLES.itemsize, SPEC.itemsize, NB_ST]
+    if lay[:6].tolist() != want:
+        log.warning("shard library's structs %s differ from canswer's %s; answering in Python", lay[:6].tolist(), want)
+        return None
+    lib.embnic_shard_serve.restype = ctypes.c_int64
+    lib.embnic_shard_serve.argtypes = [_VP, ctypes.c_int]
+    lib.embnic_shard_emit.restype = ctypes.c_int64
+    lib.embnic_shard_emit.argtypes = [_VP, _VP, ctypes.c_int64]
+    lib.embnic_shard_send.restype = ctypes.c_int64
+    lib.embnic_shard_send.argtypes = [_VP]
+    lib.embnic_shard_lookups.restype = ctypes.c_int64
+    lib.embnic_shard_lookups.argtypes = [_VP, _VP, ctypes.c_int64, _VP]
+    lib.embnic_shard_queue.restype = ctypes.c_int64
+    lib.embnic_shard_queue.argtypes = [_VP, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
+    _lib = lib
+    return lib
+
+
+class CAnswer:
+    """The C answer path of one :class:`~.engine.BatchShardServer` (opened: its batch socket
+    exists). Owns the transmit buffer and reply queue of the C path.
+
+    Args:
+        lib: :func:`load`'s library. srv: the engine (its socket, C intake, tables, row store).
+        serve: answer lookups in C (False: only checks, reply frames and sending in C).
+    """
+
+    def __init__(self, lib: ctypes.CDLL, srv, serve: bool = True):
+        self._lib = lib
+        self.srv = srv
+        self.serving = bool(serve)  #: lookups answered here (else checks, frames and sending only)
+        bs = srv._bs
+        batch = bs.batch
+        P = srv._P
+        # the header checks' outputs are the C intake's own (its grouping of fragments reads them)
+        self.cols, self.ok, self.p = srv._cin.cols, srv._cin.ok, srv._cin.p
+        self._order = np.zeros(batch, np.int64)
+        self._grp = np.zeros((batch, 6), np.int64)
+        self.taken = np.zeros(batch, np.uint8)
+        self._mg = np.zeros(batch, np.int64)
+        self._req = np.empty(consts.MAX_FRAGS * P, np.uint8)  # a whole lookup request (≤ MAX_FRAGS frames)
+        self._rep = np.empty(max(srv.max_reply_bytes, 1), np.uint8)  # a lookup reply's rows
+        self._mmsg = np.zeros(SEND_CAP * 64, np.uint8)
+        self._iov = np.zeros(SEND_CAP * 16, np.uint8)
+        self._cmsg = np.zeros(SEND_CAP * 24, np.uint8)
+        self._specs = np.zeros(64, SPEC)
+        self._nspec = 0
+        self._keep: list = []  # the bodies the specs point into, alive until emitted
+        # what the C checks read per table id (the engine's own arrays, uint8 views of its bools)
+        store = srv.store
+        li = np.full(1 << 16, -1, np.int64)
+        li[store.table_ids] = np.arange(store.table_ids.size)
+        li[~srv._in_store] = -1
+        self._li = li
+        cfg = srv.cfg
+        self._shard_ids = np.array([sh.id for sh in cfg.shards], np.int64)
+        self._has_rows = srv._thas_rows.view(np.uint8)
+        self._owns_all = srv._towns_all.view(np.uint8)
+        t = np.zeros(1, TABLES)
+        t["p_dim"], t["p_dtype"], t["p_rows"] = _ptr(srv._tdim), _ptr(srv._tdt), _ptr(srv._trows)
+        t["p_has_rows"], t["p_owns_all"], t["p_li"] = _ptr(self._has_rows), _ptr(self._owns_all), _ptr(li)
+        t["p_shard_ids"], t["nshards"] = _ptr(self._shard_ids), self._shard_ids.size
+        t["hash_sharding"], t["shard_id"] = int(cfg.sharding == "hash"), srv.shard_id
+        self._tables = t
+        self._store = np.zeros(1, STORE)
+        self._store_ver = -1
+        a = np.zeros(1, ANSWER)
+        a["p_rx"], a["slot"], a["p_lens"], a["p_names"] = _ptr(bs.rx), bs.rx.shape[1], _ptr(bs.lens), _ptr(bs.names)
+        a["p_cols"], a["p_ok"], a["p_p"] = _ptr(self.cols), _ptr(self.ok), _ptr(self.p)
+        a["p_order"], a["p_grp"], a["p_taken"], a["p_mg"] = (_ptr(self._order), _ptr(self._grp), _ptr(self.taken),
+                                                           _ptr(self._mg))
+        a["width"] = consts.HDR_LEN + P
+        a["p_req_buf"], a["req_cap"] = _ptr(self._req), self._req.size
+        a["p_rep_buf"], a["rep_cap"] = _ptr(self._rep), self._rep.size
+        a["p_tables"], a["p_store"] = _ptr(self._tables), _ptr(self._store)
+        a["P"], a["max_msg"] = P, min(srv.max_msg_bytes, srv._reasm.max_msg_len)
+        a["max_reply"], a["shard_id"] = srv.max_reply_bytes, srv.shard_id
+        a["serve"], a["fd"], a["gso"] = int(bool(serve)), bs.fd, int(bs.gso)
+        a["p_mmsg"], a["p_iov"], a["p_cmsg"], a["send_cap"] = (_ptr(self._mmsg), _ptr(self._iov), _ptr(self._cmsg),
+                                                             SEND_CAP)
+        self.ctx = a
+        self._p_ctx = _ptr(a)
+        self._a = a[0]  # a view of the one record (field reads and writes)
+        self._grow_tx(256)
+        self._grow_rq(4 * batch)
+        self._serve = lib.embnic_shard_serve
+
+    # -- buffers ------------------------------------------------------------------------------
+
+    def _grow_tx(self, need: int) -> None:
+        a = self._a
+        cap = int(a["tx_cap"])
+        if need <= cap:
+            return
+        cap = max(need, 2 * cap)
+        ntx = int(a["ntx"])
+        tx = np.empty((cap, int(a["width"])), np.uint8)
+        ln = np.zeros(cap, np.int64)
+        if ntx:
+            tx[:ntx] = self.tx[:ntx]
+            ln[:ntx] = self.txlen[:ntx]
+        self.tx, self.txlen = tx, ln
+        a["p_tx"], a["p_txlen"], a["tx_cap"] = _ptr(tx), _ptr(ln), cap
+
+    def _grow_rq(self, need: int) -> None:
+        a = self._a
+        cap = int(a["rq_cap"])
+        if need <= cap:
+            return
+        cap = max(need, 2 * cap)
+        nrq = int(a["nrq"])
+        arrs = []
+        for name, width in (("idx", 1), ("start", 1), ("count", 1), ("order", 1)):
+            new = np.zeros(cap, np.int64)
+            if nrq and name != "order":
+                new[:nrq] = getattr(self, "_rq_" + name)[:nrq]
+            setattr(self, "_rq_" + name, new)
+            arrs.append(new)
+        nm = np.zeros((cap, 16), np.uint8)
+        if nrq:
+            nm[:nrq] = self._rq_name[:nrq]
+        self._rq_name = nm
+        a["p_rq_idx"], a["p_rq_start"], a["p_rq_count"], a["p_rq_order"] = (_ptr(x) for x in arrs)
+        a["p_rq_name"], a["rq_cap"] = _ptr(nm), cap
+
+    def _refresh_store(self) -> None:
+        st = self.srv.store
+        if st.version == self._store_ver:
+            return
+        s = self._store
+        s["p_ck"], s["p_cs"], s["m"] = _ptr(st._ck), _ptr(st._cs), st._ck.size
+        s["p_dck"], s["p_dcs"], s["d"] = _ptr(st._dck), _ptr(st._dcs), st._dck.size
+        s["p_ct"], s["p_dct"] = (_ptr(st._ct), _ptr(st._dct)) if st.multi else (0, 0)
+        s["p_vals"] = _ptr(st._vals)
+        s["p_off"] = 0 if st.uniform else _ptr(st._off)
+        s["dim"] = st.D
+        s["p_tsalt"], s["p_tinit"], s["p_tscale"] = _ptr(st.tsalt), _ptr(st.tinit), _ptr(st.tscale)
+        s["ntables"] = st.table_ids.size
+        self._store_ver = st.version
+
+    # -- per wake-up --------------------------------------------------------------------------
+
+    def serve(self, n: int, pending_empty: bool) -> int:
+        """Check the ``n`` datagrams of the last receive (:attr:`cols`, :attr:`ok`, :attr:`p`, as
+        :meth:`~.cintake.CIntake.check`) and answer the lookups the C path takes
+        (:attr:`taken` marks their frames). ``pending_empty``: no message is being reassembled.
+        Returns the frames taken."""
+        self._refresh_store()
+        a = self._a
+        a["pending_empty"] = pending_empty
+        r = self._serve(self._p_ctx, n)
+        while r < 0:  # the replies need more transmit rows: grow, then again (nothing was done)
+            self._grow_tx(int(a["ntx"]) - int(r))
+            self._grow_rq(int(a["nrq"]) + 2 * n)
+            r = self._serve(self._p_ctx, n)
+        return int(r)
+
+    def lookups(self, q: list) -> np.ndarray:
+        """Answer the lookups ``q`` (``(m, header, body)`` as the engine queues them: whole
+        messages it reassembled) in C where the C path's rules allow. Returns bool (len(q),):
+        answered (replies queued); the others are the engine's to answer (errors, tables in
+        another store, ...)."""
+        k = len(q)
+        sp = np.zeros(k, SPEC)
+        for j, (m, h, _) in enumerate(q):
+            body = m[3]
+            sp[j] = (m[0], _ptr(body), body.size, h.msg_id, h.client_id, h.num_tables, h.num_keys, h.value_len,
+                     0, 0, 0, m[2])
+        done = np.zeros(k, np.uint8)
+        a = self._a
+        self._refresh_store()
+        r = self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done))
+        if r < 0:
+            self._grow_tx(int(a["ntx"]) - int(r))
+            self._grow_rq(int(a["nrq"]) + k)
+            self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done))
+        return done.view(bool)
+
+    def add_spec(self, idx: int, name: bytes, msg_type: int, status: int, table_id: int, info: tuple,
+                 body: np.ndarray | None) -> None:
+        """Queue a reply the engine decided (its frames are built by :meth:`emit`): to request
+        ``info`` (msg_type, client_id, msg_id, num_tables, num_keys, value_len), ``body`` a
+        C-contiguous uint8 array or None."""
+        k = self._nspec
+        if k == self._specs.size:
+            sp = np.zeros(2 * k, SPEC)
+            sp[:k] = self._specs
+            self._specs = sp
+        _, cid, mid, nt, nk, vl = info
+        if body is None or body.size == 0:
+            p, ln = 0, 0
+        else:
+            p, ln = _ptr(body), int(body.size)
+            self._keep.append(body)
+        self._specs[k] = (idx, p, ln, mid, cid, nt, nk, vl, status, table_id, msg_type, name)
+        self._nspec = k + 1
+
+    def queue_frames(self, frames: list[bytes], idx: int, name: bytes) -> None:
+        """Queue a reply already encoded (the reference handler's frames, in order) to ``name``."""
+        a = self._a
+        ntx = int(a["ntx"])
+        self._grow_tx(ntx + len(frames))
+        self._grow_rq(int(a["nrq"]) + 1)
+        for r, f in enumerate(frames):
+            self.tx[ntx + r, :len(f)] = np.frombuffer(f, np.uint8)
+            self.txlen[ntx + r] = len(f)
+        a["ntx"] = ntx + len(frames)
+        self._lib.embnic_shard_queue(self._p_ctx, idx, name, ntx, len(frames))
+
+    def replies(self) -> int:
+        """Replies queued for this wake-up (served here and decided by the engine)."""
+        return int(self._a["nrq"]) + self._nspec
+
+    def emit(self) -> None:
+        """Build the frames of the replies :meth:`add_spec` queued."""
+        k = self._nspec
+        if not k:
+            return
+        a = self._a
+        r = self._lib.embnic_shard_emit(self._p_ctx, _ptr(self._specs), k)
+        if r < 0:
+            self._grow_tx(int(a["ntx"]) - int(r))
+            self._grow_rq(int(a["nrq"]) + k)
+            self._lib.embnic_shard_emit(self._p_ctx, _ptr(self._specs), k)
+        self._nspec = 0
+        self._keep.clear()
+
+    def send(self) -> int:
+        """Build the pending replies' frames and send the whole queue (emptied). Returns the
+        frames handed to the kernel."""
+        self.emit()
+        return int(self._lib.embnic_shard_send(self._p_ctx))
+
+    def clear(self) -> None:
+        """Drop every reply of this wake-up unsent (the write-ahead log could not be committed)."""
+        self._a["ntx"] = 0
+        self._a["nrq"] = 0
+        self._nspec = 0
+        self._keep.clear()
+
+    # -- counters -----------------------------------------------------------------------------
+
+    @property
+    def gso(self) -> bool:
+        """Whether multi-frame replies still go as GSO super-datagrams."""
+        return bool(self._a["gso"])
+
+    def stats(self) -> dict[str, int]:
+        """The C path's counters so far (cumulative)."""
+        st = self._a["stats"]
+        return {k: int(st[i]) for i, k in enumerate(ST)}
