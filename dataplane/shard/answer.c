@@ -67,6 +67,7 @@ embnic_shard_layout(int64_t *out)
 	out[3] = (int64_t)sizeof(struct embnic_shard_tables);
 	out[4] = (int64_t)sizeof(struct embnic_reply_spec);
 	out[5] = EMBNIC_NB_ST;
+	out[6] = EMBNIC_SHARD_WORK;
 }
 
 /* the header of one reply frame, network byte order (codec.encode_reply) */
@@ -265,7 +266,9 @@ key_ok(const struct embnic_shard_tables *tb, uint16_t tid, uint64_t k)
 }
 
 #define GATHER_CHUNK 256	/* keys searched before their rows are copied */
-#define PREFETCH 8		/* rows ahead */
+#define GATHER_WINDOW 4096	/* keys sorted together (a->work holds them) */
+static_assert(GATHER_WINDOW * (16 + 16 + 48) + 4 * (GATHER_WINDOW + 1) == EMBNIC_SHARD_WORK, "work buffer");
+#define PREFETCH 16		/* rows ahead */
 
 /* dim values of a float32 row as wire fp32 (little-endian, as stored) */
 static inline void
@@ -289,40 +292,126 @@ copy_row(uint8_t *out, const float *w, int64_t bytes)
 	}
 }
 
+/* a key of a lookup, sorted by its place in the store's index */
+struct krec {
+	uint64_t c;		/* composite key: key + its table's salt */
+	uint32_t seg;		/* its directory entry, in the window's segs */
+	uint32_t i;		/* its index among the message's keys */
+};
+
+/* a directory entry (table) of the keys of a window */
+struct kseg {
+	int64_t li;		/* the table's local index in the store */
+	int64_t dim;
+	int64_t dtype;
+	int64_t rowb;		/* bytes of a row on the wire */
+	int64_t first;		/* index of its first key among the message's */
+	int64_t out;		/* byte offset of its first row in the reply body */
+};
+
+static_assert(sizeof(struct krec) == 16, "krec");
+
+/* r[0..n) by composite key (stable), with tmp[0..n) as scratch: a natural
+ * merge sort (a message's keys come in one sorted run per table, a run
+ * broken at most once where key + salt wraps: log2(runs) passes) */
+static void
+sort_recs(struct krec *r, struct krec *tmp, int64_t n, int32_t *runs)
+{
+	int64_t nr = 0;
+
+	runs[nr++] = 0;
+	for (int64_t i = 1; i < n; i++)
+		if (r[i].c < r[i - 1].c)
+			runs[nr++] = (int32_t)i;
+	runs[nr] = (int32_t)n;
+	if (nr == 1)
+		return;
+	struct krec *src = r, *dst = tmp;
+
+	while (nr > 1) {
+		int64_t w = 0;
+
+		for (int64_t j = 0; j < nr; j += 2) {
+			int64_t a = runs[j], m = runs[j + 1], e = j + 2 <= nr ? runs[j + 2 < nr ? j + 2 : nr] : m;
+			int64_t x = a, y = m, o = a;
+
+			if (j + 1 >= nr) {	/* an odd run out: copied as it is */
+				memcpy(dst + a, src + a, (size_t)(m - a) * sizeof(*r));
+				runs[w++] = (int32_t)a;
+				continue;
+			}
+			while (x < m && y < e) {	/* branchless: which side wins is data, not a pattern */
+				int64_t ty = src[y].c < src[x].c;
+
+				dst[o++] = src[ty ? y : x];
+				y += ty;
+				x += 1 - ty;
+			}
+			while (x < m)
+				dst[o++] = src[x++];
+			while (y < e)
+				dst[o++] = src[y++];
+			runs[w++] = (int32_t)a;
+		}
+		runs[w] = (int32_t)n;
+		nr = w;
+		struct krec *t = src;
+
+		src = dst;
+		dst = t;
+	}
+	if (src != r)
+		memcpy(r, src, (size_t)n * sizeof(*r));
+}
+
 /*
- * The rows of n keys (little-endian u64 at kp) of table li in the wire
- * dtype, one after the other at out, a chunk of keys at a time in three
- * passes: (1) where each key is in the index (galloping searches near one
- * another: the keys of a table are sorted); (2) the arena slot of each, a
- * loop of independent loads whose cache misses overlap; (3) the rows, each
- * prefetched a few rows ahead (rows lie in the arena in the order they were
- * first updated, not by key).
+ * The rows of the keys r[0..n) (sorted by composite key: the searches walk
+ * the store's index in its order, whatever the number of tables, so their
+ * cost does not grow with it) into the reply body out, each at its place,
+ * in the wire dtype of its table. A chunk of keys at a time in passes whose
+ * memory accesses are independent of one another, so their cache misses
+ * overlap instead of queueing: (1) each key's block of the index (from the
+ * store's sample, in cache), prefetched; (2) where each key is in its block,
+ * its slot and table prefetched; (3) the arena slot of each; (4) the rows,
+ * each prefetched a few rows ahead (rows lie in the arena in the order they
+ * were first updated, not by key).
  */
 static void
-gather(const struct embnic_store *s, int64_t li, const uint8_t *kp, uint32_t n, int64_t dim, int64_t dtype,
+gather(const struct embnic_store *s, const struct kseg *sg, const struct krec *r, int64_t n, const uint8_t *kp,
        uint8_t *out)
 {
-	uint64_t salt = s->ct ? s->tsalt[li] : 0;
-	int64_t rowb = dim * (dtype == EMBNIC_DTYPE_FP32 ? 4 : 2);
 	int64_t hint[2] = { 0, 0 };
 	int64_t slot[GATHER_CHUNK];
 
-	for (uint32_t c0 = 0; c0 < n; c0 += GATHER_CHUNK) {
-		uint32_t k = n - c0 < GATHER_CHUNK ? n - c0 : GATHER_CHUNK;
+	for (int64_t c0 = 0; c0 < n; c0 += GATHER_CHUNK) {
+		int64_t k = n - c0 < GATHER_CHUNK ? n - c0 : GATHER_CHUNK;
+		const struct krec *rc = r + c0;
 
+		for (int64_t i = 0; i < k; i++) {
+			int64_t b = embnic_store_block(s, rc[i].c, &hint[0]);
+
+			if (s->m) {
+				__builtin_prefetch(s->ck + b);
+				__builtin_prefetch(s->ck + b + s->step);
+			}
+			slot[i] = b;
+		}
 		/* slot[i] >= 0: a main-index position; -1: no row; <= -2: -2 - the slot (delta) */
-		for (uint32_t i = 0; i < k; i++) {
-			uint64_t c = le64(kp + (int64_t)(c0 + i) * 8) + salt;
-			int64_t p = embnic_store_pos(s, c, &hint[0]);
+		for (int64_t i = 0; i < k; i++) {
+			int64_t p = embnic_store_pos(s, rc[i].c, slot[i]);
 
-			if (p < 0) {
-				p = embnic_store_find_delta(s, li, c, &hint[1]);
+			if (p >= 0) {
+				__builtin_prefetch(s->cs + p);
+				if (s->ct)
+					__builtin_prefetch(s->ct + p);
+			} else {
+				p = embnic_store_find_delta(s, sg[rc[i].seg].li, rc[i].c, &hint[1]);
 				p = p >= 0 ? -2 - p : -1;
 			}
 			slot[i] = p;
 		}
-		for (uint32_t i = 0; i < k; i++) {
-			int64_t p = slot[i];
+		for (int64_t i = 0; i < k; i++) {
+			int64_t p = slot[i], li = sg[rc[i].seg].li;
 
 			if (p >= 0)
 				slot[i] = s->ct == NULL || s->ct[p] == li ? s->cs[p] : -3;
@@ -331,19 +420,95 @@ gather(const struct embnic_store *s, int64_t li, const uint8_t *kp, uint32_t n, 
 			if (slot[i] == -3) {	/* another table's composite: the full search */
 				int64_t h[2] = { 0, 0 };
 
-				slot[i] = embnic_store_find(s, li, le64(kp + (int64_t)(c0 + i) * 8) + salt, h);
+				slot[i] = embnic_store_find(s, li, rc[i].c, h);
 			}
 		}
-		for (uint32_t i = 0; i < k; i++) {
+		for (int64_t i = 0; i < k; i++) {
+			const struct kseg *g = &sg[rc[i].seg];
+			uint8_t *o = out + g->out + ((int64_t)rc[i].i - g->first) * g->rowb;
+
 			if (i + PREFETCH < k && slot[i + PREFETCH] >= 0)
 				__builtin_prefetch(s->vals + (s->off ? s->off[slot[i + PREFETCH]] :
 								   slot[i + PREFETCH] * s->dim));
-			if (slot[i] >= 0 && dtype == EMBNIC_DTYPE_FP32)
-				copy_row(out, s->vals + (s->off ? s->off[slot[i]] : slot[i] * s->dim), rowb);
+			if (slot[i] >= 0 && g->dtype == EMBNIC_DTYPE_FP32)
+				copy_row(o, s->vals + (s->off ? s->off[slot[i]] : slot[i] * s->dim), g->rowb);
 			else
-				embnic_store_row(s, li, le64(kp + (int64_t)(c0 + i) * 8), slot[i], dim, dtype, out);
-			out += rowb;
+				embnic_store_row(s, g->li, le64(kp + (int64_t)rc[i].i * 8), slot[i], g->dim, g->dtype, o);
 		}
+	}
+}
+
+/*
+ * gather() the keys r[0..n) in index order: as they are when they come in at
+ * most two ascending runs (one table; a run broken where key + salt wraps:
+ * each run gathered in turn), else sorted first (several tables, whose keys
+ * interleave in the index).
+ */
+static void
+gather_sorted(const struct embnic_store *s, const struct kseg *sg, struct krec *r, struct krec *tmp, int64_t n,
+	      int32_t *runs, const uint8_t *kp, uint8_t *out)
+{
+	int64_t cut = -1;
+
+	for (int64_t i = 1; i < n; i++) {
+		if (r[i].c >= r[i - 1].c)
+			continue;
+		if (cut >= 0) {	/* a third run */
+			sort_recs(r, tmp, n, runs);
+			gather(s, sg, r, n, kp, out);
+			return;
+		}
+		cut = i;
+	}
+	if (cut < 0) {
+		gather(s, sg, r, n, kp, out);
+		return;
+	}
+	gather(s, sg, r + cut, n - cut, kp, out);
+	gather(s, sg, r, cut, kp, out);
+}
+
+/*
+ * The rows of every key of a lookup (its directory at body, its keys at kp)
+ * into out: the keys a window of at most GATHER_WINDOW at a time, each
+ * window's keys sorted by their place in the index, then gathered.
+ */
+static void
+gather_message(struct embnic_answer *a, const uint8_t *body, int64_t T, const uint8_t *kp, uint8_t *out)
+{
+	const struct embnic_store *s = a->store;
+	struct krec *r = (struct krec *)a->work;
+	struct krec *tmp = r + GATHER_WINDOW;
+	struct kseg *sg = (struct kseg *)(tmp + GATHER_WINDOW);
+	int32_t *runs = (int32_t *)(sg + GATHER_WINDOW);
+	int64_t t = 0, in_t = 0, first = 0, at = 0, i = 0;	/* directory entry, keys of it done, ... */
+	struct dir_entry d = dir_at(body, 0);
+
+	while (t < T) {
+		int64_t n = 0, ns = 0;
+
+		while (t < T && n < GATHER_WINDOW) {	/* keys of entries t.. into the window */
+			int64_t li = a->tables->li[d.table_id];
+			uint64_t salt = s->ct ? s->tsalt[li] : 0;
+			int64_t rowb = (int64_t)d.dim * (d.dtype == EMBNIC_DTYPE_FP32 ? 4 : 2);
+			int64_t take = (int64_t)d.num_keys - in_t;
+
+			if (take > GATHER_WINDOW - n)
+				take = GATHER_WINDOW - n;
+			sg[ns] = (struct kseg){ li, d.dim, d.dtype, rowb, first, at };
+			for (int64_t j = 0; j < take; j++, i++, n++)
+				r[n] = (struct krec){ le64(kp + i * 8) + salt, (uint32_t)ns, (uint32_t)i };
+			ns++;
+			in_t += take;
+			if (in_t == d.num_keys) {	/* the next directory entry */
+				first += d.num_keys;
+				at += (int64_t)d.num_keys * rowb;
+				in_t = 0;
+				if (++t < T)
+					d = dir_at(body, t);
+			}
+		}
+		gather_sorted(s, sg, r, tmp, n, runs, kp, out);
 	}
 }
 
@@ -356,7 +521,6 @@ gather(const struct embnic_store *s, int64_t li, const uint8_t *kp, uint32_t n, 
 static int
 serve_lookup(struct embnic_answer *a, int64_t idx, const uint8_t *name, const struct lookup *q, const uint8_t *body)
 {
-	const struct embnic_store *s = a->store;
 	const struct embnic_shard_tables *tb = a->tables;
 	int64_t T = q->num_tables;
 	const uint8_t *kp = body + T * EMBNIC_DIR_ENTRY;
@@ -376,14 +540,7 @@ serve_lookup(struct embnic_answer *a, int64_t idx, const uint8_t *name, const st
 	}
 	if (a->ntx + frames_of(a, vl) > a->tx_cap || a->nrq >= a->rq_cap)
 		return -1;
-	kp = body + T * EMBNIC_DIR_ENTRY;
-	for (int64_t t = 0; t < T; t++) {	/* one pass of gathers over every table */
-		struct dir_entry d = dir_at(body, t);
-
-		gather(s, tb->li[d.table_id], kp, d.num_keys, d.dim, d.dtype, out);
-		out += (int64_t)d.num_keys * d.dim * (d.dtype == EMBNIC_DTYPE_FP32 ? 4 : 2);
-		kp += (int64_t)d.num_keys * 8;
-	}
+	gather_message(a, body, T, body + T * EMBNIC_DIR_ENTRY, out);	/* every table's rows at once */
 	embnic_shard_reply_frames(a, idx, name, EMBNIC_LOOKUP_REPLY, 0, EMBNIC_NO_TABLE, q->msg_id, q->client_id,
 				  q->num_tables, q->num_keys, q->value_len, a->rep_buf, vl);
 	a->stats[EMBNIC_ST_LOOKUP_KEYS] += q->num_keys;

@@ -36,6 +36,9 @@ struct embnic_store {
 	const int64_t *cs;	/* the arena slot of each */
 	const uint16_t *ct;	/* the table (local index) of each; NULL: one table */
 	int64_t m;
+	const uint64_t *sample;	/* ck[0], ck[step], ck[2 * step], ...: a small copy the */
+	int64_t nsample;	/* searches start in (it stays in cache) */
+	int64_t step;
 	const uint64_t *dck;	/* delta index: recently added rows (d) */
 	const int64_t *dcs;
 	const uint16_t *dct;
@@ -117,6 +120,7 @@ struct embnic_answer {
 	int64_t req_cap;
 	uint8_t *rep_buf;
 	int64_t rep_cap;
+	uint8_t *work;		/* EMBNIC_SHARD_WORK bytes: a lookup's keys sorted */
 	/* configuration */
 	const struct embnic_shard_tables *tables;
 	const struct embnic_store *store;
@@ -136,6 +140,10 @@ struct embnic_answer {
 	int64_t stats[EMBNIC_NB_ST];
 };
 
+/* bytes of struct embnic_answer's work buffer: 4096 sorted key records and
+ * their scratch (16 bytes each), 4096 table segments (48), run bounds (4) */
+#define EMBNIC_SHARD_WORK (4096 * (16 + 16 + 48) + 4 * 4097)
+
 /* A reply the caller decided (an ERROR, an ack, a NACK, rows it gathered):
  * its frames are built by embnic_shard_emit(). */
 struct embnic_reply_spec {
@@ -154,17 +162,18 @@ struct embnic_reply_spec {
 	uint8_t name[16];	/* destination sockaddr_in */
 };
 
-static_assert(sizeof(struct embnic_store) == 15 * 8, "embnic_store layout");
+static_assert(sizeof(struct embnic_store) == 18 * 8, "embnic_store layout");
 static_assert(sizeof(struct embnic_shard_tables) == 10 * 8, "embnic_shard_tables layout");
-static_assert(offsetof(struct embnic_answer, stats) == 41 * 8, "embnic_answer layout");
-static_assert(sizeof(struct embnic_answer) == (41 + EMBNIC_NB_ST) * 8, "embnic_answer layout");
+static_assert(offsetof(struct embnic_answer, stats) == 42 * 8, "embnic_answer layout");
+static_assert(sizeof(struct embnic_answer) == (42 + EMBNIC_NB_ST) * 8, "embnic_answer layout");
 static_assert(sizeof(struct embnic_reply_spec) == 64, "embnic_reply_spec layout");
 static_assert(offsetof(struct embnic_reply_spec, name) == 48, "embnic_reply_spec layout");
 
 /* store.c */
 uint64_t embnic_splitmix64(uint64_t x);
 int64_t embnic_store_find(const struct embnic_store *s, int64_t li, uint64_t c, int64_t *hint);
-int64_t embnic_store_pos(const struct embnic_store *s, uint64_t c, int64_t *hint);
+int64_t embnic_store_block(const struct embnic_store *s, uint64_t c, int64_t *hint);
+int64_t embnic_store_pos(const struct embnic_store *s, uint64_t c, int64_t a);
 int64_t embnic_store_find_delta(const struct embnic_store *s, int64_t li, uint64_t c, int64_t *hint);
 void embnic_store_row(const struct embnic_store *s, int64_t li, uint64_t key, int64_t slot, int64_t dim,
 		      int64_t dtype, uint8_t *out);

@@ -85,22 +85,48 @@ find_in(const uint64_t *ix, const int64_t *sl, const uint16_t *tl, int64_t m, in
 }
 
 /*
- * Where composite c is in the main index: the position of its first entry
- * (of any table: the caller checks ct[pos], and calls embnic_store_find()
- * on a mismatch), or -1. *hint as find_in(). No load but the search's own:
- * a caller reading cs[pos] for many keys afterwards overlaps their misses.
+ * Where composite c is in the main index, in two steps so a caller can
+ * overlap the cache misses of many keys (answer.c gather()):
+ *
+ * embnic_store_block(): the block of the index c can be in, from the sample
+ * (every step-th key: small enough to stay in cache; galloping from *hint,
+ * where the last search ended: gather() searches keys in ascending order).
+ * Returns the block's first position (the caller may prefetch it).
+ *
+ * embnic_store_pos(): the position of c's first entry in that block (of any
+ * table: the caller checks ct[pos], and calls embnic_store_find() on a
+ * mismatch), or -1. The block is a cache line or two.
+ *
+ * With the keys of a message sorted first (answer.c), consecutive searches
+ * are a few sample entries apart and each touches one block of the index.
  */
 int64_t
-embnic_store_pos(const struct embnic_store *s, uint64_t c, int64_t *hint)
+embnic_store_block(const struct embnic_store *s, uint64_t c, int64_t *hint)
 {
-	int64_t lo = *hint, pos;
+	int64_t lo = *hint, j;
+
+	if (s->m == 0 || s->nsample == 0)
+		return 0;
+	if (lo > s->nsample || (lo > 0 && s->sample[lo - 1] >= c))
+		lo = 0;
+	j = gallop(s->sample, lo, s->nsample, c);	/* first sample >= c */
+	*hint = j > 0 ? j - 1 : 0;	/* c's block starts after sample[j - 1] < c */
+	return j == 0 ? 0 : (j - 1) * s->step + 1;
+}
+
+int64_t
+embnic_store_pos(const struct embnic_store *s, uint64_t c, int64_t a)
+{
+	int64_t b, pos;
 
 	if (s->m == 0)
 		return -1;
-	if (lo > s->m || (lo > 0 && s->ck[lo - 1] >= c))
-		lo = 0;
-	pos = gallop(s->ck, lo, s->m, c);
-	*hint = pos;
+	if (s->nsample == 0) {	/* no sample: the index alone */
+		pos = lower_bound(s->ck, 0, s->m, c);
+		return pos < s->m && s->ck[pos] == c ? pos : -1;
+	}
+	b = a + s->step < s->m ? a + s->step : s->m;	/* [a, b]: c's block and the next sample */
+	pos = lower_bound(s->ck, a, b, c);
 	return pos < s->m && s->ck[pos] == c ? pos : -1;
 }
 

@@ -45,8 +45,10 @@ def _struct(fields: list[str], tail: list[tuple] = ()) -> np.dtype:
 
 
 #: struct embnic_store (pointers ``p_*``)
-STORE = _struct(["p_ck", "p_cs", "p_ct", "m", "p_dck", "p_dcs", "p_dct", "d", "p_vals", "p_off", "dim", "p_tsalt",
-                 "p_tinit", "p_tscale", "ntables"])
+STORE = _struct(["p_ck", "p_cs", "p_ct", "m", "p_sample", "nsample", "step", "p_dck", "p_dcs", "p_dct", "d", "p_vals",
+                 "p_off", "dim", "p_tsalt", "p_tinit", "p_tscale", "ntables"])
+#: every SAMPLE_STEP-th key of the store's main index, the first level of the C searches
+SAMPLE_STEP = 16
 #: struct embnic_shard_tables
 TABLES = _struct(["p_dim", "p_dtype", "p_rows", "p_has_rows", "p_owns_all", "p_li", "p_shard_ids", "nshards",
                   "hash_sharding", "shard_id"])
@@ -56,7 +58,7 @@ NB_ST = 16
 #: struct embnic_answer
 ANSWER = _struct(["p_rx", "slot", "p_lens", "p_names", "p_cols", "p_ok", "p_p", "p_order", "p_grp", "p_taken",
                   "p_mg", "p_tx", "p_txlen", "width", "tx_cap", "ntx", "p_rq_idx", "p_rq_start", "p_rq_count",
-                  "p_rq_name", "rq_cap", "nrq", "p_rq_order", "p_req_buf", "req_cap", "p_rep_buf", "rep_cap",
+                  "p_rq_name", "rq_cap", "nrq", "p_rq_order", "p_req_buf", "req_cap", "p_rep_buf", "rep_cap", "p_work",
                   "p_tables", "p_store", "P", "max_msg", "max_reply", "shard_id", "pending_empty", "serve", "fd",
                   "gso", "p_mmsg", "p_iov", "p_cmsg", "send_cap"], [("stats", "<i8", (NB_ST,))])
 #: struct embnic_reply_spec
@@ -65,6 +67,7 @@ SPEC = np.dtype({"names": ["idx", "p_body", "body_len", "msg_id", "client_id", "
                  "formats": ["<i8", "<u8", "<i8", "<u4", "<u2", "<u2", "<u4", "<u4", "<u2", "<u2", "u1", "V16"],
                  "offsets": [0, 8, 16, 24, 28, 30, 32, 36, 40, 42, 44, 48], "itemsize": 64})
 SEND_CAP = 1024  #: sendmmsg entries per call
+WORK_BYTES = 0  #: the C path's scratch per shard (embnic_shard_layout, set by load())
 _VP = ctypes.c_void_p
 _tried = False
 _lib: ctypes.CDLL | None = None
@@ -90,7 +93,7 @@ def load() -> ctypes.CDLL | None:
     except AttributeError:
         log.warning("shard library %s has no answer path (an older build?); answering in Python", cintake.REPO_LIB)
         return None
-    lay = np.zeros(8, np.int64)
+    lay = np.zeros(8, np.int64)  # the struct sizes, the stats' offset and count, the work buffer's bytes
     fns[0].restype = None
     fns[0].argtypes = [_VP]
     fns[0](lay.ctypes.data)
@@ -98,6 +101,8 @@ def load() -> ctypes.CDLL | None:
     if lay[:6].tolist() != want:
         log.warning("shard library's structs %s differ from canswer's %s; answering in Python", lay[:6].tolist(), want)
         return None
+    global WORK_BYTES
+    WORK_BYTES = int(lay[6])
     lib.embnic_shard_serve.restype = ctypes.c_int64
     lib.embnic_shard_serve.argtypes = [_VP, ctypes.c_int]
     lib.embnic_shard_emit.restype = ctypes.c_int64
@@ -136,6 +141,7 @@ class CAnswer:
         self._mg = np.zeros(batch, np.int64)
         self._req = np.empty(consts.MAX_FRAGS * P, np.uint8)  # a whole lookup request (≤ MAX_FRAGS frames)
         self._rep = np.empty(max(srv.max_reply_bytes, 1), np.uint8)  # a lookup reply's rows
+        self._work = np.empty(WORK_BYTES, np.uint8)  # a lookup's keys sorted by their place in the index
         self._mmsg = np.zeros(SEND_CAP * 64, np.uint8)
         self._iov = np.zeros(SEND_CAP * 16, np.uint8)
         self._cmsg = np.zeros(SEND_CAP * 24, np.uint8)
@@ -160,6 +166,8 @@ class CAnswer:
         self._tables = t
         self._store = np.zeros(1, STORE)
         self._store_ver = -1
+        self._sample = np.empty(0, np.uint64)
+        self._sampled = None  # the index array the sample was taken of
         a = np.zeros(1, ANSWER)
         a["p_rx"], a["slot"], a["p_lens"], a["p_names"] = _ptr(bs.rx), bs.rx.shape[1], _ptr(bs.lens), _ptr(bs.names)
         a["p_cols"], a["p_ok"], a["p_p"] = _ptr(self.cols), _ptr(self.ok), _ptr(self.p)
@@ -168,6 +176,7 @@ class CAnswer:
         a["width"] = consts.HDR_LEN + P
         a["p_req_buf"], a["req_cap"] = _ptr(self._req), self._req.size
         a["p_rep_buf"], a["rep_cap"] = _ptr(self._rep), self._rep.size
+        a["p_work"] = _ptr(self._work)
         a["p_tables"], a["p_store"] = _ptr(self._tables), _ptr(self._store)
         a["P"], a["max_msg"] = P, min(srv.max_msg_bytes, srv._reasm.max_msg_len)
         a["max_reply"], a["shard_id"] = srv.max_reply_bytes, srv.shard_id
@@ -225,6 +234,10 @@ class CAnswer:
             return
         s = self._store
         s["p_ck"], s["p_cs"], s["m"] = _ptr(st._ck), _ptr(st._cs), st._ck.size
+        if st._ck is not self._sampled:  # the main index changed (a merge): sample it again
+            self._sample = np.ascontiguousarray(st._ck[::SAMPLE_STEP])
+            self._sampled = st._ck
+        s["p_sample"], s["nsample"], s["step"] = _ptr(self._sample), self._sample.size, SAMPLE_STEP
         s["p_dck"], s["p_dcs"], s["d"] = _ptr(st._dck), _ptr(st._dcs), st._dck.size
         s["p_ct"], s["p_dct"] = (_ptr(st._ct), _ptr(st._dct)) if st.multi else (0, 0)
         s["p_vals"] = _ptr(st._vals)

@@ -292,7 +292,7 @@ def build_lookup_stream(cfg, seed, n=160):
     """Mostly lookups for shard 0 — one to three tables, 1..600 keys (single frames, fragmented
     requests and fragmented replies), rows never updated (computed) and updated — with now and
     then an update of rows they read (the C path answers lookups only up to a wake-up's first
-    other frame), a refused lookup (unknown table, wrong dim or dtype, a key out of range,
+    other frame), every 40th a lookup of thousands of keys of every table, a refused lookup (unknown table, wrong dim or dtype, a key out of range,
     another shard's key, a table twice in the directory), a duplicate, a retransmission."""
     rng = np.random.default_rng(seed)
     mine = {t.id: routing.owned_keys(cfg, t.id, 0) for t in cfg.tables}
@@ -327,6 +327,14 @@ def build_lookup_stream(cfg, seed, n=160):
                 fr = lookup_frames(cfg, t, k, m, client_id=c, dtype=other)  # the wrong dtype
             out += [(c, f) for f in fr]
             continue
+        if m % 40 == 0:  # a big one: every table, more keys than the C path sorts at once (4096)
+            budget = consts.MAX_FRAGS * consts.max_body_per_frame(cfg.mtu) - 4096
+            parts = []
+            for t in cfg.tables:
+                rowb = t.dim * (2 if t.dtype == "fp16" else 4)
+                k = mine[t.id][:max(1, min(mine[t.id].size, budget // rowb))]
+                budget -= k.size * rowb
+                parts.append((t.id, k.astype(np.uint64)))
         fr = multi_lookup_frames(cfg, parts, m, client_id=c)
         out += [(c, f) for f in fr]
         if r > 0.95:  # a duplicate, or a retransmission of its first fragment only
