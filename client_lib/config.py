@@ -28,8 +28,17 @@ MAX_LCORE = 128
 SECTIONS = ("cluster", "tables", "shards", "clients", "card", "control")
 CLUSTER_KEYS = ("name", "udp_port", "mtu", "sharding", "seed", "timeout_ms", "retries")
 TABLE_KEYS = ("id", "name", "rows", "dim", "dtype", "optimizer", "lr", "eps", "init_scale", "shard",
-              "expected_rows")
+              "expected_rows", "store", "cache_rows")
 ENDPOINT_KEYS = ("id", "ip", "port", "mac", "card_port")
+#: a shard's keys: an endpoint's, plus the defaults of its disk tier (docs/config.md, docs/server.md)
+SHARD_KEYS = ENDPOINT_KEYS + ("store", "cache_rows", "store_dir", "block_cache_mb")
+#: where a shard keeps a table's rows: its in-memory arena (the default) or the disk tier
+#: (RocksDB behind a cache of hot rows; the optional extra ``embnic[disk]``, docs/server.md)
+STORES = ("memory", "disk")
+DEFAULT_CACHE_ROWS = 1 << 20  #: hot rows a disk table keeps in memory unless told (cache_rows)
+DEFAULT_BLOCK_CACHE_MB = 64  #: RocksDB block cache of a shard's disk tables, MiB (block_cache_mb)
+CACHE_ROWS_LIMITS = (1, 1 << 40)
+BLOCK_CACHE_MB_LIMITS = (1, 1 << 20)
 CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores", "state_lcores", "pci")
 #: Bounds of the [card] fields, inclusive — the card's own option bounds (dataplane/include/
 #: embnic_limits.h, and EMBNIC_MAX_PORTS in embnic_dp.h for port ids); tests/dataplane/test_limits.py
@@ -122,6 +131,10 @@ class TableConfig:
     shard: int | None = None  #: placement under the "table" policy
     #: rows the table is expected to grow to (``embnic plan`` sizes shards by it; ``rows`` where unset)
     expected_rows: int | None = None
+    #: ``"memory"``, ``"disk"``, or None: the shard's default (``[[shards]] store``), else memory
+    store: str | None = None
+    #: hot rows a disk table caches in memory (None: the shard's ``cache_rows``, else the default)
+    cache_rows: int | None = None
 
     @property
     def wire_dtype(self) -> consts.DType:
@@ -137,6 +150,13 @@ class Endpoint:
     port: int
     mac: str | None = None
     card_port: int | None = None
+    #: shards only: the default ``store`` and ``cache_rows`` of tables that do not say, where the
+    #: disk tables' stores live (None: under ``--checkpoint-dir``, else a scratch directory) and
+    #: RocksDB's block cache for all of them, MiB (docs/server.md, "Disk tier")
+    store: str | None = None
+    cache_rows: int | None = None
+    store_dir: str | None = None
+    block_cache_mb: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +240,20 @@ class ClusterConfig:
             if s.id == shard_id:
                 return s
         raise KeyError(f"no shard with id {shard_id}")
+
+    def store_of(self, table_id: int, shard_id: int) -> tuple[str, int | None]:
+        """(store, cache_rows) of table ``table_id`` on shard ``shard_id``: the table's own
+        ``store``/``cache_rows``, else the shard's, else ``"memory"`` / :data:`DEFAULT_CACHE_ROWS`
+        (``cache_rows`` is None for a memory table).
+
+        Raises:
+            KeyError: unknown table or shard.
+        """
+        t, s = self.table(table_id), self.shard(shard_id)
+        store = t.store or s.store or "memory"
+        if store == "memory":
+            return store, None
+        return store, t.cache_rows or s.cache_rows or DEFAULT_CACHE_ROWS
 
     def client(self, client_id: int) -> Endpoint:
         for c in self.clients:
@@ -311,6 +345,32 @@ def _check_float(v: float, field: str, path, *, zero_ok: bool = False) -> float:
     return v
 
 
+def _store(d: dict, w: str, path) -> str | None:
+    """``store`` of a table or shard: None (unset) or one of :data:`STORES`."""
+    v = _get(d, "store", w, str, None, path)
+    if v is not None and v not in STORES:
+        raise ConfigError(w + "store", f"must be one of {', '.join(STORES)}, got {v!r}", path)
+    return v
+
+
+def _cache_rows(d: dict, w: str, path) -> int | None:
+    v = _get(d, "cache_rows", w, int, None, path)
+    return None if v is None else _check_range(v, *CACHE_ROWS_LIMITS, w + "cache_rows", path)
+
+
+def _shard_store(e: dict, w: str, path) -> dict:
+    """The disk-tier keys of a ``[[shards]]`` entry (``store``, ``cache_rows``, ``store_dir``,
+    ``block_cache_mb``), validated."""
+    sd = _get(e, "store_dir", w, str, None, path)
+    if sd is not None and not sd.strip():
+        raise ConfigError(w + "store_dir", "must not be empty (a directory for the shard's disk tables)", path)
+    bc = _get(e, "block_cache_mb", w, int, None, path)
+    if bc is not None:
+        _check_range(bc, *BLOCK_CACHE_MB_LIMITS, w + "block_cache_mb", path)
+    return {"store": _store(e, w, path), "cache_rows": _cache_rows(e, w, path), "store_dir": sd,
+            "block_cache_mb": bc}
+
+
 def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, ...]:
     items = raw.get(key)
     if not isinstance(items, list) or not items:
@@ -320,7 +380,7 @@ def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, 
         w = f"{key}[{i}]."
         if not isinstance(e, dict):
             raise ConfigError(f"{key}[{i}]", "must be a table", path)
-        check_keys(e, ENDPOINT_KEYS, w, path)
+        check_keys(e, SHARD_KEYS if key == "shards" else ENDPOINT_KEYS, w, path)
         eid = _check_range(_get(e, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
         if eid in seen:
             raise ConfigError(w + "id", f"duplicate id {eid}", path)
@@ -334,7 +394,7 @@ def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, 
         addrs[(ip, port)] = (i, eid)
         mac = _check_mac(_get(e, "mac", w, str, None, path), w + "mac", path)
         cp = _get(e, "card_port", w, int, None, path)
-        out.append(Endpoint(eid, ip, port, mac, cp))
+        out.append(Endpoint(eid, ip, port, mac, cp, **(_shard_store(e, w, path) if key == "shards" else {})))
     return tuple(out)
 
 
@@ -488,6 +548,10 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
                               "needs a name of its own (names key the tables in TorchRec and `embnic tables export`)",
                               path)
         names[tname] = i
+        store, cache_rows = _store(t, w, path), _cache_rows(t, w, path)
+        if store == "memory" and cache_rows is not None:
+            raise ConfigError(w + "cache_rows", 'is the cache of a store = "disk" table: set store = "disk" or drop '
+                              "cache_rows", path)
         tables.append(TableConfig(
             id=tid,
             name=tname,
@@ -501,6 +565,8 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
                                     zero_ok=True),
             shard=_get(t, "shard", w, int, None, path),
             expected_rows=_expected_rows(t, w, path),
+            store=store,
+            cache_rows=cache_rows,
         ))
     shards = _endpoints(raw, "shards", path, udp_port)
     clients = _endpoints(raw, "clients", path, 40000)

@@ -178,6 +178,31 @@ def rowwise_mean_square_ragged(g: np.ndarray, dims: np.ndarray) -> np.ndarray:
     return s / dims.astype(np.float32)
 
 
+def optimizer_step(w: np.ndarray, acc: np.ndarray | None, g: np.ndarray, lr, eps) -> np.ndarray | None:
+    """One optimizer step on rows ``w`` in place: row-wise Adagrad when ``acc`` is given, else SGD
+    (the formulas in the module docstring) — what :meth:`RowStore.apply` runs for rows of one
+    optimizer, and what another row store (the shard's disk tier) calls, so their rows are
+    bit-identical.
+
+    Args:
+        w: float32 (N, dim), the rows (changed in place).
+        acc: float32 (N,) Adagrad accumulators (not changed), or None for SGD.
+        g: float32 (N, dim) gradients that pass :func:`gradient_rows_ok` (not checked).
+        lr, eps: float32 scalars, or float32 (N,) (one per row: rows of several tables).
+
+    Returns:
+        the new accumulators float32 (N,) (Adagrad), else None.
+    """
+    with np.errstate(over="ignore"):  # callers refuse g whose step overflows (gradient_rows_ok)
+        if acc is not None:
+            acc = acc + rowwise_mean_square(g)
+            mult = lr / (np.sqrt(acc) + eps)
+            w -= mult[:, None] * g
+            return acc
+        w -= (lr[:, None] if np.ndim(lr) else lr) * g
+        return None
+
+
 class RowStore:
     """The rows of one or several tables in **one** arena with **one** index, so that a message
     carrying keys of many tables costs one search, one gather and one optimizer step whatever
@@ -541,13 +566,9 @@ class RowStore:
                 w = self._vals[el].reshape(-1, dim)
             with np.errstate(over="ignore"):  # callers refuse g whose step overflows (gradient_rows_ok)
                 if one or bool(ada.all()) or not ada.any():
-                    if bool(np.all(ada)):
-                        acc = self._acc[slot] + rowwise_mean_square(g)
+                    acc = optimizer_step(w, self._acc[slot] if bool(np.all(ada)) else None, g, lr, eps)
+                    if acc is not None:
                         self._acc[slot] = acc
-                        mult = lr / (np.sqrt(acc) + eps)
-                        w -= (mult[:, None] if mult.ndim else mult) * g
-                    else:
-                        w -= (lr[:, None] if np.ndim(lr) else lr) * g
                 else:  # Adagrad and SGD tables in one call
                     mult = lr.copy()
                     a = np.flatnonzero(ada)

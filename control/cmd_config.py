@@ -58,6 +58,14 @@ def summary(cfg: ClusterConfig) -> str:
         f"({consts.max_body_per_frame(cfg.mtu)} body bytes/frame)",
         f"card: {card}",
     ]
+    disk = [(t.name, s.id, cfg.store_of(t.id, s.id)[1]) for s in cfg.shards for t in cfg.tables
+            if cfg.store_of(t.id, s.id)[0] == "disk"]
+    if disk:  # the disk tier (docs/server.md): which tables, with what cache
+        per = {}
+        for name, sid, rows in disk:
+            per.setdefault((name, rows), []).append(str(sid))
+        lines.append("disk tables: " + "; ".join(f"{n} on shard(s) {','.join(ss)}, cache {r:,} rows"
+                                                 for (n, r), ss in per.items()))
     return "\n".join(lines)
 
 

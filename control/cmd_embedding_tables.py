@@ -7,8 +7,18 @@ from pathlib import Path
 import click
 
 from embnic.control.cmd_options import config_option, json_option, load_cluster
-from embnic.control.errors import OperationalError, UsageError
+from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
+
+
+def store_error(e: Exception):
+    """The CLI error for a disk tier that cannot start (``stores.StoreSetupError``): its missing
+    dependency (exit 2) or its directory (exit 1)."""
+    from embnic.testbed.server.stores import StoreDependencyError
+
+    if isinstance(e, StoreDependencyError):
+        return MissingDependencyError(str(e), "rocksdict")
+    return OperationalError(str(e))
 
 @click.group("tables")
 def tables():
@@ -47,6 +57,7 @@ def export(config, src, out, layout):
       embnic tables export -c examples/cluster.toml --from /var/lib/embnic --out tables.safetensors
     """
     from embnic.testbed.server.durability import DurabilityError
+    from embnic.testbed.server.stores import StoreSetupError
     from embnic.testbed.server.tables_io import TablesFileError, export_tables
 
     cfg = _cfg(config)
@@ -59,6 +70,8 @@ def export(config, src, out, layout):
         raise UsageError(str(e)) from None
     except DurabilityError as e:
         raise OperationalError(str(e)) from None
+    except StoreSetupError as e:
+        raise store_error(e) from None
     except OSError as e:
         raise OperationalError(f"cannot write {out}: {e.strerror or e}") from None
     click.echo(f"wrote {out} ({rep['layout']}): " + ", ".join(f"{k} {v} rows" for k, v in rep["tables"].items()))
@@ -78,6 +91,7 @@ def import_(config, file, dst, as_json):
       embnic tables import -c examples/cluster.toml tables.safetensors --into /var/lib/embnic
       embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
     """
+    from embnic.testbed.server.stores import StoreSetupError
     from embnic.testbed.server.tables_io import TablesFileError, import_tables
 
     cfg = _cfg(config)
@@ -85,6 +99,8 @@ def import_(config, file, dst, as_json):
         rep = import_tables(cfg, file, dst)
     except TablesFileError as e:
         raise UsageError(str(e)) from None
+    except StoreSetupError as e:
+        raise store_error(e) from None
     except OSError as e:
         raise OperationalError(f"{e.filename or file}: {e.strerror or e}") from None
     if as_json:

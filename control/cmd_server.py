@@ -77,6 +77,15 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
     if shard_id not in ids:
         raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
     from embnic.testbed.server.durability import DurabilityError, restorable, shard_dir
+    from embnic.testbed.server.stores import StoreSetupError, disk_tables, load_diskstore
+
+    from embnic.control.cmd_embedding_tables import store_error
+
+    if disk_tables(cfg, shard_id):  # before any worker starts: the dependency, in one line
+        try:
+            load_diskstore()
+        except StoreSetupError as e:
+            raise store_error(e) from None
 
     sd = None if restore is None else shard_dir(restore, shard_id)
     if sd is not None and not sd.is_dir():
@@ -106,6 +115,8 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
                           metrics_bind=metrics_bind)
     except DurabilityError as e:
         raise OperationalError(str(e)) from None
+    except StoreSetupError as e:
+        raise store_error(e) from None
     except OSError as e:
         raise OperationalError(bind_error_message(e, ip, p)) from None
     if code:

@@ -38,6 +38,16 @@ num_tables, num_keys, value_len, body_crc). Written between wake-ups (a consiste
 the update stream: no torn rows) to a temporary file, ``fsync``ed, renamed, directory
 ``fsync``ed; then a new log file starts at S and older logs and checkpoints are deleted.
 
+**Disk tables** (``store = "disk"``, :mod:`~embnic.testbed.server.diskstore`) do not go through the
+``.npz``: a checkpoint flushes their dirty cached rows and takes a RocksDB checkpoint of each into
+``ckpt-<S>.<n>.store/t<id>/`` (hard links to the immutable SST files, the small MANIFEST/OPTIONS
+files copied, everything ``fsync``\ ed, the directory renamed into place before the ``.npz`` that
+names it), so its cost grows with the store's files, not its rows. Their ``meta`` entry says
+``store`` ``"disk"``, ``snapshot`` (the path relative to the shard's directory) and ``rows_held``;
+the ``.npz`` holds no arrays for them. A restore replaces the table's live store by a hard-linked
+copy of that snapshot and replays the log into it (a table the config has moved between stores
+since is loaded row by row); the live store (``store/``) is scratch, rebuilt at every restore.
+
 **Versions.** Format 2 goes with protocol v2 (multi-table updates). A directory written by a
 protocol-v1 shard (format 1: checkpoint ``version`` 1, logs without the file header, one-table
 records) is refused by name (:class:`DurabilityError`, :data:`V1_ADVICE`) before anything in
@@ -51,7 +61,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import struct
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -77,6 +89,7 @@ V1_ADVICE = ("it was written by a protocol-v1 shard (checkpoint/log format 1) an
              "`embnic tables import` the file into an empty directory and --restore that, or start with an empty "
              "--checkpoint-dir")
 _CKPT = re.compile(r"^ckpt-(\d{20})\.npz$")
+_CKPT_STORE = re.compile(r"^\.?ckpt-(\d{20})\.[0-9a-f]+\.store(\.tmp)?$")  #: disk tables' snapshots (and leftovers)
 _WAL = re.compile(r"^wal-(\d{20})\.log$")
 _IOV_MAX = 1024
 
@@ -84,6 +97,42 @@ _IOV_MAX = 1024
 class DurabilityError(Exception):
     """A checkpoint or log that cannot be used (wrong shard or tables, unreadable file, an
     older format)."""
+
+
+class SnapshotRef(str):
+    """A disk table's entry of a checkpoint: the path of its RocksDB snapshot (what
+    :func:`read_checkpoint` gives instead of ``(keys, rows, acc)``)."""
+
+
+def _diskstore():
+    from .stores import load_diskstore
+
+    return load_diskstore()
+
+
+def load_table(ts, st) -> None:
+    """Load one table's checkpoint entry ``st`` (``(keys, rows, acc)`` or a :class:`SnapshotRef`)
+    into store ``ts`` (a ``TableShard`` or a ``DiskTable``), whichever store each is.
+
+    Raises:
+        DurabilityError: a snapshot that is missing or not of this table.
+        StoreDependencyError: a snapshot, and ``rocksdict`` is not installed.
+    """
+    if not isinstance(st, SnapshotRef):
+        ts.load_state(*st)
+        return
+    ds = _diskstore()
+    try:
+        if hasattr(ts, "load_snapshot"):
+            ts.load_snapshot(st)
+        else:  # the config keeps the table in memory now: read the snapshot row by row
+            parts = list(ds.read_snapshot(st, ts.table))
+            if parts:
+                ts.load_state(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+            else:
+                ts.load_state(np.empty(0, np.uint64), np.empty((0, ts.dim), np.float32), np.empty(0, np.float32))
+    except ds.StoreError as e:
+        raise DurabilityError(f"checkpoint: table {ts.table.id}'s snapshot: {e}") from None
 
 
 def shard_dir(directory: str | os.PathLike, shard_id: int) -> Path:
@@ -266,7 +315,14 @@ def _files(d: Path, rx) -> list[tuple[int, Path]]:
 
 def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
                      applied: collections.OrderedDict) -> Path:
-    """Write ``ckpt-<seq>.npz`` atomically (temporary file, ``fsync``, rename, directory ``fsync``).
+    """As :func:`_write_checkpoint`, returning the path only."""
+    return _write_checkpoint(d, shard_id, seq, seed, tables, applied)[0]
+
+
+def _write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
+                      applied: collections.OrderedDict) -> tuple[Path, dict]:
+    """Write ``ckpt-<seq>.npz`` atomically (temporary file, ``fsync``, rename, directory ``fsync``);
+    disk tables' snapshots first, into ``ckpt-<seq>.<n>.store/`` (module docstring).
 
     Args:
         d: the shard's directory.
@@ -274,17 +330,31 @@ def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[i
         tables: the shard's tables; applied: its exactly-once window (oldest first).
 
     Returns:
-        the checkpoint's path.
+        (the checkpoint's path, its meta).
 
     Raises:
         OSError: it could not be written.
     """
     d.mkdir(parents=True, exist_ok=True)
+    entries = {tid: {"id": t.table.id, "name": t.table.name, "dim": t.dim, "optimizer": t.table.optimizer,
+                     "rows": t.table.rows, "dtype": t.table.dtype} for tid, t in tables.items()}
+    disk = {tid: ts for tid, ts in tables.items() if hasattr(ts, "snapshot")}
+    if disk:  # RocksDB checkpoints, renamed into place before the .npz that names them
+        name = f"ckpt-{int(seq):020d}.{time.time_ns():x}.store"
+        tmp = d / f".{name}.tmp"
+        tmp.mkdir()
+        for tid, ts in disk.items():
+            info = ts.snapshot(tmp / f"t{tid}")
+            entries[tid].update(store="disk", snapshot=f"{name}/t{tid}", rows_held=info["rows_held"])
+        _fsync_dir(tmp)
+        os.rename(tmp, d / name)
+        _fsync_dir(d)
     meta = {"format": FORMAT, "version": FORMAT_VERSION, "shard": int(shard_id), "seq": int(seq), "seed": int(seed),
-            "tables": [{"id": t.table.id, "name": t.table.name, "dim": t.dim, "optimizer": t.table.optimizer,
-                        "rows": t.table.rows, "dtype": t.table.dtype} for t in tables.values()]}
+            "tables": list(entries.values())}
     arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
     for tid, ts in tables.items():
+        if tid in disk:
+            continue
         k, r, a = ts.state()
         arrays[f"t{tid}.keys"], arrays[f"t{tid}.rows"], arrays[f"t{tid}.acc"] = k, r, a
     win = np.array([(c, m) + fp for (c, m), fp in applied.items()], np.int64).reshape(-1, 6)
@@ -297,11 +367,13 @@ def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[i
         os.fsync(f.fileno())
     os.rename(tmp, final)
     _fsync_dir(d)
-    return final
+    return final, meta
 
 
-def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], np.ndarray]:
-    """(meta, ``{table_id: (keys, rows, acc)}``, applied int64 (W, 6)) of a checkpoint file.
+def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray] | SnapshotRef],
+                                          np.ndarray]:
+    """(meta, ``{table_id: (keys, rows, acc)}``, applied int64 (W, 6)) of a checkpoint file; a disk
+    table's entry is the :class:`SnapshotRef` of its RocksDB snapshot instead.
 
     Raises:
         DurabilityError: not an embnic checkpoint, unreadable, or of another format version
@@ -320,7 +392,8 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
                 raise DurabilityError(f"{path}: checkpoint format {meta.get('version')}: "
                                       + (V1_ADVICE if meta.get("version") == 1 else
                                          f"this shard reads format {FORMAT_VERSION} only"))
-            tables = {int(t["id"]): (z[f"t{t['id']}.keys"], z[f"t{t['id']}.rows"], z[f"t{t['id']}.acc"])
+            tables = {int(t["id"]): (SnapshotRef(Path(path).parent / t["snapshot"]) if t.get("store") == "disk" else
+                                     (z[f"t{t['id']}.keys"], z[f"t{t['id']}.rows"], z[f"t{t['id']}.acc"]))
                       for t in meta["tables"]}
             applied = z["applied"]
     except (OSError, ValueError, KeyError, EOFError, zlib.error, zipfile.BadZipFile) as e:
@@ -402,8 +475,8 @@ class Durability:
             if have != got or meta["seed"] != self.seed:
                 raise DurabilityError(f"{ck}: its tables (id: dim, optimizer) {got} and seed {meta['seed']} differ "
                                       f"from the config's {have} and seed {self.seed}")
-            for tid, (k, r, a) in tstate.items():
-                tables[tid].load_state(k, r, a)
+            for tid, st in tstate.items():
+                load_table(tables[tid], st)
             applied.clear()
             for row in win.tolist():
                 applied[(row[0], row[1])] = tuple(row[2:])
@@ -501,7 +574,7 @@ class Durability:
         """
         self.log.commit()
         seq = self.log.seq
-        path = write_checkpoint(self.dir, self.shard_id, seq, self.seed, tables, applied)
+        path, meta = _write_checkpoint(self.dir, self.shard_id, seq, self.seed, tables, applied)
         self.log.rotate()
         for s, p in _files(self.dir, _WAL):
             if s < seq:
@@ -509,6 +582,10 @@ class Durability:
         for s, p in _files(self.dir, _CKPT):
             if s < seq:
                 p.unlink()
+        keep = {t["snapshot"].split("/")[0] for t in meta["tables"] if t.get("store") == "disk"}
+        for _, p in _files(self.dir, _CKPT_STORE):  # older snapshots and leftovers of a crash
+            if p.name not in keep:
+                shutil.rmtree(p, ignore_errors=True)
         _fsync_dir(self.dir)
         self.checkpoints += 1
         self.last_checkpoint = str(path)
@@ -563,25 +640,55 @@ def _replay(tables: dict[int, TableShard], client_id: int, msg_id: int, num_tabl
 
 def load_shard_state(directory, shard_id: int, cfg, window: int = 1 << 62) -> tuple[dict[int, TableShard], dict]:
     """Shard ``shard_id``'s tables as a restart would see them (latest checkpoint + log), read
-    only: nothing is truncated or created (for ``embnic tables export``).
+    only: nothing in ``directory`` is truncated or created (for ``embnic tables export``).
 
     Returns:
-        (``{table_id: TableShard}``, the restore report of :meth:`Durability.restore`).
+        (``{table_id: store}`` — a ``TableShard``, or for a disk table a ``DiskTable`` whose store
+        is a scratch copy, removed when it is closed or collected —, the restore report of
+        :meth:`Durability.restore`).
+    """
+    stores, rep = load_shard_stores(directory, shard_id, cfg, window)
+    return stores.tables, rep
+
+
+def load_shard_stores(directory, shard_id: int, cfg, window: int = 1 << 62):
+    """As :func:`load_shard_state`, returning the :class:`~embnic.testbed.server.stores.ShardStores`
+    (``close()`` removes the disk tables' scratch copies) and the restore report.
+
+    The shard's directory is copied to a temporary one first (its log may be cut there); disk
+    tables' snapshots are hard-linked, not copied, and the shard's live ``store/`` is skipped.
     """
     import tempfile
-    import shutil
+
+    from .stores import open_tables
 
     src = shard_dir(directory, shard_id)
-    tables = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
-    with tempfile.TemporaryDirectory() as tmp:
-        dst = shard_dir(tmp, shard_id)
-        if src.is_dir():
-            shutil.copytree(src, dst)
-        d = Durability(tmp, shard_id, cfg.seed, fsync=False)
+    stores = open_tables(cfg, shard_id, scratch=True)  # StoreSetupError: rocksdict missing, say
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            dst = shard_dir(tmp, shard_id)
+            if src.is_dir():
+                shutil.copytree(src, dst, ignore=lambda d, names: ["store"] if Path(d) == src else [],
+                                copy_function=_link_sst_or_copy)
+            d = Durability(tmp, shard_id, cfg.seed, fsync=False)
+            try:
+                rep = d.restore(stores.tables, collections.OrderedDict(), window)
+            except DurabilityError as e:  # name the user's file, not the private copy's
+                raise DurabilityError(str(e).replace(str(dst), str(src))) from None
+            finally:
+                d.close()
+    except BaseException:
+        stores.close()
+        raise
+    return stores, rep
+
+
+def _link_sst_or_copy(a: str, b: str) -> None:
+    """copytree's copy function: a snapshot's SST file as a hard link (never written again), else a copy."""
+    if a.endswith(".sst"):
         try:
-            rep = d.restore(tables, collections.OrderedDict(), window)
-        except DurabilityError as e:  # name the user's file, not the private copy's
-            raise DurabilityError(str(e).replace(str(dst), str(src))) from None
-        finally:
-            d.close()
-    return tables, rep
+            os.link(a, b)
+            return
+        except OSError:
+            pass
+    shutil.copy2(a, b)

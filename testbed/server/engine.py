@@ -103,6 +103,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             raise ValueError("a write-ahead log needs one worker (--workers 1)")
         if n > 1 and sorted(peer_socks or {}) != [v for v in range(n) if v != me]:
             raise ValueError(f"worker {me} of {n} needs a socket to every other worker, got {sorted(peer_socks or {})}")
+        self._worker = (me, n)  # before ShardServer opens the row stores: a worker's disk tables are its own
         super().__init__(cfg, shard_id, bind, port, **kwargs)
         self._hub: PeerHub | None = None
         self._local = self.tables  # this process's own rows per table (all of them with one worker)
@@ -254,9 +255,10 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             pass
 
     def close(self) -> None:
-        """Close the socket, the wake-up pipe and the log. Idempotent."""
+        """Close the socket, the wake-up pipe, the log and the disk stores. Idempotent."""
         if self._dur is not None:
             self._dur.close()
+        self.close_stores()
         if self._bs is not None:
             self._io_final = (dict(self._bs.stats), bool(self._bs.gso))  # counters() after close still has them
             self._bs.sock.close()

@@ -137,6 +137,19 @@ def shard_families(c: dict) -> list:
         counter("checkpoints", "Checkpoints written.", d["checkpoints"])
         counter("wal_errors", "Log writes the disk refused (the shard then stops acking).", d["log_errors"])
         counter("checkpoint_errors", "Checkpoints that failed.", d["checkpoint_errors"])
+    st = c.get("stores")
+    if st:  # the disk tier (store = "disk" tables): its cache per table and RocksDB's memory and files
+        tabs = st.get("tables", {})
+        for key, name, doc in _STORE_COUNTERS:
+            fam(CounterMetricFamily, name, doc, [((t,), v[key]) for t, v in tabs.items()], ["table"])
+        for key, name, doc in _STORE_GAUGES:
+            fam(GaugeMetricFamily, name, doc, [((t,), v[key]) for t, v in tabs.items()], ["table"])
+        gauge("store_block_cache_bytes", "RocksDB block cache in use (memtables charged to it), bytes.",
+              st["block_cache_bytes"])
+        gauge("store_block_cache_capacity_bytes", "RocksDB block cache capacity (block_cache_mb), bytes.",
+              st["block_cache_capacity"])
+        gauge("store_memtable_bytes", "RocksDB memtables of the disk tables, bytes.", st["memtable_bytes"])
+        gauge("store_sst_bytes", "Bytes of the disk tables' SST files (the rows on disk).", st["sst_bytes"])
     svc = c.get("service")
     if svc is not None:
         f = HistogramMetricFamily("embnic_shard_service_seconds", "Per message: receipt of the datagram that "
@@ -161,6 +174,22 @@ _ENGINE_COUNTERS = (
     ("peer_requests", "peer_requests", "Sub-requests this worker served for the others.", 1),
     ("peer_rows_served", "peer_rows_served", "Rows this worker served to the others.", 1),
     ("peer_wait_us", "peer_wait_seconds", "Time this worker waited for the others' answers.", 1e-6),
+)
+
+
+#: the disk tier's per-table counters: (key in DiskTable.counters(), metric, help)
+_STORE_COUNTERS = (
+    ("hits", "store_cache_hits", "Keys of lookups and updates found in a disk table's cache of hot rows."),
+    ("misses", "store_cache_misses", "Keys read from the disk table's store (RocksDB) into its cache."),
+    ("evictions", "store_cache_evictions", "Cached rows evicted to make room."),
+    ("writebacks", "store_cache_writebacks", "Dirty cached rows written to the store (at eviction or flush)."),
+    ("store_writes", "store_rows_written", "Rows written to the store."),
+    ("write_through", "store_write_through", "Keys served past the cache (no free way in their set)."),
+)
+_STORE_GAUGES = (
+    ("cache_rows", "store_cache_capacity_rows", "Rows a disk table's cache holds at most (cache_rows)."),
+    ("cached", "store_cache_rows", "Rows in a disk table's cache."),
+    ("dirty", "store_cache_dirty_rows", "Cached rows not yet written to the store."),
 )
 
 

@@ -111,6 +111,7 @@ class ServerThread:
                 self.server.stop()
                 loop.run_until_complete(asyncio.sleep(0))
                 loop.close()
+                self.server.close_stores()
 
         self._thread = threading.Thread(target=run if self.engine == "reference" else run_batch,
                                         name=f"embnic-shard-{self.server.shard_id}", daemon=True)
@@ -283,6 +284,7 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
             server.stop()
             if server._dur is not None:
                 server._dur.close()
+            server.close_stores()
         log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
 
     asyncio.run(main())

@@ -80,7 +80,7 @@ from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.config import TableConfig
-from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique, shared_tables
+from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique
 
 from .metrics import ServiceTimes
 
@@ -183,6 +183,9 @@ class ShardServer:
     #: commit the log before each update's ack (the reference: one message per callback); the
     #: batch engine commits once per wake-up instead
     _sync_each = True
+    #: ``(index, N)``: worker ``index`` of a ``--workers N`` shard (set by the batch engine before
+    #: this class's ``__init__``; each worker keeps disk tables of its own)
+    _worker = (0, 1)
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
                  dedup_window: int = DEFAULT_DEDUP_WINDOW, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
@@ -200,12 +203,17 @@ class ShardServer:
         self.fixed_length = bool(fixed_length)
         # (client_id, msg_id) -> (msg_type, num_tables, num_keys, msg_len) of announced data
         self._announced: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
-        #: every table's rows in one arena with one index (one gather per message, whatever its
-        #: tables); ``tables`` holds a :class:`TableShard` view of it per table — a table whose
-        #: rows live in another store (its own object with TableShard's interface) is served
-        #: through that object, one call per such table (:meth:`_rows_lookup`, :meth:`_rows_apply`)
-        self.store, views = shared_tables(cfg.tables, cfg.seed, capacity=64)
-        self.tables: dict[int, TableShard] = views
+        from .stores import open_tables
+
+        #: every in-memory table's rows in one arena with one index (one gather per message, whatever
+        #: its tables); ``tables`` holds a :class:`TableShard` view of it per table — a table whose
+        #: rows live in another store (``store = "disk"``: its own object with TableShard's
+        #: interface, :mod:`.stores`) is served through that object, one call per such table
+        #: (:meth:`_rows_lookup`, :meth:`_rows_apply`)
+        self._stores = open_tables(cfg, self.shard_id, checkpoint_dir if checkpoint_dir is not None else restore,
+                                   worker=self._worker)
+        self.store = self._stores.store
+        self.tables: dict[int, TableShard] = self._stores.tables
         # per table id (65536 entries; what _table_fault reads as vectors): dim (-1: no such
         # table), wire dtype, rows bound (and whether there is one), every key ours (one shard,
         # or this table's shard under table sharding: no key need be hashed), and the largest
@@ -241,26 +249,32 @@ class ShardServer:
         self.started_at: float | None = None
         self._dur = None
         self.durable_failed = False
-        if checkpoint_dir is not None or restore is not None:
-            from .durability import Durability
+        try:
+            if checkpoint_dir is not None or restore is not None:
+                from .durability import Durability
 
-            self._dur = Durability(checkpoint_dir if checkpoint_dir is not None else restore, self.shard_id,
-                                   cfg.seed, checkpoint_every=checkpoint_every, fsync=log_fsync)
-            if restore is not None:
-                if checkpoint_dir is not None and str(checkpoint_dir) != str(restore):
-                    src = Durability(restore, self.shard_id, cfg.seed, fsync=log_fsync)
-                    rep = src.restore(self.tables, self._applied, self.dedup_window)
-                    src.close()
-                    self._dur.start_fresh()
-                    self._dur.restored = rep
-                    self._dur.checkpoint(self.tables, self._applied)
+                self._dur = Durability(checkpoint_dir if checkpoint_dir is not None else restore, self.shard_id,
+                                       cfg.seed, checkpoint_every=checkpoint_every, fsync=log_fsync)
+                if restore is not None:
+                    if checkpoint_dir is not None and str(checkpoint_dir) != str(restore):
+                        src = Durability(restore, self.shard_id, cfg.seed, fsync=log_fsync)
+                        rep = src.restore(self.tables, self._applied, self.dedup_window)
+                        src.close()
+                        self._dur.start_fresh()
+                        self._dur.restored = rep
+                        self._dur.checkpoint(self.tables, self._applied)
+                    else:
+                        rep = self._dur.restore(self.tables, self._applied, self.dedup_window)
+                    log.info("shard %d restored from %s: checkpoint %s, %d updates replayed from the log%s", self.shard_id,
+                             restore, rep["checkpoint"], rep["replayed"],
+                             "" if rep["corrupt"] is None else f"; bad log tail cut off ({rep['corrupt']['reason']})")
                 else:
-                    rep = self._dur.restore(self.tables, self._applied, self.dedup_window)
-                log.info("shard %d restored from %s: checkpoint %s, %d updates replayed from the log%s", self.shard_id,
-                         restore, rep["checkpoint"], rep["replayed"],
-                         "" if rep["corrupt"] is None else f"; bad log tail cut off ({rep['corrupt']['reason']})")
-            else:
-                self._dur.start_fresh()
+                    self._dur.start_fresh()
+        except BaseException:
+            if self._dur is not None:
+                self._dur.close()
+            self._stores.close()
+            raise
 
     # -- durability -----------------------------------------------------------------------------
 
@@ -340,6 +354,11 @@ class ShardServer:
 
         self._expire_handle = loop.call_later(0.5, tick)
 
+    def close_stores(self) -> None:
+        """Close the tables' disk stores (:mod:`.stores`; a scratch directory is removed). After
+        the shard stopped; idempotent."""
+        self._stores.close()
+
     def stop(self) -> None:
         """Stop serving and close the socket (call on the server's loop). Idempotent."""
         if self._expire_handle is not None:
@@ -365,7 +384,8 @@ class ShardServer:
         present), ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows
         per table id), ``service`` (per-message service times: ``hist``, log2 µs buckets, and
-        ``sum_ns``, :class:`~.metrics.ServiceTimes`); with ``checkpoint_dir`` also ``durability`` (log records, bytes and
+        ``sum_ns``, :class:`~.metrics.ServiceTimes`); with disk tables ``stores`` (the disk tier,
+        :meth:`.stores.ShardStores.counters`); with ``checkpoint_dir`` also ``durability`` (log records, bytes and
         commits, checkpoints, the restore report, ``log_errors``, ``checkpoint_errors``).
         """
         c = self._c
@@ -392,6 +412,7 @@ class ShardServer:
             "dedup_entries": len(self._applied),
             "rows": {str(tid): len(ts) for tid, ts in self.tables.items()},
             "service": self._svc.as_dict(),
+            **({"stores": self._stores.counters()} if self._stores.env is not None else {}),
             **({} if self._dur is None else {"durability": {**self._dur.counters(), "log_errors": c["log_errors"],
                                                              "checkpoint_errors": c["checkpoint_errors"]}}),
         }

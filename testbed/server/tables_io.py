@@ -23,24 +23,32 @@ to 8 bytes, so the same tables always give the same bytes. Two layouts:
 
 Both carry ``__metadata__``: ``format`` (``embnic-tables``), ``layout``, ``seed`` and
 ``tables`` (JSON: id, name, dim, rows, optimizer). Export reads every shard's directory as a
-restart would (latest checkpoint + log, :func:`~embnic.testbed.server.durability.load_shard_state`);
+restart would (latest checkpoint + log, :func:`~embnic.testbed.server.durability.load_shard_stores`);
 import writes each shard a checkpoint of the rows it owns, which ``embnic server --restore DIR``
-serves. An import stores only rows that differ from their initial value, so export → import →
-export gives the same bytes.
+serves (a disk table's as a RocksDB snapshot). An import stores only rows that differ from their
+initial value, so export → import → export gives the same bytes.
+
+**Export streams**: the header is written from the row counts, then every table's rows are
+merged across the shards in id order, :data:`CHUNK_ROWS` at a time (a disk table's straight from
+its store, :meth:`~embnic.testbed.server.diskstore.DiskTable.iter_state`), and written at their
+offsets — a disk table 8 × a shard's memory is never held whole (an in-memory table is, as the
+shard held it).
 """
 from __future__ import annotations
 
 import collections
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.routing import owns
-from embnic.client_lib.table_numerics import TableShard, init_rows, merge_states
+from embnic.client_lib.table_numerics import init_rows, merge_states
 
 from . import durability as D
+from .stores import open_tables
 
 FORMAT = "embnic-tables"
 LAYOUTS = ("torchrec", "ids")
@@ -53,22 +61,36 @@ class TablesFileError(Exception):
     """A tables file that is not one, or does not fit the cluster config."""
 
 
-def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    """Write ``tensors`` (float32 / float16 / uint64 arrays) as a safetensors file, deterministically."""
+CHUNK_ROWS = 1 << 16  #: rows per piece of a streamed export
+
+
+def safetensors_header(specs: dict[str, tuple[np.dtype, tuple[int, ...]]], metadata: dict[str, str]
+                       ) -> tuple[bytes, dict[str, int]]:
+    """The header of a safetensors file holding tensors ``specs`` (name → (dtype, shape)), tensors
+    in name order: (the bytes up to the data — length and padded JSON —, name → offset of its
+    data in the file)."""
     header: dict = {"__metadata__": dict(sorted(metadata.items()))}
     off = 0
-    names = sorted(tensors)
-    for n in names:
-        a = tensors[n]
-        header[n] = {"dtype": _DT[a.dtype.newbyteorder("<")], "shape": list(a.shape),
-                     "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes
+    offs = {}
+    for n in sorted(specs):
+        dt, shape = specs[n]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+        header[n] = {"dtype": _DT[np.dtype(dt).newbyteorder("<")], "shape": list(shape),
+                     "data_offsets": [off, off + nbytes]}
+        offs[n] = off
+        off += nbytes
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
+    head = len(h).to_bytes(8, "little") + h
+    return head, {n: len(head) + o for n, o in offs.items()}
+
+
+def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """Write ``tensors`` (float32 / float16 / uint64 arrays) as a safetensors file, deterministically."""
+    head, _ = safetensors_header({n: (a.dtype, a.shape) for n, a in tensors.items()}, metadata)
     with open(path, "wb") as f:
-        f.write(len(h).to_bytes(8, "little"))
-        f.write(h)
-        for n in names:
+        f.write(head)
+        for n in sorted(tensors):
             f.write(np.ascontiguousarray(tensors[n]).astype(tensors[n].dtype.newbyteorder("<"), copy=False).tobytes())
 
 
@@ -134,52 +156,112 @@ def _meta(cfg: ClusterConfig, layout: str) -> dict[str, str]:
                                    "optimizer": t.optimizer} for t in cfg.tables])}
 
 
-def gather(cfg: ClusterConfig, directory) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Every shard's updated rows from ``directory`` (as a restart would see them), merged:
-    ``{table_id: (keys uint64 (M,), rows float32 (M, dim), acc float32 (M,))}``.
-
-    Raises:
-        TablesFileError: ``directory`` lacks a shard's ``shard-<id>`` directory (not where the
-            shards ran: its rows would be exported as the initial ones).
-    """
+def _check_shard_dirs(cfg: ClusterConfig, directory) -> None:
     missing = [f"shard-{s.id}" for s in cfg.shards if not D.shard_dir(directory, s.id).is_dir()]
     if missing:
         raise TablesFileError(f"{directory} has no {', '.join(missing)} "
                               f"{'directory' if len(missing) == 1 else 'directories'}: give --from the directory "
                               "the shards ran with --checkpoint-dir (or filled by `embnic tables import`); "
                               "exporting would write those shards' initial rows")
+
+
+def gather(cfg: ClusterConfig, directory) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Every shard's updated rows from ``directory`` (as a restart would see them), merged, whole
+    in memory: ``{table_id: (keys uint64 (M,), rows float32 (M, dim), acc float32 (M,))}``
+    (:func:`export_tables` streams instead).
+
+    Raises:
+        TablesFileError: ``directory`` lacks a shard's ``shard-<id>`` directory (not where the
+            shards ran: its rows would be exported as the initial ones).
+    """
+    _check_shard_dirs(cfg, directory)
     states = []
     for s in cfg.shards:
-        tables, _ = D.load_shard_state(directory, s.id, cfg)
-        states.append({tid: ts.state() for tid, ts in tables.items()})
+        stores, _ = D.load_shard_stores(directory, s.id, cfg)
+        try:
+            states.append({tid: ts.state() for tid, ts in stores.tables.items()})
+        finally:
+            stores.close()
     return merge_states(states)
 
 
-def export_tables(cfg: ClusterConfig, directory, out: str | Path, layout: str | None = None) -> dict:
-    """Write the tables held in the shards' ``directory`` to ``out``.
+def _chunks(ts, chunk_rows: int):
+    """One shard's rows of one table in id order, ``chunk_rows`` at a time."""
+    if hasattr(ts, "iter_state"):
+        yield from ts.iter_state(chunk_rows)
+        return
+    k, r, a = ts.state()
+    for lo in range(0, k.size, chunk_rows):
+        yield k[lo:lo + chunk_rows], r[lo:lo + chunk_rows], a[lo:lo + chunk_rows]
+
+
+def merge_sorted(streams: list, table_id: int):
+    """Merge streams of ``(keys, rows, acc)`` chunks, each in strictly increasing key order and
+    holding keys no other stream holds (one per shard), into chunks in key order.
+
+    Each round takes, from every stream with rows left, the rows up to the smallest of their
+    current chunks' last keys (rows above it may still come after rows of another stream): one
+    sort of at most ``streams × chunk`` rows.
+
+    Raises:
+        ValueError: a key in two streams (two shards hold the same row).
+    """
+    its = [iter(s) for s in streams]
+    bufs: list = [None] * len(its)
+
+    def refill(i):
+        while bufs[i] is None or bufs[i][0].size == 0:
+            nxt = next(its[i], None)
+            if nxt is None:
+                bufs[i] = None
+                return
+            bufs[i] = nxt
+
+    for i in range(len(its)):
+        refill(i)
+    while any(b is not None for b in bufs):
+        live = [i for i, b in enumerate(bufs) if b is not None]
+        bound = min(bufs[i][0][-1] for i in live)
+        parts = []
+        for i in live:
+            k, r, a = bufs[i]
+            n = int(np.searchsorted(k, bound, side="right"))
+            parts.append((k[:n], r[:n], a[:n]))
+            bufs[i] = (k[n:], r[n:], a[n:])
+            if bufs[i][0].size == 0:
+                bufs[i] = None
+                refill(i)
+        k = np.concatenate([p[0] for p in parts])
+        order = np.argsort(k, kind="stable")
+        k = k[order]
+        if k.size > 1 and not bool(np.all(k[1:] > k[:-1])):
+            raise ValueError(f"table {table_id}: a key is held by more than one shard")
+        yield k, np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
+
+
+def export_tables(cfg: ClusterConfig, directory, out: str | Path, layout: str | None = None,
+                  chunk_rows: int = CHUNK_ROWS) -> dict:
+    """Write the tables held in the shards' ``directory`` to ``out``, streaming (module docstring).
 
     Args:
         layout: ``"torchrec"``, ``"ids"``, or None: torchrec when every table has ``rows`` and
             fits :data:`MAX_DENSE_BYTES` as a dense weight, else ids.
+        chunk_rows: rows per piece read, merged and written.
 
     Returns:
         ``{"layout", "tables": {name: rows written}}``.
 
     Raises:
         TablesFileError: ``torchrec`` asked for a table without ``rows`` or larger than
-            :data:`MAX_DENSE_BYTES`.
+            :data:`MAX_DENSE_BYTES`; a shard directory missing.
     """
     if layout is None:
         layout = "torchrec" if all(t.rows is not None and t.rows * t.dim * 4 <= MAX_DENSE_BYTES
                                    for t in cfg.tables) else "ids"
     if layout not in LAYOUTS:
         raise TablesFileError(f"unknown layout {layout!r} ({', '.join(LAYOUTS)})")
-    st = gather(cfg, directory)
-    tensors: dict[str, np.ndarray] = {}
-    info = {}
-    for t in cfg.tables:
-        k, r, a = st.get(t.id, (np.empty(0, np.uint64), np.empty((0, t.dim), np.float32), np.empty(0, np.float32)))
-        if layout == "torchrec":
+    if layout == "torchrec":
+        for t in cfg.tables:
             if t.rows is None:
                 raise TablesFileError(f"table {t.name} (id {t.id}) has no rows in the config: a TorchRec weight "
                                       "needs a row count; export it with --layout ids")
@@ -187,20 +269,72 @@ def export_tables(cfg: ClusterConfig, directory, out: str | Path, layout: str | 
                 raise TablesFileError(f"table {t.name} (id {t.id}): {t.rows} x {t.dim} float32 is "
                                       f"{t.rows * t.dim * 4 / 2**30:.0f} GiB as a dense TorchRec weight (limit "
                                       f"{MAX_DENSE_BYTES >> 30} GiB); export the updated rows with --layout ids")
-            w = np.empty((t.rows, t.dim), np.float32)
-            for lo in range(0, t.rows, 1 << 16):  # initial values in slices (bounded temporary memory)
-                hi = min(t.rows, lo + (1 << 16))
-                w[lo:hi] = init_rows(cfg.seed, t.id, np.arange(lo, hi, dtype=np.uint64), t.dim, t.init_scale)
-            w[k.astype(np.int64)] = r
-            tensors[f"embedding_bags.{t.name}.weight"] = w
-            info[t.name] = t.rows
-        else:
-            tensors[f"tables.{t.name}.ids"] = k
-            tensors[f"tables.{t.name}.weight"] = r
-            tensors[f"tables.{t.name}.acc"] = a
-            info[t.name] = int(k.size)
-    save_safetensors(out, tensors, _meta(cfg, layout))
+    _check_shard_dirs(cfg, directory)
+    shards = []
+    try:
+        for s in cfg.shards:
+            shards.append(D.load_shard_stores(directory, s.id, cfg)[0])
+        specs, info = {}, {}
+        for t in cfg.tables:
+            if layout == "torchrec":
+                specs[f"embedding_bags.{t.name}.weight"] = (np.dtype("<f4"), (t.rows, t.dim))
+                info[t.name] = t.rows
+            else:
+                m = sum(len(st.tables[t.id]) for st in shards)
+                specs[f"tables.{t.name}.ids"] = (np.dtype("<u8"), (m,))
+                specs[f"tables.{t.name}.weight"] = (np.dtype("<f4"), (m, t.dim))
+                specs[f"tables.{t.name}.acc"] = (np.dtype("<f4"), (m,))
+                info[t.name] = m
+        head, offs = safetensors_header(specs, _meta(cfg, layout))
+        with open(out, "wb") as f:
+            f.write(head)
+            for t in cfg.tables:
+                merged = merge_sorted([_chunks(st.tables[t.id], chunk_rows) for st in shards], t.id)
+                if layout == "torchrec":
+                    _write_dense(f, offs[f"embedding_bags.{t.name}.weight"], cfg, t, merged, chunk_rows)
+                else:
+                    _write_ids(f, offs, t, merged, info[t.name])
+    finally:
+        for st in shards:
+            st.close()
     return {"layout": layout, "tables": info}
+
+
+def _write_ids(f, offs: dict, t, merged, m: int) -> None:
+    """The ids layout of table ``t``: ids, weight and acc, each piece at its place."""
+    at = 0
+    for k, r, a in merged:
+        if at + k.size > m:
+            raise TablesFileError(f"table {t.name}: more rows than the shards counted ({m}): a store changed while "
+                                  "it was exported")
+        os.pwrite(f.fileno(), k.astype("<u8").tobytes(), offs[f"tables.{t.name}.ids"] + 8 * at)
+        os.pwrite(f.fileno(), r.astype("<f4").tobytes(), offs[f"tables.{t.name}.weight"] + 4 * t.dim * at)
+        os.pwrite(f.fileno(), a.astype("<f4").tobytes(), offs[f"tables.{t.name}.acc"] + 4 * at)
+        at += k.size
+    if at != m:
+        raise TablesFileError(f"table {t.name}: {at} rows read, the shards counted {m}")
+
+
+def _write_dense(f, off: int, cfg: ClusterConfig, t, merged, chunk_rows: int) -> None:
+    """The torchrec layout of table ``t``: every row, initial values slice by slice with the updated
+    rows of the slice (the merged stream, in id order) laid over them."""
+    pend = None
+    for lo in range(0, t.rows, chunk_rows):
+        hi = min(t.rows, lo + chunk_rows)
+        w = init_rows(cfg.seed, t.id, np.arange(lo, hi, dtype=np.uint64), t.dim, t.init_scale)
+        while True:
+            if pend is None:
+                pend = next(merged, None)
+                if pend is None:
+                    break
+            k, r, _ = pend
+            n = int(np.searchsorted(k, np.uint64(hi)))
+            w[k[:n].astype(np.int64) - lo] = r[:n]
+            if n < k.size:
+                pend = (k[n:], r[n:], None)
+                break
+            pend = None
+        os.pwrite(f.fileno(), w.astype("<f4").tobytes(), off + 4 * t.dim * lo)
 
 
 def import_tables(cfg: ClusterConfig, path: str | Path, directory) -> dict:
@@ -215,6 +349,7 @@ def import_tables(cfg: ClusterConfig, path: str | Path, directory) -> dict:
     Raises:
         TablesFileError: not an embnic tables file, or its tables do not fit the config (name,
             dim, rows), or a shard directory already holds a checkpoint or log.
+        StoreSetupError: a disk table and the disk tier cannot start (``rocksdict`` missing).
     """
     tensors, meta = load_safetensors(path)
     layout = meta.get("layout")
@@ -251,15 +386,19 @@ def import_tables(cfg: ClusterConfig, path: str | Path, directory) -> dict:
         d = D.shard_dir(directory, s.id)
         if D._files(d, D._CKPT) or D._files(d, D._WAL):
             raise TablesFileError(f"{d} already holds a checkpoint or log: import into an empty directory")
-        tables = {t.id: TableShard(t, cfg.seed, capacity=64) for t in cfg.tables}
-        n = 0
-        for tid, (k, r, a) in per_table.items():
-            mine = owns(cfg, tid, s.id, k) if k.size else np.zeros(0, bool)
-            try:
-                tables[tid].load_state(k[mine], r[mine], a[mine])
-            except ValueError as e:
-                raise TablesFileError(f"{path}: {e}") from None
-            n += int(mine.sum())
-        D.write_checkpoint(d, s.id, 0, cfg.seed, tables, collections.OrderedDict())
+        stores = open_tables(cfg, s.id, scratch=True)  # a disk table's rows go to a RocksDB snapshot
+        try:
+            tables = stores.tables
+            n = 0
+            for tid, (k, r, a) in per_table.items():
+                mine = owns(cfg, tid, s.id, k) if k.size else np.zeros(0, bool)
+                try:
+                    tables[tid].load_state(k[mine], r[mine], a[mine])
+                except ValueError as e:
+                    raise TablesFileError(f"{path}: {e}") from None
+                n += int(mine.sum())
+            D.write_checkpoint(d, s.id, 0, cfg.seed, tables, collections.OrderedDict())
+        finally:
+            stores.close()
         written[s.id] = n
     return {"layout": layout, "rows": written}

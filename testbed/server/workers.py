@@ -189,6 +189,7 @@ def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> N
     finally:
         conn.send(server.counters())
         conn.close()
+        server.close_stores()  # a worker ends in os._exit: no finalizer would remove a scratch store
 
 
 def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,

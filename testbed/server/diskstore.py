@@ -1,0 +1,708 @@
+"""The disk tier of a shard's rows: RocksDB behind an in-memory cache of hot rows (``store = "disk"``).
+
+A table configured ``store = "disk"`` (docs/config.md, docs/server.md "Disk tier") keeps its rows
+and row-wise Adagrad accumulators in an embedded RocksDB (through the ``rocksdict`` binding, the
+optional extra ``embnic[disk]``) and only its hot rows in memory, so a shard's table can grow past
+its RAM. :class:`DiskTable` has :class:`~embnic.client_lib.table_numerics.TableShard`'s interface
+(``lookup``, ``apply``, ``apply_segments``, ``state``, ``load_state``, ``len``), and every row value
+comes from the same code (``init_rows``, ``optimizer_step``) on the same float32 values, so its
+rows are bit-identical to the in-memory store's::
+
+    lookup/apply(keys) ─▶ cache (set-associative, numpy) ─ hits ─▶ rows
+                                    │ misses (deduplicated)
+                                    ▼
+                     RocksDB multi-get (mmap'd SST files) ─ absent ─▶ init_rows (not stored)
+                                    │
+                     install in the cache; a dirty victim is written back (WriteBatch)
+
+**Store layout** (one RocksDB per table, ``<root>/t<id>/``): key = the id as 8 bytes big-endian
+(RocksDB's byte order is then the ids' numeric order: iteration yields sorted ids), value = the
+row's ``dim`` float32 little-endian, then for Adagrad tables its accumulator (float32 LE):
+``4 · (dim + 1)`` bytes. One more key, ``ff×8 "~meta"`` (after every row key), holds JSON
+(:data:`FORMAT`, table id, dim, optimizer, rows held), written with every flush. Writes skip
+RocksDB's own write-ahead log: the shard's log (``--checkpoint-dir``,
+:mod:`~embnic.testbed.server.durability`) covers every update, and a restore rebuilds the live
+store from the last snapshot, never trusting what a killed process left.
+
+**The cache** holds ``cache_rows`` rows in ``S`` sets of ``W`` ways (``W = 8``; a key's set is
+``splitmix64(key ^ salt) mod S``): a batch of N keys is compared against its sets' ways as one
+(N, W) array. Replacement is least-frequently-used with ageing (a per-slot use count, halved for
+all slots every ``S·W`` uses; ties: least recently used): under a skewed (Zipf) id distribution the
+rows that keep coming back stay, where plain LRU lets one pass of cold ids flush them. Rows used by
+the current batch are never evicted by it; misses beyond the free ways of their set (rare) are
+served (and, for updates, written) straight through. Rows are **write-back**: an update marks its
+cached rows dirty, a dirty row reaches RocksDB when evicted, at a flush (checkpoint, export,
+``state``) or at close. Never-updated rows looked up are cached clean with their initial value,
+so a hot absent id costs one bloom-filter probe, not one per lookup.
+
+**Memory** (what ``cache_rows`` and ``[[shards]] block_cache_mb`` bound, docs/server.md): the
+cache's arrays, ``cache_rows · (4·dim + 4 + 19)`` bytes (row, accumulator; key, flags, use count,
+stamp), plus RocksDB's block cache, which also carries the memtables (a write-buffer manager
+charges them to it). SST files are read through ``mmap``: their pages are the kernel's page cache
+(file-backed, reclaimable; ``RssFile``), not the shard's anonymous memory.
+
+**Snapshots**: :meth:`DiskTable.snapshot` flushes the dirty rows and makes a RocksDB checkpoint
+(hard links to the immutable SST files, a copy of the small MANIFEST/OPTIONS files; every file and
+the directory ``fsync``\\ ed) — O(files), not O(rows). :meth:`DiskTable.load_snapshot` replaces the
+live store by such a snapshot (hard links again; RocksDB never writes into an SST file, so the live
+store and the snapshot can share them).
+"""
+from __future__ import annotations
+
+import collections
+import fcntl
+import itertools
+import json
+import logging
+import operator
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+try:
+    import rocksdict
+except ImportError as e:  # pragma: no cover - what stores.py turns into one line naming the extra
+    raise ImportError(f"the disk tier needs rocksdict ({e}): pip install 'embnic[disk]'") from None
+
+from embnic.client_lib.config import TableConfig
+from embnic.client_lib.splitmix import splitmix64
+from embnic.client_lib.table_numerics import init_rows, is_unique, optimizer_step
+
+log = logging.getLogger("embnic.server")
+
+FORMAT = "embnic-rows"  #: the ``format`` of a store's meta record
+FORMAT_VERSION = 1
+META_KEY = b"\xff" * 8 + b"~meta"  #: sorts after every 8-byte row key
+ROWS_END = b"\xff" * 8 + b"\x00"  #: exclusive upper bound of the row keys (the largest id included)
+WAYS = 8  #: ways per cache set
+_FREQ_MAX = 1 << 30
+_BIG = np.iinfo(np.int64).max
+
+
+class StoreError(Exception):
+    """A store that cannot be used: another process holds it, a snapshot of another table or
+    layout, a value of the wrong size (damage)."""
+
+
+def _fsync_tree(d: Path) -> None:
+    """``fsync`` every file of directory ``d`` and ``d`` itself."""
+    for p in d.iterdir():
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Copy RocksDB directory ``src`` to ``dst`` (must not exist): SST files as hard links (RocksDB
+    never writes into one), every other file as a copy (a store opened on ``dst`` rewrites them).
+    Falls back to copying where hard links are refused (another file system)."""
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        if not p.is_file():
+            continue
+        q = dst / p.name
+        if p.suffix == ".sst":
+            try:
+                os.link(p, q)
+                continue
+            except OSError:
+                pass
+        shutil.copy2(p, q)
+
+
+class StoreEnv:
+    """What the disk tables of one shard process share: their root directory (locked), RocksDB's
+    block cache (which the memtables are charged to) and options.
+
+    Args:
+        root: the directory the tables' stores live in (``<root>/t<id>``); created. Its previous
+            contents are removed: a live store is scratch (the durable state is the shard's
+            snapshots and log), so only a directory holding the :data:`MARK` file (one of ours) or
+            an empty one is taken.
+        block_cache_mb: RocksDB block cache, MiB (the memtables of every table are charged to it).
+        scratch: remove ``root`` when closed (a temporary directory).
+
+    Raises:
+        StoreError: ``root`` is in use by another process (its pid named), or holds files that are
+            not a store of ours.
+    """
+
+    MARK = "EMBNIC-ROWS"  #: the file that marks a directory as a shard's live stores (scratch)
+
+    def __init__(self, root: str | os.PathLike, block_cache_mb: int, *, scratch: bool = False):
+        self.root = Path(root)
+        self.scratch = bool(scratch)
+        self.block_cache_bytes = int(block_cache_mb) << 20
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._lock()
+        others = sorted(p.name for p in self.root.iterdir() if p.name not in ("LOCK", self.MARK))
+        if others and not (self.root / self.MARK).exists():
+            os.close(self._lock_fd)
+            raise StoreError(f"{self.root} holds {', '.join(others[:4])}{', ...' if len(others) > 4 else ''}, which "
+                             "is not a shard's row store: give store_dir an empty directory (its contents are "
+                             "scratch, replaced at every start)")
+        for name in others:  # an earlier run's live stores: scratch (restore rebuilds from snapshots)
+            p = self.root / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        (self.root / self.MARK).write_text("live row stores of an embnic shard: scratch, replaced at every start; "
+                                           "the durable state is --checkpoint-dir\n")
+        self.cache = rocksdict.Cache(self.block_cache_bytes)
+        self.wbm = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            max(1 << 20, self.block_cache_bytes // 2), False, self.cache)
+        self.write_opts = rocksdict.WriteOptions()
+        self.write_opts.disable_wal = True  # the shard's own log covers every update
+        self.tables: weakref.WeakSet = weakref.WeakSet()
+        self._final = weakref.finalize(self, StoreEnv._cleanup, self.root if self.scratch else None)
+
+    def _lock(self) -> int:
+        fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(f"{self.root} is in use by another shard process (pid {holder}): stop it first, or give "
+                             "this one another store_dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def options(self, dim: int) -> "rocksdict.Options":
+        """RocksDB options of one table: raw bytes, no compression (float rows do not compress),
+        bloom filters (an absent id costs a filter probe), SST files read through ``mmap``, the
+        shared block cache and write-buffer manager, two background jobs."""
+        o = rocksdict.Options(raw_mode=True)
+        o.create_if_missing(True)
+        o.set_compression_type(rocksdict.DBCompressionType.none())
+        o.set_allow_mmap_reads(True)
+        o.set_max_background_jobs(2)
+        o.set_write_buffer_size(max(1 << 20, min(64 << 20, self.block_cache_bytes // 4)))
+        o.set_max_write_buffer_number(2)
+        o.set_write_buffer_manager(self.wbm)
+        o.set_keep_log_file_num(2)
+        bo = rocksdict.BlockBasedOptions()
+        bo.set_block_cache(self.cache)
+        bo.set_bloom_filter(10, False)
+        bo.set_cache_index_and_filter_blocks(True)
+        bo.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        o.set_block_based_table_factory(bo)
+        return o
+
+    def usage(self) -> dict:
+        """``{"block_cache_bytes", "block_cache_capacity", "memtable_bytes", "table_readers_bytes",
+        "sst_bytes"}`` over every open table (bytes; memtables are charged to the block cache, so
+        they are part of ``block_cache_bytes`` too)."""
+        mem = rd = sst = 0
+        for t in list(self.tables):
+            if t._db is None:
+                continue
+            mem += t._db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+            rd += t._db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
+            sst += t._db.property_int_value("rocksdb.total-sst-files-size") or 0
+        return {"block_cache_bytes": int(self.cache.get_usage()), "block_cache_capacity": self.block_cache_bytes,
+                "memtable_bytes": mem, "table_readers_bytes": rd, "sst_bytes": sst}
+
+    @staticmethod
+    def _cleanup(root: Path | None) -> None:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def close(self) -> None:
+        """Close every table's store, release the lock (and remove a scratch root). Idempotent."""
+        for t in list(self.tables):
+            t.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._final()
+
+
+def scratch_env(block_cache_mb: int, prefix: str = "embnic-rows-") -> StoreEnv:
+    """A :class:`StoreEnv` in a new temporary directory under ``/var/tmp`` (disk, not a tmpfs;
+    ``$EMBNIC_STORE_TMP`` overrides), removed when closed."""
+    base = os.environ.get("EMBNIC_STORE_TMP") or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
+    return StoreEnv(tempfile.mkdtemp(prefix=prefix, dir=base), block_cache_mb, scratch=True)
+
+
+class DiskTable:
+    """One table's rows in RocksDB behind a cache of ``cache_rows`` hot rows (module docstring).
+
+    Args:
+        table: the table's config.
+        seed: the cluster seed (initial rows, :func:`~embnic.client_lib.table_numerics.init_rows`).
+        env: the shard process's :class:`StoreEnv`; the store is ``env.root / f"t{table.id}"``,
+            created empty.
+        cache_rows: rows the cache holds at most (its capacity is the largest multiple of the
+            ways not above it).
+    """
+
+
+    def __init__(self, table: TableConfig, seed: int, env: StoreEnv, cache_rows: int):
+        self.table = table
+        self.seed = int(seed)
+        self.dim = int(table.dim)
+        self.adagrad = table.optimizer == "adagrad"
+        self._lr = np.float32(table.lr)
+        self._eps = np.float32(table.eps)
+        self.env = env
+        self.path = env.root / f"t{table.id}"
+        self._vw = self.dim + (1 if self.adagrad else 0)  # float32 values per stored row
+        self._vdt = np.dtype(f"V{4 * self._vw}")
+        ways = max(1, min(WAYS, int(cache_rows)))
+        self._W = ways
+        self._S = max(1, int(cache_rows) // ways)
+        cap = self._S * self._W
+        self.capacity = cap
+        self._salt = splitmix64(np.array([0x0D15C0000000 + table.id], np.uint64))[0]
+        # the cache's arrays, written once here so that their pages are resident (committed) from
+        # the start: the shard's memory does not creep up as the cache fills
+        self._ck = np.full(cap, 0, np.uint64)  # key of each slot
+        self._cv = np.full(cap, False)  # slot holds a row
+        self._cd = np.full(cap, False)  # the row differs from the store's (write-back)
+        self._cs = np.full(cap, False)  # the row is materialised (stored, or counted in _n)
+        self._cf = np.full(cap, 0, np.int32)  # use count (halved every `cap` uses)
+        self._ct = np.full(cap, 0, np.int32)  # batch stamp of the last use
+        self._rows = np.full((cap, self.dim), 0, np.float32)
+        self._acc = np.full(cap if self.adagrad else 0, 0, np.float32)
+        self._tick = 0
+        self._uses = 0
+        self._n = 0  # materialised rows (in the store or dirty in the cache)
+        self.stats = collections.Counter({k: 0 for k in ("hits", "misses", "store_reads", "store_found",
+                                                          "evictions", "writebacks", "store_writes",
+                                                          "write_through")})
+        self._db = None
+        self._open(fresh=True)
+        env.tables.add(self)
+
+    # -- the store ----------------------------------------------------------------------------
+
+    def _open(self, fresh: bool) -> None:
+        if fresh and self.path.exists():
+            shutil.rmtree(self.path)
+        try:
+            self._db = rocksdict.Rdict(str(self.path), self.env.options(self.dim))
+        except Exception as e:  # rocksdict raises plain Exceptions for I/O and lock errors
+            raise StoreError(f"{self.path}: cannot open the row store ({e})") from None
+        self._db.set_write_options(self.env.write_opts)
+        self._ro = rocksdict.ReadOptions()
+        self._ro.set_iterate_upper_bound(ROWS_END)
+
+    def close(self) -> None:
+        """Close the store (unflushed rows are dropped: the shard's log holds their updates). Idempotent."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def __len__(self) -> int:
+        """Materialised (ever updated) rows."""
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cache's arrays (the shard's memory for this table; RocksDB's block
+        cache is the env's)."""
+        return sum(a.nbytes for a in (self._ck, self._cv, self._cd, self._cs, self._cf, self._ct, self._rows,
+                                      self._acc))
+
+    def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows, accumulators and found-mask of ``keys`` (unique uint64 (n,)) from the store; ids
+        not in it get their initial row and accumulator 0."""
+        n = keys.size
+        vals = self._db[keys.astype(">u8").view("V8").tolist()]  # one multi-get; None where absent
+        found = np.fromiter(map(operator.is_not, vals, itertools.repeat(None)), bool, n)
+        nf = int(np.count_nonzero(found))
+        self.stats["store_reads"] += n
+        self.stats["store_found"] += nf
+        rows = np.empty((n, self.dim), np.float32)
+        acc = np.zeros(n, np.float32)
+        if nf:
+            buf = b"".join(itertools.compress(vals, found))
+            if len(buf) != nf * 4 * self._vw:
+                raise StoreError(f"{self.path}: stored rows of {len(buf) // max(nf, 1)} bytes, expected "
+                                 f"{4 * self._vw} (dim {self.dim}, {self.table.optimizer}): damaged or another table's")
+            v = np.frombuffer(buf, "<f4").reshape(nf, self._vw)
+            rows[found] = v[:, :self.dim]
+            if self.adagrad:
+                acc[found] = v[:, self.dim]
+        if nf < n:
+            miss = ~found
+            rows[miss] = init_rows(self.seed, self.table.id, keys[miss], self.dim, self.table.init_scale)
+        return rows, acc, found
+
+    def _put(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
+        """Write rows (and accumulators) of ``keys`` (uint64 (n,)) to the store in one WriteBatch."""
+        n = keys.size
+        if n == 0:
+            return
+        v = np.empty((n, self._vw), "<f4")
+        v[:, :self.dim] = rows
+        if self.adagrad:
+            v[:, self.dim] = acc
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        # one bound-method call per row, driven by C (map, deque): the binding has no bulk put
+        collections.deque(map(wb.put, keys.astype(">u8").view("V8").tolist(), v.view(self._vdt).reshape(n).tolist()),
+                          maxlen=0)
+        self._db.write(wb, self.env.write_opts)
+        self.stats["store_writes"] += n
+
+    def _write_meta(self) -> None:
+        self._db.put(META_KEY, json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "table": self.table.id,
+                                           "dim": self.dim, "optimizer": self.table.optimizer,
+                                           "rows_held": self._n}).encode(), self.env.write_opts)
+
+    def flush(self) -> int:
+        """Write every dirty cached row to the store (they stay cached, clean) and the meta record.
+        Returns the rows written."""
+        d = np.flatnonzero(self._cd & self._cv)
+        self._put(self._ck[d], self._rows[d], self._acc[d] if self.adagrad else None)
+        self._cd[d] = False
+        self.stats["writebacks"] += d.size
+        self._write_meta()
+        return int(d.size)
+
+    # -- the cache ----------------------------------------------------------------------------
+
+    def _sets(self, keys: np.ndarray) -> np.ndarray:
+        return (splitmix64(keys ^ self._salt) % np.uint64(self._S)).astype(np.int64)
+
+    def _age(self, uses: int) -> None:
+        self._uses += uses
+        if self._uses >= self.capacity:  # LFU with ageing: old popularity fades
+            self._cf >>= 1
+            self._uses = 0
+
+    def _resolve(self, keys: np.ndarray, unique: bool):
+        """Cache slots of ``keys`` (uint64 (N,)), installing the misses (fetched from the store;
+        dirty victims written back).
+
+        Returns:
+            (slot int64 (N,) — -1 where the key could not be cached —, and for the uncached keys
+            ``(index into keys (U,), rows (U, dim), acc (U,), found (U,))``).
+        """
+        W = self._W
+        self._tick = self._tick + 1 if self._tick < 0x7FFFFFFF else 1
+        now = self._tick
+        s = self._sets(keys)
+        base = s * W
+        ways = base[:, None] + np.arange(W)
+        m = (self._ck[ways] == keys[:, None]) & self._cv[ways]
+        hit = m.any(axis=1)
+        slot = np.where(hit, base + m.argmax(axis=1), -1)
+        hs = slot[hit]
+        self._cf[hs] = np.minimum(self._cf[hs] + 1, _FREQ_MAX)
+        self._ct[hs] = now
+        nh = int(hs.size)
+        self.stats["hits"] += nh
+        none = (np.empty(0, np.int64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32),
+                np.empty(0, bool))
+        if nh == keys.size:
+            self._age(nh)
+            return slot, none
+        mi = np.flatnonzero(~hit)
+        mk = keys[mi]
+        if not unique:  # a lookup may repeat a key: fetch and install each once
+            mk, inv = np.unique(mk, return_inverse=True)
+        else:
+            inv = None
+        n = mk.size
+        self.stats["misses"] += n
+        rows, acc, found = self._fetch(mk)
+        ms = self._sets(mk)
+        order = np.argsort(ms, kind="stable")
+        so = ms[order]
+        first = np.r_[True, so[1:] != so[:-1]]
+        grp = np.cumsum(first) - 1  # group (set) index of each sorted miss
+        starts = np.flatnonzero(first)
+        rank = np.arange(n) - starts[grp]  # rank among the misses of its set
+        usets = so[first]
+        sw = usets[:, None] * W + np.arange(W)  # (G, W) slots of the sets
+        score = np.where(self._cv[sw], (self._cf[sw].astype(np.int64) << 24) | (self._ct[sw] & 0xFFFFFF), -1)
+        score[self._ct[sw] == now] = _BIG  # used by this batch: never a victim
+        worder = np.argsort(score, axis=1, kind="stable")
+        ok = rank < W
+        vway = worder[grp, np.minimum(rank, W - 1)]
+        ok &= score[grp, vway] < _BIG
+        vs = usets[grp[ok]] * W + vway[ok]  # victim slots
+        ins = order[ok]  # the misses (indices into mk) that get them
+        ev = self._cv[vs]
+        self.stats["evictions"] += int(np.count_nonzero(ev))
+        dv = vs[ev & self._cd[vs]]
+        if dv.size:
+            self._put(self._ck[dv], self._rows[dv], self._acc[dv] if self.adagrad else None)
+            self.stats["writebacks"] += int(dv.size)
+        self._ck[vs] = mk[ins]
+        self._cv[vs] = True
+        self._cd[vs] = False
+        self._cs[vs] = found[ins]
+        self._cf[vs] = 1
+        self._ct[vs] = now
+        self._rows[vs] = rows[ins]
+        if self.adagrad:
+            self._acc[vs] = acc[ins]
+        mslot = np.full(n, -1, np.int64)
+        mslot[ins] = vs
+        slot[mi] = mslot if inv is None else mslot[inv]
+        self._age(nh + n)
+        if ins.size == n:
+            return slot, none
+        left = np.flatnonzero(mslot < 0)  # misses that found no free way: served straight through
+        self.stats["write_through"] += int(left.size)
+        if inv is None:
+            return slot, (mi[left], rows[left], acc[left], found[left])
+        # lookups: every position of an uncached key
+        pos = np.flatnonzero(slot < 0)
+        j = np.searchsorted(mk, keys[pos])
+        return slot, (pos, rows[j], acc[j], found[j])
+
+    # -- TableShard's interface -----------------------------------------------------------------
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Current rows of ``keys`` (uint64 (N,), any order, duplicates allowed) → float32 (N, dim),
+        a new array; as :meth:`TableShard.lookup <embnic.client_lib.table_numerics.TableShard.lookup>`."""
+        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        out = np.empty((keys.size, self.dim), np.float32)
+        if keys.size == 0:
+            return out
+        slot, (pos, rows, _, _) = self._resolve(keys, unique=False)
+        if pos.size == 0:
+            np.take(self._rows, slot, axis=0, out=out)
+            return out
+        c = slot >= 0
+        out[c] = self._rows[slot[c]]
+        out[pos] = rows
+        return out
+
+    def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
+        """One optimizer step per row (``keys_unique`` uint64 (N,) without duplicates, ``grads``
+        float32 (N, dim)); as :meth:`TableShard.apply <embnic.client_lib.table_numerics.TableShard.apply>`,
+        bit for bit (the same :func:`~embnic.client_lib.table_numerics.optimizer_step`)."""
+        keys = np.asarray(keys_unique, dtype=np.uint64).reshape(-1)
+        if keys.size == 0:
+            return
+        g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, self.dim)
+        slot, (pos, rows, acc, found) = self._resolve(keys, unique=True)
+        if pos.size == 0:
+            w = self._rows[slot]
+            a = optimizer_step(w, self._acc[slot] if self.adagrad else None, g, self._lr, self._eps)
+            self._rows[slot] = w
+            if self.adagrad:
+                self._acc[slot] = a
+            self._cd[slot] = True
+            self._n += int(np.count_nonzero(~self._cs[slot]))
+            self._cs[slot] = True
+            return
+        c = slot >= 0
+        cs = slot[c]
+        w = np.empty((keys.size, self.dim), np.float32)
+        w[c] = self._rows[cs]
+        w[pos] = rows
+        a0 = None
+        if self.adagrad:
+            a0 = np.empty(keys.size, np.float32)
+            a0[c] = self._acc[cs]
+            a0[pos] = acc
+        a = optimizer_step(w, a0, g, self._lr, self._eps)
+        self._rows[cs] = w[c]
+        if self.adagrad:
+            self._acc[cs] = a[c]
+        self._cd[cs] = True
+        self._n += int(np.count_nonzero(~self._cs[cs])) + int(np.count_nonzero(~found))
+        self._cs[cs] = True
+        self._put(keys[pos], w[pos], a[pos] if self.adagrad else None)
+
+    def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
+        """Apply the updates of several messages in their order (``keys`` uint64 (K,), each segment
+        ``keys[offs[j]:offs[j+1]]`` free of duplicates; ``g`` float32 (K, dim); ``offs`` int64
+        (M+1,)), as :meth:`TableShard.apply_segments
+        <embnic.client_lib.table_numerics.TableShard.apply_segments>`: one :meth:`apply` when no
+        key repeats, else in passes — pass ``r`` applies every key's ``r``-th gradient, so a row
+        gets its gradients one message after the other (row-wise optimizers)."""
+        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        if keys.size == 0:
+            return
+        g = np.ascontiguousarray(g, dtype=np.float32).reshape(keys.size, self.dim)
+        if offs.size <= 2 or is_unique(keys):
+            self.apply(keys, g)
+            return
+        order = np.argsort(keys, kind="stable")
+        sk = keys[order]
+        start = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+        run = np.diff(np.r_[start, sk.size])
+        rank = np.empty(keys.size, np.int64)
+        rank[order] = np.arange(sk.size) - np.repeat(start, run)  # occurrence of its key, in arrival order
+        for r in range(int(run.max())):
+            sel = rank == r
+            self.apply(keys[sel], g[sel])
+
+    def iter_state(self, chunk_rows: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The materialised rows in id order, ``chunk_rows`` at a time (after a :meth:`flush`):
+        ``(keys uint64 (m,), rows float32 (m, dim), acc float32 (m,))`` per chunk — what
+        ``embnic tables export`` streams. The table must not change while it is iterated."""
+        self.flush()
+        it = self._db.items(read_opt=self._ro)
+        width = 4 * self._vw
+        while True:
+            part = list(itertools.islice(it, chunk_rows))
+            if not part:
+                return
+            k = np.frombuffer(b"".join(map(operator.itemgetter(0), part)), ">u8").astype(np.uint64)
+            vb = b"".join(map(operator.itemgetter(1), part))
+            if len(vb) != width * k.size:
+                raise StoreError(f"{self.path}: stored rows are not {width} bytes each: damaged or another table's")
+            v = np.frombuffer(vb, "<f4").reshape(k.size, self._vw)
+            rows = np.ascontiguousarray(v[:, :self.dim])
+            acc = np.ascontiguousarray(v[:, self.dim]) if self.adagrad else np.zeros(k.size, np.float32)
+            yield k, rows, acc
+
+    def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every materialised row, as :meth:`TableShard.state
+        <embnic.client_lib.table_numerics.TableShard.state>` (keys sorted, rows, acc) — the whole
+        table in memory: for tests and small tables; exports stream :meth:`iter_state`."""
+        parts = list(self.iter_state())
+        if not parts:
+            return np.empty(0, np.uint64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32)
+        return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+
+    def _clear_cache(self) -> None:
+        self._cv[:] = False
+        self._cd[:] = False
+        self._cs[:] = False
+        self._cf[:] = 0
+        self._ct[:] = 0
+
+    def load_state(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
+        """Replace every row with ``(keys, rows, acc)`` (a checkpoint of the in-memory store, an
+        imported table); as :meth:`TableShard.load_state
+        <embnic.client_lib.table_numerics.TableShard.load_state>`.
+
+        Raises:
+            ValueError: shapes that do not fit the table, or keys not strictly increasing.
+        """
+        k = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        r = np.asarray(rows)
+        a = np.asarray(acc).reshape(-1)
+        if r.shape != (k.size, self.dim) or a.shape != (k.size,):
+            raise ValueError(f"table {self.table.id}: state shapes keys {k.shape}, rows {r.shape}, acc {a.shape} "
+                             f"do not fit dim {self.dim}")
+        if k.size > 1 and not bool(np.all(k[1:] > k[:-1])):
+            raise ValueError(f"table {self.table.id}: state keys are not strictly increasing")
+        self.close()
+        self._open(fresh=True)
+        self._clear_cache()
+        for lo in range(0, k.size, 1 << 16):
+            self._put(k[lo:lo + (1 << 16)], r[lo:lo + (1 << 16)], a[lo:lo + (1 << 16)] if self.adagrad else None)
+        self._n = int(k.size)
+        self._write_meta()
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def snapshot(self, path: str | os.PathLike) -> dict:
+        """Flush, then write a RocksDB checkpoint of the store to ``path`` (must not exist; hard
+        links to the SST files), ``fsync``\\ ed. Returns ``{"rows_held"}``."""
+        path = Path(path)
+        self.flush()
+        self._db.flush(True)  # the memtable into SST files (writes skip RocksDB's log)
+        try:
+            rocksdict.Checkpoint(self._db).create_checkpoint(str(path))
+        except Exception as e:
+            raise OSError(f"{path}: RocksDB checkpoint failed ({e})") from None
+        _fsync_tree(path)
+        return {"rows_held": self._n}
+
+    def load_snapshot(self, path: str | os.PathLike) -> dict:
+        """Replace the live store by snapshot ``path`` (:meth:`snapshot`; the snapshot itself is
+        not changed) and empty the cache. Returns the snapshot's meta record.
+
+        Raises:
+            StoreError: ``path`` is not a snapshot of this table (another id, dim or optimizer, or
+                no meta record).
+        """
+        path = Path(path)
+        meta = read_meta(path)
+        want = {"table": self.table.id, "dim": self.dim, "optimizer": self.table.optimizer}
+        got = {k: meta.get(k) for k in want}
+        if got != want:
+            raise StoreError(f"{path} is a snapshot of {got}, not of {want}")
+        self.close()
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        link_tree(path, self.path)
+        self._open(fresh=False)
+        self._clear_cache()
+        self._n = int(meta["rows_held"])
+        return meta
+
+    def counters(self) -> dict:
+        """``{"cache_rows", "cached", "dirty", "rows_held", "hits", "misses", "store_reads",
+        "store_found", "evictions", "writebacks", "store_writes", "write_through"}``: the cache's
+        capacity and occupancy and its counts (``hits``/``misses`` per key looked up or updated;
+        ``writebacks``: dirty rows written at eviction or flush)."""
+        return {"cache_rows": self.capacity, "cached": int(np.count_nonzero(self._cv)),
+                "dirty": int(np.count_nonzero(self._cd)), "rows_held": self._n, **self.stats}
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """The meta record of a store or snapshot directory (opened read-only).
+
+    Raises:
+        StoreError: not a RocksDB directory of ours (no meta record, or unreadable).
+    """
+    path = Path(path)
+    try:
+        db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True), access_type=rocksdict.AccessType.read_only())
+    except Exception as e:
+        raise StoreError(f"{path}: not a readable row store ({e})") from None
+    try:
+        raw = db.get(META_KEY)
+    finally:
+        db.close()
+    if raw is None:
+        raise StoreError(f"{path}: no {FORMAT} meta record (not a snapshot of a disk table)")
+    meta = json.loads(bytes(raw).decode())
+    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        raise StoreError(f"{path}: meta record of format {meta.get('format')} {meta.get('version')}, "
+                         f"this shard reads {FORMAT} {FORMAT_VERSION}")
+    return meta
+
+
+def read_snapshot(path: str | os.PathLike, table: TableConfig, chunk_rows: int = 1 << 16
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The rows of snapshot ``path`` of ``table`` in id order, ``chunk_rows`` at a time (read-only;
+    for a table the config now keeps in memory).
+
+    Raises:
+        StoreError: not a snapshot of ``table`` (:func:`read_meta`).
+    """
+    meta = read_meta(path)
+    if (meta.get("table"), meta.get("dim"), meta.get("optimizer")) != (table.id, table.dim, table.optimizer):
+        raise StoreError(f"{path} is a snapshot of table {meta.get('table')} (dim {meta.get('dim')}, "
+                         f"{meta.get('optimizer')}), not of table {table.id} (dim {table.dim}, {table.optimizer})")
+    vw = table.dim + (1 if table.optimizer == "adagrad" else 0)
+    db = rocksdict.Rdict(str(path), rocksdict.Options(raw_mode=True), access_type=rocksdict.AccessType.read_only())
+    try:
+        ro = rocksdict.ReadOptions()
+        ro.set_iterate_upper_bound(ROWS_END)
+        it = db.items(read_opt=ro)
+        while True:
+            part = list(itertools.islice(it, chunk_rows))
+            if not part:
+                return
+            k = np.frombuffer(b"".join(map(operator.itemgetter(0), part)), ">u8").astype(np.uint64)
+            v = np.frombuffer(b"".join(map(operator.itemgetter(1), part)), "<f4").reshape(k.size, vw)
+            acc = np.ascontiguousarray(v[:, table.dim]) if vw > table.dim else np.zeros(k.size, np.float32)
+            yield k, np.ascontiguousarray(v[:, :table.dim]), acc
+    finally:
+        db.close()

@@ -1,0 +1,144 @@
+"""Where a shard keeps each table's rows: the in-memory arena (default) or the disk tier.
+
+The one seam between a shard and its row stores: :func:`open_tables` gives every table of the
+config a store with :class:`~embnic.client_lib.table_numerics.TableShard`'s interface — for
+``store = "memory"`` tables a ``TableShard`` view of the shard's one ``RowStore`` (one search and
+one gather per message, whatever its tables), a :class:`~embnic.testbed.server.diskstore.DiskTable`
+for ``store = "disk"`` ones (docs/config.md; :meth:`ClusterConfig.store_of
+<embnic.client_lib.config.ClusterConfig.store_of>` resolves a table's own keys and its shard's
+defaults). The disk tier needs ``rocksdict`` (``pip install 'embnic[disk]'``); this module imports it
+only when a table is on disk, so shards of memory tables (and the client library) never do.
+
+Where a shard's disk tables live (the *live* stores, scratch: the durable state is the shard's
+snapshots and log, docs/server.md "Disk tier")::
+
+    --checkpoint-dir D (or --restore D)   D/shard-<id>/store/[w<k>/]t<table>/
+    [[shards]] store_dir = S              S/shard-<id>/[w<k>/]t<table>/
+    neither                               /var/tmp/embnic-rows-*/ (removed when the shard stops)
+
+(``w<k>``: worker k of a ``--workers N`` shard, each with stores of its own.)
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from embnic.client_lib.config import DEFAULT_BLOCK_CACHE_MB, ClusterConfig
+from embnic.client_lib.table_numerics import RowStore, shared_tables
+
+log = logging.getLogger("embnic.server")
+
+DISK_EXTRA = "pip install 'embnic[disk]'"  #: how to get the disk tier's dependency
+
+
+class StoreSetupError(Exception):
+    """The disk tier cannot start: its directory is unusable (one line naming the fix)."""
+
+
+class StoreDependencyError(StoreSetupError):
+    """The disk tier's Python dependency (``rocksdict``) is not installed (the line names the extra)."""
+
+
+def disk_tables(cfg: ClusterConfig, shard_id: int) -> list[int]:
+    """Ids of the tables shard ``shard_id`` keeps on disk."""
+    return [t.id for t in cfg.tables if cfg.store_of(t.id, shard_id)[0] == "disk"]
+
+
+def load_diskstore():
+    """The :mod:`~embnic.testbed.server.diskstore` module.
+
+    Raises:
+        StoreDependencyError: ``rocksdict`` is not installed (names the extra).
+    """
+    try:
+        from . import diskstore
+    except ImportError as e:
+        raise StoreDependencyError(f'a table has store = "disk", which needs the RocksDB binding rocksdict ({e}); '
+                              f"install it: {DISK_EXTRA}") from None
+    return diskstore
+
+
+class ShardStores:
+    """The row stores of one shard process: ``tables`` (table id → store), ``store`` (the
+    :class:`~embnic.client_lib.table_numerics.RowStore` holding every in-memory table: one search
+    and one gather per message, whatever its tables) and the disk tier's
+    :class:`~embnic.testbed.server.diskstore.StoreEnv` (None without disk tables). ``close()``
+    closes the disk stores (and removes a scratch directory)."""
+
+    def __init__(self, tables: dict, store: RowStore, env=None):
+        self.tables = tables
+        self.store = store
+        self.env = env
+
+    def counters(self) -> dict:
+        """``{"root", "tables": {table id: DiskTable.counters()}, **StoreEnv.usage()}`` of the disk
+        tables; ``{}`` without any."""
+        if self.env is None:
+            return {}
+        return {"root": str(self.env.root), **self.env.usage(),
+                "tables": {str(tid): ts.counters() for tid, ts in self.tables.items() if hasattr(ts, "counters")}}
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+
+
+def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLike | None = None, *,
+                worker: tuple[int, int] = (0, 1), root: str | os.PathLike | None = None,
+                scratch: bool = False) -> ShardStores:
+    """Every table's store for shard ``shard_id`` (see the module docstring for where disk tables live).
+
+    Args:
+        durable_dir: the shard's ``--checkpoint-dir`` (or ``--restore``) directory, if any.
+        worker: ``(index, N)`` of a ``--workers N`` shard's worker.
+        root: put the disk tables' live stores here instead.
+        scratch: put them in a new temporary directory, whatever the config says (``tables
+            import``/``export``: never the directory of a shard that may be running).
+
+    Raises:
+        StoreDependencyError: a disk table without ``rocksdict``. StoreSetupError: a store directory
+            in use by another process or holding files of something else.
+    """
+    disk = disk_tables(cfg, shard_id)
+    env = None
+    if disk:
+        ds = load_diskstore()
+        me = cfg.shard(shard_id)
+        mb = me.block_cache_mb or DEFAULT_BLOCK_CACHE_MB
+        sub = f"w{worker[0]}" if worker[1] > 1 else None
+        if scratch:
+            root = None
+        elif root is None and durable_dir is not None:
+            from .durability import shard_dir
+
+            root = shard_dir(durable_dir, shard_id) / "store"
+        elif root is None and me.store_dir is not None:
+            root = Path(me.store_dir) / f"shard-{shard_id}"
+        try:
+            if root is None:
+                env = ds.scratch_env(mb, prefix=f"embnic-rows-shard{shard_id}-" + (f"{sub}-" if sub else ""))
+            else:
+                env = ds.StoreEnv(Path(root) / sub if sub else root, mb)
+        except ds.StoreError as e:
+            raise StoreSetupError(str(e)) from None
+        (log.debug if scratch else log.info)("shard %d: tables %s on disk in %s%s (block cache %d MiB)", shard_id, ",".join(map(str, disk)),
+                 env.root, " (scratch, removed at stop)" if env.scratch else "", mb)
+    # the in-memory tables share one RowStore (with no table in memory it holds them all and serves
+    # none: the engine's C answer path reads its arrays, and leaves every table not in it to Python)
+    memory = [t for t in cfg.tables if t.id not in disk]
+    rows, views = shared_tables(memory or list(cfg.tables), cfg.seed, capacity=64)
+    tables = {}
+    try:
+        for t in cfg.tables:
+            if t.id in disk:
+                tables[t.id] = ds.DiskTable(t, cfg.seed, env, cfg.store_of(t.id, shard_id)[1])
+            else:
+                tables[t.id] = views[t.id]
+    except BaseException as e:
+        if env is not None:
+            env.close()
+        if disk and isinstance(e, ds.StoreError):
+            raise StoreSetupError(str(e)) from None
+        raise
+    return ShardStores(tables, rows, env)
