@@ -40,9 +40,10 @@ fi
 # pyenv python ignores it.
 # The `bmv2` extra (the Thrift runtime, small) comes along so that wherever BMv2 is installed its
 # runtime CLI and the bmv2 tests work; the `metrics` extra (prometheus-client, small) for the
-# card's exporter and the shards' metrics endpoints.
-extras="test,bmv2,metrics"
-probe="import embnic.client_lib, hypothesis, pytest, thrift, prometheus_client"
+# card's exporter and the shards' metrics endpoints; the `disk` extra (rocksdict, a wheel with
+# RocksDB inside, ~10 MB) for the shards' disk tier and its tests.
+extras="test,bmv2,metrics,disk"
+probe="import embnic.client_lib, hypothesis, pytest, thrift, prometheus_client, rocksdict"
 torch=0
 if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
     extras="$extras,torch"

@@ -4,7 +4,9 @@
 2. the control library (``control/`` but ``cli.py`` and ``cmd_*.py``) imports neither click
    nor ``embnic.testbed`` nor the CLI modules;
 3. ``embnic.testbed`` imports neither the CLI nor click, and starts processes as library
-   modules (``python -m embnic.testbed...``), never through the CLI (``python -m embnic``).
+   modules (``python -m embnic.testbed...``), never through the CLI (``python -m embnic``);
+4. the disk tier's binding (``rocksdict``, the optional extra ``embnic[disk]``) is imported by
+   ``testbed/server/diskstore.py`` alone.
 
 Run alone: python3 -m pytest -q tests/test_architecture.py
 """
@@ -94,6 +96,12 @@ def test_testbed_starts_library_modules_never_the_cli(path):
     assert bad == []
 
 
+@pytest.mark.parametrize("path", [p for f in PACKAGES for p in _files(f) if p != ROOT / "testbed/server/diskstore.py"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_disk_tier_imports_rocksdict(path):
+    assert _hits(_imports(path), ("rocksdict",)) == []
+
+
 def test_the_rules_see_real_imports():
     """The checker is not vacuous: it finds known imports (and would find a forbidden one)."""
     assert "click" in _imports(ROOT / "control" / "cli.py")
@@ -101,3 +109,4 @@ def test_the_rules_see_real_imports():
     assert "embnic.testbed.net.netns" in _imports(ROOT / "testbed" / "net" / "topology.py")  # relative import
     assert "embnic.control.cmd_options" in CLI_MODULES and "embnic.control.target" not in CLI_MODULES
     assert _hits({"click.testing"}, ("click",)) == ["click.testing"]
+    assert "rocksdict" in _imports(ROOT / "testbed" / "server" / "diskstore.py")

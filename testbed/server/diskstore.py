@@ -43,7 +43,7 @@ charges them to it). SST files are read through ``mmap``: their pages are the ke
 
 **Snapshots**: :meth:`DiskTable.snapshot` flushes the dirty rows and makes a RocksDB checkpoint
 (hard links to the immutable SST files, a copy of the small MANIFEST/OPTIONS files; every file and
-the directory ``fsync``\\ ed) — O(files), not O(rows). :meth:`DiskTable.load_snapshot` replaces the
+the directory synced to disk) — O(files), not O(rows). :meth:`DiskTable.load_snapshot` replaces the
 live store by such a snapshot (hard links again; RocksDB never writes into an SST file, so the live
 store and the snapshot can share them).
 """
@@ -611,7 +611,7 @@ class DiskTable:
 
     def snapshot(self, path: str | os.PathLike) -> dict:
         """Flush, then write a RocksDB checkpoint of the store to ``path`` (must not exist; hard
-        links to the SST files), ``fsync``\\ ed. Returns ``{"rows_held"}``."""
+        links to the SST files), synced to disk. Returns ``{"rows_held"}``."""
         path = Path(path)
         self.flush()
         self._db.flush(True)  # the memtable into SST files (writes skip RocksDB's log)

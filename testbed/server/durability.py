@@ -41,7 +41,7 @@ the update stream: no torn rows) to a temporary file, ``fsync``ed, renamed, dire
 **Disk tables** (``store = "disk"``, :mod:`~embnic.testbed.server.diskstore`) do not go through the
 ``.npz``: a checkpoint flushes their dirty cached rows and takes a RocksDB checkpoint of each into
 ``ckpt-<S>.<n>.store/t<id>/`` (hard links to the immutable SST files, the small MANIFEST/OPTIONS
-files copied, everything ``fsync``\ ed, the directory renamed into place before the ``.npz`` that
+files copied, everything synced to disk, the directory renamed into place before the ``.npz`` that
 names it), so its cost grows with the store's files, not its rows. Their ``meta`` entry says
 ``store`` ``"disk"``, ``snapshot`` (the path relative to the shard's directory) and ``rows_held``;
 the ``.npz`` holds no arrays for them. A restore replaces the table's live store by a hard-linked

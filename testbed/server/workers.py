@@ -175,9 +175,16 @@ def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> N
     for s in [x for pair in pairs.values() for x in pair] + socks:
         if s is not socks[me] and all(s is not m for m in mine.values()):
             s.close()
+    # the parent's handlers came along with the fork: a SIGTERM (the parent's death, say) while the
+    # server is built (a disk table's store opening) would go to them and be lost; keep it for later
+    early: list = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: early.append(1))
     server = BatchShardServer(cfg, shard_id, sock=socks[me], worker=(me, len(socks)), peer_socks=mine, **kwargs)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
+    if early:
+        server.request_stop()
     signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
     server.open()
     if stats is not None:

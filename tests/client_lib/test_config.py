@@ -240,3 +240,36 @@ def test_state_map_plan():
     assert q.loss_tolerated == pytest.approx((1024 - 8) / 100) and "any loss" in q.describe()
     with pytest.raises(ValueError, match="rate"):
         state_map_plan(cfg, rate=0)
+
+
+@pytest.mark.parametrize("over,field,msg", [
+    ({"tables": [_table(store="ssd")]}, "tables[0].store", "must be one of memory, disk, got 'ssd'"),
+    ({"tables": [_table(store="disk", cache_rows=0)]}, "tables[0].cache_rows", "must be 1..1099511627776, got 0"),
+    ({"tables": [_table(store="memory", cache_rows=10)]}, "tables[0].cache_rows",
+     'is the cache of a store = "disk" table'),
+    ({"tables": [_table(cache_rows="lots")]}, "tables[0].cache_rows", "must be int"),
+    ({"shards": [{"id": 0, "ip": "10.0.0.1", "store": "tape"}]}, "shards[0].store", "must be one of memory, disk"),
+    ({"shards": [{"id": 0, "ip": "10.0.0.1", "block_cache_mb": 0}]}, "shards[0].block_cache_mb", "must be 1..1048576"),
+    ({"shards": [{"id": 0, "ip": "10.0.0.1", "store_dir": " "}]}, "shards[0].store_dir", "must not be empty"),
+    ({"clients": [{"id": 1, "ip": "10.0.0.2", "store": "disk"}]}, "clients[0].store", "unknown field"),
+])
+def test_disk_tier_keys_are_checked_in_one_line(over, field, msg):
+    with pytest.raises(ConfigError) as e:
+        parse_config(_raw(**over))
+    assert e.value.field == field and msg in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_store_of_resolves_table_shard_and_default():
+    cfg = parse_config(_raw(
+        tables=[_table(), _table(id=1, name="b", store="disk"), _table(id=2, name="c", store="disk", cache_rows=7),
+                _table(id=3, name="d", store="memory")],
+        shards=[{"id": 0, "ip": "10.0.0.1"}, {"id": 1, "ip": "10.0.0.3", "store": "disk", "cache_rows": 50,
+                                              "store_dir": "/srv/rows", "block_cache_mb": 16}]))
+    from embnic.client_lib.config import DEFAULT_CACHE_ROWS
+
+    assert [cfg.store_of(t, 0) for t in range(4)] == [("memory", None), ("disk", DEFAULT_CACHE_ROWS), ("disk", 7),
+                                                      ("memory", None)]
+    assert [cfg.store_of(t, 1) for t in range(4)] == [("disk", 50), ("disk", 50), ("disk", 7), ("memory", None)]
+    assert cfg.shard(1).store_dir == "/srv/rows" and cfg.shard(1).block_cache_mb == 16
+    assert cfg.shard(0).store is None and cfg.tables[0].store is None
