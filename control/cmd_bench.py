@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from embnic.control.cmd_options import FloatRange
-from embnic.control.errors import MissingDependencyError, OperationalError
+from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
 _out = click.option("--out", "out", type=click.Path(file_okay=False), default="out/bench", show_default=True,
                     help="Directory for bench.json (results are merged into it).")
@@ -107,6 +107,28 @@ def dataplane(out, seconds, target, state_lcores):
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 
 
+def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats, mtu) -> None:
+    if rows < 8 * cache_rows:
+        raise UsageError(f"--disk-rows {rows} is less than 8 x --disk-cache-rows {cache_rows}: the disk-tier run "
+                         "measures a table larger than 8 x its cache")
+    if cache_rows < 2 * 4096:
+        raise UsageError(f"--disk-cache-rows {cache_rows}: give at least 8192 (two messages of 4096 keys)")
+    try:
+        res = mod.run(Path(out), rows=rows, cache_rows=cache_rows, block_cache_mb=block_cache_mb, window=window,
+                      messages=max(20, int(300 * scale)), repeats=repeats, mtu=mtu, log=click.echo)
+    except RuntimeError as e:
+        raise OperationalError(str(e)) from None
+    _show("server_disk", {k: v for k, v in res.items() if k in ("targets", "load", "budget", "fixed_overhead")})
+    for k in ("lookup_4096", "update_4096"):
+        v = res[k]
+        click.echo(f"  {k:12s} disk {_fmt(v['disk_rows_per_s'])} rows/s  memory {_fmt(v['memory_rows_per_s'])} rows/s  "
+                   f"ratio {v['ratio']:.3f}  hit ratio {v['hit_ratio']:.3f}")
+    mb = res["memory_bound"]
+    click.echo(f"  RssAnon max {mb['rss_anon_max'] / 2**20:.1f} MiB (bound {mb['bound'] / 2**20:.1f} MiB: "
+               f"{'within' if mb['within'] else 'OVER'}), table on disk {mb['disk_bytes'] / 2**20:.1f} MiB = "
+               f"{mb['disk_over_budget']:.1f} x the budget; the memory shard {mb['memory_shard_rss_anon'] / 2**20:.1f} MiB")
+
+
 @bench.command("server")
 @_out
 @click.option("--window", type=click.IntRange(min=1), default=4, show_default=True,
@@ -118,17 +140,45 @@ def dataplane(out, seconds, target, state_lcores):
               help="Also measure the reference engine (the readable asyncio server).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Throughput runs per configuration, each followed by LocalBackend's; rows/s are medians.")
-def server(out, window, scale, mtu, reference, repeats):
+@click.option("--disk", "disk", is_flag=True,
+              help="Also the disk-tier run (`server_disk`, a few minutes): a table on disk behind a cache vs the same "
+                   "in memory, Zipf ids, the shard's memory while the table grows (needs embnic[disk]; `bench all` "
+                   "runs it).")
+@click.option("--disk-only", is_flag=True, help="Only the disk-tier run.")
+@click.option("--disk-rows", type=click.IntRange(min=4096), default=1 << 21, show_default=True,
+              help="Rows of the disk-tier run's table.")
+@click.option("--disk-cache-rows", type=click.IntRange(min=8192), default=1 << 17, show_default=True,
+              help="The disk table's cache of hot rows.")
+@click.option("--disk-block-cache-mb", type=click.IntRange(min=1), default=4, show_default=True,
+              help="RocksDB's block cache (memtables charged to it), MiB.")
+def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_rows, disk_cache_rows,
+           disk_block_cache_mb):
     """One parameter-server shard on loopback without the card: rows/s, messages/s and p50/p99
     latency of lookups and updates at 1, 64 and 4096 keys per message, with --workers 1 and 2,
     against the in-process LocalBackend doing the same work (ratio_* keys under `server`).
 
+    The disk-tier run (`server_disk`, docs/server.md "Disk tier"): a shard keeping the table on
+    disk (RocksDB behind a cache of hot rows) against one keeping it in memory, Zipf(1.05) ids of
+    4096 keys a message over a table larger than 8 x the disk shard's memory budget; rows/s of
+    both, the cache's hit ratio, and the disk shard's RssAnon while the table grows, against the
+    budget plus its measured fixed overhead.
+
     \b
-    Example:
+    Examples:
       embnic bench server --out out/bench
+      embnic bench server --disk --out out/bench
+      embnic bench server --disk-only --out out/bench
     """
     from embnic.testbed.bench import server as bench_server
 
+    if disk_only:
+        disk = True
+    if disk:
+        from embnic.testbed.bench import server_disk
+
+        _disk_run(server_disk, out, disk_rows, disk_cache_rows, disk_block_cache_mb, window, scale, repeats, mtu)
+        if disk_only:
+            return
     try:
         res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, reference=reference, repeats=repeats,
                                log=click.echo)
@@ -233,7 +283,8 @@ def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
 @_out
 @click.pass_context
 def all_(ctx, out):
-    """Every benchmark in turn: prep, dataplane, server, e2e (needs root and embnic[torch]).
+    """Every benchmark in turn: prep, dataplane, server (with its disk-tier run), e2e (needs root, embnic[torch] and
+    embnic[disk]).
 
     \b
     Example:
@@ -241,5 +292,5 @@ def all_(ctx, out):
     """
     ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
     ctx.invoke(dataplane, out=out, seconds=5.0)
-    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True, repeats=3)
+    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True, repeats=3, disk=True)
     ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True, dlrm=True)
