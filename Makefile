@@ -3,6 +3,7 @@ PYTHON ?= python3
 STEPS ?= 60
 OUT ?= out/demo
 NAME ?=
+PMD ?=
 
 .PHONY: all deps dataplane demo test clean fuzz bench
 
@@ -15,7 +16,7 @@ dataplane: deps
 	$(MAKE) -C dataplane
 
 demo: dataplane
-	$(PYTHON) -m embnic demo --steps $(STEPS) --out $(OUT)$(if $(NAME), --name $(NAME))
+	$(PYTHON) -m embnic demo --steps $(STEPS) --out $(OUT)$(if $(NAME), --name $(NAME))$(if $(PMD), --pmd $(PMD))
 
 test: dataplane
 	$(PYTHON) -m pytest -q tests

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.cmd_options import FloatRange, check_name_param, needs_root, sigterm_as_interrupt
+from embnic.control.cmd_options import FloatRange, check_name_param, needs_root, pmd_option, sigterm_as_interrupt
 from embnic.control.errors import MissingDependencyError
 
 
@@ -42,9 +42,10 @@ from embnic.control.errors import MissingDependencyError
                    "(needs the embnic[torch] extra).")
 @click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
               help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch, p4/).")
+@pmd_option
 @needs_root("demo")
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
-         kill_at_step, restart, checkpoint_every, no_table_check, all_clients, progress, model, target):
+         kill_at_step, restart, checkpoint_every, no_table_check, all_clients, progress, model, target, pmd):
     """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
     Criteo sample with every embedding lookup and update passing through the card, in a
     namespace testbed it brings up and down.
@@ -68,6 +69,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3 --restart   # SIGKILL, restore, same result
       sudo embnic demo --batch-size 4096 --all-clients   # every client loads the card (state_full stays 0)
       sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (p4c, simple_switch on PATH)
+      sudo embnic demo --steps 10 --pmd af_xdp      # the card on net_af_xdp (make demo PMD=af_xdp)
     """
     from embnic.testbed.training import demo as D
     from embnic.testbed.training.criteo import CriteoFormatError
@@ -77,7 +79,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
                          netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
                          restart=restart, checkpoint_every=checkpoint_every,
                          check_tables=not no_table_check, all_clients=all_clients, progress=progress,
-                         model=model, target=target)
+                         model=model, target=target, pmd=pmd)
     if config is not None:
         opts.config = config
     if loss or reorder or duplicate:

@@ -370,3 +370,10 @@ testbed_name_option = click.option("--name", "-n", "name", default=DEFAULT_TESTB
                            callback=check_name_param,
                            help="Testbed name: prefix of every namespace and interface (1-8 letters/digits). "
                                 "Env: EMBNIC_TESTBED.")
+
+pmd_option = click.option("--pmd", type=click.Choice(["af_packet", "af_xdp"]), default="af_packet", show_default=True,
+                          envvar="EMBNIC_PMD",
+                          help="The card's DPDK PMD on its veth ends: af_packet (net_af_packet, any MTU) or af_xdp "
+                               "(net_af_xdp: an AF_XDP socket behind an XDP program; copy mode on a veth, MTU at most "
+                               "3506; netem then uses the user backend). docs/deploy.md says when to pick which. "
+                               "Env: EMBNIC_PMD.")

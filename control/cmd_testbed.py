@@ -5,7 +5,7 @@ import json
 
 import click
 
-from embnic.control.cmd_options import FloatRange, config_option, load_cluster, needs_root
+from embnic.control.cmd_options import FloatRange, config_option, load_cluster, needs_root, pmd_option
 from embnic.control.cmd_options import testbed_name_option as name_option
 from embnic.control.errors import OperationalError
 
@@ -14,11 +14,13 @@ def testbed():
     """Bring the namespace testbed (clients, card, parameter-server shards on veth pairs) up and down.
 
     Every client and shard gets its own network namespace and one veth pair to the card's
-    namespace, where embnic-dp runs on net_af_packet vdevs. All commands need root.
+    namespace, where embnic-dp runs on net_af_packet vdevs (or net_af_xdp: --pmd af_xdp). All
+    commands need root.
 
     \b
     Examples:
       sudo embnic testbed up --config examples/testbed.toml
+      sudo embnic testbed up --config examples/testbed.toml --pmd af_xdp
       sudo embnic testbed status
       sudo embnic testbed netem --loss 1 --reorder 5 --duplicate 1
       sudo embnic testbed down
@@ -32,8 +34,9 @@ def testbed():
 @click.option("--timeout", type=FloatRange(1, 600), default=20.0, show_default=True,
               help="Seconds each readiness probe may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@pmd_option
 @needs_root("testbed up")
-def up(config, name, no_card, timeout, as_json):
+def up(config, name, no_card, timeout, as_json, pmd):
     """Create the namespaces and veth pairs of the config, start a shard in each shard namespace
     and the card in the card namespace, program its routes and clients, and probe that every
     client reaches every shard through the card.
@@ -45,6 +48,7 @@ def up(config, name, no_card, timeout, as_json):
     Examples:
       sudo embnic testbed up --config examples/testbed.toml
       sudo embnic testbed up -c examples/testbed.toml --name tb2
+      sudo embnic testbed up -c examples/testbed.toml --pmd af_xdp   # the card on net_af_xdp
     """
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
@@ -53,9 +57,11 @@ def up(config, name, no_card, timeout, as_json):
 
     cfg = load_cluster(config)
     try:
-        topo = T.Topology.from_config(cfg, name)
+        topo = T.Topology.from_config(cfg, name, pmd=pmd)
     except ConfigError:
         raise
+    except T.PmdError as e:
+        raise click.BadParameter(str(e), param_hint=e.option) from None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--name") from None
     tb = T.Testbed(topo)

@@ -41,6 +41,7 @@ from embnic.control import buildinfo
 from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError, CtlError
 from embnic.control.dpdk_proc import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
 from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError, split_args
+from embnic.control.xdp import af_xdp_problem
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
                                      require_netns, require_root, state_path, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
@@ -324,7 +325,9 @@ class DpdkTarget(Target):
             NeedsRootError: not root (exit 2).
             ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
             BuildInfoError: the binary's build info does not match the client library.
-            OperationalError: already running, cannot start, not ready in time.
+            OperationalError: already running, cannot start, not ready in time; a ``net_af_xdp``
+                vdev whose interface is missing or already runs an XDP program
+                (:func:`~embnic.control.xdp.af_xdp_problem`).
         """
         routes, clients = self._check_config(program)
         if self.NEEDS_ROOT:
@@ -332,6 +335,9 @@ class DpdkTarget(Target):
         if self.netns:
             require_root("running the card in a network namespace (--netns)")
             require_netns(self.netns)
+        bad = af_xdp_problem(self.vdevs, self.netns)  # its XDP hook taken: the PMD would fail deep in the log
+        if bad:
+            raise OperationalError(bad)
         ensure_run_dir(self.run_dir)
         old = read_state(self.run_dir, self.instance)
         if old is not None:

@@ -16,7 +16,9 @@ UDP GSO packets (``UDP_SEGMENT``) that the kernel cuts into frames only after th
 hook, so a tc program would drop and count a whole burst of frames at once. A veth with a
 native XDP program makes its peer segment before sending, so every frame meets the program
 alone; and XDP runs before the card's ``net_af_packet`` socket sees a frame (a tc ingress
-program on the card's end would run after it). Unlike the ``user`` backend's helpers, nothing
+program on the card's end would run after it). A card on ``net_af_xdp`` (``--pmd af_xdp``)
+holds the XDP hook of its end with its own program, so there the backend is refused by name
+(:class:`XdpHookTaken`; ``netem --backend auto`` picks ``user`` for such a testbed). Unlike the ``user`` backend's helpers, nothing
 leaves the kernel: the loss costs the path about nothing (the helpers' Python forwarding added
 3–57 % to a step in ``bench e2e``).
 
@@ -32,6 +34,9 @@ import os
 import platform
 import struct
 
+from embnic.control.errors import USAGE
+from embnic.control.xdp import attached_xdp
+
 from .netns import TestbedError
 
 # bpf(2) commands and types (include/uapi/linux/bpf.h)
@@ -45,11 +50,20 @@ _XDP_DROP, _XDP_PASS = 1, 2
 _NR_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "armv7l": 386, "i686": 357, "ppc64le": 361,
            "s390x": 351}
 _MAP_NAME = b"embnic_loss"
+#: the programs' name (what ``ip -d link`` shows on an interface running one)
+PROG_NAME = b"embnic_loss"
 
 #: counter slots of the map: (direction, what) → index
 COUNTERS = {("out", "frames"): 0, ("out", "dropped"): 1, ("in", "frames"): 2, ("in", "dropped"): 3}
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class XdpHookTaken(TestbedError):
+    """An end of the link already runs an XDP program (the card's ``net_af_xdp`` port, another
+    tool's): the loss program cannot go there (a usage error: the CLI exits 2)."""
+
+    category = USAGE
 
 
 def _bpf(cmd: int, attr: bytes) -> int:
@@ -130,8 +144,10 @@ def _load(insns: bytes) -> int:
     code = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(1 << 16)
-    attr = struct.pack("<IIQQIIQ", _BPF_PROG_TYPE_XDP, len(insns) // 8, ctypes.addressof(code),
-                       ctypes.addressof(lic), 1, len(log), ctypes.addressof(log))
+    # union bpf_attr for BPF_PROG_LOAD: prog_type, insn_cnt, insns, license, log_level, log_size,
+    # log_buf, kern_version, prog_flags, prog_name[16] (`ip link` and bpftool show the name)
+    attr = struct.pack("<IIQQIIQII16s", _BPF_PROG_TYPE_XDP, len(insns) // 8, ctypes.addressof(code),
+                       ctypes.addressof(lic), 1, len(log), ctypes.addressof(log), 0, 0, PROG_NAME)
     try:
         return _bpf(_BPF_PROG_LOAD, attr)
     except OSError as e:
@@ -190,16 +206,28 @@ def attach(peer: tuple[str, str], card: tuple[str, str], loss_pct: float) -> dic
         loss_pct: percentage in [0, 100].
 
     The ``out`` program runs on the card's end (frames from the peer), the ``in`` program on the
-    peer's end (frames from the card); neither end may have an XDP program yet.
+    peer's end (frames from the card); neither end may have an XDP program yet (a card on
+    ``net_af_xdp`` holds the card's end with its own: refused, :class:`XdpHookTaken`).
 
     Returns:
         ``{"map_id": int}``: where :func:`read_counters` finds the counters.
 
     Raises:
+        XdpHookTaken: an end already runs an XDP program (names it).
         TestbedError: the kernel refused the program or the attachment (names what is missing).
     """
     from pyroute2.netlink.exceptions import NetlinkError
 
+    for ns, ifname in (card, peer):
+        try:
+            prog = attached_xdp(ifname, ns)
+        except (LookupError, OSError):
+            prog = None  # a missing interface: the attachment below names it
+        if prog is not None:
+            raise XdpHookTaken(f"interface {ifname} in namespace {ns} already runs XDP program {prog['name']} "
+                               f"(id {prog['id']}){' (the card: net_af_xdp)' if prog['name'] == 'xsk_def_prog' else ''}; "
+                               "the bpf backend needs that hook for its loss program and an interface has one: "
+                               "use --backend user")
     m = _new_map()
     fds = [m]
     done: list[tuple[str, str]] = []

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.control.dpdk_proc import eal_argv
+from embnic.control.errors import UsageError
+from embnic.control.xdp import PMDS, VETH_XDP_MAX_MTU
 
 from .state import card_pipeline_name
 
@@ -85,6 +87,66 @@ def segment_prefix(card_ip: str, hosts: list[str]) -> int:
     raise ValueError(f"{card_ip} and {', '.join(hosts)} fit in no common subnet")
 
 
+DEFAULT_PMD = "af_packet"
+
+
+class PmdError(UsageError):
+    """A PMD the testbed cannot run, or one the config's MTU does not fit (a usage error, exit 2;
+    ``option`` names the flag)."""
+
+    def __init__(self, message: str, option: str = "--pmd"):
+        super().__init__(message, param="pmd")
+        self.option = option
+
+
+def check_pmd(pmd: str, mtu: int) -> str:
+    """Validate the card's PMD over the testbed's veths against the cluster MTU.
+
+    ``af_packet`` takes any MTU (its ``framesz`` follows it: :func:`card_vdev`); ``af_xdp``
+    needs the veth to take a native XDP program, which Linux allows only up to
+    :data:`~embnic.control.xdp.VETH_XDP_MAX_MTU` (3506; DPDK 22.11's PMD also has no
+    multi-buffer frames).
+
+    Raises:
+        PmdError: unknown PMD, or ``af_xdp`` above that MTU (names both fixes).
+    """
+    if pmd not in PMDS:
+        raise PmdError(f"--pmd {pmd!r}: the testbed runs the card on {' or '.join(PMDS)}")
+    if pmd == "af_xdp" and mtu > VETH_XDP_MAX_MTU:
+        raise PmdError(f"--pmd af_xdp with mtu = {mtu}: a veth takes the PMD's XDP program only up to MTU "
+                       f"{VETH_XDP_MAX_MTU} (the kernel: \"Peer MTU is too large to set XDP\"; DPDK 22.11's "
+                       f"net_af_xdp has no multi-buffer frames): use --pmd af_packet, or mtu <= {VETH_XDP_MAX_MTU}")
+    return pmd
+
+
+def card_vdev(pmd: str, port: int, ifname: str, mtu: int) -> str:
+    """The ``--vdev`` spec of card port ``port`` on interface ``ifname`` with PMD ``pmd``.
+
+    ``af_packet``: ``net_af_packet<i>,iface=<if>,qdisc_bypass=0,framecnt=4096`` —
+    ``framecnt=4096`` (8 MB of PACKET_MMAP ring per port instead of the PMD's 512 frames):
+    with the default a top-speed replay of a 10-batch trace overflowed the RX ring and lost
+    531 of 3079 frames before the card saw them; with 4096 it lost none. ``qdisc_bypass=0``:
+    DPDK 22.11's default (1) sends around the interface's qdisc, so ``testbed netem --backend
+    tc`` on the card's end would impair nothing the card sends (measured: a ``pfifo`` root
+    qdisc counted none of 50 forwarded frames; with ``qdisc_bypass=0`` all 50). Above MTU 1500
+    the PMD's frames must hold a whole frame of the MTU (it truncates anything longer):
+    ``framesz`` = the card's mbuf buffer for ``--mtu`` (MTU + 18 + 128 rounded up to 1 KiB; the
+    PMD refuses a frame larger than an mbuf), 4 frames a block, and as many frames as keep the
+    ring near 8 MB.
+
+    ``af_xdp``: ``net_af_xdp<i>,iface=<if>`` — queue 0 (a veth has one), libxdp's default
+    program, copy mode (veth has no zero-copy), the PMD's busy polling (``busy_budget`` 64).
+    """
+    if pmd == "af_xdp":
+        return f"net_af_xdp{port},iface={ifname}"
+    if mtu <= 1500:
+        return f"net_af_packet{port},iface={ifname},qdisc_bypass=0,framecnt=4096"
+    framesz = -(-(mtu + 18 + 128) // 1024) * 1024
+    framecnt = max(512, (8 << 20) // framesz // 4 * 4)
+    return (f"net_af_packet{port},iface={ifname},qdisc_bypass=0,framesz={framesz},blocksz={4 * framesz},"
+            f"framecnt={framecnt}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Node:
     """One namespace of the testbed: ``name`` is ``c<id>``, ``s<id>`` or ``card``."""
@@ -132,17 +194,20 @@ class Topology:
     cfg: ClusterConfig
     nodes: tuple[Node, ...]
     links: tuple[Link, ...]  #: in card port order
+    pmd: str = DEFAULT_PMD  #: the card's PMD on its veth ends: "af_packet" or "af_xdp" (:func:`card_vdev`)
 
     @classmethod
-    def from_config(cls, cfg: ClusterConfig, name: str = DEFAULT_NAME) -> "Topology":
-        """Declare the testbed of ``cfg`` under ``name``.
+    def from_config(cls, cfg: ClusterConfig, name: str = DEFAULT_NAME, pmd: str = DEFAULT_PMD) -> "Topology":
+        """Declare the testbed of ``cfg`` under ``name``, its card on PMD ``pmd``.
 
         Raises:
             ValueError: bad ``name``.
+            PmdError: unknown ``pmd``, or ``af_xdp`` with an MTU a veth's XDP cannot take (:func:`check_pmd`).
             ConfigError: no enabled ``[card]``, card port ids not ``0..n-1``, a client/shard
                 without a card port of its own, or addresses that cannot form a link (names the field).
         """
         check_name(name)
+        check_pmd(pmd, cfg.mtu)
         where = cfg.path
         if cfg.card is None or not cfg.card.enabled:
             raise ConfigError("card", "the testbed needs a [card] section with enabled = true and its ports "
@@ -197,7 +262,7 @@ class Topology:
                 if len(ifname) > 15:
                     raise ConfigError("clients/shards.id", f"interface name {ifname!r} is longer than 15 "
                                       "characters: use a shorter testbed name or smaller ids", where)
-        return cls(name, cfg, tuple(nodes), tuple(links))
+        return cls(name, cfg, tuple(nodes), tuple(links), pmd)
 
     # -- lookups
     @property
@@ -227,25 +292,10 @@ class Topology:
         return self.node(f"s{shard_id}").netns
 
     def vdevs(self) -> list[str]:
-        """``--vdev`` specs of the card, one per card port in port order:
-        ``net_af_packet<i>,iface=<name>p<i>,framecnt=4096``.
-
-        ``framecnt=4096`` (8 MB of PACKET_MMAP ring per port instead of the PMD's 512 frames):
-        with the default a top-speed replay of a 10-batch trace overflowed the RX ring and lost
-        531 of 3079 frames before the card saw them; with 4096 it lost none.
-
-        Above MTU 1500 the PMD's frames must hold a whole frame of the MTU (it truncates
-        anything longer): ``framesz`` = the card's mbuf buffer for ``--mtu`` (MTU + 18 + 128
-        rounded up to 1 KiB; the PMD refuses a frame larger than an mbuf), 4 frames a block, and
-        as many frames as keep the ring near 8 MB."""
-        mtu = self.cfg.mtu
-        ports = self.port_ifs()
-        if mtu <= 1500:
-            return [f"net_af_packet{p},iface={ifname},framecnt=4096" for p, ifname in ports]
-        framesz = -(-(mtu + 18 + 128) // 1024) * 1024
-        framecnt = max(512, (8 << 20) // framesz // 4 * 4)
-        return [f"net_af_packet{p},iface={ifname},framesz={framesz},blocksz={4 * framesz},"
-                f"framecnt={framecnt}" for p, ifname in ports]
+        """``--vdev`` specs of the card, one per card port in port order, on :attr:`pmd`:
+        ``net_af_packet<i>,iface=<name>p<i>,qdisc_bypass=0,framecnt=4096`` or
+        ``net_af_xdp<i>,iface=<name>p<i>`` (:func:`card_vdev` says why each devarg)."""
+        return [card_vdev(self.pmd, p, ifname, self.cfg.mtu) for p, ifname in self.port_ifs()]
 
     def port_ifs(self) -> list[tuple[int, str]]:
         """``[(card port id, the card's DPDK interface)]`` in port order, one per card port."""
@@ -284,7 +334,7 @@ class Topology:
 
     def diagram(self) -> str:
         """A text picture of the declared wiring (one line per link)."""
-        lines = [f"testbed {self.name}: card in netns {self.card_ns}"]
+        lines = [f"testbed {self.name}: card in netns {self.card_ns} (net_{self.pmd})"]
         for lk in self.links:
             who = f"{lk.peer_kind} {lk.peer_id}" if len(lk.members) <= 1 else \
                 f"{lk.peer_kind}s {','.join(m[1:] for m in lk.members)}"

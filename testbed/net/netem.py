@@ -15,9 +15,14 @@ failing call leaves the impairment in place as it was. Two backends:
 
 ``tc`` — Linux ``tc netem``, the standard tool: ``tc qdisc replace dev IF root netem loss P%
 duplicate R% delay D reorder Q% 50%`` on *both* ends of each veth pair (the card's end too:
-the DPDK ``net_af_packet`` PMD sends through the qdisc, its ``qdisc_bypass`` is off by
-default). netem reorders only delayed traffic, so ``--reorder`` implies a delay (default 1 ms):
-Q% of the frames go out at once, the rest after the delay.
+the testbed gives the DPDK ``net_af_packet`` PMD ``qdisc_bypass=0``, so it sends through the
+qdisc; DPDK 22.11's default bypasses it). netem reorders only delayed traffic, so ``--reorder``
+implies a delay (default 1 ms): Q% of the frames go out at once, the rest after the delay.
+
+A testbed whose card runs on ``net_af_xdp`` (``testbed up --pmd af_xdp``) refuses ``tc`` and
+``bpf`` by name (:func:`pmd_backend_problem`: AF_XDP sends around the qdisc, and the PMD's XDP
+program holds the hook the ``bpf`` backend needs); ``auto`` picks ``user`` there, which works on
+the peer's end of each link only.
 
 ``user`` — the same impairments in user space, for kernels built without ``sch_netem``
 (``tc`` says *Specified qdisc kind is unknown*; the 2-core test machine is one). In the
@@ -49,7 +54,8 @@ so unlike the helpers it adds nothing to the path's cost (``bench e2e`` measures
 not the helpers); its counters (same shape as the helpers') live in a BPF map.
 
 ``auto`` (the default) uses ``tc`` when the kernel has netem, else ``bpf`` for a loss-only
-impairment (where the kernel loads the program), else ``user``.
+impairment (where the kernel loads the program), else ``user`` (always ``user`` for a card on
+``net_af_xdp``).
 Exactly-once updates under these faults are the protocol's job (docs/protocol.md,
 "Reliability"); ``tests/testbed/test_faults.py`` proves the final tables equal a loss-free run's.
 """
@@ -159,6 +165,27 @@ def user_backend_problem(imp: Impairment) -> str | None:
                 "hold of a reordered frame; it delays nothing by itself): add --reorder Q, or delay every frame "
                 "with --backend tc on a kernel with sch_netem")
     return None
+
+
+def pmd_backend_problem(name: str, backend: str) -> str:
+    """Why ``backend`` (``tc`` or ``bpf``) cannot impair testbed ``name`` whose card runs on
+    ``net_af_xdp`` (``testbed up --pmd af_xdp``): the user backend can.
+
+    * ``bpf``: its ``out`` program goes on the XDP hook of the card's end of each link, which
+      the PMD's own program (libxdp's ``xsk_def_prog``, redirecting into the card's AF_XDP
+      socket) holds; an interface has one, so attaching would take the card off the link.
+    * ``tc``: AF_XDP sends with ``__dev_direct_xmit``, around the card's end's qdisc, so
+      netem there would impair nothing the card sends (only the peer → card direction).
+    """
+    if backend == "bpf":
+        why = ("its loss program goes on the XDP hook of the card's end of each link, which the PMD's own XDP "
+               "program holds (an interface has one)")
+    else:
+        why = ("AF_XDP sends around the card's end's qdisc (__dev_direct_xmit), so netem there would impair only "
+               "the peer -> card direction")
+    return (f"--backend {backend}: testbed {name}'s card runs on net_af_xdp (--pmd af_xdp) and {why}; "
+            "use --backend user (or auto, which picks it for this testbed), or run the testbed with "
+            "--pmd af_packet")
 
 
 def loss_only(imp: Impairment) -> bool:
@@ -282,7 +309,8 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
         NeedsRoot: not root.
         ValueError: unknown backend.
         UnknownLink: a link name the testbed does not have.
-        UnsupportedImpairment: ``bpf`` asked for more than loss; with ``strict_delay``, ``user``
+        UnsupportedImpairment: ``bpf`` asked for more than loss; ``tc`` or ``bpf`` on a testbed whose
+            card runs on ``net_af_xdp`` (:func:`pmd_backend_problem`); with ``strict_delay``, ``user``
             (also as ``auto``'s choice) asked for a delay without reordering.
         TestbedError: no such testbed, ``tc`` backend without kernel netem, ``bpf`` refused by
             the kernel, a helper that does not start (names its log).
@@ -299,13 +327,19 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
     if not chosen:
         raise TestbedError(f"testbed {name!r} has no links to impair")
     by_auto = backend == "auto"
+    xdp_card = state.get("pmd") == "af_xdp"
+    if xdp_card and backend in ("tc", "bpf"):
+        raise UnsupportedImpairment(pmd_backend_problem(name, backend))
     if backend in ("auto", "tc"):
         has = _netem_available(name)
         if backend == "tc" and not has:
             raise TestbedError("this kernel has no netem qdisc (`tc ... netem`: Specified qdisc kind is unknown); "
                                + ("use --backend bpf (loss alone, in the kernel) or user (or auto)" if loss_only(imp)
                                   else "use --backend user (or auto)"))
-        backend = "tc" if has else "bpf" if loss_only(imp) and bpf_loss.problem() is None else "user"
+        if xdp_card:  # tc and bpf would impair one direction or break the card (pmd_backend_problem)
+            backend = "user"
+        else:
+            backend = "tc" if has else "bpf" if loss_only(imp) and bpf_loss.problem() is None else "user"
     elif backend == "bpf":
         if not loss_only(imp):
             raise UnsupportedImpairment("the bpf backend only drops frames (--loss); reordering, duplicates and "
@@ -316,7 +350,8 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
     if backend == "user":
         why = user_backend_problem(imp) if strict_delay else None
         if why:
-            raise UnsupportedImpairment(why + (" (this kernel has none, so --backend auto chose user)" if by_auto
+            chose = ("the card runs on net_af_xdp" if xdp_card else "this kernel has none")
+            raise UnsupportedImpairment(why + (f" ({chose}, so --backend auto chose user)" if by_auto
                                                else ""), option="--delay")
         for lk in chosen:
             tap_o, _ = _tap_names(lk["peer_if"])

@@ -12,7 +12,7 @@ Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPD
 
     netns N-c1                   netns N-card                            netns N-s0
    +----------------+      +-----------------------------------+      +----------------+
-   | training job   |      |  embnic-dp (DPDK, net_af_packet)  |      | shard server   |
+   | training job   |      | embnic-dp (net_af_packet|af_xdp)  |      | shard server   |
    | client 1       | veth | port 0            port 2          | veth | shard 0        |
    | Nc1 10.77.0.2 =|======|= Np0 10.77.0.1    Np2 10.77.2.1 =|======|= Ns0 10.77.2.2 |
    +----------------+      |                                   |      +----------------+
@@ -25,7 +25,10 @@ Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPD
 * one namespace per client (``N-c<id>``), one for the card (``N-card``), one per shard
   (``N-s<id>``); one veth pair per client/shard: ``N{c,s}<id>`` in its namespace, ``Np<port>``
   in the card's. The card's end of the link of card port ``i`` is DPDK port ``i``
-  (``--vdev net_af_packet<i>,iface=Np<i>,framecnt=4096``, in port order: card port ids must be ``0..n-1``).
+  (``--vdev net_af_packet<i>,iface=Np<i>,qdisc_bypass=0,framecnt=4096``, in port order: card port ids
+  must be ``0..n-1``); with ``--pmd af_xdp`` (:attr:`Topology.pmd`) ``net_af_xdp<i>,iface=Np<i>``:
+  an AF_XDP socket on the veth's queue 0 behind the PMD's XDP program (copy mode on a veth;
+  MTU at most 3506; :func:`~embnic.testbed.net.model.card_vdev`, docs/deploy.md).
 * several hosts on one card port (``examples/testbed-shared.toml``): the clients (or shards) of
   one ``ip`` are one host, one namespace ``N-c<first id>``; a card port with several hosts is a
   bridge ``Nb<i>`` in the card's namespace with each host's card-side veth end ``N<node>x`` and
@@ -70,8 +73,8 @@ from embnic.client_lib.consts import MsgType, Status
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
 from embnic.control.runstate import state_path as runstate_path
 
-from .model import (DEFAULT_NAME, NAME_RE, Link, Node, Topology, card_file_prefix, check_name,
-                    derived_mac, link_prefix)
+from .model import (DEFAULT_NAME, DEFAULT_PMD, NAME_RE, Link, Node, PmdError, Topology, card_file_prefix,
+                    check_name, derived_mac, link_prefix)
 from .netns import (NeedsRoot, TestbedError, _reap, in_netns, log_tail, netns_exists, netns_list, netns_pids,
                     require_net_admin, run_cmd, stop_process)
 from .state import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
@@ -86,7 +89,7 @@ PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts 
 #: convenience, the names of the declaration (:mod:`.model`), namespaces (:mod:`.netns`) and
 #: state file (:mod:`.state`) they are built on
 __all__ = ["PROBE_MSG_ID_BASE", "Testbed", "down", "status", "probe_key",
-           "DEFAULT_NAME", "NAME_RE", "Link", "Node", "Topology", "card_file_prefix", "check_name", "derived_mac",
+           "DEFAULT_NAME", "DEFAULT_PMD", "PmdError", "NAME_RE", "Link", "Node", "Topology", "card_file_prefix", "check_name", "derived_mac",
            "link_prefix", "NeedsRoot", "TestbedError", "in_netns", "netns_exists", "netns_list", "netns_pids",
            "require_net_admin", "run_cmd", "stop_process", "dead_nodes", "describe_dead", "list_testbeds",
            "node_dir", "node_label", "save_testbed_state", "state_path", "testbed_state", "card_pipeline_name",
@@ -108,6 +111,9 @@ class Testbed:
     __test__ = False
 
     def __init__(self, topo: Topology, rdir: Path | None = None, target: str = "dpdk"):
+        if target != "dpdk" and topo.pmd != DEFAULT_PMD:
+            raise PmdError(f"--pmd {topo.pmd} is a DPDK PMD of the dpdk card; the {target} card reads the veths "
+                           f"itself: drop --pmd, or use --target dpdk", option="--pmd")
         self.topo = topo
         #: the card's pipeline target: "dpdk" (embnic-dp) or "bmv2" (the P4 program on simple_switch)
         self.target_name = target
@@ -193,6 +199,7 @@ class Testbed:
             "effective_config": str(self.config_path), "dir": str(self.dir), "created": time.time(),
             "creator_pid": os.getpid(), "creator_starttime": proc_starttime(os.getpid()), "owner": owner,
             "netns": [], "links": [], "procs": [], "card": None, "netem": None,
+            "pmd": self.topo.pmd if self.target_name == "dpdk" else None,
         }
         self._save()
         try:
@@ -534,7 +541,7 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
         raise TestbedError(f"testbed {name!r}: its state file {state_path(name, rdir)} is damaged; "
                            f"`embnic testbed down --name {name}` removes it, then `embnic testbed up` again")
     dead = dead_nodes(state)
-    out = {"name": name, "phase": state.get("phase"), "config": state.get("config"),
+    out = {"name": name, "phase": state.get("phase"), "pmd": state.get("pmd"), "config": state.get("config"),
            "effective_config": state.get("effective_config"), "dir": state.get("dir"),
            "netns": {ns: netns_exists(ns) for ns in state.get("netns", [])},
            "links": state.get("links", []),

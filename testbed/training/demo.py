@@ -5,7 +5,8 @@ Sequence (:func:`run_demo`):
 1. **reference** — the same training run with the tables in this process
    (:class:`~embnic.client_lib.local.LocalBackend`): the losses the card run must reproduce.
 2. **up** — the namespace testbed of the config (:mod:`embnic.testbed.net.topology`): a shard in
-   each shard namespace, ``embnic-dp`` on ``net_af_packet`` vdevs in the card namespace, routes
+   each shard namespace, ``embnic-dp`` on ``net_af_packet`` vdevs (``net_af_xdp`` with
+   ``pmd="af_xdp"``) in the card namespace, routes
    and clients programmed from the config, a probe through every path. Optional faults
    (:mod:`embnic.testbed.net.netem`) go on the links now.
 3. **train** — the first client's :class:`~embnic.client_lib.client.EmbeddingClient` is
@@ -81,6 +82,8 @@ class DemoOptions:
         model: ``"fm"`` (the numpy factorisation machine) or ``"dlrm"`` (TorchRec's DLRM on
             :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection`, needs embnic[torch]).
         target: the card: ``dpdk`` (embnic-dp) or ``bmv2`` (the P4 program on simple_switch).
+        pmd: the dpdk card's PMD on its veth ends: ``af_packet`` or ``af_xdp``
+            (:func:`~embnic.testbed.net.model.card_vdev`; ``af_xdp`` needs ``target`` dpdk).
     """
 
     config: str | os.PathLike = DEFAULT_CONFIG
@@ -101,6 +104,7 @@ class DemoOptions:
     rdir: Path | None = None
     model: str = "fm"
     target: str = "dpdk"
+    pmd: str = "af_packet"
 
 
 
@@ -119,12 +123,19 @@ def check_options(opts: DemoOptions, cfg: ClusterConfig) -> int | None:
         the step after which ``kill_shard`` is killed (``kill_at_step``, default 1), or None.
 
     Raises:
-        DemoUsageError: ``kill_shard`` not a shard of ``cfg``; ``kill_at_step`` without
+        DemoUsageError: faults through the ``tc`` or ``bpf`` netem backend on a card on ``net_af_xdp``
+            (:func:`~embnic.testbed.net.netem.pmd_backend_problem`); ``kill_shard`` not a shard of ``cfg``; ``kill_at_step`` without
             ``kill_shard``; ``kill_at_step`` not in ``1..steps-1`` (a kill after the last step
             would hit nothing).
     """
     if opts.steps < 1:
         raise DemoUsageError(f"--steps must be at least 1, got {opts.steps}", "--steps")
+    if opts.pmd == "af_xdp" and opts.netem_backend in ("tc", "bpf") and opts.impairment is not None \
+            and not opts.impairment.clear:
+        from embnic.testbed.net.netem import pmd_backend_problem
+
+        raise DemoUsageError(pmd_backend_problem(opts.name, opts.netem_backend).replace("--backend", "--netem-backend"),
+                             "--netem-backend")
     if opts.kill_shard is None:
         if opts.restart:
             raise DemoUsageError("--restart needs --kill-shard ID (the shard to kill and restart)", "--restart")
@@ -153,7 +164,8 @@ def _try(f, default=None):
 def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     """Run the main job (see the module docstring) and write its report.
 
-    Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``model`` (``"fm"``/``"dlrm"``), ``testbed``, ``config``,
+    Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``pmd`` (the dpdk card's PMD:
+    ``"af_packet"``/``"af_xdp"``; None on bmv2), ``model`` (``"fm"``/``"dlrm"``), ``testbed``, ``config``,
     ``other_clients`` (with ``all_clients``: per client id ``lookup_rounds``, ``messages``,
     ``requests_sent``, ``frames_sent``, ``retransmits``, ``tail_probes``, ``error``; they stop at the last
     training step, before the card's counters are read),
@@ -198,8 +210,11 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     T.require_net_admin("the demo (it brings the namespace testbed up)")
     user_cfg = load_config(opts.config)
     kill_at = check_options(opts, user_cfg)
-    topo = T.Topology.from_config(user_cfg, opts.name)  # validate before the slow parts
-    tb = T.Testbed(topo, opts.rdir, target=opts.target)
+    try:  # validate before the slow parts
+        topo = T.Topology.from_config(user_cfg, opts.name, pmd=opts.pmd)
+        tb = T.Testbed(topo, opts.rdir, target=opts.target)
+    except T.PmdError as e:
+        raise DemoUsageError(str(e), e.option) from None
     try:  # a busy --name is refused now, not after the reference run
         tb.check_free(owner="demo")
     except T.TestbedError as e:

@@ -31,6 +31,7 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
     state_sum = state_at_end or {}
     rep = {
         "target": opts.target,
+        "pmd": opts.pmd if opts.target == "dpdk" else None,
         "model": opts.model,
         "testbed": opts.name,
         "config": str(Path(opts.config).resolve()),
@@ -143,6 +144,7 @@ def summary(rep: dict) -> list[str]:
     lat = rep["lookup_latency_us"]
     tb = rep.get("tables") or {}
     rows = [
+        ("card", f"{rep['target']}" + (f" on net_{rep['pmd']}" if rep.get("pmd") else "")),
         ("steps", f"{rep['steps']} × {rep['batch_size']} samples, {rep['timing']['steps_per_s']:.2f} steps/s"),
         ("loss", f"{rep['loss'][0]:.4f} → {rep['loss'][-1]:.4f}   max |Δ| vs in-process "
                  f"{rep['loss_max_abs_diff']:.2g} ({'match' if rep['loss_match'] else 'MISMATCH'})"),

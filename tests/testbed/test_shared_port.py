@@ -32,7 +32,8 @@ def test_declaration_bridges_each_card_port_and_shares_host_namespaces():
     assert topo.link("c2") is topo.link("c1") and topo.link("c2").card_if == "enS1c1x"
     assert {lk.prefix_len for lk in topo.links} == {29}  # one subnet per segment holds all its hosts
     # one DPDK port per card port, not per host
-    assert topo.vdevs() == ["net_af_packet0,iface=enS1p0,framecnt=4096", "net_af_packet1,iface=enS1p1,framecnt=4096"]
+    assert topo.vdevs() == ["net_af_packet0,iface=enS1p0,qdisc_bypass=0,framecnt=4096",
+                           "net_af_packet1,iface=enS1p1,qdisc_bypass=0,framecnt=4096"]
     # clients of one host share its MAC in the effective config
     raw = topo.effective_raw(REPO)
     macs = {c["id"]: c["mac"] for c in raw["clients"]}

@@ -46,7 +46,7 @@ def test_declaration_of_the_example_testbed():
     topo = T.Topology.from_config(load_config(TESTBED_TOML), "enX1")
     assert [n.netns for n in topo.nodes] == ["enX1-card", "enX1-c1", "enX1-c2", "enX1-s0", "enX1-s1"]
     assert [lk.port for lk in topo.links] == [0, 1, 2, 3]
-    assert topo.vdevs() == [f"net_af_packet{i},iface=enX1p{i},framecnt=4096" for i in range(4)]
+    assert topo.vdevs() == [f"net_af_packet{i},iface=enX1p{i},qdisc_bypass=0,framecnt=4096" for i in range(4)]
     lk = topo.link("s1")
     assert (lk.card_if, lk.peer_if, lk.card_ip, lk.peer_ip, lk.prefix_len) == \
         ("enX1p3", "enX1s1", "10.77.3.1", "10.77.3.2", 30)
@@ -63,7 +63,7 @@ def test_jumbo_mtu_gives_the_pmd_frames_that_hold_it():
 
     cfg = dataclasses.replace(load_config(TESTBED_TOML), mtu=9000)
     topo = T.Topology.from_config(cfg, "enX1")
-    assert topo.vdevs()[0] == "net_af_packet0,iface=enX1p0,framesz=9216,blocksz=36864,framecnt=908"
+    assert topo.vdevs()[0] == "net_af_packet0,iface=enX1p0,qdisc_bypass=0,framesz=9216,blocksz=36864,framecnt=908"
     assert 9000 + 14 + 4 <= 9216 and 908 * 9216 <= 8 << 20
     argv = DpdkTarget(cfg, vdevs=topo.vdevs()).card_argv("/tmp/x.sock")
     assert argv[argv.index("--mtu") + 1] == "9000"
