@@ -79,8 +79,8 @@ def prep(out, batch_size, repeats):
                    "forwarding lcores (dpdk target); 1: skip it.")
 def dataplane(out, seconds, target, state_lcores):
     """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
-    the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and
-    net_af_packet over a veth pair); a workload of distinct messages with their replies
+    the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and over a veth
+    pair on net_af_packet and on net_af_xdp: `af_packet`, `af_xdp`, `af_xdp_vs_af_packet`); a workload of distinct messages with their replies
     (every state-map entry inserted and freed: distinct_msgs_per_s), also with the state map
     partitioned over 2 state lcores against testpmd on 2 forwarding lcores
     (distinct_2state_msgs_per_s, reported with the cross-CPU round trip, not gated); the card's

@@ -117,7 +117,8 @@ def down_cmd(name):
 
 
 def _print_status(st: dict) -> None:
-    click.echo(f"testbed {st['name']}: {st.get('phase')}   config {st.get('config')}")
+    click.echo(f"testbed {st['name']}: {st.get('phase')}   config {st.get('config')}"
+               + (f"   card on net_{st['pmd']}" if st.get("pmd") else ""))
     click.echo(f"  effective config: {st.get('effective_config')}   logs: {st.get('dir')}/")
     for ns, ok in st["netns"].items():
         click.echo(f"  netns {ns:<14} {'present' if ok else 'MISSING'}")

@@ -102,7 +102,9 @@ def af_xdp_problem(vdevs: Sequence[str], netns: str | None = None) -> str | None
         if prog is not None:
             mode = {1: "native", 2: "generic", 3: "offloaded"}.get(prog["mode"], "")
             whose = (" (the testbed's bpf netem: clear it with `embnic testbed netem --clear`, or use "
-                     "--backend user)" if prog["name"] == "embnic_loss" else "")
+                     "--backend user)" if prog["name"] == "embnic_loss" else
+                     " (libxdp's: a net_af_xdp port's, left behind if its process was killed)"
+                     if prog["name"] == "xsk_def_prog" else "")
             return (f"--vdev {v}: interface {iface}{where} already runs XDP program {prog['name']} (id {prog['id']}"
                     f"{', ' + mode if mode else ''}){whose}; net_af_xdp attaches its own there and an interface has "
                     f"one XDP hook: detach it (`ip {'-n ' + netns + ' ' if netns else ''}link set dev {iface} xdp off`)"

@@ -32,12 +32,14 @@ each run) and the CPU left over by the rest of the box (``others_cpu``); these f
 reported, not gated (no target).
 
 The card on two lcores (RX/TX pipeline, ``-l 0,1``, ``stack`` mempool) is reported beside,
-under its own names (``card_pipeline_2lcores_mpps``). Then the main workload on
-``net_af_packet`` over a veth pair in a network namespace (the testbed's path), the frames
-coming from a second testpmd that replays the pcap into the other end of the veth pair::
+under its own names (``card_pipeline_2lcores_mpps``). Then the main workload over a veth pair
+in a network namespace (the testbed's path), the DUT on ``net_af_packet`` and on
+``net_af_xdp`` (:func:`measure_veth`, one interleaved run: ``af_packet``, ``af_xdp``,
+``af_xdp_vs_af_packet``), the frames coming from a second testpmd that replays the pcap into
+the other end of the veth pair::
 
     netns enB<pid>:  [testpmd io: net_pcap(infinite) -> net_af_packet(iface=eBa<pid>)]
-                          ==veth==  [DUT: net_af_packet(iface=eBb<pid>) -> net_null]
+                          ==veth==  [DUT: net_af_packet | net_af_xdp (iface=eBb<pid>) -> net_null]
 
 Rates are taken from the DUT's own TX counters (card: control socket ``counters``; testpmd:
 ``show port stats all``) at two instants ``seconds`` apart, after a warm-up. ``mpps`` = frames
@@ -457,6 +459,68 @@ class _Netns:
         self._ip("netns", "del", self.name, check=False)
 
 
+#: the PMDs the card and testpmd are measured on over the veth pair (the testbed's path)
+VETH_PMDS = ("af_packet", "af_xdp")
+
+
+def veth_vdev(pmd: str, ifname: str) -> str:
+    """The DUT's ``--vdev`` on the veth end ``ifname``: ``net_af_packet0,iface=IF`` or
+    ``net_af_xdp0,iface=IF`` (each PMD's defaults; on a veth AF_XDP binds in copy mode)."""
+    return f"net_{pmd}0,iface={ifname}"
+
+
+def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str], seconds: float, warmup: float,
+                 repeats: int, log_dir: Path | None = None) -> dict:
+    """The main workload over a veth pair, the DUT (card, testpmd io, testpmd macswap) on each PMD
+    of ``pmds`` in turn, all in one interleaved run against one generator (testpmd io replaying
+    the pcap into ``net_af_packet`` on the other end, forwarding on CPU 1)::
+
+        netns enB<pid>:  [gen: net_pcap(infinite) -> net_af_packet(eBa)] ==veth==
+                         [DUT: net_af_packet(eBb) | net_af_xdp(eBb) -> net_null]
+
+    Returns:
+        ``{pmd: figures}`` (:func:`_figures` plus ``setup``) per PMD, and with both measured
+        ``af_xdp_vs_af_packet``: the card's, testpmd io's and macswap's Mpps on af_xdp over their
+        Mpps on af_packet (the same run, so the box's load hits both alike).
+    """
+    src = f"net_pcap0,rx_pcap={pcap_path},infinite_rx=1"
+    sink = "net_null0,no-rx=1"
+    out: dict[str, Any] = {}
+    # 2 vCPUs here: the generator forwards on CPU 1, each DUT on CPU 0 (the card run to
+    # completion on lcore 0; testpmd forwarding on lcore 0 with its idle main lcore on 1)
+    with _Netns() as ns:
+        gen = TestpmdProcess([src, f"net_af_packet0,iface={ns.a}"], lcores="0,1", main_lcore=0, mode="io",
+                             netns=ns.name)
+        gen.start()
+        try:
+            other = dict(netns=ns.name, other_pids=[gen.proc.pid])
+            card_kw = dict(other, log_dir=log_dir)
+            tp_kw = dict(other, main_lcore=TESTPMD_MAIN)
+            runs: dict[str, Any] = {}
+            for pmd in pmds:
+                dut = [veth_vdev(pmd, ns.b), sink]
+                runs[f"card/{pmd}"] = (measure_card, (binary, dut, CARD_1LCORE, seconds, warmup), card_kw)
+                runs[f"io/{pmd}"] = (measure_testpmd, (dut, TESTPMD_1FWD, "io", seconds, warmup), tp_kw)
+                runs[f"macswap/{pmd}"] = (measure_testpmd, (dut, TESTPMD_1FWD, "macswap", seconds, warmup), tp_kw)
+            m = _measure_all(runs, repeats, rtt=False)
+        finally:
+            gen.cleanup()
+    for pmd in pmds:
+        out[pmd] = _figures({k.split("/")[0]: v for k, v in m.items() if k.endswith("/" + pmd)}, pcap)
+        out[pmd]["setup"] = (f"generator dpdk-testpmd io (net_pcap infinite_rx -> net_af_packet, forwarding on "
+                             f"CPU 1) -> veth -> DUT on net_{pmd} on CPU 0 -> net_null; card -l 0 (run to "
+                             "completion), testpmd -l 0,1 --main-lcore 1"
+                             + ("; AF_XDP in copy mode (veth), native XDP, busy_budget 64" if pmd == "af_xdp" else ""))
+    if "af_packet" in out and "af_xdp" in out:
+        a, x = out["af_packet"], out["af_xdp"]
+        out["af_xdp_vs_af_packet"] = {
+            "card": _ratio(x["card_mpps"], a["card_mpps"]),
+            "testpmd_io": _ratio(x["testpmd_io_mpps"], a["testpmd_io_mpps"]),
+            "testpmd_macswap": _ratio(x["testpmd_macswap_mpps"], a["testpmd_macswap_mpps"]),
+        }
+    return out
+
+
 def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     """Run the dataplane benchmark and merge it into ``out_dir/bench.json`` under ``dataplane``.
 
@@ -469,7 +533,8 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         distinct_messages: messages (request + reply) in the distinct pcap (default 8192).
         state_lcores: 2 (default) also measures the distinct workload on the card with 2 state
             lcores and testpmd with 2 forwarding lcores; 1 skips that.
-        af_packet: also measure on net_af_packet over a veth pair (default True).
+        af_packet, af_xdp: also measure on net_af_packet / net_af_xdp over a veth pair (default
+            True each; :func:`measure_veth`).
         binary: the embnic-dp binary (default: build dataplane/).
     Returns:
         the ``dataplane`` dict: ``card_mpps, card_msgs_per_s, card_gbps, testpmd_io_mpps,
@@ -481,7 +546,8 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         distinct_2state_runs`` (with their ``xcore_rtt_ns``; not gated),
         ``card_pipeline_2lcores_mpps`` (and its mempool driver), ``targets`` (met or not),
         ``runs_mpps``, ``runs_others_cpu``, ``runs_xcore_rtt_ns``, ``distinct_runs`` (every
-        run), ``af_packet`` with the main figures, and the setup (``lcores``, ``pcap``,
+        run), ``af_packet`` and ``af_xdp`` with the main figures on the veth path and
+        ``af_xdp_vs_af_packet`` (their ratios), and the setup (``lcores``, ``pcap``,
         ``distinct_pcap``, ``seconds``, ``repeats``, ``warmup``, ``mbufs``, ``mbuf_cache``,
         ``burst``, ``setup``, ``distinct_workload``).
     Raises:
@@ -543,32 +609,14 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         "ratio_distinct_to_repeated >= 0.5": res["ratio_distinct_to_repeated"] >= 0.5,
     }
 
-    if kw.get("af_packet", True):
-        # 2 vCPUs here: the generator forwards on CPU 1, each DUT on CPU 0 (the card run to
-        # completion on lcore 0; testpmd forwarding on lcore 0 with its idle main lcore on 1)
-        with _Netns() as ns:
-            gen = TestpmdProcess([src, f"net_af_packet0,iface={ns.a}"], lcores="0,1", main_lcore=0, mode="io",
-                                 netns=ns.name)
-            gen.start()
-            try:
-                dut = [f"net_af_packet0,iface={ns.b}", sink]
-                other = dict(netns=ns.name, other_pids=[gen.proc.pid])
-                af = _measure_all({
-                    "card": (measure_card, (binary, dut, CARD_1LCORE, seconds, warmup), dict(card_kw, **other)),
-                    "io": (measure_testpmd, (dut, TESTPMD_1FWD, "io", seconds, warmup), dict(tp_kw, **other)),
-                    "macswap": (measure_testpmd, (dut, TESTPMD_1FWD, "macswap", seconds, warmup),
-                                dict(tp_kw, **other)),
-                }, repeats, rtt=False)
-                res["af_packet"] = _figures(af, pcap)
-                res["af_packet"]["setup"] = ("generator dpdk-testpmd io (net_pcap infinite_rx -> net_af_packet, "
-                                             "forwarding on CPU 1) -> veth -> DUT on CPU 0 -> net_null; card "
-                                             "-l 0 (run to completion), testpmd -l 0,1 --main-lcore 1")
-            finally:
-                gen.cleanup()
+    pmds = [p for p in VETH_PMDS if kw.get(p, True)]
+    if pmds:
+        res.update(measure_veth(binary, pcap_path, pcap, pmds, seconds, warmup, repeats, logs))
 
     res.update({"lcores": lcores, "seconds": seconds, "repeats": repeats, "warmup": warmup, "pcap": pcap,
                 "mbufs": BENCH_MBUFS, "mbuf_cache": BENCH_MBCACHE, "burst": BENCH_BURST,
-                "setup": "net_pcap infinite_rx -> net_null; af_packet: testpmd replay -> veth -> DUT -> net_null; "
+                "setup": "net_pcap infinite_rx -> net_null; af_packet, af_xdp: testpmd replay -> veth -> DUT on that "
+                         "PMD -> net_null; "
                          f"card -l {CARD_1LCORE} (run to completion) and testpmd -l {TESTPMD_1FWD} --main-lcore "
                          f"{TESTPMD_MAIN} (one forwarding lcore), both on DPDK's default mempool driver; "
                          f"{BENCH_MBUFS} mbufs (+ the pcap's frames for the distinct workload), per-lcore "

@@ -4,6 +4,8 @@ Run alone: python3 -m pytest -q tests/testbed/test_bench_dataplane_figures.py
 """
 from __future__ import annotations
 
+import pytest
+
 from embnic.control.dpdk_proc import eal_argv
 from embnic.testbed.bench.dataplane import TESTPMD_2FWD, TESTPMD_2FWD_MAIN, _distinct_figures
 from embnic.testbed.bench.testpmd import TestpmdProcess
@@ -45,3 +47,54 @@ def test_testpmd_with_two_forwarding_lcores_on_two_cpus():
     finally:
         tp.cleanup()
     assert eal_argv("0,1", "p")[:2] == ["-l", "0,1"]
+
+
+def test_veth_path_reports_each_pmd_and_their_ratios(monkeypatch, tmp_path):
+    """measure_veth: one interleaved run, the DUT on net_af_packet and net_af_xdp of the same veth end
+    behind one generator; figures per PMD and af_xdp over af_packet (the runs are stand-ins here)."""
+    from embnic.testbed.bench import dataplane as DP
+
+    class Ns:
+        name, a, b = "enBx", "eBax", "eBbx"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    class Gen:
+        def __init__(self, vdevs, **kw):
+            self.vdevs, self.proc = vdevs, type("P", (), {"pid": 4242})()
+            gens.append(self)
+
+        def start(self):
+            return self
+
+        def cleanup(self):
+            self.cleaned = True
+
+    gens, seen = [], {}
+
+    def fake_all(runs, repeats, rtt=True):
+        out = {}
+        for key, (fn, args, kw) in runs.items():
+            what, pmd = key.split("/")
+            seen[key] = (args[1] if fn is DP.measure_card else args[0], kw.get("other_pids"))
+            mpps = {"card": 1.0, "io": 2.0, "macswap": 1.6}[what] * (1.5 if pmd == "af_xdp" else 1.0)
+            out[key] = _card(mpps, 0.0) if fn is DP.measure_card else _tp(mpps)
+        return out
+
+    monkeypatch.setattr(DP, "_Netns", Ns)
+    monkeypatch.setattr(DP, "TestpmdProcess", Gen)
+    monkeypatch.setattr(DP, "_measure_all", fake_all)
+    pcap = {"frames": 100, "messages": 50, "bytes": 0, "avg_frame_bytes": 0.0}
+    res = DP.measure_veth(tmp_path / "embnic-dp", tmp_path / "p.pcap", pcap, DP.VETH_PMDS, 1.0, 0.0, 1)
+    assert gens[0].vdevs[1] == "net_af_packet0,iface=eBax" and gens[0].cleaned  # one generator, af_packet
+    assert seen["card/af_xdp"] == (["net_af_xdp0,iface=eBbx", "net_null0,no-rx=1"], [4242])
+    assert seen["io/af_packet"][0] == ["net_af_packet0,iface=eBbx", "net_null0,no-rx=1"]
+    assert res["af_packet"]["card_mpps"] == 1.0 and res["af_xdp"]["card_mpps"] == 1.5
+    assert res["af_xdp"]["ratio_io"] == 1.5 / 3.0 and "copy mode" in res["af_xdp"]["setup"]
+    assert res["af_xdp_vs_af_packet"] == pytest.approx({"card": 1.5, "testpmd_io": 1.5, "testpmd_macswap": 1.5})
+    # one PMD alone: no ratio between them
+    assert "af_xdp_vs_af_packet" not in DP.measure_veth(tmp_path, tmp_path, pcap, ["af_xdp"], 1.0, 0.0, 1)

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from embnic.client_lib.config import load_config
+from embnic.control.xdp import attached_xdp
 from embnic.testbed.net import netem as N
 from embnic.testbed.net import netem_helper as NH
 from embnic.testbed.net import topology as T
@@ -223,6 +224,13 @@ def test_bpf_backend_drops_in_the_kernel_counts_and_clears(run_dir, cleanup):  #
         frames, dropped = g["in"] - c["out"]["in"], g["dropped"] - c["out"]["dropped"]
         assert 1000 <= frames < 1020 and 0.2 < dropped / frames < 0.4, (frames, dropped)
         assert "impair" not in [p["role"] for p in T.testbed_state(name)["procs"]]  # no helper process
+        # the programs are named (what `ip -d link` shows), and an end whose XDP hook is taken is
+        # refused by name, before anything is attached (a card on net_af_xdp holds it the same way)
+        ends = ((f"{name}-c1", f"{name}c1"), (f"{name}-card", f"{name}p0"))
+        assert [attached_xdp(i, ns)["name"] for ns, i in ends] == ["embnic_loss"] * 2
+        with pytest.raises(N.bpf_loss.XdpHookTaken, match=f"{name}p0 in namespace {name}-card already runs XDP "
+                                                           "program embnic_loss .*use --backend user"):
+            N.bpf_loss.attach(*ends, 5.0)
         r = _cli("testbed", "status", "--name", name)
         assert r.exit_code == 0 and "netem c1   bpf: loss 30%" in r.output and "dropped" in r.output, r.output
         res = N.clear(name)
