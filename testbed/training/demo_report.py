@@ -144,7 +144,7 @@ def summary(rep: dict) -> list[str]:
     lat = rep["lookup_latency_us"]
     tb = rep.get("tables") or {}
     rows = [
-        ("card", f"{rep['target']}" + (f" on net_{rep['pmd']}" if rep.get("pmd") else "")),
+        ("card", f"{rep.get('target', 'dpdk')}" + (f" on net_{rep['pmd']}" if rep.get("pmd") else "")),
         ("steps", f"{rep['steps']} × {rep['batch_size']} samples, {rep['timing']['steps_per_s']:.2f} steps/s"),
         ("loss", f"{rep['loss'][0]:.4f} → {rep['loss'][-1]:.4f}   max |Δ| vs in-process "
                  f"{rep['loss_max_abs_diff']:.2g} ({'match' if rep['loss_match'] else 'MISMATCH'})"),
