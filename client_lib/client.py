@@ -306,9 +306,9 @@ class EmbeddingClient:
                       data: bool = True) -> None:
         """One round through the C engine (:class:`native.NativeRound`): its counters into
         :attr:`stats`, its errors raised as :meth:`_round` raises them."""
-        order = np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]), kind="stable")  # a shard's largest first
-        tab = tab[order]
-        self._count_round(len(tab), np.unique(tab[:, C_SHARD]).size, data)
+        if len(tab) > 1:
+            tab = tab[np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]), kind="stable")]  # a shard's largest first
+        self._count_round(len(tab), len(set(tab[:, C_SHARD].tolist())), data)
         res, lat = self._native.run(tab, directory, keys, vals, dst, rb, so, out, record_latency, self._next_id)
         R = native.R
         self._next_id = int(res[R["next_id"]])
@@ -333,13 +333,15 @@ class EmbeddingClient:
     def _sync_native(self) -> None:
         """Add what the C engine counted since the last round to :attr:`stats`."""
         now = self._native.counters()
-        delta = (now - self._native_seen).tolist()
+        delta = now - self._native_seen
         self._native_seen = now
         st = self.stats
-        for name, v, total in zip(self._native.stat_names, delta, now.tolist()):
+        names = self._native.stat_names
+        for i in np.flatnonzero(delta).tolist():  # the counters that moved
+            name, v = names[i], int(delta[i])
             if name == "max_inflight_frames":
-                st.max_inflight_frames = max(st.max_inflight_frames, total)
-            elif not v or name == "duplicates":
+                st.max_inflight_frames = max(st.max_inflight_frames, int(now[i]))
+            elif name == "duplicates":
                 continue
             elif name.startswith("drop_"):
                 st.drops[name[5:]] += v

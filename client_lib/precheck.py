@@ -102,14 +102,14 @@ def _flat_keys(ta, mapping: Mapping, keys_of):
         return None
     counts = np.fromiter(map(len, ks), np.int64, len(ks))
     keys = np.concatenate(ks) if ks else np.zeros(0, np.uint64)
-    return _checked(ta, tids, counts, keys)
+    return _checked(ta, tids, counts, keys, distinct=True)  # a mapping's keys are distinct
 
 
-def _checked(ta, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray):
+def _checked(ta, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, distinct: bool = False):
     """The flat round's ``(tix, counts, keys uint64)`` when every table is configured (once) and every
     key is in range; else None."""
     tix = ta.index(table_ids)
-    if (tix < 0).any() or np.unique(tix).size != tix.size or keys.ndim != 1:
+    if (tix < 0).any() or (not distinct and np.unique(tix).size != tix.size) or keys.ndim != 1:
         return None
     if keys.dtype != np.uint64:
         if keys.dtype != np.int64 or (keys.size and int(keys.min()) < 0):

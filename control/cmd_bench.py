@@ -202,6 +202,32 @@ def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_ro
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 
 
+@bench.command("client")
+@_out
+@click.option("--rounds", type=click.IntRange(min=3), default=40, show_default=True,
+              help="Timed rounds of each size and table count (medians).")
+def client(out, rounds):
+    """The client's round over 2 tables and over 26 with the same total keys (832, 6656, 26624),
+    against two shards on loopback without the card: the client's CPU and wall time per lookup
+    and update round, with the C round and the numpy path (ratio_* keys under `client`).
+
+    \b
+    Example:
+      embnic bench client --out out/bench
+    """
+    from embnic.testbed.bench import client as bench_client
+
+    res = bench_client.run(Path(out), rounds=rounds, log=click.echo)
+    for name in ("native", "numpy"):
+        click.echo(f"  {name}:")
+        for k, v in res[name].items():
+            if isinstance(v, dict):
+                click.echo(f"    {k:16s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()))
+        _show(f"{name} ratios (26 tables / 2)", res["ratios"][name], indent=2)
+    _show("targets", res["targets"])
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
 @bench.command("e2e")
 @_out
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
@@ -283,14 +309,15 @@ def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
 @_out
 @click.pass_context
 def all_(ctx, out):
-    """Every benchmark in turn: prep, dataplane, server (with its disk-tier run), e2e (needs root, embnic[torch] and
-    embnic[disk]).
+    """Every benchmark in turn: prep, client, dataplane, server (with its disk-tier run), e2e (needs root,
+    embnic[torch] and embnic[disk]).
 
     \b
     Example:
       embnic bench all --out out/bench
     """
     ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
+    ctx.invoke(client, out=out, rounds=40)
     ctx.invoke(dataplane, out=out, seconds=5.0)
     ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True, repeats=3, disk=True)
     ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True, dlrm=True)

@@ -1,0 +1,183 @@
+"""Benchmark of the client's round (``embnic bench client``): does a round's work grow with the
+number of tables it spans?
+
+One :class:`~embnic.client_lib.client.EmbeddingClient` against two shards on loopback (``python
+-m embnic.testbed.server`` processes, hash sharding, no card), 26 tables of dim 8 fp32 (row-wise
+Adagrad, any uint64 id). A round carries the same total number of keys ``K`` — 832, 6656 and
+26624 (batch 32, 256 and 1024 of the Criteo demo's 26 features) — spread evenly over 2 tables or
+over 26, so both cost the same bytes and messages (one message per shard, split only past
+``msg_frames``) and differ only in how many tables the keys belong to. Per round (a lookup,
+then an update of the same keys) it measures the client's own CPU time (``time.thread_time``:
+planning, the round's socket I/O and reply handling in this thread; the shards' work runs in
+their own processes) and the wall time, for the C round (``libembnic-client.so``) and the numpy
+path (``native_io=False``), 2- and 26-table rounds alternating so load from other processes
+hits both alike; medians over ``rounds`` rounds. The shards' CPU per round is recorded beside
+(from ``/proc``): the shard side of the same question.
+
+``ratio_cpu_<op>_<K>`` = 26-table ÷ 2-table client CPU per round (target ≤ 1.2 with the C
+round); ``ratio_wall_<op>_<K>`` the same of the wall time.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from embnic.client_lib.client import EmbeddingClient
+from embnic.client_lib.config import load_config
+from embnic.control.errors import OperationalError
+
+from .results import merge_json
+from .server import _proc_cpu
+
+KEYS = (832, 6656, 26624)
+TABLES = (2, 26)
+TARGET = 1.2
+
+
+def _toml(n_tables: int = 26) -> str:
+    lines = ["[cluster]", 'name = "bench-client"', "mtu = 1500", "seed = 5", 'sharding = "hash"',
+             "timeout_ms = 500", "retries = 10"]
+    for t in range(n_tables):
+        lines += ["[[tables]]", f"id = {t}", f'name = "C{t + 1}"', "dim = 8", 'dtype = "fp32"',
+                  'optimizer = "adagrad"', "lr = 0.01"]
+    for s in range(2):
+        lines += ["[[shards]]", f"id = {s}", 'ip = "127.0.0.1"', f"port = {17960 + s}"]
+    lines += ["[[clients]]", "id = 1", 'ip = "127.0.0.1"', "port = 17969"]
+    return "\n".join(lines) + "\n"
+
+
+class Shards:
+    """The config's shards as processes on free loopback ports; :attr:`cfg` points at them."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.cfg_path = self.workdir / "bench-client.toml"
+        self.cfg_path.write_text(_toml())
+        self.procs: list[subprocess.Popen] = []
+        self.cfg = None
+
+    def __enter__(self) -> "Shards":
+        import dataclasses
+
+        cfg = load_config(self.cfg_path)
+        ports = []
+        try:
+            for s in cfg.shards:
+                log = self.workdir / f"shard-{s.id}.log"
+                with open(log, "w") as f:
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "embnic.testbed.server", "--shard", str(s.id), "--config",
+                         str(self.cfg_path), "--port", "0", "--log-level", "info"], stderr=f,
+                        stdout=subprocess.DEVNULL))
+                t0 = time.monotonic()
+                while True:
+                    m = re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text())
+                    if m:
+                        ports.append(int(m.group(1)))
+                        break
+                    if self.procs[-1].poll() is not None or time.monotonic() - t0 > 60:
+                        raise OperationalError(f"bench shard {s.id} did not start: see {log}")
+                    time.sleep(0.05)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.cfg = dataclasses.replace(cfg, shards=tuple(dataclasses.replace(s, port=p)
+                                                         for s, p in zip(cfg.shards, ports)))
+        return self
+
+    def cpu(self) -> float:
+        return sum(_proc_cpu(p.pid) for p in self.procs)
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(10)
+        self.procs = []
+
+
+def _round_keys(rng, k: int, n_tables: int, sets: int) -> list[dict]:
+    """``sets`` lookup rounds of ``k`` keys in all, ``k / n_tables`` distinct random ids per table."""
+    per = k // n_tables
+    return [{t: np.unique(rng.integers(0, 2**63, per * 2, dtype=np.uint64))[:per] for t in range(n_tables)}
+            for _ in range(sets)]
+
+
+def measure(cfg, native_io: bool, shards: Shards, rounds: int, keys=None, tables=TABLES, seed: int = 1) -> dict:
+    """Per (op, K, tables): medians of the client's CPU µs, wall µs and the shards' CPU µs per round."""
+    keys = KEYS if keys is None else keys
+    rng = np.random.default_rng(seed)
+    work = {(k, t): _round_keys(rng, k, t, 4) for k in keys for t in tables}
+    out: dict = {}
+    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), native_io=native_io) as c:
+        if c.native != native_io:
+            raise OperationalError(f"the C round is not built ({'make -C dataplane'}): cannot measure it")
+        grads = {kt: [{t: (v, np.full((len(v), 8), 1e-3, np.float32)) for t, v in r.items()} for r in rs]
+                 for kt, rs in work.items()}
+        for kt, rs in work.items():  # make every row once, untimed
+            for r, g in zip(rs, grads[kt]):
+                c.lookup(r)
+                c.update(g)
+        acc: dict = {}
+        for i in range(rounds):
+            for k in keys:
+                for t in (tables if i % 2 == 0 else tables[::-1]):
+                    r, g = work[k, t][i % 4], grads[k, t][i % 4]
+                    for op in ("lookup", "update"):
+                        s0, w0, c0 = shards.cpu(), time.perf_counter(), time.thread_time()
+                        c.lookup(r) if op == "lookup" else c.update(g)
+                        c1, w1, s1 = time.thread_time(), time.perf_counter(), shards.cpu()
+                        acc.setdefault((op, k, t), []).append(((c1 - c0) * 1e6, (w1 - w0) * 1e6, (s1 - s0) * 1e6))
+        msgs = c.stats.messages_per_round()
+    for (op, k, t), v in acc.items():
+        a = np.asarray(v)
+        out[f"{op}_{k}_{t}"] = {"client_cpu_us": float(np.median(a[:, 0])), "wall_us": float(np.median(a[:, 1])),
+                                "shard_cpu_us": float(np.median(a[:, 2]))}
+    out["request_messages_per_round"], out["shards_per_round"] = msgs
+    return out
+
+
+def run(out_dir: Path, *, rounds: int = 40, keys=None, log=print) -> dict:
+    """Run the benchmark and merge ``client`` into ``out_dir/bench.json``.
+
+    Returns:
+        ``{native: {<op>_<K>_<T>: {client_cpu_us, wall_us, shard_cpu_us}, ...}, numpy: {...},
+        ratios: {native|numpy: {ratio_cpu_<op>_<K>, ratio_wall_<op>_<K>}}, targets, machine, config}``.
+
+    Raises:
+        OperationalError: a shard did not start, or the C round is not built.
+    """
+    import tempfile
+
+    from .e2e import machine
+
+    keys = KEYS if keys is None else keys
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    m0 = machine()
+    res: dict = {}
+    with tempfile.TemporaryDirectory() as d, Shards(Path(d)) as sh:
+        for name, nat in (("native", True), ("numpy", False)):
+            log(f"client: {name} round, {rounds} rounds of each of {len(keys)} sizes x {len(TABLES)} table counts")
+            res[name] = measure(sh.cfg, nat, sh, rounds, keys)
+    ratios = {name: {f"ratio_{m}_{op}_{k}": res[name][f"{op}_{k}_26"][f"{mk}"] / res[name][f"{op}_{k}_2"][f"{mk}"]
+                     for op in ("lookup", "update") for k in keys
+                     for m, mk in (("cpu", "client_cpu_us"), ("wall", "wall_us"), ("shard_cpu", "shard_cpu_us"))}
+              for name in res}
+    worst = max(v for k, v in ratios["native"].items() if k.startswith("ratio_cpu_"))
+    out = {**res, "ratios": ratios,
+           "targets": {"client_round_26_over_2_tables_le_1.2": {"ratio": worst, "met": worst <= TARGET}},
+           "machine": {"before": m0, "after": machine()},
+           "config": {"tables": 26, "dim": 8, "shards": 2, "sharding": "hash", "rounds": rounds, "keys": list(keys),
+                      "how": "same total keys over 2 or 26 tables; client CPU = thread_time of the client's calls"}}
+    merge_json(out_dir / "bench.json", "client", out)
+    return out
