@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import errno
+from collections.abc import Mapping
 import itertools
 import os
 import select
@@ -142,7 +143,7 @@ class EmbeddingClient:
         self.sock.bind(bind if bind is not None else (me.ip, me.port))
         self.sock.setblocking(False)
         self.address = self.sock.getsockname()
-        self.stats = ClientStats()
+        self._stats = ClientStats()  # (the `stats` property: the C round's counters added when read)
         self._late_probes: collections.OrderedDict[int, None] = collections.OrderedDict()  # probe ids after their round
         self._reasm = Reassembler(max_pending=65536, timeout_s=max(1.0, 4 * self.timeout_s), expect="reply")
         # a random first id: a restarted client does not reuse the ids of its last life,
@@ -165,8 +166,22 @@ class EmbeddingClient:
             tail_probes=self.tail_probes, fixed_length=self.fixed_length, shard_ids=[s.id for s in cfg.shards],
             dests=[self._dest[s.id] for s in cfg.shards])
         self._native_seen = None if self._native is None else self._native.counters()
+        self._ws = native.Workspace()  # the C plan's arrays, reused from round to round
 
     # -- public API -------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> ClientStats:
+        """This client's counters (:class:`ClientStats`); the C round's are added when they are read."""
+        if self._native is not None:
+            self._sync_native()
+        return self._stats
+
+    @stats.setter
+    def stats(self, value: ClientStats) -> None:
+        if self._native is not None:
+            self._sync_native()  # what the C round counted so far belongs to the old object
+        self._stats = value
 
     @property
     def native(self) -> bool:
@@ -192,9 +207,14 @@ class EmbeddingClient:
             ValueError: before anything is sent, naming the table: an unknown table, keys not
                 1-D integers in 0..2^64-1, a key ``>= rows`` (:func:`precheck.lookup_round`).
         """
+        if self._native is not None:
+            flat = precheck.plain_arrays(requests, lambda v: v)
+            plan = self._prepare(MsgType.LOOKUP_REQ, *flat, None) if flat is not None else None
+            if plan is not None:
+                return plan.split(self._lookup_run(plan))
         tix, counts, keys = precheck.lookup_flat(self.cfg, self._ta, requests)
-        plan, vals = self._lookup_plan(tix, counts, keys)
-        return plan.split(vals)
+        plan = self._plan(MsgType.LOOKUP_REQ, tix, counts, keys)
+        return plan.split(self._lookup_run(plan))
 
     def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
         """:meth:`lookup` of a round given flat, TorchRec's jagged layout, with no step per table.
@@ -211,15 +231,33 @@ class EmbeddingClient:
             as :meth:`lookup`; ValueError also for counts that do not add up to the keys
             (:func:`precheck.lookup_jagged`).
         """
-        return self._lookup_plan(*precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))[1]
+        if self._native is not None:
+            flat = precheck.plain_jagged(table_ids, counts, keys)
+            plan = self._prepare(MsgType.LOOKUP_REQ, *flat, None) if flat is not None else None
+            if plan is not None:
+                return self._lookup_run(plan)
+        plan = self._plan(MsgType.LOOKUP_REQ, *precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))
+        return self._lookup_run(plan)
 
-    def _lookup_plan(self, tix, counts, keys):
-        plan = plan_round(self._ta, MsgType.LOOKUP_REQ, tix, counts, keys, mtu=self.mtu, msg_frames=self.msg_frames,
+    def _prepare(self, msg_type: int, table_ids, counts, keys, grads, gshape=None) -> RoundPlan | None:
+        """The round checked and planned in one C call (:func:`native.prepare`), or None when a
+        check fails (the per-table checks of :mod:`.precheck` then say why, or pass it on)."""
+        return native.prepare(self._native.lib, self._ta, self._ws, msg_type, table_ids, counts, keys, grads,
+                              mtu=self.mtu, msg_frames=self.msg_frames, window_frames=self.window_frames,
+                              next_id=self._next_id, gshape=gshape)
+
+    def _plan(self, msg_type: int, tix, counts, keys) -> RoundPlan:
+        """The round's plan from checked arrays (:func:`~.roundplan.plan_round`; the C engine's
+        :func:`native.prepare` makes the same plan)."""
+        return plan_round(self._ta, msg_type, tix, counts, keys, mtu=self.mtu, msg_frames=self.msg_frames,
                           window_frames=self.window_frames)
+
+    def _lookup_run(self, plan: RoundPlan) -> np.ndarray:
+        """Run a planned lookup round; returns every table's rows flat (:meth:`RoundPlan.finish`)."""
         dst, _, nbytes = plan.out_layout()
         out = np.empty(nbytes, np.uint8)
         self._run(plan, out=out, dst=dst, record_latency=True)
-        return plan, plan.finish(out)
+        return plan.finish(out)
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         """Push gradients for every table in one round — one message per shard touched, carrying
@@ -235,11 +273,20 @@ class EmbeddingClient:
                 ``(len(keys), dim)``, a gradient the shards refuse (NaN, inf, overflowing step).
                 So no shard applies its part of an update another shard would refuse.
         """
+        if self._native is not None and isinstance(updates, Mapping) and updates and all(
+                isinstance(e, tuple) and len(e) == 2 for e in updates.values()):
+            flat = precheck.plain_arrays(updates, lambda e: e[0])
+            g = precheck.plain_grads([e[1] for e in updates.values()]) if flat is not None else None
+            plan = self._prepare(MsgType.UPDATE_REQ, *flat, g[0], gshape=g[1]) if g is not None else None
+            if plan is not None:
+                return self._update_run(plan, g[0])
         tix, counts, keys, grads = precheck.update_flat(self.cfg, self._ta, updates)
-        plan = plan_round(self._ta, MsgType.UPDATE_REQ, tix, counts, keys, mtu=self.mtu,
-                          msg_frames=self.msg_frames, window_frames=self.window_frames)
+        self._update_run(self._plan(MsgType.UPDATE_REQ, tix, counts, keys), grads)
+
+    def _update_run(self, plan: RoundPlan, grads: np.ndarray) -> None:
         if plan.num_msgs:
-            self._run(plan, vals=plan.values(grads), record_latency=False)
+            vals = getattr(plan, "vals", None)
+            self._run(plan, vals=plan.values(grads) if vals is None else vals, record_latency=False)
 
     def update_flat(self, table_ids, counts, keys, grads) -> None:
         """:meth:`update` of a round given flat, with no step per table.
@@ -253,11 +300,15 @@ class EmbeddingClient:
         Raises:
             as :meth:`update` (:func:`precheck.update_jagged`).
         """
+        if self._native is not None:
+            flat = precheck.plain_jagged(table_ids, counts, keys)
+            g = np.asarray(grads)
+            if flat is not None and g.dtype == np.float32 and g.ndim == 1 and g.flags.c_contiguous:
+                plan = self._prepare(MsgType.UPDATE_REQ, *flat, g)
+                if plan is not None:
+                    return self._update_run(plan, g)
         tix, counts, keys, grads = precheck.update_jagged(self.cfg, self._ta, table_ids, counts, keys, grads)
-        plan = plan_round(self._ta, MsgType.UPDATE_REQ, tix, counts, keys, mtu=self.mtu,
-                          msg_frames=self.msg_frames, window_frames=self.window_frames)
-        if plan.num_msgs:
-            self._run(plan, vals=plan.values(grads), record_latency=False)
+        self._update_run(self._plan(MsgType.UPDATE_REQ, tix, counts, keys), grads)
 
     def _run(self, plan: RoundPlan, *, out=None, dst=None, vals=None, record_latency: bool) -> None:
         """Send a planned round and wait for every answer: message ids in plan order, a size round
@@ -265,15 +316,25 @@ class EmbeddingClient:
         M = plan.num_msgs
         if not M:
             return
-        ids = self._alloc_ids(M)
+        tab = getattr(plan, "tab", None)
+        if tab is not None:  # native.prepare gave the ids and the queue's order
+            ids = tab[:, len(MSG_COLUMNS)]
+            self._next_id = plan.next_id
+        else:
+            ids = self._alloc_ids(M)
         if self.fixed_length:
             self._size_round(plan, ids)
         if self._native is not None:
-            tab = np.empty((M, native.NCOL), np.int64)
-            tab[:, :len(MSG_COLUMNS)] = plan.msgs
-            tab[:, len(MSG_COLUMNS)] = ids
-            tab[:, len(MSG_COLUMNS) + 1] = plan.msg_type
-            self._round_native(tab, plan.dir, plan.keys, vals, dst, plan.rb, plan.so, out, record_latency)
+            if tab is None:
+                tab = np.empty((M, native.NCOL), np.int64)
+                tab[:, :len(MSG_COLUMNS)] = plan.msgs
+                tab[:, len(MSG_COLUMNS)] = ids
+                tab[:, len(MSG_COLUMNS) + 1] = plan.msg_type
+                queue = None
+            else:
+                queue = plan.qorder
+            self._round_native(tab, plan.dir, plan.keys, vals, dst, plan.rb, plan.so, out, record_latency,
+                               queue=queue)
             return
         self._round(self._outs(plan, ids, out, dst, vals), record_latency=record_latency)
 
@@ -303,22 +364,23 @@ class EmbeddingClient:
         return msgs
 
     def _round_native(self, tab, directory, keys, vals, dst, rb, so, out, record_latency: bool,
-                      data: bool = True) -> None:
+                      data: bool = True, queue: np.ndarray | None = None) -> None:
         """One round through the C engine (:class:`native.NativeRound`): its counters into
-        :attr:`stats`, its errors raised as :meth:`_round` raises them."""
+        :attr:`stats`, its errors raised as :meth:`_round` raises them. ``queue``: the rows in the
+        send queue's order (None: sorted here, a shard's largest message first)."""
         if len(tab) > 1:
-            tab = tab[np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]), kind="stable")]  # a shard's largest first
-        self._count_round(len(tab), len(set(tab[:, C_SHARD].tolist())), data)
+            tab = tab[queue if queue is not None else np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]),
+                                                                 kind="stable")]
+        self._count_round(len(tab), len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1, data)
         res, lat = self._native.run(tab, directory, keys, vals, dst, rb, so, out, record_latency, self._next_id)
         R = native.R
-        self._next_id = int(res[R["next_id"]])
-        self._largest_answered = int(res[R["largest"]])
-        self._sync_native()
+        self._next_id = res[R["next_id"]]
+        self._largest_answered = res[R["largest"]]
         if record_latency and lat.size:
-            self.stats.lookup_latency_us.extend(lat.tolist())
+            self._stats.lookup_latency_us.extend(lat.tolist())
         kind = int(res[R["kind"]])
         if kind == native.KIND_SHARD_ERROR:
-            raise ShardError(int(self._shard_ids[res[R["shard"]]]), int(res[R["table"]]), int(res[R["status"]]))
+            raise ShardError(int(self._shard_ids[res[R["shard"]]]), res[R["table"]], res[R["status"]])
         if kind == native.KIND_GIVE_UP:
             sid = int(self._shard_ids[res[R["shard"]]])
             t = int(res[R["type"]])
@@ -335,7 +397,7 @@ class EmbeddingClient:
         now = self._native.counters()
         delta = now - self._native_seen
         self._native_seen = now
-        st = self.stats
+        st = self._stats
         names = self._native.stat_names
         for i in np.flatnonzero(delta).tolist():  # the counters that moved
             name, v = names[i], int(delta[i])
@@ -349,11 +411,11 @@ class EmbeddingClient:
                 setattr(st, name, getattr(st, name) + v)
 
     def _count_round(self, n_msgs: int, n_shards: int, data: bool) -> None:
-        self.stats.rounds += 1
+        self._stats.rounds += 1
         if data:
-            self.stats.data_rounds += 1
-            self.stats.round_messages += n_msgs
-            self.stats.round_shards += n_shards
+            self._stats.data_rounds += 1
+            self._stats.round_messages += n_msgs
+            self._stats.round_shards += n_shards
 
     def _alloc_ids(self, n: int) -> np.ndarray:
         """``n`` consecutive message ids (wrapping at 2^32, never 0): uint32 (n,)."""
@@ -380,8 +442,9 @@ class EmbeddingClient:
                           window_frames=self.window_frames)
 
     def close(self) -> None:
-        """Close the socket (and free the C round engine's context)."""
+        """Close the socket (and free the C round engine's context; its counters stay in :attr:`stats`)."""
         if self._native is not None:
+            self._sync_native()
             self._native.close()
         self.sock.close()
 
@@ -410,7 +473,7 @@ class EmbeddingClient:
         parts = [(int(shard[a]), a2, min(a2 + cap, b)) for a, b in zip(cut.tolist(), np.r_[cut[1:], M].tolist())
                  for a2 in range(a, b, cap)]  # per shard (and per cap entries)
         sids = self._alloc_ids(len(parts))
-        self.stats.size_rounds += 1
+        self._stats.size_rounds += 1
         if self._native is not None:
             tab = np.zeros((len(parts), native.NCOL), np.int64)
             P = consts.max_body_per_frame(self.mtu)
@@ -462,13 +525,13 @@ class EmbeddingClient:
                         time.sleep(0.0005)
                         continue
                     raise
-            self.stats.frames_sent += 1
-            self.stats.bytes_sent += len(f)
+            self._stats.frames_sent += 1
+            self._stats.bytes_sent += len(f)
         if not tries:
             return
         m.tries += 1
         if retransmit:
-            self.stats.retransmits += 1
+            self._stats.retransmits += 1
 
     def _round(self, msgs: list[_Out], record_latency: bool, data: bool = True) -> None:
         """Send ``msgs`` and wait for every reply: one round (see the module docstring for the
@@ -507,12 +570,12 @@ class EmbeddingClient:
                 m.rto = self._rtt[shard_id, m.msg_type].rto
                 self._send(m, retransmit=False)
                 m.deadline = time.monotonic() + m.rto
-                self.stats.messages_sent += 1
+                self._stats.messages_sent += 1
                 pending[m.msg_id] = m
                 live[0] += 1
                 inflight[shard_id] += m.cost
-                if inflight[shard_id] > self.stats.max_inflight_frames:
-                    self.stats.max_inflight_frames = inflight[shard_id]
+                if inflight[shard_id] > self._stats.max_inflight_frames:
+                    self._stats.max_inflight_frames = inflight[shard_id]
             if m is not None and not q and probes:
                 # the shard's last message of the round: nothing sent later could show it lost, so
                 # a probe follows it (RFC 8985 7's tail loss probe, sent at once: it costs one
@@ -527,7 +590,7 @@ class EmbeddingClient:
             if r is not None:
                 del pending[m.msg_id]
                 m = pending[r.msg_id] = r
-                self.stats.repairs += 1
+                self._stats.repairs += 1
             m.seq = next(seqs)
             if r is not None:
                 m.seq0 = m.seq  # a new message: its answer shows what was sent before it
@@ -537,10 +600,10 @@ class EmbeddingClient:
             if poll:
                 # an update of several fragments: one of them asks the shard what it holds (ACK if
                 # applied, else UPDATE_NACK with its fragments, answered in _drain with the rest)
-                self.stats.update_polls += 1
+                self._stats.update_polls += 1
             self._send(m, retransmit=r is None, frames=m.frames[-1:] if poll else None)
             if r is not None:
-                self.stats.retransmits += 1
+                self._stats.retransmits += 1
             m.deadline = time.monotonic() + m.rto
             if probes and not queues[m.shard_id]:
                 probe_src[m.shard_id] = m  # a probe right behind it: its answer shows a second loss
@@ -558,7 +621,7 @@ class EmbeddingClient:
             self._send(p, retransmit=False)
             p.deadline = time.monotonic() + p.rto
             pending[p.msg_id] = p
-            self.stats.probes += 1
+            self._stats.probes += 1
 
         for sid in queues:
             fill(sid)
@@ -608,7 +671,7 @@ class EmbeddingClient:
             for x in [x for x in pending.values() if x.lost_at and x.lost_at <= now]:
                 if x.tries >= self.retries:  # later answers (probes too) keep showing it lost: a bound
                     self._give_up(x, pending, now, t0)
-                self.stats.fast_retransmits += 1
+                self._stats.fast_retransmits += 1
                 resend(x)
             for sid in list(probe_src):
                 probe(sid)
@@ -739,7 +802,7 @@ class EmbeddingClient:
             if first[m.shard_id] is not m:
                 m.deadline = now + m.rto  # its turn comes if the one re-sent does not show progress
                 continue
-            self.stats.timeouts += 1
+            self._stats.timeouts += 1
             m.rto = min(m.rto * 2, self._rtt[m.shard_id, m.msg_type].rto_max)
             resend(m)
 
@@ -755,8 +818,8 @@ class EmbeddingClient:
                 n, addr = self.sock.recvfrom_into(buf)
             except (BlockingIOError, InterruptedError):
                 return done, partial
-            self.stats.frames_received += 1
-            self.stats.bytes_received += n
+            self._stats.frames_received += 1
+            self._stats.bytes_received += n
             payload = bytes(buf[:n])
             try:
                 fh = codec.parse_header(payload, expect="reply")
@@ -776,10 +839,10 @@ class EmbeddingClient:
                 if m is None and h.client_id == self.client_id and h.msg_id in self._late_probes:
                     del self._late_probes[h.msg_id]  # a probe's answer after its round
                     continue
-                self.stats.stale_replies += 1
+                self._stats.stale_replies += 1
                 continue
             if h.shard_id != m.shard_id:  # docs/protocol.md, "The card's state map"
-                self.stats.drops["wrong_shard_reply"] += 1
+                self._stats.drops["wrong_shard_reply"] += 1
                 continue
             if h.msg_type == MsgType.ERROR:
                 raise ShardError(m.shard_id, h.table_id, h.status)
@@ -790,7 +853,7 @@ class EmbeddingClient:
                 continue
             if (h.msg_type != _REPLY[m.msg_type] or h.num_keys != m.num_keys or h.num_tables != m.num_tables
                     or h.value_len != m.value_len):
-                self.stats.drops["mismatched_reply"] += 1
+                self._stats.drops["mismatched_reply"] += 1
                 continue
             self._largest_answered = max(self._largest_answered, m.datagram)
             m.on_reply(msg)
@@ -798,28 +861,28 @@ class EmbeddingClient:
             done.append(m)
             if m.probe:
                 continue
-            self.stats.messages_received += 1
+            self._stats.messages_received += 1
             if record_latency:
-                self.stats.lookup_latency_us.append((time.monotonic() - m.t_first) * 1e6)
+                self._stats.lookup_latency_us.append((time.monotonic() - m.t_first) * 1e6)
 
     def _answer_nack(self, m: _Out, msg: Message) -> None:
         """An UPDATE_NACK for update ``m``: re-send (``RETRANSMIT``) exactly the fragments the shard
         does not hold, at once; ``m`` stays pending until its UPDATE_ACK, under its timer."""
         h = msg.header
         if h.num_keys != m.num_keys or h.value_len != m.value_len or len(msg.body) != consts.NACK_LEN:
-            self.stats.drops["mismatched_reply"] += 1
+            self._stats.drops["mismatched_reply"] += 1
             return
         held = codec.nack_held(msg.body, len(m.frames))
         missing = [f for f, have in zip(m.frames, held.tolist()) if not have]
-        self.stats.nacks += 1
+        self._stats.nacks += 1
         if missing:
             # a transmission of its own: answers of what was sent before it (a tail probe after
             # the poll) must not show it lost again
             m.seq = next(self._seqs)
             m.lost_at = 0.0
             self._send(m, retransmit=True, frames=missing, tries=False)
-            self.stats.tries_by_nack += 1
-            self.stats.frames_resent += len(missing)
+            self._stats.tries_by_nack += 1
+            self._stats.frames_resent += len(missing)
         m.t_sent = time.monotonic()
         m.deadline = m.t_sent + m.rto
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import consts
-from .roundplan import MSG_COLUMNS
+from . import codec, consts
+from .consts import DType, MsgType
+from .roundplan import MSG_COLUMNS, RoundPlan, TableArrays, out_bases
 
 log = logging.getLogger("embnic.client")
 
@@ -36,6 +37,7 @@ RES = ("kind", "shard", "table", "status", "tries", "type", "nmsg", "big", "errn
        "nlat", "largest")
 R = {n: i for i, n in enumerate(RES)}
 KIND_OK, KIND_SHARD_ERROR, KIND_GIVE_UP, KIND_OS_ERROR = range(4)
+_LOOKUP, _FP32 = int(MsgType.LOOKUP_REQ), int(DType.FP32)
 _VP = ctypes.c_void_p
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -83,6 +85,14 @@ def load() -> ctypes.CDLL | None:
     lib.embnic_client_nstats.argtypes = []
     lib.embnic_client_stat_name.restype = ctypes.c_char_p
     lib.embnic_client_stat_name.argtypes = [ctypes.c_int]
+    lib.embnic_client_plan.restype = ctypes.c_int64
+    lib.embnic_client_plan.argtypes = ([_VP, ctypes.c_int64, _VP, ctypes.c_int64] + [_VP] * 7
+                                       + [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                          ctypes.c_int64] + [_VP] * 13)
+    lib.embnic_client_prepare.restype = ctypes.c_int64
+    lib.embnic_client_prepare.argtypes = ([_VP, _VP, ctypes.c_int64, _VP, _VP, ctypes.c_int64, _VP, ctypes.c_int64, _VP,
+                                           ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                           ctypes.c_int64, ctypes.c_uint32] + [_VP] * 17)
     lib.embnic_client_round.restype = ctypes.c_int
     lib.embnic_client_round.argtypes = [_VP, ctypes.c_int, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, ctypes.c_int,
                                         _VP, ctypes.c_uint32, _VP]
@@ -92,6 +102,107 @@ def load() -> ctypes.CDLL | None:
 
 def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
+
+
+#: what embnic_client_prepare returns in its info words (plan.c I_*)
+INFO = ("msgs", "dirs", "V", "bytes", "next_id", "uniform", "dim", "fp16", "err_table")
+
+
+class Workspace:
+    """int64 words the C plan writes into, kept from round to round (grown when a round needs more):
+    a round's plan is a set of views of it, valid until the next round."""
+
+    def __init__(self):
+        self.w = np.empty(0, np.int64)
+
+    def get(self, words: int) -> np.ndarray:
+        if self.w.size < words:
+            self.w = np.empty(max(words, 2 * self.w.size), np.int64)
+        return self.w
+
+
+def prepare(lib: ctypes.CDLL, ta: TableArrays, ws: Workspace, msg_type: int, table_ids: np.ndarray,
+            counts: np.ndarray, keys: np.ndarray, grads: np.ndarray | None, *, mtu: int, msg_frames: int | None,
+            window_frames: int, next_id: int, gshape: np.ndarray | None = None) -> RoundPlan | None:
+    """Check and plan a round in one C call (``dataplane/client/plan.c``, ``embnic_client_prepare``):
+    the checks of :mod:`~embnic.client_lib.precheck`'s fast path (tables configured, once; keys in
+    range; an update's keys of a table strictly increasing and no gradient its optimizer could
+    refuse), :func:`~embnic.client_lib.roundplan.plan_round`'s plan, message ids from ``next_id``
+    in sending order, the send queue's order and an update's value bytes.
+
+    Args:
+        table_ids, counts: int64 (T,); keys: uint64 (N,) (call order); grads: an update's float32
+            (Σ counts·dim,), None for a lookup; gshape: int64 (T, 2) the shape each table's gradients
+            came in (checked against its count and dim), None when they came flat.
+
+    Returns:
+        the :class:`RoundPlan` (views of ``ws``) with ``tab`` (int64 (M, :data:`NCOL`): the message
+        rows in sending order, with their ids and type), ``qorder`` (the rows in the queue's order),
+        ``vals`` (an update's value bytes; None where an fp16 table needs :meth:`RoundPlan.values`)
+        and ``next_id``; or None when a check fails: the caller's per-table checks then say why.
+
+    Raises:
+        ValueError: an MTU without room for a body byte.
+    """
+    T, N, S = len(table_ids), int(keys.size), ta.num_shards
+    P = consts.max_body_per_frame(mtu)
+    frags = consts.MAX_FRAGS if not msg_frames else min(msg_frames, consts.MAX_FRAGS)
+    lookup = msg_type == _LOOKUP
+    M = max(N, 1)
+    nc = len(MSG_COLUMNS)
+    vwords = 0 if lookup else (N * int(ta.row_bytes.max(initial=0)) + 7) // 8
+    # int64 words, in the C function's argument order: tcol (7T), vo, ko (T+1 each), order, gkeys, tkey,
+    # rb, dst (N each), so (N+1), scratch (3(S+1)), dir (2M), msgs (M·nc), rank (max(N, S)+1),
+    # tab (M·(nc+2)), qorder (M), vals, info
+    sizes = (7 * T, T + 1, T + 1, N, N, N, N, N, N + 1, 3 * (S + 1), 2 * M, M * nc, max(N, S) + 1, M * (nc + 2), M,
+             vwords, len(INFO))
+    o = [0]
+    for x in sizes:
+        o.append(o[-1] + x)
+    w = ws.get(o[-1])
+    base = w.ctypes.data
+    p_ = [base + 8 * x for x in o[:-1]]
+    m = lib.embnic_client_prepare(
+        ta.cfg.ctypes.data, ta.lr64.ctypes.data, len(ta.ids), table_ids.ctypes.data, counts.ctypes.data, T,
+        keys.ctypes.data, N, None if grads is None else grads.ctypes.data, 0 if grads is None else grads.size,
+        None if gshape is None else gshape.ctypes.data, int(ta.sharding != "table"), S, int(lookup), P, frags * P, (window_frames - 2) * P if window_frames >= 3 else -1,
+        int(next_id) & 0xFFFFFFFF, *p_[:17])
+    if m < 0:
+        return None
+    info = w[o[16]:o[17]].tolist()
+    nd, uniform, dim, fp16 = info[1], bool(info[5]), info[6], bool(info[7])
+    tcol = w[o[0]:o[1]].reshape(7, T)
+    tab = w[o[13]:o[13] + m * (nc + 2)].reshape(m, nc + 2)
+    plan = RoundPlan(msg_type, tcol[0], counts, w[o[2]:o[3]], w[o[3]:o[4]], w[o[4]:o[5]].view(np.uint64),
+                     w[o[5]:o[6]], w[o[6]:o[7]], w[o[8]:o[9]], w[o[10]:o[10] + 2 * nd].view(codec.DIR_DTYPE),
+                     tab[:, :nc], uniform, dim if uniform else 0, ta, w[o[7]:o[8]] if lookup else None)
+    plan.tab, plan.qorder = tab, w[o[14]:o[14] + m]
+    plan.vo, plan.dims, plan.V, plan.nbytes = w[o[1]:o[2]], tcol[2], info[2], info[3]  # (dst set above)
+    plan.next_id = info[4]
+    plan.vals = None if lookup or fp16 else w[o[15]:o[16]].view(np.uint8)[:int(plan.so[-1])]
+    return plan
+
+
+def plan(lib: ctypes.CDLL, ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray, *,
+         mtu: int, msg_frames: int | None, window_frames: int) -> RoundPlan:
+    """:func:`prepare` of a lookup round as :func:`~embnic.client_lib.roundplan.plan_round` takes it
+    (``tix`` into ``ta``; no gradients: an update's plan is a lookup's cut for an update), in its own
+    workspace: what tests compare with plan_round.
+
+    Raises:
+        ValueError: a round :func:`prepare` refuses.
+    """
+    counts = np.ascontiguousarray(counts, np.int64)
+    grads = None
+    if msg_type != _LOOKUP:  # zero gradients of the right size: the plan does not depend on them
+        grads = np.zeros(int((ta.dim[tix] * counts).sum()), np.float32)
+    p = prepare(lib, ta, Workspace(), msg_type, np.ascontiguousarray(ta.ids[tix], np.int64), counts,
+                np.ascontiguousarray(keys, np.uint64), grads, mtu=mtu, msg_frames=msg_frames,
+                window_frames=window_frames, next_id=1)
+    if p is None:
+        raise ValueError("the C plan refused the round")
+    p.tix = np.ascontiguousarray(tix, np.int64)
+    return p
 
 
 class NativeRound:
@@ -109,7 +220,7 @@ class NativeRound:
     def __init__(self, lib: ctypes.CDLL, sock: socket.socket, client_id: int, *, mtu: int, window_frames: int,
                  retries: int, timeout_s: float, rto_min_s: float, rto_max_s: float, tail_probes: bool,
                  fixed_length: bool, shard_ids: list[int], dests: list[tuple[str, int]]):
-        self._lib = lib
+        self._lib = self.lib = lib
         self._sock = sock  # the fd stays open while this object lives
         ips = np.array([int.from_bytes(socket.inet_aton(socket.gethostbyname(ip)), "little") for ip, _ in dests],
                        np.uint32)
@@ -125,11 +236,12 @@ class NativeRound:
         self._stats = np.zeros(n, np.uint64)
         self._res = np.zeros(len(RES), np.int64)
         self._empty = np.zeros(8, np.uint8)
+        self._lat = np.zeros(64, np.float64)
 
     def run(self, tab: np.ndarray, directory: np.ndarray, keys: np.ndarray, vals: np.ndarray | None,
             dst: np.ndarray | None, rb: np.ndarray | None, so: np.ndarray | None, out: np.ndarray | None,
             record_latency: bool, next_id: int) -> tuple[np.ndarray, np.ndarray]:
-        """Run one round (round.c ``embnic_client_round``).
+        """Run one round (round.c ``embnic_client_round``). Raises ValueError once closed.
 
         Args:
             tab: int64 (M, :data:`NCOL`) the messages in queue order. directory: ``codec.DIR_DTYPE``
@@ -139,25 +251,30 @@ class NativeRound:
             next_id: the first id a repair or probe takes.
 
         Returns:
-            (res int64 (len(:data:`RES`),), latencies float64 (µs) of the lookup messages answered).
+            (res: ints by :data:`RES`, latencies float64 (µs) of the lookup messages answered: a view,
+            valid until the next round).
 
         Raises:
             OSError: the library failed before the round (out of memory); socket errors come back in ``res``.
         """
+        if not self._ctx:
+            raise ValueError("the client is closed")
         tab = np.ascontiguousarray(tab, np.int64)
-        lat = np.zeros(len(tab), np.float64)
+        if self._lat.size < len(tab):
+            self._lat = np.zeros(2 * len(tab), np.float64)
         rc = self._lib.embnic_client_round(
-            self._ctx, len(tab), _ptr(tab), _ptr(directory), _ptr(keys), _ptr(vals if vals is not None else self._empty),
-            _ptr(dst), _ptr(rb), _ptr(so), _ptr(out), int(record_latency), _ptr(lat), int(next_id) & 0xFFFFFFFF,
-            _ptr(self._res))
-        res = self._res.copy()
+            self._ctx, len(tab), tab.ctypes.data, directory.ctypes.data, keys.ctypes.data,
+            (vals if vals is not None else self._empty).ctypes.data, _ptr(dst), _ptr(rb), _ptr(so), _ptr(out),
+            int(record_latency), self._lat.ctypes.data, int(next_id) & 0xFFFFFFFF, self._res.ctypes.data)
+        res = self._res.tolist()
         if rc != 0 and res[R["kind"]] != KIND_OS_ERROR:
             raise OSError(-rc, os.strerror(-rc))
-        return res, lat[:int(res[R["nlat"]])]
+        return res, self._lat[:res[R["nlat"]]]
 
     def counters(self) -> np.ndarray:
-        """uint64 (len(stat_names),): the counters so far (cumulative)."""
-        self._lib.embnic_client_stats(self._ctx, _ptr(self._stats))
+        """uint64 (len(stat_names),): the counters so far (cumulative; their last values once closed)."""
+        if self._ctx:
+            self._lib.embnic_client_stats(self._ctx, _ptr(self._stats))
         return self._stats.copy()
 
     def rtt(self, shard_index: int, msg_type: int) -> tuple[float | None, float, float, float | None, int]:
@@ -167,6 +284,8 @@ class NativeRound:
             KeyError: a shard index out of range.
         """
         o = np.zeros(5, np.float64)
+        if not self._ctx:
+            raise ValueError("the client is closed")
         if self._lib.embnic_client_rtt(self._ctx, int(shard_index), int(msg_type), _ptr(o)) < 0:
             raise KeyError(shard_index)
         return (None if o[0] < 0 else float(o[0]), float(o[1]), float(o[2]), None if o[3] < 0 else float(o[3]),

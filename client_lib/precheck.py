@@ -89,6 +89,54 @@ _FAST_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64))
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 
+def plain_arrays(mapping, keys_of):
+    """``(table_ids int64 (T,), counts int64 (T,), keys uint64 (N,))`` of a round whose tables are
+    ints (not bools) and whose keys are 1-D uint64 (or non-negative int64) arrays, as they are — no
+    check of the tables or the key ranges (the C plan makes them: native.prepare); None for
+    anything else (the per-table functions then convert, check and say why)."""
+    if not isinstance(mapping, Mapping) or not mapping or bool in set(map(type, mapping)):
+        return None
+    try:
+        tids = np.fromiter(mapping.keys(), np.int64, len(mapping))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    ks = [keys_of(v) for v in mapping.values()]
+    dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
+    if len(dt) > 1 or dt.pop() not in _FAST_DTYPES:
+        return None
+    counts = np.fromiter(map(len, ks), np.int64, len(ks))
+    keys = np.concatenate(ks)
+    if keys.dtype != np.uint64:
+        if keys.size and int(keys.min()) < 0:
+            return None
+        keys = keys.view(np.uint64)
+    return tids, counts, keys
+
+
+def plain_jagged(table_ids, counts, keys):
+    """:func:`plain_arrays` of a round already flat, or None."""
+    t = np.asarray(table_ids)
+    c = np.asarray(counts)
+    k = np.asarray(keys)
+    if (t.dtype.kind not in "iu" or c.dtype.kind not in "iu" or t.ndim != 1 or c.shape != t.shape or k.ndim != 1
+            or k.dtype not in _FAST_DTYPES or int(c.sum()) != k.size):
+        return None
+    if k.dtype != np.uint64:
+        if k.size and int(k.min()) < 0:
+            return None
+        k = k.view(np.uint64)
+    return (np.ascontiguousarray(t, np.int64), np.ascontiguousarray(c, np.int64), np.ascontiguousarray(k))
+
+
+def plain_grads(gs: list):
+    """``(grads float32 (Σ,), shapes int64 (T, 2))``: every table's gradients as one array (call
+    order) and the shape each came in (checked by the C plan against the keys and dims), or None
+    unless each is a 2-D float32 array."""
+    if any(not isinstance(g, np.ndarray) or g.dtype != np.float32 or g.ndim != 2 for g in gs):
+        return None
+    return np.concatenate(gs, axis=None), np.array([g.shape for g in gs], np.int64).reshape(len(gs), 2)
+
+
 def _flat_keys(ta, mapping: Mapping, keys_of):
     """(tix int64 (T,), counts int64 (T,), keys uint64 (N,)) of a round whose every entry is a 1-D
     uint64 (or int64) array of configured tables, checked without a loop over tables; None where

@@ -68,6 +68,11 @@ class TableArrays:
                                   np.int64)
         self.sharding = cfg.sharding
         self.num_shards = len(cfg.shards)
+        #: (tables, 7): id, row bytes, dim, dtype, shard index, rows (0: any id), adagrad — what the
+        #: C plan reads (native.prepare), with ``lr64`` float64 (tables,)
+        self.cfg = np.ascontiguousarray(np.stack([self.ids, self.row_bytes, self.dim, self.dtype, self.shard_idx,
+                                                  self.rows.view(np.int64), self.adagrad.astype(np.int64)], axis=1))
+        self.lr64 = np.array([t.lr for t in ts], np.float64)
 
     def index(self, table_ids) -> np.ndarray:
         """Positions of ``table_ids`` (int (T,)) in the arrays: int64 (T,), -1 where a table is not
@@ -97,6 +102,11 @@ class RoundPlan:
     uniform: bool  #: every table of the call fp32 of one dim: rows are plain (N, dim) float32 arrays
     dim: int  #: that dim when ``uniform``
     ta: TableArrays
+    dst: np.ndarray | None = None  #: a lookup's row offsets (:meth:`out_layout`), once computed
+    V: int | None = None  #: float32 values of a lookup's rows, once computed
+    nbytes: int | None = None  #: bytes of a lookup's output buffer, once computed
+    vo: np.ndarray | None = None  #: int64 (T+1,) where each table's values start, once computed
+    dims: np.ndarray | None = None  #: int64 (T,) each table's dim, once computed
 
     @property
     def num_msgs(self) -> int:
@@ -152,57 +162,63 @@ class RoundPlan:
         """The lookup's output buffer: ``(dst int64 (N,), values V, bytes)``. The buffer is uint8
         of ``bytes``: first V float32 values — table ``t``'s ``(counts[t], dim_t)`` rows one table
         after the other (call order) —, then an fp16 staging area for fp16 tables' rows as they
-        come (converted by :meth:`finish`). ``dst``: byte offset of each grouped key's row."""
-        ta = self.ta
-        n = self.order.size
-        if self.uniform:
-            return self.order * (self.dim * 4), n * self.dim, n * self.dim * 4
-        dims = ta.dim[self.tix]
-        vo = np.zeros(len(dims) + 1, np.int64)
-        np.cumsum(dims * self.counts, out=vo[1:])
-        V = int(vo[-1])
-        pos = np.arange(n, dtype=np.int64) - np.repeat(self.ko[:-1], self.counts)  # place within the table
-        kt = np.repeat(np.arange(len(dims)), self.counts)
-        dst = 4 * (vo[kt] + pos * dims[kt])  # call order
-        fp16 = ta.dtype[self.tix] == DType.FP16
-        extra = 0
-        if fp16.any():
-            sv = np.zeros(len(dims) + 1, np.int64)
-            np.cumsum(np.where(fp16, dims * self.counts, 0), out=sv[1:])
-            h = fp16[kt]
-            dst = np.where(h, 4 * V + 2 * (sv[kt] + pos * dims[kt]), dst)
-            extra = 2 * int(sv[-1])
-        return dst[self.order], V, 4 * V + extra
+        come (converted by :meth:`finish`). ``dst``: byte offset of each grouped key's row
+        (:func:`out_bases`)."""
+        if self.dst is None or self.nbytes is None:
+            dbase, dstride, self.V, self.nbytes = out_bases(self.ta, self.tix, self.counts)
+            pos = self.order - self.ko[self.tkey]  # each grouped key's place in its table
+            self.dst = dbase[self.tkey] + pos * dstride[self.tkey]
+        return self.dst, self.V, self.nbytes
+
+    def _values_offsets(self) -> tuple[np.ndarray, np.ndarray]:
+        """(dims int64 (T,), vo int64 (T+1,)): each table's dim and where its values start."""
+        if self.vo is None:
+            self.dims = self.ta.dim[self.tix]
+            self.vo = np.zeros(len(self.dims) + 1, np.int64)
+            np.cumsum(self.dims * self.counts, out=self.vo[1:])
+        return self.dims, self.vo
 
     def finish(self, out: np.ndarray) -> np.ndarray:
         """The float32 values (V,) of a lookup's filled output buffer ``out`` (uint8, of
         :meth:`out_layout`), fp16 tables' staged rows converted."""
-        ta = self.ta
-        dims = ta.dim[self.tix]
-        V = int((dims * self.counts).sum())
+        dims, vo = self._values_offsets()
+        V = int(vo[-1])
         vals = out[:4 * V].view(np.float32)
-        fp16 = ta.dtype[self.tix] == DType.FP16
-        if not self.uniform and fp16.any():
-            vo = np.zeros(len(dims) + 1, np.int64)
-            np.cumsum(dims * self.counts, out=vo[1:])
-            ln = np.where(fp16, dims * self.counts, 0)
-            vals[_ranges(vo[:-1], ln)] = out[4 * V:].view("<f2").astype(np.float32)
+        if not self.uniform and out.size > 4 * V:  # fp16 tables' rows are staged after the values
+            fp16 = self.ta.dtype[self.tix] == DType.FP16
+            vals[_ranges(vo[:-1], np.where(fp16, np.diff(vo), 0))] = out[4 * V:].view("<f2").astype(np.float32)
         return vals
 
     def split(self, vals: np.ndarray) -> dict[int, np.ndarray]:
         """``{table_id: rows float32 (counts[t], dim_t)}`` views of :meth:`finish`'s values."""
-        ta = self.ta
-        dims = ta.dim[self.tix]
-        vo = np.zeros(len(dims) + 1, np.int64)
-        np.cumsum(dims * self.counts, out=vo[1:])
+        dims, vo = self._values_offsets()
         return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
-                zip(ta.ids[self.tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}
+                zip(self.ta.ids[self.tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}
 
     def scatter_index(self, ka: int, kb: int, dst: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
         """Byte positions in the output buffer of a reply whose rows are the grouped keys
         ``ka..kb`` (or ``idx``, int64 grouped positions in reply order): int64 (Σ rb,)."""
         sel = slice(ka, kb) if idx is None else idx
         return _ranges(dst[sel], self.rb[sel])
+
+
+def out_bases(ta: TableArrays, tix: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Where a lookup's rows go in its output buffer (:meth:`RoundPlan.out_layout`): key ``q`` of
+    table ``t`` (of the call) at byte ``dbase[t] + q * dstride[t]``: ``(dbase int64 (T,), dstride
+    int64 (T,), V, bytes)``. fp32 tables' rows go to the float32 values one table after the other,
+    fp16 tables' to the staging area after them (2 bytes a value)."""
+    dims = ta.dim[tix]
+    vals = dims * counts
+    vo = np.zeros(len(dims) + 1, np.int64)
+    np.cumsum(vals, out=vo[1:])
+    V = int(vo[-1])
+    fp16 = ta.dtype[tix] == DType.FP16
+    if not fp16.any():
+        return 4 * vo[:-1], 4 * dims, V, 4 * V
+    sv = np.zeros(len(dims) + 1, np.int64)
+    np.cumsum(np.where(fp16, vals, 0), out=sv[1:])
+    return (np.where(fp16, 4 * V + 2 * sv[:-1], 4 * vo[:-1]), np.where(fp16, 2 * dims, 4 * dims), V,
+            4 * V + 2 * int(sv[-1]))
 
 
 def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:

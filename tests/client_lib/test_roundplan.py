@@ -1,4 +1,5 @@
-"""The flat round plan (client_lib/roundplan.py) against the per-table reference it replaces:
+"""The flat round plan (client_lib/roundplan.py, and its C twin dataplane/client/plan.c, array for
+array) against the per-table reference it replaces:
 the same messages (shard, directory, keys, in the same order) as grouping every table by
 ``routing.split_by_shard`` and cutting each shard's part with ``client.pack_parts``; the same
 update bodies as ``codec.values_to_body`` per message; reply rows put back where ``lookup`` put
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embnic.client_lib import codec, consts, precheck
+from embnic.client_lib import codec, consts, native, precheck
 from embnic.client_lib.client import pack_parts
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType
@@ -62,6 +63,7 @@ def test_plan_cuts_the_round_as_the_per_table_reference(sharding, msg_type):
                "window_frames": int(rng.choice([1, 3, 8, 512]))}
         tix, counts, keys = precheck.lookup_flat(cfg, ta, req)
         plan = plan_round(ta, msg_type, tix, counts, keys, **cut)
+        assert_same_plan_in_c(plan, ta, msg_type, tix, counts, keys, cut)
         ref = reference_messages(cfg, msg_type, req, **cut)
         assert plan.num_msgs == len(ref), cut
         shard_ids = [s.id for s in cfg.shards]
@@ -80,6 +82,21 @@ def test_plan_cuts_the_round_as_the_per_table_reference(sharding, msg_type):
             assert plan.msgs[m, C_VLEN] == codec.value_len_of(d)
 
 
+def assert_same_plan_in_c(plan, ta, msg_type, tix, counts, keys, cut):
+    """The C plan (dataplane/client/plan.c) equals the numpy one, array for array."""
+    lib = native.load()
+    if lib is None:
+        return
+    c = native.plan(lib, ta, msg_type, tix, counts, keys, **cut)
+    for f in ("order", "keys", "tkey", "rb", "so", "msgs"):
+        assert np.array_equal(getattr(c, f), getattr(plan, f)), f
+    assert c.dir.tobytes() == plan.dir.tobytes()
+    assert (c.uniform, c.dim) == (plan.uniform, plan.dim)
+    if msg_type == MsgType.LOOKUP_REQ:
+        assert np.array_equal(c.out_layout()[0], plan.out_layout()[0])
+        assert c.out_layout()[1:] == plan.out_layout()[1:]
+
+
 def rows_of(cfg, t, keys):
     """A row per key that depends on (table, key): float32 (n, dim), exact in fp16 too."""
     dim = cfg.table(t).dim
@@ -96,6 +113,7 @@ def test_replies_land_on_their_rows_and_update_bodies_match(sharding):
         cut = {"mtu": 1500, "msg_frames": int(rng.choice([2, 64])), "window_frames": 512}
         tix, counts, keys = precheck.lookup_flat(cfg, ta, req)
         plan = plan_round(ta, MsgType.LOOKUP_REQ, tix, counts, keys, **cut)
+        assert_same_plan_in_c(plan, ta, MsgType.LOOKUP_REQ, tix, counts, keys, cut)
         dst, V, nbytes = plan.out_layout()
         out = np.full(nbytes, 0xAB, np.uint8)
         for m in range(plan.num_msgs):  # each message's reply as a shard builds it: rows in directory order
