@@ -455,15 +455,18 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         })
     by_b = {r["batch"]: r for r in rows_out}
     targets = {}
-    if 32 in by_b:
-        r = by_b[32]
-        targets["varlen_p50_le_0.6x_fixed_at_32"] = {"ratio": r["varlen_p50_us"] / r["fixed_p50_us"],
-                                                     "met": r["varlen_p50_us"] <= 0.6 * r["fixed_p50_us"]}
-    for b in (256, 4096):
+    # issue "the round at the speed of the path": variable-length lookup p50 <= 0.6 x fixed-length at
+    # batch 32, <= 0.8 x at 256; lookup p50 <= 1.0 x TorchRec's at 4096, <= 1.5 x at 256
+    for b, bound in ((32, 0.6), (256, 0.8)):
         if b in by_b:
             r = by_b[b]
-            targets[f"varlen_p50_le_fixed_at_{b}"] = {"ratio": r["varlen_p50_us"] / r["fixed_p50_us"],
-                                                      "met": r["varlen_p50_us"] <= r["fixed_p50_us"]}
+            targets[f"varlen_p50_le_{bound:g}x_fixed_at_{b}"] = {"ratio": r["varlen_p50_us"] / r["fixed_p50_us"],
+                                                                "met": r["varlen_p50_us"] <= bound * r["fixed_p50_us"]}
+    for b, bound in ((256, 1.5), (4096, 1.0)):
+        if b in by_b:
+            r = by_b[b]
+            targets[f"varlen_p50_le_{bound:g}x_torchrec_at_{b}"] = {
+                "ratio": r["varlen_p50_us"] / r["torchrec_p50_us"], "met": r["varlen_p50_us"] <= bound * r["torchrec_p50_us"]}
     if 4096 in by_b:
         v = card["varlen"]["4096"]["step_p50_us"]["median"]
         t = tr["4096"]["step_p50_us"]["median"]
@@ -487,11 +490,15 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
                 loss[k]["ratio_vs_relay"] = l_["step_p50_us"]["median"] / r_["step_p50_us"]["median"]
     if loss:
         targets["no_retransmits_loss_free"] = {"met": all(v["retransmits_per_step"] == 0 for v in loss.values())}
-        targets[f"step_with_{loss_pct:g}pct_loss_le_2x"] = {
-            "ratio": max(v["ratio"] for v in loss.values()), "met": all(v["ratio"] <= 2 for v in loss.values())}
+        targets[f"step_with_{loss_pct:g}pct_loss_le_1.5x"] = {
+            "ratio": max(v["ratio"] for v in loss.values()), "met": all(v["ratio"] <= 1.5 for v in loss.values())}
     dlrm_rows = []
     if dlrm:
         dlrm_rows = e2e_dlrm.rows(card["dlrm"], dlrm_tr, batches)
+        d4096 = [r for r in dlrm_rows if r["batch"] == 4096]
+        if d4096:
+            targets["dlrm_card_ge_0.8x_torchrec_steps_at_4096"] = {"ratio": d4096[0]["card_over_torchrec"],
+                                                                   "met": d4096[0]["card_over_torchrec"] >= 0.8}
     tcfg = dataclasses.replace(cfg, sharding="table")
     plan = {"how": "embnic plan on the 'testbed' hardware profile, one client, table sharding, the workload "
                    "measured from the Criteo sample at each batch (docs/planning.md); step_p50_us: this run's "
