@@ -36,7 +36,7 @@ NCOL = len(MSG_COLUMNS) + 2
 RES = ("kind", "shard", "table", "status", "tries", "type", "nmsg", "big", "errno", "elapsed_ns", "next_id",
        "nlat", "largest")
 R = {n: i for i, n in enumerate(RES)}
-KIND_OK, KIND_SHARD_ERROR, KIND_GIVE_UP, KIND_OS_ERROR = range(4)
+KIND_OK, KIND_SHARD_ERROR, KIND_GIVE_UP, KIND_OS_ERROR, KIND_INTERRUPTED = range(5)
 _LOOKUP, _FP32 = int(MsgType.LOOKUP_REQ), int(DType.FP32)
 _VP = ctypes.c_void_p
 _lib: ctypes.CDLL | None = None
@@ -75,6 +75,8 @@ def load() -> ctypes.CDLL | None:
     lib.embnic_client_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_int, _VP, _VP, _VP]
+    lib.embnic_client_abort.restype = None
+    lib.embnic_client_abort.argtypes = [_VP]
     lib.embnic_client_free.restype = None
     lib.embnic_client_free.argtypes = [_VP]
     lib.embnic_client_stats.restype = None
@@ -262,10 +264,18 @@ class NativeRound:
         tab = np.ascontiguousarray(tab, np.int64)
         if self._lat.size < len(tab):
             self._lat = np.zeros(2 * len(tab), np.float64)
-        rc = self._lib.embnic_client_round(
-            self._ctx, len(tab), tab.ctypes.data, directory.ctypes.data, keys.ctypes.data,
-            (vals if vals is not None else self._empty).ctypes.data, _ptr(dst), _ptr(rb), _ptr(so), _ptr(out),
-            int(record_latency), self._lat.ctypes.data, int(next_id) & 0xFFFFFFFF, self._res.ctypes.data)
+        args = (self._ctx, len(tab), tab.ctypes.data, directory.ctypes.data, keys.ctypes.data,
+                (vals if vals is not None else self._empty).ctypes.data, _ptr(dst), _ptr(rb), _ptr(so), _ptr(out),
+                int(record_latency), self._lat.ctypes.data, int(next_id) & 0xFFFFFFFF, self._res.ctypes.data)
+        try:
+            rc = self._lib.embnic_client_round(*args)
+            # a signal while waiting: its Python handler has run by now (a KeyboardInterrupt is
+            # raised here); otherwise the round goes on where it was
+            while self._res[R["kind"]] == KIND_INTERRUPTED:
+                rc = self._lib.embnic_client_round(*args)
+        except BaseException:
+            self._lib.embnic_client_abort(self._ctx)
+            raise
         res = self._res.tolist()
         if rc != 0 and res[R["kind"]] != KIND_OS_ERROR:
             raise OSError(-rc, os.strerror(-rc))

@@ -73,7 +73,11 @@ enum {
 	R_KIND, R_SHARD, R_TABLE, R_STATUS, R_TRIES, R_TYPE, R_NMSG, R_BIG,
 	R_ERRNO, R_ELAPSED_NS, R_NEXT_ID, R_NLAT, R_LARGEST, R_NCOL
 };
-enum { K_OK = 0, K_SHARD_ERROR = 1, K_GIVE_UP = 2, K_OS_ERROR = 3 };
+enum { K_OK = 0, K_SHARD_ERROR = 1, K_GIVE_UP = 2, K_OS_ERROR = 3, K_INTERRUPTED = 4 };
+
+struct ec_round;
+struct ec_ctx;
+void embnic_client_abort(struct ec_ctx *c);
 
 struct ec_rtt {
 	double srtt;		/* < 0: no sample yet */
@@ -107,6 +111,7 @@ struct ec_ctx {
 	struct embnic_hdr txh[EC_TXB];
 	struct iovec txiov[EC_TXB][5];
 	struct mmsghdr tx[EC_TXB];
+	struct ec_round *cur;	/* a round a signal interrupted, to resume */
 };
 
 enum { Q_QUEUED, Q_PENDING, Q_DONE, Q_REPLACED, Q_LATE };
@@ -308,6 +313,7 @@ embnic_client_free(struct ec_ctx *c)
 {
 	if (c == NULL)
 		return;
+	embnic_client_abort(c);
 	free(c->dest);
 	free(c->shard_ids);
 	free(c->rtt);
@@ -1369,6 +1375,17 @@ round_free(struct ec_round *r)
 	free(r->done);
 }
 
+/* Drop the round a signal interrupted (its caller gave up on it). */
+void
+embnic_client_abort(struct ec_ctx *c)
+{
+	if (c->cur != NULL) {
+		round_free(c->cur);
+		free(c->cur);
+		c->cur = NULL;
+	}
+}
+
 /*
  * Run one round: send the nmsg messages of tab (int64 rows of M_NCOL
  * columns, in queue order: a shard's messages largest first) and wait for
@@ -1385,6 +1402,9 @@ round_free(struct ec_round *r)
  * R_SHARD, R_TABLE, R_STATUS; K_GIVE_UP with R_SHARD, R_TRIES, R_TYPE,
  * R_NMSG, R_BIG, R_ELAPSED_NS; K_OS_ERROR with R_ERRNO), R_NEXT_ID, R_NLAT,
  * R_LARGEST (the largest datagram of an answered message so far).
+ * K_INTERRUPTED: a signal came while waiting; the round is kept in the
+ * context: call again with the same arrays to resume it (after the
+ * caller's signal handlers ran), or embnic_client_abort() to drop it.
  */
 int
 embnic_client_round(struct ec_ctx *c, int nmsg, const int64_t *tab,
@@ -1393,12 +1413,24 @@ embnic_client_round(struct ec_ctx *c, int nmsg, const int64_t *tab,
 		    uint8_t *out, int record_latency, double *lat,
 		    uint32_t next_id, int64_t *res)
 {
-	struct ec_round r;
+	struct ec_round *rp = c->cur;
 	int S = c->nshards, rc = 0, *order, norder = 0;
 	uint32_t hs = 64;
 
-	memset(&r, 0, sizeof(r));
 	memset(res, 0, sizeof(int64_t) * R_NCOL);
+	if (rp != NULL) {	/* a round a signal interrupted: on with it */
+		c->cur = NULL;
+		rp->res = res;
+		rp->lat = lat;
+		goto loop;
+	}
+	rp = calloc(1, sizeof(*rp));
+	if (rp == NULL) {
+		res[R_KIND] = K_OS_ERROR;
+		res[R_ERRNO] = ENOMEM;
+		return -ENOMEM;
+	}
+#define r (*rp)
 	r.c = c;
 	r.res = res;
 	r.keys = keys;
@@ -1482,6 +1514,7 @@ embnic_client_round(struct ec_ctx *c, int nmsg, const int64_t *tab,
 		rc = fill(&r, order[j]);
 	if (rc == 0)
 		rc = probes_due(&r);
+loop:
 	while (rc == 0 && r.live > 0) {
 		double wait = 1e300, now;
 
@@ -1502,7 +1535,15 @@ embnic_client_round(struct ec_ctx *c, int nmsg, const int64_t *tab,
 
 			ts.tv_sec = (time_t)wait;
 			ts.tv_nsec = (long)((wait - (double)ts.tv_sec) * 1e9);
-			ppoll(&pfd, 1, &ts, NULL);
+			if (ppoll(&pfd, 1, &ts, NULL) < 0 && errno == EINTR) {
+				/* a signal: back to the caller, whose handlers run, then
+				 * resume (or embnic_client_abort) */
+				c->cur = rp;
+				res[R_KIND] = K_INTERRUPTED;
+				res[R_NEXT_ID] = r.next_id;
+				res[R_NLAT] = r.nlat;
+				return 0;
+			}
 		}
 		rc = drain(&r);
 		if (rc != 0)
@@ -1539,5 +1580,7 @@ out:
 	res[R_NLAT] = r.nlat;
 	res[R_LARGEST] = c->largest_answered;
 	round_free(&r);
+	free(rp);
 	return rc < 0 ? rc : 0;
+#undef r
 }

@@ -297,3 +297,92 @@ def test_missing_library_is_one_line_and_the_numpy_path_runs(tmp_path):
     assert p.stdout.split("\n")[:2] == ["native False", "native False"]
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "is not built (make -C dataplane): rounds run on the numpy path" in lines[0], lines
+
+
+class SlowShard:
+    """A bare UDP socket playing the only shard of a one-table (dim 4) cluster: it answers every
+    lookup (rows = key / 2) once ``open`` is set, and holds back what came before."""
+
+    def __init__(self):
+        from embnic.client_lib import codec
+        from embnic.client_lib.reassembly import Reassembler
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.open = threading.Event()
+        self._stop = threading.Event()
+        self._codec, self._reasm = codec, Reassembler(expect="request")
+        self.cfg = parse_config({"cluster": {"seed": 1, "timeout_ms": 5000, "retries": 3},
+                                 "tables": [{"id": 0, "dim": 4}],
+                                 "shards": [{"id": 0, "ip": "127.0.0.1", "port": self.sock.getsockname()[1]}],
+                                 "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7995}]})
+        self._held: list = []
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        codec = self._codec
+        while not self._stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(65536)
+                m = self._reasm.feed(data, addr)
+                if m is not None:
+                    self._held.append(m)
+            except OSError:
+                pass
+            if self.open.is_set():
+                for m in self._held:
+                    keys = codec.parse_request_body(m.header, m.body).keys
+                    rows = np.repeat((keys / 2).astype(np.float32)[:, None], 4, axis=1)
+                    for f in codec.encode_reply(m.header, MsgType.LOOKUP_REPLY, shard_id=0,
+                                                body=codec.rows_to_body(rows)):
+                        self.sock.sendto(f, m.addr)
+                self._held = []
+
+    def close(self):
+        self._stop.set()
+        self._t.join(5)
+        self.sock.close()
+
+
+def test_ctrl_c_stops_a_waiting_round_and_the_client_goes_on():
+    """SIGINT while the C round waits for a shard: KeyboardInterrupt at once (not after the
+    retries), the round is dropped, and the next round of the same client works."""
+    import signal
+    import time as _t
+
+    shard = SlowShard()
+    keys = np.arange(2, 40, 2, dtype=np.uint64)
+    try:
+        with EmbeddingClient(shard.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000) as c:
+            assert c.native
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            t0 = _t.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                c.lookup({0: keys})
+            assert _t.monotonic() - t0 < 3.0  # (the first timer alone is 5 s)
+            shard.open.set()
+            got = c.lookup({0: keys})
+            assert np.array_equal(got[0], np.repeat((keys / 2).astype(np.float32)[:, None], 4, axis=1))
+    finally:
+        shard.close()
+
+
+def test_a_signal_whose_handler_returns_lets_the_round_go_on():
+    import signal
+
+    shard = SlowShard()
+    seen = []
+    old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(1))
+    keys = np.arange(1, 30, dtype=np.uint64)
+    try:
+        with EmbeddingClient(shard.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000) as c:
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+            threading.Timer(0.6, shard.open.set).start()
+            got = c.lookup({0: keys})
+            assert np.array_equal(got[0], np.repeat((keys / 2).astype(np.float32)[:, None], 4, axis=1))
+            assert seen == [1] and c.stats.retransmits == 0 and c.stats.messages_received == 1
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        shard.close()
