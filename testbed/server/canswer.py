@@ -129,7 +129,6 @@ class CAnswer:
     def __init__(self, lib: ctypes.CDLL, srv, serve: bool = True):
         self._lib = lib
         self.srv = srv
-        self.serving = bool(serve)  #: lookups answered here (else checks, frames and sending only)
         bs = srv._bs
         batch = bs.batch
         P = srv._P
@@ -151,9 +150,12 @@ class CAnswer:
         # what the C checks read per table id (the engine's own arrays, uint8 views of its bools)
         store = srv.store
         li = np.full(1 << 16, -1, np.int64)
-        li[store.table_ids] = np.arange(store.table_ids.size)
+        if store is not None:
+            li[store.table_ids] = np.arange(store.table_ids.size)
         li[~srv._in_store] = -1
+        serve = serve and store is not None
         self._li = li
+        self.serving = bool(serve)  #: lookups answered here (else checks, frames and sending only)
         cfg = srv.cfg
         self._shard_ids = np.array([sh.id for sh in cfg.shards], np.int64)
         self._has_rows = srv._thas_rows.view(np.uint8)
@@ -230,7 +232,7 @@ class CAnswer:
 
     def _refresh_store(self) -> None:
         st = self.srv.store
-        if st.version == self._store_ver:
+        if st is None or st.version == self._store_ver:
             return
         s = self._store
         s["p_ck"], s["p_cs"], s["m"] = _ptr(st._ck), _ptr(st._cs), st._ck.size

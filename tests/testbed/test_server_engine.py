@@ -20,6 +20,7 @@ from embnic.client_lib.consts import MsgType
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
+from embnic.client_lib.table_numerics import TableShard, shared_tables
 from embnic.testbed.server import canswer, cintake, udpio
 from embnic.testbed.server.runner import ServerThread
 from embnic.testbed.server.shard import ShardServer
@@ -409,6 +410,67 @@ def test_rows_of_two_tables_sharing_a_composite_key(c_answer):
         for a, b in zip(state[tid], ref.state_dict()[tid]):
             assert np.array_equal(a, b)
     assert counters["engine"].get("answered_in_c", 0) == (3 + 2 if c_answer else 0)  # and run_stream's 2 probes
+
+
+class _OtherStore:
+    """A table's rows in a store of another kind than the shard's shared one (as an on-disk
+    store would be): TableShard's interface, its own RowStore behind it."""
+
+    def __init__(self, table, seed):
+        self._ts = TableShard(table, seed)
+        self.table = table
+        self.calls = 0
+
+    def __len__(self):
+        return len(self._ts)
+
+    def lookup(self, keys):
+        self.calls += 1
+        return self._ts.lookup(keys)
+
+    def apply(self, keys, grads):
+        self.calls += 1
+        self._ts.apply(keys, grads)
+
+    def apply_segments(self, keys, g, offs):
+        self.calls += 1
+        self._ts.apply_segments(keys, g, offs)
+
+    def state(self):
+        return self._ts.state()
+
+    def load_state(self, keys, rows, acc):
+        self._ts.load_state(keys, rows, acc)
+
+
+@pytest.mark.parametrize("kw", [{}, {"c_answer": False}, {"c_intake": False}])
+def test_a_table_in_a_store_of_another_kind(monkeypatch, kw):
+    """The seam for other row stores (testbed/server/stores.py open_tables): a table whose rows
+    live in a store of another kind is served through that store's own lookup/apply_segments
+    (the C answer path leaves its lookups to the engine), the other tables from the shared
+    store in one gather; replies, counters and rows equal the reference server's with every
+    table in memory."""
+    from embnic.testbed.server import stores
+
+    cfg = make_cfg(tables=TABLES_MIXED)
+    stream = build_lookup_stream(cfg, 11, n=80)
+    ref = run_stream(cfg, "reference", stream)
+    made = []
+
+    def open_tables(cfg, shard_id, durable_dir=None, **_):
+        store, tables = shared_tables([t for t in cfg.tables if t.id != 1], cfg.seed)
+        tables[1] = _OtherStore(cfg.table(1), cfg.seed)
+        made.append(tables[1])
+        return stores.ShardStores(tables, store)
+
+    monkeypatch.setattr(stores, "open_tables", open_tables)
+    got = run_stream(cfg, "batch", stream, **kw)
+    assert got[0] == ref[0]
+    assert _comparable(got[1]) == _comparable(ref[1])
+    for tid in ref[2]:
+        for a, b in zip(got[2][tid], ref[2][tid]):
+            assert np.array_equal(a, b)
+    assert made[-1].calls > 5 and len(made[-1]) > 0
 
 
 @pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
