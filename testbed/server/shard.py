@@ -80,7 +80,7 @@ from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.config import TableConfig
-from embnic.client_lib.table_numerics import TableShard, gradient_ok, is_unique
+from embnic.client_lib.table_numerics import TableShard, rowwise_mean_square_ragged
 
 from .metrics import ServiceTimes
 
@@ -224,6 +224,8 @@ class ShardServer:
         self._thas_rows = np.zeros(1 << 16, bool)
         self._towns_all = np.zeros(1 << 16, bool)
         self._tgbound = np.zeros(1 << 16, np.float64)
+        self._tada = np.zeros(1 << 16, bool)  # row-wise Adagrad (else SGD)
+        self._tlr = np.zeros(1 << 16, np.float32)
         for t in cfg.tables:
             self._tdim[t.id], self._tdt[t.id] = t.dim, int(t.wire_dtype)
             if t.rows is not None:
@@ -231,6 +233,7 @@ class ShardServer:
             self._towns_all[t.id] = (bool(owns(cfg, t.id, self.shard_id, np.zeros(1, np.uint64))[0])
                                      and (len(cfg.shards) == 1 or cfg.sharding == "table"))
             self._tgbound[t.id] = gradient_bound(t)
+            self._tada[t.id], self._tlr[t.id] = t.optimizer == "adagrad", np.float32(t.lr)
         self._in_store = np.zeros(1 << 16, bool)  # per table id: its rows are in self.store
         for tid, ts in self.tables.items():
             self._in_store[tid] = isinstance(ts, TableShard) and ts.store is self.store
@@ -548,9 +551,10 @@ class ShardServer:
 
         Vectorised over the message's tables and keys: one range compare and one owner hash
         (:func:`~embnic.client_lib.routing.owns_tables`) over all keys; duplicates by one
-        sortedness test (a table whose keys are not strictly increasing is checked with
-        ``is_unique``); gradients by one bound on |g| per table (:func:`gradient_bound`: below it
-        no row can be refused), ``gradient_ok`` only for a table above it.
+        sortedness test (the keys of the tables not strictly increasing then sorted by (table,
+        key) at once: a duplicate is a neighbour); gradients by one bound on |g| per table
+        (:func:`gradient_bound`: below it no row can be refused), the rule itself only on the
+        rows of the tables above it, all at once (:meth:`_grads_ok`). No per-table loop.
 
         Args:
             h: the request header; rb: its parsed body (:func:`codec.parse_request_body`).
@@ -581,21 +585,52 @@ class ShardServer:
             inc = np.ones(keys.size, bool)
             inc[1:] = keys[1:] > keys[:-1]
             inc[starts] = True  # a table's first key starts its run
-            for t in np.flatnonzero((st == 0) & ~np.logical_and.reduceat(inc, starts)).tolist():
-                if not is_unique(keys[ko[t]:ko[t + 1]]):
-                    st[t] = Status.MALFORMED
+            unsorted = (st == 0) & ~np.logical_and.reduceat(inc, starts)
+            if unsorted.any():  # those tables' keys sorted by (table, key): a duplicate is a neighbour
+                sel = np.repeat(unsorted, counts)
+                seg = np.repeat(np.arange(tids.size), counts)[sel]
+                k = keys[sel]
+                o = np.lexsort((k, seg))
+                ks, ss = k[o], seg[o]
+                dup = (ks[1:] == ks[:-1]) & (ss[1:] == ss[:-1])
+                st[np.unique(ss[1:][dup])] = Status.MALFORMED
             flat, eo = grads
             with np.errstate(invalid="ignore"):  # NaN gradients compare False: checked exactly below
-                near = ~(np.maximum.reduceat(np.abs(flat), eo[:-1]) < self._tgbound[tids])
-            for t in np.flatnonzero((st == 0) & near).tolist():  # only tables near the bound
-                tab = self.cfg.table(int(tids[t]))
-                if not gradient_ok(tab, flat[eo[t]:eo[t + 1]].reshape(-1, tab.dim)):
-                    st[t] = Status.MALFORMED
+                near = (st == 0) & ~(np.maximum.reduceat(np.abs(flat), eo[:-1]) < self._tgbound[tids])
+            if near.any():  # gradient_rows_ok's rule on the rows of the tables near the bound
+                st[near & ~self._grads_ok(tids, counts, flat, eo, near)] = Status.MALFORMED
         bad_t = np.flatnonzero(st)
         if bad_t.size == 0:
             return None
         t = int(bad_t[0])
         return Status(int(st[t])), int(tids[t])
+
+    def _grads_ok(self, tids: np.ndarray, counts: np.ndarray, flat: np.ndarray, eo: np.ndarray,
+                  which: np.ndarray) -> np.ndarray:
+        """Per directory entry, whether every gradient row of the tables ``which`` (bool (T,))
+        passes :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` (True for the others):
+        the rule itself — every value finite, and the step finite in float32 (an Adagrad row's
+        mean square, an SGD value times ``lr``) — over all of them at once."""
+        dims = self._tdim[tids]
+        el = np.repeat(which, eo[1:] - eo[:-1])
+        g = flat[el]
+        n = np.where(which, counts, 0)
+        rows_t = np.repeat(np.arange(tids.size), n)  # the directory entry of each row checked
+        rdim = dims[rows_t]
+        with np.errstate(over="ignore", invalid="ignore"):
+            fin = np.isfinite(g)
+            sgd = ~self._tada[tids]
+            e_sgd = np.repeat(sgd[rows_t], rdim)
+            fin[e_sgd] &= np.isfinite(np.repeat(self._tlr[tids][rows_t], rdim)[e_sgd] * g[e_sgd])
+            row_ok = np.logical_and.reduceat(fin, np.r_[0, np.cumsum(rdim)[:-1]]) if rdim.size else fin[:0]
+            ada = ~sgd[rows_t]
+            if ada.any():
+                gr = g[np.repeat(ada, rdim)]
+                row_ok[ada] &= np.isfinite(rowwise_mean_square_ragged(gr, rdim[ada]))
+        ok = np.ones(tids.size, bool)
+        bad = np.unique(rows_t[~row_ok])
+        ok[bad] = False
+        return ok
 
     @staticmethod
     def _grads(rb: RequestBody) -> tuple[np.ndarray, np.ndarray]:
