@@ -89,7 +89,7 @@ def load() -> ctypes.CDLL | None:
         return None
     try:
         fns = (lib.embnic_shard_layout, lib.embnic_shard_serve, lib.embnic_shard_emit, lib.embnic_shard_send,
-               lib.embnic_shard_queue, lib.embnic_shard_lookups)
+               lib.embnic_shard_queue, lib.embnic_shard_lookups, lib.embnic_shard_find)
     except AttributeError:
         log.warning("shard library %s has no answer path (an older build?); answering in Python", cintake.REPO_LIB)
         return None
@@ -111,6 +111,8 @@ def load() -> ctypes.CDLL | None:
     lib.embnic_shard_send.argtypes = [_VP]
     lib.embnic_shard_lookups.restype = ctypes.c_int64
     lib.embnic_shard_lookups.argtypes = [_VP, _VP, ctypes.c_int64, _VP]
+    lib.embnic_shard_find.restype = ctypes.c_int64
+    lib.embnic_shard_find.argtypes = [_VP, _VP, _VP, ctypes.c_int64, ctypes.c_int64, _VP]
     lib.embnic_shard_queue.restype = ctypes.c_int64
     lib.embnic_shard_queue.argtypes = [_VP, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
     _lib = lib
@@ -191,6 +193,9 @@ class CAnswer:
         self._grow_tx(256)
         self._grow_rq(4 * batch)
         self._serve = lib.embnic_shard_serve
+        self._find = lib.embnic_shard_find
+        if store is not None:  # the store's own searches (updates, lookups gathered in numpy) in C too
+            store.native_find = self.find
 
     # -- buffers ------------------------------------------------------------------------------
 
@@ -248,6 +253,20 @@ class CAnswer:
         s["p_tsalt"], s["p_tinit"], s["p_tscale"] = _ptr(st.tsalt), _ptr(st.tinit), _ptr(st.tscale)
         s["ntables"] = st.table_ids.size
         self._store_ver = st.version
+
+    def find(self, li, c: np.ndarray) -> np.ndarray:
+        """:meth:`RowStore._find <embnic.client_lib.table_numerics.RowStore._find>` in C: the arena
+        slot int64 (N,) of each composite key ``c`` (uint64 (N,)) of table ``li`` (a local index,
+        or int64 (N,) per key); -1 where the store holds no row."""
+        self._refresh_store()
+        c = np.ascontiguousarray(c, np.uint64)
+        out = np.empty(c.size, np.int64)
+        if np.ndim(li):
+            li = np.ascontiguousarray(li, np.int64)
+            self._find(self._p_ctx, _ptr(c), _ptr(li), 0, c.size, _ptr(out))
+        else:
+            self._find(self._p_ctx, _ptr(c), 0, int(li), c.size, _ptr(out))
+        return out
 
     # -- per wake-up --------------------------------------------------------------------------
 
