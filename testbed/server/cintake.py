@@ -74,9 +74,11 @@ def log_missing() -> None:
     _told = True
     if os.environ.get("EMBNIC_SHARD_C", "1") == "0":
         log.info("shard C library off (EMBNIC_SHARD_C=0): intake and answers in Python (numpy)")
-    elif _lib is None and not Path(os.environ.get("EMBNIC_SHARD_LIB") or REPO_LIB).is_file():
-        log.info("shard C library %s not built (make -C dataplane): intake and answers in Python (numpy)",
-                 os.environ.get("EMBNIC_SHARD_LIB") or REPO_LIB)
+    elif os.environ.get("EMBNIC_SHARD_LIB") and not Path(os.environ["EMBNIC_SHARD_LIB"]).is_file():
+        log.info("shard C library %s (EMBNIC_SHARD_LIB) not found: intake and answers in Python (numpy)",
+                 os.environ["EMBNIC_SHARD_LIB"])
+    elif _lib is None and not REPO_LIB.is_file():
+        log.info("shard C library %s not built (make -C dataplane): intake and answers in Python (numpy)", REPO_LIB)
 
 
 class CIntake:
