@@ -182,14 +182,18 @@ def _comparable(c):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("kw", [{"small": 0}, {"gso": False, "batch": 7, "small": 0, "c_intake": False},
-                                {"small": 64, "c_intake": False}, {"batch": 7}])
+                                {"small": 64, "c_intake": False}, {"batch": 7}, {"batch": 7, "c_answer": False}])
 def test_batch_engine_equals_reference(seed, kw):
-    """The batch engine (C intake where built, and the numpy one) against the reference."""
+    """The batch engine (C intake and answer path where built, the C intake with numpy answers,
+    and the numpy intake) against the reference: streams of updates with polls, NACKs, acks
+    from the window, duplicates, refusals of every kind, junk."""
     cfg = make_cfg()
     stream = build_stream(cfg, seed)
     ref = run_stream(cfg, "reference", stream)
     bat = run_stream(cfg, "batch", stream, **kw)
     assert bat[1]["engine"]["intake"] == ("c" if kw.get("c_intake", True) and cintake.load() else "numpy")
+    assert bat[1]["engine"]["answer"] == ("c" if kw.get("c_intake", True) and kw.get("c_answer", True)
+                                          and canswer.load() else "numpy")
     assert bat[0] == ref[0]  # every reply frame, byte for byte
     assert _comparable(bat[1]) == _comparable(ref[1])
     assert ref[1]["updates_applied"] > 5 and ref[1]["duplicates"] > 0 and sum(ref[1]["errors"].values()) > 3
