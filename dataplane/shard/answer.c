@@ -169,9 +169,10 @@ embnic_shard_emit(struct embnic_answer *a, const struct embnic_reply_spec *specs
 }
 
 /*
- * The frames of n (already queued, idx order) reference-handler replies ...
- * are the caller's (it copies them in); this queues one such reply of rows
- * start .. start+count-1. Returns 0, -1 when the queue is full.
+ * Queue a reply whose frames the caller already wrote into the transmit
+ * buffer (the reference handler's, encoded in Python): rows start ..
+ * start+count-1, to name, in the order of datagram idx. Returns 0, -1 when
+ * the queue is full.
  */
 int64_t
 embnic_shard_queue(struct embnic_answer *a, int64_t idx, const uint8_t *name, int64_t start, int64_t count)
