@@ -222,7 +222,7 @@ class CAnswer:
         cap = max(need, 2 * cap)
         nrq = int(a["nrq"])
         arrs = []
-        for name, width in (("idx", 1), ("start", 1), ("count", 1), ("order", 1)):
+        for name in ("idx", "start", "count", "order"):  # the queue's columns (order: send scratch)
             new = np.zeros(cap, np.int64)
             if nrq and name != "order":
                 new[:nrq] = getattr(self, "_rq_" + name)[:nrq]
