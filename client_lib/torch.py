@@ -32,8 +32,11 @@ update round; the shards apply the table's optimizer (SGD or row-wise Adagrad, s
 and no ``optimizer.step()`` is needed for the embeddings; the dense part of the model trains
 with any torch optimizer (over ``model.parameters()``: the placeholders are empty tensors).
 TorchRec's ways to choose a table's optimizer — ``apply_optimizer_in_backward`` on the
-module's parameters, a sharder's ``fused_params`` (passed as ``fused_params=``) — must name the
-config's optimizer, lr and eps, or the module raises ``ValueError`` naming the table.
+module's parameters, a sharder's ``fused_params`` (:class:`RemoteEmbeddingBagCollectionSharder`
+in ``DistributedModelParallel``'s ``sharders``, or ``fused_params=`` without DMP) — must name
+the config's optimizer, lr and eps, or the module raises ``ValueError`` naming the table; a DMP
+that did not hand the module to that sharder (whose other sharders' ``fused_params`` can never
+reach a module of this type) is refused the same way, naming the tables.
 
 No per-id or per-table Python loop on the data path: the batch is prepared with one sort over
 every table (:func:`~embnic.client_lib.batch.prepare_batch`), looked up in one flat round, pooled
@@ -61,8 +64,12 @@ INSTALL_HINT = ("PyTorch and TorchRec are not installed: pip install 'embnic[tor
 try:
     import torch
     import torch.nn.functional as F
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.types import ModuleSharder, ShardingType
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
     from torchrec.modules.embedding_modules import get_embedding_names_by_table
+    from torchrec.optim.fused import EmptyFusedOptimizer, FusedOptimizerModule
+    from torchrec.optim.keyed import KeyedOptimizer
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 except ImportError as e:  # one line naming the fix; the CLI maps it to a missing-dependency error
     raise ImportError(f"{INSTALL_HINT} ({e})", name=e.name) from e
@@ -72,7 +79,8 @@ from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
 from .local import flat_calls
 
-__all__ = ["RemoteEmbeddingBagCollection", "INSTALL_HINT", "kjt_from_dense", "num_embeddings"]
+__all__ = ["RemoteEmbeddingBagCollection", "RemoteEmbeddingBagCollectionSharder", "INSTALL_HINT", "kjt_from_dense",
+           "num_embeddings", "placeholder_names"]
 
 _MODES = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
 
@@ -277,7 +285,7 @@ class _RemoteTable(torch.nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, rows on the shards"
 
 
-class RemoteEmbeddingBagCollection(torch.nn.Module):
+class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
     """TorchRec's ``EmbeddingBagCollection``, with its rows on embnic shards (module docstring).
 
     **Parameters.** TorchRec's EBC has one ``weight`` per table (``embedding_bags.<name>.weight``),
@@ -297,9 +305,18 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
     the shards: ``embnic tables``). Setting a placeholder's ``requires_grad`` to False freezes
     its table (no updates sent), as for a TorchRec weight.
 
-    A TorchRec sharder given to ``DistributedModelParallel`` never sees this module (DMP shards
-    modules of the sharder's exact ``module_type``), so pass its settings here:
-    ``fused_params=sharder.fused_params``.
+    **DistributedModelParallel.** DMP hands a module only to the sharder whose ``module_type``
+    is the module's exact type, so TorchRec's ``EmbeddingBagCollectionSharder(fused_params=...)``
+    never sees this one and its ``fused_params`` would be ignored. Give DMP
+    :class:`RemoteEmbeddingBagCollectionSharder` (``sharders=[EmbeddingBagCollectionSharder(...),
+    RemoteEmbeddingBagCollectionSharder(fused_params=...)]``): the planner plans the placeholders
+    data-parallel and DMP calls its ``shard``, which checks ``fused_params`` against every
+    table's config (``ValueError`` naming the table) and keeps the module as it is. The module is
+    a TorchRec ``FusedOptimizerModule`` (the shards update its rows in backward): DMP reads its
+    :attr:`fused_optimizer` (a no-op ``EmptyFusedOptimizer``) right after sharding, and a module
+    that DMP did not shard with that sharder — not in ``sharders``, or a ``plan=`` without it —
+    is refused there, naming its tables, instead of training with ``fused_params`` ignored.
+    Without DMP, pass a sharder's settings as ``fused_params=``.
 
     Args:
         tables: one ``torchrec.EmbeddingBagConfig`` per table, as for TorchRec (``name``,
@@ -365,19 +382,17 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
             ids.append(tid)
         if len(set(ids)) != len(ids):
             raise ValueError(f"two EmbeddingBagConfigs map to one cluster table: {dict(zip(names, ids))}")
-        self._fused_params = dict(fused_params) if fused_params else None
-        for t, tid in zip(tables, ids):
-            if self._fused_params is not None:
-                bad = optimizer_mismatch(cfg.table(tid), table_fused_params(self._fused_params))
-                if bad:
-                    raise _mismatch_error(t.name, cfg.table(tid), "fused_params", bad, cfg)
+        self._fused_params = None
+        self._sharded_by: str | None = None  #: the sharder DMP sharded this module with, if any
         self.cfg = cfg
+        self._configs = list(tables)
+        self._table_ids = ids
+        if fused_params:
+            self.use_fused_params(fused_params)
         self.backend = backend
         self._lookup, self._update = flat_calls(backend)
-        self._configs = list(tables)
         self._is_weighted = bool(is_weighted)
         self._validate = validate
-        self._table_ids = ids
         #: one placeholder per table, TorchRec's names (class docstring, "Parameters")
         self.embedding_bags = torch.nn.ModuleDict({t.name: _RemoteTable(t.num_embeddings, t.embedding_dim)
                                                    for t in tables})
@@ -441,6 +456,49 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
         """Whether per-sample weights are used."""
         return self._is_weighted
 
+    def use_fused_params(self, fused_params: dict | None, source: str = "fused_params") -> None:
+        """Take a TorchRec sharder's ``fused_params`` as the tables' fused optimizer settings,
+        after checking them against every table's config (:func:`optimizer_mismatch`); they are
+        then merged with any ``apply_optimizer_in_backward`` kwargs as TorchRec merges them
+        (:meth:`check_optimizers`). ``None`` or ``{}`` takes none.
+
+        Raises:
+            ValueError: naming the first table whose optimizer, lr or eps they contradict (or a
+                setting the shards do not apply); nothing is taken then.
+        """
+        fused = dict(fused_params) if fused_params else None
+        if fused is not None:
+            for conf, tid in zip(self._configs, self._table_ids):
+                bad = optimizer_mismatch(self.cfg.table(tid), table_fused_params(fused))
+                if bad:
+                    raise _mismatch_error(conf.name, self.cfg.table(tid), source, bad, self.cfg)
+        self._fused_params = fused
+        for bag in getattr(self, "embedding_bags", {}).values():  # check in-backward choices again with them
+            if hasattr(bag.weight, "_embnic_checked"):
+                del bag.weight._embnic_checked
+
+    @property
+    def fused_optimizer(self) -> KeyedOptimizer:
+        """TorchRec's ``FusedOptimizerModule`` interface: the optimizer that updates the rows in
+        backward, which ``DistributedModelParallel`` collects into its ``fused_optimizer`` right
+        after sharding. The shards apply it, so it is TorchRec's no-op ``EmptyFusedOptimizer``
+        (its ``step`` does nothing, its state is empty).
+
+        Raises:
+            ValueError: DMP did not shard this module with :class:`RemoteEmbeddingBagCollectionSharder`
+                (not among its ``sharders``, or its ``plan`` has no entry for the module), so a
+                sharder's ``fused_params`` could not reach it; names the tables and the fix.
+        """
+        if self._sharded_by is None:
+            names = ", ".join(repr(c.name) for c in self._configs)
+            raise ValueError(
+                f"tables {names}: DistributedModelParallel did not shard this RemoteEmbeddingBagCollection with "
+                "RemoteEmbeddingBagCollectionSharder, so a sharder's fused_params cannot reach it (DMP hands a module "
+                "only to the sharder of its exact type; EmbeddingBagCollectionSharder's fused_params would be "
+                "ignored): add embnic.client_lib.torch.RemoteEmbeddingBagCollectionSharder(fused_params=...) to "
+                "sharders=[...] (fused_params=None if you give none), and plan with the same sharders")
+        return EmptyFusedOptimizer()
+
     def check_optimizers(self) -> None:
         """Check what TorchRec's ways to choose a table optimizer attached to the tables'
         placeholder weights against the cluster config (class docstring, "Parameters").
@@ -478,8 +536,6 @@ class RemoteEmbeddingBagCollection(torch.nn.Module):
                 src = f"apply_optimizer_in_backward({classes[0].__name__}, ...)"
                 raise _mismatch_error(conf.name, table, src + (" with fused_params" if self._fused_params else ""),
                                       bad, self.cfg)
-            from torchrec.optim.fused import EmptyFusedOptimizer
-
             w._in_backward_optimizers = [EmptyFusedOptimizer()]  # the shards apply it
             w._embnic_checked = len(classes)
 
@@ -800,3 +856,104 @@ def _check_dtypes(features: KeyedJaggedTensor) -> None:
     ln = features.lengths()
     if ln.is_floating_point() or ln.is_complex() or ln.dtype == torch.bool:
         raise ValueError(f"KeyedJaggedTensor lengths must be integers, got {ln.dtype}")
+
+
+def placeholder_names(model: torch.nn.Module) -> list[str]:
+    """Fully qualified names of the ``(0, dim)`` placeholder weights of every
+    :class:`RemoteEmbeddingBagCollection` in ``model`` (``"ebc.embedding_bags.a.weight"``, ...).
+
+    For ``DistributedModelParallel(..., data_parallel_wrapper=DefaultDataParallelWrapper(
+    params_to_ignore=placeholder_names(model)))``: DDP then leaves them alone, as it leaves
+    TorchRec's sharded tables. Needed on CPU when ``apply_optimizer_in_backward`` was called
+    on them: DDP runs in-backward optimizers of the parameters it manages from a CUDA stream
+    (``torch.distributed.algorithms.ddp_comm_hooks.optimizer_overlap_hooks``), which fails
+    without CUDA.
+    """
+    return [f"{path}.embedding_bags.{c.name}.weight" if path else f"embedding_bags.{c.name}.weight"
+            for path, m in model.named_modules() if isinstance(m, RemoteEmbeddingBagCollection)
+            for c in m.embedding_bag_configs()]
+
+
+class RemoteEmbeddingBagCollectionSharder(ModuleSharder[RemoteEmbeddingBagCollection]):
+    """TorchRec's ``ModuleSharder`` for :class:`RemoteEmbeddingBagCollection`: what
+    ``DistributedModelParallel`` calls for a module of that type, with the ``fused_params`` a
+    TorchRec sharder carries (``EmbeddingBagCollectionSharder(fused_params=...)`` for TorchRec's
+    own EBC, whose sharder DMP never hands this module).
+
+    Give it to DMP beside TorchRec's sharders::
+
+        dmp = DistributedModelParallel(model, sharders=[
+            EmbeddingBagCollectionSharder(fused_params=fp),          # TorchRec's EBCs, if any
+            RemoteEmbeddingBagCollectionSharder(fused_params=fp)])   # ours: checked per table
+
+    Planning (TorchRec's ``EmbeddingShardingPlanner``, which DMP runs when no ``plan`` is given):
+    :meth:`shardable_parameters` are the tables' ``(0, dim)`` placeholder weights, keyed by table
+    name as TorchRec's EBC sharder keys them, ``data_parallel`` with the ``dense`` kernel (the
+    rows are on the shards, nothing is placed on a rank; they cost 0 bytes). DMP then calls
+    :meth:`shard`, which checks ``fused_params`` against every table's optimizer, lr and eps and
+    keeps the module as it is: data-parallel replication of empty placeholders (DDP reduces them
+    as empty tensors) is all there is to shard. Planner constraints that name a table must allow
+    ``data_parallel``. On CPU, placeholders that ``apply_optimizer_in_backward`` was called on
+    must be kept from DDP (its in-backward optimizers need CUDA):
+    ``data_parallel_wrapper=DefaultDataParallelWrapper(params_to_ignore=placeholder_names(model))``
+    (:func:`placeholder_names`).
+
+    Args:
+        fused_params: as TorchRec's sharders take them (``optimizer`` an fbgemm
+            ``EmbOptimType``, ``learning_rate``, ``eps``, ...; :func:`optimizer_mismatch`);
+            None for none (``apply_optimizer_in_backward`` or the config alone then choose).
+        qcomm_codecs_registry: TorchRec's argument of every sharder (no communication here).
+    """
+
+    def __init__(self, fused_params: dict | None = None, qcomm_codecs_registry: dict | None = None):
+        super().__init__(qcomm_codecs_registry)
+        self._fused_params = dict(fused_params) if fused_params else None
+
+    @property
+    def fused_params(self) -> dict | None:
+        """The ``fused_params`` given (as TorchRec's ``BaseEmbeddingSharder.fused_params``)."""
+        return self._fused_params
+
+    @property
+    def module_type(self) -> type:
+        """:class:`RemoteEmbeddingBagCollection`: DMP's key for this sharder."""
+        return RemoteEmbeddingBagCollection
+
+    def shardable_parameters(self, module: RemoteEmbeddingBagCollection) -> dict[str, torch.nn.Parameter]:
+        """``{table name: its (0, dim) placeholder weight}``, in table order."""
+        return {c.name: module.embedding_bags[c.name].weight for c in module.embedding_bag_configs()}
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        """``["data_parallel"]``: every rank holds the same empty placeholders."""
+        return [ShardingType.DATA_PARALLEL.value]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        """``["dense"]``: the placeholders are plain tensors (TorchRec's data-parallel kernel)."""
+        return [EmbeddingComputeKernel.DENSE.value]
+
+    def shard(self, module: RemoteEmbeddingBagCollection, params, env, device=None,
+              module_fqn: str | None = None) -> RemoteEmbeddingBagCollection:
+        """Check ``fused_params`` against every table and return ``module`` itself (class docstring).
+
+        Args:
+            module: the module DMP found at ``module_fqn``.
+            params: its plan (``EmbeddingModuleShardingPlan``: one ``data_parallel``
+                ``ParameterSharding`` per table).
+            env, device: DMP's sharding environment and device (unused: nothing is placed).
+
+        Raises:
+            ValueError: naming the table whose optimizer, lr or eps ``fused_params`` contradict
+                (:meth:`RemoteEmbeddingBagCollection.use_fused_params`), or a plan that places a
+                table another way than ``data_parallel``.
+        """
+        other = {name: p.sharding_type for name, p in params.items()
+                 if p.sharding_type != ShardingType.DATA_PARALLEL.value}
+        if other:
+            name, how = next(iter(other.items()))
+            raise ValueError(f"table {name!r}: the plan shards it {how}, but RemoteEmbeddingBagCollection's tables "
+                             "are data_parallel placeholders (their rows are on the embnic shards): plan with "
+                             "RemoteEmbeddingBagCollectionSharder and constraints that allow data_parallel")
+        src = f"{type(self).__name__}(fused_params=...)" + (f" of {module_fqn}" if module_fqn else "")
+        module.use_fused_params(self._fused_params, source=src)
+        module._sharded_by = type(self).__name__
+        return module

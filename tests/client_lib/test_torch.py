@@ -9,7 +9,10 @@
 * ``torchrec.models.dlrm.DLRM`` accepts the module and trains; errors name the problem;
 * issue 23: ``kjt_from_dense`` keeps every 64-bit id; float ids are refused (TorchRec's EBC
   refuses them too); ``apply_optimizer_in_backward`` (checked against TorchRec's DMP with the same
-  call) and a sharder's ``fused_params`` match the table's optimizer or raise naming the table;
+  call) and a sharder's ``fused_params`` match the table's optimizer or raise naming the table —
+  also through a real ``DistributedModelParallel`` (one gloo rank, CPU):
+  ``RemoteEmbeddingBagCollectionSharder(fused_params=...)`` trains as TorchRec's DMP with the same
+  ``fused_params``, and a DMP whose ``fused_params`` cannot reach the module is refused by name;
   frozen tables and DDP; VBE KJTs and inverse indices equal TorchRec's EBC (forward, row and
   weight gradients) or are refused by name.
 
@@ -483,6 +486,142 @@ def test_sharder_fused_params_match_or_raise_naming_the_table():
     with pytest.raises(ValueError, match=r"table 'b': apply_optimizer_in_backward\(Adagrad, ...\) with fused_params "
                                          r"asks for optimizer EXACT_ADAGRAD"):
         ours.check_optimizers()
+
+
+# ---- a sharder's fused_params through DistributedModelParallel (issue 23, item 6) ----------
+
+def _dmp(module, sharders=None, plan=None, **kw):
+    """TorchRec's DMP of ``module`` on this one-rank gloo group (CPU)."""
+    import warnings
+
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    with warnings.catch_warnings():  # the planner's advice on topology and dry runs
+        warnings.simplefilter("ignore", FutureWarning)
+        return DistributedModelParallel(module, device=torch.device("cpu"), sharders=sharders, plan=plan, **kw)
+
+
+class _Head(torch.nn.Module):
+    """A model with a dense part over the pooled embeddings (the module sits one level down)."""
+
+    def __init__(self, ebc):
+        super().__init__()
+        self.ebc = ebc
+        self.top = torch.nn.Linear(sum(c.embedding_dim for c in ebc.embedding_bag_configs()), 1)
+
+    def forward(self, kjt):
+        return self.top(self.ebc(kjt).values())
+
+
+def test_dmp_with_our_sharder_trains_as_torchrecs_dmp_with_the_same_fused_params():
+    """The sharder DMP really calls for our module type: its fused_params equal to the config's
+    train exactly as TorchRec's EBC under DMP with the same fused_params (TorchRecReference)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.optim.fused import EmptyFusedOptimizer
+
+    from embnic.client_lib.torch import RemoteEmbeddingBagCollectionSharder
+
+    cfg = make_cfg("adagrad", lr=0.2)
+    fp = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.2, "eps": 1e-8}
+    with one_rank_group():
+        ref = TorchRecReference(cfg, configs(cfg))  # TorchRec's EBC, EmbeddingBagCollectionSharder(fused_params=fp)
+        local = LocalBackend(cfg)
+        ebc = RemoteEmbeddingBagCollection(configs(cfg), local)
+        ours = RemoteEmbeddingBagCollectionSharder(fused_params=fp)
+        dmp = _dmp(ebc, [EmbeddingBagCollectionSharder(fused_params=fp), ours])
+        assert {n: p.sharding_type for n, p in dmp.plan.plan[""].items()} == {
+            "a": "data_parallel", "b": "data_parallel", "c": "data_parallel"}
+        assert ebc._sharded_by == "RemoteEmbeddingBagCollectionSharder" and ebc._fused_params == fp
+        # DMP collected our fused optimizer: TorchRec's no-op (the shards apply the updates)
+        assert [type(o) for _, o in dmp.fused_optimizer._optims] == [EmptyFusedOptimizer]
+
+        class Adapter:  # train_both's view of the DMP: the module's configs, DMP's forward
+            embedding_bag_configs = ebc.embedding_bag_configs
+
+            def __call__(self, kjt):
+                return dmp(kjt)
+
+        train_both(cfg, Adapter(), ref, np.random.default_rng(31))
+        dmp.fused_optimizer.step()  # a no-op, as for TorchRec's fused tables
+        for name, rows in all_rows(local.lookup, cfg).items():
+            torch.testing.assert_close(rows, ref.weight(name), **TOL)
+        assert sum(len(k) for k, _, _ in local.state_dict().values()) > 0
+
+
+def test_dmp_never_ignores_a_sharders_fused_params_naming_the_tables():
+    """fused_params only TorchRec's EBC sharder holds cannot reach our module (DMP hands it only
+    to the sharder of its exact type): DMP is refused, naming the tables, before anything is
+    sent — as it is when our sharder brings fused_params that contradict a table, or the plan
+    has no entry for the module. The README's dense-only SGD path needs no sharder at all."""
+    import warnings
+
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    import torchrec.optim  # noqa: F401 (torchrec.optim.RowWiseAdagrad)
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+
+    from embnic.client_lib.torch import RemoteEmbeddingBagCollectionSharder as Ours
+    from embnic.client_lib.torch import placeholder_names
+
+    cfg = make_cfg("adagrad", lr=0.2)
+    local = LocalBackend(cfg)
+    fp = {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.5}
+    not_ours = r"tables 'a', 'b', 'c': DistributedModelParallel did not shard this RemoteEmbeddingBagCollection " \
+               r"with RemoteEmbeddingBagCollectionSharder.*add embnic.client_lib.torch.RemoteEmbeddingBagCollectionSharder"
+    with one_rank_group():
+        with pytest.raises(ValueError, match=not_ours):  # the issue's case: silently ignored before
+            _dmp(_Head(RemoteEmbeddingBagCollection(configs(cfg), local)), [EmbeddingBagCollectionSharder(fused_params=fp)])
+        with pytest.raises(ValueError, match=not_ours):  # TorchRec's default sharders
+            _dmp(_Head(RemoteEmbeddingBagCollection(configs(cfg), local)))
+        model = _Head(RemoteEmbeddingBagCollection(configs(cfg), local))
+        with warnings.catch_warnings():  # a plan made without our sharder, given to a DMP that has it
+            warnings.simplefilter("ignore", FutureWarning)
+            plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu")).collective_plan(
+                model, [EmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
+        with pytest.raises(ValueError, match=not_ours):
+            _dmp(model, [EmbeddingBagCollectionSharder(), Ours()], plan=plan)
+        for bad, msg in ((fp, r"table 'a': RemoteEmbeddingBagCollectionSharder\(fused_params=...\) of ebc asks for "
+                              r"optimizer EXACT_ADAGRAD, lr 0.5, .*row-wise Adagrad"),
+                         ({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.2, "eps": 1e-6},
+                          r"table 'a': .* asks for eps 1e-06")):
+            with pytest.raises(ValueError, match=msg):
+                _dmp(_Head(RemoteEmbeddingBagCollection(configs(cfg), local)), [Ours(fused_params=bad)])
+        # our sharder's fused_params merge with apply_optimizer_in_backward's kwargs, as TorchRec's
+        # (DDP kept off the placeholders: on CPU it cannot run in-backward optimizers)
+        ok = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.2, "eps": 1e-8}
+        head = _Head(RemoteEmbeddingBagCollection(configs(cfg), local))
+        _apply_in_backward([head.ebc.embedding_bags["b"].weight], torch.optim.Adagrad, {"lr": 0.2})
+        assert placeholder_names(head) == [f"ebc.embedding_bags.{n}.weight" for n in "abc"]
+        dmp = _dmp(head, [Ours(fused_params=ok)],
+                   data_parallel_wrapper=DefaultDataParallelWrapper(params_to_ignore=placeholder_names(head)))
+        kjt = random_kjt(np.random.default_rng(32), ["f_a", "f_b", "f_c"], [60, 40, 25], 4)
+        with pytest.raises(ValueError, match=r"table 'b': apply_optimizer_in_backward\(Adagrad, ...\) with fused_params "
+                                             r"asks for optimizer EXACT_ADAGRAD"):
+            dmp(kjt)
+        assert all(len(k) == 0 for k, _, _ in local.state_dict().values())  # nothing was sent
+        # matching in-backward choices train through DMP (DDP off the placeholders), merged with
+        # the sharder's fused_params; no fused_params at all: the config's optimizer
+        for fused in (ok, None):
+            head = _Head(RemoteEmbeddingBagCollection(configs(cfg), local))
+            _apply_in_backward(head.ebc.parameters(), torchrec.optim.RowWiseAdagrad, {"lr": 0.2, "eps": 1e-8})
+            dmp = _dmp(head, [Ours(fused_params=fused)],
+                       data_parallel_wrapper=DefaultDataParallelWrapper(params_to_ignore=placeholder_names(head)))
+            dmp(kjt).sum().backward()
+            assert sum(len(k) for k, _, _ in local.state_dict().values()) > 0
+        head = _Head(RemoteEmbeddingBagCollection(configs(cfg), local))  # and with DDP on the placeholders
+        dmp = _dmp(head, [Ours()])
+        dmp(kjt).sum().backward()
+    # the README's path: no DMP, a dense optimizer over every parameter (the placeholders are empty)
+    head = _Head(RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg)))
+    opt = torch.optim.SGD(head.parameters(), lr=0.05)
+    before = head.top.weight.detach().clone()
+    head(kjt).sum().backward()
+    opt.step()
+    assert not torch.equal(before, head.top.weight) and head.ebc.embedding_bags["a"].weight.shape == (0, 4)
 
 
 def test_a_frozen_table_is_not_updated_and_ddp_takes_the_placeholders():
