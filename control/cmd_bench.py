@@ -122,7 +122,8 @@ def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats
     for k in ("lookup_4096", "update_4096"):
         v = res[k]
         click.echo(f"  {k:12s} disk {_fmt(v['disk_rows_per_s'])} rows/s  memory {_fmt(v['memory_rows_per_s'])} rows/s  "
-                   f"ratio {v['ratio']:.3f}  hit ratio {v['hit_ratio']:.3f}")
+                   f"ratio {v['ratio']:.3f}  (memory, numpy path {_fmt(v['memory_numpy_rows_per_s'])}: "
+                   f"{v['ratio_vs_numpy_path']:.3f})  hit ratio {v['hit_ratio']:.3f}")
     mb = res["memory_bound"]
     click.echo(f"  RssAnon max {mb['rss_anon_max'] / 2**20:.1f} MiB (bound {mb['bound'] / 2**20:.1f} MiB: "
                f"{'within' if mb['within'] else 'OVER'}), table on disk {mb['disk_bytes'] / 2**20:.1f} MiB = "

@@ -1,9 +1,11 @@
 """The disk tier under load (``embnic bench server``, its disk-tier run; ``--disk-only`` alone).
 
-Two shard processes on loopback serve the same table (dim 8 fp32, row-wise Adagrad): one keeps
+Three shard processes on loopback serve the same table (dim 8 fp32, row-wise Adagrad): one keeps
 it on disk (``store = "disk"``: RocksDB behind ``cache_rows`` hot rows, ``block_cache_mb`` of
-RocksDB block cache), the other in memory (the default arena), as the baseline measured in the
-same run. In order:
+RocksDB block cache), one in memory (the default: the one row store, lookups answered in C from
+the receive buffer where the library is built), the baseline measured in the same run, and one
+in memory behind the engine's numpy path (``EMBNIC_SHARD_C=0``) — the path a disk table's
+lookups take, so the store's own cost shows apart from the answer path's. In order:
 
 1. **Fixed overhead.** The table grows to 1.5 × the rows the disk table's cache holds (about the
    budget's size on disk), then the disk shard serves 128 Zipf lookups and updates of 4096 keys
@@ -24,7 +26,7 @@ same run. In order:
    neighbours), ``window`` messages in flight, alternately against the memory and the disk shard
    (``repeats`` each; rows/s are medians) after a warm-up pass; the disk shard's cache hit ratio
    comes from its metrics (hits ÷ keys, over the timed runs). Target: lookup rows/s ≥ 0.3 × the
-   memory shard's.
+   memory shard's (``ratio``; ``ratio_vs_numpy_path``: against the numpy-path memory shard).
 
 Load is part of the figure on a shared machine: the result records the load average and the CPU
 seconds of both shard processes.
@@ -107,12 +109,15 @@ class Shard:
     """A shard process (``python -m embnic.testbed.server``) of the bench table with its metrics
     endpoint, on free loopback ports."""
 
-    def __init__(self, workdir: Path, store: str, cache_rows: int, block_cache_mb: int):
+    def __init__(self, workdir: Path, store: str, cache_rows: int, block_cache_mb: int, name: str | None = None,
+                 env: dict | None = None):
         self.store = store
-        self.cfg_path = workdir / f"bench-{store}.toml"
+        self.name = name or store
+        self.env = dict(os.environ, **(env or {}))
+        self.cfg_path = workdir / f"bench-{self.name}.toml"
         self.store_dir = workdir / "disk-store"
         self.cfg_path.write_text(_toml(store, cache_rows, block_cache_mb, self.store_dir))
-        self.log_path = workdir / f"server-{store}.log"
+        self.log_path = workdir / f"server-{self.name}.log"
         self.argv = [sys.executable, "-m", "embnic.testbed.server", "--shard", "0", "--config", str(self.cfg_path),
                      "--port", "0", "--metrics-port", "0", "--metrics-bind", "127.0.0.1", "--log-level", "info"]
         self.proc: subprocess.Popen | None = None
@@ -125,7 +130,7 @@ class Shard:
             OperationalError: it exited or did not listen within ``timeout`` s (names its log).
         """
         log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.argv, stderr=log, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.argv, stderr=log, stdout=subprocess.DEVNULL, env=self.env)
         log.close()
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -138,7 +143,7 @@ class Shard:
                 break
             time.sleep(0.05)
         self.stop()
-        raise OperationalError(f"bench shard ({self.store}) did not start: see {self.log_path}")
+        raise OperationalError(f"bench shard ({self.name}) did not start: see {self.log_path}")
 
     def metrics(self) -> dict[str, float]:
         """The disk tier's samples of the shard's metrics: ``{name: value}`` (table 0's)."""
@@ -258,6 +263,11 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
     load0 = os.getloadavg()
     disk = Shard(workdir, "disk", cache_rows, block_cache_mb)
     mem = Shard(workdir, "memory", cache_rows, block_cache_mb)
+    # the same in-memory store behind the engine's numpy path (EMBNIC_SHARD_C=0: no C intake, no C
+    # answers), the path a disk table's lookups take: the store's cost apart from the answer path's
+    memn = Shard(workdir, "memory", cache_rows, block_cache_mb, name="memory_numpy", env={"EMBNIC_SHARD_C": "0"})
+    shards = {"disk": disk, "memory": mem, "memory_numpy": memn}
+    mems = ("memory", "memory_numpy")
     res: dict = {"config": {"rows": rows, "cache_rows": cache_rows, "block_cache_mb": block_cache_mb, "dim": DIM,
                             "dtype": "fp32", "optimizer": "adagrad", "keys_per_message": KEYS, "zipf_s": ZIPF_S,
                             "window": window, "messages_per_run": messages, "repeats": repeats, "mtu": mtu},
@@ -270,9 +280,9 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
         return m
 
     try:
-        disk.start()
-        mem.start()
-        gens = {"disk": LoadGen(disk.port), "memory": LoadGen(mem.port)}
+        for sh in shards.values():
+            sh.start()
+        gens = {n: LoadGen(sh.port) for n, sh in shards.items()}
         try:
             zipf = Zipf(rows, ZIPF_S, rng)
             # 1. fixed overhead: the table as large as the cache, then the traffic of step 3 (every code
@@ -286,9 +296,10 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
             small = Zipf(first, ZIPF_S, rng)
             small.ids = zipf.ids[order[:first]]
             grow0 = [np.sort(zipf.ids[order[a:min(first, a + KEYS)]]) for a in range(0, first, KEYS)]
-            secs = {"disk": 0.0, "memory": 0.0}
-            cpu0 = {"disk": disk.cpu(), "memory": mem.cpu()}
-            secs["memory"] += gens["memory"].run(msgs("update", grow0), window)[0]
+            secs = {n: 0.0 for n in shards}
+            cpu0 = {n: sh.cpu() for n, sh in shards.items()}
+            for n in mems:
+                secs[n] += gens[n].run(msgs("update", grow0), window)[0]
             fixed_samples = []
 
             def sample(rows_now: int) -> dict:
@@ -320,13 +331,13 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
             for lo in range(first, rows, per):
                 part = order[lo:lo + per]
                 keys = [np.sort(zipf.ids[part[a:a + KEYS]]) for a in range(0, part.size, KEYS)]
-                for name in ("disk", "memory"):
+                for name in shards:
                     w = msgs("update", keys)
                     secs[name] += gens[name].run(w, window)[0]
                 growth.append({**sample(int(min(rows, lo + per))), "memory_shard_rss_anon": mem.mem()["rss_anon"]})
             res["growth"] = {"samples": growth,
                              "rows_per_s": {n: rows / max(s, 1e-9) for n, s in secs.items()},
-                             "shard_cpu_s": {n: p.cpu() - cpu0[n] for n, p in (("disk", disk), ("memory", mem))}}
+                             "shard_cpu_s": {n: p.cpu() - cpu0[n] for n, p in shards.items()}}
             last = growth[-1]
             res["memory_bound"] = {
                 "bound": bound, "rss_anon_max": max(g["rss_anon"] for g in growth),
@@ -341,14 +352,14 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
             for op in ("lookup", "update"):
                 log(f"bench server --disk: Zipf({ZIPF_S}) {op}s of {KEYS} keys ...")
                 warm = msgs(op, [zipf.message(KEYS) for _ in range(messages)])
-                for name in ("disk", "memory"):
+                for name in shards:
                     gens[name].run(warm, window)
-                runs = {"disk": [], "memory": []}
+                runs = {n: [] for n in shards}
                 hits = keys_ = 0.0
-                cpu = {"disk": 0.0, "memory": 0.0}
+                cpu = {n: 0.0 for n in shards}
                 for _ in range(repeats):
                     w = msgs(op, [zipf.message(KEYS) for _ in range(messages)])
-                    for name, sh in (("memory", mem), ("disk", disk)):
+                    for name, sh in (("memory", mem), ("disk", disk), ("memory_numpy", memn)):
                         before = sh.metrics() if name == "disk" else None
                         c0 = sh.cpu()
                         sec = gens[name].run(w, window)[0]
@@ -364,18 +375,22 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
                     res["zipf_samples"] = res.get("zipf_samples", []) + [g]
                     res["memory_bound"]["rss_anon_max"] = max(res["memory_bound"]["rss_anon_max"], g["rss_anon"])
                     res["memory_bound"]["within"] &= g["rss_anon"] <= bound
-                d, m = float(np.median(runs["disk"])), float(np.median(runs["memory"]))
+                d, m, mn = (float(np.median(runs[n])) for n in ("disk", "memory", "memory_numpy"))
                 res[f"{op}_{KEYS}"] = {"disk_rows_per_s": d, "memory_rows_per_s": m, "ratio": d / m,
+                                       "memory_numpy_rows_per_s": mn, "ratio_vs_numpy_path": d / mn,
                                        "disk_rows_per_s_runs": runs["disk"], "memory_rows_per_s_runs": runs["memory"],
+                                       "memory_numpy_rows_per_s_runs": runs["memory_numpy"],
                                        "hit_ratio": hits / max(keys_, 1.0),
                                        "disk_shard_cpu_s": cpu["disk"], "memory_shard_cpu_s": cpu["memory"],
-                                       "ratio_cpu": (cpu["memory"] / max(cpu["disk"], 1e-9))}
+                                       "memory_numpy_shard_cpu_s": cpu["memory_numpy"],
+                                       "ratio_cpu": (cpu["memory"] / max(cpu["disk"], 1e-9)),
+                                       "ratio_cpu_vs_numpy_path": (cpu["memory_numpy"] / max(cpu["disk"], 1e-9))}
         finally:
             for g in gens.values():
                 g.close()
     finally:
-        disk.stop()
-        mem.stop()
+        for sh in shards.values():
+            sh.stop()
     mb = res["memory_bound"]
     res["targets"] = {
         "lookup_4096_disk_vs_memory": {"target": TARGET_LOOKUP, "measured": res[f"lookup_{KEYS}"]["ratio"],
@@ -386,6 +401,6 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
                                       "met": mb["disk_over_budget"] >= TARGET_DISK_OVER_BUDGET},
     }
     res["load"] = {"loadavg_before": list(load0), "loadavg_after": list(os.getloadavg()), "cpus": os.cpu_count()}
-    res["logs"] = {"disk": str(disk.log_path), "memory": str(mem.log_path)}
+    res["logs"] = {n: str(sh.log_path) for n, sh in shards.items()}
     merge_json(out_dir / "bench.json", "server_disk", res)
     return res
