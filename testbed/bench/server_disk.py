@@ -8,8 +8,9 @@ in memory behind the engine's numpy path (``EMBNIC_SHARD_C=0``) — the path a d
 lookups take, so the store's own cost shows apart from the answer path's. In order:
 
 1. **Fixed overhead.** The table grows to 1.5 × the rows the disk table's cache holds (about the
-   budget's size on disk), then the disk shard serves 128 Zipf lookups and updates of 4096 keys
-   over it (reads from the store, evictions, write-backs: every path of step 3, at full size). After every 8 messages the bench reads its
+   budget's size on disk), then the disk shard serves Zipf updates and lookups of 4096 keys over
+   it, 256 of each (reads from the store, evictions, write-backs, the flushes and compactions
+   they cause: every path of step 3, at full size). After every 8 messages the bench reads its
    anonymous resident memory (``RssAnon``, ``/proc/PID/status``) and the block cache in use (its
    metrics); the largest ``RssAnon`` minus the cache's arrays (allocated and written once when the
    shard starts) and the block cache in use is the shard's fixed overhead: the interpreter,
@@ -312,7 +313,7 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
             for a in range(0, len(grow0), 8):
                 secs["disk"] += gens["disk"].run(msgs("update", grow0[a:a + 8]), window)[0]
                 fixed_samples.append(sample(min(first, (a + 8) * KEYS)))
-            for op in ("lookup", "update", "lookup", "update"):
+            for op in ("update", "lookup") * 4:  # as much store traffic per sample as later (writes: compactions)
                 for _ in range(4):
                     gens["disk"].run(msgs(op, [small.message(KEYS) for _ in range(8)]), window)
                     fixed_samples.append(sample(first))
@@ -320,9 +321,9 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
             res["fixed_overhead"] = {"bytes": fixed, "table_rows": first, "samples": fixed_samples,
                                      "how": "the largest RssAnon minus the cache's arrays (written at start) and the "
                                             "block cache in use, sampled after every 8 messages while the table "
-                                            "grew to 1.5 x the rows the cache holds and then served 128 Zipf "
-                                            "lookups and updates of 4096 keys over it (reads from the store, "
-                                            "evictions, write-backs)"}
+                                            "grew to 1.5 x the rows the cache holds and then served 256 Zipf "
+                                            "updates and 256 lookups of 4096 keys over it (reads from the store, "
+                                            "evictions, write-backs, flushes, compactions)"}
             bound = fixed + budget["bytes"]
             # 2. growth: every row materialised, in random order
             log(f"bench server --disk: growing the table to {rows:,} rows on both shards ...")

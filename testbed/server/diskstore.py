@@ -224,6 +224,7 @@ class StoreEnv:
         o.set_target_file_size_base(4 << 20)
         o.set_max_bytes_for_level_base(16 << 20)
         o.set_writable_file_max_buffer_size(256 << 10)
+        o.set_max_compaction_bytes(16 << 20)  # one compaction job reads and writes at most ~16 MiB
         o.set_max_subcompactions(1)
         bo = rocksdict.BlockBasedOptions()
         bo.set_block_cache(self.cache)
