@@ -190,7 +190,7 @@ class StoreEnv:
         self.write_opts = rocksdict.WriteOptions()
         self.write_opts.disable_wal = True  # the shard's own log covers every update
         self.tables: weakref.WeakSet = weakref.WeakSet()
-        self._final = weakref.finalize(self, StoreEnv._cleanup, self.root if self.scratch else None)
+        self._final = weakref.finalize(self, StoreEnv._cleanup, self.root if self.scratch else None, self.tables)
 
     def _lock(self) -> int:
         fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -249,7 +249,11 @@ class StoreEnv:
                 "memtable_bytes": mem, "table_readers_bytes": rd, "sst_bytes": sst}
 
     @staticmethod
-    def _cleanup(root: Path | None) -> None:
+    def _cleanup(root: Path | None, tables: weakref.WeakSet) -> None:
+        """Close the tables still open (their RocksDB background threads would write into the
+        directory being removed: at interpreter exit, say), then remove a scratch root."""
+        for t in list(tables):
+            t.close()
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
 
