@@ -150,7 +150,9 @@ def test_shard_endpoints_equal_their_counters_workers_and_wal(tmp_path):
         sh = str(c["shard"])
         replies = sum(v for (n, ls), v in got.items() if n == "embnic_shard_replies_total")
         assert replies == got[("embnic_shard_service_seconds_count", (("shard", sh),))] > 0
-        assert replies == sum(c["requests"].values())
+        # every reply answers a request, or a poll of an update the window holds (ack) or holds in part
+        # (NACK): a loaded machine delays an ack past the client's timer and the client polls
+        assert replies == sum(c["requests"].values()) + c["update_poll_acks"] + c["update_nacks"]
     w = samples(texts[0])
     assert w[("embnic_shard_workers", (("shard", "0"),))] == 2
     assert {ls for n, ls in w if n == "embnic_shard_wakeups_total"} == {(("shard", "0"), ("worker", "0")),
