@@ -142,8 +142,9 @@ def _summ(runs: list[dict]) -> dict:
             "steps_per_s": _stat([1e6 / np.median(r["step_us"]) for r in runs]),
             "messages_per_step": _stat([r["messages"] for r in runs]),
             "rounds_per_step": _stat([r["rounds"] for r in runs]),
-            "request_messages_per_round": _stat([r["request_messages_per_round"] for r in runs]),
-            "shards_per_round": _stat([r["shards_per_round"] for r in runs]),
+            # (TorchRec's runs send no embnic messages: 0)
+            "request_messages_per_round": _stat([r.get("request_messages_per_round", 0.0) for r in runs]),
+            "shards_per_round": _stat([r.get("shards_per_round", 0.0) for r in runs]),
             "retransmits_per_step": _stat([r["retransmits"] for r in runs]),
             **{f"{k}_per_step": _stat([r.get(k, 0.0) for r in runs]) for k in ("timeouts", "repairs", "probes")}}
 
