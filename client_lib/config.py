@@ -58,14 +58,15 @@ CARD_PORT_KEYS = ("id", "ip", "mac", "name")
 
 
 class ConfigError(ValueError):
-    """A config field is missing or invalid; ``field`` is its dotted path."""
+    """A config field is missing or invalid; ``field`` is its dotted path (``""`` for the file as a
+    whole: unreadable, not TOML)."""
 
     def __init__(self, field: str, message: str, path: str | os.PathLike | None = None):
         self.field = field
         self.message = message
         self.path = str(path) if path else None
         where = f"{self.path}: " if self.path else ""
-        super().__init__(f"{where}{field}: {message}")
+        super().__init__(f"{where}{field}: {message}" if field else f"{where}{message}")
 
 
 def did_you_mean(word: str, known) -> str:
@@ -644,11 +645,11 @@ def load_config(path: str | os.PathLike) -> ClusterConfig:
     try:
         data = p.read_bytes()
     except OSError as e:
-        raise ConfigError("<file>", f"cannot read config: {e.strerror}", p) from None
+        raise ConfigError("", f"cannot read config: {e.strerror}", p) from None
     try:
         raw = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("<file>", f"not valid TOML: {e}", p) from None
+        raise ConfigError("", f"not valid TOML: {e}", p) from None
     return parse_config(raw, p)
 
 

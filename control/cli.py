@@ -94,13 +94,14 @@ _COMMANDS = (
 )
 
 
-def one_line_usage_error(e: click.UsageError) -> click.ClickException:
+def one_line_usage_error(e: click.UsageError, fallback: str = "embnic") -> click.ClickException:
     """``e`` as one line — ``<message> (see '<command path> --help')`` — with exit code 2.
 
     Click shows a usage error as three lines (``Usage: ...``, ``Try '... --help' for help.``,
-    ``Error: ...``); the project's rule is one line that names the fix.
+    ``Error: ...``); the project's rule is one line that names the fix. ``fallback`` is the command
+    path to name when click gives the error no context (an option missing its value).
     """
-    where = e.ctx.command_path if e.ctx is not None else "embnic"
+    where = e.ctx.command_path if e.ctx is not None else fallback
     msg = e.format_message()
     if msg.endswith(".") and not msg.endswith(".."):
         msg = msg[:-1]                        # click's "No such option '-x'." reads better without it
@@ -126,12 +127,21 @@ class OneLineUsageGroup(click.Group):
             raise one_line_usage_error(e) from None
 
     def invoke(self, ctx):
+        args = [*getattr(ctx, "_protected_args", ()), *ctx.args]
         try:
             return super().invoke(ctx)
         except click.exceptions.NoArgsIsHelpError:
             raise
         except click.UsageError as e:
-            raise one_line_usage_error(e) from None
+            # click raises "Option '--x' requires an argument" with no context: name the (nested)
+            # subcommand the arguments lead to
+            path, cmd = ctx.command_path, self
+            for a in args:
+                sub = cmd.get_command(ctx, a) if isinstance(cmd, click.Group) else None
+                if sub is None:
+                    break
+                path, cmd = f"{path} {a}", sub
+            raise one_line_usage_error(e, path) from None
 
 
 class _Group(OneLineUsageGroup):

@@ -34,7 +34,8 @@ def test_check_names_the_field(invoke, tmp_path):
 
 def test_check_missing_file_and_bad_toml(invoke, tmp_path):
     r = invoke("config", "check", tmp_path / "nope.toml")
-    assert r.exit_code == 2 and "cannot read config" in r.output
+    assert r.exit_code == 2 and "cannot read config" in r.output and "<file>" not in r.output
+    assert r.output.startswith(f"Error: {tmp_path / 'nope.toml'}: cannot read config: "), r.output
     p = tmp_path / "x.toml"
     p.write_text("[cluster\n")
     r = invoke("config", "check", p)

@@ -167,6 +167,16 @@ def test_every_command_shows_a_usage_error_as_one_line(invoke):
         assert len(r.output.splitlines()) == 1, (path, r.output)
 
 
+@pytest.mark.parametrize("args,where", [(("testbed", "up", "--pmd"), "cli testbed up"),
+                                        (("route", "add", "--port"), "cli route add"),
+                                        (("plan", "--batch"), "cli plan")])
+def test_an_option_missing_its_value_names_the_subcommand(invoke, args, where):
+    """click raises "requires an argument" without a context: the hint named 'embnic --help'."""
+    r = invoke(*args)
+    assert r.exit_code == 2
+    assert r.output == f"Error: Option '{args[-1]}' requires an argument (see '{where} --help')\n", r.output
+
+
 def test_a_group_without_a_subcommand_still_shows_its_help(invoke):
     r = invoke("config")
     assert "Usage: cli config" in r.output and "Commands:" in r.output
