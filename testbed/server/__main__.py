@@ -3,7 +3,7 @@
 What the namespace testbed starts in every shard namespace (the library, not the CLI); users
 run the same through ``embnic server``. Logs like it (:data:`~embnic.testbed.server.runner.LOG_FORMAT`),
 stops on SIGTERM/SIGINT with its counters as one JSON line, exits 0; a bad config or shard id
-exits 2, an address it cannot bind 1, each with one line naming the fix.
+exits 2, an address it cannot bind or a store directory it cannot use 1, each with one line naming the fix.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from embnic.client_lib.config import ConfigError, load_config
 from embnic.control.errors import ControlError
 from embnic.testbed.server.durability import DurabilityError
 from embnic.testbed.server.runner import LOG_FORMAT, bind_error_message, run_server
+from embnic.testbed.server.stores import StoreDependencyError, StoreSetupError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except DurabilityError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
+    except StoreSetupError as e:  # the disk tier's directory or dependency: one line, no traceback
+        print(f"Error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, StoreDependencyError) else 1
     except OSError as e:
         print(f"Error: {bind_error_message(e, ip, port)}", file=sys.stderr)
         return 1

@@ -103,25 +103,35 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
     disk = disk_tables(cfg, shard_id)
     env = None
     if disk:
+        from .durability import shard_dir
+
         ds = load_diskstore()
         me = cfg.shard(shard_id)
         mb = me.block_cache_mb or DEFAULT_BLOCK_CACHE_MB
         sub = f"w{worker[0]}" if worker[1] > 1 else None
+        # what an error names: where the stores go and how to fix it
+        where, fix = "store directory", "give a directory this shard can create and write"
         if scratch:
             root = None
         elif root is None and durable_dir is not None:
-            from .durability import shard_dir
-
             root = shard_dir(durable_dir, shard_id) / "store"
+            where = f"--checkpoint-dir {durable_dir}"
         elif root is None and me.store_dir is not None:
             root = Path(me.store_dir) / f"shard-{shard_id}"
+            where, fix = f"store_dir {me.store_dir}", "give store_dir a directory this shard can create and write"
+        if root is None:
+            where = f"temporary store directory ({os.environ.get('EMBNIC_STORE_TMP') or '/var/tmp'})"
+            fix = "free space there or set EMBNIC_STORE_TMP to a writable directory"
+        what = f"{where} of shard {shard_id}'s disk table{'s' if len(disk) > 1 else ''} {','.join(map(str, disk))}"
         try:
             if root is None:
                 env = ds.scratch_env(mb, prefix=f"embnic-rows-shard{shard_id}-" + (f"{sub}-" if sub else ""))
             else:
                 env = ds.StoreEnv(Path(root) / sub if sub else root, mb)
         except ds.StoreError as e:
-            raise StoreSetupError(str(e)) from None
+            raise StoreSetupError(f"{what}: {e}") from None
+        except OSError as e:  # not a directory, not there, not ours to write: not an address to bind
+            raise StoreSetupError(f"{what}: cannot use {e.filename or root}: {e.strerror or e}: {fix}") from None
         (log.debug if scratch else log.info)("shard %d: tables %s on disk in %s%s (block cache %d MiB)", shard_id, ",".join(map(str, disk)),
                  env.root, " (scratch, removed at stop)" if env.scratch else "", mb)
     # the in-memory tables share one RowStore (with no table in memory it holds them all and serves
@@ -139,6 +149,8 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
         if env is not None:
             env.close()
         if disk and isinstance(e, ds.StoreError):
-            raise StoreSetupError(str(e)) from None
+            raise StoreSetupError(f"{what}: {e}") from None
+        if disk and isinstance(e, OSError):
+            raise StoreSetupError(f"{what}: cannot use {e.filename or env.root}: {e.strerror or e}: {fix}") from None
         raise
     return ShardStores(tables, rows, env)

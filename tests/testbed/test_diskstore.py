@@ -405,10 +405,37 @@ def test_store_dir_refusals_name_the_directory(tmp_path):
         assert r.returncode == 1, r.stderr
         assert re.search(r"Error: .*mine/shard-0 is in use by another shard process \(pid \d+\)", r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        # the shard module `embnic testbed up` runs: the same one line, no traceback (a new-user trial)
+        r = subprocess.run([sys.executable, "-m", "embnic.testbed.server", "--shard", "0", "--config", str(cfg_path),
+                            "--port", "0"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert re.search(r"^Error: store_dir .*mine of shard 0's disk table 0: .*mine/shard-0 is in use by another "
+                         r"shard process \(pid \d+\)", r.stderr), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     finally:
         first.close_stores()
     second = ShardServer(cfg, 0, port=0)  # a stopped shard's store is scratch: taken over
     second.close_stores()
+
+
+@pytest.mark.parametrize("module", [False, True])
+def test_an_unusable_store_dir_is_named_not_a_bind_error(tmp_path, module):
+    """``store_dir`` a file, or under a directory that cannot hold one: one line naming store_dir
+    and the table, exit 1, through ``embnic server`` and the shard module — never "cannot bind"
+    (a new-user trial got ``cannot bind 127.0.0.1:17880: Not a directory``)."""
+    (tmp_path / "afile").write_text("x")
+    for store_dir, why in ((tmp_path / "afile", "Not a directory"), (Path("/proc/nope"), "No such file or directory")):
+        cfg_path = tmp_path / "c.toml"
+        cfg_path.write_text(f'[[tables]]\nid = 0\ndim = 8\n[[tables]]\nid = 2\ndim = 4\n[[shards]]\nid = 0\n'
+                            f'ip = "127.0.0.1"\nstore = "disk"\nstore_dir = "{store_dir}"\n'
+                            '[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+        cmd = (["-m", "embnic.testbed.server", "--config"] if module else ["-m", "embnic", "server", "-c"])
+        r = subprocess.run([sys.executable, *cmd, str(cfg_path), "--shard", "0", "--port", "0"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert f"store_dir {store_dir} of shard 0's disk tables 0,2: cannot use {store_dir}" in r.stderr, r.stderr
+        assert why in r.stderr and "give store_dir a directory" in r.stderr and "bind" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_missing_rocksdict_is_one_line_naming_the_extra(tmp_path):
