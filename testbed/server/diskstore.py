@@ -171,13 +171,13 @@ class StoreEnv:
         self.scratch = bool(scratch)
         self.block_cache_bytes = int(block_cache_mb) << 20
         self.root.mkdir(parents=True, exist_ok=True)
+        self._refuse_foreign()  # before the lock: a refused directory is left as it was (no LOCK file made)
         self._lock_fd = self._lock()
-        others = sorted(p.name for p in self.root.iterdir() if p.name not in ("LOCK", self.MARK))
-        if others and not (self.root / self.MARK).exists():
+        try:
+            others = self._refuse_foreign()  # again, under the lock
+        except StoreError:
             os.close(self._lock_fd)
-            raise StoreError(f"{self.root} holds {', '.join(others[:4])}{', ...' if len(others) > 4 else ''}, which "
-                             "is not a shard's row store: give store_dir an empty directory (its contents are "
-                             "scratch, replaced at every start)")
+            raise
         for name in others:  # an earlier run's live stores: scratch (restore rebuilds from snapshots)
             p = self.root / name
             shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -191,6 +191,19 @@ class StoreEnv:
         self.write_opts.disable_wal = True  # the shard's own log covers every update
         self.tables: weakref.WeakSet = weakref.WeakSet()
         self._final = weakref.finalize(self, StoreEnv._cleanup, self.root if self.scratch else None, self.tables)
+
+    def _refuse_foreign(self) -> list[str]:
+        """The names in ``root`` besides ``LOCK`` and :data:`MARK`.
+
+        Raises:
+            StoreError: there are some and no :data:`MARK` (not a store of ours).
+        """
+        others = sorted(p.name for p in self.root.iterdir() if p.name not in ("LOCK", self.MARK))
+        if others and not (self.root / self.MARK).exists():
+            raise StoreError(f"{self.root} holds {', '.join(others[:4])}{', ...' if len(others) > 4 else ''}, which "
+                             "is not a shard's row store: give store_dir an empty directory (its contents are "
+                             "scratch, replaced at every start)")
+        return others
 
     def _lock(self) -> int:
         fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -393,6 +393,8 @@ def test_store_dir_refusals_name_the_directory(tmp_path):
     cfg = _cfg("disk", 8, shards=1, store_dir=str(tmp_path / "other"))
     with pytest.raises(StoreSetupError, match="precious.txt, which is not a shard's row store"):
         ShardServer(cfg, 0, port=0)
+    # refused before anything is made in it (a new-user trial found a LOCK file left there)
+    assert sorted(p.name for p in (tmp_path / "other" / "shard-0").iterdir()) == ["precious.txt"]
     cfg = _cfg("disk", 8, shards=1, store_dir=str(tmp_path / "mine"))
     first = ShardServer(cfg, 0, port=0)
     try:
