@@ -575,6 +575,18 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
     for i, t in enumerate(tables):
         if t.shard is not None and t.shard not in shard_ids:
             raise ConfigError(f"tables[{i}].shard", f"no shard with id {t.shard} (shards: {sorted(shard_ids)})", path)
+        # cache_rows without a store key takes the store of the shards that hold the table: refused
+        # where none keeps it on disk (it would be ignored, as with store = "memory")
+        holders = [s for s in shards if t.shard is None or s.id == t.shard]
+        if t.cache_rows is not None and t.store is None and not any(s.store == "disk" for s in holders):
+            raise ConfigError(f"tables[{i}].cache_rows", f'is the cache of a store = "disk" table, and table {t.id} '
+                              'has no store key and its shards keep tables in memory: set store = "disk" (on the '
+                              "table or its shards) or drop cache_rows", path)
+    for i, s in enumerate(shards):
+        if s.cache_rows is not None and s.store != "disk" and not any(t.store == "disk" for t in tables):
+            raise ConfigError(f"shards[{i}].cache_rows", f'is the cache of the store = "disk" tables, and shard {s.id} '
+                              'keeps every table in memory: set store = "disk" (on the shard or a table) or drop '
+                              "cache_rows", path)
 
     card = None
     if "card" in raw:

@@ -67,7 +67,7 @@ import numpy as np
 try:
     import rocksdict
 except ImportError as e:  # pragma: no cover - what stores.py turns into one line naming the extra
-    raise ImportError(f"the disk tier needs rocksdict ({e}): pip install 'embnic[disk]'") from None
+    raise ImportError(f"the disk tier needs rocksdict ({e}): pip install 'embnic[disk]'") from e
 
 from embnic.client_lib.config import TableConfig
 from embnic.client_lib.splitmix import splitmix64
@@ -285,6 +285,15 @@ def scratch_env(block_cache_mb: int, prefix: str = "embnic-rows-") -> StoreEnv:
     ``$EMBNIC_STORE_TMP`` overrides), removed when closed."""
     base = os.environ.get("EMBNIC_STORE_TMP") or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
     return StoreEnv(tempfile.mkdtemp(prefix=prefix, dir=base), block_cache_mb, scratch=True)
+
+
+def cache_bytes(table: TableConfig, cache_rows: int) -> int:
+    """Bytes of :class:`DiskTable`'s cache of ``table`` with ``cache_rows`` rows (its capacity, the
+    multiple of the ways not above ``cache_rows``, × (4·dim row + 4 accumulator (adagrad) + 19:
+    key, flags, use count, stamp))."""
+    ways = max(1, min(WAYS, int(cache_rows)))
+    cap = max(1, int(cache_rows) // ways) * ways
+    return cap * (4 * int(table.dim) + (4 if table.optimizer == "adagrad" else 0) + 19)
 
 
 class DiskTable:

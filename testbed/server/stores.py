@@ -53,9 +53,9 @@ def load_diskstore():
     """
     try:
         from . import diskstore
-    except ImportError as e:
-        raise StoreDependencyError(f'a table has store = "disk", which needs the RocksDB binding rocksdict ({e}); '
-                              f"install it: {DISK_EXTRA}") from None
+    except ImportError as e:  # diskstore's own message names the fix too: give the cause, and the fix once
+        raise StoreDependencyError(f'a table has store = "disk", which needs the RocksDB binding rocksdict '
+                                   f"({e.__cause__ or e}); install it: {DISK_EXTRA}") from None
     return diskstore
 
 
@@ -82,6 +82,33 @@ class ShardStores:
     def close(self) -> None:
         if self.env is not None:
             self.env.close()
+
+
+def _check_cache_memory(ds, cfg: ClusterConfig, shard_id: int, disk: list[int]) -> None:
+    """Refuse disk-table caches (``cache_rows``) larger together than this machine's memory, naming
+    the tables and their ``cache_rows``, before anything is allocated or opened.
+
+    Raises:
+        StoreSetupError: the caches would not fit in physical memory.
+    """
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not known here: nothing to check against
+        return
+    need = {tid: (cfg.store_of(tid, shard_id)[1], ds.cache_bytes(cfg.table(tid), cfg.store_of(tid, shard_id)[1]))
+            for tid in disk}
+    total = sum(b for _, b in need.values())
+    if total <= phys:
+        return
+    big = sorted(need, key=lambda tid: -need[tid][1])[:3]
+    named = ", ".join(f"table {tid} cache_rows = {need[tid][0]} ({_gib(need[tid][1])})" for tid in big)
+    raise StoreSetupError(f"shard {shard_id}'s disk-table caches need {_gib(total)} of memory "
+                          f"(cache_rows x (4·dim + 23) bytes each; {named}{', ...' if len(need) > 3 else ''}), more "
+                          f"than this machine's {_gib(phys)}: lower cache_rows")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n < 1 << 40 else f"{n / (1 << 40):.2f} TiB"
 
 
 def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLike | None = None, *,
@@ -122,6 +149,7 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
         if root is None:
             where = f"temporary store directory ({os.environ.get('EMBNIC_STORE_TMP') or '/var/tmp'})"
             fix = "free space there or set EMBNIC_STORE_TMP to a writable directory"
+        _check_cache_memory(ds, cfg, shard_id, disk)
         what = f"{where} of shard {shard_id}'s disk table{'s' if len(disk) > 1 else ''} {','.join(map(str, disk))}"
         try:
             if root is None:

@@ -440,13 +440,26 @@ def test_an_unusable_store_dir_is_named_not_a_bind_error(tmp_path, module):
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_a_cache_larger_than_memory_is_refused_up_front(tmp_path):
+    """``cache_rows = 2**40`` was a ``MemoryError: Unable to allocate 8.00 TiB`` traceback (a new-user
+    trial): one line naming the table and its cache_rows, exit 1, before any store is made."""
+    cfg_path = _disk_toml(tmp_path / "c.toml", cache_rows=1 << 40)
+    r = subprocess.run([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(cfg_path), "--port", "0"],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, EMBNIC_STORE_TMP=str(tmp_path)))
+    assert r.returncode == 1, r.stderr
+    assert re.search(r"^Error: shard 0's disk-table caches need [\d.]+ TiB of memory .*table 0 cache_rows = "
+                     r"1099511627776 .*more than this machine's .*: lower cache_rows$", r.stderr.strip()), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no temporary store made
+
+
 def test_missing_rocksdict_is_one_line_naming_the_extra(tmp_path):
     cfg_path = _disk_toml(tmp_path / "c.toml")
     code = ("import sys; sys.modules['rocksdict'] = None; from embnic.control.cli import main; "
             f"sys.argv = ['embnic', 'server', '--shard', '0', '-c', {str(cfg_path)!r}, '--port', '0']; main()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
-    assert "rocksdict" in r.stderr and "pip install 'embnic[disk]'" in r.stderr
+    assert "rocksdict" in r.stderr and r.stderr.count("pip install 'embnic[disk]'") == 1, r.stderr  # the fix once
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
