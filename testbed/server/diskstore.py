@@ -284,7 +284,12 @@ def scratch_env(block_cache_mb: int, prefix: str = "embnic-rows-") -> StoreEnv:
     """A :class:`StoreEnv` in a new temporary directory under ``/var/tmp`` (disk, not a tmpfs;
     ``$EMBNIC_STORE_TMP`` overrides), removed when closed."""
     base = os.environ.get("EMBNIC_STORE_TMP") or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
-    return StoreEnv(tempfile.mkdtemp(prefix=prefix, dir=base), block_cache_mb, scratch=True)
+    root = tempfile.mkdtemp(prefix=prefix, dir=base)
+    try:
+        return StoreEnv(root, block_cache_mb, scratch=True)
+    except BaseException:  # before its finalizer exists (an interrupt, say): nothing left behind
+        shutil.rmtree(root, ignore_errors=True)
+        raise
 
 
 def cache_bytes(table: TableConfig, cache_rows: int) -> int:

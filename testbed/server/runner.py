@@ -250,7 +250,16 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
 
         return run_workers(cfg, shard_id, bind, port, workers=workers, metrics_port=metrics_port,
                            metrics_bind=metrics_bind, **kwargs)
-    server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
+    # a SIGTERM before the loop's handlers are in (the disk tables' temporary stores opening) would
+    # end the process with no handler and leave them behind: keep it for when the server can stop
+    early: list = []
+    old = {sig: signal.signal(sig, lambda *_: early.append(1)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
+    except BaseException:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        raise
 
     async def main() -> None:
         ip, p = await server.start()
@@ -271,6 +280,8 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
                 raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if early:
+            stop.set()
         if server._dur is not None:
             loop.add_signal_handler(signal.SIGUSR1, server.checkpoint)
         log.info("shard %d listening on %s:%d (%s; engine reference)", shard_id, ip, p, describe(cfg))

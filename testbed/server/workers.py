@@ -246,9 +246,20 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     ip = bind if bind is not None else me.ip
     p = me.port if port is None else int(port)
     if workers <= 1:
-        server = BatchShardServer(cfg, shard_id, ip, p, **kwargs)
+        # a SIGTERM while the server is built (its disk tables' temporary stores opening) would end
+        # the process with no handler and leave them behind: keep it for when the server can stop
+        early: list = []
+        old = {sig: signal.signal(sig, lambda *_: early.append(1)) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            server = BatchShardServer(cfg, shard_id, ip, p, **kwargs)
+        except BaseException:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: server.request_stop())
+        if early:
+            server.request_stop()
         signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
         ip2, p2 = server.open()
         metrics = None

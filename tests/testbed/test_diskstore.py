@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -451,6 +452,36 @@ def test_a_cache_larger_than_memory_is_refused_up_front(tmp_path):
                      r"1099511627776 .*more than this machine's .*: lower cache_rows$", r.stderr.strip()), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no temporary store made
+
+
+@pytest.mark.parametrize("engine", ["batch", "reference"])
+def test_sigterm_while_the_temporary_stores_open_leaves_nothing(tmp_path, engine):
+    """A shard of 26 disk tables without store_dir (temporary stores) killed with SIGTERM while it
+    still opens them stops cleanly and removes them (a new-user trial found
+    /var/tmp/embnic-rows-shard*-* left behind: the signal came before the handlers were in)."""
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text("".join(f"[[tables]]\nid = {i}\ndim = 16\ncache_rows = 64\n" for i in range(26))
+                        + '[[shards]]\nid = 0\nip = "127.0.0.1"\nstore = "disk"\nblock_cache_mb = 4\n'
+                        '[[clients]]\nid = 1\nip = "127.0.0.1"\n')
+    st = tmp_path / "st"
+    st.mkdir()
+    for delay in (0.0, 0.05, 0.2):
+        p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(cfg_path),
+                              "--port", "0", "--engine", engine], stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, EMBNIC_STORE_TMP=str(st)))
+        try:
+            deadline = time.monotonic() + 60
+            while not any(st.iterdir()) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(delay)
+            p.send_signal(signal.SIGTERM)
+            _, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, err
+        assert list(st.iterdir()) == [], (delay, err)
 
 
 def test_missing_rocksdict_is_one_line_naming_the_extra(tmp_path):
