@@ -375,5 +375,5 @@ pmd_option = click.option("--pmd", type=click.Choice(["af_packet", "af_xdp"]), d
                           envvar="EMBNIC_PMD",
                           help="The card's DPDK PMD on its veth ends: af_packet (net_af_packet, any MTU) or af_xdp "
                                "(net_af_xdp: an AF_XDP socket behind an XDP program; copy mode on a veth, MTU at most "
-                               "3506; netem then uses the user backend). docs/deploy.md says when to pick which. "
+                               "3506: one 4 KiB page per frame, and a veth's XDP limit; netem then uses the user backend). docs/deploy.md says when to pick which. "
                                "Env: EMBNIC_PMD.")

@@ -55,6 +55,7 @@
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
+#include <rte_mbuf_pool_ops.h>
 #include <rte_mempool.h>
 #include <rte_rcu_qsbr.h>
 #include <rte_ring.h>
@@ -93,7 +94,9 @@ usage(const char *prog)
 		"  --burst N             RX/TX burst, 1..%u (%u)\n"
 		"  --idle-us U           sleep U us when a poll finds nothing (0)\n"
 		"  --mbufs N             mempool size (default: sized from ports)\n"
-		"  --mtu N               every port's MTU, %u..%u (port default)\n"
+		"  --mtu N               every port's MTU, %u..%u (port default;\n"
+		"                        at most 3506 with a net_af_xdp port: one\n"
+		"                        4 KiB page per frame)\n"
 		"  --paused              start with RX stopped until 'resume'\n"
 		"  --state-lcores S      lcores sharing the state map, 1..%u, each\n"
 		"                        owning the messages of one partition (1)\n",
@@ -295,6 +298,8 @@ if_mtu(unsigned int if_index, char name[IF_NAMESIZE])
  * call that the fast path should not make, and tells no lcore which frame
  * it was; this is one compare per frame against a constant.
  */
+static uint32_t af_xdp_max_frame(void);
+
 static int
 port_frame_limit(struct embnic_app *a, uint16_t port,
 		 const struct rte_eth_dev_info *info)
@@ -318,6 +323,10 @@ port_frame_limit(struct embnic_app *a, uint16_t port,
 	} else if (info->max_rx_pktlen > RTE_ETHER_CRC_LEN) {
 		max = RTE_MIN(max, info->max_rx_pktlen - RTE_ETHER_CRC_LEN);
 	}
+	/* net_af_xdp's max_rx_pktlen (3560) counts a 24-byte object header:
+	 * the pool's is 64, and the kernel drops a longer frame unseen */
+	if (strcmp(info->driver_name, "net_af_xdp") == 0)
+		max = RTE_MIN(max, af_xdp_max_frame());
 	p->max_frame = max;
 	need = a->opts.mtu + RTE_ETHER_HDR_LEN;
 	if (a->opts.mtu == 0 || need <= max)
@@ -678,20 +687,104 @@ lcore_main(void *arg)
 	return 0;
 }
 
+/* the kernel's XDP headroom in every AF_XDP frame (linux/bpf.h) */
+#define XDP_HEADROOM		256u
+
+/*
+ * Set in main() before pool_create() when a port is net_af_xdp: one page
+ * per mbuf. DPDK 22.11's net_af_xdp (drivers/net/af_xdp, unaligned-chunk
+ * mode) registers the mbuf pool itself as the AF_XDP UMEM: its frame size
+ * is the pool's whole object (rte_mempool_calc_obj_size(): object header,
+ * mbuf, buffer, padding), and the kernel refuses a UMEM whose frames exceed
+ * a page ("xdp_umem_configure(): Failed to create umem"); the kernel writes
+ * a received frame XDP_HEADROOM bytes past the mbuf's headroom and drops
+ * (uncounted by the card) one that does not fit the rest of the object.
+ * So an af_xdp card's pool has objects of exactly one page, without the
+ * mempool's channel-spread padding (RTE_MEMPOOL_F_NO_SPREAD would otherwise
+ * pad 4096 to 4160), and its largest frame is af_xdp_max_frame().
+ */
+static bool page_per_mbuf;
+
+/* The mempool object header's bytes (cache-line aligned, 64 here). */
+static uint32_t
+mempool_hdr_size(void)
+{
+	struct rte_mempool_objsz sz;
+
+	rte_mempool_calc_obj_size(sizeof(struct rte_mbuf),
+				  RTE_MEMPOOL_F_NO_SPREAD, &sz);
+	return sz.header_size;
+}
+
+/*
+ * The largest frame (bytes from the Ethernet header, no CRC) a net_af_xdp
+ * port receives into a one-page mbuf: a page less the object header, the
+ * mbuf, its headroom and the XDP headroom (4096 - 64 - 128 - 128 - 256 =
+ * 3520 with 4 KiB pages: MTU 3506).
+ */
+static uint32_t
+af_xdp_max_frame(void)
+{
+	return (uint32_t)getpagesize() - mempool_hdr_size() -
+		(uint32_t)sizeof(struct rte_mbuf) - RTE_PKTMBUF_HEADROOM -
+		XDP_HEADROOM;
+}
+
 /*
  * Bytes of an mbuf's buffer: the default (2048 + headroom), or with --mtu a
  * whole frame of the MTU plus 128 bytes of slack (af_packet puts its frame
- * header's tail in it), rounded up to 1 KiB.
+ * header's tail in it), rounded up to 1 KiB; with a net_af_xdp port, what
+ * fills one page with the object header and the mbuf (page_per_mbuf).
  */
 static uint16_t
 mbuf_buf_size(const struct embnic_app *a)
 {
 	uint32_t room = RTE_MBUF_DEFAULT_DATAROOM;
 
+	if (page_per_mbuf)
+		return (uint16_t)((uint32_t)getpagesize() -
+			mempool_hdr_size() - sizeof(struct rte_mbuf));
 	if (a->opts.mtu != 0)
 		room = RTE_MAX(room, RTE_ALIGN_CEIL(a->opts.mtu +
 			RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN + 128, 1024));
 	return (uint16_t)(room + RTE_PKTMBUF_HEADROOM);
+}
+
+/*
+ * rte_pktmbuf_pool_create_by_ops() with mempool flags (it takes none):
+ * RTE_MEMPOOL_F_NO_SPREAD for page_per_mbuf.
+ */
+static struct rte_mempool *
+pktmbuf_pool_create_flags(const char *name, unsigned int n,
+			  unsigned int cache, uint16_t buf_size, int socket,
+			  const char *ops, unsigned int flags)
+{
+	struct rte_pktmbuf_pool_private priv = {
+		.mbuf_data_room_size = buf_size, .mbuf_priv_size = 0 };
+	struct rte_mempool *mp;
+	int ret;
+
+	mp = rte_mempool_create_empty(name, n, sizeof(struct rte_mbuf) +
+				      buf_size, cache, sizeof(priv), socket,
+				      flags);
+	if (mp == NULL)
+		return NULL;
+	ret = rte_mempool_set_ops_byname(mp, ops != NULL ? ops :
+					 rte_mbuf_best_mempool_ops(), NULL);
+	if (ret != 0) {
+		rte_mempool_free(mp);
+		rte_errno = -ret;
+		return NULL;
+	}
+	rte_pktmbuf_pool_init(mp, &priv);
+	ret = rte_mempool_populate_default(mp);
+	if (ret < 0) {
+		rte_mempool_free(mp);
+		rte_errno = -ret;
+		return NULL;
+	}
+	rte_mempool_obj_iter(mp, rte_pktmbuf_init, NULL);
+	return mp;
 }
 
 static uint32_t
@@ -734,16 +827,19 @@ pool_create(struct embnic_app *a)
 
 	if (ops == NULL && a->nb_workers == 1 && a->rx_lcore != a->tx_lcore)
 		ops = "stack";
-	mp = rte_pktmbuf_pool_create_by_ops("embnic_mbufs", n, MBUF_CACHE_SIZE,
-					    0, mbuf_buf_size(a),
-					    (int)rte_socket_id(), ops);
+	mp = pktmbuf_pool_create_flags("embnic_mbufs", n, MBUF_CACHE_SIZE,
+				       mbuf_buf_size(a), (int)rte_socket_id(),
+				       ops, page_per_mbuf ?
+				       RTE_MEMPOOL_F_NO_SPREAD : 0);
 	if (mp == NULL && ops != NULL && rte_eal_mbuf_user_pool_ops() == NULL) {
 		printf("embnic-dp: no '%s' mempool driver (%s), using the "
 		       "default\n", ops, rte_strerror(rte_errno));
-		mp = rte_pktmbuf_pool_create("embnic_mbufs", n,
-					     MBUF_CACHE_SIZE, 0,
-					     mbuf_buf_size(a),
-					     (int)rte_socket_id());
+		mp = pktmbuf_pool_create_flags("embnic_mbufs", n,
+					       MBUF_CACHE_SIZE,
+					       mbuf_buf_size(a),
+					       (int)rte_socket_id(), NULL,
+					       page_per_mbuf ?
+					       RTE_MEMPOOL_F_NO_SPREAD : 0);
 	}
 	return mp;
 }
@@ -796,6 +892,21 @@ main(int argc, char **argv)
 	app.start_ns = (uint64_t)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
 	app.paused = app.opts.paused;
 
+	RTE_ETH_FOREACH_DEV(port) {
+		struct rte_eth_dev_info info;
+
+		if (rte_eth_dev_info_get(port, &info) == 0 &&
+		    strcmp(info.driver_name, "net_af_xdp") == 0)
+			page_per_mbuf = true;
+	}
+	if (page_per_mbuf && app.opts.mtu != 0 &&
+	    app.opts.mtu + RTE_ETHER_HDR_LEN > af_xdp_max_frame())
+		rte_exit(2, "--mtu %u: a net_af_xdp port receives at most "
+			 "%u-byte frames (one %d-byte page per frame, DPDK "
+			 "22.11): MTU <= %u, or run the port on "
+			 "net_af_packet\n", app.opts.mtu, af_xdp_max_frame(),
+			 getpagesize(), af_xdp_max_frame() -
+			 RTE_ETHER_HDR_LEN);
 	app.pool = pool_create(&app);
 	if (app.pool == NULL)
 		rte_exit(EXIT_FAILURE, "cannot create the mbuf pool: %s\n",

@@ -15,7 +15,7 @@ from pathlib import Path
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.control.dpdk_proc import eal_argv
 from embnic.control.errors import UsageError
-from embnic.control.xdp import PMDS, VETH_XDP_MAX_MTU
+from embnic.control.xdp import AF_XDP_MAX_FRAME, PMDS, VETH_XDP_MAX_MTU
 
 from .state import card_pipeline_name
 
@@ -104,8 +104,8 @@ def check_pmd(pmd: str, mtu: int) -> str:
 
     ``af_packet`` takes any MTU (its ``framesz`` follows it: :func:`card_vdev`); ``af_xdp``
     needs the veth to take a native XDP program, which Linux allows only up to
-    :data:`~embnic.control.xdp.VETH_XDP_MAX_MTU` (3506; DPDK 22.11's PMD also has no
-    multi-buffer frames).
+    :data:`~embnic.control.xdp.VETH_XDP_MAX_MTU` (3506; the card's net_af_xdp ports, one 4 KiB page
+    per frame, hold the same: :data:`~embnic.control.xdp.AF_XDP_MAX_MTU`).
 
     Raises:
         PmdError: unknown PMD, or ``af_xdp`` above that MTU (names both fixes).
@@ -114,8 +114,8 @@ def check_pmd(pmd: str, mtu: int) -> str:
         raise PmdError(f"--pmd {pmd!r}: the testbed runs the card on {' or '.join(PMDS)}")
     if pmd == "af_xdp" and mtu > VETH_XDP_MAX_MTU:
         raise PmdError(f"--pmd af_xdp with mtu = {mtu}: a veth takes the PMD's XDP program only up to MTU "
-                       f"{VETH_XDP_MAX_MTU} (the kernel: \"Peer MTU is too large to set XDP\"; DPDK 22.11's "
-                       f"net_af_xdp has no multi-buffer frames): use --pmd af_packet, or mtu <= {VETH_XDP_MAX_MTU}")
+                       f"{VETH_XDP_MAX_MTU} (the kernel: \"Peer MTU is too large to set XDP\"; the card's "
+                       f"net_af_xdp ports also receive at most {AF_XDP_MAX_FRAME}-byte frames, one page each): use --pmd af_packet, or mtu <= {VETH_XDP_MAX_MTU}")
     return pmd
 
 

@@ -23,7 +23,8 @@ from click.testing import CliRunner
 from embnic.client_lib.config import load_config
 from embnic.control.cli import cli
 from embnic.control.dpdk_proc import CardProcess
-from embnic.control.xdp import PMD_MAX_RX_PKTLEN, VETH_XDP_MAX_MTU
+from embnic.control.dpdk_proc import DpdkProcError
+from embnic.control.xdp import AF_XDP_MAX_FRAME, AF_XDP_MAX_MTU, PMD_MAX_RX_PKTLEN, VETH_XDP_MAX_MTU
 from embnic.testbed.net import netem as N
 from embnic.testbed.net import topology as T
 from embnic.testbed.net.model import card_vdev, check_pmd
@@ -178,8 +179,73 @@ def test_demo_through_an_af_xdp_card_with_loss_matches_in_process(run_dir, tmp_p
     assert rep["pmd"] == "af_xdp" and rep["loss_match"] is True and rep["tables"]["equal"] is True
     assert rep["netem"]["backend"] == "user" and sum(
         c["out"]["dropped"] + c["in"]["dropped"] for c in rep["netem"]["counters"].values()) > 0
-    # every port of the card was a net_af_xdp port: its largest frame is the PMD's (a page less
-    # headers), not an af_packet frame's (MTU + 14 = 1514)
-    assert {p["max_frame"] for p in rep["card"]["ports"]} == {PMD_MAX_RX_PKTLEN - 4}
+    # every port of the card was a net_af_xdp port: its largest frame is a page less headers
+    # (not the PMD's max_rx_pktlen less the CRC, nor an af_packet frame's MTU + 14 = 1514)
+    assert {p["max_frame"] for p in rep["card"]["ports"]} == {AF_XDP_MAX_FRAME} != {PMD_MAX_RX_PKTLEN - 4}
     assert rep["messages_detail"]["requests_sent"] == rep["messages_detail"]["replies_received"] > 0
     assert_gone(name)
+
+
+@needs_root
+def test_af_xdp_card_at_its_largest_mtu_carries_full_frames(run_dir, tmp_path, cleanup):  # noqa: F811
+    """Issue 24 item 5: at MTU 2927..3506 an af_xdp card failed to start ("Failed to create umem":
+    its mbufs exceeded a page), at 2850..2926 it started but the kernel dropped the shards' larger
+    replies unseen. At the largest allowed MTU (3506, a veth's XDP limit too) the demo trains and
+    the shards' replies arrive in frames longer than the old limit (2940 bytes)."""
+    assert AF_XDP_MAX_MTU == VETH_XDP_MAX_MTU == 3506 and AF_XDP_MAX_FRAME == 3520
+    build_dataplane()
+    name = tb_name("m")
+    cleanup.append(name)
+    cfg = TESTBED_TOML.read_text().replace("mtu = 1500 ", f"mtu = {AF_XDP_MAX_MTU} ")
+    assert f"mtu = {AF_XDP_MAX_MTU}" in cfg
+    (tmp_path / "big.toml").write_text(cfg)
+    out = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "embnic", "demo", "--steps", "2", "--out", str(out), "--name", name,
+                        "-c", str(tmp_path / "big.toml"), "--batch-size", "1024", "--pmd", "af_xdp",
+                        "--no-table-check", "--no-progress"],
+                       capture_output=True, text=True, env=dict(os.environ, EMBNIC_RUN_DIR=str(run_dir)), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["loss_match"] is True and not any(rep["card_drops"].values()), rep["card_drops"]
+    assert rep["messages_detail"]["requests_sent"] == rep["messages_detail"]["replies_received"] > 0
+    ports = rep["card"]["ports"]
+    assert {p["max_frame"] for p in ports} == {AF_XDP_MAX_FRAME}
+    assert all(p["too_long_for_port"] == 0 for p in ports)
+    # the shards' ports (2, 3): replies averaging more than the old largest frame, so many longer
+    for p in ports[2:]:
+        assert p["rx_frames"] > 0 and p["rx_bytes"] / p["rx_frames"] > 2940, p
+    assert_gone(name)
+
+
+@needs_root
+def test_af_xdp_card_refuses_the_next_mtu_up():
+    """--mtu 3507 on a card with a net_af_xdp port: exit 2 before any port starts, one line naming
+    the limit (3520-byte frames, MTU <= 3506) and the fix; 3506 starts."""
+    card_bin = build_dataplane()
+    tag = f"{os.getpid() % 100000}"
+    ns, a, b = f"enU{tag}", f"eUa{tag}", f"eUb{tag}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        run = lambda *c: subprocess.run(["ip", "-n", ns, *c], check=True, capture_output=True)  # noqa: E731
+        run("link", "add", a, "mtu", str(AF_XDP_MAX_MTU), "type", "veth", "peer", "name", b,
+            "mtu", str(AF_XDP_MAX_MTU))
+        for dev in (a, b):
+            run("link", "set", dev, "up")
+        card = CardProcess(card_bin, [card_vdev("af_xdp", 0, a, AF_XDP_MAX_MTU)], port_ips={0: "10.98.0.1"},
+                           netns=ns, args=["--mtu", str(AF_XDP_MAX_MTU + 1)])
+        with pytest.raises(DpdkProcError) as e:
+            card.start()
+        assert card.returncode == 2, (card.returncode, str(e.value))
+        assert (f"--mtu {AF_XDP_MAX_MTU + 1}: a net_af_xdp port receives at most {AF_XDP_MAX_FRAME}-byte frames"
+                f" (one 4096-byte page per frame, DPDK 22.11): MTU <= {AF_XDP_MAX_MTU}, or run the port on "
+                "net_af_packet") in str(e.value), str(e.value)
+        card = CardProcess(card_bin, [card_vdev("af_xdp", 0, a, AF_XDP_MAX_MTU)], port_ips={0: "10.98.0.1"},
+                           netns=ns, args=["--mtu", str(AF_XDP_MAX_MTU)])
+        card.start()
+        try:
+            assert [p["max_frame"] for p in card.counters()["ports"]] == [AF_XDP_MAX_FRAME]
+        finally:
+            card.stop()
+            card.cleanup()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
