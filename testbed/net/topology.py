@@ -381,8 +381,9 @@ class Testbed:
         try:
             st = self.target.load()
         except Exception as e:  # OperationalError, ConfigError, BuildInfoError
-            raise TestbedError(f"the card did not start: {getattr(e, 'message', None) or e} "
-                               f"(log: {self.dir / 'card.log'})") from None
+            why, log = str(getattr(e, "message", None) or e), str(self.dir / "card.log")
+            # the card's own error usually names its log already ("full log: ..."): once is enough
+            raise TestbedError(f"the card did not start: {why}" + ("" if log in why else f" (log: {log})")) from None
         self.state["card"].update({"pid": st.get("pid"), "starttime": st.get("starttime"),
                                    "log": st.get("log", self.state["card"]["log"])})
         self.state["procs"].append({"node": "card", "role": "card", "pid": st.get("pid"),
