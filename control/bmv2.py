@@ -39,7 +39,14 @@ TOOL_HINTS = {
     "p4c": "build p4lang/p4c (v1.2.4.x, bmv2 backend) and install it on PATH",
     "simple_switch": "build p4lang/behavioral-model (1.15.x, with Thrift) and install it on PATH",
     "simple_switch_CLI": "it comes with p4lang/behavioral-model (needs the Python package thrift)",
+    "simple_switch_grpc": "build p4lang/PI and p4lang/behavioral-model with PI: make p4tools PREFIX=DIR "
+                          "(p4/README.md, \"Compile and run\"), then put DIR/bin on PATH",
 }
+#: the bmv2 target's control channels: ``p4runtime`` (simple_switch_grpc: tables over P4Runtime,
+#: registers/counters/queues over Thrift) and ``thrift`` (simple_switch: everything over Thrift)
+CHANNELS = ("p4runtime", "thrift")
+#: the switch binary of each channel
+CHANNEL_SWITCH = {"p4runtime": "simple_switch_grpc", "thrift": "simple_switch"}
 DEFAULT_THRIFT_PORT = 9090
 #: frames per egress queue (BMv2's default of 64 drops, uncounted, under any burst)
 EGRESS_QUEUE_DEPTH = 16384
@@ -70,10 +77,57 @@ def missing_tools(names: Sequence[str] = ("p4c", "simple_switch", "simple_switch
     return [n for n in names if shutil.which(n) is None]
 
 
+def choose_channel(requested: str | None = None) -> str:
+    """The control channel to use: ``requested``, else ``$EMBNIC_BMV2_CHANNEL``, else ``auto``;
+    ``auto`` is ``p4runtime`` where ``simple_switch_grpc`` is on PATH, else ``thrift``.
+
+    Raises:
+        ValueError: not one of ``auto``, ``p4runtime``, ``thrift`` (names the source).
+    """
+    src = "channel"
+    if requested is None:
+        requested, src = os.environ.get("EMBNIC_BMV2_CHANNEL") or "auto", "EMBNIC_BMV2_CHANNEL"
+    if requested not in ("auto", *CHANNELS):
+        raise ValueError(f"{src}: {requested!r} is not one of auto, p4runtime, thrift")
+    if requested == "auto":
+        return "p4runtime" if shutil.which(CHANNEL_SWITCH["p4runtime"]) else "thrift"
+    return requested
+
+
+def tool_prefix(name: str) -> Path | None:
+    """The install prefix of tool ``name`` on PATH (``PREFIX/bin/name``, symlinks resolved)."""
+    path = shutil.which(name)
+    return Path(path).resolve().parent.parent if path else None
+
+
+def build_info(name: str = "simple_switch") -> dict | None:
+    """What is known of how tool ``name`` was built: ``{"prefix", "file", "text", "fast"}`` from
+    ``PREFIX/BUILDINFO`` (written by ``make p4tools``) or ``PREFIX/BUILD-INFO``; ``fast`` is True
+    when it says BMv2 was built with the logging macros and the event logger compiled out,
+    False when it says otherwise, None when it does not say. None when the tool is not on PATH.
+    """
+    prefix = tool_prefix(name)
+    if prefix is None:
+        return None
+    for fname in ("BUILDINFO", "BUILD-INFO"):
+        f = prefix / fname
+        if f.is_file():
+            text = f.read_text(errors="replace")
+            fast = None
+            m = re.search(r"^part bmv2 .*fast=(\d)", text, re.M)
+            if m:
+                fast = m.group(1) == "1"
+            elif "behavioral-model" in text:
+                fast = "ENABLE_LOGGING_MACROS=OFF" in text or "--disable-logging-macros" in text
+            return {"prefix": str(prefix), "file": str(f), "text": text.strip(), "fast": fast}
+    return {"prefix": str(prefix), "file": None, "text": None, "fast": None}
+
+
 def tool_versions() -> dict[str, str]:
-    """``{"p4c": "1.2.4.8 (SHA: ...)", "simple_switch": "1.15.5-..."}`` of the tools on PATH."""
+    """``{"p4c": "1.2.4.8 (SHA: ...)", "simple_switch": "1.15.5-..."}`` of the tools on PATH
+    (``simple_switch_grpc`` too where it is)."""
     out = {}
-    for name in ("p4c", "simple_switch"):
+    for name in ("p4c", "simple_switch", "simple_switch_grpc"):
         try:
             r = subprocess.run([find_tool(name), "--version"], capture_output=True, text=True, timeout=30)
         except (ToolMissingError, OSError, subprocess.TimeoutExpired):
@@ -102,19 +156,41 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "embnic"
 
 
+#: what the compile writes besides the JSON, part of the cache key: a build of older code (no
+#: P4Info) is never taken for one of this code
+COMPILE_OUTPUTS = ("json", "p4info.txtpb")
+
+
+def build_digest(main: Path | None = None) -> str:
+    """SHA-256 (hex) of the sources (:func:`sources_digest`) and of what the compile writes
+    (:data:`COMPILE_OUTPUTS`): the compile cache's key."""
+    src = sources_digest(main)
+    return hashlib.sha256((src + "\0" + ",".join(COMPILE_OUTPUTS)).encode()).hexdigest()
+
+
 def cached_build_dir(main: Path | None = None) -> Path:
     """The build directory of the program's current sources: ``cache_dir()/p4/<digest[:16]>``
-    (a change to any file the compile reads gives a new one, so a stale JSON is never taken)."""
-    return cache_dir() / "p4" / sources_digest(main)[:16]
+    (a change to any file the compile reads, or to what a build writes, gives a new one, so a
+    stale JSON or one without its P4Info is never taken)."""
+    return cache_dir() / "p4" / build_digest(main)[:16]
+
+
+def p4info_path(json_path: Path) -> Path:
+    """The P4Info :func:`compile_program` writes beside ``json_path`` (``NAME.p4info.txtpb``,
+    P4Runtime's text format)."""
+    json_path = Path(json_path)
+    return json_path.with_name(json_path.stem + ".p4info.txtpb")
 
 
 def compile_program(out_dir: Path, main: Path | None = None, *, timeout: float = 600) -> Path:
-    """Compile the program with ``p4c --target bmv2 --arch v1model``; returns the JSON's path.
+    """Compile the program with ``p4c --target bmv2 --arch v1model --p4runtime-files``; returns
+    the JSON's path, with the P4Info beside it (:func:`p4info_path`).
 
-    The JSON is reused when ``out_dir`` holds one compiled from the same sources (a digest file
-    beside it says which). Warnings count as failures: the program compiles clean. p4c writes
-    into a temporary directory beside ``out_dir`` and the JSON is renamed into place, so
-    processes compiling into one ``out_dir`` at once never read a partial JSON.
+    Both are reused when ``out_dir`` holds them compiled from the same sources (a digest file
+    beside them says which: :func:`build_digest`). Warnings count as failures: the program
+    compiles clean. p4c writes into a temporary directory beside ``out_dir`` and the files are
+    renamed into place (P4Info first, then the JSON, then the digest), so processes compiling
+    into one ``out_dir`` at once never read a partial file.
 
     Raises:
         ToolMissingError: no p4c on PATH.
@@ -124,26 +200,29 @@ def compile_program(out_dir: Path, main: Path | None = None, *, timeout: float =
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / (main.stem + ".json")
+    info = p4info_path(json_path)
     stamp = out_dir / (main.stem + ".sha256")
-    digest = sources_digest(main)
-    if json_path.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+    digest = build_digest(main)
+    if json_path.exists() and info.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return json_path
     p4c = find_tool("p4c")
     tmp = Path(tempfile.mkdtemp(prefix=".p4c-", dir=out_dir))
     try:
-        cmd = [p4c, "--target", "bmv2", "--arch", "v1model", "-o", str(tmp), str(main)]
+        cmd = [p4c, "--target", "bmv2", "--arch", "v1model", "-o", str(tmp),
+               "--p4runtime-files", str(tmp / info.name), str(main)]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise Bmv2Error(f"p4c took more than {timeout:.0f} s: {' '.join(cmd)}") from None
         msg = (r.stdout + r.stderr).strip()
         built = tmp / json_path.name
-        if r.returncode != 0 or not built.exists():
+        if r.returncode != 0 or not built.exists() or not (tmp / info.name).exists():
             raise Bmv2Error(f"p4c failed (exit {r.returncode}): {' '.join(cmd)}\n{msg}")
         if msg:
             raise Bmv2Error(f"p4c warned (the program must compile clean): {' '.join(cmd)}\n{msg}")
         make_restorable(built)
         (tmp / stamp.name).write_text(digest + "\n")
+        os.replace(tmp / info.name, info)
         os.replace(built, json_path)
         os.replace(tmp / stamp.name, stamp)
     finally:
@@ -241,18 +320,27 @@ transport.close()
 """
 
 class SimpleSwitch:
-    """One ``simple_switch`` process in ``netns``, its ports and its runtime CLI.
+    """One ``simple_switch`` (or ``simple_switch_grpc``) process in ``netns``, its ports and its
+    runtime CLI.
 
     ``ports`` maps a port number to an interface name inside the namespace, or, with
     ``use_files``, to a path prefix ``P`` (frames are read from ``P_in.pcap``, written to
     ``P_out.pcap``). ``restore_state`` loads table entries saved by :meth:`save_state` before
-    any frame is read.
+    any frame is read (the Thrift channel's way to program tables first).
+
+    With ``grpc_addr`` (e.g. ``unix:/run/embnic/NAME.p4rt``) the switch is ``simple_switch_grpc``
+    serving P4Runtime there (:meth:`p4runtime`) besides Thrift; ``json_path`` None starts it with
+    no program (``--no-p4``): the pipeline comes over P4Runtime, and the switch forwards nothing
+    before. Ports can be added to a running switch with :meth:`port_add`.
     """
 
-    def __init__(self, json_path: Path, netns: Netns, ports: Mapping[int, str], *, log: Path,
+    def __init__(self, json_path: Path | None, netns: Netns, ports: Mapping[int, str], *, log: Path,
                  use_files: bool = False, files_wait_s: int = 0, restore_state: Path | None = None,
-                 thrift_port: int = DEFAULT_THRIFT_PORT):
-        self.json_path = Path(json_path)
+                 thrift_port: int = DEFAULT_THRIFT_PORT, grpc_addr: str | None = None, device_id: int = 0):
+        if json_path is None and grpc_addr is None:
+            raise ValueError("a switch without a program (json_path None) needs grpc_addr: the pipeline comes "
+                             "over P4Runtime")
+        self.json_path = Path(json_path) if json_path is not None else None
         self.netns = netns
         self.ports = dict(ports)
         self.log = Path(log)
@@ -260,11 +348,18 @@ class SimpleSwitch:
         self.files_wait_s = int(files_wait_s)
         self.restore_state = restore_state
         self.thrift_port = thrift_port
+        self.grpc_addr = grpc_addr
+        self.device_id = int(device_id)
         self.proc: subprocess.Popen | None = None
 
+    @property
+    def binary(self) -> str:
+        """``simple_switch_grpc`` with ``grpc_addr``, else ``simple_switch``."""
+        return CHANNEL_SWITCH["p4runtime" if self.grpc_addr else "thrift"]
+
     def command(self) -> list[str]:
-        """The simple_switch command line (without ``ip netns exec``)."""
-        cmd = [find_tool("simple_switch"), "--thrift-port", str(self.thrift_port),
+        """The switch's command line (without ``ip netns exec``)."""
+        cmd = [find_tool(self.binary), "--device-id", str(self.device_id), "--thrift-port", str(self.thrift_port),
                "--log-file", str(self.log), "--log-level", "info", "--log-flush"]
         if self.use_files:
             cmd += ["--use-files", str(self.files_wait_s)]
@@ -272,7 +367,39 @@ class SimpleSwitch:
             cmd += ["--restore-state", str(self.restore_state)]
         for num, name in sorted(self.ports.items()):
             cmd += ["-i", f"{num}@{name}"]
-        return cmd + [str(self.json_path)]
+        cmd += [str(self.json_path)] if self.json_path is not None else ["--no-p4"]
+        if self.grpc_addr:
+            cmd += ["--", "--grpc-server-addr", self.grpc_addr]
+        return cmd
+
+    def cli_tool(self) -> str:
+        """The runtime CLI: the ``simple_switch_CLI`` installed beside the switch binary, else the
+        one on PATH."""
+        sibling = Path(find_tool(self.binary)).resolve().parent / "simple_switch_CLI"
+        return str(sibling) if sibling.exists() else find_tool("simple_switch_CLI")
+
+    def p4runtime(self, timeout: float = 30.0):
+        """A :class:`embnic.control.p4runtime.P4RuntimeClient` on this switch's ``grpc_addr``
+        (reachable from the host: a unix socket is a file, not in the namespace).
+
+        Raises:
+            Bmv2Error: the switch serves no P4Runtime (no ``grpc_addr``).
+            MissingDependencyError: finsy/grpcio not installed.
+        """
+        if not self.grpc_addr:
+            raise Bmv2Error("this switch runs without P4Runtime (simple_switch, Thrift only)")
+        from embnic.control.p4runtime import P4RuntimeClient
+
+        return P4RuntimeClient(self.grpc_addr, self.device_id, timeout=timeout)
+
+    def port_add(self, ports: Mapping[int, str]) -> None:
+        """Add interface ports to the running switch (``port_add IFACE NUM`` over Thrift).
+
+        Raises:
+            Bmv2Error: the CLI refused a port (an interface missing from the namespace).
+        """
+        self.cli([f"port_add {name} {num}" for num, name in sorted(ports.items())])
+        self.ports.update(ports)
 
     @property
     def log_file(self) -> Path:
@@ -290,22 +417,25 @@ class SimpleSwitch:
         return self.proc.pid
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait until the Thrift server is up (its log says so).
+        """Wait until the Thrift server is up (its log says so) and, with ``grpc_addr``, the
+        P4Runtime server too (simple_switch_grpc starts it first; a ``unix:`` socket must exist).
 
         Raises:
             Bmv2Error: the switch exited or was not ready in ``timeout`` s (its output quoted).
         """
         deadline = time.monotonic() + timeout
+        sock = Path(self.grpc_addr[5:]) if self.grpc_addr and self.grpc_addr.startswith("unix:") else None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise Bmv2Error(f"simple_switch exited with {self.proc.returncode}: {self.output_tail()}")
+                raise Bmv2Error(f"{self.binary} exited with {self.proc.returncode}: {self.output_tail()}")
             try:
-                if "Thrift server was started" in self.log_file.read_text(errors="replace"):
+                if ("Thrift server was started" in self.log_file.read_text(errors="replace")
+                        and (sock is None or sock.exists())):
                     return
             except OSError:
                 pass
             time.sleep(0.05)
-        raise Bmv2Error(f"simple_switch not ready after {timeout:.0f} s: {self.output_tail()}")
+        raise Bmv2Error(f"{self.binary} not ready after {timeout:.0f} s: {self.output_tail()}")
 
     def output_tail(self, n: int = 2000) -> str:
         """The end of the switch's stdout/stderr and log (for error messages)."""
@@ -325,8 +455,7 @@ class SimpleSwitch:
                 output), with the offending lines.
         """
         text = "\n".join(commands) + "\n"
-        cmd = ["ip", "netns", "exec", self.netns.name, find_tool("simple_switch_CLI"),
-               "--thrift-port", str(self.thrift_port)]
+        cmd = ["ip", "netns", "exec", self.netns.name, self.cli_tool(), "--thrift-port", str(self.thrift_port)]
         try:
             r = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -349,7 +478,7 @@ class SimpleSwitch:
         """
         import sys
 
-        cli = Path(find_tool("simple_switch_CLI")).read_text(errors="replace")
+        cli = Path(self.cli_tool()).read_text(errors="replace")
         extra = re.findall(r'sys\.path\.append\("([^"]+)"\)', cli)
         r = subprocess.run(["ip", "netns", "exec", self.netns.name, sys.executable, "-c", _SAVE_STATE_PY,
                             str(self.thrift_port), str(path), *extra], capture_output=True, text=True,

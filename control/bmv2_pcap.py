@@ -1,23 +1,27 @@
 """Running frames through the P4 card on BMv2 from pcap files (``simple_switch --use-files``).
 
-Used by the conformance and limits tests: table entries are programmed and saved by a first
-switch, a second one restores them and only then reads the input files, so no frame races the
-entries; :func:`run_pcap_files` waits until every frame passed and returns outputs, counters and
-the state map.
+Used by the conformance and limits tests. No frame races the table entries: on the P4Runtime
+channel (``simple_switch_grpc``) the switch starts with no program, the pipeline and the entries
+come over P4Runtime while its file reader still waits; on the Thrift channel the entries are
+programmed and saved by a first switch and a second one restores them and only then reads the
+input files. :func:`run_pcap_files` waits until every frame passed and returns outputs, counters
+and the state map.
 
-    r = run_pcap_files(json_path, [(0, frame)], table_commands(...), Path("/tmp/run"), nb_ports=2)
+    r = run_pcap_files(json_path, [(0, frame)], card_program(...), Path("/tmp/run"), nb_ports=2)
     r.outputs[1]   # frames the card sent on port 1
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
-from embnic.control.bmv2 import EGRESS_QUEUE_DEPTH, Bmv2Error, Netns, SimpleSwitch
-from embnic.control.bmv2_runtime import read_counters, read_state_map
+from embnic.control.bmv2 import EGRESS_QUEUE_DEPTH, Bmv2Error, Netns, SimpleSwitch, choose_channel
+from embnic.control.bmv2_runtime import CardProgram, program_p4runtime, read_counters, read_state_map
 from embnic.control.pcap import HEADER_LEN, read_pcap, write_pcap
 
 
@@ -51,27 +55,34 @@ class PcapRun:
     outputs: dict[int, list[bytes]]
     counters: dict
     state: list[dict]
-    program_s: float  #: seconds to program the tables (first switch)
-    run_s: float  #: seconds from the second switch's start to the last output
+    program_s: float  #: seconds to program the tables (Thrift: the first switch)
+    run_s: float  #: seconds from the switch's start to the last output (Thrift: the second switch's)
+    channel: str = "thrift"  #: how the tables were written: "p4runtime" or "thrift"
 
 
-def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], commands: Sequence[str],
+def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], program: CardProgram | Sequence[str],
                    workdir: Path, *, nb_ports: int, shards: Sequence[int] = (), expect_out: int | None = None,
-                   netns_name: str | None = None, timeout: float = 300.0) -> PcapRun:
-    """Feed ``frames`` (``[(ingress port, bytes)]``, in order) through ``simple_switch``.
+                   netns_name: str | None = None, timeout: float = 300.0, channel: str | None = None) -> PcapRun:
+    """Feed ``frames`` (``[(ingress port, bytes)]``, in order) through the switch.
 
-    Table entries first, without a race with the frames: a first switch (no ports) is
-    programmed with ``commands`` and its state saved; a second one restores that state and
-    only then reads ``workdir/p<N>_in.pcap`` (``--use-files``), in the frames' global order.
+    ``program`` programs the card before any frame is read (module docstring): a
+    :class:`~embnic.control.bmv2_runtime.CardProgram`, or (Thrift only) runtime-CLI lines.
+    ``channel``: ``p4runtime``, ``thrift`` or ``auto`` (None: :func:`~embnic.control.bmv2.choose_channel`).
+    The frames are read from ``workdir/p<N>_in.pcap`` (``--use-files``) in their global order.
     Waits until every frame was received (``rx_frames``), every frame ingress accepted
     (``frames_by_type`` + ``arp_replies``: one output each) was counted at egress
     (``tx_frames``, at least ``expect_out`` if given) and is in the output files, then reads
-    counters and the state map and stops the switch. Both switches run in a fresh netns (lo only).
+    counters and the state map and stops the switch. The switches run in a fresh netns (lo only).
 
     Raises:
-        Bmv2Error: a switch failed, the CLI refused a command, or the frames did not all pass
-            within ``timeout`` s (the counters so far in the message).
+        Bmv2Error: a switch failed, a command or entry was refused, or the frames did not all
+            pass within ``timeout`` s (the counters so far in the message).
+        ValueError: CLI lines given for the P4Runtime channel; an unknown channel.
     """
+    channel = choose_channel(channel)
+    if channel == "p4runtime" and not isinstance(program, CardProgram):
+        raise ValueError("the P4Runtime channel writes table entries, not CLI lines: pass a CardProgram")
+    commands = program.cli_commands() if isinstance(program, CardProgram) else list(program)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     by_port: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(nb_ports)}
@@ -80,32 +91,45 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
     for p, fr in by_port.items():
         write_pcap_ordered(workdir / f"p{p}_in.pcap", fr)
         (workdir / f"p{p}_out.pcap").unlink(missing_ok=True)
+    files = {p: str(workdir / f"p{p}") for p in range(nb_ports)}
     ns = Netns.create(netns_name or f"embnic-bmv2-{os.getpid()}")
+    sockdir = None
     try:
         t0 = time.monotonic()
-        prog = SimpleSwitch(json_path, ns, {}, log=workdir / "program.log")
-        prog.start()
-        try:
-            prog.wait_ready()
-            prog.cli(commands)
-            prog.save_state(workdir / "state.bmv2")
-        finally:
-            prog.stop()
+        if channel == "thrift":
+            prog = SimpleSwitch(json_path, ns, {}, log=workdir / "program.log")
+            prog.start()
+            try:
+                prog.wait_ready()
+                prog.cli(commands)
+                prog.save_state(workdir / "state.bmv2")
+            finally:
+                prog.stop()
+        else:  # a short socket path (sun_path is 108 bytes; pytest's tmp paths are long)
+            sockdir = Path(tempfile.mkdtemp(prefix="embnic-p4rt-"))
         program_s = time.monotonic() - t0
         # BMv2 drops at a full egress queue (64 frames by default) and reads pcap files as fast as
-        # it can: the queues are made deep while the reader still waits (--use-files WAIT); if
-        # that took longer than the wait, the run is repeated with a longer one
+        # it can: the queues are made deep (and, over P4Runtime, the tables written) while the
+        # reader still waits (--use-files WAIT); if that took longer than the wait, the run is
+        # repeated with a longer one
         for wait in (3, 10, 30):
             t1 = time.monotonic()
             for p in range(nb_ports):
                 (workdir / f"p{p}_out.pcap").unlink(missing_ok=True)
-            sw = SimpleSwitch(json_path, ns, {p: str(workdir / f"p{p}") for p in range(nb_ports)},
-                              log=workdir / "run.log", use_files=True, files_wait_s=wait,
-                              restore_state=workdir / "state.bmv2")
+            if channel == "thrift":
+                sw = SimpleSwitch(json_path, ns, files, log=workdir / "run.log", use_files=True, files_wait_s=wait,
+                                  restore_state=workdir / "state.bmv2")
+            else:
+                (sockdir / "p4rt").unlink(missing_ok=True)
+                sw = SimpleSwitch(None, ns, files, log=workdir / "run.log", use_files=True, files_wait_s=wait,
+                                  grpc_addr=f"unix:{sockdir / 'p4rt'}")
             sw.start()
             try:
                 sw.wait_ready()
-                sw.cli([f"set_queue_depth {EGRESS_QUEUE_DEPTH}"])
+                if channel == "thrift":
+                    sw.cli([f"set_queue_depth {EGRESS_QUEUE_DEPTH}"])
+                else:
+                    program_s = program_p4runtime(sw, json_path, program)["seconds"]
             except BaseException:
                 sw.stop()
                 raise
@@ -113,7 +137,7 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
                 break
             sw.stop()
         else:
-            raise Bmv2Error(f"simple_switch took more than {wait} s to start and take its queue depth; log: {sw.log_file}")
+            raise Bmv2Error(f"{sw.binary} took more than {wait} s to start and be programmed; log: {sw.log_file}")
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -127,7 +151,7 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
                 if rx == len(frames) and written == tx == accepted and (expect_out is None or tx >= expect_out):
                     break
                 if time.monotonic() > deadline:
-                    raise Bmv2Error(f"after {timeout:.0f} s simple_switch received {rx} of {len(frames)} "
+                    raise Bmv2Error(f"after {timeout:.0f} s {sw.binary} received {rx} of {len(frames)} "
                                     f"frames, accepted {accepted}, counted {tx} at egress and wrote {written} "
                                     f"(want {expect_out}); log: {sw.log_file}")
                 time.sleep(0.2)
@@ -137,5 +161,7 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], command
             sw.stop()
     finally:
         ns.delete()
+        if sockdir is not None:
+            shutil.rmtree(sockdir, ignore_errors=True)
     outputs = {p: read_pcap_frames(workdir / f"p{p}_out.pcap") for p in range(nb_ports)}
-    return PcapRun(outputs, c, state, program_s, run_s)
+    return PcapRun(outputs, c, state, program_s, run_s, channel)

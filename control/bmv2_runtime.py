@@ -1,8 +1,9 @@
 """The P4 card's runtime state on BMv2: table entries in, counters and registers out.
 
-Library code for the ``bmv2`` target, the tests and the benchmarks: the runtime-CLI lines that
-program the card from its port addresses, routes and clients (:func:`table_commands`), and the
-readers that turn ``simple_switch_CLI`` output back into the DPDK card's shapes
+Library code for the ``bmv2`` target, the tests and the benchmarks: what programs the card
+from its port addresses, routes and clients (:class:`CardProgram`: table entries written over
+P4Runtime by :func:`program_p4runtime`, or the same as runtime-CLI lines, :func:`table_commands`),
+and the readers that turn ``simple_switch_CLI`` output back into the DPDK card's shapes
 (:func:`read_counters`, :func:`read_state_map`, :func:`read_ring`), plus the state map's slot
 hash as the switch computes it (:func:`state_slot`). The switch process itself is
 :class:`embnic.control.bmv2.SimpleSwitch`.
@@ -13,12 +14,16 @@ hash as the switch computes it (:func:`state_slot`). The switch process itself i
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
+import time
 import zlib
+from pathlib import Path
 from typing import Iterable
 
 from embnic.control import p4prog
-from embnic.control.bmv2 import Bmv2Error, SimpleSwitch
+from embnic.control.bmv2 import EGRESS_QUEUE_DEPTH, Bmv2Error, SimpleSwitch
+from embnic.control.p4runtime import TableEntry
 
 
 # --------------------------------------------------------------------------- state map slot
@@ -68,36 +73,135 @@ class PeerEntry:
     udp_port: int
 
 
+def _mac(v: str) -> int:
+    return int(v.replace(":", ""), 16)
+
+
+def _ip(v: str) -> int:
+    return int(ipaddress.IPv4Address(v))
+
+
+def route_entries(r: PeerEntry) -> list[TableEntry]:
+    """Route ``r`` (shard → server) and its server's allowlist entry (replies from it)."""
+    return [TableEntry("route_by_shard", (r.id,), "forward_to_server", (r.port, _mac(r.mac), _ip(r.ip), r.udp_port)),
+            TableEntry("sender_allowlist", (0, r.id, _ip(r.ip), r.udp_port), "allow_sender")]
+
+
+def client_entries(c: PeerEntry) -> list[TableEntry]:
+    """Client ``c`` and its allowlist entry (requests from it)."""
+    return [TableEntry("client_by_id", (c.id,), "forward_to_client", (c.port, _mac(c.mac), _ip(c.ip), c.udp_port)),
+            TableEntry("sender_allowlist", (1, c.id, _ip(c.ip), c.udp_port), "allow_sender")]
+
+
+@dataclasses.dataclass(frozen=True)
+class CardProgram:
+    """Everything that programs the card before it takes a frame: its port addresses, routes,
+    clients (each with its allowlist entry) and the state map timeout (µs; None: left as is).
+
+    :meth:`entries` are the table entries, written over P4Runtime or as runtime-CLI lines
+    (:meth:`cli_commands`); :meth:`register_commands` the register writes, over Thrift on both
+    channels.
+    """
+
+    card_ports: tuple[CardPortAddr, ...]
+    routes: tuple[PeerEntry, ...] = ()
+    clients: tuple[PeerEntry, ...] = ()
+    state_timeout_us: int | None = None
+
+    def entries(self) -> list[TableEntry]:
+        """Table entries: per card port ``card_port_by_ingress`` and ``source_by_egress_port``,
+        then each route's and each client's (:func:`route_entries`, :func:`client_entries`)."""
+        out = []
+        for p in self.card_ports:
+            out.append(TableEntry("card_port_by_ingress", (p.port,), "set_card_port", (_ip(p.ip), _mac(p.mac))))
+            out.append(TableEntry("source_by_egress_port", (p.port,), "rewrite_source", (_mac(p.mac), _ip(p.ip))))
+        for r in self.routes:
+            out += route_entries(r)
+        for c in self.clients:
+            out += client_entries(c)
+        return out
+
+    def register_commands(self) -> list[str]:
+        """Runtime-CLI register writes (``state_timeout_us``)."""
+        if self.state_timeout_us is None:
+            return []
+        return [f"register_write state_timeout_us 0 {int(self.state_timeout_us)}"]
+
+    def cli_commands(self) -> list[str]:
+        """The whole program as runtime-CLI lines (the Thrift channel): entries, then registers."""
+        return [e.cli_add() for e in self.entries()] + self.register_commands()
+
+
+def card_program(card_ports: Iterable[CardPortAddr], routes: Iterable[PeerEntry] = (),
+                 clients: Iterable[PeerEntry] = (), *, state_timeout_us: int | None = None) -> CardProgram:
+    """:class:`CardProgram` of these addresses, routes and clients."""
+    return CardProgram(tuple(card_ports), tuple(routes), tuple(clients), state_timeout_us)
+
+
 def table_commands(card_ports: Iterable[CardPortAddr], routes: Iterable[PeerEntry],
                    clients: Iterable[PeerEntry], *, state_timeout_us: int | None = None) -> list[str]:
-    """Runtime-CLI lines that program the card: port addresses, routes, clients, allowlist.
-
-    Each route adds ``route_by_shard`` and its server's ``sender_allowlist`` entry (replies from
-    it); each client ``client_by_id`` and its ``sender_allowlist`` entry (requests from it).
-    """
-    out = []
-    for p in card_ports:
-        out.append(f"table_add card_port_by_ingress set_card_port {p.port} => {p.ip} {p.mac}")
-        out.append(f"table_add source_by_egress_port rewrite_source {p.port} => {p.mac} {p.ip}")
-    for r in routes:
-        out += route_add_commands(r)
-    for c in clients:
-        out += client_add_commands(c)
-    if state_timeout_us is not None:
-        out.append(f"register_write state_timeout_us 0 {int(state_timeout_us)}")
-    return out
+    """Runtime-CLI lines that program the card: port addresses, routes, clients, allowlist,
+    state timeout (:meth:`CardProgram.cli_commands`)."""
+    return card_program(card_ports, routes, clients, state_timeout_us=state_timeout_us).cli_commands()
 
 
 def route_add_commands(r: PeerEntry) -> list[str]:
     """CLI lines adding route ``r`` (shard → server) and its allowlist entry."""
-    return [f"table_add route_by_shard forward_to_server {r.id} => {r.port} {r.mac} {r.ip} {r.udp_port}",
-            f"table_add sender_allowlist allow_sender 0 {r.id} {r.ip} {r.udp_port} =>"]
+    return [e.cli_add() for e in route_entries(r)]
 
 
 def client_add_commands(c: PeerEntry) -> list[str]:
     """CLI lines adding client ``c`` and its allowlist entry."""
-    return [f"table_add client_by_id forward_to_client {c.id} => {c.port} {c.mac} {c.ip} {c.udp_port}",
-            f"table_add sender_allowlist allow_sender 1 {c.id} {c.ip} {c.udp_port} =>"]
+    return [e.cli_add() for e in client_entries(c)]
+
+
+# --------------------------------------------------------------------------- P4Runtime
+def program_p4runtime(sw: SimpleSwitch, json_path: Path, program: CardProgram, *, timeout: float = 60.0) -> dict:
+    """Program a ``simple_switch_grpc`` started without a program, the P4Runtime way.
+
+    Arbitration (one election id), ``SetForwardingPipelineConfig`` of the P4Info beside
+    ``json_path`` (:func:`embnic.control.bmv2.p4info_path`) and the JSON, one ``Write`` of every
+    table entry, then every table read back and compared with what was written; then the
+    register writes and the egress queue depth over Thrift (P4Runtime has no register writes on
+    BMv2, PI#376). Ports are the caller's to add afterwards (:meth:`SimpleSwitch.port_add`), so no
+    frame meets an empty table.
+
+    Returns:
+        ``{"entries": n, "tables": {table: n}, "seconds": s}``.
+    Raises:
+        Bmv2Error: a call failed, or a table read back differs from what was written (names
+            the table).
+        MissingDependencyError: finsy/grpcio not installed.
+    """
+    from embnic.control.bmv2 import p4info_path
+    from embnic.control.p4runtime import P4InfoIndex, P4RuntimeError
+
+    t0 = time.monotonic()
+    entries = program.entries()
+    try:
+        index = P4InfoIndex.load(p4info_path(json_path))
+        with sw.p4runtime(timeout=timeout) as c:
+            c.wait_ready(timeout)
+            c.become_primary()
+            c.set_pipeline(index, Path(json_path).read_bytes())
+            c.write(inserts=entries)
+            by_table: dict[str, list[TableEntry]] = {t: [] for t in index.tables}
+            for e in entries:
+                by_table[e.table].append(e)
+            for table, want in by_table.items():
+                got = c.read_table(table)
+                if sorted(got, key=_entry_key) != sorted(want, key=_entry_key):
+                    raise Bmv2Error(f"P4Runtime read of {table} gave {len(got)} entries that differ from the "
+                                    f"{len(want)} written: {sorted(set(got) ^ set(want), key=_entry_key)[:4]}")
+    except P4RuntimeError as e:
+        raise Bmv2Error(str(e)) from None
+    sw.cli(program.register_commands() + [f"set_queue_depth {EGRESS_QUEUE_DEPTH}"])
+    return {"entries": len(entries), "tables": {t: len(v) for t, v in by_table.items()},
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _entry_key(e: TableEntry) -> tuple:
+    return (e.table, e.key, e.action, e.params)
 
 
 # --------------------------------------------------------------------------- reading back

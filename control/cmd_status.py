@@ -60,14 +60,21 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
     pc = (prev or {}).get("counters") or {}
     dt = (cur["t"] - prev["t"]) if prev else None
     out = [title] if title else []
+    ctl = c.get("control")
+    if ctl:  # bmv2: which channel programs the tables, which reads registers and counters
+        out.append(f"control   {ctl['channel']} ({ctl['switch']}): tables over {ctl['tables']}; "
+                   f"registers, counters over {ctl['registers']}")
     prev_ports = {p.get("port"): p for p in pc.get("ports", [])}
     ports = c.get("ports", [])
     # the largest frame each port sends, and the frames dropped for being longer (too_long_for_port,
     # by the port they were for): columns of the DPDK card's counters
     has_max = any("max_frame" in p for p in ports)
     has_long = any(p.get("too_long_for_port") or (show_all and "too_long_for_port" in p) for p in ports)
+    # bmv2: frames the port's interface took in that the switch never counted (lost in its capture)
+    has_lost = any("lost_before_switch" in p for p in ports)
     head = f"{'port':>4}  {'rx frames':>14} {'rx bytes':>16}  {'tx frames':>14} {'tx bytes':>16}"
     head += (f"  {'max frame':>9}" if has_max else "") + (f"  {'too long':>10}" if has_long else "")
+    head += f"  {'iface rx':>14} {'lost before switch':>18}" if has_lost else ""
     out.append(head + (f"  {'rx frames/s':>12} {'tx frames/s':>12}" if dt else ""))
     for p in ports:
         pp = prev_ports.get(p.get("port"), {})
@@ -77,6 +84,8 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
             line += f"  {p.get('max_frame', 0):>9,}"
         if has_long:
             line += f"  {p.get('too_long_for_port', 0):>10,}"
+        if has_lost:
+            line += f"  {p.get('iface_rx_frames', 0):>14,} {p.get('lost_before_switch', 0):>18,}"
         if dt:
             line += "".join(f"  {(p.get(k, 0) - pp.get(k, p.get(k, 0))) / dt:>12,.0f}" for k in ("rx_frames", "tx_frames"))
         out.append(line)
@@ -138,7 +147,9 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
 @click.option("--all", "show_all", is_flag=True, help="Show zero counters too (every drop reason).")
 def status(config, target, name, ctl, as_json, watch, count, show_all):
     """Show the card's counters: frames per port (and on the DPDK card each port's largest
-    frame and the frames dropped as too long for it), frames by message type (a message of N
+    frame and the frames dropped as too long for it; on BMv2 the frames the port's interface
+    took in and those lost before the switch counted them, and the control channel: P4Runtime
+    or Thrift), frames by message type (a message of N
     fragments counts N), drops by reason, header-ring occupancy and high-water mark, mempool
     use, the message state map (messages in flight, by state), messages completed by reply
     type, and per shard the messages completed and expired and the request->reply latency the

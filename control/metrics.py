@@ -119,6 +119,17 @@ def card_families(c: dict, st: dict) -> list:
     if rows:
         counter("too_long_for_port", "Frames for this port longer than it sends (dropped as too_long_for_port).",
                 ["port"], rows)
+    for k, what in (("iface_rx_frames", "Frames the card port's interface took in (bmv2: kernel rx_packets "
+                                        "+ rx_dropped since the load or the last counter reset)."),
+                    ("lost_before_switch", "Frames the card port's interface took in that the switch's ingress "
+                                           "never counted (bmv2: lost in its capture; exact at rest).")):
+        rows = [((p["port"],), p[k]) for p in ports if k in p]
+        if rows:
+            counter(k, what, ["port"], rows)
+    if c.get("control"):  # bmv2: which channel programs the tables
+        ctl = c["control"]
+        gauge("control_info", "The card's control channel (value 1): p4runtime or thrift, and its switch.",
+              ["channel", "switch"], [((ctl.get("channel"), ctl.get("switch")), 1)])
     rows = [((p["port"],), p["max_frame"]) for p in ports if "max_frame" in p]
     if rows:
         gauge("port_max_frame_bytes", "Largest frame the port sends (from the Ethernet header, no CRC).", ["port"], rows)

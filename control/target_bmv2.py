@@ -1,13 +1,30 @@
-"""The ``bmv2`` target: the P4 program (p4/) on BMv2's ``simple_switch``, driven by its runtime CLI.
+"""The ``bmv2`` target: the P4 program (p4/) on BMv2, driven over P4Runtime where it can be.
 
-``load`` = find p4c / simple_switch / simple_switch_CLI (a missing one: one line naming it and
-how to get it, exit 1) → compile ``p4/embnic.p4`` (or take ``json_path``) → make sure the
-switch's network namespace has no address but loopback (its Thrift server listens on every
-address; see below) → start a first switch without ports, program the card's port addresses,
-the config's routes and clients and the state timeout, save its state → start the card's
-switch with the ports and that state restored, so no frame meets an empty table → write the
-state file. ``unload`` stops the recorded pid (checked by its start time) and deletes a
-namespace the target made.
+Two control channels (:func:`embnic.control.bmv2.choose_channel`; ``channel`` or
+``$EMBNIC_BMV2_CHANNEL``: ``auto`` (default), ``p4runtime``, ``thrift``):
+
+- ``p4runtime`` (where ``simple_switch_grpc`` is on PATH): the switch starts with no program and
+  no port, serving P4Runtime on ``unix:RUN_DIR/NAME.p4rt`` (a socket file: reachable from the
+  host although the switch runs in its namespace); the target pushes the pipeline (P4Info +
+  JSON), writes every table entry and reads every table back over P4Runtime, writes the
+  registers (``state_timeout_us``) and the queue depth over Thrift on the same switch, then adds
+  the ports. Later route/client changes are P4Runtime writes; registers and counters are read
+  over Thrift (BMv2's PI answers register reads "not supported", PI#376).
+- ``thrift`` (``simple_switch`` alone): a first switch without ports is programmed with the
+  runtime CLI, its state saved and the card's switch started with ``--restore-state``, so no
+  frame meets an empty table (with the handle-0 placeholder of :func:`handle_zero_placeholders`);
+  later changes go through ``simple_switch_CLI``.
+
+``load`` = find the tools (a missing one: one line naming it and how to get it, exit 1) →
+compile ``p4/embnic.p4`` (JSON and P4Info; or take ``json_path``) → make sure the switch's network
+namespace has no address but loopback (its Thrift server listens on every address) → turn the
+port interfaces' offloads off (see :func:`tune_port_interfaces`) → start and program the switch
+as above → write the state file. ``unload`` stops the recorded pid (checked by its start time)
+and deletes a namespace the target made.
+
+Every frame is accounted for: ``counters()["ports"][i]["lost_before_switch"]`` is the frames the
+port's interface took in (kernel ``rx_packets`` + ``rx_dropped`` since the load or the last
+counter reset) minus the frames the switch's ingress counted (``rx_frames``).
 
 Ports: card port ``i`` is the interface ``interfaces[i]``; given as names (``["Np0", ...]``)
 or taken from ``--vdev net_af_packet<i>,iface=NAME`` (what the testbed passes the dpdk target).
@@ -22,6 +39,7 @@ made for it (``embnic-bmv2-NAME``), into which the interfaces are moved with IPv
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -117,6 +135,51 @@ def parse_table_dump(text: str) -> list[dict]:
     return out
 
 
+#: offloads that make libpcap size its capture ring's slots for 64 KiB frames (see
+#: :func:`tune_port_interfaces`)
+PORT_OFFLOADS_OFF = ("tso", "gso", "gro", "lro", "tx-udp-segmentation", "rx-gro-list", "rx-udp-gro-forwarding")
+
+
+def tune_port_interfaces(ns: bmv2.Netns, ifaces: Sequence[str]) -> None:
+    """Turn segmentation and receive offloads off on the switch's port interfaces.
+
+    BMv2 captures each port with libpcap in immediate mode, i.e. a TPACKET_V2 ring of 2 MiB
+    (libpcap's default; BMv2 sets no size) whose slots are as large as the largest frame the
+    interface may hand over: 64 KiB + headers while any of GSO/TSO/GRO/LRO is on (a veth's
+    default), so the ring holds a few dozen frames and a burst beyond that is lost in the
+    kernel, counted by no counter of the card. With the offloads off, slots are MTU-sized and
+    the same ring holds about a thousand frames. Best effort per feature (a veth has no LRO to
+    turn off); nothing the switch does depends on the offloads.
+    """
+    ethtool = shutil.which("ethtool")
+    if ethtool is None:
+        raise OperationalError("the bmv2 target needs ethtool (apt-get install ethtool) to size the switch's "
+                               "capture rings (offloads off on its port interfaces)")
+    for ifname in ifaces:
+        for feature in PORT_OFFLOADS_OFF:
+            subprocess.run(["ip", "netns", "exec", ns.name, ethtool, "-K", ifname, feature, "off"],
+                           capture_output=True)
+
+
+def interface_rx(ns_name: str, ifaces: dict[int, str]) -> dict[int, int]:
+    """Frames each port's interface took in: kernel ``rx_packets + rx_dropped``, by port.
+
+    Raises:
+        OperationalError: ``ip`` failed (an interface or the namespace is gone).
+    """
+    r = subprocess.run(["ip", "-n", ns_name, "-j", "-s", "link", "show"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise OperationalError(f"ip -n {ns_name} -s link show: {r.stderr.strip()}")
+    by_name = {d["ifname"]: d["stats64"]["rx"] for d in json.loads(r.stdout) if "stats64" in d}
+    out = {}
+    for port, name in ifaces.items():
+        if name not in by_name:
+            raise OperationalError(f"card port {port}: no interface {name} in namespace {ns_name} any more")
+        rx = by_name[name]
+        out[int(port)] = int(rx["packets"]) + int(rx.get("dropped", 0))
+    return out
+
+
 class Bmv2Target(Target):
     """The embnic pipeline as the P4 program on BMv2 ``simple_switch``.
 
@@ -129,20 +192,29 @@ class Bmv2Target(Target):
             the namespace made for the switch).
         vdevs: alternatively ``net_af_packet<i>,iface=NAME`` specs (:func:`interfaces_from_vdevs`).
         thrift_port: the switch's Thrift port (reachable inside its namespace only).
+        channel: ``auto`` (P4Runtime where ``simple_switch_grpc`` is on PATH), ``p4runtime`` or
+            ``thrift``; None: ``$EMBNIC_BMV2_CHANNEL``, else ``auto`` (module docstring).
         ready_timeout: seconds to wait for the switch to start.
         stop_timeout: seconds between SIGTERM and SIGKILL on unload.
+
+    Raises (constructor):
+        UsageError: ``channel`` (or ``$EMBNIC_BMV2_CHANNEL``) is none of the three.
     """
 
     name = "bmv2"
     OPTIONS = frozenset({"json_path", "netns", "interfaces", "vdevs", "thrift_port", "ready_timeout",
-                         "stop_timeout"})
+                         "stop_timeout", "channel"})
 
     def __init__(self, config: ClusterConfig | None = None, *, name: str = "embnic",
                  run_dir: str | os.PathLike | None = None, json_path: str | os.PathLike | None = None,
                  netns: str | None = None, interfaces: Sequence[str] = (), vdevs: Sequence[str] = (),
                  thrift_port: int = bmv2.DEFAULT_THRIFT_PORT, ready_timeout: float = 60.0,
-                 stop_timeout: float = 10.0):
+                 stop_timeout: float = 10.0, channel: str | None = None):
         super().__init__(config, name=name, run_dir=run_dir)
+        try:
+            self.requested_channel = bmv2.choose_channel(channel)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         self.json_path = Path(json_path) if json_path else None
         self.netns = netns
         self.interfaces = list(interfaces) or interfaces_from_vdevs(vdevs or ())
@@ -184,8 +256,18 @@ class Bmv2Target(Target):
             else:
                 path.unlink(missing_ok=True)
 
+    @property
+    def p4rt_socket(self) -> Path:
+        """The P4Runtime server's unix socket (p4runtime channel): ``RUN_DIR/NAME.p4rt``."""
+        return self.run_dir / f"{self.instance}.p4rt"
+
+    def channel(self, state: dict | None = None) -> str:
+        """The control channel: the loaded pipeline's (state file), else the one a load would use."""
+        st = state if state is not None else (self.state() or {})
+        return st.get("channel") or ("thrift" if st.get("target") == "bmv2" else self.requested_channel)
+
     def _switch(self, state: dict | None = None) -> bmv2.SimpleSwitch:
-        """A handle on the running switch (from the state file) for CLI calls."""
+        """A handle on the running switch (from the state file) for CLI and P4Runtime calls."""
         st = state or self.state()
         if not st or st.get("corrupt") or st.get("target") != "bmv2":
             raise OperationalError(f"no bmv2 pipeline {self.instance!r} loaded: run `embnic pipeline load "
@@ -195,7 +277,7 @@ class Bmv2Target(Target):
             raise OperationalError(f"the bmv2 pipeline {self.instance!r} is not running any more "
                                    f"({describe_state(st)}); see its log {st.get('log')}")
         return bmv2.SimpleSwitch(Path(st["json"]), bmv2.Netns(st["netns"]), {}, log=Path(st["log"]),
-                                 thrift_port=int(st["thrift_port"]))
+                                 thrift_port=int(st["thrift_port"]), grpc_addr=st.get("p4rt"))
 
     def cli(self, commands: Sequence[str]) -> str:
         """Run runtime-CLI commands on the loaded switch.
@@ -209,16 +291,21 @@ class Bmv2Target(Target):
             raise OperationalError(str(e)) from None
 
     # ------------------------------------------------------------------ lifecycle
-    def _tools(self) -> None:
-        """Raise MissingDependencyError (one line) naming every missing tool and how to get each."""
+    def _tools(self, channel: str) -> None:
+        """Raise MissingDependencyError (one line) naming every missing tool (and, for P4Runtime,
+        Python package) and how to get each."""
         missing = bmv2.missing_tools((["p4c"] if self.json_path is None else []) +
-                                     ["simple_switch", "simple_switch_CLI"])
+                                     [bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
+        if channel == "p4runtime" and not missing:
+            from embnic.control import p4runtime
+
+            p4runtime._proto()  # MissingDependencyError naming finsy/grpcio and the pip line
         if missing:
             raise MissingDependencyError(f"the bmv2 target needs {', '.join(missing)}, not found on PATH: " +
                                          "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
                                          dependency=missing[0])
 
-    def _card_commands(self, routes: list[Entry], clients: list[Entry]) -> list[str]:
+    def _card_program(self, routes: list[Entry], clients: list[Entry]) -> bmv2_runtime.CardProgram:
         card = self.config.card
         ports = []
         for p in card.ports:
@@ -227,19 +314,22 @@ class Bmv2Target(Target):
                                   "MAC of its own): add mac = \"02:..\"", self.config.path)
             ports.append(bmv2_runtime.CardPortAddr(p.id, p.mac, p.ip))
         peer = lambda e: bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)
-        return bmv2_runtime.table_commands(ports, [peer(r) for r in routes], [peer(c) for c in clients],
-                                           state_timeout_us=card.state_timeout_ms * 1000)
+        return bmv2_runtime.card_program(ports, [peer(r) for r in routes], [peer(c) for c in clients],
+                                         state_timeout_us=card.state_timeout_ms * 1000)
 
     def load(self, program: bool = True) -> dict:
-        """Compile, start ``simple_switch`` with the tables already programmed (see module doc).
+        """Compile, start the switch and program it before it takes a frame (module docstring),
+        on the channel ``channel`` chose.
 
         Returns:
             the state file contents plus ``routes``/``clients`` counts.
         Raises:
-            UsageError: no config, or no interfaces for the card's ports.
+            UsageError: no config, or no interfaces for the card's ports; a run directory too
+                long for the P4Runtime socket.
             ConfigError: no ``[card]``, a card port without ``mac``, a shard/client without
                 ``mac``/``card_port``.
-            MissingDependencyError: p4c / simple_switch / simple_switch_CLI missing (names them).
+            MissingDependencyError: p4c / simple_switch(_grpc) / simple_switch_CLI missing, or
+                finsy/grpcio for P4Runtime (names them).
             OperationalError: p4c failed, already running, the
                 namespace has addresses besides loopback, the switch did not start.
         """
@@ -254,7 +344,7 @@ class Bmv2Target(Target):
             raise UsageError(f"the bmv2 target needs one interface per card port (ports {ids}, "
                                    f"{len(self.interfaces)} interface(s) given): --vdev "
                                    "net_af_packet<i>,iface=NAME in port order")
-        self._tools()  # a missing tool first: nothing else can be checked or fixed without it
+        self._tools(self.requested_channel)  # a missing tool first: nothing can be checked or fixed without it
         if not self.netns:  # before the compile, and before any interface moves: a namespace deleted with a
             # veth end in it destroys that veth pair
             for i, ifname in enumerate(self.interfaces[:len(ids)]):
@@ -264,7 +354,11 @@ class Bmv2Target(Target):
                                      f"net_af_packet{i},iface=NAME, or --netns the namespace that holds them")
         routes = routes_from_config(cfg) if program else []
         clients = clients_from_config(cfg) if program else []
-        commands = self._card_commands(routes, clients)
+        card = self._card_program(routes, clients)
+        channel = self.requested_channel
+        if channel == "p4runtime" and len(str(self.p4rt_socket)) > 100:  # sun_path holds 108 bytes
+            raise UsageError(f"the P4Runtime socket path {self.p4rt_socket} is too long for a unix socket: "
+                             "use a shorter run directory (EMBNIC_RUN_DIR) or name")
         require_root("loading the bmv2 target", "network namespaces for simple_switch")
         ensure_run_dir(self.run_dir)
         old = read_state(self.run_dir, self.instance)
@@ -289,37 +383,25 @@ class Bmv2Target(Target):
             except (bmv2.Bmv2Error, subprocess.CalledProcessError) as e:
                 subprocess.run(["ip", "netns", "del", made_ns], capture_output=True)
                 raise OperationalError(f"cannot set up namespace {made_ns}: {e}") from None
+        sw = None
         try:
             self._check_loopback_only(ns)
             ports = {i: self.interfaces[i] for i in ids}
-            state_file = self.run_dir / f"{self.instance}.bmv2state"
-            prog = bmv2.SimpleSwitch(json_path, ns, {}, log=self.run_dir / f"{self.instance}-program.log",
-                                     thrift_port=self.thrift_port)
-            prog.start()
-            try:
-                prog.wait_ready(self.ready_timeout)
-                # handle 0 left free in every table: see handle_zero_placeholders
-                placeholders, unplace = handle_zero_placeholders(commands)
-                prog.cli(placeholders)
-                prog.cli(commands)
-                prog.cli(unplace)
-                prog.save_state(state_file)
-            finally:
-                prog.stop(self.stop_timeout)
-            sw = bmv2.SimpleSwitch(json_path, ns, ports, log=self.log_path, restore_state=state_file,
-                                   thrift_port=self.thrift_port)
-            pid = sw.start()
-            state = {"target": "bmv2", "pid": pid, "starttime": proc_starttime(pid), "netns": ns.name,
-                     "netns_made": made_ns is not None, "thrift_port": self.thrift_port,
-                     "json": str(json_path), "log": str(sw.log_file), "ctl": f"thrift 127.0.0.1:{self.thrift_port} "
-                     f"in netns {ns.name}", "config": cfg.path, "started": time.time(),
-                     "interfaces": ports, "argv": sw.command()}
+            tune_port_interfaces(ns, list(ports.values()))
+            if channel == "p4runtime":
+                sw, state = self._start_p4runtime(json_path, ns, ports, card)
+            else:
+                sw, state = self._start_thrift(json_path, ns, ports, card)
+            state.update({"netns_made": made_ns is not None, "config": cfg.path})
+            # frames lost before the switch are counted from here (and from each counter reset)
+            state["port_base"] = self._port_base(state)
             write_state(self.run_dir, self.instance, state)
-            sw.wait_ready(self.ready_timeout)
-            sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
-            self._remove_transient_files()  # the card switch restored the state and is up
-        except bmv2.Bmv2Error as e:
+            self._remove_transient_files()  # the card switch is up and programmed
+        except (bmv2.Bmv2Error, OperationalError) as e:
+            if sw is not None:
+                sw.stop(self.stop_timeout)
             remove_state(self.run_dir, self.instance)
+            self.p4rt_socket.unlink(missing_ok=True)
             if made_ns:
                 bmv2.Netns(made_ns).delete()
             raise OperationalError(str(e)) from None
@@ -327,6 +409,70 @@ class Bmv2Target(Target):
                 "state_timeout_ms": cfg.card.state_timeout_ms,
                 "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
         return {**state, "routes": len(routes), "clients": len(clients), "info": info}
+
+    def _state(self, sw: bmv2.SimpleSwitch, pid: int, json_path: Path, ns: bmv2.Netns, ports: dict,
+               channel: str) -> dict:
+        ctl = f"thrift 127.0.0.1:{self.thrift_port} in netns {ns.name}"
+        if channel == "p4runtime":
+            ctl = f"p4runtime {sw.grpc_addr} (tables); {ctl} (registers, counters, queues)"
+        return {"target": "bmv2", "channel": channel, "pid": pid, "starttime": proc_starttime(pid),
+                "netns": ns.name, "thrift_port": self.thrift_port, "p4rt": sw.grpc_addr, "json": str(json_path),
+                "p4info": str(bmv2.p4info_path(json_path)) if channel == "p4runtime" else None,
+                "log": str(sw.log_file), "ctl": ctl, "started": time.time(), "interfaces": ports,
+                "argv": sw.command(), "switch": bmv2.CHANNEL_SWITCH[channel]}
+
+    def _start_thrift(self, json_path: Path, ns: bmv2.Netns, ports: dict,
+                      card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
+        """The Thrift channel: program a port-less switch with the runtime CLI, save its state,
+        start the card's switch with the ports and ``--restore-state`` (module docstring)."""
+        commands = card.cli_commands()
+        state_file = self.run_dir / f"{self.instance}.bmv2state"
+        prog = bmv2.SimpleSwitch(json_path, ns, {}, log=self.run_dir / f"{self.instance}-program.log",
+                                 thrift_port=self.thrift_port)
+        prog.start()
+        try:
+            prog.wait_ready(self.ready_timeout)
+            # handle 0 left free in every table: see handle_zero_placeholders
+            placeholders, unplace = handle_zero_placeholders(commands)
+            prog.cli(placeholders)
+            prog.cli(commands)
+            prog.cli(unplace)
+            prog.save_state(state_file)
+        finally:
+            prog.stop(self.stop_timeout)
+        sw = bmv2.SimpleSwitch(json_path, ns, ports, log=self.log_path, restore_state=state_file,
+                               thrift_port=self.thrift_port)
+        pid = sw.start()
+        state = self._state(sw, pid, json_path, ns, ports, "thrift")
+        write_state(self.run_dir, self.instance, state)  # before waiting: `unload` finds a half-started one
+        sw.wait_ready(self.ready_timeout)
+        sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
+        return sw, state
+
+    def _start_p4runtime(self, json_path: Path, ns: bmv2.Netns, ports: dict,
+                         card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
+        """The P4Runtime channel: start ``simple_switch_grpc`` with no program and no port, push
+        the pipeline, write and read back every table over P4Runtime, registers and queue depth
+        over Thrift, then add the ports (module docstring)."""
+        self.p4rt_socket.unlink(missing_ok=True)  # a stale socket of a killed switch
+        sw = bmv2.SimpleSwitch(None, ns, {}, log=self.log_path, thrift_port=self.thrift_port,
+                               grpc_addr=f"unix:{self.p4rt_socket}")
+        pid = sw.start()
+        state = self._state(sw, pid, json_path, ns, ports, "p4runtime")
+        write_state(self.run_dir, self.instance, state)  # before waiting: `unload` finds a half-started one
+        sw.wait_ready(self.ready_timeout)
+        state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card, timeout=self.ready_timeout)
+        sw.port_add(ports)
+        return sw, state
+
+    def _port_base(self, state: dict) -> dict:
+        """``{port: {"iface_rx": n, "switch_rx": n}}`` now: the zero of ``lost_before_switch``."""
+        ifaces = {int(k): v for k, v in (state.get("interfaces") or {}).items()}
+        iface = interface_rx(state["netns"], ifaces)
+        sw = self._switch(state)
+        c = bmv2_runtime.parse_counters(sw.cli([f"counter_read rx_frames {p}" for p in sorted(ifaces)]))
+        return {str(p): {"iface_rx": iface[p], "switch_rx": c.get("rx_frames", {}).get(p, (0, 0))[0]}
+                for p in sorted(ifaces)}
 
     def _prepare_netns(self, name: str, ports: Sequence[str]) -> bmv2.Netns:
         """The given namespace, made ready for the switch: loopback up (the runtime CLI reaches
@@ -393,6 +539,8 @@ class Bmv2Target(Target):
             bmv2.Netns(st["netns"]).delete()
         remove_state(self.run_dir, self.instance)
         self._remove_transient_files()
+        if st.get("p4rt"):
+            self.p4rt_socket.unlink(missing_ok=True)
         return {**st, "was_running": running, "killed": killed, "exit": None}
 
     def is_loaded(self) -> bool:
@@ -400,16 +548,65 @@ class Bmv2Target(Target):
         return bool(st) and not st.get("corrupt") and st.get("target") == "bmv2" and pid_matches(st)
 
     # ------------------------------------------------------------------ tables
+    def _p4rt(self, st: dict):
+        """A P4Runtime client of the loaded switch (its P4Info fetched from the switch)."""
+        try:
+            c = self._switch(st).p4runtime(timeout=self.ready_timeout)
+            c.get_p4info()
+            return c
+        except Exception as e:
+            from embnic.control.p4runtime import P4RuntimeError
+
+            if isinstance(e, (P4RuntimeError, bmv2.Bmv2Error)):
+                raise OperationalError(str(e)) from None
+            raise
+
     def _dump(self, table: str) -> list[dict]:
-        return parse_table_dump(self.cli([f"table_dump {table}"]))
+        """Entries of ``table`` as ``[{key: [ints], action, params: [ints]}]`` (Thrift: with
+        ``handle``), over the loaded pipeline's channel."""
+        st = self.state() or {}
+        if self.channel(st) != "p4runtime":
+            return parse_table_dump(self.cli([f"table_dump {table}"]))
+        from embnic.control.p4runtime import P4RuntimeError
+
+        c = self._p4rt(st)
+        try:
+            return [{"key": list(e.key), "action": e.action, "params": list(e.params)} for e in c.read_table(table)]
+        except P4RuntimeError as e:
+            raise OperationalError(str(e)) from None
+        finally:
+            c.close()
 
     def _allow_handle(self, is_request: int, id_: int) -> list[int]:
         return [e["handle"] for e in self._dump("sender_allowlist") if e["key"][:2] == [is_request, id_]]
 
-    def _replace(self, table: str, id_: int, is_request: int, add: list[str]) -> None:
-        cmds = [f"table_delete {table} {e['handle']}" for e in self._dump(table) if e["key"] == [id_]]
-        cmds += [f"table_delete sender_allowlist {h}" for h in self._allow_handle(is_request, id_)]
-        self.cli(cmds + add)
+    def _replace(self, table: str, id_: int, is_request: int, add: list) -> None:
+        """Replace the entry of ``id_`` in ``table`` and its allowlist entries by ``add``
+        (TableEntry objects; none: delete them)."""
+        st = self.state() or {}
+        if self.channel(st) != "p4runtime":
+            cmds = [f"table_delete {table} {e['handle']}" for e in self._dump(table) if e["key"] == [id_]]
+            cmds += [f"table_delete sender_allowlist {h}" for h in self._allow_handle(is_request, id_)]
+            self.cli(cmds + [e.cli_add() for e in add])
+            return
+        from embnic.control.p4runtime import P4RuntimeError
+
+        c = self._p4rt(st)
+        try:
+            old = [e for e in c.read_table(table) if e.key == (id_,)]
+            old += [e for e in c.read_table("sender_allowlist") if e.key[:2] == (is_request, id_)]
+            new_keys = {(e.table, e.key) for e in add}
+            old_by_key = {(e.table, e.key): e for e in old}
+            stale = [e for e in old if (e.table, e.key) not in new_keys]
+            c.become_primary()
+            # P4Runtime may apply the updates of one Write in any order: deletes in a Write of their own
+            c.write(deletes=stale)
+            c.write(inserts=[e for e in add if (e.table, e.key) not in old_by_key],
+                    modifies=[e for e in add if (e.table, e.key) in old_by_key and old_by_key[(e.table, e.key)] != e])
+        except P4RuntimeError as e:
+            raise OperationalError(str(e)) from None
+        finally:
+            c.close()
 
     def _check_port(self, e: Entry) -> None:
         n = self._nb_ports()
@@ -424,7 +621,7 @@ class Bmv2Target(Target):
             OperationalError: not loaded, or the switch refused the entry.
         """
         self._check_port(e)
-        self._replace("route_by_shard", e.id, 0, bmv2_runtime.route_add_commands(
+        self._replace("route_by_shard", e.id, 0, bmv2_runtime.route_entries(
             bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
 
     def route_del(self, shard: int) -> None:
@@ -445,7 +642,7 @@ class Bmv2Target(Target):
             OperationalError: not loaded, or the switch refused the entry.
         """
         self._check_port(e)
-        self._replace("client_by_id", e.id, 1, bmv2_runtime.client_add_commands(
+        self._replace("client_by_id", e.id, 1, bmv2_runtime.client_entries(
             bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
 
     def client_del(self, client: int) -> None:
@@ -468,18 +665,51 @@ class Bmv2Target(Target):
         ``mempool`` is absent (BMv2 has none), ``state`` has ``entries``/``capacity`` too, and
         ``shards`` is ``[{shard, completed}]`` for every shard the card routes (``route_by_shard``):
         the messages of that shard whose whole reply passed, all reply types together (BMv2 keeps
-        no per-shard latency histogram: p4/README.md, "Differences")."""
+        no per-shard latency histogram: p4/README.md, "Differences").
+
+        Each port also has ``iface_rx_frames`` (frames its interface took in since the load or the
+        last :meth:`reset_counters`: kernel ``rx_packets + rx_dropped``) and
+        ``lost_before_switch`` (those minus the frames the switch's ingress counted; the switch's
+        counters are read first, so a frame still queued for the switch while traffic flows
+        counts as lost until it is processed: exact at rest); ``lost_before_switch`` is their
+        total. ``control`` says which channel programs the tables: ``{"channel": "p4runtime" |
+        "thrift", "tables": address, "registers": address}``.
+        """
+        st = self.state() or {}
         try:
             shards = sorted(e["key"][0] for e in self._dump("route_by_shard"))
-            c = bmv2_runtime.read_counters(self._switch(), self._nb_ports(), shards)
+            c = bmv2_runtime.read_counters(self._switch(st), self._nb_ports(), shards)
             ring = bmv2_runtime.parse_registers(self.cli(["register_read ring_head"])).get("ring_head", [0])[0]
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
+        base = st.get("port_base") or {}
+        ifaces = {int(k): v for k, v in (st.get("interfaces") or {}).items()}
+        iface = interface_rx(st["netns"], ifaces) if ifaces else {}
+        lost = 0
+        for p in c["ports"]:
+            b = base.get(str(p["port"]))
+            if b is None or p["port"] not in iface:
+                continue
+            p["iface_rx_frames"] = iface[p["port"]] - b["iface_rx"]
+            p["lost_before_switch"] = p["iface_rx_frames"] - (p["rx_frames"] - b["switch_rx"])
+            lost += p["lost_before_switch"]
+        c["lost_before_switch"] = lost
         size = p4prog.constants()["RING_SLOTS"]
         summ = self.state_summary()
         c["ring"] = {"size": size, "count": min(ring, size), "logged": ring}
         c["state"] = {k: summ[k] for k in ("entries", "capacity", "overflow", "expired")}
+        c["control"] = self.control_channel(st)
         return c
+
+    def control_channel(self, state: dict | None = None) -> dict:
+        """``{"channel", "switch", "tables", "registers"}``: which channel programs the tables
+        (``p4runtime``: the P4Runtime address; ``thrift``: the runtime CLI), which reads registers
+        and counters (always Thrift, in the switch's namespace)."""
+        st = state if state is not None else (self.state() or {})
+        ch = self.channel(st)
+        thrift = f"thrift 127.0.0.1:{st.get('thrift_port', self.thrift_port)} in netns {st.get('netns')}"
+        return {"channel": ch, "switch": st.get("switch") or bmv2.CHANNEL_SWITCH[ch],
+                "tables": st.get("p4rt") if ch == "p4runtime" else thrift, "registers": thrift}
 
     def state_summary(self) -> dict:
         try:
@@ -525,6 +755,8 @@ class Bmv2Target(Target):
         st = self.state() or {}
         sw = self._switch(st)
         return {"target": "bmv2", "versions": bmv2.tool_versions(), "json": st.get("json"),
+                "p4info": st.get("p4info"), "control": self.control_channel(st),
+                "build": bmv2.build_info(st.get("switch") or "simple_switch"),
                 "netns": st.get("netns"), "netns_addresses": sw.netns.addresses(),
                 "thrift_port": st.get("thrift_port"),
                 "ports": [{"port": p.id, "ip": p.ip, "mac": p.mac, "iface": (st.get("interfaces") or {}).get(str(p.id))}
@@ -532,6 +764,12 @@ class Bmv2Target(Target):
                 "state_size": p4prog.constants()["STATE_SLOTS"], "ring_size": p4prog.constants()["RING_SLOTS"]}
 
     def reset_counters(self) -> None:
+        """Zero the card's counters and restart the count of frames lost before the switch
+        (exact when no frame is in flight)."""
         names = ["rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed",
                  "arp_replies", "state_expired"]
         self.cli([f"counter_reset {n}" for n in names])
+        st = self.state()
+        if st and st.get("interfaces"):
+            st["port_base"] = self._port_base(st)
+            write_state(self.run_dir, self.instance, st)

@@ -38,12 +38,13 @@ fi
 # dependencies: it declares the CUDA fbgemm-gpu, which clashes with fbgemm-gpu-cpu (one import
 # name, fbgemm_gpu). PIP_BREAK_SYSTEM_PACKAGES lets Debian's own python3 accept it; a venv or
 # pyenv python ignores it.
-# The `bmv2` extra (the Thrift runtime, small) comes along so that wherever BMv2 is installed its
-# runtime CLI and the bmv2 tests work; the `metrics` extra (prometheus-client, small) for the
-# card's exporter and the shards' metrics endpoints; the `disk` extra (rocksdict, a wheel with
-# RocksDB inside, ~10 MB) for the shards' disk tier and its tests.
-extras="test,bmv2,metrics,disk"
-probe="import embnic.client_lib, hypothesis, pytest, thrift, prometheus_client, rocksdict"
+# The `bmv2` extra (the Thrift runtime, small) and the `p4runtime` extra (finsy, grpcio, protobuf:
+# the P4Runtime client, ~15 MB) come along so that wherever BMv2 is installed (`make p4tools`)
+# its runtime CLI, the P4Runtime channel and the bmv2 tests work; the `metrics` extra
+# (prometheus-client, small) for the card's exporter and the shards' metrics endpoints; the `disk`
+# extra (rocksdict, a wheel with RocksDB inside, ~10 MB) for the shards' disk tier and its tests.
+extras="test,bmv2,p4runtime,metrics,disk"
+probe="import embnic.client_lib, hypothesis, pytest, thrift, prometheus_client, rocksdict, grpc, finsy.proto"
 torch=0
 if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
     extras="$extras,torch"

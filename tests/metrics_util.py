@@ -84,7 +84,12 @@ def card_expected(c: dict, st: dict) -> dict[tuple, float]:
     if by_port is not None:  # per port and reason; the card's own totals are their sums
         for reason, n in c["drops"].items():
             assert sum(p[reason] for p in by_port) == n, f"drops.{reason} {n} is not the sum over its ports"
+    ctl = c.get("control")
+    if ctl:  # bmv2: the control channel as an info sample (its addresses are not exported)
+        out[_k("embnic_card_control_info", channel=ctl["channel"], switch=ctl["switch"])] = 1
     for path, v in list(_walk(c)) + [(("state",) + p, v) for p, v in _walk(st)]:
+        if path[0] == "control" or path == ("lost_before_switch",):
+            continue  # the info sample above; the sum of the ports' lost_before_switch
         if path in simple:
             key = _k(simple[path])
         elif path[0] == "ports" and path[2] == "max_frame":

@@ -25,13 +25,19 @@ fails to start (``could not set PACKET_FANOUT ... Invalid argument``).
 The DUTs take turns (card, BMv2, card, BMv2, ... ``repeats`` times each) on the same running
 generator. Both rates are measured the same way: frames arriving at the sink interface
 (``rx_packets`` of eVs) over ``seconds`` after ``warmup``; medians are reported. The card is
-programmed before it reads a frame (``--paused``, then ``resume``); BMv2's tables come from a
-saved state (a programming switch without ports, then the DUT switch ``--restore-state``), so
-neither forwards a frame before its tables are set. Each DUT's own drop counters are recorded.
+programmed before it reads a frame (``--paused``, then ``resume``); BMv2 as the bmv2 target
+programs it (:func:`embnic.control.bmv2.choose_channel`): over P4Runtime, ``simple_switch_grpc``
+started with no program and no port, pipeline and entries written, then the ports added; over
+Thrift, a programming switch without ports whose saved state the DUT switch restores. Neither
+forwards a frame before its tables are set. Each DUT's own drop counters are recorded, and for
+BMv2 the frames lost before the switch (its ingress interface's kernel count minus its
+``rx_frames``). The DUT's veth ends have their offloads off
+(:func:`embnic.control.target_bmv2.tune_port_interfaces`), for both DUTs alike.
 
 Results merge into ``bench.json`` under ``dataplane``: ``bmv2_mpps``, ``bmv2_card_mpps`` (the
 DPDK card's figure of the same run and path), ``ratio_card_bmv2``, every run's figures and the
-setup, with the p4c/BMv2 versions.
+setup, with the p4c/BMv2 versions, the channel and the BMv2 build (``bmv2_build``: its
+``BUILDINFO``, and whether the logging macros and event logger were compiled out).
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from embnic.control import bmv2, bmv2_runtime
+from embnic.control.target_bmv2 import interface_rx, tune_port_interfaces
 from embnic.control.dpdk_proc import CardProcess, DpdkProcError, build_card, unique_prefix
 from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.runstate import require_root
@@ -89,6 +96,7 @@ class VethPath:
                 self._ip("-n", ns, "link", "set", dev, "up")
                 subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "rx", "off"],
                                capture_output=True)
+            tune_port_interfaces(bmv2.Netns(self.name), [self.dut_in, self.dut_out])
         except BaseException:
             self.__exit__()
             raise
@@ -141,40 +149,72 @@ def _pin(pid: int, cpu: int) -> None:
 
 
 def measure_bmv2_veth(json_path: Path, path: VethPath, seconds: float, warmup: float, gen_pid: int,
-                      log_dir: Path) -> dict:
-    """simple_switch between the path's veths, its threads on CPU ``DUT_CPU``: ``{mpps, frames,
-    seconds, others_cpu, drops}`` (rate at the sink; drops from its counters).
+                      log_dir: Path, channel: str = "thrift") -> dict:
+    """The BMv2 switch of ``channel`` between the path's veths, its threads on CPU ``DUT_CPU``:
+    ``{mpps, frames, seconds, others_cpu, drops, rx_frames, lost_before_switch, channel}``
+    (rate at the sink; drops from its counters; lost: frames the ingress veth took in that the
+    switch never counted).
 
     Raises:
         Bmv2Error: a switch failed to start or refused a table entry (names its log).
     """
     ns = bmv2.Netns(path.name)
     tag = unique_prefix("b")
-    state = log_dir / f"bmv2-{tag}.state"
-    prog = bmv2.SimpleSwitch(json_path, ns, {}, log=log_dir / f"bmv2-{tag}-program.log")
-    prog.start()
+    routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
+    clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
+    program = bmv2_runtime.card_program(CARD_PORTS, routes, clients)
+    ports = {0: path.dut_in, 1: path.dut_out}
+    if channel == "p4runtime":
+        sock = log_dir / f"{tag}.p4rt"
+        sock.unlink(missing_ok=True)
+        sw = bmv2.SimpleSwitch(None, ns, {}, log=log_dir / f"bmv2-{tag}.log", grpc_addr=f"unix:{sock}")
+        sw.start()
+        try:
+            sw.wait_ready()
+            bmv2_runtime.program_p4runtime(sw, json_path, program)
+            _pin(sw.proc.pid, DUT_CPU)
+            rx0 = interface_rx(path.name, {0: path.dut_in})[0]
+            sw.port_add(ports)
+        except BaseException:
+            sw.stop()
+            sock.unlink(missing_ok=True)
+            raise
+    else:
+        state = log_dir / f"bmv2-{tag}.state"
+        prog = bmv2.SimpleSwitch(json_path, ns, {}, log=log_dir / f"bmv2-{tag}-program.log")
+        prog.start()
+        try:
+            prog.wait_ready()
+            prog.cli(program.cli_commands())
+            prog.save_state(state)
+        finally:
+            prog.stop()
+        rx0 = interface_rx(path.name, {0: path.dut_in})[0]
+        sw = bmv2.SimpleSwitch(json_path, ns, ports, log=log_dir / f"bmv2-{tag}.log", restore_state=state)
+        sw.start()
+        try:
+            sw.wait_ready()
+            _pin(sw.proc.pid, DUT_CPU)
+            sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
+        except BaseException:
+            sw.stop()
+            state.unlink(missing_ok=True)
+            raise
+        state.unlink(missing_ok=True)
     try:
-        prog.wait_ready()
-        routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
-        clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
-        prog.cli(bmv2_runtime.table_commands(CARD_PORTS, routes, clients))
-        prog.save_state(state)
-    finally:
-        prog.stop()
-    sw = bmv2.SimpleSwitch(json_path, ns, {0: path.dut_in, 1: path.dut_out}, log=log_dir / f"bmv2-{tag}.log",
-                           restore_state=state)
-    sw.start()
-    try:
-        sw.wait_ready()
-        _pin(sw.proc.pid, DUT_CPU)
-        sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
         w = _window(path.sink_frames, seconds, warmup, [sw.proc.pid, gen_pid])
         c = bmv2_runtime.read_counters(sw, 2)
+        rx_iface = interface_rx(path.name, {0: path.dut_in})[0] - rx0
     finally:
         sw.stop()
-        state.unlink(missing_ok=True)
-    return {**w, "drops": {k: v for k, v in c["drops"].items() if v},
-            "rx_frames": sum(p["rx_frames"] for p in c["ports"])}
+        if channel == "p4runtime":
+            sock.unlink(missing_ok=True)
+    rx = sum(p["rx_frames"] for p in c["ports"])
+    # the switch is still taking frames in when its counters are read, so a few of the last
+    # ones count as lost: a share of ~1e-4 is the read's timing, more is loss in the capture
+    return {**w, "drops": {k: v for k, v in c["drops"].items() if v}, "rx_frames": rx,
+            "iface_rx_frames": rx_iface, "lost_before_switch": rx_iface - c["ports"][0]["rx_frames"],
+            "channel": channel}
 
 
 def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
@@ -187,23 +227,26 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         repeats: runs of each DUT, alternating (default 3); medians are reported.
         frames: frames in the pcap (default 2048).
         binary: the embnic-dp binary (default: build dataplane/).
+        channel: the BMv2 switch and how it is programmed: ``p4runtime`` (simple_switch_grpc),
+            ``thrift`` (simple_switch) or ``auto`` (default: :func:`~embnic.control.bmv2.choose_channel`).
     Returns:
         ``{bmv2_mpps, bmv2_card_mpps, ratio_card_bmv2, bmv2_runs, bmv2_card_runs, bmv2_versions,
-        bmv2_setup}`` (mpps: million frames per second arriving at the sink).
+        bmv2_channel, bmv2_build, bmv2_setup}`` (mpps: million frames per second arriving at the sink).
     Raises:
-        NeedsRootError: not root. MissingDependencyError: dpdk-testpmd, p4c, simple_switch or
-            simple_switch_CLI missing. OperationalError, DpdkProcError: a process failed (names
+        NeedsRootError: not root. MissingDependencyError: dpdk-testpmd, p4c, the channel's switch
+            or simple_switch_CLI missing. OperationalError, DpdkProcError: a process failed (names
             its log).
     """
     require_root("the bmv2 dataplane benchmark", why="it runs DPDK (EAL) and network namespaces",
                  example="sudo embnic bench dataplane --target bmv2")
-    missing = bmv2.missing_tools()
+    channel = bmv2.choose_channel(kw.get("channel"))
+    missing = bmv2.missing_tools(["p4c", bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
     if missing:
         raise MissingDependencyError(f"the bmv2 benchmark needs {', '.join(missing)}, not found on PATH: "
                                      + "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
                                      dependency=missing[0])
     try:
-        return _run(Path(out_dir), seconds, **kw)
+        return _run(Path(out_dir), seconds, **{**kw, "channel": channel})
     except bmv2.Bmv2Error as e:
         raise OperationalError(str(e)) from None
 
@@ -228,7 +271,8 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
         try:
             for _ in range(repeats):
                 card_runs.append(measure_card_veth(binary, path, seconds, warmup, gen.proc.pid, logs))
-                bmv2_runs.append(measure_bmv2_veth(json_path, path, seconds, warmup, gen.proc.pid, logs))
+                bmv2_runs.append(measure_bmv2_veth(json_path, path, seconds, warmup, gen.proc.pid, logs,
+                                                   channel=kw["channel"]))
         finally:
             gen.cleanup()
     card_mpps = _median([r["mpps"] for r in card_runs])
@@ -236,11 +280,13 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
     res = {"bmv2_mpps": bmv2_mpps, "bmv2_card_mpps": card_mpps,
            "ratio_card_bmv2": card_mpps / bmv2_mpps if bmv2_mpps else None,
            "bmv2_runs": bmv2_runs, "bmv2_card_runs": card_runs, "bmv2_versions": bmv2.tool_versions(),
+           "bmv2_channel": kw["channel"], "bmv2_build": bmv2.build_info(bmv2.CHANNEL_SWITCH[kw["channel"]]),
            "bmv2_pcap": pcap, "bmv2_seconds": seconds, "bmv2_repeats": repeats, "bmv2_warmup": warmup,
            "bmv2_setup": "same pcap, same path, one run: generator dpdk-testpmd io (net_pcap infinite_rx -> "
                          "net_af_packet, forwarding on CPU 1) -> veth -> DUT port 0, DUT port 1 -> veth -> "
-                         "sink; DUT = embnic-dp -l 0 (net_af_packet, run to completion) or simple_switch "
-                         "(every thread pinned to CPU 0), alternating; rate = frames arriving at the sink "
+                         "sink; DUT = embnic-dp -l 0 (net_af_packet, run to completion) or "
+                         f"{bmv2.CHANNEL_SWITCH[kw['channel']]} programmed over {kw['channel']} "
+                         "(every thread pinned to CPU 0), alternating; DUT veths' offloads off; rate = frames arriving at the sink "
                          f"over {seconds:g} s after {warmup:g} s, medians of {repeats}"}
     path_json = out_dir / "bench.json"
     cur = {}

@@ -179,7 +179,9 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
     on the training client's path, one per shard after every step: :func:`~.demo_measure.probe_rtts`),
     ``probes`` (probe messages and frames sent: the card counts them too),
     ``lookup_p50_over_probe_p50`` and ``latency_target`` (target ≤ 2, measured, met),
-    ``card_drops`` (every reason), ``card`` (``frames_by_type``: frames the
+    ``card_drops`` (every reason), ``card_lost_before_switch`` (bmv2: ``total`` and ``by_port``, the
+    frames a card-side interface took in that the switch's ingress never counted; None on dpdk),
+    ``card_control`` (bmv2: the channel that programmed the tables), ``card`` (``frames_by_type``: frames the
     card forwarded per message type; ports, ring, state map; ``messages_completed``: messages
     whose whole reply passed the card, by reply type; ``latency_by_shard``: the card's per-shard
     completions, expiries and request->reply latency histogram; ``messages_in_state_map``:

@@ -74,6 +74,13 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
         "latency_target": {"target": PROBE_TARGET, "measured": ratio_p50(lat, probes),
                            "met": (ratio_p50(lat, probes) or float("inf")) <= PROBE_TARGET},
         "card_drops": card_at_end.get("drops", {}),
+        # bmv2: frames the card-side interfaces took in that the switch never counted (lost in
+        # its capture), per port and in total; the channel that programmed its tables
+        "card_lost_before_switch": (None if "lost_before_switch" not in card_at_end else
+                                    {"total": card_at_end["lost_before_switch"],
+                                     "by_port": {str(p["port"]): p.get("lost_before_switch")
+                                                 for p in card_at_end.get("ports", [])}}),
+        "card_control": card_at_end.get("control"),
         "card": {"frames_by_type": card_at_end.get("types"), "ports": card_at_end.get("ports"),
                  "ring": card_at_end.get("ring"), "mempool": card_at_end.get("mempool"),
                  "state": card_at_end.get("state"),
@@ -161,6 +168,13 @@ def summary(rep: dict) -> list[str]:
                       f"{rep['lookup_p50_over_probe_p50']} × probe p50 ({target_verdict(rep['latency_target'])})"),
         ("card drops", R.fmt_drops(rep["card_drops"])),
     ]
+    lost = rep.get("card_lost_before_switch")
+    if lost is not None:
+        rows.append(("lost before card", f"{lost['total']} frames the card's interfaces took in that the switch "
+                                         "never counted (by port: " + ", ".join(
+                                             f"{k}: {v}" for k, v in lost["by_port"].items()) + ")"
+                                         + (f"; tables over {rep['card_control']['channel']}"
+                                            if rep.get("card_control") else "")))
     if tb:
         rows.append(("final tables", f"{tb['rows']} rows read back through the card: "
                                      f"{'identical' if tb['equal'] else 'DIFFERENT'} to the in-process run"))

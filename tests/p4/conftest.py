@@ -1,8 +1,11 @@
-"""Fixtures of the P4 tests: the compiled program and the BMv2 tools.
+"""Fixtures of the P4 tests: the compiled program, the BMv2 tools and the control channels.
 
 Tests that compile or run the program skip, with one reason, where p4c or simple_switch are
 not on PATH (neither is in the package archives these machines reach; p4/README.md says how to
-build them). The source checks (test_p4_source.py) always run.
+build them: `make p4tools`). The source checks (test_p4_source.py) always run. Tests taking
+``bmv2_channel`` run once per control channel of the bmv2 target: ``thrift`` (simple_switch)
+and ``p4runtime`` (simple_switch_grpc + finsy/grpcio); a channel whose switch or Python packages
+are not installed skips with the reason.
 Run alone: sudo python3 -m pytest -q tests/p4
 """
 from __future__ import annotations
@@ -24,7 +27,7 @@ def _skip_without(*tools: str) -> None:
     missing = bmv2.missing_tools(tools)
     if missing:
         pytest.skip(f"{', '.join(missing)} not on PATH: the P4 tools are built from source "
-                    f"(p4lang/p4c, p4lang/behavioral-model; see p4/README.md)")
+                    f"(`make p4tools PREFIX=DIR`, p4/README.md): {bmv2.TOOL_HINTS.get(missing[0], '')}")
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +37,26 @@ def p4_json() -> Path:
     is ever cached), so a test run compiles at most once."""
     _skip_without("p4c")
     return bmv2.compile_program(bmv2.cached_build_dir())
+
+
+@pytest.fixture(scope="session", params=["thrift", "p4runtime"])
+def bmv2_channel(request) -> str:
+    """Each control channel of the bmv2 target that is installed (skips the others)."""
+    channel = request.param
+    _skip_without(bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI")
+    if channel == "p4runtime":
+        from embnic.control import p4runtime
+
+        if not p4runtime.available():
+            pytest.skip(f"P4Runtime's Python packages are missing: {p4runtime.INSTALL_HINT}")
+    return channel
+
+
+@pytest.fixture
+def channel_env(bmv2_channel, monkeypatch) -> str:
+    """``bmv2_channel`` set as ``EMBNIC_BMV2_CHANNEL`` (for CLI and testbed paths)."""
+    monkeypatch.setenv("EMBNIC_BMV2_CHANNEL", bmv2_channel)
+    return bmv2_channel
 
 
 @pytest.fixture(scope="session")

@@ -29,21 +29,22 @@ TARGET_DIFFERENCES = {
 CARD_MACS = {0: "02:cc:00:00:00:00", 1: "02:cc:00:00:00:01", 2: "02:cc:00:00:00:02"}
 
 
-def card_commands(s: Suite) -> list[str]:
+def card_program(s: Suite) -> bmv2_runtime.CardProgram:
     ports = [bmv2_runtime.CardPortAddr(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()]
     peer = lambda c: bmv2_runtime.PeerEntry(c["shard" if "shard" in c else "client"], c["port"], c["mac"], c["ip"],
                                             c["udp_port"])
-    return bmv2_runtime.table_commands(ports, [peer(c) for c in s.route_cmds()], [peer(c) for c in s.client_cmds()])
+    return bmv2_runtime.card_program(ports, [peer(c) for c in s.route_cmds()], [peer(c) for c in s.client_cmds()])
 
 
 @pytest.fixture(scope="module")
-def run(bmv2_ready, tmp_path_factory):
+def run(bmv2_ready, bmv2_channel, tmp_path_factory):
     s = Suite.default()
     frames = [(f.port, f.data) for f in s.frames]
     want = s.expected_outputs(CARD_MACS)
-    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, card_commands(s), tmp_path_factory.mktemp("bmv2conf"),
+    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, card_program(s), tmp_path_factory.mktemp("bmv2conf"),
                                  nb_ports=len(s.ports), shards=sorted(s.shards),
-                                 expect_out=sum(len(v) for v in want.values()))
+                                 expect_out=sum(len(v) for v in want.values()), channel=bmv2_channel)
+    assert r.channel == bmv2_channel
     return {"suite": s, "run": r, "want": want}
 
 

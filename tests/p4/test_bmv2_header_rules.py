@@ -108,7 +108,7 @@ def unique_slot_ids(n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def run(bmv2_ready, cparse, tmp_path_factory):  # noqa: F811
+def run(bmv2_ready, bmv2_channel, cparse, tmp_path_factory):  # noqa: F811
     payloads = drawn_payloads(N)
     assert len(payloads) > N // 2
     payloads += known_faults()
@@ -120,8 +120,9 @@ def run(bmv2_ready, cparse, tmp_path_factory):  # noqa: F811
         frames.append((src.port, bytes(Ether(src=src.mac, dst=card.mac) / IP(src=src.ip, dst=card.ip, flags="DF")
                                        / UDP(sport=src.udp_port, dport=consts.UDP_PORT) / Raw(p))))
         cases.append((msg_id, msg_type, cparse(p)))
-    cmds = bmv2_runtime.table_commands([CARD, CARD1], [SHARD], [CLIENT])
-    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, cmds, tmp_path_factory.mktemp("bmv2rules"), nb_ports=2)
+    program = bmv2_runtime.card_program([CARD, CARD1], [SHARD], [CLIENT])
+    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, program, tmp_path_factory.mktemp("bmv2rules"), nb_ports=2,
+                                 channel=bmv2_channel)
     return {"cases": cases, "run": r}
 
 

@@ -17,15 +17,34 @@ def test_table_commands_route_client_allowlist():
                                        [bmv2_runtime.PeerEntry(0, 1, "02:00:00:00:02:00", "10.1.1.10", 7878)],
                                        [bmv2_runtime.PeerEntry(2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
                                        state_timeout_us=250000)
+    # values in decimal (the runtime CLI takes ints for MACs and IPv4 addresses too): the same
+    # entries the P4Runtime channel writes (CardProgram.entries)
+    mac_c, ip_c = 0x02cc00000001, 0x0a010101
+    mac_s, ip_s = 0x020000000200, 0x0a01010a
+    mac_k, ip_k = 0x020000000102, 0x0a010102
     assert cmds == [
-        "table_add card_port_by_ingress set_card_port 1 => 10.1.1.1 02:cc:00:00:00:01",
-        "table_add source_by_egress_port rewrite_source 1 => 02:cc:00:00:00:01 10.1.1.1",
-        "table_add route_by_shard forward_to_server 0 => 1 02:00:00:00:02:00 10.1.1.10 7878",
-        "table_add sender_allowlist allow_sender 0 0 10.1.1.10 7878 =>",
-        "table_add client_by_id forward_to_client 2 => 1 02:00:00:00:01:02 10.1.1.2 40002",
-        "table_add sender_allowlist allow_sender 1 2 10.1.1.2 40002 =>",
+        f"table_add card_port_by_ingress set_card_port 1 => {ip_c} {mac_c}",
+        f"table_add source_by_egress_port rewrite_source 1 => {mac_c} {ip_c}",
+        f"table_add route_by_shard forward_to_server 0 => 1 {mac_s} {ip_s} 7878",
+        f"table_add sender_allowlist allow_sender 0 0 {ip_s} 7878 =>",
+        f"table_add client_by_id forward_to_client 2 => 1 {mac_k} {ip_k} 40002",
+        f"table_add sender_allowlist allow_sender 1 2 {ip_k} 40002 =>",
         "register_write state_timeout_us 0 250000",
     ]
+
+
+def test_card_program_entries_are_the_cli_lines():
+    from embnic.control.p4runtime import TableEntry
+
+    prog = bmv2_runtime.card_program([bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.0.0.1")],
+                                     [bmv2_runtime.PeerEntry(3, 1, "02:00:00:00:00:03", "10.0.1.3", 7878)])
+    assert prog.entries() == [
+        TableEntry("card_port_by_ingress", (0,), "set_card_port", (0x0a000001, 0x02cc00000000)),
+        TableEntry("source_by_egress_port", (0,), "rewrite_source", (0x02cc00000000, 0x0a000001)),
+        TableEntry("route_by_shard", (3,), "forward_to_server", (1, 0x020000000003, 0x0a000103, 7878)),
+        TableEntry("sender_allowlist", (0, 3, 0x0a000103, 7878), "allow_sender"),
+    ]
+    assert prog.cli_commands() == [e.cli_add() for e in prog.entries()]  # no state timeout: no register line
 
 
 def test_parse_cli_output():

@@ -90,7 +90,7 @@ def multi_table_lookup(msg_id: int) -> tuple[list[tuple[int, bytes]], list[tuple
 
 
 @pytest.fixture(scope="module")
-def run(bmv2_ready, tmp_path_factory):
+def run(bmv2_ready, bmv2_channel, tmp_path_factory):
     L, LR, U, UA, E, S = (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ, MsgType.UPDATE_ACK,
                           MsgType.ERROR, MsgType.SIZE_REQ)
     seq: list[tuple[str, list]] = []
@@ -139,8 +139,10 @@ def run(bmv2_ready, tmp_path_factory):
     seq.append(("a NACK to it", frames_of(SHARD, CARD1, MsgType.UPDATE_NACK, msg_id=41, shard=SHARD.id,
                                           num_keys=1)))
     frames = [f for _, fr in seq for f in fr]
-    cmds = bmv2_runtime.table_commands([CARD, CARD1], [SHARD, SHARD7], [CLIENT])
-    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, cmds, tmp_path_factory.mktemp("bmv2lim"), nb_ports=2)
+    program = bmv2_runtime.card_program([CARD, CARD1], [SHARD, SHARD7], [CLIENT])
+    r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, program, tmp_path_factory.mktemp("bmv2lim"), nb_ports=2,
+                                 channel=bmv2_channel)
+    assert r.channel == bmv2_channel
     return {"seq": dict(seq), "run": r}
 
 

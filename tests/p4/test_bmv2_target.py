@@ -1,6 +1,8 @@
-"""The bmv2 target through the CLI: load onto veths, a lookup and its reply between kernel UDP
-sockets through simple_switch, routes/clients/status/state, Thrift reachable only inside the
-switch's namespace, unload; and the one-line error (missing dependency, exit 2) when a tool is missing.
+"""The bmv2 target through the CLI, on each control channel installed (P4Runtime with
+simple_switch_grpc, Thrift with simple_switch): load onto veths, a lookup and its reply between
+kernel UDP sockets through the switch, routes/clients/status/state, every frame accounted for
+(none lost before the switch), Thrift reachable only inside the switch's namespace, unload; and
+the one-line error (missing dependency, exit 2) when a tool is missing.
 Run alone: sudo python3 -m pytest -q tests/p4/test_bmv2_target.py
 """
 from __future__ import annotations
@@ -112,7 +114,7 @@ print(peer[0], peer[1], data.hex(), flush=True)
 """
 
 
-def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
+def test_load_lookup_status_unload(wiring, channel_env, tmp_path, monkeypatch):
     cfg = tmp_path / "c.toml"
     cfg.write_text(config_text())
     monkeypatch.setenv("EMBNIC_RUN_DIR", str(tmp_path / "run"))
@@ -123,6 +125,15 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     try:
         st = json.loads((tmp_path / "run" / f"{name}.json").read_text())
+        assert st["channel"] == channel_env
+        if channel_env == "p4runtime":
+            # programmed the P4Runtime way: no saved state restored, no placeholder entries; every
+            # table written and read back (2 card ports, 1 route, 1 client, their allowlist entries)
+            assert st["switch"] == "simple_switch_grpc" and "--restore-state" not in st["argv"]
+            assert "--no-p4" in st["argv"] and st["p4rt"] == f"unix:{tmp_path / 'run' / name}.p4rt"
+            assert st["programmed"]["tables"] == {"sender_allowlist": 2, "route_by_shard": 1, "client_by_id": 1,
+                                                  "card_port_by_ingress": 2, "source_by_egress_port": 2}
+            assert (tmp_path / "run" / f"{name}.p4rt").is_socket()
         # Thrift listens on every address of the switch's namespace: there is only loopback
         addrs = sh("ip", "netns", "exec", st["netns"], "ip", "-o", "addr", "show").split("\n")
         assert {ln.split()[1] for ln in addrs if ln.strip()} == {"lo"}, addrs
@@ -158,6 +169,11 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         c = json.loads(s.output)
         counters = c.get("counters", c)
         assert counters["types"]["LOOKUP_REQ"] == 1 and counters["types"]["LOOKUP_REPLY"] == 1
+        # every frame accounted for: each port's interface took in what the switch counted
+        assert [(p["iface_rx_frames"], p["rx_frames"], p["lost_before_switch"]) for p in counters["ports"]] == [
+            (1, 1, 0), (1, 1, 0)]
+        assert counters["lost_before_switch"] == 0
+        assert counters["control"]["channel"] == channel_env
         # every reply type, as the dpdk card keys them (SIZE_ACK included)
         assert counters["completed"] == {"LOOKUP_REPLY": 1, "UPDATE_ACK": 0, "ERROR": 0, "SIZE_ACK": 0,
                                          "UPDATE_NACK": 0}
@@ -165,6 +181,8 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
         assert counters["shards"] == [{"shard": 0, "completed": 1}]
         t = runner.invoke(cli, ["status", "-c", str(cfg), "--name", name])
         assert t.exit_code == 0 and "shard     0  completed 1, expired 0" in t.output, t.output
+        assert f"control   {channel_env} ({st['switch']}): tables over " in t.output, t.output
+        assert "lost before switch" in t.output
         # the exporter reads the same counters and registers: every number of status, sample for sample
         pytest.importorskip("prometheus_client", reason="pip install 'embnic[metrics]'")
         from metrics_util import assert_agree, card_expected, samples
@@ -192,10 +210,11 @@ def test_load_lookup_status_unload(wiring, tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [f"{name}.log.out", f"{name}.log.txt"]
 
 
-def test_runtime_route_and_client_changes_keep_switch_up(wiring, tmp_path, monkeypatch):
-    """Regression: BMv2 restores saved entries but would then hand out handle 0 again, so the
-    first runtime ``table_add`` overwrote a restored entry and the next ``table_dump`` (route
-    list) killed simple_switch. Entries added after load must sit beside the loaded ones."""
+def test_runtime_route_and_client_changes_keep_switch_up(wiring, channel_env, tmp_path, monkeypatch):
+    """Regression (Thrift): BMv2 restores saved entries but would then hand out handle 0 again, so
+    the first runtime ``table_add`` overwrote a restored entry and the next ``table_dump`` (route
+    list) killed simple_switch. Entries added after load must sit beside the loaded ones. Over
+    P4Runtime the same changes are Write RPCs (replacing a route modifies it in place)."""
     cfg = tmp_path / "c.toml"
     cfg.write_text(config_text())
     monkeypatch.setenv("EMBNIC_RUN_DIR", str(tmp_path / "run"))
@@ -220,6 +239,11 @@ def test_runtime_route_and_client_changes_keep_switch_up(wiring, tmp_path, monke
                                 "--ip", "10.88.1.5"])
         assert a.exit_code == 0, a.output
         assert routes() == [(0, 1, SHARD_MAC, "10.88.1.2", 7878), (5, 1, "02:5a:00:00:00:05", "10.88.1.5", 7878)]
+        # a route replaced: the entry changes in place, its allowlist entry follows the new address
+        a = runner.invoke(cli, ["route", "add", "--name", name, "5", "--port", "1", "--mac", "02:5a:00:00:00:55",
+                                "--ip", "10.88.1.55", "--udp-port", "7879"])
+        assert a.exit_code == 0, a.output
+        assert routes() == [(0, 1, SHARD_MAC, "10.88.1.2", 7878), (5, 1, "02:5a:00:00:00:55", "10.88.1.55", 7879)]
         a = runner.invoke(cli, ["route", "add", "--name", name, "6", "--port", "7", "--mac", "02:5a:00:00:00:06",
                                 "--ip", "10.88.1.6"])
         assert a.exit_code == 2 and "--port 7" in a.output, a.output
@@ -311,7 +335,7 @@ def test_a_missing_interface_is_a_usage_error_before_anything_moves(tmp_path, mo
     cfg.write_text(config_text())
     # names no interface has: the test must never move a real one (before the fix, load moved
     # every port's interface up to the missing one into a namespace it then deleted)
-    monkeypatch.setattr(Bmv2Target, "_tools", lambda self: None)  # p4c & co. need not be here (checked first)
+    monkeypatch.setattr(Bmv2Target, "_tools", lambda self, channel: None)  # p4c & co. need not be here (checked first)
     t = Bmv2Target(load_config(cfg), interfaces=[f"qanone{TAG}a", f"qanone{TAG}b"], name=f"qa{TAG}",
                    run_dir=tmp_path / "run")
     with pytest.raises(UsageError, match=f"card port 0: no interface 'qanone{TAG}a' in this network namespace"):
