@@ -65,7 +65,9 @@ BUILD_PKGS="git ca-certificates g++ make cmake autoconf automake libtool pkg-con
 libfl-dev libboost-dev libboost-iostreams-dev libboost-program-options-dev libboost-system-dev
 libboost-filesystem-dev libboost-thread-dev libgc-dev libgmp-dev libpcap-dev libjsoncpp-dev
 libxxhash-dev libthrift-dev thrift-compiler libprotobuf-dev protobuf-compiler libgrpc++-dev
-protobuf-compiler-grpc python3"
+protobuf-compiler-grpc libnanomsg-dev python3"
+# (libnanomsg-dev: behavioral-model's CMake build compiles its test library, which includes
+# nanomsg's header, even with nanomsg off; nothing installed links it)
 
 IFS=, read -r -a parts <<<"$PARTS"
 for p in "${parts[@]}"; do
@@ -130,8 +132,15 @@ checkout() {
     fi
     git -C "$dir" cat-file -e "$commit^{commit}" 2>/dev/null || git -C "$dir" fetch -q origin "$commit" \
         || die "$repo: commit $commit not in $url"
-    git -C "$dir" sparse-checkout set --no-cone '/*' $(printf '!/%s ' $SPARSE_EXCLUDE)
-    git -C "$dir" -c advice.detachedHead=false checkout -q "$commit"
+    # the patterns written directly (`git sparse-checkout set` would first check out the default
+    # branch, blobs a mirror lacks included)
+    git -C "$dir" config core.sparseCheckout true
+    mkdir -p "$(git -C "$dir" rev-parse --absolute-git-dir)/info"
+    { echo '/*'; printf '!/%s\n' $SPARSE_EXCLUDE; } >"$(git -C "$dir" rev-parse --absolute-git-dir)/info/sparse-checkout"
+    # (a mirror lacking a left-out blob makes the index's cache-tree complain: not an error here)
+    local err
+    err=$(git -C "$dir" -c advice.detachedHead=false checkout -q "$commit" 2>&1) \
+        || die "$repo: checkout of $commit failed in $dir: $err"
     [ "$(git -C "$dir" rev-parse HEAD)" = "$commit" ] || die "$repo: checkout of $commit failed in $dir"
 }
 
@@ -144,9 +153,6 @@ export LIBRARY_PATH="$PREFIX/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
 export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 LOG=$WORK/logs
 mkdir -p "$LOG"
-info=$WORK/BUILDINFO.parts
-[ -e "$PREFIX/BUILDINFO" ] && grep '^part ' "$PREFIX/BUILDINFO" >"$info.old" || : >"$info.old"
-: >"$info"
 
 # step NAME LOGFILE CMD...: run CMD with its output in LOGFILE; on failure quote its end
 step() {
@@ -158,14 +164,49 @@ step() {
     fi
 }
 
-# record PART SECONDS WHAT: one line of BUILDINFO for a part just built
+# cpu_seconds: sets CPU to the CPU time (user + system, seconds) of this script's finished
+# children so far (`times` in this shell: in a $(...) subshell it would count that subshell's)
+cpu_seconds() {
+    times >"$WORK/.times"
+    CPU=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] }
+                         printf "%d", n }' "$WORK/.times")
+}
+
+# write_buildinfo: PREFIX/BUILDINFO from the part lines recorded so far (this run's and earlier
+# runs' parts), the tools' versions and the disk use; written after each part, so a later
+# part's failure keeps what was built
+write_buildinfo() {
+    local old="" p t
+    [ -e "$PREFIX/BUILDINFO" ] && old=$(grep '^part ' "$PREFIX/BUILDINFO" || true)
+    {
+        echo "# embnic p4tools (scripts/build-p4tools.sh), $(date -u '+%Y-%m-%dT%H:%M:%SZ')"
+        echo "prefix $PREFIX"
+        echo "src $SRC"
+        echo "jobs $JOBS ($(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg))"
+        for p in p4c pi bmv2; do
+            if [ -n "${done_parts[$p]:-}" ]; then echo "${done_parts[$p]}"
+            else grep "^part $p " <<<"$old" || true; fi
+        done
+        for t in p4c p4c-bm2-ss p4c-dpdk simple_switch simple_switch_grpc; do
+            [ -x "$PREFIX/bin/$t" ] && echo "version $t $("$PREFIX/bin/$t" --version 2>&1 | tail -n 1)"
+        done
+        echo "disk prefix_mb=$(du -sm --exclude="$WORK" "$PREFIX" | cut -f1) work_mb=$(du -sm "$WORK" | cut -f1)"
+    } >"$PREFIX/BUILDINFO.tmp"
+    mv "$PREFIX/BUILDINFO.tmp" "$PREFIX/BUILDINFO"
+}
+
+declare -A done_parts
+# record PART WALL0 CPU0 WHAT: a part just built (wall and CPU seconds since WALL0/CPU0), into BUILDINFO
 record() {
-    echo "part $1 seconds=$2 $3" >>"$info"
+    cpu_seconds
+    done_parts[$1]="part $1 seconds=$((SECONDS - $2)) cpu_seconds=$((CPU - $3)) $4"
+    write_buildinfo
 }
 
 # ---- p4c
 build_p4c() {
-    local t0=$SECONDS src=$WORK/p4c bld=$WORK/p4c/build flags=()
+    local t0=$SECONDS c0 src=$WORK/p4c bld=$WORK/p4c/build flags=()
+    cpu_seconds; c0=$CPU
     checkout "$P4C_REPO" "$P4C_COMMIT" "$src"
     checkout p4lang/p4runtime "$P4C_P4RUNTIME_COMMIT" "$WORK/p4c-p4runtime"
     grep -q "GIT_TAG *$P4C_P4RUNTIME_COMMIT" "$src/CMakeLists.txt" \
@@ -183,12 +224,13 @@ build_p4c() {
         -DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFETCHCONTENT_SOURCE_DIR_P4RUNTIME="$WORK/p4c-p4runtime"
     step "p4c: build ($JOBS jobs)" "$LOG/p4c-make.log" cmake --build "$bld" -j "$JOBS"
     step "p4c: install" "$LOG/p4c-install.log" cmake --install "$bld"
-    record p4c $((SECONDS - t0)) "p4lang/p4c $P4C_TAG ($P4C_COMMIT) backends=$P4C_BACKENDS p4runtime=$P4C_P4RUNTIME_COMMIT"
+    record p4c "$t0" "$c0" "p4lang/p4c $P4C_TAG ($P4C_COMMIT) backends=$P4C_BACKENDS p4runtime=$P4C_P4RUNTIME_COMMIT"
 }
 
 # ---- PI
 build_pi() {
-    local t0=$SECONDS src=$WORK/PI path repo sub commit
+    local t0=$SECONDS c0 src=$WORK/PI path repo sub commit
+    cpu_seconds; c0=$CPU
     checkout "$PI_REPO" "$PI_COMMIT" "$src"
     for sub in $PI_SUBMODULES; do
         path=${sub%%=*} repo=${sub#*=}
@@ -205,13 +247,14 @@ build_pi() {
     step "PI: build ($JOBS jobs)" "$LOG/pi-make.log" make -j "$JOBS"
     step "PI: install" "$LOG/pi-install.log" make install
     cd - >/dev/null
-    record pi $((SECONDS - t0)) "p4lang/PI $PI_COMMIT with $(for s in $PI_SUBMODULES; do
+    record pi "$t0" "$c0" "p4lang/PI $PI_COMMIT with $(for s in $PI_SUBMODULES; do
         printf '%s@%s ' "${s#*=}" "$(git -C "$src" ls-tree HEAD "${s%%=*}" | awk '{print substr($3,1,10)}')"; done)"
 }
 
 # ---- behavioral-model
 build_bmv2() {
-    local t0=$SECONDS src=$WORK/behavioral-model bld=$WORK/behavioral-model/build flags=()
+    local t0=$SECONDS c0 src=$WORK/behavioral-model bld=$WORK/behavioral-model/build flags=()
+    cpu_seconds; c0=$CPU
     checkout "$BMV2_REPO" "$BMV2_COMMIT" "$src"
     if [ "$BMV2_FAST" = 1 ]; then
         flags=(-DCMAKE_BUILD_TYPE=Release -DENABLE_LOGGING_MACROS=OFF -DENABLE_ELOGGER=OFF)
@@ -225,29 +268,15 @@ build_bmv2() {
         -DWITH_PDFIXED=OFF -DWITH_STRESS_TESTS=OFF -DENABLE_DEBUGGER=OFF "${flags[@]}"
     step "behavioral-model: build ($JOBS jobs)" "$LOG/bmv2-make.log" cmake --build "$bld" -j "$JOBS"
     step "behavioral-model: install" "$LOG/bmv2-install.log" cmake --install "$bld"
-    record bmv2 $((SECONDS - t0)) "p4lang/behavioral-model $BMV2_TAG ($BMV2_COMMIT) thrift=on pi=on nanomsg=off fast=$BMV2_FAST flags=${flags[*]}"
+    record bmv2 "$t0" "$c0" "p4lang/behavioral-model $BMV2_TAG ($BMV2_COMMIT) thrift=on pi=on nanomsg=off fast=$BMV2_FAST flags=${flags[*]}"
 }
 
 has_part p4c && build_p4c
 has_part pi && build_pi
 has_part bmv2 && build_bmv2
 
-# ---- BUILDINFO: this run's parts, plus earlier runs' parts not rebuilt now
-{
-    echo "# embnic p4tools (scripts/build-p4tools.sh), $(date -u '+%Y-%m-%dT%H:%M:%SZ')"
-    echo "prefix $PREFIX"
-    echo "src $SRC"
-    echo "jobs $JOBS ($(nproc) CPUs)"
-    for p in p4c pi bmv2; do
-        grep "^part $p " "$info" || grep "^part $p " "$info.old" || true
-    done
-    for t in p4c p4c-bm2-ss p4c-dpdk simple_switch simple_switch_grpc; do
-        [ -x "$PREFIX/bin/$t" ] && echo "version $t $("$PREFIX/bin/$t" --version 2>&1 | tail -n 1)"
-    done
-    echo "disk prefix_mb=$(du -sm --exclude="$WORK" "$PREFIX" | cut -f1) work_mb=$(du -sm "$WORK" | cut -f1)"
-} >"$PREFIX/BUILDINFO.tmp"
-mv "$PREFIX/BUILDINFO.tmp" "$PREFIX/BUILDINFO"
-rm -f "$info" "$info.old"
+write_buildinfo
+rm -f "$WORK/.times"
 if [ "$KEEP_WORK" = 0 ]; then rm -rf "$WORK"; fi
 echo "build-p4tools: done; $PREFIX/BUILDINFO:"
 cat "$PREFIX/BUILDINFO"

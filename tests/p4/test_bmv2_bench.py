@@ -13,14 +13,20 @@ import pytest
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-def test_both_dut_forward_over_the_same_path(bmv2_ready, tmp_path):
+def test_both_dut_forward_over_the_same_path(bmv2_ready, bmv2_channel, tmp_path):
+    from embnic.control import bmv2
     from embnic.testbed.bench import bmv2 as bench_bmv2
 
-    res = bench_bmv2.run(tmp_path, seconds=0.5, warmup=0.3, repeats=1, frames=256)
+    res = bench_bmv2.run(tmp_path, seconds=0.5, warmup=0.3, repeats=1, frames=256, channel=bmv2_channel)
     (card,), (sw,) = res["bmv2_card_runs"], res["bmv2_runs"]
     # every frame the generator sends is a request the card's tables route to the sink
     assert card["frames"] > 0 and sw["frames"] > 0, res
     assert sw["drops"] == {} and sw["rx_frames"] >= sw["frames"]
+    assert sw["channel"] == bmv2_channel
+    # the build measured is recorded: the switch binary's prefix and its BUILDINFO (make p4tools)
+    assert res["bmv2_channel"] == bmv2_channel
+    assert res["bmv2_build"] == bmv2.build_info(bmv2.CHANNEL_SWITCH[bmv2_channel])
+    assert res["bmv2_build"]["prefix"]
     assert res["bmv2_mpps"] == sw["mpps"] and res["bmv2_card_mpps"] == card["mpps"]
     assert res["ratio_card_bmv2"] == pytest.approx(card["mpps"] / sw["mpps"])
     assert res["bmv2_versions"]["simple_switch"]
