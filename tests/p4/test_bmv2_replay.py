@@ -31,7 +31,7 @@ def _replay(target: str, tmp_path: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def test_one_trace_same_replies_on_both_targets(bmv2_ready, tmp_path):
+def test_one_trace_same_replies_on_both_targets(bmv2_ready, channel_env, tmp_path):
     if shutil.which("tcpreplay") is None:
         pytest.fail("tcpreplay is not installed: scripts/install-deps.sh installs it (scripts/apt-packages.txt)")
     subprocess.run(["make", "-s", "-C", str(CASE.parents[3] / "dataplane")], check=True, capture_output=True)
