@@ -16,7 +16,7 @@ Two control channels (:func:`embnic.control.bmv2.choose_channel`; ``channel`` or
   later changes go through ``simple_switch_CLI``.
 
 ``load`` = find the tools (a missing one: one line naming it and how to get it, exit 1) →
-compile ``p4/embnic.p4`` (JSON and P4Info; or take ``json_path``) → make sure the switch's network
+compile ``p4/v1model/embnic.p4`` (JSON and P4Info; or take ``json_path``) → make sure the switch's network
 namespace has no address but loopback (its Thrift server listens on every address) → turn the
 port interfaces' offloads off (see :func:`tune_port_interfaces`) → start and program the switch
 as above → write the state file. ``unload`` stops the recorded pid (checked by its start time)
@@ -181,12 +181,13 @@ def interface_rx(ns_name: str, ifaces: dict[int, str]) -> dict[int, int]:
 
 
 class Bmv2Target(Target):
-    """The embnic pipeline as the P4 program on BMv2 ``simple_switch``.
+    """The embnic pipeline as the P4 program on BMv2 (``simple_switch_grpc`` or ``simple_switch``).
 
     Args:
         config: cluster config; ``[card].ports`` give the card's MAC/IPv4 per port, its
             ``state_timeout_ms`` the state map timeout.
-        json_path: a compiled program to run instead of compiling ``p4/embnic.p4``.
+        json_path: a compiled program to run instead of compiling ``p4/v1model/embnic.p4`` (its
+            P4Info beside it, for the P4Runtime channel).
         netns: run the switch in this existing namespace (it must have no address but loopback).
         interfaces: card port ``i`` = ``interfaces[i]`` (in ``netns`` if given, else moved into
             the namespace made for the switch).

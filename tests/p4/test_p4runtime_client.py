@@ -71,8 +71,9 @@ def test_bad_entries_are_named(p4_json):
         idx.to_proto(TableEntry("route_by_shard", (1,), "forward_to_client", (1, 2, 3, 4)))
     with pytest.raises(P4RuntimeError, match="1 key fields and 2 parameters given, the P4Info has 1 and 4"):
         idx.to_proto(TableEntry("route_by_shard", (1,), "forward_to_server", (1, 2)))
-    with pytest.raises(ValueError, match="does not fit 9 bits"):
-        idx.to_proto(TableEntry("card_port_by_ingress", (512,), "set_card_port", (1, 2)))
+    bits = idx.table("card_port_by_ingress").fields[0][2]
+    with pytest.raises(ValueError, match=f"does not fit {bits} bits"):
+        idx.to_proto(TableEntry("card_port_by_ingress", (1 << bits,), "set_card_port", (1, 2)))
 
 
 def test_a_file_that_is_no_p4info_is_named(tmp_path):
