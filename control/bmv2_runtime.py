@@ -169,8 +169,8 @@ def program_p4runtime(sw: SimpleSwitch, json_path: Path, program: CardProgram, *
     Returns:
         ``{"entries": n, "tables": {table: n}, "seconds": s}``.
     Raises:
-        Bmv2Error: a call failed, or a table read back differs from what was written (names
-            the table).
+        Bmv2Error: no P4Info beside the JSON, a call failed, or a table read back differs from
+            what was written (names the table).
         MissingDependencyError: finsy/grpcio not installed.
     """
     from embnic.control.bmv2 import p4info_path
@@ -178,8 +178,12 @@ def program_p4runtime(sw: SimpleSwitch, json_path: Path, program: CardProgram, *
 
     t0 = time.monotonic()
     entries = program.entries()
+    info = p4info_path(json_path)
+    if not info.exists():
+        raise Bmv2Error(f"no P4Info {info} beside {json_path}: compile with p4c --p4runtime-files {info}, or use "
+                        "the Thrift channel (EMBNIC_BMV2_CHANNEL=thrift)")
     try:
-        index = P4InfoIndex.load(p4info_path(json_path))
+        index = P4InfoIndex.load(info)
         with sw.p4runtime(timeout=timeout) as c:
             c.wait_ready(timeout)
             c.become_primary()
