@@ -136,3 +136,10 @@ def test_a_second_controller_with_the_same_election_id_is_refused(grpc_switch, b
         a.become_primary()
         with pytest.raises(P4RuntimeError, match="arbitration"):
             b.become_primary()
+
+
+def test_a_json_without_its_p4info_is_named(tmp_path):
+    (tmp_path / "x.json").write_text("{}")
+    sw = bmv2.SimpleSwitch(None, bmv2.Netns("unused"), {}, log=tmp_path / "sw.log", grpc_addr="unix:/nonexistent")
+    with pytest.raises(bmv2.Bmv2Error, match=r"no P4Info .*x\.p4info\.txtpb beside .*EMBNIC_BMV2_CHANNEL=thrift"):
+        bmv2_runtime.program_p4runtime(sw, tmp_path / "x.json", PROGRAM)
