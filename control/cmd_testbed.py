@@ -116,8 +116,19 @@ def down_cmd(name):
                f"removed {len(res['netns'])} namespaces")
 
 
+def _phase(st: dict) -> str:
+    """The testbed's phase for its status head: ``up`` only while every process of it runs (a
+    testbed whose card or a shard died reads ``up, degraded: the card, shard 1's server NOT
+    RUNNING``; the error line below says what to do)."""
+    phase = st.get("phase")
+    dead = [d.get("what") or f"{d.get('node')} {d.get('role')}" for d in st.get("dead") or []]
+    if phase == "up" and dead:
+        return f"up, degraded: {', '.join(dead)} NOT RUNNING"
+    return str(phase)
+
+
 def _print_status(st: dict) -> None:
-    click.echo(f"testbed {st['name']}: {st.get('phase')}   config {st.get('config')}"
+    click.echo(f"testbed {st['name']}: {_phase(st)}   config {st.get('config')}"
                + (f"   card on net_{st['pmd']}" if st.get("pmd") else ""))
     click.echo(f"  effective config: {st.get('effective_config')}   logs: {st.get('dir')}/")
     for ns, ok in st["netns"].items():

@@ -268,8 +268,9 @@ class ShardServer:
                         self._dur.checkpoint(self.tables, self._applied)
                     else:
                         rep = self._dur.restore(self.tables, self._applied, self.dedup_window)
-                    log.info("shard %d restored from %s: checkpoint %s, %d updates replayed from the log%s", self.shard_id,
-                             restore, rep["checkpoint"], rep["replayed"],
+                    log.info("shard %d restored from %s: %s, %d updates replayed from the log%s", self.shard_id,
+                             restore, f"checkpoint {rep['checkpoint']}" if rep["checkpoint"] else "no checkpoint (the log alone)",
+                             rep["replayed"],
                              "" if rep["corrupt"] is None else f"; bad log tail cut off ({rep['corrupt']['reason']})")
                 else:
                     self._dur.start_fresh()

@@ -167,6 +167,9 @@ def test_status_names_dead_nodes_exits_1_and_says_restart(run_dir, cleanup):  # 
     assert f"embnic testbed down --name {name}` then `embnic testbed up" in err[0]
     assert "pipeline load" not in r.stdout + r.stderr
     assert "NOT RUNNING" in r.stdout
+    # the head no longer says plain "up" over a dead card
+    assert r.stdout.splitlines()[0].startswith(
+        f"testbed {name}: up, degraded: the card, shard 1's server NOT RUNNING   config"), r.stdout
     # --json says the same
     r = _embnic(run_dir, "testbed", "status", "--name", name, "--json")
     assert r.returncode == 1
