@@ -365,6 +365,8 @@ def _shard_store(e: dict, w: str, path) -> dict:
     sd = _get(e, "store_dir", w, str, None, path)
     if sd is not None and not sd.strip():
         raise ConfigError(w + "store_dir", "must not be empty (a directory for the shard's disk tables)", path)
+    if sd is not None and path is not None and not os.path.isabs(sd):
+        sd = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), sd))  # from the config's folder
     bc = _get(e, "block_cache_mb", w, int, None, path)
     if bc is not None:
         _check_range(bc, *BLOCK_CACHE_MB_LIMITS, w + "block_cache_mb", path)

@@ -321,6 +321,9 @@ class Topology:
         for key in ("clients", "shards"):
             for e in raw.get(key, []):
                 e["mac"] = by_ip[e["ip"]].peer_mac
+        for e, sh in zip(raw.get("shards", []), self.cfg.shards):
+            if e.get("store_dir") is not None:
+                e["store_dir"] = sh.store_dir  # absolute (from the user's config folder): the copy lives elsewhere
         for p in raw["card"]["ports"]:
             p["mac"] = by_port[p["id"]].card_mac
             p.setdefault("name", by_port[p["id"]].port_if or by_port[p["id"]].card_if)

@@ -282,3 +282,18 @@ def test_store_of_resolves_table_shard_and_default():
     assert [cfg.store_of(t, 1) for t in range(4)] == [("disk", 50), ("disk", 50), ("disk", 7), ("memory", None)]
     assert cfg.shard(1).store_dir == "/srv/rows" and cfg.shard(1).block_cache_mb == 16
     assert cfg.shard(0).store is None and cfg.tables[0].store is None
+
+
+def test_a_relative_store_dir_is_taken_from_the_config_folder(tmp_path, monkeypatch):
+    """A relative store_dir resolved against the working directory of `server`/`testbed up`, and the
+    testbed's effective config copy (in RUN_DIR) would have moved it again: the config's folder."""
+    raw = _raw(tables=[_table(store="disk")],
+               shards=[{"id": 0, "ip": "10.0.0.1", "store_dir": "rows"}, {"id": 1, "ip": "10.0.0.3"}])
+    assert parse_config(raw).shard(0).store_dir == "rows"  # no file: as given
+    cfg = parse_config(raw, tmp_path / "sub" / "c.toml")
+    assert cfg.shard(0).store_dir == str(tmp_path / "sub" / "rows")
+    assert cfg.shard(1).store_dir is None
+    monkeypatch.chdir(tmp_path)
+    assert parse_config(raw, "c.toml").shard(0).store_dir == str(tmp_path / "rows")
+    raw["shards"][0]["store_dir"] = "/abs/rows"
+    assert parse_config(raw, tmp_path / "c.toml").shard(0).store_dir == "/abs/rows"

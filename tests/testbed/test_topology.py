@@ -267,3 +267,15 @@ def test_check_free_says_busy_stale_or_free_without_changing_anything(run_dir, c
     assert T.testbed_state(name)["creator_pid"] == os.getpid()
     T.down(name)
     assert_gone(name)
+
+
+def test_effective_config_makes_store_dir_absolute(tmp_path):
+    """The testbed's effective config lives in RUN_DIR/testbed-NAME/: a relative store_dir of the
+    user's config must still name the folder beside that config."""
+    raw = _raw()
+    raw["shards"][0]["store_dir"] = "rows"
+    topo = T.Topology.from_config(parse_config(raw, tmp_path / "cfg" / "x.toml"), "enX3")
+    eff = topo.effective_raw(tmp_path / "run")
+    assert eff["shards"][0]["store_dir"] == str(tmp_path / "cfg" / "rows")
+    assert "store_dir" not in eff["shards"][1]
+    assert parse_config(eff, tmp_path / "run" / "cluster.toml").shard(0).store_dir == str(tmp_path / "cfg" / "rows")
