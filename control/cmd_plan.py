@@ -44,6 +44,8 @@ def _hw_opt(name: str, help_: str):
 @_hw_opt("card_msgs_per_s", "Messages/s one card completes (`bench dataplane` distinct_msgs_per_s).")
 @_hw_opt("card_mpps", "Million frames/s one card forwards (`bench dataplane` card_mpps).")
 @_hw_opt("shard_keys_per_s", "Keys/s one shard looks up or updates (`bench server`).")
+@_hw_opt("disk_keys_per_s", "Keys/s one shard looks up or updates of disk-tier tables (`bench server --disk`; "
+                           "default: 0.08 x --shard-keys-per-s, measured at a cache hit ratio of 0.66).")
 @_hw_opt("client_frames_per_s", "Frames/s one client sends or receives.")
 @_hw_opt("rtt_us", "Base round trip client-card-shard-card-client, µs.")
 @click.option("--mtu", type=click.IntRange(min=73, max=65535), default=None,
@@ -70,7 +72,10 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     cfg = load_cluster(config)
-    hw = dataclasses.replace(P.PROFILES[hardware], **{k: v for k, v in hw_over.items() if v is not None})
+    over = {k: v for k, v in hw_over.items() if v is not None}
+    if "shard_keys_per_s" in over and "disk_keys_per_s" not in over:  # the measured ratio, of the shard given
+        over["disk_keys_per_s"] = P.DISK_KEYS_RATIO_MEASURED * over["shard_keys_per_s"]
+    hw = dataclasses.replace(P.PROFILES[hardware], **over)
     n_clients = clients or max(1, len(cfg.clients))
     try:
         with config_errors():
@@ -103,6 +108,18 @@ def _finite(x):
     if isinstance(x, (list, tuple)):
         return [_finite(v) for v in x]
     return x
+
+
+def _ids(ids: list) -> str:
+    """Shard ids as ranges: 0-3, 7."""
+    out, start = [], None
+    for i, v in enumerate(ids):
+        if start is None:
+            start = v
+        if i + 1 == len(ids) or ids[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
 
 
 def _n(x: float) -> str:
@@ -138,6 +155,29 @@ def render(res: dict) -> str:
             continue
         out.append(f"{sh['id']:>6} {sh['rows']:>14,} {sh['memory_gb']:>10.2f} {sh['disk_gb']:>9.2f} "
                    f"{_n(sh['keys_per_s']):>10} {sh['gbps_in']:>8.2f} {sh['gbps_out']:>8.2f}")
+    dt = res["disk_tier"]
+    if dt["tables_on_disk"]:
+        a = dt["assumptions"]
+        groups: dict = {}
+        for sh in res["shards"]:
+            groups.setdefault(tuple(sh["tables_on_disk"]), []).append(sh["id"])
+        out += ["", f"disk tier: {dt['tables_on_disk']} table(s) on disk on {dt['shards_with_disk_tables']} shard(s), "
+                    f"{_n(dt['rows_on_disk'])} rows; memory = their caches + block cache + "
+                    f"{a['fixed_overhead_bytes'] / 2**20:.0f} MiB fixed overhead, disk = RocksDB stores "
+                    f"(+{a['rocksdb_entry_overhead_bytes']} B a row, x{a['rocksdb_space_amplification']} assumed) "
+                    "x 2 for checkpoints"]
+        for tabs, ids in groups.items():
+            what = (", ".join(tabs) if len(tabs) <= 8 else f"{len(tabs)} tables: " + ", ".join(tabs[:6]) + ", ...") \
+                if tabs else "none (all in memory)"
+            out.append(f"  shard{'s' if len(ids) > 1 else ''} {_ids(ids)}: on disk {what}")
+        sh0 = max(res["shards"], key=lambda x: x["memory_gb"])
+        out.append(f"  memory of shard {sh0['id']}: {sh0['arena_memory_gb']:.2f} GB in-memory tables + "
+                   f"{sh0['disk_tier_memory_gb']:.2f} GB disk tier; its stores {sh0['store_gb']:.2f} GB")
+        if dt["caches_larger_than_rows_held"]:
+            c = dt["caches_larger_than_rows_held"]
+            out.append(f"  {len(c)} table(s) cache more rows than a shard holds of them (memory on empty slots): "
+                       + ", ".join(f"{x['table']} ({_n(x['cache_rows'])})" for x in c[:6]) + (", ..." if len(c) > 6 else ""))
+        out.append(f"  disk-tier keys at {_n(a['disk_keys_per_s'])}/s per shard (assumed: {a['disk_keys_per_s_source']})")
     st = card["state_size"]
     out += ["", f"card: {_n(card['frames_per_s'])} frames/s, {_n(card['messages_per_s'])} messages/s, "
                 f"{card['gbps']:.2f} Gb/s, {card['state_entries_in_flight']:,} state-map entries in flight"
@@ -150,7 +190,8 @@ def render(res: dict) -> str:
     if bad:
         out.append("does not fit: " + ", ".join(bad))
     n = res["needed"]
-    line = f"needed: {n.get('shards')} shard(s) (memory alone {n['shards_for_memory']}, disk {n['shards_for_disk']})"
+    mem_alone = n["shards_for_memory"] if n["shards_for_memory"] is not None else "none suffice"
+    line = f"needed: {n.get('shards')} shard(s) (memory alone {mem_alone}, disk {n['shards_for_disk']})"
     if "cards" in n:
         line += (f", {n['cards']} card(s) for {_n(w['steps_per_s'])} steps/s per client (step time then "
                  f"{n['step_time_us']:,.0f} µs)")

@@ -29,6 +29,19 @@ per row, plus an int64 arena offset per row where the shard's tables differ in d
 renamed) of ``rows × (8 + 4·dim + 4)`` bytes plus the write-ahead log of
 ``checkpoint_every`` updates.
 
+A table on the **disk tier** (``store = "disk"``, its own or its shard's, docs/server.md "Disk
+tier") is not in that arena or index: in memory it is its cache, ``cache_rows`` slots of
+``4·dim + optimizer state + 19`` bytes allocated at start whatever the rows (testbed/server/
+diskstore.py ``cache_bytes``), plus once per shard with a disk table RocksDB's block cache
+(``block_cache_mb``) and the fixed overhead ``bench server --disk`` measured
+(:data:`DISK_FIXED_OVERHEAD`); on disk it is the live RocksDB store, ``rows × (8 + 4·dim + optimizer
+state + RocksDB's per-entry overhead) × space amplification`` (assumed:
+:data:`ROCKSDB_ENTRY_OVERHEAD`, :data:`ROCKSDB_SPACE_AMP`), and twice that with checkpoints (a
+snapshot is hard links to the store's files, a full second copy once compaction has rewritten
+them all). Its keys cost a shard ``1 / disk_keys_per_s`` each instead of ``1 / shard_keys_per_s``
+(:class:`Hardware`; its default is the ratio ``bench server --disk`` measured, at the cache hit
+ratio of that run's workload: the plan does not model the hit ratio).
+
 **Rates and limits** (:func:`plan`) — ``C`` clients each doing ``steps/s`` steps: per card
 frames/s, messages/s (request messages, each completed by its reply: what ``bench dataplane``'s
 ``distinct_msgs_per_s`` counts), Gb/s and state-map entries in flight (every message of a
@@ -47,7 +60,7 @@ import numpy as np
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.client import DEFAULT_MSG_FRAMES, DEFAULT_WINDOW_FRAMES, pack_parts
-from embnic.client_lib.config import ClusterConfig
+from embnic.client_lib.config import DEFAULT_BLOCK_CACHE_MB, ClusterConfig
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.routing import shard_index_of
 
@@ -61,6 +74,24 @@ INDEX_BYTES_PER_ROW = 18
 #: per row when a shard's tables differ in dim: the row's int64 offset in the store's flat arena
 OFFSET_BYTES_PER_ROW = 8
 OPTIMIZER_STATE_BYTES = {"adagrad": 4, "sgd": 0}  #: float32 per row of optimizer state
+#: a disk table's cache slot beyond its row and optimizer state: key 8, three flags, use count 4,
+#: stamp 4 (testbed/server/diskstore.py ``cache_bytes``)
+CACHE_SLOT_OVERHEAD = 19
+CACHE_WAYS = 8  #: a disk table's cache holds the multiple of its 8 ways not above ``cache_rows``
+#: a shard's memory for its disk tier beyond the caches and the block cache: the fixed overhead
+#: ``embnic bench server --disk`` measured (50.9 MiB: interpreter, numpy, engine buffers, RocksDB's
+#: bookkeeping; README "Performance"), counted once per shard with a disk table
+DISK_FIXED_OVERHEAD = 51 << 20
+#: assumed, not measured: bytes RocksDB adds to each stored row (8-byte internal key trailer,
+#: length varints, 10 bloom-filter bits, index entries: ~12 B) and the space amplification of its
+#: levelled compaction (~1.11 for a 10x level fan-out: obsolete versions not yet compacted)
+ROCKSDB_ENTRY_OVERHEAD = 12
+ROCKSDB_SPACE_AMP = 1.11
+#: what ``bench server --disk`` measured: 4096-key lookups of a disk table at 0.081 x the in-memory
+#: shard (updates 0.085 x), Zipf(1.05) ids over a table 16 x its cache, cache hit ratio 0.66-0.68
+#: (README "Performance"): the default ``disk_keys_per_s`` is this times ``shard_keys_per_s``
+DISK_KEYS_RATIO_MEASURED = 0.08
+DISK_HIT_RATIO_MEASURED = 0.66
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +106,9 @@ class Hardware:
             ``distinct_msgs_per_s``).
         card_mpps: frames the card forwards per second, millions (``bench dataplane`` ``card_mpps``).
         shard_keys_per_s: keys (rows) a shard looks up or updates per second (``bench server``).
+        disk_keys_per_s: keys of disk-tier tables a shard looks up or updates per second
+            (``bench server --disk``; default :data:`DISK_KEYS_RATIO_MEASURED` × shard_keys_per_s,
+            measured at that bench's cache hit ratio, :data:`DISK_HIT_RATIO_MEASURED`).
         client_frames_per_s: frames a client sends or receives per second (its per-frame cost).
         rtt_us: base round-trip time client → card → shard → card → client, µs, unloaded.
         arena_slack: factor on a shard's row arena for its growth (2: just after a doubling).
@@ -87,6 +121,7 @@ class Hardware:
     card_msgs_per_s: float = 1.0e6
     card_mpps: float = 2.0
     shard_keys_per_s: float = 2.0e6
+    disk_keys_per_s: float = DISK_KEYS_RATIO_MEASURED * 2.0e6
     client_frames_per_s: float = 200_000.0
     rtt_us: float = 50.0
     arena_slack: float = 2.0
@@ -103,7 +138,8 @@ class Hardware:
 PROFILES = {
     "server": Hardware(),
     "testbed": Hardware(shard_ram_gb=4.0, shard_disk_gb=20.0, nic_gbps=10.0, card_msgs_per_s=150_000.0,
-                        card_mpps=0.3, shard_keys_per_s=2_000_000.0, client_frames_per_s=80_000.0, rtt_us=3000.0),
+                        card_mpps=0.3, shard_keys_per_s=2_000_000.0,
+                        disk_keys_per_s=DISK_KEYS_RATIO_MEASURED * 2_000_000.0, client_frames_per_s=80_000.0, rtt_us=3000.0),
 }
 
 
@@ -229,6 +265,7 @@ class Traffic:
     rounds: int = 2
     per_shard: np.ndarray | None = None
     inflight: int = 0
+    disk_keys: np.ndarray | None = None  # per shard index: keys of the step (lookup + update) of disk-tier tables
     round_frames: list = dataclasses.field(default_factory=list)  # (lookup, update) frames both ways
 
     @property
@@ -287,6 +324,9 @@ def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
     keys = np.array([split_keys(cfg, t, unique[t]) for t in tids], np.int64).reshape(len(tids), S)
     row = {t.id: t.dim * consts.esize(t.wire_dtype) for t in cfg.tables}
     tr = Traffic(per_shard=np.zeros((S, 6), np.float64))
+    on_disk = disk_tables(cfg)
+    tr.disk_keys = np.array([2.0 * sum(int(k) for t, k in zip(tids, keys[:, s].tolist()) if t in on_disk[s])
+                             for s in range(S)], np.float64)
     inflight = []
     for mt in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ):
         lookup = mt == MsgType.LOOKUP_REQ
@@ -356,38 +396,85 @@ def table_rows(cfg: ClusterConfig, table_id: int) -> int:
     return int(n)
 
 
+def cache_bytes(dim: int, optimizer: str, cache_rows: int) -> int:
+    """Bytes of a disk table's cache on one shard: its capacity (the multiple of its ways not above
+    ``cache_rows``) × (4·dim + optimizer state + :data:`CACHE_SLOT_OVERHEAD`), allocated when the
+    shard starts whatever the rows it holds (testbed/server/diskstore.py ``cache_bytes``)."""
+    ways = max(1, min(CACHE_WAYS, int(cache_rows)))
+    cap = max(1, int(cache_rows) // ways) * ways
+    return cap * (4 * int(dim) + OPTIMIZER_STATE_BYTES.get(optimizer, 4) + CACHE_SLOT_OVERHEAD)
+
+
+def disk_tables(cfg: ClusterConfig) -> list[list[int]]:
+    """Table ids on the disk tier of every shard, by shard index (``cfg.store_of``)."""
+    return [[t.id for t in cfg.tables if cfg.store_of(t.id, sh.id)[0] == "disk"] for sh in cfg.shards]
+
+
 def shard_storage(cfg: ClusterConfig, hw: Hardware) -> dict:
-    """Rows, memory and disk of every shard.
+    """Rows, memory and disk of every shard, in-memory and disk-tier tables apart (module docstring).
 
     Returns:
-        ``{"rows": int64 (S,), "memory_bytes": float64 (S,), "disk_bytes": float64 (S,)}`` by shard
-        index (hash sharding: each table's rows spread evenly; table sharding: on the owner).
-        Disk excludes the log (added by :func:`plan`, which knows the update bytes).
+        by shard index (hash sharding: each table's rows spread evenly; table sharding: on the
+        owner): ``rows`` int64 (S,); ``memory_bytes`` float64 (S,) = ``arena_bytes`` (the in-memory
+        tables: rows with slack, index, offsets) + ``disk_tier_memory_bytes`` (the disk tables'
+        caches, the block cache and :data:`DISK_FIXED_OVERHEAD`, where the shard has a disk
+        table); ``disk_bytes`` float64 (S,) = checkpoints of the in-memory tables + ``store_bytes``
+        (the disk tables' live RocksDB stores) × 2 (their snapshots); ``disk_rows`` int64 (S,),
+        rows held on the disk tier; ``disk_tables`` (:func:`disk_tables`). Disk excludes the log
+        (added by :func:`plan`, which knows the update bytes).
     """
     S = len(cfg.shards)
     rows = np.zeros(S, np.int64)
-    mem = np.zeros(S, np.float64)
+    drows = np.zeros(S, np.int64)
+    arena = np.zeros(S, np.float64)
+    tier = np.zeros(S, np.float64)
     disk = np.zeros(S, np.float64)
+    store = np.zeros(S, np.float64)
     dims: list[set] = [set() for _ in range(S)]
+    on_disk = disk_tables(cfg)
     for t in cfg.tables:
         r = split_keys(cfg, t.id, table_rows(cfg, t.id))
         opt = OPTIMIZER_STATE_BYTES.get(t.optimizer, 4)
         rows += r
-        mem += r * ((4 * t.dim + opt) * hw.arena_slack + INDEX_BYTES_PER_ROW)
-        disk += 2 * r * (consts.KEY_SIZE + 4 * t.dim + 4)
-        for i in np.flatnonzero(r).tolist():
-            dims[i].add(t.dim)
-    mem += rows * OFFSET_BYTES_PER_ROW * np.array([len(d) > 1 for d in dims])
-    return {"rows": rows, "memory_bytes": mem, "disk_bytes": disk}
+        for i, sh in enumerate(cfg.shards):
+            kind, cache_rows = cfg.store_of(t.id, sh.id)
+            if kind == "disk":
+                # every shard opens every disk table's cache, whatever it holds of the table
+                tier[i] += cache_bytes(t.dim, t.optimizer, cache_rows)
+                store[i] += r[i] * (consts.KEY_SIZE + 4 * t.dim + opt + ROCKSDB_ENTRY_OVERHEAD) * ROCKSDB_SPACE_AMP
+                drows[i] += r[i]
+            else:
+                arena[i] += r[i] * ((4 * t.dim + opt) * hw.arena_slack + INDEX_BYTES_PER_ROW)
+                disk[i] += 2 * r[i] * (consts.KEY_SIZE + 4 * t.dim + 4)
+                if r[i]:
+                    dims[i].add(t.dim)
+    mem_rows = rows - drows
+    arena += mem_rows * OFFSET_BYTES_PER_ROW * np.array([len(d) > 1 for d in dims])
+    for i, sh in enumerate(cfg.shards):
+        if on_disk[i]:
+            mb = sh.block_cache_mb or DEFAULT_BLOCK_CACHE_MB
+            tier[i] += (mb << 20) + DISK_FIXED_OVERHEAD
+    disk += 2 * store
+    return {"rows": rows, "memory_bytes": arena + tier, "disk_bytes": disk, "arena_bytes": arena,
+            "disk_tier_memory_bytes": tier, "store_bytes": store, "disk_rows": drows, "disk_tables": on_disk}
 
 
 # ---------------------------------------------------------------------------- the plan
+def shard_seconds(hw: Hardware, tr: Traffic) -> np.ndarray:
+    """Seconds of key work of one client's step on every shard: float64 (S,) — its in-memory
+    tables' keys (tail probes included) at ``shard_keys_per_s``, its disk-tier tables' at
+    ``disk_keys_per_s``."""
+    ps = tr.per_shard
+    dk = tr.disk_keys if tr.disk_keys is not None else np.zeros(len(ps))
+    return (ps[:, 0] - dk) / hw.shard_keys_per_s + dk / hw.disk_keys_per_s
+
+
 def _limits(cfg, hw: Hardware, w: Workload, tr: Traffic, S: int, cards: int) -> dict:
     """Steps/s of every client that each resource allows (all clients stepping at once)."""
     C = w.clients
     nic = hw.nic_gbps * 1e9
     ps = tr.per_shard
-    busiest_keys = float(ps[:, 0].max()) if len(ps) else 0.0
+    busiest = float(shard_seconds(hw, tr).max()) if len(ps) else 0.0
     shard_bits = float(8 * (np.maximum(ps[:, 1], ps[:, 2]) + WIRE_OVERHEAD * np.maximum(ps[:, 3], ps[:, 4])).max())
     card_bits = 8.0 * (max(tr.req_bytes, tr.rep_bytes) + WIRE_OVERHEAD * max(tr.req_frames, tr.rep_frames))
     client_bits = card_bits
@@ -396,7 +483,7 @@ def _limits(cfg, hw: Hardware, w: Workload, tr: Traffic, S: int, cards: int) -> 
         "card_messages": cards * hw.card_msgs_per_s / (C * (tr.req_messages + tr.probes)),
         "card_frames": cards * hw.card_mpps * 1e6 / (C * tr.frames),
         "card_nic": cards * nic / (C * card_bits),
-        "shard_keys": hw.shard_keys_per_s / (C * busiest_keys) if busiest_keys else inf,
+        "shard_keys": 1.0 / (C * busiest) if busiest else inf,
         "shard_nic": nic / (C * shard_bits) if shard_bits else inf,
         "client_frames": hw.client_frames_per_s / tr.frames,
         "client_nic": nic / client_bits,
@@ -407,7 +494,7 @@ def _limits(cfg, hw: Hardware, w: Workload, tr: Traffic, S: int, cards: int) -> 
 def step_time_us(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1) -> float:
     """Estimated time of one step (µs): per round, the base RTT plus the service time of the
     busiest resource of that round with every client stepping at once — the card (messages and
-    frames), the busiest shard (keys), the client (frames) and the NICs (bits); the lookup and
+    frames), the busiest shard (keys: a disk-tier table's at ``disk_keys_per_s``), the client (frames) and the NICs (bits); the lookup and
     update rounds' shares are taken in proportion to their frames. :func:`step_bottleneck` names
     the busiest."""
     return step_bottleneck(cfg, hw, w, tr, cards)[0]
@@ -425,7 +512,7 @@ def step_bottleneck(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1)
         share = rf / total
         svc = {"card": max(C * (tr.req_messages + tr.probes) * share / (cards * hw.card_msgs_per_s),
                            C * tr.frames * share / (cards * hw.card_mpps * 1e6)),
-               "shard": C * float(ps[:, 0].max()) * share / hw.shard_keys_per_s if len(ps) else 0.0,
+               "shard": C * float(shard_seconds(hw, tr).max()) * share if len(ps) else 0.0,
                "client": tr.frames * share / hw.client_frames_per_s,
                "nic": C * tr.wire_bits * share / (cards * hw.nic_gbps * 1e9)}
         t += hw.rtt_us * 1e-6 + max(svc.values())
@@ -480,9 +567,14 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
     # every client (testbed/server/durability.py)
     disk = st["disk_bytes"] + hw.checkpoint_every * (tr.per_shard[:, 5] + WAL_RECORD_HEADER * (tr.per_shard[:, 5] > 0))
     ps = tr.per_shard
+    names = {t.id: t.name for t in cfg.tables}
     shards = [{"index": i, "id": cfg.shards[i].id, "rows": int(st["rows"][i]),
                "memory_gb": float(st["memory_bytes"][i]) / 1e9, "disk_gb": float(disk[i]) / 1e9,
-               "keys_per_s": float(C * rate * ps[i, 0]),
+               "arena_memory_gb": float(st["arena_bytes"][i]) / 1e9,
+               "disk_tier_memory_gb": float(st["disk_tier_memory_bytes"][i]) / 1e9,
+               "store_gb": float(st["store_bytes"][i]) / 1e9, "disk_rows": int(st["disk_rows"][i]),
+               "tables_on_disk": [names[t] for t in st["disk_tables"][i]],
+               "keys_per_s": float(C * rate * ps[i, 0]), "disk_keys_per_s": float(C * rate * tr.disk_keys[i]),
                "gbps_in": float(C * rate * 8 * (ps[i, 1] + WIRE_OVERHEAD * ps[i, 3]) / 1e9),
                "gbps_out": float(C * rate * 8 * (ps[i, 2] + WIRE_OVERHEAD * ps[i, 4]) / 1e9)} for i in range(S)]
     card = {"frames_per_s": C * rate * tr.frames,
@@ -491,11 +583,14 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
                                     + WIRE_OVERHEAD * max(tr.req_frames, tr.rep_frames)) / 1e9,
             "state_entries_in_flight": entries, "state_size": state_size}
     needed = _needed(cfg, w, hw, st, disk, kw, rate if w.steps_per_s is not None else None, max_shards)
+    if needed["shards_for_memory"] is None:  # no number of shards fits: the disk tier's memory alone is too much
+        needed["shards"] = None
     mem_max = max(s["memory_gb"] for s in shards)
     disk_max = max(s["disk_gb"] for s in shards)
     fits = {"memory": mem_max <= hw.shard_ram_gb, "disk": disk_max <= hw.shard_disk_gb,
             "state_map": state_size is None or entries <= state_size}
     return {
+        "disk_tier": _disk_tier(cfg, hw, st, w),
         "per_step": {"request_messages": tr.req_messages, "request_frames": tr.req_frames,
                      "request_bytes": tr.req_bytes, "reply_messages": tr.rep_messages, "reply_frames": tr.rep_frames,
                      "reply_bytes": tr.rep_bytes, "probes": tr.probes, "rounds": tr.rounds,
@@ -519,14 +614,58 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
     }
 
 
+def _disk_tier(cfg: ClusterConfig, hw: Hardware, st: dict, w: Workload) -> dict:
+    """What the plan assumes of the disk tier, and what it leaves out (the ``disk_tier`` of :func:`plan`)."""
+    n_disk = len({t for ts in st["disk_tables"] for t in ts})
+    out = {"tables_on_disk": n_disk, "shards_with_disk_tables": sum(bool(ts) for ts in st["disk_tables"]),
+           "rows_on_disk": int(st["disk_rows"].sum())}
+    if not n_disk:
+        return out
+    # a cache with more slots than the rows the shard holds of its table: memory spent on nothing
+    idle = []
+    for i, sh in enumerate(cfg.shards):
+        for tid in st["disk_tables"][i]:
+            cache_rows = cfg.store_of(tid, sh.id)[1]
+            held = int(split_keys(cfg, tid, table_rows(cfg, tid))[i])
+            if cache_rows > held:
+                idle.append((i, tid, cache_rows, held))
+    seen: dict = {}
+    for _, tid, c, _ in idle:  # in table order, once per (table, cache_rows)
+        seen.setdefault((tid, c), (cfg.table(tid).name, c))
+    uniq = [seen[k] for k in sorted(seen)]
+    out.update({
+        "assumptions": {
+            "cache_slot_bytes": "4*dim + optimizer state + %d, cache_rows slots allocated at start" % CACHE_SLOT_OVERHEAD,
+            "fixed_overhead_bytes": DISK_FIXED_OVERHEAD,
+            "rocksdb_entry_overhead_bytes": ROCKSDB_ENTRY_OVERHEAD, "rocksdb_space_amplification": ROCKSDB_SPACE_AMP,
+            "checkpoint_copies": 2,
+            "disk_keys_per_s": hw.disk_keys_per_s,
+            "disk_keys_per_s_source": (f"bench server --disk measured disk-tier lookups at ~{DISK_KEYS_RATIO_MEASURED} x "
+                                       f"the in-memory shard at a cache hit ratio of {DISK_HIT_RATIO_MEASURED} "
+                                       "(Zipf 1.05 over a table 16 x its cache); the plan does not model the hit "
+                                       "ratio: measure your workload's and give --disk-keys-per-s"),
+        },
+        "caches_larger_than_rows_held": [{"table": n, "cache_rows": c} for n, c in uniq],
+    })
+    return out
+
+
 def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict, want: float | None,
             max_shards: int) -> dict:
     """Shards and cards for memory, disk and (``want``) the wanted steps/s per client."""
-    total_mem = float(st["memory_bytes"].sum())
+    # the in-memory tables' arena spreads over the shards; a shard's disk tier (its caches, block
+    # cache and fixed overhead) does not shrink with more shards
+    total_arena = float(st["arena_bytes"].sum())
+    per_shard = float(st["disk_tier_memory_bytes"].max())
     total_disk = float(disk.sum())
-    by = {"memory": math.ceil(total_mem / (hw.shard_ram_gb * 1e9)),
+    room = hw.shard_ram_gb * 1e9 - per_shard
+    by = {"memory": max(1, math.ceil(total_arena / room)) if room > 0 else None,
           "disk": math.ceil(total_disk / (hw.shard_disk_gb * 1e9))}
     out = {"shards_for_memory": by["memory"], "shards_for_disk": by["disk"]}
+    if by["memory"] is None:
+        out["shards_note"] = (f"a shard's disk-tier memory alone ({per_shard / 1e9:.1f} GB: its tables' caches, "
+                              "block cache, fixed overhead) exceeds its RAM: lower cache_rows")
+        by["memory"] = 0
     if cfg.sharding == "table":
         # a table lives on one shard: the largest table must fit one shard
         big = max(float(st["memory_bytes"].max()), 0.0)
@@ -549,7 +688,7 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
             hi = min(max_shards, hi * 2)
         if not shard_ok(hi):
             out["shards"] = None
-            out["shards_note"] = (f"more than {max_shards} shards: a shard's keys/s or NIC cannot keep up "
+            out["shards_note"] = out.get("shards_note", "") + (f"more than {max_shards} shards: a shard's keys/s or NIC cannot keep up "
                                   "(the busiest table of table sharding lives on one shard)")
             n = None
         else:

@@ -160,3 +160,114 @@ def test_bench_e2e_reports_the_plan_beside_its_measurement(monkeypatch, tmp_path
     r = CliRunner().invoke(cli, ["bench", "e2e", "--out", str(tmp_path), "--no-dlrm"])
     assert r.exit_code == 0, r.output
     assert "embnic plan's estimate" in r.output and f"= {v['plan_over_measured']:.2f} x" in r.output
+
+
+# ---------------------------------------------------------------------------- the disk tier
+TEN_TB = e2e.CONFIG.parent / "plan-10tb.toml"
+
+
+def _variant(path, *, shards: dict | None = None, big_tables: dict | None = None):
+    """The example config at ``path`` with ``shards`` keys on every [[shards]] entry and
+    ``big_tables`` keys on every table that has ``expected_rows`` (its large ones)."""
+    import tomllib
+
+    raw = tomllib.loads(path.read_text())
+    for s in raw["shards"]:
+        s.update(shards or {})
+    for t in raw["tables"]:
+        if "expected_rows" in t:
+            t.update(big_tables or {})
+    return parse_config(raw, path)
+
+
+def test_the_10tb_example_on_the_disk_tier_fits_memory_and_says_which_tables_are_on_disk():
+    """A new user's config: every shard of examples/plan-10tb.toml `store = "disk"`, `cache_rows =
+    1000000`: memory is the caches + block cache + fixed overhead, not the arena; disk is the
+    stores; the shards' keys cost disk_keys_per_s."""
+    mem_cfg = load_config(TEN_TB)
+    disk_cfg = _variant(TEN_TB, shards={"store": "disk", "cache_rows": 1_000_000})
+    w = P.uniform_workload(mem_cfg, 4096, unique_ratio=0.35, clients=128, steps_per_s=None)
+    hw = P.Hardware()  # 256 GB of RAM, 2 TB of disk per shard
+    mem, disk = P.plan(mem_cfg, w, hw), P.plan(disk_cfg, w, hw)
+    assert not mem["fits"]["memory"] and mem["shards"][0]["memory_gb"] > 300
+    assert mem["disk_tier"] == {"tables_on_disk": 0, "shards_with_disk_tables": 0, "rows_on_disk": 0}
+    assert mem["shards"][0]["tables_on_disk"] == [] and mem["shards"][0]["disk_keys_per_s"] == 0
+    assert disk["fits"] == {"memory": True, "disk": True, "state_map": True}
+    # memory: 26 caches of 1,000,000 slots (dim 128 + accumulator + 19 B), 64 MiB block cache, 51 MiB
+    want = 26 * 1_000_000 * (4 * 128 + 4 + 19) + (64 << 20) + P.DISK_FIXED_OVERHEAD
+    for sh in disk["shards"]:
+        assert sh["memory_gb"] * 1e9 == pytest.approx(want) and sh["arena_memory_gb"] == 0
+        assert sh["tables_on_disk"] == [t.name for t in disk_cfg.tables]
+        assert sh["disk_rows"] == sh["rows"]
+    # disk: every row in RocksDB (key, row, accumulator + the assumed overhead, x amplification), twice
+    rows = disk["shards"][0]["rows"]
+    store = rows * (8 + 512 + 4 + P.ROCKSDB_ENTRY_OVERHEAD) * P.ROCKSDB_SPACE_AMP
+    assert disk["shards"][0]["store_gb"] * 1e9 == pytest.approx(store)
+    assert disk["shards"][0]["disk_gb"] == pytest.approx(mem["shards"][0]["disk_gb"] + (2 * store - 2 * rows * 524) / 1e9)
+    # keys of disk tables at the measured ratio: the shards' key limit drops by ~1/0.08 (probes stay in memory)
+    assert disk["limits"]["shard_keys"] == pytest.approx(mem["limits"]["shard_keys"] * P.DISK_KEYS_RATIO_MEASURED,
+                                                         rel=0.01)
+    assert disk["step_time_us"] > mem["step_time_us"]
+    a = disk["disk_tier"]["assumptions"]
+    assert a["disk_keys_per_s"] == P.DISK_KEYS_RATIO_MEASURED * hw.shard_keys_per_s and "hit ratio" in \
+        a["disk_keys_per_s_source"]
+    # C6 has 3 rows: its 1,000,000-row cache on every shard is memory spent on empty slots
+    assert {"table": "C6", "cache_rows": 1_000_000} in disk["disk_tier"]["caches_larger_than_rows_held"]
+    assert all(c["table"] not in ("C1", "C10", "C21") for c in disk["disk_tier"]["caches_larger_than_rows_held"])
+    # memory alone: the disk tier does not spread over shards, so 1 shard of 256 GB holds the arena (none)
+    assert disk["needed"]["shards_for_memory"] == 1 and mem["needed"]["shards_for_memory"] == 80
+
+
+def test_only_the_large_tables_on_disk_and_caches_that_do_not_fit():
+    cfg = _variant(TEN_TB, big_tables={"store": "disk", "cache_rows": 4_000_000})
+    w = P.uniform_workload(cfg, 4096, unique_ratio=0.35, clients=128)
+    res = P.plan(cfg, w)
+    big = [t.name for t in cfg.tables if t.expected_rows]
+    assert len(big) == 8 and all(sh["tables_on_disk"] == big for sh in res["shards"])
+    st = P.shard_storage(cfg, P.Hardware())
+    small = [t for t in cfg.tables if not t.expected_rows]
+    mem_rows = sum(int(P.split_keys(cfg, t.id, t.rows)[0]) for t in small)
+    assert st["rows"][0] - st["disk_rows"][0] == mem_rows
+    assert st["disk_tier_memory_bytes"][0] == 8 * 4_000_000 * 535 + (64 << 20) + P.DISK_FIXED_OVERHEAD
+    assert st["arena_bytes"][0] > 0 and st["memory_bytes"][0] == st["arena_bytes"][0] + st["disk_tier_memory_bytes"][0]
+    # disk keys per shard: lookup + update of the 8 tables' keys on it
+    tr = P.step_traffic(cfg, {t.id: w.unique_ids(t.id) for t in cfg.tables})
+    assert tr.disk_keys[0] == 2 * sum(int(P.split_keys(cfg, t.id, w.unique_ids(t.id))[0]) for t in cfg.tables
+                                      if t.expected_rows)
+    assert 0 < tr.disk_keys[0] < tr.per_shard[0, 0]
+    # caches a shard cannot hold at all: no number of shards fits
+    huge = _variant(TEN_TB, big_tables={"store": "disk", "cache_rows": 200_000_000})
+    res = P.plan(huge, dataclasses.replace(w, steps_per_s=10.0))
+    assert not res["fits"]["memory"] and res["needed"]["shards_for_memory"] is None
+    assert res["needed"]["shards"] is None and "lower cache_rows" in res["needed"]["shards_note"]
+
+
+def test_cache_bytes_is_the_shards_own():
+    ds = pytest.importorskip("embnic.testbed.server.diskstore", exc_type=ImportError)
+    cfg = _variant(TEN_TB, shards={"store": "disk", "cache_rows": 1_000_003})
+    for t, n in ((cfg.table(0), 1_000_003), (cfg.table(5), 3), (cfg.table(5), 13)):
+        assert P.cache_bytes(t.dim, t.optimizer, n) == ds.cache_bytes(t, n)
+
+
+def test_cli_disk_tier_text_and_json(tmp_path):
+    # examples/plan-10tb.toml with its first 32 shards on disk, written as TOML
+    parts = TEN_TB.read_text().split("[[shards]]\n")
+    cfg_path = tmp_path / "half.toml"
+    cfg_path.write_text(parts[0] + "".join("[[shards]]\n" + ('store = "disk"\ncache_rows = 1000000\n' if i < 32 else "")
+                                           + x for i, x in enumerate(parts[1:])))
+    args = ["plan", "-c", str(cfg_path), "--batch", "4096", "--unique-ratio", "0.35", "--clients", "128"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "disk tier: 26 table(s) on disk on 32 shard(s)" in r.output
+    assert "shards 0-31: on disk 26 tables: C1" in r.output and "shards 32-63: on disk none" in r.output
+    assert "does not fit: memory" in r.output  # the 32 shards in memory still need 317 GB
+    assert "does not model the hit ratio" in r.output
+    r = CliRunner().invoke(cli, args + ["--json", "--shard-keys-per-s", "1000000"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert res["disk_tier"]["shards_with_disk_tables"] == 32
+    assert res["hardware"]["disk_keys_per_s"] == pytest.approx(P.DISK_KEYS_RATIO_MEASURED * 1e6)
+    assert res["shards"][0]["memory_gb"] < 15 and res["shards"][40]["memory_gb"] > 300
+    assert res["shards"][0]["disk_keys_per_s"] > 0 and res["shards"][40]["disk_keys_per_s"] == 0
+    r = CliRunner().invoke(cli, args + ["--json", "--disk-keys-per-s", "500000"])
+    assert json.loads(r.output)["disk_tier"]["assumptions"]["disk_keys_per_s"] == 500000
