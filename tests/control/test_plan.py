@@ -271,3 +271,21 @@ def test_cli_disk_tier_text_and_json(tmp_path):
     assert res["shards"][0]["disk_keys_per_s"] > 0 and res["shards"][40]["disk_keys_per_s"] == 0
     r = CliRunner().invoke(cli, args + ["--json", "--disk-keys-per-s", "500000"])
     assert json.loads(r.output)["disk_tier"]["assumptions"]["disk_keys_per_s"] == 500000
+
+
+def test_the_10tb_disk_example_fits_server_shards_where_the_memory_one_does_not():
+    """examples/plan-10tb-disk.toml (docs/planning.md): the five tables past a billion rows on disk,
+    the rest in memory — the same rows and traffic as examples/plan-10tb.toml, a shard's memory
+    from 317 GB to ~26 GB, which fits the server profile's 256 GB, and its disk the stores."""
+    mem_cfg, disk_cfg = load_config(TEN_TB), load_config(TEN_TB.parent / "plan-10tb-disk.toml")
+    w = P.uniform_workload(mem_cfg, 4096, unique_ratio=0.35, clients=128, steps_per_s=10.0)
+    mem, disk = P.plan(mem_cfg, w), P.plan(disk_cfg, w)
+    assert mem["per_step"] == disk["per_step"] and mem["config"]["rows"] == disk["config"]["rows"]
+    assert not mem["fits"]["memory"] and disk["fits"]["memory"] and disk["fits"]["disk"]
+    big = [t.name for t in disk_cfg.tables if (t.expected_rows or 0) > 1e9]
+    assert big == ["C1", "C10", "C20", "C21", "C22"]
+    assert all(sh["tables_on_disk"] == big for sh in disk["shards"])
+    assert 20 < disk["shards"][0]["memory_gb"] < 30 < 300 < mem["shards"][0]["memory_gb"]
+    assert disk["disk_tier"]["caches_larger_than_rows_held"] == []
+    assert disk["needed"]["shards_for_memory"] < mem["needed"]["shards_for_memory"]
+    assert disk["needed"]["shards"] > mem["needed"]["shards"]  # the disk tier's keys are slower
