@@ -64,6 +64,11 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
     a table with neither (a hashed uint64 id space) needs `expected_rows` in its [[tables]] entry
     (docs/config.md).
 
+    A table on the disk tier (`store = "disk"`) costs its shard its cache (`cache_rows`), the
+    block cache and a measured fixed overhead in memory, its RocksDB store on disk, and its keys
+    at --disk-keys-per-s (an assumption from `bench server --disk`: the cache hit ratio is not
+    modelled); the plan names each shard's disk tables.
+
     \b
     Examples:
       embnic plan -c examples/testbed.toml --batch 256 --data testbed/training/data/criteo_kaggle_train_sample.tsv
