@@ -366,14 +366,18 @@ def pool(rows: np.ndarray, prep: TablePrep, mode: str = "sum") -> np.ndarray:
     Returns:
         float32 (bags, dim), ``bags = len(prep.lengths)``; an empty bag is 0.
     """
-    g = rows[prep.inverse]
-    nb = len(prep.lengths)
-    out = np.zeros((nb, rows.shape[1]), dtype=rows.dtype)
-    nonempty = prep.lengths > 0
+    return _pool(rows[prep.inverse], prep.lengths, prep.offsets, mode)
+
+
+def _pool(g: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, mode: str) -> np.ndarray:
+    """Bags of the gathered rows ``g`` float32 (N, dim), bag ``b`` being ``g[offsets[b]:offsets[b+1]]``
+    (``lengths[b]`` rows): float32 (bags, dim) sums or means, an empty bag 0."""
+    out = np.zeros((lengths.size, g.shape[1]), dtype=g.dtype)
+    nonempty = lengths > 0
     if g.shape[0]:
-        out[nonempty] = np.add.reduceat(g, prep.offsets[:-1][nonempty], axis=0)
+        out[nonempty] = np.add.reduceat(g, offsets[:-1][nonempty], axis=0)
     if mode == "mean":
-        out /= np.maximum(prep.lengths, 1).astype(rows.dtype)[:, None]
+        out /= np.maximum(lengths, 1).astype(g.dtype)[:, None]
     elif mode != "sum":
         raise ValueError(f"pooling mode must be 'sum' or 'mean', got {mode!r}")
     return out
@@ -384,16 +388,7 @@ def pool_all(rows: np.ndarray, prep: PreparedBatch, mode: str = "sum") -> np.nda
     one after the other (one dim for all); returns float32 (G, dim), every table's bags in
     ``prep.lengths`` order. Each bag sums the same rows in the same order as :func:`pool` of its
     table, so the results are equal bit for bit."""
-    g = rows[prep.row_index]
-    out = np.zeros((prep.lengths.size, rows.shape[1]), dtype=rows.dtype)
-    nonempty = prep.lengths > 0
-    if g.shape[0]:
-        out[nonempty] = np.add.reduceat(g, prep.offsets[:-1][nonempty], axis=0)
-    if mode == "mean":
-        out /= np.maximum(prep.lengths, 1).astype(rows.dtype)[:, None]
-    elif mode != "sum":
-        raise ValueError(f"pooling mode must be 'sum' or 'mean', got {mode!r}")
-    return out
+    return _pool(rows[prep.row_index], prep.lengths, prep.offsets, mode)
 
 
 def pool_backward_all(grad_pooled: np.ndarray, prep: PreparedBatch, mode: str = "sum") -> np.ndarray:

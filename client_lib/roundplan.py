@@ -139,7 +139,7 @@ class RoundPlan:
         wire = self._wire_bytes(grads, kdim)  # call-order wire bytes
         wstart = np.zeros(n + 1, np.int64)
         np.cumsum(kwire, out=wstart[1:])
-        return wire[_ranges(wstart[:-1][self.order], self.rb)]
+        return wire[concat_ranges(wstart[:-1][self.order], self.rb)]
 
     def _wire_bytes(self, vals: np.ndarray, kdim: np.ndarray) -> np.ndarray:
         """float32 values (call order) → their wire bytes (fp32 LE, or fp16 LE for fp16 tables)."""
@@ -152,8 +152,8 @@ class RoundPlan:
         np.cumsum(es[:-1], out=start[1:])
         out = np.empty(int(es.sum()), np.uint8)
         f = ~h
-        out[_ranges(start[f], np.full(int(f.sum()), 4))] = np.ascontiguousarray(vals[f], "<f4").view(np.uint8)
-        out[_ranges(start[h], np.full(int(h.sum()), 2))] = vals[h].astype("<f2").view(np.uint8)
+        out[concat_ranges(start[f], np.full(int(f.sum()), 4))] = np.ascontiguousarray(vals[f], "<f4").view(np.uint8)
+        out[concat_ranges(start[h], np.full(int(h.sum()), 2))] = vals[h].astype("<f2").view(np.uint8)
         return out
 
     # -- lookups: where every reply row goes ---------------------------------------------------
@@ -186,7 +186,7 @@ class RoundPlan:
         vals = out[:4 * V].view(np.float32)
         if not self.uniform and out.size > 4 * V:  # fp16 tables' rows are staged after the values
             fp16 = self.ta.dtype[self.tix] == DType.FP16
-            vals[_ranges(vo[:-1], np.where(fp16, np.diff(vo), 0))] = out[4 * V:].view("<f2").astype(np.float32)
+            vals[concat_ranges(vo[:-1], np.where(fp16, np.diff(vo), 0))] = out[4 * V:].view("<f2").astype(np.float32)
         return vals
 
     def split(self, vals: np.ndarray) -> dict[int, np.ndarray]:
@@ -199,7 +199,7 @@ class RoundPlan:
         """Byte positions in the output buffer of a reply whose rows are the grouped keys
         ``ka..kb`` (or ``idx``, int64 grouped positions in reply order): int64 (Σ rb,)."""
         sel = slice(ka, kb) if idx is None else idx
-        return _ranges(dst[sel], self.rb[sel])
+        return concat_ranges(dst[sel], self.rb[sel])
 
 
 def out_bases(ta: TableArrays, tix: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -221,7 +221,7 @@ def out_bases(ta: TableArrays, tix: np.ndarray, counts: np.ndarray) -> tuple[np.
             4 * V + 2 * int(sv[-1]))
 
 
-def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+def concat_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(s, s + l)`` for every (s, l): int64 (Σ lens,), with no loop."""
     starts = np.asarray(starts, np.int64)
     lens = np.asarray(lens, np.int64)

@@ -78,6 +78,7 @@ from . import precheck
 from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
 from .local import flat_calls
+from .roundplan import concat_ranges
 
 __all__ = ["RemoteEmbeddingBagCollection", "RemoteEmbeddingBagCollectionSharder", "INSTALL_HINT", "kjt_from_dense",
            "num_embeddings", "placeholder_names"]
@@ -619,7 +620,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         else:
             rows = torch.zeros((U, D), dtype=torch.float32)
             rowdim = np.repeat(self._tdim, counts)
-            rows.view(-1)[torch.from_numpy(_ranges(np.arange(U, dtype=np.int64) * D, rowdim))] = torch.from_numpy(
+            rows.view(-1)[torch.from_numpy(concat_ranges(np.arange(U, dtype=np.int64) * D, rowdim))] = torch.from_numpy(
                 np.asarray(vals, np.float32))
         ids_per_table = np.diff(prep.id_offsets)
         gidx = prep.inverse + np.repeat(prep.unique_offsets[:-1], ids_per_table)
@@ -627,7 +628,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         identity = bool(np.array_equal(fperm, np.arange(fperm.size)))
         gpos = np.empty(fperm.size, np.int64)
         gpos[fperm] = np.arange(fperm.size)
-        wperm = None if identity else _ranges(starts[:-1][fperm], np.diff(starts)[fperm])
+        wperm = None if identity else concat_ranges(starts[:-1][fperm], np.diff(starts)[fperm])
         return _Step(prep, rows, torch.from_numpy(gidx), weights, wperm, b, starts, gpos)
 
     # -- internals ----------------------------------------------------------------------------
@@ -818,31 +819,19 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             if keep.all():
                 sel_rows, keys = None, prep.unique
             else:
-                sel_rows = _ranges(prep.unique_offsets[:-1][keep], counts[keep])
+                sel_rows = concat_ranges(prep.unique_offsets[:-1][keep], counts[keep])
                 keys = prep.unique[sel_rows]
             if self._uniform:
                 grads = (g_rows.numpy() if sel_rows is None else g_rows.numpy()[sel_rows]).reshape(-1)
             else:
                 r = np.arange(prep.num_unique, dtype=np.int64) if sel_rows is None else sel_rows
-                grads = g_rows.numpy().reshape(-1)[_ranges(r * D, rowdim[r])]
+                grads = g_rows.numpy().reshape(-1)[concat_ranges(r * D, rowdim[r])]
             tids, cnt = prep.table_ids[keep], counts[keep]
             if keys.size:
                 nz = cnt > 0
                 self._update(tids[nz], cnt[nz], keys, grads)
         self.steps_updated += 1
         return g_w
-
-
-def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(s, s + l)`` for every (s, l): int64 (Σ lens,), with no loop."""
-    starts = np.asarray(starts, np.int64)
-    lens = np.asarray(lens, np.int64)
-    tot = int(lens.sum())
-    if tot == 0:
-        return np.zeros(0, np.int64)
-    cl = np.zeros(lens.size, np.int64)
-    np.cumsum(lens[:-1], out=cl[1:])
-    return np.repeat(starts - cl, lens) + np.arange(tot, dtype=np.int64)
 
 
 def _check_dtypes(features: KeyedJaggedTensor) -> None:

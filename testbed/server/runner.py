@@ -303,21 +303,8 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
 
 
 def describe(cfg: ClusterConfig) -> str:
-    """``26 tables 0-25, sharding hash over 2 shards, MTU 1500`` (for the listening line)."""
-    t = sorted(x.id for x in cfg.tables)
-    return f"{len(t)} tables {_ranges(t)}, sharding {cfg.sharding} over {cfg.num_shards} shards, MTU {cfg.mtu}"
-
-
-def _ranges(ids: list[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
-    out, i = [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(out)
+    """``26 tables 0..25, sharding hash over 2 shards, MTU 1500`` (for the listening line)."""
+    return f"{len(cfg.tables)} tables {cfg.table_ids_text()}, sharding {cfg.sharding} over {cfg.num_shards} shards, MTU {cfg.mtu}"
 
 
 def bind_error_message(e: OSError, ip: str, port: int) -> str:
