@@ -185,3 +185,52 @@ def compiler_include_dir(compiler: str | Path) -> Path | None:
     ``PREFIX/bin/NAME``; symlinks resolved), or None where there is none."""
     d = Path(compiler).resolve().parents[1] / "share" / "p4c" / "p4include"
     return d if d.is_dir() else None
+
+
+def _crc32c_table() -> list[int]:
+    out = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        out.append(c)
+    return out
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c_raw(data: bytes, init: int = 0) -> int:
+    """CRC-32C (Castagnoli, reflected) of ``data`` from ``init`` with no final XOR: DPDK's
+    ``rte_hash_crc(data, len, init)`` — the SSE4.2 ``crc32`` instruction — which the SWX
+    pipeline's ``crc32`` hash is (``rte_swx_pipeline.c`` registers it; seed 0)."""
+    c = init
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c
+
+
+def state_slot(client_id: int, msg_id: int, arch: str = "v1model", slots: int | None = None) -> int:
+    """The state map slot the program on ``arch`` gives (client_id, msg_id) (p4/state_map.p4,
+    ``EMBNIC_SLOT_HASH``):
+
+    * ``v1model``: zlib's CRC-32 of ``be16 client_id ++ be32 msg_id``, mod STATE_SLOTS (BMv2's
+      ``HashAlgorithm.crc32``);
+    * ``pna``: the SWX pipeline's ``crc32`` (:func:`crc32c_raw`, seed 0) over the 6 bytes
+      p4c-dpdk copies the two fields into — its metadata, host order: ``le16 client_id ++
+      le32 msg_id`` — masked to STATE_SLOTS (a power of two).
+
+    Raises:
+        ValueError: an unknown ``arch``, or ids that do not fit 16/32 bits.
+    """
+    import struct
+    import zlib
+
+    slots = slots or constants()["STATE_SLOTS"]
+    if not (0 <= client_id <= 0xFFFF and 0 <= msg_id <= 0xFFFFFFFF):
+        raise ValueError("client_id must fit 16 bits and msg_id 32 bits")
+    if arch == "v1model":
+        return zlib.crc32(struct.pack(">HI", client_id, msg_id)) % slots
+    if arch == "pna":
+        return crc32c_raw(struct.pack("<HI", client_id, msg_id)) & (slots - 1)
+    raise ValueError(f"unknown architecture {arch!r} (v1model, pna)")

@@ -60,3 +60,12 @@ if ! "$PY" -c "$probe" >/dev/null 2>&1 || [ "$top/pyproject.toml" -nt "$top/.dep
     fi
     touch "$top/.deps-stamp"
 fi
+
+# DPDK's SWX pipeline headers that libdpdk-dev lacks, for the p4dpdk target (the P4 card for PNA
+# compiled by p4c-dpdk): from Debian's source package of the installed DPDK, with a private
+# sources list (scripts/dpdk-pipeline-headers.sh). Not fatal: without them the p4dpdk target and
+# its tests say what is missing and how to get it.
+if [ "$(id -u)" = 0 ]; then
+    "$here/dpdk-pipeline-headers.sh" >/dev/null \
+        || echo "embnic: DPDK pipeline headers not fetched (see above): the p4dpdk target cannot build its pipeline" >&2
+fi

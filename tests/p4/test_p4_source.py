@@ -137,3 +137,82 @@ def test_sizes_are_powers_of_two():
 def test_missing_header_is_a_clear_error():
     with pytest.raises(p4prog.P4SourceError, match="no header nope_t"):
         p4prog.header_fields("nope_t")
+
+
+def test_both_architectures_include_the_same_common_files():
+    """One copy of the headers, parser, constants and controls: each architecture's top level
+    includes every common file of p4/, and only its own arch folder besides."""
+    common = {p.name for p in p4prog.P4_DIR.glob("*.p4")}
+    for arch, main in p4prog.MAINS.items():
+        files = p4prog.source_files(main)
+        assert {f.name for f in files if f.parent == p4prog.P4_DIR.resolve()} == common, arch
+        assert {f.parent.name for f in files if f.parent != p4prog.P4_DIR.resolve()} == {arch}, arch
+
+
+def test_no_register_or_value_wider_than_64_bits():
+    """Registers and arithmetic of at most 64 bits on both architectures (the SWX pipeline's limit):
+    no bit<N> with N > 64 anywhere in p4/."""
+    for path in p4prog.P4_DIR.rglob("*.p4"):
+        widths = [int(w) for w in re.findall(r"bit<(\d+)>", p4prog.strip_comments(path.read_text()))]
+        assert all(w <= 64 for w in widths), (path, max(widths))
+
+
+def test_arch_parts_only_in_arch_files():
+    """v1model's and PNA's own names appear only in their arch folders (the common files use the
+    EMBNIC_* macros and local_metadata_t)."""
+    arch_words = re.compile(r"standard_metadata|mark_to_drop|\btruncate\b|\bregister<|\bcounter\(|"
+                            r"direct_counter|HashAlgorithm|v1model\.p4|pna\.p4|\bRegister<|\bCounter<|"
+                            r"DirectCounter|drop_packet|send_to_port|PNA_|istd\b")
+    for path in p4prog.P4_DIR.glob("*.p4"):
+        hits = arch_words.findall(p4prog.strip_comments(path.read_text()))
+        assert not hits, (path.name, hits)
+
+
+def test_cache_digest_covers_every_included_file(tmp_path):
+    """The compile caches key on every file a build reads: a change to a common file, to an arch
+    file, or to a compiler include changes the digest; a file no build includes does not."""
+    import shutil
+
+    src = tmp_path / "p4"
+    shutil.copytree(p4prog.P4_DIR, src)
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "v1model.p4").write_text("/* v1 */\n")
+    (inc / "core.p4").write_text("/* core */\n")
+    main = src / "v1model" / "embnic.p4"
+    base = p4prog.sources_digest(main, [inc])
+    assert {p.name for p in p4prog.source_files(main, [inc])} >= {"state_map.p4", "arith.p4", "arch.p4",
+                                                                    "v1model.p4", "core.p4"}
+    for rel in ("state_map.p4", "arith.p4", "v1model/arch.p4"):
+        f = src / rel
+        old = f.read_text()
+        f.write_text(old + "\n/* changed */\n")
+        assert p4prog.sources_digest(main, [inc]) != base, rel
+        f.write_text(old)
+    (inc / "v1model.p4").write_text("/* v1, another p4c */\n")
+    assert p4prog.sources_digest(main, [inc]) != base
+    (inc / "v1model.p4").write_text("/* v1 */\n")
+    (src / "pna" / "arch.p4").write_text("/* only the PNA build reads this */\n")
+    assert p4prog.sources_digest(main, [inc]) == base
+    assert p4prog.sources_digest(main, [inc], extra="p4c 1.2.5") != base
+
+
+def test_missing_include_is_a_clear_error(tmp_path):
+    (tmp_path / "top.p4").write_text('#include "nope.p4"\n')
+    with pytest.raises(p4prog.P4SourceError, match="nope.p4"):
+        p4prog.source_files(tmp_path / "top.p4")
+
+
+def test_state_slot_per_architecture():
+    """v1model: zlib's CRC-32 of the big-endian ids; PNA: DPDK's rte_hash_crc (CRC-32C, seed 0, no
+    final XOR) of the ids as p4c-dpdk lays them out (little-endian metadata)."""
+    import struct
+    import zlib
+
+    assert p4prog.state_slot(1, 1001) == zlib.crc32(bytes([0, 1, 0, 0, 3, 0xE9])) % 4096
+    # the CRC-32C check value (RFC 3720) from the raw function: init ~0, final XOR ~0
+    assert p4prog.crc32c_raw(b"123456789", 0xFFFFFFFF) ^ 0xFFFFFFFF == 0xE3069283
+    assert p4prog.state_slot(1, 1001, arch="pna") == p4prog.crc32c_raw(struct.pack("<HI", 1, 1001)) & 4095
+    assert p4prog.state_slot(1, 1001, arch="pna") != p4prog.state_slot(1, 1001)
+    with pytest.raises(ValueError, match="unknown architecture"):
+        p4prog.state_slot(1, 1, arch="tna")
