@@ -40,7 +40,7 @@ from embnic.control.errors import MissingDependencyError
 @click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
               help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
                    "(needs the embnic[torch] extra).")
-@click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
+@click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
               help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch, p4/).")
 @pmd_option
 @needs_root("demo")

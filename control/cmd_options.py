@@ -192,8 +192,8 @@ ctl_option = click.option("--ctl", "ctl", metavar="PATH", envvar="EMBNIC_CTL", d
                                "state file, else RUN_DIR/NAME.sock). Env: EMBNIC_CTL.")
 target_option = click.option("--target", "target", envvar="EMBNIC_TARGET", default=None, type=TARGET,
                              help=f"Pipeline target (default: the one pipeline NAME was loaded on, else {DEFAULT_TARGET!r}): "
-                                  "dpdk runs embnic-dp, bmv2 "
-                                  "the P4 program on simple_switch. Env: EMBNIC_TARGET.")
+                                  "dpdk runs embnic-dp, bmv2 the P4 program on simple_switch, p4dpdk "
+                                  "the P4 program for PNA in DPDK's SWX pipeline (embnic-swx). Env: EMBNIC_TARGET.")
 
 #: options of every command that talks to a loaded pipeline
 pipeline_options = _compose(config_option(), target_option, name_option, ctl_option)

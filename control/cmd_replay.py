@@ -36,7 +36,7 @@ def _check_pcap(ctx, param, value):
 @click.option("--force", is_flag=True,
               help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
-@click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
+@click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
               help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch).")
 @needs_root("replay")
 def replay(pcap, config, rate, topspeed, out, wait_s, name, force, progress, target):

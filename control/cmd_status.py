@@ -110,6 +110,13 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
     if m:
         out.append(f"mempool   in use {m.get('in_use', 0):,}/{m.get('size', 0):,} ({_pct(m.get('in_use', 0), m.get('size', 0))}), "
                    f"available {m.get('available', 0):,}")
+    host = c.get("host")
+    if host:  # the p4dpdk target: embnic-swx around the SWX pipeline
+        hp = host.get("ports", [])
+        out.append(f"host      embnic-swx: into the pipeline {sum(p.get('pipeline_in_frames', 0) for p in hp):,}, "
+                   f"out of it {sum(p.get('pipeline_out_frames', 0) for p in hp):,}, dropped by it "
+                   f"{host.get('pipeline_dropped', 0):,}; lost on the host: input ring full "
+                   f"{sum(p.get('rx_ring_full', 0) for p in hp):,}, TX full {sum(p.get('tx_full', 0) for p in hp):,}")
     by = st.get("by_state", {})
     out.append(f"state     {st.get('entries', 0):,}/{st.get('capacity', 0):,} messages in flight in the state map "
                f"({', '.join(f'{k} {v:,}' for k, v in by.items())}); overflow {st.get('overflow', 0):,}, "

@@ -31,6 +31,7 @@ from embnic.control.runstate import read_state, run_dir as default_run_dir
 _REGISTRY: dict[str, str | type] = {
     "dpdk": "embnic.control.target_dpdk:DpdkTarget",
     "bmv2": "embnic.control.target_bmv2:Bmv2Target",
+    "p4dpdk": "embnic.control.target_p4dpdk:P4DpdkTarget",
 }
 
 

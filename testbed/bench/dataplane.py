@@ -598,10 +598,37 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
                                          mbufs=BENCH_MBUFS + 2 * dpcap["frames"]))
     if lcores != CARD_1LCORE:
         runs["card_pipeline"] = (measure_card, (binary, [src, sink], lcores, seconds, warmup), card_kw)
+    # the P4 card for PNA in DPDK's SWX pipeline, on the same vdevs and lcore (testbed/bench/p4dpdk.py)
+    from embnic.testbed.bench import p4dpdk as bench_pna
+    pna_skip = bench_pna.available() if kw.get("p4dpdk", True) else "not asked for (p4dpdk=False)"
+    if pna_skip is None:
+        from embnic.control import p4dpdk
+
+        pipe = p4dpdk.build_pipeline()
+        pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=_window)
+        runs["p4dpdk"] = (bench_pna.measure_swx, (pipe, [src, sink], seconds, warmup), pna_kw)
+        runs["p4dpdk_distinct"] = (bench_pna.measure_swx, (pipe, [dsrc, sink], seconds, warmup),
+                                   dict(pna_kw, mbufs=dmbufs))
     m = _measure_all(runs, repeats)
     res: dict[str, Any] = {}
     res.update(_figures(m, pcap))
     res.update(_distinct_figures(m, dpcap))
+    if pna_skip is None:
+        pna, pnad = m["p4dpdk"], m["p4dpdk_distinct"]
+        res["p4dpdk"] = {
+            "mpps": pna["mpps"], "gbps": pna["gbps"], "msgs_per_s": pna["mpps"] * 1e6 * pcap["messages"] / pcap["frames"],
+            "ratio_card": _ratio(pna["mpps"], m["card"]["mpps"]), "ratio_io": _ratio(pna["mpps"], m["io"]["mpps"]),
+            "distinct_msgs_per_s": pnad["completed_per_s"], "distinct_frames_mpps": pnad["mpps"],
+            "ratio_card_distinct": _ratio(pnad["completed_per_s"], m["card_distinct"]["completed_per_s"]),
+            "ratio_io_distinct": _ratio(pnad["mpps"], m["io_distinct"]["mpps"]),
+            "drops": pna["drops"], "distinct_drops": pnad["drops"],
+            "runs": {"mpps": pna["all_mpps"], "distinct_msgs_per_s": pnad["all_completed_per_s"],
+                     "others_cpu": pna["others_cpu"]},
+            "setup": "embnic-swx -l 0 (one lcore: host RX/TX, the SWX pipeline, the control socket), the "
+                     "pipeline built from p4/pna/ by p4c-dpdk; rate from the pipeline's output port statistics",
+        }
+    else:
+        res["p4dpdk"] = {"skipped": pna_skip}
     res["targets"] = {
         "ratio_io >= 0.5": res["ratio_io"] >= 0.5,
         "ratio_macswap >= 0.8": res["ratio_macswap"] >= 0.8,

@@ -115,7 +115,8 @@ class Testbed:
             raise PmdError(f"--pmd {topo.pmd} is a DPDK PMD of the dpdk card; the {target} card reads the veths "
                            f"itself: drop --pmd, or use --target dpdk", option="--pmd")
         self.topo = topo
-        #: the card's pipeline target: "dpdk" (embnic-dp) or "bmv2" (the P4 program on simple_switch)
+        #: the card's pipeline target: "dpdk" (embnic-dp), "bmv2" (the P4 program on simple_switch) or
+        #: "p4dpdk" (the P4 program for PNA in DPDK's SWX pipeline, embnic-swx)
         self.target_name = target
         self.name = topo.name
         self.rdir = Path(rdir) if rdir else run_dir()
@@ -367,6 +368,13 @@ class Testbed:
             # simple_switch in the card namespace (no address but loopback), on the card's veth ends
             self.target = Bmv2Target(cfg, netns=self.topo.card_ns, vdevs=self.topo.vdevs(), name="card",
                                      run_dir=self.dir, ready_timeout=max(timeout, 60.0))
+        elif self.target_name == "p4dpdk":
+            from embnic.control.target_p4dpdk import P4DpdkTarget
+
+            # embnic-swx with the C card's EAL arguments and vdevs (its first lcore only)
+            self.target = P4DpdkTarget(cfg, eal_args=ctl["eal_args"], netns=self.topo.card_ns, name="card",
+                                       run_dir=self.dir, vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"],
+                                       ready_timeout=max(timeout, 60.0))
         else:
             from embnic.control.target_dpdk import DpdkTarget
 

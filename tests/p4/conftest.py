@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.control import bmv2
+from embnic.control import bmv2, p4dpdk
 
 REPO = Path(__file__).resolve().parents[2]
 # the conformance cases are shared with the DPDK card's tests
@@ -66,3 +66,16 @@ def bmv2_ready(p4_json) -> Path:
     if os.geteuid() != 0:
         pytest.skip("running simple_switch in its own network namespace needs root")
     return p4_json
+
+
+@pytest.fixture(scope="session")
+def p4dpdk_pipeline():
+    """p4/pna/embnic.p4 built into a pipeline library for embnic-swx (p4c-dpdk, fails on a warning;
+    cached like the BMv2 JSON); skips in one line where p4c-dpdk, DPDK's pipeline headers or
+    embnic-swx are missing, or without root (the EAL)."""
+    why = p4dpdk.missing()
+    if why:
+        pytest.skip(f"the p4dpdk target needs {why}")
+    if os.geteuid() != 0:
+        pytest.skip("running embnic-swx (DPDK's EAL) needs root")
+    return p4dpdk.build_pipeline()

@@ -1,0 +1,64 @@
+"""The P4 card for PNA (p4/pna/, DPDK's SWX pipeline in ``embnic-swx``) in ``embnic bench dataplane``.
+
+The same frames, vdevs and lcore as the C card's runs (``net_pcap`` infinite_rx → DUT on lcore 0
+→ ``net_null``), interleaved with them by :func:`embnic.testbed.bench.dataplane.run`; the rate
+is the pipeline's output port statistics (frames the SWX pipeline sent on the sink port, read
+through embnic-swx's ``counters``), the distinct-message rate the P4 card's
+``messages_completed`` counter. ``available()`` says in one line why it is skipped where
+p4c-dpdk, DPDK's pipeline headers or embnic-swx are missing.
+
+Wiring, one lcore::
+
+    net_pcap0 (infinite_rx) -> embnic-swx: host RX (+rx pseudo-header) -> ring -> SWX pipeline
+        -> ring -> host TX (-tx pseudo-header) -> net_null1
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from embnic.control import p4dpdk
+from embnic.control.target import Entry
+from embnic.control.target_p4dpdk import SwxProcess
+
+#: the card's two ports: 0 faces the clients (the frames' destination), 1 the sink
+CARD_PORTS = ((0, "02:00:00:99:00:01", "10.99.0.1"), (1, "02:00:00:99:00:04", "10.99.1.1"))
+
+
+def available() -> str | None:
+    """None when the PNA pipeline can be measured here, else one line saying what is missing."""
+    return p4dpdk.missing()
+
+
+def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, warmup: float, *,
+                clients: Sequence[dict], shards: Sequence[dict], out_port: int = 1, log_dir: Path,
+                window, other_pids: Sequence[int] = (), mbufs: int | None = None) -> dict:
+    """The SWX pipeline's rates on ``vdevs``: ``{mpps, gbps, frames, completed_per_s, drops,
+    host_drops, others_cpu}`` — frames the pipeline sent on ``out_port`` per second (its port
+    statistics; gbps without the 4-byte tx pseudo-header), messages whose whole reply passed per
+    second (the P4 card's counter); ``window`` is the benchmark's measuring function
+    (``dataplane._window``)."""
+    from embnic.control.dpdk_proc import unique_prefix
+
+    with SwxProcess(pipe, vdevs, log_dir / f"swx-{unique_prefix('s')}", burst=32, mbufs=mbufs) as sw:
+        card = sw.card
+        card.program(CARD_PORTS, [Entry(s["shard"], out_port, s["mac"], s["ip"], s["udp_port"]) for s in shards],
+                     [Entry(c["client"], out_port, c["mac"], c["ip"], c["udp_port"]) for c in clients])
+        sw.resume()
+        last: dict = {}
+
+        def sample() -> int:
+            h = sw.host_counters()["ports"][out_port]
+            last["b"] = h["pipeline_out_bytes"] - 4 * h["pipeline_out_frames"]
+            last["m"] = sum(card.counter("messages_completed", 0, 16))
+            last.setdefault("b0", last["b"])
+            last.setdefault("m0", last["m"])
+            return h["pipeline_out_frames"]
+
+        w = window(sample, seconds, warmup, [sw.proc.pid, *other_pids])
+        drops = {k: v for k, v in card.counters(len(CARD_PORTS))["drops"].items() if v}
+        host = sw.host_counters()
+    hd = {k: sum(p[k] for p in host["ports"]) for k in ("rx_ring_full", "rx_no_headroom", "tx_full", "tx_bad_meta")}
+    return {"mpps": w["rate"] / 1e6, "gbps": (last["b"] - last["b0"]) * 8 / w["dt"] / 1e9, "frames": w["frames"],
+            "completed_per_s": (last["m"] - last["m0"]) / w["dt"], "drops": drops,
+            "host_drops": {k: v for k, v in hd.items() if v}, "others_cpu": w["others_cpu"], "mempool_ops": None}
