@@ -76,10 +76,10 @@ def test_target_registered_later_is_accepted(invoke, card, monkeypatch):
     from embnic.control.target_dpdk import DpdkTarget
 
     monkeypatch.setitem(T._REGISTRY, "other", DpdkTarget)
-    assert "--target [bmv2|dpdk|other]" in invoke("status", "--help").output
+    assert "--target [bmv2|dpdk|other|p4dpdk]" in invoke("status", "--help").output
     assert invoke("status", "--target", "other").exit_code == 0
     r = invoke("status", "--target", "p4nic")
-    assert r.exit_code == 2 and "no target 'p4nic'; available: bmv2, dpdk, other" in r.output
+    assert r.exit_code == 2 and "no target 'p4nic'; available: bmv2, dpdk, other, p4dpdk" in r.output
 
 
 # --------------------------------------------------------------------------- the examples run
