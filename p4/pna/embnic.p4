@@ -63,7 +63,26 @@ control PnaMainControl(inout headers_t hdr,
             hdr.tx_meta.setValid();
             hdr.tx_meta.send_len = (bit<16>)meta.send_len;
             hdr.tx_meta.reserved = 0;
-            send_to_port((PortId_t)meta.egress_port);
+            /* send_to_port's port is directionless in p4c's dpdk/pna.p4: a compile-time constant
+             * (a run-time value, even through an action called here, is refused), so the port
+             * picks one of PNA_CARD_PORTS constant calls; embnic-swx has at most that many */
+            if (meta.egress_port == 0) { send_to_port((PortId_t)0); }
+            else if (meta.egress_port == 1) { send_to_port((PortId_t)1); }
+            else if (meta.egress_port == 2) { send_to_port((PortId_t)2); }
+            else if (meta.egress_port == 3) { send_to_port((PortId_t)3); }
+            else if (meta.egress_port == 4) { send_to_port((PortId_t)4); }
+            else if (meta.egress_port == 5) { send_to_port((PortId_t)5); }
+            else if (meta.egress_port == 6) { send_to_port((PortId_t)6); }
+            else if (meta.egress_port == 7) { send_to_port((PortId_t)7); }
+            else if (meta.egress_port == 8) { send_to_port((PortId_t)8); }
+            else if (meta.egress_port == 9) { send_to_port((PortId_t)9); }
+            else if (meta.egress_port == 10) { send_to_port((PortId_t)10); }
+            else if (meta.egress_port == 11) { send_to_port((PortId_t)11); }
+            else if (meta.egress_port == 12) { send_to_port((PortId_t)12); }
+            else if (meta.egress_port == 13) { send_to_port((PortId_t)13); }
+            else if (meta.egress_port == 14) { send_to_port((PortId_t)14); }
+            else if (meta.egress_port == 15) { send_to_port((PortId_t)15); }
+            else { drop_packet(); }     /* no such port: the control plane refuses one */
         }
     }
 }
