@@ -84,7 +84,10 @@ def dataplane(out, seconds, target, state_lcores):
     (every state-map entry inserted and freed: distinct_msgs_per_s), also with the state map
     partitioned over 2 state lcores against testpmd on 2 forwarding lcores
     (distinct_2state_msgs_per_s, reported with the cross-CPU round trip, not gated); the card's
-    two-lcore pipeline beside. bench.json's `targets` says which targets are met.
+    two-lcore pipeline beside; the P4 card for PNA in DPDK's SWX pipeline (embnic-swx, one lcore)
+    on the main and distinct workloads where p4c-dpdk is installed (`p4dpdk`: its rate from the
+    pipeline's output port statistics, ratios to the card and to testpmd io; else why it was
+    skipped). bench.json's `targets` says which targets are met.
 
     \b
     Example:
