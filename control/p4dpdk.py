@@ -3,7 +3,7 @@
 The build (:func:`build_pipeline`), cached by everything it reads (:func:`embnic.control.p4prog.sources_digest`
 plus the tools and the DPDK version)::
 
-    p4c-dpdk --arch pna p4/pna/embnic.p4  -> embnic.spec, context.json, bfrt.json, embnic.p4info.txt
+    p4c-dpdk --arch pna -o embnic.spec p4/pna/embnic.p4  -> embnic.spec, context.json, bfrt.json, embnic.p4info.txtpb
     embnic-swx ... -- --codegen embnic.spec embnic.c       (DPDK's rte_swx_pipeline_codegen)
     gcc -shared -fPIC embnic.c -I <DPDK lib/pipeline headers> -> embnic.so
 
@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -121,12 +123,15 @@ def _ident(path: str | None) -> str:
 
 def pipeline_digest(main: Path | None = None) -> str:
     """SHA-256 (hex) of everything :func:`build_pipeline` reads: every file of the P4 program
-    (the project's and p4c-dpdk's own includes), the p4c-dpdk and embnic-swx binaries, the C
-    compiler and the DPDK version and pipeline headers."""
+    (the project's and p4c-dpdk's own includes), the p4c-dpdk and embnic-swx binaries, this
+    module (its post-processing of the spec), the C compiler and the DPDK version and pipeline
+    headers."""
     p4c = shutil.which("p4c-dpdk")
     inc = p4prog.compiler_include_dir(p4c) if p4c else None
     hdr = headers_dir()
     extra = "\n".join([_ident(p4c), _ident(str(SWX_BINARY)) if SWX_BINARY.exists() else "-",
+                       # this module: how the spec is post-processed (relocate_metadata) and built
+                       hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
                        _ident(shutil.which("gcc")), dpdk_version() or "-"] +
                       [(hdr / h).read_text(errors="replace") if (hdr / h).is_file() else "-"
                        for h in INTERNAL_HEADERS])
@@ -146,7 +151,7 @@ def _run(cmd: Sequence[str], what: str, timeout: float, cwd: Path | None = None)
 
 def compile_spec(out_dir: Path, main: Path | None = None, timeout: float = 900) -> tuple[Path, Path]:
     """``p4c-dpdk --arch pna`` of the PNA program into ``out_dir``: ``embnic.spec``,
-    ``context.json``, ``bfrt.json``, ``embnic.p4info.txt``. Warnings count as failures (the program
+    ``context.json``, ``bfrt.json``, ``embnic.p4info.txtpb``. Warnings count as failures (the program
     compiles clean). Returns ``(spec, context)``.
 
     Raises:
@@ -158,8 +163,10 @@ def compile_spec(out_dir: Path, main: Path | None = None, timeout: float = 900) 
         raise MissingDependencyError(f"p4c-dpdk not found on PATH: {P4C_DPDK_HINT}", dependency="p4c-dpdk")
     main = Path(main or p4prog.PNA_MAIN)
     spec, ctx = out_dir / "embnic.spec", out_dir / "context.json"
-    cmd = [p4c, "--arch", "pna", "--spec", str(spec), "--context", str(ctx),
-           "--bf-rt-schema", str(out_dir / "bfrt.json"), "--p4runtime-files", str(out_dir / "embnic.p4info.txt"),
+    # LocalCopyPropagation off: it folds locals and metadata into later expressions, which
+    # p4c-dpdk 1.2.4.8 then lowers wrongly where a value is used twice (p4/README.md)
+    cmd = [p4c, "--arch", "pna", "--excludeMidendPasses", "P4::LocalCopyPropagation", "-o", str(spec), "--context", str(ctx),
+           "--bf-rt-schema", str(out_dir / "bfrt.json"), "--p4runtime-files", str(out_dir / "embnic.p4info.txtpb"),
            str(main)]
     out = _run(cmd, "p4c-dpdk", timeout)
     if out:
@@ -189,6 +196,11 @@ def build_pipeline(out_dir: Path | None = None, main: Path | None = None) -> Pip
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir.parent))
     try:
         spec, _ = compile_spec(tmp, main)
+        # DPDK 22.11 addresses 256 bytes of metadata: p4c-dpdk's temporaries go to scratch headers
+        os.replace(spec, tmp / "embnic.p4c-dpdk.spec")
+        text, moved = relocate_metadata((tmp / "embnic.p4c-dpdk.spec").read_text())
+        spec.write_text(text)
+        (tmp / "relocation.json").write_text(json.dumps(moved) + "\n")
         code = tmp / "embnic.c"
         prefix = unique_prefix("swxgen")
         try:
@@ -208,6 +220,81 @@ def build_pipeline(out_dir: Path | None = None, main: Path | None = None) -> Pip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return pipe
+
+
+# --------------------------------------------------------------------------- metadata relocation
+#: bytes of one struct an SWX instruction can address: DPDK 22.11's ``struct instr_operand`` keeps
+#: a field's byte offset in a ``uint8_t`` (rte_swx_pipeline_internal.h) and nothing checks it
+STRUCT_ADDRESSABLE = 256
+#: how full a scratch header is packed (below STRUCT_ADDRESSABLE)
+SCRATCH_BYTES = 248
+_STRUCT = re.compile(r"^struct (\w+) \{\n(.*?)^\}", re.S | re.M)
+_FIELD = re.compile(r"^\s*bit<(\d+)> (\w+)\s*$", re.M)
+
+
+def relocate_metadata(spec: str) -> tuple[str, dict]:
+    """The spec with the metadata fields no table, hash or port instruction needs moved into
+    scratch headers (never extracted, never emitted), so that every struct an instruction
+    addresses stays within :data:`STRUCT_ADDRESSABLE` bytes.
+
+    Why: p4c-dpdk 1.2.4.8 makes every temporary and local variable a metadata field (this
+    program: over a thousand, several KB), and DPDK 22.11's SWX pipeline addresses a field by a
+    one-byte offset into its struct without checking it, so fields past byte 255 silently alias
+    others. Header fields are addressed the same way, per header, and an instruction takes
+    header and metadata operands alike (a header field is kept in network order, converted on
+    each access), so each scratch header holds up to :data:`SCRATCH_BYTES` bytes of fields.
+
+    Kept in metadata: the program's own ``local_metadata_*`` and the architecture's ``pna_*``
+    fields, ``table_entry_index`` (``entryid``), table and learner keys, and the operands of
+    ``rx``, ``tx`` and ``hash`` (its source is a range of consecutive metadata fields).
+
+    Returns:
+        ``(spec, {"metadata_bytes", "moved_fields", "scratch_headers"})``.
+    Raises:
+        P4DpdkError: the spec has no metadata struct, or what must stay exceeds the limit.
+    """
+    import re as _re
+
+    m = _re.search(r"^metadata instanceof (\w+)\s*$", spec, _re.M)
+    structs = {n: body for n, body in _STRUCT.findall(spec)}
+    if not m or m.group(1) not in structs:
+        raise P4DpdkError("the pipeline spec has no metadata struct (not p4c-dpdk's output?)")
+    mname = m.group(1)
+    fields = [(int(w), n) for w, n in _FIELD.findall(structs[mname])]
+    order = {n: i for i, (_, n) in enumerate(fields)}
+    keep = {n for _, n in fields if n.startswith(("local_metadata_", "pna_")) or n == "table_entry_index"}
+    for block in _re.findall(r"^\s*key \{\n(.*?)^\s*\}", spec, _re.S | _re.M):
+        keep |= set(_re.findall(r"\bm\.(\w+)", block))
+    for line in _re.findall(r"^\s*(?:\w+ :\s*)?(?:rx|tx|hash|entryid|learn|mirror|recircid)\b.*$", spec, _re.M):
+        names = _re.findall(r"\bm\.(\w+)", line)
+        keep |= set(names)
+        if line.strip().split(":")[-1].split()[0] == "hash" and len(names) >= 3:
+            lo, hi = order[names[1]], order[names[2]]   # the source range, first to last field
+            keep |= {n for _, n in fields[lo:hi + 1]}
+    kept = [(w, n) for w, n in fields if n in keep]
+    kept_bytes = sum(w // 8 for w, _ in kept)
+    if kept_bytes >= STRUCT_ADDRESSABLE:
+        raise P4DpdkError(f"the pipeline's metadata that must stay metadata is {kept_bytes} bytes; DPDK's SWX "
+                          f"pipeline addresses {STRUCT_ADDRESSABLE}")
+    moved = [(w, n) for w, n in fields if n not in keep]
+    headers: list[list[tuple[int, str]]] = []
+    size = SCRATCH_BYTES
+    for w, n in moved:
+        if size + w // 8 > SCRATCH_BYTES:
+            headers.append([])
+            size = 0
+        headers[-1].append((w, n))
+        size += w // 8
+    # short names: the spec's tokens are at most 63 characters (RTE_SWX_NAME_SIZE)
+    short = {n: f"v{i}" for i, (_, n) in enumerate(moved)}
+    where = {n: f"h.scratch{k}.{short[n]}" for k, hs in enumerate(headers) for _, n in hs}
+    meta_text = "struct %s {\n%s}" % (mname, "".join(f"\tbit<{w}> {n}\n" for w, n in kept))
+    spec = spec.replace(f"struct {mname} {{\n{structs[mname]}}}", meta_text, 1)
+    decl = "".join("struct scratch%d_t {\n%s}\nheader scratch%d instanceof scratch%d_t\n\n" %
+                   (k, "".join(f"\tbit<{w}> {short[n]}\n" for w, n in hs), k, k) for k, hs in enumerate(headers))
+    spec = spec.replace(m.group(0), m.group(0) + "\n\n" + decl.rstrip("\n"), 1)
+    spec = _re.sub(r"\bm\.(\w+)", lambda x: where.get(x.group(1), x.group(0)), spec)
+    return spec, {"metadata_bytes": kept_bytes, "moved_fields": len(moved), "scratch_headers": len(headers)}
 
 
 # --------------------------------------------------------------------------- names
@@ -236,7 +323,8 @@ class Names:
             for t in ctx["tables"]:
                 short = _short(t["name"])
                 tables[short] = t["target_name"]
-                actions[short] = {_short(a["name"]): a["target_name"] for a in t.get("actions", [])}
+                # the spec names an action by the last part of its target name (PnaMainControl._x -> _x)
+                actions[short] = {_short(a["name"]): _short(a["target_name"]) for a in t.get("actions", [])}
                 params[short] = {_short(a["name"]): [p["name"] for p in a.get("p4_parameters", [])]
                                  for a in t.get("actions", [])}
             registers, counters = {}, {}
@@ -273,12 +361,14 @@ class Names:
             raise P4DpdkError(f"the pipeline has no register {name}") from None
 
     def counter(self, name: str, kind: str = "packets") -> str:
-        """The register array holding counter ``name``'s ``kind`` (``packets`` or ``bytes``)."""
+        """The register array holding counter ``name``'s ``kind`` (``packets`` or ``bytes``): a
+        packets-and-bytes counter is two arrays, ``TARGET_packets`` and ``TARGET_bytes``; a
+        packets (or bytes) counter one, named ``TARGET``."""
         try:
-            _, target = self.counters[name]
+            typ, target = self.counters[name]
         except KeyError:
             raise P4DpdkError(f"the pipeline has no counter {name}") from None
-        return f"{target}_{kind}"
+        return f"{target}_{kind}" if typ == "packets_and_bytes" else target
 
 
 def _short(name: str) -> str:

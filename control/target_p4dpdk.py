@@ -420,8 +420,7 @@ class P4DpdkTarget(DpdkTarget):
         for name in ("rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed",
                      "completed_by_shard", "arp_replies", "state_expired"):
             kind, _ = card.names.counters[name]
-            for k in (("packets", "bytes") if "BYTES" in kind.upper() and "PACKETS" in kind.upper() else
-                      ("bytes",) if "BYTES" in kind.upper() else ("packets",)):
+            for k in ("packets", "bytes") if kind == "packets_and_bytes" else ("packets",):
                 self.ctl().call("reg_clear", name=card.names.counter(name, k))
 
 

@@ -52,21 +52,32 @@
     EMBNIC_REM_STEP(rem, n, d, 1)  EMBNIC_REM_STEP(rem, n, d, 0)
 
 /*
+ * Fold the 32-bit one's-complement sum in meta.csum_a to 16 bits, into
+ * meta.csum_c (twice: the first fold can carry once more). Three fields,
+ * each written once: p4c-dpdk 1.2.4.8 propagates values into later
+ * expressions and, where the destination of an assignment appears in its own
+ * (propagated) right-hand side, overwrites it before the last read (a local
+ * `s = (s & 0xffff) + (s >> 16)` comes out wrong).
+ */
+#define EMBNIC_FOLD16(meta) \
+    meta.csum_b = (meta.csum_a & 0xffff) + (meta.csum_a >> 16); \
+    meta.csum_c = (meta.csum_b & 0xffff) + (meta.csum_b >> 16);
+
+/*
  * The one's-complement sum (folded to 16 bits) of the IPv4 header's words,
  * the checksum field included: 0xFFFF for a header whose checksum is right;
  * with hdr_checksum 0, its complement is the checksum to write.
  */
-control Ipv4HeaderSum(in ipv4_t ip, out bit<16> sum16) {
+control Ipv4HeaderSum(in ipv4_t ip, inout local_metadata_t meta, out bit<16> sum16) {
     apply {
-        bit<32> sum = ((bit<32>)ip.version << 12) + ((bit<32>)ip.ihl << 8) + (bit<32>)ip.diffserv +
+        meta.csum_a = ((bit<32>)ip.version << 12) + ((bit<32>)ip.ihl << 8) + (bit<32>)ip.diffserv +
                       (bit<32>)ip.total_len + (bit<32>)ip.identification +
                       ((bit<32>)ip.flags << 13) + (bit<32>)ip.frag_offset +
                       ((bit<32>)ip.ttl << 8) + (bit<32>)ip.protocol + (bit<32>)ip.hdr_checksum +
                       (ip.src_addr >> 16) + (ip.src_addr & 0xffff) +
                       (ip.dst_addr >> 16) + (ip.dst_addr & 0xffff);
-        sum = (sum & 0xffff) + (sum >> 16);
-        sum = (sum & 0xffff) + (sum >> 16);
-        sum16 = (bit<16>)sum;
+        EMBNIC_FOLD16(meta)
+        sum16 = (bit<16>)meta.csum_c;
     }
 }
 

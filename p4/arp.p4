@@ -18,10 +18,11 @@ control ArpResponder(inout headers_t hdr,
     @name(".arp_replies") EMBNIC_PACKET_COUNTER(1) arp_replies;
 
     apply {
-        if (meta.port_ip == 0 || !hdr.arp.isValid() ||
+        /* !isValid() last: p4c-dpdk lowers `!x` only as the last operand of `||` (validation.p4) */
+        if (meta.port_ip == 0 ||
             hdr.arp.htype != ARP_HTYPE_ETHERNET || hdr.arp.ptype != ETHERTYPE_IPV4 ||
             hdr.arp.hlen != 6 || hdr.arp.plen != 4 ||
-            hdr.arp.oper != ARP_OPER_REQUEST || hdr.arp.tpa != meta.port_ip) {
+            hdr.arp.oper != ARP_OPER_REQUEST || hdr.arp.tpa != meta.port_ip || !hdr.arp.isValid()) {
             meta.drop_reason = DROP_ARP_IGNORED;
         } else {
             hdr.arp.oper = ARP_OPER_REPLY;

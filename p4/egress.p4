@@ -41,6 +41,7 @@ control EmbnicEgress(inout headers_t hdr,
 
     @name(".keep_source")
     action keep_source() {
+        EMBNIC_DIRECT_COUNT(source_by_egress_port_counter)
         src_mac = hdr.ethernet.dst_addr;
         src_ip = hdr.ipv4.dst_addr;
     }
@@ -74,16 +75,15 @@ control EmbnicEgress(inout headers_t hdr,
 
             if (hdr.udp.checksum != 0) {
                 /* HC' = ~(~HC + ~m + m') over the changed 16-bit words (RFC 1624, eqn. 3) */
-                bit<32> sum = (bit<32>)(~hdr.udp.checksum) +
+                meta.csum_a = (bit<32>)(~hdr.udp.checksum) +
                     (bit<32>)(~(bit<16>)(old_src >> 16)) + (bit<32>)(~(bit<16>)old_src) +
                     (bit<32>)(~(bit<16>)(old_dst >> 16)) + (bit<32>)(~(bit<16>)old_dst) +
                     (bit<32>)(~old_sport) + (bit<32>)(~old_dport) +
                     (src_ip >> 16) + (src_ip & 0xffff) +
                     (meta.peer_ip >> 16) + (meta.peer_ip & 0xffff) +
                     (bit<32>)hdr.udp.src_port + (bit<32>)hdr.udp.dst_port;
-                sum = (sum & 0xffff) + (sum >> 16);
-                sum = (sum & 0xffff) + (sum >> 16);
-                bit<16> check = ~(bit<16>)sum;
+                EMBNIC_FOLD16(meta)
+                bit<16> check = ~(bit<16>)meta.csum_c;
                 if (check == 0) {
                     check = 0xffff;
                 }
@@ -92,7 +92,7 @@ control EmbnicEgress(inout headers_t hdr,
             /* the IPv4 header checksum of the rewritten header */
             bit<16> ip_sum;
             hdr.ipv4.hdr_checksum = 0;
-            ipv4_sum.apply(hdr.ipv4, ip_sum);
+            ipv4_sum.apply(hdr.ipv4, meta, ip_sum);
             hdr.ipv4.hdr_checksum = ~ip_sum;
             /* Ethernet padding or a trailer after the datagram is not sent */
             meta.send_len = (bit<32>)ETH_HDR_LEN + (bit<32>)hdr.ipv4.total_len;

@@ -36,6 +36,7 @@ control Forwarding(inout headers_t hdr,
 
     @name(".deny_sender")
     action deny_sender() {
+        EMBNIC_DIRECT_COUNT(sender_allowlist_counter)
         meta.sender_allowed = 0;
     }
 
@@ -44,8 +45,8 @@ control Forwarding(inout headers_t hdr,
         key = {
             meta.is_request     : exact @name("is_request");
             meta.sender_id      : exact @name("id");
-            hdr.ipv4.src_addr   : exact @name("ip");
-            hdr.udp.src_port    : exact @name("udp_port");
+            meta.src_ip         : exact @name("ip");
+            meta.src_udp_port   : exact @name("udp_port");
         }
         actions = { allow_sender; deny_sender; }
         default_action = deny_sender();
@@ -65,6 +66,7 @@ control Forwarding(inout headers_t hdr,
 
     @name(".no_route")
     action no_route() {
+        EMBNIC_DIRECT_COUNT(route_by_shard_counter)
         meta.route_hit = 0;
     }
 
@@ -91,6 +93,7 @@ control Forwarding(inout headers_t hdr,
 
     @name(".no_client")
     action no_client() {
+        EMBNIC_DIRECT_COUNT(client_by_id_counter)
         meta.client_hit = 0;
     }
 

@@ -133,8 +133,12 @@ struct local_metadata_t {
     bit<32>       send_len;     /* bytes of the frame to send: shorter than frame_len drops a trailer */
 
     drop_reason_t drop_reason;  /* DROP_NONE while the frame may pass */
-    bit<1>        is_request;   /* LOOKUP_REQ, UPDATE_REQ or SIZE_REQ */
+    bit<8>        is_request;   /* 1: LOOKUP_REQ, UPDATE_REQ or SIZE_REQ (8 bits: a whole byte of
+                                 * sender_allowlist's key) */
     bit<16>       sender_id;    /* client_id of a request, shard_id of a reply */
+    ipv4_addr_t   src_ip;       /* the sender's IPv4 address and UDP port (sender_allowlist's key,
+                                 * set by the parser) */
+    l4_port_t     src_udp_port;
     /* the card's own address on the ingress port (0.0.0.0: none configured) */
     ipv4_addr_t   port_ip;
     mac_addr_t    port_mac;
@@ -156,6 +160,9 @@ struct local_metadata_t {
     ipv4_addr_t   peer_ip;
     l4_port_t     peer_udp_port;
     slot_t        slot;         /* state map slot of (client_id, msg_id) */
+    bit<32>       csum_a;       /* one's-complement sums being folded (arith.p4, EMBNIC_FOLD16) */
+    bit<32>       csum_b;
+    bit<32>       csum_c;
 }
 
 #endif /* EMBNIC_HEADERS_P4 */

@@ -49,6 +49,7 @@ control EmbnicIngress(inout headers_t hdr,
 
     @name(".no_card_port")
     action no_card_port() {
+        EMBNIC_DIRECT_COUNT(card_port_by_ingress_counter)
         meta.port_ip = 0;
         meta.port_mac = 0;
     }

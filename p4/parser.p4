@@ -71,6 +71,11 @@ parser EmbnicParser(packet_in packet,
 
     state parse_ipv4 {
         packet.extract(hdr.ipv4);
+        /* sender_allowlist's key, in metadata beside is_request and sender_id: a table's key
+         * fields must be in one struct (p4c-dpdk makes a mixed key a wildcard table, which takes
+         * no direct counter), and copied here, where the controls' copy propagation cannot
+         * fold them back into the header fields */
+        meta.src_ip = hdr.ipv4.src_addr;
         /* only a plain IPv4 header is followed further; the rest is judged in ingress */
         transition select(hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.protocol) {
             (4, 5, IP_PROTO_UDP): check_udp;
@@ -87,6 +92,7 @@ parser EmbnicParser(packet_in packet,
 
     state parse_udp {
         packet.extract(hdr.udp);
+        meta.src_udp_port = hdr.udp.src_port;
         transition select(hdr.udp.dst_port) {
             EMBNIC_UDP_PORT: check_embnic;
             default: accept;

@@ -212,15 +212,30 @@ control StateMap(inout headers_t hdr,
             EMBNIC_READ(request_shard, slot_shard, s);
             EMBNIC_READ(request_value_len, slot_value_len, s);
             bit<8> request_type = (bit<8>)(request_info >> 32);
+            /* an answering type: ERROR to anything, LOOKUP_REPLY to a lookup, UPDATE_ACK or
+             * UPDATE_NACK to an update, SIZE_ACK to a SIZE_REQ (nested ifs: p4c-dpdk 1.2.4.8
+             * lowers this condition as one expression into a jump to itself) */
+            bool type_ok = false;
+            if (hdr.embnic.msg_type == MSG_ERROR) {
+                type_ok = true;
+            } else if (request_type == MSG_LOOKUP_REQ) {
+                if (hdr.embnic.msg_type == MSG_LOOKUP_REPLY) {
+                    type_ok = true;
+                }
+            } else if (request_type == MSG_UPDATE_REQ) {
+                if (hdr.embnic.msg_type == MSG_UPDATE_ACK || hdr.embnic.msg_type == MSG_UPDATE_NACK) {
+                    type_ok = true;
+                }
+            } else if (request_type == MSG_SIZE_REQ) {
+                if (hdr.embnic.msg_type == MSG_SIZE_ACK) {
+                    type_ok = true;
+                }
+            }
             if (state == STATE_FREE || stored_key != key) {
                 meta.drop_reason = DROP_UNSOLICITED_REPLY;
             } else if (request_shard != hdr.embnic.shard_id) {
                 meta.drop_reason = DROP_WRONG_SHARD_REPLY;
-            } else if (!(hdr.embnic.msg_type == MSG_ERROR ||
-                         (request_type == MSG_LOOKUP_REQ && hdr.embnic.msg_type == MSG_LOOKUP_REPLY) ||
-                         (request_type == MSG_UPDATE_REQ && (hdr.embnic.msg_type == MSG_UPDATE_ACK ||
-                                                              hdr.embnic.msg_type == MSG_UPDATE_NACK)) ||
-                         (request_type == MSG_SIZE_REQ && hdr.embnic.msg_type == MSG_SIZE_ACK))) {
+            } else if (!type_ok) {
                 meta.drop_reason = DROP_WRONG_REPLY_TYPE;
             } else if (hdr.embnic.msg_type == MSG_LOOKUP_REPLY &&
                        hdr.embnic.value_len != request_value_len) {

@@ -17,6 +17,13 @@
  * division, the fragment products (frag_count - 1 and frag_index times
  * frag_len) shift and add. The IPv4 header checksum is summed here too
  * (Ipv4HeaderSum), not by an architecture's checksum unit.
+ *
+ * Conditions are written the way p4c-dpdk 1.2.4.8 can lower them: no `!x`
+ * as an operand of `||` or `&&` but the last, and no `>=`/`<=` as one of
+ * `||` but the last (its BreakLogicalExpressionParenthesis stops with a
+ * compiler bug on those; its midend turns `x == false` and bool locals back
+ * into such operands, so only the order helps), and no bool assigned a
+ * compound condition (`if` statements set it).
  */
 #ifndef EMBNIC_VALIDATION_P4
 #define EMBNIC_VALIDATION_P4
@@ -39,7 +46,7 @@ control FrameValidation(in headers_t hdr,
         bit<32> frame_len = meta.frame_len;
         bit<16> ip_sum = 0xffff;
         if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5) {
-            ipv4_sum.apply(hdr.ipv4, ip_sum);
+            ipv4_sum.apply(hdr.ipv4, meta, ip_sum);
         }
         if (hdr.ethernet.ether_type != ETHERTYPE_IPV4) {
             meta.drop_reason = DROP_BAD_ETHER;
@@ -102,11 +109,17 @@ control FrameValidation(in headers_t hdr,
             /* counts that fit the type (consts.header_counts_ok): a data request or a lookup
              * reply has T >= 1 tables, n >= T keys and value_len >= 2n (every row at least one
              * fp16 value); a SIZE_REQ T = 0 and n >= 1 entries; acks, NACKs, errors are unchecked */
-            bool data = hdr.embnic.msg_type == MSG_LOOKUP_REQ || hdr.embnic.msg_type == MSG_LOOKUP_REPLY ||
-                        hdr.embnic.msg_type == MSG_UPDATE_REQ;
-            bool size_req = hdr.embnic.msg_type == MSG_SIZE_REQ;
-            bool counts_ok = (data && nt >= 1 && nk >= nt && vlen >= EMBNIC_MIN_ROW * nk) ||
-                             (size_req && nt == 0 && nk >= 1) || (!data && !size_req);
+            bool counts_ok = true;
+            if (hdr.embnic.msg_type == MSG_LOOKUP_REQ || hdr.embnic.msg_type == MSG_LOOKUP_REPLY ||
+                hdr.embnic.msg_type == MSG_UPDATE_REQ) {
+                if (nt < 1 || nk < nt || vlen < EMBNIC_MIN_ROW * nk) {
+                    counts_ok = false;
+                }
+            } else if (hdr.embnic.msg_type == MSG_SIZE_REQ) {
+                if (nt != 0 || nk < 1) {
+                    counts_ok = false;
+                }
+            }
             bit<16> payload = hdr.udp.length - UDP_HDR_LEN - EMBNIC_HDR_LEN;
             bit<64> idx = (bit<64>)hdr.embnic.frag_index;
             bit<64> count = (bit<64>)hdr.embnic.frag_count;
@@ -118,10 +131,10 @@ control FrameValidation(in headers_t hdr,
             EMBNIC_MUL9(last_x_len, last, len)
             EMBNIC_MUL9(idx_x_len, idx, len)
 
-            if (hdr.embnic.frag_len != payload || hdr.embnic.frag_count == 0 ||
-                hdr.embnic.frag_index >= hdr.embnic.frag_count || end > msg_len) {
+            if (hdr.embnic.frag_len != payload || hdr.embnic.frag_count == 0 || end > msg_len ||
+                hdr.embnic.frag_index >= hdr.embnic.frag_count) {
                 meta.drop_reason = DROP_BAD_LENGTH;
-            } else if (!counts_ok || want != msg_len) {
+            } else if (want != msg_len || !counts_ok) {
                 meta.drop_reason = DROP_BAD_LENGTH;
             } else if (hdr.embnic.frag_count > EMBNIC_MAX_FRAGS) {
                 meta.drop_reason = DROP_TOO_MANY_FRAGS;
@@ -132,8 +145,8 @@ control FrameValidation(in headers_t hdr,
                 }
             } else if (idx < last) {
                 /* a full fragment: P = frag_len, offset i*P, ceil(msg_len/P) = frag_count */
-                if (len == 0 || idx_x_len != off || last_x_len >= msg_len ||
-                    last_x_len + len < msg_len) {
+                if (len == 0 || idx_x_len != off || last_x_len + len < msg_len ||
+                    last_x_len >= msg_len) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
                 }
             } else if (end != msg_len) {

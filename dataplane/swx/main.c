@@ -198,19 +198,29 @@ port_init(struct swx_app *a, uint16_t port)
 }
 
 /* The pipeline from its library, port i reading ring swx_rx<i> and writing swx_tx<i>; the
- * pipeline adds its drop port (a sink) after them itself. 0 or -errno. */
+ * pipeline adds its drop port (a sink) after them itself. DPDK 22.11's pipeline wants a power
+ * of two of input ports (its rx instruction steps through them by a mask): the ones past the
+ * card's ports read rings nothing is ever put in. 0 or -errno. */
 static int
 pipeline_init(struct swx_app *a)
 {
 	char *spec = NULL;
 	size_t len = 0;
-	FILE *io = open_memstream(&spec, &len);
-	uint16_t i;
+	FILE *io;
+	uint32_t i, n_in = rte_align32pow2(a->nb_ports);
 	int ret;
 
+	for (i = a->nb_ports; i < n_in; i++) {
+		char name[RTE_RING_NAMESIZE];
+
+		snprintf(name, sizeof(name), "swx_rx%u", i);
+		if (rte_ring_create(name, 64, (int)rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ) == NULL)
+			return -rte_errno;
+	}
+	io = open_memstream(&spec, &len);
 	if (io == NULL)
 		return -errno;
-	for (i = 0; i < a->nb_ports; i++)
+	for (i = 0; i < n_in; i++)
 		fprintf(io, "port in %u ring swx_rx%u bsz %u\n", i, i, a->burst);
 	for (i = 0; i < a->nb_ports; i++)
 		fprintf(io, "port out %u ring swx_tx%u bsz %u\n", i, i, a->burst);

@@ -11,8 +11,8 @@
  *                  PACKETS_AND_BYTES); a byte counter is given the frame's
  *                  length (p4c-dpdk's count(index, pkt_len)): the length sent
  *   direct         DirectCounter, `pna_direct_counter = c` on the table,
- *   counters       count() in each action an
- *                  entry holds (a hit; as v1model, a miss counts nowhere)
+ *   counters       count() in every action,
+ *                  the default one's counting the misses (p4c-dpdk requires it)
  *   slot hash      Hash(PNA_HashAlgorithm_t.CRC32): the SWX pipeline's crc32,
  *                  DPDK's rte_hash_crc — CRC-32C (Castagnoli), not zlib's
  *                  CRC-32 — over the 6 bytes p4c-dpdk lays the two fields out

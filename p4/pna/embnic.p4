@@ -4,7 +4,7 @@
  * Portable NIC Architecture, compiled by p4c's DPDK backend into a pipeline
  * for DPDK's SWX library:
  *
- *   p4c-dpdk --arch pna --spec build/embnic.spec --context build/context.json \
+ *   p4c-dpdk --arch pna -o build/embnic.spec --context build/context.json \
  *            --bf-rt-schema build/bfrt.json p4/pna/embnic.p4
  *
  * The pipeline itself is the common code of p4/ (one copy for v1model and
@@ -34,7 +34,6 @@ parser PnaParser(packet_in packet,
         packet.extract(hdr.rx_meta);
         meta.frame_len = hdr.rx_meta.frame_len;
         meta.now_us = (bit<48>)hdr.rx_meta.time_us;
-        meta.ingress_port = (port_id_t)istd.input_port;
         embnic_parser.apply(packet, hdr, meta);
         transition accept;
     }
@@ -55,6 +54,8 @@ control PnaMainControl(inout headers_t hdr,
     EmbnicEgress() embnic_egress;
 
     apply {
+        /* the main control's istd: p4c-dpdk fills only its input_port, not the parser's */
+        meta.ingress_port = (port_id_t)istd.input_port;
         embnic_ingress.apply(hdr, meta);
         if (meta.drop_reason != DROP_NONE) {
             drop_packet();

@@ -7,8 +7,9 @@
  *   registers      register<T>(N); reg.read(dst, i) / reg.write(i, v)
  *   counters       counter(N, CounterType.packets / packets_and_bytes): the
  *                  switch counts a frame's bytes itself (as it entered)
- *   direct         direct_counter, `counters = c` on the table; an entry
- *   counters       counts its hits, by the switch (no count() in actions)
+ *   direct         direct_counter, `counters = c` on the table; each entry
+ *   counters       counts its hits and the default entry the misses, by the switch (no count()
+ *                  in actions)
  *   slot hash      hash(..., HashAlgorithm.crc32, ...): zlib's CRC-32 over
  *                  client_id (be16) ++ msg_id (be32), modulo STATE_SLOTS
  */

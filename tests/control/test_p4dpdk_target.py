@@ -16,7 +16,7 @@ from embnic.control.target_p4dpdk import STATE_REGISTERS, SwxCard, decode_state_
 #: the shape p4c-dpdk's context JSON has (backends/dpdk/dpdkContext.cpp), trimmed to what is read
 CONTEXT = {
     "tables": [{"name": "EmbnicIngress.forwarding.route_by_shard", "target_name": "route_by_shard_0",
-                "actions": [{"name": "forwarding.forward_to_server", "target_name": "forward_to_server_0",
+                "actions": [{"name": "forwarding.forward_to_server", "target_name": "PnaMainControl.forward_to_server_0",
                              "p4_parameters": [{"name": "port"}, {"name": "mac"}, {"name": "ip"},
                                                {"name": "udp_port"}]},
                             {"name": "forwarding.no_route", "target_name": "no_route_0", "p4_parameters": []}]},
@@ -25,7 +25,9 @@ CONTEXT = {
     "externs": [{"name": "EmbnicIngress.state_map.slot_state", "target_name": "slot_state_0", "type": "Register",
                  "attributes": {}},
                 {"name": "EmbnicIngress.rx_frames", "target_name": "rx_frames_0", "type": "Counter",
-                 "attributes": {"type": "packets_and_bytes"}}],
+                 "attributes": {"type": "packets_and_bytes"}},
+                {"name": "EmbnicIngress.drop_reasons", "target_name": "drop_reasons_0", "type": "Counter",
+                 "attributes": {"type": "packets"}}],
 }
 
 
@@ -61,6 +63,7 @@ def test_names_by_control_plane_name(names):
     assert names.params("route_by_shard", "forward_to_server") == ["port", "mac", "ip", "udp_port"]
     assert names.register("slot_state") == "slot_state_0"
     assert names.counter("rx_frames", "bytes") == "rx_frames_0_bytes"
+    assert names.counter("drop_reasons") == "drop_reasons_0"   # a packets counter: one array
     with pytest.raises(p4dpdk.P4DpdkError, match="no table nope"):
         names.table("nope")
 

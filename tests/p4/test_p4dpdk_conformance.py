@@ -21,6 +21,13 @@ from embnic.control.target_p4dpdk import SwxProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
+#: What does not hold yet on the SWX pipeline (issue 27, item 3): the state map's slot hash comes out 0
+#: for every message (all collide on slot 0: replies are unsolicited_reply) and the incremental UDP
+#: checksum of forwarded frames differs; the tables, the port counters, the IPv4 header checksum and
+#: the drops before the state map agree. Strict: a test that starts passing fails until this goes.
+NOT_YET = pytest.mark.xfail(strict=True, reason="SWX pipeline: slot hash 0 and UDP checksum wrong "
+                                                "(p4/README.md, 'PNA on DPDK': not yet conformant)")
+
 #: Every way the PNA card differs from the DPDK card on these cases (p4/README.md, "Differences").
 TARGET_DIFFERENCES = {
     "drops": "ring_full, no_mbuf, tx_full and too_long_for_port are the C card's resources (header ring, "
@@ -63,6 +70,7 @@ def test_tables_programmed(run):
     assert {(c.id, c.ip, c.udp_port) for c in run["clients"]} == {(p.id, p.ip, p.udp_port) for p in s.clients.values()}
 
 
+@NOT_YET
 def test_output_frames_exact(run):
     """Every expected frame on its port and nothing else, rewritten, checksums right, bodies
     intact, Ethernet trailers cut (the host's output port, by the pipeline's send length)."""
@@ -70,6 +78,7 @@ def test_output_frames_exact(run):
     assert not problems, "\n".join(problems)
 
 
+@NOT_YET
 def test_every_drop_named(run):
     drops = run["counters"]["drops"]
     assert list(drops) == p4prog.drop_reasons()
@@ -78,12 +87,14 @@ def test_every_drop_named(run):
         assert drops[reason] == 0
 
 
+@NOT_YET
 def test_types_and_arp(run):
     c = run["counters"]
     assert c["types"] == run["suite"].expected_types()
     assert c["arp"]["replies"] == run["suite"].expected_arp_replies()
 
 
+@NOT_YET
 def test_port_counters_and_conservation(run):
     """rx = tx + drops per the pipeline's counters; bytes as the DPDK card counts them (tx: the
     bytes sent, after the trailer is cut); the host lost nothing and sent what the pipeline did."""
@@ -100,6 +111,7 @@ def test_port_counters_and_conservation(run):
     assert sum(p["rx_ring_full"] + p["rx_no_headroom"] + p["tx_full"] + p["tx_bad_meta"] for p in host) == 0
 
 
+@NOT_YET
 def test_state_map_tracked(run):
     """The map holds exactly the messages in flight, in the reference model's states, with the
     request's v2 header, fragments and body bytes as the model has them."""
@@ -120,6 +132,7 @@ def test_state_map_tracked(run):
     assert c["drops"]["state_full"] == 0 and c["state"]["expired"] == 0
 
 
+@NOT_YET
 def test_completed_messages(run):
     c, want = run["counters"], run["suite"].expected_completed()
     assert c["completed"] == {t.name: want["all"].get(t.name, 0) for t in sorted(consts.REPLY_TYPES)}
