@@ -246,7 +246,8 @@ def relocate_metadata(spec: str) -> tuple[str, dict]:
 
     Kept in metadata: the program's own ``local_metadata_*`` and the architecture's ``pna_*``
     fields, ``table_entry_index`` (``entryid``), table and learner keys, and the operands of
-    ``rx``, ``tx`` and ``hash`` (its source is a range of consecutive metadata fields).
+    ``rx``, ``tx`` and ``hash`` (its source is a range of consecutive metadata fields); a
+    ``hash`` destination goes first (22.11 truncates its offset in bits to 8 bits).
 
     Returns:
         ``(spec, {"metadata_bytes", "moved_fields", "scratch_headers"})``.
@@ -271,7 +272,15 @@ def relocate_metadata(spec: str) -> tuple[str, dict]:
         if line.strip().split(":")[-1].split()[0] == "hash" and len(names) >= 3:
             lo, hi = order[names[1]], order[names[2]]   # the source range, first to last field
             keep |= {n for _, n in fields[lo:hi + 1]}
-    kept = [(w, n) for w, n in fields if n in keep]
+    # hash destinations first: DPDK 22.11's hash instruction keeps its destination's offset as
+    # (uint8_t)(offset in bits) / 8 (rte_swx_pipeline.c, instr_hash_translate), so it must lie in
+    # the first 32 bytes of the metadata (further on, the hash lands in another field)
+    hash_dst = set()
+    for line in _re.findall(r"^\s*(?:\w+ :\s*)?hash\b.*$", spec, _re.M):
+        names = _re.findall(r"\bm\.(\w+)", line)
+        if names:
+            hash_dst.add(names[0])
+    kept = [(w, n) for w, n in fields if n in hash_dst] + [(w, n) for w, n in fields if n in keep - hash_dst]
     kept_bytes = sum(w // 8 for w, _ in kept)
     if kept_bytes >= STRUCT_ADDRESSABLE:
         raise P4DpdkError(f"the pipeline's metadata that must stay metadata is {kept_bytes} bytes; DPDK's SWX "

@@ -21,12 +21,13 @@ from embnic.control.target_p4dpdk import SwxProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-#: What does not hold yet on the SWX pipeline (issue 27, item 3): the state map's slot hash comes out 0
-#: for every message (all collide on slot 0: replies are unsolicited_reply) and the incremental UDP
-#: checksum of forwarded frames differs; the tables, the port counters, the IPv4 header checksum and
-#: the drops before the state map agree. Strict: a test that starts passing fails until this goes.
-NOT_YET = pytest.mark.xfail(strict=True, reason="SWX pipeline: slot hash 0 and UDP checksum wrong "
-                                                "(p4/README.md, 'PNA on DPDK': not yet conformant)")
+#: What does not hold yet on the SWX pipeline (issue 27, item 3): a request's entry is made in the
+#: slot the control plane computes, but a reply to it finds none (unsolicited_reply), and the
+#: incremental UDP checksum of forwarded frames differs; the tables, the port counters, the IPv4
+#: header checksum and the drops before the state map agree. Strict: a test that starts passing
+#: fails until this goes.
+NOT_YET = pytest.mark.xfail(strict=True, reason="SWX pipeline: replies find no state entry, UDP checksum "
+                                                "wrong (p4/README.md, 'PNA on DPDK': not yet conformant)")
 
 #: Every way the PNA card differs from the DPDK card on these cases (p4/README.md, "Differences").
 TARGET_DIFFERENCES = {
