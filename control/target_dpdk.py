@@ -228,6 +228,24 @@ class DpdkTarget(Target):
         owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
         return CtlClient(path, timeout=self.timeout if timeout is None else timeout, load_hint=hint, owner=owner, gone=gone)
 
+    def _ready_info(self, proc: DpdkProcess, ctl: str, program: str) -> dict:
+        """Wait until the started card ``proc`` answers ``ping`` on ``ctl``; its ``info``, after
+        checking that it has a DPDK port for every ``[[card.ports]]`` entry.
+
+        Raises:
+            OperationalError: it did not become ready (DpdkProcess.wait_ready), or a port is missing
+                (names ``program``, the ports it has and the fix).
+        """
+        probe = CtlClient(ctl, timeout=1.0)
+        proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout, f"answer `ping` on {ctl}")
+        info = self.info()
+        have = {int(p["port"]) for p in info.get("ports", [])}
+        for i, p in enumerate(self.config.card.ports):
+            if p.id not in have:
+                raise OperationalError(f"card.ports[{i}] is DPDK port {p.id} but {program} has ports "
+                                       f"{sorted(have)}: give one --vdev per card port")
+        return info
+
     # ------------------------------------------------------------------ command line
     def eal_argv(self) -> list[str]:
         """EAL arguments: ``eal_args`` (then ``-a BDF`` per PCI device) or the defaults, then one
@@ -370,14 +388,7 @@ class DpdkTarget(Target):
         }
         write_state(self.run_dir, self.instance, state)
         try:
-            probe = CtlClient(ctl, timeout=1.0)
-            proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout, f"answer `ping` on {ctl}")
-            info = self.info()
-            have = {int(p["port"]) for p in info.get("ports", [])}
-            for i, p in enumerate(self.config.card.ports):
-                if p.id not in have:
-                    raise OperationalError(f"card.ports[{i}] is DPDK port {p.id} but embnic-dp has ports "
-                                           f"{sorted(have)}: give one --vdev per card port")
+            info = self._ready_info(proc, ctl, "embnic-dp")
             for r in routes:
                 self.route_add(r)
             for c in clients:

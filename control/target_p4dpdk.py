@@ -314,14 +314,8 @@ class P4DpdkTarget(DpdkTarget):
                  "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time()}
         write_state(self.run_dir, self.instance, state)
         try:
-            probe = CtlClient(ctl, timeout=1.0)
-            proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout, f"answer `ping` on {ctl}")
-            info = self.info()
-            have = {int(p["port"]) for p in info.get("ports", [])}
+            info = self._ready_info(proc, ctl, "embnic-swx")
             for i, p in enumerate(self.config.card.ports):
-                if p.id not in have:
-                    raise OperationalError(f"card.ports[{i}] is DPDK port {p.id} but embnic-swx has ports "
-                                           f"{sorted(have)}: give one --vdev per card port")
                 if p.mac is None:
                     raise ConfigError(f"card.ports[{i}].mac", "required by the p4dpdk target (the pipeline "
                                       "writes the card's MAC into every frame it sends): add mac = \"02:..\"",
