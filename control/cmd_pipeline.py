@@ -59,7 +59,8 @@ def _ports_line(info: dict) -> str:
 @click.option("--card-args", metavar="ARGS", default=None,
               help="More embnic-dp arguments after '--' (one shell-quoted string), e.g. '--burst 16'.")
 @click.option("--idle-us", type=click.IntRange(0, 1_000_000), default=None,
-              help="Card sleeps this many µs when a poll finds nothing (cores shared with servers/clients).")
+              help="dpdk target: the card sleeps this many µs when a poll finds nothing (cores shared with "
+                   "servers/clients).")
 @click.option("--lcores", metavar="LIST", default=None,
               help="EAL lcore list, e.g. 0 or 0,1 (default: card.lcores of the config).")
 @click.option("--netns", metavar="NS", default=None,
@@ -99,6 +100,9 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, 
     """
     s = resolve(config, target, name, ctl, binary, eal_args, vdevs, netns, card_args, require_config=True)
     if idle_us is not None:
+        if s.target != "dpdk":
+            raise click.UsageError(f"--idle-us is an embnic-dp option (the dpdk target); the {s.target} target "
+                                   "has no idle sleep: leave it out")
         s.card_args += ["--idle-us", str(idle_us)]
     with config_errors():
         opts = {}

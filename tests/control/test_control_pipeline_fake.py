@@ -225,6 +225,16 @@ def test_eal_args_replace_defaults(invoke, env, dp, card_config):
     assert invoke("pipeline", "unload").exit_code == 0
 
 
+@pytest.mark.parametrize("target", ["p4dpdk", "bmv2"])
+def test_idle_us_is_refused_before_anything_on_other_targets(invoke, env, card_config, target):
+    """embnic-swx rejected --idle-us only after the pipeline's compile (exit 1, 12 s): exit 2 first."""
+    r = invoke("pipeline", "load", "--target", target, "-c", card_config, *VDEVS, "--idle-us", "50")
+    assert r.exit_code == 2, r.output
+    assert r.output == (f"Error: --idle-us is an embnic-dp option (the dpdk target); the {target} target has no "
+                        "idle sleep: leave it out (see 'cli pipeline load --help')\n")
+    assert read_state(env, "embnic") is None
+
+
 def test_card_args_and_idle_us(invoke, env, dp, card_config):
     card_config.write_text(card_config.read_text() + '\n[control]\ncard_args = ["--burst", "16"]\n')
     r = invoke("pipeline", "load", "-c", card_config, "--binary", dp, *VDEVS, "--idle-us", "50")
