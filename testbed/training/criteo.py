@@ -468,3 +468,19 @@ def load_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
         return blocks[0]
     return CriteoData(np.concatenate([b.labels for b in blocks]), np.concatenate([b.dense for b in blocks]),
                       np.concatenate([b.sparse for b in blocks]), r, blocks[0].first_line)
+
+
+def feature_tables(cfg, n_features: int) -> list[int]:
+    """Table id of every sparse feature (column ``C{j+1}``, j in 0..n_features-1): the table named
+    ``C{j+1}`` if the config has one, else the ``j mod T``-th table in config order (features
+    then share tables). What every trainer and the planner use.
+
+    Args:
+        cfg: a :class:`~embnic.client_lib.config.ClusterConfig` (its ``tables``, T ≥ 1).
+        n_features: F.
+
+    Returns:
+        F table ids (ints).
+    """
+    by_name = {t.name: t.id for t in cfg.tables}
+    return [by_name.get(f"C{j + 1}", cfg.tables[j % len(cfg.tables)].id) for j in range(n_features)]

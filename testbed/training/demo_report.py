@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import report as R
-
-if TYPE_CHECKING:
-    from .demo import DemoOptions
+from .demo_options import DemoOptions
 
 LOSS_TOL = 1e-6  #: largest |Δ| of a step's loss through the card vs the in-process run
 PROBE_TARGET = 2.0  #: target: lookup p50 at most this many times the probe RTT p50 of the same run

@@ -32,7 +32,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnic.client_lib.config import ClusterConfig
 
-from .train import TrainResult, feature_tables
+from .criteo import feature_tables
+from .result import TrainResult
 
 DENSE_HIDDEN = 64  #: width of the hidden layer of the bottom and the top MLP
 
@@ -40,7 +41,7 @@ DENSE_HIDDEN = 64  #: width of the hidden layer of the bottom and the top MLP
 def table_configs(cfg: ClusterConfig, n_sparse: int) -> tuple[list[EmbeddingBagConfig], dict[str, int], int]:
     """The DLRM's tables: one ``EmbeddingBagConfig`` per cluster table a feature reads.
 
-    Feature ``C{j+1}`` reads table :func:`~embnic.testbed.training.train.feature_tables` gives it; a
+    Feature ``C{j+1}`` reads table :func:`~embnic.testbed.training.criteo.feature_tables` gives it; a
     table read by several features gets one ``EmbeddingBagConfig`` listing them all.
 
     Returns:

@@ -10,7 +10,6 @@ same config, data and seed both give the same losses (bit-identical floats).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Callable, Protocol
 
@@ -22,6 +21,11 @@ from embnic.client_lib.local import flat_calls
 from embnic.client_lib.config import ClusterConfig
 
 from . import model
+from .criteo import feature_tables
+from .result import TrainResult
+
+__all__ = ["TrainResult", "feature_tables", "train", "evaluate", "embed_batch", "trained_rows",
+           "load_training_data", "trainer", "MODELS"]
 
 
 class Backend(Protocol):
@@ -30,33 +34,6 @@ class Backend(Protocol):
     def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]: ...
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None: ...
-
-
-@dataclasses.dataclass
-class TrainResult:
-    """Outcome of :func:`train`.
-
-    Attributes:
-        loss: per-step training loss (mean BCE), length ``steps``.
-        auc: ROC AUC on the evaluation rows (None without eval data).
-        eval_loss: mean BCE on the evaluation rows.
-        ids, unique_ids: sparse ids seen and unique (per table, per batch) over all steps.
-        step_time_s: wall time per step.
-        params: the trained dense parameters.
-    """
-
-    loss: list
-    auc: float | None
-    eval_loss: float | None
-    ids: int
-    unique_ids: int
-    step_time_s: list
-    params: model.DenseParams
-
-    @property
-    def dedup_ratio(self) -> float:
-        """unique ids / all ids over the run's batches."""
-        return self.unique_ids / self.ids if self.ids else 1.0
 
 
 class PerTableAdapter:
@@ -82,13 +59,6 @@ def as_backend(obj) -> Backend:
     from embnic.client_lib.local import LocalBackend
 
     return PerTableAdapter(obj) if isinstance(obj, LocalBackend) else obj
-
-
-def feature_tables(cfg: ClusterConfig, n_features: int) -> list[int]:
-    """Table id of every sparse feature: the table named ``C{j+1}`` if the config has one,
-    else the ``j mod T``-th table in config order (features then share tables)."""
-    by_name = {t.name: t.id for t in cfg.tables}
-    return [by_name.get(f"C{j + 1}", cfg.tables[j % len(cfg.tables)].id) for j in range(n_features)]
 
 
 def _embeddings(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray, ftab: list[int]):
