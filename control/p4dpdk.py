@@ -199,6 +199,7 @@ def build_pipeline(out_dir: Path | None = None, main: Path | None = None) -> Pip
         # DPDK 22.11 addresses 256 bytes of metadata: p4c-dpdk's temporaries go to scratch headers
         os.replace(spec, tmp / "embnic.p4c-dpdk.spec")
         text, moved = relocate_metadata((tmp / "embnic.p4c-dpdk.spec").read_text())
+        text, moved["regadd_immediates"] = split_regadd_immediates(text)
         spec.write_text(text)
         (tmp / "relocation.json").write_text(json.dumps(moved) + "\n")
         code = tmp / "embnic.c"
@@ -220,6 +221,42 @@ def build_pipeline(out_dir: Path | None = None, main: Path | None = None) -> Pip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return pipe
+
+
+# --------------------------------------------------------------------------- regadd with two immediates
+#: the metadata field :func:`split_regadd_immediates` adds (the increment, moved out of the instruction)
+REGADD_SOURCE = "embnic_regadd_src"
+_REGADD_RII = re.compile(r"^(\s*(?:\w+ :\s*)?)regadd (\S+) (0x[0-9A-Fa-f]+|\d+) (0x[0-9A-Fa-f]+|\d+)[ \t]*$", re.M)
+
+
+def split_regadd_immediates(spec: str) -> tuple[str, int]:
+    """The spec with every ``regadd ARRAY INDEX VALUE`` whose index and value are both
+    immediates rewritten as ``mov m.embnic_regadd_src VALUE`` + ``regadd ARRAY INDEX
+    m.embnic_regadd_src`` (the field added to the metadata struct).
+
+    Why: DPDK 22.11 translates that form (``INSTR_REGADD_RII``) without its register array:
+    the generated pipeline's instruction keeps ``regarray_id = 0`` whatever the array, so it
+    adds to the first array the spec declares. This program's ``arp_replies.count(0)`` and
+    ``state_expired.count(0)`` (p4c-dpdk: ``regadd _arp_replies_0 0x0 1``) counted into
+    ``rx_frames`` port 0 instead: ARP replies and expired entries were never counted, and port 0
+    received frames it never got. An index or value from a field translates right.
+
+    Returns:
+        ``(spec, number of instructions rewritten)``.
+    Raises:
+        P4DpdkError: the spec has no metadata struct.
+    """
+    m = re.search(r"^metadata instanceof (\w+)\s*$", spec, re.M)
+    if not m:
+        raise P4DpdkError("the pipeline spec has no metadata struct (not p4c-dpdk's output?)")
+    spec, n = _REGADD_RII.subn(lambda x: f"{x.group(1)}mov m.{REGADD_SOURCE} {x.group(4)}\n"
+                                         f"\tregadd {x.group(2)} {x.group(3)} m.{REGADD_SOURCE}", spec)
+    if n:   # the field goes last: a hash destination must stay first (relocate_metadata)
+        body = re.search(r"^struct %s \{\n(.*?)^\}" % re.escape(m.group(1)), spec, re.S | re.M)
+        if not body:
+            raise P4DpdkError("the pipeline spec has no metadata struct (not p4c-dpdk's output?)")
+        spec = spec[:body.end(1)] + f"\tbit<64> {REGADD_SOURCE}\n" + spec[body.end(1):]
+    return spec, n
 
 
 # --------------------------------------------------------------------------- metadata relocation

@@ -60,10 +60,25 @@ control EmbnicEgress(inout headers_t hdr,
     apply {
         if (hdr.embnic.isValid()) {
             source_by_egress_port.apply();
-            bit<32> old_src = hdr.ipv4.src_addr;
-            bit<32> old_dst = hdr.ipv4.dst_addr;
-            bit<16> old_sport = hdr.udp.src_port;
-            bit<16> old_dport = hdr.udp.dst_port;
+            /* the UDP checksum first, from the header as it came and the values it gets: p4c-dpdk
+             * 1.2.4.8 propagates a copy of a header field (`old = hdr.f`) into later expressions, so
+             * an old value read after the field is rewritten is the new one */
+            if (hdr.udp.checksum != 0) {
+                /* HC' = ~(~HC + ~m + m') over the changed 16-bit words (RFC 1624, eqn. 3) */
+                meta.csum_a = (bit<32>)(~hdr.udp.checksum) +
+                    (bit<32>)(~(bit<16>)(hdr.ipv4.src_addr >> 16)) + (bit<32>)(~(bit<16>)hdr.ipv4.src_addr) +
+                    (bit<32>)(~(bit<16>)(hdr.ipv4.dst_addr >> 16)) + (bit<32>)(~(bit<16>)hdr.ipv4.dst_addr) +
+                    (bit<32>)(~hdr.udp.src_port) + (bit<32>)(~hdr.udp.dst_port) +
+                    (src_ip >> 16) + (src_ip & 0xffff) +
+                    (meta.peer_ip >> 16) + (meta.peer_ip & 0xffff) +
+                    (bit<32>)EMBNIC_UDP_PORT + (bit<32>)meta.peer_udp_port;
+                EMBNIC_FOLD16(meta)
+                bit<16> check = ~(bit<16>)meta.csum_c;
+                if (check == 0) {
+                    check = 0xffff;
+                }
+                hdr.udp.checksum = check;
+            }
 
             hdr.ethernet.dst_addr = meta.peer_mac;
             hdr.ethernet.src_addr = src_mac;
@@ -73,22 +88,6 @@ control EmbnicEgress(inout headers_t hdr,
             hdr.udp.src_port = EMBNIC_UDP_PORT;
             hdr.udp.dst_port = meta.peer_udp_port;
 
-            if (hdr.udp.checksum != 0) {
-                /* HC' = ~(~HC + ~m + m') over the changed 16-bit words (RFC 1624, eqn. 3) */
-                meta.csum_a = (bit<32>)(~hdr.udp.checksum) +
-                    (bit<32>)(~(bit<16>)(old_src >> 16)) + (bit<32>)(~(bit<16>)old_src) +
-                    (bit<32>)(~(bit<16>)(old_dst >> 16)) + (bit<32>)(~(bit<16>)old_dst) +
-                    (bit<32>)(~old_sport) + (bit<32>)(~old_dport) +
-                    (src_ip >> 16) + (src_ip & 0xffff) +
-                    (meta.peer_ip >> 16) + (meta.peer_ip & 0xffff) +
-                    (bit<32>)hdr.udp.src_port + (bit<32>)hdr.udp.dst_port;
-                EMBNIC_FOLD16(meta)
-                bit<16> check = ~(bit<16>)meta.csum_c;
-                if (check == 0) {
-                    check = 0xffff;
-                }
-                hdr.udp.checksum = check;
-            }
             /* the IPv4 header checksum of the rewritten header */
             bit<16> ip_sum;
             hdr.ipv4.hdr_checksum = 0;

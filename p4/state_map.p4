@@ -2,14 +2,16 @@
  *
  * StateMap: every message in flight, in register arrays indexed by a slot
  *
- *     slot = crc32(client_id ++ msg_id) mod STATE_SLOTS
+ *     home = crc32(client_id ++ msg_id) mod STATE_SLOTS,  slot = home or home ^ 1
  *
  * (the architecture's CRC hash, EMBNIC_SLOT_HASH: zlib's CRC-32 over the
  * 6 bytes client_id (big-endian u16) ++ msg_id (big-endian u32) on
  * v1model, DPDK's CRC-32C on PNA, p4/pna/arch.p4; the control plane
- * computes the same slot in Python). A slot holds the full
- * (client_id, msg_id), so another message hashing to a live slot is seen
- * and dropped as state_full, never mixed in. The rules are the DPDK card's
+ * computes the same home slot in Python). Two ways: a message takes its
+ * home slot, or the neighbour when another message holds the home slot (a
+ * frame of it looks in both). A slot holds the full (client_id, msg_id), so
+ * a third message on a pair of live slots is seen and dropped as
+ * state_full, never mixed in. The rules are the DPDK card's
  * (docs/protocol.md, docs/control-socket.md):
  *
  * - A request fragment opens the entry (the request's type, shard and
@@ -32,7 +34,7 @@
  * - Completed messages are counted by reply type (messages_completed) and
  *   by shard (completed_by_shard).
  * - No timer runs in the pipeline: an entry idle longer than the timeout
- *   is expired when a frame next touches its slot (counted in
+ *   is expired when a frame next looks at its slot (counted in
  *   state_expired), and the slot is then free. The clock is meta.now_us
  *   (v1model: ingress_global_timestamp; PNA: the DPDK host's, p4/pna/arch.p4).
  *
@@ -87,7 +89,6 @@ control StateMap(inout headers_t hdr,
 
     apply {
         EMBNIC_SLOT_HASH(meta.slot, hdr.embnic.client_id, hdr.embnic.msg_id);
-        slot_t s = meta.slot & (STATE_SLOTS - 1);
         bit<48> key = ((bit<48>)hdr.embnic.client_id << 32) | (bit<48>)hdr.embnic.msg_id;
         bit<48> now = meta.now_us;
         bit<48> timeout;
@@ -95,16 +96,56 @@ control StateMap(inout headers_t hdr,
         if (timeout == 0) {
             timeout = STATE_TIMEOUT_US;
         }
-        bit<8> state;
-        bit<48> stored_key;
-        bit<48> last_us;
-        EMBNIC_READ(state, slot_state, s);
-        EMBNIC_READ(stored_key, slot_key, s);
-        EMBNIC_READ(last_us, slot_last_us, s);
-        if (state != STATE_FREE && now - last_us > timeout) {
-            EMBNIC_COUNT(state_expired, 0);
-            state = STATE_FREE;
-            slot_state.write(s, STATE_FREE);
+        /* two ways: the home slot h and its neighbour h ^ 1; either expires here when idle
+         * (nested ifs: p4c-dpdk 1.2.4.8 lowers `state != STATE_FREE && now - last_us > timeout`
+         * without its second operand, so every live entry expired at the next frame) */
+        slot_t home = meta.slot & (STATE_SLOTS - 1);
+        slot_t other = home ^ 1;
+        bit<8> home_state;
+        bit<48> home_key;
+        bit<48> home_last_us;
+        bit<8> other_state;
+        bit<48> other_key;
+        bit<48> other_last_us;
+        EMBNIC_READ(home_state, slot_state, home);
+        EMBNIC_READ(home_key, slot_key, home);
+        EMBNIC_READ(home_last_us, slot_last_us, home);
+        EMBNIC_READ(other_state, slot_state, other);
+        EMBNIC_READ(other_key, slot_key, other);
+        EMBNIC_READ(other_last_us, slot_last_us, other);
+        bit<48> home_idle = now - home_last_us;
+        bit<48> other_idle = now - other_last_us;
+        if (home_state != STATE_FREE) {
+            if (home_idle > timeout) {
+                EMBNIC_COUNT(state_expired, 0);
+                home_state = STATE_FREE;
+                slot_state.write(home, STATE_FREE);
+            }
+        }
+        if (other_state != STATE_FREE) {
+            if (other_idle > timeout) {
+                EMBNIC_COUNT(state_expired, 0);
+                other_state = STATE_FREE;
+                slot_state.write(other, STATE_FREE);
+            }
+        }
+        /* the way that holds this message, else a free one (home first), else home (held by
+         * another message: state_full for a request, unsolicited_reply for a reply) */
+        slot_t s = home;
+        bit<8> state = home_state;
+        bit<48> stored_key = home_key;
+        if (home_state != STATE_FREE && home_key == key) {
+            s = home;
+        } else if (other_state != STATE_FREE && other_key == key) {
+            s = other;
+            state = other_state;
+            stored_key = other_key;
+        } else if (home_state == STATE_FREE) {
+            s = home;
+        } else if (other_state == STATE_FREE) {
+            s = other;
+            state = other_state;
+            stored_key = other_key;
         }
         /* FrameValidation passed: 1 <= frag_count <= 256 and frag_index < frag_count */
         bit<32> word = (s << FRAG_WORD_SHIFT) | (bit<32>)(hdr.embnic.frag_index >> 6);

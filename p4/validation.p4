@@ -131,8 +131,13 @@ control FrameValidation(in headers_t hdr,
             EMBNIC_MUL9(last_x_len, last, len)
             EMBNIC_MUL9(idx_x_len, idx, len)
 
+            /* `a >= b` written `a + 1 > b` in these || chains: p4c-dpdk 1.2.4.8 lowers a >= (which
+             * the SWX pipeline has no jump for) in an || wrongly, as a jump past the then-branch
+             * or none at all */
+            bit<64> idx_end = idx + 1;
+            bit<64> last_x_len_end = last_x_len + 1;
             if (hdr.embnic.frag_len != payload || hdr.embnic.frag_count == 0 || end > msg_len ||
-                hdr.embnic.frag_index >= hdr.embnic.frag_count) {
+                idx_end > count) {
                 meta.drop_reason = DROP_BAD_LENGTH;
             } else if (want != msg_len || !counts_ok) {
                 meta.drop_reason = DROP_BAD_LENGTH;
@@ -146,7 +151,7 @@ control FrameValidation(in headers_t hdr,
             } else if (idx < last) {
                 /* a full fragment: P = frag_len, offset i*P, ceil(msg_len/P) = frag_count */
                 if (len == 0 || idx_x_len != off || last_x_len + len < msg_len ||
-                    last_x_len >= msg_len) {
+                    last_x_len_end > msg_len) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
                 }
             } else if (end != msg_len) {

@@ -21,14 +21,6 @@ from embnic.control.target_p4dpdk import SwxProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-#: What does not hold yet on the SWX pipeline (issue 27, item 3): a request's entry is made in the
-#: slot the control plane computes, but a reply to it finds none (unsolicited_reply), and the
-#: incremental UDP checksum of forwarded frames differs; the tables, the port counters, the IPv4
-#: header checksum and the drops before the state map agree. Strict: a test that starts passing
-#: fails until this goes.
-NOT_YET = pytest.mark.xfail(strict=True, reason="SWX pipeline: replies find no state entry, UDP checksum "
-                                                "wrong (p4/README.md, 'PNA on DPDK': not yet conformant)")
-
 #: Every way the PNA card differs from the DPDK card on these cases (p4/README.md, "Differences").
 TARGET_DIFFERENCES = {
     "drops": "ring_full, no_mbuf, tx_full and too_long_for_port are the C card's resources (header ring, "
@@ -36,6 +28,12 @@ TARGET_DIFFERENCES = {
              "counts its own ring and TX losses apart, as host counters)",
     "completed": "per shard, the P4 card counts completed messages (all reply types together) and keeps "
                  "no latency histogram",
+    "order": "DPDK's SWX pipeline interleaves up to 16 frames (a thread yields at every rx and table "
+             "lookup), so frames that take different paths through it can leave in another order than "
+             "they came in: the order is kept per message (and for the ARP replies of a port), as on "
+             "the C card with its state map split over lcores (check_outputs order='message')",
+    "slot": "the state map is direct-mapped with two ways: a message is in its home slot "
+            "(p4prog.state_slot) or, when another message holds that, in the neighbour home ^ 1",
 }
 CARD_MACS = {0: "02:cc:00:00:00:00", 1: "02:cc:00:00:00:01", 2: "02:cc:00:00:00:02"}
 
@@ -71,15 +69,13 @@ def test_tables_programmed(run):
     assert {(c.id, c.ip, c.udp_port) for c in run["clients"]} == {(p.id, p.ip, p.udp_port) for p in s.clients.values()}
 
 
-@NOT_YET
 def test_output_frames_exact(run):
     """Every expected frame on its port and nothing else, rewritten, checksums right, bodies
     intact, Ethernet trailers cut (the host's output port, by the pipeline's send length)."""
-    problems = check_outputs(run["suite"], run["out"], CARD_MACS)
+    problems = check_outputs(run["suite"], run["out"], CARD_MACS, order="message")  # TARGET_DIFFERENCES["order"]
     assert not problems, "\n".join(problems)
 
 
-@NOT_YET
 def test_every_drop_named(run):
     drops = run["counters"]["drops"]
     assert list(drops) == p4prog.drop_reasons()
@@ -88,14 +84,12 @@ def test_every_drop_named(run):
         assert drops[reason] == 0
 
 
-@NOT_YET
 def test_types_and_arp(run):
     c = run["counters"]
     assert c["types"] == run["suite"].expected_types()
     assert c["arp"]["replies"] == run["suite"].expected_arp_replies()
 
 
-@NOT_YET
 def test_port_counters_and_conservation(run):
     """rx = tx + drops per the pipeline's counters; bytes as the DPDK card counts them (tx: the
     bytes sent, after the trailer is cut); the host lost nothing and sent what the pipeline did."""
@@ -112,7 +106,6 @@ def test_port_counters_and_conservation(run):
     assert sum(p["rx_ring_full"] + p["rx_no_headroom"] + p["tx_full"] + p["tx_bad_meta"] for p in host) == 0
 
 
-@NOT_YET
 def test_state_map_tracked(run):
     """The map holds exactly the messages in flight, in the reference model's states, with the
     request's v2 header, fragments and body bytes as the model has them."""
@@ -128,12 +121,12 @@ def test_state_map_tracked(run):
             m["type"], m["shard"], m["num_tables"], m["num_keys"], m["value_len"], m["msg_len"]), e
         assert (e["frag_count"], e["frags_in"], e["frags_out"]) == (m["n_in"], len(m["in"]), len(m["out"])), e
         assert (e["bytes_in"], e["bytes_out"]) == (m["bytes_in"], m["bytes_out"]), e
-        assert e["slot"] == p4prog.state_slot(e["client_id"], e["msg_id"], arch="pna")
+        home = p4prog.state_slot(e["client_id"], e["msg_id"], arch="pna")
+        assert e["slot"] in (home, home ^ 1)                                    # TARGET_DIFFERENCES["slot"]
     c = run["counters"]
     assert c["drops"]["state_full"] == 0 and c["state"]["expired"] == 0
 
 
-@NOT_YET
 def test_completed_messages(run):
     c, want = run["counters"], run["suite"].expected_completed()
     assert c["completed"] == {t.name: want["all"].get(t.name, 0) for t in sorted(consts.REPLY_TYPES)}
