@@ -30,7 +30,8 @@ from embnic.control.p4runtime import TableEntry
 def state_slot(client_id, msg_id, slots: int | None = None):
     """State map slot of (client_id, msg_id): ``crc32(be16 client_id ++ be32 msg_id) % slots``.
 
-    The slot ``StateMap`` (p4/state_map.p4) writes. Scalars or numpy arrays of equal shape
+    The home slot ``StateMap`` (p4/state_map.p4) writes (or its neighbour ``slot ^ 1``, when
+    another live message holds it). Scalars or numpy arrays of equal shape
     (``uint16``/``uint32``-valued ints); returns an int, or an int64 array of the same shape.
 
     Example: ``state_slot(1, 1001)`` is ``zlib.crc32(bytes([0, 1, 0, 0, 3, 0xE9])) % 4096``.

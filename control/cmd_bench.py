@@ -77,9 +77,9 @@ def prep(out, batch_size, repeats):
 @click.option("--state-lcores", type=click.IntRange(1, 2), default=2, show_default=True,
               help="2: also the distinct workload on the card with 2 state lcores against testpmd with 2 "
                    "forwarding lcores (dpdk target); 1: skip it.")
-@click.option("--p4dpdk/--no-p4dpdk", "p4dpdk", default=False, show_default=True,
-              help="Also the P4 card for PNA in DPDK's SWX pipeline (embnic-swx; needs p4c-dpdk). Off by "
-                   "default: the pipeline does not pass every conformance case yet (p4/README.md).")
+@click.option("--p4dpdk/--no-p4dpdk", "p4dpdk", default=True, show_default=True,
+              help="Also the P4 card for PNA in DPDK's SWX pipeline (embnic-swx; needs p4c-dpdk: "
+                   "skipped in one line without it).")
 def dataplane(out, seconds, target, state_lcores, p4dpdk):
     """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
     the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and over a veth
@@ -87,7 +87,7 @@ def dataplane(out, seconds, target, state_lcores, p4dpdk):
     (every state-map entry inserted and freed: distinct_msgs_per_s), also with the state map
     partitioned over 2 state lcores against testpmd on 2 forwarding lcores
     (distinct_2state_msgs_per_s, reported with the cross-CPU round trip, not gated); the card's
-    two-lcore pipeline beside; with --p4dpdk, the P4 card for PNA in DPDK's SWX pipeline
+    two-lcore pipeline beside; the P4 card for PNA in DPDK's SWX pipeline
     (embnic-swx, one lcore) on the main and distinct workloads (`p4dpdk`: its rate from the
     pipeline's output port statistics, ratios to the card and to testpmd io; else why it was
     skipped). bench.json's `targets` says which targets are met.

@@ -211,8 +211,9 @@ def crc32c_raw(data: bytes, init: int = 0) -> int:
 
 
 def state_slot(client_id: int, msg_id: int, arch: str = "v1model", slots: int | None = None) -> int:
-    """The state map slot the program on ``arch`` gives (client_id, msg_id) (p4/state_map.p4,
-    ``EMBNIC_SLOT_HASH``):
+    """The home slot the program on ``arch`` gives (client_id, msg_id) (p4/state_map.p4,
+    ``EMBNIC_SLOT_HASH``; the message is there, or in the neighbour ``home ^ 1`` when another
+    live message held the home slot when it came):
 
     * ``v1model``: zlib's CRC-32 of ``be16 client_id ++ be32 msg_id``, mod STATE_SLOTS (BMv2's
       ``HashAlgorithm.crc32``);

@@ -229,12 +229,6 @@ class SwxCard:
         return [{f: regs[f][(head - k) % size] for f in RING_FIELDS} for k in range(1, min(last, head, size) + 1)]
 
 
-#: said at every load until the PNA pipeline passes the conformance suite (issue 27 item 3)
-INCOMPLETE = ("the p4dpdk target is incomplete: the PNA pipeline drops replies as unsolicited_reply (its "
-              "state map loses the entry) and forwards frames with a wrong UDP checksum; use --target dpdk or "
-              "bmv2 for traffic (p4/README.md, 'Not yet conformant')")
-
-
 class P4DpdkTarget(DpdkTarget):
     """The embnic pipeline as the P4 program for PNA in DPDK's SWX pipeline (embnic-swx).
 
@@ -328,7 +322,7 @@ class P4DpdkTarget(DpdkTarget):
             proc.stop(self.stop_timeout)
             remove_state(self.run_dir, self.instance)
             raise
-        return {**state, "routes": len(routes), "clients": len(clients), "info": info, "warnings": [INCOMPLETE]}
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
 
     # ------------------------------------------------------------------ tables
     def _check_port(self, e: Entry) -> None:

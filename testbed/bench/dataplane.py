@@ -600,8 +600,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         runs["card_pipeline"] = (measure_card, (binary, [src, sink], lcores, seconds, warmup), card_kw)
     # the P4 card for PNA in DPDK's SWX pipeline, on the same vdevs and lcore (testbed/bench/p4dpdk.py)
     from embnic.testbed.bench import p4dpdk as bench_pna
-    # off by default until the PNA pipeline passes the conformance cases (tests/p4/test_p4dpdk_conformance.py)
-    pna_skip = bench_pna.available() if kw.get("p4dpdk", False) else "not asked for (--p4dpdk)"
+    pna_skip = bench_pna.available() if kw.get("p4dpdk", True) else "not asked for (--no-p4dpdk)"
     if pna_skip is None:
         from embnic.control import p4dpdk
 

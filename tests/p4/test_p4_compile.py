@@ -86,3 +86,22 @@ def test_pna_program_compiles_warning_free_with_p4c_dpdk(tmp_path):
     assert {"route_by_shard", "client_by_id", "sender_allowlist", "card_port_by_ingress",
             "source_by_egress_port"} <= set(names.tables)
     assert names.counter("rx_frames", "bytes").endswith("_bytes") and "slot_state" in names.registers
+    # no regadd with an immediate index and value is left (DPDK 22.11 drops its array id)
+    text, n = p4dpdk.split_regadd_immediates(text)
+    assert n >= 3 and not p4dpdk._REGADD_RII.search(text)    # arp_replies, state_expired (both ways)
+
+
+def test_regadd_with_two_immediates_is_split():
+    """split_regadd_immediates moves the increment of `regadd ARRAY IMM IMM` into a metadata field
+    (placed last), keeps labels, and leaves every other regadd alone."""
+    from embnic.control import p4dpdk
+
+    spec = ("struct m_t {\n\tbit<32> local_metadata_slot\n}\nmetadata instanceof m_t\n\n"
+            "apply {\n\tregadd _a_0 0x0 1\n\tLABEL_X :\tregadd _b_0 3 0x2\n\tregadd _c_0 m.local_metadata_slot 1\n"
+            "\tregadd _d_0 0x0 m.local_metadata_slot\n}\n")
+    out, n = p4dpdk.split_regadd_immediates(spec)
+    assert n == 2
+    assert "struct m_t {\n\tbit<32> local_metadata_slot\n\tbit<64> embnic_regadd_src\n}" in out
+    assert "\tmov m.embnic_regadd_src 1\n\tregadd _a_0 0x0 m.embnic_regadd_src\n" in out
+    assert "\tLABEL_X :\tmov m.embnic_regadd_src 0x2\n\tregadd _b_0 3 m.embnic_regadd_src\n" in out
+    assert "\tregadd _c_0 m.local_metadata_slot 1\n\tregadd _d_0 0x0 m.local_metadata_slot\n" in out
