@@ -1,1 +1,26 @@
-"""embnic client library: what a training job links (protocol, batches, transport)."""
+"""embnic client library: what a training job links (protocol, batches, transport).
+
+Modules:
+
+* ``backend`` — the backend contract (``Backend``): where rows live, a round of every table per call
+* ``client`` — ``EmbeddingClient``: the shards as a backend, lookups and updates as embnic messages over UDP
+* ``local`` — ``LocalBackend``: the in-process reference backend, every table whole in this process
+* ``torch`` — the PyTorch / TorchRec front end (``RemoteEmbeddingBagCollection`` and its sharder; ``embnic[torch]``)
+* ``batch`` — batch preparation: KeyedJaggedTensor-style batches → per-table value/index/offset arrays, pooling
+* ``precheck`` — the checks of a whole lookup or update round before any of it is sent or applied
+* ``roundplan`` — one round planned flat: keys grouped by shard, cut into messages
+* ``native`` — the client's round I/O in C (``dataplane/client/round.c``) through ctypes
+* ``outstanding`` — a request message in flight in the transport
+* ``reassembly`` — reassembly of fragmented messages
+* ``rtt`` — round-trip time and retransmission timeout (RFC 6298)
+* ``routing`` — which shard holds an id
+* ``codec`` — frames encoded and decoded with numpy/struct (no Scapy on the hot path)
+* ``protocol`` — the embnic v2 header as a Scapy layer
+* ``consts`` — the wire protocol's constants, defined once
+* ``config`` — the cluster config (one TOML file every command reads)
+* ``table_numerics`` — the row store, row initialisation, SGD and row-wise Adagrad (shared with the shards)
+* ``splitmix`` — SplitMix64, the one 64-bit mixing function
+* ``sockets`` — UDP socket set-up shared by the client and the shard server
+* ``stats`` — one client's counters (``ClientStats``)
+* ``errors`` — the client library's errors
+"""

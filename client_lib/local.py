@@ -1,103 +1,132 @@
 """The in-process reference backend: every embedding table whole in this process.
 
-:class:`LocalBackend` has the network client's interface (``lookup``/``update`` per table) and
-the parameter-server shards' numerics, bit for bit: both use
-:mod:`embnic.client_lib.table_numerics` (row store, initialisation, SGD / row-wise Adagrad).
-``embnic train --local`` and the demo's reference run train through it.
+:class:`LocalBackend` implements the backend contract (:class:`~embnic.client_lib.backend.Backend`:
+a round of every table per call, mapping or flat) with the parameter-server shards' numerics,
+bit for bit: both use :mod:`embnic.client_lib.table_numerics` (row store, initialisation, SGD /
+row-wise Adagrad), and it checks a round as the network client does
+(:mod:`embnic.client_lib.precheck`), so it refuses the same rounds, whole.
+``embnic train --local``, the demo's reference run and the DLRM workers' reference train
+through it.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
-from .config import ClusterConfig, id_ranges
-from .table_numerics import TableShard, validate_keys, validate_update, wire_round
+from . import precheck
+from .config import ClusterConfig
+from .consts import DType
+from .roundplan import TableArrays
+from .table_numerics import TableShard, shared_tables, wire_round
 
 
 class LocalBackend:
-    """The in-process reference: every table whole in this process, same interface as the
-    network client (``lookup``/``update``), same numerics as the servers, bit for bit.
+    """The in-process reference: every table whole in this process, the network client's
+    contract (:class:`~embnic.client_lib.backend.Backend`), the servers' numerics bit for bit.
 
-    Values make the same round trip as over the wire (:func:`wire_round` for fp16 tables).
+    Every table's rows are in one :class:`~embnic.client_lib.table_numerics.RowStore` (as a
+    shard's), so a round of any number of tables is one check
+    (:mod:`~embnic.client_lib.precheck`, the client's), one search and gather for a lookup, one
+    optimizer step for an update — no loop over tables. Values make the same round trip as over
+    the wire (:func:`~embnic.client_lib.table_numerics.wire_round` of an fp16 table's rows and
+    gradients).
 
     Args:
         cfg: the cluster config (tables, seed).
+
+    Attributes:
+        tables: ``{table_id: TableShard}``, each table's view of the store (``state()``, ``len()``).
     """
 
     def __init__(self, cfg: ClusterConfig):
         self.cfg = cfg
-        self.tables = {t.id: TableShard(t, cfg.seed) for t in cfg.tables}
+        self._ta = TableArrays(cfg)
+        self.store, views = shared_tables(list(cfg.tables), cfg.seed)
+        self.tables: dict[int, TableShard] = {t.id: views[t.id] for t in cfg.tables}  # config order
 
-    def _table(self, table_id: int) -> TableShard:
-        try:
-            return self.tables[table_id]
-        except KeyError:
-            raise ValueError(f"unknown table {table_id} (tables: {id_ranges(self.tables)})") from None
+    # -- the contract ---------------------------------------------------------------------------
 
-    def lookup(self, table_id: int, keys_unique: np.ndarray) -> np.ndarray:
-        """Rows of ``keys_unique`` (uint64 (N,)) of table ``table_id`` → float32 (N, dim).
-
-        Raises:
-            ValueError: unknown table or a key out of range.
-        """
-        ts = self._table(table_id)
-        k = validate_keys(ts.table, keys_unique)
-        return wire_round(ts.lookup(k), ts.table.dtype)
-
-    def update(self, table_id: int, keys_unique: np.ndarray, grads: np.ndarray) -> None:
-        """Apply gradients float32 (N, dim) to rows ``keys_unique`` uint64 (N,) (no duplicates).
+    def lookup(self, requests: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """Rows of every table of a round: ``{table_id: keys uint64 (N_t,)}`` (duplicates allowed)
+        → ``{table_id: float32 (N_t, dim_t)}`` (views of one array), in key order.
 
         Raises:
-            ValueError: unknown table, a key out of range, duplicate keys, wrong shape, or a
-                gradient the shards refuse with MALFORMED (NaN/inf, or a step that overflows
-                float32: :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`); nothing
-                of the update is applied then.
+            ValueError: naming the table, nothing looked up: unknown table, keys not 1-D
+                integers in 0..2^64-1, a key ``>= rows`` (:func:`~.precheck.lookup_round`).
         """
-        ts = self._table(table_id)
-        k, g = validate_update(ts.table, keys_unique, grads)
-        ts.apply(k, wire_round(g, ts.table.dtype))
+        tix, counts, keys = precheck.lookup_flat(self.cfg, self._ta, requests)
+        return self._split(tix, counts, self._rows(tix, counts, keys))
+
+    def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
+        """:meth:`lookup` of a flat round: ``table_ids`` int (T,) distinct, ``counts`` int (T,),
+        ``keys`` uint64 (Σ counts,) one table after the other → float32 (Σ counts_t·dim_t,).
+
+        Raises:
+            ValueError: as :meth:`lookup`, and counts that do not add up to the keys, a table twice.
+        """
+        return self._rows(*precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))
+
+    def update(self, updates: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Apply ``{table_id: (keys uint64 (N_t,) unique, grads float32 (N_t, dim_t))}`` with each
+        table's optimizer.
+
+        Raises:
+            ValueError: naming the table, nothing applied: unknown table, bad or duplicate keys,
+                a key ``>= rows``, grads not ``(N_t, dim_t)``, a gradient the shards refuse with
+                MALFORMED (NaN/inf, or a step that overflows float32:
+                :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`) —
+                :func:`~.precheck.update_round`.
+        """
+        self._apply(*precheck.update_flat(self.cfg, self._ta, updates))
+
+    def update_flat(self, table_ids, counts, keys, grads) -> None:
+        """:meth:`update` of a flat round: ``grads`` float32 (Σ counts_t·dim_t,), one table's
+        ``(counts_t, dim_t)`` rows after the other.
+
+        Raises:
+            ValueError: as :meth:`update`, and counts or gradients that do not fit the keys.
+        """
+        self._apply(*precheck.update_jagged(self.cfg, self._ta, table_ids, counts, keys, grads))
+
+    # -- reading the tables -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """``{table_id: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,))}``
-        of every table's updated rows."""
+        of every table's updated rows (master values, before any wire rounding)."""
         return {tid: ts.state() for tid, ts in self.tables.items()}
 
+    # -- the round, checked (tix: indices into TableArrays, counts int64, keys uint64) -------------
 
-def flat_calls(backend):
-    """``backend`` as ``(lookup(table_ids, counts, keys) -> float32 values, update(table_ids,
-    counts, keys, grads))`` over flat rounds — every table's keys one table after the other, rows
-    and gradients likewise, table ``t``'s ``(counts[t], dim_t)`` (what
-    :meth:`~embnic.client_lib.client.EmbeddingClient.lookup_flat` and ``update_flat`` take). An
-    ``EmbeddingClient`` takes them as they are; a :class:`LocalBackend` (the in-process
-    reference) or any backend of ``lookup({t: keys})`` / ``update({t: (keys, grads)})`` gets them
-    per table, after the whole round was checked (:mod:`~embnic.client_lib.precheck`), as the
-    network client checks it."""
-    from . import precheck
+    def _fp16_values(self, tix: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
+        """bool (Σ counts·dim,) marking the values of fp16 tables in a flat round, or None if none."""
+        fp16 = self._ta.dtype[tix] == DType.FP16
+        return np.repeat(fp16, counts * self._ta.dim[tix]) if fp16.any() else None
 
-    if hasattr(backend, "lookup_flat") and hasattr(backend, "update_flat"):
-        return backend.lookup_flat, backend.update_flat
-    cfg = backend.cfg if hasattr(backend, "cfg") else backend.inner.cfg
-    if isinstance(backend, LocalBackend):
-        def lookup_d(req):
-            return {t: backend.lookup(t, k) for t, k in precheck.lookup_round(cfg, req).items()}
+    def _rows(self, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """float32 (Σ counts·dim,): the round's rows, one table after the other, as received."""
+        if keys.size == 0:
+            return np.zeros(0, np.float32)
+        li = np.repeat(self.store.local_index(self._ta.ids[tix]), counts)
+        out = self.store.lookup(li, keys).reshape(-1)
+        m = self._fp16_values(tix, counts)
+        if m is not None:
+            out[m] = wire_round(out[m], DType.FP16)
+        return out
 
-        def update_d(upd):
-            for t, (k, g) in precheck.update_round(cfg, upd).items():
-                backend.update(t, k, g)
-    else:
-        lookup_d, update_d = backend.lookup, backend.update
+    def _apply(self, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray) -> None:
+        """One optimizer step over the round (keys unique per table: checked by precheck)."""
+        if keys.size == 0:
+            return
+        g = np.array(grads, np.float32).reshape(-1)  # a copy: the caller's gradients stay as they are
+        m = self._fp16_values(tix, counts)
+        if m is not None:
+            g[m] = wire_round(g[m], DType.FP16)
+        self.store.apply(np.repeat(self.store.local_index(self._ta.ids[tix]), counts), keys, g)
 
-    def split(table_ids, counts, keys):
-        return dict(zip(np.asarray(table_ids).tolist(), np.split(keys, np.cumsum(counts)[:-1])))
-
-    def lookup(table_ids, counts, keys):
-        rows = lookup_d(split(table_ids, counts, keys))
-        parts = [np.asarray(rows[t], np.float32).reshape(-1) for t in np.asarray(table_ids).tolist()]
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
-
-    def update(table_ids, counts, keys, grads):
-        dims = [cfg.table(t).dim for t in np.asarray(table_ids).tolist()]
-        vo = np.concatenate([[0], np.cumsum(np.asarray(counts) * dims)]).astype(np.int64)
-        grads = np.asarray(grads).reshape(-1)
-        update_d({t: (k, grads[a:b].reshape(-1, d)) for (t, k), a, b, d in
-                  zip(split(table_ids, counts, keys).items(), vo[:-1].tolist(), vo[1:].tolist(), dims)})
-    return lookup, update
+    def _split(self, tix: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> dict[int, np.ndarray]:
+        """``{table_id: float32 (counts_t, dim_t)}`` views of a flat round's rows."""
+        dims = self._ta.dim[tix]
+        vo = np.concatenate([[0], np.cumsum(counts * dims)])
+        return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
+                zip(self._ta.ids[tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}

@@ -15,8 +15,8 @@ call, and raises before the first frame leaves:
 
 Every check is a numpy vector operation over the keys or gradients of one table (a Python loop
 runs over the tables of the call only). Used by :class:`~embnic.client_lib.client.EmbeddingClient`
-and by the per-table adapters of :class:`~embnic.client_lib.local.LocalBackend` (the PyTorch
-module, the training loop), so the in-process reference refuses the same rounds, whole.
+and by :class:`~embnic.client_lib.local.LocalBackend`, so the in-process reference refuses the
+same rounds, whole (the contract of :mod:`embnic.client_lib.backend`).
 
 Example::
 

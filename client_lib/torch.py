@@ -74,10 +74,9 @@ try:
 except ImportError as e:  # one line naming the fix; the CLI maps it to a missing-dependency error
     raise ImportError(f"{INSTALL_HINT} ({e})", name=e.name) from e
 
-from . import precheck
 from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
-from .local import flat_calls
+from .backend import Backend, require_backend
 from .roundplan import concat_ranges
 
 __all__ = ["RemoteEmbeddingBagCollection", "RemoteEmbeddingBagCollectionSharder", "INSTALL_HINT", "kjt_from_dense",
@@ -325,9 +324,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             MEAN). Each maps to the cluster table of the same ``name`` unless ``table_ids``
             says otherwise; ``embedding_dim`` must equal that table's ``dim`` and
             ``num_embeddings`` its ``rows`` (when the config gives rows).
-        backend: where rows live: an ``EmbeddingClient`` (``lookup({t: keys})``,
-            ``update({t: (keys, grads)})``) or a ``LocalBackend``; both carry the cluster
-            config as ``.cfg``.
+        backend: where rows live (:class:`~embnic.client_lib.backend.Backend`): an
+            ``EmbeddingClient`` or a ``LocalBackend``; every forward is one ``lookup_flat``
+            round, every backward one ``update_flat`` round; its ``cfg`` is the cluster config.
         is_weighted: use the KJT's per-sample weights (``weights()``, float32 (n,)) in sum
             pooling, as TorchRec's ``is_weighted``.
         table_ids: ``{config name: cluster table id}`` overriding the match by name.
@@ -345,13 +344,14 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             row-count mismatch, two configs on one cluster table, an unsupported pooling,
             ``is_weighted`` with a MEAN table (as ``torch.nn.EmbeddingBag``), or
             ``fused_params`` that choose another optimizer, lr or eps than a table's config.
+        TypeError: ``backend`` is not a :class:`~embnic.client_lib.backend.Backend`.
     """
 
-    def __init__(self, tables: list[EmbeddingBagConfig], backend, *, is_weighted: bool = False,
+    def __init__(self, tables: list[EmbeddingBagConfig], backend: Backend, *, is_weighted: bool = False,
                  table_ids: dict[str, int] | None = None, validate: bool = True,
                  fused_params: dict | None = None):
         super().__init__()
-        cfg: ClusterConfig = backend.cfg
+        cfg: ClusterConfig = require_backend(backend, "RemoteEmbeddingBagCollection").cfg
         if not tables:
             raise ValueError("RemoteEmbeddingBagCollection needs at least one EmbeddingBagConfig")
         names = [t.name for t in tables]
@@ -391,7 +391,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         if fused_params:
             self.use_fused_params(fused_params)
         self.backend = backend
-        self._lookup, self._update = flat_calls(backend)
+        self._lookup, self._update = backend.lookup_flat, backend.update_flat
         self._is_weighted = bool(is_weighted)
         self._validate = validate
         #: one placeholder per table, TorchRec's names (class docstring, "Parameters")
@@ -427,7 +427,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         self.unique_ids = 0  #: distinct (table, id) pairs looked up, summed over forwards
 
     @classmethod
-    def from_cluster(cls, backend, *, table_ids: list[int] | None = None,
+    def from_cluster(cls, backend: Backend, *, table_ids: list[int] | None = None,
                      pooling: PoolingType = PoolingType.SUM, **kw) -> "RemoteEmbeddingBagCollection":
         """One ``EmbeddingBagConfig`` per cluster table (``name``, ``dim``, ``rows``), with one
         feature of the table's own name.
@@ -441,7 +441,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         A table without ``rows`` gets ``num_embeddings = 2**63 - 1`` (TorchRec needs a number;
         ids are not bounded by it, see :func:`num_embeddings`).
         """
-        cfg = backend.cfg
+        cfg = require_backend(backend, "RemoteEmbeddingBagCollection").cfg
         chosen = [cfg.table(i) for i in table_ids] if table_ids is not None else list(cfg.tables)
         confs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=num_embeddings(t),
                                     feature_names=[t.name], pooling=pooling) for t in chosen]

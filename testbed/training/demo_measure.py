@@ -161,7 +161,7 @@ def compare_tables(client, local, tables_per_round: int = 2) -> dict:
         ``{"rows": N, "max_abs_diff": float, "equal": bool, "tables": T}`` (equal = bitwise).
     """
     state = {t: ks for t, (ks, _, _) in local.state_dict().items() if ks.size}
-    ref = {t: local.lookup(t, ks) for t, ks in state.items()}
+    ref = local.lookup(state) if state else {}
     ids = sorted(state)
     n, worst, equal = 0, 0.0, True
     for i in range(0, len(ids), tables_per_round):

@@ -3,7 +3,8 @@
 Every step: take a batch of samples → :func:`~embnic.client_lib.batch.prepare_batch`
 (value/index/offset arrays of every table, one sort) → one lookup round for all tables (a
 message per shard) → pool every table's bags at once → forward/backward → aggregate the
-gradient per unique id → one update round. The ``backend`` decides where rows live: an
+gradient per unique id → one update round. The ``backend`` decides where rows live (the
+contract: :class:`~embnic.client_lib.backend.Backend`): an
 :class:`~embnic.client_lib.client.EmbeddingClient` (UDP shards, directly or through the card)
 or :class:`~embnic.client_lib.local.LocalBackend` (in process, the reference). Given the
 same config, data and seed both give the same losses (bit-identical floats).
@@ -11,54 +12,20 @@ same config, data and seed both give the same losses (bit-identical floats).
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
-from embnic.client_lib import precheck
 from embnic.client_lib.batch import KeyedJaggedBatch, pool_all, pool_backward_all, prepare_batch
-from embnic.client_lib.local import flat_calls
+from embnic.client_lib.backend import Backend, require_backend
 from embnic.client_lib.config import ClusterConfig
 
-from . import model
+from . import fm_model
 from .criteo import feature_tables
 from .result import TrainResult
 
 __all__ = ["TrainResult", "feature_tables", "train", "evaluate", "embed_batch", "trained_rows",
            "load_training_data", "trainer", "MODELS"]
-
-
-class Backend(Protocol):
-    """Where embedding rows live. Keys are each table's sorted unique ids."""
-
-    def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]: ...
-
-    def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None: ...
-
-
-class PerTableAdapter:
-    """Wraps a backend with per-table ``lookup(table_id, keys)``/``update(table_id, keys, grads)``
-    (e.g. :class:`~embnic.client_lib.local.LocalBackend`) into the batched :class:`Backend`."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        return {t: self.inner.lookup(t, k) for t, k in requests.items()}
-
-    def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Apply every table's update, after checking them all (a bad table's ValueError
-        before any table changed, as :meth:`EmbeddingClient.update`)."""
-        for t, (k, g) in precheck.update_round(self.inner.cfg, updates).items():
-            self.inner.update(t, k, g)
-
-
-def as_backend(obj) -> Backend:
-    """``obj`` itself if it speaks the batched :class:`Backend` interface, else wrapped in
-    :class:`PerTableAdapter`."""
-    from embnic.client_lib.local import LocalBackend
-
-    return PerTableAdapter(obj) if isinstance(obj, LocalBackend) else obj
 
 
 def _embeddings(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray, ftab: list[int]):
@@ -71,8 +38,7 @@ def _embeddings(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray, ftab: 
     if len(dims) != 1:
         raise ValueError(f"the FM model needs one embedding dim for every table, got {sorted(dims)}")
     dim = dims.pop()
-    lookup, _ = flat_calls(backend)
-    rows = lookup(prep.table_ids, np.diff(prep.unique_offsets), prep.unique).reshape(-1, dim)
+    rows = backend.lookup_flat(prep.table_ids, np.diff(prep.unique_offsets), prep.unique).reshape(-1, dim)
     emb = np.empty((b, f, dim), dtype=np.float32)
     # every table's bags at once, features grouped by table (prep.features)
     emb[:, prep.features, :] = pool_all(rows, prep).reshape(f, b, dim).transpose(1, 0, 2)
@@ -83,32 +49,32 @@ def embed_batch(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray) -> np.
     """Look up and pool the embeddings of one batch, no update.
 
     Args:
-        backend: where rows live (see :class:`Backend`).
+        backend: where rows live (:class:`~embnic.client_lib.backend.Backend`).
         cfg: cluster config (feature ``j`` uses :func:`feature_tables`).
         sparse: uint64 (B, F) sparse ids of the batch.
 
     Returns:
         float32 (B, F, dim): pooled embeddings.
     """
-    return _embeddings(as_backend(backend), cfg, sparse, feature_tables(cfg, sparse.shape[1]))[0]
+    return _embeddings(require_backend(backend, "embed_batch"), cfg, sparse, feature_tables(cfg, sparse.shape[1]))[0]
 
 
-def evaluate(backend: Backend, cfg: ClusterConfig, params: model.DenseParams, data,
+def evaluate(backend: Backend, cfg: ClusterConfig, params: fm_model.DenseParams, data,
              batch_size: int = 1024) -> tuple[float, float]:
     """(ROC AUC, mean BCE) of the model on ``data`` (lookups only, no updates)."""
     from sklearn.metrics import roc_auc_score
 
-    backend = as_backend(backend)
+    backend = require_backend(backend, "evaluate")
     ftab = feature_tables(cfg, data.sparse.shape[1])
     logits = []
     for s in range(0, len(data.labels), batch_size):
         sl = slice(s, s + batch_size)
         emb, _, _ = _embeddings(backend, cfg, data.sparse[sl], ftab)
-        logits.append(model.forward(params, data.dense[sl], emb))
+        logits.append(fm_model.forward(params, data.dense[sl], emb))
     z = np.concatenate(logits)
     y = data.labels
     auc = float(roc_auc_score(y, z)) if 0 < y.sum() < len(y) else float("nan")
-    return auc, model.bce_loss(z, y)
+    return auc, fm_model.bce_loss(z, y)
 
 
 def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backend: Backend,
@@ -123,7 +89,7 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
             order and wrap around.
         steps: optimizer steps.
         batch_size: samples per step (B).
-        backend: where rows live (see :class:`Backend`).
+        backend: where rows live (:class:`~embnic.client_lib.backend.Backend`).
         eval_data: rows for the final AUC (same layout), or None.
         lr_dense: SGD learning rate of the client-side dense parameters.
         seed: seed of the dense parameters (default ``cfg.seed``).
@@ -134,28 +100,29 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
 
     Raises:
         embnic.client_lib.client.EmbnicError: a shard failed (from the backend).
+        TypeError: ``backend`` is not a :class:`~embnic.client_lib.backend.Backend`.
     """
-    backend = as_backend(backend)
+    backend = require_backend(backend, "train")
     n = len(data.labels)
     if n == 0:
         raise ValueError("no training rows")
     ftab = feature_tables(cfg, data.sparse.shape[1])
     dim = cfg.table(ftab[0]).dim
-    params = model.DenseParams.init(data.dense.shape[1], data.sparse.shape[1], dim,
+    params = fm_model.DenseParams.init(data.dense.shape[1], data.sparse.shape[1], dim,
                                     cfg.seed if seed is None else seed)
     losses, times, ids, uniq = [], [], 0, 0
-    _, update = flat_calls(backend)
     for step in range(steps):
         t0 = time.perf_counter()
         idx = (np.arange(batch_size) + step * batch_size) % n
         emb, prep, _ = _embeddings(backend, cfg, data.sparse[idx], ftab)
         dense, labels = data.dense[idx], data.labels[idx]
-        logits = model.forward(params, dense, emb)
-        loss = model.bce_loss(logits, labels)
-        g_params, g_emb = model.backward(params, dense, emb, logits, labels)
+        logits = fm_model.forward(params, dense, emb)
+        loss = fm_model.bce_loss(logits, labels)
+        g_params, g_emb = fm_model.backward(params, dense, emb, logits, labels)
         g_bags = g_emb[:, prep.features, :].transpose(1, 0, 2).reshape(-1, dim)
-        update(prep.table_ids, np.diff(prep.unique_offsets), prep.unique, pool_backward_all(g_bags, prep))
-        model.sgd_step(params, g_params, lr_dense)
+        backend.update_flat(prep.table_ids, np.diff(prep.unique_offsets), prep.unique,
+                            pool_backward_all(g_bags, prep))
+        fm_model.sgd_step(params, g_params, lr_dense)
         ids += prep.num_ids
         uniq += prep.num_unique
         losses.append(loss)
@@ -184,7 +151,7 @@ def trained_rows(backend: Backend, cfg: ClusterConfig, data, batch_size: int) ->
     """
     from embnic.client_lib.table_numerics import init_rows, wire_round
 
-    backend = as_backend(backend)
+    backend = require_backend(backend, "trained_rows")
     n = len(data.labels)
     if n == 0:
         return 0, 0

@@ -20,7 +20,6 @@ from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.routing import split_by_shard
 from embnic.testbed.server.runner import ServerCluster
-from embnic.testbed.training.train import PerTableAdapter
 
 TABLES = [{"id": 0, "name": "a", "rows": 1000, "dim": 4, "optimizer": "adagrad", "lr": 0.1},
           {"id": 1, "name": "b", "rows": 1000, "dim": 4, "optimizer": "sgd", "lr": 0.3},
@@ -130,15 +129,15 @@ def test_valid_round_is_applied_whole_like_the_reference():
         rnd = good_round()
         rnd[2] = (KEYS, np.full((KEYS.size, 4), 0.5, np.float32))
         c.update(rnd)
-        PerTableAdapter(ref).update(rnd)
+        ref.update(rnd)
         got = c.lookup({0: KEYS, 1: KEYS, 2: KEYS})
     for t in (0, 1, 2):
-        np.testing.assert_array_equal(got[t], ref.lookup(t, KEYS))
-        assert not np.array_equal(got[t], LocalBackend(cfg).lookup(t, KEYS))
+        np.testing.assert_array_equal(got[t], ref.lookup({t: KEYS})[t])
+        assert not np.array_equal(got[t], LocalBackend(cfg).lookup({t: KEYS})[t])
 
 
 def _flat_update(update):
-    """A flat round's update (local.flat_calls) called with a ``{table: (keys, grads)}`` round."""
+    """A flat round's update (``update_flat``) called with a ``{table: (keys, grads)}`` round."""
     def call(rnd):
         ts = list(rnd)
         update(np.array(ts), [len(rnd[t][0]) for t in ts], np.concatenate([np.asarray(rnd[t][0], np.uint64) for t in ts]),
@@ -147,12 +146,10 @@ def _flat_update(update):
 
 
 @pytest.mark.parametrize("case", ["NaN row", "key >= rows", "duplicate keys"])
-def test_local_adapters_refuse_a_round_whole(case):
-    from embnic.client_lib.local import flat_calls
-
+def test_local_backend_refuses_a_round_whole_mapping_or_flat(case):
     rnd, msg = BAD_UPDATES[case]
     cfg = make_cfg()
-    for make in (lambda lb: PerTableAdapter(lb).update, lambda lb: _flat_update(flat_calls(lb)[1])):
+    for make in (lambda lb: lb.update, lambda lb: _flat_update(lb.update_flat)):
         lb = LocalBackend(cfg)
         with pytest.raises(ValueError, match=msg):
             make(lb)(rnd)

@@ -145,15 +145,15 @@ def drive(cfg, native_io, ref, seed, first_id=1000, **kw):
         for req, grads in rounds(seed):
             got = c.lookup(req)
             for t, k in req.items():
-                assert np.array_equal(got[t], ref.lookup(t, k)), t
+                assert np.array_equal(got[t], ref.lookup({t: k})[t]), t
             before = c.stats.round_messages
             c.update(grads)
             updates += c.stats.round_messages - before
             for t, (k, g) in grads.items():
-                ref.update(t, k, g)
+                ref.update({t: (k, g)})
         got = c.lookup(req)
         for t, k in req.items():
-            assert np.array_equal(got[t], ref.lookup(t, k)), t
+            assert np.array_equal(got[t], ref.lookup({t: k})[t]), t
         return c.stats, updates
 
 
@@ -266,14 +266,14 @@ def test_duplicated_and_reordered_frames_change_nothing(native_io):
             updates = 0
             for req, grads in rounds(13, n=3):
                 got = c.lookup(req)
-                assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in req.items())
+                assert all(np.array_equal(got[t], ref.lookup({t: k})[t]) for t, k in req.items())
                 before = c.stats.round_messages
                 c.update(grads)
                 updates += c.stats.round_messages - before
                 for t, (k, g) in grads.items():
-                    ref.update(t, k, g)
+                    ref.update({t: (k, g)})
             got = c.lookup(req)
-            assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in req.items())
+            assert all(np.array_equal(got[t], ref.lookup({t: k})[t]) for t, k in req.items())
         acted = [a for r in b.relays for _, a, _ in r.acted]
         counters = b.cl.counters()
     assert acted.count("dup") > 20 and acted.count("hold") > 20

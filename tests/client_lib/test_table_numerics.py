@@ -111,7 +111,7 @@ def test_init_rows_uniform_statistics():
 def test_init_independent_of_number_of_shards():
     tabs = [{"id": 5, "rows": 10_000, "dim": 8}]
     keys = np.arange(0, 10_000, 7, dtype=np.uint64)
-    want = LocalBackend(_cfg(tabs)).lookup(5, keys)
+    want = LocalBackend(_cfg(tabs)).lookup({5: keys})[5]
     for s in (2, 3, 5):
         cfg = _cfg(tabs, shards=s)
         owner = routing.shard_of(cfg, 5, keys)
@@ -216,15 +216,15 @@ def test_local_backend_fp16_wire_rounding():
                  "init_scale": 0.3}])
     lb = LocalBackend(cfg)
     keys = np.arange(10, dtype=np.uint64)
-    rows = lb.lookup(0, keys)
+    rows = lb.lookup({0: keys})[0]
     assert rows.dtype == np.float32
     assert np.array_equal(rows, rows.astype(np.float16).astype(np.float32))
     master = lb.tables[0].lookup(keys)
     assert not np.array_equal(rows, master)  # fp32 master kept on the server side
     with pytest.raises(ValueError, match="non-finite.*fp16"):
-        lb.update(0, keys, np.full((10, 8), 7e4, np.float32))  # finite in fp32, inf in fp16
+        lb.update({0: (keys, np.full((10, 8), 7e4, np.float32))})  # finite in fp32, inf in fp16
     g = np.full((10, 8), 1e-4 + 1e-8, np.float32)
-    lb.update(0, keys, g)
+    lb.update({0: (keys, g)})
     _, w, _ = lb.state_dict()[0]
     assert np.array_equal(w, master - wire_round(g, "fp16"))
 
@@ -233,17 +233,17 @@ def test_local_backend_validation():
     cfg = _cfg([{"id": 0, "rows": 100, "dim": 4}])
     lb = LocalBackend(cfg)
     with pytest.raises(ValueError, match="unknown table 9"):
-        lb.lookup(9, np.array([1], np.uint64))
+        lb.lookup({9: np.array([1], np.uint64)})[9]
     with pytest.raises(ValueError, match="key 100 >= rows 100"):
-        lb.lookup(0, np.array([1, 100], np.uint64))
+        lb.lookup({0: np.array([1, 100], np.uint64)})[0]
     with pytest.raises(ValueError, match="negative"):
-        lb.lookup(0, np.array([-1], np.int64))
+        lb.lookup({0: np.array([-1], np.int64)})[0]
     with pytest.raises(ValueError, match="duplicate"):
-        lb.update(0, np.array([1, 1], np.uint64), np.zeros((2, 4), np.float32))
+        lb.update({0: (np.array([1, 1], np.uint64), np.zeros((2, 4), np.float32))})
     with pytest.raises(ValueError, match="non-finite"):
-        lb.update(0, np.array([1, 2], np.uint64), np.array([[0, 0, 0, np.inf], [0] * 4], np.float32))
+        lb.update({0: (np.array([1, 2], np.uint64), np.array([[0, 0, 0, np.inf], [0] * 4], np.float32))})
     with pytest.raises(ValueError, match="shape"):
-        lb.update(0, np.array([1, 2], np.uint64), np.zeros((2, 5), np.float32))
+        lb.update({0: (np.array([1, 2], np.uint64), np.zeros((2, 5), np.float32))})
     assert lb.state_dict()[0][0].size == 0
 
 
@@ -265,8 +265,8 @@ def test_sharded_tables_equal_local_backend(sharding, shards):
                 m = owner == i
                 rows[m] = p[t.id].lookup(keys[m])
                 p[t.id].apply(keys[m], g[m])
-            assert np.array_equal(rows, lb.lookup(t.id, keys))
-            lb.update(t.id, keys, g)
+            assert np.array_equal(rows, lb.lookup({t.id: keys})[t.id])
+            lb.update({t.id: (keys, g)})
     merged = merge_states([{tid: ts.state() for tid, ts in p.items()} for p in parts])
     ref = lb.state_dict()
     for tid in ref:
@@ -290,9 +290,9 @@ def test_gradient_whose_square_overflows_is_refused():
     b = LocalBackend(cfg)
     g = np.array([[1e20, 0.0]], dtype=np.float32)
     with pytest.raises(ValueError, match="overflows"):
-        b.update(0, np.array([3], np.uint64), g)
+        b.update({0: (np.array([3], np.uint64), g)})
     assert b.state_dict()[0][0].size == 0  # nothing applied
-    b.update(1, np.array([3], np.uint64), g)  # SGD: finite result, accepted
+    b.update({1: (np.array([3], np.uint64), g)})  # SGD: finite result, accepted
 
 
 # ---- tables without rows: collision-free, any uint64 id -------------------------------------
@@ -329,14 +329,14 @@ def test_rowless_local_backend_accepts_any_u64_and_python_ints():
     cfg = _cfg([{"id": 0, "dim": 4}, {"id": 1, "rows": 10, "dim": 4}])
     assert cfg.table(0).rows is None and cfg.table(1).rows == 10
     lb = LocalBackend(cfg)
-    a = lb.lookup(0, [2**64 - 1, 2**63, 0])
-    assert np.array_equal(a, lb.lookup(0, np.array([2**64 - 1, 2**63, 0], np.uint64)))
+    a = lb.lookup({0: [2**64 - 1, 2**63, 0]})[0]
+    assert np.array_equal(a, lb.lookup({0: np.array([2**64 - 1, 2**63, 0], np.uint64)})[0])
     assert not np.array_equal(a[0], a[1])
     with pytest.raises(ValueError, match="key 10 >= rows 10"):
-        lb.lookup(1, [10])
+        lb.lookup({1: [10]})[1]
     for bad in ([-1], [1.5], np.zeros((1, 1), np.uint64), [2**64]):
         with pytest.raises(ValueError, match=r"table 0 \(t0\): keys"):
-            lb.lookup(0, bad)
+            lb.lookup({0: bad})[0]
 
 
 def test_one_home_for_the_numerics():

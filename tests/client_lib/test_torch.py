@@ -137,8 +137,8 @@ def test_training_equals_torchrec_fused_optimizer(optimizer, pooling, where):
             with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
                 ours = RemoteEmbeddingBagCollection(configs(cfg, pooling), c)
                 train_both(cfg, ours, ref, rng)
-                got = all_rows(lambda t, k: c.lookup({t: k})[t], cfg)
-                assert c.stats.rounds == 4 * 2 + 3  # one lookup and one update round per step
+                got = all_rows(c.lookup, cfg)
+                assert c.stats.rounds == 4 * 2 + 1  # one lookup and one update round per step, one read-back
         for name, rows in got.items():
             torch.testing.assert_close(rows, ref.weight(name), **TOL)
             assert not torch.equal(rows, torch.from_numpy(init_rows(
@@ -211,7 +211,7 @@ def test_dlrm_accepts_it_and_trains():
     kjt = kjt_from_dense([f"C{i + 1}" for i in range(4)], ids)
     dense = torch.from_numpy(rng.standard_normal((32, 13)).astype(np.float32))
     labels = torch.from_numpy(rng.integers(0, 2, 32).astype(np.float32))
-    before = local.lookup(0, np.unique(ids[:, 0]).astype(np.uint64)).copy()
+    before = local.lookup({0: np.unique(ids[:, 0]).astype(np.uint64)})[0].copy()
     losses = []
     for _ in range(3):
         opt.zero_grad()
@@ -221,7 +221,7 @@ def test_dlrm_accepts_it_and_trains():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    after = local.lookup(0, np.unique(ids[:, 0]).astype(np.uint64))
+    after = local.lookup({0: np.unique(ids[:, 0]).astype(np.uint64)})[0]
     assert not np.array_equal(before, after) and np.isfinite(after).all()
     assert losses[-1] < losses[0]
     assert ebc.steps_updated == 3
@@ -266,7 +266,7 @@ def test_table_without_rows_takes_full_64_bit_ids():
     ours = RemoteEmbeddingBagCollection.from_cluster(local)
     ids = np.array([[2**64 - 1], [2**63 + 5], [7], [2**63 + 5]], dtype=np.uint64)
     out = ours(kjt_from_dense(["u"], ids)).values()
-    want = local.lookup(0, ids[:, 0])
+    want = local.lookup({0: ids[:, 0]})[0]
     torch.testing.assert_close(out, torch.from_numpy(want), rtol=0, atol=0)
     out.sum().backward()  # d/d(row) = number of occurrences; SGD lr 0.5
     keys, rows, _ = local.state_dict()[0]
@@ -292,7 +292,7 @@ def test_kjt_from_dense_keeps_every_64_bit_id():
     assert kjt.values().numpy().view(np.uint64).tolist() == [i[0] for i in ids]
     local = LocalBackend(cfg)
     out = RemoteEmbeddingBagCollection.from_cluster(local)(kjt).values()
-    want = local.lookup(0, np.array([i[0] for i in ids], np.uint64))  # the exact rows, 2**64-1's too
+    want = local.lookup({0: np.array([i[0] for i in ids], np.uint64)})[0]  # the exact rows, 2**64-1's too
     torch.testing.assert_close(out, torch.from_numpy(want), rtol=0, atol=0)
     assert not torch.equal(out[4], out[5])
     with pytest.raises(ValueError, match=r"ids must be \(B, F=1\), got shape \(6,\).*one column per key"):
@@ -684,7 +684,7 @@ def test_vbe_equals_torchrec_ebc_forward_and_gradients(pooling, weighted):
     for c in confs:  # SGD lr 1 on the shards: rows = initial - grad, TorchRec's dense grad
         t = cfg.tables[ord(c.name) - ord("a")]
         init = torch.from_numpy(init_rows(cfg.seed, t.id, np.arange(t.rows, dtype=np.uint64), t.dim, t.init_scale))
-        rows = torch.from_numpy(local.lookup(t.id, np.arange(t.rows, dtype=np.uint64)))
+        rows = torch.from_numpy(local.lookup({t.id: np.arange(t.rows, dtype=np.uint64)})[t.id])
         torch.testing.assert_close(rows, init - ref.embedding_bags[c.name].weight.grad, **TOL)
     if weighted:
         torch.testing.assert_close(w1.grad, w2.grad, **TOL)

@@ -42,15 +42,19 @@ def make(dims_modes, features, weighted=False, order=None):
 
 
 class Recorder(LocalBackend):
-    """LocalBackend that keeps every update it applies: ``{table_id: (keys, grads)}``."""
+    """LocalBackend that keeps every update it applies: ``{table_id: (keys, grads (N, dim))}``."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
         self.seen: dict = {}
 
-    def update(self, table_id, keys, grads):
-        self.seen[table_id] = (np.array(keys), np.array(grads))
-        super().update(table_id, keys, grads)
+    def update_flat(self, table_ids, counts, keys, grads):
+        dims = [self.cfg.table(t).dim for t in np.asarray(table_ids).tolist()]
+        ko = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        vo = np.concatenate([[0], np.cumsum(np.asarray(counts) * dims)]).astype(int)
+        for i, t in enumerate(np.asarray(table_ids).tolist()):
+            self.seen[t] = (np.array(keys[ko[i]:ko[i + 1]]), np.array(grads[vo[i]:vo[i + 1]]).reshape(-1, dims[i]))
+        super().update_flat(table_ids, counts, keys, grads)
 
 
 def pool_per_table(ebc, prep, rows, weights, b, starts):
@@ -135,7 +139,7 @@ def test_every_table_at_once_equals_per_table_bit_for_bit(case, b):
         vals = sel.values().numpy().view(np.uint64)
         lens = sel.lengths().numpy()
         prep = prepare_batch(KeyedJaggedBatch(list(keys), vals, lens, b), ebc._slot_tables)
-        rows = {t: backend.lookup(t, p.unique) for t, p in prep.tables.items()}
+        rows = {t: backend.lookup({t: p.unique})[t] for t, p in prep.tables.items()}
         starts = np.concatenate([[0], np.cumsum(lens.reshape(len(keys), b).sum(axis=1))])
         w = sel.weights() if weighted else None
         want = pool_per_table(ebc, prep, rows, w, b, starts)

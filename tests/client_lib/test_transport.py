@@ -91,11 +91,11 @@ def test_window_bounds_in_flight_and_no_retransmits_loss_free(native_io):
         for b in batches(3, 6000):
             got = c.lookup(b)
             for tid, keys in b.items():
-                assert np.array_equal(got[tid], ref.lookup(tid, keys))
+                assert np.array_equal(got[tid], ref.lookup({tid: keys})[tid])
             grads = {tid: (k, np.full((len(k), cfg.table(tid).dim), 0.01, np.float32)) for tid, k in b.items()}
             c.update(grads)
             for tid, (k, g) in grads.items():
-                ref.update(tid, k, g)
+                ref.update({tid: (k, g)})
         # nothing is lost on loopback: no timer fires (the 1 s floor, RFC 6298's, rides out a busy machine)
         assert c.stats.retransmits == 0 and c.stats.timeouts == 0
         assert c.stats.max_inflight_frames <= 24
@@ -104,7 +104,7 @@ def test_window_bounds_in_flight_and_no_retransmits_loss_free(native_io):
         assert c.rtt(0)["samples"] > 0 and c.rtt(0)["srtt_ms"] > 0
         for b in batches(1, 50, seed=9):
             got = c.lookup(b)
-            assert all(np.array_equal(got[t], ref.lookup(t, b[t])) for t in b)
+            assert all(np.array_equal(got[t], ref.lookup({t: b[t]})[t]) for t in b)
 
 
 def test_msg_frames_bounds_every_message_and_reply(native_io):
@@ -132,12 +132,12 @@ def _msg_frames_round(c, cfg, ref):
     if True:
         b = next(batches(1, 3000, seed=5))
         got = c.lookup(b)
-        assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in b.items())
+        assert all(np.array_equal(got[t], ref.lookup({t: k})[t]) for t, k in b.items())
         c.update({t: (k, np.full((len(k), cfg.table(t).dim), 0.5, np.float32)) for t, k in b.items()})
         for t, k in b.items():
-            ref.update(t, k, np.full((len(k), cfg.table(t).dim), 0.5, np.float32))
+            ref.update({t: (k, np.full((len(k), cfg.table(t).dim), 0.5, np.float32))})
         got = c.lookup(b)
-        assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in b.items())
+        assert all(np.array_equal(got[t], ref.lookup({t: k})[t]) for t, k in b.items())
 
 
 class LossyRelay:
@@ -199,16 +199,16 @@ def test_loss_retransmits_per_message_and_stays_exact(native_io):
                 for b in batches(3, 1500, seed=3):
                     got = c.lookup(b)
                     for tid, keys in b.items():
-                        assert np.array_equal(got[tid], ref.lookup(tid, keys))
+                        assert np.array_equal(got[tid], ref.lookup({tid: keys})[tid])
                     grads = {tid: (k, np.full((len(k), cfg.table(tid).dim), 0.02, np.float32))
                              for tid, k in b.items()}
                     c.update(grads)
                     for tid, (k, g) in grads.items():
-                        ref.update(tid, k, g)
+                        ref.update({tid: (k, g)})
                 final = {t: np.concatenate([b[t] for b in batches(3, 1500, seed=3)]) for t in (0, 1)}
                 got = c.lookup({t: np.unique(k) for t, k in final.items()})
                 for t, k in final.items():
-                    assert np.array_equal(got[t], ref.lookup(t, np.unique(k)))  # each update applied once
+                    assert np.array_equal(got[t], ref.lookup({t: np.unique(k)})[t])  # each update applied once
                 assert c.stats.retransmits > 0
                 assert c.stats.retransmits == c.stats.timeouts + c.stats.fast_retransmits
                 assert sum(r.dropped for r in relays) > 0
@@ -381,7 +381,7 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs(native_io):
                                  native_io=native_io) as c:
                 got = c.lookup(req)
                 for t, k in req.items():
-                    assert np.array_equal(got[t], ref.lookup(t, k)), t
+                    assert np.array_equal(got[t], ref.lookup({t: k})[t]), t
                 assert (c.stats.repairs, c.stats.fast_retransmits, c.stats.timeouts) == (1, 2, 0)
                 assert c.stats.round_messages == 4 and c.stats.round_shards == 1
                 upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
@@ -389,12 +389,12 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs(native_io):
                 order[MsgType.LOOKUP_REQ] = []
                 c.update(upd)
                 for t, (k, g) in upd.items():
-                    ref.update(t, k, g)
+                    ref.update({t: (k, g)})
                 assert (c.stats.repairs, c.stats.fast_retransmits, c.stats.timeouts) == (1, 4, 0)
                 assert c.stats.retransmits == 4
                 assert (c.stats.update_polls, c.stats.nacks, c.stats.frames_resent) == (2, 1, 1)
                 for t, k in req.items():
-                    assert np.array_equal(c.lookup({t: k})[t], ref.lookup(t, k)), t
+                    assert np.array_equal(c.lookup({t: k})[t], ref.lookup({t: k})[t]), t
                 assert c.stats.timeouts == 0 and c.stats.probes >= 3  # after each round's tail at least
         finally:
             relay.close()

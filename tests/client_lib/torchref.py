@@ -116,8 +116,9 @@ def random_kjt(rng, keys, limits, b, weighted=False, max_len=3):
 
 
 def all_rows(lookup, cfg) -> dict:
-    """``{table name: every row as a tensor}`` through ``lookup(table_id, keys)``."""
-    return {t.name: torch.from_numpy(np.asarray(lookup(t.id, np.arange(t.rows, dtype=np.uint64)))) for t in cfg.tables}
+    """``{table name: every row as a tensor}`` through a backend's ``lookup({table_id: keys})`` (one round)."""
+    rows = lookup({t.id: np.arange(t.rows, dtype=np.uint64) for t in cfg.tables})
+    return {t.name: torch.from_numpy(np.asarray(rows[t.id])) for t in cfg.tables}
 
 
 def train_both(cfg, ours, ref, rng, steps=4, weighted=False, b=32) -> None:

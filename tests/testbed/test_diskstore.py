@@ -215,14 +215,14 @@ def test_workers_2_with_disk_tables_equal_local_backend(tmp_path):
                        1: np.unique(rng.integers(0, 2**40, 200, dtype=np.uint64))}
                 got = c.lookup(req)
                 for t, k in req.items():
-                    assert np.array_equal(got[t], ref.lookup(t, k)), t
+                    assert np.array_equal(got[t], ref.lookup({t: k})[t]), t
                 upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
                        for t, k in req.items()}
                 c.update(upd)
                 for t, (k, g) in upd.items():
-                    ref.update(t, k, g)
+                    ref.update({t: (k, g)})
             for t, (ks, _, _) in ref.state_dict().items():
-                assert np.array_equal(c.lookup({t: ks})[t], ref.lookup(t, ks)), t
+                assert np.array_equal(c.lookup({t: ks})[t], ref.lookup({t: ks})[t]), t
         assert len(list(tmp_path.glob("embnic-rows-shard0-w*"))) == 2  # a store of its own per worker
         err = _stop_worker_shard(p)
     finally:
@@ -309,7 +309,7 @@ def test_kill_9_and_restore_a_disk_table(tmp_path):
     ref = LocalBackend(cfg)
     for parts, _ in ups:
         for tid, k, g in parts:
-            ref.update(tid, k, g)
+            ref.update({tid: (k, g)})
     tables, rep = D.load_shard_state(str(tmp_path / "ck"), 0, cfg)
     assert isinstance(tables[0], DS.DiskTable) and rep["replayed"] == 2
     _state_equal({t: ts.state() for t, ts in tables.items()}, ref.state_dict())

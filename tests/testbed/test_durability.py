@@ -224,7 +224,7 @@ def test_kill_9_and_restore_through_the_cli(tmp_path):
     ref = LocalBackend(cfg)
     for parts, _ in ups:
         for tid, k, g in parts:
-            ref.update(tid, k, g)
+            ref.update({tid: (k, g)})
     _state_equal({0: tables[0].state()}, ref.state_dict())
 
 

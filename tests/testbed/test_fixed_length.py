@@ -48,13 +48,13 @@ def test_fixed_length_client_and_shards_match_the_reference(engine, sharding):
             b = batch(step)
             got = c.lookup(b)
             for t, k in b.items():
-                assert np.array_equal(got[t], ref.lookup(t, k))
+                assert np.array_equal(got[t], ref.lookup({t: k})[t])
             g = {t: (k, np.full((len(k), cfg.table(t).dim), 0.01 * (step + 1), np.float32)) for t, k in b.items()}
             c.update(g)
             for t, (k, gr) in g.items():
-                ref.update(t, k, gr)
+                ref.update({t: (k, gr)})
         got = c.lookup(batch(0))
-        assert all(np.array_equal(got[t], ref.lookup(t, k)) for t, k in batch(0).items())
+        assert all(np.array_equal(got[t], ref.lookup({t: k})[t]) for t, k in batch(0).items())
         s = c.stats
         assert s.rounds == 2 * (3 * 2 + 1) and s.size_rounds == 3 * 2 + 1  # a size round before each
         assert s.retransmits == 0  # nothing lost (the 1 s RTO floor, RFC 6298's, rides out a busy machine)

@@ -172,12 +172,12 @@ def test_server_numerics_equal_local_backend(sharding, shards, mtu, engine):
             req = {t.id: np.unique(rng.integers(0, t.rows, 400)).astype(np.uint64) for t in cfg.tables}
             got = c.lookup(req)
             for tid, keys in req.items():
-                assert np.array_equal(got[tid], ref.lookup(tid, keys)), tid
+                assert np.array_equal(got[tid], ref.lookup({tid: keys})[tid]), tid
             upd = {tid: (k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32))
                    for tid, k in req.items()}
             c.update(upd)
             for tid, (k, g) in upd.items():
-                ref.update(tid, k, g)
+                ref.update({tid: (k, g)})
         counters = cl.counters()
     state, want = cl.state_dict(), ref.state_dict()
     for tid in want:
@@ -205,13 +205,13 @@ def test_multi_table_messages_equal_local_backend(shard0):
         m = raw.recv()
         assert (m.header.msg_type, m.header.msg_id, m.header.num_tables) == (MsgType.LOOKUP_REPLY, 100 + step, 3)
         for (tid, k), rows in zip(parts, reply_rows(cfg, m, parts)):
-            assert np.array_equal(rows, ref.lookup(tid, k)), (step, tid)
+            assert np.array_equal(rows, ref.lookup({tid: k})[tid]), (step, tid)
         upd = [(tid, k, rng.standard_normal((k.size, cfg.table(tid).dim)).astype(np.float32)) for tid, k in parts]
         raw.send(multi_update_frames(cfg, upd, 200 + step))
         a = raw.recv()
         assert (a.header.msg_type, a.header.msg_id, a.header.num_tables) == (MsgType.UPDATE_ACK, 200 + step, 3)
         for tid, k, g in upd:
-            ref.update(tid, k, g)
+            ref.update({tid: (k, g)})
     c = st_.counters()
     assert c["updates_applied"] == 3 and c["requests"] == {"LOOKUP_REQ": 3, "UPDATE_REQ": 3, "SIZE_REQ": 0}
     state, want = st_.state_dict(), ref.state_dict()
@@ -271,7 +271,7 @@ def test_poll_of_an_incomplete_update_is_answered_with_the_fragments_held(shard0
     # (duplicates counts complete updates re-acked; update_poll_acks the polls acked from the window)
     assert (c["updates_applied"], c["duplicates"], c["update_poll_acks"], c["update_nacks"]) == (1, 0, 1, 1)
     ref = LocalBackend(cfg)
-    ref.update(0, keys, g)
+    ref.update({0: (keys, g)})
     for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
         assert np.array_equal(x, y)
 
@@ -313,7 +313,7 @@ def test_duplicate_update_is_reacked_not_reapplied(shard0):
     assert c["updates_applied"] == 1 and c["dedup_entries"] == 1
     assert (c["duplicates"], c["update_poll_acks"], c["update_nacks"]) == (1, 1, 0)
     ref = LocalBackend(cfg)
-    ref.update(0, keys, g)
+    ref.update({0: (keys, g)})
     for x, y in zip(st_.state_dict()[0], ref.state_dict()[0]):
         assert np.array_equal(x, y)
 
@@ -327,8 +327,8 @@ def test_same_ids_different_body_is_a_new_update(shard0):
     raw.send(update_frames(cfg, 0, keys, 2 * g, msg_id=1))  # e.g. a restarted client
     raw.recv()
     ref = LocalBackend(cfg)
-    ref.update(0, keys, g)
-    ref.update(0, keys, 2 * g)
+    ref.update({0: (keys, g)})
+    ref.update({0: (keys, 2 * g)})
     assert st_.counters()["updates_applied"] == 2
     assert np.array_equal(st_.state_dict()[0][1], ref.state_dict()[0][1])
 
@@ -564,12 +564,12 @@ def test_client_splits_what_needs_over_256_fragments():
     per_shard = [int(routing.owns(cfg, 0, s, keys).sum()) for s in (0, 1)]
     # (msg_frames=None: only the 256-fragment bound and the window split messages here)
     with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), msg_frames=None) as c:
-        assert np.array_equal(c.lookup({0: keys})[0], ref.lookup(0, keys))
+        assert np.array_equal(c.lookup({0: keys})[0], ref.lookup({0: keys})[0])
         assert c.stats.messages_sent == sum(-(-n // cap) for n in per_shard)
         g = np.random.default_rng(1).standard_normal((keys.size, 512)).astype(np.float32)
         c.update({0: (keys, g)})
-        ref.update(0, keys, g)
-        assert np.array_equal(c.lookup({0: keys})[0], ref.lookup(0, keys))
+        ref.update({0: (keys, g)})
+        assert np.array_equal(c.lookup({0: keys})[0], ref.lookup({0: keys})[0])
     assert c.drops.total() == 0
 
 
@@ -706,7 +706,7 @@ def test_cli_serves_and_stops_cleanly(tmp_path, sig):
         raw.send(lookup_frames(cfg, 0, keys, 1))
         reply = raw.recv()
         raw.close()
-        assert np.array_equal(codec.body_to_rows(reply.body, 5, 4), LocalBackend(cfg).lookup(0, keys))
+        assert np.array_equal(codec.body_to_rows(reply.body, 5, 4), LocalBackend(cfg).lookup({0: keys})[0])
         p.send_signal(sig)
         _, err = p.communicate(timeout=30)
     finally:
@@ -739,14 +739,14 @@ def test_u64_ids_through_shards_equal_local_backend(sharding):
         for step in range(3):
             got = c.lookup({0: keys, 7: keys, 3: keys[keys < 1000]})
             for tid, k in ((0, keys), (7, keys)):
-                assert np.array_equal(got[tid], ref.lookup(tid, k)), (step, tid)
+                assert np.array_equal(got[tid], ref.lookup({tid: k})[tid]), (step, tid)
             g = {tid: rng.standard_normal((keys.size, cfg.table(tid).dim)).astype(np.float32) for tid in (0, 7)}
             c.update({tid: (keys, g[tid]) for tid in g})
             for tid in g:
-                ref.update(tid, keys, g[tid])
+                ref.update({tid: (keys, g[tid])})
         # Python ints near 2^64 reach the right rows too (no float round trip)
         got = c.lookup({0: [2**64 - 1, 2**63, 5]})[0]
-        assert np.array_equal(got, ref.lookup(0, np.array([2**64 - 1, 2**63, 5], np.uint64)))
+        assert np.array_equal(got, ref.lookup({0: np.array([2**64 - 1, 2**63, 5], np.uint64)})[0])
         counters = cl.counters()
     assert all(sum(v["errors"].values()) == 0 for v in counters), counters
     state, want = cl.state_dict(), ref.state_dict()
@@ -776,7 +776,7 @@ def test_client_empty_requests_and_a_shard_without_ids():
         c.update({0: (np.empty(0, np.uint64), np.empty((0, 8), np.float32))})
         assert c.stats.messages_sent == 0
         got = c.lookup({0: one_shard})
-        assert np.array_equal(got[0], ref.lookup(0, one_shard)) and c.stats.messages_sent == 1
+        assert np.array_equal(got[0], ref.lookup({0: one_shard})[0]) and c.stats.messages_sent == 1
         counters = cl.counters()
         probes = c.stats.probes  # the client's one-key tail probe after the message (it may still be on its way)
     n0, n1 = [sum(s["requests"].values()) for s in counters]
@@ -929,7 +929,7 @@ def test_update_poll_nack_and_ack(shard0):
     assert c["updates_applied"] == 1 and c["duplicates"] == 0
     ref = LocalBackend(cfg)
     for tid, k, g in parts:
-        ref.update(tid, k, g)
+        ref.update({tid: (k, g)})
     state, want = st_.state_dict(), ref.state_dict()
     for tid in want:
         for x, y in zip(state[tid], want[tid]):

@@ -397,20 +397,20 @@ def test_rows_of_two_tables_sharing_a_composite_key(c_answer):
         ((ka.astype(object) + salt[1]) % 2**64).tolist())
     g = np.ones((2, 8), np.float32)
     stream = [(1, f) for f in update_frames(cfg, 1, ka, g, 1)]  # table 1 only: kb's composites are table 1's
-    ref.update(1, ka, g)
+    ref.update({1: (ka, g)})
     stream += [(1, f) for f in multi_lookup_frames(cfg, [(1, ka), (2, kb)], 2)]
     stream += [(1, f) for f in lookup_frames(cfg, 2, kb, 3)]
-    want = {2: np.concatenate([ref.lookup(1, ka), ref.lookup(2, kb)]), 3: ref.lookup(2, kb)}
+    want = {2: np.concatenate([ref.lookup({1: ka})[1], ref.lookup({2: kb})[2]]), 3: ref.lookup({2: kb})[2]}
     stream += [(1, f) for f in update_frames(cfg, 2, kb, 3 * g, 4)]  # now both tables hold a row
-    ref.update(2, kb, 3 * g)
+    ref.update({2: (kb, 3 * g)})
     stream += [(1, f) for f in multi_lookup_frames(cfg, [(2, kb), (1, ka)], 5)]
-    want[5] = np.concatenate([ref.lookup(2, kb), ref.lookup(1, ka)])
+    want[5] = np.concatenate([ref.lookup({2: kb})[2], ref.lookup({1: ka})[1]])
     got, counters, state = run_stream(cfg, "batch", stream, c_answer=c_answer)
     re = Reassembler(expect="reply")
     seen = {m.header.msg_id: m for m in (re.feed(f) for f in got[1]) if m is not None}
     for mid in (2, 3, 5):
         assert np.array_equal(np.frombuffer(seen[mid].body, "<f4").reshape(-1, 8), want[mid]), mid
-    assert not np.array_equal(want[3], ref.lookup(1, ka)[order])  # not table 1's rows
+    assert not np.array_equal(want[3], ref.lookup({1: ka})[1][order])  # not table 1's rows
     for tid in (1, 2):
         for a, b in zip(state[tid], ref.state_dict()[tid]):
             assert np.array_equal(a, b)
@@ -566,7 +566,7 @@ def test_batch_engine_equals_local_backend_when_updates_share_a_wakeup():
         k = np.sort(rng.choice(keys, 100, replace=False)).astype(np.uint64)
         g = rng.standard_normal((100, 8)).astype(np.float32)
         stream += [(1, f) for f in update_frames(cfg, 0, k, g, m)]
-        ref.update(0, k, g)
+        ref.update({0: (k, g)})
     stream += [(1, f) for f in lookup_frames(cfg, 0, keys, 99)]
     got, counters, state = run_stream(cfg, "batch", stream)
     assert counters["updates_applied"] == 12
@@ -574,7 +574,7 @@ def test_batch_engine_equals_local_backend_when_updates_share_a_wakeup():
         assert np.array_equal(a, b)
     re = Reassembler(expect="reply")
     msgs = [m for m in (re.feed(f) for f in got[1]) if m is not None and m.header.msg_id == 99]
-    assert np.array_equal(np.frombuffer(msgs[0].body, "<f4").reshape(300, 8), ref.lookup(0, keys))
+    assert np.array_equal(np.frombuffer(msgs[0].body, "<f4").reshape(300, 8), ref.lookup({0: keys})[0])
 
 
 def test_udpio_gso_and_plain_send_the_same_datagrams():
@@ -672,7 +672,7 @@ def test_workers_answer_lookups_whose_rows_overflow_the_peer_socket(tmp_path):
         with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
             for _ in range(3):
                 k = np.unique(rng.integers(0, 2**63, 4000, dtype=np.uint64))
-                assert np.array_equal(c.lookup({0: k})[0], ref.lookup(0, k))
+                assert np.array_equal(c.lookup({0: k})[0], ref.lookup({0: k})[0])
         err = _stop_worker_shard(p)
     finally:
         _kill_worker_shard(p)
@@ -702,12 +702,12 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
                        2: np.unique(rng.integers(0, 5000, 200)).astype(np.uint64)}
                 got = c.lookup(req)
                 for t, k in req.items():
-                    assert np.array_equal(got[t], ref.lookup(t, k)), t
+                    assert np.array_equal(got[t], ref.lookup({t: k})[t]), t
                 upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
                        for t, k in req.items()}
                 c.update(upd)
                 for t, (k, g) in upd.items():
-                    ref.update(t, k, g)
+                    ref.update({t: (k, g)})
             # an update of two tables sent twice (a retransmission): acked twice, applied once
             raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             raw.bind(("127.0.0.1", 0))
@@ -722,10 +722,10 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
                     pass
                 assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 0x70000001
             raw.close()
-            ref.update(1, k, g)
-            ref.update(2, k2, g2)
+            ref.update({1: (k, g)})
+            ref.update({2: (k2, g2)})
             for t, (ks, _, _) in ref.state_dict().items():
-                assert np.array_equal(c.lookup({t: ks})[t], ref.lookup(t, ks)), t
+                assert np.array_equal(c.lookup({t: ks})[t], ref.lookup({t: ks})[t]), t
             client_retransmits = c.stats.retransmits
         err = _stop_worker_shard(p)
     finally:
@@ -875,7 +875,7 @@ def test_shard_refuses_exactly_the_gradients_local_backend_refuses(engine, kw):
         with np.errstate(over="ignore"):
             stream += [(1, f) for f in update_frames(cfg, tid, keys, g, m)]
         try:
-            ref.update(tid, keys, g)
+            ref.update({tid: (keys, g)})
         except ValueError as e:
             assert "non-finite gradient" in str(e)
             refused.add(m)
@@ -994,7 +994,7 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link(engine, nack):
             nacks += nk
             for _, parts in wave:
                 for tid, k, g in parts:
-                    ref.update(tid, k, g)
+                    ref.update({tid: (k, g)})
         c = st.counters()
         state = st.state_dict()
     assert c["updates_applied"] == 24 and c["duplicates"] > 0 and sum(c["errors"].values()) == 0
@@ -1025,7 +1025,7 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_pat
             _lossy_exchange(addr, msgs, rng, want=MsgType.UPDATE_ACK, nack=True)
             for _, parts in wave:
                 for tid, k, g in parts:
-                    ref.update(tid, k, g)
+                    ref.update({tid: (k, g)})
         keys = {t: np.unique(np.concatenate([k for w in waves for _, parts in w for tt, k, _ in parts if tt == t]))
                 for t in (0, 1, 2)}
         look = [[(t, keys[t][a:a + 100]) for t in (2, 0, 1) if keys[t][a:a + 100].size]
@@ -1044,7 +1044,7 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_pat
                 parts = look[mid - 0x20000]
                 assert m.header.msg_type == MsgType.LOOKUP_REPLY, m.header
                 for (t, k), rows in zip(parts, reply_rows(cfg, m, parts)):
-                    assert np.array_equal(rows, ref.lookup(t, k)), t
+                    assert np.array_equal(rows, ref.lookup({t: k})[t]), t
         finally:
             sock.close()
         err = _stop_worker_shard(p)

@@ -48,7 +48,7 @@ def _train(cfg, ckdir, seed=0, steps=6):
                               if t.rows is not None else rng.integers(0, 2**63, 200, dtype=np.uint64) * 2)
                 g = rng.standard_normal((k.size, t.dim)).astype(np.float32)
                 ups[t.id] = (k, g)
-                ref.update(t.id, k, g)
+                ref.update({t.id: (k, g)})
             c.update(ups)
     return ref
 
@@ -95,7 +95,7 @@ def test_export_import_export_is_byte_identical_and_serves_the_rows(tmp_path, la
             EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
         keys = np.arange(t.rows, dtype=np.uint64)
         got = c.lookup({t.id: keys})[t.id]
-    assert np.array_equal(got, ref.lookup(t.id, keys))
+    assert np.array_equal(got, ref.lookup({t.id: keys})[t.id])
     # importing over a used directory is refused
     r = _run("tables", "import", "-c", cfg_path, a, "--into", tmp_path / "new")
     assert r.exit_code == 2 and "already holds" in r.output

@@ -1,10 +1,10 @@
-"""Two DLRM workers under torchrun through the card (embnic.testbed.training.workers).
+"""Two DLRM workers under torchrun through the card (embnic.testbed.training.dlrm_workers).
 
-* ``torchrun --nproc-per-node 2 -m embnic.testbed.training.workers`` in one client host of the
+* ``torchrun --nproc-per-node 2 -m embnic.testbed.training.dlrm_workers`` in one client host of the
   shared-port testbed (examples/testbed-shared.toml's wiring: clients 1 and 2 share host
   10.77.0.2, distinct UDP ports; the card = embnic-dp; two shards) trains 3 steps; rank 1's batch
   of step 1 has only empty bags. Both ranks' losses, their dense parameters and the rows on the
-  shards (read back through the card) equal :func:`~embnic.testbed.training.workers.reference_run`
+  shards (read back through the card) equal :func:`~embnic.testbed.training.dlrm_workers.reference_run`
   within ``assert_close(rtol=1e-6, atol=1e-7)``; both clients' traffic passed the card.
 * A wrong rank → client mapping is a one-line error, exit 2, before any process group.
 
@@ -29,7 +29,7 @@ from tbutil import REPO, assert_gone, build_dataplane, cleanup, needs_root, run_
 from embnic.client_lib.client import EmbeddingClient  # noqa: E402
 from embnic.client_lib.config import load_config, parse_config  # noqa: E402
 from embnic.testbed.net import topology as T  # noqa: E402
-from embnic.testbed.training import workers as W  # noqa: E402
+from embnic.testbed.training import dlrm_workers as W  # noqa: E402
 from embnic.testbed.training.train import load_training_data  # noqa: E402
 
 SHARED_TOML = REPO / "examples" / "testbed-shared.toml"
@@ -60,7 +60,7 @@ def test_two_torchrun_workers_through_the_card_equal_the_reference(run_dir, tmp_
     try:
         tb.target.reset_counters()
         argv = ["ip", "netns", "exec", topo.client_ns(1), sys.executable, "-m", "torch.distributed.run",
-                "--nproc-per-node", "2", "-m", "embnic.testbed.training.workers", "-c", str(tb.config_path),
+                "--nproc-per-node", "2", "-m", "embnic.testbed.training.dlrm_workers", "-c", str(tb.config_path),
                 "--client-id-base", "1", "--steps", str(STEPS), "--batch-size", str(BATCH),
                 "--empty-bags", f"{EMPTY[0]}:{EMPTY[1]}", "--out", str(out), "--check"]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300,
@@ -94,7 +94,7 @@ def test_two_torchrun_workers_through_the_card_equal_the_reference(run_dir, tmp_
     assert recs[0]["client"]["messages_sent"] > recs[1]["client"]["messages_sent"] > 0
     assert sum(len(k) for k in want.values()) > 0
     for t, keys in want.items():
-        torch.testing.assert_close(torch.from_numpy(got[t]), torch.from_numpy(ref.tables.lookup(t, keys)), **TOL)
+        torch.testing.assert_close(torch.from_numpy(got[t]), torch.from_numpy(ref.tables.lookup({t: keys})[t]), **TOL)
     fbt = counters["types"]
     assert fbt["UPDATE_REQ"] > 0 and fbt["LOOKUP_REQ"] + fbt["UPDATE_REQ"] >= sum(
         rec["client"]["messages_sent"] for rec in recs)
@@ -111,7 +111,7 @@ def test_check_against_reference_finds_a_difference():
     tr = load_training_data(cfg, max_rows=400)[0]
     plan = W.Plan(world=2, steps=2, batch_size=8, seed=cfg.seed)
     ref = W.reference_run(cfg, tr, plan)
-    rows = {t: (ks, ref.tables.lookup(t, ks)) for t, (ks, _, _) in ref.tables.state_dict().items() if ks.size}
+    rows = {t: (ks, ref.tables.lookup({t: ks})[t]) for t, (ks, _, _) in ref.tables.state_dict().items() if ks.size}
 
     def lookup(req, bump=None):
         out = {t: rows[t][1].copy() for t in req}
@@ -169,3 +169,17 @@ def test_batches_of_the_ranks_tile_the_data_and_mapping_is_checked_in_order():
     assert W.client_ids(cfg, 3, 2, 2) == [3, 4]
     with pytest.raises(W.WorkerMappingError, match="not a multiple"):
         W.client_ids(cfg, 1, 3, 2)
+
+
+@pytest.mark.parametrize("module", ["dlrm_workers", "workers"])
+def test_the_documented_entry_point_and_its_alias_run_the_workers(module):
+    """``-m embnic.testbed.training.workers`` (the earlier name) runs dlrm_workers' main: same
+    usage, same one-line error and exit 2 outside torchrun."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-m", f"embnic.testbed.training.{module}", "--help"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "-m embnic.testbed.training.dlrm_workers" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", f"embnic.testbed.training.{module}", "-c", str(SHARED_TOML),
+                        "--client-id-base", "1"], capture_output=True, text=True, env=env, timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "$RANK is not set" in err[0], r.stderr
