@@ -1,13 +1,13 @@
 """Running the P4 card on BMv2: compile ``p4/``, run ``simple_switch`` in its own netns, talk to it.
 
 ``simple_switch``'s Thrift server listens on every address of its network namespace, so it
-always runs in a namespace of its own (:class:`Netns`) whose only address is loopback (IPv6 is
-disabled on every other interface moved there, so no link-local address appears either): the
-runtime CLI reaches it through ``ip netns exec``, nothing outside this host can. The card's
+always runs in a namespace of its own (:class:`embnic.control.netns.Netns`) whose only address
+is loopback (IPv6 is disabled on every other interface moved there, so no link-local address
+appears either): the runtime CLI reaches it from inside the namespace, nothing outside this host can. The card's
 ports are veths moved into that namespace, or pcap files (``--use-files``).
 
     json_path = compile_program(Path("build/p4"))
-    with Netns.create("embnic-bmv2-1") as ns:
+    with Netns.create("embnic-bmv2-1", ipv6=True) as ns:  # embnic.control.netns
         sw = SimpleSwitch(json_path, ns, ports={0: "/tmp/c/p0"}, use_files=True, log=Path("sw.log"))
         sw.start(); sw.wait_ready()
         sw.cli(["table_dump route_by_shard"])
@@ -20,7 +20,6 @@ and how to get it.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from embnic.control import p4prog
+from embnic.control.netns import Netns
 
 #: how to get each tool when it is missing (none is in Debian's or PyPI's archives)
 TOOL_HINTS = {
@@ -246,61 +246,6 @@ def make_restorable(json_path: Path) -> int:
     raise Bmv2Error(f"no padding of {json_path} gives an MD5 without whitespace bytes")
 
 
-
-# --------------------------------------------------------------------------- netns
-@dataclasses.dataclass
-class Netns:
-    """A network namespace made for one switch: loopback up, nothing else addressed."""
-
-    name: str
-
-    @classmethod
-    def create(cls, name: str) -> "Netns":
-        """Create ``name`` (it must not exist) and bring its loopback up.
-
-        Raises:
-            Bmv2Error: ``ip netns add`` failed (exists already, or not root).
-        """
-        r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise Bmv2Error(f"ip netns add {name}: {r.stderr.strip()}")
-        ns = cls(name)
-        ns.run(["ip", "link", "set", "lo", "up"])
-        return ns
-
-    def run(self, cmd: Sequence[str], **kw) -> subprocess.CompletedProcess:
-        """Run ``cmd`` inside the namespace (``ip netns exec``); raises Bmv2Error on failure."""
-        r = subprocess.run(["ip", "netns", "exec", self.name, *cmd], capture_output=True, text=True, **kw)
-        if r.returncode != 0:
-            raise Bmv2Error(f"in netns {self.name}: {' '.join(cmd)}: {(r.stderr or r.stdout).strip()}")
-        return r
-
-    def take_interface(self, ifname: str) -> None:
-        """Move ``ifname`` into the namespace, IPv6 off (no link-local address), and bring it up."""
-        subprocess.run(["ip", "link", "set", ifname, "netns", self.name], check=True, capture_output=True)
-        self.disable_ipv6(ifname)
-        self.run(["ip", "link", "set", ifname, "up"])
-
-    def disable_ipv6(self, ifname: str) -> None:
-        """Turn IPv6 off on ``ifname`` in the namespace (its link-local address goes with it)."""
-        self.run(["sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
-
-    def addresses(self) -> list[str]:
-        """Every IPv4/IPv6 address in the namespace (``ip -o addr``), as ``"ifname addr/len"``."""
-        out = self.run(["ip", "-o", "addr", "show"]).stdout
-        return [f"{f[1]} {f[3]}" for f in (ln.split() for ln in out.splitlines()) if len(f) > 3]
-
-    def delete(self) -> None:
-        """Delete the namespace (its veth ends go with it)."""
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-
-    def __enter__(self) -> "Netns":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.delete()
-
-
 # --------------------------------------------------------------------------- the switch
 #: bm_serialize_state through Thrift, keeping the binary state as bytes (argv: port, path, sys.path extras)
 _SAVE_STATE_PY = """
@@ -411,7 +356,7 @@ class SimpleSwitch:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.unlink(missing_ok=True)  # wait_ready reads it: no line of an earlier run
         out = open(self.log.with_name(self.log.name + ".out"), "wb")
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.netns.name, *self.command()],
+        self.proc = subprocess.Popen(self.netns.exec_argv(self.command()),
                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         return self.proc.pid
@@ -455,7 +400,7 @@ class SimpleSwitch:
                 output), with the offending lines.
         """
         text = "\n".join(commands) + "\n"
-        cmd = ["ip", "netns", "exec", self.netns.name, self.cli_tool(), "--thrift-port", str(self.thrift_port)]
+        cmd = self.netns.exec_argv([self.cli_tool(), "--thrift-port", str(self.thrift_port)])
         try:
             r = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -480,9 +425,8 @@ class SimpleSwitch:
 
         cli = Path(self.cli_tool()).read_text(errors="replace")
         extra = re.findall(r'sys\.path\.append\("([^"]+)"\)', cli)
-        r = subprocess.run(["ip", "netns", "exec", self.netns.name, sys.executable, "-c", _SAVE_STATE_PY,
-                            str(self.thrift_port), str(path), *extra], capture_output=True, text=True,
-                           timeout=timeout)
+        r = subprocess.run(self.netns.exec_argv([sys.executable, "-c", _SAVE_STATE_PY, str(self.thrift_port),
+                                                 str(path), *extra]), capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0 or not Path(path).exists():
             raise Bmv2Error(f"saving the switch state failed: {(r.stderr or r.stdout).strip()[-600:]}")
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
 from embnic.control.cmd_options import FloatRange, config_option, load_cluster, needs_root, pmd_option
 from embnic.control.cmd_options import testbed_name_option as name_option
 from embnic.control.errors import OperationalError
+from embnic.control.netns import exec_argv
 
 @click.group("testbed")
 def testbed():
@@ -84,8 +86,9 @@ def up(config, name, no_card, timeout, as_json, pmd):
                        f"`testbed down` stops it too, `sudo embnic pipeline unload --name "
                        f"{tb.cfg.raw['control']['name']}` alone)")
         else:
-            click.echo(f"train as client {c.id}: sudo ip netns exec {topo.client_ns(c.id)} embnic train -c "
-                       f"{tb.config_path} --client-id {c.id}")
+            train = exec_argv(topo.client_ns(c.id), ["embnic", "train", "-c", str(tb.config_path),
+                                                     "--client-id", str(c.id)])
+            click.echo(f"train as client {c.id}: sudo {shlex.join(train)}")
             click.echo(f"the card: sudo embnic status -c {tb.config_path}   (route list, state dump, ... likewise)")
         click.echo(f"tear down: sudo embnic testbed down --name {name}")
 

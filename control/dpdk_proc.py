@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 
 from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError
 from embnic.control.errors import NeedsRootError, OperationalError
+from embnic.control.netns import exec_argv
 from embnic.control.runstate import pid_matches, proc_starttime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -197,8 +198,7 @@ class DpdkProcess:
     @property
     def argv(self) -> list[str]:
         """The whole command line."""
-        pre = ["ip", "netns", "exec", self.netns] if self.netns else []
-        return pre + self.wrapper + [self.binary, *self.eal, "--", *self.app]
+        return exec_argv(self.netns, [*self.wrapper, self.binary, *self.eal, "--", *self.app])
 
     @property
     def pid(self) -> int | None:

@@ -39,20 +39,20 @@ made for it (``embnic-bmv2-NAME``), into which the interfaces are moved with IPv
 """
 from __future__ import annotations
 
-import json
 import os
 import re
+import shlex
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.client_lib.consts import MsgType
-from embnic.control import bmv2, bmv2_runtime, p4prog
+from embnic.control import bmv2, bmv2_runtime, netns, p4prog
 from embnic.control.errors import MissingDependencyError, NoSuchEntryError, OperationalError, UsageError
+from embnic.control.netns import Netns, NetnsError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
                                      require_netns, require_root, write_state)
 from embnic.control.target import Entry, Target, clients_from_config, describe_state, routes_from_config
@@ -140,7 +140,7 @@ def parse_table_dump(text: str) -> list[dict]:
 PORT_OFFLOADS_OFF = ("tso", "gso", "gro", "lro", "tx-udp-segmentation", "rx-gro-list", "rx-udp-gro-forwarding")
 
 
-def tune_port_interfaces(ns: bmv2.Netns, ifaces: Sequence[str]) -> None:
+def tune_port_interfaces(ns: Netns, ifaces: Sequence[str]) -> None:
     """Turn segmentation and receive offloads off on the switch's port interfaces.
 
     BMv2 captures each port with libpcap in immediate mode, i.e. a TPACKET_V2 ring of 2 MiB
@@ -150,15 +150,12 @@ def tune_port_interfaces(ns: bmv2.Netns, ifaces: Sequence[str]) -> None:
     kernel, counted by no counter of the card. With the offloads off, slots are MTU-sized and
     the same ring holds about a thousand frames. Best effort per feature (a veth has no LRO to
     turn off); nothing the switch does depends on the offloads.
+
+    Raises:
+        MissingDependencyError: no ethtool (apt-get install ethtool).
     """
-    ethtool = shutil.which("ethtool")
-    if ethtool is None:
-        raise OperationalError("the bmv2 target needs ethtool (apt-get install ethtool) to size the switch's "
-                               "capture rings (offloads off on its port interfaces)")
     for ifname in ifaces:
-        for feature in PORT_OFFLOADS_OFF:
-            subprocess.run(["ip", "netns", "exec", ns.name, ethtool, "-K", ifname, feature, "off"],
-                           capture_output=True)
+        ns.offloads_off(ifname, PORT_OFFLOADS_OFF, each=True)
 
 
 def interface_rx(ns_name: str, ifaces: dict[int, str]) -> dict[int, int]:
@@ -167,10 +164,7 @@ def interface_rx(ns_name: str, ifaces: dict[int, str]) -> dict[int, int]:
     Raises:
         OperationalError: ``ip`` failed (an interface or the namespace is gone).
     """
-    r = subprocess.run(["ip", "-n", ns_name, "-j", "-s", "link", "show"], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise OperationalError(f"ip -n {ns_name} -s link show: {r.stderr.strip()}")
-    by_name = {d["ifname"]: d["stats64"]["rx"] for d in json.loads(r.stdout) if "stats64" in d}
+    by_name = {d["ifname"]: d["stats64"]["rx"] for d in Netns(ns_name).links(stats=True) if "stats64" in d}
     out = {}
     for port, name in ifaces.items():
         if name not in by_name:
@@ -277,7 +271,7 @@ class Bmv2Target(Target):
         if not pid_matches(st):
             raise OperationalError(f"the bmv2 pipeline {self.instance!r} is not running any more "
                                    f"({describe_state(st)}); see its log {st.get('log')}")
-        return bmv2.SimpleSwitch(Path(st["json"]), bmv2.Netns(st["netns"]), {}, log=Path(st["log"]),
+        return bmv2.SimpleSwitch(Path(st["json"]), Netns(st["netns"]), {}, log=Path(st["log"]),
                                  thrift_port=int(st["thrift_port"]), grpc_addr=st.get("p4rt"))
 
     def cli(self, commands: Sequence[str]) -> str:
@@ -376,13 +370,13 @@ class Bmv2Target(Target):
         made_ns = None
         if not self.netns:
             made_ns = f"embnic-bmv2-{self.instance}"
-            subprocess.run(["ip", "netns", "del", made_ns], capture_output=True)
+            netns.delete(made_ns)  # left by a crashed load of the same name
             try:
-                ns = bmv2.Netns.create(made_ns)
+                ns = Netns.create(made_ns, ipv6=True)  # IPv6 off per port (take_interface): ::1 stays
                 for ifname in self.interfaces[:len(ids)]:
                     ns.take_interface(ifname)
-            except (bmv2.Bmv2Error, subprocess.CalledProcessError) as e:
-                subprocess.run(["ip", "netns", "del", made_ns], capture_output=True)
+            except NetnsError as e:
+                netns.delete(made_ns)
                 raise OperationalError(f"cannot set up namespace {made_ns}: {e}") from None
         sw = None
         try:
@@ -404,14 +398,14 @@ class Bmv2Target(Target):
             remove_state(self.run_dir, self.instance)
             self.p4rt_socket.unlink(missing_ok=True)
             if made_ns:
-                bmv2.Netns(made_ns).delete()
+                netns.delete(made_ns)
             raise OperationalError(str(e)) from None
         info = {"mode": "bmv2", "state_size": p4prog.constants()["STATE_SLOTS"],
                 "state_timeout_ms": cfg.card.state_timeout_ms,
                 "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
         return {**state, "routes": len(routes), "clients": len(clients), "info": info}
 
-    def _state(self, sw: bmv2.SimpleSwitch, pid: int, json_path: Path, ns: bmv2.Netns, ports: dict,
+    def _state(self, sw: bmv2.SimpleSwitch, pid: int, json_path: Path, ns: Netns, ports: dict,
                channel: str) -> dict:
         ctl = f"thrift 127.0.0.1:{self.thrift_port} in netns {ns.name}"
         if channel == "p4runtime":
@@ -422,7 +416,7 @@ class Bmv2Target(Target):
                 "log": str(sw.log_file), "ctl": ctl, "started": time.time(), "interfaces": ports,
                 "argv": sw.command(), "switch": bmv2.CHANNEL_SWITCH[channel]}
 
-    def _start_thrift(self, json_path: Path, ns: bmv2.Netns, ports: dict,
+    def _start_thrift(self, json_path: Path, ns: Netns, ports: dict,
                       card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
         """The Thrift channel: program a port-less switch with the runtime CLI, save its state,
         start the card's switch with the ports and ``--restore-state`` (module docstring)."""
@@ -450,7 +444,7 @@ class Bmv2Target(Target):
         sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
         return sw, state
 
-    def _start_p4runtime(self, json_path: Path, ns: bmv2.Netns, ports: dict,
+    def _start_p4runtime(self, json_path: Path, ns: Netns, ports: dict,
                          card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
         """The P4Runtime channel: start ``simple_switch_grpc`` with no program and no port, push
         the pipeline, write and read back every table over P4Runtime, registers and queue depth
@@ -475,7 +469,7 @@ class Bmv2Target(Target):
         return {str(p): {"iface_rx": iface[p], "switch_rx": c.get("rx_frames", {}).get(p, (0, 0))[0]}
                 for p in sorted(ifaces)}
 
-    def _prepare_netns(self, name: str, ports: Sequence[str]) -> bmv2.Netns:
+    def _prepare_netns(self, name: str, ports: Sequence[str]) -> Netns:
         """The given namespace, made ready for the switch: loopback up (the runtime CLI reaches
         Thrift on 127.0.0.1) and IPv6 off on the card's port interfaces (the card speaks IPv4;
         a link-local address there would let Thrift be reached from the segment).
@@ -486,20 +480,17 @@ class Bmv2Target(Target):
                 (one line naming the addresses and the command that removes them).
         """
         require_netns(name)
-        ns = bmv2.Netns(name)
-        try:
-            ns.run(["ip", "link", "set", "lo", "up"])
-            have = {a.split()[0] for a in ns.addresses() if ":" in a.split()[1]}
-            for ifname in ports:
-                if ifname in have:
-                    ns.disable_ipv6(ifname)
-        except bmv2.Bmv2Error as e:
-            raise OperationalError(str(e)) from None
+        ns = Netns(name)
+        ns.link_up("lo")
+        have = {a.split()[0] for a in ns.addresses() if ":" in a.split()[1]}
+        for ifname in ports:
+            if ifname in have:
+                ns.disable_ipv6(ifname)
         self._check_loopback_only(ns)
         return ns
 
     @staticmethod
-    def _check_loopback_only(ns: bmv2.Netns) -> None:
+    def _check_loopback_only(ns: Netns) -> None:
         """Refuse a namespace with any address but 127.0.0.1/::1: Thrift would listen on it.
 
         Raises:
@@ -508,8 +499,9 @@ class Bmv2Target(Target):
         other = [a for a in ns.addresses() if not a.startswith("lo ")]
         if other:
             ifs = sorted({a.split()[0] for a in other})
-            fix = "; ".join(f"ip -n {ns.name} addr flush dev {i} && ip netns exec {ns.name} sysctl -qw "
-                            f"net.ipv6.conf.{i}.disable_ipv6=1" for i in ifs)
+            fix = "; ".join(f"ip -n {ns.name} addr flush dev {i} && "
+                            + shlex.join(ns.exec_argv(["sysctl", "-qw", f"net.ipv6.conf.{i}.disable_ipv6=1"]))
+                            for i in ifs)
             raise OperationalError(f"namespace {ns.name} has addresses besides loopback ({', '.join(other)}), "
                                    f"where simple_switch's Thrift server would be reachable: remove them "
                                    f"({fix}) or omit --netns to let the bmv2 target make its own namespace")
@@ -537,7 +529,7 @@ class Bmv2Target(Target):
                 os.kill(pid, signal.SIGKILL)
                 killed = True
         if st.get("netns_made") and st.get("netns"):
-            bmv2.Netns(st["netns"]).delete()
+            netns.delete(st["netns"])
         remove_state(self.run_dir, self.instance)
         self._remove_transient_files()
         if st.get("p4rt"):

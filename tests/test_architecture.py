@@ -106,7 +106,7 @@ def test_the_rules_see_real_imports():
     """The checker is not vacuous: it finds known imports (and would find a forbidden one)."""
     assert "click" in _imports(ROOT / "control" / "cli.py")
     assert "embnic.control.errors" in _imports(ROOT / "control" / "target.py")
-    assert "embnic.testbed.net.netns" in _imports(ROOT / "testbed" / "net" / "topology.py")  # relative import
+    assert "embnic.testbed.net.procs" in _imports(ROOT / "testbed" / "net" / "topology.py")  # relative import
     assert "embnic.control.cmd_options" in CLI_MODULES and "embnic.control.target" not in CLI_MODULES
     assert _hits({"click.testing"}, ("click",)) == ["click.testing"]
     assert "rocksdict" in _imports(ROOT / "testbed" / "server" / "diskstore.py")

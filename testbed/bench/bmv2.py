@@ -40,16 +40,18 @@ setup, with the p4c/BMv2 versions, the channel and the BMv2 build (``bmv2_build`
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from embnic.control import bmv2, bmv2_runtime
+from embnic.control import bmv2, bmv2_runtime, netns
 from embnic.control.target_bmv2 import tune_port_interfaces
-from embnic.control.dpdk_proc import CardProcess, DpdkProcError, build_card, unique_prefix
+from embnic.control.dpdk_proc import CardProcess, build_card, unique_prefix
 from embnic.control.errors import MissingDependencyError, OperationalError
+from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.dataplane import (BENCH_BURST, BENCH_CARD_IP, BENCH_CLIENTS, BENCH_MBUFS,
                                             BENCH_SHARDS, CARD_1LCORE, _median, _program_card,
@@ -73,42 +75,27 @@ class VethPath:
         self.gen_ns = f"enV{tag}g"       #: the generator's and the sink's
         self.gen, self.dut_in, self.dut_out, self.sink = (f"eVg{tag}", f"eVi{tag}", f"eVo{tag}", f"eVs{tag}")
 
-    def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run(["ip", *args], capture_output=True, text=True)
-        if check and r.returncode != 0:
-            raise DpdkProcError(f"`ip {' '.join(args)}` failed: {r.stderr.strip()}")
-        return r
-
     def __enter__(self) -> "VethPath":
-        try:
-            for ns in (self.name, self.gen_ns):
-                self._ip("netns", "add", ns)
-                for key in ("all", "default"):  # no link-local address: BMv2's Thrift stays on loopback
-                    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                                    f"net.ipv6.conf.{key}.disable_ipv6=1"], capture_output=True)
-                self._ip("-n", ns, "link", "set", "lo", "up")
-            g = ["-n", self.gen_ns]
-            self._ip(*g, "link", "add", self.gen, "type", "veth", "peer", "name", self.dut_in, "netns", self.name)
-            self._ip(*g, "link", "add", self.sink, "type", "veth", "peer", "name", self.dut_out, "netns", self.name)
-            for ns, dev in ((self.gen_ns, self.gen), (self.name, self.dut_in), (self.name, self.dut_out),
-                            (self.gen_ns, self.sink)):
-                self._ip("-n", ns, "link", "set", dev, "up")
-                subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "rx", "off"],
-                               capture_output=True)
-            tune_port_interfaces(bmv2.Netns(self.name), [self.dut_in, self.dut_out])
-        except BaseException:
-            self.__exit__()
-            raise
+        with contextlib.ExitStack() as undo:
+            for ns in (self.name, self.gen_ns):  # IPv6 off: BMv2's Thrift stays on loopback
+                undo.callback(Netns.create(ns).delete)
+            dut, gen = Netns(self.name), Netns(self.gen_ns)
+            gen.veth(self.gen, self.dut_in, peer_ns=self.name)
+            gen.veth(self.sink, self.dut_out, peer_ns=self.name)
+            for ns, dev in ((gen, self.gen), (dut, self.dut_in), (dut, self.dut_out), (gen, self.sink)):
+                ns.link_up(dev)
+                ns.offloads_off(dev, each=True)
+            tune_port_interfaces(dut, [self.dut_in, self.dut_out])
+            undo.pop_all()
         return self
 
     def __exit__(self, *exc) -> None:
         for ns in (self.name, self.gen_ns):
-            self._ip("netns", "del", ns, check=False)
+            netns.delete(ns)
 
     def sink_frames(self) -> int:
         """Frames that have arrived at the sink interface (its kernel ``rx_packets``)."""
-        r = self._ip("-n", self.gen_ns, "-j", "-s", "link", "show", "dev", self.sink)
-        return int(json.loads(r.stdout)[0]["stats64"]["rx"]["packets"])
+        return Netns(self.gen_ns).rx_packets(self.sink)
 
 
 def _window(sample: Callable[[], int], seconds: float, warmup: float, pids: list[int]) -> dict:
@@ -157,7 +144,7 @@ def measure_bmv2_veth(json_path: Path, path: VethPath, seconds: float, warmup: f
     Raises:
         Bmv2Error: a switch failed to start or refused a table entry (names its log).
     """
-    ns = bmv2.Netns(path.name)
+    ns = Netns(path.name)
     tag = unique_prefix("b")
     routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
     clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]

@@ -60,6 +60,7 @@ directory removed after it exits); only their own pids are ever signalled.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -69,6 +70,7 @@ from typing import Any, Sequence
 
 from embnic.control import dpdk_proc
 from embnic.control.dpdk_proc import CardProcess, DpdkProcError, build_card, unique_prefix
+from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.results import merge_json
 from embnic.control.pcap import write_pcap
@@ -426,37 +428,30 @@ def _distinct_figures(m: dict, dpcap: dict) -> dict:
     }
 
 
-class _Netns:
-    """A network namespace with one veth pair, both ends in it; deleted on exit."""
+class _VethPair:
+    """A network namespace ``enB<pid>`` with one veth pair ``eBa<pid>``/``eBb<pid>``, both ends in
+    it, up, IPv6 and checksum offloads off; the namespace (with the pair) is deleted on exit."""
 
     def __init__(self):
         tag = f"{os.getpid() % 100000}"
         self.name = f"enB{tag}"
         self.a, self.b = f"eBa{tag}", f"eBb{tag}"
+        self._ns: Netns | None = None
 
-    def _ip(self, *args: str, check: bool = True) -> None:
-        r = subprocess.run(["ip", *args], capture_output=True, text=True)
-        if check and r.returncode != 0:
-            raise DpdkProcError(f"`ip {' '.join(args)}` failed: {r.stderr.strip()}")
-
-    def __enter__(self) -> "_Netns":
-        self._ip("netns", "add", self.name)
-        try:
-            ns = ["-n", self.name]
-            self._ip(*ns, "link", "add", self.a, "type", "veth", "peer", "name", self.b)
-            subprocess.run(["ip", "netns", "exec", self.name, "sysctl", "-qw",
-                            "net.ipv6.conf.all.disable_ipv6=1"], capture_output=True)
+    def __enter__(self) -> "_VethPair":
+        self._ns = Netns.create(self.name)
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._ns.delete)
+            self._ns.veth(self.a, self.b)
             for dev in (self.a, self.b):
-                self._ip(*ns, "link", "set", dev, "up")
-                subprocess.run(["ip", "netns", "exec", self.name, "ethtool", "-K", dev, "tx", "off", "rx",
-                                "off"], capture_output=True)
-        except BaseException:
-            self.__exit__()
-            raise
+                self._ns.link_up(dev)
+                self._ns.offloads_off(dev, each=True)
+            undo.pop_all()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._ip("netns", "del", self.name, check=False)
+        if self._ns is not None:
+            self._ns.delete()
 
 
 #: the PMDs the card and testpmd are measured on over the veth pair (the testbed's path)
@@ -488,7 +483,7 @@ def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str],
     out: dict[str, Any] = {}
     # 2 vCPUs here: the generator forwards on CPU 1, each DUT on CPU 0 (the card run to
     # completion on lcore 0; testpmd forwarding on lcore 0 with its idle main lcore on 1)
-    with _Netns() as ns:
+    with _VethPair() as ns:
         gen = TestpmdProcess([src, f"net_af_packet0,iface={ns.a}"], lcores="0,1", main_lcore=0, mode="io",
                              netns=ns.name)
         gen.start()

@@ -37,7 +37,7 @@ import struct
 from embnic.control.errors import USAGE
 from embnic.control.xdp import attached_xdp
 
-from .netns import TestbedError
+from .procs import TestbedError
 
 # bpf(2) commands and types (include/uapi/linux/bpf.h)
 _BPF_MAP_CREATE, _BPF_MAP_LOOKUP_ELEM, _BPF_PROG_LOAD = 0, 1, 5
@@ -182,7 +182,7 @@ def _ipr(ns: str):
     in a busy demo process)."""
     from pyroute2 import IPRoute
 
-    from .netns import in_netns
+    from embnic.control.netns import in_netns
 
     with in_netns(ns):
         return IPRoute(groups=0)

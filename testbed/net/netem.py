@@ -70,10 +70,12 @@ import time
 from pathlib import Path
 
 from embnic.control.errors import USAGE
+from embnic.control.netns import Netns, exec_argv, netns_exists
+from embnic.control.netns import run as run_cmd  # tc; one name the tests replace
 from embnic.control.runstate import proc_starttime, run_dir
 
 from . import bpf_loss
-from .netns import TestbedError, log_tail, netns_exists, require_net_admin, run_cmd, stop_process
+from .procs import TestbedError, log_tail, require_net_admin, stop_process
 from .state import node_dir, save_testbed_state, testbed_state
 
 BACKENDS = ("auto", "tc", "bpf", "user")
@@ -433,20 +435,21 @@ def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment)
     # the taps are recorded before they exist
     _record_link(state, rdir, lk["peer"], {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(),
                                            "helper": h})
-    mac = _ns_mac(ns, ifname)
-    mtu = _ns_mtu(ns, ifname)
+    nsx = Netns(ns)
+    dev = nsx.links(ifname)[0]
+    mac, mtu = dev["address"], int(dev["mtu"])
     for tap in (tap_o, tap_i):
-        run_cmd(["ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"])
-        run_cmd(["ip", "-n", ns, "link", "set", tap, "mtu", str(mtu), "txqueuelen", "10000", "arp", "off", "up"])
-    run_cmd(["ip", "-n", ns, "link", "set", tap_i, "address", mac])
-    run_cmd(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{tap_i}.rp_filter=0"], check=False)
+        nsx.ip("tuntap", "add", "dev", tap, "mode", "tap")
+        nsx.ip("link", "set", tap, "mtu", str(mtu), "txqueuelen", "10000", "arp", "off", "up")
+    nsx.ip("link", "set", tap_i, "address", mac)
+    nsx.sysctl(f"net.ipv4.conf.{tap_i}.rp_filter", "0", check=False)
     stats = Path(h["stats"])
     stats.unlink(missing_ok=True)
-    argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "embnic.testbed.net.netem_helper", "--iface", ifname,
-            "--tap-out", tap_o, "--tap-in", tap_i, "--mac", mac, "--loss", str(imp.loss),
-            "--reorder", str(imp.reorder), "--duplicate", str(imp.duplicate),
-            "--delay", str(imp.delay_ms or 5.0), "--seed", str(imp.seed * 1000 + int(lk.get("port", 0))),
-            "--stats", str(stats)]
+    argv = exec_argv(ns, [sys.executable, "-m", "embnic.testbed.net.netem_helper", "--iface", ifname,
+                          "--tap-out", tap_o, "--tap-in", tap_i, "--mac", mac, "--loss", str(imp.loss),
+                          "--reorder", str(imp.reorder), "--duplicate", str(imp.duplicate),
+                          "--delay", str(imp.delay_ms or 5.0), "--seed", str(imp.seed * 1000 + int(lk.get("port", 0))),
+                          "--stats", str(stats)])
     with open(h["log"], "ab") as lf:
         lf.write(("# " + " ".join(argv) + "\n").encode())
         lf.flush()
@@ -496,7 +499,7 @@ def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
         for p in mine:
             stop_process(p)
         for tap in h.get("taps", []):
-            run_cmd(["ip", "-n", ns, "link", "del", tap], check=False)
+            Netns(ns).delete_link(tap)
         counters = read_stats(h.get("stats"))
         state["procs"] = [p for p in state.get("procs", []) if p not in mine]
     per = _per_link(state)
@@ -525,16 +528,6 @@ def _restore(name: str, state: dict, rdir: Path, chosen: list[dict], previous: d
         return f"and the earlier impairment could not be restored: {e}"
     return ("the earlier impairment of " + ", ".join(back) + " is back") if back else \
         "the links are unimpaired, as before"
-
-
-def _ns_mac(ns: str, ifname: str) -> str:
-    p = run_cmd(["ip", "-n", ns, "-j", "link", "show", "dev", ifname])
-    return json.loads(p.stdout)[0]["address"]
-
-
-def _ns_mtu(ns: str, ifname: str) -> int:
-    p = run_cmd(["ip", "-n", ns, "-j", "link", "show", "dev", ifname])
-    return int(json.loads(p.stdout)[0]["mtu"])
 
 
 def _need_state(name: str, rdir: Path) -> dict:

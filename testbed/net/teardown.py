@@ -16,9 +16,12 @@ from pathlib import Path
 from embnic.control.dpdk_proc import remove_runtime_dir
 from embnic.control.runstate import proc_starttime, run_dir
 
-from .model import card_file_prefix
-from .netns import netns_exists, netns_list, netns_pids, require_net_admin, run_cmd, stop_process
+from embnic.control import netns
+from embnic.control.netns import netns_exists, netns_list, netns_pids
+
+from .procs import require_net_admin, stop_process
 from .state import card_pipeline_name, loaded_card, node_dir, state_path, testbed_state
+from .wiring import card_file_prefix
 
 __all__ = ["down"]
 
@@ -97,15 +100,15 @@ def down(name: str, rdir: Path | None = None) -> dict:
             if stop_process(rec, timeout=2.0):
                 stopped.append(f"{ns}:{pid}")
     for ns in reversed(nss):
-        if netns_exists(ns):
-            run_cmd(["ip", "netns", "del", ns], check=False)
-            removed.append(ns)
+        with contextlib.suppress(netns.NetnsError):  # best effort: the rest still goes
+            if netns.delete(ns):
+                removed.append(ns)
     # veths live only inside the namespaces; a crashed `ip link add` cannot leave one in the
     # root namespace, but check anyway
     for lk in state.get("links", []):
         for ifname in (lk.get("card_if"), lk.get("peer_if")):
             if ifname and Path(f"/sys/class/net/{ifname}").exists():
-                run_cmd(["ip", "link", "del", ifname], check=False)
+                netns.ip("link", "del", ifname, check=False)
     try:
         state_path(name, rdir).unlink()
     except FileNotFoundError:

@@ -28,7 +28,7 @@ Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPD
   (``--vdev net_af_packet<i>,iface=Np<i>,qdisc_bypass=0,framecnt=4096``, in port order: card port ids
   must be ``0..n-1``); with ``--pmd af_xdp`` (:attr:`Topology.pmd`) ``net_af_xdp<i>,iface=Np<i>``:
   an AF_XDP socket on the veth's queue 0 behind the PMD's XDP program (copy mode on a veth;
-  MTU at most 3506; :func:`~embnic.testbed.net.model.card_vdev`, docs/deploy.md).
+  MTU at most 3506; :func:`~embnic.testbed.net.wiring.card_vdev`, docs/deploy.md).
 * several hosts on one card port (``examples/testbed-shared.toml``): the clients (or shards) of
   one ``ip`` are one host, one namespace ``N-c<first id>``; a card port with several hosts is a
   bridge ``Nb<i>`` in the card's namespace with each host's card-side veth end ``N<node>x`` and
@@ -73,25 +73,26 @@ from embnic.client_lib.consts import MsgType, Status
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
 from embnic.control.runstate import state_path as runstate_path
 
-from .model import (DEFAULT_NAME, DEFAULT_PMD, NAME_RE, Link, Node, PmdError, Topology, card_file_prefix,
-                    check_name, derived_mac, link_prefix)
-from .netns import (NeedsRoot, TestbedError, _reap, in_netns, log_tail, netns_exists, netns_list, netns_pids,
-                    require_net_admin, run_cmd, stop_process)
+from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
+
+from .procs import NeedsRoot, TestbedError, _reap, log_tail, require_net_admin, stop_process
 from .state import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
                     save_testbed_state, state_path, testbed_state)
 from .probe import _status_name, probe_key
 from .teardown import down
 from .toml_writer import dump_toml
+from .wiring import (DEFAULT_NAME, DEFAULT_PMD, NAME_RE, Link, Node, PmdError, Topology, card_file_prefix,
+                     check_name, derived_mac, link_prefix)
 
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
 
 #: the bring-up and status (this module), the teardown (:mod:`.teardown`) and, for callers'
-#: convenience, the names of the declaration (:mod:`.model`), namespaces (:mod:`.netns`) and
-#: state file (:mod:`.state`) they are built on
+#: convenience, the names of the declaration (:mod:`.wiring`), errors and processes (:mod:`.procs`),
+#: namespaces (:mod:`embnic.control.netns`) and state file (:mod:`.state`) they are built on
 __all__ = ["PROBE_MSG_ID_BASE", "Testbed", "down", "status", "probe_key",
            "DEFAULT_NAME", "DEFAULT_PMD", "PmdError", "NAME_RE", "Link", "Node", "Topology", "card_file_prefix", "check_name", "derived_mac",
-           "link_prefix", "NeedsRoot", "TestbedError", "in_netns", "netns_exists", "netns_list", "netns_pids",
-           "require_net_admin", "run_cmd", "stop_process", "dead_nodes", "describe_dead", "list_testbeds",
+           "link_prefix", "NeedsRoot", "TestbedError", "NetnsError", "in_netns", "netns_exists", "netns_list",
+           "netns_pids", "require_net_admin", "stop_process", "dead_nodes", "describe_dead", "list_testbeds",
            "node_dir", "node_label", "save_testbed_state", "state_path", "testbed_state", "card_pipeline_name",
            "loaded_card"]
 
@@ -252,22 +253,18 @@ class Testbed:
     def _create(self) -> None:
         log = self._tlog()
         topo = self.topo
-        mtu = str(topo.cfg.mtu)
+        mtu = int(topo.cfg.mtu)
         for node in topo.nodes:
             if node.netns in self.state["netns"]:  # a host of several clients/shards: one namespace
                 continue
             self.state["netns"].append(node.netns)
             self._save()
-            run_cmd(["ip", "netns", "add", node.netns], log=log)
-            for key in ("all", "default"):
-                run_cmd(["ip", "netns", "exec", node.netns, "sysctl", "-qw",
-                      f"net.ipv6.conf.{key}.disable_ipv6=1"], log=log, check=False)
-            run_cmd(["ip", "-n", node.netns, "link", "set", "lo", "up"], log=log)
-        cns = topo.card_ns
+            Netns.create(node.netns, log=log)  # loopback up, IPv6 off
+        cns = Netns(topo.card_ns, log=log)
 
-        def offload_off_up(ns: str, ifname: str) -> None:
-            run_cmd(["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off"], log=log)
-            run_cmd(["ip", "-n", ns, "link", "set", ifname, "up"], log=log)
+        def offload_off_up(ns: Netns, ifname: str) -> None:
+            ns.offloads_off(ifname)  # checksum offloads (module docstring)
+            ns.link_up(ifname)
 
         bridges = {}
         for lk in topo.links:
@@ -277,32 +274,27 @@ class Testbed:
                 # is on the bridge), everything at the cluster MTU
                 bridges[lk.bridge] = lk
                 br_end = f"{lk.port_if}b"
-                run_cmd(["ip", "-n", cns, "link", "add", lk.bridge, "mtu", mtu, "type", "bridge",
-                         "stp_state", "0", "forward_delay", "0"], log=log)
-                run_cmd(["ip", "-n", cns, "link", "add", lk.port_if, "address", lk.card_mac, "mtu", mtu,
-                         "type", "veth", "peer", "name", br_end, "mtu", mtu], log=log)
+                cns.bridge(lk.bridge, mtu=mtu)
+                cns.veth(lk.port_if, br_end, mac=lk.card_mac, mtu=mtu)
                 for ifname in (lk.port_if, br_end):
                     offload_off_up(cns, ifname)
-                run_cmd(["ip", "-n", cns, "link", "set", br_end, "master", lk.bridge], log=log)
-                run_cmd(["ip", "-n", cns, "link", "set", lk.bridge, "up"], log=log)
+                cns.set_master(br_end, lk.bridge)
+                cns.link_up(lk.bridge)
             self.state["links"].append({"port": lk.port, "card_if": lk.card_if, "peer_if": lk.peer_if,
                                         "peer_ns": lk.peer_ns, "peer": lk.peer, "members": list(lk.members),
                                         "bridge": lk.bridge})
             self._save()
-            card_end = ["ip", "link", "add", lk.card_if, "netns", cns]
-            if not lk.bridge:
-                card_end += ["address", lk.card_mac]
-            run_cmd(card_end + ["mtu", mtu, "type", "veth", "peer", "name", lk.peer_if, "netns", lk.peer_ns,
-                                "address", lk.peer_mac, "mtu", mtu], log=log)
-            for ns, ifname in ((cns, lk.card_if), (lk.peer_ns, lk.peer_if)):
+            # each end made in its namespace: no veth ever appears in the root namespace
+            cns.veth(lk.card_if, lk.peer_if, peer_ns=lk.peer_ns, mac=None if lk.bridge else lk.card_mac,
+                     peer_mac=lk.peer_mac, mtu=mtu)
+            peer = Netns(lk.peer_ns, log=log)
+            for ns, ifname in ((cns, lk.card_if), (peer, lk.peer_if)):
                 offload_off_up(ns, ifname)
             if lk.bridge:
-                run_cmd(["ip", "-n", cns, "link", "set", lk.card_if, "master", lk.bridge], log=log)
-            ns = lk.peer_ns
-            run_cmd(["ip", "-n", ns, "addr", "add", f"{lk.peer_ip}/{lk.prefix_len}", "dev", lk.peer_if], log=log)
-            run_cmd(["ip", "-n", ns, "neigh", "replace", lk.card_ip, "lladdr", lk.card_mac, "dev", lk.peer_if,
-                  "nud", "permanent"], log=log)
-            run_cmd(["ip", "-n", ns, "route", "add", "default", "via", lk.card_ip, "dev", lk.peer_if], log=log)
+                cns.set_master(lk.card_if, lk.bridge)
+            peer.add_address(lk.peer_if, f"{lk.peer_ip}/{lk.prefix_len}")
+            peer.neigh_permanent(lk.peer_if, lk.card_ip, lk.card_mac)
+            peer.default_route(lk.peer_if, lk.card_ip)
 
     def _spawn(self, node: str, role: str, argv: list[str]) -> dict:
         """Start ``argv`` in its own session with output to the node's log; record it."""
@@ -334,7 +326,7 @@ class Testbed:
             else:
                 cmd = [sys.executable, "-m", "embnic.testbed.server", "--shard", str(s.id),
                        "--config", str(self.config_path), "--bind", s.ip]
-            started.append((s, self._spawn(f"s{s.id}", "server", ["ip", "netns", "exec", ns] + cmd)))
+            started.append((s, self._spawn(f"s{s.id}", "server", exec_argv(ns, cmd))))
         for s, rec in started:
             self._wait_udp(rec, s.port, f"shard {s.id}", timeout)
 

@@ -55,6 +55,7 @@ from embnic.control.errors import USAGE, OperationalError, require_program
 from embnic.testbed.training import report as R
 from embnic.testbed.net import topology as T
 from embnic.control import pcap as pcap_file
+from embnic.control.netns import exec_argv
 from embnic.testbed.traces.capture import Capture, udp_payload
 from embnic.testbed.traces.replay_report import _replay_report, replay_summary, shard_counters_from_log
 
@@ -364,12 +365,12 @@ class _ReplyTracker:
 
 
 def _tcpreplay_argv(ns: str, ifname: str, pcap: Path, pps: float | None, topspeed: bool) -> list[str]:
-    argv = ["ip", "netns", "exec", ns, "tcpreplay", "--intf1", ifname, "--preload-pcap"]
+    argv = ["tcpreplay", "--intf1", ifname, "--preload-pcap"]
     if topspeed:
         argv.append("--topspeed")
     elif pps:
         argv.append(f"--pps={pps:g}")
-    return argv + [str(pcap)]
+    return exec_argv(ns, argv + [str(pcap)])
 
 
 def _parse_tcpreplay(text: str) -> dict:

@@ -41,7 +41,7 @@ class DemoOptions:
             :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection`, needs embnic[torch]).
         target: the card: ``dpdk`` (embnic-dp) or ``bmv2`` (the P4 program on simple_switch).
         pmd: the dpdk card's PMD on its veth ends: ``af_packet`` or ``af_xdp``
-            (:func:`~embnic.testbed.net.model.card_vdev`; ``af_xdp`` needs ``target`` dpdk).
+            (:func:`~embnic.testbed.net.wiring.card_vdev`; ``af_xdp`` needs ``target`` dpdk).
     """
 
     config: str | os.PathLike = DEFAULT_CONFIG

@@ -54,7 +54,7 @@ def test_subclasses_keep_or_change_their_category():
 
 def test_the_testbed_root_check_is_the_one_root_check(monkeypatch):
     from embnic.control import runstate
-    from embnic.testbed.net.netns import NeedsRoot, require_net_admin
+    from embnic.testbed.net.procs import NeedsRoot, require_net_admin
 
     monkeypatch.setattr(runstate, "is_root", lambda: False)
     with pytest.raises(NeedsRoot, match=r"^testbed up \(x\) needs root \(CAP_NET_ADMIN") as e:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from embnic.control import bmv2, bmv2_runtime
+from embnic.control.netns import Netns
 
 p4runtime = pytest.importorskip("embnic.control.p4runtime")
 if not p4runtime.available():
@@ -89,7 +90,7 @@ def grpc_switch(bmv2_ready):
     if shutil.which("simple_switch_grpc") is None:
         pytest.skip(f"simple_switch_grpc not on PATH: {bmv2.TOOL_HINTS['simple_switch_grpc']}")
     sockdir = Path(tempfile.mkdtemp(prefix="embnic-p4rt-"))
-    ns = bmv2.Netns.create(f"e26p{os.getpid() % 100000}")
+    ns = Netns.create(f"e26p{os.getpid() % 100000}")
     sw = bmv2.SimpleSwitch(None, ns, {}, log=sockdir / "sw.log", grpc_addr=f"unix:{sockdir / 'p4rt'}")
     try:
         sw.start()
@@ -140,6 +141,6 @@ def test_a_second_controller_with_the_same_election_id_is_refused(grpc_switch, b
 
 def test_a_json_without_its_p4info_is_named(tmp_path):
     (tmp_path / "x.json").write_text("{}")
-    sw = bmv2.SimpleSwitch(None, bmv2.Netns("unused"), {}, log=tmp_path / "sw.log", grpc_addr="unix:/nonexistent")
+    sw = bmv2.SimpleSwitch(None, Netns("unused"), {}, log=tmp_path / "sw.log", grpc_addr="unix:/nonexistent")
     with pytest.raises(bmv2.Bmv2Error, match=r"no P4Info .*x\.p4info\.txtpb beside .*EMBNIC_BMV2_CHANNEL=thrift"):
         bmv2_runtime.program_p4runtime(sw, tmp_path / "x.json", PROGRAM)

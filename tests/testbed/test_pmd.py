@@ -27,7 +27,7 @@ from embnic.control.dpdk_proc import DpdkProcError
 from embnic.control.xdp import AF_XDP_MAX_FRAME, AF_XDP_MAX_MTU, PMD_MAX_RX_PKTLEN, VETH_XDP_MAX_MTU
 from embnic.testbed.net import netem as N
 from embnic.testbed.net import topology as T
-from embnic.testbed.net.model import card_vdev, check_pmd
+from embnic.testbed.net.wiring import card_vdev, check_pmd
 from embnic.testbed.training import demo as D
 
 from tbutil import (TESTBED_TOML, assert_gone, build_dataplane, cleanup, needs_root, run_dir,  # noqa: F401

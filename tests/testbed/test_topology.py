@@ -233,7 +233,7 @@ def test_in_netns_puts_sockets_in_the_namespace_and_comes_back(run_dir, cleanup)
         assert inside != home and os.readlink("/proc/thread-self/ns/net") == home
         s.bind(("10.77.0.2", 0))  # only exists in the client namespace
         s.close()
-        with pytest.raises(T.TestbedError, match="does not exist"):
+        with pytest.raises(T.NetnsError, match="does not exist"):
             with T.in_netns(f"{name}-nope"):
                 pass
     finally:

@@ -1,0 +1,84 @@
+"""The testbed's errors and the processes of its nodes: the testbed's lowest layer.
+
+Errors of the testbed (:class:`TestbedError`, :class:`NeedsRoot`), the root check of every
+testbed operation (:func:`require_net_admin`), stopping a recorded process by pid + start time
+(:func:`stop_process`, never by name) and the tail of a node's log (:func:`log_tail`).
+Namespaces, veth pairs and commands run in them are :mod:`embnic.control.netns`'s.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from embnic.control import runstate
+from embnic.control.errors import NEEDS_ROOT, NeedsRootError, OperationalError
+from embnic.control.runstate import pid_matches
+
+
+class TestbedError(OperationalError):
+    """The testbed could not be brought up, inspected or torn down (the message names the fix)."""
+
+    __test__ = False  # not a pytest test class
+
+
+class NeedsRoot(TestbedError, NeedsRootError):
+    """The caller lacks CAP_NET_ADMIN/CAP_SYS_ADMIN (network namespaces need root): exit 2."""
+
+    category = NEEDS_ROOT
+
+
+def require_net_admin(what: str = "the testbed") -> None:
+    """Raise :class:`NeedsRoot` unless :func:`~embnic.control.runstate.is_root` (the one root check;
+    network namespaces and veth pairs need CAP_NET_ADMIN)."""
+    try:
+        runstate.require_root(what, why="CAP_NET_ADMIN, to create network namespaces and veth pairs",
+                              example="sudo embnic testbed up --config examples/testbed.toml")
+    except NeedsRootError as e:
+        raise NeedsRoot(e.message) from None
+
+
+# pid + start time identify a process across pid reuse; one definition for the control plane
+# and the testbed (a state record has ``pid`` and ``starttime``)
+def stop_process(rec: dict, timeout: float = 5.0) -> bool:
+    """SIGTERM the process group of a state record, SIGKILL after ``timeout`` s.
+
+    Only if pid *and* start time still match (a recycled pid is left alone).
+
+    Returns:
+        True if it was running.
+    """
+    if not pid_matches(rec):
+        return False
+    pid = rec["pid"]
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pid, sig) if rec.get("pgid", True) else os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            os.kill(pid, sig)
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            _reap(pid)
+            if not pid_matches(rec):
+                return True
+            time.sleep(0.02)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def log_tail(path: str | Path, n: int = 2) -> str:
+    """The last ``n`` lines of a node log (its ``# command`` header left out), joined by `` | ``."""
+    try:
+        lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln and not ln.startswith("# ")]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
