@@ -1,1 +1,21 @@
-"""The embnic command line and pipeline targets."""
+"""The embnic control plane: the ``embnic`` command line, the pipeline targets and the library they share.
+
+Rooms (each package's docstring lists its modules):
+
+- ``cli.py``: the ``embnic`` click group; maps library errors to exit codes in one place;
+- ``commands/``: one module per CLI noun (the only modules besides ``cli.py`` that know click);
+- ``targets/``: where the pipeline runs — the ``Target`` interface and registry, and one package
+  per target (``dpdk``, ``bmv2``, ``p4dpdk``) with its process runner and runtime helpers.
+
+Library modules shared by the commands, the targets and the testbed:
+
+- ``errors.py``: errors by category (usage, operational, needs-root, missing-dependency);
+- ``runstate.py``: the run directory, state files and pid checks of loaded pipelines;
+- ``netns.py``: network namespaces and veth pairs (create, wire, address, run in, tear down);
+- ``ctlsock.py``: the client of the card's control socket (embnic-dp, embnic-swx);
+- ``buildinfo.py``: the build info embedded in the card binary (ELF reader);
+- ``pcap.py``: the one pcap writer and reader;
+- ``metrics.py``: Prometheus metrics of the card (``embnic exporter``);
+- ``plan.py``: capacity planning of a cluster config (``embnic plan``);
+- ``dissector.py``: the Wireshark dissector generated from the field table (``embnic dissector``).
+"""

@@ -3,7 +3,7 @@
 ``embnic exporter -c CONFIG --port 9464`` serves them (:func:`serve`). :class:`CardCollector`
 asks the pipeline's target on every scrape — the dpdk target through the control socket
 (:mod:`embnic.control.ctlsock`, the ``counters`` and ``state_summary`` commands ``embnic status``
-reads), the bmv2 target through its counters and registers (:mod:`embnic.control.bmv2_runtime`)
+reads), the bmv2 target through its counters and registers (:mod:`embnic.control.targets.bmv2.runtime`)
 — and turns the answer into metric families (:func:`card_families`); nothing is polled or copied
 between scrapes. Names follow the Prometheus conventions: ``embnic_card_`` prefix, counters end
 in ``_total``, units in the name (``_bytes``, ``_seconds``), histograms as ``_bucket`` /
@@ -212,7 +212,7 @@ class CardCollector:
     """A prometheus_client collector of one loaded pipeline: every scrape reads the card.
 
     Args:
-        target: a :class:`~embnic.control.target.Target` of a loaded pipeline (dpdk or bmv2).
+        target: a :class:`~embnic.control.targets.base.Target` of a loaded pipeline (dpdk or bmv2).
         describe_target: ``{"target": "dpdk", "pipeline": "embnic"}``: the labels of
             ``embnic_card_info``.
 

@@ -4,7 +4,7 @@
 # package of the INSTALLED DPDK version: `apt-get source --download-only dpdk=<version>` with a
 # private sources list (deb-src lines for the suites the system already uses; the system's apt
 # configuration is not changed), then only lib/pipeline/*.h are extracted. Run by
-# scripts/install-deps.sh; the p4dpdk target (embnic.control.p4dpdk) compiles the pipeline with
+# scripts/install-deps.sh; the p4dpdk target (embnic.control.targets.p4dpdk.swx) compiles the pipeline with
 # -I DIR. Nothing of DPDK is copied into the repository.
 #
 #   scripts/dpdk-pipeline-headers.sh [DIR]     default /var/cache/embnic/dpdk-<version>

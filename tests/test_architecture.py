@@ -1,7 +1,7 @@
 """The import rules of docs/architecture.md, checked on every module's source (AST, no import).
 
 1. ``embnic.client_lib`` imports nothing of ``embnic.control`` or ``embnic.testbed``;
-2. the control library (``control/`` but ``cli.py`` and ``cmd_*.py``) imports neither click
+2. the control library (``control/`` but ``cli.py`` and ``commands/``) imports neither click
    nor ``embnic.testbed`` nor the CLI modules;
 3. ``embnic.testbed`` imports neither the CLI nor click, and starts processes as library
    modules (``python -m embnic.testbed...``), never through the CLI (``python -m embnic``);
@@ -57,15 +57,14 @@ def _files(folder: str) -> list[Path]:
 
 
 def _is_cli(path: Path) -> bool:
-    return path.parent == ROOT / "control" and (path.name == "cli.py" or path.name.startswith("cmd_"))
+    return path == ROOT / "control" / "cli.py" or (ROOT / "control" / "commands") in path.parents
 
 
 def _hits(imports: set[str], banned: tuple[str, ...]) -> list[str]:
     return sorted(i for i in imports if any(i == b or i.startswith(b + ".") for b in banned))
 
 
-CLI_MODULES = ("embnic.control.cli",) + tuple(
-    f"embnic.control.{p.stem}" for p in _files("control") if _is_cli(p) and p.stem != "cli")
+CLI_MODULES = ("embnic.control.cli", "embnic.control.commands")
 
 
 @pytest.mark.parametrize("path", _files("client_lib"), ids=lambda p: str(p.relative_to(ROOT)))
@@ -105,8 +104,10 @@ def test_only_the_disk_tier_imports_rocksdict(path):
 def test_the_rules_see_real_imports():
     """The checker is not vacuous: it finds known imports (and would find a forbidden one)."""
     assert "click" in _imports(ROOT / "control" / "cli.py")
-    assert "embnic.control.errors" in _imports(ROOT / "control" / "target.py")
+    assert "embnic.control.errors" in _imports(ROOT / "control" / "targets" / "base.py")
     assert "embnic.testbed.net.procs" in _imports(ROOT / "testbed" / "net" / "topology.py")  # relative import
-    assert "embnic.control.cmd_options" in CLI_MODULES and "embnic.control.target" not in CLI_MODULES
+    assert _is_cli(ROOT / "control" / "commands" / "options.py") and not _is_cli(ROOT / "control" / "targets" / "base.py")
+    assert _hits({"embnic.control.commands.options"}, CLI_MODULES) == ["embnic.control.commands.options"]
+    assert _hits({"embnic.control.targets.base"}, CLI_MODULES) == []
     assert _hits({"click.testing"}, ("click",)) == ["click.testing"]
     assert "rocksdict" in _imports(ROOT / "testbed" / "server" / "diskstore.py")

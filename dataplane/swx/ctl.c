@@ -4,7 +4,7 @@
  * ({"ok": true, ...} or {"ok": false, "error": "...", "kind": "usage" |
  * "failure"}). The commands are the SWX pipeline's own control API, by the
  * names p4c-dpdk gave the program's objects (its context JSON maps the P4
- * names to them: embnic.control.p4dpdk reads it):
+ * names to them: embnic.control.targets.p4dpdk.swx reads it):
  *
  *   {"cmd": "ping"}                  {"pid": the process id}
  *   {"cmd": "info"}                  ports, burst, paused, uptime, pipeline sizes

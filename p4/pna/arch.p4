@@ -17,7 +17,7 @@
  *                  DPDK's rte_hash_crc — CRC-32C (Castagnoli), not zlib's
  *                  CRC-32 — over the 6 bytes p4c-dpdk lays the two fields out
  *                  in (its metadata: little-endian), modulo STATE_SLOTS;
- *                  embnic.control.p4prog.state_slot(..., arch="pna") computes it
+ *                  embnic.control.targets.p4program.state_slot(..., arch="pna") computes it
  *
  * The pseudo-headers (the SWX pipeline has no frame length, no input
  * timestamp and no truncation of its own):

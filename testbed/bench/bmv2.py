@@ -26,12 +26,12 @@ The DUTs take turns (card, BMv2, card, BMv2, ... ``repeats`` times each) on the 
 generator. Both rates are measured the same way: frames arriving at the sink interface
 (``rx_packets`` of eVs) over ``seconds`` after ``warmup``; medians are reported. The card is
 programmed before it reads a frame (``--paused``, then ``resume``); BMv2 as the bmv2 target
-programs it (:func:`embnic.control.bmv2.choose_channel`): over P4Runtime, ``simple_switch_grpc``
+programs it (:func:`embnic.control.targets.bmv2.switch.choose_channel`): over P4Runtime, ``simple_switch_grpc``
 started with no program and no port, pipeline and entries written, then the ports added; over
 Thrift, a programming switch without ports whose saved state the DUT switch restores. Neither
 forwards a frame before its tables are set. Each DUT's own drop counters are recorded. The
 DUT's veth ends have their offloads off
-(:func:`embnic.control.target_bmv2.tune_port_interfaces`), for both DUTs alike.
+(:func:`embnic.control.targets.bmv2.target.tune_port_interfaces`), for both DUTs alike.
 
 Results merge into ``bench.json`` under ``dataplane``: ``bmv2_mpps``, ``bmv2_card_mpps`` (the
 DPDK card's figure of the same run and path), ``ratio_card_bmv2``, every run's figures and the
@@ -47,9 +47,13 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from embnic.control import bmv2, bmv2_runtime, netns
-from embnic.control.target_bmv2 import tune_port_interfaces
-from embnic.control.dpdk_proc import CardProcess, build_card, unique_prefix
+from embnic.control import netns
+
+from embnic.control.targets.bmv2 import switch as bmv2
+
+from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.bmv2.target import tune_port_interfaces
+from embnic.control.targets.dpdk.process import CardProcess, build_card, unique_prefix
 from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
@@ -207,7 +211,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         frames: frames in the pcap (default 2048).
         binary: the embnic-dp binary (default: build dataplane/).
         channel: the BMv2 switch and how it is programmed: ``p4runtime`` (simple_switch_grpc),
-            ``thrift`` (simple_switch) or ``auto`` (default: :func:`~embnic.control.bmv2.choose_channel`).
+            ``thrift`` (simple_switch) or ``auto`` (default: :func:`~embnic.control.targets.bmv2.switch.choose_channel`).
     Returns:
         ``{bmv2_mpps, bmv2_card_mpps, ratio_card_bmv2, bmv2_runs, bmv2_card_runs, bmv2_versions,
         bmv2_channel, bmv2_build, bmv2_setup}`` (mpps: million frames per second arriving at the sink).

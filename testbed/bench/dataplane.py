@@ -54,8 +54,8 @@ is noisy) and ``xcore_rtt_ns``, the cache-line round trip between CPUs 0 and 1 j
 (``dataplane/build/xcore-rtt``): the card's RX/TX pipeline (``-l 0,1``) passes each frame's
 cache lines between the two lcores and its rate follows that figure.
 
-The card runs as :class:`embnic.control.dpdk_proc.CardProcess` and testpmd as a
-:class:`~embnic.control.dpdk_proc.DpdkProcess` (EAL defaults, unique ``--file-prefix``, runtime
+The card runs as :class:`embnic.control.targets.dpdk.process.CardProcess` and testpmd as a
+:class:`~embnic.control.targets.dpdk.process.DpdkProcess` (EAL defaults, unique ``--file-prefix``, runtime
 directory removed after it exits); only their own pids are ever signalled.
 """
 from __future__ import annotations
@@ -68,8 +68,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from embnic.control import dpdk_proc
-from embnic.control.dpdk_proc import CardProcess, DpdkProcError, build_card, unique_prefix
+from embnic.control.targets.dpdk import process as dpdk_proc
+from embnic.control.targets.dpdk.process import CardProcess, DpdkProcError, build_card, unique_prefix
 from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.results import merge_json
@@ -597,7 +597,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     from embnic.testbed.bench import p4dpdk as bench_pna
     pna_skip = bench_pna.available() if kw.get("p4dpdk", True) else "not asked for (--no-p4dpdk)"
     if pna_skip is None:
-        from embnic.control import p4dpdk
+        from embnic.control.targets.p4dpdk import swx as p4dpdk
 
         pipe = p4dpdk.build_pipeline()
         pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=_window)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from embnic.control import p4dpdk
-from embnic.control.target import Entry
-from embnic.control.target_p4dpdk import SwxProcess
+from embnic.control.targets.p4dpdk import swx as p4dpdk
+from embnic.control.targets.base import Entry
+from embnic.control.targets.p4dpdk.target import SwxProcess
 
 #: the card's two ports: 0 faces the clients (the frames' destination), 1 the sink
 CARD_PORTS = ((0, "02:00:00:99:00:01", "10.99.0.1"), (1, "02:00:00:99:00:04", "10.99.1.1"))
@@ -38,7 +38,7 @@ def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, war
     statistics; gbps without the 4-byte tx pseudo-header), messages whose whole reply passed per
     second (the P4 card's counter); ``window`` is the benchmark's measuring function
     (``dataplane._window``)."""
-    from embnic.control.dpdk_proc import unique_prefix
+    from embnic.control.targets.dpdk.process import unique_prefix
 
     with SwxProcess(pipe, vdevs, log_dir / f"swx-{unique_prefix('s')}", burst=32, mbufs=mbufs) as sw:
         card = sw.card

@@ -1,5 +1,5 @@
 """``dpdk-testpmd`` as the benchmark's reference forwarder and traffic generator: a
-:class:`~embnic.control.dpdk_proc.DpdkProcess` driven through its interactive prompt.
+:class:`~embnic.control.targets.dpdk.process.DpdkProcess` driven through its interactive prompt.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from embnic.control.dpdk_proc import DpdkProcError, DpdkProcess, eal_argv, unique_prefix
+from embnic.control.targets.dpdk.process import DpdkProcError, DpdkProcess, eal_argv, unique_prefix
 from embnic.control.errors import require_program
 
 

@@ -35,7 +35,7 @@ import platform
 import struct
 
 from embnic.control.errors import USAGE
-from embnic.control.xdp import attached_xdp
+from embnic.control.targets.dpdk.xdp import attached_xdp
 
 from .procs import TestbedError
 

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from embnic.control.dpdk_proc import remove_runtime_dir
+from embnic.control.targets.dpdk.process import remove_runtime_dir
 from embnic.control.runstate import proc_starttime, run_dir
 
 from embnic.control import netns
@@ -56,7 +56,7 @@ def down(name: str, rdir: Path | None = None) -> dict:
     card = state.get("card")
     if isinstance(card, dict):
         try:
-            from embnic.control.target import get_target_class
+            from embnic.control.targets.base import get_target_class
 
             t = get_target_class(card.get("target", "dpdk"))(
                 None, name=card.get("name", "card"), run_dir=card.get("run_dir", str(node_dir(name, rdir))))
@@ -73,7 +73,7 @@ def down(name: str, rdir: Path | None = None) -> dict:
 
         pname = card_pipeline_name(name)
         try:
-            from embnic.control.target import get_target_class
+            from embnic.control.targets.base import get_target_class
 
             t = get_target_class(ext.get("target") if isinstance(ext.get("target"), str) else "dpdk")(
                 None, name=pname, run_dir=rdir)

@@ -49,7 +49,7 @@ Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPD
 
 Processes: ``python -m embnic.testbed.server --shard I --config EFFECTIVE --bind IP`` (the library's
 shard, never the CLI) in each shard namespace,
-``embnic-dp`` (:class:`embnic.control.target_dpdk.DpdkTarget`) in the card namespace, the
+``embnic-dp`` (:class:`embnic.control.targets.dpdk.target.DpdkTarget`) in the card namespace, the
 training job (:func:`in_netns`) in a client namespace. Readiness: a shard is up when its UDP
 socket is bound (``/proc/PID/net/udp``), the card when its control socket answers; the
 testbed is up when a probe lookup from every client reaches every shard through the card
@@ -355,20 +355,20 @@ class Testbed:
         cfg = self.cfg
         ctl = cfg.raw["control"]
         if self.target_name == "bmv2":
-            from embnic.control.target_bmv2 import Bmv2Target
+            from embnic.control.targets.bmv2.target import Bmv2Target
 
             # simple_switch in the card namespace (no address but loopback), on the card's veth ends
             self.target = Bmv2Target(cfg, netns=self.topo.card_ns, vdevs=self.topo.vdevs(), name="card",
                                      run_dir=self.dir, ready_timeout=max(timeout, 60.0))
         elif self.target_name == "p4dpdk":
-            from embnic.control.target_p4dpdk import P4DpdkTarget
+            from embnic.control.targets.p4dpdk.target import P4DpdkTarget
 
             # embnic-swx with the C card's EAL arguments and vdevs (its first lcore only)
             self.target = P4DpdkTarget(cfg, eal_args=ctl["eal_args"], netns=self.topo.card_ns, name="card",
                                        run_dir=self.dir, vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"],
                                        ready_timeout=max(timeout, 60.0))
         else:
-            from embnic.control.target_dpdk import DpdkTarget
+            from embnic.control.targets.dpdk.target import DpdkTarget
 
             self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"],
                                      netns=self.topo.card_ns, name="card", run_dir=self.dir,
@@ -583,7 +583,7 @@ def _card_counters(target: str | None, name: str, rdir) -> dict:
     """``drops`` (the non-zero ones), ``frames_by_type``, ``ring``, ``ports``, ``state`` of the card
     pipeline ``name`` in ``rdir``, or ``{"error": ...}`` if it does not answer."""
     try:
-        from embnic.control.target import get_target_class
+        from embnic.control.targets.base import get_target_class
 
         t = get_target_class(target if isinstance(target, str) else "dpdk")(None, name=name, run_dir=rdir)
         c = t.counters()

@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 from embnic.client_lib.config import ClusterConfig, ConfigError
-from embnic.control.dpdk_proc import eal_argv
+from embnic.control.targets.dpdk.process import eal_argv
 from embnic.control.errors import UsageError
-from embnic.control.xdp import AF_XDP_MAX_FRAME, PMDS, VETH_XDP_MAX_MTU
+from embnic.control.targets.dpdk.xdp import AF_XDP_MAX_FRAME, PMDS, VETH_XDP_MAX_MTU
 
 from .state import card_pipeline_name
 
@@ -104,8 +104,8 @@ def check_pmd(pmd: str, mtu: int) -> str:
 
     ``af_packet`` takes any MTU (its ``framesz`` follows it: :func:`card_vdev`); ``af_xdp``
     needs the veth to take a native XDP program, which Linux allows only up to
-    :data:`~embnic.control.xdp.VETH_XDP_MAX_MTU` (3506; the card's net_af_xdp ports, one 4 KiB page
-    per frame, hold the same: :data:`~embnic.control.xdp.AF_XDP_MAX_MTU`).
+    :data:`~embnic.control.targets.dpdk.xdp.VETH_XDP_MAX_MTU` (3506; the card's net_af_xdp ports, one 4 KiB page
+    per frame, hold the same: :data:`~embnic.control.targets.dpdk.xdp.AF_XDP_MAX_MTU`).
 
     Raises:
         PmdError: unknown PMD, or ``af_xdp`` above that MTU (names both fixes).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.control import cmd_options as options
+from embnic.control.commands import options
 
 REPO = Path(__file__).resolve().parents[2]
 

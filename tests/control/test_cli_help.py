@@ -14,7 +14,7 @@ import pytest
 from embnic.client_lib.config import load_config
 from embnic.control.cli import cli
 from embnic.control.runstate import read_state
-from embnic.control.target_dpdk import DpdkTarget
+from embnic.control.targets.dpdk.target import DpdkTarget
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ def test_unknown_option_is_usage_error(invoke):
 
 def test_target_choices_are_the_registered_targets(invoke):
     """`--target bmv2` was listed everywhere but answered "no target 'bmv2'"."""
-    from embnic.control.target import target_names
+    from embnic.control.targets.base import target_names
 
     for path in (["pipeline", "load"], ["route", "list"], ["status"], ["state", "dump"]):
         out = " ".join(invoke(*path, "--help").output.split())
@@ -72,8 +72,8 @@ def test_target_choices_are_the_registered_targets(invoke):
 
 
 def test_target_registered_later_is_accepted(invoke, card, monkeypatch):
-    from embnic.control import target as T
-    from embnic.control.target_dpdk import DpdkTarget
+    from embnic.control.targets import base as T
+    from embnic.control.targets.dpdk.target import DpdkTarget
 
     monkeypatch.setitem(T._REGISTRY, "other", DpdkTarget)
     assert "--target [bmv2|dpdk|other|p4dpdk]" in invoke("status", "--help").output
@@ -135,7 +135,7 @@ def test_example_runs(invoke, example_env, argv, monkeypatch):
 
     env = example_env
     if "--watch" in argv:  # Ctrl-C after the first sample
-        import embnic.control.cmd_status as cs
+        import embnic.control.commands.status as cs
 
         def ctrl_c(_sec):
             raise KeyboardInterrupt

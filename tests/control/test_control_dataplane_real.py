@@ -19,8 +19,8 @@ from embnic.client_lib import consts
 from embnic.client_lib.config import load_config
 from embnic.control import buildinfo
 from embnic.control.runstate import read_state
-from embnic.control.dpdk_proc import DPDK_RUNTIME_DIR, REPO_BINARY
-from embnic.control.target_dpdk import DpdkTarget
+from embnic.control.targets.dpdk.process import DPDK_RUNTIME_DIR, REPO_BINARY
+from embnic.control.targets.dpdk.target import DpdkTarget
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

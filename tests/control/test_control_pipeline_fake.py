@@ -19,11 +19,11 @@ from pathlib import Path
 
 from embnic.client_lib import consts
 from embnic.client_lib.config import load_config
-from embnic.control import dpdk_proc
+from embnic.control.targets.dpdk import process as dpdk_proc
 from embnic.control.errors import NeedsRootError, OperationalError, UsageError
 from embnic.control.runstate import pid_matches, read_state
-from embnic.control.dpdk_proc import start_failure_reason
-from embnic.control.target_dpdk import DpdkTarget
+from embnic.control.targets.dpdk.process import start_failure_reason
+from embnic.control.targets.dpdk.target import DpdkTarget
 
 EAL_LOGS = Path(__file__).resolve().parent / "eal_logs"
 

@@ -20,7 +20,7 @@ from metrics_util import assert_agree, card_expected, families, samples  # noqa:
 
 from embnic.control import metrics  # noqa: E402
 from embnic.control.errors import OperationalError  # noqa: E402
-from embnic.control.target_dpdk import DpdkTarget  # noqa: E402
+from embnic.control.targets.dpdk.target import DpdkTarget  # noqa: E402
 
 UP = ("embnic_card_up", ())
 INFO = ("embnic_card_info", (("pipeline", "embnic"), ("target", "dpdk")))
@@ -79,7 +79,7 @@ def test_log2_histogram_buckets():
 
 
 class _Bmv2Like:
-    """A target answering in the bmv2 target's shape (control/target_bmv2.py ``counters``: no
+    """A target answering in the bmv2 target's shape (control/targets/bmv2/target.py ``counters``: no
     mempool, no latency histograms, the ring as registers logged; per-shard completions)."""
 
     def counters(self):

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from embnic.control import p4dpdk
+from embnic.control.targets.p4dpdk import swx as p4dpdk
 from embnic.control.errors import MissingDependencyError
-from embnic.control.target import Entry, get_target_class
-from embnic.control.target_p4dpdk import STATE_REGISTERS, SwxCard, decode_state_map, parse_table_dump
+from embnic.control.targets.base import Entry, get_target_class
+from embnic.control.targets.p4dpdk.target import STATE_REGISTERS, SwxCard, decode_state_map, parse_table_dump
 
 #: the shape p4c-dpdk's context JSON has (backends/dpdk/dpdkContext.cpp), trimmed to what is read
 CONTEXT = {

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from embnic.client_lib.config import ConfigError, load_config, normalize_bdf
-from embnic.control import pci as P
-from embnic.control.dpdk_proc import eal_argv
+from embnic.control.targets.dpdk import pci as P
+from embnic.control.targets.dpdk.process import eal_argv
 from embnic.control.errors import OperationalError, UsageError
 from embnic.control.runstate import pid_matches, read_state
-from embnic.control.target_dpdk import DpdkTarget
+from embnic.control.targets.dpdk.target import DpdkTarget
 
 from conftest import CARD_TOML
 

@@ -1,4 +1,4 @@
-"""``embnic plan`` (control/plan.py, control/cmd_plan.py): its traffic model against the client's
+"""``embnic plan`` (control/plan.py, control/commands/plan.py): its traffic model against the client's
 own counters on real shards (loopback, no card), storage arithmetic, the CLI.
 
 Run alone: python3 -m pytest -q tests/control/test_plan.py

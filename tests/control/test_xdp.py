@@ -1,4 +1,4 @@
-"""net_af_xdp ports before the card starts (control/xdp.py): devargs, and an interface whose XDP
+"""net_af_xdp ports before the card starts (control/targets/dpdk/xdp.py): devargs, and an interface whose XDP
 hook is taken or that does not exist is refused in one line by `pipeline load`, before any
 process or state file exists.
 
@@ -14,8 +14,8 @@ import pytest
 from embnic.client_lib.config import load_config
 from embnic.control.errors import OperationalError
 from embnic.control.runstate import is_root, read_state
-from embnic.control.target_dpdk import DpdkTarget
-from embnic.control.xdp import af_xdp_problem, attached_xdp, devargs, is_af_xdp
+from embnic.control.targets.dpdk.target import DpdkTarget
+from embnic.control.targets.dpdk.xdp import af_xdp_problem, attached_xdp, devargs, is_af_xdp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.control.dpdk_proc import DpdkProcError, build_card
+from embnic.control.targets.dpdk.process import DpdkProcError, build_card
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from embnic.client_lib import consts
-from embnic.control.dpdk_proc import build_card
+from embnic.control.targets.dpdk.process import build_card
 
 REPO = Path(__file__).resolve().parents[2]
 #: struct embnic_buildinfo (docs/control-socket.md), packed little-endian
@@ -140,7 +140,7 @@ def test_proto_version_knob(v3_card, bi):
 def test_proto_version_knob_changes_the_parser(v3_card, card_bin, tmp_path):
     """The v3 binary drops a valid v2 frame as bad_version (so the knob is not just a label)."""
     from conformance import Suite, write_pcap
-    from embnic.control.dpdk_proc import CardProcess, wait_drained
+    from embnic.control.targets.dpdk.process import CardProcess, wait_drained
 
     s = Suite.default()
     frames = [f.data for f in s.frames if f.label.startswith("c1 lookup s0[")]

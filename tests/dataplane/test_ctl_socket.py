@@ -17,7 +17,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from embnic.client_lib import consts
-from embnic.control.dpdk_proc import CardProcess, eal_argv, remove_runtime_dir, unique_prefix
+from embnic.control.targets.dpdk.process import CardProcess, eal_argv, remove_runtime_dir, unique_prefix
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 NULLS = ["net_null0,no-rx=1", "net_null1,no-rx=1"]

@@ -25,7 +25,7 @@ import pytest
 
 from embnic.client_lib import codec
 from embnic.client_lib.consts import DType
-from embnic.control.dpdk_proc import CardProcess, DpdkProcError
+from embnic.control.targets.dpdk.process import CardProcess, DpdkProcError
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

@@ -18,7 +18,7 @@ from conformance import CardPort, Peer, Suite, write_pcap
 from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.protocol import Embnic
 from embnic.control.cli import cli
-from embnic.control.dpdk_proc import CardProcess, wait_drained
+from embnic.control.targets.dpdk.process import CardProcess, wait_drained
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from embnic.client_lib.config import CARD_LIMITS, MTU_LIMITS, ConfigError, parse_config
-from embnic.control.dpdk_proc import CardProcess, DpdkProcError
+from embnic.control.targets.dpdk.process import CardProcess, DpdkProcError
 
 INCLUDE = Path(__file__).resolve().parents[2] / "dataplane" / "include"
 OPTION = {"ring_size": "--ring-size", "state_size": "--state-size", "state_timeout_ms": "--state-timeout-ms"}

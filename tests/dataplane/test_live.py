@@ -33,7 +33,7 @@ import pytest
 
 from drops import embnic_drops
 
-from embnic.control.dpdk_proc import CardProcess
+from embnic.control.targets.dpdk.process import CardProcess
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ import pytest
 
 from conformance import CardPort, Peer, Suite, write_pcap
 from embnic.client_lib.consts import MsgType
-from embnic.control.dpdk_proc import CardProcess, wait_drained
+from embnic.control.targets.dpdk.process import CardProcess, wait_drained
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

@@ -1,4 +1,4 @@
-"""A card start that fails leaves nothing behind (CardProcess.start, control/dpdk_proc.py).
+"""A card start that fails leaves nothing behind (CardProcess.start, control/targets/dpdk/process.py).
 
 Each way embnic-dp can fail to start — a bad argument of its own (exit 2 before the EAL), an EAL
 that cannot probe a vdev, a bad layout found after the EAL came up (exit 2), a control socket it
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.control.dpdk_proc import DPDK_RUNTIME_DIR, CardProcess, DpdkProcError
+from embnic.control.targets.dpdk.process import DPDK_RUNTIME_DIR, CardProcess, DpdkProcError
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-from embnic.control import p4dpdk
+from embnic.control.targets.p4dpdk import swx as p4dpdk
 from embnic.control.ctlsock import CtlCommandError
-from embnic.control.dpdk_proc import DpdkProcess, eal_argv, remove_runtime_dir, unique_prefix
+from embnic.control.targets.dpdk.process import DpdkProcess, eal_argv, remove_runtime_dir, unique_prefix
 from embnic.control.ctlsock import CtlClient
 from embnic.control.pcap import read_pcap, write_pcap
 

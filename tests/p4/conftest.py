@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from embnic.control import bmv2, p4dpdk
+from embnic.control.targets.bmv2 import switch as bmv2
+
+from embnic.control.targets.p4dpdk import swx as p4dpdk
 
 REPO = Path(__file__).resolve().parents[2]
 # the conformance cases are shared with the DPDK card's tests
@@ -45,7 +47,7 @@ def bmv2_channel(request) -> str:
     channel = request.param
     _skip_without(bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI")
     if channel == "p4runtime":
-        from embnic.control import p4runtime
+        from embnic.control.targets.bmv2 import p4runtime
 
         if not p4runtime.available():
             pytest.skip(f"P4Runtime's Python packages are missing: {p4runtime.INSTALL_HINT}")

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def test_both_dut_forward_over_the_same_path(bmv2_ready, bmv2_channel, tmp_path):
-    from embnic.control import bmv2
+    from embnic.control.targets.bmv2 import switch as bmv2
     from embnic.testbed.bench import bmv2 as bench_bmv2
 
     res = bench_bmv2.run(tmp_path, seconds=0.5, warmup=0.3, repeats=1, frames=256, channel=bmv2_channel)

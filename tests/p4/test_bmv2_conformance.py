@@ -13,7 +13,9 @@ import pytest
 
 from conformance import Suite, check_outputs
 from embnic.client_lib import consts
-from embnic.control import bmv2_pcap, bmv2_runtime, p4prog
+from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets import p4program as p4prog
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

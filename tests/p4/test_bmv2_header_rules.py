@@ -26,8 +26,9 @@ from scapy.packet import Raw
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import DType, MsgType
-from embnic.control import bmv2_pcap, bmv2_runtime
-from embnic.control.dpdk_proc import DpdkProcError, build_card
+from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.dpdk.process import DpdkProcError, build_card
 from test_header_rules import broken, cparse  # noqa: F401  (cparse: the fixture, parse.c via ctypes)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

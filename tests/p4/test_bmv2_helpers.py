@@ -9,7 +9,11 @@ import zlib
 import numpy as np
 import pytest
 
-from embnic.control import bmv2, bmv2_pcap, bmv2_runtime
+from embnic.control.targets.bmv2 import switch as bmv2
+
+from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+
+from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 
 
 def test_table_commands_route_client_allowlist():
@@ -34,7 +38,7 @@ def test_table_commands_route_client_allowlist():
 
 
 def test_card_program_entries_are_the_cli_lines():
-    from embnic.control.p4runtime import TableEntry
+    from embnic.control.targets.bmv2.p4runtime import TableEntry
 
     prog = bmv2_runtime.card_program([bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.0.0.1")],
                                      [bmv2_runtime.PeerEntry(3, 1, "02:00:00:00:00:03", "10.0.1.3", 7878)])

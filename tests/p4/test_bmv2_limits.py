@@ -24,7 +24,8 @@ from scapy.packet import Raw
 from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import DType, MsgType, UDP_PORT
 from embnic.client_lib.protocol import Embnic
-from embnic.control import bmv2_pcap, bmv2_runtime
+from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

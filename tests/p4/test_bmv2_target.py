@@ -290,7 +290,7 @@ def test_given_netns_link_local_is_turned_off_other_addresses_refused_at_once(bm
     any other address is refused before compiling, in one line naming the command that fixes it."""
     from embnic.client_lib.config import load_config
     from embnic.control.errors import OperationalError
-    from embnic.control.target_bmv2 import Bmv2Target
+    from embnic.control.targets.bmv2.target import Bmv2Target
 
     ns = addressed_netns
     assert "fe80::e12:1" in sh("ip", "-n", ns, "-o", "addr", "show", "dev", "v0")
@@ -314,7 +314,7 @@ def test_given_netns_link_local_is_turned_off_other_addresses_refused_at_once(bm
 
 
 def test_handle_zero_placeholders_pick_unused_keys():
-    from embnic.control.target_bmv2 import handle_zero_placeholders
+    from embnic.control.targets.bmv2.target import handle_zero_placeholders
     cmds = ["table_add t a 0 => 1 2", "table_add t a 1 => 3 4", "table_add u b 0 7 0 => ",
             "table_add u b 0 7 1 =>", "register_write r 0 5", "table_add v c => 1"]
     adds, dels = handle_zero_placeholders(cmds)
@@ -329,7 +329,7 @@ def test_a_missing_interface_is_a_usage_error_before_anything_moves(tmp_path, mo
     tool is reported first: test_missing_tool_is_one_line_missing_dependency)."""
     from embnic.client_lib.config import load_config
     from embnic.control.errors import UsageError
-    from embnic.control.target_bmv2 import Bmv2Target
+    from embnic.control.targets.bmv2.target import Bmv2Target
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(config_text())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from embnic.control import p4prog
+from embnic.control.targets import p4program as p4prog
 
 
 def test_compiles_without_warnings(p4_json, tmp_path):
@@ -52,7 +52,7 @@ def test_registers_the_control_plane_reads_fit_thrift(p4_json):
     """BMv2's Thrift API reads a register cell as a 64-bit integer (p4/README.md, quirks): every
     register bmv2_runtime reads — the state map's (the v2 request's num_tables, num_keys,
     value_len among them) and the header ring's — is at most 64 bits wide and sized as its array."""
-    from embnic.control import bmv2_runtime
+    from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 
     j = json.loads(p4_json.read_text())
     regs = {r["name"]: r for r in j["register_arrays"]}
@@ -74,7 +74,7 @@ def test_pna_program_compiles_warning_free_with_p4c_dpdk(tmp_path):
 
     import pytest
 
-    from embnic.control import p4dpdk
+    from embnic.control.targets.p4dpdk import swx as p4dpdk
 
     if shutil.which("p4c-dpdk") is None:
         pytest.skip(f"p4c-dpdk not on PATH: {p4dpdk.P4C_DPDK_HINT}")
@@ -94,7 +94,7 @@ def test_pna_program_compiles_warning_free_with_p4c_dpdk(tmp_path):
 def test_regadd_with_two_immediates_is_split():
     """split_regadd_immediates moves the increment of `regadd ARRAY IMM IMM` into a metadata field
     (placed last), keeps labels, and leaves every other regadd alone."""
-    from embnic.control import p4dpdk
+    from embnic.control.targets.p4dpdk import swx as p4dpdk
 
     spec = ("struct m_t {\n\tbit<32> local_metadata_slot\n}\nmetadata instanceof m_t\n\n"
             "apply {\n\tregadd _a_0 0x0 1\n\tLABEL_X :\tregadd _b_0 3 0x2\n\tregadd _c_0 m.local_metadata_slot 1\n"

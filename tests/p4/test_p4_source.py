@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from embnic.client_lib import consts
-from embnic.control import p4prog
+from embnic.control.targets import p4program as p4prog
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,9 +15,9 @@ import pytest
 
 from conformance import Suite, check_outputs, read_pcap
 from embnic.client_lib import consts
-from embnic.control import p4prog
-from embnic.control.target import Entry
-from embnic.control.target_p4dpdk import SwxProcess
+from embnic.control.targets import p4program as p4prog
+from embnic.control.targets.base import Entry
+from embnic.control.targets.p4dpdk.target import SwxProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

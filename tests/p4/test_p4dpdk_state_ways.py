@@ -13,8 +13,8 @@ import pytest
 
 from conformance import Suite, check_outputs, read_pcap
 from embnic.client_lib.consts import MsgType
-from embnic.control import p4prog
-from embnic.control.target_p4dpdk import SwxProcess
+from embnic.control.targets import p4program as p4prog
+from embnic.control.targets.p4dpdk.target import SwxProcess
 
 from test_p4dpdk_conformance import CARD_MACS, _entry
 

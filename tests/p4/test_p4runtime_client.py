@@ -1,4 +1,4 @@
-"""The P4Runtime client (control/p4runtime.py): the P4Info p4c writes beside the JSON, entries to
+"""The P4Runtime client (control/targets/bmv2/p4runtime.py): the P4Info p4c writes beside the JSON, entries to
 P4Runtime messages and back, canonical values; and, where simple_switch_grpc is installed, one
 switch programmed over P4Runtime (pipeline, every table written and read back, a refused write
 named) whose registers and counters are read and written over Thrift.
@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from embnic.control import bmv2, bmv2_runtime
+from embnic.control.targets.bmv2 import switch as bmv2
+
+from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 from embnic.control.netns import Netns
 
-p4runtime = pytest.importorskip("embnic.control.p4runtime")
+p4runtime = pytest.importorskip("embnic.control.targets.bmv2.p4runtime")
 if not p4runtime.available():
     pytest.skip(f"P4Runtime's Python packages are missing: {p4runtime.INSTALL_HINT}", allow_module_level=True)
-from embnic.control.p4runtime import P4InfoIndex, P4RuntimeError, TableEntry, decode, encode  # noqa: E402
+from embnic.control.targets.bmv2.p4runtime import P4InfoIndex, P4RuntimeError, TableEntry, decode, encode  # noqa: E402
 
 PROGRAM = bmv2_runtime.card_program(
     [bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.0.0.1"),

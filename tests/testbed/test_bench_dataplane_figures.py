@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from embnic.control.dpdk_proc import eal_argv
+from embnic.control.targets.dpdk.process import eal_argv
 from embnic.testbed.bench.dataplane import TESTPMD_2FWD, TESTPMD_2FWD_MAIN, _distinct_figures
 from embnic.testbed.bench.testpmd import TestpmdProcess
 

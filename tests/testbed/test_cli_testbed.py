@@ -270,7 +270,8 @@ def test_readme_names_a_testbeds_card_as_testbed_up_writes_it(monkeypatch):
     """The README's plain `embnic route list; ... status` needs the socket `pipeline load` makes; with
     only a testbed up the card is reached through the testbed's effective config: the path in the
     README must be the one `testbed up` writes for the default name and run dir."""
-    from embnic.control import cmd_options, runstate
+    from embnic.control import runstate
+    from embnic.control.commands import options as cmd_options
     from embnic.testbed.net.state import node_dir
 
     monkeypatch.delenv("EMBNIC_RUN_DIR", raising=False)

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from embnic.client_lib.config import load_config
-from embnic.control.xdp import attached_xdp
+from embnic.control.targets.dpdk.xdp import attached_xdp
 from embnic.testbed.net import netem as N
 from embnic.testbed.net import netem_helper as NH
 from embnic.testbed.net import topology as T

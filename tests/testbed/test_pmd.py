@@ -22,9 +22,9 @@ from click.testing import CliRunner
 
 from embnic.client_lib.config import load_config
 from embnic.control.cli import cli
-from embnic.control.dpdk_proc import CardProcess
-from embnic.control.dpdk_proc import DpdkProcError
-from embnic.control.xdp import AF_XDP_MAX_FRAME, AF_XDP_MAX_MTU, PMD_MAX_RX_PKTLEN, VETH_XDP_MAX_MTU
+from embnic.control.targets.dpdk.process import CardProcess
+from embnic.control.targets.dpdk.process import DpdkProcError
+from embnic.control.targets.dpdk.xdp import AF_XDP_MAX_FRAME, AF_XDP_MAX_MTU, PMD_MAX_RX_PKTLEN, VETH_XDP_MAX_MTU
 from embnic.testbed.net import netem as N
 from embnic.testbed.net import topology as T
 from embnic.testbed.net.wiring import card_vdev, check_pmd

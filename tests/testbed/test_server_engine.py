@@ -212,7 +212,7 @@ def test_batch_engine_equals_reference(seed, kw):
 def test_c_intake_is_built_where_the_card_is():
     """``make -C dataplane`` (which ``make test`` runs) builds the shard's C intake next to the
     card: where the card binary exists, the engine tests above ran the C intake too."""
-    from embnic.control.dpdk_proc import REPO_BINARY
+    from embnic.control.targets.dpdk.process import REPO_BINARY
 
     if not REPO_BINARY.exists():
         pytest.skip("dataplane not built (make -C dataplane)")

@@ -59,7 +59,7 @@ def test_jumbo_mtu_gives_the_pmd_frames_that_hold_it():
     the card gets the cluster's MTU as --mtu, 1500 too (docs/control-socket.md)."""
     import dataclasses
 
-    from embnic.control.target_dpdk import DpdkTarget
+    from embnic.control.targets.dpdk.target import DpdkTarget
 
     cfg = dataclasses.replace(load_config(TESTBED_TOML), mtu=9000)
     topo = T.Topology.from_config(cfg, "enX1")

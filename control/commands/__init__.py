@@ -1,0 +1,25 @@
+"""The ``embnic`` commands: one module per CLI noun, registered by :mod:`embnic.control.cli`.
+
+Only these modules and ``cli.py`` know click; each parses its arguments and calls library code.
+
+- ``options.py``: shared click options and parameter types, defined once;
+- ``entries.py``: the card's peer tables as click groups (used by ``route`` and ``client``);
+- ``pipeline.py``: ``embnic pipeline load|unload|status``;
+- ``route.py``: ``embnic route add|del|list`` (the card's route table);
+- ``client.py``: ``embnic client add|del|list`` (the card's client table);
+- ``status.py``: ``embnic status`` (counters, drops, rings, state-map summary);
+- ``state.py``: ``embnic state dump|summary|ring`` (the card's message state map);
+- ``inspect.py``: ``embnic inspect BINARY`` (the card binary's build info);
+- ``exporter.py``: ``embnic exporter`` (Prometheus metrics of the card);
+- ``config.py``: ``embnic config check|show``;
+- ``plan.py``: ``embnic plan`` (capacity planning);
+- ``server.py``: ``embnic server`` (one parameter-server shard);
+- ``train.py``: ``embnic train``;
+- ``tables.py``: ``embnic tables export|import`` (trained embedding tables);
+- ``testbed.py``: ``embnic testbed up|down|status|netem``;
+- ``trace.py``: ``embnic trace record``;
+- ``replay.py``: ``embnic replay``;
+- ``bench.py``: ``embnic bench ...`` (benchmarks);
+- ``demo.py``: ``embnic demo``;
+- ``dissector.py``: ``embnic dissector`` (the Wireshark plug-in).
+"""

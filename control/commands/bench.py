@@ -1,0 +1,330 @@
+"""``embnic bench``: speed benchmarks, each against a baseline measured in the same run."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import click
+
+from embnic.control.commands.options import FloatRange
+from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
+
+_out = click.option("--out", "out", type=click.Path(file_okay=False), default="out/bench", show_default=True,
+                    help="Directory for bench.json (results are merged into it).")
+
+
+@click.group("bench")
+def bench():
+    """Speed benchmarks; results are merged into DIR/bench.json with ratios to baselines run alongside.
+
+    \b
+    Example:
+      embnic bench prep --out out/bench
+      embnic bench dataplane --out out/bench
+      embnic bench server --out out/bench
+    """
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def _show(name: str, res: dict, indent: int = 0) -> None:
+    """Print a result dict: scalars one per line, nested dicts (e.g. ``af_packet``) indented below
+    their key, short lists of scalars inline; longer lists are left to bench.json."""
+    pad = "  " * indent
+    click.echo(f"{pad}{name}:")
+    for k, v in res.items():
+        if isinstance(v, dict) and v:
+            _show(k, v, indent + 1)
+        elif isinstance(v, dict):
+            click.echo(f"{pad}  {k:24s} {{}}")
+        elif isinstance(v, (list, tuple)):
+            if len(v) <= 8 and all(not isinstance(x, (dict, list, tuple)) for x in v):
+                click.echo(f"{pad}  {k:24s} [{', '.join(_fmt(x) for x in v)}]")
+        else:
+            click.echo(f"{pad}  {k:24s} {_fmt(v)}")
+
+
+@bench.command("prep")
+@_out
+@click.option("--batch-size", type=click.IntRange(min=1), default=4096, show_default=True, help="Samples per batch.")
+@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True, help="Timed repetitions (median).")
+def prep(out, batch_size, repeats):
+    """Batch preparation (sort → value/index/offset arrays, routing) on Criteo batches of
+    BATCH_SIZE × 26 features, against a bare np.unique(return_inverse=True) on the same ids.
+
+    \b
+    Example:
+      embnic bench prep --out out/bench
+    """
+    from embnic.testbed.bench import prep as bench_prep
+
+    res = bench_prep.run(Path(out), batch_size=batch_size, repeats=repeats)
+    _show("prep", res)
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
+@bench.command("dataplane")
+@_out
+@click.option("--seconds", type=FloatRange(min=0.5), default=5.0, show_default=True,
+              help="Measurement time per configuration.")
+@click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
+              help="bmv2: the same frames through simple_switch and through the DPDK card over the same "
+                   "veth path in one run (dataplane.bmv2_mpps, dataplane.ratio_card_bmv2).")
+@click.option("--state-lcores", type=click.IntRange(1, 2), default=2, show_default=True,
+              help="2: also the distinct workload on the card with 2 state lcores against testpmd with 2 "
+                   "forwarding lcores (dpdk target); 1: skip it.")
+@click.option("--p4dpdk/--no-p4dpdk", "p4dpdk", default=True, show_default=True,
+              help="Also the P4 card for PNA in DPDK's SWX pipeline (embnic-swx; needs p4c-dpdk: "
+                   "skipped in one line without it).")
+def dataplane(out, seconds, target, state_lcores, p4dpdk):
+    """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
+    the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and over a veth
+    pair on net_af_packet and on net_af_xdp: `af_packet`, `af_xdp`, `af_xdp_vs_af_packet`); a workload of distinct messages with their replies
+    (every state-map entry inserted and freed: distinct_msgs_per_s), also with the state map
+    partitioned over 2 state lcores against testpmd on 2 forwarding lcores
+    (distinct_2state_msgs_per_s, reported with the cross-CPU round trip, not gated); the card's
+    two-lcore pipeline beside; the P4 card for PNA in DPDK's SWX pipeline
+    (embnic-swx, one lcore) on the main and distinct workloads (`p4dpdk`: its rate from the
+    pipeline's output port statistics, ratios to the card and to testpmd io; else why it was
+    skipped). bench.json's `targets` says which targets are met.
+
+    \b
+    Example:
+      embnic bench dataplane --out out/bench --seconds 5
+      sudo embnic bench dataplane --target bmv2 --out out/bench
+    """
+    if target == "bmv2":
+        from embnic.testbed.bench import bmv2 as bench_bmv2
+
+        res = bench_bmv2.run(Path(out), seconds=seconds)
+        _show("dataplane (bmv2)", res)
+        click.echo(f"wrote {Path(out) / 'bench.json'}")
+        return
+    try:
+        mod = importlib.import_module("embnic.testbed.bench.dataplane")
+    except ImportError as e:
+        raise MissingDependencyError(f"the dataplane benchmark is not available: {e}", dependency=e.name) from None
+    res = mod.run(Path(out), seconds=seconds, state_lcores=state_lcores, p4dpdk=p4dpdk)
+    _show("dataplane", res)
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
+def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats, mtu) -> None:
+    if rows < 8 * cache_rows:
+        raise UsageError(f"--disk-rows {rows} is less than 8 x --disk-cache-rows {cache_rows}: the disk-tier run "
+                         "measures a table larger than 8 x its cache")
+    if cache_rows < 2 * 4096:
+        raise UsageError(f"--disk-cache-rows {cache_rows}: give at least 8192 (two messages of 4096 keys)")
+    try:
+        res = mod.run(Path(out), rows=rows, cache_rows=cache_rows, block_cache_mb=block_cache_mb, window=window,
+                      messages=max(20, int(300 * scale)), repeats=repeats, mtu=mtu, log=click.echo)
+    except RuntimeError as e:
+        raise OperationalError(str(e)) from None
+    _show("server_disk", {k: v for k, v in res.items() if k in ("targets", "load", "budget", "fixed_overhead")})
+    for k in ("lookup_4096", "update_4096"):
+        v = res[k]
+        click.echo(f"  {k:12s} disk {_fmt(v['disk_rows_per_s'])} rows/s  memory {_fmt(v['memory_rows_per_s'])} rows/s  "
+                   f"ratio {v['ratio']:.3f}  (memory, numpy path {_fmt(v['memory_numpy_rows_per_s'])}: "
+                   f"{v['ratio_vs_numpy_path']:.3f})  hit ratio {v['hit_ratio']:.3f}")
+    mb = res["memory_bound"]
+    click.echo(f"  RssAnon max {mb['rss_anon_max'] / 2**20:.1f} MiB (bound {mb['bound'] / 2**20:.1f} MiB: "
+               f"{'within' if mb['within'] else 'OVER'}), table on disk {mb['disk_bytes'] / 2**20:.1f} MiB = "
+               f"{mb['disk_over_budget']:.1f} x the budget; the memory shard {mb['memory_shard_rss_anon'] / 2**20:.1f} MiB")
+
+
+@bench.command("server")
+@_out
+@click.option("--window", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Messages in flight in the throughput runs.")
+@click.option("--scale", type=FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Multiplies the number of messages per measurement.")
+@click.option("--mtu", type=click.IntRange(576, 9000), default=1500, show_default=True, help="Cluster MTU (bytes).")
+@click.option("--reference/--no-reference", default=True, show_default=True,
+              help="Also measure the reference engine (the readable asyncio server).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Throughput runs per configuration, each followed by LocalBackend's; rows/s are medians.")
+@click.option("--disk", "disk", is_flag=True,
+              help="Also the disk-tier run (`server_disk`, a few minutes): a table on disk behind a cache vs the same "
+                   "in memory, Zipf ids, the shard's memory while the table grows (needs embnic[disk]; `bench all` "
+                   "runs it).")
+@click.option("--disk-only", is_flag=True, help="Only the disk-tier run.")
+@click.option("--disk-rows", type=click.IntRange(min=4096), default=1 << 21, show_default=True,
+              help="Rows of the disk-tier run's table.")
+@click.option("--disk-cache-rows", type=click.IntRange(min=8192), default=1 << 17, show_default=True,
+              help="The disk table's cache of hot rows.")
+@click.option("--disk-block-cache-mb", type=click.IntRange(min=1), default=4, show_default=True,
+              help="RocksDB's block cache (memtables charged to it), MiB.")
+def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_rows, disk_cache_rows,
+           disk_block_cache_mb):
+    """One parameter-server shard on loopback without the card: rows/s, messages/s and p50/p99
+    latency of lookups and updates at 1, 64 and 4096 keys per message, with --workers 1 and 2,
+    against the in-process LocalBackend doing the same work (ratio_* keys under `server`).
+
+    The disk-tier run (`server_disk`, docs/server.md "Disk tier"): a shard keeping the table on
+    disk (RocksDB behind a cache of hot rows) against one keeping it in memory, Zipf(1.05) ids of
+    4096 keys a message over a table larger than 8 x the disk shard's memory budget; rows/s of
+    both, the cache's hit ratio, and the disk shard's RssAnon while the table grows, against the
+    budget plus its measured fixed overhead.
+
+    \b
+    Examples:
+      embnic bench server --out out/bench
+      embnic bench server --disk --out out/bench
+      embnic bench server --disk-only --out out/bench
+    """
+    from embnic.testbed.bench import server as bench_server
+
+    if disk_only:
+        disk = True
+    if disk:
+        from embnic.testbed.bench import server_disk
+
+        _disk_run(server_disk, out, disk_rows, disk_cache_rows, disk_block_cache_mb, window, scale, repeats, mtu)
+        if disk_only:
+            return
+    try:
+        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, reference=reference, repeats=repeats,
+                               log=click.echo)
+    except RuntimeError as e:
+        raise OperationalError(str(e)) from None
+    _show("server", {k: v for k, v in res.items() if not isinstance(v, dict) or k in ("targets", "load")})
+    rd = res.get("rounds") or {}
+    if rd:
+        click.echo(f"  rounds (shard CPU per round of {rd['total_ids']} ids, one message, median µs):")
+        for op in ("lookup", "update"):
+            click.echo(f"    {op:6s}  2 tables {rd[f'{op}_2_us']:8,.0f}   26 tables {rd[f'{op}_26_us']:8,.0f}   "
+                       f"26/2 = {rd[f'ratio_26_vs_2_{op}']:.2f} (target ≤ {rd['target']})")
+    for part in ("workers_1", "workers_1_wal", "workers_2", "reference", "local"):
+        if part in res:
+            click.echo(f"  {part}:")
+            for k, v in res[part].items():
+                if isinstance(v, dict):
+                    click.echo(f"    {k:12s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()
+                                                       if m in ("rows_per_s", "msgs_per_s", "p50_us", "p99_us", "rows_per_shard_cpu_s", "rows_per_cpu_s",
+                                                                "shard_cpu_s", "loadgen_cpu_s", "machine_idle_share")))
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
+@bench.command("client")
+@_out
+@click.option("--rounds", type=click.IntRange(min=3), default=40, show_default=True,
+              help="Timed rounds of each size and table count (medians).")
+def client(out, rounds):
+    """The client's round over 2 tables and over 26 with the same total keys (832, 6656, 26624),
+    against two shards on loopback without the card: the client's CPU and wall time per lookup
+    and update round, with the C round and the numpy path (ratio_* keys under `client`).
+
+    \b
+    Example:
+      embnic bench client --out out/bench
+    """
+    from embnic.testbed.bench import client as bench_client
+
+    res = bench_client.run(Path(out), rounds=rounds, log=click.echo)
+    for name in ("native", "numpy"):
+        click.echo(f"  {name}:")
+        for k, v in res[name].items():
+            if isinstance(v, dict):
+                click.echo(f"    {k:16s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()))
+        _show(f"{name} ratios (26 tables / 2)", res["ratios"][name], indent=2)
+    _show("targets", res["targets"])
+    click.echo(f"wrote {Path(out) / 'bench.json'}")
+
+
+@bench.command("e2e")
+@_out
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Repeats of every figure (median, min, max).")
+@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True,
+              help="Timed steps per repeat and batch size (after one warm-up step).")
+@click.option("--loss", "loss_pct", type=FloatRange(0, 50), default=1.0, show_default=True,
+              help="Percent loss on every link for the transport-under-loss run (0: skip it).")
+@click.option("--hash/--no-hash", "hash_row", default=True, show_default=True,
+              help="Also measure embnic with hash sharding (a second testbed).")
+@click.option("--dlrm/--no-dlrm", "dlrm", default=True, show_default=True,
+              help="Also measure training steps/s of TorchRec's DLRM: tables through the card vs TorchRec's "
+                   "EmbeddingBagCollection in process (rows with model: dlrm).")
+def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
+    """The claim, measured: lookup and update latency per step (p50/p99) and steps/s at batch
+    sizes 32, 256 and 4096 of the Criteo sample (26 features) for variable-length messages
+    through the card, the fixed-length baseline (a size round first) through the card, and
+    TorchRec's sharded EmbeddingBagCollection (DMP, gloo, 2 ranks, table-wise); and training
+    steps/s of TorchRec's DLRM with its tables through the card vs the same DLRM with TorchRec's
+    EmbeddingBagCollection in process (rows with model "dlrm"). e2e.rows in bench.json,
+    e2e_*.png beside it. Needs root (the namespace testbed) and embnic[torch].
+
+    \b
+    Example:
+      sudo embnic bench e2e --out out/bench --repeats 3
+    """
+    from embnic.testbed.bench import e2e as bench_e2e
+
+    try:
+        res = bench_e2e.run(Path(out), repeats=repeats, steps=steps, loss_pct=loss_pct, hash_row=hash_row,
+                            dlrm=dlrm, log=click.echo)
+    except ImportError as e:
+        raise MissingDependencyError(f"bench e2e needs the embnic[torch] extra (TorchRec as the peer): {e}",
+                                     dependency=e.name) from None
+    except RuntimeError as e:
+        raise OperationalError(str(e)) from None
+    click.echo("e2e (lookup latency per step, µs, medians of repeats):")
+    click.echo(f"  {'batch':>6} {'varlen p50':>11} {'p99':>9} {'fixed p50':>10} {'p99':>9} {'torchrec p50':>13} "
+               f"{'p99':>9} {'msgs var/fix':>13} {'rounds var/fix':>15} {'req msgs/round var/fix (shards)':>32}")
+    for r in (r for r in res["rows"] if r["model"] == "embeddings"):
+        click.echo(f"  {r['batch']:>6} {r['varlen_p50_us']:>11,.0f} {r['varlen_p99_us']:>9,.0f} "
+                   f"{r['fixed_p50_us']:>10,.0f} {r['fixed_p99_us']:>9,.0f} {r['torchrec_p50_us']:>13,.0f} "
+                   f"{r['torchrec_p99_us']:>9,.0f} {r['messages_varlen']:>6.0f}/{r['messages_fixed']:<6.0f} "
+                   f"{r['rounds_varlen']:>7.0f}/{r['rounds_fixed']:<7.0f} "
+                   f"{r['request_messages_per_round_varlen']:>14.1f}/{r['request_messages_per_round_fixed']:<5.1f} "
+                   f"({r['shards_per_round']:.0f})")
+    pb = (res.get("plan") or {}).get("by_batch") or {}
+    if pb:
+        click.echo("e2e step time, embnic plan's estimate (testbed profile) beside the measurement (varlen, µs):")
+        for b, v in pb.items():
+            click.echo(f"  {b:>6} plan {v['plan_step_us']:>9,.0f}  measured {v['step_p50_us']:>9,.0f}  "
+                       f"= {v['plan_over_measured']:.2f} x   messages/step plan {v['plan_messages_per_step']:.0f}"
+                       f" measured {v['messages_per_step']:.0f}   (binds: {v['binds']})")
+    dlrm_rows = [r for r in res["rows"] if r["model"] == "dlrm"]
+    if dlrm_rows:
+        click.echo("e2e DLRM training steps/s (medians of repeats): tables through the card vs TorchRec's EBC in process")
+        click.echo(f"  {'batch':>6} {'card':>9} {'torchrec':>9} {'card/torchrec':>14}")
+        for r in dlrm_rows:
+            click.echo(f"  {r['batch']:>6} {r['card_steps_per_s']:>9.1f} {r['torchrec_steps_per_s']:>9.1f} "
+                       f"{r['card_over_torchrec']:>14.2f}")
+    lo = res.get("loss") or {}
+    if lo.get("by_batch"):
+        click.echo(f"e2e transport, varlen with {lo['loss_pct_every_link']:g}% loss on every link "
+                   f"({lo['netem_backend']} netem; step p50 µs, per step: retransmits, timer expiries, "
+                   f"repairs, tail probes):")
+        for b, v in lo["by_batch"].items():
+            relay = (f", through the netem helpers without loss {v['step_p50_us_relay']:,.0f} "
+                     f"({v['ratio_vs_relay']:.2f} x)" if "step_p50_us_relay" in v else "")
+            click.echo(f"  {b:>6} loss-free {v['step_p50_us']:,.0f} (retransmits {v['retransmits_per_step']:g}), "
+                       f"with loss {v['step_p50_us_loss']:,.0f} = {v['ratio']:.2f} x (retransmits "
+                       f"{v['retransmits_per_step_loss']:.1f}, timers {v['timeouts_per_step_loss']:.1f}, repairs "
+                       f"{v['repairs_per_step_loss']:.1f}, probes {v['probes_per_step_loss']:.1f}){relay}")
+    _show("targets", res["targets"])
+    click.echo(f"  machine {res['machine']['before']}")
+    click.echo(f"wrote {Path(out) / 'bench.json'} and {', '.join(res['plots'])}")
+
+
+@bench.command("all")
+@_out
+@click.pass_context
+def all_(ctx, out):
+    """Every benchmark in turn: prep, client, dataplane, server (with its disk-tier run), e2e (needs root,
+    embnic[torch] and embnic[disk]).
+
+    \b
+    Example:
+      embnic bench all --out out/bench
+    """
+    ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
+    ctx.invoke(client, out=out, rounds=40)
+    ctx.invoke(dataplane, out=out, seconds=5.0)
+    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True, repeats=3, disk=True)
+    ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True, dlrm=True)

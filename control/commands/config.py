@@ -1,0 +1,156 @@
+"""``embnic config check|show``: validate and print the cluster config."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from embnic.client_lib import consts
+from embnic.client_lib.config import DEFAULT_PLAN_RATE, ClusterConfig, ConfigError, state_map_plan
+from embnic.control.commands.options import FloatRange, ConfigFileError, control_section, json_option, load_cluster
+from embnic.control.targets.base import clients_from_config, routes_from_config
+
+
+def _file_arg(file: str | None, config_opt: str | None = None) -> str:
+    if file and config_opt and file != config_opt:
+        raise click.UsageError(f"two config files: FILE {file!r} and -c {config_opt!r}; give one")
+    if file or config_opt:
+        return file or config_opt
+    import os
+
+    env = os.environ.get("EMBNIC_CONFIG")
+    if not env:
+        raise click.UsageError("no config file: give FILE (or -c FILE) or set EMBNIC_CONFIG")
+    return env
+
+
+def card_warnings(cfg: ClusterConfig) -> list[str]:
+    """What ``pipeline load`` would still need from a valid config (MACs, card ports, lcores this
+    machine has), one line each."""
+    if cfg.card is None or not cfg.card.enabled:
+        return []
+    from embnic.control.targets.dpdk.target import lcores_problem
+
+    out = []
+    bad = lcores_problem(cfg.card.lcores)
+    if bad:
+        out.append(f"card.lcores: {bad}")
+    for fn in (routes_from_config, clients_from_config):
+        try:
+            fn(cfg)
+        except ConfigError as e:
+            out.append(f"{e.field}: {e.message}")
+    return out
+
+
+def summary(cfg: ClusterConfig) -> str:
+    """One paragraph describing a config: every ``[card]`` setting but ``state_timeout_ms``, which the
+    state map's line (:meth:`~embnic.client_lib.config.StateMapPlan.describe`) states."""
+    card = "none (clients talk to shards directly)"
+    if cfg.card is not None:
+        ports = ", ".join(f"{p.id}={p.ip}" for p in cfg.card.ports) or "no ports"
+        card = (f"{'enabled' if cfg.card.enabled else 'disabled'}, ports {ports}, ring {cfg.card.ring_size}, "
+                f"state {cfg.card.state_size}, lcores {cfg.card.lcores}, state lcores {cfg.card.state_lcores}")
+    lines = [
+        f"cluster {cfg.name!r}: {len(cfg.tables)} table(s), {len(cfg.shards)} shard(s), {len(cfg.clients)} "
+        f"client(s), sharding {cfg.sharding}, UDP port {cfg.udp_port}, MTU {cfg.mtu} "
+        f"({consts.max_body_per_frame(cfg.mtu)} body bytes/frame)",
+        f"card: {card}",
+    ]
+    disk = [(t.name, s.id, cfg.store_of(t.id, s.id)[1]) for s in cfg.shards for t in cfg.tables
+            if cfg.store_of(t.id, s.id)[0] == "disk"]
+    if disk:  # the disk tier (docs/server.md): which tables, with what cache
+        per = {}
+        for name, sid, rows in disk:
+            per.setdefault((name, rows), []).append(str(sid))
+        lines.append("disk tables: " + "; ".join(f"{n} on shard(s) {','.join(ss)}, cache {r:,} rows"
+                                                 for (n, r), ss in per.items()))
+    return "\n".join(lines)
+
+
+@click.group()
+def config():
+    """Check and show the cluster config (one TOML file, docs/config.md).
+
+    \b
+    Examples:
+      embnic config check examples/cluster.toml
+      embnic config show --json examples/cluster.toml
+    """
+
+
+@config.command("check")
+@click.argument("file", required=False, metavar="[FILE]")
+@click.option("-c", "--config", "config_opt", metavar="FILE", help="The config file, as other commands take it "
+                                                                  "(the same as the FILE argument).")
+@click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
+                                             "lcores this machine has).")
+@click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
+              metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
+                                         "loss tolerance.")
+def check(file, config_opt, strict, rate):
+    """Validate FILE (default $EMBNIC_CONFIG): exit 0 if valid, 2 with the offending field if not.
+
+    Unknown sections and fields are errors (with the closest valid name). Also checks the
+    optional [control] section and warns about what loading the card would still need: every
+    shard and client needs `mac` and `card_port` when [card] is enabled, and card.lcores must
+    name cores this machine has (--strict makes these errors). With a [card] it says how many
+    messages in flight the card's state map allows and what fraction of messages may go
+    unanswered at --rate messages/s (unanswered ones hold an entry until they expire).
+
+    \b
+    Example:
+      embnic config check examples/cluster.toml
+      embnic config check --rate 500000 examples/testbed.toml
+    """
+    path = _file_arg(file, config_opt)
+    cfg = load_cluster(path)
+    control_section(cfg)
+    warns = card_warnings(cfg)
+    if strict and warns:
+        raise ConfigFileError(f"{path}: {warns[0]}")
+    for w in warns:
+        click.echo(f"warning: {path}: {w}", err=True)
+    click.echo(f"{path}: ok")
+    click.echo(summary(cfg))
+    if cfg.card is not None:
+        click.echo(state_map_plan(cfg, rate).describe())
+
+
+def _as_dict(cfg: ClusterConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d.pop("raw", None)
+    d["control"] = control_section(cfg)
+    return d
+
+
+@config.command("show")
+@click.argument("file", required=False, metavar="[FILE]")
+@click.option("-c", "--config", "config_opt", metavar="FILE", help="The config file, as other commands take it "
+                                                                  "(the same as the FILE argument).")
+@json_option
+def show(file, config_opt, as_json):
+    """Print the parsed config FILE (default $EMBNIC_CONFIG) with every default filled in.
+
+    \b
+    Example:
+      embnic config show --json examples/cluster.toml
+    """
+    cfg = load_cluster(_file_arg(file, config_opt))
+    if as_json:
+        click.echo(json.dumps(_as_dict(cfg), indent=2, default=list))
+        return
+    click.echo(summary(cfg))
+    click.echo("tables:")
+    for t in cfg.tables:
+        where = f", shard {t.shard}" if t.shard is not None else ""
+        click.echo(f"  {t.id:>3} {t.name:<10} rows {t.rows if t.rows is not None else 'any u64':<10} dim {t.dim:<4} {t.dtype} {t.optimizer} lr {t.lr:g}{where}")
+    for kind, eps in (("shards", cfg.shards), ("clients", cfg.clients)):
+        click.echo(f"{kind}:")
+        for e in eps:
+            via = f" via card port {e.card_port}" if e.card_port is not None else ""
+            click.echo(f"  {e.id:>3} {e.ip}:{e.port} mac {e.mac or '-'}{via}")
+    ctl = control_section(cfg)
+    if ctl:
+        click.echo("control: " + ", ".join(f"{k} = {v!r}" for k, v in ctl.items()))

@@ -1,0 +1,99 @@
+"""``embnic demo``: the main job — train on the shipped Criteo sample through the card (testbed/training/demo.py)."""
+from __future__ import annotations
+
+import click
+
+from embnic.control.commands.options import FloatRange, check_name_param, needs_root, pmd_option, sigterm_as_interrupt
+from embnic.control.errors import MissingDependencyError
+
+
+@click.command("demo")
+@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="Training steps.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default="out/demo", show_default=True,
+              help="Directory for report.json and the PNG plots.")
+@click.option("--config", "-c", "config", type=click.Path(dir_okay=False, exists=True), default=None,
+              envvar="EMBNIC_DEMO_CONFIG", help="Cluster config with a [card] (default: examples/testbed.toml).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per step.")
+@click.option("--data", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Criteo TSV (Kaggle train.txt layout). Default: the sample shipped with embnic.")
+@click.option("--name", default="embdemo", show_default=True, callback=check_name_param,
+              help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
+@click.option("--loss", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames lost on every link.")
+@click.option("--reorder", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames reordered.")
+@click.option("--duplicate", type=FloatRange(0, 100), default=0.0, help="Fault: % of frames duplicated.")
+@click.option("--netem-backend", type=click.Choice(["auto", "tc", "bpf", "user"]), default="auto", show_default=True,
+              help="How faults are injected (see `embnic testbed netem --help`).")
+@click.option("--kill-shard", type=int, default=None, metavar="ID",
+              help="Fault: kill this shard's server during the run (the run must fail naming it; the report "
+                   "of what ran is still written).")
+@click.option("--kill-at-step", type=int, default=None, metavar="K",
+              help="Step after which --kill-shard strikes: 1..STEPS-1 (default 1).")
+@click.option("--restart", is_flag=True,
+              help="With --kill-shard: the shards keep a write-ahead log and checkpoints and the killed shard is "
+                   "restarted at once with --restore; the run must complete with the fault-free losses and tables.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=16, show_default=True,
+              help="With --restart: logged updates between a shard's checkpoints.")
+@click.option("--no-table-check", is_flag=True, help="Skip reading every updated row back through the card.")
+@click.option("--all-clients", is_flag=True, help="Every other client of the config looks up its own batches "
+                                                  "through the card while the first one trains (lookups only).")
+@click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
+@click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
+              help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
+                   "(needs the embnic[torch] extra).")
+@click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
+              help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch, p4/).")
+@pmd_option
+@needs_root("demo")
+def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
+         kill_at_step, restart, checkpoint_every, no_table_check, all_clients, progress, model, target, pmd):
+    """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
+    Criteo sample with every embedding lookup and update passing through the card, in a
+    namespace testbed it brings up and down.
+
+    Runs the same training with in-process tables first; the per-step losses through the card
+    must match it within 1e-6 and the final tables must be identical. Writes OUT/report.json
+    (loss, AUC, messages, frames, rounds per step, dedup ratio, lookup latency p50/p99, card
+    drops by reason, ...) and OUT/loss.png, OUT/latency_cdf.png. Needs root.
+
+    If training fails (e.g. --kill-shard), the report of what ran (error, steps completed,
+    losses so far, the dead node) and the plots are still written, and the command exits 1
+    naming the node that died.
+
+    \b
+    Examples:
+      sudo embnic demo                       # what `make demo` runs
+      sudo embnic demo --steps 10 --out /tmp/demo
+      sudo embnic demo --model dlrm --steps 10    # TorchRec's DLRM (embnic[torch])
+      sudo embnic demo --loss 1 --reorder 5 --duplicate 1    # faults on every link
+      sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3   # fails at step 4, naming shard 1
+      sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3 --restart   # SIGKILL, restore, same result
+      sudo embnic demo --batch-size 4096 --all-clients   # every client loads the card (state_full stays 0)
+      sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (p4c, simple_switch on PATH)
+      sudo embnic demo --steps 10 --pmd af_xdp      # the card on net_af_xdp (make demo PMD=af_xdp)
+    """
+    from embnic.testbed.training import demo as D
+    from embnic.testbed.training.criteo import CriteoFormatError
+    from embnic.testbed.net.netem import Impairment, loss_only
+
+    opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
+                         netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
+                         restart=restart, checkpoint_every=checkpoint_every,
+                         check_tables=not no_table_check, all_clients=all_clients, progress=progress,
+                         model=model, target=target, pmd=pmd)
+    if config is not None:
+        opts.config = config
+    if loss or reorder or duplicate:
+        opts.impairment = Impairment(loss, reorder, duplicate)
+        if netem_backend == "bpf" and not loss_only(opts.impairment):
+            raise click.BadParameter("the bpf backend only drops frames (--loss); --reorder and --duplicate need "
+                                     "--netem-backend user (or tc where the kernel has netem)",
+                                     param_hint="--netem-backend")
+    with sigterm_as_interrupt():
+        try:
+            D.run_demo(opts, log=click.echo)
+        except D.DemoUsageError as e:
+            raise click.BadParameter(str(e), param_hint=e.param) from None
+        except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
+            raise click.BadParameter(str(e), param_hint="--data") from None
+        except ImportError as e:  # --model dlrm without embnic[torch]: the message says what to install
+            raise MissingDependencyError(f"--model {model}: {e}", dependency=e.name) from None

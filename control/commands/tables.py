@@ -1,0 +1,110 @@
+"""``embnic tables export|import``: trained embedding tables out of and into the shards' directories."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from embnic.control.commands.options import config_option, json_option, load_cluster
+from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
+
+
+
+def store_error(e: Exception):
+    """The CLI error for a disk tier that cannot start (``stores.StoreSetupError``): its missing
+    dependency (exit 2) or its directory (exit 1)."""
+    from embnic.testbed.server.stores import StoreDependencyError
+
+    if isinstance(e, StoreDependencyError):
+        return MissingDependencyError(str(e), "rocksdict")
+    return OperationalError(str(e))
+
+@click.group("tables")
+def tables():
+    """Take trained tables out of the shards' checkpoint directories, or seed shards from a file.
+
+    Files are safetensors (docs/server.md, "Tables in and out"): --layout torchrec holds
+    `embedding_bags.<table>.weight` (rows, dim) for TorchRec's EmbeddingBagCollection.load_state_dict;
+    --layout ids holds the updated rows by full uint64 id (collision-free tables).
+
+    \b
+    Examples:
+      embnic tables export -c examples/cluster.toml --from /var/lib/embnic --out tables.safetensors
+      embnic tables import -c examples/cluster.toml tables.safetensors --into /var/lib/embnic-new
+    """
+
+
+def _cfg(config):
+    if config is None:
+        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
+    return load_cluster(config)
+
+
+@tables.command("export")
+@config_option(required=True)
+@click.option("--from", "src", type=click.Path(file_okay=False, exists=True), required=True,
+              help="The shards' --checkpoint-dir (read as a restart would: latest checkpoint + log; nothing changes).")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="File to write (safetensors).")
+@click.option("--layout", type=click.Choice(["torchrec", "ids"]), default=None,
+              help="torchrec: whole tables as embedding_bags.<table>.weight (needs rows); ids: updated rows by id "
+                   "with their optimizer state. Default: torchrec when every table has rows.")
+def export(config, src, out, layout):
+    """Gather every shard's rows from their directory into one file.
+
+    \b
+    Example:
+      embnic tables export -c examples/cluster.toml --from /var/lib/embnic --out tables.safetensors
+    """
+    from embnic.testbed.server.durability import DurabilityError
+    from embnic.testbed.server.stores import StoreSetupError
+    from embnic.testbed.server.tables_io import TablesFileError, export_tables
+
+    cfg = _cfg(config)
+    parent = Path(out).parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out}: directory {parent} does not exist; create it or write elsewhere")
+    try:
+        rep = export_tables(cfg, src, out, layout)
+    except TablesFileError as e:
+        raise UsageError(str(e)) from None
+    except DurabilityError as e:
+        raise OperationalError(str(e)) from None
+    except StoreSetupError as e:
+        raise store_error(e) from None
+    except OSError as e:
+        raise OperationalError(f"cannot write {out}: {e.strerror or e}") from None
+    click.echo(f"wrote {out} ({rep['layout']}): " + ", ".join(f"{k} {v} rows" for k, v in rep["tables"].items()))
+
+
+@tables.command("import")
+@config_option(required=True)
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--into", "dst", type=click.Path(file_okay=False), required=True,
+              help="Directory to initialise (DIR/shard-<id>/ckpt-0.npz per shard); serve with --restore DIR.")
+@json_option
+def import_(config, file, dst, as_json):
+    """Initialise every shard's directory from a tables file (each shard gets the rows it owns).
+
+    \b
+    Example:
+      embnic tables import -c examples/cluster.toml tables.safetensors --into /var/lib/embnic
+      embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
+    """
+    from embnic.testbed.server.stores import StoreSetupError
+    from embnic.testbed.server.tables_io import TablesFileError, import_tables
+
+    cfg = _cfg(config)
+    try:
+        rep = import_tables(cfg, file, dst)
+    except TablesFileError as e:
+        raise UsageError(str(e)) from None
+    except StoreSetupError as e:
+        raise store_error(e) from None
+    except OSError as e:
+        raise OperationalError(f"{e.filename or file}: {e.strerror or e}") from None
+    if as_json:
+        click.echo(json.dumps(rep))
+    else:
+        click.echo(f"initialised {dst} from {file} ({rep['layout']}): "
+                   + ", ".join(f"shard {k} {v} rows" for k, v in rep["rows"].items()))

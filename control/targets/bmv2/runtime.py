@@ -1,0 +1,332 @@
+"""The P4 card's runtime state on BMv2: table entries in, counters and registers out.
+
+Library code for the ``bmv2`` target, the tests and the benchmarks: what programs the card
+from its port addresses, routes and clients (:class:`CardProgram`: table entries written over
+P4Runtime by :func:`program_p4runtime`, or the same as runtime-CLI lines, :func:`table_commands`),
+and the readers that turn ``simple_switch_CLI`` output back into the DPDK card's shapes
+(:func:`read_counters`, :func:`read_state_map`, :func:`read_ring`), plus the state map's slot
+hash as the switch computes it (:func:`state_slot`). The switch process itself is
+:class:`embnic.control.targets.bmv2.switch.SimpleSwitch`.
+
+    sw.cli(table_commands([CardPortAddr(0, mac, ip)], routes, clients))
+    print(read_counters(sw, nb_ports=2)["drops"])
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import time
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+from embnic.control.targets import p4program as p4prog
+from embnic.control.targets.bmv2.switch import EGRESS_QUEUE_DEPTH, Bmv2Error, SimpleSwitch
+from embnic.control.targets.bmv2.p4runtime import TableEntry
+
+
+# --------------------------------------------------------------------------- state map slot
+def state_slot(client_id, msg_id, slots: int | None = None):
+    """State map slot of (client_id, msg_id): ``crc32(be16 client_id ++ be32 msg_id) % slots``.
+
+    The home slot ``StateMap`` (p4/state_map.p4) writes (or its neighbour ``slot ^ 1``, when
+    another live message holds it). Scalars or numpy arrays of equal shape
+    (``uint16``/``uint32``-valued ints); returns an int, or an int64 array of the same shape.
+
+    Example: ``state_slot(1, 1001)`` is ``zlib.crc32(bytes([0, 1, 0, 0, 3, 0xE9])) % 4096``.
+    """
+    import numpy as np
+
+    slots = slots or p4prog.constants()["STATE_SLOTS"]
+    c = np.asarray(client_id, dtype=np.int64)
+    m = np.asarray(msg_id, dtype=np.int64)
+    if c.shape != m.shape:
+        raise ValueError(f"client_id shape {c.shape} != msg_id shape {m.shape}")
+    if ((c < 0) | (c > 0xFFFF)).any() or ((m < 0) | (m > 0xFFFFFFFF)).any():
+        raise ValueError("client_id must fit 16 bits and msg_id 32 bits")
+    flat = np.empty((c.size, 6), dtype=np.uint8)
+    flat[:, 0:2] = c.reshape(-1, 1).astype(">u2").view(np.uint8).reshape(-1, 2)
+    flat[:, 2:6] = m.reshape(-1, 1).astype(">u4").view(np.uint8).reshape(-1, 4)
+    # zlib.crc32 has no vector form; 6 bytes per message, control-path only
+    out = np.fromiter((zlib.crc32(row.tobytes()) % slots for row in flat), dtype=np.int64, count=c.size)
+    return int(out[0]) if c.ndim == 0 else out.reshape(c.shape)
+
+
+# --------------------------------------------------------------------------- table entries
+@dataclasses.dataclass(frozen=True)
+class CardPortAddr:
+    """The card's own address on one of its ports."""
+
+    port: int
+    mac: str
+    ip: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerEntry:
+    """A route (id = shard) or client (id = client): card port, MAC, IPv4, UDP port."""
+
+    id: int
+    port: int
+    mac: str
+    ip: str
+    udp_port: int
+
+
+def _mac(v: str) -> int:
+    return int(v.replace(":", ""), 16)
+
+
+def _ip(v: str) -> int:
+    return int(ipaddress.IPv4Address(v))
+
+
+def route_entries(r: PeerEntry) -> list[TableEntry]:
+    """Route ``r`` (shard → server) and its server's allowlist entry (replies from it)."""
+    return [TableEntry("route_by_shard", (r.id,), "forward_to_server", (r.port, _mac(r.mac), _ip(r.ip), r.udp_port)),
+            TableEntry("sender_allowlist", (0, r.id, _ip(r.ip), r.udp_port), "allow_sender")]
+
+
+def client_entries(c: PeerEntry) -> list[TableEntry]:
+    """Client ``c`` and its allowlist entry (requests from it)."""
+    return [TableEntry("client_by_id", (c.id,), "forward_to_client", (c.port, _mac(c.mac), _ip(c.ip), c.udp_port)),
+            TableEntry("sender_allowlist", (1, c.id, _ip(c.ip), c.udp_port), "allow_sender")]
+
+
+@dataclasses.dataclass(frozen=True)
+class CardProgram:
+    """Everything that programs the card before it takes a frame: its port addresses, routes,
+    clients (each with its allowlist entry) and the state map timeout (µs; None: left as is).
+
+    :meth:`entries` are the table entries, written over P4Runtime or as runtime-CLI lines
+    (:meth:`cli_commands`); :meth:`register_commands` the register writes, over Thrift on both
+    channels.
+    """
+
+    card_ports: tuple[CardPortAddr, ...]
+    routes: tuple[PeerEntry, ...] = ()
+    clients: tuple[PeerEntry, ...] = ()
+    state_timeout_us: int | None = None
+
+    def entries(self) -> list[TableEntry]:
+        """Table entries: per card port ``card_port_by_ingress`` and ``source_by_egress_port``,
+        then each route's and each client's (:func:`route_entries`, :func:`client_entries`)."""
+        out = []
+        for p in self.card_ports:
+            out.append(TableEntry("card_port_by_ingress", (p.port,), "set_card_port", (_ip(p.ip), _mac(p.mac))))
+            out.append(TableEntry("source_by_egress_port", (p.port,), "rewrite_source", (_mac(p.mac), _ip(p.ip))))
+        for r in self.routes:
+            out += route_entries(r)
+        for c in self.clients:
+            out += client_entries(c)
+        return out
+
+    def register_commands(self) -> list[str]:
+        """Runtime-CLI register writes (``state_timeout_us``)."""
+        if self.state_timeout_us is None:
+            return []
+        return [f"register_write state_timeout_us 0 {int(self.state_timeout_us)}"]
+
+    def cli_commands(self) -> list[str]:
+        """The whole program as runtime-CLI lines (the Thrift channel): entries, then registers."""
+        return [e.cli_add() for e in self.entries()] + self.register_commands()
+
+
+def card_program(card_ports: Iterable[CardPortAddr], routes: Iterable[PeerEntry] = (),
+                 clients: Iterable[PeerEntry] = (), *, state_timeout_us: int | None = None) -> CardProgram:
+    """:class:`CardProgram` of these addresses, routes and clients."""
+    return CardProgram(tuple(card_ports), tuple(routes), tuple(clients), state_timeout_us)
+
+
+def table_commands(card_ports: Iterable[CardPortAddr], routes: Iterable[PeerEntry],
+                   clients: Iterable[PeerEntry], *, state_timeout_us: int | None = None) -> list[str]:
+    """Runtime-CLI lines that program the card: port addresses, routes, clients, allowlist,
+    state timeout (:meth:`CardProgram.cli_commands`)."""
+    return card_program(card_ports, routes, clients, state_timeout_us=state_timeout_us).cli_commands()
+
+
+def route_add_commands(r: PeerEntry) -> list[str]:
+    """CLI lines adding route ``r`` (shard → server) and its allowlist entry."""
+    return [e.cli_add() for e in route_entries(r)]
+
+
+def client_add_commands(c: PeerEntry) -> list[str]:
+    """CLI lines adding client ``c`` and its allowlist entry."""
+    return [e.cli_add() for e in client_entries(c)]
+
+
+# --------------------------------------------------------------------------- P4Runtime
+def program_p4runtime(sw: SimpleSwitch, json_path: Path, program: CardProgram, *, timeout: float = 60.0) -> dict:
+    """Program a ``simple_switch_grpc`` started without a program, the P4Runtime way.
+
+    Arbitration (one election id), ``SetForwardingPipelineConfig`` of the P4Info beside
+    ``json_path`` (:func:`embnic.control.targets.bmv2.switch.p4info_path`) and the JSON, one ``Write`` of every
+    table entry, then every table read back and compared with what was written; then the
+    register writes and the egress queue depth over Thrift (P4Runtime has no register writes on
+    BMv2, PI#376). Ports are the caller's to add afterwards (:meth:`SimpleSwitch.port_add`), so no
+    frame meets an empty table.
+
+    Returns:
+        ``{"entries": n, "tables": {table: n}, "seconds": s}``.
+    Raises:
+        Bmv2Error: no P4Info beside the JSON, a call failed, or a table read back differs from
+            what was written (names the table).
+        MissingDependencyError: finsy/grpcio not installed.
+    """
+    from embnic.control.targets.bmv2.switch import p4info_path
+    from embnic.control.targets.bmv2.p4runtime import P4InfoIndex, P4RuntimeError
+
+    t0 = time.monotonic()
+    entries = program.entries()
+    info = p4info_path(json_path)
+    if not info.exists():
+        raise Bmv2Error(f"no P4Info {info} beside {json_path}: compile with p4c --p4runtime-files {info}, or use "
+                        "the Thrift channel (EMBNIC_BMV2_CHANNEL=thrift)")
+    try:
+        index = P4InfoIndex.load(info)
+        with sw.p4runtime(timeout=timeout) as c:
+            c.wait_ready(timeout)
+            c.become_primary()
+            c.set_pipeline(index, Path(json_path).read_bytes())
+            c.write(inserts=entries)
+            by_table: dict[str, list[TableEntry]] = {t: [] for t in index.tables}
+            for e in entries:
+                by_table[e.table].append(e)
+            for table, want in by_table.items():
+                got = c.read_table(table)
+                if sorted(got, key=_entry_key) != sorted(want, key=_entry_key):
+                    raise Bmv2Error(f"P4Runtime read of {table} gave {len(got)} entries that differ from the "
+                                    f"{len(want)} written: {sorted(set(got) ^ set(want), key=_entry_key)[:4]}")
+    except P4RuntimeError as e:
+        raise Bmv2Error(str(e)) from None
+    sw.cli(program.register_commands() + [f"set_queue_depth {EGRESS_QUEUE_DEPTH}"])
+    return {"entries": len(entries), "tables": {t: len(v) for t, v in by_table.items()},
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _entry_key(e: TableEntry) -> tuple:
+    return (e.table, e.key, e.action, e.params)
+
+
+# --------------------------------------------------------------------------- reading back
+_COUNTER = re.compile(r"(\w+)\[(\d+)\]=\s*\((\d+) bytes, (\d+) packets\)")
+_REGISTER = re.compile(r"(\w+)=\s*((?:\d+,\s*)*\d+)")
+
+
+def parse_counters(text: str) -> dict[str, dict[int, tuple[int, int]]]:
+    """``counter_read`` output as ``{name: {index: (packets, bytes)}}``."""
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for m in _COUNTER.finditer(text):
+        out.setdefault(m.group(1), {})[int(m.group(2))] = (int(m.group(4)), int(m.group(3)))
+    return out
+
+
+def parse_registers(text: str) -> dict[str, list[int]]:
+    """``register_read NAME`` (whole arrays) output as ``{name: [values]}``."""
+    return {m.group(1): [int(v) for v in m.group(2).split(",")] for m in _REGISTER.finditer(text)}
+
+
+def read_counters(sw: SimpleSwitch, nb_ports: int, shards: Iterable[int] = ()) -> dict:
+    """Counters of the card in the DPDK card's ``counters`` shape (docs/control-socket.md).
+
+    ``{"ports": [{port, rx_frames, rx_bytes, tx_frames, tx_bytes}], "types": {LOOKUP_REQ: n,
+    ...}, "drops": {reason: n} (every reason), "arp": {"replies": n}, "completed":
+    {LOOKUP_REPLY: n, UPDATE_ACK: n, ERROR: n, SIZE_ACK: n, UPDATE_NACK: n} (messages whose whole reply passed,
+    by reply type: every type of ``consts.REPLY_TYPES``, as the DPDK card), "shards": [{"shard": id, "completed": n}] for ``shards``, "state": {"expired": n}}``.
+    """
+    shards = list(shards)
+    from embnic.client_lib.consts import REPLY_TYPES, MsgType
+
+    reply_types = sorted(REPLY_TYPES)
+
+    reasons = p4prog.drop_reasons()
+    cmds = [f"counter_read rx_frames {p}" for p in range(nb_ports)]
+    cmds += [f"counter_read tx_frames {p}" for p in range(nb_ports)]
+    cmds += [f"counter_read drop_reasons {i + 1}" for i in range(len(reasons))]
+    cmds += [f"counter_read frames_by_type {t.value}" for t in MsgType]
+    cmds += [f"counter_read messages_completed {t.value}" for t in MsgType]
+    cmds += [f"counter_read completed_by_shard {s}" for s in shards]
+    cmds += ["counter_read arp_replies 0", "counter_read state_expired 0"]
+    c = parse_counters(sw.cli(cmds))
+
+    def get(name: str, i: int, k: int = 0) -> int:
+        try:
+            return c[name][i][k]
+        except KeyError:
+            raise Bmv2Error(f"counter {name}[{i}] missing from simple_switch_CLI output") from None
+
+    return {
+        "ports": [{"port": p, "rx_frames": get("rx_frames", p), "rx_bytes": get("rx_frames", p, 1),
+                   "tx_frames": get("tx_frames", p), "tx_bytes": get("tx_frames", p, 1)}
+                  for p in range(nb_ports)],
+        "types": {t.name: get("frames_by_type", t.value) for t in MsgType},
+        "drops": {r: get("drop_reasons", i + 1) for i, r in enumerate(reasons)},
+        "arp": {"replies": get("arp_replies", 0)},
+        "completed": {t.name: get("messages_completed", t.value) for t in reply_types},
+        "shards": [{"shard": s, "completed": get("completed_by_shard", s)} for s in shards],
+        "state": {"expired": get("state_expired", 0)},
+    }
+
+
+#: the state map's registers, in the order :func:`read_state_map` reads them
+STATE_REGISTERS = ("slot_state", "slot_key", "slot_request_info", "slot_shard", "slot_msg_len",
+                   "slot_num_keys", "slot_value_len", "slot_frames_in", "slot_frames_out", "slot_bytes_in", "slot_bytes_out",
+                   "slot_first_us", "slot_last_us")
+#: slot_state values (p4/types.p4 STATE_*), named as docs/control-socket.md names them
+STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded", 3: "replying"}
+
+
+def read_state_map(sw: SimpleSwitch) -> list[dict]:
+    """Live entries of the state map: ``[{slot, client_id, msg_id, state, msg_type, shard_id,
+    num_tables, num_keys, value_len, frag_count, msg_len, frames_in, frames_out, bytes_in,
+    bytes_out, first_us, last_us}]``, by slot: the request's header fields the card keeps
+    (protocol v2: ``value_len`` is the length its LOOKUP_REPLY must have). Expired entries a
+    frame has not touched yet are included (BMv2 has no timer); ``last_us`` says how old they
+    are.
+
+    Raises:
+        Bmv2Error: a register missing from the CLI's output (another program loaded).
+    """
+    regs = parse_registers(sw.cli([f"register_read {r}" for r in STATE_REGISTERS]))
+    missing = [r for r in STATE_REGISTERS if r not in regs]
+    if missing:
+        raise Bmv2Error(f"registers {missing} missing from simple_switch_CLI output")
+    out = []
+    for s, st in enumerate(regs["slot_state"]):
+        if st == 0:
+            continue
+        key, req = regs["slot_key"][s], regs["slot_request_info"][s]
+        out.append({
+            "slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF,
+            "state": STATE_NAMES.get(st, str(st)),
+            "msg_type": req >> 32, "shard_id": regs["slot_shard"][s], "num_tables": (req >> 16) & 0xFFFF,
+            "num_keys": regs["slot_num_keys"][s], "value_len": regs["slot_value_len"][s],
+            "frag_count": req & 0xFFFF, "msg_len": regs["slot_msg_len"][s],
+            "frames_in": regs["slot_frames_in"][s], "frames_out": regs["slot_frames_out"][s],
+            "bytes_in": regs["slot_bytes_in"][s], "bytes_out": regs["slot_bytes_out"][s],
+            "first_us": regs["slot_first_us"][s], "last_us": regs["slot_last_us"][s],
+        })
+    return out
+
+
+#: the header ring's per-field registers (p4/header_ring.p4), in the order of a ring entry
+RING_FIELDS = ("msg_type", "flags", "msg_id", "client_id", "shard_id", "num_tables", "table_id", "num_keys",
+               "value_len", "msg_len", "frag_index", "frag_count", "frag_len", "ingress_port", "time_us")
+
+
+def read_ring(sw: SimpleSwitch, last: int) -> list[dict]:
+    """The ``last`` most recent accepted headers of the header ring, newest first."""
+    if last < 0:
+        raise ValueError(f"last must be >= 0, got {last}")
+    size = p4prog.constants()["RING_SLOTS"]
+    regs = parse_registers(sw.cli(["register_read ring_head"] + [f"register_read ring_{f}" for f in RING_FIELDS]))
+    head = regs.get("ring_head", [None])[0]
+    if head is None:
+        raise Bmv2Error("register ring_head missing from simple_switch_CLI output")
+    n = min(last, head, size)
+    out = []
+    for k in range(1, n + 1):
+        i = (head - k) % size
+        out.append({f: regs[f"ring_{f}"][i] for f in RING_FIELDS})
+    return out

@@ -1,0 +1,771 @@
+"""The ``bmv2`` target: the P4 program (p4/) on BMv2, driven over P4Runtime where it can be.
+
+Two control channels (:func:`embnic.control.targets.bmv2.switch.choose_channel`; ``channel`` or
+``$EMBNIC_BMV2_CHANNEL``: ``auto`` (default), ``p4runtime``, ``thrift``):
+
+- ``p4runtime`` (where ``simple_switch_grpc`` is on PATH): the switch starts with no program and
+  no port, serving P4Runtime on ``unix:RUN_DIR/NAME.p4rt`` (a socket file: reachable from the
+  host although the switch runs in its namespace); the target pushes the pipeline (P4Info +
+  JSON), writes every table entry and reads every table back over P4Runtime, writes the
+  registers (``state_timeout_us``) and the queue depth over Thrift on the same switch, then adds
+  the ports. Later route/client changes are P4Runtime writes; registers and counters are read
+  over Thrift (BMv2's PI answers register reads "not supported", PI#376).
+- ``thrift`` (``simple_switch`` alone): a first switch without ports is programmed with the
+  runtime CLI, its state saved and the card's switch started with ``--restore-state``, so no
+  frame meets an empty table (with the handle-0 placeholder of :func:`handle_zero_placeholders`);
+  later changes go through ``simple_switch_CLI``.
+
+``load`` = find the tools (a missing one: one line naming it and how to get it, exit 1) →
+compile ``p4/v1model/embnic.p4`` (JSON and P4Info; or take ``json_path``) → make sure the switch's network
+namespace has no address but loopback (its Thrift server listens on every address) → turn the
+port interfaces' offloads off (see :func:`tune_port_interfaces`) → start and program the switch
+as above → write the state file. ``unload`` stops the recorded pid (checked by its start time)
+and deletes a namespace the target made.
+
+Every frame is accounted for: ``counters()["ports"][i]["lost_before_switch"]`` is the frames the
+port's interface took in (kernel ``rx_packets`` + ``rx_dropped`` since the load or the last
+counter reset) minus the frames the switch's ingress counted (``rx_frames``).
+
+Ports: card port ``i`` is the interface ``interfaces[i]``; given as names (``["Np0", ...]``)
+or taken from ``--vdev net_af_packet<i>,iface=NAME`` (what the testbed passes the dpdk target).
+The namespace: ``netns`` (the testbed's card namespace, whose kernel has no address), else one
+made for it (``embnic-bmv2-NAME``), into which the interfaces are moved with IPv6 off.
+
+    from embnic.client_lib.config import load_config
+    from embnic.control.targets.bmv2.target import Bmv2Target
+    t = Bmv2Target(load_config("examples/testbed.toml"), netns="tb-card",
+                   interfaces=["tbp0", "tbp1", "tbp2", "tbp3"], name="tb")
+    t.load(); print(t.counters()["drops"]); t.unload()
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.client_lib.consts import MsgType
+from embnic.control import netns
+from embnic.control.targets.bmv2 import switch as bmv2
+from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets import p4program as p4prog
+from embnic.control.errors import MissingDependencyError, NoSuchEntryError, OperationalError, UsageError
+from embnic.control.netns import Netns, NetnsError
+from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
+                                     require_netns, require_root, write_state)
+from embnic.control.targets.base import Entry, Target, clients_from_config, describe_state, routes_from_config
+
+_IFACE = re.compile(r"(?:^|,)iface=([^,]+)")
+
+
+def interfaces_from_vdevs(vdevs: Sequence[str]) -> list[str]:
+    """``["net_af_packet0,iface=Np0", ...]`` → ``["Np0", ...]`` (port order kept).
+
+    Raises:
+        UsageError: a vdev without ``iface=`` (BMv2 needs a network interface per port).
+    """
+    out = []
+    for v in vdevs:
+        m = _IFACE.search(v)
+        if not m:
+            raise UsageError(f"--vdev {v!r}: the bmv2 target needs an interface per card port "
+                                   "(net_af_packet<i>,iface=NAME)")
+        out.append(m.group(1))
+    return out
+
+
+def _mac_hex(v: str) -> str:
+    return int(v, 16).to_bytes(6, "big").hex(":")
+
+
+def _ip_hex(v: str) -> str:
+    return ".".join(str(b) for b in int(v, 16).to_bytes(4, "big"))
+
+
+def handle_zero_placeholders(commands: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Commands that keep entry handle 0 free in every table a saved state will restore.
+
+    BMv2 1.15.5 restores saved entries with their handles but leaves the table's "first free
+    handle" at 0 (``HandleMgr::set_handle`` resets it from the size *before* growing), so the
+    next runtime ``table_add`` on a table whose handle 0 was restored is given handle 0 again:
+    it overwrites that entry, and a later ``table_dump`` kills the switch. A state saved with
+    handle 0 unused restores correctly (its first free handle really is 0).
+
+    Returns:
+        ``(adds, deletes)``: run ``adds`` before ``commands`` (one placeholder ``table_add`` per
+        table: the table's first entry with its last key field changed to a value no entry of
+        that table uses, so it gets handle 0), and ``deletes`` after them, before saving.
+    """
+    keys: dict[str, set[tuple[str, ...]]] = {}
+    first: dict[str, list[str]] = {}
+    for c in commands:
+        w = c.split()
+        if len(w) < 4 or w[0] != "table_add" or "=>" not in w:
+            continue
+        arrow = w.index("=>")
+        keys.setdefault(w[1], set()).add(tuple(w[3:arrow]))
+        first.setdefault(w[1], w)
+    adds, deletes = [], []
+    for table, w in first.items():
+        arrow = w.index("=>")
+        key = list(w[3:arrow])
+        if not key:
+            continue
+        v = 0
+        while tuple(key[:-1] + [str(v)]) in keys[table]:
+            v += 1
+        adds.append(" ".join(w[:3] + key[:-1] + [str(v)] + w[arrow:]))
+        deletes.append(f"table_delete {table} 0")
+    return adds, deletes
+
+
+def parse_table_dump(text: str) -> list[dict]:
+    """``table_dump`` output as ``[{handle, key: [ints], action, params: [ints]}]`` (default entry left out)."""
+    out = []
+    for block in text.split("**********"):
+        h = re.search(r"Dumping entry (0x[0-9a-fA-F]+)", block)
+        a = re.search(r"Action entry: (\w+) - ?([0-9a-fA-F, ]*)", block)
+        if not h or not a:
+            continue
+        keys = [int(k, 16) for k in re.findall(r"^\* \S+\s*: EXACT\s+([0-9a-fA-F]+)", block, re.M)]
+        params = [int(p, 16) for p in a.group(2).replace(",", " ").split()]
+        out.append({"handle": int(h.group(1), 16), "key": keys, "action": a.group(1), "params": params})
+    return out
+
+
+#: offloads that make libpcap size its capture ring's slots for 64 KiB frames (see
+#: :func:`tune_port_interfaces`)
+PORT_OFFLOADS_OFF = ("tso", "gso", "gro", "lro", "tx-udp-segmentation", "rx-gro-list", "rx-udp-gro-forwarding")
+
+
+def tune_port_interfaces(ns: Netns, ifaces: Sequence[str]) -> None:
+    """Turn segmentation and receive offloads off on the switch's port interfaces.
+
+    BMv2 captures each port with libpcap in immediate mode, i.e. a TPACKET_V2 ring of 2 MiB
+    (libpcap's default; BMv2 sets no size) whose slots are as large as the largest frame the
+    interface may hand over: 64 KiB + headers while any of GSO/TSO/GRO/LRO is on (a veth's
+    default), so the ring holds a few dozen frames and a burst beyond that is lost in the
+    kernel, counted by no counter of the card. With the offloads off, slots are MTU-sized and
+    the same ring holds about a thousand frames. Best effort per feature (a veth has no LRO to
+    turn off); nothing the switch does depends on the offloads.
+
+    Raises:
+        MissingDependencyError: no ethtool (apt-get install ethtool).
+    """
+    for ifname in ifaces:
+        ns.offloads_off(ifname, PORT_OFFLOADS_OFF, each=True)
+
+
+def interface_rx(ns_name: str, ifaces: dict[int, str]) -> dict[int, int]:
+    """Frames each port's interface took in: kernel ``rx_packets + rx_dropped``, by port.
+
+    Raises:
+        OperationalError: ``ip`` failed (an interface or the namespace is gone).
+    """
+    by_name = {d["ifname"]: d["stats64"]["rx"] for d in Netns(ns_name).links(stats=True) if "stats64" in d}
+    out = {}
+    for port, name in ifaces.items():
+        if name not in by_name:
+            raise OperationalError(f"card port {port}: no interface {name} in namespace {ns_name} any more")
+        rx = by_name[name]
+        out[int(port)] = int(rx["packets"]) + int(rx.get("dropped", 0))
+    return out
+
+
+class Bmv2Target(Target):
+    """The embnic pipeline as the P4 program on BMv2 (``simple_switch_grpc`` or ``simple_switch``).
+
+    Args:
+        config: cluster config; ``[card].ports`` give the card's MAC/IPv4 per port, its
+            ``state_timeout_ms`` the state map timeout.
+        json_path: a compiled program to run instead of compiling ``p4/v1model/embnic.p4`` (its
+            P4Info beside it, for the P4Runtime channel).
+        netns: run the switch in this existing namespace (it must have no address but loopback).
+        interfaces: card port ``i`` = ``interfaces[i]`` (in ``netns`` if given, else moved into
+            the namespace made for the switch).
+        vdevs: alternatively ``net_af_packet<i>,iface=NAME`` specs (:func:`interfaces_from_vdevs`).
+        thrift_port: the switch's Thrift port (reachable inside its namespace only).
+        channel: ``auto`` (P4Runtime where ``simple_switch_grpc`` is on PATH), ``p4runtime`` or
+            ``thrift``; None: ``$EMBNIC_BMV2_CHANNEL``, else ``auto`` (module docstring).
+        ready_timeout: seconds to wait for the switch to start.
+        stop_timeout: seconds between SIGTERM and SIGKILL on unload.
+
+    Raises (constructor):
+        UsageError: ``channel`` (or ``$EMBNIC_BMV2_CHANNEL``) is none of the three.
+    """
+
+    name = "bmv2"
+    OPTIONS = frozenset({"json_path", "netns", "interfaces", "vdevs", "thrift_port", "ready_timeout",
+                         "stop_timeout", "channel"})
+
+    def __init__(self, config: ClusterConfig | None = None, *, name: str = "embnic",
+                 run_dir: str | os.PathLike | None = None, json_path: str | os.PathLike | None = None,
+                 netns: str | None = None, interfaces: Sequence[str] = (), vdevs: Sequence[str] = (),
+                 thrift_port: int = bmv2.DEFAULT_THRIFT_PORT, ready_timeout: float = 60.0,
+                 stop_timeout: float = 10.0, channel: str | None = None):
+        super().__init__(config, name=name, run_dir=run_dir)
+        try:
+            self.requested_channel = bmv2.choose_channel(channel)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.json_path = Path(json_path) if json_path else None
+        self.netns = netns
+        self.interfaces = list(interfaces) or interfaces_from_vdevs(vdevs or ())
+        self.thrift_port = int(thrift_port)
+        self.ready_timeout = float(ready_timeout)
+        self.stop_timeout = float(stop_timeout)
+
+    @classmethod
+    def from_settings(cls, s, **opts: Any) -> "Bmv2Target":
+        """Build from resolved CLI settings (``--netns``, ``--vdev ...,iface=NAME``)."""
+        return cls(s.config, name=s.name, run_dir=s.run_dir, netns=s.netns, vdevs=s.vdevs,
+                   json_path=getattr(s, "binary", None) if str(getattr(s, "binary", "") or "").endswith(".json")
+                   else None, **{k: v for k, v in opts.items() if v is not None and k in cls.OPTIONS})
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.instance}.log"
+
+    @property
+    def build_dir(self) -> Path:
+        """Where the program is compiled: shared by every load of the same sources
+        (:func:`embnic.control.targets.bmv2.switch.cached_build_dir`), outside the run directory."""
+        return bmv2.cached_build_dir()
+
+    def _transient_files(self) -> list[Path]:
+        """Run-directory files a load makes that the running card does not need once its switch
+        is up: the programming switch's logs and the saved state it hands over (and the build
+        directory earlier versions kept here). Only the card switch's logs outlive an unload,
+        as the dpdk target's log does."""
+        base = self.run_dir / self.instance
+        return [Path(f"{base}.bmv2state"), Path(f"{base}-program.log.txt"), Path(f"{base}-program.log.out"),
+                Path(f"{base}-p4")]
+
+    def _remove_transient_files(self) -> None:
+        for path in self._transient_files():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    @property
+    def p4rt_socket(self) -> Path:
+        """The P4Runtime server's unix socket (p4runtime channel): ``RUN_DIR/NAME.p4rt``."""
+        return self.run_dir / f"{self.instance}.p4rt"
+
+    def channel(self, state: dict | None = None) -> str:
+        """The control channel: the loaded pipeline's (state file), else the one a load would use."""
+        st = state if state is not None else (self.state() or {})
+        return st.get("channel") or ("thrift" if st.get("target") == "bmv2" else self.requested_channel)
+
+    def _switch(self, state: dict | None = None) -> bmv2.SimpleSwitch:
+        """A handle on the running switch (from the state file) for CLI and P4Runtime calls."""
+        st = state or self.state()
+        if not st or st.get("corrupt") or st.get("target") != "bmv2":
+            raise OperationalError(f"no bmv2 pipeline {self.instance!r} loaded: run `embnic pipeline load "
+                                   f"--target bmv2 --config FILE" +
+                                   (f" --name {self.instance}`" if self.instance != "embnic" else "`"))
+        if not pid_matches(st):
+            raise OperationalError(f"the bmv2 pipeline {self.instance!r} is not running any more "
+                                   f"({describe_state(st)}); see its log {st.get('log')}")
+        return bmv2.SimpleSwitch(Path(st["json"]), Netns(st["netns"]), {}, log=Path(st["log"]),
+                                 thrift_port=int(st["thrift_port"]), grpc_addr=st.get("p4rt"))
+
+    def cli(self, commands: Sequence[str]) -> str:
+        """Run runtime-CLI commands on the loaded switch.
+
+        Raises:
+            OperationalError: not loaded, or the CLI refused a command (its message).
+        """
+        try:
+            return self._switch().cli(commands)
+        except bmv2.Bmv2Error as e:
+            raise OperationalError(str(e)) from None
+
+    # ------------------------------------------------------------------ lifecycle
+    def _tools(self, channel: str) -> None:
+        """Raise MissingDependencyError (one line) naming every missing tool (and, for P4Runtime,
+        Python package) and how to get each."""
+        missing = bmv2.missing_tools((["p4c"] if self.json_path is None else []) +
+                                     [bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
+        if channel == "p4runtime" and not missing:
+            from embnic.control.targets.bmv2 import p4runtime
+
+            p4runtime._proto()  # MissingDependencyError naming finsy/grpcio and the pip line
+        if missing:
+            raise MissingDependencyError(f"the bmv2 target needs {', '.join(missing)}, not found on PATH: " +
+                                         "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
+                                         dependency=missing[0])
+
+    def _card_program(self, routes: list[Entry], clients: list[Entry]) -> bmv2_runtime.CardProgram:
+        card = self.config.card
+        ports = []
+        for p in card.ports:
+            if p.mac is None:
+                raise ConfigError(f"card.ports[{p.id}].mac", "required by the bmv2 target (the switch has no "
+                                  "MAC of its own): add mac = \"02:..\"", self.config.path)
+            ports.append(bmv2_runtime.CardPortAddr(p.id, p.mac, p.ip))
+        peer = lambda e: bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)
+        return bmv2_runtime.card_program(ports, [peer(r) for r in routes], [peer(c) for c in clients],
+                                         state_timeout_us=card.state_timeout_ms * 1000)
+
+    def load(self, program: bool = True) -> dict:
+        """Compile, start the switch and program it before it takes a frame (module docstring),
+        on the channel ``channel`` chose.
+
+        Returns:
+            the state file contents plus ``routes``/``clients`` counts.
+        Raises:
+            UsageError: no config, or no interfaces for the card's ports; a run directory too
+                long for the P4Runtime socket.
+            ConfigError: no ``[card]``, a card port without ``mac``, a shard/client without
+                ``mac``/``card_port``.
+            MissingDependencyError: p4c / simple_switch(_grpc) / simple_switch_CLI missing, or
+                finsy/grpcio for P4Runtime (names them).
+            OperationalError: p4c failed, already running, the
+                namespace has addresses besides loopback, the switch did not start.
+        """
+        cfg = self.config
+        if cfg is None:
+            raise UsageError("loading the bmv2 target needs the cluster config: pass --config FILE")
+        if cfg.card is None or not cfg.card.enabled:
+            raise ConfigError("card", "the bmv2 target needs a [card] section (enabled = true) with its "
+                              "ports; see docs/config.md", cfg.path)
+        ids = sorted(p.id for p in cfg.card.ports)
+        if len(self.interfaces) < len(ids) or ids != list(range(len(ids))):
+            raise UsageError(f"the bmv2 target needs one interface per card port (ports {ids}, "
+                                   f"{len(self.interfaces)} interface(s) given): --vdev "
+                                   "net_af_packet<i>,iface=NAME in port order")
+        self._tools(self.requested_channel)  # a missing tool first: nothing can be checked or fixed without it
+        if not self.netns:  # before the compile, and before any interface moves: a namespace deleted with a
+            # veth end in it destroys that veth pair
+            for i, ifname in enumerate(self.interfaces[:len(ids)]):
+                if not Path("/sys/class/net", ifname).exists():
+                    raise UsageError(f"card port {i}: no interface {ifname!r} in this network namespace "
+                                     f"(`ip link show`): give the port's interface as --vdev "
+                                     f"net_af_packet{i},iface=NAME, or --netns the namespace that holds them")
+        routes = routes_from_config(cfg) if program else []
+        clients = clients_from_config(cfg) if program else []
+        card = self._card_program(routes, clients)
+        channel = self.requested_channel
+        if channel == "p4runtime" and len(str(self.p4rt_socket)) > 100:  # sun_path holds 108 bytes
+            raise UsageError(f"the P4Runtime socket path {self.p4rt_socket} is too long for a unix socket: "
+                             "use a shorter run directory (EMBNIC_RUN_DIR) or name")
+        require_root("loading the bmv2 target", "network namespaces for simple_switch")
+        ensure_run_dir(self.run_dir)
+        old = read_state(self.run_dir, self.instance)
+        if old is not None and not old.get("corrupt") and pid_matches(old):
+            raise OperationalError(f"pipeline {self.instance!r} is already running ({describe_state(old)}); "
+                                   f"run `embnic pipeline unload --name {self.instance}` first")
+        if self.netns:  # checked before the (slow) compile: a refusal comes at once
+            ns = self._prepare_netns(self.netns, self.interfaces[:len(ids)])
+        try:
+            json_path = self.json_path or bmv2.compile_program(self.build_dir)
+        except bmv2.Bmv2Error as e:
+            raise OperationalError(str(e)) from None
+
+        made_ns = None
+        if not self.netns:
+            made_ns = f"embnic-bmv2-{self.instance}"
+            netns.delete(made_ns)  # left by a crashed load of the same name
+            try:
+                ns = Netns.create(made_ns, ipv6=True)  # IPv6 off per port (take_interface): ::1 stays
+                for ifname in self.interfaces[:len(ids)]:
+                    ns.take_interface(ifname)
+            except NetnsError as e:
+                netns.delete(made_ns)
+                raise OperationalError(f"cannot set up namespace {made_ns}: {e}") from None
+        sw = None
+        try:
+            self._check_loopback_only(ns)
+            ports = {i: self.interfaces[i] for i in ids}
+            tune_port_interfaces(ns, list(ports.values()))
+            if channel == "p4runtime":
+                sw, state = self._start_p4runtime(json_path, ns, ports, card)
+            else:
+                sw, state = self._start_thrift(json_path, ns, ports, card)
+            state.update({"netns_made": made_ns is not None, "config": cfg.path})
+            # frames lost before the switch are counted from here (and from each counter reset)
+            state["port_base"] = self._port_base(state)
+            write_state(self.run_dir, self.instance, state)
+            self._remove_transient_files()  # the card switch is up and programmed
+        except (bmv2.Bmv2Error, OperationalError) as e:
+            if sw is not None:
+                sw.stop(self.stop_timeout)
+            remove_state(self.run_dir, self.instance)
+            self.p4rt_socket.unlink(missing_ok=True)
+            if made_ns:
+                netns.delete(made_ns)
+            raise OperationalError(str(e)) from None
+        info = {"mode": "bmv2", "state_size": p4prog.constants()["STATE_SLOTS"],
+                "state_timeout_ms": cfg.card.state_timeout_ms,
+                "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
+
+    def _state(self, sw: bmv2.SimpleSwitch, pid: int, json_path: Path, ns: Netns, ports: dict,
+               channel: str) -> dict:
+        ctl = f"thrift 127.0.0.1:{self.thrift_port} in netns {ns.name}"
+        if channel == "p4runtime":
+            ctl = f"p4runtime {sw.grpc_addr} (tables); {ctl} (registers, counters, queues)"
+        return {"target": "bmv2", "channel": channel, "pid": pid, "starttime": proc_starttime(pid),
+                "netns": ns.name, "thrift_port": self.thrift_port, "p4rt": sw.grpc_addr, "json": str(json_path),
+                "p4info": str(bmv2.p4info_path(json_path)) if channel == "p4runtime" else None,
+                "log": str(sw.log_file), "ctl": ctl, "started": time.time(), "interfaces": ports,
+                "argv": sw.command(), "switch": bmv2.CHANNEL_SWITCH[channel]}
+
+    def _start_thrift(self, json_path: Path, ns: Netns, ports: dict,
+                      card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
+        """The Thrift channel: program a port-less switch with the runtime CLI, save its state,
+        start the card's switch with the ports and ``--restore-state`` (module docstring)."""
+        commands = card.cli_commands()
+        state_file = self.run_dir / f"{self.instance}.bmv2state"
+        prog = bmv2.SimpleSwitch(json_path, ns, {}, log=self.run_dir / f"{self.instance}-program.log",
+                                 thrift_port=self.thrift_port)
+        prog.start()
+        try:
+            prog.wait_ready(self.ready_timeout)
+            # handle 0 left free in every table: see handle_zero_placeholders
+            placeholders, unplace = handle_zero_placeholders(commands)
+            prog.cli(placeholders)
+            prog.cli(commands)
+            prog.cli(unplace)
+            prog.save_state(state_file)
+        finally:
+            prog.stop(self.stop_timeout)
+        sw = bmv2.SimpleSwitch(json_path, ns, ports, log=self.log_path, restore_state=state_file,
+                               thrift_port=self.thrift_port)
+        pid = sw.start()
+        state = self._state(sw, pid, json_path, ns, ports, "thrift")
+        write_state(self.run_dir, self.instance, state)  # before waiting: `unload` finds a half-started one
+        sw.wait_ready(self.ready_timeout)
+        sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
+        return sw, state
+
+    def _start_p4runtime(self, json_path: Path, ns: Netns, ports: dict,
+                         card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
+        """The P4Runtime channel: start ``simple_switch_grpc`` with no program and no port, push
+        the pipeline, write and read back every table over P4Runtime, registers and queue depth
+        over Thrift, then add the ports (module docstring)."""
+        self.p4rt_socket.unlink(missing_ok=True)  # a stale socket of a killed switch
+        sw = bmv2.SimpleSwitch(None, ns, {}, log=self.log_path, thrift_port=self.thrift_port,
+                               grpc_addr=f"unix:{self.p4rt_socket}")
+        pid = sw.start()
+        state = self._state(sw, pid, json_path, ns, ports, "p4runtime")
+        write_state(self.run_dir, self.instance, state)  # before waiting: `unload` finds a half-started one
+        sw.wait_ready(self.ready_timeout)
+        state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card, timeout=self.ready_timeout)
+        sw.port_add(ports)
+        return sw, state
+
+    def _port_base(self, state: dict) -> dict:
+        """``{port: {"iface_rx": n, "switch_rx": n}}`` now: the zero of ``lost_before_switch``."""
+        ifaces = {int(k): v for k, v in (state.get("interfaces") or {}).items()}
+        iface = interface_rx(state["netns"], ifaces)
+        sw = self._switch(state)
+        c = bmv2_runtime.parse_counters(sw.cli([f"counter_read rx_frames {p}" for p in sorted(ifaces)]))
+        return {str(p): {"iface_rx": iface[p], "switch_rx": c.get("rx_frames", {}).get(p, (0, 0))[0]}
+                for p in sorted(ifaces)}
+
+    def _prepare_netns(self, name: str, ports: Sequence[str]) -> Netns:
+        """The given namespace, made ready for the switch: loopback up (the runtime CLI reaches
+        Thrift on 127.0.0.1) and IPv6 off on the card's port interfaces (the card speaks IPv4;
+        a link-local address there would let Thrift be reached from the segment).
+
+        Raises:
+            UsageError: not a namespace name, or no such namespace (exit 2).
+            OperationalError: it still has an address besides loopback
+                (one line naming the addresses and the command that removes them).
+        """
+        require_netns(name)
+        ns = Netns(name)
+        ns.link_up("lo")
+        have = {a.split()[0] for a in ns.addresses() if ":" in a.split()[1]}
+        for ifname in ports:
+            if ifname in have:
+                ns.disable_ipv6(ifname)
+        self._check_loopback_only(ns)
+        return ns
+
+    @staticmethod
+    def _check_loopback_only(ns: Netns) -> None:
+        """Refuse a namespace with any address but 127.0.0.1/::1: Thrift would listen on it.
+
+        Raises:
+            OperationalError: one line naming the addresses and how to remove them.
+        """
+        other = [a for a in ns.addresses() if not a.startswith("lo ")]
+        if other:
+            ifs = sorted({a.split()[0] for a in other})
+            fix = "; ".join(f"ip -n {ns.name} addr flush dev {i} && "
+                            + shlex.join(ns.exec_argv(["sysctl", "-qw", f"net.ipv6.conf.{i}.disable_ipv6=1"]))
+                            for i in ifs)
+            raise OperationalError(f"namespace {ns.name} has addresses besides loopback ({', '.join(other)}), "
+                                   f"where simple_switch's Thrift server would be reachable: remove them "
+                                   f"({fix}) or omit --netns to let the bmv2 target make its own namespace")
+
+    def unload(self) -> dict:
+        """Stop the switch (SIGTERM, SIGKILL after ``stop_timeout``), delete a namespace the target
+        made, remove the state file and whatever else the load left in the run directory but the
+        switch's logs (``NAME.log.txt``, ``NAME.log.out``). Returns the state that was stopped.
+
+        Raises:
+            OperationalError: nothing loaded under this name.
+        """
+        st = self.state()
+        if st is None or st.get("target") != "bmv2":
+            raise OperationalError(f"no bmv2 pipeline {self.instance!r} loaded (no state file in {self.run_dir})")
+        running = not st.get("corrupt") and pid_matches(st)
+        killed = False
+        if running:
+            pid = int(st["pid"])
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout
+            while pid_matches(st) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if pid_matches(st):
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+        if st.get("netns_made") and st.get("netns"):
+            netns.delete(st["netns"])
+        remove_state(self.run_dir, self.instance)
+        self._remove_transient_files()
+        if st.get("p4rt"):
+            self.p4rt_socket.unlink(missing_ok=True)
+        return {**st, "was_running": running, "killed": killed, "exit": None}
+
+    def is_loaded(self) -> bool:
+        st = self.state()
+        return bool(st) and not st.get("corrupt") and st.get("target") == "bmv2" and pid_matches(st)
+
+    # ------------------------------------------------------------------ tables
+    def _p4rt(self, st: dict):
+        """A P4Runtime client of the loaded switch (its P4Info fetched from the switch)."""
+        try:
+            c = self._switch(st).p4runtime(timeout=self.ready_timeout)
+            c.get_p4info()
+            return c
+        except Exception as e:
+            from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
+
+            if isinstance(e, (P4RuntimeError, bmv2.Bmv2Error)):
+                raise OperationalError(str(e)) from None
+            raise
+
+    def _dump(self, table: str) -> list[dict]:
+        """Entries of ``table`` as ``[{key: [ints], action, params: [ints]}]`` (Thrift: with
+        ``handle``), over the loaded pipeline's channel."""
+        st = self.state() or {}
+        if self.channel(st) != "p4runtime":
+            return parse_table_dump(self.cli([f"table_dump {table}"]))
+        from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
+
+        c = self._p4rt(st)
+        try:
+            return [{"key": list(e.key), "action": e.action, "params": list(e.params)} for e in c.read_table(table)]
+        except P4RuntimeError as e:
+            raise OperationalError(str(e)) from None
+        finally:
+            c.close()
+
+    def _allow_handle(self, is_request: int, id_: int) -> list[int]:
+        return [e["handle"] for e in self._dump("sender_allowlist") if e["key"][:2] == [is_request, id_]]
+
+    def _replace(self, table: str, id_: int, is_request: int, add: list) -> None:
+        """Replace the entry of ``id_`` in ``table`` and its allowlist entries by ``add``
+        (TableEntry objects; none: delete them)."""
+        st = self.state() or {}
+        if self.channel(st) != "p4runtime":
+            cmds = [f"table_delete {table} {e['handle']}" for e in self._dump(table) if e["key"] == [id_]]
+            cmds += [f"table_delete sender_allowlist {h}" for h in self._allow_handle(is_request, id_)]
+            self.cli(cmds + [e.cli_add() for e in add])
+            return
+        from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
+
+        c = self._p4rt(st)
+        try:
+            old = [e for e in c.read_table(table) if e.key == (id_,)]
+            old += [e for e in c.read_table("sender_allowlist") if e.key[:2] == (is_request, id_)]
+            new_keys = {(e.table, e.key) for e in add}
+            old_by_key = {(e.table, e.key): e for e in old}
+            stale = [e for e in old if (e.table, e.key) not in new_keys]
+            c.become_primary()
+            # P4Runtime may apply the updates of one Write in any order: deletes in a Write of their own
+            c.write(deletes=stale)
+            c.write(inserts=[e for e in add if (e.table, e.key) not in old_by_key],
+                    modifies=[e for e in add if (e.table, e.key) in old_by_key and old_by_key[(e.table, e.key)] != e])
+        except P4RuntimeError as e:
+            raise OperationalError(str(e)) from None
+        finally:
+            c.close()
+
+    def _check_port(self, e: Entry) -> None:
+        n = self._nb_ports()
+        if not 0 <= int(e.port) < n:
+            raise UsageError(f"--port {e.port}: the card has {n} port(s) (0..{n - 1})")
+
+    def route_add(self, e: Entry) -> None:
+        """Add or replace the route of shard ``e.id``.
+
+        Raises:
+            UsageError: ``e.port`` is not one of the card's ports (exit 2).
+            OperationalError: not loaded, or the switch refused the entry.
+        """
+        self._check_port(e)
+        self._replace("route_by_shard", e.id, 0, bmv2_runtime.route_entries(
+            bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
+
+    def route_del(self, shard: int) -> None:
+        if not any(e["key"] == [shard] for e in self._dump("route_by_shard")):
+            raise NoSuchEntryError("route", shard)
+        self._replace("route_by_shard", shard, 0, [])
+
+    def route_list(self) -> list[Entry]:
+        return sorted((Entry(e["key"][0], e["params"][0], _mac_hex(f"{e['params'][1]:x}"),
+                             _ip_hex(f"{e['params'][2]:x}"), e["params"][3])
+                       for e in self._dump("route_by_shard")), key=lambda x: x.id)
+
+    def client_add(self, e: Entry) -> None:
+        """Add or replace client ``e.id``.
+
+        Raises:
+            UsageError: ``e.port`` is not one of the card's ports (exit 2).
+            OperationalError: not loaded, or the switch refused the entry.
+        """
+        self._check_port(e)
+        self._replace("client_by_id", e.id, 1, bmv2_runtime.client_entries(
+            bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
+
+    def client_del(self, client: int) -> None:
+        if not any(e["key"] == [client] for e in self._dump("client_by_id")):
+            raise NoSuchEntryError("client", client)
+        self._replace("client_by_id", client, 1, [])
+
+    def client_list(self) -> list[Entry]:
+        return sorted((Entry(e["key"][0], e["params"][0], _mac_hex(f"{e['params'][1]:x}"),
+                             _ip_hex(f"{e['params'][2]:x}"), e["params"][3])
+                       for e in self._dump("client_by_id")), key=lambda x: x.id)
+
+    # ------------------------------------------------------------------ observation
+    def _nb_ports(self) -> int:
+        st = self.state() or {}
+        return len(st.get("interfaces") or {}) or (len(self.config.card.ports) if self.config else 1)
+
+    def counters(self) -> dict:
+        """Counters in the dpdk target's shape; ``ring`` is the header ring (size, entries logged),
+        ``mempool`` is absent (BMv2 has none), ``state`` has ``entries``/``capacity`` too, and
+        ``shards`` is ``[{shard, completed}]`` for every shard the card routes (``route_by_shard``):
+        the messages of that shard whose whole reply passed, all reply types together (BMv2 keeps
+        no per-shard latency histogram: p4/README.md, "Differences").
+
+        Each port also has ``iface_rx_frames`` (frames its interface took in since the load or the
+        last :meth:`reset_counters`: kernel ``rx_packets + rx_dropped``) and
+        ``lost_before_switch`` (those minus the frames the switch's ingress counted; the switch's
+        counters are read first, so a frame still queued for the switch while traffic flows
+        counts as lost until it is processed: exact at rest); ``lost_before_switch`` is their
+        total. ``control`` says which channel programs the tables: ``{"channel": "p4runtime" |
+        "thrift", "tables": address, "registers": address}``.
+        """
+        st = self.state() or {}
+        try:
+            shards = sorted(e["key"][0] for e in self._dump("route_by_shard"))
+            c = bmv2_runtime.read_counters(self._switch(st), self._nb_ports(), shards)
+            ring = bmv2_runtime.parse_registers(self.cli(["register_read ring_head"])).get("ring_head", [0])[0]
+        except bmv2.Bmv2Error as e:
+            raise OperationalError(str(e)) from None
+        base = st.get("port_base") or {}
+        ifaces = {int(k): v for k, v in (st.get("interfaces") or {}).items()}
+        iface = interface_rx(st["netns"], ifaces) if ifaces else {}
+        lost = 0
+        for p in c["ports"]:
+            b = base.get(str(p["port"]))
+            if b is None or p["port"] not in iface:
+                continue
+            p["iface_rx_frames"] = iface[p["port"]] - b["iface_rx"]
+            p["lost_before_switch"] = p["iface_rx_frames"] - (p["rx_frames"] - b["switch_rx"])
+            lost += p["lost_before_switch"]
+        c["lost_before_switch"] = lost
+        size = p4prog.constants()["RING_SLOTS"]
+        summ = self.state_summary()
+        c["ring"] = {"size": size, "count": min(ring, size), "logged": ring}
+        c["state"] = {k: summ[k] for k in ("entries", "capacity", "overflow", "expired")}
+        c["control"] = self.control_channel(st)
+        return c
+
+    def control_channel(self, state: dict | None = None) -> dict:
+        """``{"channel", "switch", "tables", "registers"}``: which channel programs the tables
+        (``p4runtime``: the P4Runtime address; ``thrift``: the runtime CLI), which reads registers
+        and counters (always Thrift, in the switch's namespace)."""
+        st = state if state is not None else (self.state() or {})
+        ch = self.channel(st)
+        thrift = f"thrift 127.0.0.1:{st.get('thrift_port', self.thrift_port)} in netns {st.get('netns')}"
+        return {"channel": ch, "switch": st.get("switch") or bmv2.CHANNEL_SWITCH[ch],
+                "tables": st.get("p4rt") if ch == "p4runtime" else thrift, "registers": thrift}
+
+    def state_summary(self) -> dict:
+        try:
+            entries = bmv2_runtime.read_state_map(self._switch())
+            c = bmv2_runtime.parse_counters(self.cli(["counter_read state_expired 0",
+                                                      f"counter_read drop_reasons {p4prog.constants()['DROP_STATE_FULL']}"]))
+        except bmv2.Bmv2Error as e:
+            raise OperationalError(str(e)) from None
+        by = {"receiving": 0, "forwarded": 0, "answered": 0, "expired": 0}
+        for e in entries:
+            by[e["state"]] = by.get(e["state"], 0) + 1
+        return {"entries": len(entries), "capacity": p4prog.constants()["STATE_SLOTS"],
+                "overflow": c.get("drop_reasons", {}).get(p4prog.constants()["DROP_STATE_FULL"], (0, 0))[0],
+                "expired": c.get("state_expired", {}).get(0, (0, 0))[0], "by_state": by}
+
+    def state_dump(self, limit: int = 1000) -> list[dict]:
+        """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started):
+        ``client``, ``msg_id``, ``type``, ``state``, ``shard``, the request's ``num_tables``,
+        ``num_keys``, ``value_len``, ``msg_len``, ``frag_count``, frames and body bytes each way,
+        ``first_ns``/``last_ns`` and the register ``slot``."""
+        try:
+            entries = bmv2_runtime.read_state_map(self._switch())[:limit]
+        except bmv2.Bmv2Error as e:
+            raise OperationalError(str(e)) from None
+        return [{"client": e["client_id"], "msg_id": e["msg_id"], "type": MsgType(e["msg_type"]).name
+                 if e["msg_type"] in MsgType._value2member_map_ else e["msg_type"], "state": e["state"],
+                 "shard": e["shard_id"], "num_tables": e["num_tables"], "num_keys": e["num_keys"],
+                 "value_len": e["value_len"], "msg_len": e["msg_len"], "frag_count": e["frag_count"],
+                 "frames_in": e["frames_in"],
+                 "bytes_in": e["bytes_in"], "frames_out": e["frames_out"], "bytes_out": e["bytes_out"],
+                 "first_ns": e["first_us"] * 1000, "last_ns": e["last_us"] * 1000, "slot": e["slot"]}
+                for e in entries]
+
+    def ring(self, last: int) -> list[dict]:
+        """The ``last`` most recent accepted headers (newest first), ``in_ring`` False: BMv2
+        runs each frame through the whole pipeline at once, so none is ever waiting."""
+        try:
+            return [{**e, "in_ring": False} for e in bmv2_runtime.read_ring(self._switch(), last)]
+        except bmv2.Bmv2Error as e:
+            raise OperationalError(str(e)) from None
+
+    def info(self) -> dict:
+        st = self.state() or {}
+        sw = self._switch(st)
+        return {"target": "bmv2", "versions": bmv2.tool_versions(), "json": st.get("json"),
+                "p4info": st.get("p4info"), "control": self.control_channel(st),
+                "build": bmv2.build_info(st.get("switch") or "simple_switch"),
+                "netns": st.get("netns"), "netns_addresses": sw.netns.addresses(),
+                "thrift_port": st.get("thrift_port"),
+                "ports": [{"port": p.id, "ip": p.ip, "mac": p.mac, "iface": (st.get("interfaces") or {}).get(str(p.id))}
+                          for p in (self.config.card.ports if self.config and self.config.card else ())],
+                "state_size": p4prog.constants()["STATE_SLOTS"], "ring_size": p4prog.constants()["RING_SLOTS"]}
+
+    def reset_counters(self) -> None:
+        """Zero the card's counters and restart the count of frames lost before the switch
+        (exact when no frame is in flight)."""
+        names = ["rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed",
+                 "arp_replies", "state_expired"]
+        self.cli([f"counter_reset {n}" for n in names])
+        st = self.state()
+        if st and st.get("interfaces"):
+            st["port_base"] = self._port_base(st)
+            write_state(self.run_dir, self.instance, st)

@@ -1,0 +1,87 @@
+"""PCI devices for the card on a real NIC (docs/deploy.md): addresses, driver binding, hugepages.
+
+``pipeline load --pci BDF`` (or ``[card] pci = [...]``) runs embnic-dp on the NIC at that PCI
+address: the EAL gets ``-a BDF`` (allow-list: only these devices are probed) and hugepages
+instead of ``--no-pci --no-huge`` (:func:`embnic.control.targets.dpdk.process.eal_argv`). Before it starts,
+:func:`pci_problem` reads sysfs for each device — present, and bound to a driver DPDK can use:
+
+- ``vfio-pci`` (the one to use: IOMMU-safe), ``uio_pci_generic``, ``igb_uio``: the device is
+  given to user space, the kernel's netdev is gone;
+- ``mlx5_core`` (NVIDIA/Mellanox ConnectX): *bifurcated* — the kernel driver stays bound and
+  DPDK's mlx5 PMD drives the queues through it (rdma-core), so no rebinding;
+
+anything else (``ice``, ``i40e``, ``ixgbe``, ``bnxt_en``, ... or no driver) is refused with one
+line naming the fix (``dpdk-devbind.py -b vfio-pci BDF``). The sysfs root is ``/sys`` unless
+``EMBNIC_SYSFS_ROOT`` names another (tests use a fake tree).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from embnic.client_lib.config import normalize_bdf  # noqa: F401 (re-exported: the address rule)
+
+#: drivers that hand the whole device to DPDK
+DPDK_DRIVERS = ("vfio-pci", "uio_pci_generic", "igb_uio")
+#: kernel drivers DPDK drives through (bifurcated: the kernel keeps the device)
+BIFURCATED_DRIVERS = ("mlx5_core",)
+
+def sysfs_root(root: str | os.PathLike | None = None) -> Path:
+    """``root``, else ``$EMBNIC_SYSFS_ROOT``, else ``/sys``."""
+    return Path(root or os.environ.get("EMBNIC_SYSFS_ROOT") or "/sys")
+
+
+def driver_of(bdf: str, root: str | os.PathLike | None = None) -> str | None:
+    """The driver bound to the device (the name its ``driver`` link points at), None if unbound.
+
+    Raises:
+        FileNotFoundError: no such device under ``ROOT/bus/pci/devices``.
+    """
+    dev = sysfs_root(root) / "bus" / "pci" / "devices" / normalize_bdf(bdf)
+    if not dev.exists():
+        raise FileNotFoundError(str(dev))
+    link = dev / "driver"
+    if not os.path.lexists(link):
+        return None
+    return Path(os.readlink(link)).name
+
+
+def pci_problem(bdf: str, root: str | os.PathLike | None = None) -> str | None:
+    """Why DPDK could not use the device at ``bdf``, as one line naming the fix; None if it can.
+
+    Raises:
+        ValueError: a malformed address (:func:`~embnic.client_lib.config.normalize_bdf`).
+    """
+    b = normalize_bdf(bdf)
+    try:
+        drv = driver_of(b, root)
+    except FileNotFoundError as e:
+        return (f"no PCI device {b} ({e} absent): check the address with `dpdk-devbind.py --status-dev net` "
+                "or `lspci -D`")
+    if drv in DPDK_DRIVERS or drv in BIFURCATED_DRIVERS:
+        return None
+    if drv is None:
+        return (f"PCI device {b} is bound to no driver: bind it to vfio-pci with `modprobe vfio-pci && "
+                f"dpdk-devbind.py -b vfio-pci {b}`")
+    return (f"PCI device {b} is bound to the kernel driver {drv!r}, which DPDK cannot use: `ip link set <its "
+            f"netdev> down && dpdk-devbind.py -b vfio-pci {b}`")
+
+
+def hugepages_problem(root: str | os.PathLike | None = None) -> str | None:
+    """None when some hugepages are free (any size under ``ROOT/kernel/mm/hugepages``), else one
+    line naming the fix."""
+    d = sysfs_root(root) / "kernel" / "mm" / "hugepages"
+    free = 0
+    try:
+        for sub in d.iterdir():
+            try:
+                free += int((sub / "free_hugepages").read_text().strip() or 0)
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        pass
+    if free > 0:
+        return None
+    return ("no free hugepages for the card on a PCI device: reserve some (`echo 1024 > "
+            "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`, or `dpdk-hugepages.py -p 2M --setup 2G`), "
+            "or run without them (--no-hugepages)")

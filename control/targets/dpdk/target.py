@@ -1,0 +1,543 @@
+"""The ``dpdk`` target: runs ``embnic-dp`` (dataplane/) as a process and drives its control socket.
+
+``load`` = check the binary's build info against the client library → start
+``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ... [--state-lcores S] --paused``
+(output to ``RUN_DIR/NAME.log``) → write the state file → wait until the socket answers
+``ping`` → check every ``[card.ports]`` entry has a DPDK port → program the config's routes and
+clients → ``resume`` (the card starts paused, so no frame is read before its tables are set). ``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only
+if it does not stop, remove state file and socket.
+
+Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
+
+    -l <card.lcores> --no-huge --no-pci -m 256 --file-prefix embnic-<NAME>-<crc(RUN_DIR)> [--vdev V ...]
+
+(:func:`embnic.control.targets.dpdk.process.eal_argv`; the process is a :class:`~embnic.control.targets.dpdk.process.DpdkProcess`).
+On a NIC given by PCI address (``pci``: ``pipeline load --pci BDF`` or ``[card] pci``;
+docs/deploy.md) they are ``-l <card.lcores> --file-prefix ... -a BDF ...``: the device
+allow-listed instead of ``--no-pci`` and hugepages instead of ``--no-huge -m 256`` (unless
+``hugepages=False``); ``load`` first checks each device is present and bound to a driver DPDK
+can use, and that hugepages are free (:mod:`embnic.control.targets.dpdk.pci`), failing with one line that
+names the fix.
+``eal_args`` replaces them all (the ``vdevs`` are still appended). Example from Python::
+
+    from embnic.client_lib.config import load_config
+    from embnic.control.targets.dpdk.target import DpdkTarget
+    t = DpdkTarget(load_config("examples/testbed.toml"), vdevs=["net_af_packet0,iface=veth-c0"],
+                   netns="enT42card", name="enT42")
+    t.load(); print(t.counters()["drops"]); t.unload()
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Sequence
+
+from embnic.client_lib.config import ClusterConfig, ConfigError, normalize_bdf, parse_lcores
+from embnic.control import buildinfo
+from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError, CtlError
+from embnic.control.targets.dpdk.process import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
+from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError, split_args
+from embnic.control.targets.dpdk.xdp import af_xdp_problem
+from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
+                                     require_netns, require_root, state_path, write_state)
+from embnic.control.targets.base import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
+
+def core_ranges(cores) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"`` (a DPDK core list)."""
+    out, run = [], []
+    for c in sorted(set(cores)):
+        if run and c == run[-1] + 1:
+            run.append(c)
+        else:
+            if run:
+                out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def lcores_problem(lcores: str) -> str | None:
+    """Why the EAL would refuse the core list ``lcores`` on this machine, or None if it would not.
+
+    Checks the syntax (:func:`~embnic.client_lib.config.parse_lcores`) and that every core is
+    one this process may run on (``os.sched_getaffinity``; the card inherits it).
+    """
+    try:
+        want = parse_lcores(lcores)
+    except ValueError as e:
+        return str(e)
+    have = os.sched_getaffinity(0)
+    missing = [c for c in want if c not in have]
+    if missing:
+        return (f"{lcores!r} names core(s) {core_ranges(missing)} but this machine has core(s) "
+                f"{core_ranges(have)} (the EAL would refuse: 'lcore {missing[0]} unavailable'); "
+                f"use e.g. lcores = \"{min(have)}\"")
+    return None
+
+
+def find_binary(binary: str | os.PathLike | None = None) -> Path:
+    """The embnic-dp binary to run: ``binary``, else ``$EMBNIC_DP``, else the repo's
+    dataplane/build/embnic-dp, else ``embnic-dp`` on PATH.
+
+    Raises:
+        BinaryArgumentError: ``binary`` or ``$EMBNIC_DP`` names no file (exit 2).
+        OperationalError: nothing given and none of the defaults exists (names the build command).
+    """
+    if binary:
+        p = Path(binary)
+        if not p.is_file():
+            raise buildinfo.BinaryArgumentError(f"no embnic-dp binary at {p}: build it with `make -C dataplane` "
+                                                "or give the right --binary")
+        return p
+    if os.environ.get("EMBNIC_DP"):
+        p = Path(os.environ["EMBNIC_DP"])
+        if not p.is_file():
+            raise buildinfo.BinaryArgumentError(f"EMBNIC_DP={p} does not exist: build it with `make -C dataplane` "
+                                                "or fix EMBNIC_DP")
+        return p
+    if REPO_BINARY.is_file():
+        return REPO_BINARY
+    on_path = shutil.which("embnic-dp")
+    if on_path:
+        return Path(on_path)
+    raise OperationalError(f"no embnic-dp binary (looked at {REPO_BINARY} and PATH): build it with "
+                           "`make -C dataplane` or pass --binary")
+
+
+
+_LIST_FIX = "close the quote, or give a list of strings"
+
+
+class DpdkTarget(Target):
+    """The embnic pipeline as the DPDK program ``embnic-dp``.
+
+    Args:
+        config: cluster config; its ``[card]`` gives ports (``--port-ip``), ring/state sizes, lcores.
+        binary: path of embnic-dp (default: see :func:`find_binary`).
+        eal_args: EAL arguments replacing the defaults (list, or a string split like a shell).
+        ctl_path: control socket path (default: the state file's, else ``RUN_DIR/NAME.sock``).
+        netns: run the card inside this network namespace (``ip netns exec``; needs root).
+        name: pipeline instance name (state file ``RUN_DIR/NAME.json``, log ``RUN_DIR/NAME.log``).
+        run_dir: default ``EMBNIC_RUN_DIR`` or /run/embnic.
+        vdevs: ``--vdev`` specs, one DPDK port each in this order (``net_ring0``, ``net_null0``,
+            ``net_af_packet0,iface=veth0``, ...).
+        lcores: EAL lcore list (default ``card.lcores`` of the config, else ``0,1``).
+        ready_timeout: seconds to wait for the control socket to answer ``ping``.
+        stop_timeout: seconds to wait after SIGTERM before SIGKILL.
+        check_build: refuse a binary whose build info does not match (leave True).
+        timeout: seconds to wait for each control-socket response.
+        card_args: more card arguments after the generated ones (e.g. ``["--idle-us", "50"]``,
+            ``["--burst", "16"]``; docs/control-socket.md).
+        start_paused: start with ``--paused`` and send ``resume`` once routes and clients are
+            programmed, so no frame is read (and dropped as unknown) before the tables are set.
+        pci: PCI addresses of the NIC ports to run on (default ``card.pci`` of the config), DPDK
+            ports 0.. in this order, before the vdevs.
+        hugepages: EAL memory from hugepages (default: when there are PCI devices).
+        sysfs_root: where sysfs is (default ``$EMBNIC_SYSFS_ROOT`` or ``/sys``; tests: a fake tree).
+    """
+
+    name = "dpdk"
+    #: ``load`` refuses to run without root: the EAL needs it here (runtime dir, af_packet/tap vdevs).
+    #: Tests of a stand-in binary (no EAL) set it False.
+    NEEDS_ROOT = True
+    OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
+                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused", "pci", "hugepages",
+                         "sysfs_root"})
+
+    def __init__(self, config: ClusterConfig | None = None, binary: str | os.PathLike | None = None,
+                 eal_args: Sequence[str] | str | None = None, ctl_path: str | os.PathLike | None = None,
+                 netns: str | None = None, *, name: str = "embnic", run_dir: str | os.PathLike | None = None,
+                 vdevs: Sequence[str] = (), lcores: str | None = None, ready_timeout: float = 30.0,
+                 stop_timeout: float = 10.0, check_build: bool = True, timeout: float = 5.0,
+                 card_args: Sequence[str] | str = (), start_paused: bool = True, pci: Sequence[str] | None = None,
+                 hugepages: bool | None = None, sysfs_root: str | os.PathLike | None = None):
+        super().__init__(config, name=name, run_dir=run_dir)
+        if pci is None:
+            card = config.card if config is not None else None
+            pci = card.pci if card is not None else ()
+        try:
+            self.pci = tuple(normalize_bdf(b) for b in pci)
+        except ValueError as e:
+            raise UsageError(f"--pci: {e}", param="pci") from None
+        self.hugepages = bool(self.pci) if hugepages is None else bool(hugepages)
+        self.sysfs_root = sysfs_root
+        self.binary = binary
+        if isinstance(eal_args, str):
+            eal_args = split_args(eal_args, "eal_args", fix=_LIST_FIX)
+        self.card_args = split_args(card_args, "card_args", fix=_LIST_FIX) if isinstance(card_args, str) else list(card_args or ())
+        self.start_paused = bool(start_paused)
+        self.eal_args = list(eal_args) if eal_args is not None else None
+        self._ctl_path = os.fspath(ctl_path) if ctl_path else None
+        self.netns = netns
+        self.vdevs = tuple(vdevs or ())
+        self.lcores = lcores
+        self.ready_timeout = float(ready_timeout)
+        self.stop_timeout = float(stop_timeout)
+        self.check_build = check_build
+        self.timeout = float(timeout)
+        self._proc: DpdkProcess | None = None
+
+    @classmethod
+    def from_settings(cls, s, **opts: Any) -> "DpdkTarget":
+        """Build from resolved CLI settings (``--binary``, ``--eal-args``, ``--vdev``, ``--netns``, ``--ctl``)."""
+        return cls(s.config, binary=s.binary, eal_args=s.eal_args, ctl_path=s.ctl, netns=s.netns,
+                   vdevs=s.vdevs, name=s.name, run_dir=s.run_dir, card_args=s.card_args,
+                   **{k: v for k, v in opts.items() if v is not None})
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def ctl_path(self) -> str:
+        """The control socket: explicit, else the state file's, else ``RUN_DIR/NAME.sock``."""
+        if self._ctl_path:
+            return self._ctl_path
+        st = read_state(self.run_dir, self.instance)
+        if st and isinstance(st.get("ctl"), str):
+            return st["ctl"]
+        return str(self.run_dir / f"{self.instance}.sock")
+
+    @property
+    def file_prefix(self) -> str:
+        """Default EAL ``--file-prefix``: ``embnic-NAME-<crc of RUN_DIR>``, unique per running instance
+        (the state file allows one per name and run directory)."""
+        return f"embnic-{self.instance}-{zlib.crc32(str(self.run_dir.resolve()).encode()) & 0xFFFFFF:06x}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.instance}.log"
+
+    def ctl(self, timeout: float | None = None) -> CtlClient:
+        """A :class:`CtlClient` for this pipeline's control socket (knowing the pid that serves it,
+        when the state file names this socket)."""
+        hint = "embnic pipeline load --config FILE" + (f" --name {self.instance}" if self.instance != "embnic" else "")
+        path = self.ctl_path
+        tbdir = Path(path).parent
+        if tbdir.name.startswith("testbed-") and read_state(tbdir.parent, tbdir.name) is None:
+            # a testbed's card (its config copy and logs outlive `testbed down`): the fix is to bring
+            # the testbed up again, not to load a pipeline by hand
+            tb = tbdir.name[len("testbed-"):]
+            gone = (f"testbed {tb} is down (its logs remain in {tbdir}): bring it up with "
+                    f"`embnic testbed up -c CONFIG --name {tb}`")
+        else:
+            gone = None
+        st = read_state(self.run_dir, self.instance)
+        owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
+        return CtlClient(path, timeout=self.timeout if timeout is None else timeout, load_hint=hint, owner=owner, gone=gone)
+
+    def _ready_info(self, proc: DpdkProcess, ctl: str, program: str) -> dict:
+        """Wait until the started card ``proc`` answers ``ping`` on ``ctl``; its ``info``, after
+        checking that it has a DPDK port for every ``[[card.ports]]`` entry.
+
+        Raises:
+            OperationalError: it did not become ready (DpdkProcess.wait_ready), or a port is missing
+                (names ``program``, the ports it has and the fix).
+        """
+        probe = CtlClient(ctl, timeout=1.0)
+        proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout, f"answer `ping` on {ctl}")
+        info = self.info()
+        have = {int(p["port"]) for p in info.get("ports", [])}
+        for i, p in enumerate(self.config.card.ports):
+            if p.id not in have:
+                raise OperationalError(f"card.ports[{i}] is DPDK port {p.id} but {program} has ports "
+                                       f"{sorted(have)}: give one --vdev per card port")
+        return info
+
+    # ------------------------------------------------------------------ command line
+    def eal_argv(self) -> list[str]:
+        """EAL arguments: ``eal_args`` (then ``-a BDF`` per PCI device) or the defaults, then one
+        ``--vdev`` per vdev."""
+        if self.eal_args is not None:
+            args = list(self.eal_args)
+            for b in self.pci:
+                args += ["-a", b]
+            for v in self.vdevs:
+                args += ["--vdev", v]
+            return args
+        card = self.config.card if self.config is not None else None
+        lcores = self.lcores or (card.lcores if card is not None else "0,1")
+        return eal_argv(lcores, self.file_prefix, self.vdevs, pci=self.pci, hugepages=self.hugepages)
+
+    def card_argv(self, ctl: str) -> list[str]:
+        """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
+        args = ["--ctl", ctl]
+        card = self.config.card
+        for p in card.ports:
+            args += ["--port-ip", f"{p.id}={p.ip}"]
+        args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
+                 "--state-timeout-ms", str(card.state_timeout_ms)]
+        if card.state_lcores > 1:  # the card's default is 1
+            args += ["--state-lcores", str(card.state_lcores)]
+        # the cluster MTU: mbufs that hold a whole frame of it, and every port must send one (the
+        # card refuses at start a port whose frames are smaller, naming it: docs/control-socket.md)
+        args += ["--mtu", str(self.config.mtu)]
+        if self.start_paused:
+            args.append("--paused")
+        return args + self.card_args
+
+    def argv(self, binary: str | os.PathLike, ctl: str) -> list[str]:
+        """The whole command line, with ``ip netns exec NS`` in front when ``netns`` is set."""
+        return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path).argv
+
+    # ------------------------------------------------------------------ lifecycle
+    def _check_config(self, program: bool) -> tuple[list[Entry], list[Entry]]:
+        cfg = self.config
+        if cfg is None:
+            raise UsageError("loading the dpdk target needs the cluster config: pass --config FILE", param="config")
+        if cfg.card is None or not cfg.card.enabled:
+            raise ConfigError("card", "the dpdk target needs a [card] section (enabled = true) with its "
+                              "ports; see docs/config.md and examples/testbed.toml", cfg.path)
+        if self.eal_args is None and not self.vdevs and not self.pci:
+            raise UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
+                             "--vdev net_ring1), `vdevs` in [control] of the config, a NIC's --pci BDF "
+                             "(or [card] pci), or --eal-args", param="vdevs")
+        if self.eal_args is None:
+            bad = lcores_problem(self.lcores or cfg.card.lcores)
+            if bad:
+                src = "--lcores" if self.lcores else f"card.lcores in {cfg.path or 'the config'}"
+                raise UsageError(f"{src}: {bad}", param="lcores")
+            if self.lcores and len(parse_lcores(self.lcores)) < cfg.card.state_lcores:
+                raise UsageError(f"--lcores {self.lcores}: card.state_lcores = {cfg.card.state_lcores} in "
+                                 f"{cfg.path or 'the config'} needs at least that many lcores", param="lcores")
+            n = len(self.pci) + len(self.vdevs)
+            for i, p in enumerate(cfg.card.ports):
+                if p.id >= n:
+                    what = f"{len(self.pci)} PCI device(s) and {len(self.vdevs)} vdev(s)" if self.pci else \
+                        f"{len(self.vdevs)} vdev(s)"
+                    raise UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {what} given: give one "
+                                     "--pci or --vdev per card port, in port order", param="vdevs")
+        if self.pci:
+            self._check_pci()
+        if not program:
+            return [], []
+        return routes_from_config(cfg), clients_from_config(cfg)
+
+    def _check_pci(self) -> None:
+        """Refuse, in one line naming the fix, a PCI device that is missing or bound to a driver
+        DPDK cannot use, and hugepages that are not there (:mod:`embnic.control.targets.dpdk.pci`).
+
+        Raises:
+            OperationalError: the first problem found.
+        """
+        from embnic.control.targets.dpdk import pci as P
+
+        for b in self.pci:
+            bad = P.pci_problem(b, self.sysfs_root)
+            if bad:
+                raise OperationalError(bad)
+        if self.hugepages and self.eal_args is None:
+            bad = P.hugepages_problem(self.sysfs_root)
+            if bad:
+                raise OperationalError(bad)
+
+    def load(self, program: bool = True) -> dict:
+        """Start embnic-dp, wait until it answers, program routes and clients (see module doc).
+
+        Returns:
+            the state file contents plus ``routes``/``clients`` counts and the card's ``info``.
+        Raises:
+            UsageError: no config / no ports given, ``netns`` names no namespace (exit 2).
+            NeedsRootError: not root (exit 2).
+            ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
+            BuildInfoError: the binary's build info does not match the client library.
+            OperationalError: already running, cannot start, not ready in time; a ``net_af_xdp``
+                vdev whose interface is missing or already runs an XDP program
+                (:func:`~embnic.control.targets.dpdk.xdp.af_xdp_problem`).
+        """
+        routes, clients = self._check_config(program)
+        if self.NEEDS_ROOT:
+            require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
+        if self.netns:
+            require_root("running the card in a network namespace (--netns)")
+            require_netns(self.netns)
+        bad = af_xdp_problem(self.vdevs, self.netns)  # its XDP hook taken: the PMD would fail deep in the log
+        if bad:
+            raise OperationalError(bad)
+        ensure_run_dir(self.run_dir)
+        old = read_state(self.run_dir, self.instance)
+        if old is not None:
+            if not old.get("corrupt") and pid_matches(old):
+                raise OperationalError(f"pipeline {self.instance!r} is already running ({describe_state(old)}); "
+                                       f"run `embnic pipeline unload --name {self.instance}` first, or load "
+                                       "another one with --name")
+            remove_state(self.run_dir, self.instance)  # stale: its process is gone
+        binary = find_binary(self.binary)
+        bi = buildinfo.require_compatible(binary, udp_port=self.config.udp_port) if self.check_build else None
+        ctl = self._ctl_path or str(self.run_dir / f"{self.instance}.sock")
+        if os.path.exists(ctl):
+            probe = CtlClient(ctl, timeout=1.0)
+            try:
+                pid = probe.ping()
+            except CtlError:
+                os.unlink(ctl)  # stale socket of a card that died
+            else:
+                raise OperationalError(f"a card (pid {pid}) already answers on {ctl}: unload it "
+                                       "(`embnic pipeline unload`) or choose another --ctl/--name")
+        Path(ctl).parent.mkdir(parents=True, exist_ok=True)
+        proc = DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path,
+                           name="embnic-dp")
+        self._proc = proc.start()
+        state = {
+            "target": self.name, "name": self.instance, **proc.record(),
+            "ctl": ctl, "binary": os.fspath(binary), "netns": self.netns,
+            "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time(),
+            "build": {"proto_version": bi.proto_version, "git_rev": bi.git_rev} if bi else None,
+        }
+        write_state(self.run_dir, self.instance, state)
+        try:
+            info = self._ready_info(proc, ctl, "embnic-dp")
+            for r in routes:
+                self.route_add(r)
+            for c in clients:
+                self.client_add(c)
+            if self.start_paused:
+                self.ctl().call("resume")
+        except BaseException:
+            proc.stop(self.stop_timeout)  # also removes the failed start's EAL runtime dir
+            remove_state(self.run_dir, self.instance)
+            raise
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info,
+                "warnings": self._port_mac_warnings(info)}
+
+    def _port_mac_warnings(self, info: dict) -> list[str]:
+        """One line per ``[card].ports`` entry whose ``mac`` differs from the DPDK port's real MAC.
+
+        embnic-dp cannot set a port's MAC (docs/control-socket.md), so the config's ``mac`` is
+        only a statement of what the port has; peers that were told the config's MAC would send
+        to the wrong address.
+        """
+        real = {int(p["port"]): str(p.get("mac", "")).lower() for p in info.get("ports", []) if "port" in p}
+        out = []
+        for i, p in enumerate(self.config.card.ports):
+            have = real.get(p.id)
+            if p.mac and have and have != p.mac:
+                out.append(f"card.ports[{i}].mac is {p.mac} but DPDK port {p.id} has {have}; embnic-dp cannot "
+                           "set a port's MAC: give the port that MAC (for af_packet: `ip link set dev IF address "
+                           f"{p.mac}`) or write mac = \"{have}\" in the config")
+        return out
+
+    def unload(self) -> dict:
+        """Stop the card (SIGTERM, then SIGKILL after ``stop_timeout``), remove state file and socket.
+
+        Returns:
+            ``{pid, was_running, killed, exit, ctl, log}``.
+        Raises:
+            OperationalError: no state file for this name (nothing loaded).
+        """
+        st = read_state(self.run_dir, self.instance)
+        if st is None:
+            raise OperationalError(f"pipeline {self.instance!r} is not loaded (no {state_path(self.run_dir, self.instance)}); "
+                                   "nothing to unload")
+        if st.get("corrupt") or not isinstance(st.get("pid"), int):
+            remove_state(self.run_dir, self.instance)
+            return {"pid": None, "was_running": False, "killed": False, "exit": None, "ctl": None,
+                    "log": None, "corrupt": True}
+        res = stop_recorded(st, self.stop_timeout, child=self._proc.proc if self._proc is not None else None)
+        remove_state(self.run_dir, self.instance)
+        ctl = st.get("ctl")
+        if ctl and os.path.exists(ctl) and not CtlClient(ctl, timeout=0.5).alive():
+            try:
+                os.unlink(ctl)
+            except OSError:
+                pass
+        return {**res, "ctl": ctl, "log": st.get("log")}
+
+    def is_loaded(self) -> bool:
+        """True if the state file's process runs and the control socket answers ``ping``."""
+        st = read_state(self.run_dir, self.instance)
+        if st is not None and not st.get("corrupt") and not pid_matches(st):
+            return False
+        return self.ctl(timeout=1.0).alive()
+
+    # ------------------------------------------------------------------ tables
+    def _add(self, cmd: str, fields: dict) -> None:
+        """``route_add``/``client_add``; a field the card refuses (a port it lacks) is a usage
+        error naming the option, like the bmv2 target's; a full table stays operational."""
+        try:
+            self.ctl().call(cmd, **fields)
+        except CtlArgumentError as err:
+            m = re.match(r"field '(\w+)'", err.card_error)
+            if m and m.group(1) in fields:
+                raise UsageError(f"--{m.group(1).replace('_', '-')} {fields[m.group(1)]}: {err}") from None
+            raise
+
+    def route_add(self, e: Entry) -> None:
+        """Add or replace the route of shard ``e.id``.
+
+        Raises:
+            UsageError: the card refused a field (``e.port`` not one of its ports; exit 2).
+            CtlCommandError: the card could not add it (its route table is full; exit 1).
+        """
+        self._add("route_add", e.route_fields())
+
+    def route_del(self, shard: int) -> None:
+        try:
+            self.ctl().call("route_del", shard=int(shard))
+        except CtlCommandError:  # the card refuses a well-formed del only when the entry is absent
+            raise NoSuchEntryError("route", shard) from None
+
+    def route_list(self) -> list[Entry]:
+        return entries_from_dicts(self.ctl().call("route_list").get("routes", []), "shard")
+
+    def client_add(self, e: Entry) -> None:
+        """Add or replace client ``e.id`` (raises as :meth:`route_add`)."""
+        self._add("client_add", e.client_fields())
+
+    def client_del(self, client: int) -> None:
+        try:
+            self.ctl().call("client_del", client=int(client))
+        except CtlCommandError:  # the card refuses a well-formed del only when the entry is absent
+            raise NoSuchEntryError("client", client) from None
+
+    def client_list(self) -> list[Entry]:
+        return entries_from_dicts(self.ctl().call("client_list").get("clients", []), "client")
+
+    # ------------------------------------------------------------------ observation
+    @staticmethod
+    def _strip(resp: dict) -> dict:
+        return {k: v for k, v in resp.items() if k != "ok"}
+
+    def counters(self) -> dict:
+        """The card's counters (docs/control-socket.md ``counters``): ports, types, drops, ring, mempool, state."""
+        return self._strip(self.ctl().call("counters"))
+
+    def state_summary(self) -> dict:
+        return self._strip(self.ctl().call("state_summary"))
+
+    def ring(self, last: int) -> list[dict]:
+        """The headers of up to ``last`` message frames still waiting in the header ring, then of
+        the ``last`` most recent ones the card forwarded; each group newest first.
+
+        From the card's ring log and per-lcore header log (docs/control-socket.md
+        ``ring_last``), which keep the last 255 headers each: every entry has the bmv2 target's
+        fields (``msg_type``, ``flags``, ``msg_id``, ``client_id``, ``shard_id``, ``num_tables``,
+        ``table_id`` (an ERROR's table, else 0xFFFF), ``num_keys``, ``value_len``, ``msg_len``,
+        ``frag_index``, ``frag_count``, ``frag_len``, ``ingress_port``, ``time_us`` (Unix time,
+        µs)) plus ``in_ring`` (True: waiting in the ring, ``time_us`` when it was enqueued; False:
+        forwarded, ``time_us`` of its TX burst), ``status``, ``time_ns``; forwarded entries also
+        ``egress_port`` and ``lcore``.
+
+        Raises:
+            ValueError: ``last`` < 0.
+            OperationalError: the card cannot be reached.
+        """
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last}")
+        if last == 0:
+            return []
+        size = int(self.ctl().call("ring_last", last=1)["log_size"])
+        r = self.ctl().call("ring_last", last=min(int(last), size))
+        return ([{**e, "in_ring": True} for e in r.get("in_ring", [])] +
+                [{**e, "in_ring": False} for e in r.get("entries", [])])
+
+    def state_dump(self, limit: int = 1000) -> list[dict]:
+        return list(self.ctl(timeout=max(self.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))
+
+    def info(self) -> dict:
+        return self._strip(self.ctl().call("info"))
+
+    def reset_counters(self) -> None:
+        self.ctl().call("reset_counters")

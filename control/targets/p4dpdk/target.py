@@ -1,0 +1,496 @@
+"""The ``p4dpdk`` target: the P4 program for PNA (p4/pna/) in DPDK's SWX pipeline, run by ``embnic-swx``.
+
+``load`` = say in one line what is missing (p4c-dpdk, DPDK's pipeline headers, embnic-swx:
+:func:`embnic.control.targets.p4dpdk.swx.missing`) → build the pipeline (cached:
+:func:`embnic.control.targets.p4dpdk.swx.build_pipeline`) → start
+``[ip netns exec NS] embnic-swx EAL-ARGS -- --pipeline LIB.so --ctl SOCK --paused`` with the EAL
+arguments and vdevs of the ``dpdk`` target (its lcore list's first lcore only: one lcore) →
+program the card's port addresses, the config's routes and clients and ``state_timeout_us``
+through the SWX pipeline's control API → ``resume``. ``unload``, the state file and the control
+socket are the ``dpdk`` target's (:class:`~embnic.control.targets.dpdk.target.DpdkTarget`).
+
+Tables are written and read as the SWX control API's entry text (``match ... action ...``) by
+the names p4c-dpdk gave them (its context JSON, :class:`embnic.control.targets.p4dpdk.swx.Names`);
+counters and the state map are register arrays read by name (``reg_read``). The time the state
+map's expiry runs on is the host's: microseconds since embnic-swx started, handed to the
+pipeline with every frame (p4/pna/arch.p4).
+
+    from embnic.client_lib.config import load_config
+    from embnic.control.targets.p4dpdk.target import P4DpdkTarget
+    t = P4DpdkTarget(load_config("examples/testbed.toml"), vdevs=["net_af_packet0,iface=veth-c0"], name="x")
+    t.load(); print(t.counters()["drops"]); t.unload()
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.client_lib.consts import REPLY_TYPES, MsgType
+from embnic.control.targets.p4dpdk import swx as p4dpdk
+from embnic.control.targets import p4program as p4prog
+from embnic.control.ctlsock import CtlClient, CtlCommandError, CtlError
+from embnic.control.targets.dpdk.process import DpdkProcess
+from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError
+from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state, require_netns,
+                                     require_root, write_state)
+from embnic.control.targets.base import Entry, describe_state
+from embnic.control.targets.dpdk.target import DpdkTarget
+
+#: slot_state values (p4/types.p4 STATE_*), named as docs/control-socket.md names them
+STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded", 3: "replying"}
+#: the state map's registers read for a dump, each STATE_SLOTS cells
+STATE_REGISTERS = ("slot_state", "slot_key", "slot_request_info", "slot_shard", "slot_msg_len", "slot_num_keys",
+                   "slot_value_len", "slot_frags_in", "slot_frags_out", "slot_frames_in", "slot_frames_out",
+                   "slot_bytes_in", "slot_bytes_out", "slot_first_us", "slot_last_us")
+#: the header ring's per-field registers (p4/header_ring.p4), in the order of a ring entry
+RING_FIELDS = ("msg_type", "flags", "msg_id", "client_id", "shard_id", "num_tables", "table_id", "num_keys",
+               "value_len", "msg_len", "frag_index", "frag_count", "frag_len", "ingress_port", "time_us")
+
+
+def _ip_int(ip: str) -> int:
+    a = [int(x) for x in ip.split(".")]
+    return (a[0] << 24) | (a[1] << 16) | (a[2] << 8) | a[3]
+
+
+def _mac_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+def _ip_str(v: int) -> str:
+    return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
+
+
+def _mac_str(v: int) -> str:
+    return v.to_bytes(6, "big").hex(":")
+
+
+_HEX = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+def parse_table_dump(entries: Sequence[str]) -> list[dict]:
+    """embnic-swx's ``table_dump`` (the entry texts as added: ``match V.. action NAME ARG V ..``) as
+    ``[{key: [ints], action: NAME, params: {name: int}}]``."""
+    out = []
+    for line in entries:
+        w = line.split()
+        if not w or w[0] != "match" or "action" not in w:
+            continue
+        a = w.index("action")
+        key = [int(x, 0) for x in w[1:a]]
+        rest = w[a + 2:]
+        params = {rest[i]: int(rest[i + 1], 0) for i in range(0, len(rest) - 1, 2)}
+        out.append({"key": key, "action": w[a + 1], "params": params})
+    return out
+
+
+def decode_state_map(regs: dict[str, list[int]]) -> list[dict]:
+    """Live entries of the state map from its registers (:data:`STATE_REGISTERS`, each a list of
+    STATE_SLOTS cells): ``[{slot, client_id, msg_id, state, msg_type, shard_id, num_tables,
+    num_keys, value_len, frag_count, msg_len, frags_in, frags_out, frames_in, frames_out,
+    bytes_in, bytes_out, first_us, last_us}]`` by slot, free slots left out."""
+    out = []
+    for s, st in enumerate(regs["slot_state"]):
+        if st == 0:
+            continue
+        key, req = regs["slot_key"][s], regs["slot_request_info"][s]
+        out.append({
+            "slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF, "state": STATE_NAMES.get(st, str(st)),
+            "msg_type": req >> 32, "shard_id": regs["slot_shard"][s], "num_tables": (req >> 16) & 0xFFFF,
+            "num_keys": regs["slot_num_keys"][s], "value_len": regs["slot_value_len"][s],
+            "frag_count": req & 0xFFFF, "msg_len": regs["slot_msg_len"][s],
+            "frags_in": regs["slot_frags_in"][s], "frags_out": regs["slot_frags_out"][s],
+            "frames_in": regs["slot_frames_in"][s], "frames_out": regs["slot_frames_out"][s],
+            "bytes_in": regs["slot_bytes_in"][s], "bytes_out": regs["slot_bytes_out"][s],
+            "first_us": regs["slot_first_us"][s], "last_us": regs["slot_last_us"][s],
+        })
+    return out
+
+
+class SwxCard:
+    """The P4 card in a running embnic-swx, by its P4 names: tables, counters, registers.
+
+    Args:
+        ctl: a client of embnic-swx's control socket (anything with ``call(cmd, **fields)``).
+        names: the pipeline's names (:class:`embnic.control.targets.p4dpdk.swx.Names`).
+    """
+
+    def __init__(self, ctl, names: p4dpdk.Names):
+        self.ctl = ctl
+        self.names = names
+
+    # ------------------------------------------------------------------ tables
+    def add(self, table: str, key: Sequence[int], action: str, params: Sequence[int] = ()) -> None:
+        self.ctl.call("table_add", table=self.names.table(table),
+                      entry=p4dpdk.entry_line(self.names, table, key, action, params))
+
+    def delete(self, table: str, key: Sequence[int]) -> None:
+        self.ctl.call("table_delete", table=self.names.table(table), entry=p4dpdk.entry_line(self.names, table, key))
+
+    def dump(self, table: str) -> list[dict]:
+        """Entries of ``table``: ``[{key, action (P4 name), params: [ints in P4 order]}]``."""
+        entries = self.ctl.call("table_dump", table=self.names.table(table))["entries"]
+        by_target = {v: k for k, v in self.names.actions[table].items()}
+        out = []
+        for e in parse_table_dump(entries):
+            act = by_target.get(e["action"], e["action"])
+            order = self.names.action_params.get(table, {}).get(act, list(e["params"]))
+            out.append({"key": e["key"], "action": act, "params": [e["params"].get(p, 0) for p in order]})
+        return out
+
+    def program(self, ports: Sequence[tuple[int, str, str]], routes: Sequence[Entry], clients: Sequence[Entry],
+                state_timeout_us: int | None = None) -> None:
+        """The card's port addresses (``(port, mac, ip)``), routes, clients and timeout."""
+        for port, mac, ip in ports:
+            self.add("card_port_by_ingress", [port], "set_card_port", [_ip_int(ip), _mac_int(mac)])
+            self.add("source_by_egress_port", [port], "rewrite_source", [_mac_int(mac), _ip_int(ip)])
+        for r in routes:
+            self.route_add(r)
+        for c in clients:
+            self.client_add(c)
+        if state_timeout_us is not None:
+            self.reg_write("state_timeout_us", 0, state_timeout_us)
+
+    def _peer_add(self, table: str, action: str, is_request: int, e: Entry) -> None:
+        self._peer_del(table, is_request, e.id)
+        self.add(table, [e.id], action, [e.port, _mac_int(e.mac), _ip_int(e.ip), e.udp_port])
+        self.add("sender_allowlist", [is_request, e.id, _ip_int(e.ip), e.udp_port], "allow_sender")
+
+    def _peer_del(self, table: str, is_request: int, id_: int) -> bool:
+        found = False
+        for e in self.dump(table):
+            if e["key"] == [id_]:
+                self.delete(table, [id_])
+                found = True
+        for e in self.dump("sender_allowlist"):
+            if e["key"][:2] == [is_request, id_]:
+                self.delete("sender_allowlist", e["key"])
+        return found
+
+    def route_add(self, e: Entry) -> None:
+        self._peer_add("route_by_shard", "forward_to_server", 0, e)
+
+    def client_add(self, e: Entry) -> None:
+        self._peer_add("client_by_id", "forward_to_client", 1, e)
+
+    def route_del(self, shard: int) -> bool:
+        return self._peer_del("route_by_shard", 0, shard)
+
+    def client_del(self, client: int) -> bool:
+        return self._peer_del("client_by_id", 1, client)
+
+    def peers(self, table: str) -> list[Entry]:
+        return sorted((Entry(e["key"][0], e["params"][0], _mac_str(e["params"][1]), _ip_str(e["params"][2]),
+                             e["params"][3]) for e in self.dump(table)), key=lambda x: x.id)
+
+    # ------------------------------------------------------------------ registers and counters
+    def reg(self, name: str, index: int = 0, count: int | None = None) -> list[int]:
+        fields = {"name": self.names.register(name), "index": index}
+        if count is not None:
+            fields["count"] = count
+        return self.ctl.call("reg_read", **fields)["values"]
+
+    def reg_write(self, name: str, index: int, value: int) -> None:
+        self.ctl.call("reg_write", name=self.names.register(name), index=index, value=value)
+
+    def counter(self, name: str, index: int = 0, count: int = 1, kind: str = "packets") -> list[int]:
+        return self.ctl.call("reg_read", name=self.names.counter(name, kind), index=index, count=count)["values"]
+
+    def counters(self, nb_ports: int, shards: Sequence[int] = ()) -> dict:
+        """Counters in the DPDK card's ``counters`` shape (as :func:`embnic.control.targets.bmv2.runtime.read_counters`)."""
+        reasons = p4prog.drop_reasons()
+        rx_p, rx_b = self.counter("rx_frames", 0, nb_ports), self.counter("rx_frames", 0, nb_ports, "bytes")
+        tx_p, tx_b = self.counter("tx_frames", 0, nb_ports), self.counter("tx_frames", 0, nb_ports, "bytes")
+        drops = self.counter("drop_reasons", 0, len(reasons) + 1)
+        types = self.counter("frames_by_type", 0, p4prog.constants()["NB_MSG_TYPES"])
+        done = self.counter("messages_completed", 0, p4prog.constants()["NB_MSG_TYPES"])
+        return {
+            "ports": [{"port": p, "rx_frames": rx_p[p], "rx_bytes": rx_b[p], "tx_frames": tx_p[p], "tx_bytes": tx_b[p]}
+                      for p in range(nb_ports)],
+            "types": {t.name: types[t.value] for t in MsgType},
+            "drops": {r: drops[i + 1] for i, r in enumerate(reasons)},
+            "arp": {"replies": self.counter("arp_replies")[0]},
+            "completed": {t.name: done[t.value] for t in sorted(REPLY_TYPES)},
+            "shards": [{"shard": s, "completed": self.counter("completed_by_shard", s)[0]} for s in shards],
+            "state": {"expired": self.counter("state_expired")[0]},
+        }
+
+    def state_map(self) -> list[dict]:
+        return decode_state_map({r: self.reg(r) for r in STATE_REGISTERS})
+
+    def ring(self, last: int) -> list[dict]:
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last}")
+        size = p4prog.constants()["RING_SLOTS"]
+        head = self.reg("ring_head", 0, 1)[0]
+        regs = {f: self.reg(f"ring_{f}") for f in RING_FIELDS}
+        return [{f: regs[f][(head - k) % size] for f in RING_FIELDS} for k in range(1, min(last, head, size) + 1)]
+
+
+class P4DpdkTarget(DpdkTarget):
+    """The embnic pipeline as the P4 program for PNA in DPDK's SWX pipeline (embnic-swx).
+
+    Takes the ``dpdk`` target's options (vdevs, EAL arguments, netns, control socket); the lcore
+    list's first lcore runs everything. ``lib``: a built pipeline library instead of building one.
+    """
+
+    name = "p4dpdk"
+    NEEDS_ROOT = True
+    OPTIONS = DpdkTarget.OPTIONS | {"lib"}
+
+    def __init__(self, config: ClusterConfig | None = None, *args: Any, lib: str | os.PathLike | None = None,
+                 **kw: Any):
+        kw.setdefault("check_build", False)  # embnic-swx carries no embnic build-info section
+        super().__init__(config, *args, **kw)
+        self.lib = Path(lib) if lib else None
+        self._pipe: p4dpdk.Pipeline | None = None
+
+    # ------------------------------------------------------------------ command line
+    def eal_argv(self) -> list[str]:
+        """The ``dpdk`` target's EAL arguments with one lcore (the first of the card's list)."""
+        args = super().eal_argv()
+        if self.eal_args is None and "-l" in args:
+            i = args.index("-l") + 1
+            args[i] = re.split(r"[,-]", args[i])[0]
+        return args
+
+    def card_argv(self, ctl: str) -> list[str]:
+        lib = self.lib or (self._pipe.lib if self._pipe else None)
+        args = ["--pipeline", str(lib), "--ctl", ctl]
+        if self.start_paused:
+            args.append("--paused")
+        return args + self.card_args
+
+    def card(self) -> SwxCard:
+        """The loaded card by P4 names (the context JSON the state file names)."""
+        st = self.state() or {}
+        if st.get("target") != self.name or not st.get("context"):
+            raise OperationalError(f"no p4dpdk pipeline {self.instance!r} loaded: run `embnic pipeline load "
+                                   "--target p4dpdk --config FILE`" +
+                                   (f" --name {self.instance}" if self.instance != "embnic" else ""))
+        return SwxCard(self.ctl(), p4dpdk.names_of(st["context"]))
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self, program: bool = True) -> dict:
+        """Build the pipeline, start embnic-swx, program it, resume (module doc).
+
+        Raises:
+            MissingDependencyError: p4c-dpdk, DPDK's pipeline headers or embnic-swx missing (one line).
+            UsageError / ConfigError / NeedsRootError / OperationalError: as the dpdk target.
+        """
+        routes, clients = self._check_config(program)
+        p4dpdk.require()
+        require_root("loading the p4dpdk target (embnic-swx and its DPDK EAL)")
+        if self.netns:
+            require_netns(self.netns)
+        ensure_run_dir(self.run_dir)
+        old = read_state(self.run_dir, self.instance)
+        if old is not None:
+            if not old.get("corrupt") and pid_matches(old):
+                raise OperationalError(f"pipeline {self.instance!r} is already running ({describe_state(old)}); "
+                                       f"run `embnic pipeline unload --name {self.instance}` first")
+            remove_state(self.run_dir, self.instance)
+        self._pipe = p4dpdk.build_pipeline() if self.lib is None else None
+        context = self._pipe.context if self._pipe else self.lib.with_name("context.json")
+        ctl = self._ctl_path or str(self.run_dir / f"{self.instance}.sock")
+        if os.path.exists(ctl):
+            if CtlClient(ctl, timeout=1.0).alive():
+                raise OperationalError(f"a card already answers on {ctl}: unload it or choose another --ctl/--name")
+            os.unlink(ctl)
+        proc = DpdkProcess(p4dpdk.SWX_BINARY, self.eal_argv(), self.card_argv(ctl), netns=self.netns,
+                           log=self.log_path, name="embnic-swx")
+        self._proc = proc.start()
+        state = {"target": self.name, "name": self.instance, **proc.record(), "ctl": ctl,
+                 "binary": str(p4dpdk.SWX_BINARY), "lib": str(self._pipe.lib if self._pipe else self.lib),
+                 "context": str(context), "netns": self.netns,
+                 "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time()}
+        write_state(self.run_dir, self.instance, state)
+        try:
+            info = self._ready_info(proc, ctl, "embnic-swx")
+            for i, p in enumerate(self.config.card.ports):
+                if p.mac is None:
+                    raise ConfigError(f"card.ports[{i}].mac", "required by the p4dpdk target (the pipeline "
+                                      "writes the card's MAC into every frame it sends): add mac = \"02:..\"",
+                                      self.config.path)
+            self.card().program([(p.id, p.mac, p.ip) for p in self.config.card.ports], routes, clients,
+                                state_timeout_us=self.config.card.state_timeout_ms * 1000)
+            if self.start_paused:
+                self.ctl().call("resume")
+        except BaseException:
+            proc.stop(self.stop_timeout)
+            remove_state(self.run_dir, self.instance)
+            raise
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
+
+    # ------------------------------------------------------------------ tables
+    def _check_port(self, e: Entry) -> None:
+        n = len(self.info().get("ports", []))
+        if not 0 <= int(e.port) < n:
+            raise UsageError(f"--port {e.port}: the card has {n} port(s) (0..{n - 1})")
+
+    def route_add(self, e: Entry) -> None:
+        self._check_port(e)
+        self.card().route_add(e)
+
+    def route_del(self, shard: int) -> None:
+        if not self.card().route_del(shard):
+            raise NoSuchEntryError("route", shard)
+
+    def route_list(self) -> list[Entry]:
+        return self.card().peers("route_by_shard")
+
+    def client_add(self, e: Entry) -> None:
+        self._check_port(e)
+        self.card().client_add(e)
+
+    def client_del(self, client: int) -> None:
+        if not self.card().client_del(client):
+            raise NoSuchEntryError("client", client)
+
+    def client_list(self) -> list[Entry]:
+        return self.card().peers("client_by_id")
+
+    # ------------------------------------------------------------------ observation
+    def _nb_ports(self) -> int:
+        return len(self.info().get("ports", []))
+
+    def counters(self) -> dict:
+        """Counters in the dpdk target's shape (the P4 card's: ``ports``, ``types``, ``drops``, ``arp``,
+        ``completed``, ``shards`` of the routed shards, ``ring``, ``state``), plus ``host``: the
+        embnic-swx host's per-port counters and the pipeline's port statistics."""
+        card = self.card()
+        shards = [e.id for e in card.peers("route_by_shard")]
+        c = card.counters(self._nb_ports(), shards)
+        size = p4prog.constants()["RING_SLOTS"]
+        logged = card.reg("ring_head", 0, 1)[0]
+        summ = self.state_summary()
+        c["ring"] = {"size": size, "count": min(logged, size), "logged": logged}
+        c["state"] = {k: summ[k] for k in ("entries", "capacity", "overflow", "expired")}
+        host = self.ctl().call("counters")
+        c["host"] = {"ports": host["ports"], "pipeline_dropped": host["pipeline_dropped"]}
+        return c
+
+    def state_summary(self) -> dict:
+        card = self.card()
+        entries = card.state_map()
+        by = {"receiving": 0, "forwarded": 0, "replying": 0}
+        for e in entries:
+            by[e["state"]] = by.get(e["state"], 0) + 1
+        c = p4prog.constants()
+        return {"entries": len(entries), "capacity": c["STATE_SLOTS"],
+                "overflow": card.counter("drop_reasons", c["DROP_STATE_FULL"])[0],
+                "expired": card.counter("state_expired")[0], "by_state": by}
+
+    def state_dump(self, limit: int = 1000) -> list[dict]:
+        """Live entries in the dpdk target's keys (timestamps: ns since embnic-swx started)."""
+        out = []
+        for e in self.card().state_map()[:limit]:
+            t = e["msg_type"]
+            out.append({"client": e["client_id"], "msg_id": e["msg_id"],
+                        "type": MsgType(t).name if t in MsgType._value2member_map_ else t, "state": e["state"],
+                        "shard": e["shard_id"], "num_tables": e["num_tables"], "num_keys": e["num_keys"],
+                        "value_len": e["value_len"], "msg_len": e["msg_len"], "frag_count": e["frag_count"],
+                        "frags_in": e["frags_in"], "frags_out": e["frags_out"],
+                        "frames_in": e["frames_in"], "bytes_in": e["bytes_in"], "frames_out": e["frames_out"],
+                        "bytes_out": e["bytes_out"], "first_ns": e["first_us"] * 1000, "last_ns": e["last_us"] * 1000,
+                        "slot": e["slot"]})
+        return out
+
+    def ring(self, last: int) -> list[dict]:
+        return [{**e, "in_ring": False} for e in self.card().ring(last)]
+
+    def info(self) -> dict:
+        st = self.state() or {}
+        resp = self.ctl().call("info")
+        return {**{k: v for k, v in resp.items() if k != "ok"}, "target": self.name, "lib": st.get("lib"),
+                "context": st.get("context"), "state_size": p4prog.constants()["STATE_SLOTS"],
+                "ring_size": p4prog.constants()["RING_SLOTS"]}
+
+    def reset_counters(self) -> None:
+        """Zero the P4 card's counters (the register arrays p4c-dpdk made of them)."""
+        card = self.card()
+        for name in ("rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed",
+                     "completed_by_shard", "arp_replies", "state_expired"):
+            kind, _ = card.names.counters[name]
+            for k in ("packets", "bytes") if kind == "packets_and_bytes" else ("packets",):
+                self.ctl().call("reg_clear", name=card.names.counter(name, k))
+
+
+class SwxProcess:
+    """embnic-swx on given vdevs, started paused, for the tests and the benchmark (the target's
+    :meth:`P4DpdkTarget.load` is for a cluster config): start, program, resume, wait, stop.
+
+        with SwxProcess(pipe, ["net_pcap0,rx_pcap=in.pcap,tx_pcap=out.pcap"], workdir) as sw:
+            sw.card.program([(0, "02:cc:00:00:00:00", "10.1.0.1")], routes, clients)
+            sw.resume(); sw.wait_drained(n_frames)
+
+    Args:
+        pipe: the built pipeline (:func:`embnic.control.targets.p4dpdk.swx.build_pipeline`).
+        vdevs: one per card port, in port order.
+        workdir: where its control socket and log go.
+        lcore: the one lcore it runs on.
+    """
+
+    def __init__(self, pipe: p4dpdk.Pipeline, vdevs: Sequence[str], workdir: Path, *, lcore: int = 0,
+                 burst: int | None = None, netns: str | None = None, mbufs: int | None = None):
+        from embnic.control.targets.dpdk.process import eal_argv, unique_prefix
+
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sock = str(self.workdir / "swx.sock")
+        app = ["--pipeline", str(pipe.lib), "--ctl", self.sock, "--paused"]
+        if burst:
+            app += ["--burst", str(burst)]
+        if mbufs:
+            app += ["--mbufs", str(mbufs)]
+        self.proc = DpdkProcess(p4dpdk.SWX_BINARY, eal_argv(str(lcore), unique_prefix("swx"), vdevs), app,
+                                netns=netns, log=self.workdir / "swx.log", name="embnic-swx")
+        self.ctl = CtlClient(self.sock, timeout=30.0)
+        self.card = SwxCard(self.ctl, p4dpdk.names_of(str(pipe.context)))
+
+    def start(self, timeout: float = 30.0) -> "SwxProcess":
+        self.proc.start()
+        probe = CtlClient(self.sock, timeout=1.0)
+        self.proc.wait_ready(lambda: os.path.exists(self.sock) and probe.alive(), timeout, f"answer on {self.sock}")
+        return self
+
+    def resume(self) -> None:
+        self.ctl.call("resume")
+
+    def host_counters(self) -> dict:
+        return self.ctl.call("counters")
+
+    def wait_drained(self, n_frames: int, timeout: float = 60.0) -> dict:
+        """Wait until the host took ``n_frames`` in and every one left the pipeline (sent on its
+        port, or dropped by the pipeline or the host); returns the host's counters.
+
+        Raises:
+            OperationalError: not so within ``timeout`` s (the counters in the message).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            h = self.host_counters()
+            ports = h["ports"]
+            rx = sum(p["rx_frames"] for p in ports)
+            lost_in = sum(p["rx_ring_full"] + p["rx_no_headroom"] for p in ports)
+            into = sum(p["pipeline_in_frames"] for p in ports)
+            out = sum(p["pipeline_out_frames"] for p in ports)
+            done = sum(p["tx_frames"] + p["tx_full"] + p["tx_bad_meta"] for p in ports)
+            if rx >= n_frames and into == rx - lost_in and into == out + h["pipeline_dropped"] and done == out:
+                return h
+            if time.monotonic() > deadline:
+                raise OperationalError(f"embnic-swx did not drain {n_frames} frames in {timeout:g} s: {h} "
+                                       f"(log: {self.proc.log_path})")
+            time.sleep(0.05)
+
+    def stop(self) -> dict:
+        return self.proc.stop()
+
+    def __enter__(self) -> "SwxProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,237 @@
+"""The P4 program's source as data: constants, header layouts, tables and included files of ``p4/``.
+
+The P4 targets and the tests read the program's own source, so there is one definition of
+each name: the drop reasons (their counter indices), the state map and ring sizes, the
+embnic header's fields. ``p4/`` is one program for two architectures: the common files at its
+top, and a top-level file per architecture (:data:`MAIN` for v1model/BMv2, :data:`PNA_MAIN`
+for PNA/p4c-dpdk) that includes them; :func:`source_files` follows the includes and
+:func:`sources_digest` keys the compile caches on every file one build reads. Nothing here
+needs p4c.
+
+    >>> from embnic.control.targets import p4program as p4prog
+    >>> p4prog.drop_reasons()[:3]
+    ['too_short', 'bad_ether', 'bad_ip']
+    >>> [f for f in p4prog.header_fields("embnic_t")][:2]
+    [('magic', 0, 2), ('version', 2, 1)]
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from pathlib import Path
+from typing import Sequence
+
+#: the P4 sources (the repository's p4/ folder)
+P4_DIR = Path(__file__).resolve().parents[2] / "p4"
+#: the top-level program for v1model (BMv2's simple_switch)
+MAIN = P4_DIR / "v1model" / "embnic.p4"
+#: the top-level program for PNA (p4c-dpdk, DPDK's SWX pipeline)
+PNA_MAIN = P4_DIR / "pna" / "embnic.p4"
+#: the top-level program of each architecture
+MAINS = {"v1model": MAIN, "pna": PNA_MAIN}
+
+_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_CONST = re.compile(r"\bconst\s+(\w+(?:<\d+>)?)\s+(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;")
+_TYPEDEF = re.compile(r"\btypedef\s+bit<(\d+)>\s+(\w+)\s*;")
+_HEADER = re.compile(r"\bheader\s+(\w+)\s*\{(.*?)\}", re.S)
+_FIELD = re.compile(r"^\s*(bit<(\d+)>|\w+)\s+(\w+)\s*;", re.M)
+_TABLE = re.compile(r"\btable\s+(\w+)\s*\{")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+
+
+class P4SourceError(ValueError):
+    """The P4 source does not have what is looked for (a renamed header, a field of odd width)."""
+
+
+def _source(name: str) -> str:
+    path = P4_DIR / name
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise P4SourceError(f"cannot read {path}: {e.strerror}") from None
+
+
+def strip_comments(text: str) -> str:
+    """``text`` without C-style comments (P4 uses ``/* */`` and ``//``)."""
+    return _COMMENT.sub(" ", text)
+
+
+@functools.lru_cache(maxsize=None)
+def constants() -> dict[str, int]:
+    """Every ``const TYPE NAME = NUMBER;`` of ``p4/types.p4`` as ``{NAME: value}``."""
+    return {m.group(2): int(m.group(3), 0) for m in _CONST.finditer(strip_comments(_source("types.p4")))}
+
+
+@functools.lru_cache(maxsize=None)
+def typedef_widths() -> dict[str, int]:
+    """``typedef bit<N> name_t;`` of ``p4/types.p4`` as ``{name_t: N}`` (bits)."""
+    return {m.group(2): int(m.group(1)) for m in _TYPEDEF.finditer(strip_comments(_source("types.p4")))}
+
+
+def header_fields(header: str, source: str = "headers.p4") -> tuple[tuple[str, int, int], ...]:
+    """Fields of ``header`` (e.g. ``"embnic_t"``) as ``(name, byte offset, byte size)``.
+
+    Widths come from ``bit<N>`` or a typedef of ``types.p4``; every field must be whole bytes
+    on a byte boundary (the embnic header's are).
+
+    Raises:
+        P4SourceError: no such header, an unknown field type, or a field that is not a whole
+            number of bytes or does not start on a byte.
+    """
+    text = strip_comments(_source(source))
+    widths = typedef_widths()
+    for m in _HEADER.finditer(text):
+        if m.group(1) != header:
+            continue
+        out, bit = [], 0
+        for f in _FIELD.finditer(m.group(2)):
+            typ, width, name = f.group(1), f.group(2), f.group(3)
+            w = int(width) if width else widths.get(typ)
+            if w is None:
+                raise P4SourceError(f"{header}.{name}: unknown type {typ}")
+            if bit % 8 or w % 8:
+                raise P4SourceError(f"{header}.{name}: {w} bits at bit {bit} is not whole bytes")
+            out.append((name, bit // 8, w // 8))
+            bit += w
+        return tuple(out)
+    raise P4SourceError(f"no header {header} in p4/{source}")
+
+
+def drop_reasons() -> list[str]:
+    """Drop reason names in counter-index order: ``drop_reasons[i + 1]`` counts ``names[i]``.
+
+    From the ``DROP_*`` constants of ``p4/types.p4`` (``DROP_NONE`` = 0 is left out), lower
+    case like the DPDK card's counter names.
+
+    Raises:
+        P4SourceError: the indices are not 1..N without gaps.
+    """
+    c = constants()
+    reasons = sorted((v, k[5:].lower()) for k, v in c.items() if k.startswith("DROP_") and k != "DROP_NONE")
+    if [v for v, _ in reasons] != list(range(1, len(reasons) + 1)):
+        raise P4SourceError(f"DROP_* constants of p4/types.p4 are not 1..N: {reasons}")
+    if c.get("NB_DROP_REASONS") != len(reasons) + 1:
+        raise P4SourceError(f"NB_DROP_REASONS is {c.get('NB_DROP_REASONS')}, want {len(reasons) + 1}")
+    return [n for _, n in reasons]
+
+
+def tables() -> dict[str, str]:
+    """Every ``table NAME { ... }`` of the program as ``{NAME: body}`` (over all of ``p4/``)."""
+    out = {}
+    for path in sorted(P4_DIR.rglob("*.p4")):
+        text = strip_comments(path.read_text())
+        for m in _TABLE.finditer(text):
+            depth, i = 1, m.end()
+            while depth and i < len(text):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            out[m.group(1)] = text[m.end():i - 1]
+    return out
+
+
+def source_files(main: Path | None = None, include_dirs: Sequence[Path] = ()) -> list[Path]:
+    """Every file one compile of ``main`` reads: ``main`` and, transitively, each ``#include
+    "x"`` (relative to the including file) and each ``#include <x>`` found in ``include_dirs``
+    (the compiler's own ``p4include``: ``core.p4``, ``v1model.p4``, ``dpdk/pna.p4``), in the
+    order first met. Includes inside comments are ignored; a ``<x>`` not found in
+    ``include_dirs`` is left out (:func:`sources_digest` still keys on its name).
+
+    Raises:
+        P4SourceError: a quoted include names a file that does not exist.
+    """
+    main = Path(main or MAIN).resolve()
+    seen: list[Path] = []
+    todo = [main]
+    while todo:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.append(path)
+        for kind, name in _INCLUDE.findall(strip_comments(path.read_text())):
+            if kind == '"':
+                inc = (path.parent / name).resolve()
+                if not inc.is_file():
+                    raise P4SourceError(f"{path}: #include \"{name}\": no such file {inc}")
+                todo.append(inc)
+            else:
+                for d in include_dirs:
+                    if (Path(d) / name).is_file():
+                        todo.append((Path(d) / name).resolve())
+                        break
+    return seen
+
+
+def sources_digest(main: Path | None = None, include_dirs: Sequence[Path] = (), extra: str = "") -> str:
+    """SHA-256 (hex) of every file :func:`source_files` lists — each one's path (relative to
+    ``p4/`` where it is there, else absolute) and contents — plus the names of the angle
+    includes and ``extra`` (e.g. the compiler's version and options): a change to any file a
+    build reads, or to how it is built, gives another digest."""
+    h = hashlib.sha256()
+    for path in source_files(main, include_dirs):
+        try:
+            name = str(path.relative_to(P4_DIR.resolve()))
+        except ValueError:
+            name = str(path)
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    angle = sorted({n for p in source_files(main, include_dirs)
+                    for k, n in _INCLUDE.findall(strip_comments(p.read_text())) if k == "<"})
+    h.update(("\0".join(angle) + "\0" + extra).encode())
+    return h.hexdigest()
+
+
+def compiler_include_dir(compiler: str | Path) -> Path | None:
+    """The ``p4include`` folder of an installed p4c (``PREFIX/share/p4c/p4include`` beside
+    ``PREFIX/bin/NAME``; symlinks resolved), or None where there is none."""
+    d = Path(compiler).resolve().parents[1] / "share" / "p4c" / "p4include"
+    return d if d.is_dir() else None
+
+
+def _crc32c_table() -> list[int]:
+    out = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        out.append(c)
+    return out
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c_raw(data: bytes, init: int = 0) -> int:
+    """CRC-32C (Castagnoli, reflected) of ``data`` from ``init`` with no final XOR: DPDK's
+    ``rte_hash_crc(data, len, init)`` — the SSE4.2 ``crc32`` instruction — which the SWX
+    pipeline's ``crc32`` hash is (``rte_swx_pipeline.c`` registers it; seed 0)."""
+    c = init
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c
+
+
+def state_slot(client_id: int, msg_id: int, arch: str = "v1model", slots: int | None = None) -> int:
+    """The home slot the program on ``arch`` gives (client_id, msg_id) (p4/state_map.p4,
+    ``EMBNIC_SLOT_HASH``; the message is there, or in the neighbour ``home ^ 1`` when another
+    live message held the home slot when it came):
+
+    * ``v1model``: zlib's CRC-32 of ``be16 client_id ++ be32 msg_id``, mod STATE_SLOTS (BMv2's
+      ``HashAlgorithm.crc32``);
+    * ``pna``: the SWX pipeline's ``crc32`` (:func:`crc32c_raw`, seed 0) over the 6 bytes
+      p4c-dpdk copies the two fields into — its metadata, host order: ``le16 client_id ++
+      le32 msg_id`` — masked to STATE_SLOTS (a power of two).
+
+    Raises:
+        ValueError: an unknown ``arch``, or ids that do not fit 16/32 bits.
+    """
+    import struct
+    import zlib
+
+    slots = slots or constants()["STATE_SLOTS"]
+    if not (0 <= client_id <= 0xFFFF and 0 <= msg_id <= 0xFFFFFFFF):
+        raise ValueError("client_id must fit 16 bits and msg_id 32 bits")
+    if arch == "v1model":
+        return zlib.crc32(struct.pack(">HI", client_id, msg_id)) % slots
+    if arch == "pna":
+        return crc32c_raw(struct.pack("<HI", client_id, msg_id)) & (slots - 1)
+    raise ValueError(f"unknown architecture {arch!r} (v1model, pna)")
