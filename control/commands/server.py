@@ -102,7 +102,7 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
             f"--restore {restore}: {sd} holds no checkpoint (ckpt-*.npz) or write-ahead log (wal-*.log) "
             f"(it holds {what}): give the directory this shard ran with --checkpoint-dir; start without "
             "--restore for fresh rows")
-    from embnic.testbed.server.runner import LOG_FORMAT, bind_error_message, run_server
+    from embnic.testbed.server.foreground import LOG_FORMAT, bind_error_message, run_server
 
     me = cfg.shard(shard_id)
     ip = bind or me.ip

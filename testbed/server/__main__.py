@@ -1,7 +1,7 @@
 """``python -m embnic.testbed.server --shard I --config FILE [--bind IP] [--port P]``: one shard.
 
 What the namespace testbed starts in every shard namespace (the library, not the CLI); users
-run the same through ``embnic server``. Logs like it (:data:`~embnic.testbed.server.runner.LOG_FORMAT`),
+run the same through ``embnic server``. Logs like it (:data:`~embnic.testbed.server.foreground.LOG_FORMAT`),
 stops on SIGTERM/SIGINT with its counters as one JSON line, exits 0; a bad config or shard id
 exits 2, an address it cannot bind or a store directory it cannot use 1, each with one line naming the fix.
 """
@@ -14,7 +14,7 @@ import sys
 from embnic.client_lib.config import ConfigError, load_config
 from embnic.control.errors import ControlError
 from embnic.testbed.server.durability import DurabilityError
-from embnic.testbed.server.runner import LOG_FORMAT, bind_error_message, run_server
+from embnic.testbed.server.foreground import LOG_FORMAT, bind_error_message, run_server
 from embnic.testbed.server.stores import StoreDependencyError, StoreSetupError
 
 

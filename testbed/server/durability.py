@@ -63,6 +63,7 @@ import os
 import re
 import shutil
 import struct
+import tempfile
 import time
 import zipfile
 import zlib
@@ -71,8 +72,10 @@ from typing import Any
 
 import numpy as np
 
-from embnic.client_lib import codec
+from embnic.client_lib import codec, consts
 from embnic.client_lib.table_numerics import TableShard
+
+from .stores import load_diskstore, open_tables, shard_dir
 
 log = logging.getLogger("embnic.server")
 
@@ -104,12 +107,6 @@ class SnapshotRef(str):
     :func:`read_checkpoint` gives instead of ``(keys, rows, acc)``)."""
 
 
-def _diskstore():
-    from .stores import load_diskstore
-
-    return load_diskstore()
-
-
 def load_table(ts, st) -> None:
     """Load one table's checkpoint entry ``st`` (``(keys, rows, acc)`` or a :class:`SnapshotRef`)
     into store ``ts`` (a ``TableShard`` or a ``DiskTable``), whichever store each is.
@@ -121,7 +118,7 @@ def load_table(ts, st) -> None:
     if not isinstance(st, SnapshotRef):
         ts.load_state(*st)
         return
-    ds = _diskstore()
+    ds = load_diskstore()
     try:
         if hasattr(ts, "load_snapshot"):
             ts.load_snapshot(st)
@@ -133,11 +130,6 @@ def load_table(ts, st) -> None:
                 ts.load_state(np.empty(0, np.uint64), np.empty((0, ts.dim), np.float32), np.empty(0, np.float32))
     except ds.StoreError as e:
         raise DurabilityError(f"checkpoint: table {ts.table.id}'s snapshot: {e}") from None
-
-
-def shard_dir(directory: str | os.PathLike, shard_id: int) -> Path:
-    """``DIR/shard-<id>``: where shard ``shard_id`` keeps its checkpoints and log."""
-    return Path(directory) / f"shard-{int(shard_id)}"
 
 
 def _fsync_dir(d: Path) -> None:
@@ -617,8 +609,6 @@ def _replay(tables: dict[int, TableShard], client_id: int, msg_id: int, num_tabl
     own ``apply``, table by table in directory order, as the shard did. Returns None, or why the
     record cannot be applied (a body that does not add up, a table not in the config or with
     another dim or dtype): nothing of it is applied then."""
-    from embnic.client_lib import consts
-
     if len(body) != consts.expected_msg_len(consts.MsgType.UPDATE_REQ, num_tables, num_keys, value_len):
         return f"body of {len(body)} bytes does not fit {num_tables} tables, {num_keys} keys"
     h = codec.Header(consts.MAGIC, consts.VERSION, consts.MsgType.UPDATE_REQ, 0, 0, 0, msg_id, client_id, 0,
@@ -658,10 +648,6 @@ def load_shard_stores(directory, shard_id: int, cfg, window: int = 1 << 62):
     The shard's directory is copied to a temporary one first (its log may be cut there); disk
     tables' snapshots are hard-linked, not copied, and the shard's live ``store/`` is skipped.
     """
-    import tempfile
-
-    from .stores import open_tables
-
     src = shard_dir(directory, shard_id)
     stores = open_tables(cfg, shard_id, scratch=True)  # StoreSetupError: rocksdict missing, say
     try:

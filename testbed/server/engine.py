@@ -38,7 +38,7 @@ that wake-up leave (:mod:`.durability`). Checkpoints are taken between wake-ups.
 Modules: this one holds the loop, the lookup and update queues and the application of a wake-up's
 messages (:meth:`_messages`, :meth:`_flush_lookups`, :meth:`_flush_updates`); the header checks
 and reassembly are :mod:`.intake`, reply encoding and ``sendmmsg`` :mod:`.replies`, the batched
-system calls :mod:`.udpio`, worker processes behind one address :mod:`.workers`.
+system calls :mod:`.udpio`, worker processes behind one address :mod:`.foreground` and :mod:`.peers`.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The shard counts as it always does â€” in its counters, on the serving thread â€
 endpoint reads them at scrape time: :class:`ShardCollector` calls a ``read()`` that returns the
 shard's :meth:`~embnic.testbed.server.shard.ShardServer.counters` (taken on the serving thread
 between wake-ups, or, for a ``--workers N`` shard, every worker's, summed by the parent,
-:func:`~embnic.testbed.server.workers.run_workers`), and :func:`shard_families` turns them into
+:func:`~embnic.testbed.server.foreground.run_workers`), and :func:`shard_families` turns them into
 metric families. The data path pays for one counter increment per reply and one histogram
 update per wake-up (:class:`ServiceTimes`), nothing per scrape.
 

@@ -6,7 +6,7 @@ worker :func:`worker_of` ``= floor(hi32(h) · N / 2^32)`` with ``h = splitmix64(
 (the hash that picks the shard; the shard uses its low bits, ``h mod S``, the worker its top 32
 bits, so the two splits are independent). Each worker holds only its own rows.
 
-Which worker *answers* a message is decided by the kernel (:func:`~.workers.steering_program`:
+Which worker *answers* a message is decided by the kernel (:func:`~.foreground.steering_program`:
 ``(client_id + msg_id) mod N``); that worker (the message's **home**) does everything a
 one-process shard does — reassembly, checks, the exactly-once window, the reply, for every
 table the message carries — but the row work of keys it does not own goes to their owners as

@@ -1,28 +1,23 @@
-"""Running a shard: pick an engine, serve in the foreground, or in a thread of this process.
+"""Running shards in threads of this process: pick an engine (:func:`make_server`), serve it on a
+thread (:class:`ServerThread`), or every shard of a config (:class:`ServerCluster`).
 
-One runner per kind of process (STYLE.md): ``embnic server`` and ``python -m
-embnic.testbed.server`` call :func:`run_server`; tests, the benchmarks and in-process clusters
-use :class:`ServerThread` / :class:`ServerCluster` (either engine). The engines themselves live
-in :mod:`.shard` (the readable reference) and :mod:`.engine` (the batch engine); worker
-processes behind one address in :mod:`.workers`.
+What tests, the benchmarks and in-process clusters use (either engine). A shard as a process of
+its own (``embnic server``, ``python -m embnic.testbed.server``) is run by
+:func:`~.foreground.run_server`. The engines themselves live in :mod:`.shard` (the readable
+reference) and :mod:`.engine` (the batch engine).
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
-import json
-import logging
-import signal
 import threading
 from typing import Any
 
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.table_numerics import merge_states
 
+from .engine import BatchShardServer
 from .shard import ShardServer
-
-log = logging.getLogger("embnic.server")
 
 ENGINES = ("batch", "reference")  #: shard engines: the batch engine (default) and the readable reference
 
@@ -38,8 +33,6 @@ def make_server(engine: str, cfg: ClusterConfig, shard_id: int, bind: str | None
     if engine == "reference":
         return ShardServer(cfg, shard_id, bind, port, **kwargs)
     if engine == "batch":
-        from .engine import BatchShardServer
-
         return BatchShardServer(cfg, shard_id, bind, port, **kwargs)
     raise ValueError(f"unknown shard engine {engine!r} (engines: {', '.join(ENGINES)})")
 
@@ -218,106 +211,3 @@ class ServerCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-               engine: str = "batch", workers: int = 1, metrics_port: int | None = None,
-               metrics_bind: str = "0.0.0.0", **kwargs) -> int:
-    """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
-
-    Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
-    With ``checkpoint_dir`` (``**kwargs``, see :class:`ShardServer`) SIGUSR1 writes a checkpoint.
-
-    Args:
-        engine: ``"batch"`` (default) or ``"reference"`` (:func:`make_server`).
-        workers: worker processes behind the one address (batch engine only; see
-            :func:`embnic.testbed.server.workers.run_workers`).
-        metrics_port: serve Prometheus metrics on ``metrics_bind:metrics_port`` (TCP; 0: a free
-            port) while serving (:mod:`embnic.testbed.server.metrics`); None: no endpoint.
-
-    Returns:
-        0 after a clean stop; 1 if a worker process died or the log could not be written.
-
-    Raises:
-        KeyError: unknown shard. OSError: the address cannot be bound. ValueError: unknown
-        engine, or ``workers > 1`` with the reference engine. ControlError: the metrics port
-        cannot be served (taken: ``OperationalError``) or prometheus-client is missing.
-    """
-    if workers > 1 or engine == "batch":
-        if engine != "batch":
-            raise ValueError("--workers needs the batch engine")
-        from .workers import run_workers
-
-        return run_workers(cfg, shard_id, bind, port, workers=workers, metrics_port=metrics_port,
-                           metrics_bind=metrics_bind, **kwargs)
-    # a SIGTERM before the loop's handlers are in (the disk tables' temporary stores opening) would
-    # end the process with no handler and leave them behind: keep it for when the server can stop
-    early: list = []
-    old = {sig: signal.signal(sig, lambda *_: early.append(1)) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
-    except BaseException:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-        raise
-
-    async def main() -> None:
-        ip, p = await server.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        metrics = None
-        if metrics_port is not None:
-            from .metrics import serve_metrics
-
-            async def read():
-                return server.counters()
-
-            try:
-                metrics = serve_metrics(lambda: asyncio.run_coroutine_threadsafe(read(), loop).result(10),
-                                        metrics_port, metrics_bind)
-            except BaseException:
-                server.stop()
-                raise
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        if early:
-            stop.set()
-        if server._dur is not None:
-            loop.add_signal_handler(signal.SIGUSR1, server.checkpoint)
-        log.info("shard %d listening on %s:%d (%s; engine reference)", shard_id, ip, p, describe(cfg))
-        try:
-            await stop.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            if metrics is not None:
-                metrics.close()
-            server.stop()
-            if server._dur is not None:
-                server._dur.close()
-            server.close_stores()
-        log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
-
-    asyncio.run(main())
-    return 1 if server.durable_failed else 0
-
-
-def describe(cfg: ClusterConfig) -> str:
-    """``26 tables 0..25, sharding hash over 2 shards, MTU 1500`` (for the listening line)."""
-    return f"{len(cfg.tables)} tables {cfg.table_ids_text()}, sharding {cfg.sharding} over {cfg.num_shards} shards, MTU {cfg.mtu}"
-
-
-def bind_error_message(e: OSError, ip: str, port: int) -> str:
-    """One line explaining a failed bind, naming the fix."""
-    if e.errno == errno.EADDRINUSE:
-        return (f"cannot bind {ip}:{port}: address already in use; stop the process holding it "
-                f"(ss -ulpn | grep :{port}) or pick another --port")
-    if e.errno == errno.EADDRNOTAVAIL:
-        return (f"cannot bind {ip}:{port}: {ip} is not an address of this host (or network namespace); "
-                f"run inside the shard's namespace or pass --bind")
-    return f"cannot bind {ip}:{port}: {e.strerror or e}"
-
-
-#: log line format of a shard process (``embnic server`` and ``python -m embnic.testbed.server``);
-#: trace replay reads the ``stopped; counters {...}`` line back from it
-LOG_FORMAT = "%(asctime)s embnic-server[%(process)d] %(levelname)s %(message)s"

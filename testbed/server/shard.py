@@ -5,7 +5,8 @@ answers exactly as this server does and hands it every frame its fast path does 
 the rules below are the rules of both (docs/server.md). ``--engine reference`` runs this one.
 Started as ``embnic server --shard I --config F``, as ``python -m embnic.testbed.server --shard I
 --config F`` (what the testbed runs), or in process with :class:`~.runner.ServerThread` /
-:class:`~.runner.ServerCluster` (either engine; :mod:`.runner`). Wiring::
+:class:`~.runner.ServerCluster` (either engine; :mod:`.runner`; a process of its own:
+:func:`~.foreground.run_server`). Wiring::
 
     client ──UDP (LOOKUP_REQ / UPDATE_REQ, fragmented)──▶ shard I  (bind ip:port, config)
        ▲                                                     │ Reassembler → handle → TableShard
@@ -82,7 +83,9 @@ from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.config import TableConfig
 from embnic.client_lib.table_numerics import TableShard, rowwise_mean_square_ragged
 
+from .durability import Durability
 from .metrics import ServiceTimes
+from .stores import open_tables
 
 log = logging.getLogger("embnic.server")
 
@@ -203,8 +206,6 @@ class ShardServer:
         self.fixed_length = bool(fixed_length)
         # (client_id, msg_id) -> (msg_type, num_tables, num_keys, msg_len) of announced data
         self._announced: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
-        from .stores import open_tables
-
         #: every in-memory table's rows in one arena with one index (one gather per message, whatever
         #: its tables); ``tables`` holds a :class:`TableShard` view of it per table — a table whose
         #: rows live in another store (``store = "disk"``: its own object with TableShard's
@@ -254,8 +255,6 @@ class ShardServer:
         self.durable_failed = False
         try:
             if checkpoint_dir is not None or restore is not None:
-                from .durability import Durability
-
                 self._dur = Durability(checkpoint_dir if checkpoint_dir is not None else restore, self.shard_id,
                                        cfg.seed, checkpoint_every=checkpoint_every, fsync=log_fsync)
                 if restore is not None:
@@ -802,17 +801,3 @@ class ShardServer:
         if self._sync_each and not self._commit_log():
             return
         self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), msg.addr)
-
-
-# The runners (ServerThread, ServerCluster, run_server, ...) moved to .runner; old imports of
-# them from this module keep working (resolved on first use: .runner imports this module).
-_MOVED = ("ENGINES", "make_server", "ServerThread", "ServerCluster", "run_server", "describe",
-          "bind_error_message", "LOG_FORMAT")
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from . import runner
-
-        return getattr(runner, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

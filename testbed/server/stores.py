@@ -40,6 +40,12 @@ class StoreDependencyError(StoreSetupError):
     """The disk tier's Python dependency (``rocksdict``) is not installed (the line names the extra)."""
 
 
+def shard_dir(directory: str | os.PathLike, shard_id: int) -> Path:
+    """``DIR/shard-<id>``: where shard ``shard_id`` keeps its checkpoints and log
+    (:mod:`~embnic.testbed.server.durability`) and, under ``store/``, its disk tables' live stores."""
+    return Path(directory) / f"shard-{int(shard_id)}"
+
+
 def disk_tables(cfg: ClusterConfig, shard_id: int) -> list[int]:
     """Ids of the tables shard ``shard_id`` keeps on disk."""
     return [t.id for t in cfg.tables if cfg.store_of(t.id, shard_id)[0] == "disk"]
@@ -130,8 +136,6 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
     disk = disk_tables(cfg, shard_id)
     env = None
     if disk:
-        from .durability import shard_dir
-
         ds = load_diskstore()
         me = cfg.shard(shard_id)
         mb = me.block_cache_mb or DEFAULT_BLOCK_CACHE_MB

@@ -792,7 +792,7 @@ def test_steering_program_picks_the_home_of_client_and_message():
     (msg ids near 2^32 too) reach socket ``(client_id + msg_id) % 3``."""
     import struct
 
-    from embnic.testbed.server.workers import _reuseport_sockets, home_of, steering_program
+    from embnic.testbed.server.foreground import _reuseport_sockets, home_of, steering_program
 
     ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 56, 8)]
     assert ins == [(0x20, 0, 0, 8), (0x94, 0, 0, 3), (0x07, 0, 0, 0), (0x28, 0, 0, 12), (0x0c, 0, 0, 0),

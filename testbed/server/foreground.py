@@ -1,18 +1,34 @@
-"""Running the batch engine: in this process, or in worker processes behind one address.
+"""Running a shard as a process of its own, in the foreground until SIGTERM/SIGINT.
 
-(See :func:`run_workers`.)
+``embnic server`` and ``python -m embnic.testbed.server`` call :func:`run_server` (the one runner
+of a shard process, STYLE.md): the reference engine on an asyncio loop, or the batch engine
+(:func:`run_workers`) in this process or in ``--workers N`` forked worker processes behind one
+address — a ``SO_REUSEPORT`` group whose classic BPF program (:func:`steering_program`) sends
+every message to its home worker (:func:`home_of`; the rows split over the workers,
+:mod:`.peers`). Also the lines such a process writes: :data:`LOG_FORMAT`, the listening line's
+:func:`describe`, :func:`bind_error_message`. Threads of this process: :mod:`.runner`.
 """
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import errno
+import json
 import logging
+import multiprocessing
 import os
+import signal
 import socket
 import struct
+import threading
+from multiprocessing.connection import wait
 
-from embnic.client_lib.sockets import set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
+from embnic.client_lib.sockets import set_socket_buffers
 
 from .engine import BatchShardServer
+from .metrics import serve_metrics
+from .runner import make_server
 
 log = logging.getLogger("embnic.server")
 
@@ -53,8 +69,6 @@ def home_of(client_id: int, msg_id: int, workers: int) -> int:
 def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:
     """``workers`` UDP sockets bound to (ip, port) in one ``SO_REUSEPORT`` group, steered by
     :func:`steering_program` (socket ``i`` serves ``(client_id + msg_id) % workers == i``)."""
-    import ctypes
-
     socks: list[socket.socket] = []
     try:
         for i in range(workers):
@@ -161,9 +175,6 @@ def _read_workers(stats: list, lock) -> dict:
 
 
 def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> None:
-    import ctypes
-    import signal
-
     try:  # PR_SET_PDEATHSIG: a worker never outlives its parent (killed with SIGKILL, say)
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
@@ -188,8 +199,6 @@ def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> N
     signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
     server.open()
     if stats is not None:
-        import threading
-
         threading.Thread(target=_answer_stats, args=(stats, server), name="embnic-metrics", daemon=True).start()
     try:
         server.run()
@@ -234,10 +243,6 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
         ``fixed_length`` with ``workers > 1`` (a SIZE_REQ reaches one worker, the data messages
         it announces the homes of their own message ids); ``checkpoint_dir``/``restore`` with ``workers > 1``.
     """
-    import json
-    import multiprocessing
-    import signal
-
     if workers > 1 and kwargs.get("fixed_length"):
         raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data messages that reach "
                          "other workers (each message's home is (client_id + msg_id) % workers)")
@@ -264,15 +269,13 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
         ip2, p2 = server.open()
         metrics = None
         if metrics_port is not None:
-            from .metrics import serve_metrics
-
             try:
                 metrics = serve_metrics(lambda: server.call(server.counters, timeout_s=10.0), metrics_port,
                                         metrics_bind)
             except BaseException:
                 server.close()
                 raise
-        log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, _describe(cfg))
+        log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, describe(cfg))
         try:
             server.run()
         finally:
@@ -325,17 +328,11 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
             for x in pair:
                 x.close()
         if metrics_port is not None:
-            import threading
-
-            from .metrics import serve_metrics
-
             lock = threading.Lock()
             metrics = serve_metrics(lambda: _read_workers(stats, lock), metrics_port, metrics_bind)
         log.info("shard %d listening on %s:%d (%s; engine batch, %d workers: rows split by id range, "
-                 "messages steered by (client_id + msg_id) %% %d; pids %s)", shard_id, ip2, p2, _describe(cfg),
+                 "messages steered by (client_id + msg_id) %% %d; pids %s)", shard_id, ip2, p2, describe(cfg),
                  workers, workers, ",".join(str(x.pid) for x in procs))
-        from multiprocessing.connection import wait
-
         died = None
         while not stop["flag"]:
             ready = wait([x.sentinel for x in procs] + [r])
@@ -380,7 +377,100 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
         os.close(w)
 
 
-def _describe(cfg: ClusterConfig) -> str:
-    from .runner import describe
+def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
+               engine: str = "batch", workers: int = 1, metrics_port: int | None = None,
+               metrics_bind: str = "0.0.0.0", **kwargs) -> int:
+    """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
 
-    return describe(cfg)
+    Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
+    With ``checkpoint_dir`` (``**kwargs``, see :class:`ShardServer`) SIGUSR1 writes a checkpoint.
+
+    Args:
+        engine: ``"batch"`` (default) or ``"reference"`` (:func:`make_server`).
+        workers: worker processes behind the one address (batch engine only; see
+            :func:`run_workers`).
+        metrics_port: serve Prometheus metrics on ``metrics_bind:metrics_port`` (TCP; 0: a free
+            port) while serving (:mod:`embnic.testbed.server.metrics`); None: no endpoint.
+
+    Returns:
+        0 after a clean stop; 1 if a worker process died or the log could not be written.
+
+    Raises:
+        KeyError: unknown shard. OSError: the address cannot be bound. ValueError: unknown
+        engine, or ``workers > 1`` with the reference engine. ControlError: the metrics port
+        cannot be served (taken: ``OperationalError``) or prometheus-client is missing.
+    """
+    if workers > 1 or engine == "batch":
+        if engine != "batch":
+            raise ValueError("--workers needs the batch engine")
+        return run_workers(cfg, shard_id, bind, port, workers=workers, metrics_port=metrics_port,
+                           metrics_bind=metrics_bind, **kwargs)
+    # a SIGTERM before the loop's handlers are in (the disk tables' temporary stores opening) would
+    # end the process with no handler and leave them behind: keep it for when the server can stop
+    early: list = []
+    old = {sig: signal.signal(sig, lambda *_: early.append(1)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
+    except BaseException:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        raise
+
+    async def main() -> None:
+        ip, p = await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        metrics = None
+        if metrics_port is not None:
+            async def read():
+                return server.counters()
+
+            try:
+                metrics = serve_metrics(lambda: asyncio.run_coroutine_threadsafe(read(), loop).result(10),
+                                        metrics_port, metrics_bind)
+            except BaseException:
+                server.stop()
+                raise
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if early:
+            stop.set()
+        if server._dur is not None:
+            loop.add_signal_handler(signal.SIGUSR1, server.checkpoint)
+        log.info("shard %d listening on %s:%d (%s; engine reference)", shard_id, ip, p, describe(cfg))
+        try:
+            await stop.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            if metrics is not None:
+                metrics.close()
+            server.stop()
+            if server._dur is not None:
+                server._dur.close()
+            server.close_stores()
+        log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
+
+    asyncio.run(main())
+    return 1 if server.durable_failed else 0
+
+
+def describe(cfg: ClusterConfig) -> str:
+    """``26 tables 0..25, sharding hash over 2 shards, MTU 1500`` (for the listening line)."""
+    return f"{len(cfg.tables)} tables {cfg.table_ids_text()}, sharding {cfg.sharding} over {cfg.num_shards} shards, MTU {cfg.mtu}"
+
+
+def bind_error_message(e: OSError, ip: str, port: int) -> str:
+    """One line explaining a failed bind, naming the fix."""
+    if e.errno == errno.EADDRINUSE:
+        return (f"cannot bind {ip}:{port}: address already in use; stop the process holding it "
+                f"(ss -ulpn | grep :{port}) or pick another --port")
+    if e.errno == errno.EADDRNOTAVAIL:
+        return (f"cannot bind {ip}:{port}: {ip} is not an address of this host (or network namespace); "
+                f"run inside the shard's namespace or pass --bind")
+    return f"cannot bind {ip}:{port}: {e.strerror or e}"
+
+
+#: log line format of a shard process (``embnic server`` and ``python -m embnic.testbed.server``);
+#: trace replay reads the ``stopped; counters {...}`` line back from it
+LOG_FORMAT = "%(asctime)s embnic-server[%(process)d] %(levelname)s %(message)s"
