@@ -46,6 +46,9 @@ HEADER_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("frag_len", 40, 2),
     ("reserved", 42, 2),
 )
+#: header field name -> its position in :data:`HEADER_FIELDS`: the field's column in an ``(n,
+#: len(HEADER_FIELDS))`` array of n decoded headers (the shard's batch intake, its C intake)
+HEADER_COLUMN: dict[str, int] = {f[0]: i for i, f in enumerate(HEADER_FIELDS)}
 #: header fields equal in every fragment of one message (``flags`` may differ: a retransmission's
 #: fragments mix with the original's)
 MESSAGE_FIELDS = ("msg_type", "status", "msg_id", "client_id", "shard_id", "num_tables", "table_id",

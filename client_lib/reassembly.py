@@ -13,10 +13,10 @@ import time
 from . import consts
 from .codec import FrameError, Header, parse_header
 
-# header fields that must be equal in every fragment of one message besides the key (client_id,
-# msg_id, msg_type): consts.MESSAGE_FIELDS (flags may differ: a retransmission's fragments mix
-# with the original's)
-_SAME = tuple(f for f in consts.MESSAGE_FIELDS if f not in ("msg_type", "msg_id", "client_id"))
+#: header fields every fragment of one message must agree on besides its key (client_id, msg_id,
+#: msg_type): :data:`consts.MESSAGE_FIELDS` (``flags`` may differ: a retransmission's fragments mix
+#: with the original's). A fragment that differs from the message's first one is ``frag_mismatch``.
+AGREE_FIELDS = tuple(f for f in consts.MESSAGE_FIELDS if f not in ("msg_type", "msg_id", "client_id"))
 
 
 @dataclasses.dataclass
@@ -40,10 +40,23 @@ class _Pending:
     addr: tuple | None
 
 
-def _geometry(h: Header) -> int:
-    """Check a fragment's offset/length against its index; returns P (0 if unknown).
+def fragment_size(h: Header) -> int:
+    """The fragment size P of ``h``'s message, after checking the fragment's offset and length
+    against its index (docs/protocol.md, "Fragmentation": every fragment but the last carries
+    exactly P body bytes at offset ``frag_index · P``, the last one the rest, at most P).
 
-    Raises FrameError('frag_mismatch') when they disagree with the fragmentation rule.
+    A single fragment must carry the whole body (P is 0 then); a middle fragment gives P as its
+    ``frag_len`` and ``ceil(msg_len / P)`` must be ``frag_count``; the last one gives P as
+    ``frag_offset / frag_index`` (exact) and must end the body.
+
+    Args:
+        h: a parsed header (:func:`~embnic.client_lib.codec.parse_header`).
+
+    Returns:
+        P in bytes (0 for a message of one fragment).
+
+    Raises:
+        FrameError: reason ``frag_mismatch`` when offset or length disagree with the rule.
     """
     last = h.frag_index == h.frag_count - 1
     if h.frag_count == 1:
@@ -116,7 +129,7 @@ class Reassembler:
         self.stats["frames"] += 1
         try:
             h = header if header is not None else parse_header(payload, expect=self.expect)
-            p = _geometry(h)
+            p = fragment_size(h)
         except FrameError as e:
             self.drops[e.reason] += 1
             return None
@@ -138,7 +151,7 @@ class Reassembler:
             self._pending[key] = ent
         else:
             f = ent.header
-            if any(getattr(f, n) != getattr(h, n) for n in _SAME) or (p and ent.p and p != ent.p):
+            if any(getattr(f, n) != getattr(h, n) for n in AGREE_FIELDS) or (p and ent.p and p != ent.p):
                 self.drops["frag_mismatch"] += 1
                 return None
             if p and not ent.p:

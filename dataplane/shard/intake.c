@@ -9,10 +9,10 @@
  *
  *   embnic_shard_check()  every header of a recvmmsg batch: the fields, whether
  *                         the fast path takes the frame, its fragment size
- *                         (BatchIntake._check_vector, rule for rule)
+ *                         (Intake.check_vector, rule for rule)
  *   embnic_shard_whole()  the multi-fragment frames grouped by message, and
  *                         which messages came whole in this batch
- *                         (BatchIntake._whole's grouping)
+ *                         (Intake.group, its grouping)
  *
  * No allocation, no locks; every output array is the caller's, sized by n.
  */

@@ -3,8 +3,8 @@ by ``make -C dataplane``) through ctypes.
 
 Two functions per wake-up replace the numpy expressions of :mod:`.intake` that cost the most
 per call (a dozen small-array operations each): the header checks of every frame
-(:meth:`BatchIntake._check_vector`) and the grouping of multi-fragment frames by message
-(:meth:`BatchIntake._whole`). Same rules, same outputs — the Python versions stay the
+(:meth:`.intake.Intake.check_vector`) and the grouping of multi-fragment frames by message
+(:meth:`.intake.Intake.group`). Same rules, same outputs — the Python versions stay the
 readable reference, used when the library is not built (or ``EMBNIC_SHARD_C=0``), and the
 engine tests run both. The library is looked for at ``EMBNIC_SHARD_LIB`` if set, else in the
 repository's ``dataplane/build/``; one built for another protocol version or header layout
@@ -115,7 +115,7 @@ class CIntake:
 
     def check(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Header checks of frames ``0..n-1``: (cols int64 (n, 19), ok bool (n,), p int64 (n,)),
-        as :meth:`~.intake.BatchIntake._check_vector`."""
+        as :meth:`~.intake.Intake.check_vector`."""
         rx, slot, lens = self._args
         self._check(rx, slot, lens, n, *self._targs)
         return self.cols[:n], self.ok[:n].view(bool), self.p[:n]

@@ -35,10 +35,15 @@ called by :meth:`_flush_updates`), and :meth:`serve_batch`
 commits the log with **one** ``fdatasync`` per wake-up before :meth:`_transmit` lets any ack of
 that wake-up leave (:mod:`.durability`). Checkpoints are taken between wake-ups.
 
-Modules: this one holds the loop, the lookup and update queues and the application of a wake-up's
-messages (:meth:`_messages`, :meth:`_flush_lookups`, :meth:`_flush_updates`); the header checks
-and reassembly are :mod:`.intake`, reply encoding and ``sendmmsg`` :mod:`.replies`, the batched
-system calls :mod:`.udpio`, worker processes behind one address :mod:`.foreground` and :mod:`.peers`.
+**Composition.** The engine is the reference :class:`ShardServer` (its rules, counters, window,
+log and the table store it opened, :mod:`.stores`) with a loop of its own and two parts it holds:
+an :class:`~.intake.Intake` (``self.intake``: the header checks and reassembly of a wake-up) and
+a reply builder (``self.replies``: :class:`~.replies.ReplyBuilder`, or the C answer path's
+:class:`~.canswer.CAnswer`, which has the same methods). This module holds the loop, the
+order of a wake-up (frames to the reference handler, polls, messages), the lookup and update
+queues and the application of a wake-up's messages (:meth:`_messages`, :meth:`_flush_lookups`,
+:meth:`_flush_updates`); the batched system calls are :mod:`.udpio`, worker processes behind
+one address :mod:`.foreground` and :mod:`.peers`.
 """
 from __future__ import annotations
 
@@ -60,23 +65,24 @@ from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.codec import DirectoryError
 
 from . import canswer, cintake, udpio
-from .intake import BatchIntake, _Pend
+from .intake import CID, FC, FI, FLAGS, INFO_FIELDS, MID, ML, MT, NK, NT, Intake
 from .peers import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds as _offsets, serve_sub_request
-from .replies import BatchReplies
+from .replies import ReplyBuilder
 from .shard import ShardServer, _Refused
 
 log = logging.getLogger("embnic.server")
 
 
-class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
-    """One shard served by the batch engine (see the module docstring).
+class BatchShardServer(ShardServer):
+    """One shard served by the batch engine (see the module docstring): the reference's rules and
+    state, an :class:`~.intake.Intake` (``intake``) and a reply builder (``replies``).
 
     Args:
         cfg, shard_id, bind, port, **kwargs: as :class:`ShardServer` (``dedup_window``,
             ``max_msg_bytes``, ``reassembly_timeout_s``).
         batch: datagrams per ``recvmmsg`` (per wake-up pass).
         small: wake-ups of at most this many frames check their headers frame by frame
-            (:meth:`_check_scalar`), larger ones as vectors (:meth:`_check_vector`).
+            (:meth:`.Intake.check_scalar`), larger ones as vectors (:meth:`.Intake.check_vector`).
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
         c_intake: check headers and group fragments with the C intake (:mod:`.cintake`) when
             its library is built; False: always the numpy code (the reference for it).
@@ -113,7 +119,6 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                                 lambda op, tid, cnt, p: serve_sub_request(local, op, tid, cnt, p))
             self.tables = {tid: SplitTable(ts, self._hub) for tid, ts in local.items()}
         self.batch = int(batch)
-        self.small = int(small)
         self.gso = bool(gso)
         self.c_intake = bool(c_intake)
         self.c_answer = bool(c_answer)
@@ -121,25 +126,15 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         self._ca: canswer.CAnswer | None = None
         self._sock = sock
         self._bs: udpio.BatchSocket | None = None
-        self._P = consts.max_body_per_frame(self.mtu)
-        self._W = consts.HDR_LEN + self._P
-        self._tx = np.empty((256, self._W), np.uint8)
-        self._txlen = np.zeros(256, np.int64)
-        self._ntx = 0
-        self._rep_idx: list[int] = []
-        self._rep_start: list[int] = []
-        self._rep_count: list[int] = []
-        self._rep_name: list[bytes] = []
-        self._cur_idx = 0
-        self._cur_name = b""
+        #: the header checks and reassembly of every wake-up (bound to the socket by :meth:`open`)
+        self.intake = Intake(self.shard_id, min(self.max_msg_bytes, self._reasm.max_msg_len), self.max_reply_bytes,
+                             self._check_header, small=small, max_pending=self._reasm.max_pending,
+                             max_pending_bytes=self._reasm.max_pending_bytes, timeout_s=self._reasm.timeout_s)
+        #: the replies of a wake-up: framed in numpy, or by the C answer path once :meth:`open` found it
+        self.replies: ReplyBuilder | canswer.CAnswer = ReplyBuilder(self.shard_id, self.mtu)
+        self._P = self.replies.P
+        self._cur_idx = 0  # the datagram the reference handler is answering (its replies' place)
         self._twire = {t.id: codec.value_dtype(t.wire_dtype) for t in cfg.tables}
-        self._pend: collections.OrderedDict[int, _Pend] = collections.OrderedDict()
-        self._pend_bytes = 0
-        self._max_pending = self._reasm.max_pending
-        self._max_pending_bytes = self._reasm.max_pending_bytes
-        self._pend_timeout = self._reasm.timeout_s
-        self._rstats: collections.Counter = collections.Counter()
-        self._rdrops: collections.Counter = collections.Counter()
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -182,8 +177,10 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
                 # lookups answered in C unless rows live in other processes (workers) or data
                 # must have been announced (fixed length): then C checks, builds and sends only
                 self._ca = canswer.CAnswer(cal, self, serve=self._hub is None and not self.fixed_length)
+                self.replies = self._ca
         elif self.c_intake:
             cintake.log_missing()
+        self.intake.bind(self._bs, self._cin)
         self.started_at = time.monotonic()
         return self.address
 
@@ -234,7 +231,7 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
             now = time.monotonic()
             if now >= next_tick:
                 self._reasm.expire(now)
-                self._expire(now)
+                self.intake.expire(now)
                 next_tick = now + 0.5
         self._run_calls()
 
@@ -300,18 +297,19 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         index, the rows it holds per table (``rows_held``) and its sub-request counts
         (``peer_calls`` made, ``peer_requests`` served, rows asked/served, ``peer_wait_us``)."""
         c = super().counters()
-        for r, v in self._rdrops.items():
+        rs = self.intake.stats
+        for r, v in self.intake.drops.items():
             c["drops"][r] = c["drops"].get(r, 0) + v
         re = c["reassembly"]
-        re["pending"] += len(self._pend)
-        re["expired"] += self._rstats["expired"]
-        re["evicted"] += self._rstats["evicted"]
-        re["duplicate_frames"] += self._rstats["duplicates"]
+        re["pending"] += len(self.intake)
+        re["expired"] += rs["expired"]
+        re["evicted"] += rs["evicted"]
+        re["duplicate_frames"] += rs["duplicates"]
         if self._bs is not None:
             io, gso = dict(self._bs.stats), bool(self._bs.gso)
         else:
             io, gso = self._io_final
-        whole = self._rstats["whole"]
+        whole = rs["whole"]
         ca = self._ca
         if ca is not None:  # what the C answer path did: added to the engine's own counts
             st = ca.stats()
@@ -350,41 +348,166 @@ class BatchShardServer(BatchIntake, BatchReplies, ShardServer):
         ca = self._ca
         try:
             if ca is None:
-                self._intake(n)
-            elif ca.serve(n, not self._pend) < n:  # checks, and the lookups C answers; then the rest
-                self._intake(n, (ca.cols[:n], ca.ok[:n].view(bool), ca.p[:n]), ca.taken[:n].view(bool))
+                self._take(n)
+            elif ca.serve(n, not len(self.intake)) < n:  # checks, and the lookups C answers; then the rest
+                self._take(n, (ca.cols[:n], ca.ok[:n].view(bool), ca.p[:n]), ca.taken[:n].view(bool))
         except Exception:  # noqa: BLE001 - a bug must not stop the shard
             self._c["internal_errors"] += 1
             log.exception("shard %d: internal error in a batch of %d frames", self.shard_id, n)
         if self._dur is not None and not self._commit_log():
-            self._rep_idx.clear()  # not durable: no reply of this wake-up may leave
-            self._rep_start.clear()
-            self._rep_count.clear()
-            self._rep_name.clear()
-            self._ntx = 0
-            if ca is not None:
-                ca.clear()
-        nrep = len(self._rep_idx) if ca is None else ca.replies()
+            self.replies.clear()  # not durable: no reply of this wake-up may leave
+        nrep = self.replies.replies()
         self._transmit()
         if nrep:  # every reply of the wake-up left in its one sendmmsg: their service time
             self._svc.add(time.monotonic_ns() - t0, nrep)
+
+    def _take(self, n: int, checked: tuple | None = None, taken: np.ndarray | None = None) -> None:
+        """Validate, divert and reassemble the ``n`` frames (:attr:`intake`) and hand the complete
+        messages to :meth:`_messages` (in the order of the datagram that completed them). Frames
+        the fast path does not take go to the reference handler, one by one (one home for every
+        error rule and drop reason). A wake-up holding update polls (``shard.is_poll``) is cut at
+        each poll: the frames before it are served first, then the poll (:meth:`_poll_frame`),
+        so its answer depends on exactly what came before it, as in the reference.
+
+        ``checked``: the header checks already made (``(cols, ok, p)`` as :meth:`.Intake.check_vector`:
+        the C answer path's, :meth:`.canswer.CAnswer.serve`); ``taken``: bool (n,), frames it
+        answered already (lookups: they change nothing here)."""
+        bs = self._bs
+        L = bs.lens[:n]
+        cols, ok, p = checked if checked is not None else self.intake.check(n)
+        if self.fixed_length:
+            ok &= self._announced_match(np.flatnonzero(ok), cols, n)
+
+        # frames the fast path does not take: the reference handler, one by one
+        slow = np.flatnonzero(~ok)
+        for i in slow.tolist():
+            self._cur_idx = i
+            self.handle_datagram(bytes(bs.rx[i, :L[i]]), udpio.sockaddr_to_tuple(bs.names[i]))
+        good = np.flatnonzero(ok if taken is None else ok & ~taken)
+        if good.size == 0:
+            return
+        self._c["rx_frames"] += int(good.size)
+        self._c["rx_bytes"] += int(L[good].sum())
+        c = cols[good]
+        poll = ((c[:, MT] == MsgType.UPDATE_REQ) & ((c[:, FLAGS] & consts.Flags.RETRANSMIT) != 0) & (c[:, FC] > 1)
+                & (c[:, FI] == c[:, FC] - 1))
+        if not poll.any():
+            self._messages(self.intake.messages(good, cols, p))
+            return
+        rest = good[~poll]
+        start = 0
+        for r in good[poll].tolist():
+            seg = rest[(rest >= start) & (rest < r)]
+            if seg.size:
+                self._messages(self.intake.messages(seg, cols, p))
+            self._poll_frame(r, cols, p)
+            start = r + 1
+        seg = rest[rest >= start]
+        if seg.size:
+            self._messages(self.intake.messages(seg, cols, p))
+
+    def _poll_frame(self, r: int, cols: np.ndarray, p: np.ndarray) -> None:
+        """Frame ``r``, an update poll, as ``ShardServer._poll``: fed to its message first —
+        served if it completes it; else ``UPDATE_ACK`` when the window holds the update with these
+        counts (the fragments held again dropped), else ``UPDATE_NACK`` with the fragments held."""
+        info = self.intake.info(r, cols)
+        cid, mid = info[1], info[2]
+        m = (r, info, self._bs.names[r].tobytes(), None)
+        self._c["update_polls"] += 1
+        done, held = self.intake.poll(r, cols, p)
+        if done:
+            self._messages(done)
+            return
+        fp = self._applied.get((cid, mid))
+        if fp is not None and fp[:3] == info[3:6]:
+            self._c["update_poll_acks"] += 1
+            self._applied.move_to_end((cid, mid))
+            self.intake.discard(cid, mid, MsgType.UPDATE_REQ)
+            self._emit(m, MsgType.UPDATE_ACK)
+            return
+        if held is not None:
+            self._c["update_nacks"] += 1
+            self._emit(m, MsgType.UPDATE_NACK, np.frombuffer(codec.nack_body(held), np.uint8))
+
+    def _announced_match(self, cand: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
+        """Fixed-length mode: bool (n,), True where frame ``cand[j]``'s message was announced by a
+        SIZE_REQ with its header's type, ``num_tables``, ``num_keys`` and ``msg_len`` — so every
+        buffer the fast path allocates has the announced size. The others go to the reference
+        handler, which drops them as ``unannounced`` / ``size_mismatch``. One dict look-up per
+        distinct message, not per frame."""
+        out = np.zeros(n, bool)
+        if cand.size == 0:
+            return out
+        c = cols[cand]
+        k = (c[:, CID].astype(np.uint64) << np.uint64(32)) | c[:, MID].astype(np.uint64)
+        uk, first, inv = np.unique(k, return_index=True, return_inverse=True)
+        good = np.zeros(uk.size, bool)
+        ann = self._announced
+        want = c[first][:, [MT, NT, NK, ML]].tolist()  # msg_type, num_tables, num_keys, msg_len
+        for u, key in enumerate(uk.tolist()):
+            good[u] = ann.get((key >> 32, key & 0xFFFFFFFF)) == tuple(want[u])
+        out[cand] = good[inv]
+        return out
+
+    # -- replies ------------------------------------------------------------------------------
+
+    def _emit(self, m: tuple, msg_type: int, body: np.ndarray | None = None, status: int = 0,
+              table_id: int = consts.NO_TABLE) -> None:
+        """Reply ``msg_type`` to message ``m`` (``(idx, info, name, ...)``, :meth:`.Intake.messages`)
+        through the reply builder, counted (``table_id`` names an ERROR's table)."""
+        if msg_type == MsgType.ERROR:
+            self._errors[Status(status)] += 1
+        self._replies[msg_type] += 1
+        self.replies.add_spec(m[0], m[2], msg_type, status, table_id, m[1], body)
+
+    def _send(self, frames: list[bytes], addr) -> None:
+        """The reference handler's replies (``addr``: an ``(ip, port)`` tuple or a 16-byte
+        ``sockaddr_in``), queued in the place of the datagram it is handling."""
+        if not frames:
+            return
+        self._replies[frames[0][3]] += 1  # one reply message (byte 3: msg_type)
+        self.replies.queue_frames(frames, self._cur_idx, addr if isinstance(addr, bytes) else udpio.tuple_to_sockaddr(addr))
+
+    def _transmit(self) -> None:
+        """Send every reply of this wake-up, ordered by the datagram that completed its request."""
+        if self._ca is not None:  # built and sent in C (canswer: the frames' counts are its counters)
+            try:
+                self._ca.send()
+            except Exception:  # noqa: BLE001 - a bug must not stop the shard
+                self._c["send_errors"] += 1
+                self._ca.clear()
+                log.exception("shard %d: send failed", self.shard_id)
+            return
+        rb = self.replies
+        if not rb.replies():
+            rb.clear()
+            return
+        try:
+            self._c["tx_frames"] += rb.ntx
+            self._c["tx_bytes"] += rb.queued_bytes()
+            rb.send(self._bs)
+        except OSError as e:
+            self._c["send_errors"] += 1
+            log.warning("shard %d: send failed: %s", self.shard_id, e)
 
     # -- messages -----------------------------------------------------------------------------
 
     def _messages(self, msgs: list[tuple]) -> None:
         """Parse the complete messages' directories, queue them by kind and flush (see the module
         docstring for the rules). ``msgs``: ``(idx, info, name, body)`` in arrival order, info =
-        (msg_type, client_id, msg_id, num_tables, num_keys, value_len)."""
+        the message's ``intake.INFO_FIELDS``."""
         lk: list = []
         up: list = []
         lk_t: set = set()
         up_t: set = set()
         for m in msgs:
             info, body = m[1], m[3]
-            mtype = info[0]
+            f = dict(zip(INFO_FIELDS, info))
+            mtype = f["msg_type"]
             self._requests[MsgType(mtype)] += 1
-            h = codec.Header(consts.MAGIC, consts.VERSION, mtype, 0, 0, 0, info[2], info[1], self.shard_id, info[3],
-                             consts.NO_TABLE, info[4], info[5], int(body.size), 0, 0, 1, int(body.size), 0)
+            h = codec.Header(magic=consts.MAGIC, version=consts.VERSION, flags=0, reserved0=0, status=0,
+                             shard_id=self.shard_id, table_id=consts.NO_TABLE, msg_len=int(body.size), frag_offset=0,
+                             frag_index=0, frag_count=1, frag_len=int(body.size), reserved=0, **f)
             try:
                 rb = codec.parse_request_body(h, body)
             except DirectoryError as e:

@@ -85,7 +85,7 @@ from embnic.client_lib.table_numerics import TableShard, rowwise_mean_square_rag
 
 from .durability import Durability
 from .metrics import ServiceTimes
-from .stores import open_tables
+from .stores import ShardStores, open_tables
 
 log = logging.getLogger("embnic.server")
 
@@ -176,6 +176,10 @@ class ShardServer:
         restore: load ``restore/shard-<id>`` (latest checkpoint + log replay) before serving;
             the log then continues there unless ``checkpoint_dir`` names another directory.
         log_fsync: ``fdatasync`` the log once per wake-up (False only to measure its cost).
+        stores: the table store to serve (:class:`~.stores.ShardStores` of this config and shard:
+            a store per table, the in-memory ones in one ``RowStore``); the shard closes it
+            (:meth:`close_stores`). None: opened for the config by :func:`~.stores.open_tables`
+            (disk tables under ``checkpoint_dir`` or ``restore``).
 
     Raises:
         KeyError: ``shard_id`` is not in the config.
@@ -194,7 +198,7 @@ class ShardServer:
                  dedup_window: int = DEFAULT_DEDUP_WINDOW, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
                  reassembly_timeout_s: float = 2.0, fixed_length: bool = False,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-                 restore: str | None = None, log_fsync: bool = True):
+                 restore: str | None = None, log_fsync: bool = True, stores: ShardStores | None = None):
         me = cfg.shard(shard_id)
         self.cfg = cfg
         self.shard_id = int(shard_id)
@@ -211,8 +215,10 @@ class ShardServer:
         #: rows live in another store (``store = "disk"``: its own object with TableShard's
         #: interface, :mod:`.stores`) is served through that object, one call per such table
         #: (:meth:`_rows_lookup`, :meth:`_rows_apply`)
-        self._stores = open_tables(cfg, self.shard_id, checkpoint_dir if checkpoint_dir is not None else restore,
-                                   worker=self._worker)
+        if stores is None:
+            stores = open_tables(cfg, self.shard_id, checkpoint_dir if checkpoint_dir is not None else restore,
+                                 worker=self._worker)
+        self._stores = stores
         self.store = self._stores.store
         self.tables: dict[int, TableShard] = self._stores.tables
         # per table id (65536 entries; what _table_fault reads as vectors): dim (-1: no such

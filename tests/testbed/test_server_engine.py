@@ -262,7 +262,7 @@ def test_c_intake_equals_the_numpy_intake():
     srv = BatchShardServer(cfg, 0, "127.0.0.1", 0)
     srv.open()
     try:
-        assert srv._cin is not None
+        assert srv.intake.cin is not None
         bs = srv._bs
         seen_ok = seen_whole = 0
         for trial in range(40):
@@ -273,17 +273,17 @@ def test_c_intake_equals_the_numpy_intake():
                 f = frames[j]
                 bs.rx[r, :len(f)] = np.frombuffer(f, np.uint8)
                 bs.lens[r] = len(f)
-            cin, srv._cin = srv._cin, None
-            cols_py, ok_py, p_py = (a.copy() for a in srv._check_vector(n))
-            srv._cin = cin
-            cols_c, ok_c, p_c = srv._check_vector(n)
+            cin, srv.intake.cin = srv.intake.cin, None
+            cols_py, ok_py, p_py = (a.copy() for a in srv.intake.check_vector(n))
+            srv.intake.cin = cin
+            cols_c, ok_c, p_c = srv.intake.check_vector(n)
             full = bs.lens[:n] >= consts.HDR_LEN
             assert np.array_equal(cols_c[full], cols_py[full]) and not cols_c[~full].any()
             assert np.array_equal(ok_c, ok_py) and np.array_equal(p_c[ok_c], p_py[ok_py])
             mg = np.flatnonzero(ok_c & (cols_c[:, intake.FC] > 1))
             if mg.size:
                 order, grp = cin.whole(mg)
-                ref = srv._group(mg, cols_c, p_c)
+                ref = srv.intake.group(mg, cols_c, p_c)
                 assert np.array_equal(order, ref[0])
                 for j in range(6):
                     assert np.array_equal(grp[:, j], np.asarray(ref[1 + j]).astype(np.int64)), j
@@ -449,9 +449,9 @@ class _OtherStore:
 
 
 @pytest.mark.parametrize("kw", [{}, {"c_answer": False}, {"c_intake": False}])
-def test_a_table_in_a_store_of_another_kind(monkeypatch, kw):
-    """The seam for other row stores (testbed/server/stores.py open_tables): a table whose rows
-    live in a store of another kind is served through that store's own lookup/apply_segments
+def test_a_table_in_a_store_of_another_kind(kw):
+    """The seam for other row stores (the table store a shard is given, testbed/server/stores.py
+    ShardStores): a table whose rows live in a store of another kind is served through that store's own lookup/apply_segments
     (the C answer path leaves its lookups to the engine), the other tables from the shared
     store in one gather; replies, counters and rows equal the reference server's with every
     table in memory."""
@@ -460,22 +460,15 @@ def test_a_table_in_a_store_of_another_kind(monkeypatch, kw):
     cfg = make_cfg(tables=TABLES_MIXED)
     stream = build_lookup_stream(cfg, 11, n=80)
     ref = run_stream(cfg, "reference", stream)
-    made = []
-
-    def open_tables(cfg, shard_id, durable_dir=None, **_):
-        store, tables = shared_tables([t for t in cfg.tables if t.id != 1], cfg.seed)
-        tables[1] = _OtherStore(cfg.table(1), cfg.seed)
-        made.append(tables[1])
-        return stores.ShardStores(tables, store)
-
-    monkeypatch.setattr(stores, "open_tables", open_tables)
-    got = run_stream(cfg, "batch", stream, **kw)
+    store, tables = shared_tables([t for t in cfg.tables if t.id != 1], cfg.seed)
+    other = tables[1] = _OtherStore(cfg.table(1), cfg.seed)
+    got = run_stream(cfg, "batch", stream, stores=stores.ShardStores(tables, store), **kw)
     assert got[0] == ref[0]
     assert _comparable(got[1]) == _comparable(ref[1])
     for tid in ref[2]:
         for a, b in zip(got[2][tid], ref[2][tid]):
             assert np.array_equal(a, b)
-    assert made[-1].calls > 5 and len(made[-1]) > 0
+    assert other.calls > 5 and len(other) > 0
 
 
 @pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
