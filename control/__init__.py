@@ -10,6 +10,7 @@ Rooms (each package's docstring lists its modules):
 Library modules shared by the commands, the targets and the testbed:
 
 - ``errors.py``: errors by category (usage, operational, needs-root, missing-dependency);
+- ``settings.py``: a command's settings resolved: default < ``[control]`` < ``EMBNIC_*`` < flag;
 - ``runstate.py``: the run directory, state files and pid checks of loaded pipelines;
 - ``netns.py``: network namespaces and veth pairs (create, wire, address, run in, tear down);
 - ``ctlsock.py``: the client of the card's control socket (embnic-dp, embnic-swx);

@@ -85,7 +85,7 @@ _COMMANDS = (
     ("embnic.control.commands.inspect", "inspect"),
     ("embnic.control.commands.testbed", "testbed"),
     ("embnic.control.commands.trace", "trace"),
-    ("embnic.control.commands.replay", "replay"),
+    ("embnic.control.commands.trace", "replay"),  # alias of `trace replay`
     ("embnic.control.commands.demo", "demo"),
     ("embnic.control.commands.tables", "tables"),
     ("embnic.control.commands.dissector", "dissector"),

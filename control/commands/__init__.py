@@ -1,9 +1,9 @@
 """The ``embnic`` commands: one module per CLI noun, registered by :mod:`embnic.control.cli`.
 
-Only these modules and ``cli.py`` know click; each parses its arguments and calls library code.
+Only these modules and ``cli.py`` know click; each parses its arguments and calls library code
+(settings: :mod:`embnic.control.settings`; targets: :mod:`embnic.control.targets`).
 
-- ``options.py``: shared click options and parameter types, defined once;
-- ``entries.py``: the card's peer tables as click groups (used by ``route`` and ``client``);
+- ``options.py``: shared click options, parameter types and command decorators, defined once;
 - ``pipeline.py``: ``embnic pipeline load|unload|status``;
 - ``route.py``: ``embnic route add|del|list`` (the card's route table);
 - ``client.py``: ``embnic client add|del|list`` (the card's client table);
@@ -17,8 +17,7 @@ Only these modules and ``cli.py`` know click; each parses its arguments and call
 - ``train.py``: ``embnic train``;
 - ``tables.py``: ``embnic tables export|import`` (trained embedding tables);
 - ``testbed.py``: ``embnic testbed up|down|status|netem``;
-- ``trace.py``: ``embnic trace record``;
-- ``replay.py``: ``embnic replay``;
+- ``trace.py``: ``embnic trace record|replay`` (and ``embnic replay``, the alias of ``trace replay``);
 - ``bench.py``: ``embnic bench ...`` (benchmarks);
 - ``demo.py``: ``embnic demo``;
 - ``dissector.py``: ``embnic dissector`` (the Wireshark plug-in).

@@ -7,7 +7,8 @@ import threading
 import click
 
 from embnic.control import metrics
-from embnic.control.commands.options import IPV4, open_target, pipeline_options, resolve
+from embnic.control.commands.options import IPV4, pipeline_options
+from embnic.control.settings import open_target, resolve
 
 
 @click.command()

@@ -1,43 +1,27 @@
-"""Shared click options, settings resolution and command helpers, defined once for every ``embnic`` command.
+"""Shared click options, parameter types and command decorators, defined once for every ``embnic`` command.
 
-Precedence of every setting: built-in default < the config file's ``[control]`` section <
-environment (``EMBNIC_*``) < command-line flag. Options therefore default to ``None`` and
-:func:`resolve` fills in what the user did not say.
-
-``[control]`` section of the cluster config (optional, all fields optional)::
-
-    [control]
-    target  = "dpdk"                      # pipeline target (EMBNIC_TARGET, --target)
-    name    = "embnic"                    # pipeline instance name (EMBNIC_NAME, --name)
-    ctl     = "/run/embnic/embnic.sock"   # control socket (EMBNIC_CTL, --ctl)
-    binary  = "dataplane/build/embnic-dp" # card binary (EMBNIC_DP, --binary)
-    eal_args = "-l 0,1 --no-huge ..."     # replaces the default EAL args (EMBNIC_EAL_ARGS, --eal-args)
-    card_args = ["--idle-us", "50"]       # more embnic-dp arguments after `--` (--card-args)
-    vdevs   = ["net_ring0", "net_ring1"]  # one DPDK port per vdev, in port order (--vdev)
-    netns   = "card"                      # run the card in this network namespace (EMBNIC_NETNS, --netns)
+The settings these options give are resolved by :mod:`embnic.control.settings` (precedence:
+built-in default < the config file's ``[control]`` section < environment (``EMBNIC_*``) <
+command-line flag), so the options default to ``None``.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import ipaddress
 import math
 import os
 import re
 import signal
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import click
 
-from embnic.client_lib.config import ClusterConfig, ConfigError, did_you_mean, host_ipv4_problem, is_multicast_mac, load_config
-from embnic.control.errors import UsageError, split_args
-from embnic.control.runstate import read_state, require_root, run_dir
+from embnic.client_lib.config import ClusterConfig, ConfigError, host_ipv4_problem, is_multicast_mac, load_config
+from embnic.control.errors import UsageError
+from embnic.control.runstate import require_root
+from embnic.control.settings import DEFAULT_NAME, DEFAULT_TARGET, NAME_RE
 
-DEFAULT_NAME = "embnic"
-DEFAULT_TARGET = "dpdk"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
 
@@ -109,7 +93,7 @@ class NameType(click.ParamType):
     name = "NAME"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, str) and _NAME_RE.match(value):
+        if isinstance(value, str) and NAME_RE.match(value):
             return value
         self.fail(f"{value!r} is not a valid name (letters, digits, '_', '.', '-'; at most 64)", param, ctx)
 
@@ -199,127 +183,14 @@ target_option = click.option("--target", "target", envvar="EMBNIC_TARGET", defau
 pipeline_options = _compose(config_option(), target_option, name_option, ctl_option)
 
 
-# --------------------------------------------------------------------------- settings
-@dataclasses.dataclass
-class Settings:
-    """Resolved settings of one command (see the module docstring for precedence)."""
-
-    config: ClusterConfig | None = None
-    config_path: str | None = None
-    target: str = DEFAULT_TARGET
-    name: str = DEFAULT_NAME
-    ctl: str | None = None  #: None: from the state file, else RUN_DIR/NAME.sock
-    binary: str | None = None
-    eal_args: list[str] | None = None
-    card_args: list[str] = dataclasses.field(default_factory=list)
-    vdevs: tuple[str, ...] = ()
-    netns: str | None = None
-    run_dir: Path = dataclasses.field(default_factory=run_dir)
-
-
-def control_section(cfg: ClusterConfig | None) -> dict[str, Any]:
-    """The validated ``[control]`` section of ``cfg`` (empty dict when absent).
-
-    Raises:
-        ConfigFileError: naming the field (``control.vdevs: must be a list of strings``).
-    """
-    if cfg is None:
-        return {}
-    sec = cfg.raw.get("control", {})
-    where = f"{cfg.path}: " if cfg.path else ""
-    if not isinstance(sec, dict):
-        raise ConfigFileError(f"{where}control: must be a table [control]")
-    out: dict[str, Any] = {}
-    for key in ("target", "name", "ctl", "binary", "netns"):
-        if key in sec:
-            if not isinstance(sec[key], str) or not sec[key]:
-                raise ConfigFileError(f"{where}control.{key}: must be a non-empty string, got {sec[key]!r}")
-            out[key] = sec[key]
-    if "target" in out:
-        from embnic.control.targets.base import target_names
-
-        if out["target"] not in target_names():
-            raise ConfigFileError(f"{where}control.target: no target {out['target']!r}; available: "
-                                  f"{', '.join(target_names())}")
-    if "name" in out and not _NAME_RE.match(out["name"]):
-        raise ConfigFileError(f"{where}control.name: {out['name']!r} is not a valid name "
-                              "(letters, digits, '_', '.', '-')")
-    for key in ("eal_args", "card_args"):
-        if key in sec:
-            v = sec[key]
-            if isinstance(v, str):
-                out[key] = split_args(v, f"{where}control.{key}:", fix="close the quote, or give a list of strings",
-                                      error=ConfigFileError)
-            elif isinstance(v, list) and all(isinstance(a, str) for a in v):
-                out[key] = list(v)
-            else:
-                raise ConfigFileError(f"{where}control.{key}: must be a string or a list of strings")
-    if "vdevs" in sec:
-        v = sec["vdevs"]
-        if not isinstance(v, list) or not all(isinstance(a, str) and a for a in v):
-            raise ConfigFileError(f"{where}control.vdevs: must be a list of strings like \"net_ring0\"")
-        out["vdevs"] = tuple(v)
-    known = ("target", "name", "ctl", "binary", "eal_args", "card_args", "vdevs", "netns")
-    unknown = sorted(set(sec) - set(known))
-    if unknown:
-        raise ConfigFileError(f"{where}control.{unknown[0]}: unknown field{did_you_mean(unknown[0], known)}; "
-                              f"known: {', '.join(known)}")
-    return out
-
-
-def resolve(config: str | None = None, target: str | None = None, name: str | None = None,
-            ctl: str | None = None, binary: str | None = None, eal_args: str | None = None,
-            vdevs: tuple[str, ...] | None = None, netns: str | None = None,
-            card_args: str | None = None, require_config: bool = False, **_ignored: Any) -> Settings:
-    """Resolve settings from flags/env (the arguments; ``None`` = not given), the config file, defaults.
-
-    Raises:
-        click.UsageError: ``require_config`` and no config given (exit 2).
-        UsageError: ``--eal-args``/``EMBNIC_EAL_ARGS``/``--card-args`` does not split like a shell (exit 2).
-        ConfigFileError: the config file is invalid (exit 2).
-    """
-    cfg = None
-    if config is None and require_config:
-        raise click.UsageError("no cluster config: pass --config FILE or set EMBNIC_CONFIG "
-                               "(example: examples/testbed.toml)")
-    if config is not None:
-        cfg = load_cluster(config)
-    sec = control_section(cfg)
-    s = Settings(config=cfg, config_path=config)
-    s.name = name or sec.get("name") or DEFAULT_NAME
-    # not said anywhere: the target pipeline NAME was loaded on (its state file), else dpdk
-    st = read_state(s.run_dir, s.name) or {} if not (target or sec.get("target")) else {}
-    s.target = target or sec.get("target") or (st.get("target") if isinstance(st.get("target"), str) else None) \
-        or DEFAULT_TARGET
-    s.ctl = ctl or sec.get("ctl")
-    if binary or os.environ.get("EMBNIC_DP"):
-        s.binary = binary or os.environ["EMBNIC_DP"]
-    elif sec.get("binary"):
-        # a relative path in the config file is relative to the file
-        b = Path(sec["binary"])
-        s.binary = str(b if b.is_absolute() or not cfg.path else Path(cfg.path).parent / b)
-    if eal_args is not None:
-        s.eal_args = split_args(eal_args, "--eal-args")
-    elif os.environ.get("EMBNIC_EAL_ARGS"):
-        s.eal_args = split_args(os.environ["EMBNIC_EAL_ARGS"], "EMBNIC_EAL_ARGS")
-    else:
-        s.eal_args = sec.get("eal_args")
-    s.card_args = split_args(card_args, "--card-args") if card_args is not None else list(sec.get("card_args", []))
-    s.vdevs = tuple(vdevs) if vdevs else tuple(sec.get("vdevs", ()))
-    s.netns = netns or os.environ.get("EMBNIC_NETNS") or sec.get("netns")
-    return s
-
-
-def open_target(s: Settings, **opts: Any):
-    """Construct the :class:`~embnic.control.targets.base.Target` named by ``s.target`` for ``s``.
-
-    Raises:
-        UsageError: an option the target does not take.
-    """
-    from embnic.control.targets.base import get_target_class
-
-    cls = get_target_class(s.target)
-    return cls.from_settings(s, **opts)
+def entry_options(noun: str) -> Callable:
+    """``--port --mac --ip --udp-port``: the fields of a route (``noun`` = ``"shard"``) or client table
+    entry, each ``None`` when not given (:func:`embnic.control.targets.base.resolve_entry` fills them in)."""
+    return _compose(
+        click.option("--port", "port", type=click.IntRange(0, 1023), default=None, help="Card (DPDK) port it hangs off."),
+        click.option("--mac", type=MAC, default=None, help=f"The {noun}'s MAC address."),
+        click.option("--ip", type=HOST_IPV4, default=None, help=f"The {noun}'s IPv4 address."),
+        click.option("--udp-port", "udp_port", type=UDP_PORT, default=None, help=f"The {noun}'s UDP port."))
 
 
 # --------------------------------------------------------------------------- testbed-style commands

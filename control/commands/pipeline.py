@@ -8,12 +8,12 @@ import time
 import click
 
 from embnic.client_lib.config import DEFAULT_PLAN_RATE, state_map_plan
-from embnic.control.commands.options import FloatRange
+from embnic.control.commands.options import (FloatRange, config_errors, config_option, ctl_option, json_option,
+                                             name_option, target_option)
 from embnic.control.ctlsock import CtlClient, CtlError
 from embnic.control.errors import OperationalError
-from embnic.control.commands.options import (config_errors, config_option, ctl_option, json_option, name_option,
-                                    open_target, resolve, target_option)
 from embnic.control.runstate import pid_matches, read_state, state_path
+from embnic.control.settings import open_target, resolve
 from embnic.control.targets.base import describe_state
 
 

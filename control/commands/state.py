@@ -6,7 +6,8 @@ import json
 import click
 
 from embnic.client_lib import consts
-from embnic.control.commands.options import U16, json_option, open_target, pipeline_options, resolve
+from embnic.control.commands.options import U16, json_option, pipeline_options
+from embnic.control.settings import open_target, resolve
 
 STATES = ("receiving", "forwarded", "replying")
 

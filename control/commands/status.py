@@ -8,7 +8,8 @@ import click
 
 from embnic.client_lib import consts
 from embnic.control.metrics import latency_bucket_upper_us
-from embnic.control.commands.options import FloatRange, json_option, open_target, pipeline_options, resolve
+from embnic.control.commands.options import FloatRange, json_option, pipeline_options
+from embnic.control.settings import open_target, resolve
 
 
 def _pct(n: int, d: int) -> str:

@@ -1,20 +1,26 @@
-"""``embnic trace record``: record the client frames of K training batches as a pcap (testbed/traces/trace.py)."""
+"""``embnic trace record|replay``: record the client frames of K training batches as a pcap, and replay
+such a trace into the card of a testbed with tcpreplay (testbed/traces/trace.py).
+
+``embnic replay`` is the same command as ``embnic trace replay`` (:data:`replay`, its name before
+it joined ``trace``; same options, exit codes and examples).
+"""
 from __future__ import annotations
 
 import click
 
-from embnic.control.commands.options import check_name_param, needs_root, sigterm_as_interrupt
-from embnic.control.commands.options import config_option
+from embnic.control.commands.options import FloatRange, check_name_param, config_option, needs_root, sigterm_as_interrupt
+from embnic.control.errors import OperationalError
 
 
 @click.group("trace")
 def trace():
-    """Record embnic traffic of real training batches as pcap traces (replay them with `embnic replay`).
+    """Record embnic traffic of real training batches as pcap traces, and replay them
+    (`embnic trace replay`, also `embnic replay`).
 
     \b
     Example:
       sudo embnic trace record -c examples/testbed.toml --batches 4 --out out/t.pcap
-      sudo embnic replay out/t.pcap -c examples/testbed.toml --rate 2000
+      sudo embnic trace replay out/t.pcap -c examples/testbed.toml --rate 2000
     """
 
 
@@ -55,3 +61,78 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
                       name=name, progress=progress, log=click.echo)
         except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
             raise click.BadParameter(str(e), param_hint="--data") from None
+
+
+
+def _check_pcap(ctx, param, value):
+    """Click callback: PCAP must be a classic pcap file (exit 2 otherwise, before root is checked)."""
+    from embnic.control.pcap import check_pcap
+
+    try:
+        check_pcap(value)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}: give a trace recorded by `embnic trace record`") from None
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {value}: {e.strerror or e}") from None
+    return value
+
+
+@trace.command("replay")
+@click.argument("pcap", type=click.Path(dir_okay=False, exists=True), callback=_check_pcap)
+@config_option(required=True)
+@click.option("--rate", type=FloatRange(min=1), default=None, metavar="PPS",
+              help="Total frames/s over all clients (default: the recorded timing).")
+@click.option("--topspeed", is_flag=True, help="As fast as tcpreplay can (overrides --rate).")
+@click.option("--out", "out", type=click.Path(file_okay=False), default="out/replay", show_default=True,
+              help="Directory for report.json and the PNG plots.")
+@click.option("--wait", "wait_s", type=FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds to wait for missing replies after the last frame.")
+@click.option("--name", default="embrpl", show_default=True, callback=check_name_param,
+              help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
+@click.option("--force", is_flag=True,
+              help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
+              help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch).")
+@needs_root("replay")
+def replay_cmd(pcap, config, rate, topspeed, out, wait_s, name, force, progress, target):
+    """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
+    tcpreplay, one per client on the client's veth, with real shards answering; count the
+    replies in the client namespaces and report frames/s, messages completed, replies per
+    client, drops by reason and latency percentiles (OUT/report.json + PNG plots).
+
+    The config must be the one the trace was recorded with (its hash is in the sidecar
+    PCAP.json; comments and formatting do not count): otherwise it exits 2 naming that config,
+    unless --force. A PCAP that is no pcap file, or holds no embnic request, exits 2 too. Exits 1 if a recorded request got no reply, naming the card or shard
+    server that died, if one did, or was answered with ERROR (by status: an ERROR is a
+    failure, never a completed request).
+
+    \b
+    Examples:
+      sudo embnic replay out/t.pcap -c examples/testbed.toml
+      sudo embnic replay out/t.pcap -c examples/testbed.toml --rate 5000 --out out/replay5k
+      sudo embnic replay out/t.pcap -c other.toml --force   # not the config it was recorded with
+      sudo embnic replay out/t.pcap -c examples/testbed.toml --target bmv2   # through the P4 card
+    """
+    if config is None:
+        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
+    from embnic.testbed.traces import trace as TR
+
+    with sigterm_as_interrupt():
+        rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
+                        wait_s=wait_s, force=force, log=click.echo, target=target)
+    if not rep["all_replied"]:
+        from embnic.testbed.net.topology import describe_dead
+
+        why = f" ({describe_dead(rep['dead_nodes'])})" if rep.get("dead_nodes") else ""
+        raise OperationalError(f"{rep['requests'] - rep['messages_replied']} of {rep['requests']} replayed "
+                               f"requests got no reply{why} (report: {out}/report.json)")
+    if not rep["all_completed"]:
+        st = ", ".join(f"{k} {v}" for k, v in sorted(rep["error_statuses"].items()))
+        raise OperationalError(f"{rep['messages_failed']} of {rep['requests']} replayed requests were answered "
+                               f"with ERROR ({st}) (report: {out}/report.json)")
+
+
+#: ``embnic replay``: ``trace replay`` at the top level, where it was first (one command object:
+#: the same options, callback, exit codes and help)
+replay = replay_cmd

@@ -1,6 +1,7 @@
 """Pipeline targets: every place the embnic pipeline can run, behind one interface.
 
-- ``base.py``: the :class:`Target` interface, the registry of targets by name, route/client entries;
+- ``base.py``: the :class:`Target` interface, the registry of targets by name, the route and client
+  table entries (from the config, or from flags and the config);
 - ``p4program.py``: the P4 program's source as data (constants, tables, includes of ``p4/``), for
   the P4 targets and the tests;
 - ``dpdk/``: the ``dpdk`` target — ``embnic-dp`` (dataplane/) as a process;

@@ -19,10 +19,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import ipaddress
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from embnic.client_lib import consts
 from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.control.errors import OperationalError, UsageError
 from embnic.control.runstate import read_state, run_dir as default_run_dir
@@ -112,6 +114,65 @@ def clients_from_config(cfg: ClusterConfig) -> list[Entry]:
     return _entries(cfg, "clients")
 
 
+#: how the two peer tables name their peers: (noun, plural config section, what one entry is called)
+_TABLES = {"route": ("shard", "shards", "route for shard"), "client": ("client", "clients", "client")}
+
+
+def resolve_entry(table: str, id_: int, cfg: ClusterConfig | None, port: int | None, mac: str | None,
+                  ip: str | None, udp_port: int | None) -> Entry:
+    """The ``route`` or ``client`` table entry for ``id_``: the given fields first (``None`` = not
+    given), then the config's ``[[shards]]``/``[[clients]]`` entry; without a config a route's UDP
+    port defaults to the protocol's (7878).
+
+    Raises:
+        UsageError: unknown shard/client in the config, a field neither argument nor config gives,
+            a loopback IP, a card port the config's [card] does not have, or the IP or MAC of a
+            card port itself.
+    """
+    noun, plural, _ = _TABLES[table]
+    if cfg is not None:
+        eps = cfg.shards if table == "route" else cfg.clients
+        ep = next((e for e in eps if e.id == id_), None)
+        if ep is None:
+            ids = ", ".join(str(e.id) for e in eps)
+            raise UsageError(f"unknown {noun} {id_}: {cfg.path or 'the config'} has {plural} {ids}; "
+                             f"add a [[{plural}]] entry with id = {id_} or pick one of those")
+        port = ep.card_port if port is None else port
+        mac = ep.mac if mac is None else mac
+        ip = ep.ip if ip is None else ip
+        udp_port = ep.port if udp_port is None else udp_port
+    elif table == "route" and udp_port is None:
+        udp_port = consts.UDP_PORT
+    src = f" in {cfg.path or 'the config'}" if cfg is not None else " (and no --config)"
+    if mac is None:
+        raise UsageError(f"{noun} {id_} has no MAC{src}: give --mac (the card does not resolve MACs by ARP)")
+    for opt, v in (("--port", port), ("--ip", ip), ("--udp-port", udp_port)):
+        if v is None:
+            raise UsageError(f"{noun} {id_} has no {opt[2:]}{src}: give {opt}")
+    if ipaddress.IPv4Address(ip).is_loopback:
+        raise UsageError(f"--ip {ip} is a loopback address, which the card cannot reach: give the {noun}'s own "
+                         "address on its card port's segment")
+    if cfg is not None and cfg.card is not None and cfg.card.ports:
+        have = sorted(p.id for p in cfg.card.ports)
+        if port not in have:
+            raise UsageError(f"--port {port}: the card has no port {port} (card.ports in "
+                             f"{cfg.path or 'the config'}: {', '.join(map(str, have))})")
+        for p in cfg.card.ports:  # the config refuses these for its own entries (docs/config.md)
+            if p.ip == ip:
+                raise UsageError(f"--ip {ip} is the card's own address on port {p.id}: give the {noun}'s own "
+                                 "address (the card would send the frames to itself)")
+            if p.mac and p.mac == str(mac).lower():
+                raise UsageError(f"--mac {mac} is the MAC of card port {p.id}: give the {noun}'s own MAC")
+    return Entry(id_, int(port), mac, ip, int(udp_port))
+
+
+def format_entries(table: str, entries: list[Entry]) -> str:
+    """The ``route`` or ``client`` table as fixed-width text (a header line, one line per entry)."""
+    head = f"{_TABLES[table][0].upper():>6}  {'PORT':>4}  {'MAC':<17}  {'IP':<15}  {'UDP':>5}"
+    rows = [f"{e.id:>6}  {e.port:>4}  {e.mac:<17}  {e.ip:<15}  {e.udp_port:>5}" for e in entries]
+    return "\n".join([head, *rows])
+
+
 # --------------------------------------------------------------------------- state file
 def describe_state(state: dict) -> str:
     """One-line description of a state file for messages ("pid 42, ctl ..., since ...")."""
@@ -144,7 +205,7 @@ class Target(abc.ABC):
 
     @classmethod
     def from_settings(cls, s, **opts: Any) -> "Target":
-        """Build from resolved CLI :class:`~embnic.control.commands.options.Settings` plus target options.
+        """Build from resolved CLI :class:`~embnic.control.settings.Settings` plus target options.
 
         Raises:
             UsageError: an option this target does not take.

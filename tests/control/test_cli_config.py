@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from embnic.control.commands import options
+from embnic.control import settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,19 +102,19 @@ def test_show_json(invoke, card_config):
 
 
 def test_precedence_default_config_env_flag(env, card_config, monkeypatch):
-    s = options.resolve(None)
+    s = settings.resolve(None)
     assert (s.target, s.name, s.ctl, s.netns) == ("dpdk", "embnic", None, None)
     card_config.write_text(card_config.read_text() + '\n[control]\nname = "fromcfg"\nctl = "/cfg.sock"\n'
                            'vdevs = ["net_null0"]\nbinary = "bin/dp"\neal_args = "-l 0 --no-huge"\n')
-    s = options.resolve(str(card_config))
+    s = settings.resolve(str(card_config))
     assert (s.name, s.ctl, s.vdevs, s.eal_args) == ("fromcfg", "/cfg.sock", ("net_null0",), ["-l", "0", "--no-huge"])
     assert s.binary == str(card_config.parent / "bin" / "dp")  # relative to the config file
     monkeypatch.setenv("EMBNIC_DP", "/env/dp")
     monkeypatch.setenv("EMBNIC_EAL_ARGS", "-l 1")
     monkeypatch.setenv("EMBNIC_NETNS", "envns")
-    s = options.resolve(str(card_config))
+    s = settings.resolve(str(card_config))
     assert (s.binary, s.eal_args, s.netns) == ("/env/dp", ["-l", "1"], "envns")
-    s = options.resolve(str(card_config), name="flag", ctl="/flag.sock", binary="/flag/dp", eal_args="-l 2",
+    s = settings.resolve(str(card_config), name="flag", ctl="/flag.sock", binary="/flag/dp", eal_args="-l 2",
                         vdevs=("net_ring0",), netns="flagns")
     assert (s.name, s.ctl, s.binary, s.eal_args, s.vdevs, s.netns) == \
         ("flag", "/flag.sock", "/flag/dp", ["-l", "2"], ("net_ring0",), "flagns")
@@ -222,11 +222,11 @@ def test_target_defaults_to_the_loaded_pipelines(env, card_config):
     """With no --target/EMBNIC_TARGET/[control] target, a pipeline NAME loaded on bmv2 is addressed as
     bmv2 (its state file says so): `embnic route list --name NAME` must not try the dpdk socket."""
     (env / "tb.json").write_text(json.dumps({"target": "bmv2", "pid": 1, "ctl": "thrift 127.0.0.1:9090"}))
-    assert options.resolve(None, name="tb").target == "bmv2"
-    assert options.resolve(None, name="tb", target="dpdk").target == "dpdk"  # a flag still wins
-    assert options.resolve(None, name="other").target == "dpdk"  # nothing loaded: the default
+    assert settings.resolve(None, name="tb").target == "bmv2"
+    assert settings.resolve(None, name="tb", target="dpdk").target == "dpdk"  # a flag still wins
+    assert settings.resolve(None, name="other").target == "dpdk"  # nothing loaded: the default
     (env / "bad.json").write_text("{not json")
-    assert options.resolve(None, name="bad").target == "dpdk"  # a damaged state file: the default
+    assert settings.resolve(None, name="bad").target == "dpdk"  # a damaged state file: the default
 
 
 @pytest.mark.parametrize("example,cluster", [("cluster.toml", "loopback"), ("testbed.toml", "testbed"),

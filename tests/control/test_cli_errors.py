@@ -180,3 +180,23 @@ def test_an_option_missing_its_value_names_the_subcommand(invoke, args, where):
 def test_a_group_without_a_subcommand_still_shows_its_help(invoke):
     r = invoke("config")
     assert "Usage: cli config" in r.output and "Commands:" in r.output
+
+
+def test_trace_replay_and_the_top_level_replay_are_one_command(invoke, tmp_path):
+    """`embnic trace replay` is the command; `embnic replay` (its name before it joined `trace`) stays
+    as an alias: the same options, the same checks, the same exit code and message."""
+    from embnic.control.cli import cli
+
+    alias, sub = cli.get_command(None, "replay"), cli.get_command(None, "trace").get_command(None, "replay")
+    assert alias is sub
+    helps = [invoke(*path, "--help") for path in (["replay"], ["trace", "replay"])]
+    assert [r.exit_code for r in helps] == [0, 0]
+    assert helps[0].output.split("Options:")[1] == helps[1].output.split("Options:")[1]
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "testbed.toml")
+    txt = tmp_path / "t.pcap"
+    txt.write_text("not a capture, but text long enough for a pcap header\n")
+    for path in (["replay"], ["trace", "replay"]):
+        r = invoke(*path, txt, "-c", cfg)
+        assert r.exit_code == 2, r.output
+        assert "is not a pcap file (magic 6e6f7420; pcapng is not read)" in r.output
+        assert f" {' '.join(path)} --help')" in r.output  # the hint names the path it was called by
