@@ -282,7 +282,7 @@ def test_readme_names_a_testbeds_card_as_testbed_up_writes_it(monkeypatch):
     assert f"embnic testbed netem --name {cmd_options.DEFAULT_TESTBED_NAME} " in using
     for word in ("tc (sch_netem)", "bpf (loss only, in the kernel)", "user"):
         assert word in " ".join(using.split()), word
-    for cmd in ("trace record", "replay"):  # they start testbeds of their own
+    for cmd in ("trace record", "trace replay"):  # they start testbeds of their own
         line = next(ln for ln in using.splitlines() if ln.startswith(f"embnic {cmd} "))
         assert "own" in line, line
     bmv2 = " ".join(using[using.index("--target bmv2"):].split()[:60])
