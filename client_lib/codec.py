@@ -1,4 +1,4 @@
-"""Fast codec for embnic v1 frames: numpy/struct, no Scapy on the hot path.
+"""Fast codec for embnic frames (protocol v2): numpy/struct, no Scapy on the hot path.
 
 Builds and parses the same bytes as the Scapy layer :class:`embnic.client_lib.protocol.Embnic`
 (tests/client_lib/test_codec.py proves it with hypothesis). Spec: ``docs/protocol.md``.
