@@ -13,6 +13,7 @@ import pytest
 
 from embnic.client_lib.config import load_config
 from embnic.control.errors import OperationalError
+from embnic.control.netns import Netns
 from embnic.control.runstate import is_root, read_state
 from embnic.control.targets.dpdk.target import DpdkTarget
 from embnic.control.targets.dpdk.xdp import af_xdp_problem, attached_xdp, devargs, is_af_xdp
@@ -36,14 +37,11 @@ def veth_ns():
         pytest.skip("needs root (network namespaces, XDP)")
     tag = f"{os.getpid() % 100000}"
     ns, a, b = f"enY{tag}", f"eYa{tag}", f"eYb{tag}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "-n", ns, "link", "add", a, "type", "veth", "peer", "name", b], check=True)
-        subprocess.run(["ip", "-n", ns, "link", "set", a, "up"], check=True)
-        subprocess.run(["ip", "-n", ns, "link", "set", b, "up"], check=True)
+    with Netns.create(ns) as n:
+        n.veth(a, b)
+        n.link_up(a)
+        n.link_up(b)
         yield ns, a, b
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def test_a_taken_or_missing_interface_is_refused_before_the_card_starts(veth_ns, tmp_path):

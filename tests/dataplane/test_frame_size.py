@@ -26,6 +26,7 @@ import pytest
 from embnic.client_lib import codec
 from embnic.client_lib.consts import DType
 from embnic.control.targets.dpdk.process import CardProcess, DpdkProcError
+from embnic.control.netns import Netns, exec_argv
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
@@ -36,35 +37,20 @@ CARD0, HOST0, CARD1, HOST1 = "10.98.0.1", "10.98.0.2", "10.98.1.1", "10.98.1.2"
 CLIENT_PORT, SHARD_PORT = 40001, 7878
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-def _mac(dev: str) -> str:
-    out = subprocess.run(["ip", "-n", NS, "-br", "link", "show", dev], check=True, capture_output=True,
-                         text=True).stdout.split()
-    return out[2]
-
-
 @pytest.fixture
 def veths():
     """Namespace NS: A0 (client, 10.98.0.2) -- B0 (card port 0), A1 (shard, 10.98.1.2) -- B1 (card
     port 1), every veth at MTU 9000; torn down whatever happens."""
-    _ip("netns", "add", NS)
-    try:
+    with Netns.create(NS) as ns:
         for a, b, ip, card in ((A0, B0, HOST0, CARD0), (A1, B1, HOST1, CARD1)):
-            _ip("-n", NS, "link", "add", a, "mtu", "9000", "type", "veth", "peer", "name", b, "mtu", "9000")
+            ns.veth(a, b, mtu=9000)
             for dev in (a, b):
-                _ip("-n", NS, "link", "set", dev, "up")
-                # a veth otherwise hands af_packet UDP checksums left for an offload to fill
-                subprocess.run(["ip", "netns", "exec", NS, "ethtool", "-K", dev, "tx", "off", "rx", "off"],
-                               check=True, capture_output=True)
-            _ip("-n", NS, "addr", "add", f"{ip}/24", "dev", a)
+                ns.link_up(dev)
+                ns.offloads_off(dev)  # a veth otherwise hands af_packet UDP checksums left for an offload to fill
+            ns.add_address(a, f"{ip}/24")
         # the card never answers ARP for an address it does not own: the client's neighbour entry
-        _ip("-n", NS, "neigh", "add", CARD0, "lladdr", "02:00:00:98:00:01", "dev", A0)
-        yield {"a0": _mac(A0), "a1": _mac(A1)}
-    finally:
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+        ns.neigh_permanent(A0, CARD0, "02:00:00:98:00:01")
+        yield {"a0": ns.links(A0)[0]["address"], "a1": ns.links(A1)[0]["address"]}
 
 
 def _card(card_bin, tmp_path, framesz0: int, framesz1: int, mtu: int) -> CardProcess:
@@ -88,7 +74,7 @@ def _send(datagrams: list[bytes]) -> None:
     code = ("import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
             f"s.bind(('{HOST0}', {CLIENT_PORT}));\n"
             f"for h in {hexes!r}: s.sendto(bytes.fromhex(h), ('{CARD0}', 7878))")
-    subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-c", code], check=True)
+    subprocess.run(exec_argv(NS, [sys.executable, "-c", code]), check=True)
 
 
 def _shard_socket() -> subprocess.Popen:
@@ -99,8 +85,7 @@ def _shard_socket() -> subprocess.Popen:
             "    try: d = s.recv(65535)\n"
             "    except socket.timeout: break\n"
             "    print(len(d), flush=True)")
-    p = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-u", "-c", code], stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(exec_argv(NS, [sys.executable, "-u", "-c", code]), stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "ready"
     return p
 
@@ -152,7 +137,7 @@ def test_frames_too_long_for_a_port_are_dropped_and_counted(veths, card_bin, tmp
 def test_interface_mtu_bounds_the_largest_frame(veths, card_bin, tmp_path):
     """The kernel discards what exceeds an interface's MTU + 14: port 1 on a veth of MTU 2950
     sends at most 2964-byte frames, though its framesz holds 3040."""
-    _ip("-n", NS, "link", "set", B1, "mtu", "2950")
+    Netns(NS).link_up(B1, mtu=2950)
     card = _card(card_bin, tmp_path, 3072, 3072, 2900)
     card.start()
     try:
@@ -172,7 +157,7 @@ def test_mtu_that_a_port_cannot_send_is_refused_at_start(veths, card_bin, tmp_pa
         vdev1 = f"net_af_packet1,iface={B1}"
         want = ["port 1", "2016-byte frames", "framesz=2048", "--mtu 9000 needs 9014", "give the vdev framesz=9216"]
     else:
-        _ip("-n", NS, "link", "set", B1, "mtu", "1500")
+        Netns(NS).link_up(B1, mtu=1500)
         vdev1 = f"net_af_packet1,iface={B1},framesz=9216,blocksz=36864,framecnt=64"
         want = ["port 1", "1514-byte frames", f"interface {B1} has MTU 1500", f"ip link set {B1} mtu 9000"]
     card = CardProcess(card_bin, [f"net_af_packet0,iface={B0},framesz=9216,blocksz=36864,framecnt=64", vdev1],

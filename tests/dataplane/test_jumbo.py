@@ -18,6 +18,7 @@ import pytest
 
 from embnic.client_lib import codec
 from embnic.client_lib.consts import DType
+from embnic.control.netns import Netns, exec_argv
 from embnic.testbed.bench.dataplane import BENCH_CARD_IP, CardProcess, _program_card
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
@@ -29,19 +30,13 @@ MTU = 9000
 
 @pytest.fixture
 def veth():
-    def ip(*args):
-        subprocess.run(["ip", *args], check=True, capture_output=True)
-
-    ip("netns", "add", NS)
-    try:
-        ip("-n", NS, "link", "add", A, "mtu", str(MTU), "type", "veth", "peer", "name", B, "mtu", str(MTU))
+    with Netns.create(NS) as ns:
+        ns.veth(A, B, mtu=MTU)
         for dev in (A, B):
-            ip("-n", NS, "link", "set", dev, "up")
-        ip("-n", NS, "addr", "add", "10.99.0.2/24", "dev", A)
-        ip("-n", NS, "neigh", "add", BENCH_CARD_IP, "lladdr", "02:00:00:99:00:01", "dev", A)
+            ns.link_up(dev)
+        ns.add_address(A, "10.99.0.2/24")
+        ns.neigh_permanent(A, BENCH_CARD_IP, "02:00:00:99:00:01")
         yield
-    finally:
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
 
 
 def _send_jumbo() -> int:
@@ -51,7 +46,7 @@ def _send_jumbo() -> int:
     (payload,) = codec.encode_lookup(msg_id=5, client_id=1, shard_id=0, directory=directory, keys=keys, mtu=MTU)
     code = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.99.0.2', 40001)); "
             f"s.sendto(bytes.fromhex('{payload.hex()}'), ('{BENCH_CARD_IP}', 7878))")
-    subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-c", code], check=True)
+    subprocess.run(exec_argv(NS, [sys.executable, "-c", code]), check=True)
     return 14 + 20 + 8 + len(payload)
 
 

@@ -20,6 +20,7 @@ one TX queue, so state lcore 1 hands its frames back to the RX lcore):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ import pytest
 from drops import embnic_drops
 
 from embnic.control.targets.dpdk.process import CardProcess
+from embnic.control.netns import Netns, exec_argv
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root, pytest.mark.slow]
 
@@ -123,45 +125,26 @@ CLIENT = textwrap.dedent("""
 """).replace("{lr}", repr(LR))
 
 
-def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(list(args), capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"`{' '.join(args)}` failed: {r.stderr.strip()}")
-    return r
-
-
-def nsx(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return sh("ip", "netns", "exec", NS[ns], *args, check=check)
-
-
 @pytest.fixture(scope="module")
 def topo():
     """Namespaces and veth pairs; torn down afterwards whatever happened."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
-    try:
-        for ns in NS.values():
-            sh("ip", "netns", "add", ns)
+    with contextlib.ExitStack() as stack:
+        n = {k: stack.enter_context(Netns.create(ns)) for k, ns in NS.items()}  # loopback up, IPv6 off
         links = [("c", "0", "10.88.0"), ("a", "1", "10.88.1"), ("b", "2", "10.88.2")]
         for peer, port, net in links:
             pdev, kdev = f"eT{peer}{TAG}", f"eTk{port}{TAG}"
-            sh("ip", "link", "add", pdev, "netns", NS[peer], "address", MAC[peer], "type", "veth",
-               "peer", "name", kdev, "netns", NS["k"])
-            nsx(peer, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-            nsx(peer, "ip", "addr", "add", f"{net}.2/24", "dev", pdev)
-            nsx(peer, "ip", "link", "set", pdev, "up")
-            nsx(peer, "ip", "link", "set", "lo", "up")
-            nsx(peer, "ip", "route", "add", "default", "via", f"{net}.1")
+            n[peer].veth(pdev, kdev, peer_ns=NS["k"], mac=MAC[peer])
+            n[peer].add_address(pdev, f"{net}.2/24")
+            n[peer].link_up(pdev)
+            n[peer].default_route(pdev, f"{net}.1")
             # full checksums in the frames (a veth otherwise leaves them to "hardware")
-            nsx(peer, "ethtool", "-K", pdev, "tx", "off", "rx", "off", check=False)
-        nsx("k", "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+            n[peer].offloads_off(pdev, each=True)
         for port in "012":
-            nsx("k", "ip", "link", "set", f"eTk{port}{TAG}", "up")
-            nsx("k", "ethtool", "-K", f"eTk{port}{TAG}", "tx", "off", "rx", "off", check=False)
+            n["k"].link_up(f"eTk{port}{TAG}")
+            n["k"].offloads_off(f"eTk{port}{TAG}", each=True)
         yield NS
-    finally:
-        for ns in NS.values():
-            sh("ip", "netns", "del", ns, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +164,8 @@ def live(topo, card_bin, tmp_path_factory):
         card.call("client_add", client=1, port=0, mac=MAC["c"], ip="10.88.0.2", udp_port=40000)
         for s, ns in enumerate("ab"):
             log = open(d / f"s{s}.log", "wb")
-            p = subprocess.Popen(["ip", "netns", "exec", topo[ns], sys.executable, "-m", "embnic", "server",
-                                  "--shard", str(s), "--config", str(cfg), "--bind", f"10.88.{s + 1}.2"],
+            p = subprocess.Popen(exec_argv(topo[ns], [sys.executable, "-m", "embnic", "server", "--shard", str(s),
+                                                      "--config", str(cfg), "--bind", f"10.88.{s + 1}.2"]),
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             servers.append((p, log, d / f"s{s}.log"))
         deadline = time.monotonic() + 60
@@ -193,7 +176,7 @@ def live(topo, card_bin, tmp_path_factory):
                 time.sleep(0.1)
         script = d / "client.py"
         script.write_text(CLIENT)
-        r = subprocess.run(["ip", "netns", "exec", topo["c"], sys.executable, str(script), str(cfg)],
+        r = subprocess.run(exec_argv(topo["c"], [sys.executable, str(script), str(cfg)]),
                            capture_output=True, text=True, timeout=240)
         assert r.returncode == 0, (f"client failed:\n{r.stderr[-3000:]}\ncard counters: "
                                    f"{json.dumps(card.counters())}\ncard log: {card.log()[-1500:]}")

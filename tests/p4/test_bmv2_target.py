@@ -18,7 +18,9 @@ from click.testing import CliRunner
 from embnic.client_lib import codec
 from embnic.client_lib.consts import NO_TABLE, DType, MsgType
 from embnic.client_lib.protocol import Embnic
+from embnic.control import netns
 from embnic.control.cli import cli
+from embnic.control.netns import Netns, exec_argv
 
 TAG = f"{os.getpid() % 100000}"
 CARD_MACS = ("02:cc:00:00:00:10", "02:cc:00:00:00:11")
@@ -78,23 +80,21 @@ def wiring(bmv2_ready):
     made = []
     try:
         for peer, card, ns, addr, gw, mac, card_mac in links:
-            sh("ip", "netns", "add", ns)
-            made.append(ns)
-            sh("ip", "link", "add", peer, "address", mac, "type", "veth", "peer", "name", card)
-            sh("ip", "link", "set", peer, "netns", ns)
-            for cmd in (["ip", "link", "set", "lo", "up"], ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
-                        ["ip", "addr", "add", addr, "dev", peer], ["ip", "link", "set", peer, "up"],
-                        ["ethtool", "-K", peer, "tx", "off", "rx", "off"],
-                        ["ip", "route", "add", "default", "via", gw],
-                        ["ip", "neigh", "replace", gw, "lladdr", card_mac, "dev", peer, "nud", "permanent"]):
-                sh("ip", "netns", "exec", ns, *cmd)
-            sh("ethtool", "-K", card, "tx", "off", "rx", "off")
+            n = Netns.create(ns)  # loopback up, IPv6 off
+            made.append(n)
+            netns.veth(card, peer, peer_ns=ns, peer_mac=mac)  # the card's end here, in the root namespace
+            n.add_address(peer, addr)
+            n.link_up(peer)
+            n.offloads_off(peer)
+            n.default_route(peer, gw)
+            n.neigh_permanent(peer, gw, card_mac)
+            netns.run(["ethtool", "-K", card, "tx", "off", "rx", "off"])
         yield {"client_ns": cns, "shard_ns": sns, "ifaces": [links[0][1], links[1][1]]}
     finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for n in made:
+            n.delete()
         for _, card, *_ in links:
-            subprocess.run(["ip", "link", "del", card], capture_output=True)
+            netns.ip("link", "del", card, check=False)
 
 
 SHARD_PY = """
@@ -135,7 +135,7 @@ def test_load_lookup_status_unload(wiring, channel_env, tmp_path, monkeypatch):
                                                   "card_port_by_ingress": 2, "source_by_egress_port": 2}
             assert (tmp_path / "run" / f"{name}.p4rt").is_socket()
         # Thrift listens on every address of the switch's namespace: there is only loopback
-        addrs = sh("ip", "netns", "exec", st["netns"], "ip", "-o", "addr", "show").split("\n")
+        addrs = Netns(st["netns"]).ip("-o", "addr", "show").stdout.split("\n")
         assert {ln.split()[1] for ln in addrs if ln.strip()} == {"lo"}, addrs
         # pipeline status asks the bmv2 target (it has no control socket): running, its log and ports
         ps = runner.invoke(cli, ["pipeline", "status", "--name", name])
@@ -153,11 +153,11 @@ def test_load_lookup_status_unload(wiring, channel_env, tmp_path, monkeypatch):
         (req,) = codec.encode_lookup(msg_id=42, client_id=1, shard_id=0, directory=d, keys=[7, 8, 9])
         (rep,) = codec.encode_reply(codec.parse_header(req), MsgType.LOOKUP_REPLY, shard_id=0, body=b"r" * 18)
         assert bytes(Embnic(req)).hex() == req.hex() and Embnic(rep).value_len == 18 == len(rep) - 44
-        shard = subprocess.Popen(["ip", "netns", "exec", wiring["shard_ns"], "python3", "-c", SHARD_PY, rep.hex()],
+        shard = subprocess.Popen(exec_argv(wiring["shard_ns"], ["python3", "-c", SHARD_PY, rep.hex()]),
                                  stdout=subprocess.PIPE, text=True)
         assert shard.stdout.readline().strip() == "ready"
-        client = subprocess.run(["ip", "netns", "exec", wiring["client_ns"], "python3", "-c", CLIENT_PY,
-                                 req.hex()], capture_output=True, text=True, timeout=60)
+        client = subprocess.run(exec_argv(wiring["client_ns"], ["python3", "-c", CLIENT_PY, req.hex()]),
+                                capture_output=True, text=True, timeout=60)
         got_req = shard.stdout.readline().split()
         shard.wait(30)
         assert got_req == ["10.88.1.1", "7878", req.hex()]
@@ -270,17 +270,12 @@ def test_runtime_route_and_client_changes_keep_switch_up(wiring, channel_env, tm
 def addressed_netns():
     """A namespace holding a veth pair, both ends up with IPv6 on (link-local addresses)."""
     ns = f"e12v{TAG}"
-    sh("ip", "netns", "add", ns)
-    try:
-        sh("ip", "-n", ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1")
-        for cmd in (["sysctl", "-qw", "net.ipv6.conf.v0.disable_ipv6=0"],
-                    ["sysctl", "-qw", "net.ipv6.conf.v1.disable_ipv6=0"],
-                    ["ip", "link", "set", "v0", "up"], ["ip", "link", "set", "v1", "up"],
-                    ["ip", "-6", "addr", "add", "fe80::e12:1/64", "dev", "v0", "scope", "link", "nodad"]):
-            sh("ip", "netns", "exec", ns, *cmd)
+    with Netns.create(ns, ipv6=True) as n:
+        n.veth("v0", "v1")
+        for dev in ("v0", "v1"):
+            n.link_up(dev)
+        n.ip("-6", "addr", "add", "fe80::e12:1/64", "dev", "v0", "scope", "link", "nodad")
         yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def test_given_netns_link_local_is_turned_off_other_addresses_refused_at_once(bmv2_ready, addressed_netns,

@@ -25,6 +25,7 @@ from embnic.control.cli import cli
 from embnic.control.targets.dpdk.process import CardProcess
 from embnic.control.targets.dpdk.process import DpdkProcError
 from embnic.control.targets.dpdk.xdp import AF_XDP_MAX_FRAME, AF_XDP_MAX_MTU, PMD_MAX_RX_PKTLEN, VETH_XDP_MAX_MTU
+from embnic.control.netns import Netns
 from embnic.testbed.net import netem as N
 from embnic.testbed.net import topology as T
 from embnic.testbed.net.wiring import card_vdev, check_pmd
@@ -105,18 +106,13 @@ def _arp_reply_through_qdisc(card_bin, pmd: str, tag: str) -> tuple[int, str | N
     the kernel asks by ARP and the card answers. Returns (frames the card's end's qdisc sent,
     the frames the card counted sent meanwhile)."""
     ns, a, b = f"enQ{tag}", f"eQa{tag}", f"eQb{tag}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
+    nsx = Netns.create(ns)  # IPv6 off: no router solicitations or MLD reports of the kernel's own
     card = None
     try:
-        for key in ("all", "default"):  # no IPv6 router solicitations or MLD reports of the kernel's own
-            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"],
-                           check=True)
-        run = lambda *c: subprocess.run(["ip", "-n", ns, *c], check=True, capture_output=True)  # noqa: E731
-        run("link", "add", a, "type", "veth", "peer", "name", b)
+        nsx.veth(a, b)
         for dev in (a, b):
-            run("link", "set", dev, "up")
-        run("addr", "add", "10.97.0.2/30", "dev", b)
-        run("link", "set", "lo", "up")
+            nsx.link_up(dev)
+        nsx.add_address(b, "10.97.0.2/30")
         run_q = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", a, "root", "pfifo", "limit", "100"],
                                capture_output=True, text=True)
         if run_q.returncode != 0:
@@ -148,7 +144,7 @@ def _arp_reply_through_qdisc(card_bin, pmd: str, tag: str) -> tuple[int, str | N
         if card is not None:
             card.stop()
             card.cleanup()
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        nsx.delete()
 
 
 @needs_root
@@ -224,13 +220,10 @@ def test_af_xdp_card_refuses_the_next_mtu_up():
     card_bin = build_dataplane()
     tag = f"{os.getpid() % 100000}"
     ns, a, b = f"enU{tag}", f"eUa{tag}", f"eUb{tag}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        run = lambda *c: subprocess.run(["ip", "-n", ns, *c], check=True, capture_output=True)  # noqa: E731
-        run("link", "add", a, "mtu", str(AF_XDP_MAX_MTU), "type", "veth", "peer", "name", b,
-            "mtu", str(AF_XDP_MAX_MTU))
+    with Netns.create(ns) as nsx:
+        nsx.veth(a, b, mtu=AF_XDP_MAX_MTU)
         for dev in (a, b):
-            run("link", "set", dev, "up")
+            nsx.link_up(dev)
         card = CardProcess(card_bin, [card_vdev("af_xdp", 0, a, AF_XDP_MAX_MTU)], port_ips={0: "10.98.0.1"},
                            netns=ns, args=["--mtu", str(AF_XDP_MAX_MTU + 1)])
         with pytest.raises(DpdkProcError) as e:
@@ -247,5 +240,3 @@ def test_af_xdp_card_refuses_the_next_mtu_up():
         finally:
             card.stop()
             card.cleanup()
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
