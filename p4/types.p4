@@ -108,6 +108,7 @@ const bit<8> STATE_REPLYING  = 3;       /* some reply fragments passed */
 
 /* Sizes */
 const bit<32> STATE_SLOTS = 4096;       /* state map slots (power of two) */
+const bit<8>  STATE_SLOT_BITS = 12;    /* log2(STATE_SLOTS) */
 /* a message's fragment bitmap: EMBNIC_MAX_FRAGS bits as FRAG_WORDS registers of 64 bits
  * (register cell (slot << FRAG_WORD_SHIFT) | (frag_index >> 6), bit frag_index & 63) */
 const bit<32> FRAG_WORDS = 4;

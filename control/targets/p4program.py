@@ -219,7 +219,8 @@ def state_slot(client_id: int, msg_id: int, arch: str = "v1model", slots: int | 
       ``HashAlgorithm.crc32``);
     * ``pna``: the SWX pipeline's ``crc32`` (:func:`crc32c_raw`, seed 0) over the 6 bytes
       p4c-dpdk copies the two fields into — its metadata, host order: ``le16 client_id ++
-      le32 msg_id`` — masked to STATE_SLOTS (a power of two).
+      le32 msg_id`` — its top log2(STATE_SLOTS) bits (STATE_SLOTS a power of two; the low
+      bits of this CRC over consecutive msg_ids reach only half the slots).
 
     Raises:
         ValueError: an unknown ``arch``, or ids that do not fit 16/32 bits.
@@ -233,5 +234,5 @@ def state_slot(client_id: int, msg_id: int, arch: str = "v1model", slots: int | 
     if arch == "v1model":
         return zlib.crc32(struct.pack(">HI", client_id, msg_id)) % slots
     if arch == "pna":
-        return crc32c_raw(struct.pack("<HI", client_id, msg_id)) & (slots - 1)
+        return crc32c_raw(struct.pack("<HI", client_id, msg_id)) >> (33 - slots.bit_length())
     raise ValueError(f"unknown architecture {arch!r} (v1model, pna)")

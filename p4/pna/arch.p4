@@ -15,8 +15,11 @@
  *                  the default one's counting the misses (p4c-dpdk requires it)
  *   slot hash      Hash(PNA_HashAlgorithm_t.CRC32): the SWX pipeline's crc32,
  *                  DPDK's rte_hash_crc — CRC-32C (Castagnoli), not zlib's
- *                  CRC-32 — over the 6 bytes p4c-dpdk lays the two fields out
- *                  in (its metadata: little-endian), modulo STATE_SLOTS;
+ *                  CRC-32, and no final XOR — over the 6 bytes p4c-dpdk lays the
+ *                  two fields out in (its metadata: little-endian); the slot is
+ *                  its top STATE_SLOT_BITS bits: its low 12 bits over
+ *                  consecutive msg_ids reach only half the slots (a CRC is
+ *                  linear; that 12 x 12 map has rank 11), the top 12 nearly all;
  *                  embnic.control.targets.p4program.state_slot(..., arch="pna") computes it
  *
  * The pseudo-headers (the SWX pipeline has no frame length, no input
@@ -65,6 +68,6 @@ header embnic_tx_meta_t {
 
 #define EMBNIC_SLOT_HASH_UNIT Hash<bit<32>>(PNA_HashAlgorithm_t.CRC32) slot_hash;
 #define EMBNIC_SLOT_HASH(dst, client, msg) \
-    dst = slot_hash.get_hash((bit<32>)0, { client, msg }, STATE_SLOTS)
+    dst = slot_hash.get_hash({ client, msg }) >> (32 - STATE_SLOT_BITS)
 
 #endif /* EMBNIC_ARCH_PNA_P4 */

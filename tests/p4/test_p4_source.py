@@ -212,7 +212,13 @@ def test_state_slot_per_architecture():
     assert p4prog.state_slot(1, 1001) == zlib.crc32(bytes([0, 1, 0, 0, 3, 0xE9])) % 4096
     # the CRC-32C check value (RFC 3720) from the raw function: init ~0, final XOR ~0
     assert p4prog.crc32c_raw(b"123456789", 0xFFFFFFFF) ^ 0xFFFFFFFF == 0xE3069283
-    assert p4prog.state_slot(1, 1001, arch="pna") == p4prog.crc32c_raw(struct.pack("<HI", 1, 1001)) & 4095
+    assert p4prog.state_slot(1, 1001, arch="pna") == p4prog.crc32c_raw(struct.pack("<HI", 1, 1001)) >> 20
+    # the top bits: consecutive msg_ids of a client spread over the slots (the low 12 bits of this
+    # CRC reach exactly half of them: 2048)
+    c = p4prog.constants()
+    assert c["STATE_SLOTS"] == 1 << c["STATE_SLOT_BITS"]
+    assert len({p4prog.state_slot(1, m, arch="pna") for m in range(1000, 5096)}) > 4000
+    assert len({p4prog.crc32c_raw(struct.pack("<HI", 1, m)) & 4095 for m in range(1000, 5096)}) == 2048
     assert p4prog.state_slot(1, 1001, arch="pna") != p4prog.state_slot(1, 1001)
     with pytest.raises(ValueError, match="unknown architecture"):
         p4prog.state_slot(1, 1, arch="tna")
