@@ -2,11 +2,12 @@
  *
  * StateMap: every message in flight, in register arrays indexed by a slot
  *
- *     home = crc32(client_id ++ msg_id) mod STATE_SLOTS,  slot = home or home ^ 1
+ *     home = crc32(client_id ++ msg_id) to STATE_SLOT_BITS bits,  slot = home or home ^ 1
  *
  * (the architecture's CRC hash, EMBNIC_SLOT_HASH: zlib's CRC-32 over the
- * 6 bytes client_id (big-endian u16) ++ msg_id (big-endian u32) on
- * v1model, DPDK's CRC-32C on PNA, p4/pna/arch.p4; the control plane
+ * 6 bytes client_id (big-endian u16) ++ msg_id (big-endian u32), mod
+ * STATE_SLOTS, on v1model; DPDK's CRC-32C, its top bits, on PNA,
+ * p4/pna/arch.p4; the control plane
  * computes the same home slot in Python). Two ways: a message takes its
  * home slot, or the neighbour when another message holds the home slot (a
  * frame of it looks in both). A slot holds the full (client_id, msg_id), so
