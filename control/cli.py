@@ -1,6 +1,6 @@
 """The ``embnic`` command line: a thin click group; one module per noun registers its commands.
 
-Only this module and the command modules (``cmd_*.py``) know click. Library code raises the
+Only this module and the command modules (``commands/``) know click. Library code raises the
 plain errors of :mod:`embnic.control.errors`; :func:`to_click` is the one place they become
 click errors and exit codes (docs/cli.md "Errors and exit codes"):
 
