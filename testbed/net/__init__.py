@@ -3,7 +3,7 @@ by :mod:`embnic.control.netns`).
 
 - :mod:`.wiring` — the declared topology: nodes, links, names, MACs and addresses from a cluster config;
 - :mod:`.procs` — the testbed's errors, its root check, stopping recorded processes, log tails;
-- :mod:`.state` — the state file ``RUN_DIR/testbed-NAME.json`` and dead-node reports;
+- :mod:`.statefile` — the state file ``RUN_DIR/testbed-NAME.json`` and dead-node reports;
 - :mod:`.toml_writer` — the effective config the testbed writes for every node;
 - :mod:`.probe` — the key a readiness probe asks each shard for;
 - :mod:`.topology` — the lifecycle: up (namespaces, links, shards, card, probe), status;

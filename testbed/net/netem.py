@@ -76,7 +76,7 @@ from embnic.control.runstate import proc_starttime, run_dir
 
 from . import bpf_loss
 from .procs import TestbedError, log_tail, require_net_admin, stop_process
-from .state import node_dir, save_testbed_state, testbed_state
+from .statefile import node_dir, save_testbed_state, testbed_state
 
 BACKENDS = ("auto", "tc", "bpf", "user")
 

@@ -20,7 +20,7 @@ from embnic.control import netns
 from embnic.control.netns import netns_exists, netns_list, netns_pids
 
 from .procs import require_net_admin, stop_process
-from .state import card_pipeline_name, loaded_card, node_dir, state_path, testbed_state
+from .statefile import card_pipeline_name, loaded_card, node_dir, state_path, testbed_state
 from .wiring import card_file_prefix
 
 __all__ = ["down"]

@@ -76,7 +76,7 @@ from embnic.control.runstate import state_path as runstate_path
 from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
 
 from .procs import NeedsRoot, TestbedError, _reap, log_tail, require_net_admin, stop_process
-from .state import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
+from .statefile import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
                     save_testbed_state, state_path, testbed_state)
 from .probe import _status_name, probe_key
 from .teardown import down

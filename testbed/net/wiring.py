@@ -17,7 +17,7 @@ from embnic.control.targets.dpdk.process import eal_argv
 from embnic.control.errors import UsageError
 from embnic.control.targets.dpdk.xdp import AF_XDP_MAX_FRAME, PMDS, VETH_XDP_MAX_MTU
 
-from .state import card_pipeline_name
+from .statefile import card_pipeline_name
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
 DEFAULT_NAME = "emb"
