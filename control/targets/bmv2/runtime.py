@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from embnic.control.targets import p4program as p4prog
+from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decode_state_map
 from embnic.control.targets.bmv2.switch import EGRESS_QUEUE_DEPTH, Bmv2Error, SimpleSwitch
 from embnic.control.targets.bmv2.p4runtime import TableEntry
 
@@ -269,21 +270,13 @@ def read_counters(sw: SimpleSwitch, nb_ports: int, shards: Iterable[int] = ()) -
     }
 
 
-#: the state map's registers, in the order :func:`read_state_map` reads them
-STATE_REGISTERS = ("slot_state", "slot_key", "slot_request_info", "slot_shard", "slot_msg_len",
-                   "slot_num_keys", "slot_value_len", "slot_frames_in", "slot_frames_out", "slot_bytes_in", "slot_bytes_out",
-                   "slot_first_us", "slot_last_us")
-#: slot_state values (p4/types.p4 STATE_*), named as docs/control-socket.md names them
-STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded", 3: "replying"}
-
-
 def read_state_map(sw: SimpleSwitch) -> list[dict]:
     """Live entries of the state map: ``[{slot, client_id, msg_id, state, msg_type, shard_id,
-    num_tables, num_keys, value_len, frag_count, msg_len, frames_in, frames_out, bytes_in,
-    bytes_out, first_us, last_us}]``, by slot: the request's header fields the card keeps
-    (protocol v2: ``value_len`` is the length its LOOKUP_REPLY must have). Expired entries a
-    frame has not touched yet are included (BMv2 has no timer); ``last_us`` says how old they
-    are.
+    num_tables, num_keys, value_len, frag_count, msg_len, frags_in, frags_out, frames_in,
+    frames_out, bytes_in, bytes_out, first_us, last_us}]`` by slot
+    (:func:`p4program.decode_state_map`): the request's header fields the card keeps (protocol
+    v2: ``value_len`` is the length its LOOKUP_REPLY must have). Expired entries a frame has not
+    touched yet are included (BMv2 has no timer); ``last_us`` says how old they are.
 
     Raises:
         Bmv2Error: a register missing from the CLI's output (another program loaded).
@@ -292,27 +285,9 @@ def read_state_map(sw: SimpleSwitch) -> list[dict]:
     missing = [r for r in STATE_REGISTERS if r not in regs]
     if missing:
         raise Bmv2Error(f"registers {missing} missing from simple_switch_CLI output")
-    out = []
-    for s, st in enumerate(regs["slot_state"]):
-        if st == 0:
-            continue
-        key, req = regs["slot_key"][s], regs["slot_request_info"][s]
-        out.append({
-            "slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF,
-            "state": STATE_NAMES.get(st, str(st)),
-            "msg_type": req >> 32, "shard_id": regs["slot_shard"][s], "num_tables": (req >> 16) & 0xFFFF,
-            "num_keys": regs["slot_num_keys"][s], "value_len": regs["slot_value_len"][s],
-            "frag_count": req & 0xFFFF, "msg_len": regs["slot_msg_len"][s],
-            "frames_in": regs["slot_frames_in"][s], "frames_out": regs["slot_frames_out"][s],
-            "bytes_in": regs["slot_bytes_in"][s], "bytes_out": regs["slot_bytes_out"][s],
-            "first_us": regs["slot_first_us"][s], "last_us": regs["slot_last_us"][s],
-        })
-    return out
+    return decode_state_map(regs)
 
 
-#: the header ring's per-field registers (p4/header_ring.p4), in the order of a ring entry
-RING_FIELDS = ("msg_type", "flags", "msg_id", "client_id", "shard_id", "num_tables", "table_id", "num_keys",
-               "value_len", "msg_len", "frag_index", "frag_count", "frag_len", "ingress_port", "time_us")
 
 
 def read_ring(sw: SimpleSwitch, last: int) -> list[dict]:

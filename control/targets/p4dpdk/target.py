@@ -32,7 +32,8 @@ from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.client_lib.consts import REPLY_TYPES, MsgType
 from embnic.control.targets.p4dpdk import swx as p4dpdk
 from embnic.control.targets import p4program as p4prog
-from embnic.control.ctlsock import CtlClient, CtlCommandError, CtlError
+from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decode_state_map
+from embnic.control.ctlsock import CtlClient
 from embnic.control.targets.dpdk.process import DpdkProcess
 from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state, require_netns,
@@ -40,15 +41,6 @@ from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, re
 from embnic.control.targets.base import Entry, describe_state
 from embnic.control.targets.dpdk.target import DpdkTarget
 
-#: slot_state values (p4/types.p4 STATE_*), named as docs/control-socket.md names them
-STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded", 3: "replying"}
-#: the state map's registers read for a dump, each STATE_SLOTS cells
-STATE_REGISTERS = ("slot_state", "slot_key", "slot_request_info", "slot_shard", "slot_msg_len", "slot_num_keys",
-                   "slot_value_len", "slot_frags_in", "slot_frags_out", "slot_frames_in", "slot_frames_out",
-                   "slot_bytes_in", "slot_bytes_out", "slot_first_us", "slot_last_us")
-#: the header ring's per-field registers (p4/header_ring.p4), in the order of a ring entry
-RING_FIELDS = ("msg_type", "flags", "msg_id", "client_id", "shard_id", "num_tables", "table_id", "num_keys",
-               "value_len", "msg_len", "frag_index", "frag_count", "frag_len", "ingress_port", "time_us")
 
 
 def _ip_int(ip: str) -> int:
@@ -84,29 +76,6 @@ def parse_table_dump(entries: Sequence[str]) -> list[dict]:
         rest = w[a + 2:]
         params = {rest[i]: int(rest[i + 1], 0) for i in range(0, len(rest) - 1, 2)}
         out.append({"key": key, "action": w[a + 1], "params": params})
-    return out
-
-
-def decode_state_map(regs: dict[str, list[int]]) -> list[dict]:
-    """Live entries of the state map from its registers (:data:`STATE_REGISTERS`, each a list of
-    STATE_SLOTS cells): ``[{slot, client_id, msg_id, state, msg_type, shard_id, num_tables,
-    num_keys, value_len, frag_count, msg_len, frags_in, frags_out, frames_in, frames_out,
-    bytes_in, bytes_out, first_us, last_us}]`` by slot, free slots left out."""
-    out = []
-    for s, st in enumerate(regs["slot_state"]):
-        if st == 0:
-            continue
-        key, req = regs["slot_key"][s], regs["slot_request_info"][s]
-        out.append({
-            "slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF, "state": STATE_NAMES.get(st, str(st)),
-            "msg_type": req >> 32, "shard_id": regs["slot_shard"][s], "num_tables": (req >> 16) & 0xFFFF,
-            "num_keys": regs["slot_num_keys"][s], "value_len": regs["slot_value_len"][s],
-            "frag_count": req & 0xFFFF, "msg_len": regs["slot_msg_len"][s],
-            "frags_in": regs["slot_frags_in"][s], "frags_out": regs["slot_frags_out"][s],
-            "frames_in": regs["slot_frames_in"][s], "frames_out": regs["slot_frames_out"][s],
-            "bytes_in": regs["slot_bytes_in"][s], "bytes_out": regs["slot_bytes_out"][s],
-            "first_us": regs["slot_first_us"][s], "last_us": regs["slot_last_us"][s],
-        })
     return out
 
 
