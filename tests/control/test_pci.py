@@ -18,7 +18,6 @@ from embnic.control.errors import OperationalError, UsageError
 from embnic.control.runstate import pid_matches, read_state
 from embnic.control.targets.dpdk.target import DpdkTarget
 
-from conftest import CARD_TOML
 
 A, B = "0000:3b:00.0", "0000:3b:00.1"
 
@@ -47,7 +46,8 @@ def test_eal_arguments_for_pci_devices():
                                                           "-a", A, "--vdev", "net_null0"]
 
 
-def test_target_takes_pci_from_the_config_or_the_option(tmp_path):
+def test_target_takes_pci_from_the_config_or_the_option(tmp_path, card_config):
+    CARD_TOML = card_config.read_text()
     p = tmp_path / "c.toml"
     p.write_text(CARD_TOML.replace('lcores = "0"', f'lcores = "0"\npci = ["3b:00.0", "{B}"]'))
     cfg = load_config(p)
@@ -91,10 +91,10 @@ def test_driver_check(tmp_path, driver, problem):
     assert "no free hugepages" in P.hugepages_problem(root) and "--no-hugepages" in P.hugepages_problem(root)
 
 
-def test_load_refuses_before_starting_anything(tmp_path, monkeypatch):
+def test_load_refuses_before_starting_anything(tmp_path, monkeypatch, card_config):
     """Missing device, a kernel-bound device, no hugepages: OperationalError with the fix, and no
     process started (no state file)."""
-    cfg = load_config(_cfg(tmp_path))
+    cfg = load_config(card_config)
     run = tmp_path / "run"
     for devices, hp, msg in (({}, 512, f"no PCI device {A}"),
                              ({A: "i40e", B: "vfio-pci"}, 512, f"dpdk-devbind.py -b vfio-pci {A}"),
@@ -107,20 +107,15 @@ def test_load_refuses_before_starting_anything(tmp_path, monkeypatch):
         assert read_state(run, "x") is None
 
 
-def _cfg(tmp_path) -> Path:
-    p = tmp_path / "card.toml"
-    p.write_text(CARD_TOML)
-    return p
 
-
-def test_cli_load_with_pci(invoke, env, fake_dp_factory, tmp_path, monkeypatch):
+def test_cli_load_with_pci(invoke, env, fake_dp_factory, tmp_path, monkeypatch, card_config):
     """`pipeline load --pci` with the stand-in embnic-dp: refused in one line naming the fix while
     the device is on its kernel driver; once bound to vfio-pci it loads with -a BDF, hugepages,
     the PCI device as DPDK port 0."""
     if os.geteuid() != 0:
         monkeypatch.setattr(DpdkTarget, "NEEDS_ROOT", False)
     dp = fake_dp_factory()
-    cfgp = _cfg(tmp_path)
+    cfgp = card_config
     root = fake_sysfs(tmp_path / "sys", {A: "ice"})
     monkeypatch.setenv("EMBNIC_SYSFS_ROOT", str(root))
     args = ["pipeline", "load", "-c", cfgp, "--binary", dp, "--pci", "3b:00.0", "--vdev", "net_ring1",
