@@ -212,7 +212,7 @@ class CardCollector:
     """A prometheus_client collector of one loaded pipeline: every scrape reads the card.
 
     Args:
-        target: a :class:`~embnic.control.targets.base.Target` of a loaded pipeline (dpdk or bmv2).
+        target: a :class:`~embnic.control.targets.base.Target` of a loaded pipeline (dpdk, bmv2 or p4dpdk).
         describe_target: ``{"target": "dpdk", "pipeline": "embnic"}``: the labels of
             ``embnic_card_info``.
 

@@ -41,7 +41,8 @@ from embnic.control.errors import MissingDependencyError
               help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
                    "(needs the embnic[torch] extra).")
 @click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
-              help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch, p4/).")
+              help="The card: dpdk (embnic-dp), bmv2 (the P4 program on simple_switch, p4/) or p4dpdk "
+                   "(the P4 program for PNA in DPDK's SWX pipeline, embnic-swx).")
 @pmd_option
 @needs_root("demo")
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,

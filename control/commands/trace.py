@@ -93,7 +93,8 @@ def _check_pcap(ctx, param, value):
               help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
-              help="The card: dpdk (embnic-dp) or bmv2 (the P4 program on simple_switch).")
+              help="The card: dpdk (embnic-dp), bmv2 (the P4 program on simple_switch, p4/) or p4dpdk "
+                   "(the P4 program for PNA in DPDK's SWX pipeline, embnic-swx).")
 @needs_root("replay")
 def replay_cmd(pcap, config, rate, topspeed, out, wait_s, name, force, progress, target):
     """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
