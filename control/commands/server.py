@@ -6,42 +6,42 @@ import logging
 import click
 
 from embnic.control.errors import OperationalError
-from embnic.control.commands.options import IPV4, config_option, load_cluster
+from embnic.control.commands.options import config_option, load_cluster
 
 
 @click.command("server")
 @click.option("--shard", "shard_id", type=click.IntRange(0, 0xFFFF), required=True,
               help="Id of the shard to serve (one of the config's [[shards]]).")
 @config_option(required=True)
-@click.option("--bind", type=IPV4, default=None,
+@click.option("--bind", default=None,
               help="IPv4 address to listen on (default: the shard's ip in the config).")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
+@click.option("--port", type=int, default=None,
               help="UDP port (default: the shard's port in the config; 0 picks a free one).")
-@click.option("--dedup-window", type=click.IntRange(min=1), default=65536, show_default=True,
+@click.option("--dedup-window", type=int, default=65536, show_default=True,
               help="Applied updates remembered to apply each exactly once.")
 @click.option("--engine", type=click.Choice(["batch", "reference"]), default="batch", show_default=True,
               help="batch: many datagrams and messages per wake-up (recvmmsg/sendmmsg, numpy); reference: "
                    "the readable one-datagram-at-a-time asyncio server. Same replies and numerics.")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+@click.option("--workers", type=int, default=1, show_default=True,
               help="Worker processes behind the one address (batch engine): every table's rows are split over "
                    "them by id range; a message is answered by worker (client_id + msg_id) % N, which asks "
                    "the others for their rows (docs/server.md, 'Workers').")
 @click.option("--fixed-length", is_flag=True,
               help="Fixed-length baseline: data requests must be announced by a SIZE_REQ of their client "
                    "(docs/protocol.md, 'Size messages'); unannounced ones are dropped and counted.")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--checkpoint-dir", metavar="DIR", default=None,
               help="Keep a write-ahead log and checkpoints in DIR/shard-<id>: an update is acknowledged only "
                    "once it is on disk (one fdatasync per wake-up). SIGUSR1 writes a checkpoint now.")
-@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--checkpoint-every", type=int, default=0, show_default=True,
               help="Checkpoint after this many logged updates (0: only on SIGUSR1); the log is cut behind it.")
-@click.option("--restore", type=click.Path(file_okay=False, exists=True), default=None,
+@click.option("--restore", metavar="DIR", default=None,
               help="Before serving, load DIR/shard-<id>'s latest checkpoint and replay its log (a bad log tail "
                    "is reported and cut off); the log continues there unless --checkpoint-dir says otherwise.")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+@click.option("--metrics-port", type=int, default=None,
               help="Serve Prometheus metrics on this TCP port (GET /metrics): requests and replies by type, "
                    "errors by status, drops, rows held, exactly-once duplicates, the write-ahead log, the "
                    "service time histogram; a --workers shard as one target (docs/server.md, 'Metrics').")
-@click.option("--metrics-bind", type=IPV4, default="0.0.0.0", show_default=True,
+@click.option("--metrics-bind", default="0.0.0.0", show_default=True,
               help="Address of the metrics endpoint.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
@@ -64,19 +64,19 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
       embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
       embnic server --shard 0 -c examples/cluster.toml --workers 2 --metrics-port 9465
     """
-    if workers > 1 and engine != "batch":
-        raise click.UsageError("--workers needs --engine batch")
-    if workers > 1 and fixed_length:
-        raise click.UsageError("--fixed-length needs one worker (--workers 1)")
-    if workers > 1 and (checkpoint_dir or restore):
-        raise click.UsageError("--checkpoint-dir/--restore need --workers 1 (one log per shard process)")
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
     cfg = load_cluster(config)
-    ids = [s.id for s in cfg.shards]
-    if shard_id not in ids:
-        raise click.UsageError(f"no shard {shard_id} in {config} (shards: {', '.join(map(str, ids))})")
-    from embnic.testbed.server.durability import DurabilityError, restorable, shard_dir
+    from embnic.testbed.server.foreground import ServerOptionError, check_server_options
+
+    try:  # the one set of checks, shared with python -m embnic.testbed.server
+        check_server_options(cfg, shard_id, config_name=config, bind=bind, port=port, dedup_window=dedup_window,
+                             engine=engine, workers=workers, fixed_length=fixed_length,
+                             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, restore=restore,
+                             metrics_port=metrics_port, metrics_bind=metrics_bind)
+    except ServerOptionError as e:
+        raise click.UsageError(str(e)) from None
+    from embnic.testbed.server.durability import DurabilityError
     from embnic.testbed.server.stores import StoreSetupError, disk_tables, load_diskstore
 
     from embnic.control.commands.tables import store_error
@@ -87,21 +87,6 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
         except StoreSetupError as e:
             raise store_error(e) from None
 
-    sd = None if restore is None else shard_dir(restore, shard_id)
-    if sd is not None and not sd.is_dir():
-        raise click.UsageError(
-            f"--restore {restore}: no {sd.name}/ in it (nothing of shard {shard_id} to "
-            "restore): give the directory this shard ran with --checkpoint-dir, or one `embnic tables import` "
-            "filled; start without --restore for fresh rows")
-    if sd is not None and not restorable(sd):
-        # nothing a restore reads, yet the folder is there: refuse rather than start fresh rows and a
-        # new log among files of unknown origin (found by a new-user trial)
-        others = sorted(p.name for p in sd.iterdir())
-        what = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "") if others else "nothing"
-        raise click.UsageError(
-            f"--restore {restore}: {sd} holds no checkpoint (ckpt-*.npz) or write-ahead log (wal-*.log) "
-            f"(it holds {what}): give the directory this shard ran with --checkpoint-dir; start without "
-            "--restore for fresh rows")
     from embnic.testbed.server.foreground import LOG_FORMAT, bind_error_message, run_server
 
     me = cfg.shard(shard_id)

@@ -14,16 +14,28 @@ import sys
 from embnic.client_lib.config import ConfigError, load_config
 from embnic.control.errors import ControlError
 from embnic.testbed.server.durability import DurabilityError
-from embnic.testbed.server.foreground import LOG_FORMAT, bind_error_message, run_server
+from embnic.testbed.server.foreground import (LOG_FORMAT, ServerOptionError, bind_error_message,
+                                              check_server_options, run_server)
 from embnic.testbed.server.stores import StoreDependencyError, StoreSetupError
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line plus a hint (not argparse's whole usage), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\nTry '{self.prog} --help' for the options.\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the shard; returns the exit code."""
-    ap = argparse.ArgumentParser(prog="python -m embnic.testbed.server",
-                                 description="Serve one parameter-server shard over UDP until SIGTERM.")
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the shard; returns the exit code.
+
+    The options are checked by :func:`~embnic.testbed.server.foreground.check_server_options`,
+    the same checks ``embnic server`` makes: a bad one is one ``Error:`` line and exit 2.
+    """
+    ap = _Parser(prog="python -m embnic.testbed.server",
+                 description="Serve one parameter-server shard over UDP until SIGTERM.")
     ap.add_argument("--shard", type=int, required=True, help="id of one of the config's [[shards]]")
-    ap.add_argument("--config", required=True, help="cluster config (TOML)")
+    ap.add_argument("--config", "-c", required=True, help="cluster config (TOML)")
     ap.add_argument("--bind", default=None, help="IPv4 address (default: the shard's ip)")
     ap.add_argument("--port", type=int, default=None, help="UDP port (default: the shard's port)")
     ap.add_argument("--dedup-window", type=int, default=65536, help="applied updates remembered")
@@ -40,20 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-bind", default="0.0.0.0", help="address of the metrics endpoint")
     ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     args = ap.parse_args(argv)
-    if args.workers > 1 and args.engine != "batch":
-        ap.error("--workers needs --engine batch")
-    if args.workers > 1 and args.fixed_length:
-        ap.error("--fixed-length needs one worker (--workers 1)")
-    if args.workers > 1 and (args.checkpoint_dir or args.restore):
-        ap.error("--checkpoint-dir/--restore need --workers 1")
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
-    ids = [s.id for s in cfg.shards]
-    if args.shard not in ids:
-        print(f"Error: no shard {args.shard} in {args.config} (shards: {', '.join(map(str, ids))})", file=sys.stderr)
+    try:
+        check_server_options(cfg, args.shard, config_name=args.config, bind=args.bind, port=args.port,
+                             dedup_window=args.dedup_window, engine=args.engine, workers=args.workers,
+                             fixed_length=args.fixed_length, checkpoint_dir=args.checkpoint_dir,
+                             checkpoint_every=args.checkpoint_every, restore=args.restore,
+                             metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
+    except ServerOptionError as e:
+        print(f"Error: {e}", file=sys.stderr)
         return 2
     me = cfg.shard(args.shard)
     ip = args.bind or me.ip

@@ -474,3 +474,93 @@ def bind_error_message(e: OSError, ip: str, port: int) -> str:
 #: log line format of a shard process (``embnic server`` and ``python -m embnic.testbed.server``);
 #: trace replay reads the ``stopped; counters {...}`` line back from it
 LOG_FORMAT = "%(asctime)s embnic-server[%(process)d] %(levelname)s %(message)s"
+
+
+class ServerOptionError(ValueError):
+    """A shard option that cannot work (a usage error: exit 2); ``str()`` is one line naming the fix."""
+
+
+#: most worker processes one shard address takes (``--workers``)
+MAX_WORKERS = 64
+
+
+def check_server_options(cfg: ClusterConfig, shard_id: int, *, config_name: str = "the config",
+                         bind: str | None = None, port: int | None = None,
+                         dedup_window: int = 65536, engine: str = "batch", workers: int = 1,
+                         fixed_length: bool = False, checkpoint_dir: str | None = None,
+                         checkpoint_every: int = 0, restore: str | None = None,
+                         metrics_port: int | None = None, metrics_bind: str = "0.0.0.0") -> None:
+    """The one set of checks of a shard process's options, before anything binds or touches the disk.
+
+    ``embnic server`` and ``python -m embnic.testbed.server`` both call it with their parsed
+    options (same names as :func:`run_server`'s) and turn the error into a one-line usage error.
+    Creates nothing: a ``restore`` source must already hold ``shard-<id>/`` with a checkpoint or
+    a write-ahead log (:func:`~embnic.testbed.server.durability.restorable`).
+
+    ``config_name`` (the config's path) only names it in the message.
+
+    Raises:
+        ServerOptionError: the first problem found — a shard id not in ``cfg``; ``port`` or
+            ``metrics_port`` outside 0..65535; ``bind``/``metrics_bind`` not an IPv4 address;
+            ``workers`` outside 1..:data:`MAX_WORKERS`, ``dedup_window < 1``, ``checkpoint_every < 0``;
+            ``workers > 1`` with the reference engine, ``fixed_length``, ``checkpoint_dir`` or
+            ``restore``; a ``checkpoint_dir`` that exists but is not a directory; a ``restore``
+            source that is not a directory or has nothing of this shard to restore.
+    """
+    import ipaddress
+    from pathlib import Path
+
+    from .durability import restorable
+    from .stores import shard_dir
+
+    ids = [s.id for s in cfg.shards]
+    if shard_id not in ids:
+        raise ServerOptionError(f"no shard {shard_id} in {config_name} (shards: {', '.join(map(str, ids))})")
+    for name, value in (("--port", port), ("--metrics-port", metrics_port)):
+        if value is not None and not 0 <= value <= 65535:
+            raise ServerOptionError(f"{name} {value}: not a port; give 0..65535 (0 picks a free one)")
+    for name, value in (("--bind", bind), ("--metrics-bind", metrics_bind)):
+        if value is None:
+            continue
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ServerOptionError(f"{name} {value}: not an IPv4 address (write e.g. 10.0.0.2)") from None
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ServerOptionError(f"--workers {workers}: give 1..{MAX_WORKERS} worker processes")
+    if dedup_window < 1:
+        raise ServerOptionError(f"--dedup-window {dedup_window}: give at least 1 (updates remembered)")
+    if checkpoint_every < 0:
+        raise ServerOptionError(f"--checkpoint-every {checkpoint_every}: give 0 (SIGUSR1 only) or more updates")
+    if engine not in ("batch", "reference"):
+        raise ServerOptionError(f"--engine {engine}: give batch or reference")
+    if workers > 1 and engine != "batch":
+        raise ServerOptionError("--workers needs --engine batch")
+    if workers > 1 and fixed_length:
+        raise ServerOptionError("--fixed-length needs one worker (--workers 1)")
+    if workers > 1 and (checkpoint_dir or restore):
+        raise ServerOptionError("--checkpoint-dir/--restore need --workers 1 (one log per shard process)")
+    if checkpoint_dir is not None and os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
+        raise ServerOptionError(f"--checkpoint-dir {checkpoint_dir}: not a directory; give a directory "
+                                "(it is made if missing)")
+    if restore is None:
+        return
+    if not os.path.isdir(restore):
+        what = "not a directory" if os.path.exists(restore) else "no such directory"
+        raise ServerOptionError(f"--restore {restore}: {what}; give the directory this shard ran with "
+                                "--checkpoint-dir; start without --restore for fresh rows")
+    sd = Path(shard_dir(restore, shard_id))
+    if not sd.is_dir():
+        raise ServerOptionError(
+            f"--restore {restore}: no {sd.name}/ in it (nothing of shard {shard_id} to "
+            "restore): give the directory this shard ran with --checkpoint-dir, or one `embnic tables import` "
+            "filled; start without --restore for fresh rows")
+    if not restorable(sd):
+        # nothing a restore reads, yet the folder is there: refuse rather than start fresh rows and a
+        # new log among files of unknown origin (found by a new-user trial)
+        others = sorted(p.name for p in sd.iterdir())
+        what = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "") if others else "nothing"
+        raise ServerOptionError(
+            f"--restore {restore}: {sd} holds no checkpoint (ckpt-*.npz) or write-ahead log (wal-*.log) "
+            f"(it holds {what}): give the directory this shard ran with --checkpoint-dir; start without "
+            "--restore for fresh rows")

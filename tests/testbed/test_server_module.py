@@ -96,3 +96,56 @@ def test_module_names_the_address_it_cannot_bind_with_exit_1(tmp_path):
     finally:
         holder.close()
     assert p.returncode == 1 and f"cannot bind 127.0.0.1:{port}: address already in use" in err
+
+
+# One set of option checks for both entry points (foreground.check_server_options); found by a
+# new user: the module accepted --workers 0, --port 70000 (a traceback), a missing --restore source
+# (it made /that/dir/shard-0/ and served empty tables), --bind 999.1.1.1 (exit 1), no -c.
+BAD_OPTIONS = [
+    (["--port", "70000"], "--port 70000"),
+    (["--metrics-port", "99999"], "--metrics-port 99999"),
+    (["--workers", "0"], "--workers 0"),
+    (["--workers", "-3"], "--workers -3"),
+    (["--dedup-window", "-5"], "--dedup-window -5"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every -1"),
+    (["--bind", "999.1.1.1"], "--bind 999.1.1.1"),
+    (["--metrics-bind", "nowhere"], "--metrics-bind nowhere"),
+]
+
+
+def _bad_cases(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    missing = tmp_path / "missing"
+    return BAD_OPTIONS + [
+        (["--checkpoint-dir", str(afile)], f"--checkpoint-dir {afile}: not a directory"),
+        (["--restore", str(missing)], f"--restore {missing}: no such directory"),
+        (["--restore", str(afile)], f"--restore {afile}: not a directory"),
+    ], missing
+
+
+def test_module_and_cli_refuse_the_same_bad_options_in_one_line_with_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from embnic.control.cli import cli
+
+    cfg = str(_cfg(tmp_path, 17898))
+    cases, missing = _bad_cases(tmp_path)
+    for extra, named in cases:
+        p = _run("--shard", "0", "-c", cfg, *extra)
+        out, err = p.communicate(timeout=60)
+        lines = err.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"Error: {named}"), (extra, err)
+        r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", cfg, *extra])
+        assert r.exit_code == 2 and f"Error: {named}" in r.output, (extra, r.output)
+        assert lines[0] in r.output  # the same words from both entry points
+    assert not missing.exists()  # the restore source was not created (no shard-0/ in it)
+
+
+def test_module_usage_errors_are_one_line_and_a_hint(tmp_path):
+    p = _run("--shard", "0", "-c", str(_cfg(tmp_path, 17897)), "--workers", "two")
+    _, err = p.communicate(timeout=60)
+    lines = err.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 2, err
+    assert lines[0].startswith("python -m embnic.testbed.server: error: argument --workers")
+    assert "--help" in lines[1]
