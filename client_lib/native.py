@@ -269,8 +269,9 @@ class NativeRound:
                 int(record_latency), self._lat.ctypes.data, int(next_id) & 0xFFFFFFFF, self._res.ctypes.data)
         try:
             rc = self._lib.embnic_client_round(*args)
-            # a signal while waiting: its Python handler has run by now (a KeyboardInterrupt is
-            # raised here); otherwise the round goes on where it was
+            # a signal while waiting, or a wait slice (0.1 s) over: the Python handlers of the
+            # signals that came have run by now (a KeyboardInterrupt is raised here); otherwise
+            # the round goes on where it was
             while self._res[R["kind"]] == KIND_INTERRUPTED:
                 rc = self._lib.embnic_client_round(*args)
         except BaseException:

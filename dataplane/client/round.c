@@ -74,6 +74,16 @@ enum {
 	R_ERRNO, R_ELAPSED_NS, R_NEXT_ID, R_NLAT, R_LARGEST, R_NCOL
 };
 enum { K_OK = 0, K_SHARD_ERROR = 1, K_GIVE_UP = 2, K_OS_ERROR = 3, K_INTERRUPTED = 4 };
+/*
+ * The longest one ppoll of a round waits (s) before the round goes back to
+ * its caller, which runs the handlers of signals that came and resumes the
+ * round at once: a signal that comes while the round is not in ppoll (Python's
+ * C handler only sets a flag then) interrupts no ppoll, so without the slice a
+ * Ctrl-C would wait for the round's retries (ppoll(2) describes the race;
+ * blocking the signals instead would send a process-directed one to another
+ * thread of the interpreter, which interrupts nothing either).
+ */
+#define EC_SIGNAL_SLICE_S 0.1
 
 struct ec_round;
 struct ec_ctx;
@@ -1402,9 +1412,10 @@ embnic_client_abort(struct ec_ctx *c)
  * R_SHARD, R_TABLE, R_STATUS; K_GIVE_UP with R_SHARD, R_TRIES, R_TYPE,
  * R_NMSG, R_BIG, R_ELAPSED_NS; K_OS_ERROR with R_ERRNO), R_NEXT_ID, R_NLAT,
  * R_LARGEST (the largest datagram of an answered message so far).
- * K_INTERRUPTED: a signal came while waiting; the round is kept in the
- * context: call again with the same arrays to resume it (after the
- * caller's signal handlers ran), or embnic_client_abort() to drop it.
+ * K_INTERRUPTED: a signal came while waiting, or a wait passed
+ * EC_SIGNAL_SLICE_S (0.1 s); the round is kept in the context: call again
+ * with the same arrays to resume it (after the caller's signal handlers
+ * ran), or embnic_client_abort() to drop it.
  */
 int
 embnic_client_round(struct ec_ctx *c, int nmsg, const int64_t *tab,
@@ -1532,12 +1543,17 @@ loop:
 		if (wait > 0) {
 			struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
 			struct timespec ts;
+			int sliced = wait > EC_SIGNAL_SLICE_S, n;
 
+			if (sliced)
+				wait = EC_SIGNAL_SLICE_S;
 			ts.tv_sec = (time_t)wait;
 			ts.tv_nsec = (long)((wait - (double)ts.tv_sec) * 1e9);
-			if (ppoll(&pfd, 1, &ts, NULL) < 0 && errno == EINTR) {
-				/* a signal: back to the caller, whose handlers run, then
-				 * resume (or embnic_client_abort) */
+			n = ppoll(&pfd, 1, &ts, NULL);
+			if ((n < 0 && errno == EINTR) || (n == 0 && sliced)) {
+				/* a signal (or a slice of a long wait over, in case
+				 * one came before ppoll): back to the caller, whose
+				 * handlers run, then resume (or embnic_client_abort) */
 				c->cur = rp;
 				res[R_KIND] = K_INTERRUPTED;
 				res[R_NEXT_ID] = r.next_id;

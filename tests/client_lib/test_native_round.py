@@ -371,6 +371,33 @@ def test_ctrl_c_stops_a_waiting_round_and_the_client_goes_on():
         shard.close()
 
 
+def test_ctrl_c_the_round_was_not_waiting_for_still_stops_it():
+    """A SIGINT that no ppoll of the round sees (it came while the round was sending, or — made
+    certain here — to another thread, whose C handler only flags it for the main thread's
+    interpreter) stops the round within a wait slice too, not after the retries."""
+    import signal
+    import time as _t
+
+    def to_this_thread():
+        _t.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    shard = SlowShard()
+    keys = np.arange(2, 40, 2, dtype=np.uint64)
+    try:
+        with EmbeddingClient(shard.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, retries=2) as c:
+            assert c.native
+            threading.Thread(target=to_this_thread, daemon=True).start()
+            t0 = _t.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                c.lookup({0: keys})
+            assert _t.monotonic() - t0 < 3.0  # (the first timer alone is 5 s)
+            shard.open.set()
+            assert np.array_equal(c.lookup({0: keys})[0], np.repeat((keys / 2).astype(np.float32)[:, None], 4, axis=1))
+    finally:
+        shard.close()
+
+
 def test_a_signal_whose_handler_returns_lets_the_round_go_on():
     import signal
 
