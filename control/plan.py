@@ -59,7 +59,7 @@ from typing import Sequence
 import numpy as np
 
 from embnic.client_lib import codec, consts
-from embnic.client_lib.client import DEFAULT_MSG_FRAMES, DEFAULT_WINDOW_FRAMES, pack_parts
+from embnic.client_lib.client import DEFAULT_MSG_FRAMES, DEFAULT_WINDOW_FRAMES
 from embnic.client_lib.config import DEFAULT_BLOCK_CACHE_MB, ClusterConfig
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.routing import shard_index_of
@@ -300,6 +300,71 @@ def split_keys(cfg: ClusterConfig, table_id: int, unique: float) -> np.ndarray:
     return out
 
 
+def pack_counts(cfg: ClusterConfig, msg_type: int, parts: list, *, mtu: int,
+                msg_frames: int | None = DEFAULT_MSG_FRAMES,
+                window_frames: int = DEFAULT_WINDOW_FRAMES) -> list[tuple[int, int, int, int, int]]:
+    """The messages :func:`~embnic.client_lib.client.pack_parts` cuts one shard's round into,
+    counted without a key: ``parts`` is ``[(table_id, keys), ...]`` (counts, int), the result
+    ``[(first table id, tables, keys, value bytes, multiplicity), ...]`` in send order, runs of
+    identical full one-table messages collapsed into one entry with their multiplicity.
+
+    The same cutting rule as ``pack_parts`` (its loop, state for state), but a table's run of
+    full messages past the first is counted by division, so time and memory grow with the
+    tables, not the keys: a step of 10^12 ids costs what one of 10^4 does.
+
+    Raises:
+        KeyError: a table not in ``cfg``. ValueError: an MTU without room for a body byte.
+    """
+    P = consts.max_body_per_frame(mtu)
+    frags = consts.MAX_FRAGS if not msg_frames else min(msg_frames, consts.MAX_FRAGS)
+    B = frags * P
+    W = (window_frames - 2) * P if window_frames >= 3 else None
+    lookup = msg_type == MsgType.LOOKUP_REQ
+    out: list = []
+    cur: list = []  # (table_id, keys, value bytes) of the message being filled
+    req = rep = 0
+
+    def room_of(rk: int, pk: int, req: int, rep: int) -> int:
+        room = (B - req - consts.DIR_ENTRY) // rk
+        if pk:
+            room = min(room, (B - rep) // pk)
+        if W is not None:
+            room = min(room, (W - req - rep - consts.DIR_ENTRY) // (rk + pk))
+        return room
+
+    def close():
+        out.append((cur[0][0], len(cur), sum(k for _, k, _ in cur), sum(v for _, _, v in cur), 1))
+
+    for table_id, n in parts:
+        t = cfg.table(table_id)
+        row = t.dim * consts.esize(t.wire_dtype)
+        rk, pk = (consts.KEY_SIZE, row) if lookup else (consts.KEY_SIZE + row, 0)
+        a, n = 0, int(n)
+        while a < n:
+            if not cur:
+                # a run of full one-table messages: each takes `full` keys and is closed by the
+                # next key (no room left after it), as pack_parts' loop does one by one
+                full = room_of(rk, pk, 0, 0)
+                if full >= 1 and n - a > 2 * full \
+                        and room_of(rk, pk, consts.DIR_ENTRY + full * rk, full * pk) <= 0:
+                    m = (n - a) // full - 1
+                    out.append((table_id, 1, full, full * row, m))
+                    a += m * full
+            room = room_of(rk, pk, req, rep)
+            if room <= 0 and cur:
+                close()
+                cur, req, rep = [], 0, 0
+                continue
+            k = min(n - a, max(1, room))
+            cur.append((table_id, k, k * row))
+            req += consts.DIR_ENTRY + k * rk
+            rep += k * pk
+            a += k
+    if cur:
+        close()
+    return out
+
+
 def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
                  msg_frames: int | None = DEFAULT_MSG_FRAMES, window_frames: int = DEFAULT_WINDOW_FRAMES,
                  tail_probes: bool = True) -> Traffic:
@@ -333,36 +398,37 @@ def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
         round_frames = 0
         round_inflight = 0
         for s in range(S):
-            parts = [(t, range(k), range(k)) for t, k in zip(tids, keys[:, s].tolist()) if k]
+            parts = [(t, k) for t, k in zip(tids, keys[:, s].tolist()) if k]
             if not parts:
                 continue
-            costs = []
-            for piece in pack_parts(cfg, mt, parts, mtu=mtu, msg_frames=msg_frames, window_frames=window_frames):
-                T = len(piece)
-                n = sum(len(k) for _, _, k in piece)
-                vl = sum(len(k) * row[t] for t, _, k in piece)
+            costs: dict = {}
+            for first, T, n, vl, m in pack_counts(cfg, mt, parts, mtu=mtu, msg_frames=msg_frames,
+                                                  window_frames=window_frames):
                 req = consts.expected_msg_len(mt, T, n, vl)
                 rep = vl if lookup else 0
                 fq, fp = _frames(req, mtu), _frames(rep, mtu)
-                tr.req_messages += 1
-                tr.rep_messages += 1
-                tr.req_frames += fq
-                tr.rep_frames += fp
-                tr.req_bytes += req + consts.HDR_LEN * fq
-                tr.rep_bytes += rep + consts.HDR_LEN * fp
-                tr.per_shard[s] += (n, req + consts.HDR_LEN * fq, rep + consts.HDR_LEN * fp, fq, fp,
-                                     0 if lookup else req)
-                round_frames += fq + fp
-                costs.append(fq + fp)
-            last_first_table = piece[0][0]  # the probe asks for one key of the last message's first table
+                tr.req_messages += m
+                tr.rep_messages += m
+                tr.req_frames += m * fq
+                tr.rep_frames += m * fp
+                tr.req_bytes += m * (req + consts.HDR_LEN * fq)
+                tr.rep_bytes += m * (rep + consts.HDR_LEN * fp)
+                tr.per_shard[s] += np.array((n, req + consts.HDR_LEN * fq, rep + consts.HDR_LEN * fp, fq, fp,
+                                             0 if lookup else req), np.float64) * m
+                round_frames += m * (fq + fp)
+                costs[fq + fp] = costs.get(fq + fp, 0) + m
+                last_first_table = first  # the probe asks for one key of the last message's first table
             # the send window: messages of this shard in flight at once (the largest go first)
-            costs.sort(reverse=True)
             held = n_in = 0
-            for c in costs:
-                if n_in and held + c > window_frames:
+            for c in sorted(costs, reverse=True):
+                m = costs[c]
+                if not n_in:
+                    held, n_in, m = c, 1, m - 1
+                j = min(m, max(0, (window_frames - held) // c))
+                held += j * c
+                n_in += j
+                if j < m:
                     break
-                held += c
-                n_in += 1
             round_inflight += n_in
             if tail_probes:
                 preq = consts.expected_msg_len(MsgType.LOOKUP_REQ, 1, 1, row[last_first_table])
@@ -675,10 +741,13 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
         return out
     unique = {t.id: w.unique_ids(t.id) for t in cfg.tables}
 
-    def shard_ok(n: int) -> bool:
+    def _shard_limits(n: int) -> tuple[float, float]:
         tr = step_traffic(_with_shards(cfg, n), unique, **kw)
         lim = _limits(cfg, hw, w, tr, n, 1)
-        return lim["shard_keys"] >= want and lim["shard_nic"] >= want
+        return lim["shard_keys"], lim["shard_nic"]
+
+    def shard_ok(n: int) -> bool:
+        return min(_shard_limits(n)) >= want
 
     lo = max(1, by["memory"], by["disk"])
     n = lo
@@ -688,8 +757,10 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
             hi = min(max_shards, hi * 2)
         if not shard_ok(hi):
             out["shards"] = None
-            out["shards_note"] = out.get("shards_note", "") + (f"more than {max_shards} shards: a shard's keys/s or NIC cannot keep up "
-                                  "(the busiest table of table sharding lives on one shard)")
+            out["shards_note"] = "; ".join(filter(None, [out.get("shards_note"), (
+                f"more than {max_shards} shards would be needed: a shard's keys/s or NIC limits it "
+                f"(at {max_shards} shards a shard allows {min(_shard_limits(max_shards)):.3g} steps/s per client; "
+                "the busiest table of table sharding lives on one shard)")]))
             n = None
         else:
             while lo < hi:  # smallest n in (lo, hi] that keeps up

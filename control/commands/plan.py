@@ -13,28 +13,43 @@ from embnic.control.commands.options import FloatRange, config_errors, config_op
 _HW = {f.name: f for f in dataclasses.fields(P.Hardware)}
 
 
+# upper (and lower) bounds of the numeric options: well past any real cluster, so that an absurd
+# figure is a usage error naming the range, not an overflow or a plan of 300-digit counts
+MAX_BATCH = 10**8
+MAX_IDS_PER_FEATURE = 10**5
+MAX_DATA_SAMPLES = 10**10
+MAX_CLIENTS = 10**6
+MAX_STEPS_PER_S = 10**6
+_HW_RANGE = {  # (min, max) of each --<hardware> option, in its unit
+    "shard_ram_gb": (1e-3, 1e6), "shard_disk_gb": (1e-3, 1e8), "nic_gbps": (1e-3, 1e5),
+    "card_msgs_per_s": (1.0, 1e12), "card_mpps": (1e-6, 1e6), "shard_keys_per_s": (1.0, 1e12),
+    "disk_keys_per_s": (1e-3, 1e12), "client_frames_per_s": (1.0, 1e12), "rtt_us": (1e-3, 1e8),
+}
+
+
 def _hw_opt(name: str, help_: str):
-    return click.option("--" + name.replace("_", "-"), name, type=FloatRange(min=0, min_open=True), default=None,
+    lo, hi = _HW_RANGE[name]
+    return click.option("--" + name.replace("_", "-"), name, type=FloatRange(min=lo, max=hi), default=None,
                         help=f"{help_} [server: {getattr(P.PROFILES['server'], name):g}, "
                              f"testbed: {getattr(P.PROFILES['testbed'], name):g}]")
 
 
 @click.command("plan")
 @config_option(required=True)
-@click.option("--batch", type=click.IntRange(min=1), default=4096, show_default=True,
+@click.option("--batch", type=click.IntRange(min=1, max=MAX_BATCH), default=4096, show_default=True,
               help="Samples per step of each client.")
-@click.option("--ids-per-feature", type=FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--ids-per-feature", type=FloatRange(min=0, max=MAX_IDS_PER_FEATURE, min_open=True), default=1.0, show_default=True,
               help="Ids per sample of every table (pooling factor); measured with --data.")
 @click.option("--unique-ratio", type=FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
               help="Unique ids / all ids of a table within one batch; measured with --data.")
 @click.option("--data", "data", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Criteo TSV (plain or compressed): measure ids per feature and the unique ratio of every "
                    "table at --batch from its samples (features C1..C26 to the tables as `embnic train` maps them).")
-@click.option("--data-samples", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+@click.option("--data-samples", type=click.IntRange(min=1, max=MAX_DATA_SAMPLES), default=1_000_000, show_default=True,
               help="Samples of --data read at most.")
-@click.option("--clients", type=click.IntRange(min=1), default=None,
+@click.option("--clients", type=click.IntRange(min=1, max=MAX_CLIENTS), default=None,
               help="Clients stepping at once [default: the config's [[clients]]].")
-@click.option("--steps-per-s", type=FloatRange(min=0, min_open=True), default=None,
+@click.option("--steps-per-s", type=FloatRange(min=0, max=MAX_STEPS_PER_S, min_open=True), default=None,
               help="Steps per second wanted of every client: size shards and cards for it.")
 @click.option("--hardware", type=click.Choice(sorted(P.PROFILES)), default="server", show_default=True,
               help="Hardware profile the options below override.")
@@ -196,14 +211,18 @@ def render(res: dict) -> str:
         out.append("does not fit: " + ", ".join(bad))
     n = res["needed"]
     mem_alone = n["shards_for_memory"] if n["shards_for_memory"] is not None else "none suffice"
-    line = f"needed: {n.get('shards')} shard(s) (memory alone {mem_alone}, disk {n['shards_for_disk']})"
+    if n.get("shards") is None:  # no number of shards meets the rate or the memory: the note says what limits it
+        line = (f"needed: no shard count meets it: {n.get('shards_note') or 'see the limits above'} "
+                f"(memory alone {mem_alone}, disk {n['shards_for_disk']})")
+    else:
+        line = f"needed: {n['shards']} shard(s) (memory alone {mem_alone}, disk {n['shards_for_disk']})"
     if "cards" in n:
         line += (f", {n['cards']} card(s) for {_n(w['steps_per_s'])} steps/s per client (step time then "
                  f"{n['step_time_us']:,.0f} µs)")
         if not n["client_keeps_up"]:
             line += (f"; a client manages only {_n(n['client_limit_steps_per_s'])} steps/s (its frames, NIC or "
                      "latency): more clients with smaller batches")
-    if n.get("shards_note"):
+    if n.get("shards_note") and n.get("shards") is not None:
         line += f"; {n['shards_note']}"
     out.append(line)
     return "\n".join(out)

@@ -289,3 +289,66 @@ def test_the_10tb_disk_example_fits_server_shards_where_the_memory_one_does_not(
     assert disk["disk_tier"]["caches_larger_than_rows_held"] == []
     assert disk["needed"]["shards_for_memory"] < mem["needed"]["shards_for_memory"]
     assert disk["needed"]["shards"] > mem["needed"]["shards"]  # the disk tier's keys are slower
+
+
+TESTBED = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "testbed.toml"
+
+
+@pytest.mark.parametrize("mtu,msg_frames,window_frames", [(1500, 64, 1024), (74, 64, 1024), (9000, None, 0),
+                                                           (576, 4, 8), (73, 1, 3)])
+def test_pack_counts_is_pack_parts_message_for_message(mtu, msg_frames, window_frames):
+    """The planner's key-free packer cuts a round exactly as the client's pack_parts does."""
+    from embnic.client_lib.client import pack_parts
+    cfg = load_config(str(TESTBED))
+    sizes = [1, 2, 37, 500, 3000, 20000]
+    parts = [(t.id, sizes[i % len(sizes)]) for i, t in enumerate(cfg.tables)]
+    row = {t.id: t.dim * consts.esize(t.wire_dtype) for t in cfg.tables}
+    for mt in (consts.MsgType.LOOKUP_REQ, consts.MsgType.UPDATE_REQ):
+        ref = [(p[0][0], len(p), sum(len(k) for *_, k in p), sum(len(k) * row[t] for t, _, k in p))
+               for p in pack_parts(cfg, mt, [(t, range(k), range(k)) for t, k in parts], mtu=mtu,
+                                   msg_frames=msg_frames, window_frames=window_frames)]
+        got = [x[:4] for x in P.pack_counts(cfg, mt, parts, mtu=mtu, msg_frames=msg_frames,
+                                            window_frames=window_frames) for _ in range(x[4])]
+        assert got == ref
+
+
+def test_a_step_of_a_trillion_ids_is_counted_not_packed():
+    """--batch 10^9 packed every key (GBs, minutes): the counts come by division, in little memory."""
+    import tracemalloc
+    cfg = parse_config({"cluster": {"mtu": 1500}, "tables": [{"id": 0, "rows": 10**6, "dim": 8}],
+                        "shards": [{"id": 0, "ip": "10.0.0.1"}], "clients": [{"id": 1, "ip": "10.0.0.2"}]})
+    tracemalloc.start()
+    try:
+        tr = P.step_traffic(cfg, {0: 10**12})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    # the exact count: lookups hold as many keys as their reply's 64 fragments allow, updates
+    # as many as their request's; each a full message but the last
+    p = consts.max_body_per_frame(1500)
+    look = min((64 * p - 16) // 8, 64 * p // 32)
+    upd = (64 * p - 16) // 40
+    assert tr.req_messages == -(-10**12 // look) + -(-10**12 // upd)
+    assert tr.per_shard[0, 0] == 2 * 10**12 + 2  # every key twice, and the two tail probes
+    w = P.uniform_workload(load_config(str(TESTBED)), 10**9)
+    res = P.plan(load_config(str(TESTBED)), w)
+    assert res["per_step"]["unique_ids"] == pytest.approx(26e9, rel=1e-6) and res["per_step"]["request_messages"] > 10**6
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--batch", "999999999999999999999"], "--batch"), (["--batch", "1000000000"], "--batch"),
+    (["--ids-per-feature", "1e308"], "--ids-per-feature"), (["--steps-per-s", "1e300"], "--steps-per-s"),
+    (["--shard-ram-gb", "1e-300"], "--shard-ram-gb"), (["--clients", "10000000"], "--clients")])
+def test_absurd_figures_are_one_usage_line_naming_the_option_and_its_range(args, option):
+    r = CliRunner().invoke(cli, ["plan", "-c", str(TESTBED), *args])
+    assert r.exit_code == 2, r.output
+    assert option in r.output and "range" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_rate_no_shard_count_meets_is_said_in_words():
+    """--steps-per-s 100000 printed "needed: None shard(s)": no shard count keeps up; say so and why."""
+    r = CliRunner().invoke(cli, ["plan", "-c", str(TESTBED), "--steps-per-s", "100000"])
+    assert r.exit_code == 0, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert "None" not in last and "no shard count meets it" in last and "4096 shards" in last, last
