@@ -356,6 +356,9 @@ def test_ctrl_c_stops_a_waiting_round_and_the_client_goes_on():
 
     shard = SlowShard()
     keys = np.arange(2, 40, 2, dtype=np.uint64)
+    # Python's own SIGINT handler, whatever this process inherited (a shell's background job
+    # starts with SIGINT ignored, and Python then installs none)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with EmbeddingClient(shard.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000) as c:
             assert c.native
@@ -368,6 +371,7 @@ def test_ctrl_c_stops_a_waiting_round_and_the_client_goes_on():
             got = c.lookup({0: keys})
             assert np.array_equal(got[0], np.repeat((keys / 2).astype(np.float32)[:, None], 4, axis=1))
     finally:
+        signal.signal(signal.SIGINT, old)
         shard.close()
 
 
@@ -384,6 +388,7 @@ def test_ctrl_c_the_round_was_not_waiting_for_still_stops_it():
 
     shard = SlowShard()
     keys = np.arange(2, 40, 2, dtype=np.uint64)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # (as above)
     try:
         with EmbeddingClient(shard.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, retries=2) as c:
             assert c.native
@@ -395,6 +400,7 @@ def test_ctrl_c_the_round_was_not_waiting_for_still_stops_it():
             shard.open.set()
             assert np.array_equal(c.lookup({0: keys})[0], np.repeat((keys / 2).astype(np.float32)[:, None], 4, axis=1))
     finally:
+        signal.signal(signal.SIGINT, old)
         shard.close()
 
 
