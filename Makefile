@@ -5,7 +5,7 @@ OUT ?= out/demo
 NAME ?=
 PMD ?=
 
-.PHONY: all deps dataplane demo test clean fuzz bench p4tools
+.PHONY: all deps dataplane demo test clean fuzz bench
 
 all: dataplane
 
@@ -26,13 +26,6 @@ fuzz: deps
 
 bench: dataplane
 	$(PYTHON) -m embnic bench all --out out/bench
-
-# the P4 tools (p4c, BMv2 with Thrift and P4Runtime) at pinned versions, built from source into
-# PREFIX; never part of demo/test. SRC: a URL base or a folder of git mirrors; P4C_BACKENDS=bmv2,dpdk;
-# PARTS=p4c,pi,bmv2 (p4/README.md, "Compile and run")
-p4tools:
-	PREFIX="$(PREFIX)" SRC="$(SRC)" P4C_BACKENDS="$(P4C_BACKENDS)" PARTS="$(PARTS)" JOBS="$(JOBS)" \
-	    ./scripts/build-p4tools.sh
 
 clean:
 	$(MAKE) -C dataplane clean

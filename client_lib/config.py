@@ -40,6 +40,8 @@ DEFAULT_BLOCK_CACHE_MB = 64  #: RocksDB block cache of a shard's disk tables, Mi
 CACHE_ROWS_LIMITS = (1, 1 << 40)
 BLOCK_CACHE_MB_LIMITS = (1, 1 << 20)
 CARD_KEYS = ("enabled", "ports", "ring_size", "state_size", "state_timeout_ms", "lcores", "state_lcores", "pci")
+#: the card's sizes: the DPDK card's are settings; a P4 program's are compiled in (p4/types.p4)
+SIZE_KEYS = ("ring_size", "state_size")
 #: Bounds of the [card] fields, inclusive — the card's own option bounds (dataplane/include/
 #: embnic_limits.h, and EMBNIC_MAX_PORTS in embnic_dp.h for port ids); tests/dataplane/test_limits.py
 #: checks they agree and that embnic-dp accepts each limit and refuses one past it. ring_size is
@@ -182,6 +184,9 @@ class CardConfig:
     #: PCI addresses (``0000:3b:00.0``) of the NIC ports the card runs on, DPDK ports 0.. in this
     #: order (before any vdev); empty: vdevs only (docs/deploy.md)
     pci: tuple[str, ...] = ()
+    #: the keys of :data:`SIZE_KEYS` the config file sets itself (the rest are defaults): a P4
+    #: target, whose sizes are compiled in, refuses a set value other than its own
+    set_sizes: frozenset[str] = dataclasses.field(default=frozenset(), compare=False)
 
     def port(self, port_id: int) -> CardPort:
         for p in self.ports:
@@ -624,6 +629,7 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
             state_lcores=_check_range(_get(c, "state_lcores", w, int, 1, path), *CARD_LIMITS["state_lcores"],
                                       w + "state_lcores", path),
             pci=_pci_list(_get(c, "pci", w, list, [], path), w + "pci", path),
+            set_sizes=frozenset(k for k in SIZE_KEYS if k in c),
         )
         try:
             n_lcores = len(parse_lcores(card.lcores))

@@ -39,7 +39,7 @@ fi
 # name, fbgemm_gpu). PIP_BREAK_SYSTEM_PACKAGES lets Debian's own python3 accept it; a venv or
 # pyenv python ignores it.
 # The `bmv2` extra (the Thrift runtime, small) and the `p4runtime` extra (finsy, grpcio, protobuf:
-# the P4Runtime client, ~15 MB) come along so that wherever BMv2 is installed (`make p4tools`)
+# the P4Runtime client, ~15 MB) come along so that wherever BMv2 is installed (p4/README.md, "P4 tools")
 # its runtime CLI, the P4Runtime channel and the bmv2 tests work; the `metrics` extra
 # (prometheus-client, small) for the card's exporter and the shards' metrics endpoints; the `disk`
 # extra (rocksdict, a wheel with RocksDB inside, ~10 MB) for the shards' disk tier and its tests.

@@ -78,8 +78,8 @@ def prep(out, batch_size, repeats):
               help="2: also the distinct workload on the card with 2 state lcores against testpmd with 2 "
                    "forwarding lcores (dpdk target); 1: skip it.")
 @click.option("--p4dpdk/--no-p4dpdk", "p4dpdk", default=True, show_default=True,
-              help="Also the P4 card for PNA in DPDK's SWX pipeline (embnic-swx; needs p4c-dpdk: "
-                   "skipped in one line without it).")
+              help="Also the P4 card for PNA in DPDK's SWX pipeline (embnic-swx running the committed "
+                   "p4/build/pna; skipped in one line where DPDK's pipeline headers or embnic-swx are missing).")
 def dataplane(out, seconds, target, state_lcores, p4dpdk):
     """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
     the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and over a veth

@@ -238,6 +238,36 @@ def state_slot(client_id: int, msg_id: int, arch: str = "v1model", slots: int | 
     raise ValueError(f"unknown architecture {arch!r} (v1model, pna)")
 
 
+#: the card's sizes a P4 program has compiled in: config key -> (p4/types.p4 constant, what it counts)
+COMPILED_SIZES = {"ring_size": ("RING_SLOTS", "header ring slots"), "state_size": ("STATE_SLOTS", "state-map slots")}
+
+
+def card_sizes(card, target: str, path: str | None = None) -> dict[str, int]:
+    """The ring and state-map sizes a P4 target runs with: the program's compiled ones
+    (:data:`COMPILED_SIZES`), whatever the config's defaults say.
+
+    Args:
+        card: the config's :class:`embnic.client_lib.config.CardConfig` (its ``set_sizes`` says
+            which keys the file sets itself).
+        target: the target's name, for the message (``bmv2``, ``p4dpdk``).
+        path: the config file, for the message.
+    Returns:
+        ``{"ring_size": RING_SLOTS, "state_size": STATE_SLOTS}``.
+    Raises:
+        UsageError: the config sets a size other than the compiled one (exit 2; names it and the fix).
+    """
+    from embnic.control.errors import UsageError
+
+    c = constants()
+    out = {key: c[const] for key, (const, _) in COMPILED_SIZES.items()}
+    for key, (const, what) in COMPILED_SIZES.items():
+        if key in getattr(card, "set_sizes", ()) and getattr(card, key) != out[key]:
+            raise UsageError(f"card.{key} = {getattr(card, key)}{f' in {path}' if path else ''}: the {target} target "
+                             f"runs the P4 program compiled with {out[key]} {what} (p4/types.p4 {const}); drop "
+                             f"{key} from [card] or set it to {out[key]}")
+    return out
+
+
 #: slot_state values (p4/types.p4 STATE_*), named as docs/control-socket.md names them
 STATE_NAMES = {0: "free", 1: "receiving", 2: "forwarded", 3: "replying"}
 #: the state map's registers (p4/state_map.p4, both architectures), each STATE_SLOTS cells

@@ -223,7 +223,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     require_root("the bmv2 dataplane benchmark", why="it runs DPDK (EAL) and network namespaces",
                  example="sudo embnic bench dataplane --target bmv2")
     channel = bmv2.choose_channel(kw.get("channel"))
-    missing = bmv2.missing_tools(["p4c", bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
+    missing = bmv2.missing_tools([bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
     if missing:
         raise MissingDependencyError(f"the bmv2 benchmark needs {', '.join(missing)}, not found on PATH: "
                                      + "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
@@ -242,7 +242,7 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
     repeats = int(kw.get("repeats", 3))
     logs = out_dir / "bench_bmv2_logs"
     logs.mkdir(exist_ok=True)
-    json_path = bmv2.compile_program(bmv2.cached_build_dir())
+    json_path, _ = bmv2.program_json()
     binary = Path(kw["binary"]) if kw.get("binary") else build_card()
     pcap_path = out_dir / "bench_dataplane.pcap"
     pcap = make_bench_pcap(pcap_path, int(kw.get("frames", 2048)))

@@ -620,7 +620,8 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
             "runs": {"mpps": pna["all_mpps"], "distinct_msgs_per_s": pnad["all_completed_per_s"],
                      "others_cpu": pna["others_cpu"]},
             "setup": "embnic-swx -l 0 (one lcore: host RX/TX, the SWX pipeline, the control socket), the "
-                     "pipeline built from p4/pna/ by p4c-dpdk; rate from the pipeline's output port statistics",
+                     "pipeline built from p4/build/pna (p4c-dpdk's spec of p4/pna/); rate from the pipeline's output port "
+                     "statistics",
         }
     else:
         res["p4dpdk"] = {"skipped": pna_skip}

@@ -5,7 +5,7 @@ The same frames, vdevs and lcore as the C card's runs (``net_pcap`` infinite_rx 
 is the pipeline's output port statistics (frames the SWX pipeline sent on the sink port, read
 through embnic-swx's ``counters``), the distinct-message rate the P4 card's
 ``messages_completed`` counter. ``available()`` says in one line why it is skipped where
-p4c-dpdk, DPDK's pipeline headers or embnic-swx are missing.
+DPDK's pipeline headers or embnic-swx are missing (the program is the committed p4/build/pna).
 
 Wiring, one lcore::
 

@@ -107,17 +107,17 @@ def test_registered_target():
     assert get_target_class("p4dpdk").name == "p4dpdk"
 
 
-def test_missing_p4c_dpdk_is_one_line(monkeypatch, tmp_path):
+def test_p4c_dpdk_is_not_needed(monkeypatch, tmp_path):
+    """The target runs the committed p4/build/pna: with no p4c-dpdk on PATH nothing about it is
+    missing (the headers and embnic-swx are what missing() can name)."""
     monkeypatch.setenv("PATH", str(tmp_path))
     why = p4dpdk.missing()
-    assert why.startswith("p4c-dpdk not found on PATH") and "\n" not in why
-    with pytest.raises(MissingDependencyError, match="the p4dpdk target needs p4c-dpdk"):
-        p4dpdk.require()
+    assert why is None or "p4c" not in why
 
 
 def test_missing_headers_named(monkeypatch, tmp_path):
-    (tmp_path / "p4c-dpdk").write_text("#!/bin/sh\n")
-    (tmp_path / "p4c-dpdk").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     monkeypatch.setenv("EMBNIC_DPDK_PIPELINE_INCLUDE", str(tmp_path / "none"))
-    assert "scripts/dpdk-pipeline-headers.sh" in p4dpdk.missing()
+    why = p4dpdk.missing()
+    assert "scripts/dpdk-pipeline-headers.sh" in why and "\n" not in why
+    with pytest.raises(MissingDependencyError, match="the p4dpdk target needs DPDK's pipeline headers"):
+        p4dpdk.require()

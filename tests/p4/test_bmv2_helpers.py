@@ -74,9 +74,12 @@ def test_state_slot_is_zlib_crc32_of_the_key():
 
 def test_missing_tool_names_it_and_how(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert bmv2.missing_tools() == ["p4c", "simple_switch", "simple_switch_CLI"]
-    with pytest.raises(bmv2.ToolMissingError, match=r"^p4c not found on PATH: build p4lang/p4c"):
-        bmv2.find_tool("p4c")
+    assert bmv2.missing_tools() == ["simple_switch", "simple_switch_CLI"]
+    for tool in ("p4c", "simple_switch", "simple_switch_grpc", "simple_switch_CLI"):
+        with pytest.raises(bmv2.ToolMissingError, match=rf"^{tool} not found on PATH: .*p4/README.md, \"P4 tools\""):
+            bmv2.find_tool(tool)
+        # a pointer to the docs, never a build recipe
+        assert not any(w in bmv2.TOOL_HINTS[tool] for w in ("make ", "cmake", "git clone", "build p4lang"))
 
 
 def test_pcap_order_roundtrip(tmp_path):
@@ -131,3 +134,25 @@ def test_read_ring_has_the_v2_header_fields_newest_first():
     got = bmv2_runtime.read_ring(_FakeSwitch(regs), 3)
     assert [(e["msg_id"], e["num_tables"], e["value_len"]) for e in got] == [(101, 1, 18), (100, 2, 88), (0, 0, 0)]
     assert {"num_tables", "table_id", "num_keys", "value_len", "msg_len"} <= set(got[0])
+
+
+def test_build_info_is_what_the_installed_switch_reports(monkeypatch, tmp_path):
+    """bmv2_build: the binary's --version and the compile-time switches of the bm/config.h BMv2
+    installs beside it; no file of ours."""
+    (tmp_path / "bin").mkdir()
+    sw = tmp_path / "bin" / "simple_switch"
+    sw.write_text("#!/bin/sh\necho 1.15.5-693e69e6\n")
+    sw.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    info = bmv2.build_info("simple_switch")
+    assert info == {"prefix": str(tmp_path), "version": "1.15.5-693e69e6", "config": None, "flags": {}, "fast": None}
+    (tmp_path / "include" / "bm").mkdir(parents=True)
+    cfg = tmp_path / "include" / "bm" / "config.h"
+    cfg.write_text("#define BM_THRIFT_ON 1\n/* #undef BM_LOG_DEBUG_ON */\n/* #undef BM_LOG_TRACE_ON */\n")
+    info = bmv2.build_info("simple_switch")
+    assert info["fast"] is True and info["flags"]["thrift"] and not info["flags"]["log_debug"]
+    cfg.write_text("#define BM_THRIFT_ON 1\n#define BM_LOG_DEBUG_ON 1\n#define BM_LOG_TRACE_ON 1\n#define BM_ELOG_ON 1\n")
+    info = bmv2.build_info("simple_switch")
+    assert info["fast"] is False and info["flags"]["event_logger"] and info["config"] == str(cfg)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert bmv2.build_info("simple_switch") is None

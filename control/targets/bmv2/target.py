@@ -232,12 +232,6 @@ class Bmv2Target(Target):
     def log_path(self) -> Path:
         return self.run_dir / f"{self.instance}.log"
 
-    @property
-    def build_dir(self) -> Path:
-        """Where the program is compiled: shared by every load of the same sources
-        (:func:`embnic.control.targets.bmv2.switch.cached_build_dir`), outside the run directory."""
-        return bmv2.cached_build_dir()
-
     def _transient_files(self) -> list[Path]:
         """Run-directory files a load makes that the running card does not need once its switch
         is up: the programming switch's logs and the saved state it hands over (and the build
@@ -292,8 +286,7 @@ class Bmv2Target(Target):
     def _tools(self, channel: str) -> None:
         """Raise MissingDependencyError (one line) naming every missing tool (and, for P4Runtime,
         Python package) and how to get each."""
-        missing = bmv2.missing_tools((["p4c"] if self.json_path is None else []) +
-                                     [bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
+        missing = bmv2.missing_tools([bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
         if channel == "p4runtime" and not missing:
             from embnic.control.targets.bmv2 import p4runtime
 
@@ -316,7 +309,7 @@ class Bmv2Target(Target):
                                          state_timeout_us=card.state_timeout_ms * 1000)
 
     def load(self, program: bool = True) -> dict:
-        """Compile, start the switch and program it before it takes a frame (module docstring),
+        """Take the compiled program, start the switch and program it before it takes a frame (module docstring),
         on the channel ``channel`` chose.
 
         Returns:
@@ -326,9 +319,10 @@ class Bmv2Target(Target):
                 long for the P4Runtime socket.
             ConfigError: no ``[card]``, a card port without ``mac``, a shard/client without
                 ``mac``/``card_port``.
-            MissingDependencyError: p4c / simple_switch(_grpc) / simple_switch_CLI missing, or
-                finsy/grpcio for P4Runtime (names them).
-            OperationalError: p4c failed, already running, the
+            MissingDependencyError: simple_switch(_grpc) / simple_switch_CLI missing, or
+                finsy/grpcio for P4Runtime (names them); p4/ edited and no p4c 1.2.4.8 to compile it.
+            UsageError: the config sets ``ring_size``/``state_size`` other than the compiled ones.
+            OperationalError: compiling an edited p4/ failed, already running, the
                 namespace has addresses besides loopback, the switch did not start.
         """
         cfg = self.config
@@ -337,6 +331,7 @@ class Bmv2Target(Target):
         if cfg.card is None or not cfg.card.enabled:
             raise ConfigError("card", "the bmv2 target needs a [card] section (enabled = true) with its "
                               "ports; see docs/config.md", cfg.path)
+        sizes = p4prog.card_sizes(cfg.card, "bmv2", cfg.path)
         ids = sorted(p.id for p in cfg.card.ports)
         if len(self.interfaces) < len(ids) or ids != list(range(len(ids))):
             raise UsageError(f"the bmv2 target needs one interface per card port (ports {ids}, "
@@ -365,10 +360,7 @@ class Bmv2Target(Target):
                                    f"run `embnic pipeline unload --name {self.instance}` first")
         if self.netns:  # checked before the (slow) compile: a refusal comes at once
             ns = self._prepare_netns(self.netns, self.interfaces[:len(ids)])
-        try:
-            json_path = self.json_path or bmv2.compile_program(self.build_dir)
-        except bmv2.Bmv2Error as e:
-            raise OperationalError(str(e)) from None
+        json_path, note = (self.json_path, None) if self.json_path else bmv2.program_json()
 
         made_ns = None
         if not self.netns:
@@ -403,10 +395,11 @@ class Bmv2Target(Target):
             if made_ns:
                 netns.delete(made_ns)
             raise OperationalError(str(e)) from None
-        info = {"mode": "bmv2", "state_size": p4prog.constants()["STATE_SLOTS"],
+        info = {"mode": "bmv2", "state_size": sizes["state_size"], "ring_size": sizes["ring_size"],
                 "state_timeout_ms": cfg.card.state_timeout_ms,
                 "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
-        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info,
+                "warnings": [note] if note else []}
 
     def _state(self, sw: bmv2.SimpleSwitch, pid: int, json_path: Path, ns: Netns, ports: dict,
                channel: str) -> dict:

@@ -1,9 +1,11 @@
 """The P4 card for PNA on DPDK's SWX pipeline: build the pipeline, run ``embnic-swx``, talk to it.
 
-The build (:func:`build_pipeline`), cached by everything it reads (:func:`embnic.control.targets.p4program.sources_digest`
-plus the tools and the DPDK version)::
+The build (:func:`build_pipeline`), cached by everything it reads (:func:`pipeline_digest`: the
+compiled program's files, embnic-swx, this module, the C compiler and the DPDK version)::
 
-    p4c-dpdk --arch pna -o embnic.spec p4/pna/embnic.p4  -> embnic.spec, context.json, bfrt.json, embnic.p4info.txtpb
+    p4/build/pna/embnic.spec, context.json       p4c-dpdk --arch pna's output, committed
+                                                 (embnic.control.targets.p4compiled.outputs)
+    relocate_metadata, split_regadd_immediates   the load-time rewrites of the raw spec (below)
     embnic-swx ... -- --codegen embnic.spec embnic.c       (DPDK's rte_swx_pipeline_codegen)
     gcc -shared -fPIC embnic.c -I <DPDK lib/pipeline headers> -> embnic.so
 
@@ -37,7 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from embnic.control.targets import p4program as p4prog
+from embnic.control.targets import p4compiled
 from embnic.control.targets.dpdk.process import remove_runtime_dir, unique_prefix
 from embnic.control.errors import MissingDependencyError, OperationalError
 
@@ -47,8 +49,6 @@ SWX_BINARY = REPO_ROOT / "dataplane" / "build" / "embnic-swx"
 #: the pipeline headers libdpdk-dev lacks (scripts/dpdk-pipeline-headers.sh puts them here)
 HEADERS_SCRIPT = REPO_ROOT / "scripts" / "dpdk-pipeline-headers.sh"
 INTERNAL_HEADERS = ("rte_swx_pipeline_internal.h", "rte_swx_pipeline_spec.h")
-P4C_DPDK_HINT = ("build p4lang/p4c 1.2.4.x with its DPDK backend (`make p4tools P4C_BACKENDS=bmv2,dpdk`, "
-                 "p4/README.md) and put p4c-dpdk on PATH")
 
 
 class P4DpdkError(OperationalError):
@@ -76,9 +76,9 @@ def headers_dir() -> Path:
 
 
 def missing() -> str | None:
-    """One line naming what the p4dpdk target lacks and how to get it, or None when nothing is missing."""
-    if shutil.which("p4c-dpdk") is None:
-        return f"p4c-dpdk not found on PATH: {P4C_DPDK_HINT}"
+    """One line naming what the p4dpdk target lacks to run the compiled program and how to get
+    it, or None when nothing is missing. p4c-dpdk is not among them: the target runs the
+    committed spec (:mod:`embnic.control.targets.p4compiled`)."""
     inc = headers_dir()
     if not all((inc / h).is_file() for h in INTERNAL_HEADERS):
         return (f"DPDK's pipeline headers {', '.join(INTERNAL_HEADERS)} not in {inc}: run "
@@ -104,6 +104,8 @@ class Pipeline:
     spec: Path
     context: Path
     digest: str
+    #: worth saying once at load (p4compiled.Outputs.note), or None
+    note: str | None = None
 
 
 def cache_dir() -> Path:
@@ -121,21 +123,17 @@ def _ident(path: str | None) -> str:
     return f"{os.path.realpath(path)}:{st.st_mtime_ns}"
 
 
-def pipeline_digest(main: Path | None = None) -> str:
-    """SHA-256 (hex) of everything :func:`build_pipeline` reads: every file of the P4 program
-    (the project's and p4c-dpdk's own includes), the p4c-dpdk and embnic-swx binaries, this
-    module (its post-processing of the spec), the C compiler and the DPDK version and pipeline
-    headers."""
-    p4c = shutil.which("p4c-dpdk")
-    inc = p4prog.compiler_include_dir(p4c) if p4c else None
+def pipeline_digest(program: p4compiled.Outputs) -> str:
+    """SHA-256 (hex) of everything :func:`build_pipeline` reads: the compiled program's files
+    (``program.digest``), the embnic-swx binary, this module (its rewrites of the spec), the C
+    compiler, and the DPDK version and pipeline headers — what the machine has, not which p4c
+    (if any) is installed."""
     hdr = headers_dir()
-    extra = "\n".join([_ident(p4c), _ident(str(SWX_BINARY)) if SWX_BINARY.exists() else "-",
-                       # this module: how the spec is post-processed (relocate_metadata) and built
-                       hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-                       _ident(shutil.which("gcc")), dpdk_version() or "-"] +
-                      [(hdr / h).read_text(errors="replace") if (hdr / h).is_file() else "-"
-                       for h in INTERNAL_HEADERS])
-    return p4prog.sources_digest(main or p4prog.PNA_MAIN, [inc] if inc else [], extra=extra)
+    parts = [program.digest, _ident(str(SWX_BINARY)) if SWX_BINARY.exists() else "-",
+             hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), _ident(shutil.which("gcc")),
+             dpdk_version() or "-"] + [(hdr / h).read_text(errors="replace") if (hdr / h).is_file() else "-"
+                                       for h in INTERNAL_HEADERS]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _run(cmd: Sequence[str], what: str, timeout: float, cwd: Path | None = None) -> str:
@@ -149,57 +147,38 @@ def _run(cmd: Sequence[str], what: str, timeout: float, cwd: Path | None = None)
     return out
 
 
-def compile_spec(out_dir: Path, main: Path | None = None, timeout: float = 900) -> tuple[Path, Path]:
-    """``p4c-dpdk --arch pna`` of the PNA program into ``out_dir``: ``embnic.spec``,
-    ``context.json``, ``bfrt.json``, ``embnic.p4info.txtpb``. Warnings count as failures (the program
-    compiles clean). Returns ``(spec, context)``.
-
-    Raises:
-        MissingDependencyError: no p4c-dpdk on PATH.
-        P4DpdkError: p4c-dpdk failed or warned (its output in the message).
-    """
-    p4c = shutil.which("p4c-dpdk")
-    if p4c is None:
-        raise MissingDependencyError(f"p4c-dpdk not found on PATH: {P4C_DPDK_HINT}", dependency="p4c-dpdk")
-    main = Path(main or p4prog.PNA_MAIN)
-    spec, ctx = out_dir / "embnic.spec", out_dir / "context.json"
-    # LocalCopyPropagation off: it folds locals and metadata into later expressions, which
-    # p4c-dpdk 1.2.4.8 then lowers wrongly where a value is used twice (p4/README.md)
-    cmd = [p4c, "--arch", "pna", "--excludeMidendPasses", "P4::LocalCopyPropagation", "-o", str(spec), "--context", str(ctx),
-           "--bf-rt-schema", str(out_dir / "bfrt.json"), "--p4runtime-files", str(out_dir / "embnic.p4info.txtpb"),
-           str(main)]
-    out = _run(cmd, "p4c-dpdk", timeout)
-    if out:
-        raise P4DpdkError(f"p4c-dpdk warned (the program must compile clean): {' '.join(cmd)}\n{out}")
-    return spec, ctx
-
-
-def build_pipeline(out_dir: Path | None = None, main: Path | None = None) -> Pipeline:
-    """The PNA program as a pipeline library for embnic-swx: p4c-dpdk → codegen → ``gcc -shared``.
+def build_pipeline(out_dir: Path | None = None) -> Pipeline:
+    """The PNA program as a pipeline library for embnic-swx: the compiled spec
+    (:func:`embnic.control.targets.p4compiled.outputs`) → the load-time rewrites → codegen →
+    ``gcc -shared``.
 
     Reused when ``out_dir`` (default: ``cache_dir()/<digest[:16]>``) already holds a build of
     the same digest (:func:`pipeline_digest`); built in a temporary folder beside it and renamed
     into place, so concurrent builds never see half a pipeline.
 
     Raises:
-        MissingDependencyError: p4c-dpdk, the DPDK pipeline headers or embnic-swx missing (one line each).
+        MissingDependencyError: the DPDK pipeline headers or embnic-swx missing; the P4 sources
+            were edited and p4c-dpdk 1.2.4.8 is not on PATH (one line each).
         P4DpdkError: a step failed (its command and output in the message).
+        P4CompileError: the committed outputs are damaged, or compiling edited sources failed.
     """
     require()
-    digest = pipeline_digest(main)
+    program = p4compiled.outputs("pna")
+    digest = pipeline_digest(program)
     out_dir = Path(out_dir) if out_dir else cache_dir() / digest[:16]
-    pipe = Pipeline(out_dir / "embnic.so", out_dir / "embnic.spec", out_dir / "context.json", digest)
+    pipe = Pipeline(out_dir / "embnic.so", out_dir / "embnic.spec", out_dir / "context.json", digest, program.note)
     stamp = out_dir / "embnic.sha256"
     if pipe.lib.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return pipe
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir.parent))
     try:
-        spec, _ = compile_spec(tmp, main)
+        shutil.copyfile(program.path("spec"), tmp / "embnic.p4c-dpdk.spec")
+        shutil.copyfile(program.path("context"), tmp / "context.json")
         # DPDK 22.11 addresses 256 bytes of metadata: p4c-dpdk's temporaries go to scratch headers
-        os.replace(spec, tmp / "embnic.p4c-dpdk.spec")
         text, moved = relocate_metadata((tmp / "embnic.p4c-dpdk.spec").read_text())
         text, moved["regadd_immediates"] = split_regadd_immediates(text)
+        spec = tmp / "embnic.spec"
         spec.write_text(text)
         (tmp / "relocation.json").write_text(json.dumps(moved) + "\n")
         code = tmp / "embnic.c"

@@ -1,7 +1,8 @@
 """The ``p4dpdk`` target: the P4 program for PNA (p4/pna/) in DPDK's SWX pipeline, run by ``embnic-swx``.
 
-``load`` = say in one line what is missing (p4c-dpdk, DPDK's pipeline headers, embnic-swx:
-:func:`embnic.control.targets.p4dpdk.swx.missing`) → build the pipeline (cached:
+``load`` = say in one line what is missing (DPDK's pipeline headers, embnic-swx:
+:func:`embnic.control.targets.p4dpdk.swx.missing`) → build the pipeline from the committed
+``p4/build/pna`` (cached:
 :func:`embnic.control.targets.p4dpdk.swx.build_pipeline`) → start
 ``[ip netns exec NS] embnic-swx EAL-ARGS -- --pipeline LIB.so --ctl SOCK --paused`` with the EAL
 arguments and vdevs of the ``dpdk`` target (its lcore list's first lcore only: one lcore) →
@@ -246,11 +247,17 @@ class P4DpdkTarget(DpdkTarget):
     def load(self, program: bool = True) -> dict:
         """Build the pipeline, start embnic-swx, program it, resume (module doc).
 
+        Returns:
+            the state file's contents plus ``routes``/``clients`` counts, ``info`` and ``warnings``
+            (where the compiled program says something once: :attr:`p4dpdk.Pipeline.note`).
         Raises:
-            MissingDependencyError: p4c-dpdk, DPDK's pipeline headers or embnic-swx missing (one line).
-            UsageError / ConfigError / NeedsRootError / OperationalError: as the dpdk target.
+            MissingDependencyError: DPDK's pipeline headers or embnic-swx missing, or the P4 sources
+                edited and no p4c-dpdk 1.2.4.8 on PATH (one line).
+            UsageError: the config sets ``ring_size``/``state_size`` other than the compiled ones.
+            ConfigError / NeedsRootError / OperationalError: as the dpdk target.
         """
         routes, clients = self._check_config(program)
+        p4prog.card_sizes(self.config.card, self.name, self.config.path)
         p4dpdk.require()
         require_root("loading the p4dpdk target (embnic-swx and its DPDK EAL)")
         if self.netns:
@@ -292,7 +299,9 @@ class P4DpdkTarget(DpdkTarget):
             proc.stop(self.stop_timeout)
             remove_state(self.run_dir, self.instance)
             raise
-        return {**state, "routes": len(routes), "clients": len(clients), "info": info}
+        note = self._pipe.note if self._pipe else None
+        return {**state, "routes": len(routes), "clients": len(clients), "info": info,
+                "warnings": [note] if note else []}
 
     # ------------------------------------------------------------------ tables
     def _check_port(self, e: Entry) -> None:
