@@ -30,8 +30,16 @@
  * fragments are tracked the same way (replying); when every fragment of the
  * reply has passed the entry is freed, and what it leaves behind is counted:
  * completed messages by reply type, and the request->reply latency into the
- * shard's histogram. Entries idle for the timeout are freed and counted as
- * expired. A full map drops the new request (state_full).
+ * shard's histogram. An ERROR may come before the whole request passed (a
+ * shard refusing a message at its fragment 0 answers at once): the entry is
+ * then answered (still replying, its whole reply passed) and stays until
+ * the request's remaining fragments have passed, so that they do not open
+ * an entry nobody answers (an UPDATE_NACK, which asks for the missing
+ * fragments, frees the entry: they open a new one, which the shard
+ * answers); for anything else an answered entry is as good as freed (a reply is unsolicited_reply, a request fragment already seen or
+ * contradicting it opens the entry anew). Entries idle for the timeout are
+ * freed and counted as expired. A full map drops the new request
+ * (state_full).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -291,6 +299,33 @@ entry_num_keys(const struct state_entry *e)
 	}
 }
 
+/*
+ * Has the whole reply passed while some request fragments have not
+ * (answered: the shard refused the message with an ERROR before the whole
+ * request came)? Such an entry waits only for the rest of its request.
+ */
+static inline bool
+entry_answered(const struct state_entry *e)
+{
+	return e->state == EMBNIC_ST_REPLYING &&
+		e->frags_out == e->rep_frag_count;
+}
+
+/*
+ * Request frame m of an answered entry that is not one of the fragments
+ * still to come (one already seen, or one contradicting the entry): a new
+ * message with the same ids (a client re-sending), as if the entry had
+ * been freed when its reply passed.
+ */
+static inline bool
+answered_reopens(const struct state_entry *e, const struct embnic_msg *m)
+{
+	return request_differs(e, m) ||
+		(e->seen_in[m->frag_index >> 6] >> (m->frag_index & 63)) & 1;
+}
+
+/* 0 to send; a drop reason; 1 to send and free the entry (the last
+ * fragment of an answered entry's request). */
 static inline int
 on_request(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 {
@@ -304,6 +339,8 @@ on_request(struct state_entry *e, const struct embnic_msg *m, uint64_t now)
 			RTE_ASSERT(e->bytes_in == e->msg_len);
 			if (e->state == EMBNIC_ST_RECEIVING)
 				e->state = EMBNIC_ST_FORWARDED;
+			else if (unlikely(entry_answered(e)))
+				return 1;
 		}
 	}
 	e->frames_in = sat_inc(e->frames_in);
@@ -341,7 +378,9 @@ shard_stats(struct embnic_state *s, uint16_t shard_id)
 					  __ATOMIC_ACQUIRE)];
 }
 
-/* 0 to send; a drop reason; 1 when the reply is complete (send, free). */
+/* 0 to send; a drop reason; 1 when the reply is complete (send; free the
+ * entry unless it is an ERROR and request fragments are still to come:
+ * answered). */
 static inline int
 on_reply(struct embnic_state *s, struct state_entry *e,
 	 const struct embnic_msg *m, uint64_t now)
@@ -349,6 +388,8 @@ on_reply(struct embnic_state *s, struct state_entry *e,
 	struct embnic_shard_stats *ss;
 	uint64_t ns;
 
+	if (unlikely(entry_answered(e)))	/* as if freed */
+		return EMBNIC_DROP_UNSOLICITED_REPLY;
 	if (unlikely(e->shard_id != m->shard_id))
 		return EMBNIC_DROP_WRONG_SHARD_REPLY;
 	if (unlikely(!answers(e->msg_type, m->msg_type)))
@@ -509,8 +550,11 @@ embnic_state_update_burst(struct embnic_state *s,
 			v = on_reply(s, e, m, now);
 			if (v == 1) {
 				st->completed[e->rep_type]++;
-				entry_free(s, e, &keys[r], sig[r]);
-				pos[r] = -1;
+				if (likely(e->frags_in == e->frag_count ||
+					   e->rep_type != EMBNIC_ERROR)) {
+					entry_free(s, e, &keys[r], sig[r]);
+					pos[r] = -1;
+				}
 				v = 0;
 			}
 			verdict[i] = v;
@@ -528,8 +572,19 @@ embnic_state_update_burst(struct embnic_state *s,
 			}
 			pos[r] = p;
 			entry_init(&s->e[p], m, now);
+		} else if (unlikely(entry_answered(&s->e[p])) &&
+			   answered_reopens(&s->e[p], m)) {
+			entry_init(&s->e[p], m, now);
 		}
-		verdict[i] = on_request(&s->e[p], m, now);
+		e = &s->e[p];
+		v = on_request(e, m, now);
+		if (unlikely(v == 1)) {
+			/* an answered entry's request is whole: free it */
+			entry_free(s, e, &keys[r], sig[r]);
+			pos[r] = -1;
+			v = 0;
+		}
+		verdict[i] = v;
 	}
 }
 
@@ -746,7 +801,11 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 			if (e->rep_frag_count == 0 ||
 			    e->rep_frag_count > EMBNIC_MAX_FRAGS ||
 			    e->frags_out == 0 ||
-			    e->frags_out >= e->rep_frag_count ||
+			    e->frags_out > e->rep_frag_count ||
+			    /* answered: only while request fragments are
+			     * still to come */
+			    (e->frags_out == e->rep_frag_count &&
+			     e->frags_in == e->frag_count) ||
 			    e->frames_out < e->frags_out ||
 			    (e->rep_frag_count > 1 &&
 			     (bits_set(e->seen_out) != e->frags_out ||

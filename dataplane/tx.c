@@ -3,7 +3,7 @@
  * TX stage of a state lcore: dequeue a burst of mbufs from its header
  * ring (every frame of the messages of its state map partition), check the
  * sender (requests from registered clients, replies from registered
- * servers), look the destination up (route table by shard for requests,
+ * servers, each from the card port and MAC its entry names), look the destination up (route table by shard for requests,
  * client table by client id for replies), account the message in the state
  * map partition, rewrite Ethernet/IPv4/UDP and transmit per port (with
  * several state lcores, hand the frames to the RX lcore, which owns the
@@ -252,10 +252,30 @@ lookup_peers(struct embnic_table *t, const uint32_t *ids, unsigned int n,
 }
 
 /*
+ * Does the frame come from where peer p is: the card port it is behind,
+ * and its MAC where the entry states one (a unicast, non-zero address; the
+ * config refuses others, so every entry the CLI loads states one)? A frame
+ * carrying a registered peer's IPv4 address and UDP port from another port
+ * or MAC spoofs that peer (wrong_port).
+ */
+static inline bool
+from_peer(const struct tx_frame *d, const struct embnic_peer *p)
+{
+	const struct rte_ether_hdr *eth = (const struct rte_ether_hdr *)d->data;
+
+	if (d->m->port != p->port)
+		return false;
+	return !rte_is_valid_assigned_ether_addr(&p->mac) ||
+		rte_is_same_ether_addr(&p->mac, &eth->src_addr);
+}
+
+/*
  * Who may send this frame and where it goes: a request needs its client
- * registered with the sender's IPv4 and UDP port, then a route for its
- * shard; a reply needs a route for its shard whose server is the sender,
- * then its client registered. Returns 0 and sets *dst, or a drop reason.
+ * registered with the sender's IPv4 and UDP port, from the card port (and
+ * MAC) the client is behind, then a route for its shard; a reply needs a
+ * route for its shard whose server is the sender, from that server's card
+ * port (and MAC), then its client registered. Returns 0 and sets *dst, or
+ * a drop reason.
  */
 static inline int
 authorise(const struct tx_frame *d, const struct embnic_peer *client,
@@ -267,6 +287,8 @@ authorise(const struct tx_frame *d, const struct embnic_peer *client,
 		if (client == NULL || client->ip != in->src_ip ||
 		    client->udp_port != in->src_port)
 			return EMBNIC_DROP_UNKNOWN_CLIENT;
+		if (unlikely(!from_peer(d, client)))
+			return EMBNIC_DROP_WRONG_PORT;
 		if (route == NULL)
 			return EMBNIC_DROP_UNKNOWN_SHARD;
 		*dst = route;
@@ -274,6 +296,8 @@ authorise(const struct tx_frame *d, const struct embnic_peer *client,
 		if (route == NULL || route->ip != in->src_ip ||
 		    route->udp_port != in->src_port)
 			return EMBNIC_DROP_UNKNOWN_SERVER;
+		if (unlikely(!from_peer(d, route)))
+			return EMBNIC_DROP_WRONG_PORT;
 		if (client == NULL)
 			return EMBNIC_DROP_UNKNOWN_CLIENT;
 		*dst = client;

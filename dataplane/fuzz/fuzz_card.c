@@ -26,8 +26,10 @@
  *        (the port's address is 10.1.<port>.1)
  *   3 routes then 3 clients, 4 bytes each, used or not: id, port,
  *        ip (10.1.<port>.<ip>), udp port u (0: 7878; 1..127: 7878 + u;
- *        128..255: 40000 + u - 128); MAC 02:00:00:00:<port>:<ip>
- *        (the address plan of tests/dataplane/conformance.py)
+ *        128..255: 40000 + u - 128); MAC 02:00:00:00:<k>:<id>, k 1 for
+ *        a client, 2 for a shard (the address plan of
+ *        tests/dataplane/conformance.py; the card checks a sender's
+ *        ingress port and MAC against its entry: wrong_port)
  *   then frames, each: len (2 bytes, little endian; cut to what is left),
  *        flags, step, split, then len bytes of frame:
  *     flags bits 0-1: ingress port (mod ports); bit 2: set the IPv4 total
@@ -36,7 +38,7 @@
  *        sender (Ethernet type, IPv4 version/IHL/protocol/no fragment,
  *        destination the port's address and port 7878, source the client
  *        of a request or the shard of a reply named in the embnic header,
- *        if registered); bit 6: two segments, cut at byte split (if
+ *        its IPv4, UDP port and MAC, if registered); bit 6: two segments, cut at byte split (if
  *        0 < split < len)
  *     step bits 0-5: before this frame, run the stages on what is queued
  *        and advance the clock by step x 250 us (0: same poll as the
@@ -217,6 +219,7 @@ make_authentic(uint8_t *f, size_t n, const struct embnic_port *port)
 		find_peer(&fz_routes,
 			  rd16(f + 42 + offsetof(struct embnic_hdr, shard_id)));
 	if (from != NULL) {
+		memcpy(f + 6, &from->mac, 6);
 		memcpy(f + 26, &from->ip, 4);
 		memcpy(f + 34, &from->udp_port, 2);
 	}
@@ -450,7 +453,7 @@ add_peers(const uint8_t *c, unsigned int n, bool route, uint16_t nports)
 		p.ip = rte_cpu_to_be_32(0x0a010000u | (uint32_t)p.port << 8 |
 					b[2]);
 		p.mac = (struct rte_ether_addr){ { 2, 0, 0, 0,
-						   (uint8_t)p.port, b[2] } };
+						   route ? 2 : 1, b[0] } };
 		if (route) {
 			/* as the control socket's route_add does */
 			embnic_shard_slot_assign(&fz_app, p.id);

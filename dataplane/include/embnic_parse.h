@@ -70,7 +70,8 @@ embnic_ipv4_sum20(const void *hdr)
 	X(WRONG_REPLY_TYPE, wrong_reply_type) \
 	X(BAD_REPLY_LEN, bad_reply_len) \
 	X(TRUNCATED, truncated) \
-	X(TOO_LONG_FOR_PORT, too_long_for_port)
+	X(TOO_LONG_FOR_PORT, too_long_for_port) \
+	X(WRONG_PORT, wrong_port)
 
 enum embnic_drop {
 	EMBNIC_DROP_NONE = 0,

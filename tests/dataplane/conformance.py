@@ -346,7 +346,9 @@ class StateModel:
     ``num_tables``, ``num_keys``, ``value_len``, ``msg_len``); every fragment seen once ->
     ``forwarded``. A reply frame (already known to match:
     fates say which are forwarded) marks its fragment (``replying``); once every reply fragment
-    was seen the entry is freed and counted as completed by reply type, per shard. Body bytes
+    was seen the entry is counted as completed by reply type, per shard, and freed — unless
+    it is an ERROR and request fragments are still to come: it is then answered (``replying``), freed when the last
+    of them passes, and a request fragment it has already seen opens it anew. Body bytes
     are counted once per distinct fragment each way (``bytes_in``, ``bytes_out``).
     """
 
@@ -357,6 +359,9 @@ class StateModel:
     def frame(self, h: Embnic) -> None:
         key = (h.client_id, h.msg_id)
         if h.msg_type in consts.REQUEST_TYPES:
+            old = self.entries.get(key)
+            if old is not None and old.get("answered") and h.frag_index in old["in"]:
+                del self.entries[key]  # as if freed: a new message with the same ids
             e = self.entries.setdefault(key, {"in": set(), "out": set(), "n_in": h.frag_count,
                                               "n_out": 0, "shard": h.shard_id, "type": h.msg_type,
                                               "num_tables": h.num_tables, "num_keys": h.num_keys,
@@ -365,6 +370,8 @@ class StateModel:
             if h.frag_index not in e["in"]:
                 e["bytes_in"] += h.frag_len
             e["in"].add(h.frag_index)
+            if e.get("answered") and len(e["in"]) == e["n_in"]:
+                del self.entries[key]
             return
         e = self.entries[key]
         e["n_out"] = h.frag_count
@@ -372,7 +379,10 @@ class StateModel:
             e["bytes_out"] += h.frag_len
         e["out"].add(h.frag_index)
         if len(e["out"]) == e["n_out"]:
-            del self.entries[key]
+            if len(e["in"]) == e["n_in"] or h.msg_type != MsgType.ERROR:
+                del self.entries[key]
+            else:
+                e["answered"] = True  # refused with request fragments still to come
             name = MsgType(h.msg_type).name
             self.completed["all"][name] += 1
             self.completed.setdefault(str(e["shard"]), collections.Counter())[name] += 1

@@ -3,9 +3,10 @@
 Each ``add_*`` appends input frames and their fates to a :class:`conformance.Suite`: valid
 requests and replies, of one table and of several (:func:`add_valid`), frames that do not
 parse or do not add up (a version-1 frame among them) (:func:`add_malformed`), senders and
-targets the tables do not know (:func:`add_unauthorised`), the state map's reply rules
-(:func:`add_reply_path`) and fragments cut at another size than their message's
-(:func:`add_frag_geometry`). The wiring and the meaning of a fate
+targets the tables do not know and registered addresses from another card port or MAC
+(:func:`add_unauthorised`, :func:`add_wrong_port`), the state map's reply rules
+(:func:`add_reply_path`, with a reply before the whole request: :func:`add_answered_early`) and
+fragments cut at another size than their message's (:func:`add_frag_geometry`). The wiring and the meaning of a fate
 are in ``conformance.py``'s docstring.
 
 Run through the suite: ``python3 -m pytest -q tests/dataplane/test_conformance.py``.
@@ -359,6 +360,31 @@ def add_reply_path(s: Suite) -> None:
     n = (256 * P) // 8 + 1  # 45697 rows of 8 bytes: 365576 bytes, 257 fragments of 1428
     s.add_message("reply of 257 fragments (last fragment)", s0, LR, ("drop", "too_many_frags"),
                   msg_id=s.msg_id(), client_id=2, shard_id=0, num_keys=n, dim=2, only=[256])
+    add_answered_early(s)
+
+
+def add_answered_early(s: Suite) -> None:
+    """A shard refusing a request of several fragments at its fragment 0 answers before the rest
+    came (docs/protocol.md, "The card's state map"): the ERROR passes and completes the message,
+    and the entry stays, answered, until the request's other fragments have passed — they open no
+    entry nobody would answer — then it is freed. For anything else an answered entry is as if
+    freed: another reply is ``unsolicited_reply``, a fragment already seen opens it anew."""
+    c3, s2 = s.clients[3], s.shards[2]
+    L, E = MsgType.LOOKUP_REQ, MsgType.ERROR
+    req = dict(msg_id=s.msg_id(), client_id=3, shard_id=2, num_keys=400)  # 3 fragments
+    s.add_message("c3 lookup s2 (refused at fragment 0), fragment 0", c3, L, ("fwd", s2), only=[0], **req)
+    s.add_message("s2 ERROR c3 after fragment 0", s2, E, ("fwd", c3), status=Status.MALFORMED, **req)
+    s.add_message("s2 ERROR c3 again, the entry answered", s2, E, ("drop", "unsolicited_reply"),
+                  status=Status.MALFORMED, **req)
+    s.add_message("c3 lookup s2 (refused at fragment 0), fragments 1 2", c3, L, ("fwd", s2), only=[1, 2], **req)
+    s.add_message("s2 ERROR c3 after the whole request passed", s2, E, ("drop", "unsolicited_reply"),
+                  status=Status.MALFORMED, **req)
+    # answered, then fragment 0 again (the client re-sends): a new message with the same ids
+    req = dict(msg_id=s.msg_id(), client_id=3, shard_id=2, num_keys=400)
+    s.add_message("c3 lookup s2 (refused, re-sent), fragment 0", c3, L, ("fwd", s2), only=[0], **req)
+    s.add_message("s2 ERROR c3 after fragment 0 (re-sent case)", s2, E, ("fwd", c3), status=Status.MALFORMED, **req)
+    s.add_message("c3 re-sends the whole lookup", c3, L, ("fwd", s2), flags=Flags.RETRANSMIT, **req)
+    s.add_message("s2 ERROR c3 to the re-sent lookup", s2, E, ("fwd", c3), status=Status.MALFORMED, **req)
 
 
 def add_frag_geometry(s: Suite) -> None:
@@ -429,3 +455,36 @@ def add_unauthorised(s: Suite) -> None:
                   msg_id=s.msg_id(), client_id=1, shard_id=1, num_keys=1)
     s.add_message("reply to unregistered client 7", s0, LR, ("drop", "unknown_client"),
                   msg_id=s.msg_id(), client_id=7, shard_id=0, num_keys=1)
+    add_wrong_port(s)
+
+
+def add_wrong_port(s: Suite) -> None:
+    """A registered sender's IPv4 address and UDP port from another card port than its entry
+    names, or from its port with another MAC: a spoof from another link, dropped as ``wrong_port``
+    (docs/control-socket.md, "Sender checks") before the state map sees it, so whether the message
+    it names is open does not matter (frames of different ports may interleave)."""
+    c1, c2, c3 = s.clients[1], s.clients[2], s.clients[3]
+    s0, s1 = s.shards[0], s.shards[1]
+    L, U, UA = MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ, MsgType.UPDATE_ACK
+    # requests: client 1 (port 0) from port 2; client 2 from its port 1 with another MAC
+    s.add_message("client 1's address from port 2", dataclasses.replace(c1, port=2), L, ("drop", "wrong_port"),
+                  msg_id=s.msg_id(), client_id=1, shard_id=1, num_keys=1)
+    s.add_message("client 2's address from port 1, another MAC", dataclasses.replace(c2, mac="02:00:00:00:09:09"),
+                  L, ("drop", "wrong_port"), msg_id=s.msg_id(), client_id=2, shard_id=0, num_keys=1)
+    # replies: an update of client 3 to shard 1 (port 2) acknowledged by a spoof of shard 1's
+    # address from port 1 (client 2's link) and from port 0; then by shard 1's address on port 2
+    # with another MAC; then by shard 1 itself, which completes it
+    m = s.msg_id()
+    upd = dict(msg_id=m, client_id=3, shard_id=1, num_keys=4, dim=2)
+    s.add_message("c3 update s1 (spoofed acks)", c3, U, ("fwd", s1), **upd)
+    s.add_message("shard 1's address acks it from port 1", dataclasses.replace(s1, port=1), UA,
+                  ("drop", "wrong_port"), **upd)
+    s.add_message("shard 1's address acks it from port 0", dataclasses.replace(s1, port=0), UA,
+                  ("drop", "wrong_port"), **upd)
+    s.add_message("shard 1's address acks it from port 2, another MAC", dataclasses.replace(s1, mac="02:00:00:00:09:0a"),
+                  UA, ("drop", "wrong_port"), **upd)
+    s.add_message("s1 ack c3 (after the spoofs)", s1, UA, ("fwd", c3), **upd)
+    # the port is checked after the address: shard 0's address from port 0 with shard 9's id has no route
+    s.add_message("shard 0's address from port 0 claiming shard 9", dataclasses.replace(s0, port=0),
+                  MsgType.LOOKUP_REPLY, ("drop", "unknown_server"), msg_id=s.msg_id(), client_id=1, shard_id=9,
+                  num_keys=1)

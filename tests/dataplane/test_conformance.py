@@ -97,7 +97,8 @@ def test_every_drop_named(run):
                    "bad_magic", "bad_version", "bad_type", "bad_length", "unknown_client",
                    "unknown_server", "unknown_shard", "ring_full", "no_mbuf", "tx_full", "state_full",
                    "arp_ignored", "wrong_dst", "frag_mismatch", "too_many_frags", "unsolicited_reply",
-                   "wrong_shard_reply", "wrong_reply_type", "bad_reply_len", "truncated", "too_long_for_port"):
+                   "wrong_shard_reply", "wrong_reply_type", "bad_reply_len", "truncated", "too_long_for_port",
+                   "wrong_port"):
         assert reason in drops, f"drop reason {reason} missing from counters"
     want = run["suite"].expected_drops()
     assert {k: v for k, v in drops.items() if v} == want
