@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         man = regenerate()
     except (MissingDependencyError, P4CompileError) as e:
         print(f"embnic: {e}", file=sys.stderr)
-        return e.exit_code()
+        return e.exit_code
     for arch, entry in man["outputs"].items():
         print(f"p4/build/{arch}: {entry['compiler']} {entry['compiler_version']}: {', '.join(entry['files'])}")
     return 0

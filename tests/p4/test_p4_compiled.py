@@ -135,34 +135,16 @@ def test_normalise_drops_what_differs_run_to_run(tmp_path):
 
 
 # --------------------------------------------------------------------------- compiled sizes
-CARD = """
-[[shards]]
-id = 0
-host = "10.2.0.10"
-port = 7700
-mac = "02:00:00:00:02:10"
-card_port = 1
-[[clients]]
-id = 1
-host = "10.1.0.10"
-mac = "02:00:00:00:01:10"
-card_port = 0
-[card]
-{extra}
-[[card.ports]]
-id = 0
-ip = "10.1.0.1"
-mac = "02:cc:00:00:00:00"
-[[card.ports]]
-id = 1
-ip = "10.2.0.1"
-mac = "02:cc:00:00:00:01"
-"""
+def _config_text(extra: str = "") -> str:
+    """examples/testbed.toml with ``extra`` lines added to its [card] section."""
+    text = (REPO / "examples" / "testbed.toml").read_text()
+    assert "\n[card]\n" in text
+    return text.replace("\n[card]\n", f"\n[card]\n{extra}\n", 1)
 
 
 def _cfg(tmp_path, extra: str = ""):
     p = tmp_path / "c.toml"
-    p.write_text(CARD.format(extra=extra))
+    p.write_text(_config_text(extra))
     return load_config(str(p))
 
 
@@ -183,16 +165,16 @@ def test_p4_targets_refuse_another_size_in_one_line(tmp_path, key, const):
     with pytest.raises(UsageError) as e:
         p4prog.card_sizes(cfg.card, "p4dpdk", cfg.path)
     msg = str(e.value)
-    assert "\n" not in msg and e.value.exit_code() == 2
+    assert "\n" not in msg and e.value.exit_code == 2
     assert f"card.{key} = 65536 in {cfg.path}" in msg and f"compiled with {n}" in msg and f"set it to {n}" in msg
 
 
 @pytest.mark.parametrize("target", ["bmv2", "p4dpdk"])
 def test_cli_load_refuses_another_size_before_starting(tmp_path, target):
-    (tmp_path / "c.toml").write_text(CARD.format(extra="state_size = 65536"))
+    (tmp_path / "c.toml").write_text(_config_text("state_size = 65536"))
     r = subprocess.run([sys.executable, "-m", "embnic", "pipeline", "load", "--target", target, "-c",
-                        str(tmp_path / "c.toml"), "--vdev", "net_af_packet0,iface=nonexistent0", "--vdev",
-                        "net_af_packet1,iface=nonexistent1", "--name", "sizecheck"], capture_output=True, text=True,
+                        str(tmp_path / "c.toml"), *[a for i in range(4) for a in ("--vdev", f"net_af_packet{i},iface=nonexistent{i}")],
+                        "--name", "sizecheck"], capture_output=True, text=True,
                        timeout=120, env={"PATH": "/usr/bin:/bin", "EMBNIC_RUN_DIR": str(tmp_path / "run")})
     assert r.returncode == 2, r.stderr
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
