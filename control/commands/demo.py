@@ -69,7 +69,7 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3   # fails at step 4, naming shard 1
       sudo embnic demo --steps 10 --kill-shard 1 --kill-at-step 3 --restart   # SIGKILL, restore, same result
       sudo embnic demo --batch-size 4096 --all-clients   # every client loads the card (state_full stays 0)
-      sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (p4c, simple_switch on PATH)
+      sudo embnic demo --steps 10 --target bmv2     # the P4 card on BMv2 (simple_switch on PATH)
       sudo embnic demo --steps 10 --pmd af_xdp      # the card on net_af_xdp (make demo PMD=af_xdp)
     """
     from embnic.testbed.training import demo as D

@@ -35,8 +35,9 @@ DUT's veth ends have their offloads off
 
 Results merge into ``bench.json`` under ``dataplane``: ``bmv2_mpps``, ``bmv2_card_mpps`` (the
 DPDK card's figure of the same run and path), ``ratio_card_bmv2``, every run's figures and the
-setup, with the p4c/BMv2 versions, the channel and the BMv2 build (``bmv2_build``: its
-``BUILDINFO``, and whether the logging macros and event logger were compiled out).
+setup, with the p4c/BMv2 versions, the channel and the BMv2 build as the installation reports it
+(``bmv2_build``: :func:`embnic.control.targets.bmv2.switch.build_info` — the switch's ``--version``
+and its ``bm/config.h``: whether the logging macros and event logger were compiled out).
 """
 from __future__ import annotations
 
@@ -216,7 +217,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         ``{bmv2_mpps, bmv2_card_mpps, ratio_card_bmv2, bmv2_runs, bmv2_card_runs, bmv2_versions,
         bmv2_channel, bmv2_build, bmv2_setup}`` (mpps: million frames per second arriving at the sink).
     Raises:
-        NeedsRootError: not root. MissingDependencyError: dpdk-testpmd, p4c, the channel's switch
+        NeedsRootError: not root. MissingDependencyError: dpdk-testpmd, the channel's switch
             or simple_switch_CLI missing. OperationalError, DpdkProcError: a process failed (names
             its log).
     """
