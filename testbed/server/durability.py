@@ -56,6 +56,7 @@ it is read, cut or added.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import fcntl
 import json
 import logging
@@ -76,6 +77,7 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.table_numerics import TableShard
 
 from .stores import load_diskstore, open_tables, shard_dir
+from .window import UpdateWindow
 
 log = logging.getLogger("embnic.server")
 
@@ -306,20 +308,21 @@ def _files(d: Path, rx) -> list[tuple[int, Path]]:
 
 
 def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
-                     applied: collections.OrderedDict) -> Path:
+                     applied: UpdateWindow | collections.abc.Mapping) -> Path:
     """As :func:`_write_checkpoint`, returning the path only."""
     return _write_checkpoint(d, shard_id, seq, seed, tables, applied)[0]
 
 
 def _write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
-                      applied: collections.OrderedDict) -> tuple[Path, dict]:
+                      applied: UpdateWindow | collections.abc.Mapping) -> tuple[Path, dict]:
     """Write ``ckpt-<seq>.npz`` atomically (temporary file, ``fsync``, rename, directory ``fsync``);
     disk tables' snapshots first, into ``ckpt-<seq>.<n>.store/`` (module docstring).
 
     Args:
         d: the shard's directory.
         seq: updates the state includes (the next log record's sequence number).
-        tables: the shard's tables; applied: its exactly-once window (oldest first).
+        tables: the shard's tables; applied: its exactly-once window (:class:`.UpdateWindow`; or a
+            mapping ``(client_id, msg_id) -> fingerprint``, oldest first, e.g. empty).
 
     Returns:
         (the checkpoint's path, its meta).
@@ -349,7 +352,9 @@ def _write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[
             continue
         k, r, a = ts.state()
         arrays[f"t{tid}.keys"], arrays[f"t{tid}.rows"], arrays[f"t{tid}.acc"] = k, r, a
-    win = np.array([(c, m) + fp for (c, m), fp in applied.items()], np.int64).reshape(-1, 6)
+    rows = (applied.rows() if isinstance(applied, UpdateWindow)  # (an empty mapping: no window, an import)
+            else [(c, m) + tuple(fp) for (c, m), fp in applied.items()])
+    win = np.array(list(rows), np.int64).reshape(-1, 6)
     arrays["applied"] = win
     final = d / f"ckpt-{int(seq):020d}.npz"
     tmp = d / f".{final.name}.tmp"
@@ -441,9 +446,11 @@ class Durability:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
-    def restore(self, tables: dict[int, TableShard], applied: collections.OrderedDict, window: int) -> dict:
-        """Load the latest checkpoint into ``tables``/``applied``, replay the log after it, cut
-        off a bad tail, and open the log for appending. Without any file: an empty start.
+    def restore(self, tables: dict[int, TableShard], applied: UpdateWindow, window: int) -> dict:
+        """Load the latest checkpoint into ``tables``/``applied`` (the shard's exactly-once window,
+        :class:`.UpdateWindow`, which bounds itself; ``window``: its size, kept for callers),
+        replay the log after it, cut off a bad tail, and open the log for appending. Without
+        any file: an empty start.
 
         Returns:
             ``{"checkpoint", "checkpoint_seq", "replayed", "seq", "corrupt"}`` (``corrupt``: None
@@ -470,8 +477,8 @@ class Durability:
             for tid, st in tstate.items():
                 load_table(tables[tid], st)
             applied.clear()
-            for row in win.tolist():
-                applied[(row[0], row[1])] = tuple(row[2:])
+            for row in win.tolist():  # (no fragment size recorded: polls of these draw a NACK)
+                applied.add(row[0], row[1], tuple(row[2:]))
         seq, replayed, corrupt = seq0, 0, None
         logs = [(s, p) for s, p in _files(self.dir, _WAL)]
         for i, (start, p) in enumerate(logs):
@@ -491,10 +498,7 @@ class Durability:
                 if why is not None:
                     bad = {"file": str(p), "offset": -1, "reason": f"record {s}: {why}", "dropped_bytes": 0}
                     break
-                applied[(cid, mid)] = (nt, nk, vl, bcrc)
-                applied.move_to_end((cid, mid))
-                while len(applied) > window:
-                    applied.popitem(last=False)
+                applied.add(cid, mid, (nt, nk, vl, bcrc))
                 seq = s + 1
                 replayed += 1
             if bad is not None:
@@ -557,7 +561,7 @@ class Durability:
         """A periodic checkpoint is due (``checkpoint_every`` updates logged since the last)."""
         return self.every > 0 and self._since >= self.every
 
-    def checkpoint(self, tables: dict[int, TableShard], applied: collections.OrderedDict) -> Path:
+    def checkpoint(self, tables: dict[int, TableShard], applied: UpdateWindow) -> Path:
         """Write a checkpoint of the committed state, start a new log file and delete what is
         behind it. Call between wake-ups (nothing appended and uncommitted).
 
@@ -658,7 +662,7 @@ def load_shard_stores(directory, shard_id: int, cfg, window: int = 1 << 62):
                                 copy_function=_link_sst_or_copy)
             d = Durability(tmp, shard_id, cfg.seed, fsync=False)
             try:
-                rep = d.restore(stores.tables, collections.OrderedDict(), window)
+                rep = d.restore(stores.tables, UpdateWindow(window), window)
             except DurabilityError as e:  # name the user's file, not the private copy's
                 raise DurabilityError(str(e).replace(str(dst), str(src))) from None
             finally:

@@ -65,7 +65,7 @@ from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.codec import DirectoryError
 
 from . import canswer, cintake, udpio
-from .intake import CID, FC, FI, FLAGS, INFO_FIELDS, MID, ML, MT, NK, NT, Intake
+from .intake import CID, FC, FI, FL, FLAGS, FO, INFO_FIELDS, MID, ML, MT, NK, NT, Intake
 from .peers import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds as _offsets, serve_sub_request
 from .replies import ReplyBuilder
 from .shard import ShardServer, _Refused
@@ -392,36 +392,37 @@ class BatchShardServer(ShardServer):
         poll = ((c[:, MT] == MsgType.UPDATE_REQ) & ((c[:, FLAGS] & consts.Flags.RETRANSMIT) != 0) & (c[:, FC] > 1)
                 & (c[:, FI] == c[:, FC] - 1))
         if not poll.any():
-            self._messages(self.intake.messages(good, cols, p))
+            self._messages(self.intake.messages(good, cols, p), cols, p)
             return
         rest = good[~poll]
         start = 0
         for r in good[poll].tolist():
             seg = rest[(rest >= start) & (rest < r)]
             if seg.size:
-                self._messages(self.intake.messages(seg, cols, p))
+                self._messages(self.intake.messages(seg, cols, p), cols, p)
             self._poll_frame(r, cols, p)
             start = r + 1
         seg = rest[rest >= start]
         if seg.size:
-            self._messages(self.intake.messages(seg, cols, p))
+            self._messages(self.intake.messages(seg, cols, p), cols, p)
 
     def _poll_frame(self, r: int, cols: np.ndarray, p: np.ndarray) -> None:
         """Frame ``r``, an update poll, as ``ShardServer._poll``: fed to its message first —
-        served if it completes it; else ``UPDATE_ACK`` when the window holds the update with these
-        counts (the fragments held again dropped), else ``UPDATE_NACK`` with the fragments held."""
+        served if it completes it; else ``UPDATE_ACK`` when the window holds an update of its id
+        whose last fragment it is, byte for byte (:meth:`.UpdateWindow.poll_ack`; the fragments
+        held again dropped), else ``UPDATE_NACK`` with the fragments held."""
         info = self.intake.info(r, cols)
         cid, mid = info[1], info[2]
         m = (r, info, self._bs.names[r].tobytes(), None)
         self._c["update_polls"] += 1
         done, held = self.intake.poll(r, cols, p)
         if done:
-            self._messages(done)
+            self._messages(done, cols, p)
             return
-        fp = self._applied.get((cid, mid))
-        if fp is not None and fp[:3] == info[3:6]:
+        fo = int(cols[r, FO])
+        if self._applied.poll_ack(cid, mid, info[3], info[4], info[5], fo,
+                                  self._bs.rx[r, consts.HDR_LEN:consts.HDR_LEN + int(cols[r, FL])]):
             self._c["update_poll_acks"] += 1
-            self._applied.move_to_end((cid, mid))
             self.intake.discard(cid, mid, MsgType.UPDATE_REQ)
             self._emit(m, MsgType.UPDATE_ACK)
             return
@@ -492,10 +493,13 @@ class BatchShardServer(ShardServer):
 
     # -- messages -----------------------------------------------------------------------------
 
-    def _messages(self, msgs: list[tuple]) -> None:
+    def _messages(self, msgs: list[tuple], cols: np.ndarray, p: np.ndarray) -> None:
         """Parse the complete messages' directories, queue them by kind and flush (see the module
         docstring for the rules). ``msgs``: ``(idx, info, name, body)`` in arrival order, info =
-        the message's ``intake.INFO_FIELDS``."""
+        the message's ``intake.INFO_FIELDS``; ``cols``, ``p``: the wake-up's header rows and
+        fragment sizes (the frame ``idx`` that completed a message gives its fragment count and
+        size: each message's header here is that of its last fragment, whose offset and bytes
+        the exactly-once window keeps for polls)."""
         lk: list = []
         up: list = []
         lk_t: set = set()
@@ -505,9 +509,11 @@ class BatchShardServer(ShardServer):
             f = dict(zip(INFO_FIELDS, info))
             mtype = f["msg_type"]
             self._requests[MsgType(mtype)] += 1
+            fc = int(cols[m[0], FC])
+            lo = (fc - 1) * int(p[m[0]])
             h = codec.Header(magic=consts.MAGIC, version=consts.VERSION, flags=0, reserved0=0, status=0,
-                             shard_id=self.shard_id, table_id=consts.NO_TABLE, msg_len=int(body.size), frag_offset=0,
-                             frag_index=0, frag_count=1, frag_len=int(body.size), reserved=0, **f)
+                             shard_id=self.shard_id, table_id=consts.NO_TABLE, msg_len=int(body.size), frag_offset=lo,
+                             frag_index=fc - 1, frag_count=fc, frag_len=int(body.size) - lo, reserved=0, **f)
             try:
                 rb = codec.parse_request_body(h, body)
             except DirectoryError as e:
@@ -644,7 +650,7 @@ class BatchShardServer(ShardServer):
         acks: list[tuple[int, tuple | None]] = []
         for j, (m, h, rb) in enumerate(q):
             try:
-                grads = self._admit_update(h, m[3], rb)
+                grads = self._admit_update(h, m[3], rb, h.frag_offset)
             except _Refused as r:
                 acks.append((j, (r.status, r.table_id)))
                 continue

@@ -44,17 +44,18 @@ tables, each with its own ``dim`` and ``dtype``, listed in the body's directory)
    code as the in-process reference) → UPDATE_ACK. Replies are fragmented to the cluster MTU
    and sent to the request's source address and port.
 
-**Exactly once.** The server remembers the last ``dedup_window`` (default 65536) applied updates
-as ``(client_id, msg_id) → fingerprint`` in an ordered dict (oldest evicted first). An update
-whose pair is remembered *with the same fingerprint* — (num_tables, num_keys, value_len, CRC-32
-of the body) — is a duplicate: re-acked, not applied. Same pair, different fingerprint means a
-new message that reuses the id (e.g. a restarted client counting from 1 again): it is applied
-and replaces the entry. Updates that were refused (ERROR) are not remembered.
+**Exactly once** (:mod:`.window`, the one implementation of both engines). The server remembers
+every update it acknowledged, up to ``dedup_window`` (default 65536) of them and for at most
+``dedup_age_s`` (30 min), each by ``(client_id, msg_id)`` *and* fingerprint — (num_tables,
+num_keys, value_len, CRC-32 of the body) —, not only the latest per id. An update whose id and
+fingerprint are remembered is a duplicate: re-acked, not applied — also after another update
+reused its id. Updates that were refused (ERROR) are not remembered.
 
 **Lost updates, fragment by fragment.** A client that saw no ack for an update of several
 fragments re-sends its last fragment (``RETRANSMIT``), a *poll* (:func:`is_poll`): served as
-usual if it completes the update, else answered ``UPDATE_ACK`` if the window holds the update
-with the same counts (its ack was lost), else ``UPDATE_NACK`` with a bitmap of the fragments
+usual if it completes the update, else answered ``UPDATE_ACK`` if the window holds an update of
+that id whose last fragment it is, byte for byte (same counts, same offset, same CRC-32 of the
+fragment's bytes: its ack was lost), else ``UPDATE_NACK`` with a bitmap of the fragments
 held — and the client re-sends exactly the others.
 
 **Never crashes.** Any exception while handling one datagram is counted (``internal_errors``)
@@ -68,7 +69,6 @@ import collections
 import logging
 import socket
 import time
-import zlib
 from typing import Any
 
 import numpy as np
@@ -78,7 +78,7 @@ from embnic.client_lib.codec import DirectoryError, FrameError, Header, RequestB
 from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import DType, MsgType, Status
-from embnic.client_lib.reassembly import Message, Reassembler
+from embnic.client_lib.reassembly import Message, Reassembler, fragment_size
 from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.config import TableConfig
 from embnic.client_lib.table_numerics import TableShard, rowwise_mean_square_ragged
@@ -86,6 +86,7 @@ from embnic.client_lib.table_numerics import TableShard, rowwise_mean_square_rag
 from .durability import Durability
 from .metrics import ServiceTimes
 from .stores import ShardStores, open_tables
+from .window import DEFAULT_MAX_AGE_S, UpdateWindow, fingerprint, tail_of
 
 log = logging.getLogger("embnic.server")
 
@@ -121,6 +122,15 @@ def is_poll(h: Header) -> bool:
     draw no NACK of their own."""
     return (h.msg_type == MsgType.UPDATE_REQ and h.flags & consts.Flags.RETRANSMIT and h.frag_count > 1
             and h.frag_index == h.frag_count - 1)
+
+
+def last_fragment_offset(h: Header) -> int:
+    """The byte offset of the last fragment of the message of fragment header ``h`` (any of its
+    fragments: they all give the fragment size P, :func:`~embnic.client_lib.reassembly.fragment_size`):
+    ``(frag_count - 1) · P``; 0 for a message of one fragment."""
+    if h.frag_count <= 1:
+        return 0
+    return (h.frag_count - 1) * fragment_size(h)
 
 
 class _Refused(Exception):
@@ -161,6 +171,7 @@ class ShardServer:
         bind: IPv4 address to bind; default the shard's ``ip`` in the config.
         port: UDP port; default the shard's ``port`` in the config; 0 picks a free one.
         dedup_window: applied updates remembered for exactly-once (entries).
+        dedup_age_s: seconds the exactly-once window remembers an update at most (:mod:`.window`).
         max_msg_bytes: largest request body accepted (bytes); larger are dropped ``too_large``.
         reassembly_timeout_s: incomplete requests are forgotten after this long (s).
         fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"): data
@@ -195,8 +206,8 @@ class ShardServer:
     _worker = (0, 1)
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                 dedup_window: int = DEFAULT_DEDUP_WINDOW, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
-                 reassembly_timeout_s: float = 2.0, fixed_length: bool = False,
+                 dedup_window: int = DEFAULT_DEDUP_WINDOW, dedup_age_s: float = DEFAULT_MAX_AGE_S,
+                 max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, reassembly_timeout_s: float = 2.0, fixed_length: bool = False,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
                  restore: str | None = None, log_fsync: bool = True, stores: ShardStores | None = None):
         me = cfg.shard(shard_id)
@@ -247,7 +258,8 @@ class ShardServer:
         #: the largest lookup reply (value_len) that fits MAX_FRAGS fragments at the cluster MTU
         self.max_reply_bytes = consts.MAX_FRAGS * consts.max_body_per_frame(cfg.mtu)
         self._reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
-        self._applied: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
+        #: the exactly-once window (:mod:`.window`): every acknowledged update by id and fingerprint
+        self._applied = UpdateWindow(self.dedup_window, dedup_age_s)
         self._transport: asyncio.DatagramTransport | None = None
         self._expire_handle: asyncio.TimerHandle | None = None
         self._c: collections.Counter = collections.Counter()
@@ -502,8 +514,9 @@ class ShardServer:
     def _poll(self, h: Header, data: bytes, addr) -> None:
         """A poll (:func:`is_poll`: the last fragment of an update of several, re-sent), taken like
         any fragment first: if it completes the update, the update is served as usual (applied,
-        or re-acked as a duplicate); else, when the exactly-once window holds the update with
-        these counts (applied: its ack was lost), ``UPDATE_ACK`` — the fragments held again are
+        or re-acked as a duplicate); else, when the exactly-once window holds an update of this id
+        whose last fragment this is, byte for byte (:meth:`.UpdateWindow.poll_ack`: applied, its
+        ack was lost), ``UPDATE_ACK`` — the fragments held again are
         dropped; else ``UPDATE_NACK`` with the bitmap of the fragments held (docs/protocol.md,
         "Reliability"). A poll the reassembler refuses (it contradicts the fragments held) and
         that the window does not know is not answered."""
@@ -513,11 +526,9 @@ class ShardServer:
         if msg is not None:
             self._handle_message(msg)
             return
-        key = (h.client_id, h.msg_id)
-        fp = self._applied.get(key)
-        if fp is not None and fp[:3] == (h.num_tables, h.num_keys, h.value_len):
+        if self._applied.poll_ack(h.client_id, h.msg_id, h.num_tables, h.num_keys, h.value_len, h.frag_offset,
+                                  memoryview(data)[consts.HDR_LEN:consts.HDR_LEN + h.frag_len]):
             self._c["update_poll_acks"] += 1
-            self._applied.move_to_end(key)
             self._reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
             self._send(codec.encode_reply(h, MsgType.UPDATE_ACK, shard_id=self.shard_id, mtu=self.mtu), addr)
             return
@@ -767,21 +778,25 @@ class ShardServer:
         self._send(codec.encode_reply(h, MsgType.LOOKUP_REPLY, shard_id=self.shard_id, body=body, mtu=self.mtu),
                    msg.addr)
 
-    def _admit_update(self, h: Header, body, rb: RequestBody) -> np.ndarray | None:
+    def _admit_update(self, h: Header, body, rb: RequestBody, last_offset: int | None = None) -> np.ndarray | None:
         """The exactly-once decision of one update, in arrival order (both engines): None for a
-        duplicate (re-ack, apply nothing); else its gradients, float32 flat, table after table
-        (:meth:`_grads`),
+        duplicate (its id and fingerprint in the window, :class:`.UpdateWindow`: re-ack, apply
+        nothing); else its gradients, float32 flat, table after table (:meth:`_grads`),
         after the update was checked (:meth:`_table_fault`), logged (write-ahead log) and put in
         the window — the caller applies them.
+
+        Args:
+            h: the update's header (ids and counts); body: its whole body (bytes-like);
+            rb: the parsed body. last_offset: the byte offset of its last fragment
+                (:func:`last_fragment_offset`; 0 for one fragment; None: unknown, and then no
+                poll of it is acked from the window).
 
         Raises:
             _Refused: a table of it is refused (nothing logged or remembered).
         """
-        key = (h.client_id, h.msg_id)
-        fp = (h.num_tables, h.num_keys, h.value_len, zlib.crc32(body))
-        if self._applied.get(key) == fp:
+        fp = fingerprint(h.num_tables, h.num_keys, h.value_len, body)
+        if self._applied.duplicate(h.client_id, h.msg_id, fp):
             self._c["duplicates"] += 1
-            self._applied.move_to_end(key)
             return None
         grads = self._grads(rb)
         fault = self._table_fault(h, rb, grads)
@@ -792,15 +807,12 @@ class ShardServer:
             self._dur.append(h.client_id, h.msg_id, fp, body)
         self._c["updates_applied"] += 1
         self._c["update_keys"] += h.num_keys
-        self._applied[key] = fp
-        self._applied.move_to_end(key)
-        while len(self._applied) > self.dedup_window:
-            self._applied.popitem(last=False)
+        self._applied.add(h.client_id, h.msg_id, fp, tail_of(body, last_offset))
         return grads
 
     def _update(self, msg: Message, rb: RequestBody) -> None:
         h = msg.header
-        grads = self._admit_update(h, msg.body, rb)
+        grads = self._admit_update(h, msg.body, rb, last_fragment_offset(h))
         if grads is not None:
             d = rb.directory
             self._rows_apply(d["table_id"].astype(np.int64), d["num_keys"].astype(np.int64), rb.keys, grads, False)
