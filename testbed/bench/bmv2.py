@@ -152,7 +152,8 @@ def measure_bmv2_veth(json_path: Path, path: VethPath, seconds: float, warmup: f
     ns = Netns(path.name)
     tag = unique_prefix("b")
     routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
-    clients = [bmv2_runtime.PeerEntry(c["client"], 1, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
+    # clients behind port 0, where their frames come in (the card takes a request only from its client's port)
+    clients = [bmv2_runtime.PeerEntry(c["client"], 0, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
     program = bmv2_runtime.card_program(CARD_PORTS, routes, clients)
     ports = {0: path.dut_in, 1: path.dut_out}
     if channel == "p4runtime":

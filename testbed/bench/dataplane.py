@@ -18,7 +18,10 @@ the ``net_pcap`` vdev (``infinite_rx=1``) into a ``net_null`` port:
   (target >= 1 M on one lcore); ``repeated_ids_msgs_per_s`` replays the same request frames
   alone (every request finds its entry), counted the same way (frames/s / 2), and
   ``ratio_distinct_to_repeated`` compares them (target >= 0.5). testpmd io replays the distinct
-  pcap too (``testpmd_io_distinct_mpps``).
+  pcap too (``testpmd_io_distinct_mpps``). The card takes a reply only from its shard's card port
+  (``wrong_port``), and here replies come in on port 0 like the requests: the card's distinct and
+  repeated-id runs (and the PNA pipeline's distinct run) have their shards behind port 0 too and
+  send back on it (``net_pcap`` without ``tx_pcap`` drops what it is given, as ``net_null`` does).
 
 **Several state lcores** (issue 11): the distinct workload again on the card with its state map
 partitioned over 2 state lcores (``-l 0,1 -- --state-lcores 2``: lcore 0 runs RX, state lcore 0,
@@ -192,12 +195,15 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
 
 
 # ====================================================================== measurements
-def _program_card(card: CardProcess, out_port: int) -> None:
-    """Shards and clients all behind the sink port: requests and replies leave on it."""
+def _program_card(card: CardProcess, out_port: int, in_port: int = 0) -> None:
+    """Clients behind ``in_port``, where the frames come in, shards behind ``out_port``: requests
+    leave on it. The card takes a request only from its client's card port and a reply only from
+    its shard's (``wrong_port``), so a workload with replies, which come in on ``in_port`` too,
+    has its shards there as well: ``out_port == in_port``, every frame leaves where it came in."""
     for sh in BENCH_SHARDS:
         card.call("route_add", port=out_port, **sh)
     for cl in BENCH_CLIENTS:
-        card.call("client_add", port=out_port, **cl)
+        card.call("client_add", port=in_port, **cl)
 
 
 #: Both DUTs get the same pool and burst: mbufs, per-lcore mbuf cache (the card's is fixed at
@@ -575,10 +581,13 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         "card": (measure_card, (binary, [src, sink], CARD_1LCORE, seconds, warmup), card_kw),
         "io": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "io", seconds, warmup), tp_kw),
         "macswap": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "macswap", seconds, warmup), tp_kw),
+        # requests and replies from one port: the card takes a reply only from its shard's port,
+        # so the shards are behind port 0 too and the card sends back on it (net_pcap without a
+        # tx_pcap drops what it is given, as net_null does); the repeated-id run alike, to compare
         "card_distinct": (measure_card, (binary, [dsrc, sink], CARD_1LCORE, seconds, warmup),
-                          dict(card_kw, mbufs=dmbufs)),
+                          dict(card_kw, mbufs=dmbufs, out_port=0)),
         "card_repeated": (measure_card, (binary, [rsrc, sink], CARD_1LCORE, seconds, warmup),
-                          dict(card_kw, mbufs=dmbufs)),
+                          dict(card_kw, mbufs=dmbufs, out_port=0)),
         "io_distinct": (measure_testpmd, ([dsrc, sink], TESTPMD_1FWD, "io", seconds, warmup),
                         dict(tp_kw, mbufs=dmbufs)),
     }
@@ -587,7 +596,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         # the whole pcap in mbufs)
         dsrc2 = f"net_pcap0,rx_pcap={dpath},rx_pcap={dpath},infinite_rx=1"
         runs["card_distinct_2state"] = (measure_card, (binary, [dsrc, sink], CARD_2STATE, seconds, warmup),
-                                        dict(card_kw, mbufs=dmbufs, state_lcores=2))
+                                        dict(card_kw, mbufs=dmbufs, state_lcores=2, out_port=0))
         runs["io_distinct_2fwd"] = (measure_testpmd, ([dsrc2, sink], TESTPMD_2FWD, "io", seconds, warmup),
                                     dict(main_lcore=TESTPMD_2FWD_MAIN, queues=2,
                                          mbufs=BENCH_MBUFS + 2 * dpcap["frames"]))
@@ -603,7 +612,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=_window)
         runs["p4dpdk"] = (bench_pna.measure_swx, (pipe, [src, sink], seconds, warmup), pna_kw)
         runs["p4dpdk_distinct"] = (bench_pna.measure_swx, (pipe, [dsrc, sink], seconds, warmup),
-                                   dict(pna_kw, mbufs=dmbufs))
+                                   dict(pna_kw, mbufs=dmbufs, out_port=0))
     m = _measure_all(runs, repeats)
     res: dict[str, Any] = {}
     res.update(_figures(m, pcap))
@@ -649,7 +658,10 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
                                      "entry, every reply frees it; distinct_msgs_per_s is the card's own count "
                                      "of completed messages per second; repeated_ids_msgs_per_s replays the "
                                      "same request frames alone (every request finds its entry) counted the same "
-                                     "way, frames/s / 2"})
+                                     "way, frames/s / 2; the card's runs of both (and the PNA pipeline's distinct "
+                                     "run) have clients and shards behind port 0, where the frames come in (a "
+                                     "reply passes only from its shard's card port), and send back on it "
+                                     "(net_pcap without tx_pcap drops)"})
     merge_json(out_dir / "bench.json", "dataplane", res)
     return res
 

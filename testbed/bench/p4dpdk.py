@@ -42,8 +42,11 @@ def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, war
 
     with SwxProcess(pipe, vdevs, log_dir / f"swx-{unique_prefix('s')}", burst=32, mbufs=mbufs) as sw:
         card = sw.card
+        # clients behind port 0, where the frames come in (the card takes a request only from its
+        # client's port); shards behind out_port (0 too for a workload with replies, which come
+        # in on port 0: dataplane._program_card)
         card.program(CARD_PORTS, [Entry(s["shard"], out_port, s["mac"], s["ip"], s["udp_port"]) for s in shards],
-                     [Entry(c["client"], out_port, c["mac"], c["ip"], c["udp_port"]) for c in clients])
+                     [Entry(c["client"], 0, c["mac"], c["ip"], c["udp_port"]) for c in clients])
         sw.resume()
         last: dict = {}
 

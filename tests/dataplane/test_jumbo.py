@@ -19,7 +19,7 @@ import pytest
 from embnic.client_lib import codec
 from embnic.client_lib.consts import DType
 from embnic.control.netns import Netns, exec_argv
-from embnic.testbed.bench.dataplane import BENCH_CARD_IP, CardProcess, _program_card
+from embnic.testbed.bench.dataplane import BENCH_CARD_IP, BENCH_CLIENTS, CardProcess, _program_card
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
@@ -31,7 +31,8 @@ MTU = 9000
 @pytest.fixture
 def veth():
     with Netns.create(NS) as ns:
-        ns.veth(A, B, mtu=MTU)
+        # A is client 1 of the benchmark's table (the card takes a request only from its client's MAC)
+        ns.veth(A, B, mac=BENCH_CLIENTS[0]["mac"], mtu=MTU)
         for dev in (A, B):
             ns.link_up(dev)
         ns.add_address(A, "10.99.0.2/24")
