@@ -390,61 +390,99 @@ def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
     row = {t.id: t.dim * consts.esize(t.wire_dtype) for t in cfg.tables}
     tr = Traffic(per_shard=np.zeros((S, 6), np.float64))
     on_disk = disk_tables(cfg)
-    tr.disk_keys = np.array([2.0 * sum(int(k) for t, k in zip(tids, keys[:, s].tolist()) if t in on_disk[s])
-                             for s in range(S)], np.float64)
+    disk_mask = np.array([[t in on_disk[s] for s in range(S)] for t in tids], bool).reshape(len(tids), S)
+    tr.disk_keys = 2.0 * np.where(disk_mask, keys, 0).sum(axis=0, dtype=np.int64)
+    by_shard = keys.T.tolist()
+    # per shard as plain floats (float64 arithmetic, added in the same order as before), so that
+    # shards with the same part of the round share one computation (_shard_round): hash sharding
+    # gives at most a few distinct parts however many shards (`plan`'s shard search at 4096 shards)
+    acc = [[0.0] * 6 for _ in range(S)]
+    memo: dict = {}
     inflight = []
     for mt in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ):
-        lookup = mt == MsgType.LOOKUP_REQ
         round_frames = 0
         round_inflight = 0
         for s in range(S):
-            parts = [(t, k) for t, k in zip(tids, keys[:, s].tolist()) if k]
+            parts = tuple((t, k) for t, k in zip(tids, by_shard[s]) if k)
             if not parts:
                 continue
-            costs: dict = {}
-            for first, T, n, vl, m in pack_counts(cfg, mt, parts, mtu=mtu, msg_frames=msg_frames,
-                                                  window_frames=window_frames):
-                req = consts.expected_msg_len(mt, T, n, vl)
-                rep = vl if lookup else 0
-                fq, fp = _frames(req, mtu), _frames(rep, mtu)
-                tr.req_messages += m
-                tr.rep_messages += m
-                tr.req_frames += m * fq
-                tr.rep_frames += m * fp
-                tr.req_bytes += m * (req + consts.HDR_LEN * fq)
-                tr.rep_bytes += m * (rep + consts.HDR_LEN * fp)
-                tr.per_shard[s] += np.array((n, req + consts.HDR_LEN * fq, rep + consts.HDR_LEN * fp, fq, fp,
-                                             0 if lookup else req), np.float64) * m
-                round_frames += m * (fq + fp)
-                costs[fq + fp] = costs.get(fq + fp, 0) + m
-                last_first_table = first  # the probe asks for one key of the last message's first table
-            # the send window: messages of this shard in flight at once (the largest go first)
-            held = n_in = 0
-            for c in sorted(costs, reverse=True):
-                m = costs[c]
-                if not n_in:
-                    held, n_in, m = c, 1, m - 1
-                j = min(m, max(0, (window_frames - held) // c))
-                held += j * c
-                n_in += j
-                if j < m:
-                    break
+            key = (mt, parts, tuple(acc[s]))
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = _shard_round(cfg, mt, parts, acc[s], mtu=mtu, msg_frames=msg_frames,
+                                               window_frames=window_frames, tail_probes=tail_probes, row=row)
+            totals, acc[s], frames, n_in = got
+            tr.req_messages += totals[0]
+            tr.rep_messages += totals[1]
+            tr.req_frames += totals[2]
+            tr.rep_frames += totals[3]
+            tr.req_bytes += totals[4]
+            tr.rep_bytes += totals[5]
+            tr.probes += totals[6]
+            round_frames += frames
             round_inflight += n_in
-            if tail_probes:
-                preq = consts.expected_msg_len(MsgType.LOOKUP_REQ, 1, 1, row[last_first_table])
-                prep = row[last_first_table]
-                tr.probes += 1
-                tr.req_frames += 1
-                tr.rep_frames += _frames(prep, mtu)
-                tr.req_bytes += preq + consts.HDR_LEN
-                tr.rep_bytes += prep + consts.HDR_LEN * _frames(prep, mtu)
-                tr.per_shard[s] += (1, preq + consts.HDR_LEN, prep + consts.HDR_LEN, 1, _frames(prep, mtu), 0)
-                round_frames += 1 + _frames(prep, mtu)
-                round_inflight += 1
         tr.round_frames.append(round_frames)
         inflight.append(round_inflight)
+    tr.per_shard[:] = np.array(acc, np.float64).reshape(S, 6)
     tr.inflight = max(inflight) if inflight else 0
     return tr
+
+
+def _shard_round(cfg: ClusterConfig, mt: int, parts: tuple, start: list, *, mtu: int, msg_frames: int | None,
+                 window_frames: int, tail_probes: bool, row: dict) -> tuple[tuple, list, int, int]:
+    """One shard's part of one round (``parts``: ``((table_id, keys), ...)``) for :func:`step_traffic`.
+
+    Returns:
+        ``(totals, per_shard, frames, in_flight)``: totals ``(request messages, reply messages,
+        request frames, reply frames, request bytes, reply bytes, probes)`` of the round,
+        the shard's :attr:`Traffic.per_shard` row ``start`` plus the round's (float64 sums
+        in message order), its frames both ways and its messages in flight at once.
+    """
+    lookup = mt == MsgType.LOOKUP_REQ
+    acc = list(start)
+    tot = [0] * 7
+    frames = 0
+    costs: dict = {}
+    for first, T, n, vl, m in pack_counts(cfg, mt, list(parts), mtu=mtu, msg_frames=msg_frames,
+                                          window_frames=window_frames):
+        req = consts.expected_msg_len(mt, T, n, vl)
+        rep = vl if lookup else 0
+        fq, fp = _frames(req, mtu), _frames(rep, mtu)
+        tot[0] += m
+        tot[1] += m
+        tot[2] += m * fq
+        tot[3] += m * fp
+        tot[4] += m * (req + consts.HDR_LEN * fq)
+        tot[5] += m * (rep + consts.HDR_LEN * fp)
+        for i, v in enumerate((n, req + consts.HDR_LEN * fq, rep + consts.HDR_LEN * fp, fq, fp, 0 if lookup else req)):
+            acc[i] += float(v) * float(m)
+        frames += m * (fq + fp)
+        costs[fq + fp] = costs.get(fq + fp, 0) + m
+        last_first_table = first  # the probe asks for one key of the last message's first table
+    # the send window: messages of this shard in flight at once (the largest go first)
+    held = n_in = 0
+    for c in sorted(costs, reverse=True):
+        m = costs[c]
+        if not n_in:
+            held, n_in, m = c, 1, m - 1
+        j = min(m, max(0, (window_frames - held) // c))
+        held += j * c
+        n_in += j
+        if j < m:
+            break
+    if tail_probes:
+        preq = consts.expected_msg_len(MsgType.LOOKUP_REQ, 1, 1, row[last_first_table])
+        prep = row[last_first_table]
+        tot[6] += 1
+        tot[2] += 1
+        tot[3] += _frames(prep, mtu)
+        tot[4] += preq + consts.HDR_LEN
+        tot[5] += prep + consts.HDR_LEN * _frames(prep, mtu)
+        for i, v in enumerate((1, preq + consts.HDR_LEN, prep + consts.HDR_LEN, 1, _frames(prep, mtu), 0)):
+            acc[i] += float(v)
+        frames += 1 + _frames(prep, mtu)
+        n_in += 1
+    return tuple(tot), acc, frames, n_in
 
 
 # ---------------------------------------------------------------------------- storage
@@ -471,9 +509,26 @@ def cache_bytes(dim: int, optimizer: str, cache_rows: int) -> int:
     return cap * (4 * int(dim) + OPTIMIZER_STATE_BYTES.get(optimizer, 4) + CACHE_SLOT_OVERHEAD)
 
 
+def stores(cfg: ClusterConfig) -> list[dict[int, tuple[str, int | None]]]:
+    """``cfg.store_of`` of every table on every shard: by shard index, ``{table_id: (store, cache_rows)}``.
+
+    A shard's own part of the answer is its ``store`` and ``cache_rows``, so ``store_of`` is asked
+    once per distinct pair (not once per shard: ``cfg.store_of`` finds the shard by id, which made
+    a plan of 4096 shards quadratic).
+    """
+    by_kind: dict = {}
+    out = []
+    for sh in cfg.shards:
+        k = (sh.store, sh.cache_rows)
+        if k not in by_kind:
+            by_kind[k] = {t.id: cfg.store_of(t.id, sh.id) for t in cfg.tables}
+        out.append(by_kind[k])
+    return out
+
+
 def disk_tables(cfg: ClusterConfig) -> list[list[int]]:
     """Table ids on the disk tier of every shard, by shard index (``cfg.store_of``)."""
-    return [[t.id for t in cfg.tables if cfg.store_of(t.id, sh.id)[0] == "disk"] for sh in cfg.shards]
+    return [[t.id for t in cfg.tables if st[t.id][0] == "disk"] for st in stores(cfg)]
 
 
 def shard_storage(cfg: ClusterConfig, hw: Hardware) -> dict:
@@ -498,12 +553,13 @@ def shard_storage(cfg: ClusterConfig, hw: Hardware) -> dict:
     store = np.zeros(S, np.float64)
     dims: list[set] = [set() for _ in range(S)]
     on_disk = disk_tables(cfg)
+    kinds = stores(cfg)
     for t in cfg.tables:
         r = split_keys(cfg, t.id, table_rows(cfg, t.id))
         opt = OPTIMIZER_STATE_BYTES.get(t.optimizer, 4)
         rows += r
-        for i, sh in enumerate(cfg.shards):
-            kind, cache_rows = cfg.store_of(t.id, sh.id)
+        for i in range(S):
+            kind, cache_rows = kinds[i][t.id]
             if kind == "disk":
                 # every shard opens every disk table's cache, whatever it holds of the table
                 tier[i] += cache_bytes(t.dim, t.optimizer, cache_rows)
@@ -589,8 +645,10 @@ def _with_shards(cfg: ClusterConfig, n: int) -> ClusterConfig:
     """``cfg`` with ``n`` shards (hash sharding keeps spreading; table sharding keeps t mod S)."""
     base = cfg.shards[0]
     shards = list(cfg.shards[:n])
+    top = max(s.id for s in shards)
     for _ in range(len(shards), n):  # only their number and order matter to routing
-        shards.append(dataclasses.replace(base, id=max(s.id for s in shards) + 1, mac=None))
+        top += 1
+        shards.append(dataclasses.replace(base, id=top, mac=None))
     return dataclasses.replace(cfg, shards=tuple(shards))
 
 
@@ -689,9 +747,10 @@ def _disk_tier(cfg: ClusterConfig, hw: Hardware, st: dict, w: Workload) -> dict:
         return out
     # a cache with more slots than the rows the shard holds of its table: memory spent on nothing
     idle = []
-    for i, sh in enumerate(cfg.shards):
+    kinds = stores(cfg)
+    for i in range(len(cfg.shards)):
         for tid in st["disk_tables"][i]:
-            cache_rows = cfg.store_of(tid, sh.id)[1]
+            cache_rows = kinds[i][tid][1]
             held = int(split_keys(cfg, tid, table_rows(cfg, tid))[i])
             if cache_rows > held:
                 idle.append((i, tid, cache_rows, held))

@@ -7,6 +7,7 @@ import math
 
 import click
 
+from embnic.client_lib.config import MTU_LIMITS
 from embnic.control import plan as P
 from embnic.control.commands.options import FloatRange, config_errors, config_option, json_option, load_cluster
 
@@ -63,8 +64,8 @@ def _hw_opt(name: str, help_: str):
                            "default: 0.08 x --shard-keys-per-s, measured at a cache hit ratio of 0.66).")
 @_hw_opt("client_frames_per_s", "Frames/s one client sends or receives.")
 @_hw_opt("rtt_us", "Base round trip client-card-shard-card-client, µs.")
-@click.option("--mtu", type=click.IntRange(min=73, max=65535), default=None,
-              help="Link MTU [default: the config's].")
+@click.option("--mtu", type=click.IntRange(*MTU_LIMITS), default=None,
+              help=f"Link MTU, {MTU_LIMITS[0]}..{MTU_LIMITS[1]} as [cluster] mtu [default: the config's].")
 @json_option
 def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clients, steps_per_s, hardware, mtu,
          as_json, **hw_over):
