@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from embnic.client_lib.config import MTU_LIMITS
 from embnic.control.commands.options import FloatRange
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
@@ -142,7 +143,7 @@ def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats
               help="Messages in flight in the throughput runs.")
 @click.option("--scale", type=FloatRange(min=0.01), default=1.0, show_default=True,
               help="Multiplies the number of messages per measurement.")
-@click.option("--mtu", type=click.IntRange(576, 9000), default=1500, show_default=True, help="Cluster MTU (bytes).")
+@click.option("--mtu", type=click.IntRange(*MTU_LIMITS), default=1500, show_default=True, help="Cluster MTU (bytes).")
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="Also measure the reference engine (the readable asyncio server).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
