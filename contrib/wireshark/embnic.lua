@@ -10,10 +10,13 @@
 -- Registered on UDP port 7878; on any other port: Analyze > Decode As... (UDP port, EMBNIC),
 -- or tshark -d udp.port==PORT,embnic.
 --
--- What a frame shows. The header, every field named; a frame that a receiver drops is flagged
--- as an expert-info error named by its drop reason (embnic.drop_reason) and its body is not
--- read. A frame carries body bytes [frag_offset, frag_offset + frag_len) of its message; the
--- dissector shows the elements of the body's sections that fall in them, numbered within their
+-- What a frame shows. The header, every field named; a frame that the card (and any receiver)
+-- drops from its header is flagged as an expert-info error named by the card's drop reason
+-- (embnic.drop_reason; a fragment whose offset or length disagrees with its index is
+-- frag_mismatch) and its body is not read. A UDP GSO send (one datagram of back-to-back frames of
+-- one message, larger than the MTU: a shard's reply captured on its host before the kernel cut
+-- it) is read as the frames it becomes (embnic.gso_frame). A frame carries body bytes
+-- [frag_offset, frag_offset + frag_len) of its message; the dissector shows the elements of the body's sections that fall in them, numbered within their
 -- section (or table), and each element cut by the fragment's edges as embnic.partial:
 --   - directory entries (embnic.table.*): their position follows from the header alone;
 --   - keys (embnic.key): position from the header alone; grouped per table (embnic.key.table)
@@ -29,8 +32,9 @@
 -- capture order, in frames of the same message (same client_id, msg_id, type and counts:
 -- consts.MESSAGE_FIELDS), or for a reply in its request's; embnic.directory_in names the frame
 -- that completed it. A directory that does not add up (codec.parse_request_body: a table
--- twice, an entry without keys, dim or dtype, counts or row bytes not the header's) is a
--- warning (bad_directory) and is not used. Replies are linked to their requests by (client_id, msg_id) (request_in,
+-- twice, an entry without keys, dim or dtype, counts or row bytes not the header's num_keys and
+-- value_len — a LOOKUP_REQ's too: a shard answers MALFORMED) is a warning (bad_directory) and is
+-- not used. Replies are linked to their requests by (client_id, msg_id) (request_in,
 -- response_in, time; run tshark with -2 to see a request's link to its later reply).
 
 local embnic = Proto("embnic", "embnic embedding parameter-server protocol")
@@ -135,8 +139,9 @@ local ELEMENT = {
 }
 -- the request's directory (consts.BODY_ELEMENTS[element].table_of): its entries count the
 -- header's `count`, their `per_table` add up to the header's `total`, a row of a table is
--- entry[dim] values of entry[dtype]
-local DIRECTORY = { element = "dir_entry", table = "table_id", count = "num_tables", per_table = "num_keys", total = "num_keys", dim = "dim", dtype = "dtype" }
+-- entry[dim] values of entry[dtype], and its rows (entry[per_table] each) add up to the
+-- header's `rows` bytes (BODY_LAYOUT's nbytes of rows), in requests and replies alike
+local DIRECTORY = { element = "dir_entry", table = "table_id", count = "num_tables", per_table = "num_keys", total = "num_keys", dim = "dim", dtype = "dtype", rows = "value_len" }
 hf["table"] = ProtoField.bytes("embnic.table", "Table")
 hf["table.table_id"] = ProtoField.uint16("embnic.table.table_id", "Table id", base.DEC, nil, nil, "the table")
 hf["table.dim"] = ProtoField.uint16("embnic.table.dim", "Dimension", base.DEC, nil, nil, "values per row of this table")
@@ -193,6 +198,10 @@ hf["drop_reason"] = ProtoField.string("embnic.drop_reason", "Drop reason")
 hf["partial"] = ProtoField.bytes("embnic.partial", "Part of an element cut by a fragment boundary")
 hf["undecoded"] = ProtoField.bytes("embnic.undecoded", "Rows of tables not known (no directory seen)")
 hf["directory_in"] = ProtoField.framenum("embnic.directory_in", "Directory completed in", base.NONE)
+hf["gso_frame"] = ProtoField.uint16("embnic.gso_frame", "Frame of a UDP GSO send", base.DEC, nil, nil,
+                                    "this frame's place in a datagram its sender's kernel cuts into frames")
+hf["gso_size"] = ProtoField.uint32("embnic.gso_size", "GSO frame size", base.DEC, nil, nil,
+                                   "bytes of every frame of the GSO send but its last")
 local expert_no_request = ProtoExpert.new("embnic.expert.no_request", "Reply to no request in this capture",
                                           expert.group.SEQUENCE, expert.severity.NOTE)
 local expert_bad_directory = ProtoExpert.new("embnic.expert.bad_directory", "Directory does not add up",
@@ -246,8 +255,10 @@ end
 
 local OPS = { [">="] = function(a, b) return a >= b end, ["=="] = function(a, b) return a == b end }
 
--- docs/protocol.md "Validity" past the single-field checks, in codec.parse_header's order:
--- returns reason, detail, the field to flag; nil when the frame adds up
+-- docs/protocol.md "Validity" past the single-field checks, in the card's order (its
+-- embnic_check_lengths: codec.parse_header's checks, then the fragment's geometry, which the
+-- client checks in reassembly.fragment_size): returns reason, detail, the field to flag; nil
+-- when the frame adds up
 local function check_geometry(h, body_len)
     if h.frag_len ~= body_len then
         return "bad_length", string.format("frag_len %d != %d body bytes", h.frag_len, body_len), "frag_len"
@@ -273,6 +284,30 @@ local function check_geometry(h, body_len)
     end
     if h.frag_count > MAX_FRAGS then
         return "too_many_frags", string.format("frag_count %d > %d", h.frag_count, MAX_FRAGS), "frag_count"
+    end
+    -- the fragment's offset and length against its index (embnic_check_lengths, the client's
+    -- fragment_size): fragment i carries [i*P, (i+1)*P), the last one the rest (1..P bytes)
+    local last, stop = h.frag_count - 1, h.frag_offset + h.frag_len
+    if last == 0 then
+        if h.frag_offset ~= 0 or stop ~= h.msg_len then
+            return "frag_mismatch", string.format("the only fragment carries bytes %d..%d of %d", h.frag_offset,
+                                                  stop, h.msg_len), "frag_offset"
+        end
+    elseif h.frag_index < last then
+        local p = h.frag_len
+        if p == 0 or h.frag_index * p ~= h.frag_offset or last * p >= h.msg_len or h.frag_count * p < h.msg_len then
+            return "frag_mismatch", string.format("fragment %d/%d of %d bytes at offset %d: not fragment %d of %d "
+                                                  .. "bytes cut at %d", h.frag_index, h.frag_count, p, h.frag_offset,
+                                                  h.frag_index, h.msg_len, p), "frag_offset"
+        end
+    else
+        if stop ~= h.msg_len or h.frag_offset % last ~= 0 or h.frag_len == 0
+           or h.frag_len > h.frag_offset / last then
+            return "frag_mismatch", string.format("last fragment %d/%d at offset %d, %d bytes: not the rest of %d "
+                                                  .. "bytes after %d fragments of offset/index bytes", h.frag_index,
+                                                  h.frag_count, h.frag_offset, h.frag_len, h.msg_len, last),
+                   "frag_offset"
+        end
     end
     return nil
 end
@@ -349,6 +384,13 @@ local function directory_fault(dir, h)
     for _, ent in ipairs(dir) do total = total + ent[DIRECTORY.per_table] end
     if total ~= h[DIRECTORY.total] then
         return string.format("%d keys, the header's %s %d", total, DIRECTORY.total, h[DIRECTORY.total])
+    end
+    local rows = 0
+    for _, ent in ipairs(dir) do
+        rows = rows + ent[DIRECTORY.per_table] * ent[DIRECTORY.dim] * (DTYPE_SIZE[ent[DIRECTORY.dtype]] or 0)
+    end
+    if rows ~= h[DIRECTORY.rows] then
+        return string.format("%d bytes of rows, the header's %s %d", rows, DIRECTORY.rows, h[DIRECTORY.rows])
     end
     for _, s in ipairs(LAYOUT[h.msg_type]) do
         if s.per_table then
@@ -559,21 +601,66 @@ local function summary(h)
     return table.concat(out, " ")
 end
 
-local function drop(tree, item, pinfo, reason, detail)
+local function drop(tree, item, pinfo, reason, detail, seg)
     tree:add(hf["drop_reason"], reason):set_generated()
     item:add_proto_expert_info(expert_of[reason], string.format("Malformed embnic frame (%s): %s", reason, detail))
-    pinfo.cols.info:append(string.format(" [malformed: %s]", reason))
+    if seg then
+        pinfo.cols.info:append(string.format(" [frame %d malformed: %s]", seg.index, reason))
+    else
+        pinfo.cols.info:append(string.format(" [malformed: %s]", reason))
+    end
     tree:append_text(string.format(", malformed: %s", reason))
 end
 
-function embnic.dissector(tvb, pinfo, tree)
-    pinfo.cols.protocol:set("embnic")
+local function read_header(tvb, off)
+    local h = {}
+    for _, f in ipairs(HEADER) do h[f.name] = tvb(off + f.offset, f.size):uint() end
+    return h
+end
+
+-- the header passes every check a receiver makes of a frame of HDR_LEN + body_len bytes
+local function header_ok(h, body_len)
+    for _, c in ipairs(CHECKS) do
+        local v = h[c.field]
+        if (c.expect ~= nil and v ~= c.expect) or (c.names ~= nil and c.names[v] == nil) then return false end
+    end
+    return check_geometry(h, body_len) == nil
+end
+
+-- A UDP GSO send (UDP_SEGMENT): a shard hands a reply's frames to its kernel as one datagram of
+-- frames `seg` bytes each (the last may be shorter), which the kernel (or the NIC) cuts into
+-- datagrams after a capture on the sending host or on loopback saw it whole: larger than the
+-- MTU, its UDP payload frames laid back to back. Such a datagram is read as the frames it
+-- becomes, each checked as a receiver checks it. It is one when its first frame is a valid
+-- fragment (not the last) of HDR_LEN + frag_len bytes followed by a fragment of the same message
+-- (consts.MESSAGE_FIELDS); anything else is one frame (bad_length if it is longer).
+-- Returns the segment size, or nil.
+local function gso_size(tvb, h, n)
+    local seg = HDR_LEN + h.frag_len
+    if n <= seg or tvb:len() < seg + HDR_LEN or h.frag_index + 1 >= h.frag_count or not header_ok(h, h.frag_len) then
+        return nil
+    end
+    local h2 = read_header(tvb, seg)
+    for _, k in ipairs(MESSAGE_FIELDS) do
+        if h2[k] ~= h[k] then return nil end
+    end
+    if h2.magic ~= h.magic or h2.version ~= h.version then return nil end
+    return seg
+end
+
+-- one embnic frame: tvb its captured bytes, n its length on the wire, key its first-pass state's,
+-- seg nil or { index, count, size } for a frame of a GSO send
+local function dissect_frame(tvb, n, pinfo, tree, key, seg)
     local t = tree:add(embnic, tvb())
-    local n = tvb:reported_len()
+    if seg then
+        t:append_text(string.format(", GSO frame %d of %d", seg.index, seg.count))
+        t:add(hf["gso_frame"], seg.index):set_generated()
+        t:add(hf["gso_size"], seg.size):set_generated()
+    end
     if n < HDR_LEN or tvb:len() < HDR_LEN then
-        pinfo.cols.info:set("embnic")
-        drop(t, t, pinfo, "too_short", string.format("%d bytes < %d", n, HDR_LEN))
-        return tvb:len()
+        if not seg then pinfo.cols.info:set("embnic") end
+        drop(t, t, pinfo, "too_short", string.format("%d bytes < %d", n, HDR_LEN), seg)
+        return
     end
     local h, items = {}, {}
     for _, f in ipairs(HEADER) do
@@ -582,25 +669,30 @@ function embnic.dissector(tvb, pinfo, tree)
         items[f.name] = t:add(f.hf, r)
         if f.bits then for _, b in ipairs(f.bits) do items[f.name]:add(b, r) end end
     end
-    pinfo.cols.info:set(summary(h))
+    if not seg then
+        pinfo.cols.info:set(summary(h))
+    elseif seg.index == 0 then
+        pinfo.cols.info:set(string.format("UDP GSO send of %d frames of %d bytes: %s", seg.count, seg.size,
+                                          summary(h)))
+    end
     t:append_text(", " .. summary(h))
     for _, c in ipairs(CHECKS) do
         local v = h[c.field]
         if (c.expect ~= nil and v ~= c.expect) or (c.names ~= nil and c.names[v] == nil) then
-            drop(t, items[c.field], pinfo, c.reason, string.format("%s %d", c.field, v))
-            return tvb:len()
+            drop(t, items[c.field], pinfo, c.reason, string.format("%s %d", c.field, v), seg)
+            return
         end
     end
     local reason, detail, field = check_geometry(h, n - HDR_LEN)
     if reason then
-        drop(t, items[field], pinfo, reason, detail)
-        return tvb:len()
+        drop(t, items[field], pinfo, reason, detail, seg)
+        return
     end
-    local st = frame_state[pinfo.number]
+    local st = frame_state[key]
     if st == nil or not pinfo.visited then
         st = first_pass(tvb, h, pinfo)
         st.ts = pinfo.abs_ts
-        frame_state[pinfo.number] = st
+        frame_state[key] = st
     end
     show_links(h, st, t)
     local dir, why = st.dir, "no complete directory seen before this frame"
@@ -618,6 +710,25 @@ function embnic.dissector(tvb, pinfo, tree)
         end
     end
     dissect_body(tvb, t, h, dir, st, why)
+end
+
+function embnic.dissector(tvb, pinfo, tree)
+    pinfo.cols.protocol:set("embnic")
+    local n = tvb:reported_len()
+    local size = nil
+    if n >= HDR_LEN and tvb:len() >= HDR_LEN then size = gso_size(tvb, read_header(tvb, 0), n) end
+    if size == nil then
+        dissect_frame(tvb, n, pinfo, tree, pinfo.number, nil)
+        return tvb:len()
+    end
+    local count = math.ceil(n / size)
+    for i = 0, count - 1 do
+        local off = i * size
+        local have = math.min(size, n - off, tvb:len() - off)
+        if have <= 0 then break end  -- the rest was not captured
+        dissect_frame(tvb(off, have):tvb(), math.min(size, n - off), pinfo, tree,
+                      string.format("%d.%d", pinfo.number, i), { index = i, count = count, size = size })
+    end
     return tvb:len()
 end
 
