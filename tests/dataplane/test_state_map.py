@@ -1,7 +1,9 @@
 """The card's message state map: states, per-direction frames/bytes, timestamps, expiry, bound.
 
-All frames enter on one net_pcap port so their order through the card is fixed (the card does
-not tie a peer to an ingress port); shards hang off a net_null port.
+All frames enter on one net_pcap port so their order through the card is fixed: the client and
+the shards all hang off it (the card takes a frame only from the card port its sender's entry
+names, else ``wrong_port``), and the card sends back on it (to out0.pcap); port 1 (net_null) is
+not used.
 Run alone: sudo python3 -m pytest -q tests/dataplane/test_state_map.py
 """
 from __future__ import annotations
@@ -17,8 +19,8 @@ from embnic.control.targets.dpdk.process import CardProcess, wait_drained
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
 C1 = Peer("client", 1, 0, "02:00:00:00:01:01", "10.2.0.2", 40001)
-S0 = Peer("shard", 0, 1, "02:00:00:00:02:00", "10.2.1.10", 7878)
-S1 = Peer("shard", 1, 1, "02:00:00:00:02:01", "10.2.1.11", 7878)
+S0 = Peer("shard", 0, 0, "02:00:00:00:02:00", "10.2.0.10", 7878)
+S1 = Peer("shard", 1, 0, "02:00:00:00:02:01", "10.2.0.11", 7878)
 TIMEOUT_MS = 400
 
 
