@@ -5,6 +5,7 @@ Example: ``examples/cluster.toml``. :func:`load_config` parses and validates it 
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
 import ipaddress
@@ -656,16 +657,22 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
 
 
 def load_config(path: str | os.PathLike) -> ClusterConfig:
-    """Read and validate a cluster config file (TOML).
+    """Read and validate a cluster config file (TOML, UTF-8; a leading UTF-8 byte-order mark is skipped).
 
     Raises:
-        ConfigError: file missing, not TOML, or a field invalid (the message names it).
+        ConfigError: file missing, not TOML (UTF-16 text is named as such), or a field invalid
+            (the message names it).
     """
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as e:
         raise ConfigError("", f"cannot read config: {e.strerror}", p) from None
+    if data.startswith(codecs.BOM_UTF8):  # as editors on Windows save UTF-8: TOML is UTF-8, the mark says so
+        data = data[len(codecs.BOM_UTF8):]
+    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ConfigError("", "not valid TOML: the file is UTF-16 text (it starts with a UTF-16 byte-order mark); "
+                          f"TOML is UTF-8: save it as UTF-8 (iconv -f UTF-16 -t UTF-8 {p} > utf8.toml)", p)
     try:
         raw = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -26,7 +26,8 @@ through :func:`iter_criteo` in bounded memory; :func:`load_criteo` concatenates.
 
 A compressed file is told by its first bytes (:func:`open_data`): gzip, bzip2 and xz are
 decompressed as they stream; zstd, zip and tar archives are named with the command that unpacks
-them (``CriteoFormatError``), never parsed as text.
+them (``CriteoFormatError``), never parsed as text. A UTF-8 byte-order mark before the first line
+is skipped; UTF-16 text is named, with the command that converts it.
 
 The repository ships a 6435-line sample (``testbed/training/data/``, see its README for source and
 licence); :func:`sample_path` finds it in the installed package.
@@ -34,6 +35,7 @@ licence); :func:`sample_path` finds it in the installed package.
 from __future__ import annotations
 
 import bz2
+import codecs
 import dataclasses
 import gzip
 import importlib.resources
@@ -354,6 +356,9 @@ def open_data(path: str | os.PathLike) -> io.BufferedIOBase:
         if peek[257:262] == b"ustar":
             raise CriteoFormatError(f"{where} is a {kind}tar archive; extract it first (tar xf {where}) and pass "
                                     "train.txt as --data")
+        if peek.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            raise CriteoFormatError(f"{where} is {kind}UTF-16 text (it starts with a UTF-16 byte-order mark); a Criteo "
+                                    f"TSV is ASCII: convert it (iconv -f UTF-16 -t UTF-8 {where} > train.txt)")
         if b"\x00" in peek:
             raise CriteoFormatError(f"{where} is {kind}binary data, not a Criteo TSV (tab-separated text)")
         return f
@@ -405,8 +410,13 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
     pending = b""
     with open_data(path) as f:
         eof = False
+        first = True
         while not eof and (remaining is None or remaining > 0):
             chunk = _read(f, chunk_bytes, where)
+            if first:  # a UTF-8 byte-order mark (as editors on Windows save text) is no part of line 1
+                first = False
+                if chunk.startswith(codecs.BOM_UTF8):
+                    chunk = chunk[len(codecs.BOM_UTF8):]
             if not chunk:
                 eof = True
                 if not pending:
