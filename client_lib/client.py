@@ -72,6 +72,7 @@ from .routing import split_by_shard
 from . import native
 from .roundplan import (C_DIR0, C_FRAMES, C_KA, C_KB, C_MSGLEN, C_NKEYS, C_NT, C_RFRAMES, C_SHARD, C_VLEN, C_VOFF,
                         MSG_COLUMNS, RoundPlan, TableArrays, plan_round)
+from .msgid import MsgIds
 from .outstanding import Outstanding as _Out
 from .errors import EmbnicError, ShardError, ShardUnavailableError  # noqa: F401 (the client's errors)
 from .rtt import DEFAULT_RTO_MAX_MS, DEFAULT_RTO_MIN_MS, REO_WND_MIN_MS, RttEstimator
@@ -146,9 +147,9 @@ class EmbeddingClient:
         self._stats = ClientStats()  # (the `stats` property: the C round's counters added when read)
         self._late_probes: collections.OrderedDict[int, None] = collections.OrderedDict()  # probe ids after their round
         self._reasm = Reassembler(max_pending=65536, timeout_s=max(1.0, 4 * self.timeout_s), expect="reply")
-        # a random first id: a restarted client does not reuse the ids of its last life,
-        # which the servers' exactly-once window still remembers
-        self._next_id = int.from_bytes(os.urandom(4), "little") or 1
+        # message ids follow the id clock (msgid.py, docs/protocol.md "Message ids"): never
+        # reused while a shard's exactly-once window may remember them, in this run or the next
+        self._ids = MsgIds(client_id)
         self._buf = bytearray(65536)
         self._dest = {s.id: cfg.request_destination(client_id, s.id) for s in cfg.shards}
         self.via_card = cfg.card is not None and cfg.card.enabled
@@ -242,9 +243,13 @@ class EmbeddingClient:
     def _prepare(self, msg_type: int, table_ids, counts, keys, grads, gshape=None) -> RoundPlan | None:
         """The round checked and planned in one C call (:func:`native.prepare`), or None when a
         check fails (the per-table checks of :mod:`.precheck` then say why, or pass it on)."""
-        return native.prepare(self._native.lib, self._ta, self._ws, msg_type, table_ids, counts, keys, grads,
+        first = self._ids.next()
+        plan = native.prepare(self._native.lib, self._ta, self._ws, msg_type, table_ids, counts, keys, grads,
                               mtu=self.mtu, msg_frames=self.msg_frames, window_frames=self.window_frames,
-                              next_id=self._next_id, gshape=gshape)
+                              next_id=first, gshape=gshape)
+        if plan is not None:
+            plan.first_id = first  # its ids are first .. plan.next_id - 1 (taken when it runs)
+        return plan
 
     def _plan(self, msg_type: int, tix, counts, keys) -> RoundPlan:
         """The round's plan from checked arrays (:func:`~.roundplan.plan_round`; the C engine's
@@ -319,7 +324,7 @@ class EmbeddingClient:
         tab = getattr(plan, "tab", None)
         if tab is not None:  # native.prepare gave the ids and the queue's order
             ids = tab[:, len(MSG_COLUMNS)]
-            self._next_id = plan.next_id
+            self._ids.advance(plan.first_id, plan.next_id)
         else:
             ids = self._alloc_ids(M)
         if self.fixed_length:
@@ -372,9 +377,10 @@ class EmbeddingClient:
             tab = tab[queue if queue is not None else np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]),
                                                                  kind="stable")]
         self._count_round(len(tab), len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1, data)
-        res, lat = self._native.run(tab, directory, keys, vals, dst, rb, so, out, record_latency, self._next_id)
+        first = self._ids.next()
+        res, lat = self._native.run(tab, directory, keys, vals, dst, rb, so, out, record_latency, first)
         R = native.R
-        self._next_id = res[R["next_id"]]
+        self._ids.advance(first, res[R["next_id"]])
         self._largest_answered = res[R["largest"]]
         if record_latency and lat.size:
             self._stats.lookup_latency_us.extend(lat.tolist())
@@ -418,11 +424,10 @@ class EmbeddingClient:
             self._stats.round_shards += n_shards
 
     def _alloc_ids(self, n: int) -> np.ndarray:
-        """``n`` consecutive message ids (wrapping at 2^32, never 0): uint32 (n,)."""
-        i0 = self._next_id
-        ids = ((i0 - 1 + np.arange(n, dtype=np.int64)) % 0xFFFFFFFF + 1).astype(np.uint32)
-        self._next_id = int(ids[-1]) % 0xFFFFFFFF + 1 if n else i0
-        return ids
+        """``n`` consecutive message ids of the id clock (:class:`~.msgid.MsgIds`; wrapping at
+        2^32, never 0): uint32 (n,)."""
+        i0 = self._ids.take(n)
+        return ((i0 - 1 + np.arange(n, dtype=np.int64)) % 0xFFFFFFFF + 1).astype(np.uint32)
 
     def _by_shard(self, keys_of: dict[int, np.ndarray]) -> dict[int, list]:
         """Every table's keys grouped by owning shard, for one round: ``{shard_id: [(table_id,
@@ -502,9 +507,8 @@ class EmbeddingClient:
         return consts.IPV4_HDR_LEN + consts.UDP_HDR_LEN + max(max(len(f) for f in frames), reply)
 
     def _alloc_id(self) -> int:
-        i = self._next_id
-        self._next_id = (i + 1) & 0xFFFFFFFF or 1
-        return i
+        """One message id of the id clock (:class:`~.msgid.MsgIds`)."""
+        return self._ids.take(1)
 
     def _send(self, m: _Out, retransmit: bool, frames: list | None = None, tries: bool = True) -> None:
         """Send ``m``'s frames (or only ``frames``, some of them: an update's poll or the fragments

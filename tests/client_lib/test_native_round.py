@@ -28,6 +28,7 @@ from embnic.client_lib.codec import parse_header
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import Flags, MsgType
 from embnic.client_lib.local import LocalBackend
+from embnic.client_lib.msgid import MsgIds
 from embnic.client_lib.sockets import set_socket_buffers
 from embnic.testbed.server.runner import ServerCluster
 
@@ -141,7 +142,7 @@ def drive(cfg, native_io, ref, seed, first_id=1000, **kw):
     updates = 0
     with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), native_io=native_io, **kw) as c:
         assert c.native == native_io
-        c._next_id = first_id
+        c._ids = MsgIds(1, frozen=True, first=first_id)  # both paths the same ids: frames compared byte for byte
         for req, grads in rounds(seed):
             got = c.lookup(req)
             for t, k in req.items():

@@ -1,0 +1,153 @@
+"""Message ids that are never reused while a shard may remember them: the **id clock**
+(docs/protocol.md, "Message ids").
+
+A shard's exactly-once window remembers the updates it applied by ``(client_id, msg_id)`` and
+fingerprint, for at most ``dedup_window`` updates and at most ``dedup_age`` (30 min by default,
+:data:`embnic.testbed.server.window.DEFAULT_MAX_AGE_S`). So a client must never send an id
+again within that time — in the same run, and in its next run (a restarted client has no memory
+of the ids it used). A random first id only makes that likely; this module makes it a rule.
+
+A client's ids follow a clock that ticks once per microsecond (``CLOCK_HZ``): the *incarnation*
+of a run is where the clock stood when it started (the wall clock, so a restarted process —
+on this host or another, NTP-synchronised — starts past every id its previous run used), and
+from there the run counts. The counter ``U`` (unwrapped, an int) is kept
+
+- **never behind the clock**: each allocation first moves ``U`` up to the clock's value
+  (a quiet client skips the ids of the time it was quiet), and
+- **never more than** :data:`MAX_AHEAD` **ahead of it**: an allocation that would go further
+  waits for the clock (a client would need more than a million ids per second for that).
+
+So an id ``x`` is used while the clock is within ``[x - MAX_AHEAD, x]``; the wire id is ``U``
+taken in the cycle ``1 .. 2^32 - 1`` (0 is never sent, :func:`wire`), which the clock goes
+round in :data:`ID_CYCLE` µs ≈ 71.6 min. Any two uses of one id — in one run, or in two runs of
+one client — are therefore at least ``ID_CYCLE - MAX_AHEAD`` ≈ 71 min apart, more than twice a
+window's age limit. Two runs of a client are kept apart without any state saved between them,
+provided the second starts more than ``MAX_AHEAD`` (≈ 1 s) after the first ended — a process
+restart takes longer — and the wall clock was not stepped back between them. Within one process
+a new client of a ``client_id`` continues after the previous one's last id (:data:`_HIGH`),
+however soon it is made. Within a run the clock is the monotonic clock (a wall-clock step
+during a run changes nothing).
+
+The pacing costs one ``time.monotonic_ns`` per allocation call (a round's ids are taken in one
+call), never a Python loop over ids.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+#: ticks of the id clock per second (one id per microsecond at most, on average)
+CLOCK_HZ = 1_000_000
+#: length of the wire ids' cycle: ids run 1 .. 2^32 - 1 (0 is never sent) and wrap to 1
+ID_CYCLE = 0xFFFFFFFF
+#: how far (ids, = µs of the clock) a client's counter may run ahead of its clock (~1.05 s)
+MAX_AHEAD = 1 << 20
+
+_lock = threading.Lock()
+#: per client_id, the highest counter value (unwrapped) a client of this process used + 1
+_HIGH: dict[int, int] = {}
+
+
+def wire(u: int) -> int:
+    """The wire ``msg_id`` of counter value ``u`` (an int ≥ 0): ``u mod (2^32 - 1) + 1``, in
+    ``1 .. 2^32 - 1``; consecutive counter values give consecutive ids, ``2^32 - 1`` followed
+    by 1 (as ``dataplane/client/round.c`` and ``plan.c`` count)."""
+    return u % ID_CYCLE + 1
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+class MsgIds:
+    """The message ids of one client (one run): see the module docstring.
+
+    Args:
+        client_id: the client (a new :class:`MsgIds` of a ``client_id`` this process already
+            used starts after that one's last id).
+        clock: None for the id clock (wall clock at start, monotonic after); or a function
+            giving the clock in µs (tests). ``frozen=True``: no clock at all.
+        first: with ``frozen=True``, the first wire id (1 .. 2^32 - 1); ids then simply count
+            from it — no pacing, no guarantee against reuse: for tests that compare frames byte
+            for byte between two runs.
+        sleep: how to wait for the clock (``time.sleep``; tests pass a fake).
+
+    Raises:
+        ValueError: ``first`` outside 1 .. 2^32 - 1.
+    """
+
+    def __init__(self, client_id: int = 0, *, clock: Callable[[], int] | None = None, frozen: bool = False,
+                 first: int = 1, sleep: Callable[[float], None] = time.sleep):
+        self.client_id = int(client_id)
+        self._sleep = sleep
+        self.frozen = bool(frozen)
+        self.waits = 0  #: allocations that waited for the clock
+        if frozen:
+            if not 1 <= int(first) <= ID_CYCLE:
+                raise ValueError(f"first id must be in 1..{ID_CYCLE}, got {first}")
+            self._clock = None
+            self._u = int(first) - 1
+            return
+        if clock is None:
+            base, m0 = _wall_us(), time.monotonic_ns()
+            clock = lambda: base + (time.monotonic_ns() - m0) // 1000  # noqa: E731
+        self._clock = clock
+        with _lock:
+            self._u = max(int(clock()), _HIGH.get(self.client_id, 0))
+            _HIGH[self.client_id] = max(_HIGH.get(self.client_id, 0), self._u)
+
+    @property
+    def counter(self) -> int:
+        """The unwrapped counter: the next id's value before it is taken into the cycle (int)."""
+        return self._u
+
+    def _pace(self, n: int) -> None:
+        """Move the counter up to the clock, and wait while taking ``n`` more ids would put it
+        more than :data:`MAX_AHEAD` ahead of it."""
+        if self._clock is None:
+            return
+        now = int(self._clock())
+        if self._u < now:
+            self._u = now
+        over = self._u + n - now - MAX_AHEAD
+        while over > 0:
+            self.waits += 1
+            self._sleep(over / CLOCK_HZ)
+            now = int(self._clock())
+            over = self._u + n - now - MAX_AHEAD
+
+    def _took(self) -> None:
+        if self._clock is not None:
+            with _lock:
+                if _HIGH.get(self.client_id, 0) < self._u:
+                    _HIGH[self.client_id] = self._u
+
+    def take(self, n: int = 1) -> int:
+        """Take ``n`` consecutive ids (n ≥ 0); returns the first one's wire id (the others follow
+        it in the cycle, :func:`wire`). May wait (see the module docstring)."""
+        n = int(n)
+        self._pace(n)
+        first = wire(self._u)
+        self._u += n
+        self._took()
+        return first
+
+    def next(self) -> int:
+        """The wire id the next allocation starts at, for code that allocates ids itself (the C
+        plan and round, from this id on); follow with :meth:`advance` to the id it stopped at.
+        Paces like :meth:`take`."""
+        self._pace(0)
+        return wire(self._u)
+
+    def advance(self, first: int, nxt: int) -> None:
+        """Record that ids ``first`` (what :meth:`next` gave) up to before ``nxt`` were taken
+        (``nxt``: the next free wire id, as the C code returns it).
+
+        Raises:
+            ValueError: ``first`` is not the current next id (another allocation came between).
+        """
+        if wire(self._u) != int(first):
+            raise ValueError(f"msg ids: allocation from {first} but the next id is {wire(self._u)}")
+        self._u += (int(nxt) - int(first)) % ID_CYCLE
+        self._took()
