@@ -7,6 +7,7 @@ Modules, a line each (lower ones first; none imports one above it):
 - ``cintake``: the C header checks and fragment grouping (``dataplane/shard/intake.c``) through ctypes.
 - ``canswer``: the C answer path (``dataplane/shard/answer.c``, ``store.c``, ``send.c``) through ctypes.
 - ``diskstore``: the disk tier, RocksDB behind a cache of hot rows (``embnic[disk]``).
+- ``window``: the exactly-once window (every acknowledged update by id and fingerprint; polls).
 - ``stores``: each table's row store (the in-memory arena or the disk tier); ``shard-<id>`` directories.
 - ``durability``: the write-ahead log and checkpoints of a shard.
 - ``tables_io``: ``embnic tables export``/``import`` of every shard's rows.
