@@ -559,20 +559,23 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             ``KeyedTensor`` with keys = the embedding names (``feature`` or
             ``feature@table`` when a feature feeds several tables, TorchRec's rule),
             ``length_per_key`` = the dims, values float32 (B, Σ dims); an empty bag is 0.
-            It carries gradient when grad mode is on: backward sends the updates.
+            It carries gradient when grad mode is on: backward sends the updates. A batch
+            without ids (a KJT of 0 samples gives (0, Σ dims), as TorchRec's EBC) sends nothing,
+            forward or backward.
 
         Raises:
-            ValueError: values not integer ids or lengths not integers; a VBE KJT without
+            ValueError: values not integer ids, lengths not integers, a feature missing from the
+                KJT (every one of these named in one message: ``KeyedJaggedTensor.empty()`` has
+                float values and no features); a VBE KJT without
                 ``inverse_indices`` whose features have different batch sizes (TorchRec's
                 EBC cannot build one (B, Σ dims) output from it either) or with inverse
-                indices of the wrong shape or range; a feature missing from the KJT; bad
-                lengths, an id outside ``[0, num_embeddings)``, missing weights (validated
+                indices of the wrong shape or range; bad lengths, an id outside ``[0, num_embeddings)``, missing weights (validated
                 inputs only); an optimizer choice that does not match the cluster config
                 (:meth:`check_optimizers`).
             embnic.client_lib.client.EmbnicError: a shard failed (lookup).
         """
         self.check_optimizers()
-        _check_dtypes(features)
+        _check_kjt(features, self._slot_features)
         vbe = features.variable_stride_per_key() or features.inverse_indices_or_none() is not None
         kjt = self._flatten_vbe(features) if vbe else self._select(features)
         b = kjt.stride()
@@ -613,11 +616,14 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         """Look every table's ``unique`` ids up in one round and lay the rows out for pooling: one
         ``(U, D)`` matrix (rows of narrower tables padded with zeros), each id's row index."""
         counts = np.diff(prep.unique_offsets)
-        vals = self._lookup(prep.table_ids, counts, prep.unique)
         D, U = self._dmax, prep.num_unique
-        if self._uniform:
+        if U == 0:  # no id (0 samples, or only empty bags): no round, nothing sent
+            rows = torch.zeros((0, D), dtype=torch.float32)
+        elif self._uniform:
+            vals = self._lookup(prep.table_ids, counts, prep.unique)
             rows = torch.from_numpy(np.asarray(vals, np.float32).reshape(U, D))
         else:
+            vals = self._lookup(prep.table_ids, counts, prep.unique)
             rows = torch.zeros((U, D), dtype=torch.float32)
             rowdim = np.repeat(self._tdim, counts)
             rows.view(-1)[torch.from_numpy(concat_ranges(np.arange(U, dtype=np.int64) * D, rowdim))] = torch.from_numpy(
@@ -769,8 +775,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         else:
             pooled = torch.zeros((G, D), dtype=torch.float32)
         idx = self._out_index(step)
+        S = step.gpos.size  # slots: shapes spelled out, so a batch of 0 samples gives (0, Σ dims)
         if idx is None:
-            return pooled.reshape(-1, b, D).permute(1, 0, 2).reshape(b, -1)
+            return pooled.reshape(S, b, D).permute(1, 0, 2).reshape(b, S * D)
         return pooled.reshape(-1)[idx]
 
     def _bag_is(self, step: _Step, mode: str) -> torch.Tensor:
@@ -786,7 +793,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         G = prep.lengths.size
         idx = self._out_index(step)
         if idx is None:
-            g_bags = grad_out.reshape(b, -1, D).permute(1, 0, 2).reshape(G, D)
+            g_bags = grad_out.reshape(b, step.gpos.size, D).permute(1, 0, 2).reshape(G, D)
         else:
             g_bags = torch.zeros(G * D, dtype=torch.float32)
             g_bags[idx.reshape(-1)] = grad_out.reshape(-1)
@@ -834,17 +841,27 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         return g_w
 
 
-def _check_dtypes(features: KeyedJaggedTensor) -> None:
-    """TorchRec's EBC takes int32/int64 ids only (``nn.EmbeddingBag``'s indices): float values
-    would be truncated to ids, the wrong rows, silently."""
+def _check_kjt(features: KeyedJaggedTensor, wanted: list[str]) -> None:
+    """The dtypes and the features of a KJT, every problem named in one ``ValueError`` (so
+    ``KeyedJaggedTensor.empty()``, float values and no keys, hears of both). TorchRec's EBC takes
+    int32/int64 ids only (``nn.EmbeddingBag``'s indices): float values would be truncated to ids,
+    the wrong rows, silently."""
+    problems = []
     v = features.values()
     if v.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"KeyedJaggedTensor values must be integer ids (torch.int64 or torch.int32, as TorchRec's "
-                         f"EmbeddingBagCollection takes), got {v.dtype}; ids >= 2**63 are int64 with the same "
-                         "bits (kjt_from_dense does it)")
+        problems.append(f"KeyedJaggedTensor values must be integer ids (torch.int64 or torch.int32, as TorchRec's "
+                        f"EmbeddingBagCollection takes), got {v.dtype}; ids >= 2**63 are int64 with the same "
+                        "bits (kjt_from_dense does it)")
     ln = features.lengths()
     if ln.is_floating_point() or ln.is_complex() or ln.dtype == torch.bool:
-        raise ValueError(f"KeyedJaggedTensor lengths must be integers, got {ln.dtype}")
+        problems.append(f"KeyedJaggedTensor lengths must be integers, got {ln.dtype}")
+    keys = features.keys()
+    have = set(keys)
+    missing = [f for f in wanted if f not in have]
+    if missing:
+        problems.append(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
+    if problems:
+        raise ValueError("; and ".join(problems))
 
 
 def placeholder_names(model: torch.nn.Module) -> list[str]:

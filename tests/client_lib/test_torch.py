@@ -15,6 +15,9 @@
   ``fused_params``, and a DMP whose ``fused_params`` cannot reach the module is refused by name;
   frozen tables and DDP; VBE KJTs and inverse indices equal TorchRec's EBC (forward, row and
   weight gradients) or are refused by name.
+* issue 34: a KJT of 0 samples gives TorchRec's (0, Σ dims) output, forward and backward, and
+  asks the backend nothing; ``KeyedJaggedTensor.empty()`` (float values, no features) is refused
+  naming both.
 
 The same comparison through the card: tests/testbed/test_torch_card.py.
 Run alone: python3 -m pytest -q tests/client_lib/test_torch.py   (needs the embnic[torch] extra)
@@ -191,6 +194,80 @@ def test_no_grad_forward_sends_no_update_and_empty_batch_is_zero():
     out.sum().backward()  # nothing to update: no round at all
     assert all(len(k) == 0 for k, _, _ in local.state_dict().values())
     assert ours.steps_updated == 1
+
+
+class _Spy:
+    """A backend that counts what the module asks of it (and answers as ``LocalBackend``)."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+        self.cfg = backend.cfg
+
+    def lookup_flat(self, *a):
+        self.calls.append("lookup")
+        return self.backend.lookup_flat(*a)
+
+    def update_flat(self, *a):
+        self.calls.append("update")
+        return self.backend.update_flat(*a)
+
+    def lookup(self, *a):
+        self.calls.append("lookup")
+        return self.backend.lookup(*a)
+
+    def update(self, *a):
+        self.calls.append("update")
+        return self.backend.update(*a)
+
+
+@pytest.mark.parametrize("case", ["sum", "mean", "weighted", "shared-feature", "extra-keys"])
+def test_a_kjt_of_zero_samples_is_torchrecs_empty_output_and_sends_nothing(case):
+    """Issue 34 item 3: a KJT of 0 samples (stride 0, no lengths) — TorchRec's EBC returns a
+    (0, Σ dims) KeyedTensor with its keys and dims, and backward gives every table a zero
+    gradient; ours returns the same, backward runs, and the backend is asked nothing."""
+    cfg = make_cfg()
+    feats = {"a": ["x", "y"], "b": ["y"], "c": ["z"]} if case == "shared-feature" else None
+    pooling = PoolingType.MEAN if case == "mean" else PoolingType.SUM
+    weighted = case == "weighted"
+    confs = configs(cfg, pooling, features=feats)
+    spy = _Spy(LocalBackend(cfg))
+    ours = RemoteEmbeddingBagCollection(configs(cfg, pooling, features=feats), spy, is_weighted=weighted)
+    ref = torchrec_ebc_with_rows(cfg, confs, weighted)
+    keys = [f for c in confs for f in c.feature_names]
+    keys = list(dict.fromkeys(keys)) + (["junk"] if case == "extra-keys" else [])
+    w = [torch.zeros(0, requires_grad=True) for _ in range(2)] if weighted else [None, None]
+    kjts = [KeyedJaggedTensor(keys=keys, values=torch.zeros(0, dtype=torch.int64),
+                              lengths=torch.zeros(0, dtype=torch.int32), weights=w[i]) for i in range(2)]
+    assert kjts[0].stride() == 0
+    got, want = ours(kjts[0]), ref(kjts[1])
+    assert got.keys() == want.keys() and got.length_per_key() == want.length_per_key()
+    assert got.values().shape == want.values().shape == (0, sum(want.length_per_key()))
+    assert got.values().dtype == want.values().dtype and got.values().requires_grad == want.values().requires_grad
+    got.values().sum().backward()
+    want.values().sum().backward()
+    for c in confs:
+        assert torch.count_nonzero(ref.embedding_bags[c.name].weight.grad) == 0
+    if weighted:
+        assert w[0].grad.shape == w[1].grad.shape == (0,)
+    with torch.no_grad():
+        assert ours(kjts[0]).values().shape == (0, sum(want.length_per_key()))
+    assert spy.calls == [] and ours.steps_forward == 2 and ours.steps_updated == 1
+    assert all(len(k) == 0 for k, _, _ in spy.backend.state_dict().values())
+
+
+def test_an_empty_kjt_of_the_wrong_dtype_names_both_problems():
+    """``KeyedJaggedTensor.empty()`` has float values and no keys: both are named, at once
+    (TorchRec's EBC fails on it with a bare KeyError of the first feature)."""
+    cfg = make_cfg()
+    ours = RemoteEmbeddingBagCollection(configs(cfg), LocalBackend(cfg))
+    with pytest.raises(KeyError):
+        torchrec_ebc_with_rows(cfg, configs(cfg))(KeyedJaggedTensor.empty())
+    with pytest.raises(ValueError, match=r"values must be integer ids .* got torch.float32.*; and KeyedJaggedTensor "
+                                         r"lacks feature\(s\) \['f_a', 'f_b', 'f_c'\] \(has \[\]\)"):
+        ours(KeyedJaggedTensor.empty())
+    with pytest.raises(ValueError, match=r"^KeyedJaggedTensor lacks feature\(s\) \['f_a', 'f_b', 'f_c'\]"):
+        ours(KeyedJaggedTensor.empty(values_dtype=torch.int64))
+    assert ours.steps_forward == 0
 
 
 def test_dlrm_accepts_it_and_trains():
