@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from embnic.client_lib.config import MTU_LIMITS
-from embnic.control.commands.options import FloatRange
+from embnic.control.commands.options import FloatRange, OutPath
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
-_out = click.option("--out", "out", type=click.Path(file_okay=False), default="out/bench", show_default=True,
-                    help="Directory for bench.json (results are merged into it).")
+_out = click.option("--out", "out", type=OutPath("dir", "bench"), default="out/bench", show_default=True,
+                    help="Directory for bench.json (results are merged into it; created if missing).")
 
 
 @click.group("bench")

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.commands.options import FloatRange, check_name_param, needs_root, pmd_option, sigterm_as_interrupt
+from embnic.control.commands.options import (FloatRange, OutPath, check_name_param, needs_root, pmd_option,
+                                             sigterm_as_interrupt)
 from embnic.control.errors import MissingDependencyError
 
 
 @click.command("demo")
 @click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="Training steps.")
-@click.option("--out", "out", type=click.Path(file_okay=False), default="out/demo", show_default=True,
-              help="Directory for report.json and the PNG plots.")
+@click.option("--out", "out", type=OutPath("dir", "demo"), default="out/demo", show_default=True,
+              help="Directory for report.json and the PNG plots (created if missing).")
 @click.option("--config", "-c", "config", type=click.Path(dir_okay=False, exists=True), default=None,
               envvar="EMBNIC_DEMO_CONFIG", help="Cluster config with a [card] (default: examples/testbed.toml).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per step.")

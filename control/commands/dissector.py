@@ -5,11 +5,13 @@ import click
 
 from embnic.client_lib import consts
 from embnic.control import dissector as lib
+from embnic.control.commands.options import OutPath
 
 
 @click.command()
 @click.option("--out", "-o", default="-", show_default=True, metavar="FILE",
-              help="Where to write the plug-in ('-': standard output).")
+              type=OutPath("file", "embnic.lua", allow_dash=True),
+              help="Where to write the plug-in ('-': standard output); its folder must exist.")
 def dissector(out):
     """Write the Wireshark dissector of the embnic protocol: a Lua plug-in generated from the
     one field table (client_lib/consts.py), the same as the shipped contrib/wireshark/embnic.lua.

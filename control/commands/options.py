@@ -13,6 +13,7 @@ import math
 import os
 import re
 import signal
+from pathlib import Path
 from typing import Callable
 
 import click
@@ -117,6 +118,76 @@ class TargetType(click.ParamType):
         except UsageError as e:
             self.fail(e.message, param, ctx)
         return value
+
+
+class OutPath(click.ParamType):
+    """Where a command writes — one rule for every output option (docs/cli.md, "Output paths"):
+
+    - a **folder** (``kind="dir"``: ``demo``, ``trace replay``, ``bench --out``, ``tables import
+      --into``) is created with its parents when the command writes; it must not be a file, and
+      the nearest folder that exists must be writable;
+    - a **file** (``kind="file"``: ``trace record``, ``tables export``, ``dissector --out``,
+      ``train --json-out``) goes into a folder that must exist (nothing is created for it); it
+      must not be a folder. ``-`` is standard output where ``allow_dash``.
+
+    Each fault is a usage error (exit 2) naming the path and the fix, before the command does
+    anything. The value is returned as given (a string).
+    """
+
+    def __init__(self, kind: str, example: str = "out", allow_dash: bool = False):
+        if kind not in ("dir", "file"):
+            raise ValueError(f"kind must be 'dir' or 'file', got {kind!r}")
+        self.kind, self.example, self.allow_dash = kind, example, allow_dash
+        self.name = "DIR" if kind == "dir" else "FILE"
+
+    def convert(self, value, param, ctx):
+        text = os.fspath(value) if isinstance(value, os.PathLike) else value
+        if not isinstance(text, str) or not text.strip():
+            self.fail(f"empty path; give a {'folder' if self.kind == 'dir' else 'file'}, e.g. {self.example}",
+                      param, ctx)
+        if self.allow_dash and text == "-":
+            return text
+        problem = out_path_problem(text, self.kind, self.example)
+        if problem:
+            self.fail(problem, param, ctx)
+        return text
+
+
+def out_path_problem(path: str | os.PathLike, kind: str, example: str = "out") -> str | None:
+    """What stops a command writing to ``path`` under :class:`OutPath`'s rule, or None.
+
+    Args:
+        path: the folder (``kind="dir"``) or file (``kind="file"``) to write.
+        example: a name for the message's example (``e.g. DIR/example``).
+    Returns:
+        one line naming the path and the fix, or None when the command may write there.
+    """
+    p = Path(path)
+    if kind == "file":
+        if p.is_dir():
+            return f"{path} is a folder: give a file name, e.g. {p / example}"
+        parent = p.parent
+        if not parent.exists():
+            return f"folder {parent} does not exist; create it (mkdir -p {parent}) or write elsewhere"
+        if not parent.is_dir():
+            return f"{parent} is a file, not a folder: write elsewhere"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"cannot write into folder {parent} (permission denied): write elsewhere"
+        return None
+    if p.exists():
+        if not p.is_dir():
+            return f"{path} is a file: give a folder (created if missing), e.g. {p.parent / example}"
+        if not os.access(p, os.W_OK | os.X_OK):
+            return f"cannot write into folder {path} (permission denied): write elsewhere"
+        return None
+    a = p.absolute().parent
+    while not a.exists():
+        a = a.parent
+    if not a.is_dir():
+        return f"{a} is a file, so folder {path} cannot be created: write elsewhere"
+    if not os.access(a, os.W_OK | os.X_OK):
+        return f"cannot create folder {path}: no write permission in {a}; write elsewhere"
+    return None
 
 
 MAC = MacType()

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from embnic.control.commands.options import config_option, json_option, load_cluster
+from embnic.control.commands.options import OutPath, config_option, json_option, load_cluster
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
 
@@ -45,7 +44,8 @@ def _cfg(config):
 @config_option(required=True)
 @click.option("--from", "src", type=click.Path(file_okay=False, exists=True), required=True,
               help="The shards' --checkpoint-dir (read as a restart would: latest checkpoint + log; nothing changes).")
-@click.option("--out", type=click.Path(dir_okay=False), required=True, help="File to write (safetensors).")
+@click.option("--out", type=OutPath("file", "tables.safetensors"), required=True,
+              help="File to write (safetensors); its folder must exist.")
 @click.option("--layout", type=click.Choice(["torchrec", "ids"]), default=None,
               help="torchrec: whole tables as embedding_bags.<table>.weight (needs rows); ids: updated rows by id "
                    "with their optimizer state. Default: torchrec when every table has rows.")
@@ -61,9 +61,6 @@ def export(config, src, out, layout):
     from embnic.testbed.server.tables_io import TablesFileError, export_tables
 
     cfg = _cfg(config)
-    parent = Path(out).parent
-    if not parent.is_dir():
-        raise UsageError(f"--out {out}: directory {parent} does not exist; create it or write elsewhere")
     try:
         rep = export_tables(cfg, src, out, layout)
     except TablesFileError as e:
@@ -80,8 +77,8 @@ def export(config, src, out, layout):
 @tables.command("import")
 @config_option(required=True)
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
-@click.option("--into", "dst", type=click.Path(file_okay=False), required=True,
-              help="Directory to initialise (DIR/shard-<id>/ckpt-0.npz per shard); serve with --restore DIR.")
+@click.option("--into", "dst", type=OutPath("dir", "embnic-tables"), required=True,
+              help="Directory to initialise, created if missing (DIR/shard-<id>/ckpt-0.npz per shard); serve with --restore DIR.")
 @json_option
 def import_(config, file, dst, as_json):
     """Initialise every shard's directory from a tables file (each shard gets the rows it owns).

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.commands.options import FloatRange, check_name_param, config_option, needs_root, sigterm_as_interrupt
+from embnic.control.commands.options import (FloatRange, OutPath, check_name_param, config_option, needs_root,
+                                             sigterm_as_interrupt)
 from embnic.control.errors import OperationalError
 
 
@@ -30,8 +31,8 @@ def trace():
               help="Criteo TSV (Kaggle train.txt layout). Default: the sample shipped with embnic.")
 @click.option("--batches", "-k", type=click.IntRange(1, 10000), required=True,
               help="Training batches to record per client.")
-@click.option("--out", "out", type=click.Path(dir_okay=False), required=True,
-              help="The pcap to write; the sidecar JSON goes next to it (same name, .json).")
+@click.option("--out", "out", type=OutPath("file", "t.pcap"), required=True,
+              help="The pcap to write (its folder must exist); the sidecar JSON goes next to it (same name, .json).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per batch.")
 @click.option("--client", "clients", type=int, multiple=True,
               help="Record this client (repeatable). Default: every client of the config.")
@@ -83,8 +84,8 @@ def _check_pcap(ctx, param, value):
 @click.option("--rate", type=FloatRange(min=1), default=None, metavar="PPS",
               help="Total frames/s over all clients (default: the recorded timing).")
 @click.option("--topspeed", is_flag=True, help="As fast as tcpreplay can (overrides --rate).")
-@click.option("--out", "out", type=click.Path(file_okay=False), default="out/replay", show_default=True,
-              help="Directory for report.json and the PNG plots.")
+@click.option("--out", "out", type=OutPath("dir", "replay"), default="out/replay", show_default=True,
+              help="Directory for report.json and the PNG plots (created if missing).")
 @click.option("--wait", "wait_s", type=FloatRange(0.1, 600), default=5.0, show_default=True,
               help="Seconds to wait for missing replies after the last frame.")
 @click.option("--name", default="embrpl", show_default=True, callback=check_name_param,

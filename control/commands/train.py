@@ -4,11 +4,10 @@ from __future__ import annotations
 import errno
 import json
 import math
-import os
 
 import click
 
-from embnic.control.commands.options import FloatRange
+from embnic.control.commands.options import FloatRange, OutPath
 from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.commands.options import config_option, load_cluster
 
@@ -65,8 +64,8 @@ def _warn_if_trained(client, cfg, data, batch_size: int) -> tuple[int, int]:
 @click.option("--max-rows", type=click.IntRange(min=2), default=None, help="Read at most this many rows of --data.")
 @click.option("--valid-fraction", type=FloatRange(0.01, 0.99), default=0.2, show_default=True,
               help="Last fraction of rows held out for the AUC.")
-@click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Also write losses, AUC and client counters to this JSON file.")
+@click.option("--json-out", type=OutPath("file", "train.json"), default=None,
+              help="Also write losses, AUC and client counters to this JSON file (its folder must exist).")
 @click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
               help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
                    "(needs the embnic[torch] extra).")
@@ -100,11 +99,6 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
     from embnic.testbed.training.criteo import CriteoFormatError
     from embnic.testbed.training.train import load_training_data
 
-    if json_out:
-        parent = os.path.dirname(os.path.abspath(json_out))
-        if not os.path.isdir(parent):
-            raise click.BadParameter(f"directory {parent} does not exist; create it or pick another path",
-                                     param_hint="--json-out")
     if client_id is None:
         client_id = cfg.clients[0].id
     elif client_id not in {c.id for c in cfg.clients}:

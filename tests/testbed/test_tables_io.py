@@ -251,7 +251,7 @@ def test_damaged_files_are_named_not_a_numpy_error(tmp_path):
     assert r.exit_code == 2 and "embedding_bags.big.weight: 16000 bytes for shape (500, 9)" in r.output, r.output
     # --out in a directory that does not exist: usage
     r = _run("tables", "export", "-c", cfg_path, "--from", src, "--out", tmp_path / "nodir" / "x.safetensors")
-    assert r.exit_code == 2 and f"directory {tmp_path / 'nodir'} does not exist" in r.output, r.output
+    assert r.exit_code == 2 and f"folder {tmp_path / 'nodir'} does not exist" in r.output, r.output
     # a damaged checkpoint in --from: exit 1 naming the user's file (not a scratch copy)
     r = _run("tables", "import", "-c", cfg_path, good, "--into", tmp_path / "imp")
     assert r.exit_code == 0, r.output
