@@ -6,8 +6,10 @@ message id) (``embnic_partition`` in ``dataplane/include/embnic_dp.h``: CRC32C o
 request and its reply come from different 5-tuples (client ip:port vs shard ip:port), so RSS or
 af_packet fanout would split them; here 64 messages from two clients to two shards (some of 3
 request and 5 reply fragments) send their requests first and the replies of 48 of them after,
-all on one ingress port (so each reply follows its request). Checked, with 1 and with 2 state
-lcores (``-l 0,1``; state lcore 1 sends on its own TX queue of the net_null port): the 48
+all on one ingress port (so each reply follows its request), where every client and shard hangs
+(the card takes a frame only from its sender's card port) and everything leaves. Checked, with 1
+and with 2 state lcores (``-l 0,1``; state lcore 1 hands its frames to the RX lcore, net_pcap
+having one TX queue): the 48
 answered messages complete and their entries are freed; the 16 left
 sit in the partition this file's own CRC32C predicts (``state_dump``), per partition as
 ``state_summary`` counts them; each partition completed the messages predicted for it; and the
@@ -27,10 +29,10 @@ from embnic.control.targets.dpdk.process import CardProcess, wait_drained
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
-C1 = Peer("client", 1, 1, "02:00:00:00:01:01", "10.3.1.2", 40001)
-C2 = Peer("client", 2, 1, "02:00:00:00:01:01", "10.3.1.2", 40002)   # same host as client 1
-S0 = Peer("shard", 0, 1, "02:00:00:00:02:00", "10.3.1.10", 7878)
-S1 = Peer("shard", 1, 1, "02:00:00:00:02:01", "10.3.1.11", 7979)
+C1 = Peer("client", 1, 0, "02:00:00:00:01:01", "10.3.0.2", 40001)
+C2 = Peer("client", 2, 0, "02:00:00:00:01:01", "10.3.0.2", 40002)   # same host as client 1
+S0 = Peer("shard", 0, 0, "02:00:00:00:02:00", "10.3.0.10", 7878)
+S1 = Peer("shard", 1, 0, "02:00:00:00:02:01", "10.3.0.11", 7979)
 PART_SEED = 0x9E3779B9  #: EMBNIC_PART_SEED
 N_MSGS, N_ANSWERED = 64, 48
 
@@ -81,8 +83,9 @@ def run(request, card_bin, tmp_path_factory):
             reps += s.message(m["shard"], LR, **kw)
     frames = reqs + reps
     write_pcap(d / "in0.pcap", frames)
-    # every frame enters on port 0 (no card address there: any destination is taken); the
-    # clients and shards hang off port 1 (net_null), where everything leaves
+    # every frame enters on port 0 (no card address there: any destination is taken), where the
+    # clients and shards hang (the card takes a frame only from its sender's card port) and
+    # everything leaves; port 1 (net_null) is not used
     vdevs = [f"net_pcap0,rx_pcap={d / 'in0.pcap'},tx_pcap={d / 'out0.pcap'}", "net_null0,no-rx=1"]
     card = CardProcess(card_bin, vdevs, lcores="0,1" if n > 1 else "0", port_ips={1: "10.3.1.1"},
                        args=["--paused", "--state-lcores", str(n)], log=d / "card.log")
@@ -143,13 +146,13 @@ def test_counters_sum_to_frames_sent(run):
     """Summed over the lcores: every frame received, forwarded by type, none dropped, no mbuf left."""
     c = run["counters"]
     assert [p["rx_frames"] for p in c["ports"]] == [len(run["frames"]), 0]
-    assert [p["tx_frames"] for p in c["ports"]] == [0, len(run["frames"])]
-    assert [p["tx_bytes"] for p in c["ports"]] == [0, sum(len(f) for f in run["frames"])]
+    assert [p["tx_frames"] for p in c["ports"]] == [len(run["frames"]), 0]
+    assert [p["tx_bytes"] for p in c["ports"]] == [sum(len(f) for f in run["frames"]), 0]
     assert {k: v for k, v in c["types"].items() if v} == {"LOOKUP_REQ": run["n_req"], "LOOKUP_REPLY": run["n_rep"]}
     assert {k: v for k, v in c["drops"].items() if v} == {}
     assert c["mempool"]["in_use"] == 0 and c["ring"]["count"] == 0 and c["ring"]["rings"] == run["n"]
     assert run["info"]["mode"] == ("partitioned" if run["n"] > 1 else "run_to_completion")
-    # net_pcap has one TX queue: state lcore 1 hands its frames for port 0 to the RX lcore (none
-    # here); net_null gives it a queue of its own on port 1, where everything leaves
+    # net_pcap has one TX queue: state lcore 1 hands its frames for port 0, where everything
+    # leaves, to the RX lcore; net_null would give it a queue of its own on port 1
     assert [p["tx_queues"] for p in run["info"]["ports"]] == ([1, 2] if run["n"] > 1 else [1, 1])
     assert run["rc"] == 0
