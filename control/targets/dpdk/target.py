@@ -42,6 +42,7 @@ from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError,
 from embnic.control.targets.dpdk.process import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
 from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError, split_args
 from embnic.control.targets.dpdk.xdp import af_xdp_problem
+from embnic.control.targets.dpdk.vdevs import vdevs_problem
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
                                      require_netns, require_root, state_path, write_state)
 from embnic.control.targets.base import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
@@ -309,6 +310,11 @@ class DpdkTarget(Target):
                         f"{len(self.vdevs)} vdev(s)"
                     raise UsageError(f"card.ports[{i}] is DPDK port {p.id} but only {what} given: give one "
                                      "--pci or --vdev per card port, in port order", param="vdevs")
+        # malformed specs, a device twice, more ports than the card has: before the EAL sees them
+        bad = vdevs_problem(self.vdevs, None if self.eal_args is not None else [p.id for p in cfg.card.ports],
+                            len(self.pci))
+        if bad:
+            raise UsageError(bad, param="vdevs")
         if self.pci:
             self._check_pci()
         if not program:
