@@ -4,8 +4,10 @@
   bags, per-sample weights, features shared by tables, KJTs with extra or reordered features;
 * a few training steps equal TorchRec's sharded EBC with its fused fbgemm optimizer
   (``DistributedModelParallel``, one gloo rank, table-wise; ``EXACT_SGD`` and
-  ``EXACT_ROWWISE_ADAGRAD``) within ``assert_close(rtol=1e-6, atol=1e-7)``: pooled embeddings
-  at every step and every row at the end, rows in process (LocalBackend) and on UDP shards;
+  ``EXACT_ROWWISE_ADAGRAD``): pooled embeddings at every step within ``rtol=1e-6, atol=1e-6``
+  and every row at the end within ``rtol=1e-6, atol=1e-7`` (torchref ``OUT_TOL``, ``TOL``: an
+  output near zero sums rows that each differ a little; 20 weighted steps checked), rows in
+  process (LocalBackend) and on UDP shards;
 * ``torchrec.models.dlrm.DLRM`` accepts the module and trains; errors name the problem;
 * issue 23: ``kjt_from_dense`` keeps every 64-bit id; float ids are refused (TorchRec's EBC
   refuses them too); ``apply_optimizer_in_backward`` (checked against TorchRec's DMP with the same
@@ -155,6 +157,20 @@ def test_weighted_training_equals_torchrec():
         local = LocalBackend(cfg)
         ours = RemoteEmbeddingBagCollection(configs(cfg), local, is_weighted=True)
         train_both(cfg, ours, ref, np.random.default_rng(5), weighted=True)
+        for name, rows in all_rows(local.lookup, cfg).items():
+            torch.testing.assert_close(rows, ref.weight(name), **TOL)
+
+
+def test_twenty_weighted_adagrad_steps_stay_within_the_stated_tolerance():
+    """Issue 34 item 6: after 20 weighted-SUM row-wise-Adagrad steps the pooled outputs near zero
+    differ by up to ~2.7e-7 (beyond atol 1e-7, within the README's 1e-6; train_both asserts it
+    at every step) and every row stays within rtol 1e-6, atol 1e-7."""
+    cfg = make_cfg("adagrad", lr=0.2)
+    with one_rank_group():
+        ref = TorchRecReference(cfg, configs(cfg), is_weighted=True)
+        local = LocalBackend(cfg)
+        ours = RemoteEmbeddingBagCollection(configs(cfg), local, is_weighted=True)
+        train_both(cfg, ours, ref, np.random.default_rng(4), steps=20, weighted=True)
         for name, rows in all_rows(local.lookup, cfg).items():
             torch.testing.assert_close(rows, ref.weight(name), **TOL)
 

@@ -27,7 +27,13 @@ from torchrec.modules.embedding_configs import PoolingType
 
 from embnic.client_lib.table_numerics import init_rows
 
-TOL = dict(rtol=1e-6, atol=1e-7)  #: the tolerance of every comparison with TorchRec
+#: rows (and pooled outputs of the same rows) against TorchRec's: every row agrees within it after
+#: training, and a forward of the same rows differs only by summation order
+TOL = dict(rtol=1e-6, atol=1e-7)
+#: pooled outputs during training (README, "PyTorch and TorchRec"): an output sums rows that each
+#: agree within TOL, so one near zero (terms that cancel) is off by their errors, not by 1e-6 of
+#: itself: up to 2.7e-7 after 20 weighted-SUM row-wise-Adagrad steps (issue 34), hence atol 1e-6
+OUT_TOL = dict(rtol=1e-6, atol=1e-6)
 
 # one intra-op thread: on this 2-core machine, shared with the card and the shards, a 2-thread
 # OpenMP region of a tiny op waits for a busy core (ms instead of µs); results do not change
@@ -123,13 +129,14 @@ def all_rows(lookup, cfg) -> dict:
 
 def train_both(cfg, ours, ref, rng, steps=4, weighted=False, b=32) -> None:
     """``steps`` training steps of ``ours`` (RemoteEmbeddingBagCollection) and ``ref`` on the same
-    random batches and upstream gradients; pooled embeddings must agree at every step."""
+    random batches and upstream gradients; pooled embeddings must agree at every step (within
+    :data:`OUT_TOL`)."""
     keys = [f for c in ours.embedding_bag_configs() for f in c.feature_names]
     limits = [c.num_embeddings for c in ours.embedding_bag_configs() for _ in c.feature_names]
     for _ in range(steps):
         kjt = random_kjt(rng, keys, limits, b, weighted)
         got, want = ours(kjt).values(), ref(kjt).values()
-        torch.testing.assert_close(got, want, **TOL)
+        torch.testing.assert_close(got, want, **OUT_TOL)
         up = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
         (got * up).sum().backward()
         (want * up).sum().backward()
