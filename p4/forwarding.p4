@@ -5,14 +5,20 @@
  *   sender_allowlist  (request?, client or shard id, source IPv4, source
  *                      UDP port) of every registered client and server:
  *                      a request must come from its client's address, a
- *                      reply from its shard's server
+ *                      reply from its shard's server (and from the card
+ *                      port and MAC of its client_by_id / route_by_shard
+ *                      entry)
  *   route_by_shard    shard id -> card port, MAC, IPv4, UDP port (requests)
  *   client_by_id      client id -> the same (replies)
  *
  * Drops, in the DPDK card's order (dataplane/tx.c, authorise): a request
- * from an unlisted sender is unknown_client, one for a shard without a
- * route unknown_shard; a reply from an unlisted sender is unknown_server,
- * one for an unregistered client unknown_client.
+ * from an unlisted sender is unknown_client, one from its client's address
+ * but not from the card port (or MAC) client_by_id names wrong_port, one
+ * for a shard without a route unknown_shard; a reply from an unlisted
+ * sender is unknown_server, one from its shard's address but not from the
+ * card port (or MAC) route_by_shard names wrong_port, one for an
+ * unregistered client unknown_client. A MAC is compared where the entry
+ * states one: a unicast address other than 0 (the config refuses others).
  */
 #ifndef EMBNIC_FORWARDING_P4
 #define EMBNIC_FORWARDING_P4
@@ -120,9 +126,31 @@ control Forwarding(inout headers_t hdr,
         sender_allowlist.apply();
         route_by_shard.apply();
         client_by_id.apply();
+        /* where the sender is: its entry's card port and MAC (the client's for a request,
+         * the shard's for a reply; valid once the sender is allowed, which needs the entry) */
+        port_id_t sender_port = meta.route_port;
+        mac_addr_t sender_mac = meta.route_mac;
+        if (meta.is_request == 1) {
+            sender_port = meta.client_port;
+            sender_mac = meta.client_mac;
+        }
+        bool wrong_port = false;
+        if (meta.ingress_port != sender_port) {
+            wrong_port = true;
+        } else if ((sender_mac & 0x010000000000) == 0) {
+            if (sender_mac != 0) {
+                if (sender_mac != hdr.ethernet.src_addr) {
+                    wrong_port = true;
+                }
+            }
+        }
         if (meta.is_request == 1) {
             if (meta.sender_allowed == 0) {
                 meta.drop_reason = DROP_UNKNOWN_CLIENT;
+            } else if (meta.client_hit == 0) {
+                meta.drop_reason = DROP_UNKNOWN_CLIENT;     /* allowed, but no client entry */
+            } else if (wrong_port) {
+                meta.drop_reason = DROP_WRONG_PORT;
             } else if (meta.route_hit == 0) {
                 meta.drop_reason = DROP_UNKNOWN_SHARD;
             } else {
@@ -134,6 +162,10 @@ control Forwarding(inout headers_t hdr,
         } else {
             if (meta.sender_allowed == 0) {
                 meta.drop_reason = DROP_UNKNOWN_SERVER;
+            } else if (meta.route_hit == 0) {
+                meta.drop_reason = DROP_UNKNOWN_SERVER;     /* allowed, but no route entry */
+            } else if (wrong_port) {
+                meta.drop_reason = DROP_WRONG_PORT;
             } else if (meta.client_hit == 0) {
                 meta.drop_reason = DROP_UNKNOWN_CLIENT;
             } else {

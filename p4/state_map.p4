@@ -31,7 +31,13 @@
  *   LOOKUP_REPLY whose value_len is not the request's (its length is not the one the request
  *   announced) is bad_reply_len. The reply's first fragment fixes its type, length, fragment
  *   count and size; a later one that differs is frag_mismatch. When every fragment of the reply
- *   has passed, the entry is freed.
+ *   has passed, the entry is freed — unless it is an ERROR and request fragments are still
+ *   to come (a shard refusing a message at its fragment 0 answers before the rest came; an
+ *   UPDATE_NACK asking for missing fragments frees it as any reply): the entry is then
+ *   answered (replying, whole reply passed) and is freed when the request's last missing
+ *   fragment passes, so those fragments open no entry nobody answers. For anything else an
+ *   answered entry is as if freed: a reply is unsolicited_reply, a request fragment already
+ *   seen or contradicting it opens the entry anew.
  * - Completed messages are counted by reply type (messages_completed) and
  *   by shard (completed_by_shard).
  * - No timer runs in the pipeline: an entry idle longer than the timeout
@@ -176,7 +182,57 @@ control StateMap(inout headers_t hdr,
         if (meta.is_request == 1) {
             bit<40> info = ((bit<40>)hdr.embnic.msg_type << 32) | ((bit<40>)hdr.embnic.num_tables << 16) |
                            (bit<40>)hdr.embnic.frag_count;
+            /* open the entry: a free slot, or an answered entry (below) taking a new message */
+            bool open_entry = false;
+            bool differs = false;
+            bool answered = false;
+            frags = 0;
             if (state == STATE_FREE) {
+                open_entry = true;
+            } else if (stored_key == key) {
+                bit<40> stored_info;
+                bit<16> stored_shard;
+                bit<32> stored_msg_len;
+                bit<32> stored_num_keys;
+                bit<32> stored_value_len;
+                bit<16> stored_last_len;
+                EMBNIC_READ(stored_info, slot_request_info, s);
+                EMBNIC_READ(stored_shard, slot_shard, s);
+                EMBNIC_READ(stored_msg_len, slot_msg_len, s);
+                EMBNIC_READ(stored_num_keys, slot_num_keys, s);
+                EMBNIC_READ(stored_value_len, slot_value_len, s);
+                EMBNIC_READ(stored_last_len, slot_request_last_len, s);
+                if (stored_info != info || stored_shard != hdr.embnic.shard_id ||
+                    stored_msg_len != hdr.embnic.msg_len || stored_num_keys != hdr.embnic.num_keys ||
+                    stored_value_len != hdr.embnic.value_len || stored_last_len != last_len) {
+                    differs = true;
+                }
+                EMBNIC_READ(frags, slot_request_frags, word);
+                /*
+                 * Answered: the whole reply, an ERROR, passed before the whole request (a shard
+                 * refusing the message at its fragment 0). The entry stays only for the request's
+                 * fragments still to come, so they open no entry nobody answers; anything
+                 * else finds it as if freed: a fragment already seen, or one contradicting
+                 * it, is a new message with the same ids and opens the entry anew.
+                 */
+                if (state == STATE_REPLYING) {
+                    bit<40> stored_reply;
+                    bit<16> nout;
+                    EMBNIC_READ(stored_reply, slot_reply_info, s);
+                    EMBNIC_READ(nout, slot_frags_out, s);
+                    if (nout == (bit<16>)(stored_reply >> 16)) {
+                        answered = true;
+                    }
+                }
+                if (answered) {
+                    if (differs) {
+                        open_entry = true;
+                    } else if ((frags & frag_bit) != 0) {
+                        open_entry = true;
+                    }
+                }
+            }
+            if (open_entry) {
                 bit<32> first = s << FRAG_WORD_SHIFT;
                 slot_key.write(s, key);
                 slot_request_info.write(s, info);
@@ -211,38 +267,26 @@ control StateMap(inout headers_t hdr,
                 }
             } else if (stored_key != key) {
                 meta.drop_reason = DROP_STATE_FULL;     /* another message holds the slot */
+            } else if (differs) {
+                meta.drop_reason = DROP_FRAG_MISMATCH;
             } else {
-                bit<40> stored_info;
-                bit<16> stored_shard;
-                bit<32> stored_msg_len;
-                bit<32> stored_num_keys;
-                bit<32> stored_value_len;
-                bit<16> stored_last_len;
-                EMBNIC_READ(stored_info, slot_request_info, s);
-                EMBNIC_READ(stored_shard, slot_shard, s);
-                EMBNIC_READ(stored_msg_len, slot_msg_len, s);
-                EMBNIC_READ(stored_num_keys, slot_num_keys, s);
-                EMBNIC_READ(stored_value_len, slot_value_len, s);
-                EMBNIC_READ(stored_last_len, slot_request_last_len, s);
-                if (stored_info != info || stored_shard != hdr.embnic.shard_id ||
-                    stored_msg_len != hdr.embnic.msg_len || stored_num_keys != hdr.embnic.num_keys ||
-                    stored_value_len != hdr.embnic.value_len || stored_last_len != last_len) {
-                    meta.drop_reason = DROP_FRAG_MISMATCH;
-                } else {
-                    EMBNIC_READ(frags, slot_request_frags, word);
-                    EMBNIC_READ(nfrags, slot_frags_in, s);
-                    if ((frags & frag_bit) == 0) {      /* a duplicate counts once */
-                        EMBNIC_READ(bytes, slot_bytes_in, s);
-                        slot_bytes_in.write(s, bytes + body);
-                        slot_request_frags.write(word, frags | frag_bit);
-                        nfrags = nfrags + 1;
-                        slot_frags_in.write(s, nfrags);
-                    }
-                    EMBNIC_READ(frames, slot_frames_in, s);
-                    slot_frames_in.write(s, frames + 1);
-                    slot_last_us.write(s, now);
-                    if (nfrags == hdr.embnic.frag_count && state == STATE_RECEIVING) {
+                EMBNIC_READ(nfrags, slot_frags_in, s);
+                if ((frags & frag_bit) == 0) {      /* a duplicate counts once */
+                    EMBNIC_READ(bytes, slot_bytes_in, s);
+                    slot_bytes_in.write(s, bytes + body);
+                    slot_request_frags.write(word, frags | frag_bit);
+                    nfrags = nfrags + 1;
+                    slot_frags_in.write(s, nfrags);
+                }
+                EMBNIC_READ(frames, slot_frames_in, s);
+                slot_frames_in.write(s, frames + 1);
+                slot_last_us.write(s, now);
+                if (nfrags == hdr.embnic.frag_count) {
+                    if (state == STATE_RECEIVING) {
                         slot_state.write(s, STATE_FORWARDED);
+                    } else if (answered) {
+                        /* an answered entry's request is whole: free it */
+                        slot_state.write(s, STATE_FREE);
                     }
                 }
             }
@@ -273,7 +317,22 @@ control StateMap(inout headers_t hdr,
                     type_ok = true;
                 }
             }
+            /* the reply so far: its first fragment's type, count and size, its fragments */
+            bit<40> stored_reply;
+            bit<32> stored_reply_len;
+            EMBNIC_READ(stored_reply, slot_reply_info, s);
+            EMBNIC_READ(stored_reply_len, slot_reply_msg_len, s);
+            EMBNIC_READ(nfrags, slot_frags_out, s);
+            /* answered (the whole reply passed, request fragments still to come): as if freed */
+            bool answered = false;
+            if (state == STATE_REPLYING) {
+                if (nfrags == (bit<16>)(stored_reply >> 16)) {
+                    answered = true;
+                }
+            }
             if (state == STATE_FREE || stored_key != key) {
+                meta.drop_reason = DROP_UNSOLICITED_REPLY;
+            } else if (answered) {
                 meta.drop_reason = DROP_UNSOLICITED_REPLY;
             } else if (request_shard != hdr.embnic.shard_id) {
                 meta.drop_reason = DROP_WRONG_SHARD_REPLY;
@@ -286,11 +345,6 @@ control StateMap(inout headers_t hdr,
             } else {
                 bit<40> reply = ((bit<40>)hdr.embnic.msg_type << 32) | ((bit<40>)hdr.embnic.frag_count << 16) |
                                 (bit<40>)last_len;
-                bit<40> stored_reply;
-                bit<32> stored_reply_len;
-                EMBNIC_READ(stored_reply, slot_reply_info, s);
-                EMBNIC_READ(stored_reply_len, slot_reply_msg_len, s);
-                EMBNIC_READ(nfrags, slot_frags_out, s);
                 if (nfrags != 0 && (stored_reply != reply || stored_reply_len != hdr.embnic.msg_len)) {
                     meta.drop_reason = DROP_FRAG_MISMATCH;
                 } else {
@@ -308,8 +362,20 @@ control StateMap(inout headers_t hdr,
                     slot_frames_out.write(s, frames + 1);
                     slot_last_us.write(s, now);
                     if (nfrags == hdr.embnic.frag_count) {
-                        /* the whole reply has passed: free the entry */
-                        slot_state.write(s, STATE_FREE);
+                        /* the whole reply has passed: free the entry, unless it is an ERROR and
+                         * request fragments are still to come (answered: it stays replying for
+                         * them) */
+                        bit<16> nin;
+                        EMBNIC_READ(nin, slot_frags_in, s);
+                        if (nin == (bit<16>)request_info) {
+                            slot_state.write(s, STATE_FREE);
+                        } else if (hdr.embnic.msg_type != MSG_ERROR) {
+                            /* an UPDATE_NACK asks for the missing fragments: they open a new
+                             * entry, which the shard answers */
+                            slot_state.write(s, STATE_FREE);
+                        } else {
+                            slot_state.write(s, STATE_REPLYING);
+                        }
                         EMBNIC_COUNT(messages_completed, (bit<32>)(hdr.embnic.msg_type & 15));
                         EMBNIC_COUNT(completed_by_shard, (bit<32>)hdr.embnic.shard_id);
                     } else {

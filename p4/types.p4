@@ -98,7 +98,8 @@ const drop_reason_t DROP_WRONG_REPLY_TYPE  = 25;
 const drop_reason_t DROP_BAD_REPLY_LEN     = 26;  /* a LOOKUP_REPLY whose value_len is not its request's */
 const drop_reason_t DROP_TRUNCATED         = 27;  /* IPv4 total length beyond the bytes received */
 const drop_reason_t DROP_TOO_LONG_FOR_PORT = 28;  /* longer than its egress port sends (DPDK PMD limit) */
-const bit<32> NB_DROP_REASONS = 29;     /* cells of drop_reasons */
+const drop_reason_t DROP_WRONG_PORT        = 29;  /* a registered sender's address from another card port or MAC */
+const bit<32> NB_DROP_REASONS = 30;     /* cells of drop_reasons */
 
 /* Message states in the state map (slot_state) */
 const bit<8> STATE_FREE      = 0;
