@@ -162,6 +162,31 @@ def test_reset_counters_keeps_state(lifecycle):
     assert all(sum(s["latency_hist"]) == 0 and s["LOOKUP_REPLY"] == 0 for s in c["shards"])
 
 
+def test_error_before_the_whole_request_leaves_the_entry_answered(card_bin, tmp_path):
+    """A shard refusing a 3-fragment lookup at fragment 0 (its ERROR passes before fragments 1
+    and 2): the message is completed, the entry stays replying with its whole reply passed
+    (answered: waiting for fragments 1 and 2, which would open no new entry; conformance covers
+    them); a second ERROR is unsolicited_reply; when the rest never comes it expires."""
+    s = _suite()
+    L, E = MsgType.LOOKUP_REQ, MsgType.ERROR
+    kw = dict(msg_id=21, client_id=1, shard_id=0, num_keys=400)
+    frames = s.message(C1, L, only=[0], **kw) + s.message(S0, E, status=Status.MALFORMED, **kw) * 2
+    card, _ = _start(card_bin, tmp_path, frames, "--state-timeout-ms", str(TIMEOUT_MS))
+    try:
+        card.call("resume")
+        c = wait_drained(card, len(frames))
+        (e,) = card.call("state_dump")["entries"]
+        assert (e["msg_id"], e["state"], e["frags_in"], e["frag_count"]) == (21, "replying", 1, 3)
+        assert (e["reply_type"], e["frags_out"], e["reply_frag_count"]) == ("ERROR", 1, 1)
+        assert c["completed"]["ERROR"] == 1
+        assert {k: v for k, v in c["drops"].items() if v} == {"unsolicited_reply": 1}
+        st = _poll(card, lambda x: x["entries"] == 0)
+        assert st["expired"] == 1
+    finally:
+        card.stop()
+        card.cleanup()
+
+
 def test_state_full_drops_and_counts(card_bin, tmp_path):
     """A full state map drops new requests (state_full) and counts the overflow; others pass."""
     s = _suite()
