@@ -111,6 +111,9 @@ class Status(enum.IntEnum):
     KEY_OUT_OF_RANGE = 5
     NOT_OWNER = 6
     INTERNAL = 7
+    #: the shard cannot store the update now (its disk tier's file system is full); nothing of it
+    #: was applied or remembered: the same message may be sent again later (docs/protocol.md)
+    STORE_FULL = 8
 
 
 #: drop reasons every receiver counts (docs/protocol.md, "Validity")
@@ -171,8 +174,9 @@ FIELD_DOCS: dict[str, FieldDoc] = {
     "reserved0": FieldDoc("Reserved", "0 on send, ignored on receive", hex=True),
     "status": FieldDoc("Status", "error code of an ERROR reply; 0 in requests", values=Status,
                        summary="status"),
-    "msg_id": FieldDoc("Message id", "chosen by the client, unique per client among messages in flight; "
-                       "a reply carries its request's", summary="id"),
+    "msg_id": FieldDoc("Message id", "chosen by the client from its id clock (client_lib/msgid.py): never "
+                       "used twice by one client within ~71 min, runs of a client included; a reply carries "
+                       "its request's", summary="id"),
     "client_id": FieldDoc("Client id", "the client that sent the request (the card routes replies by it)",
                           summary="client"),
     "shard_id": FieldDoc("Shard id", "target address: the shard a request is for, the shard that answers "

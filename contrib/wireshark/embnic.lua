@@ -47,7 +47,7 @@ local MAX_FRAGS = 256
 -- ---- value names: consts enums ----
 local vs_MsgType = { [1] = "LOOKUP_REQ", [2] = "LOOKUP_REPLY", [3] = "UPDATE_REQ", [4] = "UPDATE_ACK", [5] = "ERROR", [6] = "SIZE_REQ", [7] = "SIZE_ACK", [8] = "UPDATE_NACK" }
 local vs_Flags = { [1] = "RETRANSMIT" }
-local vs_Status = { [0] = "OK", [1] = "MALFORMED", [2] = "UNKNOWN_TABLE", [3] = "WRONG_SHARD", [4] = "DIM_MISMATCH", [5] = "KEY_OUT_OF_RANGE", [6] = "NOT_OWNER", [7] = "INTERNAL" }
+local vs_Status = { [0] = "OK", [1] = "MALFORMED", [2] = "UNKNOWN_TABLE", [3] = "WRONG_SHARD", [4] = "DIM_MISMATCH", [5] = "KEY_OUT_OF_RANGE", [6] = "NOT_OWNER", [7] = "INTERNAL", [8] = "STORE_FULL" }
 local vs_DType = { [0] = "NONE", [1] = "FP32", [2] = "FP16" }
 
 local hf = {}
@@ -60,7 +60,7 @@ hf["flags"] = ProtoField.uint8("embnic.flags", "Flags", base.HEX, nil, nil, "bit
 hf["flags.retransmit"] = ProtoField.bool("embnic.flags.retransmit", "RETRANSMIT", 8, nil, 0x1)
 hf["reserved0"] = ProtoField.uint8("embnic.reserved0", "Reserved", base.HEX, nil, nil, "0 on send, ignored on receive")
 hf["status"] = ProtoField.uint16("embnic.status", "Status", base.DEC, vs_Status, nil, "error code of an ERROR reply; 0 in requests")
-hf["msg_id"] = ProtoField.uint32("embnic.msg_id", "Message id", base.DEC, nil, nil, "chosen by the client, unique per client among messages in flight; a reply carries its request's")
+hf["msg_id"] = ProtoField.uint32("embnic.msg_id", "Message id", base.DEC, nil, nil, "chosen by the client from its id clock (client_lib/msgid.py): never used twice by one client within ~71 min, runs of a client included; a reply carries its request's")
 hf["client_id"] = ProtoField.uint16("embnic.client_id", "Client id", base.DEC, nil, nil, "the client that sent the request (the card routes replies by it)")
 hf["shard_id"] = ProtoField.uint16("embnic.shard_id", "Shard id", base.DEC, nil, nil, "target address: the shard a request is for, the shard that answers a reply")
 hf["num_tables"] = ProtoField.uint16("embnic.num_tables", "Number of tables", base.DEC, nil, nil, "tables in the request's directory (0 in a SIZE_REQ); copied into replies")
@@ -159,7 +159,7 @@ hf["gradient"] = ProtoField.bytes("embnic.gradient", "Gradient")
 hf["gradient.table"] = ProtoField.uint16("embnic.gradient.table", "Table id", base.DEC, nil, nil, "the table these gradients are of (the directory says)")
 hf["gradient.value"] = ProtoField.double("embnic.gradient.value", "Value")
 hf["entry"] = ProtoField.bytes("embnic.entry", "Entry")
-hf["entry.msg_id"] = ProtoField.uint32("embnic.entry.msg_id", "Message id", base.DEC, nil, nil, "chosen by the client, unique per client among messages in flight; a reply carries its request's")
+hf["entry.msg_id"] = ProtoField.uint32("embnic.entry.msg_id", "Message id", base.DEC, nil, nil, "chosen by the client from its id clock (client_lib/msgid.py): never used twice by one client within ~71 min, runs of a client included; a reply carries its request's")
 hf["entry.msg_type"] = ProtoField.uint8("embnic.entry.msg_type", "Message type", base.DEC, vs_MsgType, nil, "what the message is: a request (lookup, update, size) or a reply (lookup reply, update ack, error, size ack, update nack)")
 hf["entry.reserved"] = ProtoField.uint8("embnic.entry.reserved", "Reserved", base.HEX, nil, nil, "0 on send, ignored on receive")
 hf["entry.num_tables"] = ProtoField.uint16("embnic.entry.num_tables", "Number of tables", base.DEC, nil, nil, "tables in the request's directory (0 in a SIZE_REQ); copied into replies")
