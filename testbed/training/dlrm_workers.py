@@ -37,7 +37,10 @@ counters, the ``--check`` result on rank 0) and ``DIR/worker-<rank>.pt`` (the de
 ``state_dict``). ``--check``: rank 0 then runs :func:`reference_run` and compares
 (:func:`check_against_reference`). Errors are one line on stderr: a wrong rank → client mapping
 or a bad config (once per host, exit 2), an address this host does not have (by its rank,
-exit 2), a shard that does not answer (exit 1); torchrun then adds its own failure summary.
+exit 2), a shard that does not answer (exit 1), a peer rank that died mid-step (exit 1: ``error: rank R:
+a peer rank is gone (...)``), Ctrl-C (exit 130: ``rank R: interrupted``) and torchrun's SIGTERM to
+the other workers when one failed (exit 143: ``rank R: stopped by SIGTERM``); torchrun then adds
+its own failure summary (``--redirects 2 --log-dir DIR`` keeps each rank's stderr apart).
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ import dataclasses
 import functools
 import json
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import Callable
@@ -56,6 +61,7 @@ from embnic.client_lib.backend import require_backend
 from embnic.client_lib.config import ClusterConfig
 
 USAGE_EXIT, FAIL_EXIT = 2, 1
+INTERRUPT_EXIT, TERM_EXIT = 130, 143  #: Ctrl-C; SIGTERM (torchrun stopping the workers)
 
 
 class WorkerMappingError(ValueError):
@@ -390,10 +396,72 @@ def _env(name: str) -> int:
     return int(v)
 
 
+class Stopped(Exception):
+    """SIGTERM arrived: torchrun ends every worker when one of them failed or it was interrupted."""
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped
+
+
+#: words of the errors torch.distributed (gloo) raises when a peer rank's process is gone
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
+              "Socket closed", "Timed out waiting", "timed out")
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether ``e`` is torch.distributed's error for a collective whose peer rank is gone (a
+    ``DistError``, or gloo's ``RuntimeError`` naming a closed or reset connection)."""
+    try:
+        from torch.distributed import DistError
+    except ImportError:  # torch without it (< 2.2): by its words only
+        DistError = ()
+    if DistError and isinstance(e, DistError):
+        return True
+    return isinstance(e, RuntimeError) and any(w in str(e) for w in _PEER_LOST)
+
+
+def _first_line(e: BaseException) -> str:
+    """The gist of ``e``'s message: its first non-empty line without gloo's C++ source location
+    (``[.../pair.cc:545] ``) and advice (``. This is typically caused by ...``)."""
+    for line in str(e).splitlines():
+        line = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", line.strip())
+        line = line.split(". This is typically")[0].rstrip(".")
+        if line:
+            return line[:300]
+    return type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The torchrun entry point (module docstring). Returns the exit code: 0, 1 (a run failed)
-    or 2 (usage: bad config, wrong rank → client mapping, an address this host does not have)."""
+    """The torchrun entry point (module docstring). Returns the exit code: 0, 1 (a run failed,
+    or a peer rank died), 2 (usage: bad config, wrong rank → client mapping, an address this host
+    does not have), 130 (Ctrl-C) or 143 (SIGTERM: torchrun stopping the workers). Each ending
+    other than 0 is one line on stderr, never a traceback."""
     a = _args(argv)
+    rank = os.environ.get("RANK", "?")
+    old = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        return _main(a)
+    except KeyboardInterrupt:
+        print(f"rank {rank}: interrupted (Ctrl-C); the shards keep the updates of the steps done", file=sys.stderr,
+              flush=True)
+        return INTERRUPT_EXIT
+    except Stopped:
+        print(f"rank {rank}: stopped by SIGTERM (torchrun stops every worker when one failed or was interrupted: "
+              "see that rank's line)", file=sys.stderr, flush=True)
+        return TERM_EXIT
+    except Exception as e:  # noqa: BLE001 - a dead peer is one line; anything else stays a traceback (a bug)
+        if not peer_lost(e):
+            raise
+        print(f"error: rank {rank}: a peer rank is gone ({_first_line(e)}); its own line (or torchrun's summary) "
+              "says why", file=sys.stderr, flush=True)
+        return FAIL_EXIT
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _main(a: argparse.Namespace) -> int:
+    """:func:`main` after the argument parsing, inside its handlers of Ctrl-C, SIGTERM and a dead peer."""
     try:
         # first: without the torch extra this raises the ImportError that says what to install
         import embnic.client_lib.torch  # noqa: F401
@@ -457,7 +525,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: rank {rank} (client {cid}): {e}", file=sys.stderr)
             return FAIL_EXIT
         finally:
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - gloo after a dead peer: the error that ended the run is the one said
+                pass
         if a.out:
             out = Path(a.out)
             out.mkdir(parents=True, exist_ok=True)
