@@ -33,10 +33,17 @@ class ShardUnavailableError(EmbnicError):
         super().__init__(f"shard {shard_id} did not answer {what} after {tries} tries over {waited_s:.1f} s ({hint}")
 
 
+#: statuses after which the same request may be taken later, unchanged: nothing of it was applied
+#: or remembered (docs/protocol.md, "Status codes")
+RETRYABLE_STATUSES = frozenset({consts.Status.STORE_FULL})
+
+
 class ShardError(EmbnicError):
     """A shard answered with an ERROR message; ``status`` is the :class:`consts.Status` and
     ``table_id`` the table the ERROR names (None when it is about the whole message: the header's
-    ``table_id`` was :data:`consts.NO_TABLE`; docs/protocol.md, "Errors")."""
+    ``table_id`` was :data:`consts.NO_TABLE`; docs/protocol.md, "Errors"). ``retryable``: the
+    status says the request may be taken later as it is (``STORE_FULL``: the shard's disk is full;
+    nothing of the refused message was applied) — every other status is final for that request."""
 
     def __init__(self, shard_id: int, table_id: int | None, status: int):
         self.shard_id = shard_id
@@ -46,5 +53,10 @@ class ShardError(EmbnicError):
             name = self.status.name
         except ValueError:
             self.status, name = status, str(status)
+        self.retryable = self.status in RETRYABLE_STATUSES
         what = f"for table {self.table_id}" if self.table_id is not None else "(the whole message)"
-        super().__init__(f"shard {shard_id} refused a request {what}: {name}")
+        why = ""
+        if self.status == consts.Status.STORE_FULL:
+            why = (" (its disk is full: nothing of that update was applied; retry later — the shard takes "
+                   "updates again by itself once there is room)")
+        super().__init__(f"shard {shard_id} refused a request {what}: {name}{why}")

@@ -65,6 +65,7 @@ enum embnic_status {
 	EMBNIC_STATUS_KEY_OUT_OF_RANGE = 5,
 	EMBNIC_STATUS_NOT_OWNER = 6,
 	EMBNIC_STATUS_INTERNAL = 7,
+	EMBNIC_STATUS_STORE_FULL = 8,
 };
 
 static inline int

@@ -41,6 +41,19 @@ stamp), plus RocksDB's block cache, which also carries the memtables (a write-bu
 charges them to it). SST files are read through ``mmap``: their pages are the kernel's page cache
 (file-backed, reclaimable; ``RssFile``), not the shard's anonymous memory.
 
+**A full disk** (docs/server.md "Disk tier"): RocksDB runs with ``paranoid_checks`` off, so a
+flush or compaction that finds no space is retried by RocksDB itself (every second) instead of
+putting the store into its sticky read-only state (which only ``DB::Resume``, not in the binding,
+or a reopen, which would drop the unflushed memtables, clears); writes are made with
+``no_slowdown``, so a write that would stall behind memtables that cannot be flushed fails at once
+instead of blocking the shard. A table whose store refuses a write, or whose file system has less
+than :attr:`StoreEnv.reserve_bytes` free, is **full**: :meth:`DiskTable.writable` says no (the shard
+refuses updates of it with ``STORE_FULL`` before it takes them), lookups are still answered (cache
+misses are read from the store; a dirty row is never evicted while full, so nothing needs writing),
+and rows an update already taken could not write are kept in memory (``pending``, read before the
+store) until the store takes them. :meth:`DiskTable.writable` tries again at most every
+:data:`RETRY_S` once the space is back, by itself: no restart, no row lost.
+
 **Snapshots**: :meth:`DiskTable.snapshot` flushes the dirty rows and makes a RocksDB checkpoint
 (hard links to the immutable SST files, a copy of the small MANIFEST/OPTIONS files; every file and
 the directory synced to disk) — O(files), not O(rows). :meth:`DiskTable.load_snapshot` replaces the
@@ -50,6 +63,7 @@ store and the snapshot can share them).
 from __future__ import annotations
 
 import collections
+import errno
 import fcntl
 import itertools
 import json
@@ -58,6 +72,7 @@ import operator
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from pathlib import Path
 from typing import Iterator
@@ -83,6 +98,18 @@ WAYS = 8  #: ways per cache set
 #: use counts are halved every AGE_EVERY x cache_rows uses (16: measured on Zipf(1.05), 4096-key
 #: messages over 16 x the cache's rows, hit ratio 0.67 where halving every cache_rows uses gave 0.62)
 AGE_EVERY = 16
+#: a full table tries its store again at most this often (seconds; :meth:`DiskTable.writable`)
+RETRY_S = 0.5
+#: a write that stalls (memtables waiting for a flush) while the file system has room is retried for
+#: at most this long (seconds) before the table counts as full
+STALL_WAIT_S = 2.0
+#: the file system's free space is read at most this often (seconds; :meth:`StoreEnv.space_ok`)
+SPACE_CHECK_S = 0.2
+#: a snapshot waits at most this long for RocksDB to flush its memtables (seconds)
+FLUSH_WAIT_S = 30.0
+#: closing a store waits at most this long for them (seconds; :meth:`DiskTable.close`)
+CLOSE_FLUSH_WAIT_S = 5.0
+_abandoned: list = []  #: stores that could not flush at close, kept open until the process exits
 _FREQ_MAX = 1 << 30
 _BIG = np.iinfo(np.int64).max
 
@@ -90,6 +117,17 @@ _BIG = np.iinfo(np.int64).max
 class StoreError(Exception):
     """A store that cannot be used: another process holds it, a snapshot of another table or
     layout, a value of the wrong size (damage)."""
+
+
+class StoreFullError(StoreError, OSError):
+    """The store cannot take writes now (its file system is full, or RocksDB refuses writes until a
+    flush gets through): retry when space is back. An ``OSError`` too, so a checkpoint that meets it
+    fails as any other disk error does."""
+
+
+def _stalled(e: BaseException) -> bool:
+    """Whether RocksDB refused a ``no_slowdown`` write for a write stall (``Incomplete``)."""
+    return "incomplete" in str(e).lower()
 
 
 def _fsync_tree(d: Path) -> None:
@@ -189,6 +227,13 @@ class StoreEnv:
             max(1 << 20, self.block_cache_bytes // 2), False, self.cache)
         self.write_opts = rocksdict.WriteOptions()
         self.write_opts.disable_wal = True  # the shard's own log covers every update
+        self.write_opts.no_slowdown = True  # a stall fails the write (retried, or the table is full), never blocks
+        #: bytes of one memtable (``write_buffer_size`` of every table)
+        self.write_buffer_bytes = max(1 << 20, min(64 << 20, self.block_cache_bytes // 4))
+        #: free bytes the file system must have for the tables to take updates: what two memtables
+        #: need to reach disk (below it every table is full: :meth:`space_ok`)
+        self.reserve_bytes = 2 * self.write_buffer_bytes
+        self._space = (-1.0, True)  # (monotonic time of the last statvfs, its verdict)
         self.tables: weakref.WeakSet = weakref.WeakSet()
         self._final = weakref.finalize(self, StoreEnv._cleanup, self.root if self.scratch else None, self.tables)
 
@@ -218,16 +263,42 @@ class StoreEnv:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
+    def free_bytes(self) -> int:
+        """Bytes free to this process on the file system of :attr:`root` (``statvfs``).
+
+        Raises:
+            OSError: the root cannot be read.
+        """
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def space_ok(self) -> bool:
+        """Whether the file system has at least :attr:`reserve_bytes` free (read at most every
+        :data:`SPACE_CHECK_S` s; a root that cannot be read counts as no room)."""
+        now = time.monotonic()
+        at, ok = self._space
+        if now - at < SPACE_CHECK_S:
+            return ok
+        try:
+            ok = self.free_bytes() >= self.reserve_bytes
+        except OSError:
+            ok = False
+        self._space = (now, ok)
+        return ok
+
     def options(self, dim: int) -> "rocksdict.Options":
         """RocksDB options of one table: raw bytes, no compression (float rows do not compress),
         bloom filters (an absent id costs a filter probe), SST files read through ``mmap``, the
-        shared block cache and write-buffer manager, two background jobs."""
+        shared block cache and write-buffer manager, two background jobs; ``paranoid_checks`` off,
+        so a flush or compaction that finds the disk full is retried by RocksDB once there is
+        room instead of stopping every write for good (module docstring, "A full disk")."""
         o = rocksdict.Options(raw_mode=True)
         o.create_if_missing(True)
+        o.set_paranoid_checks(False)
         o.set_compression_type(rocksdict.DBCompressionType.none())
         o.set_allow_mmap_reads(True)
         o.set_max_background_jobs(2)
-        o.set_write_buffer_size(max(1 << 20, min(64 << 20, self.block_cache_bytes // 4)))
+        o.set_write_buffer_size(self.write_buffer_bytes)
         o.set_max_write_buffer_number(2)
         o.set_write_buffer_manager(self.wbm)
         o.set_keep_log_file_num(2)
@@ -346,7 +417,14 @@ class DiskTable:
         self._n = 0  # materialised rows (in the store or dirty in the cache)
         self.stats = collections.Counter({k: 0 for k in ("hits", "misses", "store_reads", "store_found",
                                                           "evictions", "writebacks", "store_writes",
-                                                          "write_through")})
+                                                          "write_through", "store_write_errors",
+                                                          "full_periods")})
+        # a full store (module docstring, "A full disk"): why (None: writes go through), when to try
+        # again, and the rows an update taken before could not write (ids sorted, packed values)
+        self._full: str | None = None
+        self._retry_at = 0.0
+        self._pend_k = np.empty(0, np.uint64)
+        self._pend_v = np.empty((0, self._vw), np.float32)
         self._db = None
         self._open(fresh=True)
         env.tables.add(self)
@@ -365,10 +443,34 @@ class DiskTable:
         self._ro.set_iterate_upper_bound(ROWS_END)
 
     def close(self) -> None:
-        """Close the store (unflushed rows are dropped: the shard's log holds their updates). Idempotent."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        """Close the store (unflushed rows are dropped: the shard's log holds their updates). Idempotent.
+
+        The binding's close (and its destructor) flushes RocksDB's memtables and waits for it; with
+        ``paranoid_checks`` off a flush that cannot succeed (a full disk, a removed directory) is
+        retried for ever, so the memtables are flushed here first, waiting at most
+        :data:`CLOSE_FLUSH_WAIT_S`; a store that could not flush them is left open, unreferenced,
+        until the process exits (RocksDB's threads do not hold the exit up)."""
+        db, self._db = self._db, None
+        if db is None:
+            return
+        try:
+            self._flush_memtables(db, CLOSE_FLUSH_WAIT_S)
+        except Exception as e:  # noqa: BLE001 - any failure to flush: do not let close() wait for ever
+            log.warning("table %d: RocksDB could not flush %s (%s); its unflushed rows are dropped with it",
+                        self.table.id, self.path, e)
+            _abandoned.append(db)  # never deallocated: its destructor would flush and wait
+            import ctypes
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(db))
+            return
+        db.close()
+
+    def __del__(self):
+        # close the store before the attributes go: a StoreEnv freed first removes a scratch directory,
+        # and the binding's destructor would then wait for a flush that cannot succeed
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at collection
+            pass
 
     def __len__(self) -> int:
         """Materialised (ever updated) rows."""
@@ -381,9 +483,10 @@ class DiskTable:
         return sum(a.nbytes for a in (self._ck, self._cv, self._cd, self._cs, self._cf, self._ct, self._rows,
                                       self._acc))
 
-    def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows, accumulators and found-mask of ``keys`` (unique uint64 (n,)) from the store; ids
-        not in it get their initial row and accumulator 0."""
+    def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Rows, accumulators, found-mask and pending-mask of ``keys`` (unique uint64 (n,)) from the
+        store — the rows kept in memory while it was full (``pending``) first; ids in neither get
+        their initial row and accumulator 0."""
         n = keys.size
         vals = self._db[keys.astype(">u8").view("V8").tolist()]  # one multi-get; None where absent
         found = np.fromiter(map(operator.is_not, vals, itertools.repeat(None)), bool, n)
@@ -404,34 +507,170 @@ class DiskTable:
         if nf < n:
             miss = ~found
             rows[miss] = init_rows(self.seed, self.table.id, keys[miss], self.dim, self.table.init_scale)
-        return rows, acc, found
+        pend = np.zeros(n, bool)
+        if self._pend_k.size:
+            j = np.minimum(np.searchsorted(self._pend_k, keys), self._pend_k.size - 1)
+            pend = self._pend_k[j] == keys
+            if pend.any():
+                pv = self._pend_v[j[pend]]
+                rows[pend] = pv[:, :self.dim]
+                if self.adagrad:
+                    acc[pend] = pv[:, self.dim]
+                found |= pend
+        return rows, acc, found, pend
 
-    def _put(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
-        """Write rows (and accumulators) of ``keys`` (uint64 (n,)) to the store in one WriteBatch."""
-        n = keys.size
-        if n == 0:
-            return
-        v = np.empty((n, self._vw), "<f4")
+    def _pack(self, rows: np.ndarray, acc: np.ndarray | None) -> np.ndarray:
+        """Rows (n, dim) and accumulators (n,) as stored: float32 LE (n, dim [+ 1])."""
+        v = np.empty((rows.shape[0], self._vw), "<f4")
         v[:, :self.dim] = rows
         if self.adagrad:
             v[:, self.dim] = acc
+        return v
+
+    def _put(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
+        """Write rows (and accumulators) of ``keys`` (uint64 (n,)) to the store in one WriteBatch.
+
+        Raises:
+            StoreFullError: the store refused the write (:meth:`_write`); nothing of it was written.
+        """
+        n = keys.size
+        if n == 0:
+            return
+        v = self._pack(rows, acc)
         wb = rocksdict.WriteBatch(raw_mode=True)
         # one bound-method call per row, driven by C (map, deque): the binding has no bulk put
         collections.deque(map(wb.put, keys.astype(">u8").view("V8").tolist(), v.view(self._vdt).reshape(n).tolist()),
                           maxlen=0)
-        self._db.write(wb, self.env.write_opts)
+        self._write(wb)
         self.stats["store_writes"] += n
 
+    def _write(self, wb) -> None:
+        """Write batch ``wb`` (atomic: all of it or nothing). A write stall (memtables waiting for
+        a flush) while the file system has room is waited out for up to :data:`STALL_WAIT_S`.
+
+        Raises:
+            StoreFullError: the store refused it — out of space, stalled past the wait, or any other
+                write error RocksDB reports (its message is kept).
+        """
+        deadline, delay = None, 0.001
+        while True:
+            try:
+                self._db.write(wb, self.env.write_opts)
+                return
+            except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
+                err = e
+            if _stalled(err) and self.env.space_ok():
+                now = time.monotonic()
+                deadline = now + STALL_WAIT_S if deadline is None else deadline
+                if now < deadline:
+                    time.sleep(min(delay, deadline - now))
+                    delay = min(2 * delay, 0.05)
+                    continue
+            self.stats["store_write_errors"] += 1
+            raise StoreFullError(errno.ENOSPC, f"{self.path}: the row store refused a write ({err})") from None
+
     def _write_meta(self) -> None:
-        self._db.put(META_KEY, json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "table": self.table.id,
-                                           "dim": self.dim, "optimizer": self.table.optimizer,
-                                           "rows_held": self._n}).encode(), self.env.write_opts)
+        """Write the meta record (:data:`FORMAT`, rows held).
+
+        Raises:
+            StoreFullError: the store refused it.
+        """
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        wb.put(META_KEY, json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "table": self.table.id,
+                                     "dim": self.dim, "optimizer": self.table.optimizer,
+                                     "rows_held": self._n}).encode())
+        self._write(wb)
+
+    # -- a full store (module docstring, "A full disk") -------------------------------------------
+
+    @property
+    def full(self) -> str | None:
+        """Why the store takes no writes now (None: it does)."""
+        return self._full
+
+    def _enter_full(self, why: str) -> None:
+        if self._full is None:
+            self.stats["full_periods"] += 1
+            log.warning("table %d: its row store takes no writes (%s): updates of it are refused (STORE_FULL) "
+                        "until there is room again; lookups are still answered", self.table.id, why)
+        self._full = why
+        self._retry_at = time.monotonic() + RETRY_S
+
+    def writable(self) -> bool:
+        """Whether an update of this table can be taken now: its store takes writes and its file
+        system has at least :attr:`StoreEnv.reserve_bytes` free. A full table tries its store again
+        — the rows it keeps in memory (``pending``) and its meta record — at most every
+        :data:`RETRY_S` s, once the file system has room: True again when the store took them."""
+        if self._full is None:
+            if self.env.space_ok():
+                return True
+            self._enter_full(f"less than {self.env.reserve_bytes >> 20} MiB free on the file system of "
+                             f"{self.env.root}")
+            return False
+        now = time.monotonic()
+        if now < self._retry_at or not self.env.space_ok():
+            return False
+        self._retry_at = now + RETRY_S
+        n = int(self._pend_k.size)
+        try:
+            if n:
+                v = self._pend_v
+                self._put(self._pend_k, v[:, :self.dim], v[:, self.dim] if self.adagrad else None)
+                self._pend_k = np.empty(0, np.uint64)
+                self._pend_v = np.empty((0, self._vw), np.float32)
+            self._write_meta()
+        except StoreFullError as e:
+            self._full = str(e)
+            return False
+        log.info("table %d: its row store takes writes again (%d rows kept in memory meanwhile written)",
+                 self.table.id, n)
+        self._full = None
+        return True
+
+    def _stash(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
+        """Keep rows the store refused (``keys`` unique, not cached) in memory until it takes them;
+        a key already kept gets the newer row."""
+        k = np.concatenate([self._pend_k, keys.astype(np.uint64)])
+        v = np.concatenate([self._pend_v, self._pack(rows, acc)])
+        o = np.argsort(k, kind="stable")
+        sk = k[o]
+        last = np.r_[sk[1:] != sk[:-1], True]  # the newest of each key (stable: kept rows first)
+        self._pend_k = sk[last]
+        self._pend_v = v[o][last]
+
+    def _unpend(self, keys: np.ndarray) -> None:
+        """Forget the kept rows of ``keys`` (now in the cache, dirty)."""
+        keep = ~np.isin(self._pend_k, keys)
+        self._pend_k = self._pend_k[keep]
+        self._pend_v = self._pend_v[keep]
+
+    def _store_rows(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
+        """Write rows an update has changed past the cache: to the store, or — it is full — into
+        memory until it takes them (:meth:`_stash`). Never raises for a full store: an update the
+        shard took is never half applied."""
+        if self._full is None:
+            try:
+                self._put(keys, rows, acc)
+                return
+            except StoreFullError as e:
+                self._enter_full(str(e))
+        self._stash(keys, rows, acc)
 
     def flush(self) -> int:
         """Write every dirty cached row to the store (they stay cached, clean) and the meta record.
-        Returns the rows written."""
+        Returns the rows written.
+
+        Raises:
+            StoreFullError: the store takes no writes now (the rows stay dirty in the cache).
+        """
+        if self._full is not None and not self.writable():
+            raise StoreFullError(errno.ENOSPC, f"{self.path}: the row store takes no writes now ({self._full})")
         d = np.flatnonzero(self._cd & self._cv)
-        self._put(self._ck[d], self._rows[d], self._acc[d] if self.adagrad else None)
+        try:
+            self._put(self._ck[d], self._rows[d], self._acc[d] if self.adagrad else None)
+        except StoreFullError as e:
+            self._enter_full(str(e))
+            raise
         self._cd[d] = False
         self.stats["writebacks"] += d.size
         self._write_meta()
@@ -487,7 +726,7 @@ class DiskTable:
             inv = None
         n = mk.size
         self.stats["misses"] += n
-        rows, acc, found = self._fetch(mk)
+        rows, acc, found, pend = self._fetch(mk)
         ms = self._sets(mk)
         order = np.argsort(ms, kind="stable")
         so = ms[order]
@@ -497,24 +736,35 @@ class DiskTable:
         rank = np.arange(n) - starts[grp]  # rank among the misses of its set
         usets = so[first]
         ct = self._ct.reshape(-1, W)[usets]  # (G, W): the ways of the sets
-        score = np.where(self._cv.reshape(-1, W)[usets],
-                         (self._cf.reshape(-1, W)[usets].astype(np.int64) << 24) | (ct & 0xFFFFFF), -1)
-        score[ct == now] = _BIG  # used by this batch: never a victim
-        worder = np.argsort(score, axis=1, kind="stable")
-        ok = rank < W
-        vway = worder[grp, np.minimum(rank, W - 1)]
-        ok &= score[grp, vway] < _BIG
-        vs = usets[grp[ok]] * W + vway[ok]  # victim slots
-        ins = order[ok]  # the misses (indices into mk) that get them
-        ev = self._cv[vs]
+        cv = self._cv.reshape(-1, W)[usets]
+        while True:
+            score = np.where(cv, (self._cf.reshape(-1, W)[usets].astype(np.int64) << 24) | (ct & 0xFFFFFF), -1)
+            score[ct == now] = _BIG  # used by this batch: never a victim
+            if self._full is not None:  # nothing can be written back: a dirty row is never a victim
+                score[cv & self._cd.reshape(-1, W)[usets]] = _BIG
+            worder = np.argsort(score, axis=1, kind="stable")
+            ok = rank < W
+            vway = worder[grp, np.minimum(rank, W - 1)]
+            ok &= score[grp, vway] < _BIG
+            vs = usets[grp[ok]] * W + vway[ok]  # victim slots
+            ins = order[ok]  # the misses (indices into mk) that get them
+            ev = self._cv[vs]
+            dv = vs[ev & self._cd[vs]]
+            if dv.size:
+                try:
+                    self._put(self._ck[dv], self._rows[dv], self._acc[dv] if self.adagrad else None)
+                except StoreFullError as e:  # the cache is unchanged: choose again among clean rows
+                    self._enter_full(str(e))
+                    continue
+                self.stats["writebacks"] += int(dv.size)
+            break
         self.stats["evictions"] += int(np.count_nonzero(ev))
-        dv = vs[ev & self._cd[vs]]
-        if dv.size:
-            self._put(self._ck[dv], self._rows[dv], self._acc[dv] if self.adagrad else None)
-            self.stats["writebacks"] += int(dv.size)
+        pin = pend[ins]  # rows kept in memory while the store was full: the cache holds them now, dirty
+        if pin.any():
+            self._unpend(mk[ins][pin])
         self._ck[vs] = mk[ins]
         self._cv[vs] = True
-        self._cd[vs] = False
+        self._cd[vs] = pin
         self._cs[vs] = found[ins]
         self._cf[vs] = 1
         self._ct[vs] = now
@@ -545,6 +795,8 @@ class DiskTable:
         out = np.empty((keys.size, self.dim), np.float32)
         if keys.size == 0:
             return out
+        if self._full is not None:
+            self.writable()  # space back? (at most every RETRY_S s)
         slot, (pos, rows, _, _) = self._resolve(keys, unique=False)
         if pos.size == 0:
             np.take(self._rows, slot, axis=0, out=out)
@@ -557,7 +809,9 @@ class DiskTable:
     def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
         """One optimizer step per row (``keys_unique`` uint64 (N,) without duplicates, ``grads``
         float32 (N, dim)); as :meth:`TableShard.apply <embnic.client_lib.table_numerics.TableShard.apply>`,
-        bit for bit (the same :func:`~embnic.client_lib.table_numerics.optimizer_step`)."""
+        bit for bit (the same :func:`~embnic.client_lib.table_numerics.optimizer_step`). Never
+        refused for a full store: rows it cannot write are kept in memory (``pending``) — the shard
+        asks :meth:`writable` before it takes an update."""
         keys = np.asarray(keys_unique, dtype=np.uint64).reshape(-1)
         if keys.size == 0:
             return
@@ -590,7 +844,7 @@ class DiskTable:
         self._cd[cs] = True
         self._n += int(np.count_nonzero(~self._cs[cs])) + int(np.count_nonzero(~found))
         self._cs[cs] = True
-        self._put(keys[pos], w[pos], a[pos] if self.adagrad else None)
+        self._store_rows(keys[pos], w[pos], a[pos] if self.adagrad else None)
 
     def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
         """Apply the updates of several messages in their order (``keys`` uint64 (K,), each segment
@@ -645,6 +899,12 @@ class DiskTable:
             return np.empty(0, np.uint64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32)
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
+    def _reset_full(self) -> None:
+        """A new store (a loaded state or snapshot): nothing kept in memory, writes go through."""
+        self._full = None
+        self._pend_k = np.empty(0, np.uint64)
+        self._pend_v = np.empty((0, self._vw), np.float32)
+
     def _clear_cache(self) -> None:
         self._cv[:] = False
         self._cd[:] = False
@@ -671,6 +931,7 @@ class DiskTable:
         self.close()
         self._open(fresh=True)
         self._clear_cache()
+        self._reset_full()
         for lo in range(0, k.size, 1 << 16):
             self._put(k[lo:lo + (1 << 16)], r[lo:lo + (1 << 16)], a[lo:lo + (1 << 16)] if self.adagrad else None)
         self._n = int(k.size)
@@ -678,12 +939,35 @@ class DiskTable:
 
     # -- snapshots ----------------------------------------------------------------------------
 
+    def _flush_memtables(self, db=None, wait_s: float | None = None) -> None:
+        """Flush RocksDB's memtables (of ``db``, default the store's) into SST files and wait for
+        it, at most ``wait_s`` seconds (default :data:`FLUSH_WAIT_S`): a flush that finds the disk
+        full is retried by RocksDB, so waiting on it could be for ever.
+
+        Raises:
+            StoreFullError: the memtables were not flushed in time.
+        """
+        db = self._db if db is None else db
+        wait_s = FLUSH_WAIT_S if wait_s is None else wait_s
+        db.flush(False)
+        deadline = time.monotonic() + wait_s
+        while (db.property_int_value("rocksdb.num-entries-active-mem-table") or 0) + \
+                (db.property_int_value("rocksdb.num-entries-imm-mem-tables") or 0):
+            if time.monotonic() > deadline:
+                raise StoreFullError(errno.ENOSPC, f"{self.path}: RocksDB did not flush its memtables within "
+                                     f"{wait_s:g} s (a full disk?)")
+            time.sleep(0.005)
+
     def snapshot(self, path: str | os.PathLike) -> dict:
         """Flush, then write a RocksDB checkpoint of the store to ``path`` (must not exist; hard
-        links to the SST files), synced to disk. Returns ``{"rows_held"}``."""
+        links to the SST files), synced to disk. Returns ``{"rows_held"}``.
+
+        Raises:
+            StoreFullError (an OSError): the store takes no writes now. OSError: the checkpoint failed.
+        """
         path = Path(path)
         self.flush()
-        self._db.flush(True)  # the memtable into SST files (writes skip RocksDB's log)
+        self._flush_memtables()  # the memtables into SST files (writes skip RocksDB's log)
         try:
             rocksdict.Checkpoint(self._db).create_checkpoint(str(path))
         except Exception as e:
@@ -711,16 +995,21 @@ class DiskTable:
         link_tree(path, self.path)
         self._open(fresh=False)
         self._clear_cache()
+        self._reset_full()
         self._n = int(meta["rows_held"])
         return meta
 
     def counters(self) -> dict:
-        """``{"cache_rows", "cached", "dirty", "rows_held", "hits", "misses", "store_reads",
-        "store_found", "evictions", "writebacks", "store_writes", "write_through"}``: the cache's
-        capacity and occupancy and its counts (``hits``/``misses`` per key looked up or updated;
-        ``writebacks``: dirty rows written at eviction or flush)."""
+        """``{"cache_rows", "cached", "dirty", "rows_held", "full", "pending", "hits", "misses",
+        "store_reads", "store_found", "evictions", "writebacks", "store_writes", "write_through",
+        "store_write_errors", "full_periods"}``: the cache's capacity and occupancy and its counts
+        (``hits``/``misses`` per key looked up or updated; ``writebacks``: dirty rows written at
+        eviction or flush); ``full`` 1 while the store takes no writes, ``pending`` the rows kept in
+        memory meanwhile, ``store_write_errors`` writes it refused, ``full_periods`` times it
+        became full."""
         return {"cache_rows": self.capacity, "cached": int(np.count_nonzero(self._cv)),
-                "dirty": int(np.count_nonzero(self._cd)), "rows_held": self._n, **self.stats}
+                "dirty": int(np.count_nonzero(self._cd)), "rows_held": self._n, "full": int(self._full is not None),
+                "pending": int(self._pend_k.size), **self.stats}
 
 
 def read_meta(path: str | os.PathLike) -> dict:

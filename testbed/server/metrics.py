@@ -185,11 +185,15 @@ _STORE_COUNTERS = (
     ("writebacks", "store_cache_writebacks", "Dirty cached rows written to the store (at eviction or flush)."),
     ("store_writes", "store_rows_written", "Rows written to the store."),
     ("write_through", "store_write_through", "Keys served past the cache (no free way in their set)."),
+    ("store_write_errors", "store_write_errors", "Writes the disk table's store refused (a full disk)."),
 )
 _STORE_GAUGES = (
     ("cache_rows", "store_cache_capacity_rows", "Rows a disk table's cache holds at most (cache_rows)."),
     ("cached", "store_cache_rows", "Rows in a disk table's cache."),
     ("dirty", "store_cache_dirty_rows", "Cached rows not yet written to the store."),
+    ("full", "store_full", "1 while the disk table's store takes no writes (its disk is full): updates of it are "
+     "refused STORE_FULL."),
+    ("pending", "store_pending_rows", "Rows updated while the store was full, kept in memory until it takes them."),
 )
 
 

@@ -343,6 +343,13 @@ class SplitTable:
     def __len__(self) -> int:
         return len(self.local)
 
+    def writable(self) -> bool:
+        """Whether this worker's rows of the table can take an update now (a disk table on a full
+        disk cannot: :meth:`DiskTable.writable <embnic.testbed.server.diskstore.DiskTable.writable>`;
+        the workers' stores share a file system, so the home's answer stands for the others')."""
+        w = getattr(self.local, "writable", None)
+        return True if w is None else bool(w())
+
     def state(self):
         """This worker's rows only (:meth:`TableShard.state`)."""
         return self.local.state()

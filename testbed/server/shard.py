@@ -255,6 +255,9 @@ class ShardServer:
         self._in_store = np.zeros(1 << 16, bool)  # per table id: its rows are in self.store
         for tid, ts in self.tables.items():
             self._in_store[tid] = isinstance(ts, TableShard) and ts.store is self.store
+        #: tables whose store may take no writes for a while (the disk tier on a full disk), asked
+        #: before an update is taken (:meth:`_store_fault`)
+        self._disk_tids = frozenset(tid for tid, ts in self.tables.items() if hasattr(ts, "writable"))
         #: the largest lookup reply (value_len) that fits MAX_FRAGS fragments at the cluster MTU
         self.max_reply_bytes = consts.MAX_FRAGS * consts.max_body_per_frame(cfg.mtu)
         self._reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
@@ -800,6 +803,8 @@ class ShardServer:
             return None
         grads = self._grads(rb)
         fault = self._table_fault(h, rb, grads)
+        if fault is None and self._disk_tids:
+            fault = self._store_fault(rb)
         if fault is not None:
             raise _Refused(*fault)
         grads = grads[0]
@@ -809,6 +814,16 @@ class ShardServer:
         self._c["update_keys"] += h.num_keys
         self._applied.add(h.client_id, h.msg_id, fp, tail_of(body, last_offset))
         return grads
+
+    def _store_fault(self, rb: RequestBody) -> tuple[Status, int] | None:
+        """``(STORE_FULL, table)`` for the first table of update ``rb`` (directory order) whose store
+        takes no writes now (a disk table on a full disk: ``writable()``, docs/server.md "Disk
+        tier"), else None: refused before it is logged or remembered, so nothing of it is applied
+        and the same message can be sent again."""
+        for tid in rb.directory["table_id"].tolist():
+            if tid in self._disk_tids and not self.tables[tid].writable():
+                return Status.STORE_FULL, int(tid)
+        return None
 
     def _update(self, msg: Message, rb: RequestBody) -> None:
         h = msg.header
