@@ -255,13 +255,119 @@ class CardCollector:
         yield from card_families(c, st)
 
 
+#: connections the metrics endpoint serves at once (one thread each); more are answered ``503`` and closed
+MAX_CONNECTIONS = 16
+#: seconds a metrics connection may stay silent (no request line, no header) before it is closed
+IDLE_TIMEOUT_S = 10.0
+
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+         b"Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n")
+
+
+def _http_server(pc, registry, bind: str, port: int, max_connections: int, idle_timeout_s: float):
+    """A threading WSGI server of ``registry``'s metrics (prometheus_client's app) with a cap on
+    the connections served at once, an idle timeout per connection and an answer to HTTP/0.9
+    (:class:`MetricsServer`). Bound, not yet serving.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    import socketserver
+    from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
+
+    app = pc.make_wsgi_app(registry)
+
+    class Handler(WSGIRequestHandler):
+        timeout = idle_timeout_s  # StreamRequestHandler.setup: the socket's timeout (silence closes it)
+
+        def log_message(self, format, *args):  # noqa: A002 - the base class's name
+            pass
+
+        def handle(self):
+            """One request (WSGIRequestHandler.handle), except that an HTTP/0.9 request — a request
+            line without a version, after which no headers come — is answered at once with the
+            exposition text alone (no status line or headers: HTTP/0.9's response) instead of
+            waiting for headers that never come."""
+            try:
+                self.raw_requestline = self.rfile.readline(65537)
+            except OSError:  # idle past the timeout, or reset
+                return
+            if len(self.raw_requestline) > 65536:
+                self.requestline, self.request_version, self.command = "", "", ""
+                self.send_error(414)
+                return
+            words = self.raw_requestline.split()
+            if len(words) == 2 and words[0] == b"GET":
+                self.close_connection = True
+                try:
+                    self.wfile.write(pc.generate_latest(registry))
+                except OSError:
+                    pass
+                return
+            try:
+                if not self.parse_request():
+                    return
+            except OSError:
+                return
+            handler = ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(),
+                                    multithread=False)
+            handler.request_handler = self
+            handler.run(self.server.get_app())
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = pc.exposition._get_best_family(bind, port)[0]
+
+        def __init__(self, *a, **kw):
+            self.slots = threading.BoundedSemaphore(max_connections)
+            self.refused = 0
+            super().__init__(*a, **kw)
+
+        def process_request(self, request, client_address):
+            if not self.slots.acquire(blocking=False):  # at the cap: no thread, a short answer
+                self.refused += 1
+                try:
+                    request.setblocking(False)
+                    request.send(_BUSY)
+                except OSError:
+                    pass
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request, client_address):
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
+
+    httpd = Server((bind, int(port)), Handler)
+    httpd.set_app(app)
+    return httpd
+
+
 class MetricsServer:
     """An HTTP server of one collector's metrics (``GET /metrics``) on a thread of this process.
+
+    At most ``max_connections`` connections are served at once, each on a thread of its own;
+    one more is answered ``503 Service Unavailable`` and closed at once (no thread), so a client
+    that opens connections and never finishes a request (slowloris) costs a bounded number of
+    threads. A connection silent for ``idle_timeout_s`` seconds is closed. An HTTP/0.9 request
+    (``GET /metrics`` with no version) gets the exposition text, as HTTP/0.9 answers, and the
+    connection is closed. One request per connection (HTTP/1.0 semantics), as prometheus_client's
+    own server.
 
     Args:
         collector: a prometheus_client collector (``collect()`` yields metric families).
         port: TCP port (0: a free one; :attr:`port` says which).
         bind: address to listen on.
+        max_connections: connections served at once (default :data:`MAX_CONNECTIONS`).
+        idle_timeout_s: seconds of silence before a connection is closed (default
+            :data:`IDLE_TIMEOUT_S`).
 
     Raises:
         MissingDependencyError: prometheus-client is not installed.
@@ -269,12 +375,14 @@ class MetricsServer:
         OperationalError: the port is taken (names the option to change).
     """
 
-    def __init__(self, collector, port: int = DEFAULT_PORT, bind: str = "0.0.0.0", *, option: str = "--port"):
+    def __init__(self, collector, port: int = DEFAULT_PORT, bind: str = "0.0.0.0", *, option: str = "--port",
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S):
         pc = require_prometheus()
         self.registry = pc.CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         try:
-            self._server, self._thread = pc.start_http_server(int(port), addr=bind, registry=self.registry)
+            self._server = _http_server(pc, self.registry, bind, int(port), int(max_connections),
+                                        float(idle_timeout_s))
         except OSError as e:
             if e.errno == 98:  # EADDRINUSE
                 raise OperationalError(f"cannot serve metrics on {bind}:{port}: the port is in use; "
@@ -283,8 +391,15 @@ class MetricsServer:
                 raise UsageError(f"cannot serve metrics on {bind}:{port}: {bind} is not an address of this host "
                                  "(or network namespace)") from None
             raise OperationalError(f"cannot serve metrics on {bind}:{port}: {e.strerror or e}") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="embnic-metrics-http", daemon=True)
+        self._thread.start()
         self.bind = bind
         self.port = self._server.server_address[1]
+
+    @property
+    def refused(self) -> int:
+        """Connections answered ``503`` because ``max_connections`` were being served."""
+        return self._server.refused if self._server is not None else 0
 
     def text(self) -> str:
         """The exposition text a scrape would get now (for tests and ``--once``)."""
