@@ -266,7 +266,9 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
         if early:
             server.request_stop()
         signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
-        ip2, p2 = server.open()
+        # everything else first, the UDP port last, right before serving: a bound port is what says
+        # "ready" (the testbed waits for it), and datagrams sent to it before the loop runs would
+        # wait in the socket and be answered late (a re-sent probe answered twice)
         metrics = None
         if metrics_port is not None:
             try:
@@ -275,6 +277,13 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
             except BaseException:
                 server.close()
                 raise
+        try:
+            ip2, p2 = server.open()
+        except BaseException:
+            if metrics is not None:
+                metrics.close()
+            server.close()
+            raise
         log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, describe(cfg))
         try:
             server.run()
@@ -417,11 +426,10 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
         raise
 
     async def main() -> None:
-        ip, p = await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         metrics = None
-        if metrics_port is not None:
+        if metrics_port is not None:  # before the UDP port: a bound port means "serving" (run_workers)
             async def read():
                 return server.counters()
 
@@ -429,8 +437,14 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
                 metrics = serve_metrics(lambda: asyncio.run_coroutine_threadsafe(read(), loop).result(10),
                                         metrics_port, metrics_bind)
             except BaseException:
-                server.stop()
+                server.close_stores()
                 raise
+        try:
+            ip, p = await server.start()
+        except BaseException:
+            if metrics is not None:
+                metrics.close()
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if early:
