@@ -22,7 +22,6 @@ Run alone: python3 -m pytest -q tests/control/test_dissector.py
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import json
 import math
@@ -624,34 +623,9 @@ def card_verdict(tmp_path_factory):
     the card's drop reason name (embnic_drop_name) or None``. ``embnic_parse`` checks Ethernet,
     IPv4 and UDP, then the embnic header: magic, version, type, then ``embnic_check_lengths``
     (dataplane/include/embnic_parse.h)."""
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.fail("gcc absent: run `make deps` (build-essential)")
-    flags = subprocess.run(["pkg-config", "--cflags", "libdpdk"], capture_output=True, text=True)
-    if flags.returncode != 0:
-        pytest.fail("DPDK's headers absent (pkg-config libdpdk): run `make deps` (libdpdk-dev)")
-    d = tmp_path_factory.mktemp("cparse")
-    config = d / "embnic_config.h"  # what the dataplane Makefile writes (its CONFIG_H)
-    config.write_text(f'#define EMBNIC_PROTO_VERSION {consts.VERSION}\n#define EMBNIC_GIT_REV "test"\n')
-    so = d / "libparse.so"
-    r = subprocess.run([cc, "-O1", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Werror", "-I", str(DP / "include"),
-                        *flags.stdout.split(), "-include", str(config), str(DP / "parse.c"), "-o", str(so)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lib = ctypes.CDLL(str(so))
-    lib.embnic_parse.restype = ctypes.c_int
-    lib.embnic_parse.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint32,
-                                 ctypes.c_void_p]
-    lib.embnic_drop_name.restype = ctypes.c_char_p
-    lib.embnic_drop_name.argtypes = [ctypes.c_uint]
-    info = ctypes.create_string_buffer(256)  # struct embnic_pkt_info
+    from cparse import parse_verdict
 
-    def verdict(frame: bytes) -> str | None:
-        rc = lib.embnic_parse(frame, len(frame), len(frame), 0, 0, info)  # checksum checked, any destination
-        assert rc >= 0, rc  # not ARP
-        return None if rc == 0 else lib.embnic_drop_name(rc).decode()
-
-    return verdict
+    return parse_verdict(tmp_path_factory.mktemp("cparse"))  # checksum checked, any destination
 
 
 def _embnic_payload(frame: bytes) -> bytes | None:
