@@ -120,12 +120,19 @@ def file_digest(path: Path) -> str:
 
 
 # --------------------------------------------------------------------------- compilers
-_VERSION = re.compile(r"\b(\d+\.\d+\.\d+(?:\.\d+)?)\b")
+#: the p4c release the committed outputs are compiled with, by the commit its binaries print
+#: (``p4c-dpdk`` prints its backend's own "Version 0.1" and p4c's commit, not p4c's release)
+TESTED_SHA = "32893b7e879db9e1c368d3568d41cb3d20c034d0"
+_RELEASE = re.compile(r"\b(\d+\.\d+\.\d+(?:\.\d+)?)\b")
+_SHA = re.compile(r"\bSHA:\s*([0-9a-fA-F]{7,40})\b")
 
 
 def compiler_version(name: str) -> tuple[str, str] | None:
-    """``(version, version line)`` of compiler ``name`` on PATH (``("1.2.4.8", "p4c 1.2.4.8 (SHA:
-    32893b7 BUILD: Release)")``), or None where it is not on PATH or prints no version."""
+    """``(p4c release, version line)`` of compiler ``name`` on PATH, or None where it is not on
+    PATH or prints nothing like a version. The release is :data:`TESTED_VERSION` where the
+    printed commit is :data:`TESTED_SHA` (``p4c 1.2.4.8 (SHA: 32893b7e87 BUILD: Release)``;
+    ``p4c-dpdk`` prints ``Version 0.1 (SHA: 32893b7e87 ...)``), else the release number the line
+    carries, else ``unknown (SHA: …)``."""
     path = shutil.which(name)
     if path is None:
         return None
@@ -133,8 +140,16 @@ def compiler_version(name: str) -> tuple[str, str] | None:
         r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    lines = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if _VERSION.search(ln)]
-    return (_VERSION.search(lines[0]).group(1), lines[0]) if lines else None
+    lines = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if "version" in ln.lower() or _SHA.search(ln)
+             or _RELEASE.search(ln)]
+    if not lines:
+        return None
+    line = lines[0]
+    sha = _SHA.search(line)
+    if sha and TESTED_SHA.startswith(sha.group(1).lower()):
+        return TESTED_VERSION, line
+    rel = _RELEASE.search(line)
+    return (rel.group(1) if rel else f"unknown (SHA: {sha.group(1) if sha else '?'})"), line
 
 
 def compiler_status(arch: str) -> tuple[str, str | None]:
@@ -277,6 +292,7 @@ def regenerate(archs: Sequence[str] = tuple(ARCHS), p4_dir: Path = P4_DIR) -> di
         staging = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=build if build.is_dir() else None))
         try:
             outputs[arch] = compile_arch(arch, staging, p4_dir)
+            os.chmod(staging, 0o755)  # mkdtemp's 0700 is no folder's mode in a checkout
             shutil.rmtree(build / arch, ignore_errors=True)
             build.mkdir(parents=True, exist_ok=True)
             os.replace(staging, build / arch)
