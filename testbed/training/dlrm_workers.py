@@ -401,7 +401,15 @@ class Stopped(Exception):
 
 
 def _raise_stopped(signum, frame):
+    _ending()  # once: a second SIGTERM must not interrupt the handling of the first
     raise Stopped
+
+
+def _ending() -> None:
+    """The worker is ending with its one line: torchrun's SIGTERM, which follows a failure of any
+    rank, is ignored from here (raised now, it would interrupt the destructors that run when the
+    handled exception is dropped — ``Exception ignored in ... __del__`` with a traceback)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 #: words of the errors torch.distributed (gloo) raises when a peer rank's process is gone
@@ -443,16 +451,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(a)
     except KeyboardInterrupt:
+        _ending()
         print(f"rank {rank}: interrupted (Ctrl-C); the shards keep the updates of the steps done", file=sys.stderr,
               flush=True)
         return INTERRUPT_EXIT
     except Stopped:
+        _ending()
         print(f"rank {rank}: stopped by SIGTERM (torchrun stops every worker when one failed or was interrupted: "
               "see that rank's line)", file=sys.stderr, flush=True)
         return TERM_EXIT
     except Exception as e:  # noqa: BLE001 - a dead peer is one line; anything else stays a traceback (a bug)
         if not peer_lost(e):
             raise
+        _ending()
         print(f"error: rank {rank}: a peer rank is gone ({_first_line(e)}); its own line (or torchrun's summary) "
               "says why", file=sys.stderr, flush=True)
         return FAIL_EXIT
