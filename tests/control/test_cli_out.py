@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -100,16 +102,42 @@ def test_a_file_in_an_existing_folder_is_written(tmp_path):
     assert r.exit_code == 0 and json.loads((tmp_path / "t.json").read_text())["steps"] == 1, r.output
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
-def test_an_unwritable_folder_is_named(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
+def test_an_unwritable_folder_is_named():
+    """A folder the user may not write in is named. As root (who writes anywhere) the check runs in a
+    child that drops to nobody, on a folder nobody can reach but not write."""
+    base = Path(tempfile.mkdtemp(prefix="embnic-ro-"))
     try:
-        assert "permission denied" in out_path_problem(ro / "x.lua", "file")
-        assert "no write permission in" in out_path_problem(ro / "new" / "dir", "dir")
+        base.chmod(0o755)
+        ro = base / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+
+        def check() -> None:
+            assert "permission denied" in out_path_problem(ro / "x.lua", "file")
+            assert "no write permission in" in out_path_problem(ro / "new" / "dir", "dir")
+            assert str(ro) in out_path_problem(ro / "new" / "dir", "dir")
+
+        if os.geteuid() != 0:
+            check()
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: nobody, then the check; its exit code is the verdict
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                check()
+                code = 0
+            except BaseException:  # noqa: BLE001 - reported through the exit code and stderr
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the check failed as nobody (its traceback is above)"
     finally:
-        ro.chmod(0o700)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_helper_and_the_dash(tmp_path):
