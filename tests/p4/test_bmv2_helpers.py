@@ -79,7 +79,7 @@ def test_missing_tool_names_it_and_how(monkeypatch):
         with pytest.raises(bmv2.ToolMissingError, match=rf"^{tool} not found on PATH: .*p4/README.md, \"P4 tools\""):
             bmv2.find_tool(tool)
         # a pointer to the docs, never a build recipe
-        assert not any(w in bmv2.TOOL_HINTS[tool] for w in ("make ", "cmake", "git clone", "build p4lang"))
+        assert not any(w in bmv2.TOOL_HINTS[tool] for w in ("make ", "cmake", "clone", "build p4lang"))
 
 
 def test_pcap_order_roundtrip(tmp_path):
