@@ -39,7 +39,9 @@ def test_well_formed_specs_pass(spec):
     ("net_", "not an ethdev vdev name"), ("NET-RING0", "not an ethdev vdev name"),
     ("net_ring0,", "an empty argument"), ("net_ring0,,iface=a", "an empty argument"),
     ("net_af_packet0,iface=", "iface= has no value"), ("net_af_packet0,=veth0", "is not KEY=VALUE"),
-    ("net_bonding0,slave=[net_ring0", "unbalanced brackets"), ("--vdev=net_ring0", "not an ethdev vdev name")])
+    ("net_bonding0,slave=[net_ring0", "unbalanced brackets"), ("--vdev=net_ring0", "not an ethdev vdev name"),
+    # an argument with no '=' reaches the PMD with no value: net_af_packet crashed on it (signal 11)
+    ("net_af_packet0,iface", "'iface' has no value"), ("net_af_packet0,iface=nx0,qpairs", "'qpairs' has no value")])
 def test_malformed_specs_are_named(spec, needle):
     bad = vdev_problem(spec)
     assert bad and needle in bad and "\n" not in bad, bad

@@ -60,7 +60,9 @@ def vdev_problem(spec: str) -> str | None:
             return f"--vdev {spec!r}: an empty argument (two commas, or one at the end); write NAME,KEY=VALUE,..."
         if not _KEY_RE.match(key):
             return f"--vdev {spec!r}: {a!r} is not KEY=VALUE; write e.g. net_af_packet0,iface=veth0"
-        if "=" in a and not a.split("=", 1)[1]:
+        if "=" not in a:  # DPDK hands such an argument to the PMD with no value: af_packet dereferences it
+            return f"--vdev {spec!r}: {a!r} has no value (every vdev argument is KEY=VALUE); write e.g. {a}=VALUE"
+        if not a.split("=", 1)[1]:
             return f"--vdev {spec!r}: {key}= has no value; write e.g. {key}=VALUE"
     return None
 
