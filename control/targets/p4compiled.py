@@ -428,25 +428,31 @@ def outputs(arch: str) -> Outputs:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python3 -m embnic.control.targets.p4compiled [--check]``: regenerate ``p4/build`` (or, with
-    ``--check``, list what is stale); exit 0 on success, 1 on a stale or failed build, 2 where a
-    tested compiler is missing."""
+    """``python3 -m embnic.control.targets.p4compiled [--check] [--p4-dir DIR]``: regenerate
+    ``DIR/build`` (default: the installed package's ``p4/``; ``make -C p4`` passes its own folder,
+    so a second checkout checks its own sources whatever the editable install points to) or, with
+    ``--check``, list what is stale; exit 0 on success, 1 on a stale or failed build, 2 where a
+    tested compiler is missing or the arguments are wrong."""
+    import argparse
     import sys
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["--check"]:
-        problems = stale()
+    ap = argparse.ArgumentParser(prog="python3 -m embnic.control.targets.p4compiled",
+                                 description="Regenerate or check p4/build, what p4c makes of p4/.")
+    ap.add_argument("--check", action="store_true", help="only say whether p4/build is the sources' (no compiler)")
+    ap.add_argument("--p4-dir", type=Path, default=P4_DIR, help="the p4/ folder (default: %(default)s)")
+    args = ap.parse_args(argv)
+    if args.check:
+        problems = stale(args.p4_dir)
         for p in problems:
             print(f"embnic: {p}", file=sys.stderr)
         if problems:
             print(f"embnic: run {REGENERATE} (needs p4c and p4c-dpdk {TESTED_VERSION} on PATH; {TOOLS_DOC})",
                   file=sys.stderr)
-        return 1 if problems else 0
-    if args:
-        print("usage: python3 -m embnic.control.targets.p4compiled [--check]", file=sys.stderr)
-        return 2
+            return 1
+        print(f"{args.p4_dir}/build is up to date with the P4 sources under {args.p4_dir}")
+        return 0
     try:
-        man = regenerate()
+        man = regenerate(p4_dir=args.p4_dir)
     except (MissingDependencyError, P4CompileError) as e:
         print(f"embnic: {e}", file=sys.stderr)
         return e.exit_code
