@@ -96,7 +96,7 @@ class P4CompileError(OperationalError):
 
 
 # --------------------------------------------------------------------------- sources
-def source_files(p4_dir: Path = P4_DIR) -> list[Path]:
+def program_files(p4_dir: Path = P4_DIR) -> list[Path]:
     """Every P4 file under ``p4_dir`` (``*.p4``, the committed outputs' folder left out), sorted
     by path: what the committed outputs are compiled from."""
     p4_dir = Path(p4_dir)
@@ -104,12 +104,12 @@ def source_files(p4_dir: Path = P4_DIR) -> list[Path]:
 
 
 def sources_digest(p4_dir: Path = P4_DIR) -> str:
-    """``sha256:<hex>`` of :func:`source_files` — each file's path relative to ``p4_dir`` and its
+    """``sha256:<hex>`` of :func:`program_files` — each file's path relative to ``p4_dir`` and its
     bytes. The compilers' own includes are not in it: the compiler's version is recorded
     beside it in the manifest instead."""
     p4_dir = Path(p4_dir)
     h = hashlib.sha256()
-    for path in source_files(p4_dir):
+    for path in program_files(p4_dir):
         h.update(str(path.relative_to(p4_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
     return "sha256:" + h.hexdigest()
 
@@ -214,7 +214,7 @@ def normalise(arch: str, out_dir: Path) -> None:
 
 
 def _copy_sources(p4_dir: Path, dest: Path) -> None:
-    for src in source_files(p4_dir):
+    for src in program_files(p4_dir):
         rel = src.relative_to(p4_dir)
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest / rel)
@@ -299,7 +299,7 @@ def regenerate(archs: Sequence[str] = tuple(ARCHS), p4_dir: Path = P4_DIR) -> di
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     man = {"sources": {"digest": sources_digest(p4_dir),
-                       "files": [str(p.relative_to(p4_dir)) for p in source_files(p4_dir)]},
+                       "files": [str(p.relative_to(p4_dir)) for p in program_files(p4_dir)]},
            "regenerate": REGENERATE, "cwd": "p4", "outputs": {a: outputs[a] for a in sorted(outputs)}}
     man_path.write_text(json.dumps(man, indent=2) + "\n")
     return man
@@ -331,7 +331,7 @@ def stale(p4_dir: Path = P4_DIR) -> list[str]:
         return [str(e)]
     out = []
     if man.get("sources", {}).get("digest") != sources_digest(p4_dir):
-        was, now = set(man.get("sources", {}).get("files", [])), {str(p.relative_to(p4_dir)) for p in source_files(p4_dir)}
+        was, now = set(man.get("sources", {}).get("files", [])), {str(p.relative_to(p4_dir)) for p in program_files(p4_dir)}
         detail = "; ".join(x for x in (f"added {', '.join(sorted(now - was))}" if now - was else "",
                                        f"removed {', '.join(sorted(was - now))}" if was - now else "") if x)
         out.append(f"the P4 sources under {p4_dir} changed since p4/build was compiled{' (' + detail + ')' if detail else ''}")
@@ -375,11 +375,10 @@ def cache_dir() -> Path:
     return base / "p4c"
 
 
-def _digest_of(arch: str, d: Path) -> str:
-    h = hashlib.sha256()
-    for name in sorted(ARCHS[arch].files.values()):
-        h.update(name.encode() + b"\0" + (d / name).read_bytes() + b"\0")
-    return "sha256:" + h.hexdigest()
+def _digest_of(files: dict[str, str]) -> str:
+    """One digest of a compiled program from its files' (``{name: "sha256:..."}``, as the manifest
+    records them): the targets' cache key."""
+    return "sha256:" + hashlib.sha256("".join(f"{n}\0{files[n]}\0" for n in sorted(files)).encode()).hexdigest()
 
 
 def outputs(arch: str) -> Outputs:
@@ -403,7 +402,8 @@ def outputs(arch: str) -> Outputs:
         status, line = compiler_status(arch) if shutil.which(a.compiler) else ("absent", None)
         note = (f"{a.compiler} on PATH is {line!r}, not the tested {TESTED_VERSION}: the {TARGET_OF[arch]} target "
                 f"uses the committed p4/build/{arch}" if status == "other" else None)
-        return Outputs(arch, d, "committed", _digest_of(arch, d), note)
+        # stale() has just checked each file against the manifest's digest: that digest stands for it
+        return Outputs(arch, d, "committed", _digest_of(manifest()["outputs"][arch]["files"]), note)
     status, line = compiler_status(arch)
     if status != "tested":
         why = "is not on PATH" if status == "absent" else f"on PATH is {line!r}"
@@ -422,7 +422,7 @@ def outputs(arch: str) -> Outputs:
             os.replace(tmp, d)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Outputs(arch, d, "compiled", _digest_of(arch, d),
+    return Outputs(arch, d, "compiled", _digest_of({n: file_digest(d / n) for n in a.files.values()}),
                    f"p4/ differs from its committed outputs: {a.compiler} compiled it into {d}; "
                    f"run {REGENERATE} and commit p4/build")
 

@@ -4,8 +4,8 @@ The P4 targets and the tests read the program's own source, so there is one defi
 each name: the drop reasons (their counter indices), the state map and ring sizes, the
 embnic header's fields. ``p4/`` is one program for two architectures: the common files at its
 top, and a top-level file per architecture (:data:`MAIN` for v1model/BMv2, :data:`PNA_MAIN`
-for PNA/p4c-dpdk) that includes them; :func:`source_files` follows the includes and
-:func:`sources_digest` keys the compile caches on every file one build reads. Nothing here
+for PNA/p4c-dpdk) that includes them; :func:`source_files` follows the includes (what p4c
+makes of them is :mod:`embnic.control.targets.p4compiled`'s). Nothing here
 needs p4c.
 
     >>> from embnic.control.targets import p4program as p4prog
@@ -17,7 +17,6 @@ needs p4c.
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from pathlib import Path
 from typing import Sequence
@@ -135,7 +134,7 @@ def source_files(main: Path | None = None, include_dirs: Sequence[Path] = ()) ->
     "x"`` (relative to the including file) and each ``#include <x>`` found in ``include_dirs``
     (the compiler's own ``p4include``: ``core.p4``, ``v1model.p4``, ``dpdk/pna.p4``), in the
     order first met. Includes inside comments are ignored; a ``<x>`` not found in
-    ``include_dirs`` is left out (:func:`sources_digest` still keys on its name).
+    ``include_dirs`` is left out.
 
     Raises:
         P4SourceError: a quoted include names a file that does not exist.
@@ -160,31 +159,6 @@ def source_files(main: Path | None = None, include_dirs: Sequence[Path] = ()) ->
                         todo.append((Path(d) / name).resolve())
                         break
     return seen
-
-
-def sources_digest(main: Path | None = None, include_dirs: Sequence[Path] = (), extra: str = "") -> str:
-    """SHA-256 (hex) of every file :func:`source_files` lists — each one's path (relative to
-    ``p4/`` where it is there, else absolute) and contents — plus the names of the angle
-    includes and ``extra`` (e.g. the compiler's version and options): a change to any file a
-    build reads, or to how it is built, gives another digest."""
-    h = hashlib.sha256()
-    for path in source_files(main, include_dirs):
-        try:
-            name = str(path.relative_to(P4_DIR.resolve()))
-        except ValueError:
-            name = str(path)
-        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    angle = sorted({n for p in source_files(main, include_dirs)
-                    for k, n in _INCLUDE.findall(strip_comments(p.read_text())) if k == "<"})
-    h.update(("\0".join(angle) + "\0" + extra).encode())
-    return h.hexdigest()
-
-
-def compiler_include_dir(compiler: str | Path) -> Path | None:
-    """The ``p4include`` folder of an installed p4c (``PREFIX/share/p4c/p4include`` beside
-    ``PREFIX/bin/NAME``; symlinks resolved), or None where there is none."""
-    d = Path(compiler).resolve().parents[1] / "share" / "p4c" / "p4include"
-    return d if d.is_dir() else None
 
 
 def _crc32c_table() -> list[int]:

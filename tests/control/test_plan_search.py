@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -168,35 +168,6 @@ def test_arch_parts_only_in_arch_files():
         assert not hits, (path.name, hits)
 
 
-def test_cache_digest_covers_every_included_file(tmp_path):
-    """The compile caches key on every file a build reads: a change to a common file, to an arch
-    file, or to a compiler include changes the digest; a file no build includes does not."""
-    import shutil
-
-    src = tmp_path / "p4"
-    shutil.copytree(p4prog.P4_DIR, src)
-    inc = tmp_path / "inc"
-    inc.mkdir()
-    (inc / "v1model.p4").write_text("/* v1 */\n")
-    (inc / "core.p4").write_text("/* core */\n")
-    main = src / "v1model" / "embnic.p4"
-    base = p4prog.sources_digest(main, [inc])
-    assert {p.name for p in p4prog.source_files(main, [inc])} >= {"state_map.p4", "arith.p4", "arch.p4",
-                                                                    "v1model.p4", "core.p4"}
-    for rel in ("state_map.p4", "arith.p4", "v1model/arch.p4"):
-        f = src / rel
-        old = f.read_text()
-        f.write_text(old + "\n/* changed */\n")
-        assert p4prog.sources_digest(main, [inc]) != base, rel
-        f.write_text(old)
-    (inc / "v1model.p4").write_text("/* v1, another p4c */\n")
-    assert p4prog.sources_digest(main, [inc]) != base
-    (inc / "v1model.p4").write_text("/* v1 */\n")
-    (src / "pna" / "arch.p4").write_text("/* only the PNA build reads this */\n")
-    assert p4prog.sources_digest(main, [inc]) == base
-    assert p4prog.sources_digest(main, [inc], extra="p4c 1.2.5") != base
-
-
 def test_missing_include_is_a_clear_error(tmp_path):
     (tmp_path / "top.p4").write_text('#include "nope.p4"\n')
     with pytest.raises(p4prog.P4SourceError, match="nope.p4"):

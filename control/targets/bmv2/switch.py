@@ -20,13 +20,11 @@ through pcap files: :mod:`embnic.control.targets.bmv2.pcap_files`. Tools (``simp
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
