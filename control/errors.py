@@ -2,7 +2,7 @@
 
 Plain exception classes, no click: every one carries a :attr:`~ControlError.category` that
 says what the user has to do, and the CLI maps the category to an exit code and a click error
-in one place (:func:`embnic.control.cli.to_click`, docs/cli.md "Errors and exit codes"):
+in one place (:func:`embnic.cli.main.to_click`, docs/cli.md "Errors and exit codes"):
 
 =====================  =========  ======================================================
 category               exit code  meaning

@@ -1,3 +1,3 @@
-from embnic.control.cli import main
+from embnic.cli.main import main
 
 main()

@@ -66,7 +66,7 @@ def _hits(imports: set[str], banned: tuple[str, ...]) -> list[str]:
     return sorted(i for i in imports if any(i == b or i.startswith(b + ".") for b in banned))
 
 
-CLI_MODULES = ("embnic.control.cli", "embnic.control.commands")
+CLI_MODULES = ("embnic.cli.main", "embnic.cli.commands")
 
 
 @pytest.mark.parametrize("path", _files("client_lib"), ids=lambda p: str(p.relative_to(ROOT)))
@@ -245,7 +245,7 @@ def test_the_rules_see_real_imports():
     assert "embnic.control.errors" in _imports(ROOT / "control" / "targets" / "base.py")
     assert "embnic.testbed.net.procs" in _imports(ROOT / "testbed" / "net" / "topology.py")  # relative import
     assert _is_cli(ROOT / "control" / "commands" / "options.py") and not _is_cli(ROOT / "control" / "targets" / "base.py")
-    assert _hits({"embnic.control.commands.options"}, CLI_MODULES) == ["embnic.control.commands.options"]
+    assert _hits({"embnic.cli.commands.options"}, CLI_MODULES) == ["embnic.cli.commands.options"]
     assert _hits({"embnic.control.targets.base"}, CLI_MODULES) == []
     assert _hits({"click.testing"}, ("click",)) == ["click.testing"]
     assert "rocksdict" in _imports(ROOT / "testbed" / "server" / "diskstore.py")

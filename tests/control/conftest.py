@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 
 import ctl_elf
 from ctl_fake_card import FakeCard

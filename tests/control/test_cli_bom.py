@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.client_lib.config import ConfigError, load_config
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.testbed.training import criteo
 
 ROOT = Path(__file__).resolve().parents[2]

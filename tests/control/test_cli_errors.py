@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from embnic.client_lib.config import ConfigError
 from embnic.control import errors as E
-from embnic.control.cli import OneLineUsageGroup, _map_errors, cli, to_click
+from embnic.cli.main import OneLineUsageGroup, _map_errors, cli, to_click
 from embnic.control.pcap import write_pcap
 
 CASES = [
@@ -185,7 +185,7 @@ def test_a_group_without_a_subcommand_still_shows_its_help(invoke):
 def test_trace_replay_and_the_top_level_replay_are_one_command(invoke, tmp_path):
     """`embnic trace replay` is the command; `embnic replay` (its name before it joined `trace`) stays
     as an alias: the same options, the same checks, the same exit code and message."""
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     alias, sub = cli.get_command(None, "replay"), cli.get_command(None, "trace").get_command(None, "replay")
     assert alias is sub

@@ -12,7 +12,7 @@ import click
 import pytest
 
 from embnic.client_lib.config import load_config
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.control.runstate import read_state
 from embnic.control.targets.dpdk.target import DpdkTarget
 
@@ -135,7 +135,7 @@ def test_example_runs(invoke, example_env, argv, monkeypatch):
 
     env = example_env
     if "--watch" in argv:  # Ctrl-C after the first sample
-        import embnic.control.commands.status as cs
+        import embnic.cli.commands.status as cs
 
         def ctrl_c(_sec):
             raise KeyboardInterrupt

@@ -1,5 +1,5 @@
 """One rule for every output path (issue 34; docs/cli.md "Output paths",
-``embnic.control.commands.options.OutPath``): a folder is created with its parents, a file goes
+``embnic.cli.commands.options.OutPath``): a folder is created with its parents, a file goes
 into a folder that must exist; a fault is one usage line naming the path and the fix (exit 2),
 before anything runs (before the root check of the testbed commands). Before, ``trace record``,
 ``demo`` and ``trace replay`` created a missing folder while ``tables`` and ``train`` refused one.
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from embnic.control.cli import cli
-from embnic.control.commands.options import OutPath, out_path_problem
+from embnic.cli.main import cli
+from embnic.cli.commands.options import OutPath, out_path_problem
 from embnic.control.pcap import write_pcap
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -141,7 +141,7 @@ def test_state_summary(invoke, card):
 
 
 def test_status_watch_stops_on_ctrl_c(invoke, card, monkeypatch):
-    import embnic.control.commands.status as cs
+    import embnic.cli.commands.status as cs
 
     def interrupt(_sec):
         raise KeyboardInterrupt

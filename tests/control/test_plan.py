@@ -1,4 +1,4 @@
-"""``embnic plan`` (control/plan.py, control/commands/plan.py): its traffic model against the client's
+"""``embnic plan`` (control/plan.py, cli/commands/plan.py): its traffic model against the client's
 own counters on real shards (loopback, no card), storage arithmetic, the CLI.
 
 Run alone: python3 -m pytest -q tests/control/test_plan.py
@@ -16,7 +16,7 @@ from embnic.client_lib import consts
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import ConfigError, load_config, parse_config
 from embnic.control import plan as P
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.testbed.bench import e2e
 from embnic.testbed.server.runner import ServerCluster
 from embnic.testbed.training import criteo

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from embnic.client_lib.config import MTU_LIMITS, load_config
 from embnic.control import plan as P
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GOLDEN = Path(__file__).resolve().parent / "data" / "plan_golden.json"

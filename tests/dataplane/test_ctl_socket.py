@@ -308,7 +308,7 @@ def test_sixteen_idle_connections_leave_room_for_the_cli(card):
     connection idle longest is told in one JSON line and closed to make room, the others stay."""
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
     from embnic.control.ctlsock import MAX_CONNECTIONS
 
     card.call("route_add", shard=9, port=1, mac="02:00:00:00:00:09", ip="10.9.1.9", udp_port=7878)
@@ -338,7 +338,7 @@ def test_connection_over_the_limit_gets_a_json_error(card):
     the CLI says why in one line (exit 1); the busy ones are still answered."""
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
     from embnic.control.ctlsock import MAX_CONNECTIONS
 
     held = _connections(card, MAX_CONNECTIONS)

@@ -17,7 +17,7 @@ from scapy.layers.l2 import ARP, Ether
 from conformance import CardPort, Peer, Suite, write_pcap
 from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.protocol import Embnic
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.control.targets.dpdk.process import CardProcess, wait_drained
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]

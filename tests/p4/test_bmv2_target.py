@@ -19,7 +19,7 @@ from embnic.client_lib import codec
 from embnic.client_lib.consts import NO_TABLE, DType, MsgType
 from embnic.client_lib.protocol import Embnic
 from embnic.control import netns
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.control.netns import Netns, exec_argv
 
 TAG = f"{os.getpid() % 100000}"

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.client_lib import native
-from embnic.control.commands.bench import bench
+from embnic.cli.commands.bench import bench
 from embnic.testbed.bench import client as bench_client
 from embnic.testbed.bench.results import merge_json
 

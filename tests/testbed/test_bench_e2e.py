@@ -81,7 +81,7 @@ def test_dlrm_rows_train_the_same_samples_through_shards_and_torchrec():
 def test_cli_prints_the_embedding_and_the_dlrm_rows(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     emb = {"model": "embeddings", "batch": 32, "varlen_p50_us": 1.0e4, "varlen_p99_us": 2.0e4, "fixed_p50_us": 3.0e4,
            "fixed_p99_us": 4.0e4, "torchrec_p50_us": 5.0e3, "torchrec_p99_us": 6.0e3, "messages_varlen": 104.0,

@@ -9,7 +9,7 @@ import pytest
 
 from click.testing import CliRunner
 
-from embnic.control.commands.bench import bench
+from embnic.cli.commands.bench import bench
 from embnic.testbed.bench.results import merge_json
 
 

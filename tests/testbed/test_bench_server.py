@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 
 
 @pytest.mark.slow

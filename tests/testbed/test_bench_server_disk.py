@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 
 pytest.importorskip("rocksdict", reason="pip install 'embnic[disk]'")
 pytest.importorskip("prometheus_client", reason="pip install 'embnic[metrics]'")

@@ -20,7 +20,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.control.pcap import write_pcap
 from embnic.control.runstate import is_root, pid_matches
 from embnic.testbed.net import topology as T
@@ -271,7 +271,7 @@ def test_readme_names_a_testbeds_card_as_testbed_up_writes_it(monkeypatch):
     only a testbed up the card is reached through the testbed's effective config: the path in the
     README must be the one `testbed up` writes for the default name and run dir."""
     from embnic.control import runstate
-    from embnic.control.commands import options as cmd_options
+    from embnic.cli.commands import options as cmd_options
     from embnic.testbed.net.statefile import node_dir
 
     monkeypatch.delenv("EMBNIC_RUN_DIR", raising=False)

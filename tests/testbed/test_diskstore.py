@@ -34,7 +34,7 @@ from embnic.client_lib.client import EmbeddingClient  # noqa: E402
 from embnic.client_lib.config import load_config, parse_config  # noqa: E402
 from embnic.client_lib.local import LocalBackend  # noqa: E402
 from embnic.client_lib.table_numerics import TableShard  # noqa: E402
-from embnic.control.cli import cli  # noqa: E402
+from embnic.cli.main import cli  # noqa: E402
 from embnic.testbed.server import diskstore as DS  # noqa: E402
 from embnic.testbed.server import durability as D  # noqa: E402
 from embnic.testbed.server import tables_io as TIO  # noqa: E402
@@ -486,7 +486,7 @@ def test_sigterm_while_the_temporary_stores_open_leaves_nothing(tmp_path, engine
 
 def test_missing_rocksdict_is_one_line_naming_the_extra(tmp_path):
     cfg_path = _disk_toml(tmp_path / "c.toml")
-    code = ("import sys; sys.modules['rocksdict'] = None; from embnic.control.cli import main; "
+    code = ("import sys; sys.modules['rocksdict'] = None; from embnic.cli.main import main; "
             f"sys.argv = ['embnic', 'server', '--shard', '0', '-c', {str(cfg_path)!r}, '--port', '0']; main()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr

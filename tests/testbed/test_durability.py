@@ -294,7 +294,7 @@ def test_restore_from_a_directory_without_this_shard_is_a_usage_error(tmp_path):
     """A typo in --restore DIR must not start a shard silently serving fresh rows."""
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     cfg_path = tmp_path / "c.toml"
     cfg_path.write_text('[cluster]\nseed = 7\n[[tables]]\nid = 0\ndim = 8\n'
@@ -322,7 +322,7 @@ def test_restore_from_a_damaged_checkpoint_names_it(tmp_path):
     """--restore DIR with a truncated checkpoint: exit 1 naming the file (was 'BadZipFile: ...')."""
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
     from embnic.testbed.server import durability as D
 
     cfg_path = tmp_path / "c.toml"
@@ -381,7 +381,7 @@ def test_a_v1_directory_is_refused_by_name(tmp_path, what):
 def test_a_v1_directory_through_the_cli(tmp_path):
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     cfg_path = tmp_path / "c.toml"
     cfg_path.write_text('[cluster]\nseed = 7\n[[tables]]\nid = 0\ndim = 8\n'

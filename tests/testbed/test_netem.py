@@ -272,7 +272,7 @@ def _helpers(name) -> dict:
 def _cli(*args):
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     return CliRunner().invoke(cli, list(args))
 
@@ -423,7 +423,7 @@ def test_user_backend_refuses_a_delay_without_reorder(run_dir, monkeypatch, back
     alone was accepted, shown as 'delay 10 ms' and did nothing. Now a usage error, nothing changed."""
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     name = "q2d"
     cmds = _fake_testbed(name, run_dir, monkeypatch, netem=False)
@@ -450,7 +450,7 @@ def test_user_backend_refuses_a_delay_without_reorder(run_dir, monkeypatch, back
 def test_netem_help_says_what_delay_and_seed_do():
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     out = " ".join(CliRunner().invoke(cli, ["testbed", "netem", "--help"]).output.split())
     assert "only the user backend uses it" in out and "needs --reorder there" in out
@@ -461,7 +461,7 @@ def test_a_node_of_a_shared_host_names_its_hosts_link(run_dir, monkeypatch):  # 
     ("no link 'c2' ... links: c1, c3, s0...") while docs/testbed.md says it names that link."""
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     name = "q2s"
     cmds = _fake_testbed(name, run_dir, monkeypatch, netem=True)

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.client_lib.config import load_config
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.control.targets.dpdk.process import CardProcess
 from embnic.control.targets.dpdk.process import DpdkProcError
 from embnic.control.targets.dpdk.xdp import AF_XDP_MAX_FRAME, AF_XDP_MAX_MTU, PMD_MAX_RX_PKTLEN, VETH_XDP_MAX_MTU

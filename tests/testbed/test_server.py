@@ -31,7 +31,7 @@ from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Reassembler
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import init_rows
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.testbed.server.runner import ServerCluster, ServerThread
 from embnic.testbed.server.shard import ShardServer
 

@@ -771,7 +771,7 @@ def test_a_dead_worker_stops_the_shard():
 def test_cli_workers_need_the_batch_engine(tmp_path):
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", "examples/cluster.toml", "--workers", "2",
                                  "--engine", "reference"])

@@ -127,7 +127,7 @@ def _bad_cases(tmp_path):
 def test_module_and_cli_refuse_the_same_bad_options_in_one_line_with_exit_2(tmp_path):
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     cfg = str(_cfg(tmp_path, 17898))
     cases, missing = _bad_cases(tmp_path)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import init_rows
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.testbed.server import tables_io as TIO
 from embnic.testbed.server.runner import ServerCluster, ServerThread
 

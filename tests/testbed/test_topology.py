@@ -153,7 +153,7 @@ def test_up_down_leaves_no_namespace_veth_or_process(run_dir, cleanup):  # noqa:
             T.Testbed(topo).up(card=False, probe=False)
         from click.testing import CliRunner
 
-        from embnic.control.cli import cli
+        from embnic.cli.main import cli
 
         r = CliRunner().invoke(cli, ["testbed", "up", "-c", str(TESTBED_TOML), "--name", name])
         assert r.exit_code == 1 and "already up" in r.output, r.output

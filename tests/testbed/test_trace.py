@@ -193,7 +193,7 @@ def test_record_then_replay_answers_every_request(run_dir, tmp_path, cleanup):  
     # the card dies before the replay: the error names the card, not a shard
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
     from embnic.testbed.net import topology as T
     from embnic.testbed.traces import trace as TR
 

@@ -307,7 +307,7 @@ def _one_line_exit_2(r, want):
 def test_cli_train_empty_config_path_is_one_line_usage_error():
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     _one_line_exit_2(CliRunner().invoke(cli, ["train", "-c", ""]), "--config' / '-c': empty path; give the cluster config file")
 
@@ -317,7 +317,7 @@ def test_cli_train_reads_gzip_and_names_zstd(tmp_path):
 
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     lines = criteo.sample_path("train").read_bytes().splitlines(keepends=True)[:600]
     plain, gz, zst = tmp_path / "x.tsv", tmp_path / "x.tsv.gz", tmp_path / "x.tsv.zst"
@@ -342,7 +342,7 @@ def test_cli_train_again_on_trained_shards_says_so(tmp_path):
     exit 0) and records it in the JSON; the first run (fresh shards) does not."""
     from click.testing import CliRunner
 
-    from embnic.control.cli import cli
+    from embnic.cli.main import cli
 
     cfg = _cfg(tables=criteo.default_tables(rows=4096, dim=8))
     with ServerCluster(cfg) as cl:

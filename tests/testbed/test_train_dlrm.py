@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.client_lib.config import parse_config
-from embnic.control.cli import cli
+from embnic.cli.main import cli
 from embnic.testbed.training import criteo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ class Block:
         if name.split('.')[0] in ('torch', 'torchrec', 'fbgemm_gpu'):
             raise ModuleNotFoundError(f"No module named {name!r}")
 sys.meta_path.insert(0, Block())
-from embnic.control.cli import main
+from embnic.cli.main import main
 sys.argv = ['embnic'] + sys.argv[1:]
 main()
 """

@@ -6,7 +6,7 @@ import logging
 import click
 
 from embnic.control.errors import OperationalError
-from embnic.control.commands.options import config_option, load_cluster
+from embnic.cli.commands.options import config_option, load_cluster
 
 
 @click.command("server")
@@ -79,7 +79,7 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
     from embnic.testbed.server.durability import DurabilityError
     from embnic.testbed.server.stores import StoreSetupError, disk_tables, load_diskstore
 
-    from embnic.control.commands.tables import store_error
+    from embnic.cli.commands.tables import store_error
 
     if disk_tables(cfg, shard_id):  # before any worker starts: the dependency, in one line
         try:

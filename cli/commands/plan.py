@@ -9,7 +9,7 @@ import click
 
 from embnic.client_lib.config import MTU_LIMITS
 from embnic.control import plan as P
-from embnic.control.commands.options import FloatRange, config_errors, config_option, json_option, load_cluster
+from embnic.cli.commands.options import FloatRange, config_errors, config_option, json_option, load_cluster
 
 _HW = {f.name: f for f in dataclasses.fields(P.Hardware)}
 

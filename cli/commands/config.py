@@ -8,7 +8,7 @@ import click
 
 from embnic.client_lib import consts
 from embnic.client_lib.config import DEFAULT_PLAN_RATE, ClusterConfig, ConfigError, state_map_plan
-from embnic.control.commands.options import FloatRange, ConfigFileError, json_option, load_cluster
+from embnic.cli.commands.options import FloatRange, ConfigFileError, json_option, load_cluster
 from embnic.control.settings import control_section
 from embnic.control.targets.base import clients_from_config, routes_from_config
 

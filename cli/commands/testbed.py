@@ -6,8 +6,8 @@ import shlex
 
 import click
 
-from embnic.control.commands.options import FloatRange, config_option, load_cluster, needs_root, pmd_option
-from embnic.control.commands.options import testbed_name_option as name_option
+from embnic.cli.commands.options import FloatRange, config_option, load_cluster, needs_root, pmd_option
+from embnic.cli.commands.options import testbed_name_option as name_option
 from embnic.control.errors import OperationalError
 from embnic.control.netns import exec_argv
 

@@ -8,7 +8,7 @@ import click
 
 from embnic.client_lib import consts
 from embnic.control.metrics import latency_bucket_upper_us
-from embnic.control.commands.options import FloatRange, json_option, pipeline_options
+from embnic.cli.commands.options import FloatRange, json_option, pipeline_options
 from embnic.control.settings import open_target, resolve
 
 

@@ -5,7 +5,7 @@ import click
 
 from embnic.client_lib import consts
 from embnic.control import dissector as lib
-from embnic.control.commands.options import OutPath
+from embnic.cli.commands.options import OutPath
 
 
 @click.command()

@@ -73,24 +73,24 @@ def _map_errors(cmd: click.Command) -> click.Command:
 
 # (module, attribute) of every command or group; each module owns its nouns.
 _COMMANDS = (
-    ("embnic.control.commands.config", "config"),
-    ("embnic.control.commands.server", "server"),
-    ("embnic.control.commands.train", "train"),
-    ("embnic.control.commands.bench", "bench"),
-    ("embnic.control.commands.pipeline", "pipeline"),
-    ("embnic.control.commands.route", "route"),
-    ("embnic.control.commands.client", "client"),
-    ("embnic.control.commands.status", "status"),
-    ("embnic.control.commands.state", "state"),
-    ("embnic.control.commands.inspect", "inspect"),
-    ("embnic.control.commands.testbed", "testbed"),
-    ("embnic.control.commands.trace", "trace"),
-    ("embnic.control.commands.trace", "replay"),  # alias of `trace replay`
-    ("embnic.control.commands.demo", "demo"),
-    ("embnic.control.commands.tables", "tables"),
-    ("embnic.control.commands.dissector", "dissector"),
-    ("embnic.control.commands.exporter", "exporter"),
-    ("embnic.control.commands.plan", "plan"),
+    ("embnic.cli.commands.config", "config"),
+    ("embnic.cli.commands.server", "server"),
+    ("embnic.cli.commands.train", "train"),
+    ("embnic.cli.commands.bench", "bench"),
+    ("embnic.cli.commands.pipeline", "pipeline"),
+    ("embnic.cli.commands.route", "route"),
+    ("embnic.cli.commands.client", "client"),
+    ("embnic.cli.commands.status", "status"),
+    ("embnic.cli.commands.state", "state"),
+    ("embnic.cli.commands.inspect", "inspect"),
+    ("embnic.cli.commands.testbed", "testbed"),
+    ("embnic.cli.commands.trace", "trace"),
+    ("embnic.cli.commands.trace", "replay"),  # alias of `trace replay`
+    ("embnic.cli.commands.demo", "demo"),
+    ("embnic.cli.commands.tables", "tables"),
+    ("embnic.cli.commands.dissector", "dissector"),
+    ("embnic.cli.commands.exporter", "exporter"),
+    ("embnic.cli.commands.plan", "plan"),
 )
 
 

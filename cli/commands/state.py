@@ -6,7 +6,7 @@ import json
 import click
 
 from embnic.client_lib import consts
-from embnic.control.commands.options import U16, json_option, pipeline_options
+from embnic.cli.commands.options import U16, json_option, pipeline_options
 from embnic.control.settings import open_target, resolve
 
 STATES = ("receiving", "forwarded", "replying")

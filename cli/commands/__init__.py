@@ -1,4 +1,4 @@
-"""The ``embnic`` commands: one module per CLI noun, registered by :mod:`embnic.control.cli`.
+"""The ``embnic`` commands: one module per CLI noun, registered by :mod:`embnic.cli.main`.
 
 Only these modules and ``cli.py`` know click; each parses its arguments and calls library code
 (settings: :mod:`embnic.control.settings`; targets: :mod:`embnic.control.targets`).

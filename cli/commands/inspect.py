@@ -8,7 +8,7 @@ import click
 from embnic.client_lib import consts
 from embnic.control import buildinfo
 from embnic.control.errors import OperationalError
-from embnic.control.commands.options import json_option
+from embnic.cli.commands.options import json_option
 
 
 @click.command()

@@ -7,7 +7,7 @@ import threading
 import click
 
 from embnic.control import metrics
-from embnic.control.commands.options import IPV4, pipeline_options
+from embnic.cli.commands.options import IPV4, pipeline_options
 from embnic.control.settings import open_target, resolve
 
 

@@ -8,7 +8,7 @@ import time
 import click
 
 from embnic.client_lib.config import DEFAULT_PLAN_RATE, state_map_plan
-from embnic.control.commands.options import (FloatRange, config_errors, config_option, ctl_option, json_option,
+from embnic.cli.commands.options import (FloatRange, config_errors, config_option, ctl_option, json_option,
                                              name_option, target_option)
 from embnic.control.ctlsock import CtlClient, CtlError
 from embnic.control.errors import OperationalError

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.commands.options import (FloatRange, OutPath, check_name_param, needs_root, pmd_option,
+from embnic.cli.commands.options import (FloatRange, OutPath, check_name_param, needs_root, pmd_option,
                                              sigterm_as_interrupt)
 from embnic.control.errors import MissingDependencyError
 

@@ -7,9 +7,9 @@ import math
 
 import click
 
-from embnic.control.commands.options import FloatRange, OutPath
+from embnic.cli.commands.options import FloatRange, OutPath
 from embnic.control.errors import MissingDependencyError, OperationalError
-from embnic.control.commands.options import config_option, load_cluster
+from embnic.cli.commands.options import config_option, load_cluster
 
 
 def _bind_error(e: OSError, me, config) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from embnic.control.commands.options import (FloatRange, OutPath, check_name_param, config_option, needs_root,
+from embnic.cli.commands.options import (FloatRange, OutPath, check_name_param, config_option, needs_root,
                                              sigterm_as_interrupt)
 from embnic.control.errors import OperationalError
 

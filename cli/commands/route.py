@@ -6,7 +6,7 @@ import json
 
 import click
 
-from embnic.control.commands.options import U16, entry_options, json_option, pipeline_options
+from embnic.cli.commands.options import U16, entry_options, json_option, pipeline_options
 from embnic.control.settings import open_target, resolve
 from embnic.control.targets.base import format_entries, resolve_entry
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from embnic.client_lib.config import MTU_LIMITS
-from embnic.control.commands.options import FloatRange, OutPath
+from embnic.cli.commands.options import FloatRange, OutPath
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
 _out = click.option("--out", "out", type=OutPath("dir", "bench"), default="out/bench", show_default=True,

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from embnic.control.commands.options import OutPath, config_option, json_option, load_cluster
+from embnic.cli.commands.options import OutPath, config_option, json_option, load_cluster
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
 
