@@ -165,7 +165,7 @@ def run(*, total: int = 1300, rounds: int = 200, seed: int = 0, **engine_kw) -> 
     return out
 
 
-if __name__ == "__main__":  # python -m embnic.testbed.bench.server_rounds
+if __name__ == "__main__":  # python -m embnic.testbed.bench.shard_rounds
     import json
 
     print(json.dumps(run(), indent=1))

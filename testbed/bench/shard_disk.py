@@ -50,7 +50,7 @@ from embnic.client_lib.splitmix import splitmix64
 from embnic.control.errors import MissingDependencyError, OperationalError
 
 from .results import merge_json
-from .server import LoadGen, _proc_cpu
+from .shard_serving import LoadGen, _proc_cpu
 
 DIM = 8
 ROWS = 1 << 21  #: rows of the table (every one materialised)

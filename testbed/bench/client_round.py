@@ -32,7 +32,7 @@ from embnic.client_lib.config import load_config
 from embnic.control.errors import OperationalError
 
 from .results import merge_json
-from .server import _proc_cpu
+from .shard_serving import _proc_cpu
 
 KEYS = (832, 6656, 26624)
 TABLES = (2, 26)

@@ -2,7 +2,7 @@
 ratios are the quotients of the figures they name, both worker counts really ran. No timing is
 asserted (figures are benchmarks, not tests).
 
-Run alone: python3 -m pytest -q tests/testbed/test_bench_server.py
+Run alone: python3 -m pytest -q tests/testbed/test_bench_shard_serving.py
 """
 import json
 

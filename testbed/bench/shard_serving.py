@@ -30,7 +30,7 @@ config get half the messages, so both workers of ``--workers 2`` are the home of
 id range, so each home asks the other worker for about half the rows of every message). The keys come from a pool of 65536 ids per table whose rows
 are materialised (updated once) in the shard and in the reference before timing.
 
-``rounds`` (:mod:`.server_rounds`): the shard's CPU for one round — a lookup and an update of the
+``rounds`` (:mod:`.shard_rounds`): the shard's CPU for one round — a lookup and an update of the
 same ids as one message — over 2 and over 26 tables; ``ratio_26_vs_2_<op>`` within 1.2 (the
 work of a round does not grow with the number of tables).
 
@@ -60,7 +60,7 @@ from embnic.client_lib.local import LocalBackend
 from embnic.control.errors import OperationalError
 from embnic.testbed.server import udpio
 
-from . import server_rounds
+from . import shard_rounds
 from .results import merge_json
 
 KEYS = (1, 64, 4096)
@@ -477,7 +477,7 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
         log("bench server: --engine reference ...")
         res["reference"] = measure_shard(workdir, "reference", 1, loads, pools, mtu, window, None, None, rng)
     log("bench server: a round of the same ids over 2 and over 26 tables, the shard's CPU ...")
-    res["rounds"] = server_rounds.run(rounds=max(10, int(200 * scale)))
+    res["rounds"] = shard_rounds.run(rounds=max(10, int(200 * scale)))
     res["local"] = {}
     for (op, nk), ts in lb_times.items():
         wall = float(np.median([t[0] for t in ts]))
@@ -509,7 +509,7 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
                                  "met": res["ratio_lookup_4096"] >= TARGET_LOOKUP_4096},
         "lookup_1_vs_local": {"target": TARGET_LOOKUP_1, "measured": res["ratio_lookup_1"],
                               "met": res["ratio_lookup_1"] >= TARGET_LOOKUP_1},
-        "rounds_26_vs_2_tables": {"target": server_rounds.TARGET_RATIO,
+        "rounds_26_vs_2_tables": {"target": shard_rounds.TARGET_RATIO,
                                   "measured": max(res["rounds"]["ratio_26_vs_2_lookup"],
                                                   res["rounds"]["ratio_26_vs_2_update"]),
                                   "met": res["rounds"]["met"],

@@ -1,7 +1,7 @@
 """`embnic bench client`: a round of the same keys over 2 and 26 tables, C round and numpy path,
 into bench.json (no root: the shards run on loopback).
 
-Run alone: python3 -m pytest -q tests/testbed/test_bench_client.py
+Run alone: python3 -m pytest -q tests/testbed/test_bench_client_round.py
 """
 import json
 
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from embnic.client_lib import native
 from embnic.cli.commands.bench import bench
-from embnic.testbed.bench import client as bench_client
+from embnic.testbed.bench import client_round as bench_client
 from embnic.testbed.bench.results import merge_json
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason="libembnic-client.so is not built (make -C dataplane)")

@@ -3,7 +3,7 @@ and adds up (rows/s of the three shards — disk, memory, memory on the numpy pa
 metrics, the memory samples against the budget plus the measured fixed overhead, the table on
 disk against the budget). No timing is asserted (figures are benchmarks, not tests).
 
-Run alone: python3 -m pytest -q tests/testbed/test_bench_server_disk.py
+Run alone: python3 -m pytest -q tests/testbed/test_bench_shard_disk.py
 """
 import json
 
