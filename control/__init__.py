@@ -1,13 +1,11 @@
-"""The embnic control plane: the ``embnic`` command line, the pipeline targets and the library they share.
+"""The embnic control library: the pipeline targets and the library the CLI (:mod:`embnic.cli`) and the testbed share.
 
 Rooms (each package's docstring lists its modules):
 
-- ``cli.py``: the ``embnic`` click group; maps library errors to exit codes in one place;
-- ``commands/``: one module per CLI noun (the only modules besides ``cli.py`` that know click);
 - ``targets/``: where the pipeline runs — the ``Target`` interface and registry, and one package
   per target (``dpdk``, ``bmv2``, ``p4dpdk``) with its process runner and runtime helpers.
 
-Library modules shared by the commands, the targets and the testbed:
+Library modules shared by the CLI's commands, the targets and the testbed (none of them knows click):
 
 - ``errors.py``: errors by category (usage, operational, needs-root, missing-dependency);
 - ``settings.py``: a command's settings resolved: default < ``[control]`` < ``EMBNIC_*`` < flag;

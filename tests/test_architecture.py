@@ -1,10 +1,14 @@
 """The import rules of docs/architecture.md, checked on every module's source (AST, no import).
 
-1. ``embnic.client_lib`` imports nothing of ``embnic.control`` or ``embnic.testbed``;
-2. the control library (``control/`` but ``cli.py`` and ``commands/``) imports neither click
-   nor ``embnic.testbed`` nor the CLI modules;
-3. ``embnic.testbed`` imports neither the CLI nor click, and starts processes as library
-   modules (``python -m embnic.testbed...``), never through the CLI (``python -m embnic``);
+1. the layers, bottom to top: ``client_lib/`` (``embnic.client_lib``) ← ``control/`` (the control
+   library, ``embnic.control``) ← ``testbed/`` (``embnic.testbed``) ← ``cli/`` (``embnic.cli``; and
+   ``embnic/__main__.py``, the ``python -m embnic`` entry). Every import of an embnic module goes
+   to the same or a lower layer, judged twice: the importing file's layer by its folder, the
+   imported module's by its dotted name and by the folder that name lives in (pyproject's
+   ``package-dir``, which must map each layer's package to the layer's own folder);
+2. nothing outside ``cli/`` imports click;
+3. ``embnic.testbed`` starts processes as library modules (``python -m embnic.testbed...``), never
+   through the CLI (``python -m embnic``);
 4. the disk tier's binding (``rocksdict``, the optional extra ``embnic[disk]``) is imported by
    ``testbed/server/diskstore.py`` alone;
 5. no import cycle inside any package of embnic: the modules' imports — module-level and
@@ -20,20 +24,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"client_lib": "embnic.client_lib", "control": "embnic.control", "testbed": "embnic.testbed"}
+# folder -> package, bottom layer first (rule 1)
+PACKAGES = {"client_lib": "embnic.client_lib", "control": "embnic.control", "testbed": "embnic.testbed",
+            "cli": "embnic.cli"}
+LAYERS = tuple(PACKAGES)
+TOP = len(LAYERS) - 1
+# the files of the ``embnic`` folder: the namespace's own ``__init__`` (imported before anything
+# else, so it may import no embnic module) and ``python -m embnic``, the CLI's second entry
+ROOT_FILES = {"__init__.py": -1, "__main__.py": TOP}
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root)
+    if rel.parts[0] == "embnic":
+        return "embnic" if rel.stem == "__init__" else f"embnic.{rel.stem}"
     parts = [PACKAGES[rel.parts[0]], *rel.parts[1:-1]]
     if rel.stem != "__init__":
         parts.append(rel.stem)
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, root: Path = ROOT) -> set[str]:
     """Every module ``path`` imports (absolute names; relative imports resolved), at any depth."""
-    mod = _module_name(path)
+    mod = _module_name(path, root)
     pkg = mod if path.stem == "__init__" else mod.rsplit(".", 1)[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -54,34 +67,81 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-def _files(folder: str) -> list[Path]:
-    return sorted((ROOT / folder).rglob("*.py"))
+def _files(folder: str, root: Path = ROOT) -> list[Path]:
+    return sorted((root / folder).rglob("*.py"))
 
 
-def _is_cli(path: Path) -> bool:
-    return path == ROOT / "control" / "cli.py" or (ROOT / "control" / "commands") in path.parents
+def _all_files(root: Path = ROOT) -> list[Path]:
+    return [p for f in LAYERS for p in _files(f, root)] + [root / "embnic" / n for n in ROOT_FILES
+                                                           if (root / "embnic" / n).exists()]
 
 
 def _hits(imports: set[str], banned: tuple[str, ...]) -> list[str]:
     return sorted(i for i in imports if any(i == b or i.startswith(b + ".") for b in banned))
 
 
-CLI_MODULES = ("embnic.cli.main", "embnic.cli.commands")
+def _package_dirs() -> dict[str, str]:
+    """pyproject's ``[tool.setuptools.package-dir]``: package -> folder."""
+    tomllib = pytest.importorskip("tomllib")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["setuptools"]["package-dir"]
 
 
-@pytest.mark.parametrize("path", _files("client_lib"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_client_lib_imports_nothing_of_control_or_testbed(path):
-    assert _hits(_imports(path), ("embnic.control", "embnic.testbed")) == []
+def _layer_of_path(path: Path, root: Path = ROOT) -> int:
+    """The layer (index in :data:`LAYERS`) of a source file, by the folder it is in."""
+    rel = path.relative_to(root)
+    if rel.parts[0] == "embnic":
+        return ROOT_FILES[rel.name]
+    return LAYERS.index(rel.parts[0])
 
 
-@pytest.mark.parametrize("path", [p for p in _files("control") if not _is_cli(p)], ids=lambda p: str(p.relative_to(ROOT)))
-def test_control_library_knows_neither_click_nor_the_testbed(path):
-    assert _hits(_imports(path), ("click", "embnic.testbed") + CLI_MODULES) == []
+def _layer_of_name(name: str, package_dirs: dict[str, str] | None = None) -> int | None:
+    """The layer of an imported dotted name: by the package prefix, and (``package_dirs`` given)
+    the higher of that and the layer of the folder the name's package lives in; ``None`` for
+    a name outside embnic's layers."""
+    layer = next((i for i, f in enumerate(LAYERS) if _hits({name}, (PACKAGES[f],))), None)
+    if name == "embnic.__main__":
+        layer = TOP
+    if layer is None or not package_dirs:
+        return layer
+    pkg = max((p for p in package_dirs if _hits({name}, (p,))), key=len, default=None)
+    if pkg is not None:
+        folder = Path(package_dirs[pkg]).parts[0]
+        layer = max(layer, LAYERS.index(folder) if folder in LAYERS else TOP)
+    return layer
 
 
-@pytest.mark.parametrize("path", _files("testbed"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_testbed_never_imports_the_cli(path):
-    assert _hits(_imports(path), ("click",) + CLI_MODULES) == []
+def layer_violations(path: Path, root: Path = ROOT, package_dirs: dict[str, str] | None = None) -> list[str]:
+    """The embnic imports of ``path`` that go to a higher layer, and any click import outside ``cli/``
+    (rules 1 and 2), as ``"<imported name> (layer <n>)"``."""
+    mine = _layer_of_path(path, root)
+    bad = []
+    for name in sorted(_imports(path, root)):
+        layer = _layer_of_name(name, package_dirs)
+        if layer is not None and layer > mine:
+            bad.append(f"{name} (layer {LAYERS[layer]})")
+        if mine != TOP and _hits({name}, ("click",)):
+            bad.append(name)
+    return bad
+
+
+def test_each_layers_package_lives_in_the_layers_folder():
+    """By folder as by package: pyproject maps ``embnic.<layer>[.x]`` to ``<layer>/[x]`` and nothing else."""
+    dirs = _package_dirs()
+    for pkg, folder in dirs.items():
+        if pkg == "embnic":
+            assert folder == "embnic"
+            continue
+        top = Path(folder).parts[0]
+        assert top in LAYERS, f"{pkg} lives in {folder}, outside the layers' folders"
+        assert _hits({pkg}, (PACKAGES[top],)), f"{pkg} lives in {folder}, the folder of {PACKAGES[top]}"
+        assert folder == "/".join([top, *pkg.split(".")[2:]]), f"{pkg} lives in {folder}"
+    assert set(PACKAGES.values()) <= set(dirs)
+
+
+@pytest.mark.parametrize("path", _all_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_go_to_the_same_or_a_lower_layer(path):
+    assert layer_violations(path, ROOT, _package_dirs()) == []
 
 
 @pytest.mark.parametrize("path", _files("testbed"), ids=lambda p: str(p.relative_to(ROOT)))
@@ -241,11 +301,46 @@ def test_the_cycle_check_sees_in_function_imports_and_skips_type_checking(tmp_pa
 
 def test_the_rules_see_real_imports():
     """The checker is not vacuous: it finds known imports (and would find a forbidden one)."""
-    assert "click" in _imports(ROOT / "control" / "cli.py")
+    assert "click" in _imports(ROOT / "cli" / "main.py")
     assert "embnic.control.errors" in _imports(ROOT / "control" / "targets" / "base.py")
     assert "embnic.testbed.net.procs" in _imports(ROOT / "testbed" / "net" / "topology.py")  # relative import
-    assert _is_cli(ROOT / "control" / "commands" / "options.py") and not _is_cli(ROOT / "control" / "targets" / "base.py")
-    assert _hits({"embnic.cli.commands.options"}, CLI_MODULES) == ["embnic.cli.commands.options"]
-    assert _hits({"embnic.control.targets.base"}, CLI_MODULES) == []
+    assert "embnic.cli.commands.options" in _imports(ROOT / "cli" / "commands" / "route.py")
+    assert "embnic.cli.main" in _imports(ROOT / "embnic" / "__main__.py")
+    assert _layer_of_path(ROOT / "cli" / "commands" / "options.py") == TOP
+    assert _layer_of_path(ROOT / "control" / "targets" / "base.py") == LAYERS.index("control")
+    assert _layer_of_name("embnic.cli.commands.options") == TOP
+    assert _layer_of_name("embnic.control.targets.base") == LAYERS.index("control")
+    assert _layer_of_name("numpy") is None and _layer_of_name("embnic") is None
     assert _hits({"click.testing"}, ("click",)) == ["click.testing"]
     assert "rocksdict" in _imports(ROOT / "testbed" / "server" / "diskstore.py")
+
+
+def test_a_control_file_importing_the_cli_or_the_testbed_fails(tmp_path):
+    """Rules 1 and 2 on a made-up tree: a control/ file that imports embnic.cli, embnic.testbed or
+    click is caught, by name and by the folder the name lives in; the same imports from cli/ are fine."""
+    for folder in LAYERS:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "embnic").mkdir()
+    bad = tmp_path / "control" / "bad.py"
+    bad.write_text("import click\nfrom embnic.cli.main import cli\n\n\ndef f():\n"
+                   "    from embnic.testbed.net import topology\n    from ..cli import main\n")
+    assert layer_violations(bad, tmp_path) == [
+        "click", "embnic.cli (layer cli)", "embnic.cli.main (layer cli)", "embnic.cli.main.cli (layer cli)",
+        "embnic.testbed.net (layer testbed)", "embnic.testbed.net.topology (layer testbed)"]
+    ok = tmp_path / "cli" / "ok.py"
+    ok.write_text(bad.read_text().replace("..cli", "."))
+    assert layer_violations(ok, tmp_path) == []
+    up = tmp_path / "testbed" / "up.py"
+    up.write_text("from embnic.cli.commands import options\nfrom embnic.control import netns\n")
+    assert layer_violations(up, tmp_path) == [
+        "embnic.cli.commands (layer cli)", "embnic.cli.commands.options (layer cli)"]
+    # by folder: a package named under control but living in cli/ is the CLI's
+    sneaky = tmp_path / "control" / "sneaky.py"
+    sneaky.write_text("from embnic.control.ui import menu\n")
+    assert layer_violations(sneaky, tmp_path) == []
+    assert layer_violations(sneaky, tmp_path, {"embnic.control.ui": "cli/ui"}) == [
+        "embnic.control.ui (layer cli)", "embnic.control.ui.menu (layer cli)"]
+    init = tmp_path / "embnic" / "__init__.py"
+    init.write_text("from embnic.client_lib import consts\n")
+    assert layer_violations(init, tmp_path) == [
+        "embnic.client_lib (layer client_lib)", "embnic.client_lib.consts (layer client_lib)"]
