@@ -19,9 +19,6 @@ round); ``ratio_wall_<op>_<K>`` the same of the wall time.
 """
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,8 +28,8 @@ from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import load_config
 from embnic.control.errors import OperationalError
 
+from .loadgen import ShardProcess
 from .results import merge_json
-from .shard_serving import _proc_cpu
 
 KEYS = (832, 6656, 26624)
 TABLES = (2, 26)
@@ -58,50 +55,30 @@ class Shards:
         self.workdir = Path(workdir)
         self.cfg_path = self.workdir / "bench-client.toml"
         self.cfg_path.write_text(_toml())
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[ShardProcess] = []
         self.cfg = None
 
     def __enter__(self) -> "Shards":
         import dataclasses
 
         cfg = load_config(self.cfg_path)
-        ports = []
         try:
             for s in cfg.shards:
-                log = self.workdir / f"shard-{s.id}.log"
-                with open(log, "w") as f:
-                    self.procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "embnic.testbed.server", "--shard", str(s.id), "--config",
-                         str(self.cfg_path), "--port", "0", "--log-level", "info"], stderr=f,
-                        stdout=subprocess.DEVNULL))
-                t0 = time.monotonic()
-                while True:
-                    m = re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text())
-                    if m:
-                        ports.append(int(m.group(1)))
-                        break
-                    if self.procs[-1].poll() is not None or time.monotonic() - t0 > 60:
-                        raise OperationalError(f"bench shard {s.id} did not start: see {log}")
-                    time.sleep(0.05)
+                self.procs.append(ShardProcess(self.workdir, f"client-shard{s.id}", self.cfg_path.read_text(),
+                                               shard=s.id).start())
         except BaseException:
             self.__exit__()
             raise
-        self.cfg = dataclasses.replace(cfg, shards=tuple(dataclasses.replace(s, port=p)
-                                                         for s, p in zip(cfg.shards, ports)))
+        self.cfg = dataclasses.replace(cfg, shards=tuple(dataclasses.replace(s, port=p.port)
+                                                         for s, p in zip(cfg.shards, self.procs)))
         return self
 
     def cpu(self) -> float:
-        return sum(_proc_cpu(p.pid) for p in self.procs)
+        return sum(p.cpu() for p in self.procs)
 
     def __exit__(self, *exc) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(10)
+            p.stop()
         self.procs = []
 
 
