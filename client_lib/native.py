@@ -1,5 +1,5 @@
-"""The client's round I/O in C (``dataplane/client/round.c``, built as
-``dataplane/build/libembnic-client.so`` by ``make -C dataplane``) through ctypes.
+"""The client's round I/O in C (``client_lib/csrc/round.c``, ``plan.c``, built with the package as
+``libembnic_client``: :mod:`.clib`) through ctypes.
 
 One call runs a whole round — sendmmsg/recvmmsg on the client's socket, reply fragments copied
 straight to their rows in the output buffer, the send window, the retransmission timers, loss
@@ -8,8 +8,7 @@ detection and recovery (docs/protocol.md, "Reliability") — as
 reference and the fallback: used when the library is not built (one warning says so),
 refused (``EMBNIC_CLIENT_C=0``, or ``native=False``), or built for another protocol version or
 message table. ``tests/client_lib/test_native_round.py`` runs both on the same rounds. The
-library is looked for at ``EMBNIC_CLIENT_LIB`` if set, else in the repository's
-``dataplane/build/``.
+library is looked for at ``EMBNIC_CLIENT_LIB`` if set, else beside this module (:mod:`.clib`).
 """
 from __future__ import annotations
 
@@ -21,15 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import codec, consts
+from . import clib, codec, consts
 from .consts import DType, MsgType
 from .roundplan import MSG_COLUMNS, RoundPlan, TableArrays, out_bases
 
 log = logging.getLogger("embnic.client")
 
-LIB_NAME = "libembnic-client.so"
-#: where ``make -C dataplane`` puts it (an editable install runs from the repository)
-REPO_LIB = Path(__file__).resolve().parents[1] / "dataplane" / "build" / LIB_NAME
 #: the round's message table: roundplan's columns, then the message id and type
 NCOL = len(MSG_COLUMNS) + 2
 #: what a round returns (round.c, R_*)
@@ -44,33 +40,29 @@ _tried = False
 
 
 def lib_path() -> Path:
-    """Where the library is looked for."""
-    return Path(os.environ.get("EMBNIC_CLIENT_LIB") or REPO_LIB)
+    """Where the library is looked for (``clib.CLIENT.path``)."""
+    return clib.CLIENT.path
 
 
 def load() -> ctypes.CDLL | None:
-    """The library, or None when it is refused (``EMBNIC_CLIENT_C=0``), absent (a warning, once,
-    names the file and how to build it) or built for another protocol or message table. Loaded once."""
+    """The library (built with the package, :mod:`.clib`), or None when refused (``EMBNIC_CLIENT_C=0``).
+    Loaded once.
+
+    Raises clib.NativeLibraryError (one line naming the rebuild command) when it is missing, built from
+    other sources or for another protocol version, or speaks another message table (its ABI number)."""
     global _lib, _tried
     if _tried:
         return _lib
-    _tried = True
     if os.environ.get("EMBNIC_CLIENT_C", "1") == "0":
+        _tried = True
         return None
+    lib = clib.load(clib.CLIENT, consts.VERSION)
     path = lib_path()
-    if not path.is_file():
-        log.warning("embnic client: %s is not built (make -C dataplane): rounds run on the numpy path", path)
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        log.warning("embnic client: %s not loaded (%s): rounds run on the numpy path", path, e)
-        return None
     want = consts.VERSION * 1000000 + len(consts.HEADER_FIELDS) * 10000 + NCOL * 100 + len(RES)
     if lib.embnic_client_abi() != want:
-        log.warning("embnic client: %s speaks ABI %d, not %d (rebuild: make -C dataplane): rounds run on the "
-                    "numpy path", path, lib.embnic_client_abi(), want)
-        return None
+        raise clib.NativeLibraryError(f"embnic: {path} speaks ABI {lib.embnic_client_abi()}, not {want}: "
+                                      f"run {clib.REBUILD}")
+    _tried = True
     lib.embnic_client_new.restype = _VP
     lib.embnic_client_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_int,

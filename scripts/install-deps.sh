@@ -51,7 +51,10 @@ if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
     probe="$probe, torch, torchrec, fbgemm_gpu"
     torch=1
 fi
-if ! "$PY" -c "$probe" >/dev/null 2>&1 || [ "$top/pyproject.toml" -nt "$top/.deps-stamp" ]; then
+# (the editable install also builds the package's C libraries in place: setup.py; `make libs` rebuilds
+# them when their sources change)
+if ! "$PY" -c "$probe" >/dev/null 2>&1 || [ "$top/pyproject.toml" -nt "$top/.deps-stamp" ] \
+        || [ "$top/setup.py" -nt "$top/.deps-stamp" ]; then
     PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check -e "$top[$extras]"
     if [ "$torch" = 1 ]; then
         PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check --no-deps torchrec==1.9.2

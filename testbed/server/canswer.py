@@ -1,11 +1,11 @@
-"""The shard's answer path in C (``dataplane/shard/answer.c``, ``send.c``, ``store.c`` in
-``dataplane/build/libembnic-shard.so``) through ctypes, for the batch engine.
+"""The shard's answer path in C (``testbed/server/csrc/answer.c``, ``send.c``, ``store.c`` in
+the package's ``libembnic_shard``) through ctypes, for the batch engine.
 
 Per wake-up, :meth:`CAnswer.serve` is **one** call: the header checks of every datagram
 (``embnic_shard_check``), then the lookups of the wake-up up to its first frame of anything
 else — single frames and messages whose every fragment came in the wake-up — answered
 straight from the receive buffer: directory and table checks, the rows of every table of a
-message in one pass of searches over the shard's :class:`~embnic.client_lib.table_numerics.RowStore`
+message in one pass of searches over the shard's :class:`~embnic.client_lib.rowstore.RowStore`
 (read in place: its numpy arrays are handed over as pointers, refreshed when the store's
 ``version`` moves), the reply frames written into the transmit buffer. What it leaves (updates,
 errors, messages reassembled across wake-ups, polls, ...) the Python engine handles as
@@ -21,7 +21,7 @@ and with ``c_answer=False``; ``tests/testbed/test_server_engine.py`` runs the sa
 through both and compares every reply frame, counter and row.
 
 Layout: every struct is a numpy structured dtype below whose fields are 8 bytes wide, in the
-order of ``dataplane/shard/shard.h``; :func:`load` checks the sizes against
+order of ``testbed/server/csrc/shard.h``; :func:`load` checks the sizes against
 ``embnic_shard_layout()`` and refuses a library that disagrees.
 """
 from __future__ import annotations
@@ -255,7 +255,7 @@ class CAnswer:
         self._store_ver = st.version
 
     def find(self, li, c: np.ndarray) -> np.ndarray:
-        """:meth:`RowStore._find <embnic.client_lib.table_numerics.RowStore._find>` in C: the arena
+        """:meth:`RowStore._find <embnic.client_lib.rowstore.RowStore._find>` in C: the arena
         slot int64 (N,) of each composite key ``c`` (uint64 (N,)) of table ``li`` (a local index,
         or int64 (N,) per key); -1 where the store holds no row."""
         self._refresh_store()

@@ -1,14 +1,13 @@
-"""The shard's C intake (``dataplane/shard/intake.c``, built as ``dataplane/build/libembnic-shard.so``
-by ``make -C dataplane``) through ctypes.
+"""The shard's C intake (``testbed/server/csrc/intake.c``, built with the package as ``libembnic_shard``:
+:mod:`embnic.client_lib.clib`) through ctypes.
 
 Two functions per wake-up replace the numpy expressions of :mod:`.intake` that cost the most
 per call (a dozen small-array operations each): the header checks of every frame
 (:meth:`.intake.Intake.check_vector`) and the grouping of multi-fragment frames by message
 (:meth:`.intake.Intake.group`). Same rules, same outputs — the Python versions stay the
 readable reference, used when the library is not built (or ``EMBNIC_SHARD_C=0``), and the
-engine tests run both. The library is looked for at ``EMBNIC_SHARD_LIB`` if set, else in the
-repository's ``dataplane/build/``; one built for another protocol version or header layout
-is not used.
+engine tests run both. The library is looked for at ``EMBNIC_SHARD_LIB`` if set, else beside
+this module; one built from other sources or for another protocol version is refused.
 """
 from __future__ import annotations
 
@@ -19,13 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from embnic.client_lib import consts
+from embnic.client_lib import clib, consts
 
 log = logging.getLogger("embnic.server")
 
-LIB_NAME = "libembnic-shard.so"
-#: where ``make -C dataplane`` puts it (an editable install runs from the repository)
-REPO_LIB = Path(__file__).resolve().parents[2] / "dataplane" / "build" / LIB_NAME
+REPO_LIB = clib.SHARD.path
 _NF = len(consts.HEADER_FIELDS)
 _VP = ctypes.c_void_p
 _lib: ctypes.CDLL | None = None
@@ -41,19 +38,11 @@ def load() -> ctypes.CDLL | None:
     _tried = True
     if os.environ.get("EMBNIC_SHARD_C", "1") == "0":
         return None
-    path = Path(os.environ.get("EMBNIC_SHARD_LIB") or REPO_LIB)
-    if not path.is_file():
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        log.warning("shard C intake %s not loaded (%s); using the Python one", path, e)
-        return None
+    lib = clib.load(clib.SHARD, consts.VERSION)
     want = consts.VERSION * 1000 + _NF
     if lib.embnic_shard_abi() != want:
-        log.warning("shard C intake %s speaks ABI %d, not %d; using the Python one", path,
-                    lib.embnic_shard_abi(), want)
-        return None
+        raise clib.NativeLibraryError(f"embnic: {clib.SHARD.path} speaks ABI {lib.embnic_shard_abi()}, not {want}: "
+                                      f"run {clib.REBUILD}")
     lib.embnic_shard_check.restype = ctypes.c_int
     lib.embnic_shard_check.argtypes = [_VP, ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_int64, _VP, _VP, _VP]
@@ -78,7 +67,7 @@ def log_missing() -> None:
         log.info("shard C library %s (EMBNIC_SHARD_LIB) not found: intake and answers in Python (numpy)",
                  os.environ["EMBNIC_SHARD_LIB"])
     elif _lib is None and not REPO_LIB.is_file():
-        log.info("shard C library %s not built (make -C dataplane): intake and answers in Python (numpy)", REPO_LIB)
+        log.info("shard C library %s not built (pip install -e .): intake and answers in Python (numpy)", REPO_LIB)
 
 
 class CIntake:

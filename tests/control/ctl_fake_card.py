@@ -20,22 +20,22 @@ import socket
 import sys
 import threading
 
-_DP_INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "dataplane", "include")
+_TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+#: the card's headers: its own (dataplane/include) and the protocol's (include/, shared with the libraries)
+_DP_INCLUDES = (os.path.join(_TOP, "dataplane", "include"), os.path.join(_TOP, "include"))
 _X_ENTRY = re.compile(r"X\(\s*([A-Z0-9_]+)\s*,\s*([a-z0-9_]+)\s*\)")
 
 
-def card_drop_reasons(include_dir: str = _DP_INCLUDE) -> tuple[str, ...]:
+def card_drop_reasons(include_dirs: tuple[str, ...] = _DP_INCLUDES) -> tuple[str, ...]:
     """The drop reasons of the real card, in order: the names of the ``EMBNIC_DROP_REASONS(X)``
-    X-macro in ``dataplane/include/*.h`` (the card's one definition; the fake has no list of
+    X-macro in the card's headers (``dataplane/include/*.h``, ``include/*.h``: the card's one definition; the fake has no list of
     its own, so a reason added to the card is on the fake's ``counters`` too).
 
     Raises:
         RuntimeError: no header defines the X-macro, or it has no entries.
     """
-    for name in sorted(os.listdir(include_dir)):
-        if not name.endswith(".h"):
-            continue
-        with open(os.path.join(include_dir, name)) as f:
+    for path in sorted(os.path.join(d, n) for d in include_dirs for n in os.listdir(d) if n.endswith(".h")):
+        with open(path) as f:
             lines = f.read().splitlines()
         for i, ln in enumerate(lines):
             if re.match(r"\s*#\s*define\s+EMBNIC_DROP_REASONS\s*\(\s*X\s*\)", ln):
@@ -45,9 +45,9 @@ def card_drop_reasons(include_dir: str = _DP_INCLUDE) -> tuple[str, ...]:
                     body.append(lines[i])
                 reasons = tuple(m.group(2) for m in _X_ENTRY.finditer("\n".join(body)))
                 if not reasons:
-                    raise RuntimeError(f"{name}: EMBNIC_DROP_REASONS(X) has no X(ENUM, name) entries")
+                    raise RuntimeError(f"{path}: EMBNIC_DROP_REASONS(X) has no X(ENUM, name) entries")
                 return reasons
-    raise RuntimeError(f"no EMBNIC_DROP_REASONS(X) X-macro in {os.path.abspath(include_dir)}/*.h")
+    raise RuntimeError(f"no EMBNIC_DROP_REASONS(X) X-macro in {[os.path.abspath(d) for d in include_dirs]}")
 
 
 DROP_REASONS = card_drop_reasons()

@@ -622,7 +622,7 @@ def card_verdict(tmp_path_factory):
     tests/dataplane/test_header_rules.py build it) and called through ctypes: ``verdict(frame) ->
     the card's drop reason name (embnic_drop_name) or None``. ``embnic_parse`` checks Ethernet,
     IPv4 and UDP, then the embnic header: magic, version, type, then ``embnic_check_lengths``
-    (dataplane/include/embnic_parse.h)."""
+    (include/embnic_parse.h)."""
     from cparse import parse_verdict
 
     return parse_verdict(tmp_path_factory.mktemp("cparse"))  # checksum checked, any destination

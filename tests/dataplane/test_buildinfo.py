@@ -111,7 +111,7 @@ def test_c_struct_layout_from_dwarf(built_card):
 
 def test_c_static_assert_table_matches_python():
     """The numbers embnic_proto.h static_asserts the struct against are the Python ones."""
-    text = (REPO / "dataplane" / "include" / "embnic_proto.h").read_text()
+    text = (REPO / "include" / "embnic_proto.h").read_text()
     block = text[text.index("#define EMBNIC_HDR_FIELDS(X)"):]
     block = block[:block.index("\n\n")]
     rows = tuple((n, int(o), int(s)) for n, o, s in re.findall(r"X\((\w+), (\d+), (\d+)\)", block))

@@ -93,7 +93,7 @@ def test_protocol_constants():
 
 
 def _c_drop_reasons() -> list[str]:
-    text = (REPO / "dataplane" / "include" / "embnic_parse.h").read_text()
+    text = (REPO / "include" / "embnic_parse.h").read_text()
     block = re.search(r"#define EMBNIC_DROP_REASONS\(X\)(.*?)\n\n", text, re.S).group(1)
     return re.findall(r"X\(\w+, (\w+)\)", block)
 

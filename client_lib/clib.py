@@ -1,0 +1,141 @@
+"""The C libraries the Python package builds beside the code that binds them, found and checked.
+
+Two shared libraries ship inside the package, compiled by its build (``setup.py``: ``pip install .``,
+``pip wheel .``, and in a checkout ``pip install -e .`` or ``make libs``):
+
+* ``embnic.client_lib.libembnic_client`` — the client's round: plan, frames, send window, timers and
+  loss recovery (sources ``client_lib/csrc/``), bound by :mod:`embnic.client_lib.native`;
+* ``embnic.testbed.server.libembnic_shard`` — the shard's intake and answer path (sources
+  ``testbed/server/csrc/``), bound by the shard's serving loop.
+
+Both read the protocol headers of ``include/`` (``embnic_proto.h``, ``embnic_parse.h``), the ones the
+card (``dataplane/``) reads. Each library carries the digest of the sources it was built from
+(:func:`sources_digest`) and the protocol version it speaks (``embnic_lib_proto_version``): a library
+built from other sources than those beside it (an edited checkout not rebuilt), or for another
+protocol version, is refused with one line naming the rebuild command — there is no second path to
+fall back to. ``EMBNIC_CLIENT_LIB`` / ``EMBNIC_SHARD_LIB`` point a process at another build of the same
+library (tests use this for a library built for another protocol version).
+
+This module imports nothing of embnic: ``setup.py`` loads it by path to compute the digest it bakes in.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+#: the command that rebuilds the libraries in a checkout (an installed wheel carries them built)
+REBUILD = "pip install -e . (or: make libs)"
+_HERE = Path(__file__).resolve().parent
+
+
+class NativeLibraryError(RuntimeError):
+    """A package C library is missing, does not load, or was built from other sources or for another
+    protocol version than this package's (the message is one line naming the rebuild command)."""
+
+
+@dataclass(frozen=True)
+class NativeLib:
+    """One of the package's C libraries: where it is built and from what.
+
+    ``package_dir`` is the Python package folder the library is built into, ``stem`` the file name
+    before the interpreter's extension suffix, ``sources`` the library's own C files and headers
+    (relative to ``package_dir``), ``env`` the variable that may point at another build."""
+
+    name: str
+    package_dir: Path
+    stem: str
+    sources: tuple[str, ...]
+    env: str
+
+    @property
+    def path(self) -> Path:
+        """The library file loaded: ``$env`` if set, else ``<package_dir>/<stem><EXT_SUFFIX>``."""
+        override = os.environ.get(self.env)
+        if override:
+            return Path(override)
+        return self.package_dir / (self.stem + sysconfig.get_config_var("EXT_SUFFIX"))
+
+    def source_files(self, include_dir: Path) -> list[Path]:
+        """The files its digest covers: its own sources, then every header of ``include_dir``."""
+        return [self.package_dir / s for s in self.sources] + sorted(include_dir.glob("*.h"))
+
+
+def sources_digest(files: list[Path]) -> str:
+    """SHA-256 (hex) over the files' names and bytes, in the order given.
+
+    Raises OSError when a file cannot be read."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        h.update(f.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+#: the two libraries (their sources: setup.py compiles exactly these, in this order)
+CLIENT = NativeLib("client round", _HERE, "libembnic_client", ("csrc/plan.c", "csrc/round.c"), "EMBNIC_CLIENT_LIB")
+SHARD = NativeLib("shard intake and answer path", _HERE.parent / "testbed" / "server", "libembnic_shard",
+                  ("csrc/intake.c", "csrc/answer.c", "csrc/store.c", "csrc/send.c", "csrc/shard.h"),
+                  "EMBNIC_SHARD_LIB")
+#: the protocol headers both libraries and the card read (a source checkout; absent from a wheel)
+INCLUDE_DIR = _HERE.parent / "include"
+
+
+def _checkout_digest(lib: NativeLib) -> str | None:
+    """The digest of the sources beside the package, or None where they are not there (an installed
+    wheel: the library was built with the package, nothing to compare)."""
+    files = lib.source_files(INCLUDE_DIR)
+    if not INCLUDE_DIR.is_dir() or not all(f.is_file() for f in files):
+        return None
+    return sources_digest(files)
+
+
+def load(lib: NativeLib, proto_version: int) -> ctypes.CDLL:
+    """Load ``lib`` and check that it was built from the sources beside it and speaks
+    ``proto_version``.
+
+    Raises NativeLibraryError (one line, naming the file and the rebuild command) when the file is
+    missing, does not load, or was built from other sources or for another protocol version."""
+    path = lib.path
+    if not path.is_file():
+        raise NativeLibraryError(f"embnic: the {lib.name} library {path} is not built: run {REBUILD}")
+    try:
+        cdll = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeLibraryError(f"embnic: the {lib.name} library {path} does not load ({e}): run {REBUILD}") from e
+    try:
+        cdll.embnic_lib_sources.restype = ctypes.c_char_p
+        built_from = cdll.embnic_lib_sources().decode()
+        built_version = int(cdll.embnic_lib_proto_version())
+    except AttributeError as e:
+        raise NativeLibraryError(f"embnic: {path} is not an embnic {lib.name} library built by this package: "
+                                 f"run {REBUILD}") from e
+    if built_version != proto_version:
+        raise NativeLibraryError(f"embnic: {path} speaks protocol version {built_version}, this package "
+                                 f"{proto_version}: run {REBUILD}")
+    want = _checkout_digest(lib) if not os.environ.get(lib.env) else None
+    if want is not None and built_from != want:
+        raise NativeLibraryError(f"embnic: {path} was built from other sources than {lib.package_dir / 'csrc'} "
+                                 f"(edited since the build?): run {REBUILD}")
+    return cdll
+
+
+def status(proto_version: int) -> list[dict]:
+    """What each library is, where, and whether it loads: one dict per library with ``name``,
+    ``path``, ``ok`` (bool) and ``detail`` (why not, or "built from the sources beside it" /
+    "built with the installed package"). Never raises."""
+    out = []
+    for lib in (CLIENT, SHARD):
+        try:
+            load(lib, proto_version)
+        except NativeLibraryError as e:
+            out.append({"name": lib.name, "path": str(lib.path), "ok": False, "detail": str(e)})
+            continue
+        where = ("built from the sources beside it" if _checkout_digest(lib) is not None
+                 else "built with the installed package")
+        out.append({"name": lib.name, "path": str(lib.path), "ok": True, "detail": where})
+    return out
