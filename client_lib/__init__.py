@@ -18,7 +18,8 @@ Modules:
 * ``protocol`` — the embnic v2 header as a Scapy layer
 * ``consts`` — the wire protocol's constants, defined once
 * ``config`` — the cluster config (one TOML file every command reads)
-* ``table_numerics`` — the row store, row initialisation, SGD and row-wise Adagrad (shared with the shards)
+* ``table_numerics`` — row initialisation, SGD and row-wise Adagrad, the update rules (shared with the shards)
+* ``rowstore`` — the row store: one arena and one index for a shard's tables (shared with the shards)
 * ``splitmix`` — SplitMix64, the one 64-bit mixing function
 * ``sockets`` — UDP socket set-up shared by the client and the shard server
 * ``stats`` — one client's counters (``ClientStats``)

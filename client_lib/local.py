@@ -18,14 +18,15 @@ from . import precheck
 from .config import ClusterConfig
 from .consts import DType
 from .roundplan import TableArrays
-from .table_numerics import TableShard, shared_tables, wire_round
+from .rowstore import TableShard, shared_tables
+from .table_numerics import wire_round
 
 
 class LocalBackend:
     """The in-process reference: every table whole in this process, the network client's
     contract (:class:`~embnic.client_lib.backend.Backend`), the servers' numerics bit for bit.
 
-    Every table's rows are in one :class:`~embnic.client_lib.table_numerics.RowStore` (as a
+    Every table's rows are in one :class:`~embnic.client_lib.rowstore.RowStore` (as a
     shard's), so a round of any number of tables is one check
     (:mod:`~embnic.client_lib.precheck`, the client's), one search and gather for a lookup, one
     optimizer step for an update — no loop over tables. Values make the same round trip as over

@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 
 from embnic.client_lib import codec, consts
-from embnic.client_lib.table_numerics import TableShard
+from embnic.client_lib.rowstore import TableShard
 
 from .stores import load_diskstore, open_tables, shard_dir
 from .window import UpdateWindow

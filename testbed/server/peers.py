@@ -27,7 +27,7 @@ the optimizers are row-wise (a row's result depends on its own gradient and stat
 owner applies a wake-up's segments in the home's order (``TableShard.apply_segments``); the home sends
 its ack only after every owner acked, so a client that read its ack reads the new rows.
 
-:class:`SplitTable` puts this behind :class:`~embnic.client_lib.table_numerics.TableShard`'s
+:class:`SplitTable` puts this behind :class:`~embnic.client_lib.rowstore.TableShard`'s
 ``lookup``/``apply``, so every path of both engines (batch flushes, lone small messages, the
 reference handler) sees the split without knowing it.
 """
@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from embnic.client_lib.splitmix import splitmix64
-from embnic.client_lib.table_numerics import TableShard
+from embnic.client_lib.rowstore import TableShard
 
 _FRAME = struct.Struct("<BBHIQ")  #: kind, op, table_id, count, payload bytes
 REQUEST, REPLY = 1, 2

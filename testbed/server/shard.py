@@ -40,7 +40,7 @@ tables, each with its own ``dim`` and ``dtype``, listed in the body's directory)
    float32, :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`).
 5. **Serve**: LOOKUP_REQ → one LOOKUP_REPLY with the rows of every table in directory order,
    each in key order; UPDATE_REQ → every table's gradients applied with its optimizer
-   (:class:`~embnic.client_lib.table_numerics.TableShard`: SGD or row-wise Adagrad, the same
+   (:class:`~embnic.client_lib.rowstore.TableShard`: SGD or row-wise Adagrad, the same
    code as the in-process reference) → UPDATE_ACK. Replies are fragmented to the cluster MTU
    and sent to the request's source address and port.
 
@@ -81,7 +81,8 @@ from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler, fragment_size
 from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.config import TableConfig
-from embnic.client_lib.table_numerics import TableShard, rowwise_mean_square_ragged
+from embnic.client_lib.rowstore import TableShard
+from embnic.client_lib.table_numerics import rowwise_mean_square_ragged
 
 from .durability import Durability
 from .metrics import ServiceTimes

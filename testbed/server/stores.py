@@ -1,7 +1,7 @@
 """Where a shard keeps each table's rows: the in-memory arena (default) or the disk tier.
 
 The one seam between a shard and its row stores: :func:`open_tables` gives every table of the
-config a store with :class:`~embnic.client_lib.table_numerics.TableShard`'s interface — for
+config a store with :class:`~embnic.client_lib.rowstore.TableShard`'s interface — for
 ``store = "memory"`` tables a ``TableShard`` view of the shard's one ``RowStore`` (one search and
 one gather per message, whatever its tables), a :class:`~embnic.testbed.server.diskstore.DiskTable`
 for ``store = "disk"`` ones (docs/config.md; :meth:`ClusterConfig.store_of
@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from embnic.client_lib.config import DEFAULT_BLOCK_CACHE_MB, ClusterConfig
-from embnic.client_lib.table_numerics import RowStore, shared_tables
+from embnic.client_lib.rowstore import RowStore, shared_tables
 
 log = logging.getLogger("embnic.server")
 
@@ -67,7 +67,7 @@ def load_diskstore():
 
 class ShardStores:
     """The row stores of one shard process: ``tables`` (table id → store), ``store`` (the
-    :class:`~embnic.client_lib.table_numerics.RowStore` holding every in-memory table: one search
+    :class:`~embnic.client_lib.rowstore.RowStore` holding every in-memory table: one search
     and one gather per message, whatever its tables) and the disk tier's
     :class:`~embnic.testbed.server.diskstore.StoreEnv` (None without disk tables). ``close()``
     closes the disk stores (and removes a scratch directory)."""

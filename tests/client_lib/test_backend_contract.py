@@ -16,7 +16,8 @@ from embnic.client_lib.backend import Backend, require_backend
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
-from embnic.client_lib.table_numerics import TableShard, validate_keys, validate_update, wire_round
+from embnic.client_lib.rowstore import TableShard
+from embnic.client_lib.table_numerics import validate_keys, validate_update, wire_round
 
 TABLES = [
     {"id": 3, "name": "a", "rows": 500, "dim": 8, "optimizer": "adagrad", "lr": 0.1, "init_scale": 0.5},

@@ -1,4 +1,4 @@
-"""Embedding-table numerics: SplitMix64, row init, SGD and row-wise Adagrad, LocalBackend.
+"""Embedding-table numerics and the row store: SplitMix64, row init, SGD and row-wise Adagrad, LocalBackend.
 
 Run alone: python3 -m pytest -q tests/client_lib/test_table_numerics.py
 """
@@ -11,9 +11,9 @@ from embnic.client_lib import routing
 from embnic.client_lib.config import TableConfig, parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.splitmix import splitmix64
-from embnic.client_lib.table_numerics import (RowStore, TableShard, init_rows, is_unique, merge_states,
-                                              rowwise_mean_square, rowwise_mean_square_ragged, shared_tables,
-                                              wire_round)
+from embnic.client_lib.rowstore import RowStore, TableShard, shared_tables
+from embnic.client_lib.table_numerics import (init_rows, is_unique, merge_states, rowwise_mean_square,
+                                              rowwise_mean_square_ragged, wire_round)
 
 M64 = (1 << 64) - 1
 
@@ -70,10 +70,11 @@ def test_splitmix64_matches_python(xs):
 
 def test_one_splitmix64():
     """Routing, row init and the Criteo hashing share one definition (no second copy to drift)."""
-    from embnic.client_lib import splitmix, table_numerics
+    from embnic.client_lib import rowstore, splitmix, table_numerics
     from embnic.testbed.training import criteo
     assert routing.splitmix64 is splitmix.splitmix64
     assert table_numerics.splitmix64 is splitmix.splitmix64
+    assert rowstore.splitmix64 is splitmix.splitmix64
     assert criteo.splitmix64 is splitmix.splitmix64
 
 
@@ -340,16 +341,16 @@ def test_rowless_local_backend_accepts_any_u64_and_python_ints():
 
 
 def test_one_home_for_the_numerics():
-    """The shard server and the in-process reference hold the same TableShard class; the module
-    imports without the testbed (a training job links only the client library)."""
+    """The shard server and the in-process reference hold the same TableShard class; the modules
+    import without the testbed (a training job links only the client library)."""
     import subprocess
     import sys
 
-    from embnic.client_lib import local, table_numerics
+    from embnic.client_lib import local, rowstore
     from embnic.testbed.server import shard
 
-    assert shard.TableShard is table_numerics.TableShard is local.TableShard
-    code = ("import sys, embnic.client_lib.table_numerics, embnic.client_lib.local; "
+    assert shard.TableShard is rowstore.TableShard is local.TableShard
+    code = ("import sys, embnic.client_lib.rowstore, embnic.client_lib.local; "
             "print(sorted(m for m in sys.modules if m.startswith('embnic.testbed')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

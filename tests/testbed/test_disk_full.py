@@ -33,7 +33,7 @@ from embnic.client_lib.config import parse_config  # noqa: E402
 from embnic.client_lib.consts import Status  # noqa: E402
 from embnic.client_lib.errors import ShardError  # noqa: E402
 from embnic.client_lib.local import LocalBackend  # noqa: E402
-from embnic.client_lib.table_numerics import TableShard  # noqa: E402
+from embnic.client_lib.rowstore import TableShard  # noqa: E402
 from embnic.testbed.server import diskstore as DS  # noqa: E402
 from embnic.testbed.server.runner import ServerCluster  # noqa: E402
 

@@ -33,7 +33,7 @@ pytest.importorskip("rocksdict", reason="pip install 'embnic[disk]'")
 from embnic.client_lib.client import EmbeddingClient  # noqa: E402
 from embnic.client_lib.config import load_config, parse_config  # noqa: E402
 from embnic.client_lib.local import LocalBackend  # noqa: E402
-from embnic.client_lib.table_numerics import TableShard  # noqa: E402
+from embnic.client_lib.rowstore import TableShard  # noqa: E402
 from embnic.cli.main import cli  # noqa: E402
 from embnic.testbed.server import diskstore as DS  # noqa: E402
 from embnic.testbed.server import durability as D  # noqa: E402

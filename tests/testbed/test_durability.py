@@ -17,7 +17,7 @@ import pytest
 from embnic.client_lib import codec, routing
 from embnic.client_lib.config import load_config
 from embnic.client_lib.local import LocalBackend
-from embnic.client_lib.table_numerics import TableShard
+from embnic.client_lib.rowstore import TableShard
 from embnic.testbed.server import durability as D
 from embnic.testbed.server.runner import ServerThread
 from embnic.testbed.server.shard import ShardServer

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from embnic.client_lib import codec, consts
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType
-from embnic.client_lib.table_numerics import TableShard
+from embnic.client_lib.rowstore import TableShard
 from embnic.testbed.server.runner import ServerThread
 from embnic.testbed.server.window import UpdateWindow, fingerprint, tail_of
 

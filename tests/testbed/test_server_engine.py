@@ -20,7 +20,7 @@ from embnic.client_lib.consts import MsgType
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
-from embnic.client_lib.table_numerics import TableShard, shared_tables
+from embnic.client_lib.rowstore import TableShard, shared_tables
 from embnic.testbed.server import canswer, cintake, udpio
 from embnic.testbed.server.engine import BatchShardServer
 from embnic.testbed.server.runner import ServerThread
@@ -477,7 +477,7 @@ def test_the_row_stores_search_in_c_equals_numpy():
     sorted windows, sample, blocks, delta index, composites two tables share) gives numpy's
     slots on keys held in the main and the delta index, absent keys and colliding ones; rows
     updated through it equal a store searched in numpy, bit for bit."""
-    from embnic.client_lib.table_numerics import shared_tables
+    from embnic.client_lib.rowstore import shared_tables
 
     cfg = make_cfg(1, tables=[{"id": 0, "rows": 100, "dim": 8}, {"id": 1, "dim": 8},
                               {"id": 2, "dim": 8, "optimizer": "sgd", "lr": 0.5}])

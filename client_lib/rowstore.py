@@ -1,0 +1,697 @@
+"""The row store: where the parameter-server shards and the in-process reference keep the rows of
+their embedding tables (:class:`RowStore`, one arena and one index for several tables, and
+:class:`TableShard`, the interface of one table's rows); every value it computes comes from
+:mod:`embnic.client_lib.table_numerics` (initialisation, optimizer steps), so rows are
+bit-identical wherever they are held. This module needs neither the testbed nor a network.
+
+Storage (:class:`TableShard`)
+    A collision-free dynamic table keyed by the raw uint64 id (any of 0..2^64-1; no id is
+    ever folded into a row count, so two ids never share a row). Rows are materialised
+    lazily, on their first *update*: memory is proportional to the rows updated, not to the
+    table's ``rows`` (optional; tables may have 2^40 rows, or no bound at all). A lookup of a
+    row never updated computes its initial value on the fly (and stores nothing). Materialised rows live
+    in an append-only arena (``(capacity, dim)`` float32, doubled when full, plus one float32
+    Adagrad accumulator per row); sorted ``uint64`` key indexes with the arena slot of each key
+    find them with ``np.searchsorted`` (O(N log M) per batch of N keys). New keys go to a small
+    delta index (an ``np.insert`` of O(D)), folded into the main index when it exceeds
+    max(4096, M/8) keys (one O(M) pass per M/8 new keys: O(1) amortised per key, where one
+    index would copy all M entries on every batch with a new key); rows themselves never move.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import TableConfig
+from .splitmix import splitmix64, u64 as _u64
+from .table_numerics import (column_hashes, exclusive_cumsum, init_values, optimizer_step, rowwise_mean_square,
+                             rowwise_mean_square_ragged)
+
+#: added to a table's id before hashing it into the table's key salt (:attr:`RowStore.tsalt`)
+_SALT_TAG = 0x7AB1E5A170000000
+
+
+class RowStore:
+    """The rows of one or several tables in **one** arena with **one** index, so that a message
+    carrying keys of many tables costs one search, one gather and one optimizer step whatever
+    the number of tables (issue "the round at the speed of the path").
+
+    Layout (``T`` tables, by a local index ``li`` in table id order, :meth:`local_index`):
+
+    * **index**: a composite key per row, ``c = key + salt[li]`` (mod 2^64): sorted ``uint64``
+      arrays with each row's arena slot — a main index (``M`` entries) and a small delta index of
+      recently added rows, folded into the main one when it holds more than max(MERGE_MIN, M/8)
+      entries (one O(M) pass per M/8 new rows); a search is one ``np.searchsorted`` over the
+      keys of every table at once. Within a table ``c`` is a bijection of the key, so a table's
+      keys never collide; a store of one table has salt 0 (``c`` is the key). Rows of two tables
+      may share a composite (``k1 - k2 == salt2 - salt1``: for 64-bit random salts a chance of
+      2^-64 per pair of rows); each index entry's table (``_ct``, beside its key, so reading it
+      costs no cache miss) tells them apart and a search walks such a run (a loop whose rounds
+      are the longest run in the batch, in practice none).
+    * **arena**: materialised rows, float32, append-only (doubled when full): when every table
+      of the store has the same ``dim`` D a ``(capacity, D)`` array (slot ``s`` is row ``s``),
+      else a flat array with each slot's element offset (``_off``); one float32 Adagrad
+      accumulator per slot. Rows never move while serving (only :meth:`load_state` compacts).
+
+    Rows are materialised on their first update; a lookup of a row never updated computes its
+    initial value (:func:`~embnic.client_lib.table_numerics.init_rows`, per element the same float32
+    arithmetic) and stores nothing. The optimizer step is :class:`TableShard`'s, on the same float32 values, so a
+    store of many tables and one store per table hold bit-identical rows.
+
+    The fast path does not validate (callers check keys, gradients and table ids first).
+    Arrays a native reader may use (``_ck``, ``_cs``, ``_ct``, ``_dck``, ``_dcs``, ``_dct``, ``_rows``,
+    ``_vals``, ``_off``, ``_acc``) are replaced, never resized in place; :attr:`version` counts
+    the replacements.
+
+    Args:
+        tables: the tables (distinct ids).
+        seed: the cluster seed.
+        capacity: initial arena capacity (rows); grows by doubling.
+
+    Raises:
+        ValueError: no table, or a table id twice.
+    """
+
+    #: the delta index is merged into the main one when it holds more than max(MERGE_MIN, M/8) rows
+    MERGE_MIN = 4096
+
+    def __init__(self, tables: list[TableConfig], seed: int, capacity: int = 1024):
+        tables = sorted(tables, key=lambda t: t.id)
+        ids = [t.id for t in tables]
+        if not ids or len(set(ids)) != len(ids):
+            raise ValueError(f"a row store needs distinct tables, got ids {ids}")
+        self.seed = int(seed)
+        self.tables = tables  #: by local index
+        self.table_ids = np.array(ids, np.int64)  #: sorted
+        self.multi = len(ids) > 1
+        self.tdim = np.array([t.dim for t in tables], np.int64)
+        self.tadagrad = np.array([t.optimizer == "adagrad" for t in tables], bool)
+        self.tlr = np.array([np.float32(t.lr) for t in tables], np.float32)
+        self.teps = np.array([np.float32(t.eps) for t in tables], np.float32)
+        self.tscale = np.array([np.float32(t.init_scale) for t in tables], np.float32)
+        #: init_rows' per-table hash: splitmix64(seed ^ splitmix64(table_id))
+        self.tinit = splitmix64(_u64(self.seed)[0] ^ splitmix64(self.table_ids.astype(np.uint64)))
+        self.tsalt = (splitmix64(self.table_ids.astype(np.uint64) + np.uint64(_SALT_TAG)) if self.multi
+                      else np.zeros(1, np.uint64))
+        self.trows = np.zeros(len(ids), np.int64)  #: materialised rows per table
+        self.uniform = bool((self.tdim == self.tdim[0]).all())
+        self.D = int(self.tdim[0]) if self.uniform else 0  #: the one dim of every table (0: several)
+        self.version = 0
+        self._reset(max(1, int(capacity)))
+
+    # -- layout -------------------------------------------------------------------------------
+
+    def _reset(self, cap: int) -> None:
+        self._ck = np.empty(0, np.uint64)  # main index: sorted composite keys (M,)
+        self._cs = np.empty(0, np.int64)  # arena slot of each (M,)
+        self._ct = np.empty(0, np.uint16)  # its table (local index; only with several tables) (M,)
+        self._dck = np.empty(0, np.uint64)  # delta index (D,)
+        self._dcs = np.empty(0, np.int64)
+        self._dct = np.empty(0, np.uint16)
+        if self.uniform:
+            self._rows = np.empty((cap, self.D), np.float32)
+            self._vals = self._rows.reshape(-1)
+            self._off = np.empty(0, np.int64)
+        else:
+            self._vals = np.empty(cap * int(self.tdim.max()), np.float32)
+            self._rows = None
+            self._off = np.empty(cap, np.int64)
+        self._acc = np.zeros(cap if self.tadagrad.any() else 0, np.float32)
+        self._cap = cap
+        self._n = 0  # slots in use
+        self._e = 0  # arena elements in use (flat layout)
+        self.trows[:] = 0
+        self.version += 1
+
+    def __len__(self) -> int:
+        """Materialised rows of every table."""
+        return self._n
+
+    def __contains__(self, table_id: int) -> bool:
+        i = int(np.searchsorted(self.table_ids, table_id))
+        return i < self.table_ids.size and int(self.table_ids[i]) == int(table_id)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arena, the accumulators and the index."""
+        return sum(a.nbytes for a in (self._vals, self._off, self._acc, self._ck, self._cs, self._ct,
+                                      self._dck, self._dcs, self._dct))
+
+    def local_index(self, table_ids) -> np.ndarray:
+        """Local index int64 of each table id (array-like, or an int → int64 0-d).
+
+        Raises:
+            KeyError: a table this store does not hold.
+        """
+        t = np.asarray(table_ids, np.int64)
+        li = np.searchsorted(self.table_ids, t)
+        li = np.minimum(li, self.table_ids.size - 1)
+        if not np.array_equal(self.table_ids[li], t):
+            bad = np.asarray(t).reshape(-1)[np.asarray(self.table_ids[li] != t).reshape(-1)]
+            raise KeyError(f"tables {bad.tolist()} are not in this row store (it holds {self.table_ids.tolist()})")
+        return li
+
+    def _grow(self, slots: int, elems: int = 0) -> None:
+        cap = self._cap
+        ecap = self._vals.size
+        if slots <= cap and (self.uniform or elems <= ecap):
+            return
+        while cap < slots:
+            cap *= 2
+        n = self._n
+        if self.uniform:
+            if cap != self._cap:
+                rows = np.empty((cap, self.D), np.float32)
+                rows[:n] = self._rows[:n]
+                self._rows, self._vals = rows, rows.reshape(-1)
+        else:
+            if elems > ecap:
+                while ecap < elems:
+                    ecap *= 2
+                vals = np.empty(ecap, np.float32)
+                vals[:self._e] = self._vals[:self._e]
+                self._vals = vals
+            if cap != self._cap:
+                off = np.empty(cap, np.int64)
+                off[:n] = self._off[:n]
+                self._off = off
+        if cap != self._cap:
+            if self._acc.size:
+                acc = np.zeros(cap, np.float32)
+                acc[:n] = self._acc[:n]
+                self._acc = acc
+            self._cap = cap
+        self.version += 1
+
+    # -- search -------------------------------------------------------------------------------
+
+    def composite(self, li, keys: np.ndarray) -> np.ndarray:
+        """The index's composite keys uint64 (N,) of ``keys`` of tables ``li`` (int or int64 (N,))."""
+        if not self.multi:
+            return keys
+        return keys + self.tsalt[li]
+
+    #: a native search with :meth:`_find`'s contract (``(li, c) -> slots``), set by its owner (the
+    #: shard's C library: testbed/server/canswer.py) — the same answers, found faster; None: numpy
+    native_find = None
+
+    def _find(self, li, c: np.ndarray) -> np.ndarray:
+        """Arena slot int64 (N,) of each composite key ``c`` of table ``li``; -1 where no row."""
+        if self.native_find is not None and c.size > 8:
+            return self.native_find(li, c)
+        slot = np.full(c.size, -1, np.int64)
+        for ix, sl, tl in ((self._ck, self._cs, self._ct), (self._dck, self._dcs, self._dct)):
+            m = ix.size
+            if m == 0 or c.size == 0:
+                continue
+            pos = np.searchsorted(ix, c)
+            np.minimum(pos, m - 1, out=pos)
+            hit = ix[pos] == c
+            s = sl[pos]
+            if self.multi:
+                same = tl[pos] == li
+                other = hit & ~same
+                hit &= same
+                if other.any():  # a composite shared with a row of another table: walk its run
+                    w = np.flatnonzero(other)
+                    p, cw = pos[w], c[w]
+                    lw = li[w] if np.ndim(li) else np.full(w.size, li, np.int64)
+                    while w.size:
+                        p = p + 1
+                        go = p < m
+                        w, p, cw, lw = w[go], p[go], cw[go], lw[go]
+                        go = ix[p] == cw
+                        w, p, cw, lw = w[go], p[go], cw[go], lw[go]
+                        ok = tl[p] == lw
+                        s[w[ok]] = sl[p[ok]]
+                        hit[w[ok]] = True
+                        w, p, cw, lw = w[~ok], p[~ok], cw[~ok], lw[~ok]
+            np.copyto(slot, s, where=hit)
+        return slot
+
+    def _init(self, li, keys: np.ndarray) -> np.ndarray:
+        """Initial rows of ``keys`` of tables ``li`` (int, or int64 (N,) when the dims agree):
+        float32 (N, dim), :func:`~embnic.client_lib.table_numerics.init_rows` element for element."""
+        dim = int(self.tdim[li]) if np.ndim(li) == 0 else self.D
+        h = splitmix64(keys ^ self.tinit[li])
+        scale = self.tscale[li] if np.ndim(li) == 0 else self.tscale[li][:, None]
+        return init_values(h[:, None], column_hashes(dim)[None, :], scale)
+
+    def _init_flat(self, li: np.ndarray, keys: np.ndarray, dims: np.ndarray) -> np.ndarray:
+        """Initial rows of ``keys`` of tables ``li`` of several dims, flat float32 (Σ dims,)."""
+        h = np.repeat(splitmix64(keys ^ self.tinit[li]), dims)
+        col = np.arange(h.size) - np.repeat(exclusive_cumsum(dims), dims)
+        return init_values(h, column_hashes(int(dims.max()))[col], np.repeat(self.tscale[li], dims))
+
+    def _elements(self, slot: np.ndarray, dims: np.ndarray) -> np.ndarray:
+        """Flat-layout arena element indices int64 (Σ dims,) of the rows in ``slot`` (N,)."""
+        return np.repeat(self._off[slot] - exclusive_cumsum(dims), dims) + np.arange(int(dims.sum()))
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def lookup(self, li, keys: np.ndarray) -> np.ndarray:
+        """Current rows of ``keys``.
+
+        Args:
+            li: the keys' table: a local index (int: every key of one table), or int64 (N,)
+                (several tables: :meth:`local_index` of each key's table).
+            keys: uint64 (N,), any order, duplicates allowed.
+
+        Returns:
+            float32, a new array: (N, dim) for one table or tables of one dim; else flat
+            (Σ dim,), row after row. Master values (round with
+            :func:`~embnic.client_lib.table_numerics.wire_round` for the wire).
+        """
+        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        one = np.ndim(li) == 0
+        slot = self._find(li, self.composite(li, keys))
+        found = slot >= 0
+        if self.uniform or one:
+            dim = int(self.tdim[li]) if one else self.D
+            out = np.empty((keys.size, dim), np.float32)
+            allfound = bool(found.all())
+            if self.uniform:
+                if allfound:
+                    np.take(self._rows, slot, axis=0, out=out)
+                    return out
+                out[found] = self._rows[slot[found]]
+            elif allfound:
+                out.reshape(-1)[:] = self._vals[self._elements(slot, np.full(keys.size, dim, np.int64))]
+                return out
+            else:
+                f = np.flatnonzero(found)
+                out[f] = self._vals[self._elements(slot[f], np.full(f.size, dim, np.int64))].reshape(-1, dim)
+            miss = ~found
+            out[miss] = self._init(li if one else li[miss], keys[miss])
+            return out
+        dims = self.tdim[li]
+        out = np.empty(int(dims.sum()), np.float32)
+        ef = np.repeat(found, dims)
+        out[ef] = self._vals[self._elements(slot[found], dims[found])]
+        if not found.all():
+            miss = ~found
+            out[~ef] = self._init_flat(li[miss], keys[miss], dims[miss])
+        return out
+
+    def lookup_segments(self, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Rows of the keys of several tables in one search and one gather (a protocol-v2
+        message's directory, or the concatenated directories of several messages).
+
+        Args:
+            table_ids: int (S,), the table of each segment; counts: int (S,) keys per segment.
+            keys: uint64 (Σ counts,), segment after segment.
+
+        Returns:
+            float32 (Σ counts · dim of its table,), row after row in key order (for tables of
+            one dim a view of an (N, dim) array).
+
+        Raises:
+            KeyError: a table this store does not hold.
+        """
+        li = np.repeat(self.local_index(table_ids), counts)
+        return self.lookup(li, keys).reshape(-1)
+
+    # -- updates ------------------------------------------------------------------------------
+
+    def _materialise(self, li, keys: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Slots of ``keys`` (composites ``c``; no (table, key) twice), creating initial rows for
+        new ones."""
+        slot = self._find(li, c)
+        miss = slot < 0
+        if not miss.any():
+            return slot
+        new = np.flatnonzero(miss)
+        order = np.argsort(c[new], kind="stable")
+        new = new[order]
+        cn = c[new]
+        ln = li if np.ndim(li) == 0 else li[new]
+        k = new.size
+        slots = np.arange(self._n, self._n + k, dtype=np.int64)
+        if self.uniform:
+            self._grow(self._n + k)
+            self._rows[self._n:self._n + k] = self._init(ln, keys[new])
+        else:
+            dims = np.full(k, int(self.tdim[ln]), np.int64) if np.ndim(ln) == 0 else self.tdim[ln]
+            e = int(dims.sum())
+            self._grow(self._n + k, self._e + e)
+            self._off[self._n:self._n + k] = self._e + exclusive_cumsum(dims)
+            lnn = np.full(k, ln, np.int64) if np.ndim(ln) == 0 else ln
+            self._vals[self._e:self._e + e] = self._init_flat(lnn, keys[new], dims)
+            self._e += e
+        if self._acc.size:
+            self._acc[self._n:self._n + k] = 0
+        if self.multi:
+            self.trows += np.bincount(np.broadcast_to(ln, (k,)), minlength=self.trows.size)
+        else:
+            self.trows[0] += k
+        self._n += k
+        ins = np.searchsorted(self._dck, cn)
+        self._dck = np.insert(self._dck, ins, cn)
+        self._dcs = np.insert(self._dcs, ins, slots)
+        if self.multi:
+            self._dct = np.insert(self._dct, ins, np.broadcast_to(ln, (k,)).astype(np.uint16))
+        if self._dck.size > max(self.MERGE_MIN, self._ck.size >> 3):
+            self._merge()
+        self.version += 1
+        slot[new] = slots
+        return slot
+
+    def _merge(self) -> None:
+        """Fold the delta index into the main one: one O(M + D) pass per M/8 new rows."""
+        if self._dck.size == 0:
+            return
+        ins = np.searchsorted(self._ck, self._dck)
+        self._ck = np.insert(self._ck, ins, self._dck)
+        self._cs = np.insert(self._cs, ins, self._dcs)
+        if self.multi:
+            self._ct = np.insert(self._ct, ins, self._dct)
+        self._dck = self._dck[:0]
+        self._dcs = self._dcs[:0]
+        self._dct = self._dct[:0]
+        self.version += 1
+
+    def apply(self, li, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Apply one gradient per row with each table's optimizer (SGD or row-wise Adagrad).
+
+        Args:
+            li: the keys' tables (as :meth:`lookup`).
+            keys: uint64 (N,); no (table, key) twice (not checked: a duplicate would lose all
+                but one of its gradients).
+            grads: float32, row ``i`` the gradient of ``keys[i]``: (N, dim), or flat (Σ dim,)
+                row after row; rows that pass :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` (not checked).
+        """
+        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        if keys.size == 0:
+            return
+        one = np.ndim(li) == 0
+        slot = self._materialise(li, keys, self.composite(li, keys))
+        ada = self.tadagrad[li]
+        lr, eps = self.tlr[li], self.teps[li]
+        if self.uniform or one:
+            dim = int(self.tdim[li]) if one else self.D
+            g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, dim)
+            if self.uniform:
+                w = self._rows[slot]
+            else:
+                el = self._elements(slot, np.full(keys.size, dim, np.int64))
+                w = self._vals[el].reshape(-1, dim)
+            with np.errstate(over="ignore"):  # callers refuse g whose step overflows (gradient_rows_ok)
+                if one or bool(ada.all()) or not ada.any():
+                    acc = optimizer_step(w, self._acc[slot] if bool(np.all(ada)) else None, g, lr, eps)
+                    if acc is not None:
+                        self._acc[slot] = acc
+                else:  # Adagrad and SGD tables in one call
+                    mult = lr.copy()
+                    a = np.flatnonzero(ada)
+                    acc = self._acc[slot[a]] + rowwise_mean_square(g[a])
+                    self._acc[slot[a]] = acc
+                    mult[a] = lr[a] / (np.sqrt(acc) + eps[a])
+                    w -= mult[:, None] * g
+            if self.uniform:
+                self._rows[slot] = w
+            else:
+                self._vals[el] = w.reshape(-1)
+            return
+        dims = self.tdim[li]
+        g = np.ascontiguousarray(grads, dtype=np.float32).reshape(-1)
+        el = self._elements(slot, dims)
+        w = self._vals[el]
+        with np.errstate(over="ignore"):
+            mult = lr.copy()
+            a = np.flatnonzero(ada)
+            if a.size:
+                ga = g[np.repeat(ada, dims)]
+                acc = self._acc[slot[a]] + rowwise_mean_square_ragged(ga, dims[a])
+                self._acc[slot[a]] = acc
+                mult[a] = lr[a] / (np.sqrt(acc) + eps[a])
+            w -= np.repeat(mult, dims) * g
+        self._vals[el] = w
+
+    def apply_passes(self, li, keys: np.ndarray, grads: np.ndarray, several: bool = True) -> None:
+        """Apply the updates of several messages in their order, where a (table, key) may come
+        more than once (each message's keys of a table free of duplicates).
+
+        Args:
+            li, keys, grads: as :meth:`apply`, message after message.
+            several: False when the keys are known to hold no (table, key) twice (one message).
+
+        One :meth:`apply` when no (table, key) repeats; else in passes — pass ``r`` applies
+        every row's ``r``-th gradient (its occurrences in message order) — so a row gets its
+        gradients one message after the other, as the messages came; the optimizers are
+        row-wise, so the rows equal one message after the other. Passes: the most times one
+        row repeats (not per message, not per table).
+        """
+        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        if not several or keys.size < 2:
+            self.apply(li, keys, grads)
+            return
+        c = self.composite(li, keys)
+        order = np.argsort(c, kind="stable")
+        sc = c[order]
+        dup = sc[1:] == sc[:-1]
+        if not dup.any():
+            self.apply(li, keys, grads)
+            return
+        # rank of each occurrence among equal composites, in arrival order (stable sort)
+        start = np.flatnonzero(np.r_[True, ~dup])
+        run = np.diff(np.r_[start, sc.size])
+        rank = np.empty(keys.size, np.int64)
+        rank[order] = np.arange(sc.size) - np.repeat(start, run)
+        one = np.ndim(li) == 0
+        if one or self.uniform:
+            dim = int(self.tdim[li]) if one else self.D
+            g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, dim)
+            for r in range(int(run.max())):
+                sel = rank == r
+                self.apply(li if one else li[sel], keys[sel], g[sel])
+            return
+        dims = self.tdim[li]
+        g = np.ascontiguousarray(grads, dtype=np.float32).reshape(-1)
+        for r in range(int(run.max())):
+            sel = rank == r
+            self.apply(li[sel], keys[sel], g[np.repeat(sel, dims)])
+
+    def apply_segments(self, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
+                       several: bool = True) -> None:
+        """:meth:`apply_passes` for segments of several tables (directories, as
+        :meth:`lookup_segments`): ``grads`` float32 flat (Σ counts · dim,), row after row.
+
+        Raises:
+            KeyError: a table this store does not hold.
+        """
+        li = np.repeat(self.local_index(table_ids), counts)
+        self.apply_passes(li, keys, grads, several)
+
+    # -- whole tables ---------------------------------------------------------------------------
+
+    def _table_slots(self, li: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys uint64 sorted, slots int64) of table ``li``'s materialised rows."""
+        self._merge()
+        ck, cs = self._ck, self._cs
+        if self.multi:
+            sel = self._ct == li
+            ck, cs = ck[sel], cs[sel]
+            keys = ck - self.tsalt[li]
+            order = np.argsort(keys, kind="stable")
+            return keys[order], cs[order]
+        return ck.copy(), cs.copy()
+
+    def state(self, li: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Table ``li``'s materialised rows: (keys uint64 (M,) sorted, rows float32 (M, dim),
+        acc float32 (M,), zeros for SGD) — copies."""
+        keys, slots = self._table_slots(li)
+        dim = int(self.tdim[li])
+        if self.uniform:
+            rows = self._rows[slots]
+        else:
+            rows = self._vals[self._elements(slots, np.full(slots.size, dim, np.int64))].reshape(-1, dim)
+        acc = self._acc[slots] if self.tadagrad[li] else np.zeros(keys.size, dtype=np.float32)
+        return keys, rows, acc
+
+    def _drop(self, li: int) -> None:
+        """Forget table ``li``'s rows (compacting the arena: rows of other tables move)."""
+        if not self.multi:
+            self._reset(64)
+            return
+        self._merge()
+        n = self._n
+        tli = np.empty(n, np.uint16)  # each slot's table
+        tli[self._cs] = self._ct
+        keep = tli != li
+        if keep.all():
+            return
+        new_of = np.cumsum(keep) - 1
+        kept = np.flatnonzero(keep)
+        if self.uniform:
+            self._rows[:kept.size] = self._rows[kept]
+        else:
+            dims = self.tdim[tli[kept]]
+            el = self._elements(kept, dims)
+            self._vals[:el.size] = self._vals[el]
+            self._off[:kept.size] = exclusive_cumsum(dims)
+            self._e = int(el.size)
+        if self._acc.size:
+            self._acc[:kept.size] = self._acc[kept]
+        ent = self._ct != li
+        self._ck = self._ck[ent]
+        self._cs = new_of[self._cs[ent]]
+        self._ct = self._ct[ent]
+        self._n = int(kept.size)
+        self.trows[li] = 0
+        self.version += 1
+
+    def load_state(self, li: int, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
+        """Replace every materialised row of table ``li`` with ``(keys, rows, acc)`` (what
+        :meth:`state` returned; a checkpoint or an imported table).
+
+        Raises:
+            ValueError: shapes that do not fit the table, or keys not strictly increasing.
+        """
+        t = self.tables[li]
+        dim = int(self.tdim[li])
+        k = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        r = np.asarray(rows)
+        a = np.asarray(acc).reshape(-1)
+        if r.shape != (k.size, dim) or a.shape != (k.size,):
+            raise ValueError(f"table {t.id}: state shapes keys {k.shape}, rows {r.shape}, acc {a.shape} "
+                             f"do not fit dim {dim}")
+        if k.size > 1 and not bool(np.all(k[1:] > k[:-1])):
+            raise ValueError(f"table {t.id}: state keys are not strictly increasing")
+        self._drop(li)
+        if k.size == 0:
+            return
+        n = self._n
+        slots = np.arange(n, n + k.size, dtype=np.int64)
+        if self.uniform:
+            self._grow(n + k.size)
+            self._rows[n:n + k.size] = r
+        else:
+            self._grow(n + k.size, self._e + k.size * dim)
+            self._off[n:n + k.size] = self._e + dim * np.arange(k.size)
+            self._vals[self._e:self._e + k.size * dim] = np.asarray(r, np.float32).reshape(-1)
+            self._e += k.size * dim
+        if self._acc.size:
+            self._acc[n:n + k.size] = a if self.tadagrad[li] else 0
+        self._n += k.size
+        self.trows[li] = k.size
+        c = self.composite(li, k)
+        order = np.argsort(c, kind="stable")
+        self._dck, self._dcs = c[order], slots[order]
+        if self.multi:
+            self._dct = np.full(k.size, li, np.uint16)
+        self._merge()
+
+
+class TableShard:
+    """The rows of one table that one process holds (all rows, or one shard's): a view of a
+    :class:`RowStore` — its own (one table), or one shared by several tables (a shard's, so
+    that a message of many tables is one gather: :meth:`RowStore.lookup_segments`).
+
+    The interface every holder of a table's rows offers (the shards' engines, workers, the
+    write-ahead log's replay, tables export/import, :class:`~embnic.client_lib.local.LocalBackend`):
+    ``lookup``, ``apply``, ``apply_segments``, ``state``, ``load_state``, ``len()``. Another
+    store behind the same interface (an on-disk one) takes the per-table path of its callers.
+    The fast path does not validate; call :func:`~embnic.client_lib.table_numerics.validate_keys` /
+    :func:`~embnic.client_lib.table_numerics.validate_update` first.
+
+    Args:
+        table: the table's config (``rows``, ``dim``, ``optimizer``, ``lr``, ``eps``,
+            ``init_scale``).
+        seed: the cluster seed.
+        capacity: initial arena capacity (rows) of its own store; grows by doubling.
+        store: a shared :class:`RowStore` holding this table (None: one of its own).
+
+    Raises:
+        KeyError: ``store`` does not hold the table.
+    """
+
+    def __init__(self, table: TableConfig, seed: int, capacity: int = 1024, *, store: RowStore | None = None):
+        self.table = table
+        self.seed = int(seed)
+        self.dim = int(table.dim)
+        self.adagrad = table.optimizer == "adagrad"
+        self.store = store if store is not None else RowStore([table], seed, capacity)
+        self._li = int(self.store.local_index(table.id))
+
+    def __len__(self) -> int:
+        """Materialised (ever updated) rows."""
+        return int(self.store.trows[self._li])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arena and the index (of its own store; a shared store's bytes
+        per row times this table's rows)."""
+        st = self.store
+        if not st.multi:
+            return st.nbytes
+        return st.nbytes * len(self) // max(1, len(st))
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Current rows of ``keys``.
+
+        Args:
+            keys: uint64 (N,), any order, duplicates allowed, all ``< rows`` if the table has
+                ``rows`` (not checked).
+
+        Returns:
+            float32 (N, dim), a new array (master values; round with
+            :func:`~embnic.client_lib.table_numerics.wire_round` for what a client receives).
+        """
+        return self.store.lookup(self._li, keys)
+
+    def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
+        """Apply one gradient per row with the table's optimizer (SGD or row-wise Adagrad).
+
+        Args:
+            keys_unique: uint64 (N,), **no duplicates**, all ``< rows`` if the table has ``rows``
+                (not checked; a duplicate would lose all but one of its gradients).
+            grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``; rows that
+                pass :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` (not checked: a NaN would
+                poison its row).
+        """
+        self.store.apply(self._li, keys_unique, grads)
+
+    def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
+        """Apply the updates of several messages in their order.
+
+        Args:
+            keys: uint64 (K,), each segment ``keys[offs[j]:offs[j+1]]`` free of duplicates.
+            g: float32 (K, dim), the gradients in the same order.
+            offs: int64 (M+1,), segment bounds (``offs[0] == 0``, ``offs[-1] == K``; empty
+                segments allowed).
+
+        As one message after the other (:meth:`RowStore.apply_passes`: one apply when no key
+        repeats across segments, else one pass per repetition).
+        """
+        if keys.size == 0:
+            return
+        self.store.apply_passes(self._li, keys, g, several=offs.size > 2)
+
+    def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Materialised rows, for comparison and checkpoints.
+
+        Returns:
+            (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,)) — copies;
+            ``acc`` is all zeros for SGD tables.
+        """
+        return self.store.state(self._li)
+
+    def load_state(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
+        """Replace every materialised row with ``(keys, rows, acc)`` (what :meth:`state` returned;
+        a checkpoint or an imported table).
+
+        Args:
+            keys: uint64 (M,), strictly increasing.
+            rows: float32 (M, dim).
+            acc: float32 (M,) (ignored for SGD tables).
+
+        Raises:
+            ValueError: shapes that do not fit the table, or keys not strictly increasing.
+        """
+        self.store.load_state(self._li, keys, rows, acc)
+
+
+def shared_tables(tables: list[TableConfig], seed: int, capacity: int = 1024) -> tuple[RowStore, dict[int, TableShard]]:
+    """One :class:`RowStore` for ``tables`` and a :class:`TableShard` view of each:
+    ``(store, {table_id: view})`` (a shard's rows: one gather per message, whatever its tables)."""
+    store = RowStore(tables, seed, capacity)
+    return store, {t.id: TableShard(t, seed, store=store) for t in tables}
