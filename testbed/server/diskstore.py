@@ -3,7 +3,7 @@
 A table configured ``store = "disk"`` (docs/config.md, docs/server.md "Disk tier") keeps its rows
 and row-wise Adagrad accumulators in an embedded RocksDB (through the ``rocksdict`` binding, the
 optional extra ``embnic[disk]``) and only its hot rows in memory, so a shard's table can grow past
-its RAM. :class:`DiskTable` has :class:`~embnic.client_lib.table_numerics.TableShard`'s interface
+its RAM. :class:`DiskTable` has :class:`~embnic.client_lib.rowstore.TableShard`'s interface
 (``lookup``, ``apply``, ``apply_segments``, ``state``, ``load_state``, ``len``), and every row value
 comes from the same code (``init_rows``, ``optimizer_step``) on the same float32 values, so its
 rows are bit-identical to the in-memory store's::
@@ -790,7 +790,7 @@ class DiskTable:
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Current rows of ``keys`` (uint64 (N,), any order, duplicates allowed) → float32 (N, dim),
-        a new array; as :meth:`TableShard.lookup <embnic.client_lib.table_numerics.TableShard.lookup>`."""
+        a new array; as :meth:`TableShard.lookup <embnic.client_lib.rowstore.TableShard.lookup>`."""
         keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
         out = np.empty((keys.size, self.dim), np.float32)
         if keys.size == 0:
@@ -808,7 +808,7 @@ class DiskTable:
 
     def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
         """One optimizer step per row (``keys_unique`` uint64 (N,) without duplicates, ``grads``
-        float32 (N, dim)); as :meth:`TableShard.apply <embnic.client_lib.table_numerics.TableShard.apply>`,
+        float32 (N, dim)); as :meth:`TableShard.apply <embnic.client_lib.rowstore.TableShard.apply>`,
         bit for bit (the same :func:`~embnic.client_lib.table_numerics.optimizer_step`). Never
         refused for a full store: rows it cannot write are kept in memory (``pending``) — the shard
         asks :meth:`writable` before it takes an update."""
@@ -850,7 +850,7 @@ class DiskTable:
         """Apply the updates of several messages in their order (``keys`` uint64 (K,), each segment
         ``keys[offs[j]:offs[j+1]]`` free of duplicates; ``g`` float32 (K, dim); ``offs`` int64
         (M+1,)), as :meth:`TableShard.apply_segments
-        <embnic.client_lib.table_numerics.TableShard.apply_segments>`: one :meth:`apply` when no
+        <embnic.client_lib.rowstore.TableShard.apply_segments>`: one :meth:`apply` when no
         key repeats, else in passes — pass ``r`` applies every key's ``r``-th gradient, so a row
         gets its gradients one message after the other (row-wise optimizers)."""
         keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
@@ -892,7 +892,7 @@ class DiskTable:
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every materialised row, as :meth:`TableShard.state
-        <embnic.client_lib.table_numerics.TableShard.state>` (keys sorted, rows, acc) — the whole
+        <embnic.client_lib.rowstore.TableShard.state>` (keys sorted, rows, acc) — the whole
         table in memory: for tests and small tables; exports stream :meth:`iter_state`."""
         parts = list(self.iter_state())
         if not parts:
@@ -915,7 +915,7 @@ class DiskTable:
     def load_state(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
         """Replace every row with ``(keys, rows, acc)`` (a checkpoint of the in-memory store, an
         imported table); as :meth:`TableShard.load_state
-        <embnic.client_lib.table_numerics.TableShard.load_state>`.
+        <embnic.client_lib.rowstore.TableShard.load_state>`.
 
         Raises:
             ValueError: shapes that do not fit the table, or keys not strictly increasing.
