@@ -6,6 +6,7 @@ Modules:
 * ``client`` — ``EmbeddingClient``: the shards as a backend, lookups and updates as embnic messages over UDP
 * ``local`` — ``LocalBackend``: the in-process reference backend, every table whole in this process
 * ``torch`` — the PyTorch / TorchRec front end (``RemoteEmbeddingBagCollection`` and its sharder; ``embnic[torch]``)
+* ``torch_kjt``, ``torch_optim`` — its input checks and VBE reshaping, its checks of TorchRec's optimizer choices
 * ``batch`` — batch preparation: KeyedJaggedTensor-style batches → per-table value/index/offset arrays, pooling
 * ``precheck`` — the checks of a whole lookup or update round before any of it is sent or applied
 * ``roundplan`` — one round planned flat: keys grouped by shard, cut into messages

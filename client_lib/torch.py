@@ -78,6 +78,8 @@ from .batch import KeyedJaggedBatch, PreparedBatch, prepare_batch
 from .config import ClusterConfig
 from .backend import Backend, require_backend
 from .roundplan import concat_ranges
+from .torch_kjt import check_ids, check_kjt, flatten_vbe
+from .torch_optim import check_fused_params, check_in_backward
 
 __all__ = ["RemoteEmbeddingBagCollection", "RemoteEmbeddingBagCollectionSharder", "INSTALL_HINT", "kjt_from_dense",
            "num_embeddings", "placeholder_names"]
@@ -133,100 +135,6 @@ def num_embeddings(table) -> int:
     or ``2**63 - 1`` for a table without rows (any 64-bit id; ids >= 2**63 travel in the KJT's
     int64 values as negative numbers with the same bits)."""
     return table.rows if table.rows is not None else 2**63 - 1
-
-
-# -- TorchRec's ways to choose a table optimizer, checked against the cluster config --------------
-
-#: the fbgemm optimizer (``EmbOptimType`` member name) that equals each config optimizer
-_FUSED_TYPE = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ROWWISE_ADAGRAD"}
-_WHAT = {"sgd": "SGD", "adagrad": "row-wise Adagrad"}
-_USE = {"sgd": "torch.optim.SGD or torchrec.optim.SGD", "adagrad": "torchrec.optim.RowWiseAdagrad"}
-#: settings that change an update unless they are off (0 / False / None): the shards apply none
-_MUST_BE_OFF = ("weight_decay", "weight_decay_mode", "lr_decay", "initial_accumulator_value", "momentum",
-                "dampening", "nesterov", "maximize", "gradient_clipping")
-_FBGEMM_LR, _FBGEMM_EPS = 0.01, 1.0e-8  #: fbgemm's defaults when an optimizer is named without them
-
-
-def _is_off(v) -> bool:
-    v = getattr(v, "value", v)  # an enum (fbgemm's WeightDecayMode.NONE is 0)
-    return v is None or v is False or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool) and v == 0)
-
-
-def _opt_type_name(value) -> str:
-    """``EmbOptimType`` member name of ``value`` (the enum, its value ``"exact_sgd"`` or its name)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    if isinstance(value, EmbOptimType):
-        return value.name
-    for m in EmbOptimType:
-        if value in (m.value, m.name) or str(value).upper() == m.name:
-            return m.name
-    raise ValueError(f"optimizer {value!r} is not an fbgemm EmbOptimType")
-
-
-def table_fused_params(fused_params: dict | None, optimizer_class=None, optimizer_kwargs: dict | None = None) -> dict:
-    """One table's fused params as TorchRec's sharders merge them
-    (``torchrec/distributed/embeddingbag.py``: ``optimizer_type_to_emb_opt_type`` of the
-    parameter's ``_optimizer_classes[0]``, then ``utils.merge_fused_params``): the sharder's
-    ``fused_params``, updated with the ``apply_optimizer_in_backward`` kwargs of the table's
-    parameter (``lr`` → ``learning_rate``) and ``optimizer`` = the class's fbgemm type.
-    Nothing given is mutated.
-
-    Raises:
-        ValueError: a class with no fbgemm equivalent (TorchRec's own error: e.g. ``RMSprop``).
-    """
-    merged = dict(fused_params or {})
-    kw = dict(optimizer_kwargs or {})
-    if optimizer_class is not None and "optimizer" not in kw:
-        from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
-
-        kw["optimizer"] = optimizer_type_to_emb_opt_type(optimizer_class)
-    if "lr" in kw:
-        kw["learning_rate"] = kw.pop("lr")
-    merged.update(kw)
-    return merged
-
-
-def optimizer_mismatch(table, fused: dict) -> list[str]:
-    """What in ``fused`` (one table's merged fused params, :func:`table_fused_params`) the shards
-    would not do for cluster table ``table``; empty when it matches.
-
-    Checked: ``optimizer`` (``EXACT_SGD`` for ``sgd``, ``EXACT_ROWWISE_ADAGRAD`` for ``adagrad``);
-    ``learning_rate`` and, for Adagrad, ``eps`` — equal in float32, the shards' precision; when
-    an optimizer is named without them, fbgemm's defaults (0.01, 1e-8) are what TorchRec would
-    train with, so those are compared; and :data:`_MUST_BE_OFF` (weight decay, momentum, ...)
-    off. An SGD table has no ``eps`` (fbgemm's ``EXACT_SGD`` ignores it too). Other keys
-    configure fbgemm's kernel and cache (precision, cache sizes, prefetch), which do not run
-    here, and are not optimizer choices.
-    """
-    bad = []
-    named = "optimizer" in fused
-    if named:
-        try:
-            got = _opt_type_name(fused["optimizer"])
-        except ValueError as e:
-            return [str(e)]
-        if got != _FUSED_TYPE[table.optimizer]:
-            bad.append(f"optimizer {got}")
-    if "learning_rate" in fused or named:
-        lr = fused.get("learning_rate", _FBGEMM_LR)
-        if np.float32(lr) != np.float32(table.lr):
-            bad.append(f"lr {lr}{'' if 'learning_rate' in fused else ' (fbgemm default)'}")
-    if table.optimizer == "adagrad" and ("eps" in fused or named):
-        eps = fused.get("eps", _FBGEMM_EPS)
-        if np.float32(eps) != np.float32(table.eps):
-            bad.append(f"eps {eps}{'' if 'eps' in fused else ' (fbgemm default)'}")
-    bad += [f"{k}={fused[k]!r}" for k in _MUST_BE_OFF if k in fused and not _is_off(fused[k])]
-    return bad
-
-
-def _mismatch_error(name: str, table, source: str, bad: list[str], cfg: ClusterConfig) -> ValueError:
-    want = f"lr={table.lr}" + (f", eps={table.eps}" if table.optimizer == "adagrad" else "")
-    where = f" in {cfg.path}" if cfg.path else ""
-    return ValueError(
-        f"table {name!r}: {source} asks for {', '.join(bad)}, but the shards train cluster table {table.id} with "
-        f"{_WHAT[table.optimizer]} (optimizer = {table.optimizer!r}, {want}); use {_USE[table.optimizer]} with "
-        f"{want}, or change [[tables]] id = {table.id}{where}")
 
 
 @dataclasses.dataclass
@@ -337,7 +245,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             (``EmbeddingBagCollectionSharder(fused_params=...)``: ``optimizer`` an fbgemm
             ``EmbOptimType``, ``learning_rate``, ``eps``, ...), checked for every table, merged
             with any ``apply_optimizer_in_backward`` kwargs as TorchRec merges them
-            (:func:`table_fused_params`, :func:`optimizer_mismatch`).
+            (:func:`~embnic.client_lib.torch_optim.table_fused_params`,
+            :func:`~embnic.client_lib.torch_optim.optimizer_mismatch`).
 
     Raises:
         ValueError: no tables, duplicate names, a table not in the cluster config, a dim or
@@ -459,7 +368,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
 
     def use_fused_params(self, fused_params: dict | None, source: str = "fused_params") -> None:
         """Take a TorchRec sharder's ``fused_params`` as the tables' fused optimizer settings,
-        after checking them against every table's config (:func:`optimizer_mismatch`); they are
+        after checking them against every table's config
+        (:func:`~embnic.client_lib.torch_optim.optimizer_mismatch`); they are
         then merged with any ``apply_optimizer_in_backward`` kwargs as TorchRec merges them
         (:meth:`check_optimizers`). ``None`` or ``{}`` takes none.
 
@@ -469,10 +379,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         """
         fused = dict(fused_params) if fused_params else None
         if fused is not None:
-            for conf, tid in zip(self._configs, self._table_ids):
-                bad = optimizer_mismatch(self.cfg.table(tid), table_fused_params(fused))
-                if bad:
-                    raise _mismatch_error(conf.name, self.cfg.table(tid), source, bad, self.cfg)
+            check_fused_params(self.cfg, self._configs, self._table_ids, fused, source)
         self._fused_params = fused
         for bag in getattr(self, "embedding_bags", {}).values():  # check in-backward choices again with them
             if hasattr(bag.weight, "_embnic_checked"):
@@ -507,7 +414,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         Per table: ``_optimizer_classes`` / ``_optimizer_kwargs`` of its ``weight`` (set by
         ``torchrec.optim.apply_optimizer_in_backward`` or ``torch.distributed.optim.
         _apply_optimizer_in_backward``), merged with ``fused_params`` as TorchRec's sharders
-        merge them, must match the table's optimizer, lr and eps (:func:`optimizer_mismatch`);
+        merge them, must match the table's optimizer, lr and eps
+        (:func:`~embnic.client_lib.torch_optim.optimizer_mismatch`);
         a matching in-backward optimizer is then made TorchRec's no-op ``EmptyFusedOptimizer``
         (the shards apply the update). Runs at every forward and backward; O(tables).
 
@@ -517,28 +425,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
                 another optimizer type, lr or eps than the config's, or a setting the shards
                 do not apply (weight decay, momentum, ...).
         """
-        for conf, tid in zip(self._configs, self._table_ids):
-            w = self.embedding_bags[conf.name].weight
-            classes = getattr(w, "_optimizer_classes", None)
-            if not classes or getattr(w, "_embnic_checked", None) == len(classes):
-                continue
-            table = self.cfg.table(tid)
-            if len(classes) != 1:
-                raise ValueError(f"table {conf.name!r}: {len(classes)} optimizers applied in backward "
-                                 f"({', '.join(c.__name__ for c in classes)}); a table takes one, as TorchRec's "
-                                 "sharders")
-            try:
-                fused = table_fused_params(self._fused_params, classes[0], w._optimizer_kwargs[0])
-            except ValueError as e:
-                raise ValueError(f"table {conf.name!r}: apply_optimizer_in_backward({classes[0].__name__}): {e}; "
-                                 f"the shards train it with {_WHAT[table.optimizer]}: use {_USE[table.optimizer]}") from None
-            bad = optimizer_mismatch(table, fused)
-            if bad:
-                src = f"apply_optimizer_in_backward({classes[0].__name__}, ...)"
-                raise _mismatch_error(conf.name, table, src + (" with fused_params" if self._fused_params else ""),
-                                      bad, self.cfg)
-            w._in_backward_optimizers = [EmptyFusedOptimizer()]  # the shards apply it
-            w._embnic_checked = len(classes)
+        check_in_backward(self.cfg, self._configs, self._table_ids, self._placeholders(), self._fused_params)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of every (table, feature).
@@ -575,9 +462,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             embnic.client_lib.client.EmbnicError: a shard failed (lookup).
         """
         self.check_optimizers()
-        _check_kjt(features, self._slot_features)
+        check_kjt(features, self._slot_features)
         vbe = features.variable_stride_per_key() or features.inverse_indices_or_none() is not None
-        kjt = self._flatten_vbe(features) if vbe else self._select(features)
+        kjt = flatten_vbe(features, self._slot_features) if vbe else self._select(features)
         b = kjt.stride()
         values = kjt.values()
         lengths = kjt.lengths()
@@ -590,7 +477,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
                 raise ValueError("is_weighted=True but the KeyedJaggedTensor has no weights")
             weights = weights.to(torch.float32)
         if self._validate:
-            self._check(vals, lens, b, weights)
+            check_ids(vals, lens, b, weights, self._slot_features, self._slot_limit)
         batch = KeyedJaggedBatch(list(self._slot_features), vals.view(np.uint64), lens, b)
         prep = prepare_batch(batch, self._slot_tables, validate=False)  # checked above (_check)
         self.ids += prep.num_ids
@@ -649,89 +536,6 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         if missing:
             raise ValueError(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
         return features.permute([index[f] for f in self._slot_features])
-
-    def _flatten_vbe(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """A variable-batch (VBE) KJT as the fixed-stride KJT of the slots that TorchRec's EBC
-        output describes: slot ``s``, output row ``b`` is a copy of bag
-        ``inverse_indices[f(s), b]`` of its feature (its ids, lengths and weights gathered with
-        one index array; weights through torch indexing, so their gradient flows back).
-        Pooling a copied bag gives TorchRec's ``pooled_f[inverse_indices[f, b]]``, and the
-        rows' gradient is the same sum (in another order). O(F·B + n), no per-id loop."""
-        keys = features.keys()
-        index = {k: i for i, k in enumerate(keys)}
-        missing = [f for f in self._slot_features if f not in index]
-        if missing:
-            raise ValueError(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
-        strides = np.asarray(features.stride_per_key(), dtype=np.int64)  # bags per key, over ranks
-        inv = features.inverse_indices_or_none()
-        kidx = np.array([index[f] for f in self._slot_features], dtype=np.int64)
-        if inv is None:
-            if len(set(strides[kidx].tolist())) > 1:
-                raise ValueError(
-                    "variable batch size per feature (VBE KeyedJaggedTensor, stride_per_key_per_rank) without "
-                    f"inverse_indices: features {self._slot_features} have {strides[kidx].tolist()} bags, which "
-                    "cannot form one (B, Σ dims) output (TorchRec's EmbeddingBagCollection fails on it too); "
-                    "pass inverse_indices=(keys, int tensor (F, B)) mapping every output row to its bag")
-            b = int(strides[kidx[0]]) if kidx.size else 0
-            bag = (np.concatenate([[0], np.cumsum(strides)])[kidx][:, None] + np.arange(b)[None, :])
-        else:
-            inv_keys, inv_t = inv
-            ipos = {k: i for i, k in enumerate(inv_keys)}
-            lacking = [f for f in self._slot_features if f not in ipos]
-            if lacking:
-                raise ValueError(f"VBE KeyedJaggedTensor: inverse_indices lack feature(s) {lacking} "
-                                 f"(have {list(inv_keys)})")
-            inv_np = inv_t.detach().cpu().numpy()
-            if inv_np.ndim != 2 or inv_np.shape[0] != len(inv_keys) or inv_np.dtype.kind not in "iu":
-                raise ValueError(f"VBE KeyedJaggedTensor: inverse_indices must be integers of shape "
-                                 f"({len(inv_keys)}, B), got {inv_t.dtype} {tuple(inv_t.shape)}")
-            b = inv_np.shape[1]
-            sel = inv_np[[ipos[f] for f in self._slot_features]].astype(np.int64)  # (S, B)
-            lim = strides[kidx][:, None]
-            out_of = (sel < 0) | (sel >= lim)
-            if out_of.any():
-                s_, b_ = (int(x[0]) for x in np.nonzero(out_of))
-                raise ValueError(f"VBE KeyedJaggedTensor: inverse_indices[{self._slot_features[s_]!r}][{b_}] = "
-                                 f"{int(sel[s_, b_])} outside the feature's {int(lim[s_, 0])} bags")
-            bag = np.concatenate([[0], np.cumsum(strides)])[kidx][:, None] + sel
-        lengths = features.lengths().detach().numpy().astype(np.int64, copy=False)
-        if lengths.shape != (int(strides.sum()),):
-            raise ValueError(f"VBE KeyedJaggedTensor: lengths has shape {tuple(lengths.shape)}, expected "
-                             f"({int(strides.sum())},) = Σ stride_per_key_per_rank")
-        bag = bag.reshape(-1)
-        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        new_len = lengths[bag]
-        new_off = np.zeros(new_len.size + 1, dtype=np.int64)
-        np.cumsum(new_len, out=new_off[1:])
-        if int(offsets[-1]) != features.values().numel():
-            raise ValueError(f"sum(lengths)={int(offsets[-1])} != len(values)={features.values().numel()}")
-        pos = torch.from_numpy(np.repeat(offsets[:-1][bag] - new_off[:-1], new_len) + np.arange(int(new_off[-1])))
-        w = features.weights_or_none()
-        return KeyedJaggedTensor(keys=list(self._slot_features), values=features.values()[pos],
-                                 lengths=torch.from_numpy(new_len.astype(np.int32)),
-                                 weights=None if w is None else w[pos], stride=b)
-
-    def _check(self, vals: np.ndarray, lens: np.ndarray, b: int, weights) -> None:
-        nf = len(self._slot_features)
-        if lens.shape != (nf * b,):
-            raise ValueError(f"lengths has shape {tuple(lens.shape)}, expected ({nf}*{b},)")
-        if lens.size and int(lens.min()) < 0:
-            raise ValueError("negative length")
-        n = int(lens.sum())
-        if n != vals.size:
-            raise ValueError(f"sum(lengths)={n} != len(values)={vals.size}")
-        if weights is not None and weights.shape != (n,):
-            raise ValueError(f"weights has shape {tuple(weights.shape)}, expected ({n},)")
-        if n:
-            per_feat = lens.reshape(nf, b).sum(axis=1)
-            limit = np.repeat(self._slot_limit, per_feat)
-            bad = ((vals < 0) | (vals >= limit)) & (limit >= 0)
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                f = int(np.searchsorted(np.cumsum(per_feat), i, side="right"))
-                raise ValueError(f"feature {self._slot_features[f]!r}: id {int(vals[i])} outside "
-                                 f"[0, num_embeddings={int(self._slot_limit[f])})")
 
     def _grouped_weights(self, step: _Step) -> torch.Tensor | None:
         """The per-sample weights (detached) in prep's grouped order of ids."""
@@ -841,29 +645,6 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         return g_w
 
 
-def _check_kjt(features: KeyedJaggedTensor, wanted: list[str]) -> None:
-    """The dtypes and the features of a KJT, every problem named in one ``ValueError`` (so
-    ``KeyedJaggedTensor.empty()``, float values and no keys, hears of both). TorchRec's EBC takes
-    int32/int64 ids only (``nn.EmbeddingBag``'s indices): float values would be truncated to ids,
-    the wrong rows, silently."""
-    problems = []
-    v = features.values()
-    if v.dtype not in (torch.int64, torch.int32):
-        problems.append(f"KeyedJaggedTensor values must be integer ids (torch.int64 or torch.int32, as TorchRec's "
-                        f"EmbeddingBagCollection takes), got {v.dtype}; ids >= 2**63 are int64 with the same "
-                        "bits (kjt_from_dense does it)")
-    ln = features.lengths()
-    if ln.is_floating_point() or ln.is_complex() or ln.dtype == torch.bool:
-        problems.append(f"KeyedJaggedTensor lengths must be integers, got {ln.dtype}")
-    keys = features.keys()
-    have = set(keys)
-    missing = [f for f in wanted if f not in have]
-    if missing:
-        problems.append(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
-    if problems:
-        raise ValueError("; and ".join(problems))
-
-
 def placeholder_names(model: torch.nn.Module) -> list[str]:
     """Fully qualified names of the ``(0, dim)`` placeholder weights of every
     :class:`RemoteEmbeddingBagCollection` in ``model`` (``"ebc.embedding_bags.a.weight"``, ...).
@@ -906,7 +687,8 @@ class RemoteEmbeddingBagCollectionSharder(ModuleSharder[RemoteEmbeddingBagCollec
 
     Args:
         fused_params: as TorchRec's sharders take them (``optimizer`` an fbgemm
-            ``EmbOptimType``, ``learning_rate``, ``eps``, ...; :func:`optimizer_mismatch`);
+            ``EmbOptimType``, ``learning_rate``, ``eps``, ...;
+            :func:`~embnic.client_lib.torch_optim.optimizer_mismatch`);
             None for none (``apply_optimizer_in_backward`` or the config alone then choose).
         qcomm_codecs_registry: TorchRec's argument of every sharder (no communication here).
     """
