@@ -140,6 +140,41 @@ static_assert(sizeof(struct embnic_hdr) == EMBNIC_HDR_LEN,
 EMBNIC_HDR_FIELDS(EMBNIC_ASSERT_FIELD)
 #undef EMBNIC_ASSERT_FIELD
 
+/*
+ * A directory entry of a LOOKUP_REQ / UPDATE_REQ body (docs/protocol.md
+ * "Body"): one per table, little-endian like every body. X(field, offset,
+ * size): client_lib/consts.py DIR_ENTRY_FIELDS is the same table
+ * (tests/dataplane/test_buildinfo.py compares them).
+ */
+#define EMBNIC_DIR_FIELDS(X) \
+	X(table_id, 0, 2) \
+	X(dim, 2, 2) \
+	X(dtype, 4, 1) \
+	X(reserved0, 5, 1) \
+	X(reserved1, 6, 2) \
+	X(num_keys, 8, 4) \
+	X(reserved2, 12, 4)
+
+struct embnic_dir_entry {
+	uint16_t table_id;
+	uint16_t dim;
+	uint8_t dtype;
+	uint8_t reserved0;
+	uint16_t reserved1;
+	uint32_t num_keys;
+	uint32_t reserved2;
+} __attribute__((packed));
+
+static_assert(sizeof(struct embnic_dir_entry) == EMBNIC_DIR_ENTRY,
+	      "a directory entry is 16 bytes");
+#define EMBNIC_ASSERT_DIR_FIELD(f, off, sz) \
+	static_assert(offsetof(struct embnic_dir_entry, f) == (off), \
+		      "offset of embnic_dir_entry." #f); \
+	static_assert(sizeof(((struct embnic_dir_entry *)0)->f) == (sz), \
+		      "size of embnic_dir_entry." #f);
+EMBNIC_DIR_FIELDS(EMBNIC_ASSERT_DIR_FIELD)
+#undef EMBNIC_ASSERT_DIR_FIELD
+
 /* The header in host byte order (the fields a receiver uses). */
 struct embnic_msg {
 	uint32_t msg_id;

@@ -23,17 +23,6 @@ enum {
 	P_FRAMES, P_RFRAMES, P_NCOL
 };
 
-/* A directory entry (docs/protocol.md "Body"), little-endian like bodies. */
-struct dir_entry {
-	uint16_t table_id;
-	uint16_t dim;
-	uint8_t dtype;
-	uint8_t reserved0[3];
-	uint32_t num_keys;
-	uint32_t reserved1;
-} __attribute__((packed));
-static_assert(sizeof(struct dir_entry) == EMBNIC_DIR_ENTRY, "a directory entry is 16 bytes");
-
 /* SplitMix64 (client_lib/splitmix.py). */
 static inline uint64_t
 splitmix64(uint64_t x)
@@ -143,7 +132,7 @@ embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64
 			row[P_DIR0] = d;
 			for (j = a; j < k; j++) {
 				if (j == a || tkey[j] != tkey[j - 1]) {
-					struct dir_entry e;
+					struct embnic_dir_entry e;
 
 					memset(&e, 0, sizeof(e));
 					e.table_id = (uint16_t)tid[tkey[j]];
@@ -153,7 +142,7 @@ embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64
 					d++;
 					nt++;
 				}
-				((struct dir_entry *)(dir + (d - 1) * EMBNIC_DIR_ENTRY))->num_keys++;
+				((struct embnic_dir_entry *)(dir + (d - 1) * EMBNIC_DIR_ENTRY))->num_keys++;
 			}
 			row[P_NT] = nt;
 			row[P_KA] = k0;

@@ -13,6 +13,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile
 
@@ -116,6 +117,13 @@ def test_c_static_assert_table_matches_python():
     block = block[:block.index("\n\n")]
     rows = tuple((n, int(o), int(s)) for n, o, s in re.findall(r"X\((\w+), (\d+), (\d+)\)", block))
     assert rows == consts.HEADER_FIELDS
+    # the directory entry: the same table as consts.DIR_ENTRY_FIELDS (offsets from numpy's layout)
+    block = text[text.index("#define EMBNIC_DIR_FIELDS(X)"):]
+    block = block[:block.index("\n\n")]
+    rows = tuple((n, int(o), int(s)) for n, o, s in re.findall(r"X\((\w+), (\d+), (\d+)\)", block))
+    dt = np.dtype(list(consts.DIR_ENTRY_FIELDS))
+    assert rows == tuple((n, dt.fields[n][1], dt.fields[n][0].itemsize) for n in dt.names)
+    assert dt.itemsize == consts.DIR_ENTRY
     assert f"#define EMBNIC_HDR_LEN\t\t{consts.HDR_LEN}" in text
     assert f"#define EMBNIC_UDP_PORT\t\t{consts.UDP_PORT}" in text
     assert f"#define EMBNIC_MAX_FRAGS\t{consts.MAX_FRAGS}\t" in text

@@ -187,7 +187,7 @@ embnic_shard_queue(struct embnic_answer *a, int64_t idx, const uint8_t *name, in
 	return 0;
 }
 
-/* directory entry t of a request body (codec.DIR_DTYPE, little-endian) */
+/* directory entry t of a request body (struct embnic_dir_entry, little-endian), in host order */
 struct dir_entry {
 	uint16_t table_id;
 	uint16_t dim;
@@ -199,7 +199,12 @@ static inline struct dir_entry
 dir_at(const uint8_t *body, int64_t t)
 {
 	const uint8_t *e = body + t * EMBNIC_DIR_ENTRY;
-	struct dir_entry d = { le16(e), le16(e + 2), e[4], le32(e + 8) };
+	struct dir_entry d = {
+		le16(e + offsetof(struct embnic_dir_entry, table_id)),
+		le16(e + offsetof(struct embnic_dir_entry, dim)),
+		e[offsetof(struct embnic_dir_entry, dtype)],
+		le32(e + offsetof(struct embnic_dir_entry, num_keys)),
+	};
 
 	return d;
 }
