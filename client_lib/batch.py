@@ -194,8 +194,8 @@ class PreparedBatch:
 
     @property
     def dedup_ratio(self) -> float:
-        """unique ids / all ids (1.0 = no duplicates)."""
-        return self.num_unique / self.num_ids if self.num_ids else 1.0
+        """unique ids / all ids (1.0 = no duplicates): :func:`dedup_ratio` of the batch."""
+        return dedup_ratio(self.num_unique, self.num_ids)
 
     @functools.cached_property
     def row_index(self) -> np.ndarray:
@@ -212,6 +212,12 @@ class PreparedBatch:
         return {t: TablePrep(t, feats[fo[i]:fo[i + 1]], self.unique[uo[i]:uo[i + 1]], self.inverse[io[i]:io[i + 1]],
                              self.offsets[bo[i]:bo[i + 1] + 1] - io[i], self.lengths[bo[i]:bo[i + 1]])
                 for i, t in enumerate(self.table_ids.tolist())}
+
+
+def dedup_ratio(num_unique: int, num_ids: int) -> float:
+    """What deduplication leaves of a lookup: ``num_unique / num_ids`` (ids sent per id asked for;
+    1.0 = no duplicates, and for no ids at all)."""
+    return num_unique / num_ids if num_ids else 1.0
 
 
 def validate_batch(batch: KeyedJaggedBatch, feature_tables: list[int]) -> tuple[np.ndarray, np.ndarray]:

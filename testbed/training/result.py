@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from embnic.client_lib.batch import dedup_ratio
+
 
 @dataclasses.dataclass
 class TrainResult:
@@ -30,5 +32,5 @@ class TrainResult:
 
     @property
     def dedup_ratio(self) -> float:
-        """unique ids / all ids over the run's batches."""
-        return self.unique_ids / self.ids if self.ids else 1.0
+        """unique ids / all ids over the run's batches (:func:`~embnic.client_lib.batch.dedup_ratio`)."""
+        return dedup_ratio(self.unique_ids, self.ids)
