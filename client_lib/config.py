@@ -209,6 +209,18 @@ def id_ranges(ids) -> str:
     return ", ".join(runs)
 
 
+def _by_id(items, ident: int, what: str):
+    """The element of ``items`` whose ``id`` is ``ident``.
+
+    Raises:
+        KeyError: none (``no {what} with id {ident}``).
+    """
+    for x in items:
+        if x.id == ident:
+            return x
+    raise KeyError(f"no {what} with id {ident}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """A parsed, validated cluster config. ``path`` is where it came from (or None)."""
@@ -237,16 +249,12 @@ class ClusterConfig:
         return id_ranges(t.id for t in self.tables)
 
     def table(self, table_id: int) -> TableConfig:
-        for t in self.tables:
-            if t.id == table_id:
-                return t
-        raise KeyError(f"no table with id {table_id}")
+        """The table of id ``table_id``. Raises KeyError: no such table."""
+        return _by_id(self.tables, table_id, "table")
 
     def shard(self, shard_id: int) -> Endpoint:
-        for s in self.shards:
-            if s.id == shard_id:
-                return s
-        raise KeyError(f"no shard with id {shard_id}")
+        """The shard of id ``shard_id``. Raises KeyError: no such shard."""
+        return _by_id(self.shards, shard_id, "shard")
 
     def store_of(self, table_id: int, shard_id: int) -> tuple[str, int | None]:
         """(store, cache_rows) of table ``table_id`` on shard ``shard_id``: the table's own
@@ -263,10 +271,8 @@ class ClusterConfig:
         return store, t.cache_rows or s.cache_rows or DEFAULT_CACHE_ROWS
 
     def client(self, client_id: int) -> Endpoint:
-        for c in self.clients:
-            if c.id == client_id:
-                return c
-        raise KeyError(f"no client with id {client_id}")
+        """The client of id ``client_id``. Raises KeyError: no such client."""
+        return _by_id(self.clients, client_id, "client")
 
     def request_destination(self, client_id: int, shard_id: int) -> tuple[str, int]:
         """(IPv4, UDP port) a client sends a request for ``shard_id`` to.
@@ -504,81 +510,91 @@ def _expected_rows(t: dict, w: str, path) -> int | None:
     return v
 
 
-def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterConfig:
-    """Validate a config already parsed from TOML into a dict.
+def _cluster(raw: dict, path) -> dict:
+    """The ``[cluster]`` section's settings, checked: ``{name, udp_port, mtu, sharding, seed,
+    timeout_ms, retries}`` (:class:`ClusterConfig`'s fields of the same names).
 
     Raises:
         ConfigError: naming the first invalid field.
     """
-    for sec in raw:
-        if sec not in SECTIONS:
-            raise ConfigError(sec, f"unknown section{did_you_mean(sec, SECTIONS)}; known: "
-                              f"{', '.join(SECTIONS)}", path)
     cl = raw.get("cluster", {})
     if not isinstance(cl, dict):
         raise ConfigError("cluster", "must be a table [cluster]", path)
     w = "cluster."
     check_keys(cl, CLUSTER_KEYS, w, path)
-    name = _get(cl, "name", w, str, "embnic", path)
-    udp_port = _check_range(_get(cl, "udp_port", w, int, consts.UDP_PORT, path), 1, 65535, w + "udp_port", path)
-    mtu = _check_range(_get(cl, "mtu", w, int, consts.DEFAULT_MTU, path), *MTU_LIMITS, w + "mtu", path)
+    out = {"name": _get(cl, "name", w, str, "embnic", path),
+           "udp_port": _check_range(_get(cl, "udp_port", w, int, consts.UDP_PORT, path), 1, 65535, w + "udp_port",
+                                    path),
+           "mtu": _check_range(_get(cl, "mtu", w, int, consts.DEFAULT_MTU, path), *MTU_LIMITS, w + "mtu", path)}
     sharding = _get(cl, "sharding", w, str, "hash", path)
     if sharding not in SHARDING_POLICIES:
         raise ConfigError(w + "sharding", f"must be one of {', '.join(SHARDING_POLICIES)}, got {sharding!r}", path)
-    seed = _check_range(_get(cl, "seed", w, int, 0, path), 0, 2**63 - 1, w + "seed", path)
-    timeout_ms = _check_range(_get(cl, "timeout_ms", w, int, 200, path), 1, 600_000, w + "timeout_ms", path)
-    retries = _check_range(_get(cl, "retries", w, int, 5, path), 1, 1000, w + "retries", path)
+    out["sharding"] = sharding
+    out["seed"] = _check_range(_get(cl, "seed", w, int, 0, path), 0, 2**63 - 1, w + "seed", path)
+    out["timeout_ms"] = _check_range(_get(cl, "timeout_ms", w, int, 200, path), 1, 600_000, w + "timeout_ms", path)
+    out["retries"] = _check_range(_get(cl, "retries", w, int, 5, path), 1, 1000, w + "retries", path)
+    return out
 
-    tabs = raw.get("tables")
-    if not isinstance(tabs, list) or not tabs:
-        raise ConfigError("tables", "at least one [[tables]] entry is required", path)
-    tables, seen, names = [], set(), {}
-    for i, t in enumerate(tabs):
-        w = f"tables[{i}]."
-        if not isinstance(t, dict):
-            raise ConfigError(f"tables[{i}]", "must be a table", path)
-        check_keys(t, TABLE_KEYS, w, path)
-        tid = _check_range(_get(t, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
-        if tid in seen:
-            raise ConfigError(w + "id", f"duplicate table id {tid}", path)
-        seen.add(tid)
-        dtype = _get(t, "dtype", w, str, "fp32", path)
-        if dtype not in consts.DTYPE_BY_NAME:
-            raise ConfigError(w + "dtype", f"must be fp32 or fp16, got {dtype!r}", path)
-        opt = _get(t, "optimizer", w, str, "adagrad", path)
-        if opt not in OPTIMIZERS:
-            raise ConfigError(w + "optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {opt!r}", path)
-        lr = _check_float(_get(t, "lr", w, float, 0.05, path), w + "lr", path)
-        tname = _get(t, "name", w, str, f"t{tid}", path)
-        if not tname:
-            raise ConfigError(w + "name", "must not be empty", path)
-        if tname in names:
-            raise ConfigError(w + "name", f"duplicate table name {tname!r} (also tables[{names[tname]}]); every table "
-                              "needs a name of its own (names key the tables in TorchRec and `embnic tables export`)",
-                              path)
-        names[tname] = i
-        store, cache_rows = _store(t, w, path), _cache_rows(t, w, path)
-        if store == "memory" and cache_rows is not None:
-            raise ConfigError(w + "cache_rows", 'is the cache of a store = "disk" table: set store = "disk" or drop '
-                              "cache_rows", path)
-        tables.append(TableConfig(
-            id=tid,
-            name=tname,
-            rows=_rows(t, w, path),
-            dim=_check_range(_get(t, "dim", w, int, path=path), 1, 4096, w + "dim", path),
-            dtype=dtype,
-            optimizer=opt,
-            lr=lr,
-            eps=_check_float(_get(t, "eps", w, float, 1e-8, path), w + "eps", path),
-            init_scale=_check_float(_get(t, "init_scale", w, float, 0.01, path), w + "init_scale", path,
-                                    zero_ok=True),
-            shard=_get(t, "shard", w, int, None, path),
-            expected_rows=_expected_rows(t, w, path),
-            store=store,
-            cache_rows=cache_rows,
-        ))
-    shards = _endpoints(raw, "shards", path, udp_port)
-    clients = _endpoints(raw, "clients", path, 40000)
+
+def _table(t, i: int, seen: set, names: dict, path) -> TableConfig:
+    """``[[tables]]`` entry ``i``, checked; ``seen`` (table ids) and ``names`` (name → entry) of
+    the entries before it are updated.
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
+    w = f"tables[{i}]."
+    if not isinstance(t, dict):
+        raise ConfigError(f"tables[{i}]", "must be a table", path)
+    check_keys(t, TABLE_KEYS, w, path)
+    tid = _check_range(_get(t, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
+    if tid in seen:
+        raise ConfigError(w + "id", f"duplicate table id {tid}", path)
+    seen.add(tid)
+    dtype = _get(t, "dtype", w, str, "fp32", path)
+    if dtype not in consts.DTYPE_BY_NAME:
+        raise ConfigError(w + "dtype", f"must be fp32 or fp16, got {dtype!r}", path)
+    opt = _get(t, "optimizer", w, str, "adagrad", path)
+    if opt not in OPTIMIZERS:
+        raise ConfigError(w + "optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {opt!r}", path)
+    lr = _check_float(_get(t, "lr", w, float, 0.05, path), w + "lr", path)
+    tname = _get(t, "name", w, str, f"t{tid}", path)
+    if not tname:
+        raise ConfigError(w + "name", "must not be empty", path)
+    if tname in names:
+        raise ConfigError(w + "name", f"duplicate table name {tname!r} (also tables[{names[tname]}]); every table "
+                          "needs a name of its own (names key the tables in TorchRec and `embnic tables export`)",
+                          path)
+    names[tname] = i
+    store, cache_rows = _store(t, w, path), _cache_rows(t, w, path)
+    if store == "memory" and cache_rows is not None:
+        raise ConfigError(w + "cache_rows", 'is the cache of a store = "disk" table: set store = "disk" or drop '
+                          "cache_rows", path)
+    return TableConfig(
+        id=tid,
+        name=tname,
+        rows=_rows(t, w, path),
+        dim=_check_range(_get(t, "dim", w, int, path=path), 1, 4096, w + "dim", path),
+        dtype=dtype,
+        optimizer=opt,
+        lr=lr,
+        eps=_check_float(_get(t, "eps", w, float, 1e-8, path), w + "eps", path),
+        init_scale=_check_float(_get(t, "init_scale", w, float, 0.01, path), w + "init_scale", path,
+                                zero_ok=True),
+        shard=_get(t, "shard", w, int, None, path),
+        expected_rows=_expected_rows(t, w, path),
+        store=store,
+        cache_rows=cache_rows,
+    )
+
+
+def _check_placement(tables: list[TableConfig], shards: tuple[Endpoint, ...], path) -> None:
+    """Each table's ``shard`` names a shard, and ``cache_rows`` (of a table or a shard) is set
+    only where a table is kept on disk.
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
     shard_ids = {s.id for s in shards}
     for i, t in enumerate(tables):
         if t.shard is not None and t.shard not in shard_ids:
@@ -596,64 +612,103 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
                               'keeps every table in memory: set store = "disk" (on the shard or a table) or drop '
                               "cache_rows", path)
 
-    card = None
-    if "card" in raw:
-        c = raw["card"]
-        w = "card."
-        if not isinstance(c, dict):
-            raise ConfigError("card", "must be a table [card]", path)
-        check_keys(c, CARD_KEYS, w, path)
-        ports, pseen = [], set()
-        for i, p in enumerate(_get(c, "ports", w, list, [], path)):
-            pw = f"card.ports[{i}]."
-            if not isinstance(p, dict):
-                raise ConfigError(f"card.ports[{i}]", "must be a table", path)
-            check_keys(p, CARD_PORT_KEYS, pw, path)
-            pid = _check_range(_get(p, "id", pw, int, path=path), *CARD_LIMITS["port_id"], pw + "id", path)
-            if pid in pseen:
-                raise ConfigError(pw + "id", f"duplicate card port {pid}", path)
-            pseen.add(pid)
-            ports.append(CardPort(pid, _check_ip(_get(p, "ip", pw, str, path=path), pw + "ip", path),
-                                  _check_mac(_get(p, "mac", pw, str, None, path), pw + "mac", path),
-                                  _get(p, "name", pw, str, None, path)))
-        enabled = _get(c, "enabled", w, bool, True, path)
-        ring = _check_range(_get(c, "ring_size", w, int, 4096, path), *CARD_LIMITS["ring_size"], w + "ring_size", path)
-        if ring & (ring - 1):
-            raise ConfigError(w + "ring_size", f"must be a power of two, got {ring}", path)
-        card = CardConfig(
-            enabled=enabled, ports=tuple(ports), ring_size=ring,
-            state_size=_check_range(_get(c, "state_size", w, int, 65536, path), *CARD_LIMITS["state_size"],
-                                    w + "state_size", path),
-            state_timeout_ms=_check_range(_get(c, "state_timeout_ms", w, int, 5000, path),
-                                          *CARD_LIMITS["state_timeout_ms"], w + "state_timeout_ms", path),
-            lcores=_get(c, "lcores", w, str, "0,1", path),
-            state_lcores=_check_range(_get(c, "state_lcores", w, int, 1, path), *CARD_LIMITS["state_lcores"],
-                                      w + "state_lcores", path),
-            pci=_pci_list(_get(c, "pci", w, list, [], path), w + "pci", path),
-            set_sizes=frozenset(k for k in SIZE_KEYS if k in c),
-        )
-        try:
-            n_lcores = len(parse_lcores(card.lcores))
-        except ValueError as e:
-            raise ConfigError(w + "lcores", str(e), path) from None
-        if card.state_lcores > n_lcores:
-            raise ConfigError(w + "state_lcores", f"{card.state_lcores} state lcores need at least as many lcores, "
-                              f"but lcores = {card.lcores!r} names {n_lcores}", path)
-        if enabled:
-            if not ports:
-                raise ConfigError("card.ports", "at least one port is required when the card is enabled", path)
-            for kind, eps in (("shards", shards), ("clients", clients)):
-                for i, e in enumerate(eps):
-                    if e.card_port is None:
-                        raise ConfigError(f"{kind}[{i}].card_port", "required when [card] is enabled", path)
-                    if e.card_port not in pseen:
-                        raise ConfigError(f"{kind}[{i}].card_port",
-                                          f"no card port {e.card_port} (ports: {sorted(pseen)})", path)
+
+def _card_ports(c: dict, w: str, path) -> list[CardPort]:
+    """``[[card.ports]]``, checked (ids unique).
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
+    ports, pseen = [], set()
+    for i, p in enumerate(_get(c, "ports", w, list, [], path)):
+        pw = f"card.ports[{i}]."
+        if not isinstance(p, dict):
+            raise ConfigError(f"card.ports[{i}]", "must be a table", path)
+        check_keys(p, CARD_PORT_KEYS, pw, path)
+        pid = _check_range(_get(p, "id", pw, int, path=path), *CARD_LIMITS["port_id"], pw + "id", path)
+        if pid in pseen:
+            raise ConfigError(pw + "id", f"duplicate card port {pid}", path)
+        pseen.add(pid)
+        ports.append(CardPort(pid, _check_ip(_get(p, "ip", pw, str, path=path), pw + "ip", path),
+                              _check_mac(_get(p, "mac", pw, str, None, path), pw + "mac", path),
+                              _get(p, "name", pw, str, None, path)))
+    return ports
+
+
+def _card(c, shards: tuple[Endpoint, ...], clients: tuple[Endpoint, ...], path) -> CardConfig:
+    """The ``[card]`` section, checked; when the card is enabled, every shard and client names
+    one of its ports.
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
+    w = "card."
+    if not isinstance(c, dict):
+        raise ConfigError("card", "must be a table [card]", path)
+    check_keys(c, CARD_KEYS, w, path)
+    ports = _card_ports(c, w, path)
+    enabled = _get(c, "enabled", w, bool, True, path)
+    ring = _check_range(_get(c, "ring_size", w, int, 4096, path), *CARD_LIMITS["ring_size"], w + "ring_size", path)
+    if ring & (ring - 1):
+        raise ConfigError(w + "ring_size", f"must be a power of two, got {ring}", path)
+    card = CardConfig(
+        enabled=enabled, ports=tuple(ports), ring_size=ring,
+        state_size=_check_range(_get(c, "state_size", w, int, 65536, path), *CARD_LIMITS["state_size"],
+                                w + "state_size", path),
+        state_timeout_ms=_check_range(_get(c, "state_timeout_ms", w, int, 5000, path),
+                                      *CARD_LIMITS["state_timeout_ms"], w + "state_timeout_ms", path),
+        lcores=_get(c, "lcores", w, str, "0,1", path),
+        state_lcores=_check_range(_get(c, "state_lcores", w, int, 1, path), *CARD_LIMITS["state_lcores"],
+                                  w + "state_lcores", path),
+        pci=_pci_list(_get(c, "pci", w, list, [], path), w + "pci", path),
+        set_sizes=frozenset(k for k in SIZE_KEYS if k in c),
+    )
+    try:
+        n_lcores = len(parse_lcores(card.lcores))
+    except ValueError as e:
+        raise ConfigError(w + "lcores", str(e), path) from None
+    if card.state_lcores > n_lcores:
+        raise ConfigError(w + "state_lcores", f"{card.state_lcores} state lcores need at least as many lcores, "
+                          f"but lcores = {card.lcores!r} names {n_lcores}", path)
+    if enabled:
+        if not ports:
+            raise ConfigError("card.ports", "at least one port is required when the card is enabled", path)
+        pids = {p.id for p in ports}
+        for kind, eps in (("shards", shards), ("clients", clients)):
+            for i, e in enumerate(eps):
+                if e.card_port is None:
+                    raise ConfigError(f"{kind}[{i}].card_port", "required when [card] is enabled", path)
+                if e.card_port not in pids:
+                    raise ConfigError(f"{kind}[{i}].card_port",
+                                      f"no card port {e.card_port} (ports: {sorted(pids)})", path)
+    return card
+
+
+def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterConfig:
+    """Validate a config already parsed from TOML into a dict.
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
+    for sec in raw:
+        if sec not in SECTIONS:
+            raise ConfigError(sec, f"unknown section{did_you_mean(sec, SECTIONS)}; known: "
+                              f"{', '.join(SECTIONS)}", path)
+    cl = _cluster(raw, path)
+    tabs = raw.get("tables")
+    if not isinstance(tabs, list) or not tabs:
+        raise ConfigError("tables", "at least one [[tables]] entry is required", path)
+    seen, names = set(), {}
+    tables = [_table(t, i, seen, names, path) for i, t in enumerate(tabs)]
+    shards = _endpoints(raw, "shards", path, cl["udp_port"])
+    clients = _endpoints(raw, "clients", path, 40000)
+    _check_placement(tables, shards, path)
+    card = _card(raw["card"], shards, clients, path) if "card" in raw else None
     card_ports = card.ports if card is not None else ()
     _check_hosts(shards, clients, card_ports, path)
     _check_unique_macs(shards, clients, card_ports, path)
-    return ClusterConfig(name, udp_port, mtu, sharding, seed, timeout_ms, retries, tuple(tables),
-                         shards, clients, card, str(path) if path else None, raw)
+    return ClusterConfig(cl["name"], cl["udp_port"], cl["mtu"], cl["sharding"], cl["seed"], cl["timeout_ms"],
+                         cl["retries"], tuple(tables), shards, clients, card, str(path) if path else None, raw)
 
 
 def load_config(path: str | os.PathLike) -> ClusterConfig:
@@ -678,79 +733,3 @@ def load_config(path: str | os.PathLike) -> ClusterConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError("", f"not valid TOML: {e}", p) from None
     return parse_config(raw, p)
-
-
-#: message rate (messages/s through the card) at which `config check` and `pipeline load` state
-#: the state map's loss tolerance unless told another (`--rate`)
-DEFAULT_PLAN_RATE = 100_000
-
-
-@dataclasses.dataclass(frozen=True)
-class StateMapPlan:
-    """What a card's message state map allows (docs/control-socket.md, "Capacity").
-
-    The map holds one entry per message in flight; an answered message frees its entry when its
-    reply has passed, an unanswered one holds it until it expires (``timeout_s``). At ``rate``
-    messages/s with a fraction ``L`` unanswered, ``rate·L·timeout_s`` entries are held by lost
-    messages, so the map tolerates ``L ≤ (capacity − round_messages) / (rate·timeout_s)``.
-
-    Attributes:
-        capacity: entries (= messages in flight at once).
-        timeout_s: expiry of an unanswered message, seconds.
-        round_messages: messages one round of every client puts in flight (protocol v2: one
-            message per client and shard the round touches — every shard with hash sharding,
-            those holding a table with table sharding — and the tail probe that follows each
-            shard's last message; a round split past the client's ``msg_frames`` adds messages).
-        rate: messages/s the tolerance is stated for.
-        loss_tolerated: fraction of messages that may go unanswered at ``rate`` before a full
-            map drops new requests (``state_full``); may exceed 1 (any loss is fine).
-    """
-
-    capacity: int
-    timeout_s: float
-    round_messages: int
-    rate: float
-    loss_tolerated: float
-
-    def describe(self) -> str:
-        """One line for people: ``state map: 65,536 messages in flight, ...``."""
-        lost_entries = max(0, self.capacity - self.round_messages)
-        tol = ("any loss" if self.loss_tolerated >= 1 else f"{100 * self.loss_tolerated:.2f}% of messages "
-               f"unanswered")
-        return (f"state map: {self.capacity:,} messages in flight at once (one round of every client puts "
-                f"{self.round_messages:,} in flight); an unanswered message holds its entry "
-                f"{self.timeout_s:g} s until it expires, so at {self.rate:,.0f} messages/s it tolerates "
-                f"{tol} ({lost_entries:,} entries / ({self.rate:,.0f}/s × {self.timeout_s:g} s)) "
-                f"before it drops new requests as state_full")
-
-
-def state_map_plan(cfg: ClusterConfig, rate: float = DEFAULT_PLAN_RATE, capacity: int | None = None,
-                   timeout_ms: int | None = None) -> StateMapPlan:
-    """The :class:`StateMapPlan` of ``cfg``'s card at ``rate`` messages/s.
-
-    Args:
-        cfg: the cluster (its ``[card]`` gives capacity and timeout unless given).
-        rate: messages per second through the card (> 0).
-        capacity, timeout_ms: the running card's ``state_size`` / ``state_timeout_ms``
-            (``pipeline load`` passes what the card reports).
-
-    Raises:
-        ValueError: ``rate`` not > 0, or no capacity (no ``[card]`` and none given).
-    """
-    if not rate > 0:
-        raise ValueError(f"rate must be > 0 messages/s, got {rate}")
-    card = cfg.card
-    if capacity is None or timeout_ms is None:
-        if card is None:
-            raise ValueError("the config has no [card]: no state map to plan")
-        capacity = card.state_size if capacity is None else capacity
-        timeout_ms = card.state_timeout_ms if timeout_ms is None else timeout_ms
-    if cfg.sharding == "table":
-        ids = [sh.id for sh in cfg.shards]
-        touched = len({t.shard if t.shard is not None else ids[t.id % len(ids)] for t in cfg.tables})
-    else:
-        touched = len(cfg.shards)
-    round_messages = len(cfg.clients) * touched * 2  # a message and its tail probe per shard
-    timeout_s = timeout_ms / 1000.0
-    tol = max(0, capacity - round_messages) / (rate * timeout_s)
-    return StateMapPlan(capacity, timeout_s, round_messages, float(rate), tol)

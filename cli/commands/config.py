@@ -7,7 +7,8 @@ import json
 import click
 
 from embnic.client_lib import consts
-from embnic.client_lib.config import DEFAULT_PLAN_RATE, ClusterConfig, ConfigError, state_map_plan
+from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
 from embnic.cli.commands.options import FloatRange, ConfigFileError, json_option, load_cluster
 from embnic.control.settings import control_section
 from embnic.control.targets.base import clients_from_config, routes_from_config
@@ -47,7 +48,7 @@ def card_warnings(cfg: ClusterConfig) -> list[str]:
 
 def summary(cfg: ClusterConfig) -> str:
     """One paragraph describing a config: every ``[card]`` setting but ``state_timeout_ms``, which the
-    state map's line (:meth:`~embnic.client_lib.config.StateMapPlan.describe`) states."""
+    state map's line (:meth:`~embnic.client_lib.statemap.StateMapPlan.describe`) states."""
     card = "none (clients talk to shards directly)"
     if cfg.card is not None:
         ports = ", ".join(f"{p.id}={p.ip}" for p in cfg.card.ports) or "no ports"

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from embnic.client_lib.config import DEFAULT_PLAN_RATE, state_map_plan
+from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
 from embnic.cli.commands.options import (FloatRange, config_errors, config_option, ctl_option, json_option,
                                              name_option, target_option)
 from embnic.control.ctlsock import CtlClient, CtlError

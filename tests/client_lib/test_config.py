@@ -220,7 +220,7 @@ def test_rows_is_optional():
 # ---- the card's state map: messages in flight and loss tolerance (docs/control-socket.md) ------
 
 def test_state_map_plan():
-    from embnic.client_lib.config import state_map_plan
+    from embnic.client_lib.statemap import state_map_plan
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "testbed.toml")
     p = state_map_plan(cfg, rate=100_000)
