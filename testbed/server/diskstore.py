@@ -24,16 +24,9 @@ RocksDB's own write-ahead log: the shard's log (``--checkpoint-dir``,
 :mod:`~embnic.testbed.server.durability`) covers every update, and a restore rebuilds the live
 store from the last snapshot, never trusting what a killed process left.
 
-**The cache** holds ``cache_rows`` rows in ``S`` sets of ``W`` ways (``W = 8``; a key's set is
-``splitmix64(key ^ salt) mod S``): a batch of N keys is compared against its sets' ways as one
-(N, W) array. Replacement is least-frequently-used with ageing (a per-slot use count, halved for
-all slots every 16 · ``S·W`` uses; ties: least recently used): under a skewed (Zipf) id distribution the
-rows that keep coming back stay, where plain LRU lets one pass of cold ids flush them. Rows used by
-the current batch are never evicted by it; misses beyond the free ways of their set (rare) are
-served (and, for updates, written) straight through. Rows are **write-back**: an update marks its
-cached rows dirty, a dirty row reaches RocksDB when evicted, at a flush (checkpoint, export,
-``state``) or at close. Never-updated rows looked up are cached clean with their initial value,
-so a hot absent id costs one bloom-filter probe, not one per lookup.
+**The cache** (:mod:`~embnic.testbed.server.rowcache`): ``cache_rows`` rows in sets of 8 ways,
+least-frequently-used with ageing, write-back: a dirty row reaches RocksDB when evicted, at a
+flush (checkpoint, export, ``state``) or at close.
 
 **Memory** (what ``cache_rows`` and ``[[shards]] block_cache_mb`` bound, docs/server.md): the
 cache's arrays, ``cache_rows · (4·dim + 4 + 19)`` bytes (row, accumulator; key, flags, use count,
@@ -64,7 +57,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import fcntl
 import itertools
 import json
 import logging
@@ -85,8 +77,10 @@ except ImportError as e:  # pragma: no cover - what stores.py turns into one lin
     raise ImportError(f"the disk tier needs rocksdict ({e}): pip install 'embnic[disk]'") from e
 
 from embnic.client_lib.config import TableConfig
-from embnic.client_lib.splitmix import splitmix64
 from embnic.client_lib.table_numerics import init_rows, is_unique, optimizer_step
+
+from .fsdirs import DirLockedError, fsync_tree, link_tree, lock_dir
+from .rowcache import PendingRows, RowCache, capacity
 
 log = logging.getLogger("embnic.server")
 
@@ -94,10 +88,6 @@ FORMAT = "embnic-rows"  #: the ``format`` of a store's meta record
 FORMAT_VERSION = 1
 META_KEY = b"\xff" * 8 + b"~meta"  #: sorts after every 8-byte row key
 ROWS_END = b"\xff" * 8 + b"\x00"  #: exclusive upper bound of the row keys (the largest id included)
-WAYS = 8  #: ways per cache set
-#: use counts are halved every AGE_EVERY x cache_rows uses (16: measured on Zipf(1.05), 4096-key
-#: messages over 16 x the cache's rows, hit ratio 0.67 where halving every cache_rows uses gave 0.62)
-AGE_EVERY = 16
 #: a full table tries its store again at most this often (seconds; :meth:`DiskTable.writable`)
 RETRY_S = 0.5
 #: a write that stalls (memtables waiting for a flush) while the file system has room is retried for
@@ -110,8 +100,6 @@ FLUSH_WAIT_S = 30.0
 #: closing a store waits at most this long for them (seconds; :meth:`DiskTable.close`)
 CLOSE_FLUSH_WAIT_S = 5.0
 _abandoned: list = []  #: stores that could not flush at close, kept open until the process exits
-_FREQ_MAX = 1 << 30
-_BIG = np.iinfo(np.int64).max
 
 
 class StoreError(Exception):
@@ -128,40 +116,6 @@ class StoreFullError(StoreError, OSError):
 def _stalled(e: BaseException) -> bool:
     """Whether RocksDB refused a ``no_slowdown`` write for a write stall (``Incomplete``)."""
     return "incomplete" in str(e).lower()
-
-
-def _fsync_tree(d: Path) -> None:
-    """``fsync`` every file of directory ``d`` and ``d`` itself."""
-    for p in d.iterdir():
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def link_tree(src: Path, dst: Path) -> None:
-    """Copy RocksDB directory ``src`` to ``dst`` (must not exist): SST files as hard links (RocksDB
-    never writes into one), every other file as a copy (a store opened on ``dst`` rewrites them).
-    Falls back to copying where hard links are refused (another file system)."""
-    dst.mkdir(parents=True)
-    for p in src.iterdir():
-        if not p.is_file():
-            continue
-        q = dst / p.name
-        if p.suffix == ".sst":
-            try:
-                os.link(p, q)
-                continue
-            except OSError:
-                pass
-        shutil.copy2(p, q)
 
 
 #: allocations at least this large are mapped and unmapped by glibc's malloc (M_MMAP_THRESHOLD)
@@ -210,7 +164,11 @@ class StoreEnv:
         self.block_cache_bytes = int(block_cache_mb) << 20
         self.root.mkdir(parents=True, exist_ok=True)
         self._refuse_foreign()  # before the lock: a refused directory is left as it was (no LOCK file made)
-        self._lock_fd = self._lock()
+        try:
+            self._lock_fd = lock_dir(self.root)
+        except DirLockedError as e:
+            raise StoreError(f"{self.root} is in use by another shard process (pid {e.holder}): stop it first, or "
+                             "give this one another store_dir") from None
         try:
             others = self._refuse_foreign()  # again, under the lock
         except StoreError:
@@ -249,19 +207,6 @@ class StoreEnv:
                              "is not a shard's row store: give store_dir an empty directory (its contents are "
                              "scratch, replaced at every start)")
         return others
-
-    def _lock(self) -> int:
-        fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise StoreError(f"{self.root} is in use by another shard process (pid {holder}): stop it first, or give "
-                             "this one another store_dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd
 
     def free_bytes(self) -> int:
         """Bytes free to this process on the file system of :attr:`root` (``statvfs``).
@@ -367,9 +312,8 @@ def cache_bytes(table: TableConfig, cache_rows: int) -> int:
     """Bytes of :class:`DiskTable`'s cache of ``table`` with ``cache_rows`` rows (its capacity, the
     multiple of the ways not above ``cache_rows``, × (4·dim row + 4 accumulator (adagrad) + 19:
     key, flags, use count, stamp))."""
-    ways = max(1, min(WAYS, int(cache_rows)))
-    cap = max(1, int(cache_rows) // ways) * ways
-    return cap * (4 * int(table.dim) + (4 if table.optimizer == "adagrad" else 0) + 19)
+    ways, sets = capacity(cache_rows)
+    return ways * sets * (4 * int(table.dim) + (4 if table.optimizer == "adagrad" else 0) + 19)
 
 
 class DiskTable:
@@ -396,35 +340,18 @@ class DiskTable:
         self.path = env.root / f"t{table.id}"
         self._vw = self.dim + (1 if self.adagrad else 0)  # float32 values per stored row
         self._vdt = np.dtype(f"V{4 * self._vw}")
-        ways = max(1, min(WAYS, int(cache_rows)))
-        self._W = ways
-        self._S = max(1, int(cache_rows) // ways)
-        cap = self._S * self._W
-        self.capacity = cap
-        self._salt = splitmix64(np.array([0x0D15C0000000 + table.id], np.uint64))[0]
-        # the cache's arrays, written once here so that their pages are resident (committed) from
-        # the start: the shard's memory does not creep up as the cache fills
-        self._ck = np.full(cap, 0, np.uint64)  # key of each slot
-        self._cv = np.full(cap, False)  # slot holds a row
-        self._cd = np.full(cap, False)  # the row differs from the store's (write-back)
-        self._cs = np.full(cap, False)  # the row is materialised (stored, or counted in _n)
-        self._cf = np.full(cap, 0, np.int32)  # use count (halved every `cap` uses)
-        self._ct = np.full(cap, 0, np.int32)  # batch stamp of the last use
-        self._rows = np.full((cap, self.dim), 0, np.float32)
-        self._acc = np.full(cap if self.adagrad else 0, 0, np.float32)
-        self._tick = 0
-        self._uses = 0
+        self.cache = RowCache(self.dim, self.adagrad, cache_rows, table.id)
+        self.capacity = self.cache.capacity
         self._n = 0  # materialised rows (in the store or dirty in the cache)
         self.stats = collections.Counter({k: 0 for k in ("hits", "misses", "store_reads", "store_found",
                                                           "evictions", "writebacks", "store_writes",
                                                           "write_through", "store_write_errors",
                                                           "full_periods")})
         # a full store (module docstring, "A full disk"): why (None: writes go through), when to try
-        # again, and the rows an update taken before could not write (ids sorted, packed values)
+        # again, and the rows an update taken before could not write
         self._full: str | None = None
         self._retry_at = 0.0
-        self._pend_k = np.empty(0, np.uint64)
-        self._pend_v = np.empty((0, self._vw), np.float32)
+        self.pending = PendingRows(self._vw)
         self._db = None
         self._open(fresh=True)
         env.tables.add(self)
@@ -480,8 +407,7 @@ class DiskTable:
     def nbytes(self) -> int:
         """Bytes held by the cache's arrays (the shard's memory for this table; RocksDB's block
         cache is the env's)."""
-        return sum(a.nbytes for a in (self._ck, self._cv, self._cd, self._cs, self._cf, self._ct, self._rows,
-                                      self._acc))
+        return self.cache.nbytes
 
     def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Rows, accumulators, found-mask and pending-mask of ``keys`` (unique uint64 (n,)) from the
@@ -507,16 +433,12 @@ class DiskTable:
         if nf < n:
             miss = ~found
             rows[miss] = init_rows(self.seed, self.table.id, keys[miss], self.dim, self.table.init_scale)
-        pend = np.zeros(n, bool)
-        if self._pend_k.size:
-            j = np.minimum(np.searchsorted(self._pend_k, keys), self._pend_k.size - 1)
-            pend = self._pend_k[j] == keys
-            if pend.any():
-                pv = self._pend_v[j[pend]]
-                rows[pend] = pv[:, :self.dim]
-                if self.adagrad:
-                    acc[pend] = pv[:, self.dim]
-                found |= pend
+        pend, pv = self.pending.find(keys)
+        if pv.size:
+            rows[pend] = pv[:, :self.dim]
+            if self.adagrad:
+                acc[pend] = pv[:, self.dim]
+            found |= pend
         return rows, acc, found, pend
 
     def _pack(self, rows: np.ndarray, acc: np.ndarray | None) -> np.ndarray:
@@ -611,13 +533,12 @@ class DiskTable:
         if now < self._retry_at or not self.env.space_ok():
             return False
         self._retry_at = now + RETRY_S
-        n = int(self._pend_k.size)
+        n = len(self.pending)
         try:
             if n:
-                v = self._pend_v
-                self._put(self._pend_k, v[:, :self.dim], v[:, self.dim] if self.adagrad else None)
-                self._pend_k = np.empty(0, np.uint64)
-                self._pend_v = np.empty((0, self._vw), np.float32)
+                v = self.pending.values
+                self._put(self.pending.keys, v[:, :self.dim], v[:, self.dim] if self.adagrad else None)
+                self.pending.clear()
             self._write_meta()
         except StoreFullError as e:
             self._full = str(e)
@@ -627,26 +548,9 @@ class DiskTable:
         self._full = None
         return True
 
-    def _stash(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
-        """Keep rows the store refused (``keys`` unique, not cached) in memory until it takes them;
-        a key already kept gets the newer row."""
-        k = np.concatenate([self._pend_k, keys.astype(np.uint64)])
-        v = np.concatenate([self._pend_v, self._pack(rows, acc)])
-        o = np.argsort(k, kind="stable")
-        sk = k[o]
-        last = np.r_[sk[1:] != sk[:-1], True]  # the newest of each key (stable: kept rows first)
-        self._pend_k = sk[last]
-        self._pend_v = v[o][last]
-
-    def _unpend(self, keys: np.ndarray) -> None:
-        """Forget the kept rows of ``keys`` (now in the cache, dirty)."""
-        keep = ~np.isin(self._pend_k, keys)
-        self._pend_k = self._pend_k[keep]
-        self._pend_v = self._pend_v[keep]
-
     def _store_rows(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
         """Write rows an update has changed past the cache: to the store, or — it is full — into
-        memory until it takes them (:meth:`_stash`). Never raises for a full store: an update the
+        memory until it takes them (:attr:`pending`). Never raises for a full store: an update the
         shard took is never half applied."""
         if self._full is None:
             try:
@@ -654,7 +558,7 @@ class DiskTable:
                 return
             except StoreFullError as e:
                 self._enter_full(str(e))
-        self._stash(keys, rows, acc)
+        self.pending.keep(keys, self._pack(rows, acc))
 
     def flush(self) -> int:
         """Write every dirty cached row to the store (they stay cached, clean) and the meta record.
@@ -665,32 +569,19 @@ class DiskTable:
         """
         if self._full is not None and not self.writable():
             raise StoreFullError(errno.ENOSPC, f"{self.path}: the row store takes no writes now ({self._full})")
-        d = np.flatnonzero(self._cd & self._cv)
+        c = self.cache
+        d = c.dirty_slots()
         try:
-            self._put(self._ck[d], self._rows[d], self._acc[d] if self.adagrad else None)
+            self._put(c.keys[d], c.rows[d], c.acc[d] if self.adagrad else None)
         except StoreFullError as e:
             self._enter_full(str(e))
             raise
-        self._cd[d] = False
+        c.dirty[d] = False
         self.stats["writebacks"] += d.size
         self._write_meta()
         return int(d.size)
 
     # -- the cache ----------------------------------------------------------------------------
-
-    def _sets(self, keys: np.ndarray) -> np.ndarray:
-        """int64 (N,): the set of each key, ``splitmix64(key ^ salt)`` scaled to ``S`` sets
-        (``(h >> 32) · S >> 32``, Lemire's range reduction; a modulo beyond 2^32 sets)."""
-        h = splitmix64(keys ^ self._salt)
-        if self._S < (1 << 32):
-            return ((h >> np.uint64(32)) * np.uint64(self._S) >> np.uint64(32)).astype(np.int64)
-        return (h % np.uint64(self._S)).astype(np.int64)
-
-    def _age(self, uses: int) -> None:
-        self._uses += uses
-        if self._uses >= AGE_EVERY * self.capacity:  # LFU with ageing: old popularity fades
-            self._cf >>= 1
-            self._uses = 0
 
     def _resolve(self, keys: np.ndarray, unique: bool):
         """Cache slots of ``keys`` (uint64 (N,)), installing the misses (fetched from the store;
@@ -700,25 +591,16 @@ class DiskTable:
             (slot int64 (N,) — -1 where the key could not be cached —, and for the uncached keys
             ``(index into keys (U,), rows (U, dim), acc (U,), found (U,))``).
         """
-        W = self._W
-        self._tick = self._tick + 1 if self._tick < 0x7FFFFFFF else 1
-        now = self._tick
-        s = self._sets(keys)
-        base = s * W
-        m = (self._ck.reshape(-1, W)[s] == keys[:, None]) & self._cv.reshape(-1, W)[s]  # (N, W): row gathers
-        hit = m.any(axis=1)
-        slot = np.where(hit, base + m.argmax(axis=1), -1)
-        hs = slot[hit]
-        self._cf[hs] = np.minimum(self._cf[hs] + 1, _FREQ_MAX)
-        self._ct[hs] = now
-        nh = int(hs.size)
+        c = self.cache
+        slot, _ = c.hits(keys)
+        nh = int(np.count_nonzero(slot >= 0))
         self.stats["hits"] += nh
         none = (np.empty(0, np.int64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32),
                 np.empty(0, bool))
         if nh == keys.size:
-            self._age(nh)
+            c.age(nh)
             return slot, none
-        mi = np.flatnonzero(~hit)
+        mi = np.flatnonzero(slot < 0)
         mk = keys[mi]
         if not unique:  # a lookup may repeat a key: fetch and install each once
             mk, inv = np.unique(mk, return_inverse=True)
@@ -727,32 +609,13 @@ class DiskTable:
         n = mk.size
         self.stats["misses"] += n
         rows, acc, found, pend = self._fetch(mk)
-        ms = self._sets(mk)
-        order = np.argsort(ms, kind="stable")
-        so = ms[order]
-        first = np.r_[True, so[1:] != so[:-1]]
-        grp = np.cumsum(first) - 1  # group (set) index of each sorted miss
-        starts = np.flatnonzero(first)
-        rank = np.arange(n) - starts[grp]  # rank among the misses of its set
-        usets = so[first]
-        ct = self._ct.reshape(-1, W)[usets]  # (G, W): the ways of the sets
-        cv = self._cv.reshape(-1, W)[usets]
         while True:
-            score = np.where(cv, (self._cf.reshape(-1, W)[usets].astype(np.int64) << 24) | (ct & 0xFFFFFF), -1)
-            score[ct == now] = _BIG  # used by this batch: never a victim
-            if self._full is not None:  # nothing can be written back: a dirty row is never a victim
-                score[cv & self._cd.reshape(-1, W)[usets]] = _BIG
-            worder = np.argsort(score, axis=1, kind="stable")
-            ok = rank < W
-            vway = worder[grp, np.minimum(rank, W - 1)]
-            ok &= score[grp, vway] < _BIG
-            vs = usets[grp[ok]] * W + vway[ok]  # victim slots
-            ins = order[ok]  # the misses (indices into mk) that get them
-            ev = self._cv[vs]
-            dv = vs[ev & self._cd[vs]]
+            vs, ins = c.victims(mk, keep_dirty=self._full is not None)
+            ev = c.valid[vs]
+            dv = vs[ev & c.dirty[vs]]
             if dv.size:
                 try:
-                    self._put(self._ck[dv], self._rows[dv], self._acc[dv] if self.adagrad else None)
+                    self._put(c.keys[dv], c.rows[dv], c.acc[dv] if self.adagrad else None)
                 except StoreFullError as e:  # the cache is unchanged: choose again among clean rows
                     self._enter_full(str(e))
                     continue
@@ -761,20 +624,12 @@ class DiskTable:
         self.stats["evictions"] += int(np.count_nonzero(ev))
         pin = pend[ins]  # rows kept in memory while the store was full: the cache holds them now, dirty
         if pin.any():
-            self._unpend(mk[ins][pin])
-        self._ck[vs] = mk[ins]
-        self._cv[vs] = True
-        self._cd[vs] = pin
-        self._cs[vs] = found[ins]
-        self._cf[vs] = 1
-        self._ct[vs] = now
-        self._rows[vs] = rows[ins]
-        if self.adagrad:
-            self._acc[vs] = acc[ins]
+            self.pending.forget(mk[ins][pin])
+        c.install(vs, mk[ins], rows[ins], acc[ins], found[ins], pin)
         mslot = np.full(n, -1, np.int64)
         mslot[ins] = vs
         slot[mi] = mslot if inv is None else mslot[inv]
-        self._age(nh + n)
+        c.age(nh + n)
         if ins.size == n:
             return slot, none
         left = np.flatnonzero(mslot < 0)  # misses that found no free way: served straight through
@@ -799,10 +654,10 @@ class DiskTable:
             self.writable()  # space back? (at most every RETRY_S s)
         slot, (pos, rows, _, _) = self._resolve(keys, unique=False)
         if pos.size == 0:
-            np.take(self._rows, slot, axis=0, out=out)
+            np.take(self.cache.rows, slot, axis=0, out=out)
             return out
         c = slot >= 0
-        out[c] = self._rows[slot[c]]
+        out[c] = self.cache.rows[slot[c]]
         out[pos] = rows
         return out
 
@@ -817,33 +672,34 @@ class DiskTable:
             return
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, self.dim)
         slot, (pos, rows, acc, found) = self._resolve(keys, unique=True)
+        ch = self.cache
         if pos.size == 0:
-            w = self._rows[slot]
-            a = optimizer_step(w, self._acc[slot] if self.adagrad else None, g, self._lr, self._eps)
-            self._rows[slot] = w
+            w = ch.rows[slot]
+            a = optimizer_step(w, ch.acc[slot] if self.adagrad else None, g, self._lr, self._eps)
+            ch.rows[slot] = w
             if self.adagrad:
-                self._acc[slot] = a
-            self._cd[slot] = True
-            self._n += int(np.count_nonzero(~self._cs[slot]))
-            self._cs[slot] = True
+                ch.acc[slot] = a
+            ch.dirty[slot] = True
+            self._n += int(np.count_nonzero(~ch.stored[slot]))
+            ch.stored[slot] = True
             return
         c = slot >= 0
         cs = slot[c]
         w = np.empty((keys.size, self.dim), np.float32)
-        w[c] = self._rows[cs]
+        w[c] = ch.rows[cs]
         w[pos] = rows
         a0 = None
         if self.adagrad:
             a0 = np.empty(keys.size, np.float32)
-            a0[c] = self._acc[cs]
+            a0[c] = ch.acc[cs]
             a0[pos] = acc
         a = optimizer_step(w, a0, g, self._lr, self._eps)
-        self._rows[cs] = w[c]
+        ch.rows[cs] = w[c]
         if self.adagrad:
-            self._acc[cs] = a[c]
-        self._cd[cs] = True
-        self._n += int(np.count_nonzero(~self._cs[cs])) + int(np.count_nonzero(~found))
-        self._cs[cs] = True
+            ch.acc[cs] = a[c]
+        ch.dirty[cs] = True
+        self._n += int(np.count_nonzero(~ch.stored[cs])) + int(np.count_nonzero(~found))
+        ch.stored[cs] = True
         self._store_rows(keys[pos], w[pos], a[pos] if self.adagrad else None)
 
     def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
@@ -875,20 +731,7 @@ class DiskTable:
         ``(keys uint64 (m,), rows float32 (m, dim), acc float32 (m,))`` per chunk — what
         ``embnic tables export`` streams. The table must not change while it is iterated."""
         self.flush()
-        it = self._db.items(read_opt=self._ro)
-        width = 4 * self._vw
-        while True:
-            part = list(itertools.islice(it, chunk_rows))
-            if not part:
-                return
-            k = np.frombuffer(b"".join(map(operator.itemgetter(0), part)), ">u8").astype(np.uint64)
-            vb = b"".join(map(operator.itemgetter(1), part))
-            if len(vb) != width * k.size:
-                raise StoreError(f"{self.path}: stored rows are not {width} bytes each: damaged or another table's")
-            v = np.frombuffer(vb, "<f4").reshape(k.size, self._vw)
-            rows = np.ascontiguousarray(v[:, :self.dim])
-            acc = np.ascontiguousarray(v[:, self.dim]) if self.adagrad else np.zeros(k.size, np.float32)
-            yield k, rows, acc
+        yield from _row_chunks(self._db.items(read_opt=self._ro), self.path, self.dim, self._vw, chunk_rows)
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every materialised row, as :meth:`TableShard.state
@@ -899,18 +742,12 @@ class DiskTable:
             return np.empty(0, np.uint64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32)
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
-    def _reset_full(self) -> None:
-        """A new store (a loaded state or snapshot): nothing kept in memory, writes go through."""
+    def _reset(self) -> None:
+        """A new store (a loaded state or snapshot): nothing cached, nothing kept in memory,
+        writes go through."""
+        self.cache.clear()
         self._full = None
-        self._pend_k = np.empty(0, np.uint64)
-        self._pend_v = np.empty((0, self._vw), np.float32)
-
-    def _clear_cache(self) -> None:
-        self._cv[:] = False
-        self._cd[:] = False
-        self._cs[:] = False
-        self._cf[:] = 0
-        self._ct[:] = 0
+        self.pending.clear()
 
     def load_state(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
         """Replace every row with ``(keys, rows, acc)`` (a checkpoint of the in-memory store, an
@@ -930,8 +767,7 @@ class DiskTable:
             raise ValueError(f"table {self.table.id}: state keys are not strictly increasing")
         self.close()
         self._open(fresh=True)
-        self._clear_cache()
-        self._reset_full()
+        self._reset()
         for lo in range(0, k.size, 1 << 16):
             self._put(k[lo:lo + (1 << 16)], r[lo:lo + (1 << 16)], a[lo:lo + (1 << 16)] if self.adagrad else None)
         self._n = int(k.size)
@@ -972,7 +808,7 @@ class DiskTable:
             rocksdict.Checkpoint(self._db).create_checkpoint(str(path))
         except Exception as e:
             raise OSError(f"{path}: RocksDB checkpoint failed ({e})") from None
-        _fsync_tree(path)
+        fsync_tree(path)
         return {"rows_held": self._n}
 
     def load_snapshot(self, path: str | os.PathLike) -> dict:
@@ -994,8 +830,7 @@ class DiskTable:
             shutil.rmtree(self.path)
         link_tree(path, self.path)
         self._open(fresh=False)
-        self._clear_cache()
-        self._reset_full()
+        self._reset()
         self._n = int(meta["rows_held"])
         return meta
 
@@ -1007,9 +842,9 @@ class DiskTable:
         eviction or flush); ``full`` 1 while the store takes no writes, ``pending`` the rows kept in
         memory meanwhile, ``store_write_errors`` writes it refused, ``full_periods`` times it
         became full."""
-        return {"cache_rows": self.capacity, "cached": int(np.count_nonzero(self._cv)),
-                "dirty": int(np.count_nonzero(self._cd)), "rows_held": self._n, "full": int(self._full is not None),
-                "pending": int(self._pend_k.size), **self.stats}
+        return {"cache_rows": self.capacity, "cached": int(np.count_nonzero(self.cache.valid)),
+                "dirty": int(np.count_nonzero(self.cache.dirty)), "rows_held": self._n,
+                "full": int(self._full is not None), "pending": len(self.pending), **self.stats}
 
 
 def read_meta(path: str | os.PathLike) -> dict:
@@ -1053,14 +888,29 @@ def read_snapshot(path: str | os.PathLike, table: TableConfig, chunk_rows: int =
     try:
         ro = rocksdict.ReadOptions()
         ro.set_iterate_upper_bound(ROWS_END)
-        it = db.items(read_opt=ro)
-        while True:
-            part = list(itertools.islice(it, chunk_rows))
-            if not part:
-                return
-            k = np.frombuffer(b"".join(map(operator.itemgetter(0), part)), ">u8").astype(np.uint64)
-            v = np.frombuffer(b"".join(map(operator.itemgetter(1), part)), "<f4").reshape(k.size, vw)
-            acc = np.ascontiguousarray(v[:, table.dim]) if vw > table.dim else np.zeros(k.size, np.float32)
-            yield k, np.ascontiguousarray(v[:, :table.dim]), acc
+        yield from _row_chunks(db.items(read_opt=ro), Path(path), table.dim, vw, chunk_rows)
     finally:
         db.close()
+
+
+def _row_chunks(items, path: Path, dim: int, vw: int, chunk_rows: int
+                ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(keys uint64 (m,), rows float32 (m, dim), acc float32 (m,))`` of the (key, value) pairs
+    ``items`` of a store at ``path`` (rows of ``vw`` floats: ``dim``, then the accumulator when
+    ``vw > dim``, else zeros), ``chunk_rows`` at a time.
+
+    Raises:
+        StoreError: a value of another size (damaged, or another table's).
+    """
+    width = 4 * vw
+    while True:
+        part = list(itertools.islice(items, chunk_rows))
+        if not part:
+            return
+        k = np.frombuffer(b"".join(map(operator.itemgetter(0), part)), ">u8").astype(np.uint64)
+        vb = b"".join(map(operator.itemgetter(1), part))
+        if len(vb) != width * k.size:
+            raise StoreError(f"{path}: stored rows are not {width} bytes each: damaged or another table's")
+        v = np.frombuffer(vb, "<f4").reshape(k.size, vw)
+        acc = np.ascontiguousarray(v[:, dim]) if vw > dim else np.zeros(k.size, np.float32)
+        yield k, np.ascontiguousarray(v[:, :dim]), acc
