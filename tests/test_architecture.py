@@ -304,7 +304,7 @@ def test_the_rules_see_real_imports():
     assert "click" in _imports(ROOT / "cli" / "main.py")
     assert "embnic.control.errors" in _imports(ROOT / "control" / "targets" / "base.py")
     assert "embnic.testbed.net.procs" in _imports(ROOT / "testbed" / "net" / "topology.py")  # relative import
-    assert "embnic.cli.commands.options" in _imports(ROOT / "cli" / "commands" / "route.py")
+    assert "embnic.cli.commands.options" in _imports(ROOT / "cli" / "commands" / "peers.py")
     assert "embnic.cli.main" in _imports(ROOT / "embnic" / "__main__.py")
     assert _layer_of_path(ROOT / "cli" / "commands" / "options.py") == TOP
     assert _layer_of_path(ROOT / "control" / "targets" / "base.py") == LAYERS.index("control")

@@ -5,8 +5,8 @@ Only these modules and ``cli.py`` know click; each parses its arguments and call
 
 - ``options.py``: shared click options, parameter types and command decorators, defined once;
 - ``pipeline.py``: ``embnic pipeline load|unload|status``;
-- ``route.py``: ``embnic route add|del|list`` (the card's route table);
-- ``client.py``: ``embnic client add|del|list`` (the card's client table);
+- ``peers.py``: ``embnic route add|del|list`` and ``embnic client add|del|list`` (the card's peer
+  table: a shard's route, a client; one group built twice);
 - ``status.py``: ``embnic status`` (counters, drops, rings, state-map summary);
 - ``state.py``: ``embnic state dump|summary|ring`` (the card's message state map);
 - ``inspect.py``: ``embnic inspect BINARY`` (the card binary's build info);

@@ -11,7 +11,7 @@ from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
 from embnic.cli.commands.options import FloatRange, ConfigFileError, json_option, load_cluster
 from embnic.control.settings import control_section
-from embnic.control.targets.base import clients_from_config, routes_from_config
+from embnic.control.targets.base import PEER_KINDS, peers_from_config
 
 
 def _file_arg(file: str | None, config_opt: str | None = None) -> str:
@@ -38,9 +38,9 @@ def card_warnings(cfg: ClusterConfig) -> list[str]:
     bad = lcores_problem(cfg.card.lcores)
     if bad:
         out.append(f"card.lcores: {bad}")
-    for fn in (routes_from_config, clients_from_config):
+    for kind in PEER_KINDS:  # the first problem of each table
         try:
-            fn(cfg)
+            peers_from_config(cfg, (kind,))
         except ConfigError as e:
             out.append(f"{e.field}: {e.message}")
     return out

@@ -256,7 +256,7 @@ pipeline_options = _compose(config_option(), target_option, name_option, ctl_opt
 
 def entry_options(noun: str) -> Callable:
     """``--port --mac --ip --udp-port``: the fields of a route (``noun`` = ``"shard"``) or client table
-    entry, each ``None`` when not given (:func:`embnic.control.targets.base.resolve_entry` fills them in)."""
+    entry, each ``None`` when not given (:func:`embnic.control.targets.base.resolve_peer` fills them in)."""
     return _compose(
         click.option("--port", "port", type=click.IntRange(0, 1023), default=None, help="Card (DPDK) port it hangs off."),
         click.option("--mac", type=MAC, default=None, help=f"The {noun}'s MAC address."),

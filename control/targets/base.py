@@ -1,7 +1,7 @@
 """Pipeline targets: one interface for every place the embnic pipeline can run.
 
-A :class:`Target` loads the pipeline (starts the card), programs its route table (shard →
-card port, MAC, IPv4, UDP port) and client table (client → the same), reads its counters and
+A :class:`Target` loads the pipeline (starts the card), programs its peer table (:class:`Peer`:
+a shard's route or a client → card port, MAC, IPv4, UDP port), reads its counters and
 message state map, and unloads it. ``dpdk`` (:mod:`embnic.control.targets.dpdk.target`) runs embnic-dp,
 ``bmv2`` (:mod:`embnic.control.targets.bmv2.target`) the P4 program on ``simple_switch``; another
 registers beside them::
@@ -63,94 +63,155 @@ def get_target_class(name: str) -> type["Target"]:
     return spec
 
 
-# --------------------------------------------------------------------------- table entries
+# --------------------------------------------------------------------------- the peer table
 @dataclasses.dataclass(frozen=True)
-class Entry:
-    """One route (``id`` = shard) or client (``id`` = client) table entry of the card."""
+class PeerKind:
+    """What one kind of peer is called where: the card keeps one table per kind (the C card's
+    route and client tables, the P4 program's ``route_by_shard`` and ``client_by_id``)."""
 
-    id: int
+    kind: str  #: ``"shard"`` or ``"client"``: what :attr:`Peer.id` names; the control socket's id field
+    noun: str  #: the CLI noun and the control socket's command prefix: ``"route"`` or ``"client"``
+    section: str  #: the cluster config's list of them: ``"shards"`` or ``"clients"``
+    what: str  #: one entry in messages: ``"route for shard"`` or ``"client"``
+    p4_table: str  #: the P4 program's table
+    p4_action: str  #: that table's action
+    #: ``sender_allowlist``'s first key: 1 for requests from a client, 0 for replies from a shard
+    is_request: int
+
+
+#: the two kinds of peer, by :attr:`Peer.kind`
+PEER_KINDS = {
+    "shard": PeerKind("shard", "route", "shards", "route for shard", "route_by_shard", "forward_to_server", 0),
+    "client": PeerKind("client", "client", "clients", "client", "client_by_id", "forward_to_client", 1),
+}
+
+
+def peer_kind(kind: str) -> PeerKind:
+    """:data:`PEER_KINDS` ``[kind]``.
+
+    Raises:
+        ValueError: ``kind`` is neither ``"shard"`` nor ``"client"``.
+    """
+    try:
+        return PEER_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"peer kind {kind!r}: expected one of {', '.join(PEER_KINDS)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """One entry of the card's peer table: a shard (its route) or a client, by ``kind``."""
+
+    kind: str  #: ``"shard"`` or ``"client"`` (:data:`PEER_KINDS`)
+    id: int  #: the shard id or the client id
     port: int  #: card (DPDK) port the peer hangs off
     mac: str  #: the peer's MAC (destination of frames the card sends it)
     ip: str  #: the peer's IPv4 address
     udp_port: int  #: the peer's UDP port
 
-    def route_fields(self) -> dict:
-        return {"shard": self.id, "port": self.port, "mac": self.mac, "ip": self.ip, "udp_port": self.udp_port}
+    def __post_init__(self):
+        peer_kind(self.kind)
 
-    def client_fields(self) -> dict:
-        return {"client": self.id, "port": self.port, "mac": self.mac, "ip": self.ip, "udp_port": self.udp_port}
+    @property
+    def spec(self) -> PeerKind:
+        """How this kind is called where (:class:`PeerKind`)."""
+        return PEER_KINDS[self.kind]
+
+    def address(self) -> dict:
+        """``{"port", "mac", "ip", "udp_port"}``: where the card sends the peer's frames."""
+        return {"port": self.port, "mac": self.mac, "ip": self.ip, "udp_port": self.udp_port}
+
+    def fields(self) -> dict:
+        """The control socket's form (``route_add``/``client_add``, ``list --json``): the id under
+        the kind's name (``"shard"`` or ``"client"``), then :meth:`address`."""
+        return {self.kind: self.id, **self.address()}
+
+    @classmethod
+    def from_fields(cls, d: dict, kind: str | None = None) -> "Peer":
+        """The peer of a control-socket dict (:meth:`fields`' form), MAC in lower case; ``kind``
+        ``None``: the one of ``"shard"``/``"client"`` that ``d`` has as a key.
+
+        Raises:
+            KeyError: ``d`` lacks the id (or has neither id key) or a field.
+        """
+        if kind is None:
+            kind = next((k for k in PEER_KINDS if k in d), None)
+            if kind is None:
+                raise KeyError("a peer needs a 'shard' or a 'client' id")
+        return cls(kind, int(d[kind]), int(d["port"]), str(d["mac"]).lower(), str(d["ip"]), int(d["udp_port"]))
 
 
-def _entries(cfg: ClusterConfig, kind: str) -> list[Entry]:
-    eps = cfg.shards if kind == "shards" else cfg.clients
+def peers_from_config(cfg: ClusterConfig, kinds: Iterable[str] = ("shard", "client")) -> list[Peer]:
+    """The peer table the config implies: one entry per ``[[shards]]`` (their routes), then one per
+    ``[[clients]]`` (of the ``kinds`` asked for).
+
+    Raises:
+        ConfigError: a shard or client without ``mac`` or ``card_port`` (names the field).
+    """
     out = []
-    for i, e in enumerate(eps):
-        if e.mac is None:
-            raise ConfigError(f"{kind}[{i}].mac", "required to program the card, which does not resolve "
-                              f"MACs by ARP; add mac = \"..\" to the {kind[:-1]} with id {e.id} "
-                              "(`ip link show` in its namespace prints it)", cfg.path)
-        if e.card_port is None:
-            raise ConfigError(f"{kind}[{i}].card_port", "required to program the card: the card port "
-                              f"the {kind[:-1]} with id {e.id} is reached through", cfg.path)
-        out.append(Entry(e.id, e.card_port, e.mac, e.ip, e.port))
+    for kind in kinds:
+        k = peer_kind(kind)
+        for i, e in enumerate(getattr(cfg, k.section)):
+            if e.mac is None:
+                raise ConfigError(f"{k.section}[{i}].mac", "required to program the card, which does not "
+                                  f"resolve MACs by ARP; add mac = \"..\" to the {kind} with id {e.id} "
+                                  "(`ip link show` in its namespace prints it)", cfg.path)
+            if e.card_port is None:
+                raise ConfigError(f"{k.section}[{i}].card_port", "required to program the card: the card "
+                                  f"port the {kind} with id {e.id} is reached through", cfg.path)
+            out.append(Peer(kind, e.id, e.card_port, e.mac, e.ip, e.port))
     return out
 
 
-def routes_from_config(cfg: ClusterConfig) -> list[Entry]:
-    """The route table the config implies: one entry per ``[[shards]]`` (shard → port, MAC, IP, UDP port).
+def count_peers(peers: Iterable[Peer]) -> dict:
+    """``{"routes": #shards, "clients": #clients}`` of ``peers`` (what a target's ``load`` reports)."""
+    kinds = [p.kind for p in peers]
+    return {"routes": kinds.count("shard"), "clients": kinds.count("client")}
+
+
+def check_peer_port(p: Peer, nb_ports: int) -> None:
+    """Refuse a peer on a port the card (of ``nb_ports`` ports) does not have.
 
     Raises:
-        ConfigError: a shard without ``mac`` or ``card_port`` (names the field).
+        UsageError: ``p.port`` is not in ``0..nb_ports-1`` (names ``--port``).
     """
-    return _entries(cfg, "shards")
+    if not 0 <= int(p.port) < nb_ports:
+        raise UsageError(f"--port {p.port}: the card has {nb_ports} port(s) (0..{nb_ports - 1})")
 
 
-def clients_from_config(cfg: ClusterConfig) -> list[Entry]:
-    """The client table the config implies: one entry per ``[[clients]]``.
-
-    Raises:
-        ConfigError: a client without ``mac`` or ``card_port`` (names the field).
-    """
-    return _entries(cfg, "clients")
-
-
-#: how the two peer tables name their peers: (noun, plural config section, what one entry is called)
-_TABLES = {"route": ("shard", "shards", "route for shard"), "client": ("client", "clients", "client")}
-
-
-def resolve_entry(table: str, id_: int, cfg: ClusterConfig | None, port: int | None, mac: str | None,
-                  ip: str | None, udp_port: int | None) -> Entry:
-    """The ``route`` or ``client`` table entry for ``id_``: the given fields first (``None`` = not
-    given), then the config's ``[[shards]]``/``[[clients]]`` entry; without a config a route's UDP
-    port defaults to the protocol's (7878).
+def resolve_peer(kind: str, id_: int, cfg: ClusterConfig | None, port: int | None, mac: str | None,
+                 ip: str | None, udp_port: int | None) -> Peer:
+    """The peer ``id_`` of ``kind`` (``"shard"`` or ``"client"``): the given fields first (``None`` =
+    not given), then the config's ``[[shards]]``/``[[clients]]`` entry; without a config a shard's
+    UDP port defaults to the protocol's (7878).
 
     Raises:
         UsageError: unknown shard/client in the config, a field neither argument nor config gives,
             a loopback IP, a card port the config's [card] does not have, or the IP or MAC of a
             card port itself.
     """
-    noun, plural, _ = _TABLES[table]
+    k = peer_kind(kind)
     if cfg is not None:
-        eps = cfg.shards if table == "route" else cfg.clients
+        eps = getattr(cfg, k.section)
         ep = next((e for e in eps if e.id == id_), None)
         if ep is None:
             ids = ", ".join(str(e.id) for e in eps)
-            raise UsageError(f"unknown {noun} {id_}: {cfg.path or 'the config'} has {plural} {ids}; "
-                             f"add a [[{plural}]] entry with id = {id_} or pick one of those")
+            raise UsageError(f"unknown {kind} {id_}: {cfg.path or 'the config'} has {k.section} {ids}; "
+                             f"add a [[{k.section}]] entry with id = {id_} or pick one of those")
         port = ep.card_port if port is None else port
         mac = ep.mac if mac is None else mac
         ip = ep.ip if ip is None else ip
         udp_port = ep.port if udp_port is None else udp_port
-    elif table == "route" and udp_port is None:
+    elif kind == "shard" and udp_port is None:
         udp_port = consts.UDP_PORT
     src = f" in {cfg.path or 'the config'}" if cfg is not None else " (and no --config)"
     if mac is None:
-        raise UsageError(f"{noun} {id_} has no MAC{src}: give --mac (the card does not resolve MACs by ARP)")
+        raise UsageError(f"{kind} {id_} has no MAC{src}: give --mac (the card does not resolve MACs by ARP)")
     for opt, v in (("--port", port), ("--ip", ip), ("--udp-port", udp_port)):
         if v is None:
-            raise UsageError(f"{noun} {id_} has no {opt[2:]}{src}: give {opt}")
+            raise UsageError(f"{kind} {id_} has no {opt[2:]}{src}: give {opt}")
     if ipaddress.IPv4Address(ip).is_loopback:
-        raise UsageError(f"--ip {ip} is a loopback address, which the card cannot reach: give the {noun}'s own "
+        raise UsageError(f"--ip {ip} is a loopback address, which the card cannot reach: give the {kind}'s own "
                          "address on its card port's segment")
     if cfg is not None and cfg.card is not None and cfg.card.ports:
         have = sorted(p.id for p in cfg.card.ports)
@@ -159,17 +220,17 @@ def resolve_entry(table: str, id_: int, cfg: ClusterConfig | None, port: int | N
                              f"{cfg.path or 'the config'}: {', '.join(map(str, have))})")
         for p in cfg.card.ports:  # the config refuses these for its own entries (docs/config.md)
             if p.ip == ip:
-                raise UsageError(f"--ip {ip} is the card's own address on port {p.id}: give the {noun}'s own "
+                raise UsageError(f"--ip {ip} is the card's own address on port {p.id}: give the {kind}'s own "
                                  "address (the card would send the frames to itself)")
             if p.mac and p.mac == str(mac).lower():
-                raise UsageError(f"--mac {mac} is the MAC of card port {p.id}: give the {noun}'s own MAC")
-    return Entry(id_, int(port), mac, ip, int(udp_port))
+                raise UsageError(f"--mac {mac} is the MAC of card port {p.id}: give the {kind}'s own MAC")
+    return Peer(kind, id_, int(port), mac, ip, int(udp_port))
 
 
-def format_entries(table: str, entries: list[Entry]) -> str:
-    """The ``route`` or ``client`` table as fixed-width text (a header line, one line per entry)."""
-    head = f"{_TABLES[table][0].upper():>6}  {'PORT':>4}  {'MAC':<17}  {'IP':<15}  {'UDP':>5}"
-    rows = [f"{e.id:>6}  {e.port:>4}  {e.mac:<17}  {e.ip:<15}  {e.udp_port:>5}" for e in entries]
+def format_peers(kind: str, peers: list[Peer]) -> str:
+    """The peers of ``kind`` as fixed-width text (a header line, one line per entry)."""
+    head = f"{kind.upper():>6}  {'PORT':>4}  {'MAC':<17}  {'IP':<15}  {'UDP':>5}"
+    rows = [f"{e.id:>6}  {e.port:>4}  {e.mac:<17}  {e.ip:<15}  {e.udp_port:>5}" for e in peers]
     return "\n".join([head, *rows])
 
 
@@ -243,38 +304,27 @@ class Target(abc.ABC):
         """This pipeline's state file (None when not loaded)."""
         return read_state(self.run_dir, self.instance)
 
-    # -- tables
+    # -- the peer table
     @abc.abstractmethod
-    def route_add(self, e: Entry) -> None:
-        """Add or replace the route for shard ``e.id``."""
-
-    @abc.abstractmethod
-    def route_del(self, shard: int) -> None:
-        """Delete the route for ``shard``.
+    def peer_add(self, p: Peer) -> None:
+        """Add or replace peer ``p`` (the route of shard ``p.id``, or client ``p.id``).
 
         Raises:
-            NoSuchEntryError: the card has no route for ``shard`` (exit 2).
+            UsageError: ``p.port`` is not one of the card's ports (exit 2).
+            OperationalError: not loaded, or the card refused the entry (its table is full).
         """
 
     @abc.abstractmethod
-    def route_list(self) -> list[Entry]:
-        """Routes installed on the card, by shard."""
-
-    @abc.abstractmethod
-    def client_add(self, e: Entry) -> None:
-        """Add or replace client ``e.id``."""
-
-    @abc.abstractmethod
-    def client_del(self, client: int) -> None:
-        """Delete client ``client``.
+    def peer_del(self, kind: str, id_: int) -> None:
+        """Delete the peer ``id_`` of ``kind`` (``"shard"``: its route; ``"client"``).
 
         Raises:
-            NoSuchEntryError: the card has no client ``client`` (exit 2).
+            NoSuchEntryError: the card has no such entry (exit 2).
         """
 
     @abc.abstractmethod
-    def client_list(self) -> list[Entry]:
-        """Clients installed on the card, by id."""
+    def peer_list(self, kind: str) -> list[Peer]:
+        """The peers of ``kind`` installed on the card, by id."""
 
     def program(self, config: ClusterConfig | None = None) -> tuple[int, int]:
         """Install every route and client of ``config`` (default: this target's).
@@ -284,13 +334,11 @@ class Target(abc.ABC):
         Raises:
             ConfigError: a shard/client lacks ``mac`` or ``card_port``.
         """
-        cfg = config or self.config
-        routes, clients = routes_from_config(cfg), clients_from_config(cfg)
-        for r in routes:
-            self.route_add(r)
-        for c in clients:
-            self.client_add(c)
-        return len(routes), len(clients)
+        peers = peers_from_config(config or self.config)
+        for p in peers:
+            self.peer_add(p)
+        n = count_peers(peers)
+        return n["routes"], n["clients"]
 
     # -- observation
     @abc.abstractmethod
@@ -318,9 +366,3 @@ class Target(abc.ABC):
         ``msg_id``, ``client_id``, ``shard_id``, ``frag_index``, ``frag_count``, ...)."""
         raise OperationalError(f"the {self.name} target does not log the headers it accepted "
                                "(`embnic state ring` works on the dpdk and bmv2 targets)")
-
-
-def entries_from_dicts(items: Iterable[dict], key: str) -> list[Entry]:
-    """Entries from control-socket dicts (``key`` = ``"shard"`` or ``"client"``), sorted by id, MACs in lower case."""
-    out = [Entry(int(d[key]), int(d["port"]), str(d["mac"]).lower(), str(d["ip"]), int(d["udp_port"])) for d in items]
-    return sorted(out, key=lambda e: e.id)

@@ -54,6 +54,7 @@ from embnic.control.targets.bmv2 import switch as bmv2
 
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 from embnic.control.targets.bmv2.target import tune_port_interfaces
+from embnic.control.targets.base import Peer
 from embnic.control.targets.dpdk.process import CardProcess, build_card, unique_prefix
 from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.netns import Netns
@@ -151,10 +152,10 @@ def measure_bmv2_veth(json_path: Path, path: VethPath, seconds: float, warmup: f
     """
     ns = Netns(path.name)
     tag = unique_prefix("b")
-    routes = [bmv2_runtime.PeerEntry(s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
+    routes = [Peer("shard", s["shard"], 1, s["mac"], s["ip"], s["udp_port"]) for s in BENCH_SHARDS]
     # clients behind port 0, where their frames come in (the card takes a request only from its client's port)
-    clients = [bmv2_runtime.PeerEntry(c["client"], 0, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
-    program = bmv2_runtime.card_program(CARD_PORTS, routes, clients)
+    clients = [Peer("client", c["client"], 0, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
+    program = bmv2_runtime.card_program(CARD_PORTS, routes + clients)
     ports = {0: path.dut_in, 1: path.dut_out}
     if channel == "p4runtime":
         sock = log_dir / f"{tag}.p4rt"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from embnic.control.targets.p4dpdk import swx as p4dpdk
-from embnic.control.targets.base import Entry
+from embnic.control.targets.base import Peer
 from embnic.control.targets.p4dpdk.target import SwxProcess
 
 #: the card's two ports: 0 faces the clients (the frames' destination), 1 the sink
@@ -45,8 +45,8 @@ def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, war
         # clients behind port 0, where the frames come in (the card takes a request only from its
         # client's port); shards behind out_port (0 too for a workload with replies, which come
         # in on port 0: dataplane._program_card)
-        card.program(CARD_PORTS, [Entry(s["shard"], out_port, s["mac"], s["ip"], s["udp_port"]) for s in shards],
-                     [Entry(c["client"], 0, c["mac"], c["ip"], c["udp_port"]) for c in clients])
+        card.program(CARD_PORTS, [Peer.from_fields({**s, "port": out_port}, "shard") for s in shards]
+                     + [Peer.from_fields({**c, "port": 0}, "client") for c in clients])
         sw.resume()
         last: dict = {}
 

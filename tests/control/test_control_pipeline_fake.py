@@ -348,7 +348,7 @@ def test_python_api(env, dp, card_config):
         assert res["routes"] == 2 and res["clients"] == 1 and res["ctl"] == ctl
         assert t.is_loaded()
         assert t.counters()["ring"]["size"] == 1024
-        assert [e.id for e in t.route_list()] == [0, 1]
+        assert [e.id for e in t.peer_list("shard")] == [0, 1]
         assert t.state_summary()["capacity"] == 65536
         assert len(t.state_dump(1)) == 1
         assert t.info()["mode"] == "pipeline"

@@ -10,7 +10,7 @@ import pytest
 
 from embnic.control.targets.p4dpdk import swx as p4dpdk
 from embnic.control.errors import MissingDependencyError
-from embnic.control.targets.base import Entry, get_target_class
+from embnic.control.targets.base import Peer, get_target_class
 from embnic.control.targets.p4dpdk.target import STATE_REGISTERS, SwxCard, decode_state_map, parse_table_dump
 
 #: the shape p4c-dpdk's context JSON has (backends/dpdk/dpdkContext.cpp), trimmed to what is read
@@ -79,12 +79,12 @@ def test_routes_round_trip_through_the_entry_text(names):
     route leaves one entry; a deleted one none."""
     ctl = FakeCtl()
     card = SwxCard(ctl, names)
-    card.route_add(Entry(2, 1, "02:00:00:00:01:0a", "10.1.1.10", 7878))
-    card.route_add(Entry(2, 0, "02:00:00:00:01:0b", "10.1.1.11", 7979))
-    assert card.peers("route_by_shard") == [Entry(2, 0, "02:00:00:00:01:0b", "10.1.1.11", 7979)]
+    card.peer_add(Peer("shard", 2, 1, "02:00:00:00:01:0a", "10.1.1.10", 7878))
+    card.peer_add(Peer("shard", 2, 0, "02:00:00:00:01:0b", "10.1.1.11", 7979))
+    assert card.peers("shard") == [Peer("shard", 2, 0, "02:00:00:00:01:0b", "10.1.1.11", 7979)]
     assert card.dump("sender_allowlist") == [{"key": [0, 2, 0x0A01010B, 7979], "action": "allow_sender", "params": []}]
-    assert card.route_del(2) and card.peers("route_by_shard") == [] and card.dump("sender_allowlist") == []
-    assert not card.route_del(2)
+    assert card.peer_del("shard", 2) and card.peers("shard") == [] and card.dump("sender_allowlist") == []
+    assert not card.peer_del("shard", 2)
 
 
 def test_parse_table_dump():

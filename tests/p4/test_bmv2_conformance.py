@@ -15,6 +15,7 @@ from conformance import Suite, check_outputs
 from embnic.client_lib import consts
 from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.base import Peer
 from embnic.control.targets import p4program as p4prog
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -33,9 +34,7 @@ CARD_MACS = {0: "02:cc:00:00:00:00", 1: "02:cc:00:00:00:01", 2: "02:cc:00:00:00:
 
 def card_program(s: Suite) -> bmv2_runtime.CardProgram:
     ports = [bmv2_runtime.CardPortAddr(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()]
-    peer = lambda c: bmv2_runtime.PeerEntry(c["shard" if "shard" in c else "client"], c["port"], c["mac"], c["ip"],
-                                            c["udp_port"])
-    return bmv2_runtime.card_program(ports, [peer(c) for c in s.route_cmds()], [peer(c) for c in s.client_cmds()])
+    return bmv2_runtime.card_program(ports, [Peer.from_fields(c) for c in s.route_cmds() + s.client_cmds()])
 
 
 @pytest.fixture(scope="module")

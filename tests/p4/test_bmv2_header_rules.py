@@ -28,6 +28,7 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import DType, MsgType
 from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.base import Peer
 from embnic.control.targets.dpdk.process import DpdkProcError, build_card
 from test_header_rules import broken, cparse  # noqa: F401  (cparse: the fixture, parse.c via ctypes)
 
@@ -36,8 +37,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 CARD = bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.9.0.1")
 CARD1 = bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.9.1.1")
 #: the ids test_header_rules' messages carry: client 1, shard 2
-CLIENT = bmv2_runtime.PeerEntry(1, 0, "02:00:00:00:00:01", "10.9.0.2", 40000)
-SHARD = bmv2_runtime.PeerEntry(2, 1, "02:00:00:00:00:02", "10.9.1.2", consts.UDP_PORT)
+CLIENT = Peer("client", 1, 0, "02:00:00:00:00:01", "10.9.0.2", 40000)
+SHARD = Peer("shard", 2, 1, "02:00:00:00:00:02", "10.9.1.2", consts.UDP_PORT)
 N = 600
 
 
@@ -121,7 +122,7 @@ def run(bmv2_ready, bmv2_channel, cparse, tmp_path_factory):  # noqa: F811
         frames.append((src.port, bytes(Ether(src=src.mac, dst=card.mac) / IP(src=src.ip, dst=card.ip, flags="DF")
                                        / UDP(sport=src.udp_port, dport=consts.UDP_PORT) / Raw(p))))
         cases.append((msg_id, msg_type, cparse(p)))
-    program = bmv2_runtime.card_program([CARD, CARD1], [SHARD], [CLIENT])
+    program = bmv2_runtime.card_program([CARD, CARD1], [SHARD, CLIENT])
     r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, program, tmp_path_factory.mktemp("bmv2rules"), nb_ports=2,
                                  channel=bmv2_channel)
     return {"cases": cases, "run": r}

@@ -14,12 +14,13 @@ from embnic.control.targets.bmv2 import switch as bmv2
 from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
 
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.base import Peer
 
 
 def test_table_commands_route_client_allowlist():
     cmds = bmv2_runtime.table_commands([bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.1.1.1")],
-                                       [bmv2_runtime.PeerEntry(0, 1, "02:00:00:00:02:00", "10.1.1.10", 7878)],
-                                       [bmv2_runtime.PeerEntry(2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
+                                       [Peer("shard", 0, 1, "02:00:00:00:02:00", "10.1.1.10", 7878),
+                                        Peer("client", 2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
                                        state_timeout_us=250000)
     # values in decimal (the runtime CLI takes ints for MACs and IPv4 addresses too): the same
     # entries the P4Runtime channel writes (CardProgram.entries)
@@ -41,7 +42,7 @@ def test_card_program_entries_are_the_cli_lines():
     from embnic.control.targets.bmv2.p4runtime import TableEntry
 
     prog = bmv2_runtime.card_program([bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.0.0.1")],
-                                     [bmv2_runtime.PeerEntry(3, 1, "02:00:00:00:00:03", "10.0.1.3", 7878)])
+                                     [Peer("shard", 3, 1, "02:00:00:00:00:03", "10.0.1.3", 7878)])
     assert prog.entries() == [
         TableEntry("card_port_by_ingress", (0,), "set_card_port", (0x0a000001, 0x02cc00000000)),
         TableEntry("source_by_egress_port", (0,), "rewrite_source", (0x02cc00000000, 0x0a000001)),

@@ -26,26 +26,27 @@ from embnic.client_lib.consts import DType, MsgType, UDP_PORT
 from embnic.client_lib.protocol import Embnic
 from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.base import Peer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 CARD = bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.9.0.1")
 CARD1 = bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.9.1.1")
-CLIENT = bmv2_runtime.PeerEntry(65535, 0, "02:00:00:00:00:01", "10.9.0.2", 40000)
-SHARD = bmv2_runtime.PeerEntry(65535, 1, "02:00:00:00:00:02", "10.9.1.2", UDP_PORT)
-SHARD7 = bmv2_runtime.PeerEntry(7, 1, "02:00:00:00:00:07", "10.9.1.7", UDP_PORT)
+CLIENT = Peer("client", 65535, 0, "02:00:00:00:00:01", "10.9.0.2", 40000)
+SHARD = Peer("shard", 65535, 1, "02:00:00:00:00:02", "10.9.1.2", UDP_PORT)
+SHARD7 = Peer("shard", 7, 1, "02:00:00:00:00:07", "10.9.1.7", UDP_PORT)
 MAX_ID = 0xFFFFFFFF
 ROW = 16  #: bytes per row of the one table of most messages here (dim 4, fp32)
 
 
-def wrap(src: bmv2_runtime.PeerEntry, card: bmv2_runtime.CardPortAddr, payload: bytes) -> tuple[int, bytes]:
+def wrap(src: Peer, card: bmv2_runtime.CardPortAddr, payload: bytes) -> tuple[int, bytes]:
     """(port, frame): ``payload`` (embnic header + body) in Ethernet/IPv4/UDP from ``src`` to ``card``."""
     f = (Ether(src=src.mac, dst=card.mac) / IP(src=src.ip, dst=card.ip, flags="DF")
          / UDP(sport=src.udp_port, dport=UDP_PORT) / Raw(payload))
     return src.port, bytes(f)
 
 
-def frames_of(src: bmv2_runtime.PeerEntry, card: bmv2_runtime.CardPortAddr, msg_type: int, *, msg_id: int, shard: int,
+def frames_of(src: Peer, card: bmv2_runtime.CardPortAddr, msg_type: int, *, msg_id: int, shard: int,
               num_keys: int, frag: int | None = None, only: list[int] | None = None, num_tables: int = 1,
               value_len: int | None = None, msg_len: int | None = None) -> list[tuple[int, bytes]]:
     """(port, frame) of one v2 message from ``src`` cut into ``frag``-byte fragments (default: one).
@@ -140,7 +141,7 @@ def run(bmv2_ready, bmv2_channel, tmp_path_factory):
     seq.append(("a NACK to it", frames_of(SHARD, CARD1, MsgType.UPDATE_NACK, msg_id=41, shard=SHARD.id,
                                           num_keys=1)))
     frames = [f for _, fr in seq for f in fr]
-    program = bmv2_runtime.card_program([CARD, CARD1], [SHARD, SHARD7], [CLIENT])
+    program = bmv2_runtime.card_program([CARD, CARD1], [SHARD, SHARD7, CLIENT])
     r = bmv2_pcap.run_pcap_files(bmv2_ready, frames, program, tmp_path_factory.mktemp("bmv2lim"), nb_ports=2,
                                  channel=bmv2_channel)
     assert r.channel == bmv2_channel

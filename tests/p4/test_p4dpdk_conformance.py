@@ -16,7 +16,7 @@ import pytest
 from conformance import Suite, check_outputs, read_pcap
 from embnic.client_lib import consts
 from embnic.control.targets import p4program as p4prog
-from embnic.control.targets.base import Entry
+from embnic.control.targets.base import Peer
 from embnic.control.targets.p4dpdk.target import SwxProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -38,10 +38,6 @@ TARGET_DIFFERENCES = {
 CARD_MACS = {0: "02:cc:00:00:00:00", 1: "02:cc:00:00:00:01", 2: "02:cc:00:00:00:02"}
 
 
-def _entry(c: dict) -> Entry:
-    return Entry(c["shard" if "shard" in c else "client"], c["port"], c["mac"], c["ip"], c["udp_port"])
-
-
 @pytest.fixture(scope="module")
 def run(p4dpdk_pipeline, tmp_path_factory):
     s = Suite.default()
@@ -51,8 +47,8 @@ def run(p4dpdk_pipeline, tmp_path_factory):
     vdevs = [f"net_pcap{p},rx_pcap={inp[p]},tx_pcap={outs[p]}" for p in sorted(s.ports)]
     with SwxProcess(p4dpdk_pipeline, vdevs, d) as sw:
         sw.card.program([(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()],
-                        [_entry(c) for c in s.route_cmds()], [_entry(c) for c in s.client_cmds()])
-        routes, clients = sw.card.peers("route_by_shard"), sw.card.peers("client_by_id")
+                        [Peer.from_fields(c) for c in s.route_cmds() + s.client_cmds()])
+        routes, clients = sw.card.peers("shard"), sw.card.peers("client")
         sw.resume()
         host = sw.wait_drained(len(s.frames))
         counters = sw.card.counters(len(s.ports), sorted(s.shards))

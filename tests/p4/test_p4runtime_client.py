@@ -16,6 +16,7 @@ import pytest
 from embnic.control.targets.bmv2 import switch as bmv2
 
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.base import Peer
 from embnic.control.netns import Netns
 
 p4runtime = pytest.importorskip("embnic.control.targets.bmv2.p4runtime")
@@ -26,8 +27,8 @@ from embnic.control.targets.bmv2.p4runtime import P4InfoIndex, P4RuntimeError, T
 PROGRAM = bmv2_runtime.card_program(
     [bmv2_runtime.CardPortAddr(0, "02:cc:00:00:00:00", "10.0.0.1"),
      bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.0.1.1")],
-    [bmv2_runtime.PeerEntry(3, 1, "02:00:00:00:00:03", "10.0.1.3", 7878)],
-    [bmv2_runtime.PeerEntry(1, 0, "02:00:00:00:00:01", "10.0.0.2", 40001)], state_timeout_us=123456)
+    [Peer("shard", 3, 1, "02:00:00:00:00:03", "10.0.1.3", 7878),
+     Peer("client", 1, 0, "02:00:00:00:00:01", "10.0.0.2", 40001)], state_timeout_us=123456)
 
 
 def test_canonical_values():

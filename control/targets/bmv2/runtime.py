@@ -1,14 +1,14 @@
 """The P4 card's runtime state on BMv2: table entries in, counters and registers out.
 
 Library code for the ``bmv2`` target, the tests and the benchmarks: what programs the card
-from its port addresses, routes and clients (:class:`CardProgram`: table entries written over
+from its port addresses and peers, routes and clients (:class:`CardProgram`: table entries written over
 P4Runtime by :func:`program_p4runtime`, or the same as runtime-CLI lines, :func:`table_commands`),
 and the readers that turn ``simple_switch_CLI`` output back into the DPDK card's shapes
 (:func:`read_counters`, :func:`read_state_map`, :func:`read_ring`), plus the state map's slot
 hash as the switch computes it (:func:`state_slot`). The switch process itself is
 :class:`embnic.control.targets.bmv2.switch.SimpleSwitch`.
 
-    sw.cli(table_commands([CardPortAddr(0, mac, ip)], routes, clients))
+    sw.cli(table_commands([CardPortAddr(0, mac, ip)], peers))
     print(read_counters(sw, nb_ports=2)["drops"])
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decode_state_map
 from embnic.control.targets.bmv2.switch import EGRESS_QUEUE_DEPTH, Bmv2Error, SimpleSwitch
 from embnic.control.targets.bmv2.p4runtime import TableEntry
+from embnic.control.targets.base import Peer
 
 
 # --------------------------------------------------------------------------- state map slot
@@ -64,17 +65,6 @@ class CardPortAddr:
     ip: str
 
 
-@dataclasses.dataclass(frozen=True)
-class PeerEntry:
-    """A route (id = shard) or client (id = client): card port, MAC, IPv4, UDP port."""
-
-    id: int
-    port: int
-    mac: str
-    ip: str
-    udp_port: int
-
-
 def _mac(v: str) -> int:
     return int(v.replace(":", ""), 16)
 
@@ -83,22 +73,19 @@ def _ip(v: str) -> int:
     return int(ipaddress.IPv4Address(v))
 
 
-def route_entries(r: PeerEntry) -> list[TableEntry]:
-    """Route ``r`` (shard → server) and its server's allowlist entry (replies from it)."""
-    return [TableEntry("route_by_shard", (r.id,), "forward_to_server", (r.port, _mac(r.mac), _ip(r.ip), r.udp_port)),
-            TableEntry("sender_allowlist", (0, r.id, _ip(r.ip), r.udp_port), "allow_sender")]
-
-
-def client_entries(c: PeerEntry) -> list[TableEntry]:
-    """Client ``c`` and its allowlist entry (requests from it)."""
-    return [TableEntry("client_by_id", (c.id,), "forward_to_client", (c.port, _mac(c.mac), _ip(c.ip), c.udp_port)),
-            TableEntry("sender_allowlist", (1, c.id, _ip(c.ip), c.udp_port), "allow_sender")]
+def peer_entries(p: Peer) -> list[TableEntry]:
+    """Peer ``p``'s entry of its table (``route_by_shard``: shard → server; ``client_by_id``) and its
+    allowlist entry (replies from the shard, requests from the client)."""
+    k = p.spec
+    return [TableEntry(k.p4_table, (p.id,), k.p4_action, (p.port, _mac(p.mac), _ip(p.ip), p.udp_port)),
+            TableEntry("sender_allowlist", (k.is_request, p.id, _ip(p.ip), p.udp_port), "allow_sender")]
 
 
 @dataclasses.dataclass(frozen=True)
 class CardProgram:
-    """Everything that programs the card before it takes a frame: its port addresses, routes,
-    clients (each with its allowlist entry) and the state map timeout (µs; None: left as is).
+    """Everything that programs the card before it takes a frame: its port addresses, its peers
+    (routes and clients, each with its allowlist entry) and the state map timeout (µs; None: left
+    as is).
 
     :meth:`entries` are the table entries, written over P4Runtime or as runtime-CLI lines
     (:meth:`cli_commands`); :meth:`register_commands` the register writes, over Thrift on both
@@ -106,21 +93,18 @@ class CardProgram:
     """
 
     card_ports: tuple[CardPortAddr, ...]
-    routes: tuple[PeerEntry, ...] = ()
-    clients: tuple[PeerEntry, ...] = ()
+    peers: tuple[Peer, ...] = ()
     state_timeout_us: int | None = None
 
     def entries(self) -> list[TableEntry]:
         """Table entries: per card port ``card_port_by_ingress`` and ``source_by_egress_port``,
-        then each route's and each client's (:func:`route_entries`, :func:`client_entries`)."""
+        then each peer's, in order (:func:`peer_entries`)."""
         out = []
         for p in self.card_ports:
             out.append(TableEntry("card_port_by_ingress", (p.port,), "set_card_port", (_ip(p.ip), _mac(p.mac))))
             out.append(TableEntry("source_by_egress_port", (p.port,), "rewrite_source", (_mac(p.mac), _ip(p.ip))))
-        for r in self.routes:
-            out += route_entries(r)
-        for c in self.clients:
-            out += client_entries(c)
+        for p in self.peers:
+            out += peer_entries(p)
         return out
 
     def register_commands(self) -> list[str]:
@@ -134,27 +118,17 @@ class CardProgram:
         return [e.cli_add() for e in self.entries()] + self.register_commands()
 
 
-def card_program(card_ports: Iterable[CardPortAddr], routes: Iterable[PeerEntry] = (),
-                 clients: Iterable[PeerEntry] = (), *, state_timeout_us: int | None = None) -> CardProgram:
-    """:class:`CardProgram` of these addresses, routes and clients."""
-    return CardProgram(tuple(card_ports), tuple(routes), tuple(clients), state_timeout_us)
+def card_program(card_ports: Iterable[CardPortAddr], peers: Iterable[Peer] = (), *,
+                 state_timeout_us: int | None = None) -> CardProgram:
+    """:class:`CardProgram` of these addresses and peers (routes and clients)."""
+    return CardProgram(tuple(card_ports), tuple(peers), state_timeout_us)
 
 
-def table_commands(card_ports: Iterable[CardPortAddr], routes: Iterable[PeerEntry],
-                   clients: Iterable[PeerEntry], *, state_timeout_us: int | None = None) -> list[str]:
-    """Runtime-CLI lines that program the card: port addresses, routes, clients, allowlist,
-    state timeout (:meth:`CardProgram.cli_commands`)."""
-    return card_program(card_ports, routes, clients, state_timeout_us=state_timeout_us).cli_commands()
-
-
-def route_add_commands(r: PeerEntry) -> list[str]:
-    """CLI lines adding route ``r`` (shard → server) and its allowlist entry."""
-    return [e.cli_add() for e in route_entries(r)]
-
-
-def client_add_commands(c: PeerEntry) -> list[str]:
-    """CLI lines adding client ``c`` and its allowlist entry."""
-    return [e.cli_add() for e in client_entries(c)]
+def table_commands(card_ports: Iterable[CardPortAddr], peers: Iterable[Peer], *,
+                   state_timeout_us: int | None = None) -> list[str]:
+    """Runtime-CLI lines that program the card: port addresses, peers with their allowlist entries,
+    registers (:meth:`CardProgram.cli_commands`)."""
+    return card_program(card_ports, peers, state_timeout_us=state_timeout_us).cli_commands()
 
 
 # --------------------------------------------------------------------------- P4Runtime

@@ -58,7 +58,7 @@ from embnic.control.errors import MissingDependencyError, NoSuchEntryError, Oper
 from embnic.control.netns import Netns, NetnsError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
                                      require_netns, require_root, write_state)
-from embnic.control.targets.base import Entry, Target, clients_from_config, describe_state, routes_from_config
+from embnic.control.targets.base import Peer, Target, check_peer_port, count_peers, describe_state, peer_kind, peers_from_config
 
 _IFACE = re.compile(r"(?:^|,)iface=([^,]+)")
 
@@ -296,7 +296,7 @@ class Bmv2Target(Target):
                                          "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
                                          dependency=missing[0])
 
-    def _card_program(self, routes: list[Entry], clients: list[Entry]) -> bmv2_runtime.CardProgram:
+    def _card_program(self, peers: list[Peer]) -> bmv2_runtime.CardProgram:
         card = self.config.card
         ports = []
         for p in card.ports:
@@ -304,9 +304,7 @@ class Bmv2Target(Target):
                 raise ConfigError(f"card.ports[{p.id}].mac", "required by the bmv2 target (the switch has no "
                                   "MAC of its own): add mac = \"02:..\"", self.config.path)
             ports.append(bmv2_runtime.CardPortAddr(p.id, p.mac, p.ip))
-        peer = lambda e: bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)
-        return bmv2_runtime.card_program(ports, [peer(r) for r in routes], [peer(c) for c in clients],
-                                         state_timeout_us=card.state_timeout_ms * 1000)
+        return bmv2_runtime.card_program(ports, peers, state_timeout_us=card.state_timeout_ms * 1000)
 
     def load(self, program: bool = True) -> dict:
         """Take the compiled program, start the switch and program it before it takes a frame (module docstring),
@@ -345,9 +343,8 @@ class Bmv2Target(Target):
                     raise UsageError(f"card port {i}: no interface {ifname!r} in this network namespace "
                                      f"(`ip link show`): give the port's interface as --vdev "
                                      f"net_af_packet{i},iface=NAME, or --netns the namespace that holds them")
-        routes = routes_from_config(cfg) if program else []
-        clients = clients_from_config(cfg) if program else []
-        card = self._card_program(routes, clients)
+        peers = peers_from_config(cfg) if program else []
+        card = self._card_program(peers)
         channel = self.requested_channel
         if channel == "p4runtime" and len(str(self.p4rt_socket)) > 100:  # sun_path holds 108 bytes
             raise UsageError(f"the P4Runtime socket path {self.p4rt_socket} is too long for a unix socket: "
@@ -398,7 +395,7 @@ class Bmv2Target(Target):
         info = {"mode": "bmv2", "state_size": sizes["state_size"], "ring_size": sizes["ring_size"],
                 "state_timeout_ms": cfg.card.state_timeout_ms,
                 "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
-        return {**state, "routes": len(routes), "clients": len(clients), "info": info,
+        return {**state, **count_peers(peers), "info": info,
                 "warnings": [note] if note else []}
 
     def _state(self, sw: bmv2.SimpleSwitch, pid: int, json_path: Path, ns: Netns, ports: dict,
@@ -569,9 +566,10 @@ class Bmv2Target(Target):
     def _allow_handle(self, is_request: int, id_: int) -> list[int]:
         return [e["handle"] for e in self._dump("sender_allowlist") if e["key"][:2] == [is_request, id_]]
 
-    def _replace(self, table: str, id_: int, is_request: int, add: list) -> None:
-        """Replace the entry of ``id_`` in ``table`` and its allowlist entries by ``add``
-        (TableEntry objects; none: delete them)."""
+    def _replace(self, kind: str, id_: int, add: list) -> None:
+        """Replace the entry of peer ``id_`` of ``kind`` in its table and its allowlist entries by
+        ``add`` (TableEntry objects; none: delete them)."""
+        table, is_request = peer_kind(kind).p4_table, peer_kind(kind).is_request
         st = self.state() or {}
         if self.channel(st) != "p4runtime":
             cmds = [f"table_delete {table} {e['handle']}" for e in self._dump(table) if e["key"] == [id_]]
@@ -597,52 +595,26 @@ class Bmv2Target(Target):
         finally:
             c.close()
 
-    def _check_port(self, e: Entry) -> None:
-        n = self._nb_ports()
-        if not 0 <= int(e.port) < n:
-            raise UsageError(f"--port {e.port}: the card has {n} port(s) (0..{n - 1})")
-
-    def route_add(self, e: Entry) -> None:
-        """Add or replace the route of shard ``e.id``.
+    def peer_add(self, p: Peer) -> None:
+        """Add or replace peer ``p`` (the route of shard ``p.id``, or client ``p.id``).
 
         Raises:
-            UsageError: ``e.port`` is not one of the card's ports (exit 2).
+            UsageError: ``p.port`` is not one of the card's ports (exit 2).
             OperationalError: not loaded, or the switch refused the entry.
         """
-        self._check_port(e)
-        self._replace("route_by_shard", e.id, 0, bmv2_runtime.route_entries(
-            bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
+        check_peer_port(p, self._nb_ports())
+        self._replace(p.kind, p.id, bmv2_runtime.peer_entries(p))
 
-    def route_del(self, shard: int) -> None:
-        if not any(e["key"] == [shard] for e in self._dump("route_by_shard")):
-            raise NoSuchEntryError("route", shard)
-        self._replace("route_by_shard", shard, 0, [])
+    def peer_del(self, kind: str, id_: int) -> None:
+        k = peer_kind(kind)
+        if not any(e["key"] == [id_] for e in self._dump(k.p4_table)):
+            raise NoSuchEntryError(k.noun, id_)
+        self._replace(kind, id_, [])
 
-    def route_list(self) -> list[Entry]:
-        return sorted((Entry(e["key"][0], e["params"][0], _mac_hex(f"{e['params'][1]:x}"),
-                             _ip_hex(f"{e['params'][2]:x}"), e["params"][3])
-                       for e in self._dump("route_by_shard")), key=lambda x: x.id)
-
-    def client_add(self, e: Entry) -> None:
-        """Add or replace client ``e.id``.
-
-        Raises:
-            UsageError: ``e.port`` is not one of the card's ports (exit 2).
-            OperationalError: not loaded, or the switch refused the entry.
-        """
-        self._check_port(e)
-        self._replace("client_by_id", e.id, 1, bmv2_runtime.client_entries(
-            bmv2_runtime.PeerEntry(e.id, e.port, e.mac, e.ip, e.udp_port)))
-
-    def client_del(self, client: int) -> None:
-        if not any(e["key"] == [client] for e in self._dump("client_by_id")):
-            raise NoSuchEntryError("client", client)
-        self._replace("client_by_id", client, 1, [])
-
-    def client_list(self) -> list[Entry]:
-        return sorted((Entry(e["key"][0], e["params"][0], _mac_hex(f"{e['params'][1]:x}"),
-                             _ip_hex(f"{e['params'][2]:x}"), e["params"][3])
-                       for e in self._dump("client_by_id")), key=lambda x: x.id)
+    def peer_list(self, kind: str) -> list[Peer]:
+        return sorted((Peer(kind, e["key"][0], e["params"][0], _mac_hex(f"{e['params'][1]:x}"),
+                            _ip_hex(f"{e['params'][2]:x}"), e["params"][3])
+                       for e in self._dump(peer_kind(kind).p4_table)), key=lambda x: x.id)
 
     # ------------------------------------------------------------------ observation
     def _nb_ports(self) -> int:

@@ -45,7 +45,7 @@ from embnic.control.targets.dpdk.xdp import af_xdp_problem
 from embnic.control.targets.dpdk.vdevs import vdevs_problem
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state,
                                      require_netns, require_root, state_path, write_state)
-from embnic.control.targets.base import Entry, Target, clients_from_config, describe_state, entries_from_dicts, routes_from_config
+from embnic.control.targets.base import Peer, Target, count_peers, describe_state, peer_kind, peers_from_config
 
 def core_ranges(cores) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2,5"`` (a DPDK core list)."""
@@ -284,7 +284,7 @@ class DpdkTarget(Target):
         return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path).argv
 
     # ------------------------------------------------------------------ lifecycle
-    def _check_config(self, program: bool) -> tuple[list[Entry], list[Entry]]:
+    def _check_config(self, program: bool) -> list[Peer]:
         cfg = self.config
         if cfg is None:
             raise UsageError("loading the dpdk target needs the cluster config: pass --config FILE", param="config")
@@ -317,9 +317,7 @@ class DpdkTarget(Target):
             raise UsageError(bad, param="vdevs")
         if self.pci:
             self._check_pci()
-        if not program:
-            return [], []
-        return routes_from_config(cfg), clients_from_config(cfg)
+        return peers_from_config(cfg) if program else []
 
     def _check_pci(self) -> None:
         """Refuse, in one line naming the fix, a PCI device that is missing or bound to a driver
@@ -353,7 +351,7 @@ class DpdkTarget(Target):
                 vdev whose interface is missing or already runs an XDP program
                 (:func:`~embnic.control.targets.dpdk.xdp.af_xdp_problem`).
         """
-        routes, clients = self._check_config(program)
+        peers = self._check_config(program)
         if self.NEEDS_ROOT:
             require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
         if self.netns:
@@ -395,17 +393,15 @@ class DpdkTarget(Target):
         write_state(self.run_dir, self.instance, state)
         try:
             info = self._ready_info(proc, ctl, "embnic-dp")
-            for r in routes:
-                self.route_add(r)
-            for c in clients:
-                self.client_add(c)
+            for p in peers:
+                self.peer_add(p)
             if self.start_paused:
                 self.ctl().call("resume")
         except BaseException:
             proc.stop(self.stop_timeout)  # also removes the failed start's EAL runtime dir
             remove_state(self.run_dir, self.instance)
             raise
-        return {**state, "routes": len(routes), "clients": len(clients), "info": info,
+        return {**state, **count_peers(peers), "info": info,
                 "warnings": self._port_mac_warnings(info)}
 
     def _port_mac_warnings(self, info: dict) -> list[str]:
@@ -459,47 +455,34 @@ class DpdkTarget(Target):
         return self.ctl(timeout=1.0).alive()
 
     # ------------------------------------------------------------------ tables
-    def _add(self, cmd: str, fields: dict) -> None:
-        """``route_add``/``client_add``; a field the card refuses (a port it lacks) is a usage
-        error naming the option, like the bmv2 target's; a full table stays operational."""
+    def peer_add(self, p: Peer) -> None:
+        """Add or replace peer ``p`` (``route_add`` or ``client_add`` on the control socket).
+
+        Raises:
+            UsageError: the card refused a field (``p.port`` not one of its ports; exit 2), named
+                as the option, like the bmv2 target's.
+            CtlCommandError: the card could not add it (its table is full; exit 1).
+        """
+        fields = p.fields()
         try:
-            self.ctl().call(cmd, **fields)
+            self.ctl().call(f"{p.spec.noun}_add", **fields)
         except CtlArgumentError as err:
             m = re.match(r"field '(\w+)'", err.card_error)
             if m and m.group(1) in fields:
                 raise UsageError(f"--{m.group(1).replace('_', '-')} {fields[m.group(1)]}: {err}") from None
             raise
 
-    def route_add(self, e: Entry) -> None:
-        """Add or replace the route of shard ``e.id``.
-
-        Raises:
-            UsageError: the card refused a field (``e.port`` not one of its ports; exit 2).
-            CtlCommandError: the card could not add it (its route table is full; exit 1).
-        """
-        self._add("route_add", e.route_fields())
-
-    def route_del(self, shard: int) -> None:
+    def peer_del(self, kind: str, id_: int) -> None:
+        k = peer_kind(kind)
         try:
-            self.ctl().call("route_del", shard=int(shard))
+            self.ctl().call(f"{k.noun}_del", **{kind: int(id_)})
         except CtlCommandError:  # the card refuses a well-formed del only when the entry is absent
-            raise NoSuchEntryError("route", shard) from None
+            raise NoSuchEntryError(k.noun, id_) from None
 
-    def route_list(self) -> list[Entry]:
-        return entries_from_dicts(self.ctl().call("route_list").get("routes", []), "shard")
-
-    def client_add(self, e: Entry) -> None:
-        """Add or replace client ``e.id`` (raises as :meth:`route_add`)."""
-        self._add("client_add", e.client_fields())
-
-    def client_del(self, client: int) -> None:
-        try:
-            self.ctl().call("client_del", client=int(client))
-        except CtlCommandError:  # the card refuses a well-formed del only when the entry is absent
-            raise NoSuchEntryError("client", client) from None
-
-    def client_list(self) -> list[Entry]:
-        return entries_from_dicts(self.ctl().call("client_list").get("clients", []), "client")
+    def peer_list(self, kind: str) -> list[Peer]:
+        k = peer_kind(kind)
+        got = self.ctl().call(f"{k.noun}_list").get(f"{k.noun}s", [])
+        return sorted((Peer.from_fields(d, kind) for d in got), key=lambda p: p.id)
 
     # ------------------------------------------------------------------ observation
     @staticmethod

@@ -36,10 +36,10 @@ from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decode_state_map
 from embnic.control.ctlsock import CtlClient
 from embnic.control.targets.dpdk.process import DpdkProcess
-from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError
+from embnic.control.errors import NoSuchEntryError, OperationalError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state, require_netns,
                                      require_root, write_state)
-from embnic.control.targets.base import Entry, describe_state
+from embnic.control.targets.base import Peer, check_peer_port, count_peers, describe_state, peer_kind
 from embnic.control.targets.dpdk.target import DpdkTarget
 
 
@@ -111,50 +111,42 @@ class SwxCard:
             out.append({"key": e["key"], "action": act, "params": [e["params"].get(p, 0) for p in order]})
         return out
 
-    def program(self, ports: Sequence[tuple[int, str, str]], routes: Sequence[Entry], clients: Sequence[Entry],
+    def program(self, ports: Sequence[tuple[int, str, str]], peers: Sequence[Peer],
                 state_timeout_us: int | None = None) -> None:
-        """The card's port addresses (``(port, mac, ip)``), routes, clients and timeout."""
+        """The card's port addresses (``(port, mac, ip)``), its peers (routes and clients) and timeout."""
         for port, mac, ip in ports:
             self.add("card_port_by_ingress", [port], "set_card_port", [_ip_int(ip), _mac_int(mac)])
             self.add("source_by_egress_port", [port], "rewrite_source", [_mac_int(mac), _ip_int(ip)])
-        for r in routes:
-            self.route_add(r)
-        for c in clients:
-            self.client_add(c)
+        for p in peers:
+            self.peer_add(p)
         if state_timeout_us is not None:
             self.reg_write("state_timeout_us", 0, state_timeout_us)
 
-    def _peer_add(self, table: str, action: str, is_request: int, e: Entry) -> None:
-        self._peer_del(table, is_request, e.id)
-        self.add(table, [e.id], action, [e.port, _mac_int(e.mac), _ip_int(e.ip), e.udp_port])
-        self.add("sender_allowlist", [is_request, e.id, _ip_int(e.ip), e.udp_port], "allow_sender")
+    def peer_add(self, p: Peer) -> None:
+        """Add or replace peer ``p``: its entry of ``route_by_shard`` or ``client_by_id`` and its
+        ``sender_allowlist`` entry."""
+        k = p.spec
+        self.peer_del(p.kind, p.id)
+        self.add(k.p4_table, [p.id], k.p4_action, [p.port, _mac_int(p.mac), _ip_int(p.ip), p.udp_port])
+        self.add("sender_allowlist", [k.is_request, p.id, _ip_int(p.ip), p.udp_port], "allow_sender")
 
-    def _peer_del(self, table: str, is_request: int, id_: int) -> bool:
+    def peer_del(self, kind: str, id_: int) -> bool:
+        """Delete the peer ``id_`` of ``kind`` and its allowlist entries; False if it had no entry."""
+        k = peer_kind(kind)
         found = False
-        for e in self.dump(table):
+        for e in self.dump(k.p4_table):
             if e["key"] == [id_]:
-                self.delete(table, [id_])
+                self.delete(k.p4_table, [id_])
                 found = True
         for e in self.dump("sender_allowlist"):
-            if e["key"][:2] == [is_request, id_]:
+            if e["key"][:2] == [k.is_request, id_]:
                 self.delete("sender_allowlist", e["key"])
         return found
 
-    def route_add(self, e: Entry) -> None:
-        self._peer_add("route_by_shard", "forward_to_server", 0, e)
-
-    def client_add(self, e: Entry) -> None:
-        self._peer_add("client_by_id", "forward_to_client", 1, e)
-
-    def route_del(self, shard: int) -> bool:
-        return self._peer_del("route_by_shard", 0, shard)
-
-    def client_del(self, client: int) -> bool:
-        return self._peer_del("client_by_id", 1, client)
-
-    def peers(self, table: str) -> list[Entry]:
-        return sorted((Entry(e["key"][0], e["params"][0], _mac_str(e["params"][1]), _ip_str(e["params"][2]),
-                             e["params"][3]) for e in self.dump(table)), key=lambda x: x.id)
+    def peers(self, kind: str) -> list[Peer]:
+        """The peers of ``kind`` in the card's table, by id."""
+        return sorted((Peer(kind, e["key"][0], e["params"][0], _mac_str(e["params"][1]), _ip_str(e["params"][2]),
+                            e["params"][3]) for e in self.dump(peer_kind(kind).p4_table)), key=lambda x: x.id)
 
     # ------------------------------------------------------------------ registers and counters
     def reg(self, name: str, index: int = 0, count: int | None = None) -> list[int]:
@@ -256,7 +248,7 @@ class P4DpdkTarget(DpdkTarget):
             UsageError: the config sets ``ring_size``/``state_size`` other than the compiled ones.
             ConfigError / NeedsRootError / OperationalError: as the dpdk target.
         """
-        routes, clients = self._check_config(program)
+        peers = self._check_config(program)
         p4prog.card_sizes(self.config.card, self.name, self.config.path)
         p4dpdk.require()
         require_root("loading the p4dpdk target (embnic-swx and its DPDK EAL)")
@@ -291,7 +283,7 @@ class P4DpdkTarget(DpdkTarget):
                     raise ConfigError(f"card.ports[{i}].mac", "required by the p4dpdk target (the pipeline "
                                       "writes the card's MAC into every frame it sends): add mac = \"02:..\"",
                                       self.config.path)
-            self.card().program([(p.id, p.mac, p.ip) for p in self.config.card.ports], routes, clients,
+            self.card().program([(p.id, p.mac, p.ip) for p in self.config.card.ports], peers,
                                 state_timeout_us=self.config.card.state_timeout_ms * 1000)
             if self.start_paused:
                 self.ctl().call("resume")
@@ -300,36 +292,26 @@ class P4DpdkTarget(DpdkTarget):
             remove_state(self.run_dir, self.instance)
             raise
         note = self._pipe.note if self._pipe else None
-        return {**state, "routes": len(routes), "clients": len(clients), "info": info,
+        return {**state, **count_peers(peers), "info": info,
                 "warnings": [note] if note else []}
 
     # ------------------------------------------------------------------ tables
-    def _check_port(self, e: Entry) -> None:
-        n = len(self.info().get("ports", []))
-        if not 0 <= int(e.port) < n:
-            raise UsageError(f"--port {e.port}: the card has {n} port(s) (0..{n - 1})")
+    def peer_add(self, p: Peer) -> None:
+        """Add or replace peer ``p``.
 
-    def route_add(self, e: Entry) -> None:
-        self._check_port(e)
-        self.card().route_add(e)
+        Raises:
+            UsageError: ``p.port`` is not one of the card's ports (exit 2).
+            OperationalError: not loaded.
+        """
+        check_peer_port(p, self._nb_ports())
+        self.card().peer_add(p)
 
-    def route_del(self, shard: int) -> None:
-        if not self.card().route_del(shard):
-            raise NoSuchEntryError("route", shard)
+    def peer_del(self, kind: str, id_: int) -> None:
+        if not self.card().peer_del(kind, id_):
+            raise NoSuchEntryError(peer_kind(kind).noun, id_)
 
-    def route_list(self) -> list[Entry]:
-        return self.card().peers("route_by_shard")
-
-    def client_add(self, e: Entry) -> None:
-        self._check_port(e)
-        self.card().client_add(e)
-
-    def client_del(self, client: int) -> None:
-        if not self.card().client_del(client):
-            raise NoSuchEntryError("client", client)
-
-    def client_list(self) -> list[Entry]:
-        return self.card().peers("client_by_id")
+    def peer_list(self, kind: str) -> list[Peer]:
+        return self.card().peers(kind)
 
     # ------------------------------------------------------------------ observation
     def _nb_ports(self) -> int:
@@ -340,7 +322,7 @@ class P4DpdkTarget(DpdkTarget):
         ``completed``, ``shards`` of the routed shards, ``ring``, ``state``), plus ``host``: the
         embnic-swx host's per-port counters and the pipeline's port statistics."""
         card = self.card()
-        shards = [e.id for e in card.peers("route_by_shard")]
+        shards = [e.id for e in card.peers("shard")]
         c = card.counters(self._nb_ports(), shards)
         size = p4prog.constants()["RING_SLOTS"]
         logged = card.reg("ring_head", 0, 1)[0]
@@ -402,7 +384,7 @@ class SwxProcess:
     :meth:`P4DpdkTarget.load` is for a cluster config): start, program, resume, wait, stop.
 
         with SwxProcess(pipe, ["net_pcap0,rx_pcap=in.pcap,tx_pcap=out.pcap"], workdir) as sw:
-            sw.card.program([(0, "02:cc:00:00:00:00", "10.1.0.1")], routes, clients)
+            sw.card.program([(0, "02:cc:00:00:00:00", "10.1.0.1")], peers)
             sw.resume(); sw.wait_drained(n_frames)
 
     Args:
