@@ -1,6 +1,6 @@
 """What the Prometheus exporters must say, from what the card and the shards themselves say.
 
-Shared by tests/control/test_metrics.py (fake card, loopback shards) and
+Shared by tests/control/test_card_metrics.py (fake card, loopback shards) and
 tests/testbed/test_metrics_live.py (a namespace testbed). Each ``*_expected`` walks EVERY leaf
 of a reading — the card's ``counters`` / ``state_summary`` (what ``embnic status --json``
 prints), a shard's counters (what it logs when it stops) — and names the sample the exporter

@@ -6,14 +6,14 @@ import threading
 
 import click
 
-from embnic.control import metrics
+from embnic.control import card_metrics
 from embnic.cli.commands.options import IPV4, pipeline_options
 from embnic.control.settings import open_target, resolve
 
 
 @click.command()
 @pipeline_options
-@click.option("--port", type=click.IntRange(0, 65535), default=metrics.DEFAULT_PORT, show_default=True,
+@click.option("--port", type=click.IntRange(0, 65535), default=card_metrics.DEFAULT_PORT, show_default=True,
               help="TCP port of the HTTP endpoint (/metrics).")
 @click.option("--bind", type=IPV4, default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--once", is_flag=True, help="Print one reading in the Prometheus text format and exit (no server).")
@@ -35,14 +35,14 @@ def exporter(config, target, name, ctl, port, bind, once):
     """
     s = resolve(config, target, name, ctl)
     t = open_target(s)
-    collector = metrics.CardCollector(t, {"target": s.target, "pipeline": s.name})
+    collector = card_metrics.CardCollector(t, {"target": s.target, "pipeline": s.name})
     if once:
         collector.quiet = True  # the failure is this command's one Error: line, not a log line too
-        click.echo(metrics.exposition(collector), nl=False)
+        click.echo(card_metrics.exposition(collector), nl=False)
         if collector.last_error is not None:  # a one-shot check: the reading failed (embnic_card_up 0)
             raise click.ClickException(f"could not read the card: {collector.last_error}")
         return
-    srv = metrics.MetricsServer(collector, port, bind)
+    srv = card_metrics.MetricsServer(collector, port, bind)
     stop = threading.Event()
     old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     click.echo(f"embnic exporter: the card of pipeline {s.name!r} ({s.target}) on http://{bind}:{srv.port}/metrics "

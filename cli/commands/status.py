@@ -7,7 +7,7 @@ import time
 import click
 
 from embnic.client_lib import consts
-from embnic.control.metrics import latency_bucket_upper_us
+from embnic.control.card_metrics import latency_bucket_upper_us
 from embnic.cli.commands.options import FloatRange, json_option, pipeline_options
 from embnic.control.settings import open_target, resolve
 

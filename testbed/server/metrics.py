@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from embnic.control.metrics import MetricsServer, log2_us_bucket, log2_us_histogram
+from embnic.control.card_metrics import MetricsServer, log2_us_bucket, log2_us_histogram
 
 log = logging.getLogger("embnic.server")
 
@@ -219,7 +219,7 @@ def serve_metrics(read: Callable[[], dict], port: int, bind: str = "0.0.0.0") ->
     """Serve a shard's metrics on ``bind:port`` (``GET /metrics``) from a thread of this process.
 
     Raises:
-        MissingDependencyError, UsageError, OperationalError: as :class:`~embnic.control.metrics.MetricsServer`
+        MissingDependencyError, UsageError, OperationalError: as :class:`~embnic.control.card_metrics.MetricsServer`
             (the port taken names ``--metrics-port``).
     """
     srv = MetricsServer(ShardCollector(read), port, bind, option="--metrics-port")

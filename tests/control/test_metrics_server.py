@@ -1,4 +1,4 @@
-"""The metrics endpoint (:class:`embnic.control.metrics.MetricsServer`: the card's exporter and
+"""The metrics endpoint (:class:`embnic.control.card_metrics.MetricsServer`: the card's exporter and
 ``embnic server --metrics-port``) against clients that do not play along (issue 34, item 7): a
 cap on the connections served at once (one more is answered 503 without a thread), an idle
 timeout per connection, and an answer to an HTTP/0.9 request.
@@ -18,7 +18,7 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 
-from embnic.control import metrics  # noqa: E402
+from embnic.control import card_metrics  # noqa: E402
 
 
 class _Collector:
@@ -54,7 +54,7 @@ def server():
     made = []
 
     def make(**kw):
-        srv = metrics.MetricsServer(_Collector(), 0, "127.0.0.1", **kw)
+        srv = card_metrics.MetricsServer(_Collector(), 0, "127.0.0.1", **kw)
         made.append(srv)
         return srv
 

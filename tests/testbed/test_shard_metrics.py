@@ -32,7 +32,7 @@ from embnic.client_lib import codec  # noqa: E402
 from embnic.client_lib.client import EmbeddingClient  # noqa: E402
 from embnic.client_lib.config import load_config  # noqa: E402
 from embnic.client_lib.consts import MsgType  # noqa: E402
-from embnic.control.metrics import card_families  # noqa: E402
+from embnic.control.card_metrics import card_families  # noqa: E402
 from embnic.testbed.server.metrics import ServiceTimes, shard_families  # noqa: E402
 
 

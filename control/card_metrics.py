@@ -84,6 +84,26 @@ def _families():
     return CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 
+class _Out:
+    """The metric families of one reading, as they are made (``embnic_card_`` prefixed)."""
+
+    def __init__(self):
+        self.Counter, self.Gauge, self.Histogram = _families()
+        self.families: list = []
+
+    def _add(self, cls, name, doc, labels, rows):
+        f = cls(f"embnic_card_{name}", doc, labels=list(labels))
+        for values, v in rows:
+            f.add_metric([str(x) for x in values], v)
+        self.families.append(f)
+
+    def counter(self, name, doc, labels=(), rows=()):
+        self._add(self.Counter, name, doc, labels, rows)
+
+    def gauge(self, name, doc, labels=(), rows=()):
+        self._add(self.Gauge, name, doc, labels, rows)
+
+
 def card_families(c: dict, st: dict) -> list:
     """Metric families of one reading of the card.
 
@@ -96,110 +116,125 @@ def card_families(c: dict, st: dict) -> list:
         prometheus_client metric families (``embnic_card_*``); a part the target does not have
         (``mempool`` on bmv2, ``shards`` latency) is left out, not reported as 0.
     """
-    Counter, Gauge, Histogram = _families()
-    out = []
+    out = _Out()
+    _port_families(out, c)
+    _traffic_families(out, c)
+    _ring_families(out, c)
+    _state_families(out, st)
+    _shard_families(out, c.get("shards", []))
+    return out.families
 
-    def counter(name, doc, labels=(), rows=()):
-        f = Counter(f"embnic_card_{name}", doc, labels=list(labels))
-        for values, v in rows:
-            f.add_metric([str(x) for x in values], v)
-        out.append(f)
 
-    def gauge(name, doc, labels=(), rows=()):
-        f = Gauge(f"embnic_card_{name}", doc, labels=list(labels))
-        for values, v in rows:
-            f.add_metric([str(x) for x in values], v)
-        out.append(f)
-
+def _port_families(out: _Out, c: dict) -> None:
+    """Per card port: frames and bytes in and out, what the port refuses or loses; the control channel."""
     ports = c.get("ports", [])
     for k, what in (("rx_frames", "Frames received"), ("rx_bytes", "Bytes received"),
                     ("tx_frames", "Frames sent"), ("tx_bytes", "Bytes sent")):
-        counter(k, f"{what} per card port.", ["port"], [((p["port"],), p.get(k, 0)) for p in ports])
+        out.counter(k, f"{what} per card port.", ["port"], [((p["port"],), p.get(k, 0)) for p in ports])
     rows = [((p["port"],), p["too_long_for_port"]) for p in ports if "too_long_for_port" in p]
     if rows:
-        counter("too_long_for_port", "Frames for this port longer than it sends (dropped as too_long_for_port).",
-                ["port"], rows)
+        out.counter("too_long_for_port", "Frames for this port longer than it sends (dropped as too_long_for_port).",
+                    ["port"], rows)
     for k, what in (("iface_rx_frames", "Frames the card port's interface took in (bmv2: kernel rx_packets "
                                         "+ rx_dropped since the load or the last counter reset)."),
                     ("lost_before_switch", "Frames the card port's interface took in that the switch's ingress "
                                            "never counted (bmv2: lost in its capture; exact at rest).")):
         rows = [((p["port"],), p[k]) for p in ports if k in p]
         if rows:
-            counter(k, what, ["port"], rows)
+            out.counter(k, what, ["port"], rows)
     if c.get("control"):  # bmv2: which channel programs the tables
         ctl = c["control"]
-        gauge("control_info", "The card's control channel (value 1): p4runtime or thrift, and its switch.",
-              ["channel", "switch"], [((ctl.get("channel"), ctl.get("switch")), 1)])
+        out.gauge("control_info", "The card's control channel (value 1): p4runtime or thrift, and its switch.",
+                  ["channel", "switch"], [((ctl.get("channel"), ctl.get("switch")), 1)])
     rows = [((p["port"],), p["max_frame"]) for p in ports if "max_frame" in p]
     if rows:
-        gauge("port_max_frame_bytes", "Largest frame the port sends (from the Ethernet header, no CRC).", ["port"], rows)
-    counter("frames", "Frames accepted and sent on, by message type (a message of N fragments counts N).",
-            ["type"], [((t,), n) for t, n in c.get("types", {}).items()])
+        out.gauge("port_max_frame_bytes", "Largest frame the port sends (from the Ethernet header, no CRC).",
+                  ["port"], rows)
+
+
+def _traffic_families(out: _Out, c: dict) -> None:
+    """Frames by message type, drops by reason (and port), completed messages, ARP replies."""
+    out.counter("frames", "Frames accepted and sent on, by message type (a message of N fragments counts N).",
+                ["type"], [((t,), n) for t, n in c.get("types", {}).items()])
     if "drops_by_port" in c:  # dpdk: per port (the one a frame came in on; tx_full: the one it could not leave by)
-        counter("drops", "Frames dropped, by card port and reason (docs/control-socket.md, drop reasons).",
-                ["port", "reason"], [((p["port"], r), n) for p in c["drops_by_port"] for r, n in p.items()
-                                     if r != "port"])
+        out.counter("drops", "Frames dropped, by card port and reason (docs/control-socket.md, drop reasons).",
+                    ["port", "reason"], [((p["port"], r), n) for p in c["drops_by_port"] for r, n in p.items()
+                                         if r != "port"])
     else:  # bmv2 counts drops by reason only
-        counter("drops", "Frames dropped, by reason (docs/control-socket.md, drop reasons).", ["reason"],
-                [((r,), n) for r, n in c.get("drops", {}).items()])
+        out.counter("drops", "Frames dropped, by reason (docs/control-socket.md, drop reasons).", ["reason"],
+                    [((r,), n) for r, n in c.get("drops", {}).items()])
     if "completed" in c:
-        counter("messages_completed", "Messages whose whole reply passed the card, by reply type.",
-                ["reply_type"], [((t,), n) for t, n in c["completed"].items()])
+        out.counter("messages_completed", "Messages whose whole reply passed the card, by reply type.",
+                    ["reply_type"], [((t,), n) for t, n in c["completed"].items()])
     if "arp" in c:
-        counter("arp_replies", "ARP requests for a card port's address answered.", rows=[((), c["arp"].get("replies", 0))])
+        out.counter("arp_replies", "ARP requests for a card port's address answered.",
+                    rows=[((), c["arp"].get("replies", 0))])
+
+
+def _ring_families(out: _Out, c: dict) -> None:
+    """The header ring(s) and the mbuf pool."""
     ring = c.get("ring", {})
     if "size" in ring:
-        gauge("ring_size", "Header ring slots (summed over the rings of several state lcores).",
-              rows=[((), ring["size"])])
-        gauge("ring_entries", "Headers waiting in the header ring.", rows=[((), ring.get("count", 0))])
+        out.gauge("ring_size", "Header ring slots (summed over the rings of several state lcores).",
+                  rows=[((), ring["size"])])
+        out.gauge("ring_entries", "Headers waiting in the header ring.", rows=[((), ring.get("count", 0))])
     if "rings" in ring:
-        gauge("rings", "Header rings (one per state lcore).", rows=[((), ring["rings"])])
+        out.gauge("rings", "Header rings (one per state lcore).", rows=[((), ring["rings"])])
     if "high_water" in ring:
-        gauge("ring_high_water", "Most headers the ring held after an enqueue since the counters were reset.",
-              rows=[((), ring["high_water"])])
+        out.gauge("ring_high_water", "Most headers the ring held after an enqueue since the counters were reset.",
+                  rows=[((), ring["high_water"])])
     if "logged" in ring:
-        counter("ring_logged", "Headers the card logged in its register ring (bmv2).", rows=[((), ring["logged"])])
+        out.counter("ring_logged", "Headers the card logged in its register ring (bmv2).", rows=[((), ring["logged"])])
     mp = c.get("mempool")
     if mp:
-        gauge("mempool_size", "mbufs in the card's mempool.", rows=[((), mp.get("size", 0))])
-        gauge("mempool_available", "mbufs free (per-lcore caches included).", rows=[((), mp.get("available", 0))])
-        gauge("mempool_in_use", "mbufs in use.", rows=[((), mp.get("in_use", 0))])
-    gauge("state_entries", "Messages in flight in the message state map.", rows=[((), st.get("entries", 0))])
-    gauge("state_capacity", "Messages the state map can hold.", rows=[((), st.get("capacity", 0))])
+        out.gauge("mempool_size", "mbufs in the card's mempool.", rows=[((), mp.get("size", 0))])
+        out.gauge("mempool_available", "mbufs free (per-lcore caches included).", rows=[((), mp.get("available", 0))])
+        out.gauge("mempool_in_use", "mbufs in use.", rows=[((), mp.get("in_use", 0))])
+
+
+def _state_families(out: _Out, st: dict) -> None:
+    """The message state map: entries, capacity, states, overflow, expiry, partitions."""
+    out.gauge("state_entries", "Messages in flight in the message state map.", rows=[((), st.get("entries", 0))])
+    out.gauge("state_capacity", "Messages the state map can hold.", rows=[((), st.get("capacity", 0))])
     if "partitions" in st:
-        gauge("state_partitions", "Partitions of the state map (one per state lcore).", rows=[((), st["partitions"])])
-    gauge("state_messages", "Messages in flight by state.", ["state"],
-          [((k,), v) for k, v in st.get("by_state", {}).items()])
-    counter("state_overflow", "New messages refused because the state map was full (dropped as state_full).",
-            rows=[((), st.get("overflow", 0))])
-    counter("state_expired", "State map entries freed by the state timeout.", rows=[((), st.get("expired", 0))])
+        out.gauge("state_partitions", "Partitions of the state map (one per state lcore).",
+                  rows=[((), st["partitions"])])
+    out.gauge("state_messages", "Messages in flight by state.", ["state"],
+              [((k,), v) for k, v in st.get("by_state", {}).items()])
+    out.counter("state_overflow", "New messages refused because the state map was full (dropped as state_full).",
+                rows=[((), st.get("overflow", 0))])
+    out.counter("state_expired", "State map entries freed by the state timeout.", rows=[((), st.get("expired", 0))])
     parts = st.get("by_partition", [])
     if parts:
-        gauge("state_partition_entries", "Messages in flight per state-map partition (one per state lcore).",
-              ["partition", "lcore"], [((p["partition"], p["lcore"]), p["entries"]) for p in parts])
-        counter("state_partition_completed", "Messages completed per partition since the card started.",
-                ["partition", "lcore"], [((p["partition"], p["lcore"]), p["completed_since_start"]) for p in parts])
-        counter("state_partition_expired", "Entries expired per partition since the card started.",
-                ["partition", "lcore"], [((p["partition"], p["lcore"]), p["expired_since_start"]) for p in parts])
-    shards = c.get("shards", [])
+        labels = ["partition", "lcore"]
+        out.gauge("state_partition_entries", "Messages in flight per state-map partition (one per state lcore).",
+                  labels, [((p["partition"], p["lcore"]), p["entries"]) for p in parts])
+        out.counter("state_partition_completed", "Messages completed per partition since the card started.",
+                    labels, [((p["partition"], p["lcore"]), p["completed_since_start"]) for p in parts])
+        out.counter("state_partition_expired", "Entries expired per partition since the card started.",
+                    labels, [((p["partition"], p["lcore"]), p["expired_since_start"]) for p in parts])
+
+
+def _shard_families(out: _Out, shards: list[dict]) -> None:
+    """Per routed shard: completed and expired messages, the card's latency histogram."""
     reply_names = [t.name for t in sorted(consts.REPLY_TYPES)]
     rows = [((_shard(s), t), s[t]) for s in shards for t in reply_names if t in s]
     if rows:
-        counter("shard_messages_completed", "Messages completed per shard, by reply type.", ["shard", "reply_type"], rows)
+        out.counter("shard_messages_completed", "Messages completed per shard, by reply type.",
+                    ["shard", "reply_type"], rows)
     rows = [((_shard(s),), s["completed"]) for s in shards if "completed" in s]
     if rows:  # the bmv2 target counts completions per shard, not by reply type
-        counter("shard_completed", "Messages completed per shard (every reply type).", ["shard"], rows)
+        out.counter("shard_completed", "Messages completed per shard (every reply type).", ["shard"], rows)
     rows = [((_shard(s),), s["expired"]) for s in shards if "expired" in s]
     if rows:
-        counter("shard_expired", "State map entries of each shard's messages that expired.", ["shard"], rows)
+        out.counter("shard_expired", "State map entries of each shard's messages that expired.", ["shard"], rows)
     hists = [s for s in shards if "latency_hist" in s]
     if hists:
-        f = Histogram("embnic_card_shard_latency_seconds", "Time from a message's first request frame to its last "
-                      "reply frame through the card, per shard (measured on the card).", labels=["shard"])
+        f = out.Histogram("embnic_card_shard_latency_seconds", "Time from a message's first request frame to its "
+                          "last reply frame through the card, per shard (measured on the card).", labels=["shard"])
         for s in hists:
             f.add_metric([_shard(s)], log2_us_histogram(s["latency_hist"]), s.get("latency_sum_ns", 0) / 1e9)
-        out.append(f)
-    return out
+        out.families.append(f)
 
 
 def _shard(rec: dict) -> str:

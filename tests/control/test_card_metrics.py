@@ -1,11 +1,11 @@
-"""The card exporter (``embnic exporter``, embnic.control.metrics) against the fake card.
+"""The card exporter (``embnic exporter``, embnic.control.card_metrics) against the fake card.
 
 What it serves equals the card's ``counters`` and ``state_summary`` sample for sample
 (tests/metrics_util.py maps every leaf), parsed with prometheus-client's own parser; a card that
 does not answer is ``embnic_card_up 0``; the HTTP endpoint serves the same; a taken port is one
 line naming ``--port``. The live card: tests/testbed/test_metrics_live.py.
 
-Run alone: python3 -m pytest -q tests/control/test_metrics.py
+Run alone: python3 -m pytest -q tests/control/test_card_metrics.py
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytest.importorskip("prometheus_client", reason="pip install 'embnic[metrics]'")
 
 from metrics_util import assert_agree, card_expected, families, samples  # noqa: E402
 
-from embnic.control import metrics  # noqa: E402
+from embnic.control import card_metrics  # noqa: E402
 from embnic.control.errors import OperationalError  # noqa: E402
 from embnic.control.targets.dpdk.target import DpdkTarget  # noqa: E402
 
@@ -56,14 +56,14 @@ def test_a_card_that_does_not_answer_is_up_0(env, invoke, caplog):
 
 def test_the_endpoint_serves_what_once_prints(card, env):
     target = DpdkTarget(None, name="embnic", run_dir=env)
-    col = metrics.CardCollector(target, {"target": "dpdk", "pipeline": "embnic"})
-    srv = metrics.MetricsServer(col, 0, "127.0.0.1")
+    col = card_metrics.CardCollector(target, {"target": "dpdk", "pipeline": "embnic"})
+    srv = card_metrics.MetricsServer(col, 0, "127.0.0.1")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=10) as resp:
             text = resp.read().decode()
         assert_agree(samples(text), _want(card), "fake card over HTTP")
         with pytest.raises(OperationalError, match=r"the port is in use; pick another --port"):
-            metrics.MetricsServer(col, srv.port, "127.0.0.1")
+            card_metrics.MetricsServer(col, srv.port, "127.0.0.1")
     finally:
         srv.close()
     with socket.socket() as s:  # closed: the port is free again (a closed connection may be in TIME_WAIT)
@@ -73,8 +73,8 @@ def test_the_endpoint_serves_what_once_prints(card, env):
 
 
 def test_log2_histogram_buckets():
-    assert metrics.log2_us_histogram([1, 0, 2]) == [("1e-06", 1), ("2e-06", 1), ("+Inf", 3)]
-    assert [metrics.log2_us_bucket(ns) for ns in (0, 999, 1000, 1999, 2000, 4_194_304_000, 10 ** 15)] == \
+    assert card_metrics.log2_us_histogram([1, 0, 2]) == [("1e-06", 1), ("2e-06", 1), ("+Inf", 3)]
+    assert [card_metrics.log2_us_bucket(ns) for ns in (0, 999, 1000, 1999, 2000, 4_194_304_000, 10 ** 15)] == \
         [0, 0, 1, 1, 2, 23, 23]
 
 
@@ -98,7 +98,7 @@ class _Bmv2Like:
 
 def test_a_bmv2_shaped_reading_exports_what_it_has():
     t = _Bmv2Like()
-    text = metrics.exposition(metrics.CardCollector(t))
+    text = card_metrics.exposition(card_metrics.CardCollector(t))
     want = card_expected(t.counters(), t.state_summary())
     want[UP] = 1
     assert_agree(samples(text), want, "bmv2-shaped card")
