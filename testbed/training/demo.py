@@ -142,10 +142,37 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         DemoError: training failed (a shard or the card died: the message names the dead node
             and its log), or the losses or tables do not match (the report is written first).
     """
-    from embnic.client_lib.client import EmbeddingClient, EmbnicError
+    from .train import load_training_data
 
-    from embnic.testbed.net import netem as N
-    from .train import load_training_data, trainer
+    train, user_cfg, kill_at, topo, tb = _prepare(opts)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tr, va = load_training_data(user_cfg, opts.data)
+    log(f"data: {len(tr.labels)} training rows, {len(va.labels)} held out for the AUC "
+        f"({opts.data or 'shipped Criteo sample'}); {len(user_cfg.tables)} tables, {len(user_cfg.shards)} shards")
+
+    ref, local, t_ref = reference_run(user_cfg, tr, va, opts.steps, opts.batch_size, opts.progress, opts.model)
+    log(f"reference run (in-process tables): final loss {ref.loss[-1]:.6f}, AUC {ref.auc:.4f}, {t_ref:.1f} s")
+
+    run = _CardRun(opts, tb, topo, kill_at, log)
+    run.timing["reference_s"] = round(t_ref, 2)
+    run.run(train, tr, va, local)
+    rep = build_report(opts, run.cid, ref, run.res, run.losses, run.snap, run.card_at_end, run.state_at_end,
+                       run.card_final, run.tables, run.netem_rec, run.timing,
+                       run.client.stats.lookup_latency_us[:run.snap["latencies"]], kill_at, run.failure, out,
+                       {str(r.client.client_id): r.result() for r in run.readers}, run.probes, run.probe_sent)
+    _conclude(rep, run.failure, run.tables, out, log)
+    return rep
+
+
+def _prepare(opts: DemoOptions) -> tuple:
+    """What is checked before any slow work: (the model's training loop, the user's config, the
+    step after which a shard is killed (None), the topology, the testbed (not up)).
+
+    Raises:
+        as :func:`run_demo` (ImportError: the model's packages missing, in one line).
+    """
+    from .train import trainer
 
     train = trainer(opts.model)  # ImportError (one line: what to install) before anything runs
     T.require_net_admin("the demo (it brings the namespace testbed up)")
@@ -160,118 +187,15 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         tb.check_free(owner="demo")
     except T.TestbedError as e:
         raise DemoUsageError(str(e), "--name") from None
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tr, va = load_training_data(user_cfg, opts.data)
-    log(f"data: {len(tr.labels)} training rows, {len(va.labels)} held out for the AUC "
-        f"({opts.data or 'shipped Criteo sample'}); {len(user_cfg.tables)} tables, {len(user_cfg.shards)} shards")
+    return train, user_cfg, kill_at, topo, tb
 
-    ref, local, t_ref = reference_run(user_cfg, tr, va, opts.steps, opts.batch_size, opts.progress, opts.model)
-    log(f"reference run (in-process tables): final loss {ref.loss[-1]:.6f}, AUC {ref.auc:.4f}, {t_ref:.1f} s")
 
-    timing = {"reference_s": round(t_ref, 2)}
-    t_up = time.monotonic()
-    ckdir = None
-    server_argv = None
-    if opts.restart:
-        ckdir = tb.dir / "shard-state"
+def _conclude(rep: dict, failure: dict | None, tables: dict | None, out: Path, log: Callable[[str], None]) -> None:
+    """Log the summary of the report.
 
-        def server_argv(sid, config_path, ip):
-            return [sys.executable, "-m", "embnic.testbed.server", "--shard", str(sid), "--config", config_path,
-                    "--bind", ip, "--checkpoint-dir", str(ckdir), "--checkpoint-every", str(opts.checkpoint_every)]
-    tb.up(owner="demo", server_argv=server_argv)
-    timing["up_s"] = round(time.monotonic() - t_up, 2)
-    losses: list[float] = []
-    probes: list[float] = []
-    probe_sent = {"sent": 0, "frames_sent": 0}
-    snap: dict = {}
-    card_at_end: dict = {}
-    state_at_end: dict | None = None
-    card_final: dict | None = None
-    res = tables = netem_rec = failure = client = None
-    readers: list[Reader] = []
-    try:
-        cfg = tb.cfg
-        cid = cfg.clients[0].id
-        log(f"testbed {opts.name} up in {timing['up_s']:.1f} s: probe RTT "
-            + ", ".join(f"{k} {v:.0f} µs" for k, v in tb.state.get("probe_rtt_us", {}).items()))
-        if opts.impairment is not None and not opts.impairment.clear:
-            netem_rec = N.apply(opts.name, opts.impairment, backend=opts.netem_backend, rdir=tb.rdir)
-            imp = opts.impairment
-            log(f"faults on every link ({netem_rec['backend']} netem): loss {imp.loss:g}% reorder "
-                f"{imp.reorder:g}% duplicate {imp.duplicate:g}%")
-        tb.target.reset_counters()
-        with T.in_netns(topo.client_ns(cid)):
-            client = EmbeddingClient(cfg, cid)
-        if opts.all_clients:
-            for k, c in enumerate(cfg.clients[1:], 1):
-                with T.in_netns(topo.client_ns(c.id)):
-                    readers.append(Reader(EmbeddingClient(cfg, c.id), cfg, tr, opts.batch_size,
-                                           k * len(tr.labels) // len(cfg.clients)))
-            for r in readers:
-                r.start()
-            log(f"clients {', '.join(str(r.client.client_id) for r in readers)} look up their own batches "
-                f"through the card while client {cid} trains")
-        t0 = time.monotonic()
-        with client, R.Progress(opts.steps, f"train through the card (client {cid})", enabled=opts.progress) as bar:
-            def progress(i: int, loss: float) -> None:
-                nonlocal state_at_end
-                losses.append(float(loss))
-                s = client.stats
-                el = max(time.monotonic() - t0, 1e-9)
-                bar.update(1, loss=f"{loss:.4f}", msg_s=f"{(s.messages_sent + s.messages_received) / el:.0f}")
-                if kill_at is None or i + 1 < kill_at:  # the probe RTT of this moment of the run
-                    for sid, rtt in probe_rtts(client, cfg, i, sent=probe_sent).items():
-                        probes.append(rtt)
-                if kill_at is not None and i + 1 == kill_at:
-                    log(f"fault: killing shard {opts.kill_shard}'s server after step {i + 1}")
-                    tb.kill_server(opts.kill_shard)
-                    if opts.restart:
-                        rec = tb.restart_server(opts.kill_shard, ["--restore", str(ckdir)])
-                        log(f"fault: shard {opts.kill_shard}'s server restarted from {ckdir} (pid {rec['pid']})")
-                if i + 1 == opts.steps:
-                    stop_readers(readers)  # their last round completes: the card's counters are whole
-                    snap.update(client_snapshot(client), elapsed=el)
-                    card_at_end.update(tb.target.counters())
-                    state_at_end = _try(tb.target.state_summary)
-
-            phase = "training"
-            try:
-                res = train(cfg, tr, steps=opts.steps, batch_size=opts.batch_size, backend=client,
-                            eval_data=va, progress=progress)
-                timing["train_s"] = round(time.monotonic() - t0, 2)
-                stop_readers(readers)
-                if opts.check_tables:
-                    phase = "table read-back"
-                    tables = compare_tables(client, local)
-            except EmbnicError as e:
-                if phase == "training" and len(losses) == opts.steps:
-                    phase = "evaluation"
-                failure = _failure(e, phase, tb, client, losses, opts, kill_at)
-                if not snap:
-                    snap.update(client_snapshot(client), elapsed=max(time.monotonic() - t0, 1e-9))
-                    if not failure["card_dead"]:
-                        card_at_end.update(_try(tb.target.counters, {}))
-                        state_at_end = _try(tb.target.state_summary)
-        if netem_rec is not None:
-            # the run is over: take the impairment off, so the user-space helpers' counters are their
-            # final ones (a live read sees the last 0.5 s dump, which a short fast run may predate)
-            netem_rec = N.show(opts.name, rdir=tb.rdir)
-            cleared = _try(lambda: N.clear(opts.name, rdir=tb.rdir))
-            if netem_rec is not None and cleared and cleared.get("helpers"):
-                netem_rec["counters"] = {**(netem_rec.get("counters") or {}),
-                                         **{k: v for k, v in cleared["helpers"].items() if v is not None}}
-        if failure is None or not failure["card_dead"]:
-            card_final = _try(tb.target.counters)
-    finally:
-        stop_readers(readers)
-        t_down = time.monotonic()
-        tb.down()
-        timing["down_s"] = round(time.monotonic() - t_down, 2)
-
-    rep = build_report(opts, cid, ref, res, losses, snap, card_at_end, state_at_end, card_final, tables, netem_rec,
-                  timing, client.stats.lookup_latency_us[:snap["latencies"]], kill_at, failure, out,
-                  {str(r.client.client_id): r.result() for r in readers}, probes, probe_sent)
+    Raises:
+        DemoError: training failed, or the losses or tables differ from the in-process run.
+    """
     if failure is not None:
         for line in failure_summary(rep):
             log(line)
@@ -286,7 +210,146 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
         problems.append(f"final tables differ from the in-process run (max |Δ| {tables['max_abs_diff']:.3g})")
     if problems:
         raise DemoError("; ".join(problems) + f" (report: {out / 'report.json'})", rep)
-    return rep
+
+
+class _CardRun:
+    """Training through the card on the testbed, and what it leaves for the report: the losses,
+    probe RTTs, the client's and the card's counters at the last step, the card's final counters,
+    the training result, the tables read back, the impairment's record, the failure (None), the
+    other clients' readers, the timing."""
+
+    def __init__(self, opts: DemoOptions, tb: "T.Testbed", topo: "T.Topology", kill_at: int | None,
+                 log: Callable[[str], None]):
+        self.opts, self.tb, self.topo, self.kill_at, self.log = opts, tb, topo, kill_at, log
+        self.timing: dict = {}
+        self.losses: list[float] = []
+        self.probes: list[float] = []
+        self.probe_sent = {"sent": 0, "frames_sent": 0}
+        self.snap: dict = {}
+        self.card_at_end: dict = {}
+        self.state_at_end: dict | None = None
+        self.card_final: dict | None = None
+        self.res = self.tables = self.netem_rec = self.failure = self.client = None
+        self.readers: list[Reader] = []
+        self.ckdir = tb.dir / "shard-state" if opts.restart else None
+        self.cid = None
+        self.t0 = 0.0
+
+    def _server_argv(self, sid, config_path, ip) -> list[str]:
+        """A shard's command line with its checkpoints in :attr:`ckdir` (``--restart``)."""
+        return [sys.executable, "-m", "embnic.testbed.server", "--shard", str(sid), "--config", config_path,
+                "--bind", ip, "--checkpoint-dir", str(self.ckdir), "--checkpoint-every",
+                str(self.opts.checkpoint_every)]
+
+    def run(self, train, tr, va, local) -> None:
+        """Bring the testbed up, train through the card (with the other clients' lookups, the
+        faults asked for), read the counters, bring it down."""
+        t_up = time.monotonic()
+        self.tb.up(owner="demo", server_argv=self._server_argv if self.opts.restart else None)
+        self.timing["up_s"] = round(time.monotonic() - t_up, 2)
+        try:
+            self._start(tr)
+            self._train(train, tr, va, local)
+            self._end_faults()
+            if self.failure is None or not self.failure["card_dead"]:
+                self.card_final = _try(self.tb.target.counters)
+        finally:
+            stop_readers(self.readers)
+            t_down = time.monotonic()
+            self.tb.down()
+            self.timing["down_s"] = round(time.monotonic() - t_down, 2)
+
+    def _start(self, tr) -> None:
+        """The impairment on every link, the card's counters zeroed, the training client and the
+        other clients' readers (``--all-clients``) started."""
+        from embnic.client_lib.client import EmbeddingClient
+        from embnic.testbed.net import netem as N
+
+        opts, tb, cfg = self.opts, self.tb, self.tb.cfg
+        self.cid = cid = cfg.clients[0].id
+        self.log(f"testbed {opts.name} up in {self.timing['up_s']:.1f} s: probe RTT "
+                 + ", ".join(f"{k} {v:.0f} µs" for k, v in tb.state.get("probe_rtt_us", {}).items()))
+        if opts.impairment is not None and not opts.impairment.clear:
+            self.netem_rec = N.apply(opts.name, opts.impairment, backend=opts.netem_backend, rdir=tb.rdir)
+            imp = opts.impairment
+            self.log(f"faults on every link ({self.netem_rec['backend']} netem): loss {imp.loss:g}% reorder "
+                     f"{imp.reorder:g}% duplicate {imp.duplicate:g}%")
+        tb.target.reset_counters()
+        with T.in_netns(self.topo.client_ns(cid)):
+            self.client = EmbeddingClient(cfg, cid)
+        if opts.all_clients:
+            for k, c in enumerate(cfg.clients[1:], 1):
+                with T.in_netns(self.topo.client_ns(c.id)):
+                    self.readers.append(Reader(EmbeddingClient(cfg, c.id), cfg, tr, opts.batch_size,
+                                               k * len(tr.labels) // len(cfg.clients)))
+            for r in self.readers:
+                r.start()
+            self.log(f"clients {', '.join(str(r.client.client_id) for r in self.readers)} look up their own "
+                     f"batches through the card while client {cid} trains")
+
+    def _progress(self, bar, i: int, loss: float) -> None:
+        """After step ``i``: its loss, a probe RTT per shard, the shard killed (and restarted) at
+        ``--kill-at-step``, the counters at the last step."""
+        opts, kill_at = self.opts, self.kill_at
+        self.losses.append(float(loss))
+        s = self.client.stats
+        el = max(time.monotonic() - self.t0, 1e-9)
+        bar.update(1, loss=f"{loss:.4f}", msg_s=f"{(s.messages_sent + s.messages_received) / el:.0f}")
+        if kill_at is None or i + 1 < kill_at:  # the probe RTT of this moment of the run
+            self.probes.extend(probe_rtts(self.client, self.tb.cfg, i, sent=self.probe_sent).values())
+        if kill_at is not None and i + 1 == kill_at:
+            self.log(f"fault: killing shard {opts.kill_shard}'s server after step {i + 1}")
+            self.tb.kill_server(opts.kill_shard)
+            if opts.restart:
+                rec = self.tb.restart_server(opts.kill_shard, ["--restore", str(self.ckdir)])
+                self.log(f"fault: shard {opts.kill_shard}'s server restarted from {self.ckdir} (pid {rec['pid']})")
+        if i + 1 == opts.steps:
+            stop_readers(self.readers)  # their last round completes: the card's counters are whole
+            self.snap.update(client_snapshot(self.client), elapsed=el)
+            self.card_at_end.update(self.tb.target.counters())
+            self.state_at_end = _try(self.tb.target.state_summary)
+
+    def _train(self, train, tr, va, local) -> None:
+        """The training steps through the card, then the tables read back (``--check-tables``);
+        a client error becomes :attr:`failure`, the counters read while the testbed still runs."""
+        from embnic.client_lib.client import EmbnicError
+
+        opts, client = self.opts, self.client
+        self.t0 = time.monotonic()
+        with client, R.Progress(opts.steps, f"train through the card (client {self.cid})",
+                                enabled=opts.progress) as bar:
+            phase = "training"
+            try:
+                self.res = train(self.tb.cfg, tr, steps=opts.steps, batch_size=opts.batch_size, backend=client,
+                                 eval_data=va, progress=lambda i, loss: self._progress(bar, i, loss))
+                self.timing["train_s"] = round(time.monotonic() - self.t0, 2)
+                stop_readers(self.readers)
+                if opts.check_tables:
+                    phase = "table read-back"
+                    self.tables = compare_tables(client, local)
+            except EmbnicError as e:
+                if phase == "training" and len(self.losses) == opts.steps:
+                    phase = "evaluation"
+                self.failure = _failure(e, phase, self.tb, client, self.losses, opts, self.kill_at)
+                if not self.snap:
+                    self.snap.update(client_snapshot(client), elapsed=max(time.monotonic() - self.t0, 1e-9))
+                    if not self.failure["card_dead"]:
+                        self.card_at_end.update(_try(self.tb.target.counters, {}))
+                        self.state_at_end = _try(self.tb.target.state_summary)
+
+    def _end_faults(self) -> None:
+        """The run is over: take the impairment off, so the user-space helpers' counters are their
+        final ones (a live read sees the last 0.5 s dump, which a short fast run may predate)."""
+        from embnic.testbed.net import netem as N
+
+        if self.netem_rec is None:
+            return
+        name, rdir = self.opts.name, self.tb.rdir
+        self.netem_rec = N.show(name, rdir=rdir)
+        cleared = _try(lambda: N.clear(name, rdir=rdir))
+        if self.netem_rec is not None and cleared and cleared.get("helpers"):
+            self.netem_rec["counters"] = {**(self.netem_rec.get("counters") or {}),
+                                          **{k: v for k, v in cleared["helpers"].items() if v is not None}}
 
 
 def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, opts: DemoOptions,
