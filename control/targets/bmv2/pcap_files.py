@@ -60,6 +60,31 @@ class PcapRun:
     channel: str = "thrift"  #: how the tables were written: "p4runtime" or "thrift"
 
 
+def _wait_all_passed(sw: SimpleSwitch, workdir: Path, nb_ports: int, shards: Sequence[int], n_frames: int,
+                     expect_out: int | None, timeout: float) -> dict:
+    """Wait until ``sw`` received all ``n_frames``, every frame its ingress accepted (forwarded or
+    an ARP reply: one output each) was counted at egress (at least ``expect_out``) and all of those
+    are in the output files; returns the counters then.
+
+    Raises:
+        Bmv2Error: not so within ``timeout`` s (the counters so far in the message).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        c = read_counters(sw, nb_ports, shards)
+        rx = sum(p["rx_frames"] for p in c["ports"])
+        tx = sum(p["tx_frames"] for p in c["ports"])
+        written = sum(len(read_pcap_frames(workdir / f"p{p}_out.pcap")) for p in range(nb_ports))
+        accepted = sum(c["types"].values()) + c["arp"]["replies"]
+        if rx == n_frames and written == tx == accepted and (expect_out is None or tx >= expect_out):
+            return c
+        if time.monotonic() > deadline:
+            raise Bmv2Error(f"after {timeout:.0f} s {sw.binary} received {rx} of {n_frames} "
+                            f"frames, accepted {accepted}, counted {tx} at egress and wrote {written} "
+                            f"(want {expect_out}); log: {sw.log_file}")
+        time.sleep(0.2)
+
+
 def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], program: CardProgram | Sequence[str],
                    workdir: Path, *, nb_ports: int, shards: Sequence[int] = (), expect_out: int | None = None,
                    netns_name: str | None = None, timeout: float = 300.0, channel: str | None = None) -> PcapRun:
@@ -139,22 +164,7 @@ def run_pcap_files(json_path: Path, frames: Sequence[tuple[int, bytes]], program
         else:
             raise Bmv2Error(f"{sw.binary} took more than {wait} s to start and be programmed; log: {sw.log_file}")
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                c = read_counters(sw, nb_ports, shards)
-                rx = sum(p["rx_frames"] for p in c["ports"])
-                tx = sum(p["tx_frames"] for p in c["ports"])
-                written = sum(len(read_pcap_frames(workdir / f"p{p}_out.pcap")) for p in range(nb_ports))
-                # done: every frame received, every frame ingress accepted (forwarded or an ARP
-                # reply: one output each) counted at egress, and all of those in the output files
-                accepted = sum(c["types"].values()) + c["arp"]["replies"]
-                if rx == len(frames) and written == tx == accepted and (expect_out is None or tx >= expect_out):
-                    break
-                if time.monotonic() > deadline:
-                    raise Bmv2Error(f"after {timeout:.0f} s {sw.binary} received {rx} of {len(frames)} "
-                                    f"frames, accepted {accepted}, counted {tx} at egress and wrote {written} "
-                                    f"(want {expect_out}); log: {sw.log_file}")
-                time.sleep(0.2)
+            c = _wait_all_passed(sw, workdir, nb_ports, shards, len(frames), expect_out, timeout)
             run_s = time.monotonic() - t1
             state = read_state_map(sw)
         finally:
