@@ -3,7 +3,8 @@
  * embnic-dp: shared structs, constants and the functions each file exports.
  *
  * Files by role (like DPDK's examples/l3fwd):
- *   main.c      EAL init, arguments, mempool, ports, lcore roles, shutdown
+ *   main.c      EAL init, arguments, tables, lcore roles and loop, shutdown
+ *   port.c      ports (queues, largest frame) and the mbuf pool
  *   rx.c        RX stage: burst, parse/validate, ARP, steer to the header
  *               ring of the partition's state lcore; TX of the state lcores'
  *               frames (embnic_io_tx)
@@ -125,10 +126,10 @@ struct embnic_port {
 	uint16_t id;
 	struct rte_ether_addr mac;
 	uint32_t ip;			/* network order, 0 = none */
-	uint16_t nb_txq;		/* TX queues (txq_plan() in main.c) */
+	uint16_t nb_txq;		/* TX queues (embnic_txq_plan(), port.c) */
 	/*
 	 * The largest frame it sends, bytes from the Ethernet header without
-	 * the CRC (port_frame_limit() in main.c): the TX stage drops a longer
+	 * the CRC (port_frame_limit() in port.c): the TX stage drops a longer
 	 * one as too_long_for_port rather than hand it to a PMD that would
 	 * drop it inside tx_burst and report it sent.
 	 */
@@ -381,6 +382,8 @@ struct embnic_app {
 	volatile bool tx_paused;	/* TX stage does not dequeue */
 	uint64_t tsc_hz;
 	uint64_t start_tsc, start_ns;	/* for Unix-time timestamps */
+	/* a port is net_af_xdp: every mbuf one page (port.c) */
+	bool page_per_mbuf;
 };
 
 /* Unix time in ns from a TSC value. */
@@ -391,6 +394,22 @@ embnic_tsc_to_ns(const struct embnic_app *app, uint64_t tsc)
 		(uint64_t)((double)(tsc - app->start_tsc) * 1e9 /
 			   (double)app->tsc_hz);
 }
+
+/* port.c: the ports and the mbuf pool, set up by main() */
+/*
+ * Which TX queue each state lcore uses on each port; nb_txq[p] gets how
+ * many port p needs. 0 or a negative errno.
+ */
+int embnic_txq_plan(struct embnic_app *app, uint16_t *nb_txq);
+/*
+ * Configure and start port with nb_txq TX queues and an RX queue filled
+ * from app->pool; its largest frame checked against --mtu. 0 or -errno.
+ */
+int embnic_port_init(struct embnic_app *app, uint16_t port, uint16_t nb_txq);
+/* The largest frame a net_af_xdp port receives into a one-page mbuf. */
+uint32_t embnic_af_xdp_max_frame(void);
+/* The mbuf pool for app's ports and lcores; NULL with rte_errno set. */
+struct rte_mempool *embnic_pool_create(struct embnic_app *app);
 
 /* rx.c: one burst from every port (embnic_rx_port on each) */
 unsigned int embnic_rx_stage(struct embnic_app *app,
