@@ -49,7 +49,7 @@ class BuildLibs(build_ext):
 
     def build_extension(self, ext):
         lib = LIBS[ext.name]
-        rel = [str(f.relative_to(TOP)) for f in lib.source_files(TOP / "include")]
+        rel = [str(f.relative_to(TOP)) for f in lib.source_files()]
         digest = clib.sources_digest([TOP / r for r in rel])
         info = Path(self.build_temp) / ext.name / "libinfo.c"
         info.parent.mkdir(parents=True, exist_ok=True)

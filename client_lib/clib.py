@@ -41,15 +41,19 @@ class NativeLibraryError(RuntimeError):
 class NativeLib:
     """One of the package's C libraries: where it is built and from what.
 
+    ``name`` is ``client`` (the client's round) or ``shard`` (the shard's intake and answer path);
     ``package_dir`` is the Python package folder the library is built into, ``stem`` the file name
     before the interpreter's extension suffix, ``sources`` the library's own C files and headers
-    (relative to ``package_dir``), ``env`` the variable that may point at another build."""
+    (relative to ``package_dir``), ``env`` the variable that may point at another build,
+    ``include_dir`` the protocol headers it reads (``include/`` of a source checkout; absent from an
+    installed wheel)."""
 
     name: str
     package_dir: Path
     stem: str
     sources: tuple[str, ...]
     env: str
+    include_dir: Path = _HERE.parent / "include"
 
     @property
     def path(self) -> Path:
@@ -59,9 +63,9 @@ class NativeLib:
             return Path(override)
         return self.package_dir / (self.stem + sysconfig.get_config_var("EXT_SUFFIX"))
 
-    def source_files(self, include_dir: Path) -> list[Path]:
+    def source_files(self) -> list[Path]:
         """The files its digest covers: its own sources, then every header of ``include_dir``."""
-        return [self.package_dir / s for s in self.sources] + sorted(include_dir.glob("*.h"))
+        return [self.package_dir / s for s in self.sources] + sorted(self.include_dir.glob("*.h"))
 
 
 def sources_digest(files: list[Path]) -> str:
@@ -77,19 +81,17 @@ def sources_digest(files: list[Path]) -> str:
 
 
 #: the two libraries (their sources: setup.py compiles exactly these, in this order)
-CLIENT = NativeLib("client round", _HERE, "libembnic_client", ("csrc/plan.c", "csrc/round.c"), "EMBNIC_CLIENT_LIB")
-SHARD = NativeLib("shard intake and answer path", _HERE.parent / "testbed" / "server", "libembnic_shard",
+CLIENT = NativeLib("client", _HERE, "libembnic_client", ("csrc/plan.c", "csrc/round.c"), "EMBNIC_CLIENT_LIB")
+SHARD = NativeLib("shard", _HERE.parent / "testbed" / "server", "libembnic_shard",
                   ("csrc/intake.c", "csrc/answer.c", "csrc/store.c", "csrc/send.c", "csrc/shard.h"),
                   "EMBNIC_SHARD_LIB")
-#: the protocol headers both libraries and the card read (a source checkout; absent from a wheel)
-INCLUDE_DIR = _HERE.parent / "include"
 
 
 def _checkout_digest(lib: NativeLib) -> str | None:
     """The digest of the sources beside the package, or None where they are not there (an installed
     wheel: the library was built with the package, nothing to compare)."""
-    files = lib.source_files(INCLUDE_DIR)
-    if not INCLUDE_DIR.is_dir() or not all(f.is_file() for f in files):
+    files = lib.source_files()
+    if not lib.include_dir.is_dir() or not all(f.is_file() for f in files):
         return None
     return sources_digest(files)
 
@@ -112,7 +114,7 @@ def load(lib: NativeLib, proto_version: int) -> ctypes.CDLL:
         built_from = cdll.embnic_lib_sources().decode()
         built_version = int(cdll.embnic_lib_proto_version())
     except AttributeError as e:
-        raise NativeLibraryError(f"embnic: {path} is not an embnic {lib.name} library built by this package: "
+        raise NativeLibraryError(f"embnic: {path} is not the embnic {lib.name} library built by this package: "
                                  f"run {REBUILD}") from e
     if built_version != proto_version:
         raise NativeLibraryError(f"embnic: {path} speaks protocol version {built_version}, this package "
