@@ -1,7 +1,9 @@
 """``embnic tables export|import``: trained embedding tables out of and into the shards' directories."""
 from __future__ import annotations
 
+import contextlib
 import json
+from typing import Callable
 
 import click
 
@@ -34,6 +36,24 @@ def tables():
     """
 
 
+@contextlib.contextmanager
+def _tables_errors(os_message: Callable[[OSError], str]):
+    """The errors of a tables export or import as the CLI's: a bad file or config (TablesFileError)
+    a usage error, a disk tier that cannot start :func:`store_error`'s, an ``OSError`` an
+    operational error worded by ``os_message``."""
+    from embnic.testbed.server.stores import StoreSetupError
+    from embnic.testbed.server.tables_io import TablesFileError
+
+    try:
+        yield
+    except TablesFileError as e:
+        raise UsageError(str(e)) from None
+    except StoreSetupError as e:
+        raise store_error(e) from None
+    except OSError as e:
+        raise OperationalError(os_message(e)) from None
+
+
 def _cfg(config):
     if config is None:
         raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
@@ -57,20 +77,14 @@ def export(config, src, out, layout):
       embnic tables export -c examples/cluster.toml --from /var/lib/embnic --out tables.safetensors
     """
     from embnic.testbed.server.durability import DurabilityError
-    from embnic.testbed.server.stores import StoreSetupError
-    from embnic.testbed.server.tables_io import TablesFileError, export_tables
+    from embnic.testbed.server.tables_io import export_tables
 
     cfg = _cfg(config)
-    try:
-        rep = export_tables(cfg, src, out, layout)
-    except TablesFileError as e:
-        raise UsageError(str(e)) from None
-    except DurabilityError as e:
-        raise OperationalError(str(e)) from None
-    except StoreSetupError as e:
-        raise store_error(e) from None
-    except OSError as e:
-        raise OperationalError(f"cannot write {out}: {e.strerror or e}") from None
+    with _tables_errors(lambda e: f"cannot write {out}: {e.strerror or e}"):
+        try:
+            rep = export_tables(cfg, src, out, layout)
+        except DurabilityError as e:
+            raise OperationalError(str(e)) from None
     click.echo(f"wrote {out} ({rep['layout']}): " + ", ".join(f"{k} {v} rows" for k, v in rep["tables"].items()))
 
 
@@ -88,18 +102,11 @@ def import_(config, file, dst, as_json):
       embnic tables import -c examples/cluster.toml tables.safetensors --into /var/lib/embnic
       embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
     """
-    from embnic.testbed.server.stores import StoreSetupError
-    from embnic.testbed.server.tables_io import TablesFileError, import_tables
+    from embnic.testbed.server.tables_io import import_tables
 
     cfg = _cfg(config)
-    try:
+    with _tables_errors(lambda e: f"{e.filename or file}: {e.strerror or e}"):
         rep = import_tables(cfg, file, dst)
-    except TablesFileError as e:
-        raise UsageError(str(e)) from None
-    except StoreSetupError as e:
-        raise store_error(e) from None
-    except OSError as e:
-        raise OperationalError(f"{e.filename or file}: {e.strerror or e}") from None
     if as_json:
         click.echo(json.dumps(rep))
     else:
