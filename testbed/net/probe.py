@@ -28,7 +28,8 @@ def probe_key(cfg: ClusterConfig, shard_id: int):
     return cfg.tables[0], np.zeros(1, dtype=np.uint64), False
 
 
-def _status_name(status: int) -> str:
+def status_name(status: int) -> str:
+    """The name of a reply's status (``Status``), or its number when it is none of them."""
     try:
         return Status(status).name
     except ValueError:

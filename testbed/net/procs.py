@@ -61,14 +61,16 @@ def stop_process(rec: dict, timeout: float = 5.0) -> bool:
             os.kill(pid, sig)
         end = time.monotonic() + wait
         while time.monotonic() < end:
-            _reap(pid)
+            reap(pid)
             if not pid_matches(rec):
                 return True
             time.sleep(0.02)
     return True
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is a child of this process that has exited (no zombie);
+    a no-op otherwise (not exited yet, or not our child)."""
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:

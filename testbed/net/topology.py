@@ -75,10 +75,10 @@ from embnic.control.runstate import state_path as runstate_path
 
 from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
 
-from .procs import NeedsRoot, TestbedError, _reap, log_tail, require_net_admin, stop_process
+from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, stop_process
 from .statefile import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
                     save_testbed_state, state_path, testbed_state)
-from .probe import _status_name, probe_key
+from .probe import probe_key, status_name
 from .teardown import down
 from .toml_writer import dump_toml
 from .wiring import (DEFAULT_NAME, DEFAULT_PMD, NAME_RE, Link, Node, PmdError, Topology, card_file_prefix,
@@ -445,7 +445,7 @@ class Testbed:
                             owned or h.status != Status.NOT_OWNER):
                         raise TestbedError(
                             f"probe: shard {s.id} answered client {c.id}'s lookup of table {t0.id} key {int(key[0])} "
-                            f"with ERROR {_status_name(h.status)}; see {self.log_path(f's{s.id}')}")
+                            f"with ERROR {status_name(h.status)}; see {self.log_path(f's{s.id}')}")
                     if got is None:
                         raise TestbedError(
                             f"probe: client {c.id} got no reply from shard {s.id} through the card within "
@@ -472,7 +472,7 @@ class Testbed:
         if pid_matches(rec):
             os.killpg(rec["pid"], sig)
             for _ in range(200):
-                _reap(rec["pid"])
+                reap(rec["pid"])
                 if not pid_matches(rec):
                     break
                 time.sleep(0.01)
