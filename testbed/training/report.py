@@ -64,10 +64,27 @@ def _pyplot():
     return plt
 
 
-def plot_loss(path: str | os.PathLike, series: dict[str, Sequence[float]], title: str = "training loss") -> Path:
-    """Loss per step of one or more runs (``{label: losses}``) as a PNG."""
+def _axes():
+    """(pyplot, figure, axes) of a new 7 × 4 in figure at 110 dpi."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    return plt, fig, ax
+
+
+def _save(plt, fig, ax, path: str | os.PathLike, title: str, **grid) -> Path:
+    """Give ``ax`` its title and a light grid (``grid``: more keywords of ``Axes.grid``), write the
+    figure to ``path`` (PNG) and close it; returns ``path``."""
+    ax.set_title(title)
+    ax.grid(alpha=0.3, **grid)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_loss(path: str | os.PathLike, series: dict[str, Sequence[float]], title: str = "training loss") -> Path:
+    """Loss per step of one or more runs (``{label: losses}``) as a PNG."""
+    plt, fig, ax = _axes()
     styles = ["-", "--", ":", "-."]
     for i, (label, ys) in enumerate(series.items()):
         ax.plot(np.arange(1, len(ys) + 1), ys, styles[i % len(styles)], label=label, linewidth=1.6)
@@ -76,21 +93,15 @@ def plot_loss(path: str | os.PathLike, series: dict[str, Sequence[float]], title
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("loss (mean BCE)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, title)
 
 
 def plot_cdf(path: str | os.PathLike, series: dict[str, Sequence[float]], title: str,
              xlabel: str = "lookup latency (µs)") -> Path:
     """Empirical CDF of one or more samples (``{label: values}``) as a PNG, log-scaled x; the
     legend gives each sample's p50/p99, dotted lines mark them."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    plt, fig, ax = _axes()
     for label, vs in series.items():
         v = np.sort(np.asarray(vs, dtype=np.float64))
         if v.size == 0:
@@ -108,19 +119,13 @@ def plot_cdf(path: str | os.PathLike, series: dict[str, Sequence[float]], title:
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction ≤ x")
     ax.set_ylim(0, 1.02)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, title, which="both")
 
 
 def plot_grouped_bars(path: str | os.PathLike, groups: dict[str, dict[str, float]], title: str,
                       ylabel: str) -> Path:
     """Bars grouped by category: ``{series: {category: value}}`` (e.g. requests and replies per client)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    plt, fig, ax = _axes()
     cats = sorted({c for g in groups.values() for c in g}, key=str)
     width = 0.8 / max(1, len(groups))
     x = np.arange(len(cats))
@@ -130,29 +135,18 @@ def plot_grouped_bars(path: str | os.PathLike, groups: dict[str, dict[str, float
         ax.bar_label(bars, fontsize=8)
     ax.set_xticks(x, cats)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, title, axis="y")
 
 
 def plot_bars(path: str | os.PathLike, bars: dict[str, float], title: str, ylabel: str) -> Path:
     """A bar chart (``{label: value}``) as a PNG."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    plt, fig, ax = _axes()
     labels = list(bars)
     ax.bar(range(len(labels)), [bars[k] for k in labels])
     ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 6 else 0, ha="right" if len(labels) > 6 else "center")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, title, axis="y")
 
 
 class Progress:
