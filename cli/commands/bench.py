@@ -177,14 +177,14 @@ def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_ro
       embnic bench server --disk --out out/bench
       embnic bench server --disk-only --out out/bench
     """
-    from embnic.testbed.bench import server as bench_server
+    from embnic.testbed.bench import shard_serving as bench_server
 
     if disk_only:
         disk = True
     if disk:
-        from embnic.testbed.bench import server_disk
+        from embnic.testbed.bench import shard_disk
 
-        _disk_run(server_disk, out, disk_rows, disk_cache_rows, disk_block_cache_mb, window, scale, repeats, mtu)
+        _disk_run(shard_disk, out, disk_rows, disk_cache_rows, disk_block_cache_mb, window, scale, repeats, mtu)
         if disk_only:
             return
     try:
@@ -223,7 +223,7 @@ def client(out, rounds):
     Example:
       embnic bench client --out out/bench
     """
-    from embnic.testbed.bench import client as bench_client
+    from embnic.testbed.bench import client_round as bench_client
 
     res = bench_client.run(Path(out), rounds=rounds, log=click.echo)
     for name in ("native", "numpy"):
