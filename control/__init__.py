@@ -16,5 +16,6 @@ Library modules shared by the CLI's commands, the targets and the testbed (none 
 - ``pcap.py``: the one pcap writer and reader;
 - ``metrics.py``: Prometheus metrics of the card (``embnic exporter``);
 - ``plan.py``: capacity planning of a cluster config (``embnic plan``);
-- ``dissector.py``: the Wireshark dissector generated from the field table (``embnic dissector``).
+- ``wireshark.py`` (with ``wireshark.lua``): the Wireshark dissector generated from the field table
+  (``embnic dissector``).
 """

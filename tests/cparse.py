@@ -1,5 +1,5 @@
 """The card's parser (dataplane/parse.c) as a shared library for tests that compare a Python reading
-of frames with the card's verdict (tests/dataplane/test_header_rules.py, tests/control/test_dissector.py).
+of frames with the card's verdict (tests/dataplane/test_header_rules.py, tests/control/test_wireshark.py).
 Not a test file; tests/conftest.py puts this folder on ``sys.path``.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from embnic.client_lib import consts
-from embnic.control import dissector as lib
+from embnic.control import wireshark as lib
 from embnic.cli.commands.options import OutPath
 
 
