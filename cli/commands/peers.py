@@ -15,73 +15,49 @@ from embnic.cli.commands.options import U16, entry_options, json_option, pipelin
 from embnic.control.settings import open_target, resolve
 from embnic.control.targets.base import format_peers, peer_kind, resolve_peer
 
-#: per kind: the group's help, ``add``'s and ``del``'s, and what ``add`` and ``del`` print
-_TEXTS = {
-    "shard": {
-        "group": """Add, delete and list the card's route table (shard id → card port, MAC, IP, UDP port).
-
-    Fields not given as options come from the shard's [[shards]] entry in --config.
-
-    \b
-    Examples:
-      embnic route add 0 --config examples/testbed.toml
-      embnic route add 1 --port 3 --mac 02:ee:02:00:00:01 --ip 10.77.3.2 --udp-port 7878
-      embnic route list
-      embnic route del 1
-    """,
-        "add": """Add (or replace) the route for shard SHARD (a parameter-server shard id).
-
-    Without --config every field must be given (--udp-port defaults to 7878);
-    with it, the options override the shard's entry and an id the config does not know is refused
-    (exit 2). The MAC must be the shard's own unicast address (the card does not resolve MACs).
-
-    \b
-    Example:
-      embnic route add 0 --config examples/testbed.toml --mac 02:ee:02:00:00:09
-    """,
-        "del": """Delete the route for shard SHARD (exit 2 if the card has none).
-
-    \b
-    Example:
-      embnic route del 1
-    """,
-        "added": "route for shard {id} → port {port}, {mac}, {ip}:{udp_port}",
-        "deleted": "deleted route for shard {id}",
-        "none": "no routes (add one: embnic route add SHARD --config FILE)",
-    },
-    "client": {
-        "group": """Add, delete and list the card's client table (client id → card port, MAC, IP, UDP port).
-
-    Fields not given as options come from the client's [[clients]] entry in --config.
-
-    \b
-    Examples:
-      embnic client add 1 --config examples/testbed.toml
-      embnic client add 2 --port 1 --mac 02:ee:01:00:00:02 --ip 10.77.1.2 --udp-port 40000
-      embnic client list
-      embnic client del 2
-    """,
-        "add": """Add (or replace) the client CLIENT (a training client id).
-
-    Without --config every field must be given;
-    with it, the options override the client's entry and an id the config does not know is refused
-    (exit 2). The MAC must be the client's own unicast address (the card does not resolve MACs).
-
-    \b
-    Example:
-      embnic client add 1 --config examples/testbed.toml --mac 02:ee:01:00:00:09
-    """,
-        "del": """Delete the client CLIENT (exit 2 if the card has none).
-
-    \b
-    Example:
-      embnic client del 2
-    """,
-        "added": "client {id} → port {port}, {mac}, {ip}:{udp_port}",
-        "deleted": "deleted client {id}",
-        "none": "no clients (add one: embnic client add CLIENT --config FILE)",
-    },
+#: per kind: what an id is, the UDP port's default, and the ids and addresses of the examples
+_EXAMPLES = {
+    "shard": {"is": "a parameter-server shard id", "udp_default": " (--udp-port defaults to 7878)",
+              "add": 0, "del": 1, "full": "1 --port 3 --mac 02:ee:02:00:00:01 --ip 10.77.3.2 --udp-port 7878",
+              "mac": "02:ee:02:00:00:09"},
+    "client": {"is": "a training client id", "udp_default": "",
+               "add": 1, "del": 2, "full": "2 --port 1 --mac 02:ee:01:00:00:02 --ip 10.77.1.2 --udp-port 40000",
+               "mac": "02:ee:01:00:00:09"},
 }
+
+_GROUP_HELP = """Add, delete and list the card's {noun} table ({kind} id → card port, MAC, IP, UDP port).
+
+    Fields not given as options come from the {kind}'s [[{section}]] entry in --config.
+
+    \b
+    Examples:
+      embnic {noun} add {add} --config examples/testbed.toml
+      embnic {noun} add {full}
+      embnic {noun} list
+      embnic {noun} del {del}
+    """
+_ADD_HELP = """Add (or replace) the {what} {ID} ({is}).
+
+    Without --config every field must be given{udp_default};
+    with it, the options override the {kind}'s entry and an id the config does not know is refused
+    (exit 2). The MAC must be the {kind}'s own unicast address (the card does not resolve MACs).
+
+    \b
+    Example:
+      embnic {noun} add {add} --config examples/testbed.toml --mac {mac}
+    """
+_DEL_HELP = """Delete the {what} {ID} (exit 2 if the card has none).
+
+    \b
+    Example:
+      embnic {noun} del {del}
+    """
+_LIST_HELP = """List the card's {noun} table.
+
+    \b
+    Example:
+      embnic {noun} list --json
+    """
 
 
 def peer_group(kind: str) -> click.Group:
@@ -91,14 +67,15 @@ def peer_group(kind: str) -> click.Group:
     Raises:
         ValueError: ``kind`` is neither.
     """
-    noun, text = peer_kind(kind).noun, _TEXTS[kind]
+    k = peer_kind(kind)
+    words = {"noun": k.noun, "kind": kind, "section": k.section, "what": k.what, "ID": kind.upper(), **_EXAMPLES[kind]}
     id_arg = click.argument("id_", metavar=kind.upper(), type=U16)
 
-    @click.group(noun, help=text["group"])
+    @click.group(k.noun, help=_GROUP_HELP.format(**words))
     def group():
         pass
 
-    @group.command("add", help=text["add"])
+    @group.command("add", help=_ADD_HELP.format(**words))
     @id_arg
     @entry_options(kind)
     @pipeline_options
@@ -111,22 +88,17 @@ def peer_group(kind: str) -> click.Group:
         if as_json:
             click.echo(json.dumps({"id": p.id, **p.address()}))
         else:
-            click.echo(text["added"].format(id=p.id, **p.address()))
+            click.echo(f"{k.what} {p.id} → port {p.port}, {p.mac}, {p.ip}:{p.udp_port}")
 
-    @group.command("del", help=text["del"])
+    @group.command("del", help=_DEL_HELP.format(**words))
     @id_arg
     @pipeline_options
     def delete(id_, config, target, name, ctl):
         # NoSuchEntryError: exit 2, names `route list` / `client list`
         open_target(resolve(config, target, name, ctl)).peer_del(kind, id_)
-        click.echo(text["deleted"].format(id=id_))
+        click.echo(f"deleted {k.what} {id_}")
 
-    @group.command("list", help=f"""List the card's {noun} table.
-
-    \b
-    Example:
-      embnic {noun} list --json
-    """)
+    @group.command("list", help=_LIST_HELP.format(**words))
     @pipeline_options
     @json_option
     def list_(config, target, name, ctl, as_json):
@@ -134,7 +106,7 @@ def peer_group(kind: str) -> click.Group:
         if as_json:
             click.echo(json.dumps([p.fields() for p in peers], indent=1))
         elif not peers:
-            click.echo(text["none"])
+            click.echo(f"no {k.noun}s (add one: embnic {k.noun} add {kind.upper()} --config FILE)")
         else:
             click.echo(format_peers(kind, peers))
 
