@@ -14,7 +14,7 @@ Library modules shared by the CLI's commands, the targets and the testbed (none 
 - ``ctlsock.py``: the client of the card's control socket (embnic-dp, embnic-swx);
 - ``buildinfo.py``: the build info embedded in the card binary (ELF reader);
 - ``pcap.py``: the one pcap writer and reader;
-- ``metrics.py``: Prometheus metrics of the card (``embnic exporter``);
+- ``card_metrics.py``: Prometheus metrics of the card (``embnic exporter``) and the metrics HTTP server;
 - ``plan.py``: capacity planning of a cluster config (``embnic plan``);
 - ``wireshark.py`` (with ``wireshark.lua``): the Wireshark dissector generated from the field table
   (``embnic dissector``).
