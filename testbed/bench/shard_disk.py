@@ -54,7 +54,7 @@ ZIPF_S = 1.05
 TARGET_LOOKUP = 0.3  #: disk ÷ memory lookup rows/s at 4096 keys per message
 TARGET_DISK_OVER_BUDGET = 8.0
 #: bytes a cached row costs beyond its values: key 8, three flags, use count 4, stamp 4
-#: (testbed/server/diskstore.py); with the row (4·dim) and the Adagrad accumulator (4)
+#: (testbed/server/rowcache.py); with the row (4·dim) and the Adagrad accumulator (4)
 SLOT_OVERHEAD = 19
 #: the disk tier's samples of a shard's metrics (:meth:`ShardProcess.metrics`)
 METRICS = ("embnic_shard_store_", "embnic_shard_lookup_keys_total", "embnic_shard_update_keys_total")
@@ -62,7 +62,7 @@ HITS, MISSES = "embnic_shard_store_cache_hits_total", "embnic_shard_store_cache_
 
 
 def cache_bytes(cache_rows: int, dim: int = DIM) -> int:
-    """Bytes of a disk table's cache arrays (:class:`~embnic.testbed.server.diskstore.DiskTable`):
+    """Bytes of a disk table's cache arrays (:class:`~embnic.testbed.server.disktable.DiskTable`):
     its capacity (cache_rows rounded down to the 8 ways) × (4·dim + 4 + 19)."""
     cap = max(1, cache_rows // 8) * 8 if cache_rows >= 8 else cache_rows
     return cap * (4 * dim + 4 + SLOT_OVERHEAD)

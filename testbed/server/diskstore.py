@@ -1,19 +1,10 @@
-"""The disk tier of a shard's rows: RocksDB behind an in-memory cache of hot rows (``store = "disk"``).
+"""The disk tier's RocksDB (``store = "disk"``): the stores of a shard process's disk tables.
 
-A table configured ``store = "disk"`` (docs/config.md, docs/server.md "Disk tier") keeps its rows
-and row-wise Adagrad accumulators in an embedded RocksDB (through the ``rocksdict`` binding, the
-optional extra ``embnic[disk]``) and only its hot rows in memory, so a shard's table can grow past
-its RAM. :class:`DiskTable` has :class:`~embnic.client_lib.rowstore.TableShard`'s interface
-(``lookup``, ``apply``, ``apply_segments``, ``state``, ``load_state``, ``len``), and every row value
-comes from the same code (``init_rows``, ``optimizer_step``) on the same float32 values, so its
-rows are bit-identical to the in-memory store's::
-
-    lookup/apply(keys) ─▶ cache (set-associative, numpy) ─ hits ─▶ rows
-                                    │ misses (deduplicated)
-                                    ▼
-                     RocksDB multi-get (mmap'd SST files) ─ absent ─▶ init_rows (not stored)
-                                    │
-                     install in the cache; a dirty victim is written back (WriteBatch)
+A table configured ``store = "disk"`` (:class:`~embnic.testbed.server.disktable.DiskTable`, made by
+:meth:`StoreEnv.table`) keeps its rows and row-wise Adagrad accumulators in an embedded RocksDB,
+through the ``rocksdict`` binding (the optional extra ``embnic[disk]``), which this module alone
+imports: :class:`StoreEnv` holds what the tables of one process share, :class:`TableStore` one
+table's store; :func:`read_meta` and :func:`read_snapshot` read snapshots.
 
 **Store layout** (one RocksDB per table, ``<root>/t<id>/``): key = the id as 8 bytes big-endian
 (RocksDB's byte order is then the ids' numeric order: iteration yields sorted ids), value = the
@@ -23,10 +14,6 @@ row's ``dim`` float32 little-endian, then for Adagrad tables its accumulator (fl
 RocksDB's own write-ahead log: the shard's log (``--checkpoint-dir``,
 :mod:`~embnic.testbed.server.durability`) covers every update, and a restore rebuilds the live
 store from the last snapshot, never trusting what a killed process left.
-
-**The cache** (:mod:`~embnic.testbed.server.rowcache`): ``cache_rows`` rows in sets of 8 ways,
-least-frequently-used with ageing, write-back: a dirty row reaches RocksDB when evicted, at a
-flush (checkpoint, export, ``state``) or at close.
 
 **Memory** (what ``cache_rows`` and ``[[shards]] block_cache_mb`` bound, docs/server.md): the
 cache's arrays, ``cache_rows · (4·dim + 4 + 19)`` bytes (row, accumulator; key, flags, use count,
@@ -45,7 +32,7 @@ refuses updates of it with ``STORE_FULL`` before it takes them), lookups are sti
 misses are read from the store; a dirty row is never evicted while full, so nothing needs writing),
 and rows an update already taken could not write are kept in memory (``pending``, read before the
 store) until the store takes them. :meth:`DiskTable.writable` tries again at most every
-:data:`RETRY_S` once the space is back, by itself: no restart, no row lost.
+``disktable.RETRY_S`` once the space is back, by itself: no restart, no row lost.
 
 **Snapshots**: :meth:`DiskTable.snapshot` flushes the dirty rows and makes a RocksDB checkpoint
 (hard links to the immutable SST files, a copy of the small MANIFEST/OPTIONS files; every file and
@@ -77,10 +64,9 @@ except ImportError as e:  # pragma: no cover - what stores.py turns into one lin
     raise ImportError(f"the disk tier needs rocksdict ({e}): pip install 'embnic[disk]'") from e
 
 from embnic.client_lib.config import TableConfig
-from embnic.client_lib.table_numerics import init_rows, is_unique, optimizer_step
 
 from .fsdirs import DirLockedError, fsync_tree, link_tree, lock_dir
-from .rowcache import PendingRows, RowCache, capacity
+from .rowcache import capacity
 
 log = logging.getLogger("embnic.server")
 
@@ -88,8 +74,6 @@ FORMAT = "embnic-rows"  #: the ``format`` of a store's meta record
 FORMAT_VERSION = 1
 META_KEY = b"\xff" * 8 + b"~meta"  #: sorts after every 8-byte row key
 ROWS_END = b"\xff" * 8 + b"\x00"  #: exclusive upper bound of the row keys (the largest id included)
-#: a full table tries its store again at most this often (seconds; :meth:`DiskTable.writable`)
-RETRY_S = 0.5
 #: a write that stalls (memtables waiting for a flush) while the file system has room is retried for
 #: at most this long (seconds) before the table counts as full
 STALL_WAIT_S = 2.0
@@ -269,11 +253,11 @@ class StoreEnv:
         they are part of ``block_cache_bytes`` too)."""
         mem = rd = sst = 0
         for t in list(self.tables):
-            if t._db is None:
+            if t.db is None:
                 continue
-            mem += t._db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
-            rd += t._db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
-            sst += t._db.property_int_value("rocksdb.total-sst-files-size") or 0
+            mem += t.db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+            rd += t.db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
+            sst += t.db.property_int_value("rocksdb.total-sst-files-size") or 0
         return {"block_cache_bytes": int(self.cache.get_usage()), "block_cache_capacity": self.block_cache_bytes,
                 "memtable_bytes": mem, "table_readers_bytes": rd, "sst_bytes": sst}
 
@@ -285,6 +269,17 @@ class StoreEnv:
             t.close()
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+
+    def table(self, table: TableConfig, seed: int, cache_rows: int):
+        """A new :class:`~embnic.testbed.server.disktable.DiskTable` of ``table`` here (its store
+        ``root/t<id>``, created empty; ``seed``: the cluster's; ``cache_rows``: its cache's rows).
+
+        Raises:
+            StoreError: its store cannot be opened.
+        """
+        from .disktable import DiskTable
+
+        return DiskTable(table, seed, self, cache_rows)
 
     def close(self) -> None:
         """Close every table's store, release the lock (and remove a scratch root). Idempotent."""
@@ -316,56 +311,43 @@ def cache_bytes(table: TableConfig, cache_rows: int) -> int:
     return ways * sets * (4 * int(table.dim) + (4 if table.optimizer == "adagrad" else 0) + 19)
 
 
-class DiskTable:
-    """One table's rows in RocksDB behind a cache of ``cache_rows`` hot rows (module docstring).
+class TableStore:
+    """One disk table's rows in its own RocksDB (module docstring, "Store layout"): rows of
+    ``width`` float32 values (the row, then the accumulator), counted in ``stats``
+    (``store_reads``, ``store_found``, ``store_writes``, ``store_write_errors``).
 
     Args:
-        table: the table's config.
-        seed: the cluster seed (initial rows, :func:`~embnic.client_lib.table_numerics.init_rows`).
         env: the shard process's :class:`StoreEnv`; the store is ``env.root / f"t{table.id}"``,
             created empty.
-        cache_rows: rows the cache holds at most (its capacity is the largest multiple of the
-            ways not above it).
+        table: the table's config.
+        width: float32 values per stored row.
+        stats: the table's counters.
+
+    Raises:
+        StoreError: the store cannot be opened.
     """
 
-
-    def __init__(self, table: TableConfig, seed: int, env: StoreEnv, cache_rows: int):
-        self.table = table
-        self.seed = int(seed)
-        self.dim = int(table.dim)
-        self.adagrad = table.optimizer == "adagrad"
-        self._lr = np.float32(table.lr)
-        self._eps = np.float32(table.eps)
-        self.env = env
+    def __init__(self, env: StoreEnv, table: TableConfig, width: int, stats: collections.Counter):
+        self.env, self.table, self.width, self.stats = env, table, int(width), stats
         self.path = env.root / f"t{table.id}"
-        self._vw = self.dim + (1 if self.adagrad else 0)  # float32 values per stored row
-        self._vdt = np.dtype(f"V{4 * self._vw}")
-        self.cache = RowCache(self.dim, self.adagrad, cache_rows, table.id)
-        self.capacity = self.cache.capacity
-        self._n = 0  # materialised rows (in the store or dirty in the cache)
-        self.stats = collections.Counter({k: 0 for k in ("hits", "misses", "store_reads", "store_found",
-                                                          "evictions", "writebacks", "store_writes",
-                                                          "write_through", "store_write_errors",
-                                                          "full_periods")})
-        # a full store (module docstring, "A full disk"): why (None: writes go through), when to try
-        # again, and the rows an update taken before could not write
-        self._full: str | None = None
-        self._retry_at = 0.0
-        self.pending = PendingRows(self._vw)
-        self._db = None
-        self._open(fresh=True)
+        self._vdt = np.dtype(f"V{4 * self.width}")
+        self.db = None
+        self.open(fresh=True)
         env.tables.add(self)
 
-    # -- the store ----------------------------------------------------------------------------
+    def open(self, fresh: bool) -> None:
+        """Open the store (``fresh``: emptied first).
 
-    def _open(self, fresh: bool) -> None:
+        Raises:
+            StoreError: RocksDB cannot open it.
+        """
         if fresh and self.path.exists():
             shutil.rmtree(self.path)
         try:
-            self._db = rocksdict.Rdict(str(self.path), self.env.options(self.dim))
+            self.db = rocksdict.Rdict(str(self.path), self.env.options(self.table.dim))
         except Exception as e:  # rocksdict raises plain Exceptions for I/O and lock errors
             raise StoreError(f"{self.path}: cannot open the row store ({e})") from None
-        self._db.set_write_options(self.env.write_opts)
+        self.db.set_write_options(self.env.write_opts)
         self._ro = rocksdict.ReadOptions()
         self._ro.set_iterate_upper_bound(ROWS_END)
 
@@ -377,11 +359,11 @@ class DiskTable:
         retried for ever, so the memtables are flushed here first, waiting at most
         :data:`CLOSE_FLUSH_WAIT_S`; a store that could not flush them is left open, unreferenced,
         until the process exits (RocksDB's threads do not hold the exit up)."""
-        db, self._db = self._db, None
+        db, self.db = self.db, None
         if db is None:
             return
         try:
-            self._flush_memtables(db, CLOSE_FLUSH_WAIT_S)
+            self.flush_memtables(db, CLOSE_FLUSH_WAIT_S)
         except Exception as e:  # noqa: BLE001 - any failure to flush: do not let close() wait for ever
             log.warning("table %d: RocksDB could not flush %s (%s); its unflushed rows are dropped with it",
                         self.table.id, self.path, e)
@@ -399,74 +381,43 @@ class DiskTable:
         except Exception:  # noqa: BLE001 - nothing to report to at collection
             pass
 
-    def __len__(self) -> int:
-        """Materialised (ever updated) rows."""
-        return self._n
+    def get(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found bool (n,), their values float32 (found, width)) of ``keys`` (unique uint64 (n,)):
+        one multi-get.
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the cache's arrays (the shard's memory for this table; RocksDB's block
-        cache is the env's)."""
-        return self.cache.nbytes
-
-    def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Rows, accumulators, found-mask and pending-mask of ``keys`` (unique uint64 (n,)) from the
-        store — the rows kept in memory while it was full (``pending``) first; ids in neither get
-        their initial row and accumulator 0."""
+        Raises:
+            StoreError: values of another size (damaged, or another table's).
+        """
         n = keys.size
-        vals = self._db[keys.astype(">u8").view("V8").tolist()]  # one multi-get; None where absent
+        vals = self.db[keys.astype(">u8").view("V8").tolist()]  # one multi-get; None where absent
         found = np.fromiter(map(operator.is_not, vals, itertools.repeat(None)), bool, n)
         nf = int(np.count_nonzero(found))
         self.stats["store_reads"] += n
         self.stats["store_found"] += nf
-        rows = np.empty((n, self.dim), np.float32)
-        acc = np.zeros(n, np.float32)
-        if nf:
-            buf = b"".join(itertools.compress(vals, found))
-            if len(buf) != nf * 4 * self._vw:
-                raise StoreError(f"{self.path}: stored rows of {len(buf) // max(nf, 1)} bytes, expected "
-                                 f"{4 * self._vw} (dim {self.dim}, {self.table.optimizer}): damaged or another table's")
-            v = np.frombuffer(buf, "<f4").reshape(nf, self._vw)
-            rows[found] = v[:, :self.dim]
-            if self.adagrad:
-                acc[found] = v[:, self.dim]
-        if nf < n:
-            miss = ~found
-            rows[miss] = init_rows(self.seed, self.table.id, keys[miss], self.dim, self.table.init_scale)
-        pend, pv = self.pending.find(keys)
-        if pv.size:
-            rows[pend] = pv[:, :self.dim]
-            if self.adagrad:
-                acc[pend] = pv[:, self.dim]
-            found |= pend
-        return rows, acc, found, pend
+        buf = b"".join(itertools.compress(vals, found))
+        if len(buf) != nf * 4 * self.width:
+            raise StoreError(f"{self.path}: stored rows of {len(buf) // max(nf, 1)} bytes, expected "
+                             f"{4 * self.width} (dim {self.table.dim}, {self.table.optimizer}): damaged or another "
+                             "table's")
+        return found, np.frombuffer(buf, "<f4").reshape(nf, self.width)
 
-    def _pack(self, rows: np.ndarray, acc: np.ndarray | None) -> np.ndarray:
-        """Rows (n, dim) and accumulators (n,) as stored: float32 LE (n, dim [+ 1])."""
-        v = np.empty((rows.shape[0], self._vw), "<f4")
-        v[:, :self.dim] = rows
-        if self.adagrad:
-            v[:, self.dim] = acc
-        return v
-
-    def _put(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
-        """Write rows (and accumulators) of ``keys`` (uint64 (n,)) to the store in one WriteBatch.
+    def put(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values`` (float32 LE (n, width)) of ``keys`` (uint64 (n,)) in one WriteBatch.
 
         Raises:
-            StoreFullError: the store refused the write (:meth:`_write`); nothing of it was written.
+            StoreFullError: the store refused the write (:meth:`write`); nothing of it was written.
         """
         n = keys.size
         if n == 0:
             return
-        v = self._pack(rows, acc)
         wb = rocksdict.WriteBatch(raw_mode=True)
         # one bound-method call per row, driven by C (map, deque): the binding has no bulk put
-        collections.deque(map(wb.put, keys.astype(">u8").view("V8").tolist(), v.view(self._vdt).reshape(n).tolist()),
-                          maxlen=0)
-        self._write(wb)
+        collections.deque(map(wb.put, keys.astype(">u8").view("V8").tolist(),
+                              np.ascontiguousarray(values).view(self._vdt).reshape(n).tolist()), maxlen=0)
+        self.write(wb)
         self.stats["store_writes"] += n
 
-    def _write(self, wb) -> None:
+    def write(self, wb) -> None:
         """Write batch ``wb`` (atomic: all of it or nothing). A write stall (memtables waiting for
         a flush) while the file system has room is waited out for up to :data:`STALL_WAIT_S`.
 
@@ -477,7 +428,7 @@ class DiskTable:
         deadline, delay = None, 0.001
         while True:
             try:
-                self._db.write(wb, self.env.write_opts)
+                self.db.write(wb, self.env.write_opts)
                 return
             except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
                 err = e
@@ -491,291 +442,28 @@ class DiskTable:
             self.stats["store_write_errors"] += 1
             raise StoreFullError(errno.ENOSPC, f"{self.path}: the row store refused a write ({err})") from None
 
-    def _write_meta(self) -> None:
-        """Write the meta record (:data:`FORMAT`, rows held).
+    def write_meta(self, rows_held: int) -> None:
+        """Write the meta record (:data:`FORMAT`, the table, ``rows_held``).
 
         Raises:
             StoreFullError: the store refused it.
         """
         wb = rocksdict.WriteBatch(raw_mode=True)
         wb.put(META_KEY, json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "table": self.table.id,
-                                     "dim": self.dim, "optimizer": self.table.optimizer,
-                                     "rows_held": self._n}).encode())
-        self._write(wb)
+                                     "dim": self.table.dim, "optimizer": self.table.optimizer,
+                                     "rows_held": rows_held}).encode())
+        self.write(wb)
 
-    # -- a full store (module docstring, "A full disk") -------------------------------------------
+    def rows(self, chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Every stored row in id order, ``chunk_rows`` at a time (:func:`_row_chunks`)."""
+        yield from _row_chunks(self.db.items(read_opt=self._ro), self.path, self.table.dim, self.width, chunk_rows)
 
-    @property
-    def full(self) -> str | None:
-        """Why the store takes no writes now (None: it does)."""
-        return self._full
-
-    def _enter_full(self, why: str) -> None:
-        if self._full is None:
-            self.stats["full_periods"] += 1
-            log.warning("table %d: its row store takes no writes (%s): updates of it are refused (STORE_FULL) "
-                        "until there is room again; lookups are still answered", self.table.id, why)
-        self._full = why
-        self._retry_at = time.monotonic() + RETRY_S
-
-    def writable(self) -> bool:
-        """Whether an update of this table can be taken now: its store takes writes and its file
-        system has at least :attr:`StoreEnv.reserve_bytes` free. A full table tries its store again
-        — the rows it keeps in memory (``pending``) and its meta record — at most every
-        :data:`RETRY_S` s, once the file system has room: True again when the store took them."""
-        if self._full is None:
-            if self.env.space_ok():
-                return True
-            self._enter_full(f"less than {self.env.reserve_bytes >> 20} MiB free on the file system of "
-                             f"{self.env.root}")
-            return False
-        now = time.monotonic()
-        if now < self._retry_at or not self.env.space_ok():
-            return False
-        self._retry_at = now + RETRY_S
-        n = len(self.pending)
-        try:
-            if n:
-                v = self.pending.values
-                self._put(self.pending.keys, v[:, :self.dim], v[:, self.dim] if self.adagrad else None)
-                self.pending.clear()
-            self._write_meta()
-        except StoreFullError as e:
-            self._full = str(e)
-            return False
-        log.info("table %d: its row store takes writes again (%d rows kept in memory meanwhile written)",
-                 self.table.id, n)
-        self._full = None
-        return True
-
-    def _store_rows(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
-        """Write rows an update has changed past the cache: to the store, or — it is full — into
-        memory until it takes them (:attr:`pending`). Never raises for a full store: an update the
-        shard took is never half applied."""
-        if self._full is None:
-            try:
-                self._put(keys, rows, acc)
-                return
-            except StoreFullError as e:
-                self._enter_full(str(e))
-        self.pending.keep(keys, self._pack(rows, acc))
-
-    def flush(self) -> int:
-        """Write every dirty cached row to the store (they stay cached, clean) and the meta record.
-        Returns the rows written.
-
-        Raises:
-            StoreFullError: the store takes no writes now (the rows stay dirty in the cache).
-        """
-        if self._full is not None and not self.writable():
-            raise StoreFullError(errno.ENOSPC, f"{self.path}: the row store takes no writes now ({self._full})")
-        c = self.cache
-        d = c.dirty_slots()
-        try:
-            self._put(c.keys[d], c.rows[d], c.acc[d] if self.adagrad else None)
-        except StoreFullError as e:
-            self._enter_full(str(e))
-            raise
-        c.dirty[d] = False
-        self.stats["writebacks"] += d.size
-        self._write_meta()
-        return int(d.size)
-
-    # -- the cache ----------------------------------------------------------------------------
-
-    def _resolve(self, keys: np.ndarray, unique: bool):
-        """Cache slots of ``keys`` (uint64 (N,)), installing the misses (fetched from the store;
-        dirty victims written back).
-
-        Returns:
-            (slot int64 (N,) — -1 where the key could not be cached —, and for the uncached keys
-            ``(index into keys (U,), rows (U, dim), acc (U,), found (U,))``).
-        """
-        c = self.cache
-        slot, _ = c.hits(keys)
-        nh = int(np.count_nonzero(slot >= 0))
-        self.stats["hits"] += nh
-        none = (np.empty(0, np.int64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32),
-                np.empty(0, bool))
-        if nh == keys.size:
-            c.age(nh)
-            return slot, none
-        mi = np.flatnonzero(slot < 0)
-        mk = keys[mi]
-        if not unique:  # a lookup may repeat a key: fetch and install each once
-            mk, inv = np.unique(mk, return_inverse=True)
-        else:
-            inv = None
-        n = mk.size
-        self.stats["misses"] += n
-        rows, acc, found, pend = self._fetch(mk)
-        while True:
-            vs, ins = c.victims(mk, keep_dirty=self._full is not None)
-            ev = c.valid[vs]
-            dv = vs[ev & c.dirty[vs]]
-            if dv.size:
-                try:
-                    self._put(c.keys[dv], c.rows[dv], c.acc[dv] if self.adagrad else None)
-                except StoreFullError as e:  # the cache is unchanged: choose again among clean rows
-                    self._enter_full(str(e))
-                    continue
-                self.stats["writebacks"] += int(dv.size)
-            break
-        self.stats["evictions"] += int(np.count_nonzero(ev))
-        pin = pend[ins]  # rows kept in memory while the store was full: the cache holds them now, dirty
-        if pin.any():
-            self.pending.forget(mk[ins][pin])
-        c.install(vs, mk[ins], rows[ins], acc[ins], found[ins], pin)
-        mslot = np.full(n, -1, np.int64)
-        mslot[ins] = vs
-        slot[mi] = mslot if inv is None else mslot[inv]
-        c.age(nh + n)
-        if ins.size == n:
-            return slot, none
-        left = np.flatnonzero(mslot < 0)  # misses that found no free way: served straight through
-        self.stats["write_through"] += int(left.size)
-        if inv is None:
-            return slot, (mi[left], rows[left], acc[left], found[left])
-        # lookups: every position of an uncached key
-        pos = np.flatnonzero(slot < 0)
-        j = np.searchsorted(mk, keys[pos])
-        return slot, (pos, rows[j], acc[j], found[j])
-
-    # -- TableShard's interface -----------------------------------------------------------------
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Current rows of ``keys`` (uint64 (N,), any order, duplicates allowed) → float32 (N, dim),
-        a new array; as :meth:`TableShard.lookup <embnic.client_lib.rowstore.TableShard.lookup>`."""
-        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
-        out = np.empty((keys.size, self.dim), np.float32)
-        if keys.size == 0:
-            return out
-        if self._full is not None:
-            self.writable()  # space back? (at most every RETRY_S s)
-        slot, (pos, rows, _, _) = self._resolve(keys, unique=False)
-        if pos.size == 0:
-            np.take(self.cache.rows, slot, axis=0, out=out)
-            return out
-        c = slot >= 0
-        out[c] = self.cache.rows[slot[c]]
-        out[pos] = rows
-        return out
-
-    def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
-        """One optimizer step per row (``keys_unique`` uint64 (N,) without duplicates, ``grads``
-        float32 (N, dim)); as :meth:`TableShard.apply <embnic.client_lib.rowstore.TableShard.apply>`,
-        bit for bit (the same :func:`~embnic.client_lib.table_numerics.optimizer_step`). Never
-        refused for a full store: rows it cannot write are kept in memory (``pending``) — the shard
-        asks :meth:`writable` before it takes an update."""
-        keys = np.asarray(keys_unique, dtype=np.uint64).reshape(-1)
-        if keys.size == 0:
-            return
-        g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, self.dim)
-        slot, (pos, rows, acc, found) = self._resolve(keys, unique=True)
-        ch = self.cache
-        if pos.size == 0:
-            w = ch.rows[slot]
-            a = optimizer_step(w, ch.acc[slot] if self.adagrad else None, g, self._lr, self._eps)
-            ch.rows[slot] = w
-            if self.adagrad:
-                ch.acc[slot] = a
-            ch.dirty[slot] = True
-            self._n += int(np.count_nonzero(~ch.stored[slot]))
-            ch.stored[slot] = True
-            return
-        c = slot >= 0
-        cs = slot[c]
-        w = np.empty((keys.size, self.dim), np.float32)
-        w[c] = ch.rows[cs]
-        w[pos] = rows
-        a0 = None
-        if self.adagrad:
-            a0 = np.empty(keys.size, np.float32)
-            a0[c] = ch.acc[cs]
-            a0[pos] = acc
-        a = optimizer_step(w, a0, g, self._lr, self._eps)
-        ch.rows[cs] = w[c]
-        if self.adagrad:
-            ch.acc[cs] = a[c]
-        ch.dirty[cs] = True
-        self._n += int(np.count_nonzero(~ch.stored[cs])) + int(np.count_nonzero(~found))
-        ch.stored[cs] = True
-        self._store_rows(keys[pos], w[pos], a[pos] if self.adagrad else None)
-
-    def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
-        """Apply the updates of several messages in their order (``keys`` uint64 (K,), each segment
-        ``keys[offs[j]:offs[j+1]]`` free of duplicates; ``g`` float32 (K, dim); ``offs`` int64
-        (M+1,)), as :meth:`TableShard.apply_segments
-        <embnic.client_lib.rowstore.TableShard.apply_segments>`: one :meth:`apply` when no
-        key repeats, else in passes — pass ``r`` applies every key's ``r``-th gradient, so a row
-        gets its gradients one message after the other (row-wise optimizers)."""
-        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
-        if keys.size == 0:
-            return
-        g = np.ascontiguousarray(g, dtype=np.float32).reshape(keys.size, self.dim)
-        if offs.size <= 2 or is_unique(keys):
-            self.apply(keys, g)
-            return
-        order = np.argsort(keys, kind="stable")
-        sk = keys[order]
-        start = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
-        run = np.diff(np.r_[start, sk.size])
-        rank = np.empty(keys.size, np.int64)
-        rank[order] = np.arange(sk.size) - np.repeat(start, run)  # occurrence of its key, in arrival order
-        for r in range(int(run.max())):
-            sel = rank == r
-            self.apply(keys[sel], g[sel])
-
-    def iter_state(self, chunk_rows: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The materialised rows in id order, ``chunk_rows`` at a time (after a :meth:`flush`):
-        ``(keys uint64 (m,), rows float32 (m, dim), acc float32 (m,))`` per chunk — what
-        ``embnic tables export`` streams. The table must not change while it is iterated."""
-        self.flush()
-        yield from _row_chunks(self._db.items(read_opt=self._ro), self.path, self.dim, self._vw, chunk_rows)
-
-    def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every materialised row, as :meth:`TableShard.state
-        <embnic.client_lib.rowstore.TableShard.state>` (keys sorted, rows, acc) — the whole
-        table in memory: for tests and small tables; exports stream :meth:`iter_state`."""
-        parts = list(self.iter_state())
-        if not parts:
-            return np.empty(0, np.uint64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32)
-        return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
-
-    def _reset(self) -> None:
-        """A new store (a loaded state or snapshot): nothing cached, nothing kept in memory,
-        writes go through."""
-        self.cache.clear()
-        self._full = None
-        self.pending.clear()
-
-    def load_state(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
-        """Replace every row with ``(keys, rows, acc)`` (a checkpoint of the in-memory store, an
-        imported table); as :meth:`TableShard.load_state
-        <embnic.client_lib.rowstore.TableShard.load_state>`.
-
-        Raises:
-            ValueError: shapes that do not fit the table, or keys not strictly increasing.
-        """
-        k = np.asarray(keys, dtype=np.uint64).reshape(-1)
-        r = np.asarray(rows)
-        a = np.asarray(acc).reshape(-1)
-        if r.shape != (k.size, self.dim) or a.shape != (k.size,):
-            raise ValueError(f"table {self.table.id}: state shapes keys {k.shape}, rows {r.shape}, acc {a.shape} "
-                             f"do not fit dim {self.dim}")
-        if k.size > 1 and not bool(np.all(k[1:] > k[:-1])):
-            raise ValueError(f"table {self.table.id}: state keys are not strictly increasing")
+    def reset(self) -> None:
+        """Replace the store by an empty one."""
         self.close()
-        self._open(fresh=True)
-        self._reset()
-        for lo in range(0, k.size, 1 << 16):
-            self._put(k[lo:lo + (1 << 16)], r[lo:lo + (1 << 16)], a[lo:lo + (1 << 16)] if self.adagrad else None)
-        self._n = int(k.size)
-        self._write_meta()
+        self.open(fresh=True)
 
-    # -- snapshots ----------------------------------------------------------------------------
-
-    def _flush_memtables(self, db=None, wait_s: float | None = None) -> None:
+    def flush_memtables(self, db=None, wait_s: float | None = None) -> None:
         """Flush RocksDB's memtables (of ``db``, default the store's) into SST files and wait for
         it, at most ``wait_s`` seconds (default :data:`FLUSH_WAIT_S`): a flush that finds the disk
         full is retried by RocksDB, so waiting on it could be for ever.
@@ -783,7 +471,7 @@ class DiskTable:
         Raises:
             StoreFullError: the memtables were not flushed in time.
         """
-        db = self._db if db is None else db
+        db = self.db if db is None else db
         wait_s = FLUSH_WAIT_S if wait_s is None else wait_s
         db.flush(False)
         deadline = time.monotonic() + wait_s
@@ -794,57 +482,32 @@ class DiskTable:
                                      f"{wait_s:g} s (a full disk?)")
             time.sleep(0.005)
 
-    def snapshot(self, path: str | os.PathLike) -> dict:
-        """Flush, then write a RocksDB checkpoint of the store to ``path`` (must not exist; hard
-        links to the SST files), synced to disk. Returns ``{"rows_held"}``.
+    def checkpoint(self, path: Path) -> None:
+        """Write a RocksDB checkpoint of the store to ``path`` (must not exist; hard links to the
+        SST files; the memtables flushed first, as writes skip RocksDB's log), synced to disk.
 
         Raises:
-            StoreFullError (an OSError): the store takes no writes now. OSError: the checkpoint failed.
+            StoreFullError (an OSError): the memtables could not be flushed. OSError: the checkpoint failed.
         """
-        path = Path(path)
-        self.flush()
-        self._flush_memtables()  # the memtables into SST files (writes skip RocksDB's log)
+        self.flush_memtables()
         try:
-            rocksdict.Checkpoint(self._db).create_checkpoint(str(path))
+            rocksdict.Checkpoint(self.db).create_checkpoint(str(path))
         except Exception as e:
             raise OSError(f"{path}: RocksDB checkpoint failed ({e})") from None
         fsync_tree(path)
-        return {"rows_held": self._n}
 
-    def load_snapshot(self, path: str | os.PathLike) -> dict:
-        """Replace the live store by snapshot ``path`` (:meth:`snapshot`; the snapshot itself is
-        not changed) and empty the cache. Returns the snapshot's meta record.
+    def replace(self, snapshot: Path) -> None:
+        """Replace the store by a copy of checkpoint ``snapshot`` (hard links: RocksDB never writes
+        into an SST file, so the live store and the snapshot can share them).
 
         Raises:
-            StoreError: ``path`` is not a snapshot of this table (another id, dim or optimizer, or
-                no meta record).
+            StoreError: the copy cannot be opened. OSError: it cannot be made.
         """
-        path = Path(path)
-        meta = read_meta(path)
-        want = {"table": self.table.id, "dim": self.dim, "optimizer": self.table.optimizer}
-        got = {k: meta.get(k) for k in want}
-        if got != want:
-            raise StoreError(f"{path} is a snapshot of {got}, not of {want}")
         self.close()
         if self.path.exists():
             shutil.rmtree(self.path)
-        link_tree(path, self.path)
-        self._open(fresh=False)
-        self._reset()
-        self._n = int(meta["rows_held"])
-        return meta
-
-    def counters(self) -> dict:
-        """``{"cache_rows", "cached", "dirty", "rows_held", "full", "pending", "hits", "misses",
-        "store_reads", "store_found", "evictions", "writebacks", "store_writes", "write_through",
-        "store_write_errors", "full_periods"}``: the cache's capacity and occupancy and its counts
-        (``hits``/``misses`` per key looked up or updated; ``writebacks``: dirty rows written at
-        eviction or flush); ``full`` 1 while the store takes no writes, ``pending`` the rows kept in
-        memory meanwhile, ``store_write_errors`` writes it refused, ``full_periods`` times it
-        became full."""
-        return {"cache_rows": self.capacity, "cached": int(np.count_nonzero(self.cache.valid)),
-                "dirty": int(np.count_nonzero(self.cache.dirty)), "rows_held": self._n,
-                "full": int(self._full is not None), "pending": len(self.pending), **self.stats}
+        link_tree(snapshot, self.path)
+        self.open(fresh=False)
 
 
 def read_meta(path: str | os.PathLike) -> dict:

@@ -1,5 +1,5 @@
 """The disk tier's rows in memory (numpy only): the cache of hot rows in front of a disk table's
-store, and the rows a full store could not take yet (:class:`~embnic.testbed.server.diskstore.DiskTable`).
+store, and the rows a full store could not take yet (:class:`~embnic.testbed.server.disktable.DiskTable`).
 
 **The cache** holds ``cache_rows`` rows in ``S`` sets of ``W`` ways (``W = 8``; a key's set is
 ``splitmix64(key ^ salt) mod S``): a batch of N keys is compared against its sets' ways as one

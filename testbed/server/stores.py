@@ -3,7 +3,7 @@
 The one seam between a shard and its row stores: :func:`open_tables` gives every table of the
 config a store with :class:`~embnic.client_lib.rowstore.TableShard`'s interface — for
 ``store = "memory"`` tables a ``TableShard`` view of the shard's one ``RowStore`` (one search and
-one gather per message, whatever its tables), a :class:`~embnic.testbed.server.diskstore.DiskTable`
+one gather per message, whatever its tables), a :class:`~embnic.testbed.server.disktable.DiskTable`
 for ``store = "disk"`` ones (docs/config.md; :meth:`ClusterConfig.store_of
 <embnic.client_lib.config.ClusterConfig.store_of>` resolves a table's own keys and its shard's
 defaults). The disk tier needs ``rocksdict`` (``pip install 'embnic[disk]'``); this module imports it
@@ -174,7 +174,7 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
     try:
         for t in cfg.tables:
             if t.id in disk:
-                tables[t.id] = ds.DiskTable(t, cfg.seed, env, cfg.store_of(t.id, shard_id)[1])
+                tables[t.id] = env.table(t, cfg.seed, cfg.store_of(t.id, shard_id)[1])
             else:
                 tables[t.id] = views[t.id]
     except BaseException as e:

@@ -35,6 +35,7 @@ from embnic.client_lib.errors import ShardError  # noqa: E402
 from embnic.client_lib.local import LocalBackend  # noqa: E402
 from embnic.client_lib.rowstore import TableShard  # noqa: E402
 from embnic.testbed.server import diskstore as DS  # noqa: E402
+from embnic.testbed.server import disktable as DT  # noqa: E402
 from embnic.testbed.server.runner import ServerCluster  # noqa: E402
 
 from test_durability import _state_equal  # noqa: E402
@@ -85,11 +86,11 @@ def test_disk_table_refuses_then_recovers_by_itself(small_fs, monkeypatch):
     """RocksDB meets ENOSPC itself (no reserve): lookups stay right, nothing taken is lost, and
     the table takes writes again once there is room, with no reopen."""
     monkeypatch.setattr(DS, "STALL_WAIT_S", 0.2)
-    monkeypatch.setattr(DS, "RETRY_S", 0.1)
+    monkeypatch.setattr(DT, "RETRY_S", 0.1)
     env = DS.StoreEnv(small_fs / "store", 4)
     env.reserve_bytes = 0  # only the store's own refusals make the table full
     t = _table()
-    mem, dk = TableShard(t, 5), DS.DiskTable(t, 5, env, 64)
+    mem, dk = TableShard(t, 5), DT.DiskTable(t, 5, env, 64)
     pool = np.arange(30000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     rng = np.random.default_rng(0)
 

@@ -36,6 +36,7 @@ from embnic.client_lib.local import LocalBackend  # noqa: E402
 from embnic.client_lib.rowstore import TableShard  # noqa: E402
 from embnic.cli.main import cli  # noqa: E402
 from embnic.testbed.server import diskstore as DS  # noqa: E402
+from embnic.testbed.server import disktable as DT  # noqa: E402
 from embnic.testbed.server import durability as D  # noqa: E402
 from embnic.testbed.server import tables_io as TIO  # noqa: E402
 from embnic.testbed.server.runner import ServerCluster, ServerThread  # noqa: E402
@@ -80,7 +81,7 @@ def test_disk_table_equals_the_in_memory_store_operation_by_operation(env, opt, 
     messages whose keys overlap) on both stores: every lookup and the final rows, accumulators
     and row count identical, whatever part of the table the cache holds."""
     t = _table(opt, dim)
-    mem, dk = TableShard(t, 7), DS.DiskTable(t, 7, env, cache_rows)
+    mem, dk = TableShard(t, 7), DT.DiskTable(t, 7, env, cache_rows)
     pool = np.arange(400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     rng = np.random.default_rng(cache_rows)
     for step in range(40):
@@ -108,7 +109,7 @@ def test_disk_table_equals_the_in_memory_store_operation_by_operation(env, opt, 
 
 def test_snapshot_round_trip_and_load_state(env, tmp_path):
     t = _table()
-    dk, mem = DS.DiskTable(t, 1, env, 16), TableShard(t, 1)
+    dk, mem = DT.DiskTable(t, 1, env, 16), TableShard(t, 1)
     rng = np.random.default_rng(0)
     for _ in range(5):
         k = np.unique(rng.integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True))
@@ -127,7 +128,7 @@ def test_snapshot_round_trip_and_load_state(env, tmp_path):
     _state_equal({0: tuple(np.concatenate([p[i] for p in parts]) for i in range(3))}, {0: mem.state()})
     other = _table(tid=4)
     with pytest.raises(DS.StoreError, match="snapshot of"):
-        DS.DiskTable(other, 1, env, 16).load_snapshot(tmp_path / "snap")
+        DT.DiskTable(other, 1, env, 16).load_snapshot(tmp_path / "snap")
     k, r, a = mem.state()
     dk.load_state(k[::2], r[::2], a[::2])
     mem.load_state(k[::2], r[::2], a[::2])
@@ -181,7 +182,7 @@ def test_shard_default_store_and_a_table_of_its_own():
     assert [cfg.store_of(t, 0) for t in (0, 1, 4)] == [("disk", 16), ("memory", None), ("disk", 24)]
     srv = ShardServer(cfg, 0, port=0)
     try:
-        assert type(srv.tables[1]) is TableShard and isinstance(srv.tables[0], DS.DiskTable)
+        assert type(srv.tables[1]) is TableShard and isinstance(srv.tables[0], DT.DiskTable)
         assert srv.tables[4].capacity == 24 and srv.tables[0].capacity == 16
         assert srv.counters()["stores"]["block_cache_capacity"] == 4 << 20
     finally:
@@ -311,7 +312,7 @@ def test_kill_9_and_restore_a_disk_table(tmp_path):
         for tid, k, g in parts:
             ref.update({tid: (k, g)})
     tables, rep = D.load_shard_state(str(tmp_path / "ck"), 0, cfg)
-    assert isinstance(tables[0], DS.DiskTable) and rep["replayed"] == 2
+    assert isinstance(tables[0], DT.DiskTable) and rep["replayed"] == 2
     _state_equal({t: ts.state() for t, ts in tables.items()}, ref.state_dict())
     # export streams from the disk table (never its whole state() at once) and equals the same
     # training kept in memory
@@ -320,12 +321,12 @@ def test_kill_9_and_restore_a_disk_table(tmp_path):
     def no_state(self):
         raise AssertionError("export read a disk table whole")
 
-    orig = DS.DiskTable.state
-    DS.DiskTable.state = no_state
+    orig = DT.DiskTable.state
+    DT.DiskTable.state = no_state
     try:
         r = TIO.export_tables(cfg, tmp_path / "ck", out_disk, layout="ids", chunk_rows=97)
     finally:
-        DS.DiskTable.state = orig
+        DT.DiskTable.state = orig
     assert r["tables"] == {"users": 8 * 250, "t1": ref.state_dict()[1][0].size}
     mem_cfg = _disk_toml(tmp_path / "m.toml", store="memory")
     srv = ShardServer(load_config(str(mem_cfg)), 0, port=0, checkpoint_dir=str(tmp_path / "mem"))
@@ -359,7 +360,7 @@ def test_a_checkpoint_moves_between_the_stores(tmp_path):
         want = st.state_dict()
     with ServerThread(disk, 0, restore=str(tmp_path / "b"), checkpoint_dir=str(tmp_path / "c")) as st:
         got = st.state_dict()
-        assert isinstance(st.server.tables[0], DS.DiskTable)
+        assert isinstance(st.server.tables[0], DT.DiskTable)
     _state_equal(got, want)
 
 
