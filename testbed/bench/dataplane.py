@@ -522,6 +522,102 @@ def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str],
     return out
 
 
+#: how the runs are set up (``setup`` of the result)
+SETUP = ("net_pcap infinite_rx -> net_null; af_packet, af_xdp: testpmd replay -> veth -> DUT on that "
+         "PMD -> net_null; "
+         f"card -l {CARD_1LCORE} (run to completion) and testpmd -l {TESTPMD_1FWD} --main-lcore "
+         f"{TESTPMD_MAIN} (one forwarding lcore), both on DPDK's default mempool driver; "
+         f"{BENCH_MBUFS} mbufs (+ the pcap's frames for the distinct workload), per-lcore "
+         f"cache {BENCH_MBCACHE}, burst {BENCH_BURST}, busy polling (no --idle-us)")
+#: what the distinct workload is (``distinct_workload`` of the result)
+DISTINCT_WORKLOAD = ("lookups of 1..8 keys with their single-frame replies, distinct (client, "
+                     "msg id) per message, replayed in a loop: every request inserts a state "
+                     "entry, every reply frees it; distinct_msgs_per_s is the card's own count "
+                     "of completed messages per second; repeated_ids_msgs_per_s replays the "
+                     "same request frames alone (every request finds its entry) counted the same "
+                     "way, frames/s / 2; the card's runs of both (and the PNA pipeline's distinct "
+                     "run) have clients and shards behind port 0, where the frames come in (a "
+                     "reply passes only from its shard's card port), and send back on it "
+                     "(net_pcap without tx_pcap drops)")
+
+
+def _runs(binary: Path, main: tuple[str, str], distinct: tuple[str, str, Path], dmbufs: int, dpcap: dict,
+          lcores: str, seconds: float, warmup: float, logs: Path, state_lcores: int) -> dict[str, Any]:
+    """The card's and testpmd's runs: name -> (measure function, args, keyword args).
+
+    Args:
+        main: the main pcap's vdev and the sink's.
+        distinct: the vdevs of the distinct and the repeated-id pcaps, the distinct pcap's path.
+    """
+    src, sink = main
+    dsrc, rsrc, dpath = distinct
+    card_kw = dict(log_dir=logs)
+    tp_kw = dict(main_lcore=TESTPMD_MAIN)
+    runs: dict[str, Any] = {
+        "card": (measure_card, (binary, [src, sink], CARD_1LCORE, seconds, warmup), card_kw),
+        "io": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "io", seconds, warmup), tp_kw),
+        "macswap": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "macswap", seconds, warmup), tp_kw),
+        # requests and replies from one port: the card takes a reply only from its shard's port,
+        # so the shards are behind port 0 too and the card sends back on it (net_pcap without a
+        # tx_pcap drops what it is given, as net_null does); the repeated-id run alike, to compare
+        "card_distinct": (measure_card, (binary, [dsrc, sink], CARD_1LCORE, seconds, warmup),
+                          dict(card_kw, mbufs=dmbufs, out_port=0)),
+        "card_repeated": (measure_card, (binary, [rsrc, sink], CARD_1LCORE, seconds, warmup),
+                          dict(card_kw, mbufs=dmbufs, out_port=0)),
+        "io_distinct": (measure_testpmd, ([dsrc, sink], TESTPMD_1FWD, "io", seconds, warmup),
+                        dict(tp_kw, mbufs=dmbufs)),
+    }
+    if state_lcores >= 2:
+        # testpmd's two forwarding lcores need two RX queues: the pcap opened twice (each holds
+        # the whole pcap in mbufs)
+        dsrc2 = f"net_pcap0,rx_pcap={dpath},rx_pcap={dpath},infinite_rx=1"
+        runs["card_distinct_2state"] = (measure_card, (binary, [dsrc, sink], CARD_2STATE, seconds, warmup),
+                                        dict(card_kw, mbufs=dmbufs, state_lcores=2, out_port=0))
+        runs["io_distinct_2fwd"] = (measure_testpmd, ([dsrc2, sink], TESTPMD_2FWD, "io", seconds, warmup),
+                                    dict(main_lcore=TESTPMD_2FWD_MAIN, queues=2,
+                                         mbufs=BENCH_MBUFS + 2 * dpcap["frames"]))
+    if lcores != CARD_1LCORE:
+        runs["card_pipeline"] = (measure_card, (binary, [src, sink], lcores, seconds, warmup), card_kw)
+    return runs
+
+
+def _pna_runs(runs: dict, asked: bool, vdevs: tuple[str, str, str], dmbufs: int, seconds: float, warmup: float,
+              logs: Path) -> str | None:
+    """Add the P4 card for PNA in DPDK's SWX pipeline (testbed/bench/p4dpdk.py) to ``runs``, on the
+    same vdevs (main source, sink, distinct source) and lcore; returns why it is skipped (None: added)."""
+    from embnic.testbed.bench import p4dpdk as bench_pna
+
+    pna_skip = bench_pna.available() if asked else "not asked for (--no-p4dpdk)"
+    if pna_skip is None:
+        from embnic.control.targets.p4dpdk import swx as p4dpdk
+
+        src, sink, dsrc = vdevs
+        pipe = p4dpdk.build_pipeline()
+        pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=_window)
+        runs["p4dpdk"] = (bench_pna.measure_swx, (pipe, [src, sink], seconds, warmup), pna_kw)
+        runs["p4dpdk_distinct"] = (bench_pna.measure_swx, (pipe, [dsrc, sink], seconds, warmup),
+                                   dict(pna_kw, mbufs=dmbufs, out_port=0))
+    return pna_skip
+
+
+def _pna_figures(m: dict, pcap: dict) -> dict:
+    """The ``p4dpdk`` figures of the measured runs ``m``, beside the card's and testpmd's."""
+    pna, pnad = m["p4dpdk"], m["p4dpdk_distinct"]
+    return {
+        "mpps": pna["mpps"], "gbps": pna["gbps"], "msgs_per_s": pna["mpps"] * 1e6 * pcap["messages"] / pcap["frames"],
+        "ratio_card": _ratio(pna["mpps"], m["card"]["mpps"]), "ratio_io": _ratio(pna["mpps"], m["io"]["mpps"]),
+        "distinct_msgs_per_s": pnad["completed_per_s"], "distinct_frames_mpps": pnad["mpps"],
+        "ratio_card_distinct": _ratio(pnad["completed_per_s"], m["card_distinct"]["completed_per_s"]),
+        "ratio_io_distinct": _ratio(pnad["mpps"], m["io_distinct"]["mpps"]),
+        "drops": pna["drops"], "distinct_drops": pnad["drops"],
+        "runs": {"mpps": pna["all_mpps"], "distinct_msgs_per_s": pnad["all_completed_per_s"],
+                 "others_cpu": pna["others_cpu"]},
+        "setup": "embnic-swx -l 0 (one lcore: host RX/TX, the SWX pipeline, the control socket), the "
+                 "pipeline built from p4/build/pna (p4c-dpdk's spec of p4/pna/); rate from the pipeline's output port "
+                 "statistics",
+    }
+
+
 def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     """Run the dataplane benchmark and merge it into ``out_dir/bench.json`` under ``dataplane``.
 
@@ -575,65 +671,14 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     dsrc, rsrc = (f"net_pcap0,rx_pcap={dpath},infinite_rx=1", f"net_pcap0,rx_pcap={rpath},infinite_rx=1")
     # net_pcap's infinite_rx holds the whole pcap in mbufs of the DUT's pool
     dmbufs = BENCH_MBUFS + dpcap["frames"]
-    card_kw = dict(log_dir=logs)
-    tp_kw = dict(main_lcore=TESTPMD_MAIN)
-    runs: dict[str, Any] = {
-        "card": (measure_card, (binary, [src, sink], CARD_1LCORE, seconds, warmup), card_kw),
-        "io": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "io", seconds, warmup), tp_kw),
-        "macswap": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "macswap", seconds, warmup), tp_kw),
-        # requests and replies from one port: the card takes a reply only from its shard's port,
-        # so the shards are behind port 0 too and the card sends back on it (net_pcap without a
-        # tx_pcap drops what it is given, as net_null does); the repeated-id run alike, to compare
-        "card_distinct": (measure_card, (binary, [dsrc, sink], CARD_1LCORE, seconds, warmup),
-                          dict(card_kw, mbufs=dmbufs, out_port=0)),
-        "card_repeated": (measure_card, (binary, [rsrc, sink], CARD_1LCORE, seconds, warmup),
-                          dict(card_kw, mbufs=dmbufs, out_port=0)),
-        "io_distinct": (measure_testpmd, ([dsrc, sink], TESTPMD_1FWD, "io", seconds, warmup),
-                        dict(tp_kw, mbufs=dmbufs)),
-    }
-    if int(kw.get("state_lcores", 2)) >= 2:
-        # testpmd's two forwarding lcores need two RX queues: the pcap opened twice (each holds
-        # the whole pcap in mbufs)
-        dsrc2 = f"net_pcap0,rx_pcap={dpath},rx_pcap={dpath},infinite_rx=1"
-        runs["card_distinct_2state"] = (measure_card, (binary, [dsrc, sink], CARD_2STATE, seconds, warmup),
-                                        dict(card_kw, mbufs=dmbufs, state_lcores=2, out_port=0))
-        runs["io_distinct_2fwd"] = (measure_testpmd, ([dsrc2, sink], TESTPMD_2FWD, "io", seconds, warmup),
-                                    dict(main_lcore=TESTPMD_2FWD_MAIN, queues=2,
-                                         mbufs=BENCH_MBUFS + 2 * dpcap["frames"]))
-    if lcores != CARD_1LCORE:
-        runs["card_pipeline"] = (measure_card, (binary, [src, sink], lcores, seconds, warmup), card_kw)
-    # the P4 card for PNA in DPDK's SWX pipeline, on the same vdevs and lcore (testbed/bench/p4dpdk.py)
-    from embnic.testbed.bench import p4dpdk as bench_pna
-    pna_skip = bench_pna.available() if kw.get("p4dpdk", True) else "not asked for (--no-p4dpdk)"
-    if pna_skip is None:
-        from embnic.control.targets.p4dpdk import swx as p4dpdk
-
-        pipe = p4dpdk.build_pipeline()
-        pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=_window)
-        runs["p4dpdk"] = (bench_pna.measure_swx, (pipe, [src, sink], seconds, warmup), pna_kw)
-        runs["p4dpdk_distinct"] = (bench_pna.measure_swx, (pipe, [dsrc, sink], seconds, warmup),
-                                   dict(pna_kw, mbufs=dmbufs, out_port=0))
+    runs = _runs(binary, (src, sink), (dsrc, rsrc, dpath), dmbufs, dpcap, lcores, seconds, warmup, logs,
+                 int(kw.get("state_lcores", 2)))
+    pna_skip = _pna_runs(runs, kw.get("p4dpdk", True), (src, sink, dsrc), dmbufs, seconds, warmup, logs)
     m = _measure_all(runs, repeats)
     res: dict[str, Any] = {}
     res.update(_figures(m, pcap))
     res.update(_distinct_figures(m, dpcap))
-    if pna_skip is None:
-        pna, pnad = m["p4dpdk"], m["p4dpdk_distinct"]
-        res["p4dpdk"] = {
-            "mpps": pna["mpps"], "gbps": pna["gbps"], "msgs_per_s": pna["mpps"] * 1e6 * pcap["messages"] / pcap["frames"],
-            "ratio_card": _ratio(pna["mpps"], m["card"]["mpps"]), "ratio_io": _ratio(pna["mpps"], m["io"]["mpps"]),
-            "distinct_msgs_per_s": pnad["completed_per_s"], "distinct_frames_mpps": pnad["mpps"],
-            "ratio_card_distinct": _ratio(pnad["completed_per_s"], m["card_distinct"]["completed_per_s"]),
-            "ratio_io_distinct": _ratio(pnad["mpps"], m["io_distinct"]["mpps"]),
-            "drops": pna["drops"], "distinct_drops": pnad["drops"],
-            "runs": {"mpps": pna["all_mpps"], "distinct_msgs_per_s": pnad["all_completed_per_s"],
-                     "others_cpu": pna["others_cpu"]},
-            "setup": "embnic-swx -l 0 (one lcore: host RX/TX, the SWX pipeline, the control socket), the "
-                     "pipeline built from p4/build/pna (p4c-dpdk's spec of p4/pna/); rate from the pipeline's output port "
-                     "statistics",
-        }
-    else:
-        res["p4dpdk"] = {"skipped": pna_skip}
+    res["p4dpdk"] = _pna_figures(m, pcap) if pna_skip is None else {"skipped": pna_skip}
     res["targets"] = {
         "ratio_io >= 0.5": res["ratio_io"] >= 0.5,
         "ratio_macswap >= 0.8": res["ratio_macswap"] >= 0.8,
@@ -647,21 +692,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
 
     res.update({"lcores": lcores, "seconds": seconds, "repeats": repeats, "warmup": warmup, "pcap": pcap,
                 "mbufs": BENCH_MBUFS, "mbuf_cache": BENCH_MBCACHE, "burst": BENCH_BURST,
-                "setup": "net_pcap infinite_rx -> net_null; af_packet, af_xdp: testpmd replay -> veth -> DUT on that "
-                         "PMD -> net_null; "
-                         f"card -l {CARD_1LCORE} (run to completion) and testpmd -l {TESTPMD_1FWD} --main-lcore "
-                         f"{TESTPMD_MAIN} (one forwarding lcore), both on DPDK's default mempool driver; "
-                         f"{BENCH_MBUFS} mbufs (+ the pcap's frames for the distinct workload), per-lcore "
-                         f"cache {BENCH_MBCACHE}, burst {BENCH_BURST}, busy polling (no --idle-us)",
-                "distinct_workload": "lookups of 1..8 keys with their single-frame replies, distinct (client, "
-                                     "msg id) per message, replayed in a loop: every request inserts a state "
-                                     "entry, every reply frees it; distinct_msgs_per_s is the card's own count "
-                                     "of completed messages per second; repeated_ids_msgs_per_s replays the "
-                                     "same request frames alone (every request finds its entry) counted the same "
-                                     "way, frames/s / 2; the card's runs of both (and the PNA pipeline's distinct "
-                                     "run) have clients and shards behind port 0, where the frames come in (a "
-                                     "reply passes only from its shard's card port), and send back on it "
-                                     "(net_pcap without tx_pcap drops)"})
+                "setup": SETUP, "distinct_workload": DISTINCT_WORKLOAD})
     merge_json(out_dir / "bench.json", "dataplane", res)
     return res
 
