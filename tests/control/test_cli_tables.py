@@ -193,3 +193,26 @@ def test_no_root_on_socket(invoke, env, monkeypatch):
     r = invoke("route", "list")
     assert r.exit_code == 2  # not root: exit 2 everywhere
     assert "permission denied on control socket" in r.output and "run as root" in r.output
+
+
+def test_one_peer_type_for_both_tables(card_config):
+    """Routes and clients are one type (``Peer``, by kind): the config gives shards then clients,
+    the control socket's form round-trips, an unknown kind is refused."""
+    import pytest
+
+    from embnic.client_lib.config import load_config
+    from embnic.control.targets.base import Peer, count_peers, peer_kind, peers_from_config
+
+    peers = peers_from_config(load_config(card_config))
+    assert [p.kind for p in peers] == sorted((p.kind for p in peers), key=["shard", "client"].index)
+    assert count_peers(peers) == {"routes": sum(p.kind == "shard" for p in peers),
+                                  "clients": sum(p.kind == "client" for p in peers)}
+    for p in peers:
+        assert Peer.from_fields(p.fields()) == p == Peer.from_fields(p.fields(), p.kind)
+        assert next(iter(p.fields())) == p.kind and p.spec.noun == ("route" if p.kind == "shard" else "client")
+    assert [p.kind for p in peers_from_config(load_config(card_config), ("client",))] == \
+        [p.kind for p in peers if p.kind == "client"]
+    with pytest.raises(ValueError, match="peer kind 'route'"):
+        peer_kind("route")
+    with pytest.raises(ValueError):
+        Peer("server", 1, 0, "02:00:00:00:00:01", "10.0.0.1", 7878)
