@@ -9,11 +9,11 @@ Modules:
 * ``torch_kjt``, ``torch_optim`` — its input checks and VBE reshaping, its checks of TorchRec's optimizer choices
 * ``batch`` — batch preparation: KeyedJaggedTensor-style batches → per-table value/index/offset arrays, pooling
 * ``precheck`` — the checks of a whole lookup or update round before any of it is sent or applied
-* ``roundplan`` — one round planned flat: keys grouped by shard, cut into messages
-* ``native`` — the client's round I/O in C (``dataplane/client/round.c``) through ctypes
-* ``outstanding`` — a request message in flight in the transport
+* ``roundplan`` — a round's plan (``RoundPlan``): keys grouped by shard, cut into messages, the replies' layout
+* ``native`` — the client's round in C (``csrc/``: the plan and the transport, built with the package) through ctypes
+* ``clib`` — the package's C libraries found, loaded and checked (sources digest, protocol version)
 * ``reassembly`` — reassembly of fragmented messages
-* ``rtt`` — round-trip time and retransmission timeout (RFC 6298)
+* ``rtt`` — the bounds of the retransmission timeout (RFC 6298) and their check
 * ``routing`` — which shard holds an id
 * ``codec`` — frames encoded and decoded with numpy/struct (no Scapy on the hot path)
 * ``protocol`` — the embnic v2 header as a Scapy layer

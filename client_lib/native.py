@@ -1,19 +1,20 @@
-"""The client's round I/O in C (``client_lib/csrc/round.c``, ``plan.c``, built with the package as
-``libembnic_client``: :mod:`.clib`) through ctypes.
+"""The client's round in C (``client_lib/csrc/``: the plan in ``plan.c``, the round in ``round.c``
+and the files beside it; built with the package as ``libembnic_client``, :mod:`.clib`) through
+ctypes: the one production implementation of the message cut and of the round transport.
 
-One call runs a whole round — sendmmsg/recvmmsg on the client's socket, reply fragments copied
-straight to their rows in the output buffer, the send window, the retransmission timers, loss
-detection and recovery (docs/protocol.md, "Reliability") — as
-:meth:`embnic.client_lib.client.EmbeddingClient._round` does in Python, which stays the readable
-reference and the fallback: used when the library is not built (one warning says so),
-refused (``EMBNIC_CLIENT_C=0``, or ``native=False``), or built for another protocol version or
-message table. ``tests/client_lib/test_native_round.py`` runs both on the same rounds. The
-library is looked for at ``EMBNIC_CLIENT_LIB`` if set, else beside this module (:mod:`.clib`).
+One call plans a round (:func:`prepare`: the checks, the cut into messages, the message ids, the
+send queue's order), one call runs it (:meth:`NativeRound.run`: sendmmsg/recvmmsg on the client's
+socket, reply fragments copied straight to their rows in the output buffer, the send window, the
+retransmission timers, loss detection and recovery — docs/protocol.md, "Reliability"). The numpy
+transport and plan it was written after live on under ``tests/client_lib/`` (``pyround.py``,
+``pyplan.py``) as the oracles ``test_native_round.py``, ``test_transport.py`` and
+``test_roundplan.py`` compare it with. The library is looked for at ``EMBNIC_CLIENT_LIB`` if set,
+else beside this module (:mod:`.clib`); there is no other path: a missing or stale library is
+refused with one line naming the rebuild command.
 """
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import socket
 from pathlib import Path
@@ -22,9 +23,7 @@ import numpy as np
 
 from . import clib, codec, consts
 from .consts import DType, MsgType
-from .roundplan import MSG_COLUMNS, RoundPlan, TableArrays, out_bases
-
-log = logging.getLogger("embnic.client")
+from .roundplan import MSG_COLUMNS, RoundPlan, TableArrays
 
 #: the round's message table: roundplan's columns, then the message id and type
 NCOL = len(MSG_COLUMNS) + 2
@@ -36,7 +35,6 @@ KIND_OK, KIND_SHARD_ERROR, KIND_GIVE_UP, KIND_OS_ERROR, KIND_INTERRUPTED = range
 _LOOKUP, _FP32 = int(MsgType.LOOKUP_REQ), int(DType.FP32)
 _VP = ctypes.c_void_p
 _lib: ctypes.CDLL | None = None
-_tried = False
 
 
 def lib_path() -> Path:
@@ -44,25 +42,20 @@ def lib_path() -> Path:
     return clib.CLIENT.path
 
 
-def load() -> ctypes.CDLL | None:
-    """The library (built with the package, :mod:`.clib`), or None when refused (``EMBNIC_CLIENT_C=0``).
-    Loaded once.
+def load() -> ctypes.CDLL:
+    """The library (built with the package, :mod:`.clib`), loaded and bound once.
 
     Raises clib.NativeLibraryError (one line naming the rebuild command) when it is missing, built from
     other sources or for another protocol version, or speaks another message table (its ABI number)."""
-    global _lib, _tried
-    if _tried:
+    global _lib
+    if _lib is not None:
         return _lib
-    if os.environ.get("EMBNIC_CLIENT_C", "1") == "0":
-        _tried = True
-        return None
     lib = clib.load(clib.CLIENT, consts.VERSION)
     path = lib_path()
     want = consts.VERSION * 1000000 + len(consts.HEADER_FIELDS) * 10000 + NCOL * 100 + len(RES)
     if lib.embnic_client_abi() != want:
         raise clib.NativeLibraryError(f"embnic: {path} speaks ABI {lib.embnic_client_abi()}, not {want}: "
                                       f"run {clib.REBUILD}")
-    _tried = True
     lib.embnic_client_new.restype = _VP
     lib.embnic_client_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_int,
@@ -86,7 +79,7 @@ def load() -> ctypes.CDLL | None:
     lib.embnic_client_prepare.restype = ctypes.c_int64
     lib.embnic_client_prepare.argtypes = ([_VP, _VP, ctypes.c_int64, _VP, _VP, ctypes.c_int64, _VP, ctypes.c_int64, _VP,
                                            ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                           ctypes.c_int64, ctypes.c_uint32] + [_VP] * 17)
+                                           ctypes.c_int64, ctypes.c_uint32, ctypes.c_int] + [_VP] * 17)
     lib.embnic_client_round.restype = ctypes.c_int
     lib.embnic_client_round.argtypes = [_VP, ctypes.c_int, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, ctypes.c_int,
                                         _VP, ctypes.c_uint32, _VP]
@@ -117,12 +110,15 @@ class Workspace:
 
 def prepare(lib: ctypes.CDLL, ta: TableArrays, ws: Workspace, msg_type: int, table_ids: np.ndarray,
             counts: np.ndarray, keys: np.ndarray, grads: np.ndarray | None, *, mtu: int, msg_frames: int | None,
-            window_frames: int, next_id: int, gshape: np.ndarray | None = None) -> RoundPlan | None:
-    """Check and plan a round in one C call (``dataplane/client/plan.c``, ``embnic_client_prepare``):
+            window_frames: int, next_id: int, gshape: np.ndarray | None = None,
+            trusted: bool = False) -> RoundPlan | None:
+    """Check and plan a round in one C call (``client_lib/csrc/plan.c``, ``embnic_client_prepare``):
     the checks of :mod:`~embnic.client_lib.precheck`'s fast path (tables configured, once; keys in
     range; an update's keys of a table strictly increasing and no gradient its optimizer could
-    refuse), :func:`~embnic.client_lib.roundplan.plan_round`'s plan, message ids from ``next_id``
-    in sending order, the send queue's order and an update's value bytes.
+    refuse), the round's plan (module docstring of :mod:`.roundplan`), message ids from ``next_id``
+    in sending order, the send queue's order and an update's value bytes. ``trusted``: the round
+    passed :mod:`~embnic.client_lib.precheck`'s per-table checks already, so the key order and
+    gradient tests are left out (an update's unique keys in any order).
 
     Args:
         table_ids, counts: int64 (T,); keys: uint64 (N,) (call order); grads: an update's float32
@@ -160,7 +156,7 @@ def prepare(lib: ctypes.CDLL, ta: TableArrays, ws: Workspace, msg_type: int, tab
         ta.cfg.ctypes.data, ta.lr64.ctypes.data, len(ta.ids), table_ids.ctypes.data, counts.ctypes.data, T,
         keys.ctypes.data, N, None if grads is None else grads.ctypes.data, 0 if grads is None else grads.size,
         None if gshape is None else gshape.ctypes.data, int(ta.sharding != "table"), S, int(lookup), P, frags * P, (window_frames - 2) * P if window_frames >= 3 else -1,
-        int(next_id) & 0xFFFFFFFF, *p_[:17])
+        int(next_id) & 0xFFFFFFFF, int(trusted), *p_[:17])
     if m < 0:
         return None
     info = w[o[16]:o[17]].tolist()
@@ -179,9 +175,10 @@ def prepare(lib: ctypes.CDLL, ta: TableArrays, ws: Workspace, msg_type: int, tab
 
 def plan(lib: ctypes.CDLL, ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray, *,
          mtu: int, msg_frames: int | None, window_frames: int) -> RoundPlan:
-    """:func:`prepare` of a lookup round as :func:`~embnic.client_lib.roundplan.plan_round` takes it
-    (``tix`` into ``ta``; no gradients: an update's plan is a lookup's cut for an update), in its own
-    workspace: what tests compare with plan_round.
+    """:func:`prepare` of a round given as ``tix`` (indices into ``ta``), ``counts`` and ``keys``, with
+    no gradients (zeros: the plan does not depend on them) and no checks but the tables', in its
+    own workspace: the production cut of a round, as the tests compare it with the numpy oracle
+    and with the capacity planner's counts (``control/capacity.py``).
 
     Raises:
         ValueError: a round :func:`prepare` refuses.
@@ -192,7 +189,7 @@ def plan(lib: ctypes.CDLL, ta: TableArrays, msg_type: int, tix: np.ndarray, coun
         grads = np.zeros(int((ta.dim[tix] * counts).sum()), np.float32)
     p = prepare(lib, ta, Workspace(), msg_type, np.ascontiguousarray(ta.ids[tix], np.int64), counts,
                 np.ascontiguousarray(keys, np.uint64), grads, mtu=mtu, msg_frames=msg_frames,
-                window_frames=window_frames, next_id=1)
+                window_frames=window_frames, next_id=1, trusted=True)
     if p is None:
         raise ValueError("the C plan refused the round")
     p.tix = np.ascontiguousarray(tix, np.int64)

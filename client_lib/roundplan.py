@@ -1,22 +1,25 @@
 """One lookup or update round planned flat: every table's keys grouped by shard, cut into the
-round's messages and laid out for sending and for the replies, with a fixed number of numpy
-calls whatever the number of tables (protocol v2, docs/protocol.md).
+round's messages and laid out for sending and for the replies (protocol v2, docs/protocol.md) —
+what a plan is (:class:`RoundPlan`), what the C plan reads of the config (:class:`TableArrays`)
+and the numpy steps around it. The plan itself is made in one C call
+(:func:`embnic.client_lib.native.prepare`, ``client_lib/csrc/plan.c``), the one production cut.
 
 A round's input is flat, TorchRec's jagged layout: ``tix`` int64 (T,) the tables of the call
 (indices into :class:`TableArrays`), ``counts`` int64 (T,) keys per table and ``keys`` uint64
 (N,) every table's keys one table after the other (the *call order*: key ``i`` is key
-``i - ko[t]`` of table ``t``, ``ko = [0, cumsum(counts)]``). :func:`plan_round` gives
+``i - ko[t]`` of table ``t``, ``ko = [0, cumsum(counts)]``). A plan gives
 
 - ``order`` int64 (N,): the *grouped order* — by shard (stable), so within a shard by table,
   then key order — as indices into the call order; a message is a contiguous range of it;
-- the messages (:attr:`RoundPlan.msgs`, one row each, :data:`MSG_COLUMNS`): the same cut as
-  :func:`embnic.client_lib.client.pack_parts` (the readable per-table reference, which ``embnic
-  plan`` uses; ``tests/client_lib/test_roundplan.py`` checks both cut alike), found with a few
-  ``searchsorted`` per message past the cap instead of a loop over tables;
+- the messages (:attr:`RoundPlan.msgs`, one row each, :data:`MSG_COLUMNS`): a shard's keys cut
+  into as few messages as fit ``msg_frames`` fragments each way and the send window, in table
+  order (the readable per-table cut and the numpy plan it was written after are the test oracles
+  ``tests/client_lib/pyplan.py``; ``test_roundplan.py`` checks the C plan cuts alike, and
+  ``embnic plan``'s closed form is tested equal to it, ``control/capacity.py``);
 - the directory of every message in one :data:`codec.DIR_DTYPE` array (``dir``);
 - the reply layout of a lookup (:meth:`RoundPlan.out_layout`): where each row goes in one flat
-  output buffer, so a reply fragment's bytes go straight to their rows (the C round, or
-  :meth:`RoundPlan.scatter` on the numpy path), whatever table they belong to.
+  output buffer, so a reply fragment's bytes go straight to their rows in the C round, whatever
+  table they belong to.
 
 Worked example (2 shards, hash sharding, tables 0 and 1 of 3 and 2 keys)::
 
@@ -33,9 +36,8 @@ import dataclasses
 
 import numpy as np
 
-from . import codec, consts
 from .config import ClusterConfig
-from .consts import DType, MsgType
+from .consts import DType
 from .splitmix import splitmix64
 
 #: columns of :attr:`RoundPlan.msgs` (int64 (M, len)), in this order
@@ -107,6 +109,14 @@ class RoundPlan:
     nbytes: int | None = None  #: bytes of a lookup's output buffer, once computed
     vo: np.ndarray | None = None  #: int64 (T+1,) where each table's values start, once computed
     dims: np.ndarray | None = None  #: int64 (T,) each table's dim, once computed
+    #: the C plan's (native.prepare): int64 (M, native.NCOL) the message rows in sending order with
+    #: their ids and type, the rows in the send queue's order, an update's value bytes (None where
+    #: fp16 tables need :meth:`values`), the first id of the round and the one after its last
+    tab: np.ndarray | None = None
+    qorder: np.ndarray | None = None
+    vals: np.ndarray | None = None
+    first_id: int = 0
+    next_id: int = 0
 
     @property
     def num_msgs(self) -> int:
@@ -242,121 +252,3 @@ def shard_index(ta: TableArrays, tix: np.ndarray, counts: np.ndarray, keys: np.n
         return np.repeat(ta.shard_idx[tix], counts)
     t48 = np.repeat(ta.ids[tix].astype(np.uint64) << np.uint64(48), counts)
     return (splitmix64(keys ^ t48) % np.uint64(ta.num_shards)).astype(np.int64)
-
-
-def plan_round(ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray, *,
-               mtu: int, msg_frames: int | None, window_frames: int) -> RoundPlan:
-    """Plan a lookup (``LOOKUP_REQ``) or update (``UPDATE_REQ``) round (module docstring).
-
-    Args:
-        ta: the config's tables. tix: int64 (T,) tables of the call (indices into ``ta``, each
-            at most once). counts: int64 (T,). keys: uint64 (N,), call order, checked already.
-        mtu, msg_frames, window_frames: the cut (:func:`~embnic.client_lib.client.pack_parts`).
-
-    Returns:
-        the :class:`RoundPlan` (no messages for no keys).
-
-    Raises:
-        ValueError: an MTU without room for a body byte.
-    """
-    tix = np.asarray(tix, np.int64)
-    counts = np.asarray(counts, np.int64)
-    T, N = len(tix), int(keys.size)
-    ko = np.zeros(T + 1, np.int64)
-    np.cumsum(counts, out=ko[1:])
-    dims = ta.dim[tix]
-    uniform = bool(T > 0 and (ta.dtype[tix] == DType.FP32).all() and (dims == dims[0]).all())
-    sidx = shard_index(ta, tix, counts, keys)
-    S = ta.num_shards
-    order = np.argsort(sidx.astype(np.uint8) if S <= 256 else sidx, kind="stable")
-    kt_call = np.repeat(np.arange(T, dtype=np.int64), counts)
-    tkey = kt_call[order]
-    gs = sidx[order]
-    gkeys = keys[order]
-    rb = ta.row_bytes[tix][tkey]
-    so = np.zeros(N + 1, np.int64)
-    np.cumsum(rb, out=so[1:])
-    lookup = msg_type == MsgType.LOOKUP_REQ
-    P = consts.max_body_per_frame(mtu)
-    frags = consts.MAX_FRAGS if not msg_frames else min(msg_frames, consts.MAX_FRAGS)
-    B = frags * P
-    W = (window_frames - 2) * P if window_frames >= 3 else None
-    # table runs of the grouped order (a new run where the shard or the table changes)
-    newrun = np.ones(N, bool)
-    if N > 1:
-        newrun[1:] = (tkey[1:] != tkey[:-1]) | (gs[1:] != gs[:-1])
-    run = np.cumsum(newrun) - 1
-    rk = consts.KEY_SIZE + (0 if lookup else rb)  # request bytes per key
-    pk = rb if lookup else np.zeros(N, np.int64)  # reply bytes per key
-    CR = np.zeros(N + 1, np.int64)
-    np.cumsum(np.broadcast_to(rk, (N,)), out=CR[1:])
-    CP = np.zeros(N + 1, np.int64)
-    np.cumsum(pk, out=CP[1:])
-    scount = np.bincount(gs, minlength=S)
-    s1 = np.cumsum(scount)
-    s0 = s1 - scount
-    present = np.flatnonzero(scount)
-    # a shard's whole part in one message when it fits (the common case: no cut to search)
-    runs_s = run[s1[present] - 1] - run[s0[present]] + 1
-    req_s = consts.DIR_ENTRY * runs_s + CR[s1[present]] - CR[s0[present]]
-    rep_s = CP[s1[present]] - CP[s0[present]]
-    fits = (req_s <= B) & (rep_s <= B)
-    if W is not None:
-        fits &= req_s + rep_s <= W
-    starts: list[int] = []
-    split = np.flatnonzero(~fits).tolist()
-    if split:
-        # F[k-1] (k = 1..N) = 16·(run[k-1] + 1) + CR[k]: a prefix a..k-1 costs F[k-1] - 16·run[a] - CR[a]
-        F = consts.DIR_ENTRY * (run + 1) + CR[1:]
-        FW = F + CP[1:]
-    for i in split:  # per message past the cap: a few searchsorted each
-        a, end = int(s0[present[i]]), int(s1[present[i]])
-        while a < end:
-            starts.append(a)
-            base = consts.DIR_ENTRY * int(run[a]) + int(CR[a])
-            k = int(np.searchsorted(F, B + base, side="right"))  # keys a..k-1 fit the request cap
-            if lookup:
-                k = min(k, int(np.searchsorted(CP[1:], B + int(CP[a]), side="right")))
-            if W is not None:
-                k = min(k, int(np.searchsorted(FW, W + base + int(CP[a]), side="right")))
-            a = min(end, max(k, a + 1))
-    mstart = np.sort(np.concatenate([s0[present][fits], np.array(starts, np.int64)])).astype(np.int64)
-    M = mstart.size
-    mend = np.empty(M, np.int64)
-    mend[:-1] = mstart[1:]
-    if M:
-        mend[-1] = N
-    # shard boundaries always start a message, so [mstart, mend) never spans two shards
-    first = np.zeros(N, bool)
-    first[mstart] = True
-    ent = newrun | first
-    e0 = np.flatnonzero(ent)
-    ecum = np.cumsum(ent) - 1
-    ecount = np.diff(np.append(e0, N))
-    et = tix[tkey[e0]]
-    d = np.zeros(e0.size, codec.DIR_DTYPE)
-    d["table_id"] = ta.ids[et]
-    d["dim"] = ta.dim[et]
-    d["dtype"] = ta.dtype[et]
-    d["num_keys"] = ecount
-    msgs = np.zeros((M, len(MSG_COLUMNS)), np.int64)
-    if M:
-        msgs[:, C_SHARD] = gs[mstart]
-        msgs[:, C_DIR0] = ecum[mstart]
-        msgs[:, C_NT] = ecum[mend - 1] - ecum[mstart] + 1
-        msgs[:, C_KA] = mstart
-        msgs[:, C_KB] = mend
-        msgs[:, C_NKEYS] = mend - mstart
-        msgs[:, C_VLEN] = so[mend] - so[mstart]
-        msgs[:, C_VOFF] = so[mstart]
-        msgs[:, C_MSGLEN] = consts.DIR_ENTRY * msgs[:, C_NT] + consts.KEY_SIZE * msgs[:, C_NKEYS] + (
-            0 if lookup else msgs[:, C_VLEN])
-        msgs[:, C_FRAMES] = np.maximum(1, -(-msgs[:, C_MSGLEN] // P))
-        msgs[:, C_RFRAMES] = np.maximum(1, -(-msgs[:, C_VLEN] // P)) if lookup else 1
-        # sending order: shards in the order a walk over the tables meets them (by the first table
-        # holding keys of theirs, then by index), a shard's messages in key order
-        rank = np.empty(S, np.int64)
-        rank[present[np.lexsort((present, tkey[s0[present]]))]] = np.arange(present.size)
-        msgs = msgs[np.argsort(rank[msgs[:, C_SHARD]], kind="stable")]
-    return RoundPlan(msg_type, tix, counts, ko, order, gkeys, tkey, rb, so, d, msgs, uniform,
-                     int(dims[0]) if uniform else 0, ta)

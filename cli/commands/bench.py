@@ -217,7 +217,7 @@ def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_ro
 def client(out, rounds):
     """The client's round over 2 tables and over 26 with the same total keys (832, 6656, 26624),
     against two shards on loopback without the card: the client's CPU and wall time per lookup
-    and update round, with the C round and the numpy path (ratio_* keys under `client`).
+    and update round of the C round (ratio_* keys under `client`).
 
     \b
     Example:
@@ -226,12 +226,11 @@ def client(out, rounds):
     from embnic.testbed.bench import client_round as bench_client
 
     res = bench_client.run(Path(out), rounds=rounds, log=click.echo)
-    for name in ("native", "numpy"):
-        click.echo(f"  {name}:")
-        for k, v in res[name].items():
-            if isinstance(v, dict):
-                click.echo(f"    {k:16s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()))
-        _show(f"{name} ratios (26 tables / 2)", res["ratios"][name], indent=2)
+    click.echo("  native:")
+    for k, v in res["native"].items():
+        if isinstance(v, dict):
+            click.echo(f"    {k:16s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()))
+    _show("native ratios (26 tables / 2)", res["ratios"]["native"], indent=2)
     _show("targets", res["targets"])
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 

@@ -3,9 +3,10 @@
  * The client's round plan, in C: every table's keys of one lookup or update
  * round routed to their shards, grouped by shard (a stable counting sort),
  * cut into the round's messages and given their directories and row
- * offsets — client_lib/roundplan.py plan_round() step for step, in one call
- * instead of some sixty numpy calls. plan_round() stays the readable
- * reference and the fallback; tests/client_lib/test_roundplan.py checks
+ * offsets — the one production cut of a round into messages (the capacity
+ * planner's closed form, control/capacity.py, is tested equal to it). The
+ * numpy plan_round() it was written after stays as the readable test
+ * oracle under tests (tests/client_lib/pyplan.py); test_roundplan.py checks
  * both give the same plan on random rounds. Part of libembnic-client.so.
  *
  * No allocation: every output array is the caller's, sized by N (keys),
@@ -188,7 +189,7 @@ enum {
 	I_NCOL
 };
 
-/* Why a round is left to the numpy path's checks (which name the problem). */
+/* Why a round is left to precheck.py's per-table checks (which name the problem). */
 enum { E_TABLE = -1, E_KEY = -2, E_ORDER = -3, E_GRAD = -4 };
 
 #define FLT_MAX_D 3.4028234663852886e38
@@ -215,14 +216,17 @@ enum { E_TABLE = -1, E_KEY = -2, E_ORDER = -3, E_GRAD = -4 };
  * strictly increasing), E_GRAD (gradients of another shape than the keys
  * and dims ask for, or one the sufficient test of
  * table_numerics.gradient_rows_ok does not vouch for): the caller then
- * runs the per-table checks, which raise or pass the round on.
+ * runs the per-table checks (client_lib/precheck.py), which raise or pass
+ * the round on, and calls again with trusted = 1: the key order and
+ * gradient tests are then left out (an update's unique keys in any order,
+ * gradients the exact per-row test accepted).
  */
 int64_t
 embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 		      const int64_t *tids, const int64_t *counts, int64_t t_count,
 		      const uint64_t *keys, int64_t n, const float *grads, int64_t ngrads,
 		      const int64_t *gshape, int hash, int64_t s_count, int lookup, int64_t p, int64_t cap, int64_t win,
-		      uint32_t next_id,
+		      uint32_t next_id, int trusted,
 		      int64_t *tcol, int64_t *vo, int64_t *ko,
 		      int64_t *order, uint64_t *gkeys, int64_t *tkey, int64_t *rb, int64_t *dst,
 		      int64_t *so, int64_t *scratch, uint8_t *dir, int64_t *msgs, int64_t *rank,
@@ -277,7 +281,7 @@ embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 				info[I_ERR_TABLE] = t;
 				return E_KEY;
 			}
-			if (!lookup && i > ko[t] && keys[i] <= keys[i - 1]) {
+			if (!lookup && !trusted && i > ko[t] && keys[i] <= keys[i - 1]) {
 				info[I_ERR_TABLE] = t;
 				return E_ORDER;
 			}
@@ -291,7 +295,7 @@ embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 				info[I_ERR_TABLE] = t;
 				return E_GRAD;
 			}
-		for (t = 0; t < t_count; t++) {
+		for (t = 0; !trusted && t < t_count; t++) {
 			const float *g = grads + vo[t];
 			double mx = 0, step;
 			int64_t nv = vo[t + 1] - vo[t];

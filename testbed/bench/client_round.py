@@ -9,13 +9,13 @@ over 26, so both cost the same bytes and messages (one message per shard, split 
 ``msg_frames``) and differ only in how many tables the keys belong to. Per round (a lookup,
 then an update of the same keys) it measures the client's own CPU time (``time.thread_time``:
 planning, the round's socket I/O and reply handling in this thread; the shards' work runs in
-their own processes) and the wall time, for the C round (``libembnic-client.so``) and the numpy
-path (``native_io=False``), 2- and 26-table rounds alternating so load from other processes
-hits both alike; medians over ``rounds`` rounds. The shards' CPU per round is recorded beside
+their own processes) and the wall time of the C round (the package's ``libembnic_client``, the
+client's one round), 2- and 26-table rounds alternating so load from other processes hits both
+alike; medians over ``rounds`` rounds. The shards' CPU per round is recorded beside
 (from ``/proc``): the shard side of the same question.
 
-``ratio_cpu_<op>_<K>`` = 26-table ÷ 2-table client CPU per round (target ≤ 1.2 with the C
-round); ``ratio_wall_<op>_<K>`` the same of the wall time.
+``ratio_cpu_<op>_<K>`` = 26-table ÷ 2-table client CPU per round (target ≤ 1.2);
+``ratio_wall_<op>_<K>`` the same of the wall time.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ import numpy as np
 
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import load_config
-from embnic.control.errors import OperationalError
 
 from .loadgen import ShardProcess
 from .results import merge_json
@@ -89,15 +88,13 @@ def _round_keys(rng, k: int, n_tables: int, sets: int) -> list[dict]:
             for _ in range(sets)]
 
 
-def measure(cfg, native_io: bool, shards: Shards, rounds: int, keys=None, tables=TABLES, seed: int = 1) -> dict:
+def measure(cfg, shards: Shards, rounds: int, keys=None, tables=TABLES, seed: int = 1) -> dict:
     """Per (op, K, tables): medians of the client's CPU µs, wall µs and the shards' CPU µs per round."""
     keys = KEYS if keys is None else keys
     rng = np.random.default_rng(seed)
     work = {(k, t): _round_keys(rng, k, t, 4) for k in keys for t in tables}
     out: dict = {}
-    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), native_io=native_io) as c:
-        if c.native != native_io:
-            raise OperationalError(f"the C round is not built ({'make -C dataplane'}): cannot measure it")
+    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
         grads = {kt: [{t: (v, np.full((len(v), 8), 1e-3, np.float32)) for t, v in r.items()} for r in rs]
                  for kt, rs in work.items()}
         for kt, rs in work.items():  # make every row once, untimed
@@ -127,11 +124,12 @@ def run(out_dir: Path, *, rounds: int = 40, keys=None, log=print) -> dict:
     """Run the benchmark and merge ``client`` into ``out_dir/bench.json``.
 
     Returns:
-        ``{native: {<op>_<K>_<T>: {client_cpu_us, wall_us, shard_cpu_us}, ...}, numpy: {...},
-        ratios: {native|numpy: {ratio_cpu_<op>_<K>, ratio_wall_<op>_<K>}}, targets, machine, config}``.
+        ``{native: {<op>_<K>_<T>: {client_cpu_us, wall_us, shard_cpu_us}, ...},
+        ratios: {native: {ratio_cpu_<op>_<K>, ratio_wall_<op>_<K>}}, targets, machine, config}``.
 
     Raises:
-        OperationalError: a shard did not start, or the C round is not built.
+        OperationalError: a shard did not start. NativeLibraryError: the client's C library is
+            missing or stale.
     """
     import tempfile
 
@@ -143,9 +141,8 @@ def run(out_dir: Path, *, rounds: int = 40, keys=None, log=print) -> dict:
     m0 = machine()
     res: dict = {}
     with tempfile.TemporaryDirectory() as d, Shards(Path(d)) as sh:
-        for name, nat in (("native", True), ("numpy", False)):
-            log(f"client: {name} round, {rounds} rounds of each of {len(keys)} sizes x {len(TABLES)} table counts")
-            res[name] = measure(sh.cfg, nat, sh, rounds, keys)
+        log(f"client: C round, {rounds} rounds of each of {len(keys)} sizes x {len(TABLES)} table counts")
+        res["native"] = measure(sh.cfg, sh, rounds, keys)
     ratios = {name: {f"ratio_{m}_{op}_{k}": res[name][f"{op}_{k}_26"][f"{mk}"] / res[name][f"{op}_{k}_2"][f"{mk}"]
                      for op in ("lookup", "update") for k in keys
                      for m, mk in (("cpu", "client_cpu_us"), ("wall", "wall_us"), ("shard_cpu", "shard_cpu_us"))}

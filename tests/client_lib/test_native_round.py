@@ -1,11 +1,11 @@
-"""The C round engine (dataplane/client/round.c, ``libembnic-client.so``) against the numpy path
-it replaces (``EmbeddingClient(native_io=False)``, the reference), on real UDP shards behind
+"""The C round engine (client_lib/csrc/round.c, the package's ``libembnic_client``) against the
+numpy transport it was written after (``pyround.PyRoundClient``, the test oracle), on real UDP shards behind
 relays that record every frame: the same request frames, byte for byte, for the same rounds
 (lookups and updates over tables of several dims and dtypes, split into many messages, and the
 fixed-length mode's size rounds); the same rows out; and, with frames dropped, duplicated and
 reordered by deterministic rules, the same recovery (the same frames re-sent), the same rows
-and every update applied exactly once. Also: a client without the library says so in one line
-and runs on the numpy path.
+and every update applied exactly once. Also: a client without the library refuses to start, in
+one line naming the rebuild command.
 
 Run alone: python3 -m pytest -q tests/client_lib/test_native_round.py
 """
@@ -22,7 +22,6 @@ import threading
 import numpy as np
 import pytest
 
-from embnic.client_lib import native
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.codec import parse_header
 from embnic.client_lib.config import parse_config
@@ -31,8 +30,7 @@ from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.msgid import MsgIds
 from embnic.client_lib.sockets import set_socket_buffers
 from embnic.testbed.server.runner import ServerCluster
-
-pytestmark = pytest.mark.skipif(native.load() is None, reason=f"{native.lib_path()} is not built (make -C dataplane)")
+from pyround import PyRoundClient
 
 TABLES = [{"id": 0, "dim": 16, "optimizer": "adagrad", "lr": 0.1},
           {"id": 1, "rows": 50000, "dim": 8, "optimizer": "sgd", "lr": 0.3},
@@ -135,13 +133,13 @@ def rounds(seed, n=2, size=1500):
         yield req, grads
 
 
-def drive(cfg, native_io, ref, seed, first_id=1000, **kw):
-    """Lookups and updates of :func:`rounds` through a client starting at message id ``first_id``;
+def drive(cfg, client_class, ref, seed, first_id=1000, **kw):
+    """Lookups and updates of :func:`rounds` through a ``client_class`` client (the C round or the
+    numpy oracle) starting at message id ``first_id``;
     asserts every row equals ``ref``'s (which takes the same updates); returns the client's stats
     and how many update messages its rounds had."""
     updates = 0
-    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), native_io=native_io, **kw) as c:
-        assert c.native == native_io
+    with client_class(cfg, 1, bind=("127.0.0.1", 0), **kw) as c:
         c._ids = MsgIds(1, frozen=True, first=first_id)  # both paths the same ids: frames compared byte for byte
         for req, grads in rounds(seed):
             got = c.lookup(req)
@@ -169,10 +167,10 @@ def test_same_frames_and_rows_as_the_numpy_path(fixed):
     cfg = make_cfg()
     kw = dict(msg_frames=4, window_frames=24, rto_min_ms=2000, fixed_length=fixed)
     sent = {}
-    for nat in (False, True):
+    for nat, cls in ((False, PyRoundClient), (True, EmbeddingClient)):
         ref = LocalBackend(cfg)
         with Behind(cfg, fixed_length=fixed) as b:
-            st, _ = drive(b.cfg, nat, ref, seed=5, **kw)
+            st, _ = drive(b.cfg, cls, ref, seed=5, **kw)
             sent[nat] = [r.requests() for r in b.relays]
         assert st.retransmits == 0 and st.round_messages > 2 * st.data_rounds  # split into many messages
         assert (st.size_rounds > 0) == fixed
@@ -236,10 +234,10 @@ def test_same_recovery_as_the_numpy_path_under_loss():
     cfg = make_cfg()
     kw = dict(msg_frames=6, rto_min_ms=5000)
     out = {}
-    for nat in (False, True):
+    for nat, cls in ((False, PyRoundClient), (True, EmbeddingClient)):
         ref = LocalBackend(cfg)
         with Behind(cfg, lossy_rule()) as b:
-            st, updates = drive(b.cfg, nat, ref, seed=8, **kw)
+            st, updates = drive(b.cfg, cls, ref, seed=8, **kw)
             resent = sorted(x for r in b.relays for x in r.requests() if x[4] & Flags.RETRANSMIT)
             out[nat] = (resent, (st.repairs, st.fast_retransmits, st.timeouts, st.update_polls, st.nacks,
                                  st.frames_resent), [len(r.acted) for r in b.relays])
@@ -250,8 +248,8 @@ def test_same_recovery_as_the_numpy_path_under_loss():
     assert out[True][0] == out[False][0]
 
 
-@pytest.mark.parametrize("native_io", [True, False])
-def test_duplicated_and_reordered_frames_change_nothing(native_io):
+@pytest.mark.parametrize("client_class", [EmbeddingClient, PyRoundClient], ids=["c", "numpy"])
+def test_duplicated_and_reordered_frames_change_nothing(client_class):
     """Every 5th frame sent twice and every 7th held back behind the next, both ways: the rows are
     LocalBackend's and the shards apply each update message once (their duplicate window and the
     client's reassembly absorb the copies)."""
@@ -264,8 +262,7 @@ def test_duplicated_and_reordered_frames_change_nothing(native_io):
 
     ref = LocalBackend(cfg)
     with Behind(cfg, rule) as b:
-        with EmbeddingClient(b.cfg, 1, bind=("127.0.0.1", 0), native_io=native_io, msg_frames=5,
-                             rto_min_ms=2000) as c:
+        with client_class(b.cfg, 1, bind=("127.0.0.1", 0), msg_frames=5, rto_min_ms=2000) as c:
             updates = 0
             for req, grads in rounds(13, n=3):
                 got = c.lookup(req)
@@ -284,22 +281,24 @@ def test_duplicated_and_reordered_frames_change_nothing(native_io):
     assert sum(c["duplicates"] + c["reassembly"]["duplicate_frames"] for c in counters) > 0  # copies arrived
 
 
-def test_missing_library_is_one_line_and_the_numpy_path_runs(tmp_path):
-    code = ("import logging, numpy as np\n"
-            "logging.basicConfig(level=logging.WARNING, format='%(message)s')\n"
+def test_missing_library_is_one_line_naming_the_rebuild(tmp_path):
+    """No library, no client: EmbeddingClient raises NativeLibraryError, whose message is one line
+    naming the file and the rebuild command (there is no other round to fall back to)."""
+    code = ("from embnic.client_lib.clib import NativeLibraryError\n"
             "from embnic.client_lib.client import EmbeddingClient\n"
             "from embnic.client_lib.config import parse_config\n"
             "cfg = parse_config({'cluster': {}, 'tables': [{'id': 0, 'dim': 4}], 'shards': [{'id': 0, 'ip': '127.0.0.1', "
             "'port': 7930}], 'clients': [{'id': 1, 'ip': '127.0.0.1', 'port': 7931}]})\n"
-            "for _ in range(2):\n"
-            "    with EmbeddingClient(cfg, 1, bind=('127.0.0.1', 0)) as c:\n"
-            "        print('native', c.native)\n")
-    env = dict(os.environ, EMBNIC_CLIENT_LIB=str(tmp_path / "libembnic-client.so"))
+            "try:\n"
+            "    EmbeddingClient(cfg, 1, bind=('127.0.0.1', 0))\n"
+            "except NativeLibraryError as e:\n"
+            "    print(e)\n")
+    missing = tmp_path / "libembnic-client.so"
+    env = dict(os.environ, EMBNIC_CLIENT_LIB=str(missing))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.split("\n")[:2] == ["native False", "native False"]
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "is not built (make -C dataplane): rounds run on the numpy path" in lines[0], lines
+    assert p.returncode == 0 and not p.stderr.strip(), p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1 and str(missing) in lines[0] and "is not built: run pip install -e ." in lines[0], lines
 
 
 class SlowShard:
@@ -362,7 +361,6 @@ def test_ctrl_c_stops_a_waiting_round_and_the_client_goes_on():
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with EmbeddingClient(shard.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000) as c:
-            assert c.native
             threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
             t0 = _t.monotonic()
             with pytest.raises(KeyboardInterrupt):
@@ -392,7 +390,6 @@ def test_ctrl_c_the_round_was_not_waiting_for_still_stops_it():
     old = signal.signal(signal.SIGINT, signal.default_int_handler)  # (as above)
     try:
         with EmbeddingClient(shard.cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, retries=2) as c:
-            assert c.native
             threading.Thread(target=to_this_thread, daemon=True).start()
             t0 = _t.monotonic()
             with pytest.raises(KeyboardInterrupt):

@@ -1,7 +1,8 @@
-"""The flat round plan (client_lib/roundplan.py, and its C twin dataplane/client/plan.c, array for
-array) against the per-table reference it replaces:
-the same messages (shard, directory, keys, in the same order) as grouping every table by
-``routing.split_by_shard`` and cutting each shard's part with ``client.pack_parts``; the same
+"""The round plan — the C plan (client_lib/csrc/plan.c through ``native.plan``, the production
+cut), array for array equal to the numpy plan it was written after (``pyplan.plan_round``, a test
+oracle) — against the per-table reference: the same messages (shard, directory, keys, in the same
+order) as grouping every table by ``routing.split_by_shard`` and cutting each shard's part with
+``pyplan.pack_parts``; the same
 update bodies as ``codec.values_to_body`` per message; reply rows put back where ``lookup`` put
 them table by table — on random configs (dims, fp32/fp16, hash and table sharding, 1–3 shards),
 random key counts (empty tables too) and cuts (``msg_frames``, the send window, the MTU).
@@ -14,11 +15,10 @@ import numpy as np
 import pytest
 
 from embnic.client_lib import codec, consts, native, precheck
-from embnic.client_lib.client import pack_parts
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType
-from embnic.client_lib.roundplan import C_KA, C_KB, C_SHARD, C_VLEN, C_VOFF, TableArrays, plan_round
-from embnic.client_lib.routing import split_by_shard
+from embnic.client_lib.roundplan import C_KA, C_KB, C_SHARD, C_VLEN, C_VOFF, TableArrays
+from pyplan import by_shard, pack_parts, plan_round
 
 
 def random_cfg(rng, sharding):
@@ -43,12 +43,9 @@ def random_round(rng, cfg):
 
 
 def reference_messages(cfg, msg_type, req, **cut):
-    """[(shard_id, [(table_id, positions, keys), ...])] in the order EmbeddingClient used to send them."""
-    by_shard: dict = {}
-    for t, k in req.items():
-        for sid, pos, sk in split_by_shard(cfg, t, k):
-            by_shard.setdefault(sid, []).append((t, pos, sk))
-    return [(sid, piece) for sid, parts in by_shard.items() for piece in pack_parts(cfg, msg_type, parts, **cut)]
+    """[(shard_id, [(table_id, positions, keys), ...])] in the order EmbeddingClient sends them."""
+    return [(sid, piece) for sid, parts in by_shard(cfg, req).items()
+            for piece in pack_parts(cfg, msg_type, parts, **cut)]
 
 
 @pytest.mark.parametrize("sharding", ["hash", "table"])
@@ -59,6 +56,8 @@ def test_plan_cuts_the_round_as_the_per_table_reference(sharding, msg_type):
         cfg = random_cfg(rng, sharding)
         ta = TableArrays(cfg)
         req = random_round(rng, cfg)
+        if msg_type == MsgType.UPDATE_REQ and rng.random() < 0.5:  # an update's unique keys in any order
+            req = {t: rng.permutation(k) for t, k in req.items()}
         cut = {"mtu": int(rng.choice([576, 1500, 9000])), "msg_frames": [None, 1, 3, 64][int(rng.integers(4))],
                "window_frames": int(rng.choice([1, 3, 8, 512]))}
         tix, counts, keys = precheck.lookup_flat(cfg, ta, req)
@@ -83,11 +82,8 @@ def test_plan_cuts_the_round_as_the_per_table_reference(sharding, msg_type):
 
 
 def assert_same_plan_in_c(plan, ta, msg_type, tix, counts, keys, cut):
-    """The C plan (dataplane/client/plan.c) equals the numpy one, array for array."""
-    lib = native.load()
-    if lib is None:
-        return
-    c = native.plan(lib, ta, msg_type, tix, counts, keys, **cut)
+    """The C plan (client_lib/csrc/plan.c) equals the numpy one, array for array."""
+    c = native.plan(native.load(), ta, msg_type, tix, counts, keys, **cut)
     for f in ("order", "keys", "tkey", "rb", "so", "msgs"):
         assert np.array_equal(getattr(c, f), getattr(plan, f)), f
     assert c.dir.tobytes() == plan.dir.tobytes()

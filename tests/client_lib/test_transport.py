@@ -3,8 +3,9 @@ message, a send window per shard, loss found by later answers (RACK) and lookups
 real UDP shards — loss-free (no retransmission, the window never exceeded) and through relays
 that drop frames, at random (seeded) or by rule (every row still right, updates once).
 
-Every test runs on both round engines: the C one (``libembnic-client.so``, :mod:`embnic.client_lib.native`)
-and the numpy path (``native_io=False``, the reference); the C one is skipped where it is not built.
+Every test runs on both round engines: the C one (the package's ``libembnic_client``,
+:mod:`embnic.client_lib.native`) and the numpy transport it was written after
+(``pyround.PyRoundClient``, the test oracle).
 
 Run alone: python3 -m pytest -q tests/client_lib/test_transport.py
 """
@@ -18,11 +19,11 @@ import threading
 import numpy as np
 import pytest
 
-from embnic.client_lib import native
-from embnic.client_lib.client import EmbeddingClient, RttEstimator
+from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.testbed.server.runner import ServerCluster
+from pyround import PyRoundClient, RttEstimator
 
 TABLES = [{"id": 0, "dim": 16, "optimizer": "adagrad", "lr": 0.1},
           {"id": 1, "rows": 50000, "dim": 8, "optimizer": "sgd", "lr": 0.3}]
@@ -38,11 +39,9 @@ def make_cfg(**cluster):
 
 
 @pytest.fixture(params=["native", "numpy"])
-def native_io(request) -> bool:
-    """Which round engine a client runs: the C one (skipped when not built) or the numpy path."""
-    if request.param == "native" and native.load() is None:
-        pytest.skip(f"{native.lib_path()} is not built (make -C dataplane)")
-    return request.param == "native"
+def client_class(request) -> type:
+    """Which round engine a client runs: the C one (EmbeddingClient) or the numpy oracle."""
+    return EmbeddingClient if request.param == "native" else PyRoundClient
 
 
 def batches(n, size, seed=0):
@@ -73,14 +72,13 @@ def test_rtt_estimator_rfc6298_worked_example():
         RttEstimator(0.2, 0.0, 1.0)
 
 
-def test_window_bounds_in_flight_and_no_retransmits_loss_free(native_io):
+def test_window_bounds_in_flight_and_no_retransmits_loss_free(client_class):
     cfg = make_cfg()
     ref = LocalBackend(cfg)
-    with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), window_frames=24,
-                                                        rto_min_ms=1000, native_io=native_io) as c:
-        assert c.native == native_io
+    with ServerCluster(cfg) as cl, client_class(cl.cfg, 1, bind=("127.0.0.1", 0), window_frames=24,
+                                                rto_min_ms=1000) as c:
         seen = []
-        if not native_io:
+        if client_class is PyRoundClient:
             orig = c._send
 
             def spy(m, retransmit):  # frames in flight per shard at every send, window included
@@ -107,7 +105,7 @@ def test_window_bounds_in_flight_and_no_retransmits_loss_free(native_io):
             assert all(np.array_equal(got[t], ref.lookup({t: b[t]})[t]) for t in b)
 
 
-def test_msg_frames_bounds_every_message_and_reply(native_io):
+def test_msg_frames_bounds_every_message_and_reply(client_class):
     import dataclasses
 
     cfg = make_cfg()
@@ -116,8 +114,8 @@ def test_msg_frames_bounds_every_message_and_reply(native_io):
         relays = [RuleRelay((s.ip, s.port), lambda d, h: False) for s in cl.cfg.shards]
         shards = tuple(dataclasses.replace(s, ip=r.address[0], port=r.address[1]) for s, r in zip(cl.cfg.shards, relays))
         try:
-            with EmbeddingClient(dataclasses.replace(cl.cfg, shards=shards), 1, bind=("127.0.0.1", 0), msg_frames=3,
-                                 native_io=native_io) as c:
+            with client_class(dataclasses.replace(cl.cfg, shards=shards), 1, bind=("127.0.0.1", 0),
+                              msg_frames=3) as c:
                 _msg_frames_round(c, cfg, ref)
         finally:
             for r in relays:
@@ -184,7 +182,7 @@ class LossyRelay:
         self.back.close()
 
 
-def test_loss_retransmits_per_message_and_stays_exact(native_io):
+def test_loss_retransmits_per_message_and_stays_exact(client_class):
     import dataclasses
 
     cfg = make_cfg()
@@ -195,7 +193,7 @@ def test_loss_retransmits_per_message_and_stays_exact(native_io):
             shards = tuple(dataclasses.replace(s, ip=r.address[0], port=r.address[1])
                            for s, r in zip(cl.cfg.shards, relays))
             lcfg = dataclasses.replace(cl.cfg, shards=shards)
-            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), window_frames=64, native_io=native_io) as c:
+            with client_class(lcfg, 1, bind=("127.0.0.1", 0), window_frames=64) as c:
                 for b in batches(3, 1500, seed=3):
                     got = c.lookup(b)
                     for tid, keys in b.items():
@@ -217,7 +215,7 @@ def test_loss_retransmits_per_message_and_stays_exact(native_io):
                 r.close()
 
 
-def test_fast_retransmit_when_a_later_message_is_answered_first(native_io):
+def test_fast_retransmit_when_a_later_message_is_answered_first(client_class):
     """A bare socket plays shard 0: it ignores the first lookup message, answers the second;
     the client re-sends the first at once (RETRANSMIT set), long before its 5 s timer. Both are
     of one table (a 2-fragment-window client splits it); no fragment of the first one's reply
@@ -226,7 +224,7 @@ def test_fast_retransmit_when_a_later_message_is_answered_first(native_io):
     from embnic.client_lib.consts import Flags, MsgType
     from embnic.client_lib.reassembly import Reassembler
 
-    from embnic.client_lib.client import set_socket_buffers
+    from embnic.client_lib.sockets import set_socket_buffers
 
     shard = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     set_socket_buffers(shard)  # 256 request frames arrive at once
@@ -259,8 +257,7 @@ def test_fast_retransmit_when_a_later_message_is_answered_first(native_io):
     t.start()
     n = consts.MAX_FRAGS * consts.max_body_per_frame(1500) // 16  # 22848 rows of 16 bytes: a 256-fragment reply
     keys = np.arange(1, 1 + 2 * n, dtype=np.uint64)  # two messages of table 0, both in the window
-    with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, window_frames=1000, msg_frames=None,
-                         native_io=native_io) as c:
+    with client_class(cfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, window_frames=1000, msg_frames=None) as c:
         got = c.lookup({0: keys})
         stats = c.stats
     t.join(10)
@@ -276,7 +273,7 @@ class RuleRelay:
     and records the header of every frame it saw."""
 
     def __init__(self, shard_addr, drop):
-        from embnic.client_lib.client import set_socket_buffers
+        from embnic.client_lib.sockets import set_socket_buffers
 
         self.shard_addr, self.drop = shard_addr, drop
         self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -318,7 +315,7 @@ class RuleRelay:
         self.back.close()
 
 
-def test_lost_fragments_recovered_by_later_answers_and_repairs(native_io):
+def test_lost_fragments_recovered_by_later_answers_and_repairs(client_class):
     """One shard behind a relay that drops, once each: fragment 5 of the first lookup message's
     reply, fragment 0 of the second lookup message, the first update message's ack and fragment 3
     of the second update message (a round of 4 tables to one shard is 4 messages each way here:
@@ -377,8 +374,7 @@ def test_lost_fragments_recovered_by_later_answers_and_repairs(native_io):
         try:
             lcfg = dataclasses.replace(cl.cfg, shards=(dataclasses.replace(cl.cfg.shards[0], ip=relay.address[0],
                                                                             port=relay.address[1]),))
-            with EmbeddingClient(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, msg_frames=40,
-                                 native_io=native_io) as c:
+            with client_class(lcfg, 1, bind=("127.0.0.1", 0), rto_min_ms=5000, msg_frames=40) as c:
                 got = c.lookup(req)
                 for t, k in req.items():
                     assert np.array_equal(got[t], ref.lookup({t: k})[t]), t

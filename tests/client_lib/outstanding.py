@@ -1,4 +1,5 @@
-"""A request message in flight in the client transport (:class:`Outstanding`)."""
+"""A request message in flight in the numpy round transport (:class:`Outstanding`), the test
+oracle of the C round (``pyround.py``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,15 +7,15 @@ from typing import Callable
 
 import numpy as np
 
-from . import consts
-from .reassembly import Message
+from embnic.client_lib import consts
+from embnic.client_lib.reassembly import Message
 
 
 @dataclasses.dataclass
 class Outstanding:
     """One request message of a round, from its first transmission to its answer: what the
     client's send window, retransmission timer and loss detection keep per message
-    (:class:`~embnic.client_lib.client.EmbeddingClient`; times in s from ``time.monotonic``)."""
+    (:class:`pyround.PyRoundClient`; times in s from ``time.monotonic``)."""
 
 
     msg_id: int
