@@ -25,6 +25,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import PoolingType
 
+from embnic.client_lib.config import parse_config
 from embnic.client_lib.table_numerics import init_rows
 
 #: rows (and pooled outputs of the same rows) against TorchRec's: every row agrees within it after
@@ -39,6 +40,19 @@ OUT_TOL = dict(rtol=1e-6, atol=1e-6)
 # OpenMP region of a tiny op waits for a busy core (ms instead of µs); results do not change
 torch.set_num_threads(1)
 OPTIM = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+
+
+def make_cfg(optimizer="adagrad", lr=0.1, shards=2, tables=(("a", 60, 4), ("b", 40, 4), ("c", 25, 4))):
+    """A cluster of ``tables`` ((name, rows, dim), one ``optimizer`` and ``lr``) on ``shards``
+    loopback shards and one client, the config the torch comparisons share."""
+    return parse_config({
+        "cluster": {"seed": 11, "sharding": "hash", "timeout_ms": 200, "retries": 10},
+        "tables": [{"id": i, "name": n, "rows": r, "dim": d, "optimizer": optimizer, "lr": lr, "eps": 1e-8,
+                    "init_scale": 0.5} for i, (n, r, d) in enumerate(tables)],
+        "shards": [{"id": i, "ip": "127.0.0.1", "port": 7950 + i} for i in range(shards)],
+        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 7960}],
+    })
+
 
 
 @contextlib.contextmanager
