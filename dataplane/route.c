@@ -45,16 +45,6 @@ peer_free(void *p __rte_unused, void *key_data)
 struct embnic_table *
 embnic_table_create(const char *name, uint32_t size, struct rte_rcu_qsbr *qsbr)
 {
-	struct rte_hash_parameters hp = {
-		.name = name,
-		.entries = size,
-		.key_len = sizeof(struct embnic_key16),
-		.hash_func = EMBNIC_KEY16_HASH_FUNC,
-		.hash_func_init_val = 0,
-		.socket_id = (int)rte_socket_id(),
-		.extra_flag = RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF |
-			      RTE_HASH_EXTRA_FLAGS_EXT_TABLE,
-	};
 	struct rte_hash_rcu_config rcu = {
 		.v = qsbr,
 		.mode = RTE_HASH_QSBR_MODE_SYNC,
@@ -62,13 +52,14 @@ embnic_table_create(const char *name, uint32_t size, struct rte_rcu_qsbr *qsbr)
 	};
 	struct embnic_table *t;
 
-	RTE_VERIFY(embnic_key16_hash_ok());
 	t = rte_zmalloc(name, sizeof(*t), RTE_CACHE_LINE_SIZE);
 	if (t == NULL)
 		return NULL;
 	t->size = size;
 	t->qsbr = qsbr;
-	t->h = rte_hash_create(&hp);
+	t->h = embnic_key16_hash_create(name, size,
+					RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF |
+					RTE_HASH_EXTRA_FLAGS_EXT_TABLE);
 	if (t->h == NULL) {
 		rte_free(t);
 		return NULL;

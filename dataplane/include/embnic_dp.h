@@ -12,7 +12,8 @@
  *               route, state map partition, rewrite, TX
  *   parse.c     frame parse/validate (pure, fuzzed)
  *   route.c     route table (shard -> peer) and client table (client -> peer)
- *   state.c     message state map
+ *   state.c     message state map: the TX stage's side (embnic_state.h)
+ *   state_view.c the state map as the control path reads it; its check
  *   counters.c  per-lcore counters, their sum, reset, DPDK telemetry
  *   ctl.c       control socket commands (JSON lines)
  *   conn.c      control socket connections (embnic_conn.h)
@@ -26,9 +27,11 @@
 #include <stdint.h>
 
 #include <rte_common.h>
+#include <rte_debug.h>
 #include <rte_ether.h>
 #include <rte_hash.h>
 #include <rte_hash_crc.h>
+#include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_mbuf_dyn.h>
 
@@ -94,6 +97,30 @@ embnic_key16_hash_ok(void)
 
 	return embnic_key16_hash(&k) ==
 		EMBNIC_KEY16_HASH_FUNC(&k, sizeof(k), 0);
+}
+
+/*
+ * A hash table of the card (route and client tables: route.c; a state map
+ * partition: state.c): entries keys of struct embnic_key16 hashed by
+ * EMBNIC_KEY16_HASH_FUNC, which embnic_key16_hash() must match; extra_flag
+ * as rte_hash takes it. NULL with rte_errno set on failure.
+ */
+static inline struct rte_hash *
+embnic_key16_hash_create(const char *name, uint32_t entries,
+			 uint8_t extra_flag)
+{
+	struct rte_hash_parameters hp = {
+		.name = name,
+		.entries = entries,
+		.key_len = sizeof(struct embnic_key16),
+		.hash_func = EMBNIC_KEY16_HASH_FUNC,
+		.hash_func_init_val = 0,
+		.socket_id = (int)rte_socket_id(),
+		.extra_flag = extra_flag,
+	};
+
+	RTE_VERIFY(embnic_key16_hash_ok());
+	return rte_hash_create(&hp);
 }
 
 /*
@@ -474,7 +501,7 @@ unsigned int embnic_table_walk(struct embnic_table *t,
 uint32_t embnic_table_count(const struct embnic_table *t);
 uint32_t embnic_table_size(const struct embnic_table *t);
 
-/* state.c */
+/* state.c, state_view.c: the message state map */
 enum embnic_msg_state {
 	EMBNIC_ST_FREE = 0,
 	EMBNIC_ST_RECEIVING = 1,	/* some request fragments passed */
@@ -535,6 +562,14 @@ void embnic_state_update_burst(struct embnic_state *s,
 /* Expire a slice of the map; call often from the TX stage lcore. */
 void embnic_state_expire_step(struct embnic_state *s, uint64_t now,
 			      struct embnic_lcore_stats *st);
+/*
+ * Forget every entry and the per-shard statistics of slots 0..nb_slots-1
+ * (the app's nb_slots: the others were never written), so the map is as
+ * created; the TX stage must not run meanwhile (tests, the fuzz target).
+ */
+void embnic_state_reset(struct embnic_state *s, uint32_t nb_slots);
+
+/* state_view.c: the map as the control path reads it */
 /* Entries in use and capacity only (cheap: no scan). */
 void embnic_state_count(const struct embnic_state *s,
 			struct embnic_state_summary *sum);
@@ -544,12 +579,6 @@ void embnic_state_summarise(const struct embnic_state *s,
 /* Copies up to max live entries into out; returns how many. */
 unsigned int embnic_state_dump(const struct embnic_state *s,
 			       struct embnic_state_view *out, unsigned int max);
-/*
- * Forget every entry and the per-shard statistics of slots 0..nb_slots-1
- * (the app's nb_slots: the others were never written), so the map is as
- * created; the TX stage must not run meanwhile (tests, the fuzz target).
- */
-void embnic_state_reset(struct embnic_state *s, uint32_t nb_slots);
 /*
  * Walk the whole map and check it against its count and its hash: every
  * live entry found at its own position under its key, the counts of live
