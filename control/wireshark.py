@@ -9,7 +9,7 @@ the body from :data:`consts.BODY_LAYOUT` and :data:`consts.BODY_ELEMENTS`, the r
 pairs from :data:`consts.ANSWERS`; the Lua code around those tables interprets them.
 
 What the plug-in does (Wireshark 3.4+, Lua 5.2+; checked with tshark 4.0 by
-``tests/control/test_dissector.py``):
+``tests/control/test_wireshark.py``):
 
 - names every header field with its meaning (message types, status codes and flag bits by
   name); the Info column is a one-line summary (:attr:`consts.FieldDoc.summary`);
