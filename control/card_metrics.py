@@ -14,7 +14,7 @@ of microseconds: bucket ``i`` holds ``[2^(i-1), 2^i)`` µs (bucket 0: < 1 µs), 
 everything above. In Prometheus terms bucket ``i``'s upper bound ``le`` is ``2^i`` µs
 (:func:`log2_us_histogram`); the last is ``+Inf``.
 
-The shard's metrics (``embnic server --metrics-port``) are :mod:`embnic.testbed.server.metrics`.
+The shard's metrics (``embnic server --metrics-port``) are :mod:`embnic.testbed.server.shard_metrics`.
 """
 from __future__ import annotations
 

@@ -19,11 +19,8 @@ from embnic.cli.commands.options import config_option, load_cluster
               help="UDP port (default: the shard's port in the config; 0 picks a free one).")
 @click.option("--dedup-window", type=int, default=65536, show_default=True,
               help="Applied updates remembered to apply each exactly once.")
-@click.option("--engine", type=click.Choice(["batch", "reference"]), default="batch", show_default=True,
-              help="batch: many datagrams and messages per wake-up (recvmmsg/sendmmsg, numpy); reference: "
-                   "the readable one-datagram-at-a-time asyncio server. Same replies and numerics.")
 @click.option("--workers", type=int, default=1, show_default=True,
-              help="Worker processes behind the one address (batch engine): every table's rows are split over "
+              help="Worker processes behind the one address: every table's rows are split over "
                    "them by id range; a message is answered by worker (client_id + msg_id) % N, which asks "
                    "the others for their rows (docs/server.md, 'Workers').")
 @click.option("--fixed-length", is_flag=True,
@@ -45,7 +42,7 @@ from embnic.cli.commands.options import config_option, load_cluster
               help="Address of the metrics endpoint.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
-def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_length, checkpoint_dir,
+def server(shard_id, config, bind, port, dedup_window, workers, fixed_length, checkpoint_dir,
            checkpoint_every, restore, metrics_port, metrics_bind, log_level):
     """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C.
 
@@ -71,11 +68,12 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
 
     try:  # the one set of checks, shared with python -m embnic.testbed.server
         check_server_options(cfg, shard_id, config_name=config, bind=bind, port=port, dedup_window=dedup_window,
-                             engine=engine, workers=workers, fixed_length=fixed_length,
+                             workers=workers, fixed_length=fixed_length,
                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, restore=restore,
                              metrics_port=metrics_port, metrics_bind=metrics_bind)
     except ServerOptionError as e:
         raise click.UsageError(str(e)) from None
+    from embnic.client_lib.clib import NativeLibraryError
     from embnic.testbed.server.durability import DurabilityError
     from embnic.testbed.server.stores import StoreSetupError, disk_tables, load_diskstore
 
@@ -94,11 +92,11 @@ def server(shard_id, config, bind, port, dedup_window, engine, workers, fixed_le
     p = me.port if port is None else port
     logging.basicConfig(level=getattr(logging, log_level.upper()), format=LOG_FORMAT)
     try:
-        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, engine=engine, workers=workers,
+        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, workers=workers,
                           fixed_length=fixed_length, checkpoint_dir=checkpoint_dir,
                           checkpoint_every=checkpoint_every, restore=restore, metrics_port=metrics_port,
                           metrics_bind=metrics_bind)
-    except DurabilityError as e:
+    except (DurabilityError, NativeLibraryError) as e:
         raise OperationalError(str(e)) from None
     except StoreSetupError as e:
         raise store_error(e) from None

@@ -3,7 +3,7 @@
 What the namespace testbed starts in every shard namespace (the library, not the CLI); users
 run the same through ``embnic server``. Logs like it (:data:`~embnic.testbed.server.foreground.LOG_FORMAT`),
 stops on SIGTERM/SIGINT with its counters as one JSON line, exits 0; a bad config or shard id
-exits 2, an address it cannot bind or a store directory it cannot use 1, each with one line naming the fix.
+exits 2, an address it cannot bind, a store directory it cannot use or a missing shard library 1, each with one line naming the fix.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 
+from embnic.client_lib.clib import NativeLibraryError
 from embnic.client_lib.config import ConfigError, load_config
 from embnic.control.errors import ControlError
 from embnic.testbed.server.durability import DurabilityError
@@ -39,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bind", default=None, help="IPv4 address (default: the shard's ip)")
     ap.add_argument("--port", type=int, default=None, help="UDP port (default: the shard's port)")
     ap.add_argument("--dedup-window", type=int, default=65536, help="applied updates remembered")
-    ap.add_argument("--engine", choices=["batch", "reference"], default="batch",
-                    help="batch (default): many datagrams per wake-up; reference: the asyncio server")
-    ap.add_argument("--workers", type=int, default=1, help="worker processes behind the address (batch engine)")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes behind the address")
     ap.add_argument("--fixed-length", action="store_true",
                     help="fixed-length baseline: data must be announced by a SIZE_REQ (docs/protocol.md)")
     ap.add_argument("--checkpoint-dir", default=None, help="write-ahead log and checkpoints in DIR/shard-<id>")
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_server_options(cfg, args.shard, config_name=args.config, bind=args.bind, port=args.port,
-                             dedup_window=args.dedup_window, engine=args.engine, workers=args.workers,
+                             dedup_window=args.dedup_window, workers=args.workers,
                              fixed_length=args.fixed_length, checkpoint_dir=args.checkpoint_dir,
                              checkpoint_every=args.checkpoint_every, restore=args.restore,
                              metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
@@ -71,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     port = me.port if args.port is None else args.port
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
-        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, engine=args.engine,
-                          workers=args.workers, fixed_length=args.fixed_length,
+        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, workers=args.workers, fixed_length=args.fixed_length,
                           checkpoint_dir=args.checkpoint_dir,
                           checkpoint_every=args.checkpoint_every, restore=args.restore,
                           log_fsync=not args.no_log_fsync, metrics_port=args.metrics_port,
@@ -80,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except ControlError as e:  # the metrics endpoint: port taken, address not ours, prometheus-client missing
         print(f"Error: {e}", file=sys.stderr)
         return e.exit_code
-    except DurabilityError as e:
+    except (DurabilityError, NativeLibraryError) as e:  # the log's directory; the shard's C library (one line)
         print(f"Error: {e}", file=sys.stderr)
         return 1
     except StoreSetupError as e:  # the disk tier's directory or dependency: one line, no traceback

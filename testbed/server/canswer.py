@@ -1,5 +1,7 @@
-"""The shard's answer path in C (``testbed/server/csrc/answer.c``, ``send.c``, ``store.c`` in
-the package's ``libembnic_shard``) through ctypes, for the batch engine.
+"""The shard's answer path in C (``testbed/server/csrc/``: ``intake.c``, ``answer.c``, ``store.c``,
+``send.c``, built with the package as ``libembnic_shard``, :mod:`embnic.client_lib.clib`) through
+ctypes: the one production implementation of the shard's header checks, grouping of fragments,
+lookups and reply framing.
 
 Per wake-up, :meth:`CAnswer.serve` is **one** call: the header checks of every datagram
 (``embnic_shard_check``), then the lookups of the wake-up up to its first frame of anything
@@ -8,34 +10,34 @@ straight from the receive buffer: directory and table checks, the rows of every 
 message in one pass of searches over the shard's :class:`~embnic.client_lib.rowstore.RowStore`
 (read in place: its numpy arrays are handed over as pointers, refreshed when the store's
 ``version`` moves), the reply frames written into the transmit buffer. What it leaves (updates,
-errors, messages reassembled across wake-ups, polls, ...) the Python engine handles as
-before; the replies it decides are built in C too (:meth:`CAnswer.emit`: headers, fragments),
+errors, messages reassembled across wake-ups, polls, ...) the serving loop handles with the
+state's rules (:mod:`.engine`, :mod:`.state`); the fragments it groups by message
+(:meth:`CAnswer.whole`, ``embnic_shard_whole``), the lookups the loop reassembled it answers
+too (:meth:`CAnswer.lookups`), the replies the loop decides it frames (:meth:`CAnswer.add_spec`),
 and :meth:`CAnswer.send` sends the whole queue ordered by the datagram that completed each
 request, with ``sendmmsg`` and UDP GSO. Counters of the C path are cumulative in the context
-(``stats``) and added to the engine's when they are read.
+(``stats``) and added to the shard's when they are read.
 
-The numpy code (:mod:`.intake`, :mod:`.engine`, :mod:`.replies`, :mod:`.udpio`) stays the
-readable reference and the fallback: the engine uses it where the library is not built
-(``cintake.load()`` is None, one log line says so), for ``--workers`` and ``--fixed-length``,
-and with ``c_answer=False``; ``tests/testbed/test_server_engine.py`` runs the same requests
-through both and compares every reply frame, counter and row.
+The library always ships with the package: :func:`load` raises
+:class:`~embnic.client_lib.clib.NativeLibraryError` (one line naming the rebuild command) when it
+is missing, was built from other sources or for another protocol version, or its structs
+disagree with this module's. The numpy oracle the tests compare it with frame by frame is
+``tests/testbed/shard_oracle.py``.
 
 Layout: every struct is a numpy structured dtype below whose fields are 8 bytes wide, in the
 order of ``testbed/server/csrc/shard.h``; :func:`load` checks the sizes against
-``embnic_shard_layout()`` and refuses a library that disagrees.
+``embnic_shard_layout()``.
 """
 from __future__ import annotations
 
 import ctypes
-import logging
 
 import numpy as np
 
-from embnic.client_lib import consts
+from embnic.client_lib import clib, consts
 
-from . import cintake
-
-log = logging.getLogger("embnic.server")
+from . import udpio
+from .state import ShardState
 
 _NF = len(consts.HEADER_FIELDS)
 
@@ -69,7 +71,6 @@ SPEC = np.dtype({"names": ["idx", "p_body", "body_len", "msg_id", "client_id", "
 SEND_CAP = 1024  #: sendmmsg entries per call
 WORK_BYTES = 0  #: the C path's scratch per shard (embnic_shard_layout, set by load())
 _VP = ctypes.c_void_p
-_tried = False
 _lib: ctypes.CDLL | None = None
 
 
@@ -77,71 +78,92 @@ def _ptr(a: np.ndarray | None) -> int:
     return 0 if a is None else a.__array_interface__["data"][0]
 
 
-def load() -> ctypes.CDLL | None:
-    """The shard library with its answer path, or None (not built, refused, another ABI, or
-    structs that disagree with this module's: each logged once)."""
-    global _tried, _lib
-    if _tried:
+def _bind(lib: ctypes.CDLL) -> None:
+    """Declare the argument and result types of the library's functions."""
+    i64 = ctypes.c_int64
+    for name, res, args in (
+            ("embnic_shard_check", ctypes.c_int, [_VP, i64, _VP, ctypes.c_int, i64, i64, i64, _VP, _VP, _VP]),
+            ("embnic_shard_whole", ctypes.c_int, [_VP, _VP, _VP, ctypes.c_int, _VP, _VP]),
+            ("embnic_shard_layout", None, [_VP]),
+            ("embnic_shard_serve", i64, [_VP, ctypes.c_int]),
+            ("embnic_shard_emit", i64, [_VP, _VP, i64]),
+            ("embnic_shard_send", i64, [_VP]),
+            ("embnic_shard_lookups", i64, [_VP, _VP, i64, _VP]),
+            ("embnic_shard_find", i64, [_VP, _VP, _VP, i64, i64, _VP])):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+def load() -> ctypes.CDLL:
+    """The shard library, loaded and checked once.
+
+    Raises:
+        NativeLibraryError: it is missing, was built from other sources or for another protocol
+            (``embnic_shard_abi() != VERSION * 1000 + header fields``), or its structs differ
+            from this module's — one line naming the rebuild command.
+    """
+    global _lib, WORK_BYTES
+    if _lib is not None:
         return _lib
-    _tried = True
-    lib = cintake.load()
-    if lib is None:
-        return None
-    try:
-        fns = (lib.embnic_shard_layout, lib.embnic_shard_serve, lib.embnic_shard_emit, lib.embnic_shard_send,
-               lib.embnic_shard_queue, lib.embnic_shard_lookups, lib.embnic_shard_find)
-    except AttributeError:
-        log.warning("shard library %s has no answer path (an older build?); answering in Python", cintake.REPO_LIB)
-        return None
+    lib = clib.load(clib.SHARD, consts.VERSION)
+    want = consts.VERSION * 1000 + _NF
+    if lib.embnic_shard_abi() != want:
+        raise clib.NativeLibraryError(f"embnic: {clib.SHARD.path} speaks ABI {lib.embnic_shard_abi()}, not {want}: "
+                                      f"run {clib.REBUILD}")
+    _bind(lib)
     lay = np.zeros(8, np.int64)  # the struct sizes, the stats' offset and count, the work buffer's bytes
-    fns[0].restype = None
-    fns[0].argtypes = [_VP]
-    fns[0](lay.ctypes.data)
-    want = [ANSWER.itemsize, ANSWER.fields["stats"][1], STORE.itemsize, TABLES.itemsize, SPEC.itemsize, NB_ST]
-    if lay[:6].tolist() != want:
-        log.warning("shard library's structs %s differ from canswer's %s; answering in Python", lay[:6].tolist(), want)
-        return None
-    global WORK_BYTES
+    lib.embnic_shard_layout(lay.ctypes.data)
+    want_lay = [ANSWER.itemsize, ANSWER.fields["stats"][1], STORE.itemsize, TABLES.itemsize, SPEC.itemsize, NB_ST]
+    if lay[:6].tolist() != want_lay:
+        raise clib.NativeLibraryError(f"embnic: {clib.SHARD.path}'s structs {lay[:6].tolist()} differ from "
+                                      f"canswer's {want_lay}: run {clib.REBUILD}")
     WORK_BYTES = int(lay[6])
-    lib.embnic_shard_serve.restype = ctypes.c_int64
-    lib.embnic_shard_serve.argtypes = [_VP, ctypes.c_int]
-    lib.embnic_shard_emit.restype = ctypes.c_int64
-    lib.embnic_shard_emit.argtypes = [_VP, _VP, ctypes.c_int64]
-    lib.embnic_shard_send.restype = ctypes.c_int64
-    lib.embnic_shard_send.argtypes = [_VP]
-    lib.embnic_shard_lookups.restype = ctypes.c_int64
-    lib.embnic_shard_lookups.argtypes = [_VP, _VP, ctypes.c_int64, _VP]
-    lib.embnic_shard_find.restype = ctypes.c_int64
-    lib.embnic_shard_find.argtypes = [_VP, _VP, _VP, ctypes.c_int64, ctypes.c_int64, _VP]
-    lib.embnic_shard_queue.restype = ctypes.c_int64
-    lib.embnic_shard_queue.argtypes = [_VP, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
     _lib = lib
     return lib
 
 
 class CAnswer:
-    """The C answer path of one :class:`~.engine.BatchShardServer` (opened: its batch socket
-    exists). Owns the transmit buffer and reply queue of the C path.
+    """The C answer path of one serving loop, on its opened batch socket: the header checks'
+    outputs, the transmit buffer and the reply queue.
 
     Args:
-        lib: :func:`load`'s library. srv: the engine (its socket, C intake, tables, row store).
+        bs: the loop's :class:`~.udpio.BatchSocket` (its receive buffers are read in place).
+        state: the shard's :class:`~.state.ShardState` (the per-table arrays the checks read,
+            the row store, the limits).
         serve: answer lookups in C (False: only checks, reply frames and sending in C).
+
+    Attributes:
+        cols, ok, p, taken: after :meth:`serve`, per datagram of the wake-up: the header fields
+            (int64 (batch, 19), columns :data:`consts.HEADER_COLUMN`), whether the fast path
+            takes it, its fragment size (0 for a single frame), whether it was answered here.
+        serving: lookups answered here. name, intake_name: what the counters call this path.
+
+    Raises:
+        NativeLibraryError: as :func:`load`. RuntimeError: the system has no ``recvmmsg``/``sendmmsg``.
     """
 
-    def __init__(self, lib: ctypes.CDLL, srv, serve: bool = True):
-        self._lib = lib
-        self.srv = srv
-        bs = srv._bs
+    intake_name = "c"
+
+    def __init__(self, bs: udpio.BatchSocket, state: ShardState, serve: bool = True):
+        lib = self._lib = load()
+        if not bs.native:
+            raise RuntimeError("the shard's answer path needs recvmmsg/sendmmsg (Linux)")
         batch = bs.batch
-        P = srv._P
-        # the header checks' outputs are the C intake's own (its grouping of fragments reads them)
-        self.cols, self.ok, self.p = srv._cin.cols, srv._cin.ok, srv._cin.p
+        self.P = P = consts.max_body_per_frame(state.mtu)
+        self._state = state
+        self.cols = np.zeros((batch, _NF), np.int64)
+        self.ok = np.zeros(batch, np.uint8)
+        self.p = np.zeros(batch, np.int64)
+        self._check_args = (_ptr(bs.rx), bs.rx.shape[1], _ptr(bs.lens), state.shard_id, state.max_msg,
+                            state.max_reply_bytes, _ptr(self.cols), _ptr(self.ok), _ptr(self.p))
         self._order = np.zeros(batch, np.int64)
         self._grp = np.zeros((batch, 6), np.int64)
+        self._worder = np.zeros(batch, np.int64)  # whole()'s own outputs
+        self._wgrp = np.zeros((batch, 6), np.int64)
         self.taken = np.zeros(batch, np.uint8)
         self._mg = np.zeros(batch, np.int64)
         self._req = np.empty(consts.MAX_FRAGS * P, np.uint8)  # a whole lookup request (≤ MAX_FRAGS frames)
-        self._rep = np.empty(max(srv.max_reply_bytes, 1), np.uint8)  # a lookup reply's rows
+        self._rep = np.empty(max(state.max_reply_bytes, 1), np.uint8)  # a lookup reply's rows
         self._work = np.empty(WORK_BYTES, np.uint8)  # a lookup's keys sorted by their place in the index
         self._mmsg = np.zeros(SEND_CAP * 64, np.uint8)
         self._iov = np.zeros(SEND_CAP * 16, np.uint8)
@@ -149,25 +171,10 @@ class CAnswer:
         self._specs = np.zeros(64, SPEC)
         self._nspec = 0
         self._keep: list = []  # the bodies the specs point into, alive until emitted
-        # what the C checks read per table id (the engine's own arrays, uint8 views of its bools)
-        store = srv.store
-        li = np.full(1 << 16, -1, np.int64)
-        if store is not None:
-            li[store.table_ids] = np.arange(store.table_ids.size)
-        li[~srv._in_store] = -1
-        serve = serve and store is not None
-        self._li = li
+        self._tables = self._table_struct(state)
+        serve = serve and state.store is not None
         self.serving = bool(serve)  #: lookups answered here (else checks, frames and sending only)
-        cfg = srv.cfg
-        self._shard_ids = np.array([sh.id for sh in cfg.shards], np.int64)
-        self._has_rows = srv._thas_rows.view(np.uint8)
-        self._owns_all = srv._towns_all.view(np.uint8)
-        t = np.zeros(1, TABLES)
-        t["p_dim"], t["p_dtype"], t["p_rows"] = _ptr(srv._tdim), _ptr(srv._tdt), _ptr(srv._trows)
-        t["p_has_rows"], t["p_owns_all"], t["p_li"] = _ptr(self._has_rows), _ptr(self._owns_all), _ptr(li)
-        t["p_shard_ids"], t["nshards"] = _ptr(self._shard_ids), self._shard_ids.size
-        t["hash_sharding"], t["shard_id"] = int(cfg.sharding == "hash"), srv.shard_id
-        self._tables = t
+        self.name = "c" if self.serving else "c-frames"
         self._store = np.zeros(1, STORE)
         self._store_ver = -1
         self._sample = np.empty(0, np.uint64)
@@ -182,8 +189,8 @@ class CAnswer:
         a["p_rep_buf"], a["rep_cap"] = _ptr(self._rep), self._rep.size
         a["p_work"] = _ptr(self._work)
         a["p_tables"], a["p_store"] = _ptr(self._tables), _ptr(self._store)
-        a["P"], a["max_msg"] = P, min(srv.max_msg_bytes, srv._reasm.max_msg_len)
-        a["max_reply"], a["shard_id"] = srv.max_reply_bytes, srv.shard_id
+        a["P"], a["max_msg"] = P, state.max_msg
+        a["max_reply"], a["shard_id"] = state.max_reply_bytes, state.shard_id
         a["serve"], a["fd"], a["gso"] = int(bool(serve)), bs.fd, int(bs.gso)
         a["p_mmsg"], a["p_iov"], a["p_cmsg"], a["send_cap"] = (_ptr(self._mmsg), _ptr(self._iov), _ptr(self._cmsg),
                                                              SEND_CAP)
@@ -194,8 +201,27 @@ class CAnswer:
         self._grow_rq(4 * batch)
         self._serve = lib.embnic_shard_serve
         self._find = lib.embnic_shard_find
-        if store is not None:  # the store's own searches (updates, lookups gathered in numpy) in C too
-            store.native_find = self.find
+        if state.store is not None:  # the store's own searches (updates, lookups gathered in numpy) in C too
+            state.store.native_find = self.find
+
+    def _table_struct(self, state: ShardState) -> np.ndarray:
+        """struct embnic_shard_tables over the state's per-table-id arrays (read in place; uint8
+        views of its bools) and the local index of each table in the row store (-1: not in it)."""
+        store = state.store
+        li = np.full(1 << 16, -1, np.int64)
+        if store is not None:
+            li[store.table_ids] = np.arange(store.table_ids.size)
+        li[~state.in_store] = -1
+        cfg = state.cfg
+        self._keep_tables = (li, np.array([sh.id for sh in cfg.shards], np.int64), state.thas_rows.view(np.uint8),
+                             state.towns_all.view(np.uint8))
+        _, shard_ids, has_rows, owns_all = self._keep_tables
+        t = np.zeros(1, TABLES)
+        t["p_dim"], t["p_dtype"], t["p_rows"] = _ptr(state.tdim), _ptr(state.tdtype), _ptr(state.trows)
+        t["p_has_rows"], t["p_owns_all"], t["p_li"] = _ptr(has_rows), _ptr(owns_all), _ptr(li)
+        t["p_shard_ids"], t["nshards"] = _ptr(shard_ids), shard_ids.size
+        t["hash_sharding"], t["shard_id"] = int(cfg.sharding == "hash"), state.shard_id
+        return t
 
     # -- buffers ------------------------------------------------------------------------------
 
@@ -236,7 +262,7 @@ class CAnswer:
         a["p_rq_name"], a["rq_cap"] = _ptr(nm), cap
 
     def _refresh_store(self) -> None:
-        st = self.srv.store
+        st = self._state.store
         if st is None or st.version == self._store_ver:
             return
         s = self._store
@@ -270,9 +296,25 @@ class CAnswer:
 
     # -- per wake-up --------------------------------------------------------------------------
 
+    def check(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The header checks alone of frames ``0..n-1`` of the last receive (what :meth:`serve`
+        does first): (:attr:`cols` (n, 19), :attr:`ok` as bool (n,), :attr:`p` (n,))."""
+        self._lib.embnic_shard_check(*self._check_args[:3], n, *self._check_args[3:])
+        return self.cols[:n], self.ok[:n].view(bool), self.p[:n]
+
+    def whole(self, mg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Group the multi-fragment frames ``mg`` (int64, ascending indices into the last checks'
+        arrays) by message: (order int64 (m,) positions into ``mg`` sorted by message then
+        fragment index, groups int64 (G, 6): first position in ``order``, frames, first and last
+        datagram index, fragment size P, 1 if whole — every fragment once, headers that agree)."""
+        mg = np.ascontiguousarray(mg, np.int64)
+        g = self._lib.embnic_shard_whole(_ptr(self.cols), _ptr(self.p), _ptr(mg), mg.size, _ptr(self._worder),
+                                         _ptr(self._wgrp))
+        return self._worder[:mg.size], self._wgrp[:g]
+
     def serve(self, n: int, pending_empty: bool) -> int:
         """Check the ``n`` datagrams of the last receive (:attr:`cols`, :attr:`ok`, :attr:`p`, as
-        :meth:`~.cintake.CIntake.check`) and answer the lookups the C path takes
+        :meth:`check`) and answer the lookups the C path takes
         (:attr:`taken` marks their frames). ``pending_empty``: no message is being reassembled.
         Returns the frames taken."""
         self._refresh_store()
@@ -286,16 +328,16 @@ class CAnswer:
         return int(r)
 
     def lookups(self, q: list) -> np.ndarray:
-        """Answer the lookups ``q`` (``(m, header, body)`` as the engine queues them: whole
-        messages it reassembled) in C where the C path's rules allow. Returns bool (len(q),):
-        answered (replies queued); the others are the engine's to answer (errors, tables in
-        another store, ...)."""
+        """Answer the lookups ``q`` (``(request, parsed body)`` as the loop queues them: whole
+        requests it reassembled) in C where the C path's rules allow. Returns
+        bool (len(q),): answered (replies queued); the others are the loop's to answer (errors,
+        tables in another store, ...)."""
         k = len(q)
         sp = np.zeros(k, SPEC)
-        for j, (m, h, _) in enumerate(q):
-            body = m[3]
-            sp[j] = (m[0], _ptr(body), body.size, h.msg_id, h.client_id, h.num_tables, h.num_keys, h.value_len,
-                     0, 0, 0, m[2])
+        for j, (r, _) in enumerate(q):
+            body = r.body
+            sp[j] = (r.idx, _ptr(body), body.size, r.msg_id, r.client_id, r.num_tables, r.num_keys, r.value_len,
+                     0, 0, 0, r.name)
         done = np.zeros(k, np.uint8)
         a = self._a
         self._refresh_store()
@@ -306,17 +348,18 @@ class CAnswer:
             self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done))
         return done.view(bool)
 
-    def add_spec(self, idx: int, name: bytes, msg_type: int, status: int, table_id: int, info: tuple,
+    def add_spec(self, idx: int, name: bytes, msg_type: int, status: int, table_id: int, req,
                  body: np.ndarray | None) -> None:
-        """Queue a reply the engine decided (its frames are built by :meth:`emit`): to request
-        ``info`` (msg_type, client_id, msg_id, num_tables, num_keys, value_len), ``body`` a
-        C-contiguous uint8 array or None."""
+        """Queue a reply the loop decided (its frames are built by :meth:`emit`) to request ``req``
+        (a :class:`~.state.Request` or a codec ``Header``: its ``client_id``, ``msg_id``,
+        ``num_tables``, ``num_keys`` and ``value_len`` are copied) of datagram ``idx`` from
+        ``name`` (a ``sockaddr_in``); ``body`` a C-contiguous uint8 array or None."""
         k = self._nspec
         if k == self._specs.size:
             sp = np.zeros(2 * k, SPEC)
             sp[:k] = self._specs
             self._specs = sp
-        _, cid, mid, nt, nk, vl = info
+        cid, mid, nt, nk, vl = req.client_id, req.msg_id, req.num_tables, req.num_keys, req.value_len
         if body is None or body.size == 0:
             p, ln = 0, 0
         else:
@@ -325,20 +368,8 @@ class CAnswer:
         self._specs[k] = (idx, p, ln, mid, cid, nt, nk, vl, status, table_id, msg_type, name)
         self._nspec = k + 1
 
-    def queue_frames(self, frames: list[bytes], idx: int, name: bytes) -> None:
-        """Queue a reply already encoded (the reference handler's frames, in order) to ``name``."""
-        a = self._a
-        ntx = int(a["ntx"])
-        self._grow_tx(ntx + len(frames))
-        self._grow_rq(int(a["nrq"]) + 1)
-        for r, f in enumerate(frames):
-            self.tx[ntx + r, :len(f)] = np.frombuffer(f, np.uint8)
-            self.txlen[ntx + r] = len(f)
-        a["ntx"] = ntx + len(frames)
-        self._lib.embnic_shard_queue(self._p_ctx, idx, name, ntx, len(frames))
-
     def replies(self) -> int:
-        """Replies queued for this wake-up (served here and decided by the engine)."""
+        """Replies queued for this wake-up (served here and decided by the loop)."""
         return int(self._a["nrq"]) + self._nspec
 
     def emit(self) -> None:

@@ -1,16 +1,14 @@
 """Running a shard as a process of its own, in the foreground until SIGTERM/SIGINT.
 
 ``embnic server`` and ``python -m embnic.testbed.server`` call :func:`run_server` (the one runner
-of a shard process, STYLE.md): the reference engine on an asyncio loop, or the batch engine
-(:func:`run_workers`) in this process or in ``--workers N`` forked worker processes behind one
-address — a ``SO_REUSEPORT`` group whose classic BPF program (:func:`steering_program`) sends
+of a shard process, STYLE.md): the serving loop (:class:`~.engine.BatchShardServer`) in this
+process, or in ``--workers N`` forked worker processes behind one address — a ``SO_REUSEPORT`` group whose classic BPF program (:func:`steering_program`) sends
 every message to its home worker (:func:`home_of`; the rows split over the workers,
 :mod:`.peers`). Also the lines such a process writes: :data:`LOG_FORMAT`, the listening line's
 :func:`describe`, :func:`bind_error_message`. Threads of this process: :mod:`.runner`.
 """
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import errno
 import json
@@ -27,8 +25,7 @@ from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.sockets import set_socket_buffers
 
 from .engine import BatchShardServer
-from .metrics import serve_metrics
-from .runner import make_server
+from .shard_metrics import serve_metrics
 
 log = logging.getLogger("embnic.server")
 
@@ -40,7 +37,7 @@ def steering_program(workers: int) -> bytes:
     For UDP the kernel runs it with the packet at the UDP payload (the embnic header), so
     ``ld [8]`` is ``msg_id`` (u32) and ``ldh [12]`` ``client_id``; ``msg_id`` is reduced mod N
     first, so the sum cannot wrap and the result is exactly ``(client_id + msg_id) % N``. A
-    datagram too short to hold them goes to worker 0 (whose reference handler counts it
+    datagram too short to hold them goes to worker 0 (whose one-frame path counts it
     ``too_short``). Every fragment of a message and every retransmission carries the same client
     and message id, so they all reach the same home, which reassembles it, keeps it in its
     exactly-once window and serves every table of it (protocol v2: one message, several tables;
@@ -208,11 +205,102 @@ def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> N
         server.close_stores()  # a worker ends in os._exit: no finalizer would remove a scratch store
 
 
-def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                workers: int = 1, metrics_port: int | None = None, metrics_bind: str = "0.0.0.0",
-                **kwargs) -> int:
-    """Serve one shard with the batch engine until SIGTERM/SIGINT, in this process
-    (``workers == 1``) or in ``workers`` forked worker processes behind one address.
+def _one_process(cfg: ClusterConfig, shard_id: int, ip: str, port: int, metrics_port: int | None,
+                 metrics_bind: str, kwargs: dict) -> int:
+    """:func:`run_server` with one worker: the serving loop in this process."""
+    # a SIGTERM while the server is built (its disk tables' temporary stores opening) would end
+    # the process with no handler and leave them behind: keep it for when the server can stop
+    early: list = []
+    old = {sig: signal.signal(sig, lambda *_: early.append(1)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server = BatchShardServer(cfg, shard_id, ip, port, **kwargs)
+    except BaseException:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        raise
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop())
+    if early:
+        server.request_stop()
+    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
+    # everything else first, the UDP port last, right before serving: a bound port is what says
+    # "ready" (the testbed waits for it), and datagrams sent to it before the loop runs would
+    # wait in the socket and be answered late (a re-sent probe answered twice)
+    metrics = None
+    if metrics_port is not None:
+        try:
+            metrics = serve_metrics(lambda: server.call(server.counters, timeout_s=10.0), metrics_port, metrics_bind)
+        except BaseException:
+            server.close()
+            raise
+    try:
+        ip2, p2 = server.open()
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        server.close()
+        raise
+    log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, describe(cfg))
+    try:
+        server.run()
+    finally:
+        if metrics is not None:
+            metrics.close()
+        server.close()
+    log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
+    return 1 if server.durable_failed else 0
+
+
+def _start_workers(cfg, shard_id: int, socks: list, pairs: dict, kwargs: dict, with_stats: bool):
+    """Fork one worker process per socket: (processes, their counters pipes, their stats pipes)."""
+    ctx = multiprocessing.get_context("fork")
+    procs, conns, stats = [], [], []
+    for i in range(len(socks)):
+        a, b = ctx.Pipe(duplex=False)
+        sa = sb = None
+        if with_stats:
+            sa, sb = ctx.Pipe(duplex=True)
+        pr = ctx.Process(target=_worker_main, args=(cfg, shard_id, i, socks, pairs, b, kwargs, sb),
+                         name=f"embnic-shard-{shard_id}-w{i}", daemon=True)
+        pr.start()
+        b.close()
+        procs.append(pr)
+        conns.append(a)
+        if sb is not None:
+            sb.close()
+            stats.append(sa)
+    for pair in pairs.values():  # the workers hold them now; a dead worker's end must close
+        for x in pair:
+            x.close()
+    return procs, conns, stats
+
+
+def _end_workers(shard_id: int, procs: list, conns: list, died) -> int:
+    """Stop the workers, log their counters summed; 1 if one of them died first (``died``)."""
+    for x in procs:
+        if x.is_alive():
+            os.kill(x.pid, signal.SIGTERM)
+    parts = []
+    for x, c in zip(procs, conns):
+        x.join(30)
+        try:
+            if c.poll(5):
+                parts.append(c.recv())
+        except (EOFError, OSError):
+            pass
+    if parts:
+        log.info("shard %d stopped; counters %s", shard_id, json.dumps(_merge_counters(parts), sort_keys=True))
+    if died is not None:
+        log.error("shard %d: worker %s (pid %d) died with exit code %s; stopped the others",
+                  shard_id, died.name, died.pid, died.exitcode)
+        return 1
+    return 0
+
+
+def run_workers(cfg: ClusterConfig, shard_id: int, ip: str, port: int, *, workers: int,
+                metrics_port: int | None = None, metrics_bind: str = "0.0.0.0", **kwargs) -> int:
+    """Serve one shard in ``workers`` (> 1) forked worker processes behind one address until
+    SIGTERM/SIGINT.
 
     **Workers** (:mod:`.peers`). The rows of every table are split over the workers by id
     range (contiguous slices of the hash space, :func:`~.peers.worker_of`); each worker holds
@@ -228,74 +316,17 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
     at least as long as the one-process server would (it sees a subset of the updates), at a
     memory cost of ``workers × dedup_window`` entries at most.
 
-    Logs ``listening on IP:PORT`` once bound and, at exit, the counters summed over the
-    workers as one JSON line (``workers``: each worker's engine counters).
-
-    **Metrics** (``metrics_port``): one endpoint for the shard, served by this process; with
-    workers, every scrape asks each worker for its counters over a pipe of its own (a thread
-    in the worker reads them on its serving thread between wake-ups) and sums them.
+    **Metrics** (``metrics_port``): one endpoint for the shard, served by this process; every
+    scrape asks each worker for its counters over a pipe of its own (a thread in the worker
+    reads them on its serving thread between wake-ups) and sums them.
 
     Returns:
         0 after a clean stop; 1 if a worker died (the others are stopped).
 
     Raises:
-        KeyError: unknown shard. OSError: the address cannot be bound. ValueError:
-        ``fixed_length`` with ``workers > 1`` (a SIZE_REQ reaches one worker, the data messages
-        it announces the homes of their own message ids); ``checkpoint_dir``/``restore`` with ``workers > 1``.
+        OSError: the address cannot be bound.
     """
-    if workers > 1 and kwargs.get("fixed_length"):
-        raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data messages that reach "
-                         "other workers (each message's home is (client_id + msg_id) % workers)")
-
-    me = cfg.shard(shard_id)
-    ip = bind if bind is not None else me.ip
-    p = me.port if port is None else int(port)
-    if workers <= 1:
-        # a SIGTERM while the server is built (its disk tables' temporary stores opening) would end
-        # the process with no handler and leave them behind: keep it for when the server can stop
-        early: list = []
-        old = {sig: signal.signal(sig, lambda *_: early.append(1)) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            server = BatchShardServer(cfg, shard_id, ip, p, **kwargs)
-        except BaseException:
-            for sig, h in old.items():
-                signal.signal(sig, h)
-            raise
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: server.request_stop())
-        if early:
-            server.request_stop()
-        signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
-        # everything else first, the UDP port last, right before serving: a bound port is what says
-        # "ready" (the testbed waits for it), and datagrams sent to it before the loop runs would
-        # wait in the socket and be answered late (a re-sent probe answered twice)
-        metrics = None
-        if metrics_port is not None:
-            try:
-                metrics = serve_metrics(lambda: server.call(server.counters, timeout_s=10.0), metrics_port,
-                                        metrics_bind)
-            except BaseException:
-                server.close()
-                raise
-        try:
-            ip2, p2 = server.open()
-        except BaseException:
-            if metrics is not None:
-                metrics.close()
-            server.close()
-            raise
-        log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, describe(cfg))
-        try:
-            server.run()
-        finally:
-            if metrics is not None:
-                metrics.close()
-            server.close()
-        log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
-        return 1 if server.durable_failed else 0
-    if kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None:
-        raise ValueError("--checkpoint-dir/--restore need --workers 1 (each worker would need its own log)")
-    socks = _reuseport_sockets(ip, p, workers)
+    socks = _reuseport_sockets(ip, port, workers)
     try:
         pairs = _peer_pairs(workers)
     except OSError:
@@ -303,9 +334,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
             s.close()
         raise
     ip2, p2 = socks[0].getsockname()[:2]
-    ctx = multiprocessing.get_context("fork")
-    procs, conns = [], []
-    stats, metrics = [], None
+    procs, stats, metrics = [], [], None
     stop = {"flag": False}
     r, w = os.pipe()
     os.set_blocking(w, False)
@@ -319,23 +348,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for i, s in enumerate(socks):
-            a, b = ctx.Pipe(duplex=False)
-            sa = sb = None
-            if metrics_port is not None:
-                sa, sb = ctx.Pipe(duplex=True)
-            pr = ctx.Process(target=_worker_main, args=(cfg, shard_id, i, socks, pairs, b, kwargs, sb),
-                             name=f"embnic-shard-{shard_id}-w{i}", daemon=True)
-            pr.start()
-            b.close()
-            procs.append(pr)
-            conns.append(a)
-            if sb is not None:
-                sb.close()
-                stats.append(sa)
-        for pair in pairs.values():  # the workers hold them now; a dead worker's end must close
-            for x in pair:
-                x.close()
+        procs, conns, stats = _start_workers(cfg, shard_id, socks, pairs, kwargs, metrics_port is not None)
         if metrics_port is not None:
             lock = threading.Lock()
             metrics = serve_metrics(lambda: _read_workers(stats, lock), metrics_port, metrics_bind)
@@ -349,24 +362,7 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
                 if x.sentinel in ready and not stop["flag"]:
                     died = x
                     stop["flag"] = True
-        for x in procs:
-            if x.is_alive():
-                os.kill(x.pid, signal.SIGTERM)
-        parts = []
-        for x, c in zip(procs, conns):
-            x.join(30)
-            try:
-                if c.poll(5):
-                    parts.append(c.recv())
-            except (EOFError, OSError):
-                pass
-        if parts:
-            log.info("shard %d stopped; counters %s", shard_id, json.dumps(_merge_counters(parts), sort_keys=True))
-        if died is not None:
-            log.error("shard %d: worker %s (pid %d) died with exit code %s; stopped the others",
-                      shard_id, died.name, died.pid, died.exitcode)
-            return 1
-        return 0
+        return _end_workers(shard_id, procs, conns, died)
     finally:
         if metrics is not None:
             metrics.close()
@@ -387,86 +383,42 @@ def run_workers(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port
 
 
 def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-               engine: str = "batch", workers: int = 1, metrics_port: int | None = None,
-               metrics_bind: str = "0.0.0.0", **kwargs) -> int:
-    """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
+               workers: int = 1, metrics_port: int | None = None, metrics_bind: str = "0.0.0.0", **kwargs) -> int:
+    """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command), in
+    this process or in ``workers`` worker processes behind one address (:func:`run_workers`).
 
     Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
-    With ``checkpoint_dir`` (``**kwargs``, see :class:`ShardServer`) SIGUSR1 writes a checkpoint.
+    With ``checkpoint_dir`` (``**kwargs``: :class:`~.state.ShardState`'s options) SIGUSR1 writes
+    a checkpoint.
 
     Args:
-        engine: ``"batch"`` (default) or ``"reference"`` (:func:`make_server`).
-        workers: worker processes behind the one address (batch engine only; see
-            :func:`run_workers`).
+        workers: worker processes behind the one address.
         metrics_port: serve Prometheus metrics on ``metrics_bind:metrics_port`` (TCP; 0: a free
-            port) while serving (:mod:`embnic.testbed.server.metrics`); None: no endpoint.
+            port) while serving (:mod:`.shard_metrics`); None: no endpoint.
 
     Returns:
         0 after a clean stop; 1 if a worker process died or the log could not be written.
 
     Raises:
-        KeyError: unknown shard. OSError: the address cannot be bound. ValueError: unknown
-        engine, or ``workers > 1`` with the reference engine. ControlError: the metrics port
-        cannot be served (taken: ``OperationalError``) or prometheus-client is missing.
+        KeyError: unknown shard. OSError: the address cannot be bound. ValueError:
+        ``fixed_length``, ``checkpoint_dir`` or ``restore`` with ``workers > 1`` (a SIZE_REQ reaches
+        one worker, the data messages it announces the homes of their own message ids; each worker
+        would need its own log). NativeLibraryError: the shard's C library is missing or was built
+        from other sources. ControlError: the metrics port cannot be served (taken:
+        ``OperationalError``) or prometheus-client is missing.
     """
-    if workers > 1 or engine == "batch":
-        if engine != "batch":
-            raise ValueError("--workers needs the batch engine")
-        return run_workers(cfg, shard_id, bind, port, workers=workers, metrics_port=metrics_port,
-                           metrics_bind=metrics_bind, **kwargs)
-    # a SIGTERM before the loop's handlers are in (the disk tables' temporary stores opening) would
-    # end the process with no handler and leave them behind: keep it for when the server can stop
-    early: list = []
-    old = {sig: signal.signal(sig, lambda *_: early.append(1)) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
-    except BaseException:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-        raise
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        metrics = None
-        if metrics_port is not None:  # before the UDP port: a bound port means "serving" (run_workers)
-            async def read():
-                return server.counters()
-
-            try:
-                metrics = serve_metrics(lambda: asyncio.run_coroutine_threadsafe(read(), loop).result(10),
-                                        metrics_port, metrics_bind)
-            except BaseException:
-                server.close_stores()
-                raise
-        try:
-            ip, p = await server.start()
-        except BaseException:
-            if metrics is not None:
-                metrics.close()
-            raise
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        if early:
-            stop.set()
-        if server._dur is not None:
-            loop.add_signal_handler(signal.SIGUSR1, server.checkpoint)
-        log.info("shard %d listening on %s:%d (%s; engine reference)", shard_id, ip, p, describe(cfg))
-        try:
-            await stop.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            if metrics is not None:
-                metrics.close()
-            server.stop()
-            if server._dur is not None:
-                server._dur.close()
-            server.close_stores()
-        log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
-
-    asyncio.run(main())
-    return 1 if server.durable_failed else 0
+    me = cfg.shard(shard_id)
+    ip = bind if bind is not None else me.ip
+    p = me.port if port is None else int(port)
+    if workers <= 1:
+        return _one_process(cfg, shard_id, ip, p, metrics_port, metrics_bind, kwargs)
+    if kwargs.get("fixed_length"):
+        raise ValueError("--fixed-length needs one worker: a SIZE_REQ announces data messages that reach "
+                         "other workers (each message's home is (client_id + msg_id) % workers)")
+    if kwargs.get("checkpoint_dir") is not None or kwargs.get("restore") is not None:
+        raise ValueError("--checkpoint-dir/--restore need --workers 1 (each worker would need its own log)")
+    return run_workers(cfg, shard_id, ip, p, workers=workers, metrics_port=metrics_port, metrics_bind=metrics_bind,
+                       **kwargs)
 
 
 def describe(cfg: ClusterConfig) -> str:
@@ -500,7 +452,7 @@ MAX_WORKERS = 64
 
 def check_server_options(cfg: ClusterConfig, shard_id: int, *, config_name: str = "the config",
                          bind: str | None = None, port: int | None = None,
-                         dedup_window: int = 65536, engine: str = "batch", workers: int = 1,
+                         dedup_window: int = 65536, workers: int = 1,
                          fixed_length: bool = False, checkpoint_dir: str | None = None,
                          checkpoint_every: int = 0, restore: str | None = None,
                          metrics_port: int | None = None, metrics_bind: str = "0.0.0.0") -> None:
@@ -517,7 +469,7 @@ def check_server_options(cfg: ClusterConfig, shard_id: int, *, config_name: str 
         ServerOptionError: the first problem found — a shard id not in ``cfg``; ``port`` or
             ``metrics_port`` outside 0..65535; ``bind``/``metrics_bind`` not an IPv4 address;
             ``workers`` outside 1..:data:`MAX_WORKERS`, ``dedup_window < 1``, ``checkpoint_every < 0``;
-            ``workers > 1`` with the reference engine, ``fixed_length``, ``checkpoint_dir`` or
+            ``workers > 1`` with ``fixed_length``, ``checkpoint_dir`` or
             ``restore``; a ``checkpoint_dir`` that exists but is not a directory; a ``restore``
             source that is not a directory or has nothing of this shard to restore.
     """
@@ -546,10 +498,6 @@ def check_server_options(cfg: ClusterConfig, shard_id: int, *, config_name: str 
         raise ServerOptionError(f"--dedup-window {dedup_window}: give at least 1 (updates remembered)")
     if checkpoint_every < 0:
         raise ServerOptionError(f"--checkpoint-every {checkpoint_every}: give 0 (SIGUSR1 only) or more updates")
-    if engine not in ("batch", "reference"):
-        raise ServerOptionError(f"--engine {engine}: give batch or reference")
-    if workers > 1 and engine != "batch":
-        raise ServerOptionError("--workers needs --engine batch")
     if workers > 1 and fixed_length:
         raise ServerOptionError("--fixed-length needs one worker (--workers 1)")
     if workers > 1 and (checkpoint_dir or restore):

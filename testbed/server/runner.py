@@ -1,14 +1,13 @@
-"""Running shards in threads of this process: pick an engine (:func:`make_server`), serve it on a
-thread (:class:`ServerThread`), or every shard of a config (:class:`ServerCluster`).
+"""Running shards in threads of this process: one shard on a thread (:class:`ServerThread`), or
+every shard of a config (:class:`ServerCluster`).
 
-What tests, the benchmarks and in-process clusters use (either engine). A shard as a process of
-its own (``embnic server``, ``python -m embnic.testbed.server``) is run by
-:func:`~.foreground.run_server`. The engines themselves live in :mod:`.shard` (the readable
-reference) and :mod:`.engine` (the batch engine).
+What tests, the benchmarks and in-process clusters use. A shard as a process of its own
+(``embnic server``, ``python -m embnic.testbed.server``) is run by
+:func:`~.foreground.run_server`. The serving loop is :class:`~.engine.BatchShardServer` (its state
+and rules: :mod:`.state`).
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import threading
 from typing import Any
@@ -17,46 +16,26 @@ from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.table_numerics import merge_states
 
 from .engine import BatchShardServer
-from .shard import ShardServer
-
-ENGINES = ("batch", "reference")  #: shard engines: the batch engine (default) and the readable reference
-
-
-def make_server(engine: str, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None,
-                **kwargs) -> ShardServer:
-    """A shard server of ``engine`` (:data:`ENGINES`): ``"batch"`` →
-    :class:`~embnic.testbed.server.engine.BatchShardServer`, ``"reference"`` → :class:`ShardServer`.
-
-    Raises:
-        ValueError: unknown engine. KeyError: unknown shard.
-    """
-    if engine == "reference":
-        return ShardServer(cfg, shard_id, bind, port, **kwargs)
-    if engine == "batch":
-        return BatchShardServer(cfg, shard_id, bind, port, **kwargs)
-    raise ValueError(f"unknown shard engine {engine!r} (engines: {', '.join(ENGINES)})")
 
 
 class ServerThread:
-    """Run a :class:`ShardServer` on its own event loop in a background thread (for tests and
-    in-process clusters). A context manager; ``port`` is the bound port once entered.
+    """Run a shard's serving loop on a background thread (for tests and in-process clusters).
+    A context manager; ``port`` is the bound port once entered.
 
     Args:
-        cfg, shard_id, bind, port, **kwargs: as :class:`ShardServer` (``bind`` defaults to
-            127.0.0.1 and ``port`` to 0 — a free port — here).
-        engine: ``"batch"`` (:class:`~embnic.testbed.server.engine.BatchShardServer`, its own
-            poll loop) or ``"reference"`` (:class:`ShardServer` on an asyncio loop).
+        cfg, shard_id, bind, port, **kwargs: as :class:`~.engine.BatchShardServer` (``bind``
+            defaults to 127.0.0.1 and ``port`` to 0 — a free port — here).
+        server_class: the serving loop (anything with :class:`~.engine.BatchShardServer`'s
+            ``open``, ``run``, ``request_stop``, ``call``, ``close``, ``counters``, ``state_dict``;
+            the tests run their reference shard through it).
 
     Raises:
         OSError: (on ``start``/enter) the address cannot be bound.
-        ValueError: unknown ``engine``.
     """
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str = "127.0.0.1", port: int = 0, *,
-                 engine: str = "batch", **kwargs):
-        self.server = make_server(engine, cfg, shard_id, bind, port, **kwargs)
-        self.engine = engine
-        self.loop: asyncio.AbstractEventLoop | None = None
+                 server_class=BatchShardServer, **kwargs):
+        self.server = server_class(cfg, shard_id, bind, port, **kwargs)
         self._thread: threading.Thread | None = None
         self.address: tuple[str, int] | None = None
 
@@ -68,12 +47,12 @@ class ServerThread:
         """Start the thread and wait until the socket is bound.
 
         Raises:
-            OSError: the bind failed. RuntimeError: the loop did not start in ``timeout_s``.
+            OSError: the bind failed. RuntimeError: the thread did not bind in ``timeout_s``.
         """
         ready = threading.Event()
         err: list[BaseException] = []
 
-        def run_batch():
+        def run():
             try:
                 self.address = self.server.open()
             except BaseException as e:  # noqa: BLE001 - handed to the caller
@@ -86,28 +65,7 @@ class ServerThread:
             finally:
                 self.server.close()
 
-        def run():
-            loop = asyncio.new_event_loop()
-            self.loop = loop
-            asyncio.set_event_loop(loop)
-            try:
-                self.address = loop.run_until_complete(self.server.start())
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                err.append(e)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                self.server.stop()
-                loop.run_until_complete(asyncio.sleep(0))
-                loop.close()
-                self.server.close_stores()
-
-        self._thread = threading.Thread(target=run if self.engine == "reference" else run_batch,
-                                        name=f"embnic-shard-{self.server.shard_id}", daemon=True)
+        self._thread = threading.Thread(target=run, name=f"embnic-shard-{self.server.shard_id}", daemon=True)
         self._thread.start()
         if not ready.wait(timeout_s):
             raise RuntimeError(f"shard {self.server.shard_id} did not start within {timeout_s} s")
@@ -117,31 +75,22 @@ class ServerThread:
         return self
 
     def call(self, fn, *args, timeout_s: float = 10.0):
-        """Run ``fn(*args)`` on the server's loop and return its result (thread-safe access)."""
-        if self.engine != "reference":
-            return self.server.call(fn, *args, timeout_s=timeout_s)
-
-        async def go():
-            return fn(*args)
-
-        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(timeout_s)
+        """Run ``fn(*args)`` on the serving thread and return its result (thread-safe access)."""
+        return self.server.call(fn, *args, timeout_s=timeout_s)
 
     def counters(self) -> dict[str, Any]:
-        """:meth:`ShardServer.counters`, read on the server's loop."""
+        """The shard's counters, read on its serving thread."""
         return self.call(self.server.counters)
 
     def state_dict(self) -> dict:
-        """:meth:`ShardServer.state_dict`, read on the server's loop."""
+        """The shard's updated rows (:meth:`.ShardState.state_dict`), read on its serving thread."""
         return self.call(self.server.state_dict)
 
     def stop(self) -> None:
         """Stop the loop and join the thread. Idempotent."""
         if self._thread is None:
             return
-        if self.engine != "reference":
-            self.server.request_stop()
-        elif self.loop is not None and self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.server.request_stop()
         self._thread.join(10.0)
         self._thread = None
 

@@ -1,8 +1,8 @@
 """The exactly-once window of a shard: every update it acknowledged, remembered by
 ``(client_id, msg_id)`` *and* fingerprint (docs/protocol.md, "Reliability").
 
-One implementation for both engines (the reference :class:`~.shard.ShardServer` and the batch
-engine, which calls the reference's ``_admit_update`` and answers polls through :meth:`poll_ack`),
+One implementation (held by the shard's :class:`~.state.ShardState`, which admits updates and
+answers polls through it: :meth:`~.state.ShardState.admit_update`, :meth:`~.state.ShardState.poll_reply`),
 for ``--workers`` (each worker's window) and for durability (the log and checkpoints restore it,
 :mod:`.durability`). The C intake and answer path (``dataplane/shard/``) never decides an update.
 
@@ -13,7 +13,7 @@ recognised as a duplicate, whatever other update reused its id since. Beside it,
 the byte offset of the update's last fragment and the CRC-32 of that fragment's bytes (the
 bytes a poll carries), when the engine knew the update's fragment size.
 
-**Polls.** A poll is the re-sent last fragment of an update of several (``shard.is_poll``). It is
+**Polls.** A poll is the re-sent last fragment of an update of several (``state.is_poll``). It is
 acknowledged from the window only when an entry of that ``(client_id, msg_id)`` has the poll's
 ``num_tables``, ``num_keys``, ``value_len`` (so ``msg_len``), its last fragment at the poll's
 ``frag_offset`` and the CRC-32 of the poll's body bytes: the poll is that update's last

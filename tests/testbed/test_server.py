@@ -33,7 +33,9 @@ from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import init_rows
 from embnic.cli.main import cli
 from embnic.testbed.server.runner import ServerCluster, ServerThread
-from embnic.testbed.server.shard import ShardServer
+from embnic.testbed.server.state import ShardState, gradient_bound
+
+from reference_shard import ReferenceShard, engine_kw
 
 TABLES = [
     {"id": 0, "rows": 2000, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
@@ -83,7 +85,7 @@ class Raw:
 def shard0(request):
     """Shard 0 of a 2-shard hash cluster, in a thread (each engine), and a raw client pointed at it."""
     cfg = make_cfg()
-    with ServerThread(cfg, 0, engine=request.param) as st_:
+    with ServerThread(cfg, 0, **engine_kw(request.param)) as st_:
         raw = Raw(st_.address)
         yield cfg, st_, raw
         raw.close()
@@ -167,7 +169,7 @@ def test_server_numerics_equal_local_backend(sharding, shards, mtu, engine):
     cfg = make_cfg(shards, sharding, mtu)
     ref = LocalBackend(cfg)
     rng = np.random.default_rng(7)
-    with ServerCluster(cfg, engine=engine) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+    with ServerCluster(cfg, **engine_kw(engine)) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
         for _ in range(6):
             req = {t.id: np.unique(rng.integers(0, t.rows, 400)).astype(np.uint64) for t in cfg.tables}
             got = c.lookup(req)
@@ -615,7 +617,7 @@ def test_fuzz_handle_datagram_never_raises(data):
 
 
 _FUZZ_CFG = make_cfg()
-_FUZZ_SERVER = ShardServer(_FUZZ_CFG, 0, port=0)  # never started: replies go nowhere
+_FUZZ_SERVER = ReferenceShard(_FUZZ_CFG, 0, port=0)  # never started: replies go nowhere
 _FUZZ_FRAMES = (lookup_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:3], 1)
                 + update_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:40],
                                 np.ones((40, 8), np.float32), 2)
@@ -785,7 +787,7 @@ def test_client_empty_requests_and_a_shard_without_ids():
 
 def _fault_oracle(srv, cfg, parts, update):
     """The per-table rule of docs/protocol.md "Errors", table by table (the readable statement
-    ShardServer._table_fault vectorises): the first bad table in directory order and why."""
+    ShardState.table_fault vectorises): the first bad table in directory order and why."""
     from embnic.client_lib.table_numerics import gradient_ok, is_unique
 
     for tid, dim, dt, keys, g in parts:
@@ -805,16 +807,15 @@ def _fault_oracle(srv, cfg, parts, update):
 
 @pytest.mark.parametrize("sharding,shards", [("hash", 2), ("hash", 1), ("table", 2)])
 def test_table_fault_equals_the_per_table_rule(sharding, shards):
-    """ShardServer._table_fault (vectorised over tables and keys, with a gradient bound as a
+    """ShardState.table_fault (vectorised over tables and keys, with a gradient bound as a
     shortcut) against the rule table by table, on 3000 random messages of 1-5 tables with every
     kind of fault (unknown table, dim, dtype, range, owner, duplicates sorted or not, NaN, inf,
     gradients just below and above the bound, a table with lr 1e30), lookups and updates."""
-    from embnic.testbed.server.shard import gradient_bound
 
     tables = TABLES + [{"id": 5, "dim": 4, "optimizer": "sgd", "lr": 1e30},
                        {"id": 6, "dim": 2, "optimizer": "adagrad", "dtype": "fp16"}]
     cfg = make_cfg(shards, sharding, tables=tables)
-    srv = ShardServer(cfg, 0, port=0)
+    srv = ShardState(cfg, 0)
     rng = np.random.default_rng(1)
     seen = collections.Counter()
     for trial in range(3000):
@@ -866,7 +867,7 @@ def test_table_fault_equals_the_per_table_rule(sharding, shards):
         h = codec.parse_header(fr[0])
         body = b"".join(f[consts.HDR_LEN:] for f in fr)
         rb = codec.parse_request_body(h, body)
-        grads = srv._grads(rb) if update else None
+        grads = srv.gradients(rb) if update else None
         # the oracle sees the gradients as the shard does: after the wire's rounding
         eo = grads[1] if update else None
         oparts = [(p[0], p[1], p[2], p[3], grads[0][eo[i]:eo[i + 1]].reshape(-1, p[1]) if update else None)
@@ -874,7 +875,7 @@ def test_table_fault_equals_the_per_table_rule(sharding, shards):
         want = _fault_oracle(srv, cfg, oparts, update)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            got = srv._table_fault(h, rb, grads)
+            got = srv.table_fault(rb, grads)
         assert got == want, (trial, got, want, [(p[0], p[1], p[2]) for p in parts])
         seen[want[0].name if want else "ok"] += 1
     assert set(seen) >= {"ok", "UNKNOWN_TABLE", "DIM_MISMATCH", "KEY_OUT_OF_RANGE", "MALFORMED"} | (

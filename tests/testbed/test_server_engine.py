@@ -1,6 +1,7 @@
-"""The shard's batch engine against the reference server: the same frames in (messages of one
-to three tables, refusals, polls, junk), the same replies, counters and rows out; the C intake
-against the numpy one; batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets;
+"""The shard's serving loop against the reference shard (tests/testbed/reference_shard.py): the
+same frames in (messages of one to three tables, refusals, polls, junk), the same replies,
+counters and rows out; the C intake and answer path against its numpy oracle
+(tests/testbed/shard_oracle.py); batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets;
 ``--workers`` (steering by client and message id, checked in the kernel); exactly-once updates
 over a simulated lossy link.
 
@@ -21,10 +22,13 @@ from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
 from embnic.client_lib.rowstore import TableShard, shared_tables
-from embnic.testbed.server import canswer, cintake, udpio
+from embnic.testbed.server import canswer, udpio
 from embnic.testbed.server.engine import BatchShardServer
 from embnic.testbed.server.runner import ServerThread
-from embnic.testbed.server.shard import ShardServer
+from embnic.testbed.server.state import ShardState
+
+from reference_shard import engine_kw
+from shard_oracle import NumpyAnswer
 
 from test_server import lookup_frames, make_cfg, multi_lookup_frames, multi_update_frames, reply_rows, update_frames
 
@@ -141,7 +145,7 @@ def build_stream(cfg, seed):
 def run_stream(cfg, engine, stream, **kw):
     """Send ``stream`` to a shard 0 of ``engine`` as fast as possible, then a probe per client;
     returns (reply frames per client sorted, counters, state)."""
-    with ServerThread(cfg, 0, engine=engine, reassembly_timeout_s=600.0, **kw) as st:
+    with ServerThread(cfg, 0, reassembly_timeout_s=600.0, **engine_kw(engine, kw)) as st:
         socks = {}
         for c in (1, 2):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -184,16 +188,16 @@ def _comparable(c):
 @pytest.mark.parametrize("kw", [{"small": 0}, {"gso": False, "batch": 7, "small": 0, "c_intake": False},
                                 {"small": 64, "c_intake": False}, {"batch": 7}, {"batch": 7, "c_answer": False}])
 def test_batch_engine_equals_reference(seed, kw):
-    """The batch engine (C intake and answer path where built, the C intake with numpy answers,
-    and the numpy intake) against the reference: streams of updates with polls, NACKs, acks
+    """The serving loop (the C intake and answer path, and on its numpy oracle, checking frames
+    as vectors or one by one) against the reference: streams of updates with polls, NACKs, acks
     from the window, duplicates, refusals of every kind, junk."""
     cfg = make_cfg()
     stream = build_stream(cfg, seed)
     ref = run_stream(cfg, "reference", stream)
     bat = run_stream(cfg, "batch", stream, **kw)
-    assert bat[1]["engine"]["intake"] == ("c" if kw.get("c_intake", True) and cintake.load() else "numpy")
-    assert bat[1]["engine"]["answer"] == ("c" if kw.get("c_intake", True) and kw.get("c_answer", True)
-                                          and canswer.load() else "numpy")
+    c_path = kw.get("c_intake", True) and kw.get("c_answer", True)
+    assert bat[1]["engine"]["intake"] == ("c" if c_path else "numpy")
+    assert bat[1]["engine"]["answer"] == ("c" if c_path else "numpy")
     assert bat[0] == ref[0]  # every reply frame, byte for byte
     assert _comparable(bat[1]) == _comparable(ref[1])
     assert ref[1]["updates_applied"] > 5 and ref[1]["duplicates"] > 0 and sum(ref[1]["errors"].values()) > 3
@@ -209,14 +213,16 @@ def test_batch_engine_equals_reference(seed, kw):
             assert np.array_equal(a, b)
 
 
-def test_c_intake_is_built_where_the_card_is():
-    """``make -C dataplane`` (which ``make test`` runs) builds the shard's C intake next to the
-    card: where the card binary exists, the engine tests above ran the C intake too."""
-    from embnic.control.targets.dpdk.process import REPO_BINARY
-
-    if not REPO_BINARY.exists():
-        pytest.skip("dataplane not built (make -C dataplane)")
-    assert cintake.REPO_LIB.exists() and cintake.load() is not None
+def test_the_shard_library_ships_with_the_package():
+    """The shard's C library is built by the package (``pip install -e .``, ``make libs``): it
+    loads, and the serving loop runs on it — there is no other production path."""
+    assert canswer.load() is not None
+    srv = BatchShardServer(make_cfg(), 0, "127.0.0.1", 0)
+    srv.open()
+    try:
+        assert isinstance(srv.answer, canswer.CAnswer) and srv.answer.serving
+    finally:
+        srv.close()
 
 
 def _frames_for_checks(cfg, rng):
@@ -249,12 +255,10 @@ def _frames_for_checks(cfg, rng):
     return out
 
 
-@pytest.mark.skipif(cintake.load() is None, reason="C intake not built (make -C dataplane)")
 def test_c_intake_equals_the_numpy_intake():
-    """Header checks and grouping by message, C against numpy, on valid, bit-flipped and cut
-    frames, shuffled with duplicates, in batches of every size."""
+    """Header checks and grouping by message, C against the numpy oracle, on valid, bit-flipped
+    and cut frames, shuffled with duplicates, in batches of every size."""
     from embnic.testbed.server import intake
-    from embnic.testbed.server.engine import BatchShardServer
 
     cfg = make_cfg()
     rng = np.random.default_rng(5)
@@ -262,8 +266,9 @@ def test_c_intake_equals_the_numpy_intake():
     srv = BatchShardServer(cfg, 0, "127.0.0.1", 0)
     srv.open()
     try:
-        assert srv.intake.cin is not None
+        ca = srv.answer
         bs = srv._bs
+        oracle = NumpyAnswer(bs, srv.state)
         seen_ok = seen_whole = 0
         for trial in range(40):
             n = int(rng.integers(1, bs.batch + 1))
@@ -273,17 +278,15 @@ def test_c_intake_equals_the_numpy_intake():
                 f = frames[j]
                 bs.rx[r, :len(f)] = np.frombuffer(f, np.uint8)
                 bs.lens[r] = len(f)
-            cin, srv.intake.cin = srv.intake.cin, None
-            cols_py, ok_py, p_py = (a.copy() for a in srv.intake.check_vector(n))
-            srv.intake.cin = cin
-            cols_c, ok_c, p_c = srv.intake.check_vector(n)
+            cols_py, ok_py, p_py = (a.copy() for a in oracle.check_vector(n))
+            cols_c, ok_c, p_c = ca.check(n)
             full = bs.lens[:n] >= consts.HDR_LEN
             assert np.array_equal(cols_c[full], cols_py[full]) and not cols_c[~full].any()
             assert np.array_equal(ok_c, ok_py) and np.array_equal(p_c[ok_c], p_py[ok_py])
             mg = np.flatnonzero(ok_c & (cols_c[:, intake.FC] > 1))
             if mg.size:
-                order, grp = cin.whole(mg)
-                ref = srv.intake.group(mg, cols_c, p_c)
+                order, grp = ca.whole(mg)
+                ref = oracle.group(mg, cols_c, p_c)
                 assert np.array_equal(order, ref[0])
                 for j in range(6):
                     assert np.array_equal(grp[:, j], np.asarray(ref[1 + j]).astype(np.int64)), j
@@ -348,13 +351,12 @@ def build_lookup_stream(cfg, seed, n=160):
     return out
 
 
-@pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
 @pytest.mark.parametrize("tables", ["mixed", "uniform"])
 @pytest.mark.parametrize("batch", [7, 64, 256])
 def test_c_answer_equals_numpy_answer_frame_by_frame(tables, batch):
     """Lookups answered by the C path (dataplane/shard/answer.c: directory, checks, one pass of
-    searches over every table, reply frames, sendmmsg + GSO) against the numpy path (C intake,
-    replies from engine.py / replies.py / udpio.py) and the reference server on the same
+    searches over every table, reply frames, sendmmsg + GSO) against its numpy oracle (the
+    loop's numpy gather, shard_oracle.py's checks and replies) and the reference shard on the same
     frames: every reply frame byte for byte, every counter, every row. Mixed dims and dtypes
     (a flat arena; fp16 rows cast in C as numpy does) and one dim (a (rows, dim) arena)."""
     tabs = TABLES_MIXED if tables == "mixed" else TABLES_UNIFORM
@@ -378,7 +380,6 @@ def test_c_answer_equals_numpy_answer_frame_by_frame(tables, batch):
     assert e["messages_whole"] > 0 and e["gso_sends"] > 0
 
 
-@pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
 @pytest.mark.parametrize("c_answer", [True, False])
 def test_rows_of_two_tables_sharing_a_composite_key(c_answer):
     """Row ids of two tables whose composite keys in the shard's one index are equal (key +
@@ -387,8 +388,9 @@ def test_rows_of_two_tables_sharing_a_composite_key(c_answer):
     cfg = make_cfg(1, tables=[{"id": 0, "rows": 100, "dim": 8}, {"id": 1, "dim": 8},  # (table 0: the probe's)
                               {"id": 2, "dim": 8, "optimizer": "sgd", "lr": 0.5}])
     ref = LocalBackend(cfg)
-    probe = ShardServer(cfg, 0)
+    probe = ShardState(cfg, 0)
     salt = {int(t): int(x) for t, x in zip(probe.store.table_ids, probe.store.tsalt)}
+    probe.close()
     ka = np.array([123456789, 2**63 + 5], np.uint64)
     kb = ((ka.astype(object) + salt[1] - salt[2]) % 2**64).astype(np.uint64)
     order = np.argsort(kb)
@@ -448,7 +450,7 @@ class _OtherStore:
         self._ts.load_state(keys, rows, acc)
 
 
-@pytest.mark.parametrize("kw", [{}, {"c_answer": False}, {"c_intake": False}])
+@pytest.mark.parametrize("kw", [{}, {"c_answer": False}])
 def test_a_table_in_a_store_of_another_kind(kw):
     """The seam for other row stores (the table store a shard is given, testbed/server/stores.py
     ShardStores): a table whose rows live in a store of another kind is served through that store's own lookup/apply_segments
@@ -471,7 +473,6 @@ def test_a_table_in_a_store_of_another_kind(kw):
     assert other.calls > 5 and len(other) > 0
 
 
-@pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
 def test_the_row_stores_search_in_c_equals_numpy():
     """RowStore._find through the C library (canswer installs it as the store's native_find:
     sorted windows, sample, blocks, delta index, composites two tables share) gives numpy's
@@ -484,7 +485,7 @@ def test_the_row_stores_search_in_c_equals_numpy():
     srv = BatchShardServer(cfg, 0, "127.0.0.1", 0)
     srv.open()
     try:
-        st = srv.store
+        st = srv.state.store
         assert st.native_find is not None
         st.MERGE_MIN = 200  # main and delta index both in use
         ref_store, ref = shared_tables(cfg.tables, cfg.seed)
@@ -510,17 +511,16 @@ def test_the_row_stores_search_in_c_equals_numpy():
             got = st.native_find(li, c)
             st.native_find = None
             want = st._find(li, c)
-            st.native_find = srv._ca.find
+            st.native_find = srv.answer.find
             assert np.array_equal(got, want), step
         assert st._dck.size > 0 and st._ck.size > 0
         for tid in (1, 2):
-            for a, b in zip(srv.tables[tid].state(), ref[tid].state()):
+            for a, b in zip(srv.state.tables[tid].state(), ref[tid].state()):
                 assert np.array_equal(a, b)
     finally:
         srv.close()
 
 
-@pytest.mark.skipif(canswer.load() is None, reason="shard library not built (make -C dataplane)")
 def test_c_fp16_cast_equals_numpy():
     """float32 -> float16 in C (store.c, for fp16 tables' replies) against numpy's cast: every
     pattern near the subnormal, normal and overflow edges, ties, and a million random ones;
@@ -768,16 +768,6 @@ def test_a_dead_worker_stops_the_shard():
     assert re.search(r"worker embnic-shard-0-w1 \(pid %s\) died" % m.group(2), err), err
 
 
-def test_cli_workers_need_the_batch_engine(tmp_path):
-    from click.testing import CliRunner
-
-    from embnic.cli.main import cli
-
-    r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", "examples/cluster.toml", "--workers", "2",
-                                 "--engine", "reference"])
-    assert r.exit_code == 2 and "--workers needs --engine batch" in r.output
-
-
 def test_steering_program_picks_the_home_of_client_and_message():
     """The cBPF program is ld [8] (msg_id), mod N, tax, ldh [12] (client_id), add x, mod N, ret A —
     checked instruction by instruction, the offsets against the header's field table, and in the
@@ -977,7 +967,7 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link(engine, nack):
     cfg = make_cfg()
     ref = LocalBackend(cfg)
     rng = random.Random(7)
-    with ServerThread(cfg, 0, engine=engine) as st:
+    with ServerThread(cfg, 0, **engine_kw(engine)) as st:
         rounds, nacks = [], 0
         for wave in _lossy_waves(cfg, 3):
             msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}

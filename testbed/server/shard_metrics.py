@@ -2,7 +2,7 @@
 
 The shard counts as it always does — in its counters, on the serving thread — and the metrics
 endpoint reads them at scrape time: :class:`ShardCollector` calls a ``read()`` that returns the
-shard's :meth:`~embnic.testbed.server.shard.ShardServer.counters` (taken on the serving thread
+shard's :meth:`~embnic.testbed.server.state.ShardState.counters` (taken on the serving thread
 between wake-ups, or, for a ``--workers N`` shard, every worker's, summed by the parent,
 :func:`~embnic.testbed.server.foreground.run_workers`), and :func:`shard_families` turns them into
 metric families. The data path pays for one counter increment per reply and one histogram
@@ -50,7 +50,7 @@ class ServiceTimes:
 
 
 def shard_families(c: dict) -> list:
-    """Metric families of one reading of a shard's counters (``ShardServer.counters()``, or the
+    """Metric families of one reading of a shard's counters (``ShardState.counters()`` with its loop's, or the
     sum over a ``--workers`` shard's workers).
 
     Returns:
@@ -201,7 +201,7 @@ class ShardCollector:
     """A prometheus_client collector that reads a shard's counters at every scrape.
 
     Args:
-        read: returns the shard's counters (``ShardServer.counters()``'s shape); called on the
+        read: returns the shard's counters (``BatchShardServer.counters()``'s shape); called on the
             metrics server's thread, so it must hand the reading to the serving thread itself.
     """
 
