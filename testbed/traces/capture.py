@@ -99,7 +99,9 @@ class Capture:
 
     def stop(self) -> list[tuple[int, bool, bytes]]:
         """Stop the reader, read what is left; returns ``frames``. ``kernel_drops`` counts frames
-        the kernel dropped because the socket buffer was full."""
+        the kernel dropped because the socket buffer was full. Idempotent."""
+        if self._stop.is_set():
+            return self.frames
         self._stop.set()
         self._thread.join()
         self._read_available()

@@ -264,8 +264,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
         drops = {cid: cap.kernel_drops for cid, cap in caps.items()}
     finally:
         for cap in caps.values():
-            if not cap._stop.is_set():
-                cap.stop()
+            cap.stop()
         tb.down()
     duration = time.monotonic() - t0
     if any(drops.values()):
@@ -424,53 +423,18 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     T.require_net_admin("replay (it brings the namespace testbed up)")
     require_program("tcpreplay", "apt-get install tcpreplay")
     pcap = Path(pcap)
-    frames = read_pcap(pcap)
-    check_version(pcap, frames, read_sidecar(pcap))
-    reqs, per_client, other = parse_requests(frames)
-    if not reqs:
-        raise TraceUsageError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "
-                         "record one with `embnic trace record`")
-    cfg = load_config(config)
-    sidecar_path = pcap.with_suffix(".json")
-    sidecar = read_sidecar(pcap)
-    if (warn := truncation_warning(pcap, len(frames), sidecar, pcap_file.partial_tail(pcap))):
-        log(warn)
-    cc = check_config(sidecar, config, cfg)
-    cc["forced"] = False
-    if cc["match"] is False:
-        what = f"{pcap} was recorded with config {cc['recorded_with']}, whose content differs from {config}"
-        if not force:
-            raise ConfigMismatch(f"{what}: replay it with `-c {cc['recorded_with']}` (the card and shards of "
-                                 "another config answer with errors or not at all), or pass --force to replay anyway")
-        cc["forced"] = True
-        log(f"warning: {what}; replaying anyway (--force)")
-    elif cc["match"] is None:
-        log(f"note: no config hash for {pcap.name} ({sidecar_path.name} missing or without one); the config is "
-            "not checked")
-    ids = {c.id for c in cfg.clients}
-    missing_clients = sorted(set(per_client) - ids)
-    if missing_clients:
-        raise ConfigMismatch(f"the trace has frames of client {missing_clients[0]}, which {config} does not have "
-                         f"(clients: {', '.join(map(str, sorted(ids)))}); replay with the config it was recorded with")
+    frames, reqs, per_client, other, cfg, cc = _load_trace(pcap, config, force, log)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     topo = T.Topology.from_config(cfg, name)
     clients = sorted(per_client)
-    split_dir = out / "replay-pcaps"
-    split_dir.mkdir(exist_ok=True)
-    split = {}
-    for cid in clients:
-        p = split_dir / f"client{cid}.pcap"
-        pcap_file.write_pcap(p, [f for _, f in per_client[cid]], times=[t for t, _ in per_client[cid]])
-        split[cid] = p
-    pps = (rate / len(clients)) if rate else None
+    split = _split_per_client(out / "replay-pcaps", per_client)
     total = len(reqs)
     trackers = {cid: _ReplyTracker(cid, reqs) for cid in clients}
     tb = T.Testbed(topo, rdir, target=target)
     tb.up(owner="replay")
     caps: dict[int, Capture] = {}
     sinks = []
-    tcpr: dict = {}
     try:
         for cid in clients:
             me = tb.cfg.client(cid)
@@ -485,30 +449,13 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         log(f"replaying {len(frames) - other} frames ({total} request messages) of {pcap.name} from client(s) "
             f"{', '.join(map(str, clients))} with tcpreplay "
             + ("at top speed" if topspeed else f"at {rate:g} frames/s" if rate else "at the recorded timing"))
+        pps = (rate / len(clients)) if rate else None
         procs = {cid: subprocess.Popen(_tcpreplay_argv(topo.client_ns(cid), topo.link(f"c{cid}").peer_if,
                                                        split[cid], pps, topspeed),
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for cid in clients}
-        t_start = time.monotonic()
-        deadline = None
-        with R.Progress(total, "replay: replies", unit="msg", enabled=progress) as bar:
-            while True:
-                done = sum(len(t.done) for t in trackers.values())
-                sent = sum(t.sent_frames for t in trackers.values())
-                el = max(time.monotonic() - t_start, 1e-9)
-                bar.set(done, frames_s=f"{sent / el:.0f}")
-                running = [p for p in procs.values() if p.poll() is None]
-                if not running and deadline is None:
-                    deadline = time.monotonic() + wait_s
-                if done >= total or (deadline is not None and time.monotonic() > deadline):
-                    break
-                time.sleep(0.05)
-        for cid, p in procs.items():
-            text = p.communicate()[0]
-            tcpr[cid] = {"exit": p.returncode, **_parse_tcpreplay(text)}
-            if p.returncode != 0:
-                raise TraceError(f"tcpreplay for client {cid} failed (exit {p.returncode}): "
-                                 f"{text.strip().splitlines()[-1] if text.strip() else ''}")
+        _wait_replies(procs, trackers, total, wait_s, progress)
+        tcpr = _tcpreplay_results(procs)
         time.sleep(0.05)
         for cap in caps.values():
             cap.stop()
@@ -520,15 +467,14 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
             state_summary = tb.target.state_summary()
     finally:
         for cap in caps.values():
-            if not cap._stop.is_set():
-                cap.stop()
+            cap.stop()
         for s in sinks:
             s.close()
         tb.down()
 
     capture_drops = {str(cid): cap.kernel_drops for cid, cap in caps.items()}
     ports = {cid: cfg.client(cid).card_port for cid in clients}
-    rep = _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
+    rep = _replay_report(pcap, pcap.with_suffix(".json"), reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
                          other, out, ports, capture_drops, target=target)
     rep["shards"] = {str(s.id): shard_counters_from_log(tb.log_path(f"s{s.id}")) for s in cfg.shards}
     rep["config_check"] = cc
@@ -537,3 +483,83 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
     for line in replay_summary(rep):
         log(line)
     return rep
+
+
+def _load_trace(pcap: Path, config, force: bool, log: Callable[[str], None]) -> tuple:
+    """Read the trace and check it against ``config`` before any testbed comes up: (frames, the
+    request messages, frames per client, frames that are not requests, the config, the config
+    check of the report). Raises as :func:`replay` says."""
+    frames = read_pcap(pcap)
+    check_version(pcap, frames, read_sidecar(pcap))
+    reqs, per_client, other = parse_requests(frames)
+    if not reqs:
+        raise TraceUsageError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "
+                         "record one with `embnic trace record`")
+    cfg = load_config(config)
+    sidecar = read_sidecar(pcap)
+    if (warn := truncation_warning(pcap, len(frames), sidecar, pcap_file.partial_tail(pcap))):
+        log(warn)
+    cc = check_config(sidecar, config, cfg)
+    cc["forced"] = False
+    if cc["match"] is False:
+        what = f"{pcap} was recorded with config {cc['recorded_with']}, whose content differs from {config}"
+        if not force:
+            raise ConfigMismatch(f"{what}: replay it with `-c {cc['recorded_with']}` (the card and shards of "
+                                 "another config answer with errors or not at all), or pass --force to replay anyway")
+        cc["forced"] = True
+        log(f"warning: {what}; replaying anyway (--force)")
+    elif cc["match"] is None:
+        log(f"note: no config hash for {pcap.name} ({pcap.with_suffix('.json').name} missing or without one); the "
+            "config is not checked")
+    ids = {c.id for c in cfg.clients}
+    missing_clients = sorted(set(per_client) - ids)
+    if missing_clients:
+        raise ConfigMismatch(f"the trace has frames of client {missing_clients[0]}, which {config} does not have "
+                         f"(clients: {', '.join(map(str, sorted(ids)))}); replay with the config it was recorded with")
+    return frames, reqs, per_client, other, cfg, cc
+
+
+def _split_per_client(split_dir: Path, per_client: dict) -> dict[int, Path]:
+    """One pcap per client (``split_dir/client<id>.pcap``, the recorded times kept): client -> its path."""
+    split_dir.mkdir(exist_ok=True)
+    split = {}
+    for cid in sorted(per_client):
+        p = split_dir / f"client{cid}.pcap"
+        pcap_file.write_pcap(p, [f for _, f in per_client[cid]], times=[t for t, _ in per_client[cid]])
+        split[cid] = p
+    return split
+
+
+def _wait_replies(procs: dict, trackers: dict, total: int, wait_s: float, progress: bool | None) -> None:
+    """Until every one of ``total`` requests has its reply, or ``wait_s`` after the last tcpreplay
+    of ``procs`` exited (a progress bar of the replies meanwhile)."""
+    t_start = time.monotonic()
+    deadline = None
+    with R.Progress(total, "replay: replies", unit="msg", enabled=progress) as bar:
+        while True:
+            done = sum(len(t.done) for t in trackers.values())
+            sent = sum(t.sent_frames for t in trackers.values())
+            el = max(time.monotonic() - t_start, 1e-9)
+            bar.set(done, frames_s=f"{sent / el:.0f}")
+            running = [p for p in procs.values() if p.poll() is None]
+            if not running and deadline is None:
+                deadline = time.monotonic() + wait_s
+            if done >= total or (deadline is not None and time.monotonic() > deadline):
+                break
+            time.sleep(0.05)
+
+
+def _tcpreplay_results(procs: dict) -> dict:
+    """Client -> tcpreplay's exit status and figures.
+
+    Raises:
+        TraceError: a tcpreplay failed (its last line named).
+    """
+    tcpr = {}
+    for cid, p in procs.items():
+        text = p.communicate()[0]
+        tcpr[cid] = {"exit": p.returncode, **_parse_tcpreplay(text)}
+        if p.returncode != 0:
+            raise TraceError(f"tcpreplay for client {cid} failed (exit {p.returncode}): "
+                             f"{text.strip().splitlines()[-1] if text.strip() else ''}")
+    return tcpr
