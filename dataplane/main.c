@@ -36,7 +36,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,19 +55,13 @@
 
 #include "embnic_dp.h"
 #include "embnic_limits.h"
+#include "embnic_main.h"
 
 #define CTL_PERIOD_US	1000	/* control socket poll period on a busy lcore */
 
 volatile bool force_quit;
 
 static struct embnic_app app;
-
-static void
-signal_handler(int signum)
-{
-	if (signum == SIGINT || signum == SIGTERM)
-		force_quit = true;
-}
 
 static void
 usage(const char *prog)
@@ -98,21 +91,6 @@ usage(const char *prog)
 		EMBNIC_MAX_MTU, EMBNIC_MAX_STATE_LCORES);
 }
 
-/* An unsigned decimal in [lo, hi]; 0 or -EINVAL. */
-static int
-parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-	unsigned long v;
-	char *end;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
-		return -EINVAL;
-	*out = (uint32_t)v;
-	return 0;
-}
-
 /* "P=A.B.C.D" */
 static int
 parse_port_ip(const char *s, struct embnic_opts *o)
@@ -128,7 +106,7 @@ parse_port_ip(const char *s, struct embnic_opts *o)
 	if (eq == NULL)
 		return -EINVAL;
 	*eq = '\0';
-	if (parse_u32(buf, 0, EMBNIC_MAX_PORTS - 1, &port) ||
+	if (embnic_parse_u32(buf, 0, EMBNIC_MAX_PORTS - 1, &port) ||
 	    inet_pton(AF_INET, eq + 1, &a) != 1)
 		return -EINVAL;
 	o->port_ip[port] = a.s_addr;
@@ -175,38 +153,38 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 			ret = parse_port_ip(optarg, o);
 			break;
 		case O_RING:
-			ret = parse_u32(optarg, EMBNIC_RING_SIZE_MIN,
+			ret = embnic_parse_u32(optarg, EMBNIC_RING_SIZE_MIN,
 					EMBNIC_RING_SIZE_MAX, &o->ring_size);
 			if (ret == 0 && !rte_is_power_of_2(o->ring_size))
 				ret = -EINVAL;
 			break;
 		case O_STATE:
-			ret = parse_u32(optarg, EMBNIC_STATE_SIZE_MIN,
+			ret = embnic_parse_u32(optarg, EMBNIC_STATE_SIZE_MIN,
 					EMBNIC_STATE_SIZE_MAX, &o->state_size);
 			break;
 		case O_TIMEOUT:
-			ret = parse_u32(optarg, EMBNIC_STATE_TIMEOUT_MS_MIN,
+			ret = embnic_parse_u32(optarg, EMBNIC_STATE_TIMEOUT_MS_MIN,
 					EMBNIC_STATE_TIMEOUT_MS_MAX,
 					&o->state_timeout_ms);
 			break;
 		case O_BURST:
-			ret = parse_u32(optarg, 1, EMBNIC_MAX_BURST, &o->burst);
+			ret = embnic_parse_u32(optarg, 1, EMBNIC_MAX_BURST, &o->burst);
 			break;
 		case O_IDLE:
-			ret = parse_u32(optarg, 0, 1000000, &o->idle_us);
+			ret = embnic_parse_u32(optarg, 0, 1000000, &o->idle_us);
 			break;
 		case O_MBUFS:
-			ret = parse_u32(optarg, 1024, 1u << 24, &o->nb_mbufs);
+			ret = embnic_parse_u32(optarg, 1024, 1u << 24, &o->nb_mbufs);
 			break;
 		case O_PAUSED:
 			o->paused = true;
 			break;
 		case O_MTU:
-			ret = parse_u32(optarg, EMBNIC_MTU_MIN, EMBNIC_MAX_MTU,
+			ret = embnic_parse_u32(optarg, EMBNIC_MTU_MIN, EMBNIC_MAX_MTU,
 				       &o->mtu);
 			break;
 		case O_STATE_LCORES:
-			ret = parse_u32(optarg, 1, EMBNIC_MAX_STATE_LCORES,
+			ret = embnic_parse_u32(optarg, 1, EMBNIC_MAX_STATE_LCORES,
 					&o->state_lcores);
 			break;
 		default:	/* --help, or getopt already said what is wrong */
@@ -472,9 +450,7 @@ main(int argc, char **argv)
 		usage(argv[0]);
 		rte_exit(2, "invalid arguments\n");
 	}
-	force_quit = false;
-	signal(SIGINT, signal_handler);
-	signal(SIGTERM, signal_handler);
+	embnic_quit_on_signals();
 
 	app.nb_ports = rte_eth_dev_count_avail();
 	if (app.nb_ports == 0 || app.nb_ports > EMBNIC_MAX_PORTS)

@@ -22,7 +22,6 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +34,7 @@
 #include <rte_mbuf.h>
 
 #include "embnic_conn.h"
+#include "embnic_main.h"
 #include "embnic_swx.h"
 
 #define SWX_MBUFS		8191
@@ -45,15 +45,8 @@
 #define SWX_CTL_PERIOD_US	1000
 #define SWX_DEFAULT_CTL		"/run/embnic/embnic-swx.sock"
 
-static volatile bool force_quit;
+volatile bool force_quit;
 static struct swx_app app;
-
-static void
-signal_handler(int signum)
-{
-	if (signum == SIGINT || signum == SIGTERM)
-		force_quit = true;
-}
 
 static void
 usage(const char *prog)
@@ -83,8 +76,6 @@ parse_args(int argc, char **argv, struct swx_app *a, const char **codegen)
 		{ "codegen", required_argument, NULL, 'g' },
 		{ NULL, 0, NULL, 0 },
 	};
-	char *end;
-	long v;
 	int o;
 
 	a->ctl_path = SWX_DEFAULT_CTL;
@@ -99,19 +90,15 @@ parse_args(int argc, char **argv, struct swx_app *a, const char **codegen)
 			a->ctl_path = optarg;
 			break;
 		case 'b':
-			v = strtol(optarg, &end, 10);
-			if (*end != '\0' || v < 1 || v > 512)
+			if (embnic_parse_u32(optarg, 1, 512, &a->burst) != 0)
 				return -EINVAL;
-			a->burst = (uint32_t)v;
 			break;
 		case 'P':
 			a->paused = true;
 			break;
 		case 'm':
-			v = strtol(optarg, &end, 10);
-			if (*end != '\0' || v < 1024 || v > (1L << 24))
+			if (embnic_parse_u32(optarg, 1024, 1u << 24, &a->mbufs) != 0)
 				return -EINVAL;
-			a->mbufs = (uint32_t)v;
 			break;
 		case 'g':
 			codegen[0] = optarg;
@@ -380,8 +367,7 @@ main(int argc, char **argv)
 		rte_eal_cleanup();
 		return ret == 0 ? 0 : 1;
 	}
-	signal(SIGINT, signal_handler);
-	signal(SIGTERM, signal_handler);
+	embnic_quit_on_signals();
 
 	app.nb_ports = rte_eth_dev_count_avail();
 	if (app.nb_ports == 0 || app.nb_ports > SWX_MAX_PORTS)
