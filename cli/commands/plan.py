@@ -8,7 +8,7 @@ import math
 import click
 
 from embnic.client_lib.config import MTU_LIMITS
-from embnic.control import plan as P
+from embnic.control import capacity as P
 from embnic.cli.commands.options import FloatRange, config_errors, config_option, json_option, load_cluster
 
 _HW = {f.name: f for f in dataclasses.fields(P.Hardware)}
@@ -153,7 +153,7 @@ def _n(x: float) -> str:
 
 
 def render(res: dict) -> str:
-    """The text form of a :func:`embnic.control.plan.plan` result."""
+    """The text form of a :func:`embnic.control.capacity.plan` result."""
     c, w, s, card = res["config"], res["workload"], res["per_step"], res["card"]
     out = [f"cluster: {c['tables']} tables, {_n(c['rows'])} rows, {c['shards']} shards ({c['sharding']}), MTU {c['mtu']}",
            f"workload: batch {w['batch']}, {w['clients']} client(s), {_n(w['ids_per_step'])} ids/step, "

@@ -358,7 +358,7 @@ def plan_rows(cfg, sample, batches, measured: dict) -> dict:
         messages_per_step, plan_request_frames_per_step, plan_request_bytes_per_step, binds}}``
         (batches not in ``measured`` are left out).
     """
-    from embnic.control import plan as P
+    from embnic.control import capacity as P
     from embnic.testbed.training.train import feature_tables
 
     out = {}

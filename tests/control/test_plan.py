@@ -1,5 +1,6 @@
-"""``embnic plan`` (control/plan.py, cli/commands/plan.py): its traffic model against the client's
-own counters on real shards (loopback, no card), storage arithmetic, the CLI.
+"""``embnic plan`` (control/capacity.py, control/traffic.py, cli/commands/plan.py): its traffic model
+against the client's own counters on real shards (loopback, no card) and its closed form of the
+message cut against the client's C plan, storage arithmetic, the CLI.
 
 Run alone: python3 -m pytest -q tests/control/test_plan.py
 """
@@ -12,10 +13,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from embnic.client_lib import consts
+from embnic.client_lib import consts, native
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import ConfigError, load_config, parse_config
-from embnic.control import plan as P
+from embnic.control import capacity as P
+from embnic.control import traffic
 from embnic.cli.main import cli
 from embnic.testbed.bench import e2e
 from embnic.testbed.server.runner import ServerCluster
@@ -62,7 +64,7 @@ def test_traffic_arithmetic_on_one_table():
     """One fp32 table of dim 8 on one shard, 1000 unique ids: the message sizes by hand."""
     cfg = parse_config({"cluster": {"mtu": 1500}, "tables": [{"id": 0, "rows": 10**6, "dim": 8}],
                         "shards": [{"id": 0, "ip": "10.0.0.1"}], "clients": [{"id": 1, "ip": "10.0.0.2"}]})
-    tr = P.step_traffic(cfg, {0: 1000})
+    tr = traffic.step_traffic(cfg, {0: 1000})
     p = consts.max_body_per_frame(1500)
     look, reply, upd = 16 + 8000, 32000, 16 + 8000 + 32000
     f = lambda b: -(-b // p)  # noqa: E731
@@ -72,7 +74,7 @@ def test_traffic_arithmetic_on_one_table():
     assert tr.req_bytes == look + upd + 44 * (f(look) + f(upd)) + 2 * (24 + 44)
     assert tr.rep_bytes == reply + 44 * (f(reply) + 1) + 2 * (32 + 44)
     # 3000 ids: the lookup's reply needs more than 64 fragments, so the round is split
-    assert P.step_traffic(cfg, {0: 3000}).req_messages > 2
+    assert traffic.step_traffic(cfg, {0: 3000}).req_messages > 2
 
 
 def test_storage_memory_disk_and_expected_rows():
@@ -226,13 +228,13 @@ def test_only_the_large_tables_on_disk_and_caches_that_do_not_fit():
     assert len(big) == 8 and all(sh["tables_on_disk"] == big for sh in res["shards"])
     st = P.shard_storage(cfg, P.Hardware())
     small = [t for t in cfg.tables if not t.expected_rows]
-    mem_rows = sum(int(P.split_keys(cfg, t.id, t.rows)[0]) for t in small)
+    mem_rows = sum(int(traffic.split_keys(cfg, t.id, t.rows)[0]) for t in small)
     assert st["rows"][0] - st["disk_rows"][0] == mem_rows
     assert st["disk_tier_memory_bytes"][0] == 8 * 4_000_000 * 535 + (64 << 20) + P.DISK_FIXED_OVERHEAD
     assert st["arena_bytes"][0] > 0 and st["memory_bytes"][0] == st["arena_bytes"][0] + st["disk_tier_memory_bytes"][0]
     # disk keys per shard: lookup + update of the 8 tables' keys on it
-    tr = P.step_traffic(cfg, {t.id: w.unique_ids(t.id) for t in cfg.tables})
-    assert tr.disk_keys[0] == 2 * sum(int(P.split_keys(cfg, t.id, w.unique_ids(t.id))[0]) for t in cfg.tables
+    tr = traffic.step_traffic(cfg, {t.id: w.unique_ids(t.id) for t in cfg.tables})
+    assert tr.disk_keys[0] == 2 * sum(int(traffic.split_keys(cfg, t.id, w.unique_ids(t.id))[0]) for t in cfg.tables
                                       if t.expected_rows)
     assert 0 < tr.disk_keys[0] < tr.per_shard[0, 0]
     # caches a shard cannot hold at all: no number of shards fits
@@ -294,22 +296,52 @@ def test_the_10tb_disk_example_fits_server_shards_where_the_memory_one_does_not(
 TESTBED = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "testbed.toml"
 
 
+def c_plan_counts(cfg, mt, parts, **cut) -> list[tuple[int, int, int, int]]:
+    """The messages the client's C plan (``native.plan``, client_lib/csrc/plan.c) cuts a one-shard
+    round of ``parts`` (``[(table_id, keys)]``) into: ``(first table id, tables, keys, value bytes)``."""
+    from embnic.client_lib.roundplan import C_DIR0, C_NKEYS, C_NT, C_VLEN, TableArrays
+
+    ta = TableArrays(cfg)
+    tix = ta.index([t for t, _ in parts])
+    counts = np.array([k for _, k in parts], np.int64)
+    keys = np.concatenate([np.arange(k, dtype=np.uint64) for _, k in parts])
+    p = native.plan(native.load(), ta, mt, tix, counts, keys, **cut)
+    return [(int(p.dir["table_id"][r[C_DIR0]]), r[C_NT], r[C_NKEYS], r[C_VLEN]) for r in p.msgs.tolist()]
+
+
 @pytest.mark.parametrize("mtu,msg_frames,window_frames", [(1500, 64, 1024), (74, 64, 1024), (9000, None, 0),
                                                            (576, 4, 8), (73, 1, 3)])
-def test_pack_counts_is_pack_parts_message_for_message(mtu, msg_frames, window_frames):
-    """The planner's key-free packer cuts a round exactly as the client's pack_parts does."""
-    from embnic.client_lib.client import pack_parts
+def test_pack_counts_is_the_c_plan_message_for_message(mtu, msg_frames, window_frames):
+    """The planner's key-free closed form cuts a round exactly as the client's C plan does."""
     cfg = load_config(str(TESTBED))
     sizes = [1, 2, 37, 500, 3000, 20000]
     parts = [(t.id, sizes[i % len(sizes)]) for i, t in enumerate(cfg.tables)]
-    row = {t.id: t.dim * consts.esize(t.wire_dtype) for t in cfg.tables}
+    cfg = dataclasses.replace(cfg, shards=cfg.shards[:1])  # one shard: the round is that shard's part
+    cut = {"mtu": mtu, "msg_frames": msg_frames, "window_frames": window_frames}
     for mt in (consts.MsgType.LOOKUP_REQ, consts.MsgType.UPDATE_REQ):
-        ref = [(p[0][0], len(p), sum(len(k) for *_, k in p), sum(len(k) * row[t] for t, _, k in p))
-               for p in pack_parts(cfg, mt, [(t, range(k), range(k)) for t, k in parts], mtu=mtu,
-                                   msg_frames=msg_frames, window_frames=window_frames)]
-        got = [x[:4] for x in P.pack_counts(cfg, mt, parts, mtu=mtu, msg_frames=msg_frames,
-                                            window_frames=window_frames) for _ in range(x[4])]
-        assert got == ref
+        got = [x[:4] for x in traffic.pack_counts(cfg, mt, parts, **cut) for _ in range(x[4])]
+        assert got == c_plan_counts(cfg, mt, parts, **cut)
+
+
+def test_pack_counts_is_the_c_plan_on_random_rounds():
+    """Random tables (dims, fp32/fp16), key counts and cuts (MTU, msg_frames, window): the closed
+    form and the C plan give the same messages, in the same order."""
+    rng = np.random.default_rng(35)
+    for _ in range(150):
+        T = int(rng.integers(1, 7))
+        cfg = parse_config({"cluster": {}, "shards": [{"id": 0, "ip": "10.0.0.1"}],
+                            "clients": [{"id": 1, "ip": "10.0.0.2"}],
+                            "tables": [{"id": int(t), "dim": int(rng.choice([1, 3, 8, 16, 64, 300])),
+                                        "dtype": str(rng.choice(["fp32", "fp16"]))}
+                                       for t in rng.choice(100, T, replace=False)]})
+        parts = [(t.id, int(rng.choice([1, 2, 7, 100, 999, 5000]))) for t in cfg.tables if rng.random() < 0.8]
+        if not parts:
+            continue
+        cut = {"mtu": int(rng.choice([73, 200, 576, 1500, 9000])), "msg_frames": [None, 1, 2, 5, 64][int(rng.integers(5))],
+               "window_frames": int(rng.choice([0, 1, 3, 4, 9, 64, 512]))}
+        for mt in (consts.MsgType.LOOKUP_REQ, consts.MsgType.UPDATE_REQ):
+            got = [x[:4] for x in traffic.pack_counts(cfg, mt, parts, **cut) for _ in range(x[4])]
+            assert got == c_plan_counts(cfg, mt, parts, **cut), (cut, parts)
 
 
 def test_a_step_of_a_trillion_ids_is_counted_not_packed():
@@ -319,7 +351,7 @@ def test_a_step_of_a_trillion_ids_is_counted_not_packed():
                         "shards": [{"id": 0, "ip": "10.0.0.1"}], "clients": [{"id": 1, "ip": "10.0.0.2"}]})
     tracemalloc.start()
     try:
-        tr = P.step_traffic(cfg, {0: 10**12})
+        tr = traffic.step_traffic(cfg, {0: 10**12})
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

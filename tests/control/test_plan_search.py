@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from embnic.client_lib.config import MTU_LIMITS, load_config
-from embnic.control import plan as P
+from embnic.control import capacity as P
 from embnic.cli.main import cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -49,7 +49,7 @@ def _plain(x):
 
 
 def _plan(mod, example, batch, steps_per_s, hw) -> str:
-    """The plan ``mod`` (control/plan.py, now or as recorded) makes of one case, as sorted JSON
+    """The plan ``mod`` (control/capacity.py now, control/plan.py as recorded) makes of one case, as sorted JSON
     (or its ValueError), searching up to 256 shards."""
     cfg = load_config(EXAMPLES / f"{example}.toml")
     try:
