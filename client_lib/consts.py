@@ -131,7 +131,7 @@ DROP_REASONS = (
 
 # ---- what a reader needs of each field: meanings, value names, body layout -----------------
 # Data beside HEADER_FIELDS (not a second copy of the layout): the generated Wireshark dissector
-# (embnic.control.dissector, `embnic dissector`) takes every header field's offset and size from
+# (embnic.control.wireshark, `embnic dissector`) takes every header field's offset and size from
 # HEADER_FIELDS and its name, meaning and value names from FIELD_DOCS; the body from BODY_LAYOUT.
 
 @dataclasses.dataclass(frozen=True)

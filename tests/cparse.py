@@ -33,7 +33,7 @@ def parse_verdict(out_dir: Path) -> Callable[[bytes, int], str | None]:
     config.write_text(f'#define EMBNIC_PROTO_VERSION {consts.VERSION}\n#define EMBNIC_GIT_REV "test"\n')
     so = out_dir / "libparse.so"
     r = subprocess.run([cc, "-O1", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Werror", "-I", str(DP / "include"),
-                        *flags.stdout.split(), "-include", str(config), str(DP / "parse.c"), "-o", str(so)],
+                        "-I", str(DP.parent / "include"), *flags.stdout.split(), "-include", str(config), str(DP / "parse.c"), "-o", str(so)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     lib = ctypes.CDLL(str(so))
