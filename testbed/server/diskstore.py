@@ -1,7 +1,6 @@
 """The disk tier's RocksDB (``store = "disk"``): the stores of a shard process's disk tables.
 
-A table configured ``store = "disk"`` (:class:`~embnic.testbed.server.disktable.DiskTable`, made by
-:meth:`StoreEnv.table`) keeps its rows and row-wise Adagrad accumulators in an embedded RocksDB,
+A table configured ``store = "disk"`` (:class:`~embnic.testbed.server.disktable.DiskTable`) keeps its rows and row-wise Adagrad accumulators in an embedded RocksDB,
 through the ``rocksdict`` binding (the optional extra ``embnic[disk]``), which this module alone
 imports: :class:`StoreEnv` holds what the tables of one process share, :class:`TableStore` one
 table's store; :func:`read_meta` and :func:`read_snapshot` read snapshots.
@@ -269,17 +268,6 @@ class StoreEnv:
             t.close()
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
-
-    def table(self, table: TableConfig, seed: int, cache_rows: int):
-        """A new :class:`~embnic.testbed.server.disktable.DiskTable` of ``table`` here (its store
-        ``root/t<id>``, created empty; ``seed``: the cluster's; ``cache_rows``: its cache's rows).
-
-        Raises:
-            StoreError: its store cannot be opened.
-        """
-        from .disktable import DiskTable
-
-        return DiskTable(table, seed, self, cache_rows)
 
     def close(self) -> None:
         """Close every table's store, release the lock (and remove a scratch root). Idempotent."""

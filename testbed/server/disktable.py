@@ -19,8 +19,7 @@ bit-identical to the in-memory store's::
 A store that takes no writes (a full disk: diskstore's docstring, "A full disk") makes the table
 **full**: :meth:`DiskTable.writable` says no, lookups are still answered, and rows an update
 already taken could not write are kept in memory (:attr:`DiskTable.pending`) until the store
-takes them. Made by :meth:`StoreEnv.table <embnic.testbed.server.diskstore.StoreEnv.table>`,
-which imports this module only when a table is on disk.
+takes them. :mod:`~embnic.testbed.server.stores` imports this module only when a table is on disk.
 """
 from __future__ import annotations
 

@@ -137,6 +137,7 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
     env = None
     if disk:
         ds = load_diskstore()
+        from .disktable import DiskTable
         me = cfg.shard(shard_id)
         mb = me.block_cache_mb or DEFAULT_BLOCK_CACHE_MB
         sub = f"w{worker[0]}" if worker[1] > 1 else None
@@ -174,7 +175,7 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
     try:
         for t in cfg.tables:
             if t.id in disk:
-                tables[t.id] = env.table(t, cfg.seed, cfg.store_of(t.id, shard_id)[1])
+                tables[t.id] = DiskTable(t, cfg.seed, env, cfg.store_of(t.id, shard_id)[1])
             else:
                 tables[t.id] = views[t.id]
     except BaseException as e:
