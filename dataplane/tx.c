@@ -282,26 +282,21 @@ authorise(const struct tx_frame *d, const struct embnic_peer *client,
 	  const struct embnic_peer *route, const struct embnic_peer **dst)
 {
 	const struct embnic_pkt_info *in = &d->info;
+	bool req = embnic_is_request(in->msg.msg_type);
+	/* the sender's entry, the receiver's: a request's client and route */
+	const struct embnic_peer *from = req ? client : route;
+	const struct embnic_peer *to = req ? route : client;
 
-	if (embnic_is_request(in->msg.msg_type)) {
-		if (client == NULL || client->ip != in->src_ip ||
-		    client->udp_port != in->src_port)
-			return EMBNIC_DROP_UNKNOWN_CLIENT;
-		if (unlikely(!from_peer(d, client)))
-			return EMBNIC_DROP_WRONG_PORT;
-		if (route == NULL)
-			return EMBNIC_DROP_UNKNOWN_SHARD;
-		*dst = route;
-	} else {
-		if (route == NULL || route->ip != in->src_ip ||
-		    route->udp_port != in->src_port)
-			return EMBNIC_DROP_UNKNOWN_SERVER;
-		if (unlikely(!from_peer(d, route)))
-			return EMBNIC_DROP_WRONG_PORT;
-		if (client == NULL)
-			return EMBNIC_DROP_UNKNOWN_CLIENT;
-		*dst = client;
-	}
+	if (from == NULL || from->ip != in->src_ip ||
+	    from->udp_port != in->src_port)
+		return req ? EMBNIC_DROP_UNKNOWN_CLIENT :
+			EMBNIC_DROP_UNKNOWN_SERVER;
+	if (unlikely(!from_peer(d, from)))
+		return EMBNIC_DROP_WRONG_PORT;
+	if (to == NULL)
+		return req ? EMBNIC_DROP_UNKNOWN_SHARD :
+			EMBNIC_DROP_UNKNOWN_CLIENT;
+	*dst = to;
 	return 0;
 }
 
