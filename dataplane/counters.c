@@ -13,6 +13,7 @@
  * Telemetry commands (dpdk-telemetry.py): /embnic/counters, /embnic/ring,
  * /embnic/state.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -443,61 +444,64 @@ tel_emitter(struct rte_tel_data *d, struct tel_emit *w, struct embnic_emit *e)
 				   .ctx = w };
 }
 
-static int
-tel_counters_cb(const char *cmd __rte_unused, const char *params __rte_unused,
-		struct rte_tel_data *d)
-{
-	struct embnic_emit e;
-	struct tel_emit w;
-
-	tel_emitter(d, &w, &e);
-	embnic_counters_emit(tel_app, &e);
-	return 0;
-}
-
-static int
-tel_ring_cb(const char *cmd __rte_unused, const char *params __rte_unused,
-	    struct rte_tel_data *d)
+/* The telemetry commands' walks that take the sums first. */
+static void
+tel_ring(const struct embnic_app *app, const struct embnic_emit *e)
 {
 	struct embnic_totals t;
-	struct embnic_emit e;
-	struct tel_emit w;
 
-	tel_emitter(d, &w, &e);
-	embnic_counters_sum(tel_app, &t);
-	ring_emit(tel_app, &t, &e);
-	return 0;
+	embnic_counters_sum(app, &t);
+	ring_emit(app, &t, e);
 }
 
-static int
-tel_state_cb(const char *cmd __rte_unused, const char *params __rte_unused,
-	     struct rte_tel_data *d)
+static void
+tel_state(const struct embnic_app *app, const struct embnic_emit *e)
 {
 	struct embnic_totals t;
+
+	embnic_counters_sum(app, &t);
+	embnic_state_emit(app, &t, true, e);
+}
+
+/* The card's DPDK telemetry commands: each writes one walk. */
+static const struct {
+	const char *cmd, *help;
+	void (*emit)(const struct embnic_app *app, const struct embnic_emit *e);
+} tel_cmds[] = {
+	{ "/embnic/counters", "embnic card counters: ports, types, drops, "
+	  "completed, ring, mempool, state, arp, shards", embnic_counters_emit },
+	{ "/embnic/ring", "embnic header ring: size, count, high_water",
+	  tel_ring },
+	{ "/embnic/state", "embnic message state map summary", tel_state },
+};
+
+static int
+tel_cb(const char *cmd, const char *params __rte_unused,
+       struct rte_tel_data *d)
+{
 	struct embnic_emit e;
 	struct tel_emit w;
+	unsigned int i;
 
-	tel_emitter(d, &w, &e);
-	embnic_counters_sum(tel_app, &t);
-	embnic_state_emit(tel_app, &t, true, &e);
-	return 0;
+	for (i = 0; i < RTE_DIM(tel_cmds); i++)
+		if (strcmp(cmd, tel_cmds[i].cmd) == 0) {
+			tel_emitter(d, &w, &e);
+			tel_cmds[i].emit(tel_app, &e);
+			return 0;
+		}
+	return -EINVAL;
 }
 
 int
 embnic_telemetry_init(struct embnic_app *app)
 {
-	int ret;
+	unsigned int i;
+	int ret = 0;
 
 	tel_app = app;
-	ret = rte_telemetry_register_cmd("/embnic/counters", tel_counters_cb,
-		"embnic card counters: ports, types, drops, completed, ring, "
-		"mempool, state, arp, shards");
-	if (ret == 0)
-		ret = rte_telemetry_register_cmd("/embnic/ring", tel_ring_cb,
-			"embnic header ring: size, count, high_water");
-	if (ret == 0)
-		ret = rte_telemetry_register_cmd("/embnic/state", tel_state_cb,
-			"embnic message state map summary");
+	for (i = 0; i < RTE_DIM(tel_cmds) && ret == 0; i++)
+		ret = rte_telemetry_register_cmd(tel_cmds[i].cmd, tel_cb,
+						 tel_cmds[i].help);
 	return ret;
 }
 
@@ -646,7 +650,7 @@ embnic_ring_read(const struct embnic_app *app, struct embnic_hlog_entry *out,
 	if (it == NULL)
 		return 0;
 	for (i = 0; i < n && got < max; i++)
-		if (it[i].e.msg_type != 0)	/* ARP frames are not listed */
+		if (it[i].e.msg.msg_type != 0)	/* ARP frames are not listed */
 			out[got++] = it[i].e;
 	free(it);
 	return got;

@@ -216,7 +216,7 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
 /*
  * A header log of one lcore, used twice. The forwarded-header log (hlog):
  * the headers of the last EMBNIC_HLOG_KEEP message frames it forwarded
- * (accepted, authorised, rewritten, queued for TX), one 40-byte entry a
+ * (accepted, authorised, rewritten, queued for TX), one 56-byte entry a
  * frame, written on the TX path with no allocation and no lock. The ring
  * log (rxlog, one per header ring, in struct embnic_worker): one entry
  * for every frame the RX stage put on that header ring, in ring order (ARP frames as msg_type 0, out_port
@@ -238,24 +238,13 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
 
 struct embnic_hlog_entry {
 	uint64_t tsc;			/* TX stage burst time */
-	uint32_t msg_id;
-	uint32_t num_keys;
-	uint32_t value_len;
-	uint32_t msg_len;
-	uint16_t client_id;
-	uint16_t shard_id;
-	uint16_t num_tables;
-	uint16_t table_id;		/* an ERROR's table, else 0xFFFF */
-	uint16_t frag_index;
-	uint16_t frag_count;
-	uint16_t frag_len;
-	uint16_t status;
-	uint8_t msg_type;
-	uint8_t flags;
+	struct embnic_msg msg;		/* the header as the RX stage decoded
+					 * it (msg.table_id: an ERROR's table,
+					 * else 0xFFFF) */
 	uint8_t in_port;		/* card port it came in on */
 	uint8_t out_port;		/* card port it left on */
 };
-static_assert(sizeof(struct embnic_hlog_entry) == 48, "hlog entry is 48 bytes");
+static_assert(sizeof(struct embnic_hlog_entry) == 56, "hlog entry is 56 bytes");
 static_assert((EMBNIC_HLOG_SIZE & (EMBNIC_HLOG_SIZE - 1)) == 0,
 	      "EMBNIC_HLOG_SIZE is a power of 2");
 
@@ -273,20 +262,7 @@ embnic_hlog_put(struct embnic_hlog *l, const struct embnic_msg *m,
 	struct embnic_hlog_entry *e = &l->e[h & (EMBNIC_HLOG_SIZE - 1)];
 
 	e->tsc = tsc;
-	e->msg_id = m->msg_id;
-	e->num_keys = m->num_keys;
-	e->value_len = m->value_len;
-	e->msg_len = m->msg_len;
-	e->client_id = m->client_id;
-	e->shard_id = m->shard_id;
-	e->num_tables = m->num_tables;
-	e->table_id = m->table_id;
-	e->frag_index = m->frag_index;
-	e->frag_count = m->frag_count;
-	e->frag_len = m->frag_len;
-	e->status = m->status;
-	e->msg_type = m->msg_type;
-	e->flags = m->flags;
+	e->msg = *m;
 	e->in_port = (uint8_t)in_port;
 	e->out_port = (uint8_t)out_port;
 	__atomic_store_n(&l->head, h + 1, __ATOMIC_RELEASE);
