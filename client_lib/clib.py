@@ -81,7 +81,9 @@ def sources_digest(files: list[Path]) -> str:
 
 
 #: the two libraries (their sources: setup.py compiles exactly these, in this order)
-CLIENT = NativeLib("client", _HERE, "libembnic_client", ("csrc/plan.c", "csrc/round.c"), "EMBNIC_CLIENT_LIB")
+CLIENT = NativeLib("client", _HERE, "libembnic_client",
+                   ("csrc/plan.c", "csrc/context.c", "csrc/table.c", "csrc/frames.c", "csrc/recovery.c", "csrc/round.c",
+                    "csrc/round.h"), "EMBNIC_CLIENT_LIB")
 SHARD = NativeLib("shard", _HERE.parent / "testbed" / "server", "libembnic_shard",
                   ("csrc/intake.c", "csrc/answer.c", "csrc/store.c", "csrc/send.c", "csrc/shard.h"),
                   "EMBNIC_SHARD_LIB")

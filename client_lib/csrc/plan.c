@@ -36,37 +36,19 @@ splitmix64(uint64_t x)
 }
 
 /*
- * Plan one round.
- *
- * keys (N): every table's keys one table after the other (the call order);
- * counts (T): keys per table. Per table of the call (T): tid (its id),
- * rowb (wire bytes of a row), dim, dtype (wire code), tshard (its shard
- * index under table sharding), dbase and dstride (a key's row goes to
- * dbase[t] + position * dstride[t] in the output buffer; lookups).
- * hash: 1 hash sharding, 0 table sharding; S shards; lookup: 1 for a
- * LOOKUP_REQ round, 0 for an UPDATE_REQ; p: body bytes per fragment; cap:
- * msg_frames * p (the request and reply cap); win: (window - 2) * p, or < 0
- * for no window bound.
- *
- * Out (grouped order, N): order, gkeys, tkey, rb, dst (lookups; may be
- * NULL), so (N+1); dir (N entries at most) and msgs (N rows of P_NCOL at
- * most) in key order, and rank_tmp (max(N, S) at least) holding their
- * sending order (rows of shards in the order a walk over the tables meets
- * them, a shard's messages in key order). Scratch: shard_count, shard_first,
- * shard_start (S+1 each). Returns the number of messages; *ndir the number
- * of directory entries.
+ * Each key's shard, then the keys grouped by shard with a stable counting
+ * sort (embnic_client_plan's first step): order (call index of each grouped
+ * key), gkeys, tkey, rb, dst (may be NULL), so (N+1); shard_count and
+ * shard_first (the first table holding keys of each shard) per shard,
+ * start[s] where shard s's keys begin (S+1); rank_tmp is scratch.
  */
-int64_t
-embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64_t t_count,
-		   const int64_t *tid, const int64_t *rowb, const int64_t *dim, const int64_t *dtype,
-		   const int64_t *tshard, const int64_t *dbase, const int64_t *dstride,
-		   int hash, int64_t s_count, int lookup, int64_t p, int64_t cap, int64_t win,
-		   int64_t *order, uint64_t *gkeys, int64_t *tkey, int64_t *rb, int64_t *dst,
-		   int64_t *so, int64_t *shard_count, int64_t *shard_first, int64_t *shard_start,
-		   uint8_t *dir, int64_t *ndir, int64_t *msgs, int64_t *rank_tmp)
+static void
+plan_group(const uint64_t *keys, int64_t n, const int64_t *counts, int64_t t_count, const int64_t *tid,
+	   const int64_t *rowb, const int64_t *tshard, const int64_t *dbase, const int64_t *dstride, int hash,
+	   int64_t s_count, int64_t *order, uint64_t *gkeys, int64_t *tkey, int64_t *rb, int64_t *dst,
+	   int64_t *so, int64_t *shard_count, int64_t *shard_first, int64_t *start, int64_t *rank_tmp)
 {
-	int64_t i, j, t, s, k, m = 0, d = 0;
-	int64_t *start = shard_start;	/* S+1 */
+	int64_t i, j, t, s;
 
 	/* each key's shard (into order[] for now), counts per shard */
 	for (s = 0; s < s_count; s++) {
@@ -108,12 +90,28 @@ embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64
 	so[0] = 0;
 	for (j = 0; j < n; j++)
 		so[j + 1] = so[j] + rb[j];
-	/* messages per shard in shard-index order (the directory's order) */
-	for (s = 0; s < s_count; s++) {
+}
+
+/*
+ * The grouped keys of every shard cut into messages (embnic_client_plan's
+ * second step), shard after shard: as many keys as fit, in table order, a
+ * new message only where the next key would pass the cap either way or
+ * the window. Fills dir and msgs; returns the number of messages, *ndir
+ * the number of directory entries.
+ */
+static int64_t
+plan_cut(const int64_t *start, int64_t s_count, const int64_t *tid, const int64_t *dim, const int64_t *dtype,
+	 const int64_t *tkey, const int64_t *rb, const int64_t *so, int lookup, int64_t p, int64_t cap,
+	 int64_t win, uint8_t *dir, int64_t *ndir, int64_t *msgs)
+{
+	int64_t j, k, m = 0, d = 0;
+
+	for (int64_t s = 0; s < s_count; s++) {
 		int64_t a = start[s], end = start[s + 1];
 
 		while (a < end) {
 			int64_t req = 0, rep = 0, nt = 0, k0 = a;
+			int64_t *row = msgs + m * P_NCOL;
 
 			for (k = a; k < end; k++) {
 				int64_t nreq = req + 8 + (lookup ? 0 : rb[k]);
@@ -127,8 +125,6 @@ embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64
 				rep = nrep;
 			}
 			/* the message a..k-1: its directory */
-			int64_t *row = msgs + m * P_NCOL;
-
 			row[P_SHARD] = s;
 			row[P_DIR0] = d;
 			for (j = a; j < k; j++) {
@@ -160,23 +156,74 @@ embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64
 		}
 	}
 	*ndir = d;
-	/* sending order: shards by (first table holding keys of theirs, index), a
-	 * shard's messages (consecutive rows) in key order: rank_tmp[] gets the
-	 * rows in that order (an insertion sort of the shards: S is small) */
-	for (s = 0, i = 0; s < s_count; s++)
-		if (shard_count[s])
-			shard_start[i++] = s;	/* the present shards, reusing start[] */
-	for (int64_t a = 1; a < i; a++) {
-		int64_t x = shard_start[a], b;
+	return m;
+}
 
-		for (b = a - 1; b >= 0 && shard_first[shard_start[b]] > shard_first[x]; b--)
-			shard_start[b + 1] = shard_start[b];
-		shard_start[b + 1] = x;
+/*
+ * The sending order of the m message rows (embnic_client_plan's last step):
+ * shards by (first table holding keys of theirs, index), a shard's messages
+ * (consecutive rows) in key order, into rank[] (an insertion sort of the
+ * shards: S is small). present is scratch (S).
+ */
+static void
+plan_order(const int64_t *shard_count, const int64_t *shard_first, int64_t s_count, const int64_t *msgs,
+	   int64_t m, int64_t *present, int64_t *rank)
+{
+	int64_t i = 0, j;
+
+	for (int64_t s = 0; s < s_count; s++)
+		if (shard_count[s])
+			present[i++] = s;
+	for (int64_t a = 1; a < i; a++) {
+		int64_t x = present[a], b;
+
+		for (b = a - 1; b >= 0 && shard_first[present[b]] > shard_first[x]; b--)
+			present[b + 1] = present[b];
+		present[b + 1] = x;
 	}
 	for (int64_t a = 0, r = 0; a < i; a++)
 		for (j = 0; j < m; j++)
-			if (msgs[j * P_NCOL + P_SHARD] == shard_start[a])
-				rank_tmp[r++] = j;
+			if (msgs[j * P_NCOL + P_SHARD] == present[a])
+				rank[r++] = j;
+}
+
+/*
+ * Plan one round.
+ *
+ * keys (N): every table's keys one table after the other (the call order);
+ * counts (T): keys per table. Per table of the call (T): tid (its id),
+ * rowb (wire bytes of a row), dim, dtype (wire code), tshard (its shard
+ * index under table sharding), dbase and dstride (a key's row goes to
+ * dbase[t] + position * dstride[t] in the output buffer; lookups).
+ * hash: 1 hash sharding, 0 table sharding; S shards; lookup: 1 for a
+ * LOOKUP_REQ round, 0 for an UPDATE_REQ; p: body bytes per fragment; cap:
+ * msg_frames * p (the request and reply cap); win: (window - 2) * p, or < 0
+ * for no window bound.
+ *
+ * Out (grouped order, N): order, gkeys, tkey, rb, dst (lookups; may be
+ * NULL), so (N+1); dir (N entries at most) and msgs (N rows of P_NCOL at
+ * most) in key order, and rank_tmp (max(N, S) at least) holding their
+ * sending order (rows of shards in the order a walk over the tables meets
+ * them, a shard's messages in key order). Scratch: shard_count, shard_first,
+ * shard_start (S+1 each). Returns the number of messages; *ndir the number
+ * of directory entries.
+ */
+int64_t
+embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64_t t_count,
+		   const int64_t *tid, const int64_t *rowb, const int64_t *dim, const int64_t *dtype,
+		   const int64_t *tshard, const int64_t *dbase, const int64_t *dstride,
+		   int hash, int64_t s_count, int lookup, int64_t p, int64_t cap, int64_t win,
+		   int64_t *order, uint64_t *gkeys, int64_t *tkey, int64_t *rb, int64_t *dst,
+		   int64_t *so, int64_t *shard_count, int64_t *shard_first, int64_t *shard_start,
+		   uint8_t *dir, int64_t *ndir, int64_t *msgs, int64_t *rank_tmp)
+{
+	int64_t m;
+
+	plan_group(keys, n, counts, t_count, tid, rowb, tshard, dbase, dstride, hash, s_count, order, gkeys,
+		   tkey, rb, dst, so, shard_count, shard_first, shard_start, rank_tmp);
+	/* messages per shard in shard-index order (the directory's order) */
+	m = plan_cut(shard_start, s_count, tid, dim, dtype, tkey, rb, so, lookup, p, cap, win, dir, ndir, msgs);
+	plan_order(shard_count, shard_first, s_count, msgs, m, shard_start, rank_tmp);
 	return m;
 }
 
@@ -221,25 +268,23 @@ enum { E_TABLE = -1, E_KEY = -2, E_ORDER = -3, E_GRAD = -4 };
  * gradient tests are then left out (an update's unique keys in any order,
  * gradients the exact per-row test accepted).
  */
-int64_t
-embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
-		      const int64_t *tids, const int64_t *counts, int64_t t_count,
-		      const uint64_t *keys, int64_t n, const float *grads, int64_t ngrads,
-		      const int64_t *gshape, int hash, int64_t s_count, int lookup, int64_t p, int64_t cap, int64_t win,
-		      uint32_t next_id, int trusted,
-		      int64_t *tcol, int64_t *vo, int64_t *ko,
-		      int64_t *order, uint64_t *gkeys, int64_t *tkey, int64_t *rb, int64_t *dst,
-		      int64_t *so, int64_t *scratch, uint8_t *dir, int64_t *msgs, int64_t *rank,
-		      int64_t *tab, int64_t *qorder, uint8_t *vals, int64_t *info)
+/*
+ * The call's tables (embnic_client_prepare's first step): each looked up in
+ * cfg (sorted by id) into tix, rowb, dim, dtype, tshard; ko (T+1) where
+ * each table's keys start, vo (T+1) its values; *fp16 any fp16 table,
+ * *uniform every table fp32 of one dim. Returns 0, or E_TABLE (a table not
+ * configured, or twice, a negative count; info[I_ERR_TABLE] says which) or
+ * when the counts do not add up to n.
+ */
+static int64_t
+prep_tables(const int64_t *cfg, int64_t ncfg, const int64_t *tids, const int64_t *counts, int64_t t_count,
+	    int64_t n, int64_t *tcol, int64_t *vo, int64_t *ko, int64_t *fp16, int64_t *uniform, int64_t *info)
 {
-	int64_t t, i, m, nd = 0, fp16 = 0, uniform = 1, V = 0, V16 = 0;
 	int64_t *tix = tcol, *rowb = tcol + t_count, *dim = tcol + 2 * t_count,
-		*dtype = tcol + 3 * t_count, *tshard = tcol + 4 * t_count,
-		*dbase = tcol + 5 * t_count, *dstride = tcol + 6 * t_count;
+		*dtype = tcol + 3 * t_count, *tshard = tcol + 4 * t_count, V = 0, t;
 
-	memset(info, 0, sizeof(int64_t) * I_NCOL);
 	ko[0] = 0;
-	for (t = 0; t < t_count; t++) {	/* the call's tables */
+	for (t = 0; t < t_count; t++) {
 		int64_t lo = 0, hi = ncfg;
 
 		while (lo < hi) {
@@ -267,12 +312,29 @@ embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 		ko[t + 1] = ko[t] + counts[t];
 		vo[t] = V;
 		V += dim[t] * counts[t];
-		fp16 |= dtype[t] == EMBNIC_DTYPE_FP16;
-		uniform &= dtype[t] == EMBNIC_DTYPE_FP32 && dim[t] == dim[0];
+		*fp16 |= dtype[t] == EMBNIC_DTYPE_FP16;
+		*uniform &= dtype[t] == EMBNIC_DTYPE_FP32 && dim[t] == dim[0];
 	}
 	vo[t_count] = V;
-	if (ko[t_count] != n)
-		return E_TABLE;
+	return ko[t_count] != n ? E_TABLE : 0;
+}
+
+/*
+ * The checks of precheck.py's fast path (embnic_client_prepare's second
+ * step): keys in range; an update's keys of a table strictly increasing
+ * (unless trusted); an update's gradients of the shape the keys and dims
+ * ask for and, unless trusted, none the sufficient test of
+ * table_numerics.gradient_rows_ok does not vouch for. Returns 0, E_KEY,
+ * E_ORDER or E_GRAD (info[I_ERR_TABLE]: the table, where it is one).
+ */
+static int64_t
+prep_check(const int64_t *cfg, const double *lr, const int64_t *tcol, const int64_t *counts, int64_t t_count,
+	   const int64_t *ko, const int64_t *vo, const uint64_t *keys, const float *grads, int64_t ngrads,
+	   const int64_t *gshape, int lookup, int trusted, int64_t *info)
+{
+	const int64_t *tix = tcol, *dim = tcol + 2 * t_count, *dtype = tcol + 3 * t_count;
+	int64_t t, i;
+
 	for (t = 0; t < t_count; t++) {	/* keys in range; an update's sorted unique */
 		uint64_t rows = (uint64_t)cfg[tix[t] * G_NCOL + G_ROWS];
 
@@ -287,45 +349,108 @@ embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 			}
 		}
 	}
-	if (!lookup) {	/* no row can be refused (precheck._grads_ok, per table) */
-		if (ngrads != V)
+	if (lookup)
+		return 0;
+	/* no row can be refused (precheck._grads_ok, per table) */
+	if (ngrads != vo[t_count])
+		return E_GRAD;
+	for (t = 0; gshape && t < t_count; t++)
+		if (gshape[2 * t] != counts[t] || gshape[2 * t + 1] != dim[t]) {
+			info[I_ERR_TABLE] = t;
 			return E_GRAD;
-		for (t = 0; gshape && t < t_count; t++)
-			if (gshape[2 * t] != counts[t] || gshape[2 * t + 1] != dim[t]) {
+		}
+	for (t = 0; !trusted && t < t_count; t++) {
+		const float *g = grads + vo[t];
+		double mx = 0, step;
+		int64_t nv = vo[t + 1] - vo[t];
+
+		for (i = 0; i < nv; i++) {
+			double a = g[i] < 0 ? -(double)g[i] : (double)g[i];
+
+			if (!(a <= FLT_MAX_D)) {	/* NaN or inf */
 				info[I_ERR_TABLE] = t;
 				return E_GRAD;
 			}
-		for (t = 0; !trusted && t < t_count; t++) {
-			const float *g = grads + vo[t];
-			double mx = 0, step;
-			int64_t nv = vo[t + 1] - vo[t];
-
-			for (i = 0; i < nv; i++) {
-				double a = g[i] < 0 ? -(double)g[i] : (double)g[i];
-
-				if (!(a <= FLT_MAX_D)) {	/* NaN or inf */
-					info[I_ERR_TABLE] = t;
-					return E_GRAD;
-				}
-				mx = a > mx ? a : mx;
-			}
-			if (dtype[t] == EMBNIC_DTYPE_FP16) {
-				if (!(mx <= 65504.0)) {
-					info[I_ERR_TABLE] = t;
-					return E_GRAD;
-				}
-				mx *= 1.001;
-			}
-			if (cfg[tix[t] * G_NCOL + G_ADAGRAD])
-				step = 2.0 * (double)dim[t] * mx * mx;
-			else
-				step = (lr[tix[t]] < 0 ? -lr[tix[t]] : lr[tix[t]]) * mx * (1 + 0x1p-20);
-			if (!(step < FLT_MAX_D)) {
+			mx = a > mx ? a : mx;
+		}
+		if (dtype[t] == EMBNIC_DTYPE_FP16) {
+			if (!(mx <= 65504.0)) {
 				info[I_ERR_TABLE] = t;
 				return E_GRAD;
 			}
+			mx *= 1.001;
+		}
+		if (cfg[tix[t] * G_NCOL + G_ADAGRAD])
+			step = 2.0 * (double)dim[t] * mx * mx;
+		else
+			step = (lr[tix[t]] < 0 ? -lr[tix[t]] : lr[tix[t]]) * mx * (1 + 0x1p-20);
+		if (!(step < FLT_MAX_D)) {
+			info[I_ERR_TABLE] = t;
+			return E_GRAD;
 		}
 	}
+	return 0;
+}
+
+/*
+ * The m message rows in sending order (rank) into tab with their ids (from
+ * next_id, never 0) and type, and qorder: the rows in the send queue's order,
+ * largest first, stable (an insertion sort: m is small). Returns the next id.
+ */
+static uint32_t
+prep_queue(const int64_t *msgs, const int64_t *rank, int64_t m, int lookup, uint32_t next_id, int64_t *tab,
+	   int64_t *qorder)
+{
+	int64_t i;
+
+	for (i = 0; i < m; i++) {
+		int64_t *row = tab + i * (P_NCOL + 2);
+
+		memcpy(row, msgs + rank[i] * P_NCOL, sizeof(int64_t) * P_NCOL);
+		row[P_NCOL] = next_id;
+		row[P_NCOL + 1] = lookup ? EMBNIC_LOOKUP_REQ : EMBNIC_UPDATE_REQ;
+		next_id = next_id + 1 ? next_id + 1 : 1;
+		qorder[i] = i;
+	}
+	for (i = 1; i < m; i++) {
+		int64_t x = qorder[i], j, cx = tab[x * (P_NCOL + 2) + P_FRAMES] + tab[x * (P_NCOL + 2) + P_RFRAMES];
+
+		for (j = i - 1; j >= 0; j--) {
+			int64_t y = qorder[j];
+
+			if (tab[y * (P_NCOL + 2) + P_FRAMES] + tab[y * (P_NCOL + 2) + P_RFRAMES] >= cx)
+				break;
+			qorder[j + 1] = y;
+		}
+		qorder[j + 1] = x;
+	}
+	return next_id;
+}
+
+int64_t
+embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
+		      const int64_t *tids, const int64_t *counts, int64_t t_count,
+		      const uint64_t *keys, int64_t n, const float *grads, int64_t ngrads,
+		      const int64_t *gshape, int hash, int64_t s_count, int lookup, int64_t p, int64_t cap, int64_t win,
+		      uint32_t next_id, int trusted,
+		      int64_t *tcol, int64_t *vo, int64_t *ko,
+		      int64_t *order, uint64_t *gkeys, int64_t *tkey, int64_t *rb, int64_t *dst,
+		      int64_t *so, int64_t *scratch, uint8_t *dir, int64_t *msgs, int64_t *rank,
+		      int64_t *tab, int64_t *qorder, uint8_t *vals, int64_t *info)
+{
+	int64_t t, i, m, nd = 0, fp16 = 0, uniform = 1, V, V16 = 0, err;
+	int64_t *rowb = tcol + t_count, *dim = tcol + 2 * t_count,
+		*dtype = tcol + 3 * t_count, *tshard = tcol + 4 * t_count,
+		*dbase = tcol + 5 * t_count, *dstride = tcol + 6 * t_count;
+
+	memset(info, 0, sizeof(int64_t) * I_NCOL);
+	err = prep_tables(cfg, ncfg, tids, counts, t_count, n, tcol, vo, ko, &fp16, &uniform, info);
+	if (err == 0)
+		err = prep_check(cfg, lr, tcol, counts, t_count, ko, vo, keys, grads, ngrads, gshape, lookup,
+				 trusted, info);
+	if (err < 0)
+		return err;
+	V = vo[t_count];
 	/* where a lookup's rows go (roundplan.out_bases): fp32 tables' values
 	 * one table after the other, fp16 tables' staged after them */
 	for (t = 0; t < t_count; t++) {
@@ -342,28 +467,7 @@ embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 			       lookup ? dbase : NULL, lookup ? dstride : NULL, hash, s_count, lookup, p,
 			       cap, win, order, gkeys, tkey, rb, lookup ? dst : NULL, so, scratch,
 			       scratch + s_count + 1, scratch + 2 * (s_count + 1), dir, &nd, msgs, rank);
-	/* the rows in sending order, with their ids and type */
-	for (i = 0; i < m; i++) {
-		int64_t *row = tab + i * (P_NCOL + 2);
-
-		memcpy(row, msgs + rank[i] * P_NCOL, sizeof(int64_t) * P_NCOL);
-		row[P_NCOL] = next_id;
-		row[P_NCOL + 1] = lookup ? EMBNIC_LOOKUP_REQ : EMBNIC_UPDATE_REQ;
-		next_id = next_id + 1 ? next_id + 1 : 1;
-		qorder[i] = i;
-	}
-	for (i = 1; i < m; i++) {	/* the queue: largest first, stable (an insertion sort: m is small) */
-		int64_t x = qorder[i], j, cx = tab[x * (P_NCOL + 2) + P_FRAMES] + tab[x * (P_NCOL + 2) + P_RFRAMES];
-
-		for (j = i - 1; j >= 0; j--) {
-			int64_t y = qorder[j];
-
-			if (tab[y * (P_NCOL + 2) + P_FRAMES] + tab[y * (P_NCOL + 2) + P_RFRAMES] >= cx)
-				break;
-			qorder[j + 1] = y;
-		}
-		qorder[j + 1] = x;
-	}
+	next_id = prep_queue(msgs, rank, m, lookup, next_id, tab, qorder);
 	if (!lookup && !fp16)	/* the gradients in the grouped order */
 		for (i = 0; i < n; i++) {
 			int64_t c = order[i], tt = tkey[i];

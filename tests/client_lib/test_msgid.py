@@ -28,7 +28,7 @@ class FakeClock:
 
 
 def test_wire_ids_cycle_like_the_c_round():
-    """1 .. 2^32-1 then 1 again (0 never sent): what dataplane/client/round.c and plan.c count."""
+    """1 .. 2^32-1 then 1 again (0 never sent): what client_lib/csrc/ (table.c and plan.c) counts."""
     assert wire(0) == 1 and wire(ID_CYCLE - 1) == 0xFFFFFFFF and wire(ID_CYCLE) == 1
     f = MsgIds(frozen=True, first=0xFFFFFFFE)
     assert [f.take(1) for _ in range(3)] == [0xFFFFFFFE, 0xFFFFFFFF, 1]
