@@ -17,8 +17,9 @@ from conformance import Suite, check_outputs, read_pcap
 from embnic.client_lib.consts import MsgType
 from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.p4dpdk.target import SwxProcess
+from embnic.control.targets.base import Peer
 
-from test_p4dpdk_conformance import CARD_MACS, _entry
+from test_p4dpdk_conformance import CARD_MACS
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -55,7 +56,7 @@ def run(p4dpdk_pipeline, tmp_path_factory):
     vdevs = [f"net_pcap{p},rx_pcap={inp[p]},tx_pcap={outs[p]}" for p in sorted(s.ports)]
     with SwxProcess(p4dpdk_pipeline, vdevs, d_dir) as sw:
         sw.card.program([(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()],
-                        [_entry(x) for x in s.route_cmds()], [_entry(x) for x in s.client_cmds()])
+                        [Peer.from_fields(x) for x in s.route_cmds() + s.client_cmds()])
         sw.resume()
         sw.wait_drained(len(s.frames))
         counters = sw.card.counters(len(s.ports), sorted(s.shards))
@@ -109,7 +110,7 @@ def expiry(p4dpdk_pipeline, tmp_path_factory):
     vdevs = [f"net_pcap{p},rx_pcap={inp[p]},tx_pcap={outs[p]}" for p in sorted(s.ports)]
     with SwxProcess(p4dpdk_pipeline, vdevs, d_dir) as sw:
         sw.card.program([(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()],
-                        [_entry(x) for x in s.route_cmds()], [_entry(x) for x in s.client_cmds()],
+                        [Peer.from_fields(x) for x in s.route_cmds() + s.client_cmds()],
                         state_timeout_us=EXPIRY_TIMEOUT_US)
         sw.resume()
         sw.wait_drained(len(s.frames))
