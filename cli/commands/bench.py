@@ -129,8 +129,7 @@ def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats
     for k in ("lookup_4096", "update_4096"):
         v = res[k]
         click.echo(f"  {k:12s} disk {_fmt(v['disk_rows_per_s'])} rows/s  memory {_fmt(v['memory_rows_per_s'])} rows/s  "
-                   f"ratio {v['ratio']:.3f}  (memory, numpy path {_fmt(v['memory_numpy_rows_per_s'])}: "
-                   f"{v['ratio_vs_numpy_path']:.3f})  hit ratio {v['hit_ratio']:.3f}")
+                   f"ratio {v['ratio']:.3f}  hit ratio {v['hit_ratio']:.3f}")
     mb = res["memory_bound"]
     click.echo(f"  RssAnon max {mb['rss_anon_max'] / 2**20:.1f} MiB (bound {mb['bound'] / 2**20:.1f} MiB: "
                f"{'within' if mb['within'] else 'OVER'}), table on disk {mb['disk_bytes'] / 2**20:.1f} MiB = "
@@ -144,8 +143,6 @@ def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats
 @click.option("--scale", type=FloatRange(min=0.01), default=1.0, show_default=True,
               help="Multiplies the number of messages per measurement.")
 @click.option("--mtu", type=click.IntRange(*MTU_LIMITS), default=1500, show_default=True, help="Cluster MTU (bytes).")
-@click.option("--reference/--no-reference", default=True, show_default=True,
-              help="Also measure the reference engine (the readable asyncio server).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Throughput runs per configuration, each followed by LocalBackend's; rows/s are medians.")
 @click.option("--disk", "disk", is_flag=True,
@@ -159,7 +156,7 @@ def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats
               help="The disk table's cache of hot rows.")
 @click.option("--disk-block-cache-mb", type=click.IntRange(min=1), default=4, show_default=True,
               help="RocksDB's block cache (memtables charged to it), MiB.")
-def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_rows, disk_cache_rows,
+def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_cache_rows,
            disk_block_cache_mb):
     """One parameter-server shard on loopback without the card: rows/s, messages/s and p50/p99
     latency of lookups and updates at 1, 64 and 4096 keys per message, with --workers 1 and 2,
@@ -188,7 +185,7 @@ def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_ro
         if disk_only:
             return
     try:
-        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, reference=reference, repeats=repeats,
+        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, repeats=repeats,
                                log=click.echo)
     except RuntimeError as e:
         raise OperationalError(str(e)) from None
@@ -199,7 +196,7 @@ def server(out, window, scale, mtu, reference, repeats, disk, disk_only, disk_ro
         for op in ("lookup", "update"):
             click.echo(f"    {op:6s}  2 tables {rd[f'{op}_2_us']:8,.0f}   26 tables {rd[f'{op}_26_us']:8,.0f}   "
                        f"26/2 = {rd[f'ratio_26_vs_2_{op}']:.2f} (target ≤ {rd['target']})")
-    for part in ("workers_1", "workers_1_wal", "workers_2", "reference", "local"):
+    for part in ("workers_1", "workers_1_wal", "workers_2", "local"):
         if part in res:
             click.echo(f"  {part}:")
             for k, v in res[part].items():
@@ -326,5 +323,5 @@ def all_(ctx, out):
     ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
     ctx.invoke(client, out=out, rounds=40)
     ctx.invoke(dataplane, out=out, seconds=5.0)
-    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, reference=True, repeats=3, disk=True)
+    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, repeats=3, disk=True)
     ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True, dlrm=True)

@@ -83,12 +83,11 @@ class ShardProcess:
         shard: its shard id in the config.
         args: more command-line arguments of the shard (``--engine``, ``--workers``, ...).
         metrics: also serve its metrics on a free loopback port (:meth:`metrics`).
-        env: variables set for it beside this process's environment.
         stop_wait: seconds :meth:`stop` waits for it to exit after SIGTERM before it kills it.
     """
 
     def __init__(self, workdir: Path, name: str, toml: str, args: list[str] = (), *, shard: int = 0,
-                 metrics: bool = False, env: dict | None = None, stop_wait: float = 30.0):
+                 metrics: bool = False, stop_wait: float = 30.0):
         self.name = name
         self.cfg_path = Path(workdir) / f"bench-{name}.toml"
         self.cfg_path.write_text(toml)
@@ -97,7 +96,6 @@ class ShardProcess:
                      "--port", "0", *args, "--log-level", "info"]
         if metrics:
             self.argv[-2:-2] = ["--metrics-port", "0", "--metrics-bind", "127.0.0.1"]
-        self.env = dict(os.environ, **env) if env else None
         self.stop_wait = stop_wait
         self.proc: subprocess.Popen | None = None
         self.port = self.metrics_port = 0
@@ -109,7 +107,7 @@ class ShardProcess:
             OperationalError: it exited or did not listen within ``timeout`` s (names its log).
         """
         log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.argv, stderr=log, stdout=subprocess.DEVNULL, env=self.env)
+        self.proc = subprocess.Popen(self.argv, stderr=log, stdout=subprocess.DEVNULL)
         log.close()
         want_metrics = "--metrics-port" in self.argv
         t0 = time.monotonic()

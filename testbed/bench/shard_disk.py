@@ -1,11 +1,9 @@
 """The disk tier under load (``embnic bench server``, its disk-tier run; ``--disk-only`` alone).
 
-Three shard processes on loopback serve the same table (dim 8 fp32, row-wise Adagrad): one keeps
+Two shard processes on loopback serve the same table (dim 8 fp32, row-wise Adagrad): one keeps
 it on disk (``store = "disk"``: RocksDB behind ``cache_rows`` hot rows, ``block_cache_mb`` of
 RocksDB block cache), one in memory (the default: the one row store, lookups answered in C from
-the receive buffer where the library is built), the baseline measured in the same run, and one
-in memory behind the engine's numpy path (``EMBNIC_SHARD_C=0``) — the path a disk table's
-lookups take, so the store's own cost shows apart from the answer path's. In order:
+the receive buffer), the baseline measured in the same run. In order:
 
 1. **Fixed overhead.** The table grows to 1.5 × the rows the disk table's cache holds (about the
    budget's size on disk), then the disk shard serves Zipf updates and lookups of 4096 keys over
@@ -27,7 +25,7 @@ lookups take, so the store's own cost shows apart from the answer path's. In ord
    neighbours), ``window`` messages in flight, alternately against the memory and the disk shard
    (``repeats`` each; rows/s are medians) after a warm-up pass; the disk shard's cache hit ratio
    comes from its metrics (hits ÷ keys, over the timed runs). Target: lookup rows/s ≥ 0.3 × the
-   memory shard's (``ratio``; ``ratio_vs_numpy_path``: against the numpy-path memory shard).
+   memory shard's (``ratio``).
 
 Load is part of the figure on a shared machine: the result records the load average and the CPU
 seconds of both shard processes.
@@ -41,6 +39,7 @@ import numpy as np
 
 from embnic.client_lib.splitmix import splitmix64
 from embnic.control.errors import MissingDependencyError
+from embnic.testbed.net.toml_writer import dump_toml
 
 from .loadgen import LoadGen, Requests, ShardProcess
 from .results import merge_json
@@ -69,15 +68,15 @@ def cache_bytes(cache_rows: int, dim: int = DIM) -> int:
 
 
 def _toml(store: str, cache_rows: int, block_cache_mb: int, store_dir: Path) -> str:
-    lines = ["[cluster]", 'name = "bench-disk"', "seed = 11", "[[tables]]", "id = 0", f"dim = {DIM}",
-             'dtype = "fp32"', 'optimizer = "adagrad"', "lr = 0.01", f'store = "{store}"']
-    if store == "disk":
-        lines.append(f"cache_rows = {cache_rows}")
-    lines += ["[[shards]]", "id = 0", 'ip = "127.0.0.1"', "port = 17871"]
-    if store == "disk":
-        lines += [f"block_cache_mb = {block_cache_mb}", f'store_dir = "{store_dir}"']
-    lines += ["[[clients]]", "id = 1", 'ip = "127.0.0.1"']
-    return "\n".join(lines) + "\n"
+    """The bench cluster: table 0 (dim 8 fp32, Adagrad) in ``store`` (``"disk"``: ``cache_rows``,
+    ``block_cache_mb``, ``store_dir``), one shard on 127.0.0.1:17871."""
+    disk = store == "disk"
+    table = {"id": 0, "dim": DIM, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01, "store": store,
+             **({"cache_rows": cache_rows} if disk else {})}
+    shard = {"id": 0, "ip": "127.0.0.1", "port": 17871,
+             **({"block_cache_mb": block_cache_mb, "store_dir": str(store_dir)} if disk else {})}
+    return dump_toml({"cluster": {"name": "bench-disk", "seed": 11}, "tables": [table], "shards": [shard],
+                      "clients": [{"id": 1, "ip": "127.0.0.1"}]})
 
 
 def dir_bytes(d: Path) -> int:
@@ -92,12 +91,11 @@ def dir_bytes(d: Path) -> int:
     return total
 
 
-def bench_shard(workdir: Path, store: str, cache_rows: int, block_cache_mb: int, name: str | None = None,
-                env: dict | None = None) -> ShardProcess:
+def bench_shard(workdir: Path, store: str, cache_rows: int, block_cache_mb: int) -> ShardProcess:
     """A shard process (not started) of the bench table kept in ``store`` (``"disk"``: in
     ``workdir/disk-store``, or ``"memory"``), with its metrics endpoint."""
-    return ShardProcess(workdir, name or store, _toml(store, cache_rows, block_cache_mb, workdir / "disk-store"),
-                        metrics=True, env=env, stop_wait=60.0)
+    return ShardProcess(workdir, store, _toml(store, cache_rows, block_cache_mb, workdir / "disk-store"),
+                        metrics=True, stop_wait=60.0)
 
 
 class Zipf:
@@ -121,19 +119,14 @@ class Zipf:
 
 
 class _Run:
-    """The three shards of one run, their load generators and what the steps share."""
+    """The two shards of one run, their load generators and what the steps share."""
 
     def __init__(self, workdir: Path, cache_rows: int, block_cache_mb: int, budget: dict, window: int, mtu: int,
                  rng: np.random.Generator):
         self.budget, self.window, self.mtu, self.rng = budget, window, mtu, rng
         self.next_id = 1
         self.shards = {"disk": bench_shard(workdir, "disk", cache_rows, block_cache_mb),
-                       "memory": bench_shard(workdir, "memory", cache_rows, block_cache_mb),
-                       # the same in-memory store behind the engine's numpy path (EMBNIC_SHARD_C=0: no C
-                       # intake, no C answers), the path a disk table's lookups take: the store's cost
-                       # apart from the answer path's
-                       "memory_numpy": bench_shard(workdir, "memory", cache_rows, block_cache_mb,
-                                                   name="memory_numpy", env={"EMBNIC_SHARD_C": "0"})}
+                       "memory": bench_shard(workdir, "memory", cache_rows, block_cache_mb)}
         self.gens: dict[str, LoadGen] = {}
 
     def start(self) -> None:
@@ -170,15 +163,14 @@ class _Run:
 
 
 def _fixed_overhead(r: _Run, zipf: Zipf, order: np.ndarray, cache_rows: int, rows: int, secs: dict) -> dict:
-    """Step 1: the table grown to 1.5 × the cache on the memory shards and, sampled every 8
+    """Step 1: the table grown to 1.5 × the cache on the memory shard and, sampled every 8
     messages, on the disk shard; then Zipf traffic over it (every code path: reads from the store,
     evictions, write-backs, compactions). Returns ``fixed_overhead`` (``table_rows``: the rows held)."""
     first = min(rows, 3 * cache_rows // 2)  # past the cache: evictions and write-backs at full size
     small = Zipf(first, ZIPF_S, r.rng)
     small.ids = zipf.ids[order[:first]]
     grow0 = [np.sort(zipf.ids[order[a:min(first, a + KEYS)]]) for a in range(0, first, KEYS)]
-    for n in ("memory", "memory_numpy"):
-        secs[n] += r.send(n, r.msgs("update", grow0))
+    secs["memory"] += r.send("memory", r.msgs("update", grow0))
     samples = []
     for a in range(0, len(grow0), 8):
         secs["disk"] += r.send("disk", r.msgs("update", grow0[a:a + 8]))
@@ -197,7 +189,7 @@ def _fixed_overhead(r: _Run, zipf: Zipf, order: np.ndarray, cache_rows: int, row
 
 def _growth(r: _Run, zipf: Zipf, order: np.ndarray, first: int, rows: int, samples: int, secs: dict,
             cpu0: dict) -> dict:
-    """Step 2: every row materialised on the three shards, in random order, the disk shard
+    """Step 2: every row materialised on both shards, in random order, the disk shard
     sampled after each of ``samples`` slices. Returns ``growth``."""
     per = -(-(rows - first) // samples)
     growth = []
@@ -225,7 +217,7 @@ def _memory_bound(growth: list[dict], bound: int, budget: dict, rows: int, cache
 
 def _zipf_op(r: _Run, zipf: Zipf, op: str, messages: int, repeats: int, rows: int, res: dict) -> dict:
     """Step 3 for ``op``: a warm-up pass, then ``repeats`` runs of ``messages`` Zipf messages
-    against the memory, disk and numpy-path shards in turn, the disk shard sampled after each
+    against the memory and the disk shard in turn, the disk shard sampled after each
     (into ``res["zipf_samples"]`` and ``res["memory_bound"]``). Returns the ``<op>_4096`` figures."""
     warm = r.msgs(op, [zipf.message(KEYS) for _ in range(messages)])
     for name in r.shards:
@@ -236,7 +228,7 @@ def _zipf_op(r: _Run, zipf: Zipf, op: str, messages: int, repeats: int, rows: in
     bound = res["memory_bound"]["bound"]
     for _ in range(repeats):
         w = r.msgs(op, [zipf.message(KEYS) for _ in range(messages)])
-        for name in ("memory", "disk", "memory_numpy"):
+        for name in ("memory", "disk"):
             sh = r.shards[name]
             before = sh.metrics(METRICS) if name == "disk" else None
             c0 = sh.cpu()
@@ -251,16 +243,12 @@ def _zipf_op(r: _Run, zipf: Zipf, op: str, messages: int, repeats: int, rows: in
         res["zipf_samples"] = res.get("zipf_samples", []) + [g]
         res["memory_bound"]["rss_anon_max"] = max(res["memory_bound"]["rss_anon_max"], g["rss_anon"])
         res["memory_bound"]["within"] &= g["rss_anon"] <= bound
-    d, m, mn = (float(np.median(runs[n])) for n in ("disk", "memory", "memory_numpy"))
+    d, m = (float(np.median(runs[n])) for n in ("disk", "memory"))
     return {"disk_rows_per_s": d, "memory_rows_per_s": m, "ratio": d / m,
-            "memory_numpy_rows_per_s": mn, "ratio_vs_numpy_path": d / mn,
             "disk_rows_per_s_runs": runs["disk"], "memory_rows_per_s_runs": runs["memory"],
-            "memory_numpy_rows_per_s_runs": runs["memory_numpy"],
             "hit_ratio": hits / max(keys_, 1.0),
             "disk_shard_cpu_s": cpu["disk"], "memory_shard_cpu_s": cpu["memory"],
-            "memory_numpy_shard_cpu_s": cpu["memory_numpy"],
-            "ratio_cpu": (cpu["memory"] / max(cpu["disk"], 1e-9)),
-            "ratio_cpu_vs_numpy_path": (cpu["memory_numpy"] / max(cpu["disk"], 1e-9))}
+            "ratio_cpu": (cpu["memory"] / max(cpu["disk"], 1e-9))}
 
 
 def _check(rows: int, cache_rows: int) -> None:

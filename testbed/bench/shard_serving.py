@@ -4,7 +4,7 @@ For lookups and updates of 1, 64 and 4096 keys per message (MTU 1500, dim 8 fp32
 Adagrad: a 4096-key lookup is 23 request frames and a 92-frame reply) it measures, in one run:
 
 * **the shard** — ``embnic server`` started as its own process (``--workers 1``, then
-  ``--workers 2``; the readable ``--engine reference`` too, as the before), driven by a load
+  ``--workers 2``), driven by a load
   generator in this process that keeps ``window`` messages in flight with batched socket I/O
   (:mod:`embnic.testbed.server.udpio`; its socket sets ``UDP_GRO``, so a reply the shard sent as
   one GSO super-datagram is not cut into datagrams again on loopback, where the sender pays for
@@ -50,6 +50,7 @@ import numpy as np
 
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
+from embnic.testbed.net.toml_writer import dump_toml
 from embnic.testbed.server import udpio
 
 from . import shard_rounds
@@ -69,38 +70,29 @@ WARM_STEP = 2048  #: ids per update message when the pools are materialised
 TABLES = [{"id": t, "dim": DIM, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01} for t in (0, 1)]
 
 
-def bench_config(port: int = 0, mtu: int = 1500):
-    """The bench cluster: tables 0 and 1 (dim 8 fp32, Adagrad, any uint64 id), one shard on
-    127.0.0.1:``port``."""
-    return parse_config({
-        "cluster": {"name": "bench-server", "mtu": mtu, "seed": 11, "timeout_ms": 500, "retries": 10},
-        "tables": TABLES,
-        "shards": [{"id": 0, "ip": "127.0.0.1", "port": port or 17870}],
-        "clients": [{"id": 1, "ip": "127.0.0.1"}],
-    })
+def _cluster(mtu: int, **client: int) -> dict:
+    """The bench cluster as parsed TOML: tables 0 and 1 (dim 8 fp32, Adagrad, any uint64 id), one
+    shard on 127.0.0.1:17870; ``client``: the client's settings (``timeout_ms``, ``retries``)."""
+    return {"cluster": {"name": "bench-server", "mtu": mtu, "seed": 11, **client}, "tables": TABLES,
+            "shards": [{"id": 0, "ip": "127.0.0.1", "port": 17870}], "clients": [{"id": 1, "ip": "127.0.0.1"}]}
 
 
-def _toml(cfg_port: int, mtu: int) -> str:
-    lines = ["[cluster]", 'name = "bench-server"', f"mtu = {mtu}", "seed = 11"]
-    for t in TABLES:
-        lines += ["[[tables]]"] + [f"{k} = {v!r}".replace("'", '"') for k, v in t.items()]
-    lines += ["[[shards]]", "id = 0", 'ip = "127.0.0.1"', f"port = {cfg_port}", "[[clients]]", "id = 1",
-              'ip = "127.0.0.1"']
-    return "\n".join(lines) + "\n"
+def bench_config(mtu: int = 1500):
+    """The bench cluster (:func:`_cluster`) as a config, the client's timeout 500 ms, 10 retries."""
+    return parse_config(_cluster(mtu, timeout_ms=500, retries=10))
 
 
-def shard_process(workdir: Path, engine: str = "batch", workers: int = 1, mtu: int = 1500,
-                  wal: bool = False) -> ShardProcess:
-    """A shard of the bench config (not started): ``--engine engine --workers workers``; ``wal``:
+def shard_process(workdir: Path, workers: int = 1, mtu: int = 1500, wal: bool = False) -> ShardProcess:
+    """A shard of the bench config (not started): ``--workers workers``; ``wal``:
     with its write-ahead log (``--checkpoint-dir`` ``workdir/wal-<tag>``, emptied: a record
     appended per update, one ``fdatasync`` per wake-up), no periodic checkpoint."""
-    tag = f"{engine}-{workers}" + ("-wal" if wal else "")
-    args = ["--engine", engine, "--workers", str(workers)]
+    tag = f"workers-{workers}" + ("-wal" if wal else "")
+    args = ["--workers", str(workers)]
     if wal:
         d = Path(workdir) / f"wal-{tag}"
         shutil.rmtree(d, ignore_errors=True)
         args += ["--checkpoint-dir", str(d)]
-    return ShardProcess(workdir, tag, _toml(17870, mtu), args)
+    return ShardProcess(workdir, tag, dump_toml(_cluster(mtu)), args)
 
 
 def workload(op: str, nkeys: int, count: int, pools: dict, mtu: int, rng: np.random.Generator,
@@ -175,7 +167,7 @@ def _figures(op: str, nk: int, w_thrs: list[Requests], secs: list[float], lat: n
     }
 
 
-def measure_shard(workdir: Path, engine: str, workers: int, loads: dict, pools: dict, mtu: int,
+def measure_shard(workdir: Path, workers: int, loads: dict, pools: dict, mtu: int,
                   window: int, lb_times: dict | None, lb: LocalBackend | None, wal: bool = False) -> dict:
     """Run every workload against one shard process; LocalBackend runs alternate with them
     when ``lb`` is given (their seconds go into ``lb_times``); ``wal``: the shard keeps its
@@ -190,7 +182,7 @@ def measure_shard(workdir: Path, engine: str, workers: int, loads: dict, pools: 
     Raises:
         OperationalError: the shard did not start, answered with an error or stopped answering.
     """
-    sp = shard_process(workdir, engine, workers, mtu, wal=wal).start()
+    sp = shard_process(workdir, workers, mtu, wal=wal).start()
     out: dict = {}
     try:
         _warm(sp.port, pools, mtu)
@@ -244,7 +236,7 @@ def _local_figures(lb_times: dict, loads: dict) -> dict:
     return out
 
 
-def _ratios(res: dict, reference: bool) -> None:
+def _ratios(res: dict) -> None:
     """The ``ratio_*`` keys of ``res`` (module docstring), from the figures they name."""
     for op in OPS:
         for nk in KEYS:
@@ -253,9 +245,6 @@ def _ratios(res: dict, reference: bool) -> None:
             res[f"ratio_cpu_{k}"] = (res["workers_1"][k]["rows_per_shard_cpu_s"]
                                      / res["local"][k]["rows_per_cpu_s"])
             res[f"ratio_workers2_{k}"] = res["workers_2"][k]["rows_per_s"] / res["workers_1"][k]["rows_per_s"]
-            if reference:
-                res[f"ratio_batch_vs_reference_{k}"] = (res["workers_1"][k]["rows_per_s"]
-                                                        / res["reference"][k]["rows_per_s"])
     for nk in KEYS:
         k = f"update_{nk}"
         res[f"ratio_wal_{k}"] = res["workers_1_wal"][k]["rows_per_s"] / res["workers_1"][k]["rows_per_s"]
@@ -287,8 +276,8 @@ def _targets(res: dict) -> dict:
     }
 
 
-def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, reference: bool = True,
-        seed: int = 0, repeats: int = 3, log=print) -> dict:
+def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, seed: int = 0, repeats: int = 3,
+        log=print) -> dict:
     """Run the benchmark and merge ``server`` into ``out_dir/bench.json`` (see the module docstring).
 
     Args:
@@ -296,12 +285,11 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
         mtu: the cluster MTU (bytes).
         window: messages in flight in the throughput runs.
         scale: multiplies the number of messages per measurement.
-        reference: also measure ``--engine reference`` (slow at 4096 keys).
         repeats: throughput runs per configuration, each followed by LocalBackend doing the
             same work; rows/s are the medians (``rows_per_s_runs``: every run's).
 
     Returns:
-        the ``server`` result (``workers_1``, ``workers_2``, ``reference``, ``local``, the
+        the ``server`` result (``workers_1``, ``workers_1_wal``, ``workers_2``, ``rounds``, ``local``, the
         ``ratio_*`` keys, ``targets`` and ``load``).
 
     Raises:
@@ -320,20 +308,17 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
         lb.update({t: (k, g)})
     lb_times: dict = {}
     res: dict = {}
-    log("bench server: --workers 1 (batch engine) and LocalBackend, alternating ...")
-    res["workers_1"] = measure_shard(workdir, "batch", 1, loads, pools, mtu, window, lb_times, lb)
+    log("bench server: --workers 1 and LocalBackend, alternating ...")
+    res["workers_1"] = measure_shard(workdir, 1, loads, pools, mtu, window, lb_times, lb)
     log("bench server: --workers 1 with the write-ahead log (--checkpoint-dir), updates ...")
     upd = {k: v for k, v in loads.items() if k[0] == "update"}
-    res["workers_1_wal"] = measure_shard(workdir, "batch", 1, upd, pools, mtu, window, None, None, wal=True)
+    res["workers_1_wal"] = measure_shard(workdir, 1, upd, pools, mtu, window, None, None, wal=True)
     log("bench server: --workers 2 ...")
-    res["workers_2"] = measure_shard(workdir, "batch", 2, loads, pools, mtu, window, lb_times, lb)
-    if reference:
-        log("bench server: --engine reference ...")
-        res["reference"] = measure_shard(workdir, "reference", 1, loads, pools, mtu, window, None, None)
+    res["workers_2"] = measure_shard(workdir, 2, loads, pools, mtu, window, lb_times, lb)
     log("bench server: a round of the same ids over 2 and over 26 tables, the shard's CPU ...")
     res["rounds"] = shard_rounds.run(rounds=max(10, int(200 * scale)))
     res["local"] = _local_figures(lb_times, loads)
-    _ratios(res, reference)
+    _ratios(res)
     res["targets"] = _targets(res)
     res["load"] = {"loadavg_before": list(load0), "loadavg_after": list(os.getloadavg()),
                    "cpus": os.cpu_count()}

@@ -14,8 +14,7 @@ from embnic.cli.main import cli
 
 @pytest.mark.slow
 def test_bench_server_writes_every_figure(tmp_path):
-    r = CliRunner().invoke(cli, ["bench", "server", "--out", str(tmp_path), "--scale", "0.02", "--no-reference",
-                                 "--repeats", "2"])
+    r = CliRunner().invoke(cli, ["bench", "server", "--out", str(tmp_path), "--scale", "0.02", "--repeats", "2"])
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "bench.json").read_text())["server"]
     for op in ("lookup", "update"):
