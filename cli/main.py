@@ -23,16 +23,18 @@ import sys
 
 import click
 
+from embnic.client_lib.clib import NativeLibraryError
 from embnic.client_lib.config import ConfigError
-from embnic.control.errors import USAGE, ControlError
+from embnic.control.errors import EXIT_CODES, MISSING_DEPENDENCY, USAGE, ControlError
 
 
 def to_click(e: Exception) -> click.ClickException:
     """The click error (message and exit code) for a library error.
 
     Args:
-        e: a :class:`~embnic.control.errors.ControlError` (by its ``category``) or a
-            :class:`~embnic.client_lib.config.ConfigError`.
+        e: a :class:`~embnic.control.errors.ControlError` (by its ``category``), a
+            :class:`~embnic.client_lib.config.ConfigError` or a
+            :class:`~embnic.client_lib.clib.NativeLibraryError` (exit 2, as a missing dependency).
     Returns:
         ``click.UsageError`` for the ``usage`` category (exit 2), else a ``click.ClickException``
         whose ``exit_code`` is the category's (1 operational; 2 needs-root, missing-dependency,
@@ -50,6 +52,10 @@ def to_click(e: Exception) -> click.ClickException:
         out = click.ClickException(str(e))
         out.exit_code = 2
         return out
+    if isinstance(e, NativeLibraryError):  # the package's C library not built or stale: its one line
+        out = click.ClickException(str(e))
+        out.exit_code = EXIT_CODES[MISSING_DEPENDENCY]
+        return out
     raise TypeError(f"no CLI mapping for {type(e).__name__}")
 
 
@@ -61,7 +67,7 @@ def _map_errors(cmd: click.Command) -> click.Command:
         def mapped(*args, **kwargs):
             try:
                 return cb(*args, **kwargs)
-            except (ControlError, ConfigError) as e:
+            except (ControlError, ConfigError, NativeLibraryError) as e:
                 raise to_click(e) from None
 
         mapped._embnic_mapped = True
@@ -202,7 +208,7 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except (ControlError, ConfigError) as e:  # raised outside a command callback (e.g. a parameter type)
+    except (ControlError, ConfigError, NativeLibraryError) as e:  # raised outside a command callback (e.g. a parameter type)
         err = to_click(e)
         err.show()
         sys.exit(err.exit_code)

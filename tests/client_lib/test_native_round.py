@@ -301,6 +301,15 @@ def test_missing_library_is_one_line_naming_the_rebuild(tmp_path):
     assert len(lines) == 1 and str(missing) in lines[0] and "is not built: run pip install -e ." in lines[0], lines
 
 
+def test_the_cli_says_a_missing_library_in_its_one_line():
+    """The CLI maps NativeLibraryError as a missing dependency: its one line, exit 2, no traceback."""
+    from embnic.cli.main import to_click
+    from embnic.client_lib.clib import NativeLibraryError
+
+    e = to_click(NativeLibraryError("embnic: the client library /x.so is not built: run pip install -e ."))
+    assert e.exit_code == 2 and e.format_message() == "embnic: the client library /x.so is not built: run pip install -e ."
+
+
 class SlowShard:
     """A bare UDP socket playing the only shard of a one-table (dim 4) cluster: it answers every
     lookup (rows = key / 2) once ``open`` is set, and holds back what came before."""
