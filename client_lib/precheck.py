@@ -171,12 +171,11 @@ def _checked(ta, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, di
     return tix, counts, keys
 
 
-def lookup_jagged(cfg: ClusterConfig, ta, table_ids, counts, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`lookup_flat` of a round already flat: ``table_ids`` int (T,) distinct, ``counts`` int
-    (T,), ``keys`` (Σ counts,) one table after the other. Returns ``(tix, counts, keys uint64)``.
+def _jagged(table_ids, counts, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A round given flat as arrays: ``(table_ids, counts int64, keys)``.
 
     Raises:
-        ValueError: counts that do not fit the keys; else as :func:`lookup_round` (naming the table).
+        ValueError: not one count per table, a negative count, or counts not adding up to the keys.
     """
     table_ids = np.asarray(table_ids)
     counts = np.asarray(counts, np.int64)
@@ -184,12 +183,28 @@ def lookup_jagged(cfg: ClusterConfig, ta, table_ids, counts, keys) -> tuple[np.n
     if table_ids.ndim != 1 or counts.shape != table_ids.shape or (counts < 0).any() or int(counts.sum()) != keys.size:
         raise ValueError(f"{table_ids.size} tables, counts {counts.tolist()[:8]} adding up to {int(counts.sum())}, "
                          f"{keys.size} keys: one count per table, adding up to the keys")
+    return table_ids, counts, keys
+
+
+def _distinct(table_ids: np.ndarray) -> None:
+    """Raises ValueError when a table appears twice among ``table_ids``."""
+    if np.unique(table_ids).size != table_ids.size:
+        raise ValueError(f"a table appears twice among {table_ids.tolist()}")
+
+
+def lookup_jagged(cfg: ClusterConfig, ta, table_ids, counts, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`lookup_flat` of a round already flat: ``table_ids`` int (T,) distinct, ``counts`` int
+    (T,), ``keys`` (Σ counts,) one table after the other. Returns ``(tix, counts, keys uint64)``.
+
+    Raises:
+        ValueError: counts that do not fit the keys; else as :func:`lookup_round` (naming the table).
+    """
+    table_ids, counts, keys = _jagged(table_ids, counts, keys)
     if table_ids.dtype.kind in "iu":
         r = _checked(ta, table_ids.astype(np.int64), counts, keys)
         if r is not None:
             return r
-    if np.unique(table_ids).size != table_ids.size:
-        raise ValueError(f"a table appears twice among {table_ids.tolist()}")
+    _distinct(table_ids)
     return lookup_flat(cfg, ta, dict(zip(table_ids.tolist(), np.split(keys, np.cumsum(counts)[:-1]))))
 
 
@@ -300,13 +315,8 @@ def update_jagged(cfg: ClusterConfig, ta, table_ids, counts, keys, grads):
     Raises:
         ValueError: counts or gradients that do not fit the keys; else as :func:`update_round`.
     """
-    table_ids = np.asarray(table_ids)
-    counts = np.asarray(counts, np.int64)
-    keys = np.asarray(keys)
+    table_ids, counts, keys = _jagged(table_ids, counts, keys)
     grads = np.asarray(grads).reshape(-1)
-    if table_ids.ndim != 1 or counts.shape != table_ids.shape or (counts < 0).any() or int(counts.sum()) != keys.size:
-        raise ValueError(f"{table_ids.size} tables, counts {counts.tolist()[:8]} adding up to {int(counts.sum())}, "
-                         f"{keys.size} keys: one count per table, adding up to the keys")
     if table_ids.dtype.kind in "iu":
         r = _checked(ta, table_ids.astype(np.int64), counts, keys)
         if r is not None:
@@ -314,8 +324,7 @@ def update_jagged(cfg: ClusterConfig, ta, table_ids, counts, keys, grads):
             if (grads.dtype == np.float32 and grads.size == int((counts * ta.dim[tix]).sum())
                     and _sorted_unique(k, counts) and _grads_ok(ta, tix, grads)):
                 return tix, counts, k, grads
-    if np.unique(table_ids).size != table_ids.size:
-        raise ValueError(f"a table appears twice among {table_ids.tolist()}")
+    _distinct(table_ids)
     tix = ta.index(table_ids)
     dims = np.where(tix >= 0, ta.dim[tix], 0)
     vo = np.concatenate([[0], np.cumsum(counts * dims)])

@@ -104,25 +104,6 @@ def split_by_shard(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> list[
     return out
 
 
-def chunk_parts(parts, cap: int):
-    """Split each ``(shard_id, pos, keys)`` of :func:`split_by_shard` into pieces of at most
-    ``cap`` keys (slices, no copies), so every message and its reply fit in
-    :data:`consts.MAX_FRAGS` fragments (docs/protocol.md, "Fragmentation").
-
-    Args:
-        parts: iterable of ``(shard_id, pos int64 (k,), keys uint64 (k,))``.
-        cap: most keys per piece, ≥ 1.
-    Yields:
-        ``(shard_id, pos, keys)`` views of at most ``cap`` keys, in order.
-    """
-    for shard_id, pos, skeys in parts:
-        if len(skeys) <= cap:
-            yield shard_id, pos, skeys
-            continue
-        for a in range(0, len(skeys), cap):
-            yield shard_id, pos[a:a + cap], skeys[a:a + cap]
-
-
 def owns_tables(cfg: ClusterConfig, table_ids: np.ndarray, counts: np.ndarray, shard_id: int,
                 keys: np.ndarray) -> np.ndarray:
     """:func:`owns` for the keys of several tables at once (a protocol-v2 message's directory):
