@@ -423,13 +423,8 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         dlrm_tr = e2e_dlrm.torchrec_steps(cfg, dlrm_data, repeats)
     table_text = text.replace('sharding = "hash"', 'sharding = "table"', 1)
     assert table_text != text, "examples/testbed.toml no longer says sharding = \"hash\""
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "table.toml"
-        p.write_text(table_text)
-        log("e2e: TorchRec (DMP, gloo, 2 ranks, table-wise)")
-        t_tr = time.monotonic()
-        tr = run_torchrec(str(p), data, repeats)
-        t_tr = time.monotonic() - t_tr
+    log("e2e: TorchRec (DMP, gloo, 2 ranks, table-wise)")
+    tr, t_tr = _torchrec_table_wise(table_text, data, repeats)
     log("e2e: embnic through the card, sharding table")
     t_card = time.monotonic()
     card = run_card(table_text, name, data, repeats, loss_pct, log, dlrm_batches=dlrm_data)
@@ -439,56 +434,9 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         log("e2e: embnic through the card, sharding hash")
         hsh = run_card(text, name, data, repeats, 0.0, log)
     m1 = machine()
-    rows_out = []
-    for b in batches:
-        k = str(b)
-        v, f, t = card["varlen"][k], card["fixed"][k], tr[k]
-        rows_out.append({
-            "model": "embeddings", "batch": b,
-            "varlen_p50_us": v["lookup_p50_us"]["median"], "varlen_p99_us": v["lookup_p99_us"]["median"],
-            "fixed_p50_us": f["lookup_p50_us"]["median"], "fixed_p99_us": f["lookup_p99_us"]["median"],
-            "torchrec_p50_us": t["lookup_p50_us"]["median"], "torchrec_p99_us": t["lookup_p99_us"]["median"],
-            "messages_varlen": v["messages_per_step"]["median"], "messages_fixed": f["messages_per_step"]["median"],
-            "rounds_varlen": v["rounds_per_step"]["median"], "rounds_fixed": f["rounds_per_step"]["median"],
-            "request_messages_per_round_varlen": v["request_messages_per_round"]["median"],
-            "request_messages_per_round_fixed": f["request_messages_per_round"]["median"],
-            "shards_per_round": v["shards_per_round"]["median"],
-        })
-    by_b = {r["batch"]: r for r in rows_out}
-    targets = {}
-    # issue "the round at the speed of the path": variable-length lookup p50 <= 0.6 x fixed-length at
-    # batch 32, <= 0.8 x at 256; lookup p50 <= 1.0 x TorchRec's at 4096, <= 1.5 x at 256
-    for b, bound in ((32, 0.6), (256, 0.8)):
-        if b in by_b:
-            r = by_b[b]
-            targets[f"varlen_p50_le_{bound:g}x_fixed_at_{b}"] = {"ratio": r["varlen_p50_us"] / r["fixed_p50_us"],
-                                                                "met": r["varlen_p50_us"] <= bound * r["fixed_p50_us"]}
-    for b, bound in ((256, 1.5), (4096, 1.0)):
-        if b in by_b:
-            r = by_b[b]
-            targets[f"varlen_p50_le_{bound:g}x_torchrec_at_{b}"] = {
-                "ratio": r["varlen_p50_us"] / r["torchrec_p50_us"], "met": r["varlen_p50_us"] <= bound * r["torchrec_p50_us"]}
-    if 4096 in by_b:
-        v = card["varlen"]["4096"]["step_p50_us"]["median"]
-        t = tr["4096"]["step_p50_us"]["median"]
-        targets["varlen_step_le_2x_torchrec_at_4096"] = {"ratio": v / t, "met": v <= 2 * t}
-    loss = {}
-    for b in batches:
-        k = str(b)
-        if k in card.get("varlen_loss", {}):
-            a, l_ = card["varlen"][k], card["varlen_loss"][k]
-            loss[k] = {"step_p50_us": a["step_p50_us"]["median"], "step_p50_us_loss": l_["step_p50_us"]["median"],
-                       "ratio": l_["step_p50_us"]["median"] / a["step_p50_us"]["median"],
-                       "lookup_p50_us": a["lookup_p50_us"]["median"],
-                       "lookup_p50_us_loss": l_["lookup_p50_us"]["median"],
-                       "retransmits_per_step": a["retransmits_per_step"]["median"],
-                       "retransmits_per_step_loss": l_["retransmits_per_step"]["median"],
-                       **{f"{x}_per_step_loss": l_[f"{x}_per_step"]["median"] for x in ("timeouts", "repairs", "probes")},
-                       "probes_per_step": a["probes_per_step"]["median"]}
-            r_ = card.get("varlen_relay", {}).get(k)
-            if r_:  # the user-space helpers on the path, nothing dropped
-                loss[k]["step_p50_us_relay"] = r_["step_p50_us"]["median"]
-                loss[k]["ratio_vs_relay"] = l_["step_p50_us"]["median"] / r_["step_p50_us"]["median"]
+    rows_out = _embedding_rows(batches, card, tr)
+    targets = _targets({r["batch"]: r for r in rows_out}, card, tr)
+    loss = _loss_rows(batches, card)
     if loss:
         targets["no_retransmits_loss_free"] = {"met": all(v["retransmits_per_step"] == 0 for v in loss.values())}
         targets[f"step_with_{loss_pct:g}pct_loss_le_1.5x"] = {
@@ -500,18 +448,7 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
         if d4096:
             targets["dlrm_card_ge_0.8x_torchrec_steps_at_4096"] = {"ratio": d4096[0]["card_over_torchrec"],
                                                                    "met": d4096[0]["card_over_torchrec"] >= 0.8}
-    tcfg = dataclasses.replace(cfg, sharding="table")
-    plan = {"how": "embnic plan on the 'testbed' hardware profile, one client, table sharding, the workload "
-                   "measured from the Criteo sample at each batch (docs/planning.md); step_p50_us: this run's "
-                   "varlen step through the card",
-            "by_batch": plan_rows(tcfg, sample, batches, card["varlen"]),
-            # the hash-sharded run beside its own plan (the profile was fitted to table sharding)
-            "hash_by_batch": plan_rows(cfg, sample, batches, hsh["varlen"]) if hsh is not None else {}}
-    for r in rows_out:
-        pb = plan["by_batch"].get(str(r["batch"]))
-        if pb:
-            r["plan_step_us"] = pb["plan_step_us"]
-            r["step_p50_us"] = pb["step_p50_us"]
+    plan = _plan(cfg, sample, batches, card, hsh, rows_out)
     res = {
         "rows": rows_out + dlrm_rows,
         "plan": plan,
@@ -538,6 +475,101 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
     res["plots"] = plots(out_dir, res)
     merge_json(out_dir / "bench.json", "e2e", res)
     return res
+
+
+def _torchrec_table_wise(table_text: str, data: dict, repeats: int) -> tuple[dict, float]:
+    """(:func:`run_torchrec` of the config ``table_text``, its seconds)."""
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "table.toml"
+        p.write_text(table_text)
+        t0 = time.monotonic()
+        tr = run_torchrec(str(p), data, repeats)
+        return tr, time.monotonic() - t0
+
+
+def _embedding_rows(batches, card: dict, tr: dict) -> list[dict]:
+    """One ``model: "embeddings"`` row per batch: the medians of lookup latency, messages and
+    rounds of the card's variable- and fixed-length runs and of TorchRec's."""
+    rows_out = []
+    for b in batches:
+        k = str(b)
+        v, f, t = card["varlen"][k], card["fixed"][k], tr[k]
+        rows_out.append({
+            "model": "embeddings", "batch": b,
+            "varlen_p50_us": v["lookup_p50_us"]["median"], "varlen_p99_us": v["lookup_p99_us"]["median"],
+            "fixed_p50_us": f["lookup_p50_us"]["median"], "fixed_p99_us": f["lookup_p99_us"]["median"],
+            "torchrec_p50_us": t["lookup_p50_us"]["median"], "torchrec_p99_us": t["lookup_p99_us"]["median"],
+            "messages_varlen": v["messages_per_step"]["median"], "messages_fixed": f["messages_per_step"]["median"],
+            "rounds_varlen": v["rounds_per_step"]["median"], "rounds_fixed": f["rounds_per_step"]["median"],
+            "request_messages_per_round_varlen": v["request_messages_per_round"]["median"],
+            "request_messages_per_round_fixed": f["request_messages_per_round"]["median"],
+            "shards_per_round": v["shards_per_round"]["median"],
+        })
+    return rows_out
+
+
+def _targets(by_b: dict, card: dict, tr: dict) -> dict:
+    """The latency targets of issue "the round at the speed of the path": variable-length lookup
+    p50 <= 0.6 x fixed-length at batch 32, <= 0.8 x at 256; lookup p50 <= 1.0 x TorchRec's at
+    4096, <= 1.5 x at 256; the step <= 2 x TorchRec's at 4096 (each where its batch ran)."""
+    targets = {}
+    for b, bound in ((32, 0.6), (256, 0.8)):
+        if b in by_b:
+            r = by_b[b]
+            targets[f"varlen_p50_le_{bound:g}x_fixed_at_{b}"] = {"ratio": r["varlen_p50_us"] / r["fixed_p50_us"],
+                                                                "met": r["varlen_p50_us"] <= bound * r["fixed_p50_us"]}
+    for b, bound in ((256, 1.5), (4096, 1.0)):
+        if b in by_b:
+            r = by_b[b]
+            targets[f"varlen_p50_le_{bound:g}x_torchrec_at_{b}"] = {
+                "ratio": r["varlen_p50_us"] / r["torchrec_p50_us"], "met": r["varlen_p50_us"] <= bound * r["torchrec_p50_us"]}
+    if 4096 in by_b:
+        v = card["varlen"]["4096"]["step_p50_us"]["median"]
+        t = tr["4096"]["step_p50_us"]["median"]
+        targets["varlen_step_le_2x_torchrec_at_4096"] = {"ratio": v / t, "met": v <= 2 * t}
+    return targets
+
+
+def _loss_rows(batches, card: dict) -> dict:
+    """Per batch run with loss: the variable-length step and lookup with the loss beside the
+    loss-free ones, retransmits, timeouts, repairs and probes per step (and the step through the
+    user-space helpers with nothing dropped, where it ran)."""
+    loss = {}
+    for b in batches:
+        k = str(b)
+        if k in card.get("varlen_loss", {}):
+            a, l_ = card["varlen"][k], card["varlen_loss"][k]
+            loss[k] = {"step_p50_us": a["step_p50_us"]["median"], "step_p50_us_loss": l_["step_p50_us"]["median"],
+                       "ratio": l_["step_p50_us"]["median"] / a["step_p50_us"]["median"],
+                       "lookup_p50_us": a["lookup_p50_us"]["median"],
+                       "lookup_p50_us_loss": l_["lookup_p50_us"]["median"],
+                       "retransmits_per_step": a["retransmits_per_step"]["median"],
+                       "retransmits_per_step_loss": l_["retransmits_per_step"]["median"],
+                       **{f"{x}_per_step_loss": l_[f"{x}_per_step"]["median"] for x in ("timeouts", "repairs", "probes")},
+                       "probes_per_step": a["probes_per_step"]["median"]}
+            r_ = card.get("varlen_relay", {}).get(k)
+            if r_:  # the user-space helpers on the path, nothing dropped
+                loss[k]["step_p50_us_relay"] = r_["step_p50_us"]["median"]
+                loss[k]["ratio_vs_relay"] = l_["step_p50_us"]["median"] / r_["step_p50_us"]["median"]
+    return loss
+
+
+def _plan(cfg, sample, batches, card: dict, hsh: dict | None, rows_out: list[dict]) -> dict:
+    """``embnic plan``'s step time and messages beside the run's (:func:`plan_rows`); the
+    embedding rows get ``plan_step_us`` and ``step_p50_us``."""
+    tcfg = dataclasses.replace(cfg, sharding="table")
+    plan = {"how": "embnic plan on the 'testbed' hardware profile, one client, table sharding, the workload "
+                   "measured from the Criteo sample at each batch (docs/planning.md); step_p50_us: this run's "
+                   "varlen step through the card",
+            "by_batch": plan_rows(tcfg, sample, batches, card["varlen"]),
+            # the hash-sharded run beside its own plan (the profile was fitted to table sharding)
+            "hash_by_batch": plan_rows(cfg, sample, batches, hsh["varlen"]) if hsh is not None else {}}
+    for r in rows_out:
+        pb = plan["by_batch"].get(str(r["batch"]))
+        if pb:
+            r["plan_step_us"] = pb["plan_step_us"]
+            r["step_p50_us"] = pb["step_p50_us"]
+    return plan
 
 
 def plots(out_dir: Path, res: dict) -> list[str]:
