@@ -130,13 +130,20 @@ struct embnic_hdr {
 
 #define EMBNIC_NB_HDR_FIELDS 19
 
+/*
+ * The offset and size of field f of struct type, as a field table says
+ * (EMBNIC_HDR_FIELDS, EMBNIC_DIR_FIELDS), checked at compile time.
+ */
+#define EMBNIC_ASSERT_LAYOUT(type, f, off, sz) \
+	static_assert(offsetof(type, f) == (off), \
+		      "offset of " #type "." #f); \
+	static_assert(sizeof(((type *)0)->f) == (sz), \
+		      "size of " #type "." #f);
+
 static_assert(sizeof(struct embnic_hdr) == EMBNIC_HDR_LEN,
 	      "embnic header must be 44 bytes");
 #define EMBNIC_ASSERT_FIELD(f, off, sz) \
-	static_assert(offsetof(struct embnic_hdr, f) == (off), \
-		      "offset of embnic_hdr." #f); \
-	static_assert(sizeof(((struct embnic_hdr *)0)->f) == (sz), \
-		      "size of embnic_hdr." #f);
+	EMBNIC_ASSERT_LAYOUT(struct embnic_hdr, f, off, sz)
 EMBNIC_HDR_FIELDS(EMBNIC_ASSERT_FIELD)
 #undef EMBNIC_ASSERT_FIELD
 
@@ -168,10 +175,7 @@ struct embnic_dir_entry {
 static_assert(sizeof(struct embnic_dir_entry) == EMBNIC_DIR_ENTRY,
 	      "a directory entry is 16 bytes");
 #define EMBNIC_ASSERT_DIR_FIELD(f, off, sz) \
-	static_assert(offsetof(struct embnic_dir_entry, f) == (off), \
-		      "offset of embnic_dir_entry." #f); \
-	static_assert(sizeof(((struct embnic_dir_entry *)0)->f) == (sz), \
-		      "size of embnic_dir_entry." #f);
+	EMBNIC_ASSERT_LAYOUT(struct embnic_dir_entry, f, off, sz)
 EMBNIC_DIR_FIELDS(EMBNIC_ASSERT_DIR_FIELD)
 #undef EMBNIC_ASSERT_DIR_FIELD
 
