@@ -2,8 +2,9 @@
 
 :class:`EmbeddingClient` turns ``{table_id: unique keys}`` into one variable-length message per
 shard (protocol v2: every table the shard holds a part of travels in that message, after a
-per-table directory) — routed by :mod:`embnic.client_lib.routing`, fragmented to the cluster MTU
-by :mod:`embnic.client_lib.codec`, and split into several messages only where a message or its
+per-table directory) — routed as :mod:`embnic.client_lib.routing` says, fragmented to the cluster
+MTU (docs/protocol.md, the layout of :mod:`embnic.client_lib.consts`), and split into several
+messages only where a message or its
 reply would need more than ``msg_frames`` fragments (at most ``consts.MAX_FRAGS``, 256) or would
 not fit the send window — sends them in one round,
 reassembles the replies and puts every row back at its key's position. A reply is taken only
