@@ -50,6 +50,12 @@ def _proto():
     return p4r, p4r_grpc, p4i, rpc_status, grpc, text_format
 
 
+def require() -> None:
+    """Raise :class:`MissingDependencyError` (naming finsy/grpcio and the pip line) unless the
+    P4Runtime client's Python packages import."""
+    _proto()
+
+
 def available() -> bool:
     """True if the P4Runtime client's Python packages import (finsy, grpcio)."""
     try:

@@ -290,7 +290,7 @@ class Bmv2Target(Target):
         if channel == "p4runtime" and not missing:
             from embnic.control.targets.bmv2 import p4runtime
 
-            p4runtime._proto()  # MissingDependencyError naming finsy/grpcio and the pip line
+            p4runtime.require()  # MissingDependencyError naming finsy/grpcio and the pip line
         if missing:
             raise MissingDependencyError(f"the bmv2 target needs {', '.join(missing)}, not found on PATH: " +
                                          "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),

@@ -192,6 +192,11 @@ class DpdkTarget(Target):
 
     # ------------------------------------------------------------------ paths
     @property
+    def start_ctl_path(self) -> str:
+        """The control socket a card this target starts listens on: explicit, else ``RUN_DIR/NAME.sock``."""
+        return self._ctl_path or str(self.run_dir / f"{self.instance}.sock")
+
+    @property
     def ctl_path(self) -> str:
         """The control socket: explicit, else the state file's, else ``RUN_DIR/NAME.sock``."""
         if self._ctl_path:
@@ -229,7 +234,7 @@ class DpdkTarget(Target):
         owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
         return CtlClient(path, timeout=self.timeout if timeout is None else timeout, load_hint=hint, owner=owner, gone=gone)
 
-    def _ready_info(self, proc: DpdkProcess, ctl: str, program: str) -> dict:
+    def ready_info(self, proc: DpdkProcess, ctl: str, program: str) -> dict:
         """Wait until the started card ``proc`` answers ``ping`` on ``ctl``; its ``info``, after
         checking that it has a DPDK port for every ``[[card.ports]]`` entry.
 
@@ -284,7 +289,17 @@ class DpdkTarget(Target):
         return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path).argv
 
     # ------------------------------------------------------------------ lifecycle
-    def _check_config(self, program: bool) -> list[Peer]:
+    def check_config(self, program: bool) -> list[Peer]:
+        """Check, before anything starts, what a load needs: the config and its ``[card]``, the DPDK
+        ports (vdevs, PCI devices or EAL arguments) and lcores.
+
+        Returns:
+            the peers to program (``program``), else [].
+        Raises:
+            UsageError: no config, no ports, bad lcores or vdevs.
+            ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
+            OperationalError: a PCI device or hugepages not ready (:meth:`_check_pci`).
+        """
         cfg = self.config
         if cfg is None:
             raise UsageError("loading the dpdk target needs the cluster config: pass --config FILE", param="config")
@@ -351,7 +366,7 @@ class DpdkTarget(Target):
                 vdev whose interface is missing or already runs an XDP program
                 (:func:`~embnic.control.targets.dpdk.xdp.af_xdp_problem`).
         """
-        peers = self._check_config(program)
+        peers = self.check_config(program)
         if self.NEEDS_ROOT:
             require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
         if self.netns:
@@ -370,7 +385,7 @@ class DpdkTarget(Target):
             remove_state(self.run_dir, self.instance)  # stale: its process is gone
         binary = find_binary(self.binary)
         bi = buildinfo.require_compatible(binary, udp_port=self.config.udp_port) if self.check_build else None
-        ctl = self._ctl_path or str(self.run_dir / f"{self.instance}.sock")
+        ctl = self.start_ctl_path
         if os.path.exists(ctl):
             probe = CtlClient(ctl, timeout=1.0)
             try:
@@ -392,7 +407,7 @@ class DpdkTarget(Target):
         }
         write_state(self.run_dir, self.instance, state)
         try:
-            info = self._ready_info(proc, ctl, "embnic-dp")
+            info = self.ready_info(proc, ctl, "embnic-dp")
             for p in peers:
                 self.peer_add(p)
             if self.start_paused:

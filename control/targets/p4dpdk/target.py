@@ -248,7 +248,7 @@ class P4DpdkTarget(DpdkTarget):
             UsageError: the config sets ``ring_size``/``state_size`` other than the compiled ones.
             ConfigError / NeedsRootError / OperationalError: as the dpdk target.
         """
-        peers = self._check_config(program)
+        peers = self.check_config(program)
         p4prog.card_sizes(self.config.card, self.name, self.config.path)
         p4dpdk.require()
         require_root("loading the p4dpdk target (embnic-swx and its DPDK EAL)")
@@ -263,7 +263,7 @@ class P4DpdkTarget(DpdkTarget):
             remove_state(self.run_dir, self.instance)
         self._pipe = p4dpdk.build_pipeline() if self.lib is None else None
         context = self._pipe.context if self._pipe else self.lib.with_name("context.json")
-        ctl = self._ctl_path or str(self.run_dir / f"{self.instance}.sock")
+        ctl = self.start_ctl_path
         if os.path.exists(ctl):
             if CtlClient(ctl, timeout=1.0).alive():
                 raise OperationalError(f"a card already answers on {ctl}: unload it or choose another --ctl/--name")
@@ -277,7 +277,7 @@ class P4DpdkTarget(DpdkTarget):
                  "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time()}
         write_state(self.run_dir, self.instance, state)
         try:
-            info = self._ready_info(proc, ctl, "embnic-swx")
+            info = self.ready_info(proc, ctl, "embnic-swx")
             for i, p in enumerate(self.config.card.ports):
                 if p.mac is None:
                     raise ConfigError(f"card.ports[{i}].mac", "required by the p4dpdk target (the pipeline "
