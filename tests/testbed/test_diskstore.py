@@ -3,7 +3,7 @@
 * :class:`DiskTable` against the in-memory :class:`TableShard`, operation by operation, with caches
   from 1 row (every key past the cache) to larger than the table: every lookup, row and
   accumulator bit-identical; snapshots round-trip.
-* Shards (both engines, 2 shards, a cache far smaller than the rows) trained the same steps with
+* Shards (the serving loop and the reference shard, 2 shards, a cache far smaller than the rows) trained the same steps with
   the table on disk and in memory: every lookup, row and optimizer state identical; ``--workers 2``.
 * Durability: ``--checkpoint-dir`` snapshots the store (hard links, no arrays in the ``.npz``),
   SIGKILL + ``--restore`` gives identical tables and re-acks retransmissions; a checkpoint taken
@@ -40,11 +40,12 @@ from embnic.testbed.server import disktable as DT  # noqa: E402
 from embnic.testbed.server import durability as D  # noqa: E402
 from embnic.testbed.server import tables_io as TIO  # noqa: E402
 from embnic.testbed.server.runner import ServerCluster, ServerThread  # noqa: E402
-from embnic.testbed.server.shard import ShardServer  # noqa: E402
+from embnic.testbed.server.state import ShardState  # noqa: E402
 from embnic.testbed.server.stores import StoreSetupError  # noqa: E402
 
 from test_durability import _send_all, _state_equal  # noqa: E402
 from test_server_engine import _kill_worker_shard, _stop_worker_shard  # noqa: E402
+from reference_shard import engine_kw  # noqa: E402
 
 TABLES = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
           {"id": 1, "dim": 5, "optimizer": "sgd", "lr": 0.3, "dtype": "fp16"},
@@ -157,8 +158,8 @@ def test_training_through_shards_is_bit_identical_on_disk_and_in_memory(engine):
     """The same steps through two shards with every table on disk (a cache of 40 rows per table,
     ~6 % of the rows each shard ends with) and in memory: every lookup, every row and every
     Adagrad accumulator identical; the disk tier really evicted and read back."""
-    mem = _train(_cfg("memory"), engine=engine)
-    disk = _train(_cfg("disk", 40), engine=engine)
+    mem = _train(_cfg("memory"), **engine_kw(engine))
+    disk = _train(_cfg("disk", 40), **engine_kw(engine))
     for a, b in zip(mem[0], disk[0]):
         for t in a:
             assert np.array_equal(a[t], b[t]), t
@@ -180,13 +181,13 @@ def test_shard_default_store_and_a_table_of_its_own():
                                                     "block_cache_mb": 4}],
                         "clients": [{"id": 1, "ip": "127.0.0.1"}]})
     assert [cfg.store_of(t, 0) for t in (0, 1, 4)] == [("disk", 16), ("memory", None), ("disk", 24)]
-    srv = ShardServer(cfg, 0, port=0)
+    srv = ShardState(cfg, 0)
     try:
         assert type(srv.tables[1]) is TableShard and isinstance(srv.tables[0], DT.DiskTable)
         assert srv.tables[4].capacity == 24 and srv.tables[0].capacity == 16
         assert srv.counters()["stores"]["block_cache_capacity"] == 4 << 20
     finally:
-        srv.close_stores()
+        srv.close()
 
 
 def test_workers_2_with_disk_tables_equal_local_backend(tmp_path):
@@ -329,12 +330,12 @@ def test_kill_9_and_restore_a_disk_table(tmp_path):
         DT.DiskTable.state = orig
     assert r["tables"] == {"users": 8 * 250, "t1": ref.state_dict()[1][0].size}
     mem_cfg = _disk_toml(tmp_path / "m.toml", store="memory")
-    srv = ShardServer(load_config(str(mem_cfg)), 0, port=0, checkpoint_dir=str(tmp_path / "mem"))
+    srv = ShardState(load_config(str(mem_cfg)), 0, checkpoint_dir=str(tmp_path / "mem"))
     for parts, m in ups:  # the same updates, applied in memory and checkpointed
         for tid, k, g in parts:
             srv.tables[tid].apply(k, g)
     srv.checkpoint()
-    srv._dur.close()
+    srv.close()
     out_mem = tmp_path / "mem.safetensors"
     TIO.export_tables(load_config(str(mem_cfg)), tmp_path / "mem", out_mem, layout="ids")
     assert out_disk.read_bytes() == out_mem.read_bytes()
@@ -360,7 +361,7 @@ def test_a_checkpoint_moves_between_the_stores(tmp_path):
         want = st.state_dict()
     with ServerThread(disk, 0, restore=str(tmp_path / "b"), checkpoint_dir=str(tmp_path / "c")) as st:
         got = st.state_dict()
-        assert isinstance(st.server.tables[0], DT.DiskTable)
+        assert isinstance(st.server.state.tables[0], DT.DiskTable)
     _state_equal(got, want)
 
 
@@ -394,11 +395,11 @@ def test_store_dir_refusals_name_the_directory(tmp_path):
     (tmp_path / "other" / "shard-0" / "precious.txt").write_text("x")
     cfg = _cfg("disk", 8, shards=1, store_dir=str(tmp_path / "other"))
     with pytest.raises(StoreSetupError, match="precious.txt, which is not a shard's row store"):
-        ShardServer(cfg, 0, port=0)
+        ShardState(cfg, 0)
     # refused before anything is made in it (a new-user trial found a LOCK file left there)
     assert sorted(p.name for p in (tmp_path / "other" / "shard-0").iterdir()) == ["precious.txt"]
     cfg = _cfg("disk", 8, shards=1, store_dir=str(tmp_path / "mine"))
-    first = ShardServer(cfg, 0, port=0)
+    first = ShardState(cfg, 0)
     try:
         assert (tmp_path / "mine" / "shard-0" / "t0").is_dir()
         cfg_path = tmp_path / "c.toml"
@@ -417,9 +418,9 @@ def test_store_dir_refusals_name_the_directory(tmp_path):
                          r"shard process \(pid \d+\)", r.stderr), r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     finally:
-        first.close_stores()
-    second = ShardServer(cfg, 0, port=0)  # a stopped shard's store is scratch: taken over
-    second.close_stores()
+        first.close()
+    second = ShardState(cfg, 0)  # a stopped shard's store is scratch: taken over
+    second.close()
 
 
 @pytest.mark.parametrize("module", [False, True])
@@ -455,8 +456,7 @@ def test_a_cache_larger_than_memory_is_refused_up_front(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no temporary store made
 
 
-@pytest.mark.parametrize("engine", ["batch", "reference"])
-def test_sigterm_while_the_temporary_stores_open_leaves_nothing(tmp_path, engine):
+def test_sigterm_while_the_temporary_stores_open_leaves_nothing(tmp_path):
     """A shard of 26 disk tables without store_dir (temporary stores) killed with SIGTERM while it
     still opens them stops cleanly and removes them (a new-user trial found
     /var/tmp/embnic-rows-shard*-* left behind: the signal came before the handlers were in)."""
@@ -468,7 +468,7 @@ def test_sigterm_while_the_temporary_stores_open_leaves_nothing(tmp_path, engine
     st.mkdir()
     for delay in (0.0, 0.05, 0.2):
         p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(cfg_path),
-                              "--port", "0", "--engine", engine], stderr=subprocess.PIPE, text=True,
+                              "--port", "0"], stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, EMBNIC_STORE_TMP=str(st)))
         try:
             deadline = time.monotonic() + 60
@@ -497,7 +497,7 @@ def test_missing_rocksdict_is_one_line_naming_the_extra(tmp_path):
 
 def test_the_client_library_never_loads_rocksdict():
     code = ("import sys, embnic.client_lib.client, embnic.client_lib.local, embnic.client_lib.config, "
-            "embnic.testbed.server.shard, embnic.testbed.server.engine; "
+            "embnic.testbed.server.state, embnic.testbed.server.engine; "
             "assert 'rocksdict' not in sys.modules, 'imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -505,7 +505,7 @@ def test_the_client_library_never_loads_rocksdict():
 
 def test_metrics_of_the_disk_tier():
     pytest.importorskip("prometheus_client", reason="pip install 'embnic[metrics]'")
-    from embnic.testbed.server.metrics import shard_families
+    from embnic.testbed.server.shard_metrics import shard_families
 
     _, _, counters = _train(_cfg("disk", 16, shards=1), steps=2)
     fams = {f.name: f for f in shard_families(counters[0])}
