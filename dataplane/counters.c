@@ -145,24 +145,17 @@ shard_raw(const struct embnic_app *app, unsigned int slot,
 	}
 }
 
-unsigned int
-embnic_ring_capacity(const struct embnic_app *app)
+void
+embnic_ring_use(const struct embnic_app *app, unsigned int *size,
+		unsigned int *count)
 {
-	unsigned int k, n = 0;
+	unsigned int k;
 
-	for (k = 0; k < app->nb_workers; k++)
-		n += rte_ring_get_capacity(app->w[k].ring);
-	return n;
-}
-
-unsigned int
-embnic_ring_count(const struct embnic_app *app)
-{
-	unsigned int k, n = 0;
-
-	for (k = 0; k < app->nb_workers; k++)
-		n += rte_ring_count(app->w[k].ring);
-	return n;
+	*size = *count = 0;
+	for (k = 0; k < app->nb_workers; k++) {
+		*size += rte_ring_get_capacity(app->w[k].ring);
+		*count += rte_ring_count(app->w[k].ring);
+	}
 }
 
 void
@@ -271,14 +264,17 @@ embnic_state_emit(const struct embnic_app *app, const struct embnic_totals *t,
 	e->record(e->ctx, NULL);
 }
 
-static void
-ring_emit(const struct embnic_app *app, const struct embnic_totals *t,
-	  const struct embnic_emit *e)
+void
+embnic_ring_emit(const struct embnic_app *app, const struct embnic_totals *t,
+		 const struct embnic_emit *e)
 {
-	e->u64(e->ctx, "size", embnic_ring_capacity(app));
-	e->u64(e->ctx, "count", embnic_ring_count(app));
-	e->u64(e->ctx, "rings", app->nb_workers);
+	unsigned int size, count;
+
+	embnic_ring_use(app, &size, &count);
+	e->u64(e->ctx, "size", size);
+	e->u64(e->ctx, "count", count);
 	e->u64(e->ctx, "high_water", t->ring_high_water);
+	e->u64(e->ctx, "rings", app->nb_workers);
 }
 
 /*
@@ -341,7 +337,7 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 		if (!embnic_is_request((uint8_t)i))
 			e->u64(e->ctx, type_names[i], t.completed[i]);
 	e->record(e->ctx, "ring");
-	ring_emit(app, &t, e);
+	embnic_ring_emit(app, &t, e);
 	e->record(e->ctx, "mempool");
 	e->u64(e->ctx, "size", size);
 	e->u64(e->ctx, "available", avail);
@@ -451,7 +447,7 @@ tel_ring(const struct embnic_app *app, const struct embnic_emit *e)
 	struct embnic_totals t;
 
 	embnic_counters_sum(app, &t);
-	ring_emit(app, &t, e);
+	embnic_ring_emit(app, &t, e);
 }
 
 static void

@@ -43,16 +43,12 @@ int
 ctl_cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused,
 		   json_t *resp)
 {
+	struct ctl_json_emit w;
+	struct embnic_emit e = ctl_json_emitter(resp, &w);
 	struct embnic_totals t;
 
 	embnic_counters_sum(c->app, &t);
-	json_object_set_new(resp, "size", json_integer(
-		embnic_ring_capacity(c->app)));
-	json_object_set_new(resp, "count", json_integer(
-		embnic_ring_count(c->app)));
-	json_object_set_new(resp, "high_water", json_integer(
-		(json_int_t)t.ring_high_water));
-	json_object_set_new(resp, "rings", json_integer(c->app->nb_workers));
+	embnic_ring_emit(c->app, &t, &e);
 	return 0;
 }
 
@@ -106,7 +102,7 @@ ctl_cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp)
 	long long last = 0;
 	uint64_t logged, waiting;
 	json_t *arr;
-	unsigned int n, i;
+	unsigned int n, i, size, count;
 
 	if (ctl_get_int(c, req, "last", 1, EMBNIC_HLOG_KEEP, 20, &last))
 		return -1;
@@ -129,10 +125,9 @@ ctl_cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp)
 	json_object_set_new(resp, "entries", arr);
 	json_object_set_new(resp, "log_size", json_integer(EMBNIC_HLOG_KEEP));
 	json_object_set_new(resp, "logged", json_integer((json_int_t)logged));
-	json_object_set_new(resp, "ring_size", json_integer(
-		embnic_ring_capacity(c->app)));
-	json_object_set_new(resp, "ring_count", json_integer(
-		embnic_ring_count(c->app)));
+	embnic_ring_use(c->app, &size, &count);
+	json_object_set_new(resp, "ring_size", json_integer(size));
+	json_object_set_new(resp, "ring_count", json_integer(count));
 	return 0;
 }
 

@@ -601,9 +601,9 @@ struct embnic_emit {
 const char *embnic_type_name(unsigned int t);	/* "LOOKUP_REQ", ... */
 /* "pmd", "framesz", "interface_mtu" (enum embnic_frame_limit) */
 const char *embnic_frame_limit_name(unsigned int l);
-/* Entries of all header rings, and how many are queued in them now. */
-unsigned int embnic_ring_capacity(const struct embnic_app *app);
-unsigned int embnic_ring_count(const struct embnic_app *app);
+/* Entries of all header rings into *size, how many are queued now *count. */
+void embnic_ring_use(const struct embnic_app *app, unsigned int *size,
+		     unsigned int *count);
 void embnic_counters_sum(const struct embnic_app *app,
 			 struct embnic_totals *t);
 void embnic_counters_reset(struct embnic_app *app);
@@ -621,6 +621,13 @@ uint16_t embnic_shard_slot_assign(struct embnic_app *app, uint32_t id);
  */
 void embnic_counters_emit(const struct embnic_app *app,
 			  const struct embnic_emit *e);
+/*
+ * Write the header rings' record (docs/control-socket.md, "ring_stats")
+ * into the current record: size, count, high_water (from t), rings.
+ */
+void embnic_ring_emit(const struct embnic_app *app,
+		      const struct embnic_totals *t,
+		      const struct embnic_emit *e);
 /*
  * Write the state map summary (summed over its partitions) into the
  * current record: entries, partitions, capacity, overflow, expired, and
