@@ -2,7 +2,7 @@
 the rules an update must pass.
 
 The one home of every computation that produces a row value, shared by the parameter-server
-shards (``embnic.testbed.server.shard``) and the in-process reference
+shards (``embnic.testbed.server.state``) and the in-process reference
 (:class:`embnic.client_lib.local.LocalBackend`): both hold rows in
 :class:`~embnic.client_lib.rowstore.RowStore` (through
 :class:`~embnic.client_lib.rowstore.TableShard`), which calls exactly the same numpy code on

@@ -38,10 +38,10 @@ FLAGS = COL["flags"]
 INFO_FIELDS = ("msg_type", "client_id", "msg_id", "num_tables", "num_keys", "value_len")
 _INFO = [COL[f] for f in INFO_FIELDS]
 #: header columns every fragment of a message must agree on (reassembly.AGREE_FIELDS); then P
-_SAMEC = [COL[f] for f in AGREE_FIELDS]
-_SFC = AGREE_FIELDS.index("frag_count")
-_SML = AGREE_FIELDS.index("msg_len")
-_SP = len(AGREE_FIELDS)  #: the fragment size's column in a ``same`` row
+SAME_COLS = [COL[f] for f in AGREE_FIELDS]
+SAME_FC = AGREE_FIELDS.index("frag_count")
+SAME_ML = AGREE_FIELDS.index("msg_len")
+SAME_P = len(AGREE_FIELDS)  #: the fragment size's column in a ``same`` row
 
 
 def message_key(cols: np.ndarray) -> np.ndarray:
@@ -208,7 +208,7 @@ class Intake:
         now = time.monotonic()
         c = cols[mg]
         key = message_key(c)
-        same = np.concatenate([c[:, _SAMEC], p[mg, None]], axis=1)  # AGREE_FIELDS, then P
+        same = np.concatenate([c[:, SAME_COLS], p[mg, None]], axis=1)  # AGREE_FIELDS, then P
         uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
         order = np.argsort(inv, kind="stable")
         bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=uk.size))]
@@ -227,7 +227,7 @@ class Intake:
                         self.expire(now)
                         if len(self._pend) >= self.max_pending:
                             self._evict_oldest()
-                    ent = _Pend(tuple(s0.tolist()), int(s0[_SFC]), int(s0[_SML]), int(s0[_SP]), bs.names[i0].tobytes(),
+                    ent = _Pend(tuple(s0.tolist()), int(s0[SAME_FC]), int(s0[SAME_ML]), int(s0[SAME_P]), bs.names[i0].tobytes(),
                                 tuple(int(c[i0]) for c in info_cols), now)
                     self._pend[k] = ent
                     self._pend_bytes += ent.buf.size

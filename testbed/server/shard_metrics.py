@@ -49,114 +49,141 @@ class ServiceTimes:
         return {"hist": list(self.hist), "sum_ns": self.sum_ns}
 
 
+class _Families:
+    """The metric families of one reading, being built: every one labelled ``shard``."""
+
+    def __init__(self, shard: str):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        self.shard = shard
+        self.out: list = []
+        self.C, self.G = CounterMetricFamily, GaugeMetricFamily
+
+    def fam(self, cls, name, doc, rows, labels=()):
+        f = cls(f"embnic_shard_{name}", doc, labels=["shard", *labels])
+        for values, v in rows:
+            f.add_metric([self.shard, *(str(x) for x in values)], v)
+        self.out.append(f)
+
+    def counter(self, name, doc, value):
+        self.fam(self.C, name, doc, [((), value)])
+
+    def gauge(self, name, doc, value):
+        self.fam(self.G, name, doc, [((), value)])
+
+
 def shard_families(c: dict) -> list:
-    """Metric families of one reading of a shard's counters (``ShardState.counters()`` with its loop's, or the
+    """Metric families of one reading of a shard's counters (``BatchShardServer.counters()``, or the
     sum over a ``--workers`` shard's workers).
 
     Returns:
         prometheus_client metric families (``embnic_shard_*``, every one labelled ``shard``);
-        the write-ahead log's only when the shard keeps one.
+        the write-ahead log's only when the shard keeps one, the disk tier's only with disk tables.
     """
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+    from prometheus_client.core import HistogramMetricFamily
 
-    shard = str(c["shard"])
-    out = []
-
-    def fam(cls, name, doc, rows, labels=()):
-        f = cls(f"embnic_shard_{name}", doc, labels=["shard", *labels])
-        for values, v in rows:
-            f.add_metric([shard, *(str(x) for x in values)], v)
-        out.append(f)
-
-    def counter(name, doc, value):
-        fam(CounterMetricFamily, name, doc, [((), value)])
-
-    def gauge(name, doc, value):
-        fam(GaugeMetricFamily, name, doc, [((), value)])
-
-    fam(GaugeMetricFamily, "workers", "Worker processes serving the shard behind its one address.",
-        [((), len(c.get("workers", ())) or 1)])
-    counter("rx_frames", "Datagrams received.", c["rx_frames"])
-    counter("rx_bytes", "UDP payload bytes received.", c["rx_bytes"])
-    counter("tx_frames", "Datagrams sent.", c["tx_frames"])
-    counter("tx_bytes", "UDP payload bytes sent.", c["tx_bytes"])
-    fam(CounterMetricFamily, "requests", "Complete request messages, by type.",
-        [((t,), n) for t, n in c["requests"].items()], ["type"])
-    fam(CounterMetricFamily, "replies", "Reply messages sent, by type.",
-        [((t,), n) for t, n in c.get("replies", {}).items()], ["type"])
-    fam(CounterMetricFamily, "errors", "ERROR replies, by status.",
-        [((s,), n) for s, n in c["errors"].items()], ["status"])
-    fam(CounterMetricFamily, "drops", "Frames dropped, by reason.",
-        [((r,), n) for r, n in c["drops"].items()], ["reason"])
-    counter("lookup_keys", "Keys looked up.", c["lookup_keys"])
-    counter("updates_applied", "Update messages applied.", c["updates_applied"])
-    counter("update_keys", "Keys updated.", c["update_keys"])
-    counter("duplicates", "Updates answered as duplicates without applying them again (exactly once).",
-            c["duplicates"])
-    counter("update_polls", "Polls: re-sent last fragments of updates a client saw no ack for.",
-            c.get("update_polls", 0))
-    counter("update_poll_acks", "Polls of updates already applied, acked from the exactly-once window.",
-            c.get("update_poll_acks", 0))
-    counter("update_nacks", "Polls of incomplete updates answered UPDATE_NACK with the fragments held.",
-            c.get("update_nacks", 0))
-    gauge("dedup_entries", "Applied updates remembered in the exactly-once window.", c["dedup_entries"])
-    fam(GaugeMetricFamily, "rows", "Rows held per table (materialised rows).",
-        [((t,), n) for t, n in c["rows"].items()], ["table"])
-    re = c["reassembly"]
-    gauge("reassembly_pending", "Messages waiting for fragments.", re["pending"])
-    counter("reassembly_expired", "Incomplete messages dropped by the reassembly timeout.", re["expired"])
-    counter("reassembly_evicted", "Incomplete messages evicted for room.", re["evicted"])
-    counter("reassembly_duplicate_frames", "Fragments received twice.", re["duplicate_frames"])
-    counter("internal_errors", "Requests answered INTERNAL or batches lost to a fault of the shard.",
-            c["internal_errors"])
-    counter("send_errors", "Failed sends.", c["send_errors"])
-    gauge("announced", "SIZE_REQ announcements waiting for their data (fixed-length mode).", c.get("announced", 0))
+    f = _Families(str(c["shard"]))
+    _traffic_families(f, c)
     engines = c.get("workers") or ([c["engine"]] if c.get("engine") else [])
     if engines:
-        e0 = engines[0]
-        fam(GaugeMetricFamily, "engine_info", "The shard's engine (value 1).",
-            [((e0.get("name", "batch"), e0.get("intake", ""), e0.get("answer", ""), str(bool(e0.get("gso"))).lower(),
-               e0.get("batch", 0)), 1)],
-            ["engine", "intake", "answer", "gso", "batch"])
-        for key, name, doc, scale in _ENGINE_COUNTERS:
-            rows = [((e.get("worker", i),), e[key] * scale) for i, e in enumerate(engines) if key in e]
-            if rows:
-                fam(CounterMetricFamily, name, doc, rows, ["worker"])
-        rows = [((e.get("worker", i), t), n) for i, e in enumerate(engines) for t, n in e.get("rows_held", {}).items()]
-        if rows:
-            fam(GaugeMetricFamily, "worker_rows", "Rows held per worker and table (--workers: rows split by id range).",
-                rows, ["worker", "table"])
-    d = c.get("durability")
-    if d is not None:
-        counter("wal_records", "Updates appended to the write-ahead log.", d["log_records"])
-        counter("wal_bytes", "Bytes appended to the write-ahead log.", d["log_bytes"])
-        counter("wal_commits", "Commits (fdatasync) of the write-ahead log.", d["log_commits"])
-        gauge("wal_sequence", "Sequence number of the current log file.", d["seq"])
-        gauge("wal_updates_since_checkpoint", "Updates logged since the last checkpoint.",
-              d.get("since_checkpoint", 0))
-        counter("checkpoints", "Checkpoints written.", d["checkpoints"])
-        counter("wal_errors", "Log writes the disk refused (the shard then stops acking).", d["log_errors"])
-        counter("checkpoint_errors", "Checkpoints that failed.", d["checkpoint_errors"])
-    st = c.get("stores")
-    if st:  # the disk tier (store = "disk" tables): its cache per table and RocksDB's memory and files
-        tabs = st.get("tables", {})
-        for key, name, doc in _STORE_COUNTERS:
-            fam(CounterMetricFamily, name, doc, [((t,), v[key]) for t, v in tabs.items()], ["table"])
-        for key, name, doc in _STORE_GAUGES:
-            fam(GaugeMetricFamily, name, doc, [((t,), v[key]) for t, v in tabs.items()], ["table"])
-        gauge("store_block_cache_bytes", "RocksDB block cache in use (memtables charged to it), bytes.",
-              st["block_cache_bytes"])
-        gauge("store_block_cache_capacity_bytes", "RocksDB block cache capacity (block_cache_mb), bytes.",
-              st["block_cache_capacity"])
-        gauge("store_memtable_bytes", "RocksDB memtables of the disk tables, bytes.", st["memtable_bytes"])
-        gauge("store_sst_bytes", "Bytes of the disk tables' SST files (the rows on disk).", st["sst_bytes"])
+        _engine_families(f, engines)
+    if c.get("durability") is not None:
+        _durability_families(f, c["durability"])
+    if c.get("stores"):
+        _store_families(f, c["stores"])
     svc = c.get("service")
     if svc is not None:
-        f = HistogramMetricFamily("embnic_shard_service_seconds", "Per message: receipt of the datagram that "
+        h = HistogramMetricFamily("embnic_shard_service_seconds", "Per message: receipt of the datagram that "
                                   "completed the request to its reply handed to the kernel.", labels=["shard"])
-        f.add_metric([shard], log2_us_histogram(svc["hist"]), svc["sum_ns"] / 1e9)
-        out.append(f)
-    return out
+        h.add_metric([f.shard], log2_us_histogram(svc["hist"]), svc["sum_ns"] / 1e9)
+        f.out.append(h)
+    return f.out
+
+
+def _traffic_families(f: _Families, c: dict) -> None:
+    """Frames, requests, replies, errors, drops, rows, reassembly: what every shard counts."""
+    f.fam(f.G, "workers", "Worker processes serving the shard behind its one address.",
+          [((), len(c.get("workers", ())) or 1)])
+    f.counter("rx_frames", "Datagrams received.", c["rx_frames"])
+    f.counter("rx_bytes", "UDP payload bytes received.", c["rx_bytes"])
+    f.counter("tx_frames", "Datagrams sent.", c["tx_frames"])
+    f.counter("tx_bytes", "UDP payload bytes sent.", c["tx_bytes"])
+    f.fam(f.C, "requests", "Complete request messages, by type.",
+          [((t,), n) for t, n in c["requests"].items()], ["type"])
+    f.fam(f.C, "replies", "Reply messages sent, by type.",
+          [((t,), n) for t, n in c.get("replies", {}).items()], ["type"])
+    f.fam(f.C, "errors", "ERROR replies, by status.",
+          [((s,), n) for s, n in c["errors"].items()], ["status"])
+    f.fam(f.C, "drops", "Frames dropped, by reason.",
+          [((r,), n) for r, n in c["drops"].items()], ["reason"])
+    f.counter("lookup_keys", "Keys looked up.", c["lookup_keys"])
+    f.counter("updates_applied", "Update messages applied.", c["updates_applied"])
+    f.counter("update_keys", "Keys updated.", c["update_keys"])
+    f.counter("duplicates", "Updates answered as duplicates without applying them again (exactly once).",
+              c["duplicates"])
+    f.counter("update_polls", "Polls: re-sent last fragments of updates a client saw no ack for.",
+              c.get("update_polls", 0))
+    f.counter("update_poll_acks", "Polls of updates already applied, acked from the exactly-once window.",
+              c.get("update_poll_acks", 0))
+    f.counter("update_nacks", "Polls of incomplete updates answered UPDATE_NACK with the fragments held.",
+              c.get("update_nacks", 0))
+    f.gauge("dedup_entries", "Applied updates remembered in the exactly-once window.", c["dedup_entries"])
+    f.fam(f.G, "rows", "Rows held per table (materialised rows).",
+          [((t,), n) for t, n in c["rows"].items()], ["table"])
+    re = c["reassembly"]
+    f.gauge("reassembly_pending", "Messages waiting for fragments.", re["pending"])
+    f.counter("reassembly_expired", "Incomplete messages dropped by the reassembly timeout.", re["expired"])
+    f.counter("reassembly_evicted", "Incomplete messages evicted for room.", re["evicted"])
+    f.counter("reassembly_duplicate_frames", "Fragments received twice.", re["duplicate_frames"])
+    f.counter("internal_errors", "Requests answered INTERNAL or batches lost to a fault of the shard.",
+              c["internal_errors"])
+    f.counter("send_errors", "Failed sends.", c["send_errors"])
+    f.gauge("announced", "SIZE_REQ announcements waiting for their data (fixed-length mode).", c.get("announced", 0))
+
+
+def _engine_families(f: _Families, engines: list) -> None:
+    """The serving loop's configuration and counters, per worker."""
+    e0 = engines[0]
+    f.fam(f.G, "engine_info", "The shard's engine (value 1).",
+          [((e0.get("name", "batch"), e0.get("intake", ""), e0.get("answer", ""), str(bool(e0.get("gso"))).lower(),
+             e0.get("batch", 0)), 1)],
+          ["engine", "intake", "answer", "gso", "batch"])
+    for key, name, doc, scale in _ENGINE_COUNTERS:
+        rows = [((e.get("worker", i),), e[key] * scale) for i, e in enumerate(engines) if key in e]
+        if rows:
+            f.fam(f.C, name, doc, rows, ["worker"])
+    rows = [((e.get("worker", i), t), n) for i, e in enumerate(engines) for t, n in e.get("rows_held", {}).items()]
+    if rows:
+        f.fam(f.G, "worker_rows", "Rows held per worker and table (--workers: rows split by id range).",
+              rows, ["worker", "table"])
+
+
+def _durability_families(f: _Families, d: dict) -> None:
+    """The write-ahead log and checkpoints."""
+    f.counter("wal_records", "Updates appended to the write-ahead log.", d["log_records"])
+    f.counter("wal_bytes", "Bytes appended to the write-ahead log.", d["log_bytes"])
+    f.counter("wal_commits", "Commits (fdatasync) of the write-ahead log.", d["log_commits"])
+    f.gauge("wal_sequence", "Sequence number of the current log file.", d["seq"])
+    f.gauge("wal_updates_since_checkpoint", "Updates logged since the last checkpoint.",
+            d.get("since_checkpoint", 0))
+    f.counter("checkpoints", "Checkpoints written.", d["checkpoints"])
+    f.counter("wal_errors", "Log writes the disk refused (the shard then stops acking).", d["log_errors"])
+    f.counter("checkpoint_errors", "Checkpoints that failed.", d["checkpoint_errors"])
+
+
+def _store_families(f: _Families, st: dict) -> None:
+    """The disk tier (store = "disk" tables): its cache per table and RocksDB's memory and files."""
+    tabs = st.get("tables", {})
+    for key, name, doc in _STORE_COUNTERS:
+        f.fam(f.C, name, doc, [((t,), v[key]) for t, v in tabs.items()], ["table"])
+    for key, name, doc in _STORE_GAUGES:
+        f.fam(f.G, name, doc, [((t,), v[key]) for t, v in tabs.items()], ["table"])
+    f.gauge("store_block_cache_bytes", "RocksDB block cache in use (memtables charged to it), bytes.",
+            st["block_cache_bytes"])
+    f.gauge("store_block_cache_capacity_bytes", "RocksDB block cache capacity (block_cache_mb), bytes.",
+            st["block_cache_capacity"])
+    f.gauge("store_memtable_bytes", "RocksDB memtables of the disk tables, bytes.", st["memtable_bytes"])
+    f.gauge("store_sst_bytes", "Bytes of the disk tables' SST files (the rows on disk).", st["sst_bytes"])
 
 
 #: per-worker engine counters: (key in the engine's counters, metric, help, scale)

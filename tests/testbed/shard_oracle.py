@@ -23,7 +23,7 @@ from embnic.client_lib.codec import FrameError
 from embnic.client_lib.consts import HEADER_COLUMN as COL, MsgType
 from embnic.client_lib.reassembly import fragment_size
 from embnic.testbed.server import udpio
-from embnic.testbed.server.intake import (CID, FC, FI, FL, FO, ML, MT, NK, NT, SID, VL, _SAMEC, _SFC, _SP,
+from embnic.testbed.server.intake import (FC, FI, FL, FO, ML, MT, NK, NT, SID, VL, SAME_COLS, SAME_FC, SAME_P,
                                           message_key)
 
 _ZERO = (0,) * len(consts.HEADER_FIELDS)
@@ -172,12 +172,12 @@ class NumpyAnswer:
         start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
         cnt = np.diff(np.r_[start, ks.size])
         pos = np.arange(ks.size) - np.repeat(start, cnt)
-        same = np.concatenate([c[:, _SAMEC], p[mg, None]], axis=1)[order]  # AGREE_FIELDS, then P
+        same = np.concatenate([c[:, SAME_COLS], p[mg, None]], axis=1)[order]  # AGREE_FIELDS, then P
         row_ok = (c[order, FI] == pos) & (same == np.repeat(same[start], cnt, axis=0)).all(axis=1)
-        whole = (cnt == same[start, _SFC]) & np.logical_and.reduceat(row_ok, start)
+        whole = (cnt == same[start, SAME_FC]) & np.logical_and.reduceat(row_ok, start)
         rows = mg[order]
         return (order, start, cnt, np.minimum.reduceat(rows, start), np.maximum.reduceat(rows, start),
-                same[start, _SP], whole)
+                same[start, SAME_P], whole)
 
 
 class ReplyBuilder:

@@ -39,6 +39,7 @@ from embnic.testbed.server import disktable as DT  # noqa: E402
 from embnic.testbed.server.runner import ServerCluster  # noqa: E402
 
 from test_durability import _state_equal  # noqa: E402
+from reference_shard import engine_kw  # noqa: E402
 
 
 @pytest.fixture
@@ -163,7 +164,7 @@ def test_shard_on_a_full_disk_refuses_updates_answers_lookups_and_recovers(small
         for t in req:
             assert np.array_equal(got[t], want[t]), t
 
-    with ServerCluster(cfg, engine=engine) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
+    with ServerCluster(cfg, **engine_kw(engine)) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
         for _ in range(4):
             u = grads(batch())
             c.update(u)

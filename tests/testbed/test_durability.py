@@ -20,8 +20,9 @@ from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.rowstore import TableShard
 from embnic.testbed.server import durability as D
 from embnic.testbed.server.runner import ServerThread
-from embnic.testbed.server.shard import ShardServer
+from embnic.testbed.server.state import ShardState
 
+from reference_shard import engine_kw
 from test_server import Raw, make_cfg, multi_update_frames
 from test_server_engine import _comparable, build_stream, run_stream
 
@@ -76,17 +77,17 @@ def test_log_does_not_change_replies_and_restore_rebuilds_state(tmp_path, engine
     assert dur["log_commits"] <= dur["log_records"]
     wal = list((tmp_path / "shard-0").glob("wal-*.log"))
     assert len(wal) == 1 and wal[0].stat().st_size == len(D.WAL_HEADER) + dur["log_bytes"]
-    back = ShardServer(cfg, 0, restore=str(tmp_path))
-    assert back._dur.restored["replayed"] == dur["log_records"] and back._dur.restored["corrupt"] is None
+    back = ShardState(cfg, 0, restore=str(tmp_path))
+    assert back.durability.restored["replayed"] == dur["log_records"] and back.durability.restored["corrupt"] is None
     _state_equal(back.state_dict(), logged[2])
-    back._dur.close()
+    back.close()
 
 
 @pytest.mark.parametrize("engine", ["batch", "reference"])
 def test_retransmitted_update_after_restart_is_not_applied_twice(tmp_path, engine):
     cfg = make_cfg()
     ups = _updates(cfg, 12)
-    with ServerThread(cfg, 0, engine=engine, checkpoint_dir=str(tmp_path), checkpoint_every=5) as st:
+    with ServerThread(cfg, 0, **engine_kw(engine), checkpoint_dir=str(tmp_path), checkpoint_every=5) as st:
         _send_all(st, cfg, ups)
         before = st.state_dict()
         c = st.counters()["durability"]
@@ -94,7 +95,7 @@ def test_retransmitted_update_after_restart_is_not_applied_twice(tmp_path, engin
     d = tmp_path / "shard-0"
     # the log was cut behind the last checkpoint: one checkpoint (at 10), one log (from 10)
     assert sorted(p.name for p in d.iterdir()) == ["LOCK", f"ckpt-{10:020d}.npz", f"wal-{10:020d}.log"]
-    with ServerThread(cfg, 0, engine=engine, restore=str(tmp_path)) as st:
+    with ServerThread(cfg, 0, **engine_kw(engine), restore=str(tmp_path)) as st:
         assert st.counters()["durability"]["restored"]["replayed"] == 2
         _state_equal(st.state_dict(), before)
         _send_all(st, cfg, ups[-8:])  # the client retransmits what it may not have seen acked
@@ -108,7 +109,7 @@ def test_checkpoint_file_is_documented_npz(tmp_path):
     ups = _updates(cfg, 4)
     with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
         _send_all(st, cfg, ups)
-        path = st.call(st.server.checkpoint)
+        path = st.call(st.server.state.checkpoint)
         state = st.state_dict()
     with np.load(path) as z:  # plain numpy, no pickle
         meta = json.loads(bytes(z["meta"]).decode())
@@ -126,7 +127,7 @@ def test_checkpoint_file_is_documented_npz(tmp_path):
 def test_bad_log_tail_is_reported_and_cut(tmp_path, damage):
     cfg = make_cfg()
     ups = _updates(cfg, 6)
-    with ServerThread(cfg, 0, engine="reference", checkpoint_dir=str(tmp_path)) as st:
+    with ServerThread(cfg, 0, **engine_kw("reference"), checkpoint_dir=str(tmp_path)) as st:
         _send_all(st, cfg, ups[:5])
         state5 = st.state_dict()
         _send_all(st, cfg, ups[5:])
@@ -149,13 +150,13 @@ def test_bad_log_tail_is_reported_and_cut(tmp_path, damage):
     else:
         want_good, cut_at = 5, last
     wal.write_bytes(bytes(data))
-    srv = ShardServer(cfg, 0, restore=str(tmp_path))
-    rep = srv._dur.restored
+    srv = ShardState(cfg, 0, restore=str(tmp_path))
+    rep = srv.durability.restored
     assert rep["replayed"] == want_good and rep["corrupt"]["offset"] == cut_at
     assert wal.stat().st_size == cut_at  # cut off: new records follow the last good one
     if want_good == 5:
         _state_equal(srv.state_dict(), state5)
-    srv._dur.close()
+    srv.close()
 
 
 def test_kill_9_and_restore_through_the_cli(tmp_path):
@@ -261,14 +262,14 @@ def test_fresh_start_refuses_a_used_directory_and_other_shards_checkpoint(tmp_pa
     cfg = make_cfg()
     with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
         _send_all(st, cfg, _updates(cfg, 1))
-        st.call(st.server.checkpoint)
+        st.call(st.server.state.checkpoint)
     with pytest.raises(D.DurabilityError, match="--restore"):
-        ShardServer(cfg, 0, checkpoint_dir=str(tmp_path))
+        ShardState(cfg, 0, checkpoint_dir=str(tmp_path))
     (tmp_path / "shard-1").mkdir()
     ck = next((tmp_path / "shard-0").glob("ckpt-*.npz"))
     os.link(ck, tmp_path / "shard-1" / ck.name)
     with pytest.raises(D.DurabilityError, match="shard 0's checkpoint"):
-        ShardServer(cfg, 1, restore=str(tmp_path))
+        ShardState(cfg, 1, restore=str(tmp_path))
 
 
 def test_table_shard_load_state_round_trip():
@@ -369,7 +370,7 @@ def test_a_v1_directory_is_refused_by_name(tmp_path, what):
     d = _v1_directory(tmp_path, what)
     before = {p.name: p.read_bytes() for p in d.iterdir()}
     with pytest.raises(D.DurabilityError) as e:
-        ShardServer(cfg, 0, restore=str(tmp_path / "old"))
+        ShardState(cfg, 0, restore=str(tmp_path / "old"))
     msg = str(e.value)
     assert "\n" not in msg and str(d) in msg and ("format 1" in msg or "format-1" in msg)
     assert "embnic tables export" in msg and "--checkpoint-dir" in msg
@@ -409,6 +410,6 @@ def test_log_file_header_carries_the_format(tmp_path):
             p.unlink()
     wal.write_bytes(D.WAL_HEADER[:7])
     assert D.log_format(wal) is None
-    srv = ShardServer(cfg, 0, restore=str(tmp_path))
-    assert srv._dur.restored["replayed"] == 0 and wal.read_bytes() == D.WAL_HEADER
-    srv._dur.close()
+    srv = ShardState(cfg, 0, restore=str(tmp_path))
+    assert srv.durability.restored["replayed"] == 0 and wal.read_bytes() == D.WAL_HEADER
+    srv.close()

@@ -27,6 +27,8 @@ from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.rowstore import TableShard
 from embnic.testbed.server.runner import ServerThread
+
+from reference_shard import engine_kw
 from embnic.testbed.server.window import UpdateWindow, fingerprint, tail_of
 
 from test_server import lookup_frames, update_frames
@@ -59,7 +61,7 @@ class Shard:
     """A shard of ``engine`` on a socket, asked one action at a time."""
 
     def __init__(self, engine: str):
-        self.st = ServerThread(CFG, 0, engine=engine, reassembly_timeout_s=600.0)
+        self.st = ServerThread(CFG, 0, reassembly_timeout_s=600.0, **engine_kw(engine))
         self.st.start()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))

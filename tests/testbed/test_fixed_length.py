@@ -18,6 +18,8 @@ from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
 from embnic.testbed.server.runner import ServerCluster, ServerThread
 
+from reference_shard import engine_kw
+
 TABLES = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
           {"id": 4, "rows": 30000, "dim": 16, "optimizer": "sgd", "lr": 0.3, "dtype": "fp16"}]
 
@@ -42,7 +44,7 @@ def batch(seed, n=3000):
 def test_fixed_length_client_and_shards_match_the_reference(engine, sharding):
     cfg = make_cfg(sharding)
     ref = LocalBackend(cfg)
-    with ServerCluster(cfg, engine=engine, fixed_length=True) as cl, \
+    with ServerCluster(cfg, fixed_length=True, **engine_kw(engine)) as cl, \
             EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), fixed_length=True, rto_min_ms=1000) as c:
         for step in range(3):
             b = batch(step)
@@ -68,7 +70,7 @@ def test_fixed_length_client_and_shards_match_the_reference(engine, sharding):
 @pytest.mark.parametrize("engine", ["reference", "batch"])
 def test_fixed_length_shard_drops_unannounced_data(engine):
     cfg = make_cfg()
-    with ServerCluster(cfg, engine=engine, fixed_length=True) as cl, \
+    with ServerCluster(cfg, fixed_length=True, **engine_kw(engine)) as cl, \
             EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0), timeout_ms=20, retries=2) as c:
         with pytest.raises(ShardUnavailableError):
             c.lookup({0: np.arange(5, dtype=np.uint64)})
@@ -111,7 +113,7 @@ def test_size_req_checked_and_data_must_match_the_announcement(engine):
     from test_server import multi_lookup_frames, multi_update_frames
 
     cfg = make_cfg()
-    with ServerThread(cfg, 0, engine=engine, fixed_length=True) as st:
+    with ServerThread(cfg, 0, fixed_length=True, **engine_kw(engine)) as st:
         s, ask = _raw(("127.0.0.1", st.port))
         try:
             lk = MsgType.LOOKUP_REQ

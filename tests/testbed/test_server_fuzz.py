@@ -1,5 +1,5 @@
-"""hypothesis drives the shard server's datagram handler (ShardServer.handle_datagram, the entry
-point every received datagram goes through) with sequences of arbitrary and near-valid datagrams
+"""hypothesis drives the shard's one-frame path (``ShardState.take_frame``, through the reference
+shard's ``handle_datagram``: the path every datagram the serving loop's fast path does not take goes through) with sequences of arbitrary and near-valid datagrams
 (tests/client_lib/fuzzframes.py: truncated, lying lengths, fragment floods, mixed clients and
 senders, any order, duplicates), on a server whose transport records what it sends.
 
@@ -8,7 +8,7 @@ the datagram is accounted for — dropped and counted by a known reason (``refus
 frames the header checks refuse), or taken by the reassembler (which counts its own drops); the
 reassembler's pending messages stay within their limits; every frame sent is a valid reply from
 this shard, for the client and message id the datagram names. At the end
-no row holds a NaN or an infinity. The batch engine (the default ``embnic server``) gets the same
+no row holds a NaN or an infinity. The serving loop (``embnic server``) gets the same
 sequences through its socket (test_batch_engine_sequences).
 """
 from __future__ import annotations
@@ -25,7 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from embnic.client_lib import codec, consts
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.routing import owns
-from embnic.testbed.server.shard import SERVER_DROP_REASONS, ShardServer
+from embnic.testbed.server.state import SERVER_DROP_REASONS
+
+from reference_shard import ReferenceShard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client_lib"))
 from fuzzframes import ADDRS, datagrams  # noqa: E402  (tests/client_lib)
@@ -59,18 +61,18 @@ class Recorder:
         pass
 
 
-def accounted(srv: ShardServer) -> int:
+def accounted(srv: ReferenceShard) -> int:
     """Datagrams the handler has accounted for: dropped by the server, or fed to the reassembler
     (update polls too)."""
-    return sum(srv._drops.values()) + srv._reasm.stats["frames"]
+    return sum(srv.state.drops.values()) + srv.state.reasm.stats["frames"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.data_too_large])
 @given(datagrams(max_len=25, key_space=1200))
 def test_handle_datagram_sequences(seq):
-    srv = ShardServer(CFG, 0, port=0, reassembly_timeout_s=0.5)
-    srv._transport = tr = Recorder()
+    srv = ReferenceShard(CFG, 0, port=0, reassembly_timeout_s=0.5)
+    srv.transport = tr = Recorder()
     for n, (payload, addr) in enumerate(seq, 1):
         tr.sent.clear()
         with warnings.catch_warnings():
@@ -78,9 +80,9 @@ def test_handle_datagram_sequences(seq):
             srv.handle_datagram(payload, addr)
         c = srv.counters()
         assert c["internal_errors"] == 0 and c["rx_frames"] == n
-        assert accounted(srv) == n, (srv._drops, srv._reasm.stats)
+        assert accounted(srv) == n, (srv.state.drops, srv.state.reasm.stats)
         assert set(k for k, v in c["drops"].items() if v) <= REASONS, c["drops"]
-        r = srv._reasm
+        r = srv.state.reasm
         assert len(r) <= r.max_pending and r.pending_bytes == sum(e.nbytes for e in r._pending.values())
         assert r.pending_bytes <= r.max_pending_bytes or len(r) == 1
         for frame, to in tr.sent:
@@ -104,7 +106,7 @@ PROBE_ID = 1 << 30
 def batch_shard():
     from embnic.testbed.server.runner import ServerThread
 
-    with ServerThread(CFG, 0, engine="batch", reassembly_timeout_s=0.5) as st:
+    with ServerThread(CFG, 0, reassembly_timeout_s=0.5) as st:
         socks = []
         for _ in ADDRS:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -127,7 +129,7 @@ _probe = iter(range(PROBE_ID, PROBE_ID + 1_000_000))
 @given(datagrams(max_len=20, key_space=1200))
 def test_batch_engine_sequences(batch_shard, seq):
     """The same sequences into the batch engine over loopback (one socket per sender; its fast
-    path takes the valid frames in wake-ups, the rest go to the reference handler), then a
+    path takes the valid frames in wake-ups, the rest go to the one-frame path), then a
     probe lookup whose answer shows every datagram before it was handled: none raised inside,
     every one counted as received, drops only by known reasons, every frame sent a valid reply
     from this shard."""
@@ -163,8 +165,8 @@ def test_every_kind_of_poll_is_accounted_for():
     """Update polls (the last fragment re-sent with RETRANSMIT) are taken like any fragment and
     accounted for: one that leaves its update incomplete is kept (NACK); one of an applied update
     is acked from the window (its fragment dropped again)."""
-    srv = ShardServer(CFG, 0, port=0)
-    srv._transport = tr = Recorder()
+    srv = ReferenceShard(CFG, 0, port=0)
+    srv.transport = tr = Recorder()
     keys = np.array([k for k in range(1200) if owns(CFG, 0, 0, np.array([k], np.uint64))[0]][:40], np.uint64)
     d = codec.make_directory([0], [8], [1], [keys.size])
     fr = codec.encode_update(msg_id=9, client_id=1, shard_id=0, directory=d, keys=keys,

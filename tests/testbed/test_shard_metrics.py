@@ -1,6 +1,6 @@
-"""A shard's Prometheus endpoint (``--metrics-port``, embnic.testbed.server.metrics), on loopback.
+"""A shard's Prometheus endpoint (``--metrics-port``, embnic.testbed.server.shard_metrics), on loopback.
 
-Shard 0 runs the batch engine with 2 worker processes, shard 1 the reference engine with a
+Shard 0 runs with 2 worker processes, shard 1 with one and a
 write-ahead log; a client looks rows up, pushes updates and re-sends one update (an
 exactly-once duplicate). Each shard's one endpoint, parsed with prometheus-client's parser,
 equals — sample for sample — the counters the shard logs when it stops (a ``--workers`` shard:
@@ -33,7 +33,7 @@ from embnic.client_lib.client import EmbeddingClient  # noqa: E402
 from embnic.client_lib.config import load_config  # noqa: E402
 from embnic.client_lib.consts import MsgType  # noqa: E402
 from embnic.control.card_metrics import card_families  # noqa: E402
-from embnic.testbed.server.metrics import ServiceTimes, shard_families  # noqa: E402
+from embnic.testbed.server.shard_metrics import ServiceTimes, shard_families  # noqa: E402
 
 
 def _free_port(kind=socket.SOCK_DGRAM) -> int:
@@ -117,7 +117,7 @@ def test_shard_endpoints_equal_their_counters_workers_and_wal(tmp_path):
     cfg_path = _cfg(tmp_path, ports)
     cfg = load_config(cfg_path)
     s0 = _start(cfg_path, 0, "--workers", "2")
-    s1 = _start(cfg_path, 1, "--engine", "reference", "--checkpoint-dir", str(tmp_path / "wal"),
+    s1 = _start(cfg_path, 1, "--checkpoint-dir", str(tmp_path / "wal"),
                 "--checkpoint-every", "3")
     procs = [s0, s1]
     try:

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 
-import pytest
 
 from embnic.client_lib.config import parse_config
 from embnic.testbed.server import foreground
@@ -35,8 +34,7 @@ class _Metrics:
         self.closed = True
 
 
-@pytest.mark.parametrize("engine", ["batch", "reference"])
-def test_metrics_start_before_the_udp_port_is_bound(monkeypatch, engine):
+def test_metrics_start_before_the_udp_port_is_bound(monkeypatch):
     port = _free_udp_port()
     cfg = parse_config({"tables": [{"id": 0, "dim": 4}], "shards": [{"id": 0, "ip": "127.0.0.1", "port": port}],
                         "clients": [{"id": 1, "ip": "127.0.0.1"}]})
@@ -58,7 +56,7 @@ def test_metrics_start_before_the_udp_port_is_bound(monkeypatch, engine):
     monkeypatch.setattr(foreground, "serve_metrics", fake_serve_metrics)
     old = signal.getsignal(signal.SIGTERM)
     try:
-        rc = foreground.run_server(cfg, 0, "127.0.0.1", port, engine=engine, metrics_port=0)
+        rc = foreground.run_server(cfg, 0, "127.0.0.1", port, metrics_port=0)
     finally:
         signal.signal(signal.SIGTERM, old)
     assert rc == 0

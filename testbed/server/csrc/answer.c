@@ -2,11 +2,11 @@
  *
  * The shard's answer path in C: lookups answered straight from the receive
  * buffer (directory, checks, one pass of row gathers over every table of a
- * message, reply frames), reply frames of any type for what the Python
- * engine decided (testbed/server/engine.py: errors, acks, NACKs, rows of
+ * message, reply frames), reply frames of any type for what the serving
+ * loop decided (testbed/server/engine.py: errors, acks, NACKs, rows of
  * messages it reassembled), all into one transmit queue that send.c sends.
- * The numpy code of testbed/server/{intake,engine,replies}.py is the
- * reference and the fallback: tests/testbed/test_server_engine.py runs the
+ * The shard's one production answer path; its numpy oracle is
+ * tests/testbed/shard_oracle.py: tests/testbed/test_server_engine.py runs the
  * same requests through both and compares every reply frame.
  *
  * What is answered here: the lookups of a wake-up that come before its first
@@ -14,8 +14,8 @@
  * and messages whose every fragment came in the wake-up, when their
  * directory adds up and every table is known, of the right dim and dtype,
  * held in the shard's row store, and every key in range and this shard's.
- * Anything else is left to the Python engine (which answers it with the
- * reference's rules: one home for every error), and so is everything after
+ * Anything else is left to the serving loop (which answers it with the
+ * state's rules, testbed/server/state.py: one home for every error), and so is everything after
  * that first other frame, so a lookup always sees exactly the updates that
  * came before it.
  */
@@ -168,25 +168,6 @@ embnic_shard_emit(struct embnic_answer *a, const struct embnic_reply_spec *specs
 	return 0;
 }
 
-/*
- * Queue a reply whose frames the caller already wrote into the transmit
- * buffer (the reference handler's, encoded in Python): rows start ..
- * start+count-1, to name, in the order of datagram idx. Returns 0, -1 when
- * the queue is full.
- */
-int64_t
-embnic_shard_queue(struct embnic_answer *a, int64_t idx, const uint8_t *name, int64_t start, int64_t count)
-{
-	if (a->nrq >= a->rq_cap)
-		return -1;
-	a->rq_idx[a->nrq] = idx;
-	a->rq_start[a->nrq] = start;
-	a->rq_count[a->nrq] = count;
-	memcpy(a->rq_name + a->nrq * 16, name, 16);
-	a->nrq++;
-	return 0;
-}
-
 /* directory entry t of a request body (struct embnic_dir_entry, little-endian), in host order */
 struct dir_entry {
 	uint16_t table_id;
@@ -220,7 +201,7 @@ struct lookup {
 
 /*
  * Does the directory of a lookup add up (codec.parse_request_body) and may
- * every table of it be answered from the store (ShardServer._table_fault's
+ * every table of it be answered from the store (ShardState.table_fault's
  * table rules: known, dim and dtype as configured; and held in the store)?
  */
 static int
@@ -573,7 +554,7 @@ gather_message(struct embnic_answer *a, const uint8_t *body, int64_t T, const ui
 /*
  * Answer the lookup q whose whole body (directory, keys) is at body,
  * completed by datagram idx, from name. Returns 1 when answered, 0 when it
- * is left to the Python engine (nothing written), -1 when the transmit
+ * is left to the serving loop (nothing written), -1 when the transmit
  * buffer or queue is full (nothing written).
  */
 static int
@@ -615,7 +596,7 @@ lookup_of(const int64_t *c)
 }
 
 /*
- * Lookups the Python engine reassembled and queued (struct embnic_reply_spec
+ * Lookups the serving loop reassembled and queued (struct embnic_reply_spec
  * each: the request's header fields, its whole body, the datagram that
  * completed it, its source), answered here where this file's rules allow:
  * answered[j] = 1 for those (their replies queued), 0 for the ones left to

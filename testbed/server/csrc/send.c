@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * The shard's transmit queue sent (what testbed/server/udpio.py's
- * BatchSocket.send does in numpy, the reference and the fallback): the
+ * BatchSocket.send does in Python for the tests' numpy oracle): the
  * replies in the order of the datagrams that completed their requests, each
  * cut into entries of at most 64 frames, an entry of several frames one UDP
  * GSO super-datagram (UDP_SEGMENT, gso_size = the frame width: the kernel

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The parameter-server shard's C library (build/libembnic-shard.so): what
- * its files share. Python (testbed/server/cintake.py, canswer.py) fills the
+ * The parameter-server shard's C library (the package's libembnic_shard): what
+ * its files share. Python (testbed/server/canswer.py) fills the
  * structs below as numpy structured arrays with the same layout: every field
  * 8 bytes wide, offsets pinned by the static_asserts here and checked from
  * Python against embnic_shard_layout() before the library is used.
@@ -52,7 +52,7 @@ struct embnic_store {
 	int64_t ntables;
 };
 
-/* What the shard knows about table ids (ShardServer's per-table-id arrays,
+/* What the shard knows about table ids (ShardState's per-table-id arrays,
  * 65536 entries each) and its place in the cluster. */
 struct embnic_shard_tables {
 	const int64_t *dim;	/* -1: no such table */
