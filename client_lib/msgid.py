@@ -52,7 +52,7 @@ _HIGH: dict[int, int] = {}
 def wire(u: int) -> int:
     """The wire ``msg_id`` of counter value ``u`` (an int ≥ 0): ``u mod (2^32 - 1) + 1``, in
     ``1 .. 2^32 - 1``; consecutive counter values give consecutive ids, ``2^32 - 1`` followed
-    by 1 (as ``dataplane/client/round.c`` and ``plan.c`` count)."""
+    by 1 (as ``client_lib/csrc/`` (table.c and plan.c) counts)."""
     return u % ID_CYCLE + 1
 
 

@@ -139,7 +139,7 @@ def pack_counts(cfg: ClusterConfig, msg_type: int, parts: list, *, mtu: int,
         while a < n:
             if not cur:
                 # a run of full one-table messages: each takes `full` keys and is closed by the
-                # next key (no room left after it), as pack_parts' loop does one by one
+                # next key (no room left after it), as the C plan's loop does key by key
                 full = room_of(rk, pk, 0, 0)
                 if full >= 1 and n - a > 2 * full \
                         and room_of(rk, pk, consts.DIR_ENTRY + full * rk, full * pk) <= 0:

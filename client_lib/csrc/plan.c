@@ -7,7 +7,7 @@
  * planner's closed form, control/capacity.py, is tested equal to it). The
  * numpy plan_round() it was written after stays as the readable test
  * oracle under tests (tests/client_lib/pyplan.py); test_roundplan.py checks
- * both give the same plan on random rounds. Part of libembnic-client.so.
+ * both give the same plan on random rounds. Part of libembnic_client.
  *
  * No allocation: every output array is the caller's, sized by N (keys),
  * T (tables) and S (shards); a round has at most N messages and N
