@@ -230,9 +230,15 @@ partition_emit(const struct embnic_app *app, unsigned int k,
 	e->u64(e->ctx, "expired_since_start", expired);
 }
 
-void
-embnic_state_emit(const struct embnic_app *app, const struct embnic_totals *t,
-		  bool by_state, const struct embnic_emit *e)
+/*
+ * The state map summary (summed over its partitions) into the current
+ * record: entries, partitions, capacity, overflow, expired, and with
+ * by_state (a scan of the map; top level only) the count per state in
+ * record "by_state" and one record per partition in list "by_partition".
+ */
+static void
+state_emit(const struct embnic_app *app, const struct embnic_totals *t,
+	   bool by_state, const struct embnic_emit *e)
 {
 	struct embnic_state_summary s, p;
 	unsigned int i, k;
@@ -264,9 +270,9 @@ embnic_state_emit(const struct embnic_app *app, const struct embnic_totals *t,
 	e->record(e->ctx, NULL);
 }
 
-void
-embnic_ring_emit(const struct embnic_app *app, const struct embnic_totals *t,
-		 const struct embnic_emit *e)
+static void
+ring_emit(const struct embnic_app *app, const struct embnic_totals *t,
+	  const struct embnic_emit *e)
 {
 	unsigned int size, count;
 
@@ -337,13 +343,13 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 		if (!embnic_is_request((uint8_t)i))
 			e->u64(e->ctx, type_names[i], t.completed[i]);
 	e->record(e->ctx, "ring");
-	embnic_ring_emit(app, &t, e);
+	ring_emit(app, &t, e);
 	e->record(e->ctx, "mempool");
 	e->u64(e->ctx, "size", size);
 	e->u64(e->ctx, "available", avail);
 	e->u64(e->ctx, "in_use", size - avail);
 	e->record(e->ctx, "state");
-	embnic_state_emit(app, &t, false, e);
+	state_emit(app, &t, false, e);
 	e->record(e->ctx, "arp");
 	e->u64(e->ctx, "replies", t.arp_replies);
 	shards_emit(app, e);
@@ -356,6 +362,26 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 			e->u64(e->ctx, embnic_drop_name(r), t.port_drops[i][r]);
 	}
 	e->record(e->ctx, NULL);
+}
+
+void
+embnic_ring_stats_emit(const struct embnic_app *app,
+		       const struct embnic_emit *e)
+{
+	struct embnic_totals t;
+
+	embnic_counters_sum(app, &t);
+	ring_emit(app, &t, e);
+}
+
+void
+embnic_state_summary_emit(const struct embnic_app *app,
+			  const struct embnic_emit *e)
+{
+	struct embnic_totals t;
+
+	embnic_counters_sum(app, &t);
+	state_emit(app, &t, true, e);
 }
 
 /* ---- DPDK telemetry: the writer, and the commands ---- */
@@ -440,25 +466,6 @@ tel_emitter(struct rte_tel_data *d, struct tel_emit *w, struct embnic_emit *e)
 				   .ctx = w };
 }
 
-/* The telemetry commands' walks that take the sums first. */
-static void
-tel_ring(const struct embnic_app *app, const struct embnic_emit *e)
-{
-	struct embnic_totals t;
-
-	embnic_counters_sum(app, &t);
-	embnic_ring_emit(app, &t, e);
-}
-
-static void
-tel_state(const struct embnic_app *app, const struct embnic_emit *e)
-{
-	struct embnic_totals t;
-
-	embnic_counters_sum(app, &t);
-	embnic_state_emit(app, &t, true, e);
-}
-
 /* The card's DPDK telemetry commands: each writes one walk. */
 static const struct {
 	const char *cmd, *help;
@@ -467,8 +474,9 @@ static const struct {
 	{ "/embnic/counters", "embnic card counters: ports, types, drops, "
 	  "completed, ring, mempool, state, arp, shards", embnic_counters_emit },
 	{ "/embnic/ring", "embnic header ring: size, count, high_water",
-	  tel_ring },
-	{ "/embnic/state", "embnic message state map summary", tel_state },
+	  embnic_ring_stats_emit },
+	{ "/embnic/state", "embnic message state map summary",
+	  embnic_state_summary_emit },
 };
 
 static int

@@ -16,40 +16,37 @@
 
 #define CTL_DUMP_LIMIT	1000		/* default state_dump limit */
 
-int
-ctl_cmd_counters(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
+/* Answer with one of counters.c's walks, written as JSON into resp. */
+static int
+emit_walk(struct embnic_ctl *c, json_t *resp,
+	  void (*walk)(const struct embnic_app *app,
+		       const struct embnic_emit *e))
 {
 	struct ctl_json_emit w;
 	struct embnic_emit e = ctl_json_emitter(resp, &w);
 
-	embnic_counters_emit(c->app, &e);
+	walk(c->app, &e);
 	return 0;
 }
 
 int
-ctl_cmd_state_summary(struct embnic_ctl *c, json_t *req __rte_unused,
-		  json_t *resp)
+ctl_cmd_counters(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
 {
-	struct ctl_json_emit w;
-	struct embnic_emit e = ctl_json_emitter(resp, &w);
-	struct embnic_totals t;
+	return emit_walk(c, resp, embnic_counters_emit);
+}
 
-	embnic_counters_sum(c->app, &t);
-	embnic_state_emit(c->app, &t, true, &e);
-	return 0;
+int
+ctl_cmd_state_summary(struct embnic_ctl *c, json_t *req __rte_unused,
+		      json_t *resp)
+{
+	return emit_walk(c, resp, embnic_state_summary_emit);
 }
 
 int
 ctl_cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused,
 		   json_t *resp)
 {
-	struct ctl_json_emit w;
-	struct embnic_emit e = ctl_json_emitter(resp, &w);
-	struct embnic_totals t;
-
-	embnic_counters_sum(c->app, &t);
-	embnic_ring_emit(c->app, &t, &e);
-	return 0;
+	return emit_walk(c, resp, embnic_ring_stats_emit);
 }
 
 /* One header log entry as JSON; lcore < 0 and no egress port for the ring. */

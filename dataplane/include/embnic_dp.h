@@ -622,21 +622,20 @@ uint16_t embnic_shard_slot_assign(struct embnic_app *app, uint32_t id);
 void embnic_counters_emit(const struct embnic_app *app,
 			  const struct embnic_emit *e);
 /*
- * Write the header rings' record (docs/control-socket.md, "ring_stats")
- * into the current record: size, count, high_water (from t), rings.
+ * The header rings' record (docs/control-socket.md, "ring_stats"; the
+ * telemetry's /embnic/ring): size, count, high_water, rings.
  */
-void embnic_ring_emit(const struct embnic_app *app,
-		      const struct embnic_totals *t,
-		      const struct embnic_emit *e);
+void embnic_ring_stats_emit(const struct embnic_app *app,
+			    const struct embnic_emit *e);
 /*
- * Write the state map summary (summed over its partitions) into the
- * current record: entries, partitions, capacity, overflow, expired, and
- * with by_state (a scan of the map; top level only) the count per state in
- * record "by_state" and one record per partition in list "by_partition".
+ * The state map summary (docs/control-socket.md, "state_summary"; the
+ * telemetry's /embnic/state), summed over its partitions: entries,
+ * partitions, capacity, overflow, expired, the count per state in record
+ * "by_state" (a scan of the map) and one record per partition in list
+ * "by_partition".
  */
-void embnic_state_emit(const struct embnic_app *app,
-		       const struct embnic_totals *t, bool by_state,
-		       const struct embnic_emit *e);
+void embnic_state_summary_emit(const struct embnic_app *app,
+			       const struct embnic_emit *e);
 int embnic_telemetry_init(struct embnic_app *app);
 
 /* ctl.c: the control socket behind an opaque struct. */
