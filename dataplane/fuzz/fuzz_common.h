@@ -117,7 +117,7 @@ fz_eal_init(void)
 	fz_rm_runtime_dir();
 }
 
-/* One net_ring port: created, configured and started like port_init(). */
+/* One net_ring port: created, configured and started like embnic_port_init(). */
 static void
 fz_port_init(struct embnic_app *a, uint16_t i)
 {
