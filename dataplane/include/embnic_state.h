@@ -17,7 +17,6 @@
 
 #define BITMAP_WORDS	(EMBNIC_MAX_FRAGS / 64)
 
-
 /*
  * One message in flight. The first cache line is all a single-fragment
  * message touches; the bitmaps of the second are read and written only for
