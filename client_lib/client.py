@@ -71,7 +71,8 @@ from .config import ClusterConfig
 from .consts import MsgType
 from .errors import EmbnicError, ShardError, ShardUnavailableError  # noqa: F401 (the client's errors)
 from .msgid import MsgIds
-from .roundplan import C_FRAMES, C_MSGLEN, C_NKEYS, C_NT, C_RFRAMES, C_SHARD, C_VOFF, MSG_COLUMNS, RoundPlan, TableArrays
+from .roundplan import (C_FRAMES, C_MSGLEN, C_NKEYS, C_NT, C_RFRAMES, C_SHARD, C_VOFF, MSG_COLUMNS, RoundPlan,
+                        TableArrays)
 from .rtt import DEFAULT_RTO_MAX_MS, DEFAULT_RTO_MIN_MS, rto_bounds_s
 from .sockets import set_socket_buffers
 from .stats import ClientStats

@@ -337,7 +337,8 @@ def test_pack_counts_is_the_c_plan_on_random_rounds():
         parts = [(t.id, int(rng.choice([1, 2, 7, 100, 999, 5000]))) for t in cfg.tables if rng.random() < 0.8]
         if not parts:
             continue
-        cut = {"mtu": int(rng.choice([73, 200, 576, 1500, 9000])), "msg_frames": [None, 1, 2, 5, 64][int(rng.integers(5))],
+        cut = {"mtu": int(rng.choice([73, 200, 576, 1500, 9000])),
+               "msg_frames": [None, 1, 2, 5, 64][int(rng.integers(5))],
                "window_frames": int(rng.choice([0, 1, 3, 4, 9, 64, 512]))}
         for mt in (consts.MsgType.LOOKUP_REQ, consts.MsgType.UPDATE_REQ):
             got = [x[:4] for x in traffic.pack_counts(cfg, mt, parts, **cut) for _ in range(x[4])]
