@@ -136,6 +136,16 @@ class RowStore:
         return sum(a.nbytes for a in (self._vals, self._off, self._acc, self._ck, self._cs, self._ct,
                                       self._dck, self._dcs, self._dct))
 
+    def arrays(self) -> dict[str, np.ndarray | None]:
+        """The index and arena as they are now, for a reader in place (the shard's C path; read
+        them again when :attr:`version` moves): ``ck``/``cs``/``ct`` the main index (composite keys,
+        slots, local tables; ``ct`` None with one table), ``dck``/``dcs``/``dct`` the delta index,
+        ``vals`` the flat arena, ``off`` each slot's element offset (None when :attr:`uniform`)."""
+        multi = self.multi
+        return {"ck": self._ck, "cs": self._cs, "ct": self._ct if multi else None, "dck": self._dck,
+                "dcs": self._dcs, "dct": self._dct if multi else None, "vals": self._vals,
+                "off": None if self.uniform else self._off}
+
     def local_index(self, table_ids) -> np.ndarray:
         """Local index int64 of each table id (array-like, or an int → int64 0-d).
 

@@ -266,15 +266,15 @@ class CAnswer:
         if st is None or st.version == self._store_ver:
             return
         s = self._store
-        s["p_ck"], s["p_cs"], s["m"] = _ptr(st._ck), _ptr(st._cs), st._ck.size
-        if st._ck is not self._sampled:  # the main index changed (a merge): sample it again
-            self._sample = np.ascontiguousarray(st._ck[::SAMPLE_STEP])
-            self._sampled = st._ck
+        ar = st.arrays()
+        s["p_ck"], s["p_cs"], s["m"] = _ptr(ar["ck"]), _ptr(ar["cs"]), ar["ck"].size
+        if ar["ck"] is not self._sampled:  # the main index changed (a merge): sample it again
+            self._sample = np.ascontiguousarray(ar["ck"][::SAMPLE_STEP])
+            self._sampled = ar["ck"]
         s["p_sample"], s["nsample"], s["step"] = _ptr(self._sample), self._sample.size, SAMPLE_STEP
-        s["p_dck"], s["p_dcs"], s["d"] = _ptr(st._dck), _ptr(st._dcs), st._dck.size
-        s["p_ct"], s["p_dct"] = (_ptr(st._ct), _ptr(st._dct)) if st.multi else (0, 0)
-        s["p_vals"] = _ptr(st._vals)
-        s["p_off"] = 0 if st.uniform else _ptr(st._off)
+        s["p_dck"], s["p_dcs"], s["d"] = _ptr(ar["dck"]), _ptr(ar["dcs"]), ar["dck"].size
+        s["p_ct"], s["p_dct"] = _ptr(ar["ct"]), _ptr(ar["dct"])
+        s["p_vals"], s["p_off"] = _ptr(ar["vals"]), _ptr(ar["off"])
         s["dim"] = st.D
         s["p_tsalt"], s["p_tinit"], s["p_tscale"] = _ptr(st.tsalt), _ptr(st.tinit), _ptr(st.tscale)
         s["ntables"] = st.table_ids.size
