@@ -1,8 +1,8 @@
 """The disk tier's RocksDB (``store = "disk"``): the stores of a shard process's disk tables.
 
-A table configured ``store = "disk"`` (:class:`~embnic.testbed.server.disktable.DiskTable`) keeps its rows and row-wise Adagrad accumulators in an embedded RocksDB,
-through the ``rocksdict`` binding (the optional extra ``embnic[disk]``), which this module alone
-imports: :class:`StoreEnv` holds what the tables of one process share, :class:`TableStore` one
+A table configured ``store = "disk"`` (:class:`~embnic.testbed.server.disktable.DiskTable`) keeps
+its rows and row-wise Adagrad accumulators in an embedded RocksDB, through the ``rocksdict``
+binding (the optional extra ``embnic[disk]``), which this module alone imports: :class:`StoreEnv` holds what the tables of one process share, :class:`TableStore` one
 table's store; :func:`read_meta` and :func:`read_snapshot` read snapshots.
 
 **Store layout** (one RocksDB per table, ``<root>/t<id>/``): key = the id as 8 bytes big-endian
@@ -25,13 +25,8 @@ flush or compaction that finds no space is retried by RocksDB itself (every seco
 putting the store into its sticky read-only state (which only ``DB::Resume``, not in the binding,
 or a reopen, which would drop the unflushed memtables, clears); writes are made with
 ``no_slowdown``, so a write that would stall behind memtables that cannot be flushed fails at once
-instead of blocking the shard. A table whose store refuses a write, or whose file system has less
-than :attr:`StoreEnv.reserve_bytes` free, is **full**: :meth:`DiskTable.writable` says no (the shard
-refuses updates of it with ``STORE_FULL`` before it takes them), lookups are still answered (cache
-misses are read from the store; a dirty row is never evicted while full, so nothing needs writing),
-and rows an update already taken could not write are kept in memory (``pending``, read before the
-store) until the store takes them. :meth:`DiskTable.writable` tries again at most every
-``disktable.RETRY_S`` once the space is back, by itself: no restart, no row lost.
+instead of blocking the shard: a refused write raises :class:`StoreFullError`, and the table is
+then **full** (what that means: the disktable module's docstring).
 
 **Snapshots**: :meth:`DiskTable.snapshot` flushes the dirty rows and makes a RocksDB checkpoint
 (hard links to the immutable SST files, a copy of the small MANIFEST/OPTIONS files; every file and

@@ -16,10 +16,14 @@ bit-identical to the in-memory store's::
                                     │
                      install in the cache; a dirty victim is written back (WriteBatch)
 
-A store that takes no writes (a full disk: diskstore's docstring, "A full disk") makes the table
-**full**: :meth:`DiskTable.writable` says no, lookups are still answered, and rows an update
-already taken could not write are kept in memory (:attr:`DiskTable.pending`) until the store
-takes them. :mod:`~embnic.testbed.server.stores` imports this module only when a table is on disk.
+**A full table** (diskstore's docstring, "A full disk"): a table whose store refuses a write, or
+whose file system has less than ``StoreEnv.reserve_bytes`` free, is full: :meth:`DiskTable.writable`
+says no (the shard refuses updates of it with ``STORE_FULL`` before it takes them), lookups are still
+answered (cache misses are read from the store; a dirty row is never evicted while full, so nothing
+needs writing), and rows an update already taken could not write are kept in memory
+(:attr:`DiskTable.pending`, read before the store) until the store takes them.
+:meth:`DiskTable.writable` tries again at most every :data:`RETRY_S` once the space is back, by
+itself: no restart, no row lost. :mod:`~embnic.testbed.server.stores` imports this module only when a table is on disk.
 """
 from __future__ import annotations
 
