@@ -338,52 +338,42 @@ reo_wnd(struct ec_round *r, const struct ec_msg *m)
 }
 
 /*
- * The pending messages (in pending order) whose timer fired by now (lost =
- * 0), or that later answers showed lost and whose reordering window passed
- * by now (lost = 1): a malloc'd array of *n indices, NULL when out of memory.
+ * Run fn over the pending messages (in pending order) whose timer fired by
+ * now (lost = 0), or that later answers showed lost and whose reordering
+ * window passed by now (lost = 1). Returns fn's result, or -ENOMEM.
  */
-static int *
-due(const struct ec_round *r, double now, int lost, int *n)
+static int
+on_due(struct ec_round *r, double now, int lost, int (*fn)(struct ec_round *, const int *, int, double))
 {
-	int *out = malloc(sizeof(int) * (size_t)(r->npend + 1));
+	int *x = malloc(sizeof(int) * (size_t)(r->npend + 1)), n = 0, rc;
 
-	*n = 0;
-	if (out == NULL)
-		return NULL;
+	if (x == NULL)
+		return -ENOMEM;
 	for (int j = 0; j < r->npend; j++) {
-		int x = r->pend[j];
+		int i = r->pend[j];
 
-		if (x < 0)
+		if (i < 0)
 			continue;
-		if (lost ? r->m[x].lost_at != 0 && r->m[x].lost_at <= now : r->m[x].deadline <= now)
-			out[(*n)++] = x;
+		if (lost ? r->m[i].lost_at != 0 && r->m[i].lost_at <= now : r->m[i].deadline <= now)
+			x[n++] = i;
 	}
-	return out;
+	rc = fn(r, x, n, now);
+	free(x);
+	return rc;
 }
 
-/* pyround's _expire(): timers that fired; per shard only the one sent first is sent again. */
-int
-ec_expire(struct ec_round *r, double now)
+/* The nf messages whose timers fired: a give-up past retries (2), else per
+ * shard the one transmitted first sent again, its timer doubled, the others'
+ * restarted. Returns 0, 2 or -errno. */
+static int
+resend_fired(struct ec_round *r, const int *fired, int nf, double now)
 {
 	struct ec_ctx *c = r->c;
-	int nf, rc;
-	int *fired;
+	int rc;
 
-	for (int j = 0; j < r->npend; j++) {
-		int x = r->pend[j];
-
-		if (x >= 0 && r->m[x].probe && r->m[x].deadline <= now) {
-			ec_pend_del(r, x, Q_LATE);	/* never re-sent: its answer is expected late */
-			ec_late_add(c, r->m[x].msg_id);
-		}
-	}
-	fired = due(r, now, 0, &nf);
-	if (fired == NULL)
-		return -ENOMEM;
 	for (int j = 0; j < nf; j++)
 		if (r->m[fired[j]].tries >= c->retries) {
 			give_up(r, fired[j], now);
-			free(fired);
 			return 2;
 		}
 	for (int s = 0; s < c->nshards; s++)
@@ -407,13 +397,25 @@ ec_expire(struct ec_round *r, double now)
 		rto = m->rto * 2;
 		m->rto = rto < c->rto_max ? rto : c->rto_max;
 		rc = resend(r, x);
-		if (rc < 0) {
-			free(fired);
+		if (rc < 0)
 			return rc;
+	}
+	return 0;
+}
+
+/* pyround's _expire(): timers that fired; per shard only the one sent first is sent again. */
+int
+ec_expire(struct ec_round *r, double now)
+{
+	for (int j = 0; j < r->npend; j++) {
+		int x = r->pend[j];
+
+		if (x >= 0 && r->m[x].probe && r->m[x].deadline <= now) {
+			ec_pend_del(r, x, Q_LATE);	/* never re-sent: its answer is expected late */
+			ec_late_add(r->c, r->m[x].msg_id);
 		}
 	}
-	free(fired);
-	return 0;
+	return on_due(r, now, 0, resend_fired);
 }
 
 /* After a drain: answered messages, then loss detection (RACK) and timers
@@ -468,33 +470,33 @@ ec_after_drain(struct ec_round *r, double now)
 	return 0;
 }
 
-/* Messages later answers showed lost, their reordering window over: each
- * repaired or sent again (a give-up past retries). Returns 0, 2, -errno. */
-int
-ec_fast_retransmit(struct ec_round *r)
+/* The n messages later answers showed lost: each repaired or sent again, a
+ * give-up past retries (2). Returns 0, 2 or -errno. */
+static int
+resend_lost(struct ec_round *r, const int *lost, int n, double now)
 {
 	struct ec_ctx *c = r->c;
-	double now = ec_mono();
-	int n, rc;
-	int *lost = due(r, now, 1, &n);
 
-	if (lost == NULL)
-		return -ENOMEM;
 	for (int j = 0; j < n; j++) {
+		int rc;
+
 		if (r->m[lost[j]].tries >= c->retries) {
 			give_up(r, lost[j], now);
-			free(lost);
 			return 2;
 		}
 		c->stats[S_fast_retransmits]++;
 		rc = resend(r, lost[j]);
-		if (rc < 0) {
-			free(lost);
+		if (rc < 0)
 			return rc;
-		}
 	}
-	free(lost);
 	return 0;
+}
+
+/* Messages later answers showed lost, their reordering window over. */
+int
+ec_fast_retransmit(struct ec_round *r)
+{
+	return on_due(r, ec_mono(), 1, resend_lost);
 }
 
 int
