@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from embnic.control.targets.dpdk import process as dpdk_proc
-from embnic.control.targets.dpdk.process import CardProcess, DpdkProcError, build_card, unique_prefix
+from embnic.control.targets.dpdk.process import CardProcess, build_card, unique_prefix
 from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.results import merge_json

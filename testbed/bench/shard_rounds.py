@@ -25,7 +25,6 @@ import numpy as np
 
 from embnic.client_lib import codec
 from embnic.client_lib.config import parse_config
-from embnic.client_lib.consts import MsgType
 from embnic.client_lib.sockets import set_socket_buffers
 
 TABLE_COUNTS = (2, 26)
