@@ -35,6 +35,13 @@ Checkpoints are taken between wake-ups.
 wake-ups), ``answer`` (the C answer path, :class:`~.canswer.CAnswer`: header checks, lookups,
 reply frames, sending) and, with ``--workers``, ``hub`` (:mod:`.peers`). Worker processes behind
 one address: :mod:`.foreground`.
+
+**Seams.** Everything the answer path may take over goes through two calls on a queue of whole
+requests (:class:`~.state.Request`): :meth:`_flush_lookups` offers its lookups to ``answer.lookups`` first
+(the C path answers what its rules allow and leaves the rest), and :meth:`_flush_updates` is
+where updates in C would be offered the same way (their window decision, checks, optimizer step,
+log record and ack), before the state's Python admission takes what is left; the one-frame
+rules stay :meth:`.ShardState.take_frame`'s.
 """
 from __future__ import annotations
 

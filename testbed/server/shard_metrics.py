@@ -29,8 +29,8 @@ class ServiceTimes:
     """Per-message service time: from the receipt of the datagram that completed a request to
     its reply handed to the kernel, as a log2 µs histogram (bucket ``i``: ``[2^(i-1), 2^i)`` µs).
 
-    The batch engine adds once per wake-up — every reply of a wake-up leaves in its one
-    ``sendmmsg``, so they share the wake-up's time — the reference engine once per datagram.
+    The serving loop adds once per wake-up — every reply of a wake-up leaves in its one
+    ``sendmmsg``, so they share the wake-up's time (the tests' reference shard: once per datagram).
     """
 
     __slots__ = ("hist", "sum_ns")
@@ -188,7 +188,7 @@ def _store_families(f: _Families, st: dict) -> None:
 
 #: per-worker engine counters: (key in the engine's counters, metric, help, scale)
 _ENGINE_COUNTERS = (
-    ("wakeups", "wakeups", "Wake-ups of the batch engine (each: one recvmmsg batch).", 1),
+    ("wakeups", "wakeups", "Wake-ups of the serving loop (each: one recvmmsg batch).", 1),
     ("recv_calls", "recv_calls", "recvmmsg calls.", 1),
     ("send_calls", "send_calls", "sendmmsg calls.", 1),
     ("gso_sends", "gso_sends", "Replies sent as UDP GSO super-datagrams.", 1),
