@@ -149,3 +149,18 @@ def test_module_usage_errors_are_one_line_and_a_hint(tmp_path):
     assert p.returncode == 2 and len(lines) == 2, err
     assert lines[0].startswith("python -m embnic.testbed.server: error: argument --workers")
     assert "--help" in lines[1]
+
+
+def test_a_missing_shard_library_stops_the_shard_at_start_in_one_line(tmp_path):
+    """The shard's C library is its one production path: without it (or built from other sources)
+    the shard does not start — one line naming the rebuild command, exit 1, through the module
+    and ``embnic server`` — and nothing is bound."""
+    port = _free_udp_port()
+    cfg = str(_cfg(tmp_path, port))
+    env = dict(os.environ, EMBNIC_SHARD_LIB=str(tmp_path / "absent.so"))
+    for cmd in (["-m", "embnic.testbed.server", "--shard", "0", "--config", cfg],
+                ["-m", "embnic", "server", "--shard", "0", "-c", cfg]):
+        r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "absent.so" in r.stderr, r.stderr
+        assert "pip install -e ." in r.stderr, r.stderr
