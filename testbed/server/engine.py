@@ -57,16 +57,16 @@ from typing import Any, Callable
 import numpy as np
 
 from embnic.client_lib import codec, consts
-from embnic.client_lib.codec import DirectoryError
+from embnic.client_lib.codec import DirectoryError, FrameError
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
-from embnic.client_lib.reassembly import Message
+from embnic.client_lib.reassembly import fragment_size
 from embnic.client_lib.sockets import set_socket_buffers
 
 from . import canswer, udpio
 from .intake import CID, FC, FI, FLAGS, FL, FO, MID, ML, MT, NK, NT, Intake
 from .peers import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds, serve_sub_request
-from .state import Refused, Request, ShardState, last_fragment_offset
+from .state import REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, Request, ShardState
 
 log = logging.getLogger("embnic.server")
 
@@ -132,8 +132,9 @@ class BatchShardServer:
         self._sock = sock
         self._bs: udpio.BatchSocket | None = None
         #: reassembly of the messages whose fragments span wake-ups
-        self.intake = Intake(max_pending=st.reasm.max_pending, max_pending_bytes=st.reasm.max_pending_bytes,
-                             timeout_s=st.reasm.timeout_s)
+        self.intake = Intake(max_pending=REASSEMBLY_PENDING, max_pending_bytes=REASSEMBLY_BYTES,
+                             timeout_s=st.reassembly_timeout_s)
+        self._one = _OneFrame(self.intake)  # the intake as the one-frame path's assembly
         self._cur: tuple[int, bytes] = (0, b"")  # the datagram the one-frame path is answering (idx, name)
         self._twire = {t.id: codec.value_dtype(t.wire_dtype) for t in cfg.tables}
         self.started_at: float | None = None
@@ -207,7 +208,6 @@ class BatchShardServer:
                 self.serve_batch(n)
             now = time.monotonic()
             if now >= next_tick:
-                self.state.reasm.expire(now)
                 self.intake.expire(now)
                 next_tick = now + 0.5
         self._run_calls()
@@ -369,9 +369,11 @@ class BatchShardServer:
             ok &= self._announced_match(np.flatnonzero(ok), cols, n)
         for i in np.flatnonzero(~ok).tolist():
             self._cur = (i, bs.names[i].tobytes())
-            msg = st.take_frame(bytes(bs.rx[i, :L[i]]), udpio.sockaddr_to_tuple(bs.names[i]), self._frame_reply)
-            if msg is not None:
-                self._messages([self._request_of(msg)])
+            self._one.idx = i
+            req = st.take_frame(bytes(bs.rx[i, :L[i]]), udpio.sockaddr_to_tuple(bs.names[i]), self._frame_reply,
+                                self._one)
+            if req is not None:
+                self._messages([req])
         good = np.flatnonzero(ok & ~ans.taken[:n].view(bool))
         if good.size == 0:
             return
@@ -394,13 +396,6 @@ class BatchShardServer:
         seg = rest[rest >= start]
         if seg.size:
             self._messages(self.intake.messages(seg, cols, p))
-
-    def _request_of(self, msg: Message) -> Request:
-        """A message the one-frame path completed, as the loop holds requests."""
-        h = msg.header
-        return Request(self._cur[0], udpio.tuple_to_sockaddr(msg.addr), h.msg_type, h.client_id, h.msg_id,
-                       h.num_tables, h.num_keys, h.value_len, last_fragment_offset(h),
-                       np.frombuffer(msg.body, np.uint8))
 
     def _frame_reply(self, h, msg_type: int, status: int, table_id: int, body: bytes) -> None:
         """The one-frame path's replies (:data:`.state.ReplySink`), in the place of its datagram."""
@@ -621,3 +616,46 @@ class BatchShardServer:
                 offs = segment_bounds(np.array([s[0].size for s in segs], np.int64))
             parts.append((tid, k, g, offs))
         self.hub.apply_many(self._local, parts)  # one exchange per peer for every table
+
+
+class _OneFrame:
+    """The serving loop's intake as the one-frame path's :class:`~.state.Assembly`: the frame
+    :meth:`.ShardState.take_frame` took is datagram ``idx`` of the wake-up, whose header fields
+    it gives (so reassembly exists once in the loop, whichever path a frame came by)."""
+
+    def __init__(self, intake: Intake):
+        self.intake = intake
+        self.idx = 0
+
+    def _row(self, h) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """The frame as the intake reads it (its index, header row and fragment size), or None
+        when its fragments' geometry does not add up (dropped ``frag_mismatch``, as a reassembler
+        drops it)."""
+        try:
+            P = fragment_size(h)
+        except FrameError as e:
+            self.intake.stats["frames"] += 1
+            self.intake.drops[e.reason] += 1
+            return None
+        i = self.idx
+        cols = np.zeros((i + 1, len(consts.HEADER_FIELDS)), np.int64)
+        cols[i] = h
+        p = np.zeros(i + 1, np.int64)
+        p[i] = P
+        return i, cols, p
+
+    def feed(self, h, data: bytes, addr) -> Request | None:
+        """:meth:`.Intake.take_one` of the frame."""
+        row = self._row(h)
+        return None if row is None else self.intake.take_one(*row)
+
+    def feed_poll(self, h, data: bytes, addr) -> tuple[Request | None, list[int] | None]:
+        """:meth:`.Intake.poll` of the frame."""
+        row = self._row(h)
+        if row is None:
+            return None, None
+        done, held = self.intake.poll(*row)
+        return (done[0] if done else None), held
+
+    def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
+        self.intake.discard(client_id, msg_id, msg_type)

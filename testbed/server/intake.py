@@ -151,6 +151,16 @@ class Intake:
             return [], None
         return [], np.flatnonzero(ent.seen).tolist()
 
+    def take_one(self, r: int, cols: np.ndarray, p: np.ndarray) -> Request | None:
+        """Frame ``r`` alone (one the answer path's checks left to the state's one-frame path, which
+        took it: a SIZE_REQ, say), fed to its message; the message it completes, else None."""
+        if int(cols[r, FC]) == 1:
+            return self.messages(np.array([r], np.int64), cols, p)[0]
+        self.stats["frames"] += 1
+        done = self.reassemble(np.array([r], np.int64), cols, tuple(cols[:, c] for c in _INFO), p, cols[:, FI],
+                               cols[:, FL])
+        return done[0] if done else None
+
     def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
         """Forget the fragments held of a message (an update the window holds: a poll's ack)."""
         ent = self._pend.pop((int(client_id) << 48) | (int(msg_id) << 16) | int(msg_type), None)

@@ -16,8 +16,8 @@ carries several tables, each with its own ``dim`` and ``dtype``, listed in its d
    (:meth:`ShardState.check_header`) on every fragment, answered on fragment 0 only (``table_id``
    ``NO_TABLE``): ``WRONG_SHARD``, and ``MALFORMED`` for a lookup whose reply would need more
    than ``MAX_FRAGS`` fragments — every frame refused here counted ``refused``; in fixed-length
-   mode data must have been announced (``unannounced``, ``size_mismatch``); then reassembled
-   (:class:`~embnic.client_lib.reassembly.Reassembler`) and handed back whole.
+   mode data must have been announced (``unannounced``, ``size_mismatch``); then handed to the
+   loop's reassembly (an :class:`Assembly`), which gives the message back once it is whole.
 2. **The body, on the whole message**: the directory must add up to the header
    (:func:`~embnic.client_lib.codec.parse_request_body`, ``MALFORMED``); then table by table in
    directory order (:meth:`ShardState.table_fault`: the first bad table named in the ERROR's
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -49,7 +49,7 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import FrameError, Header, RequestBody
 from embnic.client_lib.config import ClusterConfig, TableConfig
 from embnic.client_lib.consts import DType, MsgType, Status
-from embnic.client_lib.reassembly import Message, Reassembler, fragment_size
+from embnic.client_lib.reassembly import fragment_size
 from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.rowstore import TableShard
 from embnic.client_lib.table_numerics import rowwise_mean_square_ragged
@@ -66,6 +66,9 @@ DEFAULT_MAX_MSG_BYTES = 64 << 20  #: largest request body accepted, bytes
 #: extra drop reasons of the server (besides consts.DROP_REASONS); ``refused``: a frame of a
 #: request the header checks refused (fragment 0 also draws the ERROR reply)
 SERVER_DROP_REASONS = ("too_large", "unannounced", "size_mismatch", "refused")
+REASSEMBLY_PENDING = 1024  #: messages being reassembled at most (the oldest evicted first)
+REASSEMBLY_BYTES = 256 << 20  #: their buffers' bytes at most
+MAX_MSG_LEN = 64 << 20  #: the largest message body reassembled, whatever ``max_msg_bytes`` says
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -133,6 +136,22 @@ class Request(NamedTuple):
 ReplySink = Callable[[Header, int, int, int, bytes], None]
 
 
+class Assembly(Protocol):
+    """The serving loop's reassembly, as :meth:`ShardState.take_frame` feeds it one frame (the
+    serving loop's :class:`~.intake.Intake`; the tests' reference shard: a ``Reassembler``)."""
+
+    def feed(self, h: Header, data: bytes, addr) -> Any:
+        """Take a frame that passed every check; the whole message it completes, else None."""
+
+    def feed_poll(self, h: Header, data: bytes, addr) -> tuple[Any, list[int] | None]:
+        """Take a poll like any fragment: (the whole message it completes, else None; when it
+        completes none, the fragment indices held of its update, or None when nothing is held
+        or the poll contradicts what is)."""
+
+    def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
+        """Forget the fragments held of a message."""
+
+
 class ShardState:
     """One shard's tables, exactly-once window, log, counters and rules (module docstring).
 
@@ -189,10 +208,10 @@ class ShardState:
         self._table_vectors(cfg)
         #: the largest lookup reply (value_len) that fits MAX_FRAGS fragments at the cluster MTU
         self.max_reply_bytes = consts.MAX_FRAGS * consts.max_body_per_frame(cfg.mtu)
-        #: the one-frame path's reassembly (:meth:`take_frame`)
-        self.reasm = Reassembler(max_pending=1024, timeout_s=reassembly_timeout_s, expect="request")
+        #: incomplete requests are forgotten after this long (s)
+        self.reassembly_timeout_s = float(reassembly_timeout_s)
         #: the largest message body a loop takes (bytes)
-        self.max_msg = min(self.max_msg_bytes, self.reasm.max_msg_len)
+        self.max_msg = min(self.max_msg_bytes, MAX_MSG_LEN)
         #: the exactly-once window (:mod:`.window`): every acknowledged update by id and fingerprint
         self.window = UpdateWindow(self.dedup_window, dedup_age_s)
         self.counts: collections.Counter = collections.Counter()  #: the scalar counters (:meth:`counters`)
@@ -318,16 +337,14 @@ class ShardState:
         ``update_polls``, ``update_poll_acks`` (polls of applied updates, acked from the window:
         lost acks; not in ``duplicates``), ``update_nacks``, ``replies`` (by type), ``errors``
         (ERROR replies by status), ``drops`` (frames by reason, every reason present),
-        ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``),
+        ``reassembly`` (``pending``, ``expired``, ``evicted``, ``duplicate_frames``: zeros here, the
+        loop's reassembly adds its own),
         ``internal_errors``, ``send_errors``, ``dedup_entries``, ``rows`` (materialised rows per
         table id), ``service`` (:class:`~.shard_metrics.ServiceTimes`); with disk tables
         ``stores``; with a log ``durability`` (plus ``log_errors``, ``checkpoint_errors``). The
         serving loop adds what its own parts counted.
         """
         c = self.counts
-        drops = collections.Counter(self.drops)
-        drops.update(self.reasm.drops)
-        rs = self.reasm.stats
         dur = self.durability
         return {
             "shard": self.shard_id,
@@ -341,9 +358,8 @@ class ShardState:
             "update_poll_acks": c["update_poll_acks"], "update_nacks": c["update_nacks"],
             "replies": {t.name: self.replies[t] for t in sorted(consts.REPLY_TYPES)},
             "errors": {s.name: self.errors[s] for s in Status if s != Status.OK},
-            "drops": dict(drops),
-            "reassembly": {"pending": len(self.reasm), "expired": rs["expired"], "evicted": rs["evicted"],
-                           "duplicate_frames": rs["duplicates"]},
+            "drops": dict(self.drops),
+            "reassembly": {"pending": 0, "expired": 0, "evicted": 0, "duplicate_frames": 0},
             "internal_errors": c["internal_errors"], "send_errors": c["send_errors"],
             "dedup_entries": len(self.window),
             "rows": {str(tid): len(ts) for tid, ts in self.tables.items()},
@@ -366,11 +382,11 @@ class ShardState:
 
     # -- one frame ------------------------------------------------------------------------------
 
-    def take_frame(self, data: bytes, addr, reply: ReplySink) -> Message | None:
+    def take_frame(self, data: bytes, addr, reply: ReplySink, assembly: Assembly):
         """One datagram from ``addr`` through every rule a frame meets on its own (module
         docstring, 1.): dropped and counted, refused (answered through ``reply``, counted), a
-        poll answered from the window (:meth:`poll_reply`), or fed to :attr:`reasm`. Returns the
-        whole message it completes, else None. Never raises (a fault of the shard is answered
+        poll answered from the window (:meth:`poll_reply`), or fed to the loop's ``assembly``.
+        Returns the whole message it completes (as ``assembly`` gives it), else None. Never raises (a fault of the shard is answered
         INTERNAL, :meth:`internal_error`)."""
         self.counts["rx_frames"] += 1
         self.counts["rx_bytes"] += len(data)
@@ -381,7 +397,7 @@ class ShardState:
             self._answer_malformed(data, reply)
             return None
         try:
-            return self._take(h, data, addr, reply)
+            return self._take(h, data, addr, reply, assembly)
         except Exception:  # noqa: BLE001 - one bad datagram must not stop the shard
             self.internal_error(h, reply, f"a frame from {addr}")
             return None
@@ -396,9 +412,9 @@ class ShardState:
         except Exception:  # noqa: BLE001
             pass
 
-    def _take(self, h: Header, data: bytes, addr, reply: ReplySink) -> Message | None:
+    def _take(self, h: Header, data: bytes, addr, reply: ReplySink, assembly: Assembly):
         """:meth:`take_frame` past a header that parses."""
-        if h.msg_len > self.max_msg_bytes:
+        if h.msg_len > self.max_msg:
             self.drops["too_large"] += 1
             if h.frag_index == 0:
                 self.refuse(h, Status.MALFORMED, reply)
@@ -420,18 +436,15 @@ class ShardState:
                     self.refuse(h, Status.MALFORMED, reply)
                 return None
         if not is_poll(h):
-            return self.reasm.feed(data, addr, header=h)
+            return assembly.feed(h, data, addr)
         self.counts["update_polls"] += 1
-        drops = self.reasm.drops.total()
-        msg = self.reasm.feed(data, addr, header=h)
+        msg, held = assembly.feed_poll(h, data, addr)
         if msg is not None:
             return msg
-        part = self.reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
-        held = part[1] if part is not None and self.reasm.drops.total() == drops else None  # not contradicting
         ans = self.poll_reply(h, h.frag_offset, memoryview(data)[consts.HDR_LEN:consts.HDR_LEN + h.frag_len], held)
         if ans is not None:
             if ans[0] == MsgType.UPDATE_ACK:
-                self.reasm.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+                assembly.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
             reply(h, ans[0], 0, consts.NO_TABLE, ans[1])
         return None
 

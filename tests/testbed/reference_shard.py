@@ -29,10 +29,11 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import DirectoryError
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
-from embnic.client_lib.reassembly import Message
+from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.testbed.server.engine import BatchShardServer
-from embnic.testbed.server.state import Refused, ShardState, last_fragment_offset
+from embnic.testbed.server.state import (MAX_MSG_LEN, REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, ShardState,
+                                         last_fragment_offset)
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -67,6 +68,9 @@ class ReferenceShard:
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None,
                  **state_kw):
         self.state = ShardState(cfg, shard_id, **state_kw)
+        #: the reassembly of every frame (the one-frame path's assembly)
+        self.reasm = Reassembler(max_pending=REASSEMBLY_PENDING, timeout_s=self.state.reassembly_timeout_s,
+                                 expect="request", max_msg_len=MAX_MSG_LEN, max_pending_bytes=REASSEMBLY_BYTES)
         self.cfg = cfg
         self.shard_id = self.state.shard_id
         at = cfg.shard(shard_id)
@@ -110,7 +114,7 @@ class ReferenceShard:
         await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=self._sock)
 
         def tick():
-            self.state.reasm.expire()
+            self.reasm.expire()
             handle[0] = loop.call_later(0.5, tick)
 
         handle = [loop.call_later(0.5, tick)]
@@ -152,7 +156,14 @@ class ReferenceShard:
         self.state.stores.close()
 
     def counters(self) -> dict[str, Any]:
-        return self.state.counters()
+        """The state's counters with the reassembler's."""
+        c = self.state.counters()
+        for r, v in self.reasm.drops.items():
+            c["drops"][r] = c["drops"].get(r, 0) + v
+        rs = self.reasm.stats
+        c["reassembly"] = {"pending": len(self.reasm), "expired": rs["expired"], "evicted": rs["evicted"],
+                           "duplicate_frames": rs["duplicates"]}
+        return c
 
     def state_dict(self) -> dict:
         return self.state.state_dict()
@@ -174,9 +185,24 @@ class ReferenceShard:
             self.state.counts["tx_frames"] += 1
             self.state.counts["tx_bytes"] += len(f)
 
+    # the one-frame path's assembly (state.Assembly): the Reassembler
+    def feed(self, h, data: bytes, addr) -> Message | None:
+        return self.reasm.feed(data, addr, header=h)
+
+    def feed_poll(self, h, data: bytes, addr):
+        drops = self.reasm.drops.total()
+        msg = self.reasm.feed(data, addr, header=h)
+        if msg is not None:
+            return msg, None
+        part = self.reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
+        return None, (part[1] if part is not None and self.reasm.drops.total() == drops else None)  # not contradicting
+
+    def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
+        self.reasm.discard(client_id, msg_id, msg_type)
+
     def handle_datagram(self, data: bytes, addr) -> None:
         """Process one UDP payload from ``addr``. Never raises."""
-        msg = self.state.take_frame(data, addr, self._reply_to(addr))
+        msg = self.state.take_frame(data, addr, self._reply_to(addr), self)
         if msg is None:
             return
         reply = self._reply_to(msg.addr)

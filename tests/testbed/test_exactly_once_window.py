@@ -150,7 +150,8 @@ def play(engine: str, steps) -> tuple[list, list[int], list[int], dict]:
             assert all(t in (MsgType.UPDATE_ACK, MsgType.UPDATE_NACK) and m == u.msg_id for t, m in got), got
             if (MsgType.UPDATE_ACK, u.msg_id) in got:
                 acked.add(u.j)
-                pending.pop(u.msg_id, None)  # a poll acked from the window: its fragments dropped
+                if kind == "poll":  # a poll acked from the window: its fragments dropped (a fragment sent
+                    pending.pop(u.msg_id, None)  # again after its message completed stays held: mirrored above)
         counts = applied_counts(sh.st.state_dict(), updates)
         counters = sh.st.counters()
     finally:

@@ -64,7 +64,7 @@ class Recorder:
 def accounted(srv: ReferenceShard) -> int:
     """Datagrams the handler has accounted for: dropped by the server, or fed to the reassembler
     (update polls too)."""
-    return sum(srv.state.drops.values()) + srv.state.reasm.stats["frames"]
+    return sum(srv.state.drops.values()) + srv.reasm.stats["frames"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -80,9 +80,9 @@ def test_handle_datagram_sequences(seq):
             srv.handle_datagram(payload, addr)
         c = srv.counters()
         assert c["internal_errors"] == 0 and c["rx_frames"] == n
-        assert accounted(srv) == n, (srv.state.drops, srv.state.reasm.stats)
+        assert accounted(srv) == n, (srv.state.drops, srv.reasm.stats)
         assert set(k for k, v in c["drops"].items() if v) <= REASONS, c["drops"]
-        r = srv.state.reasm
+        r = srv.reasm
         assert len(r) <= r.max_pending and r.pending_bytes == sum(e.nbytes for e in r._pending.values())
         assert r.pending_bytes <= r.max_pending_bytes or len(r) == 1
         for frame, to in tr.sent:
