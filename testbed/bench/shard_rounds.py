@@ -95,7 +95,7 @@ class _Rig:
         Returns (CPU seconds of the shard's receive + serve, wake-ups)."""
         for f in frames:
             self.cli.sendto(f, self.addr)
-        srv, bs = self.srv, self.srv._bs
+        srv, bs = self.srv, self.srv.bs
         left, cpu, wakeups = len(frames), 0.0, 0
         t_end = time.monotonic() + 10.0
         while left > 0:

@@ -130,7 +130,8 @@ class BatchShardServer:
         #: the answer path (header checks, lookups, reply frames, sending), once :meth:`open` bound the socket
         self.answer = None
         self._sock = sock
-        self._bs: udpio.BatchSocket | None = None
+        #: the batched socket (after :meth:`open`; None once closed)
+        self.bs: udpio.BatchSocket | None = None
         #: reassembly of the messages whose fragments span wake-ups
         self.intake = Intake(max_pending=REASSEMBLY_PENDING, max_pending_bytes=REASSEMBLY_BYTES,
                              timeout_s=st.reassembly_timeout_s)
@@ -156,9 +157,9 @@ class BatchShardServer:
     @property
     def address(self) -> tuple[str, int]:
         """(ip, port) actually bound (after :meth:`open`)."""
-        if self._bs is None:
+        if self.bs is None:
             return self.bind, self.port
-        return self._bs.sock.getsockname()[:2]
+        return self.bs.sock.getsockname()[:2]
 
     def open(self) -> tuple[str, int]:
         """Bind the socket (unless one was given) and set up the answer path on it. Returns (ip, port).
@@ -175,17 +176,17 @@ class BatchShardServer:
             except OSError:
                 sock.close()
                 raise
-        self._bs = udpio.BatchSocket(sock, batch=self.batch, gso=self.gso)
+        self.bs = udpio.BatchSocket(sock, batch=self.batch, gso=self.gso)
         # lookups answered in the answer path unless rows live in other processes (workers) or data
         # must have been announced (fixed length): then it checks, frames and sends only
-        self.answer = self._answer_path(self._bs, self.state, serve=self.hub is None and not self.state.fixed_length)
-        self.intake.bind(self._bs, self.answer.whole)
+        self.answer = self._answer_path(self.bs, self.state, serve=self.hub is None and not self.state.fixed_length)
+        self.intake.bind(self.bs, self.answer.whole)
         self.started_at = time.monotonic()
         return self.address
 
     def run(self) -> None:
         """Serve until :meth:`request_stop` (from any thread or a signal handler)."""
-        bs = self._bs
+        bs = self.bs
         poller = select.poll()
         poller.register(bs.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
@@ -255,10 +256,10 @@ class BatchShardServer:
     def close(self) -> None:
         """Close the socket, the wake-up pipe, the log and the disk stores. Idempotent."""
         self.state.close()
-        if self._bs is not None:
-            self._io_final = (dict(self._bs.stats), bool(self._bs.gso))  # counters() after close still has them
-            self._bs.sock.close()
-            self._bs = None
+        if self.bs is not None:
+            self._io_final = (dict(self.bs.stats), bool(self.bs.gso))  # counters() after close still has them
+            self.bs.sock.close()
+            self.bs = None
         if self.hub is not None:
             self.hub.close()
         for fd in (self._wake_r, self._wake_w):
@@ -307,7 +308,7 @@ class BatchShardServer:
         re["expired"] += rs["expired"]
         re["evicted"] += rs["evicted"]
         re["duplicate_frames"] += rs["duplicates"]
-        io, gso = (dict(self._bs.stats), bool(self._bs.gso)) if self._bs is not None else self._io_final
+        io, gso = (dict(self.bs.stats), bool(self.bs.gso)) if self.bs is not None else self._io_final
         e = {"name": "batch", "wakeups": self.state.counts["wakeups"], "batch": self.batch}
         whole = rs["whole"]
         if self.answer is not None:
@@ -362,7 +363,7 @@ class BatchShardServer:
         (:meth:`_messages`, in the order of the datagram that completed them). A wake-up
         holding update polls (``state.is_poll``) is cut at each poll: the frames before it
         are served first, then the poll (:meth:`_poll_frame`)."""
-        bs, ans, st = self._bs, self.answer, self.state
+        bs, ans, st = self.bs, self.answer, self.state
         L = bs.lens[:n]
         cols, ok, p = ans.cols[:n], ans.ok[:n].view(bool), ans.p[:n]
         if st.fixed_length:
@@ -412,8 +413,8 @@ class BatchShardServer:
         if done:
             self._messages(done)
             return
-        req = self.intake.request(r, cols, self._bs.names[r].tobytes())
-        ans = st.poll_reply(req, int(cols[r, FO]), self._bs.rx[r, consts.HDR_LEN:consts.HDR_LEN + int(cols[r, FL])],
+        req = self.intake.request(r, cols, self.bs.names[r].tobytes())
+        ans = st.poll_reply(req, int(cols[r, FO]), self.bs.rx[r, consts.HDR_LEN:consts.HDR_LEN + int(cols[r, FL])],
                             held)
         if ans is None:
             return

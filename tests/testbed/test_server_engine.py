@@ -267,7 +267,7 @@ def test_c_intake_equals_the_numpy_intake():
     srv.open()
     try:
         ca = srv.answer
-        bs = srv._bs
+        bs = srv.bs
         oracle = NumpyAnswer(bs, srv.state)
         seen_ok = seen_whole = 0
         for trial in range(40):
