@@ -225,41 +225,34 @@ class CAnswer:
 
     # -- buffers ------------------------------------------------------------------------------
 
-    def _grow_tx(self, need: int) -> None:
+    def _grow(self, cap_key: str, used_key: str, need: int, bufs) -> None:
+        """Make the context's buffers ``bufs`` (``(attribute, pointer field, row shape, dtype,
+        keep)``, ``cap_key`` rows each, ``used_key`` of them in use) hold ``need`` rows: twice as
+        many or ``need``, the rows in use copied where ``keep``."""
         a = self._a
-        cap = int(a["tx_cap"])
+        cap = int(a[cap_key])
         if need <= cap:
             return
         cap = max(need, 2 * cap)
-        ntx = int(a["ntx"])
-        tx = np.empty((cap, int(a["width"])), np.uint8)
-        ln = np.zeros(cap, np.int64)
-        if ntx:
-            tx[:ntx] = self.tx[:ntx]
-            ln[:ntx] = self.txlen[:ntx]
-        self.tx, self.txlen = tx, ln
-        a["p_tx"], a["p_txlen"], a["tx_cap"] = _ptr(tx), _ptr(ln), cap
+        used = int(a[used_key])
+        for attr, field, shape, dt, keep in bufs:
+            new = np.zeros((cap, *shape), dt)
+            if used and keep:
+                new[:used] = getattr(self, attr)[:used]
+            setattr(self, attr, new)
+            a[field] = _ptr(new)
+        a[cap_key] = cap
+
+    def _grow_tx(self, need: int) -> None:
+        """The transmit buffer (a frame a row) and its frame lengths."""
+        self._grow("tx_cap", "ntx", need, (("tx", "p_tx", (int(self._a["width"]),), np.uint8, True),
+                                           ("txlen", "p_txlen", (), np.int64, True)))
 
     def _grow_rq(self, need: int) -> None:
-        a = self._a
-        cap = int(a["rq_cap"])
-        if need <= cap:
-            return
-        cap = max(need, 2 * cap)
-        nrq = int(a["nrq"])
-        arrs = []
-        for name in ("idx", "start", "count", "order"):  # the queue's columns (order: send scratch)
-            new = np.zeros(cap, np.int64)
-            if nrq and name != "order":
-                new[:nrq] = getattr(self, "_rq_" + name)[:nrq]
-            setattr(self, "_rq_" + name, new)
-            arrs.append(new)
-        nm = np.zeros((cap, 16), np.uint8)
-        if nrq:
-            nm[:nrq] = self._rq_name[:nrq]
-        self._rq_name = nm
-        a["p_rq_idx"], a["p_rq_start"], a["p_rq_count"], a["p_rq_order"] = (_ptr(x) for x in arrs)
-        a["p_rq_name"], a["rq_cap"] = _ptr(nm), cap
+        """The reply queue's columns (``order``: the send's scratch) and its names."""
+        self._grow("rq_cap", "nrq", need, [(f"_rq_{n}", f"p_rq_{n}", (), np.int64, n != "order")
+                                           for n in ("idx", "start", "count", "order")]
+                   + [("_rq_name", "p_rq_name", (16,), np.uint8, True)])
 
     def _refresh_store(self) -> None:
         st = self._state.store
