@@ -70,33 +70,23 @@ embnic_shard_layout(int64_t *out)
 	out[6] = EMBNIC_SHARD_WORK;
 }
 
-/* the header of one reply frame, network byte order (codec.encode_reply) */
+/* a header field of size bytes, host to network order */
+#define HDR_TO_WIRE(x, size) \
+	((size) == 1 ? (x) : (size) == 2 ? embnic_ntoh16((uint16_t)(x)) : embnic_ntoh32((uint32_t)(x)))
+
+/*
+ * The header of one reply frame (codec.encode_reply): every field of host
+ * (host order) written in network byte order, field by field as the one
+ * field table (EMBNIC_HDR_FIELDS) lists them.
+ */
 static void
-put_header(uint8_t *f, uint8_t msg_type, uint16_t status, uint32_t msg_id, uint16_t client_id, uint16_t shard_id,
-	   uint16_t num_tables, uint16_t table_id, uint32_t num_keys, uint32_t value_len, uint32_t msg_len,
-	   uint32_t frag_offset, uint16_t frag_index, uint16_t frag_count, uint16_t frag_len)
+put_header(uint8_t *f, const struct embnic_hdr *host)
 {
 	struct embnic_hdr h;
 
-	h.magic = embnic_ntoh16(EMBNIC_MAGIC);
-	h.version = EMBNIC_PROTO_VERSION;
-	h.msg_type = msg_type;
-	h.flags = 0;
-	h.reserved0 = 0;
-	h.status = embnic_ntoh16(status);
-	h.msg_id = embnic_ntoh32(msg_id);
-	h.client_id = embnic_ntoh16(client_id);
-	h.shard_id = embnic_ntoh16(shard_id);
-	h.num_tables = embnic_ntoh16(num_tables);
-	h.table_id = embnic_ntoh16(table_id);
-	h.num_keys = embnic_ntoh32(num_keys);
-	h.value_len = embnic_ntoh32(value_len);
-	h.msg_len = embnic_ntoh32(msg_len);
-	h.frag_offset = embnic_ntoh32(frag_offset);
-	h.frag_index = embnic_ntoh16(frag_index);
-	h.frag_count = embnic_ntoh16(frag_count);
-	h.frag_len = embnic_ntoh16(frag_len);
-	h.reserved = 0;
+#define PUT_FIELD(name, off, size) h.name = (__typeof__(h.name))HDR_TO_WIRE(host->name, size);
+	EMBNIC_HDR_FIELDS(PUT_FIELD)
+#undef PUT_FIELD
 	memcpy(f, &h, sizeof(h));
 }
 
@@ -120,6 +110,12 @@ embnic_shard_reply_frames(struct embnic_answer *a, int64_t idx, const uint8_t *n
 {
 	int64_t count = frames_of(a, body_len);
 	int64_t row = a->ntx;
+	struct embnic_hdr h = {
+		.magic = EMBNIC_MAGIC, .version = EMBNIC_PROTO_VERSION, .msg_type = msg_type, .status = status,
+		.msg_id = msg_id, .client_id = client_id, .shard_id = (uint16_t)a->shard_id,
+		.num_tables = num_tables, .table_id = table_id, .num_keys = num_keys, .value_len = value_len,
+		.msg_len = (uint32_t)body_len, .frag_count = (uint16_t)count,
+	};
 
 	if (row + count > a->tx_cap || a->nrq >= a->rq_cap)
 		return -1;
@@ -128,9 +124,10 @@ embnic_shard_reply_frames(struct embnic_answer *a, int64_t idx, const uint8_t *n
 		int64_t at = i * a->P;
 		int64_t len = i + 1 < count ? a->P : body_len - at;
 
-		put_header(f, msg_type, status, msg_id, client_id, (uint16_t)a->shard_id, num_tables, table_id,
-			   num_keys, value_len, (uint32_t)body_len, (uint32_t)at, (uint16_t)i, (uint16_t)count,
-			   (uint16_t)len);
+		h.frag_offset = (uint32_t)at;
+		h.frag_index = (uint16_t)i;
+		h.frag_len = (uint16_t)len;
+		put_header(f, &h);
 		if (len > 0)
 			memcpy(f + EMBNIC_HDR_LEN, body + at, (size_t)len);
 		a->txlen[row + i] = EMBNIC_HDR_LEN + len;
