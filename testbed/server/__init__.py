@@ -4,7 +4,7 @@ Modules, a line each (lower ones first; none imports one above it):
 
 - ``shard_metrics``: the shard's Prometheus collector and per-message service times.
 - ``udpio``: batched UDP system calls (``recvmmsg``/``sendmmsg``, UDP GSO) on preallocated buffers.
-- ``rowcache``, ``fsdirs``, ``diskstore``: the disk tier, RocksDB behind a cache of hot rows (``embnic[disk]``).
+- ``rowcache``, ``fsdirs``, ``diskstore``, ``disktable``: the disk tier, RocksDB behind a cache of hot rows (``embnic[disk]``).
 - ``window``: the exactly-once window (every acknowledged update by id and fingerprint; polls).
 - ``stores``: each table's row store (the in-memory arena or the disk tier); ``shard-<id>`` directories.
 - ``durability``: the write-ahead log and checkpoints of a shard.
