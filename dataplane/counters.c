@@ -54,74 +54,58 @@ embnic_frame_limit_name(unsigned int l)
 	return l < RTE_DIM(names) ? names[l] : "unknown";
 }
 
+/* The counters of an lcore as one array (EMBNIC_COUNTER_FIELDS). */
+#define NB_COUNTERS \
+	(offsetof(struct embnic_lcore_stats, ring_high_water) / sizeof(uint64_t))
+static_assert(offsetof(struct embnic_lcore_stats, ring_high_water) ==
+	      offsetof(struct embnic_totals, ring_high_water),
+	      "lcore counters and totals share their layout");
+
+/* dst[i] += src[i] (sign 1) or -= (sign -1) for n u64 words. */
+static void
+add_words(void *dst, const void *src, size_t n, int sign)
+{
+	uint64_t *d = dst;
+	const uint64_t *v = src;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		d[i] += sign > 0 ? v[i] : -v[i];
+}
+
 /* The raw sums, no base subtracted. */
 static void
 raw_sum(const struct embnic_app *app, struct embnic_totals *t)
 {
 	struct rte_eth_stats es;
-	unsigned int lc, i, p;
+	unsigned int lc, i;
 
 	memset(t, 0, sizeof(*t));
 	for (lc = 0; lc < RTE_MAX_LCORE; lc++) {
 		const struct embnic_lcore_stats *s = &app->stats[lc];
 
-		for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
-			t->rx_frames[i] += s->rx_frames[i];
-			t->rx_bytes[i] += s->rx_bytes[i];
-			t->tx_frames[i] += s->tx_frames[i];
-			t->tx_bytes[i] += s->tx_bytes[i];
-			t->too_long[i] += s->too_long[i];
-		}
-		for (i = 0; i < EMBNIC_NB_TYPES; i++)
-			t->types[i] += s->types[i];
-		for (p = 0; p < EMBNIC_MAX_PORTS; p++)
-			for (i = 0; i < EMBNIC_DROP_MAX; i++)
-				t->port_drops[p][i] += s->drops[p][i];
-		for (i = 0; i < EMBNIC_NB_TYPES; i++)
-			t->completed[i] += s->completed[i];
-		t->arp_replies += s->arp_replies;
-		t->state_overflow += s->state_overflow;
-		t->state_expired += s->state_expired;
+		add_words(t, s, NB_COUNTERS, 1);
 		if (s->ring_high_water > t->ring_high_water)
 			t->ring_high_water = s->ring_high_water;
 	}
 	for (i = 0; i < app->nb_ports; i++)
 		if (rte_eth_stats_get(i, &es) == 0)
 			t->rx_nombuf[i] = es.rx_nombuf;
-	for (p = 0; p < EMBNIC_MAX_PORTS; p++)
-		for (i = 0; i < EMBNIC_DROP_MAX; i++)
-			t->drops[i] += t->port_drops[p][i];
 }
 
 void
 embnic_counters_sum(const struct embnic_app *app, struct embnic_totals *t)
 {
-	const struct embnic_totals *b = &app->base;
 	unsigned int i, p;
 
 	raw_sum(app, t);
-	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
-		t->rx_frames[i] -= b->rx_frames[i];
-		t->rx_bytes[i] -= b->rx_bytes[i];
-		t->tx_frames[i] -= b->tx_frames[i];
-		t->tx_bytes[i] -= b->tx_bytes[i];
-		t->too_long[i] -= b->too_long[i];
-		t->rx_nombuf[i] -= b->rx_nombuf[i];
-		t->drops[EMBNIC_DROP_NO_MBUF] += t->rx_nombuf[i];
-		t->port_drops[i][EMBNIC_DROP_NO_MBUF] += t->rx_nombuf[i];
-	}
-	for (i = 0; i < EMBNIC_NB_TYPES; i++)
-		t->types[i] -= b->types[i];
-	for (i = 0; i < EMBNIC_DROP_MAX; i++)
-		t->drops[i] -= b->drops[i];
-	for (p = 0; p < EMBNIC_MAX_PORTS; p++)
+	/* the base's ring_high_water is 0 (a gauge: reset zeroes it) */
+	add_words(t, &app->base, sizeof(*t) / sizeof(uint64_t), -1);
+	for (p = 0; p < EMBNIC_MAX_PORTS; p++) {
+		t->drops[p][EMBNIC_DROP_NO_MBUF] += t->rx_nombuf[p];
 		for (i = 0; i < EMBNIC_DROP_MAX; i++)
-			t->port_drops[p][i] -= b->port_drops[p][i];
-	for (i = 0; i < EMBNIC_NB_TYPES; i++)
-		t->completed[i] -= b->completed[i];
-	t->arp_replies -= b->arp_replies;
-	t->state_overflow -= b->state_overflow;
-	t->state_expired -= b->state_expired;
+			t->drop_sum[i] += t->drops[p][i];
+	}
 }
 
 /* The raw statistics of slot summed over the partitions (no base). */
@@ -129,20 +113,12 @@ static void
 shard_raw(const struct embnic_app *app, unsigned int slot,
 	  struct embnic_shard_stats *out)
 {
-	unsigned int k, i;
+	unsigned int k;
 
 	memset(out, 0, sizeof(*out));
-	for (k = 0; k < app->nb_workers; k++) {
-		const struct embnic_shard_stats *p =
-			&embnic_state_shard_stats(app->w[k].state)[slot];
-
-		for (i = 0; i < EMBNIC_NB_TYPES; i++)
-			out->completed[i] += p->completed[i];
-		out->expired += p->expired;
-		out->latency_sum_ns += p->latency_sum_ns;
-		for (i = 0; i < EMBNIC_LAT_BUCKETS; i++)
-			out->latency_hist[i] += p->latency_hist[i];
-	}
+	for (k = 0; k < app->nb_workers; k++)
+		add_words(out, &embnic_state_shard_stats(app->w[k].state)[slot],
+			  sizeof(*out) / sizeof(uint64_t), 1);
 }
 
 void
@@ -162,16 +138,9 @@ void
 embnic_shard_stats_sum(const struct embnic_app *app, unsigned int slot,
 		       struct embnic_shard_stats *out)
 {
-	const struct embnic_shard_stats *b = &app->shard_base[slot];
-	unsigned int i;
-
 	shard_raw(app, slot, out);
-	for (i = 0; i < EMBNIC_NB_TYPES; i++)
-		out->completed[i] -= b->completed[i];
-	out->expired -= b->expired;
-	out->latency_sum_ns -= b->latency_sum_ns;
-	for (i = 0; i < EMBNIC_LAT_BUCKETS; i++)
-		out->latency_hist[i] -= b->latency_hist[i];
+	add_words(out, &app->shard_base[slot], sizeof(*out) / sizeof(uint64_t),
+		  -1);
 }
 
 uint16_t
@@ -193,6 +162,7 @@ embnic_counters_reset(struct embnic_app *app)
 	unsigned int lc, k;
 
 	raw_sum(app, &app->base);
+	app->base.ring_high_water = 0;
 	for (k = 0; k < app->nb_slots; k++)
 		shard_raw(app, k, &app->shard_base[k]);
 	for (lc = 0; lc < RTE_MAX_LCORE; lc++)
@@ -337,7 +307,7 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 		e->u64(e->ctx, type_names[i], t.types[i]);
 	e->record(e->ctx, "drops");
 	for (i = 1; i < EMBNIC_DROP_MAX; i++)
-		e->u64(e->ctx, embnic_drop_name(i), t.drops[i]);
+		e->u64(e->ctx, embnic_drop_name(i), t.drop_sum[i]);
 	e->record(e->ctx, "completed");
 	for (i = 1; i < EMBNIC_NB_TYPES; i++)
 		if (!embnic_is_request((uint8_t)i))
@@ -359,7 +329,7 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 		e->item(e->ctx, "drops_by_port", "drops_port", i);
 		e->u64(e->ctx, "port", i);
 		for (r = 1; r < EMBNIC_DROP_MAX; r++)
-			e->u64(e->ctx, embnic_drop_name(r), t.port_drops[i][r]);
+			e->u64(e->ctx, embnic_drop_name(r), t.drops[i][r]);
 	}
 	e->record(e->ctx, NULL);
 }

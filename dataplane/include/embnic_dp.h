@@ -269,45 +269,38 @@ embnic_hlog_put(struct embnic_hlog *l, const struct embnic_msg *m,
 }
 
 /*
- * Counters of one lcore; only that lcore writes them, the control path sums
- * them (counters.c). Cache aligned so lcores never share a line.
+ * The counters, every one a u64, in the same order in an lcore's struct
+ * and in the totals, so counters.c sums and subtracts them as one array.
+ * drops: by port (the one it came in on; tx_full: the one it could not
+ * leave by) and reason; too_long: too_long_for_port, by the port it was
+ * for; completed: messages, by reply type.
  */
+#define EMBNIC_COUNTER_FIELDS						\
+	uint64_t rx_frames[EMBNIC_MAX_PORTS];				\
+	uint64_t rx_bytes[EMBNIC_MAX_PORTS];				\
+	uint64_t tx_frames[EMBNIC_MAX_PORTS];				\
+	uint64_t tx_bytes[EMBNIC_MAX_PORTS];				\
+	uint64_t too_long[EMBNIC_MAX_PORTS];				\
+	uint64_t types[EMBNIC_NB_TYPES];	/* forwarded, by type */	\
+	uint64_t drops[EMBNIC_MAX_PORTS][EMBNIC_DROP_MAX];		\
+	uint64_t completed[EMBNIC_NB_TYPES];				\
+	uint64_t arp_replies;						\
+	uint64_t state_overflow;	/* adds that found the map full */	\
+	uint64_t state_expired;		/* entries timed out unanswered */ \
+	/* gauge: max count seen in a header ring this lcore enqueued to */ \
+	uint64_t ring_high_water;
+
+/* Counters of one lcore; only that lcore writes them (own cache lines). */
 struct embnic_lcore_stats {
-	uint64_t rx_frames[EMBNIC_MAX_PORTS];
-	uint64_t rx_bytes[EMBNIC_MAX_PORTS];
-	uint64_t tx_frames[EMBNIC_MAX_PORTS];
-	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
-	/* frames dropped as too_long_for_port, by the port they were for */
-	uint64_t too_long[EMBNIC_MAX_PORTS];
-	uint64_t types[EMBNIC_NB_TYPES];	/* frames forwarded, by type */
-	/* frames dropped, by port (the one it came in on; tx_full: the
-	 * one it could not leave by) and reason */
-	uint64_t drops[EMBNIC_MAX_PORTS][EMBNIC_DROP_MAX];
-	uint64_t completed[EMBNIC_NB_TYPES];	/* messages, by reply type */
-	uint64_t arp_replies;
-	uint64_t state_overflow;	/* state map adds that found it full */
-	uint64_t state_expired;		/* entries that timed out unanswered */
-	uint64_t ring_high_water;	/* gauge: max count seen in a header
-					 * ring this lcore enqueued to */
+	EMBNIC_COUNTER_FIELDS
 	struct embnic_hlog hlog;	/* forwarded headers (not a counter) */
 } __rte_cache_aligned;
 
 /* What the control path reports: the sum over lcores minus the reset base. */
 struct embnic_totals {
-	uint64_t rx_frames[EMBNIC_MAX_PORTS];
-	uint64_t rx_bytes[EMBNIC_MAX_PORTS];
-	uint64_t tx_frames[EMBNIC_MAX_PORTS];
-	uint64_t tx_bytes[EMBNIC_MAX_PORTS];
-	uint64_t too_long[EMBNIC_MAX_PORTS];
-	uint64_t types[EMBNIC_NB_TYPES];
-	uint64_t drops[EMBNIC_DROP_MAX];	/* over every port */
-	uint64_t port_drops[EMBNIC_MAX_PORTS][EMBNIC_DROP_MAX];
-	uint64_t completed[EMBNIC_NB_TYPES];
-	uint64_t arp_replies;
-	uint64_t state_overflow;
-	uint64_t state_expired;
-	uint64_t ring_high_water;
+	EMBNIC_COUNTER_FIELDS
 	uint64_t rx_nombuf[EMBNIC_MAX_PORTS];	/* from ethdev stats */
+	uint64_t drop_sum[EMBNIC_DROP_MAX];	/* over every port */
 };
 
 struct embnic_state;
