@@ -1,60 +1,19 @@
 """The client: lookups and updates as embnic messages over UDP, each round planned and run in C.
 
 :class:`EmbeddingClient` turns ``{table_id: unique keys}`` into one variable-length message per
-shard (protocol v2: every table the shard holds a part of travels in that message, after a
-per-table directory) — routed as :mod:`embnic.client_lib.routing` says, fragmented to the cluster
-MTU (docs/protocol.md, the layout of :mod:`embnic.client_lib.consts`), and split into several
-messages only where a message or its
-reply would need more than ``msg_frames`` fragments (at most ``consts.MAX_FRAGS``, 256) or would
-not fit the send window — sends them in one round,
-reassembles the replies and puts every row back at its key's position. A reply is taken only
-from the shard its request went to (others are counted as ``wrong_shard_reply``).
+shard (protocol v2: every table the shard holds a part of, after a per-table directory), routed
+as :mod:`embnic.client_lib.routing` says, fragmented to the cluster MTU and split into several
+messages only where a message or its reply would need more than ``msg_frames`` fragments or
+would not fit the send window; sends them in one round, reassembles the replies and puts every
+row back at its key's position. The transport — send window, loss found by later answers (RACK)
+and by per-message timers (RFC 6298), tail probes, lookup repair, update NACKs — is
+docs/protocol.md, "Reliability". It talks to the shards directly, or through the card when the
+config's ``[card]`` is enabled (:meth:`~embnic.client_lib.config.ClusterConfig.request_destination`).
 
-**Transport** (docs/protocol.md, "Reliability"). What is in flight to one shard is bounded by a
-send window (``window_frames``: request frames plus the reply frames they will draw); the
-next message of a shard goes out when a reply frees room, so a batch-4096 round does not
-overrun the card's or the shard's queues. A shard's messages leave largest first: the last
-ones of a round are the ones no later answer can show lost, so they should be the ones least
-likely to lose a frame.
-
-Loss is found two ways. **By later answers** (RACK, RFC 8985, by transmission order): a shard
-answers in the order it was asked (per worker process), so a message whose latest transmission
-went out before an answered message of its shard (or one whose reply has begun to come) lost
-a frame; it is recovered once a reordering window (a quarter of the shard's shortest RTT, at
-least 1 ms: a shard's ``--workers`` answer by client and table, so answers of different tables may pass each
-other) has passed without its answer. **By its timer**: every message has its own retransmission timer, set from
-the measured round-trip time of its shard and type as in RFC 6298 (SRTT,
-RTTVAR, ``RTO = SRTT + 4·RTTVAR`` within ``[rto_min, rto_max]`` (default 50 ms, 10 s), Karn's
-rule: no sample from a re-sent message; the first RTO is the config's ``timeout_ms``), doubled
-each time it fires (exponential backoff); a reply from a shard restarts the timers of its
-other messages in flight (RFC 6298 5.3: they may be queued behind the one answered); when
-timers fire only the shard's message sent first is re-sent (5.4), so a shard stalled on a busy
-machine costs one needless re-send, not one per message in flight. **Tail probes**: a shard's
-last message of a round (and any re-send after it) is followed at once by a one-key lookup
-whose answer shows whether what went before it was lost (RFC 8985's tail loss probe; the round
-does not wait for it). Messages are kept to ``msg_frames`` fragments each way (default 64):
-a round of the Criteo demo at batch 256 is then one message per shard, and what a loss costs
-is the lost fragments, not the message (below).
-
-**Recovery.** A lookup whose reply came in part is *repaired*: a new lookup message (its own
-id) asks for only the rows of the missing fragments, and their rows complete the first reply
-(a lost fragment of a 90-fragment reply costs one small message, not the whole reply again,
-whose own loss odds would be as high). A lost update of several fragments is *polled*: its last
-fragment is sent again (``RETRANSMIT``); the shard acks it if it applied the update, or answers
-``UPDATE_NACK`` with the fragments it holds, and the client re-sends only the others. Any other
-lost message (a one-fragment update, a SIZE_REQ) is sent again whole with the
-``RETRANSMIT`` flag (a shard keeps the fragments it has, so the new copy fills the gaps);
-updates likewise until acked (the servers apply each update exactly once). After ``retries``
-tries the client raises :class:`ShardUnavailableError` naming the shard.
-
-It talks to the shards directly, or through the card when the config's ``[card]`` is enabled
-(see :meth:`embnic.client_lib.config.ClusterConfig.request_destination`).
-
-**Where it runs.** The round's checks and plan are one C call (:func:`.native.prepare`,
-``client_lib/csrc/plan.c``), the round itself another (:class:`.native.NativeRound`, the
-transport above in ``client_lib/csrc/round.c`` and its sibling files); this class holds the
-settings, the message id clock and the counters, and turns the round's outcome into rows or
-errors. There is no second path: without its library the client raises
+The round's checks and plan are one C call (:func:`.native.prepare`, ``csrc/plan.c``), the
+round itself another (:class:`.native.NativeRound`, ``csrc/round.c`` and its siblings); this
+class holds the settings, the message id clock and the counters, and turns the round's outcome
+into rows or errors. Without its library the client raises
 :class:`~embnic.client_lib.clib.NativeLibraryError` (one line naming the rebuild command).
 """
 from __future__ import annotations

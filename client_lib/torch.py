@@ -1,56 +1,14 @@
-"""PyTorch / TorchRec front end: an ``EmbeddingBagCollection`` whose rows live on the shards.
+"""PyTorch / TorchRec front end: :class:`RemoteEmbeddingBagCollection`, TorchRec's
+``EmbeddingBagCollection`` with its rows on the shards (the optional extra ``embnic[torch]``;
+README, "PyTorch and TorchRec").
 
-What a PyTorch training job links (the optional extra ``embnic[torch]``; the rest of
-``embnic.client_lib`` imports without torch). :class:`RemoteEmbeddingBagCollection` is a
-drop-in for TorchRec's ``EmbeddingBagCollection``: same constructor tables
-(``EmbeddingBagConfig``), ``forward(KeyedJaggedTensor) -> KeyedTensor`` with the same keys,
-shapes and pooling, ``embedding_bag_configs()`` and ``is_weighted()``, so
-``torchrec.models.dlrm.DLRM(embedding_bag_collection=...)`` accepts it. The difference: its
-rows are not in this process — each table's ``weight`` is an empty ``(0, dim)`` placeholder that
-carries TorchRec's optimizer choices, checked against the cluster config (see the class).
-Every forward
-
-1. takes the KJT's ``values`` (int64/int32 ids; int64 → uint64 view, no copy; float values are
-   refused, as by TorchRec) and ``lengths`` as numpy — a variable-batch (VBE) KJT first becomes
-   the fixed-stride batch its ``inverse_indices`` describe, as TorchRec's EBC output,
-2. prepares the batch with :func:`embnic.client_lib.batch.prepare_batch` — per table the sorted
-   value array ``unique`` (U,), the index array ``inverse`` (n,) and the index offset array
-   ``offsets`` (bags+1,),
-3. looks the ``unique`` rows of every table up in one round through the backend (an
-   :class:`~embnic.client_lib.client.EmbeddingClient`, through the card or straight to the
-   shards, or the in-process :class:`~embnic.client_lib.local.LocalBackend`),
-4. pools them per bag with ``torch.nn.functional.embedding_bag`` over ``inverse``/``offsets``
-   (sum or mean, an empty bag pools to 0, per-sample weights when the KJT has them) into the
-   ``(B, Σ dims)`` values of a ``KeyedTensor``.
-
-Backward (an ``autograd.Function``) turns the gradient of the pooled output into one gradient
-per row of the value array — ``grad_row[u] = Σ_{i: inverse[i]=u} s_i · grad_bag[bag(i)]`` with
-``s_i`` = the sample's weight, ``1/len(bag)`` for mean pooling, else 1 — and sends those as one
-update round; the shards apply the table's optimizer (SGD or row-wise Adagrad, see
-:mod:`embnic.client_lib.table_numerics`), the way TorchRec's fused optimizer (fbgemm ``EXACT_SGD`` /
-``EXACT_ROWWISE_ADAGRAD``) updates rows inside backward. No dense gradient of a table exists
-and no ``optimizer.step()`` is needed for the embeddings; the dense part of the model trains
-with any torch optimizer (over ``model.parameters()``: the placeholders are empty tensors).
-TorchRec's ways to choose a table's optimizer — ``apply_optimizer_in_backward`` on the
-module's parameters, a sharder's ``fused_params`` (:class:`RemoteEmbeddingBagCollectionSharder`
-in ``DistributedModelParallel``'s ``sharders``, or ``fused_params=`` without DMP) — must name
-the config's optimizer, lr and eps, or the module raises ``ValueError`` naming the table; a DMP
-that did not hand the module to that sharder (whose other sharders' ``fused_params`` can never
-reach a module of this type) is refused the same way, naming the tables.
-
-No per-id or per-table Python loop on the data path: the batch is prepared with one sort over
-every table (:func:`~embnic.client_lib.batch.prepare_batch`), looked up in one flat round, pooled
-by one ``embedding_bag`` over every table's rows (one per pooling mode when tables mix sum and
-mean; narrower tables' rows padded to the widest dim) and its gradients go back the same way
-with one ``index_add_``.
-
-Example (rows on in-process tables; an ``EmbeddingClient`` is used the same way)::
-
-    cfg = load_config("examples/cluster.toml")
-    ebc = RemoteEmbeddingBagCollection.from_cluster(LocalBackend(cfg))
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["C1", ..., "C26"], values=ids, lengths=lens)
-    kt = ebc(kjt)              # KeyedTensor, kt.values(): float32 (B, 26 * 8)
-    loss(kt.values()).backward()   # per-row gradients go to the shards as updates
+A forward prepares the KJT's ids with :func:`embnic.client_lib.batch.prepare_batch` (per table
+the sorted ``unique`` ids, ``inverse`` and ``offsets``), looks every table's ``unique`` rows up
+in one round through the backend and pools them with one ``embedding_bag`` per pooling mode
+(narrower tables' rows padded to the widest dim). Backward turns the pooled output's gradient
+into one gradient per unique row — ``grad_row[u] = Σ_{i: inverse[i]=u} s_i · grad_bag[bag(i)]``,
+``s_i`` the sample's weight, ``1/len(bag)`` for mean pooling, else 1 — sent as one update round;
+the shards apply the table's optimizer as TorchRec's fused optimizer does inside backward.
 """
 from __future__ import annotations
 
@@ -79,7 +37,7 @@ from .config import ClusterConfig
 from .backend import Backend, require_backend
 from .roundplan import concat_ranges
 from .torch_kjt import check_ids, check_kjt, flatten_vbe
-from .torch_optim import check_fused_params, check_in_backward
+from .torch_optim import check_fused_params, check_in_backward, forget_checks
 
 __all__ = ["RemoteEmbeddingBagCollection", "RemoteEmbeddingBagCollectionSharder", "INSTALL_HINT", "kjt_from_dense",
            "num_embeddings", "placeholder_names"]
@@ -194,59 +152,26 @@ class _RemoteTable(torch.nn.Module):
 
 
 class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
-    """TorchRec's ``EmbeddingBagCollection``, with its rows on embnic shards (module docstring).
-
-    **Parameters.** TorchRec's EBC has one ``weight`` per table (``embedding_bags.<name>.weight``),
-    and TorchRec's ways to choose a table's optimizer act on those parameters
-    (``apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)`` records ``cls`` and ``kwargs``
-    on each; a sharder merges them with its ``fused_params``). A module without parameters made
-    that a silent no-op. So every table has a placeholder ``weight`` of shape ``(0, dim)`` under
-    the same name: it holds no rows and costs nothing, a dense optimizer over
-    ``model.parameters()`` (the README's ``torch.optim.SGD``) steps it as an empty tensor, DDP
-    reduces it as an empty tensor, and what TorchRec attaches to it is checked against the
-    cluster config (:meth:`check_optimizers`, at every forward and backward): the table's
-    optimizer, lr and eps must be what the shards apply — else ``ValueError`` naming the table,
-    before anything is sent. A matching in-backward optimizer is replaced by TorchRec's own
-    no-op (``EmptyFusedOptimizer``, as TorchRec's sharded EBC does for fused tables): the shards
-    apply it. ``state_dict()`` holds the placeholders as (0, dim) tensors: loading a TorchRec
-    checkpoint's rows into this module fails on the shape instead of dropping them (rows go to
-    the shards: ``embnic tables``). Setting a placeholder's ``requires_grad`` to False freezes
-    its table (no updates sent), as for a TorchRec weight.
-
-    **DistributedModelParallel.** DMP hands a module only to the sharder whose ``module_type``
-    is the module's exact type, so TorchRec's ``EmbeddingBagCollectionSharder(fused_params=...)``
-    never sees this one and its ``fused_params`` would be ignored. Give DMP
-    :class:`RemoteEmbeddingBagCollectionSharder` (``sharders=[EmbeddingBagCollectionSharder(...),
-    RemoteEmbeddingBagCollectionSharder(fused_params=...)]``): the planner plans the placeholders
-    data-parallel and DMP calls its ``shard``, which checks ``fused_params`` against every
-    table's config (``ValueError`` naming the table) and keeps the module as it is. The module is
-    a TorchRec ``FusedOptimizerModule`` (the shards update its rows in backward): DMP reads its
-    :attr:`fused_optimizer` (a no-op ``EmptyFusedOptimizer``) right after sharding, and a module
-    that DMP did not shard with that sharder — not in ``sharders``, or a ``plan=`` without it —
-    is refused there, naming its tables, instead of training with ``fused_params`` ignored.
-    Without DMP, pass a sharder's settings as ``fused_params=``.
+    """TorchRec's ``EmbeddingBagCollection``, with its rows on embnic shards (README, "PyTorch
+    and TorchRec"). Every table has a placeholder ``weight`` of shape ``(0, dim)`` under
+    TorchRec's name, which carries TorchRec's optimizer choices (checked against the cluster
+    config at every forward and backward: :meth:`check_optimizers`) and its ``requires_grad``
+    (False freezes the table). Under DMP, shard it with
+    :class:`RemoteEmbeddingBagCollectionSharder`, else :attr:`fused_optimizer` refuses it.
 
     Args:
-        tables: one ``torchrec.EmbeddingBagConfig`` per table, as for TorchRec (``name``,
-            ``embedding_dim``, ``num_embeddings``, ``feature_names``, ``pooling`` SUM or
-            MEAN). Each maps to the cluster table of the same ``name`` unless ``table_ids``
-            says otherwise; ``embedding_dim`` must equal that table's ``dim`` and
-            ``num_embeddings`` its ``rows`` (when the config gives rows).
-        backend: where rows live (:class:`~embnic.client_lib.backend.Backend`): an
-            ``EmbeddingClient`` or a ``LocalBackend``; every forward is one ``lookup_flat``
-            round, every backward one ``update_flat`` round; its ``cfg`` is the cluster config.
-        is_weighted: use the KJT's per-sample weights (``weights()``, float32 (n,)) in sum
-            pooling, as TorchRec's ``is_weighted``.
+        tables: one ``torchrec.EmbeddingBagConfig`` per table (``pooling`` SUM or MEAN). Each
+            maps to the cluster table of the same ``name`` unless ``table_ids`` says otherwise;
+            ``embedding_dim`` must equal that table's ``dim`` and ``num_embeddings`` its
+            ``rows`` (when the config gives rows).
+        backend: where rows live (:class:`~embnic.client_lib.backend.Backend`); every forward
+            is one ``lookup_flat`` round, every backward one ``update_flat`` round.
+        is_weighted: use the KJT's per-sample weights (float32 (n,)) in sum pooling.
         table_ids: ``{config name: cluster table id}`` overriding the match by name.
-        validate: check every input KJT (lengths shape and sum, ids in
-            ``[0, num_embeddings)``); ``False`` for trusted callers (the dtype and VBE checks
-            always run: they are O(F)).
-        fused_params: a TorchRec sharder's ``fused_params``
-            (``EmbeddingBagCollectionSharder(fused_params=...)``: ``optimizer`` an fbgemm
-            ``EmbOptimType``, ``learning_rate``, ``eps``, ...), checked for every table, merged
-            with any ``apply_optimizer_in_backward`` kwargs as TorchRec merges them
-            (:func:`~embnic.client_lib.torch_optim.table_fused_params`,
-            :func:`~embnic.client_lib.torch_optim.optimizer_mismatch`).
+        validate: check every input KJT (lengths, ids in ``[0, num_embeddings)``); ``False``
+            for trusted callers (the dtype and VBE checks always run: they are O(F)).
+        fused_params: a TorchRec sharder's ``fused_params``, checked for every table
+            (:func:`~embnic.client_lib.torch_optim.optimizer_mismatch`).
 
     Raises:
         ValueError: no tables, duplicate names, a table not in the cluster config, a dim or
@@ -367,11 +292,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         return self._is_weighted
 
     def use_fused_params(self, fused_params: dict | None, source: str = "fused_params") -> None:
-        """Take a TorchRec sharder's ``fused_params`` as the tables' fused optimizer settings,
-        after checking them against every table's config
-        (:func:`~embnic.client_lib.torch_optim.optimizer_mismatch`); they are
-        then merged with any ``apply_optimizer_in_backward`` kwargs as TorchRec merges them
-        (:meth:`check_optimizers`). ``None`` or ``{}`` takes none.
+        """Take a TorchRec sharder's ``fused_params`` (``None`` or ``{}``: none) after checking
+        them against every table's config; in-backward choices are then checked again with them.
 
         Raises:
             ValueError: naming the first table whose optimizer, lr or eps they contradict (or a
@@ -381,9 +303,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         if fused is not None:
             check_fused_params(self.cfg, self._configs, self._table_ids, fused, source)
         self._fused_params = fused
-        for bag in getattr(self, "embedding_bags", {}).values():  # check in-backward choices again with them
-            if hasattr(bag.weight, "_embnic_checked"):
-                del bag.weight._embnic_checked
+        forget_checks(self._placeholders() if hasattr(self, "embedding_bags") else [])
 
     @property
     def fused_optimizer(self) -> KeyedOptimizer:
@@ -409,21 +329,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
 
     def check_optimizers(self) -> None:
         """Check what TorchRec's ways to choose a table optimizer attached to the tables'
-        placeholder weights against the cluster config (class docstring, "Parameters").
-
-        Per table: ``_optimizer_classes`` / ``_optimizer_kwargs`` of its ``weight`` (set by
-        ``torchrec.optim.apply_optimizer_in_backward`` or ``torch.distributed.optim.
-        _apply_optimizer_in_backward``), merged with ``fused_params`` as TorchRec's sharders
-        merge them, must match the table's optimizer, lr and eps
-        (:func:`~embnic.client_lib.torch_optim.optimizer_mismatch`);
-        a matching in-backward optimizer is then made TorchRec's no-op ``EmptyFusedOptimizer``
-        (the shards apply the update). Runs at every forward and backward; O(tables).
-
-        Raises:
-            ValueError: naming the table: more than one optimizer on a table (TorchRec's
-                sharders take one), an optimizer class without an fbgemm equivalent, or
-                another optimizer type, lr or eps than the config's, or a setting the shards
-                do not apply (weight decay, momentum, ...).
+        placeholder weights against the cluster config, and make a matching in-backward optimizer
+        TorchRec's no-op (:func:`~embnic.client_lib.torch_optim.check_in_backward`, which says
+        what it raises). Runs at every forward and backward; O(tables).
         """
         check_in_backward(self.cfg, self._configs, self._table_ids, self._placeholders(), self._fused_params)
 
@@ -432,33 +340,22 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
 
         Args:
             features: ``KeyedJaggedTensor`` with (at least) every feature of the tables,
-                stride B; ``values`` int64 or int32 ids (n,) (int64 is viewed as uint64
-                without a copy; floats are refused, as TorchRec's EBC refuses them),
-                ``lengths`` (F*B,), ``weights`` float32 (n,) when ``is_weighted``. A
-                variable-batch KJT (VBE: ``stride_per_key_per_rank``) is taken as TorchRec's
-                ``EmbeddingBagCollection`` takes it: feature ``f``'s bags are
-                ``Σ_r stride_per_key_per_rank[f][r]``, and ``inverse_indices`` ``(keys, int
-                (F, B))`` say which bag each of the B output rows pools
-                (``out[b, f] = pooled_f[inverse_indices[f, b]]``; TorchRec applies them to a
-                fixed-stride KJT that carries them too, and so does this module).
+                stride B; ``values`` int64 or int32 ids (n,) (floats are refused, as by
+                TorchRec), ``lengths`` (F*B,), ``weights`` float32 (n,) when ``is_weighted``.
+                A variable-batch KJT (VBE) is taken as TorchRec's EBC takes it: its
+                ``inverse_indices`` (F, B) say which bag each output row pools.
 
         Returns:
-            ``KeyedTensor`` with keys = the embedding names (``feature`` or
-            ``feature@table`` when a feature feeds several tables, TorchRec's rule),
-            ``length_per_key`` = the dims, values float32 (B, Σ dims); an empty bag is 0.
-            It carries gradient when grad mode is on: backward sends the updates. A batch
-            without ids (a KJT of 0 samples gives (0, Σ dims), as TorchRec's EBC) sends nothing,
-            forward or backward.
+            ``KeyedTensor`` with TorchRec's embedding names as keys, ``length_per_key`` = the
+            dims, values float32 (B, Σ dims); an empty bag is 0. Backward sends the updates. A
+            batch without ids sends nothing.
 
         Raises:
-            ValueError: values not integer ids, lengths not integers, a feature missing from the
-                KJT (every one of these named in one message: ``KeyedJaggedTensor.empty()`` has
-                float values and no features); a VBE KJT without
-                ``inverse_indices`` whose features have different batch sizes (TorchRec's
-                EBC cannot build one (B, Σ dims) output from it either) or with inverse
-                indices of the wrong shape or range; bad lengths, an id outside ``[0, num_embeddings)``, missing weights (validated
-                inputs only); an optimizer choice that does not match the cluster config
-                (:meth:`check_optimizers`).
+            ValueError: values not integer ids, lengths not integers, features missing from the
+                KJT, a VBE KJT without ``inverse_indices`` whose features have different batch
+                sizes or with inverse indices of the wrong shape or range; bad lengths, an id
+                outside ``[0, num_embeddings)``, missing weights (validated inputs only); an
+                optimizer choice that does not match the cluster config (:meth:`check_optimizers`).
             embnic.client_lib.client.EmbnicError: a shard failed (lookup).
         """
         self.check_optimizers()
@@ -647,14 +544,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
 
 def placeholder_names(model: torch.nn.Module) -> list[str]:
     """Fully qualified names of the ``(0, dim)`` placeholder weights of every
-    :class:`RemoteEmbeddingBagCollection` in ``model`` (``"ebc.embedding_bags.a.weight"``, ...).
-
-    For ``DistributedModelParallel(..., data_parallel_wrapper=DefaultDataParallelWrapper(
-    params_to_ignore=placeholder_names(model)))``: DDP then leaves them alone, as it leaves
-    TorchRec's sharded tables. Needed on CPU when ``apply_optimizer_in_backward`` was called
-    on them: DDP runs in-backward optimizers of the parameters it manages from a CUDA stream
-    (``torch.distributed.algorithms.ddp_comm_hooks.optimizer_overlap_hooks``), which fails
-    without CUDA.
+    :class:`RemoteEmbeddingBagCollection` in ``model`` (``"ebc.embedding_bags.a.weight"``, ...),
+    for DDP's ``params_to_ignore`` (README, "PyTorch and TorchRec": its in-backward optimizers
+    need CUDA).
     """
     return [f"{path}.embedding_bags.{c.name}.weight" if path else f"embedding_bags.{c.name}.weight"
             for path, m in model.named_modules() if isinstance(m, RemoteEmbeddingBagCollection)
@@ -662,34 +554,15 @@ def placeholder_names(model: torch.nn.Module) -> list[str]:
 
 
 class RemoteEmbeddingBagCollectionSharder(ModuleSharder[RemoteEmbeddingBagCollection]):
-    """TorchRec's ``ModuleSharder`` for :class:`RemoteEmbeddingBagCollection`: what
-    ``DistributedModelParallel`` calls for a module of that type, with the ``fused_params`` a
-    TorchRec sharder carries (``EmbeddingBagCollectionSharder(fused_params=...)`` for TorchRec's
-    own EBC, whose sharder DMP never hands this module).
-
-    Give it to DMP beside TorchRec's sharders::
-
-        dmp = DistributedModelParallel(model, sharders=[
-            EmbeddingBagCollectionSharder(fused_params=fp),          # TorchRec's EBCs, if any
-            RemoteEmbeddingBagCollectionSharder(fused_params=fp)])   # ours: checked per table
-
-    Planning (TorchRec's ``EmbeddingShardingPlanner``, which DMP runs when no ``plan`` is given):
-    :meth:`shardable_parameters` are the tables' ``(0, dim)`` placeholder weights, keyed by table
-    name as TorchRec's EBC sharder keys them, ``data_parallel`` with the ``dense`` kernel (the
-    rows are on the shards, nothing is placed on a rank; they cost 0 bytes). DMP then calls
-    :meth:`shard`, which checks ``fused_params`` against every table's optimizer, lr and eps and
-    keeps the module as it is: data-parallel replication of empty placeholders (DDP reduces them
-    as empty tensors) is all there is to shard. Planner constraints that name a table must allow
-    ``data_parallel``. On CPU, placeholders that ``apply_optimizer_in_backward`` was called on
-    must be kept from DDP (its in-backward optimizers need CUDA):
-    ``data_parallel_wrapper=DefaultDataParallelWrapper(params_to_ignore=placeholder_names(model))``
-    (:func:`placeholder_names`).
+    """TorchRec's ``ModuleSharder`` for :class:`RemoteEmbeddingBagCollection`, with the
+    ``fused_params`` a TorchRec sharder carries; give it to DMP beside TorchRec's sharders
+    (README, "PyTorch and TorchRec"). The planner sees the tables' ``(0, dim)`` placeholders,
+    ``data_parallel`` with the ``dense`` kernel (0 bytes); :meth:`shard` checks ``fused_params``
+    against every table and keeps the module as it is.
 
     Args:
         fused_params: as TorchRec's sharders take them (``optimizer`` an fbgemm
-            ``EmbOptimType``, ``learning_rate``, ``eps``, ...;
-            :func:`~embnic.client_lib.torch_optim.optimizer_mismatch`);
-            None for none (``apply_optimizer_in_backward`` or the config alone then choose).
+            ``EmbOptimType``, ``learning_rate``, ``eps``, ...); None for none.
         qcomm_codecs_registry: TorchRec's argument of every sharder (no communication here).
     """
 

@@ -163,3 +163,10 @@ def check_in_backward(cfg: ClusterConfig, configs: list, table_ids: list[int], w
             raise mismatch_error(conf.name, table, src + (" with fused_params" if fused_params else ""), bad, cfg)
         w._in_backward_optimizers = [EmptyFusedOptimizer()]  # the shards apply it
         w._embnic_checked = len(classes)
+
+
+def forget_checks(weights: list) -> None:
+    """Have :func:`check_in_backward` check ``weights`` again (their ``fused_params`` changed)."""
+    for w in weights:
+        if hasattr(w, "_embnic_checked"):
+            del w._embnic_checked
