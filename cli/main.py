@@ -1,18 +1,7 @@
 """The ``embnic`` command line: a thin click group; one module per noun registers its commands.
 
-Only this module and the command modules (``commands/``) know click. Library code raises the
-plain errors of :mod:`embnic.control.errors`; :func:`to_click` is the one place they become
-click errors and exit codes (docs/cli.md "Errors and exit codes"):
-
-- ``usage`` → ``click.UsageError`` (exit 2; shown as one line naming the command's ``--help``);
-- ``operational`` → ``click.ClickException`` (exit 1);
-- ``needs-root``, ``missing-dependency`` → ``click.ClickException`` with exit 2;
-- a cluster config that does not validate (:class:`~embnic.client_lib.config.ConfigError`) → exit 2.
-
-Every command's callback is wrapped once when the command is loaded (:func:`_map_errors`), so
-a usage error names the command that raised it. Click's usage errors — of its own parsing and
-of :func:`to_click` alike — are shown once, by the top-level group (:class:`OneLineUsageGroup`),
-as one line: ``Error: <message> (see 'embnic <cmd> --help')``, exit 2.
+Library errors become click errors and exit codes in one place, :func:`to_click`; usage errors are
+shown as one line by :class:`OneLineUsageGroup` (docs/cli.md "Errors and exit codes").
 """
 from __future__ import annotations
 
@@ -29,34 +18,28 @@ from embnic.control.errors import EXIT_CODES, MISSING_DEPENDENCY, USAGE, Control
 
 
 def to_click(e: Exception) -> click.ClickException:
-    """The click error (message and exit code) for a library error.
+    """The click error for a library error: ``click.UsageError`` (exit 2) for a
+    :class:`~embnic.control.errors.ControlError` of the ``usage`` category, else a
+    ``click.ClickException`` with the category's exit code; a
+    :class:`~embnic.client_lib.config.ConfigError` or
+    :class:`~embnic.client_lib.clib.NativeLibraryError` exits 2.
 
-    Args:
-        e: a :class:`~embnic.control.errors.ControlError` (by its ``category``), a
-            :class:`~embnic.client_lib.config.ConfigError` or a
-            :class:`~embnic.client_lib.clib.NativeLibraryError` (exit 2, as a missing dependency).
-    Returns:
-        ``click.UsageError`` for the ``usage`` category (exit 2), else a ``click.ClickException``
-        whose ``exit_code`` is the category's (1 operational; 2 needs-root, missing-dependency,
-        and a config file that does not validate).
     Raises:
-        TypeError: ``e`` is neither.
+        TypeError: ``e`` is none of these.
     """
     if isinstance(e, ControlError):
         if e.category == USAGE:
             return click.UsageError(e.message)
-        out = click.ClickException(e.message)
-        out.exit_code = e.exit_code
-        return out
-    if isinstance(e, ConfigError):
-        out = click.ClickException(str(e))
-        out.exit_code = 2
-        return out
-    if isinstance(e, NativeLibraryError):  # the package's C library not built or stale: its one line
-        out = click.ClickException(str(e))
-        out.exit_code = EXIT_CODES[MISSING_DEPENDENCY]
-        return out
-    raise TypeError(f"no CLI mapping for {type(e).__name__}")
+        message, code = e.message, e.exit_code
+    elif isinstance(e, ConfigError):
+        message, code = str(e), 2
+    elif isinstance(e, NativeLibraryError):  # the package's C library not built or stale
+        message, code = str(e), EXIT_CODES[MISSING_DEPENDENCY]
+    else:
+        raise TypeError(f"no CLI mapping for {type(e).__name__}")
+    out = click.ClickException(message)
+    out.exit_code = code
+    return out
 
 
 def _map_errors(cmd: click.Command) -> click.Command:
@@ -77,36 +60,17 @@ def _map_errors(cmd: click.Command) -> click.Command:
             _map_errors(sub)
     return cmd
 
-# (module, attribute) of every command or group; each module owns its nouns.
-_COMMANDS = (
-    ("embnic.cli.commands.config", "config"),
-    ("embnic.cli.commands.server", "server"),
-    ("embnic.cli.commands.train", "train"),
-    ("embnic.cli.commands.bench", "bench"),
-    ("embnic.cli.commands.pipeline", "pipeline"),
-    ("embnic.cli.commands.peers", "route"),
-    ("embnic.cli.commands.peers", "client"),
-    ("embnic.cli.commands.status", "status"),
-    ("embnic.cli.commands.state", "state"),
-    ("embnic.cli.commands.inspect", "inspect"),
-    ("embnic.cli.commands.testbed", "testbed"),
-    ("embnic.cli.commands.trace", "trace"),
-    ("embnic.cli.commands.trace", "replay"),  # alias of `trace replay`
-    ("embnic.cli.commands.demo", "demo"),
-    ("embnic.cli.commands.tables", "tables"),
-    ("embnic.cli.commands.dissector", "dissector"),
-    ("embnic.cli.commands.exporter", "exporter"),
-    ("embnic.cli.commands.plan", "plan"),
-)
+
+# every noun and the module that owns it (`replay` is `trace replay`)
+_OWNERS = {"route": "peers", "client": "peers", "replay": "trace"}
+_COMMANDS = {noun: f"embnic.cli.commands.{_OWNERS.get(noun, noun)}" for noun in (
+    "config", "server", "train", "bench", "pipeline", "route", "client", "status", "state", "inspect", "testbed",
+    "trace", "replay", "demo", "tables", "dissector", "exporter", "plan")}
 
 
 def one_line_usage_error(e: click.UsageError, fallback: str = "embnic") -> click.ClickException:
-    """``e`` as one line — ``<message> (see '<command path> --help')`` — with exit code 2.
-
-    Click shows a usage error as three lines (``Usage: ...``, ``Try '... --help' for help.``,
-    ``Error: ...``); the project's rule is one line that names the fix. ``fallback`` is the command
-    path to name when click gives the error no context (an option missing its value).
-    """
+    """``e`` as one line, ``<message> (see '<command path> --help')``, exit code 2 (click shows three).
+    ``fallback`` is the command path to name when click gives the error no context."""
     where = e.ctx.command_path if e.ctx is not None else fallback
     msg = e.format_message()
     if msg.endswith(".") and not msg.endswith(".."):
@@ -117,12 +81,8 @@ def one_line_usage_error(e: click.UsageError, fallback: str = "embnic") -> click
 
 
 class OneLineUsageGroup(click.Group):
-    """A group whose usage errors, and those of every command below it, are one line (exit 2).
-
-    Parsing the group's own options happens in :meth:`make_context`; a subcommand's parsing and
-    callback (nested groups included) in :meth:`invoke`. A group called without a subcommand
-    still prints its help (click's ``NoArgsIsHelpError``).
-    """
+    """A group whose usage errors, and those of every command below it, are one line (exit 2); called
+    without a subcommand it still prints its help (click's ``NoArgsIsHelpError``)."""
 
     def make_context(self, *args, **kwargs):
         try:
@@ -154,19 +114,13 @@ class _Group(OneLineUsageGroup):
     """Loads each command's module only when that command runs (fast ``--help``)."""
 
     def list_commands(self, ctx):
-        names = []
-        for mod, attr in _COMMANDS:
-            if importlib.util.find_spec(mod) is not None:
-                names.append(attr)
-        return sorted(names)
+        return sorted(noun for noun, mod in _COMMANDS.items() if importlib.util.find_spec(mod) is not None)
 
     def get_command(self, ctx, name):
-        for mod, attr in _COMMANDS:
-            if attr == name:
-                if importlib.util.find_spec(mod) is None:
-                    return None
-                return _map_errors(getattr(importlib.import_module(mod), attr))
-        return None
+        mod = _COMMANDS.get(name)
+        if mod is None or importlib.util.find_spec(mod) is None:
+            return None
+        return _map_errors(getattr(importlib.import_module(mod), name))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

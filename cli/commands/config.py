@@ -7,9 +7,9 @@ import json
 import click
 
 from embnic.client_lib import consts
-from embnic.client_lib.config import ClusterConfig, ConfigError
+from embnic.client_lib.config import ClusterConfig, ConfigError, load_config
 from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
-from embnic.cli.commands.options import FloatRange, ConfigFileError, json_option, load_cluster
+from embnic.cli.commands.options import FloatRange, json_option
 from embnic.control.settings import control_section
 from embnic.control.targets.base import PEER_KINDS, peers_from_config
 
@@ -107,11 +107,11 @@ def check(file, config_opt, strict, rate):
       embnic config check --rate 500000 examples/testbed.toml
     """
     path = _file_arg(file, config_opt)
-    cfg = load_cluster(path)
+    cfg = load_config(path)
     control_section(cfg)
     warns = card_warnings(cfg)
     if strict and warns:
-        raise ConfigFileError(f"{path}: {warns[0]}")
+        raise ConfigError("", warns[0], path)
     for w in warns:
         click.echo(f"warning: {path}: {w}", err=True)
     click.echo(f"{path}: ok")
@@ -139,7 +139,7 @@ def show(file, config_opt, as_json):
     Example:
       embnic config show --json examples/cluster.toml
     """
-    cfg = load_cluster(_file_arg(file, config_opt))
+    cfg = load_config(_file_arg(file, config_opt))
     if as_json:
         click.echo(json.dumps(_as_dict(cfg), indent=2, default=list))
         return

@@ -18,39 +18,12 @@ from typing import Callable
 
 import click
 
-from embnic.client_lib.config import ClusterConfig, ConfigError, host_ipv4_problem, is_multicast_mac, load_config
+from embnic.client_lib.config import host_ipv4_problem, is_multicast_mac
 from embnic.control.errors import UsageError
 from embnic.control.runstate import require_root
 from embnic.control.settings import DEFAULT_NAME, DEFAULT_TARGET, NAME_RE
 
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
-
-
-class ConfigFileError(click.ClickException):
-    """The cluster config given to a command is invalid (exit 2: fix the file)."""
-
-    exit_code = 2
-
-
-def load_cluster(path: str | os.PathLike) -> ClusterConfig:
-    """Load and validate the cluster config at ``path``.
-
-    Raises:
-        ConfigFileError: one line naming the file and the field (exit code 2).
-    """
-    try:
-        return load_config(path)
-    except ConfigError as e:
-        raise ConfigFileError(str(e)) from None
-
-
-@contextlib.contextmanager
-def config_errors():
-    """Turn a :class:`ConfigError` raised inside the block into :class:`ConfigFileError` (exit 2)."""
-    try:
-        yield
-    except ConfigError as e:
-        raise ConfigFileError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- param types
@@ -221,21 +194,21 @@ class FloatRange(click.FloatRange):
         return rv
 
 
-def config_option(required: bool = False) -> Callable:
-    """``--config/-c FILE`` (env ``EMBNIC_CONFIG``): the cluster config (docs/config.md)."""
-    help_ = "Cluster config (TOML, docs/config.md). Env: EMBNIC_CONFIG."
-    if required:
-        help_ += " Required."
+def config_option(required: bool = False, example: str | None = None) -> Callable:
+    """``--config/-c FILE`` (env ``EMBNIC_CONFIG``): the cluster config (docs/config.md). With ``example``
+    the command cannot run without it: none given is a usage error naming that example config."""
+
+    def check(ctx, param, value):
+        if value is not None and not str(value).strip():  # `-c ''` would read as the current directory
+            raise click.BadParameter("empty path; give the cluster config file, e.g. -c examples/cluster.toml",
+                                     ctx=ctx, param=param)
+        if value is None and example:
+            raise click.UsageError(f"--config FILE is required (or set EMBNIC_CONFIG); see {example}", ctx=ctx)
+        return value
+
+    help_ = "Cluster config (TOML, docs/config.md). Env: EMBNIC_CONFIG." + (" Required." if required or example else "")
     return click.option("--config", "-c", "config", metavar="FILE", envvar="EMBNIC_CONFIG",
-                        type=click.Path(dir_okay=False), default=None, help=help_, callback=_config_path)
-
-
-def _config_path(ctx, param, value):
-    """An empty ``-c ''`` is no file (it read as the current directory: "Is a directory")."""
-    if value is not None and not str(value).strip():
-        raise click.BadParameter("empty path; give the cluster config file, e.g. -c examples/cluster.toml",
-                                 ctx=ctx, param=param)
-    return value
+                        type=click.Path(dir_okay=False), default=None, help=help_, callback=check)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")

@@ -8,7 +8,7 @@ import time
 import click
 
 from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
-from embnic.cli.commands.options import (FloatRange, config_errors, config_option, ctl_option, json_option,
+from embnic.cli.commands.options import (FloatRange, config_option, ctl_option, json_option,
                                              name_option, target_option)
 from embnic.control.ctlsock import CtlClient, CtlError
 from embnic.control.errors import OperationalError
@@ -104,14 +104,12 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, 
             raise click.UsageError(f"--idle-us is an embnic-dp option (the dpdk target); the {s.target} target "
                                    "has no idle sleep: leave it out")
         s.card_args += ["--idle-us", str(idle_us)]
-    with config_errors():
-        opts = {}
-        if pci:
-            opts["pci"] = list(pci)
-        if no_hugepages:
-            opts["hugepages"] = False
-        t = open_target(s, lcores=lcores, ready_timeout=ready_timeout, **opts)
-        res = t.load(program=not no_program)
+    opts = {}
+    if pci:
+        opts["pci"] = list(pci)
+    if no_hugepages:
+        opts["hugepages"] = False
+    res = open_target(s, lcores=lcores, ready_timeout=ready_timeout, **opts).load(program=not no_program)
     info = res.get("info", {})
     plan = None
     if s.config is not None and info.get("state_size"):

@@ -7,9 +7,9 @@ import math
 
 import click
 
-from embnic.client_lib.config import MTU_LIMITS
+from embnic.client_lib.config import MTU_LIMITS, ConfigError, load_config
 from embnic.control import capacity as P
-from embnic.cli.commands.options import FloatRange, config_errors, config_option, json_option, load_cluster
+from embnic.cli.commands.options import FloatRange, config_option, json_option
 
 _HW = {f.name: f for f in dataclasses.fields(P.Hardware)}
 
@@ -36,7 +36,7 @@ def _hw_opt(name: str, help_: str):
 
 
 @click.command("plan")
-@config_option(required=True)
+@config_option(example="examples/testbed.toml")
 @click.option("--batch", type=click.IntRange(min=1, max=MAX_BATCH), default=4096, show_default=True,
               help="Samples per step of each client.")
 @click.option("--ids-per-feature", type=FloatRange(min=0, max=MAX_IDS_PER_FEATURE, min_open=True), default=1.0, show_default=True,
@@ -90,28 +90,27 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
       embnic plan -c examples/testbed.toml --batch 256 --data testbed/training/data/criteo_kaggle_train_sample.tsv
       embnic plan -c examples/plan-criteo1tb.toml --batch 8192 --unique-ratio 0.35 --steps-per-s 10 --json
     """
-    if config is None:
-        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
-    cfg = load_cluster(config)
+    cfg = load_config(config)
     over = {k: v for k, v in hw_over.items() if v is not None}
     if "shard_keys_per_s" in over and "disk_keys_per_s" not in over:  # the measured ratio, of the shard given
         over["disk_keys_per_s"] = P.DISK_KEYS_RATIO_MEASURED * over["shard_keys_per_s"]
     hw = dataclasses.replace(P.PROFILES[hardware], **over)
     n_clients = clients or max(1, len(cfg.clients))
     try:
-        with config_errors():
-            if data:
-                from embnic.testbed.training import criteo
-                from embnic.testbed.training.train import feature_tables
+        if data:
+            from embnic.testbed.training import criteo
+            from embnic.testbed.training.train import feature_tables
 
-                rows = [t.rows for t in cfg.tables] if len(cfg.tables) == criteo.NUM_SPARSE else None
-                d = criteo.load_criteo(data, rows=rows, max_rows=data_samples)
-                w = P.measure_workload(cfg, d.sparse, feature_tables(cfg, d.sparse.shape[1]), batch,
-                                       clients=n_clients, steps_per_s=steps_per_s, source=str(data))
-            else:
-                w = P.uniform_workload(cfg, batch, ids_per_feature=ids_per_feature, unique_ratio=unique_ratio,
-                                       clients=n_clients, steps_per_s=steps_per_s)
-            res = P.plan(cfg, w, hw, mtu=mtu)
+            rows = [t.rows for t in cfg.tables] if len(cfg.tables) == criteo.NUM_SPARSE else None
+            d = criteo.load_criteo(data, rows=rows, max_rows=data_samples)
+            w = P.measure_workload(cfg, d.sparse, feature_tables(cfg, d.sparse.shape[1]), batch,
+                                   clients=n_clients, steps_per_s=steps_per_s, source=str(data))
+        else:
+            w = P.uniform_workload(cfg, batch, ids_per_feature=ids_per_feature, unique_ratio=unique_ratio,
+                                   clients=n_clients, steps_per_s=steps_per_s)
+        res = P.plan(cfg, w, hw, mtu=mtu)
+    except ConfigError:  # exit 2 naming the field, as any config error
+        raise
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if as_json:

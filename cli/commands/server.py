@@ -6,13 +6,14 @@ import logging
 import click
 
 from embnic.control.errors import OperationalError
-from embnic.cli.commands.options import config_option, load_cluster
+from embnic.client_lib.config import load_config
+from embnic.cli.commands.options import config_option
 
 
 @click.command("server")
 @click.option("--shard", "shard_id", type=click.IntRange(0, 0xFFFF), required=True,
               help="Id of the shard to serve (one of the config's [[shards]]).")
-@config_option(required=True)
+@config_option(example="examples/cluster.toml")
 @click.option("--bind", default=None,
               help="IPv4 address to listen on (default: the shard's ip in the config).")
 @click.option("--port", type=int, default=None,
@@ -61,9 +62,7 @@ def server(shard_id, config, bind, port, dedup_window, workers, fixed_length, ch
       embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
       embnic server --shard 0 -c examples/cluster.toml --workers 2 --metrics-port 9465
     """
-    if config is None:
-        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
-    cfg = load_cluster(config)
+    cfg = load_config(config)
     from embnic.testbed.server.foreground import ServerOptionError, check_server_options
 
     try:  # the one set of checks, shared with python -m embnic.testbed.server

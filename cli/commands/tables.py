@@ -7,7 +7,8 @@ from typing import Callable
 
 import click
 
-from embnic.cli.commands.options import OutPath, config_option, json_option, load_cluster
+from embnic.client_lib.config import load_config
+from embnic.cli.commands.options import OutPath, config_option, json_option
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
 
@@ -54,14 +55,8 @@ def _tables_errors(os_message: Callable[[OSError], str]):
         raise OperationalError(os_message(e)) from None
 
 
-def _cfg(config):
-    if config is None:
-        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
-    return load_cluster(config)
-
-
 @tables.command("export")
-@config_option(required=True)
+@config_option(example="examples/cluster.toml")
 @click.option("--from", "src", type=click.Path(file_okay=False, exists=True), required=True,
               help="The shards' --checkpoint-dir (read as a restart would: latest checkpoint + log; nothing changes).")
 @click.option("--out", type=OutPath("file", "tables.safetensors"), required=True,
@@ -79,7 +74,7 @@ def export(config, src, out, layout):
     from embnic.testbed.server.durability import DurabilityError
     from embnic.testbed.server.tables_io import export_tables
 
-    cfg = _cfg(config)
+    cfg = load_config(config)
     with _tables_errors(lambda e: f"cannot write {out}: {e.strerror or e}"):
         try:
             rep = export_tables(cfg, src, out, layout)
@@ -89,7 +84,7 @@ def export(config, src, out, layout):
 
 
 @tables.command("import")
-@config_option(required=True)
+@config_option(example="examples/cluster.toml")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--into", "dst", type=OutPath("dir", "embnic-tables"), required=True,
               help="Directory to initialise, created if missing (DIR/shard-<id>/ckpt-0.npz per shard); serve with --restore DIR.")
@@ -104,7 +99,7 @@ def import_(config, file, dst, as_json):
     """
     from embnic.testbed.server.tables_io import import_tables
 
-    cfg = _cfg(config)
+    cfg = load_config(config)
     with _tables_errors(lambda e: f"{e.filename or file}: {e.strerror or e}"):
         rep = import_tables(cfg, file, dst)
     if as_json:

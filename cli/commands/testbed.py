@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from embnic.cli.commands.options import FloatRange, config_option, load_cluster, needs_root, pmd_option
+from embnic.cli.commands.options import FloatRange, config_option, needs_root, pmd_option
 from embnic.cli.commands.options import testbed_name_option as name_option
 from embnic.control.errors import OperationalError
 from embnic.control.netns import exec_argv
@@ -30,7 +30,7 @@ def testbed():
 
 
 @testbed.command("up")
-@config_option(required=True)
+@config_option(example="examples/testbed.toml")
 @name_option
 @click.option("--no-card", is_flag=True, help="Only namespaces, links and shards (no embnic-dp).")
 @click.option("--timeout", type=FloatRange(1, 600), default=20.0, show_default=True,
@@ -52,12 +52,10 @@ def up(config, name, no_card, timeout, as_json, pmd):
       sudo embnic testbed up -c examples/testbed.toml --name tb2
       sudo embnic testbed up -c examples/testbed.toml --pmd af_xdp   # the card on net_af_xdp
     """
-    if config is None:
-        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
-    from embnic.client_lib.config import ConfigError
+    from embnic.client_lib.config import ConfigError, load_config
     from embnic.testbed.net import topology as T
 
-    cfg = load_cluster(config)
+    cfg = load_config(config)
     try:
         topo = T.Topology.from_config(cfg, name, pmd=pmd)
     except ConfigError:

@@ -26,7 +26,7 @@ def trace():
 
 
 @trace.command("record")
-@config_option(required=True)
+@config_option(example="examples/testbed.toml")
 @click.option("--data", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Criteo TSV (Kaggle train.txt layout). Default: the sample shipped with embnic.")
 @click.option("--batches", "-k", type=click.IntRange(1, 10000), required=True,
@@ -50,8 +50,6 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
       sudo embnic trace record -c examples/testbed.toml --batches 4 --out out/t.pcap
       sudo embnic trace record -c examples/testbed.toml -k 10 --client 1 --out /tmp/c1.pcap
     """
-    if config is None:
-        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     from embnic.testbed.traces import trace as TR
 
     from embnic.testbed.training.criteo import CriteoFormatError
@@ -80,7 +78,7 @@ def _check_pcap(ctx, param, value):
 
 @trace.command("replay")
 @click.argument("pcap", type=click.Path(dir_okay=False, exists=True), callback=_check_pcap)
-@config_option(required=True)
+@config_option(example="examples/testbed.toml")
 @click.option("--rate", type=FloatRange(min=1), default=None, metavar="PPS",
               help="Total frames/s over all clients (default: the recorded timing).")
 @click.option("--topspeed", is_flag=True, help="As fast as tcpreplay can (overrides --rate).")
@@ -116,8 +114,6 @@ def replay_cmd(pcap, config, rate, topspeed, out, wait_s, name, force, progress,
       sudo embnic replay out/t.pcap -c other.toml --force   # not the config it was recorded with
       sudo embnic replay out/t.pcap -c examples/testbed.toml --target bmv2   # through the P4 card
     """
-    if config is None:
-        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/testbed.toml")
     from embnic.testbed.traces import trace as TR
 
     with sigterm_as_interrupt():

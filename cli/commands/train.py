@@ -7,9 +7,9 @@ import math
 
 import click
 
-from embnic.cli.commands.options import FloatRange, OutPath
+from embnic.client_lib.config import load_config
+from embnic.cli.commands.options import FloatRange, OutPath, config_option
 from embnic.control.errors import MissingDependencyError, OperationalError
-from embnic.cli.commands.options import config_option, load_cluster
 
 
 def _bind_error(e: OSError, me, config) -> str:
@@ -53,7 +53,7 @@ def _warn_if_trained(client, cfg, data, batch_size: int) -> tuple[int, int]:
 
 
 @click.command("train")
-@config_option(required=True)
+@config_option(example="examples/cluster.toml")
 @click.option("--data", "data_path", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Criteo TSV (Kaggle train.txt layout), plain or gzip/bzip2/xz. Default: the sample shipped "
                    "with embnic.")
@@ -90,10 +90,8 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
       embnic train -c examples/cluster.toml --steps 40
       embnic train -c examples/cluster.toml --steps 40 --model dlrm
     """
-    if config is None:
-        raise click.UsageError("--config FILE is required (or set EMBNIC_CONFIG); see examples/cluster.toml")
     run_train = _trainer(model)
-    cfg = load_cluster(config)
+    cfg = load_config(config)
     from embnic.client_lib.client import EmbnicError, EmbeddingClient
     from embnic.client_lib.local import LocalBackend
     from embnic.testbed.training.criteo import CriteoFormatError
