@@ -94,18 +94,9 @@ class TargetType(click.ParamType):
 
 
 class OutPath(click.ParamType):
-    """Where a command writes — one rule for every output option (docs/cli.md, "Output paths"):
-
-    - a **folder** (``kind="dir"``: ``demo``, ``trace replay``, ``bench --out``, ``tables import
-      --into``) is created with its parents when the command writes; it must not be a file, and
-      the nearest folder that exists must be writable;
-    - a **file** (``kind="file"``: ``trace record``, ``tables export``, ``dissector --out``,
-      ``train --json-out``) goes into a folder that must exist (nothing is created for it); it
-      must not be a folder. ``-`` is standard output where ``allow_dash``.
-
-    Each fault is a usage error (exit 2) naming the path and the fix, before the command does
-    anything. The value is returned as given (a string).
-    """
+    """Where a command writes, a folder (``kind="dir"``) or a file: one rule for every output option
+    (docs/cli.md, "Output paths"; :func:`out_path_problem`), each fault a usage error. ``-`` is standard
+    output where ``allow_dash``. The value is returned as given (a string)."""
 
     def __init__(self, kind: str, example: str = "out", allow_dash: bool = False):
         if kind not in ("dir", "file"):
@@ -127,14 +118,9 @@ class OutPath(click.ParamType):
 
 
 def out_path_problem(path: str | os.PathLike, kind: str, example: str = "out") -> str | None:
-    """What stops a command writing to ``path`` under :class:`OutPath`'s rule, or None.
-
-    Args:
-        path: the folder (``kind="dir"``) or file (``kind="file"``) to write.
-        example: a name for the message's example (``e.g. DIR/example``).
-    Returns:
-        one line naming the path and the fix, or None when the command may write there.
-    """
+    """One line naming the path and the fix when a command may not write to ``path``, else None: a folder
+    (``kind="dir"``) is created with its parents, so the nearest one that exists must be writable; a file's
+    folder must exist. ``example`` is a name for the message's example (``e.g. DIR/example``)."""
     p = Path(path)
     if kind == "file":
         if p.is_dir():
@@ -183,9 +169,8 @@ def _compose(*decorators: Callable) -> Callable:
 
 
 class FloatRange(click.FloatRange):
-    """``click.FloatRange`` that also refuses ``nan`` and ``inf``: click compares against the
-    bounds only, so ``nan`` passed every range (``--loss nan`` reached netem, ``--timeout nan``
-    a probe that never ends). Every float option of the CLI uses this type."""
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (click compares against the bounds only).
+    Every float option of the CLI uses this type."""
 
     def convert(self, value, param, ctx):
         rv = super().convert(value, param, ctx)

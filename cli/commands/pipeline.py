@@ -10,7 +10,7 @@ import click
 from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
 from embnic.cli.commands.options import (FloatRange, config_option, ctl_option, json_option,
                                              name_option, target_option)
-from embnic.control.ctlsock import CtlClient, CtlError
+from embnic.control.ctlsock import CtlClient
 from embnic.control.errors import OperationalError
 from embnic.control.runstate import pid_matches, read_state, state_path
 from embnic.control.settings import open_target, resolve
@@ -167,44 +167,6 @@ def unload(config, target, name, stop_timeout, as_json):
         click.echo(f"unloaded pipeline {s.name!r}: pid {res['pid']} stopped{ex}")
 
 
-def _status_other_target(s, as_json: bool) -> None:
-    """`pipeline status` of a pipeline on a target other than dpdk (bmv2): asks the target, not a socket.
-
-    Raises:
-        OperationalError: not loaded, its process is gone, or it does not answer (exit 1).
-    """
-    t = open_target(s)
-    st = t.state()
-    if st and st.get("corrupt"):
-        st = None
-    out = {"name": s.name, "state_file": str(state_path(s.run_dir, s.name)) if st else None, "state": st,
-           "ctl": (st or {}).get("ctl"), "running": bool(st) and pid_matches(st), "answers": False, "info": None}
-    if out["running"]:
-        try:
-            out["info"] = t.info()
-            out["answers"] = True
-        except OperationalError as e:
-            out["error"] = str(e)
-    if as_json:
-        click.echo(json.dumps(out, indent=2, default=str))
-        if not out["answers"]:
-            raise click.exceptions.Exit(1)
-        return
-    if not st:
-        raise OperationalError(f"pipeline {s.name!r} is not loaded: run `embnic pipeline load --target {s.target} "
-                               f"--config FILE{'' if s.name == 'embnic' else ' --name ' + s.name}`")
-    if not out["running"]:
-        raise OperationalError(f"pipeline {s.name!r} is not running: pid {st.get('pid')} is gone (see its log "
-                               f"{st.get('log')}); `embnic pipeline unload --name {s.name}` removes the stale state")
-    if not out["answers"]:
-        raise OperationalError(f"pipeline {s.name!r} runs (pid {st.get('pid')}) but {out.get('error')}")
-    up = time.time() - st.get("started", time.time())
-    click.echo(f"pipeline {s.name!r}: running ({describe_state(st)}, up {up:.0f}s)")
-    click.echo(f"  log {st.get('log')}")
-    ifaces = st.get("interfaces") or {}
-    click.echo(f"  ports {', '.join(f'{k}: {v}' for k, v in sorted(ifaces.items(), key=lambda kv: int(kv[0])))}")
-
-
 @pipeline.command("status")
 @config_option()
 @target_option
@@ -224,34 +186,38 @@ def status(config, target, name, ctl, as_json):
       embnic pipeline status -c examples/testbed.toml
     """
     s = resolve(config, target, name, ctl)
-    if s.target != "dpdk":
-        return _status_other_target(s, as_json)
-    st = read_state(s.run_dir, s.name)
-    path = s.ctl or (st or {}).get("ctl") or str(s.run_dir / f"{s.name}.sock")
+    dpdk = s.target == "dpdk"  # asked over its control socket; another target (bmv2) is asked itself
+    t = None if dpdk else open_target(s)
+    st = read_state(s.run_dir, s.name) if dpdk else t.state()
+    ok = bool(st) and not st.get("corrupt")
+    if not dpdk and not ok:
+        st = None
+    path = (s.ctl or (st or {}).get("ctl") or str(s.run_dir / f"{s.name}.sock")) if dpdk else (st or {}).get("ctl")
     out = {"name": s.name, "state_file": str(state_path(s.run_dir, s.name)) if st else None,
-           "state": st, "ctl": path, "running": False, "answers": False, "info": None}
-    if st and not st.get("corrupt"):
-        out["running"] = pid_matches(st)
+           "state": st, "ctl": path, "running": ok and pid_matches(st), "answers": False, "info": None}
     try:
-        owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
-        out["info"] = {k: v for k, v in CtlClient(path, timeout=2.0, owner=owner).call("info").items() if k != "ok"}
-        out["answers"] = True
-    except CtlError as e:
-        out["error"] = str(e.message)
+        if dpdk:
+            owner = st if ok and st.get("ctl") == path else None
+            out["info"] = {k: v for k, v in CtlClient(path, timeout=2.0, owner=owner).call("info").items() if k != "ok"}
+        elif out["running"]:
+            out["info"] = t.info()
+        out["answers"] = out["info"] is not None
+    except OperationalError as e:  # CtlError too
+        out["error"] = str(e)
     if as_json:
         click.echo(json.dumps(out, indent=2, default=str))
-    if not out["answers"]:
-        if as_json:
+        if not out["answers"]:
             raise click.exceptions.Exit(1)
-        if st and not st.get("corrupt") and not out["running"]:
+        return
+    if not out["answers"]:
+        if ok and not out["running"]:
             raise OperationalError(f"pipeline {s.name!r} is not running: pid {st.get('pid')} is gone (see its log "
                                    f"{st.get('log')}); `embnic pipeline unload --name {s.name}` removes the stale state")
-        if st and out["running"]:
+        if out["running"]:
             raise OperationalError(f"pipeline {s.name!r} runs (pid {st.get('pid')}) but {out.get('error')}")
-        raise OperationalError(f"pipeline {s.name!r} is not loaded: run `embnic pipeline load --config FILE"
+        raise OperationalError(f"pipeline {s.name!r} is not loaded: run `embnic pipeline load "
+                               f"{'' if dpdk else f'--target {s.target} '}--config FILE"
                                f"{'' if s.name == 'embnic' else ' --name ' + s.name}`")
-    if as_json:
-        return
     info = out["info"]
     if st:
         up = time.time() - st.get("started", time.time())
@@ -259,6 +225,10 @@ def status(config, target, name, ctl, as_json):
         click.echo(f"  log {st.get('log')}")
     else:
         click.echo(f"pipeline {s.name!r}: a card answers on {path} (no state file: not started by `pipeline load`)")
+    if not dpdk:
+        ifaces = st.get("interfaces") or {}
+        click.echo(f"  ports {', '.join(f'{k}: {v}' for k, v in sorted(ifaces.items(), key=lambda kv: int(kv[0])))}")
+        return
     b = info.get("build") or {}
     click.echo(f"  mode {info.get('mode', '?')}, lcores {info.get('lcores', '?')}, state lcores "
                f"{info.get('state_lcores', 1)}, protocol v{b.get('proto_version', '?')}, "
