@@ -9,8 +9,8 @@ Modules, a line each (lower ones first; none imports one above it):
 - ``stores``: each table's row store (the in-memory arena or the disk tier); ``shard-<id>`` directories.
 - ``durability``: the write-ahead log and checkpoints of a shard.
 - ``tables_io``: ``embnic tables export``/``import`` of every shard's rows.
-- ``peers``: the rows of ``--workers N`` worker processes and their sub-requests to each other.
-- ``state``: the shard's state and every protocol rule (``ShardState``: stores, window, log,
+- ``worker_hub``: the rows of ``--workers N`` worker processes and their sub-requests to each other.
+- ``shard_state``: the shard's state and every protocol rule (``ShardState``: stores, window, log,
   counters; header, table and gradient checks, exactly once, rows), held by the serving loop.
 - ``canswer``: the C intake and answer path (``csrc/intake.c``, ``answer.c``, ``store.c``,
   ``send.c``) through ctypes: header checks, grouping of fragments, lookups, reply frames, sending.

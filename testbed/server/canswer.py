@@ -11,7 +11,7 @@ message in one pass of searches over the shard's :class:`~embnic.client_lib.rows
 (read in place: its numpy arrays are handed over as pointers, refreshed when the store's
 ``version`` moves), the reply frames written into the transmit buffer. What it leaves (updates,
 errors, messages reassembled across wake-ups, polls, ...) the serving loop handles with the
-state's rules (:mod:`.engine`, :mod:`.state`); the fragments it groups by message
+state's rules (:mod:`.engine`, :mod:`.shard_state`); the fragments it groups by message
 (:meth:`CAnswer.whole`, ``embnic_shard_whole``), the lookups the loop reassembled it answers
 too (:meth:`CAnswer.lookups`), the replies the loop decides it frames (:meth:`CAnswer.add_spec`),
 and :meth:`CAnswer.send` sends the whole queue ordered by the datagram that completed each
@@ -37,7 +37,7 @@ import numpy as np
 from embnic.client_lib import clib, consts
 
 from . import udpio
-from .state import ShardState
+from .shard_state import ShardState
 
 _NF = len(consts.HEADER_FIELDS)
 
@@ -128,7 +128,7 @@ class CAnswer:
 
     Args:
         bs: the loop's :class:`~.udpio.BatchSocket` (its receive buffers are read in place).
-        state: the shard's :class:`~.state.ShardState` (the per-table arrays the checks read,
+        state: the shard's :class:`~.shard_state.ShardState` (the per-table arrays the checks read,
             the row store, the limits).
         serve: answer lookups in C (False: only checks, reply frames and sending in C).
 
@@ -344,7 +344,7 @@ class CAnswer:
     def add_spec(self, idx: int, name: bytes, msg_type: int, status: int, table_id: int, req,
                  body: np.ndarray | None) -> None:
         """Queue a reply the loop decided (its frames are built by :meth:`emit`) to request ``req``
-        (a :class:`~.state.Request` or a codec ``Header``: its ``client_id``, ``msg_id``,
+        (a :class:`~.shard_state.Request` or a codec ``Header``: its ``client_id``, ``msg_id``,
         ``num_tables``, ``num_keys`` and ``value_len`` are copied) of datagram ``idx`` from
         ``name`` (a ``sockaddr_in``); ``body`` a C-contiguous uint8 array or None."""
         k = self._nspec

@@ -401,7 +401,7 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
 
 
 class Durability:
-    """The log and checkpoints of one shard server (what :class:`~.state.ShardState` holds).
+    """The log and checkpoints of one shard server (what :class:`~.shard_state.ShardState` holds).
 
     Args:
         directory: ``--checkpoint-dir`` (the shard uses ``directory/shard-<id>``).

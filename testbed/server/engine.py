@@ -1,6 +1,6 @@
 """The shard's serving loop: many datagrams and messages per wake-up, in C where the rules allow.
 
-:class:`BatchShardServer` holds the shard's state and rules (:class:`~.state.ShardState`: the
+:class:`BatchShardServer` holds the shard's state and rules (:class:`~.shard_state.ShardState`: the
 stores, the exactly-once window, the log, the counters) and works per **wake-up**::
 
     poll ─▶ recvmmsg (≤ 256 datagrams into a preallocated (256, 65536) uint8 buffer)
@@ -11,7 +11,7 @@ stores, the exactly-once window, the log, the counters) and works per **wake-up*
             path, one by one (:meth:`.ShardState.take_frame`: one home for every header rule
             and drop reason)
          ─▶ the other frames reassembled per message (:class:`~.intake.Intake`)
-         ─▶ whole messages (:class:`~.state.Request`) checked with the state's rules, then the
+         ─▶ whole messages (:class:`~.shard_state.Request`) checked with the state's rules, then the
             rows of every table of all lookups of the wake-up in one search and one gather and
             one optimizer step for all its updates (:meth:`_flush_lookups` / :meth:`_flush_updates`)
          ─▶ every reply framed in C and sent with sendmmsg, multi-frame replies as UDP GSO
@@ -31,13 +31,13 @@ where the window takes it (:meth:`.ShardState.admit_update`) and :meth:`serve_ba
 the log with **one** ``fdatasync`` per wake-up before any ack of it leaves (:mod:`.durability`).
 Checkpoints are taken between wake-ups.
 
-**Parts it holds**: ``state`` (:class:`~.state.ShardState`), ``intake`` (reassembly across
+**Parts it holds**: ``state`` (:class:`~.shard_state.ShardState`), ``intake`` (reassembly across
 wake-ups), ``answer`` (the C answer path, :class:`~.canswer.CAnswer`: header checks, lookups,
-reply frames, sending) and, with ``--workers``, ``hub`` (:mod:`.peers`). Worker processes behind
+reply frames, sending) and, with ``--workers``, ``hub`` (:mod:`.worker_hub`). Worker processes behind
 one address: :mod:`.foreground`.
 
 **Seams.** Everything the answer path may take over goes through two calls on a queue of whole
-requests (:class:`~.state.Request`): :meth:`_flush_lookups` offers its lookups to ``answer.lookups`` first
+requests (:class:`~.shard_state.Request`): :meth:`_flush_lookups` offers its lookups to ``answer.lookups`` first
 (the C path answers what its rules allow and leaves the rest), and :meth:`_flush_updates` is
 where updates in C would be offered the same way (their window decision, checks, optimizer step,
 log record and ack), before the state's Python admission takes what is left; the one-frame
@@ -65,8 +65,8 @@ from embnic.client_lib.sockets import set_socket_buffers
 
 from . import canswer, udpio
 from .intake import CID, FC, FI, FLAGS, FL, FO, MID, ML, MT, NK, NT, Intake
-from .peers import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds, serve_sub_request
-from .state import REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, Request, ShardState
+from .worker_hub import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds, serve_sub_request
+from .shard_state import REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, Request, ShardState
 
 log = logging.getLogger("embnic.server")
 
@@ -84,13 +84,13 @@ class BatchShardServer:
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
         sock: an already bound UDP socket to serve (the ``--workers`` parent binds them);
             ``bind``/``port`` are then ignored.
-        worker: ``(index, N)``: this process is worker ``index`` of N (:mod:`.peers`): it holds
-            the rows :func:`~.peers.worker_of` gives it and asks the others for theirs.
+        worker: ``(index, N)``: this process is worker ``index`` of N (:mod:`.worker_hub`): it holds
+            the rows :func:`~.worker_hub.worker_of` gives it and asks the others for theirs.
         peer_socks: with N > 1, ``{other worker's index: this end of our stream socket pair}``.
         answer_path: what builds the answer path once the socket is open,
             ``answer_path(batch_socket, state, serve=...)``; default the C one,
             :class:`~.canswer.CAnswer` (tests plug in the numpy oracle they compare it with).
-        **state_kw: :class:`~.state.ShardState`'s options (``dedup_window``, ``checkpoint_dir``, ...).
+        **state_kw: :class:`~.shard_state.ShardState`'s options (``dedup_window``, ``checkpoint_dir``, ...).
 
     Raises:
         KeyError: ``shard_id`` is not in the config. ValueError: N > 1 with a write-ahead log
@@ -297,7 +297,7 @@ class BatchShardServer:
         ``c-frames`` when it only checks, frames and sends), system calls and GSO sends,
         multi-fragment messages gathered whole from one wake-up (``messages_whole``), lookups
         answered by the answer path (``answered_in_c``; straight from the receive buffer:
-        ``answered_from_rx``); for a worker of several (:mod:`.peers`) also its index, the rows
+        ``answered_from_rx``); for a worker of several (:mod:`.worker_hub`) also its index, the rows
         it holds per table (``rows_held``) and its sub-request counts."""
         c = self.state.counters()
         rs = self.intake.stats
@@ -399,7 +399,7 @@ class BatchShardServer:
             self._messages(self.intake.messages(seg, cols, p))
 
     def _frame_reply(self, h, msg_type: int, status: int, table_id: int, body: bytes) -> None:
-        """The one-frame path's replies (:data:`.state.ReplySink`), in the place of its datagram."""
+        """The one-frame path's replies (:data:`.shard_state.ReplySink`), in the place of its datagram."""
         self.answer.add_spec(self._cur[0], self._cur[1], msg_type, status, table_id, h,
                              np.frombuffer(body, np.uint8) if body else None)
 
@@ -545,7 +545,7 @@ class BatchShardServer:
 
     def _lookup_bodies_workers(self, ok: list) -> list[np.ndarray]:
         """As :meth:`_lookup_bodies` with worker processes: per table one part for every owner,
-        one exchange per peer for every table (:meth:`~.peers.PeerHub.lookup_many`)."""
+        one exchange per peer for every table (:meth:`~.worker_hub.PeerHub.lookup_many`)."""
         bodies = [np.empty(r.value_len, np.uint8) for r, _ in ok]
         segs_of: dict[int, list[tuple[int, int]]] = {}
         for j, (_, rb) in enumerate(ok):
@@ -592,7 +592,7 @@ class BatchShardServer:
         """Apply the admitted updates ``apply`` (``(index into q, gradients float32 flat)``, arrival
         order): the one place a wake-up changes rows. Every message's segments in one
         :meth:`.ShardState.rows_apply`; with workers each owner applies its share of every
-        segment (:meth:`~.peers.PeerHub.apply_many`)."""
+        segment (:meth:`~.worker_hub.PeerHub.apply_many`)."""
         if self.hub is None:
             tids, counts, keys = self._concat([q[j] for j, _ in apply])
             flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
@@ -620,7 +620,7 @@ class BatchShardServer:
 
 
 class _OneFrame:
-    """The serving loop's intake as the one-frame path's :class:`~.state.Assembly`: the frame
+    """The serving loop's intake as the one-frame path's :class:`~.shard_state.Assembly`: the frame
     :meth:`.ShardState.take_frame` took is datagram ``idx`` of the wake-up, whose header fields
     it gives (so reassembly exists once in the loop, whichever path a frame came by)."""
 

@@ -4,7 +4,7 @@
 of a shard process, STYLE.md): the serving loop (:class:`~.engine.BatchShardServer`) in this
 process, or in ``--workers N`` forked worker processes behind one address — a ``SO_REUSEPORT`` group whose classic BPF program (:func:`steering_program`) sends
 every message to its home worker (:func:`home_of`; the rows split over the workers,
-:mod:`.peers`). Also the lines such a process writes: :data:`LOG_FORMAT`, the listening line's
+:mod:`.worker_hub`). Also the lines such a process writes: :data:`LOG_FORMAT`, the listening line's
 :func:`describe`, :func:`bind_error_message`. Threads of this process: :mod:`.runner`.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def steering_program(workers: int) -> bytes:
     ``too_short``). Every fragment of a message and every retransmission carries the same client
     and message id, so they all reach the same home, which reassembles it, keeps it in its
     exactly-once window and serves every table of it (protocol v2: one message, several tables;
-    the rows of every table are reached through :class:`~.peers.SplitTable`).
+    the rows of every table are reached through :class:`~.worker_hub.SplitTable`).
 
     Returns:
         the ``struct sock_fprog`` filter array (7 instructions of 8 bytes).
@@ -302,8 +302,8 @@ def run_workers(cfg: ClusterConfig, shard_id: int, ip: str, port: int, *, worker
     """Serve one shard in ``workers`` (> 1) forked worker processes behind one address until
     SIGTERM/SIGINT.
 
-    **Workers** (:mod:`.peers`). The rows of every table are split over the workers by id
-    range (contiguous slices of the hash space, :func:`~.peers.worker_of`); each worker holds
+    **Workers** (:mod:`.worker_hub`). The rows of every table are split over the workers by id
+    range (contiguous slices of the hash space, :func:`~.worker_hub.worker_of`); each worker holds
     only its own. The address is bound ``workers`` times with ``SO_REUSEPORT``; a classic BPF
     program (:func:`steering_program`) sends every datagram to worker
     ``(client_id + msg_id) % workers``, the message's home, which reassembles and answers it —
@@ -388,7 +388,7 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
     this process or in ``workers`` worker processes behind one address (:func:`run_workers`).
 
     Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
-    With ``checkpoint_dir`` (``**kwargs``: :class:`~.state.ShardState`'s options) SIGUSR1 writes
+    With ``checkpoint_dir`` (``**kwargs``: :class:`~.shard_state.ShardState`'s options) SIGUSR1 writes
     a checkpoint.
 
     Args:

@@ -8,7 +8,7 @@ an int64 ``(n, len(HEADER_FIELDS))`` array, named by :data:`consts.HEADER_COLUMN
 <embnic.client_lib.consts.HEADER_COLUMN>`, the one field table) and :meth:`~Intake.messages`
 copies fragments into one preallocated buffer per message (:meth:`~Intake.whole` for the
 messages whose every fragment came in the wake-up, :meth:`~Intake.reassemble` for the others,
-across wake-ups) and returns the whole ones as :class:`~.state.Request` — the one form a
+across wake-ups) and returns the whole ones as :class:`~.shard_state.Request` — the one form a
 request's header takes from there on; an update poll's frame goes to :meth:`~Intake.poll`.
 
 Reassembly memory: a message's buffer (``frag_count × P`` bytes) is allocated when its first
@@ -28,7 +28,7 @@ from embnic.client_lib.consts import HEADER_COLUMN as COL
 from embnic.client_lib.reassembly import AGREE_FIELDS
 
 from . import udpio
-from .state import Request
+from .shard_state import Request
 
 MT, MID, CID, SID, NT, NK, VL, ML = (COL[f] for f in ("msg_type", "msg_id", "client_id", "shard_id", "num_tables",
                                                        "num_keys", "value_len", "msg_len"))
@@ -102,7 +102,7 @@ class Intake:
         return len(self._pend)
 
     def request(self, r: int, cols: np.ndarray, name: bytes, body=None, last_offset: int = 0) -> Request:
-        """Frame ``r``'s message as a :class:`~.state.Request` (its header's fields)."""
+        """Frame ``r``'s message as a :class:`~.shard_state.Request` (its header's fields)."""
         return Request(r, name, *(int(cols[r, j]) for j in _INFO), last_offset, body)
 
     def messages(self, good: np.ndarray, cols: np.ndarray, p: np.ndarray) -> list[Request]:
@@ -133,7 +133,7 @@ class Intake:
         return out
 
     def poll(self, r: int, cols: np.ndarray, p: np.ndarray) -> tuple[list[Request], list[int] | None]:
-        """Frame ``r``, an update poll (:func:`.state.is_poll`), fed to its message like any fragment.
+        """Frame ``r``, an update poll (:func:`.shard_state.is_poll`), fed to its message like any fragment.
 
         Returns:
             (the message it completes, as :meth:`messages` gives it, or ``[]``; when it completes

@@ -4,7 +4,7 @@ every shard of a config (:class:`ServerCluster`).
 What tests, the benchmarks and in-process clusters use. A shard as a process of its own
 (``embnic server``, ``python -m embnic.testbed.server``) is run by
 :func:`~.foreground.run_server`. The serving loop is :class:`~.engine.BatchShardServer` (its state
-and rules: :mod:`.state`).
+and rules: :mod:`.shard_state`).
 """
 from __future__ import annotations
 

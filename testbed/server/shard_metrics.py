@@ -2,7 +2,7 @@
 
 The shard counts as it always does — in its counters, on the serving thread — and the metrics
 endpoint reads them at scrape time: :class:`ShardCollector` calls a ``read()`` that returns the
-shard's :meth:`~embnic.testbed.server.state.ShardState.counters` (taken on the serving thread
+shard's :meth:`~embnic.testbed.server.shard_state.ShardState.counters` (taken on the serving thread
 between wake-ups, or, for a ``--workers N`` shard, every worker's, summed by the parent,
 :func:`~embnic.testbed.server.foreground.run_workers`), and :func:`shard_families` turns them into
 metric families. The data path pays for one counter increment per reply and one histogram

@@ -1,8 +1,8 @@
 """The exactly-once window of a shard: every update it acknowledged, remembered by
 ``(client_id, msg_id)`` *and* fingerprint (docs/protocol.md, "Reliability").
 
-One implementation (held by the shard's :class:`~.state.ShardState`, which admits updates and
-answers polls through it: :meth:`~.state.ShardState.admit_update`, :meth:`~.state.ShardState.poll_reply`),
+One implementation (held by the shard's :class:`~.shard_state.ShardState`, which admits updates and
+answers polls through it: :meth:`~.shard_state.ShardState.admit_update`, :meth:`~.shard_state.ShardState.poll_reply`),
 for ``--workers`` (each worker's window) and for durability (the log and checkpoints restore it,
 :mod:`.durability`). The C intake and answer path (``dataplane/shard/``) never decides an update.
 

@@ -2,7 +2,7 @@
 
 One datagram at a time on an asyncio loop, every message served on its own — the shortest
 reading of docs/server.md's rules, all of which it takes from the shard's one
-:class:`~embnic.testbed.server.state.ShardState` (the frame rules, the body and table checks,
+:class:`~embnic.testbed.server.shard_state.ShardState` (the frame rules, the body and table checks,
 exactly once, the rows). Production serves with :class:`~embnic.testbed.server.engine.BatchShardServer`
 (many datagrams per wake-up, the C answer path); the tests run both on the same frames and
 compare every reply byte, counter and row (``test_server_engine.py``, ``test_server.py``, ...).
@@ -32,7 +32,7 @@ from embnic.client_lib.consts import MsgType, Status
 from embnic.client_lib.reassembly import Message, Reassembler
 from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.testbed.server.engine import BatchShardServer
-from embnic.testbed.server.state import (MAX_MSG_LEN, REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, ShardState,
+from embnic.testbed.server.shard_state import (MAX_MSG_LEN, REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, ShardState,
                                          last_fragment_offset)
 
 
@@ -44,7 +44,7 @@ class _Protocol(asyncio.DatagramProtocol):
         self.server.transport = transport
 
     def datagram_received(self, data, addr):
-        st = self.server.state
+        st = self.server.shard_state
         before = sum(st.replies.values())
         t0 = time.monotonic_ns()
         self.server.handle_datagram(data, addr)
@@ -54,7 +54,7 @@ class _Protocol(asyncio.DatagramProtocol):
 
     def error_received(self, exc):
         # ICMP errors for earlier sends (e.g. a client that went away): count, keep serving
-        self.server.state.counts["send_errors"] += 1
+        self.server.shard_state.counts["send_errors"] += 1
 
 
 class ReferenceShard:
@@ -62,7 +62,7 @@ class ReferenceShard:
 
     Args:
         cfg, shard_id, bind, port: as :class:`~embnic.testbed.server.engine.BatchShardServer`.
-        **state_kw: :class:`~embnic.testbed.server.state.ShardState`'s options.
+        **state_kw: :class:`~embnic.testbed.server.shard_state.ShardState`'s options.
     """
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None,

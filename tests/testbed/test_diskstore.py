@@ -40,7 +40,7 @@ from embnic.testbed.server import disktable as DT  # noqa: E402
 from embnic.testbed.server import durability as D  # noqa: E402
 from embnic.testbed.server import tables_io as TIO  # noqa: E402
 from embnic.testbed.server.runner import ServerCluster, ServerThread  # noqa: E402
-from embnic.testbed.server.state import ShardState  # noqa: E402
+from embnic.testbed.server.shard_state import ShardState  # noqa: E402
 from embnic.testbed.server.stores import StoreSetupError  # noqa: E402
 
 from test_durability import _send_all, _state_equal  # noqa: E402
@@ -361,7 +361,7 @@ def test_a_checkpoint_moves_between_the_stores(tmp_path):
         want = st.state_dict()
     with ServerThread(disk, 0, restore=str(tmp_path / "b"), checkpoint_dir=str(tmp_path / "c")) as st:
         got = st.state_dict()
-        assert isinstance(st.server.state.tables[0], DT.DiskTable)
+        assert isinstance(st.server.shard_state.tables[0], DT.DiskTable)
     _state_equal(got, want)
 
 
@@ -497,7 +497,7 @@ def test_missing_rocksdict_is_one_line_naming_the_extra(tmp_path):
 
 def test_the_client_library_never_loads_rocksdict():
     code = ("import sys, embnic.client_lib.client, embnic.client_lib.local, embnic.client_lib.config, "
-            "embnic.testbed.server.state, embnic.testbed.server.engine; "
+            "embnic.testbed.server.shard_state, embnic.testbed.server.engine; "
             "assert 'rocksdict' not in sys.modules, 'imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -20,7 +20,7 @@ from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.rowstore import TableShard
 from embnic.testbed.server import durability as D
 from embnic.testbed.server.runner import ServerThread
-from embnic.testbed.server.state import ShardState
+from embnic.testbed.server.shard_state import ShardState
 
 from reference_shard import engine_kw
 from test_server import Raw, make_cfg, multi_update_frames
@@ -109,7 +109,7 @@ def test_checkpoint_file_is_documented_npz(tmp_path):
     ups = _updates(cfg, 4)
     with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
         _send_all(st, cfg, ups)
-        path = st.call(st.server.state.checkpoint)
+        path = st.call(st.server.shard_state.checkpoint)
         state = st.state_dict()
     with np.load(path) as z:  # plain numpy, no pickle
         meta = json.loads(bytes(z["meta"]).decode())
@@ -262,7 +262,7 @@ def test_fresh_start_refuses_a_used_directory_and_other_shards_checkpoint(tmp_pa
     cfg = make_cfg()
     with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
         _send_all(st, cfg, _updates(cfg, 1))
-        st.call(st.server.state.checkpoint)
+        st.call(st.server.shard_state.checkpoint)
     with pytest.raises(D.DurabilityError, match="--restore"):
         ShardState(cfg, 0, checkpoint_dir=str(tmp_path))
     (tmp_path / "shard-1").mkdir()

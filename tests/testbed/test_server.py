@@ -33,7 +33,7 @@ from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.table_numerics import init_rows
 from embnic.cli.main import cli
 from embnic.testbed.server.runner import ServerCluster, ServerThread
-from embnic.testbed.server.state import ShardState, gradient_bound
+from embnic.testbed.server.shard_state import ShardState, gradient_bound
 
 from reference_shard import ReferenceShard, engine_kw
 

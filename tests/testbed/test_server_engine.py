@@ -25,7 +25,7 @@ from embnic.client_lib.rowstore import TableShard, shared_tables
 from embnic.testbed.server import canswer, udpio
 from embnic.testbed.server.engine import BatchShardServer
 from embnic.testbed.server.runner import ServerThread
-from embnic.testbed.server.state import ShardState
+from embnic.testbed.server.shard_state import ShardState
 
 from reference_shard import engine_kw
 from shard_oracle import NumpyAnswer
@@ -735,7 +735,7 @@ def test_workers_behind_one_address_equal_local_backend(tmp_path):
     assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
     assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
                                 "2": ref.state_dict()[2][0].size}
-    from embnic.testbed.server.peers import worker_of
+    from embnic.testbed.server.worker_hub import worker_of
 
     for w in counters["workers"]:  # each worker holds its id range's rows, and only those
         assert w["rows_held"] == {str(t): int(np.count_nonzero(worker_of(t, ks, 2) == w["worker"]))
@@ -809,7 +809,7 @@ def test_worker_of_splits_the_hash_space_into_contiguous_slices():
     """worker_of = floor(hi32(splitmix64((t << 48) ^ k)) * N / 2^32): independent of the shard
     (the low bits), every worker gets about 1/N of the keys, N = 1 is worker 0."""
     from embnic.client_lib.splitmix import splitmix64
-    from embnic.testbed.server.peers import worker_of
+    from embnic.testbed.server.worker_hub import worker_of
 
     keys = np.arange(40000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     for t, n in ((0, 2), (7, 3)):

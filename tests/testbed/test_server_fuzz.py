@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from embnic.client_lib import codec, consts
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.routing import owns
-from embnic.testbed.server.state import SERVER_DROP_REASONS
+from embnic.testbed.server.shard_state import SERVER_DROP_REASONS
 
 from reference_shard import ReferenceShard
 

@@ -15,7 +15,7 @@
  * directory adds up and every table is known, of the right dim and dtype,
  * held in the shard's row store, and every key in range and this shard's.
  * Anything else is left to the serving loop (which answers it with the
- * state's rules, testbed/server/state.py: one home for every error), and so is everything after
+ * state's rules, testbed/server/shard_state.py: one home for every error), and so is everything after
  * that first other frame, so a lookup always sees exactly the updates that
  * came before it.
  */
