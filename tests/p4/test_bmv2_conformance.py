@@ -13,10 +13,11 @@ import pytest
 
 from conformance import Suite, check_outputs
 from embnic.client_lib import consts
-from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+import bmv2_pcap
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 from embnic.control.targets.base import Peer
 from embnic.control.targets import p4program as p4prog
+import p4ref
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -98,7 +99,7 @@ def test_state_map_tracked(run):
     assert {"entries": len(st), "by_state": by} == run["suite"].expected_state()
     assert {(e["client_id"], e["msg_id"]) for e in st} == set(model.entries)
     for e in st:
-        assert e["slot"] == bmv2_runtime.state_slot(e["client_id"], e["msg_id"])
+        assert e["slot"] == p4ref.state_slots(e["client_id"], e["msg_id"])
         m = model.entries[(e["client_id"], e["msg_id"])]
         assert e["shard_id"] == m["shard"] and e["frag_count"] == m["n_in"]
         # the request's v2 header as the card recorded it (a LOOKUP_REPLY's length is checked

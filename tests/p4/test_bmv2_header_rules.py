@@ -26,11 +26,13 @@ from scapy.packet import Raw
 
 from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import DType, MsgType
-from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+import bmv2_pcap
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 from embnic.control.targets.base import Peer
 from embnic.control.targets.dpdk.process import DpdkProcError, build_card
+import p4ref
 from test_header_rules import broken, cparse  # noqa: F401  (cparse: the fixture, parse.c via ctypes)
+import clientref
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -82,7 +84,7 @@ def known_faults() -> list[bytes]:
     r = codec.unpack_header(reply)
     (nack,) = codec.encode_reply(h, MsgType.UPDATE_NACK, shard_id=SHARD.id, body=bytes(consts.NACK_LEN))
     k = codec.unpack_header(nack)
-    size = codec.encode_size(entries=np.zeros(2, codec.SIZE_ENTRY_DTYPE), msg_id=1, client_id=CLIENT.id,
+    size = clientref.encode_size(entries=np.zeros(2, codec.SIZE_ENTRY_DTYPE), msg_id=1, client_id=CLIENT.id,
                              shard_id=SHARD.id)[0]
     z = codec.unpack_header(size)
     return [good, reply, nack, size,
@@ -101,7 +103,7 @@ def unique_slot_ids(n: int) -> list[int]:
     """``n`` msg_ids of client 1 whose state-map slots all differ."""
     ids, slots, m = [], set(), 1
     while len(ids) < n:
-        s = bmv2_runtime.state_slot(CLIENT.id, m)
+        s = p4ref.state_slots(CLIENT.id, m)
         if s not in slots:
             slots.add(s)
             ids.append(m)

@@ -11,17 +11,18 @@ import pytest
 
 from embnic.control.targets.bmv2 import switch as bmv2
 
-from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+import bmv2_pcap
 
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 from embnic.control.targets.base import Peer
+import p4ref
 
 
 def test_table_commands_route_client_allowlist():
-    cmds = bmv2_runtime.table_commands([bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.1.1.1")],
-                                       [Peer("shard", 0, 1, "02:00:00:00:02:00", "10.1.1.10", 7878),
-                                        Peer("client", 2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
-                                       state_timeout_us=250000)
+    cmds = bmv2_runtime.card_program([bmv2_runtime.CardPortAddr(1, "02:cc:00:00:00:01", "10.1.1.1")],
+                                     [Peer("shard", 0, 1, "02:00:00:00:02:00", "10.1.1.10", 7878),
+                                      Peer("client", 2, 1, "02:00:00:00:01:02", "10.1.1.2", 40002)],
+                                     state_timeout_us=250000).cli_commands()
     # values in decimal (the runtime CLI takes ints for MACs and IPv4 addresses too): the same
     # entries the P4Runtime channel writes (CardProgram.entries)
     mac_c, ip_c = 0x02cc00000001, 0x0a010101
@@ -61,16 +62,16 @@ def test_parse_cli_output():
 
 
 def test_state_slot_is_zlib_crc32_of_the_key():
-    assert bmv2_runtime.state_slot(1, 1001, 4096) == zlib.crc32(struct.pack(">HI", 1, 1001)) % 4096
+    assert p4ref.state_slots(1, 1001, 4096) == zlib.crc32(struct.pack(">HI", 1, 1001)) % 4096
     c = np.array([0, 1, 65535], dtype=np.uint16)
     m = np.array([0, 1001, 0xFFFFFFFF], dtype=np.uint32)
-    got = bmv2_runtime.state_slot(c, m, 4096)
+    got = p4ref.state_slots(c, m, 4096)
     assert got.tolist() == [zlib.crc32(struct.pack(">HI", int(a), int(b))) % 4096 for a, b in zip(c, m)]
-    assert bmv2_runtime.state_slot(65535, 0xFFFFFFFF) < 4096
+    assert p4ref.state_slots(65535, 0xFFFFFFFF) < 4096
     with pytest.raises(ValueError, match="16 bits"):
-        bmv2_runtime.state_slot(65536, 1)
+        p4ref.state_slots(65536, 1)
     with pytest.raises(ValueError, match="shape"):
-        bmv2_runtime.state_slot(np.zeros(2), np.zeros(3))
+        p4ref.state_slots(np.zeros(2), np.zeros(3))
 
 
 def test_missing_tool_names_it_and_how(monkeypatch):

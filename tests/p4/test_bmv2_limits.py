@@ -24,9 +24,10 @@ from scapy.packet import Raw
 from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import DType, MsgType, UDP_PORT
 from embnic.client_lib.protocol import Embnic
-from embnic.control.targets.bmv2 import pcap_files as bmv2_pcap
+import bmv2_pcap
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
 from embnic.control.targets.base import Peer
+import p4ref
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -176,7 +177,7 @@ def test_the_answered_message_was_freed_and_the_open_one_holds_its_slot(run):
     assert sorted((e["client_id"], e["msg_id"], e["state"]) for e in st) == [(65535, 9, "forwarded"),
                                                                           (65535, 41, "forwarded")]
     st = [e for e in st if e["msg_id"] == 9]
-    assert st[0]["slot"] == bmv2_runtime.state_slot(65535, 9)
+    assert st[0]["slot"] == p4ref.state_slots(65535, 9)
     assert st[0]["num_tables"] == 1 and st[0]["num_keys"] == 2 and st[0]["value_len"] == 2 * ROW
     assert st[0]["msg_len"] == consts.expected_msg_len(MsgType.UPDATE_REQ, 1, 2, 2 * ROW)
     assert run["run"].counters["completed"] == {"LOOKUP_REPLY": 2, "UPDATE_ACK": 0, "ERROR": 1,

@@ -16,20 +16,21 @@ import pytest
 
 from embnic.client_lib import consts
 from embnic.control.targets import p4program as p4prog
+import p4ref
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_embnic_header_matches_python():
-    assert p4prog.header_fields("embnic_t") == consts.HEADER_FIELDS
-    fields = p4prog.header_fields("embnic_t")
+    assert p4ref.header_fields("embnic_t") == consts.HEADER_FIELDS
+    fields = p4ref.header_fields("embnic_t")
     assert fields[-1][1] + fields[-1][2] == consts.HDR_LEN
 
 
 def test_l2_l3_l4_header_sizes():
     """Ethernet 14, ARP (IPv4 over Ethernet) 28, IPv4 without options 20, UDP 8 bytes."""
     def size(h):
-        f = p4prog.header_fields(h) if h != "ipv4_t" else None
+        f = p4ref.header_fields(h) if h != "ipv4_t" else None
         return f[-1][1] + f[-1][2] if f else None
     assert size("ethernet_t") == consts.ETH_HDR_LEN
     assert size("arp_t") == 28
@@ -37,7 +38,7 @@ def test_l2_l3_l4_header_sizes():
     # ipv4_t has sub-byte fields: sum the widths
     text = p4prog.strip_comments((p4prog.P4_DIR / "headers.p4").read_text())
     body = re.search(r"header\s+ipv4_t\s*\{(.*?)\}", text, re.S).group(1)
-    widths = p4prog.typedef_widths()
+    widths = p4ref.typedef_widths()
     bits = sum(int(w) if w else widths[t] for t, w in re.findall(r"(bit<(\d+)>|\w+)\s+\w+\s*;", body))
     assert bits == consts.IPV4_HDR_LEN * 8
 
@@ -49,11 +50,11 @@ def test_field_width_mismatch_is_caught(tmp_path, monkeypatch):
     (tmp_path / "headers.p4").write_text(src)
     (tmp_path / "types.p4").write_text((p4prog.P4_DIR / "types.p4").read_text())
     monkeypatch.setattr(p4prog, "P4_DIR", tmp_path)
-    p4prog.typedef_widths.cache_clear()
+    p4ref.typedef_widths.cache_clear()
     try:
-        fields = p4prog.header_fields("embnic_t")
+        fields = p4ref.header_fields("embnic_t")
     finally:
-        p4prog.typedef_widths.cache_clear()
+        p4ref.typedef_widths.cache_clear()
     assert fields != consts.HEADER_FIELDS
     assert ("num_keys", 20, 3) in fields
 
@@ -136,7 +137,7 @@ def test_sizes_are_powers_of_two():
 
 def test_missing_header_is_a_clear_error():
     with pytest.raises(p4prog.P4SourceError, match="no header nope_t"):
-        p4prog.header_fields("nope_t")
+        p4ref.header_fields("nope_t")
 
 
 def test_both_architectures_include_the_same_common_files():
@@ -180,16 +181,16 @@ def test_state_slot_per_architecture():
     import struct
     import zlib
 
-    assert p4prog.state_slot(1, 1001) == zlib.crc32(bytes([0, 1, 0, 0, 3, 0xE9])) % 4096
+    assert p4ref.state_slot(1, 1001) == zlib.crc32(bytes([0, 1, 0, 0, 3, 0xE9])) % 4096
     # the CRC-32C check value (RFC 3720) from the raw function: init ~0, final XOR ~0
-    assert p4prog.crc32c_raw(b"123456789", 0xFFFFFFFF) ^ 0xFFFFFFFF == 0xE3069283
-    assert p4prog.state_slot(1, 1001, arch="pna") == p4prog.crc32c_raw(struct.pack("<HI", 1, 1001)) >> 20
+    assert p4ref.crc32c_raw(b"123456789", 0xFFFFFFFF) ^ 0xFFFFFFFF == 0xE3069283
+    assert p4ref.state_slot(1, 1001, arch="pna") == p4ref.crc32c_raw(struct.pack("<HI", 1, 1001)) >> 20
     # the top bits: consecutive msg_ids of a client spread over the slots (the low 12 bits of this
     # CRC reach exactly half of them: 2048)
     c = p4prog.constants()
     assert c["STATE_SLOTS"] == 1 << c["STATE_SLOT_BITS"]
-    assert len({p4prog.state_slot(1, m, arch="pna") for m in range(1000, 5096)}) > 4000
-    assert len({p4prog.crc32c_raw(struct.pack("<HI", 1, m)) & 4095 for m in range(1000, 5096)}) == 2048
-    assert p4prog.state_slot(1, 1001, arch="pna") != p4prog.state_slot(1, 1001)
+    assert len({p4ref.state_slot(1, m, arch="pna") for m in range(1000, 5096)}) > 4000
+    assert len({p4ref.crc32c_raw(struct.pack("<HI", 1, m)) & 4095 for m in range(1000, 5096)}) == 2048
+    assert p4ref.state_slot(1, 1001, arch="pna") != p4ref.state_slot(1, 1001)
     with pytest.raises(ValueError, match="unknown architecture"):
-        p4prog.state_slot(1, 1, arch="tna")
+        p4ref.state_slot(1, 1, arch="tna")

@@ -18,6 +18,7 @@ from embnic.client_lib import consts
 from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.base import Peer
 from embnic.control.targets.p4dpdk.target import SwxProcess
+import p4ref
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -33,7 +34,7 @@ TARGET_DIFFERENCES = {
              "they came in: the order is kept per message (and for the ARP replies of a port), as on "
              "the C card with its state map split over lcores (check_outputs order='message')",
     "slot": "the state map is direct-mapped with two ways: a message is in its home slot "
-            "(p4prog.state_slot) or, when another message holds that, in the neighbour home ^ 1",
+            "(p4ref.state_slot) or, when another message holds that, in the neighbour home ^ 1",
 }
 CARD_MACS = {0: "02:cc:00:00:00:00", 1: "02:cc:00:00:00:01", 2: "02:cc:00:00:00:02"}
 
@@ -117,7 +118,7 @@ def test_state_map_tracked(run):
             m["type"], m["shard"], m["num_tables"], m["num_keys"], m["value_len"], m["msg_len"]), e
         assert (e["frag_count"], e["frags_in"], e["frags_out"]) == (m["n_in"], len(m["in"]), len(m["out"])), e
         assert (e["bytes_in"], e["bytes_out"]) == (m["bytes_in"], m["bytes_out"]), e
-        home = p4prog.state_slot(e["client_id"], e["msg_id"], arch="pna")
+        home = p4ref.state_slot(e["client_id"], e["msg_id"], arch="pna")
         assert e["slot"] in (home, home ^ 1)                                    # TARGET_DIFFERENCES["slot"]
     c = run["counters"]
     assert c["drops"]["state_full"] == 0 and c["state"]["expired"] == 0

@@ -1,5 +1,5 @@
 """The state map's two ways on the PNA pipeline (p4/state_map.p4): messages whose home slot is
-the same (DPDK's CRC-32C, p4prog.state_slot(..., arch="pna")) take the home slot, then its
+the same (DPDK's CRC-32C, p4ref.state_slot(..., arch="pna")) take the home slot, then its
 neighbour (home ^ 1); a third one while both are live is state_full; a reply finds its message
 in either way and frees it; a message after that takes the home slot again. And expiry: an
 entry idle past state_timeout_us is expired by the next frame that looks at its slot, counted in
@@ -15,9 +15,9 @@ import pytest
 
 from conformance import Suite, check_outputs, read_pcap
 from embnic.client_lib.consts import MsgType
-from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.p4dpdk.target import SwxProcess
 from embnic.control.targets.base import Peer
+import p4ref
 
 from test_p4dpdk_conformance import CARD_MACS
 
@@ -28,7 +28,7 @@ def same_home(client_id: int, n: int, start: int = 50_000) -> tuple[int, list[in
     """A home slot and ``n`` msg_ids of ``client_id`` that all hash to it on PNA."""
     by = collections.defaultdict(list)
     for m in range(start, start + 200_000):
-        s = p4prog.state_slot(client_id, m, arch="pna")
+        s = p4ref.state_slot(client_id, m, arch="pna")
         by[s].append(m)
         if len(by[s]) == n:
             return s, by[s]

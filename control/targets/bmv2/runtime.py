@@ -2,13 +2,12 @@
 
 Library code for the ``bmv2`` target, the tests and the benchmarks: what programs the card
 from its port addresses and peers, routes and clients (:class:`CardProgram`: table entries written over
-P4Runtime by :func:`program_p4runtime`, or the same as runtime-CLI lines, :func:`table_commands`),
+P4Runtime by :func:`program_p4runtime`, or the same as runtime-CLI lines, :meth:`CardProgram.cli_commands`),
 and the readers that turn ``simple_switch_CLI`` output back into the DPDK card's shapes
-(:func:`read_counters`, :func:`read_state_map`, :func:`read_ring`), plus the state map's slot
-hash as the switch computes it (:func:`state_slot`). The switch process itself is
+(:func:`read_counters`, :func:`read_state_map`, :func:`read_ring`). The switch process itself is
 :class:`embnic.control.targets.bmv2.switch.SimpleSwitch`.
 
-    sw.cli(table_commands([CardPortAddr(0, mac, ip)], peers))
+    sw.cli(card_program([CardPortAddr(0, mac, ip)], peers).cli_commands())
     print(read_counters(sw, nb_ports=2)["drops"])
 """
 from __future__ import annotations
@@ -17,7 +16,6 @@ import dataclasses
 import ipaddress
 import re
 import time
-import zlib
 from pathlib import Path
 from typing import Iterable
 
@@ -26,33 +24,6 @@ from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decod
 from embnic.control.targets.bmv2.switch import EGRESS_QUEUE_DEPTH, Bmv2Error, SimpleSwitch
 from embnic.control.targets.bmv2.p4runtime import TableEntry
 from embnic.control.targets.base import Peer
-
-
-# --------------------------------------------------------------------------- state map slot
-def state_slot(client_id, msg_id, slots: int | None = None):
-    """State map slot of (client_id, msg_id): ``crc32(be16 client_id ++ be32 msg_id) % slots``.
-
-    The home slot ``StateMap`` (p4/state_map.p4) writes (or its neighbour ``slot ^ 1``, when
-    another live message holds it). Scalars or numpy arrays of equal shape
-    (``uint16``/``uint32``-valued ints); returns an int, or an int64 array of the same shape.
-
-    Example: ``state_slot(1, 1001)`` is ``zlib.crc32(bytes([0, 1, 0, 0, 3, 0xE9])) % 4096``.
-    """
-    import numpy as np
-
-    slots = slots or p4prog.constants()["STATE_SLOTS"]
-    c = np.asarray(client_id, dtype=np.int64)
-    m = np.asarray(msg_id, dtype=np.int64)
-    if c.shape != m.shape:
-        raise ValueError(f"client_id shape {c.shape} != msg_id shape {m.shape}")
-    if ((c < 0) | (c > 0xFFFF)).any() or ((m < 0) | (m > 0xFFFFFFFF)).any():
-        raise ValueError("client_id must fit 16 bits and msg_id 32 bits")
-    flat = np.empty((c.size, 6), dtype=np.uint8)
-    flat[:, 0:2] = c.reshape(-1, 1).astype(">u2").view(np.uint8).reshape(-1, 2)
-    flat[:, 2:6] = m.reshape(-1, 1).astype(">u4").view(np.uint8).reshape(-1, 4)
-    # zlib.crc32 has no vector form; 6 bytes per message, control-path only
-    out = np.fromiter((zlib.crc32(row.tobytes()) % slots for row in flat), dtype=np.int64, count=c.size)
-    return int(out[0]) if c.ndim == 0 else out.reshape(c.shape)
 
 
 # --------------------------------------------------------------------------- table entries
@@ -122,13 +93,6 @@ def card_program(card_ports: Iterable[CardPortAddr], peers: Iterable[Peer] = (),
                  state_timeout_us: int | None = None) -> CardProgram:
     """:class:`CardProgram` of these addresses and peers (routes and clients)."""
     return CardProgram(tuple(card_ports), tuple(peers), state_timeout_us)
-
-
-def table_commands(card_ports: Iterable[CardPortAddr], peers: Iterable[Peer], *,
-                   state_timeout_us: int | None = None) -> list[str]:
-    """Runtime-CLI lines that program the card: port addresses, peers with their allowlist entries,
-    registers (:meth:`CardProgram.cli_commands`)."""
-    return card_program(card_ports, peers, state_timeout_us=state_timeout_us).cli_commands()
 
 
 # --------------------------------------------------------------------------- P4Runtime

@@ -13,8 +13,7 @@ ports are veths moved into that namespace, or pcap files (``--use-files``).
         sw.cli(["table_dump route_by_shard"])
         sw.stop()
 
-Table entries and reading counters/registers back: :mod:`embnic.control.targets.bmv2.runtime`; frames
-through pcap files: :mod:`embnic.control.targets.bmv2.pcap_files`. Tools (``simple_switch``,
+Table entries and reading counters/registers back: :mod:`embnic.control.targets.bmv2.runtime`. Tools (``simple_switch``,
 ``simple_switch_CLI``; ``p4c`` only for an edited program) are found on PATH; a missing one is a
 :class:`ToolMissingError` naming it and where the docs say how to get it.
 """
@@ -367,16 +366,3 @@ class SimpleSwitch:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
-
-
-def pid_alive(pid: int) -> bool:
-    """True if process ``pid`` exists (signal 0)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
