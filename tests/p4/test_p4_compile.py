@@ -33,7 +33,7 @@ def test_names_and_sizes(p4_json):
 
 
 def test_the_only_hash_is_crc32(p4_json):
-    """The state map slot is v1model's crc32 (zlib's, fixed parameters: what bmv2_runtime.state_slot
+    """The state map slot is v1model's crc32 (zlib's, fixed parameters: what p4ref.state_slots
     computes); the IPv4 header checksum is the common code's arithmetic (p4/arith.p4), not a
     checksum unit of the architecture."""
     j = json.loads(p4_json.read_text())
