@@ -46,6 +46,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable
 
 from embnic.control import netns
@@ -60,8 +61,8 @@ from embnic.control.errors import MissingDependencyError, OperationalError
 from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.dataplane import (BENCH_BURST, BENCH_CARD_IP, BENCH_CLIENTS, BENCH_MBUFS,
-                                            BENCH_SHARDS, CARD_1LCORE, _median, _program_card,
-                                            _window as _rate_window, make_bench_pcap)
+                                            BENCH_SHARDS, CARD_1LCORE, make_bench_pcap, program_card,
+                                            rate_window)
 from embnic.testbed.bench.results import merge_json
 from embnic.testbed.bench.testpmd import TestpmdProcess
 
@@ -105,10 +106,10 @@ class VethPath:
 
 
 def _window(sample: Callable[[], int], seconds: float, warmup: float, pids: list[int]) -> dict:
-    """:func:`embnic.testbed.bench.dataplane._window` in this bench's units: ``{mpps, frames,
+    """:func:`embnic.testbed.bench.dataplane.rate_window` in this bench's units: ``{mpps, frames,
     seconds, others_cpu}`` (frames/s of ``sample`` over ``seconds`` after ``warmup``; others_cpu in
     CPUs' worth, ``pids`` and this process excluded)."""
-    w = _rate_window(sample, seconds, warmup, pids)
+    w = rate_window(sample, seconds, warmup, pids)
     return {"mpps": w["rate"] / 1e6, "frames": w["frames"], "seconds": round(w["dt"], 3),
             "others_cpu": round(w["others_cpu"], 2)}
 
@@ -123,7 +124,7 @@ def measure_card_veth(binary: Path, path: VethPath, seconds: float, warmup: floa
                        log=log_dir / f"card-{unique_prefix('l')}.log")
     card.start()
     try:
-        _program_card(card, 1)
+        program_card(card, 1)
         card.call("resume")
         w = _window(path.sink_frames, seconds, warmup, [card.proc.pid, gen_pid])
         drops = {k: v for k, v in card.counters()["drops"].items() if v}
@@ -261,8 +262,8 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
                                                    channel=kw["channel"]))
         finally:
             gen.cleanup()
-    card_mpps = _median([r["mpps"] for r in card_runs])
-    bmv2_mpps = _median([r["mpps"] for r in bmv2_runs])
+    card_mpps = median([r["mpps"] for r in card_runs])
+    bmv2_mpps = median([r["mpps"] for r in bmv2_runs])
     res = {"bmv2_mpps": bmv2_mpps, "bmv2_card_mpps": card_mpps,
            "ratio_card_bmv2": card_mpps / bmv2_mpps if bmv2_mpps else None,
            "bmv2_runs": bmv2_runs, "bmv2_card_runs": card_runs, "bmv2_versions": bmv2.tool_versions(),

@@ -69,6 +69,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any, Sequence
 
 from embnic.control.targets.dpdk import process as dpdk_proc
@@ -195,7 +196,7 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
 
 
 # ====================================================================== measurements
-def _program_card(card: CardProcess, out_port: int, in_port: int = 0) -> None:
+def program_card(card: CardProcess, out_port: int, in_port: int = 0) -> None:
     """Clients behind ``in_port``, where the frames come in, shards behind ``out_port``: requests
     leave on it. The card takes a request only from its client's card port and a reply only from
     its shard's (``wrong_port``), so a workload with replies, which come in on ``in_port`` too,
@@ -245,7 +246,7 @@ def _cpu_seconds(pids: Sequence[int]) -> tuple[float, float]:
     return busy, ours
 
 
-def _window(sample, seconds: float, warmup: float, pids: Sequence[int]) -> dict:
+def rate_window(sample, seconds: float, warmup: float, pids: Sequence[int]) -> dict:
     """Rate of a monotone TX counter over ``seconds`` after ``warmup``, and the CPU the rest of the
     box used meanwhile (``others_cpu``: CPUs' worth, e.g. 0.3 = 30 % of one CPU; the measured
     process, its generator and this process excluded)."""
@@ -261,12 +262,6 @@ def _window(sample, seconds: float, warmup: float, pids: Sequence[int]) -> dict:
             "others_cpu": max(0.0, ((c1[0] - c0[0]) - (c1[1] - c0[1])) / dt)}
 
 
-def _rate(sample, seconds: float, warmup: float) -> tuple[float, int]:
-    """(frames per second, frames) of a monotone TX counter between two samples."""
-    w = _window(sample, seconds, warmup, ())
-    return w["rate"], w["frames"]
-
-
 def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, warmup: float,
                  netns: str | None = None, out_port: int = 1, log_dir: Path | None = None,
                  other_pids: Sequence[int] = (), mbufs: int | None = None, state_lcores: int = 1) -> dict:
@@ -279,7 +274,7 @@ def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, wa
                        log=(log_dir / f"card-{unique_prefix('l')}.log") if log_dir else None)
     card.start()
     try:
-        _program_card(card, out_port)
+        program_card(card, out_port)
         ops = card.call("info").get("mempool_ops")
         card.call("resume")
         last: dict = {}
@@ -290,7 +285,7 @@ def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, wa
             last.setdefault("m0", sum(last["c"]["completed"].values()))
             return last["c"]["ports"][out_port]["tx_frames"]
 
-        w = _window(sample, seconds, warmup, [card.proc.pid, *other_pids])
+        w = rate_window(sample, seconds, warmup, [card.proc.pid, *other_pids])
         b1 = last["c"]["ports"][out_port]["tx_bytes"]
         m1 = sum(last["c"]["completed"].values())
         drops = {k: v for k, v in last["c"]["drops"].items() if v}
@@ -312,16 +307,10 @@ def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, wa
                         mbufs=mbufs or BENCH_MBUFS, mbcache=BENCH_MBCACHE, burst=BENCH_BURST, queues=queues)
     tp.start()
     try:
-        w = _window(lambda: tp.tx_packets(out_port), seconds, warmup, [tp.proc.pid, *other_pids])
+        w = rate_window(lambda: tp.tx_packets(out_port), seconds, warmup, [tp.proc.pid, *other_pids])
     finally:
         tp.cleanup()
     return {"mpps": w["rate"] / 1e6, "frames": w["frames"], "others_cpu": w["others_cpu"]}
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 #: Like with like: the card on one lcore (run to completion: RX, TX and the control socket)
@@ -349,11 +338,11 @@ def _measure_all(runs: dict[str, Any], repeats: int, rtt: bool = True) -> dict:
             got[key].append(r)
     med = {}
     for key, v in got.items():
-        m = {"mpps": _median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v],
+        m = {"mpps": median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v],
              "others_cpu": [round(r["others_cpu"], 3) for r in v], "xcore_rtt_ns": [r["xcore_rtt_ns"] for r in v]}
         if "gbps" in v[0]:
-            m.update(gbps=_median([r["gbps"] for r in v]), drops=v[-1]["drops"], mempool_ops=v[-1]["mempool_ops"],
-                     completed_per_s=_median([r["completed_per_s"] for r in v]),
+            m.update(gbps=median([r["gbps"] for r in v]), drops=v[-1]["drops"], mempool_ops=v[-1]["mempool_ops"],
+                     completed_per_s=median([r["completed_per_s"] for r in v]),
                      all_completed_per_s=[round(r["completed_per_s"]) for r in v])
         med[key] = m
     return med
@@ -593,7 +582,7 @@ def _pna_runs(runs: dict, asked: bool, vdevs: tuple[str, str, str], dmbufs: int,
 
         src, sink, dsrc = vdevs
         pipe = p4dpdk.build_pipeline()
-        pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=_window)
+        pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=rate_window)
         runs["p4dpdk"] = (bench_pna.measure_swx, (pipe, [src, sink], seconds, warmup), pna_kw)
         runs["p4dpdk_distinct"] = (bench_pna.measure_swx, (pipe, [dsrc, sink], seconds, warmup),
                                    dict(pna_kw, mbufs=dmbufs, out_port=0))

@@ -37,14 +37,14 @@ def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, war
     host_drops, others_cpu}`` — frames the pipeline sent on ``out_port`` per second (its port
     statistics; gbps without the 4-byte tx pseudo-header), messages whose whole reply passed per
     second (the P4 card's counter); ``window`` is the benchmark's measuring function
-    (``dataplane._window``)."""
+    (``dataplane.rate_window``)."""
     from embnic.control.targets.dpdk.process import unique_prefix
 
     with SwxProcess(pipe, vdevs, log_dir / f"swx-{unique_prefix('s')}", burst=32, mbufs=mbufs) as sw:
         card = sw.card
         # clients behind port 0, where the frames come in (the card takes a request only from its
         # client's port); shards behind out_port (0 too for a workload with replies, which come
-        # in on port 0: dataplane._program_card)
+        # in on port 0: dataplane.program_card)
         card.program(CARD_PORTS, [Peer.from_fields({**s, "port": out_port}, "shard") for s in shards]
                      + [Peer.from_fields({**c, "port": 0}, "client") for c in clients])
         sw.resume()

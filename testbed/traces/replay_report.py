@@ -32,7 +32,7 @@ def shard_counters_from_log(path: str | os.PathLike) -> dict | None:
     return None
 
 
-def _replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
+def replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
                    out: Path, ports: dict | None = None, capture_drops: dict | None = None,
                    target: str = "dpdk") -> dict:
     lat = {"LOOKUP_REQ": [], "UPDATE_REQ": []}

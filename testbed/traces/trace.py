@@ -57,7 +57,7 @@ from embnic.testbed.net import topology as T
 from embnic.control import pcap as pcap_file
 from embnic.control.netns import exec_argv
 from embnic.testbed.traces.capture import Capture, udp_payload
-from embnic.testbed.traces.replay_report import _replay_report, replay_summary, shard_counters_from_log
+from embnic.testbed.traces.replay_report import replay_report, replay_summary, shard_counters_from_log
 
 TRACE_FORMAT = "embnic-trace/1"
 
@@ -474,7 +474,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
 
     capture_drops = {str(cid): cap.kernel_drops for cid, cap in caps.items()}
     ports = {cid: cfg.client(cid).card_port for cid in clients}
-    rep = _replay_report(pcap, pcap.with_suffix(".json"), reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
+    rep = replay_report(pcap, pcap.with_suffix(".json"), reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
                          other, out, ports, capture_drops, target=target)
     rep["shards"] = {str(s.id): shard_counters_from_log(tb.log_path(f"s{s.id}")) for s in cfg.shards}
     rep["config_check"] = cc

@@ -61,7 +61,7 @@ def stop_readers(readers: list) -> None:
         r.stop.set()
     for r in readers:
         r.join(30)
-        if not r.client.sock._closed:
+        if r.client.sock.fileno() != -1:  # not closed yet
             r.client.close()
 
 

@@ -19,7 +19,7 @@ import pytest
 from embnic.client_lib import codec
 from embnic.client_lib.consts import DType
 from embnic.control.netns import Netns, exec_argv
-from embnic.testbed.bench.dataplane import BENCH_CARD_IP, BENCH_CLIENTS, CardProcess, _program_card
+from embnic.testbed.bench.dataplane import BENCH_CARD_IP, BENCH_CLIENTS, CardProcess, program_card
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
@@ -56,7 +56,7 @@ def _run(card_bin, tmp_path, vdev: str, args: list[str]) -> dict:
                        args=args, log=tmp_path / "card.log")
     card.start()
     try:
-        _program_card(card, 1)
+        program_card(card, 1)
         _send_jumbo()
         # the kernel also sends IPv6/ARP chatter on the veth: wait for the lookup itself
         deadline = 30
