@@ -82,16 +82,11 @@ def prep(out, batch_size, repeats):
               help="Also the P4 card for PNA in DPDK's SWX pipeline (embnic-swx running the committed "
                    "p4/build/pna; skipped in one line where DPDK's pipeline headers or embnic-swx are missing).")
 def dataplane(out, seconds, target, state_lcores, p4dpdk):
-    """The card on one lcore against dpdk-testpmd (io and macswap) forwarding on one lcore, on
-    the same vdevs, pool and burst (net_pcap in-memory replay into net_null, and over a veth
-    pair on net_af_packet and on net_af_xdp: `af_packet`, `af_xdp`, `af_xdp_vs_af_packet`); a workload of distinct messages with their replies
-    (every state-map entry inserted and freed: distinct_msgs_per_s), also with the state map
-    partitioned over 2 state lcores against testpmd on 2 forwarding lcores
-    (distinct_2state_msgs_per_s, reported with the cross-CPU round trip, not gated); the card's
-    two-lcore pipeline beside; the P4 card for PNA in DPDK's SWX pipeline
-    (embnic-swx, one lcore) on the main and distinct workloads (`p4dpdk`: its rate from the
-    pipeline's output port statistics, ratios to the card and to testpmd io; else why it was
-    skipped). bench.json's `targets` says which targets are met.
+    """The card on one lcore against dpdk-testpmd (io and macswap) on one lcore, on the same vdevs,
+    pool and burst (net_null, and over a veth pair on net_af_packet and net_af_xdp); a workload of
+    distinct messages (every state-map entry inserted and freed), also over 2 state lcores; the
+    card's two-lcore pipeline; the P4 card for PNA in DPDK's SWX pipeline (`p4dpdk`). bench.json's
+    `targets` says which targets are met (README, "Performance").
 
     \b
     Example:
@@ -101,28 +96,29 @@ def dataplane(out, seconds, target, state_lcores, p4dpdk):
     if target == "bmv2":
         from embnic.testbed.bench import bmv2 as bench_bmv2
 
-        res = bench_bmv2.run(Path(out), seconds=seconds)
-        _show("dataplane (bmv2)", res)
-        click.echo(f"wrote {Path(out) / 'bench.json'}")
-        return
-    try:
-        mod = importlib.import_module("embnic.testbed.bench.dataplane")
-    except ImportError as e:
-        raise MissingDependencyError(f"the dataplane benchmark is not available: {e}", dependency=e.name) from None
-    res = mod.run(Path(out), seconds=seconds, state_lcores=state_lcores, p4dpdk=p4dpdk)
-    _show("dataplane", res)
+        _show("dataplane (bmv2)", bench_bmv2.run(Path(out), seconds=seconds))
+    else:
+        try:
+            mod = importlib.import_module("embnic.testbed.bench.dataplane")
+        except ImportError as e:
+            raise MissingDependencyError(f"the dataplane benchmark is not available: {e}",
+                                         dependency=e.name) from None
+        _show("dataplane", mod.run(Path(out), seconds=seconds, state_lcores=state_lcores, p4dpdk=p4dpdk))
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 
 
-def _disk_run(mod, out, rows, cache_rows, block_cache_mb, window, scale, repeats, mtu) -> None:
+def _disk_run(out, rows, cache_rows, block_cache_mb, window, scale, repeats, mtu) -> None:
+    from embnic.testbed.bench import shard_disk
+
     if rows < 8 * cache_rows:
         raise UsageError(f"--disk-rows {rows} is less than 8 x --disk-cache-rows {cache_rows}: the disk-tier run "
                          "measures a table larger than 8 x its cache")
     if cache_rows < 2 * 4096:
         raise UsageError(f"--disk-cache-rows {cache_rows}: give at least 8192 (two messages of 4096 keys)")
     try:
-        res = mod.run(Path(out), rows=rows, cache_rows=cache_rows, block_cache_mb=block_cache_mb, window=window,
-                      messages=max(20, int(300 * scale)), repeats=repeats, mtu=mtu, log=click.echo)
+        res = shard_disk.run(Path(out), rows=rows, cache_rows=cache_rows, block_cache_mb=block_cache_mb,
+                             window=window, messages=max(20, int(300 * scale)), repeats=repeats, mtu=mtu,
+                             log=click.echo)
     except RuntimeError as e:
         raise OperationalError(str(e)) from None
     _show("server_disk", {k: v for k, v in res.items() if k in ("targets", "load", "budget", "fixed_overhead")})
@@ -160,13 +156,11 @@ def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_ca
            disk_block_cache_mb):
     """One parameter-server shard on loopback without the card: rows/s, messages/s and p50/p99
     latency of lookups and updates at 1, 64 and 4096 keys per message, with --workers 1 and 2,
-    against the in-process LocalBackend doing the same work (ratio_* keys under `server`).
+    against the in-process LocalBackend doing the same work.
 
     The disk-tier run (`server_disk`, docs/server.md "Disk tier"): a shard keeping the table on
-    disk (RocksDB behind a cache of hot rows) against one keeping it in memory, Zipf(1.05) ids of
-    4096 keys a message over a table larger than 8 x the disk shard's memory budget; rows/s of
-    both, the cache's hit ratio, and the disk shard's RssAnon while the table grows, against the
-    budget plus its measured fixed overhead.
+    disk behind a cache against one keeping it in memory (Zipf ids, a table larger than 8 x the
+    disk shard's memory budget): rows/s, the cache's hit ratio and the disk shard's memory.
 
     \b
     Examples:
@@ -176,12 +170,8 @@ def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_ca
     """
     from embnic.testbed.bench import shard_serving as bench_server
 
-    if disk_only:
-        disk = True
-    if disk:
-        from embnic.testbed.bench import shard_disk
-
-        _disk_run(shard_disk, out, disk_rows, disk_cache_rows, disk_block_cache_mb, window, scale, repeats, mtu)
+    if disk or disk_only:
+        _disk_run(out, disk_rows, disk_cache_rows, disk_block_cache_mb, window, scale, repeats, mtu)
         if disk_only:
             return
     try:
@@ -212,9 +202,8 @@ def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_ca
 @click.option("--rounds", type=click.IntRange(min=3), default=40, show_default=True,
               help="Timed rounds of each size and table count (medians).")
 def client(out, rounds):
-    """The client's round over 2 tables and over 26 with the same total keys (832, 6656, 26624),
-    against two shards on loopback without the card: the client's CPU and wall time per lookup
-    and update round of the C round (ratio_* keys under `client`).
+    """The client's round over 2 tables and over 26 with the same total keys, against two shards on
+    loopback without the card: the client's CPU and wall time per lookup and update round.
 
     \b
     Example:
@@ -246,13 +235,11 @@ def client(out, rounds):
               help="Also measure training steps/s of TorchRec's DLRM: tables through the card vs TorchRec's "
                    "EmbeddingBagCollection in process (rows with model: dlrm).")
 def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
-    """The claim, measured: lookup and update latency per step (p50/p99) and steps/s at batch
-    sizes 32, 256 and 4096 of the Criteo sample (26 features) for variable-length messages
-    through the card, the fixed-length baseline (a size round first) through the card, and
-    TorchRec's sharded EmbeddingBagCollection (DMP, gloo, 2 ranks, table-wise); and training
-    steps/s of TorchRec's DLRM with its tables through the card vs the same DLRM with TorchRec's
-    EmbeddingBagCollection in process (rows with model "dlrm"). e2e.rows in bench.json,
-    e2e_*.png beside it. Needs root (the namespace testbed) and embnic[torch].
+    """The claim, measured: lookup and update latency per step and steps/s at batch sizes 32, 256
+    and 4096 of the Criteo sample for variable-length messages through the card, the fixed-length
+    baseline (a size round first) and TorchRec's sharded EmbeddingBagCollection; and training
+    steps/s of TorchRec's DLRM with its tables through the card vs in process. e2e.rows in
+    bench.json, e2e_*.png beside it. Needs root (the namespace testbed) and embnic[torch].
 
     \b
     Example:
@@ -320,8 +307,5 @@ def all_(ctx, out):
     Example:
       embnic bench all --out out/bench
     """
-    ctx.invoke(prep, out=out, batch_size=4096, repeats=7)
-    ctx.invoke(client, out=out, rounds=40)
-    ctx.invoke(dataplane, out=out, seconds=5.0)
-    ctx.invoke(server, out=out, window=4, scale=1.0, mtu=1500, repeats=3, disk=True)
-    ctx.invoke(e2e, out=out, repeats=3, steps=10, loss_pct=1.0, hash_row=True, dlrm=True)
+    for cmd in (prep, client, dataplane, server, e2e):  # each with its defaults; server with its disk-tier run
+        ctx.invoke(cmd, out=out, **({"disk": True} if cmd is server else {}))
