@@ -8,7 +8,6 @@ Modules:
 * ``train`` — the FM training loop over a backend, evaluation, ``trainer(model)``, ``load_training_data``
 * ``dlrm`` — TorchRec's DLRM with its tables on a backend (``--model dlrm``)
 * ``dlrm_workers`` — several DLRM workers under torchrun (``torchrun -m embnic.testbed.training.dlrm_workers``)
-* ``workers`` — alias of ``dlrm_workers`` under its earlier name (``torchrun -m embnic.testbed.training.workers``)
 * ``demo`` — the main job: train through the card, check against the in-process run
 * ``demo_options`` — ``DemoOptions`` and the demo's defaults
 * ``demo_measure`` — the demo's reference run, probes, other clients' load, table read-back

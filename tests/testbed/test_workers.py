@@ -171,15 +171,13 @@ def test_batches_of_the_ranks_tile_the_data_and_mapping_is_checked_in_order():
         W.client_ids(cfg, 1, 3, 2)
 
 
-@pytest.mark.parametrize("module", ["dlrm_workers", "workers"])
-def test_the_documented_entry_point_and_its_alias_run_the_workers(module):
-    """``-m embnic.testbed.training.workers`` (the earlier name) runs dlrm_workers' main: same
-    usage, same one-line error and exit 2 outside torchrun."""
+def test_the_documented_entry_point_runs_the_workers():
+    """``-m embnic.testbed.training.dlrm_workers``: its usage, and one line and exit 2 outside torchrun."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    r = subprocess.run([sys.executable, "-m", f"embnic.testbed.training.{module}", "--help"],
+    r = subprocess.run([sys.executable, "-m", "embnic.testbed.training.dlrm_workers", "--help"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "-m embnic.testbed.training.dlrm_workers" in r.stdout, r.stderr
-    r = subprocess.run([sys.executable, "-m", f"embnic.testbed.training.{module}", "-c", str(SHARED_TOML),
+    r = subprocess.run([sys.executable, "-m", "embnic.testbed.training.dlrm_workers", "-c", str(SHARED_TOML),
                         "--client-id-base", "1"], capture_output=True, text=True, env=env, timeout=120)
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "$RANK is not set" in err[0], r.stderr
