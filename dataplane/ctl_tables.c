@@ -56,44 +56,21 @@ table_del(struct embnic_ctl *c, struct embnic_table *t, json_t *req,
 	return 0;
 }
 
-struct walk_arg {
-	struct embnic_peer *v;
-	unsigned int n, max;
-};
-
-static void
-walk_collect(const struct embnic_peer *p, void *arg)
-{
-	struct walk_arg *w = arg;
-
-	if (w->n < w->max)
-		w->v[w->n++] = *p;
-}
-
-static int
-peer_cmp(const void *a, const void *b)
-{
-	const struct embnic_peer *x = a, *y = b;
-
-	return (x->id > y->id) - (x->id < y->id);
-}
-
 static int
 table_list(struct embnic_ctl *c, struct embnic_table *t, json_t *resp,
 	   const char *idname, const char *listname)
 {
-	struct walk_arg w = { .max = embnic_table_size(t) };
-	json_t *arr = json_array();
-	unsigned int i;
+	struct embnic_peer *v = calloc(embnic_table_size(t), sizeof(*v));
+	json_t *arr;
+	unsigned int i, n;
 
-	w.v = calloc(w.max, sizeof(*w.v));
-	if (w.v == NULL)
+	if (v == NULL)
 		return ctl_fail(c, "out of memory");
-	embnic_table_walk(t, walk_collect, &w);
-	qsort(w.v, w.n, sizeof(*w.v), peer_cmp);
-	for (i = 0; i < w.n; i++)
-		json_array_append_new(arr, ctl_peer_json(&w.v[i], idname));
-	free(w.v);
+	arr = json_array();
+	n = embnic_table_copy(t, v, embnic_table_size(t));
+	for (i = 0; i < n; i++)
+		json_array_append_new(arr, ctl_peer_json(&v[i], idname));
+	free(v);
 	json_object_set_new(resp, listname, arr);
 	return 0;
 }

@@ -47,7 +47,6 @@
 #include <rte_eal.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
-#include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
 #include <rte_rcu_qsbr.h>
@@ -203,88 +202,6 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 		return -EINVAL;
 	}
 	return 0;
-}
-
-/*
- * State lcore k's header ring, its txr (when a port has no TX queue for
- * it: embnic_txq_plan()), its partition of the map: ceil(state_size / state
- * lcores) entries. 0 or -ENOMEM.
- */
-static int
-worker_init(struct embnic_app *a, unsigned int k)
-{
-	struct embnic_worker *w = &a->w[k];
-	uint32_t size = (a->opts.state_size + a->nb_workers - 1) /
-		a->nb_workers;
-	char name[RTE_RING_NAMESIZE];
-	uint16_t p;
-
-	w->id = k;
-	snprintf(name, sizeof(name), "embnic_hdr_ring%u", k);
-	w->ring = rte_ring_create(name, a->opts.ring_size, (int)rte_socket_id(),
-				  RING_F_SP_ENQ | RING_F_SC_DEQ | RING_F_EXACT_SZ);
-	for (p = 0; p < a->nb_ports && w->txq[p] != EMBNIC_TXQ_NONE; p++)
-		;
-	if (p < a->nb_ports) {	/* a port without a TX queue for it */
-		snprintf(name, sizeof(name), "embnic_tx_ring%u", k);
-		w->txr = rte_ring_create(name, a->opts.ring_size,
-					 (int)rte_socket_id(), RING_F_SP_ENQ |
-					 RING_F_SC_DEQ | RING_F_EXACT_SZ);
-		if (w->txr == NULL)
-			return -ENOMEM;
-	}
-	w->state = embnic_state_create(k, RTE_MAX(size,
-					(uint32_t)EMBNIC_STATE_SIZE_MIN),
-				       a->opts.state_timeout_ms, a->tsc_hz,
-				       a->shard_slot);
-	return w->ring == NULL || w->state == NULL ? -ENOMEM : 0;
-}
-
-/* Rings, tables, state map partitions: 0 or -errno. */
-static int
-tables_init(struct embnic_app *a)
-{
-	size_t sz = rte_rcu_qsbr_get_memsize(RTE_MAX_LCORE);
-	unsigned int k;
-
-	a->qsbr = rte_zmalloc("embnic_qsbr", sz, RTE_CACHE_LINE_SIZE);
-	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
-		return -ENOMEM;
-	for (k = 0; k < a->nb_workers; k++)
-		if (worker_init(a, k) != 0)
-			return -ENOMEM;
-	a->routes = embnic_table_create("embnic_routes",
-					EMBNIC_ROUTE_TABLE_SIZE, a->qsbr);
-	a->clients = embnic_table_create("embnic_clients",
-					 EMBNIC_CLIENT_TABLE_SIZE, a->qsbr);
-	a->shard_base = rte_zmalloc("embnic_shard_base",
-				    sizeof(a->shard_base[0]) *
-				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
-	a->nb_slots = 1;	/* slot 0: shards beyond the table's size */
-	a->stats = rte_zmalloc("embnic_stats",
-			       sizeof(a->stats[0]) * RTE_MAX_LCORE,
-			       RTE_CACHE_LINE_SIZE);
-	if (a->routes == NULL || a->clients == NULL || a->stats == NULL ||
-	    a->shard_base == NULL)
-		return -ENOMEM;
-	return 0;
-}
-
-static void
-tables_free(struct embnic_app *a)
-{
-	unsigned int k;
-
-	for (k = 0; k < a->nb_workers; k++) {
-		embnic_state_free(a->w[k].state);
-		rte_ring_free(a->w[k].ring);
-		rte_ring_free(a->w[k].txr);
-	}
-	embnic_table_free(a->clients);
-	embnic_table_free(a->routes);
-	rte_free(a->stats);
-	rte_free(a->shard_base);
-	rte_free(a->qsbr);
 }
 
 /*
@@ -518,7 +435,11 @@ main(int argc, char **argv)
 			 "%zu-byte dynamic field: %s\n",
 			 sizeof(struct embnic_rx_meta), rte_strerror(rte_errno));
 
-	ret = tables_init(&app);
+	ret = embnic_tables_init(&app, EMBNIC_ROUTE_TABLE_SIZE,
+				 EMBNIC_CLIENT_TABLE_SIZE,
+				 RTE_MAX((app.opts.state_size + app.nb_workers - 1) /
+					 app.nb_workers,
+					 (uint32_t)EMBNIC_STATE_SIZE_MIN));
 	if (ret != 0)
 		rte_exit(EXIT_FAILURE, "cannot create ring and tables: %s\n",
 			 rte_strerror(-ret));
@@ -554,7 +475,7 @@ main(int argc, char **argv)
 		rte_eth_dev_close(port);
 	}
 	embnic_ctl_free(app.ctl);
-	tables_free(&app);
+	embnic_tables_free(&app);
 	rte_mempool_free(app.pool);
 	rte_eal_cleanup();
 	printf("embnic-dp: bye\n");

@@ -6,7 +6,9 @@
  * (port_frame_limit(): what its PMD, its vdev's framesz or its interface's
  * MTU allow, checked against --mtu), and the pool its RX queues fill
  * (embnic_pool_create(): mbufs sized for --mtu, one page each with a
- * net_af_xdp port, the stack driver for a pipeline).
+ * net_af_xdp port, the stack driver for a pipeline); then the rings, the
+ * tables and the state map partitions (embnic_tables_init(), which the
+ * fuzz targets call too).
  */
 #include <errno.h>
 #include <linux/if_packet.h>
@@ -23,9 +25,12 @@
 #include <rte_ethdev.h>
 #include <rte_kvargs.h>
 #include <rte_lcore.h>
+#include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_mbuf_pool_ops.h>
 #include <rte_mempool.h>
+#include <rte_rcu_qsbr.h>
+#include <rte_ring.h>
 
 #include "embnic_dp.h"
 
@@ -413,4 +418,78 @@ embnic_pool_create(struct embnic_app *a)
 					       RTE_MEMPOOL_F_NO_SPREAD : 0);
 	}
 	return mp;
+}
+
+/* State lcore k's header ring, its txr (when a port has no TX queue for it:
+ * embnic_txq_plan()), its partition of the map. 0 or -ENOMEM. */
+static int
+worker_init(struct embnic_app *a, unsigned int k, uint32_t part_size)
+{
+	struct embnic_worker *w = &a->w[k];
+	char name[RTE_RING_NAMESIZE];
+	uint16_t p;
+
+	w->id = k;
+	snprintf(name, sizeof(name), "embnic_hdr_ring%u", k);
+	w->ring = rte_ring_create(name, a->opts.ring_size, (int)rte_socket_id(),
+				  RING_F_SP_ENQ | RING_F_SC_DEQ | RING_F_EXACT_SZ);
+	for (p = 0; p < a->nb_ports && w->txq[p] != EMBNIC_TXQ_NONE; p++)
+		;
+	if (p < a->nb_ports) {	/* a port without a TX queue for it */
+		snprintf(name, sizeof(name), "embnic_tx_ring%u", k);
+		w->txr = rte_ring_create(name, a->opts.ring_size,
+					 (int)rte_socket_id(), RING_F_SP_ENQ |
+					 RING_F_SC_DEQ | RING_F_EXACT_SZ);
+		if (w->txr == NULL)
+			return -ENOMEM;
+	}
+	w->state = embnic_state_create(k, part_size, a->opts.state_timeout_ms,
+				       a->tsc_hz, a->shard_slot);
+	return w->ring == NULL || w->state == NULL ? -ENOMEM : 0;
+}
+
+int
+embnic_tables_init(struct embnic_app *a, uint32_t route_size,
+		   uint32_t client_size, uint32_t part_size)
+{
+	size_t sz = rte_rcu_qsbr_get_memsize(RTE_MAX_LCORE);
+	unsigned int k;
+
+	a->qsbr = rte_zmalloc("embnic_qsbr", sz, RTE_CACHE_LINE_SIZE);
+	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
+		return -ENOMEM;
+	for (k = 0; k < a->nb_workers; k++)
+		if (worker_init(a, k, part_size) != 0)
+			return -ENOMEM;
+	a->routes = embnic_table_create("embnic_routes", route_size, a->qsbr);
+	a->clients = embnic_table_create("embnic_clients", client_size,
+					 a->qsbr);
+	a->shard_base = rte_zmalloc("embnic_shard_base",
+				    sizeof(a->shard_base[0]) *
+				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
+	a->nb_slots = 1;	/* slot 0: shards beyond the table's size */
+	a->stats = rte_zmalloc("embnic_stats",
+			       sizeof(a->stats[0]) * RTE_MAX_LCORE,
+			       RTE_CACHE_LINE_SIZE);
+	if (a->routes == NULL || a->clients == NULL || a->stats == NULL ||
+	    a->shard_base == NULL)
+		return -ENOMEM;
+	return 0;
+}
+
+void
+embnic_tables_free(struct embnic_app *a)
+{
+	unsigned int k;
+
+	for (k = 0; k < a->nb_workers; k++) {
+		embnic_state_free(a->w[k].state);
+		rte_ring_free(a->w[k].ring);
+		rte_ring_free(a->w[k].txr);
+	}
+	embnic_table_free(a->clients);
+	embnic_table_free(a->routes);
+	rte_free(a->stats);
+	rte_free(a->shard_base);
+	rte_free(a->qsbr);
 }

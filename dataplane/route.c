@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <rte_debug.h>
@@ -157,19 +158,26 @@ embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
 		out[i] = (hits >> i) & 1 ? data[i] : NULL;
 }
 
+static int
+peer_cmp(const void *a, const void *b)
+{
+	const struct embnic_peer *x = a, *y = b;
+
+	return (x->id > y->id) - (x->id < y->id);
+}
+
 unsigned int
-embnic_table_walk(struct embnic_table *t,
-		  void (*fn)(const struct embnic_peer *, void *), void *arg)
+embnic_table_copy(struct embnic_table *t, struct embnic_peer *out,
+		  unsigned int max)
 {
 	const void *key;
 	void *data;
 	uint32_t next = 0;
 	unsigned int n = 0;
 
-	while (rte_hash_iterate(t->h, &key, &data, &next) >= 0) {
-		fn(data, arg);
-		n++;
-	}
+	while (n < max && rte_hash_iterate(t->h, &key, &data, &next) >= 0)
+		out[n++] = *(const struct embnic_peer *)data;
+	qsort(out, n, sizeof(*out), peer_cmp);
 	return n;
 }
 

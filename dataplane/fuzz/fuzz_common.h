@@ -26,11 +26,9 @@
 #include <rte_eth_ring.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
-#include <rte_malloc.h>
 #include <rte_mbuf.h>
 #include <rte_mbuf_dyn.h>
 #include <rte_mempool.h>
-#include <rte_rcu_qsbr.h>
 #include <rte_ring.h>
 
 #include "embnic_dp.h"
@@ -150,7 +148,8 @@ fz_port_init(struct embnic_app *a, uint16_t i)
 }
 
 /*
- * The card as main() builds it (tables_init(), the dynfield, the pool)
+ * The card as main() builds it (the pool, the dynfield,
+ * embnic_tables_init())
  * with the sizes above. Its mbufs carry no frame data: every frame the
  * harness makes is an external buffer of exactly its size (the pool's
  * data room, a bare headroom, is there for the PMD's checks only).
@@ -159,7 +158,6 @@ static void
 fz_app_init(void)
 {
 	struct embnic_app *a = &fz_app;
-	size_t sz = rte_rcu_qsbr_get_memsize(RTE_MAX_LCORE);
 	uint16_t i;
 
 	fz_eal_init();
@@ -171,9 +169,7 @@ fz_app_init(void)
 	a->main_lcore = a->rx_lcore = a->tx_lcore = rte_get_main_lcore();
 	a->nb_lcores = 1;
 	a->opts.state_lcores = 1;
-	a->nb_workers = 1;
 	a->w[0].lcore = a->w[1].lcore = a->main_lcore;
-	a->w[1].id = 1;
 	for (i = 0; i < EMBNIC_MAX_PORTS; i++)
 		a->w[1].txq[i] = EMBNIC_TXQ_NONE;
 	a->tsc_hz = FZ_TSC_HZ;
@@ -190,44 +186,12 @@ fz_app_init(void)
 				    .align = __alignof__(struct embnic_rx_meta) });
 	if (a->meta_off < 0)
 		fz_die("dynfield");
-	a->qsbr = rte_zmalloc("fz_qsbr", sz, RTE_CACHE_LINE_SIZE);
-	if (a->qsbr == NULL || rte_rcu_qsbr_init(a->qsbr, RTE_MAX_LCORE) != 0)
-		fz_die("qsbr");
-	a->w[0].ring = rte_ring_create("fz_hdr_ring", FZ_HDR_RING, 0,
-				  RING_F_SP_ENQ | RING_F_SC_DEQ |
-				  RING_F_EXACT_SZ);
-	a->routes = embnic_table_create("fz_routes", FZ_TABLE_SIZE, a->qsbr);
-	a->clients = embnic_table_create("fz_clients", FZ_TABLE_SIZE, a->qsbr);
-	a->w[0].state = embnic_state_create(0, FZ_STATE_SIZE,
-					    FZ_STATE_TIMEOUT_MS, FZ_TSC_HZ,
-					    a->shard_slot);
-	a->w[1].ring = rte_ring_create("fz_hdr_ring1", FZ_HDR_RING, 0,
-				       RING_F_SP_ENQ | RING_F_SC_DEQ |
-				       RING_F_EXACT_SZ);
-	a->w[1].txr = rte_ring_create("fz_tx_ring1", FZ_HDR_RING, 0,
-				      RING_F_SP_ENQ | RING_F_SC_DEQ |
-				      RING_F_EXACT_SZ);
-	a->w[1].state = embnic_state_create(1, FZ_STATE_SIZE,
-					    FZ_STATE_TIMEOUT_MS, FZ_TSC_HZ,
-					    a->shard_slot);
-	a->shard_base = rte_zmalloc("fz_shard_base", sizeof(a->shard_base[0]) *
-				    EMBNIC_SHARD_SLOTS, RTE_CACHE_LINE_SIZE);
-	a->stats = rte_zmalloc("fz_stats", sizeof(a->stats[0]) *
-			       RTE_MAX_LCORE, RTE_CACHE_LINE_SIZE);
-	a->nb_slots = 1;
-	if (a->w[0].ring == NULL || a->routes == NULL || a->clients == NULL ||
-	    a->w[0].state == NULL || a->w[1].ring == NULL ||
-	    a->w[1].txr == NULL || a->w[1].state == NULL || a->shard_base == NULL || a->stats == NULL)
+	/* two partitions made, of which each input uses one or both */
+	a->nb_workers = 2;
+	if (embnic_tables_init(a, FZ_TABLE_SIZE, FZ_TABLE_SIZE,
+			       FZ_STATE_SIZE) != 0)
 		fz_die("ring and tables");
-}
-
-/* A copy of a table's peers, sorted by id; returns how many. */
-static int
-fz_peer_cmp(const void *x, const void *y)
-{
-	const struct embnic_peer *p = x, *q = y;
-
-	return (p->id > q->id) - (p->id < q->id);
+	a->nb_workers = 1;
 }
 
 struct fz_walk {
@@ -235,21 +199,12 @@ struct fz_walk {
 	unsigned int n;
 };
 
-static void
-fz_walk_one(const struct embnic_peer *p, void *arg)
-{
-	struct fz_walk *w = arg;
-
-	if (w->n < RTE_DIM(w->v))
-		w->v[w->n++] = *p;
-}
-
+/* A copy of a table's peers, sorted by id; returns how many. */
 static unsigned int
 fz_table_snapshot(struct embnic_table *t, struct fz_walk *w)
 {
 	memset(w, 0, sizeof(*w));
-	embnic_table_walk(t, fz_walk_one, w);
-	qsort(w->v, w->n, sizeof(w->v[0]), fz_peer_cmp);
+	w->n = embnic_table_copy(t, w->v, RTE_DIM(w->v));
 	return w->n;
 }
 

@@ -406,6 +406,14 @@ int embnic_port_init(struct embnic_app *app, uint16_t port, uint16_t nb_txq);
 uint32_t embnic_af_xdp_max_frame(void);
 /* The mbuf pool for app's ports and lcores; NULL with rte_errno set. */
 struct rte_mempool *embnic_pool_create(struct embnic_app *app);
+/*
+ * The rings of app's nb_workers state lcores, their state map partitions
+ * (part_size entries each), the route and client tables, the counters:
+ * 0 or -ENOMEM (what was made is freed by embnic_tables_free()).
+ */
+int embnic_tables_init(struct embnic_app *app, uint32_t route_size,
+		       uint32_t client_size, uint32_t part_size);
+void embnic_tables_free(struct embnic_app *app);
 
 /* rx.c: one burst from every port (embnic_rx_port on each) */
 unsigned int embnic_rx_stage(struct embnic_app *app,
@@ -463,10 +471,9 @@ int embnic_table_add(struct embnic_table *t, const struct embnic_peer *p);
 int embnic_table_del(struct embnic_table *t, uint32_t id);
 void embnic_table_lookup_bulk(struct embnic_table *t, const uint32_t *ids,
 			      unsigned int n, const struct embnic_peer **out);
-/* Calls fn for every entry (control path only); returns entries visited. */
-unsigned int embnic_table_walk(struct embnic_table *t,
-			       void (*fn)(const struct embnic_peer *, void *),
-			       void *arg);
+/* Up to max entries, sorted by id, into out (control path); how many. */
+unsigned int embnic_table_copy(struct embnic_table *t, struct embnic_peer *out,
+			       unsigned int max);
 uint32_t embnic_table_count(const struct embnic_table *t);
 uint32_t embnic_table_size(const struct embnic_table *t);
 
