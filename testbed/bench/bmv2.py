@@ -1,43 +1,7 @@
 """``embnic bench dataplane --target bmv2``: the same frames through the P4 card on BMv2 and
 through the DPDK card, over the same veth path, in one run.
 
-Two veth pairs join two network namespaces; a generator replays the dataplane benchmark's pcap
-(:func:`embnic.testbed.bench.dataplane.make_bench_pcap`: 2048 protocol-v2 request frames,
-lookups of 1..4 tables and 2-fragment updates of 2 tables, clients 1-2 → shards 0-3, addressed
-to the card's port 0) into one pair as
-fast as it can, and the device under test (DUT) forwards every frame out of the other::
-
-    netns enV<pid>g                        netns enV<pid> (no address but loopback in either)
-      [generator: dpdk-testpmd io,
-       net_pcap(infinite_rx) ->
-       net_af_packet(iface=eVg), CPU 1]
-          eVg ==========veth========== eVi   card port 0 (ingress)   DUT: embnic-dp -l 0
-                                             card port 1 (egress)    (net_af_packet on eVi/eVo)
-          eVs ==========veth========== eVo                           or simple_switch (-i 0@eVi
-          eVs: the sink; nothing reads it,                           -i 1@eVo, every thread
-          the kernel counts what arrives                             pinned to CPU 0)
-
-The generator has a namespace of its own because DPDK 22.11's af_packet PMD names its
-``PACKET_FANOUT`` group ``(pid ^ ifindex) & 0xffff``, and fanout groups are per namespace: in one
-namespace the card's group could equal the generator's on another interface, and the card then
-fails to start (``could not set PACKET_FANOUT ... Invalid argument``).
-
-The DUTs take turns (card, BMv2, card, BMv2, ... ``repeats`` times each) on the same running
-generator. Both rates are measured the same way: frames arriving at the sink interface
-(``rx_packets`` of eVs) over ``seconds`` after ``warmup``; medians are reported. The card is
-programmed before it reads a frame (``--paused``, then ``resume``); BMv2 as the bmv2 target
-programs it (:func:`embnic.control.targets.bmv2.switch.choose_channel`): over P4Runtime, ``simple_switch_grpc``
-started with no program and no port, pipeline and entries written, then the ports added; over
-Thrift, a programming switch without ports whose saved state the DUT switch restores. Neither
-forwards a frame before its tables are set. Each DUT's own drop counters are recorded. The
-DUT's veth ends have their offloads off
-(:func:`embnic.control.targets.bmv2.target.tune_port_interfaces`), for both DUTs alike.
-
-Results merge into ``bench.json`` under ``dataplane``: ``bmv2_mpps``, ``bmv2_card_mpps`` (the
-DPDK card's figure of the same run and path), ``ratio_card_bmv2``, every run's figures and the
-setup, with the p4c/BMv2 versions, the channel and the BMv2 build as the installation reports it
-(``bmv2_build``: :func:`embnic.control.targets.bmv2.switch.build_info` — the switch's ``--version``
-and its ``bm/config.h``: whether the logging macros and event logger were compiled out).
+The method: docs/bench.md, "embnic bench dataplane --target bmv2: the P4 card on BMv2".
 """
 from __future__ import annotations
 
@@ -205,7 +169,7 @@ def measure_bmv2_veth(json_path: Path, path: VethPath, seconds: float, warmup: f
 
 
 def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
-    """Measure both cards on the same frames over the same veth path (module docstring) and
+    """Measure both cards on the same frames over the same veth path (docs/bench.md) and
     merge the figures into ``out_dir/bench.json`` under ``dataplane``.
 
     Args:

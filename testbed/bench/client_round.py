@@ -1,21 +1,7 @@
 """Benchmark of the client's round (``embnic bench client``): does a round's work grow with the
 number of tables it spans?
 
-One :class:`~embnic.client_lib.client.EmbeddingClient` against two shards on loopback (``python
--m embnic.testbed.server`` processes, hash sharding, no card), 26 tables of dim 8 fp32 (row-wise
-Adagrad, any uint64 id). A round carries the same total number of keys ``K`` — 832, 6656 and
-26624 (batch 32, 256 and 1024 of the Criteo demo's 26 features) — spread evenly over 2 tables or
-over 26, so both cost the same bytes and messages (one message per shard, split only past
-``msg_frames``) and differ only in how many tables the keys belong to. Per round (a lookup,
-then an update of the same keys) it measures the client's own CPU time (``time.thread_time``:
-planning, the round's socket I/O and reply handling in this thread; the shards' work runs in
-their own processes) and the wall time of the C round (the package's ``libembnic_client``, the
-client's one round), 2- and 26-table rounds alternating so load from other processes hits both
-alike; medians over ``rounds`` rounds. The shards' CPU per round is recorded beside
-(from ``/proc``): the shard side of the same question.
-
-``ratio_cpu_<op>_<K>`` = 26-table ÷ 2-table client CPU per round (target ≤ 1.2);
-``ratio_wall_<op>_<K>`` the same of the wall time.
+The method: docs/bench.md, "embnic bench client: the client's round".
 """
 from __future__ import annotations
 

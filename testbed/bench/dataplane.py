@@ -1,65 +1,6 @@
 """Benchmark of the card (``embnic bench dataplane``): the card and testpmd on the same frames.
 
-**Benchmark** (:func:`run`), like with like: the card on **one lcore** (``-l 0``, run to
-completion) against ``dpdk-testpmd`` forwarding on **one lcore** (``-l 0,1 --main-lcore 1``: it
-forwards on lcore 0; its main lcore only reads the command line), on the same vdevs, pcap,
-mbuf count, per-lcore mbuf cache, burst and mempool driver (DPDK's default ``ring_mp_mc`` for
-both), warm-up and duration, both busy-polling. ``ratio_io`` and ``ratio_macswap`` are those
-one-lcore figures (targets: >= 0.5 and >= 0.8). Two workloads, each replayed from memory by
-the ``net_pcap`` vdev (``infinite_rx=1``) into a ``net_null`` port:
-
-- **main**: embnic request frames (protocol v2: one message per shard, several tables each) with
-  a realistic size mix, built with the client library's codec (lookups of 1..4 tables and 1..170
-  keys, 2-fragment fp32 updates of 2 tables); the pcap repeats its ~1,650 message ids, so after
-  the first pass the state map only finds entries.
-- **distinct**: 8,192 messages with distinct (client, msg id), each a lookup request frame and
-  its reply frame: every request inserts a state-map entry and every reply frees it (in every
-  pass). ``distinct_msgs_per_s`` is the card's own count of completed messages per second
-  (target >= 1 M on one lcore); ``repeated_ids_msgs_per_s`` replays the same request frames
-  alone (every request finds its entry), counted the same way (frames/s / 2), and
-  ``ratio_distinct_to_repeated`` compares them (target >= 0.5). testpmd io replays the distinct
-  pcap too (``testpmd_io_distinct_mpps``). The card takes a reply only from its shard's card port
-  (``wrong_port``), and here replies come in on port 0 like the requests: the card's distinct and
-  repeated-id runs (and the PNA pipeline's distinct run) have their shards behind port 0 too and
-  send back on it (``net_pcap`` without ``tx_pcap`` drops what it is given, as ``net_null`` does).
-
-**Several state lcores** (issue 11): the distinct workload again on the card with its state map
-partitioned over 2 state lcores (``-l 0,1 -- --state-lcores 2``: lcore 0 runs RX, state lcore 0,
-TX and the control socket, lcore 1 state lcore 1, which sends on its own TX queue of the
-net_null port; ``distinct_2state_msgs_per_s``), against testpmd io with 2 forwarding lcores
-(``--lcores 0@0,1@1,2@1 --main-lcore 2 --rxq 2 --txq 2``, the pcap opened on both RX queues;
-``testpmd_io_distinct_2fwd_mpps``), in the same interleaved run as the 1-lcore figures. Half
-the card's frames cross from lcore 0 to lcore 1 (the header ring), so on 2 vCPUs of a shared VM
-its rate follows the cache-line round trip between them (``xcore_rtt_ns``, recorded before
-each run) and the CPU left over by the rest of the box (``others_cpu``); these figures are
-reported, not gated (no target).
-
-The card on two lcores (RX/TX pipeline, ``-l 0,1``, ``stack`` mempool) is reported beside,
-under its own names (``card_pipeline_2lcores_mpps``). Then the main workload over a veth pair
-in a network namespace (the testbed's path), the DUT on ``net_af_packet`` and on
-``net_af_xdp`` (:func:`measure_veth`, one interleaved run: ``af_packet``, ``af_xdp``,
-``af_xdp_vs_af_packet``), the frames coming from a second testpmd that replays the pcap into
-the other end of the veth pair::
-
-    netns enB<pid>:  [testpmd io: net_pcap(infinite) -> net_af_packet(iface=eBa<pid>)]
-                          ==veth==  [DUT: net_af_packet | net_af_xdp (iface=eBb<pid>) -> net_null]
-
-Rates are taken from the DUT's own TX counters (card: control socket ``counters``; testpmd:
-``show port stats all``) at two instants ``seconds`` apart, after a warm-up. ``mpps`` = frames
-sent per µs; ``gbps`` = Ethernet bytes (no preamble/FCS) × 8 / s; ``msgs_per_s`` = mpps ×
-messages/frames of the pcap. Note that ``net_pcap``'s in-memory replay copies every frame on
-the DUT's own lcore (about half of the card's time per frame here), for both DUTs alike.
-Results are merged into ``DIR/bench.json`` under ``dataplane``, with ``targets`` saying which
-are met. Needs root (EAL, netns).
-
-Every run also records ``others_cpu`` (CPU used meanwhile by the rest of the box; a shared VM
-is noisy) and ``xcore_rtt_ns``, the cache-line round trip between CPUs 0 and 1 just before it
-(``dataplane/build/xcore-rtt``): the card's RX/TX pipeline (``-l 0,1``) passes each frame's
-cache lines between the two lcores and its rate follows that figure.
-
-The card runs as :class:`embnic.control.targets.dpdk.process.CardProcess` and testpmd as a
-:class:`~embnic.control.targets.dpdk.process.DpdkProcess` (EAL defaults, unique ``--file-prefix``, runtime
-directory removed after it exits); only their own pids are ever signalled.
+The method: docs/bench.md, "embnic bench dataplane: the card against dpdk-testpmd".
 """
 from __future__ import annotations
 

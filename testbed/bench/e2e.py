@@ -1,40 +1,7 @@
 """End-to-end benchmark (``embnic bench e2e``): variable-length through the card vs a length
 round vs TorchRec, in one run, on the same tables, batches and sharding.
 
-Three ways to do one training step's embedding work (look the rows of a batch up, then push
-their gradients), at batch sizes 32, 256 and 4096 of the Criteo sample (26 features, one
-table each, 65536 rows × dim 8, fp32, row-wise Adagrad — ``examples/testbed.toml``):
-
-* **varlen** — :class:`~embnic.client_lib.client.EmbeddingClient` in its client namespace of
-  the testbed, every message through the card (``embnic-dp``) to the shards and back: one round
-  per lookup, one per update.
-* **fixed** — the same client with ``fixed_length=True`` (docs/protocol.md, "Size messages"):
-  a size round before each data round, as TorchRec's ``KJTAllToAll`` exchanges split sizes
-  before ids — two rounds per lookup and per update.
-* **torchrec** — TorchRec's sharded ``EmbeddingBagCollection`` (``DistributedModelParallel``,
-  gloo, CPU, table-wise, fused ``EXACT_ROWWISE_ADAGRAD``), one process per rank, 2 ranks, each
-  with half the batch (the same samples per step in all); lookup = the sharded forward (input
-  distribution, lookup, output distribution), update = backward with the fused optimizer.
-
-And a whole model (:mod:`.e2e_dlrm`, rows with ``model: "dlrm"``): training steps/s of
-TorchRec's DLRM with its tables through the card vs the same DLRM with TorchRec's
-``EmbeddingBagCollection`` in the process (DMP on one rank, fused row-wise Adagrad), same
-samples and batch sizes, in the same run.
-
-embnic runs with ``sharding = "table"`` (what TorchRec offers on CPU) for the comparison;
-``hash`` sharding is measured too, as rows of its own (``e2e_hash``). The transport is measured
-loss-free and with 1% loss on every link (netem), in the same repeat: retransmissions, timer
-expiries, repairs and tail probes per step, and step time; with the user-space netem (kernels
-without ``sch_netem``) also through its helpers with nothing dropped, which says what the
-helpers' own per-frame forwarding adds.
-
-Each figure is the median of ``repeats`` repeats (each ``steps`` timed steps after a warm-up
-step) with the min and max over repeats; p50/p99 are over the steps of one repeat. Load
-average, cores and CPU model are recorded: the machine is shared.
-
-Wiring: the namespace testbed of :mod:`embnic.testbed.net.topology` (clients, the card on
-``net_af_packet`` vdevs, two shards on the batch engine); TorchRec runs before the testbed
-is up, so neither competes with the other for the two cores.
+The method: docs/bench.md, "embnic bench e2e".
 """
 from __future__ import annotations
 

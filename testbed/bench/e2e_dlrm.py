@@ -1,23 +1,7 @@
 """The DLRM rows of ``embnic bench e2e``: training steps/s of TorchRec's DLRM with its tables
 through the card vs the same DLRM with TorchRec's own ``EmbeddingBagCollection`` in the process.
 
-Both sides train ``torchrec.models.dlrm.DLRM`` (:func:`embnic.testbed.training.dlrm.build_model`:
-bottom MLP 13 → 64 → 8, dot interaction, top MLP → 64 → 1, dense SGD) on the same Criteo
-samples (dense features, 26 sparse features, labels) at the same batch sizes; a step is forward,
-backward and the dense optimizer step:
-
-* **card** — the ``embedding_bag_collection`` is a
-  :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection` on an
-  :class:`~embnic.client_lib.client.EmbeddingClient` in its client namespace: one lookup round
-  (forward) and one update round (backward) through the card to the shards; the shards apply
-  row-wise Adagrad;
-* **torchrec** — TorchRec's ``EmbeddingBagCollection`` on the same tables (rows × dim, one per
-  feature), sharded in this process by ``DistributedModelParallel`` on one gloo rank, table-wise,
-  with the fused fbgemm ``EXACT_ROWWISE_ADAGRAD`` (the same optimizer, applied in backward).
-
-Timing: per batch size, one warm-up step, then ``steps`` timed steps, ``repeats`` times; steps/s
-is ``1 / median step time`` of a repeat, summarised as median/min/max over repeats. One torch
-intra-op thread on both sides (the card and the shards need the other core).
+The method: docs/bench.md, "embnic bench e2e, the DLRM rows".
 """
 from __future__ import annotations
 
@@ -69,7 +53,7 @@ def _repeats(model, opt, batches: dict, repeats: int) -> dict:
 
 
 def card_steps(client, cfg, batches: dict, repeats: int, lr_dense: float = 0.05) -> dict:
-    """DLRM steps with the tables through ``client`` (module docstring, side **card**).
+    """DLRM steps with the tables through ``client`` (docs/bench.md, side **card**).
 
     Args:
         client: an ``EmbeddingClient`` (in its namespace, through the card).
@@ -89,8 +73,8 @@ def card_steps(client, cfg, batches: dict, repeats: int, lr_dense: float = 0.05)
 
 
 def torchrec_steps(cfg, batches: dict, repeats: int, lr_dense: float = 0.05) -> dict:
-    """The same DLRM steps with TorchRec's ``EmbeddingBagCollection`` in this process (module
-    docstring, side **torchrec**; a one-rank gloo group, file rendezvous, destroyed after).
+    """The same DLRM steps with TorchRec's ``EmbeddingBagCollection`` in this process (docs/bench.md,
+    side **torchrec**; a one-rank gloo group, file rendezvous, destroyed after).
 
     Returns:
         ``{batch: [step µs list per repeat], "sharding_types": [...]}``.

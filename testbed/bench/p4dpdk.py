@@ -1,16 +1,6 @@
 """The P4 card for PNA (p4/pna/, DPDK's SWX pipeline in ``embnic-swx``) in ``embnic bench dataplane``.
 
-The same frames, vdevs and lcore as the C card's runs (``net_pcap`` infinite_rx → DUT on lcore 0
-→ ``net_null``), interleaved with them by :func:`embnic.testbed.bench.dataplane.run`; the rate
-is the pipeline's output port statistics (frames the SWX pipeline sent on the sink port, read
-through embnic-swx's ``counters``), the distinct-message rate the P4 card's
-``messages_completed`` counter. ``available()`` says in one line why it is skipped where
-DPDK's pipeline headers or embnic-swx are missing (the program is the committed p4/build/pna).
-
-Wiring, one lcore::
-
-    net_pcap0 (infinite_rx) -> embnic-swx: host RX (+rx pseudo-header) -> ring -> SWX pipeline
-        -> ring -> host TX (-tx pseudo-header) -> net_null1
+The method: docs/bench.md, "embnic bench dataplane, p4dpdk: the P4 card in DPDK's SWX pipeline".
 """
 from __future__ import annotations
 

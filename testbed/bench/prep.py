@@ -1,13 +1,6 @@
 """Benchmark of batch preparation on Criteo batches (``embnic bench prep``).
 
-Measures :func:`embnic.client_lib.batch.prepare_batch` plus routing of every unique id to its
-shard and grouping them by shard, every table at once as the client plans a round
-(:func:`embnic.client_lib.roundplan.shard_index` and one stable sort) on batches of ``batch_size`` samples ×
-26 categorical features drawn from the shipped Criteo sample, and, in the same run on the same
-ids, a bare ``np.unique(values, return_inverse=True)`` — the floor any sort-based dedup pays.
-Runs alternate between the two and the median of ``repeats`` is reported, so load from other
-processes hits both alike. Ratio = ours / baseline throughput (higher is better; 1.0 = as fast
-as the bare sort).
+The method: docs/bench.md, "embnic bench prep: batch preparation".
 """
 from __future__ import annotations
 

@@ -1,34 +1,6 @@
 """The disk tier under load (``embnic bench server``, its disk-tier run; ``--disk-only`` alone).
 
-Two shard processes on loopback serve the same table (dim 8 fp32, row-wise Adagrad): one keeps
-it on disk (``store = "disk"``: RocksDB behind ``cache_rows`` hot rows, ``block_cache_mb`` of
-RocksDB block cache), one in memory (the default: the one row store, lookups answered in C from
-the receive buffer), the baseline measured in the same run. In order:
-
-1. **Fixed overhead.** The table grows to 1.5 × the rows the disk table's cache holds (about the
-   budget's size on disk), then the disk shard serves Zipf updates and lookups of 4096 keys over
-   it, 256 of each (reads from the store, evictions, write-backs, the flushes and compactions
-   they cause: every path of step 3, at full size). After every 8 messages the bench reads its
-   anonymous resident memory (``RssAnon``, ``/proc/PID/status``) and the block cache in use (its
-   metrics); the largest ``RssAnon`` minus the cache's arrays (allocated and written once when the
-   shard starts) and the block cache in use is the shard's fixed overhead: the interpreter,
-   numpy, the engine's buffers, RocksDB's own bookkeeping, the allocator's retained memory —
-   measured, not assumed.
-2. **Growth.** Both shards materialise every row of the table (updates of 4096 new ids a message,
-   the ids in random order) until the table has ``rows`` rows; after each slice the bench reads
-   the disk shard's ``RssAnon``, ``RssFile`` and its store's bytes on disk. The budget is the
-   cache's arrays plus the block cache's capacity; the target is ``RssAnon ≤ fixed overhead +
-   budget`` at every sample while the table on disk grows past 8 × the budget (``RssFile``, the
-   SST files' pages the kernel caches — reclaimable, shared — is reported beside it).
-3. **Zipf.** Lookups and updates of 4096 distinct ids a message drawn from Zipf(s = 1.05) over the
-   table's rows (rank r ↦ id ``splitmix64(r)``, so hot ids are scattered over the id space, not
-   neighbours), ``window`` messages in flight, alternately against the memory and the disk shard
-   (``repeats`` each; rows/s are medians) after a warm-up pass; the disk shard's cache hit ratio
-   comes from its metrics (hits ÷ keys, over the timed runs). Target: lookup rows/s ≥ 0.3 × the
-   memory shard's (``ratio``).
-
-Load is part of the figure on a shared machine: the result records the load average and the CPU
-seconds of both shard processes.
+The method: docs/bench.md, "embnic bench server --disk: the disk tier under load".
 """
 from __future__ import annotations
 
@@ -279,7 +251,7 @@ def _targets(res: dict) -> dict:
 def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_cache_mb: int = BLOCK_CACHE_MB,
         window: int = 4, messages: int = 300, repeats: int = 3, mtu: int = 1500, samples: int = 24, seed: int = 0,
         log=print) -> dict:
-    """Run the disk-tier benchmark (module docstring) and merge ``server_disk`` into ``out_dir/bench.json``.
+    """Run the disk-tier benchmark (docs/bench.md) and merge ``server_disk`` into ``out_dir/bench.json``.
 
     Args:
         rows: rows of the table; cache_rows, block_cache_mb: the disk table's memory budget.

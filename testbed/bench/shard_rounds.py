@@ -1,20 +1,6 @@
 """Shard-side cost of one round by number of tables (``embnic bench server``, ``server.rounds``).
 
-A **round** is what one client asks of one shard in one training step (protocol v2: one
-message per shard): here a lookup of ``total`` ids and, separately, an update of the same ids,
-spread evenly over 2 tables or over 26 tables (dim 8 fp32, row-wise Adagrad, the ids drawn from
-the rows the shard holds: 212,992 in both cases, spread evenly over its tables, so that only the
-number of tables differs). Issue "the round at the speed of the path" asks that the shard's
-work per round does not grow with the number of tables: ``ratio_26_vs_2_<op>`` (CPU per round
-with 26 tables ÷ with 2) within 1.2.
-
-How it is measured: a :class:`~embnic.testbed.server.engine.BatchShardServer` in this process
-on a loopback socket; a client socket sends the round's request frames; then, on this thread,
-timed with the thread's CPU clock: the shard's ``recvmmsg`` and :meth:`serve_batch` of that
-wake-up — header checks, reassembly, the directory, the checks of every table, the rows, the
-reply frames and their ``sendmmsg`` (the kernel's loopback path of the reply included). The
-client's draining of the replies is not timed. Rounds alternate between the table counts so
-load from other processes hits both alike; the figure is the median over the rounds.
+The method: docs/bench.md, "embnic bench server, rounds: one round by number of tables".
 """
 from __future__ import annotations
 

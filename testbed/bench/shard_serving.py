@@ -1,42 +1,6 @@
 """Benchmark of one parameter-server shard on loopback, without the card (``embnic bench server``).
 
-For lookups and updates of 1, 64 and 4096 keys per message (MTU 1500, dim 8 fp32, row-wise
-Adagrad: a 4096-key lookup is 23 request frames and a 92-frame reply) it measures, in one run:
-
-* **the shard** — ``embnic server`` started as its own process (``--workers 1``, then
-  ``--workers 2``), driven by a load
-  generator in this process that keeps ``window`` messages in flight with batched socket I/O
-  (:mod:`embnic.testbed.server.udpio`; its socket sets ``UDP_GRO``, so a reply the shard sent as
-  one GSO super-datagram is not cut into datagrams again on loopback, where the sender pays for
-  the receiver's side), so the generator costs little per frame. Rows/s and
-  messages/s come from the windowed run; p50/p99 latency (request sent → whole reply in) from
-  a run with one message in flight.
-* **the in-process reference** — :class:`~embnic.client_lib.local.LocalBackend` doing the same
-  work on the same keys and gradients (``lookup``/``update`` per message), between the shard
-  runs so load from other processes hits both alike.
-
-``ratio_<op>_<keys>`` = shard rows/s ÷ LocalBackend rows/s (``--workers 1``, wall clock; targets
-≥ 0.3 for 1-key and ≥ 0.7 for 4096-key lookups);
-``ratio_cpu_<op>_<keys>`` = rows per CPU second of the shard's processes ÷ rows per CPU second
-of LocalBackend (what the shard would do on a core of its own: on a loaded machine the wall
-clock measures the scheduler as much as the shard);
-``ratio_workers2_<op>_<keys>`` = ``--workers 2`` ÷ ``--workers 1``;
-``ratio_wal_update_<keys>`` = update rows/s of ``--workers 1`` with the write-ahead log
-(``--checkpoint-dir`` in the run directory: records appended, one ``fdatasync`` per wake-up
-before the acks) ÷ without it (``workers_1_wal`` vs ``workers_1``; target ≥ 0.7 at 4096 keys),
-``ratio_wal_cpu_update_<keys>`` the same per CPU second of the shard. Both tables of the bench
-config get half the messages, so both workers of ``--workers 2`` are the home of some of them
-(messages are steered by ``(client_id + msg_id) % 2``; consecutive message ids alternate; the rows of both tables are split by
-id range, so each home asks the other worker for about half the rows of every message). The keys come from a pool of 65536 ids per table whose rows
-are materialised (updated once) in the shard and in the reference before timing.
-
-``rounds`` (:mod:`.shard_rounds`): the shard's CPU for one round — a lookup and an update of the
-same ids as one message — over 2 and over 26 tables; ``ratio_26_vs_2_<op>`` within 1.2 (the
-work of a round does not grow with the number of tables).
-
-Load is part of the figure on a shared machine: the result records the load average, the
-share of the machine's CPU time that was idle during each shard run, and the CPU seconds of
-the load generator (this process) and of the shard's processes.
+The method: docs/bench.md, "embnic bench server: one shard on loopback".
 """
 from __future__ import annotations
 
@@ -237,7 +201,7 @@ def _local_figures(lb_times: dict, loads: dict) -> dict:
 
 
 def _ratios(res: dict) -> None:
-    """The ``ratio_*`` keys of ``res`` (module docstring), from the figures they name."""
+    """The ``ratio_*`` keys of ``res`` (docs/bench.md), from the figures they name."""
     for op in OPS:
         for nk in KEYS:
             k = f"{op}_{nk}"
@@ -278,7 +242,7 @@ def _targets(res: dict) -> dict:
 
 def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, seed: int = 0, repeats: int = 3,
         log=print) -> dict:
-    """Run the benchmark and merge ``server`` into ``out_dir/bench.json`` (see the module docstring).
+    """Run the benchmark and merge ``server`` into ``out_dir/bench.json`` (docs/bench.md).
 
     Args:
         out_dir: where bench.json (and the shards' logs, under ``server-logs/``) go.
