@@ -11,25 +11,11 @@ from embnic.client_lib.config import MTU_LIMITS, ConfigError, load_config
 from embnic.control import capacity as P
 from embnic.cli.commands.options import FloatRange, config_option, json_option
 
-_HW = {f.name: f for f in dataclasses.fields(P.Hardware)}
 
-
-# upper (and lower) bounds of the numeric options: well past any real cluster, so that an absurd
-# figure is a usage error naming the range, not an overflow or a plan of 300-digit counts
-MAX_BATCH = 10**8
-MAX_IDS_PER_FEATURE = 10**5
-MAX_DATA_SAMPLES = 10**10
-MAX_CLIENTS = 10**6
-MAX_STEPS_PER_S = 10**6
-_HW_RANGE = {  # (min, max) of each --<hardware> option, in its unit
-    "shard_ram_gb": (1e-3, 1e6), "shard_disk_gb": (1e-3, 1e8), "nic_gbps": (1e-3, 1e5),
-    "card_msgs_per_s": (1.0, 1e12), "card_mpps": (1e-6, 1e6), "shard_keys_per_s": (1.0, 1e12),
-    "disk_keys_per_s": (1e-3, 1e12), "client_frames_per_s": (1.0, 1e12), "rtt_us": (1e-3, 1e8),
-}
-
-
-def _hw_opt(name: str, help_: str):
-    lo, hi = _HW_RANGE[name]
+# The bounds of the numeric options are well past any real cluster, so that an absurd figure is a
+# usage error naming the range, not an overflow or a plan of 300-digit counts.
+def _hw_opt(name: str, lo: float, hi: float, help_: str):
+    """``--<name>``: a figure of the hardware profile (in its unit, ``lo``..``hi``) overridden."""
     return click.option("--" + name.replace("_", "-"), name, type=FloatRange(min=lo, max=hi), default=None,
                         help=f"{help_} [server: {getattr(P.PROFILES['server'], name):g}, "
                              f"testbed: {getattr(P.PROFILES['testbed'], name):g}]")
@@ -37,33 +23,33 @@ def _hw_opt(name: str, help_: str):
 
 @click.command("plan")
 @config_option(example="examples/testbed.toml")
-@click.option("--batch", type=click.IntRange(min=1, max=MAX_BATCH), default=4096, show_default=True,
+@click.option("--batch", type=click.IntRange(min=1, max=10**8), default=4096, show_default=True,
               help="Samples per step of each client.")
-@click.option("--ids-per-feature", type=FloatRange(min=0, max=MAX_IDS_PER_FEATURE, min_open=True), default=1.0, show_default=True,
+@click.option("--ids-per-feature", type=FloatRange(min=0, max=10**5, min_open=True), default=1.0, show_default=True,
               help="Ids per sample of every table (pooling factor); measured with --data.")
 @click.option("--unique-ratio", type=FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
               help="Unique ids / all ids of a table within one batch; measured with --data.")
 @click.option("--data", "data", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Criteo TSV (plain or compressed): measure ids per feature and the unique ratio of every "
                    "table at --batch from its samples (features C1..C26 to the tables as `embnic train` maps them).")
-@click.option("--data-samples", type=click.IntRange(min=1, max=MAX_DATA_SAMPLES), default=1_000_000, show_default=True,
+@click.option("--data-samples", type=click.IntRange(min=1, max=10**10), default=1_000_000, show_default=True,
               help="Samples of --data read at most.")
-@click.option("--clients", type=click.IntRange(min=1, max=MAX_CLIENTS), default=None,
+@click.option("--clients", type=click.IntRange(min=1, max=10**6), default=None,
               help="Clients stepping at once [default: the config's [[clients]]].")
-@click.option("--steps-per-s", type=FloatRange(min=0, max=MAX_STEPS_PER_S, min_open=True), default=None,
+@click.option("--steps-per-s", type=FloatRange(min=0, max=10**6, min_open=True), default=None,
               help="Steps per second wanted of every client: size shards and cards for it.")
 @click.option("--hardware", type=click.Choice(sorted(P.PROFILES)), default="server", show_default=True,
               help="Hardware profile the options below override.")
-@_hw_opt("shard_ram_gb", "Memory per shard for tables, GB.")
-@_hw_opt("shard_disk_gb", "Disk per shard for checkpoints and log, GB.")
-@_hw_opt("nic_gbps", "NIC line rate of every host, Gb/s each direction.")
-@_hw_opt("card_msgs_per_s", "Messages/s one card completes (`bench dataplane` distinct_msgs_per_s).")
-@_hw_opt("card_mpps", "Million frames/s one card forwards (`bench dataplane` card_mpps).")
-@_hw_opt("shard_keys_per_s", "Keys/s one shard looks up or updates (`bench server`).")
-@_hw_opt("disk_keys_per_s", "Keys/s one shard looks up or updates of disk-tier tables (`bench server --disk`; "
-                           "default: 0.08 x --shard-keys-per-s, measured at a cache hit ratio of 0.66).")
-@_hw_opt("client_frames_per_s", "Frames/s one client sends or receives.")
-@_hw_opt("rtt_us", "Base round trip client-card-shard-card-client, µs.")
+@_hw_opt("shard_ram_gb", 1e-3, 1e6, "Memory per shard for tables, GB.")
+@_hw_opt("shard_disk_gb", 1e-3, 1e8, "Disk per shard for checkpoints and log, GB.")
+@_hw_opt("nic_gbps", 1e-3, 1e5, "NIC line rate of every host, Gb/s each direction.")
+@_hw_opt("card_msgs_per_s", 1.0, 1e12, "Messages/s one card completes (`bench dataplane` distinct_msgs_per_s).")
+@_hw_opt("card_mpps", 1e-6, 1e6, "Million frames/s one card forwards (`bench dataplane` card_mpps).")
+@_hw_opt("shard_keys_per_s", 1.0, 1e12, "Keys/s one shard looks up or updates (`bench server`).")
+@_hw_opt("disk_keys_per_s", 1e-3, 1e12, "Keys/s one shard looks up or updates of disk-tier tables (`bench server "
+         "--disk`; default: 0.08 x --shard-keys-per-s, measured at a cache hit ratio of 0.66).")
+@_hw_opt("client_frames_per_s", 1.0, 1e12, "Frames/s one client sends or receives.")
+@_hw_opt("rtt_us", 1e-3, 1e8, "Base round trip client-card-shard-card-client, µs.")
 @click.option("--mtu", type=click.IntRange(*MTU_LIMITS), default=None,
               help=f"Link MTU, {MTU_LIMITS[0]}..{MTU_LIMITS[1]} as [cluster] mtu [default: the config's].")
 @json_option
@@ -72,18 +58,9 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
     """Size a cluster: per shard rows, memory and disk; per card frames/s, messages/s, Gb/s and
     state-map entries; which limit binds first; shards and cards for --steps-per-s.
 
-    Traffic follows protocol v2 as the client builds rounds (one message per shard per round,
-    split past 64 fragments; tail probes), so its messages, frames and bytes per step are the
-    client's own (docs/planning.md).
-
-    Tables are sized by their `expected_rows` (rows the table is expected to hold), else `rows`:
-    a table with neither (a hashed uint64 id space) needs `expected_rows` in its [[tables]] entry
-    (docs/config.md).
-
-    A table on the disk tier (`store = "disk"`) costs its shard its cache (`cache_rows`), the
-    block cache and a measured fixed overhead in memory, its RocksDB store on disk, and its keys
-    at --disk-keys-per-s (an assumption from `bench server --disk`: the cache hit ratio is not
-    modelled); the plan names each shard's disk tables.
+    Traffic is counted as the client builds its rounds; tables are sized by `expected_rows`, else
+    `rows` (a table with neither needs `expected_rows`); a table on the disk tier costs its shard
+    its cache in memory and its keys at --disk-keys-per-s (docs/planning.md).
 
     \b
     Examples:
