@@ -148,7 +148,8 @@ def test_proto_version_knob(v3_card, bi):
 def test_proto_version_knob_changes_the_parser(v3_card, card_bin, tmp_path):
     """The v3 binary drops a valid v2 frame as bad_version (so the knob is not just a label)."""
     from conformance import Suite, write_pcap
-    from embnic.control.targets.dpdk.process import CardProcess, wait_drained
+    from embnic.control.targets.dpdk.process import CardProcess
+    from drain import wait_drained
 
     s = Suite.default()
     frames = [f.data for f in s.frames if f.label.startswith("c1 lookup s0[")]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 
 from conformance import StateModel, Suite, check_outputs, read_pcap
-from embnic.control.targets.dpdk.process import CardProcess, wait_drained
+from embnic.control.targets.dpdk.process import CardProcess
+from drain import wait_drained
 from embnic.client_lib import consts
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]

@@ -18,7 +18,8 @@ from conformance import CardPort, Peer, Suite, write_pcap
 from embnic.client_lib.consts import DType, MsgType, Status
 from embnic.client_lib.protocol import Embnic
 from embnic.cli.main import cli
-from embnic.control.targets.dpdk.process import CardProcess, wait_drained
+from embnic.control.targets.dpdk.process import CardProcess
+from drain import wait_drained
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

@@ -19,7 +19,8 @@ import pytest
 
 from conformance import CardPort, Peer, Suite, read_pcap, write_pcap
 from embnic.client_lib.consts import MsgType
-from embnic.control.targets.dpdk.process import CardProcess, wait_drained
+from embnic.control.targets.dpdk.process import CardProcess
+from drain import wait_drained
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 

@@ -18,6 +18,7 @@ from embnic.client_lib import consts
 from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.base import Peer
 from embnic.control.targets.p4dpdk.target import SwxProcess
+from drain import wait_swx_drained
 import p4ref
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -51,7 +52,7 @@ def run(p4dpdk_pipeline, tmp_path_factory):
                         [Peer.from_fields(c) for c in s.route_cmds() + s.client_cmds()])
         routes, clients = sw.card.peers("shard"), sw.card.peers("client")
         sw.resume()
-        host = sw.wait_drained(len(s.frames))
+        host = wait_swx_drained(sw, len(s.frames))
         counters = sw.card.counters(len(s.ports), sorted(s.shards))
         state = sw.card.state_map()
         rc = sw.stop()

@@ -16,6 +16,7 @@ import pytest
 from conformance import Suite, check_outputs, read_pcap
 from embnic.client_lib.consts import MsgType
 from embnic.control.targets.p4dpdk.target import SwxProcess
+from drain import wait_swx_drained
 from embnic.control.targets.base import Peer
 import p4ref
 
@@ -58,7 +59,7 @@ def run(p4dpdk_pipeline, tmp_path_factory):
         sw.card.program([(p.port, CARD_MACS[p.port], p.ip) for p in s.ports.values()],
                         [Peer.from_fields(x) for x in s.route_cmds() + s.client_cmds()])
         sw.resume()
-        sw.wait_drained(len(s.frames))
+        wait_swx_drained(sw, len(s.frames))
         counters = sw.card.counters(len(s.ports), sorted(s.shards))
         state = sw.card.state_map()
         sw.stop()
@@ -113,7 +114,7 @@ def expiry(p4dpdk_pipeline, tmp_path_factory):
                         [Peer.from_fields(x) for x in s.route_cmds() + s.client_cmds()],
                         state_timeout_us=EXPIRY_TIMEOUT_US)
         sw.resume()
-        sw.wait_drained(len(s.frames))
+        wait_swx_drained(sw, len(s.frames))
         counters = sw.card.counters(len(s.ports), sorted(s.shards))
         state = sw.card.state_map()
         sw.stop()

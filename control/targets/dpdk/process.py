@@ -508,34 +508,3 @@ class CardProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def wait_drained(card: CardProcess, n_frames: int, timeout: float = 30.0, mbufs_back: bool = False) -> dict:
-    """Wait until the card has received ``n_frames`` and accounted every one of them.
-
-    Every received frame is either sent (``tx_frames``) or dropped (``drops``; ``no_mbuf`` counts
-    frames never received and is left out), and the header ring is empty. With ``mbufs_back``,
-    also until every mbuf is back in the pool (``mempool.in_use == 0``): a lcore other than the
-    control socket's counts a frame a moment before it frees its mbuf.
-
-    Returns:
-        the last ``counters`` response.
-    Raises:
-        DpdkProcError: not drained within ``timeout`` s (the message holds the counters).
-    """
-    import json
-
-    deadline = time.monotonic() + timeout
-    while True:
-        c = card.counters()
-        rx = sum(p["rx_frames"] for p in c["ports"])
-        done = sum(p["tx_frames"] for p in c["ports"]) + sum(
-            v for k, v in c["drops"].items() if k != "no_mbuf")
-        if rx >= n_frames and done >= rx and c["ring"]["count"] == 0 and (
-                not mbufs_back or c["mempool"]["in_use"] == 0):
-            return c
-        if time.monotonic() > deadline:
-            raise DpdkProcError(f"card did not drain {n_frames} frames within {timeout:g}s: rx={rx} "
-                                f"accounted={done} counters={json.dumps(c)}")
-        time.sleep(0.05)
-

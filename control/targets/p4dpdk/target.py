@@ -385,7 +385,7 @@ class SwxProcess:
 
         with SwxProcess(pipe, ["net_pcap0,rx_pcap=in.pcap,tx_pcap=out.pcap"], workdir) as sw:
             sw.card.program([(0, "02:cc:00:00:00:00", "10.1.0.1")], peers)
-            sw.resume(); sw.wait_drained(n_frames)
+            sw.resume()
 
     Args:
         pipe: the built pipeline (:func:`embnic.control.targets.p4dpdk.swx.build_pipeline`).
@@ -422,29 +422,6 @@ class SwxProcess:
 
     def host_counters(self) -> dict:
         return self.ctl.call("counters")
-
-    def wait_drained(self, n_frames: int, timeout: float = 60.0) -> dict:
-        """Wait until the host took ``n_frames`` in and every one left the pipeline (sent on its
-        port, or dropped by the pipeline or the host); returns the host's counters.
-
-        Raises:
-            OperationalError: not so within ``timeout`` s (the counters in the message).
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            h = self.host_counters()
-            ports = h["ports"]
-            rx = sum(p["rx_frames"] for p in ports)
-            lost_in = sum(p["rx_ring_full"] + p["rx_no_headroom"] for p in ports)
-            into = sum(p["pipeline_in_frames"] for p in ports)
-            out = sum(p["pipeline_out_frames"] for p in ports)
-            done = sum(p["tx_frames"] + p["tx_full"] + p["tx_bad_meta"] for p in ports)
-            if rx >= n_frames and into == rx - lost_in and into == out + h["pipeline_dropped"] and done == out:
-                return h
-            if time.monotonic() > deadline:
-                raise OperationalError(f"embnic-swx did not drain {n_frames} frames in {timeout:g} s: {h} "
-                                       f"(log: {self.proc.log_path})")
-            time.sleep(0.05)
 
     def stop(self) -> dict:
         return self.proc.stop()
