@@ -1,31 +1,6 @@
 """In-kernel random frame loss for kernels without ``sch_netem``: the ``bpf`` netem backend.
 
-Where ``tc ... netem`` is missing (``Specified qdisc kind is unknown``; so is ``act_gact``, whose
-``random netrand drop`` would do the same), a loss-only impairment needs no user-space helper:
-each end of a link's veth pair runs one small XDP program on the frames it receives:
-
-* the **card's end** sees the frames the peer sends (``out``), the **peer's end** the frames the
-  card sends (``in``); each program draws ``bpf_get_prandom_u32()`` per frame and returns
-  ``XDP_DROP`` when it falls below ``loss/100 · 2^32``, else ``XDP_PASS`` — netem's ``loss P%``
-  (independent, uniform per frame; not seedable: the kernel's per-CPU PRNG);
-* both count into one ``BPF_MAP_TYPE_ARRAY`` of 4 × u64 (:data:`COUNTERS`: frames seen and
-  dropped per direction), by atomic add, read back through the map's id (:func:`read_counters`).
-
-Why XDP on the receiving end, not a tc hook on the sending end: a shard sends its replies as
-UDP GSO packets (``UDP_SEGMENT``) that the kernel cuts into frames only after the tc egress
-hook, so a tc program would drop and count a whole burst of frames at once. A veth with a
-native XDP program makes its peer segment before sending, so every frame meets the program
-alone; and XDP runs before the card's ``net_af_packet`` socket sees a frame (a tc ingress
-program on the card's end would run after it). A card on ``net_af_xdp`` (``--pmd af_xdp``)
-holds the XDP hook of its end with its own program, so there the backend is refused by name
-(:class:`XdpHookTaken`; ``netem --backend auto`` picks ``user`` for such a testbed). Unlike the ``user`` backend's helpers, nothing
-leaves the kernel: the loss costs the path about nothing (the helpers' Python forwarding added
-3–57 % to a step in ``bench e2e``).
-
-The programs are assembled here (eBPF instruction set, Documentation/bpf/standardization/
-instruction-set.rst in the kernel tree), loaded with the ``bpf(2)`` system call through ctypes
-and attached with pyroute2 (``IFLA_XDP``); no compiler, libbpf or bpffs is needed. The
-interfaces hold the programs and the programs the map: detaching both frees everything.
+How: docs/testbed.md, "The bpf loss backend".
 """
 from __future__ import annotations
 

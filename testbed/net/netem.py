@@ -1,63 +1,6 @@
 """Fault injection on the testbed's veth links: loss, reordering and duplicates.
 
-``embnic testbed netem --loss P --reorder Q --duplicate R`` impairs every link of a running
-testbed, in both directions. Impairments are kept *per link*:
-
-* without ``--link`` every link gets the new impairment (whatever each had before);
-* ``--link s1`` (repeatable) sets the impairment of that link only, replacing only its own
-  earlier one: ``netem --loss 1`` then ``netem --link s1 --loss 5`` leaves 1% on c1, c2, s0
-  and 5% on s1;
-* ``--clear`` removes every link's impairment, ``--clear --link s1`` only s1's; all-zero
-  options do the same as ``--clear``.
-
-Every argument is checked (link names, backend, kernel netem) before anything is changed, so a
-failing call leaves the impairment in place as it was. Two backends:
-
-``tc`` — Linux ``tc netem``, the standard tool: ``tc qdisc replace dev IF root netem loss P%
-duplicate R% delay D reorder Q% 50%`` on *both* ends of each veth pair (the card's end too:
-the testbed gives the DPDK ``net_af_packet`` PMD ``qdisc_bypass=0``, so it sends through the
-qdisc; DPDK 22.11's default bypasses it). netem reorders only delayed traffic, so ``--reorder``
-implies a delay (default 1 ms): Q% of the frames go out at once, the rest after the delay.
-
-A testbed whose card runs on ``net_af_xdp`` (``testbed up --pmd af_xdp``) refuses ``tc`` and
-``bpf`` by name (:func:`pmd_backend_problem`: AF_XDP sends around the qdisc, and the PMD's XDP
-program holds the hook the ``bpf`` backend needs); ``auto`` picks ``user`` there, which works on
-the peer's end of each link only.
-
-``user`` — the same impairments in user space, for kernels built without ``sch_netem``
-(``tc`` says *Specified qdisc kind is unknown*; the 2-core test machine is one). In the
-client's or shard's namespace a ``clsact`` qdisc on its veth redirects (``u32`` match-all +
-``mirred``) every frame leaving it to tap ``<if>o`` and every frame arriving from the card to
-tap ``<if>i``. One helper process per link (:func:`impair_loop`, its own log
-``<node>-netem.log``) reads both taps and decides per frame, like netem does:
-
-* drop with probability P (``--loss``);
-* send twice with probability R (``--duplicate``);
-* with probability Q hold the frame back and send it right after the *next* frame of the same
-  direction (or after ``--delay`` ms if none comes): a reordering (``--reorder``).
-
-It delays no other frame, so ``--delay`` without ``--reorder`` is refused (a usage error)
-rather than accepted and ignored; a delay of every frame needs ``tc``. ``--seed`` seeds these
-decisions (the other backends ignore it).
-
-Outgoing frames then leave on the veth through an AF_PACKET socket with
-``PACKET_QDISC_BYPASS`` (which skips the ``clsact`` hook, so they are not redirected again);
-incoming frames are written back into tap ``<if>i``, whose MAC is the veth's, so the kernel
-receives them as if they had arrived on the veth. The helper's counters (frames in, out,
-dropped, duplicated, reordered per direction) are in ``<node>-netem.json`` and in
-``embnic testbed status``.
-
-``bpf`` — loss only (``--loss``), in the kernel, for kernels without ``sch_netem``: each end
-of the veth pair runs a small XDP program that drops each frame it receives with probability P
-(:mod:`embnic.testbed.net.bpf_loss`). Nothing leaves the kernel,
-so unlike the helpers it adds nothing to the path's cost (``bench e2e`` measures the transport,
-not the helpers); its counters (same shape as the helpers') live in a BPF map.
-
-``auto`` (the default) uses ``tc`` when the kernel has netem, else ``bpf`` for a loss-only
-impairment (where the kernel loads the program), else ``user`` (always ``user`` for a card on
-``net_af_xdp``).
-Exactly-once updates under these faults are the protocol's job (docs/protocol.md,
-"Reliability"); ``tests/testbed/test_faults.py`` proves the final tables equal a loss-free run's.
+How: docs/testbed.md, "Fault backends".
 """
 from __future__ import annotations
 
@@ -295,7 +238,7 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
 
     Args:
         imp: the impairment.
-        backend: ``auto``, ``tc``, ``bpf`` or ``user`` (see the module docstring).
+        backend: ``auto``, ``tc``, ``bpf`` or ``user`` (docs/testbed.md, "Fault backends").
         links: node names whose link to impair (``c1``, ``s0``, ...; any node of a host that
             shares its link names that link); default every link.
         strict_delay: refuse a delay the backend would not apply — ``user`` (also as ``auto``'s

@@ -1,59 +1,6 @@
 """The namespace testbed: clients, the card and parameter-server shards on veth pairs.
 
-The topology is *declared* from the cluster config (:meth:`Topology.from_config`), then
-*started* (:meth:`Testbed.up`) and *stopped in reverse order* (:func:`down`). Every name it
-creates starts with the testbed name ``N`` (1-8 letters/digits) and is written to the state file
-``RUN_DIR/testbed-N.json`` *before* it is created, so ``embnic testbed down --name N`` removes
-everything also after a crash. One log per node in ``RUN_DIR/testbed-N/`` (``card.log``,
-``s0.log``, ``c1.log``, ...; kept after ``down`` for post-mortems). RUN_DIR is
-``$EMBNIC_RUN_DIR`` or ``/run/embnic``.
-
-Wiring of ``examples/testbed.toml`` (2 clients, 2 shards; card port ``i`` is DPDK port ``i``)::
-
-    netns N-c1                   netns N-card                            netns N-s0
-   +----------------+      +-----------------------------------+      +----------------+
-   | training job   |      | embnic-dp (net_af_packet|af_xdp)  |      | shard server   |
-   | client 1       | veth | port 0            port 2          | veth | shard 0        |
-   | Nc1 10.77.0.2 =|======|= Np0 10.77.0.1    Np2 10.77.2.1 =|======|= Ns0 10.77.2.2 |
-   +----------------+      |                                   |      +----------------+
-    netns N-c2             |                                   |       netns N-s1
-   +----------------+      |                                   |      +----------------+
-   | client 2       | veth | port 1            port 3          | veth | shard 1        |
-   | Nc2 10.77.1.2 =|======|= Np1 10.77.1.1    Np3 10.77.3.1 =|======|= Ns1 10.77.3.2 |
-   +----------------+      +-----------------------------------+      +----------------+
-
-* one namespace per client (``N-c<id>``), one for the card (``N-card``), one per shard
-  (``N-s<id>``); one veth pair per client/shard: ``N{c,s}<id>`` in its namespace, ``Np<port>``
-  in the card's. The card's end of the link of card port ``i`` is DPDK port ``i``
-  (``--vdev net_af_packet<i>,iface=Np<i>,qdisc_bypass=0,framecnt=4096``, in port order: card port ids
-  must be ``0..n-1``); with ``--pmd af_xdp`` (:attr:`Topology.pmd`) ``net_af_xdp<i>,iface=Np<i>``:
-  an AF_XDP socket on the veth's queue 0 behind the PMD's XDP program (copy mode on a veth;
-  MTU at most 3506; :func:`~embnic.testbed.net.wiring.card_vdev`, docs/deploy.md).
-* several hosts on one card port (``examples/testbed-shared.toml``): the clients (or shards) of
-  one ``ip`` are one host, one namespace ``N-c<first id>``; a card port with several hosts is a
-  bridge ``Nb<i>`` in the card's namespace with each host's card-side veth end ``N<node>x`` and
-  ``Np<i>b``, the other end of the card's ``Np<i>``, as its ports (all at the cluster MTU).
-* addresses come from the config: the card port's ``ip`` on its side (the card owns it; the
-  kernel in ``N-card`` has no addresses), the client's/shard's ``ip`` on the other, with the
-  longest prefix (at most /30) that holds both — one small subnet per link. The peer's
-  default route points at the card port, with a permanent neighbour entry for the card's MAC,
-  so nobody needs ARP (the card answers ARP too).
-* MACs are set explicitly: from the config when given, else derived from (kind, id)
-  (:func:`derived_mac`) — the same for every testbed of a config, so a trace recorded in one
-  replays in another. The card's routes and client table name these MACs; the testbed writes
-  an *effective config* (the user's plus every MAC and a ``[control]`` section) to
-  ``RUN_DIR/testbed-N/cluster.toml`` that the servers, the card and the clients all read.
-* checksum offloads are off on both ends (``ethtool -K tx off rx off``): a veth otherwise
-  hands af_packet partial checksums, which the card drops as ``bad_ip``/``bad_udp``. IPv6 is
-  off in every namespace so no ND/MLD frames reach the card.
-
-Processes: ``python -m embnic.testbed.server --shard I --config EFFECTIVE --bind IP`` (the library's
-shard, never the CLI) in each shard namespace,
-``embnic-dp`` (:class:`embnic.control.targets.dpdk.target.DpdkTarget`) in the card namespace, the
-training job (:func:`in_netns`) in a client namespace. Readiness: a shard is up when its UDP
-socket is bound (``/proc/PID/net/udp``), the card when its control socket answers; the
-testbed is up when a probe lookup from every client reaches every shard through the card
-and comes back (:meth:`Testbed.probe`). Timeouts name the log to read.
+How: docs/testbed.md, "Wiring, names and readiness".
 """
 from __future__ import annotations
 
@@ -263,7 +210,7 @@ class Testbed:
         cns = Netns(topo.card_ns, log=log)
 
         def offload_off_up(ns: Netns, ifname: str) -> None:
-            ns.offloads_off(ifname)  # checksum offloads (module docstring)
+            ns.offloads_off(ifname)  # checksum offloads (docs/testbed.md)
             ns.link_up(ifname)
 
         bridges = {}

@@ -1,37 +1,6 @@
 """Trace record and replay: the client frames of K training batches as a pcap, replayed into the card.
 
-**Record** (:func:`record`, ``embnic trace record``): bring the testbed up, train K batches
-from every client (client ``j`` starts at batch ``j*K`` of the data) with real shards answering
-through the card, and capture every frame each client puts on its veth (an ``AF_PACKET``
-socket in the client's namespace, kernel timestamps via ``SO_TIMESTAMPNS``, drop-checked with
-``PACKET_STATISTICS``). The request frames go to ``T.pcap`` (written with Scapy, so ``rdpcap``
-dissects them down to the ``Embnic`` layer) and a sidecar ``T.json`` describes the run:
-config (its path, the file's sha256 and ``config_digest``, a hash of its content that replay
-checks), data, K, batch size, clients, frames and messages by type and client, duration, MTU,
-protocol version.
-
-**Replay** (:func:`replay`, ``embnic replay``) uses **tcpreplay** (Debian's ``tcpreplay``),
-not the DPDK ``net_pcap`` vdev, because:
-
-* tcpreplay injects the recorded frames on each client's veth *inside the running testbed*,
-  so they take exactly the path live traffic takes (veth → ``net_af_packet`` → card → shard →
-  card → client namespace), with the card started unchanged, the same EAL arguments and
-  ports, and any ``testbed netem`` faults on the links;
-* the replies reach the client namespaces, where they are counted and matched to the
-  recorded requests per client with kernel timestamps on the same socket as the requests
-  (latency = last reply fragment − first request fragment). With ``net_pcap`` the card would
-  need a pcap RX port in place of the client's port and would write its replies to a file:
-  no client sees them, and the card is no longer the one the testbed runs;
-* tcpreplay paces (``--pps``, the recorded timing, or ``--topspeed``); ``net_pcap`` reads as
-  fast as the lcore polls.
-
-Replay first checks that the config is the one the trace was recorded with (:func:`check_config`;
-``--force`` replays anyway), then brings up its own testbed (fresh shards, so updates apply once), resets the card's
-counters, runs one tcpreplay per client in the client's namespace, waits for the replies,
-tears the testbed down and reports frames/s, messages completed, replies per client, drops
-by reason (card counters, client-side reassembly, requests left without a reply), lookup and
-update latency percentiles: ``OUT/report.json``, ``OUT/replay_latency_cdf.png``,
-``OUT/replay_replies.png``.
+How: docs/testbed.md, "Trace record and replay".
 """
 from __future__ import annotations
 
@@ -213,7 +182,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
            batch_size: int = 256, clients: list[int] | None = None, name: str = "embrec",
            rdir: Path | None = None, progress: bool | None = None, log: Callable[[str], None] = print) -> dict:
     """Record the client frames of ``batches`` training batches per client to ``out`` (pcap) and
-    the sidecar ``out`` with suffix ``.json``; see the module docstring.
+    the sidecar ``out`` with suffix ``.json`` (docs/testbed.md, "Trace record and replay").
 
     Returns:
         the sidecar dict.
@@ -390,7 +359,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
            topspeed: bool = False, out: str | os.PathLike = "out/replay", name: str = "embrpl",
            rdir: Path | None = None, progress: bool | None = None, wait_s: float = 5.0, force: bool = False,
            log: Callable[[str], None] = print, target: str = "dpdk") -> dict:
-    """Replay a recorded trace into the card of a fresh testbed and measure (module docstring).
+    """Replay a recorded trace into the card of a fresh testbed and measure (docs/testbed.md).
 
     Args:
         rate: total frames/s over all clients (split evenly; None: the recorded timing).
