@@ -1,27 +1,8 @@
 """The main job (``make demo`` = ``embnic demo``): train on real Criteo data through the card.
 
-Sequence (:func:`run_demo`):
-
-1. **reference** — the same training run with the tables in this process
-   (:class:`~embnic.client_lib.local.LocalBackend`): the losses the card run must reproduce.
-2. **up** — the namespace testbed of the config (:mod:`embnic.testbed.net.topology`): a shard in
-   each shard namespace, ``embnic-dp`` on ``net_af_packet`` vdevs (``net_af_xdp`` with
-   ``pmd="af_xdp"``) in the card namespace, routes
-   and clients programmed from the config, a probe through every path. Optional faults
-   (:mod:`embnic.testbed.net.netem`) go on the links now.
-3. **train** — the first client's :class:`~embnic.client_lib.client.EmbeddingClient` is
-   created inside its namespace (:func:`~embnic.testbed.net.topology.in_netns`), so every lookup
-   and update of every step is a variable-length embnic message client → card → shard →
-   card → client. A progress bar shows step, loss and messages/s.
-4. **check** — per-step losses against the reference (max |Δ| ≤ 1e-6), and the final
-   embedding rows on the shards (read back through the card) against the reference tables
-   (exactly equal: exactly-once updates, also under loss/reordering/duplicates).
-5. **down** — always, also on errors (a killed shard, Ctrl-C).
-6. **report** — ``OUT/report.json`` (fields in :func:`run_demo`), ``OUT/loss.png`` (loss
-   curves of both runs), ``OUT/latency_cdf.png`` (lookup latency CDF), a short summary.
-
-This module runs the sequence; :mod:`.demo_measure` holds the reference run, the probes, the
-other clients' load and the table read-back, :mod:`.demo_report` the report and summaries.
+The sequence and the report's fields: docs/testbed.md. This module runs the sequence;
+:mod:`.demo_measure` holds the reference run, the probes, the other clients' load and the table
+read-back, :mod:`.demo_report` the report and summaries.
 """
 from __future__ import annotations
 
@@ -101,35 +82,7 @@ def _try(f, default=None):
 
 
 def run_demo(opts: DemoOptions, log: Callable[[str], None] = print) -> dict:
-    """Run the main job (see the module docstring) and write its report.
-
-    Report fields (``OUT/report.json``): ``target`` (``"dpdk"``), ``pmd`` (the dpdk card's PMD:
-    ``"af_packet"``/``"af_xdp"``; None on bmv2), ``model`` (``"fm"``/``"dlrm"``), ``testbed``, ``config``,
-    ``other_clients`` (with ``all_clients``: per client id ``lookup_rounds``, ``messages``,
-    ``requests_sent``, ``frames_sent``, ``retransmits``, ``tail_probes``, ``error``; they stop at the last
-    training step, before the card's counters are read),
-    ``steps``, ``steps_completed``, ``batch_size``, ``loss`` (per completed step, through the
-    card), ``loss_reference``, ``loss_max_abs_diff`` (over the completed steps), ``loss_match``
-    (≤ 1e-6), ``auc``, ``auc_reference``, ``messages`` (requests sent + replies received by the
-    client during the training steps), ``messages_detail``, ``frames`` (frames sent + received),
-    ``frames_detail``, ``rounds_per_step``, ``dedup_ratio`` (unique ids / ids),
-    ``dedup_savings`` (1 − ratio), ``lookup_latency_us`` (``p50``, ``p90``, ``p99``, ``max``,
-    ``mean``, ``n``), ``probe_rtt_us`` (the same percentiles of one-key lookups to every shard
-    on the training client's path, one per shard after every step: :func:`~.demo_measure.probe_rtts`),
-    ``probes`` (probe messages and frames sent: the card counts them too),
-    ``lookup_p50_over_probe_p50`` and ``latency_target`` (target ≤ 2, measured, met),
-    ``card_drops`` (every reason), ``card_lost_before_switch`` (bmv2: ``total`` and ``by_port``, the
-    frames a card-side interface took in that the switch's ingress never counted; None on dpdk),
-    ``card_control`` (bmv2: the channel that programmed the tables), ``card`` (``frames_by_type``: frames the
-    card forwarded per message type; ports, ring, state map; ``messages_completed``: messages
-    whose whole reply passed the card, by reply type; ``latency_by_shard``: the card's per-shard
-    completions, expiries and request->reply latency histogram; ``messages_in_state_map``:
-    messages — not frames — still in flight in the card's state map at the end of training,
-    ``entries`` and by state ``receiving``/``forwarded``/``replying``: an answered message
-    leaves it when its reply has passed, so after a clean run it is empty),
-    ``tables`` (rows read back, max |Δ|, equal), ``netem``, ``kill_shard``, ``kill_at_step``,
-    ``error`` (None, or what failed: ``message``, ``phase``, ``failed_at_step``,
-    ``failing_shard``, ``dead_nodes``), ``timing``, ``plots``.
+    """Run the main job and write its ``OUT/report.json`` (the sequence and the fields: docs/testbed.md).
 
     A failure during training (a shard or the card dead) still writes the report of what ran
     (losses so far, messages, latencies, plots) before :class:`DemoError` is raised.

@@ -1,5 +1,5 @@
 """The demo's report: ``OUT/report.json`` with its plots (:func:`build_report`, fields in
-:func:`~embnic.testbed.training.demo.run_demo`), and the short summaries printed at the end."""
+docs/testbed.md), and the short summaries printed at the end."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +17,7 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
             state_at_end: dict | None, card_final: dict | None, tables: dict | None, netem_rec: dict | None,
             timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path,
             others: dict | None = None, probes: list | None = None, probe_sent: dict | None = None) -> dict:
-    """The report dict (fields in :func:`run_demo`), written to ``out/report.json`` with its plots."""
+    """The report dict (fields in docs/testbed.md), written to ``out/report.json`` with its plots."""
     done = len(losses)
     steps = opts.steps
     ref_part = np.asarray(ref.loss[:done], np.float64)

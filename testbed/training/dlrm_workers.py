@@ -5,42 +5,16 @@
     torchrun --nproc-per-node 2 -m embnic.testbed.training.dlrm_workers -c CONFIG --client-id-base 1 \\
         --steps 20 --batch-size 256 --out out/workers
 
-Every worker (rank ``r`` of ``W``) is an embnic client of its own: client id
-``--client-id-base + r`` of the config, bound to that client's address and UDP port, so the
-workers of one host (``torchrun --nproc-per-node``) share its IPv4 address and differ by port
-(examples/testbed-shared.toml: clients 1 and 2 on host 10.77.0.2, 3 and 4 on 10.77.0.3). Its
-TorchRec ``DLRM`` (:mod:`.dlrm`) has the dense layers in the process, wrapped in
-``DistributedDataParallel`` over gloo, and its ``EmbeddingBagCollection`` is a
-:class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection`: the sparse tables live on the
-shards only.
-
-Step ``k`` of every rank (what :func:`reference_run` computes in one process):
-
-1. **lookup** — rank ``r`` takes its batch, rows ``((k·W + r)·B + [0, B)) mod N`` of the training
-   data (rank ``r``'s batch may instead have only empty bags: ``--empty-bags r:k``), and looks
-   the rows of its ids up (forward);
-2. **dense** — backward: DDP averages the dense gradient over the ranks (gloo all-reduce of
-   ``g_r / W``), every rank takes the same SGD step; the per-row gradients of the sparse tables
-   are computed and held, not sent;
-3. barrier (every rank's lookups of step ``k`` are done);
-4. **sparse** — rank 0 sends its per-row gradients as one update round (the shards apply the
-   table's optimizer), barrier, rank 1 sends its own, barrier, ... up to rank ``W - 1``.
-
-So every rank sees the rows after every update of step ``k - 1`` and none of step ``k``, and the
-shards apply the ranks' updates in rank order: the run is deterministic, and it equals
-:func:`reference_run` (one process, in-process tables) within ``rtol=1e-6, atol=1e-7``. A rank
-whose batch has only empty bags sends no lookup or update but takes part in every collective, so
-the step completes on every rank.
-
-``--out DIR`` writes ``DIR/worker-<rank>.json`` (rank, client id, losses per step, client
-counters, the ``--check`` result on rank 0) and ``DIR/worker-<rank>.pt`` (the dense
-``state_dict``). ``--check``: rank 0 then runs :func:`reference_run` and compares
-(:func:`check_against_reference`). Errors are one line on stderr: a wrong rank → client mapping
-or a bad config (once per host, exit 2), an address this host does not have (by its rank,
-exit 2), a shard that does not answer (exit 1), a peer rank that died mid-step (exit 1: ``error: rank R:
-a peer rank is gone (...)``), Ctrl-C (exit 130: ``rank R: interrupted``) and torchrun's SIGTERM to
-the other workers when one failed (exit 143: ``rank R: stopped by SIGTERM``); torchrun then adds
-its own failure summary (``--redirects 2 --log-dir DIR`` keeps each rank's stderr apart).
+Rank ``r`` of ``W`` is client ``--client-id-base + r`` of the config, bound to that client's
+address and port (:func:`client_ids`); its TorchRec ``DLRM`` (:mod:`.dlrm`) has the dense layers
+in the process, wrapped in ``DistributedDataParallel`` over gloo, and its tables on the shards
+only. Step ``k`` of every rank: look its batch up (rows ``((k·W + r)·B + [0, B)) mod N``), the
+dense gradient averaged over the ranks, one SGD step; then, barrier by barrier, rank 0's per-row
+gradients are sent as one update round, then rank 1's, ... So every rank sees the rows after
+every update of step ``k - 1`` and none of step ``k``: the run is deterministic and equals
+:func:`reference_run` (one process) within ``rtol=1e-6, atol=1e-7`` (README, "PyTorch and
+TorchRec"; docs/testbed.md). ``--out DIR`` writes ``worker-<rank>.json`` and ``.pt``; exit codes
+and the one-line errors: :func:`main`.
 """
 from __future__ import annotations
 
