@@ -1,37 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * embnic-dp: the embnic accelerator card as a DPDK application.
- *
- *   port 0..N-1 --rx--> [RX stage: parse/validate, ARP, partition of
- *                          |  (client id, message id)]
- *                          | header ring of that partition's state lcore
- *                          |  (rte_ring of mbuf pointers; parse result in
- *                          |  the mbuf: embnic_rx_meta)
- *                          v
- *                       [TX stage x S: authorise, route/client table, its
- *                        state map partition, rewrite] --tx--> port 0..N-1
- *                          (S >= 2: a state lcore off the RX lcore sends
- *                           on a TX queue of its own where the port has
- *                           one, else back through a ring to the RX lcore,
- *                           which sends on queue 0; embnic_dp.h)
- *   main lcore: control socket (ctl.c); telemetry runs on its own thread.
- *
- * Lcores (EAL -l), with S = --state-lcores (default 1) state lcores:
- * S = 1: one lcore runs RX, TX and the control socket to completion; with
- * two, RX runs on the worker and TX with the control socket on the main
- * lcore; with three or more, RX and TX each get a worker and the main
- * lcore only serves the control socket.
- * S >= 2 needs at least S lcores: with S + 2 or more, RX gets a worker,
- * the state lcores the next S workers, the main lcore the control socket;
- * with S + 1, RX and the control socket share the main lcore; with S, the
- * main lcore also runs state lcore 0.
+ * embnic-dp: the embnic accelerator card as a DPDK application (the stages
+ * and lcore layouts: dataplane/README.md; usage: docs/control-socket.md,
+ * "Command line of the card").
  *
  * main() is a fixed sequence: EAL init -> own arguments -> mempool ->
- * embnic_port_init() per port (port.c: the ports and the mbuf pool) ->
- * tables, ring, control socket -> launch lcores -> stop and close ports ->
- * rte_eal_cleanup(). Only main() calls rte_exit().
- *
- * Usage: docs/control-socket.md ("Command line of the card").
+ * embnic_port_init() per port -> rings and tables -> control socket ->
+ * launch lcores -> stop and close ports -> rte_eal_cleanup(). Only main()
+ * calls rte_exit().
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -205,8 +181,8 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 }
 
 /*
- * Lcore roles (the layouts at the top of this file); 0, or -EINVAL when
- * there are fewer lcores than state lcores.
+ * Lcore roles (docs/control-socket.md: lcores, --state-lcores); 0, or
+ * -EINVAL when there are fewer lcores than state lcores.
  */
 static int
 assign_lcores(struct embnic_app *a)

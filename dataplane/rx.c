@@ -1,21 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * RX stage: receive a burst on every port, parse and validate each frame,
- * answer ARP for the card's address, and enqueue each valid frame's mbuf on
- * the header ring of the state lcore that owns its message's partition of
- * the state map (embnic_partition of its client id and message id: the
- * 5-tuple differs between a request and its reply, these ids do not; ARP
- * replies go to state lcore 0), the parse result travelling with the mbuf
- * (struct embnic_rx_meta in a dynfield, the rest in the frame's first
- * cache line; embnic_dp.h). Frames of one port keep their order per
- * partition, so per message. The body stays in its mbuf. Whatever is
- * dropped is counted by reason and freed in bulk; a full ring drops
- * (ring_full), it never blocks.
- *
- * With several state lcores this lcore also sends what they hand back
- * (embnic_io_tx) on queue 0 of a port that has one TX queue only; on a port
- * with more, each state lcore off this lcore sends on its own queue
- * (struct embnic_worker, embnic_dp.h). RX always uses one queue per port.
+ * RX stage (README, "Files" and "Several state lcores"): a burst per port,
+ * parse and validate, ARP for the card's address, each valid frame's mbuf
+ * onto the header ring of its partition's state lcore (ARP: lcore 0), the
+ * parse result in the mbuf; drops counted by reason and freed in bulk, a
+ * full ring drops (ring_full). With several state lcores this lcore also
+ * sends what they hand back (embnic_io_tx).
  */
 #include <string.h>
 

@@ -1,49 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The message state map: an rte_hash keyed by (client id, message id) whose
- * data is the index of the message's entry in a fixed array, one per message
- * in flight; free entries are a stack (the entry freed last, still in cache,
- * is the next one opened)
- * (docs/control-socket.md, "State map"; docs/protocol.md, "The card's
- * state map").
+ * The message state map, the TX stage's side (create, update, expire,
+ * reset; what the control path reads and the check: state_view.c; the
+ * layout: embnic_state.h). The rules it keeps are docs/protocol.md's "The
+ * card's state map"; its place in the card: README ("Design notes").
  *
- * The map is partitioned by a hash of (client id, message id)
- * (embnic_partition): one struct embnic_state per state lcore, which alone
- * touches its hash and writes its entries (the RX stage steers every frame
- * of a message and of its reply to it), so no lock is taken. The control
- * path reads every partition's entry array (never a hash), so a dump may
- * see an entry mid-update but never freed memory.
+ * An rte_hash keyed by (client id, message id) whose data is the index of
+ * the message's entry in a fixed array; free entries are a stack (the one
+ * freed last, still in cache, is the next opened). One map per partition
+ * (embnic_partition), touched by its state lcore alone: no lock. The
+ * control path reads the entry arrays (never a hash), so a dump may see an
+ * entry mid-update but never freed memory.
  *
- * The first request frame of a message opens an entry. The entry records
- * what the request's header says (type, shard, num_tables, value_len,
- * msg_len, which with them fixes num_keys, frag_count, and the fragment
- * size its first-seen fragment implies: every later fragment must agree,
- * else frag_mismatch) and which fragments of the request passed (a bitmap of up to
- * EMBNIC_MAX_FRAGS bits; a single-fragment message needs none): receiving
- * until every fragment was seen once, then forwarded. A reply passes only if
- * it answers an entry: same client and message id, from the shard the
- * request went to, of a type that answers the request; otherwise it is
- * dropped (unsolicited_reply, wrong_shard_reply, wrong_reply_type), and so
- * is a LOOKUP_REPLY whose value_len is not the one its request announced
- * (bad_reply_len): the card checks a reply's length against its request
- * from the headers alone, never reading a body. Reply
- * fragments are tracked the same way (replying); when every fragment of the
- * reply has passed the entry is freed, and what it leaves behind is counted:
- * completed messages by reply type, and the request->reply latency into the
- * shard's histogram. An ERROR may come before the whole request passed (a
- * shard refusing a message at its fragment 0 answers at once): the entry is
- * then answered (still replying, its whole reply passed) and stays until
- * the request's remaining fragments have passed, so that they do not open
- * an entry nobody answers (an UPDATE_NACK, which asks for the missing
- * fragments, frees the entry: they open a new one, which the shard
- * answers); for anything else an answered entry is as good as freed (a reply is unsolicited_reply, a request fragment already seen or
- * contradicting it opens the entry anew). Entries idle for the timeout are
- * freed and counted as expired. A full map drops the new request
- * (state_full).
- *
- * This file is the TX stage's side of the map (and its creation and
- * reset); what the control path reads of it, and the consistency check,
- * are in state_view.c; the layout both share in embnic_state.h.
+ * An ERROR may come before the whole request passed (a shard refusing a
+ * message at its fragment 0 answers at once): the entry is then answered
+ * and stays until the request's remaining fragments have passed, so that
+ * they do not open an entry nobody answers; for anything else an answered
+ * entry is as good as freed.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -1,19 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * TX stage of a state lcore: dequeue a burst of mbufs from its header
- * ring (every frame of the messages of its state map partition), check the
- * sender (requests from registered clients, replies from registered
- * servers, each from the card port and MAC its entry names), look the destination up (route table by shard for requests,
- * client table by client id for replies), account the message in the state
- * map partition, rewrite Ethernet/IPv4/UDP and transmit per port (with
- * several state lcores, hand the frames to the RX lcore, which owns the
- * ports' queues: embnic_worker.txr). What the PMD or the txr does not take
- * is freed and counted (tx_full); a frame longer than its port sends
- * (embnic_port.max_frame) is dropped before (too_long_for_port).
- *
- * Lookups are bulk (rte_hash_lookup_bulk_data) over the whole burst; the
- * peers they return are protected by RCU QSBR (route.c), so this lcore
- * reports a quiescent state between bursts (main.c).
+ * TX stage of a state lcore (README, "Files" and "Design notes"): dequeue
+ * a burst from its header ring, authorise the sender, look the destination
+ * up (bulk, over the burst's distinct ids; peers protected by RCU QSBR:
+ * route.c), account the message in its state map partition, rewrite
+ * Ethernet/IPv4/UDP, transmit per port or hand to the RX lcore (txr).
  */
 #include <string.h>
 
@@ -343,14 +334,7 @@ read_back(struct tx_frame *f, int meta_off)
 	m->frag_offset = 0;
 }
 
-/*
- * Everything state lcore w's TX stage does to a dequeued burst
- * pkts[0..n-1] at TSC tsc, its partition's expiry step included (n may be
- * 0). Not static so the fuzz
- * target (dataplane/fuzz/fuzz_card.c) runs this very code with its own
- * clock; embnic_tx_stage() below is its only caller in the card, and the
- * compiler inlines it there.
- */
+/* Not static so that fuzz-card runs this very code on its own clock. */
 void
 embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		struct embnic_lcore_stats *st, struct rte_mbuf **pkts,

@@ -1,23 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * embnic-dp: shared structs, constants and the functions each file exports.
- *
- * Files by role (like DPDK's examples/l3fwd):
- *   main.c      EAL init, arguments, tables, lcore roles and loop, shutdown
- *   port.c      ports (queues, largest frame) and the mbuf pool
- *   rx.c        RX stage: burst, parse/validate, ARP, steer to the header
- *               ring of the partition's state lcore; TX of the state lcores'
- *               frames (embnic_io_tx)
- *   tx.c        TX stage (one per state lcore): ring dequeue, authorise,
- *               route, state map partition, rewrite, TX
- *   parse.c     frame parse/validate (pure, fuzzed)
- *   route.c     route table (shard -> peer) and client table (client -> peer)
- *   state.c     message state map: the TX stage's side (embnic_state.h)
- *   state_view.c the state map as the control path reads it; its check
- *   counters.c  per-lcore counters, their sum, reset, DPDK telemetry
- *   ctl.c       control socket commands (JSON lines)
- *   conn.c      control socket connections (embnic_conn.h)
- *   buildinfo.c the .embnic_buildinfo ELF section
+ * embnic-dp: shared structs, constants and the functions each file exports
+ * (the files by role: dataplane/README.md, "Files").
  */
 #ifndef EMBNIC_DP_H
 #define EMBNIC_DP_H
@@ -175,17 +159,9 @@ struct embnic_peer {
 };
 
 /*
- * The header ring carries mbuf pointers (8 bytes a frame). What the RX stage
- * learnt about a frame travels with its mbuf: the fields of the parsed
- * header that lie past the frame's first cache line, in host order, in an
- * mbuf dynamic field (struct embnic_rx_meta, 16 bytes in the mbuf's second
- * cache line, which the PMD's free reads anyway). The TX stage reads the
- * other parsed fields back from the frame's first 64 bytes (Ethernet, IPv4,
- * UDP and the embnic header's first 22 bytes), the line it rewrites anyway,
- * and computes msg_len from the header's counts (embnic_expected_msg_len,
- * which the RX stage checked it against): no descriptor is copied, and no
- * extra cache line crosses between the lcores. The RX stage validated all
- * of it; the TX stage only re-reads.
+ * The header ring carries mbuf pointers; the parsed header fields past the
+ * frame's first cache line ride in an mbuf dynamic field, the rest is read
+ * back from that line (README, "What crosses the ring").
  */
 enum embnic_desc_kind {
 	EMBNIC_DESC_MSG = 0,		/* an embnic frame to route */
@@ -214,21 +190,13 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
 }
 
 /*
- * A header log of one lcore, used twice. The forwarded-header log (hlog):
- * the headers of the last EMBNIC_HLOG_KEEP message frames it forwarded
- * (accepted, authorised, rewritten, queued for TX), one 56-byte entry a
- * frame, written on the TX path with no allocation and no lock. The ring
- * log (rxlog, one per header ring, in struct embnic_worker): one entry
- * for every frame the RX stage put on that header ring, in ring order (ARP frames as msg_type 0, out_port
- * EMBNIC_HLOG_NO_PORT); as the ring has one producer, entry i is the i-th
- * frame ever enqueued, so the entries at or past the frames the TX stage
- * has dequeued (ring_dequeued) are the headers still in the ring
- * (embnic_ring_read). head counts entries ever written;
- * entry i lives in e[i % EMBNIC_HLOG_SIZE]. The owning lcore stores the
- * entry, then head = i + 1 (release); a reader (embnic_hlog_read) loads
- * head, copies, loads head again and keeps only the entries no write can
- * have touched meanwhile, the newest EMBNIC_HLOG_KEEP. `embnic state ring`
- * reads it (ctl.c ring_last).
+ * A header log of one lcore, written with no allocation and no lock, used
+ * twice: the headers of the message frames an lcore forwarded (hlog), and
+ * of every frame the RX stage put on a header ring, in ring order (rxlog;
+ * ARP frames as msg_type 0). The ring has one producer, so entry i is the
+ * i-th frame ever enqueued: those at or past ring_dequeued are still in
+ * the ring. Entry i lives in e[i % EMBNIC_HLOG_SIZE]; the owner stores it,
+ * then head = i + 1 (release); readers: counters.c.
  */
 #define EMBNIC_HLOG_SIZE		256	/* slots, a power of 2 */
 /* entries a reader gets: the slot of the oldest may be mid-overwrite */
@@ -323,17 +291,10 @@ struct embnic_opts {
 };
 
 /*
- * A state lcore: the TX stage over one partition of the message state map.
- * The RX stage steers every message frame to the header ring of the
- * partition of its (client id, message id) (embnic_partition), so this
- * lcore alone touches its partition: no lock. It transmits on TX queue
- * txq[p] of port p: queue 0 for the only state lcore, or for one on the
- * RX lcore; with several, a state lcore on another lcore gets a TX queue
- * of its own on every port that has enough (net_null, net_af_packet with
- * qpairs, NICs) and, on a port that has one queue only (net_pcap, ...),
- * hands its frames back through txr (m->port = the port to send on),
- * which the RX lcore sends on queue 0 (embnic_io_tx). Both rings are
- * single-producer single-consumer.
+ * A state lcore: the TX stage over one partition of the state map, which
+ * it alone touches (README, "Several state lcores"). It sends on TX queue
+ * txq[p] of port p, or, where the port has no queue for it, hands its
+ * frames (m->port: where to) through txr to the RX lcore (embnic_io_tx).
  */
 struct embnic_worker {
 	struct rte_ring *ring;		/* header ring: RX lcore -> this */
@@ -431,12 +392,7 @@ unsigned int embnic_io_tx(struct embnic_app *app,
 /* tx.c */
 unsigned int embnic_tx_stage(struct embnic_app *app, struct embnic_worker *w,
 			     struct embnic_lcore_stats *st);
-/*
- * State lcore w's TX stage on a burst it dequeued (pkts[0..n-1], n <= 64,
- * from its header ring, each as the RX stage left it) at TSC tsc: expiry
- * step, authorise, lookups, its state map partition, rewrite, transmit (or
- * hand to its txr) or free every mbuf.
- */
+/* State lcore w's TX stage on a burst it dequeued (n <= 64) at TSC tsc. */
 void embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		     struct embnic_lcore_stats *st, struct rte_mbuf **pkts,
 		     unsigned int n, uint64_t tsc);
@@ -444,20 +400,18 @@ void embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 void embnic_ring_drain(struct embnic_app *app);
 
 /*
- * counters.c: up to max of the most recently forwarded headers over all
- * lcores' logs, newest first, into out (each with the lcore that logged
- * it in lcore[] when lcore is not NULL); returns how many. *logged gets
- * the entries ever logged. Control path; never blocks the lcores.
+ * counters.c: up to max of the newest forwarded headers of all lcores'
+ * logs, newest first (lcore[i]: who logged it, if lcore); *logged: entries
+ * ever logged. Control path; never blocks the lcores.
  */
 unsigned int embnic_hlog_read(const struct embnic_app *app,
 			      struct embnic_hlog_entry *out,
 			      unsigned int *lcore, unsigned int max,
 			      uint64_t *logged);
 /*
- * counters.c: up to max of the headers still waiting in the header ring
- * (put there by the RX stage, not yet dequeued by the TX stage), newest
- * first, ARP frames left out; *waiting gets how many frames the ring held
- * at the read (ARP included, may exceed what the log keeps). Control path.
+ * counters.c: up to max of the headers still waiting in the header rings,
+ * newest first, ARP frames left out; *waiting: frames the rings held (ARP
+ * included, may exceed what the log keeps). Control path.
  */
 unsigned int embnic_ring_read(const struct embnic_app *app,
 			      struct embnic_hlog_entry *out,
@@ -556,15 +510,9 @@ void embnic_state_summarise(const struct embnic_state *s,
 unsigned int embnic_state_dump(const struct embnic_state *s,
 			       struct embnic_state_view *out, unsigned int max);
 /*
- * Walk the whole map and check it against its count and its hash: every
- * live entry found at its own position under its key, the counts of live
- * entries, of the hash and of the map equal, fragment counts agree with
- * the bitmaps and the entry's state, and each way the bytes counted are
- * those of the fragments marked, cut at the message's one fragment size:
- * never more than msg_len, exactly msg_len once every fragment passed
- * (a forwarded entry). 0, or -1 with what is wrong in err
- * (errlen bytes). The TX stage must not run meanwhile (control path, tests,
- * the fuzz target).
+ * Walk the whole map and check it against its counts, its hash and its
+ * bitmaps (what is checked: state_view.c). 0, or -1 with what is wrong in
+ * err (errlen bytes). The TX stage must not run meanwhile.
  */
 int embnic_state_check(const struct embnic_state *s, char *err,
 		       size_t errlen);
@@ -615,25 +563,13 @@ void embnic_shard_stats_sum(const struct embnic_app *app, unsigned int slot,
  * first use, kept for the card's life; 0 (shared) once all are taken.
  */
 uint16_t embnic_shard_slot_assign(struct embnic_app *app, uint32_t id);
-/*
- * Write the counters (docs/control-socket.md, "counters"): ports, types,
- * drops, completed, ring, mempool, state, arp, shards.
- */
+/* The records of docs/control-socket.md's "counters". */
 void embnic_counters_emit(const struct embnic_app *app,
 			  const struct embnic_emit *e);
-/*
- * The header rings' record (docs/control-socket.md, "ring_stats"; the
- * telemetry's /embnic/ring): size, count, high_water, rings.
- */
+/* The record of "ring_stats" (docs/control-socket.md). */
 void embnic_ring_stats_emit(const struct embnic_app *app,
 			    const struct embnic_emit *e);
-/*
- * The state map summary (docs/control-socket.md, "state_summary"; the
- * telemetry's /embnic/state), summed over its partitions: entries,
- * partitions, capacity, overflow, expired, the count per state in record
- * "by_state" (a scan of the map) and one record per partition in list
- * "by_partition".
- */
+/* The record of "state_summary" (docs/control-socket.md): all partitions. */
 void embnic_state_summary_emit(const struct embnic_app *app,
 			       const struct embnic_emit *e);
 int embnic_telemetry_init(struct embnic_app *app);
