@@ -1,43 +1,9 @@
 """Capacity planning (``embnic plan``): what a cluster of tables costs per shard and per card.
 
-The model (docs/planning.md) has three parts.
-
-**Traffic per step** (:func:`~embnic.control.traffic.step_traffic`, in :mod:`.traffic`) — what
-one client puts on the wire for one training step (a lookup round, then an update round of the
-same unique ids), counted by the client's own cut of a round into messages.
-
-**Storage per shard** (:func:`shard_storage`) — the rows a shard holds (a table's ``rows``, or
-its ``expected_rows`` where ids are unbounded), spread like the ids; memory is
-``rows × (4·dim + optimizer state) × arena slack + rows × 18`` bytes: rows are float32 on the
-shards whatever the wire dtype, row-wise Adagrad keeps one float32 per row, SGD none; the arena
-doubles when full (``arena_slack`` 2: the worst case just after a doubling) and the shard's one
-sorted index over all its tables holds a uint64 composite key, an int64 slot and a uint16 table
-per row, plus an int64 arena offset per row where the shard's tables differ in dim
-(``client_lib/table_numerics.py`` RowStore). Disk
-(with ``--checkpoint-dir``) is two checkpoints (the old one lives until the new one is
-renamed) of ``rows × (8 + 4·dim + 4)`` bytes plus the write-ahead log of
-``checkpoint_every`` updates.
-
-A table on the **disk tier** (``store = "disk"``, its own or its shard's, docs/server.md "Disk
-tier") is not in that arena or index: in memory it is its cache, ``cache_rows`` slots of
-``4·dim + optimizer state + 19`` bytes allocated at start whatever the rows (testbed/server/
-diskstore.py ``cache_bytes``), plus once per shard with a disk table RocksDB's block cache
-(``block_cache_mb``) and the fixed overhead ``bench server --disk`` measured
-(:data:`DISK_FIXED_OVERHEAD`); on disk it is the live RocksDB store, ``rows × (8 + 4·dim + optimizer
-state + RocksDB's per-entry overhead) × space amplification`` (assumed:
-:data:`ROCKSDB_ENTRY_OVERHEAD`, :data:`ROCKSDB_SPACE_AMP`), and twice that with checkpoints (a
-snapshot is hard links to the store's files, a full second copy once compaction has rewritten
-them all). Its keys cost a shard ``1 / disk_keys_per_s`` each instead of ``1 / shard_keys_per_s``
-(:class:`Hardware`; its default is the ratio ``bench server --disk`` measured, at the cache hit
-ratio of that run's workload: the plan does not model the hit ratio).
-
-**Rates and limits** (:func:`plan`) — ``C`` clients each doing ``steps/s`` steps: per card
-frames/s, messages/s (request messages, each completed by its reply: what ``bench dataplane``'s
-``distinct_msgs_per_s`` counts), Gb/s and state-map entries in flight (every message of a
-round of every client, tail probes included, bounded per shard by the send window); per shard
-keys/s and Gb/s. Each resource gives the steps/s it allows; the smallest binds first. The step
-time is a latency model: per round, a base round-trip time plus the service time of the
-busiest resource of that round (card, a shard, the client, a NIC).
+The model is docs/planning.md's: traffic per step (:func:`~embnic.control.traffic.step_traffic`,
+in :mod:`.traffic`), storage per shard (:func:`shard_storage`: the row arena and its index, or a
+disk table's cache and RocksDB store, checkpoints and log) and rates and limits (:func:`plan`:
+the steps/s each resource allows, and the step time as a latency model).
 """
 from __future__ import annotations
 

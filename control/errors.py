@@ -1,27 +1,11 @@
 """Errors of the control plane's library code (targets, control socket, build info, testbed).
 
-Plain exception classes, no click: every one carries a :attr:`~ControlError.category` that
-says what the user has to do, and the CLI maps the category to an exit code and a click error
-in one place (:func:`embnic.cli.main.to_click`, docs/cli.md "Errors and exit codes"):
-
-=====================  =========  ======================================================
-category               exit code  meaning
-=====================  =========  ======================================================
-``usage``              2          the request itself is wrong (an option, a name, a file)
-``operational``        1          a valid request could not be carried out
-``needs-root``         2          run it as root (network namespaces, DPDK EAL)
-``missing-dependency`` 2          install something first (``simple_switch``, ``p4c``,
-                                  ``dpdk-testpmd``, an optional Python extra)
-=====================  =========  ======================================================
-
-Messages are one line and name the fix. A library module raises the class of its category
-(or a subclass of it); a subclass may move to another category by setting ``category``.
-
-Example::
-
-    from embnic.control.errors import MissingDependencyError
-    raise MissingDependencyError("simple_switch not found: install BMv2 (apt-get install ...)",
-                                 dependency="simple_switch")
+Plain exception classes, no click: every one carries a :attr:`~ControlError.category`
+(``usage``, ``operational``, ``needs-root``, ``missing-dependency``) that says what the user has
+to do; the CLI maps it to an exit code in one place (:func:`embnic.cli.main.to_click`, docs/cli.md
+"Errors and exit codes"). Messages are one line and name the fix. A library module raises the
+class of its category (or a subclass of it); a subclass may move to another category by setting
+``category``.
 """
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
 """The settings of a command that drives a pipeline: target, name, control socket, card binary, EAL.
 
 Precedence of every setting: built-in default < the config file's ``[control]`` section <
-environment (``EMBNIC_*``) < command-line flag. The CLI's options therefore default to ``None``
+environment (``EMBNIC_*``) < command-line flag; the CLI's options therefore default to ``None``
 and :func:`resolve` fills in what the user did not say (docs/cli.md, "Settings and where they
-come from").
-
-``[control]`` section of the cluster config (optional, all fields optional)::
-
-    [control]
-    target  = "dpdk"                      # pipeline target (EMBNIC_TARGET, --target)
-    name    = "embnic"                    # pipeline instance name (EMBNIC_NAME, --name)
-    ctl     = "/run/embnic/embnic.sock"   # control socket (EMBNIC_CTL, --ctl)
-    binary  = "dataplane/build/embnic-dp" # card binary (EMBNIC_DP, --binary)
-    eal_args = "-l 0,1 --no-huge ..."     # replaces the default EAL args (EMBNIC_EAL_ARGS, --eal-args)
-    card_args = ["--idle-us", "50"]       # more embnic-dp arguments after `--` (--card-args)
-    vdevs   = ["net_ring0", "net_ring1"]  # one DPDK port per vdev, in port order (--vdev)
-    netns   = "card"                      # run the card in this network namespace (EMBNIC_NETNS, --netns)
+come from", has every setting, its flag, variable and key).
 
 Example::
 

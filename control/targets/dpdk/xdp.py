@@ -1,33 +1,12 @@
 """The card's ``net_af_xdp`` ports: their devargs, the XDP hook of their interfaces, their limits.
 
-DPDK's ``net_af_xdp`` PMD (``drivers/net/af_xdp`` in DPDK 22.11, the ``librte-net-af-xdp23``
-Debian package, which brings ``libxdp1`` and ``libbpf1``) opens an AF_XDP socket on queue
-``start_queue`` (default 0) of a kernel interface and attaches an XDP program to that
-interface (libxdp's ``xsk_def_prog``, or the ``xdp_prog=`` devarg's object) that redirects the
-queue's frames into the socket. An interface has one XDP hook (one program per mode; native and
-generic cannot be active together), so anything else holding it — another program, the
-testbed's ``bpf`` netem (:mod:`embnic.testbed.net.bpf_loss`) — makes the PMD fail at queue setup
-("Failed to create xsk socket", deep in the card's log). :func:`af_xdp_problem` finds that
-before the card starts and says so in one line.
-
-Limits measured here (kernel 6.18, DPDK 22.11.11, libxdp 1.3.1):
-
-* a veth takes a *native* XDP program only while its peer's MTU is at most
-  :data:`VETH_XDP_MAX_MTU` (3506 on 4 KiB pages: a page less the XDP headroom and
-  ``skb_shared_info``, less the peer's Ethernet header; the kernel says "veth: Peer MTU is too
-  large to set XDP"); the testbed's veths all run at the cluster MTU;
-* the PMD makes the card's mbuf pool the AF_XDP UMEM, one pool object (object header, mbuf,
-  buffer) per frame, and the kernel refuses frames larger than a page ("xdp_umem_configure():
-  Failed to create umem"); so with a net_af_xdp port the card gives every mbuf exactly one page
-  and receives at most :data:`AF_XDP_MAX_FRAME` bytes (a page less the 64-byte object header,
-  the 128-byte mbuf, its 128-byte headroom and the kernel's 256-byte XDP headroom: 3520), i.e.
-  MTU :data:`AF_XDP_MAX_MTU` = 3506 — the veth limit too. The card refuses a larger ``--mtu``
-  (exit 2); the kernel drops a longer frame before the card sees it (the PMD's own
-  ``max_rx_pktlen``, :data:`PMD_MAX_RX_PKTLEN`, assumes a 24-byte object header and overstates
-  it by 40 bytes). Jumbo frames need ``net_af_packet``.
-
-On a veth the socket runs in copy mode (veth has no zero-copy AF_XDP); on ice, i40e, mlx5 and
-other drivers with AF_XDP zero-copy support it binds zero-copy (docs/deploy.md).
+DPDK's ``net_af_xdp`` PMD attaches an XDP program to its interface (libxdp's ``xsk_def_prog``)
+that redirects one queue's frames into its AF_XDP socket. An interface has one XDP hook, so
+anything else holding it — another program, the testbed's ``bpf`` netem
+(:mod:`embnic.testbed.net.bpf_loss`) — makes the PMD fail at queue setup ("Failed to create xsk
+socket", deep in the card's log); :func:`af_xdp_problem` finds that before the card starts and
+says so in one line. The MTU limits (:data:`AF_XDP_MAX_MTU`: one page per frame; a veth's
+native XDP) and copy versus zero-copy mode are measured and explained in docs/deploy.md.
 """
 from __future__ import annotations
 
@@ -39,9 +18,11 @@ from typing import Sequence
 PMDS = ("af_packet", "af_xdp")
 #: the largest MTU of a veth whose peer takes a native XDP program (4 KiB pages; measured: 3507 is refused)
 VETH_XDP_MAX_MTU = 3506
-#: net_af_xdp's ``max_rx_pktlen`` in DPDK 22.11 with 4 KiB pages (more than the kernel delivers: see above)
+#: net_af_xdp's ``max_rx_pktlen`` in DPDK 22.11 with 4 KiB pages (40 bytes more than the kernel delivers:
+#: it assumes a 24-byte object header)
 PMD_MAX_RX_PKTLEN = 3560
-#: the largest frame (no CRC) a card's net_af_xdp port receives with 4 KiB pages: its ``max_frame``
+#: the largest frame (no CRC) a card's net_af_xdp port receives with 4 KiB pages: a page less the object
+#: header, the mbuf, its headroom and the kernel's XDP headroom
 AF_XDP_MAX_FRAME = 4096 - 64 - 128 - 128 - 256
 #: the largest MTU of a card with a net_af_xdp port (4 KiB pages; measured: the card refuses 3507)
 AF_XDP_MAX_MTU = AF_XDP_MAX_FRAME - 14
