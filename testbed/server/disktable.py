@@ -97,12 +97,6 @@ class DiskTable:
         """Materialised (ever updated) rows."""
         return self._n
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the cache's arrays (the shard's memory for this table; RocksDB's block
-        cache is the env's)."""
-        return self.cache.nbytes
-
     def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Rows, accumulators, found-mask and pending-mask of ``keys`` (unique uint64 (n,)) from the
         store — the rows kept in memory while it was full (``pending``) first; ids in neither get
@@ -144,11 +138,6 @@ class DiskTable:
         self.store.put(keys, self._pack(rows, acc))
 
     # -- a full store (module docstring, "A full disk") -------------------------------------------
-
-    @property
-    def full(self) -> str | None:
-        """Why the store takes no writes now (None: it does)."""
-        return self._full
 
     def _enter_full(self, why: str) -> None:
         if self._full is None:

@@ -1,63 +1,16 @@
-"""A shard that loses nothing: write-ahead log, checkpoints and restore (docs/server.md, "Durability").
+"""A shard that loses nothing: write-ahead log, checkpoints and restore.
 
-One shard's directory (``--checkpoint-dir DIR`` → ``DIR/shard-<id>/``) holds::
-
-    ckpt-<S>.npz     the shard's state after the first S logged updates (numpy .npz, below)
-    wal-<S>.log      the updates logged from sequence number S on (records, below)
-    LOCK             the pid of the shard process using the directory, under a POSIX lock (a second
-                     process on the same directory is refused before it reads or cuts anything)
-
-**Log files** start with a 16-byte file header: the magic ``embnic-wal\\0\\0`` (12 bytes) and the
-format version (u32 LE, ``2``), then the records. **Records** (little-endian; one per *applied*
-update — a protocol-v2 update of one or more tables, whole —, in the order the shard applied
-them)::
-
-    u32 hdr_crc      zlib.crc32 of the 32 header bytes that follow
-    u32 body_len     bytes of the update body (directory, keys, gradients: exactly as on the wire)
-    u64 seq          sequence number of the record (0, 1, 2, ... over the shard's life)
-    u32 msg_id       ┐
-    u16 client_id    │ what exactly-once needs: (client_id, msg_id) → fingerprint
-    u16 num_tables   │ (num_tables, num_keys, value_len, body_crc), as the shard's window
-    u32 num_keys     │
-    u32 value_len    │
-    u32 body_crc     ┘ zlib.crc32 of the body (the fingerprint's CRC, so no second pass)
-    body_len bytes   the body
-
-A record is good when its header CRC matches, the whole body is present and the body's CRC
-matches; the first record that is not (a torn write at a crash, a flipped bit) ends the log:
-it and everything after it are reported, cut off, and the shard starts from the last good
-record. Updates are appended as they are applied and **one** ``fdatasync`` per wake-up makes
-them durable before any ack of that wake-up leaves (:meth:`UpdateLog.commit`).
-
-**Checkpoints** (``numpy.savez``; load with ``numpy.load``): ``meta`` (uint8 JSON: ``format``
-``"embnic-checkpoint"``, ``version`` 2, ``shard``, ``seq``, ``seed``, ``tables``: id, dim,
-optimizer, rows, dtype), per table ``t<id>.keys`` uint64 (M,) sorted, ``t<id>.rows`` float32
-(M, dim), ``t<id>.acc`` float32 (M,) (row-wise Adagrad accumulators; zeros for SGD), and
-``applied`` int64 (W, 6): the exactly-once window, oldest first, columns (client_id, msg_id,
-num_tables, num_keys, value_len, body_crc). Written between wake-ups (a consistent point of
-the update stream: no torn rows) to a temporary file, ``fsync``ed, renamed, directory
-``fsync``ed; then a new log file starts at S and older logs and checkpoints are deleted.
-
-**Disk tables** (``store = "disk"``, :mod:`~embnic.testbed.server.diskstore`) do not go through the
-``.npz``: a checkpoint flushes their dirty cached rows and takes a RocksDB checkpoint of each into
-``ckpt-<S>.<n>.store/t<id>/`` (hard links to the immutable SST files, the small MANIFEST/OPTIONS
-files copied, everything synced to disk, the directory renamed into place before the ``.npz`` that
-names it), so its cost grows with the store's files, not its rows. Their ``meta`` entry says
-``store`` ``"disk"``, ``snapshot`` (the path relative to the shard's directory) and ``rows_held``;
-the ``.npz`` holds no arrays for them. A restore replaces the table's live store by a hard-linked
-copy of that snapshot and replays the log into it (a table the config has moved between stores
-since is loaded row by row); the live store (``store/``) is scratch, rebuilt at every restore.
-
-**Versions.** Format 2 goes with protocol v2 (multi-table updates). A directory written by a
-protocol-v1 shard (format 1: checkpoint ``version`` 1, logs without the file header, one-table
-records) is refused by name (:class:`DurabilityError`, :data:`V1_ADVICE`) before anything in
-it is read, cut or added.
+One shard's directory (``--checkpoint-dir DIR`` → ``DIR/shard-<id>/``) holds ``ckpt-<S>.npz`` (the
+state after the first S logged updates; a disk table's rows as a RocksDB snapshot
+``ckpt-<S>.<n>.store/t<id>/`` beside it), ``wal-<S>.log`` (the updates logged from S on: a
+16-byte file header :data:`WAL_HEADER`, then one :data:`REC` record per applied update, its body
+as on the wire) and ``LOCK``. The formats, the commit per wake-up, the restore and the refusal
+of a protocol-v1 directory (format 1, :data:`V1_ADVICE`): docs/server.md, "Durability".
 """
 from __future__ import annotations
 
 import collections
 import collections.abc
-import fcntl
 import json
 import logging
 import os
@@ -76,6 +29,7 @@ import numpy as np
 from embnic.client_lib import codec, consts
 from embnic.client_lib.rowstore import TableShard
 
+from .fsdirs import DirLockedError, fsync_dir, link_or_copy, lock_dir
 from .stores import load_diskstore, open_tables, shard_dir
 from .window import UpdateWindow
 
@@ -134,14 +88,6 @@ def load_table(ts, st) -> None:
         raise DurabilityError(f"checkpoint: table {ts.table.id}'s snapshot: {e}") from None
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class UpdateLog:
     """The shard's write-ahead log: append records, make them durable with one ``fdatasync``.
 
@@ -174,7 +120,7 @@ class UpdateLog:
             os.write(self._fd, WAL_HEADER)
             if self.fsync:
                 os.fdatasync(self._fd)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def append(self, client_id: int, msg_id: int, num_tables: int, num_keys: int, value_len: int,
                body_crc: int, body) -> None:
@@ -341,9 +287,9 @@ def _write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[
         for tid, ts in disk.items():
             info = ts.snapshot(tmp / f"t{tid}")
             entries[tid].update(store="disk", snapshot=f"{name}/t{tid}", rows_held=info["rows_held"])
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         os.rename(tmp, d / name)
-        _fsync_dir(d)
+        fsync_dir(d)
     meta = {"format": FORMAT, "version": FORMAT_VERSION, "shard": int(shard_id), "seq": int(seq), "seed": int(seed),
             "tables": list(entries.values())}
     arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
@@ -363,7 +309,7 @@ def _write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, final)
-    _fsync_dir(d)
+    fsync_dir(d)
     return final, meta
 
 
@@ -433,18 +379,12 @@ class Durability:
         if self._lock_fd is not None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise DurabilityError(f"{self.dir} is in use by another shard process (pid {holder}): stop it first "
+            self._lock_fd = lock_dir(self.dir)
+        except DirLockedError as e:
+            raise DurabilityError(f"{self.dir} is in use by another shard process (pid {e.holder}): stop it first "
                                   "(a second shard on one directory would cut or interleave its log), or give this "
                                   "one another directory") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
 
     def restore(self, tables: dict[int, TableShard], applied: UpdateWindow, window: int) -> dict:
         """Load the latest checkpoint into ``tables``/``applied`` (the shard's exactly-once window,
@@ -582,7 +522,7 @@ class Durability:
         for _, p in _files(self.dir, _CKPT_STORE):  # older snapshots and leftovers of a crash
             if p.name not in keep:
                 shutil.rmtree(p, ignore_errors=True)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.checkpoints += 1
         self.last_checkpoint = str(path)
         self._since = 0
@@ -632,22 +572,13 @@ def _replay(tables: dict[int, TableShard], client_id: int, msg_id: int, num_tabl
     return None
 
 
-def load_shard_state(directory, shard_id: int, cfg, window: int = 1 << 62) -> tuple[dict[int, TableShard], dict]:
+def load_shard_stores(directory, shard_id: int, cfg, window: int = 1 << 62):
     """Shard ``shard_id``'s tables as a restart would see them (latest checkpoint + log), read
-    only: nothing in ``directory`` is truncated or created (for ``embnic tables export``).
+    only: nothing in ``directory`` is changed (for ``embnic tables export``).
 
     Returns:
-        (``{table_id: store}`` — a ``TableShard``, or for a disk table a ``DiskTable`` whose store
-        is a scratch copy, removed when it is closed or collected —, the restore report of
-        :meth:`Durability.restore`).
-    """
-    stores, rep = load_shard_stores(directory, shard_id, cfg, window)
-    return stores.tables, rep
-
-
-def load_shard_stores(directory, shard_id: int, cfg, window: int = 1 << 62):
-    """As :func:`load_shard_state`, returning the :class:`~embnic.testbed.server.stores.ShardStores`
-    (``close()`` removes the disk tables' scratch copies) and the restore report.
+        (the :class:`~embnic.testbed.server.stores.ShardStores` — ``close()`` removes the disk
+        tables' scratch copies —, the restore report of :meth:`Durability.restore`).
 
     The shard's directory is copied to a temporary one first (its log may be cut there); disk
     tables' snapshots are hard-linked, not copied, and the shard's live ``store/`` is skipped.
@@ -659,7 +590,7 @@ def load_shard_stores(directory, shard_id: int, cfg, window: int = 1 << 62):
             dst = shard_dir(tmp, shard_id)
             if src.is_dir():
                 shutil.copytree(src, dst, ignore=lambda d, names: ["store"] if Path(d) == src else [],
-                                copy_function=_link_sst_or_copy)
+                                copy_function=link_or_copy)
             d = Durability(tmp, shard_id, cfg.seed, fsync=False)
             try:
                 rep = d.restore(stores.tables, UpdateWindow(window), window)
@@ -671,14 +602,3 @@ def load_shard_stores(directory, shard_id: int, cfg, window: int = 1 << 62):
         stores.close()
         raise
     return stores, rep
-
-
-def _link_sst_or_copy(a: str, b: str) -> None:
-    """copytree's copy function: a snapshot's SST file as a hard link (never written again), else a copy."""
-    if a.endswith(".sst"):
-        try:
-            os.link(a, b)
-            return
-        except OSError:
-            pass
-    shutil.copy2(a, b)

@@ -37,6 +37,19 @@ def lock_dir(d: Path) -> int:
     return fd
 
 
+def fsync_dir(d: Path) -> None:
+    """``fsync`` directory ``d`` (its entries: a rename or a new file made durable).
+
+    Raises:
+        OSError: ``d`` cannot be opened or synced.
+    """
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(d: Path) -> None:
     """``fsync`` every file of directory ``d`` and ``d`` itself.
 
@@ -50,30 +63,34 @@ def fsync_tree(d: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(d)
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """Copy file ``src`` to ``dst``: a RocksDB SST file as a hard link (RocksDB never writes into
+    one), any other file — or where hard links are refused (another file system) — as a copy
+    (a store opened on ``dst`` rewrites it). ``shutil.copytree``'s ``copy_function`` shape.
+
+    Raises:
+        OSError: the file cannot be copied.
+    """
+    if str(src).endswith(".sst"):
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
 
 
 def link_tree(src: Path, dst: Path) -> None:
-    """Copy RocksDB directory ``src`` to ``dst`` (must not exist): SST files as hard links (RocksDB
-    never writes into one), every other file as a copy (a store opened on ``dst`` rewrites them).
-    Falls back to copying where hard links are refused (another file system).
+    """Copy RocksDB directory ``src`` to ``dst`` (must not exist), file by file with
+    :func:`link_or_copy`.
 
     Raises:
         OSError: ``dst`` exists, or a file cannot be copied.
     """
     dst.mkdir(parents=True)
     for p in src.iterdir():
-        if not p.is_file():
-            continue
-        q = dst / p.name
-        if p.suffix == ".sst":
-            try:
-                os.link(p, q)
-                continue
-            except OSError:
-                pass
-        shutil.copy2(p, q)
+        if p.is_file():
+            link_or_copy(p, dst / p.name)

@@ -49,7 +49,6 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import FrameError, Header, RequestBody
 from embnic.client_lib.config import ClusterConfig, TableConfig
 from embnic.client_lib.consts import DType, MsgType, Status
-from embnic.client_lib.reassembly import fragment_size
 from embnic.client_lib.routing import owns, owns_tables
 from embnic.client_lib.rowstore import TableShard
 from embnic.client_lib.table_numerics import rowwise_mean_square_ragged
@@ -95,15 +94,6 @@ def is_poll(h: Header) -> bool:
     draw no NACK of their own."""
     return (h.msg_type == MsgType.UPDATE_REQ and h.flags & consts.Flags.RETRANSMIT and h.frag_count > 1
             and h.frag_index == h.frag_count - 1)
-
-
-def last_fragment_offset(h: Header) -> int:
-    """The byte offset of the last fragment of the message of fragment header ``h`` (any of its
-    fragments: they all give the fragment size P, :func:`~embnic.client_lib.reassembly.fragment_size`):
-    ``(frag_count - 1) · P``; 0 for a message of one fragment."""
-    if h.frag_count <= 1:
-        return 0
-    return (h.frag_count - 1) * fragment_size(h)
 
 
 class Refused(Exception):

@@ -1,38 +1,14 @@
 """Trained tables in and out of the shards' directories (``embnic tables export|import``).
 
-Files are **safetensors** (https://huggingface.co/docs/safetensors: an 8-byte little-endian
-header length, a JSON header naming each tensor's dtype, shape and byte range, then the raw
-little-endian data), written here with numpy alone, tensors in name order and the header padded
-to 8 bytes, so the same tables always give the same bytes. Two layouts:
-
-``torchrec`` (every table has ``rows``)
-    ``embedding_bags.<table name>.weight``: float32 (rows, dim), the whole table (rows never
-    updated hold their initial values) — the state dict of a TorchRec
-    ``EmbeddingBagCollection`` whose ``EmbeddingBagConfig`` names are the config's table names::
-
-        from safetensors.torch import load_file
-        ebc.load_state_dict(load_file("tables.safetensors"))
-
-    Optimizer state is not part of it: an import starts every row's Adagrad accumulator at 0.
-
-``ids`` (any tables, including collision-free ones without ``rows``)
-    the rows that were updated, by full uint64 id: ``tables.<name>.ids`` uint64 (M,) strictly
-    increasing, ``tables.<name>.weight`` float32 (M, dim), ``tables.<name>.acc`` float32 (M,)
-    (row-wise Adagrad accumulators, zeros for SGD). Every other id holds its initial value, a
-    function of (seed, table, id) (:func:`~embnic.client_lib.table_numerics.init_rows`).
-
-Both carry ``__metadata__``: ``format`` (``embnic-tables``), ``layout``, ``seed`` and
-``tables`` (JSON: id, name, dim, rows, optimizer). Export reads every shard's directory as a
-restart would (latest checkpoint + log, :func:`~embnic.testbed.server.durability.load_shard_stores`);
-import writes each shard a checkpoint of the rows it owns, which ``embnic server --restore DIR``
-serves (a disk table's as a RocksDB snapshot). An import stores only rows that differ from their
-initial value, so export → import → export gives the same bytes.
-
-**Export streams**: the header is written from the row counts, then every table's rows are
-merged across the shards in id order, :data:`CHUNK_ROWS` at a time (a disk table's straight from
-its store, :meth:`~embnic.testbed.server.diskstore.DiskTable.iter_state`), and written at their
-offsets — a disk table 8 × a shard's memory is never held whole (an in-memory table is, as the
-shard held it).
+Files are **safetensors** (https://huggingface.co/docs/safetensors), written here with numpy alone,
+tensors in name order and the header padded to 8 bytes, so the same tables always give the same
+bytes; the two layouts (``torchrec``: ``embedding_bags.<name>.weight``, every row; ``ids``:
+``tables.<name>.ids``/``.weight``/``.acc``, the updated rows) and their metadata are in
+docs/server.md, "Tables in and out". Export reads every shard's directory as a restart would
+(:func:`~embnic.testbed.server.durability.load_shard_stores`) and streams: every table's rows
+merged across the shards in id order, :data:`CHUNK_ROWS` at a time, written at their offsets (a
+disk table is never held whole). Import writes each shard a checkpoint of the rows it owns that
+differ from their initial value, so export → import → export gives the same bytes.
 """
 from __future__ import annotations
 
@@ -45,7 +21,7 @@ import numpy as np
 
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.routing import owns
-from embnic.client_lib.table_numerics import init_rows, merge_states
+from embnic.client_lib.table_numerics import init_rows
 
 from . import durability as D
 from .stores import open_tables
@@ -83,15 +59,6 @@ def safetensors_header(specs: dict[str, tuple[np.dtype, tuple[int, ...]]], metad
     h += b" " * (-len(h) % 8)
     head = len(h).to_bytes(8, "little") + h
     return head, {n: len(head) + o for n, o in offs.items()}
-
-
-def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    """Write ``tensors`` (float32 / float16 / uint64 arrays) as a safetensors file, deterministically."""
-    head, _ = safetensors_header({n: (a.dtype, a.shape) for n, a in tensors.items()}, metadata)
-    with open(path, "wb") as f:
-        f.write(head)
-        for n in sorted(tensors):
-            f.write(np.ascontiguousarray(tensors[n]).astype(tensors[n].dtype.newbyteorder("<"), copy=False).tobytes())
 
 
 def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -163,26 +130,6 @@ def _check_shard_dirs(cfg: ClusterConfig, directory) -> None:
                               f"{'directory' if len(missing) == 1 else 'directories'}: give --from the directory "
                               "the shards ran with --checkpoint-dir (or filled by `embnic tables import`); "
                               "exporting would write those shards' initial rows")
-
-
-def gather(cfg: ClusterConfig, directory) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Every shard's updated rows from ``directory`` (as a restart would see them), merged, whole
-    in memory: ``{table_id: (keys uint64 (M,), rows float32 (M, dim), acc float32 (M,))}``
-    (:func:`export_tables` streams instead).
-
-    Raises:
-        TablesFileError: ``directory`` lacks a shard's ``shard-<id>`` directory (not where the
-            shards ran: its rows would be exported as the initial ones).
-    """
-    _check_shard_dirs(cfg, directory)
-    states = []
-    for s in cfg.shards:
-        stores, _ = D.load_shard_stores(directory, s.id, cfg)
-        try:
-            states.append({tid: ts.state() for tid, ts in stores.tables.items()})
-        finally:
-            stores.close()
-    return merge_states(states)
 
 
 def _chunks(ts, chunk_rows: int):
@@ -384,7 +331,7 @@ def import_tables(cfg: ClusterConfig, path: str | Path, directory) -> dict:
     written = {}
     for s in cfg.shards:
         d = D.shard_dir(directory, s.id)
-        if D._files(d, D._CKPT) or D._files(d, D._WAL):
+        if D.restorable(d):
             raise TablesFileError(f"{d} already holds a checkpoint or log: import into an empty directory")
         stores = open_tables(cfg, s.id, scratch=True)  # a disk table's rows go to a RocksDB snapshot
         try:

@@ -29,11 +29,20 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.codec import DirectoryError
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import MsgType, Status
-from embnic.client_lib.reassembly import Message, Reassembler
+from embnic.client_lib.reassembly import Message, Reassembler, fragment_size
 from embnic.client_lib.sockets import SOCK_BUF, set_socket_buffers
 from embnic.testbed.server.engine import BatchShardServer
-from embnic.testbed.server.shard_state import (MAX_MSG_LEN, REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, ShardState,
-                                         last_fragment_offset)
+from embnic.testbed.server.shard_state import (MAX_MSG_LEN, REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused,
+                                               ShardState)
+
+
+def last_fragment_offset(h: codec.Header) -> int:
+    """The byte offset of the last fragment of the message of fragment header ``h`` (any of its
+    fragments: they all give the fragment size P, :func:`~embnic.client_lib.reassembly.fragment_size`):
+    ``(frag_count - 1) · P``; 0 for a message of one fragment."""
+    if h.frag_count <= 1:
+        return 0
+    return (h.frag_count - 1) * fragment_size(h)
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -44,7 +53,7 @@ class _Protocol(asyncio.DatagramProtocol):
         self.server.transport = transport
 
     def datagram_received(self, data, addr):
-        st = self.server.shard_state
+        st = self.server.state
         before = sum(st.replies.values())
         t0 = time.monotonic_ns()
         self.server.handle_datagram(data, addr)
@@ -54,7 +63,7 @@ class _Protocol(asyncio.DatagramProtocol):
 
     def error_received(self, exc):
         # ICMP errors for earlier sends (e.g. a client that went away): count, keep serving
-        self.server.shard_state.counts["send_errors"] += 1
+        self.server.state.counts["send_errors"] += 1
 
 
 class ReferenceShard:

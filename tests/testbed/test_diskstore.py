@@ -44,6 +44,7 @@ from embnic.testbed.server.shard_state import ShardState  # noqa: E402
 from embnic.testbed.server.stores import StoreSetupError  # noqa: E402
 
 from test_durability import _send_all, _state_equal  # noqa: E402
+from test_tables_io import save_safetensors  # noqa: E402
 from test_server_engine import _kill_worker_shard, _stop_worker_shard  # noqa: E402
 from reference_shard import engine_kw  # noqa: E402
 
@@ -312,7 +313,8 @@ def test_kill_9_and_restore_a_disk_table(tmp_path):
     for parts, _ in ups:
         for tid, k, g in parts:
             ref.update({tid: (k, g)})
-    tables, rep = D.load_shard_state(str(tmp_path / "ck"), 0, cfg)
+    stores, rep = D.load_shard_stores(str(tmp_path / "ck"), 0, cfg)
+    tables = stores.tables
     assert isinstance(tables[0], DT.DiskTable) and rep["replayed"] == 2
     _state_equal({t: ts.state() for t, ts in tables.items()}, ref.state_dict())
     # export streams from the disk table (never its whole state() at once) and equals the same
@@ -361,7 +363,7 @@ def test_a_checkpoint_moves_between_the_stores(tmp_path):
         want = st.state_dict()
     with ServerThread(disk, 0, restore=str(tmp_path / "b"), checkpoint_dir=str(tmp_path / "c")) as st:
         got = st.state_dict()
-        assert isinstance(st.server.shard_state.tables[0], DT.DiskTable)
+        assert isinstance(st.server.state.tables[0], DT.DiskTable)
     _state_equal(got, want)
 
 
@@ -378,7 +380,7 @@ def test_tables_import_into_a_disk_table_is_served(tmp_path):
             else np.zeros(k.size, np.float32)
         tensors.update({f"tables.{t.name}.ids": k, f"tables.{t.name}.weight": r, f"tables.{t.name}.acc": a})
         want[t.id] = (k, r, a)
-    TIO.save_safetensors(tmp_path / "in.safetensors", tensors, TIO._meta(cfg, "ids"))
+    save_safetensors(tmp_path / "in.safetensors", tensors, TIO._meta(cfg, "ids"))
     rep = TIO.import_tables(cfg, tmp_path / "in.safetensors", tmp_path / "d")
     assert rep["rows"] == {0: sum(v[0].size for v in want.values())}
     assert len(list((tmp_path / "d" / "shard-0").glob("ckpt-*.store"))) == 1

@@ -109,7 +109,7 @@ def test_checkpoint_file_is_documented_npz(tmp_path):
     ups = _updates(cfg, 4)
     with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
         _send_all(st, cfg, ups)
-        path = st.call(st.server.shard_state.checkpoint)
+        path = st.call(st.server.state.checkpoint)
         state = st.state_dict()
     with np.load(path) as z:  # plain numpy, no pickle
         meta = json.loads(bytes(z["meta"]).decode())
@@ -221,7 +221,8 @@ def test_kill_9_and_restore_through_the_cli(tmp_path):
             p.communicate()
     counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
     assert counters["updates_applied"] == 0 and counters["duplicates"] == 3
-    tables, rep = D.load_shard_state(str(tmp_path), 0, cfg)
+    stores, rep = D.load_shard_stores(str(tmp_path), 0, cfg)
+    tables = stores.tables
     ref = LocalBackend(cfg)
     for parts, _ in ups:
         for tid, k, g in parts:
@@ -262,7 +263,7 @@ def test_fresh_start_refuses_a_used_directory_and_other_shards_checkpoint(tmp_pa
     cfg = make_cfg()
     with ServerThread(cfg, 0, checkpoint_dir=str(tmp_path)) as st:
         _send_all(st, cfg, _updates(cfg, 1))
-        st.call(st.server.shard_state.checkpoint)
+        st.call(st.server.state.checkpoint)
     with pytest.raises(D.DurabilityError, match="--restore"):
         ShardState(cfg, 0, checkpoint_dir=str(tmp_path))
     (tmp_path / "shard-1").mkdir()
@@ -376,7 +377,7 @@ def test_a_v1_directory_is_refused_by_name(tmp_path, what):
     assert "embnic tables export" in msg and "--checkpoint-dir" in msg
     assert {p.name: p.read_bytes() for p in d.iterdir() if p.name != "LOCK"} == before
     with pytest.raises(D.DurabilityError, match="format"):
-        D.load_shard_state(str(tmp_path / "old"), 0, cfg)
+        D.load_shard_stores(str(tmp_path / "old"), 0, cfg)
 
 
 def test_a_v1_directory_through_the_cli(tmp_path):
