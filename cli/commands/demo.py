@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from embnic.cli.commands.options import (FloatRange, OutPath, check_name_param, needs_root, pmd_option,
-                                             sigterm_as_interrupt)
+from embnic.cli.commands.options import (FloatRange, OutPath, card_option, check_name_param, model_option,
+                                         needs_root, pmd_option, sigterm_as_interrupt)
 from embnic.control.errors import MissingDependencyError
 
 
@@ -38,28 +38,18 @@ from embnic.control.errors import MissingDependencyError
 @click.option("--all-clients", is_flag=True, help="Every other client of the config looks up its own batches "
                                                   "through the card while the first one trains (lookups only).")
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
-@click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
-              help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
-                   "(needs the embnic[torch] extra).")
-@click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
-              help="The card: dpdk (embnic-dp), bmv2 (the P4 program on simple_switch, p4/) or p4dpdk "
-                   "(the P4 program for PNA in DPDK's SWX pipeline, embnic-swx).")
+@model_option
+@card_option
 @pmd_option
 @needs_root("demo")
 def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
          kill_at_step, restart, checkpoint_every, no_table_check, all_clients, progress, model, target, pmd):
-    """Train the CTR model (--model fm, or TorchRec's DLRM with --model dlrm) on the shipped
-    Criteo sample with every embedding lookup and update passing through the card, in a
-    namespace testbed it brings up and down.
+    """Train the CTR model on the shipped Criteo sample with every embedding lookup and update
+    passing through the card, in a namespace testbed it brings up and down. Needs root.
 
-    Runs the same training with in-process tables first; the per-step losses through the card
-    must match it within 1e-6 and the final tables must be identical. Writes OUT/report.json
-    (loss, AUC, messages, frames, rounds per step, dedup ratio, lookup latency p50/p99, card
-    drops by reason, ...) and OUT/loss.png, OUT/latency_cdf.png. Needs root.
-
-    If training fails (e.g. --kill-shard), the report of what ran (error, steps completed,
-    losses so far, the dead node) and the plots are still written, and the command exits 1
-    naming the node that died.
+    The per-step losses through the card must match the same training with in-process tables
+    within 1e-6, and the final tables must be identical. Writes OUT/report.json, OUT/loss.png and
+    OUT/latency_cdf.png, also when training fails (exit 1 naming the node that died).
 
     \b
     Examples:

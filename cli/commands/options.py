@@ -277,3 +277,11 @@ pmd_option = click.option("--pmd", type=click.Choice(["af_packet", "af_xdp"]), d
                                "(net_af_xdp: an AF_XDP socket behind an XDP program; copy mode on a veth, MTU at most "
                                "3506: one 4 KiB page per frame, and a veth's XDP limit; netem then uses the user backend). docs/deploy.md says when to pick which. "
                                "Env: EMBNIC_PMD.")
+#: ``--target``, the card of a testbed (trace replay, demo)
+card_option = click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk",
+                           show_default=True, help="The card: dpdk (embnic-dp), bmv2 (the P4 program on simple_switch, "
+                                                   "p4/) or p4dpdk (the P4 program for PNA in DPDK's SWX pipeline, embnic-swx).")
+#: ``--model``, the CTR model trained (train, demo)
+model_option = click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
+                            help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the "
+                                 "shards (needs the embnic[torch] extra).")

@@ -13,11 +13,8 @@ from embnic.control.netns import exec_argv
 
 @click.group("testbed")
 def testbed():
-    """Bring the namespace testbed (clients, card, parameter-server shards on veth pairs) up and down.
-
-    Every client and shard gets its own network namespace and one veth pair to the card's
-    namespace, where embnic-dp runs on net_af_packet vdevs (or net_af_xdp: --pmd af_xdp). All
-    commands need root.
+    """Bring the namespace testbed (clients, card, parameter-server shards on veth pairs) up and down
+    (docs/testbed.md). All commands need root.
 
     \b
     Examples:
@@ -41,10 +38,7 @@ def testbed():
 def up(config, name, no_card, timeout, as_json, pmd):
     """Create the namespaces and veth pairs of the config, start a shard in each shard namespace
     and the card in the card namespace, program its routes and clients, and probe that every
-    client reaches every shard through the card.
-
-    The wiring, state file and logs are described in testbed/net/topology.py;
-    `embnic testbed down` removes everything again (also after a crash).
+    client reaches every shard through the card; `embnic testbed down` removes it all again.
 
     \b
     Examples:
@@ -95,12 +89,9 @@ def up(config, name, no_card, timeout, as_json, pmd):
 @name_option
 @needs_root("testbed down")
 def down_cmd(name):
-    """Stop everything testbed NAME started, in reverse order, and delete its namespaces and veths.
-
-    Works from the state file (RUN_DIR/testbed-NAME.json), also after a crash; namespaces named
-    NAME-card, NAME-c<id>, NAME-s<id> go even if unrecorded. A card started from the testbed's
-    config with `embnic pipeline load` (pipeline NAME-card, after `up --no-card`) is stopped and
-    its state file removed too. Logs stay in RUN_DIR/testbed-NAME/.
+    """Stop everything testbed NAME started, in reverse order, and delete its namespaces and veths
+    (also after a crash, and a card `pipeline load` started after `up --no-card`). Logs stay in
+    RUN_DIR/testbed-NAME/.
 
     \b
     Examples:
@@ -224,13 +215,10 @@ def status_cmd(name, as_json):
 def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, clear_):
     """Impair the testbed's veth links (both directions): loss, reordering, duplicates.
 
-    Impairments are per link. Without --link every link gets the new impairment; with
-    --link NODE only that link's is set, replacing its own earlier one while the other links
-    keep theirs. --clear (or all zeros) removes the impairment of every link, or with --link
-    of those links only. Every argument is checked before anything changes: a failing call
-    leaves the impairment as it was. Uses Linux `tc netem` where the kernel has it; else --loss
-    alone is done in the kernel by an eBPF program per link (bpf), and anything more by a
-    user-space helper per link (see testbed/net/netem.py, bpf_loss.py and netem_helper.py).
+    Impairments are per link: with --link NODE only that link's is set (or with --clear removed),
+    the other links keep theirs. Every argument is checked before anything changes. Uses Linux
+    `tc netem` where the kernel has it, else an eBPF program (loss alone) or a user-space helper
+    per link (docs/testbed.md).
 
     \b
     Examples:

@@ -1,15 +1,11 @@
-"""``embnic trace record|replay``: record the client frames of K training batches as a pcap, and replay
-such a trace into the card of a testbed with tcpreplay (testbed/traces/trace.py).
-
-``embnic replay`` is the same command as ``embnic trace replay`` (:data:`replay`, its name before
-it joined ``trace``; same options, exit codes and examples).
-"""
+"""``embnic trace record|replay`` (and ``embnic replay``, the same command object): record the client frames
+of K training batches as a pcap, replay such a trace into the card of a testbed (testbed/traces/trace.py)."""
 from __future__ import annotations
 
 import click
 
-from embnic.cli.commands.options import (FloatRange, OutPath, check_name_param, config_option, needs_root,
-                                             sigterm_as_interrupt)
+from embnic.cli.commands.options import (FloatRange, OutPath, card_option, check_name_param, config_option,
+                                         needs_root, sigterm_as_interrupt)
 from embnic.control.errors import OperationalError
 
 
@@ -42,8 +38,8 @@ def trace():
 @needs_root("trace record")
 def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
     """Bring the testbed up, train K batches from every client through the card with real shards
-    answering, capture each client's frames on its veth, write them to OUT (pcap, written with
-    Scapy) and a sidecar OUT.json describing the run, and bring the testbed down.
+    answering, write each client's frames to OUT (pcap) and a sidecar OUT.json describing the run,
+    and bring the testbed down.
 
     \b
     Examples:
@@ -51,7 +47,6 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
       sudo embnic trace record -c examples/testbed.toml -k 10 --client 1 --out /tmp/c1.pcap
     """
     from embnic.testbed.traces import trace as TR
-
     from embnic.testbed.training.criteo import CriteoFormatError
 
     with sigterm_as_interrupt():
@@ -60,7 +55,6 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
                       name=name, progress=progress, log=click.echo)
         except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
             raise click.BadParameter(str(e), param_hint="--data") from None
-
 
 
 def _check_pcap(ctx, param, value):
@@ -91,21 +85,17 @@ def _check_pcap(ctx, param, value):
 @click.option("--force", is_flag=True,
               help="Replay even if the trace's sidecar (PCAP with .json) says it was recorded with another config.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
-@click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk", show_default=True,
-              help="The card: dpdk (embnic-dp), bmv2 (the P4 program on simple_switch, p4/) or p4dpdk "
-                   "(the P4 program for PNA in DPDK's SWX pipeline, embnic-swx).")
+@card_option
 @needs_root("replay")
 def replay_cmd(pcap, config, rate, topspeed, out, wait_s, name, force, progress, target):
     """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
-    tcpreplay, one per client on the client's veth, with real shards answering; count the
-    replies in the client namespaces and report frames/s, messages completed, replies per
-    client, drops by reason and latency percentiles (OUT/report.json + PNG plots).
+    tcpreplay on each client's veth, with real shards answering; report frames/s, messages
+    completed, replies per client, drops by reason and latency percentiles (OUT/report.json + PNG
+    plots).
 
-    The config must be the one the trace was recorded with (its hash is in the sidecar
-    PCAP.json; comments and formatting do not count): otherwise it exits 2 naming that config,
-    unless --force. A PCAP that is no pcap file, or holds no embnic request, exits 2 too. Exits 1 if a recorded request got no reply, naming the card or shard
-    server that died, if one did, or was answered with ERROR (by status: an ERROR is a
-    failure, never a completed request).
+    The config must be the one the trace was recorded with (the sidecar PCAP.json has its hash):
+    otherwise it exits 2, unless --force. Exits 1 if a recorded request got no reply (naming the
+    node that died, if one did) or was answered with ERROR.
 
     \b
     Examples:
@@ -131,6 +121,5 @@ def replay_cmd(pcap, config, rate, topspeed, out, wait_s, name, force, progress,
                                f"with ERROR ({st}) (report: {out}/report.json)")
 
 
-#: ``embnic replay``: ``trace replay`` at the top level, where it was first (one command object:
-#: the same options, callback, exit codes and help)
+#: ``embnic replay``: ``trace replay`` at the top level (one command object)
 replay = replay_cmd

@@ -8,7 +8,7 @@ import math
 import click
 
 from embnic.client_lib.config import load_config
-from embnic.cli.commands.options import FloatRange, OutPath, config_option
+from embnic.cli.commands.options import FloatRange, OutPath, config_option, model_option
 from embnic.control.errors import MissingDependencyError, OperationalError
 
 
@@ -66,22 +66,14 @@ def _warn_if_trained(client, cfg, data, batch_size: int) -> tuple[int, int]:
               help="Last fraction of rows held out for the AUC.")
 @click.option("--json-out", type=OutPath("file", "train.json"), default=None,
               help="Also write losses, AUC and client counters to this JSON file (its folder must exist).")
-@click.option("--model", type=click.Choice(["fm", "dlrm"]), default="fm", show_default=True,
-              help="fm: the numpy factorisation machine; dlrm: TorchRec's DLRM with its tables on the shards "
-                   "(needs the embnic[torch] extra).")
+@model_option
 def train(config, data_path, steps, batch_size, client_id, local, max_rows, valid_fraction, json_out, model):
     """Train a CTR model on Criteo data; every embedding row is looked up from and updated on
     the parameter-server shards (directly, or through the card when the config's [card] is
     enabled). Prints the loss of every step and the final AUC.
 
-    --model fm (the default) is a factorisation machine in numpy; --model dlrm is TorchRec's
-    DLRM whose EmbeddingBagCollection is embnic.client_lib.torch.RemoteEmbeddingBagCollection
-    (dense layers trained with torch SGD, rows with the tables' optimizer on the shards).
-
     The shards keep their rows between runs: a run against shards that already hold updated
-    rows (an earlier run's) continues from them and says so in a warning line (the first
-    step's rows are looked up once and compared with their initial values). --data may be
-    gzip, bzip2 or xz-compressed (told by its first bytes).
+    rows continues from them and says so in a warning line (docs/cli.md).
 
     \b
     Example:
@@ -114,8 +106,7 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
     def progress(step, loss):
         click.echo(f"step {step + 1:5d}  loss {loss:.6f}")
 
-    client = None
-    held = None
+    client = held = None
     try:
         if local:
             backend = LocalBackend(cfg)
