@@ -24,7 +24,7 @@ Ids are full uint64 (0 .. 2^64-1): production systems hash features into 64-bit 
 nothing here folds or tags them. Every table's ids are sorted together, once
 (:func:`unique_by_table`), and the result is kept flat (:class:`PreparedBatch`), so the cost
 does not grow with the number of tables.
-Pooling (:func:`pool`) and its backward (:func:`pool_backward`) follow
+Pooling (:func:`pool_all`) and its backward (:func:`pool_backward_all`) follow
 ``torch.nn.EmbeddingBag`` semantics (``mode="sum"`` / ``"mean"``; an empty bag pools to 0).
 
 Empty batches work: zero samples (``stride=0``), zero features, all-empty bags and a table
@@ -361,27 +361,19 @@ def unique_by_table(values: np.ndarray, table: np.ndarray, num_tables: int) -> t
     return uniq, uoff, inv
 
 
-def pool(rows: np.ndarray, prep: TablePrep, mode: str = "sum") -> np.ndarray:
-    """EmbeddingBag forward: rows of the value array → pooled bags.
+def pool_all(rows: np.ndarray, prep: PreparedBatch, mode: str = "sum") -> np.ndarray:
+    """EmbeddingBag forward of every table at once: ``rows`` float32 (U, dim), every table's value
+    array one after the other (one dim for all) → float32 (G, dim), every table's bags in
+    ``prep.lengths`` order (``mode`` ``"sum"`` or ``"mean"``; an empty bag is 0).
 
-    Args:
-        rows: float32 (U, dim), ``rows[i]`` is the embedding of ``prep.unique[i]``.
-        prep: the table's prepared ids.
-        mode: ``"sum"`` or ``"mean"``.
-
-    Returns:
-        float32 (bags, dim), ``bags = len(prep.lengths)``; an empty bag is 0.
+    Raises:
+        ValueError: another ``mode``.
     """
-    return _pool(rows[prep.inverse], prep.lengths, prep.offsets, mode)
-
-
-def _pool(g: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, mode: str) -> np.ndarray:
-    """Bags of the gathered rows ``g`` float32 (N, dim), bag ``b`` being ``g[offsets[b]:offsets[b+1]]``
-    (``lengths[b]`` rows): float32 (bags, dim) sums or means, an empty bag 0."""
+    g, lengths = rows[prep.row_index], prep.lengths
     out = np.zeros((lengths.size, g.shape[1]), dtype=g.dtype)
     nonempty = lengths > 0
     if g.shape[0]:
-        out[nonempty] = np.add.reduceat(g, offsets[:-1][nonempty], axis=0)
+        out[nonempty] = np.add.reduceat(g, prep.offsets[:-1][nonempty], axis=0)
     if mode == "mean":
         out /= np.maximum(lengths, 1).astype(g.dtype)[:, None]
     elif mode != "sum":
@@ -389,19 +381,10 @@ def _pool(g: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, mode: str) ->
     return out
 
 
-def pool_all(rows: np.ndarray, prep: PreparedBatch, mode: str = "sum") -> np.ndarray:
-    """:func:`pool` of every table at once: ``rows`` float32 (U, dim), every table's value array
-    one after the other (one dim for all); returns float32 (G, dim), every table's bags in
-    ``prep.lengths`` order. Each bag sums the same rows in the same order as :func:`pool` of its
-    table, so the results are equal bit for bit."""
-    return _pool(rows[prep.row_index], prep.lengths, prep.offsets, mode)
-
-
 def pool_backward_all(grad_pooled: np.ndarray, prep: PreparedBatch, mode: str = "sum") -> np.ndarray:
-    """:func:`pool_backward` of every table at once: ``grad_pooled`` float32 (G, dim) in
+    """EmbeddingBag backward of every table at once: ``grad_pooled`` float32 (G, dim) in
     ``prep.lengths`` order → float32 (U, dim), the summed gradient of every row of every table's
-    value array (one after the other); each row sums the same terms in the same order as
-    :func:`pool_backward` of its table."""
+    value array (one after the other; duplicates aggregated)."""
     gp = grad_pooled
     if mode == "mean":
         gp = gp / np.maximum(prep.lengths, 1).astype(gp.dtype)[:, None]
@@ -410,30 +393,6 @@ def pool_backward_all(grad_pooled: np.ndarray, prep: PreparedBatch, mode: str = 
     order = np.argsort(inv, kind="stable")
     inv_sorted = inv[order]
     out = np.zeros((prep.num_unique, gp.shape[1]), dtype=gp.dtype)
-    if len(order):
-        starts = np.flatnonzero(np.r_[True, inv_sorted[1:] != inv_sorted[:-1]])
-        out[inv_sorted[starts]] = np.add.reduceat(g[order], starts, axis=0)
-    return out
-
-
-def pool_backward(grad_pooled: np.ndarray, prep: TablePrep, mode: str = "sum") -> np.ndarray:
-    """EmbeddingBag backward: gradient of pooled bags → gradient per row of the value array.
-
-    Args:
-        grad_pooled: float32 (bags, dim).
-        prep: the table's prepared ids.
-
-    Returns:
-        float32 (U, dim): the summed gradient of every unique id (duplicates aggregated).
-    """
-    gp = grad_pooled
-    if mode == "mean":
-        gp = gp / np.maximum(prep.lengths, 1).astype(gp.dtype)[:, None]
-    g = np.repeat(gp, prep.lengths, axis=0)  # per original id
-    u = len(prep.unique)
-    order = np.argsort(prep.inverse, kind="stable")
-    inv_sorted = prep.inverse[order]
-    out = np.zeros((u, gp.shape[1]), dtype=gp.dtype)
     if len(order):
         starts = np.flatnonzero(np.r_[True, inv_sorted[1:] != inv_sorted[:-1]])
         out[inv_sorted[starts]] = np.add.reduceat(g[order], starts, axis=0)

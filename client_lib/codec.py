@@ -227,18 +227,6 @@ def rows_to_body(rows: np.ndarray, dtype: int = DType.FP32) -> bytes:
     return np.ascontiguousarray(rows, dtype=value_dtype(dtype)).tobytes()
 
 
-def body_to_keys(body: bytes | memoryview, num_keys: int, offset: int = 0) -> np.ndarray:
-    """``num_keys`` keys at byte ``offset`` of a body → uint64 (num_keys,) (a read-only view)."""
-    return np.frombuffer(body, dtype=KEY_DTYPE, count=num_keys, offset=offset)
-
-
-def body_to_rows(body: bytes | memoryview, num_keys: int, dim: int, dtype: int = DType.FP32,
-                 offset: int = 0) -> np.ndarray:
-    """``num_keys`` rows of ``dim`` values at byte ``offset`` of a body → (num_keys, dim) of the
-    wire dtype (a view, no copy)."""
-    return np.frombuffer(body, dtype=value_dtype(dtype), count=num_keys * dim, offset=offset).reshape(num_keys, dim)
-
-
 class DirectoryError(ValueError):
     """A request's directory does not add up (docs/protocol.md, "Body"): ``status`` is the
     :class:`consts.Status` to answer and ``table_id`` the table it names
@@ -292,16 +280,6 @@ def encode_table_lookup(*, msg_id: int, client_id: int, shard_id: int, table_id:
     with a one-entry directory (probes, benchmarks)."""
     return encode_lookup(msg_id=msg_id, client_id=client_id, shard_id=shard_id, keys=keys, mtu=mtu, flags=flags,
                          directory=make_directory([table_id], [dim], [dtype], [len(keys)]))
-
-
-def encode_table_update(*, msg_id: int, client_id: int, shard_id: int, table_id: int, dtype: int,
-                        keys: np.ndarray, grads: np.ndarray, mtu: int = consts.DEFAULT_MTU,
-                        flags: int = 0) -> list[bytes]:
-    """UDP payloads of an UPDATE_REQ of one table: ``keys`` uint64 (n,), ``grads`` (n, dim) —
-    :func:`encode_update` with a one-entry directory."""
-    return encode_update(msg_id=msg_id, client_id=client_id, shard_id=shard_id, keys=keys, mtu=mtu, flags=flags,
-                         directory=make_directory([table_id], [grads.shape[1]], [dtype], [len(keys)]),
-                         values=rows_to_body(grads, dtype))
 
 
 def encode_update(*, msg_id: int, client_id: int, shard_id: int, directory: np.ndarray,
@@ -390,22 +368,6 @@ def table_values(section: bytes | bytearray | memoryview, rb: RequestBody, t: in
 #: a SIZE_REQ entry (docs/protocol.md, "Size messages"), little-endian like every body
 SIZE_ENTRY_DTYPE = np.dtype(list(consts.SIZE_ENTRY_FIELDS))
 assert SIZE_ENTRY_DTYPE.itemsize == consts.SIZE_ENTRY
-
-
-def encode_size(*, msg_id: int, client_id: int, shard_id: int, entries: np.ndarray,
-                mtu: int = consts.DEFAULT_MTU, flags: int = 0) -> list[bytes]:
-    """UDP payloads of a SIZE_REQ announcing ``entries`` (:data:`SIZE_ENTRY_DTYPE` (E,), E ≥ 1:
-    ``msg_id``, ``msg_type``, ``num_tables``, ``num_keys``, ``msg_len`` of every data message that
-    follows to ``shard_id``). ``num_tables`` 0 and ``value_len`` 0 in the header.
-
-    Raises:
-        ValueError: ``entries`` is empty or not of :data:`SIZE_ENTRY_DTYPE`.
-    """
-    entries = np.asarray(entries)
-    if entries.dtype != SIZE_ENTRY_DTYPE or entries.ndim != 1 or len(entries) == 0:
-        raise ValueError(f"SIZE_REQ entries must be a non-empty 1-D array of {SIZE_ENTRY_DTYPE}")
-    return encode_message(MsgType.SIZE_REQ, msg_id=msg_id, client_id=client_id, shard_id=shard_id,
-                          num_keys=len(entries), body=entries.tobytes(), mtu=mtu, flags=flags)
 
 
 def nack_body(held) -> bytes:

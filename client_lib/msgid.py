@@ -1,35 +1,13 @@
 """Message ids that are never reused while a shard may remember them: the **id clock**
-(docs/protocol.md, "Message ids").
-
-A shard's exactly-once window remembers the updates it applied by ``(client_id, msg_id)`` and
-fingerprint, for at most ``dedup_window`` updates and at most ``dedup_age`` (30 min by default,
-:data:`embnic.testbed.server.window.DEFAULT_MAX_AGE_S`). So a client must never send an id
-again within that time — in the same run, and in its next run (a restarted client has no memory
-of the ids it used). A random first id only makes that likely; this module makes it a rule.
+(docs/protocol.md, "Reliability", "Message ids", which says why these bounds suffice).
 
 A client's ids follow a clock that ticks once per microsecond (``CLOCK_HZ``): the *incarnation*
-of a run is where the clock stood when it started (the wall clock, so a restarted process —
-on this host or another, NTP-synchronised — starts past every id its previous run used), and
-from there the run counts. The counter ``U`` (unwrapped, an int) is kept
-
-- **never behind the clock**: each allocation first moves ``U`` up to the clock's value
-  (a quiet client skips the ids of the time it was quiet), and
-- **never more than** :data:`MAX_AHEAD` **ahead of it**: an allocation that would go further
-  waits for the clock (a client would need more than a million ids per second for that).
-
-So an id ``x`` is used while the clock is within ``[x - MAX_AHEAD, x]``; the wire id is ``U``
-taken in the cycle ``1 .. 2^32 - 1`` (0 is never sent, :func:`wire`), which the clock goes
-round in :data:`ID_CYCLE` µs ≈ 71.6 min. Any two uses of one id — in one run, or in two runs of
-one client — are therefore at least ``ID_CYCLE - MAX_AHEAD`` ≈ 71 min apart, more than twice a
-window's age limit. Two runs of a client are kept apart without any state saved between them,
-provided the second starts more than ``MAX_AHEAD`` (≈ 1 s) after the first ended — a process
-restart takes longer — and the wall clock was not stepped back between them. Within one process
-a new client of a ``client_id`` continues after the previous one's last id (:data:`_HIGH`),
-however soon it is made. Within a run the clock is the monotonic clock (a wall-clock step
-during a run changes nothing).
-
-The pacing costs one ``time.monotonic_ns`` per allocation call (a round's ids are taken in one
-call), never a Python loop over ids.
+of a run is where the wall clock stood when it started, and from there the run counts (on the
+monotonic clock). The unwrapped counter ``U`` is kept never behind the clock (an allocation
+first moves ``U`` up to it) and never more than :data:`MAX_AHEAD` ahead of it (an allocation
+that would go further waits); the wire id is ``U`` in the cycle ``1 .. 2^32 - 1`` (:func:`wire`).
+Within one process a new client of a ``client_id`` continues after the previous one's last id
+(:data:`_HIGH`). One ``time.monotonic_ns`` per allocation call, never a Python loop over ids.
 """
 from __future__ import annotations
 

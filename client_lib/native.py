@@ -5,19 +5,14 @@ ctypes: the one production implementation of the message cut and of the round tr
 One call plans a round (:func:`prepare`: the checks, the cut into messages, the message ids, the
 send queue's order), one call runs it (:meth:`NativeRound.run`: sendmmsg/recvmmsg on the client's
 socket, reply fragments copied straight to their rows in the output buffer, the send window, the
-retransmission timers, loss detection and recovery — docs/protocol.md, "Reliability"). The numpy
-transport and plan it was written after live on under ``tests/client_lib/`` (``pyround.py``,
-``pyplan.py``) as the oracles ``test_native_round.py``, ``test_transport.py`` and
-``test_roundplan.py`` compare it with. The library is looked for at ``EMBNIC_CLIENT_LIB`` if set,
-else beside this module (:mod:`.clib`); there is no other path: a missing or stale library is
-refused with one line naming the rebuild command.
+retransmission timers, loss detection and recovery — docs/protocol.md, "Reliability"). A missing
+or stale library is refused with one line naming the rebuild command.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import socket
-from pathlib import Path
 
 import numpy as np
 
@@ -37,11 +32,6 @@ _VP = ctypes.c_void_p
 _lib: ctypes.CDLL | None = None
 
 
-def lib_path() -> Path:
-    """Where the library is looked for (``clib.CLIENT.path``)."""
-    return clib.CLIENT.path
-
-
 def load() -> ctypes.CDLL:
     """The library (built with the package, :mod:`.clib`), loaded and bound once.
 
@@ -51,7 +41,7 @@ def load() -> ctypes.CDLL:
     if _lib is not None:
         return _lib
     lib = clib.load(clib.CLIENT, consts.VERSION)
-    path = lib_path()
+    path = clib.CLIENT.path
     want = consts.VERSION * 1000000 + len(consts.HEADER_FIELDS) * 10000 + NCOL * 100 + len(RES)
     if lib.embnic_client_abi() != want:
         raise clib.NativeLibraryError(f"embnic: {path} speaks ABI {lib.embnic_client_abi()}, not {want}: "
@@ -72,10 +62,6 @@ def load() -> ctypes.CDLL:
     lib.embnic_client_nstats.argtypes = []
     lib.embnic_client_stat_name.restype = ctypes.c_char_p
     lib.embnic_client_stat_name.argtypes = [ctypes.c_int]
-    lib.embnic_client_plan.restype = ctypes.c_int64
-    lib.embnic_client_plan.argtypes = ([_VP, ctypes.c_int64, _VP, ctypes.c_int64] + [_VP] * 7
-                                       + [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                          ctypes.c_int64] + [_VP] * 13)
     lib.embnic_client_prepare.restype = ctypes.c_int64
     lib.embnic_client_prepare.argtypes = ([_VP, _VP, ctypes.c_int64, _VP, _VP, ctypes.c_int64, _VP, ctypes.c_int64, _VP,
                                            ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
@@ -171,29 +157,6 @@ def prepare(lib: ctypes.CDLL, ta: TableArrays, ws: Workspace, msg_type: int, tab
     plan.next_id = info[4]
     plan.vals = None if lookup or fp16 else w[o[15]:o[16]].view(np.uint8)[:int(plan.so[-1])]
     return plan
-
-
-def plan(lib: ctypes.CDLL, ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarray, keys: np.ndarray, *,
-         mtu: int, msg_frames: int | None, window_frames: int) -> RoundPlan:
-    """:func:`prepare` of a round given as ``tix`` (indices into ``ta``), ``counts`` and ``keys``, with
-    no gradients (zeros: the plan does not depend on them) and no checks but the tables', in its
-    own workspace: the production cut of a round, as the tests compare it with the numpy oracle
-    and with the capacity planner's counts (``control/capacity.py``).
-
-    Raises:
-        ValueError: a round :func:`prepare` refuses.
-    """
-    counts = np.ascontiguousarray(counts, np.int64)
-    grads = None
-    if msg_type != _LOOKUP:  # zero gradients of the right size: the plan does not depend on them
-        grads = np.zeros(int((ta.dim[tix] * counts).sum()), np.float32)
-    p = prepare(lib, ta, Workspace(), msg_type, np.ascontiguousarray(ta.ids[tix], np.int64), counts,
-                np.ascontiguousarray(keys, np.uint64), grads, mtu=mtu, msg_frames=msg_frames,
-                window_frames=window_frames, next_id=1, trusted=True)
-    if p is None:
-        raise ValueError("the C plan refused the round")
-    p.tix = np.ascontiguousarray(tix, np.int64)
-    return p
 
 
 class NativeRound:

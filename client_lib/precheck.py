@@ -1,6 +1,6 @@
 """Checks of a whole lookup or update round, before any message of it is built or sent.
 
-A round spans several tables and, per table, several shards (``routing.split_by_shard``). A
+A round spans several tables and, per table, several shards (:mod:`~embnic.client_lib.routing`). A
 shard refuses a bad message on its own (``KEY_OUT_OF_RANGE``, ``MALFORMED``: duplicate keys, a
 gradient its optimizer must not apply — docs/protocol.md, "Reliability"), so a round checked
 only by the shards can be applied in part: one shard's share applied, another's refused. What a

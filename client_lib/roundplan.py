@@ -13,9 +13,7 @@ A round's input is flat, TorchRec's jagged layout: ``tix`` int64 (T,) the tables
   then key order — as indices into the call order; a message is a contiguous range of it;
 - the messages (:attr:`RoundPlan.msgs`, one row each, :data:`MSG_COLUMNS`): a shard's keys cut
   into as few messages as fit ``msg_frames`` fragments each way and the send window, in table
-  order (the readable per-table cut and the numpy plan it was written after are the test oracles
-  ``tests/client_lib/pyplan.py``; ``test_roundplan.py`` checks the C plan cuts alike, and
-  ``embnic plan``'s closed form is tested equal to it, ``control/capacity.py``);
+  order;
 - the directory of every message in one :data:`codec.DIR_DTYPE` array (``dir``);
 - the reply layout of a lookup (:meth:`RoundPlan.out_layout`): where each row goes in one flat
   output buffer, so a reply fragment's bytes go straight to their rows in the C round, whatever
@@ -122,16 +120,6 @@ class RoundPlan:
     def num_msgs(self) -> int:
         return len(self.msgs)
 
-    def directory(self, m: int) -> np.ndarray:
-        """Message ``m``'s directory entries (a view of :attr:`dir`)."""
-        r = self.msgs[m]
-        return self.dir[r[C_DIR0]:r[C_DIR0] + r[C_NT]]
-
-    def msg_keys(self, m: int) -> np.ndarray:
-        """Message ``m``'s keys uint64 (n,) (a view)."""
-        r = self.msgs[m]
-        return self.keys[r[C_KA]:r[C_KB]]
-
     # -- updates: the gradients as the round's value bytes -----------------------------------
 
     def values(self, grads: np.ndarray) -> np.ndarray:
@@ -204,12 +192,6 @@ class RoundPlan:
         dims, vo = self._values_offsets()
         return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
                 zip(self.ta.ids[self.tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}
-
-    def scatter_index(self, ka: int, kb: int, dst: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
-        """Byte positions in the output buffer of a reply whose rows are the grouped keys
-        ``ka..kb`` (or ``idx``, int64 grouped positions in reply order): int64 (Σ rb,)."""
-        sel = slice(ka, kb) if idx is None else idx
-        return concat_ranges(dst[sel], self.rb[sel])
 
 
 def out_bases(ta: TableArrays, tix: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:

@@ -75,35 +75,6 @@ def owns(cfg: ClusterConfig, table_id: int, shard_id: int, keys: np.ndarray) -> 
     return shard_of(cfg, table_id, keys) == shard_id
 
 
-def split_by_shard(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Group keys by owning shard, keeping their order within each shard.
-
-    Args:
-        keys: uint64 (N,), typically the sorted unique value array of one table (any of
-            0..2^64-1; integers are converted exactly, see :func:`~embnic.client_lib.batch.as_ids`).
-
-    Returns:
-        ``[(shard_id, positions int64 (n_s,), keys uint64 (n_s,)), ...]`` for every shard that
-        owns at least one key, where ``keys[positions] == shard_keys``. ``positions`` is where the
-        shard's reply rows go back in the table's value array. Empty for no keys.
-
-    Raises:
-        ValueError: keys not 1-D integers in 0..2^64-1.
-    """
-    keys = as_ids(keys)
-    idx = shard_index_of(cfg, table_id, keys)
-    # a stable sort of small ints is a radix sort in numpy: O(N) for uint8
-    order = np.argsort(idx.astype(np.uint8) if len(cfg.shards) <= 256 else idx, kind="stable")
-    counts = np.bincount(idx, minlength=len(cfg.shards))
-    out, start = [], 0
-    for i, n in enumerate(counts.tolist()):
-        if n:
-            pos = order[start:start + n]
-            out.append((cfg.shards[i].id, pos, keys[pos]))
-            start += n
-    return out
-
-
 def owns_tables(cfg: ClusterConfig, table_ids: np.ndarray, counts: np.ndarray, shard_id: int,
                 keys: np.ndarray) -> np.ndarray:
     """:func:`owns` for the keys of several tables at once (a protocol-v2 message's directory):

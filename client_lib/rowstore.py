@@ -1,21 +1,9 @@
 """The row store: where the parameter-server shards and the in-process reference keep the rows of
 their embedding tables (:class:`RowStore`, one arena and one index for several tables, and
 :class:`TableShard`, the interface of one table's rows); every value it computes comes from
-:mod:`embnic.client_lib.table_numerics` (initialisation, optimizer steps), so rows are
-bit-identical wherever they are held. This module needs neither the testbed nor a network.
-
-Storage (:class:`TableShard`)
-    A collision-free dynamic table keyed by the raw uint64 id (any of 0..2^64-1; no id is
-    ever folded into a row count, so two ids never share a row). Rows are materialised
-    lazily, on their first *update*: memory is proportional to the rows updated, not to the
-    table's ``rows`` (optional; tables may have 2^40 rows, or no bound at all). A lookup of a
-    row never updated computes its initial value on the fly (and stores nothing). Materialised rows live
-    in an append-only arena (``(capacity, dim)`` float32, doubled when full, plus one float32
-    Adagrad accumulator per row); sorted ``uint64`` key indexes with the arena slot of each key
-    find them with ``np.searchsorted`` (O(N log M) per batch of N keys). New keys go to a small
-    delta index (an ``np.insert`` of O(D)), folded into the main index when it exceeds
-    max(4096, M/8) keys (one O(M) pass per M/8 new keys: O(1) amortised per key, where one
-    index would copy all M entries on every batch with a new key); rows themselves never move.
+:mod:`embnic.client_lib.table_numerics`, so rows are bit-identical wherever they are held.
+Tables are collision-free and keyed by the raw uint64 id; rows are materialised on their first
+update (layout: :class:`RowStore`).
 """
 from __future__ import annotations
 
@@ -33,7 +21,7 @@ _SALT_TAG = 0x7AB1E5A170000000
 class RowStore:
     """The rows of one or several tables in **one** arena with **one** index, so that a message
     carrying keys of many tables costs one search, one gather and one optimizer step whatever
-    the number of tables (issue "the round at the speed of the path").
+    the number of tables.
 
     Layout (``T`` tables, by a local index ``li`` in table id order, :meth:`local_index`):
 
@@ -53,9 +41,7 @@ class RowStore:
       accumulator per slot. Rows never move while serving (only :meth:`load_state` compacts).
 
     Rows are materialised on their first update; a lookup of a row never updated computes its
-    initial value (:func:`~embnic.client_lib.table_numerics.init_rows`, per element the same float32
-    arithmetic) and stores nothing. The optimizer step is :class:`TableShard`'s, on the same float32 values, so a
-    store of many tables and one store per table hold bit-identical rows.
+    initial value (:func:`~embnic.client_lib.table_numerics.init_rows`) and stores nothing.
 
     The fast path does not validate (callers check keys, gradients and table ids first).
     Arrays a native reader may use (``_ck``, ``_cs``, ``_ct``, ``_dck``, ``_dcs``, ``_dct``, ``_rows``,
@@ -593,14 +579,8 @@ class RowStore:
 
 class TableShard:
     """The rows of one table that one process holds (all rows, or one shard's): a view of a
-    :class:`RowStore` — its own (one table), or one shared by several tables (a shard's, so
-    that a message of many tables is one gather: :meth:`RowStore.lookup_segments`).
-
-    The interface every holder of a table's rows offers (the shards' engines, workers, the
-    write-ahead log's replay, tables export/import, :class:`~embnic.client_lib.local.LocalBackend`):
-    ``lookup``, ``apply``, ``apply_segments``, ``state``, ``load_state``, ``len()``. Another
-    store behind the same interface (an on-disk one) takes the per-table path of its callers.
-    The fast path does not validate; call :func:`~embnic.client_lib.table_numerics.validate_keys` /
+    :class:`RowStore`, its own or one shared by several tables. The interface every holder of a
+    table's rows offers (the disk tier too); it does not validate: call
     :func:`~embnic.client_lib.table_numerics.validate_update` first.
 
     Args:
@@ -636,28 +616,13 @@ class TableShard:
         return st.nbytes * len(self) // max(1, len(st))
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Current rows of ``keys``.
-
-        Args:
-            keys: uint64 (N,), any order, duplicates allowed, all ``< rows`` if the table has
-                ``rows`` (not checked).
-
-        Returns:
-            float32 (N, dim), a new array (master values; round with
-            :func:`~embnic.client_lib.table_numerics.wire_round` for what a client receives).
-        """
+        """Current rows of ``keys`` uint64 (N,) (any order, duplicates allowed): float32 (N, dim),
+        a new array (:meth:`RowStore.lookup`)."""
         return self.store.lookup(self._li, keys)
 
     def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
-        """Apply one gradient per row with the table's optimizer (SGD or row-wise Adagrad).
-
-        Args:
-            keys_unique: uint64 (N,), **no duplicates**, all ``< rows`` if the table has ``rows``
-                (not checked; a duplicate would lose all but one of its gradients).
-            grads: float32 (N, dim), row ``i`` is the gradient of ``keys_unique[i]``; rows that
-                pass :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` (not checked: a NaN would
-                poison its row).
-        """
+        """Apply gradients float32 (N, dim) to ``keys_unique`` uint64 (N,) (no duplicates, not
+        checked) with the table's optimizer (:meth:`RowStore.apply`)."""
         self.store.apply(self._li, keys_unique, grads)
 
     def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
@@ -677,26 +642,13 @@ class TableShard:
         self.store.apply_passes(self._li, keys, g, several=offs.size > 2)
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Materialised rows, for comparison and checkpoints.
-
-        Returns:
-            (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32 (M,)) — copies;
-            ``acc`` is all zeros for SGD tables.
-        """
+        """Materialised rows, copies: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32
+        (M,), zeros for SGD)."""
         return self.store.state(self._li)
 
     def load_state(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
-        """Replace every materialised row with ``(keys, rows, acc)`` (what :meth:`state` returned;
-        a checkpoint or an imported table).
-
-        Args:
-            keys: uint64 (M,), strictly increasing.
-            rows: float32 (M, dim).
-            acc: float32 (M,) (ignored for SGD tables).
-
-        Raises:
-            ValueError: shapes that do not fit the table, or keys not strictly increasing.
-        """
+        """Replace every materialised row with ``(keys, rows, acc)``, as :meth:`state` returns
+        them (:meth:`RowStore.load_state`, which says what it raises)."""
         self.store.load_state(self._li, keys, rows, acc)
 
 

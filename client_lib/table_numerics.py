@@ -2,19 +2,9 @@
 the rules an update must pass.
 
 The one home of every computation that produces a row value, shared by the parameter-server
-shards (``embnic.testbed.server.state``) and the in-process reference
-(:class:`embnic.client_lib.local.LocalBackend`): both hold rows in
-:class:`~embnic.client_lib.rowstore.RowStore` (through
-:class:`~embnic.client_lib.rowstore.TableShard`), which calls exactly the same numpy code on
-the same float32 values in the same order, so a table trained through UDP shards and the same
-table trained in process are **bit-identical**. This module needs neither the testbed nor a
-network.
-
-Row initialisation
-    ``init_rows(seed, table_id, keys, dim, scale)`` is a pure function of
-    (seed, table, key, column): a counter-based hash (:mod:`embnic.client_lib.splitmix`), not a
-    stateful RNG, so a row's initial value does not depend on which shard owns it, on the number of shards,
-    or on the order rows are first touched.
+shards and the in-process reference (:class:`embnic.client_lib.local.LocalBackend`) through
+:class:`~embnic.client_lib.rowstore.RowStore`: the same numpy code on the same float32 values
+in the same order, so a table trained through UDP shards and in process are **bit-identical**.
 
 Optimizers (row-wise, one row's result never depends on another row)
     * ``sgd``: ``w -= lr * g``.
@@ -31,12 +21,8 @@ Optimizers (row-wise, one row's result never depends on another row)
       vectorised over rows) so the result for a row never depends on how many rows are in the
       batch (numpy's ``sum(axis=1)`` may pick pairwise or sequential order by array shape).
 
-fp16 tables
-    Master rows and accumulators are always stored in **float32**; ``dtype = "fp16"`` is the
-    *wire* type. A lookup reply carries the rows rounded to fp16 and an update carries fp16
-    gradients, which the server widens to float32 before applying. :func:`wire_round` is that
-    rounding; :class:`~embnic.client_lib.local.LocalBackend` applies it on both directions so it
-    matches the network path bit for bit.
+Master rows and accumulators are float32; ``dtype = "fp16"`` is the *wire* type
+(:func:`wire_round`).
 """
 from __future__ import annotations
 
@@ -141,22 +127,17 @@ def wire_round(values: np.ndarray, dtype: int | str) -> np.ndarray:
 
 
 def rowwise_mean_square(g: np.ndarray) -> np.ndarray:
-    """``mean(g**2, axis=1)`` in float32, summed column by column left to right.
+    """``mean(g**2, axis=1)`` float32 (N,) of float32 (N, dim) ``g``, summed column by column left
+    to right (a fixed order, so a row's result does not depend on the other rows in ``g``)."""
+    return _column_sum_of_squares(g) / np.float32(g.shape[1])
 
-    The order is fixed, so a row's result does not depend on the other rows in ``g``.
 
-    Args:
-        g: float32 (N, dim).
-
-    Returns:
-        float32 (N,).
-    """
-    n, dim = g.shape
-    s = np.zeros(n, dtype=np.float32)
-    for j in range(dim):  # loop over columns, vectorised over rows
+def _column_sum_of_squares(g: np.ndarray) -> np.ndarray:
+    s = np.zeros(g.shape[0], dtype=np.float32)
+    for j in range(g.shape[1]):  # loop over columns, vectorised over rows
         col = g[:, j]
         s += col * col
-    return s / np.float32(dim)
+    return s
 
 
 def rowwise_mean_square_ragged(g: np.ndarray, dims: np.ndarray) -> np.ndarray:
@@ -177,11 +158,7 @@ def rowwise_mean_square_ragged(g: np.ndarray, dims: np.ndarray) -> np.ndarray:
     rows = np.repeat(np.arange(n), dims)
     cols = np.arange(g.size) - np.repeat(exclusive_cumsum(dims), dims)
     pad[rows, cols] = g
-    s = np.zeros(n, dtype=np.float32)
-    for j in range(width):  # loop over columns, vectorised over rows
-        col = pad[:, j]
-        s += col * col
-    return s / dims.astype(np.float32)
+    return _column_sum_of_squares(pad) / dims.astype(np.float32)
 
 
 def optimizer_step(w: np.ndarray, acc: np.ndarray | None, g: np.ndarray, lr, eps) -> np.ndarray | None:
@@ -319,15 +296,6 @@ def gradient_rows_ok(table: TableConfig, g: np.ndarray) -> np.ndarray:
             else:
                 ok &= np.isfinite(np.float32(table.lr) * g).all(axis=1)
     return ok
-
-
-def gradient_ok(table: TableConfig, g: np.ndarray) -> bool:
-    """Whether every row of gradients float32 (N, dim) may be applied (:func:`gradient_rows_ok`).
-
-    The servers refuse an update with any such row (MALFORMED, the whole message, nothing
-    applied) and :class:`LocalBackend` raises, so a corrupt gradient never poisons a row.
-    """
-    return bool(gradient_rows_ok(table, g).all())
 
 
 def merge_states(states: list[dict]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:

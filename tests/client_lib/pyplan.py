@@ -4,7 +4,7 @@ one production cut), moved here from ``client_lib/client.py`` (``pack_parts``) a
 ``client_lib/roundplan.py`` (``plan_round``). ``test_roundplan.py`` checks all three cut a round
 alike; ``tests/control/test_plan.py`` checks the capacity planner's closed form against the C plan.
 
-- :func:`by_shard` + :func:`pack_parts`: per table, each key's shard (``routing.split_by_shard``),
+- :func:`by_shard` + :func:`pack_parts`: per table, each key's shard (:func:`split_by_shard`),
   then one shard's tables cut into messages by a loop over keys;
 - :func:`plan_round`: every table at once, with a fixed number of numpy calls whatever the tables
   (a few ``searchsorted`` per message past the cap), laid out as a
@@ -20,14 +20,45 @@ from embnic.client_lib.client import DEFAULT_MSG_FRAMES, DEFAULT_WINDOW_FRAMES
 from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import DType, MsgType
 from embnic.client_lib.roundplan import (C_DIR0, C_FRAMES, C_KA, C_KB, C_MSGLEN, C_NKEYS, C_NT, C_RFRAMES, C_SHARD,
-                                         C_VLEN, C_VOFF, MSG_COLUMNS, RoundPlan, TableArrays, shard_index)
-from embnic.client_lib.routing import split_by_shard
+                                         C_VLEN, C_VOFF, MSG_COLUMNS, RoundPlan, TableArrays, concat_ranges,
+                                         shard_index)
+from embnic.client_lib.routing import shard_index_of
+
+
+def split_by_shard(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Group one table's keys by owning shard, keeping their order within each shard (the C plan
+    groups every table at once).
+
+    Args:
+        keys: uint64 (N,), typically the sorted unique value array of one table (any of
+            0..2^64-1; integers are converted exactly, see :func:`~embnic.client_lib.batch.as_ids`).
+
+    Returns:
+        ``[(shard_id, positions int64 (n_s,), keys uint64 (n_s,)), ...]`` for every shard that
+        owns at least one key, where ``keys[positions] == shard_keys``. ``positions`` is where the
+        shard's reply rows go back in the table's value array. Empty for no keys.
+
+    Raises:
+        ValueError: keys not 1-D integers in 0..2^64-1.
+    """
+    keys = as_ids(keys)
+    idx = shard_index_of(cfg, table_id, keys)
+    # a stable sort of small ints is a radix sort in numpy: O(N) for uint8
+    order = np.argsort(idx.astype(np.uint8) if len(cfg.shards) <= 256 else idx, kind="stable")
+    counts = np.bincount(idx, minlength=len(cfg.shards))
+    out, start = [], 0
+    for i, n in enumerate(counts.tolist()):
+        if n:
+            pos = order[start:start + n]
+            out.append((cfg.shards[i].id, pos, keys[pos]))
+            start += n
+    return out
 
 
 def by_shard(cfg: ClusterConfig, keys_of: dict[int, np.ndarray]) -> dict[int, list]:
     """Every table's keys grouped by owning shard, for one round: ``{shard_id: [(table_id,
     positions int64 (k,), keys uint64 (k,)), ...]}``, tables in the order given, keys in their
-    order within a table (:func:`~embnic.client_lib.routing.split_by_shard`); ``positions``
+    order within a table (:func:`split_by_shard`); ``positions``
     index the table's keys."""
     out: dict[int, list] = {}
     for table_id, keys in keys_of.items():
@@ -202,3 +233,21 @@ def plan_round(ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarr
         msgs = msgs[np.argsort(rank[msgs[:, C_SHARD]], kind="stable")]
     return RoundPlan(msg_type, tix, counts, ko, order, gkeys, tkey, rb, so, d, msgs, uniform,
                      int(dims[0]) if uniform else 0, ta)
+
+
+def msg_directory(plan: RoundPlan, m: int) -> np.ndarray:
+    """Message ``m``'s directory entries (a view of ``plan.dir``)."""
+    r = plan.msgs[m]
+    return plan.dir[r[C_DIR0]:r[C_DIR0] + r[C_NT]]
+
+
+def msg_keys(plan: RoundPlan, m: int) -> np.ndarray:
+    """Message ``m``'s keys uint64 (n,) (a view)."""
+    r = plan.msgs[m]
+    return plan.keys[r[C_KA]:r[C_KB]]
+
+
+def scatter_index(plan: RoundPlan, ka: int, kb: int, dst: np.ndarray) -> np.ndarray:
+    """Byte positions in the output buffer of a reply whose rows are the grouped keys ``ka..kb``:
+    int64 (Σ rb,)."""
+    return concat_ranges(dst[ka:kb], plan.rb[ka:kb])

@@ -31,6 +31,7 @@ from embnic.client_lib.roundplan import (C_DIR0, C_KA, C_KB, C_NKEYS, C_NT, C_SH
 from embnic.client_lib.rtt import REO_WND_MIN_MS
 
 from outstanding import Outstanding
+import clientref
 
 _REPLY = {MsgType.LOOKUP_REQ: MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ: MsgType.UPDATE_ACK,
           MsgType.SIZE_REQ: MsgType.SIZE_ACK}  # the reply type that answers each request type
@@ -120,7 +121,7 @@ class PyRoundClient(EmbeddingClient):
             sid, msg_id, mt = int(self._shard_ids[r[C_SHARD]]), r[nc], r[nc + 1]
             if mt == MsgType.SIZE_REQ:
                 e = vals[r[C_VOFF]:r[C_VOFF] + r[C_NKEYS] * consts.SIZE_ENTRY].view(codec.SIZE_ENTRY_DTYPE)
-                frames = codec.encode_size(msg_id=msg_id, client_id=self.client_id, shard_id=sid, entries=e,
+                frames = clientref.encode_size(msg_id=msg_id, client_id=self.client_id, shard_id=sid, entries=e,
                                            mtu=self.mtu)
                 msgs.append(Outstanding(msg_id, MsgType.SIZE_REQ, sid, None, r[C_NKEYS], self._dest[sid], frames,
                                         lambda m: None))

@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embnic.client_lib.batch import (KeyedJaggedBatch, pool, pool_backward, prepare_batch,
-                                     validate_batch)
+from embnic.client_lib.batch import KeyedJaggedBatch, pool_all, pool_backward_all, prepare_batch, validate_batch
 
 
 def _reference(batch, ftab):
@@ -81,22 +80,24 @@ def test_pool_and_backward_against_naive(mode):
     batch = _random_batch(rng, 3, 17, 4, 50)
     ftab = [0, 1, 0]
     prep = prepare_batch(batch, ftab)
-    for t, tp in prep.tables.items():
-        rows = rng.standard_normal((len(tp.unique), 5)).astype(np.float32)
-        pooled = pool(rows, tp, mode)
-        g_bags = rng.standard_normal(pooled.shape).astype(np.float32)
-        g_rows = pool_backward(g_bags, tp, mode)
-        exp_p = np.zeros_like(pooled)
-        exp_g = np.zeros_like(rows)
+    rows = rng.standard_normal((prep.num_unique, 5)).astype(np.float32)  # every table's value array
+    pooled = pool_all(rows, prep, mode)
+    g_bags = rng.standard_normal(pooled.shape).astype(np.float32)
+    g_rows = pool_backward_all(g_bags, prep, mode)
+    exp_p = np.zeros_like(pooled)
+    exp_g = np.zeros_like(rows)
+    for t, tp in prep.tables.items():  # bag by bag, per table, with the table's own value array
+        i = int(np.flatnonzero(prep.table_ids == t)[0])
+        u0, b0 = int(prep.unique_offsets[i]), int(prep.bag_offsets[i])
         for j in range(len(tp.lengths)):
             idx = tp.inverse[tp.offsets[j]:tp.offsets[j + 1]]
             n = max(len(idx), 1) if mode == "mean" else 1
-            for i in idx:
-                exp_p[j] += rows[i] / n
-                exp_g[i] += g_bags[j] / n
-        np.testing.assert_allclose(pooled, exp_p, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(g_rows, exp_g, rtol=1e-5, atol=1e-6)
-        assert not pooled[tp.lengths == 0].any()  # empty bags pool to 0
+            for k in idx:
+                exp_p[b0 + j] += rows[u0 + k] / n
+                exp_g[u0 + k] += g_bags[b0 + j] / n
+    np.testing.assert_allclose(pooled, exp_p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g_rows, exp_g, rtol=1e-5, atol=1e-6)
+    assert not pooled[prep.lengths == 0].any()  # empty bags pool to 0
 
 
 def test_validate_batch_errors():
@@ -106,8 +107,8 @@ def test_validate_batch_errors():
     with pytest.raises(ValueError, match="feature"):
         validate_batch(KeyedJaggedBatch(["a"], np.array([1], np.uint64), np.array([1]), 1), [0, 1])
     with pytest.raises(ValueError, match="pooling mode"):
-        pool(np.zeros((1, 2), np.float32), prepare_batch(
-            KeyedJaggedBatch(["a"], np.array([1], np.uint64), np.array([1]), 1), [0]).tables[0], "max")
+        pool_all(np.zeros((1, 2), np.float32), prepare_batch(
+            KeyedJaggedBatch(["a"], np.array([1], np.uint64), np.array([1]), 1), [0]), "max")
 
 
 # ---- full 64-bit ids ---------------------------------------------------------------------------
@@ -183,8 +184,9 @@ def test_empty_batches_give_empty_results(keys, ftab, stride, lengths, values):
         nb = len(tp.features) * stride
         assert tp.unique.size == tp.inverse.size == 0 and tp.unique.dtype == np.uint64
         np.testing.assert_array_equal(tp.offsets, np.zeros(nb + 1))
-        assert pool(np.zeros((0, 3), np.float32), tp).shape == (nb, 3)
-        assert pool_backward(np.ones((nb, 3), np.float32), tp).shape == (0, 3)
+    nb = prep.lengths.size
+    assert pool_all(np.zeros((0, 3), np.float32), prep).shape == (nb, 3)
+    assert pool_backward_all(np.ones((nb, 3), np.float32), prep).shape == (0, 3)
 
 
 def test_zero_samples_with_keys_gives_offsets_zero():
@@ -195,7 +197,7 @@ def test_zero_samples_with_keys_gives_offsets_zero():
 
 def test_table_without_ids_and_shard_without_ids():
     from embnic.client_lib.config import parse_config
-    from embnic.client_lib.routing import split_by_shard
+    from pyplan import split_by_shard
 
     prep = prepare_batch(KeyedJaggedBatch(["a", "b"], np.array([4, 4], np.uint64), np.array([1, 1, 0, 0]), 2),
                          [0, 1])

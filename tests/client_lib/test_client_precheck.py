@@ -18,8 +18,9 @@ from embnic.client_lib import precheck
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
-from embnic.client_lib.routing import split_by_shard
 from embnic.testbed.server.runner import ServerCluster
+
+from pyplan import split_by_shard
 
 TABLES = [{"id": 0, "name": "a", "rows": 1000, "dim": 4, "optimizer": "adagrad", "lr": 0.1},
           {"id": 1, "name": "b", "rows": 1000, "dim": 4, "optimizer": "sgd", "lr": 0.3},

@@ -12,6 +12,8 @@ from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.protocol import EPHEMERAL_PORT, Embnic
 
+import clientref
+
 DIM = 4
 KEYS = np.array([0, 2**31, 2**63, 2**64 - 1], dtype=np.uint64)
 ROWS = np.arange(len(KEYS) * DIM, dtype="<f4").reshape(len(KEYS), DIM)
@@ -123,7 +125,7 @@ def test_u64_keys_round_trip_codec_and_scapy():
         r = Reassembler(expect="request")
         msgs = [m for m in (r.feed(f) for f in frames) if m is not None]
         assert len(msgs) == 1
-        assert [int(k) for k in codec.body_to_keys(msgs[0].body, len(ids), offset=16)] == ids
+        assert [int(k) for k in clientref.body_to_keys(msgs[0].body, len(ids), offset=16)] == ids
         body = b"".join(bytes(Embnic(f).payload) for f in frames)[16:]  # after the 1-table directory
         assert [int.from_bytes(body[i:i + 8], "little") for i in range(0, len(body), 8)] == ids
 

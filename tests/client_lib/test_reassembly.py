@@ -13,6 +13,8 @@ from embnic.client_lib.codec import Header
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.reassembly import Reassembler
 
+import clientref
+
 
 def _frames(n_keys=1000, mtu=1500, msg_id=1, client_id=1):
     keys = np.arange(n_keys, dtype=np.uint64) * 3
@@ -22,7 +24,7 @@ def _frames(n_keys=1000, mtu=1500, msg_id=1, client_id=1):
 
 def _keys(m):
     """The keys of a reassembled one-table lookup (after its 16-byte directory)."""
-    return codec.body_to_keys(m.body, m.header.num_keys, offset=consts.DIR_ENTRY)
+    return clientref.body_to_keys(m.body, m.header.num_keys, offset=consts.DIR_ENTRY)
 
 
 @settings(max_examples=80, deadline=None)

@@ -1,4 +1,4 @@
-"""The round plan — the C plan (client_lib/csrc/plan.c through ``native.plan``, the production
+"""The round plan — the C plan (client_lib/csrc/plan.c through ``clientref.c_plan``, the production
 cut), array for array equal to the numpy plan it was written after (``pyplan.plan_round``, a test
 oracle) — against the per-table reference: the same messages (shard, directory, keys, in the same
 order) as grouping every table by ``routing.split_by_shard`` and cutting each shard's part with
@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embnic.client_lib import codec, consts, native, precheck
+from embnic.client_lib import codec, consts, precheck
 from embnic.client_lib.config import parse_config
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.roundplan import C_KA, C_KB, C_SHARD, C_VLEN, C_VOFF, TableArrays
-from pyplan import by_shard, pack_parts, plan_round
+from clientref import c_plan
+from pyplan import by_shard, msg_directory, msg_keys, pack_parts, plan_round, scatter_index
 
 
 def random_cfg(rng, sharding):
@@ -69,12 +70,12 @@ def test_plan_cuts_the_round_as_the_per_table_reference(sharding, msg_type):
         ko = dict(zip(req, np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()))
         for m, (sid, piece) in enumerate(ref):
             assert shard_ids[plan.msgs[m, C_SHARD]] == sid
-            d = plan.directory(m)
+            d = msg_directory(plan, m)
             assert d["table_id"].tolist() == [t for t, _, _ in piece]
             assert d["num_keys"].tolist() == [len(k) for _, _, k in piece]
             assert [int(x) for x in d["dim"]] == [cfg.table(t).dim for t, _, _ in piece]
             assert [int(x) for x in d["dtype"]] == [int(cfg.table(t).wire_dtype) for t, _, _ in piece]
-            assert np.array_equal(plan.msg_keys(m), np.concatenate([k for _, _, k in piece]))
+            assert np.array_equal(msg_keys(plan, m), np.concatenate([k for _, _, k in piece]))
             # the grouped order points back at each key's place in the call
             assert np.array_equal(plan.order[plan.msgs[m, C_KA]:plan.msgs[m, C_KB]],
                                   np.concatenate([ko[t] + p for t, p, _ in piece]))
@@ -83,7 +84,7 @@ def test_plan_cuts_the_round_as_the_per_table_reference(sharding, msg_type):
 
 def assert_same_plan_in_c(plan, ta, msg_type, tix, counts, keys, cut):
     """The C plan (client_lib/csrc/plan.c) equals the numpy one, array for array."""
-    c = native.plan(native.load(), ta, msg_type, tix, counts, keys, **cut)
+    c = c_plan(ta, msg_type, tix, counts, keys, **cut)
     for f in ("order", "keys", "tkey", "rb", "so", "msgs"):
         assert np.array_equal(getattr(c, f), getattr(plan, f)), f
     assert c.dir.tobytes() == plan.dir.tobytes()
@@ -113,7 +114,7 @@ def test_replies_land_on_their_rows_and_update_bodies_match(sharding):
         dst, V, nbytes = plan.out_layout()
         out = np.full(nbytes, 0xAB, np.uint8)
         for m in range(plan.num_msgs):  # each message's reply as a shard builds it: rows in directory order
-            d, k = plan.directory(m), plan.msg_keys(m)
+            d, k = msg_directory(plan, m), msg_keys(plan, m)
             parts, a = [], 0
             for e in d:
                 n = int(e["num_keys"])
@@ -125,7 +126,7 @@ def test_replies_land_on_their_rows_and_update_bodies_match(sharding):
                 out.view(np.float32).reshape(-1, plan.dim)[plan.order[ka:kb]] = np.frombuffer(body, "<f4").reshape(
                     kb - ka, plan.dim)
             else:
-                out[plan.scatter_index(ka, kb, dst)] = np.frombuffer(body, np.uint8)
+                out[scatter_index(plan, ka, kb, dst)] = np.frombuffer(body, np.uint8)
         got = plan.split(plan.finish(out))
         assert list(got) == list(req)
         for t, k in req.items():

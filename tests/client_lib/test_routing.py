@@ -5,7 +5,9 @@ Run alone: python3 -m pytest -q tests/client_lib/test_routing.py
 import numpy as np
 
 from embnic.client_lib.config import parse_config
-from embnic.client_lib.routing import owned_keys, shard_of, split_by_shard
+from embnic.client_lib.routing import owned_keys, shard_of
+
+from pyplan import split_by_shard
 
 
 def _cfg(policy, n_shards=3, shard_ids=None, table_shard=None):

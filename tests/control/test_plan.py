@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from embnic.client_lib import consts, native
+from embnic.client_lib import consts
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import ConfigError, load_config, parse_config
 from embnic.control import capacity as P
@@ -23,6 +23,8 @@ from embnic.testbed.bench import e2e
 from embnic.testbed.server.runner import ServerCluster
 from embnic.testbed.training import criteo
 from embnic.testbed.training.train import feature_tables
+
+from clientref import c_plan
 
 STEPS = 6
 
@@ -297,7 +299,7 @@ TESTBED = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples"
 
 
 def c_plan_counts(cfg, mt, parts, **cut) -> list[tuple[int, int, int, int]]:
-    """The messages the client's C plan (``native.plan``, client_lib/csrc/plan.c) cuts a one-shard
+    """The messages the client's C plan (``clientref.c_plan``, client_lib/csrc/plan.c) cuts a one-shard
     round of ``parts`` (``[(table_id, keys)]``) into: ``(first table id, tables, keys, value bytes)``."""
     from embnic.client_lib.roundplan import C_DIR0, C_NKEYS, C_NT, C_VLEN, TableArrays
 
@@ -305,7 +307,7 @@ def c_plan_counts(cfg, mt, parts, **cut) -> list[tuple[int, int, int, int]]:
     tix = ta.index([t for t, _ in parts])
     counts = np.array([k for _, k in parts], np.int64)
     keys = np.concatenate([np.arange(k, dtype=np.uint64) for _, k in parts])
-    p = native.plan(native.load(), ta, mt, tix, counts, keys, **cut)
+    p = c_plan(ta, mt, tix, counts, keys, **cut)
     return [(int(p.dir["table_id"][r[C_DIR0]]), r[C_NT], r[C_NKEYS], r[C_VLEN]) for r in p.msgs.tolist()]
 
 

@@ -25,6 +25,8 @@ from embnic.client_lib.consts import MsgType
 from embnic.client_lib.protocol import Embnic, EmbnicDirEntry
 from embnic.control import wireshark
 
+import clientref
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / wireshark.SHIPPED_PATH
 HEADER_NAMES = [n for n, _, _ in consts.HEADER_FIELDS]
@@ -211,7 +213,7 @@ def expected_body(h: codec.Header, payload: bytes, st: dict) -> dict:
         entries = np.frombuffer(body, codec.DIR_DTYPE, count=T)
         run("table", 0, T, consts.DIR_ENTRY, lambda i: entries[i])
         base = consts.DIR_ENTRY * T
-        keys = codec.body_to_keys(body, n, base)
+        keys = clientref.body_to_keys(body, n, base)
         if rb is None:
             run("key", base, n, consts.KEY_SIZE, lambda i: keys[i])
         else:

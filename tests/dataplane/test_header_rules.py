@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from embnic.client_lib import codec, consts
 from embnic.client_lib.consts import DType, MsgType
 
+import clientref
+
 DP = Path(__file__).resolve().parents[2] / "dataplane"
 _HDR = struct.Struct("!HBBBBHIHHHHIIIIHHHH")
 FIELDS = [n for n, _, _ in consts.HEADER_FIELDS]
@@ -83,7 +85,7 @@ def messages(draw):
         frags = codec.encode_reply(req, kind, shard_id=2, body=bytes(32), mtu=draw(st.sampled_from([90, 1500])))
     elif kind == MsgType.SIZE_REQ:
         e = np.zeros(draw(st.integers(1, 30)), codec.SIZE_ENTRY_DTYPE)
-        frags = codec.encode_size(entries=e, mtu=mtu, **ids)
+        frags = clientref.encode_size(entries=e, mtu=mtu, **ids)
     else:
         frags = codec.encode_reply(req, kind, shard_id=2, status=1 if kind == MsgType.ERROR else 0,
                                    table_id=1 if kind == MsgType.ERROR else consts.NO_TABLE)

@@ -44,9 +44,9 @@ def test_batches_steps_and_summary_on_real_shards():
 
 
 def e2e_owner(cfg, table_id):
-    from embnic.client_lib.routing import split_by_shard
+    from embnic.client_lib.routing import shard_of
 
-    return split_by_shard(cfg, table_id, np.array([1], dtype=np.uint64))[0][0]
+    return int(shard_of(cfg, table_id, np.array([1], dtype=np.uint64))[0])
 
 
 def test_dlrm_rows_train_the_same_samples_through_shards_and_torchrec():

@@ -19,6 +19,7 @@ from embnic.client_lib.reassembly import Reassembler
 from embnic.testbed.server.runner import ServerCluster, ServerThread
 
 from reference_shard import engine_kw
+import clientref
 
 TABLES = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
           {"id": 4, "rows": 30000, "dim": 16, "optimizer": "sgd", "lr": 0.3, "dtype": "fp16"}]
@@ -122,7 +123,7 @@ def test_size_req_checked_and_data_must_match_the_announcement(engine):
                                      (72, lk, 0, 4, 3, 88),          # more tables than keys
                                      (73, MsgType.UPDATE_REQ, 0, 1, 3, 16 + 24 + 5),  # 5 value bytes < 2 per key
                                      (74, MsgType.SIZE_REQ, 0, 1, 3, 40)]):
-                h = ask(codec.encode_size(msg_id=900 + i, client_id=1, shard_id=0,
+                h = ask(clientref.encode_size(msg_id=900 + i, client_id=1, shard_id=0,
                                           entries=_entries((80, lk, 0, 1, 1, 24), bad)))
                 assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED), bad
             k0 = routing.owned_keys(cfg, 4, 0)[:3]
@@ -135,7 +136,7 @@ def test_size_req_checked_and_data_must_match_the_announcement(engine):
             ents = [(m, t, 0, h.num_tables, h.num_keys, h.msg_len) for m, t, h in
                     ((81, lk, codec.parse_header(ok_lookup[0])), (82, MsgType.UPDATE_REQ, codec.parse_header(ok_update[0])),
                      (83, lk, codec.parse_header(ok_lookup[0])))]  # 83 announced with 81's size
-            h = ask(codec.encode_size(msg_id=910, client_id=1, shard_id=0, entries=_entries(*ents)))
+            h = ask(clientref.encode_size(msg_id=910, client_id=1, shard_id=0, entries=_entries(*ents)))
             assert (h.msg_type, h.num_keys, h.msg_id, h.num_tables) == (MsgType.SIZE_ACK, 3, 910, 0)
             h = ask(ok_lookup)
             assert (h.msg_type, h.msg_id, h.num_tables, h.value_len) == (MsgType.LOOKUP_REPLY, 81, 2, 3 * 32 + 2 * 32)
@@ -144,7 +145,7 @@ def test_size_req_checked_and_data_must_match_the_announcement(engine):
             assert (h.msg_type, h.status, h.msg_id) == (MsgType.ERROR, Status.MALFORMED, 83)
             for f in multi_lookup_frames(cfg, [(0, k1)], 84):  # never announced: dropped, unanswered
                 s.sendto(f, ("127.0.0.1", st.port))
-            h = ask(codec.encode_size(msg_id=911, client_id=1, shard_id=0, entries=_entries((85, lk, 0, 1, 2, 32))))
+            h = ask(clientref.encode_size(msg_id=911, client_id=1, shard_id=0, entries=_entries((85, lk, 0, 1, 2, 32))))
             assert (h.msg_type, h.msg_id) == (MsgType.SIZE_ACK, 911)  # the next answer: nothing for 84
             counters = st.counters()
             assert counters["drops"]["size_mismatch"] == 1 and counters["drops"]["unannounced"] == 1

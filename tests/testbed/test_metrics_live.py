@@ -41,6 +41,7 @@ from embnic.client_lib.consts import MsgType  # noqa: E402
 from embnic.client_lib.routing import owns  # noqa: E402
 from embnic.testbed.net import topology as T  # noqa: E402
 from embnic.testbed.traces.replay_report import shard_counters_from_log  # noqa: E402
+import clientref  # noqa: E402
 
 METRICS_PORT = 9465  # each shard's endpoint, in its own namespace
 
@@ -118,7 +119,7 @@ def test_live_card_and_shards_agree_with_their_counters(run_dir, tmp_path, clean
         c1, t0 = tcfg.client(1), tables[0]
         key = np.array([(t0.rows or 2**40) - 1], np.uint64)
         shard = next(s.id for s in tcfg.shards if bool(owns(tcfg, t0.id, s.id, key)[0]))
-        upd = codec.encode_table_update(msg_id=4242, client_id=1, table_id=t0.id, shard_id=shard, dtype=int(t0.wire_dtype),
+        upd = clientref.encode_table_update(msg_id=4242, client_id=1, table_id=t0.id, shard_id=shard, dtype=int(t0.wire_dtype),
                                   keys=key, grads=np.ones((1, t0.dim), np.float32))
         card_ip = tcfg.card.ports[c1.card_port].ip
         with T.in_netns(topo.client_ns(1)):

@@ -36,6 +36,7 @@ from embnic.testbed.server.runner import ServerCluster, ServerThread
 from embnic.testbed.server.shard_state import ShardState, gradient_bound
 
 from reference_shard import ReferenceShard, engine_kw
+import clientref
 
 TABLES = [
     {"id": 0, "rows": 2000, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
@@ -708,7 +709,7 @@ def test_cli_serves_and_stops_cleanly(tmp_path, sig):
         raw.send(lookup_frames(cfg, 0, keys, 1))
         reply = raw.recv()
         raw.close()
-        assert np.array_equal(codec.body_to_rows(reply.body, 5, 4), LocalBackend(cfg).lookup({0: keys})[0])
+        assert np.array_equal(clientref.body_to_rows(reply.body, 5, 4), LocalBackend(cfg).lookup({0: keys})[0])
         p.send_signal(sig)
         _, err = p.communicate(timeout=30)
     finally:
@@ -788,7 +789,7 @@ def test_client_empty_requests_and_a_shard_without_ids():
 def _fault_oracle(srv, cfg, parts, update):
     """The per-table rule of docs/protocol.md "Errors", table by table (the readable statement
     ShardState.table_fault vectorises): the first bad table in directory order and why."""
-    from embnic.client_lib.table_numerics import gradient_ok, is_unique
+    from embnic.client_lib.table_numerics import gradient_rows_ok, is_unique
 
     for tid, dim, dt, keys, g in parts:
         t = next((x for x in cfg.tables if x.id == tid), None)
@@ -800,7 +801,7 @@ def _fault_oracle(srv, cfg, parts, update):
             return Status.KEY_OUT_OF_RANGE, tid
         if not routing.owns(cfg, tid, srv.shard_id, keys).all():
             return Status.NOT_OWNER, tid
-        if update and (not is_unique(keys) or not gradient_ok(t, g)):
+        if update and (not is_unique(keys) or not gradient_rows_ok(t, g).all()):
             return Status.MALFORMED, tid
     return None
 

@@ -34,6 +34,7 @@ from embnic.client_lib.config import load_config  # noqa: E402
 from embnic.client_lib.consts import MsgType  # noqa: E402
 from embnic.control.card_metrics import card_families  # noqa: E402
 from embnic.testbed.server.shard_metrics import ServiceTimes, shard_families  # noqa: E402
+import clientref  # noqa: E402
 
 
 def _free_port(kind=socket.SOCK_DGRAM) -> int:
@@ -131,7 +132,7 @@ def test_shard_endpoints_equal_their_counters_workers_and_wal(tmp_path):
                 c.update({0: (keys0, rng.standard_normal((keys0.size, 8)).astype(np.float32)),
                           1: (keys1, rng.standard_normal((keys1.size, 4)).astype(np.float32))})
         # one update re-sent with its msg_id: the shard acks it again without applying it (exactly once)
-        upd = codec.encode_table_update(msg_id=77, client_id=1, table_id=1, shard_id=1, dtype=1,
+        upd = clientref.encode_table_update(msg_id=77, client_id=1, table_id=1, shard_id=1, dtype=1,
                                   keys=np.array([5], np.uint64), grads=np.ones((1, 4), np.float32))
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
             u.settimeout(10)
