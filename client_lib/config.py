@@ -339,9 +339,11 @@ def _check_mac(v: str | None, field: str, path) -> str | None:
     return v.lower() if v else v
 
 
-def _check_range(v: int, lo: int, hi: int, field: str, path) -> int:
-    if not lo <= v <= hi:
-        raise ConfigError(field, f"must be {lo}..{hi}, got {v}", path)
+def _int_in(d: dict, key: str, w: str, lims: tuple[int, int], path, default: Any = dataclasses.MISSING) -> int | None:
+    """``d[key]``, an int in ``lims`` (inclusive); ``default`` when absent (a None default is not checked)."""
+    v = _get(d, key, w, int, default, path)
+    if v is not None and not lims[0] <= v <= lims[1]:
+        raise ConfigError(w + key, f"must be {lims[0]}..{lims[1]}, got {v}", path)
     return v
 
 
@@ -366,11 +368,6 @@ def _store(d: dict, w: str, path) -> str | None:
     return v
 
 
-def _cache_rows(d: dict, w: str, path) -> int | None:
-    v = _get(d, "cache_rows", w, int, None, path)
-    return None if v is None else _check_range(v, *CACHE_ROWS_LIMITS, w + "cache_rows", path)
-
-
 def _shard_store(e: dict, w: str, path) -> dict:
     """The disk-tier keys of a ``[[shards]]`` entry (``store``, ``cache_rows``, ``store_dir``,
     ``block_cache_mb``), validated."""
@@ -379,11 +376,8 @@ def _shard_store(e: dict, w: str, path) -> dict:
         raise ConfigError(w + "store_dir", "must not be empty (a directory for the shard's disk tables)", path)
     if sd is not None and path is not None and not os.path.isabs(sd):
         sd = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), sd))  # from the config's folder
-    bc = _get(e, "block_cache_mb", w, int, None, path)
-    if bc is not None:
-        _check_range(bc, *BLOCK_CACHE_MB_LIMITS, w + "block_cache_mb", path)
-    return {"store": _store(e, w, path), "cache_rows": _cache_rows(e, w, path), "store_dir": sd,
-            "block_cache_mb": bc}
+    return {"store": _store(e, w, path), "cache_rows": _int_in(e, "cache_rows", w, CACHE_ROWS_LIMITS, path, None),
+            "store_dir": sd, "block_cache_mb": _int_in(e, "block_cache_mb", w, BLOCK_CACHE_MB_LIMITS, path, None)}
 
 
 def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, ...]:
@@ -396,12 +390,12 @@ def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, 
         if not isinstance(e, dict):
             raise ConfigError(f"{key}[{i}]", "must be a table", path)
         check_keys(e, SHARD_KEYS if key == "shards" else ENDPOINT_KEYS, w, path)
-        eid = _check_range(_get(e, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
+        eid = _int_in(e, "id", w, (0, 0xFFFF), path)
         if eid in seen:
             raise ConfigError(w + "id", f"duplicate id {eid}", path)
         seen.add(eid)
         ip = _check_ip(_get(e, "ip", w, str, path=path), w + "ip", path)
-        port = _check_range(_get(e, "port", w, int, default_port, path), 1, 65535, w + "port", path)
+        port = _int_in(e, "port", w, (1, 65535), path, default_port)
         if (ip, port) in addrs:
             j, other = addrs[(ip, port)]
             raise ConfigError(w + "port", f"{ip}:{port} is already the address of {key}[{j}] (id {other}); "
@@ -460,8 +454,7 @@ def _check_unique_macs(shards, clients, ports, path) -> None:
 
 def _rows(t: dict, w: str, path) -> int | None:
     """``tables[i].rows``: absent means unbounded ids (None); else 1..2^63-1 (TOML's int range)."""
-    v = _get(t, "rows", w, int, None, path)
-    return None if v is None else _check_range(v, 1, 2**63 - 1, w + "rows", path)
+    return _int_in(t, "rows", w, (1, 2**63 - 1), path, None)
 
 
 _BDF = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
@@ -499,12 +492,9 @@ def _pci_list(v: list, field: str, path) -> tuple[str, ...]:
 
 def _expected_rows(t: dict, w: str, path) -> int | None:
     """``tables[i].expected_rows``: optional, 1..2^63-1 and at most ``rows`` where both are set."""
-    v = _get(t, "expected_rows", w, int, None, path)
-    if v is None:
-        return None
-    v = _check_range(v, 1, 2**63 - 1, w + "expected_rows", path)
+    v = _int_in(t, "expected_rows", w, (1, 2**63 - 1), path, None)
     rows = t.get("rows")
-    if isinstance(rows, int) and v > rows:
+    if v is not None and isinstance(rows, int) and v > rows:
         raise ConfigError(w + "expected_rows", f"{v} is more than the table's rows ({rows}): lower it or drop rows",
                           path)
     return v
@@ -523,16 +513,15 @@ def _cluster(raw: dict, path) -> dict:
     w = "cluster."
     check_keys(cl, CLUSTER_KEYS, w, path)
     out = {"name": _get(cl, "name", w, str, "embnic", path),
-           "udp_port": _check_range(_get(cl, "udp_port", w, int, consts.UDP_PORT, path), 1, 65535, w + "udp_port",
-                                    path),
-           "mtu": _check_range(_get(cl, "mtu", w, int, consts.DEFAULT_MTU, path), *MTU_LIMITS, w + "mtu", path)}
+           "udp_port": _int_in(cl, "udp_port", w, (1, 65535), path, consts.UDP_PORT),
+           "mtu": _int_in(cl, "mtu", w, MTU_LIMITS, path, consts.DEFAULT_MTU)}
     sharding = _get(cl, "sharding", w, str, "hash", path)
     if sharding not in SHARDING_POLICIES:
         raise ConfigError(w + "sharding", f"must be one of {', '.join(SHARDING_POLICIES)}, got {sharding!r}", path)
     out["sharding"] = sharding
-    out["seed"] = _check_range(_get(cl, "seed", w, int, 0, path), 0, 2**63 - 1, w + "seed", path)
-    out["timeout_ms"] = _check_range(_get(cl, "timeout_ms", w, int, 200, path), 1, 600_000, w + "timeout_ms", path)
-    out["retries"] = _check_range(_get(cl, "retries", w, int, 5, path), 1, 1000, w + "retries", path)
+    out["seed"] = _int_in(cl, "seed", w, (0, 2**63 - 1), path, 0)
+    out["timeout_ms"] = _int_in(cl, "timeout_ms", w, (1, 600_000), path, 200)
+    out["retries"] = _int_in(cl, "retries", w, (1, 1000), path, 5)
     return out
 
 
@@ -547,7 +536,7 @@ def _table(t, i: int, seen: set, names: dict, path) -> TableConfig:
     if not isinstance(t, dict):
         raise ConfigError(f"tables[{i}]", "must be a table", path)
     check_keys(t, TABLE_KEYS, w, path)
-    tid = _check_range(_get(t, "id", w, int, path=path), 0, 0xFFFF, w + "id", path)
+    tid = _int_in(t, "id", w, (0, 0xFFFF), path)
     if tid in seen:
         raise ConfigError(w + "id", f"duplicate table id {tid}", path)
     seen.add(tid)
@@ -566,7 +555,7 @@ def _table(t, i: int, seen: set, names: dict, path) -> TableConfig:
                           "needs a name of its own (names key the tables in TorchRec and `embnic tables export`)",
                           path)
     names[tname] = i
-    store, cache_rows = _store(t, w, path), _cache_rows(t, w, path)
+    store, cache_rows = _store(t, w, path), _int_in(t, "cache_rows", w, CACHE_ROWS_LIMITS, path, None)
     if store == "memory" and cache_rows is not None:
         raise ConfigError(w + "cache_rows", 'is the cache of a store = "disk" table: set store = "disk" or drop '
                           "cache_rows", path)
@@ -574,7 +563,7 @@ def _table(t, i: int, seen: set, names: dict, path) -> TableConfig:
         id=tid,
         name=tname,
         rows=_rows(t, w, path),
-        dim=_check_range(_get(t, "dim", w, int, path=path), 1, 4096, w + "dim", path),
+        dim=_int_in(t, "dim", w, (1, 4096), path),
         dtype=dtype,
         optimizer=opt,
         lr=lr,
@@ -625,7 +614,7 @@ def _card_ports(c: dict, w: str, path) -> list[CardPort]:
         if not isinstance(p, dict):
             raise ConfigError(f"card.ports[{i}]", "must be a table", path)
         check_keys(p, CARD_PORT_KEYS, pw, path)
-        pid = _check_range(_get(p, "id", pw, int, path=path), *CARD_LIMITS["port_id"], pw + "id", path)
+        pid = _int_in(p, "id", pw, CARD_LIMITS["port_id"], path)
         if pid in pseen:
             raise ConfigError(pw + "id", f"duplicate card port {pid}", path)
         pseen.add(pid)
@@ -648,18 +637,15 @@ def _card(c, shards: tuple[Endpoint, ...], clients: tuple[Endpoint, ...], path) 
     check_keys(c, CARD_KEYS, w, path)
     ports = _card_ports(c, w, path)
     enabled = _get(c, "enabled", w, bool, True, path)
-    ring = _check_range(_get(c, "ring_size", w, int, 4096, path), *CARD_LIMITS["ring_size"], w + "ring_size", path)
+    ring = _int_in(c, "ring_size", w, CARD_LIMITS["ring_size"], path, 4096)
     if ring & (ring - 1):
         raise ConfigError(w + "ring_size", f"must be a power of two, got {ring}", path)
     card = CardConfig(
         enabled=enabled, ports=tuple(ports), ring_size=ring,
-        state_size=_check_range(_get(c, "state_size", w, int, 65536, path), *CARD_LIMITS["state_size"],
-                                w + "state_size", path),
-        state_timeout_ms=_check_range(_get(c, "state_timeout_ms", w, int, 5000, path),
-                                      *CARD_LIMITS["state_timeout_ms"], w + "state_timeout_ms", path),
+        state_size=_int_in(c, "state_size", w, CARD_LIMITS["state_size"], path, 65536),
+        state_timeout_ms=_int_in(c, "state_timeout_ms", w, CARD_LIMITS["state_timeout_ms"], path, 5000),
         lcores=_get(c, "lcores", w, str, "0,1", path),
-        state_lcores=_check_range(_get(c, "state_lcores", w, int, 1, path), *CARD_LIMITS["state_lcores"],
-                                  w + "state_lcores", path),
+        state_lcores=_int_in(c, "state_lcores", w, CARD_LIMITS["state_lcores"], path, 1),
         pci=_pci_list(_get(c, "pci", w, list, [], path), w + "pci", path),
         set_sizes=frozenset(k for k in SIZE_KEYS if k in c),
     )
