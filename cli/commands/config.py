@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import click
 
@@ -14,13 +15,18 @@ from embnic.control.settings import control_section
 from embnic.control.targets.base import PEER_KINDS, peers_from_config
 
 
+def _file_options(f):
+    """``[FILE]`` and ``-c/--config FILE``: the config file, either way."""
+    f = click.option("-c", "--config", "config_opt", metavar="FILE",
+                     help="The config file, as other commands take it (the same as the FILE argument).")(f)
+    return click.argument("file", required=False, metavar="[FILE]")(f)
+
+
 def _file_arg(file: str | None, config_opt: str | None = None) -> str:
     if file and config_opt and file != config_opt:
         raise click.UsageError(f"two config files: FILE {file!r} and -c {config_opt!r}; give one")
     if file or config_opt:
         return file or config_opt
-    import os
-
     env = os.environ.get("EMBNIC_CONFIG")
     if not env:
         raise click.UsageError("no config file: give FILE (or -c FILE) or set EMBNIC_CONFIG")
@@ -83,9 +89,7 @@ def config():
 
 
 @config.command("check")
-@click.argument("file", required=False, metavar="[FILE]")
-@click.option("-c", "--config", "config_opt", metavar="FILE", help="The config file, as other commands take it "
-                                                                  "(the same as the FILE argument).")
+@_file_options
 @click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
                                              "lcores this machine has).")
 @click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
@@ -94,12 +98,9 @@ def config():
 def check(file, config_opt, strict, rate):
     """Validate FILE (default $EMBNIC_CONFIG): exit 0 if valid, 2 with the offending field if not.
 
-    Unknown sections and fields are errors (with the closest valid name). Also checks the
-    optional [control] section and warns about what loading the card would still need: every
-    shard and client needs `mac` and `card_port` when [card] is enabled, and card.lcores must
-    name cores this machine has (--strict makes these errors). With a [card] it says how many
-    messages in flight the card's state map allows and what fraction of messages may go
-    unanswered at --rate messages/s (unanswered ones hold an entry until they expire).
+    Unknown sections and fields are errors (with the closest valid name). Warns about what loading
+    the card would still need (--strict makes these errors); with a [card] it says how many
+    messages in flight its state map allows and what fraction may go unanswered at --rate.
 
     \b
     Example:
@@ -128,9 +129,7 @@ def _as_dict(cfg: ClusterConfig) -> dict:
 
 
 @config.command("show")
-@click.argument("file", required=False, metavar="[FILE]")
-@click.option("-c", "--config", "config_opt", metavar="FILE", help="The config file, as other commands take it "
-                                                                  "(the same as the FILE argument).")
+@_file_options
 @json_option
 def show(file, config_opt, as_json):
     """Print the parsed config FILE (default $EMBNIC_CONFIG) with every default filled in.

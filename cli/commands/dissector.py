@@ -15,15 +15,8 @@ from embnic.cli.commands.options import OutPath
 def dissector(out):
     """Write the Wireshark dissector of the embnic protocol: a Lua plug-in generated from the
     one field table (client_lib/consts.py), the same as the shipped contrib/wireshark/embnic.lua.
-    It names every header field with its meaning, shows a request's directory, its keys per
-    table, gradients and a lookup reply's rows per table (by the request's directory), an
-    UPDATE_NACK's fragments held, links each reply to its request (by client and message id;
-    tshark -2) and flags a malformed frame as an expert-info error. Registered on UDP port
-    7878; "Decode As" for any other port.
-
-    Install it in your personal plug-ins folder, ~/.local/lib/wireshark/plugins/ (Wireshark
-    3.4 or later: Help > About Wireshark > Folders), or load it for one run with
-    tshark -X lua_script:FILE.
+    Registered on UDP port 7878 ("Decode As" for any other). Install it in your personal plug-ins
+    folder, ~/.local/lib/wireshark/plugins/, or load it for one run with tshark -X lua_script:FILE.
 
     \b
     Examples:

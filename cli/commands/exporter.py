@@ -19,13 +19,9 @@ from embnic.control.settings import open_target, resolve
 @click.option("--once", is_flag=True, help="Print one reading in the Prometheus text format and exit (no server).")
 def exporter(config, target, name, ctl, port, bind, once):
     """Serve the card's counters to Prometheus at http://BIND:PORT/metrics until Ctrl-C or
-    SIGTERM. Every scrape reads the pipeline the way `embnic status` does (dpdk: the control
-    socket; bmv2: the switch's counters and registers): frames and bytes per port, frames by
-    message type, drops by reason, messages completed by reply type, the header ring, the
-    mempool, the state map (occupancy, capacity, by state, overflow, expired) and per shard the
-    completions, expiries and request->reply latency histogram. Metric names: docs/cli.md
-    ("Metrics"); a Grafana dashboard: contrib/grafana/embnic.json. A card that stops answering
-    shows as embnic_card_up 0 and the exporter keeps serving.
+    SIGTERM. Every scrape reads the pipeline the way `embnic status` does. Metric names:
+    docs/cli.md ("Metrics"); a Grafana dashboard: contrib/grafana/embnic.json. A card that stops
+    answering shows as embnic_card_up 0 and the exporter keeps serving.
 
     \b
     Examples:

@@ -17,13 +17,10 @@ from embnic.cli.commands.options import json_option
 @json_option
 @click.option("--check", is_flag=True, help="Exit 1 if the binary does not match the client library.")
 def inspect(binary, as_json, check):
-    """Show the build info of BINARY (default: $EMBNIC_DP, else dataplane/build/embnic-dp),
-    read from its ELF section .embnic_buildinfo: protocol version, header length and field
-    layout, UDP port, table sizes, git revision, DPDK version, and whether it matches this
-    client library (which `pipeline load` requires); then the package's C libraries (the
-    client's round and the shard's intake and answer path, built with the package: the path every
-    round and every shard takes) and whether they load. With no BINARY and no embnic-dp built (a
-    training host), only the libraries are shown.
+    """Show the build info of BINARY (default: $EMBNIC_DP, else dataplane/build/embnic-dp), read
+    from its ELF section .embnic_buildinfo, and whether it matches this client library (which
+    `pipeline load` requires); then the package's C libraries (the client's round, the shard's
+    path) and whether they load. With no BINARY and no embnic-dp built, only the libraries.
 
     \b
     Examples:

@@ -77,22 +77,12 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, 
          ready_timeout, no_program, rate, as_json):
     """Start the pipeline on a target and program the config's routes and clients.
 
-    For the dpdk target: refuses an embnic-dp whose ELF build info does not match the client
-    library (protocol version, header layout), starts it, waits until its control socket
-    answers `ping`, then installs one route per [[shards]] and one client per [[clients]]
-    (each needs `mac` and `card_port` in the config: the card does not resolve MACs).
-    A second load under the same --name says what is already running. It then says how many
-    messages in flight the card's state map allows and what fraction of messages may go
-    unanswered at --rate messages/s (with --json: `state_map`).
-
-    Needs root (the DPDK EAL; exit 2 otherwise). The lcores must be cores this machine has.
-    If the card does not start, the error quotes the line of its log that says why, and
-    the EAL's runtime directory is removed again. embnic-dp cannot set a port's MAC: a
-    [card].ports[].mac that differs from the port's real MAC is reported as a warning.
-
-    On a real NIC (docs/deploy.md) give its ports' PCI addresses with --pci (or [card] pci):
-    a device that is missing or not bound to a DPDK driver is refused naming the fix
-    (`dpdk-devbind.py -b vfio-pci BDF`).
+    For the dpdk target: refuses an embnic-dp whose build info does not match the client library,
+    starts it, waits until its control socket answers, then installs one route per [[shards]] and
+    one client per [[clients]] (each needs `mac` and `card_port`). It then says how many messages
+    in flight the card's state map allows and what fraction may go unanswered at --rate messages/s
+    (with --json: `state_map`). Needs root. If the card does not start, the error quotes the line
+    of its log that says why. On a real NIC give its ports with --pci (docs/deploy.md).
 
     \b
     Example:

@@ -154,14 +154,10 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after N samples.")
 @click.option("--all", "show_all", is_flag=True, help="Show zero counters too (every drop reason).")
 def status(config, target, name, ctl, as_json, watch, count, show_all):
-    """Show the card's counters: frames per port (and on the DPDK card each port's largest
-    frame and the frames dropped as too long for it; on BMv2 the frames the port's interface
-    took in and those lost before the switch counted them, and the control channel: P4Runtime
-    or Thrift), frames by message type (a message of N
-    fragments counts N), drops by reason, header-ring occupancy and high-water mark, mempool
-    use, the message state map (messages in flight, by state), messages completed by reply
-    type, and per shard the messages completed and expired and the request->reply latency the
-    card measured (mean, p50, p99 as bucket upper bounds).
+    """Show the card's counters: frames per port, frames by message type (a message of N
+    fragments counts N), drops by reason, header-ring occupancy and high-water mark, mempool use,
+    the message state map, messages completed by reply type, and per shard the messages completed
+    and expired and the request->reply latency the card measured (docs/cli.md).
 
     \b
     Examples:
