@@ -20,6 +20,7 @@ from embnic.client_lib.config import load_config
 from embnic.control.errors import OperationalError
 from embnic.testbed.training import criteo
 
+from .e2e_dlrm import fused_optimizer, median_min_max, table_wise_dmp
 from .results import merge_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,12 +40,6 @@ def machine() -> dict:
     except OSError:
         pass
     return {"cores": os.cpu_count(), "cpu_model": model, "loadavg": [round(x, 2) for x in os.getloadavg()]}
-
-
-def _stat(xs) -> dict:
-    """``{median, min, max}`` of repeat values."""
-    a = np.asarray(xs, dtype=np.float64)
-    return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
 
 
 def sample_starts(n: int, steps: int, seed: int) -> list[int]:
@@ -102,18 +97,18 @@ def embnic_steps(client, cfg, sparses: list[np.ndarray]) -> dict:
 
 def _summ(runs: list[dict]) -> dict:
     """Repeats of :func:`embnic_steps` → medians with min/max."""
-    p = lambda key, q: _stat([np.percentile(r[key], q) for r in runs])  # noqa: E731
+    p = lambda key, q: median_min_max([np.percentile(r[key], q) for r in runs])  # noqa: E731
     return {"lookup_p50_us": p("lookup_us", 50), "lookup_p99_us": p("lookup_us", 99),
             "update_p50_us": p("update_us", 50), "update_p99_us": p("update_us", 99),
             "step_p50_us": p("step_us", 50),
-            "steps_per_s": _stat([1e6 / np.median(r["step_us"]) for r in runs]),
-            "messages_per_step": _stat([r["messages"] for r in runs]),
-            "rounds_per_step": _stat([r["rounds"] for r in runs]),
+            "steps_per_s": median_min_max([1e6 / np.median(r["step_us"]) for r in runs]),
+            "messages_per_step": median_min_max([r["messages"] for r in runs]),
+            "rounds_per_step": median_min_max([r["rounds"] for r in runs]),
             # (TorchRec's runs send no embnic messages: 0)
-            "request_messages_per_round": _stat([r.get("request_messages_per_round", 0.0) for r in runs]),
-            "shards_per_round": _stat([r.get("shards_per_round", 0.0) for r in runs]),
-            "retransmits_per_step": _stat([r["retransmits"] for r in runs]),
-            **{f"{k}_per_step": _stat([r.get(k, 0.0) for r in runs]) for k in ("timeouts", "repairs", "probes")}}
+            "request_messages_per_round": median_min_max([r.get("request_messages_per_round", 0.0) for r in runs]),
+            "shards_per_round": median_min_max([r.get("shards_per_round", 0.0) for r in runs]),
+            "retransmits_per_step": median_min_max([r["retransmits"] for r in runs]),
+            **{f"{k}_per_step": median_min_max([r.get(k, 0.0) for r in runs]) for k in ("timeouts", "repairs", "probes")}}
 
 
 def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct: float, log,
@@ -216,37 +211,18 @@ def _card_subset(tb) -> dict:
 # ---------------------------------------------------------------------------- TorchRec
 def _torchrec_rank(rank: int, world: int, rdv: str, cfg_path: str, batches: dict, repeats: int, q) -> None:
     """One rank of the TorchRec run (spawned): DMP table-wise on gloo, timed steps."""
-    import warnings
-
     import torch
     import torch.distributed as dist
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingType
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method="file://" + rdv)
     try:
         cfg = load_config(cfg_path)
-        t0 = cfg.tables[0]
         confs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
                                     feature_names=[t.name]) for t in cfg.tables]
         ebc = EmbeddingBagCollection(tables=confs, device=torch.device("cpu"))
-        opt = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}[t0.optimizer]
-        sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": opt, "learning_rate": t0.lr,
-                                                              "eps": t0.eps})
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            planner = EmbeddingShardingPlanner(
-                topology=Topology(world_size=world, compute_device="cpu"),
-                constraints={c.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
-                             for c in confs})
-            plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
-            dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=[sharder])
-        types = sorted({p.sharding_type for m in plan.plan.values() for p in m.values()})
+        dmp, types = table_wise_dmp(ebc, confs, world, fused_optimizer(cfg.tables))
         res = {"sharding_types": types}
         for b, sparses in batches.items():
             local = b // world

@@ -84,47 +84,67 @@ def torchrec_steps(cfg, batches: dict, repeats: int, lr_dense: float = 0.05) -> 
     """
     import torch
     import torch.distributed as dist
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingType
 
     from embnic.testbed.training.dlrm import build_model, table_configs
 
     if dist.is_initialized():
         raise OperationalError("bench e2e's TorchRec DLRM needs its own process group, but one is already up")
     confs, table_ids, _ = table_configs(cfg, N_SPARSE)
-    tabs = [cfg.table(table_ids[c.name]) for c in confs]
-    opts = {(t.optimizer, t.lr, t.eps) for t in tabs}
-    if len(opts) != 1:
-        raise ValueError(f"one optimizer for every table, got {sorted(opts)}")
-    optimizer, lr, eps = opts.pop()
-    fused = {"optimizer": {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}[optimizer],
-             "learning_rate": lr, "eps": eps}
+    fused = fused_optimizer([cfg.table(table_ids[c.name]) for c in confs])
     with tempfile.TemporaryDirectory() as d, _one_thread():
         dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + os.path.join(d, "rdv"))
         try:
             ebc = EmbeddingBagCollection(tables=confs, device=torch.device("cpu"))
             model = build_model(cfg, None, N_DENSE, N_SPARSE, cfg.seed, ebc=ebc)
-            sharder = EmbeddingBagCollectionSharder(fused_params=fused)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                planner = EmbeddingShardingPlanner(
-                    topology=Topology(world_size=1, compute_device="cpu"),
-                    constraints={c.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
-                                 for c in confs})
-                plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
-                dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+            dmp, types = table_wise_dmp(model, confs, 1, fused)
             dense = [p for n, p in dmp.named_parameters() if "embedding_bags" not in n]
             opt = torch.optim.SGD(dense, lr=lr_dense)
             res = _repeats(dmp, opt, batches, repeats)
-            res["sharding_types"] = sorted({p.sharding_type for m in plan.plan.values() for p in m.values()})
+            res["sharding_types"] = types
             res["dense_parameters"] = int(sum(p.numel() for p in dense))
             return res
         finally:
             dist.destroy_process_group()
+
+
+def fused_optimizer(tables) -> dict:
+    """TorchRec's ``fused_params`` of the tables' one optimizer: fbgemm's ``EXACT_SGD`` or
+    ``EXACT_ROWWISE_ADAGRAD`` with their ``lr`` and ``eps``.
+
+    Raises:
+        ValueError: the tables differ in optimizer, lr or eps.
+    """
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    opts = {(t.optimizer, t.lr, t.eps) for t in tables}
+    if len(opts) != 1:
+        raise ValueError(f"one optimizer for every table, got {sorted(opts)}")
+    optimizer, lr, eps = opts.pop()
+    return {"optimizer": {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}[optimizer],
+            "learning_rate": lr, "eps": eps}
+
+
+def table_wise_dmp(module, confs, world: int, fused: dict) -> tuple:
+    """``module`` with its ``EmbeddingBagCollection`` (tables ``confs``) sharded table-wise over the
+    ``world`` CPU ranks of the process group that is up, fused optimizer ``fused``: (TorchRec's
+    ``DistributedModelParallel``, the sharding types of its plan)."""
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingType
+
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=world, compute_device="cpu"),
+            constraints={c.name: ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value]) for c in confs})
+        plan = planner.collective_plan(module, [sharder], dist.GroupMember.WORLD)
+        dmp = DistributedModelParallel(module, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    return dmp, sorted({p.sharding_type for m in plan.plan.values() for p in m.values()})
 
 
 @contextlib.contextmanager
@@ -141,14 +161,16 @@ def _one_thread():
 
 def summarise(runs: list[list[float]]) -> dict:
     """Repeats of step times (µs) → ``steps_per_s`` and ``step_p50_us``/``step_p99_us``
-    (``{median, min, max}`` over repeats)."""
-    def stat(xs):
-        a = np.asarray(xs, dtype=np.float64)
-        return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
+    (:func:`median_min_max` over repeats)."""
+    return {"steps_per_s": median_min_max([1e6 / np.median(r) for r in runs]),
+            "step_p50_us": median_min_max([np.percentile(r, 50) for r in runs]),
+            "step_p99_us": median_min_max([np.percentile(r, 99) for r in runs])}
 
-    return {"steps_per_s": stat([1e6 / np.median(r) for r in runs]),
-            "step_p50_us": stat([np.percentile(r, 50) for r in runs]),
-            "step_p99_us": stat([np.percentile(r, 99) for r in runs])}
+
+def median_min_max(xs) -> dict:
+    """``{median, min, max}`` of repeat values."""
+    a = np.asarray(xs, dtype=np.float64)
+    return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
 
 
 def rows(card: dict, torchrec: dict, batches) -> list[dict]:
