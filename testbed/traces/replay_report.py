@@ -32,7 +32,7 @@ def shard_counters_from_log(path: str | os.PathLike) -> dict | None:
     return None
 
 
-def replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
+def replay_report(pcap, sidecar: dict | None, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
                    out: Path, ports: dict | None = None, capture_drops: dict | None = None,
                    target: str = "dpdk") -> dict:
     lat = {"LOOKUP_REQ": [], "UPDATE_REQ": []}
@@ -64,12 +64,6 @@ def replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, t
     replied = sum(replies_per_client.values())
     failed = sum(statuses.values())
     completed = replied - failed
-    sidecar = None
-    if sidecar_path.exists():
-        try:
-            sidecar = json.loads(sidecar_path.read_text())
-        except (OSError, ValueError):
-            sidecar = None
     rep = {
         "target": target,
         "pcap": str(pcap.resolve()),
@@ -100,12 +94,7 @@ def replay_report(pcap, sidecar_path, reqs, trackers, counters, state_summary, t
         "missing": missing[:100],
         "lookup_latency_us": R.percentiles(lat["LOOKUP_REQ"]),
         "update_latency_us": R.percentiles(lat["UPDATE_REQ"]),
-        "card": {"frames_by_type": counters.get("types"), "ports": counters.get("ports"),
-                 "ring": counters.get("ring"), "mempool": counters.get("mempool"), "state": state_summary,
-                 "messages_completed": counters.get("completed"),
-                 "latency_by_shard": counters.get("shards"),
-                 "messages_in_state_map": ({"entries": state_summary.get("entries"),
-                                            **(state_summary.get("by_state") or {})} if state_summary else None)},
+        "card": {**R.card_summary(counters, state_summary), "state": state_summary},
         "tcpreplay": {str(k): v for k, v in tcpr.items()},
     }
     rep["plots"] = {
@@ -143,11 +132,6 @@ def _per_client(d: dict) -> str:
     return ", ".join(f"client {k}: {v}" for k, v in sorted(nz.items())) or "none"
 
 
-def _fmt_counts(d: dict) -> str:
-    nz = {k: v for k, v in d.items() if v}
-    return ", ".join(f"{k} {v}" for k, v in sorted(nz.items())) or "none"
-
-
 def replay_summary(rep: dict) -> list[str]:
     """The short summary printed after a replay."""
     lk, up = rep["lookup_latency_us"], rep["update_latency_us"]
@@ -156,7 +140,7 @@ def replay_summary(rep: dict) -> list[str]:
                    + (f" = {rep['frames_per_s']:.0f} frames/s" if rep["frames_per_s"] else "")),
         ("messages", f"{rep['messages_completed']}/{rep['requests']} completed"
                      + (" (every request got its reply)" if rep["all_completed"] else
-                        f" ({rep['messages_failed']} answered ERROR: {_fmt_counts(rep['error_statuses'])}; "
+                        f" ({rep['messages_failed']} answered ERROR: {R.fmt_drops(rep['error_statuses'])}; "
                         f"{rep['requests'] - rep['messages_replied']} unanswered)")),
         ("replies per client", ", ".join(f"client {c}: {n}/{rep['requests_per_client'][c]}"
                                          for c, n in rep["replies_per_client"].items())),
@@ -173,7 +157,7 @@ def replay_summary(rep: dict) -> list[str]:
     if rep.get("shards"):
         errs = {f"shard {sid} {st}": n for sid, c in rep["shards"].items() if c
                 for st, n in (c.get("errors") or {}).items() if n}
-        rows.insert(-1, ("shard errors", _fmt_counts(errs)))
+        rows.insert(-1, ("shard errors", R.fmt_drops(errs)))
     if rep.get("dead_nodes"):
         rows.insert(2, ("dead nodes", T.describe_dead(rep["dead_nodes"])))
     return ["replay summary:"] + R.table_lines(rows)

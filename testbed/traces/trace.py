@@ -443,7 +443,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
 
     capture_drops = {str(cid): cap.kernel_drops for cid, cap in caps.items()}
     ports = {cid: cfg.client(cid).card_port for cid in clients}
-    rep = replay_report(pcap, pcap.with_suffix(".json"), reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
+    rep = replay_report(pcap, read_sidecar(pcap), reqs, trackers, counters, state_summary, tcpr, rate, topspeed,
                          other, out, ports, capture_drops, target=target)
     rep["shards"] = {str(s.id): shard_counters_from_log(tb.log_path(f"s{s.id}")) for s in cfg.shards}
     rep["config_check"] = cc

@@ -53,7 +53,6 @@ from embnic.control.errors import USAGE, OperationalError
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
-DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 SPARSE_NAMES = tuple(f"C{i}" for i in range(1, NUM_SPARSE + 1))
 MISSING_CAT = 1 << 32  #: value a missing categorical takes before hashing
 SAMPLE_FILES = {

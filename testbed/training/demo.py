@@ -17,7 +17,7 @@ from embnic.testbed.net import topology as T
 
 from . import report as R
 from .demo_measure import Reader, client_snapshot, compare_tables, probe_rtts, reference_run, stop_readers
-from .demo_options import DEFAULT_CONFIG, DEFAULT_NAME, DEFAULT_OUT, REPO, DemoOptions  # noqa: F401 (public here)
+from .demo_options import DemoOptions
 from .demo_report import LOSS_TOL, build_report, failure_summary, summary
 
 class DemoError(OperationalError):

@@ -25,7 +25,6 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
     el = snap["elapsed"]
     msgs = snap["messages_sent"] + snap["messages_received"]
     frames = snap["frames_sent"] + snap["frames_received"]
-    state_sum = state_at_end or {}
     rep = {
         "target": opts.target,
         "pmd": opts.pmd if opts.target == "dpdk" else None,
@@ -78,13 +77,7 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
                                      "by_port": {str(p["port"]): p.get("lost_before_switch")
                                                  for p in card_at_end.get("ports", [])}}),
         "card_control": card_at_end.get("control"),
-        "card": {"frames_by_type": card_at_end.get("types"), "ports": card_at_end.get("ports"),
-                 "ring": card_at_end.get("ring"), "mempool": card_at_end.get("mempool"),
-                 "state": card_at_end.get("state"),
-                 "messages_completed": card_at_end.get("completed"),
-                 "latency_by_shard": card_at_end.get("shards"),
-                 "messages_in_state_map": ({"entries": state_sum.get("entries"), **(state_sum.get("by_state") or {})}
-                                           if state_sum else None),
+        "card": {**R.card_summary(card_at_end, state_at_end),
                  "drops_incl_eval_and_readback": (card_final or {}).get("drops", {})},
         "client_drops": snap["drops"],
         "tables": tables,

@@ -139,16 +139,6 @@ def plot_grouped_bars(path: str | os.PathLike, groups: dict[str, dict[str, float
     return _save(plt, fig, ax, path, title, axis="y")
 
 
-def plot_bars(path: str | os.PathLike, bars: dict[str, float], title: str, ylabel: str) -> Path:
-    """A bar chart (``{label: value}``) as a PNG."""
-    plt, fig, ax = _axes()
-    labels = list(bars)
-    ax.bar(range(len(labels)), [bars[k] for k in labels])
-    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 6 else 0, ha="right" if len(labels) > 6 else "center")
-    ax.set_ylabel(ylabel)
-    return _save(plt, fig, ax, path, title, axis="y")
-
-
 class Progress:
     """A tqdm progress bar (stderr) with a rate in the postfix; a no-op when disabled.
 
@@ -195,15 +185,20 @@ class Progress:
         self.close()
 
 
-def nonzero(d: dict | None) -> dict:
-    """The entries of ``d`` whose value is not 0."""
-    return {k: v for k, v in (d or {}).items() if v}
-
-
 def fmt_drops(d: dict | None) -> str:
-    """``"bad_ip 3, unknown_client 1"`` or ``"none"``."""
-    nz = nonzero(d)
-    return ", ".join(f"{k} {v}" for k, v in sorted(nz.items())) or "none"
+    """``"bad_ip 3, unknown_client 1"`` (the non-zero counts) or ``"none"``."""
+    return ", ".join(f"{k} {v}" for k, v in sorted((d or {}).items()) if v) or "none"
+
+
+def card_summary(counters: dict, state_summary: dict | None) -> dict:
+    """The ``card`` object of a report: from the card's ``counters`` (docs/control-socket.md) its
+    frames by type, ports, ring, mempool, state, messages completed and latency by shard, and from
+    its state map's summary the messages in it (``entries`` and by state; None without one)."""
+    return {"frames_by_type": counters.get("types"), "ports": counters.get("ports"), "ring": counters.get("ring"),
+            "mempool": counters.get("mempool"), "state": counters.get("state"),
+            "messages_completed": counters.get("completed"), "latency_by_shard": counters.get("shards"),
+            "messages_in_state_map": ({"entries": state_summary.get("entries"), **(state_summary.get("by_state") or {})}
+                                      if state_summary else None)}
 
 
 def table_lines(rows: Iterable[tuple[str, str]]) -> list[str]:

@@ -357,7 +357,7 @@ def test_error_replies_are_failures_not_completions(tmp_path):
                                                         body=np.zeros((3, 8), np.float32).tobytes())[0], False)))
     t.feed((6_000_000, False, _frame(codec.encode_reply(h2, MsgType.ERROR, shard_id=1, table_id=0,
                                                         status=Status.NOT_OWNER)[0], False)))
-    rep = TR.replay_report(tmp_path / "t.pcap", tmp_path / "t.json", reqs, {1: t}, {}, None, {}, None, False, 0,
+    rep = TR.replay_report(tmp_path / "t.pcap", None, reqs, {1: t}, {}, None, {}, None, False, 0,
                             tmp_path)
     assert (rep["messages_replied"], rep["messages_completed"], rep["messages_failed"]) == (2, 1, 1)
     assert rep["all_replied"] is True and rep["all_completed"] is False
