@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from embnic.control.netns import run as run_cmd  # tc; one name the tests replac
 from embnic.control.runstate import proc_starttime, run_dir
 
 from . import bpf_loss
-from .procs import TestbedError, log_tail, require_net_admin, stop_process
+from .procs import TestbedError, log_tail, require_net_admin, spawn_logged, stop_process
 from .statefile import node_dir, save_testbed_state, testbed_state
 
 BACKENDS = ("auto", "tc", "bpf", "user")
@@ -155,15 +154,8 @@ def kernel_has_netem(ns: str, ifname: str) -> bool:
 # state["netem"] = {"per_link": {peer: {"backend": "tc"|"bpf"|"user", "impairment": {...}, "applied": t,
 #                                       "helper": {...} | None}}}  (None when nothing is impaired)
 def _per_link(state: dict) -> dict[str, dict]:
-    """The per-link impairment records of a testbed state (also from the older one-record layout)."""
-    rec = state.get("netem")
-    if not rec:
-        return {}
-    if "per_link" in rec:
-        return dict(rec["per_link"])
-    helpers = {h.get("link"): h for h in rec.get("helpers", []) or []}
-    return {peer: {"backend": rec.get("backend"), "impairment": rec.get("impairment"),
-                   "applied": rec.get("applied"), "helper": helpers.get(peer)} for peer in rec.get("links", [])}
+    """The per-link impairment records of a testbed state."""
+    return dict((state.get("netem") or {}).get("per_link", {}))
 
 
 def _set_per_link(state: dict, per_link: dict[str, dict]) -> None:
@@ -393,11 +385,7 @@ def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment)
                           "--reorder", str(imp.reorder), "--duplicate", str(imp.duplicate),
                           "--delay", str(imp.delay_ms or 5.0), "--seed", str(imp.seed * 1000 + int(lk.get("port", 0))),
                           "--stats", str(stats)])
-    with open(h["log"], "ab") as lf:
-        lf.write(("# " + " ".join(argv) + "\n").encode())
-        lf.flush()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = spawn_logged(argv, h["log"])
     h.update(pid=proc.pid, starttime=proc_starttime(proc.pid))
     state["procs"].append({"node": lk["peer"], "role": "impair", "pid": proc.pid, "starttime": h["starttime"],
                            "argv": argv, "log": h["log"]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -66,6 +67,24 @@ def stop_process(rec: dict, timeout: float = 5.0) -> bool:
                 return True
             time.sleep(0.02)
     return True
+
+
+def spawn_logged(argv: list[str], log: str | Path) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own, unbuffered, its output appended to ``log`` after a
+    ``# command`` line (what :func:`log_tail` leaves out).
+
+    Raises:
+        TestbedError: it cannot be started.
+    """
+    with open(log, "ab") as logf:
+        logf.write(("# " + " ".join(argv) + "\n").encode())
+        logf.flush()
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        except OSError as e:
+            raise TestbedError(f"cannot start {argv[0]}: {e.strerror}") from None
 
 
 def reap(pid: int) -> None:

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
@@ -22,10 +19,10 @@ from embnic.control.runstate import state_path as runstate_path
 
 from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
 
-from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, stop_process
+from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, spawn_logged, stop_process
 from .statefile import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
                     save_testbed_state, state_path, testbed_state)
-from .probe import probe_key, status_name
+from .probe import ask, probe_key, status_name
 from .teardown import down
 from .toml_writer import dump_toml
 from .wiring import (DEFAULT_NAME, DEFAULT_PMD, NAME_RE, Link, Node, PmdError, Topology, card_file_prefix,
@@ -246,15 +243,7 @@ class Testbed:
     def _spawn(self, node: str, role: str, argv: list[str]) -> dict:
         """Start ``argv`` in its own session with output to the node's log; record it."""
         logp = self.log_path(node)
-        with open(logp, "ab") as logf:
-            logf.write(("# " + " ".join(argv) + "\n").encode())
-            logf.flush()
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-            try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True, env=env)
-            except OSError as e:
-                raise TestbedError(f"cannot start {argv[0]}: {e.strerror}") from None
+        proc = spawn_logged(argv, logp)
         rec = {"node": node, "role": role, "pid": proc.pid, "starttime": proc_starttime(proc.pid),
                "argv": argv, "log": str(logp)}
         self.state["procs"].append(rec)
@@ -363,31 +352,9 @@ class Testbed:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             try:
                 sock.bind((c.ip, c.port))
-                dest = cfg.request_destination(c.id, cfg.shards[0].id)
                 for i, s in enumerate(cfg.shards):
-                    msg_id = PROBE_MSG_ID_BASE + i
                     t0, key, owned = probe_key(cfg, s.id)
-                    frames = codec.encode_table_lookup(msg_id=msg_id, client_id=c.id, table_id=t0.id, shard_id=s.id,
-                                                 dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
-                    start = time.monotonic()
-                    deadline = start + timeout
-                    got = None
-                    while got is None and time.monotonic() < deadline:
-                        for f in frames:
-                            sock.sendto(f, dest)
-                        end = min(deadline, time.monotonic() + 0.5)
-                        while time.monotonic() < end:
-                            r, _, _ = select.select([sock], [], [], max(0.0, end - time.monotonic()))
-                            if not r:
-                                break
-                            data = sock.recv(65536)
-                            try:
-                                h = codec.parse_header(data, expect="reply")
-                            except codec.FrameError:
-                                continue
-                            if h.msg_id == msg_id and h.client_id == c.id:
-                                got = time.monotonic() - start
-                                break
+                    got, h, _ = ask(sock, cfg, c.id, s.id, PROBE_MSG_ID_BASE + i, timeout, 0.5)
                     if got is not None and h.msg_type == MsgType.ERROR and (
                             owned or h.status != Status.NOT_OWNER):
                         raise TestbedError(

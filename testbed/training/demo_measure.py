@@ -15,9 +15,8 @@ import time
 
 import numpy as np
 
-from embnic.client_lib import consts
 from embnic.client_lib.config import ClusterConfig
-from embnic.testbed.net import topology as T
+from embnic.testbed.net.probe import ask
 
 from . import report as R
 
@@ -88,7 +87,7 @@ def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tri
     """One-key lookup round trips (µs) through the card to every shard, on the training client's
     own socket and path, between two steps (no request of the client is in flight then).
 
-    The same probe as the testbed's readiness probe (:func:`~embnic.testbed.net.topology.probe_key`:
+    The same probe as the testbed's readiness probe (:func:`~embnic.testbed.net.probe.ask`:
     a key each shard owns), so ``lookup p50 / probe p50`` compares a training lookup with the
     smallest message on the same path at the same moment of the run. A probe unanswered after
     ``tries`` × ``timeout_s`` is left out (the step's own retries report a dead path).
@@ -100,39 +99,15 @@ def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tri
     Returns:
         ``{shard_id: rtt_us}`` for the shards that answered.
     """
-    import select
-
-    from embnic.client_lib import codec as C
-
     out = {}
     for i, s in enumerate(cfg.shards):
-        t0, key, _ = T.probe_key(cfg, s.id)
         msg_id = _PROBE_ID_BASE + ((seq * len(cfg.shards) + i) & 0xFFFF)
-        frames = C.encode_table_lookup(msg_id=msg_id, client_id=client.client_id, table_id=t0.id, shard_id=s.id,
-                                 dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
-        dest = cfg.request_destination(client.client_id, s.id)
-        for _ in range(tries):
-            start = time.monotonic()
-            for f in frames:
-                client.sock.sendto(f, dest)
-            if sent is not None:
-                sent["frames_sent"] += len(frames)
-                sent["sent"] += 1
-            end = start + timeout_s
-            got = None
-            while got is None and time.monotonic() < end:
-                r, _, _ = select.select([client.sock], [], [], max(0.0, end - time.monotonic()))
-                if not r:
-                    break
-                try:
-                    data = client.sock.recv(65536)
-                except BlockingIOError:
-                    continue
-                if len(data) >= consts.HDR_LEN and int.from_bytes(data[8:12], "big") == msg_id:
-                    got = (time.monotonic() - start) * 1e6
-            if got is not None:
-                out[s.id] = got
-                break
+        got, _, sends = ask(client.sock, cfg, client.client_id, s.id, msg_id, tries * timeout_s, timeout_s)
+        if sent is not None:
+            sent["frames_sent"] += sends  # a one-key lookup is one frame
+            sent["sent"] += sends
+        if got is not None:
+            out[s.id] = got * 1e6
     return out
 
 
