@@ -6,7 +6,6 @@ The method: docs/bench.md, "embnic bench dataplane --target bmv2: the P4 card on
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -239,12 +238,5 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
                          f"{bmv2.CHANNEL_SWITCH[kw['channel']]} programmed over {kw['channel']} "
                          "(every thread pinned to CPU 0), alternating; DUT veths' offloads off; rate = frames arriving at the sink "
                          f"over {seconds:g} s after {warmup:g} s, medians of {repeats}"}
-    path_json = out_dir / "bench.json"
-    cur = {}
-    if path_json.exists():
-        try:
-            cur = json.loads(path_json.read_text()).get("dataplane", {})
-        except json.JSONDecodeError:
-            cur = {}
-    merge_json(path_json, "dataplane", {**cur, **res})
+    merge_json(out_dir / "bench.json", "dataplane", res, update=True)
     return res

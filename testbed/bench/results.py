@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 
-def merge_json(path: Path, key: str, value: dict) -> dict:
+def merge_json(path: Path, key: str, value: dict, *, update: bool = False) -> dict:
     """Read-modify-write ``path`` (a JSON object) setting ``key``, under an flock and with an
-    atomic rename, so benchmarks writing one bench.json never lose each other's results.
+    atomic rename, so benchmarks writing one bench.json never lose each other's results; with
+    ``update``, ``value``'s keys are added to what ``key`` holds (another run's figures stay).
 
     An existing file that is not a JSON object (damaged, hand-edited) is not dropped: it is
     renamed ``bench.json.unreadable-<UTC time>`` beside it, with one line on stderr naming it,
@@ -36,7 +37,7 @@ def merge_json(path: Path, key: str, value: dict) -> dict:
                 path.replace(kept)
                 print(f"warning: {path} {problem}: kept as {kept}, writing a new one", file=sys.stderr)
                 data = {}
-        data[key] = value
+        data[key] = {**data.get(key, {}), **value} if update else value
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         tmp.replace(path)
