@@ -43,14 +43,10 @@ from embnic.cli.commands.options import config_option
               help="Address of the metrics endpoint.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
-def server(shard_id, config, bind, port, dedup_window, workers, fixed_length, checkpoint_dir,
-           checkpoint_every, restore, metrics_port, metrics_bind, log_level):
-    """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C.
-
-    Answers lookups, applies updates (SGD or row-wise Adagrad, per table) exactly once, answers
-    bad requests with an ERROR status and drops frames that do not parse, counting both. Rows
-    start from (seed, table, id), so results do not depend on the number of shards. At exit it
-    logs its counters as one JSON line and exits 0.
+def server(shard_id, config, bind, port, log_level, **opts):
+    """Serve shard I's rows of every table of the cluster over UDP until SIGTERM or Ctrl-C: answer
+    lookups, apply updates exactly once (docs/server.md). At exit it logs its counters as one
+    JSON line and exits 0.
 
     \b
     Examples:
@@ -62,39 +58,29 @@ def server(shard_id, config, bind, port, dedup_window, workers, fixed_length, ch
       embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
       embnic server --shard 0 -c examples/cluster.toml --workers 2 --metrics-port 9465
     """
-    cfg = load_config(config)
-    from embnic.testbed.server.foreground import ServerOptionError, check_server_options
-
-    try:  # the one set of checks, shared with python -m embnic.testbed.server
-        check_server_options(cfg, shard_id, config_name=config, bind=bind, port=port, dedup_window=dedup_window,
-                             workers=workers, fixed_length=fixed_length,
-                             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, restore=restore,
-                             metrics_port=metrics_port, metrics_bind=metrics_bind)
-    except ServerOptionError as e:
-        raise click.UsageError(str(e)) from None
+    from embnic.cli.commands.tables import store_error
     from embnic.client_lib.clib import NativeLibraryError
     from embnic.testbed.server.durability import DurabilityError
+    from embnic.testbed.server.foreground import (LOG_FORMAT, ServerOptionError, bind_error_message,
+                                                  check_server_options, run_server)
     from embnic.testbed.server.stores import StoreSetupError, disk_tables, load_diskstore
 
-    from embnic.cli.commands.tables import store_error
-
+    cfg = load_config(config)
+    try:  # the one set of checks, shared with python -m embnic.testbed.server
+        check_server_options(cfg, shard_id, config_name=config, bind=bind, port=port, **opts)
+    except ServerOptionError as e:
+        raise click.UsageError(str(e)) from None
     if disk_tables(cfg, shard_id):  # before any worker starts: the dependency, in one line
         try:
             load_diskstore()
         except StoreSetupError as e:
             raise store_error(e) from None
-
-    from embnic.testbed.server.foreground import LOG_FORMAT, bind_error_message, run_server
-
     me = cfg.shard(shard_id)
     ip = bind or me.ip
     p = me.port if port is None else port
     logging.basicConfig(level=getattr(logging, log_level.upper()), format=LOG_FORMAT)
     try:
-        code = run_server(cfg, shard_id, ip, p, dedup_window=dedup_window, workers=workers,
-                          fixed_length=fixed_length, checkpoint_dir=checkpoint_dir,
-                          checkpoint_every=checkpoint_every, restore=restore, metrics_port=metrics_port,
-                          metrics_bind=metrics_bind)
+        code = run_server(cfg, shard_id, ip, p, **opts)
     except (DurabilityError, NativeLibraryError) as e:
         raise OperationalError(str(e)) from None
     except StoreSetupError as e:
