@@ -65,7 +65,7 @@ from embnic.client_lib.sockets import set_socket_buffers
 
 from . import canswer, udpio
 from .intake import CID, FC, FI, FLAGS, FL, FO, MID, ML, MT, NK, NT, Intake
-from .worker_hub import PeerGone, PeerHub, PeerLink, SplitTable, segment_bounds, serve_sub_request
+from .worker_hub import PeerGone, PeerHub, PeerLink, segment_bounds, serve_sub_request
 from .shard_state import REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, Request, ShardState
 
 log = logging.getLogger("embnic.server")
@@ -116,14 +116,12 @@ class BatchShardServer:
         at = cfg.shard(shard_id)
         self.bind = bind if bind is not None else at.ip
         self.port = int(port) if port is not None else at.port
-        #: the peer workers (None: one process holds every row)
+        #: the peer workers (None: one process holds every row). With workers ``state.tables``
+        #: holds this worker's own rows; every row of a flush goes through the hub
         self.hub: PeerHub | None = None
-        self._local = st.tables  # this process's own rows per table (all of them with one worker)
         if n > 1:
-            local = self._local = dict(st.tables)
             self.hub = PeerHub(me, n, {v: PeerLink(s) for v, s in peer_socks.items()},
-                               lambda op, tid, cnt, p: serve_sub_request(local, op, tid, cnt, p))
-            st.tables = {tid: SplitTable(ts, self.hub) for tid, ts in local.items()}
+                               lambda op, tid, cnt, p: serve_sub_request(st.tables, op, tid, cnt, p))
         self.batch = int(batch)
         self.gso = bool(gso)
         self._answer_path = answer_path
@@ -554,7 +552,7 @@ class BatchShardServer:
         keys_of = {tid: [ok[j][1].keys[ok[j][1].key_offsets[t]:ok[j][1].key_offsets[t + 1]] for j, t in segs]
                    for tid, segs in segs_of.items()}
         parts = [(tid, np.concatenate(ks) if len(ks) > 1 else ks[0]) for tid, ks in keys_of.items()]
-        for (tid, _), rows in zip(parts, self.hub.lookup_many(self._local, parts)):
+        for (tid, _), rows in zip(parts, self.hub.lookup_many(self.state.tables, parts)):
             wire = self._twire[tid]
             data = rows.astype(wire, copy=False).reshape(-1).view(np.uint8)
             rb_ = rows.shape[1] * wire.itemsize
@@ -616,7 +614,7 @@ class BatchShardServer:
                 g = np.concatenate([s[1] for s in segs])
                 offs = segment_bounds(np.array([s[0].size for s in segs], np.int64))
             parts.append((tid, k, g, offs))
-        self.hub.apply_many(self._local, parts)  # one exchange per peer for every table
+        self.hub.apply_many(self.state.tables, parts)  # one exchange per peer for every table
 
 
 class _OneFrame:

@@ -40,8 +40,8 @@ def steering_program(workers: int) -> bytes:
     datagram too short to hold them goes to worker 0 (whose one-frame path counts it
     ``too_short``). Every fragment of a message and every retransmission carries the same client
     and message id, so they all reach the same home, which reassembles it, keeps it in its
-    exactly-once window and serves every table of it (protocol v2: one message, several tables;
-    the rows of every table are reached through :class:`~.worker_hub.SplitTable`).
+    exactly-once window and serves every table of it (the rows other workers own through
+    :class:`~.worker_hub.PeerHub`).
 
     Returns:
         the ``struct sock_fprog`` filter array (7 instructions of 8 bytes).

@@ -1,35 +1,12 @@
-"""Worker processes of one shard: rows split by id range, row work asked of the owning worker.
+"""The workers' hub: ``--workers N`` worker processes of one shard, rows split by id range.
 
-With ``embnic server --workers N`` a shard's rows of **every** table are split over the N
-worker processes by contiguous slices of the hash space: key ``k`` of table ``t`` belongs to
-worker :func:`worker_of` ``= floor(hi32(h) · N / 2^32)`` with ``h = splitmix64((t << 48) ^ k)``
-(the hash that picks the shard; the shard uses its low bits, ``h mod S``, the worker its top 32
-bits, so the two splits are independent). Each worker holds only its own rows.
-
-Which worker *answers* a message is decided by the kernel (:func:`~.foreground.steering_program`:
-``(client_id + msg_id) mod N``); that worker (the message's **home**) does everything a
-one-process shard does — reassembly, checks, the exactly-once window, the reply, for every
-table the message carries — but the row work of keys it does not own goes to their owners as
-**sub-requests** over a Unix socket pair per pair of workers — one per peer for every table of
-a flush (:meth:`PeerHub.lookup_many`, :meth:`PeerHub.apply_many`)::
-
-    home worker                                      owner worker v
-    rows = lookup(keys):  split keys by worker_of
-        keys of v ──── LOOKUP (table, keys) ────────▶ TableShard.lookup
-        own keys: TableShard.lookup (meanwhile)
-        ◀─────────────── rows (float32, key order) ──
-    apply(keys, grads, segments): the same, APPLY ─▶ TableShard.apply_segments → ack
-
-A worker waiting for its sub-replies serves the sub-requests that reach it meanwhile (a
-sub-request never makes sub-requests of its own, so two workers asking each other at once
-cannot deadlock). Numerics stay bit-identical to the one-process shard and ``LocalBackend``:
-the optimizers are row-wise (a row's result depends on its own gradient and state only) and an
-owner applies a wake-up's segments in the home's order (``TableShard.apply_segments``); the home sends
-its ack only after every owner acked, so a client that read its ack reads the new rows.
-
-:class:`SplitTable` puts this behind :class:`~embnic.client_lib.rowstore.TableShard`'s
-``lookup``/``apply``, so every path of both engines (batch flushes, lone small messages, the
-reference handler) sees the split without knowing it.
+Key ``k`` of table ``t`` belongs to worker :func:`worker_of`; the worker a message reaches (its
+**home**, :func:`~.foreground.steering_program`) serves it whole and asks the owners of the keys
+it does not hold for their rows, or to apply their share, with one **sub-request** per peer for
+every table of a flush (:meth:`PeerHub.lookup_many`, :meth:`PeerHub.apply_many`) over a Unix
+socket pair per pair of workers. A worker waiting for its sub-replies serves the sub-requests
+that reach it meanwhile (a sub-request never makes one of its own: no deadlock). Why, and what
+keeps the rows bit-identical and updates exactly once: docs/server.md, "Workers".
 """
 from __future__ import annotations
 
@@ -46,10 +23,8 @@ from embnic.client_lib.rowstore import TableShard
 
 _FRAME = struct.Struct("<BBHIQ")  #: kind, op, table_id, count, payload bytes
 REQUEST, REPLY = 1, 2
-OP_LOOKUP, OP_APPLY = 1, 2
-#: several tables in one sub-request (a protocol-v2 message's flush): one exchange per peer, not one per table
+#: every table of a flush in one sub-request: one exchange per peer, not one per table
 OP_LOOKUP_MANY, OP_APPLY_MANY = 3, 4
-_ROWS_OPS = (OP_LOOKUP, OP_LOOKUP_MANY)  #: ops whose count is rows asked
 PEER_TIMEOUT_S = 60.0  #: a sub-request unanswered this long means the peer is wedged (a bug)
 
 
@@ -194,7 +169,7 @@ class PeerHub:
         if kind != REQUEST:
             raise RuntimeError(f"worker {self.me}: a sub-reply nobody waits for (op {op}, table {tid})")
         self.stats["peer_requests"] += 1
-        self.stats["peer_rows_served"] += count if op in _ROWS_OPS else 0
+        self.stats["peer_rows_served"] += count if op == OP_LOOKUP_MANY else 0
         link.queue(REPLY, op, tid, count, self.serve(op, tid, count, payload))
 
     def pump(self) -> None:
@@ -213,7 +188,7 @@ class PeerHub:
             link.queue(REQUEST, op, tid, count, parts)
             link.flush()
             self.stats["peer_calls"] += 1
-            self.stats["peer_rows_asked"] += count if op in _ROWS_OPS else 0
+            self.stats["peer_rows_asked"] += count if op == OP_LOOKUP_MANY else 0
 
     def wait(self, peers) -> dict[int, memoryview]:
         """The payload of each peer's answer to what :meth:`send` sent it, serving sub-requests
@@ -324,92 +299,10 @@ class PeerHub:
             link.sock.close()
 
 
-class SplitTable:
-    """One table's rows split over the workers, with :class:`TableShard`'s interface.
-
-    ``lookup``/``apply`` split the keys by :func:`worker_of`, do this worker's share on
-    ``local`` (its own :class:`TableShard`) and ask the others for theirs through ``hub``;
-    everything else (``table``, ``dim``, ``adagrad``, ``state``, ``len``) is the local rows'.
-    """
-
-    def __init__(self, local: TableShard, hub: PeerHub):
-        self.local = local
-        self.hub = hub
-        self.table = local.table
-        self.dim = local.dim
-        self.adagrad = local.adagrad
-        self._tid = int(local.table.id)
-
-    def __len__(self) -> int:
-        return len(self.local)
-
-    def writable(self) -> bool:
-        """Whether this worker's rows of the table can take an update now (a disk table on a full
-        disk cannot: :meth:`DiskTable.writable <embnic.testbed.server.diskstore.DiskTable.writable>`;
-        the workers' stores share a file system, so the home's answer stands for the others')."""
-        w = getattr(self.local, "writable", None)
-        return True if w is None else bool(w())
-
-    def state(self):
-        """This worker's rows only (:meth:`TableShard.state`)."""
-        return self.local.state()
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Rows of ``keys`` (uint64 (N,)) → float32 (N, dim), from whichever worker owns each."""
-        keys = np.asarray(keys, np.uint64).reshape(-1)
-        hub = self.hub
-        w = worker_of(self._tid, keys, hub.workers)
-        mine = w == hub.me
-        if mine.all():
-            return self.local.lookup(keys)
-        sel = {v: w == v for v in range(hub.workers) if v != hub.me} if hub.workers > 2 else {1 - hub.me: ~mine}
-        keys_of = {v: keys[m] for v, m in sel.items()}
-        keys_of = {v: k for v, k in keys_of.items() if k.size}
-        hub.send({v: (OP_LOOKUP, self._tid, int(k.size), [k]) for v, k in keys_of.items()})
-        out = np.empty((keys.size, self.dim), np.float32)
-        if mine.any():
-            out[mine] = self.local.lookup(keys[mine])
-        for v, payload in hub.wait(keys_of).items():
-            out[sel[v]] = np.frombuffer(payload, np.float32).reshape(-1, self.dim)
-        return out
-
-    def apply(self, keys_unique: np.ndarray, grads: np.ndarray) -> None:
-        """As :meth:`TableShard.apply` (keys without duplicates), split over the owners."""
-        keys = np.asarray(keys_unique, np.uint64).reshape(-1)
-        self.apply_segments(keys, np.asarray(grads, np.float32).reshape(keys.size, self.dim),
-                            np.array([0, keys.size], np.int64))
-
-    def apply_segments(self, keys: np.ndarray, g: np.ndarray, offs: np.ndarray) -> None:
-        """As :meth:`TableShard.apply_segments`, each owner applying its keys of every segment, in order;
-        returns once every owner has applied its share."""
-        hub = self.hub
-        w = worker_of(self._tid, keys, hub.workers)
-        reqs = {}
-        for v in range(hub.workers):
-            if v == hub.me:
-                continue
-            m = w == v
-            if not m.any():
-                continue
-            reqs[v] = (OP_APPLY, self._tid, int(offs.size - 1),
-                       [sub_bounds(m, offs), keys[m], np.ascontiguousarray(g[m], np.float32)])
-        if reqs:
-            hub.send(reqs)
-        mine = w == hub.me
-        if mine.all():
-            self.local.apply_segments(keys, g, offs)
-        elif mine.any():
-            self.local.apply_segments(keys[mine], g[mine], sub_bounds(mine, offs))
-        if reqs:
-            hub.wait(reqs)
-
-
 def serve_sub_request(tables: dict[int, TableShard], op: int, table_id: int, count: int, payload) -> list:
     """Answer one sub-request from this worker's own rows (``tables``: table id → its local
     :class:`TableShard`).
 
-    LOOKUP: payload = uint64 keys (count,) → [float32 rows (count, dim)]. APPLY: payload =
-    int64 segment bounds (count + 1,), uint64 keys (K,), float32 gradients (K, dim) → [] (ack).
     LOOKUP_MANY (``table_id`` unused, ``count`` = keys): int64 ``[T, tid_0, n_0, ...]``, then
     every table's uint64 keys → [float32 rows of every table, in order]. APPLY_MANY (``count``
     = T): int64 ``[T, (tid, segments, keys) × T]``, then per table its int64 segment bounds,
@@ -445,20 +338,5 @@ def serve_sub_request(tables: dict[int, TableShard], op: int, table_id: int, cou
             g = np.frombuffer(payload, np.float32, k * ts.dim, at + 8 * (nseg + 1 + k)).reshape(k, ts.dim)
             ts.apply_segments(keys, g, offs)
             at += 8 * (nseg + 1 + k) + 4 * k * ts.dim
-        return []
-    ts = tables.get(table_id)
-    if ts is None:
-        raise ValueError(f"sub-request for unknown table {table_id}")
-    if op == OP_LOOKUP:
-        keys = np.frombuffer(payload, np.uint64)
-        if keys.size != count:
-            raise ValueError(f"sub-request LOOKUP: {keys.size} keys, header says {count}")
-        return [ts.lookup(keys)]
-    if op == OP_APPLY:
-        offs = np.frombuffer(payload, np.int64, count + 1)
-        k = int(offs[-1])
-        keys = np.frombuffer(payload, np.uint64, k, 8 * (count + 1))
-        g = np.frombuffer(payload, np.float32, k * ts.dim, 8 * (count + 1 + k)).reshape(k, ts.dim)
-        ts.apply_segments(keys, g, offs)
         return []
     raise ValueError(f"sub-request with unknown op {op}")
