@@ -1,17 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * Counters: each lcore writes only its own cache-aligned struct
- * embnic_lcore_stats; the control path (control socket, DPDK telemetry)
- * sums them. A reset does not touch the lcores' counters: it records the
- * current sums as a base that later reads subtract, so no increment is
- * lost to a race. The ring high-water mark is a gauge and is zeroed.
- * What the state map partitions count (per-shard statistics, entries) is
- * summed over them the same way: each is written by its own state lcore.
- *
- * The counters are written in one place (embnic_counters_emit) through a
- * writer: JSON for the control socket (ctl.c), DPDK telemetry here.
- * Telemetry commands (dpdk-telemetry.py): /embnic/counters, /embnic/ring,
- * /embnic/state.
+ * Counters: each lcore (and state map partition) writes only its own; the
+ * control path sums them. A reset records the current sums as a base that
+ * later reads subtract, so no increment is lost to a race (the ring
+ * high-water mark, a gauge, is zeroed). They are written in one place
+ * (embnic_counters_emit) through a writer: JSON for the control socket,
+ * DPDK telemetry here. Also the readers of the header logs.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -501,10 +495,9 @@ hlog_cmp(const void *a, const void *b)
 }
 
 /*
- * Copy lcore lc's log entries [from, h1) into it[], then keep those no
- * write can have touched during the copy: with head h2 after it, the
- * writer may be storing entry h2, whose slot is entry h2 - SIZE's, so
- * entries i > h2 - SIZE are intact. Returns how many were kept.
+ * Copy lcore lc's log entries into it[], then keep those no write can have
+ * touched meanwhile: with head h2 after the copy, the writer may be storing
+ * entry h2, in entry h2 - SIZE's slot. Returns how many were kept.
  */
 static unsigned int
 hlog_snapshot(const struct embnic_hlog *l, unsigned int lc,

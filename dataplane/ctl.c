@@ -1,15 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The control socket's commands: one JSON object per line each way
- * (docs/control-socket.md), JSON via jansson. The connections themselves
- * (socket, lines, queued output) are conn.c's, as examples/ip_pipeline
- * splits its cli.c from its conn.c; this file parses a request, looks its
- * command up in the command table and writes the answer, and holds the
- * commands on the card as a whole (ping, info, pause, resume, quit,
- * reset_counters). The table commands are in ctl_tables.c, those on
- * counters, state map and header ring in ctl_state.c, the JSON helpers in
- * ctl_json.c (include/embnic_ctl.h). Behind an opaque struct:
- * embnic_ctl_init / embnic_ctl_poll / embnic_ctl_free.
+ * The control socket's commands (docs/control-socket.md): a request
+ * parsed, its command looked up in the table, the answer written; the
+ * commands on the card as a whole. The other commands and the split:
+ * include/embnic_ctl.h; the connections: conn.c.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -195,17 +189,8 @@ static const struct {
 } ctl_cmds[] = {
 	{ "ping", cmd_ping },
 	{ "info", cmd_info },
-	{ "route_add", ctl_cmd_route_add },
-	{ "route_del", ctl_cmd_route_del },
-	{ "route_list", ctl_cmd_route_list },
-	{ "client_add", ctl_cmd_client_add },
-	{ "client_del", ctl_cmd_client_del },
-	{ "client_list", ctl_cmd_client_list },
-	{ "counters", ctl_cmd_counters },
-	{ "state_summary", ctl_cmd_state_summary },
-	{ "state_dump", ctl_cmd_state_dump },
-	{ "ring_stats", ctl_cmd_ring_stats },
-	{ "ring_last", ctl_cmd_ring_last },
+#define CTL_CMD_ENTRY(name) { #name, ctl_cmd_##name },
+	CTL_FILE_CMDS(CTL_CMD_ENTRY)
 	{ "reset_counters", cmd_reset_counters },
 	{ "pause", cmd_pause },
 	{ "resume", cmd_resume },

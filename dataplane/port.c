@@ -41,18 +41,12 @@
 #define XDP_HEADROOM		256u
 
 /*
- * app->page_per_mbuf, set in main() before embnic_pool_create() when a port
- * is net_af_xdp: one page per mbuf. DPDK 22.11's net_af_xdp
- * (drivers/net/af_xdp, unaligned-chunk mode) registers the mbuf pool itself
- * as the AF_XDP UMEM: its frame size is the pool's whole object
- * (rte_mempool_calc_obj_size(): object header, mbuf, buffer, padding), and
- * the kernel refuses a UMEM whose frames exceed a page
- * ("xdp_umem_configure(): Failed to create umem"); the kernel writes a
- * received frame XDP_HEADROOM bytes past the mbuf's headroom and drops
- * (uncounted by the card) one that does not fit the rest of the object.
- * So an af_xdp card's pool has objects of exactly one page, without the
- * mempool's channel-spread padding (RTE_MEMPOOL_F_NO_SPREAD would otherwise
- * pad 4096 to 4160), and its largest frame is embnic_af_xdp_max_frame().
+ * app->page_per_mbuf (a port is net_af_xdp): DPDK 22.11's net_af_xdp
+ * registers the mbuf pool itself as the AF_XDP UMEM, whose frames (the
+ * pool's whole objects) the kernel refuses past a page; it writes a frame
+ * XDP_HEADROOM bytes past the mbuf's headroom and drops, uncounted, one
+ * that does not fit. So objects of exactly one page, without the channel
+ * spread padding (RTE_MEMPOOL_F_NO_SPREAD).
  */
 
 /* The mempool object header's bytes (cache-line aligned, 64 here). */
@@ -128,20 +122,14 @@ if_mtu(unsigned int if_index, char name[IF_NAMESIZE])
 /*
  * The largest frame port p sends (bytes from the Ethernet header, no CRC)
  * into p->max_frame, and what sets it. net_af_packet reports 1518 whatever
- * its frames, and drops inside tx_burst a frame longer than its frame's
- * data (framesz less its 32-byte TPACKET2 header: devarg framesz, default
- * 2048), reporting it sent (only its oerrors counts it); the kernel then
- * discards what exceeds the interface's MTU + 14: the smaller of the two.
- * Any other port: its max_rx_pktlen less the CRC, at most a whole IPv4
- * datagram's frame (net_pcap, net_null, net_ring report no limit).
- *
- * With --mtu, a port whose largest frame is shorter than the MTU's is
- * refused (-EINVAL), naming what to change: the vdev's framesz, the
- * interface's MTU. Why not read oerrors instead: it means different things
- * per PMD (net_ring and net_pcap count there the frames a partial tx_burst
- * hands back, which the card counts as tx_full), is read through a driver
- * call that the fast path should not make, and tells no lcore which frame
- * it was; this is one compare per frame against a constant.
+ * its frames, and drops inside tx_burst (reporting it sent) a frame longer
+ * than its frame's data (framesz less its TPACKET2 header); the kernel
+ * then discards what exceeds the interface's MTU + 14: the smaller of the
+ * two. Any other port: its max_rx_pktlen less the CRC, at most a whole
+ * IPv4 datagram's frame. With --mtu, a port below the MTU's frame is
+ * refused (-EINVAL), naming what to change. Not oerrors instead: it means
+ * different things per PMD, costs a driver call and names no frame; this
+ * is one compare per frame against a constant.
  */
 static int
 port_frame_limit(struct embnic_app *a, uint16_t port,
@@ -216,14 +204,9 @@ embnic_port_init(struct embnic_app *a, uint16_t port, uint16_t nb_txq)
 	if (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM)
 		conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
 	if (a->opts.mtu != 0) {
-		/*
-		 * The mbufs hold a whole frame of the MTU
-		 * (embnic_pool_create()). A port that reports a larger maximum
-		 * takes the MTU; af_packet reports 1518 whatever its frames
-		 * (its vdev's framesz is its limit: it refuses at queue setup
-		 * a frame larger than an mbuf); any other port below the MTU
-		 * is refused, naming its limit.
-		 */
+		/* af_packet reports 1518 whatever its frames (its limit is
+		 * framesz: port_frame_limit()); any other port below the MTU
+		 * is refused, naming its limit */
 		uint32_t frame = a->opts.mtu + RTE_ETHER_HDR_LEN +
 			RTE_ETHER_CRC_LEN;
 
@@ -379,18 +362,9 @@ default_nb_mbufs(const struct embnic_app *a)
 }
 
 /*
- * The mbuf pool. With RX and TX on different lcores every mbuf is allocated
- * on one lcore and freed on the other, so the per-lcore caches keep
- * spilling into the shared pool: a ring-based pool (FIFO) then hands out
- * the mbuf freed longest ago, cold in every cache, and cycles through the
- * whole pool; the "stack" pool (LIFO) hands out the one just freed, so the
- * mbufs in use stay few and cached (DPDK's guide to the stack mempool
- * driver recommends it for pipelines; its lock is taken once per cache
- * refill or flush, a few hundred mbufs, never per frame). Measured here:
- * 7.3 -> 11.1 Mpps with -l 0,1 (testbed/bench_dataplane.py). Run to
- * completion allocates and frees on one lcore, from its cache: the default
- * pool. With several state lcores the RX lcore allocates and (sending
- * for them) frees nearly every mbuf: the default pool too. EAL's
+ * The mbuf pool: the "stack" driver (LIFO) when RX and TX run on two
+ * lcores, else the default one (why: README, "Mbuf pool"; with several
+ * state lcores the RX lcore allocates and frees nearly every mbuf). EAL's
  * --mbuf-pool-ops-name overrides both.
  */
 struct rte_mempool *

@@ -1,18 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * libFuzzer target for the card's whole per-frame path: a sequence of
- * frames, each with its ingress port and a time step, goes through the
- * card's own RX stage (embnic_rx_stage(): rte_eth_rx_burst on net_ring
- * ports, parse and validate, ARP, the header ring) and TX stage
- * (embnic_tx_burst(), what embnic_tx_stage() runs on a dequeued burst:
- * state map expiry, route/client lookups, authorisation, state map
- * insert/update/free with the reply rules, rewrite with incremental
- * checksums, rte_eth_tx_burst), with small route/client tables programmed
- * from the input and a 16-entry state map timing out after 3 ms; or, per
- * input, that map partitioned over 2 state lcores (--state-lcores 2): the
- * RX stage steers each frame to its partition's header ring, each
- * partition's TX stage runs on its own, partition 1 hands its frames back
- * through its txr and embnic_io_tx() sends them.
+ * libFuzzer target for the card's whole per-frame path: sequences of
+ * frames through the card's own RX and TX stages (what it drives and what
+ * it checks, a violation aborting: dataplane/README.md, "Fuzzing").
  *
  *   make -C dataplane fuzz FUZZ_SECONDS=60       (every target)
  *   build/fuzz-card -dict=fuzz/embnic.dict fuzz/seeds-card
@@ -48,26 +38,9 @@
  *        checksum fixed again with bit 4), so that the state map fills up
  *        and the header ring and a TX queue overflow)
  *
- * Every frame (every segment) is an external buffer of exactly its size,
- * malloc'ed and attached to its mbuf (rte_pktmbuf_attach_extbuf), so ASan
- * sees a read past a frame and a frame used after the card freed it
- * (Debian's DPDK mempools are not instrumented). After every poll each
- * frame sent is checked: Ethernet/IPv4/UDP lengths equal to the mbuf's,
- * IPv4 checksum right, TTL 64, source the port's MAC/IPv4 and UDP 7878,
- * destination a registered peer on that port, UDP checksum right if it
- * was right on arrival (0 stays 0, a wrong one stays wrong), no longer
- * than the port's largest frame (too_long_for_port); ARP replies
- * from the port's address. Every embnic frame a partition's TX stage
- * takes is one of that partition (embnic_partition of its client and
- * message ids). After every TX burst, that partition of the state map
- * agrees with a walk of its entries (embnic_state_check: counts, bitmaps,
- * and no entry with more body bytes than msg_len, a forwarded one with
- * exactly msg_len: its fragments cut at one fragment size), and a reply
- * that completed carried exactly its msg_len (RTE_ASSERT in state.c,
- * enabled in this build). After every input: every frame buffer freed,
- * every mbuf back in the pool, rings empty, each partition's map checked
- * again, and every frame received was sent or dropped and counted by
- * reason. A violation aborts.
+ * Every frame (every segment) is a malloc'ed buffer of exactly its size
+ * attached to its mbuf, so ASan sees a read past a frame or after the
+ * card freed it (Debian's DPDK mempools are not instrumented).
  */
 #include <stdarg.h>
 #include <stdint.h>
@@ -182,6 +155,18 @@ udp_state(const uint8_t *f, size_t n)
 	if (rd16(f + 40) == 0)
 		return UDP_NONE;
 	return udp_sum(f, ul) == 0xffff ? UDP_RIGHT : UDP_WRONG;
+}
+
+/* Flag bit 4: the UDP checksum of frame f (n bytes) made right. */
+static void
+udp_csum_fix(uint8_t *f, size_t n)
+{
+	if (udp_state(f, n) == UDP_UNKNOWN)
+		return;
+	wr16(f + 40, 0);
+	wr16(f + 40, (uint16_t)~udp_sum(f, rd16(f + 38)));
+	if (rd16(f + 40) == 0)
+		wr16(f + 40, 0xffff);
 }
 
 static const struct embnic_peer *
@@ -390,21 +375,15 @@ check_steered(struct rte_mbuf **pkts, unsigned int n, unsigned int k)
 	}
 }
 
-/*
- * After every TX burst, partition k of the map against a walk of its
- * entries (embnic_state_check): counts, bitmaps, and each entry's bytes
- * those of its fragments cut at one fragment size, so never more than
- * msg_len and exactly msg_len once forwarded. (A reply completed within
- * the burst left its entry already; state.c's RTE_ASSERT checked that its
- * bytes were the reply's msg_len.)
- */
+/* Partition k of the map against a walk of its entries (a reply completed
+ * within the burst left its entry: state.c's RTE_ASSERT checked it). */
 static void
-check_state(unsigned int k)
+check_state(unsigned int k, const char *when)
 {
 	char err[256];
 
 	if (embnic_state_check(fz_app.w[k].state, err, sizeof(err)) != 0)
-		fail("state map partition %u after a TX burst: %s", k, err);
+		fail("state map partition %u%s: %s", k, when, err);
 }
 
 /*
@@ -429,7 +408,7 @@ run_stages(uint64_t tsc)
 			check_steered(pkts, n, k);
 			embnic_tx_burst(&fz_app, &fz_app.w[k], st, pkts, n,
 					tsc);
-			check_state(k);
+			check_state(k, " after a TX burst");
 		}
 		embnic_io_tx(&fz_app, st);
 		drain_tx();
@@ -471,7 +450,6 @@ check_after(void)
 {
 	const struct embnic_lcore_stats *st = &fz_app.stats[0];
 	uint64_t rx = 0, out = 0, none = 0;
-	char err[256];
 	unsigned int i, j;
 
 	if (fz_live != 0)
@@ -480,9 +458,7 @@ check_after(void)
 		fail("%u of %u mbufs back in the pool",
 		     rte_mempool_avail_count(fz_app.pool), FZ_MBUFS);
 	for (i = 0; i < 2; i++)
-		if (embnic_state_check(fz_app.w[i].state, err,
-				       sizeof(err)) != 0)
-			fail("state map partition %u: %s", i, err);
+		check_state(i, "");
 	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
 		rx += st->rx_frames[i];
 		out += st->tx_frames[i];
@@ -588,12 +564,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 						len - 34));
 		if (flags & 0x20)
 			make_authentic(f, len, port);
-		if ((flags & 0x10) && udp_state(f, len) != UDP_UNKNOWN) {
-			wr16(f + 40, 0);
-			wr16(f + 40, (uint16_t)~udp_sum(f, rd16(f + 38)));
-			if (rd16(f + 40) == 0)
-				wr16(f + 40, 0xffff);
-		}
+		if (flags & 0x10)
+			udp_csum_fix(f, len);
 		if ((flags & 8) && len >= 34)
 			ip_csum_fix(f);
 		for (i = 0; i < ((h[3] >> 6) == 3 ? FZ_FLOOD : 1); i++) {
@@ -604,14 +576,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 				wr16(f + 50, (uint16_t)((id + 1) >> 16));
 				wr16(f + 52, (uint16_t)(id + 1));
-				if ((flags & 0x10) &&
-				    udp_state(f, len) != UDP_UNKNOWN) {
-					wr16(f + 40, 0);
-					wr16(f + 40, (uint16_t)~udp_sum(f,
-						rd16(f + 38)));
-					if (rd16(f + 40) == 0)
-						wr16(f + 40, 0xffff);
-				}
+				if (flags & 0x10)
+					udp_csum_fix(f, len);
 			}
 			udp = (uint8_t)udp_state(f, len);
 			if ((flags & 0x40) && split > 0 && split < len) {

@@ -1,17 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * What the control socket's command files share (not the card's API, which
- * is embnic_ctl_init / embnic_ctl_request / embnic_ctl_poll / embnic_ctl_free
- * in embnic_dp.h). Split by role, as examples/ip_pipeline splits its CLI:
- *
- *   ctl.c         request parsing, the command table, ping/info/pause/
- *                 resume/quit/reset_counters, the opaque embnic_ctl_*
- *   ctl_json.c    JSON readers (fields, peers) and writers (addresses,
- *                 peers, the JSON struct embnic_emit)
- *   ctl_tables.c  route_* and client_* (the route and client tables)
- *   ctl_state.c   counters, state_summary, state_dump, ring_stats,
- *                 ring_last (counters, state map, header ring and log)
- *   conn.c        the connections (socket, lines, queued output)
+ * What the control socket's command files share (ctl*.c, by role:
+ * dataplane/README.md, "Files"); the card's API is embnic_ctl_* in
+ * embnic_dp.h.
  *
  * A command is a ctl_cmd_fn: it reads its fields from req, sets its answer's
  * fields in resp and returns 0, or -1 with the error message set by
@@ -81,21 +72,16 @@ struct ctl_json_emit {
 };
 struct embnic_emit ctl_json_emitter(json_t *resp, struct ctl_json_emit *w);
 
-/* ---- ctl_tables.c ---- */
-
-int ctl_cmd_route_add(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_route_del(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_route_list(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_client_add(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_client_del(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_client_list(struct embnic_ctl *c, json_t *req, json_t *resp);
-
-/* ---- ctl_state.c ---- */
-
-int ctl_cmd_counters(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_state_summary(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_ring_stats(struct embnic_ctl *c, json_t *req, json_t *resp);
-int ctl_cmd_ring_last(struct embnic_ctl *c, json_t *req, json_t *resp);
+/*
+ * The commands of ctl_tables.c (route_*, client_*) and ctl_state.c, each
+ * X(name) a ctl_cmd_fn ctl_cmd_<name> that ctl.c's table lists as "name".
+ */
+#define CTL_FILE_CMDS(X)						\
+	X(route_add) X(route_del) X(route_list)				\
+	X(client_add) X(client_del) X(client_list)			\
+	X(counters) X(state_summary) X(state_dump) X(ring_stats) X(ring_last)
+#define CTL_CMD_DECLARE(name)						\
+	int ctl_cmd_##name(struct embnic_ctl *c, json_t *req, json_t *resp);
+CTL_FILE_CMDS(CTL_CMD_DECLARE)
 
 #endif /* EMBNIC_CTL_H */

@@ -8,17 +8,10 @@
  *   embnic-swx [EAL args] -- --codegen SPEC OUT.c
  *
  * main(): EAL init -> own args -> (codegen and exit) -> mempool -> port_init()
- * per port -> rings -> the pipeline from the library, its ports rings
- * (embnic_swx.h draws the wiring) -> control socket -> the polling loop ->
+ * per port -> the pipeline from the library (the wiring: embnic_swx.h) ->
+ * control socket -> the polling loop (host_rx, the pipeline, host_tx; the
+ * control socket every millisecond) until SIGINT/SIGTERM or "quit" ->
  * stop and close ports -> rte_eal_cleanup(). Only main() calls rte_exit().
- *
- * The loop, until SIGINT/SIGTERM or a "quit" command: RX a burst per port,
- * put the rx pseudo-header (arrival time in us since start, frame length)
- * before each frame and hand it to the pipeline's input ring; run the
- * pipeline; take what it sent from its output rings, strip the tx
- * pseudo-header, cut the frame to the length it gives and TX a burst;
- * every millisecond, answer the control socket (ctl.c). Every partial
- * enqueue and TX is counted per port (embnic_swx.h, swx_port_counters).
  */
 #include <errno.h>
 #include <getopt.h>
