@@ -1,12 +1,5 @@
-"""The in-process reference backend: every embedding table whole in this process.
-
-:class:`LocalBackend` implements the backend contract (:class:`~embnic.client_lib.backend.Backend`:
-a round of every table per call, mapping or flat) with the parameter-server shards' numerics,
-bit for bit: both use :mod:`embnic.client_lib.table_numerics` (row store, initialisation, SGD /
-row-wise Adagrad), and it checks a round as the network client does
-(:mod:`embnic.client_lib.precheck`), so it refuses the same rounds, whole.
-``embnic train --local``, the demo's reference run and the DLRM workers' reference train
-through it.
+"""The in-process reference backend: every embedding table whole in this process
+(``embnic train --local``, the demo's reference run and the DLRM workers' reference).
 """
 from __future__ import annotations
 
@@ -23,15 +16,13 @@ from .table_numerics import wire_round
 
 
 class LocalBackend:
-    """The in-process reference: every table whole in this process, the network client's
-    contract (:class:`~embnic.client_lib.backend.Backend`), the servers' numerics bit for bit.
-
-    Every table's rows are in one :class:`~embnic.client_lib.rowstore.RowStore` (as a
-    shard's), so a round of any number of tables is one check
-    (:mod:`~embnic.client_lib.precheck`, the client's), one search and gather for a lookup, one
-    optimizer step for an update — no loop over tables. Values make the same round trip as over
-    the wire (:func:`~embnic.client_lib.table_numerics.wire_round` of an fp16 table's rows and
-    gradients).
+    """The in-process reference: the backend contract (:class:`~embnic.client_lib.backend.Backend`)
+    with the shards' numerics bit for bit. Every table's rows are in one
+    :class:`~embnic.client_lib.rowstore.RowStore` (as a shard's), so a round of any number of
+    tables is one check (:mod:`~embnic.client_lib.precheck`, the client's: the same rounds are
+    refused, whole), one search and gather for a lookup, one optimizer step for an update. Values
+    make the same round trip as over the wire (:func:`~embnic.client_lib.table_numerics.wire_round`
+    of an fp16 table's rows and gradients).
 
     Args:
         cfg: the cluster config (tables, seed).
@@ -49,45 +40,20 @@ class LocalBackend:
     # -- the contract ---------------------------------------------------------------------------
 
     def lookup(self, requests: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """Rows of every table of a round: ``{table_id: keys uint64 (N_t,)}`` (duplicates allowed)
-        → ``{table_id: float32 (N_t, dim_t)}`` (views of one array), in key order.
-
-        Raises:
-            ValueError: naming the table, nothing looked up: unknown table, keys not 1-D
-                integers in 0..2^64-1, a key ``>= rows`` (:func:`~.precheck.lookup_round`).
-        """
+        """:meth:`Backend.lookup <embnic.client_lib.backend.Backend.lookup>` (rows: views of one array)."""
         tix, counts, keys = precheck.lookup_flat(self.cfg, self._ta, requests)
         return self._split(tix, counts, self._rows(tix, counts, keys))
 
     def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
-        """:meth:`lookup` of a flat round: ``table_ids`` int (T,) distinct, ``counts`` int (T,),
-        ``keys`` uint64 (Σ counts,) one table after the other → float32 (Σ counts_t·dim_t,).
-
-        Raises:
-            ValueError: as :meth:`lookup`, and counts that do not add up to the keys, a table twice.
-        """
+        """:meth:`Backend.lookup_flat <embnic.client_lib.backend.Backend.lookup_flat>`."""
         return self._rows(*precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))
 
     def update(self, updates: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Apply ``{table_id: (keys uint64 (N_t,) unique, grads float32 (N_t, dim_t))}`` with each
-        table's optimizer.
-
-        Raises:
-            ValueError: naming the table, nothing applied: unknown table, bad or duplicate keys,
-                a key ``>= rows``, grads not ``(N_t, dim_t)``, a gradient the shards refuse with
-                MALFORMED (NaN/inf, or a step that overflows float32:
-                :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`) —
-                :func:`~.precheck.update_round`.
-        """
+        """:meth:`Backend.update <embnic.client_lib.backend.Backend.update>`."""
         self._apply(*precheck.update_flat(self.cfg, self._ta, updates))
 
     def update_flat(self, table_ids, counts, keys, grads) -> None:
-        """:meth:`update` of a flat round: ``grads`` float32 (Σ counts_t·dim_t,), one table's
-        ``(counts_t, dim_t)`` rows after the other.
-
-        Raises:
-            ValueError: as :meth:`update`, and counts or gradients that do not fit the keys.
-        """
+        """:meth:`Backend.update_flat <embnic.client_lib.backend.Backend.update_flat>`."""
         self._apply(*precheck.update_jagged(self.cfg, self._ta, table_ids, counts, keys, grads))
 
     # -- reading the tables -----------------------------------------------------------------------

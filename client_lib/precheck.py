@@ -31,7 +31,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import consts
-from .config import ClusterConfig, TableConfig
+from .config import FLOAT32_MAX, ClusterConfig, TableConfig
 from .table_numerics import table_label, validate_keys, validate_update
 
 
@@ -86,7 +86,6 @@ def update_round(cfg: ClusterConfig, updates: Mapping) -> dict[int, tuple[np.nda
 # -- the same checks over a whole round at once (what EmbeddingClient runs) ----------------------
 
 _FAST_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64))
-_FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def plain_arrays(mapping, keys_of):
@@ -300,9 +299,9 @@ def _grads_ok(ta, tix, g: np.ndarray) -> bool:
         return False
     ada = ta.adagrad[tix]
     dims = ta.dim[tix]
-    if ada.any() and not 2.0 * float(dims[ada].max()) * m * m < _FLT_MAX:
+    if ada.any() and not 2.0 * float(dims[ada].max()) * m * m < FLOAT32_MAX:
         return False
-    if (~ada).any() and not float(np.abs(ta.lr[tix][~ada]).max()) * m * (1 + 2.0 ** -20) < _FLT_MAX:
+    if (~ada).any() and not float(np.abs(ta.lr[tix][~ada]).max()) * m * (1 + 2.0 ** -20) < FLOAT32_MAX:
         return False
     return True
 

@@ -453,18 +453,11 @@ class RowStore:
         rank = np.empty(keys.size, np.int64)
         rank[order] = np.arange(sc.size) - np.repeat(start, run)
         one = np.ndim(li) == 0
-        if one or self.uniform:
-            dim = int(self.tdim[li]) if one else self.D
-            g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, dim)
-            for r in range(int(run.max())):
-                sel = rank == r
-                self.apply(li if one else li[sel], keys[sel], g[sel])
-            return
-        dims = self.tdim[li]
+        dims = np.full(keys.size, int(self.tdim[li]), np.int64) if one else self.tdim[li]
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(-1)
         for r in range(int(run.max())):
             sel = rank == r
-            self.apply(li[sel], keys[sel], g[np.repeat(sel, dims)])
+            self.apply(li if one else li[sel], keys[sel], g[np.repeat(sel, dims)])
 
     def apply_segments(self, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
                        several: bool = True) -> None:

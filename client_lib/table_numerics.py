@@ -32,7 +32,7 @@ import numpy as np
 
 from . import consts
 from .batch import as_ids
-from .config import TableConfig
+from .config import FLOAT32_MAX, TableConfig
 from .splitmix import splitmix64, u64 as _u64
 
 
@@ -259,9 +259,6 @@ def validate_update(table: TableConfig, keys: np.ndarray, grads: np.ndarray) -> 
     return k, g
 
 
-_FLT_MAX = float(np.finfo(np.float32).max)
-
-
 def gradient_rows_ok(table: TableConfig, g: np.ndarray) -> np.ndarray:
     """Per row of gradients float32 (N, dim) (as the server sees them: after the wire's
     rounding), whether the optimizer may apply it — the one statement of the refusal rule
@@ -285,8 +282,8 @@ def gradient_rows_ok(table: TableConfig, g: np.ndarray) -> np.ndarray:
     g = np.asarray(g, dtype=np.float32)
     if g.size:
         m = float(np.abs(g).max())  # NaN when any value is NaN
-        if m < math.inf and (2.0 * g.shape[1] * m * m < _FLT_MAX if table.optimizer == "adagrad"
-                             else abs(float(np.float32(table.lr))) * m * (1 + 2.0 ** -20) < _FLT_MAX):
+        if m < math.inf and (2.0 * g.shape[1] * m * m < FLOAT32_MAX if table.optimizer == "adagrad"
+                             else abs(float(np.float32(table.lr))) * m * (1 + 2.0 ** -20) < FLOAT32_MAX):
             return np.ones(g.shape[0], dtype=bool)
     ok = np.isfinite(g).all(axis=1)
     if g.size:

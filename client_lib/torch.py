@@ -424,14 +424,12 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
     # -- internals ----------------------------------------------------------------------------
 
     def _select(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """The KJT restricted/reordered to the slots (a no-op when it already is)."""
+        """The KJT (every slot's feature in it: :func:`check_kjt`) restricted/reordered to the slots
+        (a no-op when it already is)."""
         keys = features.keys()
         if keys == self._slot_features:
             return features
         index = {k: i for i, k in enumerate(keys)}
-        missing = [f for f in self._slot_features if f not in index]
-        if missing:
-            raise ValueError(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
         return features.permute([index[f] for f in self._slot_features])
 
     def _grouped_weights(self, step: _Step) -> torch.Tensor | None:

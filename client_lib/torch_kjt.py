@@ -43,19 +43,16 @@ def flatten_vbe(features: KeyedJaggedTensor, slot_features: list[str]) -> KeyedJ
     rows' gradient is the same sum (in another order). O(F·B + n), no per-id loop.
 
     Args:
-        features: the VBE KJT (``stride_per_key_per_rank``, ``inverse_indices`` or not).
+        features: the VBE KJT (``stride_per_key_per_rank``, ``inverse_indices`` or not), with
+            every feature of the slots (:func:`check_kjt`).
         slot_features: the feature of every slot, in output order.
 
     Raises:
-        ValueError: a feature missing, features of different batch sizes without
+        ValueError: features of different batch sizes without
             ``inverse_indices``, inverse indices of the wrong shape or range, lengths of the
             wrong shape.
     """
-    keys = features.keys()
-    index = {k: i for i, k in enumerate(keys)}
-    missing = [f for f in slot_features if f not in index]
-    if missing:
-        raise ValueError(f"KeyedJaggedTensor lacks feature(s) {missing} (has {keys})")
+    index = {k: i for i, k in enumerate(features.keys())}
     strides = np.asarray(features.stride_per_key(), dtype=np.int64)  # bags per key, over ranks
     inv = features.inverse_indices_or_none()
     kidx = np.array([index[f] for f in slot_features], dtype=np.int64)
@@ -105,6 +102,7 @@ def flatten_vbe(features: KeyedJaggedTensor, slot_features: list[str]) -> KeyedJ
     return KeyedJaggedTensor(keys=list(slot_features), values=features.values()[pos],
                              lengths=torch.from_numpy(new_len.astype(np.int32)),
                              weights=None if w is None else w[pos], stride=b)
+
 
 def check_ids(vals: np.ndarray, lens: np.ndarray, b: int, weights, slot_features: list[str],
               slot_limit: np.ndarray) -> None:

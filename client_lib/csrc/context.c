@@ -74,6 +74,19 @@ ec_rtt_sample(struct ec_ctx *c, struct ec_rtt *e, double r)
 	e->rto = v > c->rto_max ? c->rto_max : v;
 }
 
+void
+embnic_client_free(struct ec_ctx *c)
+{
+	if (c == NULL)
+		return;
+	embnic_client_abort(c);
+	free(c->dest);
+	free(c->shard_ids);
+	free(c->rtt);
+	free(c->rxbuf);
+	free(c);
+}
+
 /*
  * A client context: the socket (non-blocking, bound), this client's id,
  * the MTU, the transport's settings and each shard's destination (IPv4 and
@@ -96,11 +109,7 @@ embnic_client_new(int fd, int client_id, int mtu, int64_t window_frames,
 	c->rtt = calloc(nshards > 0 ? nshards * 3 : 1, sizeof(*c->rtt));
 	c->rxbuf = malloc((size_t)EC_RXB * EC_SLOT);
 	if (c->dest == NULL || c->shard_ids == NULL || c->rtt == NULL || c->rxbuf == NULL) {
-		free(c->dest);
-		free(c->shard_ids);
-		free(c->rtt);
-		free(c->rxbuf);
-		free(c);
+		embnic_client_free(c);
 		return NULL;
 	}
 	c->fd = fd;
@@ -138,19 +147,6 @@ embnic_client_new(int fd, int client_id, int mtu, int64_t window_frames,
 		c->rx[i].msg_hdr.msg_iovlen = 1;
 	}
 	return c;
-}
-
-void
-embnic_client_free(struct ec_ctx *c)
-{
-	if (c == NULL)
-		return;
-	embnic_client_abort(c);
-	free(c->dest);
-	free(c->shard_ids);
-	free(c->rtt);
-	free(c->rxbuf);
-	free(c);
 }
 
 /* The counters so far (S_END uint64, cumulative). */

@@ -347,9 +347,9 @@ def test_one_home_for_the_numerics():
     import sys
 
     from embnic.client_lib import local, rowstore
-    from embnic.testbed.server import state
+    from embnic.testbed.server import shard_state
 
-    assert state.TableShard is rowstore.TableShard is local.TableShard
+    assert shard_state.TableShard is rowstore.TableShard is local.TableShard
     code = ("import sys, embnic.client_lib.rowstore, embnic.client_lib.local; "
             "print(sorted(m for m in sys.modules if m.startswith('embnic.testbed')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
