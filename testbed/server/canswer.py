@@ -1,32 +1,17 @@
-"""The shard's answer path in C (``testbed/server/csrc/``: ``intake.c``, ``answer.c``, ``store.c``,
-``send.c``, built with the package as ``libembnic_shard``, :mod:`embnic.client_lib.clib`) through
-ctypes: the one production implementation of the shard's header checks, grouping of fragments,
-lookups and reply framing.
+"""The shard's answer path in C (``testbed/server/csrc/``, built with the package as
+``libembnic_shard``, :mod:`embnic.client_lib.clib`) through ctypes: the one production
+implementation of the shard's header checks, grouping of fragments, lookups and reply framing
+(docs/server.md, "The answer path in C").
 
-Per wake-up, :meth:`CAnswer.serve` is **one** call: the header checks of every datagram
-(``embnic_shard_check``), then the lookups of the wake-up up to its first frame of anything
-else — single frames and messages whose every fragment came in the wake-up — answered
-straight from the receive buffer: directory and table checks, the rows of every table of a
-message in one pass of searches over the shard's :class:`~embnic.client_lib.rowstore.RowStore`
-(read in place: its numpy arrays are handed over as pointers, refreshed when the store's
-``version`` moves), the reply frames written into the transmit buffer. What it leaves (updates,
-errors, messages reassembled across wake-ups, polls, ...) the serving loop handles with the
-state's rules (:mod:`.engine`, :mod:`.shard_state`); the fragments it groups by message
-(:meth:`CAnswer.whole`, ``embnic_shard_whole``), the lookups the loop reassembled it answers
-too (:meth:`CAnswer.lookups`), the replies the loop decides it frames (:meth:`CAnswer.add_spec`),
-and :meth:`CAnswer.send` sends the whole queue ordered by the datagram that completed each
-request, with ``sendmmsg`` and UDP GSO. Counters of the C path are cumulative in the context
-(``stats``) and added to the shard's when they are read.
-
-The library always ships with the package: :func:`load` raises
-:class:`~embnic.client_lib.clib.NativeLibraryError` (one line naming the rebuild command) when it
-is missing, was built from other sources or for another protocol version, or its structs
-disagree with this module's. The numpy oracle the tests compare it with frame by frame is
-``tests/testbed/shard_oracle.py``.
-
-Layout: every struct is a numpy structured dtype below whose fields are 8 bytes wide, in the
-order of ``testbed/server/csrc/shard.h``; :func:`load` checks the sizes against
-``embnic_shard_layout()``.
+Per wake-up :meth:`CAnswer.serve` is one call: every header checked, the lookups it can take
+answered straight from the receive buffer from the shard's
+:class:`~embnic.client_lib.rowstore.RowStore` (its arrays read in place, refreshed when its
+``version`` moves). What it leaves the serving loop handles with the state's rules
+(:mod:`.engine`); :meth:`CAnswer.lookups` answers the lookups the loop reassembled,
+:meth:`CAnswer.add_spec` queues the replies the loop decides, :meth:`CAnswer.send` sends them all.
+:func:`load` refuses a library that is missing, built from other sources or for another
+protocol, or whose structs (numpy dtypes below, 8-byte fields in the order of ``csrc/shard.h``)
+differ. The numpy oracle the tests compare it with: ``tests/testbed/shard_oracle.py``.
 """
 from __future__ import annotations
 

@@ -1,38 +1,15 @@
 """The disk tier's RocksDB (``store = "disk"``): the stores of a shard process's disk tables.
 
-A table configured ``store = "disk"`` (:class:`~embnic.testbed.server.disktable.DiskTable`) keeps
-its rows and row-wise Adagrad accumulators in an embedded RocksDB, through the ``rocksdict``
-binding (the optional extra ``embnic[disk]``), which this module alone imports: :class:`StoreEnv` holds what the tables of one process share, :class:`TableStore` one
-table's store; :func:`read_meta` and :func:`read_snapshot` read snapshots.
-
-**Store layout** (one RocksDB per table, ``<root>/t<id>/``): key = the id as 8 bytes big-endian
-(RocksDB's byte order is then the ids' numeric order: iteration yields sorted ids), value = the
-row's ``dim`` float32 little-endian, then for Adagrad tables its accumulator (float32 LE):
-``4 · (dim + 1)`` bytes. One more key, ``ff×8 "~meta"`` (after every row key), holds JSON
-(:data:`FORMAT`, table id, dim, optimizer, rows held), written with every flush. Writes skip
-RocksDB's own write-ahead log: the shard's log (``--checkpoint-dir``,
-:mod:`~embnic.testbed.server.durability`) covers every update, and a restore rebuilds the live
-store from the last snapshot, never trusting what a killed process left.
-
-**Memory** (what ``cache_rows`` and ``[[shards]] block_cache_mb`` bound, docs/server.md): the
-cache's arrays, ``cache_rows · (4·dim + 4 + 19)`` bytes (row, accumulator; key, flags, use count,
-stamp), plus RocksDB's block cache, which also carries the memtables (a write-buffer manager
-charges them to it). SST files are read through ``mmap``: their pages are the kernel's page cache
-(file-backed, reclaimable; ``RssFile``), not the shard's anonymous memory.
-
-**A full disk** (docs/server.md "Disk tier"): RocksDB runs with ``paranoid_checks`` off, so a
-flush or compaction that finds no space is retried by RocksDB itself (every second) instead of
-putting the store into its sticky read-only state (which only ``DB::Resume``, not in the binding,
-or a reopen, which would drop the unflushed memtables, clears); writes are made with
-``no_slowdown``, so a write that would stall behind memtables that cannot be flushed fails at once
-instead of blocking the shard: a refused write raises :class:`StoreFullError`, and the table is
-then **full** (what that means: the disktable module's docstring).
-
-**Snapshots**: :meth:`DiskTable.snapshot` flushes the dirty rows and makes a RocksDB checkpoint
-(hard links to the immutable SST files, a copy of the small MANIFEST/OPTIONS files; every file and
-the directory synced to disk) — O(files), not O(rows). :meth:`DiskTable.load_snapshot` replaces the
-live store by such a snapshot (hard links again; RocksDB never writes into an SST file, so the live
-store and the snapshot can share them).
+Imported by this module alone, through the ``rocksdict`` binding (the extra ``embnic[disk]``):
+:class:`StoreEnv` holds what a process's tables share (root directory, block cache, options),
+:class:`TableStore` one table's store; :func:`read_meta` and :func:`read_snapshot` read
+snapshots. One RocksDB per table (``<root>/t<id>/``): key = the id as 8 bytes big-endian (so
+iteration yields sorted ids), value = the row's ``dim`` float32 LE then, for Adagrad, its
+accumulator; the key :data:`META_KEY` holds JSON (:data:`FORMAT`, table, dim, optimizer, rows
+held). Writes skip RocksDB's own log (the shard's log covers every update) and use
+``no_slowdown`` with ``paranoid_checks`` off, so a full disk refuses a write
+(:class:`StoreFullError`) instead of blocking the shard or making the store read-only for good.
+Memory, snapshots and the full disk: docs/server.md, "Disk tier".
 """
 from __future__ import annotations
 
@@ -214,7 +191,7 @@ class StoreEnv:
         bloom filters (an absent id costs a filter probe), SST files read through ``mmap``, the
         shared block cache and write-buffer manager, two background jobs; ``paranoid_checks`` off,
         so a flush or compaction that finds the disk full is retried by RocksDB once there is
-        room instead of stopping every write for good (module docstring, "A full disk")."""
+        room instead of stopping every write for good (docs/server.md, "Disk tier")."""
         o = rocksdict.Options(raw_mode=True)
         o.create_if_missing(True)
         o.set_paranoid_checks(False)
@@ -295,7 +272,7 @@ def cache_bytes(table: TableConfig, cache_rows: int) -> int:
 
 
 class TableStore:
-    """One disk table's rows in its own RocksDB (module docstring, "Store layout"): rows of
+    """One disk table's rows in its own RocksDB (module docstring): rows of
     ``width`` float32 values (the row, then the accumulator), counted in ``stats``
     (``store_reads``, ``store_found``, ``store_writes``, ``store_write_errors``).
 

@@ -1,29 +1,14 @@
 """A disk table: one table's rows in RocksDB behind a cache of hot rows (``store = "disk"``).
 
-A table configured ``store = "disk"`` (docs/config.md, docs/server.md "Disk tier") keeps its rows
-and row-wise Adagrad accumulators in an embedded RocksDB (:mod:`~embnic.testbed.server.diskstore`:
-the store, its layout, memory and snapshots) and only its hot rows in memory
-(:mod:`~embnic.testbed.server.rowcache`), so a shard's table can grow past its RAM.
-:class:`DiskTable` has :class:`~embnic.client_lib.rowstore.TableShard`'s interface (``lookup``,
-``apply``, ``apply_segments``, ``state``, ``load_state``, ``len``), and every row value comes from
-the same code (``init_rows``, ``optimizer_step``) on the same float32 values, so its rows are
-bit-identical to the in-memory store's::
-
-    lookup/apply(keys) ─▶ cache (set-associative, numpy) ─ hits ─▶ rows
-                                    │ misses (deduplicated)
-                                    ▼
-                     RocksDB multi-get (mmap'd SST files) ─ absent ─▶ init_rows (not stored)
-                                    │
-                     install in the cache; a dirty victim is written back (WriteBatch)
-
-**A full table** (diskstore's docstring, "A full disk"): a table whose store refuses a write, or
-whose file system has less than ``StoreEnv.reserve_bytes`` free, is full: :meth:`DiskTable.writable`
-says no (the shard refuses updates of it with ``STORE_FULL`` before it takes them), lookups are still
-answered (cache misses are read from the store; a dirty row is never evicted while full, so nothing
-needs writing), and rows an update already taken could not write are kept in memory
-(:attr:`DiskTable.pending`, read before the store) until the store takes them.
-:meth:`DiskTable.writable` tries again at most every :data:`RETRY_S` once the space is back, by
-itself: no restart, no row lost. :mod:`~embnic.testbed.server.stores` imports this module only when a table is on disk.
+:class:`DiskTable` keeps its rows in an embedded RocksDB (:mod:`.diskstore`) and only its hot rows
+in memory (:mod:`.rowcache`), with :class:`~embnic.client_lib.rowstore.TableShard`'s interface;
+every row value comes from the same code (``init_rows``, ``optimizer_step``) on the same float32
+values, so its rows are bit-identical to the in-memory store's. A table whose store refuses a
+write, or whose file system is short of ``StoreEnv.reserve_bytes``, is **full**:
+:meth:`DiskTable.writable` says no (updates are refused ``STORE_FULL``), lookups are still
+answered, rows an update already taken could not write are kept in memory (:attr:`DiskTable.pending`)
+and written once the store takes them again (tried every :data:`RETRY_S`). docs/server.md,
+"Disk tier".
 """
 from __future__ import annotations
 
@@ -80,7 +65,7 @@ class DiskTable:
                                                           "evictions", "writebacks", "store_writes",
                                                           "write_through", "store_write_errors",
                                                           "full_periods")})
-        # a full store (module docstring, "A full disk"): why (None: writes go through), when to try
+        # a full store (module docstring): why (None: writes go through), when to try
         # again, and the rows an update taken before could not write
         self._full: str | None = None
         self._retry_at = 0.0
@@ -137,7 +122,7 @@ class DiskTable:
         """
         self.store.put(keys, self._pack(rows, acc))
 
-    # -- a full store (module docstring, "A full disk") -------------------------------------------
+    # -- a full store (module docstring) ----------------------------------------------------------
 
     def _enter_full(self, why: str) -> None:
         if self._full is None:

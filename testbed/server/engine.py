@@ -1,47 +1,21 @@
 """The shard's serving loop: many datagrams and messages per wake-up, in C where the rules allow.
 
-:class:`BatchShardServer` holds the shard's state and rules (:class:`~.shard_state.ShardState`: the
-stores, the exactly-once window, the log, the counters) and works per **wake-up**::
+:class:`BatchShardServer` holds the shard's state and rules (:class:`~.shard_state.ShardState`),
+the reassembly across wake-ups (``intake``, :class:`~.intake.Intake`), the C answer path
+(``answer``, :class:`~.canswer.CAnswer`) and, with ``--workers``, the workers' hub (``hub``,
+:mod:`.worker_hub`). One wake-up: ``recvmmsg``; one C call that checks every header and answers
+the lookups it can straight from the receive buffer; the frames it leaves through the state's
+one-frame path (:meth:`.ShardState.take_frame`) or reassembled; whole messages checked with the
+state's rules, all lookups' rows in one gather, all updates in one optimizer step
+(:meth:`_flush_lookups`, :meth:`_flush_updates`); one commit of the write-ahead log; every reply
+framed in C and sent with ``sendmmsg`` (+ GSO), in the order of the datagrams that completed
+their requests.
 
-    poll ─▶ recvmmsg (≤ 256 datagrams into a preallocated (256, 65536) uint8 buffer)
-         ─▶ one C call (the answer path, :mod:`.canswer`): every header checked, the lookups
-            it can take answered straight from the receive buffer
-         ─▶ frames the fast path does not take (malformed, wrong shard, a SIZE_REQ, a lookup
-            whose reply would need too many fragments, ...) through the state's one-frame
-            path, one by one (:meth:`.ShardState.take_frame`: one home for every header rule
-            and drop reason)
-         ─▶ the other frames reassembled per message (:class:`~.intake.Intake`)
-         ─▶ whole messages (:class:`~.shard_state.Request`) checked with the state's rules, then the
-            rows of every table of all lookups of the wake-up in one search and one gather and
-            one optimizer step for all its updates (:meth:`_flush_lookups` / :meth:`_flush_updates`)
-         ─▶ every reply framed in C and sent with sendmmsg, multi-frame replies as UDP GSO
-            super-datagrams
-
-Replies leave in the order of the datagrams that completed their requests. Ordering rules that
-keep the numerics identical to :class:`~embnic.client_lib.local.LocalBackend`: lookups and
-updates wait in two queues; a message that shares a table with what the other queue holds
-flushes that queue first (so a lookup sees exactly the updates that came before it); updates
-are admitted — exactly-once window, checks, log — one message after the other in arrival
-order, then applied in one call (overlapping keys one message after the other: row-wise
-optimizers). A wake-up holding update polls is cut at each poll, so a poll is answered on
-exactly what came before it.
-
-**Where an update is made durable.** Every applied update is appended to the write-ahead log
-where the window takes it (:meth:`.ShardState.admit_update`) and :meth:`serve_batch` commits
-the log with **one** ``fdatasync`` per wake-up before any ack of it leaves (:mod:`.durability`).
-Checkpoints are taken between wake-ups.
-
-**Parts it holds**: ``state`` (:class:`~.shard_state.ShardState`), ``intake`` (reassembly across
-wake-ups), ``answer`` (the C answer path, :class:`~.canswer.CAnswer`: header checks, lookups,
-reply frames, sending) and, with ``--workers``, ``hub`` (:mod:`.worker_hub`). Worker processes behind
-one address: :mod:`.foreground`.
-
-**Seams.** Everything the answer path may take over goes through two calls on a queue of whole
-requests (:class:`~.shard_state.Request`): :meth:`_flush_lookups` offers its lookups to ``answer.lookups`` first
-(the C path answers what its rules allow and leaves the rest), and :meth:`_flush_updates` is
-where updates in C would be offered the same way (their window decision, checks, optimizer step,
-log record and ack), before the state's Python admission takes what is left; the one-frame
-rules stay :meth:`.ShardState.take_frame`'s.
+Ordering rules that keep the numerics identical to
+:class:`~embnic.client_lib.local.LocalBackend`: a message that shares a table with what the other
+queue (lookups, updates) holds flushes that queue first; updates are admitted one after the other
+in arrival order, then applied in one call; a wake-up holding update polls is cut at each poll.
+docs/server.md, "The answer path in C" and "Where the time goes".
 """
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """The serving loop's reassembly: the messages whose fragments the answer path did not gather.
 
-An :class:`Intake` belongs to one :class:`~.engine.BatchShardServer`, which binds it to its
-receive buffers (:mod:`.udpio`) and to the answer path's grouping of fragments by message
-(:meth:`.canswer.CAnswer.whole`) once its socket is open. Per wake-up the loop hands it the
-frames the header checks took (their header fields as the answer path parsed them: columns of
-an int64 ``(n, len(HEADER_FIELDS))`` array, named by :data:`consts.HEADER_COLUMN
-<embnic.client_lib.consts.HEADER_COLUMN>`, the one field table) and :meth:`~Intake.messages`
-copies fragments into one preallocated buffer per message (:meth:`~Intake.whole` for the
-messages whose every fragment came in the wake-up, :meth:`~Intake.reassemble` for the others,
-across wake-ups) and returns the whole ones as :class:`~.shard_state.Request` — the one form a
-request's header takes from there on; an update poll's frame goes to :meth:`~Intake.poll`.
-
-Reassembly memory: a message's buffer (``frag_count × P`` bytes) is allocated when its first
-fragment arrives and counted against ``max_pending_bytes`` (256 MiB) by that size, so a header's
-claim costs at most that bound.
+An :class:`Intake` reads its loop's receive buffers (:mod:`.udpio`); per wake-up it takes the
+frames the header checks passed (their fields as an int64 ``(n, len(HEADER_FIELDS))`` array,
+columns :data:`consts.HEADER_COLUMN <embnic.client_lib.consts.HEADER_COLUMN>`), copies fragments
+into one preallocated buffer per message — :meth:`~Intake.whole` for messages complete in the
+wake-up, :meth:`~Intake.reassemble` across wake-ups — and returns the whole ones as
+:class:`~.shard_state.Request`. A message's buffer (``frag_count × P`` bytes) is counted against
+``max_pending_bytes`` from its first fragment on.
 """
 from __future__ import annotations
 

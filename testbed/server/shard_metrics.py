@@ -1,17 +1,10 @@
 """Prometheus metrics of a shard (``embnic server --metrics-port P``).
 
-The shard counts as it always does — in its counters, on the serving thread — and the metrics
-endpoint reads them at scrape time: :class:`ShardCollector` calls a ``read()`` that returns the
-shard's :meth:`~embnic.testbed.server.shard_state.ShardState.counters` (taken on the serving thread
-between wake-ups, or, for a ``--workers N`` shard, every worker's, summed by the parent,
-:func:`~embnic.testbed.server.foreground.run_workers`), and :func:`shard_families` turns them into
-metric families. The data path pays for one counter increment per reply and one histogram
-update per wake-up (:class:`ServiceTimes`), nothing per scrape.
-
-Names (``embnic_shard_`` prefix, label ``shard``): requests and replies by type, ERROR replies
-by status, drops by reason, rows held per table, exactly-once duplicates, the write-ahead log
-and checkpoints, the per-message service time histogram (``embnic_shard_service_seconds``);
-docs/server.md "Metrics" lists them.
+:class:`ShardCollector` reads the shard's counters at every scrape (``read()``: taken on the
+serving thread between wake-ups, or every worker's summed by the parent) and
+:func:`shard_families` turns them into ``embnic_shard_*`` families labelled ``shard`` (docs/server.md,
+"Metrics", lists them); the data path pays one counter increment per reply and one histogram
+update per wake-up (:class:`ServiceTimes`).
 """
 from __future__ import annotations
 

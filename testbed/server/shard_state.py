@@ -1,41 +1,14 @@
 """A parameter-server shard's state and rules: one object the serving loop holds.
 
 :class:`ShardState` is everything a shard *is*, apart from how it meets its socket: the table
-stores (:mod:`.stores`: the in-memory tables in one row store, the disk tier), the exactly-once
-window (:mod:`.window`), the write-ahead log and checkpoints (:mod:`.durability`), the
-counters, and every protocol rule of docs/server.md (docs/protocol.md, version 2: a request
-carries several tables, each with its own ``dim`` and ``dtype``, listed in its directory):
-
-1. **A frame on its own** (:meth:`ShardState.take_frame`: what the serving loop's fast path
-   does not take — a frame that does not parse, a SIZE_REQ, a request of another shard, ...):
-   validated (:func:`~embnic.client_lib.codec.parse_header`, requests only), dropped and counted
-   by reason (``too_short``, ``bad_magic``, ``bad_version`` — version-1 frames too —,
-   ``bad_type``, ``bad_length``, ``too_many_frags``, ``frag_mismatch``), answered ``ERROR
-   MALFORMED`` once per message (fragment 0) when its magic, version and type are right;
-   ``too_large`` past ``max_msg_bytes`` (answered MALFORMED); the **header checks**
-   (:meth:`ShardState.check_header`) on every fragment, answered on fragment 0 only (``table_id``
-   ``NO_TABLE``): ``WRONG_SHARD``, and ``MALFORMED`` for a lookup whose reply would need more
-   than ``MAX_FRAGS`` fragments — every frame refused here counted ``refused``; in fixed-length
-   mode data must have been announced (``unannounced``, ``size_mismatch``); then handed to the
-   loop's reassembly (an :class:`Assembly`), which gives the message back once it is whole.
-2. **The body, on the whole message**: the directory must add up to the header
-   (:func:`~embnic.client_lib.codec.parse_request_body`, ``MALFORMED``); then table by table in
-   directory order (:meth:`ShardState.table_fault`: the first bad table named in the ERROR's
-   ``table_id``): ``UNKNOWN_TABLE``, ``DIM_MISMATCH``, ``KEY_OUT_OF_RANGE``, ``NOT_OWNER``, and
-   for an update ``MALFORMED`` (duplicate keys within a table, a gradient the optimizer must not
-   apply, :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`) or ``STORE_FULL``.
-   Nothing of a refused message is applied, logged or remembered.
-3. **Exactly once** (:meth:`ShardState.admit_update`): an update whose id and fingerprint the
-   window holds is a duplicate (re-acked, not applied); else it is checked, logged and
-   remembered, and its gradients handed to the loop, which applies them
-   (:meth:`ShardState.rows_apply`). A **poll** (:func:`is_poll`) is answered from the window
-   (:meth:`ShardState.poll_reply`: ``UPDATE_ACK`` for an applied update, else ``UPDATE_NACK``
-   with the fragments held).
-4. **Rows** of every table of a message in one search and one gather
-   (:meth:`ShardState.rows_lookup`; a disk table through its own store).
-
-The serving loop (:class:`~.engine.BatchShardServer`) batches, answers and sends; the C answer
-path (:mod:`.canswer`) reads the per-table arrays below (:attr:`ShardState.tdim`, ...) in place.
+stores (:mod:`.stores`), the exactly-once window (:mod:`.window`), the write-ahead log and
+checkpoints (:mod:`.durability`), the counters, and every protocol rule of docs/server.md
+("Protocol v2"): a frame on its own (:meth:`ShardState.take_frame`: drops by reason, the header
+checks :meth:`~ShardState.check_header`, fixed-length announcements, polls), the body's checks
+(:meth:`~ShardState.table_fault`, :meth:`~ShardState.store_fault`), exactly once
+(:meth:`~ShardState.admit_update`, :meth:`~ShardState.poll_reply`) and the rows
+(:meth:`~ShardState.rows_lookup`, :meth:`~ShardState.rows_apply`). The C answer path
+(:mod:`.canswer`) reads its per-table arrays (:attr:`ShardState.tdim`, ...) in place.
 """
 from __future__ import annotations
 

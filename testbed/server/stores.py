@@ -1,22 +1,12 @@
 """Where a shard keeps each table's rows: the in-memory arena (default) or the disk tier.
 
-The one seam between a shard and its row stores: :func:`open_tables` gives every table of the
-config a store with :class:`~embnic.client_lib.rowstore.TableShard`'s interface — for
-``store = "memory"`` tables a ``TableShard`` view of the shard's one ``RowStore`` (one search and
-one gather per message, whatever its tables), a :class:`~embnic.testbed.server.disktable.DiskTable`
-for ``store = "disk"`` ones (docs/config.md; :meth:`ClusterConfig.store_of
-<embnic.client_lib.config.ClusterConfig.store_of>` resolves a table's own keys and its shard's
-defaults). The disk tier needs ``rocksdict`` (``pip install 'embnic[disk]'``); this module imports it
-only when a table is on disk, so shards of memory tables (and the client library) never do.
-
-Where a shard's disk tables live (the *live* stores, scratch: the durable state is the shard's
-snapshots and log, docs/server.md "Disk tier")::
-
-    --checkpoint-dir D (or --restore D)   D/shard-<id>/store/[w<k>/]t<table>/
-    [[shards]] store_dir = S              S/shard-<id>/[w<k>/]t<table>/
-    neither                               /var/tmp/embnic-rows-*/ (removed when the shard stops)
-
-(``w<k>``: worker k of a ``--workers N`` shard, each with stores of its own.)
+The one seam between a shard and its row stores: :func:`open_tables` gives every table a store
+with :class:`~embnic.client_lib.rowstore.TableShard`'s interface — a ``TableShard`` view of the
+shard's one ``RowStore`` for ``store = "memory"`` tables, a
+:class:`~embnic.testbed.server.disktable.DiskTable` for ``store = "disk"`` ones (docs/config.md) —
+and imports ``rocksdict`` only when a table is on disk. The live disk stores (scratch) are in
+``D/shard-<id>/store/`` under ``--checkpoint-dir D``, else ``S/shard-<id>/`` under ``[[shards]]
+store_dir = S``, else a temporary directory (``w<k>/`` below it for worker k of ``--workers N``).
 """
 from __future__ import annotations
 

@@ -1,28 +1,14 @@
-"""Batched UDP socket I/O for the shard engine: ``recvmmsg``/``sendmmsg`` and UDP GSO through ctypes.
+"""Batched UDP socket I/O: ``recvmmsg``/``sendmmsg`` and UDP GSO through ctypes, on preallocated
+buffers.
 
-Python's ``socket`` module has no ``recvmmsg``/``sendmmsg``; this module calls glibc's through
-:mod:`ctypes` with the ``struct mmsghdr`` arrays kept as numpy structured arrays (filled with
-vector operations, never per frame in Python). Layout (Linux, LP64: x86-64, aarch64)::
-
-    struct msghdr  { void *name; socklen_t namelen; /*4 pad*/ struct iovec *iov; size_t iovlen;
-                     void *control; size_t controllen; int flags; /*4 pad*/ }      56 bytes
-    struct mmsghdr { struct msghdr hdr; unsigned int len; /*4 pad*/ }              64 bytes
-    struct iovec   { void *base; size_t len; }                                     16 bytes
-
-**Receive** (:meth:`BatchSocket.recv`): one ``recvmmsg(MSG_DONTWAIT)`` fills up to ``batch``
-slots of a preallocated ``(batch, slot)`` uint8 buffer; returns how many datagrams, their
-lengths and their source ``sockaddr_in`` (16 bytes each).
-
-**Send** (:meth:`BatchSocket.send`): frames already laid out in a ``(rows, width)`` uint8
-buffer go out with one ``sendmmsg`` per 1024 entries. With ``gso=True`` consecutive rows of one
-reply to one destination form one entry with a ``UDP_SEGMENT`` control message
-(``gso_size = width``): the kernel cuts it into datagrams (the last may be shorter), so a reply
-of 90 frames costs 3 trips down the stack instead of 90. A kernel or path that refuses GSO
-(``EIO``, ``EINVAL``, ``ENOPROTOOPT``) switches it off for the socket and the frames are sent
-one per entry.
-
-Without Linux LP64 (``available()`` False) :class:`BatchSocket` falls back to ``recvfrom_into``
-and ``sendto`` loops with the same interface.
+The ``struct mmsghdr``/``iovec``/``cmsghdr`` arrays are numpy structured arrays (Linux LP64:
+:data:`MMSGHDR` 64 bytes, :data:`IOVEC` 16, :data:`CMSG` 24), filled with vector operations.
+:meth:`BatchSocket.recv` fills up to ``batch`` slots of a ``(batch, slot)`` uint8 buffer with one
+``recvmmsg``. :meth:`BatchSocket.send` (the load generator's and the tests' path; the shard sends
+in C, ``csrc/send.c``) sends frames laid out in a ``(rows, width)`` buffer with one ``sendmmsg``
+per 1024 entries, consecutive rows of one reply as one UDP GSO super-datagram; a kernel that
+refuses GSO turns it off for the socket. Without Linux LP64 (``available()`` False) it falls back
+to ``recvfrom_into``/``sendto`` loops.
 """
 from __future__ import annotations
 

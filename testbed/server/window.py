@@ -1,35 +1,15 @@
 """The exactly-once window of a shard: every update it acknowledged, remembered by
 ``(client_id, msg_id)`` *and* fingerprint (docs/protocol.md, "Reliability").
 
-One implementation (held by the shard's :class:`~.shard_state.ShardState`, which admits updates and
-answers polls through it: :meth:`~.shard_state.ShardState.admit_update`, :meth:`~.shard_state.ShardState.poll_reply`),
-for ``--workers`` (each worker's window) and for durability (the log and checkpoints restore it,
-:mod:`.durability`). The C intake and answer path (``dataplane/shard/``) never decides an update.
-
-**What is remembered.** One entry per acknowledged update — not one per id: an entry's key is
-``(client_id, msg_id, num_tables, num_keys, value_len, body_crc)`` (the *fingerprint* is the last
-four: CRC-32 of the whole body), so a byte-identical re-send of any update still in the window is
-recognised as a duplicate, whatever other update reused its id since. Beside it, for a poll:
-the byte offset of the update's last fragment and the CRC-32 of that fragment's bytes (the
-bytes a poll carries), when the engine knew the update's fragment size.
-
-**Polls.** A poll is the re-sent last fragment of an update of several (``state.is_poll``). It is
-acknowledged from the window only when an entry of that ``(client_id, msg_id)`` has the poll's
-``num_tables``, ``num_keys``, ``value_len`` (so ``msg_len``), its last fragment at the poll's
-``frag_offset`` and the CRC-32 of the poll's body bytes: the poll is that update's last
-fragment, byte for byte. Anything else (no entry, other counts, other bytes, an entry restored
-from a log or checkpoint, which does not record the fragment size) is a fragment like any other:
-the shard answers ``UPDATE_NACK`` with what it holds, the client re-sends the rest, and the
-whole update is then judged by its full fingerprint — re-acked if the window has it, applied if
-not. A poll can therefore not tell apart two updates under one id whose last fragments are
-byte-identical and that differ only before it; clients never reuse an id while a window may
-remember it (docs/protocol.md, "Message ids"), which is what rules that out.
-
-**Bounds.** At most ``size`` entries (oldest dropped first) and none older than ``max_age_s``
-(seconds since the update was acknowledged or last re-acked; default 30 min,
-:data:`DEFAULT_MAX_AGE_S` — clients reuse an id no sooner than ~71 min after its use, and give
-up re-sending an update within seconds). Entries are kept in the order they were last used
-(a duplicate or a poll's ack moves its entry to the end).
+The one implementation, held by :class:`~.shard_state.ShardState` (which admits updates and answers
+polls through it) and restored by :mod:`.durability`. An entry's key is ``(client_id, msg_id,
+num_tables, num_keys, value_len, body_crc)``, so a byte-identical re-send of any update still in
+the window is a duplicate whatever other update reused its id since; beside it, for a poll (the
+re-sent last fragment of an update of several), the offset and CRC-32 of the update's last
+fragment. A poll is acked from the window only when it is that last fragment byte for byte
+(:meth:`UpdateWindow.poll_ack`); anything else draws an ``UPDATE_NACK``. Bounds: ``size`` entries
+(least recently used dropped first) and ``max_age_s`` (:data:`DEFAULT_MAX_AGE_S`). Why these rules
+are enough: docs/server.md, "Exactly once".
 """
 from __future__ import annotations
 
