@@ -134,24 +134,9 @@ class EmbeddingClient:
         self._stats = value
 
     def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """Fetch rows for every table in one round: one message per shard touched, carrying every
-        table that shard holds keys of (docs/protocol.md, version 2).
-
-        Args:
-            requests: ``{table_id: keys}``, keys uint64 (N_t,), any of 0..2^64-1 (typically the
-                sorted value array; Python ints are converted exactly, see
-                :func:`~embnic.client_lib.batch.as_ids`).
-
-        Returns:
-            ``{table_id: rows}``, rows float32 (N_t, dim_t) in the order of the keys (views of one
-            buffer holding every table's rows, :meth:`lookup_flat`).
-
-        Raises:
-            ShardUnavailableError: a shard did not answer after ``retries`` tries.
-            ShardError: a shard answered ERROR (naming the table where it is one table's).
-            ValueError: before anything is sent, naming the table: an unknown table, keys not
-                1-D integers in 0..2^64-1, a key ``>= rows`` (:func:`precheck.lookup_round`).
-        """
+        """Fetch rows for every table in one round, one message per shard touched
+        (:meth:`Backend.lookup <embnic.client_lib.backend.Backend.lookup>`, which says what it
+        raises; rows are views of one buffer holding every table's rows)."""
         flat = precheck.plain_arrays(requests, lambda v: v)
         plan = self._prepare(MsgType.LOOKUP_REQ, *flat, None) if flat is not None else None
         if plan is None:
@@ -159,20 +144,8 @@ class EmbeddingClient:
         return plan.split(self._lookup_run(plan))
 
     def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
-        """:meth:`lookup` of a round given flat, TorchRec's jagged layout, with no step per table.
-
-        Args:
-            table_ids: int (T,) distinct configured tables; counts: int (T,) keys of each;
-            keys: uint64 (Σ counts,) every table's keys one table after the other.
-
-        Returns:
-            float32 (Σ counts_t·dim_t,): table ``t``'s rows ``(counts_t, dim_t)`` one table after
-            the other, in key order.
-
-        Raises:
-            as :meth:`lookup`; ValueError also for counts that do not add up to the keys
-            (:func:`precheck.lookup_jagged`).
-        """
+        """:meth:`lookup` of a round given flat, with no step per table
+        (:meth:`Backend.lookup_flat <embnic.client_lib.backend.Backend.lookup_flat>`)."""
         flat = precheck.plain_jagged(table_ids, counts, keys)
         plan = self._prepare(MsgType.LOOKUP_REQ, *flat, None) if flat is not None else None
         if plan is None:
@@ -181,19 +154,10 @@ class EmbeddingClient:
         return self._lookup_run(plan)
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Push gradients for every table in one round — one message per shard touched, carrying
-        every table's part — and return once every shard acked.
-
-        Args:
-            updates: ``{table_id: (keys uint64 (N,), grads float32 (N, dim))}``; keys unique.
-
-        Raises:
-            ShardUnavailableError, ShardError: as :meth:`lookup`.
-            ValueError: before anything is sent, naming the table (:func:`precheck.update_round`):
-                an unknown table, bad or duplicate keys, a key ``>= rows``, grads not of shape
-                ``(len(keys), dim)``, a gradient the shards refuse (NaN, inf, overflowing step).
-                So no shard applies its part of an update another shard would refuse.
-        """
+        """Push gradients for every table in one round, one message per shard touched, and return
+        once every shard acked (:meth:`Backend.update <embnic.client_lib.backend.Backend.update>`:
+        checked whole before anything is sent, so no shard applies its part of an update another
+        shard would refuse)."""
         if isinstance(updates, Mapping) and updates and all(
                 isinstance(e, tuple) and len(e) == 2 for e in updates.values()):
             flat = precheck.plain_arrays(updates, lambda e: e[0])
@@ -205,17 +169,8 @@ class EmbeddingClient:
         self._update_run(self._prepare_checked(MsgType.UPDATE_REQ, tix, counts, keys, grads), grads)
 
     def update_flat(self, table_ids, counts, keys, grads) -> None:
-        """:meth:`update` of a round given flat, with no step per table.
-
-        Args:
-            table_ids: int (T,) distinct configured tables; counts: int (T,) keys of each;
-            keys: uint64 (Σ counts,) one table after the other, unique within a table;
-            grads: float32 (Σ counts_t·dim_t,) each table's ``(counts_t, dim_t)`` rows, one table
-                after the other.
-
-        Raises:
-            as :meth:`update` (:func:`precheck.update_jagged`).
-        """
+        """:meth:`update` of a round given flat, with no step per table
+        (:meth:`Backend.update_flat <embnic.client_lib.backend.Backend.update_flat>`)."""
         flat = precheck.plain_jagged(table_ids, counts, keys)
         g = np.asarray(grads)
         if flat is not None and g.dtype == np.float32 and g.ndim == 1 and g.flags.c_contiguous:

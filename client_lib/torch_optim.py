@@ -107,12 +107,9 @@ def mismatch_error(name: str, table, source: str, bad: list[str], cfg: ClusterCo
 
 
 def check_fused_params(cfg: ClusterConfig, configs: list, table_ids: list[int], fused: dict, source: str) -> None:
-    """Check a sharder's ``fused_params`` against every table (:func:`optimizer_mismatch`).
-
-    Args:
-        cfg: the cluster config.
-        configs: the module's ``EmbeddingBagConfig`` of each table; table_ids: its cluster table id.
-        fused: the ``fused_params``; source: how the error names where they came from.
+    """Check a sharder's ``fused_params`` against every table (:func:`optimizer_mismatch`):
+    ``configs`` the module's ``EmbeddingBagConfig`` of each table, ``table_ids`` its cluster table
+    id; ``source`` how the error names where ``fused`` came from.
 
     Raises:
         ValueError: naming the first table whose optimizer, lr or eps they contradict (or a
@@ -127,15 +124,10 @@ def check_fused_params(cfg: ClusterConfig, configs: list, table_ids: list[int], 
 def check_in_backward(cfg: ClusterConfig, configs: list, table_ids: list[int], weights: list,
                       fused_params: dict | None) -> None:
     """Check the ``apply_optimizer_in_backward`` choice on each table's placeholder ``weight``
-    (``_optimizer_classes`` / ``_optimizer_kwargs``), merged with ``fused_params``, against the
-    table's config; make a matching one TorchRec's no-op ``EmptyFusedOptimizer`` (the shards
-    apply it) and mark the weight checked, so a weight is checked again only when its choice
-    changes. O(tables).
-
-    Args:
-        cfg, configs, table_ids: as :func:`check_fused_params`.
-        weights: each table's placeholder ``torch.nn.Parameter``, in ``configs`` order.
-        fused_params: the module's ``fused_params`` (None: none).
+    (``_optimizer_classes`` / ``_optimizer_kwargs``, in ``configs`` order), merged with
+    ``fused_params`` (None: none), against the table's config; make a matching one TorchRec's
+    no-op ``EmptyFusedOptimizer`` (the shards apply it) and mark the weight checked, so a weight
+    is checked again only when its choice changes (:func:`forget_checks`). O(tables).
 
     Raises:
         ValueError: naming the table: more than one optimizer on a table (TorchRec's
