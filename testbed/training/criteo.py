@@ -1,36 +1,7 @@
 """Criteo click logs (Kaggle Display Advertising Challenge, 2014): a vectorised TSV loader.
 
-Format of every line (``train.txt``; LF or CRLF endings, no header), tab-separated::
-
-    label  I1 .. I13  C1 .. C26          (40 fields; ``test.txt`` has no label: 39 fields)
-
-``label`` is 0/1, ``I*`` are integers (may be negative, empty when missing), ``C*`` are
-32-bit hashes written as 8 lowercase hex digits (empty when missing).
-
-What the loader returns (:class:`CriteoData`):
-
-* ``labels`` float32 (N,) — NaN when the file has no label column;
-* ``dense`` float32 (N, 13) — ``log1p(max(I, 0))``, missing → 0 (the usual DLRM transform);
-* ``sparse`` uint64 (N, 26) — column ``j`` (``C{j+1}``) hashed by :func:`hash_categorical`
-  into table ``j``'s id space ``[0, rows[j])``: ``splitmix64((j << 40) | v) mod rows[j]``,
-  where ``v`` is the 32-bit value and a missing value is ``v = 2**32`` (a fixed id per column,
-  distinct from every real value before the modulo). With ``rows[j] = None`` the full 64-bit
-  hash ``splitmix64((j << 40) | v)`` is kept (no folding: distinct values of a column never
-  share an id, as with a collision-free table of a config without ``rows``).
-
-Parsing is numpy on the raw bytes (no per-line Python): newline and tab positions give every
-field's start and end; hex and decimal fields are decoded by a loop over character positions
-(≤ 8 for hex, ≤ 19 for decimal) vectorised over all fields of a block. Files are read in
-chunks (``chunk_bytes``), so the full public ``train.txt`` (~11 GB, 45,840,617 lines) streams
-through :func:`iter_criteo` in bounded memory; :func:`load_criteo` concatenates.
-
-A compressed file is told by its first bytes (:func:`open_data`): gzip, bzip2 and xz are
-decompressed as they stream; zstd, zip and tar archives are named with the command that unpacks
-them (``CriteoFormatError``), never parsed as text. A UTF-8 byte-order mark before the first line
-is skipped; UTF-16 text is named, with the command that converts it.
-
-The repository ships a 6435-line sample (``testbed/training/data/``, see its README for source and
-licence); :func:`sample_path` finds it in the installed package.
+The format, the ids' hashing and the parsing: testbed/training/data/README.md, beside the
+6435-line sample the package ships (:func:`sample_path` finds it).
 """
 from __future__ import annotations
 
