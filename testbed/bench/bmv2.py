@@ -180,8 +180,8 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
         channel: the BMv2 switch and how it is programmed: ``p4runtime`` (simple_switch_grpc),
             ``thrift`` (simple_switch) or ``auto`` (default: :func:`~embnic.control.targets.bmv2.switch.choose_channel`).
     Returns:
-        ``{bmv2_mpps, bmv2_card_mpps, ratio_card_bmv2, bmv2_runs, bmv2_card_runs, bmv2_versions,
-        bmv2_channel, bmv2_build, bmv2_setup}`` (mpps: million frames per second arriving at the sink).
+        the ``bmv2_*`` keys it adds to bench.json's ``dataplane`` object (docs/bench.md).
+
     Raises:
         NeedsRootError: not root. MissingDependencyError: dpdk-testpmd, the channel's switch
             or simple_switch_CLI missing. OperationalError, DpdkProcError: a process failed (names

@@ -564,19 +564,8 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
             True each; :func:`measure_veth`).
         binary: the embnic-dp binary (default: build dataplane/).
     Returns:
-        the ``dataplane`` dict: ``card_mpps, card_msgs_per_s, card_gbps, testpmd_io_mpps,
-        testpmd_macswap_mpps, ratio_io, ratio_macswap`` (one lcore each; net_pcap → net_null;
-        medians), ``distinct_msgs_per_s, distinct_frames_mpps, repeated_ids_msgs_per_s,
-        ratio_distinct_to_repeated, testpmd_io_distinct_mpps, ratio_io_distinct``,
-        ``distinct_2state_msgs_per_s, distinct_2state_frames_mpps, testpmd_io_distinct_2fwd_mpps,
-        ratio_io_distinct_2state, scaling_distinct_2state_vs_1, scaling_testpmd_2fwd_vs_1,
-        distinct_2state_runs`` (with their ``xcore_rtt_ns``; not gated),
-        ``card_pipeline_2lcores_mpps`` (and its mempool driver), ``targets`` (met or not),
-        ``runs_mpps``, ``runs_others_cpu``, ``runs_xcore_rtt_ns``, ``distinct_runs`` (every
-        run), ``af_packet`` and ``af_xdp`` with the main figures on the veth path and
-        ``af_xdp_vs_af_packet`` (their ratios), and the setup (``lcores``, ``pcap``,
-        ``distinct_pcap``, ``seconds``, ``repeats``, ``warmup``, ``mbufs``, ``mbuf_cache``,
-        ``burst``, ``setup``, ``distinct_workload``).
+        the ``dataplane`` object of bench.json (its keys: docs/bench.md).
+
     Raises:
         NeedsRootError: not root. MissingDependencyError: dpdk-testpmd is not installed.
         DpdkProcError: a process failed (names its log).

@@ -329,19 +329,7 @@ def run(out_dir: Path, *, repeats: int = 3, steps: int = 10, batches=BATCHES, lo
     """Run the benchmark, write the PNGs and merge ``e2e`` into ``out_dir/bench.json``.
 
     Returns:
-        the ``e2e`` object: ``rows`` (one per batch with ``model: "embeddings"``: ``batch,
-        varlen_p50_us, varlen_p99_us, fixed_p50_us, fixed_p99_us, torchrec_p50_us,
-        torchrec_p99_us, messages_varlen, messages_fixed, rounds_varlen, rounds_fixed,
-        request_messages_per_round_varlen, request_messages_per_round_fixed, shards_per_round`` — lookup
-        latency per step, medians of repeats; messages and rounds per lookup+update step; with
-        ``dlrm``, one more per batch with ``model: "dlrm"``: ``card_steps_per_s,
-        torchrec_steps_per_s, card_over_torchrec, card_step_p50_us, torchrec_step_p50_us``,
-        see :func:`.e2e_dlrm.rows`), ``dlrm`` (those figures with min/max), ``detail`` (every figure with
-        min/max: lookup and update p50/p99, steps/s, per mode), ``hash`` (embnic with hash
-        sharding), ``loss`` (varlen with ``loss_pct`` % loss: step time and retransmits per
-        step beside the loss-free ones), ``plan`` (``embnic plan``'s step time and messages per
-        step beside the run's, :func:`plan_rows`; also ``plan_step_us``/``step_p50_us`` in the
-        embedding rows), ``targets``, ``machine`` (before and after), ``config``.
+        the ``e2e`` object of bench.json (its keys: docs/bench.md).
 
     Raises:
         NeedsRoot: not root. TestbedError: the testbed did not come up. ImportError: no
