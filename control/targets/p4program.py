@@ -189,3 +189,37 @@ def decode_state_map(regs: dict[str, list[int]]) -> list[dict]:
             "first_us": regs["slot_first_us"][s], "last_us": regs["slot_last_us"][s],
         })
     return out
+
+
+def summarize_state(entries: list[dict], overflow: int, expired: int) -> dict:
+    """A P4 card's ``state_summary`` in the dpdk target's shape (``entries``, ``capacity``,
+    ``overflow``, ``expired``, ``by_state``) from its live entries (:func:`decode_state_map`)."""
+    by = {"receiving": 0, "forwarded": 0, "replying": 0}
+    for e in entries:
+        by[e["state"]] = by.get(e["state"], 0) + 1
+    return {"entries": len(entries), "capacity": constants()["STATE_SLOTS"], "overflow": overflow,
+            "expired": expired, "by_state": by}
+
+
+def ring_state_counters(logged: int, summary: dict) -> dict:
+    """A P4 card's ``counters`` ``ring`` (of ``logged`` headers ever logged) and ``state`` (from
+    :func:`summarize_state`'s ``summary``), in the dpdk target's shape."""
+    size = constants()["RING_SLOTS"]
+    return {"ring": {"size": size, "count": min(logged, size), "logged": logged},
+            "state": {k: summary[k] for k in ("entries", "capacity", "overflow", "expired")}}
+
+
+def dump_state(entries: list[dict]) -> list[dict]:
+    """Live entries (:func:`decode_state_map`) in the dpdk target's ``state_dump`` keys: ``client``,
+    ``msg_id``, ``type``, ``state``, ``shard``, the request's ``num_tables``, ``num_keys``,
+    ``value_len``, ``msg_len``, ``frag_count``, fragments, frames and body bytes each way,
+    ``first_ns``/``last_ns`` (ns since the card started) and the register ``slot``."""
+    from embnic.client_lib.consts import MsgType
+
+    return [{"client": e["client_id"], "msg_id": e["msg_id"],
+             "type": MsgType(e["msg_type"]).name if e["msg_type"] in MsgType._value2member_map_ else e["msg_type"],
+             "state": e["state"], "shard": e["shard_id"], "num_tables": e["num_tables"], "num_keys": e["num_keys"],
+             "value_len": e["value_len"], "msg_len": e["msg_len"], "frag_count": e["frag_count"],
+             "frags_in": e["frags_in"], "frags_out": e["frags_out"], "frames_in": e["frames_in"],
+             "bytes_in": e["bytes_in"], "frames_out": e["frames_out"], "bytes_out": e["bytes_out"],
+             "first_ns": e["first_us"] * 1000, "last_ns": e["last_us"] * 1000, "slot": e["slot"]} for e in entries]

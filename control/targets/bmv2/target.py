@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from embnic.client_lib.config import ClusterConfig, ConfigError
-from embnic.client_lib.consts import MsgType
 from embnic.control import netns
 from embnic.control.targets.bmv2 import switch as bmv2
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
@@ -655,10 +654,7 @@ class Bmv2Target(Target):
             p["lost_before_switch"] = p["iface_rx_frames"] - (p["rx_frames"] - b["switch_rx"])
             lost += p["lost_before_switch"]
         c["lost_before_switch"] = lost
-        size = p4prog.constants()["RING_SLOTS"]
-        summ = self.state_summary()
-        c["ring"] = {"size": size, "count": min(ring, size), "logged": ring}
-        c["state"] = {k: summ[k] for k in ("entries", "capacity", "overflow", "expired")}
+        c.update(p4prog.ring_state_counters(ring, self.state_summary()))
         c["control"] = self.control_channel(st)
         return c
 
@@ -679,30 +675,15 @@ class Bmv2Target(Target):
                                                       f"counter_read drop_reasons {p4prog.constants()['DROP_STATE_FULL']}"]))
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
-        by = {"receiving": 0, "forwarded": 0, "answered": 0, "expired": 0}
-        for e in entries:
-            by[e["state"]] = by.get(e["state"], 0) + 1
-        return {"entries": len(entries), "capacity": p4prog.constants()["STATE_SLOTS"],
-                "overflow": c.get("drop_reasons", {}).get(p4prog.constants()["DROP_STATE_FULL"], (0, 0))[0],
-                "expired": c.get("state_expired", {}).get(0, (0, 0))[0], "by_state": by}
+        full = c.get("drop_reasons", {}).get(p4prog.constants()["DROP_STATE_FULL"], (0, 0))[0]
+        return p4prog.summarize_state(entries, full, c.get("state_expired", {}).get(0, (0, 0))[0])
 
     def state_dump(self, limit: int = 1000) -> list[dict]:
-        """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started):
-        ``client``, ``msg_id``, ``type``, ``state``, ``shard``, the request's ``num_tables``,
-        ``num_keys``, ``value_len``, ``msg_len``, ``frag_count``, frames and body bytes each way,
-        ``first_ns``/``last_ns`` and the register ``slot``."""
+        """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started)."""
         try:
-            entries = bmv2_runtime.read_state_map(self._switch())[:limit]
+            return p4prog.dump_state(bmv2_runtime.read_state_map(self._switch())[:limit])
         except bmv2.Bmv2Error as e:
             raise OperationalError(str(e)) from None
-        return [{"client": e["client_id"], "msg_id": e["msg_id"], "type": MsgType(e["msg_type"]).name
-                 if e["msg_type"] in MsgType._value2member_map_ else e["msg_type"], "state": e["state"],
-                 "shard": e["shard_id"], "num_tables": e["num_tables"], "num_keys": e["num_keys"],
-                 "value_len": e["value_len"], "msg_len": e["msg_len"], "frag_count": e["frag_count"],
-                 "frames_in": e["frames_in"],
-                 "bytes_in": e["bytes_in"], "frames_out": e["frames_out"], "bytes_out": e["bytes_out"],
-                 "first_ns": e["first_us"] * 1000, "last_ns": e["last_us"] * 1000, "slot": e["slot"]}
-                for e in entries]
 
     def ring(self, last: int) -> list[dict]:
         """The ``last`` most recent accepted headers (newest first), ``in_ring`` False: BMv2

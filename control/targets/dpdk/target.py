@@ -4,21 +4,15 @@
 ``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ... [--state-lcores S] --paused``
 (output to ``RUN_DIR/NAME.log``) → write the state file → wait until the socket answers
 ``ping`` → check every ``[card.ports]`` entry has a DPDK port → program the config's routes and
-clients → ``resume`` (the card starts paused, so no frame is read before its tables are set). ``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only
-if it does not stop, remove state file and socket.
+clients → ``resume`` (the card starts paused, so no frame is read before its tables are set).
+``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only if it
+does not stop, remove state file and socket. The process and its control socket are a
+:class:`DpdkCard`, which the ``p4dpdk`` target holds too.
 
-Default EAL arguments (this machine: no hugepages, no PCI devices, vdevs only)::
-
-    -l <card.lcores> --no-huge --no-pci -m 256 --file-prefix embnic-<NAME>-<crc(RUN_DIR)> [--vdev V ...]
-
-(:func:`embnic.control.targets.dpdk.process.eal_argv`; the process is a :class:`~embnic.control.targets.dpdk.process.DpdkProcess`).
-On a NIC given by PCI address (``pci``: ``pipeline load --pci BDF`` or ``[card] pci``;
-docs/deploy.md) they are ``-l <card.lcores> --file-prefix ... -a BDF ...``: the device
-allow-listed instead of ``--no-pci`` and hugepages instead of ``--no-huge -m 256`` (unless
-``hugepages=False``); ``load`` first checks each device is present and bound to a driver DPDK
-can use, and that hugepages are free (:mod:`embnic.control.targets.dpdk.pci`), failing with one line that
-names the fix.
-``eal_args`` replaces them all (the ``vdevs`` are still appended). Example from Python::
+EAL arguments: :func:`embnic.control.targets.dpdk.process.eal_argv` (``-l <card.lcores>`` and
+``--file-prefix embnic-<NAME>-<crc(RUN_DIR)>``), or ``eal_args`` in their place (the ``vdevs``
+are still appended); a NIC given by PCI address (``--pci BDF`` or ``[card] pci``, docs/deploy.md)
+is checked first (:mod:`embnic.control.targets.dpdk.pci`). Example from Python::
 
     from embnic.client_lib.config import load_config
     from embnic.control.targets.dpdk.target import DpdkTarget
@@ -114,8 +108,9 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
 _LIST_FIX = "close the quote, or give a list of strings"
 
 
-class DpdkTarget(Target):
-    """The embnic pipeline as the DPDK program ``embnic-dp``.
+class DpdkCard:
+    """A card program run by DPDK's EAL behind its control socket (``embnic-dp``, ``embnic-swx``):
+    the process runner and control-socket client the ``dpdk`` and ``p4dpdk`` targets each hold.
 
     Args:
         config: cluster config; its ``[card]`` gives ports (``--port-ip``), ring/state sizes, lcores.
@@ -140,24 +135,19 @@ class DpdkTarget(Target):
             ports 0.. in this order, before the vdevs.
         hugepages: EAL memory from hugepages (default: when there are PCI devices).
         sysfs_root: where sysfs is (default ``$EMBNIC_SYSFS_ROOT`` or ``/sys``; tests: a fake tree).
+        target: the target's name, for messages.
+        one_lcore: run on the first lcore of the list only (embnic-swx).
     """
-
-    name = "dpdk"
-    #: ``load`` refuses to run without root: the EAL needs it here (runtime dir, af_packet/tap vdevs).
-    #: Tests of a stand-in binary (no EAL) set it False.
-    NEEDS_ROOT = True
-    OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
-                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused", "pci", "hugepages",
-                         "sysfs_root"})
 
     def __init__(self, config: ClusterConfig | None = None, binary: str | os.PathLike | None = None,
                  eal_args: Sequence[str] | str | None = None, ctl_path: str | os.PathLike | None = None,
-                 netns: str | None = None, *, name: str = "embnic", run_dir: str | os.PathLike | None = None,
+                 netns: str | None = None, *, name: str = "embnic", run_dir: Path,
                  vdevs: Sequence[str] = (), lcores: str | None = None, ready_timeout: float = 30.0,
                  stop_timeout: float = 10.0, check_build: bool = True, timeout: float = 5.0,
                  card_args: Sequence[str] | str = (), start_paused: bool = True, pci: Sequence[str] | None = None,
-                 hugepages: bool | None = None, sysfs_root: str | os.PathLike | None = None):
-        super().__init__(config, name=name, run_dir=run_dir)
+                 hugepages: bool | None = None, sysfs_root: str | os.PathLike | None = None,
+                 target: str = "dpdk", one_lcore: bool = False):
+        self.config, self.instance, self.run_dir, self.target = config, name, run_dir, target
         if pci is None:
             card = config.card if config is not None else None
             pci = card.pci if card is not None else ()
@@ -177,18 +167,12 @@ class DpdkTarget(Target):
         self.netns = netns
         self.vdevs = tuple(vdevs or ())
         self.lcores = lcores
+        self.one_lcore = one_lcore
         self.ready_timeout = float(ready_timeout)
         self.stop_timeout = float(stop_timeout)
         self.check_build = check_build
         self.timeout = float(timeout)
-        self._proc: DpdkProcess | None = None
-
-    @classmethod
-    def from_settings(cls, s, **opts: Any) -> "DpdkTarget":
-        """Build from resolved CLI settings (``--binary``, ``--eal-args``, ``--vdev``, ``--netns``, ``--ctl``)."""
-        return cls(s.config, binary=s.binary, eal_args=s.eal_args, ctl_path=s.ctl, netns=s.netns,
-                   vdevs=s.vdevs, name=s.name, run_dir=s.run_dir, card_args=s.card_args,
-                   **{k: v for k, v in opts.items() if v is not None})
+        self.proc: DpdkProcess | None = None
 
     # ------------------------------------------------------------------ paths
     @property
@@ -234,28 +218,14 @@ class DpdkTarget(Target):
         owner = st if st and not st.get("corrupt") and st.get("ctl") == path else None
         return CtlClient(path, timeout=self.timeout if timeout is None else timeout, load_hint=hint, owner=owner, gone=gone)
 
-    def ready_info(self, proc: DpdkProcess, ctl: str, program: str) -> dict:
-        """Wait until the started card ``proc`` answers ``ping`` on ``ctl``; its ``info``, after
-        checking that it has a DPDK port for every ``[[card.ports]]`` entry.
-
-        Raises:
-            OperationalError: it did not become ready (DpdkProcess.wait_ready), or a port is missing
-                (names ``program``, the ports it has and the fix).
-        """
-        probe = CtlClient(ctl, timeout=1.0)
-        proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout, f"answer `ping` on {ctl}")
-        info = self.info()
-        have = {int(p["port"]) for p in info.get("ports", [])}
-        for i, p in enumerate(self.config.card.ports):
-            if p.id not in have:
-                raise OperationalError(f"card.ports[{i}] is DPDK port {p.id} but {program} has ports "
-                                       f"{sorted(have)}: give one --vdev per card port")
-        return info
+    def call(self, cmd: str, **fields: Any) -> dict:
+        """One control command; the response without its ``ok``."""
+        return {k: v for k, v in self.ctl().call(cmd, **fields).items() if k != "ok"}
 
     # ------------------------------------------------------------------ command line
     def eal_argv(self) -> list[str]:
-        """EAL arguments: ``eal_args`` (then ``-a BDF`` per PCI device) or the defaults, then one
-        ``--vdev`` per vdev."""
+        """EAL arguments: ``eal_args`` (then ``-a BDF`` per PCI device) or the defaults (``one_lcore``:
+        the first lcore of the list), then one ``--vdev`` per vdev."""
         if self.eal_args is not None:
             args = list(self.eal_args)
             for b in self.pci:
@@ -265,28 +235,9 @@ class DpdkTarget(Target):
             return args
         card = self.config.card if self.config is not None else None
         lcores = self.lcores or (card.lcores if card is not None else "0,1")
+        if self.one_lcore:
+            lcores = re.split(r"[,-]", lcores)[0]
         return eal_argv(lcores, self.file_prefix, self.vdevs, pci=self.pci, hugepages=self.hugepages)
-
-    def card_argv(self, ctl: str) -> list[str]:
-        """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
-        args = ["--ctl", ctl]
-        card = self.config.card
-        for p in card.ports:
-            args += ["--port-ip", f"{p.id}={p.ip}"]
-        args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
-                 "--state-timeout-ms", str(card.state_timeout_ms)]
-        if card.state_lcores > 1:  # the card's default is 1
-            args += ["--state-lcores", str(card.state_lcores)]
-        # the cluster MTU: mbufs that hold a whole frame of it, and every port must send one (the
-        # card refuses at start a port whose frames are smaller, naming it: docs/control-socket.md)
-        args += ["--mtu", str(self.config.mtu)]
-        if self.start_paused:
-            args.append("--paused")
-        return args + self.card_args
-
-    def argv(self, binary: str | os.PathLike, ctl: str) -> list[str]:
-        """The whole command line, with ``ip netns exec NS`` in front when ``netns`` is set."""
-        return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path).argv
 
     # ------------------------------------------------------------------ lifecycle
     def check_config(self, program: bool) -> list[Peer]:
@@ -298,13 +249,14 @@ class DpdkTarget(Target):
         Raises:
             UsageError: no config, no ports, bad lcores or vdevs.
             ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
-            OperationalError: a PCI device or hugepages not ready (:meth:`_check_pci`).
+            OperationalError: a PCI device or hugepages not ready (:meth:`check_pci`).
         """
         cfg = self.config
         if cfg is None:
-            raise UsageError("loading the dpdk target needs the cluster config: pass --config FILE", param="config")
+            raise UsageError(f"loading the {self.target} target needs the cluster config: pass --config FILE",
+                             param="config")
         if cfg.card is None or not cfg.card.enabled:
-            raise ConfigError("card", "the dpdk target needs a [card] section (enabled = true) with its "
+            raise ConfigError("card", f"the {self.target} target needs a [card] section (enabled = true) with its "
                               "ports; see docs/config.md and examples/testbed.toml", cfg.path)
         if self.eal_args is None and not self.vdevs and not self.pci:
             raise UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
@@ -331,10 +283,10 @@ class DpdkTarget(Target):
         if bad:
             raise UsageError(bad, param="vdevs")
         if self.pci:
-            self._check_pci()
+            self.check_pci()
         return peers_from_config(cfg) if program else []
 
-    def _check_pci(self) -> None:
+    def check_pci(self) -> None:
         """Refuse, in one line naming the fix, a PCI device that is missing or bound to a driver
         DPDK cannot use, and hugepages that are not there (:mod:`embnic.control.targets.dpdk.pci`).
 
@@ -352,23 +304,16 @@ class DpdkTarget(Target):
             if bad:
                 raise OperationalError(bad)
 
-    def load(self, program: bool = True) -> dict:
-        """Start embnic-dp, wait until it answers, program routes and clients (see module doc).
+    def claim(self) -> None:
+        """Make sure nothing runs under this name before a load: the namespace exists, no
+        ``net_af_xdp`` port's XDP hook is taken, the run directory exists and a stale state file
+        (its process gone) is removed.
 
-        Returns:
-            the state file contents plus ``routes``/``clients`` counts and the card's ``info``.
         Raises:
-            UsageError: no config / no ports given, ``netns`` names no namespace (exit 2).
-            NeedsRootError: not root (exit 2).
-            ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
-            BuildInfoError: the binary's build info does not match the client library.
-            OperationalError: already running, cannot start, not ready in time; a ``net_af_xdp``
-                vdev whose interface is missing or already runs an XDP program
-                (:func:`~embnic.control.targets.dpdk.xdp.af_xdp_problem`).
+            UsageError: ``netns`` names no namespace.
+            OperationalError: the pipeline already runs, or a net_af_xdp port's interface is
+                missing or runs an XDP program (:func:`~embnic.control.targets.dpdk.xdp.af_xdp_problem`).
         """
-        peers = self.check_config(program)
-        if self.NEEDS_ROOT:
-            require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
         if self.netns:
             require_root("running the card in a network namespace (--netns)")
             require_netns(self.netns)
@@ -383,41 +328,178 @@ class DpdkTarget(Target):
                                        f"run `embnic pipeline unload --name {self.instance}` first, or load "
                                        "another one with --name")
             remove_state(self.run_dir, self.instance)  # stale: its process is gone
-        binary = find_binary(self.binary)
-        bi = buildinfo.require_compatible(binary, udp_port=self.config.udp_port) if self.check_build else None
+
+    def run(self, binary: str | os.PathLike, name: str, app: Sequence[str], state: dict,
+            program) -> tuple[dict, dict]:
+        """Start ``binary`` (``name`` in messages) with the EAL arguments and ``app`` (its arguments after ``--``, the
+        control socket :attr:`start_ctl_path` among them), write the state file, wait until it
+        answers ``ping`` and has a DPDK port per ``[[card.ports]]``, call ``program(info)`` (its
+        tables), then ``resume`` it (``start_paused``). A failure stops it and removes the state file.
+
+        Returns:
+            ``(state, info)``: the state file's contents (``state`` plus the process's record) and
+            the card's ``info``.
+        Raises:
+            OperationalError: a card already answers on the socket, it cannot start, is not
+                ready in time or lacks a port; whatever ``program`` raises.
+        """
         ctl = self.start_ctl_path
         if os.path.exists(ctl):
-            probe = CtlClient(ctl, timeout=1.0)
             try:
-                pid = probe.ping()
+                pid = CtlClient(ctl, timeout=1.0).ping()
             except CtlError:
                 os.unlink(ctl)  # stale socket of a card that died
             else:
                 raise OperationalError(f"a card (pid {pid}) already answers on {ctl}: unload it "
                                        "(`embnic pipeline unload`) or choose another --ctl/--name")
         Path(ctl).parent.mkdir(parents=True, exist_ok=True)
-        proc = DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns, log=self.log_path,
-                           name="embnic-dp")
-        self._proc = proc.start()
-        state = {
-            "target": self.name, "name": self.instance, **proc.record(),
-            "ctl": ctl, "binary": os.fspath(binary), "netns": self.netns,
-            "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time(),
-            "build": {"proto_version": bi.proto_version, "git_rev": bi.git_rev} if bi else None,
-        }
+        proc = DpdkProcess(binary, self.eal_argv(), app, netns=self.netns, log=self.log_path, name=name)
+        self.proc = proc.start()
+        state = {"target": self.target, "name": self.instance, **proc.record(), "ctl": ctl,
+                 "binary": os.fspath(binary), "netns": self.netns,
+                 "config": os.path.abspath(self.config.path) if self.config.path else None,
+                 "started": time.time(), **state}
         write_state(self.run_dir, self.instance, state)
         try:
-            info = self.ready_info(proc, ctl, "embnic-dp")
-            for p in peers:
-                self.peer_add(p)
+            probe = CtlClient(ctl, timeout=1.0)
+            proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout,
+                            f"answer `ping` on {ctl}")
+            info = self.call("info")
+            have = {int(p["port"]) for p in info.get("ports", [])}
+            for i, p in enumerate(self.config.card.ports):
+                if p.id not in have:
+                    raise OperationalError(f"card.ports[{i}] is DPDK port {p.id} but {name} has ports "
+                                           f"{sorted(have)}: give one --vdev per card port")
+            program(info)
             if self.start_paused:
                 self.ctl().call("resume")
         except BaseException:
             proc.stop(self.stop_timeout)  # also removes the failed start's EAL runtime dir
             remove_state(self.run_dir, self.instance)
             raise
-        return {**state, **count_peers(peers), "info": info,
-                "warnings": self._port_mac_warnings(info)}
+        return state, info
+
+    def unload(self) -> dict:
+        """Stop the card (SIGTERM, then SIGKILL after ``stop_timeout``), remove state file and socket.
+
+        Returns:
+            ``{pid, was_running, killed, exit, ctl, log}``.
+        Raises:
+            OperationalError: no state file for this name (nothing loaded).
+        """
+        st = read_state(self.run_dir, self.instance)
+        if st is None:
+            raise OperationalError(f"pipeline {self.instance!r} is not loaded (no {state_path(self.run_dir, self.instance)}); "
+                                   "nothing to unload")
+        if st.get("corrupt") or not isinstance(st.get("pid"), int):
+            remove_state(self.run_dir, self.instance)
+            return {"pid": None, "was_running": False, "killed": False, "exit": None, "ctl": None,
+                    "log": None, "corrupt": True}
+        res = stop_recorded(st, self.stop_timeout, child=self.proc.proc if self.proc is not None else None)
+        remove_state(self.run_dir, self.instance)
+        ctl = st.get("ctl")
+        if ctl and os.path.exists(ctl) and not CtlClient(ctl, timeout=0.5).alive():
+            try:
+                os.unlink(ctl)
+            except OSError:
+                pass
+        return {**res, "ctl": ctl, "log": st.get("log")}
+
+    def is_loaded(self) -> bool:
+        """True if the state file's process runs and the control socket answers ``ping``."""
+        st = read_state(self.run_dir, self.instance)
+        if st is not None and not st.get("corrupt") and not pid_matches(st):
+            return False
+        return self.ctl(timeout=1.0).alive()
+
+
+class DpdkTarget(Target):
+    """The embnic pipeline as the DPDK program ``embnic-dp``, run by a :class:`DpdkCard` (which
+    takes the options, documented there).
+    """
+
+    name = "dpdk"
+    #: ``load`` refuses to run without root: the EAL needs it here (runtime dir, af_packet/tap vdevs).
+    #: Tests of a stand-in binary (no EAL) set it False.
+    NEEDS_ROOT = True
+    OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
+                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused", "pci", "hugepages",
+                         "sysfs_root"})
+
+    def __init__(self, config: ClusterConfig | None = None, *args: Any, name: str = "embnic",
+                 run_dir: str | os.PathLike | None = None, **kw: Any):
+        super().__init__(config, name=name, run_dir=run_dir)
+        self.card = DpdkCard(config, *args, name=name, run_dir=self.run_dir, target=self.name, **kw)
+
+    @classmethod
+    def from_settings(cls, s, **opts: Any) -> "Target":
+        """Build from resolved CLI settings (``--binary``, ``--eal-args``, ``--vdev``, ``--netns``, ``--ctl``)."""
+        return cls(s.config, binary=s.binary, eal_args=s.eal_args, ctl_path=s.ctl, netns=s.netns,
+                   vdevs=s.vdevs, name=s.name, run_dir=s.run_dir, card_args=s.card_args,
+                   **{k: v for k, v in opts.items() if v is not None})
+
+    @property
+    def file_prefix(self) -> str:
+        return self.card.file_prefix
+
+    def ctl(self, timeout: float | None = None) -> CtlClient:
+        return self.card.ctl(timeout)
+
+    def eal_argv(self) -> list[str]:
+        return self.card.eal_argv()
+
+    def card_argv(self, ctl: str) -> list[str]:
+        """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
+        args = ["--ctl", ctl]
+        card = self.config.card
+        for p in card.ports:
+            args += ["--port-ip", f"{p.id}={p.ip}"]
+        args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
+                 "--state-timeout-ms", str(card.state_timeout_ms)]
+        if card.state_lcores > 1:  # the card's default is 1
+            args += ["--state-lcores", str(card.state_lcores)]
+        # the cluster MTU: mbufs that hold a whole frame of it, and every port must send one (the
+        # card refuses at start a port whose frames are smaller, naming it: docs/control-socket.md)
+        args += ["--mtu", str(self.config.mtu)]
+        if self.card.start_paused:
+            args.append("--paused")
+        return args + self.card.card_args
+
+    def argv(self, binary: str | os.PathLike, ctl: str) -> list[str]:
+        """The whole command line, with ``ip netns exec NS`` in front when ``netns`` is set."""
+        return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.card.netns,
+                           log=self.card.log_path).argv
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self, program: bool = True) -> dict:
+        """Start embnic-dp, wait until it answers, program routes and clients (see module doc).
+
+        Returns:
+            the state file contents plus ``routes``/``clients`` counts and the card's ``info``.
+        Raises:
+            UsageError: no config / no ports given, ``netns`` names no namespace (exit 2).
+            NeedsRootError: not root (exit 2).
+            ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
+            BuildInfoError: the binary's build info does not match the client library.
+            OperationalError: already running, cannot start, not ready in time; a ``net_af_xdp``
+                vdev whose interface is missing or already runs an XDP program
+                (:func:`~embnic.control.targets.dpdk.xdp.af_xdp_problem`).
+        """
+        peers = self.card.check_config(program)
+        if self.NEEDS_ROOT:
+            require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
+        self.card.claim()
+        binary = find_binary(self.card.binary)
+        bi = buildinfo.require_compatible(binary, udp_port=self.config.udp_port) if self.card.check_build else None
+        build = {"proto_version": bi.proto_version, "git_rev": bi.git_rev} if bi else None
+
+        def program_peers(info: dict) -> None:
+            for p in peers:
+                self.peer_add(p)
+
+        state, info = self.card.run(binary, "embnic-dp", self.card_argv(self.card.start_ctl_path),
+                                    {"build": build}, program_peers)
+        return {**state, **count_peers(peers), "info": info, "warnings": self._port_mac_warnings(info)}
 
     def _port_mac_warnings(self, info: dict) -> list[str]:
         """One line per ``[card].ports`` entry whose ``mac`` differs from the DPDK port's real MAC.
@@ -437,37 +519,10 @@ class DpdkTarget(Target):
         return out
 
     def unload(self) -> dict:
-        """Stop the card (SIGTERM, then SIGKILL after ``stop_timeout``), remove state file and socket.
-
-        Returns:
-            ``{pid, was_running, killed, exit, ctl, log}``.
-        Raises:
-            OperationalError: no state file for this name (nothing loaded).
-        """
-        st = read_state(self.run_dir, self.instance)
-        if st is None:
-            raise OperationalError(f"pipeline {self.instance!r} is not loaded (no {state_path(self.run_dir, self.instance)}); "
-                                   "nothing to unload")
-        if st.get("corrupt") or not isinstance(st.get("pid"), int):
-            remove_state(self.run_dir, self.instance)
-            return {"pid": None, "was_running": False, "killed": False, "exit": None, "ctl": None,
-                    "log": None, "corrupt": True}
-        res = stop_recorded(st, self.stop_timeout, child=self._proc.proc if self._proc is not None else None)
-        remove_state(self.run_dir, self.instance)
-        ctl = st.get("ctl")
-        if ctl and os.path.exists(ctl) and not CtlClient(ctl, timeout=0.5).alive():
-            try:
-                os.unlink(ctl)
-            except OSError:
-                pass
-        return {**res, "ctl": ctl, "log": st.get("log")}
+        return self.card.unload()
 
     def is_loaded(self) -> bool:
-        """True if the state file's process runs and the control socket answers ``ping``."""
-        st = read_state(self.run_dir, self.instance)
-        if st is not None and not st.get("corrupt") and not pid_matches(st):
-            return False
-        return self.ctl(timeout=1.0).alive()
+        return self.card.is_loaded()
 
     # ------------------------------------------------------------------ tables
     def peer_add(self, p: Peer) -> None:
@@ -500,16 +555,12 @@ class DpdkTarget(Target):
         return sorted((Peer.from_fields(d, kind) for d in got), key=lambda p: p.id)
 
     # ------------------------------------------------------------------ observation
-    @staticmethod
-    def _strip(resp: dict) -> dict:
-        return {k: v for k, v in resp.items() if k != "ok"}
-
     def counters(self) -> dict:
         """The card's counters (docs/control-socket.md ``counters``): ports, types, drops, ring, mempool, state."""
-        return self._strip(self.ctl().call("counters"))
+        return self.card.call("counters")
 
     def state_summary(self) -> dict:
-        return self._strip(self.ctl().call("state_summary"))
+        return self.card.call("state_summary")
 
     def ring(self, last: int) -> list[dict]:
         """The headers of up to ``last`` message frames still waiting in the header ring, then of
@@ -538,10 +589,10 @@ class DpdkTarget(Target):
                 [{**e, "in_ring": False} for e in r.get("entries", [])])
 
     def state_dump(self, limit: int = 1000) -> list[dict]:
-        return list(self.ctl(timeout=max(self.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))
+        return list(self.ctl(timeout=max(self.card.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))
 
     def info(self) -> dict:
-        return self._strip(self.ctl().call("info"))
+        return self.card.call("info")
 
     def reset_counters(self) -> None:
         self.ctl().call("reset_counters")

@@ -7,8 +7,8 @@
 ``[ip netns exec NS] embnic-swx EAL-ARGS -- --pipeline LIB.so --ctl SOCK --paused`` with the EAL
 arguments and vdevs of the ``dpdk`` target (its lcore list's first lcore only: one lcore) →
 program the card's port addresses, the config's routes and clients and ``state_timeout_us``
-through the SWX pipeline's control API → ``resume``. ``unload``, the state file and the control
-socket are the ``dpdk`` target's (:class:`~embnic.control.targets.dpdk.target.DpdkTarget`).
+through the SWX pipeline's control API → ``resume``. The process, ``unload``, the state file and
+the control socket are the ``dpdk`` target's (:class:`~embnic.control.targets.dpdk.target.DpdkCard`).
 
 Tables are written and read as the SWX control API's entry text (``match ... action ...``) by
 the names p4c-dpdk gave them (its context JSON, :class:`embnic.control.targets.p4dpdk.swx.Names`);
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,10 +36,9 @@ from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decod
 from embnic.control.ctlsock import CtlClient
 from embnic.control.targets.dpdk.process import DpdkProcess
 from embnic.control.errors import NoSuchEntryError, OperationalError
-from embnic.control.runstate import (ensure_run_dir, pid_matches, read_state, remove_state, require_netns,
-                                     require_root, write_state)
-from embnic.control.targets.base import Peer, check_peer_port, count_peers, describe_state, peer_kind
-from embnic.control.targets.dpdk.target import DpdkTarget
+from embnic.control.runstate import require_root
+from embnic.control.targets.base import Peer, Target, check_peer_port, count_peers, peer_kind
+from embnic.control.targets.dpdk.target import DpdkCard, DpdkTarget
 
 
 
@@ -192,41 +190,29 @@ class SwxCard:
         return [{f: regs[f][(head - k) % size] for f in RING_FIELDS} for k in range(1, min(last, head, size) + 1)]
 
 
-class P4DpdkTarget(DpdkTarget):
-    """The embnic pipeline as the P4 program for PNA in DPDK's SWX pipeline (embnic-swx).
+class P4DpdkTarget(Target):
+    """The embnic pipeline as the P4 program for PNA in DPDK's SWX pipeline (embnic-swx), run by
+    a :class:`~embnic.control.targets.dpdk.target.DpdkCard`.
 
     Takes the ``dpdk`` target's options (vdevs, EAL arguments, netns, control socket); the lcore
     list's first lcore runs everything. ``lib``: a built pipeline library instead of building one.
     """
 
     name = "p4dpdk"
-    NEEDS_ROOT = True
     OPTIONS = DpdkTarget.OPTIONS | {"lib"}
+    from_settings = DpdkTarget.from_settings
 
-    def __init__(self, config: ClusterConfig | None = None, *args: Any, lib: str | os.PathLike | None = None,
-                 **kw: Any):
+    def __init__(self, config: ClusterConfig | None = None, *args: Any, name: str = "embnic",
+                 run_dir: str | os.PathLike | None = None, lib: str | os.PathLike | None = None, **kw: Any):
+        super().__init__(config, name=name, run_dir=run_dir)
         kw.setdefault("check_build", False)  # embnic-swx carries no embnic build-info section
-        super().__init__(config, *args, **kw)
+        self.card = DpdkCard(config, *args, name=name, run_dir=self.run_dir, target=self.name, one_lcore=True, **kw)
         self.lib = Path(lib) if lib else None
-        self._pipe: p4dpdk.Pipeline | None = None
 
-    # ------------------------------------------------------------------ command line
-    def eal_argv(self) -> list[str]:
-        """The ``dpdk`` target's EAL arguments with one lcore (the first of the card's list)."""
-        args = super().eal_argv()
-        if self.eal_args is None and "-l" in args:
-            i = args.index("-l") + 1
-            args[i] = re.split(r"[,-]", args[i])[0]
-        return args
+    def ctl(self, timeout: float | None = None) -> CtlClient:
+        return self.card.ctl(timeout)
 
-    def card_argv(self, ctl: str) -> list[str]:
-        lib = self.lib or (self._pipe.lib if self._pipe else None)
-        args = ["--pipeline", str(lib), "--ctl", ctl]
-        if self.start_paused:
-            args.append("--paused")
-        return args + self.card_args
-
-    def card(self) -> SwxCard:
+    def swx(self) -> SwxCard:
         """The loaded card by P4 names (the context JSON the state file names)."""
         st = self.state() or {}
         if st.get("target") != self.name or not st.get("context"):
@@ -248,52 +234,37 @@ class P4DpdkTarget(DpdkTarget):
             UsageError: the config sets ``ring_size``/``state_size`` other than the compiled ones.
             ConfigError / NeedsRootError / OperationalError: as the dpdk target.
         """
-        peers = self.check_config(program)
+        peers = self.card.check_config(program)
         p4prog.card_sizes(self.config.card, self.name, self.config.path)
         p4dpdk.require()
         require_root("loading the p4dpdk target (embnic-swx and its DPDK EAL)")
-        if self.netns:
-            require_netns(self.netns)
-        ensure_run_dir(self.run_dir)
-        old = read_state(self.run_dir, self.instance)
-        if old is not None:
-            if not old.get("corrupt") and pid_matches(old):
-                raise OperationalError(f"pipeline {self.instance!r} is already running ({describe_state(old)}); "
-                                       f"run `embnic pipeline unload --name {self.instance}` first")
-            remove_state(self.run_dir, self.instance)
-        self._pipe = p4dpdk.build_pipeline() if self.lib is None else None
-        context = self._pipe.context if self._pipe else self.lib.with_name("context.json")
-        ctl = self.start_ctl_path
-        if os.path.exists(ctl):
-            if CtlClient(ctl, timeout=1.0).alive():
-                raise OperationalError(f"a card already answers on {ctl}: unload it or choose another --ctl/--name")
-            os.unlink(ctl)
-        proc = DpdkProcess(p4dpdk.SWX_BINARY, self.eal_argv(), self.card_argv(ctl), netns=self.netns,
-                           log=self.log_path, name="embnic-swx")
-        self._proc = proc.start()
-        state = {"target": self.name, "name": self.instance, **proc.record(), "ctl": ctl,
-                 "binary": str(p4dpdk.SWX_BINARY), "lib": str(self._pipe.lib if self._pipe else self.lib),
-                 "context": str(context), "netns": self.netns,
-                 "config": os.path.abspath(self.config.path) if self.config.path else None, "started": time.time()}
-        write_state(self.run_dir, self.instance, state)
-        try:
-            info = self.ready_info(proc, ctl, "embnic-swx")
+        self.card.claim()
+        pipe = p4dpdk.build_pipeline() if self.lib is None else None
+        lib = pipe.lib if pipe else self.lib
+        context = pipe.context if pipe else self.lib.with_name("context.json")
+        app = ["--pipeline", str(lib), "--ctl", self.card.start_ctl_path]
+        if self.card.start_paused:
+            app.append("--paused")
+
+        def program_card(info: dict) -> None:
             for i, p in enumerate(self.config.card.ports):
                 if p.mac is None:
                     raise ConfigError(f"card.ports[{i}].mac", "required by the p4dpdk target (the pipeline "
                                       "writes the card's MAC into every frame it sends): add mac = \"02:..\"",
                                       self.config.path)
-            self.card().program([(p.id, p.mac, p.ip) for p in self.config.card.ports], peers,
-                                state_timeout_us=self.config.card.state_timeout_ms * 1000)
-            if self.start_paused:
-                self.ctl().call("resume")
-        except BaseException:
-            proc.stop(self.stop_timeout)
-            remove_state(self.run_dir, self.instance)
-            raise
-        note = self._pipe.note if self._pipe else None
-        return {**state, **count_peers(peers), "info": info,
-                "warnings": [note] if note else []}
+            self.swx().program([(p.id, p.mac, p.ip) for p in self.config.card.ports], peers,
+                               state_timeout_us=self.config.card.state_timeout_ms * 1000)
+
+        state, info = self.card.run(p4dpdk.SWX_BINARY, "embnic-swx", app + self.card.card_args,
+                                    {"lib": str(lib), "context": str(context)}, program_card)
+        note = pipe.note if pipe else None
+        return {**state, **count_peers(peers), "info": info, "warnings": [note] if note else []}
+
+    def unload(self) -> dict:
+        return self.card.unload()
+
+    def is_loaded(self) -> bool:
+        return self.card.is_loaded()
 
     # ------------------------------------------------------------------ tables
     def peer_add(self, p: Peer) -> None:
@@ -304,14 +275,14 @@ class P4DpdkTarget(DpdkTarget):
             OperationalError: not loaded.
         """
         check_peer_port(p, self._nb_ports())
-        self.card().peer_add(p)
+        self.swx().peer_add(p)
 
     def peer_del(self, kind: str, id_: int) -> None:
-        if not self.card().peer_del(kind, id_):
+        if not self.swx().peer_del(kind, id_):
             raise NoSuchEntryError(peer_kind(kind).noun, id_)
 
     def peer_list(self, kind: str) -> list[Peer]:
-        return self.card().peers(kind)
+        return self.swx().peers(kind)
 
     # ------------------------------------------------------------------ observation
     def _nb_ports(self) -> int:
@@ -321,57 +292,35 @@ class P4DpdkTarget(DpdkTarget):
         """Counters in the dpdk target's shape (the P4 card's: ``ports``, ``types``, ``drops``, ``arp``,
         ``completed``, ``shards`` of the routed shards, ``ring``, ``state``), plus ``host``: the
         embnic-swx host's per-port counters and the pipeline's port statistics."""
-        card = self.card()
+        card = self.swx()
         shards = [e.id for e in card.peers("shard")]
         c = card.counters(self._nb_ports(), shards)
-        size = p4prog.constants()["RING_SLOTS"]
-        logged = card.reg("ring_head", 0, 1)[0]
-        summ = self.state_summary()
-        c["ring"] = {"size": size, "count": min(logged, size), "logged": logged}
-        c["state"] = {k: summ[k] for k in ("entries", "capacity", "overflow", "expired")}
+        c.update(p4prog.ring_state_counters(card.reg("ring_head", 0, 1)[0], self.state_summary()))
         host = self.ctl().call("counters")
         c["host"] = {"ports": host["ports"], "pipeline_dropped": host["pipeline_dropped"]}
         return c
 
     def state_summary(self) -> dict:
-        card = self.card()
-        entries = card.state_map()
-        by = {"receiving": 0, "forwarded": 0, "replying": 0}
-        for e in entries:
-            by[e["state"]] = by.get(e["state"], 0) + 1
-        c = p4prog.constants()
-        return {"entries": len(entries), "capacity": c["STATE_SLOTS"],
-                "overflow": card.counter("drop_reasons", c["DROP_STATE_FULL"])[0],
-                "expired": card.counter("state_expired")[0], "by_state": by}
+        card = self.swx()
+        full = card.counter("drop_reasons", p4prog.constants()["DROP_STATE_FULL"])[0]
+        return p4prog.summarize_state(card.state_map(), full, card.counter("state_expired")[0])
 
     def state_dump(self, limit: int = 1000) -> list[dict]:
         """Live entries in the dpdk target's keys (timestamps: ns since embnic-swx started)."""
-        out = []
-        for e in self.card().state_map()[:limit]:
-            t = e["msg_type"]
-            out.append({"client": e["client_id"], "msg_id": e["msg_id"],
-                        "type": MsgType(t).name if t in MsgType._value2member_map_ else t, "state": e["state"],
-                        "shard": e["shard_id"], "num_tables": e["num_tables"], "num_keys": e["num_keys"],
-                        "value_len": e["value_len"], "msg_len": e["msg_len"], "frag_count": e["frag_count"],
-                        "frags_in": e["frags_in"], "frags_out": e["frags_out"],
-                        "frames_in": e["frames_in"], "bytes_in": e["bytes_in"], "frames_out": e["frames_out"],
-                        "bytes_out": e["bytes_out"], "first_ns": e["first_us"] * 1000, "last_ns": e["last_us"] * 1000,
-                        "slot": e["slot"]})
-        return out
+        return p4prog.dump_state(self.swx().state_map()[:limit])
 
     def ring(self, last: int) -> list[dict]:
-        return [{**e, "in_ring": False} for e in self.card().ring(last)]
+        return [{**e, "in_ring": False} for e in self.swx().ring(last)]
 
     def info(self) -> dict:
         st = self.state() or {}
-        resp = self.ctl().call("info")
-        return {**{k: v for k, v in resp.items() if k != "ok"}, "target": self.name, "lib": st.get("lib"),
+        return {**self.card.call("info"), "target": self.name, "lib": st.get("lib"),
                 "context": st.get("context"), "state_size": p4prog.constants()["STATE_SLOTS"],
                 "ring_size": p4prog.constants()["RING_SLOTS"]}
 
     def reset_counters(self) -> None:
         """Zero the P4 card's counters (the register arrays p4c-dpdk made of them)."""
-        card = self.card()
+        card = self.swx()
         for name in ("rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed",
                      "completed_by_shard", "arp_replies", "state_expired"):
             kind, _ = card.names.counters[name]
