@@ -18,15 +18,9 @@ from embnic.control.errors import EXIT_CODES, MISSING_DEPENDENCY, USAGE, Control
 
 
 def to_click(e: Exception) -> click.ClickException:
-    """The click error for a library error: ``click.UsageError`` (exit 2) for a
-    :class:`~embnic.control.errors.ControlError` of the ``usage`` category, else a
-    ``click.ClickException`` with the category's exit code; a
-    :class:`~embnic.client_lib.config.ConfigError` or
-    :class:`~embnic.client_lib.clib.NativeLibraryError` exits 2.
-
-    Raises:
-        TypeError: ``e`` is none of these.
-    """
+    """The click error for a library error: ``click.UsageError`` for a ``ControlError`` of the ``usage``
+    category, else a ``click.ClickException`` with the category's exit code (a ``ConfigError`` or a
+    ``NativeLibraryError`` exits 2). Raises TypeError for any other exception."""
     if isinstance(e, ControlError):
         if e.category == USAGE:
             return click.UsageError(e.message)
@@ -126,8 +120,7 @@ class _Group(OneLineUsageGroup):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, envvar="EMBNIC_DEBUG",
               help="Show tracebacks on errors (also after the subcommand, or EMBNIC_DEBUG=1).")
-@click.pass_context
-def cli(ctx, debug):
+def cli(debug):  # --debug is acted on by main(), before click parses
     """embnic: program and drive the embnic SmartNIC pipeline for embedding training.
 
     \b
@@ -139,8 +132,6 @@ def cli(ctx, debug):
       embnic status --watch
       embnic demo --steps 20 --out out/demo
     """
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
 
 
 def main() -> None:

@@ -273,10 +273,8 @@ testbed_name_option = click.option("--name", "-n", "name", default=DEFAULT_TESTB
 
 pmd_option = click.option("--pmd", type=click.Choice(["af_packet", "af_xdp"]), default="af_packet", show_default=True,
                           envvar="EMBNIC_PMD",
-                          help="The card's DPDK PMD on its veth ends: af_packet (net_af_packet, any MTU) or af_xdp "
-                               "(net_af_xdp: an AF_XDP socket behind an XDP program; copy mode on a veth, MTU at most "
-                               "3506: one 4 KiB page per frame, and a veth's XDP limit; netem then uses the user backend). docs/deploy.md says when to pick which. "
-                               "Env: EMBNIC_PMD.")
+                          help="The card's DPDK PMD on its veth ends: af_packet (any MTU) or af_xdp (MTU at most 3506; "
+                               "netem then uses the user backend). docs/deploy.md says when to pick which. Env: EMBNIC_PMD.")
 #: ``--target``, the card of a testbed (trace replay, demo)
 card_option = click.option("--target", type=click.Choice(["dpdk", "bmv2", "p4dpdk"]), default="dpdk",
                            show_default=True, help="The card: dpdk (embnic-dp), bmv2 (the P4 program on simple_switch, "

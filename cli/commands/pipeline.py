@@ -19,10 +19,8 @@ from embnic.control.targets.base import describe_state
 
 @click.group()
 def pipeline():
-    """Load the embnic pipeline onto a target, unload it, show its status.
-
-    The dpdk target runs dataplane/build/embnic-dp; its pid, control socket and log are
-    recorded in RUN_DIR/NAME.json (RUN_DIR: $EMBNIC_RUN_DIR or /run/embnic).
+    """Load the embnic pipeline onto a target, unload it, show its status (its pid, control socket
+    and log are recorded in RUN_DIR/NAME.json; docs/cli.md).
 
     \b
     Examples:
@@ -51,21 +49,17 @@ def _ports_line(info: dict) -> str:
               help="A DPDK vdev, one per card port in port order (net_ring0, net_null0, "
                    "net_af_packet0,iface=veth0, ...). Repeatable.")
 @click.option("--pci", "pci", metavar="BDF", multiple=True,
-              help="A NIC port by PCI address (0000:3b:00.0), one per card port, DPDK ports 0.. in this order "
-                   "before any --vdev (default: [card] pci of the config). The EAL then gets -a BDF and "
-                   "hugepages instead of --no-pci --no-huge; the device must be bound to vfio-pci (or "
-                   "uio_pci_generic, igb_uio; mlx5_core as it is). Repeatable. docs/deploy.md.")
+              help="A NIC port by PCI address (0000:3b:00.0), one per card port, before any --vdev (default: "
+                   "[card] pci of the config); bound to vfio-pci or another DPDK driver. Repeatable. docs/deploy.md.")
 @click.option("--no-hugepages", is_flag=True, help="With --pci: keep --no-huge -m 256 (no hugepages reserved).")
 @click.option("--card-args", metavar="ARGS", default=None,
               help="More embnic-dp arguments after '--' (one shell-quoted string), e.g. '--burst 16'.")
 @click.option("--idle-us", type=click.IntRange(0, 1_000_000), default=None,
-              help="dpdk target: the card sleeps this many µs when a poll finds nothing (cores shared with "
-                   "servers/clients).")
+              help="dpdk target: the card sleeps this many µs when a poll finds nothing (shared cores).")
 @click.option("--lcores", metavar="LIST", default=None,
               help="EAL lcore list, e.g. 0 or 0,1 (default: card.lcores of the config).")
 @click.option("--netns", metavar="NS", default=None,
-              help="Run the card inside this existing network namespace (needs root; one that is not "
-                   "there exits 2). Env: EMBNIC_NETNS.")
+              help="Run the card inside this existing network namespace (needs root). Env: EMBNIC_NETNS.")
 @click.option("--timeout", "ready_timeout", type=FloatRange(0.1, 600), default=30.0, show_default=True,
               help="Seconds to wait for the control socket to answer.")
 @click.option("--no-program", is_flag=True, help="Do not install the config's routes and clients.")
@@ -127,9 +121,7 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, 
 @json_option
 def unload(config, target, name, stop_timeout, as_json):
     """Stop the pipeline NAME cleanly (SIGTERM, wait, SIGKILL only if it hangs) and remove its state.
-
-    NAME is --name, else the [control] name of the config given with -c (the -c of `pipeline
-    load`), else 'embnic'.
+    NAME is --name, else the [control] name of the config given with -c, else 'embnic'.
 
     \b
     Examples:
@@ -165,10 +157,7 @@ def unload(config, target, name, stop_timeout, as_json):
 @json_option
 def status(config, target, name, ctl, as_json):
     """Say whether pipeline NAME runs: pid, control socket, log, ports, mode (exit 1 if not running).
-
-    NAME and the control socket are found as `pipeline load` finds them: --name/--ctl, else
-    the [control] section of the config given with -c, else 'embnic' and its state file.
-    For counters and drops use `embnic status`.
+    NAME and the socket are found as `pipeline load` finds them; for counters use `embnic status`.
 
     \b
     Examples:

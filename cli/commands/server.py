@@ -14,33 +14,28 @@ from embnic.cli.commands.options import config_option
 @click.option("--shard", "shard_id", type=click.IntRange(0, 0xFFFF), required=True,
               help="Id of the shard to serve (one of the config's [[shards]]).")
 @config_option(example="examples/cluster.toml")
-@click.option("--bind", default=None,
-              help="IPv4 address to listen on (default: the shard's ip in the config).")
+@click.option("--bind", default=None, help="IPv4 address to listen on (default: the shard's ip in the config).")
 @click.option("--port", type=int, default=None,
               help="UDP port (default: the shard's port in the config; 0 picks a free one).")
 @click.option("--dedup-window", type=int, default=65536, show_default=True,
               help="Applied updates remembered to apply each exactly once.")
 @click.option("--workers", type=int, default=1, show_default=True,
-              help="Worker processes behind the one address: every table's rows are split over "
-                   "them by id range; a message is answered by worker (client_id + msg_id) % N, which asks "
-                   "the others for their rows (docs/server.md, 'Workers').")
+              help="Worker processes behind the one address, every table's rows split over them by id range "
+                   "(docs/server.md, 'Workers').")
 @click.option("--fixed-length", is_flag=True,
               help="Fixed-length baseline: data requests must be announced by a SIZE_REQ of their client "
                    "(docs/protocol.md, 'Size messages'); unannounced ones are dropped and counted.")
 @click.option("--checkpoint-dir", metavar="DIR", default=None,
-              help="Keep a write-ahead log and checkpoints in DIR/shard-<id>: an update is acknowledged only "
-                   "once it is on disk (one fdatasync per wake-up). SIGUSR1 writes a checkpoint now.")
+              help="Keep a write-ahead log and checkpoints in DIR/shard-<id> (an update is acknowledged once on "
+                   "disk). SIGUSR1 writes a checkpoint now.")
 @click.option("--checkpoint-every", type=int, default=0, show_default=True,
               help="Checkpoint after this many logged updates (0: only on SIGUSR1); the log is cut behind it.")
 @click.option("--restore", metavar="DIR", default=None,
-              help="Before serving, load DIR/shard-<id>'s latest checkpoint and replay its log (a bad log tail "
-                   "is reported and cut off); the log continues there unless --checkpoint-dir says otherwise.")
+              help="Before serving, load DIR/shard-<id>'s latest checkpoint and replay its log; the log continues "
+                   "there unless --checkpoint-dir says otherwise.")
 @click.option("--metrics-port", type=int, default=None,
-              help="Serve Prometheus metrics on this TCP port (GET /metrics): requests and replies by type, "
-                   "errors by status, drops, rows held, exactly-once duplicates, the write-ahead log, the "
-                   "service time histogram; a --workers shard as one target (docs/server.md, 'Metrics').")
-@click.option("--metrics-bind", default="0.0.0.0", show_default=True,
-              help="Address of the metrics endpoint.")
+              help="Serve Prometheus metrics on this TCP port (GET /metrics; docs/server.md, 'Metrics').")
+@click.option("--metrics-bind", default="0.0.0.0", show_default=True, help="Address of the metrics endpoint.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log verbosity (stderr).")
 def server(shard_id, config, bind, port, log_level, **opts):
