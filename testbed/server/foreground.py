@@ -171,6 +171,16 @@ def _read_workers(stats: list, lock) -> dict:
     return _merge_counters(parts)
 
 
+def _on_signals(server: BatchShardServer, early: list) -> None:
+    """SIGTERM/SIGINT stop ``server`` (at once if one came while it was built: ``early``),
+    SIGUSR1 checkpoints it."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop())
+    if early:
+        server.request_stop()
+    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
+
+
 def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> None:
     try:  # PR_SET_PDEATHSIG: a worker never outlives its parent (killed with SIGKILL, say)
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
@@ -189,11 +199,7 @@ def _worker_main(cfg, shard_id, me, socks, pairs, conn, kwargs, stats=None) -> N
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: early.append(1))
     server = BatchShardServer(cfg, shard_id, sock=socks[me], worker=(me, len(socks)), peer_socks=mine, **kwargs)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.request_stop())
-    if early:
-        server.request_stop()
-    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
+    _on_signals(server, early)
     server.open()
     if stats is not None:
         threading.Thread(target=_answer_stats, args=(stats, server), name="embnic-metrics", daemon=True).start()
@@ -218,11 +224,7 @@ def _one_process(cfg: ClusterConfig, shard_id: int, ip: str, port: int, metrics_
         for sig, h in old.items():
             signal.signal(sig, h)
         raise
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.request_stop())
-    if early:
-        server.request_stop()
-    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
+    _on_signals(server, early)
     # everything else first, the UDP port last, right before serving: a bound port is what says
     # "ready" (the testbed waits for it), and datagrams sent to it before the loop runs would
     # wait in the socket and be answered late (a re-sent probe answered twice)
@@ -300,25 +302,10 @@ def _end_workers(shard_id: int, procs: list, conns: list, died) -> int:
 def run_workers(cfg: ClusterConfig, shard_id: int, ip: str, port: int, *, workers: int,
                 metrics_port: int | None = None, metrics_bind: str = "0.0.0.0", **kwargs) -> int:
     """Serve one shard in ``workers`` (> 1) forked worker processes behind one address until
-    SIGTERM/SIGINT.
-
-    **Workers** (:mod:`.worker_hub`). The rows of every table are split over the workers by id
-    range (contiguous slices of the hash space, :func:`~.worker_hub.worker_of`); each worker holds
-    only its own. The address is bound ``workers`` times with ``SO_REUSEPORT``; a classic BPF
-    program (:func:`steering_program`) sends every datagram to worker
-    ``(client_id + msg_id) % workers``, the message's home, which reassembles and answers it —
-    every table of it — and asks the owners of the keys it does not hold for their rows
-    (lookups) or to apply their share (updates) over a Unix socket pair per pair of workers,
-    before it replies. **Exactly once:** the dedup window is split by ``(client_id, msg_id)``,
-    like the homes: a message, its fragments and its retransmissions carry the same client and
-    message id, so they reach the same home, whose window of ``dedup_window`` entries decides
-    duplicate or not before any owner is asked to apply anything. Each home remembers an update
-    at least as long as the one-process server would (it sees a subset of the updates), at a
-    memory cost of ``workers × dedup_window`` entries at most.
-
-    **Metrics** (``metrics_port``): one endpoint for the shard, served by this process; every
-    scrape asks each worker for its counters over a pipe of its own (a thread in the worker
-    reads them on its serving thread between wake-ups) and sums them.
+    SIGTERM/SIGINT: rows split by id range (:mod:`.worker_hub`), every datagram steered to its
+    message's home worker (:func:`steering_program`), each home with its own exactly-once window
+    (docs/server.md, "Workers"). ``metrics_port``: one endpoint for the shard, served here; a
+    scrape asks every worker for its counters over a pipe of its own and sums them.
 
     Returns:
         0 after a clean stop; 1 if a worker died (the others are stopped).

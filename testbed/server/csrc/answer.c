@@ -23,39 +23,19 @@
 
 #include "shard.h"
 
-enum {
-#define EMBNIC_F_INDEX(f, off, size) F_##f,
-	EMBNIC_HDR_FIELDS(EMBNIC_F_INDEX)
-#undef EMBNIC_F_INDEX
-	F_END
-};
-
-static inline uint16_t
-le16(const uint8_t *b)
-{
-	uint16_t v;
-
-	memcpy(&v, b, 2);
-	return v;
-}
-
-static inline uint32_t
-le32(const uint8_t *b)
-{
-	uint32_t v;
-
-	memcpy(&v, b, 4);
-	return v;
-}
-
+/* a little-endian field of n bytes (the host is little-endian: shard.h) */
 static inline uint64_t
-le64(const uint8_t *b)
+le(const uint8_t *b, size_t n)
 {
-	uint64_t v;
+	uint64_t v = 0;
 
-	memcpy(&v, b, 8);
+	memcpy(&v, b, n);
 	return v;
 }
+
+#define le16(b) ((uint16_t)le((b), 2))
+#define le32(b) ((uint32_t)le((b), 4))
+#define le64(b) le((b), 8)
 
 /* what Python checks the structs against (canswer.py) */
 void

@@ -23,20 +23,12 @@
 #include "embnic_proto.h"
 #include "shard.h"
 
-/* what the caller checks before using this library (cintake.py) */
+/* what the caller checks before using this library (canswer.py) */
 int
 embnic_shard_abi(void)
 {
 	return EMBNIC_PROTO_VERSION * 1000 + EMBNIC_NB_HDR_FIELDS;
 }
-
-/* field indices of a row of cols, in the order of EMBNIC_HDR_FIELDS */
-enum {
-#define EMBNIC_F_INDEX(f, off, size) F_##f,
-	EMBNIC_HDR_FIELDS(EMBNIC_F_INDEX)
-#undef EMBNIC_F_INDEX
-	F_END
-};
 
 /* One row of cols: every header field in wire order, host byte order
  * (embnic_hdr_decode(), the card's one place that swaps header bytes). */
@@ -75,7 +67,7 @@ static_assert(EMBNIC_NB_HDR_FIELDS == F_END, "one column per header field");
  * shard_id: this shard. max_msg: the largest message body taken. max_reply:
  * the largest lookup reply (value_len) that fits EMBNIC_MAX_FRAGS fragments
  * at the shard's MTU. Protocol v2: a request's tables are in its body's
- * directory, checked on the whole message (testbed/server/shard.py); here
+ * directory, checked on the whole message (testbed/server/shard_state.py); here
  * only what the header alone says.
  *
  * Out: cols (n x 19, the header fields, zeros for a frame shorter than a

@@ -26,8 +26,16 @@
 #error "the shard library copies little-endian bodies (keys, rows) as they are"
 #endif
 
+/* field indices of a row of cols (int64 header fields), in the order of EMBNIC_HDR_FIELDS */
+enum {
+#define EMBNIC_F_INDEX(f, off, size) F_##f,
+	EMBNIC_HDR_FIELDS(EMBNIC_F_INDEX)
+#undef EMBNIC_F_INDEX
+	F_END
+};
+
 /*
- * The rows of the shard's tables (client_lib/table_numerics.py RowStore):
+ * The rows of the shard's tables (client_lib/rowstore.py RowStore):
  * one index of composite keys (key + salt of its table, mod 2^64) over one
  * float32 arena. Read only here.
  */

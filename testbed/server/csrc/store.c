@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The shard's row store read from C (client_lib/table_numerics.py RowStore
+ * The shard's row store read from C (client_lib/rowstore.py RowStore
  * owns it; numpy arrays passed as struct embnic_store). The same rows, bit
  * for bit, as RowStore.lookup and LocalBackend: rows are copied as stored,
  * a row never updated is computed with init_rows' float32 arithmetic (built
