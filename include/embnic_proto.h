@@ -76,36 +76,9 @@ embnic_is_request(uint8_t t)
 }
 
 /*
- * The header as on the wire: every multi-byte field big-endian. A request's
- * tables (their ids, dims and dtypes) are in its body's directory, which
- * only hosts read; the header carries their count, the keys of all of them
- * and value_len, the bytes of their rows (docs/protocol.md, "Header").
- */
-struct embnic_hdr {
-	uint16_t magic;
-	uint8_t version;
-	uint8_t msg_type;
-	uint8_t flags;
-	uint8_t reserved0;
-	uint16_t status;
-	uint32_t msg_id;
-	uint16_t client_id;
-	uint16_t shard_id;
-	uint16_t num_tables;
-	uint16_t table_id;	/* an ERROR's table, else EMBNIC_NO_TABLE */
-	uint32_t num_keys;
-	uint32_t value_len;
-	uint32_t msg_len;
-	uint32_t frag_offset;
-	uint16_t frag_index;
-	uint16_t frag_count;
-	uint16_t frag_len;
-	uint16_t reserved;
-} __attribute__((packed));
-
-/*
- * X(name, offset, size) for every field, in wire order, as in the table of
- * docs/protocol.md. Used for the static_asserts below and the build info.
+ * X(name, offset, size) for every field of the header, in wire order, as in
+ * the table of docs/protocol.md: struct embnic_hdr, its static_asserts and
+ * the build info are made from it.
  */
 #define EMBNIC_HDR_FIELDS(X) \
 	X(magic, 0, 2) \
@@ -129,6 +102,23 @@ struct embnic_hdr {
 	X(reserved, 42, 2)
 
 #define EMBNIC_NB_HDR_FIELDS 19
+
+/* A member of a field table: sz bytes, unsigned. */
+#define EMBNIC_UINT_1	uint8_t
+#define EMBNIC_UINT_2	uint16_t
+#define EMBNIC_UINT_4	uint32_t
+#define EMBNIC_MEMBER(f, off, sz)	EMBNIC_UINT_##sz f;
+
+/*
+ * The header as on the wire: every multi-byte field big-endian; table_id:
+ * an ERROR's table, else EMBNIC_NO_TABLE. A request's tables (ids, dims,
+ * dtypes) are in its body's directory, which only hosts read; the header
+ * carries their count, the keys of all of them and value_len, the bytes of
+ * their rows (docs/protocol.md, "Header").
+ */
+struct embnic_hdr {
+	EMBNIC_HDR_FIELDS(EMBNIC_MEMBER)
+} __attribute__((packed));
 
 /*
  * The offset and size of field f of struct type, as a field table says
@@ -163,13 +153,7 @@ EMBNIC_HDR_FIELDS(EMBNIC_ASSERT_FIELD)
 	X(reserved2, 12, 4)
 
 struct embnic_dir_entry {
-	uint16_t table_id;
-	uint16_t dim;
-	uint8_t dtype;
-	uint8_t reserved0;
-	uint16_t reserved1;
-	uint32_t num_keys;
-	uint32_t reserved2;
+	EMBNIC_DIR_FIELDS(EMBNIC_MEMBER)
 } __attribute__((packed));
 
 static_assert(sizeof(struct embnic_dir_entry) == EMBNIC_DIR_ENTRY,
