@@ -17,6 +17,7 @@ from embnic.control.targets.dpdk import process as dpdk_proc
 from embnic.control.targets.dpdk.process import CardProcess, build_card, unique_prefix
 from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
+from embnic.testbed.bench.loadgen import machine_idle, proc_cpu
 from embnic.testbed.bench.results import merge_json
 from embnic.control.pcap import write_pcap
 from embnic.testbed.bench.testpmd import TestpmdProcess
@@ -172,19 +173,8 @@ def xcore_rtt_ns(cpus: tuple[int, int] = (0, 1)) -> float | None:
 
 def _cpu_seconds(pids: Sequence[int]) -> tuple[float, float]:
     """(busy CPU seconds of the whole box including steal, CPU seconds of ``pids``) so far."""
-    hz = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    busy = (sum(v[:8]) - v[3] - v[4]) / hz      # all but idle and iowait
-    ours = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ours += (int(fields[11]) + int(fields[12])) / hz
-        except (OSError, IndexError, ValueError):
-            pass
-    return busy, ours
+    idle, total = machine_idle()  # jiffies: idle and iowait, all
+    return (total - idle) / os.sysconf("SC_CLK_TCK"), sum(proc_cpu(pid) for pid in pids)
 
 
 def rate_window(sample, seconds: float, warmup: float, pids: Sequence[int]) -> dict:
