@@ -17,28 +17,22 @@ from embnic.client_lib.consts import MsgType, Status
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
 from embnic.control.runstate import state_path as runstate_path
 
-from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
+from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list
 
-from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, spawn_logged, stop_process
-from .statefile import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir, node_label,
-                    save_testbed_state, state_path, testbed_state)
+from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, spawn_logged
+from .statefile import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir,
+                        save_testbed_state, state_path, testbed_state)
 from .probe import ask, probe_key, status_name
 from .teardown import down
 from .toml_writer import dump_toml
-from .wiring import (DEFAULT_NAME, DEFAULT_PMD, NAME_RE, Link, Node, PmdError, Topology, card_file_prefix,
-                     check_name, derived_mac, link_prefix)
+from .wiring import DEFAULT_PMD, PmdError, Topology, check_name, derived_mac, link_prefix
 
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
 
-#: the bring-up and status (this module), the teardown (:mod:`.teardown`) and, for callers'
-#: convenience, the names of the declaration (:mod:`.wiring`), errors and processes (:mod:`.procs`),
-#: namespaces (:mod:`embnic.control.netns`) and state file (:mod:`.state`) they are built on
-__all__ = ["PROBE_MSG_ID_BASE", "Testbed", "down", "status", "probe_key",
-           "DEFAULT_NAME", "DEFAULT_PMD", "PmdError", "NAME_RE", "Link", "Node", "Topology", "card_file_prefix", "check_name", "derived_mac",
-           "link_prefix", "NeedsRoot", "TestbedError", "NetnsError", "in_netns", "netns_exists", "netns_list",
-           "netns_pids", "require_net_admin", "stop_process", "dead_nodes", "describe_dead", "list_testbeds",
-           "node_dir", "node_label", "save_testbed_state", "state_path", "testbed_state", "card_pipeline_name",
-           "loaded_card"]
+#: this module's bring-up and status, and what its callers use of the modules it is built on
+__all__ = ["Testbed", "down", "status", "probe_key", "PmdError", "Topology", "check_name", "derived_mac", "link_prefix",
+           "NeedsRoot", "TestbedError", "NetnsError", "in_netns", "netns_list", "require_net_admin", "describe_dead",
+           "save_testbed_state", "state_path", "testbed_state"]
 
 
 # --------------------------------------------------------------------------- runtime
@@ -415,12 +409,6 @@ class Testbed:
     def dead_nodes(self) -> list[dict]:
         """The card, servers and netem helpers of this testbed that no longer run (:func:`dead_nodes`)."""
         return dead_nodes(self.state)
-
-    def card_counters(self) -> dict | None:
-        """The card's counters (docs/control-socket.md ``counters``), or None without a card."""
-        if self.target is None:
-            return None
-        return self.target.counters()
 
     def down(self) -> dict:
         """Tear this testbed down (:func:`down`)."""

@@ -51,35 +51,22 @@ def derived_mac(kind: str, num: int) -> str:
 
 
 def link_prefix(a: str, b: str) -> int:
-    """Longest prefix length (≤ 30) whose subnet holds IPv4 ``a`` and ``b`` as host addresses.
-
-    Example: 10.77.0.1 and 10.77.0.2 → 30 (10.77.0.0/30).
-
-    Raises:
-        ValueError: the two are equal or no subnet holds both as hosts.
-    """
-    ia, ib = ipaddress.IPv4Address(a), ipaddress.IPv4Address(b)
-    if ia == ib:
-        raise ValueError(f"both ends of a link have address {a}")
-    for plen in range(30, 0, -1):
-        net = ipaddress.IPv4Network(f"{a}/{plen}", strict=False)
-        if ib in net and not {ia, ib} & {net.network_address, net.broadcast_address}:
-            return plen
-    raise ValueError(f"{a} and {b} fit in no common subnet")
+    """Longest prefix length (≤ 30) whose subnet holds IPv4 ``a`` and ``b`` as host addresses
+    (:func:`segment_prefix` of one host). Example: 10.77.0.1 and 10.77.0.2 → 30 (10.77.0.0/30)."""
+    return segment_prefix(a, [b])
 
 
 def segment_prefix(card_ip: str, hosts: list[str]) -> int:
     """Longest prefix length (≤ 30) whose subnet holds ``card_ip`` and every one of ``hosts`` as
-    host addresses (a card port's L2 segment); :func:`link_prefix` for one host.
+    host addresses (a card port's L2 segment, or a link with one host).
 
     Raises:
         ValueError: an address twice, or no subnet holds them all as hosts.
     """
-    if len(hosts) == 1:
-        return link_prefix(card_ip, hosts[0])
     addrs = [ipaddress.IPv4Address(a) for a in [card_ip, *hosts]]
     if len(set(addrs)) != len(addrs):
-        raise ValueError(f"an address is given twice among {card_ip}, {', '.join(hosts)}")
+        raise ValueError(f"both ends of a link have address {card_ip}" if len(hosts) == 1 else
+                         f"an address is given twice among {card_ip}, {', '.join(hosts)}")
     for plen in range(30, 0, -1):
         net = ipaddress.IPv4Network(f"{card_ip}/{plen}", strict=False)
         if all(a in net and a not in (net.network_address, net.broadcast_address) for a in addrs):
