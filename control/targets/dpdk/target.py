@@ -413,23 +413,21 @@ class DpdkCard:
         return self.ctl(timeout=1.0).alive()
 
 
-class DpdkTarget(Target):
-    """The embnic pipeline as the DPDK program ``embnic-dp``, run by a :class:`DpdkCard` (which
-    takes the options, documented there).
-    """
+class DpdkCardTarget(Target):
+    """A target whose pipeline runs as a :class:`DpdkCard` (``dpdk``, ``p4dpdk``), which takes its
+    options (documented there), runs its lifecycle and holds its control socket."""
 
-    name = "dpdk"
-    #: ``load`` refuses to run without root: the EAL needs it here (runtime dir, af_packet/tap vdevs).
-    #: Tests of a stand-in binary (no EAL) set it False.
-    NEEDS_ROOT = True
     OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
                          "stop_timeout", "check_build", "timeout", "card_args", "start_paused", "pci", "hugepages",
                          "sysfs_root"})
+    #: run on the first lcore of the card's list only
+    ONE_LCORE = False
 
     def __init__(self, config: ClusterConfig | None = None, *args: Any, name: str = "embnic",
                  run_dir: str | os.PathLike | None = None, **kw: Any):
         super().__init__(config, name=name, run_dir=run_dir)
-        self.card = DpdkCard(config, *args, name=name, run_dir=self.run_dir, target=self.name, **kw)
+        self.card = DpdkCard(config, *args, name=name, run_dir=self.run_dir, target=self.name,
+                             one_lcore=self.ONE_LCORE, **kw)
 
     @classmethod
     def from_settings(cls, s, **opts: Any) -> "Target":
@@ -438,12 +436,27 @@ class DpdkTarget(Target):
                    vdevs=s.vdevs, name=s.name, run_dir=s.run_dir, card_args=s.card_args,
                    **{k: v for k, v in opts.items() if v is not None})
 
+    def ctl(self, timeout: float | None = None) -> CtlClient:
+        return self.card.ctl(timeout)
+
+    def unload(self) -> dict:
+        return self.card.unload()
+
+    def is_loaded(self) -> bool:
+        return self.card.is_loaded()
+
+
+class DpdkTarget(DpdkCardTarget):
+    """The embnic pipeline as the DPDK program ``embnic-dp``."""
+
+    name = "dpdk"
+    #: ``load`` refuses to run without root: the EAL needs it here (runtime dir, af_packet/tap vdevs).
+    #: Tests of a stand-in binary (no EAL) set it False.
+    NEEDS_ROOT = True
+
     @property
     def file_prefix(self) -> str:
         return self.card.file_prefix
-
-    def ctl(self, timeout: float | None = None) -> CtlClient:
-        return self.card.ctl(timeout)
 
     def eal_argv(self) -> list[str]:
         return self.card.eal_argv()
@@ -517,12 +530,6 @@ class DpdkTarget(Target):
                            "set a port's MAC: give the port that MAC (for af_packet: `ip link set dev IF address "
                            f"{p.mac}`) or write mac = \"{have}\" in the config")
         return out
-
-    def unload(self) -> dict:
-        return self.card.unload()
-
-    def is_loaded(self) -> bool:
-        return self.card.is_loaded()
 
     # ------------------------------------------------------------------ tables
     def peer_add(self, p: Peer) -> None:

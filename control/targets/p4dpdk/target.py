@@ -37,8 +37,8 @@ from embnic.control.ctlsock import CtlClient
 from embnic.control.targets.dpdk.process import DpdkProcess
 from embnic.control.errors import NoSuchEntryError, OperationalError
 from embnic.control.runstate import require_root
-from embnic.control.targets.base import Peer, Target, check_peer_port, count_peers, peer_kind
-from embnic.control.targets.dpdk.target import DpdkCard, DpdkTarget
+from embnic.control.targets.base import Peer, check_peer_port, count_peers, peer_kind
+from embnic.control.targets.dpdk.target import DpdkCardTarget
 
 
 
@@ -190,27 +190,22 @@ class SwxCard:
         return [{f: regs[f][(head - k) % size] for f in RING_FIELDS} for k in range(1, min(last, head, size) + 1)]
 
 
-class P4DpdkTarget(Target):
-    """The embnic pipeline as the P4 program for PNA in DPDK's SWX pipeline (embnic-swx), run by
-    a :class:`~embnic.control.targets.dpdk.target.DpdkCard`.
+class P4DpdkTarget(DpdkCardTarget):
+    """The embnic pipeline as the P4 program for PNA in DPDK's SWX pipeline (embnic-swx).
 
     Takes the ``dpdk`` target's options (vdevs, EAL arguments, netns, control socket); the lcore
     list's first lcore runs everything. ``lib``: a built pipeline library instead of building one.
     """
 
     name = "p4dpdk"
-    OPTIONS = DpdkTarget.OPTIONS | {"lib"}
-    from_settings = DpdkTarget.from_settings
+    OPTIONS = DpdkCardTarget.OPTIONS | {"lib"}
+    ONE_LCORE = True
 
-    def __init__(self, config: ClusterConfig | None = None, *args: Any, name: str = "embnic",
-                 run_dir: str | os.PathLike | None = None, lib: str | os.PathLike | None = None, **kw: Any):
-        super().__init__(config, name=name, run_dir=run_dir)
+    def __init__(self, config: ClusterConfig | None = None, *args: Any, lib: str | os.PathLike | None = None,
+                 **kw: Any):
         kw.setdefault("check_build", False)  # embnic-swx carries no embnic build-info section
-        self.card = DpdkCard(config, *args, name=name, run_dir=self.run_dir, target=self.name, one_lcore=True, **kw)
+        super().__init__(config, *args, **kw)
         self.lib = Path(lib) if lib else None
-
-    def ctl(self, timeout: float | None = None) -> CtlClient:
-        return self.card.ctl(timeout)
 
     def swx(self) -> SwxCard:
         """The loaded card by P4 names (the context JSON the state file names)."""
@@ -259,12 +254,6 @@ class P4DpdkTarget(Target):
                                     {"lib": str(lib), "context": str(context)}, program_card)
         note = pipe.note if pipe else None
         return {**state, **count_peers(peers), "info": info, "warnings": [note] if note else []}
-
-    def unload(self) -> dict:
-        return self.card.unload()
-
-    def is_loaded(self) -> bool:
-        return self.card.is_loaded()
 
     # ------------------------------------------------------------------ tables
     def peer_add(self, p: Peer) -> None:
