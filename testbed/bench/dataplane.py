@@ -33,6 +33,23 @@ BENCH_SHARDS = tuple({"shard": i, "ip": f"10.99.1.{10 + i}", "mac": f"02:00:00:9
                       "udp_port": 7878} for i in range(4))
 
 
+def _to_card(peer: dict, payload: bytes) -> bytes:
+    """An Ethernet/IPv4/UDP frame of ``payload`` from ``peer`` (a client or a shard) to the card's port 0."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    return bytes(Ether(src=peer["mac"], dst="02:00:00:99:00:01") / IP(src=peer["ip"], dst=BENCH_CARD_IP, flags="DF")
+                 / UDP(sport=peer["udp_port"], dport=7878) / Raw(payload))
+
+
+def _written(path: Path, frames: list[bytes], messages: int) -> dict:
+    """Write ``frames`` to the pcap ``path``; ``{frames, messages, bytes, avg_frame_bytes}``."""
+    write_pcap(path, frames)
+    total = sum(len(f) for f in frames)
+    return {"frames": len(frames), "messages": messages, "bytes": total, "avg_frame_bytes": total / len(frames)}
+
+
 def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
     """Write a pcap of embnic request frames with a realistic size mix; returns its stats.
 
@@ -48,9 +65,6 @@ def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
         ``{frames, messages, bytes, avg_frame_bytes}`` (bytes = Ethernet bytes of all frames).
     """
     import numpy as np
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-    from scapy.packet import Raw
 
     from embnic.client_lib import codec
     from embnic.client_lib.consts import DType
@@ -76,15 +90,10 @@ def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
             grads = [rng.standard_normal((15, 16)).astype(np.float32) for _ in range(2)]
             payloads = codec.encode_update(msg_id=msg_id, client_id=c["client"], shard_id=shard, directory=d,
                                            keys=keys, values=codec.values_to_body(grads, [DType.FP32] * 2))
-        for pl in payloads:
-            frames.append(bytes(Ether(src=c["mac"], dst="02:00:00:99:00:01")
-                                / IP(src=c["ip"], dst=BENCH_CARD_IP, flags="DF")
-                                / UDP(sport=c["udp_port"], dport=7878) / Raw(pl)))
+        frames += [_to_card(c, pl) for pl in payloads]
         msgs += 1
         msg_id += 1
-    write_pcap(path, frames)
-    total = sum(len(f) for f in frames)
-    return {"frames": len(frames), "messages": msgs, "bytes": total, "avg_frame_bytes": total / len(frames)}
+    return _written(path, frames, msgs)
 
 
 def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
@@ -103,16 +112,12 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
         ``{frames, messages, bytes, avg_frame_bytes}``.
     """
     import numpy as np
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-    from scapy.packet import Raw
 
     from embnic.client_lib import codec
     from embnic.client_lib.consts import DType, MsgType
 
     rng = np.random.default_rng(seed)
     frames: list[bytes] = []
-    requests: list[bytes] = []
     for i in range(n_msgs):
         c = BENCH_CLIENTS[i % len(BENCH_CLIENTS)]
         sh = BENCH_SHARDS[int(rng.integers(0, len(BENCH_SHARDS)))]
@@ -124,17 +129,10 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
         rows = np.zeros((n, 16), dtype=np.float32)
         rep_ = codec.encode_reply(codec.parse_header(req), MsgType.LOOKUP_REPLY, shard_id=sh["shard"],
                                   body=codec.rows_to_body(rows))[0]
-        f_req = bytes(Ether(src=c["mac"], dst="02:00:00:99:00:01") / IP(src=c["ip"], dst=BENCH_CARD_IP, flags="DF")
-                      / UDP(sport=c["udp_port"], dport=7878) / Raw(req))
-        f_rep = bytes(Ether(src=sh["mac"], dst="02:00:00:99:00:01") / IP(src=sh["ip"], dst=BENCH_CARD_IP, flags="DF")
-                      / UDP(sport=sh["udp_port"], dport=7878) / Raw(rep_))
-        frames += [f_req, f_rep]
-        requests.append(f_req)
-    write_pcap(path, frames)
+        frames += [_to_card(c, req), _to_card(sh, rep_)]
     if requests_only_path is not None:
-        write_pcap(requests_only_path, requests)
-    total = sum(len(f) for f in frames)
-    return {"frames": len(frames), "messages": n_msgs, "bytes": total, "avg_frame_bytes": total / len(frames)}
+        write_pcap(requests_only_path, frames[0::2])
+    return _written(path, frames, n_msgs)
 
 
 # ====================================================================== measurements
