@@ -99,11 +99,8 @@ class UnsupportedImpairment(TestbedError):
 
 
 def user_backend_problem(imp: Impairment) -> str | None:
-    """Why the ``user`` backend cannot do ``imp``, or None.
-
-    Its helpers delay nothing: ``delay_ms`` is only the longest hold of a reordered frame, so a
-    delay without ``--reorder`` would be accepted and do nothing.
-    """
+    """Why the ``user`` backend cannot do ``imp`` (a delay without reordering: its helpers delay
+    nothing else), or None."""
     if imp.delay_ms > 0 and imp.reorder == 0:
         return (f"--delay {imp.delay_ms:g} needs --reorder on the user backend (there --delay is only the longest "
                 "hold of a reordered frame; it delays nothing by itself): add --reorder Q, or delay every frame "
@@ -113,14 +110,7 @@ def user_backend_problem(imp: Impairment) -> str | None:
 
 def pmd_backend_problem(name: str, backend: str) -> str:
     """Why ``backend`` (``tc`` or ``bpf``) cannot impair testbed ``name`` whose card runs on
-    ``net_af_xdp`` (``testbed up --pmd af_xdp``): the user backend can.
-
-    * ``bpf``: its ``out`` program goes on the XDP hook of the card's end of each link, which
-      the PMD's own program (libxdp's ``xsk_def_prog``, redirecting into the card's AF_XDP
-      socket) holds; an interface has one, so attaching would take the card off the link.
-    * ``tc``: AF_XDP sends with ``__dev_direct_xmit``, around the card's end's qdisc, so
-      netem there would impair nothing the card sends (only the peer → card direction).
-    """
+    ``net_af_xdp`` (``testbed up --pmd af_xdp``), in the words the user reads."""
     if backend == "bpf":
         why = ("its loss program goes on the XDP hook of the card's end of each link, which the PMD's own XDP "
                "program holds (an interface has one)")

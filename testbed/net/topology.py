@@ -325,12 +325,9 @@ class Testbed:
     def probe(self, timeout: float = 10.0) -> dict:
         """Send a one-key lookup from every client to every shard through the card; wait for replies.
 
-        Each shard is asked for a key it owns (:func:`probe_key`), so the probe is a lookup the
-        shard serves (``LOOKUP_REPLY``), never one it must refuse: a probe of a key another
-        shard owns drew ``ERROR NOT_OWNER`` and left that error in the shard's counters, where
-        it looked like a fault of whatever ran next (a replay). Only a shard that owns no key
-        at all (the ``table`` policy with no table placed on it) is probed with a key it does
-        not own, and then its ``ERROR NOT_OWNER`` is the expected answer.
+        Each shard is asked for a key it owns (:func:`probe_key`), so it answers ``LOOKUP_REPLY``
+        and counts no error; only a shard that owns no key at all (the ``table`` policy with no
+        table placed on it) may answer ``ERROR NOT_OWNER``.
 
         Returns:
             ``{"c1->s0": rtt_us, ...}``.
