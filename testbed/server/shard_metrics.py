@@ -97,41 +97,12 @@ def _traffic_families(f: _Families, c: dict) -> None:
     """Frames, requests, replies, errors, drops, rows, reassembly: what every shard counts."""
     f.fam(f.G, "workers", "Worker processes serving the shard behind its one address.",
           [((), len(c.get("workers", ())) or 1)])
-    f.counter("rx_frames", "Datagrams received.", c["rx_frames"])
-    f.counter("rx_bytes", "UDP payload bytes received.", c["rx_bytes"])
-    f.counter("tx_frames", "Datagrams sent.", c["tx_frames"])
-    f.counter("tx_bytes", "UDP payload bytes sent.", c["tx_bytes"])
-    f.fam(f.C, "requests", "Complete request messages, by type.",
-          [((t,), n) for t, n in c["requests"].items()], ["type"])
-    f.fam(f.C, "replies", "Reply messages sent, by type.",
-          [((t,), n) for t, n in c.get("replies", {}).items()], ["type"])
-    f.fam(f.C, "errors", "ERROR replies, by status.",
-          [((s,), n) for s, n in c["errors"].items()], ["status"])
-    f.fam(f.C, "drops", "Frames dropped, by reason.",
-          [((r,), n) for r, n in c["drops"].items()], ["reason"])
-    f.counter("lookup_keys", "Keys looked up.", c["lookup_keys"])
-    f.counter("updates_applied", "Update messages applied.", c["updates_applied"])
-    f.counter("update_keys", "Keys updated.", c["update_keys"])
-    f.counter("duplicates", "Updates answered as duplicates without applying them again (exactly once).",
-              c["duplicates"])
-    f.counter("update_polls", "Polls: re-sent last fragments of updates a client saw no ack for.",
-              c.get("update_polls", 0))
-    f.counter("update_poll_acks", "Polls of updates already applied, acked from the exactly-once window.",
-              c.get("update_poll_acks", 0))
-    f.counter("update_nacks", "Polls of incomplete updates answered UPDATE_NACK with the fragments held.",
-              c.get("update_nacks", 0))
-    f.gauge("dedup_entries", "Applied updates remembered in the exactly-once window.", c["dedup_entries"])
-    f.fam(f.G, "rows", "Rows held per table (materialised rows).",
-          [((t,), n) for t, n in c["rows"].items()], ["table"])
-    re = c["reassembly"]
-    f.gauge("reassembly_pending", "Messages waiting for fragments.", re["pending"])
-    f.counter("reassembly_expired", "Incomplete messages dropped by the reassembly timeout.", re["expired"])
-    f.counter("reassembly_evicted", "Incomplete messages evicted for room.", re["evicted"])
-    f.counter("reassembly_duplicate_frames", "Fragments received twice.", re["duplicate_frames"])
-    f.counter("internal_errors", "Requests answered INTERNAL or batches lost to a fault of the shard.",
-              c["internal_errors"])
-    f.counter("send_errors", "Failed sends.", c["send_errors"])
-    f.gauge("announced", "SIZE_REQ announcements waiting for their data (fixed-length mode).", c.get("announced", 0))
+    for kind, key, doc in _TRAFFIC:
+        f.fam(f.C if kind == "C" else f.G, key, doc, [((), c.get(key, 0))])
+    for key, label, doc in _BY_LABEL:
+        f.fam(f.G if key == "rows" else f.C, key, doc, [((k,), n) for k, n in c.get(key, {}).items()], [label])
+    for key, doc in _REASSEMBLY:
+        f.fam(f.G if key == "pending" else f.C, f"reassembly_{key}", doc, [((), c["reassembly"][key])])
 
 
 def _engine_families(f: _Families, engines: list) -> None:
@@ -153,15 +124,8 @@ def _engine_families(f: _Families, engines: list) -> None:
 
 def _durability_families(f: _Families, d: dict) -> None:
     """The write-ahead log and checkpoints."""
-    f.counter("wal_records", "Updates appended to the write-ahead log.", d["log_records"])
-    f.counter("wal_bytes", "Bytes appended to the write-ahead log.", d["log_bytes"])
-    f.counter("wal_commits", "Commits (fdatasync) of the write-ahead log.", d["log_commits"])
-    f.gauge("wal_sequence", "Sequence number of the current log file.", d["seq"])
-    f.gauge("wal_updates_since_checkpoint", "Updates logged since the last checkpoint.",
-            d.get("since_checkpoint", 0))
-    f.counter("checkpoints", "Checkpoints written.", d["checkpoints"])
-    f.counter("wal_errors", "Log writes the disk refused (the shard then stops acking).", d["log_errors"])
-    f.counter("checkpoint_errors", "Checkpoints that failed.", d["checkpoint_errors"])
+    for kind, key, name, doc in _DURABILITY:
+        f.fam(f.C if kind == "C" else f.G, name, doc, [((), d.get(key, 0))])
 
 
 def _store_families(f: _Families, st: dict) -> None:
@@ -179,6 +143,50 @@ def _store_families(f: _Families, st: dict) -> None:
     f.gauge("store_sst_bytes", "Bytes of the disk tables' SST files (the rows on disk).", st["sst_bytes"])
 
 
+#: every shard's scalar counters (C) and gauges (G): (kind, key in the counters = metric name, help)
+_TRAFFIC = (
+    ("C", "rx_frames", "Datagrams received."),
+    ("C", "rx_bytes", "UDP payload bytes received."),
+    ("C", "tx_frames", "Datagrams sent."),
+    ("C", "tx_bytes", "UDP payload bytes sent."),
+    ("C", "lookup_keys", "Keys looked up."),
+    ("C", "updates_applied", "Update messages applied."),
+    ("C", "update_keys", "Keys updated."),
+    ("C", "duplicates", "Updates answered as duplicates without applying them again (exactly once)."),
+    ("C", "update_polls", "Polls: re-sent last fragments of updates a client saw no ack for."),
+    ("C", "update_poll_acks", "Polls of updates already applied, acked from the exactly-once window."),
+    ("C", "update_nacks", "Polls of incomplete updates answered UPDATE_NACK with the fragments held."),
+    ("G", "dedup_entries", "Applied updates remembered in the exactly-once window."),
+    ("C", "internal_errors", "Requests answered INTERNAL or batches lost to a fault of the shard."),
+    ("C", "send_errors", "Failed sends."),
+    ("G", "announced", "SIZE_REQ announcements waiting for their data (fixed-length mode)."),
+)
+#: the counters by a label: (key in the counters = metric name, label, help); ``rows`` a gauge
+_BY_LABEL = (
+    ("requests", "type", "Complete request messages, by type."),
+    ("replies", "type", "Reply messages sent, by type."),
+    ("errors", "status", "ERROR replies, by status."),
+    ("drops", "reason", "Frames dropped, by reason."),
+    ("rows", "table", "Rows held per table (materialised rows)."),
+)
+#: ``reassembly_<key>`` (``pending`` a gauge): (key in counters["reassembly"], help)
+_REASSEMBLY = (
+    ("pending", "Messages waiting for fragments."),
+    ("expired", "Incomplete messages dropped by the reassembly timeout."),
+    ("evicted", "Incomplete messages evicted for room."),
+    ("duplicate_frames", "Fragments received twice."),
+)
+#: the write-ahead log's: (kind, key in counters["durability"], metric, help)
+_DURABILITY = (
+    ("C", "log_records", "wal_records", "Updates appended to the write-ahead log."),
+    ("C", "log_bytes", "wal_bytes", "Bytes appended to the write-ahead log."),
+    ("C", "log_commits", "wal_commits", "Commits (fdatasync) of the write-ahead log."),
+    ("G", "seq", "wal_sequence", "Sequence number of the current log file."),
+    ("G", "since_checkpoint", "wal_updates_since_checkpoint", "Updates logged since the last checkpoint."),
+    ("C", "checkpoints", "checkpoints", "Checkpoints written."),
+    ("C", "log_errors", "wal_errors", "Log writes the disk refused (the shard then stops acking)."),
+    ("C", "checkpoint_errors", "checkpoint_errors", "Checkpoints that failed."),
+)
 #: per-worker engine counters: (key in the engine's counters, metric, help, scale)
 _ENGINE_COUNTERS = (
     ("wakeups", "wakeups", "Wake-ups of the serving loop (each: one recvmmsg batch).", 1),
