@@ -1,13 +1,7 @@
 """What the shard benchmarks share (``embnic bench server`` and its disk-tier run): a shard as its
-own process, pre-encoded requests, the load generator that keeps a window of them in flight, and
-the CPU and memory of processes read from ``/proc``.
-
-The load generator reads the replies' headers with batched socket I/O
-(:mod:`embnic.testbed.server.udpio`; its socket sets ``UDP_GRO``, so a reply the shard sent as one
-GSO super-datagram is not cut into datagrams again on loopback, where the sender pays for the
-receiver's side): a few datagrams one header at a time, more as one numpy array; the header's
-fields are read where :data:`~embnic.client_lib.consts.HEADER_FIELDS` puts them.
-"""
+own process, pre-encoded requests, the load generator that keeps a window of them in flight
+(batched socket I/O with ``UDP_GRO``: docs/bench.md), and the CPU and memory of processes read
+from ``/proc``."""
 from __future__ import annotations
 
 import os

@@ -1,10 +1,5 @@
-"""The testbed's errors and the processes of its nodes: the testbed's lowest layer.
-
-Errors of the testbed (:class:`TestbedError`, :class:`NeedsRoot`), the root check of every
-testbed operation (:func:`require_net_admin`), stopping a recorded process by pid + start time
-(:func:`stop_process`, never by name) and the tail of a node's log (:func:`log_tail`).
-Namespaces, veth pairs and commands run in them are :mod:`embnic.control.netns`'s.
-"""
+"""The testbed's errors and the processes of its nodes (started, stopped by pid and start time,
+never by name, their logs): the testbed's lowest layer."""
 from __future__ import annotations
 
 import os

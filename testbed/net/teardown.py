@@ -1,11 +1,5 @@
-"""Tearing a testbed down by name, from its state file alone (also after a crash).
-
-:func:`down` undoes :meth:`embnic.testbed.net.topology.Testbed.up` in reverse order: netem
-helpers, clients, the card (through its target: a clean DPDK shutdown), the servers, anything
-else left in the testbed's namespaces (by pid, never by name), the namespaces with their veths,
-the state file, the card's socket and its DPDK runtime directory. It needs no :class:`Testbed`
-object, so ``embnic testbed down --name N`` works from any process; ``Testbed.down`` calls it.
-"""
+"""Tearing a testbed down by name, from its state file alone (also after a crash): :func:`down`,
+which needs no :class:`~embnic.testbed.net.topology.Testbed` (``embnic testbed down --name N``)."""
 from __future__ import annotations
 
 import contextlib

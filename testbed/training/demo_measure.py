@@ -1,13 +1,6 @@
-"""What the demo measures and checks beside its training loop (:mod:`.demo` runs them).
-
-- :func:`reference_run`: the same training with the tables in this process — the losses and
-  final tables the run through the card must reproduce;
-- :func:`probe_rtts`: one-key lookups to every shard between steps, on the training client's own
-  socket (the latency yardstick of ``lookup p50 / probe p50``);
-- :class:`Reader`: another client's load while the first one trains (lookups only);
-- :func:`client_snapshot`: the training client's counters at the end of training;
-- :func:`compare_tables`: every updated row read back from the shards against the reference.
-"""
+"""What the demo measures and checks beside its training loop (:mod:`.demo` runs them): the
+reference run, the probes between steps, the other clients' load, the counters at the end of
+training and the tables read back."""
 from __future__ import annotations
 
 import threading
