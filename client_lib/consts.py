@@ -291,8 +291,8 @@ BODY_LAYOUT: dict[MsgType, tuple[BodySection, ...]] = {
     MsgType.UPDATE_NACK: (BodySection("fragments held", "held", "nack_bitmap", count=1),),
 }
 
-#: :func:`header_counts_ok` as data, for readers that interpret it (the dissector; a test keeps
-#: them equal): message type -> rules ``(field, op, k, other)``, each true when
+#: what :func:`header_counts_ok` checks, as data for every reader (the dissector too): message
+#: type -> rules ``(field, op, k, other)``, each true when
 #: ``h[field] op k * h[other]`` (``other`` ``None``: ``h[field] op k``), ``op`` ``">="`` or
 #: ``"=="``; a type not listed has no rule.
 HEADER_COUNT_RULES: dict[MsgType, tuple[tuple[str, str, int, str | None], ...]] = {
@@ -351,12 +351,10 @@ def expected_msg_len(msg_type: int, num_tables: int, num_keys: int, value_len: i
 
 
 def header_counts_ok(msg_type: int, num_tables: int, num_keys: int, value_len: int) -> bool:
-    """The header's counts fit its type (docs/protocol.md, "Validity", ``bad_length``): a data
-    request or lookup reply has ``T ≥ 1`` tables, ``n ≥ T`` keys (each table at least one) and
-    ``value_len ≥ 2n`` (every row at least one fp16 value); a SIZE_REQ has ``T = 0`` and ``n ≥ 1``
-    entries; UPDATE_ACK, ERROR and SIZE_ACK carry no body (their counts are copies, unchecked)."""
-    if msg_type in (MsgType.LOOKUP_REQ, MsgType.LOOKUP_REPLY, MsgType.UPDATE_REQ):
-        return num_tables >= 1 and num_keys >= num_tables and value_len >= 2 * num_keys
-    if msg_type == MsgType.SIZE_REQ:
-        return num_tables == 0 and num_keys >= 1
-    return True
+    """The header's counts fit its type (docs/protocol.md, "Validity", ``bad_length``): every rule
+    of :data:`HEADER_COUNT_RULES` holds — a data request or lookup reply has ``T ≥ 1`` tables,
+    ``n ≥ T`` keys and ``value_len ≥ 2n``; a SIZE_REQ has ``T = 0`` and ``n ≥ 1`` entries; other
+    types carry no body (their counts are copies, unchecked)."""
+    h = {"num_tables": num_tables, "num_keys": num_keys, "value_len": value_len}
+    return all(h[f] >= k * (h[o] if o else 1) if op == ">=" else h[f] == k * (h[o] if o else 1)
+               for f, op, k, o in HEADER_COUNT_RULES.get(msg_type, ()))
