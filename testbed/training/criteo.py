@@ -194,36 +194,31 @@ class CriteoFormatError(OperationalError, ValueError):
     category = USAGE
 
 
+def _decode_digits(buf: np.ndarray, start: np.ndarray, length: np.ndarray, table: np.ndarray, base: int,
+                   dtype, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fields of at most ``most`` digits (``table``: byte → digit, 255 for none) in ``base`` →
+    (values of ``dtype``, bad bool mask), same shape as ``start``; empty → 0 (not bad)."""
+    v = np.zeros(start.shape, dtype=dtype)
+    bad = length > most
+    last = buf.size - 1
+    for p in range(min(int(length.max()) if length.size else 0, most)):
+        live = p < length
+        d = table[buf[np.minimum(start + p, last)]]
+        bad |= live & (d == 255)
+        v = np.where(live, v * dtype(base) + d.astype(dtype), v)
+    return v, bad
+
+
 def _decode_hex(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hex fields → (uint64 values, bad bool mask), same shape as ``start``."""
-    v = np.zeros(start.shape, dtype=np.uint64)
-    bad = length > 8
-    last = buf.size - 1
-    for p in range(8):
-        live = p < length
-        if not live.any():
-            break
-        d = _HEX[buf[np.minimum(start + p, last)]]
-        bad |= live & (d == 255)
-        v = np.where(live, (v << np.uint64(4)) | d.astype(np.uint64), v)
-    return v, bad
+    return _decode_digits(buf, start, length, _HEX, 16, np.uint64, 8)
 
 
 def _decode_dec(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Decimal fields ``-?[0-9]+`` → (int64 values, bad bool mask); empty → 0 (not bad)."""
-    last = buf.size - 1
-    neg = (length > 0) & (buf[np.minimum(start, last)] == ord("-"))
-    s = start + neg
-    n = length - neg
-    bad = (n > _MAX_DEC) | (neg & (n == 0))
-    v = np.zeros(start.shape, dtype=np.int64)
-    width = int(n.max()) if n.size else 0
-    for p in range(min(width, _MAX_DEC)):
-        live = p < n
-        d = _DEC[buf[np.minimum(s + p, last)]]
-        bad |= live & (d == 255)
-        v = np.where(live, v * 10 + d, v)
-    return np.where(neg, -v, v), bad
+    neg = (length > 0) & (buf[np.minimum(start, buf.size - 1)] == ord("-"))
+    v, bad = _decode_digits(buf, start + neg, length - neg, _DEC, 10, np.int64, _MAX_DEC)
+    return np.where(neg, -v, v), bad | (neg & (length == 1))
 
 
 def _parse_block(data: bytes, nfields: int | None, rows: tuple[int, ...], where: str,
