@@ -12,6 +12,7 @@ import numpy as np
 
 from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import load_config
+from embnic.testbed.net.toml_writer import dump_toml
 
 from .loadgen import ShardProcess
 from .results import merge_json
@@ -22,15 +23,14 @@ TARGET = 1.2
 
 
 def _toml(n_tables: int = 26) -> str:
-    lines = ["[cluster]", 'name = "bench-client"', "mtu = 1500", "seed = 5", 'sharding = "hash"',
-             "timeout_ms = 500", "retries = 10"]
-    for t in range(n_tables):
-        lines += ["[[tables]]", f"id = {t}", f'name = "C{t + 1}"', "dim = 8", 'dtype = "fp32"',
-                  'optimizer = "adagrad"', "lr = 0.01"]
-    for s in range(2):
-        lines += ["[[shards]]", f"id = {s}", 'ip = "127.0.0.1"', f"port = {17960 + s}"]
-    lines += ["[[clients]]", "id = 1", 'ip = "127.0.0.1"', "port = 17969"]
-    return "\n".join(lines) + "\n"
+    """The bench cluster: ``n_tables`` tables of dim 8 fp32 (Adagrad), two loopback shards, hash sharding."""
+    return dump_toml({
+        "cluster": {"name": "bench-client", "mtu": 1500, "seed": 5, "sharding": "hash", "timeout_ms": 500,
+                    "retries": 10},
+        "tables": [{"id": t, "name": f"C{t + 1}", "dim": 8, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01}
+                   for t in range(n_tables)],
+        "shards": [{"id": s, "ip": "127.0.0.1", "port": 17960 + s} for s in range(2)],
+        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 17969}]})
 
 
 class Shards:
