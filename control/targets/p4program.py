@@ -14,6 +14,7 @@ needs p4c.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from pathlib import Path
 from typing import Sequence
@@ -223,3 +224,28 @@ def dump_state(entries: list[dict]) -> list[dict]:
              "frags_in": e["frags_in"], "frags_out": e["frags_out"], "frames_in": e["frames_in"],
              "bytes_in": e["bytes_in"], "frames_out": e["frames_out"], "bytes_out": e["bytes_out"],
              "first_ns": e["first_us"] * 1000, "last_ns": e["last_us"] * 1000, "slot": e["slot"]} for e in entries]
+
+
+def mac_int(mac: str) -> int:
+    """``"02:00:00:00:00:01"`` → the 48-bit value the P4 tables take."""
+    return int(mac.replace(":", ""), 16)
+
+
+def ip_int(ip: str) -> int:
+    """``"10.0.0.1"`` → the 32-bit value the P4 tables take."""
+    return int(ipaddress.IPv4Address(ip))
+
+
+def peer_params(p) -> tuple[int, int, int, int]:
+    """The action parameters of peer ``p``'s entry in its P4 table (``forward_to_server`` /
+    ``forward_to_client``): port, MAC, IPv4 and UDP port as ints."""
+    return p.port, mac_int(p.mac), ip_int(p.ip), p.udp_port
+
+
+def peer_of_entry(kind: str, key: list[int], params: list[int]):
+    """The :class:`~embnic.control.targets.base.Peer` of ``kind`` an entry of its P4 table holds
+    (its key, :func:`peer_params`)."""
+    from embnic.control.targets.base import Peer
+
+    return Peer(kind, key[0], params[0], params[1].to_bytes(6, "big").hex(":"),
+                str(ipaddress.IPv4Address(params[2])), params[3])

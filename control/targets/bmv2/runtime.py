@@ -13,7 +13,6 @@ and the readers that turn ``simple_switch_CLI`` output back into the DPDK card's
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import re
 import time
 from pathlib import Path
@@ -36,20 +35,12 @@ class CardPortAddr:
     ip: str
 
 
-def _mac(v: str) -> int:
-    return int(v.replace(":", ""), 16)
-
-
-def _ip(v: str) -> int:
-    return int(ipaddress.IPv4Address(v))
-
-
 def peer_entries(p: Peer) -> list[TableEntry]:
     """Peer ``p``'s entry of its table (``route_by_shard``: shard → server; ``client_by_id``) and its
     allowlist entry (replies from the shard, requests from the client)."""
     k = p.spec
-    return [TableEntry(k.p4_table, (p.id,), k.p4_action, (p.port, _mac(p.mac), _ip(p.ip), p.udp_port)),
-            TableEntry("sender_allowlist", (k.is_request, p.id, _ip(p.ip), p.udp_port), "allow_sender")]
+    return [TableEntry(k.p4_table, (p.id,), k.p4_action, p4prog.peer_params(p)),
+            TableEntry("sender_allowlist", (k.is_request, p.id, p4prog.ip_int(p.ip), p.udp_port), "allow_sender")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +63,9 @@ class CardProgram:
         then each peer's, in order (:func:`peer_entries`)."""
         out = []
         for p in self.card_ports:
-            out.append(TableEntry("card_port_by_ingress", (p.port,), "set_card_port", (_ip(p.ip), _mac(p.mac))))
-            out.append(TableEntry("source_by_egress_port", (p.port,), "rewrite_source", (_mac(p.mac), _ip(p.ip))))
+            mac, ip = p4prog.mac_int(p.mac), p4prog.ip_int(p.ip)
+            out.append(TableEntry("card_port_by_ingress", (p.port,), "set_card_port", (ip, mac)))
+            out.append(TableEntry("source_by_egress_port", (p.port,), "rewrite_source", (mac, ip)))
         for p in self.peers:
             out += peer_entries(p)
         return out

@@ -78,14 +78,6 @@ def interfaces_from_vdevs(vdevs: Sequence[str]) -> list[str]:
     return out
 
 
-def _mac_hex(v: str) -> str:
-    return int(v, 16).to_bytes(6, "big").hex(":")
-
-
-def _ip_hex(v: str) -> str:
-    return ".".join(str(b) for b in int(v, 16).to_bytes(4, "big"))
-
-
 def handle_zero_placeholders(commands: Sequence[str]) -> tuple[list[str], list[str]]:
     """Commands that keep entry handle 0 free in every table a saved state will restore.
 
@@ -611,9 +603,8 @@ class Bmv2Target(Target):
         self._replace(kind, id_, [])
 
     def peer_list(self, kind: str) -> list[Peer]:
-        return sorted((Peer(kind, e["key"][0], e["params"][0], _mac_hex(f"{e['params'][1]:x}"),
-                            _ip_hex(f"{e['params'][2]:x}"), e["params"][3])
-                       for e in self._dump(peer_kind(kind).p4_table)), key=lambda x: x.id)
+        entries = self._dump(peer_kind(kind).p4_table)
+        return sorted((p4prog.peer_of_entry(kind, e["key"], e["params"]) for e in entries), key=lambda x: x.id)
 
     # ------------------------------------------------------------------ observation
     def _nb_ports(self) -> int:

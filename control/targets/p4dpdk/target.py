@@ -42,23 +42,6 @@ from embnic.control.targets.dpdk.target import DpdkCardTarget
 
 
 
-def _ip_int(ip: str) -> int:
-    a = [int(x) for x in ip.split(".")]
-    return (a[0] << 24) | (a[1] << 16) | (a[2] << 8) | a[3]
-
-
-def _mac_int(mac: str) -> int:
-    return int(mac.replace(":", ""), 16)
-
-
-def _ip_str(v: int) -> str:
-    return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
-
-
-def _mac_str(v: int) -> str:
-    return v.to_bytes(6, "big").hex(":")
-
-
 _HEX = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
@@ -113,8 +96,8 @@ class SwxCard:
                 state_timeout_us: int | None = None) -> None:
         """The card's port addresses (``(port, mac, ip)``), its peers (routes and clients) and timeout."""
         for port, mac, ip in ports:
-            self.add("card_port_by_ingress", [port], "set_card_port", [_ip_int(ip), _mac_int(mac)])
-            self.add("source_by_egress_port", [port], "rewrite_source", [_mac_int(mac), _ip_int(ip)])
+            self.add("card_port_by_ingress", [port], "set_card_port", [p4prog.ip_int(ip), p4prog.mac_int(mac)])
+            self.add("source_by_egress_port", [port], "rewrite_source", [p4prog.mac_int(mac), p4prog.ip_int(ip)])
         for p in peers:
             self.peer_add(p)
         if state_timeout_us is not None:
@@ -125,8 +108,8 @@ class SwxCard:
         ``sender_allowlist`` entry."""
         k = p.spec
         self.peer_del(p.kind, p.id)
-        self.add(k.p4_table, [p.id], k.p4_action, [p.port, _mac_int(p.mac), _ip_int(p.ip), p.udp_port])
-        self.add("sender_allowlist", [k.is_request, p.id, _ip_int(p.ip), p.udp_port], "allow_sender")
+        self.add(k.p4_table, [p.id], k.p4_action, p4prog.peer_params(p))
+        self.add("sender_allowlist", [k.is_request, p.id, p4prog.ip_int(p.ip), p.udp_port], "allow_sender")
 
     def peer_del(self, kind: str, id_: int) -> bool:
         """Delete the peer ``id_`` of ``kind`` and its allowlist entries; False if it had no entry."""
@@ -143,8 +126,8 @@ class SwxCard:
 
     def peers(self, kind: str) -> list[Peer]:
         """The peers of ``kind`` in the card's table, by id."""
-        return sorted((Peer(kind, e["key"][0], e["params"][0], _mac_str(e["params"][1]), _ip_str(e["params"][2]),
-                            e["params"][3]) for e in self.dump(peer_kind(kind).p4_table)), key=lambda x: x.id)
+        entries = self.dump(peer_kind(kind).p4_table)
+        return sorted((p4prog.peer_of_entry(kind, e["key"], e["params"]) for e in entries), key=lambda x: x.id)
 
     # ------------------------------------------------------------------ registers and counters
     def reg(self, name: str, index: int = 0, count: int | None = None) -> list[int]:
