@@ -1,26 +1,14 @@
 """DPDK processes: EAL arguments, start, readiness, stop and the EAL runtime directory, in one place.
 
-Every DPDK primary process embnic runs — the card ``embnic-dp`` loaded by
-:class:`~embnic.control.targets.dpdk.target.DpdkTarget` (and so by the namespace testbed), the card the
-benchmark and the dataplane tests run on bare vdevs (:class:`CardProcess`), and the benchmark's
-``dpdk-testpmd`` — is a :class:`DpdkProcess`:
-
-* **EAL arguments** (:func:`eal_argv`): ``-l LCORES`` + :data:`EAL_DEFAULTS` (this machine: no
-  hugepages, no PCI devices, 256 MB) + ``--file-prefix PREFIX`` + one ``--vdev`` per port;
-* **start**: the command line (``ip netns exec NS`` in front when asked) is written as the first
-  line (``# ...``) of the process's log, output goes to the log, the process gets its own
-  session; pid and start time are recorded (:meth:`DpdkProcess.record`);
-* **readiness**: a probe (the control socket answering ``ping``, testpmd's prompt) polled until
-  a timeout; a process that exits meanwhile is reported with the most informative line of its
-  log (:func:`start_failure_reason`);
-* **stop**: SIGTERM, SIGKILL after a timeout — of our own child, or of a recorded pid whose
-  start time still matches (:func:`stop_recorded`), never by name;
-* **runtime directory**: the EAL keeps ``/var/run/dpdk/PREFIX`` after the process; it is
-  removed after every stop, for our own prefixes only (:data:`OWN_PREFIXES`);
-* **a failed start** leaves nothing behind: :meth:`CardProcess.start` stops the process and
-  removes its runtime directory, control socket and temporary directory (quoting the log in the
-  error when the log was a temporary file); :meth:`~embnic.control.targets.dpdk.target.DpdkTarget.load`
-  stops it and removes its state file (its log in the run directory stays, named in the error).
+Every DPDK primary process embnic runs — the card loaded by a target
+(:class:`~embnic.control.targets.dpdk.target.DpdkCard`), the card the benchmark and the dataplane
+tests run on bare vdevs (:class:`CardProcess`), the benchmark's ``dpdk-testpmd`` — is a
+:class:`DpdkProcess`: its command line is the first line (``# ...``) of its log; a process that
+exits while starting is reported with the most informative line of that log
+(:func:`start_failure_reason`); it is stopped by SIGTERM, then SIGKILL, only as our own child or
+as a recorded pid whose start time still matches (:func:`stop_recorded`), never by name; the
+EAL runtime directory ``/var/run/dpdk/PREFIX`` of our own prefixes (:data:`OWN_PREFIXES`) is
+removed after every stop; a failed start leaves nothing behind.
 
 Example::
 
