@@ -125,27 +125,26 @@ def out_path_problem(path: str | os.PathLike, kind: str, example: str = "out") -
     if kind == "file":
         if p.is_dir():
             return f"{path} is a folder: give a file name, e.g. {p / example}"
-        parent = p.parent
-        if not parent.exists():
-            return f"folder {parent} does not exist; create it (mkdir -p {parent}) or write elsewhere"
-        if not parent.is_dir():
-            return f"{parent} is a file, not a folder: write elsewhere"
-        if not os.access(parent, os.W_OK | os.X_OK):
-            return f"cannot write into folder {parent} (permission denied): write elsewhere"
-        return None
-    if p.exists():
+        if not p.parent.exists():
+            return f"folder {p.parent} does not exist; create it (mkdir -p {p.parent}) or write elsewhere"
+        if not p.parent.is_dir():
+            return f"{p.parent} is a file, not a folder: write elsewhere"
+        into = p.parent
+    elif p.exists():
         if not p.is_dir():
             return f"{path} is a file: give a folder (created if missing), e.g. {p.parent / example}"
-        if not os.access(p, os.W_OK | os.X_OK):
-            return f"cannot write into folder {path} (permission denied): write elsewhere"
+        into = path
+    else:
+        a = p.absolute().parent
+        while not a.exists():
+            a = a.parent
+        if not a.is_dir():
+            return f"{a} is a file, so folder {path} cannot be created: write elsewhere"
+        if not os.access(a, os.W_OK | os.X_OK):
+            return f"cannot create folder {path}: no write permission in {a}; write elsewhere"
         return None
-    a = p.absolute().parent
-    while not a.exists():
-        a = a.parent
-    if not a.is_dir():
-        return f"{a} is a file, so folder {path} cannot be created: write elsewhere"
-    if not os.access(a, os.W_OK | os.X_OK):
-        return f"cannot create folder {path}: no write permission in {a}; write elsewhere"
+    if not os.access(into, os.W_OK | os.X_OK):
+        return f"cannot write into folder {into} (permission denied): write elsewhere"
     return None
 
 
