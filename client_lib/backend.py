@@ -1,13 +1,9 @@
 """The backend contract: where a training job's embedding rows live, one round of every table at once.
 
 Every backend implements :class:`Backend` — the parameter-server shards through
-:class:`~embnic.client_lib.client.EmbeddingClient` (UDP, directly or through the card) and the
-in-process reference :class:`~embnic.client_lib.local.LocalBackend` — and every caller takes
-one: the training loop (:mod:`embnic.testbed.training.train`), the PyTorch front end
-(:class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection`, under TorchRec's sharder too),
-the DLRM workers (:mod:`embnic.testbed.training.dlrm_workers`, whose deferred updates are a
-backend wrapping one). The disk tier is not a backend: it is a shard's row store
-(``testbed/server/diskstore.py``) behind an ``EmbeddingClient``.
+:class:`~embnic.client_lib.client.EmbeddingClient` and the in-process reference
+:class:`~embnic.client_lib.local.LocalBackend` — and every caller (the training loop, the
+PyTorch front end, the DLRM workers) takes one.
 
 A call is a **round**: the keys of every table of a training step at once, never one table at a
 time. It comes in two equivalent layouts:

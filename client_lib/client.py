@@ -55,15 +55,10 @@ class EmbeddingClient:
         rto_min_ms, rto_max_ms: bounds of the retransmission timeout (ms).
         msg_frames: most fragments of a message or of its reply (None: only ``MAX_FRAGS`` and the
             window bound it); a round is split into several messages to a shard only past it.
-            Loss is found by later answers only while some messages in flight get through, so
-            a batch-4096 round is still several messages; a lost fragment costs itself (lookup
-            repair, update NACK), not its message.
-        tail_probes: send a tail probe after a shard's last message of a round (see above; never
-            in the fixed-length mode, whose shards take only announced messages).
-        fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"), modelled
-            on TorchRec's ``KJTAllToAll``: every round of lookups or updates is preceded by a
-            size round — one SIZE_REQ per shard listing the round's data messages to it, and
-            a wait for every shard's SIZE_ACK. Two rounds per lookup instead of one.
+        tail_probes: send a tail probe after a shard's last message of a round (never in the
+            fixed-length mode, whose shards take only announced messages).
+        fixed_length: the fixed-length baseline (docs/protocol.md, "Size messages"): every
+            round is preceded by a size round (one SIZE_REQ per shard, and every SIZE_ACK).
 
     Raises:
         KeyError: unknown ``client_id``.

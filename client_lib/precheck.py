@@ -13,15 +13,9 @@ call, and raises before the first frame leaves:
   optimizer may apply (:func:`~embnic.client_lib.table_numerics.gradient_rows_ok`, the rule
   the shards apply, after the wire's fp16 rounding).
 
-Every check is a numpy vector operation over the keys or gradients of one table (a Python loop
-runs over the tables of the call only). Used by :class:`~embnic.client_lib.client.EmbeddingClient`
-and by :class:`~embnic.client_lib.local.LocalBackend`, so the in-process reference refuses the
-same rounds, whole (the contract of :mod:`embnic.client_lib.backend`).
-
-Example::
-
-    update_round(cfg, {0: (np.array([3, 5], np.uint64), np.zeros((3, 4), np.float32))})
-    # ValueError: table 0 (a): grads shape (3, 4), expected (2, 4): one row of dim 4 per key
+Used by :class:`~embnic.client_lib.client.EmbeddingClient` (where its C plan's checks refuse a
+round, to say why) and by :class:`~embnic.client_lib.local.LocalBackend`, so the in-process
+reference refuses the same rounds, whole (the contract of :mod:`embnic.client_lib.backend`).
 """
 from __future__ import annotations
 
