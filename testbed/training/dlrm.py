@@ -1,20 +1,15 @@
 """TorchRec's DLRM on Criteo with its embedding tables on the shards (``--model dlrm``).
 
 The model is ``torchrec.models.dlrm.DLRM`` (Naumov et al., "Deep Learning Recommendation
-Model for Personalization and Recommendation Systems", 2019) whose
-``embedding_bag_collection`` is an :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection`:
+Model for Personalization and Recommendation Systems", 2019): the 13 dense features through the
+bottom MLP (13 → 64 → D), the 26 sparse features ``C1..C26`` as one KJT (one id per bag, sum
+pooling) through an :class:`~embnic.client_lib.torch.RemoteEmbeddingBagCollection` (looked up
+from the backend, updated there by the table's optimizer in backward), dot interaction and the
+top MLP (→ 64 → 1) to a logit; binary cross-entropy with logits, averaged over the batch.
 
-* the 13 dense features go through the bottom MLP (``dense_arch``: 13 → 64 → D),
-* the 26 sparse features ``C1..C26`` are one KJT (one id per bag, sum pooling); their rows
-  are looked up from the backend and updated there by the table's optimizer in backward
-  (row-wise Adagrad or SGD on the shards),
-* pairwise dot-product interaction and the top MLP (``over_arch``: → 64 → 1) give a logit;
-  the loss is binary cross-entropy with logits, averaged over the batch.
-
-Dense parameters live in this process and train with ``torch.optim.SGD``; they are initialised
-from ``torch.manual_seed(seed)``, so two runs with the same seed, data and rows compute the
-same floats (the reference run with in-process tables and the run through the card). Batches
-are taken as in :func:`embnic.testbed.training.train.train` (in order, wrapping around).
+The dense parameters train here with ``torch.optim.SGD`` from ``torch.manual_seed(seed)``, so
+two runs with the same seed, data and rows compute the same floats (the in-process reference and
+the run through the card). Batches are taken as in :func:`embnic.testbed.training.train.train`.
 """
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
 """The training loop: a CTR model whose embedding rows live on parameter-server shards.
 
-Every step: take a batch of samples → :func:`~embnic.client_lib.batch.prepare_batch`
-(value/index/offset arrays of every table, one sort) → one lookup round for all tables (a
-message per shard) → pool every table's bags at once → forward/backward → aggregate the
-gradient per unique id → one update round. The ``backend`` decides where rows live (the
-contract: :class:`~embnic.client_lib.backend.Backend`): an
-:class:`~embnic.client_lib.client.EmbeddingClient` (UDP shards, directly or through the card)
-or :class:`~embnic.client_lib.local.LocalBackend` (in process, the reference). Given the
-same config, data and seed both give the same losses (bit-identical floats).
+A step is one lookup round and one update round for all tables (the path of one batch:
+docs/architecture.md); the ``backend`` decides where rows live
+(:class:`~embnic.client_lib.backend.Backend`: the shards through an
+:class:`~embnic.client_lib.client.EmbeddingClient`, or in process,
+:class:`~embnic.client_lib.local.LocalBackend`). Given the same config, data and seed both give
+the same losses (bit-identical floats).
 """
 from __future__ import annotations
 
