@@ -1,20 +1,15 @@
 """Prometheus metrics of the card: a collector that reads the card's counters at scrape time.
 
-``embnic exporter -c CONFIG --port 9464`` serves them (:func:`serve`). :class:`CardCollector`
-asks the pipeline's target on every scrape — the dpdk target through the control socket
-(:mod:`embnic.control.ctlsock`, the ``counters`` and ``state_summary`` commands ``embnic status``
-reads), the bmv2 target through its counters and registers (:mod:`embnic.control.targets.bmv2.runtime`)
-— and turns the answer into metric families (:func:`card_families`); nothing is polled or copied
-between scrapes. Names follow the Prometheus conventions: ``embnic_card_`` prefix, counters end
-in ``_total``, units in the name (``_bytes``, ``_seconds``), histograms as ``_bucket`` /
-``_sum`` / ``_count``; docs/cli.md lists them.
+``embnic exporter -c CONFIG --port 9464`` serves them. :class:`CardCollector` asks the
+pipeline's target on every scrape (``counters`` and ``state_summary``, as ``embnic status``)
+and turns the answer into metric families (:func:`card_families`); nothing is polled or copied
+between scrapes. docs/cli.md lists the metrics and their conventions.
 
 The latency histograms (the card's per shard, the shards' service times) count in powers of two
 of microseconds: bucket ``i`` holds ``[2^(i-1), 2^i)`` µs (bucket 0: < 1 µs), the last bucket
-everything above. In Prometheus terms bucket ``i``'s upper bound ``le`` is ``2^i`` µs
-(:func:`log2_us_histogram`); the last is ``+Inf``.
-
-The shard's metrics (``embnic server --metrics-port``) are :mod:`embnic.testbed.server.shard_metrics`.
+everything above; in Prometheus terms bucket ``i``'s ``le`` is ``2^i`` µs
+(:func:`log2_us_histogram`), the last ``+Inf``. The shard's metrics are
+:mod:`embnic.testbed.server.shard_metrics`.
 """
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """Network namespaces and veth pairs: the one module that makes, wires, enters and removes them.
 
-Every namespace and veth the project makes goes through here: the bmv2 target's switch
-namespace, the testbed's nodes and links, the benchmarks' veth paths; and every command run
-inside a namespace takes its argv prefix from :func:`exec_argv` (the DPDK card, BMv2, the
-shards, tcpreplay, the netem helpers). ``tests/control/test_netns.py`` fails if another module
-of the package runs ``ip netns`` or ``ip link add`` itself.
-
-It drives iproute2 (``ip``), ``ethtool`` and ``sysctl`` as subprocesses rather than netlink
-through pyroute2: these are the commands a user types to inspect or repeat a step, their
-messages go into errors unchanged, ``sysctl``/``ethtool -K`` have no netlink equivalent
-anyway, and pyroute2's own ``netns=`` sockets fork a helper that once found no interface here
-(see :mod:`embnic.testbed.net.bpf_loss`). Entering a namespace from a thread
-(:func:`in_netns`) is ``setns(2)``.
+Every namespace and veth the project makes goes through here (the bmv2 target's switch
+namespace, the testbed's nodes and links, the benchmarks' veth paths), and every command run
+inside a namespace takes its argv prefix from :func:`exec_argv`; ``tests/control/test_netns.py``
+fails if another module runs ``ip netns`` or ``ip link add`` itself. It drives ``ip``,
+``ethtool`` and ``sysctl`` as subprocesses — the commands a user types to repeat a step, their
+messages go into errors unchanged —; entering a namespace from a thread (:func:`in_netns`) is
+``setns(2)``.
 
     from embnic.control import netns
     with netns.Netns.create("ex-a") as a, netns.Netns.create("ex-b") as b:  # deleted on exit
@@ -20,10 +15,9 @@ anyway, and pyroute2's own ``netns=`` sockets fork a helper that once found no i
         b.add_address("ex1", "10.9.0.2/30"); b.link_up("ex1")
         b.run(["ping", "-c1", "10.9.0.1"])
 
-Errors: :class:`NetnsError` (an ``ip``/``ethtool``/``sysctl`` step failed; the message is the
-command and its stderr; exit 1 through the CLI), :class:`~embnic.control.errors.NeedsRootError`
-(not root), :class:`~embnic.control.errors.MissingDependencyError` (no ``ip``: apt-get install
-iproute2; no ``ethtool``, ``sysctl``: the package named).
+Errors: :class:`NetnsError` (a step failed; the message is the command and its stderr),
+:class:`~embnic.control.errors.NeedsRootError`, :class:`~embnic.control.errors.MissingDependencyError`
+(a command missing: the package named).
 """
 from __future__ import annotations
 

@@ -1,26 +1,17 @@
 """A P4Runtime client for the bmv2 target: push the pipeline, write and read table entries.
 
-What a P4 controller does, through the P4Runtime service ``simple_switch_grpc`` serves
-(p4lang/p4runtime ``p4/v1/p4runtime.proto``): arbitration on the ``StreamChannel`` with one
-election id (this client becomes the primary controller of the device), then
-``SetForwardingPipelineConfig`` (P4Info + the BMv2 JSON), then ``Write`` / ``Read`` of table
-entries by P4Info ids. Names (tables, match fields, actions, parameters) are the program's
-``@name`` names; :class:`P4InfoIndex` maps them to the ids the RPCs carry.
-
-The protobuf messages and the service stub are finsy's (``finsy.proto``: a maintained P4Runtime
-client whose generated p4runtime modules import with the protobuf pip installs; PyPI's
-``p4runtime`` package does not); the calls are plain synchronous grpcio. Values are the
-P4Runtime canonical bytestrings (big-endian, no leading zero bytes; zero is one byte),
-decoded from any width on reads.
+Arbitration on the ``StreamChannel`` with one election id, ``SetForwardingPipelineConfig``
+(P4Info + the BMv2 JSON), then ``Write`` / ``Read`` of table entries by P4Info ids
+(:class:`P4InfoIndex` maps the program's ``@name`` names to them), through finsy's generated
+messages and stub over synchronous grpcio (p4/README.md "Control plane" says why). Values are
+the P4Runtime canonical bytestrings (big-endian, no leading zero bytes; zero is one byte),
+decoded from any width on reads. Registers and counters stay on Thrift (p4lang/PI#376).
 
     with P4RuntimeClient("unix:/run/embnic/embnic.p4rt") as c:
         c.become_primary()
         c.set_pipeline(P4InfoIndex.load(p4info_path), json_path.read_bytes())
         c.write([TableEntry("route_by_shard", (0,), "forward_to_server", (1, mac, ip, 9000))])
         print(c.read_table("route_by_shard"))
-
-Registers and counters are not read here: PI's BMv2 implementation answers register reads
-with "not supported" (p4lang/PI#376), so the target keeps them on Thrift.
 """
 from __future__ import annotations
 

@@ -1,30 +1,17 @@
 """The ``bmv2`` target: the P4 program (p4/) on BMv2, driven over P4Runtime where it can be.
 
 Two control channels (:func:`embnic.control.targets.bmv2.switch.choose_channel`; ``channel`` or
-``$EMBNIC_BMV2_CHANNEL``: ``auto`` (default), ``p4runtime``, ``thrift``):
-
-- ``p4runtime`` (where ``simple_switch_grpc`` is on PATH): the switch starts with no program and
-  no port, serving P4Runtime on ``unix:RUN_DIR/NAME.p4rt`` (a socket file: reachable from the
-  host although the switch runs in its namespace); the target pushes the pipeline (P4Info +
-  JSON), writes every table entry and reads every table back over P4Runtime, writes the
-  registers (``state_timeout_us``) and the queue depth over Thrift on the same switch, then adds
-  the ports. Later route/client changes are P4Runtime writes; registers and counters are read
-  over Thrift (BMv2's PI answers register reads "not supported", PI#376).
-- ``thrift`` (``simple_switch`` alone): a first switch without ports is programmed with the
-  runtime CLI, its state saved and the card's switch started with ``--restore-state``, so no
-  frame meets an empty table (with the handle-0 placeholder of :func:`handle_zero_placeholders`);
-  later changes go through ``simple_switch_CLI``.
+``$EMBNIC_BMV2_CHANNEL``: ``auto`` (default), ``p4runtime``, ``thrift``), each programming the
+switch before it takes a frame, as p4/README.md "Control plane" describes; registers and
+counters are read over Thrift on both.
 
 ``load`` = find the tools (a missing one: one line naming it and how to get it, exit 1) →
 compile ``p4/v1model/embnic.p4`` (JSON and P4Info; or take ``json_path``) → make sure the switch's network
 namespace has no address but loopback (its Thrift server listens on every address) → turn the
 port interfaces' offloads off (see :func:`tune_port_interfaces`) → start and program the switch
-as above → write the state file. ``unload`` stops the recorded pid (checked by its start time)
-and deletes a namespace the target made.
-
-Every frame is accounted for: ``counters()["ports"][i]["lost_before_switch"]`` is the frames the
-port's interface took in (kernel ``rx_packets`` + ``rx_dropped`` since the load or the last
-counter reset) minus the frames the switch's ingress counted (``rx_frames``).
+→ write the state file. ``unload`` stops the recorded pid (checked by its start time) and
+deletes a namespace the target made. ``counters()["ports"][i]["lost_before_switch"]`` accounts
+for the frames lost before the switch (p4/README.md).
 
 Ports: card port ``i`` is the interface ``interfaces[i]``; given as names (``["Np0", ...]``)
 or taken from ``--vdev net_af_packet<i>,iface=NAME`` (what the testbed passes the dpdk target).
