@@ -254,12 +254,6 @@ def _files(d: Path, rx) -> list[tuple[int, Path]]:
 
 
 def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
-                     applied: UpdateWindow | collections.abc.Mapping) -> Path:
-    """As :func:`_write_checkpoint`, returning the path only."""
-    return _write_checkpoint(d, shard_id, seq, seed, tables, applied)[0]
-
-
-def _write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
                       applied: UpdateWindow | collections.abc.Mapping) -> tuple[Path, dict]:
     """Write ``ckpt-<seq>.npz`` atomically (temporary file, ``fsync``, rename, directory ``fsync``);
     disk tables' snapshots first, into ``ckpt-<seq>.<n>.store/`` (module docstring).
@@ -510,7 +504,7 @@ class Durability:
         """
         self.log.commit()
         seq = self.log.seq
-        path, meta = _write_checkpoint(self.dir, self.shard_id, seq, self.seed, tables, applied)
+        path, meta = write_checkpoint(self.dir, self.shard_id, seq, self.seed, tables, applied)
         self.log.rotate()
         for s, p in _files(self.dir, _WAL):
             if s < seq:

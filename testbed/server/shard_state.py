@@ -195,11 +195,9 @@ class ShardState:
             raise
 
     def _table_vectors(self, cfg: ClusterConfig) -> None:
-        """Per table id (65536 entries, what :meth:`table_fault` and the C path read as vectors):
-        dim (-1: no such table), wire dtype, rows bound (and whether there is one), every key ours
-        (one shard, or this table's shard under table sharding: no key need be hashed), the
-        largest |gradient| whose step cannot overflow (:func:`gradient_bound`), the optimizer,
-        and whether the rows are in :attr:`store`."""
+        """Per table id (65536 entries, read as vectors by :meth:`table_fault` and the C path): dim
+        (-1: no such table), wire dtype, rows bound, every key ours (no key need be hashed),
+        :func:`gradient_bound`, the optimizer, whether the rows are in :attr:`store`."""
         self.tdim = np.full(1 << 16, -1, np.int64)
         self.tdtype = np.zeros(1 << 16, np.int64)
         self.trows = np.zeros(1 << 16, np.uint64)
@@ -378,26 +376,16 @@ class ShardState:
     def _take(self, h: Header, data: bytes, addr, reply: ReplySink, assembly: Assembly):
         """:meth:`take_frame` past a header that parses."""
         if h.msg_len > self.max_msg:
-            self.drops["too_large"] += 1
-            if h.frag_index == 0:
-                self.refuse(h, Status.MALFORMED, reply)
-            return None
+            return self._drop(h, "too_large", reply, Status.MALFORMED)
         status = self.check_header(h)
-        if status is not None:
-            self.drops["refused"] += 1  # every fragment: the others were counted nowhere
-            if h.frag_index == 0:
-                self.refuse(h, status, reply)
-            return None
+        if status is not None:  # every fragment counted: the others were counted nowhere
+            return self._drop(h, "refused", reply, status)
         if self.fixed_length and h.msg_type != MsgType.SIZE_REQ:
             ann = self.announced.get((h.client_id, h.msg_id))
             if ann is None:
-                self.drops["unannounced"] += 1
-                return None
+                return self._drop(h, "unannounced", reply)
             if ann != (h.msg_type, h.num_tables, h.num_keys, h.msg_len):
-                self.drops["size_mismatch"] += 1
-                if h.frag_index == 0:
-                    self.refuse(h, Status.MALFORMED, reply)
-                return None
+                return self._drop(h, "size_mismatch", reply, Status.MALFORMED)
         if not is_poll(h):
             return assembly.feed(h, data, addr)
         self.counts["update_polls"] += 1
@@ -410,6 +398,12 @@ class ShardState:
                 assembly.discard(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
             reply(h, ans[0], 0, consts.NO_TABLE, ans[1])
         return None
+
+    def _drop(self, h: Header, reason: str, reply: ReplySink, status: Status | None = None) -> None:
+        """Drop a frame, counted by ``reason``; answered ERROR ``status`` at fragment 0 (None: never)."""
+        self.drops[reason] += 1
+        if status is not None and h.frag_index == 0:
+            self.refuse(h, status, reply)
 
     def refuse(self, h: Header, status: Status, reply: ReplySink, table_id: int = consts.NO_TABLE) -> None:
         """Answer request ``h`` ERROR ``status`` naming ``table_id`` through ``reply``, counted."""
@@ -487,11 +481,9 @@ class ShardState:
         return np.array([ann.get((k >> 32, k & 0xFFFFFFFF)) == tuple(w) for k, w in zip(keys.tolist(), want)], bool)
 
     def admit_update(self, h, body, rb: RequestBody, last_offset: int | None = None) -> np.ndarray | None:
-        """The exactly-once decision of one update, in arrival order: None for a duplicate (its id
-        and fingerprint in the window: re-ack, apply nothing); else its gradients, float32 flat,
-        table after table (:meth:`gradients`), after the update was checked (:meth:`table_fault`,
-        :meth:`store_fault`), logged (write-ahead log) and put in the window — the caller
-        applies them (:meth:`rows_apply`).
+        """The exactly-once decision of one update, in arrival order: None for a duplicate
+        (re-ack, apply nothing); else its gradients (:meth:`gradients`) once it was checked,
+        logged and put in the window — the caller applies them (:meth:`rows_apply`).
 
         Args:
             h: the update's header (ids and counts: a :class:`Request` or a codec ``Header``);
@@ -535,12 +527,9 @@ class ShardState:
         ``NOT_OWNER``, and for an update ``MALFORMED`` for duplicate keys within the table or a
         gradient row :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` refuses.
 
-        Vectorised over the message's tables and keys: one range compare and one owner hash
-        (:func:`~embnic.client_lib.routing.owns_tables`) over all keys; duplicates by one
-        sortedness test (a table's keys not strictly increasing are sorted by (table, key) at
-        once: a duplicate is a neighbour); gradients by one bound on |g| per table
-        (:func:`gradient_bound`), the rule itself only on the rows of the tables above it
-        (:meth:`_grads_ok`). No per-table loop.
+        Vectorised over the message's tables and keys, no per-table loop: gradients are checked
+        against one bound per table (:func:`gradient_bound`), the rule itself only on the tables
+        above it (:meth:`_grads_ok`).
 
         Args:
             rb: the parsed body (:func:`codec.parse_request_body`).

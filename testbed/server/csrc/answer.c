@@ -1,23 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * The shard's answer path in C: lookups answered straight from the receive
- * buffer (directory, checks, one pass of row gathers over every table of a
- * message, reply frames), reply frames of any type for what the serving
- * loop decided (testbed/server/engine.py: errors, acks, NACKs, rows of
- * messages it reassembled), all into one transmit queue that send.c sends.
- * The shard's one production answer path; its numpy oracle is
- * tests/testbed/shard_oracle.py: tests/testbed/test_server_engine.py runs the
- * same requests through both and compares every reply frame.
- *
- * What is answered here: the lookups of a wake-up that come before its first
- * frame of anything else (an update, a malformed frame, ...), single frames
- * and messages whose every fragment came in the wake-up, when their
- * directory adds up and every table is known, of the right dim and dtype,
- * held in the shard's row store, and every key in range and this shard's.
- * Anything else is left to the serving loop (which answers it with the
- * state's rules, testbed/server/shard_state.py: one home for every error), and so is everything after
- * that first other frame, so a lookup always sees exactly the updates that
- * came before it.
+ * buffer, reply frames of any type for what the serving loop decided, all into
+ * one transmit queue that send.c sends. What is answered here, and why a
+ * lookup always sees exactly the updates that came before it: docs/server.md,
+ * "The answer path in C"; anything else is left to the serving loop and the
+ * state's rules (testbed/server/shard_state.py). Its numpy oracle is
+ * tests/testbed/shard_oracle.py.
  */
 #include <string.h>
 

@@ -1,20 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The parameter-server shard's intake, in C: what the serving loop does per
- * wake-up before any table is touched. Built with the package as
- * libembnic_shard (no DPDK) and called through ctypes by
- * testbed/server/canswer.py; its numpy oracle is tests/testbed/shard_oracle.py,
- * and tests/testbed/test_server_engine.py checks both give the same checks,
- * groups, replies, counters and rows.
+ * The shard's intake, in C: what the serving loop does per wake-up before any
+ * table is touched (its numpy oracle: tests/testbed/shard_oracle.py).
  *
  *   embnic_shard_check()  every header of a recvmmsg batch: the fields, whether
  *                         the fast path takes the frame, its fragment size
- *                         (the oracle's check_vector, rule for rule)
  *   embnic_shard_whole()  the multi-fragment frames grouped by message, and
  *                         which messages came whole in this batch
- *                         (the oracle's group)
- *
- * No allocation, no locks; every output array is the caller's, sized by n.
  */
 #include <stdint.h>
 #include <string.h>

@@ -1,17 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The shard's transmit queue sent (what testbed/server/udpio.py's
- * BatchSocket.send does in Python for the tests' numpy oracle): the
- * replies in the order of the datagrams that completed their requests, each
- * cut into entries of at most 64 frames, an entry of several frames one UDP
- * GSO super-datagram (UDP_SEGMENT, gso_size = the frame width: the kernel
- * cuts it, the last frame may be shorter), all of them with sendmmsg.
- *
- * A kernel or path that refuses GSO (EIO, EINVAL, ENOPROTOOPT, EOPNOTSUPP on
- * a multi-frame entry) turns it off for good (a->gso = 0) and the rest goes
- * frame by frame. EAGAIN/ENOBUFS/EINTR wait up to 10 ms for room and retry;
- * any other refusal (a destination gone: ECONNREFUSED, ...) skips that entry
- * and counts it in send_errors.
+ * The shard's transmit queue sent: the replies in the order of the datagrams
+ * that completed their requests, each cut into entries of at most 64 frames,
+ * an entry of several frames one UDP GSO super-datagram, all with sendmmsg. A
+ * kernel that refuses GSO turns it off for good (a->gso = 0); EAGAIN/ENOBUFS/
+ * EINTR wait up to 10 ms and retry; any other refusal skips that entry
+ * (send_errors).
  */
 #define _GNU_SOURCE		/* sendmmsg, struct mmsghdr */
 #include <errno.h>
