@@ -1,12 +1,5 @@
-"""Read and check the build info that ``embnic-dp`` carries in its ELF section ``.embnic_buildinfo``.
-
-Layout (docs/control-socket.md, ``dataplane/include/embnic_buildinfo.h``): one packed
-little-endian ``struct embnic_buildinfo``::
-
-    char magic[8] = "EMBNICBI"; u32 info_version, proto_version, hdr_len, udp_port, ring_size,
-    route_table_size, client_table_size, state_table_size, n_fields;
-    struct { char name[16]; u16 offset; u16 size; } fields[24];
-    char git_rev[41]; char dpdk_version[32];          -> 597 bytes
+"""Read and check the build info that ``embnic-dp`` carries in its ELF section ``.embnic_buildinfo``
+(its layout: docs/control-socket.md, ``dataplane/include/embnic_buildinfo.h``).
 
 :func:`check` compares it against :mod:`embnic.client_lib.consts` (protocol version, header
 length, UDP port, and every header field's name, offset and size); ``embnic pipeline load``

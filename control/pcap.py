@@ -1,9 +1,7 @@
 """Classic pcap files (libpcap format, Ethernet link type): the one writer and reader of the project.
 
-Used by the BMv2 runs (:mod:`embnic.control.targets.bmv2.switch`), trace record and replay
-(:mod:`embnic.testbed.traces.trace`), the dataplane benchmark's input
-(:mod:`embnic.testbed.bench.dataplane`) and the dataplane conformance tests. Frames are
-written unchanged — any length, even shorter than an Ethernet header (the card must drop those).
+Frames are written unchanged — any length, even shorter than an Ethernet header (the card must
+drop those).
 
 Example::
 

@@ -4,10 +4,6 @@ Every long-lived thing the control plane starts — a loaded pipeline (``RUN_DIR
 a namespace testbed (``RUN_DIR/testbed-NAME.json``) — is described by a JSON state file in the
 run directory, written atomically, naming its processes by pid *and* start time so a recycled
 pid is never mistaken for ours. ``RUN_DIR`` is ``$EMBNIC_RUN_DIR`` or ``/run/embnic``.
-
-The one definition of each: :func:`run_dir`, :func:`ensure_run_dir`, :func:`state_path`,
-:func:`read_state`, :func:`write_state`, :func:`remove_state`, :func:`proc_starttime`,
-:func:`pid_matches`, :func:`is_root` and :func:`require_root`.
 """
 from __future__ import annotations
 

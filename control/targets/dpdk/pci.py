@@ -1,18 +1,12 @@
 """PCI devices for the card on a real NIC (docs/deploy.md): addresses, driver binding, hugepages.
 
 ``pipeline load --pci BDF`` (or ``[card] pci = [...]``) runs embnic-dp on the NIC at that PCI
-address: the EAL gets ``-a BDF`` (allow-list: only these devices are probed) and hugepages
-instead of ``--no-pci --no-huge`` (:func:`embnic.control.targets.dpdk.process.eal_argv`). Before it starts,
-:func:`pci_problem` reads sysfs for each device — present, and bound to a driver DPDK can use:
-
-- ``vfio-pci`` (the one to use: IOMMU-safe), ``uio_pci_generic``, ``igb_uio``: the device is
-  given to user space, the kernel's netdev is gone;
-- ``mlx5_core`` (NVIDIA/Mellanox ConnectX): *bifurcated* — the kernel driver stays bound and
-  DPDK's mlx5 PMD drives the queues through it (rdma-core), so no rebinding;
-
-anything else (``ice``, ``i40e``, ``ixgbe``, ``bnxt_en``, ... or no driver) is refused with one
-line naming the fix (``dpdk-devbind.py -b vfio-pci BDF``). The sysfs root is ``/sys`` unless
-``EMBNIC_SYSFS_ROOT`` names another (tests use a fake tree).
+address (:func:`embnic.control.targets.dpdk.process.eal_argv`: ``-a BDF`` and hugepages). Before
+it starts, :func:`pci_problem` reads sysfs for each device — present, and bound to a driver DPDK
+can use (``vfio-pci``, ``uio_pci_generic``, ``igb_uio``, or the bifurcated ``mlx5_core``:
+docs/deploy.md says which to choose) — and refuses anything else in one line naming the fix
+(``dpdk-devbind.py -b vfio-pci BDF``). The sysfs root is ``/sys`` unless ``EMBNIC_SYSFS_ROOT``
+names another (tests use a fake tree).
 """
 from __future__ import annotations
 

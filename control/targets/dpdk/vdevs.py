@@ -1,7 +1,6 @@
-"""The card's ``--vdev`` specs checked before DPDK starts (issue 34): a malformed spec, the same
-device twice, or more DPDK ports than the config's card has, each as one line naming the fix —
-otherwise the EAL takes them and the card fails (or runs on a port no config entry names) deep
-in its log.
+"""The card's ``--vdev`` specs checked before DPDK starts: a malformed spec, the same device twice,
+or more DPDK ports than the config's card has, each as one line naming the fix — otherwise the
+EAL takes them and the card fails (or runs on a port no config entry names) deep in its log.
 
 A spec is ``NAME[,KEY=VALUE...]`` (DPDK's devargs): ``NAME`` an ethdev driver's name with an
 instance suffix (``net_ring0``, ``net_af_packet1``; ``eth_`` is DPDK's older prefix of the same
