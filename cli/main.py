@@ -16,6 +16,9 @@ from embnic.client_lib.clib import NativeLibraryError
 from embnic.client_lib.config import ConfigError
 from embnic.control.errors import EXIT_CODES, MISSING_DEPENDENCY, USAGE, ControlError
 
+#: the library's errors, each mapped to a click error by :func:`to_click`
+LIBRARY_ERRORS = (ControlError, ConfigError, NativeLibraryError)
+
 
 def to_click(e: Exception) -> click.ClickException:
     """The click error for a library error: ``click.UsageError`` for a ``ControlError`` of the ``usage``
@@ -44,7 +47,7 @@ def _map_errors(cmd: click.Command) -> click.Command:
         def mapped(*args, **kwargs):
             try:
                 return cb(*args, **kwargs)
-            except (ControlError, ConfigError, NativeLibraryError) as e:
+            except LIBRARY_ERRORS as e:
                 raise to_click(e) from None
 
         mapped._embnic_mapped = True
@@ -150,11 +153,8 @@ def main() -> None:
     except click.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except (ControlError, ConfigError, NativeLibraryError) as e:  # raised outside a command callback (e.g. a parameter type)
-        err = to_click(e)
+    except (click.ClickException, *LIBRARY_ERRORS) as e:  # a library error also outside a callback (a parameter type)
+        err = e if isinstance(e, click.ClickException) else to_click(e)
         err.show()
         sys.exit(err.exit_code)
     except KeyboardInterrupt:

@@ -33,8 +33,8 @@ def _fmt(v) -> str:
 
 
 def _show(name: str, res: dict, indent: int = 0) -> None:
-    """Print a result dict: scalars one per line, nested dicts (e.g. ``af_packet``) indented below
-    their key, short lists of scalars inline; longer lists are left to bench.json."""
+    """Print a result dict: scalars one per line, nested dicts indented below their key, short lists
+    inline; longer lists are left to bench.json."""
     pad = "  " * indent
     click.echo(f"{pad}{name}:")
     for k, v in res.items():

@@ -53,8 +53,8 @@ def card_warnings(cfg: ClusterConfig) -> list[str]:
 
 
 def summary(cfg: ClusterConfig) -> str:
-    """One paragraph describing a config: every ``[card]`` setting but ``state_timeout_ms``, which the
-    state map's line (:meth:`~embnic.client_lib.statemap.StateMapPlan.describe`) states."""
+    """One paragraph describing a config: every ``[card]`` setting but ``state_timeout_ms`` (the state
+    map's line states it)."""
     card = "none (clients talk to shards directly)"
     if cfg.card is not None:
         ports = ", ".join(f"{p.id}={p.ip}" for p in cfg.card.ports) or "no ports"

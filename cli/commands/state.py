@@ -1,4 +1,4 @@
-"""``embnic state dump|summary``: the card's message state map."""
+"""``embnic state dump|summary|ring``: the card's message state map and header ring."""
 from __future__ import annotations
 
 import json
@@ -13,12 +13,10 @@ STATES = ("receiving", "forwarded", "replying")
 
 
 def _type_name(v) -> str:
-    if isinstance(v, int):
-        try:
-            return consts.MsgType(v).name
-        except ValueError:
-            return str(v)
-    return str(v)
+    try:
+        return consts.MsgType(v).name if isinstance(v, int) else str(v)
+    except ValueError:
+        return str(v)
 
 
 def _table_id(v) -> str:
@@ -27,9 +25,7 @@ def _table_id(v) -> str:
 
 
 def table(entries: list[dict]) -> str:
-    """Fixed-width text table of state-map entries (durations in µs from the card's ns timestamps):
-    each request's tables, keys and ``value_len`` (the bytes of row values its reply carries or
-    its gradients) as the card recorded them from its header."""
+    """Fixed-width text table of state-map entries (durations in µs from the card's ns timestamps)."""
     head = (f"{'CLIENT':>6} {'MSG_ID':>10} {'TYPE':<12} {'STATE':<9} {'SHARD':>5} {'TABLES':>6} {'KEYS':>7} "
             f"{'VALUE_LEN':>9} {'FR_IN':>6} {'BYTES_IN':>10} {'FR_OUT':>6} {'BYTES_OUT':>10} {'SPAN_US':>9} "
             f"{'FRAGS_IN':>9}")
@@ -66,10 +62,9 @@ def state():
 @click.option("--client", "client_id", type=U16, default=None, help="Only this client's messages.")
 @click.option("--state", "state_name", type=click.Choice(STATES), default=None, help="Only entries in this state.")
 def dump(config, target, name, ctl, as_json, limit, client_id, state_name):
-    """Print the message state map: client, msg id, type, state, shard, the request's tables,
-    keys and value_len (row bytes: a lookup's reply must carry exactly that many), frames and
-    bytes in and out (frames count duplicates, bytes each fragment once), time from first to
-    last frame, request fragments seen of all.
+    """Print the message state map: client, msg id, type, state, shard, the request's tables, keys
+    and value_len (row bytes), frames and bytes in and out (frames count duplicates, bytes each
+    fragment once), time from first to last frame, request fragments seen of all.
 
     \b
     Example:
@@ -99,9 +94,8 @@ def ring(config, target, name, ctl, as_json, last):
     """Print the header ring: the headers of the last N frames the card accepted, newest first.
 
     dpdk: up to N frames still waiting in its header ring (AT "ring"), then the N it forwarded
-    last (AT "sent"; it keeps 255 of each); bmv2: its register ring of accepted headers (BMv2
-    runs each frame to completion, so none waits). TABLES, KEYS, VALUE_LEN: the header's
-    num_tables, num_keys, value_len; TABLE: the table an ERROR names ("-": none).
+    last (AT "sent"); bmv2: its register ring of accepted headers. TABLE: the table an ERROR
+    names ("-": none).
 
     \b
     Examples:

@@ -23,17 +23,9 @@ def _rate(cur: int, prev: int | None, dt: float | None) -> str:
 
 
 def latency_quantiles(hist: list[int], qs=(0.5, 0.99)) -> dict[float, float]:
-    """Upper bound (µs) of the bucket holding each quantile of a card latency histogram.
-
-    Args:
-        hist: counts per bucket (``shards[].latency_hist`` of the card's counters).
-        qs: quantiles in (0, 1].
-
-    Returns:
-        ``{q: µs}`` — the quantile is at most that; empty when ``hist`` counts nothing.
-
-    Example: ``latency_quantiles([0, 3, 1], (0.5,))`` → ``{0.5: 2.0}`` (3 of 4 samples < 2 µs).
-    """
+    """``{q: µs}`` for each quantile ``q`` in (0, 1] of a card latency histogram (counts per bucket,
+    ``shards[].latency_hist``): the upper bound of the bucket holding it; empty when ``hist`` counts
+    nothing. ``latency_quantiles([0, 3, 1], (0.5,))`` → ``{0.5: 2.0}`` (3 of 4 samples < 2 µs)."""
     total = sum(hist)
     if not total:
         return {}

@@ -26,9 +26,8 @@ def store_error(e: Exception):
 def tables():
     """Take trained tables out of the shards' checkpoint directories, or seed shards from a file.
 
-    Files are safetensors (docs/server.md, "Tables in and out"): --layout torchrec holds
-    `embedding_bags.<table>.weight` (rows, dim) for TorchRec's EmbeddingBagCollection.load_state_dict;
-    --layout ids holds the updated rows by full uint64 id (collision-free tables).
+    Files are safetensors (docs/server.md, "Tables in and out"): whole tables as TorchRec's
+    EmbeddingBagCollection loads them (--layout torchrec), or the updated rows by id (--layout ids).
 
     \b
     Examples:
@@ -39,9 +38,7 @@ def tables():
 
 @contextlib.contextmanager
 def _tables_errors(os_message: Callable[[OSError], str]):
-    """The errors of a tables export or import as the CLI's: a bad file or config (TablesFileError)
-    a usage error, a disk tier that cannot start :func:`store_error`'s, an ``OSError`` an
-    operational error worded by ``os_message``."""
+    """The errors of a tables export or import as the CLI's; an ``OSError`` worded by ``os_message``."""
     from embnic.testbed.server.stores import StoreSetupError
     from embnic.testbed.server.tables_io import TablesFileError
 

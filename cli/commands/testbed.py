@@ -109,9 +109,8 @@ def down_cmd(name):
 
 
 def _phase(st: dict) -> str:
-    """The testbed's phase for its status head: ``up`` only while every process of it runs (a
-    testbed whose card or a shard died reads ``up, degraded: the card, shard 1's server NOT
-    RUNNING``; the error line below says what to do)."""
+    """The testbed's phase for its status head: ``up`` only while every process of it runs, else
+    ``up, degraded: the card, shard 1's server NOT RUNNING``."""
     phase = st.get("phase")
     dead = [d.get("what") or f"{d.get('node')} {d.get('role')}" for d in st.get("dead") or []]
     if phase == "up" and dead:
@@ -158,10 +157,8 @@ def _print_status(st: dict) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @needs_root("testbed status")
 def status_cmd(name, as_json):
-    """Show what testbed NAME runs: namespaces, links, processes, card counters, netem.
-
-    Exits 1 if a node died (the card, a shard's server, a netem helper) or a namespace is
-    missing, naming it and its log; the fix is `embnic testbed down` and `up` again.
+    """Show what testbed NAME runs: namespaces, links, processes, card counters, netem. Exits 1
+    if a node died or a namespace is missing, naming it and its log.
 
     \b
     Examples:
