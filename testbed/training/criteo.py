@@ -73,32 +73,6 @@ class CriteoData:
         first = self.first_line + (idx.indices(len(self))[0] if isinstance(idx, slice) else 0)
         return CriteoData(self.labels[idx], self.dense[idx], self.sparse[idx], self.rows, first)
 
-    def batches(self, batch_size: int, *, drop_last: bool = False) -> Iterator[CriteoData]:
-        """Consecutive batches of ``batch_size`` samples (the last may be shorter)."""
-        n = len(self)
-        for s in range(0, n, batch_size):
-            if drop_last and s + batch_size > n:
-                return
-            yield self[s:s + batch_size]
-
-    def jagged(self) -> tuple[np.ndarray, np.ndarray]:
-        """The sparse features as a TorchRec KeyedJaggedTensor ``(values, lengths)``.
-
-        Feature-major like ``KeyedJaggedTensor``: keys are ``C1..C26``, stride ``B = len(self)``,
-        every bag holds exactly one id. ``values[f*B + b] = sparse[b, f]``.
-
-        Returns:
-            values uint64 (26*B,), lengths int32 (26*B,) (all ones).
-        """
-        return sparse_to_jagged(self.sparse)
-
-
-def sparse_to_jagged(sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """uint64 (B, F) one-id-per-bag features → (values uint64 (F*B,), lengths int32 (F*B,)),
-    feature-major (``values[f*B + b] = sparse[b, f]``). Example: ``[[1, 2], [3, 4]]`` →
-    values ``[1, 3, 2, 4]``, lengths ``[1, 1, 1, 1]``."""
-    s = np.asarray(sparse, dtype=np.uint64)
-    return np.ascontiguousarray(s.T).reshape(-1), np.ones(s.size, dtype=np.int32)
 
 
 def hash_categorical(column: int, values: np.ndarray, rows: int | None) -> np.ndarray:

@@ -12,7 +12,7 @@ import pytest
 from embnic.client_lib.config import parse_config
 from embnic.testbed.training import criteo
 from embnic.testbed.training.criteo import (MISSING_CAT, CriteoFormatError, default_tables, iter_criteo, load_criteo,
-                                   sample_path, sparse_to_jagged, time_split)
+                                   sample_path, time_split)
 
 M64 = (1 << 64) - 1
 ROWS = [1000 + 37 * j for j in range(26)]  # a different id space per column
@@ -198,15 +198,31 @@ def test_default_tables_make_a_valid_config():
         default_tables(rows=[1, 2, 3])
 
 
+def batches(data, batch_size: int, *, drop_last: bool = False):
+    """Consecutive batches of ``batch_size`` samples of ``data`` (the last may be shorter)."""
+    n = len(data)
+    for s in range(0, n, batch_size):
+        if drop_last and s + batch_size > n:
+            return
+        yield data[s:s + batch_size]
+
+
+def sparse_to_jagged(sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint64 (B, F) one-id-per-bag features → TorchRec's feature-major (values uint64 (F*B,),
+    lengths int32 (F*B,)): ``values[f*B + b] = sparse[b, f]``."""
+    s = np.asarray(sparse, dtype=np.uint64)
+    return np.ascontiguousarray(s.T).reshape(-1), np.ones(s.size, dtype=np.int32)
+
+
 def test_time_split_and_batches():
     d = load_criteo(sample_path("train"))
     tr, va = time_split(d, 0.2)
     assert len(tr) + len(va) == len(d) and len(va) == round(0.2 * len(d))
     assert va.first_line == len(tr)
     np.testing.assert_array_equal(va.sparse, d.sparse[len(tr):])
-    sizes = [len(b) for b in d.batches(1000)]
+    sizes = [len(b) for b in batches(d, 1000)]
     assert sizes == [1000] * 6 + [435]
-    assert [len(b) for b in d.batches(1000, drop_last=True)] == [1000] * 6
+    assert [len(b) for b in batches(d, 1000, drop_last=True)] == [1000] * 6
     with pytest.raises(ValueError):
         time_split(d, 1.0)
 
@@ -215,7 +231,7 @@ def test_jagged_layout_is_feature_major():
     values, lengths = sparse_to_jagged(np.array([[1, 2], [3, 4]], np.uint64))
     assert values.tolist() == [1, 3, 2, 4] and lengths.tolist() == [1, 1, 1, 1]
     d = load_criteo(sample_path("train"), max_rows=5)
-    v, ln = d.jagged()
+    v, ln = sparse_to_jagged(d.sparse)
     assert v.shape == (130,) and v[5 * 3 + 2] == d.sparse[2, 3] and ln.sum() == 130
 
 
