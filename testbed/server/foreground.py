@@ -34,14 +34,9 @@ def steering_program(workers: int) -> bytes:
     """The classic BPF program that picks a worker socket of a ``SO_REUSEPORT`` group:
     ``(client_id + msg_id) mod workers`` — the message's **home** worker.
 
-    For UDP the kernel runs it with the packet at the UDP payload (the embnic header), so
-    ``ld [8]`` is ``msg_id`` (u32) and ``ldh [12]`` ``client_id``; ``msg_id`` is reduced mod N
-    first, so the sum cannot wrap and the result is exactly ``(client_id + msg_id) % N``. A
-    datagram too short to hold them goes to worker 0 (whose one-frame path counts it
-    ``too_short``). Every fragment of a message and every retransmission carries the same client
-    and message id, so they all reach the same home, which reassembles it, keeps it in its
-    exactly-once window and serves every table of it (the rows other workers own through
-    :class:`~.worker_hub.PeerHub`).
+    The kernel runs it on the UDP payload (the embnic header: ``msg_id`` at offset 8,
+    ``client_id`` at 12; ``msg_id`` reduced first, so the sum never wraps); a datagram too short
+    goes to worker 0, whose one-frame path counts it ``too_short``. docs/server.md, "Workers".
 
     Returns:
         the ``struct sock_fprog`` filter array (7 instructions of 8 bytes).
@@ -374,9 +369,8 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
     """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command), in
     this process or in ``workers`` worker processes behind one address (:func:`run_workers`).
 
-    Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit.
-    With ``checkpoint_dir`` (``**kwargs``: :class:`~.shard_state.ShardState`'s options) SIGUSR1 writes
-    a checkpoint.
+    Logs ``listening on IP:PORT`` once bound, and the counters as one JSON line at exit; SIGUSR1
+    checkpoints (``**kwargs``: :class:`~.shard_state.ShardState`'s options).
 
     Args:
         workers: worker processes behind the one address.

@@ -1,16 +1,7 @@
 """The disk tier's rows in memory (numpy only): the cache of hot rows in front of a disk table's
-store, and the rows a full store could not take yet (:class:`~embnic.testbed.server.disktable.DiskTable`).
-
-**The cache** holds ``cache_rows`` rows in ``S`` sets of ``W`` ways (``W = 8``; a key's set is
-``splitmix64(key ^ salt) mod S``): a batch of N keys is compared against its sets' ways as one
-(N, W) array. Replacement is least-frequently-used with ageing (a per-slot use count, halved for
-all slots every 16 · ``S·W`` uses; ties: least recently used): under a skewed (Zipf) id distribution the
-rows that keep coming back stay, where plain LRU lets one pass of cold ids flush them. Rows used by
-the current batch are never evicted by it; misses beyond the free ways of their set (rare) are
-served (and, for updates, written) straight through. Rows are **write-back**: an update marks its
-cached rows dirty, a dirty row reaches the store when evicted, at a flush (checkpoint, export,
-``state``) or at close. Never-updated rows looked up are cached clean with their initial value,
-so a hot absent id costs one bloom-filter probe, not one per lookup.
+store (:class:`RowCache`: ``S`` sets of :data:`WAYS` ways, least-frequently-used with ageing,
+write-back; docs/server.md, "Disk tier", says why) and the rows a full store could not take yet
+(:class:`PendingRows`), both for :class:`~embnic.testbed.server.disktable.DiskTable`.
 """
 from __future__ import annotations
 
