@@ -56,7 +56,7 @@ def c_plan(ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarray, 
     """:func:`native.prepare` of a round given as ``tix`` (indices into ``ta``), ``counts`` and
     ``keys``, with no gradients (zeros: the plan does not depend on them) and no checks but the
     tables', in its own workspace: the production cut of a round, as the tests compare it with
-    the numpy oracle and with the capacity planner's counts (``control/capacity.py``).
+    the numpy oracle and with the capacity planner's counts (``control/traffic.py``).
 
     Raises:
         ValueError: a round :func:`native.prepare` refuses.

@@ -4,10 +4,8 @@
  * round routed to their shards, grouped by shard (a stable counting sort),
  * cut into the round's messages and given their directories and row
  * offsets — the one production cut of a round into messages (the capacity
- * planner's closed form, control/capacity.py, is tested equal to it). The
- * numpy plan_round() it was written after stays as the readable test
- * oracle under tests (tests/client_lib/pyplan.py); test_roundplan.py checks
- * both give the same plan on random rounds. Part of libembnic_client.
+ * planner's closed form, control/traffic.py, is tested equal to it; its
+ * test oracle is tests/client_lib/pyplan.py). Part of libembnic_client.
  *
  * No allocation: every output array is the caller's, sized by N (keys),
  * T (tables) and S (shards); a round has at most N messages and N
