@@ -1,22 +1,13 @@
-"""One client's traffic per training step (``embnic plan``'s traffic model, docs/planning.md): a
-lookup round, then an update round of the same unique ids, counted as
-:class:`~embnic.client_lib.client.EmbeddingClient` builds rounds under protocol v2
-(docs/protocol.md).
+"""One client's traffic per training step (``embnic plan``'s traffic model, docs/planning.md
+"Traffic per step"): a lookup round, then an update round of the same unique ids, counted as
+:class:`~embnic.client_lib.client.EmbeddingClient` builds rounds under protocol v2.
 
-Each table's unique ids of the step are routed to shards (``hash``: spread evenly, ``table``:
-the owning shard); every shard's part of a round is cut into messages by the client's own rule
-(:func:`pack_counts`, a closed form of the C plan's cut: one message per shard, split past
-``msg_frames`` fragments or the send window); each message's body is the directory (16 B per
-table), the keys (8 B each) and, for an update, the rows (``dim·esize``); a lookup reply is the
-rows; an update is answered by one empty ACK; bodies are cut into fragments of
-``P = MTU − 72`` bytes (:func:`~embnic.client_lib.codec.frag_geometry`), each frame carrying
-the 44-byte header. After each shard's last message of a round the client sends a tail probe
-(a one-key lookup of that message's first table). Byte counts are UDP payloads (header +
-fragment), as ``ClientStats.bytes_sent`` counts them; Gb/s add Ethernet, IPv4, UDP, FCS,
-preamble and inter-frame gap (:data:`WIRE_OVERHEAD`). Which tables a shard keeps on the disk
-tier (:func:`stores`, :func:`disk_tables`) sets which of its keys are disk keys.
-
-The rest of the plan (storage, rates, limits, the shard search) is :mod:`.capacity`.
+Each table's unique ids of the step are routed to shards (:func:`split_keys`); every shard's
+part of a round is cut into messages by the client's own rule (:func:`pack_counts`, a closed
+form of the C plan's cut), tail probes included. Byte counts are UDP payloads (header +
+fragment), as ``ClientStats.bytes_sent`` counts them; Gb/s add :data:`WIRE_OVERHEAD`. Which
+tables a shard keeps on the disk tier (:func:`stores`, :func:`disk_tables`) sets which of its
+keys are disk keys. The rest of the plan is :mod:`.capacity`.
 """
 from __future__ import annotations
 

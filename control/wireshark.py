@@ -8,36 +8,13 @@ Nothing in it is written per field: every header field's offset and size comes f
 the body from :data:`consts.BODY_LAYOUT` and :data:`consts.BODY_ELEMENTS`, the request/reply
 pairs from :data:`consts.ANSWERS`; the Lua code around those tables interprets them.
 
-What the plug-in does (Wireshark 3.4+, Lua 5.2+; checked with tshark 4.0 by
-``tests/control/test_wireshark.py``):
-
-- names every header field with its meaning (message types, status codes and flag bits by
-  name); the Info column is a one-line summary (:attr:`consts.FieldDoc.summary`);
-- checks a frame as every receiver does from its header alone (docs/protocol.md "Validity", in
-  the card's order, ``embnic_parse`` → ``embnic_check_lengths`` of
-  ``dataplane/include/embnic_parse.h``: magic, version — a v1 frame is ``bad_version`` —, type,
-  the fragment's fit in its frame and message, ``msg_len`` by ``expected_msg_len``, the counts by
-  ``header_counts_ok``, ``too_many_frags``, then the offset and length against the index,
-  ``frag_mismatch``, as the client's ``reassembly.fragment_size``) and flags the first failure as
-  an expert-info error (group Malformed) named by the card's drop reason
-  (``embnic.expert.bad_length``, field ``embnic.drop_reason``) instead of failing; it never reads
-  past the captured bytes; a request whose directory does not add up to its header — a table
-  twice, an entry without keys, dim or dtype, its keys or its rows' bytes not the header's
-  ``num_keys`` / ``value_len``, a LOOKUP_REQ's as an UPDATE_REQ's: what a shard answers
-  ``MALFORMED`` (``codec.parse_request_body``) — is a warning (``embnic.expert.bad_directory``);
-- reads a UDP GSO send (a shard's reply handed to its kernel as one datagram of back-to-back
-  frames, larger than the MTU, as a capture on its host or on loopback sees it) as the frames it
-  becomes (``embnic.gso_frame``, ``embnic.gso_size``), each checked on its own;
-- shows this fragment's part of the body (:data:`_HEAD_LUA` says what per fragment): directory
-  entries (table, dim, dtype by name, keys), keys grouped per table, an update's gradients and a
-  lookup reply's rows per table as values of the table's dtype (a reply by its request's
-  directory), SIZE_REQ entries, an UPDATE_NACK's fragments held (and, its update seen, the
-  ones missing); an element cut by a fragment boundary shows as ``embnic.partial``;
-- tracks requests and replies by (client id, message id) (:data:`consts.TRANSACTION_KEY`, the
-  card's state-map key: the card rewrites addresses, so the UDP conversation is not the key):
-  ``embnic.response_in`` on a request's frames, ``embnic.request_in`` and ``embnic.time`` on a
-  reply's (run tshark with ``-2`` to see a request's link to its later reply);
-- registers on UDP port 7878 and for "Decode As" (``tshark -d udp.port==PORT,embnic``).
+What the plug-in shows (Wireshark 3.4+, Lua 5.2+; checked with tshark 4.0 by
+``tests/control/test_wireshark.py``) is README "Captures in Wireshark": every field named, a
+frame checked as the card checks it (docs/protocol.md "Validity", in the card's order) with the
+first failure flagged as an expert-info error named by the card's drop reason, a request whose
+directory does not add up to its header as a warning, a UDP GSO send read as the frames it
+becomes, each fragment's part of the body, and requests and replies tracked by
+:data:`consts.TRANSACTION_KEY` (the card's state-map key).
 
 Layout of the generated file: header, value-name tables, header fields (:func:`_header_lua`),
 body (:func:`_body_lua`, the only part that knows the body layout), then the fixed dissector

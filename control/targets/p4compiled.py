@@ -1,29 +1,15 @@
-"""What p4c makes of the project's own P4 program, committed under ``p4/build/``.
-
-p4c, BMv2 and PI are in no package archive a fresh machine reaches, and the repository carries
-no way to build them (p4/README.md, "P4 tools"). What p4c makes of *our* program does not need
-them to run, so it is committed, one folder per architecture, with a manifest::
-
-    p4/build/manifest.json                 the sources' digest, per architecture: the compiler,
-                                           its version, the exact command, each output's SHA-256
-    p4/build/v1model/embnic.json           p4c --target bmv2 --arch v1model     (BMv2)
-    p4/build/v1model/embnic.p4info.txtpb
-    p4/build/pna/embnic.spec               p4c-dpdk --arch pna, the raw spec     (DPDK's SWX pipeline;
-    p4/build/pna/context.json              the p4dpdk target applies its load-time rewrites to it)
-    p4/build/pna/bfrt.json
-    p4/build/pna/embnic.p4info.txtpb
+"""What p4c makes of the project's own P4 program, committed under ``p4/build/`` with a manifest
+(p4/README.md lists the files, the tools and why they are committed).
 
 Reproducible: each compiler runs in a copy of ``p4/`` with paths relative to it, and what
-differs run to run is normalised (:func:`normalise`: p4c-dpdk's ``build_date`` and
-``compile_command`` dropped; the BMv2 JSON padded so that BMv2 can restore a saved state,
-:func:`make_restorable`). ``make -C p4`` (``embnic pipeline compile``) regenerates them with
-the tested p4c on PATH (:data:`TESTED_VERSION`); a test fails on every machine when a file
-under ``p4/`` changed and they were not regenerated.
+differs run to run is normalised (:func:`normalise`, :func:`make_restorable`). ``make -C p4``
+(``embnic pipeline compile``) regenerates them with the tested p4c on PATH
+(:data:`TESTED_VERSION`); a test fails on every machine when a file under ``p4/`` changed and
+they were not regenerated.
 
 The targets take their program from :func:`outputs`: the committed files while ``p4/`` is
-unchanged (compiling again gives the same bytes: the fresh-compile test proves it where the
-tested p4c is installed); a program edited since is compiled afresh into the cache where the
-tested compiler is on PATH, and refused in one line naming the fix where it is not.
+unchanged; a program edited since is compiled afresh into the cache where the tested compiler
+is on PATH, and refused in one line naming the fix where it is not.
 
     >>> from embnic.control.targets import p4compiled
     >>> out = p4compiled.outputs("pna")

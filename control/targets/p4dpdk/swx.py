@@ -1,19 +1,10 @@
 """The P4 card for PNA on DPDK's SWX pipeline: build the pipeline, run ``embnic-swx``, talk to it.
 
-The build (:func:`build_pipeline`), cached by everything it reads (:func:`pipeline_digest`: the
-compiled program's files, embnic-swx, this module, the C compiler and the DPDK version)::
-
-    p4/build/pna/embnic.spec, context.json       p4c-dpdk --arch pna's output, committed
-                                                 (embnic.control.targets.p4compiled.outputs)
-    relocate_metadata, split_regadd_immediates   the load-time rewrites of the raw spec (below)
-    embnic-swx ... -- --codegen embnic.spec embnic.c       (DPDK's rte_swx_pipeline_codegen)
-    gcc -shared -fPIC embnic.c -I <DPDK lib/pipeline headers> -> embnic.so
-
-``embnic-swx`` (``dataplane/swx/``) loads ``embnic.so`` with ``rte_swx_pipeline_build_from_lib``
-(DPDK 22.11 has no build from a spec) and runs it on one lcore with the EAL options and vdevs of
-the C card. The two headers the generated C includes and ``libdpdk-dev`` lacks come from
-Debian's source package of the installed DPDK (``scripts/dpdk-pipeline-headers.sh``, run by the
-install step); nothing of DPDK is in the repository.
+:func:`build_pipeline` takes p4c-dpdk's committed spec (:func:`embnic.control.targets.p4compiled.outputs`),
+applies the load-time rewrites (:func:`relocate_metadata`, :func:`split_regadd_immediates`),
+generates its C with ``embnic-swx --codegen`` and compiles it into the library ``embnic-swx``
+(``dataplane/swx/``) loads; the build is cached by everything it reads
+(:func:`pipeline_digest`). p4/README.md "PNA on DPDK" has the steps and the headers it needs.
 
 p4c-dpdk renames what it compiles (``rx_frames`` -> ``rx_frames_0``, a counter becomes
 ``rx_frames_0_packets`` / ``rx_frames_0_bytes`` register arrays, a table
