@@ -111,13 +111,11 @@ class _Group(OneLineUsageGroup):
     """Loads each command's module only when that command runs (fast ``--help``)."""
 
     def list_commands(self, ctx):
-        return sorted(noun for noun, mod in _COMMANDS.items() if importlib.util.find_spec(mod) is not None)
+        return sorted(_COMMANDS)
 
     def get_command(self, ctx, name):
         mod = _COMMANDS.get(name)
-        if mod is None or importlib.util.find_spec(mod) is None:
-            return None
-        return _map_errors(getattr(importlib.import_module(mod), name))
+        return None if mod is None else _map_errors(getattr(importlib.import_module(mod), name))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -73,14 +73,11 @@ def prep(out, batch_size, repeats):
 @click.option("--seconds", type=FloatRange(min=0.5), default=5.0, show_default=True,
               help="Measurement time per configuration.")
 @click.option("--target", type=click.Choice(["dpdk", "bmv2"]), default="dpdk", show_default=True,
-              help="bmv2: the same frames through simple_switch and through the DPDK card over the same "
-                   "veth path in one run (dataplane.bmv2_mpps, dataplane.ratio_card_bmv2).")
+              help="bmv2: the same frames through simple_switch and the DPDK card over one veth path.")
 @click.option("--state-lcores", type=click.IntRange(1, 2), default=2, show_default=True,
-              help="2: also the distinct workload on the card with 2 state lcores against testpmd with 2 "
-                   "forwarding lcores (dpdk target); 1: skip it.")
+              help="2: also the distinct workload with 2 state lcores against testpmd on 2; 1: skip it.")
 @click.option("--p4dpdk/--no-p4dpdk", "p4dpdk", default=True, show_default=True,
-              help="Also the P4 card for PNA in DPDK's SWX pipeline (embnic-swx running the committed "
-                   "p4/build/pna; skipped in one line where DPDK's pipeline headers or embnic-swx are missing).")
+              help="Also the P4 card for PNA in DPDK's SWX pipeline (skipped, saying why, where it cannot run).")
 def dataplane(out, seconds, target, state_lcores, p4dpdk):
     """The card on one lcore against dpdk-testpmd (io and macswap) on one lcore, on the same vdevs,
     pool and burst (net_null, and over a veth pair on net_af_packet and net_af_xdp); a workload of
@@ -142,9 +139,7 @@ def _disk_run(out, rows, cache_rows, block_cache_mb, window, scale, repeats, mtu
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Throughput runs per configuration, each followed by LocalBackend's; rows/s are medians.")
 @click.option("--disk", "disk", is_flag=True,
-              help="Also the disk-tier run (`server_disk`, a few minutes): a table on disk behind a cache vs the same "
-                   "in memory, Zipf ids, the shard's memory while the table grows (needs embnic[disk]; `bench all` "
-                   "runs it).")
+              help="Also the disk-tier run (`server_disk`, a few minutes; needs embnic[disk]; `bench all` runs it).")
 @click.option("--disk-only", is_flag=True, help="Only the disk-tier run.")
 @click.option("--disk-rows", type=click.IntRange(min=4096), default=1 << 21, show_default=True,
               help="Rows of the disk-tier run's table.")
@@ -232,8 +227,7 @@ def client(out, rounds):
 @click.option("--hash/--no-hash", "hash_row", default=True, show_default=True,
               help="Also measure embnic with hash sharding (a second testbed).")
 @click.option("--dlrm/--no-dlrm", "dlrm", default=True, show_default=True,
-              help="Also measure training steps/s of TorchRec's DLRM: tables through the card vs TorchRec's "
-                   "EmbeddingBagCollection in process (rows with model: dlrm).")
+              help="Also measure training steps/s of TorchRec's DLRM, tables through the card vs in process.")
 def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
     """The claim, measured: lookup and update latency per step and steps/s at batch sizes 32, 256
     and 4096 of the Criteo sample for variable-length messages through the card, the fixed-length

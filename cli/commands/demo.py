@@ -25,13 +25,12 @@ from embnic.control.errors import MissingDependencyError
 @click.option("--netem-backend", type=click.Choice(["auto", "tc", "bpf", "user"]), default="auto", show_default=True,
               help="How faults are injected (see `embnic testbed netem --help`).")
 @click.option("--kill-shard", type=int, default=None, metavar="ID",
-              help="Fault: kill this shard's server during the run (the run must fail naming it; the report "
-                   "of what ran is still written).")
+              help="Fault: kill this shard's server during the run (the run must fail naming it).")
 @click.option("--kill-at-step", type=int, default=None, metavar="K",
               help="Step after which --kill-shard strikes: 1..STEPS-1 (default 1).")
 @click.option("--restart", is_flag=True,
-              help="With --kill-shard: the shards keep a write-ahead log and checkpoints and the killed shard is "
-                   "restarted at once with --restore; the run must complete with the fault-free losses and tables.")
+              help="With --kill-shard: the killed shard is restarted from its log and checkpoints at once; the run "
+                   "must complete with the fault-free losses and tables.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=16, show_default=True,
               help="With --restart: logged updates between a shard's checkpoints.")
 @click.option("--no-table-check", is_flag=True, help="Skip reading every updated row back through the card.")

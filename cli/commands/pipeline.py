@@ -95,9 +95,8 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, 
         opts["hugepages"] = False
     res = open_target(s, lcores=lcores, ready_timeout=ready_timeout, **opts).load(program=not no_program)
     info = res.get("info", {})
-    plan = None
-    if s.config is not None and info.get("state_size"):
-        plan = state_map_plan(s.config, rate, info["state_size"], info.get("state_timeout_ms", 5000))
+    plan = (state_map_plan(s.config, rate, info["state_size"], info.get("state_timeout_ms", 5000))
+            if s.config is not None and info.get("state_size") else None)
     if as_json:
         click.echo(json.dumps({**res, "state_map": dataclasses.asdict(plan) if plan else None}, indent=2,
                               default=str))

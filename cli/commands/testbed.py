@@ -191,17 +191,14 @@ def status_cmd(name, as_json):
 @testbed.command("netem")
 @name_option
 @click.option("--loss", type=FloatRange(0, 100), default=0.0, show_default=True, help="% of frames dropped.")
-@click.option("--reorder", type=FloatRange(0, 100), default=0.0, show_default=True,
-              help="% of frames reordered.")
-@click.option("--duplicate", type=FloatRange(0, 100), default=0.0, show_default=True,
-              help="% of frames duplicated.")
+@click.option("--reorder", type=FloatRange(0, 100), default=0.0, show_default=True, help="% of frames reordered.")
+@click.option("--duplicate", type=FloatRange(0, 100), default=0.0, show_default=True, help="% of frames duplicated.")
 @click.option("--delay", "delay_ms", type=FloatRange(0, 10000), default=0.0, show_default=True,
               help="Delay in ms (tc: every frame; user: only the longest hold of a reordered frame, so it "
                    "needs --reorder there; bpf: none).")
 @click.option("--link", "links", multiple=True, metavar="NODE",
-              help="Set (or with --clear remove) only this node's link (c1, s0, ...), leaving the other "
-                   "links' impairments as they are; repeatable. Nodes of one host (clients of one ip, on a "
-                   "shared card port) share its link: any of them names it. Default: every link.")
+              help="Set (or with --clear remove) only this node's link (c1, s0, ...; nodes of one host share it), "
+                   "leaving the other links' impairments as they are; repeatable. Default: every link.")
 @click.option("--backend", type=click.Choice(["auto", "tc", "bpf", "user"]), default="auto", show_default=True,
               help="tc netem; for kernels without sch_netem, bpf (loss only, in the kernel) or the user-space "
                    "helper (everything). auto: tc, else bpf for --loss alone, else user.")
