@@ -20,20 +20,12 @@ Worked example (one table, F=2 features, B=2 samples)::
     inverse = [1, 0, 1, 2, 0]
     offsets = [0, 2, 3, 3, 5]     # bags (a,0) (a,1) (b,0) (b,1)
 
-Ids are full uint64 (0 .. 2^64-1): production systems hash features into 64-bit ids, and
-nothing here folds or tags them. Every table's ids are sorted together, once
-(:func:`unique_by_table`), and the result is kept flat (:class:`PreparedBatch`), so the cost
-does not grow with the number of tables.
+Ids are full uint64 (0 .. 2^64-1), never folded or tagged. Every table's ids are sorted
+together, once (:func:`unique_by_table`), and the result is kept flat (:class:`PreparedBatch`).
 Pooling (:func:`pool_all`) and its backward (:func:`pool_backward_all`) follow
 ``torch.nn.EmbeddingBag`` semantics (``mode="sum"`` / ``"mean"``; an empty bag pools to 0).
-
-Empty batches work: zero samples (``stride=0``), zero features, all-empty bags and a table
-whose features have no ids all give per-table results with empty ``unique``/``inverse``
+Empty batches (zero samples, zero features, all-empty bags) give empty ``unique``/``inverse``
 and offsets ``[0, 0, ...]`` (``[0]`` when the table has no bags).
-
-:func:`prepare_batch` validates its input by default (:func:`validate_batch`: O(F·B + n)
-cheap checks, ``ValueError`` naming the problem); trusted inner callers pass
-``validate=False``.
 """
 from __future__ import annotations
 
@@ -260,23 +252,19 @@ def validate_batch(batch: KeyedJaggedBatch, feature_tables: list[int]) -> tuple[
 
 
 def prepare_batch(batch: KeyedJaggedBatch, feature_tables: list[int], *, validate: bool = True) -> PreparedBatch:
-    """Sort → value, index and index offset arrays for every table (module docstring).
+    """Sort → value, index and index offset arrays for every table (module docstring): one sort
+    of every id of the batch and O(n) gathers, a fixed number of numpy calls whatever the tables.
 
     Args:
         batch: the sparse batch (F features, B samples; B or F may be 0).
         feature_tables: table id of every feature (length F); features may share a table.
-        validate: check shapes and ids first (:func:`validate_batch`, the default); a trusted
-            caller whose batches are well-formed by construction may pass False.
+        validate: check shapes and ids first (:func:`validate_batch`); False for a trusted caller.
 
     Returns:
-        :class:`PreparedBatch` with every distinct table id of ``feature_tables`` (a table whose
-        features have no ids gets empty arrays).
+        :class:`PreparedBatch` with every distinct table id of ``feature_tables``.
 
     Raises:
         ValueError: (with ``validate``) a malformed batch, see :func:`validate_batch`.
-
-    Cost: one sort of every id of the batch, all tables at once (:func:`unique_by_table`), and
-    O(n) gathers — a fixed number of numpy calls whatever the number of tables and features.
     """
     if validate:
         values, lengths = validate_batch(batch, feature_tables)
