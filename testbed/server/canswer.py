@@ -296,13 +296,18 @@ class CAnswer:
         (:attr:`taken` marks their frames). ``pending_empty``: no message is being reassembled.
         Returns the frames taken."""
         self._refresh_store()
+        self._a["pending_empty"] = pending_empty
+        return self._growing(lambda: self._serve(self._p_ctx, n), 2 * n)
+
+    def _growing(self, call, replies: int) -> int:
+        """``call()`` until it fits: a negative result ``-rows`` (nothing was done) grows the
+        transmit buffer to ``ntx + rows`` rows and the reply queue by ``replies``, then again."""
         a = self._a
-        a["pending_empty"] = pending_empty
-        r = self._serve(self._p_ctx, n)
-        while r < 0:  # the replies need more transmit rows: grow, then again (nothing was done)
+        r = call()
+        while r < 0:
             self._grow_tx(int(a["ntx"]) - int(r))
-            self._grow_rq(int(a["nrq"]) + 2 * n)
-            r = self._serve(self._p_ctx, n)
+            self._grow_rq(int(a["nrq"]) + replies)
+            r = call()
         return int(r)
 
     def lookups(self, q: list) -> np.ndarray:
@@ -317,13 +322,8 @@ class CAnswer:
             sp[j] = (r.idx, _ptr(body), body.size, r.msg_id, r.client_id, r.num_tables, r.num_keys, r.value_len,
                      0, 0, 0, r.name)
         done = np.zeros(k, np.uint8)
-        a = self._a
         self._refresh_store()
-        r = self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done))
-        if r < 0:
-            self._grow_tx(int(a["ntx"]) - int(r))
-            self._grow_rq(int(a["nrq"]) + k)
-            self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done))
+        self._growing(lambda: self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done)), k)
         return done.view(bool)
 
     def add_spec(self, idx: int, name: bytes, msg_type: int, status: int, table_id: int, req,
@@ -355,12 +355,7 @@ class CAnswer:
         k = self._nspec
         if not k:
             return
-        a = self._a
-        r = self._lib.embnic_shard_emit(self._p_ctx, _ptr(self._specs), k)
-        if r < 0:
-            self._grow_tx(int(a["ntx"]) - int(r))
-            self._grow_rq(int(a["nrq"]) + k)
-            self._lib.embnic_shard_emit(self._p_ctx, _ptr(self._specs), k)
+        self._growing(lambda: self._lib.embnic_shard_emit(self._p_ctx, _ptr(self._specs), k), k)
         self._nspec = 0
         self._keep.clear()
 
