@@ -186,15 +186,20 @@ cmd_quit(struct embnic_ctl *c __rte_unused, json_t *req __rte_unused,
 static const struct {
 	const char *name;
 	ctl_cmd_fn fn;
+	/* or: the answer is this walk of counters.c's, written as JSON */
+	void (*walk)(const struct embnic_app *app, const struct embnic_emit *e);
 } ctl_cmds[] = {
-	{ "ping", cmd_ping },
-	{ "info", cmd_info },
-#define CTL_CMD_ENTRY(name) { #name, ctl_cmd_##name },
+	{ "ping", .fn = cmd_ping },
+	{ "info", .fn = cmd_info },
+#define CTL_CMD_ENTRY(name) { #name, .fn = ctl_cmd_##name },
 	CTL_FILE_CMDS(CTL_CMD_ENTRY)
-	{ "reset_counters", cmd_reset_counters },
-	{ "pause", cmd_pause },
-	{ "resume", cmd_resume },
-	{ "quit", cmd_quit },
+	{ "counters", .walk = embnic_counters_emit },
+	{ "state_summary", .walk = embnic_state_summary_emit },
+	{ "ring_stats", .walk = embnic_ring_stats_emit },
+	{ "reset_counters", .fn = cmd_reset_counters },
+	{ "pause", .fn = cmd_pause },
+	{ "resume", .fn = cmd_resume },
+	{ "quit", .fn = cmd_quit },
 };
 
 /* Handle one request line; returns the response object. */
@@ -230,7 +235,15 @@ ctl_handle(struct embnic_ctl *c, const char *line, size_t len)
 		ctl_refuse(c, "unknown cmd '%s'", cmd);
 		goto out;
 	}
-	ret = ctl_cmds[i].fn(c, req, resp);
+	if (ctl_cmds[i].walk != NULL) {
+		struct ctl_json_emit w;
+		struct embnic_emit e = ctl_json_emitter(resp, &w);
+
+		ctl_cmds[i].walk(c->app, &e);
+		ret = 0;
+	} else {
+		ret = ctl_cmds[i].fn(c, req, resp);
+	}
 out:
 	json_decref(req);
 	json_object_set_new(resp, "ok", json_boolean(ret == 0));

@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The control socket's commands on what the card keeps while it runs:
- * counters (counters.c's records, as JSON), state_summary and state_dump
- * (the state map of state.c, every partition), ring_stats and ring_last
- * (the header ring and the header log). They read in place on the main
- * lcore: no lock, no stage waits.
+ * The control socket's commands on the state map (state_dump) and the
+ * header rings and logs (ring_last); counters, state_summary and
+ * ring_stats are counters.c's walks (ctl.c's table). They read in place
+ * on the main lcore: no lock, no stage waits.
  */
 #include <stdlib.h>
 
@@ -15,39 +14,6 @@
 #include "embnic_ctl.h"
 
 #define CTL_DUMP_LIMIT	1000		/* default state_dump limit */
-
-/* Answer with one of counters.c's walks, written as JSON into resp. */
-static int
-emit_walk(struct embnic_ctl *c, json_t *resp,
-	  void (*walk)(const struct embnic_app *app,
-		       const struct embnic_emit *e))
-{
-	struct ctl_json_emit w;
-	struct embnic_emit e = ctl_json_emitter(resp, &w);
-
-	walk(c->app, &e);
-	return 0;
-}
-
-int
-ctl_cmd_counters(struct embnic_ctl *c, json_t *req __rte_unused, json_t *resp)
-{
-	return emit_walk(c, resp, embnic_counters_emit);
-}
-
-int
-ctl_cmd_state_summary(struct embnic_ctl *c, json_t *req __rte_unused,
-		      json_t *resp)
-{
-	return emit_walk(c, resp, embnic_state_summary_emit);
-}
-
-int
-ctl_cmd_ring_stats(struct embnic_ctl *c, json_t *req __rte_unused,
-		   json_t *resp)
-{
-	return emit_walk(c, resp, embnic_ring_stats_emit);
-}
 
 /* One header log entry as JSON; lcore < 0 and no egress port for the ring. */
 static json_t *

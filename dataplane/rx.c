@@ -164,13 +164,12 @@ unsigned int
 embnic_io_tx(struct embnic_app *app, struct embnic_lcore_stats *st)
 {
 	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
-	struct rte_mbuf *q[EMBNIC_MAX_PORTS][EMBNIC_MAX_BURST];
-	uint32_t len[EMBNIC_MAX_PORTS][EMBNIC_MAX_BURST];
-	uint16_t nq[EMBNIC_MAX_PORTS];
+	struct embnic_txq qs[EMBNIC_MAX_PORTS];
 	unsigned int total = 0, k, i, n;
-	uint16_t p, sent;
-	uint64_t bytes;
+	uint16_t p;
 
+	for (p = 0; p < app->nb_ports; p++)
+		qs[p].n = 0;
 	for (k = 0; k < app->nb_workers; k++) {
 		if (app->w[k].txr == NULL)
 			continue;
@@ -179,30 +178,12 @@ embnic_io_tx(struct embnic_app *app, struct embnic_lcore_stats *st)
 		if (n == 0)
 			continue;
 		total += n;
+		for (i = 0; i < n; i++)
+			embnic_txq_add(&qs[pkts[i]->port], pkts[i],
+				       rte_pktmbuf_pkt_len(pkts[i]));
 		for (p = 0; p < app->nb_ports; p++)
-			nq[p] = 0;
-		/* lengths now: a PMD may free what it sent at once */
-		for (i = 0; i < n; i++) {
-			p = pkts[i]->port;
-			len[p][nq[p]] = rte_pktmbuf_pkt_len(pkts[i]);
-			q[p][nq[p]++] = pkts[i];
-		}
-		for (p = 0; p < app->nb_ports; p++) {
-			if (nq[p] == 0)
-				continue;
-			sent = rte_eth_tx_burst(p, 0, q[p], nq[p]);
-			bytes = 0;
-			for (i = 0; i < sent; i++)
-				bytes += len[p][i];
-			st->tx_frames[p] += sent;
-			st->tx_bytes[p] += bytes;
-			if (unlikely(sent < nq[p])) {
-				st->drops[p][EMBNIC_DROP_TX_FULL] +=
-					nq[p] - sent;
-				rte_pktmbuf_free_bulk(&q[p][sent],
-						      nq[p] - sent);
-			}
-		}
+			if (qs[p].n > 0)
+				embnic_txq_send(p, 0, &qs[p], st);
 	}
 	return total;
 }

@@ -27,12 +27,6 @@ struct tx_frame {
 	uint8_t kind, trim;
 };
 
-struct tx_queue {
-	uint16_t n;
-	struct rte_mbuf *m[EMBNIC_MAX_BURST];
-	uint32_t len[EMBNIC_MAX_BURST];
-};
-
 /*
  * One's-complement checksum update (RFC 1624, eqn. 3): HC' = ~(~HC + ~m + m')
  * with m, m' the old and new values of the changed words. Summing 32-bit
@@ -136,13 +130,6 @@ rewrite(struct rte_mbuf *m, const struct tx_frame *d,
 		trim_to(m, d->info.frame_len);
 }
 
-static inline void
-txq_add(struct tx_queue *q, struct rte_mbuf *m, uint32_t len)
-{
-	q->len[q->n] = len;
-	q->m[q->n++] = m;
-}
-
 /*
  * Hand m[0..n-1] to the RX lcore through txr, each with m->port the port
  * to send on (it counts them sent); what txr does not take is freed and
@@ -166,15 +153,14 @@ txq_handoff(struct rte_ring *txr, struct rte_mbuf **m, unsigned int n,
 /* Send each port's frames on state lcore w's TX queue, or hand them off. */
 static void
 txq_flush(struct embnic_app *app, struct embnic_worker *w,
-	  struct tx_queue *qs, struct embnic_lcore_stats *st)
+	  struct embnic_txq *qs, struct embnic_lcore_stats *st)
 {
 	struct rte_mbuf *hand[EMBNIC_MAX_BURST];
 	unsigned int nh = 0;
-	uint16_t p, sent, i;
-	uint64_t bytes;
+	uint16_t p, i;
 
 	for (p = 0; p < app->nb_ports; p++) {
-		struct tx_queue *q = &qs[p];
+		struct embnic_txq *q = &qs[p];
 
 		if (q->n == 0)
 			continue;
@@ -186,17 +172,7 @@ txq_flush(struct embnic_app *app, struct embnic_worker *w,
 			q->n = 0;
 			continue;
 		}
-		sent = rte_eth_tx_burst(p, w->txq[p], q->m, q->n);
-		bytes = 0;
-		for (i = 0; i < sent; i++)
-			bytes += q->len[i];
-		st->tx_frames[p] += sent;
-		st->tx_bytes[p] += bytes;
-		if (unlikely(sent < q->n)) {
-			st->drops[p][EMBNIC_DROP_TX_FULL] += q->n - sent;
-			rte_pktmbuf_free_bulk(&q->m[sent], q->n - sent);
-		}
-		q->n = 0;
+		embnic_txq_send(p, w->txq[p], q, st);
 	}
 	if (nh > 0)
 		txq_handoff(w->txr, hand, nh, st);
@@ -341,7 +317,7 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		unsigned int n, uint64_t tsc)
 {
 	struct tx_frame fr[EMBNIC_MAX_BURST];
-	struct tx_queue qs[EMBNIC_MAX_PORTS];
+	struct embnic_txq qs[EMBNIC_MAX_PORTS];
 	struct rte_mbuf *dropped[EMBNIC_MAX_BURST];
 	const struct embnic_peer *routes[EMBNIC_MAX_BURST];
 	const struct embnic_peer *clients[EMBNIC_MAX_BURST];
@@ -422,13 +398,15 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 			dropped[nf++] = d->m;
 		} else if (d->kind == EMBNIC_DESC_ARP) {
 			st->arp_replies++;
-			txq_add(&qs[d->m->port], d->m, d->info.frame_len);
+			embnic_txq_add(&qs[d->m->port], d->m,
+				       d->info.frame_len);
 		} else {
 			rewrite(d->m, d, dst[i], &app->ports[dst[i]->port]);
 			st->types[d->info.msg.msg_type]++;
 			embnic_hlog_put(&st->hlog, &d->info.msg, d->m->port,
 					dst[i]->port, tsc);
-			txq_add(&qs[dst[i]->port], d->m, d->info.frame_len);
+			embnic_txq_add(&qs[dst[i]->port], d->m,
+				       d->info.frame_len);
 		}
 	}
 

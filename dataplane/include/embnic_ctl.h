@@ -79,7 +79,7 @@ struct embnic_emit ctl_json_emitter(json_t *resp, struct ctl_json_emit *w);
 #define CTL_FILE_CMDS(X)						\
 	X(route_add) X(route_del) X(route_list)				\
 	X(client_add) X(client_del) X(client_list)			\
-	X(counters) X(state_summary) X(state_dump) X(ring_stats) X(ring_last)
+	X(state_dump) X(ring_last)
 #define CTL_CMD_DECLARE(name)						\
 	int ctl_cmd_##name(struct embnic_ctl *c, json_t *req, json_t *resp);
 CTL_FILE_CMDS(CTL_CMD_DECLARE)

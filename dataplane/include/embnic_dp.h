@@ -12,6 +12,7 @@
 
 #include <rte_common.h>
 #include <rte_debug.h>
+#include <rte_ethdev.h>
 #include <rte_ether.h>
 #include <rte_hash.h>
 #include <rte_hash_crc.h>
@@ -263,6 +264,41 @@ struct embnic_lcore_stats {
 	EMBNIC_COUNTER_FIELDS
 	struct embnic_hlog hlog;	/* forwarded headers (not a counter) */
 } __rte_cache_aligned;
+
+/* Frames to send on one port, with their lengths (a PMD may free a frame
+ * as soon as it sent it). */
+struct embnic_txq {
+	uint16_t n;
+	struct rte_mbuf *m[EMBNIC_MAX_BURST];
+	uint32_t len[EMBNIC_MAX_BURST];
+};
+
+static inline void
+embnic_txq_add(struct embnic_txq *q, struct rte_mbuf *m, uint32_t len)
+{
+	q->len[q->n] = len;
+	q->m[q->n++] = m;
+}
+
+/* Send q on TX queue qid of port p, counted; what the PMD does not take is
+ * freed and counted (tx_full). Empties q. */
+static inline void
+embnic_txq_send(uint16_t p, uint16_t qid, struct embnic_txq *q,
+		struct embnic_lcore_stats *st)
+{
+	uint16_t sent = rte_eth_tx_burst(p, qid, q->m, q->n), i;
+	uint64_t bytes = 0;
+
+	for (i = 0; i < sent; i++)
+		bytes += q->len[i];
+	st->tx_frames[p] += sent;
+	st->tx_bytes[p] += bytes;
+	if (unlikely(sent < q->n)) {
+		st->drops[p][EMBNIC_DROP_TX_FULL] += q->n - sent;
+		rte_pktmbuf_free_bulk(&q->m[sent], q->n - sent);
+	}
+	q->n = 0;
+}
 
 /* What the control path reports: the sum over lcores minus the reset base. */
 struct embnic_totals {
