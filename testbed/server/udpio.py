@@ -7,8 +7,8 @@ The ``struct mmsghdr``/``iovec``/``cmsghdr`` arrays are numpy structured arrays 
 ``recvmmsg``. :meth:`BatchSocket.send` (the load generator's and the tests' path; the shard sends
 in C, ``csrc/send.c``) sends frames laid out in a ``(rows, width)`` buffer with one ``sendmmsg``
 per 1024 entries, consecutive rows of one reply as one UDP GSO super-datagram; a kernel that
-refuses GSO turns it off for the socket. Without Linux LP64 (``available()`` False) it falls back
-to ``recvfrom_into``/``sendto`` loops.
+refuses GSO turns it off for the socket. Linux LP64 only (:func:`available`), as the shard's C
+library.
 """
 from __future__ import annotations
 
@@ -90,6 +90,9 @@ class BatchSocket:
         slot: bytes per receive slot (65536: no UDP datagram is ever truncated).
         gso: send multi-frame replies as UDP GSO super-datagrams (falls back by itself).
 
+    Raises:
+        RuntimeError: no ``recvmmsg``/``sendmmsg`` here (:func:`available`).
+
     Attributes:
         rx: uint8 (batch, slot), datagram ``i`` of the last :meth:`recv` in ``rx[i, :lens[i]]``.
         lens: int64 (batch,) lengths of the last :meth:`recv`.
@@ -103,6 +106,8 @@ class BatchSocket:
     """
 
     def __init__(self, sock: socket.socket, batch: int = 64, slot: int = 65536, gso: bool = True):
+        if not available():
+            raise RuntimeError("batched UDP needs recvmmsg/sendmmsg (Linux, 64-bit)")
         self.sock = sock
         sock.setblocking(False)
         self.fd = sock.fileno()
@@ -111,20 +116,18 @@ class BatchSocket:
         self.rx = np.empty((self.batch, self.slot), np.uint8)
         self.lens = np.zeros(self.batch, np.int64)
         self.names = np.zeros((self.batch, SOCKADDR_LEN), np.uint8)
-        self.native = available()
-        self.gso = bool(gso) and self.native
+        self.gso = bool(gso)
         self.small_send = 2  #: a reply of at most this many frames goes out with plain sendto
         self.scalar_max = 8  #: at most this many replies: entries filled one by one (struct), not as vectors
         self.stats = {"recv_calls": 0, "send_calls": 0, "send_errors": 0, "gso_sends": 0, "gso_fallbacks": 0}
-        if self.native:
-            self._rx_iov = np.zeros(self.batch, IOVEC)
-            self._rx_iov["base"] = _ptr(self.rx) + np.arange(self.batch, dtype=np.uint64) * np.uint64(self.slot)
-            self._rx_iov["len"] = self.slot
-            self._rx_hdr = np.zeros(self.batch, MMSGHDR)
-            self._rx_hdr["name"] = _ptr(self.names) + np.arange(self.batch, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
-            self._rx_hdr["iov"] = _ptr(self._rx_iov) + np.arange(self.batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
-            self._rx_hdr["iovlen"] = 1
-            self._p_rx_hdr = _ptr(self._rx_hdr)
+        self._rx_iov = np.zeros(self.batch, IOVEC)
+        self._rx_iov["base"] = _ptr(self.rx) + np.arange(self.batch, dtype=np.uint64) * np.uint64(self.slot)
+        self._rx_iov["len"] = self.slot
+        self._rx_hdr = np.zeros(self.batch, MMSGHDR)
+        self._rx_hdr["name"] = _ptr(self.names) + np.arange(self.batch, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
+        self._rx_hdr["iov"] = _ptr(self._rx_iov) + np.arange(self.batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
+        self._rx_hdr["iovlen"] = 1
+        self._p_rx_hdr = _ptr(self._rx_hdr)
         self._cap = 0
         self._grow_tx(256)
 
@@ -137,8 +140,6 @@ class BatchSocket:
             OSError: a socket error other than ``EAGAIN``/``EINTR`` (ICMP errors from earlier
                 sends, ``ECONNREFUSED``, are swallowed and counted as ``send_errors``).
         """
-        if not self.native:
-            return self._recv_fallback()
         self._rx_hdr["namelen"] = SOCKADDR_LEN
         self.stats["recv_calls"] += 1
         n = _libc.recvmmsg(self.fd, self._p_rx_hdr, self.batch, MSG_DONTWAIT, None)
@@ -151,21 +152,6 @@ class BatchSocket:
                 return 0
             raise OSError(e, errno.errorcode.get(e, str(e)))
         self.lens[:n] = self._rx_hdr["len"][:n]
-        return n
-
-    def _recv_fallback(self) -> int:
-        n = 0
-        while n < self.batch:
-            try:
-                k, addr = self.sock.recvfrom_into(memoryview(self.rx[n]))
-            except (BlockingIOError, InterruptedError):
-                break
-            except ConnectionRefusedError:
-                self.stats["send_errors"] += 1
-                continue
-            self.lens[n] = k
-            self.names[n] = np.frombuffer(tuple_to_sockaddr(addr), np.uint8)
-            n += 1
         return n
 
     # -- send ---------------------------------------------------------------------------------
@@ -200,7 +186,7 @@ class BatchSocket:
         if len(starts) == 0:
             return 0
         width = buf.shape[1]
-        if not self.native or (len(starts) == 1 and counts[0] <= self.small_send):
+        if len(starts) == 1 and counts[0] <= self.small_send:
             return self._send_fallback(buf, starts, counts, lens, names)
         counts = counts.astype(np.int64)
         if self.gso and width <= GSO_MAX_BYTES:
