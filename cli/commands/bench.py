@@ -49,6 +49,15 @@ def _show(name: str, res: dict, indent: int = 0) -> None:
             click.echo(f"{pad}  {k:24s} {_fmt(v)}")
 
 
+def _metrics(name: str, res: dict, width: int, keep: tuple | None = None) -> None:
+    """Print ``name:`` and one line per configuration of ``res``: its figures (those in ``keep``)."""
+    click.echo(f"  {name}:")
+    for k, v in res.items():
+        if isinstance(v, dict):
+            click.echo(f"    {k:{width}s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()
+                                                   if keep is None or m in keep))
+
+
 @bench.command("prep")
 @_out
 @click.option("--batch-size", type=click.IntRange(min=1), default=4096, show_default=True, help="Samples per batch.")
@@ -183,12 +192,8 @@ def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_ca
                        f"26/2 = {rd[f'ratio_26_vs_2_{op}']:.2f} (target ≤ {rd['target']})")
     for part in ("workers_1", "workers_1_wal", "workers_2", "local"):
         if part in res:
-            click.echo(f"  {part}:")
-            for k, v in res[part].items():
-                if isinstance(v, dict):
-                    click.echo(f"    {k:12s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()
-                                                       if m in ("rows_per_s", "msgs_per_s", "p50_us", "p99_us", "rows_per_shard_cpu_s", "rows_per_cpu_s",
-                                                                "shard_cpu_s", "loadgen_cpu_s", "machine_idle_share")))
+            _metrics(part, res[part], 12, keep=("rows_per_s", "msgs_per_s", "p50_us", "p99_us", "rows_per_shard_cpu_s",
+                                                "rows_per_cpu_s", "shard_cpu_s", "loadgen_cpu_s", "machine_idle_share"))
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 
 
@@ -207,10 +212,7 @@ def client(out, rounds):
     from embnic.testbed.bench import client_round as bench_client
 
     res = bench_client.run(Path(out), rounds=rounds, log=click.echo)
-    click.echo("  native:")
-    for k, v in res["native"].items():
-        if isinstance(v, dict):
-            click.echo(f"    {k:16s} " + "  ".join(f"{m} {_fmt(float(x))}" for m, x in v.items()))
+    _metrics("native", res["native"], 16)
     _show("native ratios (26 tables / 2)", res["ratios"]["native"], indent=2)
     _show("targets", res["targets"])
     click.echo(f"wrote {Path(out) / 'bench.json'}")

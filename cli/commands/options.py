@@ -1,9 +1,5 @@
 """Shared click options, parameter types and command decorators, defined once for every ``embnic`` command.
-
-The settings these options give are resolved by :mod:`embnic.control.settings` (precedence:
-built-in default < the config file's ``[control]`` section < environment (``EMBNIC_*``) <
-command-line flag), so the options default to ``None``.
-"""
+The settings options default to ``None``: :mod:`embnic.control.settings` resolves them (docs/cli.md)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,10 +1,5 @@
-"""``embnic route add|del|list`` and ``embnic client add|del|list``: the card's peer table.
-
-The two nouns are one shape (:func:`peer_group`): ``route`` programs the route of a shard (shard →
-card port, MAC, IPv4, UDP port), ``client`` a training client (client → the same); both go
-through the target's one peer API (:class:`~embnic.control.targets.base.Peer`, ``peer_add``,
-``peer_del``, ``peer_list``).
-"""
+"""``embnic route add|del|list`` and ``embnic client add|del|list``: the card's peer table, one group
+built per kind of peer (:func:`peer_group`) on the target's one peer API (``peer_add``, ...)."""
 from __future__ import annotations
 
 import json
@@ -38,9 +33,8 @@ _GROUP_HELP = """Add, delete and list the card's {noun} table ({kind} id → car
     """
 _ADD_HELP = """Add (or replace) the {what} {ID} ({is}).
 
-    Without --config every field must be given{udp_default};
-    with it, the options override the {kind}'s entry and an id the config does not know is refused
-    (exit 2). The MAC must be the {kind}'s own unicast address (the card does not resolve MACs).
+    Without --config every field must be given{udp_default}; with it, the options override the
+    {kind}'s entry. The MAC must be the {kind}'s own unicast address (the card does not resolve MACs).
 
     \b
     Example:

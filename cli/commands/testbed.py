@@ -19,9 +19,6 @@ def testbed():
     \b
     Examples:
       sudo embnic testbed up --config examples/testbed.toml
-      sudo embnic testbed up --config examples/testbed.toml --pmd af_xdp
-      sudo embnic testbed status
-      sudo embnic testbed netem --loss 1 --reorder 5 --duplicate 1
       sudo embnic testbed down
     """
 
