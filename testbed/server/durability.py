@@ -132,11 +132,6 @@ class UpdateLog:
         self._npending += 1
         self.seq += 1
 
-    @property
-    def pending(self) -> int:
-        """Records appended but not yet committed."""
-        return self._npending
-
     def commit(self) -> int:
         """Write every queued record and ``fdatasync`` once. Returns the records made durable.
 
