@@ -249,3 +249,27 @@ def peer_of_entry(kind: str, key: list[int], params: list[int]):
 
     return Peer(kind, key[0], params[0], params[1].to_bytes(6, "big").hex(":"),
                 str(ipaddress.IPv4Address(params[2])), params[3])
+
+
+#: the P4 card's counters (p4/ingress.p4, p4/state_map.p4), all zeroed by a counter reset
+COUNTERS = ("rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed", "completed_by_shard",
+            "arp_replies", "state_expired")
+
+
+def card_counters(get, nb_ports: int, shards=()) -> dict:
+    """A P4 card's counters in the DPDK card's ``counters`` shape (docs/control-socket.md):
+    ``ports``, ``types``, ``drops`` (every reason), ``arp``, ``completed`` (by reply type: every
+    type of ``consts.REPLY_TYPES``), ``shards`` (``[{shard, completed}]`` of ``shards``) and
+    ``state`` (``expired``); ``get(name, index, nbytes=False)`` reads one cell of a counter."""
+    from embnic.client_lib.consts import REPLY_TYPES, MsgType
+
+    return {
+        "ports": [{"port": p, "rx_frames": get("rx_frames", p), "rx_bytes": get("rx_frames", p, True),
+                   "tx_frames": get("tx_frames", p), "tx_bytes": get("tx_frames", p, True)} for p in range(nb_ports)],
+        "types": {t.name: get("frames_by_type", t.value) for t in MsgType},
+        "drops": {r: get("drop_reasons", i + 1) for i, r in enumerate(drop_reasons())},
+        "arp": {"replies": get("arp_replies", 0)},
+        "completed": {t.name: get("messages_completed", t.value) for t in sorted(REPLY_TYPES)},
+        "shards": [{"shard": s, "completed": get("completed_by_shard", s)} for s in shards],
+        "state": {"expired": get("state_expired", 0)},
+    }

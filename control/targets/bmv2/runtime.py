@@ -159,45 +159,27 @@ def parse_registers(text: str) -> dict[str, list[int]]:
 
 
 def read_counters(sw: SimpleSwitch, nb_ports: int, shards: Iterable[int] = ()) -> dict:
-    """Counters of the card in the DPDK card's ``counters`` shape (docs/control-socket.md).
-
-    ``{"ports": [{port, rx_frames, rx_bytes, tx_frames, tx_bytes}], "types": {LOOKUP_REQ: n,
-    ...}, "drops": {reason: n} (every reason), "arp": {"replies": n}, "completed":
-    {LOOKUP_REPLY: n, UPDATE_ACK: n, ERROR: n, SIZE_ACK: n, UPDATE_NACK: n} (messages whose whole reply passed,
-    by reply type: every type of ``consts.REPLY_TYPES``, as the DPDK card), "shards": [{"shard": id, "completed": n}] for ``shards``, "state": {"expired": n}}``.
-    """
+    """Counters of the card in the DPDK card's ``counters`` shape (:func:`p4program.card_counters`),
+    read in one runtime-CLI call."""
     shards = list(shards)
-    from embnic.client_lib.consts import REPLY_TYPES, MsgType
+    from embnic.client_lib.consts import MsgType
 
-    reply_types = sorted(REPLY_TYPES)
-
-    reasons = p4prog.drop_reasons()
     cmds = [f"counter_read rx_frames {p}" for p in range(nb_ports)]
     cmds += [f"counter_read tx_frames {p}" for p in range(nb_ports)]
-    cmds += [f"counter_read drop_reasons {i + 1}" for i in range(len(reasons))]
+    cmds += [f"counter_read drop_reasons {i + 1}" for i in range(len(p4prog.drop_reasons()))]
     cmds += [f"counter_read frames_by_type {t.value}" for t in MsgType]
     cmds += [f"counter_read messages_completed {t.value}" for t in MsgType]
     cmds += [f"counter_read completed_by_shard {s}" for s in shards]
     cmds += ["counter_read arp_replies 0", "counter_read state_expired 0"]
     c = parse_counters(sw.cli(cmds))
 
-    def get(name: str, i: int, k: int = 0) -> int:
+    def get(name: str, i: int, nbytes: bool = False) -> int:
         try:
-            return c[name][i][k]
+            return c[name][i][1 if nbytes else 0]
         except KeyError:
             raise Bmv2Error(f"counter {name}[{i}] missing from simple_switch_CLI output") from None
 
-    return {
-        "ports": [{"port": p, "rx_frames": get("rx_frames", p), "rx_bytes": get("rx_frames", p, 1),
-                   "tx_frames": get("tx_frames", p), "tx_bytes": get("tx_frames", p, 1)}
-                  for p in range(nb_ports)],
-        "types": {t.name: get("frames_by_type", t.value) for t in MsgType},
-        "drops": {r: get("drop_reasons", i + 1) for i, r in enumerate(reasons)},
-        "arp": {"replies": get("arp_replies", 0)},
-        "completed": {t.name: get("messages_completed", t.value) for t in reply_types},
-        "shards": [{"shard": s, "completed": get("completed_by_shard", s)} for s in shards],
-        "state": {"expired": get("state_expired", 0)},
-    }
+    return p4prog.card_counters(get, nb_ports, shards)
 
 
 def read_state_map(sw: SimpleSwitch) -> list[dict]:

@@ -30,7 +30,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +43,7 @@ from embnic.control.errors import MissingDependencyError, NoSuchEntryError, Oper
 from embnic.control.netns import Netns, NetnsError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
                                      require_netns, require_root, write_state)
+from embnic.control.targets.dpdk.process import stop_recorded
 from embnic.control.targets.base import Peer, Target, check_peer_port, count_peers, describe_state, peer_kind, peers_from_config
 
 _IFACE = re.compile(r"(?:^|,)iface=([^,]+)")
@@ -488,24 +488,16 @@ class Bmv2Target(Target):
         st = self.state()
         if st is None or st.get("target") != "bmv2":
             raise OperationalError(f"no bmv2 pipeline {self.instance!r} loaded (no state file in {self.run_dir})")
-        running = not st.get("corrupt") and pid_matches(st)
-        killed = False
-        if running:
-            pid = int(st["pid"])
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + self.stop_timeout
-            while pid_matches(st) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if pid_matches(st):
-                os.kill(pid, signal.SIGKILL)
-                killed = True
+        res = {"was_running": False, "killed": False, "exit": None}
+        if not st.get("corrupt"):
+            res = stop_recorded(st, self.stop_timeout)  # SIGTERM, SIGKILL: only if pid and start time match
         if st.get("netns_made") and st.get("netns"):
             netns.delete(st["netns"])
         remove_state(self.run_dir, self.instance)
         self._remove_transient_files()
         if st.get("p4rt"):
             self.p4rt_socket.unlink(missing_ok=True)
-        return {**st, "was_running": running, "killed": killed, "exit": None}
+        return {**st, **res}
 
     def is_loaded(self) -> bool:
         st = self.state()
@@ -686,9 +678,7 @@ class Bmv2Target(Target):
     def reset_counters(self) -> None:
         """Zero the card's counters and restart the count of frames lost before the switch
         (exact when no frame is in flight)."""
-        names = ["rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed",
-                 "arp_replies", "state_expired"]
-        self.cli([f"counter_reset {n}" for n in names])
+        self.cli([f"counter_reset {n}" for n in p4prog.COUNTERS])
         st = self.state()
         if st and st.get("interfaces"):
             st["port_base"] = self._port_base(st)

@@ -22,6 +22,7 @@ is checked first (:mod:`embnic.control.targets.dpdk.pci`). Example from Python::
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -43,15 +44,9 @@ from embnic.control.targets.base import Peer, Target, count_peers, describe_stat
 
 def core_ranges(cores) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2,5"`` (a DPDK core list)."""
-    out, run = [], []
-    for c in sorted(set(cores)):
-        if run and c == run[-1] + 1:
-            run.append(c)
-        else:
-            if run:
-                out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = [c]
-    if run:
+    out = []
+    for _, run in itertools.groupby(enumerate(sorted(set(cores))), lambda ic: ic[1] - ic[0]):
+        run = [c for _, c in run]
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
 

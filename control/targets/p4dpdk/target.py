@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from embnic.client_lib.config import ClusterConfig, ConfigError
-from embnic.client_lib.consts import REPLY_TYPES, MsgType
 from embnic.control.targets.p4dpdk import swx as p4dpdk
 from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decode_state_map
@@ -144,22 +143,20 @@ class SwxCard:
 
     def counters(self, nb_ports: int, shards: Sequence[int] = ()) -> dict:
         """Counters in the DPDK card's ``counters`` shape (as :func:`embnic.control.targets.bmv2.runtime.read_counters`)."""
-        reasons = p4prog.drop_reasons()
-        rx_p, rx_b = self.counter("rx_frames", 0, nb_ports), self.counter("rx_frames", 0, nb_ports, "bytes")
-        tx_p, tx_b = self.counter("tx_frames", 0, nb_ports), self.counter("tx_frames", 0, nb_ports, "bytes")
-        drops = self.counter("drop_reasons", 0, len(reasons) + 1)
-        types = self.counter("frames_by_type", 0, p4prog.constants()["NB_MSG_TYPES"])
-        done = self.counter("messages_completed", 0, p4prog.constants()["NB_MSG_TYPES"])
-        return {
-            "ports": [{"port": p, "rx_frames": rx_p[p], "rx_bytes": rx_b[p], "tx_frames": tx_p[p], "tx_bytes": tx_b[p]}
-                      for p in range(nb_ports)],
-            "types": {t.name: types[t.value] for t in MsgType},
-            "drops": {r: drops[i + 1] for i, r in enumerate(reasons)},
-            "arp": {"replies": self.counter("arp_replies")[0]},
-            "completed": {t.name: done[t.value] for t in sorted(REPLY_TYPES)},
-            "shards": [{"shard": s, "completed": self.counter("completed_by_shard", s)[0]} for s in shards],
-            "state": {"expired": self.counter("state_expired")[0]},
-        }
+        sizes = {"rx_frames": nb_ports, "tx_frames": nb_ports, "drop_reasons": len(p4prog.drop_reasons()) + 1,
+                 "frames_by_type": p4prog.constants()["NB_MSG_TYPES"],
+                 "messages_completed": p4prog.constants()["NB_MSG_TYPES"]}
+        arrays: dict = {}
+
+        def get(name: str, index: int, nbytes: bool = False) -> int:
+            if name not in sizes:
+                return self.counter(name, index)[0]
+            key = (name, nbytes)
+            if key not in arrays:
+                arrays[key] = self.counter(name, 0, sizes[name], "bytes" if nbytes else "packets")
+            return arrays[key][index]
+
+        return p4prog.card_counters(get, nb_ports, shards)
 
     def state_map(self) -> list[dict]:
         return decode_state_map({r: self.reg(r) for r in STATE_REGISTERS})
@@ -293,8 +290,7 @@ class P4DpdkTarget(DpdkCardTarget):
     def reset_counters(self) -> None:
         """Zero the P4 card's counters (the register arrays p4c-dpdk made of them)."""
         card = self.swx()
-        for name in ("rx_frames", "tx_frames", "drop_reasons", "frames_by_type", "messages_completed",
-                     "completed_by_shard", "arp_replies", "state_expired"):
+        for name in p4prog.COUNTERS:
             kind, _ = card.names.counters[name]
             for k in ("packets", "bytes") if kind == "packets_and_bytes" else ("packets",):
                 self.ctl().call("reg_clear", name=card.names.counter(name, k))
