@@ -49,7 +49,7 @@ def _embnic_payload(frame: bytes) -> bytes | None:
 
 
 def seed_payloads() -> list[tuple[str, bytes]]:
-    """The embnic payloads of the fuzzers' seed corpora (dataplane/fuzz/make_seeds.py): seeds/parse
+    """The embnic payloads of the fuzzers' seed corpora (tests/dataplane/make_fuzz_seeds.py): seeds/parse
     (2 bytes of harness mode, then one frame) and seeds/card (27 bytes of card config, then
     records: length (u16 LE), flags, step, split, the frame), in file order."""
     out = []

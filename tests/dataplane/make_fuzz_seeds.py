@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write the libFuzzer seed corpora (dataplane/fuzz/seeds/<target>/) from the Scapy layer, the
-conformance cases and the recorded trace in tests/.
+conformance cases beside this file and the recorded trace in tests/.
 
-Run from the repo root: ``python3 dataplane/fuzz/make_seeds.py``. Writes:
+Run from the repo root: ``python3 tests/dataplane/make_fuzz_seeds.py``. Writes:
 
 - ``seeds/parse/``: the 2-byte harness prefix of fuzz_parse.c (mode, extra) and one frame each:
   valid v2 requests (with their directories, one table and two), replies and fragments of every
@@ -32,13 +32,11 @@ from embnic.client_lib import codec
 from embnic.client_lib.consts import DType
 from embnic.client_lib.protocol import Embnic
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-OUT = HERE / "seeds"
-CARD = "10.0.0.1"
-sys.path.insert(0, str(REPO / "tests" / "dataplane"))
+from conformance import Peer, Suite, read_pcap
 
-from conformance import Suite, read_pcap  # noqa: E402  (tests/dataplane)
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "dataplane" / "fuzz" / "seeds"
+CARD = "10.0.0.1"
 
 TRACE = REPO / "tests" / "testbed" / "cases" / "replay-not-owner" / "t.pcap"
 TRACE_WINDOWS = 24  #: card seeds cut from the trace
@@ -192,7 +190,6 @@ def card_seeds() -> dict[str, bytes]:
     # client (flag 0x20) with both checksums fixed (0x08, 0x10), all on port 0
     if TRACE.exists():
         frames = read_pcap(TRACE)
-        from conformance import Peer
         shards = [Peer("shard", i, 0, "02:00:00:00:00:1%d" % i, f"10.1.0.{10 + i}", 7878) for i in range(2)]
         clients = [Peer("client", i, 0, "02:00:00:00:00:0%d" % i, f"10.1.0.{i + 1}", 40000 + i)
                    for i in (1, 2)]
