@@ -230,7 +230,7 @@ def client(out, rounds):
               help="Also measure embnic with hash sharding (a second testbed).")
 @click.option("--dlrm/--no-dlrm", "dlrm", default=True, show_default=True,
               help="Also measure training steps/s of TorchRec's DLRM, tables through the card vs in process.")
-def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
+def e2e(out, **opts):
     """The claim, measured: lookup and update latency per step and steps/s at batch sizes 32, 256
     and 4096 of the Criteo sample for variable-length messages through the card, the fixed-length
     baseline (a size round first) and TorchRec's sharded EmbeddingBagCollection; and training
@@ -244,8 +244,7 @@ def e2e(out, repeats, steps, loss_pct, hash_row, dlrm):
     from embnic.testbed.bench import e2e as bench_e2e
 
     try:
-        res = bench_e2e.run(Path(out), repeats=repeats, steps=steps, loss_pct=loss_pct, hash_row=hash_row,
-                            dlrm=dlrm, log=click.echo)
+        res = bench_e2e.run(Path(out), log=click.echo, **opts)
     except ImportError as e:
         raise MissingDependencyError(f"bench e2e needs the embnic[torch] extra (TorchRec as the peer): {e}",
                                      dependency=e.name) from None

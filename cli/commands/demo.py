@@ -41,8 +41,7 @@ from embnic.control.errors import MissingDependencyError
 @card_option
 @pmd_option
 @needs_root("demo")
-def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, netem_backend, kill_shard,
-         kill_at_step, restart, checkpoint_every, no_table_check, all_clients, progress, model, target, pmd):
+def demo(config, loss, reorder, duplicate, no_table_check, **opts):
     """Train the CTR model on the shipped Criteo sample with every embedding lookup and update
     passing through the card, in a namespace testbed it brings up and down. Needs root.
 
@@ -66,16 +65,13 @@ def demo(steps, out, config, batch_size, data, name, loss, reorder, duplicate, n
     from embnic.testbed.training.criteo import CriteoFormatError
     from embnic.testbed.net.netem import Impairment, loss_only
 
-    opts = D.DemoOptions(steps=steps, out=out, batch_size=batch_size, data=data, name=name,
-                         netem_backend=netem_backend, kill_shard=kill_shard, kill_at_step=kill_at_step,
-                         restart=restart, checkpoint_every=checkpoint_every,
-                         check_tables=not no_table_check, all_clients=all_clients, progress=progress,
-                         model=model, target=target, pmd=pmd)
+    model = opts["model"]
+    opts = D.DemoOptions(check_tables=not no_table_check, **opts)  # every other option is a DemoOptions field
     if config is not None:
         opts.config = config
     if loss or reorder or duplicate:
         opts.impairment = Impairment(loss, reorder, duplicate)
-        if netem_backend == "bpf" and not loss_only(opts.impairment):
+        if opts.netem_backend == "bpf" and not loss_only(opts.impairment):
             raise click.BadParameter("the bpf backend only drops frames (--loss); --reorder and --duplicate need "
                                      "--netem-backend user (or tc where the kernel has netem)",
                                      param_hint="--netem-backend")

@@ -87,7 +87,7 @@ def _check_pcap(ctx, param, value):
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @card_option
 @needs_root("replay")
-def replay_cmd(pcap, config, rate, topspeed, out, wait_s, name, force, progress, target):
+def replay_cmd(pcap, config, out, **opts):
     """Replay PCAP (from `embnic trace record`) into the card of a fresh namespace testbed with
     tcpreplay on each client's veth, with real shards answering; report frames/s, messages
     completed, replies per client, drops by reason and latency percentiles (OUT/report.json + PNG
@@ -107,8 +107,7 @@ def replay_cmd(pcap, config, rate, topspeed, out, wait_s, name, force, progress,
     from embnic.testbed.traces import trace as TR
 
     with sigterm_as_interrupt():
-        rep = TR.replay(pcap, config, rate=rate, topspeed=topspeed, out=out, name=name, progress=progress,
-                        wait_s=wait_s, force=force, log=click.echo, target=target)
+        rep = TR.replay(pcap, config, out=out, log=click.echo, **opts)
     if not rep["all_replied"]:
         from embnic.testbed.net.topology import describe_dead
 
