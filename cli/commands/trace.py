@@ -36,7 +36,7 @@ def trace():
               help="Testbed name (namespace/interface prefix, 1-8 letters/digits).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @needs_root("trace record")
-def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
+def record_cmd(config, out, clients, **opts):
     """Bring the testbed up, train K batches from every client through the card with real shards
     answering, write each client's frames to OUT (pcap) and a sidecar OUT.json describing the run,
     and bring the testbed down.
@@ -51,8 +51,7 @@ def record_cmd(config, data, batches, out, batch_size, clients, name, progress):
 
     with sigterm_as_interrupt():
         try:
-            TR.record(config, out, batches=batches, data=data, batch_size=batch_size, clients=list(clients) or None,
-                      name=name, progress=progress, log=click.echo)
+            TR.record(config, out, clients=list(clients) or None, log=click.echo, **opts)
         except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
             raise click.BadParameter(str(e), param_hint="--data") from None
 
