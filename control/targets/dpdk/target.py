@@ -566,16 +566,9 @@ class DpdkTarget(DpdkCardTarget):
 
     def ring(self, last: int) -> list[dict]:
         """The headers of up to ``last`` message frames still waiting in the header ring, then of
-        the ``last`` most recent ones the card forwarded; each group newest first.
-
-        From the card's ring log and per-lcore header log (docs/control-socket.md
-        ``ring_last``), which keep the last 255 headers each: every entry has the bmv2 target's
-        fields (``msg_type``, ``flags``, ``msg_id``, ``client_id``, ``shard_id``, ``num_tables``,
-        ``table_id`` (an ERROR's table, else 0xFFFF), ``num_keys``, ``value_len``, ``msg_len``,
-        ``frag_index``, ``frag_count``, ``frag_len``, ``ingress_port``, ``time_us`` (Unix time,
-        µs)) plus ``in_ring`` (True: waiting in the ring, ``time_us`` when it was enqueued; False:
-        forwarded, ``time_us`` of its TX burst), ``status``, ``time_ns``; forwarded entries also
-        ``egress_port`` and ``lcore``.
+        the ``last`` most recent ones the card forwarded; each group newest first: the card's
+        ``ring_last`` entries (docs/control-socket.md: the bmv2 target's fields and more) plus
+        ``in_ring`` (True: waiting in the ring; False: forwarded).
 
         Raises:
             ValueError: ``last`` < 0.
