@@ -121,13 +121,6 @@ def check(file, config_opt, strict, rate):
         click.echo(state_map_plan(cfg, rate).describe())
 
 
-def _as_dict(cfg: ClusterConfig) -> dict:
-    d = dataclasses.asdict(cfg)
-    d.pop("raw", None)
-    d["control"] = control_section(cfg)
-    return d
-
-
 @config.command("show")
 @_file_options
 @json_option
@@ -140,7 +133,8 @@ def show(file, config_opt, as_json):
     """
     cfg = load_config(_file_arg(file, config_opt))
     if as_json:
-        click.echo(json.dumps(_as_dict(cfg), indent=2, default=list))
+        d = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "raw"}
+        click.echo(json.dumps({**d, "control": control_section(cfg)}, indent=2, default=list))
         return
     click.echo(summary(cfg))
     click.echo("tables:")
