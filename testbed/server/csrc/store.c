@@ -117,16 +117,14 @@ embnic_store_block(const struct embnic_store *s, uint64_t c, int64_t *hint)
 int64_t
 embnic_store_pos(const struct embnic_store *s, uint64_t c, int64_t a)
 {
-	int64_t b, pos;
+	int64_t pos;
 
 	if (s->m == 0)
 		return -1;
-	if (s->nsample == 0) {	/* no sample: the index alone */
+	if (s->nsample == 0)	/* no sample: the index alone */
 		pos = lower_bound(s->ck, 0, s->m, c);
-		return pos < s->m && s->ck[pos] == c ? pos : -1;
-	}
-	b = a + s->step < s->m ? a + s->step : s->m;	/* [a, b]: c's block and the next sample */
-	pos = lower_bound(s->ck, a, b, c);
+	else	/* [a, b]: c's block and the next sample */
+		pos = lower_bound(s->ck, a, a + s->step < s->m ? a + s->step : s->m, c);
 	return pos < s->m && s->ck[pos] == c ? pos : -1;
 }
 
@@ -142,13 +140,9 @@ embnic_store_find_delta(const struct embnic_store *s, int64_t li, uint64_t c, in
 int64_t
 embnic_store_find(const struct embnic_store *s, int64_t li, uint64_t c, int64_t *hint)
 {
-	int64_t slot = -1;
+	int64_t slot = s->m ? find_in(s->ck, s->cs, s->ct, s->m, li, c, &hint[0]) : -1;
 
-	if (s->m)
-		slot = find_in(s->ck, s->cs, s->ct, s->m, li, c, &hint[0]);
-	if (slot < 0 && s->d)
-		slot = find_in(s->dck, s->dcs, s->dct, s->d, li, c, &hint[1]);
-	return slot;
+	return slot >= 0 ? slot : embnic_store_find_delta(s, li, c, &hint[1]);
 }
 
 /*
