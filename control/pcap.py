@@ -86,14 +86,9 @@ def partial_tail(path: str | os.PathLike) -> int:
         ValueError: it is not a classic pcap file (names the magic found).
     """
     data = Path(path).read_bytes()
-    end, _ = _file_header(data, path)
-    rec = struct.Struct(end + "IIII")
     off = _HEADER.size
-    while off + rec.size <= len(data):
-        incl = rec.unpack_from(data, off)[2]
-        if off + rec.size + incl > len(data):
-            break
-        off += rec.size + incl
+    for start, _, _, incl in _records(data, _file_header(data, path)[0]):
+        off = start + incl
     return len(data) - off
 
 
@@ -108,12 +103,17 @@ def read_pcap(path: str | os.PathLike) -> list[tuple[float, bytes]]:
     data = Path(path).read_bytes()
     end, magic = _file_header(data, path)
     scale = 1e-6 if magic == _MAGIC_US else 1e-9
+    return [(sec + frac * scale, data[start:start + incl]) for start, sec, frac, incl in _records(data, end)]
+
+
+def _records(data: bytes, end: str):
+    """``(offset of its frame, ts seconds, ts fraction, captured length)`` of every whole record
+    after the file header of ``data`` (byte order ``end``)."""
     rec = struct.Struct(end + "IIII")
-    out, off = [], _HEADER.size
+    off = _HEADER.size
     while off + rec.size <= len(data):
         sec, frac, incl, _ = rec.unpack_from(data, off)
         if off + rec.size + incl > len(data):
-            break
-        out.append((sec + frac * scale, data[off + rec.size:off + rec.size + incl]))
+            return
+        yield off + rec.size, sec, frac, incl
         off += rec.size + incl
-    return out
