@@ -98,17 +98,14 @@ def embnic_steps(client, cfg, sparses: list[np.ndarray]) -> dict:
 def _summ(runs: list[dict]) -> dict:
     """Repeats of :func:`embnic_steps` → medians with min/max."""
     p = lambda key, q: median_min_max([np.percentile(r[key], q) for r in runs])  # noqa: E731
+    of = lambda key: median_min_max([r.get(key, 0.0) for r in runs])  # noqa: E731 (TorchRec's runs: 0)
     return {"lookup_p50_us": p("lookup_us", 50), "lookup_p99_us": p("lookup_us", 99),
             "update_p50_us": p("update_us", 50), "update_p99_us": p("update_us", 99),
             "step_p50_us": p("step_us", 50),
             "steps_per_s": median_min_max([1e6 / np.median(r["step_us"]) for r in runs]),
-            "messages_per_step": median_min_max([r["messages"] for r in runs]),
-            "rounds_per_step": median_min_max([r["rounds"] for r in runs]),
-            # (TorchRec's runs send no embnic messages: 0)
-            "request_messages_per_round": median_min_max([r.get("request_messages_per_round", 0.0) for r in runs]),
-            "shards_per_round": median_min_max([r.get("shards_per_round", 0.0) for r in runs]),
-            "retransmits_per_step": median_min_max([r["retransmits"] for r in runs]),
-            **{f"{k}_per_step": median_min_max([r.get(k, 0.0) for r in runs]) for k in ("timeouts", "repairs", "probes")}}
+            "messages_per_step": of("messages"), "rounds_per_step": of("rounds"),
+            "request_messages_per_round": of("request_messages_per_round"), "shards_per_round": of("shards_per_round"),
+            **{f"{k}_per_step": of(k) for k in ("retransmits", "timeouts", "repairs", "probes")}}
 
 
 def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct: float, log,

@@ -54,9 +54,6 @@ class TestpmdProcess:
     def proc(self) -> subprocess.Popen | None:
         return self.process.proc
 
-    def argv(self) -> list[str]:
-        return self.process.argv
-
     def start(self, timeout: float = 30.0) -> "TestpmdProcess":
         """Start, wait for the prompt, ``start`` forwarding.
 

@@ -39,7 +39,7 @@ def test_two_state_lcore_figures_beside_the_one_lcore_ones():
 
 def test_testpmd_with_two_forwarding_lcores_on_two_cpus():
     tp = TestpmdProcess(["net_null0", "net_null1"], lcores=TESTPMD_2FWD, main_lcore=TESTPMD_2FWD_MAIN, queues=2)
-    argv = tp.argv()
+    argv = tp.process.argv
     try:
         assert argv[argv.index("--lcores") + 1] == "0@0,1@1,2@1" and "-l" not in argv
         assert {"--nb-cores=2", "--rxq=2", "--txq=2"} <= set(argv)
