@@ -70,12 +70,9 @@ def dump(config, target, name, ctl, as_json, limit, client_id, state_name):
     Example:
       embnic state dump --state forwarded --limit 50
     """
-    t = open_target(resolve(config, target, name, ctl))
-    entries = t.state_dump(limit)
-    if client_id is not None:
-        entries = [e for e in entries if e.get("client") == client_id]
-    if state_name is not None:
-        entries = [e for e in entries if e.get("state") == state_name]
+    entries = [e for e in open_target(resolve(config, target, name, ctl)).state_dump(limit)
+               if (client_id is None or e.get("client") == client_id)
+               and (state_name is None or e.get("state") == state_name)]
     if as_json:
         click.echo(json.dumps(entries, indent=1))
     elif not entries:
