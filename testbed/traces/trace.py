@@ -369,16 +369,7 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         target: the card: ``dpdk`` (embnic-dp) or ``bmv2`` (the P4 program on simple_switch).
 
     Returns:
-        the report (also ``OUT/report.json``): ``pcap``, ``frames_sent``, ``frames_per_s``,
-        ``requests``, ``messages_replied`` (any reply), ``messages_completed`` (answered, not
-        with ERROR), ``messages_failed`` (answered ERROR; by status in ``error_statuses``),
-        ``all_replied``, ``all_completed``, ``replies_per_client``, ``requests_per_client``,
-        ``reply_types``, ``shards`` (each shard server's counters as it logged them when it
-        stopped: requests, ``errors`` by status, drops), ``drops`` (``card`` by
-        reason, ``client_reassembly``, ``no_reply``), ``lookup_latency_us``,
-        ``update_latency_us``, ``card`` (``frames_by_type``, ports, ring, ``state``: the state
-        map summary, ``messages_in_state_map``), ``config_check``, ``dead_nodes`` (the card or
-        servers found dead after the replay, with pids and logs), ``tcpreplay``, ``plots``.
+        the report, also ``OUT/report.json`` (its fields: docs/testbed.md, "Trace record and replay").
 
     Raises:
         NeedsRoot, TestbedError: as :meth:`Testbed.up`.
