@@ -1,12 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The state map as the control path reads it (state.c is the TX stage's
- * side; the layout both share is embnic_state.h): the names of the states,
- * entry counts, the summary by state, a dump of the live entries, the
- * per-shard statistics, and the consistency check that fuzz-card runs
- * after every burst (embnic_state_check). Every partition is read from the
- * control thread without a lock: its entry array only, never its hash
- * (except the check, which runs only while the TX stage does not).
+ * The state map as the control path reads it, without a lock: its entry
+ * array only, never its hash (except embnic_state_check, the consistency
+ * walk fuzz-card runs after every burst while the TX stage does not).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -133,22 +133,12 @@ embnic_check_lengths(const struct embnic_msg *m, uint32_t payload)
 }
 
 /*
- * The fragment size of a message as one of its fragments implies it,
- * expressed as the body bytes of the message's last fragment
- * (docs/protocol.md, "Fragmentation": fragment i carries [i*P, (i+1)*P),
- * the last one the rest). m passed embnic_check_lengths, so its own offset
- * and length agree with some P with ceil(msg_len / P) = frag_count; this
- * returns msg_len - (frag_count - 1) * P: frag_len for the last fragment
- * (and for a message of one fragment), computed from P = frag_len for any
- * other. Always in 0..UINT16_MAX (0 < it <= P for several fragments).
- *
- * Two fragments of one message (same msg_len and frag_count) are cut at
- * the same P exactly when they give the same value: P fixes it, and it
- * fixes P = (msg_len - it) / (frag_count - 1). So a receiver keeps it from
- * a message's first-seen fragment and drops any later fragment that gives
- * another as frag_mismatch (it would overlap another fragment or leave a
- * gap), with no division; a message whose fragments all passed then
- * carried exactly msg_len bytes.
+ * The fragment size P of a message as one of its fragments (which passed
+ * embnic_check_lengths) implies it, expressed as the body bytes of its last
+ * fragment: msg_len - (frag_count - 1) * P, in 0..UINT16_MAX. Two fragments
+ * of one message are cut at the same P exactly when they give the same
+ * value, so a receiver keeps it from the first-seen fragment and drops a
+ * later one that gives another (frag_mismatch), with no division.
  */
 static inline uint16_t
 embnic_frag_last_len(const struct embnic_msg *m)

@@ -1,16 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * What the card's libFuzzer targets share (fuzz_card.c, fuzz_ctl.c): EAL
- * started once in memory, and a card (struct embnic_app) built the way
- * main() builds one, on net_ring ports whose RX and TX rings the harness
- * fills and drains, with small tables and a small state map: one state
- * lcore (partition) as the card runs by default, and a second one
- * (partition 1, whose frames go back through its txr: the net_ring ports
- * have one TX queue) that fuzz_card turns on per input.
- *
- * EAL's arguments: --no-huge --no-pci --no-shconf and a file prefix of
- * its own per process (forked fuzzing jobs never meet), one lcore, no
- * telemetry socket.
+ * started once in memory (a file prefix per process: forked fuzzing jobs
+ * never meet), and a card built the way main() builds one, on net_ring
+ * ports whose rings the harness fills and drains, with small tables and
+ * two state map partitions, of which fuzz_card turns the second on per
+ * input (its frames go back through its txr: net_ring has one TX queue).
  */
 #ifndef EMBNIC_FUZZ_COMMON_H
 #define EMBNIC_FUZZ_COMMON_H

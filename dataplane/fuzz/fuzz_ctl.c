@@ -1,20 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * libFuzzer target for the control socket's commands (ctl.c): the input is
- * split into lines as conn.c splits what a connection sends (blank lines
- * skipped), and each line goes to embnic_ctl_request(), the handler the
- * socket calls: JSON parse (jansson), command lookup, field validation and
- * the command itself, on a card built as main() builds one (3 net_ring
- * ports, 8-entry route and client tables, 16-entry state map).
+ * libFuzzer target for the control socket's commands: the input split into
+ * lines as conn.c splits them, each through embnic_ctl_request() on a card
+ * built as main() builds one (what it checks: dataplane/README.md,
+ * "Fuzzing").
  *
  *   make -C dataplane fuzz FUZZ_SECONDS=60       (every target)
  *   build/fuzz-ctl -dict=fuzz/ctl.dict fuzz/seeds/ctl
- *
- * After every line: the answer is one JSON object with a boolean "ok"
- * (and a string "error" when false) echoing the request's "id"; a refused
- * request ("ok": false) left the route and client tables, the shard
- * statistics slots and the state map exactly as they were. ASan/UBSan
- * catch the rest; libFuzzer's leak check runs after each input.
  */
 #include <stdarg.h>
 #include <stdint.h>

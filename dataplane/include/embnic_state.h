@@ -1,9 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * The state map's layout, shared by its two files and by nothing else:
- * state.c (the TX stage's side: open, update, expire, reset) and
- * state_view.c (the control path's side: counts, summary, dump, check).
- * Everyone else holds a struct embnic_state * through embnic_dp.h.
+ * The state map's layout, shared by state.c and state_view.c alone;
+ * everyone else holds a struct embnic_state * through embnic_dp.h.
  */
 #ifndef EMBNIC_STATE_H
 #define EMBNIC_STATE_H
@@ -77,12 +75,9 @@ entry_key(const struct state_entry *e)
 }
 
 /*
- * Body bytes of the reply the entry's first reply fragment announced: the
- * parser checked every reply's msg_len against its type's formula, which
- * for a reply depends on value_len alone (a LOOKUP_REPLY's rows, which
- * on_reply checks against the request's: bad_reply_len) or on nothing (an
- * UPDATE_NACK's bitmap, 0 for the others). So the entry keeps no reply
- * length: the formula of the reply type over the request's counts.
+ * Body bytes of the entry's reply: not kept, as a reply's msg_len is its
+ * type's formula of value_len alone (checked by the parser; a LOOKUP_REPLY's
+ * value_len against the request's by on_reply) or of nothing.
  */
 static inline uint32_t
 rep_msg_len(const struct state_entry *e)
@@ -92,11 +87,8 @@ rep_msg_len(const struct state_entry *e)
 }
 
 /*
- * The request's num_keys, which the entry does not keep: its msg_len is
- * the type's formula of num_tables, num_keys and value_len
- * (embnic_check_lengths), so every request fragment that agrees with the
- * entry's msg_len, type, num_tables and value_len (request_differs) has
- * this num_keys too.
+ * The request's num_keys, not kept: msg_len is the type's formula of
+ * num_tables, num_keys and value_len, which the entry keeps.
  */
 static inline uint32_t
 entry_num_keys(const struct state_entry *e)

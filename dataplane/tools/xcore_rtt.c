@@ -4,13 +4,11 @@
  *
  *   build/xcore-rtt [CPU_A CPU_B [ROUND_TRIPS]]     (default 0 1 200000)
  *
- * Two threads pinned to the two CPUs hand a counter back and forth through
- * one cache line; prints the mean round trip ("xcore_rtt_ns 123.4"). This
- * is the price of every cache line the card's RX and TX lcores pass each
- * other (mbufs, frame headers, ring slots), and on a VM it depends on where
- * the host runs the two vCPUs at that moment, so the benchmark records it
- * next to each pipeline measurement (testbed/bench_dataplane.py).
- * No DPDK: plain pthreads.
+ * Two pinned threads hand a counter back and forth through one cache line;
+ * prints the mean round trip ("xcore_rtt_ns 123.4"): the price of every
+ * line the card's RX and TX lcores pass each other, which on a VM varies
+ * with where the host runs the vCPUs, so the benchmark records it next to
+ * each pipeline measurement. No DPDK: plain pthreads.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
