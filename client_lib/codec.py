@@ -378,11 +378,6 @@ def nack_body(held) -> bytes:
     return np.packbits(bits, bitorder="little").tobytes()
 
 
-def nack_held(body: bytes | memoryview, frag_count: int) -> np.ndarray:
-    """An UPDATE_NACK body → bool (frag_count,): which fragments of the update the shard holds."""
-    return np.unpackbits(np.frombuffer(body, np.uint8, consts.NACK_LEN), bitorder="little")[:frag_count].astype(bool)
-
-
 def body_to_size_entries(body: bytes | memoryview, num_entries: int) -> np.ndarray:
     """SIZE_REQ body → :data:`SIZE_ENTRY_DTYPE` (E,) view."""
     return np.frombuffer(body, dtype=SIZE_ENTRY_DTYPE, count=num_entries)

@@ -53,23 +53,6 @@ def shard_of(cfg: ClusterConfig, table_id: int, keys: np.ndarray) -> np.ndarray:
     return ids[shard_index_of(cfg, table_id, keys)]
 
 
-def owned_keys(cfg: ClusterConfig, table_id: int, shard_id: int) -> np.ndarray:
-    """Sorted uint64 array of every key of ``table_id`` that ``shard_id`` owns.
-
-    Materialises ``rows`` ids of the table (8 bytes each) to test them; for very large tables
-    prefer :func:`owns` on the keys at hand.
-
-    Raises:
-        ValueError: the table has no ``rows`` (its ids are all of uint64: use :func:`owns`).
-    """
-    rows = cfg.table(table_id).rows
-    if rows is None:
-        raise ValueError(f"table {table_id} has no rows bound (any uint64 id): list its keys with owns() "
-                         "on the ids at hand")
-    keys = np.arange(rows, dtype=np.uint64)
-    return keys[shard_of(cfg, table_id, keys) == shard_id]
-
-
 def owns(cfg: ClusterConfig, table_id: int, shard_id: int, keys: np.ndarray) -> np.ndarray:
     """bool (N,): whether ``shard_id`` owns each key of ``table_id``."""
     return shard_of(cfg, table_id, keys) == shard_id

@@ -1,13 +1,15 @@
 """What of the client library only tests use: encoders and decoders of the codec (the production
 paths build frames in C, client_lib/csrc/) — a SIZE_REQ, a one-table UPDATE_REQ, a body's keys or
-rows — and the C plan of a round without its checks (:func:`c_plan`). Not a test file;
-tests/conftest.py puts this folder on ``sys.path``.
+rows, an UPDATE_NACK's bitmap —, every key of a table a shard owns (:func:`owned_keys`) and the C
+plan of a round without its checks (:func:`c_plan`). Not a test file; tests/conftest.py puts this
+folder on ``sys.path``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from embnic.client_lib import codec, consts, native
+from embnic.client_lib import codec, consts, native, routing
+from embnic.client_lib.config import ClusterConfig
 from embnic.client_lib.consts import DType, MsgType
 from embnic.client_lib.roundplan import RoundPlan, TableArrays
 
@@ -72,3 +74,25 @@ def c_plan(ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarray, 
         raise ValueError("the C plan refused the round")
     p.tix = np.ascontiguousarray(tix, np.int64)
     return p
+
+
+def nack_held(body: bytes | memoryview, frag_count: int) -> np.ndarray:
+    """An UPDATE_NACK body → bool (frag_count,): which fragments of the update the shard holds."""
+    return np.unpackbits(np.frombuffer(body, np.uint8, consts.NACK_LEN), bitorder="little")[:frag_count].astype(bool)
+
+
+def owned_keys(cfg: ClusterConfig, table_id: int, shard_id: int) -> np.ndarray:
+    """Sorted uint64 array of every key of ``table_id`` that ``shard_id`` owns.
+
+    Materialises ``rows`` ids of the table (8 bytes each) to test them; for very large tables
+    prefer :func:`~embnic.client_lib.routing.owns` on the keys at hand.
+
+    Raises:
+        ValueError: the table has no ``rows`` (its ids are all of uint64).
+    """
+    rows = cfg.table(table_id).rows
+    if rows is None:
+        raise ValueError(f"table {table_id} has no rows bound (any uint64 id): list its keys with owns() "
+                         "on the ids at hand")
+    keys = np.arange(rows, dtype=np.uint64)
+    return keys[routing.shard_of(cfg, table_id, keys) == shard_id]

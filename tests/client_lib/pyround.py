@@ -500,7 +500,7 @@ class PyRoundClient(EmbeddingClient):
         if h.num_keys != m.num_keys or h.value_len != m.value_len or len(msg.body) != consts.NACK_LEN:
             self._stats.drops["mismatched_reply"] += 1
             return
-        held = codec.nack_held(msg.body, len(m.frames))
+        held = clientref.nack_held(msg.body, len(m.frames))
         missing = [f for f, have in zip(m.frames, held.tolist()) if not have]
         self._stats.nacks += 1
         if missing:

@@ -5,8 +5,9 @@ Run alone: python3 -m pytest -q tests/client_lib/test_routing.py
 import numpy as np
 
 from embnic.client_lib.config import parse_config
-from embnic.client_lib.routing import owned_keys, shard_of
+from embnic.client_lib.routing import shard_of
 
+from clientref import owned_keys
 from pyplan import split_by_shard
 
 

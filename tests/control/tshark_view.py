@@ -229,7 +229,7 @@ def expected_body(h: codec.Header, payload: bytes, st: dict) -> dict:
         entries = codec.body_to_size_entries(body, n)
         run("entry", 0, n, consts.SIZE_ENTRY, lambda i: entries[i])
     elif t == MsgType.UPDATE_NACK and lo == 0 and hi >= consts.NACK_LEN:
-        held = codec.nack_held(body, consts.MAX_FRAGS)
+        held = clientref.nack_held(body, consts.MAX_FRAGS)
         want["held.fragment"] = [int(i) for i in np.flatnonzero(held)]
         if st["msg"] is not None:
             fc = st["msg"]["h"].frag_count

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from embnic.client_lib import codec, routing
+from embnic.client_lib import codec
 from embnic.client_lib.config import load_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.rowstore import TableShard
@@ -22,6 +22,7 @@ from embnic.testbed.server import durability as D
 from embnic.testbed.server.runner import ServerThread
 from embnic.testbed.server.shard_state import ShardState
 
+import clientref
 from reference_shard import engine_kw
 from test_server import Raw, make_cfg, multi_update_frames
 from test_server_engine import _comparable, build_stream, run_stream
@@ -35,7 +36,7 @@ def _updates(cfg, n, seed=0, keys_per=50):
     for m in range(1, n + 1):
         parts = []
         for t in ([cfg.tables[m % len(cfg.tables)]] + ([cfg.tables[(m + 1) % len(cfg.tables)]] if m % 2 else [])):
-            own = routing.owned_keys(cfg, t.id, 0)
+            own = clientref.owned_keys(cfg, t.id, 0)
             k = np.sort(rng.choice(own[:200], size=min(keys_per, own[:200].size), replace=False)).astype(np.uint64)
             parts.append((t.id, k, rng.standard_normal((k.size, t.dim)).astype(np.float32)))
         out.append((parts, m))

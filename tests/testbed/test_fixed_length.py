@@ -126,7 +126,7 @@ def test_size_req_checked_and_data_must_match_the_announcement(engine):
                 h = ask(clientref.encode_size(msg_id=900 + i, client_id=1, shard_id=0,
                                           entries=_entries((80, lk, 0, 1, 1, 24), bad)))
                 assert (h.msg_type, h.status) == (MsgType.ERROR, Status.MALFORMED), bad
-            k0 = routing.owned_keys(cfg, 4, 0)[:3]
+            k0 = clientref.owned_keys(cfg, 4, 0)[:3]
             k1 = np.array([k for k in range(5000) if routing.owns(cfg, 0, 0, np.array([k], np.uint64))[0]][:2],
                           np.uint64)
             ok_lookup = multi_lookup_frames(cfg, [(4, k0), (0, k1)], 81)

@@ -93,7 +93,7 @@ def shard0(request):
 
 
 def owned_keys(cfg, table_id, shard_id, n, rng):
-    keys = routing.owned_keys(cfg, table_id, shard_id)
+    keys = clientref.owned_keys(cfg, table_id, shard_id)
     return np.sort(rng.choice(keys, size=n, replace=False)).astype(np.uint64)
 
 
@@ -157,7 +157,7 @@ def reply_rows(cfg, m, parts):
 def probe(raw, cfg, msg_id=999_999):
     """Send a valid lookup and return the next reply: proves the server is alive and, since
     replies come back in order, that nothing was answered to what was sent before."""
-    keys = routing.owned_keys(cfg, 0, 0)[:1]
+    keys = clientref.owned_keys(cfg, 0, 0)[:1]
     raw.send(lookup_frames(cfg, 0, keys, msg_id))
     return raw.recv()
 
@@ -263,7 +263,7 @@ def test_poll_of_an_incomplete_update_is_answered_with_the_fragments_held(shard0
     raw.send(retrans[-1:])
     nack = raw.recv()
     assert nack.header.msg_type == MsgType.UPDATE_NACK and nack.header.msg_id == 7 and len(nack.body) == 32
-    assert np.flatnonzero(~codec.nack_held(nack.body, n)).tolist() == [1, 4]
+    assert np.flatnonzero(~clientref.nack_held(nack.body, n)).tolist() == [1, 4]
     raw.send([retrans[1], retrans[4]])
     ack = raw.recv()
     assert ack.header.msg_type == MsgType.UPDATE_ACK and ack.header.msg_id == 7
@@ -290,7 +290,7 @@ def test_poll_of_an_update_never_seen_names_only_itself(shard0):
     raw.send(retrans[-1:])
     nack = raw.recv()
     assert nack.header.msg_type == MsgType.UPDATE_NACK
-    assert np.flatnonzero(codec.nack_held(nack.body, len(retrans))).tolist() == [len(retrans) - 1]
+    assert np.flatnonzero(clientref.nack_held(nack.body, len(retrans))).tolist() == [len(retrans) - 1]
     raw.send(retrans[:-1])
     assert raw.recv().header.msg_type == MsgType.UPDATE_ACK
     assert st_.counters()["updates_applied"] == 1
@@ -323,7 +323,7 @@ def test_duplicate_update_is_reacked_not_reapplied(shard0):
 
 def test_same_ids_different_body_is_a_new_update(shard0):
     cfg, st_, raw = shard0
-    keys = routing.owned_keys(cfg, 0, 0)[:4]
+    keys = clientref.owned_keys(cfg, 0, 0)[:4]
     g = np.ones((4, 8), np.float32)
     raw.send(update_frames(cfg, 0, keys, g, msg_id=1))
     raw.recv()
@@ -340,7 +340,7 @@ def test_dedup_window_is_bounded():
     cfg = make_cfg()
     with ServerThread(cfg, 0, dedup_window=2) as st_:
         raw = Raw(st_.address)
-        keys = routing.owned_keys(cfg, 0, 0)[:2]
+        keys = clientref.owned_keys(cfg, 0, 0)[:2]
         g = np.ones((2, 8), np.float32)
         for mid in (1, 2, 3, 1):  # 1 has left the 2-entry window when it comes again
             raw.send(update_frames(cfg, 0, keys, g, msg_id=mid))
@@ -364,10 +364,10 @@ def test_error_statuses(shard0):
     """Every refusal answered with one ERROR: its status, and ``table_id`` naming the table (the
     whole message's faults: ``NO_TABLE``)."""
     cfg, st_, raw = shard0
-    mine = routing.owned_keys(cfg, 0, 0)
-    theirs = routing.owned_keys(cfg, 0, 1)
+    mine = clientref.owned_keys(cfg, 0, 0)
+    theirs = clientref.owned_keys(cfg, 0, 1)
     g2 = np.ones((2, 8), np.float32)
-    fp16_inf = update_frames(cfg, 3, routing.owned_keys(cfg, 3, 0)[:1], np.full((1, 12), 1e5, np.float32), 111)
+    fp16_inf = update_frames(cfg, 3, clientref.owned_keys(cfg, 3, 0)[:1], np.full((1, 12), 1e5, np.float32), 111)
     NO = consts.NO_TABLE
     cases = [
         (lookup_frames(cfg, 0, mine[:2], 101, shard_id=1), Status.WRONG_SHARD, NO),
@@ -399,7 +399,7 @@ def test_one_bad_table_refuses_the_whole_message(shard0):
     directory order, and nothing of the message applied — the good tables' rows untouched
     (docs/protocol.md, "Errors")."""
     cfg, st_, raw = shard0
-    k0, k1, k3 = (routing.owned_keys(cfg, t, 0)[:5] for t in (0, 1, 3))
+    k0, k1, k3 = (clientref.owned_keys(cfg, t, 0)[:5] for t in (0, 1, 3))
     g = {0: np.ones((5, 8), np.float32), 1: np.ones((5, 16), np.float32), 3: np.ones((5, 12), np.float32)}
     bad_keys = np.r_[k1[:4], 5000].astype(np.uint64)  # table 1 has 5000 rows
     nan = g[3].copy()
@@ -417,7 +417,7 @@ def test_one_bad_table_refuses_the_whole_message(shard0):
         raw.send(multi_update_frames(cfg, parts, 300 + i, dims=dims))
         h = _err(raw)
         assert (h.status, h.table_id, h.msg_id, h.num_tables) == (status, table, 300 + i, len(parts))
-    raw.send(multi_lookup_frames(cfg, [(3, k3), (0, np.r_[k0[:2], routing.owned_keys(cfg, 0, 1)[:1]]), (1, bad_keys)],
+    raw.send(multi_lookup_frames(cfg, [(3, k3), (0, np.r_[k0[:2], clientref.owned_keys(cfg, 0, 1)[:1]]), (1, bad_keys)],
                                  310))
     h = _err(raw)
     assert (h.status, h.table_id) == (Status.NOT_OWNER, 0)
@@ -445,7 +445,7 @@ def test_directory_that_does_not_add_up_is_malformed(shard0):
     count or dim, an unknown dtype: ERROR MALFORMED, naming the table where the fault is one
     table's (``codec.parse_request_body``), nothing served."""
     cfg, st_, raw = shard0
-    k = routing.owned_keys(cfg, 0, 0)[:4].astype(np.uint64)
+    k = clientref.owned_keys(cfg, 0, 0)[:4].astype(np.uint64)
     d = codec.make_directory([0, 1], [8, 16], [1, 1], [2, 2])
     twice = codec.make_directory([0, 0], [8, 8], [1, 1], [2, 2])
     zero_dim = codec.make_directory([0, 1], [8, 0], [1, 1], [2, 2])
@@ -472,7 +472,7 @@ def test_directory_that_does_not_add_up_is_malformed(shard0):
 
 def test_multi_fragment_refusal_answered_once(shard0):
     cfg, st_, raw = shard0
-    keys = routing.owned_keys(cfg, 1, 0)[:300]
+    keys = clientref.owned_keys(cfg, 1, 0)[:300]
     frames = lookup_frames(cfg, 1, keys, 7, shard_id=1)  # wrong shard, 2 fragments
     assert len(frames) == 2
     raw.send(frames[::-1])
@@ -496,7 +496,7 @@ def test_client_sees_shard_error():
 # ---- malformed frames: counted, answered or dropped, server lives on -------------------------
 
 def _good_lookup(cfg):
-    return lookup_frames(cfg, 0, routing.owned_keys(cfg, 0, 0)[:2], 77)[0]
+    return lookup_frames(cfg, 0, clientref.owned_keys(cfg, 0, 0)[:2], 77)[0]
 
 
 def _mutate(frame, **fields):
@@ -547,7 +547,7 @@ def test_lookup_whose_reply_needs_over_256_fragments_refused():
     with ServerThread(cfg, 0) as st_:
         raw = Raw(st_.address)
         set_socket_buffers(raw.sock)  # a 366 KB reply arrives in one burst
-        keys = routing.owned_keys(cfg, 0, 0)
+        keys = clientref.owned_keys(cfg, 0, 0)
         raw.send(lookup_frames(cfg, 0, keys[:cap + 1], 5))
         h = _err(raw)
         assert (h.status, h.table_id) == (Status.MALFORMED, consts.NO_TABLE)
@@ -580,7 +580,7 @@ def test_oversized_request_dropped_before_buffering():
     cfg = make_cfg()
     with ServerThread(cfg, 0, max_msg_bytes=1000) as st_:
         raw = Raw(st_.address)
-        keys = routing.owned_keys(cfg, 0, 0)[:200]  # 1600 bytes of keys
+        keys = clientref.owned_keys(cfg, 0, 0)[:200]  # 1600 bytes of keys
         raw.send(lookup_frames(cfg, 0, keys, 3))
         h = _err(raw)
         assert h.status == Status.MALFORMED
@@ -619,15 +619,15 @@ def test_fuzz_handle_datagram_never_raises(data):
 
 _FUZZ_CFG = make_cfg()
 _FUZZ_SERVER = ReferenceShard(_FUZZ_CFG, 0, port=0)  # never started: replies go nowhere
-_FUZZ_FRAMES = (lookup_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:3], 1)
-                + update_frames(_FUZZ_CFG, 0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:40],
+_FUZZ_FRAMES = (lookup_frames(_FUZZ_CFG, 0, clientref.owned_keys(_FUZZ_CFG, 0, 0)[:3], 1)
+                + update_frames(_FUZZ_CFG, 0, clientref.owned_keys(_FUZZ_CFG, 0, 0)[:40],
                                 np.ones((40, 8), np.float32), 2)
-                + update_frames(_FUZZ_CFG, 3, routing.owned_keys(_FUZZ_CFG, 3, 0)[:5],
+                + update_frames(_FUZZ_CFG, 3, clientref.owned_keys(_FUZZ_CFG, 3, 0)[:5],
                                 np.ones((5, 12), np.float32), 3)
-                + multi_update_frames(_FUZZ_CFG, [(1, routing.owned_keys(_FUZZ_CFG, 1, 0)[:3], np.ones((3, 16))),
-                                                  (0, routing.owned_keys(_FUZZ_CFG, 0, 0)[:2], np.ones((2, 8)))], 4)
-                + multi_lookup_frames(_FUZZ_CFG, [(3, routing.owned_keys(_FUZZ_CFG, 3, 0)[:2]),
-                                                  (1, routing.owned_keys(_FUZZ_CFG, 1, 0)[:30])], 5))
+                + multi_update_frames(_FUZZ_CFG, [(1, clientref.owned_keys(_FUZZ_CFG, 1, 0)[:3], np.ones((3, 16))),
+                                                  (0, clientref.owned_keys(_FUZZ_CFG, 0, 0)[:2], np.ones((2, 8)))], 4)
+                + multi_lookup_frames(_FUZZ_CFG, [(3, clientref.owned_keys(_FUZZ_CFG, 3, 0)[:2]),
+                                                  (1, clientref.owned_keys(_FUZZ_CFG, 1, 0)[:30])], 5))
 
 
 # ---- the command -----------------------------------------------------------------------------
@@ -703,7 +703,7 @@ def test_cli_serves_and_stops_cleanly(tmp_path, sig):
                             "shards": [{"id": 0, "ip": "127.0.0.1", "port": int(m.group(1))},
                                        {"id": 3, "ip": "127.0.0.1", "port": 17883}],
                             "clients": [{"id": 1, "ip": "127.0.0.1"}]})
-        keys = routing.owned_keys(cfg, 0, 0)[:5]
+        keys = clientref.owned_keys(cfg, 0, 0)[:5]
         raw = Raw(("127.0.0.1", int(m.group(1))))
         raw.send([b"garbage"])
         raw.send(lookup_frames(cfg, 0, keys, 1))
@@ -772,7 +772,7 @@ def test_client_empty_requests_and_a_shard_without_ids():
     the other shard without a message."""
     cfg = make_cfg(2)
     ref = LocalBackend(cfg)
-    one_shard = routing.owned_keys(cfg, 0, 1)[:5]
+    one_shard = clientref.owned_keys(cfg, 0, 1)[:5]
     with ServerCluster(cfg) as cl, EmbeddingClient(cl.cfg, 1, bind=("127.0.0.1", 0)) as c:
         got = c.lookup({0: np.empty(0, np.uint64), 1: []})
         assert got[0].shape == (0, 8) and got[1].shape == (0, 16) and c.stats.messages_sent == 0
@@ -833,7 +833,7 @@ def test_table_fault_equals_the_per_table_rule(sharding, shards):
             if rng.random() < 0.03:
                 dt = 3 - dt
             n = int(rng.integers(1, 30))
-            pool = routing.owned_keys(cfg, tid, 0) if t is not None and t.rows is not None else []
+            pool = clientref.owned_keys(cfg, tid, 0) if t is not None and t.rows is not None else []
             if len(pool) == 0 or rng.random() < 0.1:
                 pool = rng.integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True)
             keys = np.sort(rng.choice(pool, min(n, pool.size), replace=False)).astype(np.uint64)
@@ -905,7 +905,7 @@ def test_update_poll_nack_and_ack(shard0):
     m = raw.recv()
     assert (m.header.msg_type, m.header.msg_id, m.header.num_tables, m.header.num_keys) == \
         (MsgType.UPDATE_NACK, 500, 2, 180)
-    held = codec.nack_held(m.body, n)
+    held = clientref.nack_held(m.body, n)
     assert held.tolist() == [i not in (1, 3) for i in range(n)]
     raw.send([_retransmit(fr[1]), _retransmit(fr[3])])  # exactly the others
     a = raw.recv()
@@ -918,7 +918,7 @@ def test_update_poll_nack_and_ack(shard0):
     raw.send([_retransmit(fr2[-1])])
     m = raw.recv()
     assert m.header.msg_type == MsgType.UPDATE_NACK
-    assert np.flatnonzero(codec.nack_held(m.body, len(fr2))).tolist() == [len(fr2) - 1]
+    assert np.flatnonzero(clientref.nack_held(m.body, len(fr2))).tolist() == [len(fr2) - 1]
     # a refused update: ERROR, and a poll finds it not applied (NACK: only the poll held)
     bad = [(0, parts[0][1], np.where(np.arange(120)[:, None] == 7, np.nan, parts[0][2]).astype(np.float32))]
     fr3 = multi_update_frames(cfg, bad, 502)

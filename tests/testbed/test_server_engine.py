@@ -15,7 +15,7 @@ import socket
 import numpy as np
 import pytest
 
-from embnic.client_lib import codec, consts, routing
+from embnic.client_lib import codec, consts
 from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.consts import MsgType
 from embnic.client_lib.config import parse_config
@@ -27,6 +27,7 @@ from embnic.testbed.server.engine import BatchShardServer
 from embnic.testbed.server.runner import ServerThread
 from embnic.testbed.server.shard_state import ShardState
 
+import clientref
 from reference_shard import engine_kw
 from shard_oracle import NumpyAnswer
 
@@ -65,8 +66,8 @@ def build_stream(cfg, seed):
     pyr = random.Random(seed)
     out = []
     mid = {1: 1, 2: 1}
-    mine = {t.id: routing.owned_keys(cfg, t.id, 0) for t in cfg.tables}
-    theirs = {t.id: routing.owned_keys(cfg, t.id, 1) for t in cfg.tables}
+    mine = {t.id: clientref.owned_keys(cfg, t.id, 0) for t in cfg.tables}
+    theirs = {t.id: clientref.owned_keys(cfg, t.id, 1) for t in cfg.tables}
     for step in range(90):
         c = 1 + step % 2
         nt = int(rng.choice([1, 1, 2, 3]))
@@ -156,7 +157,7 @@ def run_stream(cfg, engine, stream, **kw):
         try:
             for c, f in stream:
                 socks[c].sendto(f, st.address)
-            key = routing.owned_keys(cfg, 0, 0)[:1]
+            key = clientref.owned_keys(cfg, 0, 0)[:1]
             got = {}
             for c, s in socks.items():
                 s.sendto(lookup_frames(cfg, 0, key, PROBE_ID, client_id=c)[0], st.address)
@@ -229,12 +230,12 @@ def _frames_for_checks(cfg, rng):
     """Requests of every kind and size for shard 0, each also mutated in one header byte,
     shortened or left whole: (list of frames)."""
     out = []
-    mine = routing.owned_keys(cfg, 0, 0)
+    mine = clientref.owned_keys(cfg, 0, 0)
     for i in range(60):
         t = cfg.tables[i % len(cfg.tables)]
-        keys = np.sort(rng.choice(routing.owned_keys(cfg, t.id, 0), int(rng.choice([1, 5, 300])), replace=False))
+        keys = np.sort(rng.choice(clientref.owned_keys(cfg, t.id, 0), int(rng.choice([1, 5, 300])), replace=False))
         t2 = cfg.tables[(i + 1) % len(cfg.tables)]
-        k2 = routing.owned_keys(cfg, t2.id, 0)[:int(rng.choice([1, 40]))]
+        k2 = clientref.owned_keys(cfg, t2.id, 0)[:int(rng.choice([1, 40]))]
         if i % 2:
             fr = multi_lookup_frames(cfg, [(t.id, keys.astype(np.uint64))] + ([(t2.id, k2)] if i % 3 else []), 10 + i,
                                      client_id=1 + i % 2)
@@ -304,8 +305,8 @@ def build_lookup_stream(cfg, seed, n=160):
     other frame), every 40th a lookup of thousands of keys of every table, a refused lookup (unknown table, wrong dim or dtype, a key out of range,
     another shard's key, a table twice in the directory), a duplicate, a retransmission."""
     rng = np.random.default_rng(seed)
-    mine = {t.id: routing.owned_keys(cfg, t.id, 0) for t in cfg.tables}
-    theirs = {t.id: routing.owned_keys(cfg, t.id, 1) for t in cfg.tables}
+    mine = {t.id: clientref.owned_keys(cfg, t.id, 0) for t in cfg.tables}
+    theirs = {t.id: clientref.owned_keys(cfg, t.id, 1) for t in cfg.tables}
     out = []
     for m in range(1, n + 1):
         c = 1 + m % 2
@@ -553,7 +554,7 @@ def test_batch_engine_equals_local_backend_when_updates_share_a_wakeup():
     cfg = make_cfg(1)
     ref = LocalBackend(cfg)
     rng = np.random.default_rng(4)
-    keys = routing.owned_keys(cfg, 0, 0)[:300]
+    keys = clientref.owned_keys(cfg, 0, 0)[:300]
     stream = []
     for m in range(1, 13):
         k = np.sort(rng.choice(keys, 100, replace=False)).astype(np.uint64)
@@ -841,7 +842,7 @@ def test_shard_refuses_exactly_the_gradients_local_backend_refuses(engine, kw):
     cfg = make_cfg(1, tables=REFUSAL_TABLES)
     ref = LocalBackend(cfg)
     rng = np.random.default_rng(5)
-    own = {t.id: routing.owned_keys(cfg, t.id, 0)[:40] for t in cfg.tables}
+    own = {t.id: clientref.owned_keys(cfg, t.id, 0)[:40] for t in cfg.tables}
     big = np.float32(1e20)
     cases = []  # (table, gradient, refused?)
     for tid, dim in ((0, 8), (1, 4), (3, 12)):
@@ -923,7 +924,7 @@ def _lossy_exchange(addr, msgs, rng, *, want, loss=0.3, dup=0.1, reorder=0.2, ma
                 h = codec.parse_header(data, expect="reply")
                 if nack and h.msg_type == MsgType.UPDATE_NACK:
                     nacks += 1
-                    held = codec.nack_held(data[consts.HDR_LEN:], len(msgs[h.msg_id]))
+                    held = clientref.nack_held(data[consts.HDR_LEN:], len(msgs[h.msg_id]))
                     assert held[-1]  # the poll it answers is held
                     send([_rt(f) for f, have in zip(msgs[h.msg_id], held.tolist()) if not have])
                     continue
@@ -940,7 +941,7 @@ def _lossy_waves(cfg, seed, shard=0):
     """3 waves of 8 update messages of 2-3 tables each (≤ 4 fragments), keys disjoint within a
     wave and overlapping across waves: ``[[(msg_id, parts), ...], ...]``."""
     rng = np.random.default_rng(seed)
-    pools = {t.id: routing.owned_keys(cfg, t.id, shard)[:400] if t.rows else
+    pools = {t.id: clientref.owned_keys(cfg, t.id, shard)[:400] if t.rows else
              np.sort(rng.choice(2**62, 400, replace=False)).astype(np.uint64) for t in cfg.tables}
     waves, mid = [], 0x10000
     for _ in range(3):
