@@ -321,25 +321,13 @@ class RowStore:
         cn = c[new]
         ln = li if np.ndim(li) == 0 else li[new]
         k = new.size
-        slots = np.arange(self._n, self._n + k, dtype=np.int64)
-        if self.uniform:
-            self._grow(self._n + k)
-            self._rows[self._n:self._n + k] = self._init(ln, keys[new])
-        else:
-            dims = np.full(k, int(self.tdim[ln]), np.int64) if np.ndim(ln) == 0 else self.tdim[ln]
-            e = int(dims.sum())
-            self._grow(self._n + k, self._e + e)
-            self._off[self._n:self._n + k] = self._e + exclusive_cumsum(dims)
-            lnn = np.full(k, ln, np.int64) if np.ndim(ln) == 0 else ln
-            self._vals[self._e:self._e + e] = self._init_flat(lnn, keys[new], dims)
-            self._e += e
-        if self._acc.size:
-            self._acc[self._n:self._n + k] = 0
+        dims = np.full(k, int(self.tdim[ln]), np.int64) if np.ndim(ln) == 0 else self.tdim[ln]
+        slots = self._append(self._init(ln, keys[new]) if self.uniform else
+                             self._init_flat(np.broadcast_to(ln, (k,)), keys[new], dims), dims, 0)
         if self.multi:
             self.trows += np.bincount(np.broadcast_to(ln, (k,)), minlength=self.trows.size)
         else:
             self.trows[0] += k
-        self._n += k
         ins = np.searchsorted(self._dck, cn)
         self._dck = np.insert(self._dck, ins, cn)
         self._dcs = np.insert(self._dcs, ins, slots)
@@ -350,6 +338,24 @@ class RowStore:
         self.version += 1
         slot[new] = slots
         return slot
+
+    def _append(self, rows: np.ndarray, dims: np.ndarray, acc) -> np.ndarray:
+        """Append rows of ``dims`` (int64 (k,)) — float32 (k, D) when :attr:`uniform`, else flat
+        (Σ dims,) — with accumulators ``acc`` to the arena; returns their slots int64 (k,)."""
+        n, k = self._n, dims.size
+        if self.uniform:
+            self._grow(n + k)
+            self._rows[n:n + k] = rows
+        else:
+            e = int(dims.sum())
+            self._grow(n + k, self._e + e)
+            self._off[n:n + k] = self._e + exclusive_cumsum(dims)
+            self._vals[self._e:self._e + e] = rows
+            self._e += e
+        if self._acc.size:
+            self._acc[n:n + k] = acc
+        self._n += k
+        return np.arange(n, n + k, dtype=np.int64)
 
     def _merge(self) -> None:
         """Fold the delta index into the main one: one O(M + D) pass per M/8 new rows."""
@@ -548,19 +554,8 @@ class RowStore:
         self._drop(li)
         if k.size == 0:
             return
-        n = self._n
-        slots = np.arange(n, n + k.size, dtype=np.int64)
-        if self.uniform:
-            self._grow(n + k.size)
-            self._rows[n:n + k.size] = r
-        else:
-            self._grow(n + k.size, self._e + k.size * dim)
-            self._off[n:n + k.size] = self._e + dim * np.arange(k.size)
-            self._vals[self._e:self._e + k.size * dim] = np.asarray(r, np.float32).reshape(-1)
-            self._e += k.size * dim
-        if self._acc.size:
-            self._acc[n:n + k.size] = a if self.tadagrad[li] else 0
-        self._n += k.size
+        slots = self._append(r if self.uniform else np.asarray(r, np.float32).reshape(-1),
+                             np.full(k.size, dim, np.int64), a if self.tadagrad[li] else 0)
         self.trows[li] = k.size
         c = self.composite(li, k)
         order = np.argsort(c, kind="stable")
