@@ -164,11 +164,8 @@ embnic_counters_reset(struct embnic_app *app)
 				 __ATOMIC_RELAXED);
 }
 
-/*
- * One partition of the map in list "by_partition": its index, state lcore,
- * entries and capacity, and the messages it completed and expired since
- * the card started (a reset_counters does not zero these).
- */
+/* One partition of the map in list "by_partition" (its completed and
+ * expired counts since the card started: reset_counters keeps them). */
 static void
 partition_emit(const struct embnic_app *app, unsigned int k,
 	       const struct embnic_emit *e)
@@ -194,12 +191,8 @@ partition_emit(const struct embnic_app *app, unsigned int k,
 	e->u64(e->ctx, "expired_since_start", expired);
 }
 
-/*
- * The state map summary (summed over its partitions) into the current
- * record: entries, partitions, capacity, overflow, expired, and with
- * by_state (a scan of the map; top level only) the count per state in
- * record "by_state" and one record per partition in list "by_partition".
- */
+/* The state map summary into the current record; with by_state (a scan
+ * of the map; top level only) also records by_state and by_partition. */
 static void
 state_emit(const struct embnic_app *app, const struct embnic_totals *t,
 	   bool by_state, const struct embnic_emit *e)

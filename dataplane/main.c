@@ -229,11 +229,9 @@ worker_of(struct embnic_app *a, unsigned int lc)
 }
 
 /*
- * RX and state lcore w on one lcore (run to completion; with several state
- * lcores, the main lcore's partition): each port's burst is taken off the
- * header ring before the next port is read, so the ports together never
- * fill the ring with this lcore's own frames (ring_full), however many
- * ports deliver a burst at once. Returns frames handled.
+ * RX and state lcore w on one lcore: each port's burst is taken off the
+ * header ring before the next port is read (why: README, "Run").
+ * Returns frames handled.
  */
 static unsigned int
 run_to_completion(struct embnic_app *a, struct embnic_worker *w,

@@ -220,10 +220,8 @@ lookup_peers(struct embnic_table *t, const uint32_t *ids, unsigned int n,
 
 /*
  * Does the frame come from where peer p is: the card port it is behind,
- * and its MAC where the entry states one (a unicast, non-zero address; the
- * config refuses others, so every entry the CLI loads states one)? A frame
- * carrying a registered peer's IPv4 address and UDP port from another port
- * or MAC spoofs that peer (wrong_port).
+ * and its MAC where the entry states a unicast one? Else it spoofs the
+ * peer's address (wrong_port).
  */
 static inline bool
 from_peer(const struct tx_frame *d, const struct embnic_peer *p)
@@ -237,12 +235,10 @@ from_peer(const struct tx_frame *d, const struct embnic_peer *p)
 }
 
 /*
- * Who may send this frame and where it goes: a request needs its client
- * registered with the sender's IPv4 and UDP port, from the card port (and
- * MAC) the client is behind, then a route for its shard; a reply needs a
- * route for its shard whose server is the sender, from that server's card
- * port (and MAC), then its client registered. Returns 0 and sets *dst, or
- * a drop reason.
+ * Who may send this frame and where it goes: the sender (a request's
+ * client, a reply's shard) registered with the frame's IPv4 and UDP port,
+ * from its card port and MAC; then the receiver registered. Returns 0 and
+ * sets *dst, or a drop reason.
  */
 static inline int
 authorise(const struct tx_frame *d, const struct embnic_peer *client,
@@ -268,11 +264,9 @@ authorise(const struct tx_frame *d, const struct embnic_peer *client,
 }
 
 /*
- * The parse result of f->m: the meta the RX stage left in the mbuf, and the
- * header fields of the frame's first cache line read back (host order);
- * msg_len from the counts by the type's formula, which the RX stage checked
- * it against. frag_offset is not carried (0 here): the TX stage does not
- * use it.
+ * The parse result of f->m: the RX stage's meta, the rest read back from
+ * the frame's first cache line, msg_len by the type's formula (which the
+ * RX stage checked); frag_offset is not carried (unused here).
  */
 static inline void
 read_back(struct tx_frame *f, int meta_off)
@@ -338,11 +332,8 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		return;
 	for (p = 0; p < app->nb_ports; p++)
 		qs[p].n = 0;
-	/*
-	 * With the RX stage on another lcore all of this is in its cache:
-	 * fetch both mbuf lines (data address, meta; the PMD frees the mbuf
-	 * after TX), then each frame's first line, which is rewritten.
-	 */
+	/* from the RX lcore's cache: both mbuf lines (data address, meta),
+	 * then each frame's first line, which is rewritten */
 	for (i = 0; i < n; i++) {
 		rte_prefetch0(pkts[i]);
 		rte_prefetch0(RTE_PTR_ADD(pkts[i], RTE_CACHE_LINE_SIZE));
@@ -371,11 +362,8 @@ embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		res[i] = authorise(&fr[i], clients[j], routes[j], &dst[i]);
 		if (res[i] == 0 && unlikely(fr[i].info.frame_len >
 				app->ports[dst[i]->port].max_frame)) {
-			/*
-			 * Longer than the port sends: its PMD would drop it
-			 * inside tx_burst and report it sent. Dropped here,
-			 * before the state map counts it as passed.
-			 */
+			/* its PMD would drop it and report it sent:
+			 * dropped before the state map counts it */
 			res[i] = EMBNIC_DROP_TOO_LONG_FOR_PORT;
 			st->too_long[dst[i]->port]++;
 		}
