@@ -76,7 +76,7 @@ send_frags(struct ec_round *r, int i, const int *list, int n, int retransmit)
 		if (b > m->msg_len)
 			b = m->msg_len;
 		c->txh[k] = t;
-				c->txh[k].frag_offset = embnic_ntoh32((uint32_t)a);
+		c->txh[k].frag_offset = embnic_ntoh32((uint32_t)a);
 		c->txh[k].frag_index = embnic_ntoh16((uint16_t)f);
 		c->txh[k].frag_len = embnic_ntoh16((uint16_t)(b - a));
 		iov[0].iov_base = &c->txh[k];

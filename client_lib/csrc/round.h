@@ -8,21 +8,11 @@
  * of docs/protocol.md "Reliability" (RACK by transmission order, RFC 6298
  * timers with Karn's rule and backoff, tail probes, lookup repairs, update
  * polls answered by UPDATE_ACK or UPDATE_NACK) — called through ctypes by
- * client_lib/native.py. By job:
+ * client_lib/native.py; each file's header says its part.
  *
- *   context.c   the client context: settings, destinations, counters, the
- *               RTT estimators (RFC 6298)
- *   table.c     a round's message table: ids, the pending set, geometry,
- *               probe answers expected after their round
- *   frames.c    frames out (headers + iovecs, sendmmsg) and in (recvmmsg,
- *               checks, reply bytes to their rows, NACKs)
- *   recovery.c  the send window, tail probes, repairs, timers, RACK
- *   round.c     one round from start to end (embnic_client_round)
- *
- * tests/client_lib/pyround.py, the numpy transport this was written after,
- * is the test oracle: tests/client_lib/test_native_round.py runs both on
- * the same rounds and compares the frames they send and the arrays they
- * return, loss-free and under loss, duplication and reordering.
+ * tests/client_lib/pyround.py is the test oracle: test_native_round.py runs
+ * both on the same rounds and compares the frames they send and the arrays
+ * they return, loss-free and under loss, duplication and reordering.
  *
  * No allocation per frame: the round's message table grows only when a
  * repair or a tail probe adds a message; frames are built as iovecs over
