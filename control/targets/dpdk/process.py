@@ -363,8 +363,8 @@ def build_card(build_dir: str | os.PathLike | None = None, **make_vars: str) -> 
 
 class CardProcess:
     """``embnic-dp`` on the vdevs given, without a cluster config or state file: the card of the
-    benchmark and of the dataplane tests (:class:`~embnic.control.targets.dpdk.target.DpdkTarget` runs
-    the same :class:`DpdkProcess` from a config, with a state file).
+    benchmark and of the dataplane tests (a target's :class:`~embnic.control.targets.dpdk.target.DpdkCard`
+    runs the same :class:`DpdkProcess` from a config, with a state file).
 
     Args:
         binary: the embnic-dp executable.

@@ -114,7 +114,7 @@ class DpdkCard:
         ctl_path: control socket path (default: the state file's, else ``RUN_DIR/NAME.sock``).
         netns: run the card inside this network namespace (``ip netns exec``; needs root).
         name: pipeline instance name (state file ``RUN_DIR/NAME.json``, log ``RUN_DIR/NAME.log``).
-        run_dir: default ``EMBNIC_RUN_DIR`` or /run/embnic.
+        run_dir: the target's run directory (:attr:`Target.run_dir`).
         vdevs: ``--vdev`` specs, one DPDK port each in this order (``net_ring0``, ``net_null0``,
             ``net_af_packet0,iface=veth0``, ...).
         lcores: EAL lcore list (default ``card.lcores`` of the config, else ``0,1``).
