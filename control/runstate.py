@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 from embnic.control.errors import NeedsRootError, OperationalError, UsageError
@@ -168,3 +170,21 @@ def require_netns(name: str, option: str = "--netns") -> Path:
         raise UsageError(f"{option} {name!r}: no such network namespace: create it "
                          f"(ip netns add {name}) or drop {option}", param="netns")
     return path
+
+
+def terminate(proc: subprocess.Popen, timeout: float) -> tuple[bool, bool]:
+    """SIGTERM our child ``proc``, wait ``timeout`` s, SIGKILL it if it still runs.
+
+    Returns:
+        ``(was_running, killed)``.
+    """
+    if proc.poll() is not None:
+        return False, False
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+        return True, False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        return True, True

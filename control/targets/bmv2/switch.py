@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Iterable, Mapping, Sequence
 
 from embnic.control.targets import p4compiled
 from embnic.control.netns import Netns
+from embnic.control.runstate import terminate
 
 #: how to get each tool when it is missing (none is in Debian's or PyPI's archives): what it is,
 #: the version tested, and the section of the docs that points to its project's install docs
@@ -358,11 +358,5 @@ class SimpleSwitch:
         """Stop the switch (SIGTERM, then SIGKILL after ``timeout`` s); returns its exit status."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         return self.proc.returncode

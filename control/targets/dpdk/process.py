@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError
 from embnic.control.errors import NeedsRootError, OperationalError
 from embnic.control.netns import exec_argv
-from embnic.control.runstate import pid_matches, proc_starttime
+from embnic.control.runstate import pid_matches, proc_starttime, terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DATAPLANE = REPO_ROOT / "dataplane"
@@ -267,15 +267,7 @@ class DpdkProcess:
         res = {"pid": self.pid, "was_running": False, "killed": False, "exit": None}
         if self.proc is None:
             return res
-        if self.proc.poll() is None:
-            res["was_running"] = True
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                res["killed"] = True
-                self.proc.wait(10)
+        res["was_running"], res["killed"] = terminate(self.proc, timeout)
         res["exit"] = self.proc.returncode
         if not self._runtime_was_there:
             remove_runtime_dir(self.prefix)
