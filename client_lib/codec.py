@@ -179,32 +179,15 @@ def encode_message(
     if count > consts.MAX_FRAGS:
         raise ValueError(f"message of {msg_len} bytes needs {count} fragments at MTU {mtu} "
                          f"(max {consts.MAX_FRAGS}): split it into several messages")
+    hdr = _HDR.pack(consts.MAGIC, consts.VERSION, msg_type, flags, 0, status, msg_id, client_id, shard_id,
+                    num_tables, table_id, num_keys, value_len, msg_len, 0, 0, count, min(msg_len, p), 0)
     if count == 1:
-        return [_HDR.pack(consts.MAGIC, consts.VERSION, msg_type, flags, 0, status, msg_id, client_id,
-                          shard_id, num_tables, table_id, num_keys, value_len, msg_len, 0, 0, 1, msg_len, 0)
-                + body]
-    hdrs = np.zeros(count, HEADER_DTYPE)
-    hdrs["magic"] = consts.MAGIC
-    hdrs["version"] = consts.VERSION
-    hdrs["msg_type"] = msg_type
-    hdrs["flags"] = flags
-    hdrs["status"] = status
-    hdrs["msg_id"] = msg_id
-    hdrs["client_id"] = client_id
-    hdrs["shard_id"] = shard_id
-    hdrs["num_tables"] = num_tables
-    hdrs["table_id"] = table_id
-    hdrs["num_keys"] = num_keys
-    hdrs["value_len"] = value_len
-    hdrs["msg_len"] = msg_len
+        return [hdr + body]
+    hdrs = np.frombuffer(bytearray(hdr * count), HEADER_DTYPE)  # fragment 0's header, then each one's fields
     idx = np.arange(count, dtype=np.int64)
-    offs = idx * p
-    hdrs["frag_offset"] = offs
+    hdrs["frag_offset"] = idx * p
     hdrs["frag_index"] = idx
-    hdrs["frag_count"] = count
-    lens = np.full(count, p, dtype=np.int64)
-    lens[-1] = msg_len - offs[-1]
-    hdrs["frag_len"] = lens
+    hdrs["frag_len"][-1] = msg_len - (count - 1) * p
     hb = hdrs.tobytes()
     H = consts.HDR_LEN
     return [hb[i * H:(i + 1) * H] + body[i * p:i * p + p] for i in range(count)]
