@@ -208,15 +208,10 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
           rdir: Path | None = None, ready_timeout: float = 10.0, strict_delay: bool = False) -> dict:
     """Impair links of running testbed ``name``.
 
-    Semantics: without ``links`` every link gets ``imp`` (whatever each had before); with
-    ``links`` only those links get it, replacing only their own earlier impairment — the other
-    links keep theirs. An all-zero ``imp`` removes the impairment of the chosen links
-    (:func:`clear`).
-
-    Everything is checked before anything is changed (link names, backend, kernel netem,
-    interface name lengths), so a call that fails on them leaves the impairment as it was. If
-    setting up a link fails later (a helper that does not start), the chosen links get their
-    earlier impairment back before the error is raised.
+    Per link (docs/testbed.md): ``links`` (default every link) get ``imp`` in place of their own
+    earlier impairment, the other links keep theirs; an all-zero ``imp`` is :func:`clear`. Every
+    argument is checked before anything changes; a link whose setup fails later gets its earlier
+    impairment back before the error is raised.
 
     Args:
         imp: the impairment.

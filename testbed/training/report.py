@@ -161,9 +161,7 @@ class Progress:
 
     def update(self, n: int = 1, **postfix) -> None:
         if self.bar is not None:
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
-            self.bar.update(n)
+            self.set(self.bar.n + n, **postfix)
 
     def set(self, value: int, **postfix) -> None:
         """Move the bar to ``value``."""
