@@ -97,13 +97,15 @@ def plain_arrays(mapping, keys_of):
     dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
     if len(dt) > 1 or dt.pop() not in _FAST_DTYPES:
         return None
-    counts = np.fromiter(map(len, ks), np.int64, len(ks))
-    keys = np.concatenate(ks)
-    if keys.dtype != np.uint64:
-        if keys.size and int(keys.min()) < 0:
-            return None
-        keys = keys.view(np.uint64)
-    return tids, counts, keys
+    keys = _u64_view(np.concatenate(ks))
+    return None if keys is None else (tids, np.fromiter(map(len, ks), np.int64, len(ks)), keys)
+
+
+def _u64_view(k: np.ndarray) -> np.ndarray | None:
+    """uint64 or int64 keys ``k`` as uint64, no copy; None when an int64 key is negative."""
+    if k.dtype == np.uint64:
+        return k
+    return None if k.size and int(k.min()) < 0 else k.view(np.uint64)
 
 
 def plain_jagged(table_ids, counts, keys):
@@ -114,11 +116,9 @@ def plain_jagged(table_ids, counts, keys):
     if (t.dtype.kind not in "iu" or c.dtype.kind not in "iu" or t.ndim != 1 or c.shape != t.shape or k.ndim != 1
             or k.dtype not in _FAST_DTYPES or int(c.sum()) != k.size):
         return None
-    if k.dtype != np.uint64:
-        if k.size and int(k.min()) < 0:
-            return None
-        k = k.view(np.uint64)
-    return (np.ascontiguousarray(t, np.int64), np.ascontiguousarray(c, np.int64), np.ascontiguousarray(k))
+    k = _u64_view(k)
+    return None if k is None else (np.ascontiguousarray(t, np.int64), np.ascontiguousarray(c, np.int64),
+                                   np.ascontiguousarray(k))
 
 
 def plain_grads(gs: list):
@@ -152,10 +152,9 @@ def _checked(ta, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, di
     tix = ta.index(table_ids)
     if (tix < 0).any() or (not distinct and np.unique(tix).size != tix.size) or keys.ndim != 1:
         return None
-    if keys.dtype != np.uint64:
-        if keys.dtype != np.int64 or (keys.size and int(keys.min()) < 0):
-            return None
-        keys = keys.view(np.uint64)
+    keys = _u64_view(keys) if keys.dtype in _FAST_DTYPES else None
+    if keys is None:
+        return None
     bounded = ta.bounded[tix]
     if bounded.any() and keys.size:
         over = keys >= np.repeat(ta.rows[tix], counts)
