@@ -10,7 +10,7 @@ import numpy as np
 from . import precheck
 from .config import ClusterConfig
 from .consts import DType
-from .roundplan import TableArrays
+from .roundplan import TableArrays, split_rows
 from .rowstore import TableShard, shared_tables
 from .table_numerics import wire_round
 
@@ -42,7 +42,7 @@ class LocalBackend:
     def lookup(self, requests: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """:meth:`Backend.lookup <embnic.client_lib.backend.Backend.lookup>` (rows: views of one array)."""
         tix, counts, keys = precheck.lookup_flat(self.cfg, self._ta, requests)
-        return self._split(tix, counts, self._rows(tix, counts, keys))
+        return split_rows(self._ta, tix, counts, self._rows(tix, counts, keys))
 
     def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
         """:meth:`Backend.lookup_flat <embnic.client_lib.backend.Backend.lookup_flat>`."""
@@ -90,10 +90,3 @@ class LocalBackend:
         if m is not None:
             g[m] = wire_round(g[m], DType.FP16)
         self.store.apply(np.repeat(self.store.local_index(self._ta.ids[tix]), counts), keys, g)
-
-    def _split(self, tix: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> dict[int, np.ndarray]:
-        """``{table_id: float32 (counts_t, dim_t)}`` views of a flat round's rows."""
-        dims = self._ta.dim[tix]
-        vo = np.concatenate([[0], np.cumsum(counts * dims)])
-        return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
-                zip(self._ta.ids[tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}

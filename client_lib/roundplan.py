@@ -189,9 +189,16 @@ class RoundPlan:
 
     def split(self, vals: np.ndarray) -> dict[int, np.ndarray]:
         """``{table_id: rows float32 (counts[t], dim_t)}`` views of :meth:`finish`'s values."""
-        dims, vo = self._values_offsets()
-        return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
-                zip(self.ta.ids[self.tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}
+        return split_rows(self.ta, self.tix, self.counts, vals)
+
+
+def split_rows(ta: TableArrays, tix: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> dict[int, np.ndarray]:
+    """``{table_id: float32 (counts[t], dim_t)}`` views of a flat round's rows ``vals`` (tables
+    ``tix``, indices into ``ta``, one after the other)."""
+    dims = ta.dim[tix]
+    vo = np.concatenate([[0], np.cumsum(counts * dims)])
+    return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
+            zip(ta.ids[tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}
 
 
 def out_bases(ta: TableArrays, tix: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
