@@ -59,6 +59,14 @@ def loaded_card(name: str, rdir: Path | None = None) -> dict | None:
     return st if st.get("netns") in (None, card_pipeline_name(name)) else None
 
 
+def card_target(target, name: str, rdir):
+    """The card pipeline ``name`` in ``rdir`` as its :class:`~embnic.control.targets.base.Target`
+    (``target``: the target name its record gives; dpdk when none), to ask or to stop it."""
+    from embnic.control.targets.base import get_target_class
+
+    return get_target_class(target if isinstance(target, str) else "dpdk")(None, name=name, run_dir=rdir)
+
+
 _ROLE_ORDER = {"card": 0, "server": 1, "impair": 2}
 
 

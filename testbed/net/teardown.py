@@ -14,7 +14,7 @@ from embnic.control import netns
 from embnic.control.netns import netns_exists, netns_list, netns_pids
 
 from .procs import require_net_admin, stop_process
-from .statefile import card_pipeline_name, loaded_card, node_dir, state_path, testbed_state
+from .statefile import card_pipeline_name, card_target, loaded_card, node_dir, state_path, testbed_state
 from .wiring import card_file_prefix
 
 __all__ = ["down"]
@@ -50,10 +50,8 @@ def down(name: str, rdir: Path | None = None) -> dict:
     card = state.get("card")
     if isinstance(card, dict):
         try:
-            from embnic.control.targets.base import get_target_class
-
-            t = get_target_class(card.get("target", "dpdk"))(
-                None, name=card.get("name", "card"), run_dir=card.get("run_dir", str(node_dir(name, rdir))))
+            t = card_target(card.get("target"), card.get("name", "card"),
+                            card.get("run_dir", str(node_dir(name, rdir))))
             if t.state() is not None:
                 t.unload()
                 stopped.append("card")
@@ -67,11 +65,7 @@ def down(name: str, rdir: Path | None = None) -> dict:
 
         pname = card_pipeline_name(name)
         try:
-            from embnic.control.targets.base import get_target_class
-
-            t = get_target_class(ext.get("target") if isinstance(ext.get("target"), str) else "dpdk")(
-                None, name=pname, run_dir=rdir)
-            if t.unload().get("was_running"):
+            if card_target(ext.get("target"), pname, rdir).unload().get("was_running"):
                 stopped.append(f"card:{pname}:{ext.get('pid')}")
         except Exception:  # noqa: BLE001 - by its recorded pid, then drop its state file
             if not ext.get("corrupt") and stop_process(ext):

@@ -20,8 +20,8 @@ from embnic.control.runstate import state_path as runstate_path
 from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list
 
 from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, spawn_logged
-from .statefile import (card_pipeline_name, dead_nodes, describe_dead, loaded_card, list_testbeds, node_dir,
-                        save_testbed_state, state_path, testbed_state)
+from .statefile import (card_pipeline_name, card_target, dead_nodes, describe_dead, loaded_card, list_testbeds,
+                        node_dir, save_testbed_state, state_path, testbed_state)
 from .probe import ask, probe_key, status_name
 from .teardown import down
 from .toml_writer import dump_toml
@@ -482,10 +482,7 @@ def _card_counters(target: str | None, name: str, rdir) -> dict:
     """``drops`` (the non-zero ones), ``frames_by_type``, ``ring``, ``ports``, ``state`` of the card
     pipeline ``name`` in ``rdir``, or ``{"error": ...}`` if it does not answer."""
     try:
-        from embnic.control.targets.base import get_target_class
-
-        t = get_target_class(target if isinstance(target, str) else "dpdk")(None, name=name, run_dir=rdir)
-        c = t.counters()
+        c = card_target(target, name, rdir).counters()
         return {"drops": {k: v for k, v in c.get("drops", {}).items() if v}, "frames_by_type": c.get("types"),
                 "ring": c.get("ring"), "ports": c.get("ports"), "state": c.get("state")}
     except Exception as e:  # noqa: BLE001 - status shows what it can
