@@ -440,7 +440,6 @@ main(int argc, char **argv)
 	lcore_main(&app);
 	rte_eal_mp_wait_lcore();
 
-	embnic_ring_drain(&app);
 	for (port = 0; port < app.nb_ports; port++) {
 		ret = rte_eth_dev_stop(port);
 		if (ret != 0)

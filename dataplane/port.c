@@ -451,6 +451,21 @@ embnic_tables_init(struct embnic_app *a, uint32_t route_size,
 	return 0;
 }
 
+/* Free r with the mbufs left in it. */
+static void
+ring_free(struct rte_ring *r)
+{
+	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
+	unsigned int n;
+
+	if (r == NULL)
+		return;
+	while ((n = rte_ring_dequeue_burst(r, (void **)pkts,
+					   EMBNIC_MAX_BURST, NULL)) > 0)
+		rte_pktmbuf_free_bulk(pkts, n);
+	rte_ring_free(r);
+}
+
 void
 embnic_tables_free(struct embnic_app *a)
 {
@@ -458,8 +473,8 @@ embnic_tables_free(struct embnic_app *a)
 
 	for (k = 0; k < a->nb_workers; k++) {
 		embnic_state_free(a->w[k].state);
-		rte_ring_free(a->w[k].ring);
-		rte_ring_free(a->w[k].txr);
+		ring_free(a->w[k].ring);
+		ring_free(a->w[k].txr);
 	}
 	embnic_table_free(a->clients);
 	embnic_table_free(a->routes);

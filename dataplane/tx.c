@@ -420,27 +420,3 @@ embnic_tx_stage(struct embnic_app *app, struct embnic_worker *w,
 	embnic_tx_burst(app, w, st, pkts, n, rte_rdtsc());
 	return n;
 }
-
-static void
-drain(struct rte_ring *r)
-{
-	struct rte_mbuf *pkts[EMBNIC_MAX_BURST];
-	unsigned int n;
-
-	if (r == NULL)
-		return;
-	while ((n = rte_ring_dequeue_burst(r, (void **)pkts,
-					   EMBNIC_MAX_BURST, NULL)) > 0)
-		rte_pktmbuf_free_bulk(pkts, n);
-}
-
-void
-embnic_ring_drain(struct embnic_app *app)
-{
-	unsigned int k;
-
-	for (k = 0; k < app->nb_workers; k++) {
-		drain(app->w[k].ring);
-		drain(app->w[k].txr);
-	}
-}

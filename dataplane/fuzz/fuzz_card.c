@@ -462,8 +462,6 @@ check_after(void)
 	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
 		rx += st->rx_frames[i];
 		out += st->tx_frames[i];
-	}
-	for (i = 0; i < EMBNIC_MAX_PORTS; i++) {
 		for (j = 0; j < EMBNIC_DROP_MAX; j++)
 			out += st->drops[i][j];
 		none += st->drops[i][EMBNIC_DROP_NONE];

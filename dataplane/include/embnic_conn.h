@@ -1,10 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * Connections of the control socket (conn.c): a UNIX stream socket polled
- * without blocking, input split into lines, each line handed to a handler
- * whose answer is queued and flushed as the peer reads. Knows nothing of
- * JSON or commands (ctl.c), like examples/ip_pipeline's conn.c knows
- * nothing of its cli.c.
+ * Connections of the control socket (conn.c): lines in, a handler's
+ * answers out; no JSON, no commands (ctl.c, swx/ctl.c).
  */
 #ifndef EMBNIC_CONN_H
 #define EMBNIC_CONN_H

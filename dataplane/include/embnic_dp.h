@@ -406,7 +406,8 @@ struct rte_mempool *embnic_pool_create(struct embnic_app *app);
 /*
  * The rings of app's nb_workers state lcores, their state map partitions
  * (part_size entries each), the route and client tables, the counters:
- * 0 or -ENOMEM (what was made is freed by embnic_tables_free()).
+ * 0 or -ENOMEM. embnic_tables_free() frees what was made, with the mbufs
+ * left in the rings (after the lcores stopped).
  */
 int embnic_tables_init(struct embnic_app *app, uint32_t route_size,
 		       uint32_t client_size, uint32_t part_size);
@@ -432,8 +433,6 @@ unsigned int embnic_tx_stage(struct embnic_app *app, struct embnic_worker *w,
 void embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		     struct embnic_lcore_stats *st, struct rte_mbuf **pkts,
 		     unsigned int n, uint64_t tsc);
-/* Free what is left in every header ring and txr (after the lcores stop). */
-void embnic_ring_drain(struct embnic_app *app);
 
 /*
  * counters.c: up to max of the newest forwarded headers of all lcores'
