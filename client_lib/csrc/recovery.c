@@ -68,6 +68,24 @@ ec_fill(struct ec_round *r, int s)
 	return 0;
 }
 
+/* Message x a LOOKUP_REQ to shard s with a body of its own, own: a directory
+ * of nt tables, then nk keys (a repair's or a probe's). */
+static void
+own_lookup(struct ec_msg *x, int s, uint8_t *own, int nt, int64_t nk, uint32_t value_len)
+{
+	x->type = EMBNIC_LOOKUP_REQ;
+	x->shard = s;
+	x->num_tables = (uint16_t)nt;
+	x->num_keys = (uint32_t)nk;
+	x->value_len = value_len;
+	x->msg_len = (uint32_t)((size_t)EMBNIC_DIR_ENTRY * nt + (size_t)EMBNIC_KEY_SIZE * nk);
+	x->own = own;
+	x->seg[0] = own;
+	x->seglen[0] = x->msg_len;
+	x->dirp = own;
+	x->keyp = (const uint64_t *)(own + (size_t)EMBNIC_DIR_ENTRY * nt);
+}
+
 /*
  * The keys of message m whose rows lie (in part) in its missing reply
  * fragments (p bytes each), walked table by table (directory order): their
@@ -159,18 +177,7 @@ repair(struct ec_round *r, int i)
 		struct ec_msg *n = &r->m[ri];
 		int root = m->root >= 0 ? m->root : i;
 
-		n->type = EMBNIC_LOOKUP_REQ;
-		n->shard = m->shard;
-		n->num_tables = (uint16_t)nt2;
-		n->num_keys = (uint32_t)nsel;
-		n->value_len = (uint32_t)kso[nsel];
-		n->msg_len = (uint32_t)((size_t)EMBNIC_DIR_ENTRY * nt2 +
-					(size_t)EMBNIC_KEY_SIZE * nsel);
-		n->own = own;
-		n->seg[0] = own;
-		n->seglen[0] = n->msg_len;
-		n->dirp = own;
-		n->keyp = (const uint64_t *)(own + (size_t)EMBNIC_DIR_ENTRY * nt2);
+		own_lookup(n, m->shard, own, nt2, nsel, (uint32_t)kso[nsel]);
 		n->kidx = kidx;
 		n->kso = kso;
 		n->root = root;
@@ -275,18 +282,8 @@ probe(struct ec_round *r, int s)
 	{
 		struct ec_msg *p = &r->m[pi];
 
-		p->type = EMBNIC_LOOKUP_REQ;
+		own_lookup(p, s, own, 1, 1, (uint32_t)dim * (dtype == EMBNIC_DTYPE_FP16 ? 2 : 4));
 		p->probe = 1;
-		p->shard = s;
-		p->num_tables = 1;
-		p->num_keys = 1;
-		p->value_len = (uint32_t)dim * (dtype == EMBNIC_DTYPE_FP16 ? 2 : 4);
-		p->msg_len = EMBNIC_DIR_ENTRY + EMBNIC_KEY_SIZE;
-		p->own = own;
-		p->seg[0] = own;
-		p->seglen[0] = p->msg_len;
-		p->dirp = own;
-		p->keyp = (const uint64_t *)(own + EMBNIC_DIR_ENTRY);
 		p->t_first = p->t_sent = now;
 		p->rto = ec_rtt_of(c, s, EMBNIC_LOOKUP_REQ)->rto;
 		ec_geometry(c, p);
