@@ -407,6 +407,13 @@ class Testbed:
         """The card, servers and netem helpers of this testbed that no longer run (:func:`dead_nodes`)."""
         return dead_nodes(self.state)
 
+    def why_no_answer(self, dead: list[dict] | None = None) -> str:
+        """Which of the card and the shard servers are dead (pids, logs; ``dead``: as
+        :meth:`dead_nodes` just found them), or that all still run: a client only knows that a
+        shard did not answer, and through the card that is as likely a dead card."""
+        dead = self.dead_nodes() if dead is None else dead
+        return describe_dead(dead) if dead else f"the card and every shard still run; see the logs in {self.dir}"
+
     def down(self) -> dict:
         """Tear this testbed down (:func:`down`)."""
         if self._log is not None:

@@ -167,16 +167,6 @@ def check_config(sidecar: dict | None, config: str | os.PathLike, cfg) -> dict:
     return {"recorded_with": rec, "match": None, "compared": None}
 
 
-def why_no_answer(tb) -> str:
-    """Which of the card and the shard servers of running testbed ``tb`` are dead (pids, logs),
-    or that all still run. The client only knows that a shard did not answer; through the card
-    that is as likely a dead card."""
-    dead = tb.dead_nodes()
-    if dead:
-        return T.describe_dead(dead)
-    return f"the card and every shard still run; see the logs in {tb.dir}"
-
-
 # --------------------------------------------------------------------------- record
 def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, data: str | os.PathLike | None = None,
            batch_size: int = 256, clients: list[int] | None = None, name: str = "embrec",
@@ -226,7 +216,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
                         train(tb.cfg, tr[start:], steps=batches, batch_size=batch_size, backend=client,
                               progress=lambda i, loss, cid=cid: bar.update(1, client=cid, loss=f"{loss:.4f}"))
                     except EmbnicError as e:
-                        raise TraceError(f"client {cid} failed while recording: {e} ({why_no_answer(tb)})") from None
+                        raise TraceError(f"client {cid} failed while recording: {e} ({tb.why_no_answer()})") from None
                 stats[cid] = client.stats.as_dict()
         time.sleep(0.05)
         captured = {cid: cap.stop() for cid, cap in caps.items()}

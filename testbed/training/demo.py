@@ -314,13 +314,10 @@ def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, op
     where = (f"after {done} of {opts.steps} steps" if phase == "training" else
              f"in the {phase} after all {opts.steps} steps")
     msg = f"{phase} through the card failed {where}: {e}"
-    if dead:
-        msg += f" ({T.describe_dead(dead)}"
-        if kill_at is not None and any(d["node"] == f"s{opts.kill_shard}" for d in dead):
-            msg += f"; shard {opts.kill_shard} was killed on purpose by --kill-shard after step {kill_at}"
-        msg += ")"
-    else:
-        msg += f" (the card and every shard still run; see the logs in {tb.dir})"
+    msg += f" ({tb.why_no_answer(dead)}"
+    if kill_at is not None and any(d["node"] == f"s{opts.kill_shard}" for d in dead):
+        msg += f"; shard {opts.kill_shard} was killed on purpose by --kill-shard after step {kill_at}"
+    msg += ")"
     return {"message": msg, "client_error": str(e), "phase": phase, "steps_completed": done,
             "failed_at_step": done + 1 if phase == "training" else None,
             "failing_shard": getattr(e, "shard_id", None), "dead_nodes": dead,
