@@ -409,10 +409,11 @@ main(int argc, char **argv)
 			 "%zu-byte dynamic field: %s\n",
 			 sizeof(struct embnic_rx_meta), rte_strerror(rte_errno));
 
+	/* each partition ceil(state_size / state lcores) entries */
 	ret = embnic_tables_init(&app, EMBNIC_ROUTE_TABLE_SIZE,
 				 EMBNIC_CLIENT_TABLE_SIZE,
-				 RTE_MAX((app.opts.state_size + app.nb_workers - 1) /
-					 app.nb_workers,
+				 RTE_MAX((app.opts.state_size + app.nb_workers -
+					  1) / app.nb_workers,
 					 (uint32_t)EMBNIC_STATE_SIZE_MIN));
 	if (ret != 0)
 		rte_exit(EXIT_FAILURE, "cannot create ring and tables: %s\n",

@@ -310,22 +310,22 @@ mbuf_buf_size(const struct embnic_app *a)
 }
 
 /*
- * rte_pktmbuf_pool_create_by_ops() with mempool flags (it takes none):
- * RTE_MEMPOOL_F_NO_SPREAD for a page per mbuf.
+ * The card's pool by rte_pktmbuf_pool_create_by_ops() with mempool flags
+ * (it takes none): RTE_MEMPOOL_F_NO_SPREAD for a page per mbuf.
  */
 static struct rte_mempool *
-pktmbuf_pool_create_flags(const char *name, unsigned int n,
-			  unsigned int cache, uint16_t buf_size, int socket,
-			  const char *ops, unsigned int flags)
+pktmbuf_pool_create_flags(unsigned int n, uint16_t buf_size, const char *ops,
+			  unsigned int flags)
 {
 	struct rte_pktmbuf_pool_private priv = {
 		.mbuf_data_room_size = buf_size, .mbuf_priv_size = 0 };
 	struct rte_mempool *mp;
 	int ret;
 
-	mp = rte_mempool_create_empty(name, n, sizeof(struct rte_mbuf) +
-				      buf_size, cache, sizeof(priv), socket,
-				      flags);
+	mp = rte_mempool_create_empty("embnic_mbufs", n,
+				      sizeof(struct rte_mbuf) + buf_size,
+				      MBUF_CACHE_SIZE, sizeof(priv),
+				      (int)rte_socket_id(), flags);
 	if (mp == NULL)
 		return NULL;
 	ret = rte_mempool_set_ops_byname(mp, ops != NULL ? ops :
@@ -373,23 +373,17 @@ embnic_pool_create(struct embnic_app *a)
 	const char *ops = rte_eal_mbuf_user_pool_ops();
 	unsigned int n = a->opts.nb_mbufs ? a->opts.nb_mbufs :
 		default_nb_mbufs(a);
+	unsigned int flags = a->page_per_mbuf ? RTE_MEMPOOL_F_NO_SPREAD : 0;
 	struct rte_mempool *mp;
 
 	if (ops == NULL && a->nb_workers == 1 && a->rx_lcore != a->tx_lcore)
 		ops = "stack";
-	mp = pktmbuf_pool_create_flags("embnic_mbufs", n, MBUF_CACHE_SIZE,
-				       mbuf_buf_size(a), (int)rte_socket_id(),
-				       ops, a->page_per_mbuf ?
-				       RTE_MEMPOOL_F_NO_SPREAD : 0);
+	mp = pktmbuf_pool_create_flags(n, mbuf_buf_size(a), ops, flags);
 	if (mp == NULL && ops != NULL && rte_eal_mbuf_user_pool_ops() == NULL) {
 		printf("embnic-dp: no '%s' mempool driver (%s), using the "
 		       "default\n", ops, rte_strerror(rte_errno));
-		mp = pktmbuf_pool_create_flags("embnic_mbufs", n,
-					       MBUF_CACHE_SIZE,
-					       mbuf_buf_size(a),
-					       (int)rte_socket_id(), NULL,
-					       a->page_per_mbuf ?
-					       RTE_MEMPOOL_F_NO_SPREAD : 0);
+		mp = pktmbuf_pool_create_flags(n, mbuf_buf_size(a), NULL,
+					       flags);
 	}
 	return mp;
 }
@@ -406,7 +400,8 @@ worker_init(struct embnic_app *a, unsigned int k, uint32_t part_size)
 	w->id = k;
 	snprintf(name, sizeof(name), "embnic_hdr_ring%u", k);
 	w->ring = rte_ring_create(name, a->opts.ring_size, (int)rte_socket_id(),
-				  RING_F_SP_ENQ | RING_F_SC_DEQ | RING_F_EXACT_SZ);
+				  RING_F_SP_ENQ | RING_F_SC_DEQ |
+				  RING_F_EXACT_SZ);
 	for (p = 0; p < a->nb_ports && w->txq[p] != EMBNIC_TXQ_NONE; p++)
 		;
 	if (p < a->nb_ports) {	/* a port without a TX queue for it */
