@@ -333,7 +333,7 @@ class BatchShardServer:
         refused through the one-frame path, one by one (:meth:`.ShardState.take_frame`); the
         others reassembled (:attr:`intake`) and their whole messages served
         (:meth:`_messages`, in the order of the datagram that completed them). A wake-up
-        holding update polls (``state.is_poll``) is cut at each poll: the frames before it
+        holding update polls (:func:`.shard_state.is_poll`) is cut at each poll: the frames before it
         are served first, then the poll (:meth:`_poll_frame`)."""
         bs, ans, st = self.bs, self.answer, self.state
         L = bs.lens[:n]

@@ -60,7 +60,6 @@ class _Pend:
         self.info = info  # INFO_FIELDS
 
 
-
 class Intake:
     """Reassembly of the frames of a wake-up the answer path did not gather, for one serving loop.
 
