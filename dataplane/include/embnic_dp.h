@@ -85,10 +85,8 @@ embnic_key16_hash_ok(void)
 }
 
 /*
- * A hash table of the card (route and client tables: route.c; a state map
- * partition: state.c): entries keys of struct embnic_key16 hashed by
- * EMBNIC_KEY16_HASH_FUNC, which embnic_key16_hash() must match; extra_flag
- * as rte_hash takes it. NULL with rte_errno set on failure.
+ * A hash table of the card (route.c, state.c) of struct embnic_key16 keys;
+ * extra_flag as rte_hash takes it. NULL with rte_errno set on failure.
  */
 static inline struct rte_hash *
 embnic_key16_hash_create(const char *name, uint32_t entries,
@@ -110,12 +108,9 @@ embnic_key16_hash_create(const char *name, uint32_t entries,
 
 /*
  * The state map partition of message (client_id, msg_id) among n state
- * lcores: CRC32C of the map's key (client_id << 32 | msg_id) with its own
- * seed, reduced by multiply-shift (its high bits, so a partition's own
- * hash table, which indexes by the low bits of another CRC, sees every
- * bucket). Every frame of a message and of its reply carries the same
- * (client id, message id), so they all land on one partition whatever
- * their 5-tuple. n = 1: always 0.
+ * lcores: CRC32C of the map's key with its own seed, reduced by
+ * multiply-shift (its high bits, so a partition's own hash table, which
+ * indexes by the low bits of another CRC, sees every bucket).
  */
 static inline unsigned int
 embnic_partition(uint16_t client_id, uint32_t msg_id, unsigned int n)
@@ -139,12 +134,8 @@ struct embnic_port {
 	struct rte_ether_addr mac;
 	uint32_t ip;			/* network order, 0 = none */
 	uint16_t nb_txq;		/* TX queues (embnic_txq_plan(), port.c) */
-	/*
-	 * The largest frame it sends, bytes from the Ethernet header without
-	 * the CRC (port_frame_limit() in port.c): the TX stage drops a longer
-	 * one as too_long_for_port rather than hand it to a PMD that would
-	 * drop it inside tx_burst and report it sent.
-	 */
+	/* the largest frame it sends, no CRC (port_frame_limit()); the TX
+	 * stage drops a longer one (too_long_for_port) */
 	uint32_t max_frame;
 	uint8_t max_frame_by;		/* enum embnic_frame_limit */
 	char name[64];
