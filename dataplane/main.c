@@ -109,6 +109,29 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 		{ "state-lcores", required_argument, NULL, O_STATE_LCORES },
 		{ NULL, 0, NULL, 0 },
 	};
+	/* the options that set a uint32_t of *o, within bounds */
+	static const struct {
+		int opt;
+		size_t off;
+		uint32_t lo, hi;
+	} nums[] = {
+		{ O_RING, offsetof(struct embnic_opts, ring_size),
+		  EMBNIC_RING_SIZE_MIN, EMBNIC_RING_SIZE_MAX },
+		{ O_STATE, offsetof(struct embnic_opts, state_size),
+		  EMBNIC_STATE_SIZE_MIN, EMBNIC_STATE_SIZE_MAX },
+		{ O_TIMEOUT, offsetof(struct embnic_opts, state_timeout_ms),
+		  EMBNIC_STATE_TIMEOUT_MS_MIN, EMBNIC_STATE_TIMEOUT_MS_MAX },
+		{ O_BURST, offsetof(struct embnic_opts, burst), 1,
+		  EMBNIC_MAX_BURST },
+		{ O_IDLE, offsetof(struct embnic_opts, idle_us), 0, 1000000 },
+		{ O_MBUFS, offsetof(struct embnic_opts, nb_mbufs), 1024,
+		  1u << 24 },
+		{ O_MTU, offsetof(struct embnic_opts, mtu), EMBNIC_MTU_MIN,
+		  EMBNIC_MAX_MTU },
+		{ O_STATE_LCORES, offsetof(struct embnic_opts, state_lcores), 1,
+		  EMBNIC_MAX_STATE_LCORES },
+	};
+	unsigned int i;
 	int opt, ret = 0;
 
 	o->ctl_path = EMBNIC_DEFAULT_CTL_PATH;
@@ -120,49 +143,22 @@ parse_args(int argc, char **argv, struct embnic_opts *o)
 
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
-		switch (opt) {
-		case O_CTL:
-			o->ctl_path = optarg;
-			break;
-		case O_PORT_IP:
-			ret = parse_port_ip(optarg, o);
-			break;
-		case O_RING:
-			ret = embnic_parse_u32(optarg, EMBNIC_RING_SIZE_MIN,
-					EMBNIC_RING_SIZE_MAX, &o->ring_size);
-			if (ret == 0 && !rte_is_power_of_2(o->ring_size))
+		for (i = 0; i < RTE_DIM(nums) && nums[i].opt != opt; i++)
+			;
+		if (i < RTE_DIM(nums)) {
+			ret = embnic_parse_u32(optarg, nums[i].lo, nums[i].hi,
+					       (uint32_t *)((char *)o +
+							    nums[i].off));
+			if (ret == 0 && opt == O_RING &&
+			    !rte_is_power_of_2(o->ring_size))
 				ret = -EINVAL;
-			break;
-		case O_STATE:
-			ret = embnic_parse_u32(optarg, EMBNIC_STATE_SIZE_MIN,
-					EMBNIC_STATE_SIZE_MAX, &o->state_size);
-			break;
-		case O_TIMEOUT:
-			ret = embnic_parse_u32(optarg, EMBNIC_STATE_TIMEOUT_MS_MIN,
-					EMBNIC_STATE_TIMEOUT_MS_MAX,
-					&o->state_timeout_ms);
-			break;
-		case O_BURST:
-			ret = embnic_parse_u32(optarg, 1, EMBNIC_MAX_BURST, &o->burst);
-			break;
-		case O_IDLE:
-			ret = embnic_parse_u32(optarg, 0, 1000000, &o->idle_us);
-			break;
-		case O_MBUFS:
-			ret = embnic_parse_u32(optarg, 1024, 1u << 24, &o->nb_mbufs);
-			break;
-		case O_PAUSED:
+		} else if (opt == O_CTL) {
+			o->ctl_path = optarg;
+		} else if (opt == O_PORT_IP) {
+			ret = parse_port_ip(optarg, o);
+		} else if (opt == O_PAUSED) {
 			o->paused = true;
-			break;
-		case O_MTU:
-			ret = embnic_parse_u32(optarg, EMBNIC_MTU_MIN, EMBNIC_MAX_MTU,
-				       &o->mtu);
-			break;
-		case O_STATE_LCORES:
-			ret = embnic_parse_u32(optarg, 1, EMBNIC_MAX_STATE_LCORES,
-					&o->state_lcores);
-			break;
-		default:	/* --help, or getopt already said what is wrong */
+		} else {	/* --help, or getopt already said what is wrong */
 			return -EINVAL;
 		}
 		if (ret != 0) {
