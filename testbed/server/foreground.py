@@ -2,9 +2,9 @@
 
 ``embnic server`` and ``python -m embnic.testbed.server`` call :func:`run_server` (the one runner
 of a shard process, STYLE.md): the serving loop (:class:`~.engine.BatchShardServer`) in this
-process, or in ``--workers N`` forked worker processes behind one address — a ``SO_REUSEPORT`` group whose classic BPF program (:func:`steering_program`) sends
-every message to its home worker (:func:`home_of`; the rows split over the workers,
-:mod:`.worker_hub`). Also the lines such a process writes: :data:`LOG_FORMAT`, the listening line's
+process, or in ``--workers N`` forked worker processes behind one address — a ``SO_REUSEPORT``
+group whose classic BPF program (:func:`steering_program`) sends every message to its home
+worker (the rows split over the workers, :mod:`.worker_hub`). Also the lines such a process writes: :data:`LOG_FORMAT`, the listening line's
 :func:`describe`, :func:`bind_error_message`. Threads of this process: :mod:`.runner`.
 """
 from __future__ import annotations
@@ -51,11 +51,6 @@ def steering_program(workers: int) -> bytes:
         (0x16, 0, 0, 0),         # BPF_RET | BPF_A
     )
     return b"".join(struct.pack("HBBI", *i) for i in ins)
-
-
-def home_of(client_id: int, msg_id: int, workers: int) -> int:
-    """The worker a message's datagrams reach (what :func:`steering_program` computes)."""
-    return (int(client_id) + int(msg_id)) % int(workers)
 
 
 def _reuseport_sockets(ip: str, port: int, workers: int) -> list[socket.socket]:

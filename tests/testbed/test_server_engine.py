@@ -778,7 +778,7 @@ def test_steering_program_picks_the_home_of_client_and_message():
     (msg ids near 2^32 too) reach socket ``(client_id + msg_id) % 3``."""
     import struct
 
-    from embnic.testbed.server.foreground import _reuseport_sockets, home_of, steering_program
+    from embnic.testbed.server.foreground import _reuseport_sockets, steering_program
 
     ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 56, 8)]
     assert ins == [(0x20, 0, 0, 8), (0x94, 0, 0, 3), (0x07, 0, 0, 0), (0x28, 0, 0, 12), (0x0c, 0, 0, 0),
@@ -796,7 +796,7 @@ def test_steering_program_picks_the_home_of_client_and_message():
             h = codec.Header(consts.MAGIC, consts.VERSION, MsgType.LOOKUP_REQ, 0, 0, 0, mid, cid, 0, 1,
                              consts.NO_TABLE, 1, 8, 24, 0, 0, 1, 24, 0)
             tx.sendto(h.pack() + bytes(24), socks[0].getsockname())
-            got = socks[home_of(cid, mid, 3)].recv(100)
+            got = socks[(cid + mid) % 3].recv(100)  # the home: (client_id + msg_id) mod N
             assert codec.unpack_header(got)[6:8] == (mid, cid)
         for s in socks:  # nothing reached another socket
             s.setblocking(False)
