@@ -442,12 +442,7 @@ def check_server_options(cfg: ClusterConfig, shard_id: int, *, config_name: str 
     ``config_name`` (the config's path) only names it in the message.
 
     Raises:
-        ServerOptionError: the first problem found — a shard id not in ``cfg``; ``port`` or
-            ``metrics_port`` outside 0..65535; ``bind``/``metrics_bind`` not an IPv4 address;
-            ``workers`` outside 1..:data:`MAX_WORKERS`, ``dedup_window < 1``, ``checkpoint_every < 0``;
-            ``workers > 1`` with ``fixed_length``, ``checkpoint_dir`` or
-            ``restore``; a ``checkpoint_dir`` that exists but is not a directory; a ``restore``
-            source that is not a directory or has nothing of this shard to restore.
+        ServerOptionError: the first problem found, in the order of the checks below.
     """
     import ipaddress
     from pathlib import Path
