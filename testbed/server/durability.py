@@ -329,7 +329,6 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
                       for t in meta["tables"]}
             applied = z["applied"]
     except (OSError, ValueError, KeyError, EOFError, zlib.error, zipfile.BadZipFile) as e:
-        # BadZipFile / EOFError: a truncated .npz (was a last-resort 'BadZipFile: ...')
         why = "not a complete .npz file: truncated?" if isinstance(e, (zipfile.BadZipFile, EOFError)) else e
         raise DurabilityError(f"{path}: unreadable checkpoint ({why})") from None
     return meta, tables, applied

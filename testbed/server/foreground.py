@@ -489,8 +489,7 @@ def check_server_options(cfg: ClusterConfig, shard_id: int, *, config_name: str 
             "restore): give the directory this shard ran with --checkpoint-dir, or one `embnic tables import` "
             "filled; start without --restore for fresh rows")
     if not restorable(sd):
-        # nothing a restore reads, yet the folder is there: refuse rather than start fresh rows and a
-        # new log among files of unknown origin (found by a new-user trial)
+        # refuse rather than start fresh rows and a new log among files of unknown origin
         others = sorted(p.name for p in sd.iterdir())
         what = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "") if others else "nothing"
         raise ServerOptionError(
