@@ -312,31 +312,28 @@ def serve_sub_request(tables: dict[int, TableShard], op: int, table_id: int, cou
         ValueError: unknown op, unknown table, or a payload that does not add up (a bug: only
         workers of the same shard talk here).
     """
+    if op not in (OP_LOOKUP_MANY, OP_APPLY_MANY):
+        raise ValueError(f"sub-request with unknown op {op}")
+    width = 2 if op == OP_LOOKUP_MANY else 3  # int64 meta per table: (tid, keys) or (tid, segments, keys)
+    t = int(np.frombuffer(payload, np.int64, 1)[0])
+    meta = np.frombuffer(payload, np.int64, width * t, 8).reshape(t, width).tolist()
+    unknown = [m[0] for m in meta if m[0] not in tables]
+    if unknown:
+        raise ValueError(f"sub-request for unknown table {unknown[0]}")
+    at = 8 * (1 + width * t)
     if op == OP_LOOKUP_MANY:
-        t = int(np.frombuffer(payload, np.int64, 1)[0])
-        meta = np.frombuffer(payload, np.int64, 2 * t, 8).reshape(t, 2).tolist()
-        at, out = 8 * (1 + 2 * t), []
-        for tid, n in meta:
-            ts = tables.get(tid)
-            if ts is None:
-                raise ValueError(f"sub-request for unknown table {tid}")
-            out.append(ts.lookup(np.frombuffer(payload, np.uint64, n, at)))
-            at += 8 * n
         if sum(n for _, n in meta) != count:
             raise ValueError(f"sub-request LOOKUP_MANY: {sum(n for _, n in meta)} keys, header says {count}")
+        out = []
+        for tid, n in meta:
+            out.append(tables[tid].lookup(np.frombuffer(payload, np.uint64, n, at)))
+            at += 8 * n
         return out
-    if op == OP_APPLY_MANY:
-        t = int(np.frombuffer(payload, np.int64, 1)[0])
-        meta = np.frombuffer(payload, np.int64, 3 * t, 8).reshape(t, 3).tolist()
-        at = 8 * (1 + 3 * t)
-        for tid, nseg, k in meta:
-            ts = tables.get(tid)
-            if ts is None:
-                raise ValueError(f"sub-request for unknown table {tid}")
-            offs = np.frombuffer(payload, np.int64, nseg + 1, at)
-            keys = np.frombuffer(payload, np.uint64, k, at + 8 * (nseg + 1))
-            g = np.frombuffer(payload, np.float32, k * ts.dim, at + 8 * (nseg + 1 + k)).reshape(k, ts.dim)
-            ts.apply_segments(keys, g, offs)
-            at += 8 * (nseg + 1 + k) + 4 * k * ts.dim
-        return []
-    raise ValueError(f"sub-request with unknown op {op}")
+    for tid, nseg, k in meta:
+        ts = tables[tid]
+        offs = np.frombuffer(payload, np.int64, nseg + 1, at)
+        keys = np.frombuffer(payload, np.uint64, k, at + 8 * (nseg + 1))
+        g = np.frombuffer(payload, np.float32, k * ts.dim, at + 8 * (nseg + 1 + k)).reshape(k, ts.dim)
+        ts.apply_segments(keys, g, offs)
+        at += 8 * (nseg + 1 + k) + 4 * k * ts.dim
+    return []
