@@ -36,7 +36,7 @@ except ImportError as e:  # pragma: no cover - what stores.py turns into one lin
 
 from embnic.client_lib.config import TableConfig
 
-from .fsdirs import DirLockedError, fsync_tree, link_tree, lock_dir
+from .fsdirs import fsync_tree, link_tree, lock_dir
 from .rowcache import capacity
 
 log = logging.getLogger("embnic.server")
@@ -119,11 +119,7 @@ class StoreEnv:
         self.block_cache_bytes = int(block_cache_mb) << 20
         self.root.mkdir(parents=True, exist_ok=True)
         self._refuse_foreign()  # before the lock: a refused directory is left as it was (no LOCK file made)
-        try:
-            self._lock_fd = lock_dir(self.root)
-        except DirLockedError as e:
-            raise StoreError(f"{self.root} is in use by another shard process (pid {e.holder}): stop it first, or "
-                             "give this one another store_dir") from None
+        self._lock_fd = lock_dir(self.root, StoreError, ", or give this one another store_dir")
         try:
             others = self._refuse_foreign()  # again, under the lock
         except StoreError:

@@ -29,7 +29,7 @@ import numpy as np
 from embnic.client_lib import codec, consts
 from embnic.client_lib.rowstore import TableShard
 
-from .fsdirs import DirLockedError, fsync_dir, link_or_copy, lock_dir
+from .fsdirs import fsync_dir, link_or_copy, lock_dir
 from .stores import load_diskstore, open_tables, shard_dir
 from .window import UpdateWindow
 
@@ -367,12 +367,8 @@ class Durability:
         if self._lock_fd is not None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self._lock_fd = lock_dir(self.dir)
-        except DirLockedError as e:
-            raise DurabilityError(f"{self.dir} is in use by another shard process (pid {e.holder}): stop it first "
-                                  "(a second shard on one directory would cut or interleave its log), or give this "
-                                  "one another directory") from None
+        self._lock_fd = lock_dir(self.dir, DurabilityError, " (a second shard on one directory would cut or "
+                                 "interleave its log), or give this one another directory")
 
     def restore(self, tables: dict[int, TableShard], applied: UpdateWindow, window: int) -> dict:
         """Load the latest checkpoint into ``tables``/``applied`` (the shard's exactly-once window,

@@ -8,21 +8,13 @@ import shutil
 from pathlib import Path
 
 
-class DirLockedError(Exception):
-    """Another process holds the directory's lock; :attr:`holder` is the pid it wrote ("?" when
-    unreadable)."""
-
-    def __init__(self, directory: Path, holder: str):
-        super().__init__(f"{directory} is locked by pid {holder}")
-        self.holder = holder
-
-
-def lock_dir(d: Path) -> int:
+def lock_dir(d: Path, error: type[Exception], fix: str) -> int:
     """Take ``d/LOCK`` (a POSIX lock, held while the returned descriptor is open: until it is
     closed or the process exits) and write this process's pid into it.
 
     Raises:
-        DirLockedError: another process holds it.
+        error: another process holds it: ``"<d> is in use by another shard process (pid P):
+            stop it first<fix>"``.
         OSError: ``d/LOCK`` cannot be opened.
     """
     fd = os.open(Path(d) / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -31,7 +23,7 @@ def lock_dir(d: Path) -> int:
     except OSError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise DirLockedError(Path(d), holder) from None
+        raise error(f"{d} is in use by another shard process (pid {holder}): stop it first{fix}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
