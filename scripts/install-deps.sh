@@ -51,7 +51,7 @@ if [ "${EMBNIC_TORCH:-1}" != 0 ]; then
     probe="$probe, torch, torchrec, fbgemm_gpu"
     torch=1
 fi
-# The package's build tools in this Python itself (setuptools >= 77 reads pyproject's SPDX license; wheel
+# The package's build tools in this Python itself (a fresh pyenv has setuptools 65 and no wheel;
 # for `pip wheel`): `make libs` runs setup.py with them, and the packaging tests build without isolation.
 if ! "$PY" -c "import setuptools, wheel, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" >/dev/null 2>&1; then
     PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check 'setuptools>=77' wheel
