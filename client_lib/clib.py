@@ -98,12 +98,18 @@ def _checkout_digest(lib: NativeLib) -> str | None:
     return sources_digest(files)
 
 
-def load(lib: NativeLib, proto_version: int) -> ctypes.CDLL:
+def load(lib: NativeLib, proto_version: int, abi: tuple[str, int] | None = None) -> ctypes.CDLL:
     """Load ``lib`` and check that it was built from the sources beside it and speaks
-    ``proto_version``.
+    ``proto_version``; with ``abi`` = (function name, number), also that the library's ABI function
+    returns that number (the binding's own tables: columns, header fields).
 
     Raises NativeLibraryError (one line, naming the file and the rebuild command) when the file is
-    missing, does not load, or was built from other sources or for another protocol version."""
+    missing, does not load, or was built from other sources, for another protocol version or ABI."""
+    return _load(lib, proto_version, abi)[0]
+
+
+def _load(lib: NativeLib, proto_version: int, abi: tuple[str, int] | None = None) -> tuple[ctypes.CDLL, bool]:
+    """:func:`load`, and whether the sources beside the package were there to compare with."""
     path = lib.path
     if not path.is_file():
         raise NativeLibraryError(f"embnic: the {lib.name} library {path} is not built: run {REBUILD}")
@@ -121,11 +127,13 @@ def load(lib: NativeLib, proto_version: int) -> ctypes.CDLL:
     if built_version != proto_version:
         raise NativeLibraryError(f"embnic: {path} speaks protocol version {built_version}, this package "
                                  f"{proto_version}: run {REBUILD}")
+    if abi is not None and getattr(cdll, abi[0])() != abi[1]:
+        raise NativeLibraryError(f"embnic: {path} speaks ABI {getattr(cdll, abi[0])()}, not {abi[1]}: run {REBUILD}")
     want = _checkout_digest(lib) if not os.environ.get(lib.env) else None
     if want is not None and built_from != want:
         raise NativeLibraryError(f"embnic: {path} was built from other sources than {lib.package_dir / 'csrc'} "
                                  f"(edited since the build?): run {REBUILD}")
-    return cdll
+    return cdll, want is not None
 
 
 def status(proto_version: int) -> list[dict]:
@@ -135,11 +143,10 @@ def status(proto_version: int) -> list[dict]:
     out = []
     for lib in (CLIENT, SHARD):
         try:
-            load(lib, proto_version)
+            beside = _load(lib, proto_version)[1]
         except NativeLibraryError as e:
             out.append({"name": lib.name, "path": str(lib.path), "ok": False, "detail": str(e)})
             continue
-        where = ("built from the sources beside it" if _checkout_digest(lib) is not None
-                 else "built with the installed package")
+        where = "built from the sources beside it" if beside else "built with the installed package"
         out.append({"name": lib.name, "path": str(lib.path), "ok": True, "detail": where})
     return out

@@ -40,12 +40,8 @@ def load() -> ctypes.CDLL:
     global _lib
     if _lib is not None:
         return _lib
-    lib = clib.load(clib.CLIENT, consts.VERSION)
-    path = clib.CLIENT.path
     want = consts.VERSION * 1000000 + len(consts.HEADER_FIELDS) * 10000 + NCOL * 100 + len(RES)
-    if lib.embnic_client_abi() != want:
-        raise clib.NativeLibraryError(f"embnic: {path} speaks ABI {lib.embnic_client_abi()}, not {want}: "
-                                      f"run {clib.REBUILD}")
+    lib = clib.load(clib.CLIENT, consts.VERSION, abi=("embnic_client_abi", want))
     lib.embnic_client_new.restype = _VP
     lib.embnic_client_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_int,

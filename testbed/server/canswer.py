@@ -90,11 +90,7 @@ def load() -> ctypes.CDLL:
     global _lib, WORK_BYTES
     if _lib is not None:
         return _lib
-    lib = clib.load(clib.SHARD, consts.VERSION)
-    want = consts.VERSION * 1000 + _NF
-    if lib.embnic_shard_abi() != want:
-        raise clib.NativeLibraryError(f"embnic: {clib.SHARD.path} speaks ABI {lib.embnic_shard_abi()}, not {want}: "
-                                      f"run {clib.REBUILD}")
+    lib = clib.load(clib.SHARD, consts.VERSION, abi=("embnic_shard_abi", consts.VERSION * 1000 + _NF))
     _bind(lib)
     lay = np.zeros(8, np.int64)  # the struct sizes, the stats' offset and count, the work buffer's bytes
     lib.embnic_shard_layout(lay.ctypes.data)
