@@ -5,7 +5,6 @@ The method: docs/bench.md, "embnic bench dataplane: the card against dpdk-testpm
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import time
@@ -413,14 +412,8 @@ def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str],
         gen.start()
         try:
             other = dict(netns=ns.name, other_pids=[gen.proc.pid])
-            card_kw = dict(other, log_dir=log_dir)
-            tp_kw = dict(other, main_lcore=TESTPMD_MAIN)
-            runs: dict[str, Any] = {}
-            for pmd in pmds:
-                dut = [veth_vdev(pmd, ns.b), sink]
-                runs[f"card/{pmd}"] = (measure_card, (binary, dut, CARD_1LCORE, seconds, warmup), card_kw)
-                runs[f"io/{pmd}"] = (measure_testpmd, (dut, TESTPMD_1FWD, "io", seconds, warmup), tp_kw)
-                runs[f"macswap/{pmd}"] = (measure_testpmd, (dut, TESTPMD_1FWD, "macswap", seconds, warmup), tp_kw)
+            runs = {f"{kind}/{pmd}": _dut(binary, kind, [veth_vdev(pmd, ns.b), sink], seconds, warmup, log_dir, **other)
+                    for pmd in pmds for kind in ("card", "io", "macswap")}
             m = _measure_all(runs, repeats, rtt=False)
         finally:
             gen.cleanup()
@@ -459,6 +452,18 @@ DISTINCT_WORKLOAD = ("lookups of 1..8 keys with their single-frame replies, dist
                      "(net_pcap without tx_pcap drops)")
 
 
+def _dut(binary: Path, kind: str, vdevs: list[str], seconds: float, warmup: float, log_dir: Path | None,
+         **kw: Any) -> tuple:
+    """One run of :func:`_measure_all`: the card (``kind`` ``"card"``, on :data:`CARD_1LCORE` unless
+    ``lcores`` says otherwise) or testpmd forwarding in mode ``kind`` (on :data:`TESTPMD_1FWD`, main
+    lcore :data:`TESTPMD_MAIN` unless ``lcores``/``main_lcore`` say otherwise) on ``vdevs``; ``kw``:
+    the rest of :func:`measure_card`'s or :func:`measure_testpmd`'s keyword arguments."""
+    if kind == "card":
+        return measure_card, (binary, vdevs, kw.pop("lcores", CARD_1LCORE), seconds, warmup), {**kw, "log_dir": log_dir}
+    return (measure_testpmd, (vdevs, kw.pop("lcores", TESTPMD_1FWD), kind, seconds, warmup),
+            {"main_lcore": TESTPMD_MAIN, **kw})
+
+
 def _runs(binary: Path, main: tuple[str, str], distinct: tuple[str, str, Path], dmbufs: int, dpcap: dict,
           lcores: str, seconds: float, warmup: float, logs: Path, state_lcores: int) -> dict[str, Any]:
     """The card's and testpmd's runs: name -> (measure function, args, keyword args).
@@ -469,33 +474,27 @@ def _runs(binary: Path, main: tuple[str, str], distinct: tuple[str, str, Path], 
     """
     src, sink = main
     dsrc, rsrc, dpath = distinct
-    card_kw = dict(log_dir=logs)
-    tp_kw = dict(main_lcore=TESTPMD_MAIN)
-    runs: dict[str, Any] = {
-        "card": (measure_card, (binary, [src, sink], CARD_1LCORE, seconds, warmup), card_kw),
-        "io": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "io", seconds, warmup), tp_kw),
-        "macswap": (measure_testpmd, ([src, sink], TESTPMD_1FWD, "macswap", seconds, warmup), tp_kw),
-        # requests and replies from one port: the card takes a reply only from its shard's port,
-        # so the shards are behind port 0 too and the card sends back on it (net_pcap without a
-        # tx_pcap drops what it is given, as net_null does); the repeated-id run alike, to compare
-        "card_distinct": (measure_card, (binary, [dsrc, sink], CARD_1LCORE, seconds, warmup),
-                          dict(card_kw, mbufs=dmbufs, out_port=0)),
-        "card_repeated": (measure_card, (binary, [rsrc, sink], CARD_1LCORE, seconds, warmup),
-                          dict(card_kw, mbufs=dmbufs, out_port=0)),
-        "io_distinct": (measure_testpmd, ([dsrc, sink], TESTPMD_1FWD, "io", seconds, warmup),
-                        dict(tp_kw, mbufs=dmbufs)),
-    }
+
+    def dut(kind: str, source: str, **kw: Any) -> tuple:
+        return _dut(binary, kind, [source, sink], seconds, warmup, logs, **kw)
+
+    # requests and replies from one port: the card takes a reply only from its shard's port, so
+    # the shards are behind port 0 too and the card sends back on it (net_pcap without a tx_pcap
+    # drops what it is given, as net_null does); the repeated-id run alike, to compare
+    runs = {"card": dut("card", src), "io": dut("io", src), "macswap": dut("macswap", src),
+            "card_distinct": dut("card", dsrc, mbufs=dmbufs, out_port=0),
+            "card_repeated": dut("card", rsrc, mbufs=dmbufs, out_port=0),
+            "io_distinct": dut("io", dsrc, mbufs=dmbufs)}
     if state_lcores >= 2:
         # testpmd's two forwarding lcores need two RX queues: the pcap opened twice (each holds
         # the whole pcap in mbufs)
         dsrc2 = f"net_pcap0,rx_pcap={dpath},rx_pcap={dpath},infinite_rx=1"
-        runs["card_distinct_2state"] = (measure_card, (binary, [dsrc, sink], CARD_2STATE, seconds, warmup),
-                                        dict(card_kw, mbufs=dmbufs, state_lcores=2, out_port=0))
-        runs["io_distinct_2fwd"] = (measure_testpmd, ([dsrc2, sink], TESTPMD_2FWD, "io", seconds, warmup),
-                                    dict(main_lcore=TESTPMD_2FWD_MAIN, queues=2,
-                                         mbufs=BENCH_MBUFS + 2 * dpcap["frames"]))
+        runs["card_distinct_2state"] = dut("card", dsrc, lcores=CARD_2STATE, mbufs=dmbufs, state_lcores=2,
+                                           out_port=0)
+        runs["io_distinct_2fwd"] = dut("io", dsrc2, lcores=TESTPMD_2FWD, main_lcore=TESTPMD_2FWD_MAIN, queues=2,
+                                       mbufs=BENCH_MBUFS + 2 * dpcap["frames"])
     if lcores != CARD_1LCORE:
-        runs["card_pipeline"] = (measure_card, (binary, [src, sink], lcores, seconds, warmup), card_kw)
+        runs["card_pipeline"] = dut("card", src, lcores=lcores)
     return runs
 
 
@@ -503,12 +502,11 @@ def _pna_runs(runs: dict, asked: bool, vdevs: tuple[str, str, str], dmbufs: int,
               logs: Path) -> str | None:
     """Add the P4 card for PNA in DPDK's SWX pipeline (testbed/bench/p4dpdk.py) to ``runs``, on the
     same vdevs (main source, sink, distinct source) and lcore; returns why it is skipped (None: added)."""
+    from embnic.control.targets.p4dpdk import swx as p4dpdk
     from embnic.testbed.bench import p4dpdk as bench_pna
 
-    pna_skip = bench_pna.available() if asked else "not asked for (--no-p4dpdk)"
+    pna_skip = p4dpdk.missing() if asked else "not asked for (--no-p4dpdk)"
     if pna_skip is None:
-        from embnic.control.targets.p4dpdk import swx as p4dpdk
-
         src, sink, dsrc = vdevs
         pipe = p4dpdk.build_pipeline()
         pna_kw = dict(clients=BENCH_CLIENTS, shards=BENCH_SHARDS, log_dir=logs, window=rate_window)
@@ -602,12 +600,3 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
                 "setup": SETUP, "distinct_workload": DISTINCT_WORKLOAD})
     merge_json(out_dir / "bench.json", "dataplane", res)
     return res
-
-
-
-
-if __name__ == "__main__":
-    import sys
-
-    print(json.dumps(run(Path(sys.argv[1] if len(sys.argv) > 1 else "out/bench"),
-                         float(sys.argv[2]) if len(sys.argv) > 2 else 5.0), indent=2))
