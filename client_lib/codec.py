@@ -8,6 +8,7 @@ socket or Scapy adds Ethernet/IPv4/UDP.
 """
 from __future__ import annotations
 
+import collections
 import math
 import struct
 from typing import NamedTuple
@@ -17,26 +18,12 @@ import numpy as np
 from . import consts
 from .consts import DType, MsgType
 
-#: the 44-byte header as a numpy structured dtype, big-endian (network byte order)
-HEADER_DTYPE = np.dtype([
-    ("magic", ">u2"), ("version", "u1"), ("msg_type", "u1"),
-    ("flags", "u1"), ("reserved0", "u1"), ("status", ">u2"),
-    ("msg_id", ">u4"),
-    ("client_id", ">u2"), ("shard_id", ">u2"),
-    ("num_tables", ">u2"), ("table_id", ">u2"),
-    ("num_keys", ">u4"),
-    ("value_len", ">u4"),
-    ("msg_len", ">u4"),
-    ("frag_offset", ">u4"),
-    ("frag_index", ">u2"), ("frag_count", ">u2"),
-    ("frag_len", ">u2"), ("reserved", ">u2"),
-])
+#: the 44-byte header as a numpy structured dtype, big-endian (network byte order), and as a
+#: struct: both from :data:`consts.HEADER_FIELDS`
+HEADER_DTYPE = np.dtype([(n, f">u{size}") for n, _, size in consts.HEADER_FIELDS])
+assert [HEADER_DTYPE.fields[n][1] for n in HEADER_DTYPE.names] == [o for _, o, _ in consts.HEADER_FIELDS]
 assert HEADER_DTYPE.itemsize == consts.HDR_LEN
-assert [(n, HEADER_DTYPE.fields[n][1], HEADER_DTYPE.fields[n][0].itemsize) for n in HEADER_DTYPE.names] \
-    == list(consts.HEADER_FIELDS)
-
-_HDR = struct.Struct("!HBBBBHIHHHHIIIIHHHH")
-assert _HDR.size == consts.HDR_LEN
+_HDR = struct.Struct("!" + "".join({1: "B", 2: "H", 4: "I"}[size] for _, _, size in consts.HEADER_FIELDS))
 
 KEY_DTYPE = np.dtype("<u8")  #: keys in bodies: uint64 little-endian
 #: a request's directory entry (docs/protocol.md, "Body"), little-endian like every body
@@ -44,28 +31,11 @@ DIR_DTYPE = np.dtype(list(consts.DIR_ENTRY_FIELDS))
 assert DIR_DTYPE.itemsize == consts.DIR_ENTRY
 
 
-class Header(NamedTuple):
-    """A decoded embnic header; fields as in :data:`embnic.client_lib.consts.HEADER_FIELDS`."""
+class Header(collections.namedtuple("Header", [n for n, _, _ in consts.HEADER_FIELDS])):
+    """A decoded embnic header: one int per field of :data:`embnic.client_lib.consts.HEADER_FIELDS`,
+    in its order (``magic``, ``version``, ``msg_type``, ...)."""
 
-    magic: int
-    version: int
-    msg_type: int
-    flags: int
-    reserved0: int
-    status: int
-    msg_id: int
-    client_id: int
-    shard_id: int
-    num_tables: int
-    table_id: int
-    num_keys: int
-    value_len: int
-    msg_len: int
-    frag_offset: int
-    frag_index: int
-    frag_count: int
-    frag_len: int
-    reserved: int
+    __slots__ = ()
 
     def pack(self) -> bytes:
         """The 44 header bytes."""

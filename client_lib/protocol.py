@@ -46,6 +46,14 @@ _TYPES = {int(t): t.name for t in consts.MsgType}
 _DTYPES = {0: "none", 1: "fp32", 2: "fp16"}
 _STATUS = {int(s): s.name for s in consts.Status}
 _FLAGS = ["RETRANSMIT", "F1", "F2", "F3", "F4", "F5", "F6", "F7"]
+_UINT = {1: ByteField, 2: ShortField, 4: IntField}
+#: header fields shown by name (or in hex) and their defaults
+_NAMED = {"magic": XShortField("magic", consts.MAGIC),
+          "msg_type": ByteEnumField("msg_type", consts.MsgType.LOOKUP_REQ, _TYPES),
+          "flags": FlagsField("flags", 0, 8, _FLAGS), "status": ShortEnumField("status", 0, _STATUS)}
+#: the other fields' defaults other than 0: None is filled in :meth:`Embnic.post_build`
+_DEFAULTS = {"version": consts.VERSION, "table_id": consts.NO_TABLE, "num_keys": None, "msg_len": None,
+             "frag_count": None, "frag_len": None}
 #: reply type -> the request types it answers (the inverse of consts.ANSWERS)
 _REPLY_OF = {r: tuple(q for q, rs in consts.ANSWERS.items() if r in rs) for r in consts.REPLY_TYPES}
 
@@ -61,27 +69,9 @@ class Embnic(Packet):
     """
 
     name = "embnic"
-    fields_desc = [
-        XShortField("magic", consts.MAGIC),
-        ByteField("version", consts.VERSION),
-        ByteEnumField("msg_type", consts.MsgType.LOOKUP_REQ, _TYPES),
-        FlagsField("flags", 0, 8, _FLAGS),
-        ByteField("reserved0", 0),
-        ShortEnumField("status", 0, _STATUS),
-        IntField("msg_id", 0),
-        ShortField("client_id", 0),
-        ShortField("shard_id", 0),
-        ShortField("num_tables", 0),
-        ShortField("table_id", consts.NO_TABLE),
-        IntField("num_keys", None),
-        IntField("value_len", 0),
-        IntField("msg_len", None),
-        IntField("frag_offset", 0),
-        ShortField("frag_index", 0),
-        ShortField("frag_count", None),
-        ShortField("frag_len", None),
-        ShortField("reserved", 0),
-    ]
+    #: one field per consts.HEADER_FIELDS entry: an unsigned int of its size (default 0, or
+    #: :data:`_DEFAULTS`) unless :data:`_NAMED` gives it value names
+    fields_desc = [_NAMED.get(n) or _UINT[size](n, _DEFAULTS.get(n, 0)) for n, _, size in consts.HEADER_FIELDS]
 
     def add_underlayer(self, underlayer) -> None:
         """Under a UDP layer, fill the ports a user did not give: a request (LOOKUP_REQ,
