@@ -61,16 +61,11 @@ class Impairment:
     def netem_args(self) -> list[str]:
         """Arguments after ``tc qdisc ... netem``."""
         delay = self.delay_ms if self.delay_ms > 0 else (1.0 if self.reorder > 0 else 0.0)
-        args = []
-        if delay > 0:
-            args += ["delay", f"{delay:g}ms"]
-        if self.loss > 0:
-            args += ["loss", f"{self.loss:g}%"]
-        if self.duplicate > 0:
-            args += ["duplicate", f"{self.duplicate:g}%"]
-        if self.reorder > 0:
-            args += ["reorder", f"{self.reorder:g}%", "50%"]
-        return args
+        args = ["delay", f"{delay:g}ms"] if delay > 0 else []
+        for word, pct in (("loss", self.loss), ("duplicate", self.duplicate), ("reorder", self.reorder)):
+            if pct > 0:
+                args += [word, f"{pct:g}%"]
+        return args + (["50%"] if self.reorder > 0 else [])
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -148,8 +143,16 @@ def _per_link(state: dict) -> dict[str, dict]:
     return dict((state.get("netem") or {}).get("per_link", {}))
 
 
-def _set_per_link(state: dict, per_link: dict[str, dict]) -> None:
-    state["netem"] = {"per_link": per_link} if per_link else None
+def _record_link(state: dict, rdir: Path, peer: str, rec: dict | None) -> None:
+    """Set link ``peer``'s impairment record in the testbed state (None: remove it) and save the
+    state at once (so ``down`` finds what was set even if a later step fails)."""
+    per = _per_link(state)
+    if rec is None:
+        per.pop(peer, None)
+    else:
+        per[peer] = rec
+    state["netem"] = {"per_link": per} if per else None
+    save_testbed_state(state, rdir)
 
 
 def _resolve_links(name: str, state: dict, links: list[str] | None) -> list[dict]:
@@ -301,15 +304,6 @@ def _ends(lk: dict, card_ns: str) -> tuple[tuple[str, str], tuple[str, str]]:
     return (lk["peer_ns"], lk["peer_if"]), (card_ns, lk["card_if"])
 
 
-def _record_link(state: dict, rdir: Path, peer: str, rec: dict) -> None:
-    """Set link ``peer``'s impairment record in the testbed state and save it at once (so
-    ``down`` finds what was set even if a later step fails)."""
-    per = _per_link(state)
-    per[peer] = rec
-    _set_per_link(state, per)
-    save_testbed_state(state, rdir)
-
-
 def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend: str, imp: Impairment,
                  ready_timeout: float, replacing: dict) -> dict[str, dict]:
     """Replace the impairment of each ``chosen`` link by ``imp`` with ``backend``; saves the state
@@ -320,26 +314,19 @@ def _setup_links(name: str, state: dict, rdir: Path, chosen: list[dict], backend
         prev = replacing.get(lk["peer"])
         if prev and not (prev.get("backend") == "tc" and backend == "tc"):  # tc → tc: `replace` is atomic
             _teardown_link(state, rdir, lk, prev)
-    if backend == "bpf":
-        for lk in chosen:
-            b = bpf_loss.attach(*_ends(lk, card_ns), imp.loss)
-            new[lk["peer"]] = {"backend": "bpf", "impairment": imp.as_dict(), "applied": time.time(), "helper": None,
-                               "bpf": b}
-            _record_link(state, rdir, lk["peer"], new[lk["peer"]])
-        return new
-    if backend == "tc":
-        for lk in chosen:
-            for ns, ifname in _ends(lk, card_ns):
-                run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem"] + imp.netem_args())
-            new[lk["peer"]] = {"backend": "tc", "impairment": imp.as_dict(), "applied": time.time(), "helper": None}
-            _record_link(state, rdir, lk["peer"], new[lk["peer"]])
-        return new
     started = []
     for lk in chosen:
-        h, proc = _start_helper(name, state, rdir, lk, imp)
-        new[lk["peer"]] = {"backend": "user", "impairment": imp.as_dict(), "applied": time.time(), "helper": h}
-        _record_link(state, rdir, lk["peer"], new[lk["peer"]])
-        started.append((lk, h, proc))
+        rec = new[lk["peer"]] = {"backend": backend, "impairment": imp.as_dict(), "applied": time.time(),
+                                 "helper": None}
+        if backend == "bpf":
+            rec["bpf"] = bpf_loss.attach(*_ends(lk, card_ns), imp.loss)
+        elif backend == "tc":
+            for ns, ifname in _ends(lk, card_ns):
+                run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem"] + imp.netem_args())
+        else:
+            rec["helper"], proc = _start_helper(name, state, rdir, lk, imp)
+            started.append((lk, rec["helper"], proc))
+        _record_link(state, rdir, lk["peer"], rec)
     for lk, h, proc in started:
         _redirect_to_helper(lk, h, proc, ready_timeout)
     return new
@@ -389,10 +376,9 @@ def _redirect_to_helper(lk: dict, h: dict, proc, ready_timeout: float) -> None:
     ns, ifname = lk["peer_ns"], lk["peer_if"]
     tap_o, tap_i = h["taps"]
     run_cmd(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "clsact"])
-    run_cmd(["tc", "-n", ns, "filter", "add", "dev", ifname, "egress", "protocol", "all", "prio", "1", "u32",
-          "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_o])
-    run_cmd(["tc", "-n", ns, "filter", "add", "dev", ifname, "ingress", "protocol", "all", "prio", "1", "u32",
-          "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap_i])
+    for hook, tap in (("egress", tap_o), ("ingress", tap_i)):
+        run_cmd(["tc", "-n", ns, "filter", "add", "dev", ifname, hook, "protocol", "all", "prio", "1", "u32",
+                 "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", tap])
 
 
 def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
@@ -418,10 +404,7 @@ def _teardown_link(state: dict, rdir: Path, lk: dict, rec: dict) -> dict | None:
             Netns(ns).delete_link(tap)
         counters = read_stats(h.get("stats"))
         state["procs"] = [p for p in state.get("procs", []) if p not in mine]
-    per = _per_link(state)
-    per.pop(lk["peer"], None)
-    _set_per_link(state, per)
-    save_testbed_state(state, rdir)
+    _record_link(state, rdir, lk["peer"], None)
     return counters
 
 
@@ -453,9 +436,11 @@ def _need_state(name: str, rdir: Path) -> dict:
     return state
 
 
-def _common(values: list):
-    """The one value of a list if all are equal, else None."""
-    return values[0] if values and all(v == values[0] for v in values) else None
+def _summary(per: dict[str, dict], links: list[str]) -> dict:
+    """``{"links", "backend": their common backend or "mixed", "impairment": their common one or None}``."""
+    common = [[per[p].get(k) for p in links] for k in ("backend", "impairment")]
+    backend, imp = (vs[0] if vs and all(v == vs[0] for v in vs) else None for vs in common)
+    return {"links": links, "backend": backend or "mixed", "impairment": imp}
 
 
 def clear(name: str, *, links: list[str] | None = None, rdir: Path | None = None) -> dict | None:
@@ -478,12 +463,10 @@ def clear(name: str, *, links: list[str] | None = None, rdir: Path | None = None
     todo = [lk for lk in chosen if lk["peer"] in per]
     if not todo:
         if state.get("netem") and not per:
-            _set_per_link(state, {})
+            state["netem"] = None
             save_testbed_state(state, rdir)
         return None
-    backends = [per[lk["peer"]].get("backend") for lk in todo]
-    out = {"links": [lk["peer"] for lk in todo], "backend": _common(backends) or "mixed",
-           "impairment": _common([per[lk["peer"]].get("impairment") for lk in todo]), "helpers": {}}
+    out = {**_summary(per, [lk["peer"] for lk in todo]), "helpers": {}}
     for lk in todo:
         c = _teardown_link(state, rdir, lk, per[lk["peer"]])
         if per[lk["peer"]].get("backend") in ("user", "bpf"):
@@ -525,9 +508,7 @@ def show(name: str, *, rdir: Path | None = None) -> dict | None:
     order = {lk["peer"]: lk.get("port", 0) for lk in state.get("links", [])}
     links = sorted(per, key=lambda p: order.get(p, 1 << 30))
     return {
-        "links": links,
-        "backend": _common([per[p].get("backend") for p in links]) or "mixed",
-        "impairment": _common([per[p].get("impairment") for p in links]),
+        **_summary(per, links),
         "per_link": {p: {"backend": per[p].get("backend"), "impairment": per[p].get("impairment"),
                          "pid": (per[p].get("helper") or {}).get("pid")} for p in links},
         "counters": {p: _counters(per[p]) for p in links if per[p].get("backend") in ("user", "bpf")},

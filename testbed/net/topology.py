@@ -284,26 +284,23 @@ class Testbed:
     def _start_card(self, timeout: float) -> None:
         cfg = self.cfg
         ctl = cfg.raw["control"]
+        kw = {"netns": self.topo.card_ns, "vdevs": self.topo.vdevs(), "name": "card", "run_dir": self.dir}
         if self.target_name == "bmv2":
             from embnic.control.targets.bmv2.target import Bmv2Target
 
             # simple_switch in the card namespace (no address but loopback), on the card's veth ends
-            self.target = Bmv2Target(cfg, netns=self.topo.card_ns, vdevs=self.topo.vdevs(), name="card",
-                                     run_dir=self.dir, ready_timeout=max(timeout, 60.0))
+            self.target = Bmv2Target(cfg, ready_timeout=max(timeout, 60.0), **kw)
         elif self.target_name == "p4dpdk":
             from embnic.control.targets.p4dpdk.target import P4DpdkTarget
 
             # embnic-swx with the C card's EAL arguments and vdevs (its first lcore only)
-            self.target = P4DpdkTarget(cfg, eal_args=ctl["eal_args"], netns=self.topo.card_ns, name="card",
-                                       run_dir=self.dir, vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"],
-                                       ready_timeout=max(timeout, 60.0))
+            self.target = P4DpdkTarget(cfg, eal_args=ctl["eal_args"], ctl_path=ctl["ctl"],
+                                       ready_timeout=max(timeout, 60.0), **kw)
         else:
             from embnic.control.targets.dpdk.target import DpdkTarget
 
-            self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"],
-                                     netns=self.topo.card_ns, name="card", run_dir=self.dir,
-                                     vdevs=self.topo.vdevs(), ctl_path=ctl["ctl"], ready_timeout=timeout,
-                                     card_args=ctl.get("card_args", ()))
+            self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"], ctl_path=ctl["ctl"],
+                                     ready_timeout=timeout, card_args=ctl.get("card_args", ()), **kw)
         # record before starting so `down` finds it even if we crash inside load()
         self.state["card"] = {"run_dir": str(self.dir), "name": "card", "ctl": ctl["ctl"],
                               "log": str(self.dir / "card.log"), "target": self.target_name}
@@ -465,18 +462,16 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
         ext = loaded_card(name, rdir)
         if ext is not None:
             pname = card_pipeline_name(name)
-            base = {"pipeline": pname, "loaded_by": "pipeline load", "pid": ext.get("pid"), "ctl": ext.get("ctl"),
-                    "log": ext.get("log"), "state_file": str(runstate_path(rdir, pname))}
+            out["card"] = {"pipeline": pname, "loaded_by": "pipeline load", "pid": ext.get("pid"), "ctl": ext.get("ctl"),
+                           "log": ext.get("log"), "state_file": str(runstate_path(rdir, pname)), "running": False}
             if ext.get("corrupt"):
-                out["card"] = {**base, "running": False,
-                               "error": f"the state file of pipeline {pname} is damaged; `embnic pipeline unload "
-                                        f"--name {pname}` removes it"}
+                out["card"]["error"] = (f"the state file of pipeline {pname} is damaged; `embnic pipeline unload "
+                                        f"--name {pname}` removes it")
             elif not pid_matches(ext):
-                out["card"] = {**base, "running": False,
-                               "error": f"the card (pipeline {pname}, pid {ext.get('pid')}, from `pipeline load`) is "
-                                        f"not running; see {ext.get('log')}"}
+                out["card"]["error"] = (f"the card (pipeline {pname}, pid {ext.get('pid')}, from `pipeline load`) is "
+                                        f"not running; see {ext.get('log')}")
             else:
-                out["card"] = {**base, "running": True}
+                out["card"]["running"] = True
                 if counters:
                     out["card"].update(_card_counters(ext.get("target"), pname, rdir))
     elif counters and isinstance(card, dict):
