@@ -163,6 +163,19 @@ RING_FIELDS = ("msg_type", "flags", "msg_id", "client_id", "shard_id", "num_tabl
                "value_len", "msg_len", "frag_index", "frag_count", "frag_len", "ingress_port", "time_us")
 
 
+def ring_entries(head: int, regs: dict[str, list[int]], last: int) -> list[dict]:
+    """The ``last`` most recent headers of the header ring, newest first, from ``ring_head`` (``head``:
+    headers ever logged) and the ring's registers (``{"ring_" + field: cells}``, :data:`RING_FIELDS`).
+
+    Raises:
+        ValueError: ``last`` < 0.
+    """
+    if last < 0:
+        raise ValueError(f"last must be >= 0, got {last}")
+    size = constants()["RING_SLOTS"]
+    return [{f: regs[f"ring_{f}"][(head - k) % size] for f in RING_FIELDS} for k in range(1, min(last, head, size) + 1)]
+
+
 def decode_state_map(regs: dict[str, list[int]]) -> list[dict]:
     """Live entries of the state map from its registers (:data:`STATE_REGISTERS`, each a list of
     STATE_SLOTS cells, however the target read them): ``[{slot, client_id, msg_id, state,
@@ -242,13 +255,14 @@ def peer_params(p) -> tuple[int, int, int, int]:
     return p.port, mac_int(p.mac), ip_int(p.ip), p.udp_port
 
 
-def peer_of_entry(kind: str, key: list[int], params: list[int]):
-    """The :class:`~embnic.control.targets.base.Peer` of ``kind`` an entry of its P4 table holds
-    (its key, :func:`peer_params`)."""
+def peers_of(kind: str, entries: list[dict]) -> list:
+    """The :class:`~embnic.control.targets.base.Peer` of ``kind`` each entry (``{key, params}``, :func:`peer_params`)
+    of its P4 table holds, by id."""
     from embnic.control.targets.base import Peer
 
-    return Peer(kind, key[0], params[0], params[1].to_bytes(6, "big").hex(":"),
-                str(ipaddress.IPv4Address(params[2])), params[3])
+    return sorted((Peer(kind, e["key"][0], e["params"][0], e["params"][1].to_bytes(6, "big").hex(":"),
+                        str(ipaddress.IPv4Address(e["params"][2])), e["params"][3]) for e in entries),
+                  key=lambda x: x.id)
 
 
 #: the P4 card's counters (p4/ingress.p4, p4/state_map.p4), all zeroed by a counter reset

@@ -200,20 +200,10 @@ def read_state_map(sw: SimpleSwitch) -> list[dict]:
     return decode_state_map(regs)
 
 
-
-
 def read_ring(sw: SimpleSwitch, last: int) -> list[dict]:
-    """The ``last`` most recent accepted headers of the header ring, newest first."""
-    if last < 0:
-        raise ValueError(f"last must be >= 0, got {last}")
-    size = p4prog.constants()["RING_SLOTS"]
+    """The ``last`` most recent accepted headers of the header ring, newest first
+    (:func:`p4program.ring_entries`; ValueError: ``last`` < 0)."""
     regs = parse_registers(sw.cli(["register_read ring_head"] + [f"register_read ring_{f}" for f in RING_FIELDS]))
-    head = regs.get("ring_head", [None])[0]
-    if head is None:
+    if "ring_head" not in regs:
         raise Bmv2Error("register ring_head missing from simple_switch_CLI output")
-    n = min(last, head, size)
-    out = []
-    for k in range(1, n + 1):
-        i = (head - k) % size
-        out.append({f: regs[f"ring_{f}"][i] for f in RING_FIELDS})
-    return out
+    return p4prog.ring_entries(regs["ring_head"][0], regs, last)

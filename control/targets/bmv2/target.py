@@ -26,6 +26,7 @@ made for it (``embnic-bmv2-NAME``), into which the interfaces are moved with IPv
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -38,15 +39,26 @@ from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.control import netns
 from embnic.control.targets.bmv2 import switch as bmv2
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
+from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
 from embnic.control.targets import p4program as p4prog
 from embnic.control.errors import MissingDependencyError, NoSuchEntryError, OperationalError, UsageError
 from embnic.control.netns import Netns, NetnsError
 from embnic.control.runstate import (ensure_run_dir, pid_matches, proc_starttime, read_state, remove_state,
                                      require_netns, require_root, write_state)
 from embnic.control.targets.dpdk.process import stop_recorded
+from embnic.control.targets.dpdk.xdp import devargs
 from embnic.control.targets.base import Peer, Target, check_peer_port, count_peers, describe_state, peer_kind, peers_from_config
 
-_IFACE = re.compile(r"(?:^|,)iface=([^,]+)")
+def _operational(fn):
+    """``fn`` with a :class:`Bmv2Error` or :class:`P4RuntimeError` raised as :class:`OperationalError`
+    (same message): what the CLI reports of a switch that refused or failed."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except (bmv2.Bmv2Error, P4RuntimeError) as e:
+            raise OperationalError(str(e)) from None
+    return wrapper
 
 
 def interfaces_from_vdevs(vdevs: Sequence[str]) -> list[str]:
@@ -55,14 +67,11 @@ def interfaces_from_vdevs(vdevs: Sequence[str]) -> list[str]:
     Raises:
         UsageError: a vdev without ``iface=`` (BMv2 needs a network interface per port).
     """
-    out = []
     for v in vdevs:
-        m = _IFACE.search(v)
-        if not m:
+        if not devargs(v).get("iface"):
             raise UsageError(f"--vdev {v!r}: the bmv2 target needs an interface per card port "
-                                   "(net_af_packet<i>,iface=NAME)")
-        out.append(m.group(1))
-    return out
+                             "(net_af_packet<i>,iface=NAME)")
+    return [devargs(v)["iface"] for v in vdevs]
 
 
 def handle_zero_placeholders(commands: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -210,17 +219,14 @@ class Bmv2Target(Target):
     def log_path(self) -> Path:
         return self.run_dir / f"{self.instance}.log"
 
-    def _transient_files(self) -> list[Path]:
-        """Run-directory files a load makes that the running card does not need once its switch
-        is up: the programming switch's logs and the saved state it hands over (and the build
+    def _remove_transient_files(self) -> None:
+        """Remove the run-directory files a load makes that the running card does not need once its
+        switch is up: the programming switch's logs and the saved state it hands over (and the build
         directory earlier versions kept here). Only the card switch's logs outlive an unload,
         as the dpdk target's log does."""
         base = self.run_dir / self.instance
-        return [Path(f"{base}.bmv2state"), Path(f"{base}-program.log.txt"), Path(f"{base}-program.log.out"),
-                Path(f"{base}-p4")]
-
-    def _remove_transient_files(self) -> None:
-        for path in self._transient_files():
+        for path in (Path(f"{base}.bmv2state"), Path(f"{base}-program.log.txt"), Path(f"{base}-program.log.out"),
+                     Path(f"{base}-p4")):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -249,16 +255,14 @@ class Bmv2Target(Target):
         return bmv2.SimpleSwitch(Path(st["json"]), Netns(st["netns"]), {}, log=Path(st["log"]),
                                  thrift_port=int(st["thrift_port"]), grpc_addr=st.get("p4rt"))
 
+    @_operational
     def cli(self, commands: Sequence[str]) -> str:
         """Run runtime-CLI commands on the loaded switch.
 
         Raises:
             OperationalError: not loaded, or the CLI refused a command (its message).
         """
-        try:
-            return self._switch().cli(commands)
-        except bmv2.Bmv2Error as e:
-            raise OperationalError(str(e)) from None
+        return self._switch().cli(commands)
 
     # ------------------------------------------------------------------ lifecycle
     def _tools(self, channel: str) -> None:
@@ -376,16 +380,21 @@ class Bmv2Target(Target):
         return {**state, **count_peers(peers), "info": info,
                 "warnings": [note] if note else []}
 
-    def _state(self, sw: bmv2.SimpleSwitch, pid: int, json_path: Path, ns: Netns, ports: dict,
-               channel: str) -> dict:
+    def _start(self, sw: bmv2.SimpleSwitch, json_path: Path, ns: Netns, ports: dict, channel: str) -> dict:
+        """Start the card's switch ``sw``, write the state file (before waiting: ``unload`` finds a
+        half-started one), wait until it is ready; returns the state."""
+        pid = sw.start()
         ctl = f"thrift 127.0.0.1:{self.thrift_port} in netns {ns.name}"
         if channel == "p4runtime":
             ctl = f"p4runtime {sw.grpc_addr} (tables); {ctl} (registers, counters, queues)"
-        return {"target": "bmv2", "channel": channel, "pid": pid, "starttime": proc_starttime(pid),
+        state = {"target": "bmv2", "channel": channel, "pid": pid, "starttime": proc_starttime(pid),
                 "netns": ns.name, "thrift_port": self.thrift_port, "p4rt": sw.grpc_addr, "json": str(json_path),
                 "p4info": str(bmv2.p4info_path(json_path)) if channel == "p4runtime" else None,
                 "log": str(sw.log_file), "ctl": ctl, "started": time.time(), "interfaces": ports,
                 "argv": sw.command(), "switch": bmv2.CHANNEL_SWITCH[channel]}
+        write_state(self.run_dir, self.instance, state)
+        sw.wait_ready(self.ready_timeout)
+        return state
 
     def _start_thrift(self, json_path: Path, ns: Netns, ports: dict,
                       card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
@@ -408,10 +417,7 @@ class Bmv2Target(Target):
             prog.stop(self.stop_timeout)
         sw = bmv2.SimpleSwitch(json_path, ns, ports, log=self.log_path, restore_state=state_file,
                                thrift_port=self.thrift_port)
-        pid = sw.start()
-        state = self._state(sw, pid, json_path, ns, ports, "thrift")
-        write_state(self.run_dir, self.instance, state)  # before waiting: `unload` finds a half-started one
-        sw.wait_ready(self.ready_timeout)
+        state = self._start(sw, json_path, ns, ports, "thrift")
         sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
         return sw, state
 
@@ -423,10 +429,7 @@ class Bmv2Target(Target):
         self.p4rt_socket.unlink(missing_ok=True)  # a stale socket of a killed switch
         sw = bmv2.SimpleSwitch(None, ns, {}, log=self.log_path, thrift_port=self.thrift_port,
                                grpc_addr=f"unix:{self.p4rt_socket}")
-        pid = sw.start()
-        state = self._state(sw, pid, json_path, ns, ports, "p4runtime")
-        write_state(self.run_dir, self.instance, state)  # before waiting: `unload` finds a half-started one
-        sw.wait_ready(self.ready_timeout)
+        state = self._start(sw, json_path, ns, ports, "p4runtime")
         state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card, timeout=self.ready_timeout)
         sw.port_add(ports)
         return sw, state
@@ -504,38 +507,30 @@ class Bmv2Target(Target):
         return bool(st) and not st.get("corrupt") and st.get("target") == "bmv2" and pid_matches(st)
 
     # ------------------------------------------------------------------ tables
+    @_operational
     def _p4rt(self, st: dict):
         """A P4Runtime client of the loaded switch (its P4Info fetched from the switch)."""
-        try:
-            c = self._switch(st).p4runtime(timeout=self.ready_timeout)
-            c.get_p4info()
-            return c
-        except Exception as e:
-            from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
+        c = self._switch(st).p4runtime(timeout=self.ready_timeout)
+        c.get_p4info()
+        return c
 
-            if isinstance(e, (P4RuntimeError, bmv2.Bmv2Error)):
-                raise OperationalError(str(e)) from None
-            raise
-
+    @_operational
     def _dump(self, table: str) -> list[dict]:
         """Entries of ``table`` as ``[{key: [ints], action, params: [ints]}]`` (Thrift: with
         ``handle``), over the loaded pipeline's channel."""
         st = self.state() or {}
         if self.channel(st) != "p4runtime":
             return parse_table_dump(self.cli([f"table_dump {table}"]))
-        from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
-
         c = self._p4rt(st)
         try:
             return [{"key": list(e.key), "action": e.action, "params": list(e.params)} for e in c.read_table(table)]
-        except P4RuntimeError as e:
-            raise OperationalError(str(e)) from None
         finally:
             c.close()
 
     def _allow_handle(self, is_request: int, id_: int) -> list[int]:
         return [e["handle"] for e in self._dump("sender_allowlist") if e["key"][:2] == [is_request, id_]]
 
+    @_operational
     def _replace(self, kind: str, id_: int, add: list) -> None:
         """Replace the entry of peer ``id_`` of ``kind`` in its table and its allowlist entries by
         ``add`` (TableEntry objects; none: delete them)."""
@@ -546,8 +541,6 @@ class Bmv2Target(Target):
             cmds += [f"table_delete sender_allowlist {h}" for h in self._allow_handle(is_request, id_)]
             self.cli(cmds + [e.cli_add() for e in add])
             return
-        from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
-
         c = self._p4rt(st)
         try:
             old = [e for e in c.read_table(table) if e.key == (id_,)]
@@ -560,8 +553,6 @@ class Bmv2Target(Target):
             c.write(deletes=stale)
             c.write(inserts=[e for e in add if (e.table, e.key) not in old_by_key],
                     modifies=[e for e in add if (e.table, e.key) in old_by_key and old_by_key[(e.table, e.key)] != e])
-        except P4RuntimeError as e:
-            raise OperationalError(str(e)) from None
         finally:
             c.close()
 
@@ -582,14 +573,14 @@ class Bmv2Target(Target):
         self._replace(kind, id_, [])
 
     def peer_list(self, kind: str) -> list[Peer]:
-        entries = self._dump(peer_kind(kind).p4_table)
-        return sorted((p4prog.peer_of_entry(kind, e["key"], e["params"]) for e in entries), key=lambda x: x.id)
+        return p4prog.peers_of(kind, self._dump(peer_kind(kind).p4_table))
 
     # ------------------------------------------------------------------ observation
     def _nb_ports(self) -> int:
         st = self.state() or {}
         return len(st.get("interfaces") or {}) or (len(self.config.card.ports) if self.config else 1)
 
+    @_operational
     def counters(self) -> dict:
         """Counters in the dpdk target's shape; ``ring`` is the header ring (size, entries logged),
         ``mempool`` is absent (BMv2 has none), ``state`` has ``entries``/``capacity`` too, and
@@ -606,12 +597,9 @@ class Bmv2Target(Target):
         "thrift", "tables": address, "registers": address}``.
         """
         st = self.state() or {}
-        try:
-            shards = sorted(e["key"][0] for e in self._dump("route_by_shard"))
-            c = bmv2_runtime.read_counters(self._switch(st), self._nb_ports(), shards)
-            ring = bmv2_runtime.parse_registers(self.cli(["register_read ring_head"])).get("ring_head", [0])[0]
-        except bmv2.Bmv2Error as e:
-            raise OperationalError(str(e)) from None
+        shards = sorted(e["key"][0] for e in self._dump("route_by_shard"))
+        c = bmv2_runtime.read_counters(self._switch(st), self._nb_ports(), shards)
+        ring = bmv2_runtime.parse_registers(self.cli(["register_read ring_head"])).get("ring_head", [0])[0]
         base = st.get("port_base") or {}
         ifaces = {int(k): v for k, v in (st.get("interfaces") or {}).items()}
         iface = interface_rx(st["netns"], ifaces) if ifaces else {}
@@ -638,30 +626,24 @@ class Bmv2Target(Target):
         return {"channel": ch, "switch": st.get("switch") or bmv2.CHANNEL_SWITCH[ch],
                 "tables": st.get("p4rt") if ch == "p4runtime" else thrift, "registers": thrift}
 
+    @_operational
     def state_summary(self) -> dict:
-        try:
-            entries = bmv2_runtime.read_state_map(self._switch())
-            c = bmv2_runtime.parse_counters(self.cli(["counter_read state_expired 0",
-                                                      f"counter_read drop_reasons {p4prog.constants()['DROP_STATE_FULL']}"]))
-        except bmv2.Bmv2Error as e:
-            raise OperationalError(str(e)) from None
-        full = c.get("drop_reasons", {}).get(p4prog.constants()["DROP_STATE_FULL"], (0, 0))[0]
-        return p4prog.summarize_state(entries, full, c.get("state_expired", {}).get(0, (0, 0))[0])
+        entries = bmv2_runtime.read_state_map(self._switch())
+        full = p4prog.constants()["DROP_STATE_FULL"]
+        c = bmv2_runtime.parse_counters(self.cli(["counter_read state_expired 0", f"counter_read drop_reasons {full}"]))
+        return p4prog.summarize_state(entries, c.get("drop_reasons", {}).get(full, (0, 0))[0],
+                                      c.get("state_expired", {}).get(0, (0, 0))[0])
 
+    @_operational
     def state_dump(self, limit: int = 1000) -> list[dict]:
         """Live state map entries in the dpdk target's keys (timestamps: ns since the switch started)."""
-        try:
-            return p4prog.dump_state(bmv2_runtime.read_state_map(self._switch())[:limit])
-        except bmv2.Bmv2Error as e:
-            raise OperationalError(str(e)) from None
+        return p4prog.dump_state(bmv2_runtime.read_state_map(self._switch())[:limit])
 
+    @_operational
     def ring(self, last: int) -> list[dict]:
         """The ``last`` most recent accepted headers (newest first), ``in_ring`` False: BMv2
         runs each frame through the whole pipeline at once, so none is ever waiting."""
-        try:
-            return [{**e, "in_ring": False} for e in bmv2_runtime.read_ring(self._switch(), last)]
-        except bmv2.Bmv2Error as e:
-            raise OperationalError(str(e)) from None
+        return [{**e, "in_ring": False} for e in bmv2_runtime.read_ring(self._switch(), last)]
 
     def info(self) -> dict:
         st = self.state() or {}

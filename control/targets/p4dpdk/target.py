@@ -125,8 +125,7 @@ class SwxCard:
 
     def peers(self, kind: str) -> list[Peer]:
         """The peers of ``kind`` in the card's table, by id."""
-        entries = self.dump(peer_kind(kind).p4_table)
-        return sorted((p4prog.peer_of_entry(kind, e["key"], e["params"]) for e in entries), key=lambda x: x.id)
+        return p4prog.peers_of(kind, self.dump(peer_kind(kind).p4_table))
 
     # ------------------------------------------------------------------ registers and counters
     def reg(self, name: str, index: int = 0, count: int | None = None) -> list[int]:
@@ -162,12 +161,8 @@ class SwxCard:
         return decode_state_map({r: self.reg(r) for r in STATE_REGISTERS})
 
     def ring(self, last: int) -> list[dict]:
-        if last < 0:
-            raise ValueError(f"last must be >= 0, got {last}")
-        size = p4prog.constants()["RING_SLOTS"]
         head = self.reg("ring_head", 0, 1)[0]
-        regs = {f: self.reg(f"ring_{f}") for f in RING_FIELDS}
-        return [{f: regs[f][(head - k) % size] for f in RING_FIELDS} for k in range(1, min(last, head, size) + 1)]
+        return p4prog.ring_entries(head, {f"ring_{f}": self.reg(f"ring_{f}") for f in RING_FIELDS}, last)
 
 
 class P4DpdkTarget(DpdkCardTarget):
