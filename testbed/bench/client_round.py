@@ -5,13 +5,16 @@ The method: docs/bench.md, "embnic bench client: the client's round".
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from embnic.client_lib.client import EmbeddingClient
-from embnic.client_lib.config import load_config
+from embnic.client_lib.config import parse_config
 from embnic.testbed.net.toml_writer import dump_toml
 
 from .loadgen import ShardProcess
@@ -22,49 +25,14 @@ TABLES = (2, 26)
 TARGET = 1.2
 
 
-def _toml(n_tables: int = 26) -> str:
+def _cluster(n_tables: int = 26) -> dict:
     """The bench cluster: ``n_tables`` tables of dim 8 fp32 (Adagrad), two loopback shards, hash sharding."""
-    return dump_toml({
-        "cluster": {"name": "bench-client", "mtu": 1500, "seed": 5, "sharding": "hash", "timeout_ms": 500,
-                    "retries": 10},
-        "tables": [{"id": t, "name": f"C{t + 1}", "dim": 8, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01}
-                   for t in range(n_tables)],
-        "shards": [{"id": s, "ip": "127.0.0.1", "port": 17960 + s} for s in range(2)],
-        "clients": [{"id": 1, "ip": "127.0.0.1", "port": 17969}]})
-
-
-class Shards:
-    """The config's shards as processes on free loopback ports; :attr:`cfg` points at them."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = Path(workdir)
-        self.cfg_path = self.workdir / "bench-client.toml"
-        self.cfg_path.write_text(_toml())
-        self.procs: list[ShardProcess] = []
-        self.cfg = None
-
-    def __enter__(self) -> "Shards":
-        import dataclasses
-
-        cfg = load_config(self.cfg_path)
-        try:
-            for s in cfg.shards:
-                self.procs.append(ShardProcess(self.workdir, f"client-shard{s.id}", self.cfg_path.read_text(),
-                                               shard=s.id).start())
-        except BaseException:
-            self.__exit__()
-            raise
-        self.cfg = dataclasses.replace(cfg, shards=tuple(dataclasses.replace(s, port=p.port)
-                                                         for s, p in zip(cfg.shards, self.procs)))
-        return self
-
-    def cpu(self) -> float:
-        return sum(p.cpu() for p in self.procs)
-
-    def __exit__(self, *exc) -> None:
-        for p in self.procs:
-            p.stop()
-        self.procs = []
+    return {"cluster": {"name": "bench-client", "mtu": 1500, "seed": 5, "sharding": "hash", "timeout_ms": 500,
+                        "retries": 10},
+            "tables": [{"id": t, "name": f"C{t + 1}", "dim": 8, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01}
+                       for t in range(n_tables)],
+            "shards": [{"id": s, "ip": "127.0.0.1", "port": 17960 + s} for s in range(2)],
+            "clients": [{"id": 1, "ip": "127.0.0.1", "port": 17969}]}
 
 
 def _round_keys(rng, k: int, n_tables: int, sets: int) -> list[dict]:
@@ -74,8 +42,9 @@ def _round_keys(rng, k: int, n_tables: int, sets: int) -> list[dict]:
             for _ in range(sets)]
 
 
-def measure(cfg, shards: Shards, rounds: int, keys=None, tables=TABLES, seed: int = 1) -> dict:
-    """Per (op, K, tables): medians of the client's CPU µs, wall µs and the shards' CPU µs per round."""
+def measure(cfg, shard_cpu: Callable[[], float], rounds: int, keys=None, tables=TABLES, seed: int = 1) -> dict:
+    """Per (op, K, tables): medians of the client's CPU µs, wall µs and the shards' CPU µs per round
+    (``shard_cpu()``: the shards' CPU seconds so far)."""
     keys = KEYS if keys is None else keys
     rng = np.random.default_rng(seed)
     work = {(k, t): _round_keys(rng, k, t, 4) for k in keys for t in tables}
@@ -93,9 +62,9 @@ def measure(cfg, shards: Shards, rounds: int, keys=None, tables=TABLES, seed: in
                 for t in (tables if i % 2 == 0 else tables[::-1]):
                     r, g = work[k, t][i % 4], grads[k, t][i % 4]
                     for op in ("lookup", "update"):
-                        s0, w0, c0 = shards.cpu(), time.perf_counter(), time.thread_time()
+                        s0, w0, c0 = shard_cpu(), time.perf_counter(), time.thread_time()
                         c.lookup(r) if op == "lookup" else c.update(g)
-                        c1, w1, s1 = time.thread_time(), time.perf_counter(), shards.cpu()
+                        c1, w1, s1 = time.thread_time(), time.perf_counter(), shard_cpu()
                         acc.setdefault((op, k, t), []).append(((c1 - c0) * 1e6, (w1 - w0) * 1e6, (s1 - s0) * 1e6))
         msgs = c.stats.messages_per_round()
     for (op, k, t), v in acc.items():
@@ -126,9 +95,17 @@ def run(out_dir: Path, *, rounds: int = 40, keys=None, log=print) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     m0 = machine()
     res: dict = {}
-    with tempfile.TemporaryDirectory() as d, Shards(Path(d)) as sh:
+    cfg = parse_config(_cluster())
+    with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stop:
+        procs = []  # the config's shards as processes on free loopback ports, the config pointed at them
+        for s in cfg.shards:
+            procs.append(ShardProcess(Path(d), f"client-shard{s.id}", dump_toml(_cluster()), shard=s.id))
+            stop.callback(procs[-1].stop)
+            procs[-1].start()
+        cfg = dataclasses.replace(cfg, shards=tuple(dataclasses.replace(s, port=p.port)
+                                                    for s, p in zip(cfg.shards, procs)))
         log(f"client: C round, {rounds} rounds of each of {len(keys)} sizes x {len(TABLES)} table counts")
-        res["native"] = measure(sh.cfg, sh, rounds, keys)
+        res["native"] = measure(cfg, lambda: sum(p.cpu() for p in procs), rounds, keys)
     ratios = {name: {f"ratio_{m}_{op}_{k}": res[name][f"{op}_{k}_26"][f"{mk}"] / res[name][f"{op}_{k}_2"][f"{mk}"]
                      for op in ("lookup", "update") for k in keys
                      for m, mk in (("cpu", "client_cpu_us"), ("wall", "wall_us"), ("shard_cpu", "shard_cpu_us"))}

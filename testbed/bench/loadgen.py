@@ -8,7 +8,6 @@ import os
 import re
 import select
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -200,21 +199,6 @@ class Requests:
         self.reply_frames = (-(-(most * dim * 4) // P)) if op == "lookup" else 1
 
 
-def _header_struct(*names: str) -> struct.Struct:
-    """A struct reading header fields ``names`` (in offset order) from a header's first byte, each
-    where :data:`~embnic.client_lib.consts.HEADER_FIELDS` puts it (the bytes between skipped)."""
-    where = {n: (off, size) for n, off, size in consts.HEADER_FIELDS}
-    fmt, at = ">", 0
-    for n in names:
-        off, size = where[n]
-        fmt += "x" * (off - at) + {1: "B", 2: "H", 4: "I"}[size]
-        at = off + size
-    return struct.Struct(fmt)
-
-
-_REPLY_HEAD = _header_struct("msg_type", "status", "msg_id", "frag_len")
-
-
 class LoadGen:
     """A client socket on loopback that keeps ``window`` messages of :class:`Requests` in flight
     to the shard at ``port``."""
@@ -309,11 +293,11 @@ def _few_replies(rx: np.ndarray, lens: np.ndarray, m: int, w: Requests, got: np.
     """As :func:`_many_replies`, datagram by datagram."""
     fin = []
     for i in range(m):
-        mt, status, mid, frag_len = _REPLY_HEAD.unpack_from(rx[i], 0)
-        if mt != w.reply_type:
-            raise _wrong_reply(mt, status, mid)
-        j = mid - w.first_id
-        got[j] += -(-int(lens[i]) // max(consts.HDR_LEN + frag_len, 1))
+        h = codec.unpack_header(rx[i])
+        if h.msg_type != w.reply_type:
+            raise _wrong_reply(h.msg_type, h.status, h.msg_id)
+        j = h.msg_id - w.first_id
+        got[j] += -(-int(lens[i]) // max(consts.HDR_LEN + h.frag_len, 1))
         if got[j] >= w.reply_frames and t_done[j] == 0 and j not in fin:
             fin.append(j)
     return np.array(fin, np.int64)

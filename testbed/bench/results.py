@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,3 +43,14 @@ def merge_json(path: Path, key: str, value: dict, *, update: bool = False) -> di
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         tmp.replace(path)
     return data
+
+
+def at_least(bound: float, measured: float, note: str | None = None) -> dict:
+    """A target met when ``measured >= bound``: ``{target, measured, met}`` (and ``note``)."""
+    return {"target": bound, "measured": measured, "met": measured >= bound, **({"note": note} if note else {})}
+
+
+def load_since(before: tuple[float, float, float]) -> dict:
+    """``{loadavg_before, loadavg_after, cpus}``: the load average ``before`` (``os.getloadavg()``
+    at the start of a run) and now, and this machine's CPUs."""
+    return {"loadavg_before": list(before), "loadavg_after": list(os.getloadavg()), "cpus": os.cpu_count()}

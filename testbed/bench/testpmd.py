@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from embnic.client_lib.config import parse_lcores
 from embnic.control.targets.dpdk.process import DpdkProcError, DpdkProcess, eal_argv, unique_prefix
 from embnic.control.errors import require_program
 
@@ -42,7 +44,7 @@ class TestpmdProcess:
         self.log_path = Path(log) if log else self._dir / "testpmd.log"
         self.binary, self.mbufs, self.mbcache, self.burst = binary, mbufs, mbcache, burst
         extra = ["--main-lcore", str(main_lcore)] if main_lcore is not None else []
-        nb_cores = max(1, len(_lcore_list(lcores)) - 1)
+        nb_cores = max(1, len(parse_lcores(re.sub(r"@\d+", "", lcores))) - 1)  # a --lcores map's lcores
         # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
         self.process = DpdkProcess(binary, eal_argv(lcores, self.prefix, self.vdevs, extra=extra),
                                    ["-i", f"--forward-mode={mode}", f"--total-num-mbufs={mbufs}",
@@ -121,15 +123,3 @@ class TestpmdProcess:
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-
-def _lcore_list(spec: str) -> list[int]:
-    """Lcore ids of an EAL ``-l`` list (``0,1`` or ``0-2``) or ``--lcores`` map (``0@0,1@1``)."""
-    out = []
-    for part in spec.split(","):
-        part = part.split("@")[0]
-        if "-" in part:
-            a, b = part.split("-")
-            out += range(int(a), int(b) + 1)
-        else:
-            out.append(int(part))
-    return out
