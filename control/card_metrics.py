@@ -126,11 +126,8 @@ def _port_families(out: _Out, c: dict) -> None:
     for k, what in (("rx_frames", "Frames received"), ("rx_bytes", "Bytes received"),
                     ("tx_frames", "Frames sent"), ("tx_bytes", "Bytes sent")):
         out.counter(k, f"{what} per card port.", ["port"], [((p["port"],), p.get(k, 0)) for p in ports])
-    rows = [((p["port"],), p["too_long_for_port"]) for p in ports if "too_long_for_port" in p]
-    if rows:
-        out.counter("too_long_for_port", "Frames for this port longer than it sends (dropped as too_long_for_port).",
-                    ["port"], rows)
-    for k, what in (("iface_rx_frames", "Frames the card port's interface took in (bmv2: kernel rx_packets "
+    for k, what in (("too_long_for_port", "Frames for this port longer than it sends (dropped as too_long_for_port)."),
+                    ("iface_rx_frames", "Frames the card port's interface took in (bmv2: kernel rx_packets "
                                         "+ rx_dropped since the load or the last counter reset)."),
                     ("lost_before_switch", "Frames the card port's interface took in that the switch's ingress "
                                            "never counted (bmv2: lost in its capture; exact at rest).")):
@@ -173,18 +170,17 @@ def _ring_families(out: _Out, c: dict) -> None:
         out.gauge("ring_size", "Header ring slots (summed over the rings of several state lcores).",
                   rows=[((), ring["size"])])
         out.gauge("ring_entries", "Headers waiting in the header ring.", rows=[((), ring.get("count", 0))])
-    if "rings" in ring:
-        out.gauge("rings", "Header rings (one per state lcore).", rows=[((), ring["rings"])])
-    if "high_water" in ring:
-        out.gauge("ring_high_water", "Most headers the ring held after an enqueue since the counters were reset.",
-                  rows=[((), ring["high_water"])])
-    if "logged" in ring:
-        out.counter("ring_logged", "Headers the card logged in its register ring (bmv2).", rows=[((), ring["logged"])])
+    for add, k, name, what in (
+            (out.gauge, "rings", "rings", "Header rings (one per state lcore)."),
+            (out.gauge, "high_water", "ring_high_water", "Most headers the ring held after an enqueue since the "
+                                                         "counters were reset."),
+            (out.counter, "logged", "ring_logged", "Headers the card logged in its register ring (bmv2).")):
+        if k in ring:
+            add(name, what, rows=[((), ring[k])])
     mp = c.get("mempool")
-    if mp:
-        out.gauge("mempool_size", "mbufs in the card's mempool.", rows=[((), mp.get("size", 0))])
-        out.gauge("mempool_available", "mbufs free (per-lcore caches included).", rows=[((), mp.get("available", 0))])
-        out.gauge("mempool_in_use", "mbufs in use.", rows=[((), mp.get("in_use", 0))])
+    for k, what in (("size", "mbufs in the card's mempool."), ("available", "mbufs free (per-lcore caches included)."),
+                    ("in_use", "mbufs in use.")) if mp else ():
+        out.gauge(f"mempool_{k}", what, rows=[((), mp.get(k, 0))])
 
 
 def _state_families(out: _Out, st: dict) -> None:
@@ -200,14 +196,14 @@ def _state_families(out: _Out, st: dict) -> None:
                 rows=[((), st.get("overflow", 0))])
     out.counter("state_expired", "State map entries freed by the state timeout.", rows=[((), st.get("expired", 0))])
     parts = st.get("by_partition", [])
-    if parts:
-        labels = ["partition", "lcore"]
-        out.gauge("state_partition_entries", "Messages in flight per state-map partition (one per state lcore).",
-                  labels, [((p["partition"], p["lcore"]), p["entries"]) for p in parts])
-        out.counter("state_partition_completed", "Messages completed per partition since the card started.",
-                    labels, [((p["partition"], p["lcore"]), p["completed_since_start"]) for p in parts])
-        out.counter("state_partition_expired", "Entries expired per partition since the card started.",
-                    labels, [((p["partition"], p["lcore"]), p["expired_since_start"]) for p in parts])
+    for add, name, k, what in (
+            (out.gauge, "entries", "entries", "Messages in flight per state-map partition (one per state lcore)."),
+            (out.counter, "completed", "completed_since_start", "Messages completed per partition since the card "
+                                                                "started."),
+            (out.counter, "expired", "expired_since_start", "Entries expired per partition since the card started.")
+    ) if parts else ():
+        add(f"state_partition_{name}", what, ["partition", "lcore"],
+            [((p["partition"], p["lcore"]), p[k]) for p in parts])
 
 
 def _shard_families(out: _Out, shards: list[dict]) -> None:
@@ -217,12 +213,11 @@ def _shard_families(out: _Out, shards: list[dict]) -> None:
     if rows:
         out.counter("shard_messages_completed", "Messages completed per shard, by reply type.",
                     ["shard", "reply_type"], rows)
-    rows = [((_shard(s),), s["completed"]) for s in shards if "completed" in s]
-    if rows:  # the bmv2 target counts completions per shard, not by reply type
-        out.counter("shard_completed", "Messages completed per shard (every reply type).", ["shard"], rows)
-    rows = [((_shard(s),), s["expired"]) for s in shards if "expired" in s]
-    if rows:
-        out.counter("shard_expired", "State map entries of each shard's messages that expired.", ["shard"], rows)
+    for k, what in (("completed", "Messages completed per shard (every reply type)."),  # bmv2: not by type
+                    ("expired", "State map entries of each shard's messages that expired.")):
+        rows = [((_shard(s),), s[k]) for s in shards if k in s]
+        if rows:
+            out.counter(f"shard_{k}", what, ["shard"], rows)
     hists = [s for s in shards if "latency_hist" in s]
     if hists:
         f = out.Histogram("embnic_card_shard_latency_seconds", "Time from a message's first request frame to its "

@@ -24,6 +24,8 @@ from embnic.client_lib.routing import shard_index_of
 #: bytes a frame takes on the wire beyond its UDP payload: Ethernet header 14, IPv4 20, UDP 8,
 #: FCS 4, preamble + start delimiter 8, inter-frame gap 12
 WIRE_OVERHEAD = 14 + consts.IPV4_HDR_LEN + consts.UDP_HDR_LEN + 4 + 8 + 12
+#: the :class:`Traffic` counts a shard's round adds to, in the order of :func:`_shard_round`'s totals
+_TOTALS = ("req_messages", "rep_messages", "req_frames", "rep_frames", "req_bytes", "rep_bytes", "probes")
 
 
 @dataclasses.dataclass
@@ -199,13 +201,8 @@ def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
                 got = memo[key] = _shard_round(cfg, mt, parts, acc[s], mtu=mtu, msg_frames=msg_frames,
                                                window_frames=window_frames, tail_probes=tail_probes, row=row)
             totals, acc[s], frames, n_in = got
-            tr.req_messages += totals[0]
-            tr.rep_messages += totals[1]
-            tr.req_frames += totals[2]
-            tr.rep_frames += totals[3]
-            tr.req_bytes += totals[4]
-            tr.rep_bytes += totals[5]
-            tr.probes += totals[6]
+            for field, v in zip(_TOTALS, totals):
+                setattr(tr, field, getattr(tr, field) + v)
             round_frames += frames
             round_inflight += n_in
         tr.round_frames.append(round_frames)
@@ -235,13 +232,10 @@ def _shard_round(cfg: ClusterConfig, mt: int, parts: tuple, start: list, *, mtu:
         req = consts.expected_msg_len(mt, T, n, vl)
         rep = vl if lookup else 0
         fq, fp = _frames(req, mtu), _frames(rep, mtu)
-        tot[0] += m
-        tot[1] += m
-        tot[2] += m * fq
-        tot[3] += m * fp
-        tot[4] += m * (req + consts.HDR_LEN * fq)
-        tot[5] += m * (rep + consts.HDR_LEN * fp)
-        for i, v in enumerate((n, req + consts.HDR_LEN * fq, rep + consts.HDR_LEN * fp, fq, fp, 0 if lookup else req)):
+        qb, pb = req + consts.HDR_LEN * fq, rep + consts.HDR_LEN * fp
+        for i, v in enumerate((1, 1, fq, fp, qb, pb)):
+            tot[i] += m * v
+        for i, v in enumerate((n, qb, pb, fq, fp, 0 if lookup else req)):
             acc[i] += float(v) * float(m)
         frames += m * (fq + fp)
         costs[fq + fp] = costs.get(fq + fp, 0) + m
@@ -260,14 +254,11 @@ def _shard_round(cfg: ClusterConfig, mt: int, parts: tuple, start: list, *, mtu:
     if tail_probes:
         preq = consts.expected_msg_len(MsgType.LOOKUP_REQ, 1, 1, row[last_first_table])
         prep = row[last_first_table]
-        tot[6] += 1
-        tot[2] += 1
-        tot[3] += _frames(prep, mtu)
-        tot[4] += preq + consts.HDR_LEN
-        tot[5] += prep + consts.HDR_LEN * _frames(prep, mtu)
-        for i, v in enumerate((1, preq + consts.HDR_LEN, prep + consts.HDR_LEN, 1, _frames(prep, mtu), 0)):
+        fp = _frames(prep, mtu)
+        tot = [a + v for a, v in zip(tot, (0, 0, 1, fp, preq + consts.HDR_LEN, prep + consts.HDR_LEN * fp, 1))]
+        for i, v in enumerate((1, preq + consts.HDR_LEN, prep + consts.HDR_LEN, 1, fp, 0)):
             acc[i] += float(v)
-        frames += 1 + _frames(prep, mtu)
+        frames += 1 + fp
         n_in += 1
     return tuple(tot), acc, frames, n_in
 
