@@ -57,8 +57,14 @@ def _names_table(values: type[enum.Enum]) -> str:
     return "{ " + ", ".join(f"[{int(m)}] = {lua_str(m.name)}" for m in members) + " }"
 
 
-def _uint_field(abbrev: str, title: str, size: int, *, hex_: bool = False, values: str = "nil",
+def _uint_field(abbrev: str, title: str, size: int | str, *, hex_: bool = False, values: str = "nil",
                 desc: str | None = None) -> str:
+    """The ProtoField of an unsigned field of ``size`` bytes, or of a body's scalar of numpy type
+    ``size`` (little-endian, unsigned)."""
+    if isinstance(size, str):
+        if np.dtype(size).kind != "u":
+            raise ValueError(f"{abbrev}: body scalar {size!r} is not an unsigned integer")
+        size = np.dtype(size).itemsize
     if size not in _UINT:
         raise ValueError(f"{abbrev}: no Wireshark unsigned field of {size} bytes")
     base = "base.HEX" if hex_ else "base.DEC"
@@ -159,15 +165,6 @@ def _header_lua(enums: dict[type, str]) -> str:
     out.append(f"local REQUEST = {{ {requests} }}\n-- consts.ANSWERS: request type -> reply types\n"
                f"local ANSWERS = {{ {answers} }}")
     return "\n".join(out)
-
-
-def _numpy_field(abbrev: str, title: str, np_type: str, values: str = "nil", *, hex_: bool = False,
-                 desc: str | None = None) -> tuple[str, int]:
-    """(ProtoField constructor, size) of a little-endian numpy scalar type in a body."""
-    dt = np.dtype(np_type)
-    if dt.kind == "u":
-        return _uint_field(abbrev, title, dt.itemsize, values=values, hex_=hex_, desc=desc), dt.itemsize
-    raise ValueError(f"{abbrev}: body scalar {np_type!r} is not an unsigned integer")
 
 
 def _directory() -> tuple[str, consts.BodyElement]:
@@ -284,8 +281,7 @@ def _body_lua(enums: dict[type, str]) -> str:
         e = consts.BODY_ELEMENTS[kind]
         title = item.capitalize()
         if e.numpy is not None:
-            ctor, _ = _numpy_field(f"embnic.{item}", title, e.numpy)
-            out.append(f"hf[{lua_str(item)}] = {ctor}")
+            out.append(f"hf[{lua_str(item)}] = " + _uint_field(f"embnic.{item}", title, e.numpy))
         else:
             out.append(f"hf[{lua_str(item)}] = ProtoField.bytes({lua_str('embnic.' + item)}, {lua_str(title)})")
         if item in grouped:
@@ -295,12 +291,11 @@ def _body_lua(enums: dict[type, str]) -> str:
         if e.values_of is not None:
             out.append(f"hf[{lua_str(item + '.value')}] = ProtoField.double({lua_str(f'embnic.{item}.value')}, "
                        f"\"Value\")")
-        if e.bits:
-            w = _UINT[2 if e.bits <= 0x10000 else 4]
-            out.append(f"hf[{lua_str(item + '.fragment')}] = ProtoField.{w}({lua_str(f'embnic.{item}.fragment')}, "
-                       f"\"Fragment\", base.DEC, nil, nil, \"a fragment index whose bit is set\")")
-            out.append(f"hf[{lua_str(item + '.missing')}] = ProtoField.{w}({lua_str(f'embnic.{item}.missing')}, "
-                       f"\"Missing fragment\", base.DEC, nil, nil, \"a fragment of the request whose bit is clear\")")
+        for sub, sub_title, desc in (("fragment", "Fragment", "a fragment index whose bit is set"),
+                                     ("missing", "Missing fragment", "a fragment of the request whose bit is clear")
+                                     ) if e.bits else ():
+            out.append(f"hf[{lua_str(f'{item}.{sub}')}] = " + _uint_field(
+                f"embnic.{item}.{sub}", sub_title, 2 if e.bits <= 0x10000 else 4, desc=desc))
         for fname, np_type in e.fields:
             doc = e.docs.get(fname) or consts.FIELD_DOCS.get(fname)
             vs = "nil"
@@ -309,9 +304,9 @@ def _body_lua(enums: dict[type, str]) -> str:
                     raise ValueError(f"BODY_ELEMENTS[{kind!r}] {fname}: its values {doc.values.__name__} have "
                                      f"no name table (name them in a header field's FieldDoc)")
                 vs = enums[doc.values]
-            ctor, _ = _numpy_field(f"embnic.{item}.{fname}", doc.title if doc else fname, np_type, vs,
-                                   hex_=bool(doc and doc.hex), desc=doc.meaning if doc else None)
-            out.append(f"hf[{lua_str(item + '.' + fname)}] = {ctor}")
+            out.append(f"hf[{lua_str(item + '.' + fname)}] = " + _uint_field(
+                f"embnic.{item}.{fname}", doc.title if doc else fname, np_type, values=vs,
+                hex_=bool(doc and doc.hex), desc=doc.meaning if doc else None))
     layout = []
     for t, sections in consts.BODY_LAYOUT.items():
         secs = []
