@@ -158,9 +158,11 @@ def impair_loop(iface: str, tap_out: str, tap_in: str, mac: str, imp: Impairment
 def main(argv: list[str] | None = None) -> None:
     """``python -m embnic.testbed.net.netem_helper --iface IF --tap-out T --tap-in T --mac M ...`` (the helper)."""
     ap = argparse.ArgumentParser(prog="embnic.testbed.net.netem_helper", description="user-space netem helper (one link)")
-    for flag, default in (("--iface", None), ("--tap-out", None), ("--tap-in", None), ("--mac", None), ("--loss", 0.0),
-                          ("--reorder", 0.0), ("--duplicate", 0.0), ("--delay", 5.0), ("--seed", 1), ("--stats", None)):
-        ap.add_argument(flag, **({"required": True} if default is None else {"type": type(default), "default": default}))
+    for flag, default in (("--iface", None), ("--tap-out", None), ("--tap-in", None), ("--mac", None),
+                          ("--loss", 0.0), ("--reorder", 0.0), ("--duplicate", 0.0), ("--delay", 5.0),
+                          ("--seed", 1), ("--stats", None)):
+        kw = {"required": True} if default is None else {"type": type(default), "default": default}
+        ap.add_argument(flag, **kw)
     a = ap.parse_args(argv)
     imp = Impairment(a.loss, a.reorder, a.duplicate, a.delay, a.seed)
     impair_loop(a.iface, a.tap_out, a.tap_in, a.mac, imp, a.stats)

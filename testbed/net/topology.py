@@ -462,8 +462,9 @@ def status(name: str, rdir: Path | None = None, counters: bool = True) -> dict:
         ext = loaded_card(name, rdir)
         if ext is not None:
             pname = card_pipeline_name(name)
-            out["card"] = {"pipeline": pname, "loaded_by": "pipeline load", "pid": ext.get("pid"), "ctl": ext.get("ctl"),
-                           "log": ext.get("log"), "state_file": str(runstate_path(rdir, pname)), "running": False}
+            out["card"] = {"pipeline": pname, "loaded_by": "pipeline load", "pid": ext.get("pid"),
+                           "ctl": ext.get("ctl"), "log": ext.get("log"),
+                           "state_file": str(runstate_path(rdir, pname)), "running": False}
             if ext.get("corrupt"):
                 out["card"]["error"] = (f"the state file of pipeline {pname} is damaged; `embnic pipeline unload "
                                         f"--name {pname}` removes it")

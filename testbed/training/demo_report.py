@@ -7,17 +7,17 @@ from pathlib import Path
 import numpy as np
 
 from . import report as R
-from .demo_options import DemoOptions
 
 LOSS_TOL = 1e-6  #: largest |Δ| of a step's loss through the card vs the in-process run
 PROBE_TARGET = 2.0  #: target: lookup p50 at most this many times the probe RTT p50 of the same run
 
 
-def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict, card_at_end: dict,
-            state_at_end: dict | None, card_final: dict | None, tables: dict | None, netem_rec: dict | None,
-            timing: dict, lat: list, kill_at: int | None, failure: dict | None, out: Path,
-            others: dict | None = None, probes: list | None = None, probe_sent: dict | None = None) -> dict:
-    """The report dict (fields in docs/testbed.md), written to ``out/report.json`` with its plots."""
+def build_report(run, ref, out: Path) -> dict:
+    """The report dict (fields in docs/testbed.md) of ``run`` (what the demo's run through the card
+    left: its options, losses, counters, failure, ...) and ``ref`` (the in-process reference run's
+    result), written to ``out/report.json`` with its plots."""
+    opts, res, losses, snap, failure = run.opts, run.res, run.losses, run.snap, run.failure
+    card_at_end, lat, probes = run.card_at_end, run.client.stats.lookup_latency_us[:snap["latencies"]], run.probes
     done = len(losses)
     steps = opts.steps
     ref_part = np.asarray(ref.loss[:done], np.float64)
@@ -32,8 +32,8 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
         "testbed": opts.name,
         "config": str(Path(opts.config).resolve()),
         "data": str(opts.data or "shipped Criteo sample (testbed/training/data)"),
-        "client": cid,
-        "other_clients": others or {},
+        "client": run.cid,
+        "other_clients": {str(r.client.client_id): r.result() for r in run.readers},
         "steps": steps,
         "steps_completed": done,
         "batch_size": opts.batch_size,
@@ -64,8 +64,8 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
         "ids": res.ids if res is not None else None,
         "unique_ids": res.unique_ids if res is not None else None,
         "lookup_latency_us": R.percentiles(lat),
-        "probe_rtt_us": R.percentiles(probes or []),
-        "probes": dict(probe_sent or {}),
+        "probe_rtt_us": R.percentiles(probes),
+        "probes": dict(run.probe_sent),
         "lookup_p50_over_probe_p50": ratio_p50(lat, probes),
         "latency_target": {"target": PROBE_TARGET, "measured": ratio_p50(lat, probes),
                            "met": (ratio_p50(lat, probes) or float("inf")) <= PROBE_TARGET},
@@ -77,15 +77,15 @@ def build_report(opts: DemoOptions, cid: int, ref, res, losses: list, snap: dict
                                      "by_port": {str(p["port"]): p.get("lost_before_switch")
                                                  for p in card_at_end.get("ports", [])}}),
         "card_control": card_at_end.get("control"),
-        "card": {**R.card_summary(card_at_end, state_at_end),
-                 "drops_incl_eval_and_readback": (card_final or {}).get("drops", {})},
+        "card": {**R.card_summary(card_at_end, run.state_at_end),
+                 "drops_incl_eval_and_readback": (run.card_final or {}).get("drops", {})},
         "client_drops": snap["drops"],
-        "tables": tables,
-        "netem": netem_rec,
+        "tables": run.tables,
+        "netem": run.netem_rec,
         "kill_shard": opts.kill_shard,
-        "kill_at_step": kill_at,
+        "kill_at_step": run.kill_at,
         "restart": bool(opts.restart),
-        "timing": {**timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
+        "timing": {**run.timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
     }
     title = (f"{'TorchRec DLRM' if opts.model == 'dlrm' else 'FM CTR model'} on Criteo, "
              f"{steps} steps × {opts.batch_size}")
