@@ -121,48 +121,38 @@ def measure_bmv2_veth(json_path: Path, path: VethPath, seconds: float, warmup: f
     clients = [Peer("client", c["client"], 0, c["mac"], c["ip"], c["udp_port"]) for c in BENCH_CLIENTS]
     program = bmv2_runtime.card_program(CARD_PORTS, routes + clients)
     ports = {0: path.dut_in, 1: path.dut_out}
-    if channel == "p4runtime":
-        sock = log_dir / f"{tag}.p4rt"
-        sock.unlink(missing_ok=True)
-        sw = bmv2.SimpleSwitch(None, ns, {}, log=log_dir / f"bmv2-{tag}.log", grpc_addr=f"unix:{sock}")
-        sw.start()
-        try:
+    with contextlib.ExitStack() as undo:  # the switch stopped, its socket or state file removed
+        if channel == "p4runtime":
+            sock = log_dir / f"{tag}.p4rt"
+            sock.unlink(missing_ok=True)
+            undo.callback(sock.unlink, missing_ok=True)
+            sw = bmv2.SimpleSwitch(None, ns, {}, log=log_dir / f"bmv2-{tag}.log", grpc_addr=f"unix:{sock}")
+            sw.start()
+            undo.callback(sw.stop)
             sw.wait_ready()
             bmv2_runtime.program_p4runtime(sw, json_path, program)
             _pin(sw.proc.pid, DUT_CPU)
             sw.port_add(ports)
-        except BaseException:
-            sw.stop()
-            sock.unlink(missing_ok=True)
-            raise
-    else:
-        state = log_dir / f"bmv2-{tag}.state"
-        prog = bmv2.SimpleSwitch(json_path, ns, {}, log=log_dir / f"bmv2-{tag}-program.log")
-        prog.start()
-        try:
-            prog.wait_ready()
-            prog.cli(program.cli_commands())
-            prog.save_state(state)
-        finally:
-            prog.stop()
-        sw = bmv2.SimpleSwitch(json_path, ns, ports, log=log_dir / f"bmv2-{tag}.log", restore_state=state)
-        sw.start()
-        try:
+        else:
+            state = log_dir / f"bmv2-{tag}.state"
+            undo.callback(state.unlink, missing_ok=True)
+            prog = bmv2.SimpleSwitch(json_path, ns, {}, log=log_dir / f"bmv2-{tag}-program.log")
+            prog.start()
+            try:
+                prog.wait_ready()
+                prog.cli(program.cli_commands())
+                prog.save_state(state)
+            finally:
+                prog.stop()
+            sw = bmv2.SimpleSwitch(json_path, ns, ports, log=log_dir / f"bmv2-{tag}.log", restore_state=state)
+            sw.start()
+            undo.callback(sw.stop)
             sw.wait_ready()
             _pin(sw.proc.pid, DUT_CPU)
             sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
-        except BaseException:
-            sw.stop()
             state.unlink(missing_ok=True)
-            raise
-        state.unlink(missing_ok=True)
-    try:
         w = _window(path.sink_frames, seconds, warmup, [sw.proc.pid, gen_pid])
         c = bmv2_runtime.read_counters(sw, 2)
-    finally:
-        sw.stop()
-        if channel == "p4runtime":
-            sock.unlink(missing_ok=True)
     return {**w, "drops": {k: v for k, v in c["drops"].items() if v},
             "rx_frames": sum(p["rx_frames"] for p in c["ports"]), "channel": channel}
 
@@ -189,21 +179,20 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
     """
     require_root("the bmv2 dataplane benchmark", why="it runs DPDK (EAL) and network namespaces",
                  example="sudo embnic bench dataplane --target bmv2")
-    channel = bmv2.choose_channel(kw.get("channel"))
+    channel = bmv2.choose_channel(kw.pop("channel", None))
     missing = bmv2.missing_tools([bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
     if missing:
         raise MissingDependencyError(f"the bmv2 benchmark needs {', '.join(missing)}, not found on PATH: "
                                      + "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
                                      dependency=missing[0])
     try:
-        return _run(Path(out_dir), seconds, **{**kw, "channel": channel})
+        return _run(Path(out_dir), seconds, channel, **kw)
     except bmv2.Bmv2Error as e:
         raise OperationalError(str(e)) from None
 
 
-def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
+def _run(out_dir: Path, seconds: float, channel: str, **kw: Any) -> dict:
     """:func:`run` after its checks (Bmv2Error is raised as is)."""
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     warmup = float(kw.get("warmup", 1.0))
     repeats = int(kw.get("repeats", 3))
@@ -222,7 +211,7 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
             for _ in range(repeats):
                 card_runs.append(measure_card_veth(binary, path, seconds, warmup, gen.proc.pid, logs))
                 bmv2_runs.append(measure_bmv2_veth(json_path, path, seconds, warmup, gen.proc.pid, logs,
-                                                   channel=kw["channel"]))
+                                                   channel=channel))
         finally:
             gen.cleanup()
     card_mpps = median([r["mpps"] for r in card_runs])
@@ -230,12 +219,12 @@ def _run(out_dir: Path, seconds: float, **kw: Any) -> dict:
     res = {"bmv2_mpps": bmv2_mpps, "bmv2_card_mpps": card_mpps,
            "ratio_card_bmv2": card_mpps / bmv2_mpps if bmv2_mpps else None,
            "bmv2_runs": bmv2_runs, "bmv2_card_runs": card_runs, "bmv2_versions": bmv2.tool_versions(),
-           "bmv2_channel": kw["channel"], "bmv2_build": bmv2.build_info(bmv2.CHANNEL_SWITCH[kw["channel"]]),
+           "bmv2_channel": channel, "bmv2_build": bmv2.build_info(bmv2.CHANNEL_SWITCH[channel]),
            "bmv2_pcap": pcap, "bmv2_seconds": seconds, "bmv2_repeats": repeats, "bmv2_warmup": warmup,
            "bmv2_setup": "same pcap, same path, one run: generator dpdk-testpmd io (net_pcap infinite_rx -> "
                          "net_af_packet, forwarding on CPU 1) -> veth -> DUT port 0, DUT port 1 -> veth -> "
                          "sink; DUT = embnic-dp -l 0 (net_af_packet, run to completion) or "
-                         f"{bmv2.CHANNEL_SWITCH[kw['channel']]} programmed over {kw['channel']} "
+                         f"{bmv2.CHANNEL_SWITCH[channel]} programmed over {channel} "
                          "(every thread pinned to CPU 0), alternating; DUT veths' offloads off; rate = frames arriving at the sink "
                          f"over {seconds:g} s after {warmup:g} s, medians of {repeats}"}
     merge_json(out_dir / "bench.json", "dataplane", res, update=True)

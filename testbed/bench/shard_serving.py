@@ -4,6 +4,7 @@ The method: docs/bench.md, "embnic bench server: one shard on loopback".
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -41,51 +42,13 @@ def _cluster(mtu: int, **client: int) -> dict:
             "shards": [{"id": 0, "ip": "127.0.0.1", "port": 17870}], "clients": [{"id": 1, "ip": "127.0.0.1"}]}
 
 
-def bench_config(mtu: int = 1500):
-    """The bench cluster (:func:`_cluster`) as a config, the client's timeout 500 ms, 10 retries."""
-    return parse_config(_cluster(mtu, timeout_ms=500, retries=10))
-
-
-def shard_process(workdir: Path, workers: int = 1, mtu: int = 1500, wal: bool = False) -> ShardProcess:
-    """A shard of the bench config (not started): ``--workers workers``; ``wal``:
-    with its write-ahead log (``--checkpoint-dir`` ``workdir/wal-<tag>``, emptied: a record
-    appended per update, one ``fdatasync`` per wake-up), no periodic checkpoint."""
-    tag = f"workers-{workers}" + ("-wal" if wal else "")
-    args = ["--workers", str(workers)]
-    if wal:
-        d = Path(workdir) / f"wal-{tag}"
-        shutil.rmtree(d, ignore_errors=True)
-        args += ["--checkpoint-dir", str(d)]
-    return ShardProcess(workdir, tag, dump_toml(_cluster(mtu)), args)
-
-
-def workload(op: str, nkeys: int, count: int, pools: dict, mtu: int, rng: np.random.Generator,
-             first_id: int) -> Requests:
-    """``count`` requests of ``nkeys`` distinct ids of ``pools`` (table -> uint64 ids) each,
-    alternating tables 0 and 1; an update's gradients are 0.1 × standard normal."""
-    tables = [t % 2 for t in range(count)]
-    keys = [np.sort(rng.choice(pools[t], nkeys, replace=False)) for t in tables]
-    grads = ([rng.standard_normal((nkeys, DIM)).astype(np.float32) * np.float32(0.1) for _ in keys]
-             if op == "update" else None)
-    return Requests(op, tables, keys, grads, DIM, mtu, first_id)
-
-
 def _local(lb: LocalBackend, w: Requests) -> tuple[float, float]:
     """(wall seconds, CPU seconds) LocalBackend takes for the same messages (a round of one
     table per message, as the messages are)."""
     t0, c0 = time.perf_counter(), time.thread_time()
-    if w.op == "lookup":
-        for t, k in zip(w.tables, w.keys):
-            lb.lookup({t: k})
-    else:
-        for t, k, g in zip(w.tables, w.keys, w.grads):
-            lb.update({t: (k, g)})
+    for i, (t, k) in enumerate(zip(w.tables, w.keys)):
+        lb.lookup({t: k}) if w.op == "lookup" else lb.update({t: (k, w.grads[i])})
     return time.perf_counter() - t0, time.thread_time() - c0
-
-
-def _count(nkeys: int, scale: float) -> int:
-    """Messages per throughput run: about 600k rows, at least 60 and at most 3000 messages (× scale)."""
-    return max(10, int(max(60, min(3000, 600_000 // nkeys)) * scale))
 
 
 def _pool_chunks(pools: dict):
@@ -96,62 +59,35 @@ def _pool_chunks(pools: dict):
             yield t, a // WARM_STEP, k, np.zeros((k.size, DIM), np.float32)
 
 
-def _warm(port: int, pools: dict, mtu: int) -> None:
-    """Materialise every pool row in the shard (one update each)."""
-    gen = LoadGen(port)
-    try:
-        for t, i, k, g in _pool_chunks(pools):
-            gen.run(Requests("update", [t], [k], [g], DIM, mtu, 0x7F000000 + t * 1000 + i), 1)
-    finally:
-        gen.close()
-
-
-def _figures(op: str, nk: int, w_thrs: list[Requests], secs: list[float], lat: np.ndarray, shard_cpu: float,
-             loadgen_cpu: float, idle0: tuple, idle1: tuple) -> dict:
-    """The figures of one workload against one shard: rows/s and messages/s (median of the
-    throughput runs ``secs``), latency percentiles, the CPU of the shard and of the load generator."""
-    w_thr = w_thrs[0]
-    sec = float(np.median(secs))
-    msgs = w_thr.count * len(w_thrs)
-    return {
-        "rows_per_s": w_thr.count * nk / sec,
-        "msgs_per_s": w_thr.count / sec,
-        "p50_us": float(np.percentile(lat, 50)),
-        "p99_us": float(np.percentile(lat, 99)),
-        "messages": msgs,
-        "repeats": len(w_thrs),
-        "rows_per_s_runs": [w_thr.count * nk / x for x in secs],
-        "request_frames_per_msg": float(w_thr.counts.mean()),
-        "reply_frames_per_msg": w_thr.reply_frames,
-        "seconds": sec,
-        "shard_cpu_s": shard_cpu,
-        "rows_per_shard_cpu_s": msgs * nk / max(shard_cpu, 1e-9),
-        "loadgen_cpu_s": loadgen_cpu,
-        "machine_idle_share": (idle1[0] - idle0[0]) / max(idle1[1] - idle0[1], 1.0),
-    }
-
-
 def measure_shard(workdir: Path, workers: int, loads: dict, pools: dict, mtu: int,
                   window: int, lb_times: dict | None, lb: LocalBackend | None, wal: bool = False) -> dict:
-    """Run every workload against one shard process; LocalBackend runs alternate with them
+    """Run every workload against one shard process of the bench config (``--workers workers``),
+    every pool row materialised first (one update each); LocalBackend runs alternate with them
     when ``lb`` is given (their seconds go into ``lb_times``); ``wal``: the shard keeps its
-    write-ahead log (``--checkpoint-dir``).
+    write-ahead log (``--checkpoint-dir`` ``workdir/wal-<tag>``, emptied: a record appended per
+    update, one ``fdatasync`` per wake-up), no periodic checkpoint.
 
     Args:
         loads: ``(op, keys per message)`` -> (throughput runs' :class:`Requests`, the latency run's).
 
     Returns:
-        ``{"<op>_<keys>": figures, "log": the shard's log}``.
+        ``{"<op>_<keys>": figures, "log": the shard's log}``: rows/s and messages/s (median of the
+        throughput runs), latency percentiles (µs), the CPU of the shard and of the load generator.
 
     Raises:
         OperationalError: the shard did not start, answered with an error or stopped answering.
     """
-    sp = shard_process(workdir, workers, mtu, wal=wal).start()
+    tag = f"workers-{workers}" + ("-wal" if wal else "")
+    args = ["--workers", str(workers)]
+    if wal:
+        shutil.rmtree(Path(workdir) / f"wal-{tag}", ignore_errors=True)
+        args += ["--checkpoint-dir", str(Path(workdir) / f"wal-{tag}")]
+    sp = ShardProcess(workdir, tag, dump_toml(_cluster(mtu)), args).start()
     out: dict = {}
     try:
-        _warm(sp.port, pools, mtu)
-        gen = LoadGen(sp.port)
-        try:
+        with contextlib.closing(LoadGen(sp.port)) as gen:
+            for t, i, k, g in _pool_chunks(pools):
+                gen.run(Requests("update", [t], [k], [g], DIM, mtu, 0x7F000000 + t * 1000 + i), 1)
             for (op, nk), (w_thrs, w_lat) in loads.items():
                 cpu0, gen0, idle0 = sp.cpu(), time.process_time(), machine_idle()
                 secs = []
@@ -159,11 +95,17 @@ def measure_shard(workdir: Path, workers: int, loads: dict, pools: dict, mtu: in
                     secs.append(gen.run(w_thr, window)[0])
                     if lb is not None:
                         lb_times.setdefault((op, nk), []).append(_local(lb, w_thr))
-                cpu1, gen1, idle1 = sp.cpu(), time.process_time(), machine_idle()
+                cpu, gen_cpu, idle1 = sp.cpu() - cpu0, time.process_time() - gen0, machine_idle()
                 _, lat = gen.run(w_lat, 1)
-                out[f"{op}_{nk}"] = _figures(op, nk, w_thrs, secs, lat, cpu1 - cpu0, gen1 - gen0, idle0, idle1)
-        finally:
-            gen.close()
+                n, sec = w_thrs[0].count, float(np.median(secs))
+                out[f"{op}_{nk}"] = {
+                    "rows_per_s": n * nk / sec, "msgs_per_s": n / sec,
+                    "p50_us": float(np.percentile(lat, 50)), "p99_us": float(np.percentile(lat, 99)),
+                    "messages": n * len(w_thrs), "repeats": len(w_thrs), "rows_per_s_runs": [n * nk / x for x in secs],
+                    "request_frames_per_msg": float(w_thrs[0].counts.mean()),
+                    "reply_frames_per_msg": w_thrs[0].reply_frames, "seconds": sec, "shard_cpu_s": cpu,
+                    "rows_per_shard_cpu_s": n * len(w_thrs) * nk / max(cpu, 1e-9), "loadgen_cpu_s": gen_cpu,
+                    "machine_idle_share": (idle1[0] - idle0[0]) / max(idle1[1] - idle0[1], 1.0)}
     finally:
         sp.stop()
     out["log"] = str(sp.log_path)
@@ -171,20 +113,25 @@ def measure_shard(workdir: Path, workers: int, loads: dict, pools: dict, mtu: in
 
 
 def _loads(pools: dict, mtu: int, scale: float, repeats: int, rng: np.random.Generator) -> dict:
-    """``(op, keys per message)`` -> (``repeats`` throughput workloads, a latency workload), every
-    message id distinct."""
-    loads = {}
-    first = 1
+    """``(op, keys per message)`` -> (``repeats`` throughput workloads of about 600k rows (at least
+    60, at most 3000 messages, × scale), a latency workload), every message id distinct. Message
+    i asks table i % 2 for distinct ids of its pool (``pools``: table -> uint64 ids); an update's
+    gradients are 0.1 × standard normal."""
+    loads, first = {}, 1
+
+    def workload(op: str, nk: int, count: int) -> Requests:
+        nonlocal first
+        tables = [t % 2 for t in range(count)]
+        keys = [np.sort(rng.choice(pools[t], nk, replace=False)) for t in tables]
+        grads = ([rng.standard_normal((nk, DIM)).astype(np.float32) * np.float32(0.1) for _ in keys]
+                 if op == "update" else None)
+        first += count
+        return Requests(op, tables, keys, grads, DIM, mtu, first - count)
+
     for op in OPS:
         for nk in KEYS:
-            c = _count(nk, scale)
-            w_thrs = []
-            for _ in range(repeats):
-                w_thrs.append(workload(op, nk, c, pools, mtu, rng, first))
-                first += c
-            w_lat = workload(op, nk, max(20, min(c, 300)), pools, mtu, rng, first)
-            first += w_lat.count
-            loads[(op, nk)] = (w_thrs, w_lat)
+            c = max(10, int(max(60, min(3000, 600_000 // nk)) * scale))
+            loads[(op, nk)] = ([workload(op, nk, c) for _ in range(repeats)], workload(op, nk, max(20, min(c, 300))))
     return loads
 
 
@@ -262,7 +209,7 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
              for t in (0, 1)}
     loads = _loads(pools, mtu, scale, repeats, rng)
     load0 = os.getloadavg()
-    lb = LocalBackend(bench_config(mtu=mtu))
+    lb = LocalBackend(parse_config(_cluster(mtu, timeout_ms=500, retries=10)))  # the client's timeout 500 ms
     for t, _, k, g in _pool_chunks(pools):  # materialise the pool in the reference (as _warm does in the shard)
         lb.update({t: (k, g)})
     lb_times: dict = {}
