@@ -174,6 +174,18 @@ def _model(cfg: ClusterConfig, backend, data, seed: int):
     return build_model(cfg, backend, data.dense.shape[1], data.sparse.shape[1], seed)
 
 
+def _backward(model, data, plan: Plan, step: int, rank: int) -> float:
+    """Forward and backward of rank ``rank``'s batch at ``step`` (gradients zeroed first); its loss."""
+    import torch
+
+    rows = batch_rows(len(data.labels), step, rank, plan.world, plan.batch_size)
+    dense, kjt, labels = step_inputs(data, rows, (rank, step) in plan.empty_bags)
+    model.zero_grad()
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, kjt).reshape(-1), labels)
+    loss.backward()
+    return loss.item()
+
+
 def run_worker(cfg: ClusterConfig, data, plan: Plan, *, rank: int, backend, barrier: Callable[[], None],
                progress: Callable[[int, float], None] | None = None):
     """Train as rank ``rank`` of ``plan.world`` (module docstring); the gloo process group must be up.
@@ -201,18 +213,13 @@ def run_worker(cfg: ClusterConfig, data, plan: Plan, *, rank: int, backend, barr
     opt = torch.optim.SGD(ddp.parameters(), lr=plan.lr_dense)
     losses = []
     for k in range(plan.steps):
-        rows = batch_rows(len(data.labels), k, rank, plan.world, plan.batch_size)
-        dense, kjt, labels = step_inputs(data, rows, (rank, k) in plan.empty_bags)
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(ddp(dense, kjt).reshape(-1), labels)
-        loss.backward()  # dense: DDP's all-reduce (mean); sparse: per-row gradients held
+        losses.append(_backward(ddp, data, plan, k, rank))  # dense: DDP's all-reduce (mean); sparse: held
         opt.step()
         barrier()  # every rank's lookups of step k are done
         for turn in range(plan.world):
             if turn == rank:
                 deferred.flush()
             barrier()
-        losses.append(loss.item())
         if progress is not None:
             progress(k, losses[-1])
     return losses, model.state_dict()
@@ -254,20 +261,12 @@ def reference_run(cfg: ClusterConfig, data, plan: Plan) -> ReferenceResult:
     for k in range(plan.steps):
         grads, held = [], []
         for r in range(plan.world):
-            rows = batch_rows(len(data.labels), k, r, plan.world, plan.batch_size)
-            dense, kjt, labels = step_inputs(data, rows, (r, k) in plan.empty_bags)
-            opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, kjt).reshape(-1), labels)
-            loss.backward()
+            losses[r].append(_backward(model, data, plan, k, r))
             grads.append([p.grad.detach().clone() for p in params])
             held.append(deferred.take())
-            losses[r].append(loss.item())
         scale = 1.0 / plan.world
         for i, p in enumerate(params):
-            total = grads[0][i] * scale
-            for g in grads[1:]:
-                total = total + g[i] * scale
-            p.grad = total
+            p.grad = sum((g[i] * scale for g in grads[1:]), grads[0][i] * scale)
         opt.step()
         for rounds in held:  # rank 0's, then rank 1's, ...
             deferred.send(rounds)
