@@ -1,18 +1,9 @@
-"""Pipeline targets: one interface for every place the embnic pipeline can run.
-
-A :class:`Target` loads the pipeline (starts the card), programs its peer table (:class:`Peer`:
-a shard's route or a client → card port, MAC, IPv4, UDP port), reads its counters and
-message state map, and unloads it. ``dpdk`` (:mod:`embnic.control.targets.dpdk.target`) runs embnic-dp,
-``bmv2`` (:mod:`embnic.control.targets.bmv2.target`) the P4 program on ``simple_switch``; another
-registers beside them::
-
-    register_target("mynic", "mypkg.target:MyNicTarget")
-
-Targets are looked up by name with :func:`get_target_class`, imported only when used.
-
-Every loaded pipeline has a state file ``RUN_DIR/NAME.json`` (RUN_DIR: ``EMBNIC_RUN_DIR``
-or ``/run/embnic``) with its pid, control socket, log and command line, so a second load
-says what is already running and ``unload`` knows what to stop.
+"""Pipeline targets: one interface (:class:`Target`) for every place the embnic pipeline can run:
+load, the peer table (:class:`Peer`: a shard's route or a client), counters, the message state
+map, unload. Targets register by name (``register_target("mynic", "mypkg.target:MyNicTarget")``)
+and are imported when first used (:func:`get_target_class`). A loaded pipeline has a state file
+``RUN_DIR/NAME.json`` (RUN_DIR: ``EMBNIC_RUN_DIR`` or ``/run/embnic``): pid, control socket, log,
+command line.
 """
 from __future__ import annotations
 

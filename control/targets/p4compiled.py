@@ -1,19 +1,11 @@
 """What p4c makes of the project's own P4 program, committed under ``p4/build/`` with a manifest
-(p4/README.md lists the files, the tools and why they are committed).
-
-Reproducible: each compiler runs in a copy of ``p4/`` with paths relative to it, and what
-differs run to run is normalised (:func:`normalise`, :func:`make_restorable`). ``make -C p4``
-(``embnic pipeline compile``) regenerates them with the tested p4c on PATH
-(:data:`TESTED_VERSION`); a test fails on every machine when a file under ``p4/`` changed and
-they were not regenerated.
-
+(p4/README.md lists the files, the tools and why they are committed), reproducibly
+(:func:`normalise`); ``make -C p4`` regenerates them with the tested p4c (:data:`TESTED_VERSION`).
 The targets take their program from :func:`outputs`: the committed files while ``p4/`` is
-unchanged; a program edited since is compiled afresh into the cache where the tested compiler
-is on PATH, and refused in one line naming the fix where it is not.
+unchanged, else the edited sources compiled into the cache by the tested compiler, or refused in
+one line naming the fix.
 
-    >>> from embnic.control.targets import p4compiled
-    >>> out = p4compiled.outputs("pna")
-    >>> out.path("spec"), out.source                   # (.../p4/build/pna/embnic.spec, 'committed')
+    out = outputs("pna"); out.path("spec"), out.source   # (.../p4/build/pna/embnic.spec, 'committed')
 """
 from __future__ import annotations
 
@@ -353,12 +345,12 @@ class Outputs:
         return self.dir / ARCHS[self.arch].files[role]
 
 
-def cache_dir() -> Path:
-    """Programs compiled from edited sources: ``$EMBNIC_CACHE_DIR`` (else ``$XDG_CACHE_HOME/embnic``,
-    else ``~/.cache/embnic``) ``/p4c``."""
+def cache_dir(sub: str = "p4c") -> Path:
+    """Where builds are kept between loads: ``$EMBNIC_CACHE_DIR`` (else ``$XDG_CACHE_HOME/embnic``,
+    else ``~/.cache/embnic``) ``/SUB``; ``p4c``: programs compiled from edited sources."""
     env = os.environ.get("EMBNIC_CACHE_DIR")
     base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "embnic"
-    return base / "p4c"
+    return base / sub
 
 
 def _digest_of(files: dict[str, str]) -> str:

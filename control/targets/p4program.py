@@ -1,14 +1,8 @@
-"""The P4 program's source as data: constants, tables and included files of ``p4/``.
+"""The P4 program's source as data: constants, tables and included files of ``p4/`` (one
+definition of each name: the drop reasons and their counter indices, the state map and ring
+sizes), and what both P4 targets make of its registers. Nothing here needs p4c.
 
-The P4 targets and the tests read the program's own source, so there is one definition of
-each name: the drop reasons (their counter indices), the state map and ring sizes. ``p4/`` is one program for two architectures: the common files at its
-top, and a top-level file per architecture (:data:`MAIN` for v1model/BMv2, :data:`PNA_MAIN`
-for PNA/p4c-dpdk) that includes them; :func:`source_files` follows the includes (what p4c
-makes of them is :mod:`embnic.control.targets.p4compiled`'s). Nothing here
-needs p4c.
-
-    >>> from embnic.control.targets import p4program as p4prog
-    >>> p4prog.drop_reasons()[:3]
+    >>> drop_reasons()[:3]
     ['too_short', 'bad_ether', 'bad_ip']
 """
 from __future__ import annotations
@@ -187,21 +181,16 @@ def decode_state_map(regs: dict[str, list[int]]) -> list[dict]:
     Raises:
         KeyError: a register of :data:`STATE_REGISTERS` missing from ``regs``.
     """
+    packed = ("slot_state", "slot_key", "slot_request_info", "slot_shard")
+    plain = [r[len("slot_"):] for r in STATE_REGISTERS if r not in packed]  # one field each, named as its register
     out = []
     for s, st in enumerate(regs["slot_state"]):
         if st == 0:
             continue
         key, req = regs["slot_key"][s], regs["slot_request_info"][s]
-        out.append({
-            "slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF, "state": STATE_NAMES.get(st, str(st)),
-            "msg_type": req >> 32, "shard_id": regs["slot_shard"][s], "num_tables": (req >> 16) & 0xFFFF,
-            "num_keys": regs["slot_num_keys"][s], "value_len": regs["slot_value_len"][s],
-            "frag_count": req & 0xFFFF, "msg_len": regs["slot_msg_len"][s],
-            "frags_in": regs["slot_frags_in"][s], "frags_out": regs["slot_frags_out"][s],
-            "frames_in": regs["slot_frames_in"][s], "frames_out": regs["slot_frames_out"][s],
-            "bytes_in": regs["slot_bytes_in"][s], "bytes_out": regs["slot_bytes_out"][s],
-            "first_us": regs["slot_first_us"][s], "last_us": regs["slot_last_us"][s],
-        })
+        out.append({"slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF, "state": STATE_NAMES.get(st, str(st)),
+                    "msg_type": req >> 32, "shard_id": regs["slot_shard"][s], "num_tables": (req >> 16) & 0xFFFF,
+                    "frag_count": req & 0xFFFF, **{f: regs[f"slot_{f}"][s] for f in plain}})
     return out
 
 

@@ -1,17 +1,12 @@
-"""A P4Runtime client for the bmv2 target: push the pipeline, write and read table entries.
-
-Arbitration on the ``StreamChannel`` with one election id, ``SetForwardingPipelineConfig``
-(P4Info + the BMv2 JSON), then ``Write`` / ``Read`` of table entries by P4Info ids
-(:class:`P4InfoIndex` maps the program's ``@name`` names to them), through finsy's generated
-messages and stub over synchronous grpcio (p4/README.md "Control plane" says why). Values are
-the P4Runtime canonical bytestrings (big-endian, no leading zero bytes; zero is one byte),
-decoded from any width on reads. Registers and counters stay on Thrift (p4lang/PI#376).
+"""A P4Runtime client for the bmv2 target: arbitration (one election id), the pipeline, table
+entries by P4Info ids (:class:`P4InfoIndex`), through finsy's generated messages and stub over
+synchronous grpcio (p4/README.md "Control plane" says why). Values are P4Runtime's canonical
+bytestrings; registers and counters stay on Thrift (p4lang/PI#376).
 
     with P4RuntimeClient("unix:/run/embnic/embnic.p4rt") as c:
         c.become_primary()
         c.set_pipeline(P4InfoIndex.load(p4info_path), json_path.read_bytes())
         c.write([TableEntry("route_by_shard", (0,), "forward_to_server", (1, mac, ip, 9000))])
-        print(c.read_table("route_by_shard"))
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The P4 card's runtime state on BMv2: table entries in, counters and registers out.
-
-Library code for the ``bmv2`` target, the tests and the benchmarks: what programs the card
-from its port addresses and peers, routes and clients (:class:`CardProgram`: table entries written over
-P4Runtime by :func:`program_p4runtime`, or the same as runtime-CLI lines, :meth:`CardProgram.cli_commands`),
-and the readers that turn ``simple_switch_CLI`` output back into the DPDK card's shapes
-(:func:`read_counters`, :func:`read_state_map`, :func:`read_ring`). The switch process itself is
-:class:`embnic.control.targets.bmv2.switch.SimpleSwitch`.
+"""The P4 card's runtime state on BMv2: table entries in (:class:`CardProgram`, over P4Runtime by
+:func:`program_p4runtime` or as runtime-CLI lines), counters and registers out, in the DPDK card's
+shapes (:func:`read_counters`, :func:`read_state_map`, :func:`read_ring`).
 
     sw.cli(card_program([CardPortAddr(0, mac, ip)], peers).cli_commands())
     print(read_counters(sw, nb_ports=2)["drops"])

@@ -1,21 +1,12 @@
-"""Running the P4 card on BMv2: the compiled ``p4/``, ``simple_switch`` in its own netns, talk to it.
+"""Running the P4 card on BMv2: the compiled ``p4/``, ``simple_switch`` in its own netns (its Thrift
+server listens on every address there, so loopback is the namespace's only address: docs/cli.md),
+ports on veths or pcap files (``--use-files``). Tools are found on PATH; a missing one is a
+:class:`ToolMissingError` naming it and how to get it. Table entries, counters and registers:
+:mod:`embnic.control.targets.bmv2.runtime`.
 
-``simple_switch``'s Thrift server listens on every address of its network namespace, so it
-always runs in a namespace of its own (:class:`embnic.control.netns.Netns`) whose only address
-is loopback (IPv6 is disabled on every other interface moved there, so no link-local address
-appears either): the runtime CLI reaches it from inside the namespace, nothing outside this host can. The card's
-ports are veths moved into that namespace, or pcap files (``--use-files``).
-
-    json_path, _ = program_json()                        # p4/build/v1model/embnic.json
-    with Netns.create("embnic-bmv2-1", ipv6=True) as ns:  # embnic.control.netns
-        sw = SimpleSwitch(json_path, ns, ports={0: "/tmp/c/p0"}, use_files=True, log=Path("sw.log"))
-        sw.start(); sw.wait_ready()
-        sw.cli(["table_dump route_by_shard"])
-        sw.stop()
-
-Table entries and reading counters/registers back: :mod:`embnic.control.targets.bmv2.runtime`. Tools (``simple_switch``,
-``simple_switch_CLI``; ``p4c`` only for an edited program) are found on PATH; a missing one is a
-:class:`ToolMissingError` naming it and where the docs say how to get it.
+    with Netns.create("embnic-bmv2-1", ipv6=True) as ns:
+        sw = SimpleSwitch(program_json()[0], ns, ports={0: "/tmp/c/p0"}, use_files=True, log=Path("sw.log"))
+        sw.start(); sw.wait_ready(); sw.cli(["table_dump route_by_shard"]); sw.stop()
 """
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
-"""The ``bmv2`` target: the P4 program (p4/) on BMv2, driven over P4Runtime where it can be.
+"""The ``bmv2`` target: the P4 program (p4/) on BMv2, over P4Runtime or Thrift (its two control
+channels, the namespace it runs in and the frames lost before the switch: p4/README.md "Control
+plane"). Card port ``i`` is the interface ``interfaces[i]``, or the ``iface=`` of
+``--vdev net_af_packet<i>,iface=NAME`` (what the testbed passes the dpdk target).
 
-Two control channels (:func:`embnic.control.targets.bmv2.switch.choose_channel`; ``channel`` or
-``$EMBNIC_BMV2_CHANNEL``: ``auto`` (default), ``p4runtime``, ``thrift``), each programming the
-switch before it takes a frame, as p4/README.md "Control plane" describes; registers and
-counters are read over Thrift on both.
-
-``load`` = find the tools (a missing one: one line naming it and how to get it, exit 1) →
-compile ``p4/v1model/embnic.p4`` (JSON and P4Info; or take ``json_path``) → make sure the switch's network
-namespace has no address but loopback (its Thrift server listens on every address) → turn the
-port interfaces' offloads off (see :func:`tune_port_interfaces`) → start and program the switch
-→ write the state file. ``unload`` stops the recorded pid (checked by its start time) and
-deletes a namespace the target made. ``counters()["ports"][i]["lost_before_switch"]`` accounts
-for the frames lost before the switch (p4/README.md).
-
-Ports: card port ``i`` is the interface ``interfaces[i]``; given as names (``["Np0", ...]``)
-or taken from ``--vdev net_af_packet<i>,iface=NAME`` (what the testbed passes the dpdk target).
-The namespace: ``netns`` (the testbed's card namespace, whose kernel has no address), else one
-made for it (``embnic-bmv2-NAME``), into which the interfaces are moved with IPv6 off.
-
-    from embnic.client_lib.config import load_config
-    from embnic.control.targets.bmv2.target import Bmv2Target
     t = Bmv2Target(load_config("examples/testbed.toml"), netns="tb-card",
                    interfaces=["tbp0", "tbp1", "tbp2", "tbp3"], name="tb")
     t.load(); print(t.counters()["drops"]); t.unload()

@@ -10,8 +10,6 @@ as a recorded pid whose start time still matches (:func:`stop_recorded`), never 
 EAL runtime directory ``/var/run/dpdk/PREFIX`` of our own prefixes (:data:`OWN_PREFIXES`) is
 removed after every stop; a failed start leaves nothing behind.
 
-Example::
-
     from embnic.control.targets.dpdk.process import CardProcess, build_card
     with CardProcess(build_card(), ["net_null0,no-rx=1"], lcores="0") as card:
         print(card.call("counters")["drops"])

@@ -1,21 +1,11 @@
 """The ``dpdk`` target: runs ``embnic-dp`` (dataplane/) as a process and drives its control socket.
 
-``load`` = check the binary's build info against the client library → start
-``[ip netns exec NS] embnic-dp EAL-ARGS -- --ctl SOCK --port-ip P=IP ... --ring-size N ... [--state-lcores S] --paused``
-(output to ``RUN_DIR/NAME.log``) → write the state file → wait until the socket answers
-``ping`` → check every ``[card.ports]`` entry has a DPDK port → program the config's routes and
-clients → ``resume`` (the card starts paused, so no frame is read before its tables are set).
-``unload`` = SIGTERM the recorded pid (verified by its start time), wait, SIGKILL only if it
-does not stop, remove state file and socket. The process and its control socket are a
+:meth:`DpdkTarget.load` starts it ``--paused`` (EAL arguments:
+:func:`embnic.control.targets.dpdk.process.eal_argv`, or ``eal_args``; a NIC by PCI address is
+checked first, :mod:`embnic.control.targets.dpdk.pci`), programs the config's routes and clients,
+then ``resume`` (docs/cli.md ``pipeline load``). The process and its control socket are a
 :class:`DpdkCard`, which the ``p4dpdk`` target holds too.
 
-EAL arguments: :func:`embnic.control.targets.dpdk.process.eal_argv` (``-l <card.lcores>`` and
-``--file-prefix embnic-<NAME>-<crc(RUN_DIR)>``), or ``eal_args`` in their place (the ``vdevs``
-are still appended); a NIC given by PCI address (``--pci BDF`` or ``[card] pci``, docs/deploy.md)
-is checked first (:mod:`embnic.control.targets.dpdk.pci`). Example from Python::
-
-    from embnic.client_lib.config import load_config
-    from embnic.control.targets.dpdk.target import DpdkTarget
     t = DpdkTarget(load_config("examples/testbed.toml"), vdevs=["net_af_packet0,iface=veth-c0"],
                    netns="enT42card", name="enT42")
     t.load(); print(t.counters()["drops"]); t.unload()
@@ -78,18 +68,13 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
         BinaryArgumentError: ``binary`` or ``$EMBNIC_DP`` names no file (exit 2).
         OperationalError: nothing given and none of the defaults exists (names the build command).
     """
-    if binary:
-        p = Path(binary)
-        if not p.is_file():
-            raise buildinfo.BinaryArgumentError(f"no embnic-dp binary at {p}: build it with `make -C dataplane` "
-                                                "or give the right --binary")
-        return p
-    if os.environ.get("EMBNIC_DP"):
-        p = Path(os.environ["EMBNIC_DP"])
-        if not p.is_file():
-            raise buildinfo.BinaryArgumentError(f"EMBNIC_DP={p} does not exist: build it with `make -C dataplane` "
-                                                "or fix EMBNIC_DP")
-        return p
+    for given, what, fix in ((binary, "no embnic-dp binary at {}", "give the right --binary"),
+                             (os.environ.get("EMBNIC_DP"), "EMBNIC_DP={} does not exist", "fix EMBNIC_DP")):
+        if given:
+            if not Path(given).is_file():
+                raise buildinfo.BinaryArgumentError(f"{what.format(Path(given))}: build it with `make -C dataplane` "
+                                                    f"or {fix}")
+            return Path(given)
     if REPO_BINARY.is_file():
         return REPO_BINARY
     on_path = shutil.which("embnic-dp")

@@ -1,20 +1,13 @@
 """The P4 card for PNA on DPDK's SWX pipeline: build the pipeline, run ``embnic-swx``, talk to it.
 
-:func:`build_pipeline` takes p4c-dpdk's committed spec (:func:`embnic.control.targets.p4compiled.outputs`),
-applies the load-time rewrites (:func:`relocate_metadata`, :func:`split_regadd_immediates`),
-generates its C with ``embnic-swx --codegen`` and compiles it into the library ``embnic-swx``
-(``dataplane/swx/``) loads; the build is cached by everything it reads
-(:func:`pipeline_digest`). p4/README.md "PNA on DPDK" has the steps and the headers it needs.
+:func:`build_pipeline`: p4c-dpdk's committed spec, the load-time rewrites, ``embnic-swx --codegen``
+and ``gcc`` (p4/README.md "PNA on DPDK"), cached by everything it reads. p4c-dpdk renames what it
+compiles (``rx_frames`` -> ``rx_frames_0_packets``/``_bytes`` register arrays,
+``EmbnicIngress.card_port_by_ingress`` -> ``card_port_by_ingress_0``): :class:`Names` reads them
+from its context JSON, by the program's own control-plane names.
 
-p4c-dpdk renames what it compiles (``rx_frames`` -> ``rx_frames_0``, a counter becomes
-``rx_frames_0_packets`` / ``rx_frames_0_bytes`` register arrays, a table
-``EmbnicIngress.card_port_by_ingress`` -> ``card_port_by_ingress_0``...): :class:`Names` reads
-them from the context JSON p4c-dpdk writes, by the program's own control-plane names.
-
-    from embnic.control.targets.p4dpdk import swx as p4dpdk
-    pipe = p4dpdk.build_pipeline()              # Pipeline(lib=..., spec=..., context=...)
-    names = p4dpdk.Names.load(pipe.context)
-    names.table("route_by_shard"), names.register("slot_state")
+    pipe = build_pipeline()
+    Names.load(pipe.context).table("route_by_shard")
 """
 from __future__ import annotations
 
@@ -100,11 +93,8 @@ class Pipeline:
 
 
 def cache_dir() -> Path:
-    """Compiled pipelines, kept between loads: ``$EMBNIC_CACHE_DIR`` (else ``$XDG_CACHE_HOME/embnic``,
-    else ``~/.cache/embnic``) ``/p4dpdk/<digest[:16]>``."""
-    env = os.environ.get("EMBNIC_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "embnic"
-    return base / "p4dpdk"
+    """Compiled pipelines, kept between loads: :func:`p4compiled.cache_dir` ``/p4dpdk/<digest[:16]>``."""
+    return p4compiled.cache_dir("p4dpdk")
 
 
 def _ident(path: str | None) -> str:

@@ -1,23 +1,13 @@
-"""The ``p4dpdk`` target: the P4 program for PNA (p4/pna/) in DPDK's SWX pipeline, run by ``embnic-swx``.
+"""The ``p4dpdk`` target: the P4 program for PNA (p4/pna/) in DPDK's SWX pipeline, run by ``embnic-swx``
+(p4/README.md "PNA on DPDK").
 
-``load`` = say in one line what is missing (DPDK's pipeline headers, embnic-swx:
-:func:`embnic.control.targets.p4dpdk.swx.missing`) → build the pipeline from the committed
-``p4/build/pna`` (cached:
-:func:`embnic.control.targets.p4dpdk.swx.build_pipeline`) → start
-``[ip netns exec NS] embnic-swx EAL-ARGS -- --pipeline LIB.so --ctl SOCK --paused`` with the EAL
-arguments and vdevs of the ``dpdk`` target (its lcore list's first lcore only: one lcore) →
-program the card's port addresses, the config's routes and clients and ``state_timeout_us``
-through the SWX pipeline's control API → ``resume``. The process, ``unload``, the state file and
-the control socket are the ``dpdk`` target's (:class:`~embnic.control.targets.dpdk.target.DpdkCard`).
+:meth:`P4DpdkTarget.load` builds the pipeline from the committed ``p4/build/pna``
+(:func:`embnic.control.targets.p4dpdk.swx.build_pipeline`) and runs it on the ``dpdk`` target's
+:class:`~embnic.control.targets.dpdk.target.DpdkCard` (process, state file, control socket,
+``unload``), on one lcore. Tables are written and read as the SWX control API's entry text by the
+names p4c-dpdk gave them (:class:`embnic.control.targets.p4dpdk.swx.Names`); counters and the
+state map are register arrays read by name (``reg_read``).
 
-Tables are written and read as the SWX control API's entry text (``match ... action ...``) by
-the names p4c-dpdk gave them (its context JSON, :class:`embnic.control.targets.p4dpdk.swx.Names`);
-counters and the state map are register arrays read by name (``reg_read``). The time the state
-map's expiry runs on is the host's: microseconds since embnic-swx started, handed to the
-pipeline with every frame (p4/pna/arch.p4).
-
-    from embnic.client_lib.config import load_config
-    from embnic.control.targets.p4dpdk.target import P4DpdkTarget
     t = P4DpdkTarget(load_config("examples/testbed.toml"), vdevs=["net_af_packet0,iface=veth-c0"], name="x")
     t.load(); print(t.counters()["drops"]); t.unload()
 """
