@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from embnic.client_lib.splitmix import splitmix64
+from embnic.control.capacity import cache_bytes
 from embnic.control.errors import MissingDependencyError
 from embnic.testbed.net.toml_writer import dump_toml
 
@@ -24,31 +25,9 @@ KEYS = 4096
 ZIPF_S = 1.05
 TARGET_LOOKUP = 0.3  #: disk ÷ memory lookup rows/s at 4096 keys per message
 TARGET_DISK_OVER_BUDGET = 8.0
-#: bytes a cached row costs beyond its values: key 8, three flags, use count 4, stamp 4
-#: (testbed/server/rowcache.py); with the row (4·dim) and the Adagrad accumulator (4)
-SLOT_OVERHEAD = 19
 #: the disk tier's samples of a shard's metrics (:meth:`ShardProcess.metrics`)
 METRICS = ("embnic_shard_store_", "embnic_shard_lookup_keys_total", "embnic_shard_update_keys_total")
 HITS, MISSES = "embnic_shard_store_cache_hits_total", "embnic_shard_store_cache_misses_total"
-
-
-def cache_bytes(cache_rows: int, dim: int = DIM) -> int:
-    """Bytes of a disk table's cache arrays (:class:`~embnic.testbed.server.disktable.DiskTable`):
-    its capacity (cache_rows rounded down to the 8 ways) × (4·dim + 4 + 19)."""
-    cap = max(1, cache_rows // 8) * 8 if cache_rows >= 8 else cache_rows
-    return cap * (4 * dim + 4 + SLOT_OVERHEAD)
-
-
-def _toml(store: str, cache_rows: int, block_cache_mb: int, store_dir: Path) -> str:
-    """The bench cluster: table 0 (dim 8 fp32, Adagrad) in ``store`` (``"disk"``: ``cache_rows``,
-    ``block_cache_mb``, ``store_dir``), one shard on 127.0.0.1:17871."""
-    disk = store == "disk"
-    table = {"id": 0, "dim": DIM, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01, "store": store,
-             **({"cache_rows": cache_rows} if disk else {})}
-    shard = {"id": 0, "ip": "127.0.0.1", "port": 17871,
-             **({"block_cache_mb": block_cache_mb, "store_dir": str(store_dir)} if disk else {})}
-    return dump_toml({"cluster": {"name": "bench-disk", "seed": 11}, "tables": [table], "shards": [shard],
-                      "clients": [{"id": 1, "ip": "127.0.0.1"}]})
 
 
 def dir_bytes(d: Path) -> int:
@@ -64,10 +43,16 @@ def dir_bytes(d: Path) -> int:
 
 
 def bench_shard(workdir: Path, store: str, cache_rows: int, block_cache_mb: int) -> ShardProcess:
-    """A shard process (not started) of the bench table kept in ``store`` (``"disk"``: in
-    ``workdir/disk-store``, or ``"memory"``), with its metrics endpoint."""
-    return ShardProcess(workdir, store, _toml(store, cache_rows, block_cache_mb, workdir / "disk-store"),
-                        metrics=True, stop_wait=60.0)
+    """A shard process (not started) of the bench cluster, table 0 (dim 8 fp32, Adagrad) kept in
+    ``store`` (``"disk"``: ``cache_rows``, ``block_cache_mb``, in ``workdir/disk-store``, or
+    ``"memory"``), with its metrics endpoint."""
+    disk = {"cache_rows": cache_rows} if store == "disk" else {}
+    table = {"id": 0, "dim": DIM, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01, "store": store, **disk}
+    shard = {"id": 0, "ip": "127.0.0.1", "port": 17871,
+             **({"block_cache_mb": block_cache_mb, "store_dir": str(workdir / "disk-store")} if disk else {})}
+    toml = dump_toml({"cluster": {"name": "bench-disk", "seed": 11}, "tables": [table], "shards": [shard],
+                      "clients": [{"id": 1, "ip": "127.0.0.1"}]})
+    return ShardProcess(workdir, store, toml, metrics=True, stop_wait=60.0)
 
 
 class Zipf:
@@ -176,17 +161,6 @@ def _growth(r: _Run, zipf: Zipf, order: np.ndarray, first: int, rows: int, sampl
             "shard_cpu_s": {n: p.cpu() - cpu0[n] for n, p in r.shards.items()}}
 
 
-def _memory_bound(growth: list[dict], bound: int, budget: dict, rows: int, cache_rows: int) -> dict:
-    last = growth[-1]
-    return {"bound": bound, "rss_anon_max": max(g["rss_anon"] for g in growth),
-            "beyond_budget_max": max(g["beyond_budget"] for g in growth),
-            "block_cache_in_use_max": max(g["block_cache_in_use"] for g in growth),
-            "within": all(g["rss_anon"] <= bound for g in growth),
-            "disk_bytes": last["disk_bytes"], "disk_over_budget": last["disk_bytes"] / budget["bytes"],
-            "rows_over_cache_rows": rows / cache_rows,
-            "memory_shard_rss_anon": last["memory_shard_rss_anon"]}
-
-
 def _zipf_op(r: _Run, zipf: Zipf, op: str, messages: int, repeats: int, rows: int, res: dict) -> dict:
     """Step 3 for ``op``: a warm-up pass, then ``repeats`` runs of ``messages`` Zipf messages
     against the memory and the disk shard in turn, the disk shard sampled after each
@@ -271,7 +245,7 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
     workdir = out_dir / "server-logs"
     workdir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    budget = {"cache_bytes": cache_bytes(cache_rows), "block_cache_bytes": block_cache_mb << 20}
+    budget = {"cache_bytes": cache_bytes(DIM, "adagrad", cache_rows), "block_cache_bytes": block_cache_mb << 20}
     budget["bytes"] = budget["cache_bytes"] + budget["block_cache_bytes"]
     load0 = os.getloadavg()
     r = _Run(workdir, cache_rows, block_cache_mb, budget, window, mtu, rng)
@@ -291,8 +265,14 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
         log(f"bench server --disk: growing the table to {rows:,} rows on both shards ...")
         first = res["fixed_overhead"]["table_rows"]
         res["growth"] = _growth(r, zipf, order, first, rows, samples, secs, cpu0)
-        res["memory_bound"] = _memory_bound(res["growth"]["samples"], res["fixed_overhead"]["bytes"] + budget["bytes"],
-                                            budget, rows, cache_rows)
+        g = res["growth"]["samples"]
+        bound = res["fixed_overhead"]["bytes"] + budget["bytes"]
+        res["memory_bound"] = {
+            "bound": bound,
+            **{f"{k}_max": max(x[k] for x in g) for k in ("rss_anon", "beyond_budget", "block_cache_in_use")},
+            "within": all(x["rss_anon"] <= bound for x in g), "disk_bytes": g[-1]["disk_bytes"],
+            "disk_over_budget": g[-1]["disk_bytes"] / budget["bytes"], "rows_over_cache_rows": rows / cache_rows,
+            "memory_shard_rss_anon": g[-1]["memory_shard_rss_anon"]}
         for op in ("lookup", "update"):  # 3. Zipf lookups and updates, alternating the shards
             log(f"bench server --disk: Zipf({ZIPF_S}) {op}s of {KEYS} keys ...")
             res[f"{op}_{KEYS}"] = _zipf_op(r, zipf, op, messages, repeats, rows, res)

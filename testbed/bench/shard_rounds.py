@@ -4,6 +4,8 @@ The method: docs/bench.md, "embnic bench server, rounds: one round by number of 
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import socket
 import time
 
@@ -50,31 +52,26 @@ class _Rig:
                             ).astype(np.uint64)
         self.counts = np.full(ntables, total // ntables, np.int64)
         self.counts[: total % ntables] += 1
-        self.msg_id = 1
-        self.directory = codec.make_directory(np.arange(ntables), [DIM] * ntables, [1] * ntables, self.counts)
+        self.msg_ids = itertools.count(2)
         # materialise every pool row (one update per table slice), untimed
         step = max(1, 6000 // ntables)  # an update of at most 6000 rows: within MAX_FRAGS fragments
         for a in range(0, pool, step):
             keys = self.pool[:, a:a + step].reshape(-1)
-            d = codec.make_directory(np.arange(ntables), [DIM] * ntables, [1] * ntables,
-                                     [min(step, pool - a)] * ntables)
-            self._serve(codec.encode_update(msg_id=self._next(), client_id=1, shard_id=0, directory=d, keys=keys,
-                                            values=np.zeros(keys.size * DIM, "<f4").tobytes()))
+            self._serve(self.encode("update", keys, [min(step, pool - a)] * ntables,
+                                    np.zeros(keys.size * DIM, "<f4").tobytes()))
 
-    def _next(self) -> int:
-        self.msg_id += 1
-        return self.msg_id
+    def encode(self, op: str, keys: np.ndarray, counts, values: bytes = b"") -> list[bytes]:
+        """The frames of a lookup or update (fp32 ``values``) of ``keys``, ``counts[t]`` of table t."""
+        d = codec.make_directory(np.arange(self.ntables), [DIM] * self.ntables, [1] * self.ntables, counts)
+        kw = dict(msg_id=next(self.msg_ids), client_id=1, shard_id=0, directory=d, keys=keys)
+        return codec.encode_lookup(**kw) if op == "lookup" else codec.encode_update(**kw, values=values)
 
     def frames(self, op: str, rng: np.random.Generator) -> list[bytes]:
         """One round's request frames: ``counts[t]`` ids of table t (sorted, distinct)."""
         keys = np.concatenate([np.sort(rng.choice(self.pool[t], int(c), replace=False))
                                for t, c in enumerate(self.counts.tolist())])
-        if op == "lookup":
-            return codec.encode_lookup(msg_id=self._next(), client_id=1, shard_id=0, directory=self.directory,
-                                       keys=keys)
-        g = (rng.standard_normal((keys.size, DIM)) * 0.1).astype("<f4")
-        return codec.encode_update(msg_id=self._next(), client_id=1, shard_id=0, directory=self.directory,
-                                   keys=keys, values=g.tobytes())
+        g = (rng.standard_normal((keys.size, DIM)) * 0.1).astype("<f4").tobytes() if op == "update" else b""
+        return self.encode(op, keys, self.counts, g)
 
     def _serve(self, frames: list[bytes]) -> tuple[float, int]:
         """Send ``frames`` to the shard, then time its wake-ups until every frame is taken.
@@ -95,15 +92,10 @@ class _Rig:
                 wakeups += 1
             elif time.monotonic() > t_end:
                 raise RuntimeError(f"bench rounds: the shard's socket lost {left} of {len(frames)} frames")
-        self._drain()
-        return cpu, wakeups
-
-    def _drain(self) -> None:
-        while True:
-            try:
+        with contextlib.suppress(BlockingIOError):  # the replies, untimed
+            while True:
                 self.cli.recv(65536)
-            except BlockingIOError:
-                return
+        return cpu, wakeups
 
     def close(self) -> None:
         self.cli.close()
@@ -149,8 +141,3 @@ def run(*, total: int = 1300, rounds: int = 200, seed: int = 0, **engine_kw) -> 
             rig.close()
     return out
 
-
-if __name__ == "__main__":  # python -m embnic.testbed.bench.shard_rounds
-    import json
-
-    print(json.dumps(run(), indent=1))
