@@ -8,10 +8,15 @@ import contextlib
 import os
 import subprocess
 import time
+import types
 from pathlib import Path
 from statistics import median
 from typing import Any, Sequence
 
+import numpy as np
+
+from embnic.client_lib import codec
+from embnic.client_lib.consts import DType, MsgType
 from embnic.control.targets.dpdk import process as dpdk_proc
 from embnic.control.targets.dpdk.process import CardProcess, build_card, unique_prefix
 from embnic.control.netns import Netns
@@ -63,15 +68,9 @@ def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
     Returns:
         ``{frames, messages, bytes, avg_frame_bytes}`` (bytes = Ethernet bytes of all frames).
     """
-    import numpy as np
-
-    from embnic.client_lib import codec
-    from embnic.client_lib.consts import DType
-
     rng = np.random.default_rng(seed)
     frames: list[bytes] = []
     msgs = 0
-    msg_id = 1
     while len(frames) < n_frames:
         c = BENCH_CLIENTS[msgs % len(BENCH_CLIENTS)]
         shard = int(rng.integers(0, len(BENCH_SHARDS)))
@@ -81,17 +80,16 @@ def make_bench_pcap(path: Path, n_frames: int = 2048, seed: int = 0) -> dict:
             counts = np.bincount(rng.integers(0, t, n - t), minlength=t) + 1  # each table >= 1 key
             d = codec.make_directory(np.arange(t) + 4 * shard, [16] * t, [DType.FP32] * t, counts)
             keys = rng.integers(0, 1 << 40, n, dtype=np.uint64)
-            payloads = codec.encode_lookup(msg_id=msg_id, client_id=c["client"], shard_id=shard, directory=d,
+            payloads = codec.encode_lookup(msg_id=msgs + 1, client_id=c["client"], shard_id=shard, directory=d,
                                            keys=keys)
         else:
             d = codec.make_directory([4 * shard, 4 * shard + 1], [16, 16], [DType.FP32] * 2, [15, 15])
             keys = rng.integers(0, 1 << 40, 30, dtype=np.uint64)
             grads = [rng.standard_normal((15, 16)).astype(np.float32) for _ in range(2)]
-            payloads = codec.encode_update(msg_id=msg_id, client_id=c["client"], shard_id=shard, directory=d,
+            payloads = codec.encode_update(msg_id=msgs + 1, client_id=c["client"], shard_id=shard, directory=d,
                                            keys=keys, values=codec.values_to_body(grads, [DType.FP32] * 2))
         frames += [_to_card(c, pl) for pl in payloads]
         msgs += 1
-        msg_id += 1
     return _written(path, frames, msgs)
 
 
@@ -110,11 +108,6 @@ def make_distinct_pcap(path: Path, n_msgs: int = 8192, seed: int = 1,
     Returns:
         ``{frames, messages, bytes, avg_frame_bytes}``.
     """
-    import numpy as np
-
-    from embnic.client_lib import codec
-    from embnic.client_lib.consts import DType, MsgType
-
     rng = np.random.default_rng(seed)
     frames: list[bytes] = []
     for i in range(n_msgs):
@@ -351,30 +344,22 @@ def _distinct_figures(m: dict, dpcap: dict) -> dict:
     }
 
 
-class _VethPair:
+@contextlib.contextmanager
+def _veth_pair():
     """A network namespace ``enB<pid>`` with one veth pair ``eBa<pid>``/``eBb<pid>``, both ends in
-    it, up, IPv6 and checksum offloads off; the namespace (with the pair) is deleted on exit."""
-
-    def __init__(self):
-        tag = f"{os.getpid() % 100000}"
-        self.name = f"enB{tag}"
-        self.a, self.b = f"eBa{tag}", f"eBb{tag}"
-        self._ns: Netns | None = None
-
-    def __enter__(self) -> "_VethPair":
-        self._ns = Netns.create(self.name)
-        with contextlib.ExitStack() as undo:
-            undo.callback(self._ns.delete)
-            self._ns.veth(self.a, self.b)
-            for dev in (self.a, self.b):
-                self._ns.link_up(dev)
-                self._ns.offloads_off(dev, each=True)
-            undo.pop_all()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._ns is not None:
-            self._ns.delete()
+    it, up, IPv6 and checksum offloads off; yields its ``name``, ``a`` and ``b``; the namespace
+    (with the pair) is deleted on exit."""
+    tag = f"{os.getpid() % 100000}"
+    pair = types.SimpleNamespace(name=f"enB{tag}", a=f"eBa{tag}", b=f"eBb{tag}")
+    ns = Netns.create(pair.name)
+    try:
+        ns.veth(pair.a, pair.b)
+        for dev in (pair.a, pair.b):
+            ns.link_up(dev)
+            ns.offloads_off(dev, each=True)
+        yield pair
+    finally:
+        ns.delete()
 
 
 #: the PMDs the card and testpmd are measured on over the veth pair (the testbed's path)
@@ -406,7 +391,7 @@ def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str],
     out: dict[str, Any] = {}
     # 2 vCPUs here: the generator forwards on CPU 1, each DUT on CPU 0 (the card run to
     # completion on lcore 0; testpmd forwarding on lcore 0 with its idle main lcore on 1)
-    with _VethPair() as ns:
+    with _veth_pair() as ns:
         gen = TestpmdProcess([src, f"net_af_packet0,iface={ns.a}"], lcores="0,1", main_lcore=0, mode="io",
                              netns=ns.name)
         gen.start()

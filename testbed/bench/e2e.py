@@ -143,11 +143,18 @@ def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct:
                 with T.in_netns(topo.client_ns(cid)):
                     return EmbeddingClient(cfg, cid, fixed_length=fixed)
 
-            def timed(mode: str, fixed: bool) -> None:
-                with client(fixed) as c:
-                    for b, sp in batches.items():
-                        embnic_steps(c, cfg, sp[:1])  # warm-up step
-                        runs[mode][b].append(embnic_steps(c, cfg, sp[1:]))
+            def timed(mode: str, impairment=None, **netem_kw) -> dict | None:
+                """``mode``'s steps timed, with ``impairment`` on every link (cleared after): its netem record."""
+                rec = N.apply(name, impairment, rdir=tb.rdir, **netem_kw) if impairment else None
+                try:
+                    with client(mode == "fixed") as c:
+                        for b, sp in batches.items():
+                            embnic_steps(c, cfg, sp[:1])  # warm-up step
+                            runs[mode][b].append(embnic_steps(c, cfg, sp[1:]))
+                finally:
+                    if impairment:
+                        N.clear(name, rdir=tb.rdir)
+                return rec
 
             runs = {m: {b: [] for b in batches} for m in ("varlen", "fixed", "varlen_loss", "varlen_relay")}
             card = None
@@ -160,22 +167,13 @@ def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct:
             for rep in range(repeats):
                 order = ("varlen", "fixed") if rep % 2 == 0 else ("fixed", "varlen")
                 for mode in order:
-                    timed(mode, mode == "fixed")
+                    timed(mode)
                 if rep == repeats - 1:
                     card = _card_subset(tb)  # the loss-free runs' counters
                 if loss_pct > 0:
-                    rec = N.apply(name, N.Impairment(loss=loss_pct), rdir=tb.rdir)
-                    backend = rec["backend"]
-                    try:
-                        timed("varlen_loss", False)
-                    finally:
-                        N.clear(name, rdir=tb.rdir)
+                    backend = timed("varlen_loss", N.Impairment(loss=loss_pct))["backend"]
                     if backend == "user":  # the helpers forwarding every frame, dropping none
-                        N.apply(name, N.Impairment(loss=0.0, delay_ms=5.0), backend="user", rdir=tb.rdir)
-                        try:
-                            timed("varlen_relay", False)
-                        finally:
-                            N.clear(name, rdir=tb.rdir)
+                        timed("varlen_relay", N.Impairment(loss=0.0, delay_ms=5.0), backend="user")
                 log(f"  e2e {cfg.sharding}: repeat {rep + 1}/{repeats} done"
                     + (f" (with {loss_pct:g}% loss on every link, {backend} netem)" if loss_pct > 0 else ""))
             dlrm = None

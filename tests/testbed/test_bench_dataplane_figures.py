@@ -85,7 +85,7 @@ def test_veth_path_reports_each_pmd_and_their_ratios(monkeypatch, tmp_path):
             out[key] = _card(mpps, 0.0) if fn is DP.measure_card else _tp(mpps)
         return out
 
-    monkeypatch.setattr(DP, "_VethPair", Ns)
+    monkeypatch.setattr(DP, "_veth_pair", Ns)
     monkeypatch.setattr(DP, "TestpmdProcess", Gen)
     monkeypatch.setattr(DP, "_measure_all", fake_all)
     pcap = {"frames": 100, "messages": 50, "bytes": 0, "avg_frame_bytes": 0.0}
