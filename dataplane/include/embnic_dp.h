@@ -188,7 +188,7 @@ embnic_rx_meta(struct rte_mbuf *m, int off)
  * ARP frames as msg_type 0). The ring has one producer, so entry i is the
  * i-th frame ever enqueued: those at or past ring_dequeued are still in
  * the ring. Entry i lives in e[i % EMBNIC_HLOG_SIZE]; the owner stores it,
- * then head = i + 1 (release); readers: counters.c.
+ * then head = i + 1 (release); reader: ring_last (ctl.c).
  */
 #define EMBNIC_HLOG_SIZE		256	/* slots, a power of 2 */
 /* entries a reader gets: the slot of the oldest may be mid-overwrite */
@@ -370,15 +370,6 @@ struct embnic_app {
 	bool page_per_mbuf;
 };
 
-/* Unix time in ns from a TSC value. */
-static inline uint64_t
-embnic_tsc_to_ns(const struct embnic_app *app, uint64_t tsc)
-{
-	return app->start_ns +
-		(uint64_t)((double)(tsc - app->start_tsc) * 1e9 /
-			   (double)app->tsc_hz);
-}
-
 /* port.c: the ports and the mbuf pool, set up by main() */
 /*
  * Which TX queue each state lcore uses on each port; nb_txq[p] gets how
@@ -424,24 +415,6 @@ unsigned int embnic_tx_stage(struct embnic_app *app, struct embnic_worker *w,
 void embnic_tx_burst(struct embnic_app *app, struct embnic_worker *w,
 		     struct embnic_lcore_stats *st, struct rte_mbuf **pkts,
 		     unsigned int n, uint64_t tsc);
-
-/*
- * counters.c: up to max of the newest forwarded headers of all lcores'
- * logs, newest first (lcore[i]: who logged it, if lcore); *logged: entries
- * ever logged. Control path; never blocks the lcores.
- */
-unsigned int embnic_hlog_read(const struct embnic_app *app,
-			      struct embnic_hlog_entry *out,
-			      unsigned int *lcore, unsigned int max,
-			      uint64_t *logged);
-/*
- * counters.c: up to max of the headers still waiting in the header rings,
- * newest first, ARP frames left out; *waiting: frames the rings held (ARP
- * included, may exceed what the log keeps). Control path.
- */
-unsigned int embnic_ring_read(const struct embnic_app *app,
-			      struct embnic_hlog_entry *out,
-			      unsigned int max, uint64_t *waiting);
 
 /* route.c: route and client tables share one implementation. */
 struct embnic_table *embnic_table_create(const char *name, uint32_t size,
