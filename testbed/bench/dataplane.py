@@ -198,25 +198,20 @@ def measure_card(binary: Path, vdevs: list[str], lcores: str, seconds: float, wa
         program_card(card, out_port)
         ops = card.call("info").get("mempool_ops")
         card.call("resume")
-        last: dict = {}
+        snaps: list[dict] = []  # its counters at the window's start and end
 
         def sample() -> int:
-            last["c"] = card.counters()
-            last.setdefault("b0", last["c"]["ports"][out_port]["tx_bytes"])
-            last.setdefault("m0", sum(last["c"]["completed"].values()))
-            return last["c"]["ports"][out_port]["tx_frames"]
+            snaps.append(card.counters())
+            return snaps[-1]["ports"][out_port]["tx_frames"]
 
         w = rate_window(sample, seconds, warmup, [card.proc.pid, *other_pids])
-        b1 = last["c"]["ports"][out_port]["tx_bytes"]
-        m1 = sum(last["c"]["completed"].values())
-        drops = {k: v for k, v in last["c"]["drops"].items() if v}
-        state = last["c"]["state"]
     finally:
         card.stop()
         card.cleanup()
-    return {"mpps": w["rate"] / 1e6, "gbps": (b1 - last["b0"]) * 8 / w["dt"] / 1e9, "frames": w["frames"],
-            "completed_per_s": (m1 - last["m0"]) / w["dt"], "drops": drops, "state_entries": state["entries"],
-            "others_cpu": w["others_cpu"], "mempool_ops": ops}
+    (b0, m0), (b1, m1) = ((c["ports"][out_port]["tx_bytes"], sum(c["completed"].values())) for c in snaps)
+    return {"mpps": w["rate"] / 1e6, "gbps": (b1 - b0) * 8 / w["dt"] / 1e9, "frames": w["frames"],
+            "completed_per_s": (m1 - m0) / w["dt"], "drops": {k: v for k, v in snaps[1]["drops"].items() if v},
+            "state_entries": snaps[1]["state"]["entries"], "others_cpu": w["others_cpu"], "mempool_ops": ops}
 
 
 def measure_testpmd(vdevs: list[str], lcores: str, mode: str, seconds: float, warmup: float,

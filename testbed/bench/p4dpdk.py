@@ -33,20 +33,19 @@ def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, war
         card.program(CARD_PORTS, [Peer.from_fields({**s, "port": out_port}, "shard") for s in shards]
                      + [Peer.from_fields({**c, "port": 0}, "client") for c in clients])
         sw.resume()
-        last: dict = {}
+        snaps: list[tuple[int, int]] = []  # (bytes out, messages completed) at the window's start and end
 
         def sample() -> int:
             h = sw.host_counters()["ports"][out_port]
-            last["b"] = h["pipeline_out_bytes"] - 4 * h["pipeline_out_frames"]
-            last["m"] = sum(card.counter("messages_completed", 0, 16))
-            last.setdefault("b0", last["b"])
-            last.setdefault("m0", last["m"])
+            snaps.append((h["pipeline_out_bytes"] - 4 * h["pipeline_out_frames"],
+                          sum(card.counter("messages_completed", 0, 16))))
             return h["pipeline_out_frames"]
 
         w = window(sample, seconds, warmup, [sw.proc.pid, *other_pids])
         drops = {k: v for k, v in card.counters(len(CARD_PORTS))["drops"].items() if v}
         host = sw.host_counters()
+    (b0, m0), (b1, m1) = snaps
     hd = {k: sum(p[k] for p in host["ports"]) for k in ("rx_ring_full", "rx_no_headroom", "tx_full", "tx_bad_meta")}
-    return {"mpps": w["rate"] / 1e6, "gbps": (last["b"] - last["b0"]) * 8 / w["dt"] / 1e9, "frames": w["frames"],
-            "completed_per_s": (last["m"] - last["m0"]) / w["dt"], "drops": drops,
+    return {"mpps": w["rate"] / 1e6, "gbps": (b1 - b0) * 8 / w["dt"] / 1e9, "frames": w["frames"],
+            "completed_per_s": (m1 - m0) / w["dt"], "drops": drops,
             "host_drops": {k: v for k, v in hd.items() if v}, "others_cpu": w["others_cpu"], "mempool_ops": None}
