@@ -152,12 +152,8 @@ def missing_compiler_message(arch: str, why: str) -> str:
 
 # --------------------------------------------------------------------------- compile
 def make_restorable(json_path: Path) -> int:
-    """Pad a BMv2 JSON with trailing spaces so that ``--restore-state`` can read a saved state.
-
-    BMv2 writes the MD5 of the JSON into a saved state as 16 raw bytes and reads it back with
-    ``operator>>``, which stops at whitespace: an MD5 containing a whitespace byte (0x09-0x0d,
-    0x20; about 1 JSON in 3) never matches and the switch refuses the state. Trailing spaces
-    change the MD5, not the JSON. Returns how many spaces were added.
+    """Pad a BMv2 JSON with trailing spaces until its MD5 has no whitespace byte, so that
+    ``--restore-state`` can read a saved state (p4/README.md). Returns how many spaces were added.
 
     Raises:
         P4CompileError: no padding up to 4096 spaces works (never seen).
@@ -243,6 +239,21 @@ def compile_arch(arch: str, out_dir: Path, p4_dir: Path = P4_DIR, timeout: float
             "command": " ".join(argv), "files": {n: file_digest(out_dir / n) for n in sorted(a.files.values())}}
 
 
+def _compile_into(arch: str, dest: Path, p4_dir: Path = P4_DIR) -> dict:
+    """:func:`compile_arch` into a folder beside ``dest``, then renamed to ``dest`` (replacing it
+    whole): a concurrent reader never sees half of it. Returns the manifest entry."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=dest.parent))
+    try:
+        entry = compile_arch(arch, tmp, p4_dir)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 is no folder's mode in a checkout
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
 def regenerate(archs: Sequence[str] = tuple(ARCHS), p4_dir: Path = P4_DIR) -> dict:
     """Compile every architecture of ``archs`` with the tested compilers into ``p4_dir/build/``
     and write its manifest (what ``make -C p4`` runs). All compilers are checked before anything
@@ -267,15 +278,7 @@ def regenerate(archs: Sequence[str] = tuple(ARCHS), p4_dir: Path = P4_DIR) -> di
     man = json.loads(man_path.read_text()) if man_path.is_file() else {}
     outputs = dict(man.get("outputs", {}))
     for arch in archs:
-        staging = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=build if build.is_dir() else None))
-        try:
-            outputs[arch] = compile_arch(arch, staging, p4_dir)
-            os.chmod(staging, 0o755)  # mkdtemp's 0700 is no folder's mode in a checkout
-            shutil.rmtree(build / arch, ignore_errors=True)
-            build.mkdir(parents=True, exist_ok=True)
-            os.replace(staging, build / arch)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        outputs[arch] = _compile_into(arch, build / arch, p4_dir)
     man = {"sources": {"digest": sources_digest(p4_dir),
                        "files": [str(p.relative_to(p4_dir)) for p in program_files(p4_dir)]},
            "regenerate": REGENERATE, "cwd": "p4", "outputs": {a: outputs[a] for a in sorted(outputs)}}
@@ -391,15 +394,7 @@ def outputs(arch: str) -> Outputs:
     key = hashlib.sha256(f"{sources_digest()}\0{line}\0{arch}".encode()).hexdigest()[:16]
     d = cache_dir() / arch / key
     if not all((d / n).is_file() for n in a.files.values()):
-        # compiled beside the cache entry and renamed into place: a concurrent load never sees half of it
-        d.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=d.parent))
-        try:
-            compile_arch(arch, tmp)
-            shutil.rmtree(d, ignore_errors=True)
-            os.replace(tmp, d)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _compile_into(arch, d)
     return Outputs(arch, d, "compiled", _digest_of({n: file_digest(d / n) for n in a.files.values()}),
                    f"p4/ differs from its committed outputs: {a.compiler} compiled it into {d}; "
                    f"run {REGENERATE} and commit p4/build")

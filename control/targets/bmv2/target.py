@@ -58,13 +58,8 @@ def interfaces_from_vdevs(vdevs: Sequence[str]) -> list[str]:
 
 
 def handle_zero_placeholders(commands: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Commands that keep entry handle 0 free in every table a saved state will restore.
-
-    BMv2 1.15.5 restores saved entries with their handles but leaves the table's "first free
-    handle" at 0 (``HandleMgr::set_handle`` resets it from the size *before* growing), so the
-    next runtime ``table_add`` on a table whose handle 0 was restored is given handle 0 again:
-    it overwrites that entry, and a later ``table_dump`` kills the switch. A state saved with
-    handle 0 unused restores correctly (its first free handle really is 0).
+    """Commands that keep entry handle 0 free in every table a saved state will restore (BMv2
+    1.15.5 would give a restored handle 0 again: p4/README.md "Control plane").
 
     Returns:
         ``(adds, deletes)``: run ``adds`` before ``commands`` (one placeholder ``table_add`` per
@@ -114,15 +109,8 @@ PORT_OFFLOADS_OFF = ("tso", "gso", "gro", "lro", "tx-udp-segmentation", "rx-gro-
 
 
 def tune_port_interfaces(ns: Netns, ifaces: Sequence[str]) -> None:
-    """Turn segmentation and receive offloads off on the switch's port interfaces.
-
-    BMv2 captures each port with libpcap in immediate mode, i.e. a TPACKET_V2 ring of 2 MiB
-    (libpcap's default; BMv2 sets no size) whose slots are as large as the largest frame the
-    interface may hand over: 64 KiB + headers while any of GSO/TSO/GRO/LRO is on (a veth's
-    default), so the ring holds a few dozen frames and a burst beyond that is lost in the
-    kernel, counted by no counter of the card. With the offloads off, slots are MTU-sized and
-    the same ring holds about a thousand frames. Best effort per feature (a veth has no LRO to
-    turn off); nothing the switch does depends on the offloads.
+    """Turn segmentation and receive offloads off on the switch's port interfaces, best effort per
+    feature: with them on, libpcap's capture ring holds a few dozen frames (p4/README.md).
 
     Raises:
         MissingDependencyError: no ethtool (apt-get install ethtool).

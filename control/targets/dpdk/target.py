@@ -4,7 +4,7 @@
 :func:`embnic.control.targets.dpdk.process.eal_argv`, or ``eal_args``; a NIC by PCI address is
 checked first, :mod:`embnic.control.targets.dpdk.pci`), programs the config's routes and clients,
 then ``resume`` (docs/cli.md ``pipeline load``). The process and its control socket are a
-:class:`DpdkCard`, which the ``p4dpdk`` target holds too.
+:class:`DpdkCard`, the base of the ``p4dpdk`` target too.
 
     t = DpdkTarget(load_config("examples/testbed.toml"), vdevs=["net_af_packet0,iface=veth-c0"],
                    netns="enT42card", name="enT42")
@@ -88,9 +88,9 @@ def find_binary(binary: str | os.PathLike | None = None) -> Path:
 _LIST_FIX = "close the quote, or give a list of strings"
 
 
-class DpdkCard:
-    """A card program run by DPDK's EAL behind its control socket (``embnic-dp``, ``embnic-swx``):
-    the process runner and control-socket client the ``dpdk`` and ``p4dpdk`` targets each hold.
+class DpdkCard(Target):
+    """A target whose card program runs under DPDK's EAL behind its control socket (``embnic-dp``:
+    ``dpdk``; ``embnic-swx``: ``p4dpdk``): the process runner and control-socket client both are.
 
     Args:
         config: cluster config; its ``[card]`` gives ports (``--port-ip``), ring/state sizes, lcores.
@@ -99,7 +99,7 @@ class DpdkCard:
         ctl_path: control socket path (default: the state file's, else ``RUN_DIR/NAME.sock``).
         netns: run the card inside this network namespace (``ip netns exec``; needs root).
         name: pipeline instance name (state file ``RUN_DIR/NAME.json``, log ``RUN_DIR/NAME.log``).
-        run_dir: the target's run directory (:attr:`Target.run_dir`).
+        run_dir: directory of state files, sockets and logs (:class:`Target`).
         vdevs: ``--vdev`` specs, one DPDK port each in this order (``net_ring0``, ``net_null0``,
             ``net_af_packet0,iface=veth0``, ...).
         lcores: EAL lcore list (default ``card.lcores`` of the config, else ``0,1``).
@@ -115,19 +115,22 @@ class DpdkCard:
             ports 0.. in this order, before the vdevs.
         hugepages: EAL memory from hugepages (default: when there are PCI devices).
         sysfs_root: where sysfs is (default ``$EMBNIC_SYSFS_ROOT`` or ``/sys``; tests: a fake tree).
-        target: the target's name, for messages.
-        one_lcore: run on the first lcore of the list only (embnic-swx).
     """
+
+    OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
+                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused", "pci", "hugepages",
+                         "sysfs_root"})
+    #: run on the first lcore of the card's list only (embnic-swx)
+    ONE_LCORE = False
 
     def __init__(self, config: ClusterConfig | None = None, binary: str | os.PathLike | None = None,
                  eal_args: Sequence[str] | str | None = None, ctl_path: str | os.PathLike | None = None,
-                 netns: str | None = None, *, name: str = "embnic", run_dir: Path,
+                 netns: str | None = None, *, name: str = "embnic", run_dir: str | os.PathLike | None = None,
                  vdevs: Sequence[str] = (), lcores: str | None = None, ready_timeout: float = 30.0,
                  stop_timeout: float = 10.0, check_build: bool = True, timeout: float = 5.0,
                  card_args: Sequence[str] | str = (), start_paused: bool = True, pci: Sequence[str] | None = None,
-                 hugepages: bool | None = None, sysfs_root: str | os.PathLike | None = None,
-                 target: str = "dpdk", one_lcore: bool = False):
-        self.config, self.instance, self.run_dir, self.target = config, name, run_dir, target
+                 hugepages: bool | None = None, sysfs_root: str | os.PathLike | None = None):
+        super().__init__(config, name=name, run_dir=run_dir)
         if pci is None:
             card = config.card if config is not None else None
             pci = card.pci if card is not None else ()
@@ -147,7 +150,6 @@ class DpdkCard:
         self.netns = netns
         self.vdevs = tuple(vdevs or ())
         self.lcores = lcores
-        self.one_lcore = one_lcore
         self.ready_timeout = float(ready_timeout)
         self.stop_timeout = float(stop_timeout)
         self.check_build = check_build
@@ -215,7 +217,7 @@ class DpdkCard:
             return args
         card = self.config.card if self.config is not None else None
         lcores = self.lcores or (card.lcores if card is not None else "0,1")
-        if self.one_lcore:
+        if self.ONE_LCORE:
             lcores = re.split(r"[,-]", lcores)[0]
         return eal_argv(lcores, self.file_prefix, self.vdevs, pci=self.pci, hugepages=self.hugepages)
 
@@ -233,10 +235,10 @@ class DpdkCard:
         """
         cfg = self.config
         if cfg is None:
-            raise UsageError(f"loading the {self.target} target needs the cluster config: pass --config FILE",
+            raise UsageError(f"loading the {self.name} target needs the cluster config: pass --config FILE",
                              param="config")
         if cfg.card is None or not cfg.card.enabled:
-            raise ConfigError("card", f"the {self.target} target needs a [card] section (enabled = true) with its "
+            raise ConfigError("card", f"the {self.name} target needs a [card] section (enabled = true) with its "
                               "ports; see docs/config.md and examples/testbed.toml", cfg.path)
         if self.eal_args is None and not self.vdevs and not self.pci:
             raise UsageError("no DPDK ports: give one --vdev per card port (e.g. --vdev net_ring0 "
@@ -335,7 +337,7 @@ class DpdkCard:
         Path(ctl).parent.mkdir(parents=True, exist_ok=True)
         proc = DpdkProcess(binary, self.eal_argv(), app, netns=self.netns, log=self.log_path, name=name)
         self.proc = proc.start()
-        state = {"target": self.target, "name": self.instance, **proc.record(), "ctl": ctl,
+        state = {"target": self.name, "name": self.instance, **proc.record(), "ctl": ctl,
                  "binary": os.fspath(binary), "netns": self.netns,
                  "config": os.path.abspath(self.config.path) if self.config.path else None,
                  "started": time.time(), **state}
@@ -393,22 +395,6 @@ class DpdkCard:
         return self.ctl(timeout=1.0).alive()
 
 
-class DpdkCardTarget(Target):
-    """A target whose pipeline runs as a :class:`DpdkCard` (``dpdk``, ``p4dpdk``), which takes its
-    options (documented there), runs its lifecycle and holds its control socket."""
-
-    OPTIONS = frozenset({"binary", "eal_args", "ctl_path", "netns", "vdevs", "lcores", "ready_timeout",
-                         "stop_timeout", "check_build", "timeout", "card_args", "start_paused", "pci", "hugepages",
-                         "sysfs_root"})
-    #: run on the first lcore of the card's list only
-    ONE_LCORE = False
-
-    def __init__(self, config: ClusterConfig | None = None, *args: Any, name: str = "embnic",
-                 run_dir: str | os.PathLike | None = None, **kw: Any):
-        super().__init__(config, name=name, run_dir=run_dir)
-        self.card = DpdkCard(config, *args, name=name, run_dir=self.run_dir, target=self.name,
-                             one_lcore=self.ONE_LCORE, **kw)
-
     @classmethod
     def from_settings(cls, s, **opts: Any) -> "Target":
         """Build from resolved CLI settings (``--binary``, ``--eal-args``, ``--vdev``, ``--netns``, ``--ctl``)."""
@@ -416,30 +402,14 @@ class DpdkCardTarget(Target):
                    vdevs=s.vdevs, name=s.name, run_dir=s.run_dir, card_args=s.card_args,
                    **{k: v for k, v in opts.items() if v is not None})
 
-    def ctl(self, timeout: float | None = None) -> CtlClient:
-        return self.card.ctl(timeout)
 
-    def unload(self) -> dict:
-        return self.card.unload()
-
-    def is_loaded(self) -> bool:
-        return self.card.is_loaded()
-
-
-class DpdkTarget(DpdkCardTarget):
+class DpdkTarget(DpdkCard):
     """The embnic pipeline as the DPDK program ``embnic-dp``."""
 
     name = "dpdk"
     #: ``load`` refuses to run without root: the EAL needs it here (runtime dir, af_packet/tap vdevs).
     #: Tests of a stand-in binary (no EAL) set it False.
     NEEDS_ROOT = True
-
-    @property
-    def file_prefix(self) -> str:
-        return self.card.file_prefix
-
-    def eal_argv(self) -> list[str]:
-        return self.card.eal_argv()
 
     def card_argv(self, ctl: str) -> list[str]:
         """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
@@ -454,14 +424,14 @@ class DpdkTarget(DpdkCardTarget):
         # the cluster MTU: mbufs that hold a whole frame of it, and every port must send one (the
         # card refuses at start a port whose frames are smaller, naming it: docs/control-socket.md)
         args += ["--mtu", str(self.config.mtu)]
-        if self.card.start_paused:
+        if self.start_paused:
             args.append("--paused")
-        return args + self.card.card_args
+        return args + self.card_args
 
     def argv(self, binary: str | os.PathLike, ctl: str) -> list[str]:
         """The whole command line, with ``ip netns exec NS`` in front when ``netns`` is set."""
-        return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.card.netns,
-                           log=self.card.log_path).argv
+        return DpdkProcess(binary, self.eal_argv(), self.card_argv(ctl), netns=self.netns,
+                           log=self.log_path).argv
 
     # ------------------------------------------------------------------ lifecycle
     def load(self, program: bool = True) -> dict:
@@ -478,19 +448,19 @@ class DpdkTarget(DpdkCardTarget):
                 vdev whose interface is missing or already runs an XDP program
                 (:func:`~embnic.control.targets.dpdk.xdp.af_xdp_problem`).
         """
-        peers = self.card.check_config(program)
+        peers = self.check_config(program)
         if self.NEEDS_ROOT:
             require_root("loading the dpdk target (embnic-dp and its DPDK EAL)")
-        self.card.claim()
-        binary = find_binary(self.card.binary)
-        bi = buildinfo.require_compatible(binary, udp_port=self.config.udp_port) if self.card.check_build else None
+        self.claim()
+        binary = find_binary(self.binary)
+        bi = buildinfo.require_compatible(binary, udp_port=self.config.udp_port) if self.check_build else None
         build = {"proto_version": bi.proto_version, "git_rev": bi.git_rev} if bi else None
 
         def program_peers(info: dict) -> None:
             for p in peers:
                 self.peer_add(p)
 
-        state, info = self.card.run(binary, "embnic-dp", self.card_argv(self.card.start_ctl_path),
+        state, info = self.run(binary, "embnic-dp", self.card_argv(self.start_ctl_path),
                                     {"build": build}, program_peers)
         return {**state, **count_peers(peers), "info": info, "warnings": self._port_mac_warnings(info)}
 
@@ -544,10 +514,10 @@ class DpdkTarget(DpdkCardTarget):
     # ------------------------------------------------------------------ observation
     def counters(self) -> dict:
         """The card's counters (docs/control-socket.md ``counters``): ports, types, drops, ring, mempool, state."""
-        return self.card.call("counters")
+        return self.call("counters")
 
     def state_summary(self) -> dict:
-        return self.card.call("state_summary")
+        return self.call("state_summary")
 
     def ring(self, last: int) -> list[dict]:
         """The headers of up to ``last`` message frames still waiting in the header ring, then of
@@ -569,10 +539,10 @@ class DpdkTarget(DpdkCardTarget):
                 [{**e, "in_ring": False} for e in r.get("entries", [])])
 
     def state_dump(self, limit: int = 1000) -> list[dict]:
-        return list(self.ctl(timeout=max(self.card.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))
+        return list(self.ctl(timeout=max(self.timeout, 30.0)).call("state_dump", limit=int(limit)).get("entries", []))
 
     def info(self) -> dict:
-        return self.card.call("info")
+        return self.call("info")
 
     def reset_counters(self) -> None:
         self.ctl().call("reset_counters")

@@ -192,14 +192,9 @@ _REGADD_RII = re.compile(r"^(\s*(?:\w+ :\s*)?)regadd (\S+) (0x[0-9A-Fa-f]+|\d+) 
 def split_regadd_immediates(spec: str) -> tuple[str, int]:
     """The spec with every ``regadd ARRAY INDEX VALUE`` whose index and value are both
     immediates rewritten as ``mov m.embnic_regadd_src VALUE`` + ``regadd ARRAY INDEX
-    m.embnic_regadd_src`` (the field added to the metadata struct).
-
-    Why: DPDK 22.11 translates that form (``INSTR_REGADD_RII``) without its register array:
-    the generated pipeline's instruction keeps ``regarray_id = 0`` whatever the array, so it
-    adds to the first array the spec declares. This program's ``arp_replies.count(0)`` and
-    ``state_expired.count(0)`` (p4c-dpdk: ``regadd _arp_replies_0 0x0 1``) counted into
-    ``rx_frames`` port 0 instead: ARP replies and expired entries were never counted, and port 0
-    received frames it never got. An index or value from a field translates right.
+    m.embnic_regadd_src`` (the field added to the metadata struct): DPDK 22.11 translates that
+    form (``INSTR_REGADD_RII``) without its register array, so it adds to the first array the
+    spec declares (p4/README.md "PNA on DPDK").
 
     Returns:
         ``(spec, number of instructions rewritten)``.
@@ -234,12 +229,10 @@ def relocate_metadata(spec: str) -> tuple[str, dict]:
     scratch headers (never extracted, never emitted), so that every struct an instruction
     addresses stays within :data:`STRUCT_ADDRESSABLE` bytes.
 
-    Why: p4c-dpdk 1.2.4.8 makes every temporary and local variable a metadata field (this
-    program: over a thousand, several KB), and DPDK 22.11's SWX pipeline addresses a field by a
-    one-byte offset into its struct without checking it, so fields past byte 255 silently alias
-    others. Header fields are addressed the same way, per header, and an instruction takes
-    header and metadata operands alike (a header field is kept in network order, converted on
-    each access), so each scratch header holds up to :data:`SCRATCH_BYTES` bytes of fields.
+    Why (p4/README.md "PNA on DPDK"): p4c-dpdk 1.2.4.8 makes every temporary a metadata field,
+    and DPDK 22.11 addresses a field by a one-byte offset into its struct, unchecked. Header
+    fields are addressed the same way, per header, so each scratch header holds up to
+    :data:`SCRATCH_BYTES` bytes of fields.
 
     Kept in metadata: the program's own ``local_metadata_*`` and the architecture's ``pna_*``
     fields, ``table_entry_index`` (``entryid``), table and learner keys, and the operands of

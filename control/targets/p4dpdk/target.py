@@ -27,7 +27,7 @@ from embnic.control.targets.dpdk.process import DpdkProcess
 from embnic.control.errors import NoSuchEntryError, OperationalError
 from embnic.control.runstate import require_root
 from embnic.control.targets.base import Peer, check_peer_port, count_peers, peer_kind
-from embnic.control.targets.dpdk.target import DpdkCardTarget
+from embnic.control.targets.dpdk.target import DpdkCard
 
 
 
@@ -155,7 +155,7 @@ class SwxCard:
         return p4prog.ring_entries(head, {f"ring_{f}": self.reg(f"ring_{f}") for f in RING_FIELDS}, last)
 
 
-class P4DpdkTarget(DpdkCardTarget):
+class P4DpdkTarget(DpdkCard):
     """The embnic pipeline as the P4 program for PNA in DPDK's SWX pipeline (embnic-swx).
 
     Takes the ``dpdk`` target's options (vdevs, EAL arguments, netns, control socket); the lcore
@@ -163,7 +163,7 @@ class P4DpdkTarget(DpdkCardTarget):
     """
 
     name = "p4dpdk"
-    OPTIONS = DpdkCardTarget.OPTIONS | {"lib"}
+    OPTIONS = DpdkCard.OPTIONS | {"lib"}
     ONE_LCORE = True
 
     def __init__(self, config: ClusterConfig | None = None, *args: Any, lib: str | os.PathLike | None = None,
@@ -194,16 +194,16 @@ class P4DpdkTarget(DpdkCardTarget):
             UsageError: the config sets ``ring_size``/``state_size`` other than the compiled ones.
             ConfigError / NeedsRootError / OperationalError: as the dpdk target.
         """
-        peers = self.card.check_config(program)
+        peers = self.check_config(program)
         p4prog.card_sizes(self.config.card, self.name, self.config.path)
         p4dpdk.require()
         require_root("loading the p4dpdk target (embnic-swx and its DPDK EAL)")
-        self.card.claim()
+        self.claim()
         pipe = p4dpdk.build_pipeline() if self.lib is None else None
         lib = pipe.lib if pipe else self.lib
         context = pipe.context if pipe else self.lib.with_name("context.json")
-        app = ["--pipeline", str(lib), "--ctl", self.card.start_ctl_path]
-        if self.card.start_paused:
+        app = ["--pipeline", str(lib), "--ctl", self.start_ctl_path]
+        if self.start_paused:
             app.append("--paused")
 
         def program_card(info: dict) -> None:
@@ -215,7 +215,7 @@ class P4DpdkTarget(DpdkCardTarget):
             self.swx().program([(p.id, p.mac, p.ip) for p in self.config.card.ports], peers,
                                state_timeout_us=self.config.card.state_timeout_ms * 1000)
 
-        state, info = self.card.run(p4dpdk.SWX_BINARY, "embnic-swx", app + self.card.card_args,
+        state, info = self.run(p4dpdk.SWX_BINARY, "embnic-swx", app + self.card_args,
                                     {"lib": str(lib), "context": str(context)}, program_card)
         note = pipe.note if pipe else None
         return {**state, **count_peers(peers), "info": info, "warnings": [note] if note else []}
@@ -268,7 +268,7 @@ class P4DpdkTarget(DpdkCardTarget):
 
     def info(self) -> dict:
         st = self.state() or {}
-        return {**self.card.call("info"), "target": self.name, "lib": st.get("lib"),
+        return {**self.call("info"), "target": self.name, "lib": st.get("lib"),
                 "context": st.get("context"), "state_size": p4prog.constants()["STATE_SLOTS"],
                 "ring_size": p4prog.constants()["RING_SLOTS"]}
 
