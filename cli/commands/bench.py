@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from embnic.client_lib.config import MTU_LIMITS
-from embnic.cli.commands.options import FloatRange, OutPath
-from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
+from embnic.cli.commands.options import FloatRange, OutPath, as_missing, as_operational, errors_as
+from embnic.control.errors import UsageError
 
 _out = click.option("--out", "out", type=OutPath("dir", "bench"), default="out/bench", show_default=True,
                     help="Directory for bench.json (results are merged into it; created if missing).")
@@ -104,11 +104,8 @@ def dataplane(out, seconds, target, state_lcores, p4dpdk):
 
         _show("dataplane (bmv2)", bench_bmv2.run(Path(out), seconds=seconds))
     else:
-        try:
+        with errors_as((ImportError, as_missing("the dataplane benchmark is not available: "))):
             mod = importlib.import_module("embnic.testbed.bench.dataplane")
-        except ImportError as e:
-            raise MissingDependencyError(f"the dataplane benchmark is not available: {e}",
-                                         dependency=e.name) from None
         _show("dataplane", mod.run(Path(out), seconds=seconds, state_lcores=state_lcores, p4dpdk=p4dpdk))
     click.echo(f"wrote {Path(out) / 'bench.json'}")
 
@@ -121,12 +118,10 @@ def _disk_run(out, rows, cache_rows, block_cache_mb, window, scale, repeats, mtu
                          "measures a table larger than 8 x its cache")
     if cache_rows < 2 * 4096:
         raise UsageError(f"--disk-cache-rows {cache_rows}: give at least 8192 (two messages of 4096 keys)")
-    try:
+    with errors_as((RuntimeError, as_operational)):
         res = shard_disk.run(Path(out), rows=rows, cache_rows=cache_rows, block_cache_mb=block_cache_mb,
                              window=window, messages=max(20, int(300 * scale)), repeats=repeats, mtu=mtu,
                              log=click.echo)
-    except RuntimeError as e:
-        raise OperationalError(str(e)) from None
     _show("server_disk", {k: v for k, v in res.items() if k in ("targets", "load", "budget", "fixed_overhead")})
     for k in ("lookup_4096", "update_4096"):
         v = res[k]
@@ -178,11 +173,8 @@ def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_ca
         _disk_run(out, disk_rows, disk_cache_rows, disk_block_cache_mb, window, scale, repeats, mtu)
         if disk_only:
             return
-    try:
-        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, repeats=repeats,
-                               log=click.echo)
-    except RuntimeError as e:
-        raise OperationalError(str(e)) from None
+    with errors_as((RuntimeError, as_operational)):
+        res = bench_server.run(Path(out), mtu=mtu, window=window, scale=scale, repeats=repeats, log=click.echo)
     _show("server", {k: v for k, v in res.items() if not isinstance(v, dict) or k in ("targets", "load")})
     rd = res.get("rounds") or {}
     if rd:
@@ -243,13 +235,9 @@ def e2e(out, **opts):
     """
     from embnic.testbed.bench import e2e as bench_e2e
 
-    try:
+    with errors_as((ImportError, as_missing("bench e2e needs the embnic[torch] extra (TorchRec as the peer): ")),
+                   (RuntimeError, as_operational)):
         res = bench_e2e.run(Path(out), log=click.echo, **opts)
-    except ImportError as e:
-        raise MissingDependencyError(f"bench e2e needs the embnic[torch] extra (TorchRec as the peer): {e}",
-                                     dependency=e.name) from None
-    except RuntimeError as e:
-        raise OperationalError(str(e)) from None
     click.echo("e2e (lookup latency per step, µs, medians of repeats):")
     click.echo(f"  {'batch':>6} {'varlen p50':>11} {'p99':>9} {'fixed p50':>10} {'p99':>9} {'torchrec p50':>13} "
                f"{'p99':>9} {'msgs var/fix':>13} {'rounds var/fix':>15} {'req msgs/round var/fix (shards)':>32}")

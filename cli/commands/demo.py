@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import click
 
-from embnic.cli.commands.options import (FloatRange, OutPath, card_option, check_name_param, model_option,
-                                         needs_root, pmd_option, sigterm_as_interrupt)
-from embnic.control.errors import MissingDependencyError
+from embnic.cli.commands.options import (FloatRange, OutPath, as_missing, as_param, card_option, check_name_param,
+                                         errors_as, model_option, needs_root, pmd_option, sigterm_as_interrupt)
 
 
 @click.command("demo")
@@ -75,12 +74,9 @@ def demo(config, loss, reorder, duplicate, no_table_check, **opts):
             raise click.BadParameter("the bpf backend only drops frames (--loss); --reorder and --duplicate need "
                                      "--netem-backend user (or tc where the kernel has netem)",
                                      param_hint="--netem-backend")
-    with sigterm_as_interrupt():
-        try:
-            D.run_demo(opts, log=click.echo)
-        except D.DemoUsageError as e:
-            raise click.BadParameter(str(e), param_hint=e.param) from None
-        except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
-            raise click.BadParameter(str(e), param_hint="--data") from None
-        except ImportError as e:  # --model dlrm without embnic[torch]: the message says what to install
-            raise MissingDependencyError(f"--model {model}: {e}", dependency=e.name) from None
+    # --data no Criteo TSV: read before the testbed comes up; --model dlrm without embnic[torch]: the
+    # message says what to install
+    with sigterm_as_interrupt(), errors_as(
+            (D.DemoUsageError, lambda e: click.BadParameter(str(e), param_hint=e.param)),
+            (CriteoFormatError, as_param("--data")), (ImportError, as_missing(f"--model {model}: "))):
+        D.run_demo(opts, log=click.echo)

@@ -15,7 +15,7 @@ from typing import Callable
 import click
 
 from embnic.client_lib.config import host_ipv4_problem, is_multicast_mac
-from embnic.control.errors import UsageError
+from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 from embnic.control.runstate import require_root
 from embnic.control.settings import DEFAULT_NAME, DEFAULT_TARGET, NAME_RE
 
@@ -174,6 +174,43 @@ class FloatRange(click.FloatRange):
         return rv
 
 
+@contextlib.contextmanager
+def errors_as(*rules: tuple):
+    """Within the block, an exception of a command's own (not a library category) leaves as the CLI error
+    that says it in one line: ``rules`` are ``(exception types, make)`` pairs tried in order, as ``except``
+    clauses are; the first that matches raises ``make(e)`` in its place, or ``e`` itself when ``make`` is
+    None (a subclass a later rule would catch). An exception no rule matches passes unchanged."""
+    try:
+        yield
+    except Exception as e:
+        make = next((m for types, m in rules if isinstance(e, types)), False)
+        if not make:
+            raise
+        raise make(e) from None
+
+
+def as_operational(e: Exception) -> OperationalError:
+    """An :func:`errors_as` rule's ``make``: the error's text, exit 1."""
+    return OperationalError(str(e))
+
+
+def as_usage(e: Exception) -> click.UsageError:
+    """An :func:`errors_as` rule's ``make``: the error's text as a usage error, exit 2."""
+    return click.UsageError(str(e))
+
+
+def as_param(hint: str | None = None) -> Callable[[Exception], click.BadParameter]:
+    """An :func:`errors_as` rule's ``make``: the error's text as a bad value of option ``hint`` (by default
+    the one the error names, its ``option``, else the parameter being converted), exit 2."""
+    return lambda e: click.BadParameter(str(e), param_hint=hint or getattr(e, "option", None))
+
+
+def as_missing(prefix: str) -> Callable[[ImportError], MissingDependencyError]:
+    """An :func:`errors_as` rule's ``make`` for an ``ImportError``: ``prefix`` and its text, naming the
+    missing module as the dependency, exit 2."""
+    return lambda e: MissingDependencyError(f"{prefix}{e}", dependency=e.name)
+
+
 def config_option(required: bool = False, example: str | None = None) -> Callable:
     """``--config/-c FILE`` (env ``EMBNIC_CONFIG``): the cluster config (docs/config.md). With ``example``
     the command cannot run without it: none given is a usage error naming that example config."""
@@ -255,10 +292,8 @@ def check_name_param(ctx, param, value):
     """Click callback: a testbed name must be 1-8 letters/digits starting with a letter (exit 2 otherwise)."""
     from embnic.testbed.net.topology import check_name
 
-    try:
+    with errors_as((ValueError, as_param())):
         return check_name(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 testbed_name_option = click.option("--name", "-n", "name", default=DEFAULT_TESTBED_NAME, envvar="EMBNIC_TESTBED", show_default=True,

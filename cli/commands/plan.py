@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 
@@ -9,7 +10,7 @@ import click
 
 from embnic.client_lib.config import MTU_LIMITS, ConfigError, load_config
 from embnic.control import capacity as P
-from embnic.cli.commands.options import FloatRange, config_option, json_option
+from embnic.cli.commands.options import FloatRange, as_usage, config_option, errors_as, json_option
 
 
 # The bounds of the numeric options are well past any real cluster, so that an absurd figure is a
@@ -73,7 +74,7 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
         over["disk_keys_per_s"] = P.DISK_KEYS_RATIO_MEASURED * over["shard_keys_per_s"]
     hw = dataclasses.replace(P.PROFILES[hardware], **over)
     n_clients = clients or max(1, len(cfg.clients))
-    try:
+    with errors_as((ConfigError, None), (ValueError, as_usage)):  # a ConfigError: exit 2 naming the field
         if data:
             from embnic.testbed.training import criteo
             from embnic.testbed.training.train import feature_tables
@@ -86,10 +87,6 @@ def plan(config, batch, ids_per_feature, unique_ratio, data, data_samples, clien
             w = P.uniform_workload(cfg, batch, ids_per_feature=ids_per_feature, unique_ratio=unique_ratio,
                                    clients=n_clients, steps_per_s=steps_per_s)
         res = P.plan(cfg, w, hw, mtu=mtu)
-    except ConfigError:  # exit 2 naming the field, as any config error
-        raise
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
     if as_json:
         click.echo(json.dumps(_finite(res), indent=1, allow_nan=False))
         return
@@ -109,14 +106,8 @@ def _finite(x):
 
 def _ids(ids: list) -> str:
     """Shard ids as ranges: 0-3, 7."""
-    out, start = [], None
-    for i, v in enumerate(ids):
-        if start is None:
-            start = v
-        if i + 1 == len(ids) or ids[i + 1] != v + 1:
-            out.append(str(start) if start == v else f"{start}-{v}")
-            start = None
-    return ", ".join(out)
+    runs = [[v for _, v in g] for _, g in itertools.groupby(enumerate(ids), lambda iv: iv[1] - iv[0])]
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _n(x: float) -> str:
@@ -140,12 +131,9 @@ def render(res: dict) -> str:
            f"rate planned: {_n(res['rate'])} steps/s per client "
            + ("(wanted)" if w["steps_per_s"] is not None else f"(the binding limit: {res['binds']})"),
            "", f"{'shard':>6} {'rows':>14} {'memory GB':>10} {'disk GB':>9} {'keys/s':>10} {'Gb/s in':>8} {'Gb/s out':>8}"]
-    shards = res["shards"]
-    if len(shards) > 8:  # the first three, the last, and the range over all
-        shards = shards[:3] + [None] + shards[-1:]
-    for sh in shards:
+    a = res["shards"]
+    for sh in a[:3] + [None] + a[-1:] if len(a) > 8 else a:  # more than 8: the first three, the last, the range
         if sh is None:
-            a = res["shards"]
             out.append(f"{'...':>6} {len(a) - 4} more; over all {len(a)}: rows {min(x['rows'] for x in a):,}.."
                        f"{max(x['rows'] for x in a):,}, memory {min(x['memory_gb'] for x in a):.2f}.."
                        f"{max(x['memory_gb'] for x in a):.2f} GB")

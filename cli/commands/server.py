@@ -7,7 +7,7 @@ import click
 
 from embnic.control.errors import OperationalError
 from embnic.client_lib.config import load_config
-from embnic.cli.commands.options import config_option
+from embnic.cli.commands.options import as_operational, as_usage, config_option, errors_as
 
 
 @click.command("server")
@@ -61,26 +61,18 @@ def server(shard_id, config, bind, port, log_level, **opts):
     from embnic.testbed.server.stores import StoreSetupError, disk_tables, load_diskstore
 
     cfg = load_config(config)
-    try:  # the one set of checks, shared with python -m embnic.testbed.server
+    # the one set of checks, shared with python -m embnic.testbed.server
+    with errors_as((ServerOptionError, as_usage)):
         check_server_options(cfg, shard_id, config_name=config, bind=bind, port=port, **opts)
-    except ServerOptionError as e:
-        raise click.UsageError(str(e)) from None
     if disk_tables(cfg, shard_id):  # before any worker starts: the dependency, in one line
-        try:
+        with errors_as((StoreSetupError, store_error)):
             load_diskstore()
-        except StoreSetupError as e:
-            raise store_error(e) from None
     me = cfg.shard(shard_id)
     ip = bind or me.ip
     p = me.port if port is None else port
     logging.basicConfig(level=getattr(logging, log_level.upper()), format=LOG_FORMAT)
-    try:
+    with errors_as(((DurabilityError, NativeLibraryError), as_operational), (StoreSetupError, store_error),
+                   (OSError, lambda e: OperationalError(bind_error_message(e, ip, p)))):
         code = run_server(cfg, shard_id, ip, p, **opts)
-    except (DurabilityError, NativeLibraryError) as e:
-        raise OperationalError(str(e)) from None
-    except StoreSetupError as e:
-        raise store_error(e) from None
-    except OSError as e:
-        raise OperationalError(bind_error_message(e, ip, p)) from None
     if code:
         raise SystemExit(code)

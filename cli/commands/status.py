@@ -5,6 +5,7 @@ import json
 import time
 
 import click
+import numpy as np
 
 from embnic.client_lib import consts
 from embnic.control.card_metrics import latency_bucket_upper_us
@@ -16,26 +17,20 @@ def _pct(n: int, d: int) -> str:
     return f"{100.0 * n / d:.1f}%" if d else "-"
 
 
-def _rate(cur: int, prev: int | None, dt: float | None) -> str:
-    if prev is None or not dt:
-        return ""
-    return f" ({(cur - prev) / dt:,.0f}/s)"
+def _counts(cur: dict, prev: dict, dt: float | None, keys, sep: str = "  ") -> str:
+    """``name count`` for each of ``keys`` of ``cur``, with `` (rate/s)`` where ``prev`` has it and ``dt``."""
+    return sep.join(f"{k} {cur.get(k, 0):,}" + ("" if prev.get(k) is None or not dt else
+                                                 f" ({(cur.get(k, 0) - prev[k]) / dt:,.0f}/s)") for k in keys)
 
 
 def latency_quantiles(hist: list[int], qs=(0.5, 0.99)) -> dict[float, float]:
     """``{q: µs}`` for each quantile ``q`` in (0, 1] of a card latency histogram (counts per bucket,
     ``shards[].latency_hist``): the upper bound of the bucket holding it; empty when ``hist`` counts
     nothing. ``latency_quantiles([0, 3, 1], (0.5,))`` → ``{0.5: 2.0}`` (3 of 4 samples < 2 µs)."""
-    total = sum(hist)
-    if not total:
-        return {}
-    out, acc, i = {}, 0, 0
-    for q in sorted(qs):
-        while i < len(hist) and acc + hist[i] < q * total:
-            acc += hist[i]
-            i += 1
-        out[q] = latency_bucket_upper_us(min(i, len(hist) - 1), len(hist))
-    return out
+    cum = np.cumsum(hist)
+    # the first bucket whose running count reaches q of all
+    return {q: latency_bucket_upper_us(min(int(np.searchsorted(cum, q * cum[-1])), len(hist) - 1), len(hist))
+            for q in sorted(qs)} if len(hist) and cum[-1] else {}
 
 
 def _us(v: float) -> str:
@@ -59,42 +54,32 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
                    f"registers, counters over {ctl['registers']}")
     prev_ports = {p.get("port"): p for p in pc.get("ports", [])}
     ports = c.get("ports", [])
-    # the largest frame each port sends, and the frames dropped for being longer (too_long_for_port,
-    # by the port they were for): columns of the DPDK card's counters
-    has_max = any("max_frame" in p for p in ports)
-    has_long = any(p.get("too_long_for_port") or (show_all and "too_long_for_port" in p) for p in ports)
-    # bmv2: frames the port's interface took in that the switch never counted (lost in its capture)
-    has_lost = any("lost_before_switch" in p for p in ports)
-    head = f"{'port':>4}  {'rx frames':>14} {'rx bytes':>16}  {'tx frames':>14} {'tx bytes':>16}"
-    head += (f"  {'max frame':>9}" if has_max else "") + (f"  {'too long':>10}" if has_long else "")
-    head += f"  {'iface rx':>14} {'lost before switch':>18}" if has_lost else ""
-    out.append(head + (f"  {'rx frames/s':>12} {'tx frames/s':>12}" if dt else ""))
+    # columns (key, title, width, gap before it); the DPDK card's: the largest frame each port sends, the
+    # frames dropped for being longer (by the port they were for); bmv2's: frames the port's interface took
+    # in that the switch never counted (lost in its capture)
+    cols = [("rx_frames", "rx frames", 14, "  "), ("rx_bytes", "rx bytes", 16, " "),
+            ("tx_frames", "tx frames", 14, "  "), ("tx_bytes", "tx bytes", 16, " ")]
+    if any("max_frame" in p for p in ports):
+        cols.append(("max_frame", "max frame", 9, "  "))
+    if any(p.get("too_long_for_port") or (show_all and "too_long_for_port" in p) for p in ports):
+        cols.append(("too_long_for_port", "too long", 10, "  "))
+    if any("lost_before_switch" in p for p in ports):
+        cols += [("iface_rx_frames", "iface rx", 14, "  "), ("lost_before_switch", "lost before switch", 18, " ")]
+    out.append(f"{'port':>4}" + "".join(f"{gap}{title:>{w}}" for _, title, w, gap in cols)
+               + (f"  {'rx frames/s':>12} {'tx frames/s':>12}" if dt else ""))
     for p in ports:
         pp = prev_ports.get(p.get("port"), {})
-        line = (f"{p.get('port'):>4}  {p.get('rx_frames', 0):>14,} {p.get('rx_bytes', 0):>16,}  "
-                f"{p.get('tx_frames', 0):>14,} {p.get('tx_bytes', 0):>16,}")
-        if has_max:
-            line += f"  {p.get('max_frame', 0):>9,}"
-        if has_long:
-            line += f"  {p.get('too_long_for_port', 0):>10,}"
-        if has_lost:
-            line += f"  {p.get('iface_rx_frames', 0):>14,} {p.get('lost_before_switch', 0):>18,}"
-        if dt:
-            line += "".join(f"  {(p.get(k, 0) - pp.get(k, p.get(k, 0))) / dt:>12,.0f}" for k in ("rx_frames", "tx_frames"))
-        out.append(line)
+        out.append(f"{p.get('port'):>4}" + "".join(f"{gap}{p.get(k, 0):>{w},}" for k, _, w, gap in cols) + "".join(
+            f"  {(p.get(k, 0) - pp.get(k, p.get(k, 0))) / dt:>12,.0f}" for k in ("rx_frames", "tx_frames") if dt))
     types = c.get("types", {})
     names = [t.name for t in consts.MsgType] + sorted(set(types) - {t.name for t in consts.MsgType})
-    ptypes = pc.get("types", {})
     # the card counts frames per message type (a message of N fragments counts N); messages: the state map below
-    out.append("frames by message type  " + "  ".join(
-        f"{n} {types.get(n, 0):,}{_rate(types.get(n, 0), ptypes.get(n), dt)}" for n in names if n in types or show_all))
+    out.append("frames by message type  " + _counts(types, pc.get("types", {}), dt,
+                                                    [n for n in names if n in types or show_all]))
     drops = c.get("drops", {})
-    total = sum(drops.values())
-    shown = {k: v for k, v in drops.items() if v or show_all}
-    pdrops = pc.get("drops", {})
-    out.append(f"drops     total {total:,}" + (": " + ", ".join(
-        f"{k} {v:,}{_rate(v, pdrops.get(k), dt)}" for k, v in sorted(shown.items(), key=lambda kv: -kv[1]))
-        if shown else ""))
+    shown = sorted((k for k, v in drops.items() if v or show_all), key=lambda k: -drops[k])
+    out.append(f"drops     total {sum(drops.values()):,}"
+               + (": " + _counts(drops, pc.get("drops", {}), dt, shown, ", ") if shown else ""))
     r = c.get("ring", {})
     size = r.get("size", 0)
     out.append(f"ring      {r.get('count', 0):,}/{size:,} ({_pct(r.get('count', 0), size)}), "
@@ -121,9 +106,7 @@ def render(cur: dict, prev: dict | None = None, show_all: bool = False, title: s
             f"{p['completed_since_start']:,} completed since start" for p in parts))
     done = c.get("completed")
     if done is not None:
-        pdone = pc.get("completed", {})
-        out.append("completed messages by reply type  " + "  ".join(
-            f"{k} {v:,}{_rate(v, pdone.get(k), dt)}" for k, v in done.items()))
+        out.append("completed messages by reply type  " + _counts(done, pc.get("completed", {}), dt, done))
     for sh in c.get("shards", []):
         hist = sh.get("latency_hist", [])
         n = sum(hist) if "latency_hist" in sh else sh.get("completed", 0)  # bmv2: a count, no histogram

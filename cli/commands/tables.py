@@ -1,14 +1,13 @@
 """``embnic tables export|import``: trained embedding tables out of and into the shards' directories."""
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Callable
 
 import click
 
 from embnic.client_lib.config import load_config
-from embnic.cli.commands.options import OutPath, config_option, json_option
+from embnic.cli.commands.options import OutPath, as_operational, config_option, errors_as, json_option
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
 
@@ -36,20 +35,13 @@ def tables():
     """
 
 
-@contextlib.contextmanager
 def _tables_errors(os_message: Callable[[OSError], str]):
     """The errors of a tables export or import as the CLI's; an ``OSError`` worded by ``os_message``."""
     from embnic.testbed.server.stores import StoreSetupError
     from embnic.testbed.server.tables_io import TablesFileError
 
-    try:
-        yield
-    except TablesFileError as e:
-        raise UsageError(str(e)) from None
-    except StoreSetupError as e:
-        raise store_error(e) from None
-    except OSError as e:
-        raise OperationalError(os_message(e)) from None
+    return errors_as((TablesFileError, lambda e: UsageError(str(e))), (StoreSetupError, store_error),
+                     (OSError, lambda e: OperationalError(os_message(e))))
 
 
 @tables.command("export")
@@ -72,11 +64,9 @@ def export(config, src, out, layout):
     from embnic.testbed.server.tables_io import export_tables
 
     cfg = load_config(config)
-    with _tables_errors(lambda e: f"cannot write {out}: {e.strerror or e}"):
-        try:
-            rep = export_tables(cfg, src, out, layout)
-        except DurabilityError as e:
-            raise OperationalError(str(e)) from None
+    with _tables_errors(lambda e: f"cannot write {out}: {e.strerror or e}"), \
+            errors_as((DurabilityError, as_operational)):
+        rep = export_tables(cfg, src, out, layout)
     click.echo(f"wrote {out} ({rep['layout']}): " + ", ".join(f"{k} {v} rows" for k, v in rep["tables"].items()))
 
 

@@ -6,7 +6,8 @@ import shlex
 
 import click
 
-from embnic.cli.commands.options import FloatRange, config_option, needs_root, pmd_option
+from embnic.cli.commands.options import (FloatRange, as_param, as_usage, config_option, errors_as, needs_root,
+                                         pmd_option)
 from embnic.cli.commands.options import testbed_name_option as name_option
 from embnic.control.errors import OperationalError
 from embnic.control.netns import exec_argv
@@ -47,14 +48,8 @@ def up(config, name, no_card, timeout, as_json, pmd):
     from embnic.testbed.net import topology as T
 
     cfg = load_config(config)
-    try:
+    with errors_as((ConfigError, None), (T.PmdError, as_param()), (ValueError, as_param("--name"))):
         topo = T.Topology.from_config(cfg, name, pmd=pmd)
-    except ConfigError:
-        raise
-    except T.PmdError as e:
-        raise click.BadParameter(str(e), param_hint=e.option) from None
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--name") from None
     tb = T.Testbed(topo)
     tb.check_free()  # a busy name is one line, before the wiring is drawn
     click.echo(topo.diagram(), err=True)
@@ -223,16 +218,14 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
     links = list(links) or None
     if clear_ and (loss or reorder or duplicate or delay_ms):
         raise click.UsageError("--clear removes impairments: give it no --loss/--reorder/--duplicate/--delay")
-    try:
+    with errors_as((N.UnknownLink, as_param("--link")), (N.UnsupportedImpairment, as_param())):
         if clear_:
             res = N.clear(name, links=links)
             click.echo(f"testbed {name}: netem cleared on {', '.join(res['links'])}" if res else
                        f"testbed {name}: no impairment was set on {', '.join(links) if links else 'any link'}")
         else:
-            try:
+            with errors_as((ValueError, as_usage)):
                 imp = N.Impairment(loss, reorder, duplicate, delay_ms, seed)
-            except ValueError as e:
-                raise click.UsageError(str(e)) from None
             rec = N.apply(name, imp, backend=backend, links=links, strict_delay=True)
             if not rec.get("backend"):
                 click.echo(f"testbed {name}: netem cleared on {', '.join(rec['links'])}")
@@ -241,10 +234,6 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
                            f"{', '.join(rec['links'])}")
         for note in N.sharing(name, links):
             click.echo(f"testbed {name}: {note}")
-    except N.UnknownLink as e:
-        raise click.BadParameter(str(e), param_hint="--link") from None
-    except N.UnsupportedImpairment as e:
-        raise click.BadParameter(str(e), param_hint=e.option) from None
     _print_netem(N.show(name), _link_names(name), counters=False)
 
 

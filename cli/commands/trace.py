@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from embnic.cli.commands.options import (FloatRange, OutPath, card_option, check_name_param, config_option,
-                                         needs_root, sigterm_as_interrupt)
+from embnic.cli.commands.options import (FloatRange, OutPath, as_param, card_option, check_name_param,
+                                         config_option, errors_as, needs_root, sigterm_as_interrupt)
 from embnic.control.errors import OperationalError
 
 
@@ -49,23 +49,19 @@ def record_cmd(config, out, clients, **opts):
     from embnic.testbed.traces import trace as TR
     from embnic.testbed.training.criteo import CriteoFormatError
 
-    with sigterm_as_interrupt():
-        try:
-            TR.record(config, out, clients=list(clients) or None, log=click.echo, **opts)
-        except CriteoFormatError as e:  # --data is no Criteo TSV: read before the testbed comes up
-            raise click.BadParameter(str(e), param_hint="--data") from None
+    # --data no Criteo TSV: read before the testbed comes up
+    with sigterm_as_interrupt(), errors_as((CriteoFormatError, as_param("--data"))):
+        TR.record(config, out, clients=list(clients) or None, log=click.echo, **opts)
 
 
 def _check_pcap(ctx, param, value):
     """Click callback: PCAP must be a classic pcap file (exit 2 otherwise, before root is checked)."""
     from embnic.control.pcap import check_pcap
 
-    try:
+    with errors_as((ValueError, lambda e: click.BadParameter(f"{e}: give a trace recorded by `embnic trace "
+                                                             "record`")),
+                   (OSError, lambda e: click.BadParameter(f"cannot read {value}: {e.strerror or e}"))):
         check_pcap(value)
-    except ValueError as e:
-        raise click.BadParameter(f"{e}: give a trace recorded by `embnic trace record`") from None
-    except OSError as e:
-        raise click.BadParameter(f"cannot read {value}: {e.strerror or e}") from None
     return value
 
 

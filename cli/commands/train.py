@@ -8,8 +8,9 @@ import math
 import click
 
 from embnic.client_lib.config import load_config
-from embnic.cli.commands.options import FloatRange, OutPath, config_option, model_option
-from embnic.control.errors import MissingDependencyError, OperationalError
+from embnic.cli.commands.options import (FloatRange, OutPath, as_missing, as_operational, as_param, config_option,
+                                         errors_as, model_option)
+from embnic.control.errors import OperationalError
 
 
 def _bind_error(e: OSError, me, config) -> str:
@@ -23,17 +24,6 @@ def _bind_error(e: OSError, me, config) -> str:
         return (f"{where}: address already in use (another client {me.id} running?); stop it "
                 f"(ss -ulpn | grep :{me.port}), pick --client-id, or fix clients[id={me.id}] in {config}")
     return f"{where}: {e.strerror or e}; fix clients[id={me.id}] in {config}"
-
-
-def _trainer(model: str):
-    """:func:`embnic.testbed.training.train.trainer`, with a missing torch extra as
-    :class:`MissingDependencyError` (one line naming what to install, exit 2)."""
-    from embnic.testbed.training.train import trainer
-
-    try:
-        return trainer(model)
-    except ImportError as e:  # embnic.client_lib.torch's message names the extra to install
-        raise MissingDependencyError(f"--model {model}: {e}", dependency=e.name) from None
 
 
 def _warn_if_trained(client, cfg, data, batch_size: int) -> tuple[int, int]:
@@ -82,24 +72,24 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
       embnic train -c examples/cluster.toml --steps 40
       embnic train -c examples/cluster.toml --steps 40 --model dlrm
     """
-    run_train = _trainer(model)
+    from embnic.testbed.training.train import load_training_data, trainer
+
+    with errors_as((ImportError, as_missing(f"--model {model}: "))):  # its message names the extra to install
+        run_train = trainer(model)
     cfg = load_config(config)
     from embnic.client_lib.client import EmbnicError, EmbeddingClient
     from embnic.client_lib.local import LocalBackend
     from embnic.testbed.training.criteo import CriteoFormatError
-    from embnic.testbed.training.train import load_training_data
 
     if client_id is None:
         client_id = cfg.clients[0].id
     elif client_id not in {c.id for c in cfg.clients}:
         raise click.BadParameter(f"no client {client_id} in {config} (clients: "
                                  f"{', '.join(str(c.id) for c in cfg.clients)})", param_hint="--client-id")
-    try:
+    # no (labelled) Criteo TSV: another --data is the fix (exit 2)
+    with errors_as((CriteoFormatError, as_param("--data")),
+                   (OSError, lambda e: OperationalError(f"cannot read training data: {e}"))):
         tr, va = load_training_data(cfg, data_path, valid_fraction=valid_fraction, max_rows=max_rows)
-    except CriteoFormatError as e:  # no (labelled) Criteo TSV: another --data is the fix (exit 2)
-        raise click.BadParameter(str(e), param_hint="--data") from None
-    except OSError as e:
-        raise OperationalError(f"cannot read training data: {e}") from None
     click.echo(f"training on {len(tr.labels)} rows, evaluating on {len(va.labels)}; "
                f"{'in-process tables' if local else f'{len(cfg.shards)} shards'}")
 
@@ -107,30 +97,21 @@ def train(config, data_path, steps, batch_size, client_id, local, max_rows, vali
         click.echo(f"step {step + 1:5d}  loss {loss:.6f}")
 
     client = held = None
-    try:
-        if local:
-            backend = LocalBackend(cfg)
-        else:
-            try:
-                client = backend = EmbeddingClient(cfg, client_id)
-            except OSError as e:
-                raise OperationalError(_bind_error(e, cfg.client(client_id), config)) from None
-            held = _warn_if_trained(client, cfg, tr, batch_size)
-        res = run_train(cfg, tr, steps=steps, batch_size=batch_size, backend=backend, eval_data=va,
-                        progress=progress)
-    except EmbnicError as e:
-        raise OperationalError(str(e)) from None
-    except ValueError as e:  # the model does not fit the config (e.g. DLRM with tables of several dims)
-        raise click.UsageError(f"{config}: {e}") from None
+    try:  # a ValueError: the model does not fit the config (e.g. DLRM with tables of several dims)
+        with errors_as((EmbnicError, as_operational), (ValueError, lambda e: click.UsageError(f"{config}: {e}"))):
+            if local:
+                backend = LocalBackend(cfg)
+            else:
+                with errors_as((OSError, lambda e: OperationalError(_bind_error(e, cfg.client(client_id), config)))):
+                    client = backend = EmbeddingClient(cfg, client_id)
+                held = _warn_if_trained(client, cfg, tr, batch_size)
+            res = run_train(cfg, tr, steps=steps, batch_size=batch_size, backend=backend, eval_data=va,
+                            progress=progress)
     finally:
         if client is not None:
             client.close()
-    if res.auc is None:
-        auc = "n/a (no held-out rows)"
-    elif math.isnan(res.auc):
-        auc = "n/a (held-out rows have one class only)"
-    else:
-        auc = f"{res.auc:.4f}"
+    auc = ("n/a (no held-out rows)" if res.auc is None else
+           "n/a (held-out rows have one class only)" if math.isnan(res.auc) else f"{res.auc:.4f}")
     ev = f"{res.eval_loss:.6f}" if res.eval_loss is not None else "n/a"
     click.echo(f"final AUC {auc}  eval loss {ev}  dedup ratio {res.dedup_ratio:.3f}")
     if client is not None:
