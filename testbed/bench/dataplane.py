@@ -17,17 +17,13 @@ import numpy as np
 
 from embnic.client_lib import codec
 from embnic.client_lib.consts import DType, MsgType
-from embnic.control.targets.dpdk import process as dpdk_proc
-from embnic.control.targets.dpdk.process import CardProcess, build_card, unique_prefix
+from embnic.control.targets.dpdk.process import DATAPLANE, CardProcess, build_card, unique_prefix
 from embnic.control.netns import Netns
 from embnic.control.runstate import require_root
 from embnic.testbed.bench.loadgen import machine_idle, proc_cpu
 from embnic.testbed.bench.results import merge_json
 from embnic.control.pcap import write_pcap
 from embnic.testbed.bench.testpmd import TestpmdProcess
-
-DATAPLANE = dpdk_proc.DATAPLANE
-
 
 # ====================================================================== the benchmark pcap
 BENCH_CARD_IP = "10.99.0.1"

@@ -4,6 +4,7 @@ own process, pre-encoded requests, the load generator that keeps a window of the
 from ``/proc``."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -203,19 +204,14 @@ class LoadGen:
     """A client socket on loopback that keeps ``window`` messages of :class:`Requests` in flight
     to the shard at ``port``."""
 
-    def __init__(self, port: int, gro: bool = True):
+    def __init__(self, port: int):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         set_socket_buffers(self.sock)
         self.sock.bind(("127.0.0.1", 0))
         # UDP_GRO: a reply the shard sent as one GSO super-datagram arrives whole (the kernel
         # does not cut it into datagrams for this socket); each frame keeps its own header
-        self.gro = False
-        if gro:
-            try:
-                self.sock.setsockopt(udpio.SOL_UDP, UDP_GRO, 1)
-                self.gro = True
-            except OSError:
-                pass
+        with contextlib.suppress(OSError):  # a kernel without it: the datagrams one by one
+            self.sock.setsockopt(udpio.SOL_UDP, UDP_GRO, 1)
         self.bs = udpio.BatchSocket(self.sock, batch=64, slot=65536)
         self.name = np.frombuffer(udpio.tuple_to_sockaddr(("127.0.0.1", port)), np.uint8).reshape(1, 16)
 

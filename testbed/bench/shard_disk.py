@@ -4,6 +4,7 @@ The method: docs/bench.md, "embnic bench server --disk: the disk tier under load
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -35,10 +36,8 @@ def dir_bytes(d: Path) -> int:
     total = 0
     for root, _, files in os.walk(d):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):  # a file compacted away meanwhile
                 total += os.stat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
     return total
 
 

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -107,16 +108,12 @@ class TestpmdProcess:
     def stop(self, timeout: float = 15.0) -> int | None:
         """``quit``, then SIGTERM/SIGKILL if it lingers (:meth:`DpdkProcess.stop`); returns the exit code."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 self.send("stop")
                 self.send("quit")
                 self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         return self.process.stop(5.0)["exit"]
 
     def cleanup(self) -> None:
