@@ -142,12 +142,8 @@ XCORE_RTT = DATAPLANE / "build" / "xcore-rtt"
 
 
 def xcore_rtt_ns(cpus: tuple[int, int] = (0, 1)) -> float | None:
-    """Cache-line round trip between two CPUs (ns), by ``dataplane/build/xcore-rtt``; None if absent.
-
-    The RX/TX pipeline passes every frame's cache lines between two lcores, so its rate depends
-    on this; on a VM it changes with where the host runs the vCPUs (50..550 ns seen on the
-    development VM), so the benchmark records it next to every run.
-    """
+    """Cache-line round trip between two CPUs (ns), by ``dataplane/build/xcore-rtt``; None if absent
+    (why the benchmark records it beside every run: docs/bench.md)."""
     if not XCORE_RTT.is_file():
         return None
     r = subprocess.run([str(XCORE_RTT), str(cpus[0]), str(cpus[1]), "100000"], capture_output=True, text=True)
@@ -481,7 +477,7 @@ def _pna_runs(runs: dict, asked: bool, vdevs: tuple[str, str, str], dmbufs: int,
     from embnic.control.targets.p4dpdk import swx as p4dpdk
     from embnic.testbed.bench import p4dpdk as bench_pna
 
-    pna_skip = p4dpdk.missing() if asked else "not asked for (--no-p4dpdk)"
+    pna_skip = bench_pna.available() if asked else "not asked for (--no-p4dpdk)"
     if pna_skip is None:
         src, sink, dsrc = vdevs
         pipe = p4dpdk.build_pipeline()

@@ -109,14 +109,11 @@ def _summ(runs: list[dict]) -> dict:
 
 def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct: float, log,
              dlrm_batches: dict | None = None) -> dict:
-    """Bring the testbed up with ``config_text`` and, per repeat, run varlen and fixed (their order
-    alternating) at every batch size, then varlen again with ``loss_pct`` % loss on every link
-    (and, where the loss comes from the user-space netem helpers, varlen through the helpers
-    with nothing dropped: what the helpers' own forwarding costs) — the loss runs sit inside each
-    repeat, beside the loss-free ones, so the two see the same machine load (after one untimed
-    pass over every step, so no mode pays for the shards making rows); then the DLRM's
-    training steps through the card (``dlrm_batches``: ``{B: e2e_dlrm.dlrm_batches(...)}``, None:
-    skip); tear down.
+    """Bring the testbed up with ``config_text``; after one untimed pass over every step (the
+    shards make their rows), per repeat: varlen and fixed (order alternating) at every batch size,
+    then varlen with ``loss_pct`` % loss on every link (and through the user-space netem helpers
+    with nothing dropped, where they carry the loss) (docs/bench.md); then the DLRM's training
+    steps through the card (``dlrm_batches``: ``{B: e2e_dlrm.dlrm_batches(...)}``, None: skip).
 
     Returns ``{"varlen": {B: summary}, "fixed": {...}, "varlen_loss": {...}, "varlen_relay":
     {...} (user backend only), "netem_backend", "dlrm": {B: [step µs per repeat]} (or None),

@@ -15,6 +15,11 @@ from embnic.control.targets.p4dpdk.target import SwxProcess
 CARD_PORTS = ((0, "02:00:00:99:00:01", "10.99.0.1"), (1, "02:00:00:99:00:04", "10.99.1.1"))
 
 
+def available() -> str | None:
+    """None when the PNA pipeline can be measured here, else one line saying what is missing."""
+    return p4dpdk.missing()
+
+
 def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, warmup: float, *,
                 clients: Sequence[dict], shards: Sequence[dict], out_port: int = 1, log_dir: Path,
                 window, other_pids: Sequence[int] = (), mbufs: int | None = None) -> dict:

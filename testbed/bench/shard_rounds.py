@@ -21,26 +21,19 @@ TARGET_RATIO = 1.2  #: CPU per round with 26 tables ÷ with 2 tables, at most
 POOL_ROWS = 26 * 8192  #: rows the shard holds before timing, spread evenly over its tables
 
 
-def rounds_config(ntables: int):
-    """A one-shard loopback cluster with ``ntables`` tables (ids 0..T-1, dim 8 fp32, Adagrad,
-    any uint64 id)."""
-    return parse_config({
-        "cluster": {"name": "bench-rounds", "mtu": 1500, "seed": 5},
-        "tables": [{"id": t, "name": f"C{t + 1}", "dim": DIM, "dtype": "fp32", "optimizer": "adagrad", "lr": 0.01}
-                   for t in range(ntables)],
-        "shards": [{"id": 0, "ip": "127.0.0.1", "port": 17890}],
-        "clients": [{"id": 1, "ip": "127.0.0.1"}],
-    })
-
-
 class _Rig:
-    """One shard (``ntables`` tables) and a client socket aimed at it."""
+    """One shard of a one-shard loopback cluster with ``ntables`` tables (ids 0..T-1, dim 8 fp32,
+    Adagrad, any uint64 id) and a client socket aimed at it."""
 
     def __init__(self, ntables: int, total: int, rng: np.random.Generator, **engine_kw):
         from embnic.testbed.server.engine import BatchShardServer
 
         self.ntables = ntables
-        self.cfg = rounds_config(ntables)
+        self.cfg = parse_config({
+            "cluster": {"name": "bench-rounds", "mtu": 1500, "seed": 5},
+            "tables": [{"id": t, "name": f"C{t + 1}", "dim": DIM, "dtype": "fp32", "optimizer": "adagrad",
+                        "lr": 0.01} for t in range(ntables)],
+            "shards": [{"id": 0, "ip": "127.0.0.1", "port": 17890}], "clients": [{"id": 1, "ip": "127.0.0.1"}]})
         self.srv = BatchShardServer(self.cfg, 0, "127.0.0.1", 0, **engine_kw)
         self.addr = self.srv.open()
         self.cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
