@@ -295,6 +295,11 @@ class Target(abc.ABC):
         """This pipeline's state file (None when not loaded)."""
         return read_state(self.run_dir, self.instance)
 
+    @property
+    def log_path(self) -> Path:
+        """The card's log: ``RUN_DIR/NAME.log``."""
+        return self.run_dir / f"{self.instance}.log"
+
     # -- the peer table
     @abc.abstractmethod
     def peer_add(self, p: Peer) -> None:

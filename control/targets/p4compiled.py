@@ -151,6 +151,25 @@ def missing_compiler_message(arch: str, why: str) -> str:
 
 
 # --------------------------------------------------------------------------- compile
+def run_tool(cmd: Sequence[str], what: str, timeout: float, *, cwd: Path | None = None,
+             shown: Sequence[str] | None = None, error: type[Exception] = P4CompileError) -> str:
+    """Run ``cmd`` (a compiler, a build step); returns its output (stdout + stderr, stripped).
+
+    Raises:
+        error: it ran longer than ``timeout`` s, or failed (its exit code and the output's end),
+            naming ``what`` and the command (``shown``, default ``cmd``).
+    """
+    line = " ".join(shown or cmd)
+    try:
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        raise error(f"{what} took more than {timeout:.0f} s: {line}") from None
+    out = (r.stdout + r.stderr).strip()
+    if r.returncode != 0:
+        raise error(f"{what} failed (exit {r.returncode}): {line}\n{out[-4000:]}")
+    return out
+
+
 def make_restorable(json_path: Path) -> int:
     """Pad a BMv2 JSON with trailing spaces until its MD5 has no whitespace byte, so that
     ``--restore-state`` can read a saved state (p4/README.md). Returns how many spaces were added.
@@ -218,14 +237,7 @@ def compile_arch(arch: str, out_dir: Path, p4_dir: Path = P4_DIR, timeout: float
         rel_out = f"build/{arch}"
         (root / rel_out).mkdir(parents=True)
         argv = a.command(rel_out)
-        try:
-            r = subprocess.run([shutil.which(a.compiler), *argv[1:]], cwd=root, capture_output=True, text=True,
-                               timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise P4CompileError(f"{a.compiler} took more than {timeout:.0f} s: {' '.join(argv)}") from None
-        msg = (r.stdout + r.stderr).strip()
-        if r.returncode != 0:
-            raise P4CompileError(f"{a.compiler} failed (exit {r.returncode}): {' '.join(argv)}\n{msg[-4000:]}")
+        msg = run_tool([shutil.which(a.compiler), *argv[1:]], a.compiler, timeout, cwd=root, shown=argv)
         if msg:
             raise P4CompileError(f"{a.compiler} warned (the program must compile clean): {' '.join(argv)}\n{msg}")
         missing = [n for n in a.files.values() if not (root / rel_out / n).is_file()]

@@ -15,12 +15,8 @@ from typing import Sequence
 
 #: the P4 sources (the repository's p4/ folder)
 P4_DIR = Path(__file__).resolve().parents[2] / "p4"
-#: the top-level program for v1model (BMv2's simple_switch)
-MAIN = P4_DIR / "v1model" / "embnic.p4"
-#: the top-level program for PNA (p4c-dpdk, DPDK's SWX pipeline)
-PNA_MAIN = P4_DIR / "pna" / "embnic.p4"
-#: the top-level program of each architecture
-MAINS = {"v1model": MAIN, "pna": PNA_MAIN}
+#: the top-level program of each architecture: v1model (BMv2), pna (p4c-dpdk, DPDK's SWX pipeline)
+MAINS = {arch: P4_DIR / arch / "embnic.p4" for arch in ("v1model", "pna")}
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _CONST = re.compile(r"\bconst\s+(\w+(?:<\d+>)?)\s+(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;")
@@ -93,7 +89,7 @@ def source_files(main: Path | None = None, include_dirs: Sequence[Path] = ()) ->
     Raises:
         P4SourceError: a quoted include names a file that does not exist.
     """
-    main = Path(main or MAIN).resolve()
+    main = Path(main or MAINS["v1model"]).resolve()
     seen: list[Path] = []
     todo = [main]
     while todo:

@@ -186,10 +186,6 @@ class Bmv2Target(Target):
                    else None, **{k: v for k, v in opts.items() if v is not None and k in cls.OPTIONS})
 
     # ------------------------------------------------------------------ paths
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / f"{self.instance}.log"
-
     def _remove_transient_files(self) -> None:
         """Remove the run-directory files a load makes that the running card does not need once its
         switch is up: the programming switch's logs and the saved state it hands over (and the build

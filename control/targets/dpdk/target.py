@@ -165,22 +165,14 @@ class DpdkCard(Target):
     @property
     def ctl_path(self) -> str:
         """The control socket: explicit, else the state file's, else ``RUN_DIR/NAME.sock``."""
-        if self._ctl_path:
-            return self._ctl_path
-        st = read_state(self.run_dir, self.instance)
-        if st and isinstance(st.get("ctl"), str):
-            return st["ctl"]
-        return str(self.run_dir / f"{self.instance}.sock")
+        st = None if self._ctl_path else read_state(self.run_dir, self.instance)
+        return st["ctl"] if st and isinstance(st.get("ctl"), str) else self.start_ctl_path
 
     @property
     def file_prefix(self) -> str:
         """Default EAL ``--file-prefix``: ``embnic-NAME-<crc of RUN_DIR>``, unique per running instance
         (the state file allows one per name and run directory)."""
         return f"embnic-{self.instance}-{zlib.crc32(str(self.run_dir.resolve()).encode()) & 0xFFFFFF:06x}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / f"{self.instance}.log"
 
     def ctl(self, timeout: float | None = None) -> CtlClient:
         """A :class:`CtlClient` for this pipeline's control socket (knowing the pid that serves it,

@@ -117,15 +117,7 @@ def pipeline_digest(program: p4compiled.Outputs) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _run(cmd: Sequence[str], what: str, timeout: float, cwd: Path | None = None) -> str:
-    try:
-        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    except subprocess.TimeoutExpired:
-        raise P4DpdkError(f"{what} took more than {timeout:.0f} s: {' '.join(cmd)}") from None
-    out = (r.stdout + r.stderr).strip()
-    if r.returncode != 0:
-        raise P4DpdkError(f"{what} failed (exit {r.returncode}): {' '.join(cmd)}\n{out[-4000:]}")
-    return out
+_run = functools.partial(p4compiled.run_tool, error=P4DpdkError)
 
 
 def build_pipeline(out_dir: Path | None = None) -> Pipeline:
