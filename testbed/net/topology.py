@@ -4,8 +4,10 @@ How: docs/testbed.md, "Wiring, names and readiness".
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -14,18 +16,19 @@ from pathlib import Path
 
 from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
+from embnic.control import netns
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
 from embnic.control.runstate import state_path as runstate_path
+from embnic.control.targets.dpdk.process import remove_runtime_dir
 
-from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list
+from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
 
-from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, spawn_logged
+from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, spawn_logged, stop_process
 from .statefile import (card_pipeline_name, card_target, dead_nodes, describe_dead, loaded_card, list_testbeds,
                         node_dir, save_testbed_state, state_path, testbed_state)
 from .probe import ask, probe_key, status_name
-from .teardown import down
 from .toml_writer import dump_toml
-from .wiring import DEFAULT_PMD, PmdError, Topology, check_name, derived_mac, link_prefix
+from .wiring import DEFAULT_PMD, PmdError, Topology, card_file_prefix, check_name, derived_mac, link_prefix
 
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
 
@@ -417,6 +420,96 @@ class Testbed:
             self._log.close()
             self._log = None
         return down(self.name, self.rdir)
+
+
+# --------------------------------------------------------------------------- teardown
+def _pattern(name: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(name)}-(card|c\d+|s\d+)$")
+
+
+def down(name: str, rdir: Path | None = None) -> dict:
+    """Remove everything testbed ``name`` made, in reverse order of :meth:`Testbed.up`.
+
+    Works from the state file alone (also after a crash): impairment helpers, the card (also
+    one ``pipeline load`` started from the testbed's config: :func:`loaded_card`),
+    the servers, any other process left in the testbed's namespaces (``ip netns pids``,
+    never by name), the namespaces (which takes their veths along), then the state file.
+    Namespaces matching ``NAME-{card,c<id>,s<id>}`` are removed even if unrecorded. Logs stay
+    in ``RUN_DIR/testbed-NAME/``.
+
+    Returns:
+        ``{"processes": [...stopped...], "netns": [...removed...], "found": bool}``.
+
+    Raises:
+        NeedsRoot: not root.
+    """
+    require_net_admin(f"testbed down ({name})")
+    rdir = Path(rdir) if rdir else run_dir()
+    state = testbed_state(name, rdir) or {}
+    stopped, removed = [], []
+    procs = state.get("procs", []) if isinstance(state.get("procs"), list) else []
+    order = {"impair": 0, "client": 1, "card": 2, "server": 3}
+    # the card through its target (clean DPDK shutdown, removes its socket and state file)
+    card = state.get("card")
+    if isinstance(card, dict):
+        try:
+            t = card_target(card.get("target"), card.get("name", "card"),
+                            card.get("run_dir", str(node_dir(name, rdir))))
+            if t.state() is not None:
+                t.unload()
+                stopped.append("card")
+        except Exception:  # noqa: BLE001 - fall back to the pid below
+            pass
+    # a card started later from the testbed's config (`pipeline load -c .../cluster.toml` after
+    # `up --no-card`): it runs in our card namespace, so it is ours to stop, with its state file
+    ext = loaded_card(name, rdir)
+    if ext is not None:
+        from embnic.control.runstate import remove_state
+
+        pname = card_pipeline_name(name)
+        try:
+            if card_target(ext.get("target"), pname, rdir).unload().get("was_running"):
+                stopped.append(f"card:{pname}:{ext.get('pid')}")
+        except Exception:  # noqa: BLE001 - by its recorded pid, then drop its state file
+            if not ext.get("corrupt") and stop_process(ext):
+                stopped.append(f"card:{pname}:{ext.get('pid')}")
+            remove_state(rdir, pname)
+    for rec in sorted(reversed(procs), key=lambda r: order.get(r.get("role"), 9)):
+        if stop_process(rec):
+            stopped.append(f"{rec.get('node')}:{rec.get('role')}:{rec.get('pid')}")
+    pat = _pattern(name)
+    nss = [ns for ns in state.get("netns", []) if isinstance(ns, str)]
+    nss += [ns for ns in netns_list() if pat.match(ns) and ns not in nss]
+    me = os.getpid()
+    for ns in reversed(nss):
+        if not netns_exists(ns):
+            continue
+        for pid in netns_pids(ns):
+            if pid == me:
+                continue
+            rec = {"pid": pid, "starttime": proc_starttime(pid), "pgid": False}
+            if stop_process(rec, timeout=2.0):
+                stopped.append(f"{ns}:{pid}")
+    for ns in reversed(nss):
+        with contextlib.suppress(netns.NetnsError):  # best effort: the rest still goes
+            if netns.delete(ns):
+                removed.append(ns)
+    # veths live only inside the namespaces; a crashed `ip link add` cannot leave one in the
+    # root namespace, but check anyway
+    for lk in state.get("links", []):
+        for ifname in (lk.get("card_if"), lk.get("peer_if")):
+            if ifname and Path(f"/sys/class/net/{ifname}").exists():
+                netns.ip("link", "del", ifname, check=False)
+    try:
+        state_path(name, rdir).unlink()
+    except FileNotFoundError:
+        pass
+    for f in ("card.sock", "card.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (node_dir(name, rdir) / f).unlink()
+    # the card's DPDK runtime directory (its --file-prefix is ours), left behind if it was killed
+    remove_runtime_dir(card_file_prefix(name))
+    return {"found": bool(state) or bool(removed), "processes": stopped, "netns": removed}
 
 
 # --------------------------------------------------------------------------- status

@@ -31,14 +31,10 @@ SAMPLE_FILES = {
     "test": "criteo_kaggle_test_sample.tsv",
 }
 
-_HEX = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX[_c] = 10 + _i
-_DEC = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789"):
-    _DEC[_c] = _i
+_DEC = np.full(256, 255, dtype=np.uint8)  #: byte -> its decimal digit, 255 for none
+_DEC[list(b"0123456789")] = np.arange(10)
+_HEX = _DEC.copy()  #: byte -> its hex digit (either case), 255 for none
+_HEX[list(b"abcdef")] = _HEX[list(b"ABCDEF")] = np.arange(10, 16)
 _MAX_DEC = 18  # digits; |x| < 10^18 fits int64
 
 
@@ -183,11 +179,6 @@ def _decode_digits(buf: np.ndarray, start: np.ndarray, length: np.ndarray, table
     return v, bad
 
 
-def _decode_hex(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Hex fields → (uint64 values, bad bool mask), same shape as ``start``."""
-    return _decode_digits(buf, start, length, _HEX, 16, np.uint64, 8)
-
-
 def _decode_dec(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Decimal fields ``-?[0-9]+`` → (int64 values, bad bool mask); empty → 0 (not bad)."""
     neg = (length > 0) & (buf[np.minimum(start, buf.size - 1)] == ord("-"))
@@ -234,7 +225,7 @@ def _parse_block(data: bytes, nfields: int | None, rows: tuple[int, ...], where:
     o = 1 if has_label else 0
 
     ints, bad_i = _decode_dec(buf, starts[:, :o + NUM_DENSE], lengths[:, :o + NUM_DENSE])
-    cats, bad_c = _decode_hex(buf, starts[:, o + NUM_DENSE:], lengths[:, o + NUM_DENSE:])
+    cats, bad_c = _decode_digits(buf, starts[:, o + NUM_DENSE:], lengths[:, o + NUM_DENSE:], _HEX, 16, np.uint64, 8)
     bad = bad_i.any(axis=1) | bad_c.any(axis=1)
     if has_label:
         lab = ints[:, 0]

@@ -57,19 +57,18 @@ def stop_readers(readers: list) -> None:
             r.client.close()
 
 
+_SNAPSHOT = ("messages_sent", "messages_received", "frames_sent", "frames_received", "bytes_sent", "bytes_received",
+             "retransmits", "rounds", "data_rounds", "round_messages", "round_shards", "stale_replies")
+
+
 def client_snapshot(client) -> dict:
     """The counters of an :class:`~embnic.client_lib.client.EmbeddingClient` now (message, frame and byte
     counts, retransmits, tail probes (one-key lookups after a round's last message, not among the
     messages), rounds (and of the lookup/update rounds: their request messages and the shards they
     touched), stale replies, the number of lookup latencies so far, drops by reason)."""
     s = client.stats
-    return {"messages_sent": s.messages_sent, "messages_received": s.messages_received,
-            "frames_sent": s.frames_sent, "frames_received": s.frames_received, "bytes_sent": s.bytes_sent,
-            "bytes_received": s.bytes_received, "retransmits": s.retransmits, "tail_probes": s.probes,
-            "rounds": s.rounds, "data_rounds": s.data_rounds, "round_messages": s.round_messages,
-            "round_shards": s.round_shards,
-            "stale_replies": s.stale_replies, "latencies": len(s.lookup_latency_us),
-            "drops": dict(client.drops)}
+    return {**{k: getattr(s, k) for k in _SNAPSHOT}, "tail_probes": s.probes,
+            "latencies": len(s.lookup_latency_us), "drops": dict(client.drops)}
 
 
 _PROBE_ID_BASE = 0xFFFE0000  #: msg ids of the between-step probes (the testbed's own probes use 0xFFFF....)
@@ -112,7 +111,6 @@ def reference_run(cfg: ClusterConfig, train_data, valid_data, steps: int, batch_
     from .train import trainer
 
     train = trainer(model)
-
     local = LocalBackend(cfg)
     t0 = time.monotonic()
     with R.Progress(steps, "reference (in-process tables)", enabled=progress) as bar:

@@ -55,18 +55,13 @@ def write_json(path: str | os.PathLike, report: dict) -> Path:
     return p
 
 
-def _pyplot():
+def _axes():
+    """(pyplot on the ``Agg`` backend, figure, axes) of a new 7 × 4 in figure at 110 dpi."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    return plt
-
-
-def _axes():
-    """(pyplot, figure, axes) of a new 7 × 4 in figure at 110 dpi."""
-    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     return plt, fig, ax
 
