@@ -430,7 +430,7 @@ unsigned int embnic_table_copy(struct embnic_table *t, struct embnic_peer *out,
 uint32_t embnic_table_count(const struct embnic_table *t);
 uint32_t embnic_table_size(const struct embnic_table *t);
 
-/* state.c, state_view.c: the message state map */
+/* state.c: the message state map */
 enum embnic_msg_state {
 	EMBNIC_ST_FREE = 0,
 	EMBNIC_ST_RECEIVING = 1,	/* some request fragments passed */
@@ -498,7 +498,7 @@ void embnic_state_expire_step(struct embnic_state *s, uint64_t now,
  */
 void embnic_state_reset(struct embnic_state *s, uint32_t nb_slots);
 
-/* state_view.c: the map as the control path reads it */
+/* state.c: the map as the control path reads it */
 /* Entries in use and capacity only (cheap: no scan). */
 void embnic_state_count(const struct embnic_state *s,
 			struct embnic_state_summary *sum);
@@ -510,7 +510,7 @@ unsigned int embnic_state_dump(const struct embnic_state *s,
 			       struct embnic_state_view *out, unsigned int max);
 /*
  * Walk the whole map and check it against its counts, its hash and its
- * bitmaps (what is checked: state_view.c). 0, or -1 with what is wrong in
+ * bitmaps (what is checked: state.c). 0, or -1 with what is wrong in
  * err (errlen bytes). The TX stage must not run meanwhile.
  */
 int embnic_state_check(const struct embnic_state *s, char *err,
