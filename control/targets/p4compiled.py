@@ -206,13 +206,6 @@ def normalise(arch: str, out_dir: Path) -> None:
         path.write_text(json.dumps(strip(json.loads(path.read_text())), indent=2) + "\n")
 
 
-def _copy_sources(p4_dir: Path, dest: Path) -> None:
-    for src in program_files(p4_dir):
-        rel = src.relative_to(p4_dir)
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest / rel)
-
-
 def compile_arch(arch: str, out_dir: Path, p4_dir: Path = P4_DIR, timeout: float = 900) -> dict:
     """Compile ``arch`` from the P4 files of ``p4_dir`` into ``out_dir`` exactly as the committed
     outputs are made: in a temporary copy of the sources, paths relative to it, then
@@ -233,7 +226,9 @@ def compile_arch(arch: str, out_dir: Path, p4_dir: Path = P4_DIR, timeout: float
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="embnic-p4c-") as tmp:
         root = Path(tmp) / "p4"
-        _copy_sources(Path(p4_dir), root)
+        for src in program_files(Path(p4_dir)):
+            (root / src.relative_to(p4_dir)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, root / src.relative_to(p4_dir))
         rel_out = f"build/{arch}"
         (root / rel_out).mkdir(parents=True)
         argv = a.command(rel_out)

@@ -25,21 +25,6 @@ def sysfs_root(root: str | os.PathLike | None = None) -> Path:
     return Path(root or os.environ.get("EMBNIC_SYSFS_ROOT") or "/sys")
 
 
-def driver_of(bdf: str, root: str | os.PathLike | None = None) -> str | None:
-    """The driver bound to the device (the name its ``driver`` link points at), None if unbound.
-
-    Raises:
-        FileNotFoundError: no such device under ``ROOT/bus/pci/devices``.
-    """
-    dev = sysfs_root(root) / "bus" / "pci" / "devices" / normalize_bdf(bdf)
-    if not dev.exists():
-        raise FileNotFoundError(str(dev))
-    link = dev / "driver"
-    if not os.path.lexists(link):
-        return None
-    return Path(os.readlink(link)).name
-
-
 def pci_problem(bdf: str, root: str | os.PathLike | None = None) -> str | None:
     """Why DPDK could not use the device at ``bdf``, as one line naming the fix; None if it can.
 
@@ -47,11 +32,12 @@ def pci_problem(bdf: str, root: str | os.PathLike | None = None) -> str | None:
         ValueError: a malformed address (:func:`~embnic.client_lib.config.normalize_bdf`).
     """
     b = normalize_bdf(bdf)
-    try:
-        drv = driver_of(b, root)
-    except FileNotFoundError as e:
-        return (f"no PCI device {b} ({e} absent): check the address with `dpdk-devbind.py --status-dev net` "
+    dev = sysfs_root(root) / "bus" / "pci" / "devices" / b
+    if not dev.exists():
+        return (f"no PCI device {b} ({dev} absent): check the address with `dpdk-devbind.py --status-dev net` "
                 "or `lspci -D`")
+    # the driver bound to it: the name its ``driver`` link points at
+    drv = Path(os.readlink(dev / "driver")).name if os.path.lexists(dev / "driver") else None
     if drv in DPDK_DRIVERS or drv in BIFURCATED_DRIVERS:
         return None
     if drv is None:

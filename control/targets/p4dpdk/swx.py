@@ -30,8 +30,7 @@ from embnic.control.errors import MissingDependencyError, OperationalError
 REPO_ROOT = Path(__file__).resolve().parents[3]
 #: where ``make -C dataplane`` puts the SWX host
 SWX_BINARY = REPO_ROOT / "dataplane" / "build" / "embnic-swx"
-#: the pipeline headers libdpdk-dev lacks (scripts/dpdk-pipeline-headers.sh puts them here)
-HEADERS_SCRIPT = REPO_ROOT / "scripts" / "dpdk-pipeline-headers.sh"
+#: the pipeline headers libdpdk-dev lacks (scripts/dpdk-pipeline-headers.sh puts them in headers_dir())
 INTERNAL_HEADERS = ("rte_swx_pipeline_internal.h", "rte_swx_pipeline_spec.h")
 
 
