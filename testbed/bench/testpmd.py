@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ from typing import Sequence
 from embnic.client_lib.config import parse_lcores
 from embnic.control.targets.dpdk.process import DpdkProcError, DpdkProcess, eal_argv, unique_prefix
 from embnic.control.errors import require_program
+
+BINARY = "dpdk-testpmd"
 
 
 class TestpmdProcess:
@@ -29,25 +30,19 @@ class TestpmdProcess:
             streams of (port, queue), so N of them need N queues on the source port.
         mode: forwarding mode (``io``, ``macswap``, ...).
         netns: run inside this network namespace.
-        log: output file.
     """
 
     __test__ = False
 
-    def __init__(self, vdevs: Sequence[str], *, lcores: str = "0,1", mode: str = "io",
-                 netns: str | None = None, log: str | os.PathLike | None = None,
-                 binary: str = "dpdk-testpmd", mbufs: int = 16384, main_lcore: int | None = None,
-                 mbcache: int = 256, burst: int = 32, queues: int = 1):
-        self.vdevs, self.lcores, self.mode, self.netns = list(vdevs), lcores, mode, netns
-        self.main_lcore = main_lcore
-        self.prefix = unique_prefix("t")
+    def __init__(self, vdevs: Sequence[str], *, lcores: str = "0,1", mode: str = "io", netns: str | None = None,
+                 mbufs: int = 16384, main_lcore: int | None = None, mbcache: int = 256, burst: int = 32,
+                 queues: int = 1):
         self._dir = Path(tempfile.mkdtemp(prefix="enT"))
-        self.log_path = Path(log) if log else self._dir / "testpmd.log"
-        self.binary, self.mbufs, self.mbcache, self.burst = binary, mbufs, mbcache, burst
+        self.log_path = self._dir / "testpmd.log"
         extra = ["--main-lcore", str(main_lcore)] if main_lcore is not None else []
         nb_cores = max(1, len(parse_lcores(re.sub(r"@\d+", "", lcores))) - 1)  # a --lcores map's lcores
         # stdout is a file: stdbuf makes testpmd's printf line-buffered so stats show up at once
-        self.process = DpdkProcess(binary, eal_argv(lcores, self.prefix, self.vdevs, extra=extra),
+        self.process = DpdkProcess(BINARY, eal_argv(lcores, unique_prefix("t"), list(vdevs), extra=extra),
                                    ["-i", f"--forward-mode={mode}", f"--total-num-mbufs={mbufs}",
                                     f"--mbcache={mbcache}", f"--burst={burst}", f"--nb-cores={nb_cores}",
                                     *([f"--rxq={queues}", f"--txq={queues}"] if queues > 1 else [])],
@@ -64,7 +59,7 @@ class TestpmdProcess:
             MissingDependencyError: dpdk-testpmd is not installed.
             DpdkProcError: it exited or never showed its prompt (names its log).
         """
-        require_program(self.binary, "apt-get install dpdk (or `make deps`)")
+        require_program(BINARY, "apt-get install dpdk (or `make deps`)")
         self.process.start()
         self._wait_for(lambda t: "testpmd>" in t, timeout, "its prompt")
         self.send("start")
