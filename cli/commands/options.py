@@ -155,12 +155,7 @@ U16 = click.IntRange(0, 0xFFFF)
 
 # --------------------------------------------------------------------------- options
 def _compose(*decorators: Callable) -> Callable:
-    def apply(f):
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-
-    return apply
+    return lambda f: functools.reduce(lambda g, d: d(g), reversed(decorators), f)
 
 
 class FloatRange(click.FloatRange):

@@ -88,9 +88,7 @@ def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, 
             raise click.UsageError(f"--idle-us is an embnic-dp option (the dpdk target); the {s.target} target "
                                    "has no idle sleep: leave it out")
         s.card_args += ["--idle-us", str(idle_us)]
-    opts = {}
-    if pci:
-        opts["pci"] = list(pci)
+    opts = {"pci": list(pci)} if pci else {}
     if no_hugepages:
         opts["hugepages"] = False
     res = open_target(s, lcores=lcores, ready_timeout=ready_timeout, **opts).load(program=not no_program)

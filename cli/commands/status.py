@@ -1,6 +1,8 @@
 """``embnic status``: counters, drops by reason, ring occupancy and high-water mark, state-map summary."""
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import time
 
@@ -147,11 +149,10 @@ def status(config, target, name, ctl, as_json, watch, count, show_all):
         cur = sample(t)
         click.echo(json.dumps(cur, indent=2) if as_json else render(cur, show_all=show_all, title=title))
         return
-    prev, n = None, 0
-    try:
-        while True:
+    prev = None
+    with contextlib.suppress(KeyboardInterrupt):
+        for n in itertools.count(1):
             cur = sample(t)
-            n += 1
             if as_json:
                 click.echo(json.dumps(cur, separators=(",", ":")))
             else:
@@ -162,5 +163,3 @@ def status(config, target, name, ctl, as_json, watch, count, show_all):
                 return
             prev = cur
             time.sleep(watch)
-    except KeyboardInterrupt:
-        return

@@ -100,18 +100,11 @@ def down_cmd(name):
                f"removed {len(res['netns'])} namespaces")
 
 
-def _phase(st: dict) -> str:
-    """The testbed's phase for its status head: ``up`` only while every process of it runs, else
-    ``up, degraded: the card, shard 1's server NOT RUNNING``."""
-    phase = st.get("phase")
-    dead = [d.get("what") or f"{d.get('node')} {d.get('role')}" for d in st.get("dead") or []]
-    if phase == "up" and dead:
-        return f"up, degraded: {', '.join(dead)} NOT RUNNING"
-    return str(phase)
-
-
 def _print_status(st: dict) -> None:
-    click.echo(f"testbed {st['name']}: {_phase(st)}   config {st.get('config')}"
+    # `up` only while every process of it runs, else `up, degraded: the card, shard 1's server NOT RUNNING`
+    dead = [d.get("what") or f"{d.get('node')} {d.get('role')}" for d in st.get("dead") or []]
+    phase = f"up, degraded: {', '.join(dead)} NOT RUNNING" if st.get("phase") == "up" and dead else st.get("phase")
+    click.echo(f"testbed {st['name']}: {phase}   config {st.get('config')}"
                + (f"   card on net_{st['pmd']}" if st.get("pmd") else ""))
     click.echo(f"  effective config: {st.get('effective_config')}   logs: {st.get('dir')}/")
     for ns, ok in st["netns"].items():
@@ -214,6 +207,7 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
       sudo embnic testbed netem --clear                               # every link
     """
     from embnic.testbed.net import netem as N
+    from embnic.testbed.net import topology as T
 
     links = list(links) or None
     if clear_ and (loss or reorder or duplicate or delay_ms):
@@ -234,14 +228,8 @@ def netem_cmd(name, loss, reorder, duplicate, delay_ms, links, backend, seed, cl
                            f"{', '.join(rec['links'])}")
         for note in N.sharing(name, links):
             click.echo(f"testbed {name}: {note}")
-    _print_netem(N.show(name), _link_names(name), counters=False)
-
-
-def _link_names(name: str) -> list[str]:
-    from embnic.testbed.net import topology as T
-
-    st = T.testbed_state(name) or {}
-    return [lk["peer"] for lk in sorted(st.get("links", []), key=lambda lk: lk.get("port", 0))]
+    wired = sorted((T.testbed_state(name) or {}).get("links", []), key=lambda lk: lk.get("port", 0))
+    _print_netem(N.show(name), [lk["peer"] for lk in wired], counters=False)
 
 
 def fmt_impairment(imp: dict | None) -> str:
