@@ -384,8 +384,8 @@ def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str],
         gen.start()
         try:
             other = dict(netns=ns.name, other_pids=[gen.proc.pid])
-            runs = {f"{kind}/{pmd}": _dut(binary, kind, [veth_vdev(pmd, ns.b), sink], seconds, warmup, log_dir, **other)
-                    for pmd in pmds for kind in ("card", "io", "macswap")}
+            runs = {f"{kind}/{pmd}": _dut(binary, kind, [veth_vdev(pmd, ns.b), sink], seconds, warmup, log_dir,
+                                          **other) for pmd in pmds for kind in ("card", "io", "macswap")}
             m = _measure_all(runs, repeats, rtt=False)
         finally:
             gen.cleanup()
@@ -397,11 +397,8 @@ def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str],
                              + ("; AF_XDP in copy mode (veth), native XDP, busy_budget 64" if pmd == "af_xdp" else ""))
     if "af_packet" in out and "af_xdp" in out:
         a, x = out["af_packet"], out["af_xdp"]
-        out["af_xdp_vs_af_packet"] = {
-            "card": _ratio(x["card_mpps"], a["card_mpps"]),
-            "testpmd_io": _ratio(x["testpmd_io_mpps"], a["testpmd_io_mpps"]),
-            "testpmd_macswap": _ratio(x["testpmd_macswap_mpps"], a["testpmd_macswap_mpps"]),
-        }
+        out["af_xdp_vs_af_packet"] = {k: _ratio(x[f"{k}_mpps"], a[f"{k}_mpps"])
+                                      for k in ("card", "testpmd_io", "testpmd_macswap")}
     return out
 
 
@@ -431,7 +428,8 @@ def _dut(binary: Path, kind: str, vdevs: list[str], seconds: float, warmup: floa
     lcore :data:`TESTPMD_MAIN` unless ``lcores``/``main_lcore`` say otherwise) on ``vdevs``; ``kw``:
     the rest of :func:`measure_card`'s or :func:`measure_testpmd`'s keyword arguments."""
     if kind == "card":
-        return measure_card, (binary, vdevs, kw.pop("lcores", CARD_1LCORE), seconds, warmup), {**kw, "log_dir": log_dir}
+        return (measure_card, (binary, vdevs, kw.pop("lcores", CARD_1LCORE), seconds, warmup),
+                {**kw, "log_dir": log_dir})
     return (measure_testpmd, (vdevs, kw.pop("lcores", TESTPMD_1FWD), kind, seconds, warmup),
             {"main_lcore": TESTPMD_MAIN, **kw})
 
@@ -552,9 +550,7 @@ def run(out_dir: Path, seconds: float = 5.0, **kw: Any) -> dict:
                  int(kw.get("state_lcores", 2)))
     pna_skip = _pna_runs(runs, kw.get("p4dpdk", True), (src, sink, dsrc), dmbufs, seconds, warmup, logs)
     m = _measure_all(runs, repeats)
-    res: dict[str, Any] = {}
-    res.update(_figures(m, pcap))
-    res.update(_distinct_figures(m, dpcap))
+    res: dict[str, Any] = {**_figures(m, pcap), **_distinct_figures(m, dpcap)}
     res["p4dpdk"] = _pna_figures(m, pcap) if pna_skip is None else {"skipped": pna_skip}
     res["targets"] = {
         "ratio_io >= 0.5": res["ratio_io"] >= 0.5,

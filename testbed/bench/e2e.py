@@ -264,8 +264,8 @@ def run_torchrec(config_text: str, batches: dict, repeats: int, world: int = 2) 
     with tempfile.TemporaryDirectory() as d:
         cfg_path = Path(d) / "table.toml"
         cfg_path.write_text(config_text)
-        procs = [ctx.Process(target=_torchrec_rank, args=(r, world, os.path.join(d, "rdv"), str(cfg_path), batches,
-                                                          repeats, q)) for r in range(world)]
+        procs = [ctx.Process(target=_torchrec_rank, args=(r, world, os.path.join(d, "rdv"), str(cfg_path),
+                                                          batches, repeats, q)) for r in range(world)]
         for p in procs:
             p.start()
         for p in procs:
@@ -424,7 +424,8 @@ def _targets(by_b: dict, card: dict, tr: dict) -> dict:
     p50 <= 0.6 x fixed-length at batch 32, <= 0.8 x at 256; lookup p50 <= 1.0 x TorchRec's at
     4096, <= 1.5 x at 256; the step <= 2 x TorchRec's at 4096 (each where its batch ran)."""
     targets = {}
-    for b, bound, peer in ((32, 0.6, "fixed"), (256, 0.8, "fixed"), (256, 1.5, "torchrec"), (4096, 1.0, "torchrec")):
+    for b, bound, peer in ((32, 0.6, "fixed"), (256, 0.8, "fixed"),
+                           (256, 1.5, "torchrec"), (4096, 1.0, "torchrec")):
         if b in by_b:
             v, p = by_b[b]["varlen_p50_us"], by_b[b][f"{peer}_p50_us"]
             targets[f"varlen_p50_le_{bound:g}x_{peer}_at_{b}"] = {"ratio": v / p, "met": v <= bound * p}
@@ -446,7 +447,8 @@ def _loss_rows(batches, card: dict) -> dict:
                    "ratio": l_["step_p50_us"] / a["step_p50_us"],
                    "lookup_p50_us": a["lookup_p50_us"], "lookup_p50_us_loss": l_["lookup_p50_us"],
                    "retransmits_per_step": a["retransmits_per_step"],
-                   **{f"{x}_per_step_loss": l_[f"{x}_per_step"] for x in ("retransmits", "timeouts", "repairs", "probes")},
+                   **{f"{x}_per_step_loss": l_[f"{x}_per_step"]
+                      for x in ("retransmits", "timeouts", "repairs", "probes")},
                    "probes_per_step": a["probes_per_step"]}
         r_ = card.get("varlen_relay", {}).get(k)
         if r_:  # the user-space helpers on the path, nothing dropped

@@ -101,7 +101,8 @@ def measure_shard(workdir: Path, workers: int, loads: dict, pools: dict, mtu: in
                 out[f"{op}_{nk}"] = {
                     "rows_per_s": n * nk / sec, "msgs_per_s": n / sec,
                     "p50_us": float(np.percentile(lat, 50)), "p99_us": float(np.percentile(lat, 99)),
-                    "messages": n * len(w_thrs), "repeats": len(w_thrs), "rows_per_s_runs": [n * nk / x for x in secs],
+                    "messages": n * len(w_thrs), "repeats": len(w_thrs),
+                    "rows_per_s_runs": [n * nk / x for x in secs],
                     "request_frames_per_msg": float(w_thrs[0].counts.mean()),
                     "reply_frames_per_msg": w_thrs[0].reply_frames, "seconds": sec, "shard_cpu_s": cpu,
                     "rows_per_shard_cpu_s": n * len(w_thrs) * nk / max(cpu, 1e-9), "loadgen_cpu_s": gen_cpu,
@@ -131,7 +132,8 @@ def _loads(pools: dict, mtu: int, scale: float, repeats: int, rng: np.random.Gen
     for op in OPS:
         for nk in KEYS:
             c = max(10, int(max(60, min(3000, 600_000 // nk)) * scale))
-            loads[(op, nk)] = ([workload(op, nk, c) for _ in range(repeats)], workload(op, nk, max(20, min(c, 300))))
+            loads[(op, nk)] = ([workload(op, nk, c) for _ in range(repeats)],
+                               workload(op, nk, max(20, min(c, 300))))
     return loads
 
 
@@ -168,8 +170,8 @@ def _targets(res: dict) -> dict:
     rd = res["rounds"]
     return {
         "wal_update_4096_vs_no_wal": at_least(TARGET_WAL, res["ratio_wal_update_4096"],
-                                              "update rows/s with the write-ahead log (one fdatasync per wake-up) "
-                                              "÷ without; the log may cost at most 30%"),
+                                              "update rows/s with the write-ahead log (one fdatasync per "
+                                              "wake-up) ÷ without; the log may cost at most 30%"),
         "lookup_4096_vs_local": at_least(TARGET_LOOKUP_4096, res["ratio_lookup_4096"]),
         "lookup_1_vs_local": at_least(TARGET_LOOKUP_1, res["ratio_lookup_1"]),
         "rounds_26_vs_2_tables": {"target": shard_rounds.TARGET_RATIO,
