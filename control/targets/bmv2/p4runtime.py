@@ -260,6 +260,15 @@ class P4RuntimeClient:
             msg += " (" + "; ".join(errors) + ")"
         return P4RuntimeError(msg, code, errors)
 
+    def _rpc(self, method: str, req, what: str | None = None):
+        """The answer of ``METHOD(req)`` (a streamed one as a list); a grpc.RpcError as :meth:`_error`
+        of ``what`` (default: the method)."""
+        try:
+            answer = getattr(self._stub, method)(req, timeout=self.timeout)
+            return list(answer) if method == "Read" else answer
+        except _proto()[4].RpcError as e:
+            raise self._error(what or method, e) from None
+
     def wait_ready(self, timeout: float) -> None:
         """Wait until the server accepts connections.
 
@@ -352,10 +361,7 @@ class P4RuntimeClient:
             action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
             config=p4r.ForwardingPipelineConfig(p4info=index.p4info, p4_device_config=device_config,
                                                 cookie=p4r.ForwardingPipelineConfig.Cookie(cookie=cookie)))
-        try:
-            self._stub.SetForwardingPipelineConfig(req, timeout=self.timeout)
-        except _proto()[4].RpcError as e:
-            raise self._error("SetForwardingPipelineConfig", e) from None
+        self._rpc("SetForwardingPipelineConfig", req)
         self.index = index
 
     def get_p4info(self) -> P4InfoIndex:
@@ -368,10 +374,7 @@ class P4RuntimeClient:
         p4r = _proto()[0]
         req = p4r.GetForwardingPipelineConfigRequest(
             device_id=self.device_id, response_type=p4r.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE)
-        try:
-            resp = self._stub.GetForwardingPipelineConfig(req, timeout=self.timeout)
-        except _proto()[4].RpcError as e:
-            raise self._error("GetForwardingPipelineConfig", e) from None
+        resp = self._rpc("GetForwardingPipelineConfig", req)
         if not resp.config.HasField("p4info"):
             raise P4RuntimeError(f"P4Runtime at {self.address}: no pipeline set")
         self.index = P4InfoIndex(resp.config.p4info)
@@ -407,10 +410,7 @@ class P4RuntimeClient:
             return
         req = p4r.WriteRequest(device_id=self.device_id, election_id=p4r.Uint128(high=0, low=ELECTION_ID),
                                updates=ups, atomicity=p4r.WriteRequest.CONTINUE_ON_ERROR)
-        try:
-            self._stub.Write(req, timeout=self.timeout)
-        except _proto()[4].RpcError as e:
-            raise self._error("Write", e) from None
+        self._rpc("Write", req)
 
     def read_table(self, table: str) -> list[TableEntry]:
         """Every entry of ``table`` (the default entry left out), in the switch's order.
@@ -422,11 +422,5 @@ class P4RuntimeClient:
         idx = self._index()
         req = p4r.ReadRequest(device_id=self.device_id, entities=[
             p4r.Entity(table_entry=p4r.TableEntry(table_id=idx.table(table).id))])
-        out = []
-        try:
-            for resp in self._stub.Read(req, timeout=self.timeout):
-                out += [idx.from_proto(ent.table_entry) for ent in resp.entities
-                        if ent.HasField("table_entry") and not ent.table_entry.is_default_action]
-        except _proto()[4].RpcError as e:
-            raise self._error(f"Read of {table}", e) from None
-        return out
+        return [idx.from_proto(ent.table_entry) for resp in self._rpc("Read", req, f"Read of {table}")
+                for ent in resp.entities if ent.HasField("table_entry") and not ent.table_entry.is_default_action]

@@ -494,9 +494,6 @@ class Bmv2Target(Target):
         finally:
             c.close()
 
-    def _allow_handle(self, is_request: int, id_: int) -> list[int]:
-        return [e["handle"] for e in self._dump("sender_allowlist") if e["key"][:2] == [is_request, id_]]
-
     @_operational
     def _replace(self, kind: str, id_: int, add: list) -> None:
         """Replace the entry of peer ``id_`` of ``kind`` in its table and its allowlist entries by
@@ -505,7 +502,8 @@ class Bmv2Target(Target):
         st = self.state() or {}
         if self.channel(st) != "p4runtime":
             cmds = [f"table_delete {table} {e['handle']}" for e in self._dump(table) if e["key"] == [id_]]
-            cmds += [f"table_delete sender_allowlist {h}" for h in self._allow_handle(is_request, id_)]
+            cmds += [f"table_delete sender_allowlist {e['handle']}" for e in self._dump("sender_allowlist")
+                     if e["key"][:2] == [is_request, id_]]
             self.cli(cmds + [e.cli_add() for e in add])
             return
         c = self._p4rt(st)
