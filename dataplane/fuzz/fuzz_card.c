@@ -96,48 +96,18 @@ wr16(uint8_t *p, uint16_t v)
 	p[1] = (uint8_t)v;
 }
 
-/* One's-complement sum of n bytes, big-endian words, plus sum (unfolded). */
-static uint32_t
-sum_bytes(const uint8_t *p, size_t n, uint32_t sum)
-{
-	size_t i;
-
-	for (i = 0; i + 1 < n; i += 2)
-		sum += rd16(p + i);
-	if (n & 1)
-		sum += (uint32_t)p[n - 1] << 8;
-	return sum;
-}
-
-static uint16_t
-fold(uint32_t sum)
-{
-	while (sum >> 16)
-		sum = (sum & 0xffff) + (sum >> 16);
-	return (uint16_t)sum;
-}
-
-/* IPv4 header (20 bytes at f + 14) sums to 0xffff? */
-static bool
-ip_csum_ok(const uint8_t *f)
-{
-	return fold(sum_bytes(f + 14, 20, 0)) == 0xffff;
-}
-
-static void
-ip_csum_fix(uint8_t *f)
-{
-	wr16(f + 24, 0);
-	wr16(f + 24, (uint16_t)~fold(sum_bytes(f + 14, 20, 0)));
-}
-
-/* Sum of the UDP pseudo header and the datagram of udp_len bytes. */
+/*
+ * The one's-complement sum (folded, host order) of the UDP pseudo header
+ * and the datagram of udp_len bytes of frame f.
+ */
 static uint16_t
 udp_sum(const uint8_t *f, uint16_t udp_len)
 {
-	uint32_t s = sum_bytes(f + 26, 8, 0) + 17 + udp_len;
+	uint32_t s = __rte_raw_cksum(f + 26, 8, rte_cpu_to_be_16(IPPROTO_UDP) +
+				     rte_cpu_to_be_16(udp_len));
 
-	return fold(sum_bytes(f + 34, udp_len, s));
+	return rte_be_to_cpu_16(__rte_raw_cksum_reduce(
+		__rte_raw_cksum(f + 34, udp_len, s)));
 }
 
 /* The UDP checksum state of frame f (n bytes) by its own lengths. */
@@ -278,7 +248,7 @@ check_sent(struct rte_mbuf *m, uint16_t p)
 	if (len > port->max_frame)
 		fail("sent a %u-byte frame on port %u, which sends at most %u",
 		     len, p, port->max_frame);
-	if (!ip_csum_ok(f) || f[22] != EMBNIC_CARD_TTL)
+	if (rte_raw_cksum(f + 14, 20) != 0xffff || f[22] != EMBNIC_CARD_TTL)
 		fail("sent frame: IPv4 checksum or TTL wrong");
 	if (memcmp(f + 26, &port->ip, 4) != 0 ||
 	    rd16(f + 34) != EMBNIC_UDP_PORT)
@@ -564,8 +534,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			make_authentic(f, len, port);
 		if (flags & 0x10)
 			udp_csum_fix(f, len);
-		if ((flags & 8) && len >= 34)
-			ip_csum_fix(f);
+		if ((flags & 8) && len >= 34) {
+			wr16(f + 24, 0);
+			wr16(f + 24, rte_be_to_cpu_16(
+				(uint16_t)~rte_raw_cksum(f + 14, 20)));
+		}
 		for (i = 0; i < ((h[3] >> 6) == 3 ? FZ_FLOOD : 1); i++) {
 			if (i > 0 && len >= EMBNIC_MIN_FRAME) {
 				/* the next message: msg_id + 1 */

@@ -110,14 +110,11 @@ fz_eal_init(void)
 	fz_rm_runtime_dir();
 }
 
-/* One net_ring port: created, configured and started like embnic_port_init(). */
+/* One net_ring port, then configured and started by embnic_port_init(). */
 static void
 fz_port_init(struct embnic_app *a, uint16_t i)
 {
-	struct rte_eth_conf conf = { 0 };
-	struct embnic_port *p = &a->ports[i];
 	char name[32];
-	int port;
 
 	snprintf(name, sizeof(name), "fzrx%u", i);
 	fz_rx[i] = rte_ring_create(name, FZ_PORT_RING, 0,
@@ -128,18 +125,10 @@ fz_port_init(struct embnic_app *a, uint16_t i)
 	if (fz_rx[i] == NULL || fz_tx[i] == NULL)
 		fz_die("port rings");
 	snprintf(name, sizeof(name), "net_fz%u", i);
-	port = rte_eth_from_rings(name, &fz_rx[i], 1, &fz_tx[i], 1, 0);
-	if (port != i)
+	if (rte_eth_from_rings(name, &fz_rx[i], 1, &fz_tx[i], 1, 0) != i)
 		fz_die("rte_eth_from_rings (port ids must be 0..n-1)");
-	if (rte_eth_dev_configure(i, 1, 1, &conf) != 0 ||
-	    rte_eth_rx_queue_setup(i, 0, FZ_PORT_RING, 0, NULL, a->pool) < 0 ||
-	    rte_eth_tx_queue_setup(i, 0, FZ_PORT_RING, 0, NULL) < 0 ||
-	    rte_eth_dev_start(i) < 0 || rte_eth_macaddr_get(i, &p->mac) != 0)
+	if (embnic_port_init(a, i, 1) != 0 || a->ports[i].max_frame != FZ_MAX_FRAME)
 		fz_die("port setup");
-	p->id = i;
-	p->max_frame = FZ_MAX_FRAME;	/* net_ring: no limit of its own */
-	p->max_frame_by = EMBNIC_LIMIT_PMD;
-	snprintf(p->name, sizeof(p->name), "%s", name);
 }
 
 /*
