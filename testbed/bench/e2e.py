@@ -237,8 +237,7 @@ def _torchrec_rank(rank: int, world: int, rdv: str, cfg_path: str, batches: dict
                         look.append((t_b - t_a) * 1e6)
                         upd.append((t_c - t_b) * 1e6)
                         step.append((t_c - t_a) * 1e6)
-                reps.append({"lookup_us": look, "update_us": upd, "step_us": step,
-                             "messages": 0.0, "rounds": 0.0, "retransmits": 0.0})
+                reps.append({"lookup_us": look, "update_us": upd, "step_us": step})  # no messages: _summ's 0
             res[str(b)] = reps
         if rank == 0:
             q.put(res)
@@ -498,9 +497,7 @@ def plots(out_dir: Path, res: dict) -> list[str]:
             hi = np.array([x["max"] for x in s]) - med
             ax.errorbar(bs, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("batch size (samples, 26 features)")
-        ax.set_ylabel(ylabel)
+        ax.set(yscale="log", xlabel="batch size (samples, 26 features)", ylabel=ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -36,10 +36,8 @@ def proc_cpu(pid: int) -> float:
     except OSError:
         return 0.0
     for t in tids:
-        try:
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread gone meanwhile
             total += int(open(f"/proc/{pid}/task/{t}/schedstat").read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
     return total / 1e9
 
 

@@ -1,6 +1,7 @@
 """The benchmarks' shared result file ``DIR/bench.json``: one JSON object, one key per benchmark."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -20,8 +21,6 @@ def merge_json(path: Path, key: str, value: dict, *, update: bool = False) -> di
     Returns:
         the whole object as written.
     """
-    import fcntl
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "w") as lf:
