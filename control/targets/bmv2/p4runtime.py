@@ -10,6 +10,7 @@ bytestrings; registers and counters stay on Thrift (p4lang/PI#376).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -333,10 +334,8 @@ class P4RuntimeClient:
         if self._requests is not None:
             self._requests.put(None)
         if self._stream is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._stream.cancel()
-            except Exception:  # noqa: BLE001
-                pass
         self._stream = self._requests = None
         self._channel.close()
 

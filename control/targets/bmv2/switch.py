@@ -10,6 +10,7 @@ ports on veths or pcap files (``--use-files``). Tools are found on PATH; a missi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -283,12 +284,10 @@ class SimpleSwitch:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise Bmv2Error(f"{self.binary} exited with {self.proc.returncode}: {self.output_tail()}")
-            try:
+            with contextlib.suppress(OSError):
                 if ("Thrift server was started" in self.log_file.read_text(errors="replace")
                         and (sock is None or sock.exists())):
                     return
-            except OSError:
-                pass
             time.sleep(0.05)
         raise Bmv2Error(f"{self.binary} not ready after {timeout:.0f} s: {self.output_tail()}")
 
@@ -296,10 +295,8 @@ class SimpleSwitch:
         """The end of the switch's stdout/stderr and log (for error messages)."""
         text = ""
         for p in (self.log.with_name(self.log.name + ".out"), self.log_file):
-            try:
+            with contextlib.suppress(OSError):
                 text += p.read_text(errors="replace")[-n:]
-            except OSError:
-                pass
         return text.strip() or "(no output)"
 
     def cli(self, commands: Iterable[str], *, timeout: float = 120.0) -> str:

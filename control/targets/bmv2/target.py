@@ -522,12 +522,6 @@ class Bmv2Target(Target):
             c.close()
 
     def peer_add(self, p: Peer) -> None:
-        """Add or replace peer ``p`` (the route of shard ``p.id``, or client ``p.id``).
-
-        Raises:
-            UsageError: ``p.port`` is not one of the card's ports (exit 2).
-            OperationalError: not loaded, or the switch refused the entry.
-        """
         check_peer_port(p, self._nb_ports())
         self._replace(p.kind, p.id, bmv2_runtime.peer_entries(p))
 

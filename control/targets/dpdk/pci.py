@@ -1,12 +1,7 @@
-"""PCI devices for the card on a real NIC (docs/deploy.md): addresses, driver binding, hugepages.
-
-``pipeline load --pci BDF`` (or ``[card] pci = [...]``) runs embnic-dp on the NIC at that PCI
-address (:func:`embnic.control.targets.dpdk.process.eal_argv`: ``-a BDF`` and hugepages). Before
-it starts, :func:`pci_problem` reads sysfs for each device — present, and bound to a driver DPDK
-can use (``vfio-pci``, ``uio_pci_generic``, ``igb_uio``, or the bifurcated ``mlx5_core``:
-docs/deploy.md says which to choose) — and refuses anything else in one line naming the fix
-(``dpdk-devbind.py -b vfio-pci BDF``). The sysfs root is ``/sys`` unless ``EMBNIC_SYSFS_ROOT``
-names another (tests use a fake tree).
+"""PCI devices for the card on a real NIC (docs/deploy.md): before ``pipeline load --pci BDF`` (or
+``[card] pci``) starts the card, each device must be present and bound to a driver DPDK can use,
+and hugepages free; :func:`pci_problem` and :func:`hugepages_problem` say otherwise in one line
+naming the fix. The sysfs root is ``/sys`` unless ``EMBNIC_SYSFS_ROOT`` names another (tests).
 """
 from __future__ import annotations
 

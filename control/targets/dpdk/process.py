@@ -16,6 +16,7 @@ removed after every stop; a failed start leaves nothing behind.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -299,10 +300,8 @@ def stop_recorded(rec: dict, timeout: float = 10.0, child: subprocess.Popen | No
                                  "(sudo embnic ...)") from None
         else:
             if not _wait_gone(rec, own, timeout):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 res["killed"] = True
                 _wait_gone(rec, own, 5.0)
     if own is not None:
@@ -431,10 +430,8 @@ class CardProcess:
             message = message.replace(f"full log: {self.log_path}", "its log, removed with the start's temporary "
                                                                     "files, is quoted below")
             message = message.replace(f"see its log {self.log_path}", "its log is quoted below")
-        try:
+        with contextlib.suppress(OSError):
             self.ctl_path.unlink()
-        except OSError:
-            pass
         shutil.rmtree(self._sockdir, ignore_errors=True)
         return DpdkProcError(message + (f"\n{tail}" if tail else ""))
 
@@ -470,10 +467,8 @@ class CardProcess:
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait ``timeout`` s, SIGKILL if still running; returns the exit code."""
         self.returncode = self.process.stop(timeout)["exit"]
-        try:
+        with contextlib.suppress(OSError):
             self.ctl_path.unlink()
-        except OSError:
-            pass
         return self.returncode
 
     def cleanup(self) -> None:

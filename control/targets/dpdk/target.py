@@ -12,6 +12,7 @@ then ``resume`` (docs/cli.md ``pipeline load``). The process and its control soc
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -373,10 +374,8 @@ class DpdkCard(Target):
         remove_state(self.run_dir, self.instance)
         ctl = st.get("ctl")
         if ctl and os.path.exists(ctl) and not CtlClient(ctl, timeout=0.5).alive():
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(ctl)
-            except OSError:
-                pass
         return {**res, "ctl": ctl, "log": st.get("log")}
 
     def is_loaded(self) -> bool:

@@ -1,11 +1,7 @@
-"""The card's ``--vdev`` specs checked before DPDK starts: a malformed spec, the same device twice,
-or more DPDK ports than the config's card has, each as one line naming the fix — otherwise the
-EAL takes them and the card fails (or runs on a port no config entry names) deep in its log.
-
-A spec is ``NAME[,KEY=VALUE...]`` (DPDK's devargs): ``NAME`` an ethdev driver's name with an
-instance suffix (``net_ring0``, ``net_af_packet1``; ``eth_`` is DPDK's older prefix of the same
-drivers), the arguments comma-separated, a value may hold a bracketed list (``[a,b]``). Whether
-the driver exists is the EAL's to say (the drivers are plug-ins of the DPDK build).
+"""The card's ``--vdev`` specs checked before DPDK starts (a malformed spec, the same device twice,
+more DPDK ports than the config's card has), each fault as one line naming the fix rather than
+deep in the card's log. A spec is DPDK's devargs, ``NAME[,KEY=VALUE...]`` (a value may hold a
+bracketed list); whether the driver exists is the EAL's to say.
 """
 from __future__ import annotations
 

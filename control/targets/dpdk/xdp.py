@@ -1,12 +1,8 @@
 """The card's ``net_af_xdp`` ports: their devargs, the XDP hook of their interfaces, their limits.
 
-DPDK's ``net_af_xdp`` PMD attaches an XDP program to its interface (libxdp's ``xsk_def_prog``)
-that redirects one queue's frames into its AF_XDP socket. An interface has one XDP hook, so
-anything else holding it — another program, the testbed's ``bpf`` netem
-(:mod:`embnic.testbed.net.bpf_loss`) — makes the PMD fail at queue setup ("Failed to create xsk
-socket", deep in the card's log); :func:`af_xdp_problem` finds that before the card starts and
-says so in one line. The MTU limits (:data:`AF_XDP_MAX_MTU`: one page per frame; a veth's
-native XDP) and copy versus zero-copy mode are measured and explained in docs/deploy.md.
+An interface has one XDP hook, which the PMD needs: :func:`af_xdp_problem` finds it taken before the
+card starts and says so in one line. The MTU limits and copy versus zero-copy mode are measured and
+explained in docs/deploy.md.
 """
 from __future__ import annotations
 

@@ -222,12 +222,6 @@ class P4DpdkTarget(DpdkCard):
 
     # ------------------------------------------------------------------ tables
     def peer_add(self, p: Peer) -> None:
-        """Add or replace peer ``p``.
-
-        Raises:
-            UsageError: ``p.port`` is not one of the card's ports (exit 2).
-            OperationalError: not loaded.
-        """
         check_peer_port(p, self._nb_ports())
         self.swx().peer_add(p)
 
