@@ -151,18 +151,16 @@ def _local_figures(lb_times: dict, loads: dict) -> dict:
 
 def _ratios(res: dict) -> None:
     """The ``ratio_*`` keys of ``res`` (docs/bench.md), from the figures they name."""
-    for op in OPS:
-        for nk in KEYS:
-            k = f"{op}_{nk}"
-            res[f"ratio_{k}"] = res["workers_1"][k]["rows_per_s"] / res["local"][k]["rows_per_s"]
-            res[f"ratio_cpu_{k}"] = (res["workers_1"][k]["rows_per_shard_cpu_s"]
-                                     / res["local"][k]["rows_per_cpu_s"])
-            res[f"ratio_workers2_{k}"] = res["workers_2"][k]["rows_per_s"] / res["workers_1"][k]["rows_per_s"]
-    for nk in KEYS:
-        k = f"update_{nk}"
-        res[f"ratio_wal_{k}"] = res["workers_1_wal"][k]["rows_per_s"] / res["workers_1"][k]["rows_per_s"]
-        res[f"ratio_wal_cpu_{k}"] = (res["workers_1_wal"][k]["rows_per_shard_cpu_s"]
-                                     / res["workers_1"][k]["rows_per_shard_cpu_s"])
+    def ratio(name: str, k: str, a: str, b: str, fa: str = "rows_per_s", fb: str = "rows_per_s") -> None:
+        res[f"{name}_{k}"] = res[a][k][fa] / res[b][k][fb]
+
+    for k in (f"{op}_{nk}" for op in OPS for nk in KEYS):
+        ratio("ratio", k, "workers_1", "local")
+        ratio("ratio_cpu", k, "workers_1", "local", "rows_per_shard_cpu_s", "rows_per_cpu_s")
+        ratio("ratio_workers2", k, "workers_2", "workers_1")
+    for k in (f"update_{nk}" for nk in KEYS):
+        ratio("ratio_wal", k, "workers_1_wal", "workers_1")
+        ratio("ratio_wal_cpu", k, "workers_1_wal", "workers_1", "rows_per_shard_cpu_s", "rows_per_shard_cpu_s")
 
 
 def _targets(res: dict) -> dict:
