@@ -9,8 +9,8 @@ import click
 
 from embnic.client_lib import consts
 from embnic.client_lib.config import ClusterConfig, ConfigError, load_config
-from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
-from embnic.cli.commands.options import FloatRange, json_option
+from embnic.client_lib.statemap import state_map_plan
+from embnic.cli.commands.options import json_option, rate_option
 from embnic.control.settings import control_section
 from embnic.control.targets.base import PEER_KINDS, peers_from_config
 
@@ -92,9 +92,7 @@ def config():
 @_file_options
 @click.option("--strict", is_flag=True, help="Also fail on what `pipeline load` would need (shard/client MACs, "
                                              "lcores this machine has).")
-@click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
-              metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
-                                         "loss tolerance.")
+@rate_option
 def check(file, config_opt, strict, rate):
     """Validate FILE (default $EMBNIC_CONFIG): exit 0 if valid, 2 with the offending field if not.
 

@@ -15,6 +15,7 @@ from typing import Callable
 import click
 
 from embnic.client_lib.config import host_ipv4_problem, is_multicast_mac
+from embnic.client_lib.statemap import DEFAULT_PLAN_RATE
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 from embnic.control.runstate import require_root
 from embnic.control.settings import DEFAULT_NAME, DEFAULT_TARGET, NAME_RE
@@ -223,6 +224,10 @@ def config_option(required: bool = False, example: str | None = None) -> Callabl
                         type=click.Path(dir_okay=False), default=None, help=help_, callback=check)
 
 
+#: ``--rate``: where ``pipeline load`` and ``config check`` state what the state map tolerates
+rate_option = click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
+                           metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state "
+                                                      "map's loss tolerance.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
 name_option = click.option("--name", "name", type=NAME, envvar="EMBNIC_NAME", default=None,

@@ -7,9 +7,9 @@ import time
 
 import click
 
-from embnic.client_lib.statemap import DEFAULT_PLAN_RATE, state_map_plan
-from embnic.cli.commands.options import (FloatRange, config_option, ctl_option, json_option,
-                                             name_option, target_option)
+from embnic.client_lib.statemap import state_map_plan
+from embnic.cli.commands.options import (FloatRange, config_option, ctl_option, json_option, name_option,
+                                         rate_option, target_option)
 from embnic.control.ctlsock import CtlClient
 from embnic.control.errors import OperationalError
 from embnic.control.runstate import pid_matches, read_state, state_path
@@ -63,9 +63,7 @@ def _ports_line(info: dict) -> str:
 @click.option("--timeout", "ready_timeout", type=FloatRange(0.1, 600), default=30.0, show_default=True,
               help="Seconds to wait for the control socket to answer.")
 @click.option("--no-program", is_flag=True, help="Do not install the config's routes and clients.")
-@click.option("--rate", type=FloatRange(min=1), default=DEFAULT_PLAN_RATE, show_default=True,
-              metavar="MSGS_PER_S", help="Messages/s through the card at which to state the state map's "
-                                         "loss tolerance.")
+@rate_option
 @json_option
 def load(config, target, name, ctl, binary, eal_args, vdevs, pci, no_hugepages, card_args, idle_us, lcores, netns,
          ready_timeout, no_program, rate, as_json):
@@ -129,8 +127,7 @@ def unload(config, target, name, stop_timeout, as_json):
     st = read_state(s.run_dir, s.name)
     if target is None and st and isinstance(st.get("target"), str):
         s.target = st["target"]
-    t = open_target(s, stop_timeout=stop_timeout)
-    res = t.unload()
+    res = open_target(s, stop_timeout=stop_timeout).unload()
     if as_json:
         click.echo(json.dumps(res, indent=2, default=str))
         return

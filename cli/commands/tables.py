@@ -11,7 +11,6 @@ from embnic.cli.commands.options import OutPath, as_operational, config_option, 
 from embnic.control.errors import MissingDependencyError, OperationalError, UsageError
 
 
-
 def store_error(e: Exception):
     """The CLI error for a disk tier that cannot start (``stores.StoreSetupError``): its missing
     dependency (exit 2) or its directory (exit 1)."""
@@ -20,6 +19,7 @@ def store_error(e: Exception):
     if isinstance(e, StoreDependencyError):
         return MissingDependencyError(str(e), "rocksdict")
     return OperationalError(str(e))
+
 
 @click.group("tables")
 def tables():
