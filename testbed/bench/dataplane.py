@@ -361,12 +361,9 @@ def veth_vdev(pmd: str, ifname: str) -> str:
 
 def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str], seconds: float, warmup: float,
                  repeats: int, log_dir: Path | None = None) -> dict:
-    """The main workload over a veth pair, the DUT (card, testpmd io, testpmd macswap) on each PMD
-    of ``pmds`` in turn, all in one interleaved run against one generator (testpmd io replaying
-    the pcap into ``net_af_packet`` on the other end, forwarding on CPU 1)::
-
-        netns enB<pid>:  [gen: net_pcap(infinite) -> net_af_packet(eBa)] ==veth==
-                         [DUT: net_af_packet(eBb) | net_af_xdp(eBb) -> net_null]
+    """The main workload over a veth pair (docs/bench.md draws it), the DUT (card, testpmd io,
+    testpmd macswap) on each PMD of ``pmds`` in turn, all in one interleaved run against one
+    generator (testpmd io replaying the pcap into ``net_af_packet`` on the other end, on CPU 1).
 
     Returns:
         ``{pmd: figures}`` (:func:`_figures` plus ``setup``) per PMD, and with both measured

@@ -178,15 +178,12 @@ class Requests:
         self.op, self.count, self.first_id = op, len(keys), first_id
         self.tables, self.keys, self.grads = tables, keys, grads
         self.rows = int(sum(k.size for k in keys))
-        flat = []
+        flat = []  # each message's frames
         for i, (t, k) in enumerate(zip(tables, keys)):
-            d = codec.make_directory([t], [dim], [1], [k.size])
-            if op == "lookup":
-                fr = codec.encode_lookup(msg_id=first_id + i, client_id=1, shard_id=0, directory=d, keys=k, mtu=mtu)
-            else:
-                fr = codec.encode_update(msg_id=first_id + i, client_id=1, shard_id=0, directory=d, keys=k,
-                                         values=grads[i].astype("<f4").tobytes(), mtu=mtu)
-            flat.append(fr)
+            kw = dict(msg_id=first_id + i, client_id=1, shard_id=0, keys=k, mtu=mtu,
+                      directory=codec.make_directory([t], [dim], [1], [k.size]))
+            flat.append(codec.encode_lookup(**kw) if op == "lookup"
+                        else codec.encode_update(**kw, values=grads[i].astype("<f4").tobytes()))
         self.counts = np.array([len(f) for f in flat], np.int64)
         self.starts = np.r_[0, np.cumsum(self.counts)[:-1]].astype(np.int64)
         frames = [f for fr in flat for f in fr]
