@@ -349,14 +349,9 @@ def _veth_pair():
         ns.delete()
 
 
-#: the PMDs the card and testpmd are measured on over the veth pair (the testbed's path)
+#: the PMDs the card and testpmd are measured on over the veth pair (the testbed's path), each
+#: with its defaults (``net_<pmd>0,iface=IF``; on a veth AF_XDP binds in copy mode)
 VETH_PMDS = ("af_packet", "af_xdp")
-
-
-def veth_vdev(pmd: str, ifname: str) -> str:
-    """The DUT's ``--vdev`` on the veth end ``ifname``: ``net_af_packet0,iface=IF`` or
-    ``net_af_xdp0,iface=IF`` (each PMD's defaults; on a veth AF_XDP binds in copy mode)."""
-    return f"net_{pmd}0,iface={ifname}"
 
 
 def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str], seconds: float, warmup: float,
@@ -381,8 +376,8 @@ def measure_veth(binary: Path, pcap_path: Path, pcap: dict, pmds: Sequence[str],
         gen.start()
         try:
             other = dict(netns=ns.name, other_pids=[gen.proc.pid])
-            runs = {f"{kind}/{pmd}": _dut(binary, kind, [veth_vdev(pmd, ns.b), sink], seconds, warmup, log_dir,
-                                          **other) for pmd in pmds for kind in ("card", "io", "macswap")}
+            runs = {f"{kind}/{pmd}": _dut(binary, kind, [f"net_{pmd}0,iface={ns.b}", sink], seconds, warmup,
+                                          log_dir, **other) for pmd in pmds for kind in ("card", "io", "macswap")}
             m = _measure_all(runs, repeats, rtt=False)
         finally:
             gen.cleanup()
