@@ -289,20 +289,6 @@ class ClusterConfig:
         return s.ip, s.port
 
 
-def _get(d: dict, key: str, where: str, typ, default: Any = dataclasses.MISSING, path=None):
-    if key not in d:
-        if default is dataclasses.MISSING:
-            raise ConfigError(f"{where}{key}", "missing (required)", path)
-        return default
-    v = d[key]
-    if typ is float and isinstance(v, int) and not isinstance(v, bool):
-        v = float(v)
-    if typ is int and isinstance(v, bool) or not isinstance(v, typ):
-        tname = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
-        raise ConfigError(f"{where}{key}", f"must be {tname}, got {type(v).__name__} {v!r}", path)
-    return v
-
-
 def host_ipv4_problem(addr: ipaddress.IPv4Address) -> str | None:
     """Why ``addr`` cannot be a node's own address (a client, shard or card port), or None.
 
@@ -319,65 +305,101 @@ def host_ipv4_problem(addr: ipaddress.IPv4Address) -> str | None:
     return None
 
 
-def _check_ip(v: str, field: str, path) -> str:
-    try:
-        addr = ipaddress.IPv4Address(v)
-    except ValueError:
-        raise ConfigError(field, f"{v!r} is not an IPv4 address (write e.g. 10.0.0.2)", path) from None
-    problem = host_ipv4_problem(addr)
-    if problem:
-        raise ConfigError(field, f"{problem}: give the node's own unicast IPv4 address, e.g. 10.0.0.2", path)
-    return v
-
-
-def _check_mac(v: str | None, field: str, path) -> str | None:
-    if v is not None and not _MAC_RE.match(v):
-        raise ConfigError(field, f"{v!r} is not a MAC address (write e.g. 02:00:00:00:00:01)", path)
-    if v is not None and is_multicast_mac(v):
-        raise ConfigError(field, f"{v} is a multicast/broadcast MAC (low bit of the first octet set): "
-                          "give the node's own unicast MAC, e.g. 02:00:00:00:00:01", path)
-    return v.lower() if v else v
-
-
-def _int_in(d: dict, key: str, w: str, lims: tuple[int, int], path, default: Any = dataclasses.MISSING) -> int | None:
-    """``d[key]``, an int in ``lims`` (inclusive); ``default`` when absent (a None default is not checked)."""
-    v = _get(d, key, w, int, default, path)
-    if v is not None and not lims[0] <= v <= lims[1]:
-        raise ConfigError(w + key, f"must be {lims[0]}..{lims[1]}, got {v}", path)
-    return v
-
-
 #: largest finite float32: rows, gradients and optimizer state are float32 on the shards
 FLOAT32_MAX = 3.4028234663852886e38
+_REQUIRED = dataclasses.MISSING
 
 
-def _check_float(v: float, field: str, path, *, zero_ok: bool = False) -> float:
-    """``v`` (a parsed TOML float) must be finite and fit float32: ``0 < v <= FLOAT32_MAX``
-    (``0 <= v`` with ``zero_ok``); else :class:`ConfigError` naming ``field``."""
-    if not (math.isfinite(v) and (0 <= v if zero_ok else 0 < v) and v <= FLOAT32_MAX):
-        lo = ">= 0" if zero_ok else "> 0"
-        raise ConfigError(field, f"must be a finite number {lo} (at most {FLOAT32_MAX:.4g}, float32), got {v}", path)
-    return v
+class _Section:
+    """One table of the config being checked (a section, or one entry of an array of tables):
+    each reader returns one of its fields checked (``default`` when absent; a None default is not
+    checked) or raises :class:`ConfigError` naming the field.
+
+    Args:
+        d: its values as TOML parsed them; ``field`` its dotted path (``"tables[2]"``); ``known``
+            its keys; ``path`` the config file; ``kind`` what "must be a table" adds (``" [card]"``).
+
+    Raises:
+        ConfigError: ``d`` is not a table, or has a key not in ``known`` (:func:`check_keys`).
+    """
+
+    def __init__(self, d, field: str, known, path, kind: str = ""):
+        if not isinstance(d, dict):
+            raise ConfigError(field, f"must be a table{kind}", path)
+        self.d, self.w, self.path = d, field + ".", path
+        check_keys(d, known, self.w, path)
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.w + key, message, self.path)
+
+    def get(self, key: str, typ: type, default: Any = _REQUIRED):
+        """A value of type ``typ`` (an int where a float is asked for is taken as one)."""
+        if key not in self.d:
+            if default is _REQUIRED:
+                raise self.error(key, "missing (required)")
+            return default
+        v = self.d[key]
+        if typ is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if typ is int and isinstance(v, bool) or not isinstance(v, typ):
+            raise self.error(key, f"must be {typ.__name__}, got {type(v).__name__} {v!r}")
+        return v
+
+    def int_in(self, key: str, lims: tuple[int, int], default: Any = _REQUIRED) -> int | None:
+        """An int in ``lims`` (inclusive)."""
+        v = self.get(key, int, default)
+        if v is not None and not lims[0] <= v <= lims[1]:
+            raise self.error(key, f"must be {lims[0]}..{lims[1]}, got {v}")
+        return v
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str | None) -> str | None:
+        """One of the strings ``choices``."""
+        v = self.get(key, str, default)
+        if v is not None and v not in choices:
+            raise self.error(key, f"must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+    def finite(self, key: str, default: float, *, zero_ok: bool = False) -> float:
+        """A float that fits float32: ``0 < v <= FLOAT32_MAX`` (``0 <= v`` with ``zero_ok``)."""
+        v = self.get(key, float, default)
+        if not (math.isfinite(v) and (0 <= v if zero_ok else 0 < v) and v <= FLOAT32_MAX):
+            lo = ">= 0" if zero_ok else "> 0"
+            raise self.error(key, f"must be a finite number {lo} (at most {FLOAT32_MAX:.4g}, float32), got {v}")
+        return v
+
+    def ip(self, key: str) -> str:
+        """A node's own IPv4 address (required; :func:`host_ipv4_problem`)."""
+        v = self.get(key, str)
+        try:
+            addr = ipaddress.IPv4Address(v)
+        except ValueError:
+            raise self.error(key, f"{v!r} is not an IPv4 address (write e.g. 10.0.0.2)") from None
+        problem = host_ipv4_problem(addr)
+        if problem:
+            raise self.error(key, f"{problem}: give the node's own unicast IPv4 address, e.g. 10.0.0.2")
+        return v
+
+    def mac(self, key: str) -> str | None:
+        """A node's own (unicast) MAC address in lower case, or None."""
+        v = self.get(key, str, None)
+        if v is not None and not _MAC_RE.match(v):
+            raise self.error(key, f"{v!r} is not a MAC address (write e.g. 02:00:00:00:00:01)")
+        if v is not None and is_multicast_mac(v):
+            raise self.error(key, f"{v} is a multicast/broadcast MAC (low bit of the first octet set): "
+                             "give the node's own unicast MAC, e.g. 02:00:00:00:00:01")
+        return v.lower() if v else v
 
 
-def _store(d: dict, w: str, path) -> str | None:
-    """``store`` of a table or shard: None (unset) or one of :data:`STORES`."""
-    v = _get(d, "store", w, str, None, path)
-    if v is not None and v not in STORES:
-        raise ConfigError(w + "store", f"must be one of {', '.join(STORES)}, got {v!r}", path)
-    return v
-
-
-def _shard_store(e: dict, w: str, path) -> dict:
+def _shard_store(s: _Section) -> dict:
     """The disk-tier keys of a ``[[shards]]`` entry (``store``, ``cache_rows``, ``store_dir``,
     ``block_cache_mb``), validated."""
-    sd = _get(e, "store_dir", w, str, None, path)
+    sd = s.get("store_dir", str, None)
     if sd is not None and not sd.strip():
-        raise ConfigError(w + "store_dir", "must not be empty (a directory for the shard's disk tables)", path)
-    if sd is not None and path is not None and not os.path.isabs(sd):
-        sd = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), sd))  # from the config's folder
-    return {"store": _store(e, w, path), "cache_rows": _int_in(e, "cache_rows", w, CACHE_ROWS_LIMITS, path, None),
-            "store_dir": sd, "block_cache_mb": _int_in(e, "block_cache_mb", w, BLOCK_CACHE_MB_LIMITS, path, None)}
+        raise s.error("store_dir", "must not be empty (a directory for the shard's disk tables)")
+    if sd is not None and s.path is not None and not os.path.isabs(sd):
+        sd = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(s.path)), sd))  # from the config's folder
+    return {"store": s.choice("store", STORES, None), "cache_rows": s.int_in("cache_rows", CACHE_ROWS_LIMITS, None),
+            "store_dir": sd, "block_cache_mb": s.int_in("block_cache_mb", BLOCK_CACHE_MB_LIMITS, None)}
 
 
 def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, ...]:
@@ -386,24 +408,19 @@ def _endpoints(raw: dict, key: str, path, default_port: int) -> tuple[Endpoint, 
         raise ConfigError(key, f"at least one [[{key}]] entry is required", path)
     out, seen, addrs = [], set(), {}
     for i, e in enumerate(items):
-        w = f"{key}[{i}]."
-        if not isinstance(e, dict):
-            raise ConfigError(f"{key}[{i}]", "must be a table", path)
-        check_keys(e, SHARD_KEYS if key == "shards" else ENDPOINT_KEYS, w, path)
-        eid = _int_in(e, "id", w, (0, 0xFFFF), path)
+        s = _Section(e, f"{key}[{i}]", SHARD_KEYS if key == "shards" else ENDPOINT_KEYS, path)
+        eid = s.int_in("id", (0, 0xFFFF))
         if eid in seen:
-            raise ConfigError(w + "id", f"duplicate id {eid}", path)
+            raise s.error("id", f"duplicate id {eid}")
         seen.add(eid)
-        ip = _check_ip(_get(e, "ip", w, str, path=path), w + "ip", path)
-        port = _int_in(e, "port", w, (1, 65535), path, default_port)
+        ip, port = s.ip("ip"), s.int_in("port", (1, 65535), default_port)
         if (ip, port) in addrs:
             j, other = addrs[(ip, port)]
-            raise ConfigError(w + "port", f"{ip}:{port} is already the address of {key}[{j}] (id {other}); "
-                              f"every {key[:-1]} needs an ip:port of its own", path)
+            raise s.error("port", f"{ip}:{port} is already the address of {key}[{j}] (id {other}); "
+                          f"every {key[:-1]} needs an ip:port of its own")
         addrs[(ip, port)] = (i, eid)
-        mac = _check_mac(_get(e, "mac", w, str, None, path), w + "mac", path)
-        cp = _get(e, "card_port", w, int, None, path)
-        out.append(Endpoint(eid, ip, port, mac, cp, **(_shard_store(e, w, path) if key == "shards" else {})))
+        mac, cp = s.mac("mac"), s.get("card_port", int, None)
+        out.append(Endpoint(eid, ip, port, mac, cp, **(_shard_store(s) if key == "shards" else {})))
     return tuple(out)
 
 
@@ -452,11 +469,6 @@ def _check_unique_macs(shards, clients, ports, path) -> None:
             owner.setdefault(e.mac, (f"{key}[{i}] (id {e.id})", host))
 
 
-def _rows(t: dict, w: str, path) -> int | None:
-    """``tables[i].rows``: absent means unbounded ids (None); else 1..2^63-1 (TOML's int range)."""
-    return _int_in(t, "rows", w, (1, 2**63 - 1), path, None)
-
-
 _BDF = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
 
 
@@ -474,55 +486,34 @@ def normalize_bdf(bdf: str) -> str:
     return f"{(dom or '0000').lower()}:{bus.lower()}:{dev.lower()}.{fn}"
 
 
-def _pci_list(v: list, field: str, path) -> tuple[str, ...]:
+def _pci_list(s: _Section) -> tuple[str, ...]:
     """``card.pci``: a list of distinct PCI addresses, normalised (:func:`normalize_bdf`)."""
     out = []
-    for i, a in enumerate(v):
+    for i, a in enumerate(s.get("pci", list, [])):
         if not isinstance(a, str):
-            raise ConfigError(f"{field}[{i}]", f"must be a PCI address string like \"0000:3b:00.0\", got {a!r}", path)
+            raise s.error(f"pci[{i}]", f"must be a PCI address string like \"0000:3b:00.0\", got {a!r}")
         try:
             b = normalize_bdf(a)
         except ValueError as e:
-            raise ConfigError(f"{field}[{i}]", str(e), path) from None
+            raise s.error(f"pci[{i}]", str(e)) from None
         if b in out:
-            raise ConfigError(f"{field}[{i}]", f"{b} is listed twice", path)
+            raise s.error(f"pci[{i}]", f"{b} is listed twice")
         out.append(b)
     return tuple(out)
 
 
-def _expected_rows(t: dict, w: str, path) -> int | None:
-    """``tables[i].expected_rows``: optional, 1..2^63-1 and at most ``rows`` where both are set."""
-    v = _int_in(t, "expected_rows", w, (1, 2**63 - 1), path, None)
-    rows = t.get("rows")
-    if v is not None and isinstance(rows, int) and v > rows:
-        raise ConfigError(w + "expected_rows", f"{v} is more than the table's rows ({rows}): lower it or drop rows",
-                          path)
-    return v
-
-
 def _cluster(raw: dict, path) -> dict:
-    """The ``[cluster]`` section's settings, checked: ``{name, udp_port, mtu, sharding, seed,
-    timeout_ms, retries}`` (:class:`ClusterConfig`'s fields of the same names).
+    """The ``[cluster]`` section's settings, checked: :class:`ClusterConfig`'s fields of the same
+    names (``name``, ``udp_port``, ``mtu``, ``sharding``, ``seed``, ``timeout_ms``, ``retries``).
 
     Raises:
         ConfigError: naming the first invalid field.
     """
-    cl = raw.get("cluster", {})
-    if not isinstance(cl, dict):
-        raise ConfigError("cluster", "must be a table [cluster]", path)
-    w = "cluster."
-    check_keys(cl, CLUSTER_KEYS, w, path)
-    out = {"name": _get(cl, "name", w, str, "embnic", path),
-           "udp_port": _int_in(cl, "udp_port", w, (1, 65535), path, consts.UDP_PORT),
-           "mtu": _int_in(cl, "mtu", w, MTU_LIMITS, path, consts.DEFAULT_MTU)}
-    sharding = _get(cl, "sharding", w, str, "hash", path)
-    if sharding not in SHARDING_POLICIES:
-        raise ConfigError(w + "sharding", f"must be one of {', '.join(SHARDING_POLICIES)}, got {sharding!r}", path)
-    out["sharding"] = sharding
-    out["seed"] = _int_in(cl, "seed", w, (0, 2**63 - 1), path, 0)
-    out["timeout_ms"] = _int_in(cl, "timeout_ms", w, (1, 600_000), path, 200)
-    out["retries"] = _int_in(cl, "retries", w, (1, 1000), path, 5)
-    return out
+    s = _Section(raw.get("cluster", {}), "cluster", CLUSTER_KEYS, path, " [cluster]")
+    return {"name": s.get("name", str, "embnic"), "udp_port": s.int_in("udp_port", (1, 65535), consts.UDP_PORT),
+            "mtu": s.int_in("mtu", MTU_LIMITS, consts.DEFAULT_MTU),
+            "sharding": s.choice("sharding", SHARDING_POLICIES, "hash"), "seed": s.int_in("seed", (0, 2**63 - 1), 0),
+            "timeout_ms": s.int_in("timeout_ms", (1, 600_000), 200), "retries": s.int_in("retries", (1, 1000), 5)}
 
 
 def _table(t, i: int, seen: set, names: dict, path) -> TableConfig:
@@ -532,49 +523,33 @@ def _table(t, i: int, seen: set, names: dict, path) -> TableConfig:
     Raises:
         ConfigError: naming the first invalid field.
     """
-    w = f"tables[{i}]."
-    if not isinstance(t, dict):
-        raise ConfigError(f"tables[{i}]", "must be a table", path)
-    check_keys(t, TABLE_KEYS, w, path)
-    tid = _int_in(t, "id", w, (0, 0xFFFF), path)
+    s = _Section(t, f"tables[{i}]", TABLE_KEYS, path)
+    tid = s.int_in("id", (0, 0xFFFF))
     if tid in seen:
-        raise ConfigError(w + "id", f"duplicate table id {tid}", path)
+        raise s.error("id", f"duplicate table id {tid}")
     seen.add(tid)
-    dtype = _get(t, "dtype", w, str, "fp32", path)
+    dtype = s.get("dtype", str, "fp32")
     if dtype not in consts.DTYPE_BY_NAME:
-        raise ConfigError(w + "dtype", f"must be fp32 or fp16, got {dtype!r}", path)
-    opt = _get(t, "optimizer", w, str, "adagrad", path)
-    if opt not in OPTIMIZERS:
-        raise ConfigError(w + "optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {opt!r}", path)
-    lr = _check_float(_get(t, "lr", w, float, 0.05, path), w + "lr", path)
-    tname = _get(t, "name", w, str, f"t{tid}", path)
+        raise s.error("dtype", f"must be fp32 or fp16, got {dtype!r}")
+    opt, lr = s.choice("optimizer", OPTIMIZERS, "adagrad"), s.finite("lr", 0.05)
+    tname = s.get("name", str, f"t{tid}")
     if not tname:
-        raise ConfigError(w + "name", "must not be empty", path)
+        raise s.error("name", "must not be empty")
     if tname in names:
-        raise ConfigError(w + "name", f"duplicate table name {tname!r} (also tables[{names[tname]}]); every table "
-                          "needs a name of its own (names key the tables in TorchRec and `embnic tables export`)",
-                          path)
+        raise s.error("name", f"duplicate table name {tname!r} (also tables[{names[tname]}]); every table needs a "
+                      "name of its own (names key the tables in TorchRec and `embnic tables export`)")
     names[tname] = i
-    store, cache_rows = _store(t, w, path), _int_in(t, "cache_rows", w, CACHE_ROWS_LIMITS, path, None)
+    store, cache_rows = s.choice("store", STORES, None), s.int_in("cache_rows", CACHE_ROWS_LIMITS, None)
     if store == "memory" and cache_rows is not None:
-        raise ConfigError(w + "cache_rows", 'is the cache of a store = "disk" table: set store = "disk" or drop '
-                          "cache_rows", path)
-    return TableConfig(
-        id=tid,
-        name=tname,
-        rows=_rows(t, w, path),
-        dim=_int_in(t, "dim", w, (1, 4096), path),
-        dtype=dtype,
-        optimizer=opt,
-        lr=lr,
-        eps=_check_float(_get(t, "eps", w, float, 1e-8, path), w + "eps", path),
-        init_scale=_check_float(_get(t, "init_scale", w, float, 0.01, path), w + "init_scale", path,
-                                zero_ok=True),
-        shard=_get(t, "shard", w, int, None, path),
-        expected_rows=_expected_rows(t, w, path),
-        store=store,
-        cache_rows=cache_rows,
-    )
+        raise s.error("cache_rows", 'is the cache of a store = "disk" table: set store = "disk" or drop cache_rows')
+    rows = s.int_in("rows", (1, 2**63 - 1), None)  # absent: unbounded ids; 2^63-1: TOML's int range
+    dim = s.int_in("dim", (1, 4096))
+    eps, init_scale = s.finite("eps", 1e-8), s.finite("init_scale", 0.01, zero_ok=True)
+    shard, expected = s.get("shard", int, None), s.int_in("expected_rows", (1, 2**63 - 1), None)
+    if expected is not None and rows is not None and expected > rows:
+        raise s.error("expected_rows", f"{expected} is more than the table's rows ({rows}): lower it or drop rows")
+    return TableConfig(id=tid, name=tname, rows=rows, dim=dim, dtype=dtype, optimizer=opt, lr=lr, eps=eps,
+                       init_scale=init_scale, shard=shard, expected_rows=expected, store=store, cache_rows=cache_rows)
 
 
 def _check_placement(tables: list[TableConfig], shards: tuple[Endpoint, ...], path) -> None:
@@ -602,25 +577,20 @@ def _check_placement(tables: list[TableConfig], shards: tuple[Endpoint, ...], pa
                               "cache_rows", path)
 
 
-def _card_ports(c: dict, w: str, path) -> list[CardPort]:
+def _card_ports(c: _Section) -> list[CardPort]:
     """``[[card.ports]]``, checked (ids unique).
 
     Raises:
         ConfigError: naming the first invalid field.
     """
     ports, pseen = [], set()
-    for i, p in enumerate(_get(c, "ports", w, list, [], path)):
-        pw = f"card.ports[{i}]."
-        if not isinstance(p, dict):
-            raise ConfigError(f"card.ports[{i}]", "must be a table", path)
-        check_keys(p, CARD_PORT_KEYS, pw, path)
-        pid = _int_in(p, "id", pw, CARD_LIMITS["port_id"], path)
+    for i, p in enumerate(c.get("ports", list, [])):
+        s = _Section(p, f"card.ports[{i}]", CARD_PORT_KEYS, c.path)
+        pid = s.int_in("id", CARD_LIMITS["port_id"])
         if pid in pseen:
-            raise ConfigError(pw + "id", f"duplicate card port {pid}", path)
+            raise s.error("id", f"duplicate card port {pid}")
         pseen.add(pid)
-        ports.append(CardPort(pid, _check_ip(_get(p, "ip", pw, str, path=path), pw + "ip", path),
-                              _check_mac(_get(p, "mac", pw, str, None, path), pw + "mac", path),
-                              _get(p, "name", pw, str, None, path)))
+        ports.append(CardPort(pid, s.ip("ip"), s.mac("mac"), s.get("name", str, None)))
     return ports
 
 
@@ -631,34 +601,28 @@ def _card(c, shards: tuple[Endpoint, ...], clients: tuple[Endpoint, ...], path) 
     Raises:
         ConfigError: naming the first invalid field.
     """
-    w = "card."
-    if not isinstance(c, dict):
-        raise ConfigError("card", "must be a table [card]", path)
-    check_keys(c, CARD_KEYS, w, path)
-    ports = _card_ports(c, w, path)
-    enabled = _get(c, "enabled", w, bool, True, path)
-    ring = _int_in(c, "ring_size", w, CARD_LIMITS["ring_size"], path, 4096)
+    s = _Section(c, "card", CARD_KEYS, path, " [card]")
+    ports = _card_ports(s)
+    enabled = s.get("enabled", bool, True)
+    ring = s.int_in("ring_size", CARD_LIMITS["ring_size"], 4096)
     if ring & (ring - 1):
-        raise ConfigError(w + "ring_size", f"must be a power of two, got {ring}", path)
+        raise s.error("ring_size", f"must be a power of two, got {ring}")
     card = CardConfig(
         enabled=enabled, ports=tuple(ports), ring_size=ring,
-        state_size=_int_in(c, "state_size", w, CARD_LIMITS["state_size"], path, 65536),
-        state_timeout_ms=_int_in(c, "state_timeout_ms", w, CARD_LIMITS["state_timeout_ms"], path, 5000),
-        lcores=_get(c, "lcores", w, str, "0,1", path),
-        state_lcores=_int_in(c, "state_lcores", w, CARD_LIMITS["state_lcores"], path, 1),
-        pci=_pci_list(_get(c, "pci", w, list, [], path), w + "pci", path),
-        set_sizes=frozenset(k for k in SIZE_KEYS if k in c),
-    )
+        state_size=s.int_in("state_size", CARD_LIMITS["state_size"], 65536),
+        state_timeout_ms=s.int_in("state_timeout_ms", CARD_LIMITS["state_timeout_ms"], 5000),
+        lcores=s.get("lcores", str, "0,1"), state_lcores=s.int_in("state_lcores", CARD_LIMITS["state_lcores"], 1),
+        pci=_pci_list(s), set_sizes=frozenset(k for k in SIZE_KEYS if k in c))
     try:
         n_lcores = len(parse_lcores(card.lcores))
     except ValueError as e:
-        raise ConfigError(w + "lcores", str(e), path) from None
+        raise s.error("lcores", str(e)) from None
     if card.state_lcores > n_lcores:
-        raise ConfigError(w + "state_lcores", f"{card.state_lcores} state lcores need at least as many lcores, "
-                          f"but lcores = {card.lcores!r} names {n_lcores}", path)
+        raise s.error("state_lcores", f"{card.state_lcores} state lcores need at least as many lcores, "
+                      f"but lcores = {card.lcores!r} names {n_lcores}")
     if enabled:
         if not ports:
-            raise ConfigError("card.ports", "at least one port is required when the card is enabled", path)
+            raise s.error("ports", "at least one port is required when the card is enabled")
         pids = {p.id for p in ports}
         for kind, eps in (("shards", shards), ("clients", clients)):
             for i, e in enumerate(eps):
@@ -693,8 +657,8 @@ def parse_config(raw: dict, path: str | os.PathLike | None = None) -> ClusterCon
     card_ports = card.ports if card is not None else ()
     _check_hosts(shards, clients, card_ports, path)
     _check_unique_macs(shards, clients, card_ports, path)
-    return ClusterConfig(cl["name"], cl["udp_port"], cl["mtu"], cl["sharding"], cl["seed"], cl["timeout_ms"],
-                         cl["retries"], tuple(tables), shards, clients, card, str(path) if path else None, raw)
+    return ClusterConfig(**cl, tables=tuple(tables), shards=shards, clients=clients, card=card,
+                         path=str(path) if path else None, raw=raw)
 
 
 def load_config(path: str | os.PathLike) -> ClusterConfig:
