@@ -22,7 +22,7 @@ from embnic.client_lib.config import ClusterConfig, ConfigError
 from embnic.control import netns
 from embnic.control.targets.bmv2 import switch as bmv2
 from embnic.control.targets.bmv2 import runtime as bmv2_runtime
-from embnic.control.targets.bmv2.p4runtime import P4RuntimeError
+from embnic.control.targets.bmv2 import p4runtime
 from embnic.control.targets import p4program as p4prog
 from embnic.control.errors import MissingDependencyError, NoSuchEntryError, OperationalError, UsageError
 from embnic.control.netns import Netns, NetnsError
@@ -32,6 +32,7 @@ from embnic.control.targets.dpdk.process import stop_recorded
 from embnic.control.targets.dpdk.xdp import devargs
 from embnic.control.targets.base import Peer, Target, check_peer_port, count_peers, describe_state, peer_kind, peers_from_config
 
+
 def _operational(fn):
     """``fn`` with a :class:`Bmv2Error` or :class:`P4RuntimeError` raised as :class:`OperationalError`
     (same message): what the CLI reports of a switch that refused or failed."""
@@ -39,7 +40,7 @@ def _operational(fn):
     def wrapper(*args, **kw):
         try:
             return fn(*args, **kw)
-        except (bmv2.Bmv2Error, P4RuntimeError) as e:
+        except (bmv2.Bmv2Error, p4runtime.P4RuntimeError) as e:
             raise OperationalError(str(e)) from None
     return wrapper
 
@@ -237,23 +238,11 @@ class Bmv2Target(Target):
         Python package) and how to get each."""
         missing = bmv2.missing_tools([bmv2.CHANNEL_SWITCH[channel], "simple_switch_CLI"])
         if channel == "p4runtime" and not missing:
-            from embnic.control.targets.bmv2 import p4runtime
-
             p4runtime.require()  # MissingDependencyError naming finsy/grpcio and the pip line
         if missing:
             raise MissingDependencyError(f"the bmv2 target needs {', '.join(missing)}, not found on PATH: " +
                                          "; ".join(f"{t}: {bmv2.TOOL_HINTS[t]}" for t in missing),
                                          dependency=missing[0])
-
-    def _card_program(self, peers: list[Peer]) -> bmv2_runtime.CardProgram:
-        card = self.config.card
-        ports = []
-        for p in card.ports:
-            if p.mac is None:
-                raise ConfigError(f"card.ports[{p.id}].mac", "required by the bmv2 target (the switch has no "
-                                  "MAC of its own): add mac = \"02:..\"", self.config.path)
-            ports.append(bmv2_runtime.CardPortAddr(p.id, p.mac, p.ip))
-        return bmv2_runtime.card_program(ports, peers, state_timeout_us=card.state_timeout_ms * 1000)
 
     def load(self, program: bool = True) -> dict:
         """Take the compiled program, start the switch and program it before it takes a frame (module docstring),
@@ -293,7 +282,12 @@ class Bmv2Target(Target):
                                      f"(`ip link show`): give the port's interface as --vdev "
                                      f"net_af_packet{i},iface=NAME, or --netns the namespace that holds them")
         peers = peers_from_config(cfg) if program else []
-        card = self._card_program(peers)
+        for p in cfg.card.ports:
+            if p.mac is None:
+                raise ConfigError(f"card.ports[{p.id}].mac", "required by the bmv2 target (the switch has no "
+                                  "MAC of its own): add mac = \"02:..\"", cfg.path)
+        card = bmv2_runtime.card_program([bmv2_runtime.CardPortAddr(p.id, p.mac, p.ip) for p in cfg.card.ports],
+                                         peers, state_timeout_us=cfg.card.state_timeout_ms * 1000)
         channel = self.requested_channel
         if channel == "p4runtime" and len(str(self.p4rt_socket)) > 100:  # sun_path holds 108 bytes
             raise UsageError(f"the P4Runtime socket path {self.p4rt_socket} is too long for a unix socket: "
