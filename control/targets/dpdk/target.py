@@ -91,7 +91,7 @@ _LIST_FIX = "close the quote, or give a list of strings"
 
 class DpdkCard(Target):
     """A target whose card program runs under DPDK's EAL behind its control socket (``embnic-dp``:
-    ``dpdk``; ``embnic-swx``: ``p4dpdk``): the process runner and control-socket client both are.
+    ``dpdk``; ``embnic-swx``: ``p4dpdk``): the process runner and control-socket client both share.
 
     Args:
         config: cluster config; its ``[card]`` gives ports (``--port-ip``), ring/state sizes, lcores.

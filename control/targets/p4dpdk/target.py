@@ -2,9 +2,9 @@
 (p4/README.md "PNA on DPDK").
 
 :meth:`P4DpdkTarget.load` builds the pipeline from the committed ``p4/build/pna``
-(:func:`embnic.control.targets.p4dpdk.swx.build_pipeline`) and runs it on the ``dpdk`` target's
-:class:`~embnic.control.targets.dpdk.target.DpdkCard` (process, state file, control socket,
-``unload``), on one lcore. Tables are written and read as the SWX control API's entry text by the
+(:func:`embnic.control.targets.p4dpdk.swx.build_pipeline`) and runs it as the ``dpdk`` target does
+(:class:`~embnic.control.targets.dpdk.target.DpdkCard`, their base: process, state file, control
+socket, ``unload``), on one lcore. Tables are written and read as the SWX control API's entry text by the
 names p4c-dpdk gave them (:class:`embnic.control.targets.p4dpdk.swx.Names`); counters and the
 state map are register arrays read by name (``reg_read``).
 
