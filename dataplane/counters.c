@@ -86,8 +86,9 @@ raw_sum(const struct embnic_app *app, struct embnic_totals *t)
 			t->rx_nombuf[i] = es.rx_nombuf;
 }
 
-void
-embnic_counters_sum(const struct embnic_app *app, struct embnic_totals *t)
+/* The counters summed over the lcores, less the reset base. */
+static void
+counters_sum(const struct embnic_app *app, struct embnic_totals *t)
 {
 	unsigned int i, p;
 
@@ -127,9 +128,10 @@ embnic_ring_use(const struct embnic_app *app, unsigned int *size,
 	}
 }
 
-void
-embnic_shard_stats_sum(const struct embnic_app *app, unsigned int slot,
-		       struct embnic_shard_stats *out)
+/* The statistics of slot (since the last reset) into out. */
+static void
+shard_stats_sum(const struct embnic_app *app, unsigned int slot,
+		struct embnic_shard_stats *out)
 {
 	shard_raw(app, slot, out);
 	add_words(out, &app->shard_base[slot], sizeof(*out) / sizeof(uint64_t),
@@ -251,7 +253,7 @@ shards_emit(const struct embnic_app *app, const struct embnic_emit *e)
 	uint64_t any;
 
 	for (k = 0; k < app->nb_slots; k++) {
-		embnic_shard_stats_sum(app, k, &ss);
+		shard_stats_sum(app, k, &ss);
 		any = ss.expired;
 		for (i = 0; i < EMBNIC_NB_TYPES; i++)
 			any |= ss.completed[i];
@@ -271,13 +273,19 @@ shards_emit(const struct embnic_app *app, const struct embnic_emit *e)
 }
 
 void
-embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
+embnic_counters_emit(const struct embnic_app *app, enum embnic_walk what,
+		     const struct embnic_emit *e)
 {
-	unsigned int i, size = app->pool->size;
-	unsigned int avail = rte_mempool_avail_count(app->pool);
+	unsigned int i, avail, size = app->pool->size;
 	struct embnic_totals t;
 
-	embnic_counters_sum(app, &t);
+	counters_sum(app, &t);
+	if (what == EMBNIC_WALK_RING)
+		ring_emit(app, &t, e);
+	else if (what == EMBNIC_WALK_STATE)
+		state_emit(app, &t, true, e);
+	if (what != EMBNIC_WALK_COUNTERS)
+		return;
 	for (i = 0; i < app->nb_ports; i++) {
 		e->item(e->ctx, "ports", "port", i);
 		e->u64(e->ctx, "port", i);
@@ -301,6 +309,7 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 	e->record(e->ctx, "ring");
 	ring_emit(app, &t, e);
 	e->record(e->ctx, "mempool");
+	avail = rte_mempool_avail_count(app->pool);
 	e->u64(e->ctx, "size", size);
 	e->u64(e->ctx, "available", avail);
 	e->u64(e->ctx, "in_use", size - avail);
@@ -318,26 +327,6 @@ embnic_counters_emit(const struct embnic_app *app, const struct embnic_emit *e)
 			e->u64(e->ctx, embnic_drop_name(r), t.drops[i][r]);
 	}
 	e->record(e->ctx, NULL);
-}
-
-void
-embnic_ring_stats_emit(const struct embnic_app *app,
-		       const struct embnic_emit *e)
-{
-	struct embnic_totals t;
-
-	embnic_counters_sum(app, &t);
-	ring_emit(app, &t, e);
-}
-
-void
-embnic_state_summary_emit(const struct embnic_app *app,
-			  const struct embnic_emit *e)
-{
-	struct embnic_totals t;
-
-	embnic_counters_sum(app, &t);
-	state_emit(app, &t, true, e);
 }
 
 /* ---- DPDK telemetry: the writer, and the commands ---- */
@@ -425,14 +414,14 @@ tel_emitter(struct rte_tel_data *d, struct tel_emit *w, struct embnic_emit *e)
 /* The card's DPDK telemetry commands: each writes one walk. */
 static const struct {
 	const char *cmd, *help;
-	void (*emit)(const struct embnic_app *app, const struct embnic_emit *e);
+	enum embnic_walk what;
 } tel_cmds[] = {
 	{ "/embnic/counters", "embnic card counters: ports, types, drops, "
-	  "completed, ring, mempool, state, arp, shards", embnic_counters_emit },
+	  "completed, ring, mempool, state, arp, shards", EMBNIC_WALK_COUNTERS },
 	{ "/embnic/ring", "embnic header ring: size, count, high_water",
-	  embnic_ring_stats_emit },
+	  EMBNIC_WALK_RING },
 	{ "/embnic/state", "embnic message state map summary",
-	  embnic_state_summary_emit },
+	  EMBNIC_WALK_STATE },
 };
 
 static int
@@ -446,7 +435,7 @@ tel_cb(const char *cmd, const char *params __rte_unused,
 	for (i = 0; i < RTE_DIM(tel_cmds); i++)
 		if (strcmp(cmd, tel_cmds[i].cmd) == 0) {
 			tel_emitter(d, &w, &e);
-			tel_cmds[i].emit(tel_app, &e);
+			embnic_counters_emit(tel_app, tel_cmds[i].what, &e);
 			return 0;
 		}
 	return -EINVAL;

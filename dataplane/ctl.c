@@ -46,14 +46,11 @@ struct embnic_ctl {
 
 /* ---- request fields ---- */
 
-/* Set the request's error message (printf format) and kind; returns -1. */
-static int
-ctl_error(struct embnic_ctl *c, const char *kind, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
 #define ctl_fail(c, ...) ctl_error((c), "failure", __VA_ARGS__)
 #define ctl_refuse(c, ...) ctl_error((c), "argument", __VA_ARGS__)
 
-static int
+/* Set the request's error message (printf format) and kind; returns -1. */
+static int __attribute__((format(printf, 3, 4)))
 ctl_error(struct embnic_ctl *c, const char *kind, const char *fmt, ...)
 {
 	va_list ap;
@@ -699,7 +696,7 @@ static const struct {
 	const char *name;
 	int (*fn)(struct embnic_ctl *c, json_t *req, json_t *resp);
 	/* or: the answer is this walk of counters.c's, written as JSON */
-	void (*walk)(const struct embnic_app *app, const struct embnic_emit *e);
+	enum embnic_walk walk;
 	/* or: table_cmd's op on this table */
 	const struct ctl_table *table;
 	enum ctl_table_op op;
@@ -714,9 +711,9 @@ static const struct {
 	{ "client_list", .table = &ctl_clients, .op = TABLE_LIST },
 	{ "state_dump", .fn = cmd_state_dump },
 	{ "ring_last", .fn = cmd_ring_last },
-	{ "counters", .walk = embnic_counters_emit },
-	{ "state_summary", .walk = embnic_state_summary_emit },
-	{ "ring_stats", .walk = embnic_ring_stats_emit },
+	{ "counters", .walk = EMBNIC_WALK_COUNTERS },
+	{ "state_summary", .walk = EMBNIC_WALK_STATE },
+	{ "ring_stats", .walk = EMBNIC_WALK_RING },
 	{ "reset_counters", .fn = cmd_reset_counters },
 	{ "pause", .fn = cmd_pause },
 	{ "resume", .fn = cmd_resume },
@@ -756,11 +753,11 @@ ctl_handle(struct embnic_ctl *c, const char *line, size_t len)
 		ctl_refuse(c, "unknown cmd '%s'", cmd);
 		goto out;
 	}
-	if (ctl_cmds[i].walk != NULL) {
+	if (ctl_cmds[i].walk != 0) {
 		struct ctl_json_emit w;
 		struct embnic_emit e = ctl_json_emitter(resp, &w);
 
-		ctl_cmds[i].walk(c->app, &e);
+		embnic_counters_emit(c->app, ctl_cmds[i].walk, &e);
 		ret = 0;
 	} else if (ctl_cmds[i].table != NULL) {
 		ret = table_cmd(c, ctl_cmds[i].table, ctl_cmds[i].op, req, resp);

@@ -181,9 +181,10 @@ port_frame_limit(struct embnic_app *a, uint16_t port,
 }
 
 /*
- * Configure and start one port (examples/skeleton): 1 RX queue and nb_txq
- * TX queues (queue 0 for the RX lcore's side, one per state lcore on
- * another lcore when the port has them: embnic_txq_plan()).
+ * Configure and start one port (examples/skeleton): 1 RX queue filled from
+ * a->pool and nb_txq TX queues (queue 0 for the RX lcore's side, one per
+ * state lcore on another lcore when the port has them: embnic_txq_plan());
+ * its largest frame checked against --mtu. 0 or -errno.
  */
 int
 embnic_port_init(struct embnic_app *a, uint16_t port, uint16_t nb_txq)

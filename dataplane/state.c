@@ -172,8 +172,7 @@ embnic_state_create(unsigned int part, uint32_t size, uint32_t timeout_ms,
 		embnic_state_free(s);
 		return NULL;
 	}
-	for (s->nb_free = 0; s->nb_free < size; s->nb_free++)
-		s->free_idx[s->nb_free] = size - 1 - s->nb_free;
+	embnic_state_reset(s, 0);	/* fills the free stack */
 	return s;
 }
 

@@ -63,25 +63,14 @@ embnic_key16(uint64_t lo)
 }
 
 /*
- * The tables' hash function, rte_hash_crc(k, 16, 0) (EMBNIC_KEY16_HASH_FUNC),
- * inlined: two CRC32C steps instead of a call through the hash's function
- * pointer per key. embnic_key16_hash_ok() checks that both agree.
+ * The tables' hash function, rte_hash_crc(k, 16, 0), inlined: two CRC32C
+ * steps instead of a call through the hash's function pointer per key
+ * (embnic_key16_hash_create checks that both agree).
  */
-#define EMBNIC_KEY16_HASH_FUNC	rte_hash_crc
-
 static inline hash_sig_t
 embnic_key16_hash(const struct embnic_key16 *k)
 {
 	return rte_hash_crc_8byte(k->hi, rte_hash_crc_8byte(k->lo, 0));
-}
-
-static inline bool
-embnic_key16_hash_ok(void)
-{
-	struct embnic_key16 k = { .lo = 0x123456789abcdefULL, .hi = 42 };
-
-	return embnic_key16_hash(&k) ==
-		EMBNIC_KEY16_HASH_FUNC(&k, sizeof(k), 0);
 }
 
 /*
@@ -96,13 +85,14 @@ embnic_key16_hash_create(const char *name, uint32_t entries,
 		.name = name,
 		.entries = entries,
 		.key_len = sizeof(struct embnic_key16),
-		.hash_func = EMBNIC_KEY16_HASH_FUNC,
+		.hash_func = rte_hash_crc,
 		.hash_func_init_val = 0,
 		.socket_id = (int)rte_socket_id(),
 		.extra_flag = extra_flag,
 	};
+	struct embnic_key16 k = { .lo = 0x123456789abcdefULL, .hi = 42 };
 
-	RTE_VERIFY(embnic_key16_hash_ok());
+	RTE_VERIFY(embnic_key16_hash(&k) == hp.hash_func(&k, sizeof(k), 0));
 	return rte_hash_create(&hp);
 }
 
@@ -371,17 +361,8 @@ struct embnic_app {
 };
 
 /* port.c: the ports and the mbuf pool, set up by main() */
-/*
- * Which TX queue each state lcore uses on each port; nb_txq[p] gets how
- * many port p needs. 0 or a negative errno.
- */
 int embnic_txq_plan(struct embnic_app *app, uint16_t *nb_txq);
-/*
- * Configure and start port with nb_txq TX queues and an RX queue filled
- * from app->pool; its largest frame checked against --mtu. 0 or -errno.
- */
 int embnic_port_init(struct embnic_app *app, uint16_t port, uint16_t nb_txq);
-/* The largest frame a net_af_xdp port receives into a one-page mbuf. */
 uint32_t embnic_af_xdp_max_frame(void);
 /* The mbuf pool for app's ports and lcores; NULL with rte_errno set. */
 struct rte_mempool *embnic_pool_create(struct embnic_app *app);
@@ -551,26 +532,19 @@ const char *embnic_frame_limit_name(unsigned int l);
 /* Entries of all header rings into *size, how many are queued now *count. */
 void embnic_ring_use(const struct embnic_app *app, unsigned int *size,
 		     unsigned int *count);
-void embnic_counters_sum(const struct embnic_app *app,
-			 struct embnic_totals *t);
 void embnic_counters_reset(struct embnic_app *app);
-/* The statistics of slot (since the last reset) into out. */
-void embnic_shard_stats_sum(const struct embnic_app *app, unsigned int slot,
-			    struct embnic_shard_stats *out);
 /*
  * The statistics slot of shard id (route_add, control path): assigned on
  * first use, kept for the card's life; 0 (shared) once all are taken.
  */
 uint16_t embnic_shard_slot_assign(struct embnic_app *app, uint32_t id);
-/* The records of docs/control-socket.md's "counters". */
-void embnic_counters_emit(const struct embnic_app *app,
+/*
+ * The records of docs/control-socket.md's "counters", the record of
+ * "ring_stats" or that of "state_summary" (all partitions); walk 0: none.
+ */
+enum embnic_walk { EMBNIC_WALK_COUNTERS = 1, EMBNIC_WALK_RING, EMBNIC_WALK_STATE };
+void embnic_counters_emit(const struct embnic_app *app, enum embnic_walk what,
 			  const struct embnic_emit *e);
-/* The record of "ring_stats" (docs/control-socket.md). */
-void embnic_ring_stats_emit(const struct embnic_app *app,
-			    const struct embnic_emit *e);
-/* The record of "state_summary" (docs/control-socket.md): all partitions. */
-void embnic_state_summary_emit(const struct embnic_app *app,
-			       const struct embnic_emit *e);
 int embnic_telemetry_init(struct embnic_app *app);
 
 /* ctl.c: the control socket behind an opaque struct. */

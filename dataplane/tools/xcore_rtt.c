@@ -38,19 +38,26 @@ pin(int cpu)
 	return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
-static void *
-pong(void *arg)
+/* Hand the counter on: wait for first, first + 2, ...; answer each + 1. */
+static void
+bounce(uint64_t first)
 {
 	uint64_t i;
 
-	(void)arg;
-	if (pin(cpu_b) != 0)
-		return (void *)1;
-	for (i = 1; i < 2 * rounds; i += 2) {
+	for (i = first; i < 2 * rounds; i += 2) {
 		while (line[0] != i)
 			cpu_relax();
 		line[0] = i + 1;
 	}
+}
+
+static void *
+pong(void *arg)
+{
+	(void)arg;
+	if (pin(cpu_b) != 0)
+		return (void *)1;
+	bounce(1);
 	return NULL;
 }
 
@@ -59,7 +66,6 @@ main(int argc, char **argv)
 {
 	struct timespec a, b;
 	pthread_t t;
-	uint64_t i;
 	void *ret;
 	int cpu_a = 0;
 
@@ -77,11 +83,7 @@ main(int argc, char **argv)
 	if (pthread_create(&t, NULL, pong, NULL) != 0)
 		return 1;
 	clock_gettime(CLOCK_MONOTONIC, &a);
-	for (i = 0; i < 2 * rounds; i += 2) {
-		while (line[0] != i)
-			cpu_relax();
-		line[0] = i + 1;
-	}
+	bounce(0);
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	pthread_join(t, &ret);
 	if (ret != NULL) {
