@@ -259,7 +259,11 @@ class EmbeddingClient:
         if len(tab) > 1:
             tab = tab[queue if queue is not None else np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]),
                                                                  kind="stable")]
-        self._count_round(len(tab), len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1, data)
+        self._stats.rounds += 1
+        if data:
+            self._stats.data_rounds += 1
+            self._stats.round_messages += len(tab)
+            self._stats.round_shards += len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1
         self._exchange(tab, directory, keys, vals, dst, rb, so, out, record_latency)
 
     def _exchange(self, tab, directory, keys, vals, dst, rb, so, out, record_latency: bool) -> None:
@@ -288,19 +292,14 @@ class EmbeddingClient:
         tried ``tries`` times while ``n`` messages of the round to it (of ``big``-byte datagrams at
         most) went unanswered (a path-MTU hint when smaller messages were answered)."""
         what = "lookup" if msg_type == MsgType.LOOKUP_REQ else ("update" if msg_type == MsgType.UPDATE_REQ else "size")
-        raise ShardUnavailableError(shard_id, self._dest[shard_id], tries, elapsed_s, f"{n} {what} messages",
-                                    via_card=self.via_card, path_mtu_hint=self._mtu_hint(big),
-                                    config_path=self.cfg.path)
-
-    def _mtu_hint(self, big: int) -> str | None:
-        """What to say when messages of ``big``-byte datagrams go unanswered while smaller ones were
-        answered (None otherwise)."""
+        hint = None
         if 0 < self._largest_answered < big:
-            return (f"Messages whose datagrams were at most {self._largest_answered} bytes were answered, "
+            hint = (f"Messages whose datagrams were at most {self._largest_answered} bytes were answered, "
                     f"these need {big}-byte datagrams: the path may not carry MTU {self.mtu} (every "
                     f"link's MTU, the card's --mtu and its ports' frame size; `embnic status` counts "
                     f"frames the card got cut short as `truncated`).")
-        return None
+        raise ShardUnavailableError(shard_id, self._dest[shard_id], tries, elapsed_s, f"{n} {what} messages",
+                                    via_card=self.via_card, path_mtu_hint=hint, config_path=self.cfg.path)
 
     def _size_round(self, plan: RoundPlan, ids: np.ndarray) -> None:
         """Fixed-length mode: announce the sizes of the round's messages (``ids`` uint32 (M,)):
@@ -348,13 +347,6 @@ class EmbeddingClient:
                 st.drops[name[5:]] += v
             else:
                 setattr(st, name, getattr(st, name) + v)
-
-    def _count_round(self, n_msgs: int, n_shards: int, data: bool) -> None:
-        self._stats.rounds += 1
-        if data:
-            self._stats.data_rounds += 1
-            self._stats.round_messages += n_msgs
-            self._stats.round_shards += n_shards
 
     def _alloc_ids(self, n: int) -> np.ndarray:
         """``n`` consecutive message ids of the id clock (:class:`~.msgid.MsgIds`; wrapping at

@@ -106,7 +106,6 @@ class _Step:
     weights: torch.Tensor | None  # float32 (n,) in slot order, or None
     wperm: np.ndarray | None  # int64 (n,): slot-order position of each grouped id (None: the same order)
     stride: int
-    feature_starts: np.ndarray  # int64 (F+1,): where every slot's ids start in values
     gpos: np.ndarray  # int64 (S,): each slot's place among prep's features (grouped by table)
 
 
@@ -379,10 +378,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         prep = prepare_batch(batch, self._slot_tables, validate=False)  # checked above (_check)
         self.ids += prep.num_ids
         self.unique_ids += prep.num_unique
-        starts = np.zeros(len(self._slot_features) + 1, dtype=np.int64)
-        if len(lens):
-            np.cumsum(lens.reshape(len(self._slot_features), b).sum(axis=1), out=starts[1:])
-        step = self._step(prep, weights, b, starts)
+        step = self._step(prep, weights, b, lens)
         self.steps_forward += 1
         placeholders = self._placeholders()
         if torch.is_grad_enabled() and (any(p.requires_grad for p in placeholders)
@@ -396,18 +392,18 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
     def _placeholders(self) -> list:
         return [self.embedding_bags[c.name].weight for c in self._configs]
 
-    def _step(self, prep: PreparedBatch, weights, b: int, starts: np.ndarray) -> _Step:
+    def _step(self, prep: PreparedBatch, weights, b: int, lens: np.ndarray) -> _Step:
         """Look every table's ``unique`` ids up in one round and lay the rows out for pooling: one
-        ``(U, D)`` matrix (rows of narrower tables padded with zeros), each id's row index."""
+        ``(U, D)`` matrix (rows of narrower tables padded with zeros), each id's row index;
+        ``lens`` the KJT's lengths (F*B,)."""
         counts = np.diff(prep.unique_offsets)
         D, U = self._dmax, prep.num_unique
+        vals = self._lookup(prep.table_ids, counts, prep.unique) if U else None
         if U == 0:  # no id (0 samples, or only empty bags): no round, nothing sent
             rows = torch.zeros((0, D), dtype=torch.float32)
         elif self._uniform:
-            vals = self._lookup(prep.table_ids, counts, prep.unique)
             rows = torch.from_numpy(np.asarray(vals, np.float32).reshape(U, D))
         else:
-            vals = self._lookup(prep.table_ids, counts, prep.unique)
             rows = torch.zeros((U, D), dtype=torch.float32)
             rowdim = np.repeat(self._tdim, counts)
             rows.view(-1)[torch.from_numpy(concat_ranges(np.arange(U, dtype=np.int64) * D, rowdim))] = torch.from_numpy(
@@ -418,8 +414,11 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         identity = bool(np.array_equal(fperm, np.arange(fperm.size)))
         gpos = np.empty(fperm.size, np.int64)
         gpos[fperm] = np.arange(fperm.size)
-        wperm = None if identity else concat_ranges(starts[:-1][fperm], np.diff(starts)[fperm])
-        return _Step(prep, rows, torch.from_numpy(gidx), weights, wperm, b, starts, gpos)
+        wperm = None
+        if not identity:  # where every slot's ids start in values, and how many it has
+            per_slot = lens.reshape(fperm.size, b).sum(axis=1) if len(lens) else np.zeros(fperm.size, np.int64)
+            wperm = concat_ranges((np.cumsum(per_slot) - per_slot)[fperm], per_slot[fperm])
+        return _Step(prep, rows, torch.from_numpy(gidx), weights, wperm, b, gpos)
 
     # -- internals ----------------------------------------------------------------------------
 
