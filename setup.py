@@ -7,8 +7,9 @@ through ctypes (``embnic.client_lib.clib``); an editable checkout builds them in
 with the protocol version (``client_lib/consts.py`` ``VERSION``) and the digest of the sources it was
 built from, which the loader compares with the sources beside it.
 
--ffp-contract=off: no fused multiply-add, so a row computed in C (a row's initial value) is numpy's
-float32 arithmetic bit for bit.
+-ffp-contract=off: no fused multiply-add, so a row computed in C (a row's initial value, an optimizer
+step: client_lib/csrc/store.c) is numpy's float32 arithmetic bit for bit. The row store's C
+(client_lib/csrc/store.c) is compiled into both libraries (clib.SHARD lists it).
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ class BuildLibs(build_ext):
 
 
 setup(
-    ext_modules=[Extension(name, sources=[], include_dirs=["include"], extra_compile_args=CFLAGS)
+    ext_modules=[Extension(name, sources=[], include_dirs=["include", "client_lib/csrc"], extra_compile_args=CFLAGS,
+                           libraries=["m"])
                  for name in LIBS],
     cmdclass={"build_ext": BuildLibs},
 )

@@ -4,9 +4,11 @@ Two shared libraries ship inside the package, compiled by its build (``setup.py`
 ``pip wheel .``, and in a checkout ``pip install -e .`` or ``make libs``):
 
 * ``embnic.client_lib.libembnic_client`` — the client's round: plan, frames, send window, timers and
-  loss recovery (sources ``client_lib/csrc/``), bound by :mod:`embnic.client_lib.native`;
+  loss recovery (sources ``client_lib/csrc/``), bound by :mod:`embnic.client_lib.native`; and the row
+  store's updates (``client_lib/csrc/store.c``), bound by :mod:`embnic.client_lib.table_numerics`;
 * ``embnic.testbed.server.libembnic_shard`` — the shard's intake and answer path (sources
-  ``testbed/server/csrc/``), bound by the shard's serving loop.
+  ``testbed/server/csrc/``, and the row store's ``client_lib/csrc/store.c`` it reads the rows with),
+  bound by the shard's serving loop.
 
 Both read the protocol headers of ``include/`` (``embnic_proto.h``, ``embnic_parse.h``), the ones the
 card (``dataplane/``) reads. Each library carries the digest of the sources it was built from
@@ -65,7 +67,7 @@ class NativeLib:
 
     def source_files(self) -> list[Path]:
         """The files its digest covers: its own sources, then every header of ``include_dir``."""
-        return [self.package_dir / s for s in self.sources] + sorted(self.include_dir.glob("*.h"))
+        return [(self.package_dir / s).resolve() for s in self.sources] + sorted(self.include_dir.glob("*.h"))
 
 
 def sources_digest(files: list[Path]) -> str:
@@ -83,10 +85,12 @@ def sources_digest(files: list[Path]) -> str:
 #: the two libraries (their sources: setup.py compiles exactly these, in this order)
 CLIENT = NativeLib("client", _HERE, "libembnic_client",
                    ("csrc/plan.c", "csrc/context.c", "csrc/table.c", "csrc/frames.c", "csrc/recovery.c", "csrc/round.c",
-                    "csrc/round.h"), "EMBNIC_CLIENT_LIB")
+                    "csrc/store.c", "csrc/round.h", "csrc/store.h"), "EMBNIC_CLIENT_LIB")
+#: the row store's C (client_lib/csrc/store.c) is compiled into both: the client library updates a
+#: RowStore (LocalBackend's, a shard's), the shard library reads the same store in place
 SHARD = NativeLib("shard", _HERE.parent / "testbed" / "server", "libembnic_shard",
-                  ("csrc/intake.c", "csrc/answer.c", "csrc/store.c", "csrc/send.c", "csrc/shard.h"),
-                  "EMBNIC_SHARD_LIB")
+                  ("csrc/intake.c", "csrc/answer.c", "../../client_lib/csrc/store.c", "csrc/send.c", "csrc/shard.h",
+                   "../../client_lib/csrc/store.h"), "EMBNIC_SHARD_LIB")
 
 
 def _checkout_digest(lib: NativeLib) -> str | None:

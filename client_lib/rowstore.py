@@ -3,19 +3,27 @@ their embedding tables (:class:`RowStore`, one arena and one index for several t
 :class:`TableShard`, the interface of one table's rows); every value it computes comes from
 :mod:`embnic.client_lib.table_numerics`, so rows are bit-identical wherever they are held.
 Tables are collision-free and keyed by the raw uint64 id; rows are materialised on their first
-update (layout: :class:`RowStore`).
+update (layout: :class:`RowStore`). Updates run in C (``client_lib/csrc/store.c``,
+``embnic_store_apply``: the optimizer step and new rows), bit-identical to the numpy oracle
+``tests/client_lib/numpy_rowstore.py``.
 """
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 
 from .config import TableConfig
 from .splitmix import splitmix64, u64 as _u64
-from .table_numerics import (column_hashes, exclusive_cumsum, init_values, optimizer_step, rowwise_mean_square,
-                             rowwise_mean_square_ragged)
+from .table_numerics import CStore, column_hashes, exclusive_cumsum, init_values, store_lib
 
 #: added to a table's id before hashing it into the table's key salt (:attr:`RowStore.tsalt`)
 _SALT_TAG = 0x7AB1E5A170000000
+
+
+def _ptr(a: np.ndarray) -> int:
+    """The address of ``a``'s first element (C-contiguous arrays only)."""
+    return a.__array_interface__["data"][0]
 
 
 class RowStore:
@@ -26,8 +34,10 @@ class RowStore:
     Layout (``T`` tables, by a local index ``li`` in table id order, :meth:`local_index`):
 
     * **index**: a composite key per row, ``c = key + salt[li]`` (mod 2^64): sorted ``uint64``
-      arrays with each row's arena slot — a main index (``M`` entries) and a small delta index of
-      recently added rows, folded into the main one when it holds more than max(MERGE_MIN, M/8)
+      arrays with each row's arena slot — a main index (``M`` entries; every
+      :data:`SAMPLE_STEP`-th key copied into a small sample the C searches start in) and a small
+      delta index of recently added rows (with spare capacity: C inserts new rows into it),
+      folded into the main one when it holds more than max(MERGE_MIN, M/8)
       entries (one O(M) pass per M/8 new rows); a search is one ``np.searchsorted`` over the
       keys of every table at once. Within a table ``c`` is a bijection of the key, so a table's
       keys never collide; a store of one table has salt 0 (``c`` is the key). Rows of two tables
@@ -35,7 +45,8 @@ class RowStore:
       2^-64 per pair of rows); each index entry's table (``_ct``, beside its key, so reading it
       costs no cache miss) tells them apart and a search walks such a run (a loop whose rounds
       are the longest run in the batch, in practice none).
-    * **arena**: materialised rows, float32, append-only (doubled when full): when every table
+    * **arena**: materialised rows, float32, append-only (doubled when full; C appends new rows
+      into the spare slots and asks for a grow when they run out): when every table
       of the store has the same ``dim`` D a ``(capacity, D)`` array (slot ``s`` is row ``s``),
       else a flat array with each slot's element offset (``_off``); one float32 Adagrad
       accumulator per slot. Rows never move while serving (only :meth:`load_state` compacts).
@@ -43,10 +54,12 @@ class RowStore:
     Rows are materialised on their first update; a lookup of a row never updated computes its
     initial value (:func:`~embnic.client_lib.table_numerics.init_rows`) and stores nothing.
 
-    The fast path does not validate (callers check keys, gradients and table ids first).
-    Arrays a native reader may use (``_ck``, ``_cs``, ``_ct``, ``_dck``, ``_dcs``, ``_dct``, ``_rows``,
-    ``_vals``, ``_off``, ``_acc``) are replaced, never resized in place; :attr:`version` counts
-    the replacements.
+    The fast path does not validate (callers check keys, gradients and table ids first). Every
+    array C uses is described by one ``struct embnic_store`` (:attr:`cstore`, a
+    :class:`~embnic.client_lib.table_numerics.CStore`), which this class keeps current: a native
+    reader (the shard's answer path) points at it and reads the rows in place. Arrays are
+    replaced, never resized in place (:attr:`version` counts the replacements); the counts ``n``,
+    ``e``, ``d`` and the rows in the spare capacity move with every update.
 
     Args:
         tables: the tables (distinct ids).
@@ -59,6 +72,8 @@ class RowStore:
 
     #: the delta index is merged into the main one when it holds more than max(MERGE_MIN, M/8) rows
     MERGE_MIN = 4096
+    #: every SAMPLE_STEP-th key of the main index is in the sample, the first level of the C searches
+    SAMPLE_STEP = 16
 
     def __init__(self, tables: list[TableConfig], seed: int, capacity: int = 1024):
         tables = sorted(tables, key=lambda t: t.id)
@@ -76,12 +91,19 @@ class RowStore:
         self.tscale = np.array([np.float32(t.init_scale) for t in tables], np.float32)
         #: init_rows' per-table hash: splitmix64(seed ^ splitmix64(table_id))
         self.tinit = splitmix64(_u64(self.seed)[0] ^ splitmix64(self.table_ids.astype(np.uint64)))
+        self._tada = self.tadagrad.astype(np.uint8)
         self.tsalt = (splitmix64(self.table_ids.astype(np.uint64) + np.uint64(_SALT_TAG)) if self.multi
                       else np.zeros(1, np.uint64))
         self.trows = np.zeros(len(ids), np.int64)  #: materialised rows per table
         self.uniform = bool((self.tdim == self.tdim[0]).all())
         self.D = int(self.tdim[0]) if self.uniform else 0  #: the one dim of every table (0: several)
         self.version = 0
+        #: struct embnic_store over this store's arrays (what C reads and updates; kept current)
+        self.cstore = CStore()
+        self._cp = ctypes.addressof(self.cstore)
+        self._lib = store_lib()
+        self._work = np.empty(0, np.int64)  # embnic_store_apply's scratch, grown to the largest batch
+        self._need = np.zeros(3, np.int64)
         self._reset(max(1, int(capacity)))
 
     # -- layout -------------------------------------------------------------------------------
@@ -90,9 +112,12 @@ class RowStore:
         self._ck = np.empty(0, np.uint64)  # main index: sorted composite keys (M,)
         self._cs = np.empty(0, np.int64)  # arena slot of each (M,)
         self._ct = np.empty(0, np.uint16)  # its table (local index; only with several tables) (M,)
-        self._dck = np.empty(0, np.uint64)  # delta index (D,)
-        self._dcs = np.empty(0, np.int64)
-        self._dct = np.empty(0, np.uint16)
+        self._sampled = None  # the main index the sample was taken of
+        # delta index: its first d entries (cstore.d) in use, the rest spare
+        self._dk = np.empty(max(64, cap), np.uint64)
+        self._ds = np.empty(self._dk.size, np.int64)
+        self._dt = np.empty(self._dk.size, np.uint16)
+        self.cstore.d = 0
         if self.uniform:
             self._rows = np.empty((cap, self.D), np.float32)
             self._vals = self._rows.reshape(-1)
@@ -106,6 +131,34 @@ class RowStore:
         self._n = 0  # slots in use
         self._e = 0  # arena elements in use (flat layout)
         self.trows[:] = 0
+        self._replaced()
+
+    # the counts C moves: slots and arena elements in use, delta index entries in use
+    _n = property(lambda self: self.cstore.n, lambda self, v: setattr(self.cstore, "n", v))
+    _e = property(lambda self: self.cstore.e, lambda self, v: setattr(self.cstore, "e", v))
+    _dck = property(lambda self: self._dk[:self.cstore.d])
+    _dcs = property(lambda self: self._ds[:self.cstore.d])
+    _dct = property(lambda self: self._dt[:self.cstore.d])
+
+    def _replaced(self) -> None:
+        """An array was replaced: point :attr:`cstore` at the arrays as they are now (the main
+        index's sample taken again if it changed) and count a :attr:`version`."""
+        s = self.cstore
+        if self._sampled is not self._ck:  # the main index changed (a merge): sample it again
+            self._sample = np.ascontiguousarray(self._ck[::self.SAMPLE_STEP])
+            self._sampled = self._ck
+        ptr = _ptr
+        s.p_ck, s.p_cs, s.p_ct, s.m = ptr(self._ck), ptr(self._cs), ptr(self._ct) if self.multi else None, self._ck.size
+        s.p_sample, s.nsample, s.step = ptr(self._sample), self._sample.size, self.SAMPLE_STEP
+        s.p_dck, s.p_dcs, s.p_dct, s.dcap = (ptr(self._dk), ptr(self._ds), ptr(self._dt) if self.multi else None,
+                                            self._dk.size)
+        s.p_vals, s.p_off, s.dim = ptr(self._vals), None if self.uniform else ptr(self._off), self.D
+        s.cap, s.ecap = self._cap, self._vals.size
+        s.p_acc = ptr(self._acc) if self._acc.size else None
+        s.p_tsalt, s.p_tinit, s.p_tscale, s.ntables = (ptr(self.tsalt), ptr(self.tinit), ptr(self.tscale),
+                                                       self.table_ids.size)
+        s.p_tdim, s.p_tada, s.p_tlr, s.p_teps = ptr(self.tdim), ptr(self._tada), ptr(self.tlr), ptr(self.teps)
+        s.p_trows = ptr(self.trows)
         self.version += 1
 
     def __len__(self) -> int:
@@ -118,9 +171,9 @@ class RowStore:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the arena, the accumulators and the index."""
-        return sum(a.nbytes for a in (self._vals, self._off, self._acc, self._ck, self._cs, self._ct,
-                                      self._dck, self._dcs, self._dct))
+        """Bytes held by the arena, the accumulators and the index (with their spare capacity)."""
+        return sum(a.nbytes for a in (self._vals, self._off, self._acc, self._ck, self._cs, self._ct, self._sample,
+                                      self._dk, self._ds, self._dt))
 
     def arrays(self) -> dict[str, np.ndarray | None]:
         """The index and arena as they are now, for a reader in place (the shard's C path; read
@@ -146,9 +199,24 @@ class RowStore:
             raise KeyError(f"tables {bad.tolist()} are not in this row store (it holds {self.table_ids.tolist()})")
         return li
 
-    def _grow(self, slots: int, elems: int = 0) -> None:
+    def _grow(self, slots: int, elems: int = 0, delta: int = 0) -> None:
+        """Capacity for ``slots`` slots, ``elems`` arena elements (flat layout) and ``delta`` delta
+        index entries in all: each doubled until it fits (what is in use copied)."""
         cap = self._cap
         ecap = self._vals.size
+        if delta > self._dk.size:
+            dcap = self._dk.size
+            while dcap < delta:
+                dcap *= 2
+            d = self.cstore.d
+            for name in ("_dk", "_ds", "_dt"):
+                old = getattr(self, name)
+                new = np.empty(dcap, old.dtype)
+                new[:d] = old[:d]
+                setattr(self, name, new)
+            if slots <= cap and (self.uniform or elems <= ecap):
+                self._replaced()
+                return
         if slots <= cap and (self.uniform or elems <= ecap):
             return
         while cap < slots:
@@ -176,7 +244,7 @@ class RowStore:
                 acc[:n] = self._acc[:n]
                 self._acc = acc
             self._cap = cap
-        self.version += 1
+        self._replaced()
 
     # -- search -------------------------------------------------------------------------------
 
@@ -308,37 +376,6 @@ class RowStore:
 
     # -- updates ------------------------------------------------------------------------------
 
-    def _materialise(self, li, keys: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Slots of ``keys`` (composites ``c``; no (table, key) twice), creating initial rows for
-        new ones."""
-        slot = self._find(li, c)
-        miss = slot < 0
-        if not miss.any():
-            return slot
-        new = np.flatnonzero(miss)
-        order = np.argsort(c[new], kind="stable")
-        new = new[order]
-        cn = c[new]
-        ln = li if np.ndim(li) == 0 else li[new]
-        k = new.size
-        dims = np.full(k, int(self.tdim[ln]), np.int64) if np.ndim(ln) == 0 else self.tdim[ln]
-        slots = self._append(self._init(ln, keys[new]) if self.uniform else
-                             self._init_flat(np.broadcast_to(ln, (k,)), keys[new], dims), dims, 0)
-        if self.multi:
-            self.trows += np.bincount(np.broadcast_to(ln, (k,)), minlength=self.trows.size)
-        else:
-            self.trows[0] += k
-        ins = np.searchsorted(self._dck, cn)
-        self._dck = np.insert(self._dck, ins, cn)
-        self._dcs = np.insert(self._dcs, ins, slots)
-        if self.multi:
-            self._dct = np.insert(self._dct, ins, np.broadcast_to(ln, (k,)).astype(np.uint16))
-        if self._dck.size > max(self.MERGE_MIN, self._ck.size >> 3):
-            self._merge()
-        self.version += 1
-        slot[new] = slots
-        return slot
-
     def _append(self, rows: np.ndarray, dims: np.ndarray, acc) -> np.ndarray:
         """Append rows of ``dims`` (int64 (k,)) — float32 (k, D) when :attr:`uniform`, else flat
         (Σ dims,) — with accumulators ``acc`` to the arena; returns their slots int64 (k,)."""
@@ -359,122 +396,72 @@ class RowStore:
 
     def _merge(self) -> None:
         """Fold the delta index into the main one: one O(M + D) pass per M/8 new rows."""
-        if self._dck.size == 0:
+        if self.cstore.d == 0:
             return
-        ins = np.searchsorted(self._ck, self._dck)
-        self._ck = np.insert(self._ck, ins, self._dck)
-        self._cs = np.insert(self._cs, ins, self._dcs)
+        self._insert(self._dck, self._dcs, self._dct)
+        self.cstore.d = 0
+        self._replaced()
+
+    def _insert(self, c: np.ndarray, slots: np.ndarray, tl: np.ndarray) -> None:
+        """Insert entries (composites ``c`` sorted, their slots and tables) into the main index."""
+        ins = np.searchsorted(self._ck, c)
+        self._ck = np.insert(self._ck, ins, c)
+        self._cs = np.insert(self._cs, ins, slots)
         if self.multi:
-            self._ct = np.insert(self._ct, ins, self._dct)
-        self._dck = self._dck[:0]
-        self._dcs = self._dcs[:0]
-        self._dct = self._dct[:0]
-        self.version += 1
+            self._ct = np.insert(self._ct, ins, tl)
 
     def apply(self, li, keys: np.ndarray, grads: np.ndarray) -> None:
-        """Apply one gradient per row with each table's optimizer (SGD or row-wise Adagrad).
+        """Apply one gradient per key with each table's optimizer (SGD or row-wise Adagrad), key
+        after key in the order given, in one C call (``embnic_store_apply``): a (table, key) that
+        comes more than once — the updates of several messages, one after the other — gets its
+        gradients in that order, so the rows are those of the messages applied one after the
+        other (the optimizers are row-wise). Rows never updated are created first (their
+        initial value, accumulator 0) in the arena's spare capacity, grown (doubled) only when
+        it runs out; the delta index is folded into the main one past max(MERGE_MIN, M/8).
 
         Args:
             li: the keys' tables (as :meth:`lookup`).
-            keys: uint64 (N,); no (table, key) twice (not checked: a duplicate would lose all
-                but one of its gradients).
+            keys: uint64 (N,).
             grads: float32, row ``i`` the gradient of ``keys[i]``: (N, dim), or flat (Σ dim,)
-                row after row; rows that pass :func:`~embnic.client_lib.table_numerics.gradient_rows_ok` (not checked).
+                row after row; rows that pass :func:`~embnic.client_lib.table_numerics.gradient_rows_ok`
+                (not checked).
+
+        Raises:
+            ValueError: a table index out of range, or gradients that are not one row per key.
         """
-        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
-        if keys.size == 0:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        n = keys.size
+        if n == 0:
             return
-        one = np.ndim(li) == 0
-        slot = self._materialise(li, keys, self.composite(li, keys))
-        ada = self.tadagrad[li]
-        lr, eps = self.tlr[li], self.teps[li]
-        if self.uniform or one:
-            dim = int(self.tdim[li]) if one else self.D
-            g = np.ascontiguousarray(grads, dtype=np.float32).reshape(keys.size, dim)
-            if self.uniform:
-                w = self._rows[slot]
-            else:
-                el = self._elements(slot, np.full(keys.size, dim, np.int64))
-                w = self._vals[el].reshape(-1, dim)
-            with np.errstate(over="ignore"):  # callers refuse g whose step overflows (gradient_rows_ok)
-                if one or bool(ada.all()) or not ada.any():
-                    acc = optimizer_step(w, self._acc[slot] if bool(np.all(ada)) else None, g, lr, eps)
-                    if acc is not None:
-                        self._acc[slot] = acc
-                else:  # Adagrad and SGD tables in one call
-                    mult = lr.copy()
-                    a = np.flatnonzero(ada)
-                    acc = self._acc[slot[a]] + rowwise_mean_square(g[a])
-                    self._acc[slot[a]] = acc
-                    mult[a] = lr[a] / (np.sqrt(acc) + eps[a])
-                    w -= mult[:, None] * g
-            if self.uniform:
-                self._rows[slot] = w
-            else:
-                self._vals[el] = w.reshape(-1)
-            return
-        dims = self.tdim[li]
         g = np.ascontiguousarray(grads, dtype=np.float32).reshape(-1)
-        el = self._elements(slot, dims)
-        w = self._vals[el]
-        with np.errstate(over="ignore"):
-            mult = lr.copy()
-            a = np.flatnonzero(ada)
-            if a.size:
-                ga = g[np.repeat(ada, dims)]
-                acc = self._acc[slot[a]] + rowwise_mean_square_ragged(ga, dims[a])
-                self._acc[slot[a]] = acc
-                mult[a] = lr[a] / (np.sqrt(acc) + eps[a])
-            w -= np.repeat(mult, dims) * g
-        self._vals[el] = w
+        if np.ndim(li):
+            lia = np.ascontiguousarray(li, np.int64)
+            lip, li0 = _ptr(lia), 0
+        else:
+            lip, li0 = None, int(li)
+        words = 6 * n + 1  # EMBNIC_STORE_APPLY_WORK(n) = 44 n + 4 bytes, in int64 words
+        if self._work.size < words:
+            self._work = np.empty(max(words, 2 * self._work.size), np.int64)
+        call = self._lib.embnic_store_apply
+        args = (self._cp, lip, li0, _ptr(keys), n, _ptr(g), g.size, _ptr(self._work), _ptr(self._need))
+        r = call(*args)
+        while r == 1:  # the spare capacity ran out: grow, then again (nothing was applied)
+            self._grow(*self._need.tolist())
+            r = call(*args)
+        if r != 0:
+            raise ValueError(f"row store apply: {n} keys with {g.size} gradient values do not fit tables "
+                             f"{np.unique(np.asarray(li)).tolist()} of dims {self.tdim.tolist()}")
+        if self.cstore.d > max(self.MERGE_MIN, self._ck.size >> 3):
+            self._merge()
 
-    def apply_passes(self, li, keys: np.ndarray, grads: np.ndarray, several: bool = True) -> None:
-        """Apply the updates of several messages in their order, where a (table, key) may come
-        more than once (each message's keys of a table free of duplicates).
-
-        Args:
-            li, keys, grads: as :meth:`apply`, message after message.
-            several: False when the keys are known to hold no (table, key) twice (one message).
-
-        One :meth:`apply` when no (table, key) repeats; else in passes — pass ``r`` applies
-        every row's ``r``-th gradient (its occurrences in message order) — so a row gets its
-        gradients one message after the other, as the messages came; the optimizers are
-        row-wise, so the rows equal one message after the other. Passes: the most times one
-        row repeats (not per message, not per table).
-        """
-        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
-        if not several or keys.size < 2:
-            self.apply(li, keys, grads)
-            return
-        c = self.composite(li, keys)
-        order = np.argsort(c, kind="stable")
-        sc = c[order]
-        dup = sc[1:] == sc[:-1]
-        if not dup.any():
-            self.apply(li, keys, grads)
-            return
-        # rank of each occurrence among equal composites, in arrival order (stable sort)
-        start = np.flatnonzero(np.r_[True, ~dup])
-        run = np.diff(np.r_[start, sc.size])
-        rank = np.empty(keys.size, np.int64)
-        rank[order] = np.arange(sc.size) - np.repeat(start, run)
-        one = np.ndim(li) == 0
-        dims = np.full(keys.size, int(self.tdim[li]), np.int64) if one else self.tdim[li]
-        g = np.ascontiguousarray(grads, dtype=np.float32).reshape(-1)
-        for r in range(int(run.max())):
-            sel = rank == r
-            self.apply(li if one else li[sel], keys[sel], g[np.repeat(sel, dims)])
-
-    def apply_segments(self, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
-                       several: bool = True) -> None:
-        """:meth:`apply_passes` for segments of several tables (directories, as
+    def apply_segments(self, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray) -> None:
+        """:meth:`apply` for segments of several tables (directories, as
         :meth:`lookup_segments`): ``grads`` float32 flat (Σ counts · dim,), row after row.
 
         Raises:
             KeyError: a table this store does not hold.
         """
-        li = np.repeat(self.local_index(table_ids), counts)
-        self.apply_passes(li, keys, grads, several)
+        self.apply(np.repeat(self.local_index(table_ids), counts), keys, grads)
 
     # -- whole tables ---------------------------------------------------------------------------
 
@@ -532,7 +519,7 @@ class RowStore:
         self._ct = self._ct[ent]
         self._n = int(kept.size)
         self.trows[li] = 0
-        self.version += 1
+        self._replaced()
 
     def load_state(self, li: int, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
         """Replace every materialised row of table ``li`` with ``(keys, rows, acc)`` (what
@@ -559,10 +546,8 @@ class RowStore:
         self.trows[li] = k.size
         c = self.composite(li, k)
         order = np.argsort(c, kind="stable")
-        self._dck, self._dcs = c[order], slots[order]
-        if self.multi:
-            self._dct = np.full(k.size, li, np.uint16)
-        self._merge()
+        self._insert(c[order], slots[order], np.full(k.size, li, np.uint16))
+        self._replaced()
 
 
 class TableShard:
@@ -622,12 +607,10 @@ class TableShard:
             offs: int64 (M+1,), segment bounds (``offs[0] == 0``, ``offs[-1] == K``; empty
                 segments allowed).
 
-        As one message after the other (:meth:`RowStore.apply_passes`: one apply when no key
-        repeats across segments, else one pass per repetition).
+        As one message after the other: :meth:`RowStore.apply` takes the keys in their order (the
+        bounds are the interface's: the disk tier's store uses them).
         """
-        if keys.size == 0:
-            return
-        self.store.apply_passes(self._li, keys, g, several=offs.size > 2)
+        self.store.apply(self._li, keys, g)
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Materialised rows, copies: (keys uint64 (M,) sorted, rows float32 (M, dim), acc float32

@@ -3,8 +3,11 @@ the rules an update must pass.
 
 The one home of every computation that produces a row value, shared by the parameter-server
 shards and the in-process reference (:class:`embnic.client_lib.local.LocalBackend`) through
-:class:`~embnic.client_lib.rowstore.RowStore`: the same numpy code on the same float32 values
-in the same order, so a table trained through UDP shards and in process are **bit-identical**.
+:class:`~embnic.client_lib.rowstore.RowStore`: the same code on the same float32 values in the same
+order, so a table trained through UDP shards and in process are **bit-identical**. The optimizer
+step runs in C (``client_lib/csrc/store.c``, the package's client library: :func:`store_lib`,
+built with ``-ffp-contract=off``), in numpy's float32 order; its numpy twin is the test oracle
+``tests/client_lib/numpy_rowstore.py``, compared bit for bit.
 
 Optimizers (row-wise, one row's result never depends on another row)
     * ``sgd``: ``w -= lr * g``.
@@ -26,11 +29,12 @@ Master rows and accumulators are float32; ``dtype = "fp16"`` is the *wire* type
 """
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 
-from . import consts
+from . import clib, consts
 from .batch import as_ids
 from .config import FLOAT32_MAX, TableConfig
 from .splitmix import splitmix64, u64 as _u64
@@ -161,12 +165,54 @@ def rowwise_mean_square_ragged(g: np.ndarray, dims: np.ndarray) -> np.ndarray:
     return _column_sum_of_squares(pad) / dims.astype(np.float32)
 
 
+class CStore(ctypes.Structure):
+    """``struct embnic_store`` (``client_lib/csrc/store.h``): the row store's arrays as C reads and
+    updates them, filled by :class:`~embnic.client_lib.rowstore.RowStore`; ``(io)`` fields (``d``,
+    ``n``, ``e``, ``trows``' values) are moved by C. Pointers are addresses (0: none)."""
+
+    _fields_ = [(f, ctypes.c_void_p if f.startswith("p_") else ctypes.c_int64) for f in (
+        "p_ck", "p_cs", "p_ct", "m", "p_sample", "nsample", "step", "p_dck", "p_dcs", "p_dct", "d", "p_vals", "p_off",
+        "dim", "p_tsalt", "p_tinit", "p_tscale", "ntables", "dcap", "n", "cap", "e", "ecap", "p_acc", "p_tdim",
+        "p_tada", "p_tlr", "p_teps", "p_trows")]
+
+
+_VP, _I64 = ctypes.c_void_p, ctypes.c_int64
+_LIB: ctypes.CDLL | None = None
+
+
+def store_lib() -> ctypes.CDLL:
+    """The package's client library with the row store's functions bound (``client_lib/csrc/store.c``:
+    ``embnic_store_apply``, ``embnic_rows_step``), loaded and checked once.
+
+    Raises:
+        clib.NativeLibraryError: the library is missing, built from other sources or for another
+            protocol, or its ``struct embnic_store`` differs from :class:`CStore` (one line naming
+            the rebuild command).
+    """
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    lib = clib.load(clib.CLIENT, consts.VERSION)
+    for name, res, args in (("embnic_store_layout", None, [_VP]),
+                            ("embnic_store_apply", _I64, [_VP, _VP, _I64, _VP, _I64, _VP, _I64, _VP, _VP]),
+                            ("embnic_rows_step", None, [_VP, _VP, _VP, _I64, _I64, _VP, _VP, _I64])):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    lay = np.zeros(3, np.int64)
+    lib.embnic_store_layout(lay.ctypes.data)
+    want = [ctypes.sizeof(CStore), CStore.p_trows.offset, 16]
+    if lay.tolist() != want:
+        raise clib.NativeLibraryError(f"embnic: {clib.CLIENT.path}'s struct embnic_store {lay.tolist()} differs from "
+                                      f"table_numerics.CStore's {want}: run {clib.REBUILD}")
+    _LIB = lib
+    return lib
+
+
 def optimizer_step(w: np.ndarray, acc: np.ndarray | None, g: np.ndarray, lr, eps) -> np.ndarray | None:
     """One optimizer step on rows ``w`` in place: row-wise Adagrad when ``acc`` is given, else SGD
-    (the formulas in the module docstring) — what
-    :meth:`RowStore.apply <embnic.client_lib.rowstore.RowStore.apply>` runs for rows of one
-    optimizer, and what another row store (the shard's disk tier) calls, so their rows are
-    bit-identical.
+    (the formulas in the module docstring), in C (``embnic_rows_step``: the step
+    :meth:`RowStore.apply <embnic.client_lib.rowstore.RowStore.apply>` runs) — what another row
+    store (the shard's disk tier) calls, so their rows are bit-identical.
 
     Args:
         w: float32 (N, dim), the rows (changed in place).
@@ -176,15 +222,25 @@ def optimizer_step(w: np.ndarray, acc: np.ndarray | None, g: np.ndarray, lr, eps
 
     Returns:
         the new accumulators float32 (N,) (Adagrad), else None.
+
+    Raises:
+        ValueError: ``g`` or ``acc`` do not fit ``w``'s shape.
     """
-    with np.errstate(over="ignore"):  # callers refuse g whose step overflows (gradient_rows_ok)
-        if acc is not None:
-            acc = acc + rowwise_mean_square(g)
-            mult = lr / (np.sqrt(acc) + eps)
-            w -= mult[:, None] * g
-            return acc
-        w -= (lr[:, None] if np.ndim(lr) else lr) * g
-        return None
+    n, dim = w.shape
+    rows = w if w.dtype == np.float32 and w.flags.c_contiguous else np.ascontiguousarray(w, np.float32)
+    gg = np.ascontiguousarray(g, np.float32)
+    if gg.shape != (n, dim) or (acc is not None and np.shape(acc) != (n,)):
+        raise ValueError(f"optimizer_step: rows {w.shape}, gradients {np.shape(g)}, accumulators {np.shape(acc)}")
+    per_row = np.ndim(lr) > 0 or np.ndim(eps) > 0
+    lr_a = np.ascontiguousarray(np.broadcast_to(np.asarray(lr, np.float32), (n,) if per_row else ()))
+    eps_a = np.ascontiguousarray(np.broadcast_to(np.asarray(eps, np.float32), (n,) if per_row else ()))
+    new = None if acc is None else np.array(acc, np.float32)
+    if n:
+        store_lib().embnic_rows_step(rows.ctypes.data, 0 if new is None else new.ctypes.data, gg.ctypes.data, n, dim,
+                                     lr_a.ctypes.data, eps_a.ctypes.data, int(per_row))
+    if rows is not w:
+        w[...] = rows
+    return new
 
 
 def table_label(table: TableConfig) -> str:

@@ -129,7 +129,7 @@ def test_sdist_carries_the_sources(tmp_path):
                    capture_output=True)
     names = tarfile.open(next(tmp_path.glob("embnic-*.tar.gz"))).getnames()
     want = ["setup.py", "include/embnic_proto.h", "include/embnic_parse.h"]
-    want += [str(lib.package_dir.relative_to(REPO) / s) for lib in (clib.CLIENT, clib.SHARD) for s in lib.sources]
+    want += [str(f.relative_to(REPO.resolve())) for lib in (clib.CLIENT, clib.SHARD) for f in lib.source_files()]
     for w in want:
         assert any(n.endswith("/" + w) for n in names), (w, names)
 

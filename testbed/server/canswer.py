@@ -5,9 +5,9 @@ implementation of the shard's header checks, grouping of fragments, lookups and 
 
 Per wake-up :meth:`CAnswer.serve` is one call: every header checked, the lookups it can take
 answered straight from the receive buffer from the shard's
-:class:`~embnic.client_lib.rowstore.RowStore` (its arrays read in place, refreshed when its
-``version`` moves). What it leaves the serving loop handles with the state's rules
-(:mod:`.engine`); :meth:`CAnswer.lookups` answers the lookups the loop reassembled,
+:class:`~embnic.client_lib.rowstore.RowStore` (its arrays read in place through the
+``struct embnic_store`` the store keeps current, :attr:`RowStore.cstore`). What it leaves the
+serving loop handles with the state's rules (:mod:`.engine`); :meth:`CAnswer.lookups` answers the lookups the loop reassembled,
 :meth:`CAnswer.add_spec` queues the replies the loop decides, :meth:`CAnswer.send` sends them all.
 :func:`load` refuses a library that is missing, built from other sources or for another
 protocol, or whose structs (numpy dtypes below, 8-byte fields in the order of ``csrc/shard.h``)
@@ -20,6 +20,7 @@ import ctypes
 import numpy as np
 
 from embnic.client_lib import clib, consts
+from embnic.client_lib.table_numerics import CStore
 
 from . import udpio
 from .shard_state import ShardState
@@ -31,11 +32,6 @@ def _struct(fields: list[str], tail: list[tuple] = ()) -> np.dtype:
     return np.dtype([(f, "<u8" if f.startswith("p_") else "<i8") for f in fields] + list(tail))
 
 
-#: struct embnic_store (pointers ``p_*``)
-STORE = _struct(["p_ck", "p_cs", "p_ct", "m", "p_sample", "nsample", "step", "p_dck", "p_dcs", "p_dct", "d", "p_vals",
-                 "p_off", "dim", "p_tsalt", "p_tinit", "p_tscale", "ntables"])
-#: every SAMPLE_STEP-th key of the store's main index, the first level of the C searches
-SAMPLE_STEP = 16
 #: struct embnic_shard_tables
 TABLES = _struct(["p_dim", "p_dtype", "p_rows", "p_has_rows", "p_owns_all", "p_li", "p_shard_ids", "nshards",
                   "hash_sharding", "shard_id"])
@@ -94,7 +90,8 @@ def load() -> ctypes.CDLL:
     _bind(lib)
     lay = np.zeros(8, np.int64)  # the struct sizes, the stats' offset and count, the work buffer's bytes
     lib.embnic_shard_layout(lay.ctypes.data)
-    want_lay = [ANSWER.itemsize, ANSWER.fields["stats"][1], STORE.itemsize, TABLES.itemsize, SPEC.itemsize, NB_ST]
+    want_lay = [ANSWER.itemsize, ANSWER.fields["stats"][1], ctypes.sizeof(CStore), TABLES.itemsize, SPEC.itemsize,
+                NB_ST]
     if lay[:6].tolist() != want_lay:
         raise clib.NativeLibraryError(f"embnic: {clib.SHARD.path}'s structs {lay[:6].tolist()} differ from "
                                       f"canswer's {want_lay}: run {clib.REBUILD}")
@@ -154,10 +151,8 @@ class CAnswer:
         serve = serve and state.store is not None
         self.serving = bool(serve)  #: lookups answered here (else checks, frames and sending only)
         self.name = "c" if self.serving else "c-frames"
-        self._store = np.zeros(1, STORE)
-        self._store_ver = -1
-        self._sample = np.empty(0, np.uint64)
-        self._sampled = None  # the index array the sample was taken of
+        # the store's own struct embnic_store (kept current by the store: updates move it), or an empty one
+        self._store = state.store.cstore if state.store is not None else CStore()
         a = np.zeros(1, ANSWER)
         a["p_rx"], a["slot"], a["p_lens"], a["p_names"] = _ptr(bs.rx), bs.rx.shape[1], _ptr(bs.lens), _ptr(bs.names)
         a["p_cols"], a["p_ok"], a["p_p"] = _ptr(self.cols), _ptr(self.ok), _ptr(self.p)
@@ -167,7 +162,7 @@ class CAnswer:
         a["p_req_buf"], a["req_cap"] = _ptr(self._req), self._req.size
         a["p_rep_buf"], a["rep_cap"] = _ptr(self._rep), self._rep.size
         a["p_work"] = _ptr(self._work)
-        a["p_tables"], a["p_store"] = _ptr(self._tables), _ptr(self._store)
+        a["p_tables"], a["p_store"] = _ptr(self._tables), ctypes.addressof(self._store)
         a["P"], a["max_msg"] = P, state.max_msg
         a["max_reply"], a["shard_id"] = state.max_reply_bytes, state.shard_id
         a["serve"], a["fd"], a["gso"] = int(bool(serve)), bs.fd, int(bs.gso)
@@ -233,30 +228,10 @@ class CAnswer:
                                            for n in ("idx", "start", "count", "order")]
                    + [("_rq_name", "p_rq_name", (16,), np.uint8, True)])
 
-    def _refresh_store(self) -> None:
-        st = self._state.store
-        if st is None or st.version == self._store_ver:
-            return
-        s = self._store
-        ar = st.arrays()
-        s["p_ck"], s["p_cs"], s["m"] = _ptr(ar["ck"]), _ptr(ar["cs"]), ar["ck"].size
-        if ar["ck"] is not self._sampled:  # the main index changed (a merge): sample it again
-            self._sample = np.ascontiguousarray(ar["ck"][::SAMPLE_STEP])
-            self._sampled = ar["ck"]
-        s["p_sample"], s["nsample"], s["step"] = _ptr(self._sample), self._sample.size, SAMPLE_STEP
-        s["p_dck"], s["p_dcs"], s["d"] = _ptr(ar["dck"]), _ptr(ar["dcs"]), ar["dck"].size
-        s["p_ct"], s["p_dct"] = _ptr(ar["ct"]), _ptr(ar["dct"])
-        s["p_vals"], s["p_off"] = _ptr(ar["vals"]), _ptr(ar["off"])
-        s["dim"] = st.D
-        s["p_tsalt"], s["p_tinit"], s["p_tscale"] = _ptr(st.tsalt), _ptr(st.tinit), _ptr(st.tscale)
-        s["ntables"] = st.table_ids.size
-        self._store_ver = st.version
-
     def find(self, li, c: np.ndarray) -> np.ndarray:
         """:meth:`RowStore._find <embnic.client_lib.rowstore.RowStore._find>` in C: the arena
         slot int64 (N,) of each composite key ``c`` (uint64 (N,)) of table ``li`` (a local index,
         or int64 (N,) per key); -1 where the store holds no row."""
-        self._refresh_store()
         c = np.ascontiguousarray(c, np.uint64)
         out = np.empty(c.size, np.int64)
         if np.ndim(li):
@@ -289,7 +264,6 @@ class CAnswer:
         :meth:`check`) and answer the lookups the C path takes
         (:attr:`taken` marks their frames). ``pending_empty``: no message is being reassembled.
         Returns the frames taken."""
-        self._refresh_store()
         self._a["pending_empty"] = pending_empty
         return self._growing(lambda: self._serve(self._p_ctx, n), 2 * n)
 
@@ -316,7 +290,6 @@ class CAnswer:
             sp[j] = (r.idx, _ptr(body), body.size, r.msg_id, r.client_id, r.num_tables, r.num_keys, r.value_len,
                      0, 0, 0, r.name)
         done = np.zeros(k, np.uint8)
-        self._refresh_store()
         self._growing(lambda: self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done)), k)
         return done.view(bool)
 

@@ -568,7 +568,7 @@ class BatchShardServer:
         if self.hub is None:
             tids, counts, keys = self._concat([q[j] for j, _ in apply])
             flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
-            self.state.rows_apply(tids, counts, keys, flat, len(apply) > 1)
+            self.state.rows_apply(tids, counts, keys, flat)
             return
         by_tid: dict[int, list] = {}
         for j, grads in apply:

@@ -657,22 +657,21 @@ class ShardState:
             out[eo[s]:eo[s + 1]] = self.tables[int(tids[s])].lookup(keys[ko[s]:ko[s + 1]]).reshape(-1)
         return out
 
-    def rows_apply(self, tids: np.ndarray, counts: np.ndarray, keys: np.ndarray, flat: np.ndarray,
-                   several: bool) -> None:
+    def rows_apply(self, tids: np.ndarray, counts: np.ndarray, keys: np.ndarray, flat: np.ndarray) -> None:
         """Apply gradients ``flat`` (float32 (Σ counts·dim,)) to the keys of directory segments
         ``tids``/``counts`` (the segments of one or several messages in arrival order, a table's
-        keys unique within a segment; ``several``: a (table, key) may repeat across segments) —
-        one call to :attr:`store` for every table it holds (:meth:`RowStore.apply_segments`);
+        keys unique within a segment; a (table, key) may repeat across segments: applied in
+        order) — one C call to :attr:`store` for every table it holds (:meth:`RowStore.apply_segments`);
         a table in a store of its own, one ``apply_segments`` each over its segments."""
         if self.in_store[tids].all():
-            self.store.apply_segments(tids, counts, keys, flat, several)
+            self.store.apply_segments(tids, counts, keys, flat)
             return
         dims = self.tdim[tids]
         seg_in = self.in_store[tids]
         key_in = np.repeat(seg_in, counts)
         el_in = np.repeat(key_in, np.repeat(dims, counts))
         if seg_in.any():
-            self.store.apply_segments(tids[seg_in], counts[seg_in], keys[key_in], flat[el_in], several)
+            self.store.apply_segments(tids[seg_in], counts[seg_in], keys[key_in], flat[el_in])
         for tid in np.unique(tids[~seg_in]).tolist():
             seg = tids == tid
             kt = np.repeat(seg, counts)

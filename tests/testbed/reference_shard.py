@@ -267,7 +267,7 @@ class ReferenceShard:
         grads = st.admit_update(h, msg.body, rb, last_fragment_offset(h))
         if grads is not None:
             d = rb.directory
-            st.rows_apply(d["table_id"].astype(np.int64), d["num_keys"].astype(np.int64), rb.keys, grads, False)
+            st.rows_apply(d["table_id"].astype(np.int64), d["num_keys"].astype(np.int64), rb.keys, grads)
         if not st.commit_log():
             self.request_stop()
             return

@@ -245,13 +245,6 @@ copy_row(uint8_t *out, const float *w, int64_t bytes)
 	}
 }
 
-/* a key of a lookup, sorted by its place in the store's index */
-struct krec {
-	uint64_t c;		/* composite key: key + its table's salt */
-	uint32_t seg;		/* its directory entry, in the window's segs */
-	uint32_t i;		/* its index among the message's keys */
-};
-
 /* a directory entry (table) of the keys of a window */
 struct kseg {
 	int64_t li;		/* the table's local index in the store */
@@ -262,64 +255,9 @@ struct kseg {
 	int64_t out;		/* byte offset of its first row in the reply body */
 };
 
-static_assert(sizeof(struct krec) == 16, "krec");
-
-/* r[0..n) by composite key (stable), with tmp[0..n) as scratch: a natural
- * merge sort (a message's keys come in one sorted run per table, a run
- * broken at most once where key + salt wraps: log2(runs) passes) */
-static void
-sort_recs(struct krec *r, struct krec *tmp, int64_t n, int32_t *runs)
-{
-	int64_t nr = 0;
-
-	runs[nr++] = 0;
-	for (int64_t i = 1; i < n; i++)
-		if (r[i].c < r[i - 1].c)
-			runs[nr++] = (int32_t)i;
-	runs[nr] = (int32_t)n;
-	if (nr == 1)
-		return;
-	struct krec *src = r, *dst = tmp;
-
-	while (nr > 1) {
-		int64_t w = 0;
-
-		for (int64_t j = 0; j < nr; j += 2) {
-			int64_t a = runs[j], m = runs[j + 1], e = j + 2 <= nr ? runs[j + 2 < nr ? j + 2 : nr] : m;
-			int64_t x = a, y = m, o = a;
-
-			if (j + 1 >= nr) {	/* an odd run out: copied as it is */
-				memcpy(dst + a, src + a, (size_t)(m - a) * sizeof(*r));
-				runs[w++] = (int32_t)a;
-				continue;
-			}
-			while (x < m && y < e) {	/* branchless: which side wins is data, not a pattern */
-				int64_t ty = src[y].c < src[x].c;
-
-				dst[o++] = src[ty ? y : x];
-				y += ty;
-				x += 1 - ty;
-			}
-			while (x < m)
-				dst[o++] = src[x++];
-			while (y < e)
-				dst[o++] = src[y++];
-			runs[w++] = (int32_t)a;
-		}
-		runs[w] = (int32_t)n;
-		nr = w;
-		struct krec *t = src;
-
-		src = dst;
-		dst = t;
-	}
-	if (src != r)
-		memcpy(r, src, (size_t)n * sizeof(*r));
-}
-
 /* the table (local index) of record r: its segment's, or (sg NULL) r->seg itself */
 static inline int64_t
-li_of(const struct kseg *sg, const struct krec *r)
+li_of(const struct kseg *sg, const struct embnic_krec *r)
 {
 	return sg ? sg[r->seg].li : (int64_t)r->seg;
 }
@@ -331,7 +269,7 @@ li_of(const struct kseg *sg, const struct krec *r)
  * where the searches of the main and delta index ended (start at 0).
  */
 static void
-chunk_slots(const struct embnic_store *s, const struct kseg *sg, const struct krec *rc, int64_t k, int64_t *slot,
+chunk_slots(const struct embnic_store *s, const struct kseg *sg, const struct embnic_krec *rc, int64_t k, int64_t *slot,
 	    int64_t *hint)
 {
 	for (int64_t i = 0; i < k; i++) {
@@ -382,7 +320,7 @@ chunk_slots(const struct embnic_store *s, const struct kseg *sg, const struct kr
  * (rows lie in the arena in the order they were first updated, not by key).
  */
 static void
-gather(const struct embnic_store *s, const struct kseg *sg, const struct krec *r, int64_t n, const uint8_t *kp,
+gather(const struct embnic_store *s, const struct kseg *sg, const struct embnic_krec *r, int64_t n, const uint8_t *kp,
        uint8_t *out)
 {
 	int64_t hint[2] = { 0, 0 };
@@ -390,7 +328,7 @@ gather(const struct embnic_store *s, const struct kseg *sg, const struct krec *r
 
 	for (int64_t c0 = 0; c0 < n; c0 += GATHER_CHUNK) {
 		int64_t k = n - c0 < GATHER_CHUNK ? n - c0 : GATHER_CHUNK;
-		const struct krec *rc = r + c0;
+		const struct embnic_krec *rc = r + c0;
 
 		chunk_slots(s, sg, rc, k, slot, hint);
 		for (int64_t i = 0; i < k; i++) {
@@ -415,7 +353,7 @@ gather(const struct embnic_store *s, const struct kseg *sg, const struct krec *r
  * interleave in the index).
  */
 static void
-gather_sorted(const struct embnic_store *s, const struct kseg *sg, struct krec *r, struct krec *tmp, int64_t n,
+gather_sorted(const struct embnic_store *s, const struct kseg *sg, struct embnic_krec *r, struct embnic_krec *tmp, int64_t n,
 	      int32_t *runs, const uint8_t *kp, uint8_t *out)
 {
 	int64_t cut = -1;
@@ -424,7 +362,7 @@ gather_sorted(const struct embnic_store *s, const struct kseg *sg, struct krec *
 		if (r[i].c >= r[i - 1].c)
 			continue;
 		if (cut >= 0) {	/* a third run */
-			sort_recs(r, tmp, n, runs);
+			embnic_sort_recs(r, tmp, n, runs);
 			gather(s, sg, r, n, kp, out);
 			return;
 		}
@@ -450,8 +388,8 @@ embnic_shard_find(struct embnic_answer *a, const uint64_t *c, const int64_t *li,
 		  int64_t *slots)
 {
 	const struct embnic_store *s = a->store;
-	struct krec *r = (struct krec *)a->work;
-	struct krec *tmp = r + GATHER_WINDOW;
+	struct embnic_krec *r = (struct embnic_krec *)a->work;
+	struct embnic_krec *tmp = r + GATHER_WINDOW;
 	int32_t *runs = (int32_t *)((struct kseg *)(tmp + GATHER_WINDOW) + GATHER_WINDOW);	/* as gather_message */
 	int64_t slot[GATHER_CHUNK];
 
@@ -460,8 +398,8 @@ embnic_shard_find(struct embnic_answer *a, const uint64_t *c, const int64_t *li,
 		int64_t hint[2] = { 0, 0 };
 
 		for (int64_t i = 0; i < m; i++)
-			r[i] = (struct krec){ c[w0 + i], (uint32_t)(li ? li[w0 + i] : li0), (uint32_t)(w0 + i) };
-		sort_recs(r, tmp, m, runs);
+			r[i] = (struct embnic_krec){ c[w0 + i], (uint32_t)(li ? li[w0 + i] : li0), (uint32_t)(w0 + i) };
+		embnic_sort_recs(r, tmp, m, runs);
 		for (int64_t c0 = 0; c0 < m; c0 += GATHER_CHUNK) {
 			int64_t k = m - c0 < GATHER_CHUNK ? m - c0 : GATHER_CHUNK;
 
@@ -482,8 +420,8 @@ static void
 gather_message(struct embnic_answer *a, const uint8_t *body, int64_t T, const uint8_t *kp, uint8_t *out)
 {
 	const struct embnic_store *s = a->store;
-	struct krec *r = (struct krec *)a->work;
-	struct krec *tmp = r + GATHER_WINDOW;
+	struct embnic_krec *r = (struct embnic_krec *)a->work;
+	struct embnic_krec *tmp = r + GATHER_WINDOW;
 	struct kseg *sg = (struct kseg *)(tmp + GATHER_WINDOW);
 	int32_t *runs = (int32_t *)(sg + GATHER_WINDOW);
 	int64_t t = 0, in_t = 0, first = 0, at = 0, i = 0;	/* directory entry, keys of it done, ... */
@@ -502,7 +440,7 @@ gather_message(struct embnic_answer *a, const uint8_t *body, int64_t T, const ui
 				take = GATHER_WINDOW - n;
 			sg[ns] = (struct kseg){ li, d.dim, d.dtype, rowb, first, at };
 			for (int64_t j = 0; j < take; j++, i++, n++)
-				r[n] = (struct krec){ le64(kp + i * 8) + salt, (uint32_t)ns, (uint32_t)i };
+				r[n] = (struct embnic_krec){ le64(kp + i * 8) + salt, (uint32_t)ns, (uint32_t)i };
 			ns++;
 			in_t += take;
 			if (in_t == d.num_keys) {	/* the next directory entry */

@@ -7,7 +7,6 @@
  * Python against embnic_shard_layout() before the library is used.
  *
  *   intake.c  header checks, grouping of fragments by message
- *   store.c   the row store read from C: search, initial rows, wire dtypes
  *   answer.c  lookups answered (directory, checks, one gather, reply
  *             frames), reply frames of any type, the transmit queue
  *   send.c    the queue sent: sendmmsg, multi-frame replies as UDP GSO
@@ -21,6 +20,7 @@
 #include <stdint.h>
 
 #include "embnic_proto.h"
+#include "store.h"	/* the row store (client_lib/csrc/store.c) */
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the shard library copies little-endian bodies (keys, rows) as they are"
@@ -32,32 +32,6 @@ enum {
 	EMBNIC_HDR_FIELDS(EMBNIC_F_INDEX)
 #undef EMBNIC_F_INDEX
 	F_END
-};
-
-/*
- * The rows of the shard's tables (client_lib/rowstore.py RowStore):
- * one index of composite keys (key + salt of its table, mod 2^64) over one
- * float32 arena. Read only here.
- */
-struct embnic_store {
-	const uint64_t *ck;	/* main index: composite keys, sorted (m) */
-	const int64_t *cs;	/* the arena slot of each */
-	const uint16_t *ct;	/* the table (local index) of each; NULL: one table */
-	int64_t m;
-	const uint64_t *sample;	/* ck[0], ck[step], ck[2 * step], ...: a small copy the */
-	int64_t nsample;	/* searches start in (it stays in cache) */
-	int64_t step;
-	const uint64_t *dck;	/* delta index: recently added rows (d) */
-	const int64_t *dcs;
-	const uint16_t *dct;
-	int64_t d;
-	const float *vals;	/* arena */
-	const int64_t *off;	/* per slot: element offset in vals; NULL: slot * dim */
-	int64_t dim;		/* the one dim of every table (when off is NULL) */
-	const uint64_t *tsalt;	/* per table (local index): composite salt */
-	const uint64_t *tinit;	/* per table: init_rows' hash of (seed, table) */
-	const float *tscale;	/* per table: init_scale as float32 */
-	int64_t ntables;
 };
 
 /* What the shard knows about table ids (ShardState's per-table-id arrays,
@@ -170,22 +144,11 @@ struct embnic_reply_spec {
 	uint8_t name[16];	/* destination sockaddr_in */
 };
 
-static_assert(sizeof(struct embnic_store) == 18 * 8, "embnic_store layout");
 static_assert(sizeof(struct embnic_shard_tables) == 10 * 8, "embnic_shard_tables layout");
 static_assert(offsetof(struct embnic_answer, stats) == 42 * 8, "embnic_answer layout");
 static_assert(sizeof(struct embnic_answer) == (42 + EMBNIC_NB_ST) * 8, "embnic_answer layout");
 static_assert(sizeof(struct embnic_reply_spec) == 64, "embnic_reply_spec layout");
 static_assert(offsetof(struct embnic_reply_spec, name) == 48, "embnic_reply_spec layout");
-
-/* store.c */
-uint64_t embnic_splitmix64(uint64_t x);
-int64_t embnic_store_find(const struct embnic_store *s, int64_t li, uint64_t c, int64_t *hint);
-int64_t embnic_store_block(const struct embnic_store *s, uint64_t c, int64_t *hint);
-int64_t embnic_store_pos(const struct embnic_store *s, uint64_t c, int64_t a);
-int64_t embnic_store_find_delta(const struct embnic_store *s, int64_t li, uint64_t c, int64_t *hint);
-void embnic_store_row(const struct embnic_store *s, int64_t li, uint64_t key, int64_t slot, int64_t dim,
-		      int64_t dtype, uint8_t *out);
-uint16_t embnic_f32_to_f16(uint32_t f);
 
 /* answer.c */
 int64_t embnic_shard_reply_frames(struct embnic_answer *a, int64_t idx, const uint8_t *name, uint8_t msg_type,
