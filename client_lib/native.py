@@ -29,6 +29,20 @@ R = {n: i for i, n in enumerate(RES)}
 KIND_OK, KIND_SHARD_ERROR, KIND_GIVE_UP, KIND_OS_ERROR, KIND_INTERRUPTED = range(5)
 _LOOKUP, _FP32 = int(MsgType.LOOKUP_REQ), int(DType.FP32)
 _VP = ctypes.c_void_p
+_I64, _INT, _DBL = ctypes.c_int64, ctypes.c_int, ctypes.c_double
+#: the library's functions (``embnic_client_NAME``): name -> (restype, argtypes)
+_SIGNATURES = {
+    "new": (_VP, [_INT, _INT, _INT, _I64, _INT, _DBL, _DBL, _DBL, _INT, _INT, _INT, _VP, _VP, _VP]),
+    "abort": (None, [_VP]),
+    "free": (None, [_VP]),
+    "stats": (None, [_VP, _VP]),
+    "rtt": (_INT, [_VP, _INT, _INT, _VP]),
+    "nstats": (_INT, []),
+    "stat_name": (ctypes.c_char_p, [_INT]),
+    "prepare": (_I64, [_VP, _VP, _I64, _VP, _VP, _I64, _VP, _I64, _VP, _I64, _VP, _INT, _I64, _INT, _I64, _I64,
+                       _I64, ctypes.c_uint32, _INT] + [_VP] * 17),
+    "round": (_INT, [_VP, _INT, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _INT, _VP, ctypes.c_uint32, _VP]),
+}
 _lib: ctypes.CDLL | None = None
 
 
@@ -42,29 +56,9 @@ def load() -> ctypes.CDLL:
         return _lib
     want = consts.VERSION * 1000000 + len(consts.HEADER_FIELDS) * 10000 + NCOL * 100 + len(RES)
     lib = clib.load(clib.CLIENT, consts.VERSION, abi=("embnic_client_abi", want))
-    lib.embnic_client_new.restype = _VP
-    lib.embnic_client_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
-                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_int, _VP, _VP, _VP]
-    lib.embnic_client_abort.restype = None
-    lib.embnic_client_abort.argtypes = [_VP]
-    lib.embnic_client_free.restype = None
-    lib.embnic_client_free.argtypes = [_VP]
-    lib.embnic_client_stats.restype = None
-    lib.embnic_client_stats.argtypes = [_VP, _VP]
-    lib.embnic_client_rtt.restype = ctypes.c_int
-    lib.embnic_client_rtt.argtypes = [_VP, ctypes.c_int, ctypes.c_int, _VP]
-    lib.embnic_client_nstats.restype = ctypes.c_int
-    lib.embnic_client_nstats.argtypes = []
-    lib.embnic_client_stat_name.restype = ctypes.c_char_p
-    lib.embnic_client_stat_name.argtypes = [ctypes.c_int]
-    lib.embnic_client_prepare.restype = ctypes.c_int64
-    lib.embnic_client_prepare.argtypes = ([_VP, _VP, ctypes.c_int64, _VP, _VP, ctypes.c_int64, _VP, ctypes.c_int64, _VP,
-                                           ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                           ctypes.c_int64, ctypes.c_uint32, ctypes.c_int] + [_VP] * 17)
-    lib.embnic_client_round.restype = ctypes.c_int
-    lib.embnic_client_round.argtypes = [_VP, ctypes.c_int, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, ctypes.c_int,
-                                        _VP, ctypes.c_uint32, _VP]
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        f = getattr(lib, f"embnic_client_{name}")
+        f.restype, f.argtypes = restype, argtypes
     _lib = lib
     return lib
 
