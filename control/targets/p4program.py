@@ -163,7 +163,8 @@ def ring_entries(head: int, regs: dict[str, list[int]], last: int) -> list[dict]
     if last < 0:
         raise ValueError(f"last must be >= 0, got {last}")
     size = constants()["RING_SLOTS"]
-    return [{f: regs[f"ring_{f}"][(head - k) % size] for f in RING_FIELDS} for k in range(1, min(last, head, size) + 1)]
+    return [{f: regs[f"ring_{f}"][(head - k) % size] for f in RING_FIELDS}
+            for k in range(1, min(last, head, size) + 1)]
 
 
 def decode_state_map(regs: dict[str, list[int]]) -> list[dict]:
@@ -177,16 +178,18 @@ def decode_state_map(regs: dict[str, list[int]]) -> list[dict]:
     Raises:
         KeyError: a register of :data:`STATE_REGISTERS` missing from ``regs``.
     """
+    # the registers that hold one field each, named as the register
     packed = ("slot_state", "slot_key", "slot_request_info", "slot_shard")
-    plain = [r[len("slot_"):] for r in STATE_REGISTERS if r not in packed]  # one field each, named as its register
+    plain = [r[len("slot_"):] for r in STATE_REGISTERS if r not in packed]
     out = []
     for s, st in enumerate(regs["slot_state"]):
         if st == 0:
             continue
         key, req = regs["slot_key"][s], regs["slot_request_info"][s]
-        out.append({"slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF, "state": STATE_NAMES.get(st, str(st)),
-                    "msg_type": req >> 32, "shard_id": regs["slot_shard"][s], "num_tables": (req >> 16) & 0xFFFF,
-                    "frag_count": req & 0xFFFF, **{f: regs[f"slot_{f}"][s] for f in plain}})
+        out.append({"slot": s, "client_id": key >> 32, "msg_id": key & 0xFFFFFFFF,
+                    "state": STATE_NAMES.get(st, str(st)), "msg_type": req >> 32, "shard_id": regs["slot_shard"][s],
+                    "num_tables": (req >> 16) & 0xFFFF, "frag_count": req & 0xFFFF,
+                    **{f: regs[f"slot_{f}"][s] for f in plain}})
     return out
 
 

@@ -583,7 +583,8 @@ class Bmv2Target(Target):
     def state_summary(self) -> dict:
         entries = bmv2_runtime.read_state_map(self._switch())
         full = p4prog.constants()["DROP_STATE_FULL"]
-        c = bmv2_runtime.parse_counters(self.cli(["counter_read state_expired 0", f"counter_read drop_reasons {full}"]))
+        c = bmv2_runtime.parse_counters(self.cli(["counter_read state_expired 0",
+                                                  f"counter_read drop_reasons {full}"]))
         return p4prog.summarize_state(entries, c.get("drop_reasons", {}).get(full, (0, 0))[0],
                                       c.get("state_expired", {}).get(0, (0, 0))[0])
 

@@ -389,10 +389,6 @@ class CardProcess:
     def proc(self) -> subprocess.Popen | None:
         return self.process.proc
 
-    def argv(self) -> list[str]:
-        """The command line."""
-        return self.process.argv
-
     def start(self) -> "CardProcess":
         """Start and wait until ``ping`` answers on the control socket.
 

@@ -224,7 +224,7 @@ class DpdkCard(Target):
         Raises:
             UsageError: no config, no ports, bad lcores or vdevs.
             ConfigError: no ``[card]``, or a shard/client without ``mac``/``card_port``.
-            OperationalError: a PCI device or hugepages not ready (:meth:`check_pci`).
+            OperationalError: a PCI device or hugepages not ready (:mod:`embnic.control.targets.dpdk.pci`).
         """
         cfg = self.config
         if cfg is None:
@@ -257,27 +257,15 @@ class DpdkCard(Target):
                             len(self.pci))
         if bad:
             raise UsageError(bad, param="vdevs")
+        # each PCI device there and bound to a driver DPDK can use, hugepages free: else the first fault
         if self.pci:
-            self.check_pci()
+            from embnic.control.targets.dpdk import pci as P
+
+            for bad in [*(P.pci_problem(b, self.sysfs_root) for b in self.pci),
+                        P.hugepages_problem(self.sysfs_root) if self.hugepages and self.eal_args is None else None]:
+                if bad:
+                    raise OperationalError(bad)
         return peers_from_config(cfg) if program else []
-
-    def check_pci(self) -> None:
-        """Refuse, in one line naming the fix, a PCI device that is missing or bound to a driver
-        DPDK cannot use, and hugepages that are not there (:mod:`embnic.control.targets.dpdk.pci`).
-
-        Raises:
-            OperationalError: the first problem found.
-        """
-        from embnic.control.targets.dpdk import pci as P
-
-        for b in self.pci:
-            bad = P.pci_problem(b, self.sysfs_root)
-            if bad:
-                raise OperationalError(bad)
-        if self.hugepages and self.eal_args is None:
-            bad = P.hugepages_problem(self.sysfs_root)
-            if bad:
-                raise OperationalError(bad)
 
     def claim(self) -> None:
         """Make sure nothing runs under this name before a load: the namespace exists, no

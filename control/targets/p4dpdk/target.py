@@ -90,7 +90,8 @@ class SwxCard:
         for p in peers:
             self.peer_add(p)
         if state_timeout_us is not None:
-            self.reg_write("state_timeout_us", 0, state_timeout_us)
+            self.ctl.call("reg_write", name=self.names.register("state_timeout_us"), index=0,
+                          value=state_timeout_us)
 
     def peer_add(self, p: Peer) -> None:
         """Add or replace peer ``p``: its entry of ``route_by_shard`` or ``client_by_id`` and its
@@ -123,9 +124,6 @@ class SwxCard:
         if count is not None:
             fields["count"] = count
         return self.ctl.call("reg_read", **fields)["values"]
-
-    def reg_write(self, name: str, index: int, value: int) -> None:
-        self.ctl.call("reg_write", name=self.names.register(name), index=index, value=value)
 
     def counter(self, name: str, index: int = 0, count: int = 1, kind: str = "packets") -> list[int]:
         return self.ctl.call("reg_read", name=self.names.counter(name, kind), index=index, count=count)["values"]
