@@ -15,7 +15,7 @@ import dataclasses
 import queue
 import threading
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 from embnic.control.errors import MissingDependencyError
 
@@ -296,7 +296,8 @@ class P4RuntimeClient:
         self._requests = queue.Queue()
         self._requests.put(p4r.StreamMessageRequest(arbitration=p4r.MasterArbitrationUpdate(
             device_id=self.device_id, election_id=p4r.Uint128(high=0, low=int(election_id)))))
-        self._stream = self._stub.StreamChannel(self._request_iter(self._requests))
+        # the requests until close() puts None
+        self._stream = self._stub.StreamChannel(iter(self._requests.get, None))
         answer: list = []
 
         def first():
@@ -320,14 +321,6 @@ class P4RuntimeClient:
             self.close()
             raise P4RuntimeError(f"P4Runtime arbitration at {self.address}: not primary (election id "
                                  f"{election_id}): {st.message or 'another controller is'}")
-
-    @staticmethod
-    def _request_iter(q: queue.Queue) -> Iterator:
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            yield item
 
     def close(self) -> None:
         """End the arbitration stream (if open) and the channel."""
