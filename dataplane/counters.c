@@ -177,7 +177,7 @@ partition_emit(const struct embnic_app *app, unsigned int k,
 	uint64_t done = 0, expired = 0;
 	unsigned int slot, i;
 
-	embnic_state_count(app->w[k].state, &sum);
+	embnic_state_summarise(app->w[k].state, false, &sum);
 	for (slot = 0; slot < app->nb_slots; slot++) {
 		for (i = 0; i < EMBNIC_NB_TYPES; i++)
 			done += ss[slot].completed[i];
@@ -203,10 +203,7 @@ state_emit(const struct embnic_app *app, const struct embnic_totals *t,
 
 	memset(&s, 0, sizeof(s));
 	for (k = 0; k < app->nb_workers; k++) {
-		if (by_state)
-			embnic_state_summarise(app->w[k].state, &p);
-		else
-			embnic_state_count(app->w[k].state, &p);
+		embnic_state_summarise(app->w[k].state, by_state, &p);
 		s.entries += p.entries;
 		s.capacity += p.capacity;
 		for (i = 0; i < EMBNIC_NB_STATES; i++)

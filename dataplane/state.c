@@ -611,22 +611,15 @@ embnic_state_name(unsigned int s)
 }
 
 void
-embnic_state_count(const struct embnic_state *s,
-		   struct embnic_state_summary *sum)
-{
-	memset(sum, 0, sizeof(*sum));
-	sum->capacity = s->capacity;
-	sum->entries = s->entries;
-}
-
-void
-embnic_state_summarise(const struct embnic_state *s,
+embnic_state_summarise(const struct embnic_state *s, bool by_state,
 		       struct embnic_state_summary *sum)
 {
 	uint32_t i;
 
-	embnic_state_count(s, sum);
-	for (i = 0; i < s->capacity; i++) {
+	memset(sum, 0, sizeof(*sum));
+	sum->capacity = s->capacity;
+	sum->entries = s->entries;
+	for (i = 0; by_state && i < s->capacity; i++) {
 		uint8_t st = s->e[i].state;
 
 		if (st < EMBNIC_NB_STATES)

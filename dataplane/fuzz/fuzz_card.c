@@ -208,6 +208,12 @@ seg_make(const uint8_t *f, size_t n, uint8_t udp)
 static void
 check_sent(struct rte_mbuf *m, uint16_t p)
 {
+	static const char *const udp_fails[] = {
+		[UDP_NONE] = "UDP checksum 0 on arrival, %#x sent",
+		[UDP_RIGHT] = "UDP checksum right on arrival, wrong when sent",
+		[UDP_WRONG] = "UDP checksum wrong on arrival, not when sent",
+		[UDP_UNKNOWN] = "the card sent a frame whose UDP lengths were wrong",
+	};
 	static uint8_t f[65536 + 64];
 	const struct embnic_port *port = &fz_app.ports[p];
 	const struct fz_buf *b = (const struct fz_buf *)m->shinfo;
@@ -265,23 +271,11 @@ check_sent(struct rte_mbuf *m, uint16_t p)
 	}
 	if (to == NULL)
 		fail("sent frame on port %u to no registered peer", p);
+	/* 0 stays 0; else right iff it was right on arrival */
 	sum = rd16(f + 40);
-	switch (b->udp) {
-	case UDP_NONE:
-		if (sum != 0)
-			fail("UDP checksum 0 on arrival, %#x sent", sum);
-		break;
-	case UDP_RIGHT:
-		if (sum == 0 || udp_sum(f, ul) != 0xffff)
-			fail("UDP checksum right on arrival, wrong when sent");
-		break;
-	case UDP_WRONG:
-		if (sum == 0 || udp_sum(f, ul) == 0xffff)
-			fail("UDP checksum wrong on arrival, not when sent");
-		break;
-	default:
-		fail("the card sent a frame whose UDP lengths were wrong");
-	}
+	if (b->udp >= UDP_UNKNOWN || (b->udp == UDP_NONE ? sum != 0 : sum == 0 ||
+	    (udp_sum(f, ul) == 0xffff) != (b->udp == UDP_RIGHT)))
+		fail(udp_fails[b->udp < UDP_UNKNOWN ? b->udp : UDP_UNKNOWN], sum);
 out:
 	rte_pktmbuf_free(m);
 }

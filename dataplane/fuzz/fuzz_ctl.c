@@ -35,7 +35,7 @@ take(struct snap *s)
 	fz_table_snapshot(fz_app.routes, &s->routes);
 	fz_table_snapshot(fz_app.clients, &s->clients);
 	s->nb_slots = fz_app.nb_slots;
-	embnic_state_summarise(fz_app.w[0].state, &s->state);
+	embnic_state_summarise(fz_app.w[0].state, true, &s->state);
 }
 
 static bool

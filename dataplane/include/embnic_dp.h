@@ -480,11 +480,11 @@ void embnic_state_expire_step(struct embnic_state *s, uint64_t now,
 void embnic_state_reset(struct embnic_state *s, uint32_t nb_slots);
 
 /* state.c: the map as the control path reads it */
-/* Entries in use and capacity only (cheap: no scan). */
-void embnic_state_count(const struct embnic_state *s,
-			struct embnic_state_summary *sum);
-/* Also the count per state (scans the whole map: control path only). */
-void embnic_state_summarise(const struct embnic_state *s,
+/*
+ * Entries in use and capacity (cheap: no scan); with by_state also the
+ * count per state (scans the whole map: control path only).
+ */
+void embnic_state_summarise(const struct embnic_state *s, bool by_state,
 			    struct embnic_state_summary *sum);
 /* Copies up to max live entries into out; returns how many. */
 unsigned int embnic_state_dump(const struct embnic_state *s,

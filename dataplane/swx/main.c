@@ -65,6 +65,7 @@
 #define SWX_DEFAULT_CTL		"/run/embnic/embnic-swx.sock"
 #define REG_READ_MAX	(1u << 20)	/* cells per reg_read */
 #define KEY_MAX		16		/* match values of an entry */
+#define KEY_LEN		(KEY_MAX * 21 + 1)	/* match_key's key */
 
 struct swx_port_counters {
 	uint64_t rx_frames, rx_bytes;	/* from the ethdev, into the pipeline */
@@ -180,15 +181,12 @@ codegen(const char *spec_path, const char *out_path)
 	int ret;
 
 	spec = fopen(spec_path, "r");
-	if (spec == NULL) {
-		fprintf(stderr, "embnic-swx: %s: %s\n", spec_path, strerror(errno));
-		return -errno;
-	}
-	out = fopen(out_path, "w");
+	out = spec != NULL ? fopen(out_path, "w") : NULL;
 	if (out == NULL) {
 		ret = -errno;
-		fprintf(stderr, "embnic-swx: %s: %s\n", out_path, strerror(errno));
-		fclose(spec);
+		fprintf(stderr, "embnic-swx: %s: %s\n", spec ? out_path : spec_path, strerror(-ret));
+		if (spec != NULL)
+			fclose(spec);
 		return ret;
 	}
 	ret = rte_swx_pipeline_codegen(spec, out, &err_line, &err_msg);
@@ -401,25 +399,24 @@ host_tx(struct swx_app *a, struct swx_port *p)
  * without argument names, which only the table's layout could decode.
  */
 
-/* An entry as added: its table, its match values and its text. */
-struct shadow {
-	char *table;
-	uint64_t key[KEY_MAX];
-	unsigned int n_key;
-	char *text;
-};
+/* The entries as added, [table, key (match_key), text] each. */
+static json_t *shadows;
 
-static struct shadow *shadows;
-static unsigned int n_shadows, cap_shadows;
-
-/* The match values of an entry text ("match V ... [action ...]"); -1 if it has none or too many. */
+/*
+ * The match values of an entry text ("match V ... [action ...]") as a
+ * key: each in decimal and a space, into key (KEY_LEN bytes); -1 if the
+ * text is not "match ...", has more than KEY_MAX values or one that is not
+ * a number.
+ */
 static int
-match_values(const char *line, uint64_t *key, unsigned int *n)
+match_key(const char *line, char *key)
 {
-	char *copy = strdup(line), *tok, *save = NULL;
+	char *copy = strdup(line), *tok, *save = NULL, *end;
+	unsigned int n = 0;
+	uint64_t v;
 	int ret = -1;
 
-	*n = 0;
+	key[0] = '\0';
 	if (copy == NULL)
 		return -1;
 	tok = strtok_r(copy, " \t", &save);
@@ -427,83 +424,59 @@ match_values(const char *line, uint64_t *key, unsigned int *n)
 		ret = 0;
 		while ((tok = strtok_r(NULL, " \t", &save)) != NULL && strcmp(tok, "action") != 0 &&
 		       strcmp(tok, "priority") != 0) {
-			char *end;
-
-			if (*n == KEY_MAX) {
+			v = strtoull(tok, &end, 0);
+			if (n++ == KEY_MAX || *end != '\0') {
 				ret = -1;
 				break;
 			}
-			key[(*n)++] = strtoull(tok, &end, 0);
-			if (*end != '\0') {
-				ret = -1;
-				break;
-			}
+			key += sprintf(key, "%" PRIu64 " ", v);
 		}
 	}
 	free(copy);
 	return ret;
 }
 
-static struct shadow *
-shadow_find(const char *table, const uint64_t *key, unsigned int n)
+/* The index in shadows of table's entry of key; -1 if there is none. */
+static int
+shadow_find(const char *table, const char *key)
 {
-	unsigned int i;
+	json_t *e;
+	size_t i;
 
-	for (i = 0; i < n_shadows; i++)
-		if (shadows[i].n_key == n && strcmp(shadows[i].table, table) == 0 &&
-		    memcmp(shadows[i].key, key, n * sizeof(*key)) == 0)
-			return &shadows[i];
-	return NULL;
+	json_array_foreach(shadows, i, e)
+		if (strcmp(json_string_value(json_array_get(e, 0)), table) == 0 &&
+		    strcmp(json_string_value(json_array_get(e, 1)), key) == 0)
+			return (int)i;
+	return -1;
 }
 
 /* Record an added entry (replacing the one of the same key); -ENOMEM. */
 static int
-shadow_add(const char *table, const uint64_t *key, unsigned int n, const char *text)
+shadow_add(const char *table, const char *key, const char *text)
 {
-	struct shadow *e = shadow_find(table, key, n);
-	char *t = strdup(text);
+	int i = shadow_find(table, key);
+	json_t *e = json_pack("[s, s, s]", table, key, text);
 
-	if (t == NULL)
+	if (shadows == NULL)
+		shadows = json_array();
+	if (e == NULL || shadows == NULL)
 		return -ENOMEM;
-	if (e != NULL) {
-		free(e->text);
-		e->text = t;
-		return 0;
-	}
-	if (n_shadows == cap_shadows) {
-		unsigned int cap = cap_shadows ? 2 * cap_shadows : 64;
-		struct shadow *ns = realloc(shadows, cap * sizeof(*ns));
-
-		if (ns == NULL) {
-			free(t);
-			return -ENOMEM;
-		}
-		shadows = ns;
-		cap_shadows = cap;
-	}
-	e = &shadows[n_shadows];
-	e->table = strdup(table);
-	if (e->table == NULL) {
-		free(t);
-		return -ENOMEM;
-	}
-	memcpy(e->key, key, n * sizeof(*key));
-	e->n_key = n;
-	e->text = t;
-	n_shadows++;
-	return 0;
+	if (i >= 0)
+		return json_array_set_new(shadows, (size_t)i, e) == 0 ? 0 : -ENOMEM;
+	return json_array_append_new(shadows, e) == 0 ? 0 : -ENOMEM;
 }
 
+/* Forget an entry: the last one takes its place. */
 static void
-shadow_del(const char *table, const uint64_t *key, unsigned int n)
+shadow_del(const char *table, const char *key)
 {
-	struct shadow *e = shadow_find(table, key, n);
+	int i = shadow_find(table, key);
+	size_t n = json_array_size(shadows);
 
-	if (e == NULL)
+	if (i < 0)
 		return;
-	free(e->table);
-	free(e->text);
-	*e = shadows[--n_shadows];
+	json_array_set(shadows, (size_t)i, json_array_get(shadows, n - 1));
+	json_array_remove(shadows, n - 1);
 }
 
 static json_t *
@@ -557,16 +530,15 @@ cmd_table(struct swx_app *a, json_t *req, const char *cmd)
 	const char *table = get_str(req, "table"), *line = get_str(req, "entry");
 	bool add = strcmp(cmd, "table_add") == 0;
 	struct rte_swx_table_entry *e;
-	uint64_t key[KEY_MAX];
-	unsigned int n_key;
+	char key[KEY_LEN];
 	int blank = 0, ret;
 
 	if (table == NULL || line == NULL)
 		return err("usage", "%s needs \"table\" and \"entry\" (strings)", cmd);
-	if (match_values(line, key, &n_key) != 0)
+	if (match_key(line, key) != 0)
 		return err("usage", "%s %s: \"%s\" is not \"match V ...%s\" (at most %u numbers)", cmd,
 			   table, line, add ? " action NAME [ARG V] ..." : "", KEY_MAX);
-	if (!add && shadow_find(table, key, n_key) == NULL)
+	if (!add && shadow_find(table, key) < 0)
 		return err("usage", "table_delete %s: no entry \"%s\"", table, line);
 	e = rte_swx_ctl_pipeline_table_entry_read(a->ctl, table, line, &blank);
 	if (e == NULL)
@@ -582,9 +554,9 @@ cmd_table(struct swx_app *a, json_t *req, const char *cmd)
 	else
 		rte_swx_ctl_pipeline_abort(a->ctl);
 	if (ret == 0 && add)
-		ret = shadow_add(table, key, n_key, line);
+		ret = shadow_add(table, key, line);
 	else if (ret == 0)
-		shadow_del(table, key, n_key);
+		shadow_del(table, key);
 	if (ret != 0)
 		return err("failure", "%s %s \"%s\": %s", cmd, table, line, strerror(-ret));
 	return json_pack("{s:b}", "ok", 1);
@@ -596,9 +568,10 @@ cmd_table_dump(struct swx_app *a, json_t *req)
 	const char *table = get_str(req, "table");
 	struct rte_swx_ctl_pipeline_info pi;
 	struct rte_swx_ctl_table_info ti;
-	json_t *entries;
+	json_t *entries, *e;
 	bool found = false;
 	uint32_t i;
+	size_t n;
 
 	if (table == NULL)
 		return err("usage", "table_dump needs \"table\"");
@@ -608,9 +581,9 @@ cmd_table_dump(struct swx_app *a, json_t *req)
 	if (!found)
 		return err("usage", "table_dump: no table %s", table);
 	entries = json_array();
-	for (i = 0; i < n_shadows; i++)
-		if (strcmp(shadows[i].table, table) == 0)
-			json_array_append_new(entries, json_string(shadows[i].text));
+	json_array_foreach(shadows, n, e)
+		if (strcmp(json_string_value(json_array_get(e, 0)), table) == 0)
+			json_array_append(entries, json_array_get(e, 2));
 	return json_pack("{s:b, s:o}", "ok", 1, "entries", entries);
 }
 
