@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -17,6 +18,7 @@ from embnic.client_lib.client import EmbeddingClient
 from embnic.client_lib.config import parse_config
 from embnic.testbed.net.toml_writer import dump_toml
 
+from .e2e import machine
 from .loadgen import ShardProcess
 from .results import merge_json
 
@@ -86,10 +88,6 @@ def run(out_dir: Path, *, rounds: int = 40, keys=None, log=print) -> dict:
         OperationalError: a shard did not start. NativeLibraryError: the client's C library is
             missing or stale.
     """
-    import tempfile
-
-    from .e2e import machine
-
     keys = KEYS if keys is None else keys
     m0 = machine()
     res: dict = {}

@@ -16,6 +16,7 @@ import numpy as np
 
 from embnic.client_lib.batch import KeyedJaggedBatch, prepare_batch
 from embnic.client_lib.config import load_config
+from embnic.control import capacity as P
 from embnic.control.errors import OperationalError
 from embnic.testbed.training import criteo
 
@@ -65,9 +66,7 @@ def embnic_steps(client, cfg, sparses: list[np.ndarray]) -> dict:
     ``messages`` (requests sent + replies received), ``rounds``, ``retransmits`` (re-sends and
     repairs), ``timeouts`` (retransmission timers that fired), ``repairs`` and ``probes`` (tail
     probes: one-key lookups after a shard's last message of a round, not among ``messages``)."""
-    from embnic.testbed.training.train import feature_tables
-
-    ftab = feature_tables(cfg, len(NAMES))
+    ftab = criteo.feature_tables(cfg, len(NAMES))
     look, upd, step = [], [], []
     def snap(s):
         return (s.messages_sent + s.messages_received, s.rounds, s.retransmits, s.timeouts, s.repairs, s.probes,
@@ -293,16 +292,13 @@ def plan_rows(cfg, sample, batches, measured: dict) -> dict:
         messages_per_step, plan_request_frames_per_step, plan_request_bytes_per_step, binds}}``
         (batches not in ``measured`` are left out).
     """
-    from embnic.control import capacity as P
-    from embnic.testbed.training.train import feature_tables
-
     out = {}
     one = dataclasses.replace(cfg, clients=cfg.clients[:1])
     for b in batches:
         m = measured.get(str(b))
         if not m:
             continue
-        w = P.measure_workload(one, sample.sparse, feature_tables(one, len(NAMES)), b)
+        w = P.measure_workload(one, sample.sparse, criteo.feature_tables(one, len(NAMES)), b)
         pl = P.plan(one, w, P.PROFILES["testbed"])
         ps = pl["per_step"]
         step = m["step_p50_us"]["median"]

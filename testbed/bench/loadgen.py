@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +121,6 @@ class ShardProcess:
     def metrics(self, prefixes: tuple[str, ...]) -> dict[str, float]:
         """The samples of its metrics whose names start with one of ``prefixes``: ``{name: value}``
         (labels dropped: the last sample of a name wins)."""
-        import urllib.request
-
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30).read().decode()
         out = {}
         for line in text.splitlines():

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from embnic.control.targets.p4dpdk import swx as p4dpdk
 from embnic.control.targets.base import Peer
+from embnic.control.targets.dpdk.process import unique_prefix
 from embnic.control.targets.p4dpdk.target import SwxProcess
 
 #: the card's two ports: 0 faces the clients (the frames' destination), 1 the sink
@@ -28,8 +29,6 @@ def measure_swx(pipe: p4dpdk.Pipeline, vdevs: Sequence[str], seconds: float, war
     statistics; gbps without the 4-byte tx pseudo-header), messages whose whole reply passed per
     second (the P4 card's counter); ``window`` is the benchmark's measuring function
     (``dataplane.rate_window``)."""
-    from embnic.control.targets.dpdk.process import unique_prefix
-
     with SwxProcess(pipe, vdevs, log_dir / f"swx-{unique_prefix('s')}", burst=32, mbufs=mbufs) as sw:
         card = sw.card
         # clients behind port 0, where the frames come in (the card takes a request only from its
