@@ -232,12 +232,8 @@ def shard_storage(cfg: ClusterConfig, hw: Hardware) -> dict:
         (added by :func:`plan`, which knows the update bytes).
     """
     S = len(cfg.shards)
-    rows = np.zeros(S, np.int64)
-    drows = np.zeros(S, np.int64)
-    arena = np.zeros(S, np.float64)
-    tier = np.zeros(S, np.float64)
-    disk = np.zeros(S, np.float64)
-    store = np.zeros(S, np.float64)
+    rows, drows = np.zeros(S, np.int64), np.zeros(S, np.int64)
+    arena, tier, disk, store = (np.zeros(S, np.float64) for _ in range(4))
     dims: list[set] = [set() for _ in range(S)]
     on_disk = disk_tables(cfg)
     kinds = stores(cfg)
@@ -370,20 +366,18 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
     # the state map is not a rate: every message of a round of every client is in flight at once
     state_size = cfg.card.state_size if cfg.card is not None else None
     entries = w.clients * tr.inflight
-    limits_ok = {k: v for k, v in lim.items()}
-    binds = min(limits_ok, key=limits_ok.get)
-    rate = w.steps_per_s if w.steps_per_s is not None else limits_ok[binds]
+    binds = min(lim, key=lim.get)
+    rate = w.steps_per_s if w.steps_per_s is not None else lim[binds]
     C = w.clients
     # the log between checkpoints: one record (36-byte header + the update's body) per update of
     # every client (testbed/server/durability.py)
     disk = st["disk_bytes"] + hw.checkpoint_every * (tr.per_shard[:, 5] + WAL_RECORD_HEADER * (tr.per_shard[:, 5] > 0))
     ps = tr.per_shard
     names = {t.id: t.name for t in cfg.tables}
+    gb = {"memory": st["memory_bytes"], "disk": disk, "arena_memory": st["arena_bytes"],
+          "disk_tier_memory": st["disk_tier_memory_bytes"], "store": st["store_bytes"]}
     shards = [{"index": i, "id": cfg.shards[i].id, "rows": int(st["rows"][i]),
-               "memory_gb": float(st["memory_bytes"][i]) / 1e9, "disk_gb": float(disk[i]) / 1e9,
-               "arena_memory_gb": float(st["arena_bytes"][i]) / 1e9,
-               "disk_tier_memory_gb": float(st["disk_tier_memory_bytes"][i]) / 1e9,
-               "store_gb": float(st["store_bytes"][i]) / 1e9, "disk_rows": int(st["disk_rows"][i]),
+               **{f"{k}_gb": float(v[i]) / 1e9 for k, v in gb.items()}, "disk_rows": int(st["disk_rows"][i]),
                "tables_on_disk": [names[t] for t in st["disk_tables"][i]],
                "keys_per_s": float(C * rate * ps[i, 0]), "disk_keys_per_s": float(C * rate * tr.disk_keys[i]),
                "gbps_in": float(C * rate * 8 * (ps[i, 1] + WIRE_OVERHEAD * ps[i, 3]) / 1e9),
@@ -408,7 +402,7 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
                      "unique_ids": float(sum(unique.values())), "wire_bits": tr.wire_bits},
         "shards": shards,
         "card": card,
-        "limits": limits_ok,
+        "limits": lim,
         "binds": binds,
         "fits": fits,
         "step_time_us": step_time_us(cfg, hw, w, tr, 1),
