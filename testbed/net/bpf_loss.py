@@ -93,9 +93,7 @@ def program(loss_pct: float, map_fd: int, direction: str) -> bytes:
     """
     thresh = min(1 << 32, int(round(loss_pct / 100.0 * (1 << 32))))
     drop = _count(map_fd, COUNTERS[direction, "dropped"])
-    tail = b"".join([
-        _insn(0xB7, 0, imm=_XDP_PASS), _insn(0x95),      # pass: r0 = XDP_PASS; exit
-    ])
+    tail = _insn(0xB7, 0, imm=_XDP_PASS) + _insn(0x95)  # pass: r0 = XDP_PASS; exit
     shot = drop + _insn(0xB7, 0, imm=_XDP_DROP) + _insn(0x95)
     return b"".join([
         _count(map_fd, COUNTERS[direction, "frames"]),

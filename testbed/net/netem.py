@@ -17,8 +17,8 @@ from embnic.control.netns import run as run_cmd  # tc; one name the tests replac
 from embnic.control.runstate import proc_starttime, run_dir
 
 from . import bpf_loss
-from .procs import TestbedError, log_tail, require_net_admin, spawn_logged, stop_process
-from .statefile import node_dir, save_testbed_state, testbed_state
+from .procs import (TestbedError, log_tail, node_dir, require_net_admin, save_testbed_state, spawn_logged,
+                    stop_process, testbed_state)
 
 BACKENDS = ("auto", "tc", "bpf", "user")
 

@@ -1,4 +1,5 @@
-"""The namespace testbed: clients, the card and parameter-server shards on veth pairs.
+"""The namespace testbed: clients, the card and parameter-server shards on veth pairs: its readiness
+probe, bring-up (:class:`Testbed`), teardown (:func:`down`, from the state file alone) and status.
 
 How: docs/testbed.md, "Wiring, names and readiness".
 """
@@ -8,12 +9,14 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
 
+from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.control import netns
@@ -23,19 +26,85 @@ from embnic.control.targets.dpdk.process import remove_runtime_dir
 
 from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
 
-from .procs import NeedsRoot, TestbedError, log_tail, reap, require_net_admin, spawn_logged, stop_process
-from .statefile import (card_pipeline_name, card_target, dead_nodes, describe_dead, loaded_card, list_testbeds,
-                        node_dir, save_testbed_state, state_path, testbed_state)
-from .probe import ask, probe_key, status_name
+from .procs import (NeedsRoot, TestbedError, card_pipeline_name, card_target, dead_nodes, describe_dead, list_testbeds,
+                    loaded_card, log_tail, node_dir, reap, require_net_admin, save_testbed_state, spawn_logged,
+                    state_path, stop_process, testbed_state)
 from .toml_writer import dump_toml
 from .wiring import DEFAULT_PMD, PmdError, Topology, card_file_prefix, check_name, derived_mac, link_prefix
 
 PROBE_MSG_ID_BASE = 0xFFFF0000  #: msg ids of readiness probes (training starts at 1)
 
-#: this module's bring-up and status, and what its callers use of the modules it is built on
-__all__ = ["Testbed", "down", "status", "probe_key", "PmdError", "Topology", "check_name", "derived_mac", "link_prefix",
-           "NeedsRoot", "TestbedError", "NetnsError", "in_netns", "netns_list", "require_net_admin", "describe_dead",
-           "save_testbed_state", "state_path", "testbed_state"]
+#: this module's probe, bring-up, teardown and status, and what its callers use of the modules it is built on
+__all__ = ["Testbed", "down", "status", "probe_key", "ask", "PmdError", "Topology", "check_name", "derived_mac",
+           "link_prefix", "NeedsRoot", "TestbedError", "NetnsError", "in_netns", "netns_list", "require_net_admin",
+           "describe_dead", "save_testbed_state", "state_path", "testbed_state"]
+
+
+# --------------------------------------------------------------------------- probe
+def probe_key(cfg: ClusterConfig, shard_id: int):
+    """The (table, key, owned) a readiness probe of shard ``shard_id`` looks up.
+
+    The first table (config order) with a key the shard owns among ids ``0 .. min(rows, 4096)-1``
+    and the smallest such key: under the ``hash`` policy a shard of S owns one id in S, so
+    4096 candidates miss with probability (1-1/S)^4096. ``owned`` is False only when the shard
+    owns none of them (``table`` policy, no table on it): then table 0, key 0.
+
+    Returns:
+        (``TableConfig``, keys uint64 (1,), owned bool).
+    """
+    import numpy as np
+
+    from embnic.client_lib.routing import shard_of
+
+    for t in cfg.tables:
+        cand = np.arange(min(t.rows, 4096) if t.rows is not None else 4096, dtype=np.uint64)
+        hit = np.flatnonzero(shard_of(cfg, t.id, cand) == shard_id)
+        if hit.size:
+            return t, cand[hit[:1]], True
+    return cfg.tables[0], np.zeros(1, dtype=np.uint64), False
+
+
+def ask(sock: socket.socket, cfg: ClusterConfig, client_id: int, shard_id: int, msg_id: int, timeout_s: float,
+        resend_s: float) -> tuple[float | None, codec.Header | None, int]:
+    """Look :func:`probe_key`'s key of shard ``shard_id`` up from client ``client_id`` on ``sock``
+    (through the card: :meth:`~embnic.client_lib.config.ClusterConfig.request_destination`), sent
+    again every ``resend_s`` s until a reply to (``client_id``, ``msg_id``) comes or ``timeout_s`` s
+    have passed.
+
+    Returns:
+        (round trip in s from the last send, the reply's header, sends), or (None, None, sends)
+        without a reply.
+    """
+    t0, key, _ = probe_key(cfg, shard_id)
+    frames = codec.encode_table_lookup(msg_id=msg_id, client_id=client_id, table_id=t0.id, shard_id=shard_id,
+                                       dim=t0.dim, dtype=t0.wire_dtype, keys=key, mtu=cfg.mtu)
+    dest = cfg.request_destination(client_id, shard_id)
+    deadline = time.monotonic() + timeout_s
+    sends = 0
+    while time.monotonic() < deadline:
+        sent = time.monotonic()
+        for f in frames:
+            sock.sendto(f, dest)
+        sends += 1
+        end = min(deadline, sent + resend_s)
+        while (left := end - time.monotonic()) > 0:
+            if not select.select([sock], [], [], left)[0]:
+                break
+            try:
+                h = codec.parse_header(sock.recv(65536), expect="reply")
+            except (BlockingIOError, codec.FrameError):
+                continue
+            if h.msg_id == msg_id and h.client_id == client_id:
+                return time.monotonic() - sent, h, sends
+    return None, None, sends
+
+
+def status_name(status: int) -> str:
+    """The name of a reply's status (``Status``), or its number when it is none of them."""
+    try:
+        return Status(status).name
+    except ValueError:
+        return str(status)
 
 
 # --------------------------------------------------------------------------- runtime

@@ -17,7 +17,7 @@ from embnic.control.targets.dpdk.process import eal_argv
 from embnic.control.errors import UsageError
 from embnic.control.targets.dpdk.xdp import AF_XDP_MAX_FRAME, PMDS, VETH_XDP_MAX_MTU
 
-from .statefile import card_pipeline_name
+from .procs import card_pipeline_name
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
 DEFAULT_NAME = "emb"
@@ -163,7 +163,6 @@ class Link:
     peer_if: str
     peer_mac: str
     peer_ip: str
-    peer_port: int  #: UDP port of the client/shard (of the first node of the host)
     prefix_len: int
     members: tuple[str, ...] = ()  #: every node of this host (``c1``, ``c3``): they share its netns
     bridge: str | None = None  #: the card port's bridge ``card_if`` is a port of (several hosts), else None
@@ -242,7 +241,7 @@ class Topology:
                     port=p.id, card_if=f"{name}{node}x" if bridge else port_if,
                     card_mac=p.mac or derived_mac("card", p.id), card_ip=p.ip, peer=node, peer_kind=h["kind"],
                     peer_id=e.id, peer_ns=h["ns"], peer_if=f"{name}{node}",
-                    peer_mac=e.mac or derived_mac(h["kind"], e.id), peer_ip=e.ip, peer_port=e.port,
+                    peer_mac=e.mac or derived_mac(h["kind"], e.id), peer_ip=e.ip,
                     prefix_len=plen, members=tuple(h["members"]), bridge=bridge, port_if=port_if))
         for link in links:
             for ifname in (link.card_if, link.peer_if):

@@ -1,4 +1,3 @@
-"""Traces: record the client frames of training batches as a pcap (:mod:`.trace` ``record``, its
-``Capture`` reads a veth) and replay them into the card (``replay``); :mod:`.replay_report`
-writes the replay's report. pcap files are written by :mod:`embnic.control.pcap`.
+"""Traces: record the client frames of training batches as a pcap and replay them into the card,
+with the replay's report (:mod:`.trace`). pcap files are written by :mod:`embnic.control.pcap`.
 """

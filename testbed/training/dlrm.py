@@ -133,33 +133,26 @@ def train_dlrm(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, b
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _train(cfg, data, steps, batch_size, backend, eval_data, lr_dense, seed, progress)
+        model = build_model(cfg, backend, data.dense.shape[1], data.sparse.shape[1],
+                            cfg.seed if seed is None else seed)
+        ebc = model.sparse_arch.embedding_bag_collection
+        opt = torch.optim.SGD(model.parameters(), lr=lr_dense)
+        losses, times = [], []
+        for step in range(steps):
+            t0 = time.perf_counter()
+            dense, kjt, labels = batch_inputs(data, (np.arange(batch_size) + step * batch_size) % n)
+            opt.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, kjt).reshape(-1), labels)
+            loss.backward()  # sends this step's per-row gradients to the shards
+            opt.step()
+            losses.append(loss.item())
+            times.append(time.perf_counter() - t0)
+            if progress is not None:
+                progress(step, losses[-1])
+        ids, uniq = ebc.ids, ebc.unique_ids
+        auc = ev_loss = None
+        if eval_data is not None and len(eval_data.labels):
+            auc, ev_loss = evaluate(model, eval_data)
+        return TrainResult(losses, auc, ev_loss, ids, uniq, times, model.state_dict())
     finally:
         torch.set_num_threads(old_threads)
-
-
-def _train(cfg, data, steps, batch_size, backend, eval_data, lr_dense, seed, progress) -> TrainResult:
-    n = len(data.labels)
-    model = build_model(cfg, backend, data.dense.shape[1], data.sparse.shape[1],
-                        cfg.seed if seed is None else seed)
-    ebc = model.sparse_arch.embedding_bag_collection
-    opt = torch.optim.SGD(model.parameters(), lr=lr_dense)
-    losses, times = [], []
-    for step in range(steps):
-        t0 = time.perf_counter()
-        idx = (np.arange(batch_size) + step * batch_size) % n
-        dense, kjt, labels = batch_inputs(data, idx)
-        opt.zero_grad()
-        logits = model(dense, kjt).reshape(-1)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
-        loss.backward()  # sends this step's per-row gradients to the shards
-        opt.step()
-        losses.append(loss.item())
-        times.append(time.perf_counter() - t0)
-        if progress is not None:
-            progress(step, losses[-1])
-    ids, uniq = ebc.ids, ebc.unique_ids
-    auc = ev_loss = None
-    if eval_data is not None and len(eval_data.labels):
-        auc, ev_loss = evaluate(model, eval_data)
-    return TrainResult(losses, auc, ev_loss, ids, uniq, times, model.state_dict())

@@ -120,14 +120,7 @@ class DeferredUpdates:
         self.cfg = require_backend(inner, "DeferredUpdates").cfg
         self._inner = inner
         self.pending: list[Callable[[], None]] = []
-
-    def lookup(self, requests: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """The rows now (``{table: keys uint64 (N,)}`` → ``{table: float32 (N, dim)}``)."""
-        return self._inner.lookup(requests)
-
-    def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
-        """The rows of a flat round now (float32 (Σ counts·dim,))."""
-        return self._inner.lookup_flat(table_ids, counts, keys)
+        self.lookup, self.lookup_flat = inner.lookup, inner.lookup_flat  #: the rows now, from ``inner``
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         """Hold ``{table: (keys uint64 (N,), grads float32 (N, dim))}`` until :meth:`flush`."""
@@ -397,9 +390,7 @@ def peer_lost(e: BaseException) -> bool:
         from torch.distributed import DistError
     except ImportError:  # torch without it (< 2.2): by its words only
         DistError = ()
-    if DistError and isinstance(e, DistError):
-        return True
-    return isinstance(e, RuntimeError) and any(w in str(e) for w in _PEER_LOST)
+    return isinstance(e, DistError) or (isinstance(e, RuntimeError) and any(w in str(e) for w in _PEER_LOST))
 
 
 def _first_line(e: BaseException) -> str:

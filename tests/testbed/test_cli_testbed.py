@@ -272,7 +272,7 @@ def test_readme_names_a_testbeds_card_as_testbed_up_writes_it(monkeypatch):
     README must be the one `testbed up` writes for the default name and run dir."""
     from embnic.control import runstate
     from embnic.cli.commands import options as cmd_options
-    from embnic.testbed.net.statefile import node_dir
+    from embnic.testbed.net.procs import node_dir
 
     monkeypatch.delenv("EMBNIC_RUN_DIR", raising=False)
     text = open(os.path.dirname(os.path.abspath(__file__)) + "/../../README.md").read()

@@ -40,7 +40,7 @@ from embnic.client_lib.config import load_config  # noqa: E402
 from embnic.client_lib.consts import MsgType  # noqa: E402
 from embnic.client_lib.routing import owns  # noqa: E402
 from embnic.testbed.net import topology as T  # noqa: E402
-from embnic.testbed.traces.replay_report import shard_counters_from_log  # noqa: E402
+from embnic.testbed.traces.trace import shard_counters_from_log  # noqa: E402
 import clientref  # noqa: E402
 
 METRICS_PORT = 9465  # each shard's endpoint, in its own namespace
