@@ -337,17 +337,14 @@ def expected_msg_len(msg_type: int, num_tables: int, num_keys: int, value_len: i
     ``T`` = ``num_tables``, ``n`` = ``num_keys``. Python ints: no overflow (a card computes it in
     64 bits).
     """
-    if msg_type == MsgType.LOOKUP_REQ:
-        return DIR_ENTRY * num_tables + KEY_SIZE * num_keys
-    if msg_type == MsgType.LOOKUP_REPLY:
-        return value_len
-    if msg_type == MsgType.UPDATE_REQ:
-        return DIR_ENTRY * num_tables + KEY_SIZE * num_keys + value_len
-    if msg_type == MsgType.SIZE_REQ:
-        return SIZE_ENTRY * num_keys
-    if msg_type == MsgType.UPDATE_NACK:
-        return NACK_LEN
-    return 0
+    per_table, per_key, values, fixed = _BODY_LEN.get(msg_type, (0, 0, 0, 0))
+    return per_table * num_tables + per_key * num_keys + values * value_len + fixed
+
+
+#: :func:`expected_msg_len` of each type: bytes per table, per key, per ``value_len`` byte, fixed
+_BODY_LEN = {MsgType.LOOKUP_REQ: (DIR_ENTRY, KEY_SIZE, 0, 0), MsgType.LOOKUP_REPLY: (0, 0, 1, 0),
+             MsgType.UPDATE_REQ: (DIR_ENTRY, KEY_SIZE, 1, 0), MsgType.SIZE_REQ: (0, SIZE_ENTRY, 0, 0),
+             MsgType.UPDATE_NACK: (0, 0, 0, NACK_LEN)}
 
 
 def header_counts_ok(msg_type: int, num_tables: int, num_keys: int, value_len: int) -> bool:
