@@ -98,8 +98,7 @@ def _summ(runs: list[dict]) -> dict:
     """Repeats of :func:`embnic_steps` → medians with min/max."""
     p = lambda key, q: median_min_max([np.percentile(r[key], q) for r in runs])  # noqa: E731
     of = lambda key: median_min_max([r.get(key, 0.0) for r in runs])  # noqa: E731 (TorchRec's runs: 0)
-    return {"lookup_p50_us": p("lookup_us", 50), "lookup_p99_us": p("lookup_us", 99),
-            "update_p50_us": p("update_us", 50), "update_p99_us": p("update_us", 99),
+    return {**{f"{k}_p{q}_us": p(f"{k}_us", q) for k in ("lookup", "update") for q in (50, 99)},
             "step_p50_us": p("step_us", 50),
             "steps_per_s": median_min_max([1e6 / np.median(r["step_us"]) for r in runs]),
             "messages_per_step": of("messages"), "rounds_per_step": of("rounds"),

@@ -163,8 +163,7 @@ def summarise(runs: list[list[float]]) -> dict:
     """Repeats of step times (µs) → ``steps_per_s`` and ``step_p50_us``/``step_p99_us``
     (:func:`median_min_max` over repeats)."""
     return {"steps_per_s": median_min_max([1e6 / np.median(r) for r in runs]),
-            "step_p50_us": median_min_max([np.percentile(r, 50) for r in runs]),
-            "step_p99_us": median_min_max([np.percentile(r, 99) for r in runs])}
+            **{f"step_p{q}_us": median_min_max([np.percentile(r, q) for r in runs]) for q in (50, 99)}}
 
 
 def median_min_max(xs) -> dict:
