@@ -42,6 +42,9 @@ class Header(collections.namedtuple("Header", [n for n, _, _ in consts.HEADER_FI
         return _HDR.pack(*self)
 
 
+_EXPECT = {"request": consts.REQUEST_TYPES, "reply": consts.REPLY_TYPES}  #: parse_header's ``expect``
+
+
 class FrameError(ValueError):
     """A frame failed validation; ``reason`` is one of :data:`consts.DROP_REASONS`."""
 
@@ -89,10 +92,8 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
     t = h.msg_type
     if not 1 <= t <= len(MsgType):
         raise FrameError("bad_type", str(t))
-    if expect == "request" and t not in consts.REQUEST_TYPES:
-        raise FrameError("bad_type", f"{MsgType(t).name} where a request is expected")
-    if expect == "reply" and t not in consts.REPLY_TYPES:
-        raise FrameError("bad_type", f"{MsgType(t).name} where a reply is expected")
+    if expect in _EXPECT and t not in _EXPECT[expect]:
+        raise FrameError("bad_type", f"{MsgType(t).name} where a {expect} is expected")
     if h.frag_len != n - consts.HDR_LEN:
         raise FrameError("bad_length", f"frag_len {h.frag_len} != {n - consts.HDR_LEN} body bytes")
     if h.frag_count == 0 or h.frag_index >= h.frag_count:

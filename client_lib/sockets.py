@@ -1,6 +1,7 @@
 """UDP socket set-up shared by the client and the shard server."""
 from __future__ import annotations
 
+import contextlib
 import socket
 
 SOCK_BUF = 16 << 20  #: bytes of kernel socket buffer asked for by default
@@ -20,7 +21,5 @@ def set_socket_buffers(sock: socket.socket, size: int = SOCK_BUF) -> None:
                 raise PermissionError
             sock.setsockopt(socket.SOL_SOCKET, force, size)
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, plain, size)
-            except OSError:
-                pass

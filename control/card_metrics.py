@@ -13,6 +13,7 @@ everything above; in Prometheus terms bucket ``i``'s ``le`` is ``2^i`` µs
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Iterable
@@ -324,10 +325,8 @@ def _http_server(pc, registry, bind: str, port: int, max_connections: int, idle_
             words = self.raw_requestline.split()
             if len(words) == 2 and words[0] == b"GET":
                 self.close_connection = True
-                try:
+                with contextlib.suppress(OSError):
                     self.wfile.write(pc.generate_latest(registry))
-                except OSError:
-                    pass
                 return
             try:
                 if not self.parse_request():
@@ -351,11 +350,9 @@ def _http_server(pc, registry, bind: str, port: int, max_connections: int, idle_
         def process_request(self, request, client_address):
             if not self.slots.acquire(blocking=False):  # at the cap: no thread, a short answer
                 self.refused += 1
-                try:
+                with contextlib.suppress(OSError):
                     request.setblocking(False)
                     request.send(_BUSY)
-                except OSError:
-                    pass
                 self.shutdown_request(request)
                 return
             try:

@@ -82,10 +82,7 @@ def write_state(rdir: str | Path, name: str, state: dict) -> Path:
 
 def remove_state(rdir: str | Path, name: str) -> None:
     """Delete the state file ``name`` (no error if absent)."""
-    try:
-        state_path(rdir, name).unlink()
-    except FileNotFoundError:
-        pass
+    state_path(rdir, name).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- processes
