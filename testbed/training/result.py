@@ -18,7 +18,7 @@ class TrainResult:
         eval_loss: mean BCE on the evaluation rows.
         ids, unique_ids: sparse ids seen and unique (per table, per batch) over all steps.
         step_time_s: wall time per step.
-        params: the trained dense parameters (the FM's :class:`~embnic.testbed.training.fm_model.DenseParams`,
+        params: the trained dense parameters (the FM's :class:`~embnic.testbed.training.train.DenseParams`,
             the DLRM's ``state_dict()``).
     """
 

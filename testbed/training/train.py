@@ -5,10 +5,23 @@ docs/architecture.md); the ``backend`` decides where rows live
 (:class:`~embnic.client_lib.backend.Backend`: the shards through an
 :class:`~embnic.client_lib.client.EmbeddingClient`, or in process,
 :class:`~embnic.client_lib.local.LocalBackend`). Given the same config, data and seed both give
-the same losses (bit-identical floats).
+the same losses (bit-identical floats: everything is float32, computed in a fixed order).
+
+The model, in numpy: a factorisation machine over pooled embeddings plus dense features. For a sample with dense features ``x`` (13,) and pooled embeddings ``e_f`` (dim,) of its F
+sparse features (one bag per feature, EmbeddingBag sum pooling)::
+
+    logit = b + w·x + Σ_f u_f·e_f + ½ Σ_k [ (Σ_f e_fk)² − Σ_f e_fk² ]
+    p     = sigmoid(logit)
+
+The last term is the second-order factorisation machine (Rendle, "Factorization Machines",
+ICDM 2010, eq. 1 with the O(kn) reformulation of lemma 3.1). The loss is binary cross-entropy
+averaged over the batch. Dense parameters ``b``, ``w`` (13,), ``u`` (F, dim) live in the
+client and are trained with SGD; embedding rows live on the parameter-server shards, which get
+``∂L/∂e_f`` aggregated per unique id and apply the table's optimizer.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -18,7 +31,6 @@ from embnic.client_lib.batch import KeyedJaggedBatch, pool_all, pool_backward_al
 from embnic.client_lib.backend import Backend, require_backend
 from embnic.client_lib.config import ClusterConfig
 
-from . import fm_model
 from .criteo import feature_tables
 from .result import TrainResult
 
@@ -26,6 +38,83 @@ __all__ = ["TrainResult", "feature_tables", "train", "evaluate", "embed_batch", 
            "load_training_data", "trainer", "MODELS"]
 
 
+# --------------------------------------------------------------------------- the model
+@dataclasses.dataclass
+class DenseParams:
+    """Client-side parameters: bias, dense weights w (n_dense,), per-feature weights u (F, dim)."""
+
+    b: np.ndarray
+    w: np.ndarray
+    u: np.ndarray
+
+    @classmethod
+    def init(cls, n_dense: int, n_features: int, dim: int, seed: int = 0) -> "DenseParams":
+        rng = np.random.default_rng(seed)
+        return cls(np.zeros(1, np.float32),
+                   np.zeros(n_dense, np.float32),
+                   (rng.standard_normal((n_features, dim)) * 0.01).astype(np.float32))
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    """Numerically stable logistic function, float32 in → float32 out."""
+    out = np.empty_like(z)
+    pos = z >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-z[pos]))
+    ez = np.exp(z[~pos])
+    out[~pos] = ez / (1.0 + ez)
+    return out
+
+
+def forward(params: DenseParams, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
+    """Logits.
+
+    Args:
+        dense: float32 (B, n_dense).
+        emb: float32 (B, F, dim) pooled embeddings.
+
+    Returns:
+        float32 (B,) logits.
+    """
+    s = emb.sum(axis=1)  # (B, dim)
+    fm = np.float32(0.5) * ((s * s).sum(axis=1) - (emb * emb).sum(axis=(1, 2)))
+    lin = dense @ params.w + (emb * params.u[None]).sum(axis=(1, 2))
+    return params.b[0] + lin + fm
+
+
+def bce_loss(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Mean binary cross-entropy with logits (stable form), as a Python float."""
+    z = logits.astype(np.float32)
+    y = labels.astype(np.float32)
+    l = np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))
+    return float(l.mean(dtype=np.float32))
+
+
+def backward(params: DenseParams, dense: np.ndarray, emb: np.ndarray, logits: np.ndarray,
+             labels: np.ndarray) -> tuple[DenseParams, np.ndarray]:
+    """Gradients of the mean BCE loss.
+
+    Returns:
+        (gradients of the dense parameters as a :class:`DenseParams`,
+         float32 (B, F, dim) gradient w.r.t. the pooled embeddings).
+    """
+    bsz = logits.shape[0]
+    dz = (sigmoid(logits) - labels.astype(np.float32)) / np.float32(bsz)  # (B,)
+    s = emb.sum(axis=1, keepdims=True)  # (B, 1, dim)
+    g_emb = dz[:, None, None] * (params.u[None] + s - emb)
+    grads = DenseParams(np.array([dz.sum()], np.float32), dense.T @ dz,
+                        (dz[:, None, None] * emb).sum(axis=0))
+    return grads, g_emb.astype(np.float32)
+
+
+def sgd_step(params: DenseParams, grads: DenseParams, lr: float) -> None:
+    """In-place SGD on the dense parameters."""
+    lr = np.float32(lr)
+    params.b -= lr * grads.b
+    params.w -= lr * grads.w
+    params.u -= lr * grads.u
+
+
+# --------------------------------------------------------------------------- the loop
 def _embeddings(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray, ftab: list[int]):
     """Look up and pool, every table at once: returns (pooled float32 (B, F, dim), prepared batch,
     rows float32 (U, dim): every table's value array one after the other)."""
@@ -57,7 +146,7 @@ def embed_batch(backend: Backend, cfg: ClusterConfig, sparse: np.ndarray) -> np.
     return _embeddings(require_backend(backend, "embed_batch"), cfg, sparse, feature_tables(cfg, sparse.shape[1]))[0]
 
 
-def evaluate(backend: Backend, cfg: ClusterConfig, params: fm_model.DenseParams, data,
+def evaluate(backend: Backend, cfg: ClusterConfig, params: DenseParams, data,
              batch_size: int = 1024) -> tuple[float, float]:
     """(ROC AUC, mean BCE) of the model on ``data`` (lookups only, no updates)."""
     from sklearn.metrics import roc_auc_score
@@ -68,11 +157,11 @@ def evaluate(backend: Backend, cfg: ClusterConfig, params: fm_model.DenseParams,
     for s in range(0, len(data.labels), batch_size):
         sl = slice(s, s + batch_size)
         emb, _, _ = _embeddings(backend, cfg, data.sparse[sl], ftab)
-        logits.append(fm_model.forward(params, data.dense[sl], emb))
+        logits.append(forward(params, data.dense[sl], emb))
     z = np.concatenate(logits)
     y = data.labels
     auc = float(roc_auc_score(y, z)) if 0 < y.sum() < len(y) else float("nan")
-    return auc, fm_model.bce_loss(z, y)
+    return auc, bce_loss(z, y)
 
 
 def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backend: Backend,
@@ -106,7 +195,7 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
         raise ValueError("no training rows")
     ftab = feature_tables(cfg, data.sparse.shape[1])
     dim = cfg.table(ftab[0]).dim
-    params = fm_model.DenseParams.init(data.dense.shape[1], data.sparse.shape[1], dim,
+    params = DenseParams.init(data.dense.shape[1], data.sparse.shape[1], dim,
                                     cfg.seed if seed is None else seed)
     losses, times, ids, uniq = [], [], 0, 0
     for step in range(steps):
@@ -114,13 +203,13 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
         idx = (np.arange(batch_size) + step * batch_size) % n
         emb, prep, _ = _embeddings(backend, cfg, data.sparse[idx], ftab)
         dense, labels = data.dense[idx], data.labels[idx]
-        logits = fm_model.forward(params, dense, emb)
-        loss = fm_model.bce_loss(logits, labels)
-        g_params, g_emb = fm_model.backward(params, dense, emb, logits, labels)
+        logits = forward(params, dense, emb)
+        loss = bce_loss(logits, labels)
+        g_params, g_emb = backward(params, dense, emb, logits, labels)
         g_bags = g_emb[:, prep.features, :].transpose(1, 0, 2).reshape(-1, dim)
         backend.update_flat(prep.table_ids, np.diff(prep.unique_offsets), prep.unique,
                             pool_backward_all(g_bags, prep))
-        fm_model.sgd_step(params, g_params, lr_dense)
+        sgd_step(params, g_params, lr_dense)
         ids += prep.num_ids
         uniq += prep.num_unique
         losses.append(loss)
