@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from .roundplan import concat_ranges
+
 
 def check_kjt(features: KeyedJaggedTensor, wanted: list[str]) -> None:
     """The dtypes and the features of a KJT, every problem named in one ``ValueError`` (so
@@ -93,11 +95,9 @@ def flatten_vbe(features: KeyedJaggedTensor, slot_features: list[str]) -> KeyedJ
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     new_len = lengths[bag]
-    new_off = np.zeros(new_len.size + 1, dtype=np.int64)
-    np.cumsum(new_len, out=new_off[1:])
     if int(offsets[-1]) != features.values().numel():
         raise ValueError(f"sum(lengths)={int(offsets[-1])} != len(values)={features.values().numel()}")
-    pos = torch.from_numpy(np.repeat(offsets[:-1][bag] - new_off[:-1], new_len) + np.arange(int(new_off[-1])))
+    pos = torch.from_numpy(concat_ranges(offsets[:-1][bag], new_len))  # every copied bag's ids
     w = features.weights_or_none()
     return KeyedJaggedTensor(keys=list(slot_features), values=features.values()[pos],
                              lengths=torch.from_numpy(new_len.astype(np.int32)),
