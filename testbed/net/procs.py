@@ -166,13 +166,9 @@ def node_label(rec: dict) -> str:
     """How a process record is named to users: ``the card``, ``shard 1's server``, ``the netem
     helper of link c1``."""
     role, node = rec.get("role"), str(rec.get("node"))
-    if role == "card":
-        return "the card"
     if role == "server" and node.startswith("s"):
         return f"shard {node[1:]}'s server"
-    if role == "impair":
-        return f"the netem helper of link {node}"
-    return f"{node} ({role})"
+    return {"card": "the card", "impair": f"the netem helper of link {node}"}.get(role, f"{node} ({role})")
 
 
 def dead_nodes(state: dict) -> list[dict]:

@@ -344,9 +344,7 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
         while not eof and (remaining is None or remaining > 0):
             chunk = _read(f, chunk_bytes, where)
             if first:  # a UTF-8 byte-order mark (as editors on Windows save text) is no part of line 1
-                first = False
-                if chunk.startswith(codecs.BOM_UTF8):
-                    chunk = chunk[len(codecs.BOM_UTF8):]
+                first, chunk = False, chunk.removeprefix(codecs.BOM_UTF8)
             if not chunk:
                 eof = True
                 if not pending:

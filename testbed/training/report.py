@@ -5,6 +5,7 @@ stderr (disabled when stderr is not a terminal unless forced).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -134,7 +135,7 @@ def plot_grouped_bars(path: str | os.PathLike, groups: dict[str, dict[str, float
     return _save(plt, fig, ax, path, title, axis="y")
 
 
-class Progress:
+class Progress(contextlib.AbstractContextManager):
     """A tqdm progress bar (stderr) with a rate in the postfix; a no-op when disabled.
 
     Args:
@@ -170,9 +171,6 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-    def __enter__(self) -> "Progress":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

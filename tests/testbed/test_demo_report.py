@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from embnic.testbed.training import demo_report as DR
+from embnic.testbed.training import demo as DR
 
 
 def _rep(ratio, met):
