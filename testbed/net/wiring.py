@@ -281,24 +281,14 @@ class Topology:
         """``--vdev`` specs of the card, one per card port in port order, on :attr:`pmd`:
         ``net_af_packet<i>,iface=<name>p<i>,qdisc_bypass=0,framecnt=4096`` or
         ``net_af_xdp<i>,iface=<name>p<i>`` (:func:`card_vdev` says why each devarg)."""
-        return [card_vdev(self.pmd, p, ifname, self.cfg.mtu) for p, ifname in self.port_ifs()]
-
-    def port_ifs(self) -> list[tuple[int, str]]:
-        """``[(card port id, the card's DPDK interface)]`` in port order, one per card port."""
-        out: dict[int, str] = {}
-        for lk in self.links:
-            out.setdefault(lk.port, lk.port_if or lk.card_if)
-        return sorted(out.items())
-
-    def eal_args(self) -> list[str]:
-        """EAL arguments of the card (before the ``--vdev``s): ``[card].lcores``, no hugepages,
-        no PCI, 256 MB, and a file prefix unique to this testbed so testbeds run side by side."""
-        return eal_argv(self.cfg.card.lcores, card_file_prefix(self.name))
+        port_ifs = {lk.port: lk.port_if or lk.card_if for lk in self.links}  # the card's DPDK interfaces
+        return [card_vdev(self.pmd, p, ifname, self.cfg.mtu) for p, ifname in sorted(port_ifs.items())]
 
     def effective_raw(self, rdir: Path, target: str = "dpdk") -> dict:
         """The user's config dict with every MAC filled in and a ``[control]`` section for the card
         (name ``NAME-card`` (:func:`card_pipeline_name`), control socket ``rdir/card.sock``, netns,
-        vdevs). ``testbed up`` runs its own card under the name ``card`` with its state and log in
+        vdevs, EAL arguments: ``[card].lcores``, no hugepages, no PCI, 256 MB, and a file prefix
+        unique to this testbed so testbeds run side by side). ``testbed up`` runs its own card under the name ``card`` with its state and log in
         ``rdir``; the config's name is the one ``embnic pipeline load -c`` this config runs under
         (state ``RUN_DIR/NAME-card.json``), unique per testbed."""
         raw = json.loads(json.dumps(self.cfg.raw))  # deep copy
@@ -315,7 +305,8 @@ class Topology:
             p.setdefault("name", by_port[p["id"]].port_if or by_port[p["id"]].card_if)
         ctl = dict(raw.get("control", {}))
         ctl.update({"name": card_pipeline_name(self.name), "ctl": str(rdir / "card.sock"), "netns": self.card_ns,
-                    "vdevs": self.vdevs(), "target": target, "eal_args": self.eal_args()})
+                    "vdevs": self.vdevs(), "target": target,
+                    "eal_args": eal_argv(self.cfg.card.lcores, card_file_prefix(self.name))})
         if "binary" in ctl and self.cfg.path and not os.path.isabs(ctl["binary"]):
             ctl["binary"] = str((Path(self.cfg.path).parent / ctl["binary"]).resolve())
         raw["control"] = ctl

@@ -256,8 +256,7 @@ def check_config(sidecar: dict | None, config: str | os.PathLike, cfg) -> dict:
         ``{"recorded_with", "match": bool or None (no sidecar or no hash), "compared": "digest" |
         "file_sha256" | None}``.
     """
-    if not sidecar:
-        return {"recorded_with": None, "match": None, "compared": None}
+    sidecar = sidecar or {}
     rec = sidecar.get("config")
     if sidecar.get("config_digest"):
         return {"recorded_with": rec, "match": sidecar["config_digest"] == config_digest(cfg), "compared": "digest"}
