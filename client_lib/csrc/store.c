@@ -154,6 +154,58 @@ embnic_store_find(const struct embnic_store *s, int64_t li, uint64_t c, int64_t 
 	return slot >= 0 ? slot : embnic_store_find_delta(s, li, c, &hint[1]);
 }
 
+/*
+ * The arena slots of the k records rc (-1: no row), the cache misses of
+ * many keys overlapped: (1) each key's block of the index (from the store's
+ * sample, in cache), prefetched; (2) where each key is in its block, its
+ * slot and table prefetched; (3) the slots. A record's table: segli[r.seg *
+ * stride] (the caller's directory entries), or r.seg itself (segli NULL).
+ * hint: where the searches of the main and delta index ended (start at 0).
+ */
+void
+embnic_store_slots(const struct embnic_store *s, const int64_t *segli, int64_t stride, const struct embnic_krec *rc,
+		   int64_t k, int64_t *slot, int64_t *hint)
+{
+#define LI_OF(r) (segli ? segli[(int64_t)(r)->seg * stride] : (int64_t)(r)->seg)
+	for (int64_t i = 0; i < k; i++) {
+		int64_t b = embnic_store_block(s, rc[i].c, &hint[0]);
+
+		if (s->m) {
+			__builtin_prefetch(s->ck + b);
+			__builtin_prefetch(s->ck + b + s->step);
+		}
+		slot[i] = b;
+	}
+	/* slot[i] >= 0: a main-index position; -1: no row; <= -2: -2 - the slot (delta) */
+	for (int64_t i = 0; i < k; i++) {
+		int64_t p = embnic_store_pos(s, rc[i].c, slot[i]);
+
+		if (p >= 0) {
+			__builtin_prefetch(s->cs + p);
+			if (s->ct)
+				__builtin_prefetch(s->ct + p);
+		} else {
+			p = embnic_store_find_delta(s, LI_OF(&rc[i]), rc[i].c, &hint[1]);
+			p = p >= 0 ? -2 - p : -1;
+		}
+		slot[i] = p;
+	}
+	for (int64_t i = 0; i < k; i++) {
+		int64_t p = slot[i], li = LI_OF(&rc[i]);
+
+		if (p >= 0)
+			slot[i] = s->ct == NULL || s->ct[p] == li ? s->cs[p] : -3;
+		else if (p <= -2)
+			slot[i] = -2 - p;
+		if (slot[i] == -3) {	/* another table's composite: the full search */
+			int64_t h[2] = { 0, 0 };
+
+			slot[i] = embnic_store_find(s, li, rc[i].c, h);
+		}
+	}
+#undef LI_OF
+}
+
 /* r[0..n) by composite key (stable), with tmp[0..n) and runs[0..n] as
  * scratch: a natural merge sort (a message's keys come in one sorted run per table, a run
  * broken at most once where key + salt wraps: log2(runs) passes) */
@@ -461,15 +513,16 @@ embnic_store_apply(struct embnic_store *s, const int64_t *li, int64_t li0, const
 		if (t < 0 || t >= s->ntables)
 			return -1;
 		total += s->tdim[t];
-		uint64_t c = keys[i] + s->tsalt[t];
-		int64_t sl = embnic_store_find(s, t, c, hint);
-
-		slot[i] = sl;
-		if (sl < 0)
-			r[k++] = (struct embnic_krec){ c, (uint32_t)t, (uint32_t)i };
+		r[i] = (struct embnic_krec){ keys[i] + s->tsalt[t], (uint32_t)t, (uint32_t)i };
 	}
 	if (total != glen)
 		return -1;
+	for (int64_t c0 = 0; c0 < n; c0 += EMBNIC_STORE_CHUNK)
+		embnic_store_slots(s, NULL, 0, r + c0, n - c0 < EMBNIC_STORE_CHUNK ? n - c0 : EMBNIC_STORE_CHUNK,
+				   slot + c0, hint);
+	for (int64_t i = 0; i < n; i++)	/* the keys without a row, in order */
+		if (slot[i] < 0)
+			r[k++] = r[i];
 	if (k) {
 		embnic_sort_recs(r, tmp, k, runs);
 		new_rows(s, keys, r, k, slot, tmp, 0, &rows, &elems);

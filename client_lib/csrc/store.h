@@ -73,9 +73,14 @@ int64_t embnic_store_find_delta(const struct embnic_store *s, int64_t li, uint64
 void embnic_store_row(const struct embnic_store *s, int64_t li, uint64_t key, int64_t slot, int64_t dim,
 		      int64_t dtype, uint8_t *out);
 uint16_t embnic_f32_to_f16(uint32_t f);
+void embnic_store_slots(const struct embnic_store *s, const int64_t *segli, int64_t stride, const struct embnic_krec *rc,
+			int64_t k, int64_t *slot, int64_t *hint);
 void embnic_sort_recs(struct embnic_krec *r, struct embnic_krec *tmp, int64_t n, int32_t *runs);
 int64_t embnic_store_apply(struct embnic_store *s, const int64_t *li, int64_t li0, const uint64_t *keys, int64_t n,
 			   const float *g, int64_t glen, uint8_t *work, int64_t *need);
+
+/* keys searched together by embnic_store_slots() (its caller's chunk) */
+#define EMBNIC_STORE_CHUNK 256
 
 /* bytes of embnic_store_apply()'s work buffer for n keys */
 #define EMBNIC_STORE_APPLY_WORK(n) ((n) * (8 + 16 + 16) + 4 * ((n) + 1))

@@ -255,67 +255,12 @@ struct kseg {
 	int64_t out;		/* byte offset of its first row in the reply body */
 };
 
-/* the table (local index) of record r: its segment's, or (sg NULL) r->seg itself */
-static inline int64_t
-li_of(const struct kseg *sg, const struct embnic_krec *r)
-{
-	return sg ? sg[r->seg].li : (int64_t)r->seg;
-}
-
-/*
- * The arena slots of the k records rc (-1: no row): (1) each key's block of
- * the index (from the store's sample, in cache), prefetched; (2) where each
- * key is in its block, its slot and table prefetched; (3) the slots. hint:
- * where the searches of the main and delta index ended (start at 0).
- */
-static void
-chunk_slots(const struct embnic_store *s, const struct kseg *sg, const struct embnic_krec *rc, int64_t k, int64_t *slot,
-	    int64_t *hint)
-{
-	for (int64_t i = 0; i < k; i++) {
-		int64_t b = embnic_store_block(s, rc[i].c, &hint[0]);
-
-		if (s->m) {
-			__builtin_prefetch(s->ck + b);
-			__builtin_prefetch(s->ck + b + s->step);
-		}
-		slot[i] = b;
-	}
-	/* slot[i] >= 0: a main-index position; -1: no row; <= -2: -2 - the slot (delta) */
-	for (int64_t i = 0; i < k; i++) {
-		int64_t p = embnic_store_pos(s, rc[i].c, slot[i]);
-
-		if (p >= 0) {
-			__builtin_prefetch(s->cs + p);
-			if (s->ct)
-				__builtin_prefetch(s->ct + p);
-		} else {
-			p = embnic_store_find_delta(s, li_of(sg, &rc[i]), rc[i].c, &hint[1]);
-			p = p >= 0 ? -2 - p : -1;
-		}
-		slot[i] = p;
-	}
-	for (int64_t i = 0; i < k; i++) {
-		int64_t p = slot[i], li = li_of(sg, &rc[i]);
-
-		if (p >= 0)
-			slot[i] = s->ct == NULL || s->ct[p] == li ? s->cs[p] : -3;
-		else if (p <= -2)
-			slot[i] = -2 - p;
-		if (slot[i] == -3) {	/* another table's composite: the full search */
-			int64_t h[2] = { 0, 0 };
-
-			slot[i] = embnic_store_find(s, li, rc[i].c, h);
-		}
-	}
-}
-
 /*
  * The rows of the keys r[0..n) (sorted by composite key: the searches walk
  * the store's index in its order, whatever the number of tables, so their
  * cost does not grow with it) into the reply body out, each at its place,
  * in the wire dtype of its table: a chunk of keys at a time, its slots
- * (chunk_slots: passes of independent accesses whose cache misses overlap
+ * (embnic_store_slots: passes of independent accesses whose cache misses overlap
  * instead of queueing), then its rows, each prefetched a few rows ahead
  * (rows lie in the arena in the order they were first updated, not by key).
  */
@@ -330,7 +275,7 @@ gather(const struct embnic_store *s, const struct kseg *sg, const struct embnic_
 		int64_t k = n - c0 < GATHER_CHUNK ? n - c0 : GATHER_CHUNK;
 		const struct embnic_krec *rc = r + c0;
 
-		chunk_slots(s, sg, rc, k, slot, hint);
+		embnic_store_slots(s, &sg[0].li, sizeof(*sg) / 8, rc, k, slot, hint);
 		for (int64_t i = 0; i < k; i++) {
 			const struct kseg *g = &sg[rc[i].seg];
 			uint8_t *o = out + g->out + ((int64_t)rc[i].i - g->first) * g->rowb;
@@ -403,7 +348,7 @@ embnic_shard_find(struct embnic_answer *a, const uint64_t *c, const int64_t *li,
 		for (int64_t c0 = 0; c0 < m; c0 += GATHER_CHUNK) {
 			int64_t k = m - c0 < GATHER_CHUNK ? m - c0 : GATHER_CHUNK;
 
-			chunk_slots(s, NULL, r + c0, k, slot, hint);
+			embnic_store_slots(s, NULL, 0, r + c0, k, slot, hint);
 			for (int64_t i = 0; i < k; i++)
 				slots[r[c0 + i].i] = slot[i];
 		}
