@@ -402,8 +402,6 @@ def load_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
                               chunk_bytes=chunk_bytes, batch_lines=1 << 18))
     if not blocks:
         return _empty(r, int(skip_rows))
-    if len(blocks) == 1:
-        return blocks[0]
     return CriteoData(np.concatenate([b.labels for b in blocks]), np.concatenate([b.dense for b in blocks]),
                       np.concatenate([b.sparse for b in blocks]), r, blocks[0].first_line)
 
