@@ -100,6 +100,9 @@ ctl_get_str(struct embnic_ctl *c, json_t *req, const char *name)
 	return json_string_value(v);
 }
 
+/* A "AA:BB:CC:DD:EE:FF" string (new reference). */
+#define ctl_mac_json(mac) json_sprintf(RTE_ETHER_ADDR_PRT_FMT, RTE_ETHER_ADDR_BYTES(mac))
+
 /* A dotted-quad string of a network-order IPv4 address (new reference). */
 static json_t *
 ctl_ip_json(uint32_t ip_be)
@@ -108,16 +111,6 @@ ctl_ip_json(uint32_t ip_be)
 	struct in_addr a = { .s_addr = ip_be };
 
 	inet_ntop(AF_INET, &a, buf, sizeof(buf));
-	return json_string(buf);
-}
-
-/* A "AA:BB:CC:DD:EE:FF" string (new reference). */
-static json_t *
-ctl_mac_json(const struct rte_ether_addr *mac)
-{
-	char buf[RTE_ETHER_ADDR_FMT_SIZE];
-
-	rte_ether_format_addr(buf, sizeof(buf), mac);
 	return json_string(buf);
 }
 
@@ -415,7 +408,6 @@ static int
 cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 {
 	struct embnic_state_view *v;
-	unsigned int *part;
 	json_t *arr;
 	long long limit = 0;
 	unsigned int n = 0, i, k, got;
@@ -424,51 +416,43 @@ cmd_state_dump(struct embnic_ctl *c, json_t *req, json_t *resp)
 		    CTL_DUMP_LIMIT, &limit))
 		return -1;
 	v = calloc(limit > 0 ? limit : 1, sizeof(*v));
-	part = calloc(limit > 0 ? limit : 1, sizeof(*part));
-	if (v == NULL || part == NULL) {
-		free(v);
-		free(part);
+	if (v == NULL)
 		return ctl_fail(c, "out of memory");
-	}
-	/* every partition, read in place: no lock, no state lcore waits */
-	for (k = 0; k < c->app->nb_workers && n < limit; k++) {
-		got = embnic_state_dump(c->app->w[k].state, v + n,
-					(unsigned int)limit - n);
-		for (i = n; i < n + got; i++)
-			part[i] = k;
-		n += got;
-	}
 	arr = json_array();
-	for (i = 0; i < n; i++)
-		json_array_append_new(arr, json_pack(
-			"{s:I, s:I, s:s, s:I, s:s?, s:s?, s:I, s:I, s:I, s:I,"
-			" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
-			" s:I}",
-			"client", (json_int_t)v[i].client_id,
-			"msg_id", (json_int_t)v[i].msg_id,
-			"state", embnic_state_name(v[i].state),
-			"shard", (json_int_t)v[i].shard_id,
-			"type", embnic_type_name(v[i].msg_type),
-			"reply_type", embnic_type_name(v[i].rep_type),
-			"num_tables", (json_int_t)v[i].num_tables,
-			"num_keys", (json_int_t)v[i].num_keys,
-			"value_len", (json_int_t)v[i].value_len,
-			"msg_len", (json_int_t)v[i].msg_len,
-			"frag_count", (json_int_t)v[i].frag_count,
-			"frags_in", (json_int_t)v[i].frags_in,
-			"frames_in", (json_int_t)v[i].frames_in,
-			"bytes_in", (json_int_t)v[i].bytes_in,
-			"reply_frag_count", (json_int_t)v[i].rep_frag_count,
-			"frags_out", (json_int_t)v[i].frags_out,
-			"frames_out", (json_int_t)v[i].frames_out,
-			"bytes_out", (json_int_t)v[i].bytes_out,
-			"first_ns", (json_int_t)tsc_to_ns(c->app,
-							v[i].first_tsc),
-			"last_ns", (json_int_t)tsc_to_ns(c->app,
-							v[i].last_tsc),
-			"partition", (json_int_t)part[i]));
+	/* every partition, read in place: no lock, no state lcore waits */
+	for (k = 0; k < c->app->nb_workers && n < limit; k++, n += got) {
+		got = embnic_state_dump(c->app->w[k].state, v,
+					(unsigned int)limit - n);
+		for (i = 0; i < got; i++)
+			json_array_append_new(arr, json_pack(
+				"{s:I, s:I, s:s, s:I, s:s?, s:s?, s:I, s:I, s:I, s:I,"
+				" s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+				" s:I}",
+				"client", (json_int_t)v[i].client_id,
+				"msg_id", (json_int_t)v[i].msg_id,
+				"state", embnic_state_name(v[i].state),
+				"shard", (json_int_t)v[i].shard_id,
+				"type", embnic_type_name(v[i].msg_type),
+				"reply_type", embnic_type_name(v[i].rep_type),
+				"num_tables", (json_int_t)v[i].num_tables,
+				"num_keys", (json_int_t)v[i].num_keys,
+				"value_len", (json_int_t)v[i].value_len,
+				"msg_len", (json_int_t)v[i].msg_len,
+				"frag_count", (json_int_t)v[i].frag_count,
+				"frags_in", (json_int_t)v[i].frags_in,
+				"frames_in", (json_int_t)v[i].frames_in,
+				"bytes_in", (json_int_t)v[i].bytes_in,
+				"reply_frag_count", (json_int_t)v[i].rep_frag_count,
+				"frags_out", (json_int_t)v[i].frags_out,
+				"frames_out", (json_int_t)v[i].frames_out,
+				"bytes_out", (json_int_t)v[i].bytes_out,
+				"first_ns", (json_int_t)tsc_to_ns(c->app,
+								v[i].first_tsc),
+				"last_ns", (json_int_t)tsc_to_ns(c->app,
+								v[i].last_tsc),
+				"partition", (json_int_t)k));
+	}
 	free(v);
-	free(part);
 	json_object_set_new(resp, "entries", arr);
 	return 0;
 }
@@ -485,18 +469,6 @@ static const struct ctl_table ctl_clients = { "client", "clients", -1 };
 
 enum ctl_table_op { TABLE_ADD, TABLE_DEL, TABLE_LIST };
 
-/* Is there room in t for p (a new id needs a free entry)? */
-static bool
-table_has_room(struct embnic_table *t, const struct embnic_peer *p)
-{
-	const struct embnic_peer *found = NULL;
-
-	if (embnic_table_count(t) < embnic_table_size(t))
-		return true;
-	embnic_table_lookup_bulk(t, &p->id, 1, &found);
-	return found != NULL;
-}
-
 /*
  * <table>_add {<id>, port, mac, ip, udp_port}, <table>_del {<id>},
  * <table>_list on the table tt names. A refused request leaves its table,
@@ -508,6 +480,7 @@ table_cmd(struct embnic_ctl *c, const struct ctl_table *tt, enum ctl_table_op op
 {
 	struct embnic_table *t = tt == &ctl_routes ? c->app->routes :
 		c->app->clients;
+	const struct embnic_peer *found = NULL;
 	struct embnic_peer p, *v;
 	long long id = 0;
 	unsigned int i, n;
@@ -535,7 +508,11 @@ table_cmd(struct embnic_ctl *c, const struct ctl_table *tt, enum ctl_table_op op
 	}
 	if (ctl_get_peer(c, req, tt->id, tt->dflt_udp, &p))
 		return -1;
-	if (table_has_room(t, &p)) {
+	if (embnic_table_count(t) >= embnic_table_size(t))	/* full: only a known id */
+		embnic_table_lookup_bulk(t, &p.id, 1, &found);
+	else
+		found = &p;
+	if (found != NULL) {
 		/*
 		 * A shard's statistics slot exists before its first frame
 		 * passes; a refused request (no room) assigns none.

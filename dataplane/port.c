@@ -331,13 +331,10 @@ pktmbuf_pool_create_flags(unsigned int n, uint16_t buf_size, const char *ops,
 		return NULL;
 	ret = rte_mempool_set_ops_byname(mp, ops != NULL ? ops :
 					 rte_mbuf_best_mempool_ops(), NULL);
-	if (ret != 0) {
-		rte_mempool_free(mp);
-		rte_errno = -ret;
-		return NULL;
+	if (ret == 0) {
+		rte_pktmbuf_pool_init(mp, &priv);
+		ret = rte_mempool_populate_default(mp);
 	}
-	rte_pktmbuf_pool_init(mp, &priv);
-	ret = rte_mempool_populate_default(mp);
 	if (ret < 0) {
 		rte_mempool_free(mp);
 		rte_errno = -ret;

@@ -39,24 +39,17 @@ check_accepted(const struct embnic_pkt_info *in, uint32_t pkt_len)
 {
 	const struct embnic_msg *m = &in->msg;
 
-	if (in->frame_len > pkt_len || in->frame_len < EMBNIC_MIN_FRAME)
-		abort();
-	if ((uint32_t)EMBNIC_MIN_FRAME + m->frag_len != in->frame_len)
-		abort();
-	if ((uint64_t)m->frag_offset + m->frag_len > m->msg_len)
-		abort();
-	if (m->frag_count == 0 || m->frag_index >= m->frag_count)
-		abort();
-	if (m->msg_type < EMBNIC_LOOKUP_REQ || m->msg_type > EMBNIC_UPDATE_NACK)
-		abort();
-	if (m->version != EMBNIC_PROTO_VERSION)
-		abort();
-	if (embnic_expected_msg_len(m->msg_type, m->num_tables, m->num_keys,
+	if (in->frame_len > pkt_len || in->frame_len < EMBNIC_MIN_FRAME ||
+	    (uint32_t)EMBNIC_MIN_FRAME + m->frag_len != in->frame_len ||
+	    (uint64_t)m->frag_offset + m->frag_len > m->msg_len ||
+	    m->frag_count == 0 || m->frag_index >= m->frag_count ||
+	    m->frag_count > EMBNIC_MAX_FRAGS ||
+	    m->msg_type < EMBNIC_LOOKUP_REQ || m->msg_type > EMBNIC_UPDATE_NACK ||
+	    m->version != EMBNIC_PROTO_VERSION ||
+	    embnic_expected_msg_len(m->msg_type, m->num_tables, m->num_keys,
 				    m->value_len) != m->msg_len ||
 	    !embnic_counts_ok(m->msg_type, m->num_tables, m->num_keys,
 			      m->value_len))
-		abort();
-	if (m->frag_count > EMBNIC_MAX_FRAGS)
 		abort();
 }
 
