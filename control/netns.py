@@ -77,15 +77,13 @@ def run(argv: Sequence[str], *, ns: str | None = None, check: bool = True, log: 
     try:
         p = subprocess.run(full, capture_output=True, text=True, timeout=timeout, **kw)
     except FileNotFoundError:
-        tool = full[0]
-        raise MissingDependencyError(f"{tool} is not installed: apt-get install {TOOL_PACKAGES.get(tool, tool)}",
-                                     dependency=tool) from None
+        p = None  # the program (full[0]) is missing
     except subprocess.TimeoutExpired:
         raise NetnsError(f"`{' '.join(full)}` did not finish within {timeout:g} s") from None
-    if log is not None and (p.stdout or p.stderr):
+    if p is not None and log is not None and (p.stdout or p.stderr):
         log.write(p.stdout + p.stderr)
-    if p.returncode != 0 and ns and p.stderr.startswith(f'exec of "{argv[0]}" failed: No such file'):
-        tool = argv[0]
+    if p is None or p.returncode != 0 and ns and p.stderr.startswith(f'exec of "{argv[0]}" failed: No such file'):
+        tool = full[0] if p is None else argv[0]  # (inside ns: what `ip netns exec` could not run)
         raise MissingDependencyError(f"{tool} is not installed: apt-get install {TOOL_PACKAGES.get(tool, tool)}",
                                      dependency=tool)
     if check and p.returncode != 0:
