@@ -93,19 +93,12 @@ def plain_arrays(mapping, keys_of):
         tids = np.fromiter(mapping.keys(), np.int64, len(mapping))
     except (TypeError, ValueError, OverflowError):
         return None
-    ks = _plain_keys(mapping, keys_of)
-    if ks is None:
+    ks = [keys_of(v) for v in mapping.values()]
+    dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
+    if len(dt) > 1 or dt.pop() not in _FAST_DTYPES:
         return None
     keys = _u64_view(np.concatenate(ks))
     return None if keys is None else (tids, np.fromiter(map(len, ks), np.int64, len(ks)), keys)
-
-
-def _plain_keys(mapping: Mapping, keys_of) -> list | None:
-    """Every entry's keys (``keys_of(value)``) when all are 1-D arrays of one dtype, uint64 or
-    int64; else None."""
-    ks = [keys_of(v) for v in mapping.values()]
-    dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
-    return ks if len(dt) == 1 and dt.pop() in _FAST_DTYPES else None
 
 
 def _u64_view(k: np.ndarray) -> np.ndarray | None:
@@ -144,11 +137,13 @@ def _flat_keys(ta, mapping: Mapping, keys_of):
     tids = np.array(list(mapping.keys()))
     if tids.dtype.kind not in "iu" or tids.ndim != 1:
         return None
-    ks = _plain_keys(mapping, keys_of)
-    if ks is None:
+    ks = [keys_of(v) for v in mapping.values()]
+    dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
+    if len(dt) > 1 or (dt and dt.pop() not in _FAST_DTYPES):
         return None
     counts = np.fromiter(map(len, ks), np.int64, len(ks))
-    return _checked(ta, tids, counts, np.concatenate(ks), distinct=True)  # a mapping's keys are distinct
+    keys = np.concatenate(ks) if ks else np.zeros(0, np.uint64)
+    return _checked(ta, tids, counts, keys, distinct=True)  # a mapping's keys are distinct
 
 
 def _checked(ta, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, distinct: bool = False):
