@@ -314,9 +314,7 @@ class Testbed:
                "argv": argv, "log": str(logp)}
         self.state["procs"].append(rec)
         self._save()
-        rec_proc = dict(rec)
-        rec_proc["_popen"] = proc
-        return rec_proc
+        return {**rec, "_popen": proc}
 
     def _start_servers(self, timeout: float, server_argv) -> None:
         cfg = self.cfg

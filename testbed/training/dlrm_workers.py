@@ -269,14 +269,18 @@ def reference_run(cfg: ClusterConfig, data, plan: Plan) -> ReferenceResult:
 RTOL, ATOL = 1e-6, 1e-7  #: the tolerance of ``--check`` (torch.testing.assert_close's rule)
 
 
-def _excess(got, want) -> tuple[float, bool]:
-    """(max |got - want|, every element within ``ATOL + RTOL·|want|``) of two float arrays."""
-    g = np.asarray(got, dtype=np.float64)
-    w = np.asarray(want, dtype=np.float64)
-    if g.shape != w.shape:
-        return float("inf"), False
-    d = np.abs(g - w)
-    return (float(d.max()) if d.size else 0.0), bool(np.all(d <= ATOL + RTOL * np.abs(w)))
+def _excess(pairs) -> tuple[float, bool]:
+    """(max |got - want|, every element within ``ATOL + RTOL·|want|``) over ``(got, want)`` pairs of
+    float arrays ((0.0, True) for none; (inf, False) if a pair's shapes differ)."""
+    worst, ok = 0.0, True
+    for got, want in pairs:
+        g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+        if g.shape != w.shape:
+            return float("inf"), False
+        d = np.abs(g - w)
+        worst = max(worst, float(d.max()) if d.size else 0.0)
+        ok = ok and bool(np.all(d <= ATOL + RTOL * np.abs(w)))
+    return worst, ok
 
 
 def check_against_reference(cfg: ClusterConfig, data, plan: Plan, losses: list, params: dict,
@@ -292,20 +296,14 @@ def check_against_reference(cfg: ClusterConfig, data, plan: Plan, losses: list, 
         ``ok``: all three within ``ATOL + RTOL·|reference|`` element-wise.
     """
     ref = reference_run(cfg, data, plan)
-    l_d, l_ok = _excess(losses, ref.loss)
-    p_d, p_ok = 0.0, params.keys() == ref.params.keys()
-    for k, v in ref.params.items():
-        if k in params:
-            d, ok = _excess(params[k].detach().numpy(), v.detach().numpy())
-            p_d, p_ok = max(p_d, d), p_ok and ok
+    l_d, l_ok = _excess([(losses, ref.loss)])
+    p_d, p_ok = _excess((params[k].detach().numpy(), v.detach().numpy())
+                        for k, v in ref.params.items() if k in params)
     want = {t: ks for t, (ks, _, _) in ref.tables.state_dict().items() if ks.size}
     got = lookup(want) if want else {}
     exp = ref.tables.lookup(want)
-    r_d, r_ok = 0.0, True
-    for t in want:
-        d, ok = _excess(got[t], exp[t])
-        r_d, r_ok = max(r_d, d), r_ok and ok
-    return {"ok": l_ok and p_ok and r_ok, "loss_max_abs_diff": l_d, "params_max_abs_diff": p_d,
+    r_d, r_ok = _excess((got[t], exp[t]) for t in want)
+    return {"ok": l_ok and p_ok and params.keys() == ref.params.keys() and r_ok, "loss_max_abs_diff": l_d, "params_max_abs_diff": p_d,
             "rows": int(sum(len(k) for k in want.values())), "rows_max_abs_diff": r_d}
 
 
