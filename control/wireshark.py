@@ -209,16 +209,16 @@ def _directory_lua() -> str:
     """The DIRECTORY table: which element is the directory and which of its fields and header
     fields tie it to a message (from BODY_ELEMENTS and BODY_LAYOUT)."""
     dir_kind, dir_e = _directory()
-    counts = {s.count for ss in consts.BODY_LAYOUT.values() for s in ss if s.element == dir_kind}
-    per_table = {s.per_table for ss in consts.BODY_LAYOUT.values() for s in ss if s.per_table}
-    totals = {s.count for ss in consts.BODY_LAYOUT.values() for s in ss if s.per_table and s.count}
-    rows = {consts.BODY_ELEMENTS[s.element].values_of for ss in consts.BODY_LAYOUT.values() for s in ss
-            if s.per_table and consts.BODY_ELEMENTS[s.element].values_of}
+    secs = [s for ss in consts.BODY_LAYOUT.values() for s in ss]
+    row_secs = [s for s in secs if s.per_table and consts.BODY_ELEMENTS[s.element].values_of]
+    counts = {s.count for s in secs if s.element == dir_kind}
+    per_table = {s.per_table for s in secs if s.per_table}
+    totals = {s.count for s in secs if s.per_table and s.count}
+    rows = {consts.BODY_ELEMENTS[s.element].values_of for s in row_secs}
     # the header field that sizes every section of rows (a lookup reply's, an update's gradients):
     # a directory's rows add up to it in every message that has one (a LOOKUP_REQ announces its
     # reply's rows by it), as a host checks (codec.parse_request_body)
-    row_bytes = {s.nbytes for ss in consts.BODY_LAYOUT.values() for s in ss
-                 if s.per_table and consts.BODY_ELEMENTS[s.element].values_of}
+    row_bytes = {s.nbytes for s in row_secs}
     for what, got in (("directory count", counts), ("per_table", per_table), ("per-table total", totals),
                       ("values_of", rows), ("row bytes", row_bytes)):
         if len(got) != 1:
