@@ -58,8 +58,8 @@ class RowStore:
     array C uses is described by one ``struct embnic_store`` (:attr:`cstore`, a
     :class:`~embnic.client_lib.table_numerics.CStore`), which this class keeps current: a native
     reader (the shard's answer path) points at it and reads the rows in place. Arrays are
-    replaced, never resized in place (:attr:`version` counts the replacements); the counts ``n``,
-    ``e``, ``d`` and the rows in the spare capacity move with every update.
+    replaced, never resized in place (and :attr:`cstore` pointed at the new ones); the counts
+    ``n``, ``e``, ``d`` and the rows in the spare capacity move with every update.
 
     Args:
         tables: the tables (distinct ids).
@@ -97,7 +97,6 @@ class RowStore:
         self.trows = np.zeros(len(ids), np.int64)  #: materialised rows per table
         self.uniform = bool((self.tdim == self.tdim[0]).all())
         self.D = int(self.tdim[0]) if self.uniform else 0  #: the one dim of every table (0: several)
-        self.version = 0
         #: struct embnic_store over this store's arrays (what C reads and updates; kept current)
         self.cstore = CStore()
         self._cp = ctypes.addressof(self.cstore)
@@ -142,7 +141,7 @@ class RowStore:
 
     def _replaced(self) -> None:
         """An array was replaced: point :attr:`cstore` at the arrays as they are now (the main
-        index's sample taken again if it changed) and count a :attr:`version`."""
+        index's sample taken again if it changed)."""
         s = self.cstore
         if self._sampled is not self._ck:  # the main index changed (a merge): sample it again
             self._sample = np.ascontiguousarray(self._ck[::self.SAMPLE_STEP])
@@ -159,7 +158,6 @@ class RowStore:
                                                        self.table_ids.size)
         s.p_tdim, s.p_tada, s.p_tlr, s.p_teps = ptr(self.tdim), ptr(self._tada), ptr(self.tlr), ptr(self.teps)
         s.p_trows = ptr(self.trows)
-        self.version += 1
 
     def __len__(self) -> int:
         """Materialised rows of every table."""
@@ -174,16 +172,6 @@ class RowStore:
         """Bytes held by the arena, the accumulators and the index (with their spare capacity)."""
         return sum(a.nbytes for a in (self._vals, self._off, self._acc, self._ck, self._cs, self._ct, self._sample,
                                       self._dk, self._ds, self._dt))
-
-    def arrays(self) -> dict[str, np.ndarray | None]:
-        """The index and arena as they are now, for a reader in place (the shard's C path; read
-        them again when :attr:`version` moves): ``ck``/``cs``/``ct`` the main index (composite keys,
-        slots, local tables; ``ct`` None with one table), ``dck``/``dcs``/``dct`` the delta index,
-        ``vals`` the flat arena, ``off`` each slot's element offset (None when :attr:`uniform`)."""
-        multi = self.multi
-        return {"ck": self._ck, "cs": self._cs, "ct": self._ct if multi else None, "dck": self._dck,
-                "dcs": self._dcs, "dct": self._dct if multi else None, "vals": self._vals,
-                "off": None if self.uniform else self._off}
 
     def local_index(self, table_ids) -> np.ndarray:
         """Local index int64 of each table id (array-like, or an int → int64 0-d).

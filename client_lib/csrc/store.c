@@ -534,10 +534,19 @@ embnic_store_apply(struct embnic_store *s, const int64_t *li, int64_t li0, const
 		}
 		new_rows(s, keys, r, k, slot, tmp, 1, &rows, &elems);
 	}
+	/* the steps in key order, each row and accumulator prefetched a few keys ahead (rows lie in
+	 * the arena in the order they were first updated, not by key: each is a cache miss) */
 	for (int64_t i = 0, at = 0; i < n; i++) {
 		int64_t t = li ? li[i] : li0, dim = s->tdim[t], sl = slot[i];
 		float *w = s->vals + (s->off ? s->off[sl] : sl * s->dim);
 
+		if (i + EMBNIC_STORE_PREFETCH < n) {
+			int64_t ps = slot[i + EMBNIC_STORE_PREFETCH];
+
+			__builtin_prefetch(s->vals + (s->off ? s->off[ps] : ps * s->dim), 1);
+			if (s->acc)
+				__builtin_prefetch(s->acc + ps, 1);
+		}
 		step_row(w, s->tada[t] ? &s->acc[sl] : NULL, g + at, dim, s->tlr[t], s->teps[t]);
 		at += dim;
 	}

@@ -81,6 +81,8 @@ int64_t embnic_store_apply(struct embnic_store *s, const int64_t *li, int64_t li
 
 /* keys searched together by embnic_store_slots() (its caller's chunk) */
 #define EMBNIC_STORE_CHUNK 256
+/* rows an update prefetches ahead of its step */
+#define EMBNIC_STORE_PREFETCH 16
 
 /* bytes of embnic_store_apply()'s work buffer for n keys */
 #define EMBNIC_STORE_APPLY_WORK(n) ((n) * (8 + 16 + 16) + 4 * ((n) + 1))
