@@ -632,8 +632,10 @@ cmd_reset_counters(struct embnic_ctl *c, json_t *req __rte_unused,
  * resume {stage}: that stage runs again; without stage, both do.
  */
 static int
-pause_set(struct embnic_ctl *c, json_t *req, bool pause)
+cmd_pause_resume(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
 {
+	bool pause = strcmp(json_string_value(json_object_get(req, "cmd")),
+			    "pause") == 0;
 	json_t *v = json_object_get(req, "stage");
 	const char *stage = json_string_value(v);
 	bool rx = v == NULL || (stage != NULL && strcmp(stage, "rx") == 0);
@@ -647,18 +649,6 @@ pause_set(struct embnic_ctl *c, json_t *req, bool pause)
 	if (tx)
 		c->app->tx_paused = pause;
 	return 0;
-}
-
-static int
-cmd_pause(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
-{
-	return pause_set(c, req, true);
-}
-
-static int
-cmd_resume(struct embnic_ctl *c, json_t *req, json_t *resp __rte_unused)
-{
-	return pause_set(c, req, false);
 }
 
 static int
@@ -692,8 +682,8 @@ static const struct {
 	{ "state_summary", .walk = EMBNIC_WALK_STATE },
 	{ "ring_stats", .walk = EMBNIC_WALK_RING },
 	{ "reset_counters", .fn = cmd_reset_counters },
-	{ "pause", .fn = cmd_pause },
-	{ "resume", .fn = cmd_resume },
+	{ "pause", .fn = cmd_pause_resume },
+	{ "resume", .fn = cmd_pause_resume },
 	{ "quit", .fn = cmd_quit },
 };
 

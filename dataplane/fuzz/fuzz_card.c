@@ -456,10 +456,8 @@ reset_card(void)
 }
 
 int
-LLVMFuzzerInitialize(int *argc, char ***argv)
+LLVMFuzzerInitialize(int *argc __rte_unused, char ***argv __rte_unused)
 {
-	(void)argc;
-	(void)argv;
 	fz_app_init();
 	return 0;
 }

@@ -99,12 +99,10 @@ handle(const char *line, size_t len)
 }
 
 int
-LLVMFuzzerInitialize(int *argc, char ***argv)
+LLVMFuzzerInitialize(int *argc __rte_unused, char ***argv __rte_unused)
 {
 	uint16_t p;
 
-	(void)argc;
-	(void)argv;
 	fz_app_init();
 	for (p = 0; p < FZ_PORTS; p++)
 		fz_app.ports[p].ip = rte_cpu_to_be_32(0x0a010001u |

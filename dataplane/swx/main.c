@@ -491,13 +491,8 @@ err(const char *kind, const char *fmt, ...)
 	return json_pack("{s:b, s:s, s:s}", "ok", 0, "error", msg, "kind", kind);
 }
 
-static const char *
-get_str(json_t *req, const char *name)
-{
-	json_t *v = json_object_get(req, name);
-
-	return json_is_string(v) ? json_string_value(v) : NULL;
-}
+/* The string member name of req, or NULL. */
+#define get_str(req, name) json_string_value(json_object_get((req), (name)))
 
 /* A non-negative integer member (default def when absent); -1 when it is not one. */
 static int64_t
