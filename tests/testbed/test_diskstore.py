@@ -139,6 +139,42 @@ def test_snapshot_round_trip_and_load_state(env, tmp_path):
         dk.load_state(k[::-1], r, a)
 
 
+def test_a_stalled_write_is_retried_with_a_new_batch(env, tmp_path):
+    """RocksDB refuses a ``no_slowdown`` write that would stall (``Incomplete``) after the binding
+    has consumed its WriteBatch: the retry must write a new batch of the same rows, not fail
+    (which made the table full, refusing updates for RETRY_S)."""
+    t = _table()
+    dk, mem = DT.DiskTable(t, 1, env, 16), TableShard(t, 1)
+    real, sink = dk.store.db, DS.rocksdict.Rdict(str(tmp_path / "sink"), DS.rocksdict.Options(raw_mode=True))
+
+    class Stalls:
+        """The store's db whose first two writes consume their batch and stall."""
+        stalls = 2
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __getitem__(self, keys):
+            return real[keys]
+
+        def write(self, wb, opts=None):
+            if self.stalls:
+                self.stalls -= 1
+                sink.write(wb)  # consumed, as RocksDB's refusal leaves it
+                raise Exception("Incomplete: Write stall")
+            real.write(wb, opts)
+
+    dk.store.db = Stalls()
+    k = np.arange(1, 200, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    g = np.ones((k.size, 8), np.float32)
+    dk.apply(k, g)  # 199 keys through a 16-row cache: most written straight through
+    mem.apply(k, g)
+    assert dk.store.db.stalls == 0 and dk.writable() and dk.counters()["store_write_errors"] == 0
+    dk.store.db = real
+    _state_equal({0: dk.state()}, {0: mem.state()})
+    sink.close()
+
+
 def _train(cfg, steps=6, seed=0, **kw):
     """``steps`` rounds (lookup of every table, then an update) through a ServerCluster of ``cfg``;
     returns (every lookup's rows, the merged state, the shards' counters)."""
