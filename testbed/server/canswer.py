@@ -7,8 +7,10 @@ Per wake-up :meth:`CAnswer.serve` is one call: every header checked, the lookups
 answered straight from the receive buffer from the shard's
 :class:`~embnic.client_lib.rowstore.RowStore` (its arrays read in place through the
 ``struct embnic_store`` the store keeps current, :attr:`RowStore.cstore`). What it leaves the
-serving loop handles with the state's rules (:mod:`.engine`); :meth:`CAnswer.lookups` answers the lookups the loop reassembled,
-:meth:`CAnswer.add_spec` queues the replies the loop decides, :meth:`CAnswer.send` sends them all.
+serving loop handles with the state's rules (:mod:`.engine`); :meth:`CAnswer.lookups` answers the
+lookups the loop reassembled, :meth:`CAnswer.update_ok` tells the state which updates pass every
+table rule as they are, :meth:`CAnswer.add_spec` queues the replies the loop decides,
+:meth:`CAnswer.send` sends them all.
 :func:`load` refuses a library that is missing, built from other sources or for another
 protocol, or whose structs (numpy dtypes below, 8-byte fields in the order of ``csrc/shard.h``)
 differ. The numpy oracle the tests compare it with: ``tests/testbed/shard_oracle.py``.
@@ -70,7 +72,8 @@ def _bind(lib: ctypes.CDLL) -> None:
             ("embnic_shard_emit", i64, [_VP, _VP, i64]),
             ("embnic_shard_send", i64, [_VP]),
             ("embnic_shard_lookups", i64, [_VP, _VP, i64, _VP]),
-            ("embnic_shard_find", i64, [_VP, _VP, _VP, i64, i64, _VP])):
+            ("embnic_shard_find", i64, [_VP, _VP, _VP, i64, i64, _VP]),
+            ("embnic_shard_update_ok", i64, [_VP, _VP, i64, i64, i64, i64, _VP])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
 
@@ -177,6 +180,9 @@ class CAnswer:
         self._find = lib.embnic_shard_find
         if state.store is not None:  # the store's own searches (updates, lookups gathered in numpy) in C too
             state.store.native_find = self.find
+        if self.serving:  # an update's table rules checked in C first (the state's rules decide the rest)
+            self._gbound = state.tgbound
+            state.update_ok = self.update_ok
 
     def _table_struct(self, state: ShardState) -> np.ndarray:
         """struct embnic_shard_tables over the state's per-table-id arrays (read in place; uint8
@@ -240,6 +246,14 @@ class CAnswer:
         else:
             self._find(self._p_ctx, _ptr(c), 0, int(li), c.size, _ptr(out))
         return out
+
+    def update_ok(self, h, body: np.ndarray) -> bool:
+        """Whether update ``h`` (its ``num_tables``, ``num_keys``, ``value_len``) with its whole body
+        ``body`` (uint8, C-contiguous) passes every table rule as it is (``embnic_shard_update_ok``:
+        directory, tables in the row store, keys in range, this shard's and increasing per table,
+        gradients below their tables' bound); False: let the state's rules decide."""
+        return bool(self._lib.embnic_shard_update_ok(self._p_ctx, _ptr(body), body.size, h.num_tables, h.num_keys,
+                                                     h.value_len, _ptr(self._gbound)))
 
     # -- per wake-up --------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@
  * state's rules (testbed/server/shard_state.py). Its numpy oracle is
  * tests/testbed/shard_oracle.py.
  */
+#include <math.h>
 #include <string.h>
 
 #include "shard.h"
@@ -216,6 +217,82 @@ key_ok(const struct embnic_shard_tables *tb, uint16_t tid, uint64_t k)
 	uint64_t h = embnic_splitmix64(k ^ ((uint64_t)tid << 48));
 
 	return tb->shard_ids[h % (uint64_t)tb->nshards] == tb->shard_id;
+}
+
+/* float16 bits -> its float32 value (exact) */
+static inline float
+f16_value(uint16_t h)
+{
+	uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, f;
+	float v;
+
+	if (e == 0) {	/* zero or subnormal: m * 2^-24 */
+		v = (float)m * 0x1p-24f;
+		return (h & 0x8000u) ? -v : v;
+	}
+	f = ((uint32_t)(h & 0x8000u) << 16) | (e == 0x1fu ? 0x7f800000u : (e + 112u) << 23) | (m << 13);
+	memcpy(&v, &f, 4);
+	return v;
+}
+
+/*
+ * May an update (its whole body of body_len bytes; the header's num_tables,
+ * num_keys and value_len) be applied as it is, without the state's table
+ * rules (ShardState.table_fault, store_fault)? 1 when the body is exactly the
+ * directory, the keys and the values, the directory adds up (directory_ok:
+ * every table known, of its dim and dtype, in the row store, once), every
+ * key is in range and this shard's (key_ok), each table's keys strictly
+ * increase (none repeats), and every gradient value is below its table's
+ * bound in magnitude (gbound: float64 per table id, ShardState._tgbound:
+ * below it gradient_rows_ok refuses no row; NaN and inf are not below it).
+ * 0: the state's rules decide (an error, or an update they still take: keys
+ * not in order but distinct, gradients near the bound). Reads
+ * body[0..body_len) only.
+ */
+int64_t
+embnic_shard_update_ok(const struct embnic_answer *a, const uint8_t *body, int64_t body_len, int64_t num_tables,
+		       int64_t num_keys, int64_t value_len, const double *gbound)
+{
+	const struct embnic_shard_tables *tb = a->tables;
+	struct lookup q = { 0, 0, (uint16_t)num_tables, (uint32_t)num_keys, (uint32_t)value_len };
+	const uint8_t *kp, *vp;
+
+	if (num_tables <= 0 || num_tables > 0xffff || num_keys < 0 || num_keys > 0xffffffffLL || value_len < 0 ||
+	    value_len > 0xffffffffLL || body_len != num_tables * EMBNIC_DIR_ENTRY + num_keys * 8 + value_len ||
+	    !directory_ok(a, body, &q))
+		return 0;
+	kp = body + num_tables * EMBNIC_DIR_ENTRY;
+	vp = kp + num_keys * 8;
+	for (int64_t t = 0; t < num_tables; t++) {
+		struct dir_entry d = dir_at(body, t);
+		int64_t nv = (int64_t)d.num_keys * d.dim;
+		double b = gbound[d.table_id];
+		uint64_t prev = 0;
+
+		for (int64_t i = 0; i < d.num_keys; i++, kp += 8) {
+			uint64_t k = le64(kp);
+
+			if ((i && k <= prev) || !key_ok(tb, d.table_id, k))
+				return 0;
+			prev = k;
+		}
+		if (d.dtype == EMBNIC_DTYPE_FP32) {
+			for (int64_t j = 0; j < nv; j++) {
+				float v;
+
+				memcpy(&v, vp + j * 4, 4);
+				if (!((double)fabsf(v) < b))
+					return 0;
+			}
+			vp += nv * 4;
+		} else {
+			for (int64_t j = 0; j < nv; j++)
+				if (!((double)fabsf(f16_value(le16(vp + j * 2))) < b))
+					return 0;
+			vp += nv * 2;
+		}
+	}
+	return 1;
 }
 
 #define GATHER_CHUNK 256	/* keys searched before their rows are copied */
