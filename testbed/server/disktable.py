@@ -44,12 +44,14 @@ class DiskTable:
             is ``env.root / f"t{table.id}"``, created empty.
         cache_rows: rows the cache holds at most (its capacity is the largest multiple of the
             ways not above it).
+        policy: the cache's replacement policy (:data:`~embnic.testbed.server.rowcache.POLICIES`;
+            the default is the one the shard uses).
 
     Raises:
-        StoreError: the store cannot be opened.
+        StoreError: the store cannot be opened. ValueError: an unknown ``policy``.
     """
 
-    def __init__(self, table: TableConfig, seed: int, env: StoreEnv, cache_rows: int):
+    def __init__(self, table: TableConfig, seed: int, env: StoreEnv, cache_rows: int, policy: str = "lfu-aged"):
         self.table = table
         self.seed = int(seed)
         self.dim = int(table.dim)
@@ -58,7 +60,7 @@ class DiskTable:
         self._eps = np.float32(table.eps)
         self.env = env
         self._vw = self.dim + (1 if self.adagrad else 0)  # float32 values per stored row
-        self.cache = RowCache(self.dim, self.adagrad, cache_rows, table.id)
+        self.cache = RowCache(self.dim, self.adagrad, cache_rows, table.id, policy)
         self.capacity = self.cache.capacity
         self._n = 0  # materialised rows (in the store or dirty in the cache)
         self.stats = collections.Counter({k: 0 for k in ("hits", "misses", "store_reads", "store_found",

@@ -1,7 +1,8 @@
 """The disk tier's rows in memory (numpy only): the cache of hot rows in front of a disk table's
 store (:class:`RowCache`: ``S`` sets of :data:`WAYS` ways, least-frequently-used with ageing,
-write-back; docs/server.md, "Disk tier", says why) and the rows a full store could not take yet
-(:class:`PendingRows`), both for :class:`~embnic.testbed.server.disktable.DiskTable`.
+write-back; docs/server.md, "Disk tier", says why and how it compares with the other
+:data:`POLICIES`) and the rows a full store could not take yet (:class:`PendingRows`), both for
+:class:`~embnic.testbed.server.disktable.DiskTable`.
 """
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ WAYS = 8  #: ways per cache set
 #: use counts are halved every AGE_EVERY x cache_rows uses (16: measured on Zipf(1.05), 4096-key
 #: messages over 16 x the cache's rows, hit ratio 0.67 where halving every cache_rows uses gave 0.62)
 AGE_EVERY = 16
+#: replacement policies: ``"lfu-aged"`` (the default: least used first, use counts halved every
+#: AGE_EVERY x cache_rows uses, ties least recently used), ``"lfu"`` (the same, never halved) and
+#: ``"lru"`` (least recently used first); ``embnic bench server --disk`` compares them
+POLICIES = ("lfu-aged", "lfu", "lru")
 _FREQ_MAX = 1 << 30
 _BIG = np.iinfo(np.int64).max
 
@@ -39,9 +44,16 @@ class RowCache:
         adagrad: keep a row-wise accumulator per row.
         cache_rows: rows it holds at most (:func:`capacity`).
         table_id: salts the set of each key.
+        policy: which rows make room (:data:`POLICIES`).
+
+    Raises:
+        ValueError: an unknown ``policy``.
     """
 
-    def __init__(self, dim: int, adagrad: bool, cache_rows: int, table_id: int):
+    def __init__(self, dim: int, adagrad: bool, cache_rows: int, table_id: int, policy: str = "lfu-aged"):
+        if policy not in POLICIES:
+            raise ValueError(f"cache policy {policy!r}: one of {', '.join(POLICIES)}")
+        self.policy = policy
         self.ways, self.nsets = capacity(cache_rows)
         cap = self.capacity = self.ways * self.nsets
         self.salt = splitmix64(np.array([0x0D15C0000000 + table_id], np.uint64))[0]
@@ -72,7 +84,9 @@ class RowCache:
 
     def age(self, uses: int) -> None:
         """Count ``uses``; every :data:`AGE_EVERY` × capacity uses, halve every use count (LFU with
-        ageing: old popularity fades)."""
+        ageing, policy ``"lfu-aged"``: old popularity fades)."""
+        if self.policy != "lfu-aged":
+            return
         self.uses += uses
         if self.uses >= AGE_EVERY * self.capacity:
             self.freq >>= 1
@@ -102,8 +116,9 @@ class RowCache:
 
     def victims(self, misses: np.ndarray, keep_dirty: bool) -> tuple[np.ndarray, np.ndarray]:
         """Slots for ``misses`` (uint64 (n,) distinct keys it does not hold) in the current batch:
-        per set, its free ways, then its least used rows (ties: least recently used); never a row
-        this batch used, nor a dirty row when ``keep_dirty`` (nothing can be written back).
+        per set, its free ways, then its least used rows (ties: least recently used; policy
+        ``"lru"``: its least recently used rows); never a row this batch used, nor a dirty row when
+        ``keep_dirty`` (nothing can be written back).
 
         Returns:
             (victim slots int64 (m,), the misses (indices into ``misses``) that get them), m ≤ n.
@@ -118,7 +133,10 @@ class RowCache:
         usets = so[first]
         ct = self.stamp.reshape(-1, W)[usets]  # (G, W): the ways of the sets
         cv = self.valid.reshape(-1, W)[usets]
-        score = np.where(cv, (self.freq.reshape(-1, W)[usets].astype(np.int64) << 24) | (ct & 0xFFFFFF), -1)
+        if self.policy == "lru":
+            score = np.where(cv, ct.astype(np.int64), -1)
+        else:
+            score = np.where(cv, (self.freq.reshape(-1, W)[usets].astype(np.int64) << 24) | (ct & 0xFFFFFF), -1)
         score[ct == now] = _BIG  # used by this batch: never a victim
         if keep_dirty:
             score[cv & self.dirty.reshape(-1, W)[usets]] = _BIG

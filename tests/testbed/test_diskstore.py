@@ -4,7 +4,7 @@
   from 1 row (every key past the cache) to larger than the table: every lookup, row and
   accumulator bit-identical; snapshots round-trip.
 * Shards (the serving loop and the reference shard, 2 shards, a cache far smaller than the rows) trained the same steps with
-  the table on disk and in memory: every lookup, row and optimizer state identical; ``--workers 2``.
+  the table on disk and in memory: every lookup, row and optimizer state identical.
 * Durability: ``--checkpoint-dir`` snapshots the store (hard links, no arrays in the ``.npz``),
   SIGKILL + ``--restore`` gives identical tables and re-acks retransmissions; a checkpoint taken
   with the table on disk restores into memory and back; ``tables export`` streams from it (never
@@ -45,7 +45,6 @@ from embnic.testbed.server.stores import StoreSetupError  # noqa: E402
 
 from test_durability import _send_all, _state_equal  # noqa: E402
 from test_tables_io import save_safetensors  # noqa: E402
-from test_server_engine import _kill_worker_shard, _stop_worker_shard  # noqa: E402
 from reference_shard import engine_kw  # noqa: E402
 
 TABLES = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
@@ -76,14 +75,16 @@ def env():
     assert not e.root.exists()  # a scratch store is removed when closed
 
 
-@pytest.mark.parametrize("opt,dim", [("adagrad", 8), ("sgd", 5)])
+@pytest.mark.parametrize("opt,dim,policy", [("adagrad", 8, "lfu-aged"), ("sgd", 5, "lfu-aged"), ("adagrad", 8, "lfu"),
+                                            ("sgd", 5, "lru")])
 @pytest.mark.parametrize("cache_rows", [1, 7, 64, 5000])
-def test_disk_table_equals_the_in_memory_store_operation_by_operation(env, opt, dim, cache_rows):
+def test_disk_table_equals_the_in_memory_store_operation_by_operation(env, opt, dim, policy, cache_rows):
     """Random lookups (duplicates, ids never updated) and updates (one message, and several
     messages whose keys overlap) on both stores: every lookup and the final rows, accumulators
-    and row count identical, whatever part of the table the cache holds."""
+    and row count identical, whatever part of the table the cache holds and whichever rows it
+    evicts (every replacement policy)."""
     t = _table(opt, dim)
-    mem, dk = TableShard(t, 7), DT.DiskTable(t, 7, env, cache_rows)
+    mem, dk = TableShard(t, 7), DT.DiskTable(t, 7, env, cache_rows, policy)
     pool = np.arange(400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     rng = np.random.default_rng(cache_rows)
     for step in range(40):
@@ -225,52 +226,6 @@ def test_shard_default_store_and_a_table_of_its_own():
         assert srv.counters()["stores"]["block_cache_capacity"] == 4 << 20
     finally:
         srv.close()
-
-
-def test_workers_2_with_disk_tables_equal_local_backend(tmp_path):
-    """``embnic server --workers 2`` with tables on disk: each worker keeps a store of its own
-    (scratch, removed at stop); rows equal LocalBackend's."""
-    tables = [dict(TABLES[0], store="disk", cache_rows=32), dict(TABLES[1])]
-    (tmp_path / "c.toml").write_text("[cluster]\nseed = 3\n" + "".join(
-        "[[tables]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items()) for t in tables)
-        + '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 17870\n[[clients]]\nid = 1\nip = "127.0.0.1"\n')
-    # EMBNIC_STORE_TMP: the workers' scratch stores land in tmp_path
-    p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(tmp_path / "c.toml"),
-                          "--port", "0", "--workers", "2"], stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, EMBNIC_STORE_TMP=str(tmp_path)))
-    try:
-        lines = []
-        while not (m := re.search(r"listening on 127\.0\.0\.1:(\d+).*2 workers", lines[-1] if lines else "")):
-            lines.append(p.stderr.readline())  # each worker's "tables 0 on disk in ..." comes around it
-            assert lines[-1], lines
-        cfg = parse_config({"cluster": {"seed": 3, "timeout_ms": 300, "retries": 20}, "tables": tables,
-                            "shards": [{"id": 0, "ip": "127.0.0.1", "port": int(m.group(1))}],
-                            "clients": [{"id": 1, "ip": "127.0.0.1"}]})
-        ref = LocalBackend(cfg)
-        rng = np.random.default_rng(4)
-        with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
-            for _ in range(3):
-                req = {0: np.unique(rng.integers(0, 2**64 - 1, 500, dtype=np.uint64)),
-                       1: np.unique(rng.integers(0, 2**40, 200, dtype=np.uint64))}
-                got = c.lookup(req)
-                for t, k in req.items():
-                    assert np.array_equal(got[t], ref.lookup({t: k})[t]), t
-                upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
-                       for t, k in req.items()}
-                c.update(upd)
-                for t, (k, g) in upd.items():
-                    ref.update({t: (k, g)})
-            for t, (ks, _, _) in ref.state_dict().items():
-                assert np.array_equal(c.lookup({t: ks})[t], ref.lookup({t: ks})[t]), t
-        assert len(list(tmp_path.glob("embnic-rows-shard0-w*"))) == 2  # a store of its own per worker
-        err = _stop_worker_shard(p)
-    finally:
-        _kill_worker_shard(p)
-    assert p.returncode == 0, err
-    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
-    assert counters["stores"]["tables"]["0"]["rows_held"] == ref.state_dict()[0][0].size
-    assert counters["stores"]["tables"]["0"]["cache_rows"] == 64  # two workers' caches of 32
-    assert not list(tmp_path.glob("embnic-rows-*"))
 
 
 def _disk_toml(path: Path, cache_rows: int = 30, store: str = "disk") -> Path:
