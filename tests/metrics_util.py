@@ -144,7 +144,7 @@ def card_expected(c: dict, st: dict) -> dict[tuple, float]:
 
 
 #: shard counters that are not numbers to export: where the log is, the restore report, the
-#: engine's configuration (embnic_shard_engine_info), per-worker lists summed at the top
+#: engine's configuration (embnic_shard_engine_info)
 SHARD_NOT_COUNTERS = {("durability", "dir"), ("durability", "last_checkpoint"), ("durability", "restored"),
                       ("shard",)}
 
@@ -153,8 +153,7 @@ def shard_expected(c: dict) -> dict[tuple, float]:
     """The samples a shard's metrics endpoint must give for its counters ``c`` (every leaf)."""
     out: dict[tuple, float] = {}
     sh = c["shard"]
-    engines = c.get("workers") or ([c["engine"]] if c.get("engine") else [])
-    out[_k("embnic_shard_workers", shard=sh)] = len(c.get("workers", ())) or 1
+    e = c.get("engine")
     simple = {"rx_frames", "rx_bytes", "tx_frames", "tx_bytes", "lookup_keys", "updates_applied", "update_keys",
               "duplicates", "update_polls", "update_poll_acks", "update_nacks", "internal_errors", "send_errors"}
     wal = {"log_records": "embnic_shard_wal_records_total", "log_bytes": "embnic_shard_wal_bytes_total",
@@ -162,8 +161,8 @@ def shard_expected(c: dict) -> dict[tuple, float]:
            "since_checkpoint": "embnic_shard_wal_updates_since_checkpoint",
            "checkpoints": "embnic_shard_checkpoints_total", "log_errors": "embnic_shard_wal_errors_total",
            "checkpoint_errors": "embnic_shard_checkpoint_errors_total"}
-    engine_skip = {"name", "intake", "answer", "gso", "batch", "worker", "send_errors"}  # info labels; summed
-    for path, v in _walk({k: v for k, v in c.items() if k not in ("engine", "workers")}):
+    engine_skip = {"name", "intake", "answer", "gso", "batch", "send_errors"}  # info labels; summed
+    for path, v in _walk({k: v for k, v in c.items() if k != "engine"}):
         if path in SHARD_NOT_COUNTERS or path[:2] in SHARD_NOT_COUNTERS:
             continue
         if len(path) == 1 and path[0] in simple:
@@ -194,22 +193,12 @@ def shard_expected(c: dict) -> dict[tuple, float]:
         else:
             raise AssertionError(f"shard counter {'.'.join(map(str, path))} = {v!r} has no metric rule")
         out[key] = v
-    for i, e in enumerate(engines):
-        w = e.get("worker", i)
+    if e:
         for k, v in e.items():
-            if k in engine_skip:
-                continue
-            if k == "rows_held":
-                for t, n in v.items():
-                    out[_k("embnic_shard_worker_rows", shard=sh, worker=w, table=t)] = n
-            elif k == "peer_wait_us":
-                out[_k("embnic_shard_peer_wait_seconds_total", shard=sh, worker=w)] = v * 1e-6
-            else:
-                out[_k(f"embnic_shard_{k}_total", shard=sh, worker=w)] = v
-    if engines:
-        e0 = engines[0]
-        out[_k("embnic_shard_engine_info", shard=sh, engine=e0["name"], intake=e0["intake"],
-               answer=e0.get("answer", ""), gso=str(bool(e0["gso"])).lower(), batch=e0["batch"])] = 1
+            if k not in engine_skip:
+                out[_k(f"embnic_shard_{k}_total", shard=sh)] = v
+        out[_k("embnic_shard_engine_info", shard=sh, engine=e["name"], intake=e["intake"],
+               answer=e.get("answer", ""), gso=str(bool(e["gso"])).lower(), batch=e["batch"])] = 1
     return out
 
 

@@ -152,8 +152,9 @@ def _disk_run(out, rows, cache_rows, block_cache_mb, window, scale, repeats, mtu
 def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_cache_rows,
            disk_block_cache_mb):
     """One parameter-server shard on loopback without the card: rows/s, messages/s and p50/p99
-    latency of lookups and updates at 1, 64 and 4096 keys per message, with --workers 1 and 2,
-    against the in-process LocalBackend doing the same work.
+    latency of lookups and updates at 1, 64 and 4096 keys per message, against the in-process
+    LocalBackend doing the same work; then two shards on this host (the same messages, each to
+    the shard owning its keys): rows/s and rows per shard CPU second against one.
 
     The disk-tier run (`server_disk`, docs/server.md "Disk tier"): a shard keeping the table on
     disk behind a cache against one keeping it in memory (Zipf ids, a table larger than 8 x the
@@ -180,7 +181,7 @@ def server(out, window, scale, mtu, repeats, disk, disk_only, disk_rows, disk_ca
         for op in ("lookup", "update"):
             click.echo(f"    {op:6s}  2 tables {rd[f'{op}_2_us']:8,.0f}   26 tables {rd[f'{op}_26_us']:8,.0f}   "
                        f"26/2 = {rd[f'ratio_26_vs_2_{op}']:.2f} (target ≤ {rd['target']})")
-    for part in ("workers_1", "workers_1_wal", "workers_2", "local"):
+    for part in ("shards_1", "shards_1_wal", "shards_2", "local"):
         if part in res:
             _metrics(part, res[part], 12, keep=("rows_per_s", "msgs_per_s", "p50_us", "p99_us", "rows_per_shard_cpu_s",
                                                 "rows_per_cpu_s", "shard_cpu_s", "loadgen_cpu_s", "machine_idle_share"))

@@ -10,6 +10,14 @@ from embnic.client_lib.config import load_config
 from embnic.cli.commands.options import as_operational, as_usage, config_option, errors_as
 
 
+def _no_workers(value) -> None:
+    """``--workers`` (gone: one process per shard) refused in one line naming the fix."""
+    if value is not None:
+        raise click.UsageError("--workers is gone: a shard is one process; to use more cores, run more shards "
+                               "(more [[shards]] in the config, one `embnic server` each; docs/server.md, "
+                               "'More cores: more shards')")
+
+
 @click.command("server")
 @click.option("--shard", "shard_id", type=click.IntRange(0, 0xFFFF), required=True,
               help="Id of the shard to serve (one of the config's [[shards]]).")
@@ -19,9 +27,7 @@ from embnic.cli.commands.options import as_operational, as_usage, config_option,
               help="UDP port (default: the shard's port in the config; 0 picks a free one).")
 @click.option("--dedup-window", type=int, default=65536, show_default=True,
               help="Applied updates remembered to apply each exactly once.")
-@click.option("--workers", type=int, default=1, show_default=True,
-              help="Worker processes behind the one address, every table's rows split over them by id range "
-                   "(docs/server.md, 'Workers').")
+@click.option("--workers", type=int, hidden=True, expose_value=False, callback=lambda ctx, p, v: _no_workers(v))
 @click.option("--fixed-length", is_flag=True,
               help="Fixed-length baseline: data requests must be announced by a SIZE_REQ of their client "
                    "(docs/protocol.md, 'Size messages'); unannounced ones are dropped and counted.")
@@ -47,11 +53,10 @@ def server(shard_id, config, bind, port, log_level, **opts):
     Examples:
       embnic server --shard 0 --config examples/cluster.toml
       embnic server --shard 1 -c examples/cluster.toml --bind 127.0.0.1 --port 17881
-      embnic server --shard 0 -c examples/cluster.toml --workers 2
       embnic server --shard 0 -c examples/cluster.toml --fixed-length
       embnic server --shard 0 -c examples/cluster.toml --checkpoint-dir /var/lib/embnic --checkpoint-every 10000
       embnic server --shard 0 -c examples/cluster.toml --restore /var/lib/embnic
-      embnic server --shard 0 -c examples/cluster.toml --workers 2 --metrics-port 9465
+      embnic server --shard 0 -c examples/cluster.toml --metrics-port 9465
     """
     from embnic.cli.commands.tables import store_error
     from embnic.client_lib.clib import NativeLibraryError
@@ -64,7 +69,7 @@ def server(shard_id, config, bind, port, log_level, **opts):
     # the one set of checks, shared with python -m embnic.testbed.server
     with errors_as((ServerOptionError, as_usage)):
         check_server_options(cfg, shard_id, config_name=config, bind=bind, port=port, **opts)
-    if disk_tables(cfg, shard_id):  # before any worker starts: the dependency, in one line
+    if disk_tables(cfg, shard_id):  # before the shard starts: the dependency, in one line
         with errors_as((StoreSetupError, store_error)):
             load_diskstore()
     me = cfg.shard(shard_id)

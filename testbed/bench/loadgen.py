@@ -161,25 +161,28 @@ class Requests:
     """Pre-encoded requests, one table per message (as before protocol v2): message ``i`` asks
     table ``tables[i]`` for ``keys[i]`` (uint64, sorted) — with gradients ``grads[i]`` (float32
     (n, dim)) for updates — and is rows ``starts[i] .. starts[i] + counts[i] - 1`` of ``frames``
-    (uint8 (frames, 44 + P), ``lens`` bytes of each used). Its reply is ``reply_type`` in
-    ``reply_frames`` frames (the largest message's).
+    (uint8 (frames, 44 + P), ``lens`` bytes of each used), sent to shard ``shards[i]``. Its reply
+    is ``reply_type`` in ``reply_frames`` frames (the largest message's).
 
     Args:
         op: ``"lookup"`` or ``"update"``.
         dim: the tables' dim (fp32).
         mtu: the cluster MTU (bytes).
         first_id: message id of message 0 (then consecutive).
+        shards: int64 (messages,), each message's shard id (an index into :class:`LoadGen`'s
+            ports); None: every message to shard 0.
     """
 
     def __init__(self, op: str, tables: list[int], keys: list[np.ndarray], grads: list[np.ndarray] | None,
-                 dim: int, mtu: int, first_id: int):
+                 dim: int, mtu: int, first_id: int, shards: np.ndarray | None = None):
         P = consts.max_body_per_frame(mtu)
         self.op, self.count, self.first_id = op, len(keys), first_id
         self.tables, self.keys, self.grads = tables, keys, grads
+        self.shards = np.zeros(len(keys), np.int64) if shards is None else np.asarray(shards, np.int64)
         self.rows = int(sum(k.size for k in keys))
         flat = []  # each message's frames
         for i, (t, k) in enumerate(zip(tables, keys)):
-            kw = dict(msg_id=first_id + i, client_id=1, shard_id=0, keys=k, mtu=mtu,
+            kw = dict(msg_id=first_id + i, client_id=1, shard_id=int(self.shards[i]), keys=k, mtu=mtu,
                       directory=codec.make_directory([t], [dim], [1], [k.size]))
             flat.append(codec.encode_lookup(**kw) if op == "lookup"
                         else codec.encode_update(**kw, values=grads[i].astype("<f4").tobytes()))
@@ -196,9 +199,9 @@ class Requests:
 
 class LoadGen:
     """A client socket on loopback that keeps ``window`` messages of :class:`Requests` in flight
-    to the shard at ``port``."""
+    to the shards at ``ports`` (shard id ``s`` at ``ports[s]``; one int: shard 0's)."""
 
-    def __init__(self, port: int):
+    def __init__(self, ports: int | list[int]):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         set_socket_buffers(self.sock)
         self.sock.bind(("127.0.0.1", 0))
@@ -207,7 +210,8 @@ class LoadGen:
         with contextlib.suppress(OSError):  # a kernel without it: the datagrams one by one
             self.sock.setsockopt(udpio.SOL_UDP, UDP_GRO, 1)
         self.bs = udpio.BatchSocket(self.sock, batch=64, slot=65536)
-        self.name = np.frombuffer(udpio.tuple_to_sockaddr(("127.0.0.1", port)), np.uint8).reshape(1, 16)
+        ports = [ports] if isinstance(ports, int) else list(ports)
+        self.names = np.stack([np.frombuffer(udpio.tuple_to_sockaddr(("127.0.0.1", p)), np.uint8) for p in ports])
 
     def close(self) -> None:
         self.sock.close()
@@ -223,14 +227,14 @@ class LoadGen:
         got = np.zeros(n, np.int64)
         t_sent = np.zeros(n)
         t_done = np.zeros(n)
-        names = np.repeat(self.name, max(window, 1), axis=0)
+        names = self.names[w.shards]  # (n, 16): each message's shard
         done = 0
         t0 = time.perf_counter()
         last = t0
 
         def send(a: int, b: int) -> None:
             t_sent[a:b] = time.perf_counter()
-            self.bs.send(w.frames, w.starts[a:b], w.counts[a:b], w.lens, names[:b - a])
+            self.bs.send(w.frames, w.starts[a:b], w.counts[a:b], w.lens, names[a:b])
 
         nxt = min(window, n)
         send(0, nxt)

@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bind", default=None, help="IPv4 address (default: the shard's ip)")
     ap.add_argument("--port", type=int, default=None, help="UDP port (default: the shard's port)")
     ap.add_argument("--dedup-window", type=int, default=65536, help="applied updates remembered")
-    ap.add_argument("--workers", type=int, default=1, help="worker processes behind the address")
     ap.add_argument("--fixed-length", action="store_true",
                     help="fixed-length baseline: data must be announced by a SIZE_REQ (docs/protocol.md)")
     ap.add_argument("--checkpoint-dir", default=None, help="write-ahead log and checkpoints in DIR/shard-<id>")
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_server_options(cfg, args.shard, config_name=args.config, bind=args.bind, port=args.port,
-                             dedup_window=args.dedup_window, workers=args.workers,
+                             dedup_window=args.dedup_window,
                              fixed_length=args.fixed_length, checkpoint_dir=args.checkpoint_dir,
                              checkpoint_every=args.checkpoint_every, restore=args.restore,
                              metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     port = me.port if args.port is None else args.port
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
-        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, workers=args.workers, fixed_length=args.fixed_length,
+        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, fixed_length=args.fixed_length,
                           checkpoint_dir=args.checkpoint_dir,
                           checkpoint_every=args.checkpoint_every, restore=args.restore,
                           log_fsync=not args.no_log_fsync, metrics_port=args.metrics_port,

@@ -66,8 +66,7 @@ class _Families:
 
 
 def shard_families(c: dict) -> list:
-    """Metric families of one reading of a shard's counters (``BatchShardServer.counters()``, or the
-    sum over a ``--workers`` shard's workers).
+    """Metric families of one reading of a shard's counters (``BatchShardServer.counters()``).
 
     Returns:
         prometheus_client metric families (``embnic_shard_*``, every one labelled ``shard``);
@@ -77,9 +76,8 @@ def shard_families(c: dict) -> list:
 
     f = _Families(str(c["shard"]))
     _traffic_families(f, c)
-    engines = c.get("workers") or ([c["engine"]] if c.get("engine") else [])
-    if engines:
-        _engine_families(f, engines)
+    if c.get("engine"):
+        _engine_families(f, c["engine"])
     if c.get("durability") is not None:
         _durability_families(f, c["durability"])
     if c.get("stores"):
@@ -95,8 +93,6 @@ def shard_families(c: dict) -> list:
 
 def _traffic_families(f: _Families, c: dict) -> None:
     """Frames, requests, replies, errors, drops, rows, reassembly: what every shard counts."""
-    f.fam(f.G, "workers", "Worker processes serving the shard behind its one address.",
-          [((), len(c.get("workers", ())) or 1)])
     for kind, key, doc in _TRAFFIC:
         f.fam(f.C if kind == "C" else f.G, key, doc, [((), c.get(key, 0))])
     for key, label, doc in _BY_LABEL:
@@ -105,21 +101,15 @@ def _traffic_families(f: _Families, c: dict) -> None:
         f.fam(f.G if key == "pending" else f.C, f"reassembly_{key}", doc, [((), c["reassembly"][key])])
 
 
-def _engine_families(f: _Families, engines: list) -> None:
-    """The serving loop's configuration and counters, per worker."""
-    e0 = engines[0]
+def _engine_families(f: _Families, e: dict) -> None:
+    """The serving loop's configuration and counters."""
     f.fam(f.G, "engine_info", "The shard's engine (value 1).",
-          [((e0.get("name", "batch"), e0.get("intake", ""), e0.get("answer", ""), str(bool(e0.get("gso"))).lower(),
-             e0.get("batch", 0)), 1)],
+          [((e.get("name", "batch"), e.get("intake", ""), e.get("answer", ""), str(bool(e.get("gso"))).lower(),
+             e.get("batch", 0)), 1)],
           ["engine", "intake", "answer", "gso", "batch"])
-    for key, name, doc, scale in _ENGINE_COUNTERS:
-        rows = [((e.get("worker", i),), e[key] * scale) for i, e in enumerate(engines) if key in e]
-        if rows:
-            f.fam(f.C, name, doc, rows, ["worker"])
-    rows = [((e.get("worker", i), t), n) for i, e in enumerate(engines) for t, n in e.get("rows_held", {}).items()]
-    if rows:
-        f.fam(f.G, "worker_rows", "Rows held per worker and table (--workers: rows split by id range).",
-              rows, ["worker", "table"])
+    for key, name, doc in _ENGINE_COUNTERS:
+        if key in e:
+            f.fam(f.C, name, doc, [((), e[key])])
 
 
 def _durability_families(f: _Families, d: dict) -> None:
@@ -187,21 +177,16 @@ _DURABILITY = (
     ("C", "log_errors", "wal_errors", "Log writes the disk refused (the shard then stops acking)."),
     ("C", "checkpoint_errors", "checkpoint_errors", "Checkpoints that failed."),
 )
-#: per-worker engine counters: (key in the engine's counters, metric, help, scale)
+#: the serving loop's counters: (key in the engine's counters, metric, help)
 _ENGINE_COUNTERS = (
-    ("wakeups", "wakeups", "Wake-ups of the serving loop (each: one recvmmsg batch).", 1),
-    ("recv_calls", "recv_calls", "recvmmsg calls.", 1),
-    ("send_calls", "send_calls", "sendmmsg calls.", 1),
-    ("gso_sends", "gso_sends", "Replies sent as UDP GSO super-datagrams.", 1),
-    ("gso_fallbacks", "gso_fallbacks", "GSO sends the kernel refused (sent frame by frame).", 1),
-    ("messages_whole", "messages_whole", "Multi-fragment messages gathered whole from one wake-up.", 1),
-    ("answered_in_c", "answered_in_c", "Lookups answered by the C answer path (rows gathered, reply built in C).", 1),
-    ("answered_from_rx", "answered_from_rx", "Of those, answered straight from the receive buffer.", 1),
-    ("peer_calls", "peer_calls", "Sub-requests this worker made to the other workers.", 1),
-    ("peer_rows_asked", "peer_rows_asked", "Rows this worker asked the other workers for.", 1),
-    ("peer_requests", "peer_requests", "Sub-requests this worker served for the others.", 1),
-    ("peer_rows_served", "peer_rows_served", "Rows this worker served to the others.", 1),
-    ("peer_wait_us", "peer_wait_seconds", "Time this worker waited for the others' answers.", 1e-6),
+    ("wakeups", "wakeups", "Wake-ups of the serving loop (each: one recvmmsg batch)."),
+    ("recv_calls", "recv_calls", "recvmmsg calls."),
+    ("send_calls", "send_calls", "sendmmsg calls."),
+    ("gso_sends", "gso_sends", "Replies sent as UDP GSO super-datagrams."),
+    ("gso_fallbacks", "gso_fallbacks", "GSO sends the kernel refused (sent frame by frame)."),
+    ("messages_whole", "messages_whole", "Multi-fragment messages gathered whole from one wake-up."),
+    ("answered_in_c", "answered_in_c", "Lookups answered by the C answer path (rows gathered, reply built in C)."),
+    ("answered_from_rx", "answered_from_rx", "Of those, answered straight from the receive buffer."),
 )
 
 

@@ -288,10 +288,10 @@ class PyRoundClient(EmbeddingClient):
                 fill(m.shard_id)
             if done or partial:
                 # Loss detection (RACK, RFC 8985, by transmission order): a shard answers in the
-                # order it was asked (per worker process), so a message whose latest transmission
+                # order it was asked, so a message whose latest transmission
                 # went out before the first transmission of an answered message of its shard (or of
                 # one whose reply has begun to come; or a probe's) lost a frame — unless its answer
-                # is merely reordered (a shard's --workers answer by client and table): it is recovered once the
+                # is merely reordered on the path: it is recovered once the
                 # shard's reordering window (_reo_wnd) has passed without its answer.
                 # RFC 6298 5.3 per shard: a shard that answers (a whole reply or a fragment) is making
                 # progress, so the timers of its other messages restart (they may be queued behind).
@@ -401,7 +401,7 @@ class PyRoundClient(EmbeddingClient):
     def _reo_wnd(self, m: Outstanding) -> float:
         """Reordering window (s) of ``m``'s shard and type (RFC 8985 6.2): a quarter of its shortest
         round trip seen (of its RTO before any sample), at least :data:`REO_WND_MIN_MS` — room for
-        the answers of other tables that a shard's ``--workers`` let pass each other. (RFC 8985
+        answers the path reorders. (RFC 8985
         widens it on proof of a needless re-send; here an answer sooner than usual proves nothing:
         a lone re-sent message is answered faster than one queued in a burst.)"""
         e = self._rtt[m.shard_id, m.msg_type]

@@ -1,14 +1,12 @@
 """The shard's serving loop against the reference shard (tests/testbed/reference_shard.py): the
 same frames in (messages of one to three tables, refusals, polls, junk), the same replies,
 counters and rows out; the C intake and answer path against its numpy oracle
-(tests/testbed/shard_oracle.py); batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets;
-``--workers`` (steering by client and message id, checked in the kernel); exactly-once updates
+(tests/testbed/shard_oracle.py); batched socket I/O (recvmmsg/sendmmsg, UDP GSO) against plain sockets; exactly-once updates
 over a simulated lossy link.
 
 Run alone: python3 -m pytest -q tests/testbed/test_server_engine.py
 """
 import ctypes
-import os
 import random
 import socket
 
@@ -18,7 +16,6 @@ import pytest
 from embnic.client_lib import codec, consts
 from embnic.client_lib.client import set_socket_buffers
 from embnic.client_lib.consts import MsgType
-from embnic.client_lib.config import parse_config
 from embnic.client_lib.local import LocalBackend
 from embnic.client_lib.reassembly import Reassembler
 from embnic.client_lib.rowstore import TableShard, shared_tables
@@ -31,7 +28,7 @@ import clientref
 from reference_shard import engine_kw
 from shard_oracle import NumpyAnswer
 
-from test_server import lookup_frames, make_cfg, multi_lookup_frames, multi_update_frames, reply_rows, update_frames
+from test_server import lookup_frames, make_cfg, multi_lookup_frames, multi_update_frames, update_frames
 
 PROBE_ID = 0x7FFF0000
 #: tables of several dims and dtypes (the row store's flat arena) — with a row longer than 256
@@ -618,29 +615,6 @@ def test_udpio_gso_and_plain_send_the_same_datagrams():
     rx.close()
 
 
-def _start_worker_shard(tmp_path, tables: list[dict], workers: int):
-    """``embnic server --shard 0 --workers N`` on loopback for ``tables``; returns (process, the
-    client's config: timeout 300 ms, 20 tries)."""
-    import json
-    import re
-    import subprocess
-    import sys
-
-    (tmp_path / "c.toml").write_text("[cluster]\nseed = 3\n" + "".join(
-        "[[tables]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items()) for t in tables)
-        + '[[shards]]\nid = 0\nip = "127.0.0.1"\nport = 17870\n[[clients]]\nid = 1\nip = "127.0.0.1"\n')
-    p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", str(tmp_path / "c.toml"),
-                          "--port", "0", "--workers", str(workers)], stderr=subprocess.PIPE, text=True)
-    line = p.stderr.readline()
-    m = re.search(r"listening on 127\.0\.0\.1:(\d+).*%d workers" % workers, line)
-    if not m:
-        _kill_worker_shard(p)
-        raise AssertionError(line)
-    return p, parse_config({"cluster": {"seed": 3, "timeout_ms": 300, "retries": 20}, "tables": tables,
-                            "shards": [{"id": 0, "ip": "127.0.0.1", "port": int(m.group(1))}],
-                            "clients": [{"id": 1, "ip": "127.0.0.1"}]})
-
-
 def _stop_worker_shard(p) -> str:
     """SIGTERM the shard; its stderr."""
     p.terminate()
@@ -649,181 +623,8 @@ def _stop_worker_shard(p) -> str:
 
 def _kill_worker_shard(p) -> None:
     if p.poll() is None:
-        p.kill()  # its workers follow it (PR_SET_PDEATHSIG)
+        p.kill()
         p.communicate(timeout=60)
-
-
-def test_workers_answer_lookups_whose_rows_overflow_the_peer_socket(tmp_path):
-    """``--workers 2``, a 4000-key lookup of 128-float rows: the owner's sub-reply (~1 MB) is
-    larger than the socket pair's buffer, so it goes out as the home worker reads it. The home
-    polled its peer link for input only and the rest was never sent: the client got no answer
-    (reproduced: it gave up after 45 s)."""
-    from embnic.client_lib.client import EmbeddingClient
-
-    tables = [{"id": 0, "dim": 128, "optimizer": "sgd"}]
-    p, cfg = _start_worker_shard(tmp_path, tables, 2)
-    try:
-        ref = LocalBackend(cfg)
-        rng = np.random.default_rng(5)
-        with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
-            for _ in range(3):
-                k = np.unique(rng.integers(0, 2**63, 4000, dtype=np.uint64))
-                assert np.array_equal(c.lookup({0: k})[0], ref.lookup({0: k})[0])
-        err = _stop_worker_shard(p)
-    finally:
-        _kill_worker_shard(p)
-    assert p.returncode == 0, err
-
-
-def test_workers_behind_one_address_equal_local_backend(tmp_path):
-    """``embnic server --workers 2``: rows split by id range over two worker processes (each
-    holds exactly the rows ``worker_of`` gives it, and both asked the other for rows); messages
-    of several tables steered by client and message id, each served whole by its home; rows
-    equal LocalBackend's; a retransmitted update of two tables is re-acked, not re-applied;
-    counters summed."""
-    import json
-
-    from embnic.client_lib.client import EmbeddingClient
-
-    tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 1, "dim": 4, "optimizer": "sgd"},
-              {"id": 2, "rows": 5000, "dim": 16, "dtype": "fp16"}]
-    p, cfg = _start_worker_shard(tmp_path, tables, 2)
-    try:
-        ref = LocalBackend(cfg)
-        rng = np.random.default_rng(2)
-        with EmbeddingClient(cfg, 1, bind=("127.0.0.1", 0)) as c:
-            for _ in range(3):
-                req = {0: np.unique(rng.integers(0, 2**64 - 1, 700, dtype=np.uint64)),
-                       1: np.unique(rng.integers(0, 2**40, 300, dtype=np.uint64)),
-                       2: np.unique(rng.integers(0, 5000, 200)).astype(np.uint64)}
-                got = c.lookup(req)
-                for t, k in req.items():
-                    assert np.array_equal(got[t], ref.lookup({t: k})[t]), t
-                upd = {t: (k, rng.standard_normal((k.size, cfg.table(t).dim)).astype(np.float32))
-                       for t, k in req.items()}
-                c.update(upd)
-                for t, (k, g) in upd.items():
-                    ref.update({t: (k, g)})
-            # an update of two tables sent twice (a retransmission): acked twice, applied once
-            raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            raw.bind(("127.0.0.1", 0))
-            raw.settimeout(20.0)  # a safety bound for a lost server, not a timing assertion
-            k, g = req[1], rng.standard_normal((req[1].size, 4)).astype(np.float32)
-            k2, g2 = req[2], rng.standard_normal((req[2].size, 16)).astype(np.float32)
-            for flags in (0, consts.Flags.RETRANSMIT):
-                for f in multi_update_frames(cfg, [(1, k, g), (2, k2, g2)], 0x70000001, flags=flags):
-                    raw.sendto(f, (cfg.shards[0].ip, cfg.shards[0].port))
-                re_ = Reassembler(expect="reply")
-                while (a := re_.feed(raw.recv(65536))) is None:
-                    pass
-                assert a.header.msg_type == MsgType.UPDATE_ACK and a.header.msg_id == 0x70000001
-            raw.close()
-            ref.update({1: (k, g)})
-            ref.update({2: (k2, g2)})
-            for t, (ks, _, _) in ref.state_dict().items():
-                assert np.array_equal(c.lookup({t: ks})[t], ref.lookup({t: ks})[t]), t
-            client_retransmits = c.stats.retransmits
-        err = _stop_worker_shard(p)
-    finally:
-        _kill_worker_shard(p)
-    assert p.returncode == 0, err
-    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
-    # applied exactly once each; the duplicates are the raw retransmission plus any update the
-    # client itself re-sent after its timer fired on a busy machine (acked again, never re-applied)
-    # (protocol v2: one update message per round — the client splits only past msg_frames); the
-    # raw re-send's last fragment is a poll (RETRANSMIT), answered from the window
-    assert 4 <= counters["updates_applied"] <= counters["requests"]["UPDATE_REQ"]
-    assert counters["update_polls"] >= 1
-    assert 1 <= counters["duplicates"] <= 1 + client_retransmits, (counters["duplicates"], client_retransmits)
-    assert len(counters["workers"]) == 2 and all(w["wakeups"] > 0 for w in counters["workers"])
-    assert counters["rows"] == {"0": ref.state_dict()[0][0].size, "1": ref.state_dict()[1][0].size,
-                                "2": ref.state_dict()[2][0].size}
-    from embnic.testbed.server.worker_hub import worker_of
-
-    for w in counters["workers"]:  # each worker holds its id range's rows, and only those
-        assert w["rows_held"] == {str(t): int(np.count_nonzero(worker_of(t, ks, 2) == w["worker"]))
-                                  for t, (ks, _, _) in ref.state_dict().items()}, w
-        assert w["peer_calls"] > 0 and w["peer_requests"] > 0, w
-
-
-def test_a_dead_worker_stops_the_shard():
-    """SIGKILL one worker of ``--workers 2``: the other loses its peer link and stops, the
-    command exits 1 naming the dead worker (no half-shard keeps answering without its rows)."""
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "cluster.toml")
-    p = subprocess.Popen([sys.executable, "-m", "embnic", "server", "--shard", "0", "-c", cfg,
-                          "--bind", "127.0.0.1", "--port", "0", "--workers", "2"], stderr=subprocess.PIPE, text=True)
-    try:
-        line = p.stderr.readline()
-        m = re.search(r"pids (\d+),(\d+)", line)
-        assert m, line
-        os.kill(int(m.group(2)), signal.SIGKILL)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate(timeout=60)
-    assert p.returncode == 1, err
-    assert re.search(r"worker embnic-shard-0-w1 \(pid %s\) died" % m.group(2), err), err
-
-
-def test_steering_program_picks_the_home_of_client_and_message():
-    """The cBPF program is ld [8] (msg_id), mod N, tax, ldh [12] (client_id), add x, mod N, ret A —
-    checked instruction by instruction, the offsets against the header's field table, and in the
-    kernel: three SO_REUSEPORT sockets with it attached, datagrams of many (client, msg id) pairs
-    (msg ids near 2^32 too) reach socket ``(client_id + msg_id) % 3``."""
-    import struct
-
-    from embnic.testbed.server.foreground import _reuseport_sockets, steering_program
-
-    ins = [struct.unpack("HBBI", steering_program(3)[i:i + 8]) for i in range(0, 56, 8)]
-    assert ins == [(0x20, 0, 0, 8), (0x94, 0, 0, 3), (0x07, 0, 0, 0), (0x28, 0, 0, 12), (0x0c, 0, 0, 0),
-                   (0x94, 0, 0, 3), (0x16, 0, 0, 0)]
-    assert [f[1:] for f in consts.HEADER_FIELDS if f[0] in ("msg_id", "client_id")] == [(8, 4), (12, 2)]
-    socks = _reuseport_sockets("127.0.0.1", 0, 3)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for s in socks:
-            s.settimeout(10.0)  # a bound for a lost datagram, not a timing assertion
-        rng = np.random.default_rng(3)
-        pairs = [(int(c), int(m)) for c, m in zip(rng.integers(0, 1 << 16, 40), rng.integers(0, 1 << 32, 40))]
-        pairs += [(65535, 2**32 - 1), (1, 2**32 - 2), (0, 0), (7, 2**31)]
-        for cid, mid in pairs:
-            h = codec.Header(consts.MAGIC, consts.VERSION, MsgType.LOOKUP_REQ, 0, 0, 0, mid, cid, 0, 1,
-                             consts.NO_TABLE, 1, 8, 24, 0, 0, 1, 24, 0)
-            tx.sendto(h.pack() + bytes(24), socks[0].getsockname())
-            got = socks[(cid + mid) % 3].recv(100)  # the home: (client_id + msg_id) mod N
-            assert codec.unpack_header(got)[6:8] == (mid, cid)
-        for s in socks:  # nothing reached another socket
-            s.setblocking(False)
-            with pytest.raises(BlockingIOError):
-                s.recv(100)
-    finally:
-        tx.close()
-        for s in socks:
-            s.close()
-
-
-def test_worker_of_splits_the_hash_space_into_contiguous_slices():
-    """worker_of = floor(hi32(splitmix64((t << 48) ^ k)) * N / 2^32): independent of the shard
-    (the low bits), every worker gets about 1/N of the keys, N = 1 is worker 0."""
-    from embnic.client_lib.splitmix import splitmix64
-    from embnic.testbed.server.worker_hub import worker_of
-
-    keys = np.arange(40000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    for t, n in ((0, 2), (7, 3)):
-        w = worker_of(t, keys, n)
-        hi = (splitmix64(keys ^ np.uint64(t << 48)) >> np.uint64(32)).astype(np.float64)
-        assert np.array_equal(w, np.floor(hi * n / 2.0**32).astype(np.int64))
-        assert np.all(np.abs(np.bincount(w, minlength=n) / keys.size - 1 / n) < 0.02)
-        shard = splitmix64(keys ^ np.uint64(t << 48)) % np.uint64(2)
-        for s in (0, 1):  # both workers get keys of either shard
-            assert set(np.unique(w[shard == s]).tolist()) == set(range(n))
-    assert not worker_of(5, keys, 1).any()
 
 
 REFUSAL_TABLES = [
@@ -990,56 +791,3 @@ def test_multi_table_updates_exactly_once_over_a_lossy_link(engine, nack):
     for tid in want:
         for a, b in zip(state[tid], want[tid]):
             assert np.array_equal(a, b), tid
-
-
-def test_multi_table_updates_exactly_once_over_a_lossy_link_with_workers(tmp_path):
-    """The same through ``--workers 2`` (each message's home by (client_id + msg_id) % 2, rows of
-    every table split over both workers), recovered by polls and NACKs: rows read back with
-    multi-table lookups equal LocalBackend's; every update applied once."""
-    import json
-
-    tables = [{"id": 0, "dim": 8, "optimizer": "adagrad", "lr": 0.1}, {"id": 1, "dim": 4, "optimizer": "sgd"},
-              {"id": 2, "rows": 5000, "dim": 16, "dtype": "fp16"}]
-    p, cfg = _start_worker_shard(tmp_path, tables, 2)
-    try:
-        ref = LocalBackend(cfg)
-        rng = random.Random(11)
-        addr = (cfg.shards[0].ip, cfg.shards[0].port)
-        waves = _lossy_waves(cfg, 5)
-        for wave in waves:
-            msgs = {mid: multi_update_frames(cfg, parts, mid) for mid, parts in wave}
-            _lossy_exchange(addr, msgs, rng, want=MsgType.UPDATE_ACK, nack=True)
-            for _, parts in wave:
-                for tid, k, g in parts:
-                    ref.update({tid: (k, g)})
-        keys = {t: np.unique(np.concatenate([k for w in waves for _, parts in w for tt, k, _ in parts if tt == t]))
-                for t in (0, 1, 2)}
-        look = [[(t, keys[t][a:a + 100]) for t in (2, 0, 1) if keys[t][a:a + 100].size]
-                for a in range(0, max(k.size for k in keys.values()), 100)]  # a table once per message
-        msgs = {0x20000 + i: multi_lookup_frames(cfg, parts, 0x20000 + i) for i, parts in enumerate(look)}
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(20.0)  # a bound for a lost shard, not a timing assertion
-        try:
-            for mid, fr in msgs.items():  # read back without loss: whole replies
-                for f in fr:
-                    sock.sendto(f, addr)
-                re_ = Reassembler(expect="reply")
-                while (m := re_.feed(sock.recv(65536))) is None:
-                    pass
-                parts = look[mid - 0x20000]
-                assert m.header.msg_type == MsgType.LOOKUP_REPLY, m.header
-                for (t, k), rows in zip(parts, reply_rows(cfg, m, parts)):
-                    assert np.array_equal(rows, ref.lookup({t: k})[t]), t
-        finally:
-            sock.close()
-        err = _stop_worker_shard(p)
-    finally:
-        _kill_worker_shard(p)
-    assert p.returncode == 0, err
-    counters = json.loads(err[err.index("counters ") + len("counters "):].splitlines()[0])
-    assert counters["updates_applied"] == 24 and counters["duplicates"] > 0 and counters["update_nacks"] > 0
-    assert all(w["wakeups"] > 0 and w["peer_calls"] > 0 for w in counters["workers"])
-    # one exchange with the other worker per flush for all tables of it (2-3 tables a message):
-    # at most one per applied update and one per lookup message
-    assert sum(w["peer_calls"] for w in counters["workers"]) <= 24 + len(look)

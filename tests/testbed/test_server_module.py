@@ -99,13 +99,11 @@ def test_module_names_the_address_it_cannot_bind_with_exit_1(tmp_path):
 
 
 # One set of option checks for both entry points (foreground.check_server_options); found by a
-# new user: the module accepted --workers 0, --port 70000 (a traceback), a missing --restore source
+# new user: the module accepted --port 70000 (a traceback), a missing --restore source
 # (it made /that/dir/shard-0/ and served empty tables), --bind 999.1.1.1 (exit 1), no -c.
 BAD_OPTIONS = [
     (["--port", "70000"], "--port 70000"),
     (["--metrics-port", "99999"], "--metrics-port 99999"),
-    (["--workers", "0"], "--workers 0"),
-    (["--workers", "-3"], "--workers -3"),
     (["--dedup-window", "-5"], "--dedup-window -5"),
     (["--checkpoint-every", "-1"], "--checkpoint-every -1"),
     (["--bind", "999.1.1.1"], "--bind 999.1.1.1"),
@@ -143,12 +141,23 @@ def test_module_and_cli_refuse_the_same_bad_options_in_one_line_with_exit_2(tmp_
 
 
 def test_module_usage_errors_are_one_line_and_a_hint(tmp_path):
-    p = _run("--shard", "0", "-c", str(_cfg(tmp_path, 17897)), "--workers", "two")
+    p = _run("--shard", "0", "-c", str(_cfg(tmp_path, 17897)), "--dedup-window", "two")
     _, err = p.communicate(timeout=60)
     lines = err.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 2, err
-    assert lines[0].startswith("python -m embnic.testbed.server: error: argument --workers")
+    assert lines[0].startswith("python -m embnic.testbed.server: error: argument --dedup-window")
     assert "--help" in lines[1]
+
+
+def test_cli_workers_is_gone_in_one_line_naming_more_shards(tmp_path):
+    """``embnic server --workers N`` (one shard in N processes, gone: docs/server.md "More cores:
+    more shards") is refused before anything starts, in one line naming the fix."""
+    from click.testing import CliRunner
+
+    from embnic.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["server", "--shard", "0", "-c", str(_cfg(tmp_path, 17896)), "--workers", "2"])
+    assert r.exit_code == 2 and "--workers is gone" in r.output and "run more shards" in r.output, r.output
 
 
 def test_a_missing_shard_library_stops_the_shard_at_start_in_one_line(tmp_path):

@@ -1,11 +1,10 @@
 """A shard's Prometheus endpoint (``--metrics-port``, embnic.testbed.server.shard_metrics), on loopback.
 
-Shard 0 runs with 2 worker processes, shard 1 with one and a
-write-ahead log; a client looks rows up, pushes updates and re-sends one update (an
-exactly-once duplicate). Each shard's one endpoint, parsed with prometheus-client's parser,
-equals — sample for sample — the counters the shard logs when it stops (a ``--workers`` shard:
-summed over its workers), the service-time histogram counts every reply, and every query of the
-Grafana dashboard names a metric the shard and card exporters emit.
+Shard 0 runs plain, shard 1 with a write-ahead log; a client looks rows up, pushes updates and
+re-sends one update (an exactly-once duplicate). Each shard's endpoint, parsed with
+prometheus-client's parser, equals — sample for sample — the counters the shard logs when it
+stops, the service-time histogram counts every reply, and every query of the Grafana dashboard
+names a metric the shard and card exporters emit.
 
 Run alone: python3 -m pytest -q tests/testbed/test_shard_metrics.py
 """
@@ -113,11 +112,11 @@ def _scrape(url: str) -> str:
         return r.read().decode()
 
 
-def test_shard_endpoints_equal_their_counters_workers_and_wal(tmp_path):
+def test_shard_endpoints_equal_their_counters_plain_and_wal(tmp_path):
     ports = [_free_port(), _free_port(), _free_port()]
     cfg_path = _cfg(tmp_path, ports)
     cfg = load_config(cfg_path)
-    s0 = _start(cfg_path, 0, "--workers", "2")
+    s0 = _start(cfg_path, 0)
     s1 = _start(cfg_path, 1, "--checkpoint-dir", str(tmp_path / "wal"),
                 "--checkpoint-every", "3")
     procs = [s0, s1]
@@ -155,9 +154,7 @@ def test_shard_endpoints_equal_their_counters_workers_and_wal(tmp_path):
         # (NACK): a loaded machine delays an ack past the client's timer and the client polls
         assert replies == sum(c["requests"].values()) + c["update_poll_acks"] + c["update_nacks"]
     w = samples(texts[0])
-    assert w[("embnic_shard_workers", (("shard", "0"),))] == 2
-    assert {ls for n, ls in w if n == "embnic_shard_wakeups_total"} == {(("shard", "0"), ("worker", "0")),
-                                                                         (("shard", "0"), ("worker", "1"))}
+    assert w[("embnic_shard_wakeups_total", (("shard", "0"),))] == counters[0]["engine"]["wakeups"] > 0
     one = samples(texts[1])
     assert one[("embnic_shard_duplicates_total", (("shard", "1"),))] == 1
     assert one[("embnic_shard_wal_records_total", (("shard", "1"),))] == counters[1]["updates_applied"] > 0
@@ -191,8 +188,8 @@ def test_service_times_buckets_are_the_cards():
 def test_dashboard_queries_name_emitted_metrics(tmp_path):
     """Every query of contrib/grafana/embnic.json names a metric of the card's and shards'
     exporters, read from families built the way they build them: a card with two state lcores
-    and per-shard latency (the fake card's counters plus partitions), a --workers shard and a
-    shard with a write-ahead log."""
+    and per-shard latency (the fake card's counters plus partitions) and a shard with a write-ahead
+    log."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "control"))
@@ -209,8 +206,7 @@ def test_dashboard_queries_name_emitted_metrics(tmp_path):
              "internal_errors": 0, "send_errors": 0, "service": ServiceTimes().as_dict(), "announced": 0,
              "durability": {"seq": 1, "log_records": 1, "log_bytes": 9, "log_commits": 1, "checkpoints": 1,
                             "since_checkpoint": 0, "log_errors": 0, "checkpoint_errors": 0},
-             "workers": [{"name": "batch", "intake": "c", "gso": True, "batch": 256, "wakeups": 1, "worker": w,
-                          "rows_held": {"0": 1}, "peer_calls": 0} for w in range(2)]}
+             "engine": {"name": "batch", "intake": "c", "gso": True, "batch": 256, "wakeups": 1}}
 
     class Fixed:
         def __init__(self, fams):
