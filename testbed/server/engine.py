@@ -2,8 +2,7 @@
 
 :class:`BatchShardServer` holds the shard's state and rules (:class:`~.shard_state.ShardState`),
 the reassembly across wake-ups (``intake``, :class:`~.intake.Intake`), the C answer path
-(``answer``, :class:`~.canswer.CAnswer`) and, with ``--workers``, the workers' hub (``hub``,
-:mod:`.worker_hub`). One wake-up: ``recvmmsg``; one C call that checks every header and answers
+(``answer``, :class:`~.canswer.CAnswer`). One wake-up: ``recvmmsg``; one C call that checks every header and answers
 the lookups it can straight from the receive buffer; the frames it leaves through the state's
 one-frame path (:meth:`.ShardState.take_frame`) or reassembled; whole messages checked with the
 state's rules, all lookups' rows in one gather, all updates in one optimizer step
@@ -20,6 +19,7 @@ docs/server.md, "The answer path in C" and "Where the time goes".
 from __future__ import annotations
 
 import collections
+import contextlib
 import concurrent.futures
 import logging
 import os
@@ -39,7 +39,6 @@ from embnic.client_lib.sockets import set_socket_buffers
 
 from . import canswer, udpio
 from .intake import CID, FC, FI, FLAGS, FL, FO, MID, ML, MT, NK, NT, Intake
-from .worker_hub import PeerGone, PeerHub, PeerLink, segment_bounds, serve_sub_request
 from .shard_state import REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, Request, ShardState
 
 log = logging.getLogger("embnic.server")
@@ -56,52 +55,32 @@ class BatchShardServer:
         bind, port: the address (default the shard's in the config; port 0 picks a free one).
         batch: datagrams per ``recvmmsg`` (per wake-up pass).
         gso: send multi-frame replies with UDP GSO (falls back by itself where refused).
-        sock: an already bound UDP socket to serve (the ``--workers`` parent binds them);
-            ``bind``/``port`` are then ignored.
-        worker: ``(index, N)``: this process is worker ``index`` of N (:mod:`.worker_hub`): it holds
-            the rows :func:`~.worker_hub.worker_of` gives it and asks the others for theirs.
-        peer_socks: with N > 1, ``{other worker's index: this end of our stream socket pair}``.
         answer_path: what builds the answer path once the socket is open,
             ``answer_path(batch_socket, state, serve=...)``; default the C one,
             :class:`~.canswer.CAnswer` (tests plug in the numpy oracle they compare it with).
         **state_kw: :class:`~.shard_state.ShardState`'s options (``dedup_window``, ``checkpoint_dir``, ...).
 
     Raises:
-        KeyError: ``shard_id`` is not in the config. ValueError: N > 1 with a write-ahead log
-        or without a socket to every other worker. NativeLibraryError: the shard's C library
+        KeyError: ``shard_id`` is not in the config. NativeLibraryError: the shard's C library
         is missing or was built from other sources (one line naming the rebuild command).
     """
 
     def __init__(self, cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
-                 batch: int = 256, gso: bool = True, sock: socket.socket | None = None,
-                 worker: tuple[int, int] = (0, 1), peer_socks: dict[int, socket.socket] | None = None,
-                 answer_path: Callable | None = None, **state_kw):
-        me, n = int(worker[0]), int(worker[1])
-        if n > 1 and (state_kw.get("checkpoint_dir") is not None or state_kw.get("restore") is not None):
-            raise ValueError("a write-ahead log needs one worker (--workers 1)")
-        if n > 1 and sorted(peer_socks or {}) != [v for v in range(n) if v != me]:
-            raise ValueError(f"worker {me} of {n} needs a socket to every other worker, got {sorted(peer_socks or {})}")
+                 batch: int = 256, gso: bool = True, answer_path: Callable | None = None, **state_kw):
         if answer_path is None:
             canswer.load()  # at start: a missing or mismatched library is one line, before anything binds
             answer_path = canswer.CAnswer
-        self.state = st = ShardState(cfg, shard_id, worker=(me, n), **state_kw)
+        self.state = st = ShardState(cfg, shard_id, **state_kw)
         self.cfg = cfg
         self.shard_id = st.shard_id
         at = cfg.shard(shard_id)
         self.bind = bind if bind is not None else at.ip
         self.port = int(port) if port is not None else at.port
-        #: the peer workers (None: one process holds every row). With workers ``state.tables``
-        #: holds this worker's own rows; every row of a flush goes through the hub
-        self.hub: PeerHub | None = None
-        if n > 1:
-            self.hub = PeerHub(me, n, {v: PeerLink(s) for v, s in peer_socks.items()},
-                               lambda op, tid, cnt, p: serve_sub_request(st.tables, op, tid, cnt, p))
         self.batch = int(batch)
         self.gso = bool(gso)
         self._answer_path = answer_path
         #: the answer path (header checks, lookups, reply frames, sending), once :meth:`open` bound the socket
         self.answer = None
-        self._sock = sock
         #: the batched socket (after :meth:`open`; None once closed)
         self.bs: udpio.BatchSocket | None = None
         #: reassembly of the messages whose fragments span wake-ups
@@ -109,7 +88,6 @@ class BatchShardServer:
                              timeout_s=st.reassembly_timeout_s)
         self._one = _OneFrame(self.intake)  # the intake as the one-frame path's assembly
         self._cur: tuple[int, bytes] = (0, b"")  # the datagram the one-frame path is answering (idx, name)
-        self._twire = {t.id: codec.value_dtype(t.wire_dtype) for t in cfg.tables}
         self.started_at: float | None = None
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
@@ -134,24 +112,22 @@ class BatchShardServer:
         return self.bs.sock.getsockname()[:2]
 
     def open(self) -> tuple[str, int]:
-        """Bind the socket (unless one was given) and set up the answer path on it. Returns (ip, port).
+        """Bind the socket and set up the answer path on it. Returns (ip, port).
 
         Raises:
             OSError: the address cannot be bound.
         """
-        sock = self._sock
-        if sock is None:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                set_socket_buffers(sock)
-                sock.bind((self.bind, self.port))
-            except OSError:
-                sock.close()
-                raise
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            set_socket_buffers(sock)
+            sock.bind((self.bind, self.port))
+        except OSError:
+            sock.close()
+            raise
         self.bs = udpio.BatchSocket(sock, batch=self.batch, gso=self.gso)
-        # lookups answered in the answer path unless rows live in other processes (workers) or data
-        # must have been announced (fixed length): then it checks, frames and sends only
-        self.answer = self._answer_path(self.bs, self.state, serve=self.hub is None and not self.state.fixed_length)
+        # lookups answered in the answer path unless data must have been announced (fixed length):
+        # then it checks, frames and sends only
+        self.answer = self._answer_path(self.bs, self.state, serve=not self.state.fixed_length)
         self.intake.bind(self.bs, self.answer.whole)
         self.started_at = time.monotonic()
         return self.address
@@ -162,9 +138,6 @@ class BatchShardServer:
         poller = select.poll()
         poller.register(bs.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        peer_fds = set(self.hub.fds()) if self.hub is not None else set()
-        for fd in peer_fds:
-            poller.register(fd, select.POLLIN)
         next_tick = time.monotonic() + 0.5
         while not self._stopping:
             if self._calls:
@@ -172,7 +145,7 @@ class BatchShardServer:
             if self._ckpt_req:
                 self._ckpt_req = False
                 self.state.checkpoint_or_log()
-            if not self._wait(poller, peer_fds, max(0, int((next_tick - time.monotonic()) * 1000))):
+            if not self._wait(poller, max(0, int((next_tick - time.monotonic()) * 1000))):
                 break
             for _ in range(64):  # drain, then look at calls and the clock again
                 n = bs.recv()
@@ -185,24 +158,12 @@ class BatchShardServer:
                 next_tick = now + 0.5
         self._run_calls()
 
-    def _wait(self, poller, peer_fds: set, wait_ms: int) -> bool:
-        """Poll the socket, the wake-up pipe and the peers for ``wait_ms``; serve the peers'
-        sub-requests. False when the loop must stop."""
-        if peer_fds:
-            for fd, ev in self.hub.poll_masks().items():
-                poller.modify(fd, ev)
+    def _wait(self, poller, wait_ms: int) -> bool:
+        """Poll the socket and the wake-up pipe for ``wait_ms``. False when the loop must stop."""
         for fd, _ in poller.poll(wait_ms):
             if fd == self._wake_r:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
-            elif fd in peer_fds:
-                try:
-                    self.hub.pump()
-                except PeerGone as e:  # another worker went away: the shard is stopping
-                    log.info("shard %d worker %d: %s; stopping", self.shard_id, self.hub.me, e)
-                    self._stopping = True
         return not self._stopping
 
     def request_checkpoint(self) -> None:
@@ -232,8 +193,6 @@ class BatchShardServer:
             self._io_final = (dict(self.bs.stats), bool(self.bs.gso))  # counters() after close still has them
             self.bs.sock.close()
             self.bs = None
-        if self.hub is not None:
-            self.hub.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -269,8 +228,7 @@ class BatchShardServer:
         ``c-frames`` when it only checks, frames and sends), system calls and GSO sends,
         multi-fragment messages gathered whole from one wake-up (``messages_whole``), lookups
         answered by the answer path (``answered_in_c``; straight from the receive buffer:
-        ``answered_from_rx``); for a worker of several (:mod:`.worker_hub`) also its index, the rows
-        it holds per table (``rows_held``) and its sub-request counts."""
+        ``answered_from_rx``)."""
         c = self.state.counters()
         rs = self.intake.stats
         for r, v in self.intake.drops.items():
@@ -296,9 +254,6 @@ class BatchShardServer:
             e.update(intake=self.answer.intake_name, answer=self.answer.name,
                      answered_in_c=st["messages"] + st["answered"], answered_from_rx=st["messages"])
         c["engine"] = {**e, "messages_whole": whole, "gso": gso, **io}
-        if self.hub is not None:
-            c["engine"].update(worker=self.hub.me, rows_held={str(t): len(ts) for t, ts in self.state.tables.items()},
-                               **self.hub.stats)
         c["send_errors"] += io.get("send_errors", 0)
         return c
 
@@ -470,8 +425,7 @@ class BatchShardServer:
     def _flush_lookups(self, q: list) -> None:
         """Lookups ``q`` (``(request, body)``, arrival order): answered by the answer path where
         its rules allow; the others checked (:meth:`.ShardState.table_fault`), then the rows of
-        every table of all of them in one search and one gather (:meth:`_lookup_bodies`; with
-        workers one exchange per peer for every table, :meth:`_lookup_bodies_workers`)."""
+        every table of all of them in one search and one gather (:meth:`_lookup_bodies`)."""
         ans = self.answer
         if ans.serving:
             done = ans.lookups(q)
@@ -487,8 +441,7 @@ class BatchShardServer:
                 self._emit(r, MsgType.ERROR, status=int(fault[0]), table_id=fault[1])
         if not ok:
             return
-        bodies = self._lookup_bodies(ok) if self.hub is None else self._lookup_bodies_workers(ok)
-        for (r, _), body in zip(ok, bodies):
+        for (r, _), body in zip(ok, self._lookup_bodies(ok)):
             self._emit(r, MsgType.LOOKUP_REPLY, body)
             self.state.counts["lookup_keys"] += r.num_keys
 
@@ -515,29 +468,6 @@ class BatchShardServer:
         ends = np.cumsum([r.value_len for r, _ in ok]).tolist()
         return [data[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
-    def _lookup_bodies_workers(self, ok: list) -> list[np.ndarray]:
-        """As :meth:`_lookup_bodies` with worker processes: per table one part for every owner,
-        one exchange per peer for every table (:meth:`~.worker_hub.PeerHub.lookup_many`)."""
-        bodies = [np.empty(r.value_len, np.uint8) for r, _ in ok]
-        segs_of: dict[int, list[tuple[int, int]]] = {}
-        for j, (_, rb) in enumerate(ok):
-            for t, tid in enumerate(rb.directory["table_id"].tolist()):
-                segs_of.setdefault(tid, []).append((j, t))
-        keys_of = {tid: [ok[j][1].keys[ok[j][1].key_offsets[t]:ok[j][1].key_offsets[t + 1]] for j, t in segs]
-                   for tid, segs in segs_of.items()}
-        parts = [(tid, np.concatenate(ks) if len(ks) > 1 else ks[0]) for tid, ks in keys_of.items()]
-        for (tid, _), rows in zip(parts, self.hub.lookup_many(self.state.tables, parts)):
-            wire = self._twire[tid]
-            data = rows.astype(wire, copy=False).reshape(-1).view(np.uint8)
-            rb_ = rows.shape[1] * wire.itemsize
-            at = 0
-            for (j, t), k in zip(segs_of[tid], keys_of[tid]):
-                n = k.size * rb_
-                v0 = int(ok[j][1].value_offsets[t])
-                bodies[j][v0:v0 + n] = data[at:at + n]
-                at += n
-        return bodies
-
     def _flush_updates(self, q: list) -> None:
         """Updates ``q`` (arrival order): each admitted (:meth:`.ShardState.admit_update`:
         exactly-once window, checks, log), then every admitted one applied, all tables in one call."""
@@ -563,32 +493,10 @@ class BatchShardServer:
     def _apply_updates(self, q: list, apply: list[tuple[int, np.ndarray]]) -> None:
         """Apply the admitted updates ``apply`` (``(index into q, gradients float32 flat)``, arrival
         order): the one place a wake-up changes rows. Every message's segments in one
-        :meth:`.ShardState.rows_apply`; with workers each owner applies its share of every
-        segment (:meth:`~.worker_hub.PeerHub.apply_many`)."""
-        if self.hub is None:
-            tids, counts, keys = self._concat([q[j] for j, _ in apply])
-            flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
-            self.state.rows_apply(tids, counts, keys, flat)
-            return
-        by_tid: dict[int, list] = {}
-        for j, grads in apply:
-            rb = q[j][1]
-            ko = rb.key_offsets
-            d = rb.directory
-            eo = np.r_[0, np.cumsum(d["num_keys"].astype(np.int64) * d["dim"].astype(np.int64))]
-            for t, (tid, dim) in enumerate(zip(d["table_id"].tolist(), d["dim"].tolist())):
-                by_tid.setdefault(tid, []).append((rb.keys[ko[t]:ko[t + 1]], grads[eo[t]:eo[t + 1]].reshape(-1, dim)))
-        parts = []
-        for tid, segs in by_tid.items():
-            if len(segs) == 1:
-                k, g = segs[0]
-                offs = np.array([0, k.size], np.int64)
-            else:
-                k = np.concatenate([s[0] for s in segs])
-                g = np.concatenate([s[1] for s in segs])
-                offs = segment_bounds(np.array([s[0].size for s in segs], np.int64))
-            parts.append((tid, k, g, offs))
-        self.hub.apply_many(self.state.tables, parts)  # one exchange per peer for every table
+        :meth:`.ShardState.rows_apply`."""
+        tids, counts, keys = self._concat([q[j] for j, _ in apply])
+        flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
+        self.state.rows_apply(tids, counts, keys, flat)
 
 
 class _OneFrame:

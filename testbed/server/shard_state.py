@@ -137,7 +137,6 @@ class ShardState:
         log_fsync: ``fdatasync`` the log on each commit (False only to measure its cost).
         stores: the table store to serve (:class:`~.stores.ShardStores`); closed by :meth:`close`.
             None: opened for the config by :func:`~.stores.open_tables`.
-        worker: ``(index, N)``: worker ``index`` of a ``--workers N`` shard (its disk tables are its own).
 
     Raises:
         KeyError: ``shard_id`` is not in the config.
@@ -149,7 +148,7 @@ class ShardState:
                  dedup_age_s: float = DEFAULT_MAX_AGE_S, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
                  reassembly_timeout_s: float = 2.0, fixed_length: bool = False, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 0, restore: str | None = None, log_fsync: bool = True,
-                 stores: ShardStores | None = None, worker: tuple[int, int] = (0, 1)):
+                 stores: ShardStores | None = None):
         cfg.shard(shard_id)
         self.cfg = cfg
         self.shard_id = int(shard_id)
@@ -160,13 +159,12 @@ class ShardState:
         #: (client_id, msg_id) -> (msg_type, num_tables, num_keys, msg_len) of announced data
         self.announced: collections.OrderedDict[tuple[int, int], tuple] = collections.OrderedDict()
         if stores is None:
-            stores = open_tables(cfg, self.shard_id, checkpoint_dir if checkpoint_dir is not None else restore,
-                                 worker=worker)
+            stores = open_tables(cfg, self.shard_id, checkpoint_dir if checkpoint_dir is not None else restore)
         self.stores = stores
         #: every in-memory table's rows in one arena with one index (:class:`RowStore`)
         self.store = stores.store
         #: a store per table id: a :class:`TableShard` view of :attr:`store`, or a store of its own
-        #: (``store = "disk"``); a ``--workers`` loop puts its split views here
+        #: (``store = "disk"``)
         self.tables: dict[int, TableShard] = stores.tables
         self._table_vectors(cfg)
         #: the largest lookup reply (value_len) that fits MAX_FRAGS fragments at the cluster MTU

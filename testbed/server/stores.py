@@ -6,7 +6,7 @@ shard's one ``RowStore`` for ``store = "memory"`` tables, a
 :class:`~embnic.testbed.server.disktable.DiskTable` for ``store = "disk"`` ones (docs/config.md) —
 and imports ``rocksdict`` only when a table is on disk. The live disk stores (scratch) are in
 ``D/shard-<id>/store/`` under ``--checkpoint-dir D``, else ``S/shard-<id>/`` under ``[[shards]]
-store_dir = S``, else a temporary directory (``w<k>/`` below it for worker k of ``--workers N``).
+store_dir = S``, else a temporary directory.
 """
 from __future__ import annotations
 
@@ -108,13 +108,12 @@ def _gib(n: int) -> str:
 
 
 def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLike | None = None, *,
-                worker: tuple[int, int] = (0, 1), root: str | os.PathLike | None = None,
+                root: str | os.PathLike | None = None,
                 scratch: bool = False) -> ShardStores:
     """Every table's store for shard ``shard_id`` (see the module docstring for where disk tables live).
 
     Args:
         durable_dir: the shard's ``--checkpoint-dir`` (or ``--restore``) directory, if any.
-        worker: ``(index, N)`` of a ``--workers N`` shard's worker.
         root: put the disk tables' live stores here instead.
         scratch: put them in a new temporary directory, whatever the config says (``tables
             import``/``export``: never the directory of a shard that may be running).
@@ -130,7 +129,6 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
         from .disktable import DiskTable
         me = cfg.shard(shard_id)
         mb = me.block_cache_mb or DEFAULT_BLOCK_CACHE_MB
-        sub = f"w{worker[0]}" if worker[1] > 1 else None
         # what an error names: where the stores go and how to fix it
         where, fix = "store directory", "give a directory this shard can create and write"
         if scratch:
@@ -148,9 +146,9 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
         what = f"{where} of shard {shard_id}'s disk table{'s' if len(disk) > 1 else ''} {','.join(map(str, disk))}"
         try:
             if root is None:
-                env = ds.scratch_env(mb, prefix=f"embnic-rows-shard{shard_id}-" + (f"{sub}-" if sub else ""))
+                env = ds.scratch_env(mb, prefix=f"embnic-rows-shard{shard_id}-")
             else:
-                env = ds.StoreEnv(Path(root) / sub if sub else root, mb)
+                env = ds.StoreEnv(root, mb)
         except ds.StoreError as e:
             raise StoreSetupError(f"{what}: {e}") from None
         except OSError as e:  # not a directory, not there, not ours to write: not an address to bind
