@@ -477,7 +477,8 @@ new_rows(struct embnic_store *s, const uint64_t *keys, const struct embnic_krec 
  * in the order given: a (table, key) that comes more than once (updates of
  * several messages, one after the other) gets its gradients in that order —
  * the optimizers are row-wise, so the rows are those of the messages applied
- * one after the other (RowStore.apply_passes' rule). A row never updated is
+ * one after the other (the serving loop applies a wake-up's updates so, in
+ * arrival order: docs/server.md). A row never updated is
  * created first with its initial value (init_rows) and accumulator 0.
  *
  *   li	  int64 (n,): each key's table (local index), or NULL: every key of
