@@ -84,14 +84,16 @@ _FAST_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64))
 
 def plain_arrays(mapping, keys_of):
     """``(table_ids int64 (T,), counts int64 (T,), keys uint64 (N,))`` of a round whose tables are
-    ints (not bools) and whose keys are 1-D uint64 (or non-negative int64) arrays, as they are — no
-    check of the tables or the key ranges (the C plan makes them: native.prepare); None for
-    anything else (the per-table functions then convert, check and say why)."""
-    if not isinstance(mapping, Mapping) or not mapping or bool in set(map(type, mapping)):
+    ints (not bools: a table id of another type is no table, as in :func:`lookup_round`) and whose
+    keys are 1-D uint64 (or non-negative int64) arrays, as they are — no check of the tables or the
+    key ranges (the C plan makes them: native.prepare; :func:`_checked`); None for anything else
+    (the per-table functions then convert, check and say why)."""
+    if not isinstance(mapping, Mapping) or not mapping or not all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in mapping):
         return None
     try:
         tids = np.fromiter(mapping.keys(), np.int64, len(mapping))
-    except (TypeError, ValueError, OverflowError):
+    except OverflowError:
         return None
     ks = [keys_of(v) for v in mapping.values()]
     dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
@@ -131,19 +133,11 @@ def plain_grads(gs: list):
 
 
 def _flat_keys(ta, mapping: Mapping, keys_of):
-    """(tix int64 (T,), counts int64 (T,), keys uint64 (N,)) of a round whose every entry is a 1-D
-    uint64 (or int64) array of configured tables, checked without a loop over tables; None where
-    an entry is anything else or a check fails (the per-table functions above then say why)."""
-    tids = np.array(list(mapping.keys()))
-    if tids.dtype.kind not in "iu" or tids.ndim != 1:
-        return None
-    ks = [keys_of(v) for v in mapping.values()]
-    dt = {k.dtype if isinstance(k, np.ndarray) and k.ndim == 1 else None for k in ks}
-    if len(dt) > 1 or (dt and dt.pop() not in _FAST_DTYPES):
-        return None
-    counts = np.fromiter(map(len, ks), np.int64, len(ks))
-    keys = np.concatenate(ks) if ks else np.zeros(0, np.uint64)
-    return _checked(ta, tids, counts, keys, distinct=True)  # a mapping's keys are distinct
+    """(tix int64 (T,), counts int64 (T,), keys uint64 (N,)) of a round :func:`plain_arrays` takes,
+    of configured tables and keys in range, checked without a loop over tables; None where an
+    entry is anything else or a check fails (the per-table functions above then say why)."""
+    r = plain_arrays(mapping, keys_of)
+    return None if r is None else _checked(ta, *r, distinct=True)  # a mapping's keys are distinct
 
 
 def _checked(ta, table_ids: np.ndarray, counts: np.ndarray, keys: np.ndarray, distinct: bool = False):
@@ -211,10 +205,9 @@ def lookup_flat(cfg: ClusterConfig, ta, requests: Mapping) -> tuple[np.ndarray, 
     Raises:
         ValueError: as :func:`lookup_round`.
     """
-    if isinstance(requests, Mapping) and requests:
-        r = _flat_keys(ta, requests, lambda v: v)
-        if r is not None:
-            return r
+    r = _flat_keys(ta, requests, lambda v: v)
+    if r is not None:
+        return r
     checked = lookup_round(cfg, requests)
     return _flatten(ta, checked, list(checked.values()))
 
@@ -234,7 +227,7 @@ def update_flat(cfg: ClusterConfig, ta, updates: Mapping):
         ValueError: as :func:`update_round`.
     """
     if isinstance(updates, Mapping) and all(isinstance(e, tuple) and len(e) == 2 for e in updates.values()):
-        r = _flat_keys(ta, updates, lambda e: e[0]) if updates else None
+        r = _flat_keys(ta, updates, lambda e: e[0])
         if r is not None:
             tix, counts, keys = r
             g = _fast_grads(ta, tix, counts, keys, [e[1] for e in updates.values()])

@@ -123,6 +123,21 @@ def test_bad_lookup_is_refused_before_anything_is_sent(cluster):
         np.testing.assert_array_equal(rows[0], rows[1])
 
 
+def test_a_table_id_of_another_type_is_no_table_on_every_path(cluster):
+    """{"1": keys} or {1.5: keys} is unknown to the client's fast path as to LocalBackend (it was
+    looked up as table 1 by the client, converted to int64)."""
+    g = np.ones((KEYS.size, 4), np.float32)
+    with EmbeddingClient(cluster.cfg, 1, bind=("127.0.0.1", 0)) as c:
+        for backend in (c, LocalBackend(cluster.cfg)):
+            for tid, msg in (("1", r"unknown table '1' \(tables of"), (1.5, r"unknown table 1\.5 \(tables of")):
+                with pytest.raises(ValueError, match=msg):
+                    backend.lookup({0: KEYS, tid: KEYS})
+                with pytest.raises(ValueError, match=msg):
+                    backend.update({0: (KEYS, g), tid: (KEYS, g)})
+        assert c.stats.frames_sent == 0
+        assert c.lookup({np.int64(1): KEYS})[1].shape == (KEYS.size, 4)  # numpy ints are table ids
+
+
 def test_valid_round_is_applied_whole_like_the_reference():
     cfg = make_cfg()
     ref = LocalBackend(cfg)
