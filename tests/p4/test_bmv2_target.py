@@ -338,3 +338,62 @@ def test_a_missing_interface_is_a_usage_error_before_anything_moves(tmp_path, mo
     with pytest.raises(UsageError, match=f"card port 0: no interface 'qanone{TAG}a' in this network namespace"):
         t.load()
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("channel", ["thrift", "p4runtime"])
+def test_a_card_switch_that_fails_after_starting_is_stopped(tmp_path, monkeypatch, channel):
+    """Regression: when the card's switch had started and then failed (not ready, a failed
+    programming), ``load``'s clean-up did not know it (it was made in a helper), so it kept
+    running while its state file was removed: an orphan simple_switch. No BMv2 needed (fakes)."""
+    from embnic.client_lib.config import load_config
+    from embnic.control.errors import OperationalError
+    from embnic.control.targets.bmv2 import switch, target as bt
+
+    switches = []
+
+    class FakeSwitch:
+        def __init__(self, json_path, ns, ports, *, log, restore_state=None, thrift_port=9090, grpc_addr=None):
+            self.log, self.grpc_addr, self.log_file, self.calls = log, grpc_addr, log, []
+            switches.append(self)
+
+        def start(self):
+            self.calls.append("start")
+            return os.getpid()
+
+        def wait_ready(self, timeout):
+            if self.log == t.log_path:  # the card's switch (not the Thrift channel's programming one)
+                raise switch.Bmv2Error("simple_switch exited with 1: (fake)")
+
+        def cli(self, commands):
+            return ""
+
+        def save_state(self, path):
+            pass
+
+        def command(self):
+            return ["simple_switch"]
+
+        def stop(self, timeout=10.0):
+            self.calls.append("stop")
+
+    class FakeNetns:
+        name = f"fake{TAG}"
+
+    monkeypatch.setattr(switch, "SimpleSwitch", FakeSwitch)
+    monkeypatch.setattr(bt.Bmv2Target, "_tools", lambda self, channel: None)
+    monkeypatch.setattr(bt.Bmv2Target, "_prepare_netns", lambda self, name, ports: FakeNetns())
+    monkeypatch.setattr(bt.Bmv2Target, "_check_loopback_only", staticmethod(lambda ns: None))
+    monkeypatch.setattr(bt, "tune_port_interfaces", lambda ns, ifaces: None)
+    monkeypatch.setattr(bt, "require_root", lambda *a, **kw: None)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text())
+    json_path = tmp_path / "embnic.json"
+    json_path.write_text("{}")
+    t = bt.Bmv2Target(load_config(cfg), netns=f"fake{TAG}", interfaces=["v0", "v1"], channel=channel,
+                      json_path=json_path, run_dir=tmp_path / "run")
+    with pytest.raises(OperationalError, match="exited with 1"):
+        t.load()
+    card = [s for s in switches if s.log == t.log_path]
+    assert len(card) == 1 and card[0].calls == ["start", "stop"]
+    assert all(s.calls in ([], ["start", "stop"]) for s in switches)  # the programming switch stopped too
+    assert t.state() is None

@@ -318,23 +318,28 @@ class Bmv2Target(Target):
             self._check_loopback_only(ns)
             ports = {i: self.interfaces[i] for i in ids}
             tune_port_interfaces(ns, list(ports.values()))
-            if channel == "p4runtime":
-                sw, state = self._start_p4runtime(json_path, ns, ports, card)
+            sw = self._card_switch(channel, json_path, ns, ports, card)  # assigned before it starts: stopped below
+            state = self._start(sw, json_path, ns, ports, channel)
+            if channel == "p4runtime":  # the pipeline, tables, registers and queues, then the ports
+                state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card, timeout=self.ready_timeout)
+                sw.port_add(ports)
             else:
-                sw, state = self._start_thrift(json_path, ns, ports, card)
+                sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
             state.update({"netns_made": made_ns is not None, "config": cfg.path})
             # frames lost before the switch are counted from here (and from each counter reset)
             state["port_base"] = self._port_base(state)
             write_state(self.run_dir, self.instance, state)
             self._remove_transient_files()  # the card switch is up and programmed
-        except (bmv2.Bmv2Error, OperationalError) as e:
+        except BaseException as e:  # whatever failed (Ctrl-C too): no switch is left running
             if sw is not None:
-                sw.stop(self.stop_timeout)
+                sw.stop(self.stop_timeout)  # (one not started yet is left as it is)
             remove_state(self.run_dir, self.instance)
             self.p4rt_socket.unlink(missing_ok=True)
             if made_ns:
                 netns.delete(made_ns)
-            raise OperationalError(str(e)) from None
+            if isinstance(e, (bmv2.Bmv2Error, OperationalError)):
+                raise OperationalError(str(e)) from None
+            raise
         info = {"mode": "bmv2", "state_size": sizes["state_size"], "ring_size": sizes["ring_size"],
                 "state_timeout_ms": cfg.card.state_timeout_ms,
                 "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
@@ -357,10 +362,16 @@ class Bmv2Target(Target):
         sw.wait_ready(self.ready_timeout)
         return state
 
-    def _start_thrift(self, json_path: Path, ns: Netns, ports: dict,
-                      card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
-        """The Thrift channel: program a port-less switch with the runtime CLI, save its state,
-        start the card's switch with the ports and ``--restore-state`` (module docstring)."""
+    def _card_switch(self, channel: str, json_path: Path, ns: Netns, ports: dict,
+                     card: bmv2_runtime.CardProgram) -> bmv2.SimpleSwitch:
+        """The card's switch, not started yet (module docstring). P4Runtime: ``simple_switch_grpc``
+        with no program and no port (``load`` pushes the pipeline, writes and reads back every
+        table, then adds the ports). Thrift: a port-less switch programmed with the runtime CLI
+        saves its state, and the card's switch has the ports and ``--restore-state``."""
+        if channel == "p4runtime":
+            self.p4rt_socket.unlink(missing_ok=True)  # a stale socket of a killed switch
+            return bmv2.SimpleSwitch(None, ns, {}, log=self.log_path, thrift_port=self.thrift_port,
+                                     grpc_addr=f"unix:{self.p4rt_socket}")
         commands = card.cli_commands()
         state_file = self.run_dir / f"{self.instance}.bmv2state"
         prog = bmv2.SimpleSwitch(json_path, ns, {}, log=self.run_dir / f"{self.instance}-program.log",
@@ -376,24 +387,8 @@ class Bmv2Target(Target):
             prog.save_state(state_file)
         finally:
             prog.stop(self.stop_timeout)
-        sw = bmv2.SimpleSwitch(json_path, ns, ports, log=self.log_path, restore_state=state_file,
-                               thrift_port=self.thrift_port)
-        state = self._start(sw, json_path, ns, ports, "thrift")
-        sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
-        return sw, state
-
-    def _start_p4runtime(self, json_path: Path, ns: Netns, ports: dict,
-                         card: bmv2_runtime.CardProgram) -> tuple[bmv2.SimpleSwitch, dict]:
-        """The P4Runtime channel: start ``simple_switch_grpc`` with no program and no port, push
-        the pipeline, write and read back every table over P4Runtime, registers and queue depth
-        over Thrift, then add the ports (module docstring)."""
-        self.p4rt_socket.unlink(missing_ok=True)  # a stale socket of a killed switch
-        sw = bmv2.SimpleSwitch(None, ns, {}, log=self.log_path, thrift_port=self.thrift_port,
-                               grpc_addr=f"unix:{self.p4rt_socket}")
-        state = self._start(sw, json_path, ns, ports, "p4runtime")
-        state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card, timeout=self.ready_timeout)
-        sw.port_add(ports)
-        return sw, state
+        return bmv2.SimpleSwitch(json_path, ns, ports, log=self.log_path, restore_state=state_file,
+                                 thrift_port=self.thrift_port)
 
     def _port_base(self, state: dict) -> dict:
         """``{port: {"iface_rx": n, "switch_rx": n}}`` now: the zero of ``lost_before_switch``."""
