@@ -67,16 +67,10 @@ class TestpmdProcess:
                        "forwarding to start")
         return self
 
-    def _text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
     def _wait_for(self, pred, timeout: float, what: str) -> str:
         deadline = time.monotonic() + timeout
         while True:
-            t = self._text()
+            t = self.process.log()
             if pred(t):
                 return t
             if self.proc.poll() is not None:
@@ -93,7 +87,7 @@ class TestpmdProcess:
     def tx_packets(self, port: int, timeout: float = 10.0) -> int:
         """TX-packets of ``port`` now (``show port stats <port>``)."""
         marker = f"NIC statistics for port {port} "
-        before = self._text().count(marker)
+        before = self.process.log().count(marker)
         self.send(f"show port stats {port}")
         t = self._wait_for(lambda t: t.count(marker) > before and
                            "Tx-pps" in t[t.rindex(marker):], timeout, "port stats")
