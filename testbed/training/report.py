@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -146,14 +145,11 @@ class Progress(contextlib.AbstractContextManager):
     """
 
     def __init__(self, total: int, desc: str, unit: str = "step", enabled: bool | None = None):
-        if enabled is None:
-            enabled = sys.stderr.isatty()
         self.bar = None
-        if enabled:
+        if enabled or (enabled is None and sys.stderr.isatty()):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=True)
-        self.t0 = time.monotonic()
 
     def update(self, n: int = 1, **postfix) -> None:
         if self.bar is not None:
@@ -167,13 +163,10 @@ class Progress(contextlib.AbstractContextManager):
             if value != self.bar.n:
                 self.bar.update(value - self.bar.n)
 
-    def close(self) -> None:
+    def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def fmt_drops(d: dict | None) -> str:
