@@ -102,11 +102,11 @@ class RoundPlan:
     uniform: bool  #: every table of the call fp32 of one dim: rows are plain (N, dim) float32 arrays
     dim: int  #: that dim when ``uniform``
     ta: TableArrays
-    dst: np.ndarray | None = None  #: a lookup's row offsets (:meth:`out_layout`), once computed
-    V: int | None = None  #: float32 values of a lookup's rows, once computed
-    nbytes: int | None = None  #: bytes of a lookup's output buffer, once computed
-    vo: np.ndarray | None = None  #: int64 (T+1,) where each table's values start, once computed
-    dims: np.ndarray | None = None  #: int64 (T,) each table's dim, once computed
+    dst: np.ndarray | None = None  #: int64 (N,) a lookup's row offsets (:meth:`out_layout`)
+    V: int | None = None  #: float32 values of the round's rows
+    nbytes: int | None = None  #: bytes of a lookup's output buffer
+    vo: np.ndarray | None = None  #: int64 (T+1,) where each table's values start
+    dims: np.ndarray | None = None  #: int64 (T,) each table's dim
     #: the C plan's (native.prepare): int64 (M, native.NCOL) the message rows in sending order with
     #: their ids and type, the rows in the send queue's order, an update's value bytes (None where
     #: fp16 tables need :meth:`values`), the first id of the round and the one after its last
@@ -160,26 +160,14 @@ class RoundPlan:
         """The lookup's output buffer: ``(dst int64 (N,), values V, bytes)``. The buffer is uint8
         of ``bytes``: first V float32 values — table ``t``'s ``(counts[t], dim_t)`` rows one table
         after the other (call order) —, then an fp16 staging area for fp16 tables' rows as they
-        come (converted by :meth:`finish`). ``dst``: byte offset of each grouped key's row
-        (:func:`out_bases`)."""
-        if self.dst is None or self.nbytes is None:
-            dbase, dstride, self.V, self.nbytes = out_bases(self.ta, self.tix, self.counts)
-            pos = self.order - self.ko[self.tkey]  # each grouped key's place in its table
-            self.dst = dbase[self.tkey] + pos * dstride[self.tkey]
+        come, 2 bytes a value, one table after the other (converted by :meth:`finish`). ``dst``:
+        byte offset of each grouped key's row (laid out by the C plan, ``native.prepare``)."""
         return self.dst, self.V, self.nbytes
-
-    def _values_offsets(self) -> tuple[np.ndarray, np.ndarray]:
-        """(dims int64 (T,), vo int64 (T+1,)): each table's dim and where its values start."""
-        if self.vo is None:
-            self.dims = self.ta.dim[self.tix]
-            self.vo = np.zeros(len(self.dims) + 1, np.int64)
-            np.cumsum(self.dims * self.counts, out=self.vo[1:])
-        return self.dims, self.vo
 
     def finish(self, out: np.ndarray) -> np.ndarray:
         """The float32 values (V,) of a lookup's filled output buffer ``out`` (uint8, of
         :meth:`out_layout`), fp16 tables' staged rows converted."""
-        dims, vo = self._values_offsets()
+        vo = self.vo
         V = int(vo[-1])
         vals = out[:4 * V].view(np.float32)
         if not self.uniform and out.size > 4 * V:  # fp16 tables' rows are staged after the values
@@ -199,25 +187,6 @@ def split_rows(ta: TableArrays, tix: np.ndarray, counts: np.ndarray, vals: np.nd
     vo = np.concatenate([[0], np.cumsum(counts * dims)])
     return {t: vals[a:b].reshape(-1, d) for t, a, b, d in
             zip(ta.ids[tix].tolist(), vo[:-1].tolist(), vo[1:].tolist(), dims.tolist())}
-
-
-def out_bases(ta: TableArrays, tix: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Where a lookup's rows go in its output buffer (:meth:`RoundPlan.out_layout`): key ``q`` of
-    table ``t`` (of the call) at byte ``dbase[t] + q * dstride[t]``: ``(dbase int64 (T,), dstride
-    int64 (T,), V, bytes)``. fp32 tables' rows go to the float32 values one table after the other,
-    fp16 tables' to the staging area after them (2 bytes a value)."""
-    dims = ta.dim[tix]
-    vals = dims * counts
-    vo = np.zeros(len(dims) + 1, np.int64)
-    np.cumsum(vals, out=vo[1:])
-    V = int(vo[-1])
-    fp16 = ta.dtype[tix] == DType.FP16
-    if not fp16.any():
-        return 4 * vo[:-1], 4 * dims, V, 4 * V
-    sv = np.zeros(len(dims) + 1, np.int64)
-    np.cumsum(np.where(fp16, vals, 0), out=sv[1:])
-    return (np.where(fp16, 4 * V + 2 * sv[:-1], 4 * vo[:-1]), np.where(fp16, 2 * dims, 4 * dims), V,
-            4 * V + 2 * int(sv[-1]))
 
 
 def concat_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The numpy plan of a round and the readable per-table cut it was written after: the test oracles
 of the C plan (``client_lib/csrc/plan.c`` through :func:`embnic.client_lib.native.prepare`, the
 one production cut), moved here from ``client_lib/client.py`` (``pack_parts``) and
-``client_lib/roundplan.py`` (``plan_round``). ``test_roundplan.py`` checks all three cut a round
-alike; ``tests/control/test_plan.py`` checks the capacity planner's closed form against the C plan.
+``client_lib/roundplan.py`` (``plan_round``, ``out_bases``). ``test_roundplan.py`` checks all three
+cut a round alike; ``tests/control/test_plan.py`` checks the capacity planner's closed form against the C plan.
 
 - :func:`by_shard` + :func:`pack_parts`: per table, each key's shard (:func:`split_by_shard`),
   then one shard's tables cut into messages by a loop over keys;
@@ -231,8 +231,32 @@ def plan_round(ta: TableArrays, msg_type: int, tix: np.ndarray, counts: np.ndarr
         rank = np.empty(S, np.int64)
         rank[present[np.lexsort((present, tkey[s0[present]]))]] = np.arange(present.size)
         msgs = msgs[np.argsort(rank[msgs[:, C_SHARD]], kind="stable")]
-    return RoundPlan(msg_type, tix, counts, ko, order, gkeys, tkey, rb, so, d, msgs, uniform,
+    plan = RoundPlan(msg_type, tix, counts, ko, order, gkeys, tkey, rb, so, d, msgs, uniform,
                      int(dims[0]) if uniform else 0, ta)
+    # the lookup's output buffer, as the C plan lays it out (RoundPlan.out_layout; moved from roundplan.py)
+    dbase, dstride, plan.V, plan.nbytes = out_bases(ta, tix, counts)
+    plan.dst = dbase[tkey] + (order - ko[tkey]) * dstride[tkey]  # each grouped key's place in its table
+    plan.dims, plan.vo = dims, np.concatenate([[0], np.cumsum(dims * counts)]).astype(np.int64)
+    return plan
+
+
+def out_bases(ta: TableArrays, tix: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Where a lookup's rows go in its output buffer (:meth:`RoundPlan.out_layout`): key ``q`` of
+    table ``t`` (of the call) at byte ``dbase[t] + q * dstride[t]``: ``(dbase int64 (T,), dstride
+    int64 (T,), V, bytes)``. fp32 tables' rows go to the float32 values one table after the other,
+    fp16 tables' to the staging area after them (2 bytes a value)."""
+    dims = ta.dim[tix]
+    vals = dims * counts
+    vo = np.zeros(len(dims) + 1, np.int64)
+    np.cumsum(vals, out=vo[1:])
+    V = int(vo[-1])
+    fp16 = ta.dtype[tix] == DType.FP16
+    if not fp16.any():
+        return 4 * vo[:-1], 4 * dims, V, 4 * V
+    sv = np.zeros(len(dims) + 1, np.int64)
+    np.cumsum(np.where(fp16, vals, 0), out=sv[1:])
+    return (np.where(fp16, 4 * V + 2 * sv[:-1], 4 * vo[:-1]), np.where(fp16, 2 * dims, 4 * dims), V,
+            4 * V + 2 * int(sv[-1]))
 
 
 def msg_directory(plan: RoundPlan, m: int) -> np.ndarray:
