@@ -42,14 +42,6 @@ def proc_cpu(pid: int) -> float:
     return total / 1e9
 
 
-def children(pid: int) -> list[int]:
-    """The pids of ``pid``'s child processes ([] if it is gone)."""
-    try:
-        return [int(x) for x in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except OSError:
-        return []
-
-
 def machine_idle() -> tuple[float, float]:
     """(idle jiffies, total jiffies) of the whole machine since boot."""
     v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
@@ -74,7 +66,7 @@ class ShardProcess:
 
     Args:
         shard: its shard id in the config.
-        args: more command-line arguments of the shard (``--engine``, ``--workers``, ...).
+        args: more command-line arguments of the shard (``--checkpoint-dir``, ...).
         metrics: also serve its metrics on a free loopback port (:meth:`metrics`).
         stop_wait: seconds :meth:`stop` waits for it to exit after SIGTERM before it kills it.
     """
@@ -129,16 +121,12 @@ class ShardProcess:
                 out[name.split("{")[0]] = float(v)
         return out
 
-    def pids(self) -> list[int]:
-        """Its pid and its worker processes' ([] when stopped)."""
-        return [self.proc.pid] + children(self.proc.pid) if self.proc else []
-
     def cpu(self) -> float:
-        """CPU seconds of its processes so far."""
-        return sum(proc_cpu(p) for p in self.pids())
+        """CPU seconds of its process so far (0 when stopped)."""
+        return proc_cpu(self.proc.pid) if self.proc else 0.0
 
     def mem(self) -> dict:
-        """:func:`proc_mem` of its (first) process."""
+        """:func:`proc_mem` of its process."""
         return proc_mem(self.proc.pid)
 
     def stop(self) -> None:
