@@ -88,92 +88,6 @@ def load_table(ts, st) -> None:
         raise DurabilityError(f"checkpoint: table {ts.table.id}'s snapshot: {e}") from None
 
 
-class UpdateLog:
-    """The shard's write-ahead log: append records, make them durable with one ``fdatasync``.
-
-    Args:
-        directory: the shard's directory (created if missing).
-        seq: sequence number of the next record.
-        fsync: ``fdatasync`` on commit (False only for measurements of the cost).
-
-    Raises:
-        OSError: the directory or file cannot be created.
-    """
-
-    def __init__(self, directory: Path, seq: int, *, fsync: bool = True):
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.seq = int(seq)
-        self.fsync = bool(fsync)
-        self._pending: list = []
-        self._npending = 0
-        self.records = 0  # committed records (this process)
-        self.bytes = 0
-        self.commits = 0
-        self._open(self.seq)
-
-    def _open(self, start: int) -> None:
-        self.path = self.dir / f"wal-{start:020d}.log"
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if os.fstat(self._fd).st_size < len(WAL_HEADER):  # a new file (or a torn header: cut by restore)
-            os.ftruncate(self._fd, 0)
-            os.write(self._fd, WAL_HEADER)
-            if self.fsync:
-                os.fdatasync(self._fd)
-        fsync_dir(self.dir)
-
-    def append(self, client_id: int, msg_id: int, num_tables: int, num_keys: int, value_len: int,
-               body_crc: int, body) -> None:
-        """Queue one applied update (``body``: the wire body, any contiguous buffer, kept by
-        reference until :meth:`commit`, which must run before the buffer is reused)."""
-        hdr = _HDR_NOCRC.pack(len(body), self.seq, msg_id, client_id, num_tables, num_keys, value_len, body_crc)
-        self._pending.append(struct.pack("<I", zlib.crc32(hdr)) + hdr)
-        self._pending.append(body)
-        self._npending += 1
-        self.seq += 1
-
-    def commit(self) -> int:
-        """Write every queued record and ``fdatasync`` once. Returns the records made durable.
-
-        Raises:
-            OSError: the write or sync failed (the caller must not acknowledge them).
-        """
-        if not self._pending:
-            return 0
-        bufs = self._pending
-        for i in range(0, len(bufs), _IOV_MAX):
-            chunk = bufs[i:i + _IOV_MAX]
-            want = sum(len(memoryview(b).cast("B")) for b in chunk)
-            n = os.writev(self._fd, chunk)
-            if n != want:  # a short write (rare): write the rest byte-exact
-                rest = b"".join(bytes(memoryview(b).cast("B")) for b in chunk)[n:]
-                while rest:
-                    rest = rest[os.write(self._fd, rest):]
-            self.bytes += want
-        if self.fsync:
-            os.fdatasync(self._fd)
-        n = self._npending
-        self.records += n
-        self.commits += 1
-        self._pending = []
-        self._npending = 0
-        return n
-
-    def rotate(self) -> Path:
-        """Start a new log file at the current sequence number (after a checkpoint); returns
-        the old file's path."""
-        old = self.path
-        os.close(self._fd)
-        self._open(self.seq)
-        return old
-
-    def close(self) -> None:
-        """Close the file (queued records are dropped: they were never acknowledged)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
 def log_format(path: Path) -> int | None:
     """The format of log file ``path``: 2 (it starts with :data:`WAL_HEADER`), 1 (records
     without a file header: a protocol-v1 shard's), or None (empty, or a torn file header: no
@@ -240,12 +154,7 @@ def restorable(d: Path) -> list[Path]:
 def _files(d: Path, rx) -> list[tuple[int, Path]]:
     if not d.is_dir():
         return []
-    got = []
-    for p in d.iterdir():
-        m = rx.match(p.name)
-        if m:
-            got.append((int(m.group(1)), p))
-    return sorted(got)
+    return sorted((int(m.group(1)), p) for p in d.iterdir() if (m := rx.match(p.name)))
 
 
 def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[int, TableShard],
@@ -335,13 +244,14 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
 
 
 class Durability:
-    """The log and checkpoints of one shard server (what :class:`~.shard_state.ShardState` holds).
+    """The log and checkpoints of one shard server (what :class:`~.shard_state.ShardState` holds):
+    the write-ahead log's records appended, then made durable with one ``fdatasync`` per commit.
 
     Args:
         directory: ``--checkpoint-dir`` (the shard uses ``directory/shard-<id>``).
         shard_id, seed: the shard and the cluster seed (recorded in checkpoints).
         checkpoint_every: checkpoint after this many logged updates (0: only on request).
-        fsync: as :class:`UpdateLog`.
+        fsync: ``fdatasync`` on commit (False only for measurements of the cost).
     """
 
     def __init__(self, directory, shard_id: int, seed: int, *, checkpoint_every: int = 0, fsync: bool = True):
@@ -350,7 +260,10 @@ class Durability:
         self.seed = int(seed)
         self.every = int(checkpoint_every)
         self.fsync = bool(fsync)
-        self.log: UpdateLog | None = None
+        self.seq = 0  #: sequence number of the next log record
+        self._fd = -1  # the log file, once restore or start_fresh opened it
+        self._pending: list = []  # header and body of each appended record not yet committed
+        self.records = self.bytes = self.commits = 0  # committed records, their bytes, commits (this process)
         self.checkpoints = 0
         self.last_checkpoint: str | None = None
         self.restored: dict[str, Any] | None = None
@@ -404,7 +317,7 @@ class Durability:
             for row in win.tolist():  # (no fragment size recorded: polls of these draw a NACK)
                 applied.add(row[0], row[1], tuple(row[2:]))
         seq, replayed, corrupt = seq0, 0, None
-        logs = [(s, p) for s, p in _files(self.dir, _WAL)]
+        logs = _files(self.dir, _WAL)
         for i, (start, p) in enumerate(logs):
             nxt = logs[i + 1][0] if i + 1 < len(logs) else None
             if nxt is not None and nxt <= seq0:
@@ -432,15 +345,14 @@ class Durability:
                 bad_from = i + 1
                 break
         if corrupt is not None:
-            dropped = [str(p) for _, p in logs[bad_from:] if p.exists()]
-            for q in dropped:
-                if q != corrupt["file"]:
-                    os.unlink(q)
-            corrupt["dropped_files"] = [q for q in dropped if q != corrupt["file"]]
+            corrupt["dropped_files"] = [str(p) for _, p in logs[bad_from:]
+                                        if p.exists() and str(p) != corrupt["file"]]
+            for q in corrupt["dropped_files"]:
+                os.unlink(q)
             log.warning("shard %d: log %s is bad at byte %s (%s): %d bytes and %d later files dropped; starting from "
                         "the last good record (%d updates replayed)", self.shard_id, corrupt["file"], corrupt["offset"],
                         corrupt["reason"], corrupt["dropped_bytes"], len(corrupt["dropped_files"]), replayed)
-        self.log = UpdateLog(self.dir, seq, fsync=self.fsync)
+        self._open_log(seq)
         self.restored = {"checkpoint": str(ck) if ck else None, "checkpoint_seq": seq0, "replayed": replayed,
                          "seq": seq, "corrupt": corrupt}
         return self.restored
@@ -468,17 +380,53 @@ class Durability:
         if _files(self.dir, _CKPT) or [p for _, p in _files(self.dir, _WAL) if p.stat().st_size]:
             raise DurabilityError(f"{self.dir} already holds a checkpoint or log: restart with --restore "
                                   f"{self.dir.parent} or use an empty --checkpoint-dir")
-        self.log = UpdateLog(self.dir, 0, fsync=self.fsync)
+        self._open_log(0)
+
+    def _open_log(self, start: int) -> None:
+        """Open ``wal-<start>.log`` for appending (its file header written if it has none)."""
+        self.seq = int(start)
+        self._fd = os.open(self.dir / f"wal-{start:020d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if os.fstat(self._fd).st_size < len(WAL_HEADER):  # a new file (or a torn header: cut by restore)
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, WAL_HEADER)
+            if self.fsync:
+                os.fdatasync(self._fd)
+        fsync_dir(self.dir)
 
     def append(self, client_id, msg_id, fp: tuple, body) -> None:
-        """Log one update about to be applied (``fp``: (num_tables, num_keys, value_len, body_crc),
-        the exactly-once fingerprint)."""
-        self.log.append(client_id, msg_id, fp[0], fp[1], fp[2], fp[3], body)
+        """Queue one update about to be applied (``fp``: (num_tables, num_keys, value_len, body_crc),
+        the exactly-once fingerprint; ``body``: the wire body, any contiguous buffer, kept by
+        reference until :meth:`commit`, which must run before the buffer is reused)."""
+        hdr = _HDR_NOCRC.pack(len(body), self.seq, msg_id, client_id, *fp)
+        self._pending += [struct.pack("<I", zlib.crc32(hdr)) + hdr, body]
+        self.seq += 1
         self._since += 1
 
     def commit(self) -> int:
-        """Make the appended updates durable (one ``fdatasync``); see :meth:`UpdateLog.commit`."""
-        return self.log.commit()
+        """Write every queued record and ``fdatasync`` once. Returns the records made durable.
+
+        Raises:
+            OSError: the write or sync failed (the caller must not acknowledge them).
+        """
+        bufs = self._pending
+        if not bufs:
+            return 0
+        for i in range(0, len(bufs), _IOV_MAX):
+            chunk = bufs[i:i + _IOV_MAX]
+            want = sum(len(memoryview(b).cast("B")) for b in chunk)
+            n = os.writev(self._fd, chunk)
+            if n != want:  # a short write (rare): write the rest byte-exact
+                rest = b"".join(bytes(memoryview(b).cast("B")) for b in chunk)[n:]
+                while rest:
+                    rest = rest[os.write(self._fd, rest):]
+            self.bytes += want
+        if self.fsync:
+            os.fdatasync(self._fd)
+        n = len(bufs) // 2
+        self.records += n
+        self.commits += 1
+        self._pending = []
+        return n
 
     @property
     def due(self) -> bool:
@@ -492,14 +440,12 @@ class Durability:
         Raises:
             OSError: the checkpoint could not be written (the log is kept whole).
         """
-        self.log.commit()
-        seq = self.log.seq
+        self.commit()
+        seq = self.seq
         path, meta = write_checkpoint(self.dir, self.shard_id, seq, self.seed, tables, applied)
-        self.log.rotate()
-        for s, p in _files(self.dir, _WAL):
-            if s < seq:
-                p.unlink()
-        for s, p in _files(self.dir, _CKPT):
+        os.close(self._fd)
+        self._open_log(seq)  # a new log file from here on
+        for s, p in _files(self.dir, _WAL) + _files(self.dir, _CKPT):
             if s < seq:
                 p.unlink()
         keep = {t["snapshot"].split("/")[0] for t in meta["tables"] if t.get("store") == "disk"}
@@ -516,16 +462,16 @@ class Durability:
         """``{"dir", "seq", "log_records", "log_bytes", "log_commits", "checkpoints",
         "last_checkpoint", "since_checkpoint", "restored"}`` (records/bytes/commits of this
         process; ``since_checkpoint``: updates logged since the last checkpoint)."""
-        lg = self.log
-        return {"dir": str(self.dir), "seq": lg.seq if lg else 0, "log_records": lg.records if lg else 0,
-                "log_bytes": lg.bytes if lg else 0, "log_commits": lg.commits if lg else 0,
-                "checkpoints": self.checkpoints, "last_checkpoint": self.last_checkpoint,
-                "since_checkpoint": self._since, "restored": self.restored}
+        return {"dir": str(self.dir), "seq": self.seq, "log_records": self.records, "log_bytes": self.bytes,
+                "log_commits": self.commits, "checkpoints": self.checkpoints,
+                "last_checkpoint": self.last_checkpoint, "since_checkpoint": self._since, "restored": self.restored}
 
     def close(self) -> None:
-        """Close the log and release the directory's lock."""
-        if self.log is not None:
-            self.log.close()
+        """Close the log (queued records are dropped: they were never acknowledged) and release
+        the directory's lock."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
