@@ -7,7 +7,9 @@ the steps/s each resource allows, and the step time as a latency model).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -274,40 +276,34 @@ def shard_seconds(hw: Hardware, tr: Traffic) -> np.ndarray:
     return (ps[:, 0] - dk) / hw.shard_keys_per_s + dk / hw.disk_keys_per_s
 
 
-def _limits(cfg, hw: Hardware, w: Workload, tr: Traffic, S: int, cards: int) -> dict:
-    """Steps/s of every client that each resource allows (all clients stepping at once)."""
+def _limits(cfg, hw: Hardware, w: Workload, tr: Traffic) -> dict:
+    """Steps/s of every client that each resource allows with one card (all clients stepping at once)."""
     C = w.clients
     nic = hw.nic_gbps * 1e9
     ps = tr.per_shard
     busiest = float(shard_seconds(hw, tr).max()) if len(ps) else 0.0
     shard_bits = float(8 * (np.maximum(ps[:, 1], ps[:, 2]) + WIRE_OVERHEAD * np.maximum(ps[:, 3], ps[:, 4])).max())
     card_bits = 8.0 * (max(tr.req_bytes, tr.rep_bytes) + WIRE_OVERHEAD * max(tr.req_frames, tr.rep_frames))
-    client_bits = card_bits
     inf = float("inf")
     return {
-        "card_messages": cards * hw.card_msgs_per_s / (C * (tr.req_messages + tr.probes)),
-        "card_frames": cards * hw.card_mpps * 1e6 / (C * tr.frames),
-        "card_nic": cards * nic / (C * card_bits),
+        "card_messages": hw.card_msgs_per_s / (C * (tr.req_messages + tr.probes)),
+        "card_frames": hw.card_mpps * 1e6 / (C * tr.frames),
+        "card_nic": nic / (C * card_bits),
         "shard_keys": 1.0 / (C * busiest) if busiest else inf,
         "shard_nic": nic / (C * shard_bits) if shard_bits else inf,
         "client_frames": hw.client_frames_per_s / tr.frames,
-        "client_nic": nic / client_bits,
-        "latency": 1e6 / step_time_us(cfg, hw, w, tr, cards),
+        "client_nic": nic / card_bits,
+        "latency": 1e6 / step_bottleneck(cfg, hw, w, tr)[0],
     }
 
 
-def step_time_us(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1) -> float:
-    """Estimated time of one step (µs): per round, the base RTT plus the service time of the
-    busiest resource of that round with every client stepping at once — the card (messages and
-    frames), the busiest shard (keys: a disk-tier table's at ``disk_keys_per_s``), the client (frames) and the NICs (bits); the lookup and
-    update rounds' shares are taken in proportion to their frames. :func:`step_bottleneck` names
-    the busiest."""
-    return step_bottleneck(cfg, hw, w, tr, cards)[0]
-
-
 def step_bottleneck(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1) -> tuple[float, str]:
-    """(:func:`step_time_us`, the resource whose service time is the largest: ``card``,
-    ``shard``, ``client`` or ``nic``)."""
+    """``(estimated time of one step in µs, the resource whose service time is the largest: ``card``,
+    ``shard``, ``client`` or ``nic``)``. The step time: per round, the base RTT plus the service
+    time of the busiest resource of that round with every client stepping at once — the card
+    (messages and frames), the busiest shard (keys: a disk-tier table's at ``disk_keys_per_s``),
+    the client (frames) and the NICs (bits); the lookup and update rounds' shares are taken in
+    proportion to their frames."""
     C = w.clients
     total = max(tr.frames, 1)
     ps = tr.per_shard
@@ -362,7 +358,7 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
                          "--ids-per-feature or --unique-ratio")
     st = shard_storage(cfg, hw)
     S = len(cfg.shards)
-    lim = _limits(cfg, hw, w, tr, S, 1)
+    lim = _limits(cfg, hw, w, tr)
     # the state map is not a rate: every message of a round of every client is in flight at once
     state_size = cfg.card.state_size if cfg.card is not None else None
     entries = w.clients * tr.inflight
@@ -405,7 +401,7 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
         "limits": lim,
         "binds": binds,
         "fits": fits,
-        "step_time_us": step_time_us(cfg, hw, w, tr, 1),
+        "step_time_us": step_bottleneck(cfg, hw, w, tr)[0],
         "rate": rate,
         "needed": needed,
         "hardware": dataclasses.asdict(hw),
@@ -427,18 +423,10 @@ def _disk_tier(cfg: ClusterConfig, hw: Hardware, st: dict, w: Workload) -> dict:
     if not n_disk:
         return out
     # a cache with more slots than the rows the shard holds of its table: memory spent on nothing
-    idle = []
+    # (once per table and cache_rows, in table order)
     kinds = stores(cfg)
-    for i in range(len(cfg.shards)):
-        for tid in st["disk_tables"][i]:
-            cache_rows = kinds[i][tid][1]
-            held = int(split_keys(cfg, tid, table_rows(cfg, tid))[i])
-            if cache_rows > held:
-                idle.append((i, tid, cache_rows, held))
-    seen: dict = {}
-    for _, tid, c, _ in idle:  # in table order, once per (table, cache_rows)
-        seen.setdefault((tid, c), (cfg.table(tid).name, c))
-    uniq = [seen[k] for k in sorted(seen)]
+    idle = sorted({(tid, kinds[i][tid][1]) for i in range(len(cfg.shards)) for tid in st["disk_tables"][i]
+                   if kinds[i][tid][1] > int(split_keys(cfg, tid, table_rows(cfg, tid))[i])})
     out.update({
         "assumptions": {
             "cache_slot_bytes": "4*dim + optimizer state + %d, cache_rows slots allocated at start" % CACHE_SLOT_OVERHEAD,
@@ -451,7 +439,7 @@ def _disk_tier(cfg: ClusterConfig, hw: Hardware, st: dict, w: Workload) -> dict:
                                        "(Zipf 1.05 over a table 16 x its cache); the plan does not model the hit "
                                        "ratio: measure your workload's and give --disk-keys-per-s"),
         },
-        "caches_larger_than_rows_held": [{"table": n, "cache_rows": c} for n, c in uniq],
+        "caches_larger_than_rows_held": [{"table": cfg.table(tid).name, "cache_rows": c} for tid, c in idle],
     })
     return out
 
@@ -481,40 +469,29 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
         return out
     unique = {t.id: w.unique_ids(t.id) for t in cfg.tables}
 
-    def _shard_limits(n: int) -> tuple[float, float]:
-        tr = step_traffic(_with_shards(cfg, n), unique, **kw)
-        lim = _limits(cfg, hw, w, tr, n, 1)
-        return lim["shard_keys"], lim["shard_nic"]
+    @functools.cache
+    def shard_allows(n: int) -> float:
+        """Steps/s per client a shard's keys/s and NIC allow with ``n`` shards."""
+        lim = _limits(cfg, hw, w, step_traffic(_with_shards(cfg, n), unique, **kw))
+        return min(lim["shard_keys"], lim["shard_nic"])
 
-    def shard_ok(n: int) -> bool:
-        return min(_shard_limits(n)) >= want
-
-    lo = max(1, by["memory"], by["disk"])
-    n = lo
-    if not shard_ok(n):
-        hi = lo
-        while hi < max_shards and not shard_ok(hi):
-            hi = min(max_shards, hi * 2)
-        if not shard_ok(hi):
-            out["shards"] = None
-            out["shards_note"] = "; ".join(filter(None, [out.get("shards_note"), (
-                f"more than {max_shards} shards would be needed: a shard's keys/s or NIC limits it "
-                f"(at {max_shards} shards a shard allows {min(_shard_limits(max_shards)):.3g} steps/s per client; "
-                "the busiest table of table sharding lives on one shard)")]))
-            n = None
-        else:
-            while lo < hi:  # smallest n in (lo, hi] that keeps up
-                mid = (lo + hi) // 2
-                if shard_ok(mid):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            n = hi
+    lo = hi = max(1, by["memory"], by["disk"])
+    while hi < max_shards and shard_allows(hi) < want:
+        hi = min(max_shards, hi * 2)
+    if shard_allows(hi) >= want:  # the smallest n in [lo, hi] that keeps up
+        n = lo + bisect.bisect_left(range(lo, hi), True, key=lambda m: shard_allows(m) >= want)
+    else:
+        out["shards"] = None
+        out["shards_note"] = "; ".join(filter(None, [out.get("shards_note"), (
+            f"more than {max_shards} shards would be needed: a shard's keys/s or NIC limits it "
+            f"(at {max_shards} shards a shard allows {shard_allows(max_shards):.3g} steps/s per client; "
+            "the busiest table of table sharding lives on one shard)")]))
+        n = None
     if n is not None:
         out["shards"] = n
     cfg_n = _with_shards(cfg, n or len(cfg.shards))
     tr = step_traffic(cfg_n, unique, **kw)
-    lim = _limits(cfg_n, hw, w, tr, n or len(cfg.shards), 1)
+    lim = _limits(cfg_n, hw, w, tr)
     cards = max(math.ceil(want / lim[k]) for k in ("card_messages", "card_frames", "card_nic"))
     state_size = cfg.card.state_size if cfg.card is not None else None
     if state_size:
@@ -538,7 +515,7 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
     out["cards"] = cards
     # what one client manages with those shards and cards: its own frames and NIC, and the step
     # time with the load spread over the cards
-    out["step_time_us"] = step_time_us(cfg_n, hw, w, tr, out["cards"])
+    out["step_time_us"] = step_bottleneck(cfg_n, hw, w, tr, cards)[0]
     out["client_limit_steps_per_s"] = min(lim["client_frames"], lim["client_nic"], 1e6 / out["step_time_us"])
     out["client_keeps_up"] = out["client_limit_steps_per_s"] >= want
     return out
