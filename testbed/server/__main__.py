@@ -55,12 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
+    opts = {k: getattr(args, k) for k in ("dedup_window", "fixed_length", "checkpoint_dir", "checkpoint_every",
+                                          "restore", "metrics_port", "metrics_bind")}
     try:
-        check_server_options(cfg, args.shard, config_name=args.config, bind=args.bind, port=args.port,
-                             dedup_window=args.dedup_window,
-                             fixed_length=args.fixed_length, checkpoint_dir=args.checkpoint_dir,
-                             checkpoint_every=args.checkpoint_every, restore=args.restore,
-                             metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
+        check_server_options(cfg, args.shard, config_name=args.config, bind=args.bind, port=args.port, **opts)
     except ServerOptionError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
@@ -69,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     port = me.port if args.port is None else args.port
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
-        return run_server(cfg, args.shard, ip, port, dedup_window=args.dedup_window, fixed_length=args.fixed_length,
-                          checkpoint_dir=args.checkpoint_dir,
-                          checkpoint_every=args.checkpoint_every, restore=args.restore,
-                          log_fsync=not args.no_log_fsync, metrics_port=args.metrics_port,
-                          metrics_bind=args.metrics_bind)
+        return run_server(cfg, args.shard, ip, port, log_fsync=not args.no_log_fsync, **opts)
     except ControlError as e:  # the metrics endpoint: port taken, address not ours, prometheus-client missing
         print(f"Error: {e}", file=sys.stderr)
         return e.exit_code

@@ -8,7 +8,9 @@ more shards"). Also the lines such a process writes: :data:`LOG_FORMAT`, the lis
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -66,30 +68,17 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
             signal.signal(sig, h)
         raise
     _on_signals(server, early)
-    # everything else first, the UDP port last, right before serving: a bound port is what says
-    # "ready" (the testbed waits for it), and datagrams sent to it before the loop runs would
-    # wait in the socket and be answered late (a re-sent probe answered twice)
-    metrics = None
-    if metrics_port is not None:
-        try:
-            metrics = serve_metrics(lambda: server.call(server.counters, timeout_s=10.0), metrics_port, metrics_bind)
-        except BaseException:
-            server.close()
-            raise
-    try:
+    with contextlib.ExitStack() as closing:  # the metrics endpoint closed first, then the server
+        closing.callback(server.close)
+        # everything else first, the UDP port last, right before serving: a bound port is what says
+        # "ready" (the testbed waits for it), and datagrams sent to it before the loop runs would
+        # wait in the socket and be answered late (a re-sent probe answered twice)
+        if metrics_port is not None:
+            read = functools.partial(server.call, server.counters, timeout_s=10.0)
+            closing.callback(serve_metrics(read, metrics_port, metrics_bind).close)
         ip2, p2 = server.open()
-    except BaseException:
-        if metrics is not None:
-            metrics.close()
-        server.close()
-        raise
-    log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, describe(cfg))
-    try:
+        log.info("shard %d listening on %s:%d (%s; engine batch)", shard_id, ip2, p2, describe(cfg))
         server.run()
-    finally:
-        if metrics is not None:
-            metrics.close()
-        server.close()
     log.info("shard %d stopped; counters %s", shard_id, json.dumps(server.counters(), sort_keys=True))
     return 1 if server.durable_failed else 0
 

@@ -58,9 +58,6 @@ class _Families:
             f.add_metric([self.shard, *(str(x) for x in values)], v)
         self.out.append(f)
 
-    def counter(self, name, doc, value):
-        self.fam(self.C, name, doc, [((), value)])
-
     def gauge(self, name, doc, value):
         self.fam(self.G, name, doc, [((), value)])
 
@@ -76,10 +73,18 @@ def shard_families(c: dict) -> list:
 
     f = _Families(str(c["shard"]))
     _traffic_families(f, c)
-    if c.get("engine"):
-        _engine_families(f, c["engine"])
-    if c.get("durability") is not None:
-        _durability_families(f, c["durability"])
+    e = c.get("engine")
+    if e:  # the serving loop's configuration and counters
+        f.fam(f.G, "engine_info", "The shard's engine (value 1).",
+              [((e.get("name", "batch"), e.get("intake", ""), e.get("answer", ""), str(bool(e.get("gso"))).lower(),
+                 e.get("batch", 0)), 1)], ["engine", "intake", "answer", "gso", "batch"])
+        for key, doc in _ENGINE_COUNTERS:
+            if key in e:
+                f.fam(f.C, key, doc, [((), e[key])])
+    d = c.get("durability")
+    if d is not None:  # the write-ahead log and checkpoints
+        for kind, key, name, doc in _DURABILITY:
+            f.fam(f.C if kind == "C" else f.G, name, doc, [((), d.get(key, 0))])
     if c.get("stores"):
         _store_families(f, c["stores"])
     svc = c.get("service")
@@ -99,23 +104,6 @@ def _traffic_families(f: _Families, c: dict) -> None:
         f.fam(f.G if key == "rows" else f.C, key, doc, [((k,), n) for k, n in c.get(key, {}).items()], [label])
     for key, doc in _REASSEMBLY:
         f.fam(f.G if key == "pending" else f.C, f"reassembly_{key}", doc, [((), c["reassembly"][key])])
-
-
-def _engine_families(f: _Families, e: dict) -> None:
-    """The serving loop's configuration and counters."""
-    f.fam(f.G, "engine_info", "The shard's engine (value 1).",
-          [((e.get("name", "batch"), e.get("intake", ""), e.get("answer", ""), str(bool(e.get("gso"))).lower(),
-             e.get("batch", 0)), 1)],
-          ["engine", "intake", "answer", "gso", "batch"])
-    for key, name, doc in _ENGINE_COUNTERS:
-        if key in e:
-            f.fam(f.C, name, doc, [((), e[key])])
-
-
-def _durability_families(f: _Families, d: dict) -> None:
-    """The write-ahead log and checkpoints."""
-    for kind, key, name, doc in _DURABILITY:
-        f.fam(f.C if kind == "C" else f.G, name, doc, [((), d.get(key, 0))])
 
 
 def _store_families(f: _Families, st: dict) -> None:
@@ -177,16 +165,16 @@ _DURABILITY = (
     ("C", "log_errors", "wal_errors", "Log writes the disk refused (the shard then stops acking)."),
     ("C", "checkpoint_errors", "checkpoint_errors", "Checkpoints that failed."),
 )
-#: the serving loop's counters: (key in the engine's counters, metric, help)
+#: the serving loop's counters: (key in the engine's counters = metric name, help)
 _ENGINE_COUNTERS = (
-    ("wakeups", "wakeups", "Wake-ups of the serving loop (each: one recvmmsg batch)."),
-    ("recv_calls", "recv_calls", "recvmmsg calls."),
-    ("send_calls", "send_calls", "sendmmsg calls."),
-    ("gso_sends", "gso_sends", "Replies sent as UDP GSO super-datagrams."),
-    ("gso_fallbacks", "gso_fallbacks", "GSO sends the kernel refused (sent frame by frame)."),
-    ("messages_whole", "messages_whole", "Multi-fragment messages gathered whole from one wake-up."),
-    ("answered_in_c", "answered_in_c", "Lookups answered by the C answer path (rows gathered, reply built in C)."),
-    ("answered_from_rx", "answered_from_rx", "Of those, answered straight from the receive buffer."),
+    ("wakeups", "Wake-ups of the serving loop (each: one recvmmsg batch)."),
+    ("recv_calls", "recvmmsg calls."),
+    ("send_calls", "sendmmsg calls."),
+    ("gso_sends", "Replies sent as UDP GSO super-datagrams."),
+    ("gso_fallbacks", "GSO sends the kernel refused (sent frame by frame)."),
+    ("messages_whole", "Multi-fragment messages gathered whole from one wake-up."),
+    ("answered_in_c", "Lookups answered by the C answer path (rows gathered, reply built in C)."),
+    ("answered_from_rx", "Of those, answered straight from the receive buffer."),
 )
 
 
