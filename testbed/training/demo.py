@@ -526,6 +526,9 @@ def build_report(run, ref, out: Path) -> dict:
     el = snap["elapsed"]
     msgs = snap["messages_sent"] + snap["messages_received"]
     frames = snap["frames_sent"] + snap["frames_received"]
+    # p50 of the lookup latencies over p50 of the probe RTTs (None if either is empty)
+    ratio = (round(float(np.percentile(lat, 50)) / float(np.percentile(probes, 50)), 3)
+             if len(lat) and probes else None)
     rep = {
         "target": opts.target,
         "pmd": opts.pmd if opts.target == "dpdk" else None,
@@ -567,9 +570,9 @@ def build_report(run, ref, out: Path) -> dict:
         "lookup_latency_us": R.percentiles(lat),
         "probe_rtt_us": R.percentiles(probes),
         "probes": dict(run.probe_sent),
-        "lookup_p50_over_probe_p50": ratio_p50(lat, probes),
-        "latency_target": {"target": PROBE_TARGET, "measured": ratio_p50(lat, probes),
-                           "met": (ratio_p50(lat, probes) or float("inf")) <= PROBE_TARGET},
+        "lookup_p50_over_probe_p50": ratio,
+        "latency_target": {"target": PROBE_TARGET, "measured": ratio,
+                           "met": (ratio or float("inf")) <= PROBE_TARGET},
         "card_drops": card_at_end.get("drops", {}),
         # bmv2: frames the card-side interfaces took in that the switch never counted (lost in
         # its capture), per port and in total; the channel that programmed its tables
@@ -602,13 +605,6 @@ def build_report(run, ref, out: Path) -> dict:
     return rep
 
 
-def ratio_p50(lat, probes) -> float | None:
-    """p50 of the lookup latencies over p50 of the probe RTTs (None if either is empty)."""
-    if not len(lat) or not probes:
-        return None
-    return round(float(np.percentile(lat, 50)) / float(np.percentile(probes, 50)), 3)
-
-
 def failure_summary(rep: dict) -> list[str]:
     """The short summary printed when the demo failed: what ran before the failure."""
     err = rep["error"]
@@ -630,17 +626,12 @@ def failure_summary(rep: dict) -> list[str]:
     return ["demo summary (FAILED):"] + R.table_lines(rows)
 
 
-def target_verdict(t: dict) -> str:
-    """``target ≤ 2: met`` / ``target ≤ 2: not met`` (``not measured`` without a measurement) for a
-    ``latency_target`` record, worded like the README's targets."""
-    verdict = "not measured" if t.get("measured") is None else "met" if t.get("met") else "not met"
-    return f"target ≤ {t['target']:g}: {verdict}"
-
-
 def summary(rep: dict) -> list[str]:
     """The short summary printed at the end of the demo."""
     lat = rep["lookup_latency_us"]
     tb = rep.get("tables") or {}
+    t = rep["latency_target"]  # worded like the README's targets
+    verdict = "not measured" if t.get("measured") is None else "met" if t.get("met") else "not met"
     rows = [
         ("card", f"{rep.get('target', 'dpdk')}" + (f" on net_{rep['pmd']}" if rep.get("pmd") else "")),
         ("steps", f"{rep['steps']} × {rep['batch_size']} samples, {rep['timing']['steps_per_s']:.2f} steps/s"),
@@ -656,7 +647,7 @@ def summary(rep: dict) -> list[str]:
                            f"{rep['request_messages_per_round']:g} request messages/round)"),
         ("probe RTT", f"p50 {rep['probe_rtt_us']['p50']} µs, p99 {rep['probe_rtt_us']['p99']} µs "
                       f"(n={rep['probe_rtt_us']['n']}, one-key lookups between steps): lookup p50 = "
-                      f"{rep['lookup_p50_over_probe_p50']} × probe p50 ({target_verdict(rep['latency_target'])})"),
+                      f"{rep['lookup_p50_over_probe_p50']} × probe p50 (target ≤ {t['target']:g}: {verdict})"),
         ("card drops", R.fmt_drops(rep["card_drops"])),
     ]
     lost = rep.get("card_lost_before_switch")
