@@ -322,20 +322,6 @@ class Target(abc.ABC):
     def peer_list(self, kind: str) -> list[Peer]:
         """The peers of ``kind`` installed on the card, by id."""
 
-    def program(self, config: ClusterConfig | None = None) -> tuple[int, int]:
-        """Install every route and client of ``config`` (default: this target's).
-
-        Returns:
-            (#routes, #clients) installed.
-        Raises:
-            ConfigError: a shard/client lacks ``mac`` or ``card_port``.
-        """
-        peers = peers_from_config(config or self.config)
-        for p in peers:
-            self.peer_add(p)
-        n = count_peers(peers)
-        return n["routes"], n["clients"]
-
     # -- observation
     @abc.abstractmethod
     def counters(self) -> dict:
