@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError
 from embnic.control.errors import NeedsRootError, OperationalError
@@ -71,13 +71,14 @@ def eal_argv(lcores: str, file_prefix: str, vdevs: Sequence[str] = (), extra: Se
     defaults = [a for a in EAL_DEFAULTS if not (pci and a == "--no-pci")]
     if hugepages:
         defaults = [a for a in defaults if a not in ("--no-huge", "-m", "256")]
-    args = ["--lcores" if "@" in lcores else "-l", lcores, *defaults, "--file-prefix", file_prefix]
-    for b in pci:
-        args += ["-a", b]
-    args += list(extra)
-    for v in vdevs:
-        args += ["--vdev", v]
-    return args
+    return ["--lcores" if "@" in lcores else "-l", lcores, *defaults, "--file-prefix", file_prefix,
+            *flag_each("-a", pci), *extra, *flag_each("--vdev", vdevs)]
+
+
+def flag_each(flag: str, values: Iterable[str]) -> list[str]:
+    """``flag`` before each of ``values``: ``flag_each("--vdev", ["a", "b"])`` →
+    ``["--vdev", "a", "--vdev", "b"]``."""
+    return [w for v in values for w in (flag, v)]
 
 
 def unique_prefix(tag: str = "x") -> str:
@@ -377,9 +378,8 @@ class CardProcess:
         self._sockdir = Path(tempfile.mkdtemp(prefix="enT"))
         self.ctl_path = self._sockdir / "card.sock"
         self.log_path = Path(log) if log else self._sockdir / "card.log"
-        card = ["--ctl", str(self.ctl_path)]
-        for p, ip in sorted((port_ips or {}).items()):
-            card += ["--port-ip", f"{p}={ip}"]
+        card = ["--ctl", str(self.ctl_path),
+                *flag_each("--port-ip", (f"{p}={ip}" for p, ip in sorted((port_ips or {}).items())))]
         self.process = DpdkProcess(self.binary, eal_argv(lcores, self.prefix, vdevs, extra=eal_args),
                                    card + list(args), netns=netns, log=self.log_path, name="embnic-dp")
         self.ctl = CtlClient(self.ctl_path, timeout=10.0)

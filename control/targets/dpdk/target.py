@@ -25,7 +25,8 @@ from typing import Any, Sequence
 from embnic.client_lib.config import ClusterConfig, ConfigError, normalize_bdf, parse_lcores
 from embnic.control import buildinfo
 from embnic.control.ctlsock import CtlArgumentError, CtlClient, CtlCommandError, CtlError
-from embnic.control.targets.dpdk.process import REPO_BINARY, DpdkProcess, eal_argv, stop_recorded
+from embnic.control.targets.dpdk.process import (REPO_BINARY, DpdkProcess, eal_argv, flag_each,
+                                                 stop_recorded)
 from embnic.control.errors import NoSuchEntryError, OperationalError, UsageError, split_args
 from embnic.control.targets.dpdk.xdp import af_xdp_problem
 from embnic.control.targets.dpdk.vdevs import vdevs_problem
@@ -202,12 +203,7 @@ class DpdkCard(Target):
         """EAL arguments: ``eal_args`` (then ``-a BDF`` per PCI device) or the defaults (``one_lcore``:
         the first lcore of the list), then one ``--vdev`` per vdev."""
         if self.eal_args is not None:
-            args = list(self.eal_args)
-            for b in self.pci:
-                args += ["-a", b]
-            for v in self.vdevs:
-                args += ["--vdev", v]
-            return args
+            return [*self.eal_args, *flag_each("-a", self.pci), *flag_each("--vdev", self.vdevs)]
         card = self.config.card if self.config is not None else None
         lcores = self.lcores or (card.lcores if card is not None else "0,1")
         if self.ONE_LCORE:
@@ -392,10 +388,8 @@ class DpdkTarget(DpdkCard):
 
     def card_argv(self, ctl: str) -> list[str]:
         """Arguments after ``--``: control socket, port addresses, ring/state sizes from ``[card]``."""
-        args = ["--ctl", ctl]
         card = self.config.card
-        for p in card.ports:
-            args += ["--port-ip", f"{p.id}={p.ip}"]
+        args = ["--ctl", ctl, *flag_each("--port-ip", (f"{p.id}={p.ip}" for p in card.ports))]
         args += ["--ring-size", str(card.ring_size), "--state-size", str(card.state_size),
                  "--state-timeout-ms", str(card.state_timeout_ms)]
         if card.state_lcores > 1:  # the card's default is 1
