@@ -38,8 +38,8 @@ class RowStore:
       :data:`SAMPLE_STEP`-th key copied into a small sample the C searches start in) and a small
       delta index of recently added rows (with spare capacity: C inserts new rows into it),
       folded into the main one when it holds more than max(MERGE_MIN, M/8)
-      entries (one O(M) pass per M/8 new rows); a search is one ``np.searchsorted`` over the
-      keys of every table at once. Within a table ``c`` is a bijection of the key, so a table's
+      entries (one O(M) pass per M/8 new rows); a search is one C call over the keys of every
+      table at once (:meth:`_find`). Within a table ``c`` is a bijection of the key, so a table's
       keys never collide; a store of one table has salt 0 (``c`` is the key). Rows of two tables
       may share a composite (``k1 - k2 == salt2 - salt1``: for 64-bit random salts a chance of
       2^-64 per pair of rows); each index entry's table (``_ct``, beside its key, so reading it
@@ -242,43 +242,27 @@ class RowStore:
             return keys
         return keys + self.tsalt[li]
 
-    #: a native search with :meth:`_find`'s contract (``(li, c) -> slots``), set by its owner (the
-    #: shard's C library: testbed/server/canswer.py) — the same answers, found faster; None: numpy
-    native_find = None
-
     def _find(self, li, c: np.ndarray) -> np.ndarray:
-        """Arena slot int64 (N,) of each composite key ``c`` of table ``li``; -1 where no row."""
-        if self.native_find is not None and c.size > 8:
-            return self.native_find(li, c)
-        slot = np.full(c.size, -1, np.int64)
-        for ix, sl, tl in ((self._ck, self._cs, self._ct), (self._dck, self._dcs, self._dct)):
-            m = ix.size
-            if m == 0 or c.size == 0:
-                continue
-            pos = np.searchsorted(ix, c)
-            np.minimum(pos, m - 1, out=pos)
-            hit = ix[pos] == c
-            s = sl[pos]
-            if self.multi:
-                same = tl[pos] == li
-                other = hit & ~same
-                hit &= same
-                if other.any():  # a composite shared with a row of another table: walk its run
-                    w = np.flatnonzero(other)
-                    p, cw = pos[w], c[w]
-                    lw = li[w] if np.ndim(li) else np.full(w.size, li, np.int64)
-                    while w.size:
-                        p = p + 1
-                        go = p < m
-                        w, p, cw, lw = w[go], p[go], cw[go], lw[go]
-                        go = ix[p] == cw
-                        w, p, cw, lw = w[go], p[go], cw[go], lw[go]
-                        ok = tl[p] == lw
-                        s[w[ok]] = sl[p[ok]]
-                        hit[w[ok]] = True
-                        w, p, cw, lw = w[~ok], p[~ok], cw[~ok], lw[~ok]
-            np.copyto(slot, s, where=hit)
-        return slot
+        """Arena slot int64 (N,) of each composite key ``c`` (uint64 (N,)) of table ``li`` (a local
+        index, or int64 (N,) per key); -1 where no row. In C (``embnic_store_find_many``: the keys
+        sorted a window at a time, the index walked in its order through its sample); the numpy
+        search it was written after is the oracle ``tests/client_lib/numpy_rowstore.py``."""
+        c = np.ascontiguousarray(c, np.uint64)
+        n = c.size
+        out = np.empty(n, np.int64)
+        if n == 0:
+            return out
+        words = 5 * min(n, 4096) + 1  # EMBNIC_STORE_FIND_WORK(min(n, EMBNIC_STORE_WINDOW)) bytes, in int64 words
+        if self._work.size < words:
+            self._work = np.empty(max(words, 2 * self._work.size), np.int64)
+        if np.ndim(li):
+            lia = np.ascontiguousarray(li, np.int64)
+            lip, li0 = _ptr(lia), 0
+        else:
+            lip, li0 = None, int(li)
+        if self._lib.embnic_store_find_many(self._cp, _ptr(c), lip, li0, n, _ptr(out), _ptr(self._work)) != 0:
+            raise ValueError(f"row store search: tables {np.unique(np.asarray(li)).tolist()} out of range")
+        return out
 
     def _init(self, li, keys: np.ndarray) -> np.ndarray:
         """Initial rows of ``keys`` of tables ``li`` (int, or int64 (N,) when the dims agree):

@@ -182,7 +182,7 @@ _LIB: ctypes.CDLL | None = None
 
 def store_lib() -> ctypes.CDLL:
     """The package's client library with the row store's functions bound (``client_lib/csrc/store.c``:
-    ``embnic_store_apply``, ``embnic_rows_step``), loaded and checked once.
+    ``embnic_store_apply``, ``embnic_store_find_many``, ``embnic_rows_step``), loaded and checked once.
 
     Raises:
         clib.NativeLibraryError: the library is missing, built from other sources or for another
@@ -195,6 +195,7 @@ def store_lib() -> ctypes.CDLL:
     lib = clib.load(clib.CLIENT, consts.VERSION)
     for name, res, args in (("embnic_store_layout", None, [_VP]),
                             ("embnic_store_apply", _I64, [_VP, _VP, _I64, _VP, _I64, _VP, _I64, _VP, _VP]),
+                            ("embnic_store_find_many", _I64, [_VP, _VP, _VP, _I64, _I64, _VP, _VP]),
                             ("embnic_rows_step", None, [_VP, _VP, _VP, _I64, _I64, _VP, _VP, _I64])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args

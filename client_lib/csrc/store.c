@@ -553,3 +553,46 @@ embnic_store_apply(struct embnic_store *s, const int64_t *li, int64_t li0, const
 	}
 	return 0;
 }
+
+/*
+ * The arena slots of n keys of the store (RowStore._find: its lookups and
+ * anything else that searches it): composite keys c, tables li (int64 each,
+ * or NULL: every key of table li0); slots[i] = -1 where the store holds no
+ * row. Sorted by composite key a window of EMBNIC_STORE_WINDOW keys at a
+ * time, then searched as embnic_store_slots() does (the index walked in its
+ * order, cache misses overlapped). work: EMBNIC_STORE_FIND_WORK(min(n,
+ * EMBNIC_STORE_WINDOW)) bytes, 8-byte aligned. Returns 0; -1 when a table
+ * index is out of range or n >= 2^31 (nothing written).
+ */
+int64_t
+embnic_store_find_many(const struct embnic_store *s, const uint64_t *c, const int64_t *li, int64_t li0, int64_t n,
+		       int64_t *slots, uint8_t *work)
+{
+	int64_t w = n < EMBNIC_STORE_WINDOW ? n : EMBNIC_STORE_WINDOW;
+	struct embnic_krec *r = (struct embnic_krec *)work;
+	struct embnic_krec *tmp = r + w;
+	int32_t *runs = (int32_t *)(tmp + w);
+	int64_t slot[EMBNIC_STORE_CHUNK];
+
+	if (n < 0 || n >= ((int64_t)1 << 31))
+		return -1;
+	for (int64_t i = 0; i < n; i++)
+		if ((li ? li[i] : li0) < 0 || (li ? li[i] : li0) >= s->ntables)
+			return -1;
+	for (int64_t w0 = 0; w0 < n; w0 += EMBNIC_STORE_WINDOW) {
+		int64_t m = n - w0 < EMBNIC_STORE_WINDOW ? n - w0 : EMBNIC_STORE_WINDOW;
+		int64_t hint[2] = { 0, 0 };
+
+		for (int64_t i = 0; i < m; i++)
+			r[i] = (struct embnic_krec){ c[w0 + i], (uint32_t)(li ? li[w0 + i] : li0), (uint32_t)(w0 + i) };
+		embnic_sort_recs(r, tmp, m, runs);
+		for (int64_t c0 = 0; c0 < m; c0 += EMBNIC_STORE_CHUNK) {
+			int64_t k = m - c0 < EMBNIC_STORE_CHUNK ? m - c0 : EMBNIC_STORE_CHUNK;
+
+			embnic_store_slots(s, NULL, 0, r + c0, k, slot, hint);
+			for (int64_t i = 0; i < k; i++)
+				slots[r[c0 + i].i] = slot[i];
+		}
+	}
+	return 0;
+}

@@ -76,6 +76,8 @@ uint16_t embnic_f32_to_f16(uint32_t f);
 void embnic_store_slots(const struct embnic_store *s, const int64_t *segli, int64_t stride, const struct embnic_krec *rc,
 			int64_t k, int64_t *slot, int64_t *hint);
 void embnic_sort_recs(struct embnic_krec *r, struct embnic_krec *tmp, int64_t n, int32_t *runs);
+int64_t embnic_store_find_many(const struct embnic_store *s, const uint64_t *c, const int64_t *li, int64_t li0,
+			       int64_t n, int64_t *slots, uint8_t *work);
 int64_t embnic_store_apply(struct embnic_store *s, const int64_t *li, int64_t li0, const uint64_t *keys, int64_t n,
 			   const float *g, int64_t glen, uint8_t *work, int64_t *need);
 
@@ -83,6 +85,10 @@ int64_t embnic_store_apply(struct embnic_store *s, const int64_t *li, int64_t li
 #define EMBNIC_STORE_CHUNK 256
 /* rows an update prefetches ahead of its step */
 #define EMBNIC_STORE_PREFETCH 16
+
+/* keys embnic_store_find_many() sorts together, and the bytes of its work buffer for w of them */
+#define EMBNIC_STORE_WINDOW 4096
+#define EMBNIC_STORE_FIND_WORK(w) ((w) * (16 + 16) + 4 * ((w) + 1))
 
 /* bytes of embnic_store_apply()'s work buffer for n keys */
 #define EMBNIC_STORE_APPLY_WORK(n) ((n) * (8 + 16 + 16) + 4 * ((n) + 1))

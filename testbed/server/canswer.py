@@ -72,7 +72,6 @@ def _bind(lib: ctypes.CDLL) -> None:
             ("embnic_shard_emit", i64, [_VP, _VP, i64]),
             ("embnic_shard_send", i64, [_VP]),
             ("embnic_shard_lookups", i64, [_VP, _VP, i64, _VP]),
-            ("embnic_shard_find", i64, [_VP, _VP, _VP, i64, i64, _VP]),
             ("embnic_shard_update_ok", i64, [_VP, _VP, i64, i64, i64, i64, _VP])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -177,9 +176,6 @@ class CAnswer:
         self._grow_tx(256)
         self._grow_rq(4 * batch)
         self._serve = lib.embnic_shard_serve
-        self._find = lib.embnic_shard_find
-        if state.store is not None:  # the store's own searches (updates, lookups gathered in numpy) in C too
-            state.store.native_find = self.find
         if self.serving:  # an update's table rules checked in C first (the state's rules decide the rest)
             self._gbound = state.tgbound
             state.update_ok = self.update_ok
@@ -233,19 +229,6 @@ class CAnswer:
         self._grow("rq_cap", "nrq", need, [(f"_rq_{n}", f"p_rq_{n}", (), np.int64, n != "order")
                                            for n in ("idx", "start", "count", "order")]
                    + [("_rq_name", "p_rq_name", (16,), np.uint8, True)])
-
-    def find(self, li, c: np.ndarray) -> np.ndarray:
-        """:meth:`RowStore._find <embnic.client_lib.rowstore.RowStore._find>` in C: the arena
-        slot int64 (N,) of each composite key ``c`` (uint64 (N,)) of table ``li`` (a local index,
-        or int64 (N,) per key); -1 where the store holds no row."""
-        c = np.ascontiguousarray(c, np.uint64)
-        out = np.empty(c.size, np.int64)
-        if np.ndim(li):
-            li = np.ascontiguousarray(li, np.int64)
-            self._find(self._p_ctx, _ptr(c), _ptr(li), 0, c.size, _ptr(out))
-        else:
-            self._find(self._p_ctx, _ptr(c), 0, int(li), c.size, _ptr(out))
-        return out
 
     def update_ok(self, h, body: np.ndarray) -> bool:
         """Whether update ``h`` (its ``num_tables``, ``num_keys``, ``value_len``) with its whole body

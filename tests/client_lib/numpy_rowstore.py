@@ -3,7 +3,8 @@
 implementation, through :meth:`embnic.client_lib.rowstore.RowStore.apply` and
 :func:`embnic.client_lib.table_numerics.optimizer_step`). Moved here from ``client_lib/rowstore.py``
 (``RowStore.apply`` / ``apply_passes`` / ``_materialise``) and ``client_lib/table_numerics.py``
-(``optimizer_step``); ``test_rowstore_c.py`` compares both bit for bit.
+(``optimizer_step``); ``test_rowstore_c.py`` compares both bit for bit. :func:`numpy_find` is the
+store's search in numpy (``RowStore._find``, in C ``embnic_store_find_many``).
 
 :class:`NumpyRowStore` keeps each table's rows in a dict (key → row, accumulator) and applies a
 batch as the numpy store did: in passes — pass ``r`` every (table, key)'s ``r``-th gradient in
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from embnic.client_lib.config import TableConfig
+from embnic.client_lib.rowstore import RowStore
 from embnic.client_lib.table_numerics import init_rows, rowwise_mean_square, rowwise_mean_square_ragged
 
 
@@ -119,3 +121,40 @@ class NumpyRowStore:
         rows = np.array([self.rows[li][int(k)] for k in keys], np.float32).reshape(-1, dim)
         acc = np.array([self.acc[li][int(k)] for k in keys], np.float32)
         return keys, rows, acc
+
+
+def numpy_find(store: RowStore, li, c: np.ndarray) -> np.ndarray:
+    """:meth:`RowStore._find <embnic.client_lib.rowstore.RowStore._find>` in numpy (moved here from
+    ``client_lib/rowstore.py``: the C search's oracle): the arena slot int64 (N,) of each composite key
+    ``c`` of table ``li`` (int, or int64 (N,)), -1 where the store holds no row; one
+    ``np.searchsorted`` over the main index and one over the delta index, a run of composites shared
+    by two tables walked for the row of ``li``."""
+    slot = np.full(c.size, -1, np.int64)
+    for ix, sl, tl in ((store._ck, store._cs, store._ct), (store._dck, store._dcs, store._dct)):
+        m = ix.size
+        if m == 0 or c.size == 0:
+            continue
+        pos = np.searchsorted(ix, c)
+        np.minimum(pos, m - 1, out=pos)
+        hit = ix[pos] == c
+        s = sl[pos]
+        if store.multi:
+            same = tl[pos] == li
+            other = hit & ~same
+            hit &= same
+            if other.any():  # a composite shared with a row of another table: walk its run
+                w = np.flatnonzero(other)
+                p, cw = pos[w], c[w]
+                lw = li[w] if np.ndim(li) else np.full(w.size, li, np.int64)
+                while w.size:
+                    p = p + 1
+                    go = p < m
+                    w, p, cw, lw = w[go], p[go], cw[go], lw[go]
+                    go = ix[p] == cw
+                    w, p, cw, lw = w[go], p[go], cw[go], lw[go]
+                    ok = tl[p] == lw
+                    s[w[ok]] = sl[p[ok]]
+                    hit[w[ok]] = True
+                    w, p, cw, lw = w[~ok], p[~ok], cw[~ok], lw[~ok]
+        np.copyto(slot, s, where=hit)
+    return slot

@@ -1,5 +1,6 @@
-"""The row store's updates in C (``client_lib/csrc/store.c`` through ``RowStore.apply`` and
-``table_numerics.optimizer_step``) against the numpy oracle (``numpy_rowstore.py``), bit for bit:
+"""The row store's updates and search in C (``client_lib/csrc/store.c`` through ``RowStore.apply``,
+``RowStore._find`` and ``table_numerics.optimizer_step``) against the numpy oracle
+(``numpy_rowstore.py``), bit for bit:
 SGD and row-wise Adagrad, tables of one and of several dims, mixed optimizers in one store, keys
 repeated within a batch (applied in arrival order), new rows past the spare capacity and past
 the delta index's merge point, gradients rounded as fp16 or not."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from numpy_rowstore import NumpyRowStore, optimizer_step as np_step
+from numpy_rowstore import NumpyRowStore, numpy_find, optimizer_step as np_step
 
 from embnic.client_lib.config import TableConfig
 from embnic.client_lib.rowstore import RowStore
@@ -110,3 +111,30 @@ def test_growth_keeps_rows_and_index():
     for li in range(2):
         for a, b in zip(store.state(li), ref.state(li)):
             assert _same(a, b)
+
+
+def test_search_in_c_equals_numpy():
+    """RowStore._find in C (sorted windows, the sample, blocks, the delta index, composites two
+    tables share) gives numpy's slots on keys held in the main and the delta index, absent keys
+    and colliding ones."""
+    t = [TableConfig(id=i, name=f"t{i}", rows=None, dim=8, optimizer=o, lr=0.5) for i, o in
+         ((0, "adagrad"), (1, "adagrad"), (2, "sgd"))]
+    st = RowStore(t, 42)
+    st.MERGE_MIN = 200  # main and delta index both in use
+    rng = np.random.default_rng(3)
+    pool = rng.integers(0, 2**64 - 1, 6000, dtype=np.uint64, endpoint=True)
+    l1, l2 = (int(x) for x in st.local_index([1, 2]))
+    twin = (pool[:50].astype(object) + int(st.tsalt[l1]) - int(st.tsalt[l2])) % 2**64
+    pool2 = np.r_[pool[3000:], np.array(twin.tolist(), np.uint64)]  # table 2 ids sharing table 1's composites
+    for step in range(30):
+        k1 = np.unique(rng.choice(pool[:3000], 300))
+        k2 = np.unique(rng.choice(pool2, 300))
+        st.apply_segments(np.array([1, 2]), np.array([k1.size, k2.size]), np.r_[k1, k2],
+                          rng.standard_normal((k1.size + k2.size) * 8).astype(np.float32))
+        probe = np.r_[rng.choice(pool[:3000], 500), rng.choice(pool2, 500)]
+        for li in (np.repeat(st.local_index([1, 2]), 500), l1, l2):
+            c = st.composite(li, probe)
+            assert np.array_equal(st._find(li, c), numpy_find(st, li, c)), step
+    assert st._dck.size > 0 and st._ck.size > 0
+    with pytest.raises(ValueError):
+        st._find(3, np.zeros(2, np.uint64))

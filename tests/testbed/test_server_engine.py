@@ -471,54 +471,6 @@ def test_a_table_in_a_store_of_another_kind(kw):
     assert other.calls > 5 and len(other) > 0
 
 
-def test_the_row_stores_search_in_c_equals_numpy():
-    """RowStore._find through the C library (canswer installs it as the store's native_find:
-    sorted windows, sample, blocks, delta index, composites two tables share) gives numpy's
-    slots on keys held in the main and the delta index, absent keys and colliding ones; rows
-    updated through it equal a store searched in numpy, bit for bit."""
-    from embnic.client_lib.rowstore import shared_tables
-
-    cfg = make_cfg(1, tables=[{"id": 0, "rows": 100, "dim": 8}, {"id": 1, "dim": 8},
-                              {"id": 2, "dim": 8, "optimizer": "sgd", "lr": 0.5}])
-    srv = BatchShardServer(cfg, 0, "127.0.0.1", 0)
-    srv.open()
-    try:
-        st = srv.state.store
-        assert st.native_find is not None
-        st.MERGE_MIN = 200  # main and delta index both in use
-        ref_store, ref = shared_tables(cfg.tables, cfg.seed)
-        rng = np.random.default_rng(3)
-        pool = rng.integers(0, 2**64 - 1, 6000, dtype=np.uint64, endpoint=True)
-        l1, l2 = (int(x) for x in st.local_index([1, 2]))
-        twin = (pool[:50].astype(object) + int(st.tsalt[l1]) - int(st.tsalt[l2])) % 2**64
-        pool2 = np.r_[pool[3000:], np.array(twin.tolist(), np.uint64)]  # table 2 ids sharing table 1's composites
-        for step in range(30):
-            k1 = np.unique(rng.choice(pool[:3000], 300))
-            k2 = np.unique(rng.choice(pool2, 300))
-            g1 = rng.standard_normal((k1.size, 8)).astype(np.float32)
-            g2 = rng.standard_normal((k2.size, 8)).astype(np.float32)
-            tids = np.array([1, 2])
-            counts = np.array([k1.size, k2.size])
-            keys = np.r_[k1, k2]
-            grads = np.r_[g1, g2].reshape(-1)
-            st.apply_segments(tids, counts, keys, grads)
-            ref_store.apply_segments(tids, counts, keys, grads)
-            probe_keys = np.r_[rng.choice(pool[:3000], 500), rng.choice(pool2, 500)]
-            li = np.repeat(st.local_index([1, 2]), 500)
-            c = st.composite(li, probe_keys)
-            got = st.native_find(li, c)
-            st.native_find = None
-            want = st._find(li, c)
-            st.native_find = srv.answer.find
-            assert np.array_equal(got, want), step
-        assert st._dck.size > 0 and st._ck.size > 0
-        for tid in (1, 2):
-            for a, b in zip(srv.state.tables[tid].state(), ref[tid].state()):
-                assert np.array_equal(a, b)
-    finally:
-        srv.close()
-
-
 def test_c_fp16_cast_equals_numpy():
     """float32 -> float16 in C (store.c, for fp16 tables' replies) against numpy's cast: every
     pattern near the subnormal, normal and overflow edges, ties, and a million random ones;

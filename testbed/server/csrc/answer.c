@@ -399,41 +399,6 @@ gather_sorted(const struct embnic_store *s, const struct kseg *sg, struct embnic
 }
 
 /*
- * The arena slots of n keys of the row store (for its numpy code: RowStore
- * calls this to search, canswer.py installs it): composite keys c, tables
- * li (int64 each, or NULL: every key of table li0). slots[i] = -1 where the
- * store holds no row. Sorted by composite key a window at a time, as a
- * lookup's keys are. Returns 0.
- */
-int64_t
-embnic_shard_find(struct embnic_answer *a, const uint64_t *c, const int64_t *li, int64_t li0, int64_t n,
-		  int64_t *slots)
-{
-	const struct embnic_store *s = a->store;
-	struct embnic_krec *r = (struct embnic_krec *)a->work;
-	struct embnic_krec *tmp = r + GATHER_WINDOW;
-	int32_t *runs = (int32_t *)((struct kseg *)(tmp + GATHER_WINDOW) + GATHER_WINDOW);	/* as gather_message */
-	int64_t slot[GATHER_CHUNK];
-
-	for (int64_t w0 = 0; w0 < n; w0 += GATHER_WINDOW) {
-		int64_t m = n - w0 < GATHER_WINDOW ? n - w0 : GATHER_WINDOW;
-		int64_t hint[2] = { 0, 0 };
-
-		for (int64_t i = 0; i < m; i++)
-			r[i] = (struct embnic_krec){ c[w0 + i], (uint32_t)(li ? li[w0 + i] : li0), (uint32_t)(w0 + i) };
-		embnic_sort_recs(r, tmp, m, runs);
-		for (int64_t c0 = 0; c0 < m; c0 += GATHER_CHUNK) {
-			int64_t k = m - c0 < GATHER_CHUNK ? m - c0 : GATHER_CHUNK;
-
-			embnic_store_slots(s, NULL, 0, r + c0, k, slot, hint);
-			for (int64_t i = 0; i < k; i++)
-				slots[r[c0 + i].i] = slot[i];
-		}
-	}
-	return 0;
-}
-
-/*
  * The rows of every key of a lookup (its directory at body, its keys at kp)
  * into out: the keys a window of at most GATHER_WINDOW at a time, each
  * window's keys sorted by their place in the index, then gathered.
