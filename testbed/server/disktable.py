@@ -26,7 +26,7 @@ from embnic.client_lib.config import TableConfig
 from embnic.client_lib.table_numerics import init_rows, is_unique, optimizer_step
 
 from .diskstore import StoreEnv, StoreError, StoreFullError, TableStore, read_meta
-from .rowcache import PendingRows, RowCache
+from .rowcache import PendingRows, RowCache, put_rows
 
 log = logging.getLogger("embnic.server")
 
@@ -91,9 +91,13 @@ class DiskTable:
         n = keys.size
         found, v = self.store.get(keys)
         nf = v.shape[0]
-        rows = np.empty((n, self.dim), np.float32)
-        acc = np.zeros(n, np.float32)
-        if nf:
+        if nf == n:  # every one stored (the common case once a table is trained): no scatter
+            rows = v[:, :self.dim].copy()  # v is the store's read-only buffer
+            acc = v[:, self.dim].copy() if self.adagrad else np.zeros(n, np.float32)
+        else:
+            rows = np.empty((n, self.dim), np.float32)
+            acc = np.zeros(n, np.float32)
+        if 0 < nf < n:
             rows[found] = v[:, :self.dim]
             if self.adagrad:
                 acc[found] = v[:, self.dim]
@@ -230,7 +234,7 @@ class DiskTable:
             dv = vs[ev & c.dirty[vs]]
             if dv.size:
                 try:
-                    self._put(c.keys[dv], c.rows[dv], c.acc[dv] if self.adagrad else None)
+                    self._put(c.keys[dv], np.take(c.rows, dv, axis=0), c.acc[dv] if self.adagrad else None)
                 except StoreFullError as e:  # the cache is unchanged: choose again among clean rows
                     self._enter_full(str(e))
                     continue
@@ -240,7 +244,7 @@ class DiskTable:
         pin = pend[ins]  # rows kept in memory while the store was full: the cache holds them now, dirty
         if pin.any():
             self.pending.forget(mk[ins][pin])
-        c.install(vs, mk[ins], rows[ins], acc[ins], found[ins], pin)
+        c.install(vs, mk[ins], np.take(rows, ins, axis=0), acc[ins], found[ins], pin)
         mslot = np.full(n, -1, np.int64)
         mslot[ins] = vs
         slot[mi] = mslot if inv is None else mslot[inv]
@@ -289,9 +293,9 @@ class DiskTable:
         slot, (pos, rows, acc, found) = self._resolve(keys, unique=True)
         ch = self.cache
         if pos.size == 0:
-            w = ch.rows[slot]
+            w = np.take(ch.rows, slot, axis=0)
             a = optimizer_step(w, ch.acc[slot] if self.adagrad else None, g, self._lr, self._eps)
-            ch.rows[slot] = w
+            put_rows(ch.rows, slot, w)
             if self.adagrad:
                 ch.acc[slot] = a
             ch.dirty[slot] = True
@@ -301,7 +305,7 @@ class DiskTable:
         c = slot >= 0
         cs = slot[c]
         w = np.empty((keys.size, self.dim), np.float32)
-        w[c] = ch.rows[cs]
+        w[c] = np.take(ch.rows, cs, axis=0)
         w[pos] = rows
         a0 = None
         if self.adagrad:
@@ -309,7 +313,7 @@ class DiskTable:
             a0[c] = ch.acc[cs]
             a0[pos] = acc
         a = optimizer_step(w, a0, g, self._lr, self._eps)
-        ch.rows[cs] = w[c]
+        put_rows(ch.rows, cs, w[c])
         if self.adagrad:
             ch.acc[cs] = a[c]
         ch.dirty[cs] = True

@@ -22,6 +22,14 @@ _FREQ_MAX = 1 << 30
 _BIG = np.iinfo(np.int64).max
 
 
+def put_rows(dst: np.ndarray, idx: np.ndarray, src: np.ndarray) -> None:
+    """``dst[idx] = src`` for a C-contiguous 2-D ``dst`` (n, w) and ``src`` (len(idx), w) of its dtype,
+    as one assignment of whole rows (each row one numpy void): numpy's row scatter through a 2-D
+    fancy index costs ~2.5 x as much. Rows are copied bit for bit."""
+    vt = np.dtype((np.void, dst.shape[1] * dst.itemsize))
+    dst.view(vt).reshape(-1)[idx] = np.ascontiguousarray(src, dtype=dst.dtype).view(vt).reshape(-1)
+
+
 def capacity(cache_rows: int) -> tuple[int, int]:
     """(ways, sets) of a cache of at most ``cache_rows`` rows: its capacity is their product, the
     largest multiple of the ways not above ``cache_rows``."""
@@ -106,9 +114,12 @@ class RowCache:
         self.tick = self.tick + 1 if self.tick < 0x7FFFFFFF else 1
         W = self.ways
         s = self.set_of(keys)
-        m = (self.keys.reshape(-1, W)[s] == keys[:, None]) & self.valid.reshape(-1, W)[s]  # (N, W): row gathers
-        hit = m.any(axis=1)
-        slot = np.where(hit, s * W + m.argmax(axis=1), -1)
+        # (N, W): the ways of each key's set (np.take: row gathers ~4 x faster than indexing here)
+        m = np.take(self.keys.reshape(-1, W), s, axis=0) == keys[:, None]
+        m &= np.take(self.valid.reshape(-1, W), s, axis=0)
+        way = m.argmax(axis=1)
+        hit = np.take(m.reshape(-1), np.arange(0, m.size, W) + way)
+        slot = np.where(hit, s * W + way, -1)
         hs = slot[hit]
         self.freq[hs] = np.minimum(self.freq[hs] + 1, _FREQ_MAX)
         self.stamp[hs] = self.tick
@@ -127,23 +138,26 @@ class RowCache:
         ms = self.set_of(misses)
         order = np.argsort(ms, kind="stable")
         so = ms[order]
-        first = np.r_[True, so[1:] != so[:-1]]
+        first = np.empty(so.size, bool)
+        first[:1] = True
+        np.not_equal(so[1:], so[:-1], out=first[1:])
         grp = np.cumsum(first) - 1  # group (set) index of each sorted miss
         rank = np.arange(misses.size) - np.flatnonzero(first)[grp]  # rank among the misses of its set
         usets = so[first]
-        ct = self.stamp.reshape(-1, W)[usets]  # (G, W): the ways of the sets
-        cv = self.valid.reshape(-1, W)[usets]
+        ct = np.take(self.stamp.reshape(-1, W), usets, axis=0)  # (G, W): the ways of the sets
+        cv = np.take(self.valid.reshape(-1, W), usets, axis=0)
         if self.policy == "lru":
             score = np.where(cv, ct.astype(np.int64), -1)
         else:
-            score = np.where(cv, (self.freq.reshape(-1, W)[usets].astype(np.int64) << 24) | (ct & 0xFFFFFF), -1)
+            score = np.where(cv, (np.take(self.freq.reshape(-1, W), usets, axis=0).astype(np.int64) << 24)
+                             | (ct & 0xFFFFFF), -1)
         score[ct == now] = _BIG  # used by this batch: never a victim
         if keep_dirty:
-            score[cv & self.dirty.reshape(-1, W)[usets]] = _BIG
+            score[cv & np.take(self.dirty.reshape(-1, W), usets, axis=0)] = _BIG
         worder = np.argsort(score, axis=1, kind="stable")
         ok = rank < W
-        vway = worder[grp, np.minimum(rank, W - 1)]
-        ok &= score[grp, vway] < _BIG
+        vway = np.take(worder.reshape(-1), grp * W + np.minimum(rank, W - 1))
+        ok &= np.take(score.reshape(-1), grp * W + vway) < _BIG
         return usets[grp[ok]] * W + vway[ok], order[ok]
 
     def install(self, slots: np.ndarray, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray, stored: np.ndarray,
@@ -156,7 +170,7 @@ class RowCache:
         self.stored[slots] = stored
         self.freq[slots] = 1
         self.stamp[slots] = self.tick
-        self.rows[slots] = rows
+        put_rows(self.rows, slots, rows)
         if self.acc.size:
             self.acc[slots] = acc
 
