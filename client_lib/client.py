@@ -105,8 +105,6 @@ class EmbeddingClient:
         self._ta = TableArrays(cfg)
         self._shard_ids = np.array([s.id for s in cfg.shards], np.int64)
         self._shard_index = {s.id: i for i, s in enumerate(cfg.shards)}
-        self._nodir = np.zeros(0, codec.DIR_DTYPE)
-        self._nokeys = np.zeros(0, np.uint64)
         self._native = native.NativeRound(
             lib, self.sock, client_id, mtu=self.mtu, window_frames=self.window_frames, retries=self.retries,
             timeout_s=self.timeout_s, rto_min_s=self.rto_min_s, rto_max_s=self.rto_max_s,
@@ -317,7 +315,7 @@ class EmbeddingClient:
         cut = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])  # a plan's messages are grouped by shard
         parts = [(int(shard[a]), a2, min(a2 + cap, b)) for a, b in zip(cut.tolist(), np.r_[cut[1:], M].tolist())
                  for a2 in range(a, b, cap)]  # per shard (and per cap entries)
-        sids = self._alloc_ids(len(parts))
+        i0 = self._ids.take(len(parts))  # the SIZE_REQs' ids, consecutive in the id clock's cycle
         self._stats.size_rounds += 1
         tab = np.zeros((len(parts), native.NCOL), np.int64)
         P = consts.max_body_per_frame(self.mtu)
@@ -325,10 +323,10 @@ class EmbeddingClient:
             n = b - a
             tab[j, [C_SHARD, C_NKEYS, C_VOFF, C_MSGLEN, C_FRAMES, C_RFRAMES]] = (
                 si, n, a * consts.SIZE_ENTRY, n * consts.SIZE_ENTRY, -(-n * consts.SIZE_ENTRY // P), 1)
-        tab[:, len(MSG_COLUMNS)] = sids
+        tab[:, len(MSG_COLUMNS)] = (i0 - 1 + np.arange(len(parts), dtype=np.int64)) % 0xFFFFFFFF + 1
         tab[:, len(MSG_COLUMNS) + 1] = MsgType.SIZE_REQ
-        self._round(tab, self._nodir, self._nokeys, e.view(np.uint8), None, None, None, None,
-                    record_latency=False, data=False)
+        self._round(tab, np.zeros(0, codec.DIR_DTYPE), np.zeros(0, np.uint64), e.view(np.uint8), None, None, None,
+                    None, record_latency=False, data=False)
 
     def _sync_counters(self) -> None:
         """Add what the C engine counted since the last look to :attr:`stats`."""
@@ -347,9 +345,3 @@ class EmbeddingClient:
                 st.drops[name[5:]] += v
             else:
                 setattr(st, name, getattr(st, name) + v)
-
-    def _alloc_ids(self, n: int) -> np.ndarray:
-        """``n`` consecutive message ids of the id clock (:class:`~.msgid.MsgIds`; wrapping at
-        2^32, never 0): uint32 (n,)."""
-        i0 = self._ids.take(n)
-        return ((i0 - 1 + np.arange(n, dtype=np.int64)) % 0xFFFFFFFF + 1).astype(np.uint32)

@@ -9,6 +9,7 @@ import codecs
 import dataclasses
 import difflib
 import ipaddress
+import itertools
 import math
 import os
 import re
@@ -199,14 +200,8 @@ class CardConfig:
 def id_ranges(ids) -> str:
     """Integers ``ids`` (any iterable) as sorted runs: ``[0, 1, 2, 3, 7, 9, 10]`` → ``"0..3, 7, 9..10"``."""
     xs = sorted(set(int(i) for i in ids))
-    runs, k = [], 0
-    while k < len(xs):
-        e = k
-        while e + 1 < len(xs) and xs[e + 1] == xs[e] + 1:
-            e += 1
-        runs.append(str(xs[k]) if e == k else f"{xs[k]}..{xs[e]}")
-        k = e + 1
-    return ", ".join(runs)
+    runs = [[x for _, x in run] for _, run in itertools.groupby(enumerate(xs), lambda ix: ix[1] - ix[0])]
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs)
 
 
 def _by_id(items, ident: int, what: str):

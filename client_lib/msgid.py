@@ -34,10 +34,6 @@ def wire(u: int) -> int:
     return u % ID_CYCLE + 1
 
 
-def _wall_us() -> int:
-    return time.time_ns() // 1000
-
-
 class MsgIds:
     """The message ids of one client (one run): see the module docstring.
 
@@ -68,7 +64,7 @@ class MsgIds:
             self._u = int(first) - 1
             return
         if clock is None:
-            base, m0 = _wall_us(), time.monotonic_ns()
+            base, m0 = time.time_ns() // 1000, time.monotonic_ns()
             clock = lambda: base + (time.monotonic_ns() - m0) // 1000  # noqa: E731
         self._clock = clock
         with _lock:
