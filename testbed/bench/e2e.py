@@ -179,12 +179,9 @@ def run_card(config_text: str, name: str, batches: dict, repeats: int, loss_pct:
                 log(f"  e2e {cfg.sharding}: DLRM training steps through the card done")
         finally:
             tb.down()
-    out = {m: {str(b): _summ(r) for b, r in v.items() if r} for m, v in runs.items()}
-    out["netem_backend"] = backend
-    out["card"] = card
-    out["dlrm"] = dlrm
-    out["shard_engine"] = "batch (python -m embnic.testbed.server default)"
-    return out
+    return {**{m: {str(b): _summ(r) for b, r in v.items() if r} for m, v in runs.items()},
+            "netem_backend": backend, "card": card, "dlrm": dlrm,
+            "shard_engine": "batch (python -m embnic.testbed.server default)"}
 
 
 def _card_subset(tb) -> dict:
@@ -270,10 +267,8 @@ def run_torchrec(config_text: str, batches: dict, repeats: int, world: int = 2) 
         if bad or q.empty():
             raise OperationalError(f"TorchRec ranks failed (exit codes {[p.exitcode for p in procs]})")
         res = q.get()
-    out = {"sharding_types": res.pop("sharding_types"), "world_size": world, "per_rank_batch": "batch / world"}
-    for b, reps in res.items():
-        out[b] = _summ(reps)
-    return out
+    return {"sharding_types": res.pop("sharding_types"), "world_size": world, "per_rank_batch": "batch / world",
+            **{b: _summ(reps) for b, reps in res.items()}}
 
 
 # ---------------------------------------------------------------------------- the planner beside it
