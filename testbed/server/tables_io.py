@@ -154,15 +154,11 @@ def merge_sorted(streams: list, table_id: int):
         ValueError: a key in two streams (two shards hold the same row).
     """
     its = [iter(s) for s in streams]
-    bufs: list = [None] * len(its)
+    bufs: list = [(np.empty(0),)] * len(its)  # each stream's rows not merged yet; None: it has no more
 
     def refill(i):
-        while bufs[i] is None or bufs[i][0].size == 0:
-            nxt = next(its[i], None)
-            if nxt is None:
-                bufs[i] = None
-                return
-            bufs[i] = nxt
+        while bufs[i] is not None and bufs[i][0].size == 0:
+            bufs[i] = next(its[i], None)
 
     for i in range(len(its)):
         refill(i)
@@ -175,9 +171,7 @@ def merge_sorted(streams: list, table_id: int):
             n = int(np.searchsorted(k, bound, side="right"))
             parts.append((k[:n], r[:n], a[:n]))
             bufs[i] = (k[n:], r[n:], a[n:])
-            if bufs[i][0].size == 0:
-                bufs[i] = None
-                refill(i)
+            refill(i)
         k = np.concatenate([p[0] for p in parts])
         order = np.argsort(k, kind="stable")
         k = k[order]
@@ -265,22 +259,17 @@ def _write_ids(f, offs: dict, t, merged, m: int) -> None:
 def _write_dense(f, off: int, cfg: ClusterConfig, t, merged, chunk_rows: int) -> None:
     """The torchrec layout of table ``t``: every row, initial values slice by slice with the updated
     rows of the slice (the merged stream, in id order) laid over them."""
-    pend = None
+    k, r = np.empty(0, np.uint64), np.empty((0, t.dim), np.float32)  # updated rows not laid over yet
     for lo in range(0, t.rows, chunk_rows):
         hi = min(t.rows, lo + chunk_rows)
         w = init_rows(cfg.seed, t.id, np.arange(lo, hi, dtype=np.uint64), t.dim, t.init_scale)
         while True:
-            if pend is None:
-                pend = next(merged, None)
-                if pend is None:
-                    break
-            k, r, _ = pend
             n = int(np.searchsorted(k, np.uint64(hi)))
             w[k[:n].astype(np.int64) - lo] = r[:n]
-            if n < k.size:
-                pend = (k[n:], r[n:], None)
+            k, r = k[n:], r[n:]
+            if k.size or (nxt := next(merged, None)) is None:
                 break
-            pend = None
+            k, r, _ = nxt
         os.pwrite(f.fileno(), w.astype("<f4").tobytes(), off + 4 * t.dim * lo)
 
 
