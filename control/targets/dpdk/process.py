@@ -258,6 +258,12 @@ class DpdkProcess:
             self.stop()        # nothing else would stop it (`bench dataplane` left a card busy-polling 2 lcores)
             raise
 
+    def wait_answer(self, ctl: str | os.PathLike, timeout: float, what: str = "answer") -> None:
+        """:meth:`wait_ready` until the control socket ``ctl`` exists and answers ``ping`` (errors
+        say the process did not ``what`` on ``ctl``)."""
+        probe = CtlClient(ctl, timeout=1.0)
+        self.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), timeout, f"{what} on {ctl}")
+
     def stop(self, timeout: float = 10.0) -> dict:
         """SIGTERM, wait ``timeout`` s, SIGKILL if still running; remove its EAL runtime directory.
 
@@ -403,10 +409,8 @@ class CardProcess:
                 clean-up.
         """
         self.process.start()
-        probe = CtlClient(self.ctl_path, timeout=1.0)
         try:
-            self.process.wait_ready(lambda: self.ctl_path.exists() and probe.alive(), self.ready_timeout,
-                                    f"answer on {self.ctl_path}")
+            self.process.wait_answer(self.ctl_path, self.ready_timeout)
         except DpdkProcError as e:
             self.returncode = self.proc.poll()
             raise self._discard(str(e)) from None

@@ -320,9 +320,7 @@ class DpdkCard(Target):
                  "started": time.time(), **state}
         write_state(self.run_dir, self.instance, state)
         try:
-            probe = CtlClient(ctl, timeout=1.0)
-            proc.wait_ready(lambda: os.path.exists(ctl) and probe.alive(), self.ready_timeout,
-                            f"answer `ping` on {ctl}")
+            proc.wait_answer(ctl, self.ready_timeout, "answer `ping`")
             info = self.call("info")
             have = {int(p["port"]) for p in info.get("ports", [])}
             for i, p in enumerate(self.config.card.ports):

@@ -14,7 +14,6 @@ state map are register arrays read by name (``reg_read``).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,15 +22,11 @@ from embnic.control.targets.p4dpdk import swx as p4dpdk
 from embnic.control.targets import p4program as p4prog
 from embnic.control.targets.p4program import RING_FIELDS, STATE_REGISTERS, decode_state_map
 from embnic.control.ctlsock import CtlClient
-from embnic.control.targets.dpdk.process import DpdkProcess
+from embnic.control.targets.dpdk.process import DpdkProcess, eal_argv, unique_prefix
 from embnic.control.errors import NoSuchEntryError, OperationalError
 from embnic.control.runstate import require_root
 from embnic.control.targets.base import Peer, check_peer_port, count_peers, peer_kind
 from embnic.control.targets.dpdk.target import DpdkCard
-
-
-
-_HEX = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
 def parse_table_dump(entries: Sequence[str]) -> list[dict]:
@@ -104,11 +99,9 @@ class SwxCard:
     def peer_del(self, kind: str, id_: int) -> bool:
         """Delete the peer ``id_`` of ``kind`` and its allowlist entries; False if it had no entry."""
         k = peer_kind(kind)
-        found = False
-        for e in self.dump(k.p4_table):
-            if e["key"] == [id_]:
-                self.delete(k.p4_table, [id_])
-                found = True
+        found = any(e["key"] == [id_] for e in self.dump(k.p4_table))  # an exact-match key: one entry at most
+        if found:
+            self.delete(k.p4_table, [id_])
         for e in self.dump("sender_allowlist"):
             if e["key"][:2] == [k.is_request, id_]:
                 self.delete("sender_allowlist", e["key"])
@@ -290,8 +283,6 @@ class SwxProcess:
 
     def __init__(self, pipe: p4dpdk.Pipeline, vdevs: Sequence[str], workdir: Path, *, lcore: int = 0,
                  burst: int | None = None, netns: str | None = None, mbufs: int | None = None):
-        from embnic.control.targets.dpdk.process import eal_argv, unique_prefix
-
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sock = str(self.workdir / "swx.sock")
@@ -307,8 +298,7 @@ class SwxProcess:
 
     def start(self, timeout: float = 30.0) -> "SwxProcess":
         self.proc.start()
-        probe = CtlClient(self.sock, timeout=1.0)
-        self.proc.wait_ready(lambda: os.path.exists(self.sock) and probe.alive(), timeout, f"answer on {self.sock}")
+        self.proc.wait_answer(self.sock, timeout)
         return self
 
     def resume(self) -> None:
