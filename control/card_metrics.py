@@ -14,6 +14,7 @@ everything above; in Prometheus terms bucket ``i``'s ``le`` is ``2^i`` µs
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 from typing import Iterable
@@ -65,13 +66,10 @@ def log2_us_histogram(hist: Iterable[int]) -> list[tuple[str, int]]:
     """
     from prometheus_client.utils import floatToGoString
 
-    hist = list(hist)
-    out, acc = [], 0
-    for i, c in enumerate(hist):
-        acc += int(c)
-        up = latency_bucket_upper_us(i, len(hist))
-        out.append(("+Inf" if up == float("inf") else floatToGoString(up * 1e-6), acc))
-    return out
+    hist = [int(c) for c in hist]
+    ups = (latency_bucket_upper_us(i, len(hist)) for i in range(len(hist)))
+    return [("+Inf" if up == float("inf") else floatToGoString(up * 1e-6), acc)
+            for up, acc in zip(ups, itertools.accumulate(hist))]
 
 
 def _families():
