@@ -567,13 +567,8 @@ def down(name: str, rdir: Path | None = None) -> dict:
         for ifname in (lk.get("card_if"), lk.get("peer_if")):
             if ifname and Path(f"/sys/class/net/{ifname}").exists():
                 netns.ip("link", "del", ifname, check=False)
-    try:
-        state_path(name, rdir).unlink()
-    except FileNotFoundError:
-        pass
-    for f in ("card.sock", "card.json"):
-        with contextlib.suppress(FileNotFoundError):
-            (node_dir(name, rdir) / f).unlink()
+    for p in (state_path(name, rdir), node_dir(name, rdir) / "card.sock", node_dir(name, rdir) / "card.json"):
+        p.unlink(missing_ok=True)
     # the card's DPDK runtime directory (its --file-prefix is ours), left behind if it was killed
     remove_runtime_dir(card_file_prefix(name))
     return {"found": bool(state) or bool(removed), "processes": stopped, "netns": removed}
