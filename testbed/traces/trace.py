@@ -90,14 +90,13 @@ class Capture:
         self._thread.start()
         return self
 
-    def _read_available(self) -> int:
-        n = 0
+    def _read_available(self) -> None:
         cms = socket.CMSG_SPACE(16)
         while True:
             try:
                 data, anc, _flags, addr = self.sock.recvmsg(65536, cms)
             except (BlockingIOError, InterruptedError):
-                return n
+                return
             u = udp_payload(data)
             if u is None or (u[0] != self.port and u[1] != self.port):
                 continue
@@ -110,7 +109,6 @@ class Capture:
             self.frames.append(rec)
             if self.on_frame is not None:
                 self.on_frame(rec)
-            n += 1
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -196,12 +194,9 @@ def check_version(pcap: Path, frames: list[tuple[float, bytes]], sidecar: dict |
         TraceUsageError: naming the version and how to get a trace of this one.
     """
     ver = (sidecar or {}).get("protocol_version")
-    if ver is None:
-        for _, f in frames:
-            u = udp_payload(f)
-            if u is not None and u[1] == consts.UDP_PORT and len(u[2]) >= 3 and u[2][:2] == b"EM":
-                ver = u[2][2]
-                break
+    if ver is None:  # the first embnic frame's
+        ver = next((u[2][2] for _, f in frames if (u := udp_payload(f)) is not None and u[1] == consts.UDP_PORT
+                    and len(u[2]) >= 3 and u[2][:2] == b"EM"), None)
     if ver is not None and ver != consts.VERSION:
         raise TraceUsageError(f"{pcap} holds embnic protocol version {ver} frames; this embnic speaks version "
                               f"{consts.VERSION} (docs/protocol.md) and its card drops them as bad_version: "
@@ -538,14 +533,13 @@ def _load_trace(pcap: Path, config, force: bool, log: Callable[[str], None]) -> 
     """Read the trace and check it against ``config`` before any testbed comes up: (frames, the
     request messages, frames per client, frames that are not requests, the config, the config
     check of the report). Raises as :func:`replay` says."""
-    frames = read_pcap(pcap)
-    check_version(pcap, frames, read_sidecar(pcap))
+    frames, sidecar = read_pcap(pcap), read_sidecar(pcap)
+    check_version(pcap, frames, sidecar)
     reqs, per_client, other = parse_requests(frames)
     if not reqs:
         raise TraceUsageError(f"{pcap} holds no embnic request frames (UDP to port {consts.UDP_PORT}); "
                          "record one with `embnic trace record`")
     cfg = load_config(config)
-    sidecar = read_sidecar(pcap)
     if (warn := truncation_warning(pcap, len(frames), sidecar, pcap_file.partial_tail(pcap))):
         log(warn)
     cc = check_config(sidecar, config, cfg)
