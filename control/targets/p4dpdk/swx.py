@@ -235,9 +235,7 @@ def relocate_metadata(spec: str) -> tuple[str, dict]:
     Raises:
         P4DpdkError: the spec has no metadata struct, or what must stay exceeds the limit.
     """
-    import re as _re
-
-    m = _re.search(r"^metadata instanceof (\w+)\s*$", spec, _re.M)
+    m = re.search(r"^metadata instanceof (\w+)\s*$", spec, re.M)
     structs = {n: body for n, body in _STRUCT.findall(spec)}
     if not m or m.group(1) not in structs:
         raise P4DpdkError("the pipeline spec has no metadata struct (not p4c-dpdk's output?)")
@@ -245,10 +243,10 @@ def relocate_metadata(spec: str) -> tuple[str, dict]:
     fields = [(int(w), n) for w, n in _FIELD.findall(structs[mname])]
     order = {n: i for i, (_, n) in enumerate(fields)}
     keep = {n for _, n in fields if n.startswith(("local_metadata_", "pna_")) or n == "table_entry_index"}
-    for block in _re.findall(r"^\s*key \{\n(.*?)^\s*\}", spec, _re.S | _re.M):
-        keep |= set(_re.findall(r"\bm\.(\w+)", block))
-    for line in _re.findall(r"^\s*(?:\w+ :\s*)?(?:rx|tx|hash|entryid|learn|mirror|recircid)\b.*$", spec, _re.M):
-        names = _re.findall(r"\bm\.(\w+)", line)
+    for block in re.findall(r"^\s*key \{\n(.*?)^\s*\}", spec, re.S | re.M):
+        keep |= set(re.findall(r"\bm\.(\w+)", block))
+    for line in re.findall(r"^\s*(?:\w+ :\s*)?(?:rx|tx|hash|entryid|learn|mirror|recircid)\b.*$", spec, re.M):
+        names = re.findall(r"\bm\.(\w+)", line)
         keep |= set(names)
         if line.strip().split(":")[-1].split()[0] == "hash" and len(names) >= 3:
             lo, hi = order[names[1]], order[names[2]]   # the source range, first to last field
@@ -256,11 +254,8 @@ def relocate_metadata(spec: str) -> tuple[str, dict]:
     # hash destinations first: DPDK 22.11's hash instruction keeps its destination's offset as
     # (uint8_t)(offset in bits) / 8 (rte_swx_pipeline.c, instr_hash_translate), so it must lie in
     # the first 32 bytes of the metadata (further on, the hash lands in another field)
-    hash_dst = set()
-    for line in _re.findall(r"^\s*(?:\w+ :\s*)?hash\b.*$", spec, _re.M):
-        names = _re.findall(r"\bm\.(\w+)", line)
-        if names:
-            hash_dst.add(names[0])
+    hash_dst = {names[0] for line in re.findall(r"^\s*(?:\w+ :\s*)?hash\b.*$", spec, re.M)
+                if (names := re.findall(r"\bm\.(\w+)", line))}
     kept = [(w, n) for w, n in fields if n in hash_dst] + [(w, n) for w, n in fields if n in keep - hash_dst]
     kept_bytes = sum(w // 8 for w, _ in kept)
     if kept_bytes >= STRUCT_ADDRESSABLE:
@@ -283,7 +278,7 @@ def relocate_metadata(spec: str) -> tuple[str, dict]:
     decl = "".join("struct scratch%d_t {\n%s}\nheader scratch%d instanceof scratch%d_t\n\n" %
                    (k, "".join(f"\tbit<{w}> {short[n]}\n" for w, n in hs), k, k) for k, hs in enumerate(headers))
     spec = spec.replace(m.group(0), m.group(0) + "\n\n" + decl.rstrip("\n"), 1)
-    spec = _re.sub(r"\bm\.(\w+)", lambda x: where.get(x.group(1), x.group(0)), spec)
+    spec = re.sub(r"\bm\.(\w+)", lambda x: where.get(x.group(1), x.group(0)), spec)
     return spec, {"metadata_bytes": kept_bytes, "moved_fields": len(moved), "scratch_headers": len(headers)}
 
 
