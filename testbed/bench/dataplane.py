@@ -241,9 +241,7 @@ def _measure_all(runs: dict[str, Any], repeats: int, rtt: bool = True) -> dict:
     for _ in range(repeats):
         for key, (fn, a, k) in runs.items():
             before = xcore_rtt_ns() if rtt else None
-            r = fn(*a, **k)
-            r["xcore_rtt_ns"] = before
-            got[key].append(r)
+            got[key].append({**fn(*a, **k), "xcore_rtt_ns": before})
     med = {}
     for key, v in got.items():
         m = {"mpps": median([r["mpps"] for r in v]), "all_mpps": [round(r["mpps"], 3) for r in v],
@@ -338,15 +336,12 @@ def _veth_pair():
     (with the pair) is deleted on exit."""
     tag = f"{os.getpid() % 100000}"
     pair = types.SimpleNamespace(name=f"enB{tag}", a=f"eBa{tag}", b=f"eBb{tag}")
-    ns = Netns.create(pair.name)
-    try:
+    with Netns.create(pair.name) as ns:
         ns.veth(pair.a, pair.b)
         for dev in (pair.a, pair.b):
             ns.link_up(dev)
             ns.offloads_off(dev, each=True)
         yield pair
-    finally:
-        ns.delete()
 
 
 #: the PMDs the card and testpmd are measured on over the veth pair (the testbed's path), each
