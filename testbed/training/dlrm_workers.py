@@ -135,15 +135,11 @@ class DeferredUpdates:
         out, self.pending = self.pending, []
         return out
 
-    def send(self, rounds: list[Callable[[], None]]) -> None:
-        """Send update ``rounds`` (as :meth:`take` returns them) now, in order, each waiting for its acks."""
-        for send_round in rounds:
-            send_round()
-
     def flush(self) -> int:
         """Send the held update rounds (oldest first, each waits for its acks); returns how many."""
         rounds = self.take()
-        self.send(rounds)
+        for send_round in rounds:
+            send_round()
         return len(rounds)
 
 
@@ -261,8 +257,8 @@ def reference_run(cfg: ClusterConfig, data, plan: Plan) -> ReferenceResult:
         for i, p in enumerate(params):
             p.grad = sum((g[i] * scale for g in grads[1:]), grads[0][i] * scale)
         opt.step()
-        for rounds in held:  # rank 0's, then rank 1's, ...
-            deferred.send(rounds)
+        for send_round in (s for rounds in held for s in rounds):  # rank 0's, then rank 1's, ...
+            send_round()
     return ReferenceResult(losses, model.state_dict(), tables)
 
 
