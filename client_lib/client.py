@@ -130,20 +130,15 @@ class EmbeddingClient:
         """Fetch rows for every table in one round, one message per shard touched
         (:meth:`Backend.lookup <embnic.client_lib.backend.Backend.lookup>`, which says what it
         raises; rows are views of one buffer holding every table's rows)."""
-        flat = precheck.plain_arrays(requests, lambda v: v)
-        plan = self._prepare(MsgType.LOOKUP_REQ, *flat, None) if flat is not None else None
-        if plan is None:
-            plan = self._prepare_checked(MsgType.LOOKUP_REQ, *precheck.lookup_flat(self.cfg, self._ta, requests))
+        plan = self._plan(MsgType.LOOKUP_REQ, precheck.plain_arrays(requests, lambda v: v), None,
+                          lambda: precheck.lookup_flat(self.cfg, self._ta, requests))
         return plan.split(self._lookup_run(plan))
 
     def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
         """:meth:`lookup` of a round given flat, with no step per table
         (:meth:`Backend.lookup_flat <embnic.client_lib.backend.Backend.lookup_flat>`)."""
-        flat = precheck.plain_jagged(table_ids, counts, keys)
-        plan = self._prepare(MsgType.LOOKUP_REQ, *flat, None) if flat is not None else None
-        if plan is None:
-            plan = self._prepare_checked(MsgType.LOOKUP_REQ,
-                                         *precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))
+        plan = self._plan(MsgType.LOOKUP_REQ, precheck.plain_jagged(table_ids, counts, keys), None,
+                          lambda: precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))
         return self._lookup_run(plan)
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -151,27 +146,22 @@ class EmbeddingClient:
         once every shard acked (:meth:`Backend.update <embnic.client_lib.backend.Backend.update>`:
         checked whole before anything is sent, so no shard applies its part of an update another
         shard would refuse)."""
-        if isinstance(updates, Mapping) and updates and all(
-                isinstance(e, tuple) and len(e) == 2 for e in updates.values()):
+        flat = g = None
+        if isinstance(updates, Mapping) and all(isinstance(e, tuple) and len(e) == 2 for e in updates.values()):
             flat = precheck.plain_arrays(updates, lambda e: e[0])
             g = precheck.plain_grads([e[1] for e in updates.values()]) if flat is not None else None
-            plan = self._prepare(MsgType.UPDATE_REQ, *flat, g[0], gshape=g[1]) if g is not None else None
-            if plan is not None:
-                return self._update_run(plan, g[0])
-        tix, counts, keys, grads = precheck.update_flat(self.cfg, self._ta, updates)
-        self._update_run(self._prepare_checked(MsgType.UPDATE_REQ, tix, counts, keys, grads), grads)
+        grads, gshape = g or (None, None)
+        self._run(self._plan(MsgType.UPDATE_REQ, flat if g else None, grads,
+                             lambda: precheck.update_flat(self.cfg, self._ta, updates), gshape=gshape))
 
     def update_flat(self, table_ids, counts, keys, grads) -> None:
         """:meth:`update` of a round given flat, with no step per table
         (:meth:`Backend.update_flat <embnic.client_lib.backend.Backend.update_flat>`)."""
         flat = precheck.plain_jagged(table_ids, counts, keys)
         g = np.asarray(grads)
-        if flat is not None and g.dtype == np.float32 and g.ndim == 1 and g.flags.c_contiguous:
-            plan = self._prepare(MsgType.UPDATE_REQ, *flat, g)
-            if plan is not None:
-                return self._update_run(plan, g)
-        tix, counts, keys, grads = precheck.update_jagged(self.cfg, self._ta, table_ids, counts, keys, grads)
-        self._update_run(self._prepare_checked(MsgType.UPDATE_REQ, tix, counts, keys, grads), grads)
+        plain = flat is not None and g.dtype == np.float32 and g.ndim == 1 and g.flags.c_contiguous
+        self._run(self._plan(MsgType.UPDATE_REQ, flat if plain else None, g, lambda: precheck.update_jagged(
+            self.cfg, self._ta, table_ids, counts, keys, grads)))
 
     def rtt(self, shard_id: int, msg_type: int = MsgType.LOOKUP_REQ) -> dict:
         """``{"srtt_ms", "rttvar_ms", "rto_ms", "samples"}`` of the round-trip time estimator (RFC
@@ -212,17 +202,23 @@ class EmbeddingClient:
                               next_id=first, gshape=gshape, trusted=trusted)
         if plan is not None:
             plan.first_id = first  # its ids are first .. plan.next_id - 1 (taken when it runs)
+            if grads is not None and plan.vals is None and plan.num_msgs:  # fp16 tables: rounded in numpy
+                plan.vals = plan.values(grads)
         return plan
 
-    def _prepare_checked(self, msg_type: int, tix, counts, keys, grads=None) -> RoundPlan:
-        """The plan of a round :mod:`.precheck`'s per-table checks passed (``tix`` into the tables,
-        ``grads`` float32 flat for an update): the C plan, trusting those checks (an update's keys
-        may come in any order)."""
-        if grads is not None:
-            grads = np.ascontiguousarray(grads, np.float32)
+    def _plan(self, msg_type: int, flat, grads, checked, gshape=None) -> RoundPlan:
+        """The round planned: by the C plan, which checks it, when it came as plain arrays (``flat``,
+        ``grads``, ``gshape``: :mod:`.precheck`'s ``plain_*``; None: it did not), else — or when the C
+        plan refuses it — after :mod:`.precheck`'s per-table checks (``checked()``: ``(tix, counts,
+        keys[, grads float32 flat])``, which raises naming the table and the problem), trusting them
+        (an update's keys may come in any order)."""
+        plan = self._prepare(msg_type, *flat, grads, gshape=gshape) if flat is not None else None
+        if plan is not None:
+            return plan
+        tix, counts, keys, *grads = checked()
         plan = self._prepare(msg_type, np.ascontiguousarray(self._ta.ids[tix], np.int64),
-                             np.ascontiguousarray(counts, np.int64), np.ascontiguousarray(keys, np.uint64), grads,
-                             trusted=True)
+                             np.ascontiguousarray(counts, np.int64), np.ascontiguousarray(keys, np.uint64),
+                             np.ascontiguousarray(grads[0], np.float32) if grads else None, trusted=True)
         if plan is None:  # the per-table checks and the C plan's disagree: a bug, never a round half-sent
             raise AssertionError("the C plan refused a round precheck passed")
         return plan
@@ -234,19 +230,16 @@ class EmbeddingClient:
         self._run(plan, out=out, dst=dst, record_latency=True)
         return plan.finish(out)
 
-    def _update_run(self, plan: RoundPlan, grads: np.ndarray) -> None:
-        if plan.num_msgs:
-            self._run(plan, vals=plan.values(grads) if plan.vals is None else plan.vals, record_latency=False)
-
-    def _run(self, plan: RoundPlan, *, out=None, dst=None, vals=None, record_latency: bool) -> None:
-        """Send a planned round and wait for every answer: its message ids taken from the id clock,
-        a size round first in the fixed-length mode, then the round (:meth:`_round`)."""
+    def _run(self, plan: RoundPlan, *, out=None, dst=None, record_latency: bool = False) -> None:
+        """Send a planned round (an update's values ``plan.vals``) and wait for every answer: its
+        message ids taken from the id clock, a size round first in the fixed-length mode, then the
+        round (:meth:`_round`)."""
         if not plan.num_msgs:
             return
         self._ids.advance(plan.first_id, plan.next_id)
         if self.fixed_length:
             self._size_round(plan, plan.tab[:, len(MSG_COLUMNS)])
-        self._round(plan.tab, plan.dir, plan.keys, vals, dst, plan.rb, plan.so, out, record_latency,
+        self._round(plan.tab, plan.dir, plan.keys, plan.vals, dst, plan.rb, plan.so, out, record_latency,
                     queue=plan.qorder)
 
     def _round(self, tab, directory, keys, vals, dst, rb, so, out, record_latency: bool, data: bool = True,
