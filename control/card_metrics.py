@@ -14,6 +14,7 @@ everything above; in Prometheus terms bucket ``i``'s ``le`` is ``2^i`` µs
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -85,17 +86,14 @@ class _Out:
         self.Counter, self.Gauge, self.Histogram = _families()
         self.families: list = []
 
-    def _add(self, cls, name, doc, labels, rows):
-        f = cls(f"embnic_card_{name}", doc, labels=list(labels))
+    def _add(self, kind, name, doc, labels=(), rows=()):
+        f = getattr(self, kind)(f"embnic_card_{name}", doc, labels=list(labels))
         for values, v in rows:
             f.add_metric([str(x) for x in values], v)
         self.families.append(f)
 
-    def counter(self, name, doc, labels=(), rows=()):
-        self._add(self.Counter, name, doc, labels, rows)
-
-    def gauge(self, name, doc, labels=(), rows=()):
-        self._add(self.Gauge, name, doc, labels, rows)
+    counter = functools.partialmethod(_add, "Counter")
+    gauge = functools.partialmethod(_add, "Gauge")
 
 
 def card_families(c: dict, st: dict) -> list:
