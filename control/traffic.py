@@ -187,10 +187,8 @@ def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
     # gives at most a few distinct parts however many shards (`plan`'s shard search at 4096 shards)
     acc = [[0.0] * 6 for _ in range(S)]
     memo: dict = {}
-    inflight = []
     for mt in (MsgType.LOOKUP_REQ, MsgType.UPDATE_REQ):
-        round_frames = 0
-        round_inflight = 0
+        round_frames = round_inflight = 0
         for s in range(S):
             parts = tuple((t, k) for t, k in zip(tids, by_shard[s]) if k)
             if not parts:
@@ -206,9 +204,8 @@ def step_traffic(cfg: ClusterConfig, unique: dict, *, mtu: int | None = None,
             round_frames += frames
             round_inflight += n_in
         tr.round_frames.append(round_frames)
-        inflight.append(round_inflight)
+        tr.inflight = max(tr.inflight, round_inflight)  # the step's largest round
     tr.per_shard[:] = np.array(acc, np.float64).reshape(S, 6)
-    tr.inflight = max(inflight) if inflight else 0
     return tr
 
 
