@@ -82,7 +82,4 @@ def link_tree(src: Path, dst: Path) -> None:
     Raises:
         OSError: ``dst`` exists, or a file cannot be copied.
     """
-    dst.mkdir(parents=True)
-    for p in src.iterdir():
-        if p.is_file():
-            link_or_copy(p, dst / p.name)
+    shutil.copytree(src, dst, copy_function=link_or_copy)

@@ -214,13 +214,8 @@ def _parse_block(data: bytes, nfields: int | None, rows: tuple[int, ...], where:
         return _empty(rows, first_line), nfields
     # all tabs belong to kept lines (empty lines have none), in order
     t = tabs.reshape(n, nfields - 1)
-    starts = np.empty((n, nfields), dtype=np.int64)
-    ends = np.empty((n, nfields), dtype=np.int64)
-    starts[:, 0] = line_start
-    starts[:, 1:] = t + 1
-    ends[:, :-1] = t
-    ends[:, -1] = line_end
-    lengths = ends - starts
+    starts = np.column_stack((line_start, t + 1))  # int64 (n, nfields): each field's first byte
+    lengths = np.column_stack((t, line_end)) - starts
     has_label = nfields == NUM_DENSE + NUM_SPARSE + 1
     o = 1 if has_label else 0
 
