@@ -408,17 +408,14 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             rowdim = np.repeat(self._tdim, counts)
             rows.view(-1)[torch.from_numpy(concat_ranges(np.arange(U, dtype=np.int64) * D, rowdim))] = torch.from_numpy(
                 np.asarray(vals, np.float32))
-        ids_per_table = np.diff(prep.id_offsets)
-        gidx = prep.inverse + np.repeat(prep.unique_offsets[:-1], ids_per_table)
         fperm = prep.features
-        identity = bool(np.array_equal(fperm, np.arange(fperm.size)))
-        gpos = np.empty(fperm.size, np.int64)
-        gpos[fperm] = np.arange(fperm.size)
+        gpos = np.argsort(fperm)  # (the inverse permutation)
         wperm = None
-        if not identity:  # where every slot's ids start in values, and how many it has
+        if not np.array_equal(fperm, np.arange(fperm.size)):
+            # where every slot's ids start in values, and how many it has
             per_slot = lens.reshape(fperm.size, b).sum(axis=1) if len(lens) else np.zeros(fperm.size, np.int64)
             wperm = concat_ranges((np.cumsum(per_slot) - per_slot)[fperm], per_slot[fperm])
-        return _Step(prep, rows, torch.from_numpy(gidx), weights, wperm, b, gpos)
+        return _Step(prep, rows, torch.from_numpy(prep.row_index), weights, wperm, b, gpos)
 
     # -- internals ----------------------------------------------------------------------------
 
