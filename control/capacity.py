@@ -118,6 +118,21 @@ class Workload:
     steps_per_s: float | None = None
     source: str = "flags"
 
+    def __post_init__(self) -> None:
+        """Raise ``ValueError`` naming the first figure out of range."""
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.clients < 1:
+            raise ValueError(f"clients must be >= 1, got {self.clients}")
+        if self.steps_per_s is not None and not self.steps_per_s > 0:
+            raise ValueError(f"steps/s must be > 0, got {self.steps_per_s}")
+        for t, v in self.ids_per_feature.items():
+            if not v > 0:
+                raise ValueError(f"ids per feature of table {t} must be > 0, got {v}")
+        for t, v in self.unique_ratio.items():
+            if not 0 < v <= 1:
+                raise ValueError(f"unique ratio of table {t} must be in (0, 1], got {v}")
+
     def unique_ids(self, table_id: int) -> float:
         """Expected unique ids of ``table_id`` in one client's step."""
         return self.batch * self.ids_per_feature[table_id] * self.unique_ratio[table_id]
@@ -133,25 +148,7 @@ def uniform_workload(cfg: ClusterConfig, batch: int, *, ids_per_feature: float =
     """
     ids = {t.id: float(ids_per_feature) for t in cfg.tables}
     ratio = {t.id: float(unique_ratio) for t in cfg.tables}
-    w = Workload(int(batch), ids, ratio, int(clients), steps_per_s)
-    check_workload(w)
-    return w
-
-
-def check_workload(w: Workload) -> None:
-    """Raise ``ValueError`` naming the first figure of ``w`` out of range."""
-    if w.batch < 1:
-        raise ValueError(f"batch must be >= 1, got {w.batch}")
-    if w.clients < 1:
-        raise ValueError(f"clients must be >= 1, got {w.clients}")
-    if w.steps_per_s is not None and not w.steps_per_s > 0:
-        raise ValueError(f"steps/s must be > 0, got {w.steps_per_s}")
-    for t, v in w.ids_per_feature.items():
-        if not v > 0:
-            raise ValueError(f"ids per feature of table {t} must be > 0, got {v}")
-    for t, v in w.unique_ratio.items():
-        if not 0 < v <= 1:
-            raise ValueError(f"unique ratio of table {t} must be in (0, 1], got {v}")
+    return Workload(int(batch), ids, ratio, int(clients), steps_per_s)
 
 
 def measure_workload(cfg: ClusterConfig, sparse: np.ndarray, feature_tables: Sequence[int], batch: int, *,
@@ -191,9 +188,7 @@ def measure_workload(cfg: ClusterConfig, sparse: np.ndarray, feature_tables: Seq
     for t in cfg.tables:  # tables no feature uses: no ids
         if t.id not in ids:
             ids[t.id], ratio[t.id] = 1e-12, 1.0
-    w = Workload(int(batch), ids, ratio, int(clients), steps_per_s, source)
-    check_workload(w)
-    return w
+    return Workload(int(batch), ids, ratio, int(clients), steps_per_s, source)
 
 
 # ---------------------------------------------------------------------------- storage
@@ -348,7 +343,6 @@ def plan(cfg: ClusterConfig, w: Workload, hw: Hardware = Hardware(), *, mtu: int
     Raises:
         ValueError: a table without rows or expected_rows; a bad workload figure; a step without ids.
     """
-    check_workload(w)
     mtu = int(mtu or cfg.mtu)
     kw = dict(mtu=mtu, msg_frames=msg_frames, window_frames=window_frames)
     unique = {t.id: w.unique_ids(t.id) for t in cfg.tables}
