@@ -71,19 +71,14 @@ class _Direction:
             self.c["reordered"] += 1
             return
         self._emit(frame, copies)
-        if self.held is not None:
-            self._emit(*self.held)
-            self.held = None
+        self.tick(float("inf"))  # a held frame goes out after it
 
     def tick(self, now: float) -> float | None:
         """Release a held frame whose time is up; returns seconds until the next deadline."""
-        if self.held is None:
-            return None
-        if now >= self.held_until:
+        if self.held is not None and now >= self.held_until:
             self._emit(*self.held)
             self.held = None
-            return None
-        return self.held_until - now
+        return None if self.held is None else self.held_until - now
 
 
 def impair_loop(iface: str, tap_out: str, tap_in: str, mac: str, imp: Impairment, stats_path: str) -> None:
