@@ -318,10 +318,11 @@ class Bmv2Target(Target):
             self._check_loopback_only(ns)
             ports = {i: self.interfaces[i] for i in ids}
             tune_port_interfaces(ns, list(ports.values()))
-            sw = self._card_switch(channel, json_path, ns, ports, card)  # assigned before it starts: stopped below
+            sw = self._card_switch(channel, json_path, ns, ports, card)  # held before it starts: stopped below
             state = self._start(sw, json_path, ns, ports, channel)
             if channel == "p4runtime":  # the pipeline, tables, registers and queues, then the ports
-                state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card, timeout=self.ready_timeout)
+                state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card,
+                                                                     timeout=self.ready_timeout)
                 sw.port_add(ports)
             else:
                 sw.cli([f"set_queue_depth {bmv2.EGRESS_QUEUE_DEPTH}"])
