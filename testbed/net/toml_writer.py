@@ -12,11 +12,7 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        if v != v:
-            return "nan"
-        if v in (float("inf"), float("-inf")):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
+        return repr(v)  # also inf, -inf and nan as TOML spells them
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, list):
