@@ -318,7 +318,7 @@ class Bmv2Target(Target):
             self._check_loopback_only(ns)
             ports = {i: self.interfaces[i] for i in ids}
             tune_port_interfaces(ns, list(ports.values()))
-            sw = self._card_switch(channel, json_path, ns, ports, card)  # held before it starts (except below)
+            sw = self._card_switch(channel, json_path, ns, ports, card)  # held before it starts
             state = self._start(sw, json_path, ns, ports, channel)
             if channel == "p4runtime":  # the pipeline, tables, registers and queues, then the ports
                 state["programmed"] = bmv2_runtime.program_p4runtime(sw, json_path, card,
