@@ -22,6 +22,7 @@ from embnic.client_lib.consts import MsgType, Status
 from embnic.control import netns
 from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
 from embnic.control.runstate import state_path as runstate_path
+from embnic.control.targets.base import get_target_class
 from embnic.control.targets.dpdk.process import remove_runtime_dir
 
 from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
@@ -354,23 +355,15 @@ class Testbed:
     def _start_card(self, timeout: float) -> None:
         cfg = self.cfg
         ctl = cfg.raw["control"]
+        kind = self.target_name if self.target_name in ("bmv2", "p4dpdk") else "dpdk"
         kw = {"netns": self.topo.card_ns, "vdevs": self.topo.vdevs(), "name": "card", "run_dir": self.dir}
-        if self.target_name == "bmv2":
-            from embnic.control.targets.bmv2.target import Bmv2Target
-
-            # simple_switch in the card namespace (no address but loopback), on the card's veth ends
-            self.target = Bmv2Target(cfg, ready_timeout=max(timeout, 60.0), **kw)
-        elif self.target_name == "p4dpdk":
-            from embnic.control.targets.p4dpdk.target import P4DpdkTarget
-
-            # embnic-swx with the C card's EAL arguments and vdevs (its first lcore only)
-            self.target = P4DpdkTarget(cfg, eal_args=ctl["eal_args"], ctl_path=ctl["ctl"],
-                                       ready_timeout=max(timeout, 60.0), **kw)
-        else:
-            from embnic.control.targets.dpdk.target import DpdkTarget
-
-            self.target = DpdkTarget(cfg, binary=ctl.get("binary"), eal_args=ctl["eal_args"], ctl_path=ctl["ctl"],
-                                     ready_timeout=timeout, card_args=ctl.get("card_args", ()), **kw)
+        if kind == "dpdk":  # embnic-dp
+            kw.update(binary=ctl.get("binary"), card_args=ctl.get("card_args", ()), ready_timeout=timeout)
+        else:  # simple_switch in the card namespace (no address but loopback), on the card's veth ends;
+            kw["ready_timeout"] = max(timeout, 60.0)  # or embnic-swx (its first lcore only)
+        if kind != "bmv2":  # embnic-dp and embnic-swx: the C card's EAL arguments and vdevs
+            kw.update(eal_args=ctl["eal_args"], ctl_path=ctl["ctl"])
+        self.target = get_target_class(kind)(cfg, **kw)
         # record before starting so `down` finds it even if we crash inside load()
         self.state["card"] = {"run_dir": str(self.dir), "name": "card", "ctl": ctl["ctl"],
                               "log": str(self.dir / "card.log"), "target": self.target_name}
