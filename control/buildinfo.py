@@ -85,12 +85,10 @@ def parse(data: bytes, path: str | None = None) -> BuildInfo:
                              "not an embnic-dp build info")
     if n > MAX_FIELDS:
         raise BuildInfoError(f"{where}build info says {n} header fields, at most {MAX_FIELDS} fit")
-    fields = []
-    for i in range(n):
-        name, off, size = _FIELD.unpack_from(data, _HEAD.size + i * _FIELD.size)
-        fields.append((_cstr(name), off, size))
+    fields = tuple((_cstr(name), off, size)
+                   for name, off, size in _FIELD.iter_unpack(data[_HEAD.size:_HEAD.size + n * _FIELD.size]))
     git_rev, dpdk = _TAIL.unpack_from(data, _HEAD.size + MAX_FIELDS * _FIELD.size)
-    return BuildInfo(info_v, proto_v, hdr_len, udp, ring, routes, clients, states, tuple(fields),
+    return BuildInfo(info_v, proto_v, hdr_len, udp, ring, routes, clients, states, fields,
                      _cstr(git_rev), _cstr(dpdk), path)
 
 
@@ -164,10 +162,7 @@ def check(bi: BuildInfo, udp_port: int | None = None) -> list[str]:
         elif have[n] != (o, s):
             out.append(f"header field {n} at offset {have[n][0]} size {have[n][1]} != "
                        f"client library's offset {o} size {s}")
-    for n in have:
-        if n not in want:
-            out.append(f"header field {n} unknown to the client library")
-    return out
+    return out + [f"header field {n} unknown to the client library" for n in have if n not in want]
 
 
 def require_compatible(path: str | Path, udp_port: int | None = None) -> BuildInfo:
