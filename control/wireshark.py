@@ -74,11 +74,8 @@ def _uint_field(abbrev: str, title: str, size: int | str, *, hex_: bool = False,
 
 def _value_tables() -> tuple[str, dict[type, str]]:
     """Lua tables of value names, one per enum some field names (``vs_MsgType``, ...)."""
-    enums: dict[type, str] = {}
     docs = list(consts.FIELD_DOCS.values()) + [d for e in consts.BODY_ELEMENTS.values() for d in e.docs.values()]
-    for doc in docs:
-        if doc.values is not None and doc.values not in enums:
-            enums[doc.values] = f"vs_{doc.values.__name__}"
+    enums = {d.values: f"vs_{d.values.__name__}" for d in docs if d.values is not None}  # first seen first
     lines = [f"local {name} = {_names_table(e)}" for e, name in enums.items()]
     return "\n".join(lines), enums
 
