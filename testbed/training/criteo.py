@@ -12,6 +12,7 @@ import gzip
 import importlib.resources
 import io
 import lzma
+import math
 import os
 import zlib
 from collections.abc import Iterator, Sequence
@@ -330,13 +331,13 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
     where = os.fspath(path)
     nfields: int | None = None
     line = 0  # 0-based number of the next line in the file
-    remaining = None if max_rows is None else int(max_rows)
+    remaining = math.inf if max_rows is None else int(max_rows)
     to_skip = int(skip_rows)
     pending = b""
     with open_data(path) as f:
         eof = False
         first = True
-        while not eof and (remaining is None or remaining > 0):
+        while not eof and remaining > 0:
             chunk = _read(f, chunk_bytes, where)
             if first:  # a UTF-8 byte-order mark (as editors on Windows save text) is no part of line 1
                 first, chunk = False, chunk.removeprefix(codecs.BOM_UTF8)
@@ -353,26 +354,22 @@ def iter_criteo(path: str | os.PathLike, *, rows: int | None | Sequence[int | No
                     continue
             buf = np.frombuffer(data, dtype=np.uint8)
             nl = np.flatnonzero(buf == 10)
-            base = 0
+            pos = 0
             if to_skip:
                 k = min(to_skip, nl.size)
                 to_skip -= k
                 line += k
-                base = int(nl[k - 1]) + 1
+                pos = int(nl[k - 1]) + 1
                 nl = nl[k:]
-            pos = base
             for s in range(0, nl.size, batch_lines):
-                take = min(batch_lines, nl.size - s)
-                if remaining is not None:
-                    take = min(take, remaining)
+                take = min(batch_lines, nl.size - s, remaining)
                 if take <= 0:
                     break
                 end = int(nl[s + take - 1]) + 1
                 block, nfields = _parse_block(data[pos:end], nfields, r, where, line)
                 pos = end
                 line += take
-                if remaining is not None:
-                    remaining -= take
+                remaining -= take
                 if len(block):
                     yield block
 
