@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import TableConfig
 from .splitmix import splitmix64, u64 as _u64
-from .table_numerics import CStore, column_hashes, exclusive_cumsum, init_values, store_lib
+from .table_numerics import CStore, exclusive_cumsum, initial_rows, store_lib
 
 #: added to a table's id before hashing it into the table's key salt (:attr:`RowStore.tsalt`)
 _SALT_TAG = 0x7AB1E5A170000000
@@ -268,15 +268,12 @@ class RowStore:
         """Initial rows of ``keys`` of tables ``li`` (int, or int64 (N,) when the dims agree):
         float32 (N, dim), :func:`~embnic.client_lib.table_numerics.init_rows` element for element."""
         dim = int(self.tdim[li]) if np.ndim(li) == 0 else self.D
-        h = splitmix64(keys ^ self.tinit[li])
-        scale = self.tscale[li] if np.ndim(li) == 0 else self.tscale[li][:, None]
-        return init_values(h[:, None], column_hashes(dim)[None, :], scale)
+        li = np.atleast_1d(li)
+        return initial_rows(keys, self.tinit[li], self.tscale[li], self.tdim[li]).reshape(-1, dim)
 
     def _init_flat(self, li: np.ndarray, keys: np.ndarray, dims: np.ndarray) -> np.ndarray:
         """Initial rows of ``keys`` of tables ``li`` of several dims, flat float32 (Σ dims,)."""
-        h = np.repeat(splitmix64(keys ^ self.tinit[li]), dims)
-        col = np.arange(h.size) - np.repeat(exclusive_cumsum(dims), dims)
-        return init_values(h, column_hashes(int(dims.max()))[col], np.repeat(self.tscale[li], dims))
+        return initial_rows(keys, self.tinit[li], self.tscale[li], dims)
 
     def _elements(self, slot: np.ndarray, dims: np.ndarray) -> np.ndarray:
         """Flat-layout arena element indices int64 (Σ dims,) of the rows in ``slot`` (N,)."""

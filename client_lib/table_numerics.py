@@ -59,45 +59,31 @@ def init_rows(seed: int, table_id: int, keys: np.ndarray, dim: int, scale: float
         scale: half-width of the interval (``init_scale``).
 
     Returns:
-        float32 (N, dim), C-contiguous.
+        float32 (N, dim), C-contiguous: computed in C (``embnic_init_rows``, the rule's one
+        implementation; its numpy oracle is ``tests/client_lib/numpy_rowstore.py``).
     """
-    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
     t = splitmix64(_u64(seed) ^ splitmix64(_u64(table_id)))
-    h = splitmix64(keys ^ t)
-    return init_values(h[:, None], column_hashes(dim)[None, :], np.float32(scale))
+    return initial_rows(keys, t, np.float32([scale]), np.array([dim], np.int64)).reshape(-1, dim)
 
 
-def init_values(h: np.ndarray, cols: np.ndarray, scale) -> np.ndarray:
-    """:func:`init_rows`' last two steps, for row hashes ``h`` and column hashes ``cols`` that
-    broadcast together (``h[:, None]`` and ``cols[None, :]`` for rows of one dim; two flat
-    arrays, element for element, for rows of several dims).
+def initial_rows(keys: np.ndarray, tinit: np.ndarray, scale: np.ndarray, dims: np.ndarray) -> np.ndarray:
+    """:func:`init_rows` of rows of several tables at once, flat: float32 (Σ dims,), row after row.
 
     Args:
-        h: uint64, each element's row hash ``splitmix64(key ^ t)``.
-        cols: uint64, each element's column hash (:func:`column_hashes`).
-        scale: float32 scalar, or float32 broadcasting with ``h ^ cols``.
-
-    Returns:
-        float32 of the broadcast shape: ``float32(2 * u - 1) * scale``.
+        keys: uint64 (N,).
+        tinit: uint64, each row's table hash ``splitmix64(seed ^ splitmix64(table_id))``.
+        scale: float32, each row's ``init_scale``.
+        dims: int64, each row's dim. ``tinit``, ``scale`` and ``dims``: (N,), or (1,) for every row.
     """
-    bits = splitmix64(h ^ cols) >> np.uint64(40)
-    u = bits.astype(np.float32) * np.float32(2.0 ** -24)
-    return (u * np.float32(2.0) - np.float32(1.0)) * scale
-
-
-#: the column hashes of :func:`init_rows` (``splitmix64(0x5EED0000_00000000 + j)``), for every
-#: dim up to 65535 (a directory's ``dim`` is a u16), computed on first use
-_COLS: np.ndarray | None = None
-
-
-def column_hashes(dim: int) -> np.ndarray:
-    """:func:`init_rows`' column hashes ``c[j]`` of columns ``0..dim-1``: uint64 (dim,), a view of
-    a cache (do not write)."""
-    global _COLS
-    if _COLS is None or _COLS.size < dim:
-        n = max(dim, 256)
-        _COLS = splitmix64(np.arange(n, dtype=np.uint64) + np.uint64(0x5EED000000000000))
-    return _COLS[:dim]
+    keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
+    tinit, scale, dims = (np.ascontiguousarray(a, t).reshape(-1) for a, t in
+                          ((tinit, np.uint64), (scale, np.float32), (dims, np.int64)))
+    per_row = int(tinit.size == keys.size and tinit.size != 1)
+    out = np.empty(int(dims.sum()) if per_row else keys.size * int(dims[0]), np.float32)
+    if keys.size:
+        store_lib().embnic_init_rows(keys.ctypes.data, keys.size, tinit.ctypes.data, scale.ctypes.data,
+                                     dims.ctypes.data, per_row, out.ctypes.data)
+    return out
 
 
 def exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
@@ -182,7 +168,8 @@ _LIB: ctypes.CDLL | None = None
 
 def store_lib() -> ctypes.CDLL:
     """The package's client library with the row store's functions bound (``client_lib/csrc/store.c``:
-    ``embnic_store_apply``, ``embnic_store_find_many``, ``embnic_rows_step``), loaded and checked once.
+    ``embnic_store_apply``, ``embnic_store_find_many``, ``embnic_rows_step``, ``embnic_init_rows``),
+    loaded and checked once.
 
     Raises:
         clib.NativeLibraryError: the library is missing, built from other sources or for another
@@ -196,7 +183,8 @@ def store_lib() -> ctypes.CDLL:
     for name, res, args in (("embnic_store_layout", None, [_VP]),
                             ("embnic_store_apply", _I64, [_VP, _VP, _I64, _VP, _I64, _VP, _I64, _VP, _VP]),
                             ("embnic_store_find_many", _I64, [_VP, _VP, _VP, _I64, _I64, _VP, _VP]),
-                            ("embnic_rows_step", None, [_VP, _VP, _VP, _I64, _I64, _VP, _VP, _I64])):
+                            ("embnic_rows_step", None, [_VP, _VP, _VP, _I64, _I64, _VP, _VP, _I64]),
+                            ("embnic_init_rows", None, [_VP, _I64, _VP, _VP, _VP, _I64, _VP])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
     lay = np.zeros(3, np.int64)

@@ -295,6 +295,42 @@ embnic_f32_to_f16(uint32_t f)
 }
 
 /*
+ * The initial value rule (table_numerics.init_rows, whose one implementation
+ * this is): values a .. a+k-1 of the row whose hash is h = splitmix64(key ^ t),
+ * t = splitmix64(seed ^ splitmix64(table_id)), uniform in [-scale, scale):
+ * u = (splitmix64(h ^ splitmix64(0x5EED000000000000 + j)) >> 40) / 2^24 (24
+ * bits, exact in float32), value float32(2u - 1) * scale.
+ */
+static void
+init_part(uint64_t h, int64_t a, int64_t k, float scale, float *out)
+{
+	for (int64_t j = 0; j < k; j++) {
+		uint64_t col = embnic_splitmix64(0x5EED000000000000ULL + (uint64_t)(a + j));
+		float u = (float)(embnic_splitmix64(h ^ col) >> 40) * 0x1p-24f;
+
+		out[j] = (u * 2.0f - 1.0f) * scale;
+	}
+}
+
+/*
+ * Initial rows of keys[0..n-1] (init_part), one after the other as float32 at
+ * out (Σ dims values): row i of the table with hash tinit[i], scale[i] and
+ * dims[i] values — or, with per_row 0, every row with tinit[0], scale[0],
+ * dims[0].
+ */
+void
+embnic_init_rows(const uint64_t *keys, int64_t n, const uint64_t *tinit, const float *scale, const int64_t *dims,
+		 int64_t per_row, float *out)
+{
+	for (int64_t i = 0; i < n; i++) {
+		int64_t r = per_row ? i : 0;
+
+		init_part(embnic_splitmix64(keys[i] ^ tinit[r]), 0, dims[r], scale[r], out);
+		out += dims[r];
+	}
+}
+
+/*
  * Row `key` of table li (at arena slot `slot`, or -1: never updated, its
  * initial value), its dim values in the wire dtype (1 fp32, 2 fp16),
  * written at out (dim * 4 or dim * 2 bytes, any alignment).
@@ -312,15 +348,7 @@ embnic_store_row(const struct embnic_store *s, int64_t li, uint64_t key, int64_t
 		if (slot >= 0) {
 			w = s->vals + (s->off ? s->off[slot] : slot * s->dim) + a;
 		} else {
-			uint64_t h = embnic_splitmix64(key ^ s->tinit[li]);
-			float scale = s->tscale[li];
-
-			for (int64_t j = 0; j < k; j++) {	/* init_rows, element for element */
-				uint64_t col = embnic_splitmix64(0x5EED000000000000ULL + (uint64_t)(a + j));
-				float u = (float)(embnic_splitmix64(h ^ col) >> 40) * 0x1p-24f;
-
-				part[j] = (u * 2.0f - 1.0f) * scale;
-			}
+			init_part(embnic_splitmix64(key ^ s->tinit[li]), a, k, s->tscale[li], part);
 			w = part;
 		}
 		if (dtype == EMBNIC_DTYPE_FP32) {

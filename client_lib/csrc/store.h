@@ -70,6 +70,8 @@ int64_t embnic_store_find(const struct embnic_store *s, int64_t li, uint64_t c, 
 int64_t embnic_store_block(const struct embnic_store *s, uint64_t c, int64_t *hint);
 int64_t embnic_store_pos(const struct embnic_store *s, uint64_t c, int64_t a);
 int64_t embnic_store_find_delta(const struct embnic_store *s, int64_t li, uint64_t c, int64_t *hint);
+void embnic_init_rows(const uint64_t *keys, int64_t n, const uint64_t *tinit, const float *scale, const int64_t *dims,
+		      int64_t per_row, float *out);
 void embnic_store_row(const struct embnic_store *s, int64_t li, uint64_t key, int64_t slot, int64_t dim,
 		      int64_t dtype, uint8_t *out);
 uint16_t embnic_f32_to_f16(uint32_t f);

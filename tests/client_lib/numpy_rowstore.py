@@ -4,7 +4,8 @@ implementation, through :meth:`embnic.client_lib.rowstore.RowStore.apply` and
 :func:`embnic.client_lib.table_numerics.optimizer_step`). Moved here from ``client_lib/rowstore.py``
 (``RowStore.apply`` / ``apply_passes`` / ``_materialise``) and ``client_lib/table_numerics.py``
 (``optimizer_step``); ``test_rowstore_c.py`` compares both bit for bit. :func:`numpy_find` is the
-store's search in numpy (``RowStore._find``, in C ``embnic_store_find_many``).
+store's search in numpy (``RowStore._find``, in C ``embnic_store_find_many``); :func:`numpy_init_rows`
+the initial rows in numpy (``table_numerics.init_rows``, in C ``embnic_init_rows``).
 
 :class:`NumpyRowStore` keeps each table's rows in a dict (key → row, accumulator) and applies a
 batch as the numpy store did: in passes — pass ``r`` every (table, key)'s ``r``-th gradient in
@@ -18,7 +19,17 @@ import numpy as np
 
 from embnic.client_lib.config import TableConfig
 from embnic.client_lib.rowstore import RowStore
-from embnic.client_lib.table_numerics import init_rows, rowwise_mean_square, rowwise_mean_square_ragged
+from embnic.client_lib.splitmix import splitmix64, u64
+from embnic.client_lib.table_numerics import rowwise_mean_square, rowwise_mean_square_ragged
+
+
+def numpy_init_rows(seed: int, table_id: int, keys: np.ndarray, dim: int, scale: float) -> np.ndarray:
+    """``table_numerics.init_rows`` (its docstring has the formula) in numpy: float32 (N, dim)."""
+    t = splitmix64(u64(seed) ^ splitmix64(u64(table_id)))
+    h = splitmix64(np.asarray(keys, np.uint64).reshape(-1) ^ t)
+    cols = splitmix64(np.arange(dim, dtype=np.uint64) + np.uint64(0x5EED000000000000))
+    u = (splitmix64(h[:, None] ^ cols[None, :]) >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)
+    return (u * np.float32(2.0) - np.float32(1.0)) * np.float32(scale)
 
 
 def optimizer_step(w: np.ndarray, acc: np.ndarray | None, g: np.ndarray, lr, eps) -> np.ndarray | None:
@@ -53,7 +64,7 @@ class NumpyRowStore:
         r = self.rows[li].get(key)
         if r is None:  # materialised on its first update
             t = self.tables[li]
-            r = init_rows(self.seed, t.id, np.array([key], np.uint64), t.dim, t.init_scale)[0]
+            r = numpy_init_rows(self.seed, t.id, np.array([key], np.uint64), t.dim, t.init_scale)[0]
             self.rows[li][key] = r
             self.acc[li][key] = np.float32(0)
         return r

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from numpy_rowstore import NumpyRowStore, numpy_find, optimizer_step as np_step
+from numpy_rowstore import NumpyRowStore, numpy_find, numpy_init_rows, optimizer_step as np_step
 
 from embnic.client_lib.config import TableConfig
 from embnic.client_lib.rowstore import RowStore
-from embnic.client_lib.table_numerics import optimizer_step, wire_round
+from embnic.client_lib.splitmix import splitmix64, u64
+from embnic.client_lib.table_numerics import init_rows, initial_rows, optimizer_step, wire_round
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -138,3 +139,22 @@ def test_search_in_c_equals_numpy():
     assert st._dck.size > 0 and st._ck.size > 0
     with pytest.raises(ValueError):
         st._find(3, np.zeros(2, np.uint64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 40), dims=st.lists(st.integers(1, 600), min_size=1, max_size=3),
+       seed=st.integers(0, 2**63 - 1), tid=st.integers(0, 65535), scale=st.floats(1e-6, 10.0), ks=st.integers(0, 2**32))
+def test_init_rows_in_c_equal_numpy(n, dims, seed, tid, scale, ks):
+    """The initial value rule in C (``embnic_init_rows``, the one implementation) equals its numpy
+    oracle bit for bit — one table (``init_rows``, dims across the C's 256-value pieces) and rows
+    of several tables of several dims at once (``initial_rows``, as the row store asks)."""
+    keys = np.random.default_rng(ks).integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    for dim in dims:
+        got, want = init_rows(seed, tid, keys, dim, scale), numpy_init_rows(seed, tid, keys, dim, scale)
+        assert got.shape == (n, dim) and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    tids = np.arange(n) % 3 + tid // 2
+    tinit = splitmix64(u64(seed) ^ splitmix64(tids.astype(np.uint64)))
+    dd = np.array(dims * n, np.int64)[:n]
+    flat = initial_rows(keys, tinit, np.full(n, scale, np.float32), dd)
+    want = [numpy_init_rows(seed, int(t), keys[i:i + 1], int(dd[i]), scale).reshape(-1) for i, t in enumerate(tids)]
+    assert np.array_equal(flat.view(np.uint32), np.concatenate(want or [np.zeros(0, np.float32)]).view(np.uint32))
