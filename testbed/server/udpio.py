@@ -189,10 +189,7 @@ class BatchSocket:
         if len(starts) == 1 and counts[0] <= self.small_send:
             return self._send_fallback(buf, starts, counts, lens, names)
         counts = counts.astype(np.int64)
-        if self.gso and width <= GSO_MAX_BYTES:
-            g = max(1, min(GSO_MAX_SEGS, GSO_MAX_BYTES // width))
-        else:
-            g = 1
+        g = max(1, min(GSO_MAX_SEGS, GSO_MAX_BYTES // width)) if self.gso and width <= GSO_MAX_BYTES else 1
         if len(starts) <= self.scalar_max:
             return self._send_few(buf, starts, counts, lens, names, g)
         # entries: each reply cut into chunks of at most g rows
