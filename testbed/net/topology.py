@@ -341,12 +341,10 @@ class Testbed:
             if rc is not None:
                 raise TestbedError(f"{what} exited with code {rc} while starting: {log_tail(rec['log'])} "
                                    f"(log: {rec['log']})")
-            try:
+            with contextlib.suppress(OSError):
                 for line in Path(f"/proc/{rec['pid']}/net/udp").read_text().splitlines()[1:]:
                     if want in line.split()[1] + " ":
                         return
-            except OSError:
-                pass
             if time.monotonic() > deadline:
                 raise TestbedError(f"{what} did not bind UDP port {port} within {timeout:g} s; see its log "
                                    f"{rec['log']}")
@@ -512,14 +510,12 @@ def down(name: str, rdir: Path | None = None) -> dict:
     # the card through its target (clean DPDK shutdown, removes its socket and state file)
     card = state.get("card")
     if isinstance(card, dict):
-        try:
+        with contextlib.suppress(Exception):  # fall back to the pid below
             t = card_target(card.get("target"), card.get("name", "card"),
                             card.get("run_dir", str(node_dir(name, rdir))))
             if t.state() is not None:
                 t.unload()
                 stopped.append("card")
-        except Exception:  # noqa: BLE001 - fall back to the pid below
-            pass
     # a card started later from the testbed's config (`pipeline load -c .../cluster.toml` after
     # `up --no-card`): it runs in our card namespace, so it is ours to stop, with its state file
     ext = loaded_card(name, rdir)
