@@ -194,16 +194,6 @@ class Reassembler:
         self.stats["expired"] += n
         return n
 
-    def partial(self, client_id: int, msg_id: int, msg_type: int) -> tuple[Header, dict, int] | None:
-        """The fragments of an incomplete message so far: ``(header, parts, P)`` — the header of
-        its first fragment seen, ``{frag_index: body bytes}`` and the body bytes per non-last
-        fragment (fragment ``i`` holds body bytes ``[i·P, min((i+1)·P, msg_len))``) — or None
-        if no fragment of it is held. The caller must not modify ``parts``."""
-        ent = self._pending.get((client_id, msg_id, msg_type))
-        if ent is None:
-            return None
-        return ent.header, ent.parts, ent.p
-
     def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
         """Forget a pending message (e.g. one the caller no longer waits for)."""
         ent = self._pending.pop((client_id, msg_id, msg_type), None)

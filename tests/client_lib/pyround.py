@@ -335,10 +335,12 @@ class PyRoundClient(EmbeddingClient):
         ``m.on_reply``. Lookups are idempotent reads, so asking again for some keys under a new id
         is safe; the card and the shards see an ordinary message. Returns None when no fragment
         of ``m``'s reply is held (its request may not have arrived: re-send ``m`` instead)."""
-        part = self._reasm.partial(self.client_id, m.msg_id, MsgType.LOOKUP_REPLY)
-        if part is None:
+        # the reply's fragments held so far (moved here from Reassembler.partial, which no production caller
+        # used): the header of the first seen, {frag_index: body bytes} and the body bytes P per non-last one
+        held = self._reasm._pending.get((self.client_id, m.msg_id, MsgType.LOOKUP_REPLY))
+        if held is None:
             return None
-        h, parts, p = part
+        h, parts, p = held.header, held.parts, held.p
         d = m.directory
         total = m.value_len
         if (p <= 0 or d is None or h.msg_len != total or h.num_keys != m.num_keys
