@@ -13,6 +13,7 @@ state map are register arrays read by name (``reg_read``).
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -126,15 +127,12 @@ class SwxCard:
         sizes = {"rx_frames": nb_ports, "tx_frames": nb_ports, "drop_reasons": len(p4prog.drop_reasons()) + 1,
                  "frames_by_type": p4prog.constants()["NB_MSG_TYPES"],
                  "messages_completed": p4prog.constants()["NB_MSG_TYPES"]}
-        arrays: dict = {}
+        @functools.cache  # each array of a sized counter read once
+        def array(name: str, nbytes: bool) -> list[int]:
+            return self.counter(name, 0, sizes[name], "bytes" if nbytes else "packets")
 
         def get(name: str, index: int, nbytes: bool = False) -> int:
-            if name not in sizes:
-                return self.counter(name, index)[0]
-            key = (name, nbytes)
-            if key not in arrays:
-                arrays[key] = self.counter(name, 0, sizes[name], "bytes" if nbytes else "packets")
-            return arrays[key][index]
+            return array(name, nbytes)[index] if name in sizes else self.counter(name, index)[0]
 
         return p4prog.card_counters(get, nb_ports, shards)
 
