@@ -481,10 +481,6 @@ class Testbed:
 
 
 # --------------------------------------------------------------------------- teardown
-def _pattern(name: str) -> re.Pattern:
-    return re.compile(rf"^{re.escape(name)}-(card|c\d+|s\d+)$")
-
-
 def down(name: str, rdir: Path | None = None) -> dict:
     """Remove everything testbed ``name`` made, in reverse order of :meth:`Testbed.up`.
 
@@ -533,7 +529,7 @@ def down(name: str, rdir: Path | None = None) -> dict:
     for rec in sorted(reversed(procs), key=lambda r: order.get(r.get("role"), 9)):
         if stop_process(rec):
             stopped.append(f"{rec.get('node')}:{rec.get('role')}:{rec.get('pid')}")
-    pat = _pattern(name)
+    pat = re.compile(rf"^{re.escape(name)}-(card|c\d+|s\d+)$")
     nss = [ns for ns in state.get("netns", []) if isinstance(ns, str)]
     nss += [ns for ns in netns_list() if pat.match(ns) and ns not in nss]
     me = os.getpid()

@@ -24,16 +24,6 @@ from .shard_metrics import serve_metrics
 log = logging.getLogger("embnic.server")
 
 
-def _on_signals(server: BatchShardServer, early: list) -> None:
-    """SIGTERM/SIGINT stop ``server`` (at once if one came while it was built: ``early``),
-    SIGUSR1 checkpoints it."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.request_stop())
-    if early:
-        server.request_stop()
-    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
-
-
 def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port: int | None = None, *,
                metrics_port: int | None = None, metrics_bind: str = "0.0.0.0", **kwargs) -> int:
     """Run one shard in the foreground until SIGTERM/SIGINT (the ``embnic server`` command).
@@ -67,7 +57,12 @@ def run_server(cfg: ClusterConfig, shard_id: int, bind: str | None = None, port:
         for sig, h in old.items():
             signal.signal(sig, h)
         raise
-    _on_signals(server, early)
+    # SIGTERM/SIGINT stop the server (at once if one came while it was built), SIGUSR1 checkpoints it
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop())
+    if early:
+        server.request_stop()
+    signal.signal(signal.SIGUSR1, lambda *_: server.request_checkpoint())
     with contextlib.ExitStack() as closing:  # the metrics endpoint closed first, then the server
         closing.callback(server.close)
         # everything else first, the UDP port last, right before serving: a bound port is what says

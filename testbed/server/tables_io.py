@@ -123,15 +123,6 @@ def _meta(cfg: ClusterConfig, layout: str) -> dict[str, str]:
                                    "optimizer": t.optimizer} for t in cfg.tables])}
 
 
-def _check_shard_dirs(cfg: ClusterConfig, directory) -> None:
-    missing = [f"shard-{s.id}" for s in cfg.shards if not D.shard_dir(directory, s.id).is_dir()]
-    if missing:
-        raise TablesFileError(f"{directory} has no {', '.join(missing)} "
-                              f"{'directory' if len(missing) == 1 else 'directories'}: give --from the directory "
-                              "the shards ran with --checkpoint-dir (or filled by `embnic tables import`); "
-                              "exporting would write those shards' initial rows")
-
-
 def _chunks(ts, chunk_rows: int):
     """One shard's rows of one table in id order, ``chunk_rows`` at a time."""
     if hasattr(ts, "iter_state"):
@@ -210,7 +201,12 @@ def export_tables(cfg: ClusterConfig, directory, out: str | Path, layout: str | 
                 raise TablesFileError(f"table {t.name} (id {t.id}): {t.rows} x {t.dim} float32 is "
                                       f"{t.rows * t.dim * 4 / 2**30:.0f} GiB as a dense TorchRec weight (limit "
                                       f"{MAX_DENSE_BYTES >> 30} GiB); export the updated rows with --layout ids")
-    _check_shard_dirs(cfg, directory)
+    missing = [f"shard-{s.id}" for s in cfg.shards if not D.shard_dir(directory, s.id).is_dir()]
+    if missing:
+        raise TablesFileError(f"{directory} has no {', '.join(missing)} "
+                              f"{'directory' if len(missing) == 1 else 'directories'}: give --from the directory "
+                              "the shards ran with --checkpoint-dir (or filled by `embnic tables import`); "
+                              "exporting would write those shards' initial rows")
     shards = []
     try:
         for s in cfg.shards:
