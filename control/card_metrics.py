@@ -86,7 +86,9 @@ class _Out:
         self.Counter, self.Gauge, self.Histogram = _families()
         self.families: list = []
 
-    def _add(self, kind, name, doc, labels=(), rows=()):
+    def _add(self, kind, name, doc, labels=(), rows=(), optional=False):
+        if optional and not rows:  # a part this target does not have: no family
+            return
         f = getattr(self, kind)(f"embnic_card_{name}", doc, labels=list(labels))
         for values, v in rows:
             f.add_metric([str(x) for x in values], v)
@@ -128,17 +130,13 @@ def _port_families(out: _Out, c: dict) -> None:
                                         "+ rx_dropped since the load or the last counter reset)."),
                     ("lost_before_switch", "Frames the card port's interface took in that the switch's ingress "
                                            "never counted (bmv2: lost in its capture; exact at rest).")):
-        rows = [((p["port"],), p[k]) for p in ports if k in p]
-        if rows:
-            out.counter(k, what, ["port"], rows)
+        out.counter(k, what, ["port"], [((p["port"],), p[k]) for p in ports if k in p], optional=True)
     if c.get("control"):  # bmv2: which channel programs the tables
         ctl = c["control"]
         out.gauge("control_info", "The card's control channel (value 1): p4runtime or thrift, and its switch.",
                   ["channel", "switch"], [((ctl.get("channel"), ctl.get("switch")), 1)])
-    rows = [((p["port"],), p["max_frame"]) for p in ports if "max_frame" in p]
-    if rows:
-        out.gauge("port_max_frame_bytes", "Largest frame the port sends (from the Ethernet header, no CRC).",
-                  ["port"], rows)
+    out.gauge("port_max_frame_bytes", "Largest frame the port sends (from the Ethernet header, no CRC).",
+              ["port"], [((p["port"],), p["max_frame"]) for p in ports if "max_frame" in p], optional=True)
 
 
 def _traffic_families(out: _Out, c: dict) -> None:
@@ -207,14 +205,12 @@ def _shard_families(out: _Out, shards: list[dict]) -> None:
     """Per routed shard: completed and expired messages, the card's latency histogram."""
     reply_names = [t.name for t in sorted(consts.REPLY_TYPES)]
     rows = [((_shard(s), t), s[t]) for s in shards for t in reply_names if t in s]
-    if rows:
-        out.counter("shard_messages_completed", "Messages completed per shard, by reply type.",
-                    ["shard", "reply_type"], rows)
+    out.counter("shard_messages_completed", "Messages completed per shard, by reply type.",
+                ["shard", "reply_type"], rows, optional=True)
     for k, what in (("completed", "Messages completed per shard (every reply type)."),  # bmv2: not by type
                     ("expired", "State map entries of each shard's messages that expired.")):
-        rows = [((_shard(s),), s[k]) for s in shards if k in s]
-        if rows:
-            out.counter(f"shard_{k}", what, ["shard"], rows)
+        out.counter(f"shard_{k}", what, ["shard"], [((_shard(s),), s[k]) for s in shards if k in s],
+                    optional=True)
     hists = [s for s in shards if "latency_hist" in s]
     if hists:
         f = out.Histogram("embnic_card_shard_latency_seconds", "Time from a message's first request frame to its "
