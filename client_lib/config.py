@@ -79,18 +79,6 @@ def did_you_mean(word: str, known) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def check_keys(d: dict, known, where: str, path=None) -> None:
-    """Raise :class:`ConfigError` naming the first key of ``d`` not in ``known``.
-
-    ``where`` is the dotted prefix of the field (``"cluster."``, ``"tables[0]."``); the message
-    suggests the closest known key and lists them all.
-    """
-    for key in d:
-        if key not in known:
-            raise ConfigError(f"{where}{key}", f"unknown field{did_you_mean(key, known)}; known: "
-                              f"{', '.join(known)}", path)
-
-
 def parse_lcores(v: str) -> list[int]:
     """The lcore ids of a DPDK core list (EAL ``-l``): ``"0"``, ``"0,1"``, ``"0-3,6"``.
 
@@ -315,14 +303,17 @@ class _Section:
             its keys; ``path`` the config file; ``kind`` what "must be a table" adds (``" [card]"``).
 
     Raises:
-        ConfigError: ``d`` is not a table, or has a key not in ``known`` (:func:`check_keys`).
+        ConfigError: ``d`` is not a table, or has a key not in ``known`` (naming the closest known
+            key and listing them all).
     """
 
     def __init__(self, d, field: str, known, path, kind: str = ""):
         if not isinstance(d, dict):
             raise ConfigError(field, f"must be a table{kind}", path)
         self.d, self.w, self.path = d, field + ".", path
-        check_keys(d, known, self.w, path)
+        for key in d:
+            if key not in known:
+                raise self.error(key, f"unknown field{did_you_mean(key, known)}; known: {', '.join(known)}")
 
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(self.w + key, message, self.path)
