@@ -87,22 +87,6 @@ def batch_rows(n: int, step: int, rank: int, world: int, batch_size: int) -> np.
     return (np.arange(batch_size, dtype=np.int64) + (step * world + rank) * batch_size) % n
 
 
-def step_inputs(data, rows: np.ndarray, empty: bool = False):
-    """(dense float32 (B, 13), KJT, labels float32 (B,)) of ``rows``; with ``empty`` every bag of
-    the KJT is empty (lengths 0, no values: a batch whose samples carry no sparse feature)."""
-    import torch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    from .dlrm import batch_inputs
-
-    dense, kjt, labels = batch_inputs(data, rows)
-    if empty:
-        kjt = KeyedJaggedTensor(keys=kjt.keys(), values=torch.zeros(0, dtype=torch.int64),
-                                lengths=torch.zeros(len(kjt.keys()) * len(rows), dtype=torch.int32),
-                                stride=len(rows))
-    return dense, kjt, labels
-
-
 class DeferredUpdates:
     """A backend (:class:`~embnic.client_lib.backend.Backend`) whose lookups go through at once and
     whose update rounds wait for :meth:`flush`.
@@ -166,9 +150,16 @@ def _model(cfg: ClusterConfig, backend, data, seed: int):
 def _backward(model, data, plan: Plan, step: int, rank: int) -> float:
     """Forward and backward of rank ``rank``'s batch at ``step`` (gradients zeroed first); its loss."""
     import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from .dlrm import batch_inputs
 
     rows = batch_rows(len(data.labels), step, rank, plan.world, plan.batch_size)
-    dense, kjt, labels = step_inputs(data, rows, (rank, step) in plan.empty_bags)
+    dense, kjt, labels = batch_inputs(data, rows)
+    if (rank, step) in plan.empty_bags:  # every bag empty (lengths 0, no values): no sample has a sparse feature
+        kjt = KeyedJaggedTensor(keys=kjt.keys(), values=torch.zeros(0, dtype=torch.int64),
+                                lengths=torch.zeros(len(kjt.keys()) * len(rows), dtype=torch.int32),
+                                stride=len(rows))
     model.zero_grad()
     loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, kjt).reshape(-1), labels)
     loss.backward()
