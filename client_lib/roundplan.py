@@ -127,32 +127,19 @@ class RoundPlan:
         ``m``'s are ``[voff, voff + value_len)``. ``grads``: float32, the call's gradients flat in
         the call order (table ``t``'s ``(counts[t], dim_t)`` rows one table after the other).
         fp16 tables' values are rounded to fp16 (the wire's rounding)."""
-        n = self.order.size
-        if self.uniform:
-            return np.ascontiguousarray(grads.reshape(n, self.dim)[self.order]).view(np.uint8).reshape(-1)
-        ta = self.ta
-        dims = ta.dim[self.tix]
-        kdim = np.repeat(dims, self.counts)  # call order
-        kwire = np.repeat(ta.row_bytes[self.tix], self.counts)
-        wire = self._wire_bytes(grads, kdim)  # call-order wire bytes
-        wstart = np.zeros(n + 1, np.int64)
-        np.cumsum(kwire, out=wstart[1:])
-        return wire[concat_ranges(wstart[:-1][self.order], self.rb)]
-
-    def _wire_bytes(self, vals: np.ndarray, kdim: np.ndarray) -> np.ndarray:
-        """float32 values (call order) → their wire bytes (fp32 LE, or fp16 LE for fp16 tables)."""
-        vdt = np.repeat(np.repeat(self.ta.dtype[self.tix], self.counts), kdim)  # dtype of each value
-        h = vdt == DType.FP16
-        if not h.any():
-            return np.ascontiguousarray(vals, "<f4").view(np.uint8)
+        ta = self.ta  # (the C plan makes the bytes of a round without fp16 tables itself: plan.vals)
+        kdim = np.repeat(ta.dim[self.tix], self.counts)  # call order
+        h = np.repeat(np.repeat(ta.dtype[self.tix], self.counts), kdim) == DType.FP16  # value of an fp16 table
         es = np.where(h, 2, 4)
-        start = np.zeros(vals.size, np.int64)
+        start = np.zeros(grads.size, np.int64)  # each value's first byte, call order
         np.cumsum(es[:-1], out=start[1:])
         out = np.empty(int(es.sum()), np.uint8)
         f = ~h
-        out[concat_ranges(start[f], np.full(int(f.sum()), 4))] = np.ascontiguousarray(vals[f], "<f4").view(np.uint8)
-        out[concat_ranges(start[h], np.full(int(h.sum()), 2))] = vals[h].astype("<f2").view(np.uint8)
-        return out
+        out[concat_ranges(start[f], np.full(int(f.sum()), 4))] = np.ascontiguousarray(grads[f], "<f4").view(np.uint8)
+        out[concat_ranges(start[h], np.full(int(h.sum()), 2))] = grads[h].astype("<f2").view(np.uint8)
+        wstart = np.zeros(self.order.size + 1, np.int64)  # each key's row, call order
+        np.cumsum(np.repeat(ta.row_bytes[self.tix], self.counts), out=wstart[1:])
+        return out[concat_ranges(wstart[:-1][self.order], self.rb)]
 
     # -- lookups: where every reply row goes ---------------------------------------------------
 
