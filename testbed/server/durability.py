@@ -79,11 +79,9 @@ def load_table(ts, st) -> None:
         if hasattr(ts, "load_snapshot"):
             ts.load_snapshot(st)
         else:  # the config keeps the table in memory now: read the snapshot row by row
-            parts = list(ds.read_snapshot(st, ts.table))
-            if parts:
-                ts.load_state(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
-            else:
-                ts.load_state(np.empty(0, np.uint64), np.empty((0, ts.dim), np.float32), np.empty(0, np.float32))
+            parts = [(np.empty(0, np.uint64), np.empty((0, ts.dim), np.float32), np.empty(0, np.float32)),
+                     *ds.read_snapshot(st, ts.table)]
+            ts.load_state(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
     except ds.StoreError as e:
         raise DurabilityError(f"checkpoint: table {ts.table.id}'s snapshot: {e}") from None
 
@@ -300,9 +298,8 @@ class Durability:
         self._lock()
         self._refuse_old_format()
         cks = _files(self.dir, _CKPT)
-        seq0, ck = 0, None
-        if cks:
-            seq0, ck = cks[-1]
+        seq0, ck = cks[-1] if cks else (0, None)
+        if ck:
             meta, tstate, win = read_checkpoint(ck)
             if meta["shard"] != self.shard_id:
                 raise DurabilityError(f"{ck} is shard {meta['shard']}'s checkpoint, not shard {self.shard_id}'s")
@@ -319,8 +316,7 @@ class Durability:
         seq, replayed, corrupt = seq0, 0, None
         logs = _files(self.dir, _WAL)
         for i, (start, p) in enumerate(logs):
-            nxt = logs[i + 1][0] if i + 1 < len(logs) else None
-            if nxt is not None and nxt <= seq0:
+            if i + 1 < len(logs) and logs[i + 1][0] <= seq0:
                 continue  # entirely behind the checkpoint
             if start > seq:
                 corrupt = {"file": str(p), "offset": 0, "reason": f"missing records {seq}..{start - 1}",
