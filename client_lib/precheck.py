@@ -89,7 +89,7 @@ def plain_arrays(mapping, keys_of):
     key ranges (the C plan makes them: native.prepare; :func:`_checked`); None for anything else
     (the per-table functions then convert, check and say why)."""
     if not isinstance(mapping, Mapping) or not mapping or not all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in mapping):
+            issubclass(t, (int, np.integer)) and t is not bool for t in set(map(type, mapping))):
         return None
     try:
         tids = np.fromiter(mapping.keys(), np.int64, len(mapping))
