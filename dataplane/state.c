@@ -159,8 +159,7 @@ embnic_state_create(unsigned int part, uint32_t size, uint32_t timeout_ms,
 			   (size_t)size * sizeof(s->e[0]), RTE_CACHE_LINE_SIZE);
 	s->free_idx = rte_malloc("embnic_state_free",
 				 (size_t)size * sizeof(s->free_idx[0]), 0);
-	s->used = rte_zmalloc("embnic_state_used",
-			      (size_t)((size + 63) / 64) * sizeof(uint64_t),
+	s->used = rte_zmalloc("embnic_state_used", (size_t)s->words * sizeof(s->used[0]),
 			      RTE_CACHE_LINE_SIZE);
 	s->shards = rte_zmalloc("embnic_shard_stats",
 				EMBNIC_SHARD_SLOTS * sizeof(s->shards[0]),
@@ -636,31 +635,20 @@ embnic_state_dump(const struct embnic_state *s, struct embnic_state_view *out,
 
 	for (i = 0; i < s->capacity && n < max; i++) {
 		const struct state_entry *e = &s->e[i];
-		struct embnic_state_view *v = &out[n];
+		uint8_t st = e->state;
 
-		v->state = e->state;
-		if (v->state == EMBNIC_ST_FREE || v->state >= EMBNIC_NB_STATES)
+		if (st == EMBNIC_ST_FREE || st >= EMBNIC_NB_STATES)
 			continue;
-		v->client_id = e->client_id;
-		v->msg_id = e->msg_id;
-		v->shard_id = e->shard_id;
-		v->num_tables = e->num_tables;
-		v->msg_type = e->msg_type;
-		v->rep_type = e->rep_type;
-		v->msg_len = e->msg_len;
-		v->num_keys = entry_num_keys(e);
-		v->value_len = e->value_len;
-		v->frag_count = e->frag_count;
-		v->rep_frag_count = e->rep_frag_count;
-		v->frags_in = e->frags_in;
-		v->frags_out = e->frags_out;
-		v->frames_in = e->frames_in;
-		v->frames_out = e->frames_out;
-		v->bytes_in = e->bytes_in;
-		v->bytes_out = e->bytes_out;
-		v->first_tsc = e->first_tsc;
-		v->last_tsc = e->last_tsc;
-		n++;
+		out[n++] = (struct embnic_state_view){
+			.state = st, .client_id = e->client_id, .msg_id = e->msg_id,
+			.shard_id = e->shard_id, .num_tables = e->num_tables,
+			.msg_type = e->msg_type, .rep_type = e->rep_type, .msg_len = e->msg_len,
+			.num_keys = entry_num_keys(e), .value_len = e->value_len,
+			.frag_count = e->frag_count, .rep_frag_count = e->rep_frag_count,
+			.frags_in = e->frags_in, .frags_out = e->frags_out,
+			.frames_in = e->frames_in, .frames_out = e->frames_out,
+			.bytes_in = e->bytes_in, .bytes_out = e->bytes_out,
+			.first_tsc = e->first_tsc, .last_tsc = e->last_tsc };
 	}
 	return n;
 }
@@ -671,52 +659,34 @@ embnic_state_shard_stats(const struct embnic_state *s)
 	return s->shards;
 }
 
-static unsigned int
-bits_set(const uint64_t *b)
-{
-	unsigned int i, n = 0;
-
-	for (i = 0; i < BITMAP_WORDS; i++)
-		n += (unsigned int)__builtin_popcountll(b[i]);
-	return n;
-}
-
-/* Is every bit of b at or past n clear? */
-static bool
-bits_below(const uint64_t *b, unsigned int n)
-{
-	unsigned int i;
-
-	for (i = n; i < EMBNIC_MAX_FRAGS; i++)
-		if (b[i >> 6] & (1ULL << (i & 63)))
-			return false;
-	return true;
-}
-
 /*
- * Do bytes (body bytes counted for the distinct fragments marked in b, frags
- * of them, of a message of n fragments and len bytes whose last fragment
- * is last_len bytes) and the geometry agree? The fragment size P fixed by
- * last_len; every fragment but the last P bytes; all n: exactly len.
+ * Does one side of an entry add up: n fragments (1..EMBNIC_MAX_FRAGS) of len
+ * body bytes in all, the last last_len bytes; frags distinct ones seen (1..n:
+ * an entry's side exists from its first fragment on), each bit of b below n
+ * (n > 1) one of them, in frames frames, bytes body bytes? The fragment size
+ * P fixed by last_len; every fragment but the last P bytes; all n: exactly len.
  */
 static bool
-bytes_fit(const uint64_t *b, uint16_t n, uint16_t frags, uint32_t len,
-	  uint16_t last_len, uint32_t bytes)
+side_ok(const uint64_t *b, uint16_t n, uint16_t frags, uint16_t frames, uint32_t len,
+	uint16_t last_len, uint32_t bytes)
 {
+	unsigned int i, set = 0;
 	uint64_t p, want;
 	bool has_last;
 
+	if (n == 0 || n > EMBNIC_MAX_FRAGS || frags == 0 || frags > n || frames < frags)
+		return false;
 	if (n == 1)
-		return last_len == len && bytes == (frags ? len : 0);
-	if (last_len == 0 || last_len > len ||
-	    (len - last_len) % (uint32_t)(n - 1) != 0)
+		return last_len == len && bytes == len;
+	for (i = 0; i < EMBNIC_MAX_FRAGS; i++)
+		if ((b[i >> 6] >> (i & 63) & 1) && (i >= n || ++set > frags))
+			return false;
+	if (set != frags || last_len == 0 || last_len > len || (len - last_len) % (n - 1u) != 0)
 		return false;
-	p = (len - last_len) / (uint32_t)(n - 1);
-	if (last_len > p)
-		return false;
+	p = (len - last_len) / (n - 1u);
 	has_last = (b[(n - 1) >> 6] >> ((n - 1) & 63)) & 1;
 	want = (uint64_t)(frags - has_last) * p + (has_last ? last_len : 0);
-	return bytes == want && bytes <= len && (frags < n || bytes == len);
+	return last_len <= p && bytes == want && bytes <= len && (frags < n || bytes == len);
 }
 
 int
@@ -733,8 +703,7 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 
 		if (e->state == EMBNIC_ST_FREE) {
 			if (s->used[i >> 6] & (1ULL << (i & 63))) {
-				snprintf(err, errlen, "free entry %u is marked "
-					 "in use", i);
+				snprintf(err, errlen, "free entry %u is marked in use", i);
 				return -1;
 			}
 			continue;
@@ -746,64 +715,40 @@ embnic_state_check(const struct embnic_state *s, char *err, size_t errlen)
 		data = NULL;
 		if (rte_hash_lookup_data(s->h, &key, &data) < 0 ||
 		    (uintptr_t)data != i || !(s->used[i >> 6] & (1ULL << (i & 63)))) {
-			snprintf(err, errlen, "entry %u (client %u msg %u): the "
-				 "hash maps its key to %ld, in-use bit %d", i,
-				 e->client_id, e->msg_id, (long)(uintptr_t)data,
-				 (int)(s->used[i >> 6] >> (i & 63) & 1));
+			snprintf(err, errlen, "entry %u (client %u msg %u): the hash maps its key "
+				 "to %ld, in-use bit %d", i, e->client_id, e->msg_id,
+				 (long)(uintptr_t)data, (int)(s->used[i >> 6] >> (i & 63) & 1));
 			return -1;
 		}
-		if (e->frag_count == 0 || e->frag_count > EMBNIC_MAX_FRAGS ||
-		    e->frags_in > e->frag_count || e->frags_in == 0 ||
-		    e->frames_in < e->frags_in ||
-		    (e->frag_count > 1 && (bits_set(e->seen_in) != e->frags_in ||
-		     !bits_below(e->seen_in, e->frag_count))) ||
+		if (!side_ok(e->seen_in, e->frag_count, e->frags_in, e->frames_in, e->msg_len,
+			     e->last_len, e->bytes_in) ||
 		    (e->state == EMBNIC_ST_RECEIVING) !=
 		    (e->frags_in < e->frag_count && e->frags_out == 0) ||
-		    e->bytes_in > e->msg_len ||
-		    (e->state == EMBNIC_ST_FORWARDED &&
-		     e->bytes_in != e->msg_len) ||
-		    !bytes_fit(e->seen_in, e->frag_count, e->frags_in,
-			       e->msg_len, e->last_len, e->bytes_in))
+		    (e->state == EMBNIC_ST_FORWARDED && e->bytes_in != e->msg_len))
 			goto bad;
 		if (e->state == EMBNIC_ST_REPLYING) {
-			if (e->rep_frag_count == 0 ||
-			    e->rep_frag_count > EMBNIC_MAX_FRAGS ||
-			    e->frags_out == 0 ||
-			    e->frags_out > e->rep_frag_count ||
-			    /* answered: only while request fragments are
-			     * still to come */
-			    (e->frags_out == e->rep_frag_count &&
-			     e->frags_in == e->frag_count) ||
-			    e->frames_out < e->frags_out ||
-			    (e->rep_frag_count > 1 &&
-			     (bits_set(e->seen_out) != e->frags_out ||
-			      !bits_below(e->seen_out, e->rep_frag_count))) ||
-			    e->bytes_out > rep_msg_len(e) ||
-			    !bytes_fit(e->seen_out, e->rep_frag_count,
-				       e->frags_out, rep_msg_len(e),
-				       e->rep_last_len, e->bytes_out))
+			/* answered: only while request fragments are still to come */
+			if ((e->frags_out == e->rep_frag_count && e->frags_in == e->frag_count) ||
+			    !side_ok(e->seen_out, e->rep_frag_count, e->frags_out, e->frames_out,
+				     rep_msg_len(e), e->rep_last_len, e->bytes_out))
 				goto bad;
 		} else if (e->frags_out != 0 || e->frames_out != 0) {
 			goto bad;
 		}
 		continue;
 bad:
-		snprintf(err, errlen, "entry %u (client %u msg %u) is "
-			 "inconsistent: state %u, request %u/%u fragments "
-			 "(%u frames, %u of %u bytes, last %u), reply %u/%u "
-			 "fragments (%u frames, %u of %u bytes, last %u)", i,
-			 e->client_id, e->msg_id, e->state, e->frags_in,
-			 e->frag_count, e->frames_in, e->bytes_in, e->msg_len,
-			 e->last_len, e->frags_out, e->rep_frag_count,
-			 e->frames_out, e->bytes_out, rep_msg_len(e),
-			 e->rep_last_len);
+		snprintf(err, errlen, "entry %u (client %u msg %u) is inconsistent: state %u, "
+			 "request %u/%u fragments (%u frames, %u of %u bytes, last %u), reply "
+			 "%u/%u fragments (%u frames, %u of %u bytes, last %u)", i, e->client_id,
+			 e->msg_id, e->state, e->frags_in, e->frag_count, e->frames_in, e->bytes_in,
+			 e->msg_len, e->last_len, e->frags_out, e->rep_frag_count, e->frames_out,
+			 e->bytes_out, rep_msg_len(e), e->rep_last_len);
 		return -1;
 	}
 	if (live != s->entries || hn < 0 || (uint32_t)hn != live ||
 	    s->nb_free + live != s->capacity) {
-		snprintf(err, errlen, "%u live entries, count says %u, hash "
-			 "holds %d, %u free of %u", live, s->entries, hn,
-			 s->nb_free, s->capacity);
+		snprintf(err, errlen, "%u live entries, count says %u, hash holds %d, %u free "
+			 "of %u", live, s->entries, hn, s->nb_free, s->capacity);
 		return -1;
 	}
 	/* the free stack: distinct entries, each free */
@@ -817,9 +762,8 @@ bad:
 
 		if (k >= s->capacity || s->e[k].state != EMBNIC_ST_FREE ||
 		    (s->used[k >> 6] & (1ULL << (k & 63))) || seen[k]) {
-			snprintf(err, errlen, "free stack slot %u holds entry "
-				 "%u, which is not free or is there twice",
-				 i, k);
+			snprintf(err, errlen, "free stack slot %u holds entry %u, which is not "
+				 "free or is there twice", i, k);
 			free(seen);
 			return -1;
 		}
