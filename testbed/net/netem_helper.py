@@ -129,17 +129,13 @@ def impair_loop(iface: str, tap_out: str, tap_in: str, mac: str, imp: Impairment
                     break
                 if len(f) < 14:
                     continue
-                src = f[6:12]
-                if fd == fo:
-                    if src != own:  # not from this node's stack (e.g. the tap itself)
-                        ignored += 1
-                        continue
-                    d_out.frame(f, now)
-                else:
-                    if src == own:  # the kernel talking on the tap, not a frame from the card
-                        ignored += 1
-                        continue
-                    d_in.frame(f, now)
+                leaving = fd == fo
+                # leaving: only this node's stack's frames (not the tap's own); arriving: only the card's
+                # (not the kernel talking on the tap)
+                if (f[6:12] == own) != leaving:
+                    ignored += 1
+                    continue
+                (d_out if leaving else d_in).frame(f, now)
         if now >= next_dump:
             dump()
             next_dump = now + 0.5

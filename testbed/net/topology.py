@@ -399,7 +399,7 @@ class Testbed:
         for c in cfg.clients:
             with in_netns(self.topo.client_ns(c.id)):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
+            with sock:
                 sock.bind((c.ip, c.port))
                 for i, s in enumerate(cfg.shards):
                     t0, key, owned = probe_key(cfg, s.id)
@@ -415,8 +415,6 @@ class Testbed:
                             f"{timeout:g} s; see {self.dir / 'card.log'}, {self.log_path(f's{s.id}')} and "
                             f"`embnic testbed status --name {self.name}` (card drops)")
                     out[f"c{c.id}->s{s.id}"] = round(got * 1e6, 1)
-            finally:
-                sock.close()
         self.state["probe_rtt_us"] = out
         self._save()
         return out
