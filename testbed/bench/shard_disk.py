@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 
+from embnic.client_lib.config import TableConfig
 from embnic.client_lib.splitmix import splitmix64
 from embnic.control.capacity import cache_bytes
 from embnic.control.errors import MissingDependencyError
@@ -196,6 +198,80 @@ def _zipf_op(r: _Run, zipf: Zipf, op: str, messages: int, repeats: int, rows: in
             "ratio_cpu": (cpu["memory"] / max(cpu["disk"], 1e-9))}
 
 
+def _policy_stream(tables: dict, msgs: list[np.ndarray], top: np.ndarray) -> dict:
+    """Lookups of ``msgs`` sent to every policy's table in turn, message by message (a noisy machine
+    slows each alike). Returns per policy ``hit_ratio``, ``rows_per_s`` (wall) and ``rows_per_cpu_s``
+    (this thread's CPU: the lookups read and install rows, nothing is written), and
+    ``static_best_hit_ratio``: the share of the keys among ``top``, the rows a cache of the same
+    size would hold if it knew the popularity in advance."""
+    got = {p: {"wall": 0.0, "cpu": 0.0, "hits": dt.stats["hits"], "misses": dt.stats["misses"]}
+           for p, dt in tables.items()}
+    for m in msgs:
+        for p, dt in tables.items():
+            w0, c0 = time.perf_counter(), time.thread_time()
+            dt.lookup(m)
+            got[p]["wall"] += time.perf_counter() - w0
+            got[p]["cpu"] += time.thread_time() - c0
+    n = sum(m.size for m in msgs)
+    out = {"static_best_hit_ratio": float(np.isin(np.concatenate(msgs), top).mean()), "policies": {}}
+    for p, dt in tables.items():
+        g = got[p]
+        h, mi = dt.stats["hits"] - g["hits"], dt.stats["misses"] - g["misses"]
+        out["policies"][p] = {"hit_ratio": h / max(h + mi, 1), "rows_per_s": n / max(g["wall"], 1e-9),
+                              "rows_per_cpu_s": n / max(g["cpu"], 1e-9)}
+    out["best"] = max(out["policies"], key=lambda p: out["policies"][p]["hit_ratio"])
+    return out
+
+
+def compare_policies(rows: int, cache_rows: int, block_cache_mb: int, messages: int, rng: np.random.Generator,
+                     log=print) -> dict:
+    """Step 4: the cache's replacement policies (:data:`~embnic.testbed.server.rowcache.POLICIES`)
+    on the same Zipf streams, in this process. One disk table with the run's budget (``cache_rows``,
+    ``block_cache_mb``) grown to ``rows`` rows and snapshotted; a copy of the snapshot (hard links)
+    behind each policy's cache, each with a block cache of its own; then the same lookups of
+    ``KEYS`` Zipf ids to each: ``messages`` to warm the caches, ``messages`` timed
+    (``stationary``), and ``messages`` drawn from a new popularity order (``shifted``: the same
+    Zipf over the ids permuted — how fast a policy forgets).
+
+    Returns:
+        ``{"kept", "messages", "stationary", "shifted"}``: per stream the ``policies``
+        (:func:`_policy_stream`), the ``best`` by hit ratio and the ``static_best_hit_ratio``.
+    """
+    from embnic.testbed.server.diskstore import scratch_env
+    from embnic.testbed.server.disktable import DiskTable
+    from embnic.testbed.server.rowcache import POLICIES
+
+    table = TableConfig(id=0, name="policies", rows=None, dim=DIM, optimizer="adagrad", lr=0.01)
+    envs = {p: scratch_env(block_cache_mb, prefix=f"embnic-bench-{p}-") for p in POLICIES}
+    try:
+        tables = {p: DiskTable(table, 11, envs[p], cache_rows, p) for p in POLICIES}
+        grower = tables[POLICIES[0]]
+        zipf = Zipf(rows, ZIPF_S, rng)
+        order = rng.permutation(rows)
+        for a in range(0, rows, KEYS):
+            k = np.sort(zipf.ids[order[a:a + KEYS]])
+            grower.apply(k, (rng.standard_normal((k.size, DIM)) * 0.01).astype(np.float32))
+        snap = envs[POLICIES[0]].root / "snapshot"
+        grower.snapshot(snap)
+        for dt in tables.values():
+            dt.load_snapshot(snap)  # every cache empty, every store the same rows
+        top = zipf.ids[:tables[POLICIES[0]].capacity]
+        _policy_stream(tables, [zipf.message(KEYS) for _ in range(messages)], top)  # warm-up
+        res = {"kept": POLICIES[0], "messages": messages,
+               "stationary": _policy_stream(tables, [zipf.message(KEYS) for _ in range(messages)], top)}
+        zipf.ids = zipf.ids[rng.permutation(rows)]
+        res["shifted"] = _policy_stream(tables, [zipf.message(KEYS) for _ in range(messages)],
+                                        zipf.ids[:tables[POLICIES[0]].capacity])
+    finally:
+        for e in envs.values():
+            e.close()
+    for s in ("stationary", "shifted"):
+        log(f"  cache policies, {s} Zipf: " + ", ".join(
+            f"{p} hit {v['hit_ratio']:.3f} ({v['rows_per_cpu_s'] / 1e3:,.0f} k rows per CPU s)"
+            for p, v in res[s]["policies"].items()) + f"; static best {res[s]['static_best_hit_ratio']:.3f}")
+    return res
+
+
 def _check(rows: int, cache_rows: int) -> None:
     """Raises ValueError or MissingDependencyError as :func:`run` says."""
     if cache_rows < 2 * KEYS or rows < 8 * cache_rows:
@@ -232,7 +308,8 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
     Returns:
         the ``server_disk`` result: ``config``, ``budget`` (bytes: cache, block cache, total),
         ``fixed_overhead``, ``growth`` (samples), ``memory_bound``, ``lookup_4096``/``update_4096``
-        (rows/s of both shards, ``ratio``, the disk shard's ``hit_ratio``), ``targets``, ``load``.
+        (rows/s of both shards, ``ratio``, the disk shard's ``hit_ratio``), ``policies`` (the cache's
+        replacement policies compared: :func:`compare_policies`), ``targets``, ``load``.
 
     Raises:
         ValueError: ``cache_rows`` below 2 × 4096 or ``rows`` below 8 × ``cache_rows``.
@@ -277,6 +354,8 @@ def run(out_dir: Path, *, rows: int = ROWS, cache_rows: int = CACHE_ROWS, block_
             res[f"{op}_{KEYS}"] = _zipf_op(r, zipf, op, messages, repeats, rows, res)
     finally:
         r.close()
+    log(f"bench server --disk: the cache's policies on the same Zipf({ZIPF_S}) lookups, in process ...")
+    res["policies"] = compare_policies(rows, cache_rows, block_cache_mb, messages, rng, log)
     res["targets"] = _targets(res)
     res["load"] = load_since(load0)
     res["logs"] = {n: str(sh.log_path) for n, sh in r.shards.items()}

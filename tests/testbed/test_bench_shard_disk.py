@@ -1,7 +1,8 @@
 """``embnic bench server --disk-only`` on a small table: every figure of the disk-tier run is there
 and adds up (rows/s of both shards — disk and memory — and the ratios, the cache's hit ratio from the shard's
 metrics, the memory samples against the budget plus the measured fixed overhead, the table on
-disk against the budget). No timing is asserted (figures are benchmarks, not tests).
+disk against the budget, the cache's replacement policies compared on the same streams). No
+timing is asserted (figures are benchmarks, not tests).
 
 Run alone: python3 -m pytest -q tests/testbed/test_bench_shard_disk.py
 """
@@ -45,6 +46,15 @@ def test_bench_server_disk_writes_every_figure(tmp_path):
     assert mb["disk_bytes"] == g[-1]["disk_bytes"] > 0
     assert mb["disk_over_budget"] == pytest.approx(mb["disk_bytes"] / d["budget"]["bytes"])
     assert d["targets"]["lookup_4096_disk_vs_memory"]["measured"] == d["lookup_4096"]["ratio"]
+    pol = d["policies"]  # the cache's replacement policies on the same streams, in process
+    assert pol["kept"] == "lfu-aged" and pol["messages"] >= 20
+    for stream in ("stationary", "shifted"):
+        p = pol[stream]
+        assert set(p["policies"]) == {"lfu-aged", "lfu", "lru"} and p["best"] in p["policies"]
+        assert all(0 < v["hit_ratio"] < 1 and v["rows_per_s"] > 0 and v["rows_per_cpu_s"] > 0
+                   for v in p["policies"].values())
+        assert p["policies"][p["best"]]["hit_ratio"] == max(v["hit_ratio"] for v in p["policies"].values())
+        assert 0 < p["static_best_hit_ratio"] < 1
     log = open(d["logs"]["disk"]).read()
     counters = json.loads(log.split("counters ")[1].splitlines()[0])
     t0 = counters["stores"]["tables"]["0"]
