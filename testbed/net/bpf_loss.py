@@ -149,21 +149,17 @@ def problem() -> str | None:
     return None
 
 
-def _ipr(ns: str):
-    """A pyroute2 ``IPRoute`` whose netlink socket lives in namespace ``ns``: made by this thread
-    inside it (pyroute2's own ``netns=`` forks a child to make it, which once found no interface
-    in a busy demo process)."""
+def _set_xdp(ns: str, ifname: str, fd: int) -> None:
+    """Attach XDP program ``fd`` to ``ifname`` in ``ns`` (native mode: veth has it); -1 detaches.
+    The netlink socket is made by this thread inside ``ns`` (pyroute2's own ``netns=`` forks a
+    child to make it, which once found no interface in a busy demo process)."""
     from pyroute2 import IPRoute
 
     from embnic.control.netns import in_netns
 
     with in_netns(ns):
-        return IPRoute(groups=0)
-
-
-def _set_xdp(ns: str, ifname: str, fd: int) -> None:
-    """Attach XDP program ``fd`` to ``ifname`` in ``ns`` (native mode: veth has it); -1 detaches."""
-    with _ipr(ns) as ipr:
+        ipr = IPRoute(groups=0)
+    with ipr:
         idx = ipr.link_lookup(ifname=ifname)
         if not idx:
             raise TestbedError(f"no interface {ifname} in namespace {ns}")
