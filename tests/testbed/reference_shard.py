@@ -203,8 +203,9 @@ class ReferenceShard:
         msg = self.reasm.feed(data, addr, header=h)
         if msg is not None:
             return msg, None
-        part = self.reasm.partial(h.client_id, h.msg_id, MsgType.UPDATE_REQ)
-        return None, (part[1] if part is not None and self.reasm.drops.total() == drops else None)  # not contradicting
+        # the fragments held so far (a white-box read of the reassembler: no production caller needs it)
+        ent = self.reasm._pending.get((h.client_id, h.msg_id, MsgType.UPDATE_REQ))
+        return None, (ent.parts if ent is not None and self.reasm.drops.total() == drops else None)  # not contradicting
 
     def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
         self.reasm.discard(client_id, msg_id, msg_type)
