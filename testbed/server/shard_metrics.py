@@ -1,7 +1,7 @@
 """Prometheus metrics of a shard (``embnic server --metrics-port P``).
 
 :class:`ShardCollector` reads the shard's counters at every scrape (``read()``: taken on the
-serving thread between wake-ups, or every worker's summed by the parent) and
+serving thread between wake-ups) and
 :func:`shard_families` turns them into ``embnic_shard_*`` families labelled ``shard`` (docs/server.md,
 "Metrics", lists them); the data path pays one counter increment per reply and one histogram
 update per wake-up (:class:`ServiceTimes`).
