@@ -304,15 +304,8 @@ class Bmv2Target(Target):
 
         made_ns = None
         if not self.netns:
-            made_ns = f"embnic-bmv2-{self.instance}"
-            netns.delete(made_ns)  # left by a crashed load of the same name
-            try:
-                ns = Netns.create(made_ns, ipv6=True)  # IPv6 off per port (take_interface): ::1 stays
-                for ifname in self.interfaces[:len(ids)]:
-                    ns.take_interface(ifname)
-            except NetnsError as e:
-                netns.delete(made_ns)
-                raise OperationalError(f"cannot set up namespace {made_ns}: {e}") from None
+            ns = self._own_netns(self.interfaces[:len(ids)])
+            made_ns = ns.name
         sw = None
         try:
             self._check_loopback_only(ns)
@@ -346,6 +339,24 @@ class Bmv2Target(Target):
                 "ports": [{"port": p.id, "name": ports.get(p.id), "mac": p.mac, "ip": p.ip} for p in cfg.card.ports]}
         return {**state, **count_peers(peers), "info": info,
                 "warnings": [note] if note else []}
+
+    def _own_netns(self, ifnames: list[str]) -> Netns:
+        """A namespace of the card's own, ``embnic-bmv2-<instance>`` (one a crashed load left removed
+        first), holding ``ifnames``.
+
+        Raises:
+            OperationalError: it cannot be made or take an interface (then it is removed again).
+        """
+        name = f"embnic-bmv2-{self.instance}"
+        netns.delete(name)
+        try:
+            ns = Netns.create(name, ipv6=True)  # IPv6 off per port (take_interface): ::1 stays
+            for ifname in ifnames:
+                ns.take_interface(ifname)
+        except NetnsError as e:
+            netns.delete(name)
+            raise OperationalError(f"cannot set up namespace {name}: {e}") from None
+        return ns
 
     def _start(self, sw: bmv2.SimpleSwitch, json_path: Path, ns: Netns, ports: dict, channel: str) -> dict:
         """Start the card's switch ``sw``, write the state file (before waiting: ``unload`` finds a
