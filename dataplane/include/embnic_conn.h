@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * Connections of the control socket (conn.c): lines in, a handler's
- * answers out; no JSON, no commands (ctl.c, swx/main.c).
+ * answers out; no JSON, no commands (ctl.c, swx/ctl.c).
  */
 #ifndef EMBNIC_CONN_H
 #define EMBNIC_CONN_H
