@@ -567,18 +567,6 @@ def test_udpio_gso_and_plain_send_the_same_datagrams():
     rx.close()
 
 
-def _stop_worker_shard(p) -> str:
-    """SIGTERM the shard; its stderr."""
-    p.terminate()
-    return p.communicate(timeout=60)[1]
-
-
-def _kill_worker_shard(p) -> None:
-    if p.poll() is None:
-        p.kill()
-        p.communicate(timeout=60)
-
-
 REFUSAL_TABLES = [
     {"id": 0, "rows": 2000, "dim": 8, "optimizer": "adagrad", "lr": 0.1},
     {"id": 1, "rows": 2000, "dim": 4, "optimizer": "sgd", "lr": 1e30},
