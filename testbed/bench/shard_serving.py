@@ -69,8 +69,8 @@ def measure_shard(workdir: Path, shards: int, loads: dict, pools: dict, mtu: int
                   window: int, lb_times: dict | None, lb: LocalBackend | None, wal: bool = False) -> dict:
     """Run every workload against ``shards`` shard processes of the bench config (one host: one
     process per shard, docs/server.md "More cores: more shards"), every pool row materialised
-    first (one update each); message ``i`` goes to the shard owning its keys (of 2: ``i % 2``;
-    of 1: shard 0). LocalBackend runs alternate with them when ``lb`` is given (their seconds go
+    first (one update each); message ``i`` goes to the shard owning its keys (of 2: ``(i // 2) %
+    2``; of 1: shard 0), each shard with ``window`` messages in flight. LocalBackend runs alternate with them when ``lb`` is given (their seconds go
     into ``lb_times``); ``wal``: the shard keeps its write-ahead log (``--checkpoint-dir``
     ``workdir/wal-<tag>``, emptied: a record appended per update, one ``fdatasync`` per
     wake-up), no periodic checkpoint.
@@ -119,7 +119,7 @@ def _measure(sps: list, loads: dict, pools: dict, mtu: int, window: int, lb_time
             cpu0, gen0, idle0 = shard_cpu(), time.process_time(), machine_idle()
             secs = []
             for w_thr in w_thrs:  # repeats, each with its own message ids, LocalBackend in between
-                secs.append(gen.run(w_thr, window)[0])
+                secs.append(gen.run(w_thr, window * S)[0])  # each shard ``window`` in flight, as one has
                 if lb is not None:
                     lb_times.setdefault((op, nk), []).append(_local(lb, w_thr))
             cpu, gen_cpu, idle1 = shard_cpu() - cpu0, time.process_time() - gen0, machine_idle()
@@ -220,7 +220,9 @@ def run(out_dir: Path, *, mtu: int = 1500, window: int = 4, scale: float = 1.0, 
     Args:
         out_dir: where bench.json (and the shards' logs, under ``server-logs/``) go.
         mtu: the cluster MTU (bytes).
-        window: messages in flight in the throughput runs.
+        window: messages in flight per shard in the throughput runs (the two-shard run keeps
+            ``2 × window`` in flight: each shard as many as the lone one, as clients' rounds,
+            one message per shard each, give every shard its own).
         scale: multiplies the number of messages per measurement.
         repeats: throughput runs per configuration, each followed by LocalBackend doing the
             same work; rows/s are the medians (``rows_per_s_runs``: every run's).
