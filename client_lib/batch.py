@@ -108,9 +108,7 @@ class KeyedJaggedBatch:
 
     def offsets(self) -> np.ndarray:
         """int64 (F*B+1,): ``offsets[i]`` is where bag ``i`` starts in ``values``."""
-        out = np.zeros(len(self.lengths) + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=out[1:])
-        return out
+        return np.concatenate(([0], np.cumsum(self.lengths, dtype=np.int64)))
 
     @classmethod
     def from_dense(cls, keys: list[str], ids: np.ndarray) -> "KeyedJaggedBatch":
@@ -283,11 +281,8 @@ def prepare_batch(batch: KeyedJaggedBatch, feature_tables: list[int], *, validat
     if f > 1 and not bool(np.all(frank[1:] >= frank[:-1])):  # a table's features are not consecutive
         inv = inv[np.argsort(vrank, kind="stable")]
         lengths = lengths.reshape(f, b)[fperm].reshape(-1)
-    fcount = np.bincount(frank, minlength=T)
-    fo = np.zeros(T + 1, dtype=np.int64)
-    np.cumsum(fcount, out=fo[1:])
-    io = np.zeros(T + 1, dtype=np.int64)
-    np.cumsum(np.bincount(frank, weights=feat_len, minlength=T).astype(np.int64), out=io[1:])
+    fo, io = (np.concatenate(([0], np.cumsum(c, dtype=np.int64))) for c in (
+        np.bincount(frank, minlength=T), np.bincount(frank, weights=feat_len, minlength=T).astype(np.int64)))
     off = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=off[1:])
     return PreparedBatch(tids, uniq, uoff, inv, io, lengths, fo * b, off, fperm.astype(np.int64), fo, b,

@@ -81,10 +81,7 @@ def parse_header(payload: bytes | bytearray | memoryview, *, expect: str | None 
             counts, or the counts do not fit the type: :func:`consts.header_counts_ok`) or
             ``too_many_frags`` (``frag_count`` > :data:`consts.MAX_FRAGS`).
     """
-    n = len(payload)
-    if n < consts.HDR_LEN:
-        raise FrameError("too_short", f"{n} bytes < {consts.HDR_LEN}")
-    h = Header._make(_HDR.unpack_from(payload))
+    n, h = len(payload), unpack_header(payload)
     if h.magic != consts.MAGIC:
         raise FrameError("bad_magic", f"0x{h.magic:04x}")
     if h.version != consts.VERSION:
@@ -300,10 +297,7 @@ def parse_request_body(h: Header, body: bytes | bytearray | memoryview) -> Reque
     if int(rb.sum()) != h.value_len:
         raise DirectoryError(consts.Status.MALFORMED, consts.NO_TABLE,
                              f"directory gives {int(rb.sum())} value bytes, the header {h.value_len}")
-    ko = np.zeros(T + 1, np.int64)
-    np.cumsum(counts, out=ko[1:])
-    vo = np.zeros(T + 1, np.int64)
-    np.cumsum(rb, out=vo[1:])
+    ko, vo = (np.concatenate(([0], np.cumsum(x))) for x in (counts, rb))
     start = consts.DIR_ENTRY * T
     keys = np.frombuffer(mv, KEY_DTYPE, count=n, offset=start)
     values = mv[start + consts.KEY_SIZE * n:] if h.msg_type == MsgType.UPDATE_REQ else mv[0:0]
