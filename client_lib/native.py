@@ -11,6 +11,7 @@ or stale library is refused with one line naming the rebuild command.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import socket
 
@@ -122,9 +123,7 @@ def prepare(lib: ctypes.CDLL, ta: TableArrays, ws: Workspace, msg_type: int, tab
     # tab (M·(nc+2)), qorder (M), vals, info
     sizes = (7 * T, T + 1, T + 1, N, N, N, N, N, N + 1, 3 * (S + 1), 2 * M, M * nc, max(N, S) + 1, M * (nc + 2), M,
              vwords, len(INFO))
-    o = [0]
-    for x in sizes:
-        o.append(o[-1] + x)
+    o = [0, *itertools.accumulate(sizes)]
     w = ws.get(o[-1])
     base = w.ctypes.data
     p_ = [base + 8 * x for x in o[:-1]]

@@ -235,8 +235,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         self._slot_tables = [tid for t, tid in zip(tables, ids) for _ in t.feature_names]
         # ids of a table with rows are checked against num_embeddings; a table without rows takes
         # any 64-bit id (the KJT's int64 values are its bit patterns, read back as uint64)
-        bounded = {tid: cfg.table(tid).rows is not None for tid in ids}
-        self._slot_limit = np.array([t.num_embeddings if bounded[tid] else -1
+        self._slot_limit = np.array([t.num_embeddings if cfg.table(tid).rows is not None else -1
                                      for t, tid in zip(tables, ids) for _ in t.feature_names], dtype=np.int64)
         self._embedding_names = [n for names in get_embedding_names_by_table(tables) for n in names]
         self._lengths_per_key = [t.embedding_dim for t in tables for _ in t.feature_names]
@@ -362,10 +361,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         vbe = features.variable_stride_per_key() or features.inverse_indices_or_none() is not None
         kjt = flatten_vbe(features, self._slot_features) if vbe else self._select(features)
         b = kjt.stride()
-        values = kjt.values()
-        lengths = kjt.lengths()
-        vals = values.detach().numpy() if values.dtype == torch.int64 else values.detach().numpy().astype(np.int64)
-        lens = lengths.detach().numpy()
+        vals = kjt.values().detach().numpy().astype(np.int64, copy=False)
+        lens = kjt.lengths().detach().numpy()
         weights = None
         if self._is_weighted:
             weights = kjt.weights_or_none()
@@ -508,10 +505,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             w = self._grouped_weights(step)
             if g_w is not None:
                 gw = (g_ids * step.rows[step.gidx]).sum(dim=1)
-                if step.wperm is None:
-                    g_w = gw
-                else:
-                    g_w[torch.from_numpy(step.wperm)] = gw
+                g_w = gw if step.wperm is None else g_w.index_copy_(0, torch.from_numpy(step.wperm), gw)
             g_ids = g_ids * w[:, None]
         keep = np.array([t in trained for t in prep.table_ids.tolist()], bool)
         counts = np.diff(prep.unique_offsets)
