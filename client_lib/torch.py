@@ -455,17 +455,12 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         in one ``embedding_bag`` per pooling mode (each bag's sum over the same rows in the same
         order as a call per table)."""
         b, prep, D = step.stride, step.prep, self._dmax
-        G = prep.lengths.size
-        psw = self._grouped_weights(step)
-        if step.gidx.numel():
-            offsets = torch.from_numpy(prep.offsets)
-            pooled = None
-            for mode in self._modes:  # at most two: sum, mean
-                p = F.embedding_bag(step.gidx, step.rows, offsets, mode=mode, per_sample_weights=psw,
-                                    include_last_offset=True)
-                pooled = p if pooled is None else torch.where(self._bag_is(step, mode)[:, None], p, pooled)
-        else:
-            pooled = torch.zeros((G, D), dtype=torch.float32)
+        psw, offsets = self._grouped_weights(step), torch.from_numpy(prep.offsets)
+        pooled = None  # (G, D); a step without ids pools every bag to 0 (embedding_bag of no ids)
+        for mode in self._modes:  # at most two: sum, mean
+            p = F.embedding_bag(step.gidx, step.rows, offsets, mode=mode, per_sample_weights=psw,
+                                include_last_offset=True)
+            pooled = p if pooled is None else torch.where(self._bag_is(step, mode)[:, None], p, pooled)
         idx = self._out_index(step)
         S = step.gpos.size  # slots: shapes spelled out, so a batch of 0 samples gives (0, Σ dims)
         if idx is None:
