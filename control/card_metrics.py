@@ -73,17 +73,13 @@ def log2_us_histogram(hist: Iterable[int]) -> list[tuple[str, int]]:
             for up, acc in zip(ups, itertools.accumulate(hist))]
 
 
-def _families():
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-    return CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-
 class _Out:
     """The metric families of one reading, as they are made (``embnic_card_`` prefixed)."""
 
     def __init__(self):
-        self.Counter, self.Gauge, self.Histogram = _families()
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        self.Counter, self.Gauge, self.Histogram = CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
         self.families: list = []
 
     def _add(self, kind, name, doc, labels=(), rows=(), optional=False):
@@ -249,9 +245,8 @@ class CardCollector:
     def describe(self):
         return []  # no reading at registration
 
-    def collect(self):
-        _, Gauge, _ = _families()
-        up = Gauge("embnic_card_up", "1 when the exporter could read the card at this scrape.")
+    def collect(self) -> list:
+        out = _Out()
         try:
             with self._lock:
                 c = self.target.counters()
@@ -260,17 +255,14 @@ class CardCollector:
             if not self.quiet:
                 log.warning("cannot read the card: %s", e)
             self.last_error = e
-            up.add_metric([], 0)
-            yield up
-            return
+            out.gauge("up", "1 when the exporter could read the card at this scrape.", rows=[((), 0)])
+            return out.families
         self.last_error = None
-        up.add_metric([], 1)
-        yield up
-        if self.labels:
-            info = Gauge("embnic_card_info", "The pipeline this exporter reads (value 1).", labels=sorted(self.labels))
-            info.add_metric([str(self.labels[k]) for k in sorted(self.labels)], 1)
-            yield info
-        yield from card_families(c, st)
+        out.gauge("up", "1 when the exporter could read the card at this scrape.", rows=[((), 1)])
+        keys = sorted(self.labels)
+        out.gauge("info", "The pipeline this exporter reads (value 1).", keys,
+                  [([self.labels[k] for k in keys], 1)] if keys else [], optional=True)
+        return out.families + card_families(c, st)
 
 
 #: connections the metrics endpoint serves at once (one thread each); more are answered ``503`` and closed
