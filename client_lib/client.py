@@ -233,29 +233,19 @@ class EmbeddingClient:
     def _run(self, plan: RoundPlan, *, out=None, dst=None, record_latency: bool = False) -> None:
         """Send a planned round (an update's values ``plan.vals``) and wait for every answer: its
         message ids taken from the id clock, a size round first in the fixed-length mode, then the
-        round (:meth:`_round`)."""
+        round's messages in the send queue's order (``plan.qorder``), counted and exchanged
+        (:meth:`_exchange`)."""
         if not plan.num_msgs:
             return
         self._ids.advance(plan.first_id, plan.next_id)
         if self.fixed_length:
             self._size_round(plan, plan.tab[:, len(MSG_COLUMNS)])
-        self._round(plan.tab, plan.dir, plan.keys, plan.vals, dst, plan.rb, plan.so, out, record_latency,
-                    queue=plan.qorder)
-
-    def _round(self, tab, directory, keys, vals, dst, rb, so, out, record_latency: bool, data: bool = True,
-               queue: np.ndarray | None = None) -> None:
-        """One round of the messages ``tab`` (int64 (M, :data:`native.NCOL`)): put in the send
-        queue's order (``queue``; None: sorted here, a shard's largest message first), counted,
-        and exchanged (:meth:`_exchange`). ``data``: a lookup or update round, not a size round."""
-        if len(tab) > 1:
-            tab = tab[queue if queue is not None else np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]),
-                                                                 kind="stable")]
-        self._stats.rounds += 1
-        if data:
-            self._stats.data_rounds += 1
-            self._stats.round_messages += len(tab)
-            self._stats.round_shards += len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1
-        self._exchange(tab, directory, keys, vals, dst, rb, so, out, record_latency)
+        tab, st = plan.tab[plan.qorder] if len(plan.tab) > 1 else plan.tab, self._stats
+        st.rounds += 1
+        st.data_rounds += 1
+        st.round_messages += len(tab)
+        st.round_shards += len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1
+        self._exchange(tab, plan.dir, plan.keys, plan.vals, dst, plan.rb, plan.so, out, record_latency)
 
     def _exchange(self, tab, directory, keys, vals, dst, rb, so, out, record_latency: bool) -> None:
         """Send the round's messages (``tab`` in queue order) and wait for every answer in the C
@@ -310,6 +300,7 @@ class EmbeddingClient:
                  for a2 in range(a, b, cap)]  # per shard (and per cap entries)
         i0 = self._ids.take(len(parts))  # the SIZE_REQs' ids, consecutive in the id clock's cycle
         self._stats.size_rounds += 1
+        self._stats.rounds += 1
         tab = np.zeros((len(parts), native.NCOL), np.int64)
         P = consts.max_body_per_frame(self.mtu)
         for j, (si, a, b) in enumerate(parts):  # per SIZE_REQ (one per shard, bar 256-fragment splits)
@@ -318,8 +309,9 @@ class EmbeddingClient:
                 si, n, a * consts.SIZE_ENTRY, n * consts.SIZE_ENTRY, -(-n * consts.SIZE_ENTRY // P), 1)
         tab[:, len(MSG_COLUMNS)] = (i0 - 1 + np.arange(len(parts), dtype=np.int64)) % 0xFFFFFFFF + 1
         tab[:, len(MSG_COLUMNS) + 1] = MsgType.SIZE_REQ
-        self._round(tab, np.zeros(0, codec.DIR_DTYPE), np.zeros(0, np.uint64), e.view(np.uint8), None, None, None,
-                    None, record_latency=False, data=False)
+        tab = tab[np.argsort(-(tab[:, C_FRAMES] + tab[:, C_RFRAMES]), kind="stable")]  # the largest first
+        self._exchange(tab, np.zeros(0, codec.DIR_DTYPE), np.zeros(0, np.uint64), e.view(np.uint8), None, None, None,
+                       None, record_latency=False)
 
     def _sync_counters(self) -> None:
         """Add what the C engine counted since the last look to :attr:`stats`."""
