@@ -472,18 +472,17 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
     lo = hi = max(1, by["memory"], by["disk"])
     while hi < max_shards and shard_allows(hi) < want:
         hi = min(max_shards, hi * 2)
+    n = None
     if shard_allows(hi) >= want:  # the smallest n in [lo, hi] that keeps up
         n = lo + bisect.bisect_left(range(lo, hi), True, key=lambda m: shard_allows(m) >= want)
-    else:
-        out["shards"] = None
+    out["shards"] = n
+    if n is None:
         out["shards_note"] = "; ".join(filter(None, [out.get("shards_note"), (
             f"more than {max_shards} shards would be needed: a shard's keys/s or NIC limits it "
             f"(at {max_shards} shards a shard allows {shard_allows(max_shards):.3g} steps/s per client; "
             "the busiest table of table sharding lives on one shard)")]))
-        n = None
-    if n is not None:
-        out["shards"] = n
-    cfg_n = _with_shards(cfg, n or len(cfg.shards))
+    n_s = n or len(cfg.shards)
+    cfg_n = _with_shards(cfg, n_s)
     tr = step_traffic(cfg_n, unique, **kw)
     lim = _limits(cfg_n, hw, w, tr)
     cards = max(math.ceil(want / lim[k]) for k in ("card_messages", "card_frames", "card_nic"))
@@ -493,7 +492,6 @@ def _needed(cfg, w: Workload, hw: Hardware, st: dict, disk: np.ndarray, kw: dict
     cards = max(1, cards)
     # a synchronous step also waits for the round trips: add shards or cards, whichever is the
     # step's bottleneck, until the step time allows the rate (or the client itself is the limit)
-    n_s = n or len(cfg.shards)
     for _ in range(256):
         t_us, neck = step_bottleneck(cfg_n, hw, w, tr, cards)
         if 1e6 / t_us >= want or neck == "client" or n is None:

@@ -106,12 +106,10 @@ def resolve(config: str | None = None, target: str | None = None, name: str | No
             ``--card-args`` does not split like a shell (exit 2).
         ConfigError: the config file is invalid (exit 2).
     """
-    cfg = None
     if config is None and require_config:
         raise UsageError("no cluster config: pass --config FILE or set EMBNIC_CONFIG "
                          "(example: examples/testbed.toml)")
-    if config is not None:
-        cfg = load_config(config)
+    cfg = load_config(config) if config is not None else None
     sec = control_section(cfg)
     s = Settings(config=cfg, config_path=config)
     s.name = name or sec.get("name") or DEFAULT_NAME
@@ -146,5 +144,4 @@ def open_target(s: Settings, **opts: Any):
     """
     from embnic.control.targets.base import get_target_class
 
-    cls = get_target_class(s.target)
-    return cls.from_settings(s, **opts)
+    return get_target_class(s.target).from_settings(s, **opts)
