@@ -395,10 +395,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         ``lens`` the KJT's lengths (F*B,)."""
         counts = np.diff(prep.unique_offsets)
         D, U = self._dmax, prep.num_unique
-        vals = self._lookup(prep.table_ids, counts, prep.unique) if U else None
-        if U == 0:  # no id (0 samples, or only empty bags): no round, nothing sent
-            rows = torch.zeros((0, D), dtype=torch.float32)
-        elif self._uniform:
+        # no id (0 samples, or only empty bags): no round, nothing sent, no rows
+        vals = self._lookup(prep.table_ids, counts, prep.unique) if U else np.zeros(0, np.float32)
+        if self._uniform:
             rows = torch.from_numpy(np.asarray(vals, np.float32).reshape(U, D))
         else:
             rows = torch.zeros((U, D), dtype=torch.float32)
@@ -482,9 +481,8 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         if idx is None:
             g_bags = grad_out.reshape(b, step.gpos.size, D).permute(1, 0, 2).reshape(G, D)
         else:
-            g_bags = torch.zeros(G * D, dtype=torch.float32)
-            g_bags[idx.reshape(-1)] = grad_out.reshape(-1)
-            g_bags = g_bags.reshape(G, D)
+            g_bags = torch.zeros((G, D), dtype=torch.float32)
+            g_bags.view(-1)[idx.reshape(-1)] = grad_out.reshape(-1)
         g_w = torch.zeros_like(step.weights) if weights_need_grad else None
         if not prep.num_ids or (not trained and g_w is None):
             self.steps_updated += 1
@@ -517,10 +515,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
             else:
                 r = np.arange(prep.num_unique, dtype=np.int64) if sel_rows is None else sel_rows
                 grads = g_rows.numpy().reshape(-1)[concat_ranges(r * D, rowdim[r])]
-            tids, cnt = prep.table_ids[keep], counts[keep]
             if keys.size:
-                nz = cnt > 0
-                self._update(tids[nz], cnt[nz], keys, grads)
+                nz = keep & (counts > 0)
+                self._update(prep.table_ids[nz], counts[nz], keys, grads)
         self.steps_updated += 1
         return g_w
 
