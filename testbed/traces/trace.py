@@ -65,7 +65,6 @@ class Capture:
     """
 
     def __init__(self, ifname: str, udp_port: int = consts.UDP_PORT, on_frame: Callable | None = None):
-        self.ifname = ifname
         self.port = udp_port
         self.on_frame = on_frame
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
@@ -83,8 +82,7 @@ class Capture:
         self._thread = threading.Thread(target=self._run, name=f"capture-{ifname}", daemon=True)
 
     def _stats(self) -> tuple[int, int]:
-        raw = self.sock.getsockopt(_SOL_PACKET, _PACKET_STATISTICS, 8)
-        return struct.unpack("II", raw)
+        return struct.unpack("II", self.sock.getsockopt(_SOL_PACKET, _PACKET_STATISTICS, 8))
 
     def start(self) -> "Capture":
         self._thread.start()
@@ -313,17 +311,16 @@ def record(config: str | os.PathLike, out: str | os.PathLike, *, batches: int, d
                         raise TraceError(f"client {cid} failed while recording: {e} ({tb.why_no_answer()})") from None
                 stats[cid] = client.stats.as_dict()
         time.sleep(0.05)
-        captured = {cid: cap.stop() for cid, cap in caps.items()}
-        drops = {cid: cap.kernel_drops for cid, cap in caps.items()}
     finally:
         for cap in caps.values():
             cap.stop()
         tb.down()
     duration = time.monotonic() - t0
+    drops = {cid: cap.kernel_drops for cid, cap in caps.items()}
     if any(drops.values()):
         raise TraceError(f"the capture lost frames ({drops}); record fewer --batches")
-    frames = sorted((t, f) for cid in clients for (t, outgoing, f) in captured[cid] if outgoing)
-    reqs, per_client, other = parse_requests([(t, f) for t, f in frames])
+    frames = sorted((t, f) for cid in clients for (t, outgoing, f) in caps[cid].frames if outgoing)
+    reqs, per_client, other = parse_requests(frames)
     frames = [(t, f) for t, f in frames if (u := udp_payload(f)) is not None and u[1] == cfg.udp_port]
     pcap_file.write_pcap(out, [f for _, f in frames], times=[t / 1e9 for t, _ in frames])
     by_type = collections.Counter(MsgType(r["type"]).name for r in reqs.values())
@@ -378,11 +375,8 @@ class _ReplyTracker:
         self.reasm = Reassembler(max_pending=1 << 16, timeout_s=30.0, expect="reply")
         self.first_sent: dict[int, int] = {}
         self.done: dict[int, tuple[int, int, int]] = {}  # msg_id -> (t_ns, reply type, status)
-        self.sent_frames = 0
         self.sent_t: list[int] = []
-        self.reply_frames = 0
-        self.unexpected = 0
-        self.mismatched = 0
+        self.sent_frames = self.reply_frames = self.unexpected = self.mismatched = 0
 
     def feed(self, rec) -> None:
         t_ns, outgoing, frame = rec
@@ -417,12 +411,8 @@ class _ReplyTracker:
 
 
 def _tcpreplay_argv(ns: str, ifname: str, pcap: Path, pps: float | None, topspeed: bool) -> list[str]:
-    argv = ["tcpreplay", "--intf1", ifname, "--preload-pcap"]
-    if topspeed:
-        argv.append("--topspeed")
-    elif pps:
-        argv.append(f"--pps={pps:g}")
-    return exec_argv(ns, argv + [str(pcap)])
+    speed = ["--topspeed"] if topspeed else [f"--pps={pps:g}"] if pps else []
+    return exec_argv(ns, ["tcpreplay", "--intf1", ifname, "--preload-pcap", *speed, str(pcap)])
 
 
 #: what tcpreplay's summary says: (pattern, the fields its groups give, their types)
@@ -504,11 +494,8 @@ def replay(pcap: str | os.PathLike, config: str | os.PathLike, *, rate: float | 
         for cap in caps.values():
             cap.stop()
         dead = tb.dead_nodes()
-        if any(d["role"] == "card" for d in dead):
-            counters, state_summary = {}, None
-        else:
-            counters = tb.target.counters()
-            state_summary = tb.target.state_summary()
+        card_dead = any(d["role"] == "card" for d in dead)
+        counters, state_summary = ({}, None) if card_dead else (tb.target.counters(), tb.target.state_summary())
     finally:
         for cap in caps.values():
             cap.stop()
@@ -565,11 +552,9 @@ def _load_trace(pcap: Path, config, force: bool, log: Callable[[str], None]) -> 
 def _split_per_client(split_dir: Path, per_client: dict) -> dict[int, Path]:
     """One pcap per client (``split_dir/client<id>.pcap``, the recorded times kept): client -> its path."""
     split_dir.mkdir(exist_ok=True)
-    split = {}
-    for cid in sorted(per_client):
-        p = split_dir / f"client{cid}.pcap"
+    split = {cid: split_dir / f"client{cid}.pcap" for cid in sorted(per_client)}
+    for cid, p in split.items():
         pcap_file.write_pcap(p, [f for _, f in per_client[cid]], times=[t for t, _ in per_client[cid]])
-        split[cid] = p
     return split
 
 
@@ -584,8 +569,7 @@ def _wait_replies(procs: dict, trackers: dict, total: int, wait_s: float, progre
             sent = sum(t.sent_frames for t in trackers.values())
             el = max(time.monotonic() - t_start, 1e-9)
             bar.set(done, frames_s=f"{sent / el:.0f}")
-            running = [p for p in procs.values() if p.poll() is None]
-            if not running and deadline is None:
+            if deadline is None and all(p.poll() is not None for p in procs.values()):
                 deadline = time.monotonic() + wait_s
             if done >= total or (deadline is not None and time.monotonic() > deadline):
                 break
@@ -613,18 +597,12 @@ def shard_counters_from_log(path: str | os.PathLike) -> dict | None:
     """The counters a shard server logged when it stopped (the last ``stopped; counters {...}``
     line of its log; :meth:`~embnic.testbed.server.ShardServer.counters`), or None if it did
     not log them (killed, or the log is gone)."""
+    mark = " stopped; counters "
     try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
+        last = [ln for ln in Path(path).read_text(errors="replace").splitlines() if mark in ln][-1:]
+        return json.loads(last[0].split(mark, 1)[1]) if last else None
+    except (OSError, ValueError):
         return None
-    for ln in reversed(lines):
-        i = ln.find(" stopped; counters ")
-        if i >= 0:
-            try:
-                return json.loads(ln[i + len(" stopped; counters "):])
-            except ValueError:
-                return None
-    return None
 
 
 def replay_report(pcap, sidecar: dict | None, reqs, trackers, counters, state_summary, tcpr, rate, topspeed, other,
@@ -632,16 +610,12 @@ def replay_report(pcap, sidecar: dict | None, reqs, trackers, counters, state_su
                    target: str = "dpdk") -> dict:
     """The replay's report (fields: docs/testbed.md, "Trace record and replay"): every request's
     outcome, latencies, drops by hop, the card's counters; written to ``out/report.json`` with its plots."""
-    lat = {"LOOKUP_REQ": [], "UPDATE_REQ": []}
-    reply_types = collections.Counter()
-    statuses = collections.Counter()
-    replies_per_client, requests_per_client, missing = {}, {}, []
-    sent_t = []
-    reasm_drops = collections.Counter()
-    for cid, t in trackers.items():
-        requests_per_client[str(cid)] = len(t.reqs)
-        replies_per_client[str(cid)] = len(t.done)
-        sent_t += t.sent_t
+    lat, missing = {"LOOKUP_REQ": [], "UPDATE_REQ": []}, []
+    reply_types, statuses, reasm_drops = (collections.Counter() for _ in range(3))
+    requests_per_client = {str(cid): len(t.reqs) for cid, t in trackers.items()}
+    replies_per_client = {str(cid): len(t.done) for cid, t in trackers.items()}
+    sent_t = sorted(x for t in trackers.values() for x in t.sent_t)
+    for t in trackers.values():
         reasm_drops.update(getattr(t.reasm, "drops", {}) or {})
         for (c, mid), r in t.reqs.items():
             d = t.done.get(mid)
@@ -656,7 +630,6 @@ def replay_report(pcap, sidecar: dict | None, reqs, trackers, counters, state_su
                     statuses[str(d[2])] += 1
             if mid in t.first_sent:
                 lat[MsgType(r["type"]).name].append((d[0] - t.first_sent[mid]) / 1e3)
-    sent_t.sort()
     span = (sent_t[-1] - sent_t[0]) / 1e9 if len(sent_t) > 1 else 0.0
     replied = sum(replies_per_client.values())
     failed = sum(statuses.values())
