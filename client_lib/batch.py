@@ -57,13 +57,11 @@ def as_ids(values) -> np.ndarray:
     if v.ndim != 1:
         raise ValueError(f"values must be a 1-D id array, got shape {v.shape} (flatten it feature-major, "
                          "or use KeyedJaggedBatch.from_dense for a (B, F) matrix)")
-    if v.dtype.kind == "u":
-        return v.astype(np.uint64, copy=False)
-    if v.dtype.kind == "i":
-        if v.size and int(v.min()) < 0:
-            raise ValueError(f"negative id {int(v.min())} (ids must be in 0..2**64-1)")
-        return v.astype(np.uint64, copy=False)
-    raise ValueError(f"ids must be integers (uint64), got dtype {v.dtype}")
+    if v.dtype.kind not in "iu":
+        raise ValueError(f"ids must be integers (uint64), got dtype {v.dtype}")
+    if v.dtype.kind == "i" and v.size and int(v.min()) < 0:
+        raise ValueError(f"negative id {int(v.min())} (ids must be in 0..2**64-1)")
+    return v.astype(np.uint64, copy=False)
 
 
 def _ids_from_sequence(values) -> np.ndarray:
