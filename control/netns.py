@@ -188,22 +188,15 @@ def in_netns(name: str) -> Iterator[None]:
         os.close(home)
 
 
-_libc = None
-
-
 def _setns(fd: int) -> None:
-    global _libc
-    if hasattr(os, "setns"):
+    if hasattr(os, "setns"):  # Python >= 3.12; before, libc's through ctypes
         os.setns(fd, _CLONE_NEWNET)
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+    elif ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
 
 
-class Netns:
+class Netns(contextlib.AbstractContextManager):
     """One named network namespace: wire, address, tune and run commands in it; a context manager
     that deletes it on exit (also when the body raises).
 
@@ -254,9 +247,6 @@ class Netns:
     def delete(self) -> bool:
         """Delete it with its interfaces (:func:`delete`; idempotent)."""
         return delete(self.name, log=self.log)
-
-    def __enter__(self) -> "Netns":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.delete()

@@ -39,8 +39,9 @@ def require_net_admin(what: str = "the testbed") -> None:
 
 # pid + start time identify a process across pid reuse; one definition for the control plane
 # and the testbed (a state record has ``pid`` and ``starttime``)
-def stop_process(rec: dict, timeout: float = 5.0) -> bool:
-    """SIGTERM the process group of a state record, SIGKILL after ``timeout`` s.
+def stop_process(rec: dict, timeout: float = 5.0, *, term: bool = True) -> bool:
+    """SIGTERM the process group of a state record, SIGKILL after ``timeout`` s (at once if not
+    ``term``); wait up to 2 s after the SIGKILL.
 
     Only if pid *and* start time still match (a recycled pid is left alone).
 
@@ -50,7 +51,7 @@ def stop_process(rec: dict, timeout: float = 5.0) -> bool:
     if not pid_matches(rec):
         return False
     pid = rec["pid"]
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0))[0 if term else 1:]:
         try:
             os.killpg(pid, sig) if rec.get("pgid", True) else os.kill(pid, sig)
         except ProcessLookupError:

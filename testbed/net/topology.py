@@ -6,11 +6,11 @@ How: docs/testbed.md, "Wiring, names and readiness".
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import select
-import signal
 import socket
 import sys
 import time
@@ -28,7 +28,7 @@ from embnic.control.targets.dpdk.process import remove_runtime_dir
 from embnic.control.netns import Netns, NetnsError, exec_argv, in_netns, netns_exists, netns_list, netns_pids
 
 from .procs import (NeedsRoot, TestbedError, card_pipeline_name, card_target, dead_nodes, describe_dead, list_testbeds,
-                    loaded_card, log_tail, node_dir, reap, require_net_admin, save_testbed_state, spawn_logged,
+                    loaded_card, log_tail, node_dir, require_net_admin, save_testbed_state, spawn_logged,
                     state_path, stop_process, testbed_state)
 from .toml_writer import dump_toml
 from .wiring import DEFAULT_PMD, PmdError, Topology, card_file_prefix, check_name, derived_mac, link_prefix
@@ -109,7 +109,7 @@ def status_name(status: int) -> str:
 
 
 # --------------------------------------------------------------------------- runtime
-class Testbed:
+class Testbed(contextlib.AbstractContextManager):
     """A testbed being brought up, used and torn down.
 
     Args:
@@ -137,19 +137,16 @@ class Testbed:
         self.state: dict = {}
         self._log = None
         self.target = None  #: the card's Target (DpdkTarget, Bmv2Target) once it runs
-        self._cfg: ClusterConfig | None = None
 
     # -- paths and config
     def log_path(self, node: str) -> Path:
         """One log per node: ``RUN_DIR/testbed-NAME/<node>.log`` (``testbed`` for the testbed's own)."""
         return self.dir / f"{node}.log"
 
-    @property
+    @functools.cached_property
     def cfg(self) -> ClusterConfig:
         """The effective cluster config (every MAC filled in) every testbed process reads."""
-        if self._cfg is None:
-            self._cfg = load_config(self.config_path)
-        return self._cfg
+        return load_config(self.config_path)
 
     def _save(self) -> None:
         save_testbed_state(self.state, self.rdir)
@@ -159,9 +156,6 @@ class Testbed:
             ensure_run_dir(self.dir)
             self._log = open(self.log_path("testbed"), "a")
         return self._log
-
-    def __enter__(self) -> "Testbed":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.down()
@@ -427,16 +421,10 @@ class Testbed:
                 return p
         raise KeyError(f"no server for shard {shard_id}")
 
-    def kill_server(self, shard_id: int, sig: int = signal.SIGKILL) -> None:
-        """Kill shard ``shard_id``'s server (fault injection). It stays recorded; ``down`` copes."""
-        rec = self.server_record(shard_id)
-        if pid_matches(rec):
-            os.killpg(rec["pid"], sig)
-            for _ in range(200):
-                reap(rec["pid"])
-                if not pid_matches(rec):
-                    break
-                time.sleep(0.01)
+    def kill_server(self, shard_id: int) -> None:
+        """Kill shard ``shard_id``'s server with SIGKILL, no SIGTERM first (fault injection: a crash);
+        wait until it is gone. It stays recorded; ``down`` copes."""
+        stop_process(self.server_record(shard_id), term=False)
 
     def restart_server(self, shard_id: int, extra_args=(), timeout: float = 20.0) -> dict:
         """Start shard ``shard_id``'s server again with its recorded argv plus ``extra_args``
