@@ -132,14 +132,13 @@ class EmbeddingClient:
         raises; rows are views of one buffer holding every table's rows)."""
         plan = self._plan(MsgType.LOOKUP_REQ, precheck.plain_arrays(requests, lambda v: v), None,
                           lambda: precheck.lookup_flat(self.cfg, self._ta, requests))
-        return plan.split(self._lookup_run(plan))
+        return plan.split(self._run(plan))
 
     def lookup_flat(self, table_ids, counts, keys) -> np.ndarray:
         """:meth:`lookup` of a round given flat, with no step per table
         (:meth:`Backend.lookup_flat <embnic.client_lib.backend.Backend.lookup_flat>`)."""
-        plan = self._plan(MsgType.LOOKUP_REQ, precheck.plain_jagged(table_ids, counts, keys), None,
-                          lambda: precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys))
-        return self._lookup_run(plan)
+        return self._run(self._plan(MsgType.LOOKUP_REQ, precheck.plain_jagged(table_ids, counts, keys), None,
+                                    lambda: precheck.lookup_jagged(self.cfg, self._ta, table_ids, counts, keys)))
 
     def update(self, updates: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         """Push gradients for every table in one round, one message per shard touched, and return
@@ -223,29 +222,26 @@ class EmbeddingClient:
             raise AssertionError("the C plan refused a round precheck passed")
         return plan
 
-    def _lookup_run(self, plan: RoundPlan) -> np.ndarray:
-        """Run a planned lookup round; returns every table's rows flat (:meth:`RoundPlan.finish`)."""
-        dst, _, nbytes = plan.out_layout()
-        out = np.empty(nbytes, np.uint8)
-        self._run(plan, out=out, dst=dst, record_latency=True)
-        return plan.finish(out)
-
-    def _run(self, plan: RoundPlan, *, out=None, dst=None, record_latency: bool = False) -> None:
+    def _run(self, plan: RoundPlan) -> np.ndarray | None:
         """Send a planned round (an update's values ``plan.vals``) and wait for every answer: its
         message ids taken from the id clock, a size round first in the fixed-length mode, then the
         round's messages in the send queue's order (``plan.qorder``), counted and exchanged
-        (:meth:`_exchange`)."""
-        if not plan.num_msgs:
-            return
-        self._ids.advance(plan.first_id, plan.next_id)
-        if self.fixed_length:
-            self._size_round(plan, plan.tab[:, len(MSG_COLUMNS)])
-        tab, st = plan.tab[plan.qorder] if len(plan.tab) > 1 else plan.tab, self._stats
-        st.rounds += 1
-        st.data_rounds += 1
-        st.round_messages += len(tab)
-        st.round_shards += len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1
-        self._exchange(tab, plan.dir, plan.keys, plan.vals, dst, plan.rb, plan.so, out, record_latency)
+        (:meth:`_exchange`). Returns a lookup's rows, every table's flat (:meth:`RoundPlan.finish`
+        of the buffer :meth:`RoundPlan.out_layout` lays out), None for an update."""
+        lookup = plan.msg_type == MsgType.LOOKUP_REQ
+        dst, _, nbytes = plan.out_layout() if lookup else (None, 0, 0)
+        out = np.empty(nbytes, np.uint8) if lookup else None
+        if plan.num_msgs:
+            self._ids.advance(plan.first_id, plan.next_id)
+            if self.fixed_length:
+                self._size_round(plan, plan.tab[:, len(MSG_COLUMNS)])
+            tab, st = plan.tab[plan.qorder] if len(plan.tab) > 1 else plan.tab, self._stats
+            st.rounds += 1
+            st.data_rounds += 1
+            st.round_messages += len(tab)
+            st.round_shards += len(set(tab[:, C_SHARD].tolist())) if len(tab) > 1 else 1
+            self._exchange(tab, plan.dir, plan.keys, plan.vals, dst, plan.rb, plan.so, out, lookup)
+        return plan.finish(out) if lookup else None
 
     def _exchange(self, tab, directory, keys, vals, dst, rb, so, out, record_latency: bool) -> None:
         """Send the round's messages (``tab`` in queue order) and wait for every answer in the C
