@@ -41,18 +41,12 @@ __all__ = ["TrainResult", "feature_tables", "train", "evaluate", "embed_batch", 
 # --------------------------------------------------------------------------- the model
 @dataclasses.dataclass
 class DenseParams:
-    """Client-side parameters: bias, dense weights w (n_dense,), per-feature weights u (F, dim)."""
+    """Client-side parameters: bias, dense weights w (n_dense,), per-feature weights u (F, dim)
+    (:func:`train` starts them at 0, 0 and N(0, 0.01²) from its seed), float32."""
 
     b: np.ndarray
     w: np.ndarray
     u: np.ndarray
-
-    @classmethod
-    def init(cls, n_dense: int, n_features: int, dim: int, seed: int = 0) -> "DenseParams":
-        rng = np.random.default_rng(seed)
-        return cls(np.zeros(1, np.float32),
-                   np.zeros(n_dense, np.float32),
-                   (rng.standard_normal((n_features, dim)) * 0.01).astype(np.float32))
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -195,8 +189,9 @@ def train(cfg: ClusterConfig, data, *, steps: int, batch_size: int = 512, backen
         raise ValueError("no training rows")
     ftab = feature_tables(cfg, data.sparse.shape[1])
     dim = cfg.table(ftab[0]).dim
-    params = DenseParams.init(data.dense.shape[1], data.sparse.shape[1], dim,
-                                    cfg.seed if seed is None else seed)
+    rng = np.random.default_rng(cfg.seed if seed is None else seed)
+    params = DenseParams(np.zeros(1, np.float32), np.zeros(data.dense.shape[1], np.float32),
+                         (rng.standard_normal((data.sparse.shape[1], dim)) * 0.01).astype(np.float32))
     losses, times, ids, uniq = [], [], 0, 0
     for step in range(steps):
         t0 = time.perf_counter()
