@@ -196,15 +196,14 @@ def client_snapshot(client) -> dict:
 _PROBE_ID_BASE = 0xFFFE0000  #: msg ids of the between-step probes (the testbed's own probes use 0xFFFF....)
 
 
-def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tries: int = 3,
-               sent: dict | None = None) -> dict[int, float]:
+def probe_rtts(client, cfg: ClusterConfig, seq: int, sent: dict) -> dict[int, float]:
     """One-key lookup round trips (µs) through the card to every shard, on the training client's
     own socket and path, between two steps (no request of the client is in flight then).
 
     The same probe as the testbed's readiness probe (:func:`~embnic.testbed.net.topology.ask`:
     a key each shard owns), so ``lookup p50 / probe p50`` compares a training lookup with the
     smallest message on the same path at the same moment of the run. A probe unanswered after
-    ``tries`` × ``timeout_s`` is left out (the step's own retries report a dead path).
+    3 tries × 1 s is left out (the step's own retries report a dead path).
 
     Args:
         sent: counters ``sent`` (probe messages, retries included) and ``frames_sent`` to add to
@@ -216,10 +215,9 @@ def probe_rtts(client, cfg: ClusterConfig, seq: int, timeout_s: float = 1.0, tri
     out = {}
     for i, s in enumerate(cfg.shards):
         msg_id = _PROBE_ID_BASE + ((seq * len(cfg.shards) + i) & 0xFFFF)
-        got, _, sends = T.ask(client.sock, cfg, client.client_id, s.id, msg_id, tries * timeout_s, timeout_s)
-        if sent is not None:
-            sent["frames_sent"] += sends  # a one-key lookup is one frame
-            sent["sent"] += sends
+        got, _, sends = T.ask(client.sock, cfg, client.client_id, s.id, msg_id, 3.0, 1.0)
+        sent["frames_sent"] += sends  # a one-key lookup is one frame
+        sent["sent"] += sends
         if got is not None:
             out[s.id] = got * 1e6
     return out
@@ -337,12 +335,10 @@ def _conclude(rep: dict, failure: dict | None, tables: dict | None, out: Path, l
     Raises:
         DemoError: training failed, or the losses or tables differ from the in-process run.
     """
-    if failure is not None:
-        for line in failure_summary(rep):
-            log(line)
-        raise DemoError(f"{failure['message']} (report of what ran: {out / 'report.json'})", rep)
-    for line in summary(rep):
+    for line in (summary if failure is None else failure_summary)(rep):
         log(line)
+    if failure is not None:
+        raise DemoError(f"{failure['message']} (report of what ran: {out / 'report.json'})", rep)
     problems = []
     if not rep["loss_match"]:
         problems.append(f"losses differ from the in-process run by up to {rep['loss_max_abs_diff']:.3g} "
@@ -362,18 +358,12 @@ class _CardRun:
     def __init__(self, opts: DemoOptions, tb: "T.Testbed", topo: "T.Topology", kill_at: int | None,
                  log: Callable[[str], None]):
         self.opts, self.tb, self.topo, self.kill_at, self.log = opts, tb, topo, kill_at, log
-        self.timing: dict = {}
-        self.losses: list[float] = []
-        self.probes: list[float] = []
+        self.timing, self.snap, self.card_at_end = {}, {}, {}
+        self.losses, self.probes, self.readers = [], [], []  # floats, floats, Reader
         self.probe_sent = {"sent": 0, "frames_sent": 0}
-        self.snap: dict = {}
-        self.card_at_end: dict = {}
-        self.state_at_end: dict | None = None
-        self.card_final: dict | None = None
-        self.res = self.tables = self.netem_rec = self.failure = self.client = None
-        self.readers: list[Reader] = []
+        self.res = self.tables = self.netem_rec = self.failure = self.client = self.cid = None
+        self.state_at_end = self.card_final = None  # dict
         self.ckdir = tb.dir / "shard-state" if opts.restart else None
-        self.cid = None
         self.t0 = 0.0
 
     def _server_argv(self, sid, config_path, ip) -> list[str]:
@@ -437,7 +427,7 @@ class _CardRun:
         el = max(time.monotonic() - self.t0, 1e-9)
         bar.update(1, loss=f"{loss:.4f}", msg_s=f"{(s.messages_sent + s.messages_received) / el:.0f}")
         if kill_at is None or i + 1 < kill_at:  # the probe RTT of this moment of the run
-            self.probes.extend(probe_rtts(self.client, self.tb.cfg, i, sent=self.probe_sent).values())
+            self.probes.extend(probe_rtts(self.client, self.tb.cfg, i, self.probe_sent).values())
         if kill_at is not None and i + 1 == kill_at:
             self.log(f"fault: killing shard {opts.kill_shard}'s server after step {i + 1}")
             self.tb.kill_server(opts.kill_shard)
@@ -471,7 +461,7 @@ class _CardRun:
             except EmbnicError as e:
                 if phase == "training" and len(self.losses) == opts.steps:
                     phase = "evaluation"
-                self.failure = _failure(e, phase, self.tb, client, self.losses, opts, self.kill_at)
+                self.failure = _failure(e, phase, self.tb, self.losses, opts, self.kill_at)
                 if not self.snap:
                     self.snap.update(client_snapshot(client), elapsed=max(time.monotonic() - self.t0, 1e-9))
                     if not self.failure["card_dead"]:
@@ -493,7 +483,7 @@ class _CardRun:
                                           **{k: v for k, v in cleared["helpers"].items() if v is not None}}
 
 
-def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, opts: DemoOptions,
+def _failure(e: Exception, phase: str, tb: "T.Testbed", losses: list, opts: DemoOptions,
              kill_at: int | None) -> dict:
     """What failed, checked while the testbed still runs: the client's error plus which of the
     card and the servers are dead (the client alone cannot tell a dead card from a dead shard)."""
@@ -501,12 +491,11 @@ def _failure(e: Exception, phase: str, tb: "T.Testbed", client, losses: list, op
     done = len(losses)
     where = (f"after {done} of {opts.steps} steps" if phase == "training" else
              f"in the {phase} after all {opts.steps} steps")
-    msg = f"{phase} through the card failed {where}: {e}"
-    msg += f" ({tb.why_no_answer(dead)}"
+    why = tb.why_no_answer(dead)
     if kill_at is not None and any(d["node"] == f"s{opts.kill_shard}" for d in dead):
-        msg += f"; shard {opts.kill_shard} was killed on purpose by --kill-shard after step {kill_at}"
-    msg += ")"
-    return {"message": msg, "client_error": str(e), "phase": phase, "steps_completed": done,
+        why += f"; shard {opts.kill_shard} was killed on purpose by --kill-shard after step {kill_at}"
+    return {"message": f"{phase} through the card failed {where}: {e} ({why})", "client_error": str(e),
+            "phase": phase, "steps_completed": done,
             "failed_at_step": done + 1 if phase == "training" else None,
             "failing_shard": getattr(e, "shard_id", None), "dead_nodes": dead,
             "card_dead": any(d["role"] == "card" for d in dead)}
@@ -520,7 +509,6 @@ def build_report(run, ref, out: Path) -> dict:
     opts, res, losses, snap, failure = run.opts, run.res, run.losses, run.snap, run.failure
     card_at_end, lat, probes = run.card_at_end, run.client.stats.lookup_latency_us[:snap["latencies"]], run.probes
     done = len(losses)
-    steps = opts.steps
     ref_part = np.asarray(ref.loss[:done], np.float64)
     loss_diff = float(np.max(np.abs(np.asarray(losses, np.float64) - ref_part))) if done else None
     el = snap["elapsed"]
@@ -538,7 +526,7 @@ def build_report(run, ref, out: Path) -> dict:
         "data": str(opts.data or "shipped Criteo sample (testbed/training/data)"),
         "client": run.cid,
         "other_clients": {str(r.client.client_id): r.result() for r in run.readers},
-        "steps": steps,
+        "steps": opts.steps,
         "steps_completed": done,
         "batch_size": opts.batch_size,
         "error": None if failure is None else {k: v for k, v in failure.items() if k != "card_dead"},
@@ -592,7 +580,7 @@ def build_report(run, ref, out: Path) -> dict:
         "timing": {**run.timing, "train_steps_s": round(el, 2), "steps_per_s": round(done / el, 2)},
     }
     title = (f"{'TorchRec DLRM' if opts.model == 'dlrm' else 'FM CTR model'} on Criteo, "
-             f"{steps} steps × {opts.batch_size}")
+             f"{opts.steps} steps × {opts.batch_size}")
     if failure is not None:
         title += f" (failed after {done} steps)"
     rep["plots"] = {
@@ -650,13 +638,11 @@ def summary(rep: dict) -> list[str]:
                       f"{rep['lookup_p50_over_probe_p50']} × probe p50 (target ≤ {t['target']:g}: {verdict})"),
         ("card drops", R.fmt_drops(rep["card_drops"])),
     ]
-    lost = rep.get("card_lost_before_switch")
-    if lost is not None:
+    if (lost := rep.get("card_lost_before_switch")) is not None:
+        by_port = ", ".join(f"{k}: {v}" for k, v in lost["by_port"].items())
+        over = f"; tables over {rep['card_control']['channel']}" if rep.get("card_control") else ""
         rows.append(("lost before card", f"{lost['total']} frames the card's interfaces took in that the switch "
-                                         "never counted (by port: " + ", ".join(
-                                             f"{k}: {v}" for k, v in lost["by_port"].items()) + ")"
-                                         + (f"; tables over {rep['card_control']['channel']}"
-                                            if rep.get("card_control") else "")))
+                                         f"never counted (by port: {by_port}){over}"))
     if tb:
         rows.append(("final tables", f"{tb['rows']} rows read back through the card: "
                                      f"{'identical' if tb['equal'] else 'DIFFERENT'} to the in-process run"))
