@@ -141,10 +141,14 @@ class Plan:
     empty_bags: frozenset = frozenset()
 
 
-def _model(cfg: ClusterConfig, backend, data, seed: int):
+def _model(cfg: ClusterConfig, backend, data, plan: Plan):
+    """(``backend`` behind :class:`DeferredUpdates`, the DLRM on it); ValueError: no rows."""
     from .dlrm import build_model
 
-    return build_model(cfg, backend, data.dense.shape[1], data.sparse.shape[1], seed)
+    if not len(data.labels):
+        raise ValueError("no training rows")
+    deferred = DeferredUpdates(backend)
+    return deferred, build_model(cfg, deferred, data.dense.shape[1], data.sparse.shape[1], plan.seed)
 
 
 def _backward(model, data, plan: Plan, step: int, rank: int) -> float:
@@ -185,10 +189,7 @@ def run_worker(cfg: ClusterConfig, data, plan: Plan, *, rank: int, backend, barr
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    if not len(data.labels):
-        raise ValueError("no training rows")
-    deferred = DeferredUpdates(backend)
-    model = _model(cfg, deferred, data, plan.seed)
+    deferred, model = _model(cfg, backend, data, plan)
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=plan.lr_dense)
     losses = []
@@ -230,12 +231,9 @@ def reference_run(cfg: ClusterConfig, data, plan: Plan) -> ReferenceResult:
 
     from embnic.client_lib.local import LocalBackend
 
-    if not len(data.labels):
-        raise ValueError("no training rows")
     tables = LocalBackend(cfg)
-    deferred = DeferredUpdates(tables)
-    model = _model(cfg, deferred, data, plan.seed)
-    params = [p for p in model.parameters()]
+    deferred, model = _model(cfg, tables, data, plan)
+    params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=plan.lr_dense)
     losses = [[] for _ in range(plan.world)]
     for k in range(plan.steps):
