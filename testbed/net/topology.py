@@ -20,7 +20,7 @@ from embnic.client_lib import codec
 from embnic.client_lib.config import ClusterConfig, load_config, parse_config
 from embnic.client_lib.consts import MsgType, Status
 from embnic.control import netns
-from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, run_dir
+from embnic.control.runstate import ensure_run_dir, pid_matches, proc_starttime, remove_state, run_dir
 from embnic.control.runstate import state_path as runstate_path
 from embnic.control.targets.base import get_target_class
 from embnic.control.targets.dpdk.process import remove_runtime_dir
@@ -502,8 +502,6 @@ def down(name: str, rdir: Path | None = None) -> dict:
     # `up --no-card`): it runs in our card namespace, so it is ours to stop, with its state file
     ext = loaded_card(name, rdir)
     if ext is not None:
-        from embnic.control.runstate import remove_state
-
         pname = card_pipeline_name(name)
         try:
             if card_target(ext.get("target"), pname, rdir).unload().get("was_running"):
@@ -518,13 +516,10 @@ def down(name: str, rdir: Path | None = None) -> dict:
     pat = re.compile(rf"^{re.escape(name)}-(card|c\d+|s\d+)$")
     nss = [ns for ns in state.get("netns", []) if isinstance(ns, str)]
     nss += [ns for ns in netns_list() if pat.match(ns) and ns not in nss]
-    me = os.getpid()
     for ns in reversed(nss):
         if not netns_exists(ns):
             continue
-        for pid in netns_pids(ns):
-            if pid == me:
-                continue
+        for pid in [p for p in netns_pids(ns) if p != os.getpid()]:  # never this process
             rec = {"pid": pid, "starttime": proc_starttime(pid), "pgid": False}
             if stop_process(rec, timeout=2.0):
                 stopped.append(f"{ns}:{pid}")
