@@ -105,7 +105,6 @@ class _Step:
     gidx: torch.Tensor  # int64 (n,): each id's row in ``rows`` (tables grouped as in prep)
     weights: torch.Tensor | None  # float32 (n,) in slot order, or None
     wperm: np.ndarray | None  # int64 (n,): slot-order position of each grouped id (None: the same order)
-    stride: int
     gpos: np.ndarray  # int64 (S,): each slot's place among prep's features (grouped by table)
 
 
@@ -259,24 +258,21 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         self.unique_ids = 0  #: distinct (table, id) pairs looked up, summed over forwards
 
     @classmethod
-    def from_cluster(cls, backend: Backend, *, table_ids: list[int] | None = None,
-                     pooling: PoolingType = PoolingType.SUM, **kw) -> "RemoteEmbeddingBagCollection":
-        """One ``EmbeddingBagConfig`` per cluster table (``name``, ``dim``, ``rows``), with one
-        feature of the table's own name.
+    def from_cluster(cls, backend: Backend, **kw) -> "RemoteEmbeddingBagCollection":
+        """One ``EmbeddingBagConfig`` per cluster table, in config order (``name``, ``dim``,
+        ``rows``; SUM pooling), with one feature of the table's own name (for other tables,
+        poolings or features, give the constructor their configs).
 
         Args:
             backend: as for the constructor.
-            table_ids: which cluster tables, in this order (default: all, config order).
-            pooling: SUM or MEAN for every table.
             kw: passed to the constructor (``is_weighted``, ``validate``, ``fused_params``).
 
         A table without ``rows`` gets ``num_embeddings = 2**63 - 1`` (TorchRec needs a number;
         ids are not bounded by it, see :func:`num_embeddings`).
         """
         cfg = require_backend(backend, "RemoteEmbeddingBagCollection").cfg
-        chosen = [cfg.table(i) for i in table_ids] if table_ids is not None else list(cfg.tables)
         confs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=num_embeddings(t),
-                                    feature_names=[t.name], pooling=pooling) for t in chosen]
+                                    feature_names=[t.name], pooling=PoolingType.SUM) for t in cfg.tables]
         return cls(confs, backend, **kw)
 
     # -- TorchRec's EmbeddingBagCollection interface ------------------------------------------
@@ -375,7 +371,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         prep = prepare_batch(batch, self._slot_tables, validate=False)  # checked above (_check)
         self.ids += prep.num_ids
         self.unique_ids += prep.num_unique
-        step = self._step(prep, weights, b, lens)
+        step = self._step(prep, weights, lens)
         self.steps_forward += 1
         placeholders = self._placeholders()
         if torch.is_grad_enabled() and (any(p.requires_grad for p in placeholders)
@@ -389,7 +385,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
     def _placeholders(self) -> list:
         return [self.embedding_bags[c.name].weight for c in self._configs]
 
-    def _step(self, prep: PreparedBatch, weights, b: int, lens: np.ndarray) -> _Step:
+    def _step(self, prep: PreparedBatch, weights, lens: np.ndarray) -> _Step:
         """Look every table's ``unique`` ids up in one round and lay the rows out for pooling: one
         ``(U, D)`` matrix (rows of narrower tables padded with zeros), each id's row index;
         ``lens`` the KJT's lengths (F*B,)."""
@@ -409,9 +405,9 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         wperm = None
         if not np.array_equal(fperm, np.arange(fperm.size)):
             # where every slot's ids start in values, and how many it has
-            per_slot = lens.reshape(fperm.size, b).sum(axis=1) if len(lens) else np.zeros(fperm.size, np.int64)
+            per_slot = lens.reshape(fperm.size, -1).sum(axis=1) if len(lens) else np.zeros(fperm.size, np.int64)
             wperm = concat_ranges((np.cumsum(per_slot) - per_slot)[fperm], per_slot[fperm])
-        return _Step(prep, rows, torch.from_numpy(prep.row_index), weights, wperm, b, gpos)
+        return _Step(prep, rows, torch.from_numpy(prep.row_index), weights, wperm, gpos)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -435,7 +431,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         """int64 (B, Σ dims): where each output value is in the pooled ``(G, D)`` matrix (flat);
         None when the output is the pooled matrix's (S, B, D) permuted (one dim, slots grouped
         as prep groups its features)."""
-        b = step.stride
+        b = step.prep.stride
         if self._uniform and step.wperm is None and np.array_equal(step.gpos, np.arange(step.gpos.size)):
             return None
         key = (b, step.gpos.tobytes())
@@ -453,7 +449,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         """float32 (B, Σ dims): every table's bags pooled into their feature's columns, all tables
         in one ``embedding_bag`` per pooling mode (each bag's sum over the same rows in the same
         order as a call per table)."""
-        b, prep, D = step.stride, step.prep, self._dmax
+        b, prep, D = step.prep.stride, step.prep, self._dmax
         psw, offsets = self._grouped_weights(step), torch.from_numpy(prep.offsets)
         pooled = None  # (G, D); a step without ids pools every bag to 0 (embedding_bag of no ids)
         for mode in self._modes:  # at most two: sum, mean
@@ -475,7 +471,7 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         weights' gradient (of every table's ids). Every table at once: the bags' gradients from
         the output with one index, each id's with another, the rows' with one ``index_add_``."""
         self.check_optimizers()  # before the placeholders' in-backward optimizers would run
-        b, prep, D = step.stride, step.prep, self._dmax
+        b, prep, D = step.prep.stride, step.prep, self._dmax
         G = prep.lengths.size
         idx = self._out_index(step)
         if idx is None:
