@@ -240,10 +240,6 @@ class Netns(contextlib.AbstractContextManager):
             raise
         return ns
 
-    def exists(self) -> bool:
-        """True while the namespace exists."""
-        return netns_exists(self.name)
-
     def delete(self) -> bool:
         """Delete it with its interfaces (:func:`delete`; idempotent)."""
         return delete(self.name, log=self.log)
@@ -265,21 +261,16 @@ class Netns(contextlib.AbstractContextManager):
         """``ip -n NAME ARGS...`` (:func:`ip`)."""
         return ip(*args, ns=self.name, check=check, log=self.log)
 
-    def pids(self) -> list[int]:
-        """Pids of the processes in the namespace (:func:`netns_pids`)."""
-        return netns_pids(self.name)
-
     def sysctl(self, key: str, value: str, *, check: bool = True) -> None:
         """Set ``key`` (``net.ipv4.conf.IF.rp_filter``) to ``value`` inside the namespace."""
         self.run(["sysctl", "-qw", f"{key}={value}"], check=check)
 
     # ------------------------------------------------------------------ wiring
-    def take_interface(self, ifname: str, *, ipv6: bool = False) -> None:
-        """Move ``ifname`` from the caller's namespace into this one and bring it up; IPv6 off on
-        it unless ``ipv6`` (no link-local address). Raises NetnsError (no such interface, ...)."""
+    def take_interface(self, ifname: str) -> None:
+        """Move ``ifname`` from the caller's namespace into this one and bring it up, IPv6 off on
+        it (no link-local address). Raises NetnsError (no such interface, ...)."""
         ip("link", "set", ifname, "netns", self.name, log=self.log)
-        if not ipv6:
-            self.disable_ipv6(ifname)
+        self.disable_ipv6(ifname)
         self.link_up(ifname)
 
     def veth(self, name: str, peer: str, *, peer_ns: str | None = None, **kw) -> None:

@@ -166,7 +166,7 @@ def test_two_namespaces_wired_addressed_and_torn_down():
     a_name, b_name = f"enTa{TAG}", f"enTb{TAG}"
     a_if, b_if = f"eTa{TAG}", f"eTb{TAG}"
     with Netns.create(a_name) as a, Netns.create(b_name) as b:
-        assert {a_name, b_name} <= set(netns.netns_list()) and a.exists()
+        assert {a_name, b_name} <= set(netns.netns_list()) and netns.netns_exists(a.name)
         netns.veth(a_if, b_if, ns=a_name, peer_ns=b_name, mac="02:00:00:aa:00:01", peer_mac="02:00:00:aa:00:02",
                    mtu=2000)
         assert not Path("/sys/class/net", a_if).exists()  # never in the caller's namespace
@@ -200,10 +200,10 @@ def test_two_namespaces_wired_addressed_and_torn_down():
         p = subprocess.Popen(b.exec_argv(["sleep", "30"]))
         try:
             for _ in range(100):
-                if p.pid in b.pids():
+                if p.pid in netns.netns_pids(b.name):
                     break
                 subprocess.run(["sleep", "0.02"])
-            assert p.pid in b.pids()
+            assert p.pid in netns.netns_pids(b.name)
         finally:
             p.kill()
             p.wait()
@@ -221,7 +221,7 @@ def test_a_failed_step_names_the_command_and_the_body_error_still_tears_down():
                 ns.link_up("nope0")
             with pytest.raises(NetnsError, match="File exists"):
                 Netns.create(name)  # it exists: refused, and the existing one is left alone
-            assert ns.exists()
+            assert netns.netns_exists(ns.name)
             raise RuntimeError("body")
     assert not netns.netns_exists(name)
 
