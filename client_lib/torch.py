@@ -258,21 +258,24 @@ class RemoteEmbeddingBagCollection(torch.nn.Module, FusedOptimizerModule):
         self.unique_ids = 0  #: distinct (table, id) pairs looked up, summed over forwards
 
     @classmethod
-    def from_cluster(cls, backend: Backend, **kw) -> "RemoteEmbeddingBagCollection":
-        """One ``EmbeddingBagConfig`` per cluster table, in config order (``name``, ``dim``,
-        ``rows``; SUM pooling), with one feature of the table's own name (for other tables,
-        poolings or features, give the constructor their configs).
+    def from_cluster(cls, backend: Backend, *, table_ids: list[int] | None = None,
+                     pooling: PoolingType = PoolingType.SUM, **kw) -> "RemoteEmbeddingBagCollection":
+        """One ``EmbeddingBagConfig`` per cluster table (``name``, ``dim``, ``rows``), with one
+        feature of the table's own name.
 
         Args:
             backend: as for the constructor.
+            table_ids: which cluster tables, in this order (default: all, config order).
+            pooling: SUM or MEAN for every table.
             kw: passed to the constructor (``is_weighted``, ``validate``, ``fused_params``).
 
         A table without ``rows`` gets ``num_embeddings = 2**63 - 1`` (TorchRec needs a number;
         ids are not bounded by it, see :func:`num_embeddings`).
         """
         cfg = require_backend(backend, "RemoteEmbeddingBagCollection").cfg
+        chosen = [cfg.table(i) for i in table_ids] if table_ids is not None else list(cfg.tables)
         confs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=num_embeddings(t),
-                                    feature_names=[t.name], pooling=PoolingType.SUM) for t in cfg.tables]
+                                    feature_names=[t.name], pooling=pooling) for t in chosen]
         return cls(confs, backend, **kw)
 
     # -- TorchRec's EmbeddingBagCollection interface ------------------------------------------
