@@ -212,11 +212,9 @@ class Topology:
                 if e.card_port is None:
                     raise ConfigError(f"{field}.card_port", "required: the card port this "
                                       f"{kind} hangs off", where)
-                h = hosts.get(e.ip)
-                if h is None:
-                    h = hosts[e.ip] = {"kind": kind, "node": node, "ep": e, "field": field, "members": [],
-                                       "ns": f"{name}-{node}"}
-                elif h["kind"] != kind:
+                h = hosts.setdefault(e.ip, {"kind": kind, "node": node, "ep": e, "field": field, "members": [],
+                                            "ns": f"{name}-{node}"})
+                if h["kind"] != kind:
                     raise ConfigError(f"{field}.ip", f"{e.ip} is the host of {h['field']} (a {h['kind']}); in "
                                       "the testbed a host holds clients or shards, not both", where)
                 h["members"].append(node)
@@ -233,6 +231,7 @@ class Topology:
                 raise ConfigError(f"{on_port[-1]['field']}.ip", f"{err} (card port {p.id} has {p.ip}); give "
                                   "each card port's segment its own small subnet, e.g. 10.77.<port>.1 and "
                                   ".2, .3, ...", where) from None
+            # names fit Linux's 15 characters: NAME has at most 8 (check_name), ids at most 5 digits (config.py)
             port_if = f"{name}p{p.id}"
             bridge = f"{name}b{p.id}" if len(on_port) > 1 else None
             for h in on_port:
@@ -243,11 +242,6 @@ class Topology:
                     peer_id=e.id, peer_ns=h["ns"], peer_if=f"{name}{node}",
                     peer_mac=e.mac or derived_mac(h["kind"], e.id), peer_ip=e.ip,
                     prefix_len=plen, members=tuple(h["members"]), bridge=bridge, port_if=port_if))
-        for link in links:
-            for ifname in (link.card_if, link.peer_if):
-                if len(ifname) > 15:
-                    raise ConfigError("clients/shards.id", f"interface name {ifname!r} is longer than 15 "
-                                      "characters: use a shorter testbed name or smaller ids", where)
         return cls(name, cfg, tuple(nodes), tuple(links), pmd)
 
     # -- lookups
