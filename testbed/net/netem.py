@@ -71,10 +71,6 @@ class Impairment:
         return dataclasses.asdict(self)
 
 
-def _tap_names(peer_if: str) -> tuple[str, str]:
-    return peer_if + "o", peer_if + "i"
-
-
 class UnknownLink(TestbedError):
     """``--link`` named a node that has no link in the testbed (a usage error: the CLI exits 2)."""
 
@@ -278,11 +274,6 @@ def apply(name: str, imp: Impairment, *, backend: str = "auto", links: list[str]
             chose = ("the card runs on net_af_xdp" if xdp_card else "this kernel has none")
             raise UnsupportedImpairment(why + (f" ({chose}, so --backend auto chose user)" if by_auto
                                                else ""), option="--delay")
-        for lk in chosen:
-            tap_o, _ = _tap_names(lk["peer_if"])
-            if len(tap_o) > 15:
-                raise TestbedError(f"interface {lk['peer_if']} is too long for the user-space netem taps; use a "
-                                   "shorter testbed name")
         if not os.path.exists("/dev/net/tun"):
             raise TestbedError("/dev/net/tun is missing (the user-space netem needs taps): modprobe tun")
     # -- validated; now change the chosen links, remembering what they had
@@ -336,7 +327,7 @@ def _start_helper(name: str, state: dict, rdir: Path, lk: dict, imp: Impairment)
     """Create the link's taps and start its user-space helper (recorded as an ``impair`` process)."""
     d = node_dir(name, rdir)
     ns, ifname = lk["peer_ns"], lk["peer_if"]
-    tap_o, tap_i = _tap_names(ifname)
+    tap_o, tap_i = ifname + "o", ifname + "i"  # 15 characters at most: a peer's interface has 14 (wiring)
     h = {"link": lk["peer"], "ns": ns, "iface": ifname, "taps": [tap_o, tap_i], "pid": None,
          "stats": str(d / f"{lk['peer']}-netem.json"), "log": str(d / f"{lk['peer']}-netem.log")}
     # the taps are recorded before they exist
