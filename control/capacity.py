@@ -317,12 +317,9 @@ def step_bottleneck(cfg, hw: Hardware, w: Workload, tr: Traffic, cards: int = 1)
 
 def _with_shards(cfg: ClusterConfig, n: int) -> ClusterConfig:
     """``cfg`` with ``n`` shards (hash sharding keeps spreading; table sharding keeps t mod S)."""
-    base = cfg.shards[0]
     shards = list(cfg.shards[:n])
-    top = max(s.id for s in shards)
-    for _ in range(len(shards), n):  # only their number and order matter to routing
-        top += 1
-        shards.append(dataclasses.replace(base, id=top, mac=None))
+    top = max(s.id for s in shards)  # the new ones: ids after it (only their number and order matter to routing)
+    shards += [dataclasses.replace(cfg.shards[0], id=top + k, mac=None) for k in range(1, n - len(shards) + 1)]
     return dataclasses.replace(cfg, shards=tuple(shards))
 
 
