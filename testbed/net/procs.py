@@ -4,6 +4,7 @@ it says about the nodes (written before anything is created, so ``down`` works a
 through :mod:`embnic.control.runstate`; one log per node in ``RUN_DIR/testbed-NAME/``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -60,7 +61,8 @@ def stop_process(rec: dict, timeout: float = 5.0, *, term: bool = True) -> bool:
             os.kill(pid, sig)
         end = time.monotonic() + wait
         while time.monotonic() < end:
-            reap(pid)
+            with contextlib.suppress(ChildProcessError):  # our exited child: reaped, no zombie
+                os.waitpid(pid, os.WNOHANG)
             if not pid_matches(rec):
                 return True
             time.sleep(0.02)
@@ -83,15 +85,6 @@ def spawn_logged(argv: list[str], log: str | Path) -> subprocess.Popen:
                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
         except OSError as e:
             raise TestbedError(f"cannot start {argv[0]}: {e.strerror}") from None
-
-
-def reap(pid: int) -> None:
-    """Collect ``pid``'s exit status if it is a child of this process that has exited (no zombie);
-    a no-op otherwise (not exited yet, or not our child)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def log_tail(path: str | Path, n: int = 2) -> str:
