@@ -4,8 +4,9 @@ One shard's directory (``--checkpoint-dir DIR`` → ``DIR/shard-<id>/``) holds `
 state after the first S logged updates; a disk table's rows as a RocksDB snapshot
 ``ckpt-<S>.<n>.store/t<id>/`` beside it), ``wal-<S>.log`` (the updates logged from S on: a
 16-byte file header :data:`WAL_HEADER`, then one :data:`REC` record per applied update, its body
-as on the wire) and ``LOCK``. The formats, the commit per wake-up, the restore and the refusal
-of a protocol-v1 directory (format 1, :data:`V1_ADVICE`): docs/server.md, "Durability".
+as on the wire) and ``LOCK``. The formats, the group commit (the ``fdatasync`` in a thread of its
+own, :class:`Durability`), the restore and the refusal of a protocol-v1 directory (format 1,
+:data:`V1_ADVICE`): docs/server.md, "Durability".
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import re
 import shutil
 import struct
 import tempfile
+import threading
 import time
 import zipfile
 import zlib
@@ -243,13 +245,24 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[int, tuple[np.ndarray, np.nd
 
 class Durability:
     """The log and checkpoints of one shard server (what :class:`~.shard_state.ShardState` holds):
-    the write-ahead log's records appended, then made durable with one ``fdatasync`` per commit.
+    the write-ahead log's records appended, written, and made durable by a group commit.
+
+    Sequence numbers only grow: :attr:`seq` (records appended) ≥ :attr:`written` (handed to the
+    file) ≥ :attr:`durable` (on disk: an ``fdatasync`` that started after they were written has
+    returned). The serving thread appends and writes (:meth:`append`, :meth:`handoff`); one sync
+    thread of this object runs the ``fdatasync`` s, each covering every record written before it
+    started, while the serving thread goes on; :attr:`on_durable` is called (from the sync
+    thread) each time :attr:`durable` moved or the disk refused. The first failed ``fdatasync``
+    stops the thread: :attr:`durable` never moves again (a later sync could not vouch for the
+    pages the failed one lost) and every later call raises it; so does a failed write (a torn
+    record may be in the file).
 
     Args:
         directory: ``--checkpoint-dir`` (the shard uses ``directory/shard-<id>``).
         shard_id, seed: the shard and the cluster seed (recorded in checkpoints).
         checkpoint_every: checkpoint after this many logged updates (0: only on request).
-        fsync: ``fdatasync`` on commit (False only for measurements of the cost).
+        fsync: ``fdatasync`` the log (False only for measurements of the cost: what is
+            written counts as durable, no thread).
     """
 
     def __init__(self, directory, shard_id: int, seed: int, *, checkpoint_every: int = 0, fsync: bool = True):
@@ -258,15 +271,23 @@ class Durability:
         self.seed = int(seed)
         self.every = int(checkpoint_every)
         self.fsync = bool(fsync)
-        self.seq = 0  #: sequence number of the next log record
+        self.seq = 0  #: sequence number of the next log record (records appended)
+        self.written = 0  #: records written to the file (serving thread)
+        self.durable = 0  #: records on disk (moved by the sync thread, under :attr:`_cv`)
+        self.on_durable = None  #: called by the sync thread after each ``fdatasync`` (e.g. a wake-up)
         self._fd = -1  # the log file, once restore or start_fresh opened it
-        self._pending: list = []  # header and body of each appended record not yet committed
-        self.records = self.bytes = self.commits = 0  # committed records, their bytes, commits (this process)
+        self._pending: list = []  # header and body of each appended record not yet written
+        self.records = self.bytes = self.commits = 0  # durable records, written bytes, fdatasyncs (this process)
         self.checkpoints = 0
         self.last_checkpoint: str | None = None
         self.restored: dict[str, Any] | None = None
         self._since = 0
         self._lock_fd: int | None = None
+        self._cv = threading.Condition()
+        self._want = 0  # records the serving thread asked to make durable (under _cv)
+        self._error: OSError | None = None  # the failed fdatasync (under _cv)
+        self._closing = False
+        self._thread: threading.Thread | None = None
 
     def _lock(self) -> None:
         """Take ``DIR/shard-<id>/LOCK`` (a POSIX lock, held until :meth:`close` or exit) so that
@@ -380,7 +401,7 @@ class Durability:
 
     def _open_log(self, start: int) -> None:
         """Open ``wal-<start>.log`` for appending (its file header written if it has none)."""
-        self.seq = int(start)
+        self.seq = self.written = self.durable = self._want = int(start)
         self._fd = os.open(self.dir / f"wal-{start:020d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if os.fstat(self._fd).st_size < len(WAL_HEADER):  # a new file (or a torn header: cut by restore)
             os.ftruncate(self._fd, 0)
@@ -392,21 +413,18 @@ class Durability:
     def append(self, client_id, msg_id, fp: tuple, body) -> None:
         """Queue one update about to be applied (``fp``: (num_tables, num_keys, value_len, body_crc),
         the exactly-once fingerprint; ``body``: the wire body, any contiguous buffer, kept by
-        reference until :meth:`commit`, which must run before the buffer is reused)."""
+        reference until :meth:`handoff` or :meth:`commit` writes it, which must run before the
+        buffer is reused). Its record's sequence number is ``seq`` before the call."""
         hdr = _HDR_NOCRC.pack(len(body), self.seq, msg_id, client_id, *fp)
         self._pending += [struct.pack("<I", zlib.crc32(hdr)) + hdr, body]
         self.seq += 1
         self._since += 1
 
-    def commit(self) -> int:
-        """Write every queued record and ``fdatasync`` once. Returns the records made durable.
-
-        Raises:
-            OSError: the write or sync failed (the caller must not acknowledge them).
-        """
+    def _write(self) -> None:
+        """Write every queued record (``writev``; the page cache, not yet the disk)."""
         bufs = self._pending
         if not bufs:
-            return 0
+            return
         for i in range(0, len(bufs), _IOV_MAX):
             chunk = bufs[i:i + _IOV_MAX]
             want = sum(len(memoryview(b).cast("B")) for b in chunk)
@@ -416,13 +434,97 @@ class Durability:
                 while rest:
                     rest = rest[os.write(self._fd, rest):]
             self.bytes += want
-        if self.fsync:
-            os.fdatasync(self._fd)
-        n = len(bufs) // 2
-        self.records += n
-        self.commits += 1
         self._pending = []
-        return n
+        self.written = self.seq
+
+    def handoff(self) -> int:
+        """Write the queued records and ask the sync thread to make them durable (one
+        ``fdatasync`` covering them starts once the one running, if any, has returned); returns
+        at once with :attr:`durable` (records up to it are on disk). The serving thread's one
+        handoff per wake-up: a lock taken once.
+
+        Raises:
+            OSError: the write failed, or an ``fdatasync`` did (nothing after :attr:`durable`
+                may be acknowledged, ever).
+        """
+        if self._error is None:
+            try:
+                self._write()
+            except OSError as e:  # a torn record may be in the file: nothing may follow it
+                with self._cv:
+                    self._error = e
+        with self._cv:
+            if self._error is not None:
+                raise self._error
+            if not self.fsync:  # measuring the cost: written counts as durable
+                if self.written > self.durable:
+                    self.records += self.written - self.durable
+                    self.durable = self.written
+                    self.commits += 1
+                return self.durable
+            if self.written > self._want:
+                self._want = self.written
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._sync_loop, name=f"embnic-wal-{self.shard_id}",
+                                                    daemon=True)
+                    self._thread.start()
+                self._cv.notify_all()
+            return self.durable
+
+    def poll(self) -> int:
+        """:attr:`durable` now (read under the lock the sync thread moves it with).
+
+        Raises:
+            OSError: an ``fdatasync`` failed.
+        """
+        with self._cv:
+            if self._error is not None:
+                raise self._error
+            return self.durable
+
+    def commit(self) -> int:
+        """Write every queued record and wait until all are durable. Returns :attr:`durable`.
+
+        Raises:
+            OSError: the write or an ``fdatasync`` failed (the caller must not acknowledge them).
+        """
+        self.handoff()
+        with self._cv:
+            while self.durable < self.written and self._error is None:
+                self._cv.wait()
+            if self._error is not None:
+                raise self._error
+            return self.durable
+
+    def _sync_loop(self) -> None:
+        """The sync thread: ``fdatasync`` whenever written records wait for it; each one covers
+        every record written before it started (:attr:`_want` when it started)."""
+        cv = self._cv
+        while True:
+            with cv:
+                while self._want <= self.durable and not self._closing:
+                    cv.wait()
+                if self._closing:
+                    return
+                target, fd = self._want, self._fd
+            try:
+                os.fdatasync(fd)
+                err = None
+            except OSError as e:
+                err = e
+            with cv:
+                if err is None:
+                    self.records += target - self.durable
+                    self.durable = target
+                    self.commits += 1
+                else:
+                    self._error = err
+                cv.notify_all()
+            cb = self.on_durable
+            if cb is not None:
+                cb()
+            if err is not None:
+                return
 
     @property
     def due(self) -> bool:
@@ -430,8 +532,9 @@ class Durability:
         return self.every > 0 and self._since >= self.every
 
     def checkpoint(self, tables: dict[int, TableShard], applied: UpdateWindow) -> Path:
-        """Write a checkpoint of the committed state, start a new log file and delete what is
-        behind it. Call between wake-ups (nothing appended and uncommitted).
+        """Write a checkpoint of the committed state (every record made durable first, so the
+        sync thread is idle), start a new log file and delete what is behind it. Call between
+        wake-ups.
 
         Raises:
             OSError: the checkpoint could not be written (the log is kept whole).
@@ -456,15 +559,22 @@ class Durability:
 
     def counters(self) -> dict:
         """``{"dir", "seq", "log_records", "log_bytes", "log_commits", "checkpoints",
-        "last_checkpoint", "since_checkpoint", "restored"}`` (records/bytes/commits of this
-        process; ``since_checkpoint``: updates logged since the last checkpoint)."""
+        "last_checkpoint", "since_checkpoint", "restored"}`` (of this process: records made
+        durable, bytes written, ``fdatasync`` s; ``seq``: records appended; ``since_checkpoint``:
+        updates logged since the last checkpoint)."""
         return {"dir": str(self.dir), "seq": self.seq, "log_records": self.records, "log_bytes": self.bytes,
                 "log_commits": self.commits, "checkpoints": self.checkpoints,
                 "last_checkpoint": self.last_checkpoint, "since_checkpoint": self._since, "restored": self.restored}
 
     def close(self) -> None:
-        """Close the log (queued records are dropped: they were never acknowledged) and release
-        the directory's lock."""
+        """Stop the sync thread (after the ``fdatasync`` it runs, if any), close the log (records
+        not durable are dropped: they were never acknowledged) and release the directory's lock."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

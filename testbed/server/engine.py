@@ -6,9 +6,12 @@ the reassembly across wake-ups (``intake``, :class:`~.intake.Intake`), the C ans
 the lookups it can straight from the receive buffer; the frames it leaves through the state's
 one-frame path (:meth:`.ShardState.take_frame`) or reassembled; whole messages checked with the
 state's rules, all lookups' rows in one gather, all updates in one optimizer step
-(:meth:`_flush_lookups`, :meth:`_flush_updates`); one commit of the write-ahead log; every reply
-framed in C and sent with ``sendmmsg`` (+ GSO), in the order of the datagrams that completed
-their requests.
+(:meth:`_flush_lookups`, :meth:`_flush_updates`); the write-ahead log's records written and
+their ``fdatasync`` handed to the log's sync thread (group commit); every reply framed in C and
+sent with ``sendmmsg`` (+ GSO), in the order of the datagrams that completed their requests —
+but an ``UPDATE_ACK`` (an update's, a duplicate's, a poll's) is held (:attr:`BatchShardServer.held`)
+until the ``fdatasync`` covering every record logged before it has returned, then sent by the
+loop in the order given (woken through its wake-up pipe by the sync thread).
 
 Ordering rules that keep the numerics identical to
 :class:`~embnic.client_lib.local.LocalBackend`: a message that shares a table with what the other
@@ -26,7 +29,7 @@ import os
 import select
 import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -88,6 +91,7 @@ class BatchShardServer:
                              timeout_s=st.reassembly_timeout_s)
         self._one = _OneFrame(self.intake)  # the intake as the one-frame path's assembly
         self._cur: tuple[int, bytes] = (0, b"")  # the datagram the one-frame path is answering (idx, name)
+        self._t0 = 0  # the running wake-up's start (monotonic ns)
         self.started_at: float | None = None
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
@@ -95,6 +99,11 @@ class BatchShardServer:
         os.set_blocking(self._wake_w, False)
         self._calls: collections.deque = collections.deque()
         self._ckpt_req = False
+        #: the acks waiting for the log (group commit), oldest first: ``(log sequence they wait
+        #: for, the wake-up's start in ns, name, ids)``; the sequences never decrease
+        self.held: collections.deque[tuple[int, int, bytes, _Ack]] = collections.deque()
+        if st.durability is not None:
+            st.durability.on_durable = self._wake  # the sync thread wakes the loop for the acks
         self._io_final: tuple[dict, bool] = ({}, self.gso)  # the socket's counters once closed
 
     @property
@@ -152,11 +161,21 @@ class BatchShardServer:
                 if n == 0:
                     break
                 self.serve_batch(n)
+            if self.state.durability is not None:  # the acks the log's sync thread made durable
+                self._send_held(self.state.log_durable())
             now = time.monotonic()
             if now >= next_tick:
                 self.intake.expire(now)
                 next_tick = now + 0.5
         self._run_calls()
+        self.flush_acks()
+
+    def flush_acks(self) -> None:
+        """Wait for the log to make every logged update durable and send the acks held for it
+        (on the serving thread: the end of :meth:`run`, or through :meth:`call`)."""
+        if self.held and self.bs is not None:
+            st = self.state
+            self._send_held(st.durability.durable if st.commit_log() else None)
 
     def _wait(self, poller, wait_ms: int) -> bool:
         """Poll the socket and the wake-up pipe for ``wait_ms``. False when the loop must stop."""
@@ -261,7 +280,7 @@ class BatchShardServer:
 
     def serve_batch(self, n: int) -> None:
         """Handle the ``n`` datagrams of the last receive: one wake-up. Never raises."""
-        t0 = time.monotonic_ns()
+        self._t0 = t0 = time.monotonic_ns()
         st, ans = self.state, self.answer
         st.counts["wakeups"] += 1
         try:
@@ -270,18 +289,58 @@ class BatchShardServer:
         except Exception:  # noqa: BLE001 - a bug must not stop the shard
             st.counts["internal_errors"] += 1
             log.exception("shard %d: internal error in a batch of %d frames", self.shard_id, n)
-        if st.durability is not None and not st.commit_log():
-            ans.clear()  # not durable: no reply of this wake-up may leave
-            self.request_stop()
         nrep = ans.replies()
-        try:
-            ans.send()
-        except Exception:  # noqa: BLE001 - a bug must not stop the shard
-            st.counts["send_errors"] += 1
-            ans.clear()
-            log.exception("shard %d: send failed", self.shard_id)
-        if nrep:  # every reply of the wake-up left in its one sendmmsg: their service time
+        if st.durability is not None and not self._release(st.log_handoff()):
+            nrep = 0
+        self._send()
+        if nrep:  # every reply of the wake-up not held left in its one sendmmsg: their service time
             st.service.add(time.monotonic_ns() - t0, nrep)
+
+    def _send(self) -> None:
+        """Send the queued replies (a failure counted and logged: the shard keeps serving)."""
+        try:
+            self.answer.send()
+        except Exception:  # noqa: BLE001 - a bug must not stop the shard
+            self.state.counts["send_errors"] += 1
+            self.answer.clear()
+            log.exception("shard %d: send failed", self.shard_id)
+
+    def _release(self, durable: int | None) -> bool:
+        """Queue the held acks the log's ``durable`` sequence covers, before the wake-up's other
+        replies (each timed from its own wake-up). None (the disk refused): drop every reply
+        queued or held — none may leave —, stop, and return False."""
+        if durable is None:
+            self.answer.clear()
+            self.held.clear()
+            self.request_stop()
+            return False
+        held = self.held
+        if not held or held[0][0] > durable:
+            return True
+        now = time.monotonic_ns()
+        while held and held[0][0] <= durable:
+            _, t0, name, ids = held.popleft()
+            self.answer.add_spec(-1, name, MsgType.UPDATE_ACK, 0, consts.NO_TABLE, ids, None)
+            self.state.service.add(now - t0, 1)
+        return True
+
+    def _send_held(self, durable: int | None) -> None:
+        """Between wake-ups: send the held acks ``durable`` covers (:meth:`_release`)."""
+        self._release(durable)
+        if self.answer.replies():
+            self._send()
+
+    def _reply(self, idx: int, name: bytes, msg_type: int, status: int, table_id: int, h,
+               body: np.ndarray | None) -> None:
+        """Queue a reply the loop decided (:meth:`.CAnswer.add_spec`); with a log an
+        ``UPDATE_ACK`` is held instead, until every record logged so far is durable (its
+        update's, or the original of a duplicate or poll)."""
+        st = self.state
+        if msg_type == MsgType.UPDATE_ACK and st.durability is not None:
+            self.held.append((st.log_seq, self._t0, name, _Ack(h.client_id, h.msg_id, h.num_tables, h.num_keys,
+                                                                h.value_len)))
+            return
+        self.answer.add_spec(idx, name, msg_type, status, table_id, h, body)
 
     def _take(self, n: int) -> None:
         """The frames of the wake-up the answer path did not answer: the ones its header checks
@@ -327,8 +386,8 @@ class BatchShardServer:
 
     def _frame_reply(self, h, msg_type: int, status: int, table_id: int, body: bytes) -> None:
         """The one-frame path's replies (:data:`.shard_state.ReplySink`), in the place of its datagram."""
-        self.answer.add_spec(self._cur[0], self._cur[1], msg_type, status, table_id, h,
-                             np.frombuffer(body, np.uint8) if body else None)
+        self._reply(self._cur[0], self._cur[1], msg_type, status, table_id, h,
+                    np.frombuffer(body, np.uint8) if body else None)
 
     def _poll_frame(self, r: int, cols: np.ndarray, p: np.ndarray) -> None:
         """Frame ``r``, an update poll: fed to its message first — served if it completes it;
@@ -347,8 +406,7 @@ class BatchShardServer:
             return
         if ans[0] == MsgType.UPDATE_ACK:
             self.intake.discard(req.client_id, req.msg_id, MsgType.UPDATE_REQ)
-        self.answer.add_spec(r, req.name, ans[0], 0, consts.NO_TABLE, req,
-                             np.frombuffer(ans[1], np.uint8) if ans[1] else None)
+        self._reply(r, req.name, ans[0], 0, consts.NO_TABLE, req, np.frombuffer(ans[1], np.uint8) if ans[1] else None)
 
     def _announced_match(self, cand: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
         """Fixed-length mode: bool (n,), True where frame ``cand[j]``'s message was announced by a
@@ -372,7 +430,7 @@ class BatchShardServer:
         """Reply ``msg_type`` to request ``r`` through the answer path, counted (``table_id``
         names an ERROR's table)."""
         self.state.count_reply(msg_type, status)
-        self.answer.add_spec(r.idx, r.name, msg_type, status, table_id, r, body)
+        self._reply(r.idx, r.name, msg_type, status, table_id, r, body)
 
     def _messages(self, reqs: list[Request]) -> None:
         """Parse the whole requests' directories, queue them by kind and flush (see the module
@@ -497,6 +555,16 @@ class BatchShardServer:
         tids, counts, keys = self._concat([q[j] for j, _ in apply])
         flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
         self.state.rows_apply(tids, counts, keys, flat)
+
+
+class _Ack(NamedTuple):
+    """The ids of a held ack's request (what its reply copies)."""
+
+    client_id: int
+    msg_id: int
+    num_tables: int
+    num_keys: int
+    value_len: int
 
 
 class _OneFrame:

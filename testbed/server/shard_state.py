@@ -267,21 +267,45 @@ class ShardState:
             log.error("shard %d: checkpoint failed (%s); the log is kept whole", self.shard_id, e)
 
     def commit_log(self) -> bool:
-        """Make the logged updates durable (then checkpoint when one is due). False once the disk
-        refused (:attr:`durable_failed`): no ack may leave and the loop must stop."""
-        if self.durability is None or self.durable_failed:
-            return not self.durable_failed
+        """Make the logged updates durable, waiting for them (then checkpoint when one is due).
+        False once the disk refused (:attr:`durable_failed`): no ack may leave and the loop must
+        stop."""
+        return self._log_step(lambda d: d.commit()) is not None
+
+    def log_handoff(self) -> int | None:
+        """The group commit's one step per wake-up (:meth:`.Durability.handoff`): the wake-up's
+        records written and their ``fdatasync`` handed to the log's sync thread, a checkpoint
+        when one is due. Returns the log's durable sequence (every update logged before it is
+        on disk: its ack may leave), None once the disk refused (:attr:`durable_failed`)."""
+        return self._log_step(lambda d: d.handoff())
+
+    def log_durable(self) -> int | None:
+        """The log's durable sequence now (:meth:`.Durability.poll`), None once the disk refused."""
+        return self._log_step(lambda d: d.poll())
+
+    @property
+    def log_seq(self) -> int:
+        """The sequence of the next log record: an ack given now may leave once the log's durable
+        sequence reaches it (every record logged so far, its update's or a duplicate's original)."""
+        return self.durability.seq
+
+    def _log_step(self, step: Callable[[Durability], int]) -> int | None:
+        """``step(durability)`` (its durable sequence), a checkpoint when one is due; a refusal of
+        the disk counted (``log_errors``), logged once and remembered (:attr:`durable_failed`): None."""
+        dur = self.durability
+        if dur is None or self.durable_failed:
+            return None if self.durable_failed else 0
         try:
-            self.durability.commit()
+            durable = step(dur)
         except OSError as e:
             self.durable_failed = True
             self.counts["log_errors"] += 1
-            log.error("shard %d: cannot write the log in %s (%s): no more acks; stopping", self.shard_id,
-                      self.durability.dir, e)
-            return False
-        if self.durability.due:
+            log.error("shard %d: cannot write the log in %s (%s): no more acks; stopping", self.shard_id, dur.dir, e)
+            return None
+        if dur.due:
             self.checkpoint_or_log()
-        return True
+            return dur.durable
+        return durable
 
     def close(self) -> None:
         """Close the log and the tables' disk stores (a scratch directory is removed). Idempotent."""
