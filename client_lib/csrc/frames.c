@@ -109,21 +109,27 @@ send_frags(struct ec_round *r, int i, const int *list, int n, int retransmit)
 	return k ? flush_tx(c, k) : 0;
 }
 
-/* pyround's _send: fragments (all, or list[0..n)) of message i; a try
- * of it (and a retransmit) unless !count_try (what a NACK asks for). */
+/* pyround's _send: a try of message i (and a retransmit), its fragments
+ * (all, or list[0..n)), its timer started (what a NACK asks for is no try:
+ * answer_nack() calls send_frags()). */
 int
-ec_send_msg(struct ec_round *r, int i, const int *list, int n, int retransmit,
-	 int count_try)
+ec_send_msg(struct ec_round *r, int i, const int *list, int n, int retransmit)
 {
 	int rc = send_frags(r, i, list, list ? n : (int)r->m[i].frames, retransmit);
 
 	if (rc < 0)
 		return rc;
-	if (!count_try)
-		return 0;
 	r->m[i].tries++;
 	if (retransmit)
 		r->c->stats[S_retransmits]++;
+	r->m[i].deadline = ec_mono() + r->m[i].rto;
+	return 0;
+}
+
+static int
+drop(struct ec_ctx *c, int stat)
+{
+	c->stats[stat]++;
 	return 0;
 }
 
@@ -186,10 +192,8 @@ answer_nack(struct ec_round *r, int i, const struct embnic_msg *h, const uint8_t
 	int list[EMBNIC_MAX_FRAGS], n = 0, rc;
 
 	if (h->num_keys != m->num_keys || h->value_len != m->value_len ||
-	    h->frag_len != EMBNIC_NACK_LEN) {
-		c->stats[S_drop_mismatched_reply]++;
-		return 0;
-	}
+	    h->frag_len != EMBNIC_NACK_LEN)
+		return drop(c, S_drop_mismatched_reply);
 	for (uint32_t f = 0; f < m->frames; f++)
 		if (!(body[f >> 3] >> (f & 7) & 1))
 			list[n++] = (int)f;
@@ -197,7 +201,7 @@ answer_nack(struct ec_round *r, int i, const struct embnic_msg *h, const uint8_t
 	if (n) {
 		m->seq = r->seqs++;
 		m->lost_at = 0;
-		rc = ec_send_msg(r, i, list, n, 1, 0);
+		rc = send_frags(r, i, list, n, 1);
 		if (rc < 0)
 			return rc;
 		c->stats[S_tries_by_nack]++;
@@ -260,49 +264,34 @@ on_frame(struct ec_round *r, const uint8_t *buf, uint32_t len)
 	struct ec_ctx *c = r->c;
 	struct embnic_msg h;
 	struct ec_msg *m;
-	int i, drop;
+	int i, bad;
 	uint32_t p;
 
 	c->stats[S_frames_received]++;
 	c->stats[S_bytes_received] += len;
-	if (len < EMBNIC_HDR_LEN) {
-		c->stats[S_drop_too_short]++;
-		return 0;
-	}
+	if (len < EMBNIC_HDR_LEN)
+		return drop(c, S_drop_too_short);
 	embnic_hdr_decode((const struct embnic_hdr *)buf, &h);
-	if (embnic_ntoh16(((const struct embnic_hdr *)buf)->magic) != EMBNIC_MAGIC) {
-		c->stats[S_drop_bad_magic]++;
-		return 0;
-	}
-	if (h.version != EMBNIC_PROTO_VERSION) {
-		c->stats[S_drop_bad_version]++;
-		return 0;
-	}
-	if (h.msg_type < 1 || h.msg_type >= EMBNIC_NB_TYPES || embnic_is_request(h.msg_type)) {
-		c->stats[S_drop_bad_type]++;
-		return 0;
-	}
-	drop = embnic_check_lengths(&h, len - EMBNIC_HDR_LEN);
-	if (drop != EMBNIC_DROP_NONE) {
-		c->stats[drop == EMBNIC_DROP_TOO_MANY_FRAGS ? S_drop_too_many_frags :
-			 drop == EMBNIC_DROP_FRAG_MISMATCH ? S_drop_frag_mismatch :
-							      S_drop_bad_length]++;
-		return 0;
-	}
-	if (h.msg_len > EC_MAX_MSG_LEN) {
-		c->stats[S_drop_too_large]++;
-		return 0;
-	}
+	if (embnic_ntoh16(((const struct embnic_hdr *)buf)->magic) != EMBNIC_MAGIC)
+		return drop(c, S_drop_bad_magic);
+	if (h.version != EMBNIC_PROTO_VERSION)
+		return drop(c, S_drop_bad_version);
+	if (h.msg_type < 1 || h.msg_type >= EMBNIC_NB_TYPES || embnic_is_request(h.msg_type))
+		return drop(c, S_drop_bad_type);
+	bad = embnic_check_lengths(&h, len - EMBNIC_HDR_LEN);
+	if (bad != EMBNIC_DROP_NONE)
+		return drop(c, bad == EMBNIC_DROP_TOO_MANY_FRAGS ? S_drop_too_many_frags :
+			    bad == EMBNIC_DROP_FRAG_MISMATCH ? S_drop_frag_mismatch : S_drop_bad_length);
+	if (h.msg_len > EC_MAX_MSG_LEN)
+		return drop(c, S_drop_too_large);
 	i = h.client_id == c->client_id ? ec_find(r, h.msg_id) : -1;
 	if (i < 0 || r->m[i].state != Q_PENDING) {
 		no_pending(r, &h, i);
 		return 0;
 	}
 	m = &r->m[i];
-	if (h.shard_id != c->shard_ids[m->shard]) {
-		c->stats[S_drop_wrong_shard_reply]++;
-		return 0;
-	}
+	if (h.shard_id != c->shard_ids[m->shard])
+		return drop(c, S_drop_wrong_shard_reply);
 	if (h.msg_type == EMBNIC_ERROR) {
 		r->res[R_KIND] = K_SHARD_ERROR;
 		r->res[R_SHARD] = m->shard;
@@ -317,10 +306,8 @@ on_frame(struct ec_round *r, const uint8_t *buf, uint32_t len)
 		return rc;
 	}
 	if (h.msg_type != reply_of[m->type] || h.num_keys != m->num_keys ||
-	    h.num_tables != m->num_tables || h.value_len != m->value_len) {
-		c->stats[S_drop_mismatched_reply]++;
-		return 0;
-	}
+	    h.num_tables != m->num_tables || h.value_len != m->value_len)
+		return drop(c, S_drop_mismatched_reply);
 	if (h.frag_count == 1) {
 		scatter(r, m, 0, buf + EMBNIC_HDR_LEN, h.frag_len);
 		complete(r, i);
@@ -331,8 +318,7 @@ on_frame(struct ec_round *r, const uint8_t *buf, uint32_t len)
 		m->rfc = h.frag_count;
 		m->rp = p;
 	} else if (h.frag_count != m->rfc || p != m->rp) {
-		c->stats[S_drop_frag_mismatch]++;
-		return 0;
+		return drop(c, S_drop_frag_mismatch);
 	}
 	if (m->got[h.frag_index >> 6] >> (h.frag_index & 63) & 1) {
 		c->stats[S_duplicates]++;

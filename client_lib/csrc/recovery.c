@@ -49,11 +49,9 @@ ec_fill(struct ec_round *r, int s)
 		m->t_first = m->t_sent = ec_mono();
 		m->seq0 = m->seq = r->seqs++;
 		m->rto = ec_rtt_of(c, s, m->type)->rto;
-		rc = ec_send_msg(r, i, NULL, 0, 0, 1);
+		rc = ec_send_msg(r, i, NULL, 0, 0);
 		if (rc < 0)
 			return rc;
-		m = &r->m[i];
-		m->deadline = ec_mono() + m->rto;
 		c->stats[S_messages_sent]++;
 		if (ec_pend_add(r, i) < 0)
 			return -ENOMEM;
@@ -203,7 +201,7 @@ resend(struct ec_round *r, int i)
 {
 	struct ec_ctx *c = r->c;
 	struct ec_msg *m = &r->m[i];
-	int ri = -1, rc, poll_;
+	int ri = -1, rc, poll_, last;
 
 	if (m->type == EMBNIC_LOOKUP_REQ && !c->fixed_length) {
 		ri = repair(r, i);
@@ -221,25 +219,20 @@ resend(struct ec_round *r, int i)
 	}
 	m = &r->m[i];
 	m->seq = r->seqs++;
+	last = (int)m->frames - 1;
 	if (ri >= 0)
 		m->seq0 = m->seq;
 	m->lost_at = 0;
 	m->t_sent = ec_mono();
-	poll_ = m->type == EMBNIC_UPDATE_REQ && m->frames > 1;
-	if (poll_) {
-		int last = (int)m->frames - 1;
-
+	poll_ = m->type == EMBNIC_UPDATE_REQ && m->frames > 1;	/* its last fragment */
+	if (poll_)
 		c->stats[S_update_polls]++;
-		rc = ec_send_msg(r, i, &last, 1, ri < 0, 1);
-	} else {
-		rc = ec_send_msg(r, i, NULL, 0, ri < 0, 1);
-	}
+	rc = ec_send_msg(r, i, poll_ ? &last : NULL, 1, ri < 0);
 	if (rc < 0)
 		return rc;
 	if (ri >= 0)
 		c->stats[S_retransmits]++;
 	m = &r->m[i];
-	m->deadline = ec_mono() + m->rto;
 	if (c->tail_probes && r->qhead[m->shard] < 0)
 		set_probe_src(r, m->shard, i);
 	return 0;
@@ -289,10 +282,9 @@ probe(struct ec_round *r, int s)
 		ec_geometry(c, p);
 		p->seq0 = p->seq = r->seqs++;
 	}
-	rc = ec_send_msg(r, pi, NULL, 0, 0, 1);
+	rc = ec_send_msg(r, pi, NULL, 0, 0);
 	if (rc < 0)
 		return rc;
-	r->m[pi].deadline = ec_mono() + r->m[pi].rto;
 	if (ec_pend_add(r, pi) < 0)
 		return -ENOMEM;
 	c->stats[S_probes]++;

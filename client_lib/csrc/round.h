@@ -216,7 +216,7 @@ void ec_geometry(const struct ec_ctx *c, struct ec_msg *m);
 void ec_late_add(struct ec_ctx *c, uint32_t id);
 int ec_late_take(struct ec_ctx *c, uint32_t id);
 /* frames.c */
-int ec_send_msg(struct ec_round *r, int i, const int *list, int n, int retransmit, int count_try);
+int ec_send_msg(struct ec_round *r, int i, const int *list, int n, int retransmit);
 int ec_drain(struct ec_round *r);
 /* recovery.c */
 int ec_fill(struct ec_round *r, int s);
