@@ -161,15 +161,6 @@ class StoreEnv:
                              "scratch, replaced at every start)")
         return others
 
-    def free_bytes(self) -> int:
-        """Bytes free to this process on the file system of :attr:`root` (``statvfs``).
-
-        Raises:
-            OSError: the root cannot be read.
-        """
-        st = os.statvfs(self.root)
-        return st.f_bavail * st.f_frsize
-
     def space_ok(self) -> bool:
         """Whether the file system has at least :attr:`reserve_bytes` free (read at most every
         :data:`SPACE_CHECK_S` s; a root that cannot be read counts as no room)."""
@@ -178,7 +169,8 @@ class StoreEnv:
         if now - at < SPACE_CHECK_S:
             return ok
         try:
-            ok = self.free_bytes() >= self.reserve_bytes
+            st = os.statvfs(self.root)  # bytes free to this process
+            ok = st.f_bavail * st.f_frsize >= self.reserve_bytes
         except OSError:
             ok = False
         self._space = (now, ok)
@@ -294,17 +286,21 @@ class TableStore:
         self.path = env.root / f"t{table.id}"
         self._vdt = np.dtype(f"V{4 * self.width}")
         self.db = None
-        self.open(fresh=True)
+        self.reset()
         env.tables.add(self)
 
-    def open(self, fresh: bool) -> None:
-        """Open the store (``fresh``: emptied first).
+    def reset(self, snapshot: Path | None = None) -> None:
+        """Replace the store by an empty one, or by a copy of checkpoint ``snapshot`` (hard links:
+        RocksDB never writes into an SST file, so the live store and the snapshot can share them).
 
         Raises:
-            StoreError: RocksDB cannot open it.
+            StoreError: RocksDB cannot open it. OSError: the copy cannot be made.
         """
-        if fresh and self.path.exists():
+        self.close()
+        if self.path.exists():
             shutil.rmtree(self.path)
+        if snapshot is not None:
+            link_tree(snapshot, self.path)
         try:
             self.db = rocksdict.Rdict(str(self.path), self.env.options(self.table.dim))
         except Exception as e:  # rocksdict raises plain Exceptions for I/O and lock errors
@@ -420,21 +416,14 @@ class TableStore:
         """Every stored row in id order, ``chunk_rows`` at a time (:func:`_row_chunks`)."""
         yield from _row_chunks(self.db.items(read_opt=self._ro), self.path, self.table.dim, self.width, chunk_rows)
 
-    def reset(self) -> None:
-        """Replace the store by an empty one."""
-        self.close()
-        self.open(fresh=True)
-
-    def flush_memtables(self, db=None, wait_s: float | None = None) -> None:
-        """Flush RocksDB's memtables (of ``db``, default the store's) into SST files and wait for
-        it, at most ``wait_s`` seconds (default :data:`FLUSH_WAIT_S`): a flush that finds the disk
-        full is retried by RocksDB, so waiting on it could be for ever.
+    def flush_memtables(self, db, wait_s: float) -> None:
+        """Flush RocksDB's memtables (of ``db``: the store's, or one being closed) into SST files
+        and wait for it, at most ``wait_s`` seconds: a flush that finds the disk full is retried by
+        RocksDB, so waiting on it could be for ever.
 
         Raises:
             StoreFullError: the memtables were not flushed in time.
         """
-        db = self.db if db is None else db
-        wait_s = FLUSH_WAIT_S if wait_s is None else wait_s
         db.flush(False)
         deadline = time.monotonic() + wait_s
         while (db.property_int_value("rocksdb.num-entries-active-mem-table") or 0) + \
@@ -451,25 +440,12 @@ class TableStore:
         Raises:
             StoreFullError (an OSError): the memtables could not be flushed. OSError: the checkpoint failed.
         """
-        self.flush_memtables()
+        self.flush_memtables(self.db, FLUSH_WAIT_S)
         try:
             rocksdict.Checkpoint(self.db).create_checkpoint(str(path))
         except Exception as e:
             raise OSError(f"{path}: RocksDB checkpoint failed ({e})") from None
         fsync_tree(path)
-
-    def replace(self, snapshot: Path) -> None:
-        """Replace the store by a copy of checkpoint ``snapshot`` (hard links: RocksDB never writes
-        into an SST file, so the live store and the snapshot can share them).
-
-        Raises:
-            StoreError: the copy cannot be opened. OSError: it cannot be made.
-        """
-        self.close()
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        link_tree(snapshot, self.path)
-        self.open(fresh=False)
 
 
 def read_meta(path: str | os.PathLike) -> dict:

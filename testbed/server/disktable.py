@@ -97,11 +97,10 @@ class DiskTable:
         else:
             rows = np.empty((n, self.dim), np.float32)
             acc = np.zeros(n, np.float32)
-        if 0 < nf < n:
-            rows[found] = v[:, :self.dim]
-            if self.adagrad:
-                acc[found] = v[:, self.dim]
-        if nf < n:
+            if nf:
+                rows[found] = v[:, :self.dim]
+                if self.adagrad:
+                    acc[found] = v[:, self.dim]
             miss = ~found
             rows[miss] = init_rows(self.seed, self.table.id, keys[miss], self.dim, self.table.init_scale)
         pend, pv = self.pending.find(keys)
@@ -119,14 +118,6 @@ class DiskTable:
         if self.adagrad:
             v[:, self.dim] = acc
         return v
-
-    def _put(self, keys: np.ndarray, rows: np.ndarray, acc: np.ndarray | None) -> None:
-        """Write rows (and accumulators) of ``keys`` (uint64 (n,)) to the store in one WriteBatch.
-
-        Raises:
-            StoreFullError: the store refused the write; nothing of it was written.
-        """
-        self.store.put(keys, self._pack(rows, acc))
 
     # -- a full store (module docstring) ----------------------------------------------------------
 
@@ -173,7 +164,7 @@ class DiskTable:
         shard took is never half applied."""
         if self._full is None:
             try:
-                self._put(keys, rows, acc)
+                self.store.put(keys, self._pack(rows, acc))
                 return
             except StoreFullError as e:
                 self._enter_full(str(e))
@@ -191,7 +182,7 @@ class DiskTable:
         c = self.cache
         d = c.dirty_slots()
         try:
-            self._put(c.keys[d], c.rows[d], c.acc[d] if self.adagrad else None)
+            self.store.put(c.keys[d], self._pack(c.rows[d], c.acc[d] if self.adagrad else None))
         except StoreFullError as e:
             self._enter_full(str(e))
             raise
@@ -234,7 +225,8 @@ class DiskTable:
             dv = vs[ev & c.dirty[vs]]
             if dv.size:
                 try:
-                    self._put(c.keys[dv], np.take(c.rows, dv, axis=0), c.acc[dv] if self.adagrad else None)
+                    v = self._pack(np.take(c.rows, dv, axis=0), c.acc[dv] if self.adagrad else None)
+                    self.store.put(c.keys[dv], v)
                 except StoreFullError as e:  # the cache is unchanged: choose again among clean rows
                     self._enter_full(str(e))
                     continue
@@ -361,9 +353,10 @@ class DiskTable:
             return np.empty(0, np.uint64), np.empty((0, self.dim), np.float32), np.empty(0, np.float32)
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
-    def _reset(self) -> None:
-        """A new store (a loaded state or snapshot): nothing cached, nothing kept in memory,
-        writes go through."""
+    def _reset(self, snapshot: Path | None = None) -> None:
+        """A new store — empty, or a copy of ``snapshot`` (a loaded state or snapshot): nothing
+        cached, nothing kept in memory, writes go through."""
+        self.store.reset(snapshot)
         self.cache.clear()
         self._full = None
         self.pending.clear()
@@ -384,10 +377,10 @@ class DiskTable:
                              f"do not fit dim {self.dim}")
         if k.size > 1 and not bool(np.all(k[1:] > k[:-1])):
             raise ValueError(f"table {self.table.id}: state keys are not strictly increasing")
-        self.store.reset()
         self._reset()
         for lo in range(0, k.size, 1 << 16):
-            self._put(k[lo:lo + (1 << 16)], r[lo:lo + (1 << 16)], a[lo:lo + (1 << 16)] if self.adagrad else None)
+            s = slice(lo, lo + (1 << 16))
+            self.store.put(k[s], self._pack(r[s], a[s] if self.adagrad else None))
         self._n = int(k.size)
         self.store.write_meta(self._n)
 
@@ -418,8 +411,7 @@ class DiskTable:
         got = {k: meta.get(k) for k in want}
         if got != want:
             raise StoreError(f"{path} is a snapshot of {got}, not of {want}")
-        self.store.replace(path)
-        self._reset()
+        self._reset(path)
         self._n = int(meta["rows_held"])
         return meta
 

@@ -192,14 +192,11 @@ def write_checkpoint(d: Path, shard_id: int, seq: int, seed: int, tables: dict[i
             "tables": list(entries.values())}
     arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
     for tid, ts in tables.items():
-        if tid in disk:
-            continue
-        k, r, a = ts.state()
-        arrays[f"t{tid}.keys"], arrays[f"t{tid}.rows"], arrays[f"t{tid}.acc"] = k, r, a
+        if tid not in disk:
+            arrays.update(zip((f"t{tid}.keys", f"t{tid}.rows", f"t{tid}.acc"), ts.state()))
     rows = (applied.rows() if isinstance(applied, UpdateWindow)  # (an empty mapping: no window, an import)
             else [(c, m) + tuple(fp) for (c, m), fp in applied.items()])
-    win = np.array(list(rows), np.int64).reshape(-1, 6)
-    arrays["applied"] = win
+    arrays["applied"] = np.array(list(rows), np.int64).reshape(-1, 6)
     final = d / f"ckpt-{int(seq):020d}.npz"
     tmp = d / f".{final.name}.tmp"
     with open(tmp, "wb") as f:

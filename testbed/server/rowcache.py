@@ -102,11 +102,8 @@ class RowCache:
 
     def clear(self) -> None:
         """Empty it (a new store behind it)."""
-        self.valid[:] = False
-        self.dirty[:] = False
-        self.stored[:] = False
-        self.freq[:] = 0
-        self.stamp[:] = 0
+        for a in (self.valid, self.dirty, self.stored, self.freq, self.stamp):
+            a[:] = 0
 
     def hits(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
         """Start a batch: the slot of each of ``keys`` (uint64 (N,)) it holds, -1 where it holds
