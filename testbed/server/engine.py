@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import concurrent.futures
+import itertools
 import logging
 import os
 import select
@@ -41,6 +42,7 @@ from embnic.client_lib.reassembly import fragment_size
 from embnic.client_lib.sockets import set_socket_buffers
 
 from . import canswer, udpio
+from .durability import Durability
 from .intake import CID, FC, FI, FLAGS, FL, FO, MID, ML, MT, NK, NT, Intake
 from .shard_state import REASSEMBLY_BYTES, REASSEMBLY_PENDING, Refused, Request, ShardState
 
@@ -162,7 +164,7 @@ class BatchShardServer:
                     break
                 self.serve_batch(n)
             if self.state.durability is not None:  # the acks the log's sync thread made durable
-                self._send_held(self.state.log_durable())
+                self._send_held(self.state.log_step(Durability.poll))
             now = time.monotonic()
             if now >= next_tick:
                 self.intake.expire(now)
@@ -200,10 +202,6 @@ class BatchShardServer:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
             pass
-
-    def close_stores(self) -> None:
-        """Close the tables' disk stores (a scratch directory is removed). Idempotent."""
-        self.state.stores.close()
 
     def close(self) -> None:
         """Close the socket, the wake-up pipe, the log and the disk stores. Idempotent."""
@@ -290,7 +288,7 @@ class BatchShardServer:
             st.counts["internal_errors"] += 1
             log.exception("shard %d: internal error in a batch of %d frames", self.shard_id, n)
         nrep = ans.replies()
-        if st.durability is not None and not self._release(st.log_handoff()):
+        if st.durability is not None and not self._release(st.log_step(Durability.handoff)):
             nrep = 0
         self._send()
         if nrep:  # every reply of the wake-up not held left in its one sendmmsg: their service time
@@ -369,20 +367,14 @@ class BatchShardServer:
         c = cols[good]
         poll = ((c[:, MT] == MsgType.UPDATE_REQ) & ((c[:, FLAGS] & consts.Flags.RETRANSMIT) != 0) & (c[:, FC] > 1)
                 & (c[:, FI] == c[:, FC] - 1))
-        if not poll.any():
-            self._messages(self.intake.messages(good, cols, p))
-            return
-        rest = good[~poll]
-        start = 0
-        for r in good[poll].tolist():
-            seg = rest[(rest >= start) & (rest < r)]
-            if seg.size:
-                self._messages(self.intake.messages(seg, cols, p))
-            self._poll_frame(r, cols, p)
-            start = r + 1
-        seg = rest[rest >= start]
-        if seg.size:
-            self._messages(self.intake.messages(seg, cols, p))
+        start = 0  # the frames between polls served, each poll after them
+        for j in np.flatnonzero(poll).tolist():
+            if j > start:
+                self._messages(self.intake.messages(good[start:j], cols, p))
+            self._poll_frame(int(good[j]), cols, p)
+            start = j + 1
+        if start < good.size:
+            self._messages(self.intake.messages(good[start:], cols, p))
 
     def _frame_reply(self, h, msg_type: int, status: int, table_id: int, body: bytes) -> None:
         """The one-frame path's replies (:data:`.shard_state.ReplySink`), in the place of its datagram."""
@@ -483,8 +475,9 @@ class BatchShardServer:
     def _flush_lookups(self, q: list) -> None:
         """Lookups ``q`` (``(request, body)``, arrival order): answered by the answer path where
         its rules allow; the others checked (:meth:`.ShardState.table_fault`), then the rows of
-        every table of all of them in one search and one gather (:meth:`_lookup_bodies`)."""
-        ans = self.answer
+        every table of all of them in one :meth:`.ShardState.rows_lookup` (one search and one
+        gather), cast to the wire dtypes at once; each reply body (uint8 (value_len,)) a slice."""
+        ans, st = self.answer, self.state
         if ans.serving:
             done = ans.lookups(q)
             if done.all():
@@ -492,16 +485,20 @@ class BatchShardServer:
             q = [x for x, d in zip(q, done.tolist()) if not d]
         ok = []
         for r, rb in q:
-            fault = self.state.table_fault(rb)
+            fault = st.table_fault(rb)
             if fault is None:
                 ok.append((r, rb))
             else:
                 self._emit(r, MsgType.ERROR, status=int(fault[0]), table_id=fault[1])
         if not ok:
             return
-        for (r, _), body in zip(ok, self._lookup_bodies(ok)):
-            self._emit(r, MsgType.LOOKUP_REPLY, body)
-            self.state.counts["lookup_keys"] += r.num_keys
+        tids, counts, keys = self._concat(ok)
+        data = st.to_wire(st.rows_lookup(tids, counts, keys), tids, counts)
+        at = 0
+        for (r, _), end in zip(ok, itertools.accumulate(r.value_len for r, _ in ok)):
+            self._emit(r, MsgType.LOOKUP_REPLY, data[at:end])
+            st.counts["lookup_keys"] += r.num_keys
+            at = end
 
     @staticmethod
     def _concat(q: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -515,46 +512,30 @@ class BatchShardServer:
             keys = np.concatenate([x[1].keys for x in q])
         return d["table_id"].astype(np.int64), d["num_keys"].astype(np.int64), keys
 
-    def _lookup_bodies(self, ok: list) -> list[np.ndarray]:
-        """Reply bodies (uint8 (value_len,) each) of the checked lookups ``ok``: the segments of
-        every message concatenated, their rows in one :meth:`.ShardState.rows_lookup`, cast to
-        the wire dtypes at once; each body a slice of the result."""
-        tids, counts, keys = self._concat(ok)
-        data = self.state.to_wire(self.state.rows_lookup(tids, counts, keys), tids, counts)
-        if len(ok) == 1:
-            return [data]
-        ends = np.cumsum([r.value_len for r, _ in ok]).tolist()
-        return [data[a:b] for a, b in zip([0] + ends[:-1], ends)]
-
     def _flush_updates(self, q: list) -> None:
         """Updates ``q`` (arrival order): each admitted (:meth:`.ShardState.admit_update`:
-        exactly-once window, checks, log), then every admitted one applied, all tables in one call."""
-        apply: list[tuple[int, np.ndarray]] = []
-        acks: list[tuple[int, tuple | None]] = []
-        for j, (r, rb) in enumerate(q):
+        exactly-once window, checks, log), then every admitted one applied — the one place a
+        wake-up changes rows: every message's segments in one :meth:`.ShardState.rows_apply`."""
+        apply: list[tuple[tuple, np.ndarray]] = []  # ((request, body), gradients float32 flat)
+        acks: list[tuple[Request, Refused | None]] = []
+        for r, rb in q:
             try:
                 grads = self.state.admit_update(r, r.body, rb, r.last_offset)
             except Refused as e:
-                acks.append((j, (e.status, e.table_id)))
+                acks.append((r, e))
                 continue
             if grads is not None:
-                apply.append((j, grads))
-            acks.append((j, None))
+                apply.append(((r, rb), grads))
+            acks.append((r, None))
         if apply:
-            self._apply_updates(q, apply)
-        for j, fault in acks:
-            if fault is None:
-                self._emit(q[j][0], MsgType.UPDATE_ACK)
+            tids, counts, keys = self._concat([x for x, _ in apply])
+            flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
+            self.state.rows_apply(tids, counts, keys, flat)
+        for r, e in acks:
+            if e is None:
+                self._emit(r, MsgType.UPDATE_ACK)
             else:
-                self._emit(q[j][0], MsgType.ERROR, status=int(fault[0]), table_id=fault[1])
-
-    def _apply_updates(self, q: list, apply: list[tuple[int, np.ndarray]]) -> None:
-        """Apply the admitted updates ``apply`` (``(index into q, gradients float32 flat)``, arrival
-        order): the one place a wake-up changes rows. Every message's segments in one
-        :meth:`.ShardState.rows_apply`."""
-        tids, counts, keys = self._concat([q[j] for j, _ in apply])
-        flat = apply[0][1] if len(apply) == 1 else np.concatenate([g for _, g in apply])
-        self.state.rows_apply(tids, counts, keys, flat)
+                self._emit(r, MsgType.ERROR, status=int(e.status), table_id=e.table_id)
 
 
 class _Ack(NamedTuple):

@@ -104,23 +104,20 @@ class Intake:
         (``idx``; ``name``: the source ``sockaddr_in`` of the message's first frame)."""
         bs = self.bs
         L = bs.lens
-        fi, fl = cols[:, FI], cols[:, FL]
         single = cols[:, FC] == 1
         self.stats["frames"] += int(good.size)
         out: list[tuple] = []
-        info_cols = tuple(cols[:, c] for c in _INFO)
         sg = good[single[good]]
         if sg.size:
-            icols = [c[sg].tolist() for c in info_cols]
-            for j, i in enumerate(sg.tolist()):
-                out.append(Request(i, bs.names[i].tobytes(), *(c[j] for c in icols), 0, bs.rx[i, consts.HDR_LEN:L[i]]))
+            for i, info in zip(sg.tolist(), cols[sg][:, _INFO].tolist()):
+                out.append(Request(i, bs.names[i].tobytes(), *info, 0, bs.rx[i, consts.HDR_LEN:L[i]]))
             self.stats["messages"] += int(sg.size)
         mg = good[~single[good]]
         if mg.size:
-            whole, mg = self.whole(mg, cols, info_cols, p)
+            whole, mg = self.whole(mg, cols, p)
             out.extend(whole)
             if mg.size:
-                out.extend(self.reassemble(mg, cols, info_cols, p, fi, fl))
+                out.extend(self.reassemble(mg, cols, p))
             out.sort(key=lambda m: m.idx)
         return out
 
@@ -134,8 +131,7 @@ class Intake:
         """
         self.stats["frames"] += 1
         drops = self.drops["frag_mismatch"]
-        done = self.reassemble(np.array([r], np.int64), cols, tuple(cols[:, c] for c in _INFO), p, cols[:, FI],
-                               cols[:, FL])
+        done = self.reassemble(np.array([r], np.int64), cols, p)
         if done:
             return done, None
         ent = self._pend.get(int(message_key(cols[r:r + 1])[0]))
@@ -149,8 +145,7 @@ class Intake:
         if int(cols[r, FC]) == 1:
             return self.messages(np.array([r], np.int64), cols, p)[0]
         self.stats["frames"] += 1
-        done = self.reassemble(np.array([r], np.int64), cols, tuple(cols[:, c] for c in _INFO), p, cols[:, FI],
-                               cols[:, FL])
+        done = self.reassemble(np.array([r], np.int64), cols, p)
         return done[0] if done else None
 
     def discard(self, client_id: int, msg_id: int, msg_type: int) -> None:
@@ -159,7 +154,7 @@ class Intake:
         if ent is not None:
             self._pend_bytes -= ent.buf.size
 
-    def whole(self, mg: np.ndarray, cols: np.ndarray, info_cols, p: np.ndarray) -> tuple[list[Request], np.ndarray]:
+    def whole(self, mg: np.ndarray, cols: np.ndarray, p: np.ndarray) -> tuple[list[Request], np.ndarray]:
         """The messages whose every fragment came in this wake-up, once each, with headers that
         agree, and that nothing is pending for: their bodies gathered with one copy per fragment
         size for all of them (rows of the receive buffer in (message, fragment index) order).
@@ -203,10 +198,11 @@ class Intake:
         self.stats["whole"] += len(out)
         return out, np.sort(rows[~take])
 
-    def reassemble(self, mg: np.ndarray, cols: np.ndarray, info_cols, p, fi, fl) -> list[Request]:
+    def reassemble(self, mg: np.ndarray, cols: np.ndarray, p: np.ndarray) -> list[Request]:
         """Feed the multi-fragment frames ``mg`` (indices, ascending) to their messages; returns
         the ones they complete (as :meth:`messages`)."""
         bs = self.bs
+        fi, fl = cols[:, FI], cols[:, FL]
         now = time.monotonic()
         c = cols[mg]
         key = message_key(c)
@@ -230,7 +226,7 @@ class Intake:
                         if len(self._pend) >= self.max_pending:
                             self._evict_oldest()
                     ent = _Pend(tuple(s0.tolist()), int(s0[SAME_FC]), int(s0[SAME_ML]), int(s0[SAME_P]), bs.names[i0].tobytes(),
-                                tuple(int(c[i0]) for c in info_cols), now)
+                                tuple(cols[i0, _INFO].tolist()), now)
                     self._pend[k] = ent
                     self._pend_bytes += ent.buf.size
                 else:

@@ -270,18 +270,7 @@ class ShardState:
         """Make the logged updates durable, waiting for them (then checkpoint when one is due).
         False once the disk refused (:attr:`durable_failed`): no ack may leave and the loop must
         stop."""
-        return self._log_step(lambda d: d.commit()) is not None
-
-    def log_handoff(self) -> int | None:
-        """The group commit's one step per wake-up (:meth:`.Durability.handoff`): the wake-up's
-        records written and their ``fdatasync`` handed to the log's sync thread, a checkpoint
-        when one is due. Returns the log's durable sequence (every update logged before it is
-        on disk: its ack may leave), None once the disk refused (:attr:`durable_failed`)."""
-        return self._log_step(lambda d: d.handoff())
-
-    def log_durable(self) -> int | None:
-        """The log's durable sequence now (:meth:`.Durability.poll`), None once the disk refused."""
-        return self._log_step(lambda d: d.poll())
+        return self.log_step(Durability.commit) is not None
 
     @property
     def log_seq(self) -> int:
@@ -289,9 +278,13 @@ class ShardState:
         sequence reaches it (every record logged so far, its update's or a duplicate's original)."""
         return self.durability.seq
 
-    def _log_step(self, step: Callable[[Durability], int]) -> int | None:
-        """``step(durability)`` (its durable sequence), a checkpoint when one is due; a refusal of
-        the disk counted (``log_errors``), logged once and remembered (:attr:`durable_failed`): None."""
+    def log_step(self, step: Callable[[Durability], int]) -> int | None:
+        """``step(durability)``, a checkpoint when one is due: the log's durable sequence (every
+        update logged before it is on disk: its ack may leave; 0 without a log). ``step``:
+        :meth:`.Durability.commit` (wait for every record), :meth:`.Durability.handoff` (the group
+        commit's one step per wake-up: its records written, their ``fdatasync`` handed to the
+        sync thread) or :meth:`.Durability.poll` (the durable sequence now). A refusal of the disk
+        counted (``log_errors``), logged once and remembered (:attr:`durable_failed`): None."""
         dur = self.durability
         if dur is None or self.durable_failed:
             return None if self.durable_failed else 0
