@@ -40,10 +40,6 @@ embnic_shard_layout(int64_t *out)
 	out[6] = EMBNIC_SHARD_WORK;
 }
 
-/* a header field of size bytes, host to network order */
-#define HDR_TO_WIRE(x, size) \
-	((size) == 1 ? (x) : (size) == 2 ? embnic_ntoh16((uint16_t)(x)) : embnic_ntoh32((uint32_t)(x)))
-
 /*
  * The header of one reply frame (codec.encode_reply): every field of host
  * (host order) written in network byte order, field by field as the one
@@ -54,7 +50,7 @@ put_header(uint8_t *f, const struct embnic_hdr *host)
 {
 	struct embnic_hdr h;
 
-#define PUT_FIELD(name, off, size) h.name = (__typeof__(h.name))HDR_TO_WIRE(host->name, size);
+#define PUT_FIELD(name, off, size) h.name = (__typeof__(h.name))HDR_SWAP(host->name, size);
 	EMBNIC_HDR_FIELDS(PUT_FIELD)
 #undef PUT_FIELD
 	memcpy(f, &h, sizeof(h));
@@ -72,7 +68,7 @@ frames_of(const struct embnic_answer *a, int64_t body_len)
  * in the order of datagram idx. Returns the frames written; -1 when the
  * buffer or the queue is full (nothing written).
  */
-int64_t
+static int64_t
 embnic_shard_reply_frames(struct embnic_answer *a, int64_t idx, const uint8_t *name, uint8_t msg_type,
 			  uint16_t status, uint16_t table_id, uint32_t msg_id, uint16_t client_id,
 			  uint16_t num_tables, uint32_t num_keys, uint32_t value_len, const uint8_t *body,
@@ -276,21 +272,17 @@ embnic_shard_update_ok(const struct embnic_answer *a, const uint8_t *body, int64
 				return 0;
 			prev = k;
 		}
-		if (d.dtype == EMBNIC_DTYPE_FP32) {
-			for (int64_t j = 0; j < nv; j++) {
-				float v;
+		for (int64_t j = 0; j < nv; j++) {
+			float v;
 
+			if (d.dtype == EMBNIC_DTYPE_FP32)
 				memcpy(&v, vp + j * 4, 4);
-				if (!((double)fabsf(v) < b))
-					return 0;
-			}
-			vp += nv * 4;
-		} else {
-			for (int64_t j = 0; j < nv; j++)
-				if (!((double)fabsf(f16_value(le16(vp + j * 2))) < b))
-					return 0;
-			vp += nv * 2;
+			else
+				v = f16_value(le16(vp + j * 2));
+			if (!((double)fabsf(v) < b))
+				return 0;
 		}
+		vp += nv * (d.dtype == EMBNIC_DTYPE_FP32 ? 4 : 2);
 	}
 	return 1;
 }
@@ -378,24 +370,20 @@ static void
 gather_sorted(const struct embnic_store *s, const struct kseg *sg, struct embnic_krec *r, struct embnic_krec *tmp, int64_t n,
 	      int32_t *runs, const uint8_t *kp, uint8_t *out)
 {
-	int64_t cut = -1;
+	int64_t cut = 0;	/* where the second run starts; 0: one run */
 
 	for (int64_t i = 1; i < n; i++) {
 		if (r[i].c >= r[i - 1].c)
 			continue;
-		if (cut >= 0) {	/* a third run */
+		if (cut > 0) {	/* a third run: all of them sorted, one run */
 			embnic_sort_recs(r, tmp, n, runs);
-			gather(s, sg, r, n, kp, out);
-			return;
+			cut = 0;
+			break;
 		}
 		cut = i;
 	}
-	if (cut < 0) {
-		gather(s, sg, r, n, kp, out);
-		return;
-	}
 	gather(s, sg, r + cut, n - cut, kp, out);
-	gather(s, sg, r, cut, kp, out);
+	gather(s, sg, r, cut, kp, out);	/* none when cut is 0 */
 }
 
 /*

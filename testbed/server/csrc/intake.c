@@ -22,33 +22,18 @@ embnic_shard_abi(void)
 	return EMBNIC_PROTO_VERSION * 1000 + EMBNIC_NB_HDR_FIELDS;
 }
 
-/* One row of cols: every header field in wire order, host byte order
- * (embnic_hdr_decode(), the card's one place that swaps header bytes). */
+/* One row of cols: every header field in wire order, host byte order, field
+ * by field as the one field table lists them (HDR_SWAP, as put_header writes
+ * them); m: the same header for the card's checks (embnic_hdr_decode()). */
 static void
 parse_fields(const uint8_t *raw, int64_t *c, struct embnic_msg *m)
 {
 	const struct embnic_hdr *h = (const struct embnic_hdr *)raw;
 
 	embnic_hdr_decode(h, m);
-	c[F_magic] = embnic_ntoh16(h->magic);
-	c[F_version] = m->version;
-	c[F_msg_type] = m->msg_type;
-	c[F_flags] = m->flags;
-	c[F_reserved0] = h->reserved0;
-	c[F_status] = m->status;
-	c[F_msg_id] = m->msg_id;
-	c[F_client_id] = m->client_id;
-	c[F_shard_id] = m->shard_id;
-	c[F_num_tables] = m->num_tables;
-	c[F_table_id] = m->table_id;
-	c[F_num_keys] = m->num_keys;
-	c[F_value_len] = m->value_len;
-	c[F_msg_len] = m->msg_len;
-	c[F_frag_offset] = m->frag_offset;
-	c[F_frag_index] = m->frag_index;
-	c[F_frag_count] = m->frag_count;
-	c[F_frag_len] = m->frag_len;
-	c[F_reserved] = embnic_ntoh16(h->reserved);
+#define GET_FIELD(name, off, size) c[F_##name] = HDR_SWAP(h->name, size);
+	EMBNIC_HDR_FIELDS(GET_FIELD)
+#undef GET_FIELD
 }
 
 static_assert(EMBNIC_NB_HDR_FIELDS == F_END, "one column per header field");

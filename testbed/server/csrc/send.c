@@ -163,8 +163,7 @@ embnic_shard_send(struct embnic_answer *a)
 {
 	int64_t sent0 = a->stats[EMBNIC_ST_SENT_FRAMES];
 	int64_t counts[BATCH];
-	int64_t e = 0, qi = 0, row = 0, left = 0;
-	uint8_t *name = NULL;
+	int64_t e = 0;
 
 	if (a->nrq == 0 || a->fd < 0)
 		goto done;
@@ -172,30 +171,25 @@ embnic_shard_send(struct embnic_answer *a)
 	for (int64_t i = 0; i < a->ntx; i++)
 		a->stats[EMBNIC_ST_TX_BYTES] += a->txlen[i];
 	a->stats[EMBNIC_ST_TX_FRAMES] += a->ntx;
-	for (;;) {
-		if (left == 0) {
-			int64_t q;
+	for (int64_t qi = 0; qi < a->nrq; qi++) {
+		int64_t q = a->rq_order[qi], row = a->rq_start[q], left = a->rq_count[q];
+		uint8_t *name = a->rq_name + q * 16;
 
-			if (qi == a->nrq)
-				break;
-			q = a->rq_order[qi++];
-			row = a->rq_start[q];
-			left = a->rq_count[q];
-			name = a->rq_name + q * 16;
-		}
-		/* frames per entry: as many of width bytes as one UDP datagram holds */
-		int64_t g = a->gso && a->width <= GSO_MAX_BYTES ? GSO_MAX_BYTES / a->width : 1;
-		int64_t k;
+		while (left > 0) {
+			/* frames per entry: as many of width bytes as one UDP datagram holds */
+			int64_t g = a->gso && a->width <= GSO_MAX_BYTES ? GSO_MAX_BYTES / a->width : 1;
+			int64_t k;
 
-		g = g > GSO_MAX_SEGS ? GSO_MAX_SEGS : g;
-		k = left < g ? left : g;
-		put_entry(a, e, name, row, k);
-		counts[e++] = k;
-		row += k;
-		left -= k;
-		if (e == a->send_cap || e == BATCH) {
-			flush(a, e, counts);
-			e = 0;
+			g = g > GSO_MAX_SEGS ? GSO_MAX_SEGS : g;
+			k = left < g ? left : g;
+			put_entry(a, e, name, row, k);
+			counts[e++] = k;
+			row += k;
+			left -= k;
+			if (e == a->send_cap || e == BATCH) {
+				flush(a, e, counts);
+				e = 0;
+			}
 		}
 	}
 	if (e)

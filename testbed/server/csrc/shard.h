@@ -34,6 +34,10 @@ enum {
 	F_END
 };
 
+/* a header field of size bytes between host and network order (either way) */
+#define HDR_SWAP(x, size) \
+	((size) == 1 ? (x) : (size) == 2 ? embnic_ntoh16((uint16_t)(x)) : embnic_ntoh32((uint32_t)(x)))
+
 /* What the shard knows about table ids (ShardState's per-table-id arrays,
  * 65536 entries each) and its place in the cluster. */
 struct embnic_shard_tables {
@@ -149,12 +153,6 @@ static_assert(offsetof(struct embnic_answer, stats) == 42 * 8, "embnic_answer la
 static_assert(sizeof(struct embnic_answer) == (42 + EMBNIC_NB_ST) * 8, "embnic_answer layout");
 static_assert(sizeof(struct embnic_reply_spec) == 64, "embnic_reply_spec layout");
 static_assert(offsetof(struct embnic_reply_spec, name) == 48, "embnic_reply_spec layout");
-
-/* answer.c */
-int64_t embnic_shard_reply_frames(struct embnic_answer *a, int64_t idx, const uint8_t *name, uint8_t msg_type,
-				  uint16_t status, uint16_t table_id, uint32_t msg_id, uint16_t client_id,
-				  uint16_t num_tables, uint32_t num_keys, uint32_t value_len, const uint8_t *body,
-				  int64_t body_len);
 
 /* intake.c */
 int embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n, int64_t shard_id,
