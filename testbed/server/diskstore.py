@@ -36,7 +36,7 @@ except ImportError as e:  # pragma: no cover - what stores.py turns into one lin
 
 from embnic.client_lib.config import TableConfig
 
-from .fsdirs import fsync_tree, link_tree, lock_dir
+from .fsdirs import fsync_tree, link_or_copy, lock_dir
 from .rowcache import capacity
 
 log = logging.getLogger("embnic.server")
@@ -68,11 +68,6 @@ class StoreFullError(StoreError, OSError):
     """The store cannot take writes now (its file system is full, or RocksDB refuses writes until a
     flush gets through): retry when space is back. An ``OSError`` too, so a checkpoint that meets it
     fails as any other disk error does."""
-
-
-def _stalled(e: BaseException) -> bool:
-    """Whether RocksDB refused a ``no_slowdown`` write for a write stall (``Incomplete``)."""
-    return "incomplete" in str(e).lower()
 
 
 #: allocations at least this large are mapped and unmapped by glibc's malloc (M_MMAP_THRESHOLD)
@@ -216,15 +211,11 @@ class StoreEnv:
         """``{"block_cache_bytes", "block_cache_capacity", "memtable_bytes", "table_readers_bytes",
         "sst_bytes"}`` over every open table (bytes; memtables are charged to the block cache, so
         they are part of ``block_cache_bytes`` too)."""
-        mem = rd = sst = 0
-        for t in list(self.tables):
-            if t.db is None:
-                continue
-            mem += t.db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
-            rd += t.db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
-            sst += t.db.property_int_value("rocksdb.total-sst-files-size") or 0
+        dbs = [t.db for t in list(self.tables) if t.db is not None]
+        props = {"memtable_bytes": "cur-size-all-mem-tables", "table_readers_bytes": "estimate-table-readers-mem",
+                 "sst_bytes": "total-sst-files-size"}
         return {"block_cache_bytes": int(self.cache.get_usage()), "block_cache_capacity": self.block_cache_bytes,
-                "memtable_bytes": mem, "table_readers_bytes": rd, "sst_bytes": sst}
+                **{k: sum(db.property_int_value(f"rocksdb.{p}") or 0 for db in dbs) for k, p in props.items()}}
 
     @staticmethod
     def _cleanup(root: Path | None, tables: weakref.WeakSet) -> None:
@@ -236,13 +227,11 @@ class StoreEnv:
             shutil.rmtree(root, ignore_errors=True)
 
     def close(self) -> None:
-        """Close every table's store, release the lock (and remove a scratch root). Idempotent."""
-        for t in list(self.tables):
-            t.close()
+        """Close every table's store (and remove a scratch root), release the lock. Idempotent."""
+        self._final()  # _cleanup
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-        self._final()
 
 
 def scratch_env(block_cache_mb: int, prefix: str = "embnic-rows-") -> StoreEnv:
@@ -300,7 +289,7 @@ class TableStore:
         if self.path.exists():
             shutil.rmtree(self.path)
         if snapshot is not None:
-            link_tree(snapshot, self.path)
+            shutil.copytree(snapshot, self.path, copy_function=link_or_copy)
         try:
             self.db = rocksdict.Rdict(str(self.path), self.env.options(self.table.dim))
         except Exception as e:  # rocksdict raises plain Exceptions for I/O and lock errors
@@ -392,7 +381,7 @@ class TableStore:
                 return
             except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
                 err = e
-            if _stalled(err) and self.env.space_ok():
+            if "incomplete" in str(err).lower() and self.env.space_ok():  # a write stall (``Incomplete``)
                 now = time.monotonic()
                 deadline = now + STALL_WAIT_S if deadline is None else deadline
                 if now < deadline:

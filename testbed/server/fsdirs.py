@@ -73,13 +73,3 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
         except OSError:
             pass
     shutil.copy2(src, dst)
-
-
-def link_tree(src: Path, dst: Path) -> None:
-    """Copy RocksDB directory ``src`` to ``dst`` (must not exist), file by file with
-    :func:`link_or_copy`.
-
-    Raises:
-        OSError: ``dst`` exists, or a file cannot be copied.
-    """
-    shutil.copytree(src, dst, copy_function=link_or_copy)

@@ -47,18 +47,16 @@ def safetensors_header(specs: dict[str, tuple[np.dtype, tuple[int, ...]]], metad
     data in the file)."""
     header: dict = {"__metadata__": dict(sorted(metadata.items()))}
     off = 0
-    offs = {}
     for n in sorted(specs):
         dt, shape = specs[n]
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
         header[n] = {"dtype": _DT[np.dtype(dt).newbyteorder("<")], "shape": list(shape),
                      "data_offsets": [off, off + nbytes]}
-        offs[n] = off
         off += nbytes
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
     head = len(h).to_bytes(8, "little") + h
-    return head, {n: len(head) + o for n, o in offs.items()}
+    return head, {n: len(head) + header[n]["data_offsets"][0] for n in sorted(specs)}
 
 
 def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -144,15 +142,8 @@ def merge_sorted(streams: list, table_id: int):
     Raises:
         ValueError: a key in two streams (two shards hold the same row).
     """
-    its = [iter(s) for s in streams]
-    bufs: list = [(np.empty(0),)] * len(its)  # each stream's rows not merged yet; None: it has no more
-
-    def refill(i):
-        while bufs[i] is not None and bufs[i][0].size == 0:
-            bufs[i] = next(its[i], None)
-
-    for i in range(len(its)):
-        refill(i)
+    its = [(c for c in s if c[0].size) for s in streams]  # empty chunks skipped
+    bufs = [next(it, None) for it in its]  # each stream's rows not merged yet; None: it has no more
     while any(b is not None for b in bufs):
         live = [i for i, b in enumerate(bufs) if b is not None]
         bound = min(bufs[i][0][-1] for i in live)
@@ -161,8 +152,7 @@ def merge_sorted(streams: list, table_id: int):
             k, r, a = bufs[i]
             n = int(np.searchsorted(k, bound, side="right"))
             parts.append((k[:n], r[:n], a[:n]))
-            bufs[i] = (k[n:], r[n:], a[n:])
-            refill(i)
+            bufs[i] = (k[n:], r[n:], a[n:]) if n < k.size else next(its[i], None)
         k = np.concatenate([p[0] for p in parts])
         order = np.argsort(k, kind="stable")
         k = k[order]
