@@ -35,10 +35,10 @@ splitmix64(uint64_t x)
 
 /*
  * Each key's shard, then the keys grouped by shard with a stable counting
- * sort (embnic_client_plan's first step): order (call index of each grouped
- * key), gkeys, tkey, rb, dst (may be NULL), so (N+1); shard_count and
- * shard_first (the first table holding keys of each shard) per shard,
- * start[s] where shard s's keys begin (S+1); rank_tmp is scratch.
+ * sort (the plan's first step): order (call index of each grouped key),
+ * gkeys, tkey, rb, dst (may be NULL), so (N+1); shard_count and shard_first
+ * (the first table holding keys of each shard) per shard, start[s] where
+ * shard s's keys begin (S+1); rank_tmp is scratch.
  */
 static void
 plan_group(const uint64_t *keys, int64_t n, const int64_t *counts, int64_t t_count, const int64_t *tid,
@@ -91,8 +91,8 @@ plan_group(const uint64_t *keys, int64_t n, const int64_t *counts, int64_t t_cou
 }
 
 /*
- * The grouped keys of every shard cut into messages (embnic_client_plan's
- * second step), shard after shard: as many keys as fit, in table order, a
+ * The grouped keys of every shard cut into messages (the plan's second
+ * step), shard after shard: as many keys as fit, in table order, a
  * new message only where the next key would pass the cap either way or
  * the window. Fills dir and msgs; returns the number of messages, *ndir
  * the number of directory entries.
@@ -158,7 +158,7 @@ plan_cut(const int64_t *start, int64_t s_count, const int64_t *tid, const int64_
 }
 
 /*
- * The sending order of the m message rows (embnic_client_plan's last step):
+ * The sending order of the m message rows (the plan's last step):
  * shards by (first table holding keys of theirs, index), a shard's messages
  * (consecutive rows) in key order, into rank[] (an insertion sort of the
  * shards: S is small). present is scratch (S).
@@ -185,46 +185,6 @@ plan_order(const int64_t *shard_count, const int64_t *shard_first, int64_t s_cou
 				rank[r++] = j;
 }
 
-/*
- * Plan one round.
- *
- * keys (N): every table's keys one table after the other (the call order);
- * counts (T): keys per table. Per table of the call (T): tid (its id),
- * rowb (wire bytes of a row), dim, dtype (wire code), tshard (its shard
- * index under table sharding), dbase and dstride (a key's row goes to
- * dbase[t] + position * dstride[t] in the output buffer; lookups).
- * hash: 1 hash sharding, 0 table sharding; S shards; lookup: 1 for a
- * LOOKUP_REQ round, 0 for an UPDATE_REQ; p: body bytes per fragment; cap:
- * msg_frames * p (the request and reply cap); win: (window - 2) * p, or < 0
- * for no window bound.
- *
- * Out (grouped order, N): order, gkeys, tkey, rb, dst (lookups; may be
- * NULL), so (N+1); dir (N entries at most) and msgs (N rows of P_NCOL at
- * most) in key order, and rank_tmp (max(N, S) at least) holding their
- * sending order (rows of shards in the order a walk over the tables meets
- * them, a shard's messages in key order). Scratch: shard_count, shard_first,
- * shard_start (S+1 each). Returns the number of messages; *ndir the number
- * of directory entries.
- */
-int64_t
-embnic_client_plan(const uint64_t *keys, int64_t n, const int64_t *counts, int64_t t_count,
-		   const int64_t *tid, const int64_t *rowb, const int64_t *dim, const int64_t *dtype,
-		   const int64_t *tshard, const int64_t *dbase, const int64_t *dstride,
-		   int hash, int64_t s_count, int lookup, int64_t p, int64_t cap, int64_t win,
-		   int64_t *order, uint64_t *gkeys, int64_t *tkey, int64_t *rb, int64_t *dst,
-		   int64_t *so, int64_t *shard_count, int64_t *shard_first, int64_t *shard_start,
-		   uint8_t *dir, int64_t *ndir, int64_t *msgs, int64_t *rank_tmp)
-{
-	int64_t m;
-
-	plan_group(keys, n, counts, t_count, tid, rowb, tshard, dbase, dstride, hash, s_count, order, gkeys,
-		   tkey, rb, dst, so, shard_count, shard_first, shard_start, rank_tmp);
-	/* messages per shard in shard-index order (the directory's order) */
-	m = plan_cut(shard_start, s_count, tid, dim, dtype, tkey, rb, so, lookup, p, cap, win, dir, ndir, msgs);
-	plan_order(shard_count, shard_first, s_count, msgs, m, shard_start, rank_tmp);
-	return m;
-}
-
 /* Columns of a config table row (client_lib/roundplan.py TableArrays.cfg). */
 enum { G_ID, G_ROWB, G_DIM, G_DTYPE, G_SHARD, G_ROWS, G_ADAGRAD, G_NCOL };
 
@@ -237,24 +197,41 @@ enum {
 /* Why a round is left to precheck.py's per-table checks (which name the problem). */
 enum { E_TABLE = -1, E_KEY = -2, E_ORDER = -3, E_GRAD = -4 };
 
+/* err, table t the one at fault (info[I_ERR_TABLE]) */
+static int64_t
+fault(int64_t *info, int64_t t, int64_t err)
+{
+	info[I_ERR_TABLE] = t;
+	return err;
+}
+
 #define FLT_MAX_D 3.4028234663852886e38
 
 /*
  * Check and plan one round in a single call (client_lib/native.py
- * prepare()): the checks of client_lib/precheck.py's fast path, then
- * embnic_client_plan(), message ids, the send queue's order, a lookup's row
- * offsets and an update's gradients in the grouped order.
+ * prepare()): the checks of client_lib/precheck.py's fast path, then the
+ * plan (plan_group, plan_cut, plan_order), message ids, the send queue's
+ * order, a lookup's row offsets and an update's gradients in the grouped
+ * order.
  *
  * cfg (ncfg rows of G_NCOL, sorted by id) and lr (ncfg): the config's
  * tables. tids, counts (T): the call's tables and key counts; keys (N);
  * grads: an update's float32 gradients (ngrads values: Σ counts·dim, call
  * order), NULL for a lookup; gshape (T x 2, or NULL): each table's gradient
- * rows and columns as the caller got them (counts[t] x dim). Out, besides embnic_client_plan()'s: tix, dbase, dstride, vo
- * (T, T, T, T+1 scratch), ko (T+1), tab (M rows of P_NCOL + 2: the message
- * rows in sending order, then the message id and type), qorder (M: the rows
- * in the send queue's order, a shard's largest message first), vals (an
- * update's value bytes, fp32 tables only: info[I_FP16] says when the caller
- * must build them), info (I_NCOL).
+ * rows and columns as the caller got them (counts[t] x dim). hash: 1 hash
+ * sharding, 0 table sharding; S shards; lookup: 1 for a LOOKUP_REQ round,
+ * 0 for an UPDATE_REQ; p: body bytes per fragment; cap: msg_frames * p (the
+ * request and reply cap); win: (window - 2) * p, or < 0 for no window bound.
+ *
+ * Out (grouped order, N): order (each key's call index), gkeys, tkey, rb, dst
+ * (lookups: where a row goes in the output buffer), so (N+1); dir (N entries
+ * at most) and msgs (N rows of P_NCOL at most) in key order, rank (max(N, S)
+ * at least) their sending order (plan_order); scratch (3 x (S+1)). tcol (7 x
+ * T: tix, rowb, dim, dtype, tshard, dbase, dstride), vo (T+1 scratch), ko
+ * (T+1), tab (M rows of P_NCOL + 2: the message rows in sending order, then
+ * the message id and type), qorder (M: the rows in the send queue's order, a
+ * shard's largest message first), vals (an update's value bytes, fp32 tables
+ * only: info[I_FP16] says when the caller must build them), info (I_NCOL).
  *
  * Returns the number of messages, or E_TABLE (a table not configured, or
  * twice), E_KEY (a key >= rows), E_ORDER (an update's keys of a table not
@@ -293,15 +270,11 @@ prep_tables(const int64_t *cfg, int64_t ncfg, const int64_t *tids, const int64_t
 			else
 				hi = mid;
 		}
-		if (lo == ncfg || cfg[lo * G_NCOL + G_ID] != tids[t] || counts[t] < 0) {
-			info[I_ERR_TABLE] = t;
-			return E_TABLE;
-		}
+		if (lo == ncfg || cfg[lo * G_NCOL + G_ID] != tids[t] || counts[t] < 0)
+			return fault(info, t, E_TABLE);
 		for (int64_t u = 0; u < t; u++)
-			if (tix[u] == lo) {
-				info[I_ERR_TABLE] = t;
-				return E_TABLE;
-			}
+			if (tix[u] == lo)
+				return fault(info, t, E_TABLE);
 		tix[t] = lo;
 		rowb[t] = cfg[lo * G_NCOL + G_ROWB];
 		dim[t] = cfg[lo * G_NCOL + G_DIM];
@@ -337,14 +310,10 @@ prep_check(const int64_t *cfg, const double *lr, const int64_t *tcol, const int6
 		uint64_t rows = (uint64_t)cfg[tix[t] * G_NCOL + G_ROWS];
 
 		for (i = ko[t]; i < ko[t + 1]; i++) {
-			if (rows && keys[i] >= rows) {
-				info[I_ERR_TABLE] = t;
-				return E_KEY;
-			}
-			if (!lookup && !trusted && i > ko[t] && keys[i] <= keys[i - 1]) {
-				info[I_ERR_TABLE] = t;
-				return E_ORDER;
-			}
+			if (rows && keys[i] >= rows)
+				return fault(info, t, E_KEY);
+			if (!lookup && !trusted && i > ko[t] && keys[i] <= keys[i - 1])
+				return fault(info, t, E_ORDER);
 		}
 	}
 	if (lookup)
@@ -353,10 +322,8 @@ prep_check(const int64_t *cfg, const double *lr, const int64_t *tcol, const int6
 	if (ngrads != vo[t_count])
 		return E_GRAD;
 	for (t = 0; gshape && t < t_count; t++)
-		if (gshape[2 * t] != counts[t] || gshape[2 * t + 1] != dim[t]) {
-			info[I_ERR_TABLE] = t;
-			return E_GRAD;
-		}
+		if (gshape[2 * t] != counts[t] || gshape[2 * t + 1] != dim[t])
+			return fault(info, t, E_GRAD);
 	for (t = 0; !trusted && t < t_count; t++) {
 		const float *g = grads + vo[t];
 		double mx = 0, step;
@@ -372,20 +339,16 @@ prep_check(const int64_t *cfg, const double *lr, const int64_t *tcol, const int6
 			mx = a > mx ? a : mx;
 		}
 		if (dtype[t] == EMBNIC_DTYPE_FP16) {
-			if (!(mx <= 65504.0)) {
-				info[I_ERR_TABLE] = t;
-				return E_GRAD;
-			}
+			if (!(mx <= 65504.0))
+				return fault(info, t, E_GRAD);
 			mx *= 1.001;
 		}
 		if (cfg[tix[t] * G_NCOL + G_ADAGRAD])
 			step = 2.0 * (double)dim[t] * mx * mx;
 		else
 			step = (lr[tix[t]] < 0 ? -lr[tix[t]] : lr[tix[t]]) * mx * (1 + 0x1p-20);
-		if (!(step < FLT_MAX_D)) {
-			info[I_ERR_TABLE] = t;
-			return E_GRAD;
-		}
+		if (!(step < FLT_MAX_D))
+			return fault(info, t, E_GRAD);
 	}
 	return 0;
 }
@@ -440,6 +403,7 @@ embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 	int64_t *rowb = tcol + t_count, *dim = tcol + 2 * t_count,
 		*dtype = tcol + 3 * t_count, *tshard = tcol + 4 * t_count,
 		*dbase = tcol + 5 * t_count, *dstride = tcol + 6 * t_count;
+	int64_t *shard_first = scratch + s_count + 1, *shard_start = scratch + 2 * (s_count + 1);
 
 	memset(info, 0, sizeof(int64_t) * I_NCOL);
 	err = prep_tables(cfg, ncfg, tids, counts, t_count, n, tcol, vo, ko, &fp16, &uniform, info);
@@ -461,10 +425,11 @@ embnic_client_prepare(const int64_t *cfg, const double *lr, int64_t ncfg,
 			dstride[t] = 4 * dim[t];
 		}
 	}
-	m = embnic_client_plan(keys, n, counts, t_count, tids, rowb, dim, dtype, tshard,
-			       lookup ? dbase : NULL, lookup ? dstride : NULL, hash, s_count, lookup, p,
-			       cap, win, order, gkeys, tkey, rb, lookup ? dst : NULL, so, scratch,
-			       scratch + s_count + 1, scratch + 2 * (s_count + 1), dir, &nd, msgs, rank);
+	plan_group(keys, n, counts, t_count, tids, rowb, tshard, dbase, dstride, hash, s_count, order, gkeys,
+		   tkey, rb, lookup ? dst : NULL, so, scratch, shard_first, shard_start, rank);
+	/* messages per shard in shard-index order (the directory's order) */
+	m = plan_cut(shard_start, s_count, tids, dim, dtype, tkey, rb, so, lookup, p, cap, win, dir, &nd, msgs);
+	plan_order(scratch, shard_first, s_count, msgs, m, shard_start, rank);
 	next_id = prep_queue(msgs, rank, m, lookup, next_id, tab, qorder);
 	if (!lookup && !fp16)	/* the gradients in the grouped order */
 		for (i = 0; i < n; i++) {
