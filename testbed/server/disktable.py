@@ -212,10 +212,8 @@ class DiskTable:
             return slot, none
         mi = np.flatnonzero(slot < 0)
         mk = keys[mi]
-        if not unique:  # a lookup may repeat a key: fetch and install each once
-            mk, inv = np.unique(mk, return_inverse=True)
-        else:
-            inv = None
+        # a lookup may repeat a key: fetch and install each once
+        mk, inv = (mk, None) if unique else np.unique(mk, return_inverse=True)
         n = mk.size
         self.stats["misses"] += n
         rows, acc, found, pend = self._fetch(mk)

@@ -275,10 +275,9 @@ class Durability:
         self._fd = -1  # the log file, once restore or start_fresh opened it
         self._pending: list = []  # header and body of each appended record not yet written
         self.records = self.bytes = self.commits = 0  # durable records, written bytes, fdatasyncs (this process)
-        self.checkpoints = 0
+        self.checkpoints = self._since = 0
         self.last_checkpoint: str | None = None
         self.restored: dict[str, Any] | None = None
-        self._since = 0
         self._lock_fd: int | None = None
         self._cv = threading.Condition()
         self._want = 0  # records the serving thread asked to make durable (under _cv)
@@ -314,7 +313,11 @@ class Durability:
                 process uses the directory.
         """
         self._lock()
-        self._refuse_old_format()
+        # another format (V1_ADVICE) is refused before anything is read, cut or added: a log's by
+        # its file header (log_format), a checkpoint's by its meta (read_checkpoint)
+        for _, p in _files(self.dir, _WAL):
+            if log_format(p) not in (None, FORMAT_VERSION):
+                raise DurabilityError(f"{self.dir}: {p.name} is a format-1 log: {V1_ADVICE}")
         cks = _files(self.dir, _CKPT)
         seq0, ck = cks[-1] if cks else (0, None)
         if ck:
@@ -371,17 +374,6 @@ class Durability:
                          "seq": seq, "corrupt": corrupt}
         return self.restored
 
-    def _refuse_old_format(self) -> None:
-        """Raise :class:`DurabilityError` (one line naming the directory and what to do) when a
-        log of the directory is of another format (:func:`log_format`); checkpoints say theirs
-        in ``meta`` (:func:`read_checkpoint`). Before anything is read, cut or added."""
-        for _, p in _files(self.dir, _WAL):
-            if log_format(p) not in (None, FORMAT_VERSION):
-                raise DurabilityError(f"{self.dir}: {p.name} is a format-1 log: {V1_ADVICE}")
-        cks = _files(self.dir, _CKPT)
-        if cks:
-            read_checkpoint(cks[-1][1])  # raises for another format
-
     def start_fresh(self) -> None:
         """Open the log of a shard that starts empty (``--checkpoint-dir`` without ``--restore``).
 
@@ -420,8 +412,6 @@ class Durability:
     def _write(self) -> None:
         """Write every queued record (``writev``; the page cache, not yet the disk)."""
         bufs = self._pending
-        if not bufs:
-            return
         for i in range(0, len(bufs), _IOV_MAX):
             chunk = bufs[i:i + _IOV_MAX]
             want = sum(len(memoryview(b).cast("B")) for b in chunk)
