@@ -41,16 +41,10 @@ ec_mono(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int
-tslot(uint8_t type)
-{
-	return type == EMBNIC_LOOKUP_REQ ? 0 : type == EMBNIC_UPDATE_REQ ? 1 : 2;
-}
-
 struct ec_rtt *
-ec_rtt_of(struct ec_ctx *c, int shard, uint8_t type)
+ec_rtt_of(const struct ec_ctx *c, int shard, uint8_t type)
 {
-	return &c->rtt[shard * 3 + tslot(type)];
+	return &c->rtt[shard * 3 + (type == EMBNIC_LOOKUP_REQ ? 0 : type == EMBNIC_UPDATE_REQ ? 1 : 2)];
 }
 
 /* RFC 6298 section 2 (pyround.py RttEstimator.sample, the oracle). */
@@ -165,7 +159,7 @@ embnic_client_rtt(const struct ec_ctx *c, int shard, int type, double *out)
 
 	if (shard < 0 || shard >= c->nshards)
 		return -1;
-	e = &c->rtt[shard * 3 + tslot((uint8_t)type)];
+	e = ec_rtt_of(c, shard, (uint8_t)type);
 	out[0] = e->srtt;
 	out[1] = e->rttvar;
 	out[2] = e->rto;

@@ -144,7 +144,7 @@ repair_keys(const struct ec_round *r, const struct ec_msg *m, uint32_t p, uint32
 static int
 repair(struct ec_round *r, int i)
 {
-	struct ec_msg *m = &r->m[i];
+	struct ec_msg *m = &r->m[i], *n;
 	int64_t nk = m->num_keys, nsel;
 	uint32_t p = m->rp;
 	int nt = m->num_tables, nt2 = 0;
@@ -171,20 +171,16 @@ repair(struct ec_round *r, int i)
 	if (ri < 0)
 		goto nomem;
 	m = &r->m[i];
-	{
-		struct ec_msg *n = &r->m[ri];
-		int root = m->root >= 0 ? m->root : i;
-
-		own_lookup(n, m->shard, own, nt2, nsel, (uint32_t)kso[nsel]);
-		n->kidx = kidx;
-		n->kso = kso;
-		n->root = root;
-		n->t_first = r->m[root].t_first;
-		n->t_sent = ec_mono();
-		n->rto = m->rto;
-		n->tries = m->tries;
-		ec_geometry(r->c, n);
-	}
+	n = &r->m[ri];
+	own_lookup(n, m->shard, own, nt2, nsel, (uint32_t)kso[nsel]);
+	n->kidx = kidx;
+	n->kso = kso;
+	n->root = m->root >= 0 ? m->root : i;
+	n->t_first = r->m[n->root].t_first;
+	n->t_sent = ec_mono();
+	n->rto = m->rto;
+	n->tries = m->tries;
+	ec_geometry(r->c, n);
 	return ri;
 nomem:
 	free(sub);
@@ -244,6 +240,7 @@ probe(struct ec_round *r, int s)
 {
 	struct ec_ctx *c = r->c;
 	int src = pop_probe_src(r, s), found = 0, pi, rc;
+	struct ec_msg *p;
 	uint8_t *own;
 	uint16_t dim;
 	uint8_t dtype;
@@ -272,16 +269,13 @@ probe(struct ec_round *r, int s)
 		free(own);
 		return -ENOMEM;
 	}
-	{
-		struct ec_msg *p = &r->m[pi];
-
-		own_lookup(p, s, own, 1, 1, (uint32_t)dim * (dtype == EMBNIC_DTYPE_FP16 ? 2 : 4));
-		p->probe = 1;
-		p->t_first = p->t_sent = now;
-		p->rto = ec_rtt_of(c, s, EMBNIC_LOOKUP_REQ)->rto;
-		ec_geometry(c, p);
-		p->seq0 = p->seq = r->seqs++;
-	}
+	p = &r->m[pi];
+	own_lookup(p, s, own, 1, 1, (uint32_t)dim * (dtype == EMBNIC_DTYPE_FP16 ? 2 : 4));
+	p->probe = 1;
+	p->t_first = p->t_sent = now;
+	p->rto = ec_rtt_of(c, s, EMBNIC_LOOKUP_REQ)->rto;
+	ec_geometry(c, p);
+	p->seq0 = p->seq = r->seqs++;
 	rc = ec_send_msg(r, pi, NULL, 0, 0);
 	if (rc < 0)
 		return rc;

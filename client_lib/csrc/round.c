@@ -176,7 +176,7 @@ round_loop(struct ec_round *r)
 	int rc = 0;
 
 	while (rc == 0 && r->live > 0) {
-		double now;
+		double now, first = 1e300;
 
 		if (round_wait(r))
 			return 3;
@@ -192,15 +192,11 @@ round_loop(struct ec_round *r)
 		if (rc != 0 || r->ndone || r->live == 0)
 			continue;	/* read again before a timer is acted on */
 		now = ec_mono();
-		{
-			double first = 1e300;
-
-			for (int j = 0; j < r->npend; j++)
-				if (r->pend[j] >= 0 && r->m[r->pend[j]].deadline < first)
-					first = r->m[r->pend[j]].deadline;
-			if (first <= now)
-				rc = ec_expire(r, now);
-		}
+		for (int j = 0; j < r->npend; j++)
+			if (r->pend[j] >= 0 && r->m[r->pend[j]].deadline < first)
+				first = r->m[r->pend[j]].deadline;
+		if (first <= now)
+			rc = ec_expire(r, now);
 	}
 	if (rc == 0)
 		for (int j = 0; j < r->npend; j++)	/* probes still out */
@@ -268,19 +264,17 @@ embnic_client_round(struct ec_ctx *c, int nmsg, const int64_t *tab,
 	}
 	if (rc == 0)
 		rc = round_loop(r);
+	res[R_NEXT_ID] = r->next_id;
+	res[R_NLAT] = r->nlat;
 	if (rc == 3) {	/* back to the caller, whose handlers run, then resume (or embnic_client_abort) */
 		c->cur = r;
 		res[R_KIND] = K_INTERRUPTED;
-		res[R_NEXT_ID] = r->next_id;
-		res[R_NLAT] = r->nlat;
 		return 0;
 	}
 	if (rc < 0) {
 		res[R_KIND] = K_OS_ERROR;
 		res[R_ERRNO] = -rc;
 	}
-	res[R_NEXT_ID] = r->next_id;
-	res[R_NLAT] = r->nlat;
 	res[R_LARGEST] = c->largest_answered;
 	round_free(r);
 	free(r);

@@ -204,7 +204,7 @@ row_off(const struct ec_round *r, const struct ec_msg *m, int64_t k)
 #pragma GCC visibility push(hidden)
 /* context.c */
 double ec_mono(void);
-struct ec_rtt *ec_rtt_of(struct ec_ctx *c, int shard, uint8_t type);
+struct ec_rtt *ec_rtt_of(const struct ec_ctx *c, int shard, uint8_t type);
 void ec_rtt_sample(struct ec_ctx *c, struct ec_rtt *e, double r);
 /* table.c */
 int ec_find(const struct ec_round *r, uint32_t id);
