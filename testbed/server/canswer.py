@@ -281,11 +281,8 @@ class CAnswer:
         bool (len(q),): answered (replies queued); the others are the loop's to answer (errors,
         tables in another store, ...)."""
         k = len(q)
-        sp = np.zeros(k, SPEC)
-        for j, (r, _) in enumerate(q):
-            body = r.body
-            sp[j] = (r.idx, _ptr(body), body.size, r.msg_id, r.client_id, r.num_tables, r.num_keys, r.value_len,
-                     0, 0, 0, r.name)
+        sp = np.array([(r.idx, _ptr(r.body), r.body.size, r.msg_id, r.client_id, r.num_tables, r.num_keys,
+                        r.value_len, 0, 0, 0, r.name) for r, _ in q], SPEC)
         done = np.zeros(k, np.uint8)
         self._growing(lambda: self._lib.embnic_shard_lookups(self._p_ctx, _ptr(sp), k, _ptr(done)), k)
         return done.view(bool)

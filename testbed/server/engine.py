@@ -406,13 +406,14 @@ class BatchShardServer:
         buffer the fast path allocates has the announced size. The others go to the one-frame
         path, which drops them as ``unannounced`` / ``size_mismatch``. One look-up per distinct
         message, not per frame."""
-        out = np.zeros(n, bool)
-        if cand.size == 0:
-            return out
         c = cols[cand]
         k = (c[:, CID].astype(np.uint64) << np.uint64(32)) | c[:, MID].astype(np.uint64)
         uk, first, inv = np.unique(k, return_index=True, return_inverse=True)
-        out[cand] = self.state.announced_match(uk, c[first][:, [MT, NT, NK, ML]].tolist())[inv]
+        ann = self.state.announced  # (client_id, msg_id) -> (msg_type, num_tables, num_keys, msg_len)
+        want = c[first][:, [MT, NT, NK, ML]].tolist()
+        hit = [ann.get((u >> 32, u & 0xFFFFFFFF)) == tuple(w) for u, w in zip(uk.tolist(), want)]
+        out = np.zeros(n, bool)
+        out[cand] = np.array(hit, bool)[inv]
         return out
 
     # -- messages -----------------------------------------------------------------------------

@@ -366,8 +366,8 @@ class ShardState:
         """One datagram from ``addr`` through every rule a frame meets on its own (module
         docstring, 1.): dropped and counted, refused (answered through ``reply``, counted), a
         poll answered from the window (:meth:`poll_reply`), or fed to the loop's ``assembly``.
-        Returns the whole message it completes (as ``assembly`` gives it), else None. Never raises (a fault of the shard is answered
-        INTERNAL, :meth:`internal_error`)."""
+        Returns the whole message it completes (as ``assembly`` gives it), else None. Never raises (a
+        fault of the shard is answered INTERNAL, :meth:`internal_error`)."""
         self.counts["rx_frames"] += 1
         self.counts["rx_bytes"] += len(data)
         try:
@@ -492,12 +492,6 @@ class ShardState:
         while len(ann) > self.dedup_window:
             ann.popitem(last=False)
         return True
-
-    def announced_match(self, keys: np.ndarray, want: list) -> np.ndarray:
-        """Fixed-length mode: bool (len(keys),), whether message ``keys[u]`` (``client_id << 32 |
-        msg_id``, uint64) was announced with ``want[u]`` (msg_type, num_tables, num_keys, msg_len)."""
-        ann = self.announced
-        return np.array([ann.get((k >> 32, k & 0xFFFFFFFF)) == tuple(w) for k, w in zip(keys.tolist(), want)], bool)
 
     def admit_update(self, h, body, rb: RequestBody, last_offset: int | None = None) -> np.ndarray | None:
         """The exactly-once decision of one update, in arrival order: None for a duplicate
