@@ -325,13 +325,11 @@ struct kseg {
 };
 
 /*
- * The rows of the keys r[0..n) (sorted by composite key: the searches walk
- * the store's index in its order, whatever the number of tables, so their
- * cost does not grow with it) into the reply body out, each at its place,
- * in the wire dtype of its table: a chunk of keys at a time, its slots
- * (embnic_store_slots: passes of independent accesses whose cache misses overlap
- * instead of queueing), then its rows, each prefetched a few rows ahead
- * (rows lie in the arena in the order they were first updated, not by key).
+ * The rows of the keys r[0..n) (sorted by composite key; why: docs/server.md,
+ * "The answer path in C") into the reply body out, each at its place, in its
+ * table's wire dtype: a chunk of keys at a time, its slots (embnic_store_slots),
+ * then its rows, each prefetched PREFETCH rows ahead (rows lie in the arena in
+ * the order they were first updated, not by key).
  */
 static void
 gather(const struct embnic_store *s, const struct kseg *sg, const struct embnic_krec *r, int64_t n, const uint8_t *kp,

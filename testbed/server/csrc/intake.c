@@ -1,12 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * The shard's intake, in C: what the serving loop does per wake-up before any
- * table is touched (its numpy oracle: tests/testbed/shard_oracle.py).
- *
- *   embnic_shard_check()  every header of a recvmmsg batch: the fields, whether
- *                         the fast path takes the frame, its fragment size
- *   embnic_shard_whole()  the multi-fragment frames grouped by message, and
- *                         which messages came whole in this batch
+ * table is touched, every header of a recvmmsg batch checked (embnic_shard_check)
+ * and the multi-fragment frames grouped by message (embnic_shard_whole). Its
+ * numpy oracle: tests/testbed/shard_oracle.py.
  */
 #include <stdint.h>
 #include <string.h>
@@ -22,20 +19,6 @@ embnic_shard_abi(void)
 	return EMBNIC_PROTO_VERSION * 1000 + EMBNIC_NB_HDR_FIELDS;
 }
 
-/* One row of cols: every header field in wire order, host byte order, field
- * by field as the one field table lists them (HDR_SWAP, as put_header writes
- * them); m: the same header for the card's checks (embnic_hdr_decode()). */
-static void
-parse_fields(const uint8_t *raw, int64_t *c, struct embnic_msg *m)
-{
-	const struct embnic_hdr *h = (const struct embnic_hdr *)raw;
-
-	embnic_hdr_decode(h, m);
-#define GET_FIELD(name, off, size) c[F_##name] = HDR_SWAP(h->name, size);
-	EMBNIC_HDR_FIELDS(GET_FIELD)
-#undef GET_FIELD
-}
-
 static_assert(EMBNIC_NB_HDR_FIELDS == F_END, "one column per header field");
 
 /*
@@ -43,9 +26,8 @@ static_assert(EMBNIC_NB_HDR_FIELDS == F_END, "one column per header field");
  *
  * shard_id: this shard. max_msg: the largest message body taken. max_reply:
  * the largest lookup reply (value_len) that fits EMBNIC_MAX_FRAGS fragments
- * at the shard's MTU. Protocol v2: a request's tables are in its body's
- * directory, checked on the whole message (testbed/server/shard_state.py); here
- * only what the header alone says.
+ * at the shard's MTU. Only what the header alone says (the body's directory
+ * is checked on the whole message: testbed/server/shard_state.py).
  *
  * Out: cols (n x 19, the header fields, zeros for a frame shorter than a
  * header), ok (n, 1 where the fast path takes the frame), p (n, the fragment
@@ -70,8 +52,15 @@ embnic_shard_check(const uint8_t *rx, int64_t slot, const int64_t *lens, int n,
 			continue;
 		}
 		struct embnic_msg m;
+		const struct embnic_hdr *h = (const struct embnic_hdr *)(rx + (int64_t)i * slot);
 
-		parse_fields(rx + (int64_t)i * slot, c, &m);
+		/* the row of cols: every field in host order, as the one field table lists
+		 * them (HDR_SWAP, as put_header writes them); m: the same for the card's checks */
+		embnic_hdr_decode(h, &m);
+#define GET_FIELD(name, off, size) c[F_##name] = HDR_SWAP(h->name, size);
+		EMBNIC_HDR_FIELDS(GET_FIELD)
+#undef GET_FIELD
+
 		/* LOOKUP_REQ / UPDATE_REQ of this shard whose lengths, counts
 		 * and fragment geometry pass the card's own rules, and a lookup
 		 * whose reply fits EMBNIC_MAX_FRAGS fragments */
