@@ -24,7 +24,6 @@ le(const uint8_t *b, size_t n)
 }
 
 #define le16(b) ((uint16_t)le((b), 2))
-#define le32(b) ((uint32_t)le((b), 4))
 #define le64(b) le((b), 8)
 
 /* what Python checks the structs against (canswer.py) */
@@ -131,25 +130,13 @@ embnic_shard_emit(struct embnic_answer *a, const struct embnic_reply_spec *specs
 	return 0;
 }
 
-/* directory entry t of a request body (struct embnic_dir_entry, little-endian), in host order */
-struct dir_entry {
-	uint16_t table_id;
-	uint16_t dim;
-	uint8_t dtype;
-	uint32_t num_keys;
-};
-
-static inline struct dir_entry
+/* directory entry t of a request body: little-endian, as the host (shard.h) */
+static inline struct embnic_dir_entry
 dir_at(const uint8_t *body, int64_t t)
 {
-	const uint8_t *e = body + t * EMBNIC_DIR_ENTRY;
-	struct dir_entry d = {
-		le16(e + offsetof(struct embnic_dir_entry, table_id)),
-		le16(e + offsetof(struct embnic_dir_entry, dim)),
-		e[offsetof(struct embnic_dir_entry, dtype)],
-		le32(e + offsetof(struct embnic_dir_entry, num_keys)),
-	};
+	struct embnic_dir_entry d;
 
+	memcpy(&d, body + t * EMBNIC_DIR_ENTRY, sizeof(d));
 	return d;
 }
 
@@ -178,7 +165,7 @@ directory_ok(const struct embnic_answer *a, const uint8_t *body, const struct lo
 	if (T > 16)
 		memset(seen, 0, sizeof(seen));
 	for (int64_t t = 0; t < T; t++) {
-		struct dir_entry d = dir_at(body, t);
+		struct embnic_dir_entry d = dir_at(body, t);
 
 		if (d.num_keys == 0 || d.dim == 0 ||
 		    (d.dtype != EMBNIC_DTYPE_FP32 && d.dtype != EMBNIC_DTYPE_FP16))
@@ -260,7 +247,7 @@ embnic_shard_update_ok(const struct embnic_answer *a, const uint8_t *body, int64
 	kp = body + num_tables * EMBNIC_DIR_ENTRY;
 	vp = kp + num_keys * 8;
 	for (int64_t t = 0; t < num_tables; t++) {
-		struct dir_entry d = dir_at(body, t);
+		struct embnic_dir_entry d = dir_at(body, t);
 		int64_t nv = (int64_t)d.num_keys * d.dim;
 		double b = gbound[d.table_id];
 		uint64_t prev = 0;
@@ -398,7 +385,7 @@ gather_message(struct embnic_answer *a, const uint8_t *body, int64_t T, const ui
 	struct kseg *sg = (struct kseg *)(tmp + GATHER_WINDOW);
 	int32_t *runs = (int32_t *)(sg + GATHER_WINDOW);
 	int64_t t = 0, in_t = 0, first = 0, at = 0, i = 0;	/* directory entry, keys of it done, ... */
-	struct dir_entry d = dir_at(body, 0);
+	struct embnic_dir_entry d = dir_at(body, 0);
 
 	while (t < T) {
 		int64_t n = 0, ns = 0;
@@ -446,7 +433,7 @@ serve_lookup(struct embnic_answer *a, int64_t idx, const uint8_t *name, const st
 	if (vl > a->rep_cap || !directory_ok(a, body, q))
 		return 0;
 	for (int64_t t = 0; t < T; t++) {	/* every key in range and ours */
-		struct dir_entry d = dir_at(body, t);
+		struct embnic_dir_entry d = dir_at(body, t);
 
 		if (tb->has_rows[d.table_id] || !tb->owns_all[d.table_id])
 			for (uint32_t i = 0; i < d.num_keys; i++)
