@@ -250,11 +250,8 @@ class BatchShardServer:
         rs = self.intake.stats
         for r, v in self.intake.drops.items():
             c["drops"][r] = c["drops"].get(r, 0) + v
-        re = c["reassembly"]
-        re["pending"] += len(self.intake)
-        re["expired"] += rs["expired"]
-        re["evicted"] += rs["evicted"]
-        re["duplicate_frames"] += rs["duplicates"]
+        c["reassembly"] = {"pending": len(self.intake), "expired": rs["expired"], "evicted": rs["evicted"],
+                           "duplicate_frames": rs["duplicates"]}  # the state's are zeros: the loop reassembles
         io, gso = (dict(self.bs.stats), bool(self.bs.gso)) if self.bs is not None else self._io_final
         e = {"name": "batch", "wakeups": self.state.counts["wakeups"], "batch": self.batch}
         whole = rs["whole"]

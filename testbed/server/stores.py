@@ -123,6 +123,10 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
             in use by another process or holding files of something else.
     """
     disk = disk_tables(cfg, shard_id)
+    # the in-memory tables share one RowStore (with no table in memory it holds them all and serves
+    # none: the engine's C answer path reads its arrays, and leaves every table not in it to Python)
+    memory = [t for t in cfg.tables if t.id not in disk]
+    rows, tables = shared_tables(memory or list(cfg.tables), cfg.seed, capacity=64)
     env = None
     if disk:
         ds = load_diskstore()
@@ -149,29 +153,18 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
                 env = ds.scratch_env(mb, prefix=f"embnic-rows-shard{shard_id}-")
             else:
                 env = ds.StoreEnv(root, mb)
-        except ds.StoreError as e:
-            raise StoreSetupError(f"{what}: {e}") from None
-        except OSError as e:  # not a directory, not there, not ours to write: not an address to bind
-            raise StoreSetupError(f"{what}: cannot use {e.filename or root}: {e.strerror or e}: {fix}") from None
-        (log.debug if scratch else log.info)("shard %d: tables %s on disk in %s%s (block cache %d MiB)", shard_id, ",".join(map(str, disk)),
-                 env.root, " (scratch, removed at stop)" if env.scratch else "", mb)
-    # the in-memory tables share one RowStore (with no table in memory it holds them all and serves
-    # none: the engine's C answer path reads its arrays, and leaves every table not in it to Python)
-    memory = [t for t in cfg.tables if t.id not in disk]
-    rows, views = shared_tables(memory or list(cfg.tables), cfg.seed, capacity=64)
-    tables = {}
-    try:
-        for t in cfg.tables:
-            if t.id in disk:
-                tables[t.id] = DiskTable(t, cfg.seed, env, cfg.store_of(t.id, shard_id)[1])
-            else:
-                tables[t.id] = views[t.id]
-    except BaseException as e:
-        if env is not None:
-            env.close()
-        if disk and isinstance(e, ds.StoreError):
-            raise StoreSetupError(f"{what}: {e}") from None
-        if disk and isinstance(e, OSError):
-            raise StoreSetupError(f"{what}: cannot use {e.filename or env.root}: {e.strerror or e}: {fix}") from None
-        raise
-    return ShardStores(tables, rows, env)
+            (log.debug if scratch else log.info)("shard %d: tables %s on disk in %s%s (block cache %d MiB)", shard_id,
+                                                 ",".join(map(str, disk)), env.root,
+                                                 " (scratch, removed at stop)" if env.scratch else "", mb)
+            for tid in disk:
+                tables[tid] = DiskTable(cfg.table(tid), cfg.seed, env, cfg.store_of(tid, shard_id)[1])
+        except BaseException as e:
+            if env is not None:
+                env.close()
+            if isinstance(e, ds.StoreError):
+                raise StoreSetupError(f"{what}: {e}") from None
+            if isinstance(e, OSError):  # not a directory, not there, not ours to write: not an address to bind
+                raise StoreSetupError(f"{what}: cannot use {e.filename or (root if env is None else env.root)}: "
+                                      f"{e.strerror or e}: {fix}") from None
+            raise
+    return ShardStores({t.id: tables[t.id] for t in cfg.tables}, rows, env)  # in the config's order
