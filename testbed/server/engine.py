@@ -331,9 +331,9 @@ class BatchShardServer:
         ``UPDATE_ACK`` is held instead, until every record logged so far is durable (its
         update's, or the original of a duplicate or poll)."""
         st = self.state
-        if msg_type == MsgType.UPDATE_ACK and st.durability is not None:
-            self.held.append((st.log_seq, self._t0, name, _Ack(h.client_id, h.msg_id, h.num_tables, h.num_keys,
-                                                                h.value_len)))
+        if msg_type == MsgType.UPDATE_ACK and st.durability is not None:  # seq: the next log record's
+            ids = _Ack(h.client_id, h.msg_id, h.num_tables, h.num_keys, h.value_len)
+            self.held.append((st.durability.seq, self._t0, name, ids))
             return
         self.answer.add_spec(idx, name, msg_type, status, table_id, h, body)
 

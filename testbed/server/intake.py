@@ -171,11 +171,8 @@ class Intake:
         start, cnt, first, last, gP, whole = (grp[:, j] for j in range(6))
         cols_first = cols[first]
         grp_ok = whole.astype(bool)
-        if self._pend:
-            for g in np.flatnonzero(grp_ok).tolist():
-                c = cols_first[g]
-                if (int(c[CID]) << 48) | (int(c[MID]) << 16) | int(c[MT]) in self._pend:
-                    grp_ok[g] = False
+        if self._pend:  # nothing may be pending for a message gathered whole
+            grp_ok &= np.array([k not in self._pend for k in message_key(cols_first).tolist()], bool)
         if not grp_ok.any():
             return [], mg
         rows = mg[order]

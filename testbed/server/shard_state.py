@@ -272,12 +272,6 @@ class ShardState:
         stop."""
         return self.log_step(Durability.commit) is not None
 
-    @property
-    def log_seq(self) -> int:
-        """The sequence of the next log record: an ack given now may leave once the log's durable
-        sequence reaches it (every record logged so far, its update's or a duplicate's original)."""
-        return self.durability.seq
-
     def log_step(self, step: Callable[[Durability], int]) -> int | None:
         """``step(durability)``, a checkpoint when one is due: the log's durable sequence (every
         update logged before it is on disk: its ack may leave; 0 without a log). ``step``:

@@ -153,8 +153,8 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
                 env = ds.scratch_env(mb, prefix=f"embnic-rows-shard{shard_id}-")
             else:
                 env = ds.StoreEnv(root, mb)
-            (log.debug if scratch else log.info)("shard %d: tables %s on disk in %s%s (block cache %d MiB)", shard_id,
-                                                 ",".join(map(str, disk)), env.root,
+            (log.debug if scratch else log.info)("shard %d: tables %s on disk in %s%s (block cache %d MiB)",
+                                                 shard_id, ",".join(map(str, disk)), env.root,
                                                  " (scratch, removed at stop)" if env.scratch else "", mb)
             for tid in disk:
                 tables[tid] = DiskTable(cfg.table(tid), cfg.seed, env, cfg.store_of(tid, shard_id)[1])
@@ -164,7 +164,7 @@ def open_tables(cfg: ClusterConfig, shard_id: int, durable_dir: str | os.PathLik
             if isinstance(e, ds.StoreError):
                 raise StoreSetupError(f"{what}: {e}") from None
             if isinstance(e, OSError):  # not a directory, not there, not ours to write: not an address to bind
-                raise StoreSetupError(f"{what}: cannot use {e.filename or (root if env is None else env.root)}: "
-                                      f"{e.strerror or e}: {fix}") from None
+                at = e.filename or (root if env is None else env.root)
+                raise StoreSetupError(f"{what}: cannot use {at}: {e.strerror or e}: {fix}") from None
             raise
     return ShardStores({t.id: tables[t.id] for t in cfg.tables}, rows, env)  # in the config's order
