@@ -156,7 +156,11 @@ class BatchShardServer:
             if self._ckpt_req:
                 self._ckpt_req = False
                 self.state.checkpoint_or_log()
-            if not self._wait(poller, max(0, int((next_tick - time.monotonic()) * 1000))):
+            for fd, _ in poller.poll(max(0, int((next_tick - time.monotonic()) * 1000))):
+                if fd == self._wake_r:  # the wake-up pipe: emptied
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+            if self._stopping:
                 break
             for _ in range(64):  # drain, then look at calls and the clock again
                 n = bs.recv()
@@ -179,14 +183,6 @@ class BatchShardServer:
             st = self.state
             self._send_held(st.durability.durable if st.commit_log() else None)
 
-    def _wait(self, poller, wait_ms: int) -> bool:
-        """Poll the socket and the wake-up pipe for ``wait_ms``. False when the loop must stop."""
-        for fd, _ in poller.poll(wait_ms):
-            if fd == self._wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 4096)
-        return not self._stopping
-
     def request_checkpoint(self) -> None:
         """Checkpoint between the next wake-ups (thread- and signal-safe; SIGUSR1)."""
         self._ckpt_req = True
@@ -198,10 +194,8 @@ class BatchShardServer:
         self._wake()
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # BlockingIOError: a wake-up is pending already
             os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
 
     def close(self) -> None:
         """Close the socket, the wake-up pipe, the log and the disk stores. Idempotent."""
@@ -211,10 +205,8 @@ class BatchShardServer:
             self.bs.sock.close()
             self.bs = None
         for fd in (self._wake_r, self._wake_w):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._wake_r = self._wake_w = -1
 
     def call(self, fn: Callable, *args, timeout_s: float = 10.0):
