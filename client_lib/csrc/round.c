@@ -19,14 +19,8 @@ round_free(struct ec_round *r)
 	free(r->m);
 	free(r->pend);
 	free(r->hash);
-	free(r->qhead);
-	free(r->qtail);
-	free(r->inflight);
-	free(r->probe_src);
-	free(r->probe_order);
-	free(r->partial);
-	free(r->ev);
-	free(r->first_fired);
+	free(r->qhead);		/* the per-shard int arrays (round_alloc) */
+	free(r->inflight);	/* the per-shard int64 arrays */
 	free(r->done);
 }
 
@@ -56,18 +50,19 @@ round_alloc(struct ec_round *r, int nmsg, int S)
 	r->pend = malloc(sizeof(int) * (size_t)r->cap_pend);
 	r->hash = malloc(sizeof(int) * hs);
 	r->hmask = hs - 1;
-	r->qhead = malloc(sizeof(int) * (size_t)(S + 1));
-	r->qtail = malloc(sizeof(int) * (size_t)(S + 1));
-	r->inflight = calloc((size_t)S + 1, sizeof(int64_t));
-	r->probe_src = malloc(sizeof(int) * (size_t)(S + 1));
-	r->probe_order = malloc(sizeof(int) * (size_t)(S + 1));
-	r->partial = malloc(sizeof(int64_t) * (size_t)(S + 1));
-	r->ev = malloc(sizeof(int64_t) * (size_t)(S + 1));
-	r->first_fired = malloc(sizeof(int) * (size_t)(S + 1));
+	/* per shard (S + 1 each), one block per type: qhead, qtail, probe_src,
+	 * probe_order, first_fired; inflight (zeroed), partial, ev */
+	r->qhead = malloc(sizeof(int) * 5 * ((size_t)S + 1));
+	r->inflight = calloc(3 * ((size_t)S + 1), sizeof(int64_t));
 	r->done = malloc(sizeof(int) * (size_t)r->cap_done);
-	if (!r->m || !r->pend || !r->hash || !r->qhead || !r->qtail || !r->inflight || !r->probe_src ||
-	    !r->probe_order || !r->partial || !r->ev || !r->first_fired || !r->done)
+	if (!r->m || !r->pend || !r->hash || !r->qhead || !r->inflight || !r->done)
 		return -ENOMEM;
+	r->qtail = r->qhead + S + 1;
+	r->probe_src = r->qtail + S + 1;
+	r->probe_order = r->probe_src + S + 1;
+	r->first_fired = r->probe_order + S + 1;
+	r->partial = r->inflight + S + 1;
+	r->ev = r->partial + S + 1;
 	memset(r->hash, 0xff, sizeof(int) * hs);
 	for (int s = 0; s < S; s++) {
 		r->qhead[s] = r->qtail[s] = -1;
