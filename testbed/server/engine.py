@@ -418,10 +418,8 @@ class BatchShardServer:
         """Parse the whole requests' directories, queue them by kind and flush (see the module
         docstring for the rules); ``reqs`` in arrival order."""
         st = self.state
-        lk: list = []
-        up: list = []
-        lk_t: set = set()
-        up_t: set = set()
+        lk: tuple = ([], set(), self._flush_lookups)  # a queue: (requests, their tables, its flush)
+        up: tuple = ([], set(), self._flush_updates)
         for r in reqs:
             st.requests[MsgType(r.msg_type)] += 1
             if r.msg_type == MsgType.SIZE_REQ:
@@ -436,24 +434,17 @@ class BatchShardServer:
                 self._emit(r, MsgType.ERROR, status=e.status, table_id=e.table_id)
                 continue
             tids = set(rb.directory["table_id"].tolist())
-            if r.msg_type == MsgType.LOOKUP_REQ:
-                if up_t & tids:
-                    self._flush(self._flush_updates, up)
-                    up, up_t = [], set()
-                lk.append((r, rb))
-                lk_t |= tids
-            else:
-                if lk_t & tids:
-                    self._flush(self._flush_lookups, lk)
-                    lk, lk_t = [], set()
-                up.append((r, rb))
-                up_t |= tids
-        if lk:  # the two queues share no table: their order does not matter
-            self._flush(self._flush_lookups, lk)
-        if up:
-            self._flush(self._flush_updates, up)
+            q, other = (lk, up) if r.msg_type == MsgType.LOOKUP_REQ else (up, lk)
+            if other[1] & tids:
+                self._flush(*other)
+            q[0].append((r, rb))
+            q[1].update(tids)
+        for q in (lk, up):  # the two queues share no table: their order does not matter
+            if q[0]:
+                self._flush(*q)
 
-    def _flush(self, fn: Callable, q: list) -> None:
+    def _flush(self, q: list, tables: set, fn: Callable) -> None:
+        """``fn(q)`` (a fault answered INTERNAL), then the queue ``q`` and its ``tables`` emptied."""
         try:
             fn(q)
         except Exception:  # noqa: BLE001 - answered INTERNAL, the shard keeps serving
@@ -461,6 +452,8 @@ class BatchShardServer:
             log.exception("shard %d: internal error serving %d messages", self.shard_id, len(q))
             for r, _ in q:
                 self._emit(r, MsgType.ERROR, status=Status.INTERNAL)
+        q.clear()
+        tables.clear()
 
     def _flush_lookups(self, q: list) -> None:
         """Lookups ``q`` (``(request, body)``, arrival order): answered by the answer path where
