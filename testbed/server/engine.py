@@ -180,8 +180,7 @@ class BatchShardServer:
         """Wait for the log to make every logged update durable and send the acks held for it
         (on the serving thread: the end of :meth:`run`, or through :meth:`call`)."""
         if self.held and self.bs is not None:
-            st = self.state
-            self._send_held(st.durability.durable if st.commit_log() else None)
+            self._send_held(self.state.durability.durable if self.state.commit_log() else None)
 
     def request_checkpoint(self) -> None:
         """Checkpoint between the next wake-ups (thread- and signal-safe; SIGUSR1)."""

@@ -221,7 +221,7 @@ class Intake:
                     while len(self._pend) >= self.max_pending:
                         self.expire(now)
                         if len(self._pend) >= self.max_pending:
-                            self._evict_oldest()
+                            self._drop_oldest("evicted")
                     ent = _Pend(tuple(s0.tolist()), int(s0[SAME_FC]), int(s0[SAME_ML]), int(s0[SAME_P]), bs.names[i0].tobytes(),
                                 tuple(cols[i0, _INFO].tolist()), now)
                     self._pend[k] = ent
@@ -271,20 +271,16 @@ class Intake:
                     out.append(Request(int(mg[gr[-1]]), ent.name, *ent.info, (ent.fc - 1) * ent.p, ent.buf[:ent.ml]))
                 else:
                     while self._pend_bytes > self.max_pending_bytes and len(self._pend) > 1:
-                        self._evict_oldest()
+                        self._drop_oldest("evicted")
         return out
 
-    def _evict_oldest(self) -> None:
+    def _drop_oldest(self, why: str) -> None:
+        """Forget the oldest message being reassembled, counted ``why`` (``evicted``, ``expired``)."""
         _, ent = self._pend.popitem(last=False)
         self._pend_bytes -= ent.buf.size
-        self.stats["evicted"] += 1
+        self.stats[why] += 1
 
     def expire(self, now: float) -> None:
         """Forget the messages untouched for ``timeout_s`` (counted ``expired``)."""
-        while self._pend:
-            k, ent = next(iter(self._pend.items()))
-            if now - ent.t_last < self.timeout_s:
-                break
-            del self._pend[k]
-            self._pend_bytes -= ent.buf.size
-            self.stats["expired"] += 1
+        while self._pend and now - next(iter(self._pend.values())).t_last >= self.timeout_s:
+            self._drop_oldest("expired")
