@@ -76,11 +76,8 @@ class UpdateWindow:
     def _expire(self, now: float) -> None:
         e = self._e
         limit = now - self.max_age_s
-        while e:
-            k = next(iter(e))
-            if e[k][1] >= limit:
-                break
-            self._drop(k)
+        while e and e[next(iter(e))][1] < limit:  # the oldest entry (last used) past its age
+            self._drop(next(iter(e)))
             self.expired += 1
 
     def _drop(self, key: Key) -> None:
