@@ -11,7 +11,6 @@ import functools
 import ipaddress
 import re
 from pathlib import Path
-from typing import Sequence
 
 #: the P4 sources (the repository's p4/ folder)
 P4_DIR = Path(__file__).resolve().parents[2] / "p4"
@@ -20,8 +19,6 @@ MAINS = {arch: P4_DIR / arch / "embnic.p4" for arch in ("v1model", "pna")}
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _CONST = re.compile(r"\bconst\s+(\w+(?:<\d+>)?)\s+(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;")
-_TABLE = re.compile(r"\btable\s+(\w+)\s*\{")
-_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
 class P4SourceError(ValueError):
@@ -63,52 +60,6 @@ def drop_reasons() -> list[str]:
     if c.get("NB_DROP_REASONS") != len(reasons) + 1:
         raise P4SourceError(f"NB_DROP_REASONS is {c.get('NB_DROP_REASONS')}, want {len(reasons) + 1}")
     return [n for _, n in reasons]
-
-
-def tables() -> dict[str, str]:
-    """Every ``table NAME { ... }`` of the program as ``{NAME: body}`` (over all of ``p4/``)."""
-    out = {}
-    for path in sorted(P4_DIR.rglob("*.p4")):
-        text = strip_comments(path.read_text())
-        for m in _TABLE.finditer(text):
-            depth, i = 1, m.end()
-            while depth and i < len(text):
-                depth += {"{": 1, "}": -1}.get(text[i], 0)
-                i += 1
-            out[m.group(1)] = text[m.end():i - 1]
-    return out
-
-
-def source_files(main: Path | None = None, include_dirs: Sequence[Path] = ()) -> list[Path]:
-    """Every file one compile of ``main`` reads: ``main`` and, transitively, each ``#include
-    "x"`` (relative to the including file) and each ``#include <x>`` found in ``include_dirs``
-    (the compiler's own ``p4include``: ``core.p4``, ``v1model.p4``, ``dpdk/pna.p4``), in the
-    order first met. Includes inside comments are ignored; a ``<x>`` not found in
-    ``include_dirs`` is left out.
-
-    Raises:
-        P4SourceError: a quoted include names a file that does not exist.
-    """
-    main = Path(main or MAINS["v1model"]).resolve()
-    seen: list[Path] = []
-    todo = [main]
-    while todo:
-        path = todo.pop(0)
-        if path in seen:
-            continue
-        seen.append(path)
-        for kind, name in _INCLUDE.findall(strip_comments(path.read_text())):
-            if kind == '"':
-                inc = (path.parent / name).resolve()
-                if not inc.is_file():
-                    raise P4SourceError(f"{path}: #include \"{name}\": no such file {inc}")
-                todo.append(inc)
-            else:
-                for d in include_dirs:
-                    if (Path(d) / name).is_file():
-                        todo.append((Path(d) / name).resolve())
-                        break
-    return seen
 
 
 #: the card's sizes a P4 program has compiled in: config key -> (p4/types.p4 constant, what it counts)

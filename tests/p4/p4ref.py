@@ -7,6 +7,8 @@ import functools
 import re
 import struct
 import zlib
+from pathlib import Path
+from typing import Sequence
 
 from embnic.control.targets import p4program as p4prog
 
@@ -113,3 +115,53 @@ def state_slots(client_id, msg_id, slots: int | None = None):
     out = np.fromiter((state_slot(int(a), int(b), slots=slots) for a, b in zip(c.ravel(), m.ravel())),
                       dtype=np.int64, count=c.size)
     return int(out[0]) if c.ndim == 0 else out.reshape(c.shape)
+
+
+_TABLE = re.compile(r"\btable\s+(\w+)\s*\{")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+
+
+def tables() -> dict[str, str]:
+    """Every ``table NAME { ... }`` of the program as ``{NAME: body}`` (over all of ``p4/``)."""
+    out = {}
+    for path in sorted(p4prog.P4_DIR.rglob("*.p4")):
+        text = p4prog.strip_comments(path.read_text())
+        for m in _TABLE.finditer(text):
+            depth, i = 1, m.end()
+            while depth and i < len(text):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            out[m.group(1)] = text[m.end():i - 1]
+    return out
+
+
+def source_files(main: Path | None = None, include_dirs: Sequence[Path] = ()) -> list[Path]:
+    """Every file one compile of ``main`` reads: ``main`` and, transitively, each ``#include
+    "x"`` (relative to the including file) and each ``#include <x>`` found in ``include_dirs``
+    (the compiler's own ``p4include``: ``core.p4``, ``v1model.p4``, ``dpdk/pna.p4``), in the
+    order first met. Includes inside comments are ignored; a ``<x>`` not found in
+    ``include_dirs`` is left out.
+
+    Raises:
+        p4prog.P4SourceError: a quoted include names a file that does not exist.
+    """
+    main = Path(main or p4prog.MAINS["v1model"]).resolve()
+    seen: list[Path] = []
+    todo = [main]
+    while todo:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.append(path)
+        for kind, name in _INCLUDE.findall(p4prog.strip_comments(path.read_text())):
+            if kind == '"':
+                inc = (path.parent / name).resolve()
+                if not inc.is_file():
+                    raise p4prog.P4SourceError(f"{path}: #include \"{name}\": no such file {inc}")
+                todo.append(inc)
+            else:
+                for d in include_dirs:
+                    if (Path(d) / name).is_file():
+                        todo.append((Path(d) / name).resolve())
+                        break
+    return seen
